@@ -1,0 +1,53 @@
+"""The `trtkv` console script: one module per subcommand, each with `add_parser` and `run`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from trtkv import __version__
+from trtkv.errors import TrtkvError
+
+# Subcommand name -> module in trtkv.cli (imported only to build the parser; heavy work is lazy inside run()).
+COMMANDS = ["ls", "validate", "show", "plan"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trtkv",
+        description="From a YAML recipe to a served, measured LLM with a quantized KV cache.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n  $ trtkv ls\n  $ trtkv plan llama70b_fp8kv\n  $ trtkv validate\n",
+    )
+    parser.add_argument("--version", action="version", version=f"trtkv {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        module = importlib.import_module(f"trtkv.cli.{name.replace('-', '_')}")
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 1
+    try:
+        return int(args.func(args) or 0)
+    except TrtkvError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        sys.stdout.flush()
+        if os.environ.get("TRTKV_DEBUG_EXIT"):
+            print(f"[trtkv] exit {args.command}", file=sys.stderr)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""Arguments shared by subcommands."""
+
+from __future__ import annotations
+
+import argparse
+
+RECIPE_HELP = "recipe name (see `trtkv ls`) or path to a .yaml file"
+OVERRIDE_HELP = "overrides section.key=value (win over the file), e.g. build.max_batch_size=16"
+
+
+def add_recipe_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("recipe", help=RECIPE_HELP)
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=OVERRIDE_HELP)
+
+
+def subparser(sub: argparse._SubParsersAction, name: str, help_text: str, examples: str) -> argparse.ArgumentParser:
+    return sub.add_parser(
+        name,
+        help=help_text,
+        description=help_text,
+        epilog="examples:\n" + examples,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def load(args: argparse.Namespace):  # noqa: ANN201 - returns trtkv.recipe.Recipe
+    from trtkv.recipe import load_recipe
+
+    return load_recipe(args.recipe, args.overrides)

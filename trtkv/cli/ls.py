@@ -1,0 +1,33 @@
+"""`trtkv ls`: the recipes found on disk."""
+
+from __future__ import annotations
+
+import argparse
+
+from trtkv.cli.common import subparser
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = subparser(sub, "ls", "list the recipes under recipes/", "  $ trtkv ls\n")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import yaml
+
+    from trtkv import paths
+    from trtkv.recipe import list_recipes, recipe_name
+
+    found = list_recipes()
+    if not found:
+        print(f"no recipes under {paths.recipes_dir()}")
+        return 1
+    width = max(len(recipe_name(p)) for p in found)
+    for path in found:
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+            desc = data.get("description", "") if isinstance(data, dict) else ""
+        except yaml.YAMLError:
+            desc = "(malformed YAML: run trtkv validate)"
+        print(f"{recipe_name(path):<{width}}  {desc}")
+    return 0

@@ -1,0 +1,83 @@
+"""The KV-cache formats trtkv knows, and the storage each one costs per token.
+
+This module is the one source of truth for format names and for the bytes-per-token
+formula used by the planner (`trtkv plan`), the quantized cache and the probe.
+It imports nothing heavy: the CLI uses it at start-up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+# Scales and zero points of the dynamic formats (per token, per group) are stored as float16.
+SCALE_BYTES = 2
+
+
+class KVFormat(str, Enum):
+    """How K and V are stored in the cache."""
+
+    FP16 = "fp16"
+    BF16 = "bf16"
+    FP8 = "fp8"  # E4M3, static per-tensor scale per layer = amax / 448
+    FP8_SCALE1 = "fp8_scale1"  # E4M3, scale 1.0 (vLLM's default when no scales are given)
+    INT8 = "int8"  # symmetric, static per-tensor scale per layer = amax / 127 (TRT-LLM int8_kv_cache)
+    INT8_TOKEN = "int8_token"  # symmetric, dynamic per-token, per-head scale
+    INT4_G32 = "int4_g32"  # asymmetric, per-token groups of 32 channels
+    INT4_G64 = "int4_g64"
+    INT4_G128 = "int4_g128"
+    KIVI4 = "kivi4"  # K per-channel over token groups, V per-token, fp residual window
+    KIVI2 = "kivi2"
+
+
+@dataclass(frozen=True)
+class FormatSpec:
+    """Numeric facts about one format."""
+
+    bits: int
+    static_scale: bool  # calibrated once (can clip) vs computed from the data (dynamic)
+    group_size: int | None  # channels (or tokens for KIVI's K) that share a scale/zero point
+    asymmetric: bool
+    description: str
+
+
+SPECS: dict[KVFormat, FormatSpec] = {
+    KVFormat.FP16: FormatSpec(16, False, None, False, "float16, unquantized baseline"),
+    KVFormat.BF16: FormatSpec(16, False, None, False, "bfloat16, unquantized baseline"),
+    KVFormat.FP8: FormatSpec(8, True, None, False, "FP8 E4M3, static per-layer scale amax/448"),
+    KVFormat.FP8_SCALE1: FormatSpec(8, True, None, False, "FP8 E4M3, scale 1.0 (no calibration)"),
+    KVFormat.INT8: FormatSpec(8, True, None, False, "INT8 symmetric, static per-layer scale amax/127"),
+    KVFormat.INT8_TOKEN: FormatSpec(8, False, None, False, "INT8 symmetric, dynamic per-token per-head scale"),
+    KVFormat.INT4_G32: FormatSpec(4, False, 32, True, "INT4 asymmetric, per-token groups of 32"),
+    KVFormat.INT4_G64: FormatSpec(4, False, 64, True, "INT4 asymmetric, per-token groups of 64"),
+    KVFormat.INT4_G128: FormatSpec(4, False, 128, True, "INT4 asymmetric, per-token groups of 128"),
+    KVFormat.KIVI4: FormatSpec(4, False, 32, True, "KIVI 4-bit: K per-channel / V per-token, group 32"),
+    KVFormat.KIVI2: FormatSpec(2, False, 32, True, "KIVI 2-bit: K per-channel / V per-token, group 32"),
+}
+
+UNQUANTIZED = (KVFormat.FP16, KVFormat.BF16)
+
+
+def bytes_per_element(fmt: KVFormat | str, head_dim: int) -> float:
+    """Average stored bytes per K or V element, scale and zero-point overhead included.
+
+    Per-tensor static scales (one float per layer) are not per token and count as zero.
+    Per-token formats pay one fp16 scale per (token, head); grouped asymmetric formats pay an
+    fp16 scale and an fp16 zero point per group. KIVI's K groups run over tokens instead of
+    channels, which costs the same per element in the long run; its full-precision residual
+    window is a fixed cost, not a per-token one, and is left out here.
+    """
+    fmt = KVFormat(fmt)
+    spec = SPECS[fmt]
+    data = spec.bits / 8
+    if fmt is KVFormat.INT8_TOKEN:
+        return data + SCALE_BYTES / head_dim
+    if spec.group_size is not None:
+        group = min(spec.group_size, head_dim) if fmt.value.startswith("int4") else spec.group_size
+        return data + 2 * SCALE_BYTES / group
+    return data
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, fmt: KVFormat | str) -> float:
+    """2 (K and V) x layers x KV heads x head_dim x bytes per element."""
+    return 2 * num_layers * num_kv_heads * head_dim * bytes_per_element(fmt, head_dim)

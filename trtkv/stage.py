@@ -1,0 +1,139 @@
+"""The stage contract: manifest, up-to-date skip, atomic output.
+
+Every stage writes into a temporary sibling folder and renames it into place only when it succeeded, so an
+interrupted or failed stage never leaves a folder that looks complete. The folder's `manifest.json` records
+the resolved recipe, its hash, the input folder's manifest hash, tool versions and wall time; a stage whose
+manifest matches its inputs is skipped ("up to date") unless forced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trtkv import __version__
+from trtkv.errors import StageError
+from trtkv.recipe import Recipe
+
+MANIFEST = "manifest.json"
+TOOLS = ("nvidia-modelopt", "tensorrt_llm", "transformers", "torch", "tritonclient", "nvidia-pytriton")
+
+
+def tool_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"trtkv": __version__}
+    for dist in TOOLS:
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def manifest_hash(folder: Path) -> str | None:
+    path = folder / MANIFEST
+    if not path.is_file():
+        return None
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def read_manifest(folder: Path) -> dict[str, Any] | None:
+    path = folder / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+        return data
+    except (json.JSONDecodeError, OSError):
+        return None
+
+
+@dataclass
+class StageResult:
+    stage: str
+    output: Path
+    skipped: bool
+    seconds: float
+    manifest: dict[str, Any]
+
+
+def require_input(folder: Path, stage: str, produced_by: str, recipe: Recipe) -> str:
+    """The input stage's manifest hash; a clear error when that stage has not run."""
+    digest = manifest_hash(folder)
+    if digest is None:
+        raise StageError(f"{stage}: {folder} is missing or incomplete (no {MANIFEST}). "
+                         f"Next: run `trtkv {produced_by} {recipe.name}` (or `make {produced_by} RECIPE={recipe.name}`).")
+    return digest
+
+
+def run_stage(
+    stage: str,
+    recipe: Recipe,
+    output: Path,
+    work: Callable[[Path], dict[str, Any] | None],
+    *,
+    sections: tuple[str, ...] = (),
+    input_dir: Path | None = None,
+    input_hash: str | None = None,
+    force: bool = False,
+    extra_key: dict[str, Any] | None = None,
+    log: Callable[[str], None] = print,
+) -> StageResult:
+    """Run `work(tmp_dir)` unless `output` is up to date; `work` returns extra manifest fields."""
+    recipe_hash = recipe.section_hash(*sections)
+    if input_dir is not None and input_hash is None:
+        input_hash = manifest_hash(input_dir)
+    key = {"stage": stage, "recipe_hash": recipe_hash, "input_manifest_hash": input_hash, "extra": extra_key or {}}
+    existing = read_manifest(output)
+    if existing and not force and existing.get("key") == key:
+        log(f"{stage}: {output} is up to date (use --force to redo)")
+        return StageResult(stage, output, True, 0.0, existing)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.parent / f".{output.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    start = time.time()
+    try:
+        extra = work(tmp) or {}
+        seconds = time.time() - start
+        manifest = {
+            "stage": stage,
+            "recipe": recipe.name,
+            "recipe_path": str(recipe.path) if recipe.path else None,
+            "key": key,
+            "recipe_hash": recipe_hash,
+            "input_dir": str(input_dir) if input_dir else None,
+            "input_manifest_hash": input_hash,
+            "resolved_recipe": recipe.resolved(),
+            "tool_versions": tool_versions(),
+            "wall_seconds": round(seconds, 3),
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            **extra,
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=False, default=str) + "\n")
+        _replace(tmp, output)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log(f"{stage}: wrote {output} in {seconds:.1f} s")
+    return StageResult(stage, output, False, seconds, manifest)
+
+
+def _replace(tmp: Path, output: Path) -> None:
+    """Swap `tmp` into `output`: the old folder is moved aside first and removed after."""
+    old = output.parent / f".{output.name}.old-{os.getpid()}"
+    if output.exists():
+        output.rename(old)
+    try:
+        tmp.rename(output)
+    except OSError:
+        if old.exists() and not output.exists():
+            old.rename(output)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
