@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,6 +155,14 @@ class Plan:
         return json.dumps(asdict(self), indent=2)
 
 
+def host_memory_gib() -> float | None:
+    """Total RAM of this machine (the CPU recipe's 'device' memory)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def kv_format_for_recipe(recipe: Recipe) -> KVFormat:
     kv = recipe.quantization.kv_cache
     if kv is KVCacheQuant.FP8:
@@ -190,7 +199,10 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
     w_total, w_gpu = weights_bytes(arch, recipe)
     notes: list[str] = []
     if memory_gib is None:
-        notes.append("hardware.gpu is cpu: capacity figures need hardware.memory_gib (set it to plan for this host).")
+        memory_gib = host_memory_gib()
+        notes.append(f"hardware.gpu is cpu: capacity uses this host's RAM ({memory_gib:.1f} GiB); "
+                     f"set hardware.memory_gib to plan for another machine.")
+    if memory_gib is None:
         budget = 0.0
     else:
         free = memory_gib * GIB - w_gpu - hw.activation_reserve_gib * GIB
@@ -267,7 +279,10 @@ def _advice(recipe: Recipe, arch: Architecture, caps: list[FormatCapacity], rec_
                        f"KV quantization buys bandwidth (decode speed) more than capacity.")
     if ctx >= 8192:
         out.append("Context >= 8K: decode reads the whole KV cache every step, so halving its bytes cuts attention time.")
-    if has_fp8:
+    if recipe.hardware.gpu is GPU.CPU:
+        out.append("CPU reference runtime: FP8 and INT8 KV are emulated in software (same numerics as the engine); "
+                   "on the GPU, prefer FP8 on Hopper/Ada/Blackwell.")
+    elif has_fp8:
         out.append("This GPU has FP8: prefer an FP8 (E4M3) KV cache; its exponent bits tolerate range errors of static scales.")
     else:
         out.append("No FP8 on this target: use INT8 KV with calibrated scales.")
@@ -284,7 +299,7 @@ def format_plan(p: Plan) -> str:
     lines = [f"Plan for {p.recipe}: {p.model['num_layers']} layers, {p.model['num_kv_heads']} KV heads x "
              f"head_dim {p.model['head_dim']}, {p.model['parameters'] / 1e9:.2f}B parameters ({p.model['source']})"]
     hw = p.hardware
-    mem = f"{hw['memory_gib']:g} GiB" if hw["memory_gib"] else "memory unknown"
+    mem = f"{hw['memory_gib']:.1f} GiB" if hw["memory_gib"] else "memory unknown"
     bw = f"{hw['hbm_bandwidth_gbps']:g} GB/s" if hw["hbm_bandwidth_gbps"] else "bandwidth unknown"
     lines.append(f"Hardware: {hw['count']} x {hw['gpu']} ({mem}, {bw}), TP{hw['tp_size']} PP{hw['pp_size']}")
     lines.append(f"Weights ({p.weights['precision']}): {p.weights['total_gib']:.2f} GiB total, "
@@ -319,7 +334,7 @@ def _k(n: int) -> str:
 
 
 def _table(head: list[str], rows: list[list[str]]) -> list[str]:
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=True)]
     fmt = "  ".join(f"{{:>{w}}}" if i else f"{{:<{w}}}" for i, w in enumerate(widths))
     out = [fmt.format(*head), fmt.format(*["-" * w for w in widths])]
     out += [fmt.format(*r) for r in rows]

@@ -92,8 +92,8 @@ def resolve_model_dir(recipe: Recipe) -> Path:
             convert_gguf(gguf, out)
         return out
     local = Path(source).expanduser()
-    candidates = [local] if local.is_absolute() else [p / local for p in
-                                                      ([recipe.path.parent] if recipe.path else []) + [paths.project_root(), Path.cwd()]]
+    bases = ([recipe.path.parent] if recipe.path else []) + [paths.project_root(), Path.cwd()]
+    candidates = [local] if local.is_absolute() else [base / local for base in bases]
     for folder in candidates:
         if (folder / "config.json").is_file():
             return folder.resolve()

@@ -13,9 +13,10 @@ import difflib
 import hashlib
 import json
 import re
+from collections.abc import Iterable
 from enum import Enum
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
@@ -357,9 +358,11 @@ def _read_yaml(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         origin = f" (included from {chain[-1]})" if chain else ""
-        raise RecipeError([f"{path}: file not found{origin}. Next: fix the `include:` path."], header="Recipe not readable")
+        raise RecipeError([f"{path}: file not found{origin}. Next: fix the `include:` path."],
+                          header="Recipe not readable") from None
     except OSError as exc:
-        raise RecipeError([f"{path}: cannot read: {exc.strerror}."], header="Recipe not readable")
+        raise RecipeError([f"{path}: cannot read: {exc.strerror}."],
+                          header="Recipe not readable") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -367,7 +370,7 @@ def _read_yaml(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
         where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise RecipeError([f"{path}{where}: malformed YAML: {problem}. Next: fix the syntax at that line."],
-                          header="Recipe not readable")
+                          header="Recipe not readable") from None
     if data is None:
         raise RecipeError([f"{path}: the file is empty. Next: start from a shipped recipe, e.g. recipes/smollm2_fp8kv.yaml."],
                           header="Recipe not readable")
@@ -501,7 +504,7 @@ def _where(prov: dict[str, Path], dotted: str, default: Path) -> Path:
     return default
 
 
-def _format_error(err: dict[str, Any], prov: dict[str, Path], path: Path) -> str:
+def _format_error(err: Any, prov: dict[str, Path], path: Path) -> str:
     loc = tuple(err["loc"])
     dotted = ".".join(str(p) for p in loc)
     file = _where(prov, dotted, path)

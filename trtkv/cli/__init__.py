@@ -40,13 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     except TrtkvError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    finally:
-        sys.stdout.flush()
-        if os.environ.get("TRTKV_DEBUG_EXIT"):
-            print(f"[trtkv] exit {args.command}", file=sys.stderr)
 
 
 if __name__ == "__main__":  # pragma: no cover
