@@ -11,7 +11,8 @@ from trtkv import __version__
 from trtkv.errors import TrtkvError
 
 # Subcommand name -> module in trtkv.cli (imported only to build the parser; heavy work is lazy inside run()).
-COMMANDS = ["ls", "validate", "show", "plan", "probe", "calibrate", "build", "repo", "serve", "stop", "bench", "report"]
+COMMANDS = ["ls", "validate", "show", "plan", "probe", "calibrate", "build", "repo", "serve", "stop", "bench",
+            "report", "demo", "compare"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,18 +1,24 @@
-"""`trtkv report`: not built yet (placeholder until its issue lands)."""
+"""`trtkv report`: one recipe's results (calibration, bench, probe, planner) as JSON and Markdown."""
 
 from __future__ import annotations
 
 import argparse
 
-from trtkv.cli.common import add_recipe_args, subparser
+from trtkv.cli.common import add_recipe_args, load, subparser
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "report", "report stage (not built yet)", "  $ trtkv report smollm2_fp8kv\n")
+    p = subparser(sub, "report", "summarize a recipe's stage outputs into engines/<recipe>/report/",
+                  "  $ trtkv report smollm2_fp8kv\n")
     add_recipe_args(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    print("trtkv report: not built yet")
-    return 3
+    from trtkv.report import print_summary, write_report
+
+    recipe = load(args)
+    out = write_report(recipe)
+    print_summary(recipe)
+    print(f"report: {out / 'report.md'}")
+    return 0

@@ -1,0 +1,38 @@
+"""`trtkv compare`: the chain for several recipes one after another, then a side-by-side report."""
+
+from __future__ import annotations
+
+import argparse
+
+from trtkv.cli.common import OVERRIDE_HELP, subparser
+
+DEFAULT = ["smollm2_fp16kv", "smollm2_fp8kv", "smollm2_int8kv"]
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = subparser(sub, "compare", "run several recipes and write engines/compare/compare.md + a PNG",
+                  "  $ trtkv compare\n  $ trtkv compare --recipes smollm2_fp8kv,smollm2_int8kv bench.num_requests=4\n")
+    p.add_argument("--recipes", default=",".join(DEFAULT), help=f"comma-separated (default {','.join(DEFAULT)})")
+    p.add_argument("--output", default=None, help="output folder (default engines/compare)")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=OVERRIDE_HELP + " (applied to every recipe)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from trtkv import paths
+    from trtkv.pipeline import run_chain
+    from trtkv.recipe import load_recipe
+    from trtkv.report import write_compare
+
+    names = [n.strip() for n in args.recipes.split(",") if n.strip()]
+    recipes = [load_recipe(n, args.overrides) for n in names]  # validate all before running any
+    results = [run_chain(n, args.overrides) for n in names]
+    out = Path(args.output) if args.output else paths.engines_dir() / "compare"
+    md = write_compare(recipes, results, out)
+    print(md.read_text())
+    failed = [r for r in results if r.failed]
+    for r in failed:
+        print(f"error: {r.recipe} failed at {r.failed}")
+    return 2 if failed else 0

@@ -1,0 +1,27 @@
+"""`trtkv demo`: the whole chain for one recipe, then a one-screen summary; the server is always stopped."""
+
+from __future__ import annotations
+
+import argparse
+
+from trtkv.cli.common import OVERRIDE_HELP, subparser
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = subparser(sub, "demo", "calibrate, build, repo, serve, bench, report and stop one recipe",
+                  "  $ trtkv demo smollm2_fp8kv\n  $ trtkv demo smollm2_int8kv bench.num_requests=4\n")
+    p.add_argument("recipe", nargs="?", default="smollm2_fp8kv", help="recipe name or .yaml path")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=OVERRIDE_HELP)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from trtkv.pipeline import require_success, run_chain
+    from trtkv.recipe import load_recipe
+    from trtkv.report import print_summary
+
+    recipe = load_recipe(args.recipe, args.overrides)  # fail fast on a bad recipe, before any work
+    result = run_chain(args.recipe, args.overrides)
+    print_summary(recipe, result)
+    require_success(result)
+    return 0

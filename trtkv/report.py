@@ -1,0 +1,218 @@
+"""Reports: one recipe's summary (JSON/Markdown/PNG) and the side-by-side comparison of several recipes.
+
+Every figure is read from the stage outputs on disk (calibration, bench, probe) or computed by the planner;
+nothing here is typed in.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trtkv import paths
+from trtkv.stage import read_manifest
+
+if TYPE_CHECKING:
+    from trtkv.pipeline import ChainResult
+    from trtkv.recipe import Recipe
+
+LATENCY_METRICS = ("time_to_first_token", "inter_token_latency", "request_latency")
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+        return data
+    except json.JSONDecodeError:
+        return None
+
+
+def bench_headline(results: dict[str, Any]) -> dict[str, Any]:
+    """Latency stats at the lowest concurrency, best throughput over the sweep, and accuracy per task."""
+    levels = results.get("levels") or []
+    out: dict[str, Any] = {}
+    if levels:
+        first = min(levels, key=lambda lv: lv.get("concurrency", 0))
+        out["concurrency"] = first.get("concurrency")
+        for metric in LATENCY_METRICS:
+            stats = first.get("metrics", {}).get(metric, {})
+            for stat in ("p50", "p99"):
+                if stat in stats:
+                    out[f"{metric}.{stat}"] = stats[stat]
+        thr = [lv.get("metrics", {}).get("output_token_throughput", {}).get("avg") for lv in levels]
+        thr = [t for t in thr if t is not None]
+        if thr:
+            out["output_token_throughput.max"] = max(thr)
+        req = [lv.get("metrics", {}).get("request_throughput", {}).get("avg") for lv in levels]
+        req = [t for t in req if t is not None]
+        if req:
+            out["request_throughput.max"] = max(req)
+    for task, body in (results.get("accuracy") or {}).items():
+        if isinstance(body, dict):
+            for key in ("accuracy", "agreement"):
+                if key in body and body[key] is not None:
+                    out[f"{task}.{key}"] = body[key]
+    return out
+
+
+def collect(recipe: Recipe) -> dict[str, Any]:
+    """Everything known about one recipe's run, from disk and the planner."""
+    from trtkv.memory import kv_format_for_recipe, plan
+
+    base = paths.recipe_output_dir(recipe.name)
+    data: dict[str, Any] = {"recipe": recipe.name, "description": recipe.description,
+                            "kv_cache": recipe.quantization.kv_cache.value,
+                            "weights": recipe.quantization.weights.value}
+    p = plan(recipe)
+    fmt = kv_format_for_recipe(recipe).value
+    cap = next(c for c in p.formats if c.format == fmt)
+    data["kv_format"] = fmt
+    data["kv_bytes_per_token"] = cap.bytes_per_token
+    data["planner"] = {"hardware": p.hardware["gpu"], "memory_gib": p.hardware["memory_gib"],
+                       "kv_budget_gib": p.kv_budget_gib_per_gpu, "tokens_fit": cap.tokens_per_gpu_budget,
+                       "max_seq_len": recipe.build.max_seq_len,
+                       "sequences_at_max_seq_len": cap.max_sequences.get(recipe.build.max_seq_len)}
+    scales = _load(base / "checkpoint" / "kv_scales.json")
+    if scales:
+        layers = scales.get("layers", [])
+        data["calibration"] = {"layers": len(layers), "kv_cache_quant_algo": scales.get("kv_cache_quant_algo"),
+                               "max_k_amax": max((x["k_amax"] for x in layers), default=None),
+                               "max_v_amax": max((x["v_amax"] for x in layers), default=None)}
+    stages = {}
+    for stage in ("checkpoint", "engine", "bench", "probe"):
+        manifest = read_manifest(base / stage)
+        if manifest:
+            stages[stage] = {"path": str(base / stage), "wall_seconds": manifest.get("wall_seconds")}
+    repo = paths.triton_repo_dir() / recipe.name
+    if read_manifest(repo):
+        stages["triton_repo"] = {"path": str(repo), "wall_seconds": read_manifest(repo).get("wall_seconds")}  # type: ignore[union-attr]
+    data["stages"] = stages
+    bench = _load(base / "bench" / "results.json")
+    if bench:
+        data["bench"] = bench_headline(bench)
+        data["bench_passed"] = bench.get("passed")
+    probe = _load(base / "probe" / "probe.json")
+    if probe and probe.get("records"):
+        data["probe"] = [r for r in probe["records"] if r.get("format") in (fmt, "fp16", "bf16")]
+    return data
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        if 0 < abs(value) < 1 and digits <= 3:
+            return f"{value:.3f}"
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def summary_lines(data: dict[str, Any]) -> list[str]:
+    b = data.get("bench", {})
+    planner = data["planner"]
+    lines = [f"Summary for {data['recipe']}: weights {data['weights']}, KV cache {data['kv_cache']} "
+             f"({data['kv_format']}, {data['kv_bytes_per_token']:,.0f} bytes/token)"]
+    acc = [f"{k} {_fmt(v, 3)}" for k, v in b.items() if k.split(".")[0] in ("quiz", "golden", "needle")]
+    lines.append("  accuracy:   " + (", ".join(acc) if acc else "no bench results"))
+    if "time_to_first_token.p50" in b:
+        lines.append(f"  latency @concurrency {b.get('concurrency')}: TTFT p50 {_fmt(b['time_to_first_token.p50'])} ms, "
+                     f"p99 {_fmt(b.get('time_to_first_token.p99'))} ms; ITL p50 {_fmt(b.get('inter_token_latency.p50'))} ms, "
+                     f"p99 {_fmt(b.get('inter_token_latency.p99'))} ms")
+        lines.append(f"  throughput: {_fmt(b.get('output_token_throughput.max'))} output tokens/s, "
+                     f"{_fmt(b.get('request_throughput.max'), 2)} requests/s (best over the concurrency sweep)")
+    lines.append(f"  planner:    {planner['hardware']} with {_fmt(planner['memory_gib'])} GiB: KV budget "
+                 f"{_fmt(planner['kv_budget_gib'])} GiB = {planner['tokens_fit']:,} tokens of {data['kv_format']} KV, "
+                 f"{planner['sequences_at_max_seq_len']:,} sequences of {planner['max_seq_len']:,} tokens")
+    for stage, info in data.get("stages", {}).items():
+        lines.append(f"  {stage + ':':<12}{info['path']}  ({_fmt(info.get('wall_seconds'))} s)")
+    return lines
+
+
+def write_report(recipe: Recipe, out: Path | None = None) -> Path:
+    """engines/<recipe>/report/{report.json, report.md}."""
+    data = collect(recipe)
+    out = out or paths.recipe_output_dir(recipe.name) / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
+    md = [f"# trtkv report: {recipe.name}", "", recipe.description, "", "```", *summary_lines(data), "```", ""]
+    if data.get("probe"):
+        md += ["## Probe excerpt (this KV format vs the unquantized baseline)", "",
+               "| format | context | KL mean | top-1 agreement | ppl delta | needle |", "|---|---|---|---|---|---|"]
+        for r in data["probe"]:
+            md.append(f"| {r['format']} | {r['context_len']} | {_fmt(r.get('kl_mean'), 4)} | "
+                      f"{_fmt(r.get('top1_agreement'), 3)} | {_fmt(r.get('ppl_delta'), 3)} | "
+                      f"{_fmt(r.get('needle_accuracy'), 2)} |")
+    (out / "report.md").write_text("\n".join(md) + "\n")
+    return out
+
+
+def print_summary(recipe: Recipe, result: ChainResult | None = None) -> None:
+    data = collect(recipe)
+    print()
+    if result is not None:
+        steps = ", ".join(f"{s.verb} {s.seconds:.0f}s" + ("" if s.returncode == 0 else f" (exit {s.returncode})")
+                          for s in result.steps)
+        print(f"Chain for {recipe.name}: {steps}; total {result.seconds:.0f} s")
+    print("\n".join(summary_lines(data)))
+
+
+def write_compare(recipes: list[Recipe], results: list[ChainResult], out: Path) -> Path:
+    """engines/compare/compare.md + compare.json + compare.png: the KV formats side by side."""
+    rows = [collect(r) for r in recipes]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
+    keys = ["quiz.accuracy", "golden.agreement", "needle.accuracy", "time_to_first_token.p50", "time_to_first_token.p99",
+            "inter_token_latency.p50", "inter_token_latency.p99", "output_token_throughput.max"]
+    head = "| | " + " | ".join(r["recipe"] for r in rows) + " |"
+    md = ["# KV-cache formats side by side", "",
+          "Measured by `trtkv compare` on this machine; accuracy and latency come from each recipe's "
+          "`engines/<recipe>/bench/results.json`, bytes and capacity from the planner.", "",
+          head, "|" + "---|" * (len(rows) + 1)]
+    md.append("| KV cache | " + " | ".join(f"{r['kv_cache']} ({r['kv_format']})" for r in rows) + " |")
+    md.append("| KV bytes/token | " + " | ".join(f"{r['kv_bytes_per_token']:,.0f}" for r in rows) + " |")
+    md.append("| tokens that fit (planner) | " + " | ".join(f"{r['planner']['tokens_fit']:,}" for r in rows) + " |")
+    for key in keys:
+        md.append(f"| {key} | " + " | ".join(_fmt(r.get("bench", {}).get(key), 3 if "." in key and
+                                                   key.split(".")[0] in ("quiz", "golden", "needle") else 1)
+                                              for r in rows) + " |")
+    md.append("| chain | " + " | ".join("ok" if not res.failed else f"failed at {res.failed}" for res in results) + " |")
+    probes = [(r["recipe"], p) for r in rows for p in r.get("probe", [])]
+    if probes:
+        md += ["", "## Probe excerpt", "", "| recipe | format | context | KL mean | top-1 agreement | needle |",
+               "|---|---|---|---|---|---|"]
+        md += [f"| {name} | {p['format']} | {p['context_len']} | {_fmt(p.get('kl_mean'), 4)} | "
+               f"{_fmt(p.get('top1_agreement'), 3)} | {_fmt(p.get('needle_accuracy'), 2)} |" for name, p in probes]
+    (out / "compare.md").write_text("\n".join(md) + "\n")
+    _compare_plot(rows, out / "compare.png")
+    return out / "compare.md"
+
+
+def _compare_plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["recipe"] for r in rows]
+    panels = [("accuracy", ["quiz.accuracy", "golden.agreement", "needle.accuracy"]),
+              ("latency (ms)", ["time_to_first_token.p50", "inter_token_latency.p50"]),
+              ("KV bytes/token", None)]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for ax, (title, keys) in zip(axes, panels, strict=True):
+        if keys is None:
+            ax.bar(names, [r["kv_bytes_per_token"] for r in rows], color="tab:gray")
+        else:
+            width = 0.8 / len(keys)
+            for i, key in enumerate(keys):
+                vals = [r.get("bench", {}).get(key) or 0.0 for r in rows]
+                ax.bar([j + i * width for j in range(len(rows))], vals, width, label=key)
+            ax.set_xticks([j + width * (len(keys) - 1) / 2 for j in range(len(rows))], names)
+            ax.legend(fontsize=7)
+        ax.set_title(title)
+        ax.tick_params(axis="x", labelrotation=15, labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
