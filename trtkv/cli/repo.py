@@ -1,18 +1,41 @@
-"""`trtkv repo`: not built yet (placeholder until its issue lands)."""
+"""`trtkv repo`: write the Triton model repository triton_repo/<recipe>/ from the recipe."""
 
 from __future__ import annotations
 
 import argparse
 
-from trtkv.cli.common import add_recipe_args, subparser
+from trtkv.cli.common import add_recipe_args, load, subparser
+
+EXAMPLES = """\
+  $ trtkv repo smollm2_fp8kv                  # CPU: reference runtime, tokenizer copied in
+  $ trtkv repo llama70b_fp8kv                 # GPU: tensorrtllm backend, TP4 (works without the engine)
+  $ trtkv repo smollm2_fp8kv triton.instance_count=1 --force
+  $ trtkv repo --check triton_repo/smollm2_fp8kv   # validate an existing repository
+"""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "repo", "repo stage (not built yet)", "  $ trtkv repo smollm2_fp8kv\n")
+    p = subparser(sub, "repo", "Generate the Triton model repository (inflight_batcher_llm layout) for a recipe",
+                  EXAMPLES)
     add_recipe_args(p)
+    p.add_argument("--force", action="store_true", help="regenerate even when the repository is up to date")
+    p.add_argument("--check", action="store_true",
+                   help="only validate: RECIPE is then a repository folder (every config.pbtxt + the ensemble)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    print("trtkv repo: not built yet")
-    return 3
+    if args.check:
+        from pathlib import Path
+
+        from trtkv.repo import validate_repo
+
+        models = validate_repo(Path(args.recipe))
+        print(f"repo: {args.recipe}: {len(models)} models valid ({', '.join(sorted(models))})")
+        return 0
+    from trtkv.repo import generate_repo
+
+    recipe = load(args)
+    result = generate_repo(recipe, force=args.force)
+    print(f"repo: {result.output}/README.md has the deploy commands")
+    return 0

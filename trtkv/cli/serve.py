@@ -1,18 +1,31 @@
-"""`trtkv serve`: not built yet (placeholder until its issue lands)."""
+"""`trtkv serve`: start Triton for a recipe (bundled tritonserver on CPU; container / mpirun on GPUs)."""
 
 from __future__ import annotations
 
 import argparse
 
-from trtkv.cli.common import add_recipe_args, subparser
+from trtkv.cli.common import add_recipe_args, load, subparser
+
+EXAMPLES = """\
+  $ trtkv serve smollm2_fp8kv                         # CPU: bundled tritonserver, returns once ready
+  $ trtkv serve smollm2_fp8kv triton.http_port=9000 triton.grpc_port=9001 triton.metrics_port=9002
+  $ trtkv serve llama70b_fp8kv --dry-run              # print the docker / mpirun commands
+  $ trtkv stop smollm2_fp8kv
+"""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "serve", "serve stage (not built yet)", "  $ trtkv serve smollm2_fp8kv\n")
+    p = subparser(sub, "serve", "Start tritonserver for a recipe and wait until it is ready", EXAMPLES)
     add_recipe_args(p)
+    p.add_argument("--dry-run", action="store_true", help="print the server command(s) and exit")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds to wait for readiness (default: recipe triton.startup_timeout_s)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    print("trtkv serve: not built yet")
-    return 3
+    from trtkv import serve
+
+    recipe = load(args)
+    serve.start(recipe, dry_run=args.dry_run, timeout_s=args.timeout)
+    return 0

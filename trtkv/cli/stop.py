@@ -1,18 +1,26 @@
-"""`trtkv stop`: not built yet (placeholder until its issue lands)."""
+"""`trtkv stop`: stop the server `trtkv serve` started for a recipe (by its recorded pid)."""
 
 from __future__ import annotations
 
 import argparse
 
-from trtkv.cli.common import add_recipe_args, subparser
+from trtkv.cli.common import add_recipe_args, load, subparser
+
+EXAMPLES = """\
+  $ trtkv stop smollm2_fp8kv
+  $ trtkv stop smollm2_fp8kv --timeout 60     # wait longer before SIGKILL
+"""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "stop", "stop stage (not built yet)", "  $ trtkv stop smollm2_fp8kv\n")
+    p = subparser(sub, "stop", "Stop the recipe's tritonserver (SIGTERM, then SIGKILL after a timeout)", EXAMPLES)
     add_recipe_args(p)
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait after SIGTERM (default 30)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    print("trtkv stop: not built yet")
-    return 3
+    from trtkv import serve
+
+    serve.stop(load(args), timeout_s=args.timeout)
+    return 0

@@ -1,0 +1,141 @@
+"""End to end on the real tritonserver (bundled in nvidia-pytriton) with the SmolLM2 FP8-KV repository and trtkv's
+reference runtime: gRPC streaming, HTTP generate / generate_stream, bad requests, concurrency, stop."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.repo.triton_client import grpc_stream, http_generate, http_generate_stream
+from trtkv import paths, serve
+from trtkv.errors import StageError
+from trtkv.recipe import load_recipe
+from trtkv.repo import generate_repo
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+RECIPE = "smollm2_fp8kv"
+PROMPT = "The capital of France is"
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def _engine_into(engines: Path) -> None:
+    """Reuse the checkout's calibrated checkpoint + reference engine when present (read only), else build them."""
+    project = paths.project_root() / "engines" / RECIPE
+    target = engines / RECIPE
+    target.mkdir(parents=True)
+    if (project / "engine" / "runtime.json").is_file() and (project / "checkpoint" / "manifest.json").is_file():
+        for stage in ("checkpoint", "engine"):
+            (target / stage).symlink_to(project / stage)
+        return
+    env = {**os.environ, "TRTKV_ENGINES": str(engines)}
+    for verb in ("calibrate", "build"):
+        subprocess.run([sys.executable, "-m", "trtkv", verb, RECIPE], env=env, check=True)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, serve.ServerInfo]]:
+    """The real server on free ports; always stopped (also when a test or the start fails)."""
+    tmp = tmp_path_factory.mktemp("e2e")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRTKV_ENGINES", str(tmp / "engines"))
+        mp.setenv("TRTKV_TRITON_REPO", str(tmp / "triton_repo"))
+        _engine_into(tmp / "engines")
+        http, grpc, metrics = _free_ports(3)
+        recipe = load_recipe(RECIPE, [f"triton.http_port={http}", f"triton.grpc_port={grpc}",
+                                      f"triton.metrics_port={metrics}"])
+        generate_repo(recipe)
+        try:
+            info = serve.start(recipe, timeout_s=600)
+            assert info is not None
+            print(f"\ntritonserver ready in {info.ready_seconds} s")
+            yield recipe, info
+        finally:
+            serve.stop(recipe, timeout_s=30)
+
+
+def _grpc_url(info: serve.ServerInfo) -> str:
+    return f"{info.host}:{info.grpc_port}"
+
+
+def test_grpc_streaming_answers_paris_in_several_parts(server: tuple[Any, serve.ServerInfo]) -> None:
+    _, info = server
+    result = grpc_stream(_grpc_url(info), PROMPT, 8)
+    assert result.error is None
+    assert "Paris" in result.text
+    assert len(result.parts) >= 3 and all(result.parts)
+    assert not result.text.startswith(PROMPT)  # only new text
+
+
+def test_http_generate_answers_paris_and_equals_the_stream(server: tuple[Any, serve.ServerInfo]) -> None:
+    _, info = server
+    status, body = http_generate(info.http_url, {"text_input": PROMPT, "max_tokens": 8, "bad_words": "",
+                                                 "stop_words": ""})
+    assert status == 200, body
+    assert "Paris" in body["text_output"]
+    assert body["text_output"] == grpc_stream(_grpc_url(info), PROMPT, 8).text
+    events = http_generate_stream(info.http_url, {"text_input": PROMPT, "max_tokens": 8})
+    assert len(events) >= 3 and all("error" not in e for e in events)
+    assert "".join(e["text_output"] for e in events) == body["text_output"]
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"text_input": "", "max_tokens": 8}, "text_input is empty"),
+    ({"text_input": PROMPT, "max_tokens": 0}, "max_tokens must be >= 1"),
+    ({"text_input": PROMPT, "max_tokens": 100000}, "max_seq_len"),
+])
+def test_bad_request_then_a_good_one(server: tuple[Any, serve.ServerInfo], body: dict[str, Any], message: str) -> None:
+    _, info = server
+    status, answer = http_generate(info.http_url, body)
+    assert status == 400 and message in answer["error"], answer
+    bad = grpc_stream(_grpc_url(info), body["text_input"], body["max_tokens"])
+    assert bad.error is not None and message in bad.error
+    good = grpc_stream(_grpc_url(info), PROMPT, 4)
+    assert good.error is None and "Paris" in good.text
+
+
+def test_stop_words_end_the_answer(server: tuple[Any, serve.ServerInfo]) -> None:
+    _, info = server
+    status, body = http_generate(info.http_url, {"text_input": PROMPT, "max_tokens": 16, "stop_words": ["."]})
+    assert status == 200 and body["text_output"].endswith(".") and "Paris" in body["text_output"]
+
+
+def test_concurrent_requests_do_not_mix(server: tuple[Any, serve.ServerInfo]) -> None:
+    recipe, info = server
+    prompts = [PROMPT, "Water is made of", "One, two, three,", PROMPT]
+    alone = {p: grpc_stream(_grpc_url(info), p, 10).text for p in set(prompts)}
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        together = list(pool.map(lambda p: grpc_stream(_grpc_url(info), p, 10), prompts))
+    assert [r.error for r in together] == [None] * len(prompts)
+    assert [r.text for r in together] == [alone[p] for p in prompts]
+    assert recipe.triton.instance_count >= 2
+
+
+def test_serving_twice_is_refused(server: tuple[Any, serve.ServerInfo]) -> None:
+    recipe, _ = server
+    with pytest.raises(StageError, match="already running"):
+        serve.start(recipe)
+
+
+def test_stop_ends_the_server(server: tuple[Any, serve.ServerInfo]) -> None:
+    recipe, info = server
+    assert serve.stop(recipe, timeout_s=30)
+    assert not serve.is_running(info.pid, info.command)
+    assert not serve.server_json(recipe).exists()

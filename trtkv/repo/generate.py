@@ -1,0 +1,199 @@
+"""`trtkv repo`: write triton_repo/<recipe>/ (the TensorRT-LLM backend's inflight_batcher_llm layout).
+
+Models: preprocessing (tokenizer), tensorrt_llm (per build backend: `tensorrtllm` engine, LLM-API Python model, or
+trtkv's reference runtime), postprocessing (detokenizer) and ensemble. Every value comes from the recipe; the files
+come from trtkv/repo/templates/. The repository is written to a temporary folder, validated with Triton's own
+protobuf schema (trtkv.repo.validate), and only then renamed into place (trtkv.stage.run_stage).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from string import Template
+from typing import Any
+
+from trtkv import paths
+from trtkv.errors import StageError
+from trtkv.recipe import Backend, KVCacheQuant, Recipe
+from trtkv.repo.validate import validate_repo
+from trtkv.stage import StageResult, manifest_hash, run_stage
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+SECTIONS = ("model", "quantization", "build", "hardware", "triton")
+MAX_BEAM_WIDTH = 1  # trtkv builds engines with the trtllm-build default of one beam
+SHARED_MODULE = "common/trtkv_model_utils.py"  # copied next to every Python model.py
+TOKENIZER_IN_REPO = "preprocessing/tokenizer"  # inside a model folder: Triton would take a top-level folder for a model
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "generation_config.json")
+# model folder -> (config template, python model template or None)
+PYTHON_MODELS = {
+    "preprocessing": ("preprocessing/config.pbtxt", "preprocessing/preprocessing.py"),
+    "postprocessing": ("postprocessing/config.pbtxt", "postprocessing/postprocessing.py"),
+    "ensemble": ("ensemble/config.pbtxt", None),
+}
+LLM_MODEL = {
+    Backend.TENSORRT: ("tensorrt_llm/config.tensorrt.pbtxt", None),
+    Backend.PYTORCH: ("tensorrt_llm/config.pytorch.pbtxt", "tensorrt_llm/tensorrt_llm_pytorch.py"),
+    Backend.REFERENCE: ("tensorrt_llm/config.reference.pbtxt", "tensorrt_llm/tensorrt_llm_reference.py"),
+}
+
+
+@dataclass
+class RepoPlan:
+    """Where the generated repository points, what it copies, and what is missing."""
+
+    recipe: Recipe
+    output: Path
+    engine_dir: Path
+    checkpoint_dir: Path
+    tokenizer_source: Path | None  # copied into <repo>/tokenizer when set
+    tokenizer_ref: str  # tokenizer_dir as written in the configs
+    warnings: list[str] = field(default_factory=list)
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    return (folder / "tokenizer_config.json").is_file() or (folder / "tokenizer.json").is_file()
+
+
+def _local_model_dir(recipe: Recipe) -> Path | None:
+    """The model's HF folder when it is already on disk (never converts or downloads)."""
+    from trtkv.model import packaged_model_dir
+
+    source = recipe.model.source
+    if source.startswith("packaged:"):
+        folder = packaged_model_dir(source.split(":", 1)[1])
+        return folder if _has_tokenizer(folder) else None
+    local = Path(source).expanduser()
+    candidates = [local] if local.is_absolute() else [
+        *([recipe.path.parent / local] if recipe.path else []), paths.project_root() / local]
+    return next((c for c in candidates if _has_tokenizer(c)), None)
+
+
+def plan_repo(recipe: Recipe) -> RepoPlan:
+    """Resolve paths; the CPU recipe copies its tokenizer in, GPU recipes reference it (warning when absent)."""
+    out_dir = paths.recipe_output_dir(recipe.name)
+    engine, checkpoint = out_dir / "engine", out_dir / "checkpoint"
+    plan = RepoPlan(recipe, paths.triton_repo_dir() / recipe.name, engine, checkpoint, None, "")
+    calibrated = checkpoint / "tokenizer"
+    if recipe.build.backend is Backend.REFERENCE:
+        source = calibrated if _has_tokenizer(calibrated) else _local_model_dir(recipe)
+        if source is None:
+            raise StageError(f"repo {recipe.name}: no tokenizer to copy: {calibrated} does not exist and the model "
+                             f"({recipe.model.source}) is not on this machine. Next: `trtkv calibrate {recipe.name}`.")
+        plan.tokenizer_source, plan.tokenizer_ref = source, TOKENIZER_IN_REPO
+    else:
+        plan.tokenizer_ref = str(calibrated)
+        if not _has_tokenizer(calibrated):
+            plan.warnings.append(f"tokenizer {calibrated} does not exist yet (written by `trtkv calibrate "
+                                 f"{recipe.name}`); the repository references it")
+    needed = engine if recipe.build.backend is not Backend.PYTORCH else checkpoint / "hf"
+    if not (needed / "manifest.json").is_file() and not (needed / "config.json").is_file():
+        stage = "calibrate" if recipe.build.backend is Backend.PYTORCH else "build"
+        plan.warnings.append(f"{needed} does not exist yet (written by `trtkv {stage} {recipe.name}`); "
+                             f"the repository references it")
+    return plan
+
+
+def template_values(plan: RepoPlan) -> dict[str, str]:
+    """Every ${name} the templates use, from the recipe."""
+    r = plan.recipe
+    t, b = r.triton, r.build
+    flag = lambda value: "true" if value else "false"  # noqa: E731
+    kv_dtype = {KVCacheQuant.FP8: "fp8", KVCacheQuant.INT8: "int8", KVCacheQuant.NONE: "auto"}[r.quantization.kv_cache]
+    return {
+        "recipe_name": r.name,
+        "triton_max_batch_size": str(b.max_batch_size),
+        "max_queue_delay_microseconds": str(t.max_queue_delay_microseconds),
+        "decoupled": flag(t.decoupled),
+        "instance_count": str(t.instance_count),
+        "pre_post_instance_count": str(t.instance_count),
+        "threads_per_instance": "auto",
+        "tokenizer_dir": plan.tokenizer_ref,
+        "add_special_tokens": "true",
+        "skip_special_tokens": "true",
+        "max_input_len": str(b.max_input_len),
+        "max_seq_len": str(b.max_seq_len),
+        "max_num_tokens": str(b.max_num_tokens),
+        "engine_dir": str(plan.engine_dir),
+        "hf_model_dir": str(plan.checkpoint_dir / "hf"),
+        "extra_llm_api_options": str(plan.engine_dir / "extra_llm_api_options.yaml"),
+        "kv_cache_dtype": kv_dtype,
+        "batching_strategy": t.batching_strategy.value,
+        "batch_scheduler_policy": t.batch_scheduler_policy.value,
+        "kv_cache_free_gpu_mem_fraction": str(t.kv_cache_free_gpu_mem_fraction),
+        "enable_kv_cache_reuse": flag(t.enable_kv_cache_reuse),
+        "exclude_input_in_output": flag(t.exclude_input_in_output),
+        "max_beam_width": str(MAX_BEAM_WIDTH),
+        "tp_size": str(b.tp_size),
+        "pp_size": str(b.pp_size),
+    }
+
+
+def render(template: str, values: dict[str, str]) -> str:
+    """Fill ${name}s; unknown names stay (validation then reports file, line and name)."""
+    return Template((TEMPLATES / template).read_text(encoding="utf-8")).safe_substitute(values)
+
+
+def templates_digest() -> str:
+    """sha256 over every template file (a template change makes the repository stale)."""
+    digest = hashlib.sha256()
+    for path in sorted(TEMPLATES.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(str(path.relative_to(TEMPLATES)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def write_models(plan: RepoPlan, target: Path) -> list[str]:
+    """Render every model folder into `target`; returns the model names."""
+    values = template_values(plan)
+    models = {**PYTHON_MODELS, "tensorrt_llm": LLM_MODEL[plan.recipe.build.backend]}
+    for name, (config, script) in models.items():
+        version = target / name / "1"
+        version.mkdir(parents=True)
+        (target / name / "config.pbtxt").write_text(render(config, values), encoding="utf-8")
+        if script is not None:
+            shutil.copyfile(TEMPLATES / script, version / "model.py")
+            shutil.copyfile(TEMPLATES / SHARED_MODULE, version / Path(SHARED_MODULE).name)
+    return sorted(models)
+
+
+def copy_tokenizer(source: Path, target: Path) -> list[str]:
+    target.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for name in TOKENIZER_FILES:
+        if (source / name).is_file():
+            shutil.copyfile(source / name, target / name)
+            copied.append(name)
+    return copied
+
+
+def generate_into(plan: RepoPlan, target: Path) -> dict[str, Any]:
+    """Write, copy and validate the whole repository in `target`; returns manifest fields."""
+    from trtkv.repo.readme import readme_text
+
+    models = write_models(plan, target)
+    copied: list[str] = []
+    if plan.tokenizer_source is not None:
+        copied = copy_tokenizer(plan.tokenizer_source, target / TOKENIZER_IN_REPO)
+    (target / "README.md").write_text(readme_text(plan), encoding="utf-8")
+    validate_repo(target, expect_decoupled=plan.recipe.triton.decoupled)
+    return {"models": models, "backend": plan.recipe.build.backend.value, "engine_dir": str(plan.engine_dir),
+            "tokenizer_dir": plan.tokenizer_ref, "tokenizer_copied_from": str(plan.tokenizer_source or ""),
+            "tokenizer_files": copied, "warnings": plan.warnings, "validated": True}
+
+
+def generate_repo(recipe: Recipe, *, force: bool = False, log: Callable[[str], None] = print) -> StageResult:
+    """The repo stage: plan, warn about what is missing, write atomically, validate before the rename."""
+    plan = plan_repo(recipe)
+    for warning in plan.warnings:
+        log(f"repo: warning: {warning}")
+    engine_hash = manifest_hash(plan.engine_dir)
+    key = {"templates": templates_digest(), "tokenizer": str(plan.tokenizer_source or plan.tokenizer_ref),
+           "engine_manifest": engine_hash}
+    return run_stage("repo", recipe, plan.output, lambda tmp: generate_into(plan, tmp), sections=SECTIONS,
+                     input_hash=engine_hash, force=force, extra_key=key, log=log)

@@ -1,0 +1,139 @@
+"""Helpers shared by trtkv's Triton Python models (copied next to each model.py; the stub puts that folder on
+sys.path). Self-contained: numpy, plus `tokenizers` (or transformers when a folder has no tokenizer.json)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+class RequestError(ValueError):
+    """A problem with one request's inputs; answered as an error response naming the field."""
+
+
+def model_parameters(model_config: dict[str, Any]) -> dict[str, str]:
+    """`parameters {}` of a model config as plain strings."""
+    return {key: value.get("string_value", "") for key, value in model_config.get("parameters", {}).items()}
+
+
+def model_dir_from_args(args: dict[str, str]) -> Path:
+    """The model's own folder (Triton passes it as `model_repository`)."""
+    path = Path(args["model_repository"])
+    return path if (path / "config.pbtxt").is_file() else path / args["model_name"]
+
+
+def resolve_dir(value: str, model_dir: Path) -> Path:
+    """A path from the config: absolute as is, else relative to the model repository root."""
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else (model_dir.parent / path).resolve()
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+class Tokenizer:
+    """tokenizer.json through the `tokenizers` library (starts in a fraction of a second); transformers'
+    AutoTokenizer for folders without one. Decoding never applies `clean_up_tokenization_spaces`."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        config_path = folder / "tokenizer_config.json"
+        self.config: dict[str, Any] = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        self.fast: Any = None
+        self.hf: Any = None
+        if (folder / "tokenizer.json").is_file():
+            from tokenizers import Tokenizer as FastTokenizer
+
+            self.fast = FastTokenizer.from_file(str(folder / "tokenizer.json"))
+        else:
+            from transformers import AutoTokenizer
+
+            self.hf = AutoTokenizer.from_pretrained(str(folder))
+
+    def token_id(self, key: str) -> int | None:
+        """Id of the special token named in tokenizer_config.json (`eos_token`, `pad_token`, ...)."""
+        if self.hf is not None:
+            value = getattr(self.hf, f"{key}_id", None)
+            return int(value) if value is not None else None
+        text = _token_text(self.config.get(key))
+        found = self.fast.token_to_id(text) if text else None
+        return int(found) if found is not None else None
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if self.hf is not None:
+            return [int(t) for t in self.hf.encode(text, add_special_tokens=add_special_tokens)]
+        return list(self.fast.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        if self.hf is not None:
+            return str(self.hf.decode(ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False))
+        return str(self.fast.decode(ids, skip_special_tokens=skip_special_tokens))
+
+    def end_id(self) -> int:
+        """generation_config.json's eos_token_id (first when a list), else the tokenizer's eos token."""
+        gen = self.folder / "generation_config.json"
+        if gen.is_file():
+            eos = json.loads(gen.read_text()).get("eos_token_id")
+            if isinstance(eos, list) and eos:
+                return int(eos[0])
+            if isinstance(eos, int):
+                return eos
+        found = self.token_id("eos_token")
+        if found is None:
+            raise RequestError(f"the tokenizer in {self.folder} names no eos token; send end_id with each request")
+        return found
+
+
+def to_word_list(words: list[list[int]]) -> np.ndarray:
+    """TensorRT-LLM's stop/bad words format [2, n]: concatenated ids, then cumulative end offsets (-1 padded)."""
+    flat = [tok for word in words for tok in word]
+    offsets = [int(x) for x in np.cumsum([len(word) for word in words])] if words else []
+    out = np.zeros((2, max(1, len(flat))), dtype=np.int32)
+    out[1, :] = -1
+    out[0, : len(flat)] = flat
+    out[1, : len(offsets)] = offsets
+    return out
+
+
+def from_word_list(row: np.ndarray | None) -> list[list[int]]:
+    """The [2, n] words format back to a list of id lists."""
+    if row is None or row.size == 0:
+        return []
+    ids, offsets = row.reshape(2, -1)
+    words, start = [], 0
+    for end in offsets:
+        if end < 0:
+            break
+        if end > start:
+            words.append([int(t) for t in ids[start:end]])
+        start = int(end)
+    return words
+
+
+class Utf8Chunker:
+    """Groups streamed token ids so that every chunk decodes to whole UTF-8 characters on its own."""
+
+    REPLACEMENT = "\ufffd"
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.pending: list[int] = []
+
+    def push(self, tokens: list[int]) -> list[int]:
+        """Add tokens; returns the ids ready to send (empty while a character is still incomplete)."""
+        self.pending.extend(tokens)
+        if not self.pending or self.tokenizer.decode(self.pending, skip_special_tokens=False).endswith(
+                self.REPLACEMENT):
+            return []
+        ready, self.pending = self.pending, []
+        return ready
+
+    def flush(self) -> list[int]:
+        ready, self.pending = self.pending, []
+        return ready

@@ -1,0 +1,458 @@
+"""Start and stop Triton for a recipe.
+
+CPU (backend `reference`): the `tritonserver` binary bundled in the `nvidia-pytriton` wheel, with a Python-backend
+folder built under engines/<recipe>/serve/backends, the venv's bin first on PATH (the backend stub finds its
+interpreter through `python3`) and LD_LIBRARY_PATH set to the venv interpreter's own LIBDIR (so the stub loads the
+libpython this Python was built with). GPU backends (`tensorrt`, `pytorch`): the NVIDIA Triton TensorRT-LLM
+container, one tritonserver per rank under `mpirun` when tp x pp > 1 (what the backend's launch_triton_server.py
+runs). The server runs in its own session, so `trtkv serve` returns; engines/<recipe>/serve/server.json records
+pid, ports, command and log, and `trtkv stop` ends it by that pid.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trtkv import paths
+from trtkv.errors import StageError, ToolError
+from trtkv.recipe import Backend, Recipe
+from trtkv.stage import require_input
+from trtkv.tools import quote, tail
+
+# Triton 25.12 ships TensorRT-LLM 1.2.1 (the last release line with the trtllm-build engine path).
+DEFAULT_IMAGE = "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
+IMAGE_ENV = "TRTKV_TRITON_IMAGE"
+CONTAINER_TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
+SERVER_JSON = "server.json"
+STUB_FILES = ("libtriton_python.so", "triton_python_backend_utils.py")
+
+
+@dataclass
+class ServerInfo:
+    """What engines/<recipe>/serve/server.json holds (contract 4)."""
+
+    pid: int
+    host: str
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    command: list[str]
+    log: str
+    model_repository: str
+    started_at: str
+    recipe: str = ""
+    backend: str = ""
+    ready_seconds: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.host}:{self.http_port}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Where things are
+
+
+def serve_dir(recipe: Recipe) -> Path:
+    return paths.recipe_output_dir(recipe.name) / "serve"
+
+
+def server_json(recipe: Recipe) -> Path:
+    return serve_dir(recipe) / SERVER_JSON
+
+
+def repo_dir(recipe: Recipe) -> Path:
+    return paths.triton_repo_dir() / recipe.name
+
+
+def engine_dir(recipe: Recipe) -> Path:
+    return paths.recipe_output_dir(recipe.name) / "engine"
+
+
+def bundled_triton() -> Path:
+    """pytriton/tritonserver inside the installed nvidia-pytriton wheel."""
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise StageError("the tritonserver bundled in nvidia-pytriton is not installed. "
+                         "Next: `make install` (it installs nvidia-pytriton==0.7.0).")
+    root = Path(next(iter(spec.submodule_search_locations))) / "tritonserver"
+    if not (root / "bin" / "tritonserver").is_file():
+        raise StageError(f"{root / 'bin' / 'tritonserver'} is missing. Next: reinstall nvidia-pytriton.")
+    return root
+
+
+def python_tag() -> str:
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def python_libdir() -> str:
+    """The running interpreter's LIBDIR (where its own libpython lives)."""
+    return str(sysconfig.get_config_var("LIBDIR") or "")
+
+
+def prepare_backends(recipe: Recipe) -> Path:
+    """engines/<recipe>/serve/backends/python/: links to the bundled Python backend and this Python's stub."""
+    root = bundled_triton()
+    stub = root / "python_backend_stubs" / python_tag() / "triton_python_backend_stub"
+    if not stub.is_file():
+        found = sorted(p.name for p in (root / "python_backend_stubs").iterdir())
+        raise StageError(f"nvidia-pytriton has no Python backend stub for Python {python_tag()} (it has {found}). "
+                         f"Next: make the venv with one of those Python versions.")
+    backends = serve_dir(recipe) / "backends"
+    python = backends / "python"
+    python.mkdir(parents=True, exist_ok=True)
+    targets = {name: root / "backends" / "python" / name for name in STUB_FILES}
+    targets["triton_python_backend_stub"] = stub
+    for name, target in targets.items():
+        link = python / name
+        if link.is_symlink() or link.exists():
+            if link.is_symlink() and Path(os.readlink(link)) == target:
+                continue
+            link.unlink()
+        link.symlink_to(target)
+    return backends
+
+
+def server_env() -> dict[str, str]:
+    """PATH with the venv's bin first, LD_LIBRARY_PATH with this interpreter's LIBDIR first (facts.md)."""
+    env = dict(os.environ)
+    bin_dir = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", "")])
+    libdir = python_libdir()
+    if libdir:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in [libdir, env.get("LD_LIBRARY_PATH", "")] if p)
+    return env
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands
+
+
+def local_command(recipe: Recipe, repo: Path, backends: Path) -> list[str]:
+    """The bundled tritonserver on the recipe's host and ports."""
+    t = recipe.triton
+    return [
+        str(bundled_triton() / "bin" / "tritonserver"),
+        f"--model-repository={repo}",
+        f"--backend-directory={backends}",
+        f"--http-address={t.host}", f"--http-port={t.http_port}",
+        f"--grpc-address={t.host}", f"--grpc-port={t.grpc_port}",
+        f"--metrics-address={t.host}", f"--metrics-port={t.metrics_port}",
+        "--allow-gpu-metrics=false",
+        "--pinned-memory-pool-byte-size=0",
+        "--disable-auto-complete-config",
+        "--exit-on-error=true",
+        "--exit-timeout-secs=10",
+    ]
+
+
+def rank_command(recipe: Recipe, repo: Path, rank: int, tritonserver: str = CONTAINER_TRITONSERVER) -> list[str]:
+    """One rank's tritonserver, as the TensorRT-LLM backend's launch_triton_server.py builds it."""
+    t = recipe.triton
+    cmd = [tritonserver, f"--model-repository={repo}", f"--http-port={t.http_port}", f"--grpc-port={t.grpc_port}",
+           f"--metrics-port={t.metrics_port}", "--disable-auto-complete-config",
+           f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"]
+    if rank:
+        cmd += ["--model-control-mode=explicit", "--load-model=tensorrt_llm"]
+    return cmd
+
+
+def gpu_command(recipe: Recipe, repo: Path) -> list[str]:
+    """Inside the container: tritonserver, or `mpirun -n 1 <rank 0> : -n 1 <rank 1> ...` for world size > 1.
+
+    The `pytorch` backend runs one tritonserver whatever the world size: the LLM API starts its own workers.
+    """
+    ranks = recipe.world_size if recipe.build.backend is Backend.TENSORRT else 1
+    if ranks == 1:
+        return rank_command(recipe, repo, 0)
+    cmd = ["mpirun", "--allow-run-as-root"]
+    for rank in range(ranks):
+        cmd += ["-n", "1", *rank_command(recipe, repo, rank)]
+        if rank != ranks - 1:
+            cmd.append(":")
+    return cmd
+
+
+def launch_script_command(recipe: Recipe, repo: Path) -> list[str]:
+    """The same launch through the backend's own script (its path depends on the container release)."""
+    t = recipe.triton
+    ranks = recipe.world_size if recipe.build.backend is Backend.TENSORRT else 1
+    return ["python3", "/app/scripts/launch_triton_server.py", f"--world_size={ranks}", f"--model_repo={repo}",
+            f"--http_port={t.http_port}", f"--grpc_port={t.grpc_port}", f"--metrics_port={t.metrics_port}"]
+
+
+def container_image() -> str:
+    return os.environ.get(IMAGE_ENV) or DEFAULT_IMAGE
+
+
+def docker_command(recipe: Recipe, repo: Path) -> list[str]:
+    """docker run of the Triton TensorRT-LLM image; engines and repository mounted at the same paths."""
+    t = recipe.triton
+    out = paths.recipe_output_dir(recipe.name)
+    cmd = ["docker", "run", "--rm", "--gpus", "all", "--shm-size=2g", "--ulimit", "memlock=-1",
+           "--ulimit", "stack=67108864", "--name", f"trtkv-{recipe.name}"]
+    for port in (t.http_port, t.grpc_port, t.metrics_port):
+        cmd += ["-p", f"{t.host}:{port}:{port}"]
+    cmd += ["-v", f"{out}:{out}", "-v", f"{repo}:{repo}", container_image()]
+    return cmd + gpu_command(recipe, repo)
+
+
+BREAK_BEFORE = ("-p", "-v", "mpirun", ":", "--name")
+
+
+def shell_block(cmd: list[str]) -> str:
+    """A long command on several lines (each mount, port, rank and the image on its own line)."""
+    lines = [quote(cmd[:1])]
+    for token in cmd[1:]:
+        if token in BREAK_BEFORE or token.startswith("nvcr.io/") or token == container_image():
+            lines.append(quote([token]))
+        else:
+            lines[-1] += " " + quote([token])
+    return " \\\n    ".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Process bookkeeping
+
+
+def read_server(recipe: Recipe) -> ServerInfo | None:
+    path = server_json(recipe)
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        return ServerInfo(**data)
+    except (json.JSONDecodeError, TypeError) as exc:
+        raise StageError(f"{path} is unreadable ({exc}). Next: stop the server by hand and delete the file.") from exc
+
+
+def write_server(recipe: Recipe, info: ServerInfo) -> Path:
+    path = server_json(recipe)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(asdict(info), indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def is_running(pid: int, command: list[str] | None = None) -> bool:
+    """True while `pid` is alive (not a zombie) and, when given, runs `command[0]` (guards against pid reuse)."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)  # reap it if it is our own child
+        if done == pid:
+            return False
+    except ChildProcessError:
+        pass
+    proc = Path(f"/proc/{pid}")
+    if not proc.exists():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return not Path("/proc/self").exists()
+    try:
+        state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        argv0 = (proc / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+    except (OSError, IndexError):
+        return False
+    if state in ("Z", "X"):
+        return False
+    return command is None or not command or Path(argv0).name == Path(command[0]).name
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def check_free(recipe: Recipe) -> None:
+    """Refuse when a server for the recipe is recorded and alive, or one of its ports is taken."""
+    info = read_server(recipe)
+    if info is not None:
+        if is_running(info.pid, info.command):
+            raise StageError(f"a server for recipe {recipe.name} is already running (pid {info.pid}, "
+                             f"{info.http_url}, log {info.log}). Next: use it, or `trtkv stop {recipe.name}` first.")
+        server_json(recipe).unlink(missing_ok=True)
+    t = recipe.triton
+    for field_name, port in (("http_port", t.http_port), ("grpc_port", t.grpc_port), ("metrics_port", t.metrics_port)):
+        if port_in_use(t.host, port):
+            raise StageError(f"port {port} (recipe triton.{field_name}) on {t.host} is already in use by another "
+                             f"program. Next: stop it, or pick a free port: `trtkv serve {recipe.name} "
+                             f"triton.{field_name}=<port>`.")
+
+
+HARMLESS = ("CUDA", "Cuda", "cuda", "NVML", "GPU")
+
+
+def log_errors(path: Path, limit: int = 10) -> str:
+    """The server log's error lines (E...), leaving out the CUDA/NVML noise of a CPU-only machine."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    errors = [ln for ln in lines if (ln.startswith("E") and ln[1:5].isdigit() or ln.startswith("error:"))
+              and not any(word in ln for word in HARMLESS)]
+    return "\n".join(errors[-limit:])
+
+
+def _failure(headline: str, info: ServerInfo) -> ToolError:
+    errors = log_errors(Path(info.log))
+    text = f"{headline}\ncommand: {quote(info.command)}\nlog: {info.log}\n"
+    if errors:
+        text += f"--- errors in the log ---\n{errors}\n"
+    return ToolError(text + f"--- last lines of the log ---\n{tail(Path(info.log), 15)}")
+
+
+def wait_ready(info: ServerInfo, proc: subprocess.Popen[bytes], timeout_s: float) -> float:
+    """Seconds until /v2/health/ready answers 200; ToolError with the log tail when the server dies or times out."""
+    start = time.time()
+    url = f"{info.http_url}/v2/health/ready"
+    while time.time() - start < timeout_s:
+        code = proc.poll()
+        if code is not None:
+            raise _failure(f"tritonserver exited with code {code} while starting.", info)
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return time.time() - start
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            pass
+        time.sleep(0.25)
+    raise _failure(f"tritonserver was not ready after {timeout_s:.0f} s (recipe triton.startup_timeout_s).", info)
+
+
+def terminate(pid: int, command: list[str] | None, timeout_s: float) -> str:
+    """SIGTERM, wait up to `timeout_s`, then SIGKILL its process group; returns how it ended."""
+    if not is_running(pid, command):
+        return "not running"
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if not is_running(pid, command):
+            return "stopped"
+        time.sleep(0.1)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGKILL)
+    for _ in range(50):
+        if not is_running(pid, command):
+            break
+        time.sleep(0.1)
+    return f"killed (no exit within {timeout_s:.0f} s of SIGTERM)"
+
+
+# ---------------------------------------------------------------------------------------------
+# serve / stop
+
+
+def start(recipe: Recipe, *, dry_run: bool = False, timeout_s: float | None = None,
+          log: Callable[[str], None] = print) -> ServerInfo | None:
+    """Start the recipe's server and wait until it is ready (None for --dry-run)."""
+    repo = repo_dir(recipe)
+    if recipe.build.backend is Backend.REFERENCE:
+        return _start_local(recipe, repo, dry_run=dry_run, timeout_s=timeout_s, log=log)
+    return _start_gpu(recipe, repo, dry_run=dry_run, timeout_s=timeout_s, log=log)
+
+
+def _start_local(recipe: Recipe, repo: Path, *, dry_run: bool, timeout_s: float | None,
+                 log: Callable[[str], None]) -> ServerInfo | None:
+    if dry_run:
+        cmd = local_command(recipe, repo, serve_dir(recipe) / "backends")
+        log(f"PATH={Path(sys.executable).parent}:$PATH LD_LIBRARY_PATH={python_libdir()} {quote(cmd)}")
+        return None
+    require_input(repo, "serve", "repo", recipe)
+    require_input(engine_dir(recipe), "serve", "build", recipe)
+    check_free(recipe)
+    backends = prepare_backends(recipe)
+    cmd = local_command(recipe, repo, backends)
+    return _launch(recipe, cmd, repo, server_env(), timeout_s, log)
+
+
+def _start_gpu(recipe: Recipe, repo: Path, *, dry_run: bool, timeout_s: float | None,
+               log: Callable[[str], None]) -> ServerInfo | None:
+    inside = Path(CONTAINER_TRITONSERVER).is_file()
+    if dry_run:
+        log(f"# on a host with Docker and {recipe.hardware.count} GPU(s):\n{shell_block(docker_command(recipe, repo))}")
+        log(f"# inside the container:\n{shell_block(gpu_command(recipe, repo))}")
+        log(f"# equivalent, with the backend's script:\n{quote(launch_script_command(recipe, repo))}")
+        return None
+    require_input(repo, "serve", "repo", recipe)
+    check_free(recipe)
+    if inside:
+        cmd = gpu_command(recipe, repo)
+    elif shutil.which("docker"):
+        cmd = docker_command(recipe, repo)
+    else:
+        raise StageError(f"backend {recipe.build.backend.value} needs GPUs and the Triton TensorRT-LLM container, and "
+                         f"neither docker nor {CONTAINER_TRITONSERVER} is here. Next: run on the GPU host, or print "
+                         f"the commands with `trtkv serve {recipe.name} --dry-run`.")
+    return _launch(recipe, cmd, repo, dict(os.environ), timeout_s, log)
+
+
+def _launch(recipe: Recipe, cmd: list[str], repo: Path, env: dict[str, str], timeout_s: float | None,
+            log: Callable[[str], None]) -> ServerInfo:
+    out = serve_dir(recipe)
+    out.mkdir(parents=True, exist_ok=True)
+    log_path = out / "tritonserver.log"
+    t = recipe.triton
+    with log_path.open("wb") as log_file:
+        log_file.write(f"$ {quote(cmd)}\n".encode())
+        log_file.flush()
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                cwd=out, start_new_session=True)
+    info = ServerInfo(pid=proc.pid, host=t.host, http_port=t.http_port, grpc_port=t.grpc_port,
+                      metrics_port=t.metrics_port, command=cmd, log=str(log_path), model_repository=str(repo),
+                      started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), recipe=recipe.name,
+                      backend=recipe.build.backend.value)
+    write_server(recipe, info)
+    log(f"serve: started tritonserver (pid {proc.pid}), waiting up to {timeout_s or t.startup_timeout_s:.0f} s for "
+        f"{info.http_url}/v2/health/ready; log {log_path}")
+    try:
+        info.ready_seconds = round(wait_ready(info, proc, timeout_s or t.startup_timeout_s), 2)
+    except BaseException:
+        terminate(proc.pid, cmd, 10.0)
+        server_json(recipe).unlink(missing_ok=True)
+        raise
+    write_server(recipe, info)
+    log(f"serve: {recipe.name} ready in {info.ready_seconds:.1f} s: HTTP {info.http_url}, gRPC {t.host}:{t.grpc_port},"
+        f" metrics http://{t.host}:{t.metrics_port}/metrics (stop: trtkv stop {recipe.name})")
+    return info
+
+
+def stop(recipe: Recipe, *, timeout_s: float = 30.0, log: Callable[[str], None] = print) -> bool:
+    """End the recipe's recorded server; False when none was running."""
+    info = read_server(recipe)
+    if info is None:
+        log(f"stop: no server recorded for {recipe.name} ({server_json(recipe)} does not exist)")
+        return False
+    how = terminate(info.pid, info.command, timeout_s)
+    server_json(recipe).unlink(missing_ok=True)
+    if how == "not running":
+        log(f"stop: the server for {recipe.name} (pid {info.pid}) had already exited; removed {SERVER_JSON}")
+        return False
+    log(f"stop: {recipe.name} server (pid {info.pid}) {how}")
+    return True
