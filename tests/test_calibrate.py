@@ -1,0 +1,217 @@
+"""The calibrate stage on a tiny random Llama (built here, saved as an HF folder): same code path as SmolLM2."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from trtkv.calibrate import calibrate, checkpoint_dir, describe_calibration, find_warnings
+from trtkv.errors import StageError
+from trtkv.recipe import KVCacheQuant, load_recipe
+
+LAYERS = 4
+
+
+def tiny_tokenizer():  # noqa: ANN201 - a transformers PreTrainedTokenizerFast
+    """A byte-level tokenizer with 256 tokens and no merges: no files, no hub."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=sorted(alphabet)[0])
+
+
+def tiny_model(seed: int = 0):  # noqa: ANN201 - a transformers LlamaForCausalLM
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=True, architectures=["LlamaForCausalLM"])
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("tiny_llama")
+    tiny_model().save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def write_recipe(folder: Path, model_dir: Path, name: str, kv: str = "fp8", weights: str = "fp8", tp: int = 1,
+                 pp: int = 1, samples: int = 8) -> Path:
+    """A recipe file for the tiny model; tp/pp > 1 need a GPU target (the schema refuses tp > 1 on cpu)."""
+    data = folder / "calib.jsonl"
+    if not data.exists():
+        lines = [json.dumps({"text": f"Record {i}: the quick brown fox jumps over the lazy dog {i * 7} times."})
+                 for i in range(200)]
+        data.write_text("\n".join(lines) + "\n")
+    hardware = "hardware: {gpu: cpu, count: 1}" if tp * pp == 1 else f"hardware: {{gpu: H100-80GB, count: {tp * pp}}}"
+    path = folder / f"{name}.yaml"
+    path.write_text(f"""\
+model: {{source: {model_dir}, architecture: llama, dtype: bfloat16, num_layers: {LAYERS}, num_attention_heads: 4,
+        num_kv_heads: 2, head_dim: 16, hidden_size: 64, vocab_size: 256, max_position_embeddings: 512}}
+quantization: {{weights: {weights}, kv_cache: {kv}}}
+calibration: {{dataset: {data}, num_samples: {samples}, seq_len: 32, batch_size: 4, seed: 7}}
+build: {{backend: reference, tp_size: {tp}, pp_size: {pp}, max_input_len: 256, max_seq_len: 512}}
+{hardware}
+""")
+    return path
+
+
+def quiet(_msg: str) -> None:
+    """Stage log sink for tests."""
+
+
+def test_fp8_calibration_writes_the_contract(tiny_dir: Path, engines_tmp: Path, tmp_path: Path) -> None:
+    recipe = load_recipe(write_recipe(tmp_path, tiny_dir, "tiny_fp8"))
+    result = calibrate(recipe, log=quiet)
+    out = checkpoint_dir(recipe)
+    assert result.output == out and not result.skipped
+    assert {p.name for p in out.iterdir()} >= {"config.json", "rank0.safetensors", "hf", "tokenizer",
+                                               "kv_scales.json", "calibration_report.md", "manifest.json"}
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization"]["kv_cache_quant_algo"] == "FP8" and config["quantization"]["quant_algo"] == "FP8"
+    scales = json.loads((out / "kv_scales.json").read_text())
+    assert scales["kv_cache_quant_algo"] == "FP8" and scales["num_layers"] == LAYERS
+    for layer in scales["layers"]:
+        assert layer["kv_cache_scaling_factor"] == max(1.0, max(layer["k_amax"], layer["v_amax"]) / 448)
+        assert layer["k_scale"] == pytest.approx(layer["k_amax"] / 448, rel=1e-6)
+    hf_quant = json.loads((out / "hf" / "hf_quant_config.json").read_text())
+    assert hf_quant["quantization"]["kv_cache_quant_algo"] == "FP8"
+    assert (out / "tokenizer" / "tokenizer.json").is_file()
+    report = (out / "calibration_report.md").read_text()
+    assert "clamped to 1.0" in report and f"| {LAYERS - 1} |" in report
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["validation"]["mapping"] == {"world_size": 1, "tp_size": 1, "pp_size": 1}
+    assert manifest["calibration"]["tokens"] == 8 * 32
+    assert calibrate(recipe, log=quiet).skipped  # up to date
+
+
+def test_int8_scales_are_amax_over_127_and_deterministic(tiny_dir: Path, engines_tmp: Path, tmp_path: Path) -> None:
+    recipe = load_recipe(write_recipe(tmp_path, tiny_dir, "tiny_int8", kv="int8", weights="none"))
+    calibrate(recipe, log=quiet)
+    out = checkpoint_dir(recipe)
+    first = (out / "kv_scales.json").read_bytes()
+    scales = json.loads(first)
+    assert scales["kv_cache_quant_algo"] == "INT8"
+    for layer in scales["layers"]:
+        assert layer["kv_cache_scaling_factor"] == pytest.approx(max(layer["k_amax"], layer["v_amax"]) / 127, rel=1e-6)
+    assert not (out / "hf").exists()
+    assert "export_hf_checkpoint asserts" in (out / "calibration_report.md").read_text()
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization"]["quant_algo"] is None and config["quantization"]["kv_cache_quant_algo"] == "INT8"
+    assert not calibrate(recipe, force=True, log=quiet).skipped
+    assert (out / "kv_scales.json").read_bytes() == first
+    changed = load_recipe(recipe.path, ["calibration.seed=8"])
+    assert not calibrate(changed, log=quiet).skipped  # a new seed is a new key
+
+
+def test_tensor_and_pipeline_parallel_export(tiny_dir: Path, engines_tmp: Path, tmp_path: Path) -> None:
+    recipe = load_recipe(write_recipe(tmp_path, tiny_dir, "tiny_tp2pp2", tp=2, pp=2))
+    summary = calibrate(recipe, log=quiet).manifest["validation"]
+    assert summary["mapping"] == {"world_size": 4, "tp_size": 2, "pp_size": 2}
+    assert [r["file"] for r in summary["ranks"]] == [f"rank{r}.safetensors" for r in range(4)]
+    assert len(summary["kv_cache_scaling_factors"]) == LAYERS
+
+
+def test_interrupted_run_leaves_no_complete_looking_folder(tiny_dir: Path, engines_tmp: Path, tmp_path: Path) -> None:
+    recipe = load_recipe(write_recipe(tmp_path, tiny_dir, "tiny_interrupt"))
+    calls = {"n": 0}
+
+    def interrupting_loader(_recipe):  # noqa: ANN001, ANN202
+        model = tiny_model()
+        original = model.forward
+
+        def forward(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise KeyboardInterrupt
+            return original(*args, **kwargs)
+
+        model.forward = forward
+        return model, tiny_tokenizer()
+
+    with pytest.raises(KeyboardInterrupt):
+        calibrate(recipe, loader=interrupting_loader, log=quiet)
+    parent = checkpoint_dir(recipe).parent
+    assert calls["n"] == 2
+    assert not checkpoint_dir(recipe).exists()
+    assert not parent.exists() or not any(parent.iterdir())  # no temp folder left either
+    # a failure after a good run keeps the good checkpoint intact
+    calibrate(recipe, log=quiet)
+    before = (checkpoint_dir(recipe) / "manifest.json").read_bytes()
+
+    def failing_loader(_recipe):  # noqa: ANN001, ANN202
+        raise StageError("boom")
+
+    with pytest.raises(StageError, match="boom"):
+        calibrate(recipe, force=True, loader=failing_loader, log=quiet)
+    assert (checkpoint_dir(recipe) / "manifest.json").read_bytes() == before
+    assert sorted(p.name for p in parent.iterdir()) == ["checkpoint"]
+
+
+def test_unresolvable_model_fails_fast(engines_tmp: Path, tmp_path: Path) -> None:
+    recipe = load_recipe(write_recipe(tmp_path, tmp_path / "no_such_model", "tiny_missing"))
+    with pytest.raises(StageError, match="cannot be resolved"):
+        calibrate(recipe, log=quiet)
+    assert not checkpoint_dir(recipe).parent.exists()
+
+
+def test_too_little_text_names_the_fields(tiny_dir: Path, engines_tmp: Path, tmp_path: Path) -> None:
+    recipe = load_recipe(write_recipe(tmp_path, tiny_dir, "tiny_short"), ["calibration.num_samples=100000"])
+    with pytest.raises(StageError, match="calibration.num_samples"):
+        calibrate(recipe, log=quiet)
+
+
+def test_describe_is_light_and_complete() -> None:
+    lines = "\n".join(describe_calibration(load_recipe("llama70b_int8kv")))
+    assert '"num_bits": 8' in lines and "inference_tensor_parallel=4" in lines and "rank3.safetensors" in lines
+    assert "kv_cache_quant_algo = INT8" in lines and "hf/: not written" in lines
+    fp8 = "\n".join(describe_calibration(load_recipe("smollm2_fp8kv")))
+    assert "KV_QUANT_CFG_CHOICES['fp8']" in fp8 and "16 samples x 256 tokens" in fp8
+
+
+def test_unsupported_weights_are_refused_before_work(engines_tmp: Path) -> None:
+    recipe = load_recipe("llama70b_fp8kv", ["quantization.weights=int4_awq"])
+    with pytest.raises(StageError, match="int4_awq"):
+        calibrate(recipe, log=quiet)
+
+
+def test_warnings_name_clamping_dwarfing_and_outliers() -> None:
+    from trtkv.calibrate import LayerScales
+
+    layers = [LayerScales(i, 1.0, 0.5, 1.0, 1 / 448, 0.5 / 448, [1.0] * 8, [1.0] * 8, 4) for i in range(5)]
+    layers[3].k_amax = 50.0
+    layers[2].k_channel_amax[5] = 9.0
+    text = "\n".join(find_warnings(layers, KVCacheQuant.FP8))
+    assert "5/5 layers" in text and "layer(s) 3 (50)" in text and "layer 2 head 1 channel 1" in text
+
+
+def test_cli_dry_run_writes_nothing(engines_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from trtkv.cli import main
+
+    assert main(["calibrate", "llama70b_fp8kv", "--dry-run"]) == 0
+    assert "export_tensorrt_llm_checkpoint" in capsys.readouterr().out
+    assert not engines_tmp.exists()
+    assert main(["calibrate", "llama70b_fp8kv"]) == 2  # no weights here: a clear error, exit 2
+    assert "cannot be resolved" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_real_smollm2_tiny_calibration(smollm2_dir: Path, engines_tmp: Path) -> None:
+    """The real model, 2 x 64 tokens: 30 layers -> 30 INT8 factors."""
+    recipe = load_recipe("smollm2_int8kv", ["calibration.num_samples=2", "calibration.seq_len=64",
+                                            "calibration.batch_size=2"])
+    summary = calibrate(recipe, log=quiet).manifest["validation"]
+    assert summary["num_layers"] == 30 and len(summary["kv_cache_scaling_factors"]) == 30
+    assert os.path.isfile(checkpoint_dir(recipe) / "tokenizer" / "tokenizer.json")
