@@ -1,0 +1,370 @@
+"""The build stage: golden trtllm-build / trtllm-serve commands per shipped recipe (every flag checked against
+TensorRT-LLM's own argparse list), dry-run, preflight, a fake failing trtllm-build, and the pytorch and
+reference backends end to end on tiny checkpoints."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from trtkv import build
+from trtkv.cli import main
+from trtkv.recipe import Backend, list_recipes, load_recipe
+
+DATA = Path(__file__).parent / "data"
+sys.path.insert(0, str(Path(__file__).parent))
+from test_runtime import needs_cache, tiny_llama, write_checkpoint  # noqa: E402
+
+
+def accepted_flags(name: str) -> dict[str, str]:
+    """`--flag -> value kind` from a flags file in tests/data (comments name the source)."""
+    flags = {}
+    for line in (DATA / name).read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            flag, kind = line.split("\t")
+            flags[flag] = kind
+    return flags
+
+
+BUILD_FLAGS = accepted_flags("trtllm_build_flags.txt")
+SERVE_FLAGS = accepted_flags("trtllm_serve_flags.txt")
+
+
+def check_flags(cmd: list[str], accepted: dict[str, str]) -> None:
+    """Every `--flag` is accepted, and its value fits the kind TensorRT-LLM declares."""
+    i = 1 if cmd[0] == "trtllm-build" else 2  # trtllm-serve takes the model first
+    while i < len(cmd):
+        flag = cmd[i]
+        assert flag in accepted, f"{flag} is not a flag of {cmd[0]} (see tests/data)"
+        kind = accepted[flag]
+        if kind == "flag":
+            i += 1
+            continue
+        value = cmd[i + 1]
+        if kind == "int":
+            assert value.isdigit(), f"{flag} {value}"
+        elif kind == "float":
+            float(value)
+        elif kind not in ("str", "str+"):
+            assert value in kind.split(","), f"{flag} {value}: allowed {kind}"
+        i += 2
+
+
+def relative(cmd: list[str], engines: Path) -> list[str]:
+    return [c.replace(str(engines), "ENGINES") for c in cmd]
+
+
+# Golden commands: what `trtkv build <recipe>` runs for each shipped GPU recipe (paths under ENGINES/).
+GOLDEN_TRTLLM_BUILD = {
+    "llama70b_fp8kv": [
+        "trtllm-build", "--checkpoint_dir", "ENGINES/llama70b_fp8kv/checkpoint",
+        "--output_dir", "ENGINES/llama70b_fp8kv/engine", "--max_batch_size", "64", "--max_input_len", "16384",
+        "--max_seq_len", "32768", "--max_num_tokens", "16384", "--gemm_plugin", "fp8", "--gpt_attention_plugin",
+        "auto", "--kv_cache_type", "paged", "--use_paged_context_fmha", "enable", "--use_fp8_context_fmha", "enable",
+        "--remove_input_padding", "enable", "--multiple_profiles", "enable", "--workers", "4"],
+    "llama70b_int8kv": [
+        "trtllm-build", "--checkpoint_dir", "ENGINES/llama70b_int8kv/checkpoint",
+        "--output_dir", "ENGINES/llama70b_int8kv/engine", "--max_batch_size", "64", "--max_input_len", "16384",
+        "--max_seq_len", "32768", "--max_num_tokens", "16384", "--gemm_plugin", "fp8", "--gpt_attention_plugin",
+        "auto", "--kv_cache_type", "paged", "--use_paged_context_fmha", "enable", "--use_fp8_context_fmha",
+        "disable", "--remove_input_padding", "enable", "--multiple_profiles", "enable", "--workers", "4"],
+    "llama8b_fp8kv": [
+        "trtllm-build", "--checkpoint_dir", "ENGINES/llama8b_fp8kv/checkpoint",
+        "--output_dir", "ENGINES/llama8b_fp8kv/engine", "--max_batch_size", "128", "--max_input_len", "32768",
+        "--max_seq_len", "65536", "--max_num_tokens", "16384", "--gemm_plugin", "fp8", "--gpt_attention_plugin",
+        "auto", "--kv_cache_type", "paged", "--use_paged_context_fmha", "enable", "--use_fp8_context_fmha", "enable",
+        "--remove_input_padding", "enable", "--multiple_profiles", "enable", "--workers", "1"],
+}
+GOLDEN_TRTLLM_SERVE = {
+    "llama8b_fp8kv_pytorch": (
+        ["trtllm-serve", "ENGINES/llama8b_fp8kv_pytorch/checkpoint/hf", "--backend", "pytorch", "--host", "127.0.0.1",
+         "--port", "8000", "--tp_size", "1", "--pp_size", "1", "--max_batch_size", "128", "--max_num_tokens", "16384",
+         "--max_seq_len", "65536", "--kv_cache_free_gpu_memory_fraction", "0.9", "--extra_llm_api_options",
+         "ENGINES/llama8b_fp8kv_pytorch/engine/extra_llm_api_options.yaml"],
+        {"tensor_parallel_size": 1, "pipeline_parallel_size": 1, "max_batch_size": 128, "max_num_tokens": 16384,
+         "max_seq_len": 65536,
+         "kv_cache_config": {"dtype": "fp8", "free_gpu_memory_fraction": 0.9, "enable_block_reuse": False}}),
+}
+
+
+def shipped(backend: Backend) -> list[str]:
+    return [p.stem for p in list_recipes() if load_recipe(str(p)).build.backend is backend]
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands
+
+
+def test_every_shipped_gpu_recipe_has_a_golden_command() -> None:
+    assert sorted(shipped(Backend.TENSORRT)) == sorted(GOLDEN_TRTLLM_BUILD)
+    assert sorted(shipped(Backend.PYTORCH)) == sorted(GOLDEN_TRTLLM_SERVE)
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_TRTLLM_BUILD))
+def test_trtllm_build_golden_command(name: str, engines_tmp: Path) -> None:
+    recipe = load_recipe(name)
+    cmd = build.trtllm_build_command(recipe, build.checkpoint_dir(recipe), build.engine_dir(recipe))
+    assert relative(cmd, engines_tmp) == GOLDEN_TRTLLM_BUILD[name]
+    check_flags(cmd, BUILD_FLAGS)
+    assert not any("kv_cache" in c and c != "--kv_cache_type" for c in cmd if c.startswith("--"))
+
+
+def test_flags_follow_the_recipe(engines_tmp: Path) -> None:
+    recipe = load_recipe("llama70b_int8kv", ["quantization.weights=none", "build.tokens_per_block=64",
+                                             "build.use_paged_context_fmha=false", "build.multiple_profiles=false"])
+    cmd = build.trtllm_build_command(recipe, Path("c"), Path("o"))
+    check_flags(cmd, BUILD_FLAGS)
+    got = dict(zip(cmd[1::2], cmd[2::2], strict=True))
+    assert got["--gemm_plugin"] == "auto" and got["--tokens_per_block"] == "64"
+    assert got["--use_paged_context_fmha"] == "disable" and got["--multiple_profiles"] == "disable"
+    assert got["--use_fp8_context_fmha"] == "disable"
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_TRTLLM_SERVE))
+def test_trtllm_serve_golden_command_and_options(name: str, engines_tmp: Path) -> None:
+    recipe = load_recipe(name)
+    out = build.engine_dir(recipe)
+    cmd = build.trtllm_serve_command(recipe, build.checkpoint_dir(recipe) / "hf", out / build.LLM_API_OPTIONS)
+    golden_cmd, golden_options = GOLDEN_TRTLLM_SERVE[name]
+    assert relative(cmd, engines_tmp) == golden_cmd
+    check_flags(cmd, SERVE_FLAGS)
+    options = build.llm_api_options(recipe)
+    assert options == golden_options
+    flat = {f"yaml:{k}" if not isinstance(v, dict) else None: v for k, v in options.items()}
+    flat.update({f"yaml:kv_cache_config.{k}": v for k, v in options["kv_cache_config"].items()})
+    flat.pop(None, None)
+    assert set(flat) <= set(SERVE_FLAGS)
+    assert options["kv_cache_config"]["dtype"] in SERVE_FLAGS["yaml:kv_cache_config.dtype"].split(",")
+
+
+# ---------------------------------------------------------------------------------------------
+# Dry run
+
+
+@pytest.mark.parametrize("name", ["llama70b_fp8kv", "llama70b_int8kv", "llama8b_fp8kv"])
+def test_dry_run_prints_complete_commands_and_writes_nothing(name: str, engines_tmp: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["build", name, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    algo = "INT8" if "int8" in name else "FP8"
+    assert f"KV cache: {algo}, from checkpoint config quantization.kv_cache_quant_algo" in out
+    assert f"trtllm-build has no --{algo.lower()}_kv_cache flag" in out
+    assert "[calibrate]" in out and "ModelOpt" in out  # the calibration lines come from trtkv.calibrate
+    joined = out.replace("\\\n", " ")
+    for token in GOLDEN_TRTLLM_BUILD[name]:
+        assert token.replace("ENGINES", str(engines_tmp)) in joined
+    assert not engines_tmp.exists(), "a dry run must write nothing"
+
+
+def test_dry_run_pytorch_and_reference(engines_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["build", "llama8b_fp8kv_pytorch", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "kv_cache_config.dtype = fp8" in out and "trtllm-serve" in out and "dtype: fp8" in out
+    assert main(["build", "smollm2_fp8kv", "--dry-run"]) == 0
+    assert "runtime.json" in capsys.readouterr().out
+    assert not engines_tmp.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Preflight and a failing trtllm-build
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt_llm") is not None, reason="TensorRT-LLM is installed here")
+def test_tensorrt_preflight_stops_with_a_clear_error(engines_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["build", "llama70b_fp8kv"]) == 2
+    err = capsys.readouterr().err
+    assert "tensorrt_llm is not importable" in err and "pip install .[gpu]" in err
+    assert "nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3" in err
+    assert "GPU(s) visible" in err and "needs build.tp_size x pp_size = 4" in err
+    assert "trtkv calibrate llama70b_fp8kv" in err
+    assert not (engines_tmp / "llama70b_fp8kv" / "engine").exists()
+
+
+def tiny_recipe(tmp_path: Path, name: str, backend: str, kv: str = "fp8", weights: str = "fp8",
+                dtype: str = "float32", source: str = "org/tiny") -> Path:
+    """A recipe for a tiny model (the shipped ones describe real model sizes)."""
+    gpu = {"hardware": {"gpu": "cpu", "count": 1}} if backend == "reference" else {
+        "hardware": {"gpu": "H100-80GB", "count": 1}}
+    data = {"description": "tiny test model", "model": {"source": source, "architecture": "llama", "dtype": dtype},
+            "quantization": {"weights": weights, "kv_cache": kv},
+            "build": {"backend": backend, "max_batch_size": 2, "max_input_len": 64, "max_seq_len": 128,
+                      "max_num_tokens": 256},
+            "bench": {"input_tokens": 16, "output_tokens": 8}, **gpu}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def fake_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, build_script: str) -> None:
+    """A fake `trtllm-build` and `nvidia-smi` on PATH and an importable fake `tensorrt_llm` (this test only)."""
+    bin_dir, pkg = tmp_path / "bin", tmp_path / "pylib" / "tensorrt_llm"
+    bin_dir.mkdir()
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text('print("[TensorRT-LLM] TensorRT-LLM version: 1.2.1")\n__version__ = "1.2.1"\n')
+    scripts = {"nvidia-smi": "import sys\nprint('GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-fake)')\n",
+               "trtllm-build": build_script}
+    for name, body in scripts.items():
+        path = bin_dir / name
+        path.write_text(f"#!{sys.executable}\n{body}")
+        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PYTHONPATH", str(pkg.parent))
+
+
+FAILING_BUILD = """
+import sys, pathlib
+out = pathlib.Path(sys.argv[sys.argv.index("--output_dir") + 1])
+out.mkdir(parents=True, exist_ok=True)
+print("[TensorRT-LLM] TensorRT-LLM version: 1.2.1", flush=True)
+print("[TRT-LLM] [I] Set dtype to float32.", flush=True)
+(out / "rank0.engine").write_bytes(b"half an engine")
+print("[TRT-LLM] [I] Build TensorRT engine Unnamed Network 0", flush=True)
+print("Traceback (most recent call last):", flush=True)
+print("RuntimeError: Encounter error 'key builder_config not found' in engine config", flush=True)
+sys.exit(1)
+"""
+
+GOOD_BUILD = """
+import sys, json, pathlib
+out = pathlib.Path(sys.argv[sys.argv.index("--output_dir") + 1])
+out.mkdir(parents=True, exist_ok=True)
+(out / "rank0.engine").write_bytes(b"engine")
+(out / "config.json").write_text(json.dumps({"build_config": {"argv": sys.argv[1:]}}))
+print("[TRT-LLM] [I] Total time of building all engines: 00:00:01")
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Any:
+    return tiny_llama()
+
+
+def test_fake_trtllm_build_failing_midway(tmp_path: Path, engines_tmp: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str], tiny: Any) -> None:
+    recipe_path = tiny_recipe(tmp_path, "tiny_trt", "tensorrt")
+    write_checkpoint(tiny, engines_tmp / "tiny_trt" / "checkpoint", weights="fp8", kv="FP8")
+    fake_tools(tmp_path, monkeypatch, FAILING_BUILD)
+    assert main(["build", str(recipe_path)]) != 0
+    captured = capsys.readouterr()
+    assert "Set dtype to float32" in captured.out  # streamed to the console as it ran
+    assert "--- last lines of the log ---" in captured.err and "key builder_config not found" in captured.err
+    assert "hint: engine/runtime version mismatch" in captured.err
+    assert "hint: --use_fp8_context_fmha" not in captured.err  # the command line in the log is not a symptom
+    root = engines_tmp / "tiny_trt"
+    assert not (root / "engine").exists(), "a failed build must not leave an engine folder"
+    assert not list(root.glob(".engine.tmp-*")), "the temporary folder must be removed"
+    kept = build.failed_log_path(load_recipe(str(recipe_path)))
+    assert "key builder_config not found" in kept.read_text()
+
+
+def test_fake_trtllm_build_success_is_atomic_and_then_up_to_date(tmp_path: Path, engines_tmp: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str], tiny: Any) -> None:
+    recipe_path = tiny_recipe(tmp_path, "tiny_trt", "tensorrt")
+    write_checkpoint(tiny, engines_tmp / "tiny_trt" / "checkpoint", weights="fp8", kv="FP8")
+    fake_tools(tmp_path, monkeypatch, GOOD_BUILD)
+    assert main(["build", str(recipe_path)]) == 0
+    engine = engines_tmp / "tiny_trt" / "engine"
+    assert {"rank0.engine", "config.json", "build.log", "build_command.txt", "manifest.json"} <= {
+        p.name for p in engine.iterdir()}
+    command = (engine / "build_command.txt").read_text()
+    assert f"--output_dir {engine}" in command and "kv_cache_quant_algo" in command
+    manifest = json.loads((engine / "manifest.json").read_text())
+    assert manifest["preflight"]["tensorrt_llm"] == "1.2.1" and manifest["preflight"]["visible_gpus"] == 1
+    capsys.readouterr()
+    assert main(["build", str(recipe_path)]) == 0
+    assert "up to date" in capsys.readouterr().out
+
+
+def test_preflight_reports_checkpoint_mismatches(tmp_path: Path, engines_tmp: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str], tiny: Any) -> None:
+    recipe_path = tiny_recipe(tmp_path, "tiny_trt", "tensorrt", kv="int8", dtype="bfloat16")
+    write_checkpoint(tiny, engines_tmp / "tiny_trt" / "checkpoint", weights="fp8", kv="FP8")
+    fake_tools(tmp_path, monkeypatch, GOOD_BUILD)
+    assert main(["build", str(recipe_path)]) == 2
+    err = capsys.readouterr().err
+    assert "kv_cache_quant_algo is 'FP8'" in err and "needs 'INT8'" in err
+    assert "dtype is 'float32'" in err and "'bfloat16'" in err
+    assert not (engines_tmp / "tiny_trt" / "engine").exists()
+
+
+def test_pitfall_hints() -> None:
+    assert "FP8 KV cache" in build.pitfall_hints("AssertionError: use_fp8_context_fmha requires fp8 kv cache")[0]
+    assert build.pitfall_hints("all good") == []
+
+
+# ---------------------------------------------------------------------------------------------
+# pytorch and reference backends, real runs on tiny checkpoints
+
+
+def test_pytorch_backend_writes_options_and_serve_command(tmp_path: Path, engines_tmp: Path, tiny: Any) -> None:
+    recipe_path = tiny_recipe(tmp_path, "tiny_pt", "pytorch")
+    ckpt = write_checkpoint(tiny, engines_tmp / "tiny_pt" / "checkpoint", weights="fp8", kv="FP8")
+    (ckpt / "hf").mkdir()
+    (ckpt / "hf" / "config.json").write_text(tiny.config.to_json_string())
+    (ckpt / "hf" / "hf_quant_config.json").write_text(json.dumps(
+        {"quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}))
+    assert main(["build", str(recipe_path)]) == 0
+    engine = engines_tmp / "tiny_pt" / "engine"
+    options = yaml.safe_load((engine / "extra_llm_api_options.yaml").read_text())
+    assert options["kv_cache_config"]["dtype"] == "fp8" and options["max_num_tokens"] == 256
+    serve = (engine / "serve_command.txt").read_text().split()
+    assert serve[:2] == ["trtllm-serve", str(ckpt / "hf")]
+    check_flags(serve, SERVE_FLAGS)
+
+
+@needs_cache
+def test_reference_backend_build_then_runtime(tmp_path: Path, engines_tmp: Path, tiny: Any) -> None:
+    from transformers import AutoConfig
+
+    from trtkv.runtime import ReferenceRuntime
+
+    model_dir = tmp_path / "tiny_hf"
+    tiny.save_pretrained(model_dir)
+    assert AutoConfig.from_pretrained(model_dir).num_hidden_layers == 2
+    recipe_path = tiny_recipe(tmp_path, "tiny_ref", "reference", source=str(model_dir))
+    write_checkpoint(tiny, engines_tmp / "tiny_ref" / "checkpoint", weights="fp8", kv="FP8")
+    assert main(["build", str(recipe_path)]) == 0
+    engine = engines_tmp / "tiny_ref" / "engine"
+    settings = json.loads((engine / "runtime.json").read_text())
+    assert settings["kv_cache_quant_algo"] == "FP8" and settings["max_seq_len"] == 128
+    manifest = json.loads((engine / "manifest.json").read_text())
+    assert manifest["kv_format"] == "fp8" and manifest["kv_scales"] == [1.0, 1.0]
+    runtime = ReferenceRuntime.load(engine, threads=1)
+    tokens = runtime.generate([1, 2, 3], max_tokens=4)
+    assert len(tokens) == 4
+    moved = tmp_path / "moved"
+    engines_tmp.rename(moved)  # the engines folder can move: runtime.json also holds ../checkpoint
+    assert ReferenceRuntime.load(moved / "tiny_ref" / "engine").generate([1, 2, 3], max_tokens=4) == tokens
+
+
+def test_reference_backend_refuses_a_mismatched_checkpoint(tmp_path: Path, engines_tmp: Path, tiny: Any,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    recipe_path = tiny_recipe(tmp_path, "tiny_ref", "reference", kv="int8")
+    write_checkpoint(tiny, engines_tmp / "tiny_ref" / "checkpoint", weights="fp8", kv="FP8")
+    assert main(["build", str(recipe_path)]) == 2
+    assert "needs 'INT8'" in capsys.readouterr().err
+    assert not (engines_tmp / "tiny_ref" / "engine").exists()
+
+
+def test_build_without_checkpoint_names_the_calibrate_step(engines_tmp: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["build", "smollm2_fp8kv"]) == 2
+    assert "trtkv calibrate smollm2_fp8kv" in capsys.readouterr().err
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread() -> Any:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

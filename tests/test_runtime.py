@@ -1,0 +1,336 @@
+"""The CPU reference runtime: checkpoint mapping, FP8 weight dequantization, generation against transformers,
+sampling, stop conditions, streaming callback, concurrent requests, and the FP8-KV quiz agreement (slow)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from trtkv.runtime import (
+    ReferenceRuntime,
+    RequestError,
+    hf_to_trtllm_state_dict,
+    pick_token,
+    trtllm_to_hf_state_dict,
+)
+
+FP8_MAX = 448.0
+LINEARS = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers (also used by test_build.py): small TensorRT-LLM checkpoints written the way ModelOpt exports them
+
+
+def tiny_llama(seed: int = 0, vocab: int = 128, layers: int = 2) -> Any:
+    """A random float32 LlamaForCausalLM small enough for unit tests (no eos: generation runs to max_tokens)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                      rope_theta=10000.0)
+    model = LlamaForCausalLM(cfg).float().eval()
+    with torch.no_grad():  # larger weights than the default init, so logits are not near-uniform
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(8.0)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def _fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    scale = weight.abs().max().float() / FP8_MAX
+    return (weight.float() / scale).to(torch.float8_e4m3fn), scale.reshape(1)
+
+
+def write_checkpoint(model: Any, out: Path, *, weights: str = "none", kv: str | None = None,
+                     kv_factor: float = 1.0, dtype: str = "float32") -> Path:
+    """config.json + rank0.safetensors (+ kv_scales.json, manifest.json) in the ModelOpt/TensorRT-LLM layout."""
+    cfg = model.config
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    if "lm_head.weight" not in state or cfg.tie_word_embeddings:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"].clone()
+    tensors = {k: v.to(getattr(torch, dtype)) for k, v in hf_to_trtllm_state_dict(state, cfg).items()}
+    if weights == "fp8":
+        for i in range(cfg.num_hidden_layers):
+            for base in LINEARS:
+                name = f"transformer.layers.{i}.{base}"
+                q, scale = _fp8(tensors[f"{name}.weight"])
+                tensors[f"{name}.weight"] = q
+                tensors[f"{name}.weights_scaling_factor"] = scale
+                tensors[f"{name}.activation_scaling_factor"] = torch.ones(1)
+    if kv:
+        for i in range(cfg.num_hidden_layers):
+            for which in ("k", "v", "kv"):
+                tensors[f"transformer.layers.{i}.attention.{which}_cache_scaling_factor"] = torch.tensor([kv_factor])
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "rank0.safetensors"))
+    config = {
+        "producer": {"name": "trtkv-tests"}, "architecture": "LlamaForCausalLM", "decoder": "llama", "dtype": dtype,
+        "num_hidden_layers": cfg.num_hidden_layers, "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads, "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size, "head_size": cfg.head_dim,
+        "norm_epsilon": cfg.rms_norm_eps, "max_position_embeddings": cfg.max_position_embeddings,
+        "hidden_act": cfg.hidden_act, "share_embedding_table": False, "rmsnorm": True,
+        "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1},
+        "quantization": {"quant_algo": "FP8" if weights == "fp8" else None,
+                         "kv_cache_quant_algo": kv, "exclude_modules": ["lm_head"]},
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    if kv:
+        layers = [{"layer": i, "k_amax": 1.0, "v_amax": 1.0, "kv_cache_scaling_factor": kv_factor, "k_scale": 1.0,
+                   "v_scale": 1.0} for i in range(cfg.num_hidden_layers)]
+        (out / "kv_scales.json").write_text(json.dumps({"kv_cache_quant_algo": kv, "num_layers": len(layers),
+                                                        "convention": "test", "layers": layers}))
+    (out / "manifest.json").write_text(json.dumps({"stage": "calibrate", "written_by": "trtkv tests"}))
+    return out
+
+
+def write_engine(ckpt: Path, engine: Path, model: Any, tokenizer: Path | None = None, max_seq_len: int = 256) -> Path:
+    """What `trtkv build` writes for backend reference: runtime.json + hf_config.json."""
+    engine.mkdir(parents=True, exist_ok=True)
+    (engine / "hf_config.json").write_text(model.config.to_json_string())
+    (engine / "runtime.json").write_text(json.dumps({
+        "backend": "reference", "checkpoint": str(ckpt), "tokenizer": str(tokenizer) if tokenizer else None,
+        "hf_config": "hf_config.json", "max_seq_len": max_seq_len}))
+    return engine
+
+
+def has_quantized_cache() -> bool:
+    try:
+        from trtkv.kvcache.cache import QuantizedKVCache  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+needs_cache = pytest.mark.skipif(not has_quantized_cache(), reason="trtkv.kvcache.cache (kvcache task) not present yet")
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixtures
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread() -> Any:
+    """Tiny models run fastest single-threaded, and the CI machine's 2 cores are shared."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Any:
+    return tiny_llama()
+
+
+@pytest.fixture(scope="module")
+def tiny_runtime(tiny: Any, tmp_path_factory: pytest.TempPathFactory) -> ReferenceRuntime:
+    root = tmp_path_factory.mktemp("tiny")
+    ckpt = write_checkpoint(tiny, root / "checkpoint")
+    return ReferenceRuntime.load(write_engine(ckpt, root / "engine", tiny))
+
+
+def hf_greedy(model: Any, prompt: list[int], n: int) -> list[int]:
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
+    return [int(t) for t in out[0, len(prompt):]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Mapping and numerics
+
+
+def test_name_mapping_round_trips(tiny: Any) -> None:
+    state = tiny.state_dict()
+    back = trtllm_to_hf_state_dict(hf_to_trtllm_state_dict(state, tiny.config), tiny.config)
+    assert set(back) == set(state)
+    for name, tensor in state.items():
+        assert torch.equal(back[name], tensor.float()), name
+
+
+def test_fp8_weights_are_dequantized_with_their_scales(tiny: Any, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    ckpt = write_checkpoint(tiny, tmp_path / "ck", weights="fp8")
+    tensors = load_file(str(ckpt / "rank0.safetensors"))
+    assert tensors["transformer.layers.0.attention.qkv.weight"].dtype == torch.float8_e4m3fn
+    got = trtllm_to_hf_state_dict(tensors, tiny.config)
+    for name, ref in tiny.state_dict().items():
+        err = (got[name] - ref).abs().max().item()
+        # FP8 E4M3 has a 3-bit mantissa: error <= 1/16 of the value, and the tensor amax bounds it
+        assert err <= ref.abs().max().item() / 15, f"{name}: {err}"
+        assert err > 0 or "norm" in name or "embed" in name or "lm_head" in name, f"{name} was not quantized"
+
+
+def test_unknown_tensors_are_an_error(tiny: Any) -> None:
+    tensors = hf_to_trtllm_state_dict(tiny.state_dict(), tiny.config)
+    tensors["transformer.layers.0.attention.qkv.bias"] = torch.zeros(4)
+    with pytest.raises(Exception, match="does not map"):
+        trtllm_to_hf_state_dict(tensors, tiny.config)
+
+
+# ---------------------------------------------------------------------------------------------
+# Generation
+
+
+def test_greedy_matches_transformers_token_for_token(tiny: Any, tiny_runtime: ReferenceRuntime) -> None:
+    assert tiny_runtime.kv_format == "none"
+    for prompt in ([5, 17, 99, 3], [42], list(range(1, 30))):
+        assert tiny_runtime.generate(prompt, max_tokens=20) == hf_greedy(tiny, prompt, 20)
+
+
+def test_fp8_weight_checkpoint_matches_transformers_on_dequantized_weights(tiny: Any, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+    from transformers import LlamaForCausalLM
+
+    ckpt = write_checkpoint(tiny, tmp_path / "ck", weights="fp8")
+    runtime = ReferenceRuntime.load(write_engine(ckpt, tmp_path / "engine", tiny))
+    ref = LlamaForCausalLM(tiny.config).eval()
+    ref.load_state_dict(trtllm_to_hf_state_dict(load_file(str(ckpt / "rank0.safetensors")), tiny.config))
+    ref.generation_config.pad_token_id = 0
+    prompt = [7, 8, 9, 10]
+    assert runtime.generate(prompt, max_tokens=16) == hf_greedy(ref, prompt, 16)
+
+
+def test_stop_conditions_and_streaming(tiny_runtime: ReferenceRuntime) -> None:
+    prompt = [3, 1, 4, 1, 5]
+    full = tiny_runtime.generate(prompt, max_tokens=12)
+    assert len(full) == 12
+    assert tiny_runtime.generate(prompt, max_tokens=5) == full[:5]
+    assert tiny_runtime.generate(prompt, max_tokens=12, end_id=full[4]) == full[: full.index(full[4])]
+    assert tiny_runtime.generate(prompt, max_tokens=12, stop_words=[full[2:4]]) == full[:4]
+    seen: list[int] = []
+    assert tiny_runtime.generate(prompt, max_tokens=12, on_token=seen.append) == full == seen
+    cancelled = tiny_runtime.generate(prompt, max_tokens=12, on_token=lambda t: len(seen) < 0)
+    assert cancelled == full[:1]
+
+
+def test_sampling_is_seeded_and_restricted(tiny_runtime: ReferenceRuntime) -> None:
+    prompt = [11, 12, 13]
+    greedy = tiny_runtime.generate(prompt, max_tokens=10)
+    a = tiny_runtime.generate(prompt, max_tokens=10, temperature=1.5, seed=7)
+    assert a == tiny_runtime.generate(prompt, max_tokens=10, temperature=1.5, seed=7)
+    others = {tuple(tiny_runtime.generate(prompt, max_tokens=10, temperature=1.5, seed=s)) for s in range(5)}
+    assert len(others) > 1
+    assert tiny_runtime.generate(prompt, max_tokens=10, temperature=1.5, top_k=1, seed=3) == greedy
+    assert tiny_runtime.generate(prompt, max_tokens=10, temperature=1.0, top_p=1e-6, seed=3) == greedy
+
+
+def test_pick_token_top_k_and_top_p() -> None:
+    logits = torch.tensor([0.0, 3.0, 2.9, -1.0, 1.0])
+    gen = torch.Generator().manual_seed(0)
+    picks = {pick_token(logits, 1.0, 2, 1.0, gen) for _ in range(200)}
+    assert picks == {1, 2}
+    # probabilities ~ [.02, .47, .43, .01, .06]: nucleus 0.4 is token 1 alone, 0.5 needs token 2 as well
+    assert {pick_token(logits, 1.0, 0, 0.4, gen) for _ in range(200)} == {1}
+    assert {pick_token(logits, 1.0, 0, 0.5, gen) for _ in range(200)} == {1, 2}
+    assert pick_token(logits, 0.0, 0, 1.0, gen) == 1
+
+
+def test_bad_requests_are_clear(tiny_runtime: ReferenceRuntime) -> None:
+    with pytest.raises(RequestError, match="empty"):
+        tiny_runtime.generate([], max_tokens=3)
+    with pytest.raises(RequestError, match="max_seq_len"):
+        tiny_runtime.generate([1] * 300, max_tokens=3)
+    with pytest.raises(RequestError, match="out of range"):
+        tiny_runtime.generate([100000], max_tokens=3)
+    with pytest.raises(RequestError, match="top_p"):
+        tiny_runtime.generate([1], max_tokens=3, top_p=0.0)
+    assert len(tiny_runtime.generate([1] * 250, max_tokens=50)) == 6  # clamped to max_seq_len 256
+
+
+def test_concurrent_requests_do_not_mix(tiny_runtime: ReferenceRuntime) -> None:
+    requests = [([1, 2, 3], {}), ([9, 8], {"temperature": 1.2, "seed": 5}), ([50, 60, 70, 80], {}),
+                ([4], {"temperature": 0.8, "top_k": 5, "seed": 1})]
+    alone = [tiny_runtime.generate(p, max_tokens=16, **kw) for p, kw in requests]
+    results: dict[int, list[int]] = {}
+    streamed: dict[int, list[int]] = {i: [] for i in range(len(requests))}
+
+    def worker(i: int) -> None:
+        prompt, kw = requests[i]
+        results[i] = tiny_runtime.generate(prompt, max_tokens=16, on_token=streamed[i].append, **kw)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [results[i] for i in range(len(requests))] == alone
+    assert [streamed[i] for i in range(len(requests))] == alone
+
+
+def test_missing_runtime_json_is_clear(tmp_path: Path) -> None:
+    with pytest.raises(Exception, match="runtime.json: missing"):
+        ReferenceRuntime.load(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Quantized KV cache (needs trtkv.kvcache.cache from the kvcache task)
+
+
+@needs_cache
+def test_fp8_kv_runtime_uses_checkpoint_scales(tiny: Any, tmp_path: Path) -> None:
+    ckpt = write_checkpoint(tiny, tmp_path / "ck", weights="fp8", kv="FP8", kv_factor=1.0)
+    runtime = ReferenceRuntime.load(write_engine(ckpt, tmp_path / "engine", tiny))
+    assert runtime.kv_format == "fp8" and runtime.kv_scales == [1.0, 1.0]
+    cache = runtime.new_cache()
+    assert type(cache).__name__ == "QuantizedKVCache"
+    prompt = [5, 6, 7, 8, 9]
+    out = runtime.generate(prompt, max_tokens=12)
+    base = runtime.with_kv_format("none").generate(prompt, max_tokens=12)
+    assert len(out) == 12
+    assert sum(a == b for a, b in zip(out, base, strict=True)) >= 6  # FP8 KV rarely flips greedy tokens
+
+
+@needs_cache
+def test_int8_kv_runtime_runs(tiny: Any, tmp_path: Path) -> None:
+    ckpt = write_checkpoint(tiny, tmp_path / "ck", kv="INT8", kv_factor=0.05)
+    runtime = ReferenceRuntime.load(write_engine(ckpt, tmp_path / "engine", tiny))
+    assert runtime.kv_format == "int8" and runtime.kv_scales == pytest.approx([0.05, 0.05])
+    assert len(runtime.generate([1, 2, 3], max_tokens=8)) == 8
+
+
+# ---------------------------------------------------------------------------------------------
+# The real model (SmolLM2-135M-Instruct)
+
+
+@pytest.fixture(scope="module")
+def smollm2_model(smollm2_dir: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+
+
+@pytest.mark.slow
+def test_smollm2_unquantized_matches_transformers(smollm2_model: Any, smollm2_dir: Path, tmp_path: Path) -> None:
+    ckpt = write_checkpoint(smollm2_model, tmp_path / "ck", dtype="bfloat16")  # bf16 on disk: lossless
+    runtime = ReferenceRuntime.load(write_engine(ckpt, tmp_path / "engine", smollm2_model, smollm2_dir, 4096))
+    ids = runtime.tokenizer("Q: What is the capital of France?\nA:", add_special_tokens=False)["input_ids"]
+    got = runtime.generate(ids, max_tokens=16, end_id=-1)
+    assert got == hf_greedy(smollm2_model, ids, 16)
+    assert "Paris" in runtime.tokenizer.decode(got)
+
+
+@pytest.mark.slow
+@needs_cache
+def test_smollm2_fp8_kv_quiz_agreement(smollm2_model: Any, smollm2_dir: Path, tmp_path: Path) -> None:
+    """FP8 weights + FP8 KV (scale 1.0, what TensorRT-LLM's clamped factor gives on SmolLM2) vs unquantized KV."""
+    from trtkv.data import quiz_items
+    from trtkv.runtime import quiz_agreement
+
+    ckpt = write_checkpoint(smollm2_model, tmp_path / "ck", weights="fp8", kv="FP8", dtype="bfloat16")
+    runtime = ReferenceRuntime.load(write_engine(ckpt, tmp_path / "engine", smollm2_model, smollm2_dir, 4096))
+    result = quiz_agreement(runtime, quiz_items()[:12], max_tokens=8)
+    print(f"FP8 KV vs unquantized KV greedy quiz agreement: {result['agree']}/{result['items']}")
+    assert result["agreement"] >= 0.6, result["differences"]
