@@ -112,8 +112,59 @@ def test_int8_scales_are_amax_over_127_and_deterministic(tiny_dir: Path, engines
     assert config["quantization"]["quant_algo"] is None and config["quantization"]["kv_cache_quant_algo"] == "INT8"
     assert not calibrate(recipe, force=True, log=quiet).skipped
     assert (out / "kv_scales.json").read_bytes() == first
+    assert recipe.path is not None
     changed = load_recipe(recipe.path, ["calibration.seed=8"])
     assert not calibrate(changed, log=quiet).skipped  # a new seed is a new key
+
+
+def rank_tensor_names(path: Path) -> dict[str, str]:
+    """Name -> safetensors dtype of every tensor in a rank file."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as fh:
+        return {name: fh.get_slice(name).get_dtype() for name in fh.keys()}  # noqa: SIM118
+
+
+def test_kv_none_calibrates_fp8_weights_only(tiny_dir: Path, engines_tmp: Path, tmp_path: Path) -> None:
+    recipe = load_recipe(write_recipe(tmp_path, tiny_dir, "tiny_fp16kv", kv="none"))
+    manifest = calibrate(recipe, log=quiet).manifest
+    out = checkpoint_dir(recipe)
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization"]["quant_algo"] == "FP8" and config["quantization"]["kv_cache_quant_algo"] is None
+    names = rank_tensor_names(out / "rank0.safetensors")
+    assert not [n for n in names if "kv_cache" in n]
+    assert names["transformer.layers.0.attention.qkv.weight"] == "F8_E4M3"  # FP8 weights still calibrated
+    assert "transformer.layers.0.attention.qkv.activation_scaling_factor" in names
+    scales = json.loads((out / "kv_scales.json").read_text())
+    assert scales["kv_cache_quant_algo"] is None and scales["num_layers"] == LAYERS and scales["layers"] == []
+    assert scales["convention"]
+    assert manifest["validation"]["kv_cache_quant_algo"] is None
+    assert manifest["validation"]["kv_cache_scaling_factors"] == []
+    entries = manifest["modelopt_quant_cfg"]["quant_cfg"]
+    assert not [e for e in entries if "bmm" in e.get("quantizer_name", "") and e.get("enable", True)]
+    hf_quant = json.loads((out / "hf" / "hf_quant_config.json").read_text())["quantization"]
+    assert hf_quant["quant_algo"] == "FP8" and hf_quant["kv_cache_quant_algo"] is None
+    assert not [n for n in rank_tensor_names(out / "hf" / "model.safetensors") if n.endswith(("k_scale", "v_scale"))]
+    assert (out / "tokenizer" / "tokenizer.json").is_file()
+    report = (out / "calibration_report.md").read_text()
+    assert "KV cache: unquantized" in report and "no K/V scales were calibrated" in report
+    assert "## K/V statistics" in report and "collect_kv_stats" in report
+    assert calibrate(recipe, log=quiet).skipped
+
+
+def test_kv_none_with_weights_none_is_a_plain_export(tiny_dir: Path, engines_tmp: Path, tmp_path: Path) -> None:
+    recipe = load_recipe(write_recipe(tmp_path, tiny_dir, "tiny_plain", kv="none", weights="none", samples=4))
+    manifest = calibrate(recipe, log=quiet).manifest
+    out = checkpoint_dir(recipe)
+    assert manifest["modelopt_quant_cfg"] is None
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization"]["quant_algo"] is None and config["quantization"]["kv_cache_quant_algo"] is None
+    names = rank_tensor_names(out / "rank0.safetensors")
+    assert not [n for n in names if "scaling_factor" in n]
+    assert set(names.values()) == {"BF16"}  # the recipe dtype
+    assert (out / "hf" / "config.json").is_file() and not (out / "hf" / "hf_quant_config.json").exists()
+    assert json.loads((out / "kv_scales.json").read_text())["layers"] == []
+    assert "mtq.quantize was not called" in (out / "calibration_report.md").read_text()
 
 
 def test_tensor_and_pipeline_parallel_export(tiny_dir: Path, engines_tmp: Path, tmp_path: Path) -> None:
@@ -179,6 +230,11 @@ def test_describe_is_light_and_complete() -> None:
     assert "kv_cache_quant_algo = INT8" in lines and "hf/: not written" in lines
     fp8 = "\n".join(describe_calibration(load_recipe("smollm2_fp8kv")))
     assert "KV_QUANT_CFG_CHOICES['fp8']" in fp8 and "16 samples x 256 tokens" in fp8
+    none = "\n".join(describe_calibration(load_recipe("smollm2_fp16kv")))
+    assert "kv_cache_quant_algo = null" in none and "mtq.FP8_DEFAULT_CFG" in none and '"kv_entries": []' in none
+    assert "cannot run" not in none and "hf_quant_config.json quant_algo FP8" in none and "KV_QUANT" not in none
+    plain = "\n".join(describe_calibration(load_recipe("smollm2_fp16kv", ["quantization.weights=none"])))
+    assert "plain export" in plain and "no hf_quant_config.json" in plain
 
 
 def test_unsupported_weights_are_refused_before_work(engines_tmp: Path) -> None:

@@ -29,8 +29,8 @@ hardware: {hardware}
     return load_recipe(path)
 
 
-def write_checkpoint(folder: Path, kv: str = "INT8", tp: int = 1, pp: int = 1, factor: float = 0.05) -> Path:
-    """config.json + rank files with ModelOpt's names, shapes and per-stage layer indices."""
+def write_checkpoint(folder: Path, kv: str | None = "INT8", tp: int = 1, pp: int = 1, factor: float = 0.05) -> Path:
+    """config.json + rank files with ModelOpt's names, shapes and per-stage layer indices (kv None: no KV factors)."""
     folder.mkdir(parents=True, exist_ok=True)
     config = {"architecture": "LlamaForCausalLM", "decoder": "llama", "dtype": "bfloat16",
               "num_hidden_layers": LAYERS, "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS,
@@ -54,8 +54,9 @@ def write_checkpoint(folder: Path, kv: str = "INT8", tp: int = 1, pp: int = 1, f
                 p + "mlp.gate.weight": torch.zeros(INTER // tp, HIDDEN).to(fp8),
                 p + "mlp.proj.weight": torch.zeros(HIDDEN, INTER // tp).to(fp8),
                 p + "attention.qkv.weights_scaling_factor": torch.tensor([1e-3]),
-                p + "attention.kv_cache_scaling_factor": torch.tensor([factor * (1 + i + pp_rank * LAYERS // pp)]),
             })
+            if kv is not None:
+                tensors[p + "attention.kv_cache_scaling_factor"] = torch.tensor([factor * (1 + i + pp_rank * LAYERS // pp)])
         if pp_rank == 0:
             tensors["transformer.vocab_embedding.weight"] = torch.zeros(VOCAB // tp, HIDDEN, dtype=bf16)
         if pp_rank == pp - 1:
@@ -158,3 +159,35 @@ def test_kv_scales_json_must_agree(tmp_path: Path) -> None:
 
 def test_no_checkpoint(tmp_path: Path) -> None:
     assert "config.json: missing" in problems(tmp_path / "empty", make_recipe(tmp_path))
+
+
+def test_unquantized_kv_checkpoint_is_valid_for_kv_none(tmp_path: Path) -> None:
+    folder = write_checkpoint(tmp_path / "ck", kv=None, tp=2)
+    (folder / "kv_scales.json").write_text(json.dumps({"kv_cache_quant_algo": None, "num_layers": LAYERS,
+                                                       "convention": "x", "layers": []}))
+    summary = validate_trtllm_checkpoint(folder, make_recipe(tmp_path, kv="none", tp=2))
+    assert summary["kv_cache_quant_algo"] is None and summary["kv_cache_scaling_factors"] == []
+    assert summary["quant_algo"] == "FP8" and len(summary["ranks"]) == 2
+
+
+def test_missing_factors_are_refused_unless_kv_none(tmp_path: Path) -> None:
+    folder = write_checkpoint(tmp_path / "ck", kv=None)
+    edit_config(folder, quantization__kv_cache_quant_algo="FP8")  # claims FP8 KV but holds no factors
+    text = problems(folder, make_recipe(tmp_path, kv="fp8"))
+    for i in range(LAYERS):
+        assert f"tensor transformer.layers.{i}.attention.kv_cache_scaling_factor is missing" in text
+    edit_config(folder, quantization__kv_cache_quant_algo=None)
+    text = problems(folder, make_recipe(tmp_path, kv="int8"))
+    assert "kv_cache_quant_algo = None, but recipe quantization.kv_cache = 'int8' needs 'INT8'" in text
+
+
+def test_kv_none_rejects_stray_factors_and_mismatched_json(tmp_path: Path) -> None:
+    folder = write_checkpoint(tmp_path / "ck")  # INT8 factors in every layer
+    edit_config(folder, quantization__kv_cache_quant_algo=None)
+    text = problems(folder, make_recipe(tmp_path, kv="none"))
+    assert "layers [0, 1, 2, 3] hold attention.kv_cache_scaling_factor, but quantization.kv_cache_quant_algo is null" \
+        in text
+    clean = write_checkpoint(tmp_path / "clean", kv=None)
+    (clean / "kv_scales.json").write_text(json.dumps({"kv_cache_quant_algo": "FP8", "layers": []}))
+    text = problems(clean, make_recipe(tmp_path, kv="none"))
+    assert "kv_cache_quant_algo = 'FP8', but config.json quantization.kv_cache_quant_algo = None" in text

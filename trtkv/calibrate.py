@@ -2,9 +2,10 @@
 
 recipe -> engines/<recipe>/checkpoint/:
   config.json + rank{r}.safetensors   TensorRT-LLM checkpoint (export_tensorrt_llm_checkpoint, tp/pp from the recipe)
-  hf/                                 HF checkpoint (export_hf_checkpoint; FP8 KV only: ModelOpt 0.47 asserts on INT8)
+  hf/                                 HF checkpoint (export_hf_checkpoint; FP8 or no KV: ModelOpt 0.47 asserts on INT8)
   tokenizer/                          the model's tokenizer, for downstream stages
-  kv_scales.json                      per layer k/v amax, TensorRT-LLM factor, vLLM k_scale/v_scale (byte-stable)
+  kv_scales.json                      per layer k/v amax, TensorRT-LLM factor, vLLM k_scale/v_scale (byte-stable);
+                                      kv_cache none: kv_cache_quant_algo null and no layers
   calibration_report.md               per-layer table, warnings, K/V statistics
   manifest.json                       stage contract (trtkv.stage.run_stage)
 Heavy imports (torch, transformers, modelopt) happen inside the functions that need them.
@@ -50,6 +51,11 @@ CONVENTION = ("Scales are dequantization multipliers: x ~= q * scale. kv_cache_s
               "<= 1.2 reads: ONE scale shared by K and V, INT8: max(k_amax, v_amax)/127, FP8: max(k_amax, v_amax)/448 "
               "clamped to >= 1.0 by ModelOpt's exporter. k_scale/v_scale follow vLLM/HF: separate, amax/448 (FP8) or "
               "amax/127 (INT8), unclamped. amax is the max |x| of post-RoPE K and of V over the calibration tokens.")
+FP8_BASE_MEANING = ("every Linear's weight_quantizer and input_quantizer FP8 E4M3 (num_bits [4, 3]) per-tensor; "
+                    "lm_head, routers, embeddings disabled")
+NO_KV_NOTE = ("KV cache unquantized (quantization.kv_cache none): config.json quantization.kv_cache_quant_algo is "
+              "null, the rank files hold no kv_cache_scaling_factor, kv_scales.json lists no layers; the cache keeps "
+              "K/V in the model dtype.")
 OUTLIER_RATIO = 4.0  # a channel whose amax exceeds 4x the layer's median channel amax
 DWARF_RATIO = 4.0  # a layer whose amax exceeds 4x the median layer amax
 
@@ -90,9 +96,6 @@ def supported_problems(recipe: Recipe) -> list[str]:
     if q.weights not in (WeightQuant.FP8, WeightQuant.NONE):
         out.append(f"quantization.weights = {q.weights.value!r}: trtkv calibrate exports fp8 or none weights. Next: "
                    f"use one of those, or ModelOpt's examples/llm_ptq/hf_ptq.py for {q.weights.value}.")
-    if q.kv_cache not in KV_ALGO:
-        out.append("quantization.kv_cache = 'none': there is no KV cache to calibrate. Next: set fp8 or int8 "
-                   "(aliases fp8_kv_cache, int8_kv_cache).")
     if m.architecture.lower() != "llama":
         out.append(f"model.architecture = {m.architecture!r}: only llama-family exports are tested here.")
     if m.num_kv_heads is not None and m.num_kv_heads % b.tp_size:
@@ -104,14 +107,27 @@ def supported_problems(recipe: Recipe) -> list[str]:
     return out
 
 
+def quantizes(recipe: Recipe) -> bool:
+    """Whether ModelOpt quantizes anything (weights none + kv_cache none: a plain export in the model dtype)."""
+    q = recipe.quantization
+    return q.weights is WeightQuant.FP8 or q.kv_cache in KV_ALGO
+
+
 def modelopt_config_spec(recipe: Recipe) -> dict[str, Any]:
     """The ModelOpt quantization config as data: the base config's name plus the KV entries appended to it."""
     base = "mtq.FP8_DEFAULT_CFG" if recipe.quantization.weights is WeightQuant.FP8 else None
     kv = recipe.quantization.kv_cache
+    if not quantizes(recipe):
+        return {"base": None, "base_meaning": "nothing to quantize (weights none, kv_cache none): mtq.quantize is "
+                "not called; plain export in the model dtype", "kv_entries": [], "algorithm": None}
+    if kv is KVCacheQuant.NONE:
+        return {"base": base, "base_meaning": FP8_BASE_MEANING, "kv_entries": [],
+                "kv_source": "none: kv_cache none, no KV entries; the base's {'quantizer_name': '*', 'enable': False} "
+                             "leaves the k/v_bmm_quantizers disabled (KV cache unquantized)",
+                "algorithm": "max"}
     return {
         "base": base,
-        "base_meaning": ("every Linear's weight_quantizer and input_quantizer FP8 E4M3 (num_bits [4, 3]) per-tensor; "
-                         "lm_head, routers, embeddings disabled" if base else
+        "base_meaning": (FP8_BASE_MEANING if base else
                          "no weight quantization: quant_cfg starts with {'quantizer_name': '*', 'enable': False}"),
         "kv_entries": KV_ENTRIES.get(kv, []),
         "kv_source": ("modelopt.recipe.presets.KV_QUANT_CFG_CHOICES['fp8']" if kv is KVCacheQuant.FP8 else
@@ -125,17 +141,26 @@ def export_targets(recipe: Recipe) -> dict[str, str]:
     """What the stage writes, file by file."""
     b, kv = recipe.build, recipe.quantization.kv_cache
     ranks = ", ".join(f"rank{r}.safetensors" for r in range(recipe.world_size))
-    hf = ("hf/ (export_hf_checkpoint: hf_quant_config.json, k_scale/v_scale = amax/448)" if kv is KVCacheQuant.FP8
-          else "hf/: not written (ModelOpt 0.47's export_hf_checkpoint asserts on INT8 KV: 'Invalid KV cache "
-               "quantization format'); the report says so")
+    if kv is KVCacheQuant.FP8:
+        hf = "hf/ (export_hf_checkpoint: hf_quant_config.json, k_scale/v_scale = amax/448)"
+    elif kv is KVCacheQuant.NONE:
+        hf = ("hf/ (export_hf_checkpoint: hf_quant_config.json quant_algo FP8, kv_cache_quant_algo null, no "
+              "k_scale/v_scale)" if recipe.quantization.weights is WeightQuant.FP8 else
+              f"hf/ (export_hf_checkpoint: a plain HF checkpoint in {recipe.model.dtype.value}, no hf_quant_config.json)")
+    else:
+        hf = ("hf/: not written (ModelOpt 0.47's export_hf_checkpoint asserts on INT8 KV: 'Invalid KV cache "
+              "quantization format'); the report says so")
+    kv_scales = ("kv_scales.json (per layer k/v amax, kv_cache_scaling_factor, k_scale, v_scale)" if kv in KV_ALGO else
+                 'kv_scales.json ({"kv_cache_quant_algo": null, "num_layers": N, "layers": []})')
     return {
         "tensorrt_llm": (f"config.json + {ranks} (export_tensorrt_llm_checkpoint(model, {recipe.model.architecture!r}, "
                          f"torch.{recipe.model.dtype.value}, dir, inference_tensor_parallel={b.tp_size}, "
                          f"inference_pipeline_parallel={b.pp_size}))"),
         "hf": hf,
         "tokenizer": "tokenizer/ (the model's tokenizer files)",
-        "kv_scales": "kv_scales.json (per layer k/v amax, kv_cache_scaling_factor, k_scale, v_scale)",
-        "report": "calibration_report.md (per-layer table, warnings, K/V statistics)",
+        "kv_scales": kv_scales,
+        "report": ("calibration_report.md (per-layer table, warnings, K/V statistics)" if kv in KV_ALGO else
+                   "calibration_report.md (says the KV cache is unquantized; K/V statistics)"),
     }
 
 
@@ -145,8 +170,10 @@ def describe_calibration(recipe: Recipe) -> list[str]:
     out = checkpoint_dir(recipe)
     batches = -(-c.num_samples // c.batch_size)
     kv_algo = KV_ALGO.get(q.kv_cache)
+    what = ("ModelOpt mtq.quantize (max calibration)" if quantizes(recipe) else
+            "no quantization (weights none, kv_cache none), plain export")
     lines = [
-        f"calibrate {recipe.name}: ModelOpt mtq.quantize (max calibration) on {recipe.model.source}",
+        f"calibrate {recipe.name}: {what} on {recipe.model.source}",
         f"  data: {c.dataset}: {c.num_samples} samples x {c.seq_len} tokens = {c.num_samples * c.seq_len} tokens, "
         f"batch {c.batch_size} ({batches} forward passes), seed {c.seed}",
         f"  ModelOpt config: {json.dumps(modelopt_config_spec(recipe))}",
@@ -156,7 +183,10 @@ def describe_calibration(recipe: Recipe) -> list[str]:
         lines.append(f"  KV cache: {kv_algo} -> checkpoint config.json quantization.kv_cache_quant_algo = {kv_algo}, "
                      f"per-layer transformer.layers.{{i}}.attention.kv_cache_scaling_factor = {factor} "
                      f"(trtllm-build has no --{q.kv_cache.value}_kv_cache flag)")
-    if q.kv_scales is KVScaleStrategy.SCALE_ONE:
+    else:
+        lines.append("  KV cache: unquantized -> checkpoint config.json quantization.kv_cache_quant_algo = null, no "
+                     "kv_cache_scaling_factor tensors (K/V statistics are still collected for the report)")
+    if kv_algo and q.kv_scales is KVScaleStrategy.SCALE_ONE:
         lines.append("  kv_scales scale_one: the scales are still calibrated and recorded; runtimes that honour "
                      "scale_one use 1.0")
     lines.append(f"  output: {out}/")
@@ -278,13 +308,14 @@ def _calibrate_into(tmp: Path, recipe: Recipe, loader: ModelLoader, model_dir: P
     t0, cpu0 = time.time(), time.process_time()
     quant_cfg, kv_notes = build_quant_cfg(recipe)
     layers = _quantize(model, quant_cfg, batches, recipe)
+    num_layers = int(model.config.num_hidden_layers)
     calib_s, calib_cpu_s = time.time() - t0, time.process_time() - cpu0
     t0 = time.time()
     notes = kv_notes + _export_trtllm(model, tmp, recipe)
     notes += _export_hf(model, tokenizer, tmp, recipe)
     tokenizer.save_pretrained(str(tmp / "tokenizer"))
     export_s = time.time() - t0
-    write_kv_scales(tmp / "kv_scales.json", layers, recipe)
+    write_kv_scales(tmp / "kv_scales.json", layers, recipe, num_layers)
     summary = validate_trtllm_checkpoint(tmp, recipe)
     _check_exported_factors(layers, summary["kv_cache_scaling_factors"])
     timing = {"load_s": round(load_s, 2), "calibration_s": round(calib_s, 2),
@@ -293,7 +324,8 @@ def _calibrate_into(tmp: Path, recipe: Recipe, loader: ModelLoader, model_dir: P
               "tokens": recipe.calibration.num_samples * recipe.calibration.seq_len, "batches": len(batches)}
     report = render_report(recipe, layers, timing, notes, stats_md, stats_note, model_dir)
     (tmp / "calibration_report.md").write_text(report)
-    log(f"calibrate: {len(layers)} layers, {timing['tokens']} tokens in {calib_s:.1f} s (peak RSS "
+    kv = f"{len(layers)} KV scale layers" if layers else f"{num_layers} layers, KV cache unquantized"
+    log(f"calibrate: {kv}, {timing['tokens']} tokens in {calib_s:.1f} s (peak RSS "
         f"{timing['peak_rss_mib']:.0f} MiB); checkpoint validated ({len(summary['ranks'])} rank file(s))")
     return {"calibration": timing, "modelopt_quant_cfg": quant_cfg, "notes": notes, "validation": summary,
             "model_dir": str(model_dir) if model_dir else None}
@@ -356,17 +388,22 @@ def _kv_statistics(model: Any, batches: list[torch.Tensor]) -> tuple[str | None,
 # ModelOpt
 
 
-def build_quant_cfg(recipe: Recipe) -> tuple[dict[str, Any], list[str]]:
-    """The ModelOpt config (a list of quant_cfg entries) for the recipe's weights and KV cache."""
+def build_quant_cfg(recipe: Recipe) -> tuple[dict[str, Any] | None, list[str]]:
+    """The ModelOpt config (a list of quant_cfg entries) for the recipe's weights and KV cache; None: nothing to do."""
     import modelopt.torch.quantization as mtq
     from modelopt.torch.quantization.utils.core_utils import update_quant_cfg_with_kv_cache_quant
 
+    if not quantizes(recipe):
+        return None, ["weights none and kv_cache none: mtq.quantize was not called; the checkpoints are a plain "
+                      f"export in {recipe.model.dtype.value}.", NO_KV_NOTE]
     notes = []
     base: dict[str, Any]
     if recipe.quantization.weights is WeightQuant.FP8:
         base = copy.deepcopy(mtq.FP8_DEFAULT_CFG)
     else:
         base = {"quant_cfg": None, "algorithm": "max"}
+    if recipe.quantization.kv_cache is KVCacheQuant.NONE:  # FP8_DEFAULT_CFG has no KV entries: k/v_bmm stay disabled
+        return json.loads(json.dumps(base, default=list)), [NO_KV_NOTE]
     if recipe.quantization.kv_cache is KVCacheQuant.FP8:
         from modelopt.recipe.presets import KV_QUANT_CFG_CHOICES
 
@@ -380,18 +417,26 @@ def build_quant_cfg(recipe: Recipe) -> tuple[dict[str, Any], list[str]]:
     return json.loads(json.dumps(cfg, default=list)), notes
 
 
-def _quantize(model: Any, quant_cfg: dict[str, Any], batches: list[torch.Tensor], recipe: Recipe) -> list[LayerScales]:
-    """mtq.quantize with a forward loop over the batches (progress bar); per-layer K/V amax and channel ranges."""
+def _quantize(model: Any, quant_cfg: dict[str, Any] | None, batches: list[torch.Tensor],
+              recipe: Recipe) -> list[LayerScales]:
+    """mtq.quantize with a forward loop over the batches (progress bar); per-layer K/V amax and channel ranges.
+
+    kv_cache none: the weights are calibrated (if any) and no KV scales are returned.
+    """
+    if quant_cfg is None:
+        return []
     import modelopt.torch.quantization as mtq
     import torch
     from tqdm import tqdm
+
+    kv = recipe.quantization.kv_cache
 
     device = next(model.parameters()).device
     channel_amax: dict[str, torch.Tensor] = {}
 
     def forward_loop(m: Any) -> None:
         hooks = [mod.register_forward_hook(_channel_hook(name, channel_amax)) for name, mod in m.named_modules()
-                 if name.endswith(("k_bmm_quantizer", "v_bmm_quantizer"))]
+                 if kv in KV_ALGO and name.endswith(("k_bmm_quantizer", "v_bmm_quantizer"))]
         try:
             with torch.no_grad():
                 for batch in tqdm(batches, desc=f"calibrate {recipe.name}", unit="batch"):
@@ -401,7 +446,7 @@ def _quantize(model: Any, quant_cfg: dict[str, Any], batches: list[torch.Tensor]
                 hook.remove()
 
     mtq.quantize(model, quant_cfg, forward_loop)
-    return _layer_scales(model, channel_amax, recipe.quantization.kv_cache)
+    return _layer_scales(model, channel_amax, kv) if kv in KV_ALGO else []
 
 
 def _channel_hook(name: str, store: dict[str, Any]) -> Callable[..., None]:
@@ -515,11 +560,11 @@ def _sort_exclude_modules(config_path: Path) -> None:
 
 
 def _export_hf(model: Any, tokenizer: Any, out: Path, recipe: Recipe) -> list[str]:
-    """export_hf_checkpoint into hf/ for FP8 KV (ModelOpt 0.47 asserts on INT8 KV: skipped with a note)."""
+    """export_hf_checkpoint into hf/ for FP8 or no KV (ModelOpt 0.47 asserts on INT8 KV: skipped with a note)."""
     import torch
     from modelopt.torch.export import export_hf_checkpoint
 
-    if recipe.quantization.kv_cache is not KVCacheQuant.FP8:
+    if recipe.quantization.kv_cache is KVCacheQuant.INT8:
         return ["hf/ not written: ModelOpt 0.47's export_hf_checkpoint asserts on an INT8 KV cache ('Invalid KV cache "
                 "quantization format'), and vLLM / TensorRT-LLM's PyTorch backend have no INT8 KV cache either. The "
                 "TensorRT-LLM checkpoint (config.json + rank*.safetensors) carries the INT8 scales."]
@@ -571,16 +616,22 @@ def _check_exported_factors(layers: list[LayerScales], exported: list[float]) ->
 # kv_scales.json and the report
 
 
-def write_kv_scales(path: Path, layers: list[LayerScales], recipe: Recipe) -> None:
-    """kv_scales.json (contract 1): byte-identical for the same seed and inputs (no timestamps, fixed order)."""
-    data = {"kv_cache_quant_algo": KV_ALGO[recipe.quantization.kv_cache], "num_layers": len(layers),
+def write_kv_scales(path: Path, layers: list[LayerScales], recipe: Recipe, num_layers: int | None = None) -> None:
+    """kv_scales.json (contract 1): byte-identical for the same seed and inputs (no timestamps, fixed order).
+
+    kv_cache none: {"kv_cache_quant_algo": null, "num_layers": N, "convention": ..., "layers": []}.
+    """
+    data = {"kv_cache_quant_algo": KV_ALGO.get(recipe.quantization.kv_cache),
+            "num_layers": len(layers) if num_layers is None else num_layers,
             "convention": CONVENTION, "layers": [layer.as_json() for layer in layers]}
     path.write_text(json.dumps(data, indent=2) + "\n")
 
 
 def find_warnings(layers: list[LayerScales], kv: KVCacheQuant) -> list[str]:
     """Warnings worth acting on: clamped FP8 factors, layers whose amax dwarfs the rest, outlier channels."""
-    out = []
+    out: list[str] = []
+    if not layers:  # kv_cache none: no scales to warn about
+        return out
     if kv is KVCacheQuant.FP8:
         clamped = [ls.layer for ls in layers if max(ls.k_amax, ls.v_amax) / FP8_MAX < 1.0]
         if clamped:
@@ -647,10 +698,13 @@ def render_report(recipe: Recipe, layers: list[LayerScales], timing: dict[str, A
                   stats_md: str | None, stats_note: str, model_dir: Path | None) -> str:
     """calibration_report.md: summary, warnings, notes, the per-layer table, K/V statistics."""
     c, q = recipe.calibration, recipe.quantization
-    kv = KV_ALGO[q.kv_cache]
+    kv = KV_ALGO.get(q.kv_cache)
+    kv_text = (f"{kv} (`quantization.kv_cache_quant_algo = {kv}`)" if kv else
+               "unquantized (`quantization.kv_cache: none` -> `quantization.kv_cache_quant_algo = null`, no "
+               "kv_cache_scaling_factor tensors)")
     lines = [f"# Calibration report: {recipe.name}", "",
              f"- model: `{recipe.model.source}`" + (f" (`{model_dir}`)" if model_dir else ""),
-             f"- weights: {q.weights.value}; KV cache: {kv} (`quantization.kv_cache_quant_algo = {kv}`)",
+             f"- weights: {q.weights.value}; KV cache: {kv_text}",
              f"- data: `{c.dataset}`, {c.num_samples} x {c.seq_len} tokens, batch {c.batch_size}, seed {c.seed}",
              f"- time: load {timing['load_s']} s, calibration {timing['calibration_s']} s "
              f"({timing['calibration_cpu_s']} s CPU), export "
@@ -660,17 +714,29 @@ def render_report(recipe: Recipe, layers: list[LayerScales], timing: dict[str, A
     found = find_warnings(layers, q.kv_cache)
     lines += [f"- {w}" for w in found] or ["- none"]
     lines += ["", "## Export notes", ""] + ([f"- {n}" for n in notes] or ["- none"])
-    lines += ["", "## Per-layer scales", "", CONVENTION, "",
-              "| layer | K amax | V amax | TRT-LLM kv_cache_scaling_factor | vLLM k_scale | vLLM v_scale "
-              "| K max/median channel | V max/median channel |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for ls in layers:
-        lines.append(f"| {ls.layer} | {ls.k_amax:.4g} | {ls.v_amax:.4g} | {ls.kv_cache_scaling_factor:.6g} | "
-                     f"{ls.k_scale:.6g} | {ls.v_scale:.6g} | {_spread(ls.k_channel_amax)} | "
-                     f"{_spread(ls.v_channel_amax)} |")
+    lines += ["", "## Per-layer scales", ""]
+    if not layers:
+        lines += ["None: the KV cache is unquantized (`quantization.kv_cache: none`), so no K/V scales were "
+                  "calibrated or exported. The K/V statistics below show the ranges an FP8 or INT8 KV cache would "
+                  "have to cover."]
+    else:
+        lines += _scale_table(layers)
     lines += ["", "## K/V statistics", "", stats_note, ""]
     if stats_md:
         lines.append(stats_md)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _scale_table(layers: list[LayerScales]) -> list[str]:
+    """The per-layer scales as a markdown table, after the convention."""
+    lines = [CONVENTION, "",
+             "| layer | K amax | V amax | TRT-LLM kv_cache_scaling_factor | vLLM k_scale | vLLM v_scale "
+             "| K max/median channel | V max/median channel |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for ls in layers:
+        lines.append(f"| {ls.layer} | {ls.k_amax:.4g} | {ls.v_amax:.4g} | {ls.kv_cache_scaling_factor:.6g} | "
+                     f"{ls.k_scale:.6g} | {ls.v_scale:.6g} | {_spread(ls.k_channel_amax)} | "
+                     f"{_spread(ls.v_channel_amax)} |")
+    return lines
 
 
 def _spread(values: list[float]) -> str:

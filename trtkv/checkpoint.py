@@ -1,8 +1,9 @@
 """Validation of a TensorRT-LLM checkpoint: what `trtllm-build` / the runtime will read, checked against the recipe.
 
 Checks `config.json` (architecture, dtype, layer/head counts, `mapping`, quantization fields) and every
-`rank{r}.safetensors` (tensor names and shapes per rank, one finite positive `kv_cache_scaling_factor` per layer,
-finite positive scaling factors). Every problem is collected and reported at once in one StageError.
+`rank{r}.safetensors` (tensor names and shapes per rank, one finite positive `kv_cache_scaling_factor` per layer
+when the KV cache is quantized and none when `kv_cache_quant_algo` is null (recipe kv_cache none), finite positive
+scaling factors). Every problem is collected and reported at once in one StageError.
 Used by `trtkv calibrate` after export and by the build stage's preflight.
 """
 
@@ -28,7 +29,8 @@ WEIGHT_ALGO = {"fp8": "FP8", "int8_sq": "W8A8_SQ_PER_CHANNEL", "int4_awq": "W4A1
 KV_ALGO = {"fp8": "FP8", "int8": "INT8", "none": None}
 REQUIRED_CONFIG = ("architecture", "dtype", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                    "hidden_size", "vocab_size", "mapping", "quantization")
-# per decoder layer, present on every rank (the gate projection is required for gated activations)
+# per decoder layer, present on every rank (the gate projection is required for gated activations; the KV factor
+# only when the KV cache is quantized)
 LAYER_TENSORS = ("input_layernorm.weight", "post_layernorm.weight", "attention.qkv.weight", "attention.dense.weight",
                  "mlp.fc.weight", "mlp.proj.weight", KV_FACTOR)
 GATED_ACTS = ("silu", "swiglu", "gelu_pytorch_tanh", "geglu")
@@ -60,7 +62,7 @@ def validate_trtllm_checkpoint(ckpt_dir: Path | str, recipe: Recipe) -> dict[str
     problems.raise_if_any(ckpt_dir)
     ranks = _check_ranks(ckpt_dir, config, problems)
     factors = _layer_factors(ranks, config)
-    _check_kv_scales_json(ckpt_dir, factors, problems)
+    _check_kv_scales_json(ckpt_dir, factors, config, problems)
     problems.raise_if_any(ckpt_dir)
     mapping = config["mapping"]
     return {
@@ -216,15 +218,20 @@ def _check_rank(info: dict[str, Any], config: dict[str, Any], problems: _Problem
     if unexpected:
         problems.add(path, f"layers {unexpected} present, but this pipeline stage holds {n_layers} layers "
                            f"(num_hidden_layers / pp_size); layer indices are local to the stage")
-    required = list(LAYER_TENSORS)
+    kv_quantized = config["quantization"].get("kv_cache_quant_algo") is not None
+    required = [t for t in LAYER_TENSORS if kv_quantized or t != KV_FACTOR]
     if str(config.get("hidden_act", "")).lower() in GATED_ACTS:
         required.append("mlp.gate.weight")
-    reference = layers.get(0, set())
+    reference = layers.get(0, set()) - ({KV_FACTOR} if not kv_quantized else set())
     for i in range(n_layers):
         have = layers.get(i, set())
         missing = sorted((set(required) | reference) - have)
         for suffix in missing:
             problems.add(path, f"tensor transformer.layers.{i}.{suffix} is missing")
+    stray = sorted(i for i, have in layers.items() if KV_FACTOR in have)
+    if stray and not kv_quantized:
+        problems.add(path, f"layers {stray} hold {KV_FACTOR}, but quantization.kv_cache_quant_algo is null "
+                           f"(recipe quantization.kv_cache none): an unquantized KV cache has no scaling factors")
     _check_stage_tensors(info, config, pp_rank, pp, tp, problems)
     _check_shapes_and_scales(path, tensors, config, problems)
 
@@ -282,8 +289,8 @@ def _layer_factors(ranks: list[dict[str, Any]], config: dict[str, Any]) -> list[
     return factors
 
 
-def _check_kv_scales_json(ckpt_dir: Path, factors: list[float], problems: _Problems) -> None:
-    """When kv_scales.json is present its factors must be the ones in the rank files."""
+def _check_kv_scales_json(ckpt_dir: Path, factors: list[float], config: dict[str, Any], problems: _Problems) -> None:
+    """When kv_scales.json is present its algorithm and factors must be the ones in config.json and the rank files."""
     path = ckpt_dir / KV_SCALES
     if not path.is_file():
         return
@@ -293,6 +300,10 @@ def _check_kv_scales_json(ckpt_dir: Path, factors: list[float], problems: _Probl
     except (json.JSONDecodeError, OSError, KeyError, TypeError, ValueError) as exc:
         problems.add(path, f"not readable ({type(exc).__name__}: {exc})")
         return
+    algo = config["quantization"].get("kv_cache_quant_algo")
+    if "kv_cache_quant_algo" in data and data["kv_cache_quant_algo"] != algo:
+        problems.add(path, f"kv_cache_quant_algo = {data['kv_cache_quant_algo']!r}, but config.json "
+                           f"quantization.kv_cache_quant_algo = {algo!r}")
     if len(listed) != len(factors):
         problems.add(path, f"lists {len(listed)} layers, the rank files hold {len(factors)} kv_cache_scaling_factor")
         return
