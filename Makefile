@@ -49,7 +49,9 @@ calibrate: install
 build: install
 	$(TRTKV) build $(RECIPE)
 
-engine: calibrate build
+engine: install
+	$(TRTKV) calibrate $(RECIPE)
+	$(TRTKV) build $(RECIPE)
 
 repo: install
 	$(TRTKV) repo $(RECIPE)
@@ -69,9 +71,21 @@ probe: install
 report: install
 	$(TRTKV) report $(RECIPE)
 
+# The whole chain on one recipe; the server is stopped even when a step fails.
 demo: install
 	$(TRTKV) validate $(RECIPE)
 	$(TRTKV) plan $(RECIPE)
+	$(TRTKV) demo $(RECIPE)
+
+# fp16 (unquantized KV), fp8 and int8 KV one after another, then engines/compare/compare.md + compare.png
+compare: install
+	$(TRTKV) compare
+
+bench-kvcache: install
+	$(BIN)/python benchmarks/bench_kvcache.py --output engines/bench-kvcache
+
+bench-crosscheck: install
+	$(BIN)/python benchmarks/bench_crosscheck.py --recipe $(RECIPE)
 
 clean:
 	rm -rf engines/*/ triton_repo/*/ .pytest_cache .mypy_cache .ruff_cache
