@@ -1,18 +1,58 @@
-"""`trtkv bench`: not built yet (placeholder until its issue lands)."""
+"""`trtkv bench`: latency/throughput sweep and accuracy tasks against a Triton endpoint, checked against SLOs."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from trtkv.cli.common import add_recipe_args, subparser
+from trtkv.cli.common import add_recipe_args, load, subparser
+
+EXAMPLES = """\
+  $ trtkv bench smollm2_fp8kv
+  $ trtkv bench smollm2_fp8kv --url 127.0.0.1:8001 --slo time_to_first_token.p99<=500 --slo quiz.accuracy>=0.3
+  $ trtkv bench smollm2_fp8kv --protocol http --tasks none bench.concurrency=[1,2,4] bench.num_requests=32
+  $ trtkv bench llama70b_fp8kv --url gpu-host:8001
+
+exit codes: 0 all SLOs met, 1 an SLO failed (table printed), 2 usage/endpoint error, 130 interrupted (partial
+results written). URL: --url, else engines/<recipe>/serve/server.json, else the recipe's triton host and port.
+"""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "bench", "bench stage (not built yet)", "  $ trtkv bench smollm2_fp8kv\n")
+    p = subparser(sub, "bench", "benchmark a served recipe: TTFT/ITL/throughput sweep, accuracy tasks, SLOs", EXAMPLES)
     add_recipe_args(p)
+    p.add_argument("--url", help="HOST:PORT of the server (gRPC port, or HTTP port with --protocol http)")
+    p.add_argument("--protocol", choices=["grpc", "http"], help="gRPC streaming (default: the recipe's bench.protocol) "
+                   "or HTTP generate_stream (SSE)")
+    p.add_argument("--model", default="ensemble", help="model name on the server (default: ensemble)")
+    p.add_argument("--slo", action="append", default=[], metavar="METRIC.STAT<=VALUE",
+                   help="an SLO on top of the recipe's bench.thresholds, e.g. time_to_first_token.p99<=500, "
+                        "quiz.accuracy>=0.3, request_errors.failed<=0 (repeatable)")
+    p.add_argument("--tasks", help="accuracy tasks, comma separated (quiz,golden,needle) or `none` "
+                                   "(default: the recipe's bench.tasks)")
+    p.add_argument("--no-latency", action="store_true", help="skip the latency sweep (accuracy tasks only)")
+    p.add_argument("--golden-prompts", type=int, default=8, help="prompts in the golden-agreement task (default 8)")
+    p.add_argument("--output", type=Path, help="results folder (default: engines/<recipe>/bench)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    print("trtkv bench: not built yet")
-    return 3
+    from trtkv.bench.runner import BenchOptions, run_bench
+    from trtkv.errors import TrtkvError
+    from trtkv.recipe import BenchTask
+
+    tasks = None
+    if args.tasks is not None:
+        tasks = [t.strip() for t in args.tasks.split(",") if t.strip() and t.strip() != "none"]
+        allowed = [t.value for t in BenchTask]
+        bad = [t for t in tasks if t not in allowed]
+        if bad:
+            raise TrtkvError(f"--tasks {args.tasks!r}: unknown task {bad[0]!r}. Allowed: {', '.join(allowed)}, none.")
+    if args.golden_prompts < 1:
+        raise TrtkvError(f"--golden-prompts {args.golden_prompts}: must be >= 1.")
+    recipe = load(args)
+    opts = BenchOptions(url=args.url, protocol=args.protocol, model=args.model, slos=list(args.slo), tasks=tasks,
+                        latency=not args.no_latency, golden_prompts=args.golden_prompts, output=args.output,
+                        progress=not args.no_progress)
+    return run_bench(recipe, opts).exit_code

@@ -1,0 +1,312 @@
+"""Streaming clients for the Triton ensemble: gRPC bidirectional streaming (tritonclient) or HTTP generate_stream (SSE).
+
+A session carries one request at a time, so every response (and every error, which gRPC streams deliver without a
+request id) belongs to the request in flight. The response callback only timestamps and keeps the text; tokens are
+counted after the run, off the hot path.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from trtkv.bench.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord
+from trtkv.errors import TrtkvError
+
+DEFAULT_MODEL = "ensemble"
+
+
+@dataclass
+class Endpoint:
+    """Where and how to talk to the server; `inputs`/`max_batch_size` come from the model's config."""
+
+    url: str  # host:port
+    protocol: str = "grpc"
+    model: str = DEFAULT_MODEL
+    inputs: dict[str, str] = field(default_factory=dict)  # name -> datatype (TYPE_ prefix stripped)
+    max_batch_size: int = 0
+    source: str = ""  # where the URL came from (--url, server.json, recipe)
+
+    @property
+    def display(self) -> str:
+        return f"{self.protocol}://{self.url}"
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 0.0
+    top_k: int = 1
+    top_p: float = 1.0
+
+
+def now_ns() -> int:
+    return time.perf_counter_ns()
+
+
+# -----------------------------------------------------------------------------------------------------------------
+# Readiness
+
+
+def check_endpoint(ep: Endpoint, timeout_s: float = 10.0) -> Endpoint:
+    """Server live and model ready, else a TrtkvError naming the URL; fills the model's inputs from its config."""
+    try:
+        if ep.protocol == "grpc":
+            config = _grpc_config(ep, timeout_s)
+        else:
+            config = _http_config(ep, timeout_s)
+    except TrtkvError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - connection errors come in many types; all mean "not reachable"
+        raise TrtkvError(f"no Triton server answers at {ep.display} ({type(exc).__name__}: {_first_line(exc)}). "
+                         f"Next: start it with `trtkv serve RECIPE` (or `make serve`), or pass --url HOST:PORT "
+                         f"(URL from {ep.source or 'default'}).") from None
+    ep.max_batch_size = int(config.get("max_batch_size", 0))
+    ep.inputs = {i["name"]: str(i.get("data_type", "")).replace("TYPE_", "") for i in config.get("input", [])}
+    missing = [n for n in ("text_input", "max_tokens") if n not in ep.inputs]
+    if missing:
+        raise TrtkvError(f"model {ep.model!r} at {ep.display} has no input(s) {', '.join(missing)}; trtkv bench needs "
+                         f"the ensemble interface (text_input, max_tokens, stream -> text_output).")
+    return ep
+
+
+def _not_ready(ep: Endpoint, index: list[dict[str, Any]]) -> TrtkvError:
+    states = ", ".join(f"{m.get('name')}={m.get('state', '?')}" for m in index) or "none loaded"
+    return TrtkvError(f"the server at {ep.display} is up but model {ep.model!r} is not ready (models: {states}). "
+                      f"Next: check the server log (engines/<recipe>/serve/), or wait until it has loaded.")
+
+
+def _grpc_config(ep: Endpoint, timeout_s: float) -> dict[str, Any]:
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(ep.url)
+    try:
+        if not client.is_server_live(client_timeout=timeout_s):
+            raise TrtkvError(f"the Triton server at {ep.display} answers but is not live.")
+        if not client.is_model_ready(ep.model, client_timeout=timeout_s):
+            index = client.get_model_repository_index(as_json=True, client_timeout=timeout_s).get("models", [])
+            raise _not_ready(ep, index)
+        config: dict[str, Any] = client.get_model_config(ep.model, as_json=True, client_timeout=timeout_s)["config"]
+        return config
+    finally:
+        client.close()
+
+
+def _http_config(ep: Endpoint, timeout_s: float) -> dict[str, Any]:
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(ep.url, connection_timeout=timeout_s, network_timeout=timeout_s)
+    try:
+        if not client.is_server_live():
+            raise TrtkvError(f"the Triton server at {ep.display} answers but is not live.")
+        if not client.is_model_ready(ep.model):
+            raise _not_ready(ep, client.get_model_repository_index())
+        config: dict[str, Any] = client.get_model_config(ep.model)
+        return config
+    finally:
+        client.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__
+
+
+# -----------------------------------------------------------------------------------------------------------------
+# Sessions
+
+
+class Session:
+    """One connection carrying one request at a time; `run` fills the record and returns when it is done."""
+
+    def run(self, record: RequestRecord, prompt: str, params: SamplingParams, timeout_s: float) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+def _bytes_element(raw: bytes) -> str:
+    """The first element of a serialized BYTES tensor (4-byte little-endian length, then the bytes)."""
+    if len(raw) < 4:
+        return ""
+    n = int.from_bytes(raw[:4], "little")
+    return raw[4:4 + n].decode("utf-8", errors="replace")
+
+
+class GrpcSession(Session):
+    """tritonclient gRPC bidirectional stream to a decoupled model, with empty final responses enabled."""
+
+    def __init__(self, ep: Endpoint) -> None:
+        import numpy as np
+        import tritonclient.grpc as grpcclient
+
+        self._np, self._grpc, self.ep = np, grpcclient, ep
+        self._client = grpcclient.InferenceServerClient(ep.url)
+        self._pending: RequestRecord | None = None
+        self._done = threading.Event()
+        self._client.start_stream(callback=self._on_response)
+        self._count = 0
+
+    def _on_response(self, result: Any, error: Any) -> None:
+        t = now_ns()
+        rec = self._pending
+        if rec is None:
+            return
+        if error is not None:
+            rec.status, rec.error, rec.end_ns = ERROR, _first_line(error), t
+            self._done.set()
+            return
+        resp = result.get_response()
+        if resp.raw_output_contents:
+            rec.response_ns.append(t)
+            rec.response_texts.append(_bytes_element(resp.raw_output_contents[0]))
+        if resp.parameters["triton_final_response"].bool_param:
+            rec.status, rec.end_ns = OK, t
+            self._done.set()
+
+    def _inputs(self, prompt: str, params: SamplingParams) -> list[Any]:
+        np, grpcclient, ep = self._np, self._grpc, self.ep
+        lead = [1] if ep.max_batch_size > 0 else []
+        values: dict[str, tuple[Any, str]] = {
+            "text_input": (np.array([prompt.encode("utf-8")], dtype=np.object_), "BYTES"),
+            "max_tokens": (np.array([params.max_tokens], dtype=np.int32), "INT32"),
+            "stream": (np.array([True], dtype=bool), "BOOL"),
+            "temperature": (np.array([params.temperature], dtype=np.float32), "FP32"),
+            "top_k": (np.array([params.top_k], dtype=np.int32), "INT32"),
+            "top_p": (np.array([params.top_p], dtype=np.float32), "FP32"),
+        }
+        inputs = []
+        for name, (arr, dtype) in values.items():
+            if name not in ep.inputs:
+                continue
+            arr = arr.reshape(lead + [1])
+            item = grpcclient.InferInput(name, list(arr.shape), dtype)
+            item.set_data_from_numpy(arr)
+            inputs.append(item)
+        return inputs
+
+    def run(self, record: RequestRecord, prompt: str, params: SamplingParams, timeout_s: float) -> None:
+        inputs = self._inputs(prompt, params)
+        self._count += 1
+        self._done.clear()
+        self._pending = record
+        record.send_ns = now_ns()
+        try:
+            self._client.async_stream_infer(self.ep.model, inputs, request_id=record.request_id,
+                                            enable_empty_final_response=True)
+        except Exception as exc:  # noqa: BLE001 - a broken stream: the request failed, a new stream is opened
+            record.status, record.error, record.end_ns = ERROR, _first_line(exc), now_ns()
+            self._restart()
+            return
+        try:
+            finished = self._wait(timeout_s)
+        except KeyboardInterrupt:
+            record.status, record.error, record.end_ns = CANCELLED, "interrupted (Ctrl-C)", now_ns()
+            self._pending = None
+            raise
+        if not finished:
+            record.status, record.error, record.end_ns = TIMEOUT, f"no final response within {timeout_s:g} s", now_ns()
+            self._restart()
+        elif record.status == ERROR:
+            self._restart()
+        self._pending = None
+
+    def _wait(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while not self._done.wait(timeout=min(0.5, max(0.0, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline:
+                return False
+        return True
+
+    def _restart(self) -> None:
+        """Cancel what is in flight and open a fresh stream (late responses of the old one are dropped)."""
+        self._pending = None
+        self._client.stop_stream(cancel_requests=True)
+        self._client.start_stream(callback=self._on_response)
+
+    def close(self) -> None:
+        self._pending = None
+        self._client.stop_stream(cancel_requests=True)
+        self._client.close()
+
+
+class HttpSession(Session):
+    """HTTP `POST v2/models/<model>/generate_stream` (server-sent events), one keep-alive connection."""
+
+    def __init__(self, ep: Endpoint) -> None:
+        self.ep = ep
+        host, _, port = ep.url.rpartition(":")
+        self._host, self._port = host or "127.0.0.1", int(port)
+        self._conn: http.client.HTTPConnection | None = None
+
+    def _connection(self, timeout_s: float) -> http.client.HTTPConnection:
+        if self._conn is None:
+            self._conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout_s)
+        return self._conn
+
+    def _body(self, prompt: str, params: SamplingParams) -> bytes:
+        body: dict[str, Any] = {"text_input": prompt, "max_tokens": params.max_tokens, "stream": True,
+                                "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p}
+        return json.dumps({k: v for k, v in body.items() if k in self.ep.inputs}).encode()
+
+    def run(self, record: RequestRecord, prompt: str, params: SamplingParams, timeout_s: float) -> None:
+        body = self._body(prompt, params)
+        path = f"/v2/models/{self.ep.model}/generate_stream"
+        deadline = time.monotonic() + timeout_s
+        record.send_ns = now_ns()
+        try:
+            conn = self._connection(timeout_s)
+            conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                detail = resp.read().decode(errors="replace")[:300]
+                record.status, record.error, record.end_ns = ERROR, f"HTTP {resp.status}: {detail}", now_ns()
+                return
+            self._read_events(resp, record, deadline, timeout_s)
+        except TimeoutError:
+            record.status, record.error, record.end_ns = TIMEOUT, f"no response within {timeout_s:g} s", now_ns()
+            self.close()
+        except (OSError, http.client.HTTPException) as exc:
+            record.status, record.error, record.end_ns = ERROR, _first_line(exc), now_ns()
+            self.close()
+        except KeyboardInterrupt:
+            record.status, record.error, record.end_ns = CANCELLED, "interrupted (Ctrl-C)", now_ns()
+            self.close()
+            raise
+
+    def _read_events(self, resp: http.client.HTTPResponse, record: RequestRecord, deadline: float,
+                     timeout_s: float) -> None:
+        for line in resp:
+            t = now_ns()
+            if not line.startswith(b"data:"):
+                continue
+            event = json.loads(line[5:])
+            if "error" in event:
+                record.status, record.error, record.end_ns = ERROR, str(event["error"])[:300], t
+                self.close()
+                return
+            text = event.get("text_output")
+            if isinstance(text, list):
+                text = text[0] if text else ""
+            record.response_ns.append(t)
+            record.response_texts.append(str(text or ""))
+            if time.monotonic() > deadline:
+                record.status, record.error, record.end_ns = TIMEOUT, f"not finished within {timeout_s:g} s", t
+                self.close()
+                return
+        record.status, record.end_ns = OK, now_ns()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def session_factory(ep: Endpoint) -> Callable[[], Session]:
+    return (lambda: GrpcSession(ep)) if ep.protocol == "grpc" else (lambda: HttpSession(ep))

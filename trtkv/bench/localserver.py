@@ -1,0 +1,162 @@
+"""Start the tritonserver bundled in nvidia-pytriton on a given model repository (tests and the cross-check).
+
+`trtkv serve` is the user-facing launcher; this small helper only exists so the benchmark's own tests and the
+cross-check can serve the trivial repository on 127.0.0.1 and stop it by its pid.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from trtkv.errors import StageError
+from trtkv.tools import tail
+
+
+@dataclass
+class LocalServer:
+    proc: subprocess.Popen
+    host: str
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    log: Path
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM by pid, SIGKILL if it has not exited in time."""
+        if self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+def pytriton_dir() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise StageError("nvidia-pytriton is not installed (it bundles tritonserver). Next: make install.")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def backend_dir(work: Path) -> Path:
+    """A backend folder `python/` linking the bundled Python backend and the stub for this interpreter."""
+    root = pytriton_dir() / "tritonserver"
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    links = {
+        "libtriton_python.so": root / "backends/python/libtriton_python.so",
+        "triton_python_backend_utils.py": root / "backends/python/triton_python_backend_utils.py",
+        "triton_python_backend_stub": root / "python_backend_stubs" / py / "triton_python_backend_stub",
+    }
+    out = work / "backends"
+    (out / "python").mkdir(parents=True, exist_ok=True)
+    for name, target in links.items():
+        link = out / "python" / name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(target)
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def start(repository: Path, work: Path, *, ports: tuple[int, int, int] | None = None, host: str = "127.0.0.1",
+          timeout_s: float = 120.0, extra_args: tuple[str, ...] = ()) -> LocalServer:
+    """Start tritonserver on `repository` and wait until it is ready (a StageError with the log tail otherwise)."""
+    work.mkdir(parents=True, exist_ok=True)
+    http_port, grpc_port, metrics_port = ports or (free_port(), free_port(), free_port())
+    busy = [p for p in (http_port, grpc_port, metrics_port) if port_in_use(host, p)]
+    if busy:
+        raise StageError(f"port(s) {busy} on {host} are already in use; another server may be running there. "
+                         f"Next: stop it, or pick other ports.")
+    binary = pytriton_dir() / "tritonserver" / "bin" / "tritonserver"
+    cmd = [str(binary), f"--model-repository={repository}", f"--backend-directory={backend_dir(work)}",
+           f"--http-address={host}", f"--http-port={http_port}", f"--grpc-address={host}", f"--grpc-port={grpc_port}",
+           f"--metrics-address={host}", f"--metrics-port={metrics_port}", "--pinned-memory-pool-byte-size=0",
+           "--allow-gpu-metrics=false", "--log-verbose=0", "--exit-timeout-secs=5", *extra_args]
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, env.get("LD_LIBRARY_PATH", "")) if p)
+    log = work / "tritonserver.log"
+    with log.open("w") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    server = LocalServer(proc, host, http_port, grpc_port, metrics_port, log)
+    _wait_ready(server, timeout_s)
+    return server
+
+
+def _wait_ready(server: LocalServer, timeout_s: float) -> None:
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    url = f"http://{server.http_url}/v2/health/ready"
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise StageError(f"tritonserver exited with code {server.proc.returncode}; log {server.log}:\n{tail(server.log)}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200 and server.proc.poll() is None:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.3)
+    server.stop()
+    raise StageError(f"tritonserver not ready after {timeout_s:g} s; log {server.log}:\n{tail(server.log)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m trtkv.bench.localserver REPO [--ports H,G,M]`: serve in the foreground until Ctrl-C/SIGTERM."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("repository", type=Path)
+    ap.add_argument("--ports", default="18000,18001,18002", help="HTTP,gRPC,metrics ports")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/trtkv-localserver"))
+    args = ap.parse_args(argv)
+    http, grpc, metrics = (int(p) for p in args.ports.split(","))
+    server = start(args.repository.resolve(), args.work, ports=(http, grpc, metrics))
+    print(f"ready: pid {server.proc.pid}, grpc {server.grpc_url}, http {server.http_url}, log {server.log}", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        while server.proc.poll() is None:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

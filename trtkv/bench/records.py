@@ -1,0 +1,92 @@
+"""One request's raw record and the per-request metrics derived from it (GenAI-Perf definitions)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+OK, ERROR, TIMEOUT, CANCELLED, NOT_SENT = "ok", "error", "timeout", "cancelled", "not_sent"
+
+
+@dataclass
+class RequestRecord:
+    """Times are ns on the run's monotonic clock (perf_counter_ns minus the run's start)."""
+
+    request_id: str
+    phase: str  # "warmup", "latency", or an accuracy task name
+    level: str  # "concurrency=2", "rate=4.0/s", or the task name
+    prompt_index: int
+    input_tokens: int
+    max_tokens: int
+    send_ns: int = 0
+    response_ns: list[int] = field(default_factory=list)
+    response_texts: list[str] = field(default_factory=list)
+    response_tokens: list[int] = field(default_factory=list)
+    end_ns: int | None = None
+    status: str = "pending"
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+    @property
+    def text(self) -> str:
+        return "".join(self.response_texts)
+
+    def content_indices(self) -> list[int]:
+        """Responses that carried at least one token (an empty final response carries none)."""
+        return [i for i, n in enumerate(self.response_tokens) if n > 0]
+
+    def output_tokens(self) -> int:
+        return sum(self.response_tokens)
+
+    def ttft_ms(self) -> float | None:
+        idx = self.content_indices()
+        return (self.response_ns[idx[0]] - self.send_ns) / 1e6 if idx else None
+
+    def request_latency_ms(self) -> float | None:
+        if not self.response_ns:
+            return None
+        return (self.response_ns[-1] - self.send_ns) / 1e6
+
+    def itl_ms(self) -> float | None:
+        """Gaps between content responses, each divided by the tokens in the later one, token-weighted per request."""
+        idx = self.content_indices()
+        if len(idx) < 2:
+            return None
+        gap_ns = self.response_ns[idx[-1]] - self.response_ns[idx[0]]
+        later_tokens = sum(self.response_tokens[i] for i in idx[1:])
+        return gap_ns / later_tokens / 1e6
+
+    def itl_gaps_ms(self) -> list[float]:
+        """Each gap between consecutive content responses ÷ tokens in the later one."""
+        idx = self.content_indices()
+        pairs = zip(idx, idx[1:], strict=False)
+        return [(self.response_ns[b] - self.response_ns[a]) / self.response_tokens[b] / 1e6 for a, b in pairs]
+
+    def to_json(self) -> dict[str, Any]:
+        """The raw record as written to results.json (times in ms since the run started)."""
+        data = asdict(self)
+        data.pop("response_ns")
+        data.pop("send_ns")
+        data.pop("end_ns")
+        data["send_time_ms"] = self.send_ns / 1e6
+        data["response_times_ms"] = [t / 1e6 for t in self.response_ns]
+        idx = self.content_indices()
+        data["first_token_time_ms"] = self.response_ns[idx[0]] / 1e6 if idx else None
+        data["end_time_ms"] = None if self.end_ns is None else self.end_ns / 1e6
+        data["output_tokens"] = self.output_tokens()
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RequestRecord:
+        rec = cls(request_id=data["request_id"], phase=data["phase"], level=data["level"],
+                  prompt_index=data["prompt_index"], input_tokens=data["input_tokens"], max_tokens=data["max_tokens"])
+        rec.send_ns = round(data["send_time_ms"] * 1e6)
+        rec.response_ns = [round(t * 1e6) for t in data["response_times_ms"]]
+        rec.response_texts = list(data["response_texts"])
+        rec.response_tokens = list(data["response_tokens"])
+        rec.end_ns = None if data.get("end_time_ms") is None else round(data["end_time_ms"] * 1e6)
+        rec.status, rec.error = data["status"], data.get("error", "")
+        return rec

@@ -1,0 +1,212 @@
+"""Result files (results.json, results.csv, requests.csv, results.md) and the one-screen console summary."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from trtkv.bench.metrics import REQUEST_METRICS, SYSTEM_METRICS
+from trtkv.bench.stats import STATS
+
+TOKEN_COUNTING = (
+    "Output tokens are counted by tokenizing each streamed response's text with the model's own tokenizer "
+    "(no special tokens); a request's output_sequence_length is the sum over its responses. The ensemble's only "
+    "output is text_output (the TensorRT-LLM backend interface has no per-response token count), so this is what "
+    "GenAI-Perf does too. trtkv's reference model sends one response per token and holds back partial UTF-8 "
+    "characters, so each response decodes on its own; `token_count_check` reports how often the per-response sum "
+    "equals the token count of the whole output text. inter_token_latency per request = (last content response - "
+    "first content response) / tokens after the first response, i.e. each gap divided by the tokens of the later "
+    "response, token-weighted."
+)
+
+
+def _num(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+def _clean(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_clean(v) for v in obj]
+    return _num(obj)
+
+
+def write_json(path: Path, results: dict[str, Any]) -> None:
+    path.write_text(json.dumps(_clean(results), indent=1, allow_nan=False) + "\n")
+
+
+def write_csv(path: Path, results: dict[str, Any]) -> None:
+    """One row per (level, metric) with GenAI-Perf's stats, then one row per accuracy figure."""
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["level", "metric", "unit", *STATS, "count"])
+        for level, summary in results.get("levels", {}).items():
+            for name in REQUEST_METRICS:
+                m = summary[name]
+                w.writerow([level, name, m["unit"], *(_fmt_csv(m.get(s)) for s in STATS), m.get("count")])
+            for name in SYSTEM_METRICS:
+                m = summary[name]
+                w.writerow([level, name, m["unit"], _fmt_csv(m["avg"]), *[""] * (len(STATS) - 1), ""])
+            counts = summary["request_count"]
+            w.writerow([level, "failed_requests", "requests", counts["failed"], *[""] * (len(STATS) - 1), counts["total"]])
+        for task, acc in results.get("accuracy", {}).items():
+            for stat in ("accuracy", "agreement", "exact_match"):
+                if stat in acc:
+                    w.writerow([task, f"{task}.{stat}", "fraction", _fmt_csv(acc[stat]), *[""] * (len(STATS) - 1),
+                                acc.get("total")])
+
+
+def write_requests_csv(path: Path, records: list[dict[str, Any]]) -> None:
+    """Every request, one row: the figures each metric is computed from."""
+    cols = ["request_id", "phase", "level", "status", "error", "input_tokens", "max_tokens", "output_tokens",
+            "send_time_ms", "first_token_time_ms", "end_time_ms", "responses"]
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(cols)
+        for r in records:
+            w.writerow([r["request_id"], r["phase"], r["level"], r["status"], r["error"], r["input_tokens"],
+                        r["max_tokens"], r["output_tokens"], _fmt_csv(r["send_time_ms"]),
+                        _fmt_csv(r["first_token_time_ms"]), _fmt_csv(r["end_time_ms"]), len(r["response_times_ms"])])
+
+
+def _fmt_csv(value: Any) -> Any:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return round(value, 4) if isinstance(value, float) else value
+
+
+def _f(value: Any, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+LEVEL_COLUMNS = [
+    ("TTFT avg", "time_to_first_token", "avg"), ("TTFT p99", "time_to_first_token", "p99"),
+    ("ITL avg", "inter_token_latency", "avg"), ("ITL p99", "inter_token_latency", "p99"),
+    ("latency avg", "request_latency", "avg"), ("latency p99", "request_latency", "p99"),
+    ("ISL", "input_sequence_length", "avg"), ("OSL", "output_sequence_length", "avg"),
+    ("tok/s", "output_token_throughput", "avg"), ("req/s", "request_throughput", "avg"),
+]
+
+
+def level_rows(results: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for level, s in results.get("levels", {}).items():
+        counts = s["request_count"]
+        rows.append([level, *(_f(s[m].get(st), 2 if m.endswith("throughput") else 1) for _, m, st in LEVEL_COLUMNS),
+                     f"{counts['failed']}/{counts['total']}"])
+    return rows
+
+
+def accuracy_rows(results: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for task, acc in results.get("accuracy", {}).items():
+        if "error" in acc:
+            rows.append([task, "—", "—", f"not run: {acc['error']}"])
+            continue
+        main = "agreement" if task == "golden" else "accuracy"
+        extra = f"exact match {acc['exact_match']:.2f}" if task == "golden" else f"{acc['correct']}/{acc['total']} correct"
+        if task == "needle":
+            extra += "; by context: " + ", ".join(f"{k}: {v:.2f}" for k, v in acc.get("by_context_length", {}).items())
+        rows.append([task, f"{task}.{main}", f"{acc[main]:.3f}", f"{extra}; failed requests {acc['failed']}"])
+    return rows
+
+
+def slo_rows(results: dict[str, Any], failed_only: bool = False) -> list[list[str]]:
+    rows = []
+    for r in results.get("slo", {}).get("results", []):
+        if failed_only and r["passed"]:
+            continue
+        measured = "not measured" if r["measured"] is None else f"{r['measured']:.4g}"
+        rows.append([r["slo"], r["source"], r["where"], measured, "pass" if r["passed"] else "FAIL"])
+    return rows
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_md(path: Path, results: dict[str, Any], plots: list[str]) -> None:
+    ep, wl = results["endpoint"], results["workload"]
+    parts = [f"# trtkv bench: {results['recipe']}", ""]
+    if results.get("partial"):
+        parts += [f"**Partial results**: the run was interrupted ({results.get('interrupted_during')}).", ""]
+    parts += [f"- endpoint: `{ep['protocol']}://{ep['url']}` model `{ep['model']}` (URL from {ep['source']})",
+              f"- started {results['started_at']}, {results['wall_seconds']:.1f} s",
+              f"- workload: {wl['input_tokens']} input tokens (exact, cut from the evaluation text), max_tokens "
+              f"{wl['output_tokens']}, {wl['num_requests']} measured requests per level after {wl['warmup_requests']} "
+              f"warm-up (excluded), {wl['mode']}",
+              f"- KV cache: {results.get('kv_cache', '?')}; times in ms, throughput per second", ""]
+    if results.get("levels"):
+        header = ["level", *(c for c, _, _ in LEVEL_COLUMNS), "failed"]
+        parts += ["## Latency and throughput (GenAI-Perf metric names)", "", _md_table(header, level_rows(results)), ""]
+        parts += ["Full statistics (avg, min, max, std, p50, p90, p95, p99) per metric and level: `results.csv` and "
+                  "`results.json`; every request's raw record: `results.json` (`records`) and `requests.csv`.", ""]
+    if results.get("accuracy"):
+        parts += ["## Accuracy", "", _md_table(["task", "metric", "value", "details"], accuracy_rows(results)), ""]
+        for task, acc in results["accuracy"].items():
+            for note in acc.get("notes", []):
+                parts.append(f"- {task}: {note}")
+        parts.append("")
+    slo = results.get("slo", {})
+    if slo.get("results"):
+        verdict = "all passed" if slo["passed"] else "FAILED"
+        parts += [f"## SLOs: {verdict}", "", _md_table(["slo", "from", "where", "measured", "result"], slo_rows(results)), ""]
+    check = results.get("token_count_check")
+    parts += ["## How tokens are counted", "", TOKEN_COUNTING, ""]
+    if check:
+        parts += [f"token_count_check: {check['equal']}/{check['requests']} requests' per-response sums equal the "
+                  f"whole text's token count (max difference {check['max_abs_diff']}).", ""]
+    if plots:
+        parts += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
+    path.write_text("\n".join(parts))
+
+
+def console_summary(results: dict[str, Any], out_dir: Path | None) -> None:
+    """One screen: per-level table, accuracy, SLO verdict and where the files are."""
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    if not con.is_terminal:
+        con = Console(width=160)
+    ep = results["endpoint"]
+    title = f"trtkv bench {results['recipe']} @ {ep['protocol']}://{ep['url']} ({ep['model']})"
+    if results.get("levels"):
+        table = Table(title=title + " — ms, tokens, per second", show_lines=False)
+        for col in ["level", *(c for c, _, _ in LEVEL_COLUMNS), "failed"]:
+            table.add_column(col, justify="right" if col != "level" else "left")
+        for row in level_rows(results):
+            table.add_row(*row)
+        con.print(table)
+    if results.get("accuracy"):
+        table = Table(title="accuracy")
+        for col in ("task", "metric", "value", "details"):
+            table.add_column(col)
+        for row in accuracy_rows(results):
+            table.add_row(*row)
+        con.print(table)
+    slo = results.get("slo", {})
+    failed = slo_rows(results, failed_only=True)
+    if failed:
+        table = Table(title="SLO breaches", style="red")
+        for col in ("slo", "from", "where", "measured", "result"):
+            table.add_column(col)
+        for row in failed:
+            table.add_row(*row)
+        con.print(table)
+    elif slo.get("results"):
+        con.print(f"SLOs: all {len(slo['results'])} checks passed")
+    if results.get("partial"):
+        con.print(f"[yellow]interrupted during {results.get('interrupted_during')}: partial results written[/yellow]")
+    if out_dir is not None:
+        con.print(f"results: {out_dir}/results.json, results.csv, results.md, *.png")

@@ -1,0 +1,325 @@
+"""`trtkv bench` end to end: endpoint, workload, latency sweep, accuracy tasks, SLOs, result files."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trtkv import paths
+from trtkv.bench import accuracy as acc_tasks
+from trtkv.bench import plots, results, slo
+from trtkv.bench.client import DEFAULT_MODEL, Endpoint, SamplingParams, check_endpoint, now_ns, session_factory
+from trtkv.bench.loadgen import Interrupted, Job, run_concurrency, run_rate
+from trtkv.bench.metrics import summarize_level
+from trtkv.bench.prompts import count_tokens, latency_prompts, load_tokenizer, long_text, prompt_tokens, tokenizer_dir
+from trtkv.bench.records import RequestRecord
+from trtkv.errors import TrtkvError
+from trtkv.recipe import Recipe
+
+EXIT_SLO_FAILED = 1
+EXIT_INTERRUPTED = 130
+
+
+@dataclass
+class BenchOptions:
+    url: str | None = None
+    protocol: str | None = None
+    model: str = DEFAULT_MODEL
+    slos: list[str] = field(default_factory=list)
+    tasks: list[str] | None = None  # None: the recipe's bench.tasks
+    latency: bool = True
+    golden_prompts: int = 8
+    output: Path | None = None
+    progress: bool = True
+
+
+@dataclass
+class BenchOutcome:
+    exit_code: int
+    output: Path
+    results: dict[str, Any]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Endpoint
+
+
+def resolve_endpoint(recipe: Recipe, url: str | None, protocol: str | None, model: str) -> Endpoint:
+    """--url, else engines/<recipe>/serve/server.json, else the recipe's triton host and port."""
+    proto = (protocol or recipe.bench.protocol.value).lower()
+    if proto not in ("grpc", "http"):
+        raise TrtkvError(f"--protocol {protocol!r}: allowed grpc, http.")
+    if url:
+        text = url.split("://", 1)[-1].rstrip("/")
+        if ":" not in text:
+            raise TrtkvError(f"--url {url!r}: expected HOST:PORT, e.g. 127.0.0.1:8001 (gRPC) or :8000 (HTTP).")
+        return Endpoint(text, proto, model, source="--url")
+    server_json = paths.recipe_output_dir(recipe.name) / "serve" / "server.json"
+    if server_json.is_file():
+        try:
+            info = json.loads(server_json.read_text())
+            host = info["host"] if info["host"] not in ("0.0.0.0", "") else "127.0.0.1"
+            port = info["grpc_port"] if proto == "grpc" else info["http_port"]
+            return Endpoint(f"{host}:{port}", proto, model, source=str(server_json))
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise TrtkvError(f"{server_json} is unreadable ({exc}). Next: pass --url HOST:PORT.") from exc
+    port = recipe.triton.grpc_port if proto == "grpc" else recipe.triton.http_port
+    return Endpoint(f"{recipe.triton.host}:{port}", proto, model, source="recipe triton.host/port")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Progress
+
+
+class _Progress:
+    """A rich progress bar per phase (or nothing); `advance` is safe from worker threads."""
+
+    def __init__(self, enabled: bool) -> None:
+        self._bar: Any = None
+        if enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), transient=False)
+
+    def __enter__(self) -> _Progress:
+        if self._bar is not None:
+            self._bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+    def phase(self, name: str, total: int) -> Callable[[RequestRecord], None]:
+        if self._bar is None:
+            return lambda r: None
+        task = self._bar.add_task(name, total=total)
+        return lambda r: self._bar.advance(task)
+
+    def log(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.console.print(text)
+        else:
+            print(text, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Run
+
+
+def _latency_jobs(prompts: Sequence[str], isl: Sequence[int], phase: str, level: str, start: int, count: int,
+                  max_tokens: int) -> list[Job]:
+    jobs = []
+    for k in range(count):
+        i = (start + k) % len(prompts)
+        rec = RequestRecord(f"{level}-{phase}-{k}", phase, level, i, isl[i], max_tokens)
+        jobs.append(Job(rec, prompts[i], SamplingParams(max_tokens=max_tokens)))
+    return jobs
+
+
+def _levels(recipe: Recipe) -> list[tuple[str, float, str]]:
+    """(label, value, mode) per level: a concurrency sweep, or one request rate."""
+    if recipe.bench.request_rate:
+        return [(f"rate={recipe.bench.request_rate:g}/s", recipe.bench.request_rate, "rate")]
+    return [(f"concurrency={c}", float(c), "concurrency") for c in recipe.bench.concurrency]
+
+
+def run_latency(recipe: Recipe, ep: Endpoint, tokenizer: Any, progress: _Progress, records: list[RequestRecord],
+                by_level: dict[str, list[RequestRecord]]) -> None:
+    """Warm-up then measured requests at each level; `records` and `by_level` fill as levels finish (or stop)."""
+    b = recipe.bench
+    prompts = latency_prompts(tokenizer, b.num_requests, b.input_tokens)
+    isl = [prompt_tokens(tokenizer, p) for p in prompts]
+    factory = session_factory(ep)
+    for label, value, mode in _levels(recipe):
+        conc = int(value) if mode == "concurrency" else max(1, round(value))
+        warm = max(b.warmup_requests, conc) if b.warmup_requests else 0
+        for phase, count in (("warmup", warm), ("latency", b.num_requests)):
+            if count == 0:
+                continue
+            jobs = _latency_jobs(prompts, isl, phase, label, 0, count, b.output_tokens)
+            done = progress.phase(f"{phase} {label}", len(jobs))
+            try:
+                if mode == "concurrency":
+                    recs = run_concurrency(factory, jobs, conc, b.request_timeout_s, done)
+                else:
+                    recs = run_rate(factory, jobs, value, b.request_timeout_s, on_done=done)
+            except Interrupted as stop:
+                records.extend(stop.records)
+                if phase == "latency":
+                    by_level[label] = stop.records
+                raise
+            records.extend(recs)
+            if phase == "latency":
+                by_level[label] = recs
+
+
+def build_tasks(recipe: Recipe, tokenizer: Any, names: Sequence[str], golden_prompts: int,
+                log: Callable[[str], None]) -> tuple[list[acc_tasks.Task], dict[str, dict[str, Any]]]:
+    """The accuracy tasks asked for; one that cannot be prepared is reported (not run), never silently skipped."""
+    from trtkv.data import quiz_items
+
+    tasks: list[acc_tasks.Task] = []
+    failed: dict[str, dict[str, Any]] = {}
+    b = recipe.bench
+    for name in names:
+        try:
+            if name == "quiz":
+                tasks.append(acc_tasks.quiz_task(tokenizer, quiz_items(), b.quiz_items))
+            elif name == "golden":
+                from trtkv.model import resolve_model_dir
+
+                prompts = latency_prompts(tokenizer, golden_prompts, b.input_tokens)
+                path = paths.recipe_output_dir(recipe.name) / "golden.json"
+                tasks.append(acc_tasks.golden_task(tokenizer, prompts, b.output_tokens, path,
+                                                   resolve_model_dir(recipe), log=log))
+            elif name == "needle":
+                tasks.append(acc_tasks.needle_task(tokenizer, long_text(), b.needle_context_lengths,
+                                                   recipe.probe.needle_depths, recipe.build.max_seq_len))
+        except TrtkvError as exc:
+            failed[name] = {"error": str(exc)}
+    return tasks, failed
+
+
+def run_accuracy(recipe: Recipe, ep: Endpoint, tasks: list[acc_tasks.Task], progress: _Progress,
+                 records: list[RequestRecord]) -> dict[str, list[RequestRecord]]:
+    factory = session_factory(ep)
+    conc = max(recipe.bench.concurrency)
+    out: dict[str, list[RequestRecord]] = {}
+    for task in tasks:
+        done = progress.phase(f"accuracy {task.name}", len(task.jobs))
+        try:
+            recs = run_concurrency(factory, task.jobs, conc, recipe.bench.request_timeout_s, done)
+        except Interrupted as stop:
+            records.extend(stop.records)
+            raise
+        records.extend(recs)
+        out[task.name] = recs
+    return out
+
+
+def count_response_tokens(tokenizer: Any, records: Sequence[RequestRecord]) -> dict[str, int]:
+    """Fill each record's per-response token counts; compare their sum with the whole text's count."""
+    equal, diffs = 0, []
+    for rec in records:
+        rec.response_tokens = [count_tokens(tokenizer, t) for t in rec.response_texts]
+        if rec.ok:
+            diff = rec.output_tokens() - count_tokens(tokenizer, rec.text)
+            diffs.append(abs(diff))
+            equal += diff == 0
+    return {"requests": len(diffs), "equal": equal, "max_abs_diff": max(diffs, default=0)}
+
+
+def _normalize(records: Sequence[RequestRecord], t0: int) -> None:
+    for rec in records:
+        if rec.send_ns > 0:
+            rec.send_ns -= t0
+        rec.response_ns = [t - t0 for t in rec.response_ns]
+        if rec.end_ns is not None:
+            rec.end_ns -= t0
+
+
+def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
+    """The whole benchmark; results are written even when interrupted or when an SLO fails."""
+    from trtkv.stage import run_stage, tool_versions
+
+    slos = slo.parse_all(recipe.bench.thresholds, opts.slos)
+    ep = check_endpoint(resolve_endpoint(recipe, opts.url, opts.protocol, opts.model))
+    tokenizer = load_tokenizer(tokenizer_dir(recipe))
+    task_names = [t.value for t in recipe.bench.tasks] if opts.tasks is None else list(opts.tasks)
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    wall0, t0 = time.time(), now_ns()
+    records: list[RequestRecord] = []
+    by_level: dict[str, list[RequestRecord]] = {}
+    task_records: dict[str, list[RequestRecord]] = {}
+    interrupted: str | None = None
+    tasks: list[acc_tasks.Task] = []
+    task_errors: dict[str, dict[str, Any]] = {}
+    with _Progress(opts.progress) as progress:
+        try:
+            interrupted = "preparation of the accuracy tasks"
+            tasks, task_errors = build_tasks(recipe, tokenizer, task_names, opts.golden_prompts, progress.log)
+            if opts.latency:
+                interrupted = "latency sweep"
+                run_latency(recipe, ep, tokenizer, progress, records, by_level)
+            interrupted = "accuracy tasks"
+            task_records = run_accuracy(recipe, ep, tasks, progress, records)
+            interrupted = None
+        except (Interrupted, KeyboardInterrupt):
+            progress.log(f"interrupted (Ctrl-C) during the {interrupted}: writing partial results")
+    check = count_response_tokens(tokenizer, records)
+    _normalize(records, t0)
+    out = assemble(recipe, ep, opts, records, by_level, tasks, task_records, task_errors, slos, check, interrupted,
+                   started, time.time() - wall0)
+    out["tool_versions"] = tool_versions()
+    output = opts.output or paths.recipe_output_dir(recipe.name) / "bench"
+
+    def work(tmp: Path) -> dict[str, Any]:
+        write_all(tmp, out, by_level)
+        return {"partial": out["partial"], "slo_passed": out["slo"]["passed"], "endpoint": out["endpoint"]}
+
+    run_stage("bench", recipe, output, work, force=True, extra_key={"endpoint": ep.display},
+              log=lambda s: None)
+    results.console_summary(out, output)
+    code = EXIT_INTERRUPTED if interrupted else (0 if out["slo"]["passed"] else EXIT_SLO_FAILED)
+    return BenchOutcome(code, output, out)
+
+
+def assemble(recipe: Recipe, ep: Endpoint, opts: BenchOptions, records: list[RequestRecord],
+             by_level: dict[str, list[RequestRecord]], tasks: list[acc_tasks.Task],
+             task_records: dict[str, list[RequestRecord]], task_errors: dict[str, dict[str, Any]],
+             slos: list[slo.SLO], check: dict[str, int], interrupted: str | None, started: str,
+             wall_s: float) -> dict[str, Any]:
+    """results.json's content: summary in GenAI-Perf names, accuracy, SLO verdicts and every raw record."""
+    b = recipe.bench
+    levels = {label: summarize_level(recs) for label, recs in by_level.items()}
+    accuracy: dict[str, dict[str, Any]] = dict(task_errors)
+    for task in tasks:
+        if task.name in task_records:
+            accuracy[task.name] = {**task.score(task_records[task.name]), "notes": task.notes}
+    checked = slo.check(slos, levels, accuracy)
+    mode = f"request rate {b.request_rate:g}/s" if b.request_rate else f"concurrency sweep {b.concurrency}"
+    return {
+        "schema": "trtkv.bench/1",
+        "recipe": recipe.name,
+        "kv_cache": recipe.quantization.kv_cache.value,
+        "endpoint": {"url": ep.url, "protocol": ep.protocol, "model": ep.model, "source": ep.source},
+        "started_at": started,
+        "wall_seconds": wall_s,
+        "partial": interrupted is not None,
+        "interrupted_during": interrupted,
+        "workload": {"input_tokens": b.input_tokens, "output_tokens": b.output_tokens, "num_requests": b.num_requests,
+                     "warmup_requests": b.warmup_requests, "concurrency": b.concurrency, "request_rate": b.request_rate,
+                     "request_timeout_s": b.request_timeout_s, "mode": mode, "sampling": "greedy (temperature 0, top_k 1)"},
+        "token_counting": results.TOKEN_COUNTING,
+        "token_count_check": check,
+        "levels": levels,
+        "accuracy": accuracy,
+        "slo": {"passed": all(r.passed for r in checked), "results": [r.to_json() for r in checked]},
+        "records": [r.to_json() for r in records],
+    }
+
+
+def write_all(folder: Path, out: dict[str, Any], by_level: dict[str, list[RequestRecord]]) -> list[str]:
+    """results.json/.csv/.md, requests.csv and the PNG plots into `folder`; returns the plot names."""
+    made = []
+    if plots.latency_distributions(folder / "latency_distributions.png", by_level):
+        made.append("latency_distributions.png")
+    levels = out["levels"]
+    if levels:
+        x = [float(label.split("=", 1)[1].rstrip("/s")) for label in levels]
+        x_label = "offered requests/s" if out["workload"]["request_rate"] else "concurrency"
+        if plots.throughput(folder / "throughput.png", levels, x, x_label):
+            made.append("throughput.png")
+    if plots.accuracy(folder / "accuracy.png", out["accuracy"]):
+        made.append("accuracy.png")
+    results.write_json(folder / "results.json", out)
+    results.write_csv(folder / "results.csv", out)
+    results.write_requests_csv(folder / "requests.csv", out["records"])
+    results.write_md(folder / "results.md", out, made)
+    return made

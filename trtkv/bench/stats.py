@@ -1,0 +1,34 @@
+"""Summary statistics in GenAI-Perf's shape: avg, min, max, std, p50, p90, p95, p99."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+STATS = ("avg", "min", "max", "std", "p50", "p90", "p95", "p99")
+PERCENTILES = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0}
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolation percentile of sorted values (numpy's default method)."""
+    if not sorted_values:
+        return math.nan
+    pos = (len(sorted_values) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    frac = pos - lo
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac
+
+
+def summarize(values: Sequence[float]) -> dict[str, float | int]:
+    """avg/min/max/std (population)/p50/p90/p95/p99 and the count; NaN for an empty input."""
+    data = sorted(float(v) for v in values)
+    n = len(data)
+    if n == 0:
+        return {"count": 0, **{s: math.nan for s in STATS}}
+    avg = sum(data) / n
+    std = math.sqrt(sum((v - avg) ** 2 for v in data) / n)
+    out: dict[str, float | int] = {"count": n, "avg": avg, "min": data[0], "max": data[-1], "std": std}
+    for name, q in PERCENTILES.items():
+        out[name] = percentile(data, q)
+    return out
