@@ -34,7 +34,7 @@ test: install
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint: install
-	$(BIN)/ruff check trtkv tests scripts
+	$(BIN)/ruff check trtkv tests scripts benchmarks
 	$(BIN)/mypy trtkv
 
 validate: install
@@ -63,7 +63,7 @@ stop: install
 	$(TRTKV) stop $(RECIPE)
 
 bench: install
-	$(TRTKV) bench $(RECIPE)
+	$(TRTKV) bench $(RECIPE) $(if $(URL),--url $(URL))
 
 probe: install
 	$(TRTKV) probe $(RECIPE)
