@@ -23,3 +23,60 @@ def smollm2_dir() -> Path:
     from trtkv.recipe import load_recipe
 
     return resolve_model_dir(load_recipe("smollm2_fp8kv"))
+
+
+# Small settings for the whole chain on the CPU recipe (issue: `make test` runs the chain end to end).
+CHAIN_RECIPE = "smollm2_fp8kv"
+CHAIN_OVERRIDES = [
+    "calibration.num_samples=4", "calibration.seq_len=64", "calibration.batch_size=2",
+    "triton.instance_count=1",
+    "bench.concurrency=[1]", "bench.num_requests=3", "bench.warmup_requests=1", "bench.input_tokens=32",
+    "bench.output_tokens=4", "bench.quiz_items=3", "bench.needle_context_lengths=[160]", "probe.needle_depths=[0.5]",
+    "bench.thresholds=[]",
+]
+
+
+def free_ports(n: int) -> list[int]:
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+@pytest.fixture(scope="session")
+def chain_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The whole chain (calibrate -> build -> repo -> serve -> bench -> report -> stop) on the CPU recipe with small
+    settings, in temporary engines/ and triton_repo/ folders, run once per session as a user would (`trtkv demo`).
+
+    Later e2e tests reuse its calibrated checkpoint and reference engine instead of calibrating again."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    root = tmp_path_factory.mktemp("chain")
+    http, grpc, metrics = free_ports(3)
+    overrides = CHAIN_OVERRIDES + [f"triton.http_port={http}", f"triton.grpc_port={grpc}",
+                                   f"triton.metrics_port={metrics}"]
+    env = {**os.environ, "TRTKV_ENGINES": str(root / "engines"), "TRTKV_TRITON_REPO": str(root / "triton_repo")}
+    start = time.time()
+    proc = subprocess.run([sys.executable, "-m", "trtkv", "demo", CHAIN_RECIPE, *overrides], env=env,
+                          capture_output=True, text=True, timeout=1800)
+    return {"root": root, "engines": root / "engines", "recipe": CHAIN_RECIPE, "overrides": overrides,
+            "returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr,
+            "seconds": time.time() - start}
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine(chain_run: dict) -> Path:
+    """engines/smollm2_fp8kv with a calibrated checkpoint and a reference engine (from the chain run)."""
+    folder = chain_run["engines"] / CHAIN_RECIPE
+    if not (folder / "engine" / "runtime.json").is_file():
+        pytest.fail(f"the chain did not build an engine (exit {chain_run['returncode']}):\n{chain_run['stderr'][-3000:]}")
+    return folder

@@ -3,10 +3,7 @@ reference runtime: gRPC streaming, HTTP generate / generate_stream, bad requests
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.repo.triton_client import grpc_stream, http_generate, http_generate_stream
-from trtkv import paths, serve
+from trtkv import serve
 from trtkv.errors import StageError
 from trtkv.recipe import load_recipe
 from trtkv.repo import generate_repo
@@ -36,28 +33,22 @@ def _free_ports(n: int) -> list[int]:
             sock.close()
 
 
-def _engine_into(engines: Path) -> None:
-    """Reuse the checkout's calibrated checkpoint + reference engine when present (read only), else build them."""
-    project = paths.project_root() / "engines" / RECIPE
+def _engine_into(engines: Path, built: Path) -> None:
+    """Link the session's calibrated checkpoint + reference engine (from the chain run) in, read only."""
     target = engines / RECIPE
     target.mkdir(parents=True)
-    if (project / "engine" / "runtime.json").is_file() and (project / "checkpoint" / "manifest.json").is_file():
-        for stage in ("checkpoint", "engine"):
-            (target / stage).symlink_to(project / stage)
-        return
-    env = {**os.environ, "TRTKV_ENGINES": str(engines)}
-    for verb in ("calibrate", "build"):
-        subprocess.run([sys.executable, "-m", "trtkv", verb, RECIPE], env=env, check=True)
+    for stage in ("checkpoint", "engine"):
+        (target / stage).symlink_to(built / stage)
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, serve.ServerInfo]]:
+def server(tmp_path_factory: pytest.TempPathFactory, smollm2_engine: Path) -> Iterator[tuple[Any, serve.ServerInfo]]:
     """The real server on free ports; always stopped (also when a test or the start fails)."""
     tmp = tmp_path_factory.mktemp("e2e")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRTKV_ENGINES", str(tmp / "engines"))
         mp.setenv("TRTKV_TRITON_REPO", str(tmp / "triton_repo"))
-        _engine_into(tmp / "engines")
+        _engine_into(tmp / "engines", smollm2_engine)
         http, grpc, metrics = _free_ports(3)
         recipe = load_recipe(RECIPE, [f"triton.http_port={http}", f"triton.grpc_port={grpc}",
                                       f"triton.metrics_port={metrics}"])

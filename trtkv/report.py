@@ -31,29 +31,37 @@ def _load(path: Path) -> dict[str, Any] | None:
 
 
 def bench_headline(results: dict[str, Any]) -> dict[str, Any]:
-    """Latency stats at the lowest concurrency, best throughput over the sweep, and accuracy per task."""
-    levels = results.get("levels") or []
+    """Latency stats at the lowest concurrency, best throughput over the sweep, and accuracy per task.
+
+    Reads `trtkv bench`'s results.json: `levels` maps "concurrency=N" (or "rate=R") to GenAI-Perf metrics.
+    """
+    levels: dict[str, dict[str, Any]] = results.get("levels") or {}
     out: dict[str, Any] = {}
     if levels:
-        first = min(levels, key=lambda lv: lv.get("concurrency", 0))
-        out["concurrency"] = first.get("concurrency")
+        def order(name: str) -> float:
+            try:
+                return float(name.split("=", 1)[1])
+            except (IndexError, ValueError):
+                return float("inf")
+
+        first = min(levels, key=order)
+        out["level"] = first
         for metric in LATENCY_METRICS:
-            stats = first.get("metrics", {}).get(metric, {})
+            stats = levels[first].get(metric, {})
             for stat in ("p50", "p99"):
-                if stat in stats:
+                if stats.get(stat) is not None:
                     out[f"{metric}.{stat}"] = stats[stat]
-        thr = [lv.get("metrics", {}).get("output_token_throughput", {}).get("avg") for lv in levels]
-        thr = [t for t in thr if t is not None]
-        if thr:
-            out["output_token_throughput.max"] = max(thr)
-        req = [lv.get("metrics", {}).get("request_throughput", {}).get("avg") for lv in levels]
-        req = [t for t in req if t is not None]
-        if req:
-            out["request_throughput.max"] = max(req)
+        for metric in ("output_token_throughput", "request_throughput"):
+            values = [lv.get(metric, {}).get("avg") for lv in levels.values()]
+            values = [v for v in values if v is not None]
+            if values:
+                out[f"{metric}.max"] = max(values)
+        failed = sum(lv.get("request_count", {}).get("failed", 0) for lv in levels.values())
+        out["requests.failed"] = failed
     for task, body in (results.get("accuracy") or {}).items():
         if isinstance(body, dict):
             for key in ("accuracy", "agreement"):
-                if key in body and body[key] is not None:
+                if body.get(key) is not None:
                     out[f"{task}.{key}"] = body[key]
     return out
 
@@ -91,9 +99,11 @@ def collect(recipe: Recipe) -> dict[str, Any]:
         stages["triton_repo"] = {"path": str(repo), "wall_seconds": read_manifest(repo).get("wall_seconds")}  # type: ignore[union-attr]
     data["stages"] = stages
     bench = _load(base / "bench" / "results.json")
+    if bench and "bench" in stages and bench.get("wall_seconds") is not None:
+        stages["bench"]["wall_seconds"] = bench["wall_seconds"]  # the measurement, not just the write
     if bench:
         data["bench"] = bench_headline(bench)
-        data["bench_passed"] = bench.get("passed")
+        data["bench_passed"] = (bench.get("slo") or {}).get("passed")
     probe = _load(base / "probe" / "probe.json")
     if probe and probe.get("records"):
         data["probe"] = [r for r in probe["records"] if r.get("format") in (fmt, "fp16", "bf16")]
@@ -118,7 +128,7 @@ def summary_lines(data: dict[str, Any]) -> list[str]:
     acc = [f"{k} {_fmt(v, 3)}" for k, v in b.items() if k.split(".")[0] in ("quiz", "golden", "needle")]
     lines.append("  accuracy:   " + (", ".join(acc) if acc else "no bench results"))
     if "time_to_first_token.p50" in b:
-        lines.append(f"  latency @concurrency {b.get('concurrency')}: TTFT p50 {_fmt(b['time_to_first_token.p50'])} ms, "
+        lines.append(f"  latency @{b.get('level')}: TTFT p50 {_fmt(b['time_to_first_token.p50'])} ms, "
                      f"p99 {_fmt(b.get('time_to_first_token.p99'))} ms; ITL p50 {_fmt(b.get('inter_token_latency.p50'))} ms, "
                      f"p99 {_fmt(b.get('inter_token_latency.p99'))} ms")
         lines.append(f"  throughput: {_fmt(b.get('output_token_throughput.max'))} output tokens/s, "

@@ -1,6 +1,6 @@
 """`trtkv bench` against the real chain on the CPU recipe: `trtkv repo` + `trtkv serve` (bundled tritonserver, the
 reference runtime on the calibrated FP8-KV checkpoint), short outputs, every metric and accuracy task, and an
-impossible SLO that must make the run exit non-zero. Needs `make engine RECIPE=smollm2_fp8kv` (skipped otherwise)."""
+impossible SLO that must make the run exit non-zero. Uses the engine the session's chain run calibrated and built."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from tests.bench.conftest import read_results
-from trtkv import paths
 from trtkv.bench.localserver import free_port
 from trtkv.bench.metrics import summarize_level
 from trtkv.bench.records import RequestRecord
@@ -20,19 +19,17 @@ from trtkv.cli import main
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 RECIPE = "smollm2_fp8kv"
-REAL_ENGINES = paths.project_root() / "engines" / RECIPE
 
 
 @pytest.fixture(scope="module")
-def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[str], Path]]:
-    """repo + serve into temp folders (the checkout's engine linked in), one instance, free ports; always stopped."""
-    if not (REAL_ENGINES / "engine" / "runtime.json").is_file() or not (REAL_ENGINES / "checkpoint").is_dir():
-        pytest.skip(f"no built engine in {REAL_ENGINES}: run `make engine RECIPE={RECIPE}` first")
+def real_server(tmp_path_factory: pytest.TempPathFactory, smollm2_engine: Path) -> Iterator[tuple[list[str], Path]]:
+    """repo + serve into temp folders (the session's calibrated engine linked in), one instance, free ports; always
+    stopped."""
     root = tmp_path_factory.mktemp("real")
     engines = root / "engines"
     (engines / RECIPE).mkdir(parents=True)
     for part in ("checkpoint", "engine"):
-        (engines / RECIPE / part).symlink_to(REAL_ENGINES / part)
+        (engines / RECIPE / part).symlink_to(smollm2_engine / part)
     saved = {k: os.environ.get(k) for k in ("TRTKV_ENGINES", "TRTKV_TRITON_REPO")}
     os.environ["TRTKV_ENGINES"], os.environ["TRTKV_TRITON_REPO"] = str(engines), str(root / "triton_repo")
     overrides = ["triton.instance_count=1", f"triton.http_port={free_port()}", f"triton.grpc_port={free_port()}",
