@@ -75,7 +75,7 @@ GOLDEN_TRTLLM_BUILD = {
         "trtllm-build", "--checkpoint_dir", "ENGINES/llama70b_int8kv/checkpoint",
         "--output_dir", "ENGINES/llama70b_int8kv/engine", "--max_batch_size", "64", "--max_input_len", "16384",
         "--max_seq_len", "32768", "--max_num_tokens", "16384", "--gemm_plugin", "fp8", "--gpt_attention_plugin",
-        "auto", "--kv_cache_type", "paged", "--use_paged_context_fmha", "enable", "--use_fp8_context_fmha",
+        "auto", "--kv_cache_type", "paged", "--use_paged_context_fmha", "disable", "--use_fp8_context_fmha",
         "disable", "--remove_input_padding", "enable", "--multiple_profiles", "enable", "--workers", "4"],
     "llama8b_fp8kv": [
         "trtllm-build", "--checkpoint_dir", "ENGINES/llama8b_fp8kv/checkpoint",
@@ -129,6 +129,29 @@ def test_flags_follow_the_recipe(engines_tmp: Path) -> None:
     assert got["--use_fp8_context_fmha"] == "disable"
 
 
+# (overrides on llama70b_fp8kv, expected --use_paged_context_fmha, --use_fp8_context_fmha): TensorRT-LLM's rules
+CONTEXT_FMHA_CASES = [
+    ((), "enable", "enable"),  # FP8 KV + FP8 weights: both on
+    (("quantization.kv_cache=int8",), "disable", "disable"),  # "Paged Context FMHA doesn't work with int8 kv cache"
+    (("quantization.weights=none",), "disable", "disable"),  # FP8 KV without the FP8 quantization workflow
+    (("quantization.kv_cache=none",), "enable", "disable"),  # unquantized KV: paged on, nothing FP8
+    (("build.use_paged_context_fmha=false", "build.use_fp8_context_fmha=false"), "disable", "disable"),
+    (("build.use_paged_context_fmha=false",), "disable", "enable"),
+]
+
+
+@pytest.mark.parametrize("overrides,paged,fp8", CONTEXT_FMHA_CASES, ids=lambda v: str(v))
+def test_context_fmha_flags_follow_tensorrt_llm_rules(overrides: tuple[str, ...], paged: str, fp8: str,
+                                                      engines_tmp: Path) -> None:
+    recipe = load_recipe("llama70b_fp8kv", ["build.max_input_len=16384", *overrides])
+    got = dict(zip(*[iter(build.trtllm_build_command(recipe, Path("c"), Path("o"))[1:])] * 2, strict=True))
+    assert (got["--use_paged_context_fmha"], got["--use_fp8_context_fmha"]) == (paged, fp8)
+    line = build.context_fmha_line(recipe)
+    assert f"--use_paged_context_fmha {paged}" in line and f"--use_fp8_context_fmha {fp8}" in line
+    if "quantization.kv_cache=int8" in overrides:
+        assert "forced off" in line and "INT8" in line
+
+
 @pytest.mark.parametrize("name", sorted(GOLDEN_TRTLLM_SERVE))
 def test_trtllm_serve_golden_command_and_options(name: str, engines_tmp: Path) -> None:
     recipe = load_recipe(name)
@@ -159,6 +182,9 @@ def test_dry_run_prints_complete_commands_and_writes_nothing(name: str, engines_
     assert f"KV cache: {algo}, from checkpoint config quantization.kv_cache_quant_algo" in out
     assert f"trtllm-build has no --{algo.lower()}_kv_cache flag" in out
     assert "[calibrate]" in out and "ModelOpt" in out  # the calibration lines come from trtkv.calibrate
+    assert "context FMHA: --use_paged_context_fmha" in out
+    if algo == "INT8":
+        assert "forced off: paged context FMHA doesn't work with an INT8 KV cache" in out
     joined = out.replace("\\\n", " ")
     for token in GOLDEN_TRTLLM_BUILD[name]:
         assert token.replace("ENGINES", str(engines_tmp)) in joined
@@ -170,7 +196,8 @@ def test_dry_run_pytorch_and_reference(engines_tmp: Path, capsys: pytest.Capture
     out = capsys.readouterr().out
     assert "kv_cache_config.dtype = fp8" in out and "trtllm-serve" in out and "dtype: fp8" in out
     assert main(["build", "smollm2_fp8kv", "--dry-run"]) == 0
-    assert "runtime.json" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "runtime.json" in out and "activations are not quantized" in out
     assert not engines_tmp.exists()
 
 
@@ -292,14 +319,45 @@ def test_preflight_reports_checkpoint_mismatches(tmp_path: Path, engines_tmp: Pa
     fake_tools(tmp_path, monkeypatch, GOOD_BUILD)
     assert main(["build", str(recipe_path)]) == 2
     err = capsys.readouterr().err
-    assert "kv_cache_quant_algo is 'FP8'" in err and "needs 'INT8'" in err
-    assert "dtype is 'float32'" in err and "'bfloat16'" in err
+    # the checkpoint validator calibrate runs (trtkv.checkpoint), not a second copy of its rules
+    assert "quantization.kv_cache_quant_algo = 'FP8', but recipe quantization.kv_cache = 'int8' needs 'INT8'" in err
+    assert "dtype = 'float32', but recipe model.dtype = 'bfloat16'" in err
+    assert "trtkv calibrate tiny_trt --force" in err
     assert not (engines_tmp / "tiny_trt" / "engine").exists()
 
 
 def test_pitfall_hints() -> None:
     assert "FP8 KV cache" in build.pitfall_hints("AssertionError: use_fp8_context_fmha requires fp8 kv cache")[0]
     assert build.pitfall_hints("all good") == []
+    (int8,) = build.pitfall_hints("RuntimeError: Paged Context FMHA doesn't work with int8 kv cache currently.")
+    assert "--use_paged_context_fmha disable" in int8
+    assert any("Blackwell" in h for h in build.pitfall_hints("INT8/INT4 quantization is not supported on SM>=100."))
+
+
+def test_preflight_uses_the_checkpoint_validator(tmp_path: Path, engines_tmp: Path, tiny: Any) -> None:
+    """A rank file missing a tensor is found by trtkv.checkpoint (one source of truth for the checkpoint rules)."""
+    from safetensors.torch import load_file, save_file
+
+    recipe = load_recipe(str(tiny_recipe(tmp_path, "tiny_ref", "reference")))
+    ckpt = write_checkpoint(tiny, engines_tmp / "tiny_ref" / "checkpoint", weights="fp8", kv="FP8")
+    assert build.check_checkpoint(recipe)[2] == []
+    tensors = load_file(str(ckpt / "rank0.safetensors"))
+    del tensors["transformer.layers.1.attention.kv_cache_scaling_factor"]
+    save_file(tensors, str(ckpt / "rank0.safetensors"))
+    (problem,) = build.check_checkpoint(recipe)[2]
+    assert "transformer.layers.1.attention.kv_cache_scaling_factor is missing" in problem
+
+
+def test_unreadable_hf_quant_config_is_a_clear_error(tmp_path: Path, engines_tmp: Path, tiny: Any,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    recipe_path = tiny_recipe(tmp_path, "tiny_pt", "pytorch")
+    ckpt = write_checkpoint(tiny, engines_tmp / "tiny_pt" / "checkpoint", weights="fp8", kv="FP8")
+    (ckpt / "hf").mkdir()
+    (ckpt / "hf" / "config.json").write_text(tiny.config.to_json_string())
+    (ckpt / "hf" / "hf_quant_config.json").write_text("{not json")
+    assert main(["build", str(recipe_path)]) == 2
+    err = capsys.readouterr().err
+    assert "hf_quant_config.json: not readable as JSON" in err and "Traceback" not in err
 
 
 # ---------------------------------------------------------------------------------------------
@@ -368,3 +426,66 @@ def _one_torch_thread() -> Any:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# ---------------------------------------------------------------------------------------------
+# trtkv.tools.run_logged: how every external tool (trtllm-build first) is run
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
+def test_run_logged_decodes_bad_bytes_and_leaves_no_process(tmp_path: Path) -> None:
+    """A tool that prints invalid UTF-8, starts a grandchild holding its output and fails: a clean ToolError, the
+    bytes shown as replacement characters, and the grandchild ended with the tool's process group."""
+    from trtkv.errors import ToolError
+    from trtkv.tools import run_logged
+
+    pid_file = tmp_path / "grandchild.pid"
+    script = tmp_path / "tool.py"
+    script.write_text(
+        "import subprocess, sys\n"
+        "sys.stdout.buffer.write(b'building \\xff\\xfe layer 3\\n'); sys.stdout.flush()\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "sys.exit(7)\n")
+    log = tmp_path / "tool.log"
+    with pytest.raises(ToolError) as info:
+        run_logged([sys.executable, str(script)], log, echo=False)
+    message = str(info.value)
+    assert "exited with code 7" in message and "building \ufffd\ufffd layer 3" in message
+    assert "Traceback" not in message
+    assert _gone(int(pid_file.read_text())), "the grandchild outlived the tool"
+
+
+def test_run_logged_interrupted_or_timed_out_stops_the_group(tmp_path: Path) -> None:
+    from trtkv.errors import ToolError
+    from trtkv.tools import run_logged
+
+    pid_file = tmp_path / "child.pid"
+    script = tmp_path / "slow.py"
+    script.write_text("import os, signal, time\n"
+                      "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"  # ignores SIGTERM: SIGKILL must follow
+                      f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+                      "print('working', flush=True)\ntime.sleep(120)\n")
+    with pytest.raises(ToolError, match="did not finish within 1.5 s"):
+        run_logged([sys.executable, str(script)], tmp_path / "slow.log", echo=False, timeout_s=1.5,
+                   stop_grace_s=0.5)
+    assert _gone(int(pid_file.read_text()))
+
+
+def test_run_logged_exec_errors_are_tool_errors(tmp_path: Path) -> None:
+    from trtkv.errors import ToolError
+    from trtkv.tools import run_logged
+
+    not_executable = tmp_path / "tool.sh"
+    not_executable.write_text("#!/bin/sh\necho hi\n")
+    with pytest.raises(ToolError, match=r"permission denied.*chmod \+x"):
+        run_logged([str(not_executable)], tmp_path / "a.log", echo=False)
+    with pytest.raises(ToolError, match="not found"):
+        run_logged([str(tmp_path / "no-such-tool")], tmp_path / "b.log", echo=False)

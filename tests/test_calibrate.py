@@ -48,7 +48,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def write_recipe(folder: Path, model_dir: Path, name: str, kv: str = "fp8", weights: str = "fp8", tp: int = 1,
-                 pp: int = 1, samples: int = 8) -> Path:
+                 pp: int = 1, samples: int = 8, dtype: str = "bfloat16", layers: int = LAYERS) -> Path:
     """A recipe file for the tiny model; tp/pp > 1 need a GPU target (the schema refuses tp > 1 on cpu)."""
     data = folder / "calib.jsonl"
     if not data.exists():
@@ -58,7 +58,7 @@ def write_recipe(folder: Path, model_dir: Path, name: str, kv: str = "fp8", weig
     hardware = "hardware: {gpu: cpu, count: 1}" if tp * pp == 1 else f"hardware: {{gpu: H100-80GB, count: {tp * pp}}}"
     path = folder / f"{name}.yaml"
     path.write_text(f"""\
-model: {{source: {model_dir}, architecture: llama, dtype: bfloat16, num_layers: {LAYERS}, num_attention_heads: 4,
+model: {{source: {model_dir}, architecture: llama, dtype: {dtype}, num_layers: {layers}, num_attention_heads: 4,
         num_kv_heads: 2, head_dim: 16, hidden_size: 64, vocab_size: 256, max_position_embeddings: 512}}
 quantization: {{weights: {weights}, kv_cache: {kv}}}
 calibration: {{dataset: {data}, num_samples: {samples}, seq_len: 32, batch_size: 4, seed: 7}}
@@ -78,7 +78,8 @@ def test_fp8_calibration_writes_the_contract(tiny_dir: Path, engines_tmp: Path, 
     out = checkpoint_dir(recipe)
     assert result.output == out and not result.skipped
     assert {p.name for p in out.iterdir()} >= {"config.json", "rank0.safetensors", "hf", "tokenizer",
-                                               "kv_scales.json", "calibration_report.md", "manifest.json"}
+                                               "kv_scales.json", "calibration_report.md", "manifest.json",
+                                               "hf_config.json"}
     config = json.loads((out / "config.json").read_text())
     assert config["quantization"]["kv_cache_quant_algo"] == "FP8" and config["quantization"]["quant_algo"] == "FP8"
     scales = json.loads((out / "kv_scales.json").read_text())
@@ -94,6 +95,7 @@ def test_fp8_calibration_writes_the_contract(tiny_dir: Path, engines_tmp: Path, 
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["validation"]["mapping"] == {"world_size": 1, "tp_size": 1, "pp_size": 1}
     assert manifest["calibration"]["tokens"] == 8 * 32
+    assert {"nvidia-modelopt", "transformers", "torch", "tensorrt_llm"} == set(manifest["key"]["tool_versions"])
     assert calibrate(recipe, log=quiet).skipped  # up to date
 
 
@@ -215,7 +217,25 @@ def test_unresolvable_model_fails_fast(engines_tmp: Path, tmp_path: Path) -> Non
     recipe = load_recipe(write_recipe(tmp_path, tmp_path / "no_such_model", "tiny_missing"))
     with pytest.raises(StageError, match="cannot be resolved"):
         calibrate(recipe, log=quiet)
-    assert not checkpoint_dir(recipe).parent.exists()
+    parent = checkpoint_dir(recipe).parent
+    assert not parent.exists() or not any(parent.iterdir())  # no checkpoint, no temporary folder
+
+
+def test_up_to_date_checkpoint_never_resolves_the_model(tiny_dir: Path, engines_tmp: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The up-to-date key is checked first: a hub id offline or a missing package cannot fail a no-op rerun."""
+    import trtkv.model
+
+    recipe = load_recipe(write_recipe(tmp_path, tiny_dir, "tiny_skip", kv="int8", weights="none", samples=4))
+    calibrate(recipe, log=quiet)
+    saved = json.loads((checkpoint_dir(recipe) / "hf_config.json").read_text())
+    assert saved == json.loads((tiny_dir / "config.json").read_text())  # the model's own config.json, for build
+
+    def no_resolving(_recipe):  # noqa: ANN001, ANN202
+        raise AssertionError("resolve_model_dir called for an up-to-date checkpoint")
+
+    monkeypatch.setattr(trtkv.model, "resolve_model_dir", no_resolving)
+    assert calibrate(recipe, log=quiet).skipped
 
 
 def test_too_little_text_names_the_fields(tiny_dir: Path, engines_tmp: Path, tmp_path: Path) -> None:

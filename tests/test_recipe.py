@@ -65,6 +65,11 @@ def test_aliases_map_to_canonical(tmp_path: Path) -> None:
     assert load_recipe(str(write(tmp_path, text))).quantization.kv_cache is KVCacheQuant.FP8
 
 
+# GOOD as a trtllm-build recipe on one H100 (the context-FMHA and Blackwell rules are engine rules)
+H100 = GOOD.replace("hardware: {gpu: cpu}", "hardware: {gpu: H100-80GB}").replace("backend: reference,",
+                                                                                 "backend: tensorrt,")
+
+
 # (name, yaml text or replacement, expected field path, expected words in the message)
 CASES = [
     ("typo_in_key", GOOD.replace("num_kv_heads", "num_kv_head"), "model.num_kv_head",
@@ -98,6 +103,28 @@ CASES = [
     ("tensorrt_not_on_cpu", GOOD.replace("backend: reference,", "backend: tensorrt,"), "build.backend",
      ["needs a GPU and TensorRT-LLM", "use backend reference"]),
     ("ports_differ", GOOD + "triton: {http_port: 9000, grpc_port: 9000}\n", "triton.grpc_port", ["must differ"]),
+    # context FMHA and Blackwell: what TensorRT-LLM's builder refuses or silently changes
+    ("fp8_fmha_needs_fp8_weights", H100.replace("weights: fp8", "weights: none")
+     .replace("backend: tensorrt,", "backend: tensorrt, use_fp8_context_fmha: true,"),
+     "build.use_fp8_context_fmha", ["FP8 quantization workflow", "quantization.weights: fp8"]),
+    ("fp8_fmha_off_is_turned_back_on", H100.replace("backend: tensorrt,", "backend: tensorrt, "
+                                                    "use_fp8_context_fmha: false,"),
+     "build.use_fp8_context_fmha", ["turns FP8 context FMHA back on", "build.use_paged_context_fmha: false"]),
+    ("int8_kv_cannot_chunk", H100.replace("kv_cache: fp8}", "kv_cache: int8}")
+     .replace("max_input_len: 1024,", "max_input_len: 1024, max_num_tokens: 512,"),
+     "build.max_num_tokens", ["needs chunked context", "forced off for an INT8 KV cache", ">= 1024"]),
+    ("paged_off_cannot_chunk", H100.replace("max_input_len: 1024,", "max_input_len: 1024, max_num_tokens: 512, "
+                                            "use_paged_context_fmha: false,"),
+     "build.max_num_tokens", ["needs chunked context", "build.use_paged_context_fmha is false"]),
+    ("int8_kv_no_block_reuse", H100.replace("kv_cache: fp8}", "kv_cache: int8}")
+     + "triton: {enable_kv_cache_reuse: true}\n",
+     "triton.enable_kv_cache_reuse", ["needs an engine built with paged context FMHA", "KV cache int8"]),
+    ("b200_no_int8_kv", H100.replace("H100-80GB", "B200").replace("kv_cache: fp8}", "kv_cache: int8}"),
+     "quantization.kv_cache", ["refuses an INT8 KV cache on B200", "SM>=100", "use fp8"]),
+    ("b200_no_int4_awq", H100.replace("H100-80GB", "B200").replace("weights: fp8", "weights: int4_awq"),
+     "quantization.weights", ["refuses int4_awq on B200", "use fp8 or none"]),
+    ("b200_no_smoothquant", H100.replace("H100-80GB", "B200").replace("weights: fp8", "weights: int8_sq"),
+     "quantization.weights", ["refuses int8_sq on B200"]),
 ]
 
 
@@ -113,6 +140,14 @@ def test_malformed_recipe_names_field_and_fix(tmp_path: Path, name: str, text: s
     assert str(path) in hits[0], "the message names the file"
     for word in words:
         assert word in hits[0], f"{word!r} not in {hits[0]!r}"
+
+
+def test_good_engine_recipes_pass_the_engine_rules(tmp_path: Path) -> None:
+    """The H100 base of the cases above is valid, and INT8 KV alone is fine (paged context FMHA is forced off)."""
+    assert load_recipe(str(write(tmp_path, H100))).paged_context_fmha is True
+    int8 = load_recipe(str(write(tmp_path, H100.replace("kv_cache: fp8}", "kv_cache: int8}"))))
+    assert int8.paged_context_fmha is False and int8.fp8_context_fmha is False
+    assert int8.build.use_paged_context_fmha is True  # the recipe's wish, overridden by TensorRT-LLM's rule
 
 
 def test_all_problems_reported_at_once(tmp_path: Path) -> None:

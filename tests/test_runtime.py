@@ -4,6 +4,7 @@ sampling, stop conditions, streaming callback, concurrent requests, and the FP8-
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from trtkv.runtime import (
+sys.path.insert(0, str(Path(__file__).parent))  # test_calibrate's tiny tokenizer and recipe writer
+
+from trtkv.runtime import (  # noqa: E402
     ReferenceRuntime,
     RequestError,
     hf_to_trtllm_state_dict,
@@ -279,18 +282,74 @@ def test_missing_runtime_json_is_clear(tmp_path: Path) -> None:
 # Quantized KV cache (needs trtkv.kvcache.cache from the kvcache task)
 
 
+def decode_logits(runtime: ReferenceRuntime, prompt: list[int], steps: int = 3) -> torch.Tensor:
+    """Logits of `steps` greedy decode steps after the prompt, read back through the runtime's own KV cache."""
+    cache = runtime.new_cache()
+    out = []
+    with torch.inference_mode():
+        step = torch.tensor([prompt])
+        for _ in range(steps):
+            logits = runtime.model(input_ids=step, past_key_values=cache, use_cache=True).logits[0, -1]
+            out.append(logits.clone())
+            step = torch.tensor([[int(torch.argmax(logits))]])
+    return torch.stack(out)
+
+
 @needs_cache
 def test_fp8_kv_runtime_uses_checkpoint_scales(tiny: Any, tmp_path: Path) -> None:
-    ckpt = write_checkpoint(tiny, tmp_path / "ck", weights="fp8", kv="FP8", kv_factor=1.0)
-    runtime = ReferenceRuntime.load(write_engine(ckpt, tmp_path / "engine", tiny))
-    assert runtime.kv_format == "fp8" and runtime.kv_scales == [1.0, 1.0]
-    cache = runtime.new_cache()
-    assert type(cache).__name__ == "QuantizedKVCache"
+    """The per-layer kv_cache_scaling_factor reaches the cache: 0.02 clips this model's K/V (|x| > 448 x 0.02), 1.0
+    does not, so the decode logits must differ between the two checkpoints (and from the unquantized cache)."""
+    small = write_checkpoint(tiny, tmp_path / "ck_small", weights="fp8", kv="FP8", kv_factor=0.02)
+    one = write_checkpoint(tiny, tmp_path / "ck_one", weights="fp8", kv="FP8", kv_factor=1.0)
+    runtime = ReferenceRuntime.load(write_engine(small, tmp_path / "engine_small", tiny))
+    unit = ReferenceRuntime.load(write_engine(one, tmp_path / "engine_one", tiny))
+    assert runtime.kv_format == "fp8" and runtime.kv_scales == pytest.approx([0.02, 0.02])
+    assert unit.kv_scales == [1.0, 1.0]
+    assert type(runtime.new_cache()).__name__ == "QuantizedKVCache"
     prompt = [5, 6, 7, 8, 9]
-    out = runtime.generate(prompt, max_tokens=12)
-    base = runtime.with_kv_format("none").generate(prompt, max_tokens=12)
+    small_logits, one_logits = decode_logits(runtime, prompt), decode_logits(unit, prompt)
+    none_logits = decode_logits(runtime.with_kv_format("none"), prompt)
+    assert (small_logits - one_logits).abs().max() > 1e-2, "the checkpoint's KV scale made no difference"
+    assert (small_logits - none_logits).abs().max() > 1e-2
+    out = unit.generate(prompt, max_tokens=12)
+    base = unit.with_kv_format("none").generate(prompt, max_tokens=12)
     assert len(out) == 12
-    assert sum(a == b for a, b in zip(out, base, strict=True)) >= 6  # FP8 KV rarely flips greedy tokens
+    assert sum(a == b for a, b in zip(out, base, strict=True)) >= 6  # FP8 KV at scale 1.0 rarely flips tokens
+
+
+@needs_cache
+def test_calibrated_and_built_checkpoint_matches_transformers(tmp_path: Path, engines_tmp: Path) -> None:
+    """The whole chain on a tiny random Llama: ModelOpt export (trtkv.calibrate) -> trtkv build (reference) ->
+    ReferenceRuntime. With an unquantized KV cache and unquantized weights its greedy tokens and logits equal
+    transformers' on the original model, so the TensorRT-LLM name mapping (fc = gate_proj, gate = up_proj, the
+    fused q/k/v split) is checked against ModelOpt's real export, not against our own inverse mapping."""
+    from test_calibrate import quiet, tiny_tokenizer, write_recipe
+
+    from trtkv.build import build
+    from trtkv.calibrate import calibrate
+    from trtkv.recipe import load_recipe
+
+    model = tiny_llama(vocab=256, layers=2)
+    with torch.no_grad():  # bfloat16-representable weights: the bfloat16 export is then lossless
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    model_dir = tmp_path / "tiny_hf"
+    model.save_pretrained(model_dir)
+    tiny_tokenizer().save_pretrained(model_dir)
+    recipe = load_recipe(write_recipe(tmp_path, model_dir, "tiny_chain", kv="fp8", weights="none", samples=4,
+                                      dtype="bfloat16", layers=2))
+    calibrate(recipe, log=quiet)
+    engine = build(recipe, log=quiet).output
+    runtime = ReferenceRuntime.load(engine, threads=1)
+    assert runtime.kv_format == "fp8" and len(runtime.kv_scales or []) == 2
+    plain = runtime.with_kv_format("none")
+    for prompt in ([5, 17, 99, 3], list(range(40, 70))):
+        assert plain.generate(prompt, max_tokens=16) == hf_greedy(model, prompt, 16)
+        with torch.inference_mode():
+            want = model(torch.tensor([prompt])).logits[0]
+            got = plain.model(torch.tensor([prompt])).logits[0]
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert len(runtime.generate([5, 17, 99, 3], max_tokens=8)) == 8  # and the calibrated FP8 cache decodes
 
 
 @needs_cache

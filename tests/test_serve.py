@@ -138,3 +138,83 @@ def test_server_json_has_the_contract_fields(engines_tmp: Path) -> None:
                 "started_at"} <= set(data)
     finally:
         serve.stop(recipe, timeout_s=5)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU path: addresses, the docker container, required inputs
+
+
+def test_gpu_commands_bind_the_recipe_host_and_name_the_container(engines_tmp: Path) -> None:
+    recipe = load_recipe("llama70b_fp8kv")
+    inside = serve.gpu_command(recipe, Path("/r"))
+    assert inside.count("--http-address=127.0.0.1") == 4 and inside.count("--grpc-address=127.0.0.1") == 4
+    assert inside.count("--metrics-address=127.0.0.1") == 4
+    docker = serve.docker_command(recipe, Path("/r"))
+    assert docker[docker.index("--name") + 1] == "trtkv-llama70b_fp8kv" == serve.container_name(recipe)
+    assert "-p" in docker and "127.0.0.1:8000:8000" in docker  # published on the recipe host only ...
+    assert "--http-address=0.0.0.0" in docker  # ... while the server inside binds the container's interface
+    custom = serve.gpu_command(load_recipe("llama8b_fp8kv", ["triton.host=10.0.0.5"]), Path("/r"))
+    assert "--http-address=10.0.0.5" in custom
+
+
+def fake_docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A `docker` on PATH that records its arguments (one call per line)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "docker_calls.txt"
+    script = bin_dir / "docker"
+    script.write_text(f"#!{sys.executable}\nimport sys\nopen({str(calls)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return calls
+
+
+def test_stop_stops_and_removes_the_container(tmp_path: Path, engines_tmp: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = fake_docker(tmp_path, monkeypatch)
+    recipe = _recipe()
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)  # stands for the `docker run` client
+    try:
+        t = recipe.triton
+        serve.write_server(recipe, serve.ServerInfo(
+            pid=proc.pid, host=t.host, http_port=t.http_port, grpc_port=t.grpc_port, metrics_port=t.metrics_port,
+            command=["sleep", "60"], log="/dev/null", model_repository="x", started_at="now",
+            container="trtkv-smollm2_fp8kv"))
+        said: list[str] = []
+        assert serve.stop(recipe, timeout_s=5, log=said.append)
+        assert calls.read_text().splitlines() == ["stop -t 5 trtkv-smollm2_fp8kv", "rm -f trtkv-smollm2_fp8kv"]
+        assert proc.poll() is not None and not serve.server_json(recipe).exists()
+        assert any("stopped and removed" in line for line in said)
+    finally:
+        proc.kill()
+
+
+def test_stop_container_without_docker_says_what_to_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(serve.shutil, "which", lambda _name: None)
+    done, note = serve.stop_container("trtkv-x")
+    assert not done and "docker stop trtkv-x && docker rm -f trtkv-x" in note
+
+
+def test_gpu_serve_needs_the_engine_or_the_hf_export(engines_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trtkv import layout
+
+    monkeypatch.setattr(serve.shutil, "which", lambda _name: None)  # never start docker here
+    for name, produced_by in (("llama70b_fp8kv", "trtkv build"), ("llama8b_fp8kv_pytorch", "trtkv calibrate")):
+        recipe = load_recipe(name, ["triton.http_port=18931", "triton.grpc_port=18932", "triton.metrics_port=18933"])
+        repo = layout.repo_dir(recipe)
+        repo.mkdir(parents=True)
+        (repo / "manifest.json").write_text("{}")
+        with pytest.raises(StageError, match=produced_by):
+            serve.start(recipe)
+    ckpt = layout.checkpoint_dir(recipe)
+    ckpt.mkdir(parents=True)
+    (ckpt / "manifest.json").write_text("{}")
+    with pytest.raises(StageError, match="has no config.json"):
+        serve.start(recipe)
+
+
+def test_terminate_tolerates_a_process_that_just_exited(monkeypatch: pytest.MonkeyPatch) -> None:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    monkeypatch.setattr(serve, "is_running", lambda _pid, _cmd=None: True)  # it was alive when checked
+    assert serve.terminate(proc.pid, ["true"], 1.0) == "stopped"

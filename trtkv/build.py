@@ -22,10 +22,11 @@ from typing import Any
 
 import yaml
 
-from trtkv import paths
-from trtkv.errors import StageError, ToolError, TrtkvError
+from trtkv import layout, paths
+from trtkv.errors import StageError, ToolError
+from trtkv.layout import checkpoint_dir, engine_dir, kv_cache_quant_algo
 from trtkv.recipe import Backend, GemmPlugin, KVCacheQuant, Recipe, WeightQuant
-from trtkv.stage import StageResult, manifest_hash, run_stage
+from trtkv.stage import VERSIONED_TOOLS, StageResult, manifest_hash, run_stage
 from trtkv.tools import quote, run_logged, tail
 
 STAGE = "build"
@@ -40,38 +41,18 @@ BUILD_COMMAND = "build_command.txt"
 SERVE_COMMAND = "serve_command.txt"
 LLM_API_OPTIONS = "extra_llm_api_options.yaml"
 RUNTIME_JSON = "runtime.json"
-HF_CONFIG = "hf_config.json"
-
-KV_ALGO = {KVCacheQuant.FP8: "FP8", KVCacheQuant.INT8: "INT8", KVCacheQuant.NONE: None}
-# quant_algo values a checkpoint may carry for each recipe weight format (ModelOpt / TensorRT-LLM QuantAlgo names)
-WEIGHT_ALGOS: dict[WeightQuant, tuple[str | None, ...]] = {
-    WeightQuant.FP8: ("FP8",),
-    WeightQuant.INT8_SQ: ("W8A8_SQ_PER_CHANNEL", "W8A8_SQ_PER_CHANNEL_PER_TOKEN_PLUGIN",
-                          "W8A8_SQ_PER_CHANNEL_PER_TENSOR_PLUGIN", "W8A8_SQ_PER_TENSOR_PLUGIN"),
-    WeightQuant.INT4_AWQ: ("W4A16_AWQ", "W4A8_AWQ"),
-    WeightQuant.NONE: (None,),
-}
+HF_CONFIG = layout.HF_CONFIG
+ACTIVATIONS_NOTE = ("activations are not quantized by the reference runtime (the checkpoint's "
+                    "activation_scaling_factor tensors are ignored; GEMMs run in float32 on dequantized weights)")
 
 
 # ---------------------------------------------------------------------------------------------
-# Where things are
-
-
-def checkpoint_dir(recipe: Recipe) -> Path:
-    return paths.recipe_output_dir(recipe.name) / "checkpoint"
-
-
-def engine_dir(recipe: Recipe) -> Path:
-    return paths.recipe_output_dir(recipe.name) / "engine"
+# Where things are (engines/<recipe>/checkpoint and engine come from trtkv.layout)
 
 
 def failed_log_path(recipe: Recipe) -> Path:
     """Where a failed build's log is kept (the temporary engine folder itself is removed)."""
     return paths.recipe_output_dir(recipe.name) / "engine.failed-build.log"
-
-
-def kv_cache_quant_algo(recipe: Recipe) -> str | None:
-    return KV_ALGO[recipe.quantization.kv_cache]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -104,7 +85,7 @@ def trtllm_build_command(recipe: Recipe, ckpt: Path, output: Path) -> list[str]:
         "--gemm_plugin", gemm_plugin(recipe),
         "--gpt_attention_plugin", "auto",
         "--kv_cache_type", "paged",
-        "--use_paged_context_fmha", _onoff(b.use_paged_context_fmha),
+        "--use_paged_context_fmha", _onoff(recipe.paged_context_fmha),
         "--use_fp8_context_fmha", _onoff(recipe.fp8_context_fmha),
         "--remove_input_padding", "enable",
         "--multiple_profiles", _onoff(b.multiple_profiles),
@@ -113,6 +94,22 @@ def trtllm_build_command(recipe: Recipe, ckpt: Path, output: Path) -> list[str]:
     if b.tokens_per_block != TRTLLM_DEFAULT_TOKENS_PER_BLOCK:
         cmd += ["--tokens_per_block", str(b.tokens_per_block)]
     return cmd
+
+
+def context_fmha_line(recipe: Recipe) -> str:
+    """Why the two context-FMHA flags have the values they have (TensorRT-LLM's own rules)."""
+    kv, w = recipe.quantization.kv_cache, recipe.quantization.weights
+    paged = _onoff(recipe.paged_context_fmha)
+    if kv is KVCacheQuant.INT8:
+        why_paged = "forced off: paged context FMHA doesn't work with an INT8 KV cache"
+    elif kv is KVCacheQuant.FP8 and w is not WeightQuant.FP8:
+        why_paged = "forced off: FP8 paged context FMHA needs the FP8 quantization workflow (FP8 weights)"
+    else:
+        why_paged = f"build.use_paged_context_fmha = {str(recipe.build.use_paged_context_fmha).lower()}"
+    fp8 = _onoff(recipe.fp8_context_fmha)
+    why_fp8 = ("build.use_fp8_context_fmha" if recipe.build.use_fp8_context_fmha is not None else
+               "default: on exactly when the KV cache and the weights are both FP8")
+    return f"context FMHA: --use_paged_context_fmha {paged} ({why_paged}); --use_fp8_context_fmha {fp8} ({why_fp8})"
 
 
 def llm_api_options(recipe: Recipe) -> dict[str, Any]:
@@ -159,7 +156,8 @@ def kv_source_line(recipe: Recipe) -> str:
                 f"(and the HF export's hf_quant_config.json kv_cache_quant_algo)")
     if backend is Backend.REFERENCE:
         return (f"KV cache: {algo or 'unquantized'}, from checkpoint config quantization.kv_cache_quant_algo, with the "
-                f"per-layer kv_cache_scaling_factor of rank0.safetensors (one scale shared by K and V, as TensorRT-LLM)")
+                f"per-layer kv_cache_scaling_factor of rank0.safetensors (one scale shared by K and V, as TensorRT-LLM); "
+                f"{ACTIVATIONS_NOTE}")
     flag = {"FP8": "--fp8_kv_cache", "INT8": "--int8_kv_cache"}.get(algo or "", "--<dtype>_kv_cache")
     return (f"KV cache: {algo or 'unquantized'}, from checkpoint config quantization.kv_cache_quant_algo — "
             f"trtllm-build has no {flag} flag")
@@ -208,6 +206,7 @@ def dry_run_lines(recipe: Recipe) -> list[str]:
                   f"`nvidia-smi -L` >= {recipe.world_size} GPU(s); {ckpt}/config.json has kv_cache_quant_algo = "
                   f"{kv_cache_quant_algo(recipe)}, dtype = {recipe.model.dtype.value}, mapping tp_size = "
                   f"{recipe.build.tp_size}, pp_size = {recipe.build.pp_size}"]
+        lines.append("  " + context_fmha_line(recipe))
         lines.append(f"  run (log: {out / BUILD_LOG}, command saved to {out / BUILD_COMMAND}):")
         lines += _command_block(trtllm_build_command(recipe, ckpt, out))
     elif backend is Backend.PYTORCH:
@@ -218,7 +217,8 @@ def dry_run_lines(recipe: Recipe) -> list[str]:
         lines += _command_block(trtllm_serve_command(recipe, ckpt / "hf", options))
     else:
         lines.append(f"  write {out / RUNTIME_JSON} (checkpoint {ckpt}, max_seq_len {recipe.build.max_seq_len}), "
-                     f"then load it with trtkv.runtime.ReferenceRuntime and decode one token (CPU, float32)")
+                     f"then load it with trtkv.runtime.ReferenceRuntime and decode one token (CPU, float32; "
+                     f"weights dequantized, {ACTIVATIONS_NOTE.split(' (')[0]})")
     return lines
 
 
@@ -263,73 +263,22 @@ def visible_gpus() -> tuple[int, str]:
     return int(torch.cuda.device_count()), f"{'nvidia-smi failed' if smi else 'no nvidia-smi'}; torch.cuda.device_count()"
 
 
-def read_checkpoint_config(ckpt: Path) -> dict[str, Any]:
-    """The TensorRT-LLM checkpoint's config.json; StageError when absent or unreadable."""
-    path = ckpt / "config.json"
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise StageError(f"{path}: missing. Next: run `trtkv calibrate` for this recipe first.") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise StageError(f"{path}: not readable as JSON ({exc}). Next: rerun `trtkv calibrate --force`.") from exc
-    if not isinstance(data, dict):
-        raise StageError(f"{path}: expected a JSON object.")
-    return data
-
-
-def checkpoint_problems(ckpt: Path, recipe: Recipe, cfg: dict[str, Any]) -> list[str]:
-    """Disagreements between a TensorRT-LLM checkpoint config and the recipe (KV algo, weights, dtype, mapping)."""
-    where = ckpt / "config.json"
-    quant = cfg.get("quantization") or {}
-    out: list[str] = []
-    want_kv, have_kv = kv_cache_quant_algo(recipe), quant.get("kv_cache_quant_algo")
-    if have_kv != want_kv:
-        out.append(f"{where}: quantization.kv_cache_quant_algo is {have_kv!r}, the recipe's quantization.kv_cache "
-                   f"({recipe.quantization.kv_cache.value}) needs {want_kv!r}")
-    allowed = WEIGHT_ALGOS[recipe.quantization.weights]
-    if quant.get("quant_algo") not in allowed:
-        out.append(f"{where}: quantization.quant_algo is {quant.get('quant_algo')!r}, the recipe's "
-                   f"quantization.weights ({recipe.quantization.weights.value}) needs one of {list(allowed)}")
-    if cfg.get("dtype") != recipe.model.dtype.value:
-        out.append(f"{where}: dtype is {cfg.get('dtype')!r}, the recipe's model.dtype is {recipe.model.dtype.value!r}")
-    mapping = cfg.get("mapping") or {}
-    want = {"world_size": recipe.world_size, "tp_size": recipe.build.tp_size, "pp_size": recipe.build.pp_size}
-    have = {k: mapping.get(k, 1) for k in want}
-    if have != want:
-        out.append(f"{where}: mapping is {have}, the recipe's build.tp_size x pp_size needs {want}")
-    missing = [f"rank{r}.safetensors" for r in range(want["world_size"]) if not (ckpt / f"rank{r}.safetensors").is_file()]
-    if missing:
-        out.append(f"{ckpt}: missing {', '.join(missing)}")
-    return out
-
-
-def _calibrate_validation(ckpt: Path, recipe: Recipe) -> list[str]:
-    """Problems found by the calibrate stage's own checkpoint validator, when that module is present."""
-    try:
-        from trtkv.checkpoint import validate_trtllm_checkpoint
-    except ImportError:
-        return []
-    try:
-        validate_trtllm_checkpoint(ckpt, recipe)
-    except TrtkvError as exc:
-        return [str(exc)]
-    return []
-
-
 def check_checkpoint(recipe: Recipe) -> tuple[Path, dict[str, Any], list[str]]:
-    """The checkpoint folder, its config and every problem with it (empty when it fits the recipe)."""
+    """The checkpoint folder, its validation summary and every problem with it (empty when it fits the recipe).
+
+    One source of truth: trtkv.checkpoint.validate_trtllm_checkpoint (the check calibrate runs after export).
+    """
+    from trtkv.checkpoint import validate_trtllm_checkpoint
+
     ckpt = checkpoint_dir(recipe)
     if manifest_hash(ckpt) is None:
         return ckpt, {}, [f"{ckpt}: missing or incomplete (no manifest.json). Next: run `trtkv calibrate "
                           f"{recipe.name}` (or `make engine RECIPE={recipe.name}`, which runs calibrate then build)"]
     try:
-        cfg = read_checkpoint_config(ckpt)
+        summary = validate_trtllm_checkpoint(ckpt, recipe)
     except StageError as exc:
-        return ckpt, {}, [str(exc)]
-    problems = checkpoint_problems(ckpt, recipe, cfg) or _calibrate_validation(ckpt, recipe)
-    if problems:
-        problems[-1] += f". Next: rerun `trtkv calibrate {recipe.name} --force` (or fix the recipe)"
-    return ckpt, cfg, problems
+        return ckpt, {}, [str(exc).replace("<recipe>", recipe.name) + " (or fix the recipe)"]
+    return ckpt, summary, []
 
 
 def preflight_tensorrt(recipe: Recipe) -> dict[str, Any]:
@@ -362,6 +311,16 @@ def preflight_tensorrt(recipe: Recipe) -> dict[str, Any]:
 # Known pitfalls (facts.md): a hint for each, chosen from the failed run's log
 
 PITFALLS: list[tuple[str, str]] = [
+    (r"Paged Context FMHA doesn't work with int8 kv cache",
+     "paged context FMHA does not work with an INT8 KV cache: trtkv passes --use_paged_context_fmha disable for "
+     "INT8 KV; if this engine was built by hand, do the same (or recalibrate with quantization.kv_cache=fp8)"),
+    (r"FP8 Paged Context FMHA only works with fp8 quantization workflow|must be used together with the fp8 "
+     r"quantization workflow",
+     "FP8 (paged) context FMHA needs FP8 weights as well as an FP8 KV cache: recalibrate with "
+     "quantization.weights=fp8, or set build.use_fp8_context_fmha=false"),
+    (r"INT8/INT4 quantization is not supported on SM>=100|SmoothQuant is not supported on SM>=100",
+     "Blackwell (SM>=100, B200) has no INT8 KV cache, SmoothQuant or INT4 weight path in trtllm-build: use "
+     "quantization.kv_cache=fp8 and quantization.weights=fp8 or none"),
     (r"use_fp8_context_fmha|fp8 context fmha|FP8 Context FMHA",
      "--use_fp8_context_fmha enable needs an FP8 KV cache (checkpoint kv_cache_quant_algo FP8); set "
      "build.use_fp8_context_fmha=false or recalibrate with quantization.kv_cache=fp8"),
@@ -419,6 +378,20 @@ def _build_tensorrt(recipe: Recipe, ckpt: Path, tmp: Path, final: Path, log: Cal
     return {"backend": "tensorrt", "command": shown, "engines": [p.name for p in engines]}
 
 
+_UNREADABLE = object()
+
+
+def _hf_kv_algo(path: Path, recipe: Recipe, problems: list[str]) -> Any:
+    """hf_quant_config.json's quantization.kv_cache_quant_algo; a problem (and _UNREADABLE) when it is not JSON."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        problems.append(f"{path}: not readable as JSON ({exc}). Next: `trtkv calibrate {recipe.name} --force`")
+        return _UNREADABLE
+    quant = data.get("quantization") if isinstance(data, dict) else None
+    return quant.get("kv_cache_quant_algo") if isinstance(quant, dict) else None
+
+
 def _build_pytorch(recipe: Recipe, ckpt: Path, tmp: Path, final: Path) -> dict[str, Any]:
     """Write the LLM API options and the trtllm-serve command that serves the HF export."""
     hf = ckpt / "hf"
@@ -428,8 +401,8 @@ def _build_pytorch(recipe: Recipe, ckpt: Path, tmp: Path, final: Path) -> dict[s
                         f"calibrate exports with an FP8 KV cache. Next: `trtkv calibrate {recipe.name} --force`")
     quant_cfg = hf / "hf_quant_config.json"
     if quant_cfg.is_file() and recipe.quantization.kv_cache is KVCacheQuant.FP8:
-        algo = (json.loads(quant_cfg.read_text()).get("quantization") or {}).get("kv_cache_quant_algo")
-        if algo != "FP8":
+        algo = _hf_kv_algo(quant_cfg, recipe, problems)
+        if algo is not _UNREADABLE and algo != "FP8":
             problems.append(f"{quant_cfg}: kv_cache_quant_algo is {algo!r}, the recipe needs 'FP8'")
     if problems:
         raise StageError(f"build {recipe.name}: " + "; ".join(problems))
@@ -440,35 +413,34 @@ def _build_pytorch(recipe: Recipe, ckpt: Path, tmp: Path, final: Path) -> dict[s
     return {"backend": "pytorch", "serve_command": cmd, "llm_api_options": options}
 
 
-def _hf_config_source(recipe: Recipe, ckpt: Path) -> Path | None:
-    """The HF config.json describing the checkpoint's model (rope, norms): the HF export, else the source model."""
-    candidates = [ckpt / "hf" / "config.json", ckpt / "tokenizer" / "config.json"]
-    for path in candidates:
+def _hf_config_source(ckpt: Path) -> Path | None:
+    """The HF config.json describing the checkpoint's model (rope, norms): the copy calibrate saves, else the HF
+    export. Never resolves the model (an INT8-KV checkpoint has no hf/, and resolving may convert or download)."""
+    for path in (ckpt / HF_CONFIG, ckpt / "hf" / "config.json", ckpt / "tokenizer" / "config.json"):
         if path.is_file():
             return path
-    from trtkv.model import resolve_model_dir
-
-    path = resolve_model_dir(recipe) / "config.json"
-    return path if path.is_file() else None
+    return None
 
 
 def _tokenizer_dir(recipe: Recipe, ckpt: Path) -> Path | None:
+    """The checkpoint's tokenizer copy, else the HF export's, else the model folder when it is on disk already."""
     for folder in (ckpt / "tokenizer", ckpt / "hf"):
         if (folder / "tokenizer_config.json").is_file() or (folder / "tokenizer.json").is_file():
             return folder
-    from trtkv.model import resolve_model_dir
-
-    folder = resolve_model_dir(recipe)
-    return folder if (folder / "tokenizer_config.json").is_file() else None
+    local = layout.local_model_dir(recipe)
+    return local if local is not None and (local / "tokenizer_config.json").is_file() else None
 
 
 def _build_reference(recipe: Recipe, ckpt: Path, tmp: Path, log: Callable[[str], None]) -> dict[str, Any]:
     """Write runtime.json (+ the HF config), then load the runtime from `tmp` and decode one token as a check."""
     from trtkv.runtime import ReferenceRuntime
 
-    hf_config = _hf_config_source(recipe, ckpt)
+    hf_config = _hf_config_source(ckpt)
     if hf_config is not None:
         shutil.copyfile(hf_config, tmp / HF_CONFIG)
+    else:
+        log(f"build: no HF config.json in {ckpt} (rope scaling, norms): the runtime derives the model config from "
+            f"the TensorRT-LLM config.json alone. Rerun `trtkv calibrate {recipe.name} --force` to save one.")
     tokenizer = _tokenizer_dir(recipe, ckpt)
     settings = {
         "backend": "reference",
@@ -483,6 +455,7 @@ def _build_reference(recipe: Recipe, ckpt: Path, tmp: Path, log: Callable[[str],
         "compute_dtype": "float32",
         "kv_scale_semantics": "TensorRT-LLM <= 1.2: one per-layer kv_cache_scaling_factor shared by K and V "
                               "(dequantization multiplier; FP8 export clamps it to >= 1.0)",
+        "activations": ACTIVATIONS_NOTE,
     }
     (tmp / RUNTIME_JSON).write_text(json.dumps(settings, indent=2) + "\n")
     runtime = ReferenceRuntime.load(tmp)
@@ -518,4 +491,5 @@ def build(recipe: Recipe, *, force: bool = False, log: Callable[[str], None] = p
         return {**extra, "preflight": info}
 
     sections = (*SECTIONS, "triton") if backend is Backend.PYTORCH else SECTIONS
-    return run_stage(STAGE, recipe, out, work, sections=sections, input_dir=ckpt, force=force, log=log)
+    return run_stage(STAGE, recipe, out, work, sections=sections, input_dir=ckpt, force=force, log=log,
+                     versioned_tools=VERSIONED_TOOLS)

@@ -4,6 +4,7 @@ recipe -> engines/<recipe>/checkpoint/:
   config.json + rank{r}.safetensors   TensorRT-LLM checkpoint (export_tensorrt_llm_checkpoint, tp/pp from the recipe)
   hf/                                 HF checkpoint (export_hf_checkpoint; FP8 or no KV: ModelOpt 0.47 asserts on INT8)
   tokenizer/                          the model's tokenizer, for downstream stages
+  hf_config.json                      the model's HF config.json (build reads it: an INT8-KV checkpoint has no hf/)
   kv_scales.json                      per layer k/v amax, TensorRT-LLM factor, vLLM k_scale/v_scale (byte-stable);
                                       kv_cache none: kv_cache_quant_algo null and no layers
   calibration_report.md               per-layer table, warnings, K/V statistics
@@ -29,18 +30,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtkv import paths
+from trtkv import layout
 from trtkv.errors import StageError
-from trtkv.recipe import KVCacheQuant, KVScaleStrategy, Recipe, WeightQuant
+from trtkv.layout import checkpoint_dir
+from trtkv.recipe import KVCacheQuant, ModelDtype, Recipe, WeightQuant
 
 if TYPE_CHECKING:
     import torch
 
 STAGE = "calibrate"
-CHECKPOINT = "checkpoint"
+CHECKPOINT = layout.CHECKPOINT
 FP8_MAX = 448.0  # E4M3 largest finite value
 INT8_MAX = 127.0
-KV_ALGO = {KVCacheQuant.FP8: "FP8", KVCacheQuant.INT8: "INT8"}
+# The quantized KV caches only (kv_cache none maps to None in layout.KV_ALGO and is absent here).
+KV_ALGO = {kv: algo for kv, algo in layout.KV_ALGO.items() if algo is not None}
 # The KV quantizer entries, as data. FP8 is ModelOpt's preset KV_QUANT_CFG_CHOICES["fp8"] (read from ModelOpt at run
 # time; this copy is only for --dry-run); INT8 has no preset in 0.47: one per-tensor 8-bit integer entry.
 KV_ENTRIES: dict[KVCacheQuant, list[dict[str, Any]]] = {
@@ -85,10 +88,6 @@ class LayerScales:
 # What would run (no heavy imports): used by --dry-run here and by `trtkv build --dry-run`.
 
 
-def checkpoint_dir(recipe: Recipe) -> Path:
-    return paths.recipe_output_dir(recipe.name) / CHECKPOINT
-
-
 def supported_problems(recipe: Recipe) -> list[str]:
     """Recipe settings this stage cannot calibrate, each with its next step."""
     q, b, m = recipe.quantization, recipe.build, recipe.model
@@ -96,6 +95,9 @@ def supported_problems(recipe: Recipe) -> list[str]:
     if q.weights not in (WeightQuant.FP8, WeightQuant.NONE):
         out.append(f"quantization.weights = {q.weights.value!r}: trtkv calibrate exports fp8 or none weights. Next: "
                    f"use one of those, or ModelOpt's examples/llm_ptq/hf_ptq.py for {q.weights.value}.")
+    if m.dtype is ModelDtype.FLOAT32:
+        out.append("model.dtype = 'float32': ModelOpt's TensorRT-LLM export writes float16 or bfloat16 only (it "
+                   "falls back to float16). Next: use bfloat16 (or float16).")
     if m.architecture.lower() != "llama":
         out.append(f"model.architecture = {m.architecture!r}: only llama-family exports are tested here.")
     if m.num_kv_heads is not None and m.num_kv_heads % b.tp_size:
@@ -186,9 +188,6 @@ def describe_calibration(recipe: Recipe) -> list[str]:
     else:
         lines.append("  KV cache: unquantized -> checkpoint config.json quantization.kv_cache_quant_algo = null, no "
                      "kv_cache_scaling_factor tensors (K/V statistics are still collected for the report)")
-    if kv_algo and q.kv_scales is KVScaleStrategy.SCALE_ONE:
-        lines.append("  kv_scales scale_one: the scales are still calibrated and recorded; runtimes that honour "
-                     "scale_one use 1.0")
     lines.append(f"  output: {out}/")
     lines += [f"    {name}: {what}" for name, what in export_targets(recipe).items()]
     lines += [f"  cannot run: {p}" for p in supported_problems(recipe)]
@@ -202,25 +201,27 @@ def describe_calibration(recipe: Recipe) -> list[str]:
 def calibrate(recipe: Recipe, *, force: bool = False, loader: ModelLoader | None = None,
               log: Callable[[str], None] = print) -> Any:
     """Run the calibrate stage (skipped when up to date); returns trtkv.stage.StageResult."""
-    from trtkv.stage import run_stage
+    from trtkv.stage import VERSIONED_TOOLS, run_stage
 
     problems = supported_problems(recipe)
     if problems:
         raise StageError(f"calibrate {recipe.name}: cannot run:\n" + "\n".join(f"  - {p}" for p in problems))
     files = _dataset_files(recipe)
-    model_dir = None
-    if loader is None:
-        model_dir = _resolve_model(recipe)  # fails fast (hub id offline, missing package) before any heavy work
-        _check_memory(recipe)
-        loader = default_loader
     extra_key = {"build": {"tp_size": recipe.build.tp_size, "pp_size": recipe.build.pp_size},
                  "dataset_sha256": _files_hash(files)}
 
     def work(tmp: Path) -> dict[str, Any]:
-        return _calibrate_into(tmp, recipe, loader, model_dir, log)
+        # Only when the checkpoint is not up to date: resolving may convert the packaged model or try a hub.
+        model_dir = None
+        chosen = loader
+        if chosen is None:
+            model_dir = _resolve_model(recipe)  # fails fast (hub id offline, missing package) before heavy work
+            _check_memory(recipe)
+            chosen = default_loader
+        return _calibrate_into(tmp, recipe, chosen, model_dir, log)
 
     return run_stage(STAGE, recipe, checkpoint_dir(recipe), work, force=force, extra_key=extra_key, log=log,
-                     sections=("model", "quantization", "calibration"))
+                     sections=("model", "quantization", "calibration"), versioned_tools=VERSIONED_TOOLS)
 
 
 def _dataset_files(recipe: Recipe) -> list[Path]:
@@ -303,6 +304,7 @@ def _calibrate_into(tmp: Path, recipe: Recipe, loader: ModelLoader, model_dir: P
     torch.manual_seed(recipe.calibration.seed)
     model, tokenizer = loader(recipe)
     load_s = time.time() - start
+    _save_hf_config(model, model_dir, tmp / layout.HF_CONFIG)
     batches = calibration_batches(tokenizer, recipe)
     stats_md, stats_note = _kv_statistics(model, batches)
     t0, cpu0 = time.time(), time.process_time()
@@ -329,6 +331,15 @@ def _calibrate_into(tmp: Path, recipe: Recipe, loader: ModelLoader, model_dir: P
         f"{timing['peak_rss_mib']:.0f} MiB); checkpoint validated ({len(summary['ranks'])} rank file(s))")
     return {"calibration": timing, "modelopt_quant_cfg": quant_cfg, "notes": notes, "validation": summary,
             "model_dir": str(model_dir) if model_dir else None}
+
+
+def _save_hf_config(model: Any, model_dir: Path | None, target: Path) -> None:
+    """The model's config.json (the source folder's file when known, else the loaded model's config)."""
+    source = model_dir / "config.json" if model_dir is not None else None
+    if source is not None and source.is_file():
+        target.write_bytes(source.read_bytes())
+    else:
+        target.write_text(model.config.to_json_string(use_diff=False))
 
 
 def _peak_rss_mib() -> float:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtkv.errors import StageError
+from trtkv.layout import KV_ALGO, WEIGHT_ALGOS
 
 if TYPE_CHECKING:
     from trtkv.recipe import Recipe
@@ -24,9 +25,7 @@ CONFIG = "config.json"
 KV_SCALES = "kv_scales.json"
 KV_FACTOR = "attention.kv_cache_scaling_factor"
 LAYER_RE = re.compile(r"^transformer\.layers\.(\d+)\.(.+)$")
-# recipe enum value -> TensorRT-LLM QuantAlgo string in config.json (None: field is null)
-WEIGHT_ALGO = {"fp8": "FP8", "int8_sq": "W8A8_SQ_PER_CHANNEL", "int4_awq": "W4A16_AWQ", "none": None}
-KV_ALGO = {"fp8": "FP8", "int8": "INT8", "none": None}
+# recipe enum -> TensorRT-LLM QuantAlgo strings in config.json: trtkv.layout.WEIGHT_ALGOS and KV_ALGO
 REQUIRED_CONFIG = ("architecture", "dtype", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                    "hidden_size", "vocab_size", "mapping", "quantization")
 # per decoder layer, present on every rank (the gate projection is required for gated activations; the KV factor
@@ -126,19 +125,20 @@ def _check_config(config: dict[str, Any], recipe: Recipe, path: Path, problems: 
     for field, want in (("world_size", recipe.world_size), ("tp_size", b.tp_size), ("pp_size", b.pp_size)):
         _expect(problems, path, f"mapping.{field}", mapping.get(field), want, f"recipe build ({field})")
     quant = config["quantization"]
-    _expect_algo(problems, path, "quantization.quant_algo", quant.get("quant_algo"), WEIGHT_ALGO[q.weights.value],
+    _expect_algo(problems, path, "quantization.quant_algo", quant.get("quant_algo"), WEIGHT_ALGOS[q.weights],
                  "quantization.weights", q.weights.value)
     _expect_algo(problems, path, "quantization.kv_cache_quant_algo", quant.get("kv_cache_quant_algo"),
-                 KV_ALGO[q.kv_cache.value], "quantization.kv_cache", q.kv_cache.value)
+                 (KV_ALGO[q.kv_cache],), "quantization.kv_cache", q.kv_cache.value)
     layers, pp = config.get("num_hidden_layers"), mapping.get("pp_size")
     if isinstance(layers, int) and isinstance(pp, int) and pp > 0 and layers % pp:
         problems.add(path, f"num_hidden_layers = {layers} is not divisible by mapping.pp_size = {pp}")
 
 
-def _expect_algo(problems: _Problems, path: Path, field: str, got: Any, want: str | None, recipe_field: str,
-                 value: str) -> None:
-    if got != want:
-        problems.add(path, f"{field} = {got!r}, but recipe {recipe_field} = {value!r} needs {want!r}")
+def _expect_algo(problems: _Problems, path: Path, field: str, got: Any, allowed: tuple[str | None, ...],
+                 recipe_field: str, value: str) -> None:
+    if got not in allowed:
+        want = repr(allowed[0]) if len(allowed) == 1 else f"one of {list(allowed)}"
+        problems.add(path, f"{field} = {got!r}, but recipe {recipe_field} = {value!r} needs {want}")
 
 
 def _stage_layers(config: dict[str, Any]) -> int:

@@ -48,8 +48,9 @@ KV_CACHE_ALIASES = {"fp8_kv_cache": "fp8", "int8_kv_cache": "int8"}
 
 
 class KVScaleStrategy(str, Enum):
+    # One value today; the field exists so other strategies can be added. FP8 with scale 1.0 (vLLM's default
+    # without scales) is measured by `trtkv probe` (format fp8_scale1), not deployed.
     STATIC_PER_TENSOR = "static_per_tensor"  # calibrated amax per layer (TensorRT-LLM, ModelOpt)
-    SCALE_ONE = "scale_one"  # FP8 with scale 1.0, no calibration (vLLM's default without scales)
 
 
 class Backend(str, Enum):
@@ -140,7 +141,8 @@ class QuantizationConfig(_Section):
         "checkpoint's `quantization.kv_cache_quant_algo` (trtllm-build has no KV flag).",
     )
     kv_scales: KVScaleStrategy = Field(
-        KVScaleStrategy.STATIC_PER_TENSOR, description="How KV scales are obtained."
+        KVScaleStrategy.STATIC_PER_TENSOR,
+        description="How KV scales are obtained: calibrated per-layer amax (the only strategy so far).",
     )
 
     @field_validator("kv_cache", mode="before")
@@ -169,9 +171,15 @@ class BuildConfig(_Section):
     tp_size: int = Field(1, gt=0, description="Tensor parallelism.")
     pp_size: int = Field(1, gt=0, description="Pipeline parallelism.")
     gemm_plugin: GemmPlugin = Field(GemmPlugin.AUTO, description="trtllm-build `--gemm_plugin`.")
-    use_paged_context_fmha: bool = Field(True, description="trtllm-build `--use_paged_context_fmha`.")
+    use_paged_context_fmha: bool = Field(
+        True,
+        description="trtllm-build `--use_paged_context_fmha` (needed for chunked context and KV reuse); forced off "
+        "for an INT8 KV cache (TensorRT-LLM refuses it) and for an FP8 KV cache without FP8 weights.",
+    )
     use_fp8_context_fmha: bool | None = Field(
-        None, description="trtllm-build `--use_fp8_context_fmha`; default: on exactly when the KV cache is FP8."
+        None,
+        description="trtllm-build `--use_fp8_context_fmha`; default: on exactly when the KV cache and the weights "
+        "are both FP8 (TensorRT-LLM needs both).",
     )
     multiple_profiles: bool = Field(True, description="trtllm-build `--multiple_profiles`.")
     tokens_per_block: int = Field(32, gt=0, description="Paged KV block size in tokens.")
@@ -286,9 +294,28 @@ class Recipe(_Section):
         return self.build.tp_size * self.build.pp_size
 
     @property
+    def fp8_kv_and_weights(self) -> bool:
+        """FP8 KV cache and FP8 weights: what TensorRT-LLM's FP8 (paged) context FMHA needs."""
+        q = self.quantization
+        return q.kv_cache is KVCacheQuant.FP8 and q.weights is WeightQuant.FP8
+
+    @property
     def fp8_context_fmha(self) -> bool:
+        """`--use_fp8_context_fmha`: the recipe's flag, by default on exactly when KV and weights are both FP8."""
         flag = self.build.use_fp8_context_fmha
-        return self.quantization.kv_cache is KVCacheQuant.FP8 if flag is None else flag
+        return self.fp8_kv_and_weights if flag is None else flag
+
+    @property
+    def paged_context_fmha(self) -> bool:
+        """`--use_paged_context_fmha`: the recipe's flag, forced off where TensorRT-LLM cannot run it.
+
+        INT8 KV: "Paged Context FMHA doesn't work with int8 kv cache currently" (builder and attention plugin).
+        FP8 KV without FP8 weights: "FP8 Paged Context FMHA only works with fp8 quantization workflow".
+        """
+        kv = self.quantization.kv_cache
+        if kv is KVCacheQuant.INT8 or (kv is KVCacheQuant.FP8 and not self.fp8_kv_and_weights):
+            return False
+        return self.build.use_paged_context_fmha
 
     def resolved(self) -> dict[str, Any]:
         """The recipe as plain data, every default filled in (what `trtkv show` prints)."""
@@ -554,9 +581,7 @@ def cross_field_problems(r: Recipe) -> list[tuple[str, str]]:
     if m.max_position_embeddings is not None and b.max_seq_len > m.max_position_embeddings:
         out.append(("build.max_seq_len", f"max_seq_len {b.max_seq_len} exceeds the model's max_position_embeddings "
                                          f"{m.max_position_embeddings}"))
-    if b.use_fp8_context_fmha and q.kv_cache is not KVCacheQuant.FP8:
-        out.append(("build.use_fp8_context_fmha", f"FP8 context FMHA needs quantization.kv_cache: fp8 (it is "
-                                                  f"{q.kv_cache.value}); set it to false or leave it unset"))
+    out += _context_fmha_problems(r)
     if q.weights is WeightQuant.FP8 and not on_cpu and not GPU_SPECS[hw.gpu].has_fp8:
         out.append(("quantization.weights", f"FP8 weights need a GPU with FP8 ({', '.join(gpus_with_fp8())}); "
                                             f"{hw.gpu.value} has none: use int8_sq, int4_awq or none"))
@@ -573,9 +598,7 @@ def cross_field_problems(r: Recipe) -> list[tuple[str, str]]:
     if b.backend is Backend.PYTORCH and q.kv_cache is KVCacheQuant.INT8:
         out.append(("quantization.kv_cache", "TensorRT-LLM's PyTorch backend has no INT8 KV cache (kv_cache_config "
                                              "dtype is auto or fp8): use backend tensorrt or kv_cache fp8"))
-    if q.kv_scales is KVScaleStrategy.SCALE_ONE and q.kv_cache is not KVCacheQuant.FP8:
-        out.append(("quantization.kv_scales", "scale_one is an FP8 scheme; INT8 needs calibrated scales "
-                                              "(static_per_tensor)"))
+    out += _sm100_problems(r)
     if r.bench.input_tokens > b.max_input_len:
         out.append(("bench.input_tokens", f"{r.bench.input_tokens} exceeds build.max_input_len {b.max_input_len}"))
     if r.bench.input_tokens + r.bench.output_tokens > b.max_seq_len:
@@ -586,6 +609,59 @@ def cross_field_problems(r: Recipe) -> list[tuple[str, str]]:
              "triton.metrics_port": r.triton.metrics_port}
     if len(set(ports.values())) != len(ports):
         out.append(("triton.grpc_port", f"HTTP, gRPC and metrics ports must differ, got {sorted(ports.values())}"))
+    return out
+
+
+def _context_fmha_problems(r: Recipe) -> list[tuple[str, str]]:
+    """Context-FMHA flags TensorRT-LLM's builder would refuse or silently change (tensorrt backend)."""
+    b, q = r.build, r.quantization
+    out: list[tuple[str, str]] = []
+    if b.use_fp8_context_fmha:
+        if q.kv_cache is not KVCacheQuant.FP8:
+            out.append(("build.use_fp8_context_fmha", f"FP8 context FMHA needs quantization.kv_cache: fp8 (it is "
+                                                      f"{q.kv_cache.value}); set it to false or leave it unset"))
+        if q.weights is not WeightQuant.FP8:
+            out.append(("build.use_fp8_context_fmha", f"FP8 context FMHA needs the FP8 quantization workflow "
+                                                      f"(quantization.weights: fp8, it is {q.weights.value}); "
+                                                      f"TensorRT-LLM disables it otherwise: set it to false or "
+                                                      f"leave it unset"))
+    if b.backend is not Backend.TENSORRT:  # the rest are trtllm-build / engine rules
+        return out
+    if b.use_fp8_context_fmha is False and r.fp8_kv_and_weights and b.use_paged_context_fmha:
+        out.append(("build.use_fp8_context_fmha", "false, but with an FP8 KV cache, FP8 weights and "
+                                                  "build.use_paged_context_fmha true TensorRT-LLM turns FP8 context "
+                                                  "FMHA back on: leave it unset, or also set "
+                                                  "build.use_paged_context_fmha: false"))
+    if b.max_input_len > b.max_num_tokens and not r.paged_context_fmha:
+        if q.kv_cache is KVCacheQuant.INT8:
+            why = "paged context FMHA is forced off for an INT8 KV cache"
+        elif q.kv_cache is KVCacheQuant.FP8 and not r.fp8_kv_and_weights:
+            why = "paged context FMHA is forced off for an FP8 KV cache without FP8 weights"
+        else:
+            why = "build.use_paged_context_fmha is false"
+        out.append(("build.max_num_tokens", f"max_input_len {b.max_input_len} > max_num_tokens {b.max_num_tokens} "
+                                            f"needs chunked context, which needs paged context FMHA, but {why}: "
+                                            f"set build.max_num_tokens >= {b.max_input_len}"))
+    if r.triton.enable_kv_cache_reuse and not r.paged_context_fmha:
+        out.append(("triton.enable_kv_cache_reuse", f"KV cache block reuse needs an engine built with paged context "
+                                                    f"FMHA, which is off here (KV cache {q.kv_cache.value}, "
+                                                    f"weights {q.weights.value}, build.use_paged_context_fmha "
+                                                    f"{str(b.use_paged_context_fmha).lower()}): set it to false"))
+    return out
+
+
+def _sm100_problems(r: Recipe) -> list[tuple[str, str]]:
+    """trtllm-build on SM100 (B200) raises "INT8/INT4 quantization is not supported on SM>=100" (TensorRT-LLM 1.x)."""
+    q, hw = r.quantization, r.hardware
+    if r.build.backend is not Backend.TENSORRT or hw.gpu is not GPU.B200:
+        return []
+    out: list[tuple[str, str]] = []
+    if q.kv_cache is KVCacheQuant.INT8:
+        out.append(("quantization.kv_cache", "trtllm-build refuses an INT8 KV cache on B200 (SM>=100: 'INT8/INT4 "
+                                             "quantization is not supported'): use fp8"))
+    if q.weights in (WeightQuant.INT8_SQ, WeightQuant.INT4_AWQ):
+        out.append(("quantization.weights", f"trtllm-build refuses {q.weights.value} on B200 (SM>=100 has no "
+                                            f"SmoothQuant / INT8 / INT4 weight kernels): use fp8 or none"))
     return out
 
 

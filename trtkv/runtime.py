@@ -5,6 +5,10 @@ would compile, dequantizes FP8 weights with their `weights_scaling_factor` (so t
 engine's), and decodes with trtkv's quantized KV cache using the checkpoint's per-layer `kv_cache_scaling_factor`
 (TensorRT-LLM <= 1.2 semantics: one scale per layer shared by K and V). Computation is float32.
 
+Activations are NOT quantized: the checkpoint's `activation_scaling_factor` tensors (FP8 GEMM inputs on a GPU) are
+ignored, every GEMM runs in float32 on the dequantized weights. So the reference reproduces the engine's weight and
+KV-cache numerics, not its FP8 activation rounding; differences that come from the latter will not show here.
+
     rt = ReferenceRuntime.load(Path("engines/smollm2_fp8kv/engine"))
     ids = rt.generate(rt.tokenizer("Q: capital of France?\\nA:")["input_ids"], max_tokens=8)
 """
@@ -20,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtkv.errors import StageError, TrtkvError
+from trtkv.layout import KV_ALGO
 
 if TYPE_CHECKING:
     import torch
@@ -50,7 +55,8 @@ STRUCTURAL = {
     "num_key_value_heads": "num_key_value_heads",
     "head_size": "head_dim",
 }
-KV_FORMATS = {"FP8": "fp8", "INT8": "int8", None: "none"}
+# checkpoint kv_cache_quant_algo -> the KV format the runtime stores ("FP8" -> "fp8", None -> "none")
+KV_FORMATS: dict[str | None, str] = {algo: kv.value for kv, algo in KV_ALGO.items()}
 
 
 class RequestError(TrtkvError, ValueError):

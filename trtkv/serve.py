@@ -6,7 +6,9 @@ interpreter through `python3`) and LD_LIBRARY_PATH set to the venv interpreter's
 libpython this Python was built with). GPU backends (`tensorrt`, `pytorch`): the NVIDIA Triton TensorRT-LLM
 container, one tritonserver per rank under `mpirun` when tp x pp > 1 (what the backend's launch_triton_server.py
 runs). The server runs in its own session, so `trtkv serve` returns; engines/<recipe>/serve/server.json records
-pid, ports, command and log, and `trtkv stop` ends it by that pid.
+pid, ports, command and log, and `trtkv stop` ends it by that pid. Through docker the container is named
+`trtkv-<recipe>` and recorded too: `trtkv stop` (and a failed start) runs `docker stop` then `docker rm -f` on it,
+since killing the `docker run` client alone would leave the container running.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtkv import paths
+from trtkv import layout, paths
 from trtkv.errors import StageError, ToolError
+from trtkv.layout import engine_dir, repo_dir, serve_dir
 from trtkv.recipe import Backend, Recipe
 from trtkv.stage import require_input
 from trtkv.tools import quote, tail
@@ -40,6 +43,8 @@ IMAGE_ENV = "TRTKV_TRITON_IMAGE"
 CONTAINER_TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
 SERVER_JSON = "server.json"
 STUB_FILES = ("libtriton_python.so", "triton_python_backend_utils.py")
+CONTAINER_BIND = "0.0.0.0"  # inside the container: docker's -p publishes only on the recipe's triton.host
+DOCKER_STOP_TIMEOUT_S = 30
 
 
 @dataclass
@@ -58,6 +63,7 @@ class ServerInfo:
     recipe: str = ""
     backend: str = ""
     ready_seconds: float | None = None
+    container: str | None = None  # docker container name (GPU path through docker), stopped and removed by `stop`
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -69,20 +75,13 @@ class ServerInfo:
 # Where things are
 
 
-def serve_dir(recipe: Recipe) -> Path:
-    return paths.recipe_output_dir(recipe.name) / "serve"
-
-
 def server_json(recipe: Recipe) -> Path:
     return serve_dir(recipe) / SERVER_JSON
 
 
-def repo_dir(recipe: Recipe) -> Path:
-    return paths.triton_repo_dir() / recipe.name
-
-
-def engine_dir(recipe: Recipe) -> Path:
-    return paths.recipe_output_dir(recipe.name) / "engine"
+def container_name(recipe: Recipe) -> str:
+    """The docker container's name: one per recipe, so a leftover one is found by name."""
+    return f"trtkv-{recipe.name}"
 
 
 def bundled_triton() -> Path:
@@ -162,28 +161,34 @@ def local_command(recipe: Recipe, repo: Path, backends: Path) -> list[str]:
     ]
 
 
-def rank_command(recipe: Recipe, repo: Path, rank: int, tritonserver: str = CONTAINER_TRITONSERVER) -> list[str]:
-    """One rank's tritonserver, as the TensorRT-LLM backend's launch_triton_server.py builds it."""
+def rank_command(recipe: Recipe, repo: Path, rank: int, tritonserver: str = CONTAINER_TRITONSERVER,
+                 host: str | None = None) -> list[str]:
+    """One rank's tritonserver, as the TensorRT-LLM backend's launch_triton_server.py builds it, bound to `host`
+    (default: the recipe's triton.host)."""
     t = recipe.triton
-    cmd = [tritonserver, f"--model-repository={repo}", f"--http-port={t.http_port}", f"--grpc-port={t.grpc_port}",
-           f"--metrics-port={t.metrics_port}", "--disable-auto-complete-config",
+    bind = host or t.host
+    cmd = [tritonserver, f"--model-repository={repo}",
+           f"--http-address={bind}", f"--http-port={t.http_port}",
+           f"--grpc-address={bind}", f"--grpc-port={t.grpc_port}",
+           f"--metrics-address={bind}", f"--metrics-port={t.metrics_port}", "--disable-auto-complete-config",
            f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"]
     if rank:
         cmd += ["--model-control-mode=explicit", "--load-model=tensorrt_llm"]
     return cmd
 
 
-def gpu_command(recipe: Recipe, repo: Path) -> list[str]:
+def gpu_command(recipe: Recipe, repo: Path, host: str | None = None) -> list[str]:
     """Inside the container: tritonserver, or `mpirun -n 1 <rank 0> : -n 1 <rank 1> ...` for world size > 1.
 
     The `pytorch` backend runs one tritonserver whatever the world size: the LLM API starts its own workers.
+    `host`: the address the servers bind (default the recipe's triton.host; docker_command passes 0.0.0.0).
     """
     ranks = recipe.world_size if recipe.build.backend is Backend.TENSORRT else 1
     if ranks == 1:
-        return rank_command(recipe, repo, 0)
+        return rank_command(recipe, repo, 0, host=host)
     cmd = ["mpirun", "--allow-run-as-root"]
     for rank in range(ranks):
-        cmd += ["-n", "1", *rank_command(recipe, repo, rank)]
+        cmd += ["-n", "1", *rank_command(recipe, repo, rank, host=host)]
         if rank != ranks - 1:
             cmd.append(":")
     return cmd
@@ -202,15 +207,19 @@ def container_image() -> str:
 
 
 def docker_command(recipe: Recipe, repo: Path) -> list[str]:
-    """docker run of the Triton TensorRT-LLM image; engines and repository mounted at the same paths."""
+    """docker run of the Triton TensorRT-LLM image; engines and repository mounted at the same paths.
+
+    Ports are published on the recipe's triton.host only; inside the container the servers bind 0.0.0.0 (docker
+    forwards to the container's own interface, which a 127.0.0.1 bind would not answer).
+    """
     t = recipe.triton
     out = paths.recipe_output_dir(recipe.name)
     cmd = ["docker", "run", "--rm", "--gpus", "all", "--shm-size=2g", "--ulimit", "memlock=-1",
-           "--ulimit", "stack=67108864", "--name", f"trtkv-{recipe.name}"]
+           "--ulimit", "stack=67108864", "--name", container_name(recipe)]
     for port in (t.http_port, t.grpc_port, t.metrics_port):
         cmd += ["-p", f"{t.host}:{port}:{port}"]
     cmd += ["-v", f"{out}:{out}", "-v", f"{repo}:{repo}", container_image()]
-    return cmd + gpu_command(recipe, repo)
+    return cmd + gpu_command(recipe, repo, host=CONTAINER_BIND)
 
 
 BREAK_BEFORE = ("-p", "-v", "mpirun", ":", "--name")
@@ -348,7 +357,10 @@ def terminate(pid: int, command: list[str] | None, timeout_s: float) -> str:
     """SIGTERM, wait up to `timeout_s`, then SIGKILL its process group; returns how it ended."""
     if not is_running(pid, command):
         return "not running"
-    os.kill(pid, signal.SIGTERM)
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:  # exited between the check and the signal
+        return "stopped"
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         if not is_running(pid, command):
@@ -357,12 +369,40 @@ def terminate(pid: int, command: list[str] | None, timeout_s: float) -> str:
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
-        os.kill(pid, signal.SIGKILL)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return "stopped"
     for _ in range(50):
         if not is_running(pid, command):
             break
         time.sleep(0.1)
     return f"killed (no exit within {timeout_s:.0f} s of SIGTERM)"
+
+
+def stop_container(name: str, timeout_s: float = DOCKER_STOP_TIMEOUT_S) -> tuple[bool, str]:
+    """`docker stop -t N <name>` then `docker rm -f <name>`: (done, what happened); docker missing: (False, why)."""
+    docker = shutil.which("docker")
+    if docker is None:
+        return False, (f"docker is not on PATH here, so container {name} was not stopped. Next: on the docker host "
+                       f"run `docker stop {name} && docker rm -f {name}`.")
+    said = []
+    for cmd, wait_s in (([docker, "stop", "-t", str(int(timeout_s)), name], timeout_s + 30),
+                        ([docker, "rm", "-f", name], 60.0)):
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            said.append(f"`{quote(cmd)}` did not finish in {wait_s:.0f} s")
+            continue
+        except OSError as exc:
+            said.append(f"`{quote(cmd)}` could not run ({exc.strerror or exc})")
+            continue
+        text = (proc.stderr or proc.stdout).strip()
+        if proc.returncode != 0 and "No such container" not in text:
+            said.append(f"`{quote(cmd)}` exited {proc.returncode}: {text.splitlines()[-1] if text else 'no output'}")
+    if said:
+        return False, f"container {name}: " + "; ".join(said) + f". Next: check `docker ps -a --filter name={name}`."
+    return True, f"container {name} stopped and removed"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -401,20 +441,39 @@ def _start_gpu(recipe: Recipe, repo: Path, *, dry_run: bool, timeout_s: float | 
         log(f"# equivalent, with the backend's script:\n{quote(launch_script_command(recipe, repo))}")
         return None
     require_input(repo, "serve", "repo", recipe)
+    _require_model(recipe)
     check_free(recipe)
+    container = None
     if inside:
         cmd = gpu_command(recipe, repo)
     elif shutil.which("docker"):
         cmd = docker_command(recipe, repo)
+        container = container_name(recipe)
+        done, note = stop_container(container, timeout_s=10)  # a leftover of an earlier run would block --name
+        if not done:
+            log(f"serve: {note}")
     else:
         raise StageError(f"backend {recipe.build.backend.value} needs GPUs and the Triton TensorRT-LLM container, and "
                          f"neither docker nor {CONTAINER_TRITONSERVER} is here. Next: run on the GPU host, or print "
                          f"the commands with `trtkv serve {recipe.name} --dry-run`.")
-    return _launch(recipe, cmd, repo, dict(os.environ), timeout_s, log)
+    return _launch(recipe, cmd, repo, dict(os.environ), timeout_s, log, container=container)
+
+
+def _require_model(recipe: Recipe) -> None:
+    """What the GPU server loads: the engine (tensorrt) or the HF export of the checkpoint (pytorch)."""
+    if recipe.build.backend is Backend.TENSORRT:
+        require_input(engine_dir(recipe), "serve", "build", recipe)
+        return
+    ckpt = layout.checkpoint_dir(recipe)
+    require_input(ckpt, "serve", "calibrate", recipe)
+    if not (ckpt / "hf" / "config.json").is_file():
+        raise StageError(f"serve: {ckpt / 'hf'} has no config.json: the pytorch backend serves the HF export that "
+                         f"`trtkv calibrate` writes for an FP8 (or no) KV cache. Next: `trtkv calibrate "
+                         f"{recipe.name} --force`.")
 
 
 def _launch(recipe: Recipe, cmd: list[str], repo: Path, env: dict[str, str], timeout_s: float | None,
-            log: Callable[[str], None]) -> ServerInfo:
+            log: Callable[[str], None], container: str | None = None) -> ServerInfo:
     out = serve_dir(recipe)
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / "tritonserver.log"
@@ -427,13 +486,15 @@ def _launch(recipe: Recipe, cmd: list[str], repo: Path, env: dict[str, str], tim
     info = ServerInfo(pid=proc.pid, host=t.host, http_port=t.http_port, grpc_port=t.grpc_port,
                       metrics_port=t.metrics_port, command=cmd, log=str(log_path), model_repository=str(repo),
                       started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), recipe=recipe.name,
-                      backend=recipe.build.backend.value)
+                      backend=recipe.build.backend.value, container=container)
     write_server(recipe, info)
     log(f"serve: started tritonserver (pid {proc.pid}), waiting up to {timeout_s or t.startup_timeout_s:.0f} s for "
         f"{info.http_url}/v2/health/ready; log {log_path}")
     try:
         info.ready_seconds = round(wait_ready(info, proc, timeout_s or t.startup_timeout_s), 2)
     except BaseException:
+        if container:
+            log(f"serve: {stop_container(container, timeout_s=10)[1]}")
         terminate(proc.pid, cmd, 10.0)
         server_json(recipe).unlink(missing_ok=True)
         raise
@@ -449,8 +510,15 @@ def stop(recipe: Recipe, *, timeout_s: float = 30.0, log: Callable[[str], None] 
     if info is None:
         log(f"stop: no server recorded for {recipe.name} ({server_json(recipe)} does not exist)")
         return False
+    container_done = False
+    if info.container:
+        container_done, note = stop_container(info.container, timeout_s)
+        log(f"stop: {note}")
     how = terminate(info.pid, info.command, timeout_s)
     server_json(recipe).unlink(missing_ok=True)
+    if container_done:
+        log(f"stop: {recipe.name} server (container {info.container}, docker run pid {info.pid}) stopped")
+        return True
     if how == "not running":
         log(f"stop: the server for {recipe.name} (pid {info.pid}) had already exited; removed {SERVER_JSON}")
         return False

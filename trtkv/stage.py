@@ -1,9 +1,14 @@
 """The stage contract: manifest, up-to-date skip, atomic output.
 
 Every stage writes into a temporary sibling folder and renames it into place only when it succeeded, so an
-interrupted or failed stage never leaves a folder that looks complete. The folder's `manifest.json` records
-the resolved recipe, its hash, the input folder's manifest hash, tool versions and wall time; a stage whose
-manifest matches its inputs is skipped ("up to date") unless forced.
+interrupted or failed stage never leaves a folder that looks complete (a folder left by a killed run, named with a
+pid that is no longer alive, is removed the next time the stage runs). The folder's `manifest.json` records the
+resolved recipe, its hash, the input folder's manifest hash, tool versions and wall time; a stage whose manifest
+matches its inputs is skipped ("up to date") unless forced.
+
+Tool versions are part of the up-to-date key only where they change the output: calibrate (ModelOpt's export,
+transformers' modelling, torch numerics) and build (TensorRT-LLM's engine format) pass `versioned_tools`. The
+repo, serve and bench stages produce text that does not depend on them, so a tool upgrade does not redo them.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -25,16 +31,54 @@ from trtkv.recipe import Recipe
 
 MANIFEST = "manifest.json"
 TOOLS = ("nvidia-modelopt", "tensorrt_llm", "transformers", "torch", "tritonclient", "nvidia-pytriton")
+# The tools whose versions change what calibrate and build write (their up-to-date key includes them).
+VERSIONED_TOOLS = ("nvidia-modelopt", "transformers", "torch", "tensorrt_llm")
+LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)$")
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def tool_versions() -> dict[str, str | None]:
     out: dict[str, str | None] = {"trtkv": __version__}
     for dist in TOOLS:
-        try:
-            out[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            out[dist] = None
+        out[dist] = _version(dist)
     return out
+
+
+def pid_alive(pid: int) -> bool:
+    """True when a process with this pid exists (EPERM: it exists, owned by someone else)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_leftovers(output: Path, log: Callable[[str], None] = print) -> list[Path]:
+    """Remove `.<name>.tmp-<pid>` / `.<name>.old-<pid>` siblings of `output` whose pid is not alive."""
+    removed: list[Path] = []
+    if not output.parent.is_dir():
+        return removed
+    for sibling in output.parent.iterdir():
+        match = LEFTOVER.match(sibling.name)
+        if not match or match.group("name") != output.name or not sibling.is_dir():
+            continue
+        pid = int(match.group("pid"))
+        if pid == os.getpid() or pid_alive(pid):
+            continue
+        shutil.rmtree(sibling, ignore_errors=True)
+        removed.append(sibling)
+        log(f"removed {sibling} (left by an interrupted run, pid {pid} is gone)")
+    return removed
 
 
 def manifest_hash(folder: Path) -> str | None:
@@ -84,13 +128,22 @@ def run_stage(
     input_hash: str | None = None,
     force: bool = False,
     extra_key: dict[str, Any] | None = None,
+    versioned_tools: tuple[str, ...] = (),
     log: Callable[[str], None] = print,
 ) -> StageResult:
-    """Run `work(tmp_dir)` unless `output` is up to date; `work` returns extra manifest fields."""
+    """Run `work(tmp_dir)` unless `output` is up to date; `work` returns extra manifest fields.
+
+    `versioned_tools`: distributions whose installed versions join the up-to-date key (an upgrade redoes the stage).
+    """
+    remove_leftovers(output, log)
     recipe_hash = recipe.section_hash(*sections)
     if input_dir is not None and input_hash is None:
         input_hash = manifest_hash(input_dir)
-    key = {"stage": stage, "recipe_hash": recipe_hash, "input_manifest_hash": input_hash, "extra": extra_key or {}}
+    key: dict[str, Any] = {"stage": stage, "recipe_hash": recipe_hash, "input_manifest_hash": input_hash,
+                           "extra": extra_key or {}}
+    if versioned_tools:
+        versions = tool_versions()
+        key["tool_versions"] = {name: versions.get(name, _version(name)) for name in versioned_tools}
     existing = read_manifest(output)
     if existing and not force and existing.get("key") == key:
         log(f"{stage}: {output} is up to date (use --force to redo)")

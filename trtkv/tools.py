@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import threading
+import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TextIO
 
 from trtkv.errors import ToolError
 
@@ -25,6 +29,40 @@ def tail(path: Path, lines: int = 30) -> str:
         return ""
 
 
+READER_GRACE_S = 2.0  # how long output may keep coming after the tool exited (grandchildren holding the pipe)
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any process of the process group `pgid` exists."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stop_process_group(proc: subprocess.Popen[str], grace_s: float = 10.0) -> None:
+    """End the child and every process of its group: SIGTERM, up to `grace_s` to exit, then SIGKILL.
+
+    A no-op when the child has exited and its group is empty. The child leads its own session (pgid = its pid).
+    """
+    if proc.poll() is not None and not group_alive(proc.pid):
+        return
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            if proc.poll() is None:
+                proc.send_signal(sig)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None and not group_alive(proc.pid):
+                return
+            time.sleep(0.05)
+
+
 def run_logged(
     cmd: Sequence[str],
     log_path: Path,
@@ -33,34 +71,70 @@ def run_logged(
     cwd: Path | None = None,
     echo: bool = True,
     hint: str = "",
+    timeout_s: float | None = None,
+    stop_grace_s: float = 10.0,
 ) -> None:
-    """Run `cmd`, copying its output to `log_path` (and the console); raise ToolError with the log tail on failure."""
+    """Run `cmd`, copying its output to `log_path` (and the console); raise ToolError with the log tail on failure.
+
+    The child leads its own process group. Whenever this function returns or raises (failure, Ctrl-C, timeout, any
+    error) the group is ended: SIGTERM, then SIGKILL after `stop_grace_s`, so no grandchild (e.g. an MPI worker) is
+    left behind.
+    Output is decoded as UTF-8, invalid bytes shown as replacement characters.
+    """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     full_env = {**os.environ, **(env or {})}
-    with log_path.open("w") as log:
-        log.write(f"$ {quote(cmd)}\n")
+    argv = [str(c) for c in cmd]
+    with log_path.open("w", encoding="utf-8") as log:
+        log.write(f"$ {quote(argv)}\n")
         log.flush()
+        proc = _start(argv, full_env, cwd)
+        reader = threading.Thread(target=_copy_lines, args=(proc, log, echo), daemon=True)
+        reader.start()
         try:
-            proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    env=full_env, cwd=cwd, text=True, bufsize=1)
-        except FileNotFoundError as exc:
-            raise ToolError(f"{cmd[0]}: not found on PATH ({exc}). Next: install it or fix PATH.") from exc
-        stream = proc.stdout
-        if stream is None:  # pragma: no cover - PIPE always gives a stream
-            raise ToolError(f"{cmd[0]}: no output stream")
-        try:
-            for line in stream:
-                log.write(line)
-                if echo:
-                    sys.stdout.write(line)
-            code = proc.wait()
-        except KeyboardInterrupt:
-            proc.terminate()
-            proc.wait(timeout=30)
-            raise
+            code: int | None = proc.wait(timeout=timeout_s)
+            reader.join(timeout=READER_GRACE_S)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            stop_process_group(proc, stop_grace_s)
+            reader.join(timeout=READER_GRACE_S)
+    if code is None:
+        raise ToolError(f"{argv[0]} did not finish within {timeout_s} s and was stopped.\ncommand: {quote(argv)}\n"
+                        f"log: {log_path}\n--- last lines of the log ---\n{tail(log_path)}")
     if code != 0:
-        msg = (f"{cmd[0]} exited with code {code}.\ncommand: {quote(cmd)}\nlog: {log_path}\n"
+        msg = (f"{argv[0]} exited with code {code}.\ncommand: {quote(argv)}\nlog: {log_path}\n"
                f"--- last lines of the log ---\n{tail(log_path)}")
         if hint:
             msg += f"\nhint: {hint}"
         raise ToolError(msg)
+
+
+def _start(argv: list[str], env: dict[str, str], cwd: Path | None) -> subprocess.Popen[str]:
+    """Popen in a new session with text output (UTF-8, errors replaced); exec failures as ToolError."""
+    try:
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, cwd=cwd, text=True, encoding="utf-8", errors="replace", bufsize=1,
+                                start_new_session=True)
+    except FileNotFoundError as exc:
+        raise ToolError(f"{argv[0]}: not found ({exc.strerror}). Next: install it or fix PATH"
+                        f"{'' if cwd is None else f' (and check that {cwd} exists)'}.") from exc
+    except PermissionError as exc:
+        raise ToolError(f"{argv[0]}: permission denied ({exc.strerror}). Next: make it executable (chmod +x) or "
+                        f"check that PATH names the right program.") from exc
+    except OSError as exc:
+        raise ToolError(f"{argv[0]}: could not be started ({exc.strerror or exc}). Next: check that it is a program "
+                        f"for this machine (architecture, `#!` interpreter line).") from exc
+
+
+def _copy_lines(proc: subprocess.Popen[str], log: TextIO, echo: bool) -> None:
+    """Copy the child's output to the log (and the console) until the pipe closes or the log is closed."""
+    stream = proc.stdout
+    if stream is None:  # pragma: no cover - PIPE always gives a stream
+        return
+    try:
+        for line in stream:
+            log.write(line)
+            if echo:
+                sys.stdout.write(line)
+    except ValueError:  # the log was closed: run_logged gave up waiting for the rest of the output
+        return

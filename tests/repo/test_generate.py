@@ -51,6 +51,9 @@ def test_every_recipe_generates_a_valid_repo(name: str, engines_tmp: Path, token
         assert float(params["kv_cache_free_gpu_mem_fraction"]) == recipe.triton.kv_cache_free_gpu_mem_fraction
         assert params["gpt_model_path"] == str(engines_tmp / name / "engine")
         assert {"enable_kv_cache_reuse", "exclude_input_in_output", "max_beam_width"} <= set(params)
+        chunked = recipe.build.max_input_len > recipe.build.max_num_tokens
+        assert params["enable_chunked_context"] == str(chunked).lower()
+        assert f"`enable_chunked_context` is {str(chunked).lower()}" in (repo / "README.md").read_text()
     else:
         assert llm.backend == "python" and (repo / "tensorrt_llm" / "1" / "model.py").is_file()
     assert llm.model_transaction_policy.decoupled is recipe.triton.decoupled
@@ -156,3 +159,27 @@ def test_check_cli_reports_the_problem(repo_copy: Path, capsys: pytest.CaptureFi
     _edit(repo_copy / "ensemble" / "config.pbtxt", 'platform: "ensemble"', 'platfrom: "ensemble"')
     assert main(["repo", "--check", str(repo_copy)]) == 2
     assert "platfrom" in capsys.readouterr().err
+
+
+def test_chunked_context_follows_max_num_tokens(engines_tmp: Path) -> None:
+    """The batch manager rejects a context longer than max_num_tokens unless chunking is on."""
+    repo, _ = _generate("llama70b_fp8kv", ("build.max_num_tokens=8192",))
+    text = (repo / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert 'key: "enable_chunked_context" value: { string_value: "true" }' in text
+    repo, _ = _generate("llama70b_int8kv")  # max_input_len == max_num_tokens: no chunking needed
+    assert 'key: "enable_chunked_context" value: { string_value: "false" }' in (
+        repo / "tensorrt_llm" / "config.pbtxt").read_text()
+
+
+def test_readme_without_nvidia_pytriton_shows_a_generic_path(engines_tmp: Path, tokenizer_ready: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from trtkv import serve
+    from trtkv.errors import StageError
+
+    def missing() -> Path:
+        raise StageError("the tritonserver bundled in nvidia-pytriton is not installed")
+
+    monkeypatch.setattr(serve, "bundled_triton", missing)
+    repo, _ = _generate("smollm2_fp8kv")
+    readme = (repo / "README.md").read_text()
+    assert "<site-packages>/pytriton/tritonserver/bin/tritonserver" in readme and "make install" in readme

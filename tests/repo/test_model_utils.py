@@ -37,6 +37,14 @@ def test_word_list_round_trip(utils: ModuleType) -> None:
     assert utils.to_word_list([]).shape == (2, 1)
 
 
+def test_split_words_keeps_single_ids_and_detokenizes_longer_words(utils: ModuleType) -> None:
+    """The pytorch model's stop/bad words: one-token words as ids, multi-token words as strings, never dropped."""
+    ids, texts = utils.split_words([[5], [7, 8], [9]], lambda word: "".join(chr(96 + t) for t in word))
+    assert ids == [5, 9] and texts == ["gh"]
+    with pytest.raises(utils.RequestError, match="decodes to an empty string"):
+        utils.split_words([[1, 2]], lambda _word: "")
+
+
 @pytest.mark.slow
 def test_tokenizer_ids_match_transformers(tokenizer, smollm2_dir: Path) -> None:  # noqa: ANN001
     from transformers import AutoTokenizer

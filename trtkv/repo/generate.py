@@ -16,9 +16,9 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
-from trtkv import paths
+from trtkv import layout
 from trtkv.errors import StageError
-from trtkv.recipe import Backend, KVCacheQuant, Recipe
+from trtkv.recipe import Backend, Recipe
 from trtkv.repo.validate import validate_repo
 from trtkv.stage import StageResult, manifest_hash, run_stage
 
@@ -60,24 +60,15 @@ def _has_tokenizer(folder: Path) -> bool:
 
 
 def _local_model_dir(recipe: Recipe) -> Path | None:
-    """The model's HF folder when it is already on disk (never converts or downloads)."""
-    from trtkv.model import packaged_model_dir
-
-    source = recipe.model.source
-    if source.startswith("packaged:"):
-        folder = packaged_model_dir(source.split(":", 1)[1])
-        return folder if _has_tokenizer(folder) else None
-    local = Path(source).expanduser()
-    candidates = [local] if local.is_absolute() else [
-        *([recipe.path.parent / local] if recipe.path else []), paths.project_root() / local]
-    return next((c for c in candidates if _has_tokenizer(c)), None)
+    """The model's HF folder with a tokenizer when it is already on disk (never converts or downloads)."""
+    folder = layout.local_model_dir(recipe)
+    return folder if folder is not None and _has_tokenizer(folder) else None
 
 
 def plan_repo(recipe: Recipe) -> RepoPlan:
     """Resolve paths; the CPU recipe copies its tokenizer in, GPU recipes reference it (warning when absent)."""
-    out_dir = paths.recipe_output_dir(recipe.name)
-    engine, checkpoint = out_dir / "engine", out_dir / "checkpoint"
-    plan = RepoPlan(recipe, paths.triton_repo_dir() / recipe.name, engine, checkpoint, None, "")
+    engine, checkpoint = layout.engine_dir(recipe), layout.checkpoint_dir(recipe)
+    plan = RepoPlan(recipe, layout.repo_dir(recipe), engine, checkpoint, None, "")
     calibrated = checkpoint / "tokenizer"
     if recipe.build.backend is Backend.REFERENCE:
         source = calibrated if _has_tokenizer(calibrated) else _local_model_dir(recipe)
@@ -103,7 +94,7 @@ def template_values(plan: RepoPlan) -> dict[str, str]:
     r = plan.recipe
     t, b = r.triton, r.build
     flag = lambda value: "true" if value else "false"  # noqa: E731
-    kv_dtype = {KVCacheQuant.FP8: "fp8", KVCacheQuant.INT8: "int8", KVCacheQuant.NONE: "auto"}[r.quantization.kv_cache]
+    kv_dtype = (layout.kv_cache_quant_algo(r) or "auto").lower()  # fp8 | int8 | auto (the model dtype)
     return {
         "recipe_name": r.name,
         "triton_max_batch_size": str(b.max_batch_size),
@@ -126,11 +117,17 @@ def template_values(plan: RepoPlan) -> dict[str, str]:
         "batch_scheduler_policy": t.batch_scheduler_policy.value,
         "kv_cache_free_gpu_mem_fraction": str(t.kv_cache_free_gpu_mem_fraction),
         "enable_kv_cache_reuse": flag(t.enable_kv_cache_reuse),
+        "enable_chunked_context": flag(chunked_context(r)),
         "exclude_input_in_output": flag(t.exclude_input_in_output),
         "max_beam_width": str(MAX_BEAM_WIDTH),
         "tp_size": str(b.tp_size),
         "pp_size": str(b.pp_size),
     }
+
+
+def chunked_context(recipe: Recipe) -> bool:
+    """The batch manager rejects a context longer than max_num_tokens unless it may chunk it."""
+    return recipe.build.max_input_len > recipe.build.max_num_tokens
 
 
 def render(template: str, values: dict[str, str]) -> str:

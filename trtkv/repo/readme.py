@@ -6,6 +6,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from trtkv import serve
+from trtkv.errors import StageError
 from trtkv.recipe import Backend
 from trtkv.tools import quote
 
@@ -55,11 +56,42 @@ def _layout_lines(plan: RepoPlan) -> list[str]:
     ]
 
 
+GENERIC_TRITONSERVER = "<site-packages>/pytriton/tritonserver/bin/tritonserver"
+
+
+def _local_command_text(plan: RepoPlan) -> str:
+    """The bundled tritonserver command; with a generic binary path where nvidia-pytriton is not installed."""
+    r = plan.recipe
+    backends = serve.serve_dir(r) / "backends"
+    try:
+        return quote(serve.local_command(r, plan.output, backends))
+    except StageError:
+        t = r.triton
+        return quote([GENERIC_TRITONSERVER, f"--model-repository={plan.output}", f"--backend-directory={backends}",
+                      f"--http-address={t.host}", f"--http-port={t.http_port}", f"--grpc-address={t.host}",
+                      f"--grpc-port={t.grpc_port}", f"--metrics-address={t.host}", f"--metrics-port={t.metrics_port}",
+                      "..."]) + "   # nvidia-pytriton is not installed here: `make install` puts it in the venv"
+
+
+def _chunked_lines(plan: RepoPlan) -> list[str]:
+    from trtkv.repo.generate import chunked_context
+
+    b = plan.recipe.build
+    if plan.recipe.build.backend is not Backend.TENSORRT:
+        return []
+    if chunked_context(plan.recipe):
+        return [f"`enable_chunked_context` is true: build.max_input_len {b.max_input_len} exceeds "
+                f"build.max_num_tokens {b.max_num_tokens}, and the batch manager rejects a longer context unless it "
+                f"may split it into chunks (this needs the engine's paged context FMHA, which `trtkv build` enables "
+                f"here).", ""]
+    return [f"`enable_chunked_context` is false: every prompt (at most build.max_input_len {b.max_input_len} tokens) "
+            f"fits in one engine step of build.max_num_tokens {b.max_num_tokens}.", ""]
+
+
 def _deploy_lines(plan: RepoPlan) -> list[str]:
     r = plan.recipe
     repo = plan.output
     if r.build.backend is Backend.REFERENCE:
-        cmd = serve.local_command(r, repo, serve.serve_dir(r) / "backends")
         return [
             "## Deploy (CPU, the tritonserver bundled in nvidia-pytriton)",
             "",
@@ -73,7 +105,7 @@ def _deploy_lines(plan: RepoPlan) -> list[str]:
             "",
             "```",
             f"PATH={sys.prefix}/bin:$PATH LD_LIBRARY_PATH={serve.python_libdir()} \\",
-            f"  {quote(cmd)}",
+            f"  {_local_command_text(plan)}",
             "```",
             "",
         ]
@@ -114,6 +146,7 @@ def readme_text(plan: RepoPlan) -> str:
         f"`trtkv repo {r.name} --force`.",
         "",
         *_layout_lines(plan),
+        *_chunked_lines(plan),
     ]
     if plan.warnings:
         lines += ["Not there yet when this was generated:", "", *[f"- {w}" for w in plan.warnings], ""]

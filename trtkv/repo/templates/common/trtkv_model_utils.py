@@ -1,5 +1,6 @@
 """Helpers shared by trtkv's Triton Python models (copied next to each model.py; the stub puts that folder on
-sys.path). Self-contained: numpy, plus `tokenizers` (or transformers when a folder has no tokenizer.json)."""
+sys.path). Self-contained: numpy, plus `tokenizers` (or transformers when a folder has no tokenizer.json); the
+request/response helpers import Triton's `triton_python_backend_utils` when called (so tests import this file)."""
 
 from __future__ import annotations
 
@@ -137,3 +138,47 @@ class Utf8Chunker:
     def flush(self) -> list[int]:
         ready, self.pending = self.pending, []
         return ready
+
+
+# ---------------------------------------------------------------------------------------------
+# Request / response tensors (the tensorrt_llm models of every backend use the same names)
+
+
+def optional_value(request: Any, name: str) -> Any | None:
+    """The single value of an optional [1, 1] input, or None when absent."""
+    import triton_python_backend_utils as pb_utils
+
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return None
+    values = tensor.as_numpy()
+    return values.reshape(-1)[0] if values.size else None
+
+
+def word_row(request: Any, name: str) -> np.ndarray | None:
+    """A stop/bad words input in TensorRT-LLM's [2, n] format, or None when absent."""
+    import triton_python_backend_utils as pb_utils
+
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return None if tensor is None else tensor.as_numpy().reshape(2, -1)
+
+
+def output_tensors(ids: list[int]) -> list[Any]:
+    """output_ids [1, 1, n] and sequence_length [1, 1] for one sequence (batch 1, beam 1)."""
+    import triton_python_backend_utils as pb_utils
+
+    return [pb_utils.Tensor("output_ids", np.array(ids, dtype=np.int32).reshape(1, 1, -1)),
+            pb_utils.Tensor("sequence_length", np.array([[len(ids)]], dtype=np.int32))]
+
+
+def split_words(words: list[list[int]], decode: Any) -> tuple[list[int], list[str]]:
+    """Stop/bad words for an API that takes single token ids and strings: one-token words stay ids, longer ones
+    are detokenized (`decode(ids) -> str`); a word that decodes to nothing is a RequestError."""
+    ids = [w[0] for w in words if len(w) == 1]
+    texts = []
+    for word in (w for w in words if len(w) > 1):
+        text = str(decode(word))
+        if not text:
+            raise RequestError(f"stop/bad word {word} decodes to an empty string: send it as single token ids")
+        texts.append(text)
+    return ids, texts

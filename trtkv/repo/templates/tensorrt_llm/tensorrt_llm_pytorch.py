@@ -18,23 +18,18 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import triton_python_backend_utils as pb_utils  # provided by the Triton Python backend
 import yaml
-from trtkv_model_utils import RequestError, Utf8Chunker, from_word_list, model_parameters
-
-
-def optional_value(request: Any, name: str) -> Any | None:
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    if tensor is None:
-        return None
-    values = tensor.as_numpy()
-    return values.reshape(-1)[0] if values.size else None
-
-
-def output_tensors(ids: list[int]) -> list[Any]:
-    return [pb_utils.Tensor("output_ids", np.array(ids, dtype=np.int32).reshape(1, 1, -1)),
-            pb_utils.Tensor("sequence_length", np.array([[len(ids)]], dtype=np.int32))]
+from trtkv_model_utils import (
+    RequestError,
+    Utf8Chunker,
+    from_word_list,
+    model_parameters,
+    optional_value,
+    output_tensors,
+    split_words,
+    word_row,
+)
 
 
 def llm_args(params: dict[str, str]) -> dict[str, Any]:
@@ -118,12 +113,7 @@ class TritonPythonModel:
             value = optional_value(request, name)
             if value is not None:
                 sampling[key] = cast(value)
-        stop = from_word_list(self.row(request, "stop_words_list"))
-        bad = from_word_list(self.row(request, "bad_words_list"))
-        if stop:
-            sampling["stop_token_ids"] = [w[0] for w in stop if len(w) == 1]
-        if bad:
-            sampling["bad_token_ids"] = [w[0] for w in bad if len(w) == 1]
+        sampling.update(self.word_params(request))
         stream = bool(optional_value(request, "streaming") or False)
         if stream and sender is None:
             raise RequestError("streaming needs the decoupled model (recipe triton.decoupled: true)")
@@ -156,10 +146,21 @@ class TritonPythonModel:
             live.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
 
-    @staticmethod
-    def row(request: Any, name: str) -> np.ndarray | None:
-        tensor = pb_utils.get_input_tensor_by_name(request, name)
-        return None if tensor is None else tensor.as_numpy().reshape(2, -1)
+    def word_params(self, request: Any) -> dict[str, Any]:
+        """Stop/bad words as SamplingParams fields: one-token words as ids, longer ones detokenized to strings (the
+        LLM API re-tokenizes `stop`/`bad` strings). Stop words stay in the output, as with the engine backend."""
+        out: dict[str, Any] = {}
+        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
+        for name, ids_key, text_key in (("stop_words_list", "stop_token_ids", "stop"),
+                                        ("bad_words_list", "bad_token_ids", "bad")):
+            ids, texts = split_words(from_word_list(word_row(request, name)), decode)
+            if ids:
+                out[ids_key] = ids
+            if texts:
+                out[text_key] = texts
+        if "stop_token_ids" in out or "stop" in out:
+            out["include_stop_str_in_output"] = True
+        return out
 
     def finalize(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)

@@ -21,7 +21,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import triton_python_backend_utils as pb_utils  # provided by the Triton Python backend
 from trtkv_model_utils import (
     RequestError,
@@ -30,7 +29,10 @@ from trtkv_model_utils import (
     from_word_list,
     model_dir_from_args,
     model_parameters,
+    optional_value,
+    output_tensors,
     resolve_dir,
+    word_row,
 )
 
 
@@ -39,26 +41,6 @@ def threads_for(value: str, instances: int) -> int:
     if value.strip().lower() == "auto":
         return max(1, (os.cpu_count() or 1) // max(1, instances))
     return max(1, int(value))
-
-
-def output_tensors(ids: list[int]) -> list[Any]:
-    """output_ids [1, 1, n] and sequence_length [1, 1] for one sequence (batch 1, beam 1)."""
-    return [pb_utils.Tensor("output_ids", np.array(ids, dtype=np.int32).reshape(1, 1, -1)),
-            pb_utils.Tensor("sequence_length", np.array([[len(ids)]], dtype=np.int32))]
-
-
-def optional_value(request: Any, name: str) -> Any | None:
-    """The single value of an optional [1, 1] input, or None when absent."""
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    if tensor is None:
-        return None
-    values = tensor.as_numpy()
-    return values.reshape(-1)[0] if values.size else None
-
-
-def word_row(request: Any, name: str) -> np.ndarray | None:
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    return None if tensor is None else tensor.as_numpy().reshape(2, -1)
 
 
 def cancel_check(request: Any) -> Callable[[int], bool]:
