@@ -91,16 +91,16 @@ def resolve_model_dir(recipe: Recipe) -> Path:
             print(f"Converting {gguf.name} to an HF folder in {out} (once; reused after)...", flush=True)
             convert_gguf(gguf, out)
         return out
-    local = Path(source).expanduser()
-    bases = ([recipe.path.parent] if recipe.path else []) + [paths.project_root(), Path.cwd()]
-    candidates = [local] if local.is_absolute() else [base / local for base in bases]
-    for folder in candidates:
-        if (folder / "config.json").is_file():
-            return folder.resolve()
-    if "/" in source and not source.startswith((".", "/", "~")) and source.count("/") == 1:
+    from trtkv.layout import local_model_dir  # one search order for "is it on this machine"
+
+    found = local_model_dir(recipe)
+    if found is not None:
+        return found
+    if source.count("/") == 1 and not source.startswith((".", "/", "~")):
         return _hub_snapshot(source)
-    raise StageError(f"model.source {source!r}: no HF folder with a config.json at {', '.join(map(str, candidates))}. "
-                     f"Next: point model.source at a local model folder.")
+    raise StageError(f"model.source {source!r}: no HF folder with a config.json and weights relative to the recipe "
+                     f"file, the project root or the working directory. Next: point model.source at a local model "
+                     f"folder.")
 
 
 def _hub_snapshot(repo_id: str) -> Path:
