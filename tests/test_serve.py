@@ -86,6 +86,9 @@ def test_already_running_then_stop(engines_tmp: Path) -> None:
     recipe = _recipe()
     proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
+        deadline = time.time() + 10  # until the child has exec'd (before, /proc shows the forking interpreter)
+        while not Path(f"/proc/{proc.pid}/cmdline").read_bytes().startswith(b"sleep") and time.time() < deadline:
+            time.sleep(0.01)
         _record(recipe, proc, ["sleep", "60"])
         with pytest.raises(StageError, match="already running"):
             serve.check_free(recipe)
