@@ -375,8 +375,8 @@ def quiz_capitals(bsdgames: Package) -> tuple[list[dict], list[str]]:
                 raise SystemExit(f"unexpected quiz line in {name}: {line!r}")
             records.append({"question": fields[0], "answer": fields[1],
                             "source": f"bsdgames quiz {name}"})
-    wanted = [l for l in index_lines
-              if Path(split_categories(l)[0]).name in QUIZ_CAPITAL_FILES]
+    wanted = [entry for entry in index_lines
+              if Path(split_categories(entry)[0]).name in QUIZ_CAPITAL_FILES]
     return records, wanted
 
 
@@ -384,8 +384,8 @@ def bsd_license(bsdgames: Package) -> str:
     text = (bsdgames.root / "usr/share/doc/bsdgames/copyright").read_text(encoding="utf-8")
     start = text.index("   Copyright (c) 1980")
     end = text.index("SUCH DAMAGE.", start) + len("SUCH DAMAGE.")
-    return "\n".join(l[3:] if l.startswith("   ") else l.strip()
-                     for l in text[start:end].splitlines())
+    return "\n".join(line[3:] if line.startswith("   ") else line.strip()
+                     for line in text[start:end].splitlines())
 
 
 # --------------------------------------------------------------------------
@@ -407,7 +407,7 @@ def length_stats(texts: list[str]) -> str:
 
 
 def indent(text: str) -> str:
-    return "\n".join(("    " + l) if l else "" for l in text.splitlines())
+    return "\n".join(("    " + line) if line else "" for line in text.splitlines())
 
 
 def readme(files: dict, pk: dict[str, Package], stats: dict, wn_licence: str,
@@ -420,7 +420,6 @@ def readme(files: dict, pk: dict[str, Package], stats: dict, wn_licence: str,
         return f"| `{path}` | {f['records']} | {f['bytes']} |"
 
     total = sum(f["bytes"] for f in files.values())
-    kjv = pk["bible-kjv-text"]
     return f"""# Calibration and evaluation text
 
 Plain text shipped with trtkv for KV-cache quantization.  Everything here is
