@@ -1,40 +1,358 @@
-"""Probe results on disk, read by the planner (no torch here: `trtkv plan` must start fast)."""
+"""Probe results on disk: read by the planner, written as probe.json / probe.md / PNG plots by `trtkv probe`.
+
+No torch here: `trtkv plan` must start fast. matplotlib is imported only when plots are written.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trtkv import paths
 
 if TYPE_CHECKING:
     from trtkv.recipe import Recipe
 
+# Verdict thresholds at the longest probed length (top-1 agreement with the reference, relative ppl change).
+SAFE_TOP1, SAFE_PPL = 0.97, 0.01
+CAUTION_TOP1, CAUTION_PPL = 0.90, 0.05
+NEEDLE_SLACK = 0.2  # needle accuracy may trail the reference by this much before it counts against a format
+
 
 def default_probe_dir(recipe: Recipe) -> Path:
     return paths.recipe_output_dir(recipe.name) / "probe"
 
 
-def load_probe(recipe: Recipe, probe_dir: Path | None = None) -> dict | None:
-    path = (probe_dir or default_probe_dir(recipe)) / "probe.json"
-    if not path.is_file():
+def _read(path: Path) -> dict | None:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
         return None
-    return json.loads(path.read_text())
+    return doc if isinstance(doc, dict) and doc.get("records") else None
+
+
+def find_probe(recipe: Recipe, probe_dir: Path | None = None) -> tuple[Path, dict] | None:
+    """The probe results for this recipe's model: probe_dir, else engines/<recipe>/probe, else the newest probe of
+    another recipe with the same model source and architecture."""
+    if probe_dir is not None:
+        doc = _read(Path(probe_dir) / "probe.json")
+        return (Path(probe_dir), doc) if doc else None
+    own = default_probe_dir(recipe)
+    doc = _read(own / "probe.json")
+    if doc:
+        return own, doc
+    root = paths.engines_dir()
+    found = []
+    for path in root.glob("*/probe/probe.json") if root.is_dir() else []:
+        other = _read(path)
+        model = (other or {}).get("model", {})
+        if other and model.get("source") == recipe.model.source and \
+                model.get("num_layers") in (None, recipe.model.num_layers):
+            found.append((path.stat().st_mtime, path.parent, other))
+    if not found:
+        return None
+    _, folder, doc = max(found, key=lambda x: x[0])
+    return folder, doc
+
+
+def load_probe(recipe: Recipe, probe_dir: Path | None = None) -> dict | None:
+    hit = find_probe(recipe, probe_dir)
+    return hit[1] if hit else None
+
+
+def classify(rec: dict, ref_needle: float | None = None) -> str:
+    """'safe', 'caution' or 'risky' for one record (top-1 agreement, relative ppl change, needle)."""
+    rel = abs(rec.get("ppl_delta", 0.0)) / max(rec.get("ppl_ref") or rec.get("ppl") or 1.0, 1e-9)
+    top1 = rec.get("top1_agreement", 0.0)
+    needle = rec.get("needle_accuracy")
+    needle_ok = needle is None or ref_needle is None or needle >= ref_needle - NEEDLE_SLACK
+    if top1 >= SAFE_TOP1 and rel <= SAFE_PPL and needle_ok:
+        return "safe"
+    if top1 >= CAUTION_TOP1 and rel <= CAUTION_PPL:
+        return "caution"
+    return "risky"
+
+
+def _needle_by_format(doc: dict) -> dict[str, float]:
+    """Mean needle accuracy per format over the probed needle lengths."""
+    acc: dict[str, list[float]] = {}
+    for row in doc.get("needles", []):
+        acc.setdefault(row["format"], []).append(row["accuracy"])
+    return {f: sum(v) / len(v) for f, v in acc.items()}
 
 
 def probe_advice(recipe: Recipe, probe_dir: Path | None = None) -> tuple[list[str], str] | None:
     """Advice built from measured probe records, or None when there are none for this model."""
-    data = load_probe(recipe, probe_dir)
-    if not data or not data.get("records"):
+    hit = find_probe(recipe, probe_dir)
+    if hit is None:
         return None
+    folder, data = hit
     records = data["records"]
     longest = max(r["context_len"] for r in records)
+    needles = _needle_by_format(data)
+    ref_needle = needles.get(data.get("reference", "fp16"))
     rows = sorted((r for r in records if r["context_len"] == longest), key=lambda r: r.get("kv_bytes_per_token", 0))
     out = []
     for r in rows:
-        needle = r.get("needle_accuracy")
+        needle = needles.get(r["format"])
         needle_txt = f", needle {needle:.0%}" if needle is not None else ""
         out.append(f"{r['format']} at {longest} tokens: KL {r['kl_mean']:.4f}, top-1 agreement "
-                   f"{r['top1_agreement']:.1%}, ppl delta {r['ppl_delta']:+.3f}{needle_txt}")
-    return out, f"measured by `trtkv probe` on this model ({len(records)} records)"
+                   f"{r['top1_agreement']:.1%}, ppl delta {r['ppl_delta']:+.3f}{needle_txt} -> "
+                   f"{classify({**r, 'needle_accuracy': needle}, ref_needle)}")
+    safe = [r for r in rows if r["format"] not in ("fp16", "bf16")
+            and classify({**r, "needle_accuracy": needles.get(r["format"])}, ref_needle) == "safe"]
+    if safe:
+        best = min(safe, key=lambda r: r.get("kv_bytes_per_token", 0))
+        out.append(f"Smallest KV format measured safe on this model up to {longest} tokens: {best['format']} "
+                   f"({best.get('kv_bytes_per_token', 0):.0f} B/token).")
+    else:
+        out.append(f"No quantized KV format measured safe up to {longest} tokens on this model: keep 16-bit KV.")
+    try:
+        from trtkv.memory import kv_format_for_recipe
+
+        mine = kv_format_for_recipe(recipe).value
+    except (ImportError, AttributeError, ValueError):
+        mine = None
+    if mine and not any(r["format"] == mine for r in rows):
+        out.append(f"The recipe's KV format {mine} was not probed: add it with `trtkv probe {recipe.name} "
+                   f"--formats {mine}`.")
+    if longest < recipe.build.max_seq_len:
+        out.append(f"Probed up to {longest} tokens but build.max_seq_len is {recipe.build.max_seq_len}: error grows "
+                   f"with context, probe longer if the model allows.")
+    other = data.get("recipe")
+    where = f" of recipe {other} (same model)" if other and other != recipe.name else ""
+    return out, f"measured by `trtkv probe`{where} on this model ({len(records)} records, {folder / 'probe.json'})"
+
+
+# ----------------------------------------------------------------------------- writing the report
+
+
+def write_outputs(out: Path, doc: dict, stats_markdown: str | None, curves: dict[str, list[float] | None]) -> None:
+    """probe.json, probe.md and the PNG plots."""
+    doc = {**doc, "kl_by_position": {"window": 256, "curves": {k: v for k, v in curves.items() if v}}}
+    plots = write_plots(out, doc)
+    doc["plots"] = [p.name for p in plots]
+    (out / "probe.json").write_text(json.dumps(doc, indent=2))
+    (out / "probe.md").write_text(render_markdown(doc, stats_markdown, plots))
+
+
+def _fmt(value: Any, spec: str, none: str = "-") -> str:
+    return none if value is None else format(value, spec)
+
+
+def render_markdown(doc: dict, stats_markdown: str | None, plots: list[Path]) -> str:
+    """probe.md: method, results table, needles, scale reuse, K/V statistics, one verdict per format."""
+    recs = doc["records"]
+    model = doc["model"]
+    s = doc["settings"]
+    lines = [
+        f"# KV-cache probe: {doc['recipe']}",
+        "",
+        f"Model {model['source']} ({model['num_layers']} layers, {model['num_kv_heads']} KV heads x head_dim "
+        f"{model['head_dim']}), compute {model['compute_dtype']} on {model['device']}; text: calibration_data/eval "
+        f"(never used for calibration). Static scales: {doc['scales']['source']}. Run {doc['created_at']}, "
+        f"{doc['seconds']:.0f} s.",
+        "",
+        "## Method",
+        "",
+        "- Reference: the same model with K/V stored as float16 (`fp16`); its KL is 0 by construction.",
+        "- Each query attends to the quantized K/V of every position up to and including its own, as a decode step "
+        "reads back the cache it just wrote. Per-token formats quantize each token on its own, so one causal pass over "
+        "the text gives exactly what token-by-token decoding would. KIVI keeps a 128-token fp16 window whose content "
+        "depends on the query position, so its text is fed in 128-token chunks aligned with the window flushes "
+        "(each token sees quantized history + full-precision window, as in decoding). Real runtimes attend the prompt "
+        "in 16 bit during prefill, so these figures are the decode-side (worst) case.",
+        "- One pass at the longest length serves every shorter length (a causal pass over L tokens is a prefix of "
+        "the longer one); metrics at length L average the L-1 next-token predictions.",
+        f"- Needles: a random 5-digit passkey at depths {s['needle_depths']} of a haystack of other eval text, "
+        f"{s['needle_seeds']} seeds per depth, at lengths {s['needle_lengths']}; counted when the greedy prediction "
+        f"of every digit is right (teacher-forced, equal to greedy generation).",
+        "",
+        "## Results",
+        "",
+        "| format | context | KL mean | KL last 1/4 | ppl | ppl delta | top-1 agree | needle | clip rate | "
+        "bytes/token (measured) | formula |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    order = {f: i for i, f in enumerate(s["formats"])}
+    for r in sorted(recs, key=lambda r: (order.get(r["format"], 99), r["context_len"])):
+        lines.append(
+            f"| {r['format']} | {r['context_len']} | {r['kl_mean']:.5f} | {r['kl_last_quarter']:.5f} | "
+            f"{r['ppl']:.3f} | {r['ppl_delta']:+.3f} | {r['top1_agreement']:.1%} | "
+            f"{_fmt(r.get('needle_accuracy'), '.0%')} | {_fmt(r.get('clip_rate'), '.2e')} | "
+            f"{r['kv_bytes_per_token']:.0f} | {r['kv_bytes_per_token_formula']:.0f} |")
+    lines += ["", *[f"![{p.stem}]({p.name})" for p in plots], ""]
+    lines += _needle_section(doc)
+    lines += _reuse_section(doc)
+    lines += ["## Verdicts", ""]
+    lines += [f"- {v}" for v in verdicts(doc)]
+    lines += ["", "## Which runtime each format follows", "", "| format | semantics |", "|---|---|"]
+    seen = []
+    for r in recs:
+        if r["format"] not in seen:
+            seen.append(r["format"])
+            lines.append(f"| {r['format']} | {r['kv_semantics']} |")
+    if stats_markdown:
+        lines += ["", "## K/V statistics (calibration pass)", "", stats_markdown]
+    return "\n".join(lines) + "\n"
+
+
+def _needle_section(doc: dict) -> list[str]:
+    rows = doc.get("needles", [])
+    if not rows:
+        return []
+    depths = sorted({d for r in rows for d in r["by_depth"]}, key=float)
+    lines = ["## Needle retrieval", "", "| format | context | " + " | ".join(f"depth {d}" for d in depths) + " | all |",
+             "|---|---:|" + "---:|" * (len(depths) + 1)]
+    for r in rows:
+        cells = " | ".join(_fmt(r["by_depth"].get(d), ".0%") for d in depths)
+        lines.append(f"| {r['format']} | {r['context_len']} | {cells} | {r['accuracy']:.0%} |")
+    return lines + [""]
+
+
+def _reuse_section(doc: dict) -> list[str]:
+    reuse = doc.get("scale_reuse") or {}
+    fmts = reuse.get("formats", {})
+    decode = reuse.get("decode", {})
+    if not fmts and not decode:
+        return []
+    lines = ["## Scale reuse: short-prompt scales at long context and through decode", "",
+             f"Scales: {reuse.get('scales_source')}. Range = the static format's representable |x| "
+             f"(fp8: 448 x scale, int8: 127 x scale).", "",
+             "| format | layers K beyond range | layers V beyond range | max K observed/range | max V observed/range |",
+             "|---|---:|---:|---:|---:|"]
+    for name, f in fmts.items():
+        lines.append(f"| {name} | {f['layers_exceeding_range_k']} | {f['layers_exceeding_range_v']} | "
+                     f"{f['max_observed_over_range_k']:.2f} | {f['max_observed_over_range_v']:.2f} |")
+    if any(f.get("by_position") for f in fmts.values()):
+        lines += ["", "Clipping and KL by position (error growth along the text):", "",
+                  "| format | positions | clipped elements | KL mean |", "|---|---|---:|---:|"]
+        for name, f in fmts.items():
+            for b in f.get("by_position", []):
+                lines.append(f"| {name} | {b['from']}-{b['to']} | {b['clipped_elements']} | {b['kl_mean']:.5f} |")
+    if decode:
+        lines += ["", "Through decode steps (prompt of eval text, then greedy tokens of the reference fed one at a "
+                  "time through the quantized cache):", "",
+                  "| format | prompt | steps | clip rate prompt | clip rate decode | KL decode 1st half | "
+                  "KL decode 2nd half |", "|---|---:|---:|---:|---:|---:|---:|"]
+        for name, d in decode.items():
+            lines.append(f"| {name} | {d['prompt_tokens']} | {d['decode_steps']} | {d['clip_rate_prompt']:.2e} | "
+                         f"{d['clip_rate_decode']:.2e} | {d['kl_decode_first_half']:.5f} | "
+                         f"{d['kl_decode_second_half']:.5f} |")
+    return lines + [""]
+
+
+def verdicts(doc: dict) -> list[str]:
+    """One paragraph per format from the measured records."""
+    recs = doc["records"]
+    needles = _needle_by_format(doc)
+    ref = doc.get("reference", "fp16")
+    ref_needle = needles.get(ref)
+    out = []
+    for fmt in doc["settings"]["formats"]:
+        rows = sorted((r for r in recs if r["format"] == fmt), key=lambda r: r["context_len"])
+        if not rows:
+            continue
+        lo, hi = rows[0], rows[-1]
+        if fmt == ref:
+            out.append(f"**{fmt}**: the reference (KL 0 by construction); ppl {hi['ppl']:.3f} at {hi['context_len']} "
+                       f"tokens, needle {_fmt(needles.get(fmt), '.0%')}.")
+            continue
+        verdict = classify({**hi, "needle_accuracy": needles.get(fmt)}, ref_needle)
+        growth = f"x{hi['kl_mean'] / lo['kl_mean']:.1f}" if lo["kl_mean"] > 0 else "from 0"
+        clip = f" Static-scale clipping {hi['clip_rate']:.2e} of elements." if hi.get("clip_rate") is not None else ""
+        needle = needles.get(fmt)
+        needle_txt = f" Needle {needle:.0%} (reference {_fmt(ref_needle, '.0%')})." if needle is not None else ""
+        rel = hi["ppl_delta"] / hi["ppl_ref"] if hi.get("ppl_ref") else 0.0
+        share = hi["kv_bytes_per_token"] / max(1.0, _ref_bytes(recs, ref))
+        out.append(
+            f"**{fmt}** ({hi['kv_bytes_per_token']:.0f} B/token, {share:.0%} of fp16): KL {lo['kl_mean']:.4f} at "
+            f"{lo['context_len']} -> {hi['kl_mean']:.4f} at {hi['context_len']} "
+            f"tokens ({growth}; last quarter {hi['kl_last_quarter']:.4f}), top-1 agreement "
+            f"{hi['top1_agreement']:.1%}, ppl {hi['ppl_delta']:+.3f} ({rel:+.1%}).{clip}{needle_txt} "
+            f"Verdict: **{verdict}** on this model up to {hi['context_len']} tokens.")
+    return out
+
+
+def _ref_bytes(recs: list[dict], ref: str) -> float:
+    return next((r["kv_bytes_per_token"] for r in recs if r["format"] == ref), 1.0)
+
+
+def write_plots(out: Path, doc: dict) -> list[Path]:
+    """Error vs context length, error vs position, needle accuracy by depth x length (PNG, Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recs = doc["records"]
+    formats = doc["settings"]["formats"]
+    ref = doc.get("reference", "fp16")
+    written = []
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for fmt in formats:
+        rows = sorted((r for r in recs if r["format"] == fmt), key=lambda r: r["context_len"])
+        if not rows or fmt == ref:
+            continue
+        xs = [r["context_len"] for r in rows]
+        axes[0].plot(xs, [max(r["kl_mean"], 1e-7) for r in rows], marker="o", label=fmt)
+        axes[1].plot(xs, [r["top1_agreement"] for r in rows], marker="o", label=fmt)
+    for ax, title in ((axes[0], "KL to fp16 reference (mean)"), (axes[1], "top-1 agreement with reference")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context length (tokens)")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    axes[0].set_yscale("log")
+    axes[1].legend(fontsize=8)
+    fig.suptitle(f"KV format error vs context length: {doc['recipe']}")
+    fig.tight_layout()
+    written.append(_save(fig, out / "error_vs_context.png", plt))
+    curves = doc.get("kl_by_position", {}).get("curves", {})
+    if curves:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        window = doc["kl_by_position"]["window"]
+        for fmt, ys in curves.items():
+            if fmt != ref and ys:
+                ax.plot([i * window for i in range(len(ys))], [max(y, 1e-7) for y in ys], label=fmt)
+        ax.set_yscale("log")
+        ax.set_xlabel("position (tokens)")
+        ax.set_ylabel(f"KL, mean over {window} positions")
+        ax.set_title("Error along the text (growth with context)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        written.append(_save(fig, out / "kl_vs_position.png", plt))
+    needles = doc.get("needles", [])
+    if needles:
+        written.append(_needle_plot(out, needles, formats, plt))
+    return written
+
+
+def _needle_plot(out: Path, needles: list[dict], formats: list[str], plt: Any) -> Path:
+    fmts = [f for f in formats if any(r["format"] == f for r in needles)]
+    lengths = sorted({r["context_len"] for r in needles})
+    depths = sorted({d for r in needles for d in r["by_depth"]}, key=float)
+    fig, axes = plt.subplots(1, len(fmts), figsize=(2.2 * len(fmts) + 1, 2.2 + 0.3 * len(lengths)), squeeze=False)
+    for ax, fmt in zip(axes[0], fmts, strict=False):
+        grid = [[next((r["by_depth"].get(d, float("nan")) for r in needles
+                       if r["format"] == fmt and r["context_len"] == n), float("nan")) for d in depths]
+                for n in lengths]
+        ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+        ax.set_xticks(range(len(depths)), depths)
+        ax.set_yticks(range(len(lengths)), lengths)
+        ax.set_title(fmt, fontsize=9)
+        ax.set_xlabel("depth")
+        for i, row in enumerate(grid):
+            for j, v in enumerate(row):
+                ax.text(j, i, f"{v:.0%}", ha="center", va="center", fontsize=8)
+    axes[0][0].set_ylabel("context")
+    fig.suptitle("Needle (passkey) accuracy by depth x length")
+    fig.tight_layout()
+    return _save(fig, out / "needle.png", plt)
+
+
+def _save(fig: Any, path: Path, plt: Any) -> Path:
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,18 +1,93 @@
-"""`trtkv probe`: not built yet (placeholder until its issue lands)."""
+"""`trtkv probe`: KV-cache precision vs context length on the recipe's real model."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from trtkv.cli.common import add_recipe_args, subparser
+from trtkv.cli.common import add_recipe_args, load, subparser
+from trtkv.errors import TrtkvError
+
+EXAMPLES = """\
+  $ trtkv probe smollm2_fp8kv
+  $ trtkv probe smollm2_fp8kv --formats fp16,fp8,int8,int8_token,int4_g64 --lengths 512 --output /tmp/probe
+  $ trtkv probe smollm2_int8kv --formats int8,int8_split --lengths 1024,4096 --needle-lengths 1024
+  $ trtkv probe smollm2_fp8kv probe.needle_seeds=10 --scales engines/smollm2_fp8kv/checkpoint/kv_scales.json
+"""
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 512,1024") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected positive integers, e.g. 512,1024")
+    return values
+
+
+def _names(text: str) -> list[str]:
+    from trtkv.kvcache.quant import all_format_names
+
+    names = [x.strip().lower() for x in text.split(",") if x.strip()]
+    allowed = all_format_names()
+    bad = [n for n in names if n not in allowed]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown KV format(s) {bad or text!r}. Allowed: {', '.join(allowed)}")
+    return names
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "probe", "probe stage (not built yet)", "  $ trtkv probe smollm2_fp8kv\n")
+    p = subparser(sub, "probe", "measure KV-cache formats vs context length on the recipe's model "
+                  "(KL, perplexity, top-1, needle, clipping, bytes/token)", EXAMPLES)
     add_recipe_args(p)
+    p.add_argument("--formats", type=_names, default=None,
+                   help="comma-separated KV formats (default: the recipe's probe.formats; fp16 is the reference, "
+                        "always included)")
+    p.add_argument("--lengths", type=_ints, default=None, help="context lengths, e.g. 512,1024 (default probe.lengths)")
+    p.add_argument("--needle-lengths", type=_ints, default=None,
+                   help="lengths for passkey retrieval (default: the longest sweep length <= 512)")
+    p.add_argument("--no-needle", action="store_true", help="skip passkey retrieval")
+    p.add_argument("--decode-steps", type=int, default=None, help="decode steps of the scale-reuse experiment (32)")
+    p.add_argument("--scales", type=Path, default=None,
+                   help="kv_scales.json for the static formats (default: engines/<recipe>/checkpoint/kv_scales.json "
+                        "when present, else a short calibration pass)")
+    p.add_argument("--output", type=Path, default=None, help="output folder (default engines/<recipe>/probe)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's choice, 1 when the machine is busy)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    print("trtkv probe: not built yet")
-    return 3
+    from trtkv.probe import default_settings, run_probe
+
+    recipe = load(args)
+    settings = default_settings(recipe, args.formats, args.lengths, args.needle_lengths)
+    if args.no_needle:
+        settings.needle_lengths = []
+    if args.decode_steps is not None:
+        if args.decode_steps < 1:
+            raise TrtkvError(f"--decode-steps {args.decode_steps}: must be >= 1.")
+        settings.decode_steps = args.decode_steps
+    if args.scales is not None and not args.scales.is_file():
+        raise TrtkvError(f"--scales {args.scales}: no such file. Next: run `trtkv calibrate {recipe.name}` or drop "
+                         f"--scales to calibrate on the shipped text.")
+    settings.scales_path = args.scales
+    settings.threads = args.threads
+    settings.progress = not args.no_progress
+    out = run_probe(recipe, args.output, settings)
+    print(f"probe: wrote {out / 'probe.json'}, {out / 'probe.md'} and plots")
+    _print_summary(out)
+    return 0
+
+
+def _print_summary(out: Path) -> None:
+    import json
+
+    doc = json.loads((out / "probe.json").read_text())
+    for r in doc["records"]:
+        needle = r.get("needle_accuracy")
+        print(f"  {r['format']:>11} @ {r['context_len']:>5}: KL {r['kl_mean']:.5f}  top-1 {r['top1_agreement']:.1%}  "
+              f"ppl {r['ppl']:.3f} ({r['ppl_delta']:+.3f})  bytes/token {r['kv_bytes_per_token']:.0f}"
+              + (f"  needle {needle:.0%}" if needle is not None else ""))

@@ -1,0 +1,140 @@
+"""QuantizedKVCache on a tiny random Llama: bytes vs the planner's formula, decode semantics, generate()."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+from trtkv.errors import TrtkvError
+from trtkv.kvcache.cache import QuantizedKVCache
+from trtkv.kvcache.formats import KVFormat, kv_bytes_per_token
+
+LAYERS, KV_HEADS, HEAD_DIM = 2, 2, 64
+SCALES = [0.05] * LAYERS
+
+
+@pytest.fixture(scope="module")
+def tiny() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=96, hidden_size=256, intermediate_size=256, num_hidden_layers=LAYERS,
+                         num_attention_heads=4, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
+                         max_position_embeddings=2048)
+    return LlamaForCausalLM(config).eval()
+
+
+def _cache(model: LlamaForCausalLM, fmt: str, **kw) -> QuantizedKVCache:
+    static = fmt in ("fp8", "int8", "int8_split")
+    return QuantizedKVCache(model.config, fmt, SCALES if static else None, SCALES if static else None, **kw)
+
+
+def _ids(n: int, batch: int = 1) -> torch.Tensor:
+    return torch.randint(0, 96, (batch, n), generator=torch.Generator().manual_seed(n))
+
+
+@pytest.mark.parametrize("fmt", [f.value for f in KVFormat])
+def test_stored_bytes_per_token_match_formula(tiny: LlamaForCausalLM, fmt: str) -> None:
+    cache = _cache(tiny, fmt)
+    with torch.inference_mode():
+        tiny(input_ids=_ids(500), past_key_values=cache, use_cache=True)
+        for _ in range(12):  # decode steps append to the same store
+            tiny(input_ids=_ids(1), past_key_values=cache, use_cache=True)
+    formula = kv_bytes_per_token(LAYERS, KV_HEADS, HEAD_DIM, fmt)
+    assert cache.get_seq_length() == 512
+    if fmt.startswith("kivi"):
+        # KIVI: the fp16 window (tokens since the last 128-token flush) is a fixed cost outside the formula
+        assert cache.quantized_tokens() == 512 and cache.residual_bytes() == 0
+    else:
+        assert cache.quantized_tokens() == 512
+    assert cache.bytes_per_token() == pytest.approx(formula, rel=0.01)
+    per_token_all = cache.stored_bytes() / cache.get_seq_length()
+    assert per_token_all == pytest.approx(formula, rel=0.01)
+    assert cache.allocated_bytes() <= cache.stored_bytes() * 1.3  # storage grows in 256-token blocks
+
+
+def test_storage_dtypes_are_really_quantized(tiny: LlamaForCausalLM) -> None:
+    want = {"fp8": torch.float8_e4m3fn, "int8": torch.int8, "int8_token": torch.int8, "int4_g64": torch.uint8,
+            "kivi2": torch.uint8, "fp16": torch.float16, "bf16": torch.bfloat16}
+    for fmt, dtype in want.items():
+        cache = _cache(tiny, fmt)
+        with torch.inference_mode():
+            tiny(input_ids=_ids(256), past_key_values=cache, use_cache=True)
+        parts = cache.layers[0].k_store.view()
+        assert parts["data"].dtype == dtype, fmt
+        assert all(p.dtype == torch.float16 for k, p in parts.items() if k != "data"), fmt
+    packed = _cache(tiny, "kivi2")
+    with torch.inference_mode():
+        tiny(input_ids=_ids(256), past_key_values=packed, use_cache=True)
+    assert packed.layers[0].k_store.view()["data"].shape[-1] == HEAD_DIM // 4  # four 2-bit codes per byte
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int8", "int8_token", "int4_g32", "kivi4"])
+def test_prefill_matches_token_by_token_decode(tiny: LlamaForCausalLM, fmt: str) -> None:
+    """The probe's claim: one pass (per-token formats) or window-aligned chunks (KIVI) == decoding token by token."""
+    from trtkv.kvcache.quant import parse_format
+    from trtkv.probe import chunk_for, feed
+
+    ids = _ids(200)
+    one = _cache(tiny, fmt)
+    hidden = feed(tiny, ids, one, chunk_for(parse_format(fmt)))
+    step = _cache(tiny, fmt)
+    outs = []
+    with torch.inference_mode():
+        for t in range(ids.shape[1]):
+            outs.append(tiny.model(input_ids=ids[:, t: t + 1], past_key_values=step, use_cache=True).last_hidden_state)
+    torch.testing.assert_close(hidden, torch.cat(outs, dim=1), rtol=1e-4, atol=1e-4)
+
+
+def test_fp16_cache_is_exact_on_fp16_model(tiny: LlamaForCausalLM) -> None:
+    model = LlamaForCausalLM(tiny.config).to(torch.float16).eval()
+    model.load_state_dict({k: v.half() for k, v in tiny.state_dict().items()})
+    ids = _ids(40)
+    with torch.inference_mode():
+        want = model(input_ids=ids, past_key_values=DynamicCache(config=model.config), use_cache=True).logits
+        got = model(input_ids=ids, past_key_values=QuantizedKVCache(model.config, "fp16"), use_cache=True).logits
+    assert torch.equal(want, got)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4_g64", "kivi2"])
+def test_generate_accepts_the_cache(tiny: LlamaForCausalLM, fmt: str) -> None:
+    cache = _cache(tiny, fmt)
+    ids = _ids(20, batch=2)
+    out = tiny.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache, max_new_tokens=150,
+                        min_new_tokens=150, do_sample=False, pad_token_id=0)
+    assert out.shape == (2, 170)
+    assert cache.get_seq_length() == 169
+
+
+def test_static_scales_clip_and_are_counted(tiny: LlamaForCausalLM) -> None:
+    cache = QuantizedKVCache(tiny.config, "int8", [1e-4] * LAYERS, [1e-4] * LAYERS, record_positions=True)
+    with torch.inference_mode():
+        tiny(input_ids=_ids(64), past_key_values=cache, use_cache=True)
+    stats = cache.clip_stats()
+    assert stats["clip_rate"] > 0.5 and stats["elements"] == 2 * LAYERS * KV_HEADS * HEAD_DIM * 64
+    per_pos = cache.clip_per_position()
+    assert per_pos.shape == (64,) and int(per_pos.sum()) == stats["clipped"]
+
+
+def test_batch_ops_and_crop(tiny: LlamaForCausalLM) -> None:
+    cache = _cache(tiny, "int8_token")
+    with torch.inference_mode():
+        tiny(input_ids=_ids(10), past_key_values=cache, use_cache=True)
+    before = cache.stored_bytes()
+    cache.batch_repeat_interleave(3)
+    assert cache.stored_bytes() == 3 * before
+    cache.reorder_cache(torch.tensor([2, 0, 1]))
+    cache.crop(6)
+    assert cache.get_seq_length() == 6
+    with pytest.raises(TrtkvError, match="KIVI"):
+        kivi = _cache(tiny, "kivi4")
+        with torch.inference_mode():
+            tiny(input_ids=_ids(10), past_key_values=kivi, use_cache=True)
+        kivi.crop(4)
+
+
+def test_static_formats_need_scales(tiny: LlamaForCausalLM) -> None:
+    with pytest.raises(TrtkvError, match="needs static per-layer"):
+        QuantizedKVCache(tiny.config, "fp8")
+    with pytest.raises(TrtkvError, match="one scale per layer"):
+        QuantizedKVCache(tiny.config, "int8", [0.1], [0.1])
+    QuantizedKVCache(tiny.config, "fp8_scale1")  # scale 1.0, no calibration needed

@@ -1,0 +1,103 @@
+"""`trtkv probe` on the real model (tiny sweep), and the planner reading probe results."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from trtkv.cli import main
+from trtkv.probe_results import classify, find_probe, probe_advice
+from trtkv.recipe import load_recipe
+
+TINY = ["probe.needle_seeds=1", "probe.needle_depths=[0.5]", "calibration.num_samples=4", "calibration.seq_len=64"]
+
+
+@pytest.mark.slow
+def test_probe_tiny_sweep_on_real_model(tmp_path: Path, engines_tmp: Path, smollm2_dir: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "probe"
+    args = ["probe", "smollm2_fp8kv", *TINY, "--formats", "fp16,int8,int8_split,kivi2", "--lengths", "64,160",
+            "--needle-lengths", "96", "--decode-steps", "2", "--threads", "1", "--no-progress", "--output", str(out)]
+    assert main(args) == 0
+    doc = json.loads((out / "probe.json").read_text())
+    keys = {"format", "context_len", "kl_mean", "kl_last_quarter", "ppl", "ppl_delta", "top1_agreement",
+            "needle_accuracy", "clip_rate", "kv_bytes_per_token"}
+    recs = {(r["format"], r["context_len"]): r for r in doc["records"]}
+    assert set(recs) == {(f, n) for f in ("fp16", "int8", "int8_split", "kivi2") for n in (64, 160)}
+    assert all(keys <= set(r) for r in recs.values())
+    assert recs[("fp16", 160)]["kl_mean"] == 0.0 and recs[("fp16", 160)]["top1_agreement"] == 1.0
+    assert recs[("int8", 160)]["kl_mean"] > 0 and recs[("int8", 160)]["clip_rate"] is not None
+    assert recs[("kivi2", 64)]["kl_mean"] == 0.0  # all 64 tokens still in KIVI's fp16 window
+    assert recs[("kivi2", 160)]["kl_mean"] > 0
+    assert recs[("int8", 160)]["kv_bytes_per_token"] == pytest.approx(recs[("int8", 160)]["kv_bytes_per_token_formula"])
+    assert recs[("fp16", 160)]["needle_accuracy"] is None and doc["needles"][0]["context_len"] == 96
+    assert {p.name for p in out.glob("*.png")} >= {"error_vs_context.png", "needle.png"}
+    md = (out / "probe.md").read_text()
+    assert "## Verdicts" in md and "TensorRT-LLM int8_kv_cache" in md and "K/V statistics" in md
+    assert "int8" in doc["scale_reuse"]["decode"]
+    # resume: everything cached, same records
+    first = (out / "probe.json").read_text()
+    t0 = time.time()
+    assert main(args) == 0
+    again = json.loads((out / "probe.json").read_text())
+    assert again["records"] == json.loads(first)["records"] and again["pass_seconds"] == {}
+    assert time.time() - t0 < 120
+    capsys.readouterr()
+
+
+def test_probe_rejects_unknown_format(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["probe", "smollm2_fp8kv", "--formats", "fp16,int3"])
+    assert exc.value.code == 2
+    assert "int3" in capsys.readouterr().err
+
+
+def _fake_probe(folder: Path, recipe: str, source: str = "packaged:smollm2") -> None:
+    folder.mkdir(parents=True)
+    recs = [
+        {"format": "fp16", "context_len": 4096, "kl_mean": 0.0, "top1_agreement": 1.0, "ppl": 10.0, "ppl_ref": 10.0,
+         "ppl_delta": 0.0, "kv_bytes_per_token": 23040},
+        {"format": "fp8", "context_len": 4096, "kl_mean": 0.002, "top1_agreement": 0.985, "ppl": 10.02,
+         "ppl_ref": 10.0, "ppl_delta": 0.02, "kv_bytes_per_token": 11520},
+        {"format": "int4_g64", "context_len": 4096, "kl_mean": 0.05, "top1_agreement": 0.89, "ppl": 10.9,
+         "ppl_ref": 10.0, "ppl_delta": 0.9, "kv_bytes_per_token": 6480},
+    ]
+    doc = {"recipe": recipe, "reference": "fp16", "model": {"source": source, "num_layers": 30}, "records": recs,
+           "needles": [{"format": "fp16", "context_len": 512, "accuracy": 1.0},
+                       {"format": "fp8", "context_len": 512, "accuracy": 1.0}]}
+    (folder / "probe.json").write_text(json.dumps(doc))
+
+
+def test_plan_uses_probe_of_same_model_from_another_recipe(engines_tmp: Path) -> None:
+    recipe = load_recipe("smollm2_int8kv")
+    assert find_probe(recipe) is None
+    _fake_probe(engines_tmp / "smollm2_fp8kv" / "probe", "smollm2_fp8kv")
+    _fake_probe(engines_tmp / "llama8b_fp8kv" / "probe", "llama8b_fp8kv", source="meta-llama/Llama-3.1-8B-Instruct")
+    folder, doc = find_probe(recipe)
+    assert doc["recipe"] == "smollm2_fp8kv"
+    lines, basis = probe_advice(recipe)
+    assert "smollm2_fp8kv (same model)" in basis
+    assert any(line.startswith("fp8 at 4096") and line.endswith("safe") for line in lines)
+    assert any("Smallest KV format measured safe" in line and "fp8" in line for line in lines)
+    assert any("recipe's KV format int8 was not probed" in line for line in lines)
+    shutil.rmtree(engines_tmp / "smollm2_fp8kv")
+    assert probe_advice(recipe) is None
+
+
+def test_plan_cli_shows_probe_advice(engines_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _fake_probe(engines_tmp / "smollm2_fp8kv" / "probe", "smollm2_fp8kv")
+    assert main(["plan", "smollm2_fp8kv"]) == 0
+    out = capsys.readouterr().out
+    assert "measured by `trtkv probe`" in out and "int4_g64 at 4096" in out
+
+
+def test_classify_thresholds() -> None:
+    base = {"ppl_ref": 10.0, "ppl_delta": 0.05, "top1_agreement": 0.98}
+    assert classify(base) == "safe"
+    assert classify({**base, "needle_accuracy": 0.4}, ref_needle=1.0) == "caution"
+    assert classify({**base, "top1_agreement": 0.92}) == "caution"
+    assert classify({**base, "ppl_delta": 1.0}) == "risky"

@@ -1,0 +1,319 @@
+"""Exact numerics of every KV format: quantize and dequantize K/V tensors, vectorized torch (CPU and CUDA).
+
+Tensors are laid out as transformers caches them: [batch, kv_heads, tokens, head_dim]. Each format is a pair of
+codecs (one for K, one for V). A codec turns a chunk of tokens into stored parts (packed codes plus float16 scales
+and zero points) and back. Every part keeps its token-like axis at dim -2, so a cache can append parts row by row.
+
+Semantics, and the runtime each one follows:
+- fp16 / bf16: a plain cast (the unquantized baseline).
+- fp8 (HF/vLLM): E4M3, x / scale with one static scale per layer for K and one for V (amax/448), saturating at
+  +-448 (like the SATFINITE conversion those kernels use; torch's own cast would give NaN beyond 448).
+- fp8_scale1 (vLLM without scales): the same with scale 1.0.
+- int8 (TensorRT-LLM int8_kv_cache): round-half-even(x * (1/scale)) saturated to [-128, 127], one static scale per
+  layer SHARED by K and V (TensorRT-LLM reads one kv_cache_scaling_factor = max(k_amax, v_amax)/127).
+- int8_split (a trtkv variant, not a runtime): int8 with separate K and V scales (amax/127 each).
+- int8_token: symmetric, dynamic per (token, head): scale = amax/127 stored as float16, codes in [-127, 127].
+- int4_gN: asymmetric per-token groups of N channels: scale = (max-min)/15 and zero point = min, both float16;
+  codes in [0, 15], two per byte (low nibble first).
+- kivi4 / kivi2: K per channel over groups of 32 tokens, V per token over groups of 32 channels, asymmetric,
+  codes packed 2 (4-bit) or 4 (2-bit) per byte; the cache keeps the most recent tokens in full precision.
+Quantization always uses the float16-rounded scale/zero point that is stored, so dequantization is consistent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from trtkv.errors import TrtkvError
+from trtkv.kvcache.formats import SPECS, KVFormat
+
+FP8_MAX = 448.0
+INT8_MAX = 127
+FP16_MAX = 65504.0
+KIVI_GROUP = 32
+KIVI_RESIDUAL = 128
+
+# Variants: extra names the probe and the cache accept, mapped to the KVFormat whose storage they share.
+VARIANTS: dict[str, KVFormat] = {"int8_split": KVFormat.INT8}
+STATIC_FORMATS = (KVFormat.FP8, KVFormat.FP8_SCALE1, KVFormat.INT8)
+
+
+@dataclass(frozen=True)
+class FormatChoice:
+    """A format name as the user wrote it, the KVFormat it stores as, and whether int8 K/V scales are split."""
+
+    name: str
+    base: KVFormat
+    split_scales: bool = False
+
+    @property
+    def static(self) -> bool:
+        return self.base in STATIC_FORMATS
+
+    @property
+    def needs_scales(self) -> bool:
+        return self.base in (KVFormat.FP8, KVFormat.INT8)
+
+
+def all_format_names() -> list[str]:
+    return [f.value for f in KVFormat] + [v for v in VARIANTS if v not in {f.value for f in KVFormat}]
+
+
+def parse_format(fmt: KVFormat | str | FormatChoice) -> FormatChoice:
+    """Resolve a format name (a KVFormat or a variant such as int8_split)."""
+    if isinstance(fmt, FormatChoice):
+        return fmt
+    name = fmt.value if isinstance(fmt, KVFormat) else str(fmt).strip().lower()
+    if name in VARIANTS:
+        return FormatChoice(name, VARIANTS[name], split_scales=True)
+    try:
+        return FormatChoice(name, KVFormat(name))
+    except ValueError:
+        raise TrtkvError(f"KV format {fmt!r} is unknown. Allowed: {', '.join(all_format_names())}.") from None
+
+
+# ----------------------------------------------------------------------------- elementwise numerics
+
+
+def fp8_quantize(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """E4M3 codes of x / scale, saturated to +-448 (round to nearest even, as torch's cast)."""
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+
+
+def fp8_dequantize(q: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """E4M3 codes back to `dtype`, times scale. On CPU, torch's float8 cast is ~25x slower than int8's, so the bits
+    are moved into a float16 (exact for every finite code: E4M3's exponent and mantissa sit inside float16's, the
+    value is the float16 times 2^8; the NaN code is never stored because quantization saturates)."""
+    if q.device.type != "cpu":
+        return (q.float() * scale).to(dtype)
+    b = q.view(torch.uint8).to(torch.int16)
+    half = (((b & 0x7F) << 7) | ((b & 0x80) << 8)).view(torch.float16)
+    return (half.float() * (256.0 * scale)).to(dtype)
+
+
+def int8_static_quantize(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """TensorRT-LLM INT8 KV: round-half-even(x * (1/scale)) saturated to [-128, 127]."""
+    inv = torch.tensor(1.0 / scale, dtype=torch.float32).item()  # the float32 inverse the kernels multiply by
+    return torch.round(x.float() * inv).clamp(-128, 127).to(torch.int8)
+
+
+def int8_static_dequantize(q: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    return (q.float() * scale).to(dtype)
+
+
+def _safe(scale16: torch.Tensor) -> torch.Tensor:
+    """The stored float16 scale as float32, with 0 (constant data) replaced by 1 to avoid 0/0."""
+    s = scale16.float()
+    return torch.where(s > 0, s, torch.ones_like(s))
+
+
+def int8_token_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-row INT8 over the last dim: (codes int8 [..., D], scale float16 [..., 1])."""
+    amax = x.float().abs().amax(-1, keepdim=True)
+    scale = (amax / INT8_MAX).clamp(max=FP16_MAX).half()
+    q = torch.round(x.float() / _safe(scale)).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return q, scale
+
+
+def int8_token_dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return (q.float() * scale.float()).to(dtype)
+
+
+def asym_quantize(x: torch.Tensor, bits: int, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric quantization of groups of `group` consecutive elements along the last dim.
+
+    Returns codes (uint8, unpacked, same shape as x) and float16 scale and zero point (= group min) of shape
+    [..., D // group]. x ~= code * scale + zero.
+    """
+    *lead, d = x.shape
+    if d % group:
+        raise TrtkvError(f"head_dim {d} is not a multiple of the quantization group {group}.")
+    xg = x.float().reshape(*lead, d // group, group)
+    qmax = (1 << bits) - 1
+    lo = xg.amin(-1)
+    hi = xg.amax(-1)
+    scale = ((hi - lo) / qmax).clamp(max=FP16_MAX).half()
+    zero = lo.clamp(-FP16_MAX, FP16_MAX).half()
+    q = torch.round((xg - zero.float().unsqueeze(-1)) / _safe(scale).unsqueeze(-1)).clamp(0, qmax)
+    return q.to(torch.uint8).reshape(x.shape), scale, zero
+
+
+def asym_dequantize(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    *lead, d = q.shape
+    groups = scale.shape[-1]
+    qg = q.reshape(*lead, groups, d // groups).float()
+    x = qg * scale.float().unsqueeze(-1) + zero.float().unsqueeze(-1)
+    return x.reshape(q.shape).to(dtype)
+
+
+def pack(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """Pack unsigned codes of `bits` (4 or 2) along the last dim, element 0 in the lowest bits of each byte."""
+    per = 8 // bits
+    *lead, d = q.shape
+    shifts = torch.arange(0, 8, bits, device=q.device, dtype=torch.uint8)
+    grouped = q.reshape(*lead, d // per, per) << shifts
+    out = grouped[..., 0]
+    for i in range(1, per):
+        out = out | grouped[..., i]
+    return out
+
+
+def unpack(p: torch.Tensor, bits: int) -> torch.Tensor:
+    per = 8 // bits
+    shifts = torch.arange(0, 8, bits, device=p.device, dtype=torch.uint8)
+    mask = (1 << bits) - 1
+    return ((p.unsqueeze(-1) >> shifts) & mask).reshape(*p.shape[:-1], p.shape[-1] * per)
+
+
+# ----------------------------------------------------------------------------- codecs
+
+
+class Codec:
+    """Turns [B, H, T, D] chunks into stored parts and back. `token_group`: T must be a multiple of it."""
+
+    token_group = 1
+    static = False
+    limit: float = float("inf")  # |x| beyond this is clipped (static formats)
+
+    def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        raise NotImplementedError
+
+    def roundtrip(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decode(self.encode(x), x.dtype)
+
+
+class CastCodec(Codec):
+    def __init__(self, storage: torch.dtype):
+        self.storage = storage
+
+    def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"data": x.to(self.storage)}
+
+    def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        return parts["data"].to(dtype)
+
+
+class FP8Codec(Codec):
+    static = True
+
+    def __init__(self, scale: float):
+        self.scale = float(scale)
+        self.limit = FP8_MAX * self.scale
+
+    def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"data": fp8_quantize(x, self.scale)}
+
+    def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        return fp8_dequantize(parts["data"], self.scale, dtype)
+
+
+class Int8StaticCodec(Codec):
+    static = True
+
+    def __init__(self, scale: float):
+        self.scale = float(scale)
+        self.limit = INT8_MAX * self.scale
+
+    def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"data": int8_static_quantize(x, self.scale)}
+
+    def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        return int8_static_dequantize(parts["data"], self.scale, dtype)
+
+
+class Int8TokenCodec(Codec):
+    def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        q, scale = int8_token_quantize(x)
+        return {"data": q, "scale": scale}
+
+    def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        return int8_token_dequantize(parts["data"], parts["scale"], dtype)
+
+
+class GroupAsymCodec(Codec):
+    """Per-token asymmetric groups of channels (int4_gN, KIVI's V)."""
+
+    def __init__(self, bits: int, group: int):
+        self.bits, self.group = bits, group
+
+    def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        q, scale, zero = asym_quantize(x, self.bits, min(self.group, x.shape[-1]))
+        return {"data": pack(q, self.bits), "scale": scale, "zero": zero}
+
+    def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        return asym_dequantize(unpack(parts["data"], self.bits), parts["scale"], parts["zero"], dtype)
+
+
+class KiviKeyCodec(Codec):
+    """KIVI's K: asymmetric per channel over groups of `group` consecutive tokens."""
+
+    def __init__(self, bits: int, group: int = KIVI_GROUP):
+        self.bits, self.group = bits, group
+        self.token_group = group
+
+    def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        b, h, t, d = x.shape
+        if t % self.group:
+            raise TrtkvError(f"KIVI keys are quantized in groups of {self.group} tokens, got {t}.")
+        xt = x.reshape(b, h, t // self.group, self.group, d).transpose(-1, -2)  # [B, H, T/G, D, G]
+        q, scale, zero = asym_quantize(xt, self.bits, self.group)  # scale/zero [B, H, T/G, D, 1]
+        codes = q.transpose(-1, -2).reshape(b, h, t, d)
+        return {"data": pack(codes, self.bits), "scale": scale.squeeze(-1), "zero": zero.squeeze(-1)}
+
+    def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        codes = unpack(parts["data"], self.bits)
+        b, h, t, d = codes.shape
+        qg = codes.reshape(b, h, t // self.group, self.group, d).float()
+        x = qg * parts["scale"].float().unsqueeze(-2) + parts["zero"].float().unsqueeze(-2)
+        return x.reshape(b, h, t, d).to(dtype)
+
+
+@dataclass
+class LayerCodecs:
+    """What one layer stores: codecs for K and V and the full-precision window (KIVI)."""
+
+    key: Codec
+    value: Codec
+    residual: int = 0
+
+
+def layer_codecs(fmt: KVFormat | str | FormatChoice, k_scale: float | None = None,
+                 v_scale: float | None = None) -> LayerCodecs:
+    """The codecs of one layer for a format; static formats take that layer's scales (multipliers)."""
+    choice = parse_format(fmt)
+    base = choice.base
+    if base is KVFormat.FP16:
+        return LayerCodecs(CastCodec(torch.float16), CastCodec(torch.float16))
+    if base is KVFormat.BF16:
+        return LayerCodecs(CastCodec(torch.bfloat16), CastCodec(torch.bfloat16))
+    if base is KVFormat.FP8_SCALE1:
+        return LayerCodecs(FP8Codec(1.0), FP8Codec(1.0))
+    if base in (KVFormat.FP8, KVFormat.INT8):
+        if k_scale is None or v_scale is None or not (k_scale > 0 and v_scale > 0):
+            raise TrtkvError(f"KV format {choice.name} needs positive static K and V scales per layer "
+                             f"(got k={k_scale}, v={v_scale}). Next: pass k_scales/v_scales (kv_scales.json) or "
+                             f"calibrate them with trtkv.kvcache.scales.calibrate_scales(model, tokenizer).")
+        if base is KVFormat.FP8:
+            return LayerCodecs(FP8Codec(k_scale), FP8Codec(v_scale))
+        if choice.split_scales:
+            return LayerCodecs(Int8StaticCodec(k_scale), Int8StaticCodec(v_scale))
+        shared = max(k_scale, v_scale)  # TensorRT-LLM: one kv_cache_scaling_factor for K and V
+        return LayerCodecs(Int8StaticCodec(shared), Int8StaticCodec(shared))
+    if base is KVFormat.INT8_TOKEN:
+        return LayerCodecs(Int8TokenCodec(), Int8TokenCodec())
+    spec = SPECS[base]
+    if base in (KVFormat.KIVI4, KVFormat.KIVI2):
+        group = spec.group_size or KIVI_GROUP
+        return LayerCodecs(KiviKeyCodec(spec.bits, group), GroupAsymCodec(spec.bits, group), residual=KIVI_RESIDUAL)
+    return LayerCodecs(GroupAsymCodec(spec.bits, spec.group_size or 64), GroupAsymCodec(spec.bits, spec.group_size or 64))
+
+
+def fake_quantize(x: torch.Tensor, fmt: KVFormat | str, scale: float | None = None, role: str = "key") -> torch.Tensor:
+    """Quantize then dequantize x ([B, H, T, D]) as the cache would store it (no residual window)."""
+    codecs = layer_codecs(fmt, scale, scale)
+    return (codecs.key if role == "key" else codecs.value).roundtrip(x)
