@@ -36,19 +36,6 @@ CHAIN_OVERRIDES = [
 ]
 
 
-def free_ports(n: int) -> list[int]:
-    import socket
-
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
-
-
 @pytest.fixture(scope="session")
 def chain_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The whole chain (calibrate -> build -> repo -> serve -> bench -> report -> stop) on the CPU recipe with small
@@ -59,6 +46,8 @@ def chain_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     import subprocess
     import sys
     import time
+
+    from trtkv.serve import free_ports
 
     root = tmp_path_factory.mktemp("chain")
     http, grpc, metrics = free_ports(3)

@@ -3,7 +3,6 @@ reference runtime: gRPC streaming, HTTP generate / generate_stream, bad requests
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,17 +21,6 @@ RECIPE = "smollm2_fp8kv"
 PROMPT = "The capital of France is"
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
-
-
 def _engine_into(engines: Path, built: Path) -> None:
     """Link the session's calibrated checkpoint + reference engine (from the chain run) in, read only."""
     target = engines / RECIPE
@@ -49,7 +37,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, smollm2_engine: Path) -> It
         mp.setenv("TRTKV_ENGINES", str(tmp / "engines"))
         mp.setenv("TRTKV_TRITON_REPO", str(tmp / "triton_repo"))
         _engine_into(tmp / "engines", smollm2_engine)
-        http, grpc, metrics = _free_ports(3)
+        http, grpc, metrics = serve.free_ports(3)
         recipe = load_recipe(RECIPE, [f"triton.http_port={http}", f"triton.grpc_port={grpc}",
                                       f"triton.metrics_port={metrics}"])
         generate_repo(recipe)

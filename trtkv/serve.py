@@ -287,6 +287,18 @@ def is_running(pid: int, command: list[str] | None = None) -> bool:
     return command is None or not command or Path(argv0).name == Path(command[0]).name
 
 
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """n distinct ports that are free right now (all held open together, so none repeats)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for sock in socks:
+            sock.bind((host, 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 def port_in_use(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

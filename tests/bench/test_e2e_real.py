@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from tests.bench.conftest import read_results
-from trtkv.bench.localserver import free_port
 from trtkv.bench.metrics import summarize_level
 from trtkv.bench.records import RequestRecord
 from trtkv.cli import main
+from trtkv.serve import free_ports
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -32,8 +32,9 @@ def real_server(tmp_path_factory: pytest.TempPathFactory, smollm2_engine: Path) 
         (engines / RECIPE / part).symlink_to(smollm2_engine / part)
     saved = {k: os.environ.get(k) for k in ("TRTKV_ENGINES", "TRTKV_TRITON_REPO")}
     os.environ["TRTKV_ENGINES"], os.environ["TRTKV_TRITON_REPO"] = str(engines), str(root / "triton_repo")
-    overrides = ["triton.instance_count=1", f"triton.http_port={free_port()}", f"triton.grpc_port={free_port()}",
-                 f"triton.metrics_port={free_port()}"]
+    http, grpc, metrics = free_ports(3)
+    overrides = ["triton.instance_count=1", f"triton.http_port={http}", f"triton.grpc_port={grpc}",
+                 f"triton.metrics_port={metrics}"]
     try:
         assert main(["repo", RECIPE, *overrides]) == 0
         assert main(["serve", RECIPE, *overrides]) == 0

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtkv.errors import StageError
+from trtkv.serve import free_ports, port_in_use
 from trtkv.tools import tail
 
 
@@ -78,22 +78,14 @@ def backend_dir(work: Path) -> Path:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def port_in_use(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex((host, port)) == 0
+    return free_ports(1)[0]
 
 
 def start(repository: Path, work: Path, *, ports: tuple[int, int, int] | None = None, host: str = "127.0.0.1",
           timeout_s: float = 120.0, extra_args: tuple[str, ...] = ()) -> LocalServer:
     """Start tritonserver on `repository` and wait until it is ready (a StageError with the log tail otherwise)."""
     work.mkdir(parents=True, exist_ok=True)
-    http_port, grpc_port, metrics_port = ports or (free_port(), free_port(), free_port())
+    http_port, grpc_port, metrics_port = ports or tuple(free_ports(3, host))
     busy = [p for p in (http_port, grpc_port, metrics_port) if port_in_use(host, p)]
     if busy:
         raise StageError(f"port(s) {busy} on {host} are already in use; another server may be running there. "
