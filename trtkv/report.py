@@ -104,9 +104,14 @@ def collect(recipe: Recipe) -> dict[str, Any]:
     if bench:
         data["bench"] = bench_headline(bench)
         data["bench_passed"] = (bench.get("slo") or {}).get("passed")
-    probe = _load(base / "probe" / "probe.json")
+    from trtkv.probe_results import load_probe  # this recipe's probe, else another recipe's on the same model
+
+    probe = load_probe(recipe)
     if probe and probe.get("records"):
-        data["probe"] = [r for r in probe["records"] if r.get("format") in (fmt, "fp16", "bf16")]
+        lengths = sorted({r["context_len"] for r in probe["records"]})
+        keep = {lengths[0], lengths[-1]}
+        data["probe"] = [r for r in probe["records"] if r.get("format") == fmt and r["context_len"] in keep]
+        data["probe_source"] = probe.get("recipe")
     return data
 
 
@@ -189,7 +194,7 @@ def write_compare(recipes: list[Recipe], results: list[ChainResult], out: Path) 
                                                    key.split(".")[0] in ("quiz", "golden", "needle") else 1)
                                               for r in rows) + " |")
     md.append("| chain | " + " | ".join("ok" if not res.failed else f"failed at {res.failed}" for res in results) + " |")
-    probes = [(r["recipe"], p) for r in rows for p in r.get("probe", [])]
+    probes = [(r["recipe"], p) for r in rows for p in r.get("probe", [])]  # each recipe's own KV format
     if probes:
         md += ["", "## Probe excerpt", "", "| recipe | format | context | KL mean | top-1 agreement | needle |",
                "|---|---|---|---|---|---|"]
