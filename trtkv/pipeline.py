@@ -55,6 +55,8 @@ def run_chain(recipe: str, overrides: Sequence[str] = (), *, steps: Sequence[str
             extra = list(overrides)
             if verb == "bench":
                 extra += list(bench_args)
+            if verb == "report":
+                extra.append("--quiet")  # the chain prints the summary once, at its end
             start = time.time()
             code = runner(trtkv_command(verb, recipe, extra))
             result.steps.append(StepResult(verb, time.time() - start, code))

@@ -11,6 +11,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = subparser(sub, "report", "summarize a recipe's stage outputs into engines/<recipe>/report/",
                   "  $ trtkv report smollm2_fp8kv\n")
     add_recipe_args(p)
+    p.add_argument("--quiet", action="store_true", help="write the files, print only where they are")
     p.set_defaults(func=run)
 
 
@@ -19,6 +20,7 @@ def run(args: argparse.Namespace) -> int:
 
     recipe = load(args)
     out = write_report(recipe)
-    print_summary(recipe)
+    if not args.quiet:
+        print_summary(recipe)
     print(f"report: {out / 'report.md'}")
     return 0
