@@ -107,13 +107,17 @@ def python_libdir() -> str:
 
 def prepare_backends(recipe: Recipe) -> Path:
     """engines/<recipe>/serve/backends/python/: links to the bundled Python backend and this Python's stub."""
+    return link_python_backend(serve_dir(recipe) / "backends")
+
+
+def link_python_backend(backends: Path) -> Path:
+    """A --backend-directory at `backends` whose python/ links the bundled Python backend and this Python's stub."""
     root = bundled_triton()
     stub = root / "python_backend_stubs" / python_tag() / "triton_python_backend_stub"
     if not stub.is_file():
         found = sorted(p.name for p in (root / "python_backend_stubs").iterdir())
         raise StageError(f"nvidia-pytriton has no Python backend stub for Python {python_tag()} (it has {found}). "
                          f"Next: make the venv with one of those Python versions.")
-    backends = serve_dir(recipe) / "backends"
     python = backends / "python"
     python.mkdir(parents=True, exist_ok=True)
     targets = {name: root / "backends" / "python" / name for name in STUB_FILES}
@@ -284,6 +288,8 @@ def is_running(pid: int, command: list[str] | None = None) -> bool:
         return False
     if state in ("Z", "X"):
         return False
+    if not argv0:  # an exiting process has released its memory (empty cmdline) but is not a zombie yet
+        return True
     return command is None or not command or Path(argv0).name == Path(command[0]).name
 
 

@@ -6,17 +6,15 @@ cross-check can serve the trivial repository on 127.0.0.1 and stop it by its pid
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
-import sysconfig
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from trtkv.errors import StageError
-from trtkv.serve import free_ports, port_in_use
+from trtkv.serve import bundled_triton, free_ports, link_python_backend, port_in_use, server_env
 from trtkv.tools import tail
 
 
@@ -49,34 +47,6 @@ class LocalServer:
             self.proc.wait(timeout=10)
 
 
-def pytriton_dir() -> Path:
-    import importlib.util
-
-    spec = importlib.util.find_spec("pytriton")
-    if spec is None or not spec.submodule_search_locations:
-        raise StageError("nvidia-pytriton is not installed (it bundles tritonserver). Next: make install.")
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def backend_dir(work: Path) -> Path:
-    """A backend folder `python/` linking the bundled Python backend and the stub for this interpreter."""
-    root = pytriton_dir() / "tritonserver"
-    py = f"{sys.version_info.major}.{sys.version_info.minor}"
-    links = {
-        "libtriton_python.so": root / "backends/python/libtriton_python.so",
-        "triton_python_backend_utils.py": root / "backends/python/triton_python_backend_utils.py",
-        "triton_python_backend_stub": root / "python_backend_stubs" / py / "triton_python_backend_stub",
-    }
-    out = work / "backends"
-    (out / "python").mkdir(parents=True, exist_ok=True)
-    for name, target in links.items():
-        link = out / "python" / name
-        if link.is_symlink() or link.exists():
-            link.unlink()
-        link.symlink_to(target)
-    return out
-
-
 def free_port() -> int:
     return free_ports(1)[0]
 
@@ -90,15 +60,13 @@ def start(repository: Path, work: Path, *, ports: tuple[int, int, int] | None = 
     if busy:
         raise StageError(f"port(s) {busy} on {host} are already in use; another server may be running there. "
                          f"Next: stop it, or pick other ports.")
-    binary = pytriton_dir() / "tritonserver" / "bin" / "tritonserver"
-    cmd = [str(binary), f"--model-repository={repository}", f"--backend-directory={backend_dir(work)}",
+    binary = bundled_triton() / "bin" / "tritonserver"
+    backends = link_python_backend(work / "backends")
+    cmd = [str(binary), f"--model-repository={repository}", f"--backend-directory={backends}",
            f"--http-address={host}", f"--http-port={http_port}", f"--grpc-address={host}", f"--grpc-port={grpc_port}",
            f"--metrics-address={host}", f"--metrics-port={metrics_port}", "--pinned-memory-pool-byte-size=0",
            "--allow-gpu-metrics=false", "--log-verbose=0", "--exit-timeout-secs=5", *extra_args]
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    libdir = sysconfig.get_config_var("LIBDIR") or ""
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, env.get("LD_LIBRARY_PATH", "")) if p)
+    env = server_env()
     log = work / "tritonserver.log"
     with log.open("w") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
