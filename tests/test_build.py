@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 import yaml
 
 from trtkv import build
@@ -420,12 +419,9 @@ def test_build_without_checkpoint_names_the_calibrate_step(engines_tmp: Path,
     assert "trtkv calibrate smollm2_fp8kv" in capsys.readouterr().err
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread() -> Any:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+@pytest.fixture(autouse=True)
+def _single_thread(one_torch_thread: None) -> None:
+    """Tiny models run fastest single-threaded (shared fixture in tests/conftest.py)."""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -124,13 +124,9 @@ needs_cache = pytest.mark.skipif(not has_quantized_cache(), reason="trtkv.kvcach
 # Fixtures
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread() -> Any:
-    """Tiny models run fastest single-threaded, and the CI machine's 2 cores are shared."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+@pytest.fixture(autouse=True)
+def _single_thread(one_torch_thread: None) -> None:
+    """Tiny models run fastest single-threaded (shared fixture in tests/conftest.py)."""
 
 
 @pytest.fixture(scope="module")

@@ -171,6 +171,17 @@ def output_tensors(ids: list[int]) -> list[Any]:
             pb_utils.Tensor("sequence_length", np.array([[len(ids)]], dtype=np.int32))]
 
 
+def send_final(live: Any, rest: list[int]) -> None:
+    """Close a decoupled response stream: the held-back tail (if any) goes out with the FINAL flag."""
+    import triton_python_backend_utils as pb_utils
+
+    if rest:
+        live.send(pb_utils.InferenceResponse(output_tensors=output_tensors(rest)),
+                  flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    else:
+        live.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
 def split_words(words: list[list[int]], decode: Any) -> tuple[list[int], list[str]]:
     """Stop/bad words for an API that takes single token ids and strings: one-token words stay ids, longer ones
     are detokenized (`decode(ids) -> str`); a word that decodes to nothing is a RequestError."""

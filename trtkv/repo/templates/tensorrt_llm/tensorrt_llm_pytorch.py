@@ -27,6 +27,7 @@ from trtkv_model_utils import (
     model_parameters,
     optional_value,
     output_tensors,
+    send_final,
     split_words,
     word_row,
 )
@@ -138,12 +139,7 @@ class TritonPythonModel:
             if request.is_cancelled():
                 result.abort()
                 break
-        rest = chunker.flush()
-        if rest:
-            live.send(pb_utils.InferenceResponse(output_tensors=output_tensors(rest)),
-                      flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        else:
-            live.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        send_final(live, chunker.flush())
         return None
 
     def word_params(self, request: Any) -> dict[str, Any]:

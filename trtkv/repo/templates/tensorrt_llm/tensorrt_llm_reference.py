@@ -32,6 +32,7 @@ from trtkv_model_utils import (
     optional_value,
     output_tensors,
     resolve_dir,
+    send_final,
     word_row,
 )
 
@@ -112,12 +113,7 @@ class TritonPythonModel:
             return check(token)
 
         self.runtime.generate(prompt, on_token=on_token, **kwargs)
-        rest = chunker.flush()
-        if rest:
-            live.send(pb_utils.InferenceResponse(output_tensors=output_tensors(rest)),
-                      flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        else:
-            live.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        send_final(live, chunker.flush())
         return None
 
     def generation_args(self, request: Any, prompt_len: int) -> dict[str, Any]:
