@@ -91,7 +91,8 @@ GOLDEN_TRTLLM_SERVE = {
          "ENGINES/llama8b_fp8kv_pytorch/engine/extra_llm_api_options.yaml"],
         {"tensor_parallel_size": 1, "pipeline_parallel_size": 1, "max_batch_size": 128, "max_num_tokens": 16384,
          "max_seq_len": 65536,
-         "kv_cache_config": {"dtype": "fp8", "free_gpu_memory_fraction": 0.9, "enable_block_reuse": False}}),
+         "kv_cache_config": {"dtype": "fp8", "free_gpu_memory_fraction": 0.9, "enable_block_reuse": False},
+         "enable_chunked_prefill": True}),  # max_input_len 32768 > max_num_tokens 16384
 }
 
 
@@ -224,7 +225,7 @@ def tiny_recipe(tmp_path: Path, name: str, backend: str, kv: str = "fp8", weight
             "quantization": {"weights": weights, "kv_cache": kv},
             "build": {"backend": backend, "max_batch_size": 2, "max_input_len": 64, "max_seq_len": 128,
                       "max_num_tokens": 256},
-            "bench": {"input_tokens": 16, "output_tokens": 8}, **gpu}
+            "bench": {"input_tokens": 16, "output_tokens": 8, "needle_context_lengths": [48]}, **gpu}
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -331,6 +332,21 @@ def test_pitfall_hints() -> None:
     (int8,) = build.pitfall_hints("RuntimeError: Paged Context FMHA doesn't work with int8 kv cache currently.")
     assert "--use_paged_context_fmha disable" in int8
     assert any("Blackwell" in h for h in build.pitfall_hints("INT8/INT4 quantization is not supported on SM>=100."))
+
+
+def test_pitfall_hints_ignore_the_lines_every_build_prints() -> None:
+    """TensorRT-LLM 1.x logs these on ordinary builds (builder.py warnings, PluginConfig info): no hint from them."""
+    benign = "\n".join([
+        "$ trtllm-build --checkpoint_dir c --use_fp8_context_fmha enable",
+        "[11/30/2026-10:00:00] [TRT-LLM] [I] Set PluginConfig.use_fp8_context_fmha to True.",
+        "[11/30/2026-10:00:00] [TRT-LLM] [W] FP8 Context FMHA is disabled because it must be used together with the "
+        "fp8 quantization workflow.",
+        "[11/30/2026-10:00:00] [TRT-LLM] [MPI_Rank 1] [W] Paged Context FMHA is disabled because it doesn't work with "
+        "int8 kv cache currently.",
+        "[TensorRT-LLM][INFO] kv_cache_quant_algo FP8",
+    ])
+    assert build.pitfall_hints(benign) == []
+    assert build.pitfall_hints(benign + "\nRuntimeError: CUDA out of memory") == [build.PITFALLS[5][1]]
 
 
 def test_preflight_uses_the_checkpoint_validator(tmp_path: Path, engines_tmp: Path, tiny: Any) -> None:

@@ -28,14 +28,18 @@ def tiny_tokenizer():  # noqa: ANN201 - a transformers PreTrainedTokenizerFast
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=sorted(alphabet)[0])
 
 
-def tiny_model(seed: int = 0):  # noqa: ANN201 - a transformers LlamaForCausalLM
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+
+
+def tiny_model(seed: int = 0, **rope: object):  # noqa: ANN201 - a transformers LlamaForCausalLM
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         tie_word_embeddings=True, architectures=["LlamaForCausalLM"])
+                         tie_word_embeddings=True, architectures=["LlamaForCausalLM"], **rope)
     return LlamaForCausalLM(config).eval()
 
 
@@ -43,6 +47,15 @@ def tiny_model(seed: int = 0):  # noqa: ANN201 - a transformers LlamaForCausalLM
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("tiny_llama")
     tiny_model().save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def llama3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama-3-style model: rope_theta 500000 and llama3 scaling (transformers 5 keeps both in rope_parameters)."""
+    folder = tmp_path_factory.mktemp("tiny_llama3")
+    tiny_model(rope_parameters={**LLAMA3_ROPE, "rope_theta": 500000.0}).save_pretrained(folder)
     tiny_tokenizer().save_pretrained(folder)
     return folder
 
@@ -63,6 +76,7 @@ model: {{source: {model_dir}, architecture: llama, dtype: {dtype}, num_layers: {
 quantization: {{weights: {weights}, kv_cache: {kv}}}
 calibration: {{dataset: {data}, num_samples: {samples}, seq_len: 32, batch_size: 4, seed: 7}}
 build: {{backend: reference, tp_size: {tp}, pp_size: {pp}, max_input_len: 256, max_seq_len: 512}}
+bench: {{needle_context_lengths: [192]}}
 {hardware}
 """)
     return path
@@ -117,6 +131,35 @@ def test_int8_scales_are_amax_over_127_and_deterministic(tiny_dir: Path, engines
     assert recipe.path is not None
     changed = load_recipe(recipe.path, ["calibration.seed=8"])
     assert not calibrate(changed, log=quiet).skipped  # a new seed is a new key
+
+
+def test_llama3_rope_reaches_the_checkpoint_and_is_validated(llama3_dir: Path, engines_tmp: Path,
+                                                            tmp_path: Path) -> None:
+    """ModelOpt 0.47 under transformers 5 drops RoPE from the TensorRT-LLM config; calibrate writes it back."""
+    from trtkv.checkpoint import validate_trtllm_checkpoint
+
+    saved = json.loads((llama3_dir / "config.json").read_text())
+    assert "rope_theta" not in saved and saved["rope_parameters"]["rope_theta"] == 500000.0  # the transformers 5 form
+    recipe = load_recipe(write_recipe(tmp_path, llama3_dir, "tiny_llama3"))
+    calibrate(recipe, log=quiet)
+    out = checkpoint_dir(recipe)
+    config = json.loads((out / "config.json").read_text())
+    assert config["rotary_base"] == 500000.0
+    scaling = config["rotary_scaling"]
+    assert scaling["type"] == "llama3" and scaling["factor"] == 8.0 and scaling["low_freq_factor"] == 1.0
+    assert scaling["high_freq_factor"] == 4.0 and scaling["original_max_position_embeddings"] == 64
+    hf = json.loads((out / "hf" / "config.json").read_text())
+    assert hf["rope_theta"] == 500000.0 and hf["rope_scaling"]["rope_type"] == "llama3"
+    assert hf["rope_parameters"]["rope_theta"] == 500000.0  # kept for transformers 5
+
+    broken = tmp_path / "broken"
+    import shutil
+
+    shutil.copytree(out, broken)
+    del config["rotary_base"]
+    (broken / "config.json").write_text(json.dumps(config))
+    with pytest.raises(StageError, match=r"rotary_base absent.*10000.*theta 500000, llama3"):
+        validate_trtllm_checkpoint(broken, recipe)
 
 
 def rank_tensor_names(path: Path) -> dict[str, str]:

@@ -24,6 +24,7 @@ model: {{source: /nowhere, dtype: bfloat16, num_layers: {LAYERS}, num_attention_
         num_kv_heads: {KV_HEADS}, head_dim: {HEAD}, hidden_size: {HIDDEN}, vocab_size: {VOCAB}}}
 quantization: {{weights: fp8, kv_cache: {kv}}}
 build: {{backend: reference, tp_size: {tp}, pp_size: {pp}, max_input_len: 256, max_seq_len: 512}}
+bench: {{needle_context_lengths: [192]}}
 hardware: {hardware}
 """)
     return load_recipe(path)

@@ -14,9 +14,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # test_calibrate's tiny tokenizer and recipe writer
 
+from trtkv import rope  # noqa: E402
+from trtkv.errors import StageError  # noqa: E402
 from trtkv.runtime import (  # noqa: E402
     ReferenceRuntime,
     RequestError,
+    checkpoint_architecture,
     hf_to_trtllm_state_dict,
     pick_token,
     trtllm_to_hf_state_dict,
@@ -30,7 +33,7 @@ LINEARS = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")
 # Helpers (also used by test_build.py): small TensorRT-LLM checkpoints written the way ModelOpt exports them
 
 
-def tiny_llama(seed: int = 0, vocab: int = 128, layers: int = 2) -> Any:
+def tiny_llama(seed: int = 0, vocab: int = 128, layers: int = 2, rope_parameters: dict | None = None) -> Any:
     """A random float32 LlamaForCausalLM small enough for unit tests (no eos: generation runs to max_tokens)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -38,7 +41,7 @@ def tiny_llama(seed: int = 0, vocab: int = 128, layers: int = 2) -> Any:
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                       tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None,
-                      rope_theta=10000.0)
+                      rope_parameters=rope_parameters or {"rope_type": "default", "rope_theta": 10000.0})
     model = LlamaForCausalLM(cfg).float().eval()
     with torch.no_grad():  # larger weights than the default init, so logits are not near-uniform
         for p in model.parameters():
@@ -85,6 +88,7 @@ def write_checkpoint(model: Any, out: Path, *, weights: str = "none", kv: str | 
         "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size, "head_size": cfg.head_dim,
         "norm_epsilon": cfg.rms_norm_eps, "max_position_embeddings": cfg.max_position_embeddings,
         "hidden_act": cfg.hidden_act, "share_embedding_table": False, "rmsnorm": True,
+        "position_embedding_type": "rope_gpt_neox", **rope.trtllm_fields(rope.from_hf(cfg.to_dict())),
         "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1},
         "quantization": {"quant_algo": "FP8" if weights == "fp8" else None,
                          "kv_cache_quant_algo": kv, "exclude_modules": ["lm_head"]},
@@ -200,6 +204,100 @@ def test_fp8_weight_checkpoint_matches_transformers_on_dequantized_weights(tiny:
     ref.generation_config.pad_token_id = 0
     prompt = [7, 8, 9, 10]
     assert runtime.generate(prompt, max_tokens=16) == hf_greedy(ref, prompt, 16)
+
+
+# ---------------------------------------------------------------------------------------------
+# The checkpoint's config.json is the architecture, read with TensorRT-LLM's defaults
+
+
+def last_logits(runtime: ReferenceRuntime, prompt: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return runtime.model(input_ids=torch.tensor([prompt])).logits[0, -1]
+
+
+def edited_checkpoint(ckpt: Path, out: Path, **changes: Any) -> Path:
+    """A copy of `ckpt` whose config.json has `changes` applied (None removes a key)."""
+    import shutil
+
+    shutil.copytree(ckpt, out)
+    config = json.loads((out / "config.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+def test_architecture_comes_from_the_checkpoint_not_the_hf_config(tiny: Any, tmp_path: Path) -> None:
+    """An HF config that disagrees (rope, norm eps) changes nothing: TensorRT-LLM never reads it."""
+    ckpt = write_checkpoint(tiny, tmp_path / "ck")
+    engine = write_engine(ckpt, tmp_path / "engine", tiny)
+    lying = {**tiny.config.to_dict(), "rope_parameters": {"rope_type": "default", "rope_theta": 1.0},
+             "rms_norm_eps": 0.5}
+    (engine / "hf_config.json").write_text(json.dumps(lying))
+    runtime = ReferenceRuntime.load(engine)
+    assert runtime.config.rope_parameters["rope_theta"] == 10000.0 and runtime.config.rms_norm_eps == tiny.config.rms_norm_eps
+    prompt = list(range(1, 40))
+    assert runtime.generate(prompt, max_tokens=12) == hf_greedy(tiny, prompt, 12)
+
+
+def test_far_off_rotary_base_turns_the_output_to_garbage(tiny: Any, tiny_runtime: ReferenceRuntime,
+                                                          tmp_path: Path) -> None:
+    ckpt = write_checkpoint(tiny, tmp_path / "ck")
+    bad = edited_checkpoint(ckpt, tmp_path / "bad", rotary_base=1.0)
+    off = ReferenceRuntime.load(write_engine(bad, tmp_path / "engine", tiny))
+    prompt = list(range(1, 60))
+    assert off.generate(prompt, max_tokens=12) != tiny_runtime.generate(prompt, max_tokens=12)
+    missing = ReferenceRuntime.load(write_engine(edited_checkpoint(ckpt, tmp_path / "default", rotary_base=None),
+                                                 tmp_path / "engine2", tiny))
+    assert missing.config.rope_parameters["rope_theta"] == 10000.0  # TensorRT-LLM's default when absent
+
+
+def test_llama3_rope_scaling_is_applied_as_transformers_does(tmp_path: Path) -> None:
+    llama3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+    model = tiny_llama(rope_parameters=llama3)
+    ckpt = write_checkpoint(model, tmp_path / "ck")
+    assert json.loads((ckpt / "config.json").read_text())["rotary_scaling"]["type"] == "llama3"
+    runtime = ReferenceRuntime.load(write_engine(ckpt, tmp_path / "engine", model))
+    prompt = list(range(1, 120))
+    with torch.inference_mode():
+        want = model(input_ids=torch.tensor([prompt])).logits[0, -1]
+    got = last_logits(runtime, prompt)
+    scale = want.abs().max().item()
+    assert (got - want).abs().max().item() <= 1e-4 * scale  # same float32 maths, only summation order differs
+    unscaled = ReferenceRuntime.load(write_engine(edited_checkpoint(ckpt, tmp_path / "plain", rotary_scaling=None),
+                                                  tmp_path / "engine2", model))
+    assert (last_logits(unscaled, prompt) - want).abs().max().item() > 1e-2 * scale
+
+
+def test_missing_keys_take_trtllm_defaults_and_non_llama_is_refused(tmp_path: Path) -> None:
+    where = tmp_path / "config.json"
+    minimal = {"architecture": "LlamaForCausalLM", "dtype": "float32", "num_hidden_layers": 2,
+               "num_attention_heads": 4, "hidden_size": 64, "vocab_size": 128, "hidden_act": "silu",
+               "position_embedding_type": "rope_gpt_neox"}
+    arch = checkpoint_architecture(minimal, where)
+    assert (arch["num_key_value_heads"], arch["head_size"], arch["intermediate_size"]) == (4, 16, 256)
+    assert (arch["norm_epsilon"], arch["rotary_base"], arch["rotary_scaling"]) == (1e-5, 10000.0, None)
+    for change, words in (({"position_embedding_type": None}, "learned_absolute"), ({"attn_bias": True}, "attn_bias"),
+                          ({"rotary_pct": 0.5}, "partial rotary"), ({"hidden_act": None}, "gelu"),
+                          ({"vocab_size": None}, "vocab_size missing")):
+        config = {k: v for k, v in {**minimal, **change}.items() if v is not None}
+        with pytest.raises(StageError, match=words):
+            checkpoint_architecture(config, where)
+
+
+def test_chunked_prefill_gives_the_same_tokens(tiny: Any, tmp_path: Path) -> None:
+    ckpt = write_checkpoint(tiny, tmp_path / "ck")
+    engine = write_engine(ckpt, tmp_path / "engine", tiny)
+    settings = json.loads((engine / "runtime.json").read_text())
+    (engine / "runtime.json").write_text(json.dumps({**settings, "enable_chunked_context": True, "max_num_tokens": 8}))
+    chunked = ReferenceRuntime.load(engine)
+    assert chunked.prefill_chunk == 8
+    prompt = list(range(1, 30))
+    assert chunked.generate(prompt, max_tokens=12) == hf_greedy(tiny, prompt, 12)
 
 
 def test_stop_conditions_and_streaming(tiny_runtime: ReferenceRuntime) -> None:

@@ -115,7 +115,7 @@ def context_fmha_line(recipe: Recipe) -> str:
 def llm_api_options(recipe: Recipe) -> dict[str, Any]:
     """`extra_llm_api_options.yaml` for TensorRT-LLM's LLM API / `trtllm-serve` (PyTorch backend)."""
     kv_dtype = "fp8" if recipe.quantization.kv_cache is KVCacheQuant.FP8 else "auto"
-    return {
+    options: dict[str, Any] = {
         "tensor_parallel_size": recipe.build.tp_size,
         "pipeline_parallel_size": recipe.build.pp_size,
         "max_batch_size": recipe.build.max_batch_size,
@@ -127,6 +127,9 @@ def llm_api_options(recipe: Recipe) -> dict[str, Any]:
             "enable_block_reuse": recipe.triton.enable_kv_cache_reuse,
         },
     }
+    if recipe.chunked_context:  # a prompt longer than max_num_tokens is refused unless the scheduler may chunk it
+        options["enable_chunked_prefill"] = True
+    return options
 
 
 def trtllm_serve_command(recipe: Recipe, hf_dir: Path, options: Path) -> list[str]:
@@ -339,9 +342,16 @@ PITFALLS: list[tuple[str, str]] = [
 ]
 
 
+# Lines that are not errors: TensorRT-LLM's own info/warning/verbose lines (`[TRT-LLM] [I] Set
+# PluginConfig.use_fp8_context_fmha to True.` and `[TRT-LLM] [W] FP8 Context FMHA is disabled because it must be used
+# together with the fp8 quantization workflow.` appear in ordinary successful builds: tensorrt_llm/builder.py and
+# plugin/plugin.py, 1.x), and the `$ command` line run_logged writes first.
+BENIGN_LINE = re.compile(r"^\$ |\[TRT-LLM\](?: \[MPI_Rank \d+\])? \[[IWV]\] |\[TensorRT-LLM\]\[(?:INFO|WARNING|VERBOSE)\]")
+
+
 def pitfall_hints(log_text: str) -> list[str]:
-    """Hints for the known pitfalls the log shows (the `$ command` line run_logged writes first is skipped)."""
-    body = "\n".join(line for line in log_text.splitlines() if not line.startswith("$ "))
+    """Hints for the known pitfalls the log's error lines show (info and warning lines never trigger one)."""
+    body = "\n".join(line for line in log_text.splitlines() if not BENIGN_LINE.search(line))
     return [hint for pattern, hint in PITFALLS if re.search(pattern, body, re.IGNORECASE)]
 
 
@@ -452,6 +462,8 @@ def _build_reference(recipe: Recipe, ckpt: Path, tmp: Path, log: Callable[[str],
         "kv_cache_quant_algo": kv_cache_quant_algo(recipe),
         "max_seq_len": recipe.build.max_seq_len,
         "max_batch_size": recipe.build.max_batch_size,
+        "max_num_tokens": recipe.build.max_num_tokens,
+        "enable_chunked_context": recipe.chunked_context,
         "compute_dtype": "float32",
         "kv_scale_semantics": "TensorRT-LLM <= 1.2: one per-layer kv_cache_scaling_factor shared by K and V "
                               "(dequantization multiplier; FP8 export clamps it to >= 1.0)",

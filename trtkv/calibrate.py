@@ -315,6 +315,7 @@ def _calibrate_into(tmp: Path, recipe: Recipe, loader: ModelLoader, model_dir: P
     t0 = time.time()
     notes = kv_notes + _export_trtllm(model, tmp, recipe)
     notes += _export_hf(model, tokenizer, tmp, recipe)
+    _write_rope(tmp, json.loads((tmp / layout.HF_CONFIG).read_text()))
     tokenizer.save_pretrained(str(tmp / "tokenizer"))
     export_s = time.time() - t0
     write_kv_scales(tmp / "kv_scales.json", layers, recipe, num_layers)
@@ -559,6 +560,19 @@ def _export_trtllm(model: Any, out: Path, recipe: Recipe) -> list[str]:
                                        inference_pipeline_parallel=recipe.build.pp_size)
     _sort_exclude_modules(out / "config.json")
     return notes
+
+
+def _write_rope(ckpt: Path, source: dict[str, Any]) -> None:
+    """Write the model's RoPE where TensorRT-LLM 1.x and transformers 4.x read it (ModelOpt 0.47 under
+    transformers 5 writes neither: rotary_base/rotary_scaling in config.json, rope_theta/rope_scaling in hf/)."""
+    from trtkv import rope
+
+    config_path = ckpt / "config.json"
+    config_path.write_text(json.dumps(rope.complete_trtllm_config(json.loads(config_path.read_text()), source),
+                                      indent=4) + "\n")
+    hf_path = ckpt / "hf" / "config.json"
+    if hf_path.is_file():
+        hf_path.write_text(json.dumps(rope.complete_hf_config(json.loads(hf_path.read_text()), source), indent=2) + "\n")
 
 
 def _sort_exclude_modules(config_path: Path) -> None:

@@ -1,6 +1,7 @@
 """Validation of a TensorRT-LLM checkpoint: what `trtllm-build` / the runtime will read, checked against the recipe.
 
-Checks `config.json` (architecture, dtype, layer/head counts, `mapping`, quantization fields) and every
+Checks `config.json` (architecture, dtype, layer/head counts, `mapping`, quantization fields, RoPE against the
+source model's `hf_config.json`: `rotary_base`/`rotary_scaling`, and `hf/config.json`'s `rope_theta`) and every
 `rank{r}.safetensors` (tensor names and shapes per rank, one finite positive `kv_cache_scaling_factor` per layer
 when the KV cache is quantized and none when `kv_cache_quant_algo` is null (recipe kv_cache none), finite positive
 scaling factors). Every problem is collected and reported at once in one StageError.
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtkv.errors import StageError
-from trtkv.layout import KV_ALGO, WEIGHT_ALGOS
+from trtkv.layout import HF_CONFIG, KV_ALGO, WEIGHT_ALGOS
 
 if TYPE_CHECKING:
     from trtkv.recipe import Recipe
@@ -59,6 +60,7 @@ def validate_trtllm_checkpoint(ckpt_dir: Path | str, recipe: Recipe) -> dict[str
     problems.raise_if_any(ckpt_dir)
     _check_config(config, recipe, ckpt_dir / CONFIG, problems)
     problems.raise_if_any(ckpt_dir)
+    _check_rope(ckpt_dir, config, problems)
     ranks = _check_ranks(ckpt_dir, config, problems)
     factors = _layer_factors(ranks, config)
     _check_kv_scales_json(ckpt_dir, factors, config, problems)
@@ -139,6 +141,30 @@ def _expect_algo(problems: _Problems, path: Path, field: str, got: Any, allowed:
     if got not in allowed:
         want = repr(allowed[0]) if len(allowed) == 1 else f"one of {list(allowed)}"
         problems.add(path, f"{field} = {got!r}, but recipe {recipe_field} = {value!r} needs {want}")
+
+
+def _check_rope(ckpt_dir: Path, config: dict[str, Any], problems: _Problems) -> None:
+    """RoPE in config.json (and hf/config.json) must be the source model's (hf_config.json, saved by calibrate)."""
+    from trtkv import rope
+
+    source_path = ckpt_dir / HF_CONFIG
+    if not source_path.is_file():
+        return
+    try:
+        source = json.loads(source_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        problems.add(source_path, f"not readable JSON ({exc})")
+        return
+    hf_path = ckpt_dir / "hf" / CONFIG
+    hf_export = None
+    if hf_path.is_file():
+        try:
+            hf_export = json.loads(hf_path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            problems.add(hf_path, f"not readable JSON ({exc})")
+    for problem in rope.rope_problems(rope.from_hf(source), config, hf_export):
+        where, _, msg = problem.partition(": ")
+        problems.add(ckpt_dir / where, f"{msg} (from {HF_CONFIG})")
 
 
 def _stage_layers(config: dict[str, Any]) -> int:

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
-from trtkv import paths
+from trtkv import paths, versions
 from trtkv.errors import RecipeError
 from trtkv.hardware import GPU, GPU_SPECS, gpus_with_fp8
 from trtkv.kvcache.formats import KVFormat
@@ -183,6 +183,19 @@ class BuildConfig(_Section):
     )
     multiple_profiles: bool = Field(True, description="trtllm-build `--multiple_profiles`.")
     tokens_per_block: int = Field(32, gt=0, description="Paged KV block size in tokens.")
+    tensorrt_llm_version: str = Field(
+        versions.DEFAULT_TRTLLM,
+        description="TensorRT-LLM release that builds and serves the engine; picks the Triton image from trtkv's "
+        "version matrix (`trtkv/data/trtllm_versions.json`).",
+    )
+
+    @field_validator("tensorrt_llm_version")
+    @classmethod
+    def _known_release(cls, value: str) -> str:
+        allowed = versions.supported_trtllm()
+        if versions.release(value) not in allowed:
+            raise ValueError(f"TensorRT-LLM {value!r} is not in trtkv's version matrix. Allowed: {', '.join(allowed)}")
+        return value
 
 
 class HardwareConfig(_Section):
@@ -304,6 +317,13 @@ class Recipe(_Section):
         """`--use_fp8_context_fmha`: the recipe's flag, by default on exactly when KV and weights are both FP8."""
         flag = self.build.use_fp8_context_fmha
         return self.fp8_kv_and_weights if flag is None else flag
+
+    @property
+    def chunked_context(self) -> bool:
+        """Prompts longer than max_num_tokens need chunked context/prefill; every backend then turns it on
+        (tensorrt: enable_chunked_context + paged context FMHA; LLM API: enable_chunked_prefill; reference: chunked
+        prefill passes of max_num_tokens)."""
+        return self.build.max_input_len > self.build.max_num_tokens
 
     @property
     def paged_context_fmha(self) -> bool:
@@ -599,6 +619,10 @@ def cross_field_problems(r: Recipe) -> list[tuple[str, str]]:
         out.append(("quantization.kv_cache", "TensorRT-LLM's PyTorch backend has no INT8 KV cache (kv_cache_config "
                                              "dtype is auto or fp8): use backend tensorrt or kv_cache fp8"))
     out += _sm100_problems(r)
+    for length in r.bench.needle_context_lengths if BenchTask.NEEDLE in r.bench.tasks else []:
+        if length > b.max_input_len:
+            out.append(("bench.needle_context_lengths", f"{length} exceeds build.max_input_len {b.max_input_len}: "
+                                                        f"the server would refuse the prompt"))
     if r.bench.input_tokens > b.max_input_len:
         out.append(("bench.input_tokens", f"{r.bench.input_tokens} exceeds build.max_input_len {b.max_input_len}"))
     if r.bench.input_tokens + r.bench.output_tokens > b.max_seq_len:

@@ -45,16 +45,6 @@ GLOBAL_NAMES = {
     "transformer.ln_f": "model.norm",
     "lm_head": "lm_head",
 }
-# config.json keys of a TensorRT-LLM checkpoint -> LlamaConfig keys that must agree with the HF config.
-STRUCTURAL = {
-    "vocab_size": "vocab_size",
-    "hidden_size": "hidden_size",
-    "intermediate_size": "intermediate_size",
-    "num_hidden_layers": "num_hidden_layers",
-    "num_attention_heads": "num_attention_heads",
-    "num_key_value_heads": "num_key_value_heads",
-    "head_size": "head_dim",
-}
 # checkpoint kv_cache_quant_algo -> the KV format the runtime stores ("FP8" -> "fp8", None -> "none")
 KV_FORMATS: dict[str | None, str] = {algo: kv.value for kv, algo in KV_ALGO.items()}
 
@@ -159,30 +149,86 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def llama_config(trt_cfg: dict[str, Any], hf_cfg: dict[str, Any] | None, where: Path) -> Any:
-    """A LlamaConfig: the HF config (rope, norm eps, ids) checked against the checkpoint's structure."""
-    from transformers import LlamaConfig
+# TensorRT-LLM's defaults for keys a Llama checkpoint config.json may omit, as TensorRT-LLM 1.2 reads it:
+# `tensorrt_llm/models/modeling_utils.py` PretrainedConfig.__init__ (NVIDIA/TensorRT-LLM@b35ac1b6, version 1.2.0rc2)
+# and `models/llama/config.py` LLaMAConfig.__init__ (@89fd9b74); rotary_pct/rotary_dim as
+# `Attention.create_attention_const_params` reads them. Unknown keys become attributes there (no error).
+# Derived defaults: num_key_value_heads = num_attention_heads, head_size = hidden_size // num_attention_heads,
+# intermediate_size = 4 * hidden_size. A missing lm_head.weight means the embedding is shared (PretrainedModel.load).
+TRTLLM_DEFAULTS: dict[str, Any] = {
+    "hidden_act": "gelu",  # ModelOpt and LLaMAConfig.from_hugging_face write silu for a Llama
+    "norm_epsilon": 1e-5,
+    "position_embedding_type": "learned_absolute",  # Llama exports write rope_gpt_neox
+    "max_position_embeddings": None,
+    "rotary_pct": 1.0,
+    "rotary_base": 10000.0,
+    "rotary_scaling": None,
+    "mlp_bias": False,
+    "attn_bias": False,
+    "qk_layernorm": False,
+}
+REQUIRED_ARCH = ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size")
 
+
+def checkpoint_architecture(trt_cfg: dict[str, Any], where: Path) -> dict[str, Any]:
+    """Every architecture field of a TensorRT-LLM Llama checkpoint, TensorRT-LLM's defaults where a key is absent;
+    raises StageError for what TensorRT-LLM would build differently from a Llama (biases, partial/learned RoPE)."""
     if trt_cfg.get("architecture") not in (None, "LlamaForCausalLM"):
         raise StageError(f"{where}: architecture {trt_cfg.get('architecture')!r}; the reference runtime runs "
                          f"LlamaForCausalLM checkpoints only.")
-    derived = {dst: trt_cfg[src] for src, dst in STRUCTURAL.items() if trt_cfg.get(src) is not None}
-    if hf_cfg is None:
-        data: dict[str, Any] = {**derived, "max_position_embeddings": trt_cfg.get("max_position_embeddings", 4096),
-                                "rms_norm_eps": trt_cfg.get("norm_epsilon", 1e-6),
-                                "hidden_act": trt_cfg.get("hidden_act", "silu"),
-                                "rope_theta": trt_cfg.get("rotary_base", 10000.0)}
-    else:
-        data = {k: v for k, v in hf_cfg.items() if k not in ("quantization_config", "auto_map")}
-        bad = [f"{k}: checkpoint {v} vs HF config {data[k]}" for k, v in derived.items()
-               if k in data and data[k] is not None and data[k] != v]
-        if bad:
-            raise StageError(f"{where}: the HF config does not describe this checkpoint ({'; '.join(bad)}).")
-        data = {**derived, **data}
-    data["dtype"] = "float32"
-    data.pop("torch_dtype", None)
-    data["tie_word_embeddings"] = bool(data.get("tie_word_embeddings", False))
-    return LlamaConfig(**data)
+    missing = [k for k in REQUIRED_ARCH if trt_cfg.get(k) is None]
+    if missing:
+        raise StageError(f"{where}: {', '.join(missing)} missing (TensorRT-LLM has no default for them). Next: "
+                         f"rerun `trtkv calibrate --force`.")
+    arch = {**TRTLLM_DEFAULTS, **{k: v for k, v in trt_cfg.items() if v is not None or k == "rotary_scaling"}}
+    heads, hidden = int(arch["num_attention_heads"]), int(arch["hidden_size"])
+    arch["num_key_value_heads"] = int(arch.get("num_key_value_heads") or heads)  # PretrainedConfig: MHA when absent
+    arch["head_size"] = int(arch.get("head_size") or hidden // heads)
+    arch["intermediate_size"] = int(arch.get("intermediate_size") or 4 * hidden)  # PretrainedConfig default
+    problems = []
+    if arch["position_embedding_type"] != "rope_gpt_neox":
+        problems.append(f"position_embedding_type {arch['position_embedding_type']!r} (a Llama uses rope_gpt_neox)")
+    if int(arch.get("rotary_dim") or arch["head_size"] * float(arch["rotary_pct"])) != arch["head_size"]:
+        problems.append(f"partial rotary (rotary_pct {arch['rotary_pct']}, rotary_dim {arch.get('rotary_dim')})")
+    for flag in ("mlp_bias", "attn_bias", "qk_layernorm"):
+        if arch[flag]:
+            problems.append(f"{flag} true")
+    if str(arch["hidden_act"]) not in ("silu", "swiglu"):
+        problems.append(f"hidden_act {arch['hidden_act']!r} (a Llama MLP is gated silu)")
+    if problems:
+        raise StageError(f"{where}: TensorRT-LLM would build this checkpoint with {'; '.join(problems)}; the reference "
+                         f"runtime runs what a Llama export holds. Next: check the export (`trtkv calibrate --force`).")
+    return arch
+
+
+def llama_config(trt_cfg: dict[str, Any], hf_cfg: dict[str, Any] | None, where: Path) -> Any:
+    """A LlamaConfig built from the TensorRT-LLM checkpoint's config.json alone, the way TensorRT-LLM reads it.
+
+    The HF config (when given) contributes token ids only (bos/eos/pad are not part of the engine); a rope or layer
+    count that exists only in the HF config is ignored here, so a checkpoint TensorRT-LLM would misread is misread
+    by the reference runtime too (`trtkv generate` shows it).
+    """
+    from transformers import LlamaConfig
+
+    from trtkv import rope
+
+    arch = checkpoint_architecture(trt_cfg, where)
+    positions = arch["max_position_embeddings"] or (hf_cfg or {}).get("max_position_embeddings") or 4096
+    ropes = rope.from_trtllm(arch)
+    rope_parameters = {"rope_type": ropes.scaling_type or "default", "rope_theta": ropes.theta,
+                       **{k: v for k, v in (ropes.scaling or {}).items() if k != "rope_type"}}
+    data: dict[str, Any] = {
+        "vocab_size": int(arch["vocab_size"]), "hidden_size": int(arch["hidden_size"]),
+        "intermediate_size": int(arch["intermediate_size"]), "num_hidden_layers": int(arch["num_hidden_layers"]),
+        "num_attention_heads": int(arch["num_attention_heads"]),
+        "num_key_value_heads": int(arch["num_key_value_heads"]), "head_dim": int(arch["head_size"]),
+        "rms_norm_eps": float(arch["norm_epsilon"]), "hidden_act": "silu",
+        "max_position_embeddings": int(positions), "rope_parameters": rope_parameters,
+        "attention_bias": False, "mlp_bias": False,
+    }
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        data[key] = (hf_cfg or {}).get(key)
+    return LlamaConfig(**data, dtype="float32")
 
 
 def build_model(config: Any, state_dict: dict[str, torch.Tensor]) -> Any:
@@ -262,12 +308,22 @@ class ReferenceRuntime:
         return self.eos_token_ids[0] if self.eos_token_ids else None
 
     @property
+    def prefill_chunk(self) -> int | None:
+        """Tokens per prefill pass when the engine chunks long prompts (runtime.json enable_chunked_context), else
+        None: the whole prompt in one pass, as an engine whose max_num_tokens covers max_input_len does."""
+        if self.settings.get("enable_chunked_context") and self.settings.get("max_num_tokens"):
+            return int(self.settings["max_num_tokens"])
+        return None
+
+    @property
     def num_layers(self) -> int:
         return int(self.config.num_hidden_layers)
 
     @classmethod
-    def load(cls, engine_dir: Path, threads: int | None = None, kv_format: str | None = None) -> ReferenceRuntime:
-        """Load `engine_dir/runtime.json` (written by `trtkv build` for backend reference) and its checkpoint."""
+    def load(cls, engine_dir: Path, threads: int | None = None, kv_format: str | None = None,
+             checkpoint: Path | None = None) -> ReferenceRuntime:
+        """Load `engine_dir/runtime.json` (written by `trtkv build` for backend reference) and its checkpoint
+        (or `checkpoint`: another TensorRT-LLM checkpoint folder, e.g. an edited copy)."""
         import torch
         from safetensors.torch import load_file
 
@@ -278,6 +334,8 @@ class ReferenceRuntime:
         ckpt = Path(settings["checkpoint"])
         if not ckpt.is_dir() and settings.get("checkpoint_relative"):
             ckpt = (engine_dir / settings["checkpoint_relative"]).resolve()
+        if checkpoint is not None:
+            ckpt = Path(checkpoint)
         trt_cfg = _read_json(ckpt / "config.json")
         mapping = trt_cfg.get("mapping") or {}
         if mapping.get("world_size", 1) != 1:
@@ -375,6 +433,10 @@ class ReferenceRuntime:
         out: list[int] = []
         with torch.inference_mode():
             step = torch.tensor([list(input_ids)], dtype=torch.long)
+            chunk = self.prefill_chunk
+            while chunk and step.shape[1] > chunk:  # chunked prefill: at most max_num_tokens per forward pass
+                self.model(input_ids=step[:, :chunk], past_key_values=cache, use_cache=True)
+                step = step[:, chunk:]
             while True:
                 logits = self.model(input_ids=step, past_key_values=cache, use_cache=True).logits[0, -1]
                 token = pick_token(logits, temperature, top_k, top_p, generator)

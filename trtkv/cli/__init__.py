@@ -12,7 +12,7 @@ from trtkv.errors import TrtkvError
 
 # Subcommand name -> module in trtkv.cli (imported only to build the parser; heavy work is lazy inside run()).
 COMMANDS = ["ls", "validate", "show", "plan", "probe", "calibrate", "build", "repo", "serve", "stop", "bench",
-            "report", "demo", "compare"]
+            "report", "demo", "compare", "generate"]
 
 
 def build_parser() -> argparse.ArgumentParser:

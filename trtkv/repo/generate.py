@@ -126,8 +126,8 @@ def template_values(plan: RepoPlan) -> dict[str, str]:
 
 
 def chunked_context(recipe: Recipe) -> bool:
-    """The batch manager rejects a context longer than max_num_tokens unless it may chunk it."""
-    return recipe.build.max_input_len > recipe.build.max_num_tokens
+    """The batch manager rejects a context longer than max_num_tokens unless it may chunk it (Recipe.chunked_context)."""
+    return recipe.chunked_context
 
 
 def render(template: str, values: dict[str, str]) -> str:
