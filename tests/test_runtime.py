@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # test_calibrate's tiny tokenize
 from trtkv import rope  # noqa: E402
 from trtkv.errors import StageError  # noqa: E402
 from trtkv.runtime import (  # noqa: E402
+    LogitControls,
     ReferenceRuntime,
     RequestError,
     checkpoint_architecture,
@@ -298,6 +299,39 @@ def test_chunked_prefill_gives_the_same_tokens(tiny: Any, tmp_path: Path) -> Non
     assert chunked.prefill_chunk == 8
     prompt = list(range(1, 30))
     assert chunked.generate(prompt, max_tokens=12) == hf_greedy(tiny, prompt, 12)
+
+
+def test_logit_controls_follow_tensorrt_llm_semantics() -> None:
+    logits = torch.tensor([1.0, -1.0, 2.0, 0.5])
+    seq = [0, 1, 1]
+    rep = LogitControls(repetition_penalty=2.0).apply(logits, seq, 5, set())
+    assert rep.tolist() == [0.5, -2.0, 2.0, 0.5]  # positive / 2, negative * 2, unseen unchanged
+    pf = LogitControls(presence_penalty=0.25, frequency_penalty=0.5).apply(logits, seq, 5, set())
+    assert pf.tolist() == [1.0 - 0.25 - 0.5, -1.0 - 0.25 - 1.0, 2.0, 0.5]
+    early = LogitControls(min_tokens=2).apply(logits, seq, 1, {3})
+    assert early[3] == float("-inf") and LogitControls(min_tokens=2).apply(logits, seq, 2, {3})[3] == 0.5
+    bad = LogitControls(bad_words=[[2], [1, 3], [0, 3]]).apply(logits, seq, 5, set())
+    assert bad[2] == float("-inf") and bad[3] == float("-inf")  # [1, 3]: the sequence ends with 1
+    assert LogitControls(bad_words=[[0, 3]]).apply(logits, seq, 5, set())[3] == 0.5  # ends with 1, not 0
+    biased = LogitControls(embedding_bias=[0.0, 0.0, -5.0]).apply(logits, seq, 5, set())
+    assert biased.tolist() == [1.0, -1.0, -3.0, 0.5]
+    assert not LogitControls().active
+
+
+def test_generate_honours_controls_and_reports_log_probs(tiny_runtime: ReferenceRuntime) -> None:
+    prompt = [3, 1, 4, 1, 5]
+    full = tiny_runtime.generate(prompt, max_tokens=8)
+    banned = tiny_runtime.generate(prompt, max_tokens=8, controls=LogitControls(bad_words=[[full[0]]]))
+    assert banned[0] != full[0] and full[0] not in banned
+    ended = tiny_runtime.generate(prompt, max_tokens=8, end_id=full[1])
+    assert len(ended) == 1
+    held = tiny_runtime.generate(prompt, max_tokens=8, end_id=full[1], controls=LogitControls(min_tokens=4))
+    assert len(held) >= 4 and held[:1] == full[:1]
+    lps: list[float] = []
+    assert tiny_runtime.generate(prompt, max_tokens=8, log_probs=lps) == full
+    assert len(lps) == 8 and all(lp <= 0 for lp in lps)
+    with pytest.raises(RequestError, match="min_tokens"):
+        tiny_runtime.generate(prompt, max_tokens=2, controls=LogitControls(min_tokens=3))
 
 
 def test_stop_conditions_and_streaming(tiny_runtime: ReferenceRuntime) -> None:

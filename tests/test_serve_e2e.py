@@ -96,6 +96,51 @@ def test_stop_words_end_the_answer(server: tuple[Any, serve.ServerInfo]) -> None
     assert status == 200 and body["text_output"].endswith(".") and "Paris" in body["text_output"]
 
 
+def test_what_genai_perf_and_upstream_clients_send_is_accepted(server: tuple[Any, serve.ServerInfo]) -> None:
+    """GenAI-Perf (--backend tensorrtllm) sends exclude_input_in_output; upstream's end-to-end client beam_width."""
+    import numpy as np
+
+    _, info = server
+    extra = {"exclude_input_in_output": np.array([[True]]), "beam_width": np.array([[1]], dtype=np.int32),
+             "length_penalty": np.array([[1.0]], dtype=np.float32), "num_return_sequences": np.array([[1]], np.int32),
+             "return_context_logits": np.array([[False]]), "return_generation_logits": np.array([[False]])}
+    result = grpc_stream(_grpc_url(info), PROMPT, 6, extra=extra)
+    assert result.error is None and "Paris" in result.text and not result.text.startswith(PROMPT)
+    status, body = http_generate(info.http_url, {"text_input": PROMPT, "max_tokens": 6,
+                                                 "exclude_input_in_output": False})
+    assert status == 200 and body["text_output"].startswith(PROMPT), body  # the prompt is kept when asked
+
+
+def test_unsupported_values_get_a_per_request_error(server: tuple[Any, serve.ServerInfo]) -> None:
+    _, info = server
+    status, body = http_generate(info.http_url, {"text_input": PROMPT, "max_tokens": 4, "beam_width": 2,
+                                                 "return_context_logits": True})
+    assert status == 400, body
+    assert "beam_width > 1" in body["error"] and "return_context_logits true" in body["error"]
+    good = grpc_stream(_grpc_url(info), PROMPT, 4)
+    assert good.error is None and "Paris" in good.text
+
+
+def test_sampling_controls_and_extra_outputs_are_honoured(server: tuple[Any, serve.ServerInfo]) -> None:
+    _, info = server
+    status, body = http_generate(info.http_url, {"text_input": PROMPT, "max_tokens": 6, "return_log_probs": True,
+                                                 "return_num_input_tokens": True, "return_num_output_tokens": True,
+                                                 "return_perf_metrics": True})
+    assert status == 200, body
+    assert body["num_output_tokens"] == 6 and body["num_input_tokens"] >= 5
+    assert len(body["output_log_probs"]) == 6 and all(lp <= 0 for lp in body["output_log_probs"])
+    assert abs(body["cum_log_probs"] - sum(body["output_log_probs"])) < 1e-3
+    assert body["arrival_time_ns"] <= body["first_token_time_ns"] <= body["last_token_time_ns"]
+    banned = http_generate(info.http_url, {"text_input": PROMPT, "max_tokens": 6, "bad_words": [" Paris"]})[1]
+    assert "Paris" not in banned["text_output"], banned
+    biased = http_generate(info.http_url, {"text_input": PROMPT, "max_tokens": 6, "embedding_bias_words": [" Paris"],
+                                           "embedding_bias_weights": [-100.0]})[1]
+    assert "Paris" not in biased["text_output"], biased
+    longer = http_generate(info.http_url, {"text_input": PROMPT, "max_tokens": 12, "min_tokens": 12,
+                                           "return_num_output_tokens": True})[1]
+    assert longer["num_output_tokens"] == 12, longer
+
+
 def test_concurrent_requests_do_not_mix(server: tuple[Any, serve.ServerInfo]) -> None:
     recipe, info = server
     prompts = [PROMPT, "Water is made of", "One, two, three,", PROMPT]

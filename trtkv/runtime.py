@@ -280,6 +280,52 @@ def pick_token(logits: torch.Tensor, temperature: float, top_k: int, top_p: floa
     return int(torch.multinomial(probs / probs.sum(), 1, generator=generator))
 
 
+@dataclass
+class LogitControls:
+    """What TensorRT-LLM applies to the logits before sampling, per request (its SamplingConfig / Request fields).
+
+    Penalties look at the whole sequence (prompt and generated tokens), as TensorRT-LLM 1.x does by default:
+    repetition divides positive logits and multiplies negative ones by `repetition_penalty` for every token seen;
+    presence subtracts `presence_penalty` once per seen token, frequency `frequency_penalty` per occurrence. The end
+    ids are banned until `min_tokens` tokens were generated; a bad word's last token is banned when the sequence ends
+    with the rest of it; `embedding_bias` (vocabulary-sized) is added first.
+    """
+
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_tokens: int = 0
+    bad_words: list[list[int]] = field(default_factory=list)
+    embedding_bias: list[float] | None = None
+
+    @property
+    def active(self) -> bool:
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.min_tokens > 0 or bool(self.bad_words) or bool(self.embedding_bias))
+
+    def apply(self, logits: torch.Tensor, seq: list[int], generated: int, end_ids: set[int]) -> torch.Tensor:
+        import torch
+
+        logits = logits.float().clone()
+        if self.embedding_bias:
+            bias = torch.tensor(self.embedding_bias[: logits.numel()], dtype=logits.dtype)
+            logits[: bias.numel()] += bias
+        if seq and (self.repetition_penalty != 1.0 or self.presence_penalty or self.frequency_penalty):
+            ids, counts = torch.unique(torch.tensor(seq, dtype=torch.long), return_counts=True)
+            seen = logits[ids]
+            if self.repetition_penalty != 1.0:
+                seen = torch.where(seen > 0, seen / self.repetition_penalty, seen * self.repetition_penalty)
+            seen = seen - self.presence_penalty - self.frequency_penalty * counts.to(logits.dtype)
+            logits[ids] = seen
+        if generated < self.min_tokens:
+            for end in end_ids:
+                logits[end] = float("-inf")
+        for word in self.bad_words:
+            if word and (len(word) == 1 or seq[-(len(word) - 1):] == word[:-1]):
+                logits[word[-1]] = float("-inf")
+        return logits
+
+
 def _ends_with(seq: list[int], stops: Sequence[Sequence[int]]) -> bool:
     return any(stop and len(seq) >= len(stop) and seq[-len(stop):] == list(stop) for stop in stops)
 
@@ -416,11 +462,20 @@ class ReferenceRuntime:
         end_id: int | None = None,
         stop_words: Sequence[Sequence[int]] | None = None,
         on_token: Callable[[int], bool | None] | None = None,
+        controls: LogitControls | None = None,
+        log_probs: list[float] | None = None,
     ) -> list[int]:
-        """Generated ids only (end_id excluded, a matched stop word included); on_token(id) -> False cancels."""
+        """Generated ids only (end_id excluded, a matched stop word included); on_token(id) -> False cancels.
+
+        `controls`: penalties, min_tokens, bad words, logit bias (TensorRT-LLM's semantics, see LogitControls).
+        `log_probs`: when given, receives the log-probability of each generated token (log-softmax of the logits
+        after `controls`, before temperature) as it is chosen, before on_token is called.
+        """
         import torch
 
         self._check_request(input_ids, max_tokens, temperature, top_k, top_p)
+        if controls is not None and controls.min_tokens > max_tokens:
+            raise RequestError(f"min_tokens {controls.min_tokens} exceeds max_tokens {max_tokens}.")
         max_tokens = min(max_tokens, self.max_seq_len - len(input_ids))
         ends = {end_id} if end_id is not None else set(self.eos_token_ids)
         stops = [list(s) for s in (stop_words or []) if s]
@@ -437,12 +492,18 @@ class ReferenceRuntime:
             while chunk and step.shape[1] > chunk:  # chunked prefill: at most max_num_tokens per forward pass
                 self.model(input_ids=step[:, :chunk], past_key_values=cache, use_cache=True)
                 step = step[:, chunk:]
+            seq = list(input_ids)
             while True:
                 logits = self.model(input_ids=step, past_key_values=cache, use_cache=True).logits[0, -1]
+                if controls is not None and controls.active:
+                    logits = controls.apply(logits, seq, len(out), ends)
                 token = pick_token(logits, temperature, top_k, top_p, generator)
                 if token in ends:
                     break
+                if log_probs is not None:
+                    log_probs.append(float(torch.log_softmax(logits.float(), dim=-1)[token]))
                 out.append(token)
+                seq.append(token)
                 if on_token is not None and on_token(token) is False:
                     break
                 if len(out) >= max_tokens or _ends_with(out, stops):

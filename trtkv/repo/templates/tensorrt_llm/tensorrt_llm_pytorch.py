@@ -27,6 +27,7 @@ from trtkv_model_utils import (
     model_parameters,
     optional_value,
     output_tensors,
+    refuse_unsupported,
     send_final,
     split_words,
     word_row,
@@ -98,6 +99,7 @@ class TritonPythonModel:
     async def generate(self, request: Any, sender: Any | None) -> Any | None:
         from tensorrt_llm import SamplingParams
 
+        refuse_unsupported(request, "trtkv's LLM API model")
         input_ids = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy()
         if input_ids.shape[0] != 1:
             raise RequestError(f"one prompt per request (got a batch of {input_ids.shape[0]})")
@@ -110,7 +112,9 @@ class TritonPythonModel:
         sampling: dict[str, Any] = {"max_tokens": max_tokens}
         for name, key, cast in (("temperature", "temperature", float), ("runtime_top_k", "top_k", int),
                                 ("runtime_top_p", "top_p", float), ("seed", "seed", int), ("end_id", "end_id", int),
-                                ("pad_id", "pad_id", int)):
+                                ("pad_id", "pad_id", int), ("repetition_penalty", "repetition_penalty", float),
+                                ("presence_penalty", "presence_penalty", float),
+                                ("frequency_penalty", "frequency_penalty", float), ("min_tokens", "min_tokens", int)):
             value = optional_value(request, name)
             if value is not None:
                 sampling[key] = cast(value)
@@ -123,7 +127,8 @@ class TritonPythonModel:
         if not stream:
             final = await result.aresult()
             ids = list(final.outputs[0].token_ids)
-            ids = ids if self.exclude_input else prompt + ids
+            exclude = optional_value(request, "exclude_input_in_output")
+            ids = ids if (self.exclude_input if exclude is None else bool(exclude)) else prompt + ids
             response = pb_utils.InferenceResponse(output_tensors=output_tensors(ids))
             if sender is not None:
                 sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)

@@ -13,14 +13,15 @@ works through the ensemble). Each instance serves one request at a time with its
 from __future__ import annotations
 
 import importlib
-import inspect
 import json
 import os
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import triton_python_backend_utils as pb_utils  # provided by the Triton Python backend
 from trtkv_model_utils import (
     RequestError,
@@ -31,8 +32,8 @@ from trtkv_model_utils import (
     model_parameters,
     optional_value,
     output_tensors,
+    refuse_unsupported,
     resolve_dir,
-    send_final,
     word_row,
 )
 
@@ -58,13 +59,12 @@ class TritonPythonModel:
         params = model_parameters(config)
         instances = sum(int(group.get("count", 1)) for group in config.get("instance_group", [])) or 1
         threads = threads_for(params.get("threads_per_instance", "auto"), instances)
-        runtime_module = importlib.import_module(params.get("runtime_module") or "trtkv.runtime")
-        self.runtime = runtime_module.ReferenceRuntime.load(Path(params["engine_dir"]), threads=threads)
+        self.runtime_module = importlib.import_module(params.get("runtime_module") or "trtkv.runtime")
+        self.runtime = self.runtime_module.ReferenceRuntime.load(Path(params["engine_dir"]), threads=threads)
         self.tokenizer = Tokenizer(resolve_dir(params["tokenizer_dir"], model_dir_from_args(args)))
         self.max_seq_len = min(int(params["max_seq_len"]), int(self.runtime.max_seq_len))
         self.exclude_input = params.get("exclude_input_in_output", "true").lower() == "true"
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
-        self.accepts_bad_words = "bad_words" in inspect.signature(self.runtime.generate).parameters
         pb_utils.Logger.log_info(f"tensorrt_llm (reference): engine {params['engine_dir']}, {threads} torch "
                                  f"thread(s) per instance, decoupled={self.decoupled}")
 
@@ -88,32 +88,50 @@ class TritonPythonModel:
 
     def serve(self, request: Any, sender: Any | None) -> Any | None:
         """Generate for one request; returns the final response, or None when streaming already finished it."""
-        input_ids = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy()
+        arrival_ns = time.time_ns()
+        refuse_unsupported(request)
+        input_ids = pb_utils.get_input_tensor_by_name(request, "input_ids")
+        if input_ids is None:
+            raise RequestError("input_ids is missing (encoder-only inputs are not supported)")
+        input_ids = input_ids.as_numpy()
         if input_ids.shape[0] != 1:
             raise RequestError(f"one prompt per request (got a batch of {input_ids.shape[0]}); "
                                f"send prompts as separate requests")
         length = int(optional_value(request, "input_lengths") or input_ids.shape[-1])
         prompt = [int(t) for t in input_ids.reshape(-1)[:length]]
         kwargs = self.generation_args(request, len(prompt))
-        stream = bool(optional_value(request, "streaming") or False)
+        stream = flag(request, "streaming")
         if stream and sender is None:
             raise RequestError("streaming needs the decoupled model (recipe triton.decoupled: true)")
+        exclude = optional_value(request, "exclude_input_in_output")
+        exclude_input = self.exclude_input if exclude is None else bool(exclude)
+        extras = Extras(request, prompt_len=len(prompt), arrival_ns=arrival_ns)
+        if extras.log_probs is not None:
+            kwargs["log_probs"] = extras.log_probs
         live: Any = sender
         check = cancel_check(request)
         if not stream:
-            generated = [int(t) for t in self.runtime.generate(prompt, on_token=check, **kwargs)]
-            ids = generated if self.exclude_input else prompt + generated
-            return pb_utils.InferenceResponse(output_tensors=output_tensors(ids))
+            generated = [int(t) for t in self.runtime.generate(prompt, on_token=extras.timed(check), **kwargs)]
+            ids = generated if exclude_input else prompt + generated
+            return pb_utils.InferenceResponse(output_tensors=output_tensors(ids) + extras.tensors(generated))
         chunker = Utf8Chunker(self.tokenizer)
+        sent = [0]
 
         def on_token(token: int) -> bool:
             ready = chunker.push([int(token)])
             if ready:
-                live.send(pb_utils.InferenceResponse(output_tensors=output_tensors(ready)))
+                live.send(pb_utils.InferenceResponse(output_tensors=output_tensors(ready)
+                                                     + extras.tensors(ready, start=sent[0])))
+                sent[0] += len(ready)
             return check(token)
 
-        self.runtime.generate(prompt, on_token=on_token, **kwargs)
-        send_final(live, chunker.flush())
+        self.runtime.generate(prompt, on_token=extras.timed(on_token), **kwargs)
+        rest = chunker.flush()
+        if rest:
+            live.send(pb_utils.InferenceResponse(output_tensors=output_tensors(rest) + extras.tensors(rest, start=sent[0])),
+                      flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        else:
+            live.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
 
     def generation_args(self, request: Any, prompt_len: int) -> dict[str, Any]:
@@ -126,12 +144,6 @@ class TritonPythonModel:
         if prompt_len + int(max_tokens) > self.max_seq_len:
             raise RequestError(f"prompt {prompt_len} + max_tokens {int(max_tokens)} tokens exceeds max_seq_len "
                                f"{self.max_seq_len}: ask for at most {self.max_seq_len - prompt_len}")
-        beam = optional_value(request, "beam_width")
-        if beam is not None and int(beam) > 1:
-            raise RequestError(f"beam_width {int(beam)}: the reference runtime decodes one beam")
-        bad = from_word_list(word_row(request, "bad_words_list"))
-        if bad and not self.accepts_bad_words:
-            raise RequestError("bad_words: the reference runtime does not support them; leave bad_words empty")
         args: dict[str, Any] = {"max_tokens": int(max_tokens)}
         for name, key, cast in (("temperature", "temperature", float), ("runtime_top_k", "top_k", int),
                                 ("runtime_top_p", "top_p", float), ("seed", "seed", int), ("end_id", "end_id", int)):
@@ -141,6 +153,64 @@ class TritonPythonModel:
         stop = from_word_list(word_row(request, "stop_words_list"))
         if stop:
             args["stop_words"] = stop
-        if bad:
-            args["bad_words"] = bad
+        controls = self.runtime_module.LogitControls(
+            repetition_penalty=float(optional_value(request, "repetition_penalty") or 1.0),
+            presence_penalty=float(optional_value(request, "presence_penalty") or 0.0),
+            frequency_penalty=float(optional_value(request, "frequency_penalty") or 0.0),
+            min_tokens=int(optional_value(request, "min_tokens") or 0),
+            bad_words=from_word_list(word_row(request, "bad_words_list")),
+            embedding_bias=embedding_bias(request))
+        if controls.repetition_penalty <= 0:
+            raise RequestError(f"repetition_penalty {controls.repetition_penalty}: must be > 0 (1.0 = off)")
+        if controls.active:
+            args["controls"] = controls
         return args
+
+
+class Extras:
+    """The optional outputs a request asked for: log probs, token counts and timings (TensorRT-LLM's names)."""
+
+    def __init__(self, request: Any, prompt_len: int, arrival_ns: int) -> None:
+        self.prompt_len, self.arrival_ns = prompt_len, arrival_ns
+        self.log_probs: list[float] | None = [] if flag(request, "return_log_probs") else None
+        self.num_input = flag(request, "return_num_input_tokens")
+        self.num_output = flag(request, "return_num_output_tokens")
+        self.perf = flag(request, "return_perf_metrics")
+        self.first_ns: int | None = None
+        self.last_ns: int | None = None
+        self.scheduled_ns = time.time_ns()
+
+    def timed(self, callback: Callable[[int], bool]) -> Callable[[int], bool]:
+        def wrapped(token: int) -> bool:
+            self.last_ns = time.time_ns()
+            self.first_ns = self.first_ns or self.last_ns
+            return callback(token)
+        return wrapped
+
+    def tensors(self, ids: list[int], start: int = 0) -> list[Any]:
+        """Tensors for a response carrying generated tokens start .. start + len(ids)."""
+        out = []
+        if self.log_probs is not None:
+            chunk = self.log_probs[start: start + len(ids)]
+            out += [pb_utils.Tensor("cum_log_probs", np.array([sum(self.log_probs[: start + len(ids)])], np.float32)),
+                    pb_utils.Tensor("output_log_probs", np.array(chunk, np.float32).reshape(1, 1, -1))]
+        if self.num_input:
+            out.append(pb_utils.Tensor("num_input_tokens", np.array([[self.prompt_len]], np.int32)))
+        if self.num_output:
+            out.append(pb_utils.Tensor("num_output_tokens", np.array([[start + len(ids)]], np.int32)))
+        if self.perf:
+            for name, value in (("arrival_time_ns", self.arrival_ns), ("first_scheduled_time_ns", self.scheduled_ns),
+                                ("first_token_time_ns", self.first_ns or 0), ("last_token_time_ns", self.last_ns or 0)):
+                out.append(pb_utils.Tensor(name, np.array([[value]], np.int64)))
+        return out
+
+
+def flag(request: Any, name: str) -> bool:
+    return bool(optional_value(request, name) or False)
+
+
+def embedding_bias(request: Any) -> list[float] | None:
+    tensor = pb_utils.get_input_tensor_by_name(request, "embedding_bias")
+    if tensor is None or tensor.as_numpy().size == 0:
+        return None
+    return [float(v) for v in tensor.as_numpy().reshape(-1)]
