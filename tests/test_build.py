@@ -17,6 +17,7 @@ import yaml
 
 from trtkv import build
 from trtkv.cli import main
+from trtkv.errors import StageError
 from trtkv.recipe import Backend, list_recipes, load_recipe
 
 DATA = Path(__file__).parent / "data"
@@ -69,19 +70,19 @@ GOLDEN_TRTLLM_BUILD = {
         "--output_dir", "ENGINES/llama70b_fp8kv/engine", "--max_batch_size", "64", "--max_input_len", "16384",
         "--max_seq_len", "32768", "--max_num_tokens", "16384", "--gemm_plugin", "fp8", "--gpt_attention_plugin",
         "auto", "--kv_cache_type", "paged", "--use_paged_context_fmha", "enable", "--use_fp8_context_fmha", "enable",
-        "--remove_input_padding", "enable", "--multiple_profiles", "enable", "--workers", "4"],
+        "--remove_input_padding", "enable", "--logits_dtype", "float32", "--multiple_profiles", "enable", "--workers", "4"],
     "llama70b_int8kv": [
         "trtllm-build", "--checkpoint_dir", "ENGINES/llama70b_int8kv/checkpoint",
         "--output_dir", "ENGINES/llama70b_int8kv/engine", "--max_batch_size", "64", "--max_input_len", "16384",
         "--max_seq_len", "32768", "--max_num_tokens", "16384", "--gemm_plugin", "fp8", "--gpt_attention_plugin",
         "auto", "--kv_cache_type", "paged", "--use_paged_context_fmha", "disable", "--use_fp8_context_fmha",
-        "disable", "--remove_input_padding", "enable", "--multiple_profiles", "enable", "--workers", "4"],
+        "disable", "--remove_input_padding", "enable", "--logits_dtype", "float32", "--multiple_profiles", "enable", "--workers", "4"],
     "llama8b_fp8kv": [
         "trtllm-build", "--checkpoint_dir", "ENGINES/llama8b_fp8kv/checkpoint",
         "--output_dir", "ENGINES/llama8b_fp8kv/engine", "--max_batch_size", "128", "--max_input_len", "32768",
         "--max_seq_len", "65536", "--max_num_tokens", "16384", "--gemm_plugin", "fp8", "--gpt_attention_plugin",
         "auto", "--kv_cache_type", "paged", "--use_paged_context_fmha", "enable", "--use_fp8_context_fmha", "enable",
-        "--remove_input_padding", "enable", "--multiple_profiles", "enable", "--workers", "1"],
+        "--remove_input_padding", "enable", "--logits_dtype", "float32", "--multiple_profiles", "enable", "--workers", "1"],
 }
 GOLDEN_TRTLLM_SERVE = {
     "llama8b_fp8kv_pytorch": (
@@ -206,14 +207,38 @@ def test_dry_run_pytorch_and_reference(engines_tmp: Path, capsys: pytest.Capture
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorrt_llm") is not None, reason="TensorRT-LLM is installed here")
-def test_tensorrt_preflight_stops_with_a_clear_error(engines_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_tensorrt_preflight_stops_with_a_clear_error(engines_tmp: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from trtkv import trtllm
+
+    monkeypatch.delenv(trtllm.PYTHON_ENV, raising=False)
+    monkeypatch.setattr(trtllm.shutil, "which", lambda name: None)  # no docker on this "machine"
     assert main(["build", "llama70b_fp8kv"]) == 2
     err = capsys.readouterr().err
-    assert "tensorrt_llm is not importable" in err and "pip install .[gpu]" in err
-    assert "nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3" in err
+    assert "TensorRT-LLM is not available here" in err and "docker is not on PATH" in err
+    assert "TRTKV_TRTLLM_PYTHON" in err and "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3" in err
     assert "GPU(s) visible" in err and "needs build.tp_size x pp_size = 4" in err
     assert "trtkv calibrate llama70b_fp8kv" in err
     assert not (engines_tmp / "llama70b_fp8kv" / "engine").exists()
+
+
+def test_preflight_through_a_container_that_cannot_start(tmp_path: Path, engines_tmp: Path,
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Docker on PATH but no daemon (this machine): the preflight says what failed inside `docker run`."""
+    from trtkv import trtllm
+
+    fake = tmp_path / "bin" / "docker"
+    fake.parent.mkdir()
+    fake.write_text(f"#!{sys.executable}\nimport sys\nsys.stderr.write('Cannot connect to the Docker daemon\\n')\n"
+                    f"sys.exit(1)\n")
+    fake.chmod(0o755)
+    monkeypatch.delenv(trtllm.PYTHON_ENV, raising=False)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    assert main(["build", "llama70b_fp8kv"]) == 2
+    err = capsys.readouterr().err
+    assert "tensorrt_llm is not importable (docker run nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3" in err
+    assert "Cannot connect to the Docker daemon" in err
 
 
 def tiny_recipe(tmp_path: Path, name: str, backend: str, kv: str = "fp8", weights: str = "fp8",
@@ -235,16 +260,18 @@ def fake_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, build_script: st
     """A fake `trtllm-build` and `nvidia-smi` on PATH and an importable fake `tensorrt_llm` (this test only)."""
     bin_dir, pkg = tmp_path / "bin", tmp_path / "pylib" / "tensorrt_llm"
     bin_dir.mkdir()
-    pkg.mkdir(parents=True)
+    (pkg / "commands").mkdir(parents=True)
     (pkg / "__init__.py").write_text('print("[TensorRT-LLM] TensorRT-LLM version: 1.2.1")\n__version__ = "1.2.1"\n')
-    scripts = {"nvidia-smi": "import sys\nprint('GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-fake)')\n",
-               "trtllm-build": build_script}
-    for name, body in scripts.items():
-        path = bin_dir / name
-        path.write_text(f"#!{sys.executable}\n{body}")
-        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    (pkg / "commands" / "__init__.py").write_text("")
+    (pkg / "commands" / "build.py").write_text(build_script)  # what `trtllm-build` runs: python -m ...commands.build
+    (pkg.parent / "tensorrt").mkdir()
+    (pkg.parent / "tensorrt" / "__init__.py").write_text('__version__ = "10.14.1.48"\n')
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f"#!{sys.executable}\nprint('GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-fake)')\n")
+    smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("PYTHONPATH", str(pkg.parent))
+    monkeypatch.setenv("TRTKV_TRTLLM_PYTHON", sys.executable)  # "an environment where TensorRT-LLM is installed"
 
 
 FAILING_BUILD = """
@@ -305,8 +332,20 @@ def test_fake_trtllm_build_success_is_atomic_and_then_up_to_date(tmp_path: Path,
         p.name for p in engine.iterdir()}
     command = (engine / "build_command.txt").read_text()
     assert f"--output_dir {engine}" in command and "kv_cache_quant_algo" in command
+    assert f"{sys.executable} -m tensorrt_llm.commands.build" in command  # where TensorRT-LLM lives
     manifest = json.loads((engine / "manifest.json").read_text())
-    assert manifest["preflight"]["tensorrt_llm"] == "1.2.1" and manifest["preflight"]["visible_gpus"] == 1
+    assert manifest["versions"]["tensorrt_llm"] == "1.2.1" and manifest["versions"]["tensorrt"] == "10.14.1.48"
+    assert manifest["preflight"]["visible_gpus"] == 1
+    from trtkv import serve
+
+    recipe = load_recipe(str(recipe_path))
+    assert serve.container_image(recipe) == "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
+    monkeypatch.setenv("TRTKV_TRITON_IMAGE", "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3")
+    with pytest.raises(StageError, match=r"ships TensorRT-LLM 1.1.0.*needs TensorRT-LLM 1.2.1.*26.07"):
+        serve.container_image(recipe)
+    monkeypatch.delenv("TRTKV_TRITON_IMAGE")
+    with pytest.raises(StageError, match=r"built by TensorRT-LLM 1.2.1, but the recipe's build.tensorrt_llm_version"):
+        serve.container_image(load_recipe(str(recipe_path), ["build.tensorrt_llm_version=1.1.0"]))
     capsys.readouterr()
     assert main(["build", str(recipe_path)]) == 0
     assert "up to date" in capsys.readouterr().out

@@ -39,7 +39,7 @@ def _record(recipe, proc: subprocess.Popen[bytes], command: list[str]) -> None: 
 def test_gpu_dry_run_prints_container_and_mpirun(capsys: pytest.CaptureFixture[str], engines_tmp: Path) -> None:
     serve.start(load_recipe("llama70b_fp8kv"), dry_run=True)
     out = capsys.readouterr().out
-    assert "docker run" in out and serve.DEFAULT_IMAGE in out and "--gpus all" in out
+    assert "docker run" in out and "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3" in out and "--gpus all" in out
     assert out.count("mpirun --allow-run-as-root") == 2  # in the docker command and inside the container
     assert "--load-model=tensorrt_llm" in out and "shm-region-prefix-name=prefix3_" in out
     assert f"-v {engines_tmp / 'llama70b_fp8kv'}:{engines_tmp / 'llama70b_fp8kv'}" in out

@@ -15,14 +15,13 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from trtkv import layout, paths
+from trtkv import layout, paths, trtllm, versions
 from trtkv.errors import StageError, ToolError
 from trtkv.layout import checkpoint_dir, engine_dir, kv_cache_quant_algo
 from trtkv.recipe import Backend, GemmPlugin, KVCacheQuant, Recipe, WeightQuant
@@ -31,10 +30,7 @@ from trtkv.tools import quote, run_logged, tail
 
 STAGE = "build"
 SECTIONS = ("model", "quantization", "build")  # + "triton" for pytorch (its serve command and KV memory fraction)
-TRTLLM_MIN, TRTLLM_MAX = (1, 0), (1, 3)  # trtllm-build engines: TensorRT-LLM >= 1.0 and < 1.3 (pyproject [gpu])
-CONTAINER = "nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3"
-INSTALL_HINT = (f"install TensorRT-LLM 1.x (<= 1.2) on a GPU machine with `pip install .[gpu]`, or run inside the "
-                f"container image {CONTAINER}")
+TRTLLM_MIN, TRTLLM_MAX = (1, 0), (1, 3)  # trtllm-build engines: TensorRT-LLM >= 1.0 and < 1.3
 TRTLLM_DEFAULT_TOKENS_PER_BLOCK = 32  # PluginConfig.tokens_per_block default in TensorRT-LLM 1.x
 BUILD_LOG = "build.log"
 BUILD_COMMAND = "build_command.txt"
@@ -88,6 +84,7 @@ def trtllm_build_command(recipe: Recipe, ckpt: Path, output: Path) -> list[str]:
         "--use_paged_context_fmha", _onoff(recipe.paged_context_fmha),
         "--use_fp8_context_fmha", _onoff(recipe.fp8_context_fmha),
         "--remove_input_padding", "enable",
+        "--logits_dtype", "float32",  # the Triton configs declare FP32 logits (context/generation_logits outputs)
         "--multiple_profiles", _onoff(b.multiple_profiles),
         "--workers", str(recipe.world_size),
     ]
@@ -204,14 +201,23 @@ def dry_run_lines(recipe: Recipe) -> list[str]:
     lines += [f"[build] backend {backend.value} -> {out}/", f"  $ trtkv build {recipe.name}"]
     lines.append("  " + kv_source_line(recipe))
     if backend is Backend.TENSORRT:
-        lines += [f"  preflight: `{quote([sys.executable, '-c', 'import tensorrt_llm'])}` (TensorRT-LLM "
-                  f">= {'.'.join(map(str, TRTLLM_MIN))} and < {'.'.join(map(str, TRTLLM_MAX))}); "
+        image = versions.image_for_recipe(recipe)
+        place = trtllm.where(image)
+        row = versions.row_for_trtllm(recipe.build.tensorrt_llm_version)
+        lines += [f"  TensorRT-LLM {recipe.build.tensorrt_llm_version} (TensorRT {row.tensorrt}; served by {image}) "
+                  f"runs where trtkv.trtllm finds it: {place.why}"
+                  + (" -- nothing to run it with on this machine" if place.kind == "missing" else ""),
+                  f"  preflight: import tensorrt_llm there (version {recipe.build.tensorrt_llm_version}, >= "
+                  f"{'.'.join(map(str, TRTLLM_MIN))} and < {'.'.join(map(str, TRTLLM_MAX))}); "
                   f"`nvidia-smi -L` >= {recipe.world_size} GPU(s); {ckpt}/config.json has kv_cache_quant_algo = "
                   f"{kv_cache_quant_algo(recipe)}, dtype = {recipe.model.dtype.value}, mapping tp_size = "
                   f"{recipe.build.tp_size}, pp_size = {recipe.build.pp_size}"]
         lines.append("  " + context_fmha_line(recipe))
         lines.append(f"  run (log: {out / BUILD_LOG}, command saved to {out / BUILD_COMMAND}):")
-        lines += _command_block(trtllm_build_command(recipe, ckpt, out))
+        plain = trtllm_build_command(recipe, ckpt, out)
+        if place.kind != "missing":
+            lines.append(f"  started as: {quote(place.tool_command(plain[0], []))} <the flags below>")
+        lines += _command_block(plain)
     elif backend is Backend.PYTORCH:
         options = out / LLM_API_OPTIONS
         lines.append(f"  write {options}:")
@@ -234,21 +240,22 @@ def _parse_version(text: str) -> tuple[int, int] | None:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
-def tensorrt_llm_version(timeout_s: float = 600.0) -> str:
-    """The version of the tensorrt_llm this Python imports (in a subprocess: it is heavy); raises StageError."""
-    code = "import sys, tensorrt_llm; sys.stdout.write('\\nTRTKV_VERSION=' + tensorrt_llm.__version__ + '\\n')"
+def tensorrt_llm_version(place: trtllm.TrtllmPlace, timeout_s: float = 900.0) -> dict[str, str]:
+    """{"tensorrt_llm", "tensorrt"} versions where TensorRT-LLM runs (a subprocess: importing it is heavy)."""
+    code = ("import sys, tensorrt_llm, tensorrt; sys.stdout.write('\\nTRTKV_VERSION=' + tensorrt_llm.__version__ + "
+            "' ' + tensorrt.__version__ + '\\n')")
+    cmd = place.python_command(["-c", code])
     try:
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired as exc:
-        raise StageError(f"`import tensorrt_llm` did not finish in {timeout_s:.0f} s. Next: check the installation "
-                         f"({INSTALL_HINT}).") from exc
-    found = re.findall(r"TRTKV_VERSION=(\S+)", proc.stdout)
+        raise StageError(f"`import tensorrt_llm` did not finish in {timeout_s:.0f} s ({place.why}).") from exc
+    except OSError as exc:
+        raise StageError(f"could not start {cmd[0]} ({exc}); {place.why}.") from exc
+    found = re.findall(r"TRTKV_VERSION=(\S+) (\S+)", proc.stdout)
     if proc.returncode != 0 or not found:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise StageError(f"tensorrt_llm is not importable by {sys.executable} ({last}). The tensorrt backend needs "
-                         f"TensorRT-LLM and a GPU. Next: {INSTALL_HINT}; or use build.backend=reference on a "
-                         f"machine without them.")
-    return found[-1]
+        raise StageError(f"tensorrt_llm is not importable ({place.why}: {last}).")
+    return {"tensorrt_llm": found[-1][0], "tensorrt": found[-1][1]}
 
 
 def visible_gpus() -> tuple[int, str]:
@@ -287,16 +294,29 @@ def check_checkpoint(recipe: Recipe) -> tuple[Path, dict[str, Any], list[str]]:
 def preflight_tensorrt(recipe: Recipe) -> dict[str, Any]:
     """Everything trtllm-build needs, checked before it starts; one StageError listing every problem."""
     problems: list[str] = []
-    version: str | None = None
-    try:
-        version = tensorrt_llm_version()
-        parsed = _parse_version(version)
+    image = versions.image_for_recipe(recipe)
+    place = trtllm.where(image)
+    found: dict[str, str] = {}
+    if place.kind == "missing":
+        problems.append(f"TensorRT-LLM is not available here: {place.why}. Next: {trtllm.install_hint(image)}; or "
+                        f"use build.backend=reference on a machine without GPUs")
+    else:
+        try:
+            found = tensorrt_llm_version(place)
+        except StageError as exc:
+            problems.append(f"{exc} Next: {trtllm.install_hint(image)}")
+    if found:
+        parsed = _parse_version(found["tensorrt_llm"])
+        wanted = recipe.build.tensorrt_llm_version
         if parsed is None or not TRTLLM_MIN <= parsed < TRTLLM_MAX:
-            problems.append(f"tensorrt_llm {version} is installed; trtllm-build engines need >= "
-                            f"{'.'.join(map(str, TRTLLM_MIN))} and < {'.'.join(map(str, TRTLLM_MAX))} (1.3+ removed "
-                            f"the TensorRT engine path). Next: {INSTALL_HINT}, or use build.backend=pytorch")
-    except StageError as exc:
-        problems.append(str(exc))
+            problems.append(f"tensorrt_llm {found['tensorrt_llm']} ({place.why}); trtllm-build engines need >= "
+                            f"{'.'.join(map(str, TRTLLM_MIN))} and < {'.'.join(map(str, TRTLLM_MAX))} (1.3 removed the "
+                            f"TensorRT engine path). Next: use {image}, or build.backend=pytorch")
+        elif versions.release(found["tensorrt_llm"]) != versions.release(wanted):
+            problems.append(f"tensorrt_llm {found['tensorrt_llm']} ({place.why}), but the recipe's "
+                            f"build.tensorrt_llm_version is {wanted} (image {image}): the engine would not load in the "
+                            f"image trtkv serves it with. Next: set build.tensorrt_llm_version="
+                            f"{versions.release(found['tensorrt_llm'])} if the matrix has it, or build in {image}")
     gpus, how = visible_gpus()
     if gpus < recipe.world_size:
         problems.append(f"{gpus} GPU(s) visible ({how}), the recipe needs build.tp_size x pp_size = "
@@ -307,7 +327,8 @@ def preflight_tensorrt(recipe: Recipe) -> dict[str, Any]:
     if problems:
         raise StageError(f"build {recipe.name}: preflight found {len(problems)} problem(s):\n"
                          + "\n".join(f"  - {p}" for p in problems))
-    return {"tensorrt_llm": version, "visible_gpus": gpus, "checkpoint": str(ckpt)}
+    return {"versions": {**found, "image": image if place.kind == "container" else None, "where": place.why},
+            "visible_gpus": gpus, "checkpoint": str(ckpt), "place": place}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -336,7 +357,8 @@ PITFALLS: list[tuple[str, str]] = [
     (r"Unsupported model architecture|KeyError: '.*ForCausalLM'",
      "the checkpoint architecture is not known to this TensorRT-LLM version: check model.architecture"),
     (r"No module named|ImportError|undefined symbol",
-     f"the TensorRT-LLM installation is broken or incomplete: {INSTALL_HINT}"),
+     "the TensorRT-LLM installation is broken or incomplete: build inside the version matrix's container (trtkv "
+     "does this when docker is on PATH) or point TRTKV_TRTLLM_PYTHON at a working environment"),
     (r"kv_cache_scaling_factor|kv_cache_quant_algo",
      "the checkpoint's KV-cache quantization does not load: rerun `trtkv calibrate --force`"),
 ]
@@ -359,13 +381,16 @@ def pitfall_hints(log_text: str) -> list[str]:
 # Backends
 
 
-def _build_tensorrt(recipe: Recipe, ckpt: Path, tmp: Path, final: Path, log: Callable[[str], None]) -> dict[str, Any]:
-    """Run trtllm-build into `tmp`; keep the log beside the engine folder when it fails."""
+def _build_tensorrt(recipe: Recipe, ckpt: Path, tmp: Path, final: Path, place: trtllm.TrtllmPlace,
+                    log: Callable[[str], None]) -> dict[str, Any]:
+    """Run trtllm-build (where TensorRT-LLM lives) into `tmp`; keep the log beside the engine folder when it fails."""
     shown = trtllm_build_command(recipe, ckpt, final)
-    run = trtllm_build_command(recipe, ckpt, tmp)
+    plain = trtllm_build_command(recipe, ckpt, tmp)
+    run = place.tool_command(plain[0], plain[1:])
     (tmp / BUILD_COMMAND).write_text(
         f"# {kv_source_line(recipe)}\n"
-        f"# trtkv ran this with --output_dir {tmp} (a temporary sibling renamed to {final} on success)\n"
+        f"# trtkv ran this with --output_dir {tmp} (a temporary sibling renamed to {final} on success), "
+        f"{place.why}:\n# {quote(run)}\n"
         + quote(shown) + "\n")
     log_path = tmp / BUILD_LOG
     try:
@@ -385,7 +410,7 @@ def _build_tensorrt(recipe: Recipe, ckpt: Path, tmp: Path, final: Path, log: Cal
         raise StageError(f"build {recipe.name}: trtllm-build exited 0 but did not write "
                          f"{', '.join(missing + ([] if (tmp / 'config.json').is_file() else ['config.json']))}. "
                          f"Next: read {failed_log_path(recipe)}.")
-    return {"backend": "tensorrt", "command": shown, "engines": [p.name for p in engines]}
+    return {"backend": "tensorrt", "command": shown, "ran": run, "engines": [p.name for p in engines]}
 
 
 _UNREADABLE = object()
@@ -484,6 +509,7 @@ def build(recipe: Recipe, *, force: bool = False, log: Callable[[str], None] = p
     out = engine_dir(recipe)
     if backend is Backend.TENSORRT:
         info = preflight_tensorrt(recipe)
+        place = info.pop("place")
         ckpt = Path(info["checkpoint"])
     else:
         ckpt, _cfg, problems = check_checkpoint(recipe)
@@ -495,7 +521,8 @@ def build(recipe: Recipe, *, force: bool = False, log: Callable[[str], None] = p
 
     def work(tmp: Path) -> dict[str, Any]:
         if backend is Backend.TENSORRT:
-            extra = _build_tensorrt(recipe, ckpt, tmp, out, log)
+            # the versions that built the engine: `trtkv repo/serve` pick the Triton image from them
+            extra = {**_build_tensorrt(recipe, ckpt, tmp, out, place, log), "versions": info["versions"]}
         elif backend is Backend.PYTORCH:
             extra = _build_pytorch(recipe, ckpt, tmp, out)
         else:

@@ -30,16 +30,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtkv import layout, paths
+from trtkv import layout, paths, versions
 from trtkv.errors import StageError, ToolError
 from trtkv.layout import engine_dir, repo_dir, serve_dir
 from trtkv.recipe import Backend, Recipe
 from trtkv.stage import require_input
 from trtkv.tools import quote, tail
 
-# Triton 25.12 ships TensorRT-LLM 1.2.1 (the last release line with the trtllm-build engine path).
-DEFAULT_IMAGE = "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
-IMAGE_ENV = "TRTKV_TRITON_IMAGE"
+# The Triton TensorRT-LLM image comes from trtkv's version matrix (trtkv.versions, data/trtllm_versions.json): the one
+# that ships the TensorRT-LLM the engine was built with (engine manifest), else the recipe's build.tensorrt_llm_version.
+IMAGE_ENV = versions.IMAGE_ENV
 CONTAINER_TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
 SERVER_JSON = "server.json"
 STUB_FILES = ("libtriton_python.so", "triton_python_backend_utils.py")
@@ -206,8 +206,31 @@ def launch_script_command(recipe: Recipe, repo: Path) -> list[str]:
             f"--http_port={t.http_port}", f"--grpc_port={t.grpc_port}", f"--metrics_port={t.metrics_port}"]
 
 
-def container_image() -> str:
-    return os.environ.get(IMAGE_ENV) or DEFAULT_IMAGE
+def built_versions(recipe: Recipe) -> dict[str, Any]:
+    """The TensorRT-LLM/TensorRT versions the engine manifest records (empty when not built here, or no engine)."""
+    from trtkv.stage import read_manifest
+
+    if recipe.build.backend is not Backend.TENSORRT:
+        return {}
+    manifest = read_manifest(engine_dir(recipe)) or {}
+    return dict(manifest.get("versions") or {})
+
+
+def container_image(recipe: Recipe) -> str:
+    """The image that runs this recipe's engine; StageError when the engine, the recipe and the image disagree."""
+    built = built_versions(recipe)
+    wanted = recipe.build.tensorrt_llm_version
+    if built.get("tensorrt_llm") and versions.release(built["tensorrt_llm"]) != versions.release(wanted):
+        raise StageError(f"{engine_dir(recipe)} was built by TensorRT-LLM {built['tensorrt_llm']}, but the recipe's "
+                         f"build.tensorrt_llm_version is {wanted}: an engine loads only under the TensorRT-LLM that "
+                         f"built it. Next: rebuild (`trtkv build {recipe.name} --force`) or set "
+                         f"build.tensorrt_llm_version={versions.release(built['tensorrt_llm'])}.")
+    image = versions.image_for(built.get("tensorrt_llm") or wanted)
+    problems = versions.check_engine_versions(built, image)
+    if problems:
+        raise StageError(f"{image} cannot run {engine_dir(recipe)}: {'; '.join(problems)}. Next: use "
+                         f"{versions.row_for_trtllm(built['tensorrt_llm']).image}, or rebuild the engine.")
+    return image
 
 
 def docker_command(recipe: Recipe, repo: Path) -> list[str]:
@@ -222,7 +245,7 @@ def docker_command(recipe: Recipe, repo: Path) -> list[str]:
            "--ulimit", "stack=67108864", "--name", container_name(recipe)]
     for port in (t.http_port, t.grpc_port, t.metrics_port):
         cmd += ["-p", f"{t.host}:{port}:{port}"]
-    cmd += ["-v", f"{out}:{out}", "-v", f"{repo}:{repo}", container_image()]
+    cmd += ["-v", f"{out}:{out}", "-v", f"{repo}:{repo}", container_image(recipe)]
     return cmd + gpu_command(recipe, repo, host=CONTAINER_BIND)
 
 
@@ -233,7 +256,7 @@ def shell_block(cmd: list[str]) -> str:
     """A long command on several lines (each mount, port, rank and the image on its own line)."""
     lines = [quote(cmd[:1])]
     for token in cmd[1:]:
-        if token in BREAK_BEFORE or token.startswith("nvcr.io/") or token == container_image():
+        if token in BREAK_BEFORE or token.startswith("nvcr.io/") or token == os.environ.get(IMAGE_ENV):
             lines.append(quote([token]))
         else:
             lines[-1] += " " + quote([token])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from trtkv import serve
+from trtkv import serve, versions
 from trtkv.errors import StageError
 from trtkv.recipe import Backend
 from trtkv.tools import quote
@@ -112,8 +112,16 @@ def _deploy_lines(plan: RepoPlan) -> list[str]:
     ranks = r.world_size if r.build.backend is Backend.TENSORRT else 1
     mpi = (f"tp_size x pp_size = {r.world_size}: one tritonserver per rank under `mpirun`."
            if ranks > 1 else "One GPU rank: a single tritonserver.")
+    image = serve.container_image(r)
+    row = versions.row_for_tag(versions.image_tag(image) or "")
+    stack = (f"The image ships Triton {row.triton}{' (inferred)' if row.triton_inferred else ''}, TensorRT-LLM "
+             f"{row.tensorrt_llm} and TensorRT {row.tensorrt} (trtkv's version matrix, `trtkv/data/trtllm_versions.json`"
+             f"); an engine runs only under the TensorRT-LLM/TensorRT that built it." if row else
+             f"`{image}` is not in trtkv's version matrix: check that it ships the TensorRT-LLM that built the engine.")
     return [
-        f"## Deploy ({r.hardware.count} x {r.hardware.gpu.value}, container `{serve.container_image()}`)",
+        f"## Deploy ({r.hardware.count} x {r.hardware.gpu.value}, container `{image}`)",
+        "",
+        stack,
         "",
         mpi + " The engine folder and this repository are mounted at the same paths inside the container, so "
         "the paths in the configs hold on both sides.",
