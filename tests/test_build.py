@@ -76,7 +76,8 @@ GOLDEN_TRTLLM_BUILD = {
         "--output_dir", "ENGINES/llama70b_int8kv/engine", "--max_batch_size", "64", "--max_input_len", "16384",
         "--max_seq_len", "32768", "--max_num_tokens", "16384", "--gemm_plugin", "fp8", "--gpt_attention_plugin",
         "auto", "--kv_cache_type", "paged", "--use_paged_context_fmha", "disable", "--use_fp8_context_fmha",
-        "disable", "--remove_input_padding", "enable", "--logits_dtype", "float32", "--multiple_profiles", "enable", "--workers", "4"],
+        "disable", "--remove_input_padding", "enable", "--logits_dtype", "float32", "--multiple_profiles", "enable",
+        "--workers", "4"],
     "llama8b_fp8kv": [
         "trtllm-build", "--checkpoint_dir", "ENGINES/llama8b_fp8kv/checkpoint",
         "--output_dir", "ENGINES/llama8b_fp8kv/engine", "--max_batch_size", "128", "--max_input_len", "32768",
