@@ -10,7 +10,7 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check
 PYTEST_ARGS ?=
 
 .PHONY: help install test lint plan validate demo clean calibrate build engine repo serve stop bench probe report \
-        bench-kvcache bench-crosscheck compare
+        bench-kvcache bench-crosscheck compare install-genai-perf generate
 
 help:
 	@echo "make install | test | lint | demo | plan | calibrate | engine | repo | serve | stop | bench | probe [RECIPE=name]"
@@ -65,6 +65,9 @@ stop: install
 bench: install
 	$(TRTKV) bench $(RECIPE) $(if $(URL),--url $(URL))
 
+generate: install
+	$(TRTKV) generate $(RECIPE) --prompt "$(or $(PROMPT),The capital of France is)"
+
 probe: install
 	$(TRTKV) probe $(RECIPE)
 
@@ -84,8 +87,29 @@ compare: install
 bench-kvcache: install
 	$(BIN)/python benchmarks/bench_kvcache.py --output engines/bench-kvcache
 
-bench-crosscheck: install
+# perf_analyzer side by side (trivial model, and the recipe's server when up), then GenAI-Perf against the running
+# server (`make serve` first)
+bench-crosscheck: install install-genai-perf
 	$(BIN)/python benchmarks/bench_crosscheck.py --recipe $(RECIPE)
+	$(BIN)/python benchmarks/genai_perf_crosscheck.py --recipe $(RECIPE)
+
+# GenAI-Perf in a venv of its own (it pins its own dependencies). Its perf_analyzer (tritonclient 2.51.0's) links
+# libb64.so.0d and libcudart.so.12: copied from the nvidia-pytriton 0.7.0 wheel into $(GENAI_VENV)/pa-libs.
+GENAI_VENV := .venv-genai-perf
+GENAI_STAMP := $(GENAI_VENV)/.installed-genai-perf-0.0.16
+install-genai-perf: $(GENAI_STAMP)
+
+$(GENAI_STAMP):
+	rm -rf $(GENAI_VENV)
+	$(PYTHON) -m venv $(GENAI_VENV)
+	$(GENAI_VENV)/bin/python -m pip --disable-pip-version-check install -q genai-perf==0.0.16 tritonclient==2.51.0
+	rm -rf $(GENAI_VENV)/wheels
+	$(GENAI_VENV)/bin/python -m pip --disable-pip-version-check download -q --no-deps -d $(GENAI_VENV)/wheels nvidia-pytriton==0.7.0
+	mkdir -p $(GENAI_VENV)/pa-libs
+	$(GENAI_VENV)/bin/python scripts/extract_pa_libs.py $(GENAI_VENV)/wheels $(GENAI_VENV)/pa-libs
+	rm -rf $(GENAI_VENV)/wheels
+	LD_LIBRARY_PATH=$(GENAI_VENV)/pa-libs $(GENAI_VENV)/bin/perf_analyzer --version
+	touch $@
 
 clean:
 	rm -rf engines/*/ triton_repo/*/ .pytest_cache .mypy_cache .ruff_cache
