@@ -213,6 +213,15 @@ def test_unknown_recipe_name_did_you_mean() -> None:
         load_recipe("smollm2_fp8k")
 
 
+def test_readme_version_matrix_is_current() -> None:
+    from trtkv.versions import table_markdown
+
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("<!-- version-matrix:start -->") + len("<!-- version-matrix:start -->")
+    assert readme[start:readme.index("<!-- version-matrix:end -->")].strip() == table_markdown().strip(), (
+        "README version matrix is stale: run `python scripts/update_readme.py`")
+
+
 def test_readme_recipe_reference_is_current() -> None:
     readme = (ROOT / "README.md").read_text()
     start = readme.index("<!-- recipe-reference:start -->") + len("<!-- recipe-reference:start -->")

@@ -29,11 +29,10 @@ DEFAULT_TRTLLM = "1.2.1"  # the newest TensorRT-LLM with the engine path
 @dataclass(frozen=True)
 class Row:
     tag: str
-    triton: str
+    triton: str | None  # null in the data where no source confirmed it
     tensorrt_llm: str
     tensorrt: str
     cuda: str
-    triton_inferred: bool = False
 
     @property
     def image(self) -> str:
@@ -123,8 +122,7 @@ def check_engine_versions(built: dict[str, Any], image: str) -> list[str]:
 
 def table_markdown() -> str:
     """The matrix as a Markdown table (README, repository README)."""
-    lines = ["| image tag | Triton | TensorRT-LLM | TensorRT |", "|---|---|---|---|"]
+    lines = ["| image tag | TensorRT-LLM | TensorRT | CUDA |", "|---|---|---|---|"]
     for row in rows():
-        triton = f"{row.triton}{' (inferred)' if row.triton_inferred else ''}"
-        lines.append(f"| `{row.tag}{IMAGE_SUFFIX}` | {triton} | {row.tensorrt_llm} | {row.tensorrt} |")
+        lines.append(f"| `{row.tag}{IMAGE_SUFFIX}` | {row.tensorrt_llm} | {row.tensorrt} | {row.cuda} |")
     return "\n".join(lines)

@@ -114,9 +114,9 @@ def _deploy_lines(plan: RepoPlan) -> list[str]:
            if ranks > 1 else "One GPU rank: a single tritonserver.")
     image = serve.container_image(r)
     row = versions.row_for_tag(versions.image_tag(image) or "")
-    stack = (f"The image ships Triton {row.triton}{' (inferred)' if row.triton_inferred else ''}, TensorRT-LLM "
-             f"{row.tensorrt_llm} and TensorRT {row.tensorrt} (trtkv's version matrix, `trtkv/data/trtllm_versions.json`"
-             f"); an engine runs only under the TensorRT-LLM/TensorRT that built it." if row else
+    stack = (f"The image ships TensorRT-LLM {row.tensorrt_llm} and TensorRT {row.tensorrt} (trtkv's version matrix, "
+             f"`trtkv/data/trtllm_versions.json`); an engine runs only under the TensorRT-LLM/TensorRT that built it."
+             if row else
              f"`{image}` is not in trtkv's version matrix: check that it ships the TensorRT-LLM that built the engine.")
     return [
         f"## Deploy ({r.hardware.count} x {r.hardware.gpu.value}, container `{image}`)",
