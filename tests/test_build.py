@@ -226,7 +226,7 @@ def test_tensorrt_preflight_stops_with_a_clear_error(engines_tmp: Path, monkeypa
 def test_preflight_through_a_container_that_cannot_start(tmp_path: Path, engines_tmp: Path,
                                                          monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    """Docker on PATH but no daemon (this machine): the preflight says what failed inside `docker run`."""
+    """Docker on PATH but no daemon (this machine): the preflight says so before anything is pulled or run."""
     from trtkv import trtllm
 
     fake = tmp_path / "bin" / "docker"
@@ -238,8 +238,8 @@ def test_preflight_through_a_container_that_cannot_start(tmp_path: Path, engines
     monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
     assert main(["build", "llama70b_fp8kv"]) == 2
     err = capsys.readouterr().err
-    assert "tensorrt_llm is not importable (docker run nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3" in err
-    assert "Cannot connect to the Docker daemon" in err
+    assert "image nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3 is not on this machine" in err
+    assert "Cannot connect to the Docker daemon" in err and "docker pull" in err
 
 
 def tiny_recipe(tmp_path: Path, name: str, backend: str, kv: str = "fp8", weights: str = "fp8",

@@ -313,8 +313,10 @@ def test_logit_controls_follow_tensorrt_llm_semantics() -> None:
     bad = LogitControls(bad_words=[[2], [1, 3], [0, 3]]).apply(logits, seq, 5, set())
     assert bad[2] == float("-inf") and bad[3] == float("-inf")  # [1, 3]: the sequence ends with 1
     assert LogitControls(bad_words=[[0, 3]]).apply(logits, seq, 5, set())[3] == 0.5  # ends with 1, not 0
-    biased = LogitControls(embedding_bias=[0.0, 0.0, -5.0]).apply(logits, seq, 5, set())
-    assert biased.tolist() == [1.0, -1.0, -3.0, 0.5]
+    biased = LogitControls(embedding_bias=[0.0, 0.0, -5.0, 1.0]).add_bias(logits)
+    assert biased.tolist() == [1.0, -1.0, -3.0, 1.5]
+    with pytest.raises(RequestError, match="exactly one per token"):
+        LogitControls(embedding_bias=[0.0, 1.0]).add_bias(logits)
     assert not LogitControls().active
 
 
@@ -332,6 +334,20 @@ def test_generate_honours_controls_and_reports_log_probs(tiny_runtime: Reference
     assert len(lps) == 8 and all(lp <= 0 for lp in lps)
     with pytest.raises(RequestError, match="min_tokens"):
         tiny_runtime.generate(prompt, max_tokens=2, controls=LogitControls(min_tokens=3))
+
+
+def test_temperature_comes_before_the_penalties(tiny_runtime: ReferenceRuntime) -> None:
+    """TensorRT-LLM scales by 1/temperature, then subtracts presence/frequency penalties: l/T - p, not (l - p)/T."""
+    prompt = [3, 1, 4, 1, 5]
+    controls = LogitControls(presence_penalty=0.7)
+    seen: list[float] = []
+    (token,) = tiny_runtime.generate(prompt, max_tokens=1, temperature=2.0, seed=1, controls=controls, log_probs=seen)
+    with torch.inference_mode():
+        raw = tiny_runtime.model(input_ids=torch.tensor([prompt])).logits[0, -1].float()
+    trt_order = torch.log_softmax(controls.apply(raw / 2.0, prompt, 0, set()), dim=-1)[token]
+    other_order = torch.log_softmax(controls.apply(raw, prompt, 0, set()) / 2.0, dim=-1)[token]
+    assert abs(float(trt_order) - float(other_order)) > 1e-3  # the orders differ here, so the next line can fail
+    assert seen == [pytest.approx(float(trt_order), abs=1e-4)]
 
 
 def test_stop_conditions_and_streaming(tiny_runtime: ReferenceRuntime) -> None:

@@ -15,7 +15,8 @@ def test_the_matrix_names_its_source_and_covers_the_engine_path() -> None:
     data = json.loads(versions.DATA.read_text())
     assert "compatibility.md" in data["source"] and "0f963c9a" in data["source"]
     assert versions.supported_trtllm() == ["1.0.0", "1.0.3", "1.1.0", "1.2.0", "1.2.1"]
-    assert all(versions.release(r.tensorrt_llm) < "1.3" for r in versions.rows())  # the engine path ends at 1.2.x
+    parsed = [tuple(int(x) for x in versions.release(r.tensorrt_llm).split(".")[:2]) for r in versions.rows()]
+    assert all((1, 0) <= v < (1, 3) for v in parsed)  # the engine path: TensorRT-LLM 1.0 to 1.2.x
 
 
 @pytest.mark.parametrize("release, tag, tensorrt", [("1.2.1", "26.07", "10.14.1.48"), ("1.2.0", "26.03", "10.14.1.48"),
@@ -34,6 +35,9 @@ def test_unknown_release_and_mismatched_image_are_refused(monkeypatch: pytest.Mo
     with pytest.raises(StageError, match="ships TensorRT-LLM 1.1.0"):
         versions.image_for("1.2.1")
     assert versions.image_for("1.1.0").endswith(":25.12-trtllm-python-py3")  # the user's image when it matches
+    monkeypatch.setenv(versions.IMAGE_ENV, "nvcr.io/nvidia/tritonserver:25.08-trtllm-python-py3")
+    with pytest.raises(StageError, match="25.08 is not in trtkv's version matrix"):
+        versions.image_for("1.2.1")  # an NGC tag the matrix does not know (this one ships TensorRT-LLM 0.21)
     monkeypatch.setenv(versions.IMAGE_ENV, "own-triton-trtllm:1")
     assert versions.image_for("1.2.1") == "own-triton-trtllm:1"  # not in the matrix: the user's call
     built = {"tensorrt_llm": "1.2.1", "tensorrt": "10.14.1.48"}

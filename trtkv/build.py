@@ -300,6 +300,8 @@ def preflight_tensorrt(recipe: Recipe) -> dict[str, Any]:
     if place.kind == "missing":
         problems.append(f"TensorRT-LLM is not available here: {place.why}. Next: {trtllm.install_hint(image)}; or "
                         f"use build.backend=reference on a machine without GPUs")
+    elif missing := trtllm.image_missing(place):
+        problems.append(missing)
     else:
         try:
             found = tensorrt_llm_version(place)

@@ -2,8 +2,9 @@
 
 - `reference`: trtkv's CPU runtime on the TensorRT-LLM checkpoint, read with TensorRT-LLM's defaults (so a
   checkpoint TensorRT-LLM would misread, e.g. without `rotary_base`, generates garbage here too).
-- `tensorrt`: TensorRT-LLM's own `tensorrt_llm.runtime.ModelRunner` on the engine (world size 1), where TensorRT-LLM
-  lives (trtkv.trtllm: TRTKV_TRTLLM_PYTHON, this python, or the container).
+- `tensorrt`: TensorRT-LLM's own `tensorrt_llm.runtime.ModelRunnerCpp` (the C++ executor Triton's backend runs, as
+  its examples/run.py uses) on the engine (world size 1), where TensorRT-LLM lives (trtkv.trtllm: TRTKV_TRTLLM_PYTHON,
+  this python, or the container).
 - `pytorch` (LLM API): `tensorrt_llm.LLM` on the HF export with the recipe's KV dtype, in the same place.
 The GPU paths are written from TensorRT-LLM 1.2's APIs and were not executed on a machine without a GPU.
 """
@@ -22,15 +23,19 @@ from trtkv.recipe import Backend, Recipe
 # Runs inside the TensorRT-LLM environment: argv[1] is a JSON object; prints the text after a marker line.
 ENGINE_RUNNER = """\
 import json, sys
-from tensorrt_llm.runtime import ModelRunner
+from tensorrt_llm.runtime import ModelRunnerCpp
 from transformers import AutoTokenizer
 a = json.loads(sys.argv[1])
 tok = AutoTokenizer.from_pretrained(a["tokenizer"])
-ids = tok(a["prompt"], add_special_tokens=True, return_tensors="pt")["input_ids"][0].int()
-runner = ModelRunner.from_dir(engine_dir=a["engine"], rank=0)
 end = tok.eos_token_id
-out = runner.generate([ids], max_new_tokens=a["max_tokens"], end_id=end, pad_id=end if end is not None else 0,
-                      temperature=1.0, top_k=1, output_sequence_lengths=True, return_dict=True)
+if end is None:
+    sys.exit("the tokenizer in " + a["tokenizer"] + " names no eos token: TensorRT-LLM needs an end id")
+ids = tok(a["prompt"], add_special_tokens=True, return_tensors="pt")["input_ids"][0].int()
+runner = ModelRunnerCpp.from_dir(engine_dir=a["engine"], rank=0, max_batch_size=1, max_input_len=len(ids),
+                                 max_output_len=a["max_tokens"], max_beam_width=1)
+pad = tok.pad_token_id if tok.pad_token_id is not None else end
+out = runner.generate([ids], max_new_tokens=a["max_tokens"], end_id=end, pad_id=pad, temperature=1.0, top_k=1,
+                      output_sequence_lengths=True, return_dict=True)
 length = int(out["sequence_lengths"][0][0])
 print("TRTKV_TEXT"); print(tok.decode(out["output_ids"][0][0][len(ids):length].tolist(), skip_special_tokens=True))
 """

@@ -284,11 +284,13 @@ def pick_token(logits: torch.Tensor, temperature: float, top_k: int, top_p: floa
 class LogitControls:
     """What TensorRT-LLM applies to the logits before sampling, per request (its SamplingConfig / Request fields).
 
-    Penalties look at the whole sequence (prompt and generated tokens), as TensorRT-LLM 1.x does by default:
+    The order is TensorRT-LLM's (`batchApplyPenalty`): temperature scaling first (done by the caller), then the
+    penalties. Penalties look at the whole sequence (prompt and generated tokens), as TensorRT-LLM 1.x does by default:
     repetition divides positive logits and multiplies negative ones by `repetition_penalty` for every token seen;
     presence subtracts `presence_penalty` once per seen token, frequency `frequency_penalty` per occurrence. The end
-    ids are banned until `min_tokens` tokens were generated; a bad word's last token is banned when the sequence ends
-    with the rest of it; `embedding_bias` (vocabulary-sized) is added first.
+    ids are banned until `min_tokens` tokens were generated (all of the request's end ids; TensorRT-LLM has one);
+    a bad word's last token is banned when the sequence ends with the rest of it; `embedding_bias` (exactly
+    vocabulary-sized, as TensorRT-LLM requires) is added before the temperature (`add_bias`).
     """
 
     repetition_penalty: float = 1.0
@@ -303,13 +305,22 @@ class LogitControls:
         return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
                 or self.min_tokens > 0 or bool(self.bad_words) or bool(self.embedding_bias))
 
+    def add_bias(self, logits: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        logits = logits.float()
+        if not self.embedding_bias:
+            return logits
+        if len(self.embedding_bias) != logits.numel():
+            raise RequestError(f"embedding_bias has {len(self.embedding_bias)} entries, the vocabulary "
+                               f"{logits.numel()}: it must have exactly one per token (as TensorRT-LLM requires).")
+        return logits + torch.tensor(self.embedding_bias, dtype=logits.dtype)
+
     def apply(self, logits: torch.Tensor, seq: list[int], generated: int, end_ids: set[int]) -> torch.Tensor:
+        """Penalties, min_tokens and bad words on (already biased and temperature-scaled) logits."""
         import torch
 
         logits = logits.float().clone()
-        if self.embedding_bias:
-            bias = torch.tensor(self.embedding_bias[: logits.numel()], dtype=logits.dtype)
-            logits[: bias.numel()] += bias
         if seq and (self.repetition_penalty != 1.0 or self.presence_penalty or self.frequency_penalty):
             ids, counts = torch.unique(torch.tensor(seq, dtype=torch.long), return_counts=True)
             seen = logits[ids]
@@ -495,9 +506,14 @@ class ReferenceRuntime:
             seq = list(input_ids)
             while True:
                 logits = self.model(input_ids=step, past_key_values=cache, use_cache=True).logits[0, -1]
+                scale = temperature
                 if controls is not None and controls.active:
+                    # TensorRT-LLM's penalty kernel: bias, then 1/temperature, then the penalties
+                    logits = controls.add_bias(logits)
+                    if temperature > 0:
+                        logits, scale = logits / temperature, 1.0
                     logits = controls.apply(logits, seq, len(out), ends)
-                token = pick_token(logits, temperature, top_k, top_p, generator)
+                token = pick_token(logits, scale, top_k, top_p, generator)
                 if token in ends:
                     break
                 if log_probs is not None:

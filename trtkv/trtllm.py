@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,15 +52,31 @@ class TrtllmPlace:
 
 
 def docker_prefix(image: str, gpus: str = "all", workdir: Path | None = None) -> tuple[str, ...]:
-    """`docker run` of `image` with the project (engines, checkpoints) mounted at the same path."""
-    root = paths.project_root()
+    """`docker run` of `image` as the calling user (the engines it writes stay the user's), with the project and the
+    engines folder mounted at the same paths."""
+    root = paths.project_root().resolve()
     cmd = ["docker", "run", "--rm", "--gpus", gpus, "--ipc=host", "--shm-size=2g", "--ulimit", "memlock=-1",
-           "--ulimit", "stack=67108864", "-v", f"{root}:{root}"]
-    out = paths.engines_dir()
-    if not str(out).startswith(str(root)):
+           "--ulimit", "stack=67108864", "--user", f"{os.getuid()}:{os.getgid()}", "-e", "HOME=/tmp",
+           "-v", f"{root}:{root}"]
+    out = paths.engines_dir().resolve()
+    if not out.is_relative_to(root):
         cmd += ["-v", f"{out}:{out}"]
     cmd += ["-w", str(workdir or root), image]
     return tuple(cmd)
+
+
+def image_missing(place: TrtllmPlace) -> str | None:
+    """For a container place: a problem when the image is not on this machine yet (a 14-16 GB pull would otherwise
+    happen silently inside the preflight's timeout); None when it is there or no container is used."""
+    if place.kind != "container" or place.image is None:
+        return None
+    proc = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", place.image], capture_output=True,
+                          text=True, check=False)
+    if proc.returncode == 0:
+        return None
+    said = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    return (f"image {place.image} is not on this machine ({said}). Next: `docker pull {place.image}` (14-16 GB), then "
+            f"rerun")
 
 
 def where(image: str) -> TrtllmPlace:

@@ -91,6 +91,11 @@ def image_for(trtllm_version: str) -> str:
         return wanted.image
     tag = image_tag(override)
     row = row_for_tag(tag) if tag else None
+    if tag and row is None:
+        raise StageError(f"{IMAGE_ENV}={override}: tag {tag} is not in trtkv's version matrix (tags "
+                         f"{', '.join(r.tag for r in rows())}), so trtkv cannot tell which TensorRT-LLM it ships; "
+                         f"before 25.09 the images ship TensorRT-LLM 0.x, which cannot run trtkv's engines. Next: "
+                         f"unset it (trtkv then uses {wanted.image}).")
     if row is not None and release(row.tensorrt_llm) != release(trtllm_version):
         raise StageError(f"{IMAGE_ENV}={override} ships TensorRT-LLM {row.tensorrt_llm} (TensorRT {row.tensorrt}), "
                          f"but the engine needs TensorRT-LLM {trtllm_version}: an engine loads only under the "

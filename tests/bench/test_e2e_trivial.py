@@ -91,14 +91,33 @@ def test_timeouts_are_counted_not_dropped(trivial_server, engines_tmp: Path, tmp
     assert sum(r["status"] == "timeout" for r in data["records"] if r["phase"] == "latency") == 6
 
 
+def served_requests(metrics_port: int) -> float:
+    """nv_inference_request_success of the trivial `ensemble` model, from tritonserver's metrics endpoint."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=2) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return 0.0
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("nv_inference_request_success{") and 'model="ensemble"' in line)
+
+
 def test_ctrl_c_writes_partial_results(trivial_server, engines_tmp: Path, tmp_path: Path) -> None:  # noqa: ANN001
     out = tmp_path / "out"
     # a constant rate (not a closed loop), so the run lasts ~50 s on any machine and the SIGINT lands mid-run
     cmd = [sys.executable, "-m", "trtkv", "bench", "smollm2_fp8kv", *WORKLOAD, "bench.num_requests=5000",
            "bench.request_rate=100", "--url", trivial_server.grpc_url, "--tasks", "none", "--no-progress",
            "--output", str(out)]
+    before = served_requests(trivial_server.metrics_port)  # the session's server has answered other tests already
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
-    time.sleep(10)  # imports, prompts, then a few hundred requests
+    # interrupt once the server has answered some of this run's requests (a fixed sleep could land in the imports on
+    # a loaded machine): the server's own request counter says when
+    deadline = time.monotonic() + 120
+    while (served_requests(trivial_server.metrics_port) < before + 300 and time.monotonic() < deadline
+           and proc.poll() is None):
+        time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, output

@@ -19,8 +19,11 @@ TEXT = " Tokyo is 東京 🙂 and Paris."
 
 # Stands in for the C++ model: same tensors (the generated config, backend switched to python), one token per
 # streamed response, like inflight batching without speculative decoding.
-FAKE_ENGINE = '''
+STEP_S = 0.1
+FAKE_ENGINE = f'''
 import json
+import threading
+import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -28,18 +31,21 @@ class TritonPythonModel:
     def initialize(self, args):
         self.tokens = json.loads(json.loads(args["model_config"])["parameters"]["fake_tokens"]["string_value"])
 
-    def execute(self, requests):
+    def execute(self, requests):  # every request in flight at once, as the C++ executor keeps them
         for request in requests:
-            sender = request.get_response_sender()
-            streaming = pb_utils.get_input_tensor_by_name(request, "streaming")
-            stream = streaming is not None and bool(streaming.as_numpy().reshape(-1)[0])
-            chunks = [[t] for t in self.tokens] if stream else [self.tokens]
-            for chunk in chunks:
-                sender.send(pb_utils.InferenceResponse(output_tensors=[
-                    pb_utils.Tensor("output_ids", np.array(chunk, dtype=np.int32).reshape(1, 1, -1)),
-                    pb_utils.Tensor("sequence_length", np.array([[len(chunk)]], dtype=np.int32))]))
-            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            threading.Thread(target=self.stream, args=(request, request.get_response_sender()), daemon=True).start()
         return None
+
+    def stream(self, request, sender):
+        streaming = pb_utils.get_input_tensor_by_name(request, "streaming")
+        stream = streaming is not None and bool(streaming.as_numpy().reshape(-1)[0])
+        chunks = [[t] for t in self.tokens] if stream else [self.tokens]
+        for chunk in chunks:
+            time.sleep({STEP_S})  # one engine step per token
+            sender.send(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor("output_ids", np.array(chunk, dtype=np.int32).reshape(1, 1, -1)),
+                pb_utils.Tensor("sequence_length", np.array([[len(chunk)]], dtype=np.int32))]))
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 '''
 
 
@@ -86,3 +92,16 @@ def test_streamed_parts_are_whole_characters(server, smollm2_dir: Path) -> None:
     assert len(result.parts) >= 5  # still streamed, not one block
     events = http_generate_stream(f"http://{local.http_url}", {"text_input": "Where is Tokyo?", "max_tokens": len(tokens)})
     assert "".join(e["text_output"] for e in events) == TEXT
+
+
+def test_streams_run_concurrently(server) -> None:  # noqa: ANN001
+    """The relay must not serialise requests: the C++ model's in-flight batching needs them all in flight."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    local, tokens = server
+    alone = grpc_stream(local.grpc_url, "Where is Tokyo?", len(tokens))
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(lambda _i: grpc_stream(local.grpc_url, "Where is Tokyo?", len(tokens)), range(3)))
+    assert [r.error for r in results] == [None] * 3 and all("".join(r.parts) == TEXT for r in results)
+    # three at once take about as long as one; in series they would take three times as long
+    assert max(r.seconds for r in results) < 2 * alone.seconds, ([r.seconds for r in results], alone.seconds)

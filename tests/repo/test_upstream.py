@@ -102,3 +102,10 @@ def test_every_tensorrt_llm_model_has_upstreams_tensors(name: str, repos: dict[s
         got = generated(models[model].config)
         for kind in ("input", "output"):
             assert {t: got[kind].get(t) for t in want[kind]} == want[kind], f"{model} {kind}s differ from upstream"
+
+
+@pytest.mark.parametrize("name", [n for n in RECIPES if n.startswith("llama")])
+def test_embedding_bias_is_sized_to_the_models_vocabulary(name: str, repos: dict[str, dict]) -> None:
+    """TensorRT-LLM checks embedding_bias width == the model's vocab size (128256 for Llama-3), not the tokenizer's."""
+    params = {k: v.string_value for k, v in repos[name]["models"]["preprocessing"].config.parameters.items()}
+    assert params["vocab_size"] == str(repos[name]["recipe"].model.vocab_size) == "128256"

@@ -133,7 +133,21 @@ def template_values(plan: RepoPlan) -> dict[str, str]:
         "tensorrt_llm_io_python": llm_io(python=True),
         "llm_step_model": LLM_STEP_MODEL[r.build.backend],
         "postprocessing_instance_count": "1" if t.decoupled else str(t.instance_count),
+        "vocab_size": str(model_vocab_size(plan) or ""),
     }
+
+
+def model_vocab_size(plan: RepoPlan) -> int | None:
+    """The model's vocabulary: the checkpoint's config.json (what the engine has), else the recipe's model.vocab_size."""
+    import json
+
+    config = plan.checkpoint_dir / "config.json"
+    if config.is_file():
+        try:
+            return int(json.loads(config.read_text())["vocab_size"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    return plan.recipe.model.vocab_size
 
 
 def llm_io(*, python: bool) -> str:

@@ -58,7 +58,9 @@ class TritonPythonModel:
         self.max_input_len = int(params["max_input_len"])
         self.max_seq_len = int(params["max_seq_len"])
         self.end_id = self.tokenizer.end_id()
-        self.vocab_size = self.tokenizer.vocab_size()
+        # the engine's vocabulary (TensorRT-LLM requires an embedding bias of exactly this width; a model's vocabulary
+        # may be padded past the tokenizer's)
+        self.vocab_size = int(params.get("vocab_size") or 0) or self.tokenizer.vocab_size()
         pad = self.tokenizer.token_id("pad_token")
         self.pad_id = self.end_id if pad is None else pad
 

@@ -160,6 +160,10 @@ class TritonPythonModel:
             min_tokens=int(optional_value(request, "min_tokens") or 0),
             bad_words=from_word_list(word_row(request, "bad_words_list")),
             embedding_bias=embedding_bias(request))
+        vocab = int(self.runtime.config.vocab_size)
+        if controls.embedding_bias is not None and len(controls.embedding_bias) != vocab:
+            raise RequestError(f"embedding_bias has {len(controls.embedding_bias)} entries, the model's vocabulary "
+                               f"{vocab} (TensorRT-LLM requires exactly the vocabulary size)")
         if controls.repetition_penalty <= 0:
             raise RequestError(f"repetition_penalty {controls.repetition_penalty}: must be > 0 (1.0 = off)")
         if controls.active:
@@ -192,7 +196,8 @@ class Extras:
         out = []
         if self.log_probs is not None:
             chunk = self.log_probs[start: start + len(ids)]
-            out += [pb_utils.Tensor("cum_log_probs", np.array([sum(self.log_probs[: start + len(ids)])], np.float32)),
+            cumulative = sum(self.log_probs[: start + len(ids)])
+            out += [pb_utils.Tensor("cum_log_probs", np.array([[cumulative]], np.float32)),  # [batch, beam]
                     pb_utils.Tensor("output_log_probs", np.array(chunk, np.float32).reshape(1, 1, -1))]
         if self.num_input:
             out.append(pb_utils.Tensor("num_input_tokens", np.array([[self.prompt_len]], np.int32)))

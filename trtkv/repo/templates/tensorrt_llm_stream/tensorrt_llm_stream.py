@@ -13,6 +13,7 @@ through unchanged, response by response: such requests stream exactly as the C++
 from __future__ import annotations
 
 import json
+import threading
 import traceback
 from typing import Any
 
@@ -35,22 +36,31 @@ class TritonPythonModel:
         self.outputs = [o["name"] for o in config.get("output", [])]
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
-        responses = []
+        """Not decoupled: one response per request, in order. Decoupled: every request streams on its own thread, so
+        the C++ model keeps all of them in flight (in-flight batching) while this model only relays."""
+        if not self.decoupled:
+            return [self.respond(request, None) for request in requests]
         for request in requests:
-            sender = request.get_response_sender() if self.decoupled else None
-            try:
-                result = self.forward(request, sender)
-            except Exception as exc:  # noqa: BLE001 - reported to the client and logged, never swallowed
-                pb_utils.Logger.log_error(traceback.format_exc())
-                result = pb_utils.InferenceResponse(
-                    error=pb_utils.TritonError(f"tensorrt_llm_stream: {type(exc).__name__}: {exc}"))
-            if sender is None:
-                responses.append(result)
-            elif result is None:
-                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-            else:
-                sender.send(result, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        return None if self.decoupled else responses
+            sender = request.get_response_sender()
+            worker = threading.Thread(target=self.respond, args=(request, sender), daemon=True)
+            worker.start()
+        return None
+
+    def respond(self, request: Any, sender: Any | None) -> Any | None:
+        """Forward one request; decoupled: send everything and close the stream (never raises)."""
+        try:
+            result = self.forward(request, sender)
+        except Exception as exc:  # noqa: BLE001 - reported to the client and logged, never swallowed
+            pb_utils.Logger.log_error(traceback.format_exc())
+            result = pb_utils.InferenceResponse(
+                error=pb_utils.TritonError(f"tensorrt_llm_stream: {type(exc).__name__}: {exc}"))
+        if sender is None:
+            return result
+        if result is None:
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        else:
+            sender.send(result, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
 
     def forward(self, request: Any, sender: Any | None) -> Any | None:
         """Run the request on the engine model; returns the last response to send (None: close the stream empty)."""
@@ -62,12 +72,18 @@ class TritonPythonModel:
         stream = bool(optional_value(request, "streaming") or False)
         recut = stream and not any(bool(optional_value(request, name) or False) for name in PER_TOKEN)
         chunker = Utf8Chunker(self.tokenizer)
-        for response in inner.exec(decoupled=True):
+        responses = inner.exec(decoupled=True)
+        for response in responses:
+            if request.is_cancelled():  # the client went away: stop the engine's request too
+                cancel = getattr(responses, "cancel", None)
+                if cancel is not None:
+                    cancel()
+                return None
             if response.has_error():
                 return pb_utils.InferenceResponse(error=response.error())
             tensors = response.output_tensors()
             if not tensors:
-                continue  # the engine's empty final response; the stream is closed below
+                continue  # the engine's empty final response; the stream is closed by respond()
             if not recut:
                 sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
                 continue
