@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from trtkv import layout, paths, trtllm, versions
+from trtkv import layout, model, paths, trtllm, versions
 from trtkv.errors import StageError, ToolError
 from trtkv.layout import checkpoint_dir, engine_dir, kv_cache_quant_algo
 from trtkv.recipe import Backend, GemmPlugin, KVCacheQuant, Recipe, WeightQuant
@@ -164,12 +164,9 @@ def kv_source_line(recipe: Recipe) -> str:
 
 
 def _describe_calibration(recipe: Recipe) -> list[str]:
-    """The calibrate stage's own dry-run lines (trtkv.calibrate), or a line saying why they are missing."""
-    try:
-        from trtkv.calibrate import describe_calibration
-    except ImportError as exc:
-        return [f"(trtkv.calibrate is not available in this checkout: {exc}; run `trtkv calibrate {recipe.name}` "
-                f"to produce {checkpoint_dir(recipe)})"]
+    """The calibrate stage's own dry-run lines (the dry run of `make engine` covers both stages)."""
+    from trtkv.calibrate import describe_calibration  # light at import time: ModelOpt and torch load lazily
+
     return list(describe_calibration(recipe))
 
 
@@ -464,7 +461,7 @@ def _tokenizer_dir(recipe: Recipe, ckpt: Path) -> Path | None:
     for folder in (ckpt / "tokenizer", ckpt / "hf"):
         if (folder / "tokenizer_config.json").is_file() or (folder / "tokenizer.json").is_file():
             return folder
-    local = layout.local_model_dir(recipe)
+    local = model.local_model_dir(recipe)
     return local if local is not None and (local / "tokenizer_config.json").is_file() else None
 
 

@@ -382,13 +382,10 @@ def _separator_ids(tokenizer: Any) -> list[int]:
 
 
 def _kv_statistics(model: Any, batches: list[torch.Tensor]) -> tuple[str | None, str]:
-    """K/V statistics from trtkv.kvcache.stats (the probe task's module) on the unquantized model, when present."""
-    try:
-        from trtkv.kvcache.stats import collect_kv_stats
-    except ImportError as exc:
-        return None, (f"trtkv.kvcache.stats.collect_kv_stats is not available ({exc}); the per-channel spreads in "
-                      f"the table above come from the KV quantizers' inputs (post-RoPE K, V).")
+    """K/V statistics from trtkv.kvcache.stats (the probe's module) on the unquantized model."""
     import torch
+
+    from trtkv.kvcache.stats import collect_kv_stats
 
     with torch.no_grad():
         stats = collect_kv_stats(model, batches)

@@ -21,7 +21,7 @@ from typing import Any
 from trtkv.errors import RecipeError
 from trtkv.hardware import GPU, GPU_SPECS
 from trtkv.kvcache.formats import KVFormat, bytes_per_element, kv_bytes_per_token
-from trtkv.recipe import KVCacheQuant, ModelDtype, Recipe, WeightQuant
+from trtkv.recipe import ModelDtype, Recipe, WeightQuant
 
 GIB = 1024**3
 PLAN_LENGTHS = (4096, 8192, 16384, 32768, 131072)
@@ -164,12 +164,8 @@ def host_memory_gib() -> float | None:
 
 
 def kv_format_for_recipe(recipe: Recipe) -> KVFormat:
-    kv = recipe.quantization.kv_cache
-    if kv is KVCacheQuant.FP8:
-        return KVFormat.FP8
-    if kv is KVCacheQuant.INT8:
-        return KVFormat.INT8
-    return KVFormat.BF16 if recipe.model.dtype is ModelDtype.BFLOAT16 else KVFormat.FP16
+    """The recipe's KV format (Recipe.kv_format)."""
+    return recipe.kv_format
 
 
 def per_gpu_bytes_per_token(arch: Architecture, fmt: KVFormat, tp: int, pp: int) -> float:

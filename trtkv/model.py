@@ -80,6 +80,45 @@ def convert_gguf(gguf: Path, out_dir: Path, dtype: str = "bfloat16") -> Path:
     return out_dir
 
 
+def _has_model_files(folder: Path) -> bool:
+    return (folder / "config.json").is_file() or (folder / "tokenizer_config.json").is_file() or (
+        folder / "tokenizer.json").is_file()
+
+
+def local_model_dir(recipe: Recipe) -> Path | None:
+    """The model's HF folder when it is already on this machine; never converts, never downloads.
+
+    The places resolve_model_dir looks, in its order: the converted packaged model in the trtkv cache, a local
+    folder (relative to the recipe file, the project root, then the working directory), a hub id in the local HF
+    cache only.
+    """
+    source = recipe.model.source
+    if source.startswith("packaged:"):
+        folder = packaged_model_dir(source.split(":", 1)[1])
+        return folder if (folder / CONVERTED_MARK).is_file() else None
+    local = Path(source).expanduser()
+    bases = ([recipe.path.parent] if recipe.path else []) + [paths.project_root(), Path.cwd()]
+    for folder in [local] if local.is_absolute() else [base / local for base in bases]:
+        if _has_model_files(folder):
+            return folder.resolve()
+    if source.count("/") == 1 and not source.startswith((".", "/", "~")):
+        return _hub_cache_snapshot(source)
+    return None
+
+
+def _hub_cache_snapshot(repo_id: str) -> Path | None:
+    """A hub model already in the local HF cache (no network), else None."""
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+    except ImportError:
+        return None
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except (LocalEntryNotFoundError, OSError, ValueError):
+        return None
+
+
 def resolve_model_dir(recipe: Recipe) -> Path:
     """The HF folder for the recipe's model (converting or locating it as needed)."""
     source = recipe.model.source
@@ -91,9 +130,7 @@ def resolve_model_dir(recipe: Recipe) -> Path:
             print(f"Converting {gguf.name} to an HF folder in {out} (once; reused after)...", flush=True)
             convert_gguf(gguf, out)
         return out
-    from trtkv.layout import local_model_dir  # one search order for "is it on this machine"
-
-    found = local_model_dir(recipe)
+    found = local_model_dir(recipe)  # one search order for "is it on this machine"
     if found is not None:
         return found
     if source.count("/") == 1 and not source.startswith((".", "/", "~")):

@@ -108,12 +108,7 @@ def probe_advice(recipe: Recipe, probe_dir: Path | None = None) -> tuple[list[st
                    f"({best.get('kv_bytes_per_token', 0):.0f} B/token).")
     else:
         out.append(f"No quantized KV format measured safe up to {longest} tokens on this model: keep 16-bit KV.")
-    try:
-        from trtkv.memory import kv_format_for_recipe
-
-        mine = kv_format_for_recipe(recipe).value
-    except (ImportError, AttributeError, ValueError):
-        mine = None
+    mine = recipe.kv_format.value
     if mine and not any(r["format"] == mine for r in rows):
         out.append(f"The recipe's KV format {mine} was not probed: add it with `trtkv probe {recipe.name} "
                    f"--formats {mine}`.")

@@ -319,6 +319,16 @@ class Recipe(_Section):
         return self.fp8_kv_and_weights if flag is None else flag
 
     @property
+    def kv_format(self) -> KVFormat:
+        """The KV cache format the recipe deploys (trtkv.kvcache.formats), the model dtype when unquantized."""
+        kv = self.quantization.kv_cache
+        if kv is KVCacheQuant.FP8:
+            return KVFormat.FP8
+        if kv is KVCacheQuant.INT8:
+            return KVFormat.INT8
+        return KVFormat.BF16 if self.model.dtype is ModelDtype.BFLOAT16 else KVFormat.FP16
+
+    @property
     def chunked_context(self) -> bool:
         """Prompts longer than max_num_tokens need chunked context/prefill; every backend then turns it on
         (tensorrt: enable_chunked_context + paged context FMHA; LLM API: enable_chunked_prefill; reference: chunked

@@ -436,12 +436,8 @@ class ReferenceRuntime:
             from transformers import DynamicCache
 
             return DynamicCache(config=self.config)
-        try:
-            from trtkv.kvcache.cache import QuantizedKVCache
-        except ImportError as exc:
-            raise StageError(f"the reference runtime needs trtkv.kvcache.cache.QuantizedKVCache for a {self.kv_format} "
-                             f"KV cache, and it is not importable ({exc}). Next: use a complete trtkv checkout "
-                             f"(trtkv/kvcache/cache.py).") from exc
+        from trtkv.kvcache.cache import QuantizedKVCache
+
         scales = self.kv_scales if self.kv_format in ("fp8", "int8") else None
         return QuantizedKVCache(config=self.config, fmt=self.kv_format, k_scales=scales, v_scales=scales)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
-from trtkv import layout
+from trtkv import layout, model
 from trtkv.errors import StageError
 from trtkv.recipe import Backend, Recipe
 from trtkv.repo.validate import validate_repo
@@ -68,7 +68,7 @@ def _has_tokenizer(folder: Path) -> bool:
 
 def _local_model_dir(recipe: Recipe) -> Path | None:
     """The model's HF folder with a tokenizer when it is already on disk (never converts or downloads)."""
-    folder = layout.local_model_dir(recipe)
+    folder = model.local_model_dir(recipe)
     return folder if folder is not None and _has_tokenizer(folder) else None
 
 
@@ -124,7 +124,7 @@ def template_values(plan: RepoPlan) -> dict[str, str]:
         "batch_scheduler_policy": t.batch_scheduler_policy.value,
         "kv_cache_free_gpu_mem_fraction": str(t.kv_cache_free_gpu_mem_fraction),
         "enable_kv_cache_reuse": flag(t.enable_kv_cache_reuse),
-        "enable_chunked_context": flag(chunked_context(r)),
+        "enable_chunked_context": flag(r.chunked_context),
         "exclude_input_in_output": flag(t.exclude_input_in_output),
         "max_beam_width": str(MAX_BEAM_WIDTH),
         "tp_size": str(b.tp_size),
@@ -155,11 +155,6 @@ def llm_io(*, python: bool) -> str:
     it receives to the C++ model, which needs the [batch, 1] shape the ensemble sends)."""
     text = (TEMPLATES / LLM_IO).read_text(encoding="utf-8").rstrip("\n")
     return text.replace(" reshape: { shape: [ ] }", "") if python else text
-
-
-def chunked_context(recipe: Recipe) -> bool:
-    """The batch manager rejects a context longer than max_num_tokens unless it may chunk it (Recipe.chunked_context)."""
-    return recipe.chunked_context
 
 
 def render(template: str, values: dict[str, str]) -> str:

@@ -74,12 +74,10 @@ def _local_command_text(plan: RepoPlan) -> str:
 
 
 def _chunked_lines(plan: RepoPlan) -> list[str]:
-    from trtkv.repo.generate import chunked_context
-
     b = plan.recipe.build
     if plan.recipe.build.backend is not Backend.TENSORRT:
         return []
-    if chunked_context(plan.recipe):
+    if plan.recipe.chunked_context:
         return [f"`enable_chunked_context` is true: build.max_input_len {b.max_input_len} exceeds "
                 f"build.max_num_tokens {b.max_num_tokens}, and the batch manager rejects a longer context unless it "
                 f"may split it into chunks (this needs the engine's paged context FMHA, which `trtkv build` enables "
