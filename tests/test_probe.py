@@ -39,6 +39,8 @@ def test_probe_tiny_sweep_on_real_model(tmp_path: Path, engines_tmp: Path, smoll
     md = (out / "probe.md").read_text()
     assert "## Verdicts" in md and "TensorRT-LLM int8_kv_cache" in md and "K/V statistics" in md
     assert "int8" in doc["scale_reuse"]["decode"]
+    assert doc["scales"]["source"].startswith("trtkv short calibration pass")  # no kv_scales.json in engines_tmp
+    assert len(doc["scales"]["layers"]) == 30 and all(x["k_amax"] > 0 for x in doc["scales"]["layers"])
     # resume: everything cached, same records
     first = (out / "probe.json").read_text()
     t0 = time.time()
@@ -47,6 +49,22 @@ def test_probe_tiny_sweep_on_real_model(tmp_path: Path, engines_tmp: Path, smoll
     assert again["records"] == json.loads(first)["records"] and again["pass_seconds"] == {}
     assert time.time() - t0 < 120
     capsys.readouterr()
+
+
+@pytest.mark.slow
+def test_probe_records_the_deployed_scales_after_calibrate(smollm2_engine: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """After `trtkv calibrate` (the session's chain run), the probe measures with the recipe's kv_scales.json."""
+    monkeypatch.setenv("TRTKV_ENGINES", str(smollm2_engine.parent))
+    out = tmp_path / "probe"
+    args = ["probe", "smollm2_fp8kv", *TINY, "--formats", "fp8", "--lengths", "64", "--no-needle",
+            "--decode-steps", "1", "--threads", "1", "--no-progress", "--output", str(out)]
+    assert main(args) == 0
+    doc = json.loads((out / "probe.json").read_text())
+    deployed = json.loads((smollm2_engine / "checkpoint" / "kv_scales.json").read_text())
+    assert doc["scales"]["source"] == str(smollm2_engine / "checkpoint" / "kv_scales.json")
+    assert [(x["k_amax"], x["v_amax"]) for x in doc["scales"]["layers"]] == [
+        (x["k_amax"], x["v_amax"]) for x in deployed["layers"]]
 
 
 def test_probe_rejects_unknown_format(capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,7 +19,6 @@ import copy
 import hashlib
 import io
 import json
-import random
 import re
 import resource
 import statistics
@@ -32,6 +31,9 @@ from typing import TYPE_CHECKING, Any
 
 from trtkv import layout
 from trtkv.errors import StageError
+from trtkv.kvcache import scales as kv_scales
+from trtkv.kvcache.formats import FP8_MAX
+from trtkv.kvcache.scales import CONVENTION
 from trtkv.layout import checkpoint_dir
 from trtkv.recipe import KVCacheQuant, ModelDtype, Recipe, WeightQuant
 
@@ -40,8 +42,6 @@ if TYPE_CHECKING:
 
 STAGE = "calibrate"
 CHECKPOINT = layout.CHECKPOINT
-FP8_MAX = 448.0  # E4M3 largest finite value
-INT8_MAX = 127.0
 # The quantized KV caches only (kv_cache none maps to None in layout.KV_ALGO and is absent here).
 KV_ALGO = {kv: algo for kv, algo in layout.KV_ALGO.items() if algo is not None}
 # The KV quantizer entries, as data. FP8 is ModelOpt's preset KV_QUANT_CFG_CHOICES["fp8"] (read from ModelOpt at run
@@ -50,16 +50,11 @@ KV_ENTRIES: dict[KVCacheQuant, list[dict[str, Any]]] = {
     KVCacheQuant.FP8: [{"quantizer_name": "*[kv]_bmm_quantizer", "cfg": {"num_bits": [4, 3], "axis": None}}],
     KVCacheQuant.INT8: [{"quantizer_name": "*[kv]_bmm_quantizer", "cfg": {"num_bits": 8, "axis": None}}],
 }
-CONVENTION = ("Scales are dequantization multipliers: x ~= q * scale. kv_cache_scaling_factor is what TensorRT-LLM "
-              "<= 1.2 reads: ONE scale shared by K and V, INT8: max(k_amax, v_amax)/127, FP8: max(k_amax, v_amax)/448 "
-              "clamped to >= 1.0 by ModelOpt's exporter. k_scale/v_scale follow vLLM/HF: separate, amax/448 (FP8) or "
-              "amax/127 (INT8), unclamped. amax is the max |x| of post-RoPE K and of V over the calibration tokens.")
 FP8_BASE_MEANING = ("every Linear's weight_quantizer and input_quantizer FP8 E4M3 (num_bits [4, 3]) per-tensor; "
                     "lm_head, routers, embeddings disabled")
 NO_KV_NOTE = ("KV cache unquantized (quantization.kv_cache none): config.json quantization.kv_cache_quant_algo is "
               "null, the rank files hold no kv_cache_scaling_factor, kv_scales.json lists no layers; the cache keeps "
               "K/V in the model dtype.")
-OUTLIER_RATIO = 4.0  # a channel whose amax exceeds 4x the layer's median channel amax
 DWARF_RATIO = 4.0  # a layer whose amax exceeds 4x the median layer amax
 
 # (model, tokenizer) for a recipe; injectable so tests run the same path on a tiny model.
@@ -352,33 +347,13 @@ def _peak_rss_mib() -> float:
 
 
 def calibration_batches(tokenizer: Any, recipe: Recipe) -> list[torch.Tensor]:
-    """num_samples x seq_len tokens of calibration text (records in a seeded order, concatenated, chunked)."""
-    import torch
-
+    """num_samples x seq_len tokens of the recipe's calibration text (trtkv.kvcache.scales.calibration_batches: the
+    batches `trtkv probe` builds for the same recipe too)."""
     from trtkv.data import load_texts
 
     c = recipe.calibration
-    texts = load_texts(c.dataset)
-    order = list(range(len(texts)))
-    random.Random(c.seed).shuffle(order)
-    need = c.num_samples * c.seq_len
-    ids: list[int] = []
-    sep = _separator_ids(tokenizer)
-    for index in order:
-        ids += tokenizer(texts[index], add_special_tokens=False)["input_ids"] + sep
-        if len(ids) >= need:
-            break
-    if len(ids) < need:
-        raise StageError(f"calibration.dataset {c.dataset!r}: {len(ids)} tokens in {len(texts)} records, but "
-                         f"num_samples x seq_len = {c.num_samples} x {c.seq_len} = {need} are needed. Next: lower "
-                         f"calibration.num_samples or calibration.seq_len, or add text.")
-    samples = torch.tensor(ids[:need], dtype=torch.long).view(c.num_samples, c.seq_len)
-    return list(samples.split(c.batch_size))
-
-
-def _separator_ids(tokenizer: Any) -> list[int]:
-    eos = getattr(tokenizer, "eos_token_id", None)
-    return [int(eos)] if isinstance(eos, int) else []
+    return kv_scales.calibration_batches(tokenizer, load_texts(c.dataset), c.num_samples, c.seq_len, c.batch_size,
+                                         c.seed, where=f"calibration.dataset {c.dataset!r}")
 
 
 def _kv_statistics(model: Any, batches: list[torch.Tensor]) -> tuple[str | None, str]:
@@ -479,16 +454,15 @@ def _layer_scales(model: Any, channel_amax: dict[str, Any], kv: KVCacheQuant) ->
     if not found:
         raise StageError("ModelOpt inserted no k/v_bmm_quantizer: this model's attention is not supported by its KV "
                          "cache quantization. Next: use a llama-family model.")
-    qmax = FP8_MAX if kv is KVCacheQuant.FP8 else INT8_MAX
+    algo = KV_ALGO[kv]
     out = []
     for index in sorted(found):
         parts = found[index]
         k_amax, v_amax = (_amax(parts[s][0], parts[s][1]) for s in ("k", "v"))
-        shared = max(k_amax, v_amax) / qmax
-        factor = max(shared, 1.0) if kv is KVCacheQuant.FP8 else shared
+        scales = kv_scales.layer_scales(k_amax, v_amax, algo)
         k_channels = channel_amax.get(parts["k"][1])
-        out.append(LayerScales(index, k_amax, v_amax, _f32(factor), _f32(k_amax / qmax), _f32(v_amax / qmax),
-                               _to_list(k_channels), _to_list(channel_amax.get(parts["v"][1])),
+        out.append(LayerScales(index, k_amax, v_amax, scales["kv_cache_scaling_factor"], scales["k_scale"],
+                               scales["v_scale"], _to_list(k_channels), _to_list(channel_amax.get(parts["v"][1])),
                                int(k_channels.shape[-1]) if k_channels is not None else 1))
     return out
 
@@ -498,17 +472,10 @@ def _amax(quantizer: Any, name: str) -> float:
     if amax is None or amax.numel() != 1:
         raise StageError(f"ModelOpt quantizer {name} has no per-tensor amax after calibration ({amax!r}). Next: check "
                          f"that the calibration forward reaches every attention layer.")
-    value = _f32(float(amax.float().item()))
+    value = kv_scales.f32(float(amax.float().item()))
     if not value > 0:
         raise StageError(f"ModelOpt quantizer {name}: amax = {value}; calibration saw no non-zero K/V.")
     return value
-
-
-def _f32(value: float) -> float:
-    """Round to float32 (what the checkpoint stores) so kv_scales.json and the rank files agree exactly."""
-    import struct
-
-    return float(struct.unpack("f", struct.pack("f", value))[0])
 
 
 def _to_list(tensor: Any) -> list[float]:
@@ -639,14 +606,13 @@ def _check_exported_factors(layers: list[LayerScales], exported: list[float]) ->
 
 
 def write_kv_scales(path: Path, layers: list[LayerScales], recipe: Recipe, num_layers: int | None = None) -> None:
-    """kv_scales.json (contract 1): byte-identical for the same seed and inputs (no timestamps, fixed order).
+    """kv_scales.json (contract 1, trtkv.kvcache.scales): byte-identical for the same seed and inputs.
 
     kv_cache none: {"kv_cache_quant_algo": null, "num_layers": N, "convention": ..., "layers": []}.
     """
-    data = {"kv_cache_quant_algo": KV_ALGO.get(recipe.quantization.kv_cache),
-            "num_layers": len(layers) if num_layers is None else num_layers,
-            "convention": CONVENTION, "layers": [layer.as_json() for layer in layers]}
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    doc = kv_scales.kv_scales_document(KV_ALGO.get(recipe.quantization.kv_cache), [ls.k_amax for ls in layers],
+                                       [ls.v_amax for ls in layers], num_layers=num_layers)
+    kv_scales.write_kv_scales(path, doc)
 
 
 def find_warnings(layers: list[LayerScales], kv: KVCacheQuant) -> list[str]:
@@ -682,13 +648,14 @@ def find_warnings(layers: list[LayerScales], kv: KVCacheQuant) -> list[str]:
 
 
 def _outlier_channels(values: list[float]) -> list[tuple[int, float]]:
-    if not values:
-        return []
-    median = statistics.median(values)
-    return [(i, v) for i, v in enumerate(values) if median > 0 and v > OUTLIER_RATIO * median]
+    from trtkv.kvcache.stats import outlier_channels  # the one outlier rule (K/V statistics use it too)
+
+    return [(i, values[i]) for i in outlier_channels(values)]
 
 
 def _outlier_warnings(layers: list[LayerScales]) -> list[str]:
+    from trtkv.kvcache.stats import OUTLIER_FACTOR
+
     out = []
     for kind in ("k", "v"):
         hits = [(ls, _outlier_channels(getattr(ls, f"{kind}_channel_amax"))) for ls in layers]
@@ -697,7 +664,7 @@ def _outlier_warnings(layers: list[LayerScales]) -> list[str]:
             total = sum(len(c) for _, c in hits)
             worst, chans = max(hits, key=lambda h: max(v for _, v in h[1]))
             ch, val = max(chans, key=lambda c: c[1])
-            out.append(f"{kind.upper()} outlier channels (amax > {OUTLIER_RATIO:g}x the layer's median channel amax): "
+            out.append(f"{kind.upper()} outlier channels (amax > {OUTLIER_FACTOR:g}x the layer's median channel amax): "
                        f"{total} in {len(hits)} layers; largest: layer {worst.layer} head {ch // worst.head_dim} "
                        f"channel {ch % worst.head_dim}, amax {val:.3g}. A per-tensor {kind.upper()} scale spends its "
                        f"range on these channels and leaves fewer levels for the others.")

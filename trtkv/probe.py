@@ -152,7 +152,9 @@ def load_model(recipe: Recipe, settings: ProbeSettings) -> Loaded:
     texts = eval_long_text()
     need = max(settings.lengths)
     text_ids = _tokens(tokenizer, texts, need)
-    haystack_ids = _tokens(tokenizer, list(reversed(texts)), max(settings.needle_lengths))  # other part of the text
+    # the needle's haystack: another part of the text (none needed with --no-needle)
+    haystack_ids = (_tokens(tokenizer, list(reversed(texts)), max(settings.needle_lengths))
+                    if settings.needle_lengths else [])
     weights = sorted(model_dir.glob("*.safetensors"))
     key_src = {"config": (model_dir / "config.json").read_text(),
                "weights": [(w.name, w.stat().st_size) for w in weights],
@@ -651,7 +653,7 @@ def _document(recipe: Recipe, loaded: Loaded, settings: ProbeSettings, scales: K
                      "needle_depths": settings.needle_depths, "needle_seeds": settings.needle_seeds,
                      "decode_prompt": settings.decode_prompt, "decode_steps": settings.decode_steps},
         "reference": REFERENCE, "method_version": METHOD_VERSION,
-        "scales": {"source": scales.source, "k_amax": scales.k_amax, "v_amax": scales.v_amax},
+        "scales": scales.to_probe_json(),
         "records": records, "needles": needle_rows, "scale_reuse": reuse, "pass_seconds": timings,
         "kv_stats": scales.stats.to_dict() if scales.stats else None,
         "threads": os.environ.get("OMP_NUM_THREADS") or torch.get_num_threads(),

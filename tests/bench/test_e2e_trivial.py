@@ -111,7 +111,10 @@ def test_ctrl_c_writes_partial_results(trivial_server, engines_tmp: Path, tmp_pa
            "bench.request_rate=100", "--url", trivial_server.grpc_url, "--tasks", "none", "--no-progress",
            "--output", str(out)]
     before = served_requests(trivial_server.metrics_port)  # the session's server has answered other tests already
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
+    # SIGINT back to its default in the child: a shell that started this test run in the background (`make test &`)
+    # set it to "ignore", which the child would inherit, and Python installs no KeyboardInterrupt handler then
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     # interrupt once the server has answered some of this run's requests (a fixed sleep could land in the imports on
     # a loaded machine): the server's own request counter says when
     deadline = time.monotonic() + 120

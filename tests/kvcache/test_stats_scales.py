@@ -10,7 +10,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from trtkv.errors import StageError
-from trtkv.kvcache.scales import KVScales, load_kv_scales
+from trtkv.kvcache.scales import KVScales, calibration_batches, f32, load_kv_scales
 from trtkv.kvcache.stats import collect_kv_stats
 
 
@@ -50,8 +50,28 @@ def test_scales_per_format_follow_runtime_conventions() -> None:
     assert s.for_format("int8_token") == (None, None)
     doc = s.to_kv_scales_json("FP8")
     assert doc["layers"][0]["kv_cache_scaling_factor"] == 1.0  # ModelOpt clamps FP8 to >= 1.0
-    assert doc["layers"][0]["k_scale"] == 10 / 448
-    assert s.to_kv_scales_json("INT8")["layers"][1]["kv_cache_scaling_factor"] == 4 / 127
+    assert doc["layers"][0]["k_scale"] == f32(10 / 448)  # float32, as the checkpoint stores it
+    assert s.to_kv_scales_json("INT8")["layers"][1]["kv_cache_scaling_factor"] == f32(4 / 127)
+    assert s.to_probe_json() == {"source": "test", "layers": [{"layer": 0, "k_amax": 10.0, "v_amax": 0.5},
+                                                             {"layer": 1, "k_amax": 2.0, "v_amax": 4.0}]}
+
+
+def test_one_batch_builder_joins_records_with_eos() -> None:
+    """calibrate and probe share calibration_batches: records in a seeded order, each followed by the EOS id."""
+
+    class Tok:
+        eos_token_id = 0
+
+        def __call__(self, text: str, add_special_tokens: bool = False) -> dict:
+            return {"input_ids": [ord(c) for c in text]}
+
+    batches = calibration_batches(Tok(), ["ab", "cd", "ef"], num_samples=3, seq_len=3, batch_size=2, seed=1)
+    flat = [int(x) for b in batches for x in b.flatten()]
+    assert [b.shape[0] for b in batches] == [2, 1] and flat.count(0) == 3  # three records, three separators
+    again = calibration_batches(Tok(), ["ab", "cd", "ef"], 3, 3, 2, 1)
+    assert all(torch.equal(a, b) for a, b in zip(batches, again, strict=True))  # same seed, same tokens
+    with pytest.raises(StageError, match="num_samples x seq_len = 4 x 3 = 12"):
+        calibration_batches(Tok(), ["ab", "cd", "ef"], num_samples=4, seq_len=3, batch_size=2, seed=1)
 
 
 def test_load_kv_scales_contract(tmp_path: Path) -> None:

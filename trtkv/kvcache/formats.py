@@ -12,6 +12,8 @@ from enum import Enum
 
 # Scales and zero points of the dynamic formats (per token, per group) are stored as float16.
 SCALE_BYTES = 2
+FP8_MAX = 448.0  # E4M3's largest finite value: an FP8 static scale is amax / FP8_MAX
+INT8_MAX = 127  # symmetric INT8: an INT8 static scale is amax / INT8_MAX
 
 
 class KVFormat(str, Enum):

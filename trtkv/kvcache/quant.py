@@ -27,10 +27,8 @@ from dataclasses import dataclass
 import torch
 
 from trtkv.errors import TrtkvError
-from trtkv.kvcache.formats import SPECS, KVFormat
+from trtkv.kvcache.formats import FP8_MAX, INT8_MAX, SPECS, KVFormat
 
-FP8_MAX = 448.0
-INT8_MAX = 127
 FP16_MAX = 65504.0
 KIVI_GROUP = 32
 KIVI_RESIDUAL = 128

@@ -1,4 +1,9 @@
-"""Static KV scales: from the calibrate stage's kv_scales.json (contract 1), or from a short calibration pass.
+"""The one owner of static KV scales: calibration batches, amax -> scale maths, and `kv_scales.json`.
+
+`trtkv calibrate` (ModelOpt's quantizers measure the amaxes) and `trtkv probe` (a short pass of the model, or the
+recipe's kv_scales.json when calibrate wrote one) both build their calibration batches with `calibration_batches`,
+turn amaxes into scales with `layer_scales`, and read/write `kv_scales.json` here. Light at import (no torch):
+`trtkv calibrate --dry-run` and `trtkv build --dry-run` import it.
 
 Scales are dequantization multipliers (x ~= q * scale), one per layer:
 - fp8 (HF/vLLM): k_scale = k_amax / 448, v_scale = v_amax / 448, separate and unclamped;
@@ -11,21 +16,58 @@ from __future__ import annotations
 
 import json
 import random
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from trtkv.errors import StageError
-from trtkv.kvcache.formats import KVFormat
-from trtkv.kvcache.quant import FP8_MAX, INT8_MAX, FormatChoice, parse_format
-from trtkv.kvcache.stats import KVStats, collect_kv_stats
+from trtkv.kvcache.formats import FP8_MAX, INT8_MAX, KVFormat
+
+if TYPE_CHECKING:
+    import torch
+
+    from trtkv.kvcache.quant import FormatChoice
+    from trtkv.kvcache.stats import KVStats
 
 MIN_AMAX = 1e-6
-CONVENTION = ("scales are dequantization multipliers (x ~= q * scale); kv_cache_scaling_factor is TensorRT-LLM's "
-              "single per-layer scale shared by K and V: INT8 max(k_amax, v_amax)/127, FP8 max(k_amax, v_amax)/448 "
-              "clamped to >= 1.0 (ModelOpt export); k_scale/v_scale follow vLLM/HF: amax/448 (FP8) or amax/127 "
-              "(INT8), separate and unclamped")
+CONVENTION = ("Scales are dequantization multipliers: x ~= q * scale. kv_cache_scaling_factor is what TensorRT-LLM "
+              "<= 1.2 reads: ONE scale shared by K and V, INT8: max(k_amax, v_amax)/127, FP8: max(k_amax, v_amax)/448 "
+              "clamped to >= 1.0 by ModelOpt's exporter. k_scale/v_scale follow vLLM/HF: separate, amax/448 (FP8) or "
+              "amax/127 (INT8), unclamped. amax is the max |x| of post-RoPE K and of V over the calibration tokens.")
+
+
+def f32(value: float) -> float:
+    """Round to float32 (what a checkpoint stores), so kv_scales.json and the rank files agree exactly."""
+    return float(struct.unpack("f", struct.pack("f", value))[0])
+
+
+def layer_scales(k_amax: float, v_amax: float, algo: str) -> dict[str, float]:
+    """kv_cache_scaling_factor (TensorRT-LLM's shared one; FP8 clamped to >= 1.0 as ModelOpt exports it) and
+    k_scale/v_scale (vLLM/HF: separate, unclamped), float32-rounded, for algo "FP8" or "INT8"."""
+    qmax = FP8_MAX if algo == "FP8" else float(INT8_MAX)
+    shared = max(k_amax, v_amax) / qmax
+    return {"kv_cache_scaling_factor": f32(max(shared, 1.0) if algo == "FP8" else shared),
+            "k_scale": f32(k_amax / qmax), "v_scale": f32(v_amax / qmax)}
+
+
+def kv_scales_document(algo: str | None, k_amax: list[float], v_amax: list[float], num_layers: int | None = None,
+                       source: str | None = None) -> dict[str, Any]:
+    """The kv_scales.json document (contract 1): per layer k/v amax and both scale conventions. Deterministic (no
+    timestamps, fixed order). algo None (an unquantized KV cache): no layers."""
+    layers = [] if algo is None else [
+        {"layer": i, "k_amax": ka, "v_amax": va, **layer_scales(ka, va, algo)}
+        for i, (ka, va) in enumerate(zip(k_amax, v_amax, strict=True))]
+    doc: dict[str, Any] = {"kv_cache_quant_algo": algo, "num_layers": len(layers) if num_layers is None else num_layers,
+                           "convention": CONVENTION}
+    if source is not None:
+        doc["source"] = source
+    doc["layers"] = layers
+    return doc
+
+
+def write_kv_scales(path: Path, doc: dict[str, Any]) -> None:
+    path.write_text(json.dumps(doc, indent=2) + "\n")
 
 
 @dataclass
@@ -40,6 +82,8 @@ class KVScales:
 
     def for_format(self, fmt: KVFormat | str | FormatChoice) -> tuple[list[float] | None, list[float] | None]:
         """(k_scales, v_scales) for QuantizedKVCache, or (None, None) for formats without static scales."""
+        from trtkv.kvcache.quant import parse_format
+
         choice = parse_format(fmt)
         k = [max(a, MIN_AMAX) for a in self.k_amax]
         v = [max(a, MIN_AMAX) for a in self.v_amax]
@@ -54,15 +98,13 @@ class KVScales:
 
     def to_kv_scales_json(self, algo: str = "FP8") -> dict:
         """The contract-1 kv_scales.json document for these amaxes."""
-        layers = []
-        for i, (ka, va) in enumerate(zip(self.k_amax, self.v_amax, strict=False)):
-            qmax = FP8_MAX if algo == "FP8" else INT8_MAX
-            shared = max(ka, va) / qmax
-            layers.append({"layer": i, "k_amax": ka, "v_amax": va,
-                           "kv_cache_scaling_factor": max(shared, 1.0) if algo == "FP8" else shared,
-                           "k_scale": ka / qmax, "v_scale": va / qmax})
-        return {"kv_cache_quant_algo": algo, "num_layers": len(layers), "convention": CONVENTION,
-                "source": self.source, "layers": layers}
+        return kv_scales_document(algo, self.k_amax, self.v_amax, source=self.source)
+
+    def to_probe_json(self) -> dict[str, Any]:
+        """What probe.json records: where the scales came from and the per-layer amaxes they derive from."""
+        return {"source": self.source,
+                "layers": [{"layer": i, "k_amax": k, "v_amax": v}
+                           for i, (k, v) in enumerate(zip(self.k_amax, self.v_amax, strict=True))]}
 
 
 def load_kv_scales(path: Path, num_layers: int | None = None) -> KVScales:
@@ -91,22 +133,33 @@ def load_kv_scales(path: Path, num_layers: int | None = None) -> KVScales:
     return KVScales(k_amax=k, v_amax=v, source=str(path), info={"kv_cache_quant_algo": doc.get("kv_cache_quant_algo")})
 
 
-def calibration_batches(tokenizer, texts: list[str], num_samples: int = 16, seq_len: int = 256,  # noqa: ANN001
-                        batch_size: int = 4, seed: int = 1234) -> list[torch.Tensor]:
-    """num_samples windows of seq_len tokens from shuffled texts, grouped in [batch, seq_len] tensors."""
+def separator_ids(tokenizer: Any) -> list[int]:
+    """What joins two calibration records: the tokenizer's EOS id (a document boundary), none when it has none."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return [int(eos)] if isinstance(eos, int) else []
+
+
+def calibration_batches(tokenizer: Any, texts: list[str], num_samples: int = 16, seq_len: int = 256,
+                        batch_size: int = 4, seed: int = 1234, where: str = "calibration text") -> list[torch.Tensor]:
+    """num_samples x seq_len tokens: records in a seeded order, each followed by the EOS id, concatenated, cut into
+    [batch_size, seq_len] tensors. The one batch builder: calibrate and probe see the same tokens for one recipe."""
+    import torch
+
     order = list(range(len(texts)))
     random.Random(seed).shuffle(order)
-    ids: list[int] = []
     need = num_samples * seq_len
-    for i in order:
-        ids += tokenizer(texts[i] + "\n\n", add_special_tokens=False).input_ids
+    ids: list[int] = []
+    sep = separator_ids(tokenizer)
+    for index in order:
+        ids += tokenizer(texts[index], add_special_tokens=False)["input_ids"] + sep
         if len(ids) >= need:
             break
     if len(ids) < need:
-        raise StageError(f"calibration text has {len(ids)} tokens, need {need} ({num_samples} x {seq_len}). "
-                         f"Next: lower calibration.num_samples/seq_len or add text.")
-    rows = torch.tensor(ids[:need]).reshape(num_samples, seq_len)
-    return [rows[i: i + batch_size] for i in range(0, num_samples, batch_size)]
+        raise StageError(f"{where}: {len(ids)} tokens in {len(texts)} records, but num_samples x seq_len = "
+                         f"{num_samples} x {seq_len} = {need} are needed. Next: lower calibration.num_samples or "
+                         f"calibration.seq_len, or add text.")
+    samples = torch.tensor(ids[:need], dtype=torch.long).view(num_samples, seq_len)
+    return list(samples.split(batch_size))
 
 
 def calibrate_scales(model, tokenizer, texts: list[str] | None = None, num_samples: int = 16,  # noqa: ANN001
@@ -116,6 +169,8 @@ def calibrate_scales(model, tokenizer, texts: list[str] | None = None, num_sampl
         from trtkv.data import CALIB_DEFAULT, load_texts
 
         texts = load_texts(CALIB_DEFAULT)
+    from trtkv.kvcache.stats import collect_kv_stats
+
     batches = calibration_batches(tokenizer, texts, num_samples, seq_len, batch_size, seed)
     stats = collect_kv_stats(model, batches)
     return KVScales(k_amax=stats.k_amax, v_amax=stats.v_amax, stats=stats,

@@ -117,6 +117,18 @@ class KVStats:
         return "\n".join(lines) + "\n"
 
 
+def outlier_channels(channel_amax: list[float], factor: float = OUTLIER_FACTOR) -> list[int]:
+    """Channels whose |max| exceeds `factor` x the layer's median channel |max| (the lower median, as torch's).
+
+    The one outlier rule: the K/V statistics here and the calibration report's warnings both use it."""
+    import statistics
+
+    if not channel_amax:
+        return []
+    median = statistics.median_low(channel_amax)
+    return [i for i, value in enumerate(channel_amax) if median > 0 and value > factor * median]
+
+
 def _median(values: list[float]) -> float:
     return float(torch.tensor(values, dtype=torch.float64).median()) if values else 0.0
 
@@ -149,10 +161,10 @@ class _Accumulator:
         vt_med, kt_med = float(vt.median()), float(kt.median())
         return LayerKVStats(
             layer=layer, k_amax=k_amax, v_amax=v_amax, k_channel_amax_median=kc_med,
-            k_outlier_channels=[int(i) for i in torch.nonzero(kc > factor * kc_med).flatten()],
+            k_outlier_channels=outlier_channels([float(x) for x in kc.flatten()], factor),
             k_tensor_to_channel_ratio=k_amax / kc_med if kc_med > 0 else 0.0,
             v_channel_amax_median=vc_med,
-            v_outlier_channels=[int(i) for i in torch.nonzero(vc > factor * vc_med).flatten()],
+            v_outlier_channels=outlier_channels([float(x) for x in vc.flatten()], factor),
             v_token_amax_median=vt_med, v_token_amax_p99=float(torch.quantile(vt.double(), 0.99)),
             v_token_amax_max=float(vt.max()), v_tensor_to_token_ratio=v_amax / vt_med if vt_med > 0 else 0.0,
             k_token_amax_median=kt_med, k_tensor_to_token_ratio=k_amax / kt_med if kt_med > 0 else 0.0)
