@@ -16,6 +16,8 @@ import pytest
 import yaml
 
 from trtkv import build
+from trtkv.backends import base as backend_base
+from trtkv.backends import llmapi, tensorrt
 from trtkv.cli import main
 from trtkv.errors import StageError
 from trtkv.recipe import Backend, list_recipes, load_recipe
@@ -114,7 +116,7 @@ def test_every_shipped_gpu_recipe_has_a_golden_command() -> None:
 @pytest.mark.parametrize("name", sorted(GOLDEN_TRTLLM_BUILD))
 def test_trtllm_build_golden_command(name: str, engines_tmp: Path) -> None:
     recipe = load_recipe(name)
-    cmd = build.trtllm_build_command(recipe, build.checkpoint_dir(recipe), build.engine_dir(recipe))
+    cmd = tensorrt.trtllm_build_command(recipe, build.checkpoint_dir(recipe), build.engine_dir(recipe))
     assert relative(cmd, engines_tmp) == GOLDEN_TRTLLM_BUILD[name]
     check_flags(cmd, BUILD_FLAGS)
     assert not any("kv_cache" in c and c != "--kv_cache_type" for c in cmd if c.startswith("--"))
@@ -123,7 +125,7 @@ def test_trtllm_build_golden_command(name: str, engines_tmp: Path) -> None:
 def test_flags_follow_the_recipe(engines_tmp: Path) -> None:
     recipe = load_recipe("llama70b_int8kv", ["quantization.weights=none", "build.tokens_per_block=64",
                                              "build.use_paged_context_fmha=false", "build.multiple_profiles=false"])
-    cmd = build.trtllm_build_command(recipe, Path("c"), Path("o"))
+    cmd = tensorrt.trtllm_build_command(recipe, Path("c"), Path("o"))
     check_flags(cmd, BUILD_FLAGS)
     got = dict(zip(cmd[1::2], cmd[2::2], strict=True))
     assert got["--gemm_plugin"] == "auto" and got["--tokens_per_block"] == "64"
@@ -146,9 +148,9 @@ CONTEXT_FMHA_CASES = [
 def test_context_fmha_flags_follow_tensorrt_llm_rules(overrides: tuple[str, ...], paged: str, fp8: str,
                                                       engines_tmp: Path) -> None:
     recipe = load_recipe("llama70b_fp8kv", ["build.max_input_len=16384", *overrides])
-    got = dict(zip(*[iter(build.trtllm_build_command(recipe, Path("c"), Path("o"))[1:])] * 2, strict=True))
+    got = dict(zip(*[iter(tensorrt.trtllm_build_command(recipe, Path("c"), Path("o"))[1:])] * 2, strict=True))
     assert (got["--use_paged_context_fmha"], got["--use_fp8_context_fmha"]) == (paged, fp8)
-    line = build.context_fmha_line(recipe)
+    line = tensorrt.context_fmha_line(recipe)
     assert f"--use_paged_context_fmha {paged}" in line and f"--use_fp8_context_fmha {fp8}" in line
     if "quantization.kv_cache=int8" in overrides:
         assert "forced off" in line and "INT8" in line
@@ -158,11 +160,11 @@ def test_context_fmha_flags_follow_tensorrt_llm_rules(overrides: tuple[str, ...]
 def test_trtllm_serve_golden_command_and_options(name: str, engines_tmp: Path) -> None:
     recipe = load_recipe(name)
     out = build.engine_dir(recipe)
-    cmd = build.trtllm_serve_command(recipe, build.checkpoint_dir(recipe) / "hf", out / build.LLM_API_OPTIONS)
+    cmd = llmapi.trtllm_serve_command(recipe, build.checkpoint_dir(recipe) / "hf", out / llmapi.LLM_API_OPTIONS)
     golden_cmd, golden_options = GOLDEN_TRTLLM_SERVE[name]
     assert relative(cmd, engines_tmp) == golden_cmd
     check_flags(cmd, SERVE_FLAGS)
-    options = build.llm_api_options(recipe)
+    options = llmapi.llm_api_options(recipe)
     assert options == golden_options
     flat = {f"yaml:{k}" if not isinstance(v, dict) else None: v for k, v in options.items()}
     flat.update({f"yaml:kv_cache_config.{k}": v for k, v in options["kv_cache_config"].items()})
@@ -317,7 +319,7 @@ def test_fake_trtllm_build_failing_midway(tmp_path: Path, engines_tmp: Path, mon
     root = engines_tmp / "tiny_trt"
     assert not (root / "engine").exists(), "a failed build must not leave an engine folder"
     assert not list(root.glob(".engine.tmp-*")), "the temporary folder must be removed"
-    kept = build.failed_log_path(load_recipe(str(recipe_path)))
+    kept = tensorrt.failed_log_path(load_recipe(str(recipe_path)))
     assert "key builder_config not found" in kept.read_text()
 
 
@@ -367,11 +369,11 @@ def test_preflight_reports_checkpoint_mismatches(tmp_path: Path, engines_tmp: Pa
 
 
 def test_pitfall_hints() -> None:
-    assert "FP8 KV cache" in build.pitfall_hints("AssertionError: use_fp8_context_fmha requires fp8 kv cache")[0]
-    assert build.pitfall_hints("all good") == []
-    (int8,) = build.pitfall_hints("RuntimeError: Paged Context FMHA doesn't work with int8 kv cache currently.")
+    assert "FP8 KV cache" in tensorrt.pitfall_hints("AssertionError: use_fp8_context_fmha requires fp8 kv cache")[0]
+    assert tensorrt.pitfall_hints("all good") == []
+    (int8,) = tensorrt.pitfall_hints("RuntimeError: Paged Context FMHA doesn't work with int8 kv cache currently.")
     assert "--use_paged_context_fmha disable" in int8
-    assert any("Blackwell" in h for h in build.pitfall_hints("INT8/INT4 quantization is not supported on SM>=100."))
+    assert any("Blackwell" in h for h in tensorrt.pitfall_hints("INT8/INT4 quantization is not supported on SM>=100."))
 
 
 def test_pitfall_hints_ignore_the_lines_every_build_prints() -> None:
@@ -385,8 +387,8 @@ def test_pitfall_hints_ignore_the_lines_every_build_prints() -> None:
         "int8 kv cache currently.",
         "[TensorRT-LLM][INFO] kv_cache_quant_algo FP8",
     ])
-    assert build.pitfall_hints(benign) == []
-    assert build.pitfall_hints(benign + "\nRuntimeError: CUDA out of memory") == [build.PITFALLS[5][1]]
+    assert tensorrt.pitfall_hints(benign) == []
+    assert tensorrt.pitfall_hints(benign + "\nRuntimeError: CUDA out of memory") == [tensorrt.PITFALLS[5][1]]
 
 
 def test_preflight_uses_the_checkpoint_validator(tmp_path: Path, engines_tmp: Path, tiny: Any) -> None:
@@ -395,11 +397,11 @@ def test_preflight_uses_the_checkpoint_validator(tmp_path: Path, engines_tmp: Pa
 
     recipe = load_recipe(str(tiny_recipe(tmp_path, "tiny_ref", "reference")))
     ckpt = write_checkpoint(tiny, engines_tmp / "tiny_ref" / "checkpoint", weights="fp8", kv="FP8")
-    assert build.check_checkpoint(recipe)[2] == []
+    assert backend_base.check_checkpoint(recipe)[2] == []
     tensors = load_file(str(ckpt / "rank0.safetensors"))
     del tensors["transformer.layers.1.attention.kv_cache_scaling_factor"]
     save_file(tensors, str(ckpt / "rank0.safetensors"))
-    (problem,) = build.check_checkpoint(recipe)[2]
+    (problem,) = backend_base.check_checkpoint(recipe)[2]
     assert "transformer.layers.1.attention.kv_cache_scaling_factor is missing" in problem
 
 

@@ -13,7 +13,7 @@ import difflib
 import hashlib
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -590,6 +590,11 @@ def _format_error(err: Any, prov: dict[str, Path], path: Path) -> str:
     return f"{file}: {dotted}: {msg}{shown}."
 
 
+# Each backend's own rules, registered by its module in trtkv.backends (imported by trtkv/__init__): (field, message)
+# pairs, as cross_field_problems returns them.
+BACKEND_RULES: dict[Backend, Callable[[Recipe], list[tuple[str, str]]]] = {}
+
+
 def cross_field_problems(r: Recipe) -> list[tuple[str, str]]:
     """Rules that involve more than one field: (field path, message) pairs."""
     out: list[tuple[str, str]] = []
@@ -620,15 +625,11 @@ def cross_field_problems(r: Recipe) -> list[tuple[str, str]]:
                                              f"on {hw.gpu.value} use int8"))
     if b.gemm_plugin is GemmPlugin.FP8 and q.weights is not WeightQuant.FP8:
         out.append(("build.gemm_plugin", "gemm_plugin fp8 needs quantization.weights: fp8"))
-    if on_cpu and b.backend is not Backend.REFERENCE:
-        out.append(("build.backend", f"backend {b.backend.value} needs a GPU and TensorRT-LLM; with hardware.gpu cpu "
-                                     f"use backend reference"))
-    if b.backend is Backend.REFERENCE and q.weights not in (WeightQuant.FP8, WeightQuant.NONE):
-        out.append(("quantization.weights", f"the reference runtime runs fp8 or none weights, not {q.weights.value}"))
-    if b.backend is Backend.PYTORCH and q.kv_cache is KVCacheQuant.INT8:
-        out.append(("quantization.kv_cache", "TensorRT-LLM's PyTorch backend has no INT8 KV cache (kv_cache_config "
-                                             "dtype is auto or fp8): use backend tensorrt or kv_cache fp8"))
-    out += _sm100_problems(r)
+    rules = BACKEND_RULES.get(b.backend)
+    if rules is None:  # trtkv/__init__ imports trtkv.backends, which registers every backend's rules
+        raise RuntimeError(f"no validation rules registered for backend {b.backend.value} (trtkv.backends not "
+                           f"imported?)")
+    out += rules(r)
     for length in r.bench.needle_context_lengths if BenchTask.NEEDLE in r.bench.tasks else []:
         if length > b.max_input_len:
             out.append(("bench.needle_context_lengths", f"{length} exceeds build.max_input_len {b.max_input_len}: "
@@ -659,43 +660,6 @@ def _context_fmha_problems(r: Recipe) -> list[tuple[str, str]]:
                                                       f"(quantization.weights: fp8, it is {q.weights.value}); "
                                                       f"TensorRT-LLM disables it otherwise: set it to false or "
                                                       f"leave it unset"))
-    if b.backend is not Backend.TENSORRT:  # the rest are trtllm-build / engine rules
-        return out
-    if b.use_fp8_context_fmha is False and r.fp8_kv_and_weights and b.use_paged_context_fmha:
-        out.append(("build.use_fp8_context_fmha", "false, but with an FP8 KV cache, FP8 weights and "
-                                                  "build.use_paged_context_fmha true TensorRT-LLM turns FP8 context "
-                                                  "FMHA back on: leave it unset, or also set "
-                                                  "build.use_paged_context_fmha: false"))
-    if b.max_input_len > b.max_num_tokens and not r.paged_context_fmha:
-        if q.kv_cache is KVCacheQuant.INT8:
-            why = "paged context FMHA is forced off for an INT8 KV cache"
-        elif q.kv_cache is KVCacheQuant.FP8 and not r.fp8_kv_and_weights:
-            why = "paged context FMHA is forced off for an FP8 KV cache without FP8 weights"
-        else:
-            why = "build.use_paged_context_fmha is false"
-        out.append(("build.max_num_tokens", f"max_input_len {b.max_input_len} > max_num_tokens {b.max_num_tokens} "
-                                            f"needs chunked context, which needs paged context FMHA, but {why}: "
-                                            f"set build.max_num_tokens >= {b.max_input_len}"))
-    if r.triton.enable_kv_cache_reuse and not r.paged_context_fmha:
-        out.append(("triton.enable_kv_cache_reuse", f"KV cache block reuse needs an engine built with paged context "
-                                                    f"FMHA, which is off here (KV cache {q.kv_cache.value}, "
-                                                    f"weights {q.weights.value}, build.use_paged_context_fmha "
-                                                    f"{str(b.use_paged_context_fmha).lower()}): set it to false"))
-    return out
-
-
-def _sm100_problems(r: Recipe) -> list[tuple[str, str]]:
-    """trtllm-build on SM100 (B200) raises "INT8/INT4 quantization is not supported on SM>=100" (TensorRT-LLM 1.x)."""
-    q, hw = r.quantization, r.hardware
-    if r.build.backend is not Backend.TENSORRT or hw.gpu is not GPU.B200:
-        return []
-    out: list[tuple[str, str]] = []
-    if q.kv_cache is KVCacheQuant.INT8:
-        out.append(("quantization.kv_cache", "trtllm-build refuses an INT8 KV cache on B200 (SM>=100: 'INT8/INT4 "
-                                             "quantization is not supported'): use fp8"))
-    if q.weights in (WeightQuant.INT8_SQ, WeightQuant.INT4_AWQ):
-        out.append(("quantization.weights", f"trtllm-build refuses {q.weights.value} on B200 (SM>=100 has no "
-                                            f"SmoothQuant / INT8 / INT4 weight kernels): use fp8 or none"))
     return out
 
 

@@ -30,10 +30,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtkv import layout, paths, versions
+from trtkv import paths, versions
+from trtkv.backends import for_recipe
 from trtkv.errors import StageError, ToolError
 from trtkv.layout import engine_dir, repo_dir, serve_dir
-from trtkv.recipe import Backend, Recipe
+from trtkv.recipe import Recipe
 from trtkv.stage import require_input
 from trtkv.tools import quote, tail
 
@@ -187,7 +188,7 @@ def gpu_command(recipe: Recipe, repo: Path, host: str | None = None) -> list[str
     The `pytorch` backend runs one tritonserver whatever the world size: the LLM API starts its own workers.
     `host`: the address the servers bind (default the recipe's triton.host; docker_command passes 0.0.0.0).
     """
-    ranks = recipe.world_size if recipe.build.backend is Backend.TENSORRT else 1
+    ranks = for_recipe(recipe).ranks(recipe)
     if ranks == 1:
         return rank_command(recipe, repo, 0, host=host)
     cmd = ["mpirun", "--allow-run-as-root"]
@@ -201,7 +202,7 @@ def gpu_command(recipe: Recipe, repo: Path, host: str | None = None) -> list[str
 def launch_script_command(recipe: Recipe, repo: Path) -> list[str]:
     """The same launch through the backend's own script (its path depends on the container release)."""
     t = recipe.triton
-    ranks = recipe.world_size if recipe.build.backend is Backend.TENSORRT else 1
+    ranks = for_recipe(recipe).ranks(recipe)
     return ["python3", "/app/scripts/launch_triton_server.py", f"--world_size={ranks}", f"--model_repo={repo}",
             f"--http_port={t.http_port}", f"--grpc_port={t.grpc_port}", f"--metrics_port={t.metrics_port}"]
 
@@ -210,7 +211,7 @@ def built_versions(recipe: Recipe) -> dict[str, Any]:
     """The TensorRT-LLM/TensorRT versions the engine manifest records (empty when not built here, or no engine)."""
     from trtkv.stage import read_manifest
 
-    if recipe.build.backend is not Backend.TENSORRT:
+    if not for_recipe(recipe).records_versions:
         return {}
     manifest = read_manifest(engine_dir(recipe)) or {}
     return dict(manifest.get("versions") or {})
@@ -454,7 +455,7 @@ def start(recipe: Recipe, *, dry_run: bool = False, timeout_s: float | None = No
           log: Callable[[str], None] = print) -> ServerInfo | None:
     """Start the recipe's server and wait until it is ready (None for --dry-run)."""
     repo = repo_dir(recipe)
-    if recipe.build.backend is Backend.REFERENCE:
+    if for_recipe(recipe).serves_locally:
         return _start_local(recipe, repo, dry_run=dry_run, timeout_s=timeout_s, log=log)
     return _start_gpu(recipe, repo, dry_run=dry_run, timeout_s=timeout_s, log=log)
 
@@ -482,7 +483,7 @@ def _start_gpu(recipe: Recipe, repo: Path, *, dry_run: bool, timeout_s: float | 
         log(f"# equivalent, with the backend's script:\n{quote(launch_script_command(recipe, repo))}")
         return None
     require_input(repo, "serve", "repo", recipe)
-    _require_model(recipe)
+    for_recipe(recipe).require_served_input(recipe)
     check_free(recipe)
     container = None
     if inside:
@@ -498,19 +499,6 @@ def _start_gpu(recipe: Recipe, repo: Path, *, dry_run: bool, timeout_s: float | 
                          f"neither docker nor {CONTAINER_TRITONSERVER} is here. Next: run on the GPU host, or print "
                          f"the commands with `trtkv serve {recipe.name} --dry-run`.")
     return _launch(recipe, cmd, repo, dict(os.environ), timeout_s, log, container=container)
-
-
-def _require_model(recipe: Recipe) -> None:
-    """What the GPU server loads: the engine (tensorrt) or the HF export of the checkpoint (pytorch)."""
-    if recipe.build.backend is Backend.TENSORRT:
-        require_input(engine_dir(recipe), "serve", "build", recipe)
-        return
-    ckpt = layout.checkpoint_dir(recipe)
-    require_input(ckpt, "serve", "calibrate", recipe)
-    if not (ckpt / "hf" / "config.json").is_file():
-        raise StageError(f"serve: {ckpt / 'hf'} has no config.json: the pytorch backend serves the HF export that "
-                         f"`trtkv calibrate` writes for an FP8 (or no) KV cache. Next: `trtkv calibrate "
-                         f"{recipe.name} --force`.")
 
 
 def _launch(recipe: Recipe, cmd: list[str], repo: Path, env: dict[str, str], timeout_s: float | None,

@@ -17,8 +17,9 @@ from string import Template
 from typing import Any
 
 from trtkv import layout, model
+from trtkv.backends import for_recipe
 from trtkv.errors import StageError
-from trtkv.recipe import Backend, Recipe
+from trtkv.recipe import Recipe
 from trtkv.repo.validate import validate_repo
 from trtkv.stage import StageResult, manifest_hash, run_stage
 
@@ -30,22 +31,12 @@ TOKENIZER_IN_REPO = "preprocessing/tokenizer"  # inside a model folder: Triton w
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "generation_config.json")
 LLM_IO = "tensorrt_llm/io.pbtxt"  # upstream's tensorrt_llm tensors, shared by every backend's tensorrt_llm model
-# The ensemble's middle step. The C++ model streams one token per response and the (stateless) postprocessing model
-# would turn a multi-byte character split across two responses into U+FFFD; `tensorrt_llm_stream` (trtkv's BLS model)
-# calls it and re-cuts the stream on whole UTF-8 characters. trtkv's Python models cut on characters themselves.
-LLM_STEP_MODEL = {Backend.TENSORRT: "tensorrt_llm_stream", Backend.PYTORCH: "tensorrt_llm",
-                  Backend.REFERENCE: "tensorrt_llm"}
 STREAM_MODEL = ("tensorrt_llm_stream/config.pbtxt", "tensorrt_llm_stream/tensorrt_llm_stream.py")
-# model folder -> (config template, python model template or None)
+# model folder -> (config template, python model template or None); the tensorrt_llm model is the backend's
 PYTHON_MODELS = {
     "preprocessing": ("preprocessing/config.pbtxt", "preprocessing/preprocessing.py"),
     "postprocessing": ("postprocessing/config.pbtxt", "postprocessing/postprocessing.py"),
     "ensemble": ("ensemble/config.pbtxt", None),
-}
-LLM_MODEL = {
-    Backend.TENSORRT: ("tensorrt_llm/config.tensorrt.pbtxt", None),
-    Backend.PYTORCH: ("tensorrt_llm/config.pytorch.pbtxt", "tensorrt_llm/tensorrt_llm_pytorch.py"),
-    Backend.REFERENCE: ("tensorrt_llm/config.reference.pbtxt", "tensorrt_llm/tensorrt_llm_reference.py"),
 }
 
 
@@ -77,7 +68,8 @@ def plan_repo(recipe: Recipe) -> RepoPlan:
     engine, checkpoint = layout.engine_dir(recipe), layout.checkpoint_dir(recipe)
     plan = RepoPlan(recipe, layout.repo_dir(recipe), engine, checkpoint, None, "")
     calibrated = checkpoint / "tokenizer"
-    if recipe.build.backend is Backend.REFERENCE:
+    backend = for_recipe(recipe)
+    if backend.copies_tokenizer:
         source = calibrated if _has_tokenizer(calibrated) else _local_model_dir(recipe)
         if source is None:
             raise StageError(f"repo {recipe.name}: no tokenizer to copy: {calibrated} does not exist and the model "
@@ -88,9 +80,8 @@ def plan_repo(recipe: Recipe) -> RepoPlan:
         if not _has_tokenizer(calibrated):
             plan.warnings.append(f"tokenizer {calibrated} does not exist yet (written by `trtkv calibrate "
                                  f"{recipe.name}`); the repository references it")
-    needed = engine if recipe.build.backend is not Backend.PYTORCH else checkpoint / "hf"
+    needed, stage = backend.repo_input(recipe)
     if not (needed / "manifest.json").is_file() and not (needed / "config.json").is_file():
-        stage = "calibrate" if recipe.build.backend is Backend.PYTORCH else "build"
         plan.warnings.append(f"{needed} does not exist yet (written by `trtkv {stage} {recipe.name}`); "
                              f"the repository references it")
     return plan
@@ -131,7 +122,7 @@ def template_values(plan: RepoPlan) -> dict[str, str]:
         "pp_size": str(b.pp_size),
         "tensorrt_llm_io": llm_io(python=False),
         "tensorrt_llm_io_python": llm_io(python=True),
-        "llm_step_model": LLM_STEP_MODEL[r.build.backend],
+        "llm_step_model": for_recipe(r).llm_step_model,
         "postprocessing_instance_count": "1" if t.decoupled else str(t.instance_count),
         "vocab_size": str(model_vocab_size(plan) or ""),
     }
@@ -175,8 +166,9 @@ def templates_digest() -> str:
 def write_models(plan: RepoPlan, target: Path) -> list[str]:
     """Render every model folder into `target`; returns the model names."""
     values = template_values(plan)
-    models = {**PYTHON_MODELS, "tensorrt_llm": LLM_MODEL[plan.recipe.build.backend]}
-    if LLM_STEP_MODEL[plan.recipe.build.backend] == "tensorrt_llm_stream":
+    backend = for_recipe(plan.recipe)
+    models = {**PYTHON_MODELS, "tensorrt_llm": backend.llm_model}
+    if backend.llm_step_model == "tensorrt_llm_stream":
         models["tensorrt_llm_stream"] = STREAM_MODEL
     for name, (config, script) in models.items():
         version = target / name / "1"

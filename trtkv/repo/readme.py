@@ -6,8 +6,8 @@ import sys
 from typing import TYPE_CHECKING
 
 from trtkv import serve, versions
+from trtkv.backends import for_recipe
 from trtkv.errors import StageError
-from trtkv.recipe import Backend
 from trtkv.tools import quote
 
 if TYPE_CHECKING:
@@ -36,13 +36,7 @@ def _client_lines(plan: RepoPlan) -> list[str]:
 
 def _layout_lines(plan: RepoPlan) -> list[str]:
     r = plan.recipe
-    llm = {
-        Backend.TENSORRT: f"backend `tensorrtllm`, engine `{plan.engine_dir}` ({r.triton.batching_strategy.value}, "
-                          f"{r.triton.batch_scheduler_policy.value})",
-        Backend.PYTORCH: f"Python model on TensorRT-LLM's LLM API (PyTorch backend), model `{plan.checkpoint_dir}/hf`",
-        Backend.REFERENCE: f"Python model running trtkv's CPU reference runtime on `{plan.engine_dir}` "
-                           f"({r.triton.instance_count} instance(s), one request each at a time)",
-    }[r.build.backend]
+    llm = for_recipe(r).repo_summary(plan)
     tokenizer = f"`{plan.tokenizer_ref}/` (copied in)" if plan.tokenizer_source else f"`{plan.tokenizer_ref}`"
     return [
         "| model | what |",
@@ -74,22 +68,15 @@ def _local_command_text(plan: RepoPlan) -> str:
 
 
 def _chunked_lines(plan: RepoPlan) -> list[str]:
-    b = plan.recipe.build
-    if plan.recipe.build.backend is not Backend.TENSORRT:
-        return []
-    if plan.recipe.chunked_context:
-        return [f"`enable_chunked_context` is true: build.max_input_len {b.max_input_len} exceeds "
-                f"build.max_num_tokens {b.max_num_tokens}, and the batch manager rejects a longer context unless it "
-                f"may split it into chunks (this needs the engine's paged context FMHA, which `trtkv build` enables "
-                f"here).", ""]
-    return [f"`enable_chunked_context` is false: every prompt (at most build.max_input_len {b.max_input_len} tokens) "
-            f"fits in one engine step of build.max_num_tokens {b.max_num_tokens}.", ""]
+    """Backend-specific notes (the engine path's chunked-context setting)."""
+    return for_recipe(plan.recipe).repo_notes(plan)
 
 
 def _deploy_lines(plan: RepoPlan) -> list[str]:
     r = plan.recipe
     repo = plan.output
-    if r.build.backend is Backend.REFERENCE:
+    backend = for_recipe(r)
+    if backend.serves_locally:
         return [
             "## Deploy (CPU, the tritonserver bundled in nvidia-pytriton)",
             "",
@@ -107,7 +94,7 @@ def _deploy_lines(plan: RepoPlan) -> list[str]:
             "```",
             "",
         ]
-    ranks = r.world_size if r.build.backend is Backend.TENSORRT else 1
+    ranks = backend.ranks(r)
     mpi = (f"tp_size x pp_size = {r.world_size}: one tritonserver per rank under `mpirun`."
            if ranks > 1 else "One GPU rank: a single tritonserver.")
     image = serve.container_image(r)

@@ -1,0 +1,21 @@
+"""Engine backends behind one interface (trtkv.backends.base.EngineBackend), looked up by the recipe's build.backend."""
+
+from __future__ import annotations
+
+from trtkv.backends import llmapi, reference, tensorrt
+from trtkv.backends.base import EngineBackend
+from trtkv.recipe import BACKEND_RULES, Backend, Recipe
+
+BACKENDS: dict[Backend, EngineBackend] = {b.backend: b for b in (tensorrt.BACKEND, llmapi.BACKEND, reference.BACKEND)}
+BACKEND_RULES.update({name: backend.problems for name, backend in BACKENDS.items()})
+missing = sorted(b.value for b in Backend if b not in BACKENDS)
+if missing:  # pragma: no cover - a new enum value without its module
+    raise RuntimeError(f"backends without a module in trtkv.backends: {missing}")
+
+
+def for_recipe(recipe: Recipe) -> EngineBackend:
+    """The backend object of the recipe's build.backend."""
+    return BACKENDS[recipe.build.backend]
+
+
+__all__ = ["BACKENDS", "EngineBackend", "for_recipe"]

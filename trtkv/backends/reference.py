@@ -1,0 +1,118 @@
+"""Backend `reference`: no engine is compiled. The build stage writes `runtime.json` pointing at the TensorRT-LLM
+checkpoint, and trtkv's CPU runtime (trtkv.runtime) executes it in PyTorch, read as TensorRT-LLM reads it, with the KV
+cache stored in the quantized format; the bundled tritonserver serves it. A correctness reference, not TensorRT.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trtkv import layout, model
+from trtkv.backends.base import EngineBackend
+from trtkv.layout import kv_cache_quant_algo
+from trtkv.recipe import Backend, Recipe, WeightQuant
+
+if TYPE_CHECKING:
+    from trtkv.repo.generate import RepoPlan
+
+RUNTIME_JSON = "runtime.json"
+HF_CONFIG = layout.HF_CONFIG
+ACTIVATIONS_NOTE = ("activations are not quantized by the reference runtime (the checkpoint's "
+                    "activation_scaling_factor tensors are ignored; GEMMs run in float32 on dequantized weights)")
+
+
+def _hf_config_source(ckpt: Path) -> Path | None:
+    """The HF config.json describing the checkpoint's model (rope, norms): the copy calibrate saves, else the HF
+    export. Never resolves the model (an INT8-KV checkpoint has no hf/, and resolving may convert or download)."""
+    for path in (ckpt / HF_CONFIG, ckpt / "hf" / "config.json", ckpt / "tokenizer" / "config.json"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _tokenizer_dir(recipe: Recipe, ckpt: Path) -> Path | None:
+    """The checkpoint's tokenizer copy, else the HF export's, else the model folder when it is on disk already."""
+    for folder in (ckpt / "tokenizer", ckpt / "hf"):
+        if (folder / "tokenizer_config.json").is_file() or (folder / "tokenizer.json").is_file():
+            return folder
+    local = model.local_model_dir(recipe)
+    return local if local is not None and (local / "tokenizer_config.json").is_file() else None
+
+
+def _build_reference(recipe: Recipe, ckpt: Path, tmp: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    """Write runtime.json (+ the HF config), then load the runtime from `tmp` and decode one token as a check."""
+    from trtkv.runtime import ReferenceRuntime
+
+    hf_config = _hf_config_source(ckpt)
+    if hf_config is not None:
+        shutil.copyfile(hf_config, tmp / HF_CONFIG)
+    else:
+        log(f"build: no HF config.json in {ckpt} (rope scaling, norms): the runtime derives the model config from "
+            f"the TensorRT-LLM config.json alone. Rerun `trtkv calibrate {recipe.name} --force` to save one.")
+    tokenizer = _tokenizer_dir(recipe, ckpt)
+    settings = {
+        "backend": "reference",
+        "checkpoint": str(ckpt),
+        "checkpoint_relative": os.path.relpath(ckpt, tmp),  # used when the engines folder has moved
+        "tokenizer": str(tokenizer) if tokenizer else None,
+        "hf_config": HF_CONFIG if hf_config else None,
+        "hf_config_source": str(hf_config) if hf_config else None,
+        "kv_cache_quant_algo": kv_cache_quant_algo(recipe),
+        "max_seq_len": recipe.build.max_seq_len,
+        "max_batch_size": recipe.build.max_batch_size,
+        "max_num_tokens": recipe.build.max_num_tokens,
+        "enable_chunked_context": recipe.chunked_context,
+        "compute_dtype": "float32",
+        "kv_scale_semantics": "TensorRT-LLM <= 1.2: one per-layer kv_cache_scaling_factor shared by K and V "
+                              "(dequantization multiplier; FP8 export clamps it to >= 1.0)",
+        "activations": ACTIVATIONS_NOTE,
+    }
+    (tmp / RUNTIME_JSON).write_text(json.dumps(settings, indent=2) + "\n")
+    runtime = ReferenceRuntime.load(tmp)
+    prompt = [runtime.bos_token_id if runtime.bos_token_id is not None else 0]
+    first = runtime.generate(prompt, max_tokens=1)
+    log(f"build: reference runtime loaded ({runtime.num_layers} layers, KV {runtime.kv_format}); smoke token {first}")
+    return {"backend": "reference", "runtime": settings, "kv_format": runtime.kv_format,
+            "kv_scales": runtime.kv_scales, "smoke_token": first}
+
+
+
+
+class ReferenceBackend(EngineBackend):
+    backend = Backend.REFERENCE
+    llm_model = ("tensorrt_llm/config.reference.pbtxt", "tensorrt_llm/tensorrt_llm_reference.py")
+    serves_locally = True
+    copies_tokenizer = True
+
+    def problems(self, recipe: Recipe) -> list[tuple[str, str]]:
+        weights = recipe.quantization.weights
+        if weights not in (WeightQuant.FP8, WeightQuant.NONE):
+            return [("quantization.weights", f"the reference runtime runs fp8 or none weights, not {weights.value}")]
+        return []
+
+    def kv_source_line(self, recipe: Recipe) -> str:
+        algo = kv_cache_quant_algo(recipe)
+        return (f"KV cache: {algo or 'unquantized'}, from checkpoint config quantization.kv_cache_quant_algo, with the "
+                f"per-layer kv_cache_scaling_factor of rank0.safetensors (one scale shared by K and V, as TensorRT-LLM); "
+                f"{ACTIVATIONS_NOTE}")
+
+    def build(self, recipe: Recipe, ckpt: Path, tmp: Path, final: Path, info: dict[str, Any],
+              log: Callable[[str], None]) -> dict[str, Any]:
+        return _build_reference(recipe, ckpt, tmp, log)
+
+    def dry_run_lines(self, recipe: Recipe, ckpt: Path, out: Path) -> list[str]:
+        return [f"  write {out / RUNTIME_JSON} (checkpoint {ckpt}, max_seq_len {recipe.build.max_seq_len}), then load "
+                f"it with trtkv.runtime.ReferenceRuntime and decode one token (CPU, float32; weights dequantized, "
+                f"{ACTIVATIONS_NOTE.split(' (')[0]})"]
+
+    def repo_summary(self, plan: RepoPlan) -> str:
+        return (f"Python model running trtkv's CPU reference runtime on `{plan.engine_dir}` "
+                f"({plan.recipe.triton.instance_count} instance(s), one request each at a time)")
+
+
+BACKEND = ReferenceBackend()

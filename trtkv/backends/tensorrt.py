@@ -1,0 +1,394 @@
+"""Backend `tensorrt`: `trtllm-build` engines for TensorRT-LLM 1.0-1.2 (the engine path; removed after 1.3.0rc20),
+served by Triton's C++ `tensorrtllm` backend in the version matrix's container, one tritonserver per rank.
+
+The KV cache precision is never a `trtllm-build` flag: it is the checkpoint's `quantization.kv_cache_quant_algo`.
+TensorRT-LLM runs where trtkv.trtllm finds it (TRTKV_TRTLLM_PYTHON, this python, or the container).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trtkv import trtllm, versions
+from trtkv.backends.base import EngineBackend, check_checkpoint, command_block, failed_log_path
+from trtkv.errors import StageError, ToolError
+from trtkv.hardware import GPU
+from trtkv.layout import kv_cache_quant_algo
+from trtkv.recipe import Backend, GemmPlugin, KVCacheQuant, Recipe, WeightQuant
+from trtkv.tools import quote, run_logged, tail
+
+if TYPE_CHECKING:
+    from trtkv.repo.generate import RepoPlan
+
+ENGINE_RUNNER = """\
+import json, sys
+from tensorrt_llm.runtime import ModelRunnerCpp
+from transformers import AutoTokenizer
+a = json.loads(sys.argv[1])
+tok = AutoTokenizer.from_pretrained(a["tokenizer"])
+end = tok.eos_token_id
+if end is None:
+    sys.exit("the tokenizer in " + a["tokenizer"] + " names no eos token: TensorRT-LLM needs an end id")
+ids = tok(a["prompt"], add_special_tokens=True, return_tensors="pt")["input_ids"][0].int()
+runner = ModelRunnerCpp.from_dir(engine_dir=a["engine"], rank=0, max_batch_size=1, max_input_len=len(ids),
+                                 max_output_len=a["max_tokens"], max_beam_width=1)
+pad = tok.pad_token_id if tok.pad_token_id is not None else end
+out = runner.generate([ids], max_new_tokens=a["max_tokens"], end_id=end, pad_id=pad, temperature=1.0, top_k=1,
+                      output_sequence_lengths=True, return_dict=True)
+length = int(out["sequence_lengths"][0][0])
+print("TRTKV_TEXT"); print(tok.decode(out["output_ids"][0][0][len(ids):length].tolist(), skip_special_tokens=True))
+"""
+TRTLLM_MIN, TRTLLM_MAX = (1, 0), (1, 3)  # trtllm-build engines: TensorRT-LLM >= 1.0 and < 1.3
+TRTLLM_DEFAULT_TOKENS_PER_BLOCK = 32  # PluginConfig.tokens_per_block default in TensorRT-LLM 1.x
+BUILD_LOG = "build.log"
+BUILD_COMMAND = "build_command.txt"
+
+
+# ---------------------------------------------------------------------------------------------
+# The trtllm-build command (a pure function of the recipe: the dry run and the real run print the same thing)
+
+
+def gemm_plugin(recipe: Recipe) -> str:
+    """`--gemm_plugin`: fp8 with FP8 weights when the recipe says auto, else the recipe's value."""
+    chosen = recipe.build.gemm_plugin
+    if chosen is GemmPlugin.AUTO:
+        return "fp8" if recipe.quantization.weights is WeightQuant.FP8 else "auto"
+    return chosen.value
+
+
+def _onoff(flag: bool) -> str:
+    return "enable" if flag else "disable"
+
+
+def trtllm_build_command(recipe: Recipe, ckpt: Path, output: Path) -> list[str]:
+    """The `trtllm-build` argument list; every flag exists in TensorRT-LLM 1.2 (tests check the list)."""
+    b = recipe.build
+    cmd = [
+        "trtllm-build",
+        "--checkpoint_dir", str(ckpt),
+        "--output_dir", str(output),
+        "--max_batch_size", str(b.max_batch_size),
+        "--max_input_len", str(b.max_input_len),
+        "--max_seq_len", str(b.max_seq_len),
+        "--max_num_tokens", str(b.max_num_tokens),
+        "--gemm_plugin", gemm_plugin(recipe),
+        "--gpt_attention_plugin", "auto",
+        "--kv_cache_type", "paged",
+        "--use_paged_context_fmha", _onoff(recipe.paged_context_fmha),
+        "--use_fp8_context_fmha", _onoff(recipe.fp8_context_fmha),
+        "--remove_input_padding", "enable",
+        "--logits_dtype", "float32",  # the Triton configs declare FP32 logits (context/generation_logits outputs)
+        "--multiple_profiles", _onoff(b.multiple_profiles),
+        "--workers", str(recipe.world_size),
+    ]
+    if b.tokens_per_block != TRTLLM_DEFAULT_TOKENS_PER_BLOCK:
+        cmd += ["--tokens_per_block", str(b.tokens_per_block)]
+    return cmd
+
+
+def context_fmha_line(recipe: Recipe) -> str:
+    """Why the two context-FMHA flags have the values they have (TensorRT-LLM's own rules)."""
+    kv, w = recipe.quantization.kv_cache, recipe.quantization.weights
+    paged = _onoff(recipe.paged_context_fmha)
+    if kv is KVCacheQuant.INT8:
+        why_paged = "forced off: paged context FMHA doesn't work with an INT8 KV cache"
+    elif kv is KVCacheQuant.FP8 and w is not WeightQuant.FP8:
+        why_paged = "forced off: FP8 paged context FMHA needs the FP8 quantization workflow (FP8 weights)"
+    else:
+        why_paged = f"build.use_paged_context_fmha = {str(recipe.build.use_paged_context_fmha).lower()}"
+    fp8 = _onoff(recipe.fp8_context_fmha)
+    why_fp8 = ("build.use_fp8_context_fmha" if recipe.build.use_fp8_context_fmha is not None else
+               "default: on exactly when the KV cache and the weights are both FP8")
+    return f"context FMHA: --use_paged_context_fmha {paged} ({why_paged}); --use_fp8_context_fmha {fp8} ({why_fp8})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Preflight
+
+
+def _parse_version(text: str) -> tuple[int, int] | None:
+    match = re.match(r"^(\d+)\.(\d+)", text.strip())
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def tensorrt_llm_version(place: trtllm.TrtllmPlace, timeout_s: float = 900.0) -> dict[str, str]:
+    """{"tensorrt_llm", "tensorrt"} versions where TensorRT-LLM runs (a subprocess: importing it is heavy)."""
+    code = ("import sys, tensorrt_llm, tensorrt; sys.stdout.write('\\nTRTKV_VERSION=' + tensorrt_llm.__version__ + "
+            "' ' + tensorrt.__version__ + '\\n')")
+    cmd = place.python_command(["-c", code])
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as exc:
+        raise StageError(f"`import tensorrt_llm` did not finish in {timeout_s:.0f} s ({place.why}).") from exc
+    except OSError as exc:
+        raise StageError(f"could not start {cmd[0]} ({exc}); {place.why}.") from exc
+    found = re.findall(r"TRTKV_VERSION=(\S+) (\S+)", proc.stdout)
+    if proc.returncode != 0 or not found:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise StageError(f"tensorrt_llm is not importable ({place.why}: {last}).")
+    return {"tensorrt_llm": found[-1][0], "tensorrt": found[-1][1]}
+
+
+def visible_gpus() -> tuple[int, str]:
+    """GPUs this process can see and how that was found: `nvidia-smi -L`, else torch.cuda.device_count()."""
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            proc = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=60)
+        except subprocess.TimeoutExpired:
+            proc = None
+        if proc is not None and proc.returncode == 0:
+            return sum(1 for line in proc.stdout.splitlines() if line.startswith("GPU ")), "nvidia-smi -L"
+    import torch
+
+    return int(torch.cuda.device_count()), f"{'nvidia-smi failed' if smi else 'no nvidia-smi'}; torch.cuda.device_count()"
+
+
+def preflight_tensorrt(recipe: Recipe) -> dict[str, Any]:
+    """Everything trtllm-build needs, checked before it starts; one StageError listing every problem."""
+    problems: list[str] = []
+    image = versions.image_for_recipe(recipe)
+    place = trtllm.where(image)
+    found: dict[str, str] = {}
+    if place.kind == "missing":
+        problems.append(f"TensorRT-LLM is not available here: {place.why}. Next: {trtllm.install_hint(image)}; or "
+                        f"use build.backend=reference on a machine without GPUs")
+    elif missing := trtllm.image_missing(place):
+        problems.append(missing)
+    else:
+        try:
+            found = tensorrt_llm_version(place)
+        except StageError as exc:
+            problems.append(f"{exc} Next: {trtllm.install_hint(image)}")
+    if found:
+        parsed = _parse_version(found["tensorrt_llm"])
+        wanted = recipe.build.tensorrt_llm_version
+        if parsed is None or not TRTLLM_MIN <= parsed < TRTLLM_MAX:
+            problems.append(f"tensorrt_llm {found['tensorrt_llm']} ({place.why}); trtllm-build engines need >= "
+                            f"{'.'.join(map(str, TRTLLM_MIN))} and < {'.'.join(map(str, TRTLLM_MAX))} (1.3 removed the "
+                            f"TensorRT engine path). Next: use {image}, or build.backend=pytorch")
+        elif versions.release(found["tensorrt_llm"]) != versions.release(wanted):
+            problems.append(f"tensorrt_llm {found['tensorrt_llm']} ({place.why}), but the recipe's "
+                            f"build.tensorrt_llm_version is {wanted} (image {image}): the engine would not load in the "
+                            f"image trtkv serves it with. Next: set build.tensorrt_llm_version="
+                            f"{versions.release(found['tensorrt_llm'])} if the matrix has it, or build in {image}")
+    gpus, how = visible_gpus()
+    if gpus < recipe.world_size:
+        problems.append(f"{gpus} GPU(s) visible ({how}), the recipe needs build.tp_size x pp_size = "
+                        f"{recipe.world_size}. Next: run on a machine with {recipe.world_size} GPU(s) or set "
+                        f"CUDA_VISIBLE_DEVICES")
+    ckpt, _cfg, ckpt_problems = check_checkpoint(recipe)
+    problems += ckpt_problems
+    if problems:
+        raise StageError(f"build {recipe.name}: preflight found {len(problems)} problem(s):\n"
+                         + "\n".join(f"  - {p}" for p in problems))
+    return {"versions": {**found, "image": image if place.kind == "container" else None, "where": place.why},
+            "visible_gpus": gpus, "checkpoint": str(ckpt), "place": place}
+
+
+# ---------------------------------------------------------------------------------------------
+# Known pitfalls (facts.md): a hint for each, chosen from the failed run's log
+
+PITFALLS: list[tuple[str, str]] = [
+    (r"Paged Context FMHA doesn't work with int8 kv cache",
+     "paged context FMHA does not work with an INT8 KV cache: trtkv passes --use_paged_context_fmha disable for "
+     "INT8 KV; if this engine was built by hand, do the same (or recalibrate with quantization.kv_cache=fp8)"),
+    (r"FP8 Paged Context FMHA only works with fp8 quantization workflow|must be used together with the fp8 "
+     r"quantization workflow",
+     "FP8 (paged) context FMHA needs FP8 weights as well as an FP8 KV cache: recalibrate with "
+     "quantization.weights=fp8, or set build.use_fp8_context_fmha=false"),
+    (r"INT8/INT4 quantization is not supported on SM>=100|SmoothQuant is not supported on SM>=100",
+     "Blackwell (SM>=100, B200) has no INT8 KV cache, SmoothQuant or INT4 weight path in trtllm-build: use "
+     "quantization.kv_cache=fp8 and quantization.weights=fp8 or none"),
+    (r"use_fp8_context_fmha|fp8 context fmha|FP8 Context FMHA",
+     "--use_fp8_context_fmha enable needs an FP8 KV cache (checkpoint kv_cache_quant_algo FP8); set "
+     "build.use_fp8_context_fmha=false or recalibrate with quantization.kv_cache=fp8"),
+    (r"builder_config|version mismatch|Version mismatch|was built with",
+     "engine/runtime version mismatch: build and serve with the same TensorRT-LLM version (the container's), and "
+     "rebuild the checkpoint with a matching ModelOpt"),
+    (r"out of memory|OutOfMemory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation",
+     "GPU out of memory while building: lower build.max_num_tokens / max_batch_size, or build with fewer "
+     "parallel workers"),
+    (r"Unsupported model architecture|KeyError: '.*ForCausalLM'",
+     "the checkpoint architecture is not known to this TensorRT-LLM version: check model.architecture"),
+    (r"No module named|ImportError|undefined symbol",
+     "the TensorRT-LLM installation is broken or incomplete: build inside the version matrix's container (trtkv "
+     "does this when docker is on PATH) or point TRTKV_TRTLLM_PYTHON at a working environment"),
+    (r"kv_cache_scaling_factor|kv_cache_quant_algo",
+     "the checkpoint's KV-cache quantization does not load: rerun `trtkv calibrate --force`"),
+]
+
+
+# Lines that are not errors: TensorRT-LLM's own info/warning/verbose lines (`[TRT-LLM] [I] Set
+# PluginConfig.use_fp8_context_fmha to True.` and `[TRT-LLM] [W] FP8 Context FMHA is disabled because it must be used
+# together with the fp8 quantization workflow.` appear in ordinary successful builds: tensorrt_llm/builder.py and
+# plugin/plugin.py, 1.x), and the `$ command` line run_logged writes first.
+BENIGN_LINE = re.compile(r"^\$ |\[TRT-LLM\](?: \[MPI_Rank \d+\])? \[[IWV]\] |\[TensorRT-LLM\]\[(?:INFO|WARNING|VERBOSE)\]")
+
+
+def pitfall_hints(log_text: str) -> list[str]:
+    """Hints for the known pitfalls the log's error lines show (info and warning lines never trigger one)."""
+    body = "\n".join(line for line in log_text.splitlines() if not BENIGN_LINE.search(line))
+    return [hint for pattern, hint in PITFALLS if re.search(pattern, body, re.IGNORECASE)]
+
+
+# ---------------------------------------------------------------------------------------------
+# The build
+
+
+def _build_tensorrt(recipe: Recipe, ckpt: Path, tmp: Path, final: Path, place: trtllm.TrtllmPlace,
+                    log: Callable[[str], None]) -> dict[str, Any]:
+    """Run trtllm-build (where TensorRT-LLM lives) into `tmp`; keep the log beside the engine folder when it fails."""
+    shown = trtllm_build_command(recipe, ckpt, final)
+    plain = trtllm_build_command(recipe, ckpt, tmp)
+    run = place.tool_command(plain[0], plain[1:])
+    (tmp / BUILD_COMMAND).write_text(
+        f"# {BACKEND.kv_source_line(recipe)}\n"
+        f"# trtkv ran this with --output_dir {tmp} (a temporary sibling renamed to {final} on success), "
+        f"{place.why}:\n# {quote(run)}\n"
+        + quote(shown) + "\n")
+    log_path = tmp / BUILD_LOG
+    try:
+        run_logged(run, log_path)
+    except ToolError as exc:
+        kept = failed_log_path(recipe)
+        if log_path.is_file():
+            shutil.copyfile(log_path, kept)
+        hints = pitfall_hints(tail(log_path, 200))
+        extra = "".join(f"\nhint: {h}" for h in hints)
+        message = str(exc).replace(str(log_path), str(kept))
+        raise ToolError(f"build {recipe.name}: {message}\nno engine folder was written (full log: {kept}).{extra}") \
+            from exc
+    engines = [tmp / f"rank{r}.engine" for r in range(recipe.world_size)]
+    missing = [p.name for p in engines if not p.is_file()]
+    if missing or not (tmp / "config.json").is_file():
+        raise StageError(f"build {recipe.name}: trtllm-build exited 0 but did not write "
+                         f"{', '.join(missing + ([] if (tmp / 'config.json').is_file() else ['config.json']))}. "
+                         f"Next: read {failed_log_path(recipe)}.")
+    return {"backend": "tensorrt", "command": shown, "ran": run, "engines": [p.name for p in engines]}
+
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Recipe rules (registered in trtkv.recipe.BACKEND_RULES by trtkv.backends)
+
+
+def recipe_problems(r: Recipe) -> list[tuple[str, str]]:
+    """What trtllm-build and the C++ backend would refuse or silently change: GPU needed, context FMHA, SM100."""
+    b, q, hw = r.build, r.quantization, r.hardware
+    out: list[tuple[str, str]] = []
+    if hw.gpu is GPU.CPU:
+        out.append(("build.backend", f"backend {b.backend.value} needs a GPU and TensorRT-LLM; with hardware.gpu cpu "
+                                     f"use backend reference"))
+    if b.use_fp8_context_fmha is False and r.fp8_kv_and_weights and b.use_paged_context_fmha:
+        out.append(("build.use_fp8_context_fmha", "false, but with an FP8 KV cache, FP8 weights and "
+                                                  "build.use_paged_context_fmha true TensorRT-LLM turns FP8 context "
+                                                  "FMHA back on: leave it unset, or also set "
+                                                  "build.use_paged_context_fmha: false"))
+    if b.max_input_len > b.max_num_tokens and not r.paged_context_fmha:
+        if q.kv_cache is KVCacheQuant.INT8:
+            why = "paged context FMHA is forced off for an INT8 KV cache"
+        elif q.kv_cache is KVCacheQuant.FP8 and not r.fp8_kv_and_weights:
+            why = "paged context FMHA is forced off for an FP8 KV cache without FP8 weights"
+        else:
+            why = "build.use_paged_context_fmha is false"
+        out.append(("build.max_num_tokens", f"max_input_len {b.max_input_len} > max_num_tokens {b.max_num_tokens} "
+                                            f"needs chunked context, which needs paged context FMHA, but {why}: "
+                                            f"set build.max_num_tokens >= {b.max_input_len}"))
+    if r.triton.enable_kv_cache_reuse and not r.paged_context_fmha:
+        out.append(("triton.enable_kv_cache_reuse", f"KV cache block reuse needs an engine built with paged context "
+                                                    f"FMHA, which is off here (KV cache {q.kv_cache.value}, "
+                                                    f"weights {q.weights.value}, build.use_paged_context_fmha "
+                                                    f"{str(b.use_paged_context_fmha).lower()}): set it to false"))
+    if hw.gpu is GPU.B200:  # trtllm-build on SM100: "INT8/INT4 quantization is not supported on SM>=100" (1.x)
+        if q.kv_cache is KVCacheQuant.INT8:
+            out.append(("quantization.kv_cache", "trtllm-build refuses an INT8 KV cache on B200 (SM>=100: 'INT8/INT4 "
+                                                 "quantization is not supported'): use fp8"))
+        if q.weights in (WeightQuant.INT8_SQ, WeightQuant.INT4_AWQ):
+            out.append(("quantization.weights", f"trtllm-build refuses {q.weights.value} on B200 (SM>=100 has no "
+                                                f"SmoothQuant / INT8 / INT4 weight kernels): use fp8 or none"))
+    return out
+
+
+class TensorRTBackend(EngineBackend):
+    backend = Backend.TENSORRT
+    llm_model = ("tensorrt_llm/config.tensorrt.pbtxt", None)
+    # The C++ model streams one token per response and the (stateless) postprocessing model would turn a multi-byte
+    # character split across two responses into U+FFFD; `tensorrt_llm_stream` (trtkv's BLS model) calls it and
+    # re-cuts the stream on whole UTF-8 characters.
+    llm_step_model = "tensorrt_llm_stream"
+    records_versions = True
+
+    def ranks(self, recipe: Recipe) -> int:
+        return recipe.world_size
+
+    def problems(self, recipe: Recipe) -> list[tuple[str, str]]:
+        return recipe_problems(recipe)
+
+    def kv_source_line(self, recipe: Recipe) -> str:
+        algo = kv_cache_quant_algo(recipe)
+        flag = {"FP8": "--fp8_kv_cache", "INT8": "--int8_kv_cache"}.get(algo or "", "--<dtype>_kv_cache")
+        return (f"KV cache: {algo or 'unquantized'}, from checkpoint config quantization.kv_cache_quant_algo — "
+                f"trtllm-build has no {flag} flag")
+
+    def prepare(self, recipe: Recipe) -> tuple[Path, dict[str, Any]]:
+        info = preflight_tensorrt(recipe)
+        return Path(info["checkpoint"]), info
+
+    def build(self, recipe: Recipe, ckpt: Path, tmp: Path, final: Path, info: dict[str, Any],
+              log: Callable[[str], None]) -> dict[str, Any]:
+        # the versions that built the engine: `trtkv repo/serve` pick the Triton image from them
+        return {**_build_tensorrt(recipe, ckpt, tmp, final, info["place"], log), "versions": info["versions"]}
+
+    def dry_run_lines(self, recipe: Recipe, ckpt: Path, out: Path) -> list[str]:
+        image = versions.image_for_recipe(recipe)
+        place = trtllm.where(image)
+        row = versions.row_for_trtllm(recipe.build.tensorrt_llm_version)
+        lines = [f"  TensorRT-LLM {recipe.build.tensorrt_llm_version} (TensorRT {row.tensorrt}; served by {image}) "
+                 f"runs where trtkv.trtllm finds it: {place.why}"
+                 + (" -- nothing to run it with on this machine" if place.kind == "missing" else ""),
+                 f"  preflight: import tensorrt_llm there (version {recipe.build.tensorrt_llm_version}, >= "
+                 f"{'.'.join(map(str, TRTLLM_MIN))} and < {'.'.join(map(str, TRTLLM_MAX))}); "
+                 f"`nvidia-smi -L` >= {recipe.world_size} GPU(s); {ckpt}/config.json has kv_cache_quant_algo = "
+                 f"{kv_cache_quant_algo(recipe)}, dtype = {recipe.model.dtype.value}, mapping tp_size = "
+                 f"{recipe.build.tp_size}, pp_size = {recipe.build.pp_size}",
+                 "  " + context_fmha_line(recipe),
+                 f"  run (log: {out / BUILD_LOG}, command saved to {out / BUILD_COMMAND}):"]
+        plain = trtllm_build_command(recipe, ckpt, out)
+        if place.kind != "missing":
+            lines.append(f"  started as: {quote(place.tool_command(plain[0], []))} <the flags below>")
+        return lines + command_block(plain)
+
+    def repo_summary(self, plan: RepoPlan) -> str:
+        t = plan.recipe.triton
+        return (f"backend `tensorrtllm`, engine `{plan.engine_dir}` ({t.batching_strategy.value}, "
+                f"{t.batch_scheduler_policy.value})")
+
+    def repo_notes(self, plan: RepoPlan) -> list[str]:
+        b = plan.recipe.build
+        if plan.recipe.chunked_context:
+            return [f"`enable_chunked_context` is true: build.max_input_len {b.max_input_len} exceeds "
+                    f"build.max_num_tokens {b.max_num_tokens}, and the batch manager rejects a longer context unless "
+                    f"it may split it into chunks (this needs the engine's paged context FMHA, which `trtkv build` "
+                    f"enables here).", ""]
+        return [f"`enable_chunked_context` is false: every prompt (at most build.max_input_len {b.max_input_len} "
+                f"tokens) fits in one engine step of build.max_num_tokens {b.max_num_tokens}.", ""]
+
+    def generate_job(self, recipe: Recipe, prompt: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
+        from trtkv.layout import checkpoint_dir, engine_dir
+
+        if recipe.world_size != 1:
+            raise StageError(f"generate {recipe.name}: the engine has {recipe.world_size} ranks; ModelRunnerCpp needs "
+                             f"one process per rank (`mpirun -n {recipe.world_size}`). Next: serve it (`trtkv serve "
+                             f"{recipe.name}`) and ask the server.")
+        return ENGINE_RUNNER, {"engine": str(engine_dir(recipe)), "tokenizer": str(checkpoint_dir(recipe) / "tokenizer"),
+                               "prompt": prompt, "max_tokens": max_tokens}
+
+
+BACKEND = TensorRTBackend()
