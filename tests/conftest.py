@@ -59,7 +59,7 @@ def chain_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     import sys
     import time
 
-    from trtkv.serve import free_ports
+    from trtkv.process import free_ports
 
     root = tmp_path_factory.mktemp("chain")
     http, grpc, metrics = free_ports(3)

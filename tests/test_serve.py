@@ -219,5 +219,7 @@ def test_gpu_serve_needs_the_engine_or_the_hf_export(engines_tmp: Path, monkeypa
 def test_terminate_tolerates_a_process_that_just_exited(monkeypatch: pytest.MonkeyPatch) -> None:
     proc = subprocess.Popen(["true"])
     proc.wait()
-    monkeypatch.setattr(serve, "is_running", lambda _pid, _cmd=None: True)  # it was alive when checked
-    assert serve.terminate(proc.pid, ["true"], 1.0) == "stopped"
+    from trtkv import process
+
+    monkeypatch.setattr(process, "is_running", lambda _pid, _cmd=None: True)  # it was alive when checked
+    assert process.terminate(proc.pid, ["true"], 1.0) == "stopped"

@@ -13,6 +13,7 @@ import pytest
 from tests.repo.triton_client import grpc_stream, http_generate, http_generate_stream
 from trtkv import serve
 from trtkv.errors import StageError
+from trtkv.process import free_ports, is_running
 from trtkv.recipe import load_recipe
 from trtkv.repo import generate_repo
 
@@ -37,7 +38,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, smollm2_engine: Path) -> It
         mp.setenv("TRTKV_ENGINES", str(tmp / "engines"))
         mp.setenv("TRTKV_TRITON_REPO", str(tmp / "triton_repo"))
         _engine_into(tmp / "engines", smollm2_engine)
-        http, grpc, metrics = serve.free_ports(3)
+        http, grpc, metrics = free_ports(3)
         recipe = load_recipe(RECIPE, [f"triton.http_port={http}", f"triton.grpc_port={grpc}",
                                       f"triton.metrics_port={metrics}"])
         generate_repo(recipe)
@@ -161,5 +162,5 @@ def test_serving_twice_is_refused(server: tuple[Any, serve.ServerInfo]) -> None:
 def test_stop_ends_the_server(server: tuple[Any, serve.ServerInfo]) -> None:
     recipe, info = server
     assert serve.stop(recipe, timeout_s=30)
-    assert not serve.is_running(info.pid, info.command)
+    assert not is_running(info.pid, info.command)
     assert not serve.server_json(recipe).exists()

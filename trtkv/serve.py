@@ -17,14 +17,10 @@ import importlib.util
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import sysconfig
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,6 +30,7 @@ from trtkv import paths, versions
 from trtkv.backends import for_recipe
 from trtkv.errors import StageError, ToolError
 from trtkv.layout import engine_dir, repo_dir, serve_dir
+from trtkv.process import is_running, port_in_use, terminate, wait_http_ready
 from trtkv.recipe import Recipe
 from trtkv.stage import require_input
 from trtkv.tools import quote, tail
@@ -288,57 +285,6 @@ def write_server(recipe: Recipe, info: ServerInfo) -> Path:
     return path
 
 
-def is_running(pid: int, command: list[str] | None = None) -> bool:
-    """True while `pid` is alive (not a zombie) and, when given, runs `command[0]` (guards against pid reuse)."""
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)  # reap it if it is our own child
-        if done == pid:
-            return False
-    except ChildProcessError:
-        pass
-    proc = Path(f"/proc/{pid}")
-    if not proc.exists():
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return not Path("/proc/self").exists()
-    try:
-        state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        argv0 = (proc / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-    except (OSError, IndexError):
-        return False
-    if state in ("Z", "X"):
-        return False
-    if not argv0:  # an exiting process has released its memory (empty cmdline) but is not a zombie yet
-        return True
-    return command is None or not command or Path(argv0).name == Path(command[0]).name
-
-
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """n distinct ports that are free right now (all held open together, so none repeats)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for sock in socks:
-            sock.bind((host, 0))
-        return [int(sock.getsockname()[1]) for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
-
-
-def port_in_use(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
 def check_free(recipe: Recipe) -> None:
     """Refuse when a server for the recipe is recorded and alive, or one of its ports is taken."""
     info = read_server(recipe)
@@ -379,47 +325,14 @@ def _failure(headline: str, info: ServerInfo) -> ToolError:
 
 def wait_ready(info: ServerInfo, proc: subprocess.Popen[bytes], timeout_s: float) -> float:
     """Seconds until /v2/health/ready answers 200; ToolError with the log tail when the server dies or times out."""
-    start = time.time()
-    url = f"{info.http_url}/v2/health/ready"
-    while time.time() - start < timeout_s:
-        code = proc.poll()
-        if code is not None:
-            raise _failure(f"tritonserver exited with code {code} while starting.", info)
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return time.time() - start
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-            pass
-        time.sleep(0.25)
+    seconds = wait_http_ready(f"{info.http_url}/v2/health/ready", lambda: proc.poll() is None, timeout_s)
+    if seconds is not None:
+        return seconds
+    code = proc.poll()
+    if code is not None:
+        raise _failure(f"tritonserver exited with code {code} while starting.", info)
     raise _failure(f"tritonserver was not ready after {timeout_s:.0f} s (recipe triton.startup_timeout_s).", info)
 
-
-def terminate(pid: int, command: list[str] | None, timeout_s: float) -> str:
-    """SIGTERM, wait up to `timeout_s`, then SIGKILL its process group; returns how it ended."""
-    if not is_running(pid, command):
-        return "not running"
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:  # exited between the check and the signal
-        return "stopped"
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if not is_running(pid, command):
-            return "stopped"
-        time.sleep(0.1)
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return "stopped"
-    for _ in range(50):
-        if not is_running(pid, command):
-            break
-        time.sleep(0.1)
-    return f"killed (no exit within {timeout_s:.0f} s of SIGTERM)"
 
 
 def stop_container(name: str, timeout_s: float = DOCKER_STOP_TIMEOUT_S) -> tuple[bool, str]:

@@ -27,6 +27,7 @@ from typing import Any
 
 from trtkv import __version__
 from trtkv.errors import StageError
+from trtkv.process import pid_alive
 from trtkv.recipe import Recipe
 
 MANIFEST = "manifest.json"
@@ -48,19 +49,6 @@ def tool_versions() -> dict[str, str | None]:
     for dist in TOOLS:
         out[dist] = _version(dist)
     return out
-
-
-def pid_alive(pid: int) -> bool:
-    """True when a process with this pid exists (EPERM: it exists, owned by someone else)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def remove_leftovers(output: Path, log: Callable[[str], None] = print) -> list[Path]:

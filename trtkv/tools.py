@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import threading
-import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
 from trtkv.errors import ToolError
+from trtkv.process import stop_process_group
 
 
 def quote(cmd: Sequence[str]) -> str:
@@ -30,37 +29,6 @@ def tail(path: Path, lines: int = 30) -> str:
 
 
 READER_GRACE_S = 2.0  # how long output may keep coming after the tool exited (grandchildren holding the pipe)
-
-
-def group_alive(pgid: int) -> bool:
-    """True while any process of the process group `pgid` exists."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def stop_process_group(proc: subprocess.Popen[str], grace_s: float = 10.0) -> None:
-    """End the child and every process of its group: SIGTERM, up to `grace_s` to exit, then SIGKILL.
-
-    A no-op when the child has exited and its group is empty. The child leads its own session (pgid = its pid).
-    """
-    if proc.poll() is not None and not group_alive(proc.pid):
-        return
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            if proc.poll() is None:
-                proc.send_signal(sig)
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            if proc.poll() is not None and not group_alive(proc.pid):
-                return
-            time.sleep(0.05)
 
 
 def run_logged(

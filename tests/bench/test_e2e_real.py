@@ -14,7 +14,7 @@ from tests.bench.conftest import read_results
 from trtkv.bench.metrics import summarize_level
 from trtkv.bench.records import RequestRecord
 from trtkv.cli import main
-from trtkv.serve import free_ports
+from trtkv.process import free_ports
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

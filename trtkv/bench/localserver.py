@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtkv.errors import StageError
-from trtkv.serve import bundled_triton, free_ports, link_python_backend, port_in_use, server_env
+from trtkv.process import free_ports, port_in_use, wait_http_ready
+from trtkv.serve import bundled_triton, link_python_backend, server_env
 from trtkv.tools import tail
 
 
@@ -76,21 +77,11 @@ def start(repository: Path, work: Path, *, ports: tuple[int, int, int] | None = 
 
 
 def _wait_ready(server: LocalServer, timeout_s: float) -> None:
-    import urllib.error
-    import urllib.request
-
-    deadline = time.monotonic() + timeout_s
     url = f"http://{server.http_url}/v2/health/ready"
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            raise StageError(f"tritonserver exited with code {server.proc.returncode}; log {server.log}:\n{tail(server.log)}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                if resp.status == 200 and server.proc.poll() is None:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.3)
+    if wait_http_ready(url, lambda: server.proc.poll() is None, timeout_s) is not None:
+        return
+    if server.proc.poll() is not None:
+        raise StageError(f"tritonserver exited with code {server.proc.returncode}; log {server.log}:\n{tail(server.log)}")
     server.stop()
     raise StageError(f"tritonserver not ready after {timeout_s:g} s; log {server.log}:\n{tail(server.log)}")
 
