@@ -26,8 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from trtkv import paths
-from trtkv.bench import localserver
-from trtkv.bench import perf_analyzer as pa
 from trtkv.bench.client import Endpoint, SamplingParams, check_endpoint, session_factory
 from trtkv.bench.loadgen import Job, run_concurrency, run_rate
 from trtkv.bench.metrics import summarize_level
@@ -36,6 +34,11 @@ from trtkv.bench.records import RequestRecord
 from trtkv.bench.runner import resolve_endpoint
 from trtkv.errors import TrtkvError
 from trtkv.recipe import load_recipe
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: the dev-only helpers next to this script
+
+import localserver  # noqa: E402
+import perf_analyzer as pa  # noqa: E402
 
 TRIVIAL_REPO = Path(__file__).resolve().parent / "trivial_repo"
 

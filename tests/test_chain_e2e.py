@@ -16,7 +16,7 @@ def test_whole_chain_runs_and_stops_the_server(chain_run: dict) -> None:
     assert chain_run["returncode"] == 0, f"stdout:\n{out[-4000:]}\nstderr:\n{err[-4000:]}"
     print(f"\nwhole chain in {chain_run['seconds']:.0f} s")
     engines = chain_run["engines"] / chain_run["recipe"]
-    for stage in ("checkpoint", "engine", "bench"):
+    for stage in ("checkpoint", "engine", "serve", "bench"):  # every stage folder has its manifest
         assert (engines / stage / "manifest.json").is_file(), stage
     assert (chain_run["root"] / "triton_repo" / chain_run["recipe"] / "ensemble" / "config.pbtxt").is_file()
     # the summary: accuracy, latency, throughput, KV bytes and planner capacity, all measured
@@ -29,6 +29,8 @@ def test_whole_chain_runs_and_stops_the_server(chain_run: dict) -> None:
     level = results["levels"]["concurrency=1"]
     assert report["bench"]["time_to_first_token.p50"] == level["time_to_first_token"]["p50"]
     assert report["kv_bytes_per_token"] == 2 * 30 * 3 * 64 * 1  # 30 layers, 3 KV heads, head_dim 64, 1 byte
+    assert {"checkpoint", "engine", "serve", "bench", "triton_repo"} <= set(report["stages"])
+    assert report["stages"]["serve"]["wall_seconds"] > 0  # the server's ready time, from serve/manifest.json
     # the server was started by the chain and stopped by it
     assert not (engines / "serve" / "server.json").exists()
     for line in out.splitlines():

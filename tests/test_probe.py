@@ -40,6 +40,8 @@ def test_probe_tiny_sweep_on_real_model(tmp_path: Path, engines_tmp: Path, smoll
     assert "## Verdicts" in md and "TensorRT-LLM int8_kv_cache" in md and "K/V statistics" in md
     assert "int8" in doc["scale_reuse"]["decode"]
     assert doc["scales"]["source"].startswith("trtkv short calibration pass")  # no kv_scales.json in engines_tmp
+    manifest = json.loads((out / "manifest.json").read_text())  # the probe folder has its manifest too
+    assert manifest["stage"] == "probe" and manifest["wall_seconds"] == doc["seconds"]
     assert len(doc["scales"]["layers"]) == 30 and all(x["k_amax"] > 0 for x in doc["scales"]["layers"])
     # resume: everything cached, same records
     first = (out / "probe.json").read_text()

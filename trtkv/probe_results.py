@@ -5,7 +5,6 @@ No torch here: `trtkv plan` must start fast. matplotlib is imported only when pl
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,11 +24,15 @@ def default_probe_dir(recipe: Recipe) -> Path:
 
 
 def _read(path: Path) -> dict | None:
+    """A probe.json through its typed model (None when absent, unreadable or without records)."""
+    from trtkv.artifacts import ProbeDoc
+    from trtkv.errors import StageError
+
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        doc = ProbeDoc.load(path.parent)
+    except StageError:
         return None
-    return doc if isinstance(doc, dict) and doc.get("records") else None
+    return doc.model_dump() if doc is not None and doc.records else None
 
 
 def find_probe(recipe: Recipe, probe_dir: Path | None = None) -> tuple[Path, dict] | None:
@@ -124,12 +127,17 @@ def probe_advice(recipe: Recipe, probe_dir: Path | None = None) -> tuple[list[st
 
 
 def write_outputs(out: Path, doc: dict, stats_markdown: str | None, curves: dict[str, list[float] | None]) -> None:
-    """probe.json, probe.md and the PNG plots."""
+    """probe.json, probe.md, the PNG plots and the folder's manifest.json (its wall time reaches the report)."""
+    from trtkv.artifacts import Manifest, ProbeDoc
+
     doc = {**doc, "kl_by_position": {"window": 256, "curves": {k: v for k, v in curves.items() if v}}}
     plots = write_plots(out, doc)
     doc["plots"] = [p.name for p in plots]
-    (out / "probe.json").write_text(json.dumps(doc, indent=2))
+    ProbeDoc.model_validate(doc).save(out)
     (out / "probe.md").write_text(render_markdown(doc, stats_markdown, plots))
+    Manifest(stage="probe", recipe=doc.get("recipe"), wall_seconds=doc.get("seconds"), model=doc.get("model"),
+             settings=doc.get("settings"), scales_source=(doc.get("scales") or {}).get("source"),
+             versions=doc.get("versions")).save(out)
 
 
 def _fmt(value: Any, spec: str, none: str = "-") -> str:

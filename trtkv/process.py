@@ -1,7 +1,7 @@
 """Processes trtkv starts and stops: is it alive, stop it (by its own pid and process group), wait until it serves.
 
 One home for what `trtkv serve/stop`, the external-tool runner (trtkv.tools) and the test/cross-check server
-(trtkv.bench.localserver) need; no `pkill`, everything by pid.
+(benchmarks/localserver.py) need; no `pkill`, everything by pid.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtkv import paths
-from trtkv.stage import read_manifest
+from trtkv.artifacts import BenchResults, KVScalesFile, Manifest
 
 if TYPE_CHECKING:
     from trtkv.pipeline import ChainResult
@@ -83,24 +83,24 @@ def collect(recipe: Recipe) -> dict[str, Any]:
                        "kv_budget_gib": p.kv_budget_gib_per_gpu, "tokens_fit": cap.tokens_per_gpu_budget,
                        "max_seq_len": recipe.build.max_seq_len,
                        "sequences_at_max_seq_len": cap.max_sequences.get(recipe.build.max_seq_len)}
-    scales = _load(base / "checkpoint" / "kv_scales.json")
+    scales = KVScalesFile.load(base / "checkpoint")
     if scales:
-        layers = scales.get("layers", [])
-        data["calibration"] = {"layers": len(layers), "kv_cache_quant_algo": scales.get("kv_cache_quant_algo"),
-                               "max_k_amax": max((x["k_amax"] for x in layers), default=None),
-                               "max_v_amax": max((x["v_amax"] for x in layers), default=None)}
+        layers = scales.layers
+        data["calibration"] = {"layers": len(layers), "kv_cache_quant_algo": scales.kv_cache_quant_algo,
+                               "max_k_amax": max((x.k_amax for x in layers), default=None),
+                               "max_v_amax": max((x.v_amax for x in layers), default=None)}
     stages = {}
-    for stage in ("checkpoint", "engine", "bench", "probe"):
-        manifest = read_manifest(base / stage)
+    folders = {stage: base / stage for stage in ("checkpoint", "engine", "serve", "bench", "probe")}
+    folders["triton_repo"] = paths.triton_repo_dir() / recipe.name
+    for stage, folder in folders.items():
+        manifest = Manifest.load(folder)
         if manifest:
-            stages[stage] = {"path": str(base / stage), "wall_seconds": manifest.get("wall_seconds")}
-    repo = paths.triton_repo_dir() / recipe.name
-    if read_manifest(repo):
-        stages["triton_repo"] = {"path": str(repo), "wall_seconds": read_manifest(repo).get("wall_seconds")}  # type: ignore[union-attr]
+            stages[stage] = {"path": str(folder), "wall_seconds": manifest.wall_seconds}
     data["stages"] = stages
-    bench = _load(base / "bench" / "results.json")
-    if bench and "bench" in stages and bench.get("wall_seconds") is not None:
-        stages["bench"]["wall_seconds"] = bench["wall_seconds"]  # the measurement, not just the write
+    results = BenchResults.load(base / "bench")
+    bench = results.model_dump() if results else None
+    if results and "bench" in stages and results.wall_seconds is not None:
+        stages["bench"]["wall_seconds"] = results.wall_seconds  # the measurement, not just the write
     if bench:
         data["bench"] = bench_headline(bench)
         data["bench_passed"] = (bench.get("slo") or {}).get("passed")

@@ -14,7 +14,6 @@ since killing the `docker run` client alone would leave the container running.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import shutil
 import subprocess
@@ -22,17 +21,17 @@ import sys
 import sysconfig
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trtkv import paths, versions
+from trtkv.artifacts import Manifest, ServerRecord
 from trtkv.backends import for_recipe
 from trtkv.errors import StageError, ToolError
 from trtkv.layout import engine_dir, repo_dir, serve_dir
 from trtkv.process import is_running, port_in_use, terminate, wait_http_ready
 from trtkv.recipe import Recipe
-from trtkv.stage import require_input
+from trtkv.stage import require_input, tool_versions
 from trtkv.tools import quote, tail
 
 # The Triton TensorRT-LLM image comes from trtkv's version matrix (trtkv.versions, data/trtllm_versions.json): the one
@@ -45,28 +44,8 @@ CONTAINER_BIND = "0.0.0.0"  # inside the container: docker's -p publishes only o
 DOCKER_STOP_TIMEOUT_S = 30
 
 
-@dataclass
-class ServerInfo:
-    """What engines/<recipe>/serve/server.json holds (contract 4)."""
-
-    pid: int
-    host: str
-    http_port: int
-    grpc_port: int
-    metrics_port: int
-    command: list[str]
-    log: str
-    model_repository: str
-    started_at: str
-    recipe: str = ""
-    backend: str = ""
-    ready_seconds: float | None = None
-    container: str | None = None  # docker container name (GPU path through docker), stopped and removed by `stop`
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def http_url(self) -> str:
-        return f"http://{self.host}:{self.http_port}"
+# What engines/<recipe>/serve/server.json holds (contract 4): the typed record in trtkv.artifacts.
+ServerInfo = ServerRecord
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,12 +185,10 @@ def launch_script_command(recipe: Recipe, repo: Path) -> list[str]:
 
 def built_versions(recipe: Recipe) -> dict[str, Any]:
     """The TensorRT-LLM/TensorRT versions the engine manifest records (empty when not built here, or no engine)."""
-    from trtkv.stage import read_manifest
-
     if not for_recipe(recipe).records_versions:
         return {}
-    manifest = read_manifest(engine_dir(recipe)) or {}
-    return dict(manifest.get("versions") or {})
+    manifest = Manifest.load(engine_dir(recipe))
+    return dict((manifest.model_extra or {}).get("versions") or {}) if manifest else {}
 
 
 def container_image(recipe: Recipe) -> str:
@@ -266,23 +243,22 @@ def shell_block(cmd: list[str]) -> str:
 
 
 def read_server(recipe: Recipe) -> ServerInfo | None:
-    path = server_json(recipe)
-    if not path.is_file():
-        return None
+    """The recorded server (None when there is none); StageError when server.json is unreadable."""
     try:
-        data = json.loads(path.read_text())
-        return ServerInfo(**data)
-    except (json.JSONDecodeError, TypeError) as exc:
-        raise StageError(f"{path} is unreadable ({exc}). Next: stop the server by hand and delete the file.") from exc
+        return ServerRecord.load(serve_dir(recipe))
+    except StageError as exc:
+        raise StageError(f"{exc} Or stop the server by hand and delete the file.") from exc
 
 
 def write_server(recipe: Recipe, info: ServerInfo) -> Path:
-    path = server_json(recipe)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(asdict(info), indent=2) + "\n")
-    tmp.replace(path)
-    return path
+    return info.save(serve_dir(recipe))
+
+
+def write_serve_manifest(recipe: Recipe, info: ServerInfo) -> Path:
+    """serve/manifest.json (every stage folder has one): the server started, how and how fast it became ready."""
+    return Manifest(stage="serve", recipe=recipe.name, wall_seconds=info.ready_seconds, backend=info.backend,
+                    command=info.command, model_repository=info.model_repository, started_at=info.started_at,
+                    container=info.container, tool_versions=tool_versions()).save(serve_dir(recipe))
 
 
 def check_free(recipe: Recipe) -> None:
@@ -441,6 +417,7 @@ def _launch(recipe: Recipe, cmd: list[str], repo: Path, env: dict[str, str], tim
         server_json(recipe).unlink(missing_ok=True)
         raise
     write_server(recipe, info)
+    write_serve_manifest(recipe, info)
     log(f"serve: {recipe.name} ready in {info.ready_seconds:.1f} s: HTTP {info.http_url}, gRPC {t.host}:{t.grpc_port},"
         f" metrics http://{t.host}:{t.metrics_port}/metrics (stop: trtkv stop {recipe.name})")
     return info

@@ -15,7 +15,7 @@ TRIVIAL_REPO = paths.project_root() / "benchmarks" / "trivial_repo"
 @pytest.fixture(scope="module")
 def trivial_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator:  # noqa: ANN201
     """tritonserver on benchmarks/trivial_repo on free 127.0.0.1 ports; stopped by its pid afterwards."""
-    from trtkv.bench import localserver
+    from benchmarks import localserver
 
     server = localserver.start(TRIVIAL_REPO, tmp_path_factory.mktemp("trivial-server"))
     try:

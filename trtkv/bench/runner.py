@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -10,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from trtkv import paths
+from trtkv.artifacts import ServerRecord, stage_folder
 from trtkv.bench import accuracy as acc_tasks
 from trtkv.bench import plots, results, slo
 from trtkv.bench.client import DEFAULT_MODEL, Endpoint, SamplingParams, check_endpoint, now_ns, session_factory
@@ -17,7 +17,7 @@ from trtkv.bench.loadgen import Interrupted, Job, run_concurrency, run_rate
 from trtkv.bench.metrics import summarize_level
 from trtkv.bench.prompts import count_tokens, latency_prompts, load_tokenizer, long_text, prompt_tokens, tokenizer_dir
 from trtkv.bench.records import RequestRecord
-from trtkv.errors import TrtkvError
+from trtkv.errors import StageError, TrtkvError
 from trtkv.recipe import Recipe
 
 EXIT_SLO_FAILED = 1
@@ -58,15 +58,14 @@ def resolve_endpoint(recipe: Recipe, url: str | None, protocol: str | None, mode
         if ":" not in text:
             raise TrtkvError(f"--url {url!r}: expected HOST:PORT, e.g. 127.0.0.1:8001 (gRPC) or :8000 (HTTP).")
         return Endpoint(text, proto, model, source="--url")
-    server_json = paths.recipe_output_dir(recipe.name) / "serve" / "server.json"
-    if server_json.is_file():
-        try:
-            info = json.loads(server_json.read_text())
-            host = info["host"] if info["host"] not in ("0.0.0.0", "") else "127.0.0.1"
-            port = info["grpc_port"] if proto == "grpc" else info["http_port"]
-            return Endpoint(f"{host}:{port}", proto, model, source=str(server_json))
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise TrtkvError(f"{server_json} is unreadable ({exc}). Next: pass --url HOST:PORT.") from exc
+    folder = stage_folder(recipe.name, "serve")
+    try:
+        info = ServerRecord.load(folder)
+    except StageError as exc:
+        raise TrtkvError(f"{exc} Or pass --url HOST:PORT.") from exc
+    if info is not None:
+        port = info.grpc_port if proto == "grpc" else info.http_port
+        return Endpoint(f"{info.client_host}:{port}", proto, model, source=str(ServerRecord.path(folder)))
     port = recipe.triton.grpc_port if proto == "grpc" else recipe.triton.http_port
     return Endpoint(f"{recipe.triton.host}:{port}", proto, model, source="recipe triton.host/port")
 

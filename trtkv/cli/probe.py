@@ -83,10 +83,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_summary(out: Path) -> None:
-    import json
+    from trtkv.artifacts import ProbeDoc
 
-    doc = json.loads((out / "probe.json").read_text())
-    for r in doc["records"]:
+    doc = ProbeDoc.load(out)
+    for r in doc.records if doc else []:
         needle = r.get("needle_accuracy")
         print(f"  {r['format']:>11} @ {r['context_len']:>5}: KL {r['kl_mean']:.5f}  top-1 {r['top1_agreement']:.1%}  "
               f"ppl {r['ppl']:.3f} ({r['ppl_delta']:+.3f})  bytes/token {r['kv_bytes_per_token']:.0f}"

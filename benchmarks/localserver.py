@@ -1,4 +1,5 @@
 """Start the tritonserver bundled in nvidia-pytriton on a given model repository (tests and the cross-check).
+Dev-only: lives in benchmarks/, not in the trtkv package.
 
 `trtkv serve` is the user-facing launcher; this small helper only exists so the benchmark's own tests and the
 cross-check can serve the trivial repository on 127.0.0.1 and stop it by its pid.
@@ -87,7 +88,7 @@ def _wait_ready(server: LocalServer, timeout_s: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m trtkv.bench.localserver REPO [--ports H,G,M]`: serve in the foreground until Ctrl-C/SIGTERM."""
+    """`python benchmarks/localserver.py REPO [--ports H,G,M]`: serve in the foreground until Ctrl-C/SIGTERM."""
     import argparse
 
     ap = argparse.ArgumentParser(description=main.__doc__)
