@@ -1,0 +1,58 @@
+"""Recipes: a pydantic schema (extra keys forbidden), `include:`, overrides, and one report of every problem.
+
+A recipe is a YAML file under `recipes/` (or any path). Loading it:
+  1. reads the YAML and its `include:` files (relative to the including file; local keys win; cycles are errors),
+  2. applies command-line overrides `section.key=value` (they win over the files),
+  3. validates the result against `Recipe`, then the cross-field rules (and the backend's, trtkv.backends),
+and reports every problem at once, each naming the file, the field, the value and the allowed values.
+
+The public names live here; the work is in private modules: `schema` (enums and sections), `loader` (files,
+includes, overrides, error messages), `rules` (cross-field rules), `reference` (the README's recipe table).
+"""
+
+from trtkv.recipe.loader import (
+    apply_overrides,
+    dump_yaml,
+    find_recipe,
+    list_recipes,
+    load_recipe,
+    load_tree,
+    parse_override,
+    recipe_name,
+    validate_data,
+)
+from trtkv.recipe.reference import reference_markdown
+from trtkv.recipe.rules import BACKEND_RULES, cross_field_problems
+from trtkv.recipe.schema import (
+    KV_CACHE_ALIASES,
+    PACKAGED_MODELS,
+    SLO_PATTERN,
+    Backend,
+    BatchingStrategy,
+    BenchConfig,
+    BenchTask,
+    BuildConfig,
+    CalibrationConfig,
+    GemmPlugin,
+    HardwareConfig,
+    KVCacheQuant,
+    KVScaleStrategy,
+    ModelConfig,
+    ModelDtype,
+    ProbeConfig,
+    Protocol,
+    QuantizationConfig,
+    Recipe,
+    SchedulerPolicy,
+    TritonConfig,
+    WeightQuant,
+)
+
+__all__ = [
+    "BACKEND_RULES", "KV_CACHE_ALIASES", "PACKAGED_MODELS", "SLO_PATTERN", "Backend", "BatchingStrategy", "BenchConfig",
+    "BenchTask", "BuildConfig", "CalibrationConfig", "GemmPlugin", "HardwareConfig", "KVCacheQuant", "KVScaleStrategy",
+    "ModelConfig", "ModelDtype", "ProbeConfig", "Protocol", "QuantizationConfig", "Recipe", "SchedulerPolicy",
+    "TritonConfig", "WeightQuant", "apply_overrides", "cross_field_problems", "dump_yaml", "find_recipe",
+    "list_recipes", "load_recipe", "load_tree", "parse_override", "recipe_name", "reference_markdown",
+    "validate_data",
+]

@@ -1,0 +1,51 @@
+"""The recipe reference in README.md, generated from the schema (a test checks it is current)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel
+
+from trtkv.recipe.schema import Recipe
+
+# ---------------------------------------------------------------------------------------------
+# The recipe reference in README.md is generated from the schema (a test checks it is current).
+
+
+def _type_name(ann: Any) -> str:
+    if isinstance(ann, type) and issubclass(ann, Enum):
+        return " \\| ".join(f"`{e.value}`" for e in ann)
+    args = getattr(ann, "__args__", None)
+    origin = getattr(ann, "__origin__", None)
+    if origin is list and args:
+        return f"list of {_type_name(args[0])}"
+    if args:
+        names = [_type_name(a) for a in args if a is not type(None)]
+        return " or ".join(names) + (" (optional)" if type(None) in args else "")
+    return getattr(ann, "__name__", str(ann))
+
+
+def reference_markdown() -> str:
+    lines = ["| field | type / allowed | default | meaning |", "|---|---|---|---|"]
+    for section, field in Recipe.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            for name, sub in ann.model_fields.items():
+                default = "required" if sub.is_required() else _show_default(sub.default)
+                lines.append(f"| `{section}.{name}` | {_type_name(sub.annotation)} | {default} | {sub.description or ''} |")
+        else:
+            lines.append(f"| `{section}` | {_type_name(ann)} | {_show_default(field.default)} | {field.description or ''} |")
+    return "\n".join(lines)
+
+
+def _show_default(value: Any) -> str:
+    if isinstance(value, Enum):
+        return f"`{value.value}`"
+    if isinstance(value, list):
+        return "`[" + ", ".join(str(v.value if isinstance(v, Enum) else v) for v in value) + "]`"
+    if value is None:
+        return "—"
+    if isinstance(value, BaseModel):
+        return ""
+    return f"`{value}`"

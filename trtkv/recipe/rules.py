@@ -1,0 +1,83 @@
+"""Cross-field rules: what no single field can say (tp x pp vs GPUs, lengths, FP8 hardware, ports, ...), plus each
+backend's own rules, registered in BACKEND_RULES by trtkv.backends."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from trtkv.hardware import GPU, GPU_SPECS, gpus_with_fp8
+from trtkv.recipe.schema import Backend, BenchTask, GemmPlugin, KVCacheQuant, Recipe, WeightQuant
+
+# Each backend's own rules, registered by its module in trtkv.backends (imported by trtkv/__init__): (field, message)
+# pairs, as cross_field_problems returns them.
+BACKEND_RULES: dict[Backend, Callable[[Recipe], list[tuple[str, str]]]] = {}
+
+
+def cross_field_problems(r: Recipe) -> list[tuple[str, str]]:
+    """Rules that involve more than one field: (field path, message) pairs."""
+    out: list[tuple[str, str]] = []
+    b, hw, q, m = r.build, r.hardware, r.quantization, r.model
+    on_cpu = hw.gpu is GPU.CPU
+    if on_cpu:
+        if r.world_size != 1:
+            out.append(("build.tp_size", f"tp_size x pp_size = {r.world_size}, but hardware.gpu is cpu: use 1 and 1"))
+    elif r.world_size != hw.count:
+        out.append(("build.tp_size", f"tp_size x pp_size = {b.tp_size} x {b.pp_size} = {r.world_size} must equal "
+                                     f"hardware.count = {hw.count}"))
+    for field, heads in (("model.num_attention_heads", m.num_attention_heads), ("model.num_kv_heads", m.num_kv_heads)):
+        if heads is not None and heads % b.tp_size:
+            out.append((field, f"{heads} heads are not divisible by build.tp_size = {b.tp_size}"))
+    if m.num_layers is not None and m.num_layers < b.pp_size:
+        out.append(("build.pp_size", f"pp_size {b.pp_size} exceeds model.num_layers {m.num_layers}"))
+    if b.max_input_len >= b.max_seq_len:
+        out.append(("build.max_input_len", f"max_input_len {b.max_input_len} must be < build.max_seq_len {b.max_seq_len}"))
+    if m.max_position_embeddings is not None and b.max_seq_len > m.max_position_embeddings:
+        out.append(("build.max_seq_len", f"max_seq_len {b.max_seq_len} exceeds the model's max_position_embeddings "
+                                         f"{m.max_position_embeddings}"))
+    out += _context_fmha_problems(r)
+    if q.weights is WeightQuant.FP8 and not on_cpu and not GPU_SPECS[hw.gpu].has_fp8:
+        out.append(("quantization.weights", f"FP8 weights need a GPU with FP8 ({', '.join(gpus_with_fp8())}); "
+                                            f"{hw.gpu.value} has none: use int8_sq, int4_awq or none"))
+    if q.kv_cache is KVCacheQuant.FP8 and not on_cpu and not GPU_SPECS[hw.gpu].has_fp8:
+        out.append(("quantization.kv_cache", f"an FP8 KV cache needs a GPU with FP8 ({', '.join(gpus_with_fp8())}); "
+                                             f"on {hw.gpu.value} use int8"))
+    if b.gemm_plugin is GemmPlugin.FP8 and q.weights is not WeightQuant.FP8:
+        out.append(("build.gemm_plugin", "gemm_plugin fp8 needs quantization.weights: fp8"))
+    rules = BACKEND_RULES.get(b.backend)
+    if rules is None:  # trtkv/__init__ imports trtkv.backends, which registers every backend's rules
+        raise RuntimeError(f"no validation rules registered for backend {b.backend.value} (trtkv.backends not "
+                           f"imported?)")
+    out += rules(r)
+    for length in r.bench.needle_context_lengths if BenchTask.NEEDLE in r.bench.tasks else []:
+        if length > b.max_input_len:
+            out.append(("bench.needle_context_lengths", f"{length} exceeds build.max_input_len {b.max_input_len}: "
+                                                        f"the server would refuse the prompt"))
+    if r.bench.input_tokens > b.max_input_len:
+        out.append(("bench.input_tokens", f"{r.bench.input_tokens} exceeds build.max_input_len {b.max_input_len}"))
+    if r.bench.input_tokens + r.bench.output_tokens > b.max_seq_len:
+        out.append(("bench.output_tokens", f"input_tokens + output_tokens = "
+                                           f"{r.bench.input_tokens + r.bench.output_tokens} exceeds build.max_seq_len "
+                                           f"{b.max_seq_len}"))
+    ports = {"triton.http_port": r.triton.http_port, "triton.grpc_port": r.triton.grpc_port,
+             "triton.metrics_port": r.triton.metrics_port}
+    if len(set(ports.values())) != len(ports):
+        out.append(("triton.grpc_port", f"HTTP, gRPC and metrics ports must differ, got {sorted(ports.values())}"))
+    return out
+
+
+def _context_fmha_problems(r: Recipe) -> list[tuple[str, str]]:
+    """Context-FMHA flags TensorRT-LLM's builder would refuse or silently change (tensorrt backend)."""
+    b, q = r.build, r.quantization
+    out: list[tuple[str, str]] = []
+    if b.use_fp8_context_fmha:
+        if q.kv_cache is not KVCacheQuant.FP8:
+            out.append(("build.use_fp8_context_fmha", f"FP8 context FMHA needs quantization.kv_cache: fp8 (it is "
+                                                      f"{q.kv_cache.value}); set it to false or leave it unset"))
+        if q.weights is not WeightQuant.FP8:
+            out.append(("build.use_fp8_context_fmha", f"FP8 context FMHA needs the FP8 quantization workflow "
+                                                      f"(quantization.weights: fp8, it is {q.weights.value}); "
+                                                      f"TensorRT-LLM disables it otherwise: set it to false or "
+                                                      f"leave it unset"))
+    return out
+
+

