@@ -1,0 +1,230 @@
+"""trtkv's reference runtime (the engine): the exported TensorRT-LLM checkpoint executed in PyTorch on the CPU.
+
+It is a correctness reference, not TensorRT: it reads `rank0.safetensors` of the checkpoint that `trtllm-build`
+would compile, dequantizes FP8 weights with their `weights_scaling_factor` (so the weight numerics are the
+engine's), and decodes with trtkv's quantized KV cache using the checkpoint's per-layer `kv_cache_scaling_factor`
+(TensorRT-LLM <= 1.2 semantics: one scale per layer shared by K and V). Computation is float32.
+
+Activations are NOT quantized: the checkpoint's `activation_scaling_factor` tensors (FP8 GEMM inputs on a GPU) are
+ignored, every GEMM runs in float32 on the dequantized weights. So the reference reproduces the engine's weight and
+KV-cache numerics, not its FP8 activation rounding; differences that come from the latter will not show here.
+
+    rt = ReferenceRuntime.load(Path("engines/smollm2_fp8kv/engine"))
+    ids = rt.generate(rt.tokenizer("Q: capital of France?\\nA:")["input_ids"], max_tokens=8)
+"""
+
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trtkv.errors import StageError
+
+if TYPE_CHECKING:
+    pass
+
+from trtkv.runtime.checkpoint import (
+    KV_FORMATS,
+    RUNTIME_JSON,
+    _read_json,
+    build_model,
+    kv_scaling_factors,
+    llama_config,
+    trtllm_to_hf_state_dict,
+)
+from trtkv.runtime.errors import RequestError
+from trtkv.runtime.sampling import LogitControls, _ends_with, pick_token
+
+# ---------------------------------------------------------------------------------------------
+# The runtime
+
+
+@dataclass
+class ReferenceRuntime:
+    """A loaded checkpoint: a float32 Llama, its tokenizer and the KV-cache settings of the engine."""
+
+    model: Any
+    config: Any
+    tokenizer: Any
+    kv_format: str  # "fp8" | "int8" | "none"
+    kv_scales: list[float] | None
+    max_seq_len: int
+    eos_token_ids: list[int]
+    bos_token_id: int | None
+    engine_dir: Path
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.eos_token_ids[0] if self.eos_token_ids else None
+
+    @property
+    def prefill_chunk(self) -> int | None:
+        """Tokens per prefill pass when the engine chunks long prompts (runtime.json enable_chunked_context), else
+        None: the whole prompt in one pass, as an engine whose max_num_tokens covers max_input_len does."""
+        if self.settings.get("enable_chunked_context") and self.settings.get("max_num_tokens"):
+            return int(self.settings["max_num_tokens"])
+        return None
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.config.num_hidden_layers)
+
+    @classmethod
+    def load(cls, engine_dir: Path, threads: int | None = None, kv_format: str | None = None,
+             checkpoint: Path | None = None) -> ReferenceRuntime:
+        """Load `engine_dir/runtime.json` (written by `trtkv build` for backend reference) and its checkpoint
+        (or `checkpoint`: another TensorRT-LLM checkpoint folder, e.g. an edited copy)."""
+        import torch
+        from safetensors.torch import load_file
+
+        if threads:
+            torch.set_num_threads(threads)
+        engine_dir = Path(engine_dir)
+        settings = _read_json(engine_dir / RUNTIME_JSON)
+        ckpt = Path(settings["checkpoint"])
+        if not ckpt.is_dir() and settings.get("checkpoint_relative"):
+            ckpt = (engine_dir / settings["checkpoint_relative"]).resolve()
+        if checkpoint is not None:
+            ckpt = Path(checkpoint)
+        trt_cfg = _read_json(ckpt / "config.json")
+        mapping = trt_cfg.get("mapping") or {}
+        if mapping.get("world_size", 1) != 1:
+            raise StageError(f"{ckpt}: world_size {mapping.get('world_size')}; the reference runtime runs TP=PP=1 "
+                             f"checkpoints only. Next: calibrate with build.tp_size=1 build.pp_size=1.")
+        hf_name = settings.get("hf_config")
+        hf_cfg = _read_json(engine_dir / hf_name) if hf_name else None
+        config = llama_config(trt_cfg, hf_cfg, ckpt / "config.json")
+        tensors = load_file(str(ckpt / "rank0.safetensors"))
+        model = build_model(config, trtllm_to_hf_state_dict(tensors, config))
+        algo = (trt_cfg.get("quantization") or {}).get("kv_cache_quant_algo")
+        if algo not in KV_FORMATS:
+            raise StageError(f"{ckpt}/config.json: kv_cache_quant_algo {algo!r}; the reference runtime runs "
+                             f"{[k for k in KV_FORMATS if k]} or none.")
+        scales = kv_scaling_factors(tensors, config.num_hidden_layers) if algo else None
+        tokenizer = None
+        if settings.get("tokenizer"):
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(settings["tokenizer"])
+        eos = config.eos_token_id if config.eos_token_id is not None else getattr(tokenizer, "eos_token_id", None)
+        eos_ids = [int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
+        max_len = min(int(settings.get("max_seq_len") or config.max_position_embeddings),
+                      int(config.max_position_embeddings))
+        runtime = cls(model=model, config=config, tokenizer=tokenizer, kv_format=KV_FORMATS[algo], kv_scales=scales,
+                      max_seq_len=max_len, eos_token_ids=eos_ids, bos_token_id=config.bos_token_id,
+                      engine_dir=engine_dir, settings=settings)
+        return runtime.with_kv_format(kv_format) if kv_format else runtime
+
+    def with_kv_format(self, kv_format: str) -> ReferenceRuntime:
+        """The same weights with another KV cache ("none" = unquantized float32 cache), e.g. for A/B checks."""
+        if kv_format not in ("none", "fp8", "int8", "fp8_scale1"):
+            raise RequestError(f"kv_format {kv_format!r}: allowed none, fp8, int8, fp8_scale1.")
+        if kv_format in ("fp8", "int8") and self.kv_scales is None:
+            raise RequestError(f"kv_format {kv_format}: this checkpoint has no kv_cache_scaling_factor.")
+        return replace(self, kv_format=kv_format)
+
+    def new_cache(self) -> Any:
+        """A fresh KV cache for one request (quantized as the engine's, or unquantized)."""
+        if self.kv_format == "none":
+            from transformers import DynamicCache
+
+            return DynamicCache(config=self.config)
+        from trtkv.kvcache.cache import QuantizedKVCache
+
+        scales = self.kv_scales if self.kv_format in ("fp8", "int8") else None
+        return QuantizedKVCache(config=self.config, fmt=self.kv_format, k_scales=scales, v_scales=scales)
+
+    def _check_request(self, input_ids: Sequence[int], max_tokens: int, temperature: float, top_k: int,
+                       top_p: float) -> None:
+        if not input_ids:
+            raise RequestError("input_ids is empty: send at least one token.")
+        if len(input_ids) >= self.max_seq_len:
+            raise RequestError(f"prompt of {len(input_ids)} tokens: the limit is max_seq_len - 1 = {self.max_seq_len - 1}.")
+        if max_tokens < 1:
+            raise RequestError(f"max_tokens {max_tokens}: must be >= 1.")
+        if temperature < 0 or top_k < 0 or not 0.0 < top_p <= 1.0:
+            raise RequestError(f"sampling values temperature={temperature}, top_k={top_k}, top_p={top_p}: need "
+                               f"temperature >= 0, top_k >= 0, 0 < top_p <= 1.")
+        vocab = int(self.config.vocab_size)
+        bad = [t for t in input_ids if not 0 <= int(t) < vocab]
+        if bad:
+            raise RequestError(f"token ids out of range [0, {vocab}): {bad[:5]}")
+
+    def generate(
+        self,
+        input_ids: Sequence[int],
+        *,
+        max_tokens: int,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        end_id: int | None = None,
+        stop_words: Sequence[Sequence[int]] | None = None,
+        on_token: Callable[[int], bool | None] | None = None,
+        controls: LogitControls | None = None,
+        log_probs: list[float] | None = None,
+    ) -> list[int]:
+        """Generated ids only (end_id excluded, a matched stop word included); on_token(id) -> False cancels.
+
+        `controls`: penalties, min_tokens, bad words, logit bias (TensorRT-LLM's semantics, see LogitControls).
+        `log_probs`: when given, receives the log-probability of each generated token (log-softmax of the logits
+        after `controls`, before temperature) as it is chosen, before on_token is called.
+        """
+        import torch
+
+        self._check_request(input_ids, max_tokens, temperature, top_k, top_p)
+        if controls is not None and controls.min_tokens > max_tokens:
+            raise RequestError(f"min_tokens {controls.min_tokens} exceeds max_tokens {max_tokens}.")
+        max_tokens = min(max_tokens, self.max_seq_len - len(input_ids))
+        ends = {end_id} if end_id is not None else set(self.eos_token_ids)
+        stops = [list(s) for s in (stop_words or []) if s]
+        generator = torch.Generator()
+        if seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(int(seed))
+        cache = self.new_cache()
+        out: list[int] = []
+        with torch.inference_mode():
+            step = torch.tensor([list(input_ids)], dtype=torch.long)
+            chunk = self.prefill_chunk
+            while chunk and step.shape[1] > chunk:  # chunked prefill: at most max_num_tokens per forward pass
+                self.model(input_ids=step[:, :chunk], past_key_values=cache, use_cache=True)
+                step = step[:, chunk:]
+            seq = list(input_ids)
+            while True:
+                logits = self.model(input_ids=step, past_key_values=cache, use_cache=True).logits[0, -1]
+                scale = temperature
+                if controls is not None and controls.active:
+                    # TensorRT-LLM's penalty kernel: bias, then 1/temperature, then the penalties
+                    logits = controls.add_bias(logits)
+                    if temperature > 0:
+                        logits, scale = logits / temperature, 1.0
+                    logits = controls.apply(logits, seq, len(out), ends)
+                token = pick_token(logits, scale, top_k, top_p, generator)
+                if token in ends:
+                    break
+                if log_probs is not None:
+                    log_probs.append(float(torch.log_softmax(logits.float(), dim=-1)[token]))
+                out.append(token)
+                seq.append(token)
+                if on_token is not None and on_token(token) is False:
+                    break
+                if len(out) >= max_tokens or _ends_with(out, stops):
+                    break
+                step = torch.tensor([[token]], dtype=torch.long)
+        return out
+
+    def generate_text(self, prompt: str, **kwargs: Any) -> str:
+        """Convenience: tokenize, generate, detokenize (needs the tokenizer)."""
+        if self.tokenizer is None:
+            raise RequestError("this runtime has no tokenizer (runtime.json tokenizer is null): pass token ids.")
+        ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        return str(self.tokenizer.decode(self.generate(ids, **kwargs), skip_special_tokens=True))
+
+
