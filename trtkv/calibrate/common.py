@@ -1,0 +1,54 @@
+"""What the calibrate modules share: the stage name, the KV algo map, the per-layer result, the ModelOpt KV entries."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from trtkv import layout
+from trtkv.recipe import KVCacheQuant, Recipe
+
+if TYPE_CHECKING:
+    pass
+
+
+STAGE = "calibrate"
+CHECKPOINT = layout.CHECKPOINT
+# The quantized KV caches only (kv_cache none maps to None in layout.KV_ALGO and is absent here).
+KV_ALGO = {kv: algo for kv, algo in layout.KV_ALGO.items() if algo is not None}
+# The KV quantizer entries, as data. FP8 is ModelOpt's preset KV_QUANT_CFG_CHOICES["fp8"] (read from ModelOpt at run
+# time; this copy is only for --dry-run); INT8 has no preset in 0.47: one per-tensor 8-bit integer entry.
+KV_ENTRIES: dict[KVCacheQuant, list[dict[str, Any]]] = {
+    KVCacheQuant.FP8: [{"quantizer_name": "*[kv]_bmm_quantizer", "cfg": {"num_bits": [4, 3], "axis": None}}],
+    KVCacheQuant.INT8: [{"quantizer_name": "*[kv]_bmm_quantizer", "cfg": {"num_bits": 8, "axis": None}}],
+}
+FP8_BASE_MEANING = ("every Linear's weight_quantizer and input_quantizer FP8 E4M3 (num_bits [4, 3]) per-tensor; "
+                    "lm_head, routers, embeddings disabled")
+NO_KV_NOTE = ("KV cache unquantized (quantization.kv_cache none): config.json quantization.kv_cache_quant_algo is "
+              "null, the rank files hold no kv_cache_scaling_factor, kv_scales.json lists no layers; the cache keeps "
+              "K/V in the model dtype.")
+DWARF_RATIO = 4.0  # a layer whose amax exceeds 4x the median layer amax
+
+# (model, tokenizer) for a recipe; injectable so tests run the same path on a tiny model.
+ModelLoader = Callable[[Recipe], tuple[Any, Any]]
+
+
+@dataclass
+class LayerScales:
+    layer: int
+    k_amax: float
+    v_amax: float
+    kv_cache_scaling_factor: float
+    k_scale: float
+    v_scale: float
+    k_channel_amax: list[float] = field(default_factory=list)  # per (kv head, channel), flattened
+    v_channel_amax: list[float] = field(default_factory=list)
+    head_dim: int = 1
+
+    def as_json(self) -> dict[str, Any]:
+        return {"layer": self.layer, "k_amax": self.k_amax, "v_amax": self.v_amax,
+                "kv_cache_scaling_factor": self.kv_cache_scaling_factor, "k_scale": self.k_scale,
+                "v_scale": self.v_scale}
+
+

@@ -1,0 +1,125 @@
+"""What `trtkv calibrate` would run, as data and lines (`--dry-run`, and `trtkv build --dry-run`): no heavy imports."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from trtkv.calibrate.common import FP8_BASE_MEANING, KV_ALGO, KV_ENTRIES
+from trtkv.layout import checkpoint_dir
+from trtkv.recipe import KVCacheQuant, ModelDtype, Recipe, WeightQuant
+
+if TYPE_CHECKING:
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# What would run (no heavy imports): used by --dry-run here and by `trtkv build --dry-run`.
+
+
+def supported_problems(recipe: Recipe) -> list[str]:
+    """Recipe settings this stage cannot calibrate, each with its next step."""
+    q, b, m = recipe.quantization, recipe.build, recipe.model
+    out = []
+    if q.weights not in (WeightQuant.FP8, WeightQuant.NONE):
+        out.append(f"quantization.weights = {q.weights.value!r}: trtkv calibrate exports fp8 or none weights. Next: "
+                   f"use one of those, or ModelOpt's examples/llm_ptq/hf_ptq.py for {q.weights.value}.")
+    if m.dtype is ModelDtype.FLOAT32:
+        out.append("model.dtype = 'float32': ModelOpt's TensorRT-LLM export writes float16 or bfloat16 only (it "
+                   "falls back to float16). Next: use bfloat16 (or float16).")
+    if m.architecture.lower() != "llama":
+        out.append(f"model.architecture = {m.architecture!r}: only llama-family exports are tested here.")
+    if m.num_kv_heads is not None and m.num_kv_heads % b.tp_size:
+        out.append(f"build.tp_size = {b.tp_size} does not divide model.num_kv_heads = {m.num_kv_heads} "
+                   f"(ModelOpt's TP split needs it).")
+    if m.num_layers is not None and m.num_layers % b.pp_size:
+        out.append(f"build.pp_size = {b.pp_size} does not divide model.num_layers = {m.num_layers} "
+                   f"(ModelOpt's PP split asserts on it).")
+    return out
+
+
+def quantizes(recipe: Recipe) -> bool:
+    """Whether ModelOpt quantizes anything (weights none + kv_cache none: a plain export in the model dtype)."""
+    q = recipe.quantization
+    return q.weights is WeightQuant.FP8 or q.kv_cache in KV_ALGO
+
+
+def modelopt_config_spec(recipe: Recipe) -> dict[str, Any]:
+    """The ModelOpt quantization config as data: the base config's name plus the KV entries appended to it."""
+    base = "mtq.FP8_DEFAULT_CFG" if recipe.quantization.weights is WeightQuant.FP8 else None
+    kv = recipe.quantization.kv_cache
+    if not quantizes(recipe):
+        return {"base": None, "base_meaning": "nothing to quantize (weights none, kv_cache none): mtq.quantize is "
+                "not called; plain export in the model dtype", "kv_entries": [], "algorithm": None}
+    if kv is KVCacheQuant.NONE:
+        return {"base": base, "base_meaning": FP8_BASE_MEANING, "kv_entries": [],
+                "kv_source": "none: kv_cache none, no KV entries; the base's {'quantizer_name': '*', 'enable': False} "
+                             "leaves the k/v_bmm_quantizers disabled (KV cache unquantized)",
+                "algorithm": "max"}
+    return {
+        "base": base,
+        "base_meaning": (FP8_BASE_MEANING if base else
+                         "no weight quantization: quant_cfg starts with {'quantizer_name': '*', 'enable': False}"),
+        "kv_entries": KV_ENTRIES.get(kv, []),
+        "kv_source": ("modelopt.recipe.presets.KV_QUANT_CFG_CHOICES['fp8']" if kv is KVCacheQuant.FP8 else
+                      "hand entry (no INT8 KV preset in ModelOpt 0.47)"),
+        "combined_with": "modelopt.torch.quantization.utils.update_quant_cfg_with_kv_cache_quant",
+        "algorithm": "max",
+    }
+
+
+def export_targets(recipe: Recipe) -> dict[str, str]:
+    """What the stage writes, file by file."""
+    b, kv = recipe.build, recipe.quantization.kv_cache
+    ranks = ", ".join(f"rank{r}.safetensors" for r in range(recipe.world_size))
+    if kv is KVCacheQuant.FP8:
+        hf = "hf/ (export_hf_checkpoint: hf_quant_config.json, k_scale/v_scale = amax/448)"
+    elif kv is KVCacheQuant.NONE:
+        hf = ("hf/ (export_hf_checkpoint: hf_quant_config.json quant_algo FP8, kv_cache_quant_algo null, no "
+              "k_scale/v_scale)" if recipe.quantization.weights is WeightQuant.FP8 else
+              f"hf/ (export_hf_checkpoint: a plain HF checkpoint in {recipe.model.dtype.value}, no hf_quant_config.json)")
+    else:
+        hf = ("hf/: not written (ModelOpt 0.47's export_hf_checkpoint asserts on INT8 KV: 'Invalid KV cache "
+              "quantization format'); the report says so")
+    kv_scales = ("kv_scales.json (per layer k/v amax, kv_cache_scaling_factor, k_scale, v_scale)" if kv in KV_ALGO else
+                 'kv_scales.json ({"kv_cache_quant_algo": null, "num_layers": N, "layers": []})')
+    return {
+        "tensorrt_llm": (f"config.json + {ranks} (export_tensorrt_llm_checkpoint(model, {recipe.model.architecture!r}, "
+                         f"torch.{recipe.model.dtype.value}, dir, inference_tensor_parallel={b.tp_size}, "
+                         f"inference_pipeline_parallel={b.pp_size}))"),
+        "hf": hf,
+        "tokenizer": "tokenizer/ (the model's tokenizer files)",
+        "kv_scales": kv_scales,
+        "report": ("calibration_report.md (per-layer table, warnings, K/V statistics)" if kv in KV_ALGO else
+                   "calibration_report.md (says the KV cache is unquantized; K/V statistics)"),
+    }
+
+
+def describe_calibration(recipe: Recipe) -> list[str]:
+    """Lines saying what `trtkv calibrate` would do for this recipe (no heavy imports, writes nothing)."""
+    c, q = recipe.calibration, recipe.quantization
+    out = checkpoint_dir(recipe)
+    batches = -(-c.num_samples // c.batch_size)
+    kv_algo = KV_ALGO.get(q.kv_cache)
+    what = ("ModelOpt mtq.quantize (max calibration)" if quantizes(recipe) else
+            "no quantization (weights none, kv_cache none), plain export")
+    lines = [
+        f"calibrate {recipe.name}: {what} on {recipe.model.source}",
+        f"  data: {c.dataset}: {c.num_samples} samples x {c.seq_len} tokens = {c.num_samples * c.seq_len} tokens, "
+        f"batch {c.batch_size} ({batches} forward passes), seed {c.seed}",
+        f"  ModelOpt config: {json.dumps(modelopt_config_spec(recipe))}",
+    ]
+    if kv_algo:
+        factor = "max(k_amax, v_amax)/127" if kv_algo == "INT8" else "max(k_amax, v_amax)/448, clamped to >= 1.0"
+        lines.append(f"  KV cache: {kv_algo} -> checkpoint config.json quantization.kv_cache_quant_algo = {kv_algo}, "
+                     f"per-layer transformer.layers.{{i}}.attention.kv_cache_scaling_factor = {factor} "
+                     f"(trtllm-build has no --{q.kv_cache.value}_kv_cache flag)")
+    else:
+        lines.append("  KV cache: unquantized -> checkpoint config.json quantization.kv_cache_quant_algo = null, no "
+                     "kv_cache_scaling_factor tensors (K/V statistics are still collected for the report)")
+    lines.append(f"  output: {out}/")
+    lines += [f"    {name}: {what}" for name, what in export_targets(recipe).items()]
+    lines += [f"  cannot run: {p}" for p in supported_problems(recipe)]
+    return lines
+
+

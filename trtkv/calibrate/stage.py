@@ -1,0 +1,213 @@
+"""The calibrate stage itself: resolve and load the model, build the calibration batches, quantize, export, write
+the scales and the report, validate, all into a temporary folder renamed into place (trtkv.stage.run_stage)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import resource
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trtkv import layout
+from trtkv.calibrate.common import STAGE, ModelLoader
+from trtkv.calibrate.describe import supported_problems
+from trtkv.calibrate.modelopt_export import (
+    _check_exported_factors,
+    _export_hf,
+    _export_trtllm,
+    _quantize,
+    _write_rope,
+    build_quant_cfg,
+)
+from trtkv.calibrate.report import render_report, write_kv_scales
+from trtkv.errors import StageError
+from trtkv.kvcache import scales as kv_scales
+from trtkv.layout import checkpoint_dir
+from trtkv.recipe import Recipe
+
+if TYPE_CHECKING:
+    import torch
+
+
+# ---------------------------------------------------------------------------------------------
+# The stage
+
+
+def calibrate(recipe: Recipe, *, force: bool = False, loader: ModelLoader | None = None,
+              log: Callable[[str], None] = print) -> Any:
+    """Run the calibrate stage (skipped when up to date); returns trtkv.stage.StageResult."""
+    from trtkv.stage import VERSIONED_TOOLS, run_stage
+
+    problems = supported_problems(recipe)
+    if problems:
+        raise StageError(f"calibrate {recipe.name}: cannot run:\n" + "\n".join(f"  - {p}" for p in problems))
+    files = _dataset_files(recipe)
+    extra_key = {"build": {"tp_size": recipe.build.tp_size, "pp_size": recipe.build.pp_size},
+                 "dataset_sha256": _files_hash(files)}
+
+    def work(tmp: Path) -> dict[str, Any]:
+        # Only when the checkpoint is not up to date: resolving may convert the packaged model or try a hub.
+        model_dir = None
+        chosen = loader
+        if chosen is None:
+            model_dir = _resolve_model(recipe)  # fails fast (hub id offline, missing package) before heavy work
+            _check_memory(recipe)
+            chosen = default_loader
+        return _calibrate_into(tmp, recipe, chosen, model_dir, log)
+
+    return run_stage(STAGE, recipe, checkpoint_dir(recipe), work, force=force, extra_key=extra_key, log=log,
+                     sections=("model", "quantization", "calibration"), versioned_tools=VERSIONED_TOOLS)
+
+
+def _dataset_files(recipe: Recipe) -> list[Path]:
+    from trtkv.data import resolve_files
+
+    return resolve_files(recipe.calibration.dataset)
+
+
+def _files_hash(files: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode())
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def _resolve_model(recipe: Recipe) -> Path:
+    from trtkv.model import resolve_model_dir
+
+    try:
+        return resolve_model_dir(recipe)
+    except StageError as exc:
+        raise StageError(f"calibrate {recipe.name}: the model cannot be resolved, nothing was calibrated.\n{exc}\n"
+                         f"(`trtkv calibrate {recipe.name} --dry-run` shows what would run.)") from exc
+
+
+def _check_memory(recipe: Recipe) -> None:
+    """Refuse early when the fp32 model cannot fit in this machine's memory (CPU calibration)."""
+    params = recipe.model.num_parameters
+    available = _mem_available_bytes()
+    if params is None or available is None:
+        return
+    need = params * 4 * 1.3  # fp32 weights + fake-quant activations
+    if need > available and not _cuda_available():
+        raise StageError(f"calibrate {recipe.name}: model.num_parameters = {params:.3g} needs about "
+                         f"{need / 2**30:.0f} GiB in fp32 on the CPU, only {available / 2**30:.0f} GiB is available "
+                         f"and no CUDA device is visible. Next: calibrate on a GPU machine (hardware.gpu = "
+                         f"{recipe.hardware.gpu.value}), then copy engines/{recipe.name}/checkpoint/ here.")
+
+
+def _mem_available_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def default_loader(recipe: Recipe) -> tuple[Any, Any]:
+    """The recipe's HF model (fp32 on CPU for speed, recipe dtype on GPU) and its tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir = _resolve_model(recipe)
+    if torch.cuda.is_available():
+        dtype = getattr(torch, recipe.model.dtype.value)
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, device_map="auto")
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    return model.eval(), tokenizer
+
+
+def _calibrate_into(tmp: Path, recipe: Recipe, loader: ModelLoader, model_dir: Path | None,
+                    log: Callable[[str], None]) -> dict[str, Any]:
+    """The stage's work: load, sample, calibrate, export, write scales and report, validate."""
+    import torch
+
+    from trtkv.checkpoint import validate_trtllm_checkpoint
+
+    start = time.time()
+    torch.manual_seed(recipe.calibration.seed)
+    model, tokenizer = loader(recipe)
+    load_s = time.time() - start
+    _save_hf_config(model, model_dir, tmp / layout.HF_CONFIG)
+    batches = calibration_batches(tokenizer, recipe)
+    stats_md, stats_note = _kv_statistics(model, batches)
+    t0, cpu0 = time.time(), time.process_time()
+    quant_cfg, kv_notes = build_quant_cfg(recipe)
+    layers = _quantize(model, quant_cfg, batches, recipe)
+    num_layers = int(model.config.num_hidden_layers)
+    calib_s, calib_cpu_s = time.time() - t0, time.process_time() - cpu0
+    t0 = time.time()
+    notes = kv_notes + _export_trtllm(model, tmp, recipe)
+    notes += _export_hf(model, tokenizer, tmp, recipe)
+    _write_rope(tmp, json.loads((tmp / layout.HF_CONFIG).read_text()))
+    tokenizer.save_pretrained(str(tmp / "tokenizer"))
+    export_s = time.time() - t0
+    write_kv_scales(tmp / "kv_scales.json", layers, recipe, num_layers)
+    summary = validate_trtllm_checkpoint(tmp, recipe)
+    _check_exported_factors(layers, summary["kv_cache_scaling_factors"])
+    timing = {"load_s": round(load_s, 2), "calibration_s": round(calib_s, 2),
+              "calibration_cpu_s": round(calib_cpu_s, 2), "export_s": round(export_s, 2),
+              "total_s": round(time.time() - start, 2), "peak_rss_mib": _peak_rss_mib(),
+              "tokens": recipe.calibration.num_samples * recipe.calibration.seq_len, "batches": len(batches)}
+    report = render_report(recipe, layers, timing, notes, stats_md, stats_note, model_dir)
+    (tmp / "calibration_report.md").write_text(report)
+    kv = f"{len(layers)} KV scale layers" if layers else f"{num_layers} layers, KV cache unquantized"
+    log(f"calibrate: {kv}, {timing['tokens']} tokens in {calib_s:.1f} s (peak RSS "
+        f"{timing['peak_rss_mib']:.0f} MiB); checkpoint validated ({len(summary['ranks'])} rank file(s))")
+    return {"calibration": timing, "modelopt_quant_cfg": quant_cfg, "notes": notes, "validation": summary,
+            "model_dir": str(model_dir) if model_dir else None}
+
+
+def _save_hf_config(model: Any, model_dir: Path | None, target: Path) -> None:
+    """The model's config.json (the source folder's file when known, else the loaded model's config)."""
+    source = model_dir / "config.json" if model_dir is not None else None
+    if source is not None and source.is_file():
+        target.write_bytes(source.read_bytes())
+    else:
+        target.write_text(model.config.to_json_string(use_diff=False))
+
+
+def _peak_rss_mib() -> float:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Data
+
+
+def calibration_batches(tokenizer: Any, recipe: Recipe) -> list[torch.Tensor]:
+    """num_samples x seq_len tokens of the recipe's calibration text (trtkv.kvcache.scales.calibration_batches: the
+    batches `trtkv probe` builds for the same recipe too)."""
+    from trtkv.data import load_texts
+
+    c = recipe.calibration
+    return kv_scales.calibration_batches(tokenizer, load_texts(c.dataset), c.num_samples, c.seq_len, c.batch_size,
+                                         c.seed, where=f"calibration.dataset {c.dataset!r}")
+
+
+def _kv_statistics(model: Any, batches: list[torch.Tensor]) -> tuple[str | None, str]:
+    """K/V statistics from trtkv.kvcache.stats (the probe's module) on the unquantized model."""
+    import torch
+
+    from trtkv.kvcache.stats import collect_kv_stats
+
+    with torch.no_grad():
+        stats = collect_kv_stats(model, batches)
+    return str(stats.to_markdown()), ("From trtkv.kvcache.stats.collect_kv_stats(model, batches) on the unquantized "
+                                      "model (same calibration batches).")
+
+
