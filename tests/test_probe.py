@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from trtkv.cli import main
-from trtkv.probe_results import classify, find_probe, probe_advice
+from trtkv.probe.results import classify, find_probe, probe_advice
 from trtkv.recipe import load_recipe
 
 TINY = ["probe.needle_seeds=1", "probe.needle_depths=[0.5]", "calibration.num_samples=4", "calibration.seq_len=64"]

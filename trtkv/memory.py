@@ -251,7 +251,7 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
 
 def _advice(recipe: Recipe, arch: Architecture, caps: list[FormatCapacity], rec_fmt: KVFormat, has_fp8: bool,
             probe_dir: Path | None) -> tuple[list[str], str]:
-    from trtkv.probe_results import probe_advice  # small module, no torch
+    from trtkv.probe.results import probe_advice  # small module, no torch
 
     measured = probe_advice(recipe, probe_dir)
     if measured is not None:

@@ -104,7 +104,7 @@ def collect(recipe: Recipe) -> dict[str, Any]:
     if bench:
         data["bench"] = bench_headline(bench)
         data["bench_passed"] = (bench.get("slo") or {}).get("passed")
-    from trtkv.probe_results import load_probe  # this recipe's probe, else another recipe's on the same model
+    from trtkv.probe.results import load_probe  # this recipe's probe, else another recipe's on the same model
 
     probe = load_probe(recipe)
     if probe and probe.get("records"):

@@ -60,7 +60,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtkv.probe import default_settings, run_probe
+    from trtkv.probe.setup import default_settings
+    from trtkv.probe.sweep import run_probe
 
     recipe = load(args)
     settings = default_settings(recipe, args.formats, args.lengths, args.needle_lengths)

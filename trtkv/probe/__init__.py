@@ -1,0 +1,46 @@
+"""`trtkv probe`: KV-cache precision vs context length, measured on the recipe's real model.
+
+Modules: setup (settings, the loaded model), measure (the passes and metrics), sweep (the driver, caching,
+outputs), results (probe.json on disk for the planner and the report; light: no torch). Importing this package
+stays light too: the torch-side names load on first use.
+
+For each format and context length, on long natural text (calibration_data/eval, never used for calibration):
+KL divergence of next-token distributions to the unquantized model (mean and last quarter of positions), perplexity
+and its change, top-1 agreement, measured KV bytes per token, clipping rate of static scales; needle retrieval
+(a random passkey at several depths); and the scale-reuse experiment (scales from short prompts applied at long
+context and through decode steps). Writes probe.json, probe.md and PNG plots; per-(format, length) results are
+cached under cache/ so an interrupted sweep resumes.
+
+Method (also written into probe.md):
+- Reference: the model (float32 compute) with K/V stored as float16 (`fp16`); its own KL is 0 by construction.
+- Every format runs through QuantizedKVCache, where each query attends to the quantized K/V of all positions up
+  to and including its own: the view of a decode step. Per-token formats quantize each token independently, so
+  one causal pass over the text equals token-by-token decoding exactly. KIVI's fp16 window depends on the query
+  position, so KIVI text is fed in 128-token chunks aligned with its window flushes: each token sees the quantized
+  history plus the full-precision window, as in decoding.
+- One pass at the longest length serves every shorter length: the first L positions of a causal pass are the pass
+  over the first L tokens. Metrics at length L use the predictions of tokens 1..L-1.
+- Needles are scored teacher-forced: retrieval counts when the greedy prediction of every passkey digit is right
+  (exactly what greedy generation would produce). Seeds share the haystack before the needle (one prefix pass).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from trtkv.probe.results import classify, default_probe_dir, find_probe, load_probe, probe_advice, write_outputs
+
+# name -> submodule, imported on first access (they import torch; `trtkv plan` must not)
+_LAZY = {"default_settings": "setup", "load_model": "setup", "ProbeSettings": "setup", "Loaded": "setup",
+         "auto_threads": "setup", "chunk_for": "measure", "feed": "measure", "make_cache": "measure",
+         "probe_scales": "measure", "run_format": "measure", "run_probe": "sweep"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"trtkv.probe.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'trtkv.probe' has no attribute {name!r}")
+
+
+__all__ = ["classify", "default_probe_dir", "find_probe", "load_probe", "probe_advice", "write_outputs", *_LAZY]

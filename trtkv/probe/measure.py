@@ -1,0 +1,300 @@
+"""The measurements: static scales, passes of the model with a quantized cache, per-length metrics, needle
+retrieval and the scale-reuse experiment."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trtkv.errors import TrtkvError
+from trtkv.kvcache.cache import QuantizedKVCache
+from trtkv.kvcache.formats import KVFormat, kv_bytes_per_token
+from trtkv.kvcache.quant import KIVI_RESIDUAL, FormatChoice, parse_format
+from trtkv.kvcache.scales import KVScales, calibrate_scales, load_kv_scales
+from trtkv.probe.setup import LOGIT_CHUNK, REFERENCE, SEMANTICS, Loaded, ProbeSettings, _write_json
+
+if TYPE_CHECKING:
+    from trtkv.recipe import Recipe
+
+
+# ----------------------------------------------------------------------------- scales
+
+
+def probe_scales(recipe: Recipe, loaded: Loaded, settings: ProbeSettings, out: Path) -> KVScales:
+    """Static scales: --scales file, else the calibrate stage's kv_scales.json, else a short calibration pass.
+
+    The K/V statistics always come from the short calibration pass (cached in out/cache/calibration.json).
+    """
+    from trtkv import paths
+    from trtkv.data import load_texts
+    from trtkv.kvcache.stats import KVStats, LayerKVStats
+
+    cal = recipe.calibration
+    num_samples, seq_len = min(cal.num_samples, 16), min(cal.seq_len, 256)
+    cache_file = out / "cache" / "calibration.json"
+    ckey = hashlib.sha256(json.dumps([loaded.key, cal.dataset, num_samples, seq_len, cal.seed]).encode()).hexdigest()[:16]
+    own: KVScales | None = None
+    if cache_file.is_file():
+        doc = json.loads(cache_file.read_text())
+        if doc.get("key") == ckey:
+            st = doc["stats"]
+            stats = KVStats(layers=[LayerKVStats(**x) for x in st["layers"]], tokens=st["tokens"],
+                            head_dim=st["head_dim"], kv_heads=st["kv_heads"], outlier_factor=st["outlier_factor"])
+            own = KVScales(k_amax=doc["k_amax"], v_amax=doc["v_amax"], source=doc["source"], stats=stats,
+                           info=doc.get("info", {}))
+    if own is None:
+        texts = load_texts(cal.dataset)
+        own = calibrate_scales(loaded.model, loaded.tokenizer, texts, num_samples=num_samples, seq_len=seq_len,
+                               batch_size=min(cal.batch_size, 4), seed=cal.seed)
+        stats_dict = own.stats.to_dict() if own.stats else {}
+        _write_json(cache_file, {"key": ckey, "k_amax": own.k_amax, "v_amax": own.v_amax, "source": own.source,
+                                 "info": own.info, "stats": stats_dict})
+    path = settings.scales_path or paths.recipe_output_dir(recipe.name) / "checkpoint" / "kv_scales.json"
+    if settings.scales_path is not None or path.is_file():
+        given = load_kv_scales(path, loaded.model.config.num_hidden_layers)
+        given.stats = own.stats
+        return given
+    return own
+
+
+# ----------------------------------------------------------------------------- running the model
+
+
+def make_cache(loaded: Loaded, choice: FormatChoice, scales: KVScales, record_positions: bool = False
+               ) -> QuantizedKVCache:
+    ks, vs = scales.for_format(choice)
+    return QuantizedKVCache(loaded.model.config, choice, ks, vs, record_positions=record_positions)
+
+
+def chunk_for(choice: FormatChoice) -> int | None:
+    """Chunk size that makes prefill match decode (KIVI's window), None for one pass."""
+    return KIVI_RESIDUAL if choice.base in (KVFormat.KIVI4, KVFormat.KIVI2) else None
+
+
+def feed(model, ids: torch.Tensor, cache: QuantizedKVCache, chunk: int | None) -> torch.Tensor:  # noqa: ANN001
+    """Run ids [batch, T] through the model with the cache; return the last hidden states [batch, T, hidden]."""
+    outs = []
+    start = 0
+    total = ids.shape[1]
+    with torch.inference_mode():
+        while start < total:
+            if chunk is None:
+                end = total
+            else:
+                seen = cache.get_seq_length()
+                end = min(total, start + chunk - (seen % chunk))  # align with the window flush grid
+            out = model.model(input_ids=ids[:, start:end], past_key_values=cache, use_cache=True)
+            outs.append(out.last_hidden_state)
+            start = end
+    return torch.cat(outs, dim=1)
+
+
+def _logprobs(model, hidden: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+    return torch.log_softmax(model.lm_head(hidden).float(), dim=-1)
+
+
+def position_metrics(model, ref_hidden: torch.Tensor, hidden: torch.Tensor, targets: torch.Tensor  # noqa: ANN001
+                     ) -> dict[str, torch.Tensor]:
+    """Per position t (predicting token t+1): KL(ref || q), NLL under q and ref, top-1 agreement."""
+    kl, nll_q, nll_ref, agree = [], [], [], []
+    with torch.inference_mode():
+        for s in range(0, targets.shape[0], LOGIT_CHUNK):
+            e = min(s + LOGIT_CHUNK, targets.shape[0])
+            lr = _logprobs(model, ref_hidden[s:e])
+            lq = lr if hidden is ref_hidden else _logprobs(model, hidden[s:e])
+            kl.append((lr.exp() * (lr - lq)).sum(-1).clamp(min=0.0))
+            t = targets[s:e].unsqueeze(-1)
+            nll_q.append(-lq.gather(-1, t).squeeze(-1))
+            nll_ref.append(-lr.gather(-1, t).squeeze(-1))
+            agree.append((lr.argmax(-1) == lq.argmax(-1)).float())
+    return {"kl": torch.cat(kl).cpu(), "nll_q": torch.cat(nll_q).cpu(), "nll_ref": torch.cat(nll_ref).cpu(),
+            "agree": torch.cat(agree).cpu()}
+
+
+def reference_hidden(loaded: Loaded, n: int, out: Path) -> tuple[torch.Tensor, dict]:
+    """Hidden states of the reference (fp16 cache) over the first n text tokens (cached)."""
+    path = out / "cache" / "reference.pt"
+    if path.is_file():
+        doc = torch.load(path, weights_only=True)
+        if doc.get("key") == loaded.key and doc["hidden"].shape[0] >= n:
+            return doc["hidden"][:n].to(loaded.device), doc["bytes"]
+    choice = parse_format(REFERENCE)
+    cache = QuantizedKVCache(loaded.model.config, choice)
+    ids = torch.tensor([loaded.text_ids[:n]], device=loaded.device)
+    t0 = time.time()
+    hidden = feed(loaded.model, ids, cache, None)[0]
+    info = {"bytes_per_token": cache.bytes_per_token(), "stored_bytes": cache.stored_bytes(),
+            "seconds": round(time.time() - t0, 1)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"key": loaded.key, "hidden": hidden.cpu(), "bytes": info}, path)
+    return hidden, info
+
+
+def run_format(loaded: Loaded, choice: FormatChoice, scales: KVScales, n: int, ref_hidden: torch.Tensor) -> dict:
+    """One pass of the text through the format's cache: per-position metrics, clipping, bytes."""
+    targets = torch.tensor(loaded.text_ids[1:n], device=loaded.device)
+    t0 = time.time()
+    if choice.name == REFERENCE:
+        hidden = ref_hidden[: n - 1]
+        metrics = position_metrics(loaded.model, hidden, hidden, targets)
+        return {"metrics": metrics, "clip": None, "clip_positions": None, "seconds": 0.0}
+    cache = make_cache(loaded, choice, scales, record_positions=choice.static)
+    ids = torch.tensor([loaded.text_ids[:n]], device=loaded.device)
+    hidden = feed(loaded.model, ids, cache, chunk_for(choice))[0]
+    metrics = position_metrics(loaded.model, ref_hidden[: n - 1], hidden[: n - 1], targets)
+    clip_pos = cache.clip_per_position()
+    return {"metrics": metrics, "clip": cache.clip_stats() if choice.static else None,
+            "clip_positions": None if clip_pos is None else clip_pos.cpu(),
+            "bytes_per_token": cache.bytes_per_token(), "stored_bytes": cache.stored_bytes(),
+            "residual_bytes": cache.residual_bytes(), "quantized_tokens": cache.quantized_tokens(),
+            "seconds": round(time.time() - t0, 1)}
+
+
+def length_record(loaded: Loaded, choice: FormatChoice, run: dict, n: int, ref_bytes: dict) -> dict:
+    """The probe.json record of one format at context length n (from a pass over >= n tokens)."""
+    m = {k: v[: n - 1].double() for k, v in run["metrics"].items()}
+    q0 = (3 * n) // 4
+    ppl = math.exp(float(m["nll_q"].mean()))
+    ppl_ref = math.exp(float(m["nll_ref"].mean()))
+    info = loaded.info
+    per_token_elems = 2 * info["num_layers"] * info["num_kv_heads"] * info["head_dim"]
+    formula = kv_bytes_per_token(info["num_layers"], info["num_kv_heads"], info["head_dim"], choice.base)
+    measured = ref_bytes["bytes_per_token"] if choice.name == REFERENCE else run["bytes_per_token"]
+    rec = {"format": choice.name, "context_len": n, "kl_mean": float(m["kl"].mean()),
+           "kl_last_quarter": float(m["kl"][q0:].mean()) if q0 < n - 1 else float(m["kl"].mean()),
+           "ppl": ppl, "ppl_ref": ppl_ref, "ppl_delta": ppl - ppl_ref,
+           "top1_agreement": float(m["agree"].mean()), "needle_accuracy": None,
+           "clip_rate": None, "k_clip_rate": None, "v_clip_rate": None,
+           "kv_bytes_per_token": measured, "kv_bytes_per_token_formula": formula,
+           "bytes_vs_formula": measured / formula if formula else None,
+           "kv_semantics": SEMANTICS.get(choice.name, choice.base.value), "positions": n - 1}
+    if run.get("clip_positions") is not None:
+        clipped = float(run["clip_positions"][:n].sum())
+        rec["clip_rate"] = clipped / (n * per_token_elems)
+    if run.get("clip"):
+        layers = run["clip"]["layers"]
+        elems = sum(x["elements"] for x in layers) / 2
+        rec["k_clip_rate"] = sum(x["k_clip"] for x in layers) / elems if elems else 0.0
+        rec["v_clip_rate"] = sum(x["v_clip"] for x in layers) / elems if elems else 0.0
+        rec["k_clip_rate_note"] = f"K/V clip rates over all {run['quantized_tokens']} tokens of the pass"
+    if choice.base in (KVFormat.KIVI4, KVFormat.KIVI2):
+        rec["fp16_window_tokens"] = KIVI_RESIDUAL
+        rec["fp16_window_bytes_max"] = KIVI_RESIDUAL * per_token_elems * 2
+    return rec
+
+
+# ----------------------------------------------------------------------------- needle
+
+
+def needle_trials(loaded: Loaded, choice: FormatChoice, scales: KVScales, length: int, depths: list[float],
+                  seeds: int) -> dict:
+    """Passkey retrieval at each depth: accuracy over `seeds` random passkeys (teacher-forced greedy check)."""
+    tok = loaded.tokenizer
+    by_depth: dict[str, float] = {}
+    details = []
+    for depth in depths:
+        rng = random.Random(f"{length}-{depth}")
+        keys = [str(rng.randint(10000, 99999)) for _ in range(seeds)]
+        seqs = []
+        for key in keys:
+            needle = tok(f"\nThe pass key is {key}. Remember it. {key} is the pass key.\n",
+                         add_special_tokens=False).input_ids
+            tail = tok(f"\nWhat is the pass key? The pass key is {key}", add_special_tokens=False).input_ids
+            digits = tok(key, add_special_tokens=False).input_ids
+            if tail[-len(digits):] != digits:  # tokenizers that merge the digits with the space
+                digits = tail[-len(digits):]
+            hay = length - len(needle) - len(tail) + 1
+            if hay < 8:
+                raise TrtkvError(f"needle length {length} is too short for the passkey text.")
+            pos = int(round(hay * depth))
+            seqs.append((loaded.haystack_ids[:pos], needle + loaded.haystack_ids[pos:hay] + tail[:-1], digits))
+        prefix = seqs[0][0]
+        cache = make_cache(loaded, choice, scales)
+        chunk = chunk_for(choice)
+        if prefix:
+            feed(loaded.model, torch.tensor([prefix], device=loaded.device), cache, chunk)
+            cache.batch_repeat_interleave(len(seqs))
+        suffix = torch.tensor([s[1] for s in seqs], device=loaded.device)
+        hidden = feed(loaded.model, suffix, cache, chunk)
+        n_dig = len(seqs[0][2])
+        with torch.inference_mode():
+            pred = loaded.model.lm_head(hidden[:, -n_dig:]).argmax(-1).cpu()
+        hits = [pred[i].tolist() == seqs[i][2] for i in range(len(seqs))]
+        by_depth[f"{depth:g}"] = sum(hits) / len(hits)
+        details.append({"depth": depth, "passkeys": keys, "hits": hits})
+    return {"by_depth": by_depth, "accuracy": sum(by_depth.values()) / len(by_depth), "trials": details}
+
+
+# ----------------------------------------------------------------------------- scale reuse through decode
+
+
+def decode_experiment(loaded: Loaded, formats: list[FormatChoice], scales: KVScales, prompt: int, steps: int) -> dict:
+    """Static scales from short prompts, applied to a long prompt and then token-by-token decode steps."""
+    ids = torch.tensor([loaded.text_ids[:prompt]], device=loaded.device)
+    ref_cache = QuantizedKVCache(loaded.model.config, REFERENCE)
+    ref_steps, tokens = [], []
+    with torch.inference_mode():
+        h = feed(loaded.model, ids, ref_cache, None)[:, -1]
+        for _ in range(steps):
+            lp = _logprobs(loaded.model, h)[0]
+            ref_steps.append(lp)
+            nxt = int(lp.argmax())
+            tokens.append(nxt)
+            h = loaded.model.model(input_ids=torch.tensor([[nxt]], device=loaded.device), past_key_values=ref_cache,
+                                   use_cache=True).last_hidden_state[:, -1]
+    results = {}
+    for choice in formats:
+        cache = make_cache(loaded, choice, scales, record_positions=True)
+        kls = []
+        with torch.inference_mode():
+            h = feed(loaded.model, ids, cache, None)[:, -1]
+            for i, nxt in enumerate(tokens):
+                lq = _logprobs(loaded.model, h)[0]
+                kls.append(float((ref_steps[i].exp() * (ref_steps[i] - lq)).sum().clamp(min=0)))
+                h = loaded.model.model(input_ids=torch.tensor([[nxt]], device=loaded.device), past_key_values=cache,
+                                       use_cache=True).last_hidden_state[:, -1]
+        per_pos = cache.clip_per_position()
+        elems = 2 * loaded.info["num_layers"] * loaded.info["num_kv_heads"] * loaded.info["head_dim"]
+        clip_prompt = float(per_pos[:prompt].sum()) / (prompt * elems) if per_pos is not None else 0.0
+        decoded = per_pos[prompt:] if per_pos is not None else None
+        clip_decode = float(decoded.sum()) / (decoded.numel() * elems) if decoded is not None and decoded.numel() else 0.0
+        half = max(1, len(kls) // 2)
+        results[choice.name] = {"prompt_tokens": prompt, "decode_steps": steps, "clip_rate_prompt": clip_prompt,
+                                "clip_rate_decode": clip_decode, "kl_decode_first_half": sum(kls[:half]) / half,
+                                "kl_decode_second_half": sum(kls[half:]) / max(1, len(kls) - half),
+                                "kl_per_step": kls}
+    return results
+
+
+def scale_reuse_summary(scales: KVScales, runs: dict[str, dict], lengths: list[int]) -> dict:
+    """Calibrated amax (short prompts) vs amax observed over the long text, and clipping by position."""
+    out: dict[str, Any] = {"scales_source": scales.source, "formats": {}}
+    for name, run in runs.items():
+        clip = run.get("clip")
+        if not clip:
+            continue
+        layers = clip["layers"]
+        k_ratio = [x["k_observed_amax"] / x["k_limit"] for x in layers if x["k_limit"] > 0]
+        v_ratio = [x["v_observed_amax"] / x["v_limit"] for x in layers if x["v_limit"] > 0]
+        per_pos = run.get("clip_positions")
+        buckets = []
+        if per_pos is not None:
+            edges = [0] + [n for n in lengths if n <= per_pos.shape[0]]
+            for a, b in zip(edges, edges[1:], strict=False):
+                kl = run["metrics"]["kl"][a: b - 1]
+                buckets.append({"from": a, "to": b, "clipped_elements": int(per_pos[a:b].sum()),
+                                "kl_mean": float(kl.mean()) if kl.numel() else 0.0})
+        out["formats"][name] = {
+            "layers_exceeding_range_k": sum(1 for r in k_ratio if r > 1), "layers_exceeding_range_v":
+                sum(1 for r in v_ratio if r > 1), "max_observed_over_range_k": max(k_ratio, default=0.0),
+            "max_observed_over_range_v": max(v_ratio, default=0.0), "by_position": buckets}
+    return out
+
+

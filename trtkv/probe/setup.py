@@ -1,0 +1,168 @@
+"""The probe's settings, constants and the loaded model + evaluation text."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trtkv.errors import StageError, TrtkvError
+from trtkv.kvcache.quant import parse_format
+
+if TYPE_CHECKING:
+    from trtkv.recipe import Recipe
+
+
+METHOD_VERSION = 3  # bump when the numbers a cached result holds would change
+REFERENCE = "fp16"
+LOGIT_CHUNK = 512
+DECODE_PROMPT = 1024
+DECODE_STEPS = 32
+NEEDLE_DEFAULT_MAX = 512  # default needle lengths: the longest sweep length <= this (keeps the default sweep ~15 min)
+SEMANTICS = {
+    "fp16": "reference: K/V stored as float16 (float32 compute); KL 0 by construction",
+    "bf16": "K/V stored as bfloat16 (what a bf16 deployment of this model caches)",
+    "fp8": "HF/vLLM: E4M3, separate static K and V scales per layer = calibrated amax/448 (unclamped), x/scale "
+           "saturated at +-448",
+    "fp8_scale1": "vLLM without scales (scale 1.0); also TensorRT-LLM <= 1.2 whenever the model's KV amax < 448, "
+                  "because ModelOpt clamps the exported FP8 kv_cache_scaling_factor to >= 1.0",
+    "int8": "TensorRT-LLM int8_kv_cache: ONE static scale per layer shared by K and V = max(k_amax, v_amax)/127, "
+            "round-half-even(x * 1/scale), saturated to [-128, 127]",
+    "int8_split": "trtkv variant: int8 with separate static K and V scales (amax/127 each); no TensorRT-LLM <= 1.2 "
+                  "equivalent",
+    "int8_token": "dynamic symmetric INT8 per (token, head), float16 scale (no calibration; an 8-bit upper bound)",
+    "int4_g32": "asymmetric INT4 per token, groups of 32 channels, float16 scale + zero point",
+    "int4_g64": "asymmetric INT4 per token, groups of 64 channels, float16 scale + zero point",
+    "int4_g128": "asymmetric INT4 per token, groups of 128 channels (= head_dim 64 here), float16 scale + zero point",
+    "kivi4": "KIVI 4-bit: K per channel over 32-token groups, V per token over 32-channel groups, 128-token fp16 window",
+    "kivi2": "KIVI 2-bit: K per channel over 32-token groups, V per token over 32-channel groups, 128-token fp16 window",
+}
+
+
+@dataclass
+class ProbeSettings:
+    """What one probe run measures."""
+
+    formats: list[str]
+    lengths: list[int]
+    needle_lengths: list[int]
+    needle_depths: list[float]
+    needle_seeds: int
+    decode_prompt: int = DECODE_PROMPT
+    decode_steps: int = DECODE_STEPS
+    scales_path: Path | None = None
+    threads: int | None = None
+    progress: bool = True
+
+
+@dataclass
+class Loaded:
+    """The model, its tokenizer and the text the probe runs on."""
+
+    model: Any
+    tokenizer: Any
+    device: torch.device
+    model_dir: Path
+    text_ids: list[int]
+    haystack_ids: list[int]
+    key: str
+    info: dict = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- settings
+
+
+def default_settings(recipe: Recipe, formats: list[str] | None = None, lengths: list[int] | None = None,
+                     needle_lengths: list[int] | None = None) -> ProbeSettings:
+    """Settings from the recipe's probe section, overridden by the CLI's lists."""
+    fmts = [parse_format(f).name for f in (formats or [f.value for f in recipe.probe.formats])]
+    fmts = [REFERENCE] + [f for f in dict.fromkeys(fmts) if f != REFERENCE]
+    lens = sorted(set(lengths or recipe.probe.lengths))
+    max_pos = recipe.model.max_position_embeddings
+    if max_pos and max(lens) > max_pos:
+        raise TrtkvError(f"probe lengths {lens}: {max(lens)} exceeds the model's max_position_embeddings {max_pos}. "
+                         f"Next: pass --lengths up to {max_pos}.")
+    if any(n < 16 for n in lens):
+        raise TrtkvError(f"probe lengths {lens}: every length must be >= 16 tokens.")
+    if needle_lengths is None:
+        short = [n for n in lens if n <= NEEDLE_DEFAULT_MAX]
+        needle_lengths = [max(short)] if short else [min(lens)]
+    if any(n < 64 for n in needle_lengths):
+        raise TrtkvError(f"needle lengths {needle_lengths}: each must be >= 64 tokens (haystack + passkey + question).")
+    return ProbeSettings(formats=fmts, lengths=lens, needle_lengths=sorted(set(needle_lengths)),
+                         needle_depths=list(recipe.probe.needle_depths), needle_seeds=recipe.probe.needle_seeds)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def _file_digest(path: Path, limit: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        h.update(fh.read(limit))
+    h.update(str(path.stat().st_size).encode())
+    return h.hexdigest()[:16]
+
+
+def load_model(recipe: Recipe, settings: ProbeSettings) -> Loaded:
+    """The recipe's model in float32 (CUDA when present), its tokenizer and the eval text as token ids."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trtkv.data import EVAL_LONG_TEXT, eval_long_text
+    from trtkv.model import resolve_model_dir
+    from trtkv.paths import project_root
+
+    torch.set_num_threads(settings.threads or auto_threads())
+    model_dir = resolve_model_dir(recipe)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model = model.to(device).eval()  # type: ignore[arg-type]
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    texts = eval_long_text()
+    need = max(settings.lengths)
+    text_ids = _tokens(tokenizer, texts, need)
+    # the needle's haystack: another part of the text (none needed with --no-needle)
+    haystack_ids = (_tokens(tokenizer, list(reversed(texts)), max(settings.needle_lengths))
+                    if settings.needle_lengths else [])
+    weights = sorted(model_dir.glob("*.safetensors"))
+    key_src = {"config": (model_dir / "config.json").read_text(),
+               "weights": [(w.name, w.stat().st_size) for w in weights],
+               "eval": _file_digest(project_root() / EVAL_LONG_TEXT), "method": METHOD_VERSION,
+               "device": device.type}
+    key = hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:16]
+    return Loaded(model, tokenizer, device, model_dir, text_ids, haystack_ids, key,
+                  {"model_dir": str(model_dir), "device": str(device), "threads": torch.get_num_threads(),
+                   "compute_dtype": "float32", "num_layers": model.config.num_hidden_layers,
+                   "num_kv_heads": model.config.num_key_value_heads,
+                   "head_dim": getattr(model.config, "head_dim", None)
+                   or model.config.hidden_size // model.config.num_attention_heads})
+
+
+def auto_threads() -> int:
+    """torch's default, or 1 when the machine is already busy (load >= cores): oversubscribed OpenMP threads spin
+    and ran 2-3x slower than one thread on a shared 2-core machine."""
+    cores = os.cpu_count() or 1
+    busy = os.getloadavg()[0] >= cores if hasattr(os, "getloadavg") else False
+    return 1 if busy else torch.get_num_threads()
+
+
+def _tokens(tokenizer, texts: list[str], need: int) -> list[int]:  # noqa: ANN001
+    ids: list[int] = []
+    for text in texts:
+        ids += tokenizer(text + "\n\n", add_special_tokens=False).input_ids
+        if len(ids) >= need:
+            return ids[:need]
+    raise StageError(f"the evaluation text has only {len(ids)} tokens, the probe needs {need}. "
+                     f"Next: pass shorter --lengths.")
+
+
+def _write_json(path: Path, doc: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2))
+    tmp.replace(path)

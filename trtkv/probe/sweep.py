@@ -1,0 +1,221 @@
+"""The driver: run (or resume) the sweep, cache per (format, length), and write probe.json/probe.md/plots."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from trtkv import __version__ as trtkv_version
+from trtkv.kvcache.quant import FormatChoice, parse_format
+from trtkv.kvcache.scales import KVScales
+from trtkv.probe.measure import (
+    decode_experiment,
+    length_record,
+    needle_trials,
+    probe_scales,
+    reference_hidden,
+    run_format,
+    scale_reuse_summary,
+)
+from trtkv.probe.setup import METHOD_VERSION, REFERENCE, Loaded, ProbeSettings, _write_json, default_settings, load_model
+
+if TYPE_CHECKING:
+    from trtkv.recipe import Recipe
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+def _scales_key(scales: KVScales) -> str:
+    return hashlib.sha256(json.dumps([scales.k_amax, scales.v_amax]).encode()).hexdigest()[:12]
+
+
+class _Progress:
+    """A rich progress bar (or nothing) over the probe's work items."""
+
+    def __init__(self, enabled: bool, total: int):
+        self.bar = None
+        if enabled:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("[bold]probe[/] {task.description}"), BarColumn(),
+                                TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn())
+            self.bar.start()
+            self.task = self.bar.add_task("starting", total=total)
+
+    def step(self, text: str, advance: int = 0) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, description=text, advance=advance)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def run_probe(recipe: Recipe, output: Path | None = None, settings: ProbeSettings | None = None) -> Path:
+    """Run (or resume) the sweep and write probe.json, probe.md and plots into `output`."""
+    from trtkv.probe.results import default_probe_dir, write_outputs
+
+    settings = settings or default_settings(recipe)
+    out = Path(output) if output else default_probe_dir(recipe)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    choices = [parse_format(f) for f in settings.formats]
+    static = [c for c in choices if c.static]
+    work = len(choices) + len(choices) * len(settings.needle_lengths) + (1 if static else 0) + 2
+    bar = _Progress(settings.progress, work)
+    try:
+        bar.step("loading the model")
+        loaded = load_model(recipe, settings)
+        bar.step("calibrating static scales (short prompts)", 1)
+        scales = probe_scales(recipe, loaded, settings, out)
+        skey = _scales_key(scales)
+        n = max(settings.lengths)
+        ref_hidden: torch.Tensor | None = None
+        ref_bytes: dict = {}
+        records, runs, timings = [], {}, {}
+        bar.step("reference pass (fp16 KV)", 1)
+        for choice in choices:
+            cached = _cached_records(out, loaded.key, skey, choice, settings.lengths)
+            if cached is not None:
+                records += cached
+                bar.step(f"{choice.name}: cached", 1)
+                continue
+            if ref_hidden is None:
+                ref_hidden, ref_bytes = reference_hidden(loaded, n, out)
+            bar.step(f"{choice.name}: {n}-token pass")
+            run = run_format(loaded, choice, scales, n, ref_hidden)
+            runs[choice.name] = run
+            timings[choice.name] = run["seconds"]
+            recs = [length_record(loaded, choice, run, length, ref_bytes) for length in settings.lengths]
+            _save_run(out, loaded.key, skey, choice, run, recs)
+            records += recs
+            bar.step(f"{choice.name}: done", 1)
+        needles = {}
+        for choice in choices:
+            for length in settings.needle_lengths:
+                bar.step(f"needle {choice.name} @ {length}")
+                needles[(choice.name, length)] = _needle_cached(out, loaded, choice, scales, skey, length, settings)
+                bar.step(f"needle {choice.name} @ {length}: done", 1)
+        _attach_needles(records, needles, settings)
+        decode = {}
+        if static:
+            bar.step("scale reuse through decode steps")
+            decode = _decode_cached(out, loaded, static, scales, skey, settings)
+            bar.step("scale reuse: done", 1)
+        runs_for_reuse = {c.name: runs.get(c.name) or _load_run(out, loaded.key, skey, c) for c in static}
+        reuse = scale_reuse_summary(scales, {k: v for k, v in runs_for_reuse.items() if v}, settings.lengths)
+        reuse["decode"] = decode
+        curves = {c.name: _kl_curve(runs.get(c.name) or _load_run(out, loaded.key, skey, c)) for c in choices}
+        bar.step("writing report", 1)
+        doc = _document(recipe, loaded, settings, scales, records, needles, reuse, timings, started)
+        write_outputs(out, doc, scales.stats.to_markdown() if scales.stats else None, curves)
+    finally:
+        bar.close()
+    return out
+
+
+def _cache_path(out: Path, choice: FormatChoice, suffix: str) -> Path:
+    return out / "cache" / f"{choice.name}{suffix}"
+
+
+def _cached_records(out: Path, key: str, skey: str, choice: FormatChoice, lengths: list[int]) -> list[dict] | None:
+    recs = []
+    for length in lengths:
+        path = _cache_path(out, choice, f"_{length}.json")
+        if not path.is_file():
+            return None
+        doc = json.loads(path.read_text())
+        if doc.get("key") != key or (choice.static and doc.get("scales") != skey):
+            return None
+        recs.append(doc["record"])
+    return recs
+
+
+def _save_run(out: Path, key: str, skey: str, choice: FormatChoice, run: dict, recs: list[dict]) -> None:
+    keep = {k: v for k, v in run.items() if k != "metrics"}
+    torch.save({"key": key, "scales": skey, "run": keep, "metrics": run["metrics"]}, _cache_path(out, choice, ".pt"))
+    for rec in recs:
+        _write_json(_cache_path(out, choice, f"_{rec['context_len']}.json"),
+                    {"key": key, "scales": skey, "record": rec})
+
+
+def _load_run(out: Path, key: str, skey: str, choice: FormatChoice) -> dict | None:
+    path = _cache_path(out, choice, ".pt")
+    if not path.is_file():
+        return None
+    doc = torch.load(path, weights_only=False)
+    if doc.get("key") != key or (choice.static and doc.get("scales") != skey):
+        return None
+    return {**doc["run"], "metrics": doc["metrics"]}
+
+
+def _kl_curve(run: dict | None, window: int = 256) -> list[float] | None:
+    """KL averaged over consecutive windows of positions (error vs position)."""
+    if not run:
+        return None
+    kl = run["metrics"]["kl"].double()
+    return [float(kl[i: i + window].mean()) for i in range(0, kl.numel(), window)]
+
+
+def _needle_cached(out: Path, loaded: Loaded, choice: FormatChoice, scales: KVScales, skey: str, length: int,
+                   settings: ProbeSettings) -> dict:
+    path = _cache_path(out, choice, f"_needle_{length}.json")
+    params = [loaded.key, skey if choice.static else "", settings.needle_depths, settings.needle_seeds]
+    if path.is_file():
+        doc = json.loads(path.read_text())
+        if doc.get("params") == params:
+            return doc["result"]
+    result = needle_trials(loaded, choice, scales, length, settings.needle_depths, settings.needle_seeds)
+    _write_json(path, {"params": params, "result": result})
+    return result
+
+
+def _decode_cached(out: Path, loaded: Loaded, static: list[FormatChoice], scales: KVScales, skey: str,
+                   settings: ProbeSettings) -> dict:
+    prompt = min(settings.decode_prompt, max(settings.lengths))
+    path = out / "cache" / "decode.json"
+    params = [loaded.key, skey, [c.name for c in static], prompt, settings.decode_steps]
+    if path.is_file():
+        doc = json.loads(path.read_text())
+        if doc.get("params") == params:
+            return doc["result"]
+    result = decode_experiment(loaded, static, scales, prompt, settings.decode_steps)
+    _write_json(path, {"params": params, "result": result})
+    return result
+
+
+def _attach_needles(records: list[dict], needles: dict, settings: ProbeSettings) -> None:
+    for rec in records:
+        res = needles.get((rec["format"], rec["context_len"]))
+        if res:
+            rec["needle_accuracy"] = res["accuracy"]
+            rec["needle_by_depth"] = res["by_depth"]
+            rec["needle_seeds"] = settings.needle_seeds
+
+
+def _document(recipe: Recipe, loaded: Loaded, settings: ProbeSettings, scales: KVScales, records: list[dict],
+              needles: dict, reuse: dict, timings: dict, started: float) -> dict:
+    import transformers
+
+    needle_rows = [{"format": f, "context_len": n, **{k: v for k, v in r.items() if k != "trials"}}
+                   for (f, n), r in needles.items()]
+    return {
+        "recipe": recipe.name, "model": {"source": recipe.model.source, **loaded.info},
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": round(time.time() - started, 1),
+        "versions": {"trtkv": trtkv_version, "torch": torch.__version__, "transformers": transformers.__version__},
+        "settings": {"formats": settings.formats, "lengths": settings.lengths, "needle_lengths": settings.needle_lengths,
+                     "needle_depths": settings.needle_depths, "needle_seeds": settings.needle_seeds,
+                     "decode_prompt": settings.decode_prompt, "decode_steps": settings.decode_steps},
+        "reference": REFERENCE, "method_version": METHOD_VERSION,
+        "scales": scales.to_probe_json(),
+        "records": records, "needles": needle_rows, "scale_reuse": reuse, "pass_seconds": timings,
+        "kv_stats": scales.stats.to_dict() if scales.stats else None,
+        "threads": os.environ.get("OMP_NUM_THREADS") or torch.get_num_threads(),
+    }
