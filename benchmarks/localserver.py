@@ -16,7 +16,7 @@ from pathlib import Path
 
 from trtkv.errors import StageError
 from trtkv.process import free_ports, port_in_use, wait_http_ready
-from trtkv.serve import bundled_triton, link_python_backend, server_env
+from trtkv.serve import bundled_command, link_python_backend, server_env
 from trtkv.tools import tail
 
 
@@ -62,12 +62,9 @@ def start(repository: Path, work: Path, *, ports: tuple[int, int, int] | None = 
     if busy:
         raise StageError(f"port(s) {busy} on {host} are already in use; another server may be running there. "
                          f"Next: stop it, or pick other ports.")
-    binary = bundled_triton() / "bin" / "tritonserver"
     backends = link_python_backend(work / "backends")
-    cmd = [str(binary), f"--model-repository={repository}", f"--backend-directory={backends}",
-           f"--http-address={host}", f"--http-port={http_port}", f"--grpc-address={host}", f"--grpc-port={grpc_port}",
-           f"--metrics-address={host}", f"--metrics-port={metrics_port}", "--pinned-memory-pool-byte-size=0",
-           "--allow-gpu-metrics=false", "--log-verbose=0", "--exit-timeout-secs=5", *extra_args]
+    cmd = bundled_command(repository, backends, host, (http_port, grpc_port, metrics_port),
+                          ("--log-verbose=0", "--exit-timeout-secs=5", *extra_args))
     env = server_env()
     log = work / "tritonserver.log"
     with log.open("w") as fh:

@@ -339,16 +339,16 @@ def test_fake_trtllm_build_success_is_atomic_and_then_up_to_date(tmp_path: Path,
     manifest = json.loads((engine / "manifest.json").read_text())
     assert manifest["versions"]["tensorrt_llm"] == "1.2.1" and manifest["versions"]["tensorrt"] == "10.14.1.48"
     assert manifest["preflight"]["visible_gpus"] == 1
-    from trtkv import serve
+    from trtkv import container
 
     recipe = load_recipe(str(recipe_path))
-    assert serve.container_image(recipe) == "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
+    assert container.container_image(recipe) == "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
     monkeypatch.setenv("TRTKV_TRITON_IMAGE", "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3")
     with pytest.raises(StageError, match=r"ships TensorRT-LLM 1.1.0.*needs TensorRT-LLM 1.2.1.*26.07"):
-        serve.container_image(recipe)
+        container.container_image(recipe)
     monkeypatch.delenv("TRTKV_TRITON_IMAGE")
     with pytest.raises(StageError, match=r"built by TensorRT-LLM 1.2.1, but the recipe's build.tensorrt_llm_version"):
-        serve.container_image(load_recipe(str(recipe_path), ["build.tensorrt_llm_version=1.1.0"]))
+        container.container_image(load_recipe(str(recipe_path), ["build.tensorrt_llm_version=1.1.0"]))
     capsys.readouterr()
     assert main(["build", str(recipe_path)]) == 0
     assert "up to date" in capsys.readouterr().out

@@ -25,6 +25,7 @@ def test_whole_chain_runs_and_stops_the_server(chain_run: dict) -> None:
                   "KV budget"):
         assert words in out, words
     report = json.loads((engines / "report" / "report.json").read_text())
+    assert json.loads((engines / "report" / "manifest.json").read_text())["stage"] == "report"
     results = json.loads((engines / "bench" / "results.json").read_text())
     level = results["levels"]["concurrency=1"]
     assert report["bench"]["time_to_first_token.p50"] == level["time_to_first_token"]["p50"]

@@ -7,6 +7,7 @@ nothing here is typed in.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -147,7 +148,8 @@ def summary_lines(data: dict[str, Any]) -> list[str]:
 
 
 def write_report(recipe: Recipe, out: Path | None = None) -> Path:
-    """engines/<recipe>/report/{report.json, report.md}."""
+    """engines/<recipe>/report/{report.json, report.md, manifest.json}."""
+    started = time.time()
     data = collect(recipe)
     out = out or paths.recipe_output_dir(recipe.name) / "report"
     out.mkdir(parents=True, exist_ok=True)
@@ -161,6 +163,8 @@ def write_report(recipe: Recipe, out: Path | None = None) -> Path:
                       f"{_fmt(r.get('top1_agreement'), 3)} | {_fmt(r.get('ppl_delta'), 3)} | "
                       f"{_fmt(r.get('needle_accuracy'), 2)} |")
     (out / "report.md").write_text("\n".join(md) + "\n")
+    Manifest(stage="report", recipe=recipe.name, wall_seconds=round(time.time() - started, 3),
+             inputs=sorted(data.get("stages", {}))).save(out)
     return out
 
 

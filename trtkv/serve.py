@@ -22,11 +22,18 @@ import sysconfig
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from trtkv import paths, versions
 from trtkv.artifacts import Manifest, ServerRecord
 from trtkv.backends import for_recipe
+from trtkv.container import (
+    CONTAINER_TRITONSERVER,
+    container_name,
+    docker_command,
+    gpu_command,
+    launch_script_command,
+    shell_block,
+    stop_container,
+)
 from trtkv.errors import StageError, ToolError
 from trtkv.layout import engine_dir, repo_dir, serve_dir
 from trtkv.process import is_running, port_in_use, terminate, wait_http_ready
@@ -36,12 +43,8 @@ from trtkv.tools import quote, tail
 
 # The Triton TensorRT-LLM image comes from trtkv's version matrix (trtkv.versions, data/trtllm_versions.json): the one
 # that ships the TensorRT-LLM the engine was built with (engine manifest), else the recipe's build.tensorrt_llm_version.
-IMAGE_ENV = versions.IMAGE_ENV
-CONTAINER_TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
 SERVER_JSON = "server.json"
 STUB_FILES = ("libtriton_python.so", "triton_python_backend_utils.py")
-CONTAINER_BIND = "0.0.0.0"  # inside the container: docker's -p publishes only on the recipe's triton.host
-DOCKER_STOP_TIMEOUT_S = 30
 
 
 # What engines/<recipe>/serve/server.json holds (contract 4): the typed record in trtkv.artifacts.
@@ -54,11 +57,6 @@ ServerInfo = ServerRecord
 
 def server_json(recipe: Recipe) -> Path:
     return serve_dir(recipe) / SERVER_JSON
-
-
-def container_name(recipe: Recipe) -> str:
-    """The docker container's name: one per recipe, so a leftover one is found by name."""
-    return f"trtkv-{recipe.name}"
 
 
 def bundled_triton() -> Path:
@@ -124,122 +122,28 @@ def server_env() -> dict[str, str]:
 # Commands
 
 
-def local_command(recipe: Recipe, repo: Path, backends: Path) -> list[str]:
-    """The bundled tritonserver on the recipe's host and ports."""
-    t = recipe.triton
+def bundled_command(repo: Path, backends: Path, host: str, ports: tuple[int, int, int],
+                    extra: tuple[str, ...] = ()) -> list[str]:
+    """The bundled (CPU) tritonserver on `repo`: the one command builder for `trtkv serve` and the test server."""
+    http, grpc, metrics = ports
     return [
         str(bundled_triton() / "bin" / "tritonserver"),
         f"--model-repository={repo}",
         f"--backend-directory={backends}",
-        f"--http-address={t.host}", f"--http-port={t.http_port}",
-        f"--grpc-address={t.host}", f"--grpc-port={t.grpc_port}",
-        f"--metrics-address={t.host}", f"--metrics-port={t.metrics_port}",
+        f"--http-address={host}", f"--http-port={http}",
+        f"--grpc-address={host}", f"--grpc-port={grpc}",
+        f"--metrics-address={host}", f"--metrics-port={metrics}",
         "--allow-gpu-metrics=false",
         "--pinned-memory-pool-byte-size=0",
-        "--disable-auto-complete-config",
-        "--exit-on-error=true",
-        "--exit-timeout-secs=10",
+        *extra,
     ]
 
 
-def rank_command(recipe: Recipe, repo: Path, rank: int, tritonserver: str = CONTAINER_TRITONSERVER,
-                 host: str | None = None) -> list[str]:
-    """One rank's tritonserver, as the TensorRT-LLM backend's launch_triton_server.py builds it, bound to `host`
-    (default: the recipe's triton.host)."""
+def local_command(recipe: Recipe, repo: Path, backends: Path) -> list[str]:
+    """The bundled tritonserver on the recipe's host and ports."""
     t = recipe.triton
-    bind = host or t.host
-    cmd = [tritonserver, f"--model-repository={repo}",
-           f"--http-address={bind}", f"--http-port={t.http_port}",
-           f"--grpc-address={bind}", f"--grpc-port={t.grpc_port}",
-           f"--metrics-address={bind}", f"--metrics-port={t.metrics_port}", "--disable-auto-complete-config",
-           f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"]
-    if rank:
-        cmd += ["--model-control-mode=explicit", "--load-model=tensorrt_llm"]
-    return cmd
-
-
-def gpu_command(recipe: Recipe, repo: Path, host: str | None = None) -> list[str]:
-    """Inside the container: tritonserver, or `mpirun -n 1 <rank 0> : -n 1 <rank 1> ...` for world size > 1.
-
-    The `pytorch` backend runs one tritonserver whatever the world size: the LLM API starts its own workers.
-    `host`: the address the servers bind (default the recipe's triton.host; docker_command passes 0.0.0.0).
-    """
-    ranks = for_recipe(recipe).ranks(recipe)
-    if ranks == 1:
-        return rank_command(recipe, repo, 0, host=host)
-    cmd = ["mpirun", "--allow-run-as-root"]
-    for rank in range(ranks):
-        cmd += ["-n", "1", *rank_command(recipe, repo, rank, host=host)]
-        if rank != ranks - 1:
-            cmd.append(":")
-    return cmd
-
-
-def launch_script_command(recipe: Recipe, repo: Path) -> list[str]:
-    """The same launch through the backend's own script (its path depends on the container release)."""
-    t = recipe.triton
-    ranks = for_recipe(recipe).ranks(recipe)
-    return ["python3", "/app/scripts/launch_triton_server.py", f"--world_size={ranks}", f"--model_repo={repo}",
-            f"--http_port={t.http_port}", f"--grpc_port={t.grpc_port}", f"--metrics_port={t.metrics_port}"]
-
-
-def built_versions(recipe: Recipe) -> dict[str, Any]:
-    """The TensorRT-LLM/TensorRT versions the engine manifest records (empty when not built here, or no engine)."""
-    if not for_recipe(recipe).records_versions:
-        return {}
-    manifest = Manifest.load(engine_dir(recipe))
-    return dict((manifest.model_extra or {}).get("versions") or {}) if manifest else {}
-
-
-def container_image(recipe: Recipe) -> str:
-    """The image that runs this recipe's engine; StageError when the engine, the recipe and the image disagree."""
-    built = built_versions(recipe)
-    wanted = recipe.build.tensorrt_llm_version
-    if built.get("tensorrt_llm") and versions.release(built["tensorrt_llm"]) != versions.release(wanted):
-        raise StageError(f"{engine_dir(recipe)} was built by TensorRT-LLM {built['tensorrt_llm']}, but the recipe's "
-                         f"build.tensorrt_llm_version is {wanted}: an engine loads only under the TensorRT-LLM that "
-                         f"built it. Next: rebuild (`trtkv build {recipe.name} --force`) or set "
-                         f"build.tensorrt_llm_version={versions.release(built['tensorrt_llm'])}.")
-    image = versions.image_for(built.get("tensorrt_llm") or wanted)
-    problems = versions.check_engine_versions(built, image)
-    if problems:
-        raise StageError(f"{image} cannot run {engine_dir(recipe)}: {'; '.join(problems)}. Next: use "
-                         f"{versions.row_for_trtllm(built['tensorrt_llm']).image}, or rebuild the engine.")
-    return image
-
-
-def docker_command(recipe: Recipe, repo: Path) -> list[str]:
-    """docker run of the Triton TensorRT-LLM image; engines and repository mounted at the same paths.
-
-    Ports are published on the recipe's triton.host only; inside the container the servers bind 0.0.0.0 (docker
-    forwards to the container's own interface, which a 127.0.0.1 bind would not answer).
-    """
-    t = recipe.triton
-    out = paths.recipe_output_dir(recipe.name)
-    cmd = ["docker", "run", "--rm", "--gpus", "all", "--shm-size=2g", "--ulimit", "memlock=-1",
-           "--ulimit", "stack=67108864", "--name", container_name(recipe)]
-    for port in (t.http_port, t.grpc_port, t.metrics_port):
-        cmd += ["-p", f"{t.host}:{port}:{port}"]
-    cmd += ["-v", f"{out}:{out}", "-v", f"{repo}:{repo}", container_image(recipe)]
-    return cmd + gpu_command(recipe, repo, host=CONTAINER_BIND)
-
-
-BREAK_BEFORE = ("-p", "-v", "mpirun", ":", "--name")
-
-
-def shell_block(cmd: list[str]) -> str:
-    """A long command on several lines (each mount, port, rank and the image on its own line)."""
-    lines = [quote(cmd[:1])]
-    for token in cmd[1:]:
-        if token in BREAK_BEFORE or token.startswith("nvcr.io/") or token == os.environ.get(IMAGE_ENV):
-            lines.append(quote([token]))
-        else:
-            lines[-1] += " " + quote([token])
-    return " \\\n    ".join(lines)
-
-
-# ---------------------------------------------------------------------------------------------
-# Process bookkeeping
+    return bundled_command(repo, backends, t.host, (t.http_port, t.grpc_port, t.metrics_port),
+                           ("--disable-auto-complete-config", "--exit-on-error=true", "--exit-timeout-secs=10"))
 
 
 def read_server(recipe: Recipe) -> ServerInfo | None:
@@ -309,31 +213,6 @@ def wait_ready(info: ServerInfo, proc: subprocess.Popen[bytes], timeout_s: float
         raise _failure(f"tritonserver exited with code {code} while starting.", info)
     raise _failure(f"tritonserver was not ready after {timeout_s:.0f} s (recipe triton.startup_timeout_s).", info)
 
-
-
-def stop_container(name: str, timeout_s: float = DOCKER_STOP_TIMEOUT_S) -> tuple[bool, str]:
-    """`docker stop -t N <name>` then `docker rm -f <name>`: (done, what happened); docker missing: (False, why)."""
-    docker = shutil.which("docker")
-    if docker is None:
-        return False, (f"docker is not on PATH here, so container {name} was not stopped. Next: on the docker host "
-                       f"run `docker stop {name} && docker rm -f {name}`.")
-    said = []
-    for cmd, wait_s in (([docker, "stop", "-t", str(int(timeout_s)), name], timeout_s + 30),
-                        ([docker, "rm", "-f", name], 60.0)):
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            said.append(f"`{quote(cmd)}` did not finish in {wait_s:.0f} s")
-            continue
-        except OSError as exc:
-            said.append(f"`{quote(cmd)}` could not run ({exc.strerror or exc})")
-            continue
-        text = (proc.stderr or proc.stdout).strip()
-        if proc.returncode != 0 and "No such container" not in text:
-            said.append(f"`{quote(cmd)}` exited {proc.returncode}: {text.splitlines()[-1] if text else 'no output'}")
-    if said:
-        return False, f"container {name}: " + "; ".join(said) + f". Next: check `docker ps -a --filter name={name}`."
-    return True, f"container {name} stopped and removed"
 
 
 # ---------------------------------------------------------------------------------------------

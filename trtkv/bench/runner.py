@@ -18,6 +18,7 @@ from trtkv.bench.metrics import summarize_level
 from trtkv.bench.prompts import count_tokens, latency_prompts, load_tokenizer, long_text, prompt_tokens, tokenizer_dir
 from trtkv.bench.records import RequestRecord
 from trtkv.errors import StageError, TrtkvError
+from trtkv.progress import Progress
 from trtkv.recipe import Recipe
 
 EXIT_SLO_FAILED = 1
@@ -74,37 +75,11 @@ def resolve_endpoint(recipe: Recipe, url: str | None, protocol: str | None, mode
 # Progress
 
 
-class _Progress:
-    """A rich progress bar per phase (or nothing); `advance` is safe from worker threads."""
-
-    def __init__(self, enabled: bool) -> None:
-        self._bar: Any = None
-        if enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self._bar = Progress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), transient=False)
-
-    def __enter__(self) -> _Progress:
-        if self._bar is not None:
-            self._bar.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self._bar.stop()
+class _Progress(Progress):
+    """The bench's phases as progress bars (trtkv.progress); `phase` returns a per-request callback."""
 
     def phase(self, name: str, total: int) -> Callable[[RequestRecord], None]:
-        if self._bar is None:
-            return lambda r: None
-        task = self._bar.add_task(name, total=total)
-        return lambda r: self._bar.advance(task)
-
-    def log(self, text: str) -> None:
-        if self._bar is not None:
-            self._bar.console.print(text)
-        else:
-            print(text, flush=True)
+        return self.task(name, total).callback()
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -10,14 +10,10 @@ PERCENTILES = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0}
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear-interpolation percentile of sorted values (numpy's default method)."""
-    if not sorted_values:
-        return math.nan
-    pos = (len(sorted_values) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    frac = pos - lo
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac
+    """numpy's percentile (linear interpolation, GenAI-Perf's method); NaN for no values."""
+    import numpy as np
+
+    return float(np.percentile(np.asarray(sorted_values, dtype=float), q)) if len(sorted_values) else math.nan
 
 
 def summarize(values: Sequence[float]) -> dict[str, float | int]:

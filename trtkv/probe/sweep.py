@@ -24,6 +24,7 @@ from trtkv.probe.measure import (
     scale_reuse_summary,
 )
 from trtkv.probe.setup import METHOD_VERSION, REFERENCE, Loaded, ProbeSettings, _write_json, default_settings, load_model
+from trtkv.progress import Progress
 
 if TYPE_CHECKING:
     from trtkv.recipe import Recipe
@@ -37,25 +38,17 @@ def _scales_key(scales: KVScales) -> str:
 
 
 class _Progress:
-    """A rich progress bar (or nothing) over the probe's work items."""
+    """The probe's work items on one progress bar (trtkv.progress), or nothing."""
 
     def __init__(self, enabled: bool, total: int):
-        self.bar = None
-        if enabled:
-            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self.bar = Progress(TextColumn("[bold]probe[/] {task.description}"), BarColumn(),
-                                TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn())
-            self.bar.start()
-            self.task = self.bar.add_task("starting", total=total)
+        self._progress = Progress(enabled, label="[bold]probe[/] {task.description}").__enter__()
+        self._task = self._progress.task("starting", total)
 
     def step(self, text: str, advance: int = 0) -> None:
-        if self.bar is not None:
-            self.bar.update(self.task, description=text, advance=advance)
+        self._task.advance(advance, description=text)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
+        self._progress.__exit__()
 
 
 def run_probe(recipe: Recipe, output: Path | None = None, settings: ProbeSettings | None = None) -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from trtkv import serve, versions
+from trtkv import container, serve, versions
 from trtkv.backends import for_recipe
 from trtkv.errors import StageError
 from trtkv.tools import quote
@@ -97,7 +97,7 @@ def _deploy_lines(plan: RepoPlan) -> list[str]:
     ranks = backend.ranks(r)
     mpi = (f"tp_size x pp_size = {r.world_size}: one tritonserver per rank under `mpirun`."
            if ranks > 1 else "One GPU rank: a single tritonserver.")
-    image = serve.container_image(r)
+    image = container.container_image(r)
     row = versions.row_for_tag(versions.image_tag(image) or "")
     stack = (f"The image ships TensorRT-LLM {row.tensorrt_llm} and TensorRT {row.tensorrt} (trtkv's version matrix, "
              f"`trtkv/data/trtllm_versions.json`); an engine runs only under the TensorRT-LLM/TensorRT that built it."
@@ -113,14 +113,14 @@ def _deploy_lines(plan: RepoPlan) -> list[str]:
         "",
         "```",
         f"trtkv serve {r.name}             # runs the command below (or prints it: --dry-run)",
-        serve.shell_block(serve.docker_command(r, repo)),
+        container.shell_block(container.docker_command(r, repo)),
         "```",
         "",
         "Inside the container (already running it), the same launch:",
         "",
         "```",
-        serve.shell_block(serve.gpu_command(r, repo)),
-        f"# or, with the backend's script: {quote(serve.launch_script_command(r, repo))}",
+        container.shell_block(container.gpu_command(r, repo)),
+        f"# or, with the backend's script: {quote(container.launch_script_command(r, repo))}",
         "```",
         "",
         f"Ports: HTTP {r.triton.http_port}, gRPC {r.triton.grpc_port}, metrics {r.triton.metrics_port}.",
