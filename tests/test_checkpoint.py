@@ -152,10 +152,15 @@ def test_bad_scale_and_shape(tmp_path: Path) -> None:
 
 def test_kv_scales_json_must_agree(tmp_path: Path) -> None:
     folder = write_checkpoint(tmp_path / "ck")
-    layers = [{"layer": i, "kv_cache_scaling_factor": 0.05 * (i + 1)} for i in range(LAYERS)]
+    algo = json.loads((folder / "config.json").read_text())["quantization"]["kv_cache_quant_algo"]
+    layers = [{"layer": i, "k_amax": 1.0, "v_amax": 1.0, "kv_cache_scaling_factor": 0.05 * (i + 1), "k_scale": 1.0,
+               "v_scale": 1.0} for i in range(LAYERS)]
     layers[3]["kv_cache_scaling_factor"] = 9.0
-    (folder / "kv_scales.json").write_text(json.dumps({"layers": layers}))
+    doc = {"kv_cache_quant_algo": algo, "num_layers": LAYERS, "convention": "x", "layers": layers}
+    (folder / "kv_scales.json").write_text(json.dumps(doc))
     assert "layer 3: kv_cache_scaling_factor 9.0 differs" in problems(folder, make_recipe(tmp_path))
+    (folder / "kv_scales.json").write_text(json.dumps({"layers": layers[:1]}))  # not the calibrate stage's format
+    assert "kv_scales.json: not readable" in problems(folder, make_recipe(tmp_path))
 
 
 def test_no_checkpoint(tmp_path: Path) -> None:
@@ -189,6 +194,7 @@ def test_kv_none_rejects_stray_factors_and_mismatched_json(tmp_path: Path) -> No
     assert "layers [0, 1, 2, 3] hold attention.kv_cache_scaling_factor, but quantization.kv_cache_quant_algo is null" \
         in text
     clean = write_checkpoint(tmp_path / "clean", kv=None)
-    (clean / "kv_scales.json").write_text(json.dumps({"kv_cache_quant_algo": "FP8", "layers": []}))
+    (clean / "kv_scales.json").write_text(json.dumps({"kv_cache_quant_algo": "FP8", "num_layers": 4, "convention": "x",
+                                                      "layers": []}))
     text = problems(clean, make_recipe(tmp_path, kv="none"))
     assert "kv_cache_quant_algo = 'FP8', but config.json quantization.kv_cache_quant_algo = None" in text

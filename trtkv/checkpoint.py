@@ -317,18 +317,20 @@ def _layer_factors(ranks: list[dict[str, Any]], config: dict[str, Any]) -> list[
 
 def _check_kv_scales_json(ckpt_dir: Path, factors: list[float], config: dict[str, Any], problems: _Problems) -> None:
     """When kv_scales.json is present its algorithm and factors must be the ones in config.json and the rank files."""
-    path = ckpt_dir / KV_SCALES
-    if not path.is_file():
-        return
+    from trtkv.artifacts import KVScalesFile
+
+    path = KVScalesFile.path(ckpt_dir)
     try:
-        data = json.loads(path.read_text())
-        listed = [float(layer["kv_cache_scaling_factor"]) for layer in data["layers"]]
-    except (json.JSONDecodeError, OSError, KeyError, TypeError, ValueError) as exc:
-        problems.add(path, f"not readable ({type(exc).__name__}: {exc})")
+        scales = KVScalesFile.load(ckpt_dir)
+    except StageError as exc:
+        problems.add(path, f"not readable ({str(exc).split(' (', 1)[-1].split(').')[0]})")
         return
+    if scales is None:
+        return
+    listed = [layer.kv_cache_scaling_factor for layer in scales.layers]
     algo = config["quantization"].get("kv_cache_quant_algo")
-    if "kv_cache_quant_algo" in data and data["kv_cache_quant_algo"] != algo:
-        problems.add(path, f"kv_cache_quant_algo = {data['kv_cache_quant_algo']!r}, but config.json "
+    if scales.kv_cache_quant_algo != algo:
+        problems.add(path, f"kv_cache_quant_algo = {scales.kv_cache_quant_algo!r}, but config.json "
                            f"quantization.kv_cache_quant_algo = {algo!r}")
     if len(listed) != len(factors):
         problems.add(path, f"lists {len(listed)} layers, the rank files hold {len(factors)} kv_cache_scaling_factor")

@@ -77,14 +77,15 @@ def manifest_hash(folder: Path) -> str | None:
 
 
 def read_manifest(folder: Path) -> dict[str, Any] | None:
-    path = folder / MANIFEST
-    if not path.is_file():
-        return None
+    """The folder's manifest (trtkv.artifacts.Manifest) as written; None when absent or not a valid manifest (the
+    stage then counts as not run)."""
+    from trtkv.artifacts import Manifest
+
     try:
-        data: dict[str, Any] = json.loads(path.read_text())
-        return data
-    except (json.JSONDecodeError, OSError):
+        manifest = Manifest.load(folder)
+    except StageError:
         return None
+    return manifest.model_dump() if manifest is not None else None
 
 
 @dataclass
