@@ -84,3 +84,18 @@ def test_trtkv_has_no_import_cycle() -> None:
     assert len(graph) > 50
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_no_module_takes_a_plain_attribute_from_the_package_root() -> None:
+    """`trtkv/__init__` imports trtkv.backends (and so most of trtkv): a module that does `from trtkv import
+    <not a submodule>` would read a half-initialised package. Submodules are fine; `__version__` lives in
+    trtkv/version.py."""
+    submodules = {p.stem for p in PACKAGE.iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()}
+    bad = []
+    for path in PACKAGE.rglob("*.py"):
+        if "templates" in path.parts or path == PACKAGE / "__init__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "trtkv":
+                bad += [f"{path.name}: {a.name}" for a in node.names if a.name not in submodules]
+    assert bad == []

@@ -19,7 +19,6 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from trtkv import paths
 from trtkv.errors import StageError
 
 T = TypeVar("T", bound="Artifact")
@@ -43,10 +42,14 @@ class Artifact(BaseModel):
             return None
         try:
             return cls.model_validate(json.loads(path.read_text()))
-        except (OSError, json.JSONDecodeError, ValidationError) as exc:
-            first = str(exc).splitlines()[0]
-            raise StageError(f"{path} is not a valid {cls.FILE} ({type(exc).__name__}: {first}). Next: rerun "
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(part) for part in err["loc"]) or "(top level)"
+            more = f" and {exc.error_count() - 1} more" if exc.error_count() > 1 else ""
+            raise StageError(f"{path} is not a valid {cls.FILE}: {where}: {err['msg']}{more}. Next: rerun "
                              f"{cls.WRITTEN_BY}.") from exc
+        except (OSError, json.JSONDecodeError) as exc:
+            raise StageError(f"{path} is not readable JSON ({exc}). Next: rerun {cls.WRITTEN_BY}.") from exc
 
     def save(self, folder: Path) -> Path:
         path = self.path(folder)
@@ -62,7 +65,7 @@ class ServerRecord(Artifact):
 
     model_config = ConfigDict(extra="forbid")
     FILE = "server.json"
-    WRITTEN_BY = "`trtkv serve`"
+    WRITTEN_BY = "`trtkv serve` after stopping the recorded server by hand and deleting the file"
 
     pid: int
     host: str
@@ -93,7 +96,7 @@ class Manifest(Artifact):
     """A stage folder's manifest.json: the recipe, the input, the key that says "up to date", the wall time."""
 
     FILE = "manifest.json"
-    WRITTEN_BY = "the stage that writes this folder"
+    WRITTEN_BY = "the stage that writes this folder (`trtkv <stage> RECIPE --force`)"
 
     stage: str
     recipe: str | None = None
@@ -135,6 +138,8 @@ class BenchResults(Artifact):
 
 
 class ProbeScales(BaseModel):
+    model_config = ConfigDict(extra="allow")  # older probe.json files hold k_amax/v_amax lists here
+
     source: str
     layers: list[dict[str, Any]] = []
 
@@ -149,8 +154,3 @@ class ProbeDoc(Artifact):
     seconds: float | None = None
     records: list[dict[str, Any]] = []
     scales: ProbeScales | None = None
-
-
-def stage_folder(recipe_name: str, stage: str) -> Path:
-    """engines/<recipe>/<stage> (checkpoint, engine, serve, bench, probe)."""
-    return paths.recipe_output_dir(recipe_name) / stage

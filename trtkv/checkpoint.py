@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from trtkv.recipe import Recipe
 
 CONFIG = "config.json"
-KV_SCALES = "kv_scales.json"
 KV_FACTOR = "attention.kv_cache_scaling_factor"
 LAYER_RE = re.compile(r"^transformer\.layers\.(\d+)\.(.+)$")
 # recipe enum -> TensorRT-LLM QuantAlgo strings in config.json: trtkv.layout.WEIGHT_ALGOS and KV_ALGO
@@ -323,7 +322,7 @@ def _check_kv_scales_json(ckpt_dir: Path, factors: list[float], config: dict[str
     try:
         scales = KVScalesFile.load(ckpt_dir)
     except StageError as exc:
-        problems.add(path, f"not readable ({str(exc).split(' (', 1)[-1].split(').')[0]})")
+        problems.add(path, f"not readable: {str(exc).removeprefix(str(path)).split('. Next:')[0].lstrip(': ')}")
         return
     if scales is None:
         return

@@ -76,7 +76,10 @@ def built_versions(recipe: Recipe) -> dict[str, Any]:
     """The TensorRT-LLM/TensorRT versions the engine manifest records (empty when not built here, or no engine)."""
     if not for_recipe(recipe).records_versions:
         return {}
-    manifest = Manifest.load(engine_dir(recipe))
+    try:
+        manifest = Manifest.load(engine_dir(recipe))
+    except StageError:  # an unreadable engine manifest records no versions (the build reruns on the next `trtkv build`)
+        return {}
     return dict((manifest.model_extra or {}).get("versions") or {}) if manifest else {}
 
 

@@ -8,26 +8,27 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from trtkv import paths
+from trtkv import layout, paths
 from trtkv.artifacts import BenchResults, KVScalesFile, Manifest
+from trtkv.errors import StageError
 
 if TYPE_CHECKING:
     from trtkv.pipeline import ChainResult
     from trtkv.recipe import Recipe
 
+T = TypeVar("T")
 LATENCY_METRICS = ("time_to_first_token", "inter_token_latency", "request_latency")
 
 
-def _load(path: Path) -> dict[str, Any] | None:
-    if not path.is_file():
-        return None
+def _tolerant(load: Callable[[Path], T | None], folder: Path) -> T | None:
+    """A stage file through its typed model; an unreadable one is left out of the report (as a missing one is)."""
     try:
-        data: dict[str, Any] = json.loads(path.read_text())
-        return data
-    except json.JSONDecodeError:
+        return load(folder)
+    except StageError:
         return None
 
 
@@ -84,7 +85,7 @@ def collect(recipe: Recipe) -> dict[str, Any]:
                        "kv_budget_gib": p.kv_budget_gib_per_gpu, "tokens_fit": cap.tokens_per_gpu_budget,
                        "max_seq_len": recipe.build.max_seq_len,
                        "sequences_at_max_seq_len": cap.max_sequences.get(recipe.build.max_seq_len)}
-    scales = KVScalesFile.load(base / "checkpoint")
+    scales = _tolerant(KVScalesFile.load, layout.checkpoint_dir(recipe))
     if scales:
         layers = scales.layers
         data["calibration"] = {"layers": len(layers), "kv_cache_quant_algo": scales.kv_cache_quant_algo,
@@ -94,11 +95,11 @@ def collect(recipe: Recipe) -> dict[str, Any]:
     folders = {stage: base / stage for stage in ("checkpoint", "engine", "serve", "bench", "probe")}
     folders["triton_repo"] = paths.triton_repo_dir() / recipe.name
     for stage, folder in folders.items():
-        manifest = Manifest.load(folder)
+        manifest = _tolerant(Manifest.load, folder)
         if manifest:
             stages[stage] = {"path": str(folder), "wall_seconds": manifest.wall_seconds}
     data["stages"] = stages
-    results = BenchResults.load(base / "bench")
+    results = _tolerant(BenchResults.load, base / "bench")
     bench = results.model_dump() if results else None
     if results and "bench" in stages and results.wall_seconds is not None:
         stages["bench"]["wall_seconds"] = results.wall_seconds  # the measurement, not just the write

@@ -148,10 +148,7 @@ def local_command(recipe: Recipe, repo: Path, backends: Path) -> list[str]:
 
 def read_server(recipe: Recipe) -> ServerInfo | None:
     """The recorded server (None when there is none); StageError when server.json is unreadable."""
-    try:
-        return ServerRecord.load(serve_dir(recipe))
-    except StageError as exc:
-        raise StageError(f"{exc} Or stop the server by hand and delete the file.") from exc
+    return ServerRecord.load(serve_dir(recipe))
 
 
 def write_server(recipe: Recipe, info: ServerInfo) -> Path:

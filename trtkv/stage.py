@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtkv import __version__
 from trtkv.errors import StageError
 from trtkv.process import pid_alive
 from trtkv.recipe import Recipe
+from trtkv.version import __version__
 
 MANIFEST = "manifest.json"
 TOOLS = ("nvidia-modelopt", "tensorrt_llm", "transformers", "torch", "tritonclient", "nvidia-pytriton")

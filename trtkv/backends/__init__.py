@@ -8,9 +8,9 @@ from trtkv.recipe import BACKEND_RULES, Backend, Recipe
 
 BACKENDS: dict[Backend, EngineBackend] = {b.backend: b for b in (tensorrt.BACKEND, llmapi.BACKEND, reference.BACKEND)}
 BACKEND_RULES.update({name: backend.problems for name, backend in BACKENDS.items()})
-missing = sorted(b.value for b in Backend if b not in BACKENDS)
-if missing:  # pragma: no cover - a new enum value without its module
-    raise RuntimeError(f"backends without a module in trtkv.backends: {missing}")
+_MISSING = sorted(b.value for b in Backend if b not in BACKENDS)
+if _MISSING:  # pragma: no cover - a new enum value without its module
+    raise RuntimeError(f"backends without a module in trtkv.backends: {_MISSING}")
 
 
 def for_recipe(recipe: Recipe) -> EngineBackend:

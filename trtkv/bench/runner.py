@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from trtkv import paths
-from trtkv.artifacts import ServerRecord, stage_folder
+from trtkv.artifacts import ServerRecord
 from trtkv.bench import accuracy as acc_tasks
 from trtkv.bench import plots, results, slo
 from trtkv.bench.client import DEFAULT_MODEL, Endpoint, SamplingParams, check_endpoint, now_ns, session_factory
@@ -18,6 +18,7 @@ from trtkv.bench.metrics import summarize_level
 from trtkv.bench.prompts import count_tokens, latency_prompts, load_tokenizer, long_text, prompt_tokens, tokenizer_dir
 from trtkv.bench.records import RequestRecord
 from trtkv.errors import StageError, TrtkvError
+from trtkv.layout import serve_dir
 from trtkv.progress import Progress
 from trtkv.recipe import Recipe
 
@@ -59,7 +60,7 @@ def resolve_endpoint(recipe: Recipe, url: str | None, protocol: str | None, mode
         if ":" not in text:
             raise TrtkvError(f"--url {url!r}: expected HOST:PORT, e.g. 127.0.0.1:8001 (gRPC) or :8000 (HTTP).")
         return Endpoint(text, proto, model, source="--url")
-    folder = stage_folder(recipe.name, "serve")
+    folder = serve_dir(recipe)
     try:
         info = ServerRecord.load(folder)
     except StageError as exc:

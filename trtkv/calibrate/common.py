@@ -4,14 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trtkv import layout
 from trtkv.recipe import KVCacheQuant, Recipe
-
-if TYPE_CHECKING:
-    pass
-
 
 STAGE = "calibrate"
 CHECKPOINT = layout.CHECKPOINT

@@ -56,7 +56,7 @@ def build_quant_cfg(recipe: Recipe) -> tuple[dict[str, Any] | None, list[str]]:
     return json.loads(json.dumps(cfg, default=list)), notes
 
 
-def _quantize(model: Any, quant_cfg: dict[str, Any] | None, batches: list[torch.Tensor],
+def quantize(model: Any, quant_cfg: dict[str, Any] | None, batches: list[torch.Tensor],
               recipe: Recipe) -> list[LayerScales]:
     """mtq.quantize with a forward loop over the batches (progress bar); per-layer K/V amax and channel ranges.
 
@@ -164,7 +164,7 @@ def _explain(text: str) -> str:
     return text
 
 
-def _export_trtllm(model: Any, out: Path, recipe: Recipe) -> list[str]:
+def export_trtllm(model: Any, out: Path, recipe: Recipe) -> list[str]:
     """export_tensorrt_llm_checkpoint with the recipe's tp/pp (N >= 1: N = 0 crashes with ZeroDivisionError)."""
     import torch
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
@@ -181,7 +181,7 @@ def _export_trtllm(model: Any, out: Path, recipe: Recipe) -> list[str]:
     return notes
 
 
-def _write_rope(ckpt: Path, source: dict[str, Any]) -> None:
+def write_rope(ckpt: Path, source: dict[str, Any]) -> None:
     """Write the model's RoPE where TensorRT-LLM 1.x and transformers 4.x read it (ModelOpt 0.47 under
     transformers 5 writes neither: rotary_base/rotary_scaling in config.json, rope_theta/rope_scaling in hf/)."""
     from trtkv import rope
@@ -203,7 +203,7 @@ def _sort_exclude_modules(config_path: Path) -> None:
         config_path.write_text(json.dumps(config, indent=4) + "\n")
 
 
-def _export_hf(model: Any, tokenizer: Any, out: Path, recipe: Recipe) -> list[str]:
+def export_hf(model: Any, tokenizer: Any, out: Path, recipe: Recipe) -> list[str]:
     """export_hf_checkpoint into hf/ for FP8 or no KV (ModelOpt 0.47 asserts on INT8 KV: skipped with a note)."""
     import torch
     from modelopt.torch.export import export_hf_checkpoint
@@ -244,7 +244,7 @@ def _cast_hf_weights(hf_dir: Path, dtype_name: str) -> None:
         config_path.write_text(json.dumps(config, indent=2) + "\n")
 
 
-def _check_exported_factors(layers: list[LayerScales], exported: list[float]) -> None:
+def check_exported_factors(layers: list[LayerScales], exported: list[float]) -> None:
     """The rank files' kv_cache_scaling_factor must be the one computed from the quantizers' amax."""
     import math
 

@@ -15,12 +15,12 @@ from trtkv import layout
 from trtkv.calibrate.common import STAGE, ModelLoader
 from trtkv.calibrate.describe import supported_problems
 from trtkv.calibrate.modelopt_export import (
-    _check_exported_factors,
-    _export_hf,
-    _export_trtllm,
-    _quantize,
-    _write_rope,
     build_quant_cfg,
+    check_exported_factors,
+    export_hf,
+    export_trtllm,
+    quantize,
+    write_rope,
 )
 from trtkv.calibrate.report import render_report, write_kv_scales
 from trtkv.errors import StageError
@@ -147,18 +147,18 @@ def _calibrate_into(tmp: Path, recipe: Recipe, loader: ModelLoader, model_dir: P
     stats_md, stats_note = _kv_statistics(model, batches)
     t0, cpu0 = time.time(), time.process_time()
     quant_cfg, kv_notes = build_quant_cfg(recipe)
-    layers = _quantize(model, quant_cfg, batches, recipe)
+    layers = quantize(model, quant_cfg, batches, recipe)
     num_layers = int(model.config.num_hidden_layers)
     calib_s, calib_cpu_s = time.time() - t0, time.process_time() - cpu0
     t0 = time.time()
-    notes = kv_notes + _export_trtllm(model, tmp, recipe)
-    notes += _export_hf(model, tokenizer, tmp, recipe)
-    _write_rope(tmp, json.loads((tmp / layout.HF_CONFIG).read_text()))
+    notes = kv_notes + export_trtllm(model, tmp, recipe)
+    notes += export_hf(model, tokenizer, tmp, recipe)
+    write_rope(tmp, json.loads((tmp / layout.HF_CONFIG).read_text()))
     tokenizer.save_pretrained(str(tmp / "tokenizer"))
     export_s = time.time() - t0
     write_kv_scales(tmp / "kv_scales.json", layers, recipe, num_layers)
     summary = validate_trtllm_checkpoint(tmp, recipe)
-    _check_exported_factors(layers, summary["kv_cache_scaling_factors"])
+    check_exported_factors(layers, summary["kv_cache_scaling_factors"])
     timing = {"load_s": round(load_s, 2), "calibration_s": round(calib_s, 2),
               "calibration_cpu_s": round(calib_cpu_s, 2), "export_s": round(export_s, 2),
               "total_s": round(time.time() - start, 2), "peak_rss_mib": _peak_rss_mib(),

@@ -7,8 +7,8 @@ import importlib
 import os
 import sys
 
-from trtkv import __version__
 from trtkv.errors import TrtkvError
+from trtkv.version import __version__
 
 # Subcommand name -> module in trtkv.cli (imported only to build the parser; heavy work is lazy inside run()).
 COMMANDS = ["ls", "validate", "show", "plan", "probe", "calibrate", "build", "repo", "serve", "stop", "bench",

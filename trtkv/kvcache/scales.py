@@ -108,7 +108,9 @@ class KVScales:
 
 
 def load_kv_scales(path: Path, num_layers: int | None = None) -> KVScales:
-    """Read a kv_scales.json (contract 1); amaxes come from k_amax/v_amax (or are rebuilt from k_scale/v_scale)."""
+    """Read scales for the probe: calibrate's kv_scales.json (trtkv.artifacts.KVScalesFile is its typed model) or a
+    hand-made `--scales` file, so this reader is lenient: amaxes come from k_amax/v_amax, or are rebuilt from
+    k_scale/v_scale."""
     try:
         doc = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -142,7 +144,8 @@ def separator_ids(tokenizer: Any) -> list[int]:
 def calibration_batches(tokenizer: Any, texts: list[str], num_samples: int = 16, seq_len: int = 256,
                         batch_size: int = 4, seed: int = 1234, where: str = "calibration text") -> list[torch.Tensor]:
     """num_samples x seq_len tokens: records in a seeded order, each followed by the EOS id, concatenated, cut into
-    [batch_size, seq_len] tensors. The one batch builder: calibrate and probe see the same tokens for one recipe."""
+    [batch_size, seq_len] tensors. The one batch builder: for one recipe and seed, calibrate and the probe's own short
+    pass read the same token stream (the probe takes its first min(num_samples, 16) x min(seq_len, 256) tokens)."""
     import torch
 
     order = list(range(len(texts)))

@@ -13,12 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trtkv import layout
+from trtkv.artifacts import KVScalesFile
 from trtkv.errors import TrtkvError
 from trtkv.kvcache.cache import QuantizedKVCache
 from trtkv.kvcache.formats import KVFormat, kv_bytes_per_token
 from trtkv.kvcache.quant import KIVI_RESIDUAL, FormatChoice, parse_format
 from trtkv.kvcache.scales import KVScales, calibrate_scales, load_kv_scales
-from trtkv.probe.setup import LOGIT_CHUNK, REFERENCE, SEMANTICS, Loaded, ProbeSettings, _write_json
+from trtkv.probe.setup import LOGIT_CHUNK, REFERENCE, SEMANTICS, Loaded, ProbeSettings, write_json
 
 if TYPE_CHECKING:
     from trtkv.recipe import Recipe
@@ -32,7 +34,6 @@ def probe_scales(recipe: Recipe, loaded: Loaded, settings: ProbeSettings, out: P
 
     The K/V statistics always come from the short calibration pass (cached in out/cache/calibration.json).
     """
-    from trtkv import paths
     from trtkv.data import load_texts
     from trtkv.kvcache.stats import KVStats, LayerKVStats
 
@@ -54,9 +55,9 @@ def probe_scales(recipe: Recipe, loaded: Loaded, settings: ProbeSettings, out: P
         own = calibrate_scales(loaded.model, loaded.tokenizer, texts, num_samples=num_samples, seq_len=seq_len,
                                batch_size=min(cal.batch_size, 4), seed=cal.seed)
         stats_dict = own.stats.to_dict() if own.stats else {}
-        _write_json(cache_file, {"key": ckey, "k_amax": own.k_amax, "v_amax": own.v_amax, "source": own.source,
+        write_json(cache_file, {"key": ckey, "k_amax": own.k_amax, "v_amax": own.v_amax, "source": own.source,
                                  "info": own.info, "stats": stats_dict})
-    path = settings.scales_path or paths.recipe_output_dir(recipe.name) / "checkpoint" / "kv_scales.json"
+    path = settings.scales_path or KVScalesFile.path(layout.checkpoint_dir(recipe))
     if settings.scales_path is not None or path.is_file():
         given = load_kv_scales(path, loaded.model.config.num_hidden_layers)
         given.stats = own.stats

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from trtkv.recipe import Recipe
 
 
-METHOD_VERSION = 3  # bump when the numbers a cached result holds would change
+METHOD_VERSION = 4  # bump when the numbers a cached result holds would change (4: EOS-joined calibration batches)
 REFERENCE = "fp16"
 LOGIT_CHUNK = 512
 DECODE_PROMPT = 1024
@@ -161,7 +161,7 @@ def _tokens(tokenizer, texts: list[str], need: int) -> list[int]:  # noqa: ANN00
                      f"Next: pass shorter --lengths.")
 
 
-def _write_json(path: Path, doc: Any) -> None:
+def write_json(path: Path, doc: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(doc, indent=2))

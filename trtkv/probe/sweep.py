@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from trtkv import __version__ as trtkv_version
 from trtkv.kvcache.quant import FormatChoice, parse_format
 from trtkv.kvcache.scales import KVScales
 from trtkv.probe.measure import (
@@ -23,8 +22,9 @@ from trtkv.probe.measure import (
     run_format,
     scale_reuse_summary,
 )
-from trtkv.probe.setup import METHOD_VERSION, REFERENCE, Loaded, ProbeSettings, _write_json, default_settings, load_model
+from trtkv.probe.setup import METHOD_VERSION, REFERENCE, Loaded, ProbeSettings, default_settings, load_model, write_json
 from trtkv.progress import Progress
+from trtkv.version import __version__ as trtkv_version
 
 if TYPE_CHECKING:
     from trtkv.recipe import Recipe
@@ -135,7 +135,7 @@ def _save_run(out: Path, key: str, skey: str, choice: FormatChoice, run: dict, r
     keep = {k: v for k, v in run.items() if k != "metrics"}
     torch.save({"key": key, "scales": skey, "run": keep, "metrics": run["metrics"]}, _cache_path(out, choice, ".pt"))
     for rec in recs:
-        _write_json(_cache_path(out, choice, f"_{rec['context_len']}.json"),
+        write_json(_cache_path(out, choice, f"_{rec['context_len']}.json"),
                     {"key": key, "scales": skey, "record": rec})
 
 
@@ -166,7 +166,7 @@ def _needle_cached(out: Path, loaded: Loaded, choice: FormatChoice, scales: KVSc
         if doc.get("params") == params:
             return doc["result"]
     result = needle_trials(loaded, choice, scales, length, settings.needle_depths, settings.needle_seeds)
-    _write_json(path, {"params": params, "result": result})
+    write_json(path, {"params": params, "result": result})
     return result
 
 
@@ -180,7 +180,7 @@ def _decode_cached(out: Path, loaded: Loaded, static: list[FormatChoice], scales
         if doc.get("params") == params:
             return doc["result"]
     result = decode_experiment(loaded, static, scales, prompt, settings.decode_steps)
-    _write_json(path, {"params": params, "result": result})
+    write_json(path, {"params": params, "result": result})
     return result
 
 

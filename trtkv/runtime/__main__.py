@@ -2,6 +2,6 @@
 
 import sys
 
-from trtkv.runtime.quiz import _main
+from trtkv.runtime.quiz import main
 
-sys.exit(_main())
+sys.exit(main())

@@ -119,7 +119,7 @@ def kv_scaling_factors(tensors: dict[str, torch.Tensor], num_layers: int) -> lis
 # Model config
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:

@@ -29,14 +29,14 @@ if TYPE_CHECKING:
 from trtkv.runtime.checkpoint import (
     KV_FORMATS,
     RUNTIME_JSON,
-    _read_json,
     build_model,
     kv_scaling_factors,
     llama_config,
+    read_json,
     trtllm_to_hf_state_dict,
 )
 from trtkv.runtime.errors import RequestError
-from trtkv.runtime.sampling import LogitControls, _ends_with, pick_token
+from trtkv.runtime.sampling import LogitControls, ends_with, pick_token
 
 # ---------------------------------------------------------------------------------------------
 # The runtime
@@ -84,19 +84,19 @@ class ReferenceRuntime:
         if threads:
             torch.set_num_threads(threads)
         engine_dir = Path(engine_dir)
-        settings = _read_json(engine_dir / RUNTIME_JSON)
+        settings = read_json(engine_dir / RUNTIME_JSON)
         ckpt = Path(settings["checkpoint"])
         if not ckpt.is_dir() and settings.get("checkpoint_relative"):
             ckpt = (engine_dir / settings["checkpoint_relative"]).resolve()
         if checkpoint is not None:
             ckpt = Path(checkpoint)
-        trt_cfg = _read_json(ckpt / "config.json")
+        trt_cfg = read_json(ckpt / "config.json")
         mapping = trt_cfg.get("mapping") or {}
         if mapping.get("world_size", 1) != 1:
             raise StageError(f"{ckpt}: world_size {mapping.get('world_size')}; the reference runtime runs TP=PP=1 "
                              f"checkpoints only. Next: calibrate with build.tp_size=1 build.pp_size=1.")
         hf_name = settings.get("hf_config")
-        hf_cfg = _read_json(engine_dir / hf_name) if hf_name else None
+        hf_cfg = read_json(engine_dir / hf_name) if hf_name else None
         config = llama_config(trt_cfg, hf_cfg, ckpt / "config.json")
         tensors = load_file(str(ckpt / "rank0.safetensors"))
         model = build_model(config, trtllm_to_hf_state_dict(tensors, config))
@@ -215,7 +215,7 @@ class ReferenceRuntime:
                 seq.append(token)
                 if on_token is not None and on_token(token) is False:
                     break
-                if len(out) >= max_tokens or _ends_with(out, stops):
+                if len(out) >= max_tokens or ends_with(out, stops):
                     break
                 step = torch.tensor([[token]], dtype=torch.long)
         return out

@@ -51,14 +51,14 @@ def quiz_agreement(runtime: ReferenceRuntime, items: list[dict[str, str]], max_t
                             for it, a, b, s in zip(items, quantized, baseline, same, strict=True) if not s]}
 
 
-def _main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """`python -m trtkv.runtime ENGINE_DIR [--items N]`: print the quiz agreement of the engine's KV format."""
     import argparse
     import time
 
     from trtkv.data import quiz_items
 
-    parser = argparse.ArgumentParser(prog="python -m trtkv.runtime", description=_main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m trtkv.runtime", description=main.__doc__)
     parser.add_argument("engine_dir", type=Path)
     parser.add_argument("--items", type=int, default=0, help="first N quiz items (0 = all)")
     parser.add_argument("--threads", type=int, default=None)
@@ -84,4 +84,4 @@ def _main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(_main())
+    sys.exit(main())

@@ -92,7 +92,7 @@ class LogitControls:
         return logits
 
 
-def _ends_with(seq: list[int], stops: Sequence[Sequence[int]]) -> bool:
+def ends_with(seq: list[int], stops: Sequence[Sequence[int]]) -> bool:
     return any(stop and len(seq) >= len(stop) and seq[-len(stop):] == list(stop) for stop in stops)
 
 
