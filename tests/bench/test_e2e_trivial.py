@@ -133,3 +133,14 @@ def test_ctrl_c_writes_partial_results(trivial_server, engines_tmp: Path, tmp_pa
     assert "ok" in statuses and "not_sent" in statuses
     (level,) = data["levels"].values()
     assert level["request_count"]["ok"] > 0
+
+
+def test_a_dead_shared_server_is_restarted_for_the_next_test(_trivial_servers, engines_tmp: Path,  # noqa: ANN001
+                                                             tmp_path: Path) -> None:
+    """The shared server fixture checks liveness and readiness per test (a refusing server once failed CI)."""
+    first = _trivial_servers.ready()
+    first.proc.kill()  # its own pid; tritonserver leads its own session
+    first.proc.wait(timeout=30)
+    second = _trivial_servers.ready()
+    assert second is not first and second.proc.poll() is None
+    assert bench(second.grpc_url, tmp_path / "out", "--slo", "request_errors.failed<=0") == 0

@@ -82,7 +82,32 @@ def test_prefill_matches_token_by_token_decode(tiny: LlamaForCausalLM, fmt: str)
     with torch.inference_mode():
         for t in range(ids.shape[1]):
             outs.append(tiny.model(input_ids=ids[:, t: t + 1], past_key_values=step, use_cache=True).last_hidden_state)
-    torch.testing.assert_close(hidden, torch.cat(outs, dim=1), rtol=1e-4, atol=1e-4)
+        exact = tiny.model(input_ids=ids, past_key_values=DynamicCache(config=tiny.config), use_cache=True)
+    decoded = torch.cat(outs, dim=1)
+    # The two paths project K/V with different matmul shapes, so float32 rounding differs (by CPU: AVX2 vs AVX-512)
+    # and a value next to a quantization boundary can land on the neighbouring code: one step of the format. The
+    # tolerance follows the format: the paths may differ by a small fraction of the format's own error against an
+    # unquantized cache, never by float32 noise alone being required to match. (The cache itself is path-exact:
+    # test_cache_stores_the_same_codes_at_once_or_token_by_token.)
+    format_error = (hidden - exact.last_hidden_state).abs().max().item()
+    path_error = (hidden - decoded).abs().max().item()
+    assert format_error > 0
+    assert path_error <= 0.1 * format_error + 1e-5, (path_error, format_error)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int8", "int8_token", "int4_g32"])
+def test_cache_stores_the_same_codes_at_once_or_token_by_token(tiny: LlamaForCausalLM, fmt: str) -> None:
+    """Given the same K/V, storing them in one update or one token at a time (KIVI: window-aligned chunks) gives
+    bit-identical dequantized K/V: the per-token quantization does not depend on how tokens arrive. (KIVI's view
+    depends on its window by design; the model-level test above covers its window-aligned chunks.)"""
+    gen = torch.Generator().manual_seed(3)
+    k = torch.randn(1, KV_HEADS, 256, HEAD_DIM, generator=gen)
+    v = torch.randn(1, KV_HEADS, 256, HEAD_DIM, generator=gen) * 0.1
+    want = _cache(tiny, fmt).update(k, v, 0)
+    piecewise = _cache(tiny, fmt)
+    for t in range(256):
+        got = piecewise.update(k[:, :, t: t + 1], v[:, :, t: t + 1], 0)
+    assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
 
 
 def test_fp16_cache_is_exact_on_fp16_model(tiny: LlamaForCausalLM) -> None:
