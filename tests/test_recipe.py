@@ -93,6 +93,9 @@ CASES = [
     ("heads_divisible_by_tp", GOOD.replace("hardware: {gpu: cpu}", "hardware: {gpu: H100-80GB, count: 2}")
      .replace("backend: reference,", "backend: tensorrt, tp_size: 2,"), "model.num_attention_heads",
      ["9 heads are not divisible by build.tp_size = 2"]),
+    ("kv_heads_vs_tp", GOOD.replace("hardware: {gpu: cpu}", "hardware: {gpu: H100-80GB, count: 6}")
+     .replace("backend: reference,", "backend: tensorrt, tp_size: 6,").replace("num_kv_heads: 3", "num_kv_heads: 4"),
+     "model.num_kv_heads", ["4 KV heads and build.tp_size = 6", "multiple of them"]),
     ("input_lt_seq", GOOD.replace("max_input_len: 1024", "max_input_len: 2048"), "build.max_input_len",
      ["must be < build.max_seq_len 2048"]),
     ("fp8_fmha_needs_fp8_kv", GOOD.replace("kv_cache: fp8}", "kv_cache: int8}") + "  \n",
@@ -228,3 +231,11 @@ def test_readme_recipe_reference_is_current() -> None:
     end = readme.index("<!-- recipe-reference:end -->")
     assert readme[start:end].strip() == reference_markdown().strip(), (
         "README recipe reference is stale: run `python scripts/update_readme.py`")
+
+
+def test_tp_beyond_the_kv_heads_replicates_them() -> None:
+    """Llama-3-70B has 8 KV heads: TP16 replicates each on 2 GPUs (TensorRT-LLM and ModelOpt do); TP12 cannot."""
+    recipe = load_recipe("llama70b_fp8kv", ["build.tp_size=16", "hardware.count=16"])
+    assert recipe.build.tp_size == 16
+    with pytest.raises(RecipeError, match="8 KV heads and build.tp_size = 12"):
+        load_recipe("llama70b_fp8kv", ["build.tp_size=12", "hardware.count=12"])

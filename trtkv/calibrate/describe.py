@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from trtkv.calibrate.common import FP8_BASE_MEANING, KV_ALGO, KV_ENTRIES
 from trtkv.layout import checkpoint_dir
 from trtkv.recipe import KVCacheQuant, ModelDtype, Recipe, WeightQuant
+from trtkv.recipe.rules import kv_heads_split
 
 if TYPE_CHECKING:
     pass
@@ -29,9 +30,9 @@ def supported_problems(recipe: Recipe) -> list[str]:
                    "falls back to float16). Next: use bfloat16 (or float16).")
     if m.architecture.lower() != "llama":
         out.append(f"model.architecture = {m.architecture!r}: only llama-family exports are tested here.")
-    if m.num_kv_heads is not None and m.num_kv_heads % b.tp_size:
-        out.append(f"build.tp_size = {b.tp_size} does not divide model.num_kv_heads = {m.num_kv_heads} "
-                   f"(ModelOpt's TP split needs it).")
+    if m.num_kv_heads is not None and not kv_heads_split(m.num_kv_heads, b.tp_size):
+        out.append(f"build.tp_size = {b.tp_size} neither divides nor is a multiple of model.num_kv_heads = "
+                   f"{m.num_kv_heads} (ModelOpt's export splits KV heads or replicates them).")
     if m.num_layers is not None and m.num_layers % b.pp_size:
         out.append(f"build.pp_size = {b.pp_size} does not divide model.num_layers = {m.num_layers} "
                    f"(ModelOpt's PP split asserts on it).")

@@ -13,6 +13,12 @@ from trtkv.recipe.schema import Backend, BenchTask, GemmPlugin, KVCacheQuant, Re
 BACKEND_RULES: dict[Backend, Callable[[Recipe], list[tuple[str, str]]]] = {}
 
 
+def kv_heads_split(kv_heads: int, tp: int) -> bool:
+    """KV heads split over TP ranks, or replicated when TP is a multiple of them (TensorRT-LLM; ModelOpt's
+    dup_kv_weight asserts tp_size % num_kv_heads == 0)."""
+    return kv_heads % tp == 0 or tp % kv_heads == 0
+
+
 def cross_field_problems(r: Recipe) -> list[tuple[str, str]]:
     """Rules that involve more than one field: (field path, message) pairs."""
     out: list[tuple[str, str]] = []
@@ -24,9 +30,13 @@ def cross_field_problems(r: Recipe) -> list[tuple[str, str]]:
     elif r.world_size != hw.count:
         out.append(("build.tp_size", f"tp_size x pp_size = {b.tp_size} x {b.pp_size} = {r.world_size} must equal "
                                      f"hardware.count = {hw.count}"))
-    for field, heads in (("model.num_attention_heads", m.num_attention_heads), ("model.num_kv_heads", m.num_kv_heads)):
-        if heads is not None and heads % b.tp_size:
-            out.append((field, f"{heads} heads are not divisible by build.tp_size = {b.tp_size}"))
+    if m.num_attention_heads is not None and m.num_attention_heads % b.tp_size:
+        out.append(("model.num_attention_heads", f"{m.num_attention_heads} heads are not divisible by build.tp_size = "
+                                                 f"{b.tp_size}"))
+    if m.num_kv_heads is not None and not kv_heads_split(m.num_kv_heads, b.tp_size):
+        out.append(("model.num_kv_heads", f"{m.num_kv_heads} KV heads and build.tp_size = {b.tp_size}: TP must divide "
+                                          f"the KV heads, or be a multiple of them (each KV head is then replicated "
+                                          f"on tp_size / num_kv_heads GPUs, as TensorRT-LLM and ModelOpt's export do)"))
     if m.num_layers is not None and m.num_layers < b.pp_size:
         out.append(("build.pp_size", f"pp_size {b.pp_size} exceeds model.num_layers {m.num_layers}"))
     if b.max_input_len >= b.max_seq_len:
