@@ -10,7 +10,7 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check
 PYTEST_ARGS ?=
 
 .PHONY: help install test lint plan validate demo clean calibrate build engine repo serve stop bench probe report \
-        bench-kvcache bench-crosscheck compare install-genai-perf generate
+        bench-kvcache bench-crosscheck compare install-genai-perf generate status
 
 help:
 	@echo "make install | test | lint | demo | plan | calibrate | engine | repo | serve | stop | bench | probe [RECIPE=name]"
@@ -61,6 +61,9 @@ serve: install
 
 stop: install
 	$(TRTKV) stop $(RECIPE)
+
+status: install
+	$(TRTKV) status $(RECIPE)
 
 bench: install
 	$(TRTKV) bench $(RECIPE) $(if $(URL),--url $(URL))

@@ -223,3 +223,20 @@ def test_terminate_tolerates_a_process_that_just_exited(monkeypatch: pytest.Monk
 
     monkeypatch.setattr(process, "is_running", lambda _pid, _cmd=None: True)  # it was alive when checked
     assert process.terminate(proc.pid, ["true"], 1.0) == "stopped"
+
+
+def test_status_of_a_dead_server_is_down(engines_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """server.json left behind by a server that died: `trtkv status` says down (exit 1), never healthy."""
+    from trtkv.cli import main
+
+    recipe = load_recipe("smollm2_fp8kv")
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    t = recipe.triton
+    serve.write_server(recipe, serve.ServerInfo(pid=proc.pid, host=t.host, http_port=t.http_port,
+                                                grpc_port=t.grpc_port, metrics_port=t.metrics_port, command=["true"],
+                                                log="x.log", model_repository="repo", started_at="now"))
+    assert main(["status", "smollm2_fp8kv"]) == 1
+    assert "smollm2_fp8kv: down" in capsys.readouterr().out
+    assert main(["status", "smollm2_fp8kv", "--json"]) == 1
+    assert '"alive": false' in capsys.readouterr().out

@@ -153,6 +153,19 @@ def test_concurrent_requests_do_not_mix(server: tuple[Any, serve.ServerInfo]) ->
     assert recipe.triton.instance_count >= 2
 
 
+def test_status_is_healthy_with_real_canaries(server: tuple[Any, serve.ServerInfo],
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from trtkv import health
+    from trtkv.cli import main
+
+    recipe, info = server
+    result = health.check(recipe, canaries=2)
+    assert result.state == "healthy" and result.checks["alive"] and result.checks["ready"]
+    assert [c["ok"] for c in result.checks["canaries"]] == [True, True]
+    assert main(["status", RECIPE, "--canaries", "1"]) == 0
+    assert f"{RECIPE}: healthy (pid {info.pid}" in capsys.readouterr().out
+
+
 def test_serving_twice_is_refused(server: tuple[Any, serve.ServerInfo]) -> None:
     recipe, _ = server
     with pytest.raises(StageError, match="already running"):
@@ -164,3 +177,6 @@ def test_stop_ends_the_server(server: tuple[Any, serve.ServerInfo]) -> None:
     assert serve.stop(recipe, timeout_s=30)
     assert not is_running(info.pid, info.command)
     assert not serve.server_json(recipe).exists()
+    from trtkv import health
+
+    assert health.check(recipe).state == "absent"

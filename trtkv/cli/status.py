@@ -1,0 +1,44 @@
+"""`trtkv status`: is the recipe's server serving (alive, ready, and answering a real one-token inference)?"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from trtkv.cli.common import add_recipe_args, load, subparser
+
+EXAMPLES = """\
+  $ trtkv status smollm2_fp8kv              # healthy (exit 0), degraded or down (1), no server recorded (2)
+  $ trtkv status smollm2_fp8kv --json
+  $ trtkv status smollm2_fp8kv --canaries 4 # more one-token inferences (e.g. one per model instance)
+"""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = subparser(sub, "status", "the recipe's server: alive, ready, and answering a real one-token inference",
+                  EXAMPLES)
+    add_recipe_args(p)
+    p.add_argument("--canaries", type=int, default=None,
+                   help="one-token inferences to send (default: the recipe's triton.instance_count)")
+    p.add_argument("--json", action="store_true", help="print the checks as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from trtkv import health
+
+    recipe = load(args)
+    result = health.check(recipe, canaries=args.canaries or recipe.triton.instance_count)
+    server = result.server
+    if args.json:
+        print(json.dumps({"state": result.state, "server": server.model_dump() if server else None,
+                          "checks": result.checks}, indent=2))
+        return result.exit_code
+    if server is None:
+        print(f"{recipe.name}: no server recorded (start one: `trtkv serve {recipe.name}`)")
+        return result.exit_code
+    print(f"{recipe.name}: {result.state} (pid {server.pid}, {server.http_url}, log {server.log})")
+    print(f"  process alive: {result.checks.get('alive')}; ready endpoint: {result.checks.get('ready')}")
+    for i, probe in enumerate(result.checks.get("canaries", []), 1):
+        print(f"  canary {i}: {'ok' if probe['ok'] else 'FAILED'} in {probe['seconds']:.2f} s ({probe['detail']})")
+    return result.exit_code

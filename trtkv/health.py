@@ -1,0 +1,94 @@
+"""Is the recipe's server serving? Not just "ready": a real one-token inference through the ensemble (the canary).
+
+Triton keeps answering ready while a model instance's stub is dead and part of the requests fail; only an inference
+shows it. `trtkv status RECIPE` runs the checks below; a supervisor and the container health check can use the same
+canary (`canary`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+from trtkv.artifacts import ServerRecord
+from trtkv.layout import serve_dir
+from trtkv.process import is_running
+from trtkv.recipe import Recipe
+
+CANARY = {"text_input": "Hello", "max_tokens": 1}
+
+
+@dataclass
+class Probe:
+    ok: bool
+    seconds: float
+    detail: str
+
+
+@dataclass
+class Health:
+    """healthy: alive, ready and every canary answered; degraded: alive and ready but a canary failed; down: not
+    alive or not ready; absent: no server recorded for the recipe."""
+
+    state: str
+    server: ServerRecord | None
+    checks: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        return {"healthy": 0, "degraded": 1, "down": 1, "absent": 2}[self.state]
+
+
+def _http(url: str, body: dict[str, Any] | None, timeout_s: float) -> tuple[int, str]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"},
+                                     method="GET" if body is None else "POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return response.status, response.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+
+
+def canary(http_url: str, model: str = "ensemble", timeout_s: float = 60.0) -> Probe:
+    """One real inference: POST /v2/models/<model>/generate with a one-token request; ok when text comes back."""
+    start = time.monotonic()
+    try:
+        status, text = _http(f"{http_url}/v2/models/{model}/generate", CANARY, timeout_s)
+    except (urllib.error.URLError, OSError) as exc:
+        return Probe(False, time.monotonic() - start, f"{type(exc).__name__}: {exc}")
+    seconds = time.monotonic() - start
+    if status != 200:
+        return Probe(False, seconds, f"HTTP {status}: {text[:200]}")
+    try:
+        answer = json.loads(text).get("text_output")
+    except json.JSONDecodeError:
+        answer = None
+    return Probe(answer is not None, seconds, f"text_output {answer!r}" if answer is not None else text[:200])
+
+
+def check(recipe: Recipe, canaries: int = 2, timeout_s: float = 60.0) -> Health:
+    """The recorded server's state: process alive, /v2/health/ready, then `canaries` one-token inferences (one per
+    model instance by default: a dead instance fails some of them)."""
+    server = ServerRecord.load(serve_dir(recipe))
+    if server is None:
+        return Health("absent", None)
+    http = f"http://{server.client_host}:{server.http_port}"
+    checks: dict[str, Any] = {"alive": is_running(server.pid, server.command)}
+    if not checks["alive"]:
+        return Health("down", server, checks)
+    try:
+        status, _ = _http(f"{http}/v2/health/ready", None, 5.0)
+    except (urllib.error.URLError, OSError) as exc:
+        status = 0
+        checks["ready_error"] = str(exc)
+    checks["ready"] = status == 200
+    if not checks["ready"]:
+        return Health("down", server, checks)
+    probes = [canary(http, timeout_s=timeout_s) for _ in range(max(1, canaries))]
+    checks["canaries"] = [probe.__dict__ for probe in probes]
+    return Health("healthy" if all(p.ok for p in probes) else "degraded", server, checks)
