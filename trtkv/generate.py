@@ -32,7 +32,7 @@ def describe(recipe: Recipe, prompt: str, max_tokens: int, checkpoint: Path | No
         return [f"reference runtime: {layout.engine_dir(recipe)}/runtime.json on checkpoint {ckpt} (CPU, greedy, "
                 f"{max_tokens} tokens)"]
     script, args = backend.generate_job(recipe, prompt, max_tokens)
-    image = versions.image_for_recipe(recipe)
+    image = versions.image_for(recipe.build.tensorrt_llm_version)
     place = trtllm.where(image)
     cmd = place.python_command(["-c", "<runner>", json.dumps(args)])
     return [f"TensorRT-LLM runner ({place.kind}: {place.why}):", "  $ " + " ".join(cmd), "runner:", script]
@@ -55,7 +55,7 @@ def generate(recipe: Recipe, prompt: str, max_tokens: int = 16, *, checkpoint: P
         runtime = ReferenceRuntime.load(engine, checkpoint=checkpoint)
         return runtime.generate_text(prompt, max_tokens=max_tokens)
     script, args = backend.generate_job(recipe, prompt, max_tokens)
-    image = versions.image_for_recipe(recipe)
+    image = versions.image_for(recipe.build.tensorrt_llm_version)
     place = trtllm.where(image)
     if place.kind == "missing":
         raise StageError(f"generate {recipe.name}: TensorRT-LLM is not available here ({place.why}). Next: "

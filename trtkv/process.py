@@ -17,17 +17,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def pid_alive(pid: int) -> bool:
-    """True when a process with this pid exists (EPERM: it exists, owned by someone else)."""
-    if pid <= 0:
-        return False
+def _exists(send: Callable[[int, int], None], ident: int) -> bool:
+    """Signal 0 to a pid (os.kill) or a process group (os.killpg): True when it exists (EPERM: someone else's)."""
     try:
-        os.kill(pid, 0)
+        send(ident, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
     return True
+
+
+def pid_alive(pid: int) -> bool:
+    """True when a process with this pid exists (EPERM: it exists, owned by someone else)."""
+    return pid > 0 and _exists(os.kill, pid)
 
 
 def is_running(pid: int, command: list[str] | None = None) -> bool:
@@ -40,13 +43,7 @@ def is_running(pid: int, command: list[str] | None = None) -> bool:
         pass
     proc = Path(f"/proc/{pid}")
     if not proc.exists():
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return not Path("/proc/self").exists()
+        return pid_alive(pid) and not Path("/proc/self").exists()
     try:
         state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
         argv0 = (proc / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
@@ -61,13 +58,7 @@ def is_running(pid: int, command: list[str] | None = None) -> bool:
 
 def group_alive(pgid: int) -> bool:
     """True while any process of the process group `pgid` exists."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return _exists(os.killpg, pgid)
 
 
 def stop_process_group(proc: subprocess.Popen[str], grace_s: float = 10.0) -> None:

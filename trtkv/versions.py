@@ -12,12 +12,9 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trtkv.errors import StageError
-
-if TYPE_CHECKING:
-    from trtkv.recipe import Recipe
 
 DATA = Path(__file__).resolve().parent / "data" / "trtllm_versions.json"
 REGISTRY_PATH = "nvcr.io/nvidia/tritonserver"
@@ -102,10 +99,6 @@ def image_for(trtllm_version: str) -> str:
                          f"TensorRT-LLM/TensorRT that built it. Next: unset {IMAGE_ENV} (trtkv then uses "
                          f"{wanted.image}), or rebuild the engine in {override}.")
     return override
-
-
-def image_for_recipe(recipe: Recipe) -> str:
-    return image_for(recipe.build.tensorrt_llm_version)
 
 
 def check_engine_versions(built: dict[str, Any], image: str) -> list[str]:

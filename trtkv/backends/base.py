@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trtkv import paths
 from trtkv.errors import StageError
@@ -19,9 +19,6 @@ from trtkv.layout import checkpoint_dir, engine_dir
 from trtkv.recipe import Backend, Recipe
 from trtkv.stage import manifest_hash
 from trtkv.tools import quote
-
-if TYPE_CHECKING:
-    from trtkv.repo.generate import RepoPlan
 
 BUILD_SECTIONS = ("model", "quantization", "build")
 
@@ -74,11 +71,11 @@ class EngineBackend:
         """What the Triton repository points at, and the stage that writes it."""
         return engine_dir(recipe), "build"
 
-    def repo_summary(self, plan: RepoPlan) -> str:
+    def repo_summary(self, recipe: Recipe) -> str:
         """One line for the repository README: what the tensorrt_llm model is."""
         raise NotImplementedError
 
-    def repo_notes(self, plan: RepoPlan) -> list[str]:
+    def repo_notes(self, recipe: Recipe) -> list[str]:
         """Extra README paragraphs for this backend's repository."""
         return []
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
@@ -18,9 +18,6 @@ from trtkv.hardware import GPU
 from trtkv.layout import checkpoint_dir, kv_cache_quant_algo
 from trtkv.recipe import Backend, KVCacheQuant, Recipe
 from trtkv.tools import quote
-
-if TYPE_CHECKING:
-    from trtkv.repo.generate import RepoPlan
 
 SERVE_COMMAND = "serve_command.txt"
 LLM_API_OPTIONS = "extra_llm_api_options.yaml"
@@ -156,8 +153,8 @@ class LlmApiBackend(EngineBackend):
                              f"`trtkv calibrate` writes for an FP8 (or no) KV cache. Next: `trtkv calibrate "
                              f"{recipe.name} --force`.")
 
-    def repo_summary(self, plan: RepoPlan) -> str:
-        return f"Python model on TensorRT-LLM's LLM API (PyTorch backend), model `{plan.checkpoint_dir}/hf`"
+    def repo_summary(self, recipe: Recipe) -> str:
+        return f"Python model on TensorRT-LLM's LLM API (PyTorch backend), model `{checkpoint_dir(recipe)}/hf`"
 
     def generate_job(self, recipe: Recipe, prompt: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
         kv = kv_cache_quant_algo(recipe)

@@ -10,15 +10,12 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trtkv import layout, model
 from trtkv.backends.base import EngineBackend
 from trtkv.layout import kv_cache_quant_algo
 from trtkv.recipe import Backend, Recipe, WeightQuant
-
-if TYPE_CHECKING:
-    from trtkv.repo.generate import RepoPlan
 
 RUNTIME_JSON = "runtime.json"
 HF_CONFIG = layout.HF_CONFIG
@@ -110,9 +107,9 @@ class ReferenceBackend(EngineBackend):
                 f"it with trtkv.runtime.ReferenceRuntime and decode one token (CPU, float32; weights dequantized, "
                 f"{ACTIVATIONS_NOTE.split(' (')[0]})"]
 
-    def repo_summary(self, plan: RepoPlan) -> str:
-        return (f"Python model running trtkv's CPU reference runtime on `{plan.engine_dir}` "
-                f"({plan.recipe.triton.instance_count} instance(s), one request each at a time)")
+    def repo_summary(self, recipe: Recipe) -> str:
+        return (f"Python model running trtkv's CPU reference runtime on `{layout.engine_dir(recipe)}` "
+                f"({recipe.triton.instance_count} instance(s), one request each at a time)")
 
 
 BACKEND = ReferenceBackend()

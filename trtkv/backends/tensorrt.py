@@ -12,18 +12,15 @@ import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trtkv import trtllm, versions
 from trtkv.backends.base import EngineBackend, check_checkpoint, command_block, failed_log_path
 from trtkv.errors import StageError, ToolError
 from trtkv.hardware import GPU
-from trtkv.layout import kv_cache_quant_algo
+from trtkv.layout import checkpoint_dir, engine_dir, kv_cache_quant_algo
 from trtkv.recipe import Backend, GemmPlugin, KVCacheQuant, Recipe, WeightQuant
 from trtkv.tools import quote, run_logged, tail
-
-if TYPE_CHECKING:
-    from trtkv.repo.generate import RepoPlan
 
 ENGINE_RUNNER = """\
 import json, sys
@@ -152,7 +149,7 @@ def visible_gpus() -> tuple[int, str]:
 def preflight_tensorrt(recipe: Recipe) -> dict[str, Any]:
     """Everything trtllm-build needs, checked before it starts; one StageError listing every problem."""
     problems: list[str] = []
-    image = versions.image_for_recipe(recipe)
+    image = versions.image_for(recipe.build.tensorrt_llm_version)
     place = trtllm.where(image)
     found: dict[str, str] = {}
     if place.kind == "missing":
@@ -347,7 +344,7 @@ class TensorRTBackend(EngineBackend):
         return {**_build_tensorrt(recipe, ckpt, tmp, final, info["place"], log), "versions": info["versions"]}
 
     def dry_run_lines(self, recipe: Recipe, ckpt: Path, out: Path) -> list[str]:
-        image = versions.image_for_recipe(recipe)
+        image = versions.image_for(recipe.build.tensorrt_llm_version)
         place = trtllm.where(image)
         row = versions.row_for_trtllm(recipe.build.tensorrt_llm_version)
         lines = [f"  TensorRT-LLM {recipe.build.tensorrt_llm_version} (TensorRT {row.tensorrt}; served by {image}) "
@@ -365,14 +362,14 @@ class TensorRTBackend(EngineBackend):
             lines.append(f"  started as: {quote(place.tool_command(plain[0], []))} <the flags below>")
         return lines + command_block(plain)
 
-    def repo_summary(self, plan: RepoPlan) -> str:
-        t = plan.recipe.triton
-        return (f"backend `tensorrtllm`, engine `{plan.engine_dir}` ({t.batching_strategy.value}, "
+    def repo_summary(self, recipe: Recipe) -> str:
+        t = recipe.triton
+        return (f"backend `tensorrtllm`, engine `{engine_dir(recipe)}` ({t.batching_strategy.value}, "
                 f"{t.batch_scheduler_policy.value})")
 
-    def repo_notes(self, plan: RepoPlan) -> list[str]:
-        b = plan.recipe.build
-        if plan.recipe.chunked_context:
+    def repo_notes(self, recipe: Recipe) -> list[str]:
+        b = recipe.build
+        if recipe.chunked_context:
             return [f"`enable_chunked_context` is true: build.max_input_len {b.max_input_len} exceeds "
                     f"build.max_num_tokens {b.max_num_tokens}, and the batch manager rejects a longer context unless "
                     f"it may split it into chunks (this needs the engine's paged context FMHA, which `trtkv build` "
@@ -381,7 +378,6 @@ class TensorRTBackend(EngineBackend):
                 f"tokens) fits in one engine step of build.max_num_tokens {b.max_num_tokens}.", ""]
 
     def generate_job(self, recipe: Recipe, prompt: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
-        from trtkv.layout import checkpoint_dir, engine_dir
 
         if recipe.world_size != 1:
             raise StageError(f"generate {recipe.name}: the engine has {recipe.world_size} ranks; ModelRunnerCpp needs "

@@ -32,6 +32,9 @@ ModelLoader = Callable[[Recipe], tuple[Any, Any]]
 
 @dataclass
 class LayerScales:
+    """One layer as calibration measured it: the kv_scales.json record (trtkv.artifacts.KVScaleLayer, written by
+    trtkv.kvcache.scales from the amaxes) plus the per-channel |max| the report's warnings need."""
+
     layer: int
     k_amax: float
     v_amax: float
@@ -41,10 +44,5 @@ class LayerScales:
     k_channel_amax: list[float] = field(default_factory=list)  # per (kv head, channel), flattened
     v_channel_amax: list[float] = field(default_factory=list)
     head_dim: int = 1
-
-    def as_json(self) -> dict[str, Any]:
-        return {"layer": self.layer, "k_amax": self.k_amax, "v_amax": self.v_amax,
-                "kv_cache_scaling_factor": self.kv_cache_scaling_factor, "k_scale": self.k_scale,
-                "v_scale": self.v_scale}
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
 from typing import Any
@@ -20,6 +19,7 @@ from trtkv import layout, model
 from trtkv.backends import for_recipe
 from trtkv.errors import StageError
 from trtkv.recipe import Recipe
+from trtkv.repo.plan import RepoPlan
 from trtkv.repo.validate import validate_repo
 from trtkv.stage import StageResult, manifest_hash, run_stage
 
@@ -38,19 +38,6 @@ PYTHON_MODELS = {
     "postprocessing": ("postprocessing/config.pbtxt", "postprocessing/postprocessing.py"),
     "ensemble": ("ensemble/config.pbtxt", None),
 }
-
-
-@dataclass
-class RepoPlan:
-    """Where the generated repository points, what it copies, and what is missing."""
-
-    recipe: Recipe
-    output: Path
-    engine_dir: Path
-    checkpoint_dir: Path
-    tokenizer_source: Path | None  # copied into <repo>/tokenizer when set
-    tokenizer_ref: str  # tokenizer_dir as written in the configs
-    warnings: list[str] = field(default_factory=list)
 
 
 def _has_tokenizer(folder: Path) -> bool:

@@ -11,7 +11,7 @@ from trtkv.errors import StageError
 from trtkv.tools import quote
 
 if TYPE_CHECKING:
-    from trtkv.repo.generate import RepoPlan
+    from trtkv.repo.plan import RepoPlan
 
 
 def _client_lines(plan: RepoPlan) -> list[str]:
@@ -36,7 +36,7 @@ def _client_lines(plan: RepoPlan) -> list[str]:
 
 def _layout_lines(plan: RepoPlan) -> list[str]:
     r = plan.recipe
-    llm = for_recipe(r).repo_summary(plan)
+    llm = for_recipe(r).repo_summary(r)
     tokenizer = f"`{plan.tokenizer_ref}/` (copied in)" if plan.tokenizer_source else f"`{plan.tokenizer_ref}`"
     return [
         "| model | what |",
@@ -69,7 +69,7 @@ def _local_command_text(plan: RepoPlan) -> str:
 
 def _chunked_lines(plan: RepoPlan) -> list[str]:
     """Backend-specific notes (the engine path's chunked-context setting)."""
-    return for_recipe(plan.recipe).repo_notes(plan)
+    return for_recipe(plan.recipe).repo_notes(plan.recipe)
 
 
 def _deploy_lines(plan: RepoPlan) -> list[str]:
