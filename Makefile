@@ -30,7 +30,8 @@ $(STAMP): constraints.txt pyproject.toml
 	@touch $@
 	@echo "install: done ($(VENV))"
 
-test: install
+# GenAI-Perf (its own venv) drives the served ensemble in the e2e tests: a client trtkv did not write
+test: install install-genai-perf
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint: install

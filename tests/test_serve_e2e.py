@@ -112,6 +112,25 @@ def test_what_genai_perf_and_upstream_clients_send_is_accepted(server: tuple[Any
     assert status == 200 and body["text_output"].startswith(PROMPT), body  # the prompt is kept when asked
 
 
+def test_genai_perf_drives_the_served_ensemble(server: tuple[Any, serve.ServerInfo], smollm2_engine: Path,
+                                               tmp_path: Path) -> None:
+    """GenAI-Perf (NVIDIA's client for Triton + TensorRT-LLM, its own perf_analyzer) completes against the ensemble:
+    it sends exclude_input_in_output with every request, so a missing upstream input would fail it at once."""
+    import json
+
+    from benchmarks.genai_perf_crosscheck import VENV, run_genai_perf
+    from trtkv.bench.client import Endpoint
+
+    if not (VENV / "bin" / "genai-perf").is_file():
+        pytest.skip("GenAI-Perf's side venv is missing: `make install-genai-perf` (make test installs it)")
+    _, info = server
+    doc = run_genai_perf(Endpoint(_grpc_url(info), "grpc", "ensemble"), smollm2_engine / "checkpoint" / "tokenizer",
+                         input_tokens=16, output_tokens=4, concurrency=1, requests=4, warmup=1,
+                         artifacts=tmp_path / "genai", timeout_s=300)
+    assert doc["request_count"]["avg"] == 4, json.dumps(doc)[:500]
+    assert doc["time_to_first_token"]["avg"] > 0 and doc["output_sequence_length"]["avg"] > 0
+
+
 def test_unsupported_values_get_a_per_request_error(server: tuple[Any, serve.ServerInfo]) -> None:
     _, info = server
     status, body = http_generate(info.http_url, {"text_input": PROMPT, "max_tokens": 4, "beam_width": 2,
