@@ -61,7 +61,8 @@ def cross_field_problems(r: Recipe) -> list[tuple[str, str]]:
     for length in r.bench.needle_context_lengths if BenchTask.NEEDLE in r.bench.tasks else []:
         if length > b.max_input_len:
             out.append(("bench.needle_context_lengths", f"{length} exceeds build.max_input_len {b.max_input_len}: "
-                                                        f"the server would refuse the prompt; lower it or raise build.max_input_len"))
+                                                        f"the server would refuse the prompt; lower it or raise "
+                                                        f"build.max_input_len"))
     if r.bench.input_tokens > b.max_input_len:
         out.append(("bench.input_tokens", f"{r.bench.input_tokens} exceeds build.max_input_len {b.max_input_len}"))
     if r.bench.input_tokens + r.bench.output_tokens > b.max_seq_len:
