@@ -177,12 +177,13 @@ def output_tensors(ids: list[int]) -> list[Any]:
             pb_utils.Tensor("sequence_length", np.array([[len(ids)]], dtype=np.int32))]
 
 
-def send_final(live: Any, rest: list[int]) -> None:
-    """Close a decoupled response stream: the held-back tail (if any) goes out with the FINAL flag."""
+def send_final(live: Any, rest: list[int], extra: list[Any] | None = None) -> None:
+    """Close a decoupled response stream: the held-back tail (if any, with its `extra` tensors) goes out with the
+    FINAL flag."""
     import triton_python_backend_utils as pb_utils
 
     if rest:
-        live.send(pb_utils.InferenceResponse(output_tensors=output_tensors(rest)),
+        live.send(pb_utils.InferenceResponse(output_tensors=output_tensors(rest) + list(extra or [])),
                   flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
     else:
         live.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)

@@ -34,6 +34,7 @@ from trtkv_model_utils import (
     output_tensors,
     refuse_unsupported,
     resolve_dir,
+    send_final,
     word_row,
 )
 
@@ -127,11 +128,7 @@ class TritonPythonModel:
 
         self.runtime.generate(prompt, on_token=extras.timed(on_token), **kwargs)
         rest = chunker.flush()
-        if rest:
-            live.send(pb_utils.InferenceResponse(output_tensors=output_tensors(rest) + extras.tensors(rest, start=sent[0])),
-                      flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        else:
-            live.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        send_final(live, rest, extras.tensors(rest, start=sent[0]) if rest else [])
         return None
 
     def generation_args(self, request: Any, prompt_len: int) -> dict[str, Any]:
@@ -160,10 +157,6 @@ class TritonPythonModel:
             min_tokens=int(optional_value(request, "min_tokens") or 0),
             bad_words=from_word_list(word_row(request, "bad_words_list")),
             embedding_bias=embedding_bias(request))
-        vocab = int(self.runtime.config.vocab_size)
-        if controls.embedding_bias is not None and len(controls.embedding_bias) != vocab:
-            raise RequestError(f"embedding_bias has {len(controls.embedding_bias)} entries, the model's vocabulary "
-                               f"{vocab} (TensorRT-LLM requires exactly the vocabulary size)")
         if controls.repetition_penalty <= 0:
             raise RequestError(f"repetition_penalty {controls.repetition_penalty}: must be > 0 (1.0 = off)")
         if controls.active:
