@@ -8,6 +8,8 @@ TRTKV := $(BIN)/trtkv
 STAMP := $(VENV)/.installed-$(shell cat constraints.txt pyproject.toml 2>/dev/null | sha256sum | cut -c1-12)
 PIP := $(BIN)/python -m pip --disable-pip-version-check
 PYTEST_ARGS ?=
+# SERVE_ARGS=--trtllm-serve: serve an llmapi recipe with TensorRT-LLM's OpenAI-compatible server (GPU, container)
+SERVE_ARGS ?=
 
 .PHONY: help install test lint plan validate demo clean calibrate build engine repo serve stop bench probe report \
         bench-kvcache bench-crosscheck compare install-genai-perf generate status
@@ -58,7 +60,7 @@ repo: install
 	$(TRTKV) repo $(RECIPE)
 
 serve: install
-	$(TRTKV) serve $(RECIPE)
+	$(TRTKV) serve $(RECIPE) $(SERVE_ARGS)
 
 stop: install
 	$(TRTKV) stop $(RECIPE)

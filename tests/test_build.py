@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import yaml
 
 from trtkv import build
@@ -24,7 +25,7 @@ from trtkv.recipe import Backend, list_recipes, load_recipe
 
 DATA = Path(__file__).parent / "data"
 sys.path.insert(0, str(Path(__file__).parent))
-from test_runtime import needs_cache, tiny_llama, write_checkpoint  # noqa: E402
+from test_runtime import needs_cache, tiny_llama, write_checkpoint, write_hf_export  # noqa: E402
 
 
 def accepted_flags(name: str) -> dict[str, str]:
@@ -92,11 +93,30 @@ GOLDEN_TRTLLM_SERVE = {
         ["trtllm-serve", "ENGINES/llama8b_fp8kv_pytorch/checkpoint/hf", "--backend", "pytorch", "--host", "127.0.0.1",
          "--port", "8000", "--tp_size", "1", "--pp_size", "1", "--max_batch_size", "128", "--max_num_tokens", "16384",
          "--max_seq_len", "65536", "--kv_cache_free_gpu_memory_fraction", "0.9", "--extra_llm_api_options",
-         "ENGINES/llama8b_fp8kv_pytorch/engine/extra_llm_api_options.yaml"],
-        {"tensor_parallel_size": 1, "pipeline_parallel_size": 1, "max_batch_size": 128, "max_num_tokens": 16384,
-         "max_seq_len": 65536,
-         "kv_cache_config": {"dtype": "fp8", "free_gpu_memory_fraction": 0.9, "enable_block_reuse": False},
-         "enable_chunked_prefill": True}),  # max_input_len 32768 > max_num_tokens 16384
+         "ENGINES/llama8b_fp8kv_pytorch/engine/llm_api_options.yaml"],
+        {"max_input_len": 32768, "enable_chunked_prefill": True,  # max_input_len 32768 > max_num_tokens 16384
+         "kv_cache_config": {"dtype": "fp8", "free_gpu_memory_fraction": 0.9, "enable_block_reuse": False}}),
+    "llama70b_fp8kv_llmapi": (
+        ["trtllm-serve", "ENGINES/llama70b_fp8kv_llmapi/checkpoint/hf", "--backend", "pytorch", "--host", "127.0.0.1",
+         "--port", "8000", "--tp_size", "4", "--pp_size", "1", "--max_batch_size", "64", "--max_num_tokens", "8192",
+         "--max_seq_len", "32768", "--kv_cache_free_gpu_memory_fraction", "0.9", "--extra_llm_api_options",
+         "ENGINES/llama70b_fp8kv_llmapi/engine/llm_api_options.yaml"],
+        {"max_input_len": 16384, "enable_chunked_prefill": True,
+         "kv_cache_config": {"dtype": "fp8", "free_gpu_memory_fraction": 0.9, "enable_block_reuse": False}}),
+    "llama70b_nvfp4kv": (
+        ["trtllm-serve", "ENGINES/llama70b_nvfp4kv/checkpoint/hf", "--backend", "pytorch", "--host", "127.0.0.1",
+         "--port", "8000", "--tp_size", "4", "--pp_size", "1", "--max_batch_size", "128", "--max_num_tokens", "8192",
+         "--max_seq_len", "32768", "--kv_cache_free_gpu_memory_fraction", "0.9", "--extra_llm_api_options",
+         "ENGINES/llama70b_nvfp4kv/engine/llm_api_options.yaml"],
+        {"max_input_len": 16384, "enable_chunked_prefill": True,
+         "kv_cache_config": {"dtype": "nvfp4", "free_gpu_memory_fraction": 0.9, "enable_block_reuse": False}}),
+    "smollm2_fp8kv_llmapi": (
+        ["trtllm-serve", "ENGINES/smollm2_fp8kv_llmapi/checkpoint/hf", "--backend", "pytorch", "--host", "127.0.0.1",
+         "--port", "8000", "--tp_size", "1", "--pp_size", "1", "--max_batch_size", "4", "--max_num_tokens", "4096",
+         "--max_seq_len", "4096", "--kv_cache_free_gpu_memory_fraction", "0.9", "--extra_llm_api_options",
+         "ENGINES/smollm2_fp8kv_llmapi/engine/llm_api_options.yaml"],
+        {"max_input_len": 2048, "enable_chunked_prefill": False,
+         "kv_cache_config": {"dtype": "fp8", "free_gpu_memory_fraction": 0.9, "enable_block_reuse": False}}),
 }
 
 
@@ -110,7 +130,7 @@ def shipped(backend: Backend) -> list[str]:
 
 def test_every_shipped_gpu_recipe_has_a_golden_command() -> None:
     assert sorted(shipped(Backend.TENSORRT)) == sorted(GOLDEN_TRTLLM_BUILD)
-    assert sorted(shipped(Backend.PYTORCH)) == sorted(GOLDEN_TRTLLM_SERVE)
+    assert sorted(shipped(Backend.LLMAPI)) == sorted(GOLDEN_TRTLLM_SERVE)
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN_TRTLLM_BUILD))
@@ -164,13 +184,8 @@ def test_trtllm_serve_golden_command_and_options(name: str, engines_tmp: Path) -
     golden_cmd, golden_options = GOLDEN_TRTLLM_SERVE[name]
     assert relative(cmd, engines_tmp) == golden_cmd
     check_flags(cmd, SERVE_FLAGS)
-    options = llmapi.llm_api_options(recipe)
-    assert options == golden_options
-    flat = {f"yaml:{k}" if not isinstance(v, dict) else None: v for k, v in options.items()}
-    flat.update({f"yaml:kv_cache_config.{k}": v for k, v in options["kv_cache_config"].items()})
-    flat.pop(None, None)
-    assert set(flat) <= set(SERVE_FLAGS)
-    assert options["kv_cache_config"]["dtype"] in SERVE_FLAGS["yaml:kv_cache_config.dtype"].split(",")
+    options = llmapi.serve_config(recipe)
+    assert options == golden_options  # LLM() arguments (tests/test_llmapi.py checks every key against upstream's list)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -409,8 +424,7 @@ def test_unreadable_hf_quant_config_is_a_clear_error(tmp_path: Path, engines_tmp
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     recipe_path = tiny_recipe(tmp_path, "tiny_pt", "pytorch")
     ckpt = write_checkpoint(tiny, engines_tmp / "tiny_pt" / "checkpoint", weights="fp8", kv="FP8")
-    (ckpt / "hf").mkdir()
-    (ckpt / "hf" / "config.json").write_text(tiny.config.to_json_string())
+    write_hf_export(tiny, ckpt / "hf")
     (ckpt / "hf" / "hf_quant_config.json").write_text("{not json")
     assert main(["build", str(recipe_path)]) == 2
     err = capsys.readouterr().err
@@ -418,23 +432,41 @@ def test_unreadable_hf_quant_config_is_a_clear_error(tmp_path: Path, engines_tmp
 
 
 # ---------------------------------------------------------------------------------------------
-# pytorch and reference backends, real runs on tiny checkpoints
+# llmapi and reference backends, real runs on tiny checkpoints
 
 
-def test_pytorch_backend_writes_options_and_serve_command(tmp_path: Path, engines_tmp: Path, tiny: Any) -> None:
-    recipe_path = tiny_recipe(tmp_path, "tiny_pt", "pytorch")
+def test_llmapi_backend_writes_options_and_serve_command(tmp_path: Path, engines_tmp: Path, tiny: Any) -> None:
+    recipe_path = tiny_recipe(tmp_path, "tiny_pt", "llmapi")
     ckpt = write_checkpoint(tiny, engines_tmp / "tiny_pt" / "checkpoint", weights="fp8", kv="FP8")
-    (ckpt / "hf").mkdir()
-    (ckpt / "hf" / "config.json").write_text(tiny.config.to_json_string())
-    (ckpt / "hf" / "hf_quant_config.json").write_text(json.dumps(
-        {"quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}))
+    write_hf_export(tiny, ckpt / "hf")
     assert main(["build", str(recipe_path)]) == 0
     engine = engines_tmp / "tiny_pt" / "engine"
-    options = yaml.safe_load((engine / "extra_llm_api_options.yaml").read_text())
-    assert options["kv_cache_config"]["dtype"] == "fp8" and options["max_num_tokens"] == 256
+    options = yaml.safe_load((engine / "llm_api_options.yaml").read_text())
+    assert options["kv_cache_config"]["dtype"] == "fp8" and options["max_input_len"] == 64
     serve = (engine / "serve_command.txt").read_text().split()
-    assert serve[:2] == ["trtllm-serve", str(ckpt / "hf")]
+    assert serve[:2] == ["trtllm-serve", str(ckpt / "hf")] and serve[serve.index("--max_num_tokens") + 1] == "256"
     check_flags(serve, SERVE_FLAGS)
+
+
+def test_llmapi_build_refuses_a_broken_hf_export(tmp_path: Path, engines_tmp: Path, tiny: Any,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from safetensors.torch import load_file, save_file
+
+    recipe_path = tiny_recipe(tmp_path, "tiny_pt", "llmapi")
+    ckpt = write_checkpoint(tiny, engines_tmp / "tiny_pt" / "checkpoint", weights="fp8", kv="FP8")
+    hf = write_hf_export(tiny, ckpt / "hf")
+    tensors = load_file(str(hf / "model.safetensors"))
+    del tensors["model.layers.1.self_attn.v_proj.v_scale"]
+    tensors["model.layers.0.self_attn.k_proj.k_scale"] = torch.tensor(float("nan"))
+    tensors["model.layers.0.mlp.up_proj.weight"] = tensors["model.layers.0.mlp.up_proj.weight"].float()
+    save_file(tensors, str(hf / "model.safetensors"))
+    assert main(["build", str(recipe_path)]) == 2
+    err = capsys.readouterr().err
+    assert "found 3 problem(s)" in err
+    assert "model.layers.1.self_attn.v_proj.v_scale missing" in err
+    assert "model.layers.0.self_attn.k_proj.k_scale = nan, a scale must be finite and > 0" in err
+    assert "model.layers.0.mlp.up_proj.weight is F32, recipe weights fp8 needs F8_E4M3" in err
+    assert not (engines_tmp / "tiny_pt" / "engine").exists()
 
 
 @needs_cache

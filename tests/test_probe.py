@@ -59,10 +59,14 @@ def test_probe_records_the_deployed_scales_after_calibrate(smollm2_engine: Path,
     """After `trtkv calibrate` (the session's chain run), the probe measures with the recipe's kv_scales.json."""
     monkeypatch.setenv("TRTKV_ENGINES", str(smollm2_engine.parent))
     out = tmp_path / "probe"
-    args = ["probe", "smollm2_fp8kv", *TINY, "--formats", "fp8", "--lengths", "64", "--no-needle",
+    args = ["probe", "smollm2_fp8kv", *TINY, "--formats", "fp8,nvfp4", "--lengths", "64", "--no-needle",
             "--decode-steps", "1", "--threads", "1", "--no-progress", "--output", str(out)]
     assert main(args) == 0
     doc = json.loads((out / "probe.json").read_text())
+    recs = {r["format"]: r for r in doc["records"]}
+    # NVFP4: 0.5625 bytes/element (E2M1 + an E4M3 scale per 16) = 6480 bytes/token on SmolLM2, and a larger error
+    assert recs["nvfp4"]["kv_bytes_per_token"] == recs["nvfp4"]["kv_bytes_per_token_formula"] == 6480
+    assert recs["nvfp4"]["kl_mean"] > recs["fp8"]["kl_mean"] > 0
     deployed = json.loads((smollm2_engine / "checkpoint" / "kv_scales.json").read_text())
     assert doc["scales"]["source"] == str(smollm2_engine / "checkpoint" / "kv_scales.json")
     assert [(x["k_amax"], x["v_amax"]) for x in doc["scales"]["layers"]] == [

@@ -58,6 +58,35 @@ def _fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (weight.float() / scale).to(torch.float8_e4m3fn), scale.reshape(1)
 
 
+def write_hf_export(model: Any, out: Path, *, weights: str = "fp8", kv: str | None = "FP8",
+                    kv_scale: float = 0.05) -> Path:
+    """ModelOpt's unified HF export layout: config.json, model.safetensors (FP8 projections with weight_scale and
+    input_scale, per-layer k_proj.k_scale / v_proj.v_scale) and hf_quant_config.json."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = model.config
+    tensors: dict[str, torch.Tensor] = {}
+    for name, tensor in model.state_dict().items():
+        if weights == "fp8" and name.startswith("model.layers.") and name.endswith("_proj.weight"):
+            base = name[: -len("weight")]
+            tensors[name], scale = _fp8(tensor.detach())
+            tensors[base + "weight_scale"] = scale.reshape(())
+            tensors[base + "input_scale"] = torch.tensor(1.0)
+        else:
+            tensors[name] = tensor.detach().float().contiguous()
+    if kv:
+        for i in range(cfg.num_hidden_layers):
+            tensors[f"model.layers.{i}.self_attn.k_proj.k_scale"] = torch.tensor(kv_scale)
+            tensors[f"model.layers.{i}.self_attn.v_proj.v_scale"] = torch.tensor(kv_scale / 2)
+    save_file(tensors, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps({**cfg.to_dict(), "architectures": ["LlamaForCausalLM"]}, indent=2))
+    if weights == "fp8" or kv:
+        quant = {"quant_algo": "FP8" if weights == "fp8" else None, "kv_cache_quant_algo": kv}
+        (out / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt"}, "quantization": quant}))
+    return out
+
+
 def write_checkpoint(model: Any, out: Path, *, weights: str = "none", kv: str | None = None,
                      kv_factor: float = 1.0, dtype: str = "float32") -> Path:
     """config.json + rank0.safetensors (+ kv_scales.json, manifest.json) in the ModelOpt/TensorRT-LLM layout."""

@@ -116,6 +116,31 @@ def docker_command(recipe: Recipe, repo: Path) -> list[str]:
     return cmd + gpu_command(recipe, repo, host=CONTAINER_BIND)
 
 
+def trtllm_serve_command(recipe: Recipe, host: str | None = None) -> list[str]:
+    """TensorRT-LLM's OpenAI-compatible server on the recipe's HF export (backend llmapi), with the build's --config."""
+    from trtkv.backends import llmapi
+    from trtkv.layout import checkpoint_dir
+
+    if recipe.build.backend is not llmapi.BACKEND.backend:
+        raise StageError(f"--trtllm-serve serves the LLM API path; {recipe.name} has build.backend "
+                         f"{recipe.build.backend.value}. Next: use a recipe with build.backend llmapi (e.g. "
+                         f"llama70b_fp8kv_llmapi), or serve this one with Triton (`trtkv serve {recipe.name}`).")
+    cmd = llmapi.trtllm_serve_command(recipe, checkpoint_dir(recipe) / "hf", engine_dir(recipe) / llmapi.LLM_API_OPTIONS)
+    if host is not None:
+        cmd[cmd.index("--host") + 1] = host
+    return cmd
+
+
+def trtllm_serve_docker_command(recipe: Recipe) -> list[str]:
+    """docker run of the TensorRT-LLM image running trtllm-serve; the HTTP port published on triton.host only."""
+    t = recipe.triton
+    out = paths.recipe_output_dir(recipe.name)
+    cmd = ["docker", "run", "--rm", "--gpus", "all", "--shm-size=2g", "--ulimit", "memlock=-1",
+           "--ulimit", "stack=67108864", "--name", container_name(recipe), "-p", f"{t.host}:{t.http_port}:{t.http_port}",
+           "-v", f"{out}:{out}", container_image(recipe)]
+    return cmd + trtllm_serve_command(recipe, host=CONTAINER_BIND)
+
+
 BREAK_BEFORE = ("-p", "-v", "mpirun", ":", "--name")
 
 

@@ -5,7 +5,8 @@
 - `tensorrt`: TensorRT-LLM's own `tensorrt_llm.runtime.ModelRunnerCpp` (the C++ executor Triton's backend runs, as
   its examples/run.py uses) on the engine (world size 1), where TensorRT-LLM lives (trtkv.trtllm: TRTKV_TRTLLM_PYTHON,
   this python, or the container).
-- `pytorch` (LLM API): `tensorrt_llm.LLM` on the HF export with the recipe's KV dtype, in the same place.
+- `llmapi`: on a GPU recipe `tensorrt_llm.LLM` on the HF export with the recipe's KV dtype, in the same place; on
+  hardware.gpu cpu trtkv's LLM-API-shaped engine (trtkv.runtime.llm) on the same HF export.
 The GPU paths are written from TensorRT-LLM 1.2's APIs and were not executed on a machine without a GPU.
 """
 
@@ -15,7 +16,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from trtkv import layout, trtllm, versions
+from trtkv import trtllm, versions
 from trtkv.backends import for_recipe
 from trtkv.errors import StageError
 from trtkv.recipe import Recipe
@@ -27,10 +28,8 @@ MARKER = "TRTKV_TEXT"
 def describe(recipe: Recipe, prompt: str, max_tokens: int, checkpoint: Path | None = None) -> list[str]:
     """What `generate` would run (nothing is loaded)."""
     backend = for_recipe(recipe)
-    if backend.serves_locally:
-        ckpt = checkpoint or layout.checkpoint_dir(recipe)
-        return [f"reference runtime: {layout.engine_dir(recipe)}/runtime.json on checkpoint {ckpt} (CPU, greedy, "
-                f"{max_tokens} tokens)"]
+    if backend.serves_locally(recipe):
+        return [backend.describe_local_generate(recipe, max_tokens, checkpoint)]
     script, args = backend.generate_job(recipe, prompt, max_tokens)
     image = versions.image_for(recipe.build.tensorrt_llm_version)
     place = trtllm.where(image)
@@ -43,17 +42,8 @@ def generate(recipe: Recipe, prompt: str, max_tokens: int = 16, *, checkpoint: P
     if max_tokens < 1:
         raise StageError(f"--max-tokens {max_tokens}: must be >= 1.")
     backend = for_recipe(recipe)
-    if backend.serves_locally:
-        from trtkv.runtime import ReferenceRuntime
-
-        engine = layout.engine_dir(recipe)
-        if not (engine / "runtime.json").is_file():
-            raise StageError(f"{engine}/runtime.json: missing. Next: `trtkv build {recipe.name}` (after `trtkv "
-                             f"calibrate {recipe.name}`), or `make engine RECIPE={recipe.name}`.")
-        if checkpoint is not None and not (Path(checkpoint) / "config.json").is_file():
-            raise StageError(f"--checkpoint {checkpoint}: no config.json there (a TensorRT-LLM checkpoint folder).")
-        runtime = ReferenceRuntime.load(engine, checkpoint=checkpoint)
-        return runtime.generate_text(prompt, max_tokens=max_tokens)
+    if backend.serves_locally(recipe):
+        return backend.local_generate(recipe, prompt, max_tokens, checkpoint)
     script, args = backend.generate_job(recipe, prompt, max_tokens)
     image = versions.image_for(recipe.build.tensorrt_llm_version)
     place = trtllm.where(image)

@@ -34,5 +34,9 @@ GPU_SPECS: dict[GPU, GPUSpec] = {
 }
 
 
+def gpus_with_arch(arch: str) -> list[str]:
+    return [g.value for g, s in GPU_SPECS.items() if s.arch == arch]
+
+
 def gpus_with_fp8() -> list[str]:
     return [g.value for g, s in GPU_SPECS.items() if s.has_fp8]

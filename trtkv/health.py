@@ -1,4 +1,5 @@
-"""Is the recipe's server serving? Not just "ready": a real one-token inference through the ensemble (the canary).
+"""Is the recipe's server serving? Not just "ready": a real one-token inference through the served model
+(the ensemble, or the llmapi layout's tensorrt_llm: the canary).
 
 Triton keeps answering ready while a model instance's stub is dead and part of the requests fail; only an inference
 shows it. `trtkv status RECIPE` runs the checks below; a supervisor and the container health check can use the same
@@ -15,11 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trtkv.artifacts import ServerRecord
+from trtkv.interface import ENSEMBLE, ModelInterface, for_layout
 from trtkv.layout import serve_dir
 from trtkv.process import is_running
 from trtkv.recipe import Recipe
-
-CANARY = {"text_input": "Hello", "max_tokens": 1}
 
 
 @dataclass
@@ -54,11 +54,11 @@ def _http(url: str, body: dict[str, Any] | None, timeout_s: float) -> tuple[int,
         return exc.code, exc.read().decode(errors="replace")
 
 
-def canary(http_url: str, model: str = "ensemble", timeout_s: float = 60.0) -> Probe:
+def canary(http_url: str, interface: ModelInterface = ENSEMBLE, timeout_s: float = 60.0) -> Probe:
     """One real inference: POST /v2/models/<model>/generate with a one-token request; ok when text comes back."""
     start = time.monotonic()
     try:
-        status, text = _http(f"{http_url}/v2/models/{model}/generate", CANARY, timeout_s)
+        status, text = _http(f"{http_url}/v2/models/{interface.model}/generate", interface.body("Hello", 1), timeout_s)
     except (urllib.error.URLError, OSError) as exc:
         return Probe(False, time.monotonic() - start, f"{type(exc).__name__}: {exc}")
     seconds = time.monotonic() - start
@@ -89,6 +89,9 @@ def check(recipe: Recipe, canaries: int = 2, timeout_s: float = 60.0) -> Health:
     checks["ready"] = status == 200
     if not checks["ready"]:
         return Health("down", server, checks)
-    probes = [canary(http, timeout_s=timeout_s) for _ in range(max(1, canaries))]
+    from trtkv.backends import for_recipe
+
+    interface = for_layout(for_recipe(recipe).repo_layout)
+    probes = [canary(http, interface, timeout_s=timeout_s) for _ in range(max(1, canaries))]
     checks["canaries"] = [probe.__dict__ for probe in probes]
     return Health("healthy" if all(p.ok for p in probes) else "degraded", server, checks)

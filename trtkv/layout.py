@@ -23,7 +23,8 @@ SERVE = "serve"
 HF_CONFIG = "hf_config.json"
 
 # recipe quantization.kv_cache -> checkpoint config.json quantization.kv_cache_quant_algo (None: null)
-KV_ALGO: dict[KVCacheQuant, str | None] = {KVCacheQuant.FP8: "FP8", KVCacheQuant.INT8: "INT8", KVCacheQuant.NONE: None}
+KV_ALGO: dict[KVCacheQuant, str | None] = {KVCacheQuant.FP8: "FP8", KVCacheQuant.INT8: "INT8",
+                                            KVCacheQuant.NVFP4: "NVFP4", KVCacheQuant.NONE: None}
 # recipe quantization.weights -> the quant_algo values a checkpoint may carry for it (ModelOpt / TensorRT-LLM
 # QuantAlgo names; the first is what ModelOpt writes by default)
 WEIGHT_ALGOS: dict[WeightQuant, tuple[str | None, ...]] = {
@@ -36,7 +37,7 @@ WEIGHT_ALGOS: dict[WeightQuant, tuple[str | None, ...]] = {
 
 
 def kv_cache_quant_algo(recipe: Recipe) -> str | None:
-    """The checkpoint's `quantization.kv_cache_quant_algo` for this recipe ("FP8", "INT8" or None)."""
+    """The checkpoint's `quantization.kv_cache_quant_algo` for this recipe ("FP8", "INT8", "NVFP4" or None)."""
     return KV_ALGO[recipe.quantization.kv_cache]
 
 

@@ -33,6 +33,8 @@ from trtkv.container import (
     launch_script_command,
     shell_block,
     stop_container,
+    trtllm_serve_command,
+    trtllm_serve_docker_command,
 )
 from trtkv.errors import StageError, ToolError
 from trtkv.layout import engine_dir, repo_dir, serve_dir
@@ -200,15 +202,26 @@ def _failure(headline: str, info: ServerInfo) -> ToolError:
     return ToolError(text + f"--- last lines of the log ---\n{tail(Path(info.log), 15)}")
 
 
+TRTLLM_SERVE = "trtllm-serve"
+READY_PATHS = {"tritonserver": "/v2/health/ready", TRTLLM_SERVE: "/health"}
+
+
+def frontend(info: ServerInfo) -> str:
+    """Which server the record is about: tritonserver, or trtllm-serve (OpenAI-compatible, `--trtllm-serve`)."""
+    return str(info.extra.get("frontend") or "tritonserver")
+
+
 def wait_ready(info: ServerInfo, proc: subprocess.Popen[bytes], timeout_s: float) -> float:
-    """Seconds until /v2/health/ready answers 200; ToolError with the log tail when the server dies or times out."""
-    seconds = wait_http_ready(f"{info.http_url}/v2/health/ready", lambda: proc.poll() is None, timeout_s)
+    """Seconds until the readiness endpoint answers 200; ToolError with the log tail when the server dies or times
+    out."""
+    name = frontend(info)
+    seconds = wait_http_ready(f"{info.http_url}{READY_PATHS[name]}", lambda: proc.poll() is None, timeout_s)
     if seconds is not None:
         return seconds
     code = proc.poll()
     if code is not None:
-        raise _failure(f"tritonserver exited with code {code} while starting.", info)
-    raise _failure(f"tritonserver was not ready after {timeout_s:.0f} s (recipe triton.startup_timeout_s).", info)
+        raise _failure(f"{name} exited with code {code} while starting.", info)
+    raise _failure(f"{name} was not ready after {timeout_s:.0f} s (recipe triton.startup_timeout_s).", info)
 
 
 
@@ -217,10 +230,13 @@ def wait_ready(info: ServerInfo, proc: subprocess.Popen[bytes], timeout_s: float
 
 
 def start(recipe: Recipe, *, dry_run: bool = False, timeout_s: float | None = None,
-          log: Callable[[str], None] = print) -> ServerInfo | None:
-    """Start the recipe's server and wait until it is ready (None for --dry-run)."""
+          log: Callable[[str], None] = print, trtllm_serve: bool = False) -> ServerInfo | None:
+    """Start the recipe's server and wait until it is ready (None for --dry-run). `trtllm_serve`: TensorRT-LLM's
+    OpenAI-compatible server instead of Triton (backend llmapi, GPU)."""
     repo = repo_dir(recipe)
-    if for_recipe(recipe).serves_locally:
+    if trtllm_serve:
+        return _start_trtllm_serve(recipe, dry_run=dry_run, timeout_s=timeout_s, log=log)
+    if for_recipe(recipe).serves_locally(recipe):
         return _start_local(recipe, repo, dry_run=dry_run, timeout_s=timeout_s, log=log)
     return _start_gpu(recipe, repo, dry_run=dry_run, timeout_s=timeout_s, log=log)
 
@@ -266,11 +282,39 @@ def _start_gpu(recipe: Recipe, repo: Path, *, dry_run: bool, timeout_s: float | 
     return _launch(recipe, cmd, repo, dict(os.environ), timeout_s, log, container=container)
 
 
+def _start_trtllm_serve(recipe: Recipe, *, dry_run: bool, timeout_s: float | None,
+                        log: Callable[[str], None]) -> ServerInfo | None:
+    if for_recipe(recipe).serves_locally(recipe):
+        raise StageError(f"--trtllm-serve needs TensorRT-LLM and a GPU; {recipe.name} runs on the CPU, where the Triton "
+                         f"llmapi model serves it: `trtkv serve {recipe.name}`.")
+    inside = shutil.which(TRTLLM_SERVE) is not None
+    if dry_run:
+        log(f"# on a host with Docker and {recipe.hardware.count} GPU(s):\n"
+            f"{shell_block(trtllm_serve_docker_command(recipe))}")
+        log(f"# inside the container:\n{quote(trtllm_serve_command(recipe))}")
+        return None
+    for_recipe(recipe).require_served_input(recipe)
+    require_input(engine_dir(recipe), "serve", "build", recipe)
+    check_free(recipe)
+    container = None
+    if inside:
+        cmd = trtllm_serve_command(recipe)
+    elif shutil.which("docker"):
+        cmd = trtllm_serve_docker_command(recipe)
+        container = container_name(recipe)
+        stop_container(container, timeout_s=10)
+    else:
+        raise StageError(f"trtllm-serve is not on PATH and docker is not here. Next: run on the GPU host, or print the "
+                         f"commands with `trtkv serve {recipe.name} --trtllm-serve --dry-run`.")
+    return _launch(recipe, cmd, repo_dir(recipe), dict(os.environ), timeout_s, log, container=container,
+                   name=TRTLLM_SERVE)
+
+
 def _launch(recipe: Recipe, cmd: list[str], repo: Path, env: dict[str, str], timeout_s: float | None,
-            log: Callable[[str], None], container: str | None = None) -> ServerInfo:
+            log: Callable[[str], None], container: str | None = None, name: str = "tritonserver") -> ServerInfo:
     out = serve_dir(recipe)
     out.mkdir(parents=True, exist_ok=True)
-    log_path = out / "tritonserver.log"
+    log_path = out / f"{name}.log"
     t = recipe.triton
     with log_path.open("wb") as log_file:
         log_file.write(f"$ {quote(cmd)}\n".encode())
@@ -280,10 +324,11 @@ def _launch(recipe: Recipe, cmd: list[str], repo: Path, env: dict[str, str], tim
     info = ServerInfo(pid=proc.pid, host=t.host, http_port=t.http_port, grpc_port=t.grpc_port,
                       metrics_port=t.metrics_port, command=cmd, log=str(log_path), model_repository=str(repo),
                       started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), recipe=recipe.name,
-                      backend=recipe.build.backend.value, container=container)
+                      backend=recipe.build.backend.value, container=container,
+                      extra={"frontend": name} if name != "tritonserver" else {})
     write_server(recipe, info)
-    log(f"serve: started tritonserver (pid {proc.pid}), waiting up to {timeout_s or t.startup_timeout_s:.0f} s for "
-        f"{info.http_url}/v2/health/ready; log {log_path}")
+    log(f"serve: started {name} (pid {proc.pid}), waiting up to {timeout_s or t.startup_timeout_s:.0f} s for "
+        f"{info.http_url}{READY_PATHS[name]}; log {log_path}")
     try:
         info.ready_seconds = round(wait_ready(info, proc, timeout_s or t.startup_timeout_s), 2)
     except BaseException:

@@ -24,7 +24,7 @@ def tiny() -> LlamaForCausalLM:
 
 
 def _cache(model: LlamaForCausalLM, fmt: str, **kw) -> QuantizedKVCache:
-    static = fmt in ("fp8", "int8", "int8_split")
+    static = fmt in ("fp8", "int8", "int8_split", "nvfp4")
     return QuantizedKVCache(model.config, fmt, SCALES if static else None, SCALES if static else None, **kw)
 
 

@@ -167,7 +167,7 @@ def test_every_format_roundtrips_with_bounded_error() -> None:
     x = torch.randn(1, 3, 64, 64, generator=gen)
     errors = {}
     for fmt in KVFormat:
-        scale = 4.5 / (448 if fmt is KVFormat.FP8 else 127)
+        scale = 4.5 / (448 if fmt in (KVFormat.FP8, KVFormat.NVFP4) else 127)
         codecs = quant.layer_codecs(fmt, scale, scale)
         back = codecs.key.roundtrip(x)
         assert back.shape == x.shape and back.dtype == x.dtype
@@ -182,3 +182,78 @@ def test_parse_format_names() -> None:
     assert quant.parse_format(KVFormat.FP8).static
     with pytest.raises(TrtkvError, match="Allowed"):
         quant.parse_format("int3")
+
+
+# ----------------------------------------------------------------------------- NVFP4
+
+# E2M1 from its definition (1 sign, 2 exponent bits with bias 1, 1 mantissa bit; exponent 0 is subnormal): code -> value
+def _e2m1_value(code: int) -> float:
+    sign = -1.0 if code & 8 else 1.0
+    exp, man = (code >> 1) & 3, code & 1
+    return sign * (man * 0.5 if exp == 0 else (1 + man / 2) * 2.0 ** (exp - 1))
+
+
+E2M1_TABLE = np.array([_e2m1_value(c) for c in range(16)])
+
+
+def _nearest_e2m1(y: np.ndarray) -> np.ndarray:
+    """Round to the nearest E2M1 value, ties to the even code, saturating at +-6 (what cvt.rn.satfinite does)."""
+    y = np.clip(y, -6.0, 6.0)
+    codes = np.arange(16)
+    dist = np.abs(E2M1_TABLE[None, :] - y.reshape(-1, 1))
+    best = dist == dist.min(axis=1, keepdims=True)
+    # ties (e.g. 0.25 between 0 and 0.5) go to the even mantissa; +0/-0 tie only for y == 0, both are zero
+    pick = np.where(best.sum(1) > 1, np.argmax(best & (codes % 2 == 0)[None, :], axis=1), np.argmax(best, axis=1))
+    return E2M1_TABLE[pick].reshape(y.shape)
+
+
+def test_e2m1_table_and_rounding_match_the_definition() -> None:
+    assert sorted({abs(v) for v in E2M1_TABLE}) == [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    grid = np.concatenate([np.linspace(-8, 8, 6401), (E2M1_TABLE[:8, None] + E2M1_TABLE[None, :8]).ravel() / 2,
+                           -(E2M1_TABLE[:8, None] + E2M1_TABLE[None, :8]).ravel() / 2])  # every midpoint, both signs
+    got = quant.e2m1_values(quant.e2m1_codes(torch.tensor(grid, dtype=torch.float32))).numpy()
+    np.testing.assert_array_equal(got, _nearest_e2m1(grid.astype(np.float32)))
+    for tie, expected in [(0.25, 0.0), (0.75, 1.0), (1.25, 1.0), (1.75, 2.0), (2.5, 2.0), (3.5, 4.0), (5.0, 4.0)]:
+        assert quant.e2m1_values(quant.e2m1_codes(torch.tensor([tie, -tie]))).tolist() == [expected, -expected]
+
+
+def test_nvfp4_blocks_of_16_with_e4m3_block_scales_and_a_global_scale() -> None:
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(1, 2, 5, 64, generator=gen) * 3
+    amax = float(x.abs().max())
+    g = amax / 448  # the static global scale as ModelOpt exports it (k_scale = amax / 448)
+    codes, block_scale = quant.nvfp4_quantize(x, g)
+    assert codes.shape == x.shape and block_scale.shape == (1, 2, 5, 4) and block_scale.dtype == torch.float8_e4m3fn
+    # independent reference in float64: block scale = E4M3(block amax / 6 / g), value = E2M1(x / (scale * g))
+    blocks = x.double().numpy().reshape(1, 2, 5, 4, 16)
+    ref_scale = _nearest_e4m3(np.abs(blocks).max(-1) / 6 / g)
+    np.testing.assert_array_equal(block_scale.float().numpy(), ref_scale)
+    ref = _nearest_e2m1(blocks / (ref_scale * g)[..., None]) * (ref_scale * g)[..., None]
+    back = quant.nvfp4_dequantize(codes, block_scale, g, torch.float32).numpy().reshape(ref.shape)
+    np.testing.assert_allclose(back, ref, rtol=1e-6, atol=0)
+    assert float(block_scale.float().max()) == 72.0  # 448 / 6 = 74.67 rounds to E4M3's 72 (spacing 8 in [64, 128))
+    # the format's own resolution: a block's error is at most half its largest step (2 between 4 and 6) x its scale
+    err = np.abs(back - blocks)
+    assert (err <= (ref_scale * g)[..., None] * 1.0 + 1e-9).all()
+
+
+def test_nvfp4_static_global_scale_clips_only_beyond_six_times_the_calibrated_amax() -> None:
+    codec = quant.layer_codecs("nvfp4", 1.0 / 448, 1.0 / 448).key  # calibrated amax 1.0
+    x = torch.zeros(1, 1, 1, 32)
+    x[..., 0], x[..., 1] = 5.0, 0.5  # 5x beyond calibration: block scale 5 * 448 / 6 = 373.3 -> E4M3 384, no clip
+    x[..., 16] = 10.0  # 10x: the block scale saturates at 448, the value at 6 x 448 x (1/448) = 6
+    back = codec.roundtrip(x)
+    assert codec.limit == pytest.approx(6.0)
+    step = 384 / 448  # block scale x global scale
+    assert float(back[..., 0]) == pytest.approx(6 * step)  # 5 / step = 5.83 -> E2M1 6
+    assert float(back[..., 1]) == pytest.approx(0.5 * step)  # 0.5 / step = 0.58 -> E2M1 0.5
+    assert float(back[..., 16]) == pytest.approx(6.0)
+
+
+def test_nvfp4_keeps_separate_k_and_v_global_scales() -> None:
+    codecs = quant.layer_codecs("nvfp4", 0.01, 0.002)
+    assert (codecs.key.scale, codecs.value.scale) == (0.01, 0.002)
+    with pytest.raises(TrtkvError, match="global scales"):
+        quant.layer_codecs("nvfp4", None, None)
+    with pytest.raises(TrtkvError, match="multiple of it"):
+        quant.nvfp4_quantize(torch.ones(1, 1, 1, 24), 0.01)

@@ -33,6 +33,13 @@ def test_every_recipe_generates_a_valid_repo(name: str, engines_tmp: Path, token
     recipe = load_recipe(name)
     repo, logs = _generate(name)
     models = validate_repo(repo, expect_decoupled=recipe.triton.decoupled)
+    if recipe.build.backend is Backend.LLMAPI:  # upstream's llmapi layout: one model (tests/test_llmapi.py)
+        assert set(models) == {"tensorrt_llm"} and (repo / "tensorrt_llm" / "1" / "model.yaml").is_file()
+        assert models["tensorrt_llm"].config.model_transaction_policy.decoupled is recipe.triton.decoupled
+        readme = (repo / "README.md").read_text()
+        local = recipe.hardware.gpu.value == "cpu"
+        assert ("make serve" in readme) if local else ("docker run" in readme and "--world_size=1" in readme)
+        return
     expected = {"preprocessing", "tensorrt_llm", "postprocessing", "ensemble"}
     if recipe.build.backend is Backend.TENSORRT:  # the C++ model streams tokens; this BLS model re-cuts them
         expected.add("tensorrt_llm_stream")

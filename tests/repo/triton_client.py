@@ -78,9 +78,10 @@ def grpc_stream(url: str, prompt: str, max_tokens: int, timeout_s: float = 120.0
     return out
 
 
-def http_generate(base_url: str, body: dict[str, Any], timeout_s: float = 120.0) -> tuple[int, dict[str, Any]]:
-    """POST /v2/models/ensemble/generate; (status, JSON body)."""
-    request = urllib.request.Request(f"{base_url}/v2/models/ensemble/generate", data=json.dumps(body).encode(),
+def http_generate(base_url: str, body: dict[str, Any], timeout_s: float = 120.0,
+                  model: str = "ensemble") -> tuple[int, dict[str, Any]]:
+    """POST /v2/models/<model>/generate; (status, JSON body)."""
+    request = urllib.request.Request(f"{base_url}/v2/models/{model}/generate", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"}, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
@@ -89,10 +90,11 @@ def http_generate(base_url: str, body: dict[str, Any], timeout_s: float = 120.0)
         return exc.code, json.loads(exc.read() or b"{}")
 
 
-def http_generate_stream(base_url: str, body: dict[str, Any], timeout_s: float = 120.0) -> list[dict[str, Any]]:
-    """POST /v2/models/ensemble/generate_stream; the SSE events as dicts."""
-    request = urllib.request.Request(f"{base_url}/v2/models/ensemble/generate_stream",
-                                     data=json.dumps({**body, "stream": True}).encode(),
+def http_generate_stream(base_url: str, body: dict[str, Any], timeout_s: float = 120.0, model: str = "ensemble",
+                         stream_key: str = "stream") -> list[dict[str, Any]]:
+    """POST /v2/models/<model>/generate_stream; the SSE events as dicts."""
+    request = urllib.request.Request(f"{base_url}/v2/models/{model}/generate_stream",
+                                     data=json.dumps({**body, stream_key: True}).encode(),
                                      headers={"Content-Type": "application/json"}, method="POST")
     events = []
     with urllib.request.urlopen(request, timeout=timeout_s) as response:

@@ -15,6 +15,7 @@ from typing import Any
 
 from trtkv import paths
 from trtkv.errors import StageError
+from trtkv.hardware import GPU
 from trtkv.layout import checkpoint_dir, engine_dir
 from trtkv.recipe import Backend, Recipe
 from trtkv.stage import manifest_hash
@@ -29,10 +30,14 @@ class EngineBackend:
     backend: Backend
     llm_model: tuple[str, str | None]  # tensorrt_llm model templates: (config.pbtxt, model.py or None)
     llm_step_model = "tensorrt_llm"  # the ensemble's middle step
+    repo_layout = "ensemble"  # "ensemble": inflight_batcher_llm's four models; "llmapi": upstream's one-model layout
     build_sections: tuple[str, ...] = BUILD_SECTIONS  # recipe sections the build output depends on
-    serves_locally = False  # True: the bundled tritonserver runs it on this machine; False: the GPU container
     copies_tokenizer = False  # True: the repository carries its own tokenizer copy (CPU); False: it references one
     records_versions = False  # True: the build manifest records the TensorRT-LLM/TensorRT that built the engine
+
+    def serves_locally(self, recipe: Recipe) -> bool:
+        """True: the bundled tritonserver runs it on this machine (hardware.gpu cpu); False: the GPU container."""
+        return recipe.hardware.gpu is GPU.CPU
 
     def ranks(self, recipe: Recipe) -> int:
         """tritonserver processes per model instance (one per rank under mpirun for the engine path)."""
@@ -71,6 +76,14 @@ class EngineBackend:
         """What the Triton repository points at, and the stage that writes it."""
         return engine_dir(recipe), "build"
 
+    def llm_module(self, recipe: Recipe) -> str:
+        """The engine module a Python tensorrt_llm model imports (llmapi layout), else empty."""
+        return ""
+
+    def repo_files(self, recipe: Recipe) -> dict[str, str]:
+        """Extra files of the Triton repository (relative path -> text)."""
+        return {}
+
     def repo_summary(self, recipe: Recipe) -> str:
         """One line for the repository README: what the tensorrt_llm model is."""
         raise NotImplementedError
@@ -78,6 +91,14 @@ class EngineBackend:
     def repo_notes(self, recipe: Recipe) -> list[str]:
         """Extra README paragraphs for this backend's repository."""
         return []
+
+    def describe_local_generate(self, recipe: Recipe, max_tokens: int, checkpoint: Path | None) -> str:
+        """What `trtkv generate` runs on this machine (backends that serve locally)."""
+        raise StageError(f"backend {self.backend.value} does not run on this machine")
+
+    def local_generate(self, recipe: Recipe, prompt: str, max_tokens: int, checkpoint: Path | None) -> str:
+        """Greedy text from the CPU engine (backends that serve locally)."""
+        raise StageError(f"backend {self.backend.value} does not run on this machine")
 
     def generate_job(self, recipe: Recipe, prompt: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
         """A runner script and its JSON arguments for TensorRT-LLM's own runner (GPU backends)."""

@@ -1,11 +1,16 @@
-"""Backend `pytorch`: TensorRT-LLM's LLM API (PyTorch backend) on the calibrated HF checkpoint; the build stage writes
-`extra_llm_api_options.yaml` and the `trtllm-serve` command, the Triton repository runs a Python `tensorrt_llm` model
-that drives `tensorrt_llm.LLM`. KV dtype: `kv_cache_config.dtype` (fp8, or auto = the checkpoint's).
+"""Backend `llmapi` (alias `pytorch`): TensorRT-LLM's LLM API (its PyTorch backend) on the calibrated HF checkpoint,
+the only path TensorRT-LLM has after 1.3.0rc20 (no engine build: the HF checkpoint loads directly).
+
+Artifacts: ModelOpt's unified HF export (checkpoint/hf/, validated by trtkv.hf_export), the build stage's
+`llm_api_options.yaml` (trtllm-serve `--extra_llm_api_options`, called `--config` since late 2025) and `serve_command.txt`,
+and a Triton repository in upstream's `llmapi` layout: one Python model `tensorrt_llm` whose `1/model.yaml` holds the
+same `LLM()` arguments. On a GPU the model runs `tensorrt_llm.LLM`; on hardware.gpu cpu the same model.py runs trtkv's
+reference engine behind the same interface (trtkv.runtime.llm). KV dtype: `kv_cache_config.dtype` (fp8, nvfp4, or
+auto = the checkpoint's); INT8 KV exists only on the engine path (TensorRT-LLM <= 1.2.x, backend tensorrt).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +18,7 @@ from typing import Any
 import yaml
 
 from trtkv.backends.base import BUILD_SECTIONS, EngineBackend, command_block
+from trtkv.backends.reference import cpu_runtime_problems
 from trtkv.errors import StageError
 from trtkv.hardware import GPU
 from trtkv.layout import checkpoint_dir, kv_cache_quant_algo
@@ -20,124 +26,157 @@ from trtkv.recipe import Backend, KVCacheQuant, Recipe
 from trtkv.tools import quote
 
 SERVE_COMMAND = "serve_command.txt"
-LLM_API_OPTIONS = "extra_llm_api_options.yaml"
+LLM_API_OPTIONS = "llm_api_options.yaml"
+MODEL_YAML = "model.yaml"
+GPU_MODULE = "tensorrt_llm"  # the engine module the Triton model imports LLM and SamplingParams from
+CPU_MODULE = "trtkv.runtime.llm"
+# LLM() arguments trtllm-serve takes as flags; the --config YAML carries the rest
+SERVE_FLAGS = ("backend", "tensor_parallel_size", "pipeline_parallel_size", "max_batch_size", "max_num_tokens",
+               "max_seq_len")
 LLMAPI_RUNNER = """\
 import json, sys
 from tensorrt_llm import LLM, SamplingParams
-from tensorrt_llm.llmapi import KvCacheConfig
 a = json.loads(sys.argv[1])
-llm = LLM(model=a["hf"], tensor_parallel_size=a["tp"], pipeline_parallel_size=a["pp"],
-          kv_cache_config=KvCacheConfig(dtype=a["kv_dtype"], free_gpu_memory_fraction=a["kv_fraction"]))
+llm = LLM(**a["llm_args"])
 out = llm.generate([a["prompt"]], SamplingParams(max_tokens=a["max_tokens"], temperature=0.0))
 print("TRTKV_TEXT"); print(out[0].outputs[0].text)
 """
 
-def llm_api_options(recipe: Recipe) -> dict[str, Any]:
-    """`extra_llm_api_options.yaml` for TensorRT-LLM's LLM API / `trtllm-serve` (PyTorch backend)."""
-    kv_dtype = "fp8" if recipe.quantization.kv_cache is KVCacheQuant.FP8 else "auto"
-    options: dict[str, Any] = {
-        "tensor_parallel_size": recipe.build.tp_size,
-        "pipeline_parallel_size": recipe.build.pp_size,
-        "max_batch_size": recipe.build.max_batch_size,
-        "max_num_tokens": recipe.build.max_num_tokens,
-        "max_seq_len": recipe.build.max_seq_len,
+
+def kv_dtype(recipe: Recipe) -> str:
+    """kv_cache_config.dtype: fp8 / nvfp4 for a quantized KV cache, auto (the model dtype) for none."""
+    kv = recipe.quantization.kv_cache
+    return kv.value if kv in (KVCacheQuant.FP8, KVCacheQuant.NVFP4) else "auto"
+
+
+def llm_args(recipe: Recipe, hf_dir: Path) -> dict[str, Any]:
+    """The LLM() keyword arguments for the recipe (model.yaml, the trtllm-serve config and `trtkv generate`).
+    Every key is a field of TensorRT-LLM's TorchLlmArgs (tests/data/llm_args_fields.json)."""
+    b, t = recipe.build, recipe.triton
+    args: dict[str, Any] = {
+        "model": str(hf_dir),
+        "backend": "pytorch",
+        "tensor_parallel_size": b.tp_size,
+        "pipeline_parallel_size": b.pp_size,
+        "max_batch_size": b.max_batch_size,
+        "max_num_tokens": b.max_num_tokens,
+        "max_seq_len": b.max_seq_len,
+        "max_input_len": b.max_input_len,
+        "enable_chunked_prefill": recipe.chunked_context,  # a prompt longer than max_num_tokens needs it
         "kv_cache_config": {
-            "dtype": kv_dtype,
-            "free_gpu_memory_fraction": recipe.triton.kv_cache_free_gpu_mem_fraction,
-            "enable_block_reuse": recipe.triton.enable_kv_cache_reuse,
+            "dtype": kv_dtype(recipe),
+            "free_gpu_memory_fraction": t.kv_cache_free_gpu_mem_fraction,
+            "enable_block_reuse": t.enable_kv_cache_reuse,
         },
     }
-    if recipe.chunked_context:  # a prompt longer than max_num_tokens is refused unless the scheduler may chunk it
-        options["enable_chunked_prefill"] = True
-    return options
+    return args
 
 
-def trtllm_serve_command(recipe: Recipe, hf_dir: Path, options: Path) -> list[str]:
-    """The `trtllm-serve` command for the PyTorch backend (an OpenAI-compatible server on the HF export)."""
+def model_yaml(recipe: Recipe, hf_dir: Path) -> dict[str, Any]:
+    """tensorrt_llm/1/model.yaml: LLM() arguments + triton_config (max_batch_size 0: one prompt per request, the LLM
+    batches in flight; decoupled from the recipe)."""
+    return {**llm_args(recipe, hf_dir),
+            "triton_config": {"max_batch_size": 0, "decoupled": recipe.triton.decoupled}}
+
+
+def serve_config(recipe: Recipe) -> dict[str, Any]:
+    """trtllm-serve's --extra_llm_api_options (--config) YAML: the LLM() arguments that have no flag of their own."""
+    return {k: v for k, v in llm_args(recipe, Path()).items() if k not in ("model", *SERVE_FLAGS)}
+
+
+def trtllm_serve_command(recipe: Recipe, hf_dir: Path, config: Path) -> list[str]:
+    """`trtllm-serve` on the HF export: an OpenAI-compatible server (/v1/completions, /v1/chat/completions)."""
+    b = recipe.build
     return [
         "trtllm-serve", str(hf_dir),
         "--backend", "pytorch",
         "--host", recipe.triton.host,
         "--port", str(recipe.triton.http_port),
-        "--tp_size", str(recipe.build.tp_size),
-        "--pp_size", str(recipe.build.pp_size),
-        "--max_batch_size", str(recipe.build.max_batch_size),
-        "--max_num_tokens", str(recipe.build.max_num_tokens),
-        "--max_seq_len", str(recipe.build.max_seq_len),
+        "--tp_size", str(b.tp_size),
+        "--pp_size", str(b.pp_size),
+        "--max_batch_size", str(b.max_batch_size),
+        "--max_num_tokens", str(b.max_num_tokens),
+        "--max_seq_len", str(b.max_seq_len),
         "--kv_cache_free_gpu_memory_fraction", str(recipe.triton.kv_cache_free_gpu_mem_fraction),
-        "--extra_llm_api_options", str(options),
+        # `--config` is the newer name of the same option (PR #9104, Nov 2025); --extra_llm_api_options is accepted
+        # by every release, including the 1.0/1.1 images of trtkv's version matrix
+        "--extra_llm_api_options", str(config),
     ]
 
 
-_UNREADABLE = object()
-
-
-def _hf_kv_algo(path: Path, recipe: Recipe, problems: list[str]) -> Any:
-    """hf_quant_config.json's quantization.kv_cache_quant_algo; a problem (and _UNREADABLE) when it is not JSON."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        problems.append(f"{path}: not readable as JSON ({exc}). Next: `trtkv calibrate {recipe.name} --force`")
-        return _UNREADABLE
-    quant = data.get("quantization") if isinstance(data, dict) else None
-    return quant.get("kv_cache_quant_algo") if isinstance(quant, dict) else None
-
-
-def _build_llmapi(recipe: Recipe, ckpt: Path, tmp: Path, final: Path) -> dict[str, Any]:
-    """Write the LLM API options and the trtllm-serve command that serves the HF export."""
-    hf = ckpt / "hf"
-    problems = []
-    if not (hf / "config.json").is_file():
-        problems.append(f"{hf}: no HF export (config.json). The pytorch backend serves the HF checkpoint that "
-                        f"calibrate exports with an FP8 KV cache. Next: `trtkv calibrate {recipe.name} --force`")
-    quant_cfg = hf / "hf_quant_config.json"
-    if quant_cfg.is_file() and recipe.quantization.kv_cache is KVCacheQuant.FP8:
-        algo = _hf_kv_algo(quant_cfg, recipe, problems)
-        if algo is not _UNREADABLE and algo != "FP8":
-            problems.append(f"{quant_cfg}: kv_cache_quant_algo is {algo!r}, the recipe needs 'FP8'")
-    if problems:
-        raise StageError(f"build {recipe.name}: " + "; ".join(problems))
-    options = llm_api_options(recipe)
-    (tmp / LLM_API_OPTIONS).write_text(f"# {BACKEND.kv_source_line(recipe)}\n" + yaml.safe_dump(options, sort_keys=False))
-    cmd = trtllm_serve_command(recipe, hf, final / LLM_API_OPTIONS)
-    (tmp / SERVE_COMMAND).write_text(quote(cmd) + "\n")
-    return {"backend": "pytorch", "serve_command": cmd, "llm_api_options": options}
-
-
+def _yaml_text(recipe: Recipe, data: dict[str, Any], what: str) -> str:
+    return (f"# {what}, generated by trtkv for recipe {recipe.name}. Regenerate instead of editing.\n"
+            f"# {BACKEND.kv_source_line(recipe)}\n" + yaml.safe_dump(data, sort_keys=False))
 
 
 class LlmApiBackend(EngineBackend):
-    backend = Backend.PYTORCH
-    llm_model = ("tensorrt_llm/config.pytorch.pbtxt", "tensorrt_llm/tensorrt_llm_pytorch.py")
-    build_sections = (*BUILD_SECTIONS, "triton")  # the serve command and the KV memory fraction
+    backend = Backend.LLMAPI
+    llm_model = ("llmapi/config.pbtxt", "llmapi/model.py")
+    repo_layout = "llmapi"
+    build_sections = (*BUILD_SECTIONS, "triton", "hardware")  # the serve options, and which engine (CPU or GPU)
 
     def problems(self, recipe: Recipe) -> list[tuple[str, str]]:
         out = []
-        if recipe.hardware.gpu is GPU.CPU:
-            out.append(("build.backend", f"backend {recipe.build.backend.value} needs a GPU and TensorRT-LLM; with "
-                                         f"hardware.gpu cpu use backend reference"))
         if recipe.quantization.kv_cache is KVCacheQuant.INT8:
-            out.append(("quantization.kv_cache", "TensorRT-LLM's PyTorch backend has no INT8 KV cache "
-                                                 "(kv_cache_config dtype is auto or fp8): use backend tensorrt or "
-                                                 "kv_cache fp8"))
+            out.append(("quantization.kv_cache", "INT8 KV needs the engine path (TensorRT-LLM <= 1.2.x, build.backend "
+                                                 "tensorrt): the LLM API's kv_cache_config.dtype is auto, fp8 or "
+                                                 "nvfp4. Use kv_cache fp8 here, or backend tensorrt"))
+        if recipe.hardware.gpu is GPU.CPU:
+            out += cpu_runtime_problems(recipe)
         return out
 
     def kv_source_line(self, recipe: Recipe) -> str:
         algo = kv_cache_quant_algo(recipe)
-        value = "fp8" if algo == "FP8" else "auto"
-        return (f"KV cache: {algo or 'unquantized'}, from {LLM_API_OPTIONS} kv_cache_config.dtype = {value} "
-                f"(and the HF export's hf_quant_config.json kv_cache_quant_algo)")
+        return (f"KV cache: {algo or 'unquantized'}, from LLM() kv_cache_config.dtype = {kv_dtype(recipe)} and the HF "
+                f"export's hf_quant_config.json kv_cache_quant_algo (per-layer k_scale/v_scale)")
+
+    def prepare(self, recipe: Recipe) -> tuple[Path, dict[str, Any]]:
+        from trtkv.hf_export import validate_hf_checkpoint
+        from trtkv.stage import manifest_hash
+
+        ckpt = checkpoint_dir(recipe)
+        if manifest_hash(ckpt) is None:
+            raise StageError(f"build {recipe.name}: {ckpt} is missing or incomplete (no manifest.json). Next: `trtkv "
+                             f"calibrate {recipe.name}` (or `make engine RECIPE={recipe.name}`)")
+        if not (ckpt / "hf" / "config.json").is_file():
+            raise StageError(f"build {recipe.name}: {ckpt / 'hf'} has no config.json: the llmapi backend serves the HF "
+                             f"export that calibrate writes. Next: `trtkv calibrate {recipe.name} --force`")
+        summary = validate_hf_checkpoint(ckpt, recipe)
+        return ckpt, {"checkpoint": str(ckpt), "hf_validation": summary}
 
     def build(self, recipe: Recipe, ckpt: Path, tmp: Path, final: Path, info: dict[str, Any],
               log: Callable[[str], None]) -> dict[str, Any]:
-        return _build_llmapi(recipe, ckpt, tmp, final)
+        hf = ckpt / "hf"
+        options = serve_config(recipe)
+        (tmp / LLM_API_OPTIONS).write_text(_yaml_text(recipe, options, "trtllm-serve --extra_llm_api_options (or --config)"))
+        cmd = trtllm_serve_command(recipe, hf, final / LLM_API_OPTIONS)
+        (tmp / SERVE_COMMAND).write_text(quote(cmd) + "\n")
+        out: dict[str, Any] = {"backend": self.backend.value, "serve_command": cmd, "llm_api_options": options,
+                               "llm_args": llm_args(recipe, hf)}
+        if self.serves_locally(recipe):  # load the HF export the way the served model will, and decode one token
+            from trtkv.runtime.llm import LLM, SamplingParams
+
+            llm = LLM(**llm_args(recipe, hf))
+            try:
+                first = llm.generate_async([llm.runtime.bos_token_id or 0], SamplingParams(max_tokens=1,
+                                                                                           temperature=0)).result()
+            finally:
+                llm.shutdown()
+            log(f"build: {CPU_MODULE}.LLM loaded {hf} (KV {llm.runtime.kv_format}); smoke token "
+                f"{first.outputs[0].token_ids}")
+            out.update(kv_format=llm.runtime.kv_format, smoke_token=first.outputs[0].token_ids)
+        return out
 
     def dry_run_lines(self, recipe: Recipe, ckpt: Path, out: Path) -> list[str]:
         options = out / LLM_API_OPTIONS
-        lines = [f"  write {options}:"]
-        lines += ["      " + line for line in yaml.safe_dump(llm_api_options(recipe), sort_keys=False).splitlines()]
-        lines.append(f"  serve command (saved to {out / SERVE_COMMAND}; `trtkv serve` or a GPU host runs it):")
-        return lines + command_block(trtllm_serve_command(recipe, ckpt / "hf", options))
+        lines = [f"  write {options} (trtllm-serve --extra_llm_api_options, newer name --config):"]
+        lines += ["      " + line for line in yaml.safe_dump(serve_config(recipe), sort_keys=False).splitlines()]
+        lines.append(f"  serve command (saved to {out / SERVE_COMMAND}; an OpenAI-compatible server on a GPU host):")
+        lines += command_block(trtllm_serve_command(recipe, ckpt / "hf", options))
+        if self.serves_locally(recipe):
+            lines.append(f"  then load {ckpt / 'hf'} with {CPU_MODULE}.LLM (the CPU engine the Triton model uses "
+                         f"here) and decode one token")
+        return lines
 
     def repo_input(self, recipe: Recipe) -> tuple[Path, str]:
         return checkpoint_dir(recipe) / "hf", "calibrate"
@@ -149,18 +188,44 @@ class LlmApiBackend(EngineBackend):
         ckpt = checkpoint_dir(recipe)
         require_input(ckpt, "serve", "calibrate", recipe)
         if not (ckpt / "hf" / "config.json").is_file():
-            raise StageError(f"serve: {ckpt / 'hf'} has no config.json: the pytorch backend serves the HF export that "
-                             f"`trtkv calibrate` writes for an FP8 (or no) KV cache. Next: `trtkv calibrate "
+            raise StageError(f"serve: {ckpt / 'hf'} has no config.json: the llmapi backend serves the HF export that "
+                             f"`trtkv calibrate` writes for an FP8, NVFP4 or no KV cache. Next: `trtkv calibrate "
                              f"{recipe.name} --force`.")
 
+    def llm_module(self, recipe: Recipe) -> str:
+        return CPU_MODULE if self.serves_locally(recipe) else GPU_MODULE
+
+    def repo_files(self, recipe: Recipe) -> dict[str, str]:
+        """Extra files of the repository (path -> text): the model's LLM() arguments."""
+        hf = checkpoint_dir(recipe) / "hf"
+        return {f"tensorrt_llm/1/{MODEL_YAML}": _yaml_text(recipe, model_yaml(recipe, hf),
+                                                           "LLM() arguments for the Triton llmapi model")}
+
     def repo_summary(self, recipe: Recipe) -> str:
-        return f"Python model on TensorRT-LLM's LLM API (PyTorch backend), model `{checkpoint_dir(recipe)}/hf`"
+        engine = ("trtkv's reference engine (`trtkv.runtime.llm`, CPU)" if self.serves_locally(recipe)
+                  else "`tensorrt_llm.LLM` (PyTorch backend)")
+        return (f"Python model in TensorRT-LLM's llmapi layout on {engine}; LLM() arguments in "
+                f"`tensorrt_llm/1/{MODEL_YAML}`, model `{checkpoint_dir(recipe)}/hf`")
+
+    def describe_local_generate(self, recipe: Recipe, max_tokens: int, checkpoint: Path | None) -> str:
+        return (f"{CPU_MODULE}.LLM on {checkpoint or checkpoint_dir(recipe) / 'hf'} (the HF export; CPU, greedy, "
+                f"{max_tokens} tokens)")
+
+    def local_generate(self, recipe: Recipe, prompt: str, max_tokens: int, checkpoint: Path | None) -> str:
+        from trtkv.runtime.llm import LLM, SamplingParams
+
+        hf = Path(checkpoint) if checkpoint is not None else checkpoint_dir(recipe) / "hf"
+        if not (hf / "config.json").is_file():
+            raise StageError(f"{hf}: no config.json (the HF export). Next: `trtkv calibrate {recipe.name}`.")
+        llm = LLM(**{**llm_args(recipe, hf), "model": str(hf)})
+        try:
+            return str(llm.generate_async(prompt, SamplingParams(max_tokens=max_tokens, temperature=0)).result()
+                       .outputs[0].text)
+        finally:
+            llm.shutdown()
 
     def generate_job(self, recipe: Recipe, prompt: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
-        kv = kv_cache_quant_algo(recipe)
-        return LLMAPI_RUNNER, {"hf": str(checkpoint_dir(recipe) / "hf"), "tp": recipe.build.tp_size,
-                               "pp": recipe.build.pp_size, "kv_dtype": "fp8" if kv == "FP8" else "auto",
-                               "kv_fraction": recipe.triton.kv_cache_free_gpu_mem_fraction, "prompt": prompt,
+        return LLMAPI_RUNNER, {"llm_args": llm_args(recipe, checkpoint_dir(recipe) / "hf"), "prompt": prompt,
                                "max_tokens": max_tokens}
 
 

@@ -80,17 +80,22 @@ def _build_reference(recipe: Recipe, ckpt: Path, tmp: Path, log: Callable[[str],
 
 
 
+def cpu_runtime_problems(recipe: Recipe) -> list[tuple[str, str]]:
+    """What trtkv's CPU runtime cannot run (the reference backend, and the llmapi backend on hardware.gpu cpu)."""
+    out = []
+    weights = recipe.quantization.weights
+    if weights not in (WeightQuant.FP8, WeightQuant.NONE):
+        out.append(("quantization.weights", f"the reference runtime runs fp8 or none weights, not {weights.value}"))
+    return out  # NVFP4 KV on the CPU: refused for every backend (trtkv.recipe.rules)
+
+
 class ReferenceBackend(EngineBackend):
     backend = Backend.REFERENCE
     llm_model = ("tensorrt_llm/config.reference.pbtxt", "tensorrt_llm/tensorrt_llm_reference.py")
-    serves_locally = True
     copies_tokenizer = True
 
     def problems(self, recipe: Recipe) -> list[tuple[str, str]]:
-        weights = recipe.quantization.weights
-        if weights not in (WeightQuant.FP8, WeightQuant.NONE):
-            return [("quantization.weights", f"the reference runtime runs fp8 or none weights, not {weights.value}")]
-        return []
+        return cpu_runtime_problems(recipe)
 
     def kv_source_line(self, recipe: Recipe) -> str:
         algo = kv_cache_quant_algo(recipe)
@@ -106,6 +111,24 @@ class ReferenceBackend(EngineBackend):
         return [f"  write {out / RUNTIME_JSON} (checkpoint {ckpt}, max_seq_len {recipe.build.max_seq_len}), then load "
                 f"it with trtkv.runtime.ReferenceRuntime and decode one token (CPU, float32; weights dequantized, "
                 f"{ACTIVATIONS_NOTE.split(' (')[0]})"]
+
+    def describe_local_generate(self, recipe: Recipe, max_tokens: int, checkpoint: Path | None) -> str:
+        ckpt = checkpoint or layout.checkpoint_dir(recipe)
+        return (f"reference runtime: {layout.engine_dir(recipe)}/runtime.json on checkpoint {ckpt} (CPU, greedy, "
+                f"{max_tokens} tokens)")
+
+    def local_generate(self, recipe: Recipe, prompt: str, max_tokens: int, checkpoint: Path | None) -> str:
+        from trtkv.errors import StageError
+        from trtkv.runtime import ReferenceRuntime
+
+        engine = layout.engine_dir(recipe)
+        if not (engine / RUNTIME_JSON).is_file():
+            raise StageError(f"{engine}/{RUNTIME_JSON}: missing. Next: `trtkv build {recipe.name}` (after `trtkv "
+                             f"calibrate {recipe.name}`), or `make engine RECIPE={recipe.name}`.")
+        if checkpoint is not None and not (Path(checkpoint) / "config.json").is_file():
+            raise StageError(f"--checkpoint {checkpoint}: no config.json there (a TensorRT-LLM checkpoint folder).")
+        runtime = ReferenceRuntime.load(engine, checkpoint=checkpoint)
+        return runtime.generate_text(prompt, max_tokens=max_tokens)
 
     def repo_summary(self, recipe: Recipe) -> str:
         return (f"Python model running trtkv's CPU reference runtime on `{layout.engine_dir(recipe)}` "

@@ -303,6 +303,9 @@ def recipe_problems(r: Recipe) -> list[tuple[str, str]]:
                                                     f"FMHA, which is off here (KV cache {q.kv_cache.value}, "
                                                     f"weights {q.weights.value}, build.use_paged_context_fmha "
                                                     f"{str(b.use_paged_context_fmha).lower()}): set it to false"))
+    if q.kv_cache is KVCacheQuant.NVFP4:
+        out.append(("quantization.kv_cache", "an NVFP4 KV cache is served by TensorRT-LLM's LLM API (PyTorch "
+                                             "backend), not by trtllm-build engines: use build.backend llmapi"))
     if hw.gpu is GPU.B200:  # trtllm-build on SM100: "INT8/INT4 quantization is not supported on SM>=100" (1.x)
         if q.kv_cache is KVCacheQuant.INT8:
             out.append(("quantization.kv_cache", "trtllm-build refuses an INT8 KV cache on B200 (SM>=100: 'INT8/INT4 "

@@ -1,4 +1,5 @@
-"""Streaming clients for the Triton ensemble: gRPC bidirectional streaming (tritonclient) or HTTP generate_stream (SSE).
+"""Streaming clients for a served Triton model (the ensemble, or the llmapi layout's tensorrt_llm): gRPC
+bidirectional streaming (tritonclient) or HTTP generate_stream (SSE).
 
 A session carries one request at a time, so every response (and every error, which gRPC streams deliver without a
 request id) belongs to the request in flight. The response callback only timestamps and keeps the text; tokens are
@@ -17,8 +18,9 @@ from typing import Any
 
 from trtkv.bench.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord
 from trtkv.errors import TrtkvError
+from trtkv.interface import ENSEMBLE, LLMAPI, ModelInterface, detect
 
-DEFAULT_MODEL = "ensemble"
+DEFAULT_MODEL = ENSEMBLE.model
 
 
 @dataclass
@@ -30,6 +32,7 @@ class Endpoint:
     model: str = DEFAULT_MODEL
     inputs: dict[str, str] = field(default_factory=dict)  # name -> datatype (TYPE_ prefix stripped)
     max_batch_size: int = 0
+    interface: ModelInterface = ENSEMBLE  # which tensors carry what (detected from the model's inputs)
     source: str = ""  # where the URL came from (--url, server.json, recipe)
 
     @property
@@ -68,10 +71,12 @@ def check_endpoint(ep: Endpoint, timeout_s: float = 10.0) -> Endpoint:
                          f"(URL from {ep.source or 'default'}).") from None
     ep.max_batch_size = int(config.get("max_batch_size", 0))
     ep.inputs = {i["name"]: str(i.get("data_type", "")).replace("TYPE_", "") for i in config.get("input", [])}
-    missing = [n for n in ("text_input", "max_tokens") if n not in ep.inputs]
-    if missing:
-        raise TrtkvError(f"model {ep.model!r} at {ep.display} has no input(s) {', '.join(missing)}; trtkv bench needs "
-                         f"the ensemble interface (text_input, max_tokens, stream -> text_output).")
+    interface = detect(ep.inputs)
+    if interface is None:
+        raise TrtkvError(f"model {ep.model!r} at {ep.display} has inputs {sorted(ep.inputs)[:8]}; trtkv bench needs "
+                         f"the ensemble interface (text_input, {ENSEMBLE.max_tokens}, {ENSEMBLE.stream} -> text_output) "
+                         f"or the llmapi one (text_input, {LLMAPI.max_tokens}, {LLMAPI.stream} -> text_output).")
+    ep.interface = interface
     return ep
 
 
@@ -163,9 +168,13 @@ class GrpcSession(Session):
             self._done.set()
             return
         resp = result.get_response()
-        if resp.raw_output_contents:
-            rec.response_ns.append(t)
-            rec.response_texts.append(_bytes_element(resp.raw_output_contents[0]))
+        index = next((i for i, out in enumerate(resp.outputs) if out.name == "text_output"), None)
+        if index is not None and index < len(resp.raw_output_contents):
+            text = self.ep.interface.new_text(_bytes_element(resp.raw_output_contents[index]),
+                                              "".join(rec.response_texts))
+            if text or not self.ep.interface.cumulative:  # a cumulative response without new text adds no token
+                rec.response_ns.append(t)
+                rec.response_texts.append(text)
         if resp.parameters["triton_final_response"].bool_param:
             rec.status, rec.end_ns = OK, t
             self._done.set()
@@ -173,13 +182,14 @@ class GrpcSession(Session):
     def _inputs(self, prompt: str, params: SamplingParams) -> list[Any]:
         np, grpcclient, ep = self._np, self._grpc, self.ep
         lead = [1] if ep.max_batch_size > 0 else []
+        i = ep.interface
         values: dict[str, tuple[Any, str]] = {
             "text_input": (np.array([prompt.encode("utf-8")], dtype=np.object_), "BYTES"),
-            "max_tokens": (np.array([params.max_tokens], dtype=np.int32), "INT32"),
-            "stream": (np.array([True], dtype=bool), "BOOL"),
-            "temperature": (np.array([params.temperature], dtype=np.float32), "FP32"),
-            "top_k": (np.array([params.top_k], dtype=np.int32), "INT32"),
-            "top_p": (np.array([params.top_p], dtype=np.float32), "FP32"),
+            i.max_tokens: (np.array([params.max_tokens], dtype=np.int32), "INT32"),
+            i.stream: (np.array([True], dtype=bool), "BOOL"),
+            i.temperature: (np.array([params.temperature], dtype=np.float32), "FP32"),
+            i.top_k: (np.array([params.top_k], dtype=np.int32), "INT32"),
+            i.top_p: (np.array([params.top_p], dtype=np.float32), "FP32"),
         }
         inputs = []
         for name, (arr, dtype) in values.items():
@@ -251,8 +261,8 @@ class HttpSession(Session):
         return self._conn
 
     def _body(self, prompt: str, params: SamplingParams) -> bytes:
-        body: dict[str, Any] = {"text_input": prompt, "max_tokens": params.max_tokens, "stream": True,
-                                "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p}
+        body = self.ep.interface.body(prompt, params.max_tokens, stream=True, temperature=params.temperature,
+                                      top_k=params.top_k, top_p=params.top_p)
         return json.dumps({k: v for k, v in body.items() if k in self.ep.inputs}).encode()
 
     def run(self, record: RequestRecord, prompt: str, params: SamplingParams, timeout_s: float) -> None:
@@ -294,8 +304,10 @@ class HttpSession(Session):
             text = event.get("text_output")
             if isinstance(text, list):
                 text = text[0] if text else ""
-            record.response_ns.append(t)
-            record.response_texts.append(str(text or ""))
+            new = self.ep.interface.new_text(str(text or ""), "".join(record.response_texts))
+            if new or not self.ep.interface.cumulative:
+                record.response_ns.append(t)
+                record.response_texts.append(new)
             if time.monotonic() > deadline:
                 record.status, record.error, record.end_ns = TIMEOUT, f"not finished within {timeout_s:g} s", t
                 self.close()

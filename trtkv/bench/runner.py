@@ -10,14 +10,16 @@ from typing import Any
 
 from trtkv import paths
 from trtkv.artifacts import ServerRecord
+from trtkv.backends import for_recipe
 from trtkv.bench import accuracy as acc_tasks
 from trtkv.bench import plots, results, slo
-from trtkv.bench.client import DEFAULT_MODEL, Endpoint, SamplingParams, check_endpoint, now_ns, session_factory
+from trtkv.bench.client import Endpoint, SamplingParams, check_endpoint, now_ns, session_factory
 from trtkv.bench.loadgen import Interrupted, Job, run_concurrency, run_rate
 from trtkv.bench.metrics import summarize_level
 from trtkv.bench.prompts import count_tokens, latency_prompts, load_tokenizer, long_text, prompt_tokens, tokenizer_dir
 from trtkv.bench.records import RequestRecord
 from trtkv.errors import StageError, TrtkvError
+from trtkv.interface import for_layout
 from trtkv.layout import serve_dir
 from trtkv.progress import Progress
 from trtkv.recipe import Recipe
@@ -30,7 +32,7 @@ EXIT_INTERRUPTED = 130
 class BenchOptions:
     url: str | None = None
     protocol: str | None = None
-    model: str = DEFAULT_MODEL
+    model: str | None = None  # None: the recipe's (ensemble, or tensorrt_llm for the llmapi layout)
     slos: list[str] = field(default_factory=list)
     tasks: list[str] | None = None  # None: the recipe's bench.tasks
     latency: bool = True
@@ -204,7 +206,8 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     from trtkv.stage import run_stage, tool_versions
 
     slos = slo.parse_all(recipe.bench.thresholds, opts.slos)
-    ep = check_endpoint(resolve_endpoint(recipe, opts.url, opts.protocol, opts.model))
+    model = opts.model or for_layout(for_recipe(recipe).repo_layout).model
+    ep = check_endpoint(resolve_endpoint(recipe, opts.url, opts.protocol, model))
     tokenizer = load_tokenizer(tokenizer_dir(recipe))
     task_names = [t.value for t in recipe.bench.tasks] if opts.tasks is None else list(opts.tasks)
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")

@@ -13,11 +13,14 @@ STAGE = "calibrate"
 CHECKPOINT = layout.CHECKPOINT
 # The quantized KV caches only (kv_cache none maps to None in layout.KV_ALGO and is absent here).
 KV_ALGO = {kv: algo for kv, algo in layout.KV_ALGO.items() if algo is not None}
-# The KV quantizer entries, as data. FP8 is ModelOpt's preset KV_QUANT_CFG_CHOICES["fp8"] (read from ModelOpt at run
-# time; this copy is only for --dry-run); INT8 has no preset in 0.47: one per-tensor 8-bit integer entry.
+# The KV quantizer entries, as data. FP8 and NVFP4 are ModelOpt's presets KV_QUANT_CFG_CHOICES["fp8"] / ["nvfp4"]
+# (read from ModelOpt at run time; this copy is only for --dry-run); INT8 has no preset in 0.47: one per-tensor
+# 8-bit integer entry.
 KV_ENTRIES: dict[KVCacheQuant, list[dict[str, Any]]] = {
     KVCacheQuant.FP8: [{"quantizer_name": "*[kv]_bmm_quantizer", "cfg": {"num_bits": [4, 3], "axis": None}}],
     KVCacheQuant.INT8: [{"quantizer_name": "*[kv]_bmm_quantizer", "cfg": {"num_bits": 8, "axis": None}}],
+    KVCacheQuant.NVFP4: [{"quantizer_name": "*[kv]_bmm_quantizer",
+                          "cfg": {"num_bits": [2, 1], "block_sizes": {-1: 16, "type": "dynamic", "scale_bits": [4, 3]}}}],
 }
 FP8_BASE_MEANING = ("every Linear's weight_quantizer and input_quantizer FP8 E4M3 (num_bits [4, 3]) per-tensor; "
                     "lm_head, routers, embeddings disabled")

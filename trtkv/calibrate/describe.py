@@ -62,8 +62,8 @@ def modelopt_config_spec(recipe: Recipe) -> dict[str, Any]:
         "base_meaning": (FP8_BASE_MEANING if base else
                          "no weight quantization: quant_cfg starts with {'quantizer_name': '*', 'enable': False}"),
         "kv_entries": KV_ENTRIES.get(kv, []),
-        "kv_source": ("modelopt.recipe.presets.KV_QUANT_CFG_CHOICES['fp8']" if kv is KVCacheQuant.FP8 else
-                      "hand entry (no INT8 KV preset in ModelOpt 0.47)"),
+        "kv_source": (f"modelopt.recipe.presets.KV_QUANT_CFG_CHOICES['{kv.value}']" if kv is not KVCacheQuant.INT8
+                      else "hand entry (no INT8 KV preset in ModelOpt 0.47)"),
         "combined_with": "modelopt.torch.quantization.utils.update_quant_cfg_with_kv_cache_quant",
         "algorithm": "max",
     }
@@ -75,6 +75,9 @@ def export_targets(recipe: Recipe) -> dict[str, str]:
     ranks = ", ".join(f"rank{r}.safetensors" for r in range(recipe.world_size))
     if kv is KVCacheQuant.FP8:
         hf = "hf/ (export_hf_checkpoint: hf_quant_config.json, k_scale/v_scale = amax/448)"
+    elif kv is KVCacheQuant.NVFP4:
+        hf = ("hf/ (export_hf_checkpoint: hf_quant_config.json kv_cache_quant_algo NVFP4, per-layer K and V global "
+              "scales; calibration needs CUDA)")
     elif kv is KVCacheQuant.NONE:
         hf = ("hf/ (export_hf_checkpoint: hf_quant_config.json quant_algo FP8, kv_cache_quant_algo null, no "
               "k_scale/v_scale)" if recipe.quantization.weights is WeightQuant.FP8 else
@@ -110,7 +113,12 @@ def describe_calibration(recipe: Recipe) -> list[str]:
         f"batch {c.batch_size} ({batches} forward passes), seed {c.seed}",
         f"  ModelOpt config: {json.dumps(modelopt_config_spec(recipe))}",
     ]
-    if kv_algo:
+    if kv_algo == "NVFP4":
+        lines.append("  KV cache: NVFP4 -> hf/hf_quant_config.json kv_cache_quant_algo = NVFP4, per-layer "
+                     "self_attn.k_proj.k_scale = k_amax/448 and v_proj.v_scale = v_amax/448 (separate K and V global "
+                     "scales; the per-16 E4M3 block scales are computed at run time). Served through the LLM API "
+                     "(kv_cache_config.dtype nvfp4) on Blackwell; ModelOpt's NVFP4 KV forward needs CUDA")
+    elif kv_algo:
         factor = "max(k_amax, v_amax)/127" if kv_algo == "INT8" else "max(k_amax, v_amax)/448, clamped to >= 1.0"
         lines.append(f"  KV cache: {kv_algo} -> checkpoint config.json quantization.kv_cache_quant_algo = {kv_algo}, "
                      f"per-layer transformer.layers.{{i}}.attention.kv_cache_scaling_factor = {factor} "

@@ -43,10 +43,11 @@ def build_quant_cfg(recipe: Recipe) -> tuple[dict[str, Any] | None, list[str]]:
         base = {"quant_cfg": None, "algorithm": "max"}
     if recipe.quantization.kv_cache is KVCacheQuant.NONE:  # FP8_DEFAULT_CFG has no KV entries: k/v_bmm stay disabled
         return json.loads(json.dumps(base, default=list)), [NO_KV_NOTE]
-    if recipe.quantization.kv_cache is KVCacheQuant.FP8:
+    if recipe.quantization.kv_cache in (KVCacheQuant.FP8, KVCacheQuant.NVFP4):
         from modelopt.recipe.presets import KV_QUANT_CFG_CHOICES
 
-        kv_entries = copy.deepcopy(KV_QUANT_CFG_CHOICES["fp8"]["quant_cfg"])
+        # ModelOpt's presets; nvfp4: E2M1 (num_bits [2, 1]) with dynamic E4M3 scales per 16 (its forward needs CUDA)
+        kv_entries = copy.deepcopy(KV_QUANT_CFG_CHOICES[recipe.quantization.kv_cache.value]["quant_cfg"])
     else:
         kv_entries = copy.deepcopy(KV_ENTRIES[KVCacheQuant.INT8])
         notes.append("INT8 KV: ModelOpt 0.47 has no INT8 KV preset; used the entry "

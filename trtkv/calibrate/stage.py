@@ -137,6 +137,7 @@ def _calibrate_into(tmp: Path, recipe: Recipe, loader: ModelLoader, model_dir: P
     import torch
 
     from trtkv.checkpoint import validate_trtllm_checkpoint
+    from trtkv.hf_export import validate_hf_checkpoint
 
     start = time.time()
     torch.manual_seed(recipe.calibration.seed)
@@ -159,6 +160,8 @@ def _calibrate_into(tmp: Path, recipe: Recipe, loader: ModelLoader, model_dir: P
     write_kv_scales(tmp / "kv_scales.json", layers, recipe, num_layers)
     summary = validate_trtllm_checkpoint(tmp, recipe)
     check_exported_factors(layers, summary["kv_cache_scaling_factors"])
+    if (tmp / "hf" / "config.json").is_file():  # the LLM API's and vLLM's artifact: checked as strictly
+        summary["hf"] = validate_hf_checkpoint(tmp, recipe)
     timing = {"load_s": round(load_s, 2), "calibration_s": round(calib_s, 2),
               "calibration_cpu_s": round(calib_cpu_s, 2), "export_s": round(export_s, 2),
               "total_s": round(time.time() - start, 2), "peak_rss_mib": _peak_rss_mib(),

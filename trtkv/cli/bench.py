@@ -24,7 +24,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--url", help="HOST:PORT of the server (gRPC port, or HTTP port with --protocol http)")
     p.add_argument("--protocol", choices=["grpc", "http"], help="gRPC streaming (default: the recipe's bench.protocol) "
                    "or HTTP generate_stream (SSE)")
-    p.add_argument("--model", default="ensemble", help="model name on the server (default: ensemble)")
+    p.add_argument("--model", help="model name on the server (default: ensemble; tensorrt_llm for a recipe with the "
+                                   "llmapi layout, build.backend llmapi)")
     p.add_argument("--slo", action="append", default=[], metavar="METRIC.STAT<=VALUE",
                    help="an SLO on top of the recipe's bench.thresholds, e.g. time_to_first_token.p99<=500, "
                         "quiz.accuracy>=0.3, request_errors.failed<=0 (repeatable)")

@@ -10,6 +10,7 @@ EXAMPLES = """\
   $ trtkv serve smollm2_fp8kv                         # CPU: bundled tritonserver, returns once ready
   $ trtkv serve smollm2_fp8kv triton.http_port=9000 triton.grpc_port=9001 triton.metrics_port=9002
   $ trtkv serve llama70b_fp8kv --dry-run              # print the docker / mpirun commands
+  $ trtkv serve llama70b_fp8kv_llmapi --trtllm-serve --dry-run   # TensorRT-LLM's OpenAI-compatible server
   $ trtkv stop smollm2_fp8kv
 """
 
@@ -18,6 +19,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = subparser(sub, "serve", "Start tritonserver for a recipe and wait until it is ready", EXAMPLES)
     add_recipe_args(p)
     p.add_argument("--dry-run", action="store_true", help="print the server command(s) and exit")
+    p.add_argument("--trtllm-serve", action="store_true",
+                   help="serve with trtllm-serve (OpenAI-compatible, /v1/completions) instead of Triton: build.backend "
+                        "llmapi on GPUs, in the container; uses the build's llm_api_options.yaml as --config")
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds to wait for readiness (default: recipe triton.startup_timeout_s)")
     p.set_defaults(func=run)
@@ -27,5 +31,5 @@ def run(args: argparse.Namespace) -> int:
     from trtkv import serve
 
     recipe = load(args)
-    serve.start(recipe, dry_run=args.dry_run, timeout_s=args.timeout)
+    serve.start(recipe, dry_run=args.dry_run, timeout_s=args.timeout, trtllm_serve=args.trtllm_serve)
     return 0

@@ -14,6 +14,9 @@ from enum import Enum
 SCALE_BYTES = 2
 FP8_MAX = 448.0  # E4M3's largest finite value: an FP8 static scale is amax / FP8_MAX
 INT8_MAX = 127  # symmetric INT8: an INT8 static scale is amax / INT8_MAX
+E2M1_MAX = 6.0  # FP4 E2M1's largest value
+NVFP4_BLOCK = 16  # NVFP4: one E4M3 scale per 16 consecutive elements (along head_dim for the KV cache)
+NVFP4_BLOCK_SCALE_BYTES = 1  # the block scale is one FP8 E4M3 byte
 
 
 class KVFormat(str, Enum):
@@ -29,6 +32,7 @@ class KVFormat(str, Enum):
     INT4_G32 = "int4_g32"  # asymmetric, per-token groups of 32 channels
     INT4_G64 = "int4_g64"
     INT4_G128 = "int4_g128"
+    NVFP4 = "nvfp4"  # E2M1 values, E4M3 scale per 16 elements, static FP32 global scale amax/448 per layer, K and V apart
     KIVI4 = "kivi4"  # K per-channel over token groups, V per-token, fp residual window
     KIVI2 = "kivi2"
 
@@ -55,6 +59,8 @@ SPECS: dict[KVFormat, FormatSpec] = {
     KVFormat.INT4_G32: FormatSpec(4, False, 32, True, "INT4 asymmetric, per-token groups of 32"),
     KVFormat.INT4_G64: FormatSpec(4, False, 64, True, "INT4 asymmetric, per-token groups of 64"),
     KVFormat.INT4_G128: FormatSpec(4, False, 128, True, "INT4 asymmetric, per-token groups of 128"),
+    KVFormat.NVFP4: FormatSpec(4, True, NVFP4_BLOCK, False, "NVFP4: E2M1 with an E4M3 scale per 16 elements and a "
+                                                            "static per-layer global scale amax/448, K and V apart"),
     KVFormat.KIVI4: FormatSpec(4, False, 32, True, "KIVI 4-bit: K per-channel / V per-token, group 32"),
     KVFormat.KIVI2: FormatSpec(2, False, 32, True, "KIVI 2-bit: K per-channel / V per-token, group 32"),
 }
@@ -66,6 +72,7 @@ def bytes_per_element(fmt: KVFormat | str, head_dim: int) -> float:
     """Average stored bytes per K or V element, scale and zero-point overhead included.
 
     Per-tensor static scales (one float per layer) are not per token and count as zero.
+    NVFP4 pays one E4M3 byte per block of 16 elements: 0.5 + 1/16 = 0.5625 bytes.
     Per-token formats pay one fp16 scale per (token, head); grouped asymmetric formats pay an
     fp16 scale and an fp16 zero point per group. KIVI's K groups run over tokens instead of
     channels, which costs the same per element in the long run; its full-precision residual
@@ -76,6 +83,8 @@ def bytes_per_element(fmt: KVFormat | str, head_dim: int) -> float:
     data = spec.bits / 8
     if fmt is KVFormat.INT8_TOKEN:
         return data + SCALE_BYTES / head_dim
+    if fmt is KVFormat.NVFP4:
+        return data + NVFP4_BLOCK_SCALE_BYTES / NVFP4_BLOCK
     if spec.group_size is not None:
         group = min(spec.group_size, head_dim) if fmt.value.startswith("int4") else spec.group_size
         return data + 2 * SCALE_BYTES / group

@@ -15,6 +15,14 @@ Semantics, and the runtime each one follows:
 - int8_token: symmetric, dynamic per (token, head): scale = amax/127 stored as float16, codes in [-127, 127].
 - int4_gN: asymmetric per-token groups of N channels: scale = (max-min)/15 and zero point = min, both float16;
   codes in [0, 15], two per byte (low nibble first).
+- nvfp4 (TensorRT-LLM's NVFP4 KV cache, Blackwell): blocks of 16 consecutive elements along head_dim; each block's
+  scale is (block amax / 6) / global, stored as E4M3 (round to nearest, saturating at 448); values are
+  x / (block scale x global) rounded to E2M1 {0, 0.5, 1, 1.5, 2, 3, 4, 6} (nearest, ties to the even code,
+  saturating at 6) with a sign bit. The global scale is the dequantization multiplier TensorRT-LLM's PyTorch backend
+  loads from ModelOpt's HF export, static, per layer and separate for K and V: k_scale = k_amax / 448 and
+  v_scale = v_amax / 448 (ModelOpt 0.47 "amax / 448 for both FP8 and NVFP4"). So the block holding amax gets the
+  scale E4M3(448/6) = 72 (its largest element lands at 6.22 and saturates to 6: 3.6% under amax), and values up to
+  6 x amax stay representable before the block scale saturates. Codes are packed two per byte.
 - kivi4 / kivi2: K per channel over groups of 32 tokens, V per token over groups of 32 channels, asymmetric,
   codes packed 2 (4-bit) or 4 (2-bit) per byte; the cache keeps the most recent tokens in full precision.
 Quantization always uses the float16-rounded scale/zero point that is stored, so dequantization is consistent.
@@ -27,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from trtkv.errors import TrtkvError
-from trtkv.kvcache.formats import FP8_MAX, INT8_MAX, SPECS, KVFormat
+from trtkv.kvcache.formats import E2M1_MAX, FP8_MAX, INT8_MAX, NVFP4_BLOCK, SPECS, KVFormat
 
 FP16_MAX = 65504.0
 KIVI_GROUP = 32
@@ -35,7 +43,9 @@ KIVI_RESIDUAL = 128
 
 # Variants: extra names the probe and the cache accept, mapped to the KVFormat whose storage they share.
 VARIANTS: dict[str, KVFormat] = {"int8_split": KVFormat.INT8}
-STATIC_FORMATS = (KVFormat.FP8, KVFormat.FP8_SCALE1, KVFormat.INT8)
+STATIC_FORMATS = (KVFormat.FP8, KVFormat.FP8_SCALE1, KVFormat.INT8, KVFormat.NVFP4)
+# E2M1 magnitudes by 3-bit code (exponent 2 bits, mantissa 1 bit, bias 1; code 1 is the subnormal 0.5)
+E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
 @dataclass(frozen=True)
@@ -52,7 +62,7 @@ class FormatChoice:
 
     @property
     def needs_scales(self) -> bool:
-        return self.base in (KVFormat.FP8, KVFormat.INT8)
+        return self.base in (KVFormat.FP8, KVFormat.INT8, KVFormat.NVFP4)
 
 
 def all_format_names() -> list[str]:
@@ -99,6 +109,45 @@ def int8_static_quantize(x: torch.Tensor, scale: float) -> torch.Tensor:
 
 def int8_static_dequantize(q: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
     return (q.float() * scale).to(dtype)
+
+
+def e2m1_codes(x: torch.Tensor) -> torch.Tensor:
+    """4-bit E2M1 codes (sign << 3 | magnitude code) of x: round to nearest, ties to the even code, saturate at 6."""
+    mags = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float32)
+    mids = (mags[:-1] + mags[1:]) / 2
+    a = x.float().abs().clamp(max=E2M1_MAX)
+    idx = torch.searchsorted(mids, a.contiguous())  # a == mids[j] -> j (the lower neighbour)
+    tie = (a == mids[idx.clamp(max=len(mids) - 1)]) & (idx % 2 == 1)  # an odd lower code: the tie goes up, to even
+    code = (idx + tie.long()).to(torch.uint8)
+    return code | ((x < 0).to(torch.uint8) << 3)
+
+
+def e2m1_values(codes: torch.Tensor) -> torch.Tensor:
+    """float32 values of 4-bit E2M1 codes."""
+    mags = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float32)
+    value = mags[(codes & 7).long()]
+    return torch.where((codes & 8) > 0, -value, value)
+
+
+def nvfp4_quantize(x: torch.Tensor, global_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """NVFP4 over the last dim (a multiple of 16): (E2M1 codes uint8 [..., D], E4M3 block scales [..., D/16])."""
+    *lead, d = x.shape
+    if d % NVFP4_BLOCK:
+        raise TrtkvError(f"NVFP4 quantizes blocks of {NVFP4_BLOCK} elements; head_dim {d} is not a multiple of it.")
+    blocks = x.float().reshape(*lead, d // NVFP4_BLOCK, NVFP4_BLOCK)
+    amax = blocks.abs().amax(-1)
+    block_scale = (amax / (E2M1_MAX * global_scale)).clamp(max=FP8_MAX).to(torch.float8_e4m3fn)
+    step = block_scale.float() * global_scale
+    step = torch.where(step > 0, step, torch.ones_like(step))  # an all-zero block (or a scale that underflowed)
+    codes = e2m1_codes(blocks / step.unsqueeze(-1))
+    return codes.reshape(*lead, d), block_scale
+
+
+def nvfp4_dequantize(codes: torch.Tensor, block_scale: torch.Tensor, global_scale: float,
+                     dtype: torch.dtype) -> torch.Tensor:
+    *lead, d = codes.shape
+    values = e2m1_values(codes).reshape(*lead, d // NVFP4_BLOCK, NVFP4_BLOCK)
+    return (values * (block_scale.float() * global_scale).unsqueeze(-1)).reshape(*lead, d).to(dtype)
 
 
 def _safe(scale16: torch.Tensor) -> torch.Tensor:
@@ -224,6 +273,23 @@ class Int8StaticCodec(Codec):
         return int8_static_dequantize(parts["data"], self.scale, dtype)
 
 
+class NVFP4Codec(Codec):
+    """NVFP4 with a static per-layer global scale (amax / 448, as exported); block scales come from the data."""
+
+    static = True
+
+    def __init__(self, global_scale: float):
+        self.scale = float(global_scale)
+        self.limit = E2M1_MAX * FP8_MAX * self.scale
+
+    def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        codes, block_scale = nvfp4_quantize(x, self.scale)
+        return {"data": pack(codes, 4), "scale": block_scale}
+
+    def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        return nvfp4_dequantize(unpack(parts["data"], 4), parts["scale"], self.scale, dtype)
+
+
 class Int8TokenCodec(Codec):
     def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         q, scale = int8_token_quantize(x)
@@ -302,6 +368,11 @@ def layer_codecs(fmt: KVFormat | str | FormatChoice, k_scale: float | None = Non
             return LayerCodecs(Int8StaticCodec(k_scale), Int8StaticCodec(v_scale))
         shared = max(k_scale, v_scale)  # TensorRT-LLM: one kv_cache_scaling_factor for K and V
         return LayerCodecs(Int8StaticCodec(shared), Int8StaticCodec(shared))
+    if base is KVFormat.NVFP4:
+        if k_scale is None or v_scale is None or not (k_scale > 0 and v_scale > 0):
+            raise TrtkvError(f"KV format nvfp4 needs positive static K and V global scales per layer (amax/448; "
+                             f"got k={k_scale}, v={v_scale}). Next: pass k_scales/v_scales from KVScales.for_format.")
+        return LayerCodecs(NVFP4Codec(k_scale), NVFP4Codec(v_scale))  # separate K and V globals, as TensorRT-LLM
     if base is KVFormat.INT8_TOKEN:
         return LayerCodecs(Int8TokenCodec(), Int8TokenCodec())
     spec = SPECS[base]

@@ -42,10 +42,16 @@ def f32(value: float) -> float:
     return float(struct.unpack("f", struct.pack("f", value))[0])
 
 
+# kv_cache_quant_algo -> the |value| a static scale maps amax to (NVFP4's global scale: amax / 448 too, as ModelOpt
+# 0.47 exports it and TensorRT-LLM's PyTorch backend loads it; older ModelOpt wrote amax / (6 x 448))
+ALGO_QMAX = {"FP8": FP8_MAX, "INT8": float(INT8_MAX), "NVFP4": FP8_MAX}
+
+
 def layer_scales(k_amax: float, v_amax: float, algo: str) -> dict[str, float]:
     """kv_cache_scaling_factor (TensorRT-LLM's shared one; FP8 clamped to >= 1.0 as ModelOpt exports it) and
-    k_scale/v_scale (vLLM/HF: separate, unclamped), float32-rounded, for algo "FP8" or "INT8"."""
-    qmax = FP8_MAX if algo == "FP8" else float(INT8_MAX)
+    k_scale/v_scale (vLLM/HF: separate, unclamped), float32-rounded, for algo "FP8", "INT8" or "NVFP4" (whose
+    k_scale/v_scale are the per-tensor global scales amax/448)."""
+    qmax = ALGO_QMAX[algo]
     shared = max(k_amax, v_amax) / qmax
     return {"kv_cache_scaling_factor": f32(max(shared, 1.0) if algo == "FP8" else shared),
             "k_scale": f32(k_amax / qmax), "v_scale": f32(v_amax / qmax)}
@@ -89,6 +95,8 @@ class KVScales:
         v = [max(a, MIN_AMAX) for a in self.v_amax]
         if choice.base is KVFormat.FP8:
             return [a / FP8_MAX for a in k], [a / FP8_MAX for a in v]
+        if choice.base is KVFormat.NVFP4:  # the per-layer global scales, K and V apart (ModelOpt: amax / 448)
+            return [a / FP8_MAX for a in k], [a / FP8_MAX for a in v]
         if choice.base is KVFormat.INT8:
             if choice.split_scales:
                 return [a / INT8_MAX for a in k], [a / INT8_MAX for a in v]
@@ -119,7 +127,7 @@ def load_kv_scales(path: Path, num_layers: int | None = None) -> KVScales:
     layers = doc.get("layers") if isinstance(doc, dict) else None
     if not isinstance(layers, list) or not layers:
         raise StageError(f"{path}: no \"layers\" list. Expected the kv_scales.json schema written by `trtkv calibrate`.")
-    qmax = FP8_MAX if doc.get("kv_cache_quant_algo", "FP8") == "FP8" else INT8_MAX
+    qmax = ALGO_QMAX.get(str(doc.get("kv_cache_quant_algo", "FP8")), float(INT8_MAX))
     k, v = [], []
     for i, entry in enumerate(sorted(layers, key=lambda e: e.get("layer", 0))):
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from trtkv.hardware import GPU, GPU_SPECS, gpus_with_fp8
+from trtkv.hardware import GPU, GPU_SPECS, gpus_with_arch, gpus_with_fp8
 from trtkv.recipe.schema import Backend, BenchTask, GemmPlugin, KVCacheQuant, Recipe, WeightQuant
 
 # Each backend's own rules, registered by its module in trtkv.backends (imported by trtkv/__init__): (field, message)
@@ -51,6 +51,11 @@ def cross_field_problems(r: Recipe) -> list[tuple[str, str]]:
     if q.kv_cache is KVCacheQuant.FP8 and not on_cpu and not GPU_SPECS[hw.gpu].has_fp8:
         out.append(("quantization.kv_cache", f"an FP8 KV cache needs a GPU with FP8 ({', '.join(gpus_with_fp8())}); "
                                              f"on {hw.gpu.value} use int8"))
+    if q.kv_cache is KVCacheQuant.NVFP4 and (on_cpu or GPU_SPECS[hw.gpu].arch != "Blackwell"):
+        out.append(("quantization.kv_cache", f"an NVFP4 KV cache needs a Blackwell GPU (SM100/103: "
+                                             f"{', '.join(gpus_with_arch('Blackwell'))}); hardware.gpu is "
+                                             f"{hw.gpu.value}: use fp8 (or measure nvfp4 on the CPU with "
+                                             f"`trtkv probe RECIPE --formats nvfp4`)"))
     if b.gemm_plugin is GemmPlugin.FP8 and q.weights is not WeightQuant.FP8:
         out.append(("build.gemm_plugin", "gemm_plugin fp8 needs quantization.weights: fp8"))
     rules = BACKEND_RULES.get(b.backend)

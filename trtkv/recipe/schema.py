@@ -29,7 +29,8 @@ class WeightQuant(str, Enum):
 
 class KVCacheQuant(str, Enum):
     FP8 = "fp8"
-    INT8 = "int8"
+    INT8 = "int8"  # engine path only (TensorRT-LLM <= 1.2.x)
+    NVFP4 = "nvfp4"  # Blackwell (SM100/103): E2M1 values, an E4M3 scale per 16 elements, K and V global scales
     NONE = "none"
 
 
@@ -45,8 +46,13 @@ class KVScaleStrategy(str, Enum):
 
 class Backend(str, Enum):
     TENSORRT = "tensorrt"  # trtllm-build engines (TensorRT-LLM <= 1.2)
-    PYTORCH = "pytorch"  # TensorRT-LLM LLM API / trtllm-serve
+    LLMAPI = "llmapi"  # TensorRT-LLM's LLM API (PyTorch backend) on the HF checkpoint: Triton llmapi model, trtllm-serve
     REFERENCE = "reference"  # trtkv's CPU reference runtime (PyTorch, same KV numerics)
+
+
+# Older spellings accepted in recipes (`trtkv show` prints the canonical value): TensorRT-LLM calls the LLM API's
+# engine its "pytorch" backend, and trtkv's first name for this backend was that.
+BACKEND_ALIASES = {"pytorch": "llmapi"}
 
 
 class ModelDtype(str, Enum):
@@ -153,7 +159,11 @@ class CalibrationConfig(_Section):
 
 
 class BuildConfig(_Section):
-    backend: Backend = Field(Backend.TENSORRT, description="Engine backend.")
+    backend: Backend = Field(
+        Backend.TENSORRT,
+        description="Engine backend: tensorrt (trtllm-build engines, TensorRT-LLM <= 1.2.x), llmapi (the LLM API on "
+        "the HF checkpoint, any TensorRT-LLM; `pytorch` is accepted as an alias), reference (trtkv's CPU runtime).",
+    )
     max_batch_size: int = Field(8, gt=0, description="Largest in-flight batch.")
     max_input_len: int = Field(2048, gt=0, description="Longest prompt in tokens.")
     max_seq_len: int = Field(4096, gt=0, description="Prompt + generated tokens.")
@@ -178,6 +188,11 @@ class BuildConfig(_Section):
         description="TensorRT-LLM release that builds and serves the engine; picks the Triton image from trtkv's "
         "version matrix (`trtkv/data/trtllm_versions.json`).",
     )
+
+    @field_validator("backend", mode="before")
+    @classmethod
+    def _backend_alias(cls, value: Any) -> Any:
+        return BACKEND_ALIASES.get(value, value) if isinstance(value, str) else value
 
     @field_validator("tensorrt_llm_version")
     @classmethod
@@ -316,6 +331,8 @@ class Recipe(_Section):
             return KVFormat.FP8
         if kv is KVCacheQuant.INT8:
             return KVFormat.INT8
+        if kv is KVCacheQuant.NVFP4:
+            return KVFormat.NVFP4
         return KVFormat.BF16 if self.model.dtype is ModelDtype.BFLOAT16 else KVFormat.FP16
 
     @property

@@ -20,7 +20,7 @@ from trtkv.backends import for_recipe
 from trtkv.errors import StageError
 from trtkv.recipe import Recipe
 from trtkv.repo.plan import RepoPlan
-from trtkv.repo.validate import validate_repo
+from trtkv.repo.validate import check_model_yaml, validate_repo
 from trtkv.stage import StageResult, manifest_hash, run_stage
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -56,7 +56,9 @@ def plan_repo(recipe: Recipe) -> RepoPlan:
     plan = RepoPlan(recipe, layout.repo_dir(recipe), engine, checkpoint, None, "")
     calibrated = checkpoint / "tokenizer"
     backend = for_recipe(recipe)
-    if backend.copies_tokenizer:
+    if backend.repo_layout == "llmapi":  # the LLM loads the tokenizer of the HF checkpoint it serves
+        plan.tokenizer_ref = str(checkpoint / "hf")
+    elif backend.copies_tokenizer:
         source = calibrated if _has_tokenizer(calibrated) else _local_model_dir(recipe)
         if source is None:
             raise StageError(f"repo {recipe.name}: no tokenizer to copy: {calibrated} does not exist and the model "
@@ -110,6 +112,7 @@ def template_values(plan: RepoPlan) -> dict[str, str]:
         "tensorrt_llm_io": llm_io(python=False),
         "tensorrt_llm_io_python": llm_io(python=True),
         "llm_step_model": for_recipe(r).llm_step_model,
+        "llm_module": for_recipe(r).llm_module(r),
         "postprocessing_instance_count": "1" if t.decoupled else str(t.instance_count),
         "vocab_size": str(model_vocab_size(plan) or ""),
     }
@@ -154,8 +157,9 @@ def write_models(plan: RepoPlan, target: Path) -> list[str]:
     """Render every model folder into `target`; returns the model names."""
     values = template_values(plan)
     backend = for_recipe(plan.recipe)
-    models = {**PYTHON_MODELS, "tensorrt_llm": backend.llm_model}
-    if backend.llm_step_model == "tensorrt_llm_stream":
+    llmapi = backend.repo_layout == "llmapi"  # one self-contained model (no shared module, no ensemble)
+    models = {"tensorrt_llm": backend.llm_model} if llmapi else {**PYTHON_MODELS, "tensorrt_llm": backend.llm_model}
+    if backend.llm_step_model == "tensorrt_llm_stream" and not llmapi:
         models["tensorrt_llm_stream"] = STREAM_MODEL
     for name, (config, script) in models.items():
         version = target / name / "1"
@@ -163,7 +167,10 @@ def write_models(plan: RepoPlan, target: Path) -> list[str]:
         (target / name / "config.pbtxt").write_text(render(config, values), encoding="utf-8")
         if script is not None:
             shutil.copyfile(TEMPLATES / script, version / "model.py")
-            shutil.copyfile(TEMPLATES / SHARED_MODULE, version / Path(SHARED_MODULE).name)
+            if not llmapi:
+                shutil.copyfile(TEMPLATES / SHARED_MODULE, version / Path(SHARED_MODULE).name)
+    for relative, text in backend.repo_files(plan.recipe).items():
+        (target / relative).write_text(text, encoding="utf-8")
     return sorted(models)
 
 
@@ -186,7 +193,11 @@ def generate_into(plan: RepoPlan, target: Path) -> dict[str, Any]:
     if plan.tokenizer_source is not None:
         copied = copy_tokenizer(plan.tokenizer_source, target / TOKENIZER_IN_REPO)
     (target / "README.md").write_text(readme_text(plan), encoding="utf-8")
-    validate_repo(target, expect_decoupled=plan.recipe.triton.decoupled)
+    if for_recipe(plan.recipe).repo_layout == "llmapi":
+        validate_repo(target, expect_decoupled=plan.recipe.triton.decoupled)
+        check_model_yaml(target, plan.recipe.triton.decoupled)  # upstream's model.py reads its triton_config
+    else:
+        validate_repo(target, expect_decoupled=plan.recipe.triton.decoupled)
     return {"models": models, "backend": plan.recipe.build.backend.value, "engine_dir": str(plan.engine_dir),
             "tokenizer_dir": plan.tokenizer_ref, "tokenizer_copied_from": str(plan.tokenizer_source or ""),
             "tokenizer_files": copied, "warnings": plan.warnings, "validated": True}

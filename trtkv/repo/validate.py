@@ -241,3 +241,28 @@ def validate_repo(repo: Path, expect_decoupled: bool | None = None) -> dict[str,
     if report.problems:
         raise RepoError(repo, report.problems)
     return report.models
+
+
+def check_model_yaml(repo: Path, expect_decoupled: bool) -> dict[str, Any]:
+    """The llmapi layout's tensorrt_llm/1/model.yaml: a mapping with `model` and a triton_config whose decoupled
+    is the recipe's (TensorRT-LLM's model.py reads max_batch_size and decoupled from there)."""
+    import yaml
+
+    path = repo / "tensorrt_llm" / "1" / "model.yaml"
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise RepoError(repo, [f"{path}: not readable as YAML ({exc})"]) from exc
+    problems = []
+    if not isinstance(data, dict) or not data.get("model"):
+        problems.append(f"{path}: no `model` (the HF checkpoint the LLM loads)")
+        data = data if isinstance(data, dict) else {}
+    triton = data.get("triton_config")
+    if not isinstance(triton, dict) or {"max_batch_size", "decoupled"} - set(triton):
+        problems.append(f"{path}: triton_config needs max_batch_size and decoupled (upstream's model.py reads both)")
+    elif bool(triton["decoupled"]) != expect_decoupled:
+        problems.append(f"{path}: triton_config.decoupled {triton['decoupled']} but the recipe's triton.decoupled is "
+                        f"{expect_decoupled}")
+    if problems:
+        raise RepoError(repo, problems)
+    return data

@@ -106,6 +106,52 @@ class ReferenceRuntime:
                       engine_dir=engine_dir, settings=settings)
         return runtime.with_kv_format(kv_format) if kv_format else runtime
 
+    @classmethod
+    def load_hf(cls, hf_dir: Path, *, threads: int | None = None, kv_dtype: str = "auto", max_seq_len: int | None = None,
+                max_num_tokens: int | None = None, enable_chunked_prefill: bool = False) -> ReferenceRuntime:
+        """Load ModelOpt's unified HF checkpoint (the LLM API's artifact) as TensorRT-LLM's PyTorch backend does:
+        FP8 weights times weight_scale, and an FP8 KV cache with scale 1.0: that backend ignores the exported
+        k_scale/v_scale for FP8 (it loads them for NVFP4 only; trtkv.runtime.hf_checkpoint). `kv_dtype` is
+        kv_cache_config.dtype: auto (the checkpoint's kv_cache_quant_algo) or fp8."""
+        import torch
+        from transformers import AutoTokenizer
+
+        from trtkv.runtime import hf_checkpoint as hf
+
+        if threads:
+            torch.set_num_threads(threads)
+        hf_dir = Path(hf_dir)
+        weight_algo, kv_algo = hf.quant_config(hf_dir)
+        where = hf_dir / hf.QUANT_CONFIG
+        if weight_algo not in hf.WEIGHT_ALGOS:
+            raise StageError(f"{where}: quant_algo {weight_algo!r}; the reference engine runs FP8 or unquantized "
+                             f"weights.")
+        if kv_dtype not in ("auto", "fp8"):
+            raise StageError(f"kv_cache_config.dtype {kv_dtype!r}: the reference engine runs auto or fp8.")
+        if kv_dtype == "fp8" and kv_algo is None:
+            raise StageError(f"kv_cache_config.dtype fp8, but {hf_dir} has no FP8 KV scales (kv_cache_quant_algo "
+                             f"null). Next: calibrate with quantization.kv_cache fp8.")
+        if kv_algo not in hf.KV_FORMATS:
+            raise StageError(f"{where}: kv_cache_quant_algo {kv_algo!r}; the reference engine runs FP8 or none.")
+        config = hf.hf_llama_config(hf_dir)
+        tensors = hf.load_tensors(hf_dir)
+        model = build_model(config, hf.dequantized_state_dict(tensors, weight_algo, hf_dir))
+        if kv_algo is not None or kv_dtype == "fp8":
+            hf.kv_scales(tensors, config.num_hidden_layers, hf_dir)  # exported (vLLM reads them): checked, not used
+        tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
+        eos = config.eos_token_id if config.eos_token_id is not None else tokenizer.eos_token_id
+        eos_ids = [int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
+        limit = int(config.max_position_embeddings)
+        seq_len = min(max_seq_len or limit, limit)
+        settings: dict[str, Any] = {"backend": "llmapi", "hf_checkpoint": str(hf_dir), "max_seq_len": seq_len,
+                    "max_num_tokens": max_num_tokens, "enable_chunked_context": enable_chunked_prefill,
+                    "kv_scale_semantics": "TensorRT-LLM PyTorch backend: FP8 KV with scale 1.0 (the exported "
+                                          "k_scale/v_scale are read for NVFP4 only)"}
+        kv_format = "fp8_scale1" if kv_algo == "FP8" or kv_dtype == "fp8" else "none"
+        return cls(model=model, config=config, tokenizer=tokenizer, kv_format=kv_format, kv_scales=None,
+                   max_seq_len=seq_len, eos_token_ids=eos_ids,
+                   bos_token_id=config.bos_token_id, engine_dir=hf_dir, settings=settings)
+
     def with_kv_format(self, kv_format: str) -> ReferenceRuntime:
         """The same weights with another KV cache ("none" = unquantized float32 cache), e.g. for A/B checks."""
         if kv_format not in ("none", "fp8", "int8", "fp8_scale1"):

@@ -1,0 +1,329 @@
+"""The slice of TensorRT-LLM's LLM API that trtkv's Triton `llmapi` model uses, on the CPU reference engine.
+
+`LLM(model=HF_DIR, **llm_args)` loads the HF checkpoint with `ReferenceRuntime.load_hf` (FP8 weights dequantized, the
+KV cache stored in FP8 with scale 1.0 as TensorRT-LLM's PyTorch backend stores it); `generate_async(prompt,
+SamplingParams(...), streaming=...)` returns a `RequestOutput` that is awaited (`aresult()`), iterated (`async for`,
+one snapshot per new token, `outputs[0].text_diff` holding the new text) or read synchronously (`result()`).
+`abort()` stops it at the next token. The names and meanings follow `tensorrt_llm.LLM`, `SamplingParams`,
+`RequestOutput` and `CompletionOutput`, so the same model.py drives either engine.
+
+What differs from TensorRT-LLM, on purpose and visibly: requests run one at a time per LLM (FIFO, one worker
+thread; no in-flight batching), computation is float32 with FP8 weights dequantized (activations not quantized),
+there is one output per request (`n` 1, no beam search), and LLM() arguments that only size or place GPU work
+(`tensor_parallel_size`, `kv_cache_config.free_gpu_memory_fraction`, `enable_block_reuse`, ...) are accepted and
+listed in `LLM.ignored_args`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trtkv.runtime.errors import RequestError
+
+# LLM() arguments the reference engine applies; the rest (placement, GPU memory, CUDA graphs...) are ignored
+APPLIED_ARGS = ("model", "tokenizer", "backend", "max_seq_len", "max_num_tokens", "max_batch_size",
+                "enable_chunked_prefill", "kv_cache_config")
+KV_DTYPES = ("auto", "fp8")
+
+
+@dataclass
+class SamplingParams:
+    """tensorrt_llm.SamplingParams, the fields the reference engine supports (same names, same defaults)."""
+
+    max_tokens: int = 32
+    temperature: float | None = None  # None: TensorRT-LLM's default, 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    end_id: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    min_tokens: int | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    add_special_tokens: bool = True
+    exclude_input_from_output: bool = True  # False: text_output starts with the prompt
+    return_perf_metrics: bool = False  # accepted; the reference engine has no per-request KV/timing metrics
+    best_of: int | None = None
+    n: int = 1
+
+    def stops(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
+
+
+@dataclass
+class CompletionOutput:
+    """One generated sequence; `text_diff`/`token_ids_diff` are what arrived since the previous snapshot."""
+
+    index: int = 0
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" | "length" | "cancelled" | None while running
+    stop_reason: int | str | None = None
+    cumulative_logprob: float | None = None  # not computed by the reference engine
+    _last_text_len: int = 0
+    _last_ids_len: int = 0
+
+    @property
+    def length(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def text_diff(self) -> str:
+        return self.text[self._last_text_len:]
+
+    @property
+    def token_ids_diff(self) -> list[int]:
+        return self.token_ids[self._last_ids_len:]
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str | None
+    stop_reason: int | str | None
+    error: BaseException | None = None
+
+    @property
+    def final(self) -> bool:
+        return self.finish_reason is not None or self.error is not None
+
+
+class RequestOutput:
+    """A request in flight: `async for` yields it once per update (streaming), `aresult()`/`result()` the end."""
+
+    def __init__(self, request_id: int, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
+                 streaming: bool) -> None:
+        self.request_id, self.prompt, self.prompt_token_ids = request_id, prompt, prompt_token_ids
+        self.sampling_params, self.streaming = params, streaming
+        self.outputs = [CompletionOutput()]
+        self.finished = False
+        self._aborted = threading.Event()
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._sync: queue.SimpleQueue[_Snapshot] = queue.SimpleQueue()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._async: asyncio.Queue[_Snapshot] | None = None
+        try:
+            self._loop = asyncio.get_running_loop()
+            self._async = asyncio.Queue()
+        except RuntimeError:  # called outside an event loop: result() and plain iteration work
+            pass
+        self._last: _Snapshot | None = None
+
+    # -- producer side (the engine's worker thread)
+    def _publish(self, snap: _Snapshot) -> None:
+        with self._lock:
+            self._last = snap
+        if self._loop is not None and self._async is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._async.put_nowait, snap)
+            except RuntimeError:  # the consumer's loop is closed: nobody reads this request any more
+                self._aborted.set()
+        else:
+            self._sync.put(snap)
+        if snap.final:
+            self._done.set()
+
+    # -- consumer side
+    def _apply(self, snap: _Snapshot) -> RequestOutput:
+        out = self.outputs[0]
+        out._last_text_len, out._last_ids_len = len(out.text), len(out.token_ids)
+        out.text, out.token_ids = snap.text, list(snap.token_ids)
+        out.finish_reason, out.stop_reason = snap.finish_reason, snap.stop_reason
+        self.finished = snap.final
+        if snap.error is not None:
+            raise snap.error
+        return self
+
+    def abort(self) -> None:
+        """Stop generating at the next token (finish_reason "cancelled")."""
+        self._aborted.set()
+
+    def aborted(self) -> bool:
+        return self._aborted.is_set()
+
+    def __aiter__(self) -> RequestOutput:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        if self._async is None:
+            raise RuntimeError("generate_async was called outside an event loop: use result()")
+        snap = await self._async.get()
+        if not self.streaming:  # one item: the final state
+            while not snap.final:
+                snap = await self._async.get()
+        return self._apply(snap)
+
+    async def aresult(self) -> RequestOutput:
+        async for _ in self:
+            pass
+        return self
+
+    def result(self, timeout: float | None = None) -> RequestOutput:
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.request_id} not finished within {timeout} s")
+        with self._lock:
+            last = self._last
+        assert last is not None
+        return self._apply(last)
+
+
+@dataclass
+class _Job:
+    output: RequestOutput
+    params: SamplingParams
+
+
+class LLM:
+    """tensorrt_llm.LLM's constructor and generate API over trtkv's reference engine (see the module docstring)."""
+
+    def __init__(self, model: str | Path, tokenizer: str | Path | None = None, *, backend: str | None = "pytorch",
+                 max_seq_len: int | None = None, max_num_tokens: int | None = None, max_batch_size: int | None = None,
+                 enable_chunked_prefill: bool = False, kv_cache_config: Any = None, threads: int | None = None,
+                 **other: Any) -> None:
+        from trtkv.runtime.engine import ReferenceRuntime
+
+        if backend not in (None, "pytorch"):
+            raise RequestError(f"LLM(backend={backend!r}): the reference engine stands in for the pytorch backend.")
+        kv = _kv_dict(kv_cache_config)
+        kv_dtype = str(kv.get("dtype") or "auto")
+        if kv_dtype not in KV_DTYPES:
+            raise RequestError(f"kv_cache_config.dtype {kv_dtype!r}: the reference engine runs {', '.join(KV_DTYPES)} "
+                               f"(nvfp4 needs a Blackwell GPU and TensorRT-LLM).")
+        self.runtime = ReferenceRuntime.load_hf(Path(model), threads=threads, kv_dtype=kv_dtype,
+                                                max_seq_len=max_seq_len, max_num_tokens=max_num_tokens,
+                                                enable_chunked_prefill=enable_chunked_prefill)
+        if tokenizer is not None:
+            from transformers import AutoTokenizer
+
+            self.runtime.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
+        self.tokenizer = self.runtime.tokenizer
+        self.max_batch_size = max_batch_size
+        self.ignored_args = sorted([*other, *(f"kv_cache_config.{k}" for k in kv if k != "dtype")])
+        self._ids = itertools.count()
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._worker = threading.Thread(target=self._run, name="trtkv-llm", daemon=True)
+        self._worker.start()
+
+    # -- API
+    def generate_async(self, inputs: str | Sequence[int], sampling_params: SamplingParams | None = None,
+                       streaming: bool = False) -> RequestOutput:
+        params = sampling_params or SamplingParams()
+        if params.n != 1 or (params.best_of or 1) != 1:
+            raise RequestError(f"n={params.n}, best_of={params.best_of}: the reference engine returns one sequence "
+                               f"per request.")
+        if isinstance(inputs, str):
+            ids = list(self.tokenizer.encode(inputs, add_special_tokens=params.add_special_tokens))
+            prompt: str | None = inputs
+        else:
+            ids, prompt = [int(t) for t in inputs], None
+        out = RequestOutput(next(self._ids), prompt, ids, params, streaming)
+        self._jobs.put(_Job(out, params))
+        return out
+
+    def generate(self, inputs: str | Sequence[int] | list[str], sampling_params: SamplingParams | None = None
+                 ) -> RequestOutput | list[RequestOutput]:
+        if isinstance(inputs, list) and inputs and isinstance(inputs[0], str):
+            return [self.generate_async(p, sampling_params).result() for p in inputs]
+        return self.generate_async(inputs, sampling_params).result()  # type: ignore[arg-type]
+
+    def shutdown(self) -> None:
+        self._jobs.put(None)
+        self._worker.join(timeout=30)
+
+    # -- the worker
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            try:
+                self._serve(job)
+            except BaseException as exc:  # noqa: BLE001 - handed to the request's consumer, which raises it
+                last = job.output._last
+                job.output._publish(_Snapshot(last.text if last else "", last.token_ids if last else (), None, None,
+                                              error=exc))
+
+    def _serve(self, job: _Job) -> None:
+        from trtkv.runtime.sampling import LogitControls
+
+        out, p = job.output, job.params
+        if out.aborted():
+            out._publish(_Snapshot("", (), "cancelled", None))
+            return
+        stops, stop_ids = p.stops(), set(p.stop_token_ids or [])
+        prefix = "" if p.exclude_input_from_output or out.prompt is None else out.prompt
+        generated: list[int] = []
+        state: dict[str, Any] = {"text": "", "reason": None, "stop": None}
+
+        def on_token(token: int) -> bool:
+            if token in stop_ids:
+                state.update(reason="stop", stop=token)
+                return False
+            generated.append(token)
+            text = self.tokenizer.decode(generated, skip_special_tokens=True)
+            for stop in stops:
+                at = text.find(stop)
+                if at >= 0:
+                    state.update(text=prefix + text[: at + (len(stop) if p.include_stop_str_in_output else 0)],
+                                 reason="stop", stop=stop)
+                    return False
+            if out.aborted():
+                state.update(text=prefix + text, reason="cancelled")
+                return False
+            shown = prefix + _stable_prefix(text, stops)
+            if out.streaming and len(shown) > len(state["text"]):
+                out._publish(_Snapshot(shown, tuple(generated), None, None))
+            state["text"] = shown
+            return True
+
+        controls = LogitControls(repetition_penalty=p.repetition_penalty or 1.0, presence_penalty=p.presence_penalty
+                                 or 0.0, frequency_penalty=p.frequency_penalty or 0.0, min_tokens=p.min_tokens or 0)
+        temperature = 1.0 if p.temperature is None else float(p.temperature)
+        max_tokens = min(int(p.max_tokens), self.runtime.max_seq_len - len(out.prompt_token_ids))
+        self.runtime.generate(out.prompt_token_ids, max_tokens=max(1, max_tokens), temperature=temperature,
+                              top_k=int(p.top_k or 0), top_p=1.0 if p.top_p is None else float(p.top_p), seed=p.seed,
+                              end_id=p.end_id, on_token=on_token, controls=controls if controls.active else None)
+        if state["reason"] is None:
+            state["text"] = prefix + self.tokenizer.decode(generated, skip_special_tokens=True)
+            state["reason"] = "length" if len(generated) >= max_tokens else "stop"
+        out._publish(_Snapshot(state["text"], tuple(generated), state["reason"], state["stop"]))
+
+
+def _kv_dict(kv_cache_config: Any) -> dict[str, Any]:
+    """kv_cache_config as a dict (a mapping, a KvCacheConfig-like object, or None)."""
+    if kv_cache_config is None:
+        return {}
+    if isinstance(kv_cache_config, dict):
+        return dict(kv_cache_config)
+    dump = getattr(kv_cache_config, "model_dump", None)
+    return dict(dump(exclude_unset=True)) if callable(dump) else dict(vars(kv_cache_config))
+
+
+def _stable_prefix(text: str, stops: list[str]) -> str:
+    """What may be streamed now: no trailing U+FFFD (half a UTF-8 character) and no tail that could still become a
+    stop string."""
+    cut = len(text)
+    while cut and text[cut - 1] == "\ufffd":
+        cut -= 1
+    for stop in stops:
+        for n in range(min(len(stop) - 1, cut), 0, -1):
+            if text[:cut].endswith(stop[:n]):
+                cut -= n
+                break
+    return text[:cut]
