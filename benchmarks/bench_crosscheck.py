@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from trtkv import paths
-from trtkv.bench.client import Endpoint, SamplingParams, check_endpoint, session_factory
+from trtkv.bench.client import Endpoint, SamplingParams
+from trtkv.bench.endpoints import check_endpoint, session_factory
 from trtkv.bench.loadgen import Job, run_concurrency, run_rate
 from trtkv.bench.metrics import summarize_level
 from trtkv.bench.prompts import count_tokens, latency_prompts, load_tokenizer, prompt_tokens, tokenizer_dir

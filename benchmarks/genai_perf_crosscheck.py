@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from trtkv import paths
-from trtkv.bench.client import Endpoint, check_endpoint
+from trtkv.bench.client import Endpoint
+from trtkv.bench.endpoints import check_endpoint
 from trtkv.bench.prompts import latency_prompts, load_tokenizer, tokenizer_dir
 from trtkv.bench.runner import resolve_endpoint
 from trtkv.errors import TrtkvError

@@ -71,6 +71,22 @@ def canary(http_url: str, interface: ModelInterface = ENSEMBLE, timeout_s: float
     return Probe(answer is not None, seconds, f"text_output {answer!r}" if answer is not None else text[:200])
 
 
+def openai_canary(http_url: str, model: str, timeout_s: float = 60.0) -> Probe:
+    """One real inference on an OpenAI-compatible server: POST /v1/completions, one token."""
+    start = time.monotonic()
+    body = {"model": model, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
+    try:
+        status, text = _http(f"{http_url}/v1/completions", body, timeout_s)
+    except (urllib.error.URLError, OSError) as exc:
+        return Probe(False, time.monotonic() - start, f"{type(exc).__name__}: {exc}")
+    seconds = time.monotonic() - start
+    try:
+        answer = json.loads(text)["choices"][0]["text"] if status == 200 else None
+    except (json.JSONDecodeError, KeyError, IndexError, TypeError):
+        answer = None
+    return Probe(answer is not None, seconds, f"text {answer!r}" if answer is not None else f"HTTP {status}: {text[:200]}")
+
+
 def check(recipe: Recipe, canaries: int = 2, timeout_s: float = 60.0) -> Health:
     """The recorded server's state: process alive, /v2/health/ready, then `canaries` one-token inferences (one per
     model instance by default: a dead instance fails some of them)."""
@@ -81,8 +97,10 @@ def check(recipe: Recipe, canaries: int = 2, timeout_s: float = 60.0) -> Health:
     checks: dict[str, Any] = {"alive": is_running(server.pid, server.command)}
     if not checks["alive"]:
         return Health("down", server, checks)
+    frontend = str(server.extra.get("frontend") or "tritonserver")
+    ready_path = "/v2/health/ready" if frontend == "tritonserver" else "/health"  # vLLM and trtllm-serve: /health
     try:
-        status, _ = _http(f"{http}/v2/health/ready", None, 5.0)
+        status, _ = _http(f"{http}{ready_path}", None, 5.0)
     except (urllib.error.URLError, OSError) as exc:
         status = 0
         checks["ready_error"] = str(exc)
@@ -91,7 +109,11 @@ def check(recipe: Recipe, canaries: int = 2, timeout_s: float = 60.0) -> Health:
         return Health("down", server, checks)
     from trtkv.backends import for_recipe
 
-    interface = for_layout(for_recipe(recipe).repo_layout)
-    probes = [canary(http, interface, timeout_s=timeout_s) for _ in range(max(1, canaries))]
+    if frontend == "tritonserver":
+        interface = for_layout(for_recipe(recipe).repo_layout)
+        probes = [canary(http, interface, timeout_s=timeout_s) for _ in range(max(1, canaries))]
+    else:
+        model = str(server.extra.get("served_model_name") or recipe.name)
+        probes = [openai_canary(http, model, timeout_s=timeout_s) for _ in range(max(1, canaries))]
     checks["canaries"] = [probe.__dict__ for probe in probes]
     return Health("healthy" if all(p.ok for p in probes) else "degraded", server, checks)

@@ -37,7 +37,7 @@ from trtkv.container import (
     trtllm_serve_docker_command,
 )
 from trtkv.errors import StageError, ToolError
-from trtkv.layout import engine_dir, repo_dir, serve_dir
+from trtkv.layout import checkpoint_dir, engine_dir, repo_dir, serve_dir
 from trtkv.process import is_running, port_in_use, terminate, wait_http_ready
 from trtkv.recipe import Recipe
 from trtkv.stage import require_input, tool_versions
@@ -203,7 +203,8 @@ def _failure(headline: str, info: ServerInfo) -> ToolError:
 
 
 TRTLLM_SERVE = "trtllm-serve"
-READY_PATHS = {"tritonserver": "/v2/health/ready", TRTLLM_SERVE: "/health"}
+VLLM = "vllm"
+READY_PATHS = {"tritonserver": "/v2/health/ready", TRTLLM_SERVE: "/health", VLLM: "/health"}
 
 
 def frontend(info: ServerInfo) -> str:
@@ -236,6 +237,8 @@ def start(recipe: Recipe, *, dry_run: bool = False, timeout_s: float | None = No
     repo = repo_dir(recipe)
     if trtllm_serve:
         return _start_trtllm_serve(recipe, dry_run=dry_run, timeout_s=timeout_s, log=log)
+    if for_recipe(recipe).repo_layout == "openai":  # vLLM: its own OpenAI server, no Triton repository
+        return _start_openai_server(recipe, dry_run=dry_run, timeout_s=timeout_s, log=log)
     if for_recipe(recipe).serves_locally(recipe):
         return _start_local(recipe, repo, dry_run=dry_run, timeout_s=timeout_s, log=log)
     return _start_gpu(recipe, repo, dry_run=dry_run, timeout_s=timeout_s, log=log)
@@ -307,11 +310,43 @@ def _start_trtllm_serve(recipe: Recipe, *, dry_run: bool, timeout_s: float | Non
         raise StageError(f"trtllm-serve is not on PATH and docker is not here. Next: run on the GPU host, or print the "
                          f"commands with `trtkv serve {recipe.name} --trtllm-serve --dry-run`.")
     return _launch(recipe, cmd, repo_dir(recipe), dict(os.environ), timeout_s, log, container=container,
-                   name=TRTLLM_SERVE)
+                   name=TRTLLM_SERVE, served_model=str(checkpoint_dir(recipe) / "hf"))
+
+
+def _start_openai_server(recipe: Recipe, *, dry_run: bool, timeout_s: float | None,
+                         log: Callable[[str], None]) -> ServerInfo | None:
+    backend = for_recipe(recipe)
+    if dry_run:
+        from trtkv.backends import vllm
+
+        hf = checkpoint_dir(recipe) / "hf"
+        if backend.serves_locally(recipe):
+            env = " ".join(f"{k}={v}" for k, v in vllm.cpu_env(recipe).items())
+            log(f"{env} {quote(vllm.cpu_command(recipe, hf))}")
+        else:
+            log(f"# on a host with Docker and {recipe.hardware.count} GPU(s):\n{shell_block(vllm.gpu_command(recipe, hf))}")
+        return None
+    backend.require_served_input(recipe)
+    require_input(engine_dir(recipe), "serve", "build", recipe)
+    check_free(recipe)
+    cmd, extra_env = backend.serve_command(recipe)
+    container = None
+    if cmd[0] == "docker":
+        if not shutil.which("docker"):
+            raise StageError(f"backend {recipe.build.backend.value} on {recipe.hardware.gpu.value} runs in docker, "
+                             f"which is not here. Next: run on the GPU host, or print the command with `trtkv serve "
+                             f"{recipe.name} --dry-run`.")
+        container = container_name(recipe)
+        stop_container(container, timeout_s=10)
+    from trtkv.backends import vllm
+
+    return _launch(recipe, cmd, checkpoint_dir(recipe) / "hf", {**os.environ, **extra_env}, timeout_s, log,
+                   container=container, name=VLLM, served_model=vllm.served_model_name(recipe))
 
 
 def _launch(recipe: Recipe, cmd: list[str], repo: Path, env: dict[str, str], timeout_s: float | None,
-            log: Callable[[str], None], container: str | None = None, name: str = "tritonserver") -> ServerInfo:
+            log: Callable[[str], None], container: str | None = None, name: str = "tritonserver",
+            served_model: str | None = None) -> ServerInfo:
     out = serve_dir(recipe)
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / f"{name}.log"
@@ -325,7 +360,7 @@ def _launch(recipe: Recipe, cmd: list[str], repo: Path, env: dict[str, str], tim
                       metrics_port=t.metrics_port, command=cmd, log=str(log_path), model_repository=str(repo),
                       started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), recipe=recipe.name,
                       backend=recipe.build.backend.value, container=container,
-                      extra={"frontend": name} if name != "tritonserver" else {})
+                      extra={"frontend": name, "served_model_name": served_model} if name != "tritonserver" else {})
     write_server(recipe, info)
     log(f"serve: started {name} (pid {proc.pid}), waiting up to {timeout_s or t.startup_timeout_s:.0f} s for "
         f"{info.http_url}{READY_PATHS[name]}; log {log_path}")
@@ -339,8 +374,10 @@ def _launch(recipe: Recipe, cmd: list[str], repo: Path, env: dict[str, str], tim
         raise
     write_server(recipe, info)
     write_serve_manifest(recipe, info)
-    log(f"serve: {recipe.name} ready in {info.ready_seconds:.1f} s: HTTP {info.http_url}, gRPC {t.host}:{t.grpc_port},"
-        f" metrics http://{t.host}:{t.metrics_port}/metrics (stop: trtkv stop {recipe.name})")
+    ports = (f"HTTP {info.http_url}, gRPC {t.host}:{t.grpc_port}, metrics http://{t.host}:{t.metrics_port}/metrics"
+             if name == "tritonserver" else f"OpenAI API {info.http_url}/v1 (model {served_model}), metrics "
+                                           f"{info.http_url}/metrics")
+    log(f"serve: {recipe.name} ready in {info.ready_seconds:.1f} s: {ports} (stop: trtkv stop {recipe.name})")
     return info
 
 

@@ -49,3 +49,15 @@ def test_not_measured_fails() -> None:
     assert len(res) == 1 and not res[0].passed and res[0].measured is None
     res = slo.check([slo.parse_slo("time_to_first_token.p99<=5")], {}, {})
     assert not res[0].passed and res[0].where == "(no latency run)"
+
+
+def test_failed_requests_fail_the_bench_unless_allowed() -> None:
+    implicit = slo.parse_all([], [])
+    assert [s.text for s in implicit] == ["request_errors.failed<=0"] and "allow-failures" in implicit[0].source
+    assert slo.parse_all([], [], allow_failures=True) == []
+    assert [s.text for s in slo.parse_all([], ["request_errors.rate<=0.1"])] == ["request_errors.rate<=0.1"]
+    # failed requests of an accuracy task count too, also without a latency run
+    res = slo.check(implicit, {}, {"quiz": {"accuracy": 0.5, "total": 4, "failed": 1}})
+    assert [(r.where, r.measured, r.passed) for r in res] == [("quiz", 1.0, False)]
+    res = slo.check(implicit, {"concurrency=1": _level(1.0)}, {"quiz": {"accuracy": 1.0, "total": 4, "failed": 0}})
+    assert all(r.passed for r in res) and len(res) == 2

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from trtkv.errors import StageError
 from trtkv.recipe import Backend, list_recipes, load_recipe
 from trtkv.repo import RepoError, generate_repo, validate_repo
 
-RECIPES = [p.stem for p in list_recipes()]
+RECIPES = [p.stem for p in list_recipes() if load_recipe(p.stem).build.backend is not Backend.VLLM]  # vLLM: no repo
 CONTRACT_INPUTS = {"text_input": "TYPE_STRING", "max_tokens": "TYPE_INT32", "stream": "TYPE_BOOL",
                    "temperature": "TYPE_FP32", "top_k": "TYPE_INT32", "top_p": "TYPE_FP32", "end_id": "TYPE_INT32",
                    "pad_id": "TYPE_INT32", "stop_words": "TYPE_STRING", "bad_words": "TYPE_STRING"}
@@ -26,6 +27,11 @@ def _generate(name: str, overrides: tuple[str, ...] = ()) -> tuple[Path, list[st
     logs: list[str] = []
     result = generate_repo(load_recipe(name, overrides), log=logs.append)
     return result.output, logs
+
+
+def test_vllm_recipes_have_no_triton_repository(engines_tmp: Path) -> None:
+    with pytest.raises(StageError, match="backend vllm has no Triton repository: vLLM serves the HF export itself"):
+        generate_repo(load_recipe("smollm2_fp8kv_vllm"), log=lambda _m: None)
 
 
 @pytest.mark.parametrize("name", RECIPES)

@@ -84,6 +84,10 @@ class EngineBackend:
         """Extra files of the Triton repository (relative path -> text)."""
         return {}
 
+    def serve_command(self, recipe: Recipe) -> tuple[list[str], dict[str, str]]:
+        """(command, extra environment) of a server that is not tritonserver (repo_layout "openai")."""
+        raise StageError(f"backend {self.backend.value} is served by tritonserver (`trtkv serve` builds its command)")
+
     def repo_summary(self, recipe: Recipe) -> str:
         """One line for the repository README: what the tensorrt_llm model is."""
         raise NotImplementedError

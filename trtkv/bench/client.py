@@ -33,6 +33,7 @@ class Endpoint:
     inputs: dict[str, str] = field(default_factory=dict)  # name -> datatype (TYPE_ prefix stripped)
     max_batch_size: int = 0
     interface: ModelInterface = ENSEMBLE  # which tensors carry what (detected from the model's inputs)
+    endpoint_type: str = "completions"  # protocol openai: completions or chat
     source: str = ""  # where the URL came from (--url, server.json, recipe)
 
     @property
@@ -56,7 +57,7 @@ def now_ns() -> int:
 # Readiness
 
 
-def check_endpoint(ep: Endpoint, timeout_s: float = 10.0) -> Endpoint:
+def check_triton(ep: Endpoint, timeout_s: float = 10.0) -> Endpoint:
     """Server live and model ready, else a TrtkvError naming the URL; fills the model's inputs from its config."""
     try:
         if ep.protocol == "grpc":
@@ -265,14 +266,18 @@ class HttpSession(Session):
                                       top_k=params.top_k, top_p=params.top_p)
         return json.dumps({k: v for k, v in body.items() if k in self.ep.inputs}).encode()
 
+    def _path(self) -> str:
+        return f"/v2/models/{self.ep.model}/generate_stream"
+
     def run(self, record: RequestRecord, prompt: str, params: SamplingParams, timeout_s: float) -> None:
+        cpu0 = time.thread_time_ns()
         body = self._body(prompt, params)
-        path = f"/v2/models/{self.ep.model}/generate_stream"
         deadline = time.monotonic() + timeout_s
         record.send_ns = now_ns()
         try:
             conn = self._connection(timeout_s)
-            conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+            conn.request("POST", self._path(), body=body, headers={"Content-Type": "application/json",
+                                                                   "Accept": "text/event-stream"})
             resp = conn.getresponse()
             if resp.status != 200:
                 detail = resp.read().decode(errors="replace")[:300]
@@ -289,6 +294,8 @@ class HttpSession(Session):
             record.status, record.error, record.end_ns = CANCELLED, "interrupted (Ctrl-C)", now_ns()
             self.close()
             raise
+        finally:
+            record.client_cpu_ns += time.thread_time_ns() - cpu0  # this thread's CPU for the request
 
     def _read_events(self, resp: http.client.HTTPResponse, record: RequestRecord, deadline: float,
                      timeout_s: float) -> None:
@@ -320,5 +327,5 @@ class HttpSession(Session):
             self._conn = None
 
 
-def session_factory(ep: Endpoint) -> Callable[[], Session]:
+def triton_session_factory(ep: Endpoint) -> Callable[[], Session]:
     return (lambda: GrpcSession(ep)) if ep.protocol == "grpc" else (lambda: HttpSession(ep))

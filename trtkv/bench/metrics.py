@@ -35,6 +35,9 @@ def summarize_level(records: Sequence[RequestRecord]) -> dict[str, Any]:
         statuses[r.status] = statuses.get(r.status, 0) + 1
     out["request_count"] = {"total": len(records), "ok": len(ok), "failed": len(records) - len(ok), **statuses}
     out["benchmark_duration"] = {"unit": "sec", "avg": duration_s}
+    cpu_ns = sum(r.client_cpu_ns for r in ok)
+    if cpu_ns and tokens:  # the client's own CPU per streamed token (protocols whose sessions measure it)
+        out["client_cpu_per_token"] = {"unit": "us", "avg": cpu_ns / tokens / 1e3}
     return out
 
 

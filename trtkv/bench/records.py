@@ -25,6 +25,8 @@ class RequestRecord:
     end_ns: int | None = None
     status: str = "pending"
     error: str = ""
+    client_cpu_ns: int = 0  # the client's own CPU time for this request (OpenAI/HTTP sessions; 0 where not measured)
+    server_tokens: int | None = None  # output tokens the server reported (OpenAI usage), to compare with the count
 
     @property
     def ok(self) -> bool:
@@ -89,4 +91,5 @@ class RequestRecord:
         rec.response_tokens = list(data["response_tokens"])
         rec.end_ns = None if data.get("end_time_ms") is None else round(data["end_time_ms"] * 1e6)
         rec.status, rec.error = data["status"], data.get("error", "")
+        rec.client_cpu_ns, rec.server_tokens = int(data.get("client_cpu_ns") or 0), data.get("server_tokens")
         return rec

@@ -171,6 +171,28 @@ def write_md(path: Path, results: dict[str, Any], plots: list[str]) -> None:
     path.write_text("\n".join(parts))
 
 
+# what a client sees when the server is gone (connection refused/reset, stream closed, unavailable)
+GONE_WORDS = ("refused", "reset", "unavailable", "broken pipe", "remote end closed", "connection aborted",
+              "socket closed", "eof", "not reachable", "failed to connect")
+
+
+def failure_summary(results: dict[str, Any]) -> str | None:
+    """One line about failed requests (None when every request succeeded): how many, the first error, and whether
+    the errors say the server went away."""
+    records = results.get("records") or []
+    failed = [r for r in records if r.get("status") not in ("ok", "cancelled", "not_sent")]
+    if not failed:
+        return None
+    errors = [str(r.get("error") or r.get("status")) for r in failed]
+    gone = sum(any(w in e.lower() for w in GONE_WORDS) for e in errors)
+    text = f"{len(failed)} of {len(records)} requests failed (first: {errors[0][:160]})"
+    if gone:
+        ep = results.get("endpoint", {})
+        text += (f"; {gone} of them could not reach the server: the server at {ep.get('protocol')}://{ep.get('url')} "
+                 f"went away (check `trtkv status RECIPE` and its log)")
+    return text
+
+
 def console_summary(results: dict[str, Any], out_dir: Path | None) -> None:
     """One screen: per-level table, accuracy, SLO verdict and where the files are."""
     from rich.console import Console
@@ -195,6 +217,9 @@ def console_summary(results: dict[str, Any], out_dir: Path | None) -> None:
         for row in accuracy_rows(results):
             table.add_row(*row)
         con.print(table)
+    gone = failure_summary(results)
+    if gone:
+        con.print(f"[red]{gone}[/red]")
     slo = results.get("slo", {})
     failed = slo_rows(results, failed_only=True)
     if failed:

@@ -12,8 +12,9 @@ from trtkv import paths
 from trtkv.artifacts import ServerRecord
 from trtkv.backends import for_recipe
 from trtkv.bench import accuracy as acc_tasks
-from trtkv.bench import plots, results, slo
-from trtkv.bench.client import Endpoint, SamplingParams, check_endpoint, now_ns, session_factory
+from trtkv.bench import aiperf_export, plots, results, slo
+from trtkv.bench.client import Endpoint, SamplingParams, now_ns
+from trtkv.bench.endpoints import check_endpoint, session_factory
 from trtkv.bench.loadgen import Interrupted, Job, run_concurrency, run_rate
 from trtkv.bench.metrics import summarize_level
 from trtkv.bench.prompts import count_tokens, latency_prompts, load_tokenizer, long_text, prompt_tokens, tokenizer_dir
@@ -34,6 +35,9 @@ class BenchOptions:
     protocol: str | None = None
     model: str | None = None  # None: the recipe's (ensemble, or tensorrt_llm for the llmapi layout)
     slos: list[str] = field(default_factory=list)
+    allow_failures: bool = False  # False: any failed request fails the bench (an implicit request_errors.failed<=0)
+    endpoint_type: str = "completions"  # protocol openai: /v1/completions or /v1/chat/completions (chat)
+    goodput: str | None = None  # AIPerf's --goodput "time_to_first_token:500 inter_token_latency:100"
     tasks: list[str] | None = None  # None: the recipe's bench.tasks
     latency: bool = True
     golden_prompts: int = 8
@@ -55,8 +59,8 @@ class BenchOutcome:
 def resolve_endpoint(recipe: Recipe, url: str | None, protocol: str | None, model: str) -> Endpoint:
     """--url, else engines/<recipe>/serve/server.json, else the recipe's triton host and port."""
     proto = (protocol or recipe.bench.protocol.value).lower()
-    if proto not in ("grpc", "http"):
-        raise TrtkvError(f"--protocol {protocol!r}: allowed grpc, http.")
+    if proto not in ("grpc", "http", "openai"):
+        raise TrtkvError(f"--protocol {protocol!r}: allowed grpc, http, openai.")
     if url:
         text = url.split("://", 1)[-1].rstrip("/")
         if ":" not in text:
@@ -205,9 +209,14 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     """The whole benchmark; results are written even when interrupted or when an SLO fails."""
     from trtkv.stage import run_stage, tool_versions
 
-    slos = slo.parse_all(recipe.bench.thresholds, opts.slos)
-    model = opts.model or for_layout(for_recipe(recipe).repo_layout).model
-    ep = check_endpoint(resolve_endpoint(recipe, opts.url, opts.protocol, model))
+    slos = slo.parse_all(recipe.bench.thresholds, opts.slos, opts.allow_failures)
+    goodput = aiperf_export.parse_goodput(opts.goodput)
+    openai = (opts.protocol or recipe.bench.protocol.value).lower() == "openai"
+    # the model: --model; for OpenAI the one the server lists; for Triton the recipe's layout's (ensemble/tensorrt_llm)
+    model = opts.model or ("" if openai else for_layout(for_recipe(recipe).repo_layout).model)
+    endpoint = resolve_endpoint(recipe, opts.url, opts.protocol, model)
+    endpoint.endpoint_type = opts.endpoint_type
+    ep = check_endpoint(endpoint)
     tokenizer = load_tokenizer(tokenizer_dir(recipe))
     task_names = [t.value for t in recipe.bench.tasks] if opts.tasks is None else list(opts.tasks)
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -234,6 +243,11 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     _normalize(records, t0)
     out = assemble(recipe, ep, opts, records, by_level, tasks, task_records, task_errors, slos, check, interrupted,
                    started, time.time() - wall0)
+    if goodput:
+        out["goodput_slos"] = goodput
+        for label, recs in by_level.items():
+            good = aiperf_export.level_export(recs, goodput)
+            out["levels"][label]["goodput"] = {**good["goodput"], "good_request_count": good["good_request_count"]["avg"]}
     out["tool_versions"] = tool_versions()
     output = opts.output or paths.recipe_output_dir(recipe.name) / "bench"
 
@@ -266,7 +280,8 @@ def assemble(recipe: Recipe, ep: Endpoint, opts: BenchOptions, records: list[Req
         "schema": "trtkv.bench/1",
         "recipe": recipe.name,
         "kv_cache": recipe.quantization.kv_cache.value,
-        "endpoint": {"url": ep.url, "protocol": ep.protocol, "model": ep.model, "source": ep.source},
+        "endpoint": {"url": ep.url, "protocol": ep.protocol, "model": ep.model, "source": ep.source,
+                     **({"endpoint_type": ep.endpoint_type} if ep.protocol == "openai" else {})},
         "started_at": started,
         "wall_seconds": wall_s,
         "partial": interrupted is not None,
@@ -300,4 +315,8 @@ def write_all(folder: Path, out: dict[str, Any], by_level: dict[str, list[Reques
     results.write_csv(folder / "results.csv", out)
     results.write_requests_csv(folder / "requests.csv", out["records"])
     results.write_md(folder / "results.md", out, made)
+    for label, recs in by_level.items():  # AIPerf's layout: one profile_export_aiperf.json/.csv per run (level)
+        meta = {"trtkv": {"recipe": out["recipe"], "level": label, "endpoint": out["endpoint"]}}
+        aiperf_export.write_level(folder / "aiperf" / label.replace("=", "_").replace("/", "_"), recs,
+                                  out.get("goodput_slos"), meta)
     return made

@@ -79,14 +79,30 @@ def parse_slo(text: str, source: str = "--slo") -> SLO:
     return SLO(metric, stat, match["op"], float(match["value"]), source)
 
 
-def parse_all(recipe_thresholds: Iterable[str], cli: Iterable[str]) -> list[SLO]:
-    return [parse_slo(t, "recipe bench.thresholds") for t in recipe_thresholds] + [parse_slo(t, "--slo") for t in cli]
+NO_FAILURES = SLO("request_errors", "failed", "<=", 0.0, "default: any failed request fails the bench "
+                  "(--allow-failures lifts it)")
+
+
+def parse_all(recipe_thresholds: Iterable[str], cli: Iterable[str], allow_failures: bool = False) -> list[SLO]:
+    """The recipe's and the command line's SLOs, plus `request_errors.failed<=0` unless failures are allowed or an
+    explicit request_errors SLO is given."""
+    slos = [parse_slo(t, "recipe bench.thresholds") for t in recipe_thresholds] + [parse_slo(t, "--slo") for t in cli]
+    if not allow_failures and not any(s.metric == "request_errors" for s in slos):
+        slos.append(NO_FAILURES)
+    return slos
 
 
 def check(slos: Iterable[SLO], levels: dict[str, dict[str, Any]], accuracy: dict[str, dict[str, Any]]) -> list[SLOResult]:
     """Every SLO on every level (latency/throughput) or its task (accuracy); not measured counts as failed."""
     results: list[SLOResult] = []
     for slo in slos:
+        if slo.metric == "request_errors":  # failed requests of the accuracy tasks count too
+            for name, scored in accuracy.items():
+                failed = float(scored.get("failed") or 0)
+                rate = failed / max(1, int(scored.get("total") or 1))
+                results.append(_one(slo, name, failed if slo.stat == "failed" else rate))
+            if not levels:
+                continue
         if slo.metric in ACCURACY_STATS:
             task = accuracy.get(slo.metric)
             results.append(_one(slo, slo.metric, None if task is None else task.get(slo.stat)))

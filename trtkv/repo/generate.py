@@ -56,6 +56,10 @@ def plan_repo(recipe: Recipe) -> RepoPlan:
     plan = RepoPlan(recipe, layout.repo_dir(recipe), engine, checkpoint, None, "")
     calibrated = checkpoint / "tokenizer"
     backend = for_recipe(recipe)
+    if backend.repo_layout == "openai":
+        raise StageError(f"repo {recipe.name}: backend {recipe.build.backend.value} has no Triton repository: vLLM "
+                         f"serves the HF export itself. Next: `trtkv serve {recipe.name}` (after `trtkv build "
+                         f"{recipe.name}`).")
     if backend.repo_layout == "llmapi":  # the LLM loads the tokenizer of the HF checkpoint it serves
         plan.tokenizer_ref = str(checkpoint / "hf")
     elif backend.copies_tokenizer:

@@ -1,0 +1,146 @@
+"""AIPerf and `trtkv bench` against the same OpenAI-compatible endpoint, one after the other, side by side
+(`make bench-crosscheck RECIPE=smollm2_fp8kv_vllm`).
+
+AIPerf (NVIDIA's benchmark client, pinned 0.13.0 in .venv-aiperf: `make install-aiperf`) runs `aiperf profile
+--endpoint-type completions --streaming` with synthetic prompts of exactly the recipe's input length, max_tokens the
+recipe's output length, the same concurrency and request count; trtkv's client runs the same workload through its
+OpenAI session. Prints TTFT p50/p99, ITL p50 and output token throughput with the ratio trtkv/AIPerf, and writes
+engines/bench-crosscheck/aiperf/results.md and results.json. Exits 1 when a tool failed a request, 2 when the
+server is not there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from trtkv import paths
+from trtkv.bench.client import Endpoint
+from trtkv.bench.endpoints import check_endpoint
+from trtkv.bench.prompts import latency_prompts, load_tokenizer, tokenizer_dir
+from trtkv.bench.runner import resolve_endpoint
+from trtkv.errors import TrtkvError
+from trtkv.recipe import load_recipe
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_crosscheck import trtkv_level  # noqa: E402
+
+VENV = paths.project_root() / ".venv-aiperf"
+METRICS = [("time_to_first_token", "p50", "TTFT p50 (ms)"), ("time_to_first_token", "p99", "TTFT p99 (ms)"),
+           ("inter_token_latency", "p50", "ITL p50 (ms)"), ("output_token_throughput", "avg", "output tokens/s"),
+           ("request_latency", "avg", "latency avg (ms)"), ("output_sequence_length", "avg", "output tokens avg")]
+
+
+def run_aiperf(ep: Endpoint, tokenizer: Path, input_tokens: int, output_tokens: int, concurrency: int, requests: int,
+               warmup: int, artifacts: Path, timeout_s: float) -> dict[str, Any]:
+    exe = VENV / "bin" / "aiperf"
+    if not exe.is_file():
+        raise TrtkvError(f"{exe} is missing. Next: `make install-aiperf` (AIPerf 0.13.0 in a venv of its own).")
+    run_dir = artifacts / f"c{concurrency}"
+    cmd = [str(exe), "profile", "--model", ep.model, "--url", f"http://{ep.url}", "--endpoint-type", "completions",
+           "--streaming", "--tokenizer", str(tokenizer), "--synthetic-input-tokens-mean", str(input_tokens),
+           "--synthetic-input-tokens-stddev", "0", "--output-tokens-mean", str(output_tokens),
+           "--output-tokens-stddev", "0", "--concurrency", str(concurrency), "--request-count", str(requests),
+           "--warmup-request-count", str(warmup), "--artifact-dir", str(run_dir), "--ui-type", "none"]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = artifacts / f"aiperf-c{concurrency}.log"
+    print(f"[aiperf] concurrency {concurrency}: {' '.join(cmd[:3])} ... (log {log})", flush=True)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    with log.open("w") as fh:
+        fh.write("$ " + " ".join(cmd) + "\n")
+        fh.flush()
+        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, timeout=timeout_s, check=False,
+                              start_new_session=True)
+    export = run_dir / "profile_export_aiperf.json"
+    if proc.returncode != 0 or not export.is_file():
+        last = "\n".join(log.read_text().splitlines()[-15:])
+        raise TrtkvError(f"aiperf exited {proc.returncode} (log {log}):\n{last}")
+    return dict(json.loads(export.read_text()))
+
+
+def pick(data: dict[str, Any]) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for metric, stat, label in METRICS:
+        value = data.get(metric)
+        out[label] = value.get(stat) if isinstance(value, dict) else None
+    return out
+
+
+def markdown(r: dict[str, Any]) -> str:
+    lines = ["# AIPerf vs trtkv bench (OpenAI protocol)", "",
+             f"- run {r['started_at']}; endpoint http://{r['url']} model `{r['model']}` (recipe {r['recipe']}); "
+             f"AIPerf {r['aiperf_version']}, streaming /v1/completions",
+             f"- input {r['input_tokens']} tokens, max_tokens {r['output_tokens']}, {r['requests']} measured requests per "
+             f"level, the two clients one after the other; server and client share the machine's cores", ""]
+    for level in r["levels"]:
+        lines += [f"## concurrency {level['concurrency']}", "", "| metric | trtkv bench | AIPerf | trtkv / AIPerf |",
+                  "|---|---:|---:|---:|"]
+        for label, mine in level["trtkv"].items():
+            theirs = level["aiperf"].get(label)
+            ratio = (f"{mine / theirs:.3f}" if isinstance(mine, (int, float)) and isinstance(theirs, (int, float))
+                     and theirs else "—")
+            fmt = (lambda v: "—" if v is None else f"{v:.2f}")  # noqa: E731
+            lines.append(f"| {label} | {fmt(mine)} | {fmt(theirs)} | {ratio} |")
+        lines += ["", f"failed requests: trtkv {level['trtkv_failed']}, AIPerf {level['aiperf_failed']}; trtkv client "
+                      f"CPU {level['trtkv_cpu_us_per_token']:.1f} us per streamed token", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--recipe", default="smollm2_fp8kv_vllm", help="recipe whose server and workload are used")
+    ap.add_argument("--url", help="HOST:PORT of the OpenAI server (default: the recipe's running server)")
+    ap.add_argument("--model", default="", help="served model name (default: the one /v1/models lists)")
+    ap.add_argument("--concurrency", default="1,2", help="comma-separated levels (default 1,2)")
+    ap.add_argument("--requests", type=int, default=8, help="measured requests per level (default 8)")
+    ap.add_argument("--output", type=Path, default=None, help="default engines/bench-crosscheck/aiperf")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per AIPerf run")
+    args = ap.parse_args(argv)
+    recipe = load_recipe(args.recipe)
+    b = recipe.bench
+    out_dir = args.output or paths.engines_dir() / "bench-crosscheck" / "aiperf"
+    try:
+        ep = check_endpoint(resolve_endpoint(recipe, args.url, "openai", args.model))
+    except TrtkvError as exc:
+        print(f"error: {exc}\nNext: `make serve RECIPE={recipe.name}` first (or pass --url).", file=sys.stderr)
+        return 2
+    tok_dir = tokenizer_dir(recipe)
+    tokenizer = load_tokenizer(tok_dir)
+    prompts = latency_prompts(tokenizer, max(args.requests, 8), b.input_tokens)
+    version = subprocess.run([str(VENV / "bin" / "python"), "-c",
+                              "import importlib.metadata as m; print(m.version('aiperf'))"],
+                             capture_output=True, text=True, check=False).stdout.strip() or "unknown"
+    results: dict[str, Any] = {"started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "recipe": recipe.name,
+                               "url": ep.url, "model": ep.model, "input_tokens": b.input_tokens,
+                               "output_tokens": b.output_tokens, "requests": args.requests, "aiperf_version": version,
+                               "levels": []}
+    failed = False
+    for conc in [int(c) for c in args.concurrency.split(",") if c.strip()]:
+        print(f"[trtkv] concurrency {conc} ...", flush=True)
+        mine = trtkv_level(ep, prompts, tokenizer, args.requests, b.output_tokens, conc, b.request_timeout_s)
+        summary = mine["summary"]
+        theirs = run_aiperf(ep, tok_dir, b.input_tokens, b.output_tokens, conc, args.requests, min(conc, 4),
+                            out_dir / "artifacts", args.timeout)
+        errors = int(sum(e.get("count", 0) for e in theirs.get("error_summary") or []))
+        trtkv_failed = int(summary["request_count"]["failed"])
+        failed |= trtkv_failed > 0 or errors > 0
+        cpu = (summary.get("client_cpu_per_token") or {}).get("avg") or 0.0
+        results["levels"].append({"concurrency": conc, "trtkv": pick(summary), "aiperf": pick(theirs),
+                                  "trtkv_failed": trtkv_failed, "aiperf_failed": errors,
+                                  "trtkv_cpu_us_per_token": cpu})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out_dir / "results.md").write_text(markdown(results))
+    print(markdown(results))
+    print(f"wrote {out_dir / 'results.md'} and results.json")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

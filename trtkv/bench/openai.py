@@ -1,0 +1,130 @@
+"""The OpenAI protocol for `trtkv bench`: streaming `/v1/completions` or `/v1/chat/completions` (server-sent events)
+against any OpenAI-compatible server (vLLM, `trtllm-serve`, Triton's OpenAI frontend).
+
+One keep-alive HTTP connection per session, one request at a time. Each SSE `data:` event with text is a response
+(its text is the new text: `choices[0].text`, or `choices[0].delta.content` for chat); `data: [DONE]` ends the
+request; a non-200 status or an event with `error` fails it. Token counts come from the model's tokenizer after the
+run, as for the other protocols; the usage the server reports (`stream_options.include_usage`) is kept to compare.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from typing import Any
+
+from trtkv.bench.client import Endpoint, HttpSession, SamplingParams, _first_line, now_ns
+from trtkv.bench.records import ERROR, OK, TIMEOUT, RequestRecord
+from trtkv.errors import TrtkvError
+
+ENDPOINT_TYPES = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
+def _split(url: str) -> tuple[str, int]:
+    host, _, port = url.rpartition(":")
+    return host or "127.0.0.1", int(port)
+
+
+def _get_json(ep: Endpoint, path: str, timeout_s: float) -> tuple[int, Any]:
+    host, port = _split(ep.url)
+    conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        body = resp.read().decode(errors="replace")
+    finally:
+        conn.close()
+    try:
+        return resp.status, json.loads(body) if body else None
+    except json.JSONDecodeError:
+        return resp.status, body
+
+
+def check_openai(ep: Endpoint, timeout_s: float = 10.0) -> Endpoint:
+    """The server answers /v1/models and serves ep.model (or, when none was named, its only/first model)."""
+    try:
+        status, body = _get_json(ep, "/v1/models", timeout_s)
+    except (OSError, http.client.HTTPException) as exc:
+        raise TrtkvError(f"no OpenAI-compatible server answers at http://{ep.url} ({type(exc).__name__}: "
+                         f"{_first_line(exc)}). Next: start it (`trtkv serve RECIPE`), or pass --url HOST:PORT "
+                         f"(URL from {ep.source or 'default'}).") from None
+    if status != 200 or not isinstance(body, dict):
+        raise TrtkvError(f"http://{ep.url}/v1/models answered {status}: {str(body)[:200]}; not an OpenAI-compatible "
+                         f"server (or not ready yet).")
+    served = [m.get("id") for m in body.get("data", []) if isinstance(m, dict)]
+    if not ep.model:
+        if not served:
+            raise TrtkvError(f"http://{ep.url}/v1/models lists no model.")
+        ep.model = str(served[0])
+    elif ep.model not in served:
+        raise TrtkvError(f"model {ep.model!r} is not served at http://{ep.url}; it serves {served}. Next: --model "
+                         f"{served[0] if served else 'NAME'}.")
+    return ep
+
+
+def request_body(ep: Endpoint, prompt: str, params: SamplingParams) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": ep.model, "max_tokens": params.max_tokens, "stream": True,
+                            "stream_options": {"include_usage": True}, "temperature": params.temperature,
+                            "top_p": params.top_p}
+    if params.top_k > 1 or (params.top_k == 1 and params.temperature > 0):  # not in OpenAI's schema: only if it matters
+        body["top_k"] = params.top_k
+    if ep.endpoint_type == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    return body
+
+
+def event_text(event: dict[str, Any], chat: bool) -> str:
+    choices = event.get("choices") or []
+    if not choices:
+        return ""
+    choice = choices[0]
+    if chat:
+        return str((choice.get("delta") or {}).get("content") or "")
+    return str(choice.get("text") or "")
+
+
+class OpenAISession(HttpSession):
+    """Streaming completions over one keep-alive HTTP connection (HttpSession's request/response handling, with
+    OpenAI's path, body and events)."""
+
+    def _path(self) -> str:
+        return ENDPOINT_TYPES[self.ep.endpoint_type]
+
+    def _body(self, prompt: str, params: SamplingParams) -> bytes:
+        return json.dumps(request_body(self.ep, prompt, params)).encode()
+
+    def _read_events(self, resp: http.client.HTTPResponse, record: RequestRecord, deadline: float,
+                     timeout_s: float) -> None:
+        chat = self.ep.endpoint_type == "chat"
+        for line in resp:
+            t = now_ns()
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                record.status, record.end_ns = OK, t
+                resp.read()  # the end of the chunked body, so the connection can carry the next request
+                return
+            event = json.loads(payload)
+            if "error" in event:
+                error = event["error"]
+                message = error.get("message") if isinstance(error, dict) else error
+                record.status, record.error, record.end_ns = ERROR, str(message)[:300], t
+                self.close()
+                return
+            usage = event.get("usage")
+            if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
+                record.server_tokens = int(usage["completion_tokens"])
+            text = event_text(event, chat)
+            if text:
+                record.response_ns.append(t)
+                record.response_texts.append(text)
+            if time.monotonic() > deadline:
+                record.status, record.error, record.end_ns = TIMEOUT, f"not finished within {timeout_s:g} s", t
+                self.close()
+                return
+        record.status, record.error, record.end_ns = ERROR, "the stream ended without [DONE]", now_ns()
+        self.close()
