@@ -51,7 +51,9 @@ def run_aiperf(ep: Endpoint, tokenizer: Path, input_tokens: int, output_tokens: 
     run_dir.mkdir(parents=True, exist_ok=True)
     log = artifacts / f"aiperf-c{concurrency}.log"
     print(f"[aiperf] concurrency {concurrency}: {' '.join(cmd[:3])} ... (log {log})", flush=True)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    # the tokenizer is a local folder; AIPerf 0.13 fails to load one at all under HF_HUB_OFFLINE=1 ("Repo id must be
+    # in the form 'repo_name'..."), so the offline switches are left unset for it
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     with log.open("w") as fh:
         fh.write("$ " + " ".join(cmd) + "\n")
         fh.flush()
@@ -112,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     tok_dir = tokenizer_dir(recipe)
     tokenizer = load_tokenizer(tok_dir)
+    hf = paths.recipe_output_dir(recipe.name) / "checkpoint" / "hf"
+    aiperf_tokenizer = hf if (hf / "config.json").is_file() else tok_dir  # AIPerf's loader wants the model's config.json
     prompts = latency_prompts(tokenizer, max(args.requests, 8), b.input_tokens)
     version = subprocess.run([str(VENV / "bin" / "python"), "-c",
                               "import importlib.metadata as m; print(m.version('aiperf'))"],
@@ -125,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[trtkv] concurrency {conc} ...", flush=True)
         mine = trtkv_level(ep, prompts, tokenizer, args.requests, b.output_tokens, conc, b.request_timeout_s)
         summary = mine["summary"]
-        theirs = run_aiperf(ep, tok_dir, b.input_tokens, b.output_tokens, conc, args.requests, min(conc, 4),
+        theirs = run_aiperf(ep, aiperf_tokenizer, b.input_tokens, b.output_tokens, conc, args.requests, min(conc, 4),
                             out_dir / "artifacts", args.timeout)
         errors = int(sum(e.get("count", 0) for e in theirs.get("error_summary") or []))
         trtkv_failed = int(summary["request_count"]["failed"])
