@@ -303,8 +303,11 @@ class HttpSession(Session):
             t = now_ns()
             if not line.startswith(b"data:"):
                 continue
-            event = json.loads(line[5:])
-            if "error" in event:
+            try:
+                event = json.loads(line[5:])
+            except ValueError:
+                event = {"error": f"not a JSON event: {line[5:125]!r}"}
+            if not isinstance(event, dict) or "error" in event:
                 record.status, record.error, record.end_ns = ERROR, str(event["error"])[:300], t
                 self.close()
                 return

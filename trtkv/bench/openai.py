@@ -101,17 +101,27 @@ class OpenAISession(HttpSession):
         chat = self.ep.endpoint_type == "chat"
         for line in resp:
             t = now_ns()
+            if time.monotonic() > deadline:
+                record.status, record.error, record.end_ns = TIMEOUT, f"not finished within {timeout_s:g} s", t
+                self.close()
+                return
             if not line.startswith(b"data:"):
                 continue
             payload = line[5:].strip()
             if payload == b"[DONE]":
+                try:
+                    resp.read()  # the end of the chunked body, so the connection can carry the next request
+                except (OSError, http.client.HTTPException):
+                    self.close()
                 record.status, record.end_ns = OK, t
-                resp.read()  # the end of the chunked body, so the connection can carry the next request
                 return
-            event = json.loads(payload)
-            if "error" in event:
-                error = event["error"]
-                message = error.get("message") if isinstance(error, dict) else error
+            try:
+                event = json.loads(payload)
+            except ValueError:
+                event = {"error": f"not a JSON event: {payload[:120]!r}"}
+            if not isinstance(event, dict) or "error" in event or event.get("object") == "error":
+                error = event.get("error", event) if isinstance(event, dict) else event
+                message = error.get("message", error) if isinstance(error, dict) else error
                 record.status, record.error, record.end_ns = ERROR, str(message)[:300], t
                 self.close()
                 return
@@ -122,9 +132,5 @@ class OpenAISession(HttpSession):
             if text:
                 record.response_ns.append(t)
                 record.response_texts.append(text)
-            if time.monotonic() > deadline:
-                record.status, record.error, record.end_ns = TIMEOUT, f"not finished within {timeout_s:g} s", t
-                self.close()
-                return
         record.status, record.error, record.end_ns = ERROR, "the stream ended without [DONE]", now_ns()
         self.close()

@@ -59,7 +59,7 @@ class SamplingParams:
     def stops(self) -> list[str]:
         if self.stop is None:
             return []
-        return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
+        return [s for s in ([self.stop] if isinstance(self.stop, str) else self.stop) if s]
 
 
 @dataclass
@@ -113,6 +113,7 @@ class RequestOutput:
         self._aborted = threading.Event()
         self._done = threading.Event()
         self._lock = threading.Lock()
+        self._started = False  # the worker took it (under _lock: abort() answers a queued request itself)
         self._sync: queue.SimpleQueue[_Snapshot] = queue.SimpleQueue()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._async: asyncio.Queue[_Snapshot] | None = None
@@ -149,8 +150,21 @@ class RequestOutput:
         return self
 
     def abort(self) -> None:
-        """Stop generating at the next token (finish_reason "cancelled")."""
-        self._aborted.set()
+        """Stop generating at the next token (finish_reason "cancelled"); a request still queued ends at once."""
+        with self._lock:
+            self._aborted.set()
+            queued = not self._started and not self._done.is_set()
+            self._started = True  # the worker will skip it
+        if queued:
+            self._publish(_Snapshot("", (), "cancelled", None))
+
+    def _take(self) -> bool:
+        """The worker's claim on the request: False when abort() already ended it."""
+        with self._lock:
+            if self._started:
+                return False
+            self._started = True
+            return True
 
     def aborted(self) -> bool:
         return self._aborted.is_set()
@@ -224,6 +238,8 @@ class LLM:
     def generate_async(self, inputs: str | Sequence[int], sampling_params: SamplingParams | None = None,
                        streaming: bool = False) -> RequestOutput:
         params = sampling_params or SamplingParams()
+        if int(params.max_tokens) < 1:
+            raise RequestError(f"max_tokens {params.max_tokens}: must be >= 1.")
         if params.n != 1 or (params.best_of or 1) != 1:
             raise RequestError(f"n={params.n}, best_of={params.best_of}: the reference engine returns one sequence "
                                f"per request.")
@@ -263,8 +279,7 @@ class LLM:
         from trtkv.runtime.sampling import LogitControls
 
         out, p = job.output, job.params
-        if out.aborted():
-            out._publish(_Snapshot("", (), "cancelled", None))
+        if not out._take():  # cancelled while queued: abort() answered it
             return
         stops, stop_ids = p.stops(), set(p.stop_token_ids or [])
         prefix = "" if p.exclude_input_from_output or out.prompt is None else out.prompt
@@ -287,7 +302,8 @@ class LLM:
                 state.update(text=prefix + text, reason="cancelled")
                 return False
             shown = prefix + _stable_prefix(text, stops)
-            if out.streaming and len(shown) > len(state["text"]):
+            last = len(generated) >= max_tokens  # the final response carries the last token (no empty one after it)
+            if out.streaming and not last and len(shown) > len(state["text"]):
                 out._publish(_Snapshot(shown, tuple(generated), None, None))
             state["text"] = shown
             return True
@@ -295,8 +311,8 @@ class LLM:
         controls = LogitControls(repetition_penalty=p.repetition_penalty or 1.0, presence_penalty=p.presence_penalty
                                  or 0.0, frequency_penalty=p.frequency_penalty or 0.0, min_tokens=p.min_tokens or 0)
         temperature = 1.0 if p.temperature is None else float(p.temperature)
-        max_tokens = min(int(p.max_tokens), self.runtime.max_seq_len - len(out.prompt_token_ids))
-        self.runtime.generate(out.prompt_token_ids, max_tokens=max(1, max_tokens), temperature=temperature,
+        max_tokens = max(1, min(int(p.max_tokens), self.runtime.max_seq_len - len(out.prompt_token_ids)))
+        self.runtime.generate(out.prompt_token_ids, max_tokens=max_tokens, temperature=temperature,
                               top_k=int(p.top_k or 0), top_p=1.0 if p.top_p is None else float(p.top_p), seed=p.seed,
                               end_id=p.end_id, on_token=on_token, controls=controls if controls.active else None)
         if state["reason"] is None:

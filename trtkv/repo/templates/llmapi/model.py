@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import os
 import threading
 import traceback
 from pathlib import Path
@@ -141,6 +142,19 @@ def perf_tensors(metrics: Any) -> list[Any]:
     return out
 
 
+# MPI job variables a launcher under mpirun (launch_triton_server.py) leaves in this process; the LLM API starts its
+# own workers and must not see them (upstream's model.py drops the same kind; MCA settings are kept)
+MPI_JOB_PREFIXES = ("OMPI_COMM_WORLD_", "OMPI_UNIVERSE_SIZE", "OMPI_FIRST_RANKS", "OMPI_APP_CTX_NUM_PROCS",
+                    "OMPI_MCA_orte_", "ORTE_", "PMI_", "PMIX_RANK", "PMIX_NAMESPACE", "PMIX_SERVER_", "PMIX_SYSTEM_",
+                    "PMIX_SECURITY_MODE", "PMIX_GDS_MODULE", "PMIX_BFROPS_MODULE", "PMIX_PTL_MODULE", "PMIX_VERSION",
+                    "PMIX_HOSTNAME")
+
+
+def forget_mpi_job() -> None:
+    for key in [k for k in os.environ if k.startswith(MPI_JOB_PREFIXES)]:
+        del os.environ[key]
+
+
 def error_response(message: str) -> Any:
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"tensorrt_llm: {message}"))
 
@@ -161,7 +175,10 @@ class TritonPythonModel:
         llm_args, triton = read_model_yaml(Path(__file__).resolve().parent)
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.cancel_check_s = float(triton.get("cancellation_check_period_ms", CANCEL_CHECK_S * 1000)) / 1000
-        module = importlib.import_module(params.get("llm_module") or "tensorrt_llm")
+        name = params.get("llm_module") or "tensorrt_llm"
+        if name == "tensorrt_llm":
+            forget_mpi_job()
+        module = importlib.import_module(name)
         self.sampling_params = module.SamplingParams
         pb_utils.Logger.log_info(f"tensorrt_llm: {module.__name__}.LLM({llm_args})")
         self.llm = module.LLM(**llm_args)
@@ -214,6 +231,8 @@ class TritonPythonModel:
         finally:
             watcher.cancel()
             self.track(user_id, result, add=False)
+            if last is None or not last.finished:  # a failed send or engine error: stop generating for nobody
+                result.abort()
 
     def finish(self, sender: Any, final: Any) -> Any:
         if sender is None:
