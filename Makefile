@@ -16,6 +16,7 @@ SERVE_ARGS ?=
 
 help:
 	@echo "make install | test | lint | demo | plan | calibrate | engine | repo | serve | stop | bench | probe [RECIPE=name]"
+	@echo "     status | generate | bench-crosscheck | install-vllm | install-aiperf | install-genai-perf"
 
 install: $(STAMP)
 
