@@ -12,6 +12,7 @@ from __future__ import annotations
 import http.client
 import json
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from trtkv.bench.client import Endpoint, HttpSession, SamplingParams, _first_line, now_ns
@@ -86,6 +87,20 @@ def event_text(event: dict[str, Any], chat: bool) -> str:
     return str(choice.get("text") or "")
 
 
+def sse_lines(resp: http.client.HTTPResponse) -> Iterator[bytes]:
+    """The response's lines, read a chunk at a time (read1): one read per streamed event instead of
+    http.client's readline over the chunked body, which costs several calls per line."""
+    rest = b""
+    while True:
+        data = resp.read1(65536)
+        if not data:
+            if rest:
+                yield rest
+            return
+        *lines, rest = (rest + data).split(b"\n")
+        yield from lines
+
+
 class OpenAISession(HttpSession):
     """Streaming completions over one keep-alive HTTP connection (HttpSession's request/response handling, with
     OpenAI's path, body and events)."""
@@ -99,7 +114,7 @@ class OpenAISession(HttpSession):
     def _read_events(self, resp: http.client.HTTPResponse, record: RequestRecord, deadline: float,
                      timeout_s: float) -> None:
         chat = self.ep.endpoint_type == "chat"
-        for line in resp:
+        for line in sse_lines(resp):
             t = now_ns()
             if time.monotonic() > deadline:
                 record.status, record.error, record.end_ns = TIMEOUT, f"not finished within {timeout_s:g} s", t
