@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -76,3 +77,30 @@ def test_advice_is_labelled_heuristic_without_probe(tmp_path) -> None:  # noqa: 
     p = plan(load_recipe("llama70b_fp8kv"), probe_dir=tmp_path)
     assert p.advice_basis.startswith("heuristic")
     assert any("FP8" in a for a in p.advice)
+
+
+def test_layers_kept_in_16_bit_are_planned_per_layer_and_deploy_only_with_vllm() -> None:
+    from trtkv.backends import vllm
+    from trtkv.errors import RecipeError
+    from trtkv.memory import Architecture, per_gpu_bytes_per_token, plan
+
+    recipe = load_recipe("smollm2_fp8kv_vllm", ["quantization.kv_skip_layers=[29,0]"])
+    assert recipe.quantization.kv_skip_layers == [0, 29] and recipe.kv_format_label == "fp8+bf16[0,29]"
+    p = plan(recipe)
+    row = next(f for f in p.formats if f.format == "fp8+bf16[0,29]")
+    assert p.recipe_kv_format == "fp8+bf16[0,29]" and row.bytes_per_token == 28 * 384 + 2 * 768 == 12288
+    args = vllm.server_args(recipe, Path("/m"), "127.0.0.1")
+    assert args[args.index("--kv-cache-dtype-skip-layers"):][:3] == ["--kv-cache-dtype-skip-layers", "0", "29"]
+    arch = Architecture(num_layers=4, num_attention_heads=4, num_kv_heads=2, head_dim=64, hidden_size=256)
+    # PP2: stage 0 holds layers 0-1 (layer 0 in bf16), stage 1 layers 2-3: the fuller stage counts
+    assert per_gpu_bytes_per_token(arch, KVFormat.FP8, 1, 2, (0,)) == 2 * 2 * 64 * (1 * 1 + 1 * 2)
+    for name, extra, message in [
+        ("smollm2_fp8kv_vllm", ["quantization.kv_skip_layers=[0,30]"], r"layers \[30\] do not exist"),
+        ("smollm2_fp8kv_vllm", ["quantization.kv_skip_layers=[1,1]"], "layers listed twice"),
+        ("smollm2_fp8kv_vllm", ["quantization.kv_cache=none", "quantization.kv_skip_layers=[0]"],
+         "need a quantized KV cache"),
+        ("smollm2_fp8kv", ["quantization.kv_skip_layers=[0]"], "deploys with build.backend vllm"),
+        ("llama70b_fp8kv_llmapi", ["quantization.kv_skip_layers=[0]"], "TensorRT-LLM's LLM API stores every layer"),
+    ]:
+        with pytest.raises(RecipeError, match=message):
+            load_recipe(name, extra)

@@ -129,3 +129,27 @@ def test_a_server_that_dies_fails_the_bench(vllm_server: tuple[Any, Any], tmp_pa
     from trtkv.bench.results import failure_summary
 
     assert "went away" in (failure_summary(result.results) or "")
+
+
+def test_per_layer_kv_precision_deploys_with_the_planned_pool(vllm_server: tuple[Any, Any]) -> None:
+    """After the module's server is gone: the same export with layers 0 and 29 kept in bf16
+    (`--kv-cache-dtype-skip-layers 0 29`); vLLM's pool must be what the planner's mixed bytes/token predicts."""
+    recipe, _ = vllm_server
+    mixed = load_recipe(RECIPE, [*CHAIN_OVERRIDES, *BENCH, "quantization.kv_skip_layers=[0,29]",
+                                 f"triton.http_port={recipe.triton.http_port}",
+                                 f"triton.grpc_port={recipe.triton.grpc_port}",
+                                 f"triton.metrics_port={recipe.triton.metrics_port}"])
+    build(mixed, log=print)
+    info = serve.start(mixed, timeout_s=900)
+    try:
+        assert info is not None
+        assert _complete(info, "The capital of France is", 4)["choices"][0]["text"].startswith(" Paris")
+        log = Path(info.log).read_text(errors="replace")
+        found = re.search(r"CPU KV cache size: ([\d,]+) tokens", log)
+        assert found, log[-2000:]
+        bpt = kv_bytes_per_token(30, 3, 64, "fp8", 2, "bf16")  # 28 x 384 + 2 x 768 = 12,288 bytes/token
+        assert bpt == 12288
+        space = vllm.kv_space_gib(mixed) * 1024**3
+        assert int(found.group(1).replace(",", "")) == int(space // bpt) // VLLM_CPU_BLOCK * VLLM_CPU_BLOCK
+    finally:
+        serve.stop(mixed, timeout_s=30)

@@ -168,10 +168,19 @@ def kv_format_for_recipe(recipe: Recipe) -> KVFormat:
     return recipe.kv_format
 
 
-def per_gpu_bytes_per_token(arch: Architecture, fmt: KVFormat, tp: int, pp: int) -> float:
-    layers = math.ceil(arch.num_layers / pp)
+def per_gpu_bytes_per_token(arch: Architecture, fmt: KVFormat, tp: int, pp: int,
+                            skip: tuple[int, ...] = (), skip_fmt: KVFormat = KVFormat.BF16) -> float:
+    """The fullest GPU's bytes per token: its pipeline stage's layers (those in `skip` stored in `skip_fmt`) x its
+    share of the KV heads."""
+    per_stage = math.ceil(arch.num_layers / pp)
     heads = math.ceil(arch.num_kv_heads / tp)
-    return 2 * layers * heads * arch.head_dim * bytes_per_element(fmt, arch.head_dim)
+    worst = 0.0
+    for stage in range(pp):
+        layers = range(stage * per_stage, min(arch.num_layers, (stage + 1) * per_stage))
+        skipped = sum(1 for i in layers if i in skip)
+        worst = max(worst, 2 * heads * arch.head_dim * ((len(layers) - skipped) * bytes_per_element(fmt, arch.head_dim)
+                                                        + skipped * bytes_per_element(skip_fmt, arch.head_dim)))
+    return worst
 
 
 def weights_bytes(arch: Architecture, recipe: Recipe) -> tuple[float, float]:
@@ -212,9 +221,14 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
     if rec_fmt not in formats:
         formats.insert(0, rec_fmt)
     caps = []
-    for fmt in formats:
-        bpt = kv_bytes_per_token(arch.num_layers, arch.num_kv_heads, arch.head_dim, fmt)
-        bpt_gpu = per_gpu_bytes_per_token(arch, fmt, tp, pp)
+    skip = tuple(recipe.quantization.kv_skip_layers)
+    rows: list[tuple[str, KVFormat, tuple[int, ...]]] = [(f.value, f, ()) for f in formats]
+    if skip:  # the recipe's mixed configuration, first
+        rows.insert(0, (recipe.kv_format_label, rec_fmt, skip))
+    for label, fmt, skipped in rows:
+        bpt = kv_bytes_per_token(arch.num_layers, arch.num_kv_heads, arch.head_dim, fmt, len(skipped),
+                                 recipe.kv_skip_format)
+        bpt_gpu = per_gpu_bytes_per_token(arch, fmt, tp, pp, skipped, recipe.kv_skip_format)
         tokens = int(budget // bpt_gpu) if budget else 0
         max_seqs = {n: tokens // n for n in lengths}
         gib = {n: recipe.build.max_batch_size * n * bpt / GIB for n in lengths}
@@ -223,7 +237,7 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
             for n in lengths:
                 batch = max(1, min(recipe.build.max_batch_size, max_seqs[n] or 1))
                 step[n] = (w_gpu + batch * n * bpt_gpu) / (bandwidth * 1e9) * 1e3
-        caps.append(FormatCapacity(fmt.value, bpt, bpt_gpu, tokens, max_seqs, gib, step))
+        caps.append(FormatCapacity(label, bpt, bpt_gpu, tokens, max_seqs, gib, step))
     examples = []
     for n, batch in ((32768, 8), (recipe.build.max_seq_len, recipe.build.max_batch_size)):
         row: dict[str, Any] = {"context_len": n, "batch": batch}
@@ -239,7 +253,7 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
                   "kv_cache_free_gpu_mem_fraction": recipe.triton.kv_cache_free_gpu_mem_fraction},
         weights={"precision": recipe.quantization.weights.value, "total_gib": w_total / GIB, "per_gpu_gib": w_gpu / GIB},
         kv_budget_gib_per_gpu=budget / GIB,
-        recipe_kv_format=rec_fmt.value,
+        recipe_kv_format=recipe.kv_format_label,
         lengths=lengths,
         formats=caps,
         examples=examples,

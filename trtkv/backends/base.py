@@ -109,6 +109,16 @@ class EngineBackend:
         raise StageError(f"backend {self.backend.value} has no TensorRT-LLM runner")
 
 
+def one_kv_format_problems(recipe: Recipe, where: str) -> list[tuple[str, str]]:
+    """Per-layer KV precision (quantization.kv_skip_layers) where the engine has one KV format for every layer."""
+    if not recipe.quantization.kv_skip_layers:
+        return []
+    return [("quantization.kv_skip_layers", f"{where} stores every layer's KV in one format (one "
+                                            f"kv_cache_quant_algo per checkpoint): per-layer KV precision deploys "
+                                            f"with build.backend vllm (--kv-cache-dtype-skip-layers); remove the "
+                                            f"list, or measure it with `trtkv probe`")]
+
+
 def failed_log_path(recipe: Recipe) -> Path:
     """Where a failed build's log is kept (the temporary engine folder itself is removed)."""
     return paths.recipe_output_dir(recipe.name) / "engine.failed-build.log"

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from trtkv.backends.base import BUILD_SECTIONS, EngineBackend, command_block
+from trtkv.backends.base import BUILD_SECTIONS, EngineBackend, command_block, one_kv_format_problems
 from trtkv.backends.reference import cpu_runtime_problems
 from trtkv.errors import StageError
 from trtkv.hardware import GPU
@@ -123,7 +123,7 @@ class LlmApiBackend(EngineBackend):
                                                  "nvfp4. Use kv_cache fp8 here, or backend tensorrt"))
         if recipe.hardware.gpu is GPU.CPU:
             out += cpu_runtime_problems(recipe)
-        return out
+        return out + one_kv_format_problems(recipe, "TensorRT-LLM's LLM API")
 
     def kv_source_line(self, recipe: Recipe) -> str:
         algo = kv_cache_quant_algo(recipe)

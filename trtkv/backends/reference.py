@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from trtkv import layout, model
-from trtkv.backends.base import EngineBackend
+from trtkv.backends.base import EngineBackend, one_kv_format_problems
 from trtkv.layout import kv_cache_quant_algo
 from trtkv.recipe import Backend, Recipe, WeightQuant
 
@@ -95,7 +95,7 @@ class ReferenceBackend(EngineBackend):
     copies_tokenizer = True
 
     def problems(self, recipe: Recipe) -> list[tuple[str, str]]:
-        return cpu_runtime_problems(recipe)
+        return cpu_runtime_problems(recipe) + one_kv_format_problems(recipe, "the reference runtime (like TensorRT-LLM)")
 
     def kv_source_line(self, recipe: Recipe) -> str:
         algo = kv_cache_quant_algo(recipe)

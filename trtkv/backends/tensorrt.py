@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trtkv import trtllm, versions
-from trtkv.backends.base import EngineBackend, check_checkpoint, command_block, failed_log_path
+from trtkv.backends.base import EngineBackend, check_checkpoint, command_block, failed_log_path, one_kv_format_problems
 from trtkv.errors import StageError, ToolError
 from trtkv.hardware import GPU
 from trtkv.layout import checkpoint_dir, engine_dir, kv_cache_quant_algo
@@ -303,6 +303,7 @@ def recipe_problems(r: Recipe) -> list[tuple[str, str]]:
                                                     f"FMHA, which is off here (KV cache {q.kv_cache.value}, "
                                                     f"weights {q.weights.value}, build.use_paged_context_fmha "
                                                     f"{str(b.use_paged_context_fmha).lower()}): set it to false"))
+    out += one_kv_format_problems(r, "TensorRT-LLM")
     if q.kv_cache is KVCacheQuant.NVFP4:
         out.append(("quantization.kv_cache", "an NVFP4 KV cache is served by TensorRT-LLM's LLM API (PyTorch "
                                              "backend), not by trtllm-build engines: use build.backend llmapi"))

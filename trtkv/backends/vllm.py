@@ -53,7 +53,8 @@ def kv_space_gib(recipe: Recipe) -> int:
     m = recipe.model
     if None in (m.num_layers, m.num_kv_heads, m.head_dim):
         return 1
-    bpt = kv_bytes_per_token(int(m.num_layers or 0), int(m.num_kv_heads or 0), int(m.head_dim or 0), recipe.kv_format)
+    bpt = kv_bytes_per_token(int(m.num_layers or 0), int(m.num_kv_heads or 0), int(m.head_dim or 0), recipe.kv_format,
+                             len(recipe.quantization.kv_skip_layers), recipe.kv_skip_format)
     return max(1, math.ceil(bpt * recipe.build.max_seq_len * recipe.build.max_batch_size / GIB))
 
 
@@ -66,6 +67,8 @@ def server_args(recipe: Recipe, hf_dir: Path, host: str) -> list[str]:
             "--max-num-batched-tokens", str(b.max_num_tokens)]
     if recipe.chunked_context:
         args.append("--enable-chunked-prefill")
+    if recipe.quantization.kv_skip_layers:  # these layers keep their KV in the model dtype
+        args += ["--kv-cache-dtype-skip-layers", *map(str, recipe.quantization.kv_skip_layers)]
     if b.tp_size > 1:
         args += ["--tensor-parallel-size", str(b.tp_size)]
     if b.pp_size > 1:

@@ -91,6 +91,10 @@ def bytes_per_element(fmt: KVFormat | str, head_dim: int) -> float:
     return data
 
 
-def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, fmt: KVFormat | str) -> float:
-    """2 (K and V) x layers x KV heads x head_dim x bytes per element."""
-    return 2 * num_layers * num_kv_heads * head_dim * bytes_per_element(fmt, head_dim)
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, fmt: KVFormat | str,
+                       skip_layers: int = 0, skip_fmt: KVFormat | str = KVFormat.BF16) -> float:
+    """2 (K and V) x layers x KV heads x head_dim x bytes per element; `skip_layers` of the layers stored in
+    `skip_fmt` instead (per-layer KV precision: vLLM's --kv-cache-dtype-skip-layers keeps them in the model dtype)."""
+    per_layer = 2 * num_kv_heads * head_dim
+    return per_layer * ((num_layers - skip_layers) * bytes_per_element(fmt, head_dim)
+                        + skip_layers * bytes_per_element(skip_fmt, head_dim))

@@ -56,6 +56,17 @@ def cross_field_problems(r: Recipe) -> list[tuple[str, str]]:
                                              f"{', '.join(gpus_with_arch('Blackwell'))}); hardware.gpu is "
                                              f"{hw.gpu.value}: use fp8 (or measure nvfp4 on the CPU with "
                                              f"`trtkv probe RECIPE --formats nvfp4`)"))
+    if q.kv_skip_layers:
+        if q.kv_cache is KVCacheQuant.NONE:
+            out.append(("quantization.kv_skip_layers", "layers kept in the model dtype need a quantized KV cache for "
+                                                       "the others (quantization.kv_cache is none): remove the list"))
+        if m.dtype.value == "float32":
+            out.append(("quantization.kv_skip_layers", "the skipped layers keep the model dtype, and trtkv plans "
+                                                       "16-bit KV only: use model.dtype bfloat16 or float16"))
+        beyond = [i for i in q.kv_skip_layers if m.num_layers is not None and i >= m.num_layers]
+        if beyond:
+            out.append(("quantization.kv_skip_layers", f"layers {beyond} do not exist: model.num_layers is "
+                                                       f"{m.num_layers} (indices 0..{(m.num_layers or 1) - 1})"))
     if b.gemm_plugin is GemmPlugin.FP8 and q.weights is not WeightQuant.FP8:
         out.append(("build.gemm_plugin", "gemm_plugin fp8 needs quantization.weights: fp8"))
     rules = BACKEND_RULES.get(b.backend)

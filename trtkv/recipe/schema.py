@@ -142,6 +142,20 @@ class QuantizationConfig(_Section):
         KVScaleStrategy.STATIC_PER_TENSOR,
         description="How KV scales are obtained: calibrated per-layer amax (the only strategy so far).",
     )
+    kv_skip_layers: list[int] = Field(
+        [],
+        description="Layers whose KV stays in the model dtype while the others use `kv_cache` (vLLM "
+        "`--kv-cache-dtype-skip-layers`; TensorRT-LLM has one KV format per checkpoint).",
+    )
+
+    @field_validator("kv_skip_layers")
+    @classmethod
+    def _sorted_unique(cls, value: list[int]) -> list[int]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"layers listed twice: {sorted(v for v in set(value) if value.count(v) > 1)}")
+        if any(v < 0 for v in value):
+            raise ValueError(f"layer indices start at 0, got {sorted(v for v in value if v < 0)}")
+        return sorted(value)
 
     @field_validator("kv_cache", mode="before")
     @classmethod
@@ -338,6 +352,18 @@ class Recipe(_Section):
         if kv is KVCacheQuant.NVFP4:
             return KVFormat.NVFP4
         return KVFormat.BF16 if self.model.dtype is ModelDtype.BFLOAT16 else KVFormat.FP16
+
+    @property
+    def kv_skip_format(self) -> KVFormat:
+        """The format of the layers in quantization.kv_skip_layers: the model dtype."""
+        return KVFormat.FP16 if self.model.dtype is ModelDtype.FLOAT16 else KVFormat.BF16
+
+    @property
+    def kv_format_label(self) -> str:
+        """The deployed KV format, with the layers kept in the model dtype, e.g. `fp8` or `fp8+bf16[0,29]`."""
+        skip = self.quantization.kv_skip_layers
+        base = self.kv_format.value
+        return f"{base}+{self.kv_skip_format.value}[{','.join(map(str, skip))}]" if skip else base
 
     @property
     def chunked_context(self) -> bool:
