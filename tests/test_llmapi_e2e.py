@@ -176,3 +176,11 @@ def test_status_and_generate(server: tuple[Any, serve.ServerInfo]) -> None:
     state = health.check(recipe, canaries=1)
     assert state.state == "healthy", state.checks
     assert generate(recipe, PROMPT, 4).startswith(" Paris")
+    import subprocess
+
+    from trtkv.canary import canary_script, health_cmd
+    from trtkv.interface import LLMAPI
+
+    check = subprocess.run(["sh", "-c", health_cmd(canary_script(recipe.triton.http_port, LLMAPI))],
+                           capture_output=True, timeout=120)
+    assert check.returncode == 0, check.stderr  # the container health check, on the llmapi model

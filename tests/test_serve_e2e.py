@@ -185,6 +185,21 @@ def test_status_is_healthy_with_real_canaries(server: tuple[Any, serve.ServerInf
     assert f"{RECIPE}: healthy (pid {info.pid}" in capsys.readouterr().out
 
 
+def test_the_container_health_check_is_a_real_inference(server: tuple[Any, serve.ServerInfo]) -> None:
+    """The --health-cmd of the generated `docker run` (trtkv.canary), run by a shell against the real server."""
+    import subprocess
+
+    from trtkv.canary import canary_script, health_cmd
+    from trtkv.process import free_ports
+
+    _, info = server
+    ok = subprocess.run(["sh", "-c", health_cmd(canary_script(info.http_port))], capture_output=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    (dead,) = free_ports(1)
+    down = subprocess.run(["sh", "-c", health_cmd(canary_script(dead))], capture_output=True, timeout=120)
+    assert down.returncode != 0 and b"Connection refused" in down.stderr
+
+
 def test_serving_twice_is_refused(server: tuple[Any, serve.ServerInfo]) -> None:
     recipe, _ = server
     with pytest.raises(StageError, match="already running"):

@@ -81,6 +81,13 @@ def test_serving_twice_is_refused_and_status_is_healthy(vllm_server: tuple[Any, 
         serve.start(recipe, timeout_s=10)
     state = health.check(recipe, canaries=1)
     assert state.state == "healthy", state.checks
+    import subprocess
+
+    from trtkv.canary import canary_script, health_cmd
+
+    check = subprocess.run(["sh", "-c", health_cmd(canary_script(recipe.triton.http_port, openai_model=RECIPE))],
+                           capture_output=True, timeout=120)
+    assert check.returncode == 0, check.stderr  # the vLLM container's health check
 
 
 def test_bench_over_the_openai_protocol(vllm_server: tuple[Any, Any], tmp_path: Path) -> None:

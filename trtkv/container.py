@@ -15,8 +15,10 @@ from typing import Any
 from trtkv import paths, versions
 from trtkv.artifacts import Manifest
 from trtkv.backends import for_recipe
+from trtkv.canary import canary_script, docker_health_args
 from trtkv.errors import StageError
-from trtkv.layout import engine_dir
+from trtkv.interface import for_layout
+from trtkv.layout import checkpoint_dir, engine_dir
 from trtkv.recipe import Recipe
 from trtkv.tools import quote
 
@@ -112,6 +114,9 @@ def docker_command(recipe: Recipe, repo: Path) -> list[str]:
            "--ulimit", "stack=67108864", "--name", container_name(recipe)]
     for port in (t.http_port, t.grpc_port, t.metrics_port):
         cmd += ["-p", f"{t.host}:{port}:{port}"]
+    # docker's health check is the real one-token inference (Triton answers "ready" with a dead model instance)
+    interface = for_layout(for_recipe(recipe).repo_layout)
+    cmd += docker_health_args(canary_script(t.http_port, interface), t.startup_timeout_s)
     cmd += ["-v", f"{out}:{out}", "-v", f"{repo}:{repo}", container_image(recipe)]
     return cmd + gpu_command(recipe, repo, host=CONTAINER_BIND)
 
@@ -119,7 +124,6 @@ def docker_command(recipe: Recipe, repo: Path) -> list[str]:
 def trtllm_serve_command(recipe: Recipe, host: str | None = None) -> list[str]:
     """TensorRT-LLM's OpenAI-compatible server on the recipe's HF export (backend llmapi), with the build's --config."""
     from trtkv.backends import llmapi
-    from trtkv.layout import checkpoint_dir
 
     if recipe.build.backend is not llmapi.BACKEND.backend:
         raise StageError(f"--trtllm-serve serves the LLM API path; {recipe.name} has build.backend "
@@ -137,6 +141,8 @@ def trtllm_serve_docker_command(recipe: Recipe) -> list[str]:
     out = paths.recipe_output_dir(recipe.name)
     cmd = ["docker", "run", "--rm", "--gpus", "all", "--shm-size=2g", "--ulimit", "memlock=-1",
            "--ulimit", "stack=67108864", "--name", container_name(recipe), "-p", f"{t.host}:{t.http_port}:{t.http_port}",
+           *docker_health_args(canary_script(t.http_port, openai_model=str(checkpoint_dir(recipe) / "hf")),
+                               t.startup_timeout_s),
            "-v", f"{out}:{out}", container_image(recipe)]
     return cmd + trtllm_serve_command(recipe, host=CONTAINER_BIND)
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from trtkv import paths
 from trtkv.backends.base import BUILD_SECTIONS, EngineBackend, command_block
+from trtkv.canary import canary_script, docker_health_args
 from trtkv.errors import StageError
 from trtkv.hardware import GPU
 from trtkv.layout import checkpoint_dir, kv_cache_quant_algo
@@ -90,8 +91,9 @@ def gpu_command(recipe: Recipe, hf_dir: Path) -> list[str]:
     """docker run of vLLM's OpenAI image on the GPUs; the HF export mounted at the same path."""
     t = recipe.triton
     out = paths.recipe_output_dir(recipe.name)
+    health = docker_health_args(canary_script(t.http_port, openai_model=served_model_name(recipe)), t.startup_timeout_s)
     return ["docker", "run", "--rm", "--gpus", "all", "--ipc=host", "--name", f"trtkv-{recipe.name}",
-            "-p", f"{t.host}:{t.http_port}:{t.http_port}", "-v", f"{out}:{out}", VLLM_IMAGE,
+            "-p", f"{t.host}:{t.http_port}:{t.http_port}", *health, "-v", f"{out}:{out}", VLLM_IMAGE,
             *server_args(recipe, hf_dir, "0.0.0.0")]
 
 
