@@ -28,6 +28,7 @@ KV_FORMATS: dict[str | None, str] = {"FP8": "fp8_scale1", None: "none"}
 WEIGHT_ALGOS = ("FP8", None)
 KV_SCALE_NAMES = ("self_attn.k_proj.k_scale", "self_attn.v_proj.v_scale")
 IGNORED_SUFFIXES = (".input_scale",)  # FP8 activation scales: the runtime computes in float32
+SCALE_SUFFIXES = (".weight_scale", ".k_scale", ".v_scale")  # applied to their weight, or read as KV scales
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -85,8 +86,7 @@ def dequantized_state_dict(tensors: dict[str, torch.Tensor], weight_algo: str | 
 
     out: dict[str, torch.Tensor] = {}
     for name, tensor in tensors.items():
-        if name.endswith(IGNORED_SUFFIXES) or name.endswith(("weight_scale",) + tuple("." + n.split(".")[-1]
-                                                                                        for n in KV_SCALE_NAMES)):
+        if name.endswith(IGNORED_SUFFIXES + SCALE_SUFFIXES):
             continue
         if tensor.dtype == torch.float8_e4m3fn:
             if weight_algo != "FP8":

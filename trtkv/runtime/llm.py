@@ -193,7 +193,9 @@ class RequestOutput:
             raise TimeoutError(f"request {self.request_id} not finished within {timeout} s")
         with self._lock:
             last = self._last
-        assert last is not None
+        if last is None:  # _done is set only after a snapshot was stored; reaching here is a bug in this module
+            raise RequestError(f"request {self.request_id} ended without an output. Next: report it with the server "
+                               f"log; the request can be sent again.")
         return self._apply(last)
 
 
