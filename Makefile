@@ -12,11 +12,12 @@ PYTEST_ARGS ?=
 SERVE_ARGS ?=
 
 .PHONY: help install test lint plan validate demo clean calibrate build engine repo serve stop bench probe report \
-        bench-kvcache bench-crosscheck compare install-genai-perf install-vllm install-aiperf generate status
+        bench-kvcache bench-crosscheck compare install-genai-perf install-vllm install-aiperf generate status deploy
 
 help:
 	@echo "make install | test | lint | demo | plan | calibrate | engine | repo | serve | stop | bench | probe [RECIPE=name]"
 	@echo "     status | generate | bench-crosscheck | install-vllm | install-aiperf | install-genai-perf"
+	@echo "     deploy [RECIPE=name TARGET=k8s|slurm|dynamo]"
 
 install: $(STAMP)
 
@@ -70,6 +71,10 @@ stop: install
 
 status: install
 	$(TRTKV) status $(RECIPE)
+
+# Cluster files (Kubernetes / Slurm / NVIDIA Dynamo) for a GPU recipe, sized by the planner and schema-checked
+deploy: install
+	$(TRTKV) deploy $(RECIPE) --target $(or $(TARGET),k8s) $(DEPLOY_ARGS)
 
 bench: install
 	$(TRTKV) bench $(RECIPE) $(if $(URL),--url $(URL))

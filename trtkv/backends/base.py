@@ -34,6 +34,7 @@ class EngineBackend:
     build_sections: tuple[str, ...] = BUILD_SECTIONS  # recipe sections the build output depends on
     copies_tokenizer = False  # True: the repository carries its own tokenizer copy (CPU); False: it references one
     records_versions = False  # True: the build manifest records the TensorRT-LLM/TensorRT that built the engine
+    dynamo_framework: str | None = None  # NVIDIA Dynamo's backendFramework for this path (None: Dynamo cannot run it)
 
     def serves_locally(self, recipe: Recipe) -> bool:
         """True: the bundled tritonserver runs it on this machine (hardware.gpu cpu); False: the GPU container."""

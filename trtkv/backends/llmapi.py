@@ -113,6 +113,7 @@ class LlmApiBackend(EngineBackend):
     backend = Backend.LLMAPI
     llm_model = ("llmapi/config.pbtxt", "llmapi/model.py")
     repo_layout = "llmapi"
+    dynamo_framework = "trtllm"  # python3 -m dynamo.trtllm: the LLM API on the HF checkpoint
     build_sections = (*BUILD_SECTIONS, "triton", "hardware")  # the serve options, and which engine (CPU or GPU)
 
     def problems(self, recipe: Recipe) -> list[tuple[str, str]]:

@@ -101,6 +101,7 @@ class VllmBackend(EngineBackend):
     backend = Backend.VLLM
     llm_model = ("", None)
     repo_layout = "openai"  # no Triton repository: vLLM's own OpenAI server
+    dynamo_framework = "vllm"
     build_sections = (*BUILD_SECTIONS, "triton", "hardware")
 
     def problems(self, recipe: Recipe) -> list[tuple[str, str]]:

@@ -12,7 +12,7 @@ from trtkv.version import __version__
 
 # Subcommand name -> module in trtkv.cli (imported only to build the parser; heavy work is lazy inside run()).
 COMMANDS = ["ls", "validate", "show", "plan", "probe", "calibrate", "build", "repo", "serve", "stop", "bench",
-            "report", "demo", "compare", "generate", "status"]
+            "report", "demo", "compare", "generate", "status", "deploy"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,7 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # section.key=value overrides may follow the options (`trtkv deploy R --target k8s build.tp_size=8`)
+    if extra and hasattr(args, "overrides") and all("=" in a and not a.startswith("-") for a in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 1

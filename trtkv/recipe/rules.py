@@ -30,6 +30,11 @@ def cross_field_problems(r: Recipe) -> list[tuple[str, str]]:
     elif r.world_size != hw.count:
         out.append(("build.tp_size", f"tp_size x pp_size = {b.tp_size} x {b.pp_size} = {r.world_size} must equal "
                                      f"hardware.count = {hw.count}"))
+    if not on_cpu and hw.count > hw.gpus_per_node and hw.count % hw.gpus_per_node:
+        out.append(("hardware.count", f"{hw.count} GPUs per model instance do not fill whole nodes of "
+                                      f"hardware.gpus_per_node = {hw.gpus_per_node}: use a multiple of "
+                                      f"{hw.gpus_per_node} (each node runs the same number of ranks), or at most "
+                                      f"{hw.gpus_per_node} (one node)"))
     if m.num_attention_heads is not None and m.num_attention_heads % b.tp_size:
         out.append(("model.num_attention_heads", f"{m.num_attention_heads} heads are not divisible by build.tp_size = "
                                                  f"{b.tp_size}"))

@@ -223,6 +223,8 @@ class BuildConfig(_Section):
 class HardwareConfig(_Section):
     gpu: GPU = Field(GPU.CPU, description="Target accelerator, or `cpu`.")
     count: int = Field(1, gt=0, description="GPUs used by one model instance (= tp_size x pp_size).")
+    gpus_per_node: int = Field(8, gt=0, description="GPUs in one node; a model instance larger than this spans "
+                               "count / gpus_per_node whole nodes (`trtkv deploy`).")
     memory_gib: float | None = Field(None, gt=0, description="Override the GPU's memory (GiB).")
     hbm_bandwidth_gbps: float | None = Field(None, gt=0, description="Override the GPU's memory bandwidth (GB/s).")
     activation_reserve_gib: float = Field(

@@ -1,0 +1,31 @@
+"""`trtkv deploy`: Kubernetes, Slurm or NVIDIA Dynamo files for a recipe, sized by the planner and checked."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from trtkv.cli.common import add_recipe_args, load, subparser
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = subparser(sub, "deploy", "write cluster deployment files (k8s, slurm, dynamo) for a recipe",
+                  "  $ trtkv deploy llama70b_fp8kv --target k8s\n"
+                  "  $ trtkv deploy llama70b_fp8kv --target k8s build.pp_size=2 hardware.count=8 hardware.gpus_per_node=4\n"
+                  "  $ trtkv deploy llama70b_fp8kv_llmapi --target dynamo --target-concurrency 256\n"
+                  "  $ trtkv deploy llama70b_fp8kv --target slurm --output /shared/trtkv/slurm\n")
+    add_recipe_args(p)
+    p.add_argument("--target", required=True, choices=["k8s", "slurm", "dynamo"], help="what to write files for")
+    p.add_argument("--output", type=Path, default=None, help="folder (default deploy/<recipe>/<target>/)")
+    count = p.add_mutually_exclusive_group()
+    count.add_argument("--replicas", type=int, default=None, help="model replicas (default 1)")
+    count.add_argument("--target-concurrency", type=int, default=None,
+                       help="concurrent sequences of build.max_seq_len to serve: replicas follow from the planner")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from trtkv.deploy import Target, deploy
+
+    deploy(load(args), Target(args.target), args.output, args.replicas, args.target_concurrency)
+    return 0

@@ -1,0 +1,115 @@
+"""Checks of the files `trtkv deploy` writes, by consumers trtkv did not write:
+
+- core Kubernetes objects: kubernetes-validate (the Kubernetes OpenAPI schemas it ships) for KUBERNETES_VERSION,
+  strict (an unknown field is an error, as `kubectl apply --validate=strict` makes it);
+- LeaderWorkerSet and DynamoGraphDeployment: the CRDs' own openAPIV3Schema, read from upstream at a named release
+  (trtkv/data/schemas, SOURCES.json; scripts/crd_schema.py extracts them), with unknown fields refused the same way;
+- shell scripts: `bash -n`, and shellcheck when it is installed.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import gzip
+import json
+import re
+import shutil
+import subprocess
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+KUBERNETES_VERSION = "1.34"
+CRD_SCHEMAS = {
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): "leaderworkerset.x-k8s.io_v1.json.gz",
+    ("nvidia.com/v1beta1", "DynamoGraphDeployment"): "nvidia.com_dynamographdeployments_v1beta1.json.gz",
+}
+DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def crd_schema_info(file: str) -> dict[str, Any]:
+    return json.loads(gzip.decompress((resources.files("trtkv") / "data" / "schemas" / file).read_bytes()))
+
+
+def _strict(schema: Any) -> Any:
+    """additionalProperties: false wherever an object lists its properties and does not keep unknown fields."""
+    if isinstance(schema, dict):
+        out = {k: _strict(v) for k, v in schema.items()}
+        if ("properties" in out and "additionalProperties" not in out
+                and not out.get("x-kubernetes-preserve-unknown-fields")):
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [_strict(v) for v in schema]
+    return schema
+
+
+@functools.cache
+def _crd_validator(file: str) -> Any:
+    import jsonschema
+
+    schema = _strict(copy.deepcopy(crd_schema_info(file)["openAPIV3Schema"]))
+    return jsonschema.Draft7Validator(schema)
+
+
+def _where(path: Any) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path) or "(top)"
+
+
+def check_object(obj: dict[str, Any]) -> list[str]:
+    """Every problem with one object (empty when valid)."""
+    kind, api = obj.get("kind"), obj.get("apiVersion")
+    name = (obj.get("metadata") or {}).get("name", "")
+    head = f"{kind} {name}"
+    problems = []
+    if not isinstance(name, str) or len(name) > 63 or not DNS1123.match(name):
+        problems.append(f"{head}: metadata.name {name!r} is not a DNS-1123 label (lower case, digits, '-', <= 63)")
+    file = CRD_SCHEMAS.get((str(api), str(kind)))
+    if file is not None:
+        validator = _crd_validator(file)
+        for err in sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path)):
+            problems.append(f"{head}: {_where(err.absolute_path)}: {err.message}")
+        return problems
+    import kubernetes_validate
+
+    try:
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        problems.append(f"{head}: {_where(exc.path)}: {exc.message}")
+    except (kubernetes_validate.SchemaNotFoundError, kubernetes_validate.InvalidSchemaError) as exc:
+        problems.append(f"{head}: no Kubernetes {KUBERNETES_VERSION} schema for {api} {kind} ({exc})")
+    return problems
+
+
+def check_shell(path: Path) -> list[str]:
+    problems = []
+    proc = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    if proc.returncode:
+        problems.append(f"{path.name}: bash -n: {proc.stderr.strip()}")
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck:
+        proc = subprocess.run([shellcheck, "-S", "warning", str(path)], capture_output=True, text=True)
+        if proc.returncode:
+            problems.append(f"{path.name}: shellcheck: {proc.stdout.strip()}")
+    return problems
+
+
+def check_folder(folder: Path) -> tuple[list[str], list[str]]:
+    """(what was checked, problems) for every .yaml and .sh/.sbatch file in `folder`."""
+    import yaml
+
+    checked, problems = [], []
+    for path in sorted(folder.iterdir()):
+        if path.suffix == ".yaml":
+            for obj in yaml.safe_load_all(path.read_text()):
+                if obj:
+                    found = check_object(obj)
+                    problems += [f"{path.name}: {p}" for p in found]
+                    how = ("its CRD schema" if (obj.get("apiVersion"), obj.get("kind")) in CRD_SCHEMAS
+                           else f"Kubernetes {KUBERNETES_VERSION}")
+                    checked.append(f"{path.name}: {obj['kind']} {obj['metadata']['name']} against {how}")
+        elif path.suffix in (".sh", ".sbatch"):
+            problems += check_shell(path)
+            checked.append(f"{path.name}: bash -n" + (" + shellcheck" if shutil.which("shellcheck") else ""))
+    return checked, problems

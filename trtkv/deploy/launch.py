@@ -1,0 +1,111 @@
+"""What runs in the pods or Slurm tasks of a deployment, per backend: the image, the server command on one node, the
+multi-node launch (leader and workers), the ports, the health check (the same one-token canary as the container's
+--health-cmd, trtkv.canary) and the folders the server reads.
+
+- tensorrt (engine path): tritonserver, one per rank under mpirun (the Triton TensorRT-LLM backend's own launch).
+- llmapi: on one node the Triton `llmapi` model (TP inside the LLM API, one tritonserver); across nodes
+  `trtllm-llmapi-launch trtllm-serve` under mpirun / srun (TensorRT-LLM's multi-node path; the Triton model has none).
+- vllm: vLLM's OpenAI server; across nodes a Ray cluster (head on the leader, `--distributed-executor-backend ray`).
+
+Multi-node MPI over Kubernetes pods uses ssh on port 2222 with a key from a Secret (the pods run sshd); Slurm uses
+srun's PMIx instead. Nothing here was executed on a cluster.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trtkv import paths
+from trtkv.canary import canary_script
+from trtkv.container import CONTAINER_BIND, container_image, gpu_command, rank_command, trtllm_serve_command
+from trtkv.deploy.sizing import Sizing
+from trtkv.interface import for_layout
+from trtkv.layout import checkpoint_dir, repo_dir
+from trtkv.recipe import Recipe
+
+SSH_PORT = 2222
+SSH_DIR = "/etc/trtkv-ssh"  # the Secret with id_ed25519 and authorized_keys
+RAY_PORT = 6379
+
+
+@dataclass
+class Launch:
+    server: str  # "triton", "trtllm-serve" or "vllm"
+    image: str
+    ports: dict[str, int]  # name -> port (http first)
+    metrics_path: str | None  # Prometheus text on ports["metrics"] (or http); None: no Prometheus endpoint
+    canary: str  # python3 program: exit 0 only when a one-token inference answers
+    mounts: list[tuple[str, str]]  # (folder under the models volume, path in the container)
+    single: list[str]  # the command on one node
+    multi_node: bool
+    leader: list[str] = field(default_factory=list)  # MPI/Ray launch on the first node (multi-node)
+    uses_ssh: bool = False  # workers run sshd for mpirun
+    ray_worker: bool = False  # workers join a Ray cluster
+
+
+def volume_folders(recipe: Recipe) -> list[tuple[str, str]]:
+    """(folder under the models volume, path in the container): the server reads the same absolute paths as here,
+    because the Triton repository and the serve configs name them."""
+    out = [(f"engines/{recipe.name}", str(paths.recipe_output_dir(recipe.name)))]
+    from trtkv.backends import for_recipe as backend_for
+
+    if backend_for(recipe).repo_layout != "openai":  # a Triton repository
+        out.append((f"triton_repo/{recipe.name}", str(repo_dir(recipe))))
+    return out
+
+
+def hf_dir(recipe: Recipe) -> Path:
+    return checkpoint_dir(recipe) / "hf"
+
+
+def for_recipe(recipe: Recipe, sizing: Sizing, slurm: bool = False) -> Launch:
+    """`slurm`: the LLM API always runs as trtllm-llmapi-launch trtllm-serve there (srun starts one task per rank)."""
+    from trtkv.backends import for_recipe as backend_for
+
+    multi = sizing.nodes_per_replica > 1
+    layout = backend_for(recipe).repo_layout
+    t = recipe.triton
+    if layout == "openai":  # vLLM
+        from trtkv.backends import vllm
+
+        args = vllm.server_args(recipe, hf_dir(recipe), CONTAINER_BIND)
+        single = ["python3", "-m", "vllm.entrypoints.openai.api_server", *args]
+        launch = Launch("vllm", vllm.VLLM_IMAGE, {"http": t.http_port}, "/metrics",
+                        canary_script(t.http_port, openai_model=vllm.served_model_name(recipe)),
+                        volume_folders(recipe), single, multi)
+        if multi:
+            launch.leader = [*single, "--distributed-executor-backend", "ray"]
+            launch.ray_worker = True
+        return launch
+    image = container_image(recipe)
+    if layout == "llmapi" and (multi or slurm):
+        serve = trtllm_serve_command(recipe, host=CONTAINER_BIND)
+        return Launch("trtllm-serve", image, {"http": t.http_port}, None,
+                      canary_script(t.http_port, openai_model=str(hf_dir(recipe))), volume_folders(recipe),
+                      ["trtllm-llmapi-launch", *serve], multi,
+                      leader=["mpirun", "--allow-run-as-root", "-np", str(sizing.gpus_per_replica),
+                              "trtllm-llmapi-launch", *serve], uses_ssh=True)
+    interface = for_layout(layout)
+    repo = repo_dir(recipe)
+    launch = Launch("triton", image, {"http": t.http_port, "grpc": t.grpc_port, "metrics": t.metrics_port},
+                    "/metrics", canary_script(t.http_port, interface), volume_folders(recipe),
+                    gpu_command(recipe, repo, host=CONTAINER_BIND), multi)
+    if multi:
+        launch.leader, launch.uses_ssh = gpu_command(recipe, repo, host=CONTAINER_BIND), True
+    return launch
+
+
+def slurm_rank_command(recipe: Recipe, launch: Launch) -> str:
+    """One Slurm task's command (srun --mpi=pmix starts world-size tasks; PMIx gives each its MPI rank).
+
+    Triton: rank 0 serves HTTP/gRPC/metrics, the others load only tensorrt_llm (launch_triton_server.py's split);
+    the LLM API: every task runs trtllm-llmapi-launch, which makes rank 0 the server and the rest its workers.
+    """
+    if launch.server != "triton":
+        return "exec " + shlex.join(launch.single)
+    repo = repo_dir(recipe)
+    rank0 = shlex.join(rank_command(recipe, repo, 0, host=CONTAINER_BIND))
+    other = shlex.join(rank_command(recipe, repo, 1, host=CONTAINER_BIND)).replace("prefix1_", 'prefix"$SLURM_PROCID"_')
+    return f'if [ "$SLURM_PROCID" = 0 ]; then\n    exec {rank0}\nfi\nexec {other}'

@@ -1,0 +1,97 @@
+"""How big a deployment is, from the planner: GPUs and nodes per replica, KV tokens per GPU, the sequences of the
+recipe's max_seq_len that fit in one replica, and the replica count (`--replicas N`, or enough replicas for
+`--target-concurrency C`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from trtkv.errors import StageError
+from trtkv.hardware import GPU
+from trtkv.recipe import Recipe
+
+
+@dataclass(frozen=True)
+class Sizing:
+    gpus_per_replica: int
+    gpus_per_node: int
+    nodes_per_replica: int
+    gpus_per_pod: int  # one pod per node
+    kv_format: str
+    kv_bytes_per_token_per_gpu: float
+    kv_tokens_per_gpu: int
+    max_seq_len: int
+    sequences_per_replica: int  # of max_seq_len tokens, capped by build.max_batch_size
+    bound_by: str  # "kv memory" or "max_batch_size"
+    replicas: int
+    chosen_by: str  # how the replica count was chosen
+    weights_gib_total: float
+    storage_gib: int  # what the models volume should hold (the exported weights + room)
+
+    @property
+    def total_gpus(self) -> int:
+        return self.gpus_per_replica * self.replicas
+
+    @property
+    def concurrent_sequences(self) -> int:
+        return self.sequences_per_replica * self.replicas
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "total_gpus": self.total_gpus, "concurrent_sequences": self.concurrent_sequences}
+
+    def lines(self) -> list[str]:
+        """The sizing as README lines."""
+        return [
+            f"- GPUs per replica: {self.gpus_per_replica} (TP x PP) = {self.nodes_per_replica} node(s) x "
+            f"{self.gpus_per_pod} GPU(s) (hardware.gpus_per_node = {self.gpus_per_node})",
+            f"- KV cache ({self.kv_format}): {self.kv_bytes_per_token_per_gpu:,.0f} bytes per token on the fullest "
+            f"GPU; {self.kv_tokens_per_gpu:,} tokens per GPU after weights and the activation reserve",
+            f"- Sequences of {self.max_seq_len:,} tokens per replica: {self.sequences_per_replica} (bound by "
+            f"{self.bound_by})",
+            f"- Replicas: {self.replicas} ({self.chosen_by}) -> {self.total_gpus} GPUs, {self.concurrent_sequences} "
+            f"concurrent sequences at full context",
+            f"- Model volume: {self.storage_gib} GiB (exported weights {self.weights_gib_total:.1f} GiB, x 1.25 + "
+            f"10 GiB for the tokenizer, the engines' per-rank copies of embeddings and the repository)",
+        ]
+
+
+def size(recipe: Recipe, replicas: int | None = None, target_concurrency: int | None = None) -> Sizing:
+    """The planner's figures for this recipe, and the replica count; StageError when the recipe cannot be sized."""
+    from trtkv.memory import plan
+
+    hw = recipe.hardware
+    if hw.gpu is GPU.CPU:
+        raise StageError(f"{recipe.name}: hardware.gpu is cpu; `trtkv deploy` writes files for GPU clusters. Next: "
+                         f"use a GPU recipe (e.g. llama70b_fp8kv), or override hardware.gpu=H100-80GB "
+                         f"hardware.count=N with matching build.tp_size/pp_size.")
+    if replicas is not None and target_concurrency is not None:
+        raise StageError("--replicas and --target-concurrency both given: pass one (the other follows from it)")
+    p = plan(recipe)
+    cap = next(c for c in p.formats if c.format == p.recipe_kv_format)
+    seq_len = recipe.build.max_seq_len
+    fit = cap.max_sequences[seq_len]
+    if fit < 1:
+        raise StageError(f"{recipe.name}: not one sequence of build.max_seq_len={seq_len} fits in the KV budget "
+                         f"({p.kv_budget_gib_per_gpu:.1f} GiB per GPU after {p.weights['per_gpu_gib']:.1f} GiB of "
+                         f"weights). Next: `trtkv plan {recipe.name}`, then raise build.tp_size/pp_size (and "
+                         f"hardware.count), or lower build.max_seq_len.")
+    per_replica = min(fit, recipe.build.max_batch_size)
+    bound = "kv memory" if fit < recipe.build.max_batch_size else "max_batch_size"
+    if target_concurrency is not None:
+        count = max(1, math.ceil(target_concurrency / per_replica))
+        chosen = f"--target-concurrency {target_concurrency} / {per_replica} per replica"
+    else:
+        count = replicas or 1
+        chosen = f"--replicas {count}" if replicas else "default 1; --replicas N or --target-concurrency C"
+    if count < 1:
+        raise StageError(f"--replicas {count}: use 1 or more")
+    world, per_node = recipe.world_size, hw.gpus_per_node
+    weights = float(p.weights["total_gib"])
+    return Sizing(
+        gpus_per_replica=world, gpus_per_node=per_node, nodes_per_replica=max(1, math.ceil(world / per_node)),
+        gpus_per_pod=min(world, per_node), kv_format=p.recipe_kv_format,
+        kv_bytes_per_token_per_gpu=cap.bytes_per_token_per_gpu, kv_tokens_per_gpu=cap.tokens_per_gpu_budget,
+        max_seq_len=seq_len, sequences_per_replica=per_replica, bound_by=bound, replicas=count, chosen_by=chosen,
+        weights_gib_total=weights, storage_gib=math.ceil(weights * 1.25 + 10))
