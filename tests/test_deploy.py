@@ -58,11 +58,16 @@ def test_single_node_k8s_deployment_is_schema_valid_and_probes_run_the_canary(tm
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert probe_script(server, probe) == canary_script(8000)  # the real one-token inference
     assert dep["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "8002"
-    # the models volume is mounted where the Triton repository's paths point
+    # the models volume holds what the server reads, mounted where the Triton repository's paths point
+    from trtkv.layout import checkpoint_dir, engine_dir, repo_dir
+
     mounts = {m["subPath"]: m["mountPath"] for m in server["volumeMounts"] if m["name"] == "models"}
-    assert mounts == {"engines/llama70b_fp8kv": str(Path(mounts["engines/llama70b_fp8kv"])),
-                      "triton_repo/llama70b_fp8kv": mounts["triton_repo/llama70b_fp8kv"]}
-    assert mounts["engines/llama70b_fp8kv"].endswith("engines/llama70b_fp8kv")
+    assert mounts == {"engines/llama70b_fp8kv/engine": str(engine_dir(recipe)),
+                      "engines/llama70b_fp8kv/checkpoint/tokenizer": str(checkpoint_dir(recipe) / "tokenizer"),
+                      "triton_repo/llama70b_fp8kv": str(repo_dir(recipe))}
+    config = (repo_dir(recipe) / "tensorrt_llm" / "config.pbtxt")
+    if config.is_file():  # the repository names exactly these paths
+        assert str(engine_dir(recipe)) in config.read_text()
     assert objs["Service"]["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
     sizing = json.loads((out / "sizing.json").read_text())
     assert sizing["gpus_per_replica"] == 4 and sizing["nodes_per_replica"] == 1 and sizing["replicas"] == 2
@@ -86,6 +91,9 @@ def test_16_gpus_on_8_gpu_nodes_is_a_leaderworkerset_of_two(tmp_path: Path) -> N
     assert '-H "$HOSTS"' in script
     assert probe_script(leader, "livenessProbe") == canary_script(8000)
     assert objs["Service"]["spec"]["selector"] == {k8s.LWS_NAME_LABEL: lws["metadata"]["name"], "role": "leader"}
+    # LWS makes a headless Service named after itself for the pods' DNS names: ours must not take that name
+    assert objs["Service"]["metadata"]["name"] != lws["metadata"]["name"]
+    assert '--prefix "$MPI_HOME"' in script and "orte_keep_fqdn_hostnames 1" in script and "-x LD_LIBRARY_PATH" in script
     for c in (leader, worker):
         subprocess.run(["bash", "-n", "-c", c["command"][2]], check=True)
 
@@ -113,7 +121,8 @@ def test_llmapi_across_nodes_runs_trtllm_serve_under_mpirun_and_vllm_uses_ray(tm
     assert leader["command"][2].startswith("ray start --head")
     assert "--distributed-executor-backend ray" in leader["command"][2]
     assert "--kv-cache-dtype fp8" in leader["command"][2]
-    assert worker["command"][2] == "exec ray start --address=$LWS_LEADER_ADDRESS:6379 --block"
+    assert worker["command"][2].startswith("until ray start --address=$LWS_LEADER_ADDRESS:6379 --block; do")
+    assert 'sum(n["Alive"] for n in ray.nodes())' in leader["command"][2]
 
 
 def test_slurm_script_srun_pmix_one_task_per_rank(tmp_path: Path) -> None:
@@ -122,7 +131,7 @@ def test_slurm_script_srun_pmix_one_task_per_rank(tmp_path: Path) -> None:
     job = (out / "job.sbatch").read_text()
     assert "#SBATCH --nodes=2" in job and "#SBATCH --ntasks-per-node=8" in job
     assert "srun --mpi=pmix --ntasks=16 --ntasks-per-node=8" in job
-    assert '--container-image="$IMAGE"' in job and "IMAGE=${TRTKV_IMAGE:-nvcr.io/nvidia/tritonserver:" in job
+    assert '--container-image="$IMAGE"' in job and "IMAGE=${TRTKV_IMAGE:-nvcr.io#nvidia/tritonserver:" in job
     rank = (out / "rank.sh").read_text()
     assert 'if [ "$SLURM_PROCID" = 0 ]' in rank and 'prefix"$SLURM_PROCID"_' in rank
     assert "--load-model=tensorrt_llm" in rank.split("fi\n")[1]  # ranks > 0 load only the engine model
@@ -178,6 +187,12 @@ def test_checks_refuse_broken_objects() -> None:
     assert any("spec.ports[0].port" in p for p in check_object(bad))
     bad["metadata"]["name"] = "Trtkv_X"
     assert any("DNS-1123" in p for p in check_object(bad))
+    bad = json.loads(json.dumps(lws))
+    bad["metadata"]["labelz"] = {"a": "b"}  # a CRD schema says only "metadata: object"; ObjectMeta's own is applied
+    assert any("'labelz' was unexpected" in p for p in check_object(bad))
+    bad = json.loads(json.dumps(lws))
+    bad["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["command"][2] = "if then; fi"
+    assert any("workerTemplate.spec.containers[0].command: bash -n" in p for p in check_object(bad))
     dgd = dynamo.objects(load_recipe("llama70b_fp8kv_llmapi"), s, "agg")[-1]
     assert check_object(dgd) == []
     dgd["spec"]["components"][1]["type"] = "router"
@@ -224,3 +239,16 @@ def test_cli_takes_overrides_after_options(tmp_path: Path, capsys: pytest.Captur
     assert re.search(r"Replicas: 4 \(--target-concurrency 200 / 64 per replica\) -> 64 GPUs", said)
     assert main(["deploy", "smollm2_fp8kv", "--target", "k8s", "--output", str(tmp_path / "c")]) == StageError.exit_code
     assert "hardware.gpu is cpu" in capsys.readouterr().err
+
+
+def test_enroot_image_and_counts() -> None:
+    from trtkv.deploy.launch import enroot_image
+    from trtkv.deploy.sizing import size
+
+    assert enroot_image("nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3") == \
+        "nvcr.io#nvidia/tritonserver:26.07-trtllm-python-py3"
+    assert enroot_image("vllm/vllm-openai:v0.32.0") == "vllm/vllm-openai:v0.32.0"  # no registry host: default
+    recipe = load_recipe("llama70b_fp8kv")
+    for kwargs in ({"replicas": 0}, {"target_concurrency": -3}):
+        with pytest.raises(StageError, match="use 1 or more"):
+            size(recipe, **kwargs)

@@ -65,12 +65,14 @@ def check_object(obj: dict[str, Any]) -> list[str]:
     problems = []
     if not isinstance(name, str) or len(name) > 63 or not DNS1123.match(name):
         problems.append(f"{head}: metadata.name {name!r} is not a DNS-1123 label (lower case, digits, '-', <= 63)")
+    problems += [f"{head}: {p}" for p in _scripts(obj)]
     file = CRD_SCHEMAS.get((str(api), str(kind)))
     if file is not None:
         validator = _crd_validator(file)
         for err in sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path)):
             problems.append(f"{head}: {_where(err.absolute_path)}: {err.message}")
-        return problems
+        # a CRD's schema says only "metadata: object": check it as any object's ObjectMeta
+        obj = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": obj.get("metadata")}
     import kubernetes_validate
 
     try:
@@ -80,6 +82,24 @@ def check_object(obj: dict[str, Any]) -> list[str]:
     except (kubernetes_validate.SchemaNotFoundError, kubernetes_validate.InvalidSchemaError) as exc:
         problems.append(f"{head}: no Kubernetes {KUBERNETES_VERSION} schema for {api} {kind} ({exc})")
     return problems
+
+
+def _scripts(node: Any, path: str = "") -> list[str]:
+    """`bash -n` on every container command of the form [bash|sh, -c, SCRIPT] anywhere in the object."""
+    out: list[str] = []
+    if isinstance(node, dict):
+        cmd = node.get("command")
+        if (isinstance(cmd, list) and len(cmd) == 3 and cmd[0] in ("bash", "sh") and cmd[1] == "-c"
+                and isinstance(cmd[2], str)):
+            proc = subprocess.run(["bash", "-n", "-c", cmd[2]], capture_output=True, text=True)
+            if proc.returncode:
+                out.append(f"{path}.command: bash -n: {proc.stderr.strip()}")
+        for key, value in node.items():
+            out += _scripts(value, f"{path}.{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            out += _scripts(value, f"{path}[{i}]")
+    return out
 
 
 def check_shell(path: Path) -> list[str]:

@@ -62,7 +62,7 @@ def engine_config(recipe: Recipe, role: str) -> dict[str, Any]:
 
 def worker_args(recipe: Recipe, role: str) -> list[str]:
     if framework(recipe) == "trtllm":
-        args = ["--model-path", str(hf_dir(recipe)), "--served-model-name", recipe.name,
+        args = ["--model", str(hf_dir(recipe)), "--served-model-name", recipe.name,
                 "--extra-engine-args", f"{CONFIG_DIR}/{role}.yaml"]
     else:
         from trtkv.backends import vllm
@@ -82,7 +82,7 @@ def worker_args(recipe: Recipe, role: str) -> list[str]:
 def _component(recipe: Recipe, sizing: Sizing, name: str, role: str, image: str, config: str) -> dict[str, Any]:
     module = f"dynamo.{framework(recipe)}"
     mounts = [{"name": "models", "mountPath": path, "subPath": sub, "readOnly": True}
-              for sub, path in volume_folders(recipe)]
+              for sub, path in volume_folders(recipe, "hf")]
     volumes = [v for v in _volumes(recipe, False) if v["name"] == "models"]
     if framework(recipe) == "trtllm":
         mounts.append({"name": "engine-config", "mountPath": CONFIG_DIR, "readOnly": True})

@@ -9,7 +9,7 @@ import shlex
 from typing import Any
 
 from trtkv.canary import health_cmd
-from trtkv.deploy.launch import RAY_PORT, SSH_DIR, SSH_PORT, Launch
+from trtkv.deploy.launch import RAY_PORT, SSH_DIR, SSH_PORT, SSH_WAIT_S, Launch
 from trtkv.deploy.sizing import Sizing
 from trtkv.recipe import Recipe
 
@@ -33,12 +33,15 @@ def _exec(script: str) -> dict[str, Any]:
 
 
 def probes(recipe: Recipe, launch: Launch) -> dict[str, Any]:
-    """startup: the canary every 10 s for triton.startup_timeout_s; then readiness every 30 s (out of the Service
-    after 3 misses) and liveness every 60 s (restart after 3 misses: a dead model instance keeps Triton "ready")."""
+    """startup: the canary every 10 s for triton.startup_timeout_s (plus the wait for the other pods' sshd or Ray
+    when a replica spans nodes); then readiness every 30 s (out of the Service after 3 misses) and liveness every
+    60 s with a 120 s budget per try (restart after 5 misses in a row: a dead model instance keeps Triton "ready", and
+    a saturated server still answers one token within minutes)."""
+    budget = recipe.triton.startup_timeout_s + (SSH_WAIT_S if launch.multi_node else 0)
     start = {**_exec(launch.canary), "periodSeconds": 10, "timeoutSeconds": 60,
-             "failureThreshold": max(1, math.ceil(recipe.triton.startup_timeout_s / 10))}
+             "failureThreshold": max(1, math.ceil(budget / 10))}
     ready = {**_exec(launch.canary), "periodSeconds": 30, "timeoutSeconds": 60, "failureThreshold": 3}
-    live = {**_exec(launch.canary), "periodSeconds": 60, "timeoutSeconds": 60, "failureThreshold": 3}
+    live = {**_exec(launch.canary), "periodSeconds": 60, "timeoutSeconds": 120, "failureThreshold": 5}
     return {"startupProbe": start, "readinessProbe": ready, "livenessProbe": live}
 
 
@@ -88,24 +91,44 @@ WORKER_HOSTS = ('NAME=${LWS_LEADER_ADDRESS%%.*}; DOMAIN=${LWS_LEADER_ADDRESS#*.}
                 'for i in $(seq 1 $((LWS_GROUP_SIZE - 1))); do HOSTS="$HOSTS,$NAME-$i.$DOMAIN:{slots}"; done; ')
 WAIT_SSH = ('for h in $(echo "$HOSTS" | tr , " "); do h=${h%:*}; n=0; '
             f'until (exec 3<>/dev/tcp/$h/{SSH_PORT}) 2>/dev/null; do n=$((n+1)); '
-            '[ $n -gt 120 ] && echo "no sshd on $h after 10 min" >&2 && exit 1; sleep 5; done; done; ')
+            f'[ $n -gt {SSH_WAIT_S // 5} ] && echo "no sshd on $h after {SSH_WAIT_S} s" >&2 && exit 1; sleep 5; done; '
+            'done; ')
+# mpirun's own install (orted on the other pods) and the image's environment for every rank; FQDNs kept whole
+MPI_PREFIX = 'MPI_HOME=$(dirname "$(dirname "$(command -v mpirun)")"); '
+MPI_ARGS = ["--prefix", "MPI_HOME", "-mca", "orte_keep_fqdn_hostnames", "1", "-x", "PATH", "-x", "LD_LIBRARY_PATH",
+            "-x", "PYTHONPATH", "-x", "HOME"]
+RAY_ALIVE = ("python3 -c 'import ray; ray.init(address=\"auto\", logging_level=\"ERROR\"); "
+             "print(sum(n[\"Alive\"] for n in ray.nodes()))' 2>/dev/null")
 
 
 def leader_script(launch: Launch, sizing: Sizing) -> str:
     """bash on the leader pod: the MPI launch over every pod of the group, or the Ray head then vLLM."""
     if launch.ray_worker:
-        return (f"ray start --head --port={RAY_PORT} && "
-                f"until [ \"$(ray status 2>/dev/null | grep -c node_)\" -ge \"$LWS_GROUP_SIZE\" ]; do sleep 5; done && "
-                f"exec {shlex.join(launch.leader)}")
+        return ray_head(launch, "$LWS_GROUP_SIZE")
     rsh = f"-p {SSH_PORT} -i {SSH_DIR}/id_ed25519 -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null"
-    mpirun = launch.leader[:2] + ["-H", "HOSTS", "-mca", "plm_rsh_args", rsh] + launch.leader[2:]
-    cmd = shlex.join(mpirun).replace(" HOSTS ", ' "$HOSTS" ', 1)
-    return f"{SSHD} && " + WORKER_HOSTS.replace("{slots}", str(sizing.gpus_per_pod)) + WAIT_SSH + f"exec {cmd}"
+    mpirun = launch.leader[:2] + ["-H", "HOSTS", "-mca", "plm_rsh_args", rsh, *MPI_ARGS] + launch.leader[2:]
+    cmd = shlex.join(mpirun).replace(" HOSTS ", ' "$HOSTS" ', 1).replace(" MPI_HOME ", ' "$MPI_HOME" ', 1)
+    return (f"{SSHD} && " + WORKER_HOSTS.replace("{slots}", str(sizing.gpus_per_pod)) + WAIT_SSH + MPI_PREFIX
+            + f"exec {cmd}")
+
+
+def ray_head(launch: Launch, nodes: str) -> str:
+    """The Ray head, a wait (bounded) until `nodes` nodes are alive, then vLLM on the cluster."""
+    return (f"ray start --head --port={RAY_PORT} && n=0 && "
+            f"until [ \"$({RAY_ALIVE})\" -ge \"{nodes}\" ] 2>/dev/null; do n=$((n+1)); "
+            f"[ $n -gt {SSH_WAIT_S // 5} ] && echo \"Ray: fewer than {nodes} nodes after {SSH_WAIT_S} s\" >&2 && "
+            f"exit 1; sleep 5; done && exec {shlex.join(launch.leader)}")
+
+
+def ray_worker(address: str) -> str:
+    """Join the head's Ray cluster, retrying until the head answers (it may start later than this pod)."""
+    return (f"until ray start --address={address}:{RAY_PORT} --block; do echo 'Ray head not answering yet' >&2; "
+            f"sleep 5; done")
 
 
 def worker_script(launch: Launch) -> str:
     if launch.ray_worker:
-        return f"exec ray start --address=$LWS_LEADER_ADDRESS:{RAY_PORT} --block"
+        return ray_worker("$LWS_LEADER_ADDRESS")
     return SSHD.replace("/usr/sbin/sshd -e", "exec /usr/sbin/sshd -D -e")
 
 
@@ -146,6 +169,7 @@ def objects(recipe: Recipe, launch: Launch, sizing: Sizing) -> list[dict[str, An
                          "workerTemplate": {"metadata": {"labels": {**lab, "role": "worker"}},
                                             "spec": _pod_spec(recipe, [worker], ssh)}}}}
         selector = {LWS_NAME_LABEL: name, "role": "leader"}
-    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "labels": lab},
+    # not the LWS's own name: LeaderWorkerSet makes a headless Service of that name for the pods' DNS records
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": k8s_name(recipe, "api"), "labels": lab},
                "spec": {"type": "ClusterIP", "selector": selector, "ports": service_ports}}
     return [pvc, loader, workload, service]

@@ -22,12 +22,13 @@ from trtkv.canary import canary_script
 from trtkv.container import CONTAINER_BIND, container_image, gpu_command, rank_command, trtllm_serve_command
 from trtkv.deploy.sizing import Sizing
 from trtkv.interface import for_layout
-from trtkv.layout import checkpoint_dir, repo_dir
+from trtkv.layout import checkpoint_dir, engine_dir, repo_dir
 from trtkv.recipe import Recipe
 
 SSH_PORT = 2222
 SSH_DIR = "/etc/trtkv-ssh"  # the Secret with id_ed25519 and authorized_keys
 RAY_PORT = 6379
+SSH_WAIT_S = 600  # how long a leader waits for the other pods' sshd (or Ray nodes) before it gives up
 
 
 @dataclass
@@ -45,15 +46,33 @@ class Launch:
     ray_worker: bool = False  # workers join a Ray cluster
 
 
-def volume_folders(recipe: Recipe) -> list[tuple[str, str]]:
-    """(folder under the models volume, path in the container): the server reads the same absolute paths as here,
-    because the Triton repository and the serve configs name them."""
-    out = [(f"engines/{recipe.name}", str(paths.recipe_output_dir(recipe.name)))]
+def volume_folders(recipe: Recipe, server: str) -> list[tuple[str, str]]:
+    """(folder under the models volume, path in the container) of what `server` reads, at the same absolute paths as
+    here, because the Triton repository and the serve configs name them. Only these folders are copied and mounted.
+
+    server: "triton" (the repository, the engine or the HF export it names, the tokenizer), "trtllm-serve" (the HF
+    export and the build's llm_api_options.yaml), "hf" (the HF export only: vLLM, Dynamo's workers)."""
     from trtkv.backends import for_recipe as backend_for
 
-    if backend_for(recipe).repo_layout != "openai":  # a Triton repository
+    root = paths.recipe_output_dir(recipe.name)
+    wanted = [checkpoint_dir(recipe) / "hf"]
+    if server == "trtllm-serve":
+        wanted.append(engine_dir(recipe))
+    elif server == "triton":
+        layout = backend_for(recipe).repo_layout
+        wanted = ([checkpoint_dir(recipe) / "hf"] if layout == "llmapi"
+                  else [engine_dir(recipe), checkpoint_dir(recipe) / "tokenizer"])
+    out = [(f"engines/{recipe.name}/{p.relative_to(root)}", str(p)) for p in wanted]
+    if server == "triton":
         out.append((f"triton_repo/{recipe.name}", str(repo_dir(recipe))))
     return out
+
+
+def enroot_image(image: str) -> str:
+    """pyxis/enroot's image reference: the registry host is separated by '#' (REGISTRY#IMAGE:TAG); a bare name is
+    looked up on enroot's default registry."""
+    head, _, rest = image.partition("/")
+    return f"{head}#{rest}" if rest and ("." in head or ":" in head) else image
 
 
 def hf_dir(recipe: Recipe) -> Path:
@@ -74,7 +93,7 @@ def for_recipe(recipe: Recipe, sizing: Sizing, slurm: bool = False) -> Launch:
         single = ["python3", "-m", "vllm.entrypoints.openai.api_server", *args]
         launch = Launch("vllm", vllm.VLLM_IMAGE, {"http": t.http_port}, "/metrics",
                         canary_script(t.http_port, openai_model=vllm.served_model_name(recipe)),
-                        volume_folders(recipe), single, multi)
+                        volume_folders(recipe, "hf"), single, multi)
         if multi:
             launch.leader = [*single, "--distributed-executor-backend", "ray"]
             launch.ray_worker = True
@@ -83,14 +102,15 @@ def for_recipe(recipe: Recipe, sizing: Sizing, slurm: bool = False) -> Launch:
     if layout == "llmapi" and (multi or slurm):
         serve = trtllm_serve_command(recipe, host=CONTAINER_BIND)
         return Launch("trtllm-serve", image, {"http": t.http_port}, None,
-                      canary_script(t.http_port, openai_model=str(hf_dir(recipe))), volume_folders(recipe),
+                      canary_script(t.http_port, openai_model=str(hf_dir(recipe))),
+                      volume_folders(recipe, "trtllm-serve"),
                       ["trtllm-llmapi-launch", *serve], multi,
                       leader=["mpirun", "--allow-run-as-root", "-np", str(sizing.gpus_per_replica),
                               "trtllm-llmapi-launch", *serve], uses_ssh=True)
     interface = for_layout(layout)
     repo = repo_dir(recipe)
     launch = Launch("triton", image, {"http": t.http_port, "grpc": t.grpc_port, "metrics": t.metrics_port},
-                    "/metrics", canary_script(t.http_port, interface), volume_folders(recipe),
+                    "/metrics", canary_script(t.http_port, interface), volume_folders(recipe, "triton"),
                     gpu_command(recipe, repo, host=CONTAINER_BIND), multi)
     if multi:
         launch.leader, launch.uses_ssh = gpu_command(recipe, repo, host=CONTAINER_BIND), True

@@ -52,8 +52,9 @@ class Sizing:
             f"{self.bound_by})",
             f"- Replicas: {self.replicas} ({self.chosen_by}) -> {self.total_gpus} GPUs, {self.concurrent_sequences} "
             f"concurrent sequences at full context",
-            f"- Model volume: {self.storage_gib} GiB (exported weights {self.weights_gib_total:.1f} GiB, x 1.25 + "
-            f"10 GiB for the tokenizer, the engines' per-rank copies of embeddings and the repository)",
+            f"- Model volume: {self.storage_gib} GiB (the folders the server reads: the exported weights, "
+            f"{self.weights_gib_total:.1f} GiB, x 1.25 + 10 GiB for the tokenizer, the engines' per-rank copies of "
+            f"embeddings, the repository and room to replace them)",
         ]
 
 
@@ -68,6 +69,9 @@ def size(recipe: Recipe, replicas: int | None = None, target_concurrency: int | 
                          f"hardware.count=N with matching build.tp_size/pp_size.")
     if replicas is not None and target_concurrency is not None:
         raise StageError("--replicas and --target-concurrency both given: pass one (the other follows from it)")
+    for flag, value in (("--replicas", replicas), ("--target-concurrency", target_concurrency)):
+        if value is not None and value < 1:
+            raise StageError(f"{flag} {value}: use 1 or more")
     p = plan(recipe)
     cap = next(c for c in p.formats if c.format == p.recipe_kv_format)
     seq_len = recipe.build.max_seq_len
@@ -85,8 +89,7 @@ def size(recipe: Recipe, replicas: int | None = None, target_concurrency: int | 
     else:
         count = replicas or 1
         chosen = f"--replicas {count}" if replicas else "default 1; --replicas N or --target-concurrency C"
-    if count < 1:
-        raise StageError(f"--replicas {count}: use 1 or more")
+
     world, per_node = recipe.world_size, hw.gpus_per_node
     weights = float(p.weights["total_gib"])
     return Sizing(

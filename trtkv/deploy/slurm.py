@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import shlex
 
-from trtkv.deploy.launch import RAY_PORT, Launch, slurm_rank_command
+from trtkv.deploy.k8s import ray_head, ray_worker
+from trtkv.deploy.launch import Launch, enroot_image, slurm_rank_command
 from trtkv.deploy.sizing import Sizing
 from trtkv.recipe import Recipe
 
@@ -19,18 +20,13 @@ def rank_script(recipe: Recipe, launch: Launch, sizing: Sizing) -> str:
             "set -euo pipefail\n")
     if not launch.ray_worker:
         return head + slurm_rank_command(recipe, launch) + "\n"
-    return head + (
-        f'if [ "$SLURM_NODEID" != 0 ]; then\n'
-        f'    exec ray start --address="$TRTKV_HEAD:{RAY_PORT}" --block\n'
-        f"fi\n"
-        f"ray start --head --port={RAY_PORT}\n"
-        f'until [ "$(ray status 2>/dev/null | grep -c node_)" -ge "$SLURM_JOB_NUM_NODES" ]; do sleep 5; done\n'
-        f"exec {shlex.join(launch.leader)}\n")
+    return head + (f'if [ "$SLURM_NODEID" != 0 ]; then\n    {ray_worker("$TRTKV_HEAD")}\n    exit\nfi\n'
+                   f'{ray_head(launch, "$SLURM_JOB_NUM_NODES")}\n')
 
 
 def job_script(recipe: Recipe, launch: Launch, sizing: Sizing, here: str) -> str:
     """The sbatch file; `here`: the folder holding rank.sh (mounted into the container at the same path)."""
-    per_node_tasks = 1 if launch.ray_worker or (launch.server == "vllm") else sizing.gpus_per_pod
+    per_node_tasks = 1 if launch.server == "vllm" else sizing.gpus_per_pod  # vLLM: one task per node (Ray)
     tasks = sizing.nodes_per_replica * per_node_tasks
     mounts = ",".join(f"{path}:{path}" for _sub, path in launch.mounts) + f",{here}:{here}"
     port = launch.ports["http"]
@@ -46,11 +42,11 @@ def job_script(recipe: Recipe, launch: Launch, sizing: Sizing, here: str) -> str
         f"{sizing.nodes_per_replica} node(s)); submit once per replica. Add your site's --account/--partition/--time.",
         f"# Server: {launch.server}, image {launch.image} (override with TRTKV_IMAGE=...).",
         "set -euo pipefail",
-        f"IMAGE=${{TRTKV_IMAGE:-{launch.image}}}",
+        f"IMAGE=${{TRTKV_IMAGE:-{enroot_image(launch.image)}}}  # enroot's REGISTRY#IMAGE:TAG form",
         'TRTKV_HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "export TRTKV_HEAD",
         f'echo "trtkv: {recipe.name} answers on http://$TRTKV_HEAD:{port} once loaded"',
-        f"srun --mpi=pmix --ntasks={tasks} --ntasks-per-node={per_node_tasks} \\",
+        f"srun{'' if launch.server == 'vllm' else ' --mpi=pmix'} --ntasks={tasks} --ntasks-per-node={per_node_tasks} \\",
         '    --container-image="$IMAGE" \\',
         f"    --container-mounts={shlex.quote(mounts)} \\",
         "    --export=ALL \\",
