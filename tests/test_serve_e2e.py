@@ -3,6 +3,7 @@ reference runtime: gRPC streaming, HTTP generate / generate_stream, bad requests
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -161,15 +162,21 @@ def test_sampling_controls_and_extra_outputs_are_honoured(server: tuple[Any, ser
     assert longer["num_output_tokens"] == 12, longer
 
 
-def test_concurrent_requests_do_not_mix(server: tuple[Any, serve.ServerInfo]) -> None:
+def test_concurrent_requests_are_batched_and_equal_solo_answers(server: tuple[Any, serve.ServerInfo]) -> None:
+    """In-flight batching: 8 concurrent streams on 2 instances of max_batch_size 4 share decode steps (the server
+    log says so), and each greedy answer equals the same prompt's answer alone."""
     recipe, info = server
-    prompts = [PROMPT, "Water is made of", "One, two, three,", PROMPT]
+    prompts = [PROMPT, "Water is made of", "One, two, three,", PROMPT, "The largest planet is", "Q: 2+2=? A:",
+               "Once upon a time", "The author of Hamlet is"]
     alone = {p: grpc_stream(_grpc_url(info), p, 10).text for p in set(prompts)}
     with ThreadPoolExecutor(len(prompts)) as pool:
         together = list(pool.map(lambda p: grpc_stream(_grpc_url(info), p, 10), prompts))
     assert [r.error for r in together] == [None] * len(prompts)
     assert [r.text for r in together] == [alone[p] for p in prompts]
-    assert recipe.triton.instance_count >= 2
+    assert recipe.triton.instance_count >= 2 and recipe.build.max_batch_size >= 2
+    log = Path(info.log).read_text()
+    peaks = [int(n) for n in re.findall(r"in-flight batch of (\d+) sequences", log)]
+    assert peaks and max(peaks) >= 2, peaks  # at least two requests ran in one decode step
 
 
 def test_status_is_healthy_with_real_canaries(server: tuple[Any, serve.ServerInfo],

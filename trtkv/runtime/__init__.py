@@ -14,6 +14,7 @@ KV-cache numerics, not its FP8 activation rounding; differences that come from t
 """
 
 
+from trtkv.runtime.batch import Batcher, SequenceState, make_sequence
 from trtkv.runtime.checkpoint import (
     GLOBAL_NAMES,
     KV_FORMATS,
@@ -34,6 +35,7 @@ from trtkv.runtime.quiz import quiz_agreement, quiz_answers
 from trtkv.runtime.sampling import LogitControls, pick_token
 
 __all__ = ["GLOBAL_NAMES", "KV_FORMATS", "LAYER_NAMES", "REQUIRED_ARCH", "RUNTIME_JSON", "TRTLLM_DEFAULTS",
-           "LogitControls", "ReferenceRuntime", "RequestError", "build_model", "checkpoint_architecture",
+           "Batcher", "LogitControls", "ReferenceRuntime", "RequestError", "SequenceState", "build_model",
+           "checkpoint_architecture", "make_sequence",
            "hf_to_trtllm_state_dict", "kv_scaling_factors", "llama_config", "pick_token", "quiz_agreement",
            "quiz_answers", "trtllm_to_hf_state_dict"]

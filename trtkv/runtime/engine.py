@@ -23,7 +23,7 @@ from trtkv.runtime.checkpoint import (
     trtllm_to_hf_state_dict,
 )
 from trtkv.runtime.errors import RequestError
-from trtkv.runtime.sampling import LogitControls, ends_with, pick_token
+from trtkv.runtime.sampling import LogitControls
 
 # ---------------------------------------------------------------------------------------------
 # The runtime
@@ -171,7 +171,7 @@ class ReferenceRuntime:
         scales = self.kv_scales if self.kv_format in ("fp8", "int8") else None
         return QuantizedKVCache(config=self.config, fmt=self.kv_format, k_scales=scales, v_scales=scales)
 
-    def _check_request(self, input_ids: Sequence[int], max_tokens: int, temperature: float, top_k: int,
+    def check_request(self, input_ids: Sequence[int], max_tokens: int, temperature: float, top_k: int,
                        top_p: float) -> None:
         if not input_ids:
             raise RequestError("input_ids is empty: send at least one token.")
@@ -208,50 +208,12 @@ class ReferenceRuntime:
         `log_probs`: when given, receives the log-probability of each generated token (log-softmax of the logits
         after `controls`, before temperature) as it is chosen, before on_token is called.
         """
-        import torch
+        from trtkv.runtime.batch import make_sequence, run_solo
 
-        self._check_request(input_ids, max_tokens, temperature, top_k, top_p)
-        if controls is not None and controls.min_tokens > max_tokens:
-            raise RequestError(f"min_tokens {controls.min_tokens} exceeds max_tokens {max_tokens}.")
-        max_tokens = min(max_tokens, self.max_seq_len - len(input_ids))
-        ends = {end_id} if end_id is not None else set(self.eos_token_ids)
-        stops = [list(s) for s in (stop_words or []) if s]
-        generator = torch.Generator()
-        if seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(int(seed))
-        cache = self.new_cache()
-        out: list[int] = []
-        with torch.inference_mode():
-            step = torch.tensor([list(input_ids)], dtype=torch.long)
-            chunk = self.prefill_chunk
-            while chunk and step.shape[1] > chunk:  # chunked prefill: at most max_num_tokens per forward pass
-                self.model(input_ids=step[:, :chunk], past_key_values=cache, use_cache=True)
-                step = step[:, chunk:]
-            seq = list(input_ids)
-            while True:
-                logits = self.model(input_ids=step, past_key_values=cache, use_cache=True).logits[0, -1]
-                scale = temperature
-                if controls is not None and controls.active:
-                    # TensorRT-LLM's penalty kernel: bias, then 1/temperature, then the penalties
-                    logits = controls.add_bias(logits)
-                    if temperature > 0:
-                        logits, scale = logits / temperature, 1.0
-                    logits = controls.apply(logits, seq, len(out), ends)
-                token = pick_token(logits, scale, top_k, top_p, generator)
-                if token in ends:
-                    break
-                if log_probs is not None:
-                    log_probs.append(float(torch.log_softmax(logits.float(), dim=-1)[token]))
-                out.append(token)
-                seq.append(token)
-                if on_token is not None and on_token(token) is False:
-                    break
-                if len(out) >= max_tokens or ends_with(out, stops):
-                    break
-                step = torch.tensor([[token]], dtype=torch.long)
-        return out
+        seq = make_sequence(self, input_ids, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                            seed=seed, end_id=end_id, stop_words=stop_words, on_token=on_token, controls=controls,
+                            log_probs=log_probs)
+        return run_solo(self, seq)
 
     def generate_text(self, prompt: str, **kwargs: Any) -> str:
         """Convenience: tokenize, generate, detokenize (needs the tokenizer)."""

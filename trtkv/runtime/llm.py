@@ -7,8 +7,10 @@ one snapshot per new token, `outputs[0].text_diff` holding the new text) or read
 `abort()` stops it at the next token. The names and meanings follow `tensorrt_llm.LLM`, `SamplingParams`,
 `RequestOutput` and `CompletionOutput`, so the same model.py drives either engine.
 
-What differs from TensorRT-LLM, on purpose and visibly: requests run one at a time per LLM (FIFO, one worker
-thread; no in-flight batching), computation is float32 with FP8 weights dequantized (activations not quantized),
+Requests are batched in flight as TensorRT-LLM batches them (trtkv.runtime.batch.Batcher: up to max_batch_size
+sequences in one running batch, joining and leaving at every step; long prompts prefilled in max_num_tokens chunks
+when enable_chunked_prefill). What differs from TensorRT-LLM, on purpose and visibly: no paged KV blocks,
+computation is float32 with FP8 weights dequantized (activations not quantized),
 there is one output per request (`n` 1, no beam search), and LLM() arguments that only size or place GPU work
 (`tensor_parallel_size`, `kv_cache_config.free_gpu_memory_fraction`, `enable_block_reuse`, ...) are accepted and
 listed in `LLM.ignored_args`.
@@ -25,12 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtkv.runtime.batch import Batcher, SequenceState, make_sequence
 from trtkv.runtime.errors import RequestError
 
 # LLM() arguments the reference engine applies; the rest (placement, GPU memory, CUDA graphs...) are ignored
 APPLIED_ARGS = ("model", "tokenizer", "backend", "max_seq_len", "max_num_tokens", "max_batch_size",
                 "enable_chunked_prefill", "kv_cache_config")
 KV_DTYPES = ("auto", "fp8")
+DEFAULT_MAX_BATCH_SIZE = 2048  # TensorRT-LLM's BaseLlmArgs default
 
 
 @dataclass
@@ -199,12 +203,6 @@ class RequestOutput:
         return self._apply(last)
 
 
-@dataclass
-class _Job:
-    output: RequestOutput
-    params: SamplingParams
-
-
 class LLM:
     """tensorrt_llm.LLM's constructor and generate API over trtkv's reference engine (see the module docstring)."""
 
@@ -229,12 +227,10 @@ class LLM:
 
             self.runtime.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
         self.tokenizer = self.runtime.tokenizer
-        self.max_batch_size = max_batch_size
+        self.max_batch_size = max_batch_size or DEFAULT_MAX_BATCH_SIZE
         self.ignored_args = sorted([*other, *(f"kv_cache_config.{k}" for k in kv if k != "dtype")])
         self._ids = itertools.count()
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._worker = threading.Thread(target=self._run, name="trtkv-llm", daemon=True)
-        self._worker.start()
+        self._batcher = Batcher(self.runtime, self.max_batch_size)
 
     # -- API
     def generate_async(self, inputs: str | Sequence[int], sampling_params: SamplingParams | None = None,
@@ -251,7 +247,7 @@ class LLM:
         else:
             ids, prompt = [int(t) for t in inputs], None
         out = RequestOutput(next(self._ids), prompt, ids, params, streaming)
-        self._jobs.put(_Job(out, params))
+        self._batcher.submit(self._sequence(out, params))
         return out
 
     def generate(self, inputs: str | Sequence[int] | list[str], sampling_params: SamplingParams | None = None
@@ -261,34 +257,20 @@ class LLM:
         return self.generate_async(inputs, sampling_params).result()  # type: ignore[arg-type]
 
     def shutdown(self) -> None:
-        self._jobs.put(None)
-        self._worker.join(timeout=30)
+        self._batcher.shutdown()
 
-    # -- the worker
-    def _run(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            try:
-                self._serve(job)
-            except BaseException as exc:  # noqa: BLE001 - handed to the request's consumer, which raises it
-                last = job.output._last
-                job.output._publish(_Snapshot(last.text if last else "", last.token_ids if last else (), None, None,
-                                              error=exc))
-
-    def _serve(self, job: _Job) -> None:
+    # -- one request as a sequence of the running batch
+    def _sequence(self, out: RequestOutput, p: SamplingParams) -> SequenceState:
         from trtkv.runtime.sampling import LogitControls
 
-        out, p = job.output, job.params
-        if not out._take():  # cancelled while queued: abort() answered it
-            return
         stops, stop_ids = p.stops(), set(p.stop_token_ids or [])
         prefix = "" if p.exclude_input_from_output or out.prompt is None else out.prompt
         generated: list[int] = []
         state: dict[str, Any] = {"text": "", "reason": None, "stop": None}
+        max_tokens = max(1, min(int(p.max_tokens), self.runtime.max_seq_len - len(out.prompt_token_ids)))
 
         def on_token(token: int) -> bool:
+            out._take()  # started: abort() now stops it at the next token instead of answering it itself
             if token in stop_ids:
                 state.update(reason="stop", stop=token)
                 return False
@@ -310,17 +292,27 @@ class LLM:
             state["text"] = shown
             return True
 
+        def on_done(_tokens: list[int], error: BaseException | None) -> None:
+            if out._done.is_set():  # abort() answered it while it was queued
+                return
+            if error is not None:
+                last = out._last
+                out._publish(_Snapshot(last.text if last else "", last.token_ids if last else (), None, None,
+                                       error=error))
+                return
+            if state["reason"] is None:
+                state["text"] = prefix + self.tokenizer.decode(generated, skip_special_tokens=True)
+                state["reason"] = ("cancelled" if out.aborted() and len(generated) < max_tokens
+                                   else "length" if len(generated) >= max_tokens else "stop")
+            out._publish(_Snapshot(state["text"], tuple(generated), state["reason"], state["stop"]))
+
         controls = LogitControls(repetition_penalty=p.repetition_penalty or 1.0, presence_penalty=p.presence_penalty
                                  or 0.0, frequency_penalty=p.frequency_penalty or 0.0, min_tokens=p.min_tokens or 0)
-        temperature = 1.0 if p.temperature is None else float(p.temperature)
-        max_tokens = max(1, min(int(p.max_tokens), self.runtime.max_seq_len - len(out.prompt_token_ids)))
-        self.runtime.generate(out.prompt_token_ids, max_tokens=max_tokens, temperature=temperature,
-                              top_k=int(p.top_k or 0), top_p=1.0 if p.top_p is None else float(p.top_p), seed=p.seed,
-                              end_id=p.end_id, on_token=on_token, controls=controls if controls.active else None)
-        if state["reason"] is None:
-            state["text"] = prefix + self.tokenizer.decode(generated, skip_special_tokens=True)
-            state["reason"] = "length" if len(generated) >= max_tokens else "stop"
-        out._publish(_Snapshot(state["text"], tuple(generated), state["reason"], state["stop"]))
+        return make_sequence(self.runtime, out.prompt_token_ids, max_tokens=max_tokens,
+                             temperature=1.0 if p.temperature is None else float(p.temperature),
+                             top_k=int(p.top_k or 0), top_p=1.0 if p.top_p is None else float(p.top_p), seed=p.seed,
+                             end_id=p.end_id, on_token=on_token, controls=controls if controls.active else None,
+                             cancelled=out.aborted, on_done=on_done)
 
 
 def _kv_dict(kv_cache_config: Any) -> dict[str, Any]:

@@ -7,7 +7,10 @@ smoke-test target, not TensorRT.
 
 Decoupled: with `streaming` true every response carries only the new tokens, sent as the runtime produces them and
 cut on whole UTF-8 characters; with `streaming` false one response carries the whole output (so HTTP `generate`
-works through the ensemble). Each instance serves one request at a time with its own torch threads.
+works through the ensemble). In-flight batching: each instance runs one scheduler (trtkv.runtime.Batcher) that
+admits up to max_batch_size requests into one running batch and advances them together, one token per step; a
+request leaves the batch the moment it ends or is cancelled. Decoupled, execute() only queues the requests and
+returns; the scheduler thread sends the responses.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -53,7 +57,7 @@ def cancel_check(request: Any) -> Callable[[int], bool]:
 
 
 class TritonPythonModel:
-    """Loads the reference runtime once per instance and generates for one request at a time."""
+    """Loads the reference runtime once per instance and batches the requests in flight."""
 
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
@@ -66,29 +70,47 @@ class TritonPythonModel:
         self.max_seq_len = min(int(params["max_seq_len"]), int(self.runtime.max_seq_len))
         self.exclude_input = params.get("exclude_input_in_output", "true").lower() == "true"
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        self.max_batch_size = max(1, int(config.get("max_batch_size") or 1))
+        self.batcher = self.runtime_module.Batcher(self.runtime, self.max_batch_size)
+        self.logged_peak = 1
         pb_utils.Logger.log_info(f"tensorrt_llm (reference): engine {params['engine_dir']}, {threads} torch "
-                                 f"thread(s) per instance, decoupled={self.decoupled}")
+                                 f"thread(s) per instance, in-flight batching up to {self.max_batch_size} "
+                                 f"requests, decoupled={self.decoupled}")
+
+    def finalize(self) -> None:
+        self.batcher.shutdown()
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
-        responses = []
-        for request in requests:
+        """Queue every request on the batcher; decoupled: return at once (the batcher thread answers), else wait for
+        this call's requests and return their responses in order."""
+        finished: list[Any] = [None] * len(requests)
+        events = [threading.Event() for _ in requests]
+        for n, request in enumerate(requests):
             sender = request.get_response_sender() if self.decoupled else None
+
+            def answer(response: Any, n: int = n, sender: Any = sender) -> None:
+                if sender is not None and response is not None:
+                    sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                finished[n] = response
+                events[n].set()
+
             try:
-                result = self.serve(request, sender)
+                self.submit(request, sender, answer)
             except ValueError as exc:  # RequestError here, or the runtime's own (a ValueError too)
-                result = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"tensorrt_llm: {exc}"))
+                answer(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"tensorrt_llm: {exc}")))
             except Exception as exc:  # noqa: BLE001 - reported to the client and logged, never swallowed
                 pb_utils.Logger.log_error(traceback.format_exc())
-                result = pb_utils.InferenceResponse(
-                    error=pb_utils.TritonError(f"tensorrt_llm: {type(exc).__name__}: {exc}"))
-            if sender is None:
-                responses.append(result)
-            elif result is not None:
-                sender.send(result, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        return None if self.decoupled else responses
+                answer(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"tensorrt_llm: {type(exc).__name__}: "
+                                                                             f"{exc}")))
+        if self.decoupled:
+            return None
+        for event in events:
+            event.wait()
+        return finished
 
-    def serve(self, request: Any, sender: Any | None) -> Any | None:
-        """Generate for one request; returns the final response, or None when streaming already finished it."""
+    def submit(self, request: Any, sender: Any | None, answer: Callable[[Any], None]) -> None:
+        """Check one request and hand it to the batcher; `answer(response)` is called once with its last response
+        (None when a stream closed itself: its responses go straight to `sender`)."""
         arrival_ns = time.time_ns()
         refuse_unsupported(request)
         input_ids = pb_utils.get_input_tensor_by_name(request, "input_ids")
@@ -109,27 +131,42 @@ class TritonPythonModel:
         extras = Extras(request, prompt_len=len(prompt), arrival_ns=arrival_ns)
         if extras.log_probs is not None:
             kwargs["log_probs"] = extras.log_probs
-        live: Any = sender
         check = cancel_check(request)
-        if not stream:
-            generated = [int(t) for t in self.runtime.generate(prompt, on_token=extras.timed(check), **kwargs)]
-            ids = generated if exclude_input else prompt + generated
-            return pb_utils.InferenceResponse(output_tensors=output_tensors(ids) + extras.tensors(generated))
+        cancelled = getattr(request, "is_cancelled", None)
         chunker = Utf8Chunker(self.tokenizer)
         sent = [0]
 
         def on_token(token: int) -> bool:
-            ready = chunker.push([int(token)])
-            if ready:
-                live.send(pb_utils.InferenceResponse(output_tensors=output_tensors(ready)
-                                                     + extras.tensors(ready, start=sent[0])))
-                sent[0] += len(ready)
+            if stream and sender is not None:
+                ready = chunker.push([int(token)])
+                if ready:
+                    sender.send(pb_utils.InferenceResponse(output_tensors=output_tensors(ready)
+                                                           + extras.tensors(ready, start=sent[0])))
+                    sent[0] += len(ready)
             return check(token)
 
-        self.runtime.generate(prompt, on_token=extras.timed(on_token), **kwargs)
-        rest = chunker.flush()
-        send_final(live, rest, extras.tensors(rest, start=sent[0]) if rest else [])
-        return None
+        def on_done(tokens: list[int], error: BaseException | None) -> None:
+            if self.batcher.peak_batch > self.logged_peak:  # visible in the server log: requests really shared steps
+                self.logged_peak = self.batcher.peak_batch
+                pb_utils.Logger.log_info(f"tensorrt_llm (reference): in-flight batch of {self.logged_peak} "
+                                         f"sequences after {self.batcher.steps} decode steps")
+            if error is not None:
+                if not isinstance(error, ValueError):
+                    pb_utils.Logger.log_error("".join(traceback.format_exception(error)))
+                answer(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"tensorrt_llm: {error}")))
+            elif stream:
+                rest = chunker.flush()
+                send_final(sender, rest, extras.tensors(rest, start=sent[0]) if rest else [])
+                answer(None)  # the stream is closed already
+            else:
+                generated = [int(t) for t in tokens]
+                ids = generated if exclude_input else prompt + generated
+                answer(pb_utils.InferenceResponse(output_tensors=output_tensors(ids) + extras.tensors(generated)))
+
+        seq = self.runtime_module.make_sequence(
+            self.runtime, prompt, on_token=extras.timed(on_token), on_done=on_done,
+            cancelled=(lambda: bool(cancelled())) if cancelled is not None else None, **kwargs)
+        self.batcher.submit(seq)
 
     def generation_args(self, request: Any, prompt_len: int) -> dict[str, Any]:
         """Keyword arguments for ReferenceRuntime.generate, checked against the engine's limits."""
