@@ -12,12 +12,12 @@ PYTEST_ARGS ?=
 SERVE_ARGS ?=
 
 .PHONY: help install test lint plan validate demo clean calibrate build engine repo serve stop bench probe report \
-        bench-kvcache bench-crosscheck compare install-genai-perf install-vllm install-aiperf generate status deploy
+        bench-kvcache bench-crosscheck compare install-genai-perf install-vllm install-aiperf generate status deploy soak
 
 help:
 	@echo "make install | test | lint | demo | plan | calibrate | engine | repo | serve | stop | bench | probe [RECIPE=name]"
 	@echo "     status | generate | bench-crosscheck | install-vllm | install-aiperf | install-genai-perf"
-	@echo "     deploy [RECIPE=name TARGET=k8s|slurm|dynamo]"
+	@echo "     deploy [RECIPE=name TARGET=k8s|slurm|dynamo] | soak [SOAK_ARGS=...]"
 
 install: $(STAMP)
 
@@ -71,6 +71,14 @@ stop: install
 
 status: install
 	$(TRTKV) status $(RECIPE)
+
+# Soak and fault run (benchmarks/soak.py): streaming clients with cancellations and malformed requests, one model
+# instance killed mid-run; the supervised server must lose and garble nothing and recover (SOAK_ARGS=--seconds 60 ...)
+soak: install
+	$(TRTKV) calibrate $(RECIPE)
+	$(TRTKV) build $(RECIPE)
+	$(TRTKV) repo $(RECIPE)
+	$(BIN)/python benchmarks/soak.py $(RECIPE) $(SOAK_ARGS)
 
 # Cluster files (Kubernetes / Slurm / NVIDIA Dynamo) for a GPU recipe, sized by the planner and schema-checked
 deploy: install

@@ -221,3 +221,32 @@ def test_stop_ends_the_server(server: tuple[Any, serve.ServerInfo]) -> None:
     from trtkv import health
 
     assert health.check(recipe).state == "absent"
+
+
+def test_soak_short_run_loses_nothing_and_recovers_from_a_killed_instance(tmp_path: Path, smollm2_engine: Path) -> None:
+    """benchmarks/soak.py, short: 4 streaming clients for 30 s with cancellations and malformed requests, one
+    tensorrt_llm instance killed at 15 s; the supervised server (`trtkv serve`) restarts, nothing is lost or garbled,
+    and 20 of 20 requests succeed 45 s after the kill."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    engines = tmp_path / "engines"
+    _engine_into(engines, smollm2_engine)
+    env = {**os.environ, "TRTKV_ENGINES": str(engines), "TRTKV_TRITON_REPO": str(tmp_path / "triton_repo")}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRTKV_ENGINES", env["TRTKV_ENGINES"])
+        mp.setenv("TRTKV_TRITON_REPO", env["TRTKV_TRITON_REPO"])
+        generate_repo(load_recipe(RECIPE))
+    out = tmp_path / "soak.json"
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "soak.py"), RECIPE, "--clients", "4",
+                           "--seconds", "30", "--after-kill", "45", "--output", str(out)],
+                          capture_output=True, text=True, env=env, cwd=root, timeout=600)
+    summary = json.loads(out.read_text())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert summary["lost"] == 0 and summary["mismatched"] == 0 and summary["bad_lost"] == 0
+    assert summary["errors_before_kill"] == 0 and summary["answered"] > 0 and summary["cancelled"] > 0
+    assert summary["killed_pid"] and summary["restarts_seen"] >= 1
+    assert (summary["after_kill_ok"], summary["after_kill_sent"]) == (20, 20)

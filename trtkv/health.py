@@ -40,7 +40,7 @@ class Health:
 
     @property
     def exit_code(self) -> int:
-        return {"healthy": 0, "degraded": 1, "down": 1, "absent": 2}[self.state]
+        return {"healthy": 0, "degraded": 1, "down": 1, "restarting": 1, "absent": 2}[self.state]
 
 
 def _http(url: str, body: dict[str, Any] | None, timeout_s: float) -> tuple[int, str]:

@@ -24,6 +24,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "llmapi on GPUs, in the container; uses the build's llm_api_options.yaml as --config")
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds to wait for readiness (default: recipe triton.startup_timeout_s)")
+    p.add_argument("--no-supervise", action="store_true",
+                   help="no supervisor: nothing probes the server or restarts it when an instance dies")
     p.set_defaults(func=run)
 
 
@@ -31,5 +33,13 @@ def run(args: argparse.Namespace) -> int:
     from trtkv import serve
 
     recipe = load(args)
-    serve.start(recipe, dry_run=args.dry_run, timeout_s=args.timeout, trtllm_serve=args.trtllm_serve)
+    info = serve.start(recipe, dry_run=args.dry_run, timeout_s=args.timeout, trtllm_serve=args.trtllm_serve)
+    if info is not None and not args.no_supervise and not args.trtllm_serve:
+        from trtkv import supervise
+
+        try:
+            supervise.spawn(recipe, [args.recipe, *args.overrides])
+        except BaseException:
+            serve.stop(recipe)  # no half-started state: the server goes with its supervisor
+            raise
     return 0

@@ -25,14 +25,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtkv import health
+    from trtkv import health, supervise
+    from trtkv.artifacts import ServerRecord
+    from trtkv.layout import serve_dir
 
     recipe = load(args)
-    result = health.check(recipe, canaries=args.canaries or recipe.triton.instance_count)
+    sup = supervise.alive(recipe)
+    if sup is not None and sup.get("state") == "restarting":  # the server is being replaced: say so, no probes
+        result = health.Health("restarting", ServerRecord.load(serve_dir(recipe)))
+    else:
+        result = health.check(recipe, canaries=args.canaries or recipe.triton.instance_count)
     server = result.server
+    events = supervise.read_events(recipe, last=5)
     if args.json:
         print(json.dumps({"state": result.state, "server": server.model_dump() if server else None,
-                          "checks": result.checks}, indent=2))
+                          "checks": result.checks, "supervisor": sup, "events": events}, indent=2))
         return result.exit_code
     if server is None:
         print(f"{recipe.name}: no server recorded (start one: `trtkv serve {recipe.name}`)")
@@ -41,4 +48,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"  process alive: {result.checks.get('alive')}; ready endpoint: {result.checks.get('ready')}")
     for i, probe in enumerate(result.checks.get("canaries", []), 1):
         print(f"  canary {i}: {'ok' if probe['ok'] else 'FAILED'} in {probe['seconds']:.2f} s ({probe['detail']})")
+    if sup is None:
+        print("  supervisor: none (`trtkv serve` starts one; nothing restarts this server)")
+    else:
+        print(f"  supervisor: pid {sup['pid']}, {sup['state']}, {sup['restarts']} restart(s) in the last "
+              f"{sup['window_s']:g} s (at most {sup['max_restarts']})")
+    for e in events:
+        detail = ", ".join(f"{k}={v}" for k, v in e.items() if k not in ("time", "event"))
+        print(f"  {e['time']} {e['event']}{': ' + detail if detail else ''}")
     return result.exit_code

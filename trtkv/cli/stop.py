@@ -20,7 +20,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtkv import serve
+    from trtkv import serve, supervise
 
-    serve.stop(load(args), timeout_s=args.timeout)
+    recipe = load(args)
+    supervise.stop(recipe, timeout_s=args.timeout)  # first, or it would restart the server it sees go away
+    serve.stop(recipe, timeout_s=args.timeout)
     return 0

@@ -1,0 +1,300 @@
+"""Soak and fault run on loopback: N streaming gRPC clients for T seconds against the supervised server of a recipe,
+with cancellations and malformed requests mixed in, and one `tensorrt_llm` model instance killed (SIGKILL of its
+Python backend stub) in the middle. Prints and writes (JSON) answered / lost / mismatched / errors / recovery time,
+then checks what the reliability issue asks: some time after the kill, 20 of 20 requests succeed and `trtkv status`
+shows the restart.
+
+    python benchmarks/soak.py smollm2_fp8kv --clients 8 --seconds 180          (make soak)
+    python benchmarks/soak.py smollm2_fp8kv --clients 4 --seconds 40 --after-kill 60   (the e2e test's short run)
+
+Definitions: `answered` = a normal request whose final response came, text equal to the prompt's solo greedy answer
+(`mismatched` otherwise); `errors` = requests answered with an error (expected while the server restarts: each is
+listed with its time); `lost` = requests with neither an answer nor an error within --request-timeout; malformed
+requests must get an error (`bad_answered`), and cancelled ones must end (`cancelled`). `recovery_s` = from the kill
+to the start of the last request that failed (every request sent after it succeeded). The server is started here
+(free ports, `trtkv serve`, so with its supervisor) and stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = ["The capital of France is", "Water is made of", "One, two, three,", "The largest planet is",
+           "Q: 2+2=? A:", "Once upon a time", "The author of Hamlet is", "My favourite colour is"]
+MAX_TOKENS = 12
+
+
+@dataclass
+class Outcome:
+    kind: str  # normal | cancel | malformed
+    prompt: int
+    start: float
+    end: float
+    text: str = ""
+    error: str | None = None
+    final: bool = False
+
+
+@dataclass
+class Summary:
+    recipe: str
+    clients: int
+    seconds: float
+    requests: int = 0
+    answered: int = 0
+    mismatched: int = 0
+    errors: int = 0
+    errors_before_kill: int = 0
+    lost: int = 0
+    cancelled: int = 0
+    bad_answered: int = 0
+    bad_lost: int = 0
+    killed_pid: int | None = None
+    kill_at_s: float | None = None
+    recovery_s: float | None = None
+    after_kill_ok: int = 0
+    after_kill_sent: int = 0
+    restarts_seen: int = 0
+    error_times_s: list[float] = field(default_factory=list)
+    lost_requests: list[dict[str, Any]] = field(default_factory=list)
+    mismatches: list[dict[str, Any]] = field(default_factory=list)
+    passed: bool = False
+
+
+def inputs(prompt: str, max_tokens: int, extra: dict[str, Any] | None = None) -> list[Any]:
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import np_to_triton_dtype
+
+    values = {"text_input": np.array([[prompt.encode()]], dtype=object),
+              "max_tokens": np.array([[max_tokens]], dtype=np.int32), "stream": np.array([[True]], dtype=bool)}
+    values.update(extra or {})
+    out = []
+    for name, array in values.items():
+        tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        tensor.set_data_from_numpy(array)
+        out.append(tensor)
+    return out
+
+
+def one_request(url: str, kind: str, prompt_index: int, timeout_s: float, t0: float) -> Outcome:
+    """One streaming request: normal, cancelled after its first part, or malformed (max_tokens 0)."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    out = Outcome(kind, prompt_index, time.monotonic() - t0, 0.0)
+    parts: list[str] = []
+    done, first, cancelling = threading.Event(), threading.Event(), threading.Event()
+
+    def callback(result: Any, error: Any) -> None:
+        if error is not None:
+            if not cancelling.is_set():  # "locally cancelled" after our own cancel is not an error
+                out.error = str(error)
+            done.set()
+            return
+        text = result.as_numpy("text_output")
+        if text is not None and text.size:
+            parts.append(text.reshape(-1)[0].decode("utf-8", errors="replace"))
+            first.set()
+        final = result.get_response().parameters.get("triton_final_response")
+        if final is not None and final.bool_param:
+            out.final = True
+            done.set()
+
+    extra = {"max_tokens": np.array([[0]], dtype=np.int32)} if kind == "malformed" else None
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        client.start_stream(callback=callback)
+        client.async_stream_infer("ensemble", inputs(PROMPTS[prompt_index], MAX_TOKENS, extra),
+                                  enable_empty_final_response=True)
+        if kind == "cancel":
+            if first.wait(timeout_s) and not done.is_set():
+                cancelling.set()
+                client.stop_stream(cancel_requests=True)  # the client goes away mid-stream
+                out.final = True  # ended by us
+            done.set()
+        elif not done.wait(timeout_s):
+            cancelling.set()  # neither answer nor error within the timeout: lost (our own cancel below is not one)
+            out.final = False
+    except Exception as exc:  # noqa: BLE001 - a refused connection while the server restarts is an error outcome
+        out.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        try:
+            client.stop_stream()
+            client.close()
+        except Exception:  # noqa: BLE001
+            pass
+    out.text, out.end = "".join(parts), time.monotonic() - t0
+    return out
+
+
+def stub_pids(server_pid: int, model: str = "tensorrt_llm") -> list[int]:
+    """The Python backend stubs of `model`'s instances under the server (their argv names model/1/model.py)."""
+    import psutil
+
+    out = []
+    for child in psutil.Process(server_pid).children(recursive=True):
+        try:
+            cmd = child.cmdline()
+        except psutil.Error:
+            continue
+        if cmd and cmd[0].endswith("triton_python_backend_stub") and f"/{model}/1/model.py" in " ".join(cmd):
+            out.append(child.pid)
+    return sorted(out)
+
+
+def trtkv(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "trtkv", *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("recipe", nargs="?", default="smollm2_fp8kv")
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--seconds", type=float, default=180.0)
+    ap.add_argument("--kill-at", type=float, default=0.5, help="fraction of --seconds at which to kill an instance")
+    ap.add_argument("--cancel-every", type=int, default=7, help="every n-th request is cancelled mid-stream")
+    ap.add_argument("--malformed-every", type=int, default=5, help="every n-th request is malformed")
+    ap.add_argument("--after-kill", type=float, default=90.0, help="seconds after the kill to send the 20 checks")
+    ap.add_argument("--request-timeout", type=float, default=120.0)
+    ap.add_argument("--output", type=Path, default=None, help="JSON summary (default engines/<recipe>/soak.json)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    if args.clients < 1 or args.seconds <= 0 or not 0 < args.kill_at < 1:
+        ap.error("--clients >= 1, --seconds > 0 and 0 < --kill-at < 1")
+
+    sys.path.insert(0, str(ROOT))
+    from trtkv.process import free_ports
+    from trtkv.recipe import load_recipe
+
+    http, grpc, metrics = free_ports(3)
+    overrides = [f"triton.http_port={http}", f"triton.grpc_port={grpc}", f"triton.metrics_port={metrics}"]
+    recipe = load_recipe(args.recipe, overrides)
+    started = trtkv("serve", args.recipe, *overrides)
+    print(started.stdout.strip() or started.stderr.strip())
+    if started.returncode != 0:
+        print(f"soak: `trtkv serve {args.recipe}` failed:\n{started.stderr}", file=sys.stderr)
+        return 2
+    summary = Summary(args.recipe, args.clients, args.seconds)
+    url = f"127.0.0.1:{grpc}"
+    try:
+        solo = [one_request(url, "normal", i, args.request_timeout, time.monotonic()).text for i in range(len(PROMPTS))]
+        print(f"soak: solo answers for {len(PROMPTS)} prompts; {args.clients} clients for {args.seconds:g} s, one "
+              f"tensorrt_llm instance killed at {args.kill_at * args.seconds:.0f} s")
+        run(args, recipe, url, solo, summary)
+    finally:
+        print(trtkv("stop", args.recipe, *overrides).stdout.strip())
+    out = args.output or (ROOT / "engines" / recipe.name / "soak.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(asdict(summary), indent=2) + "\n")
+    print(f"soak: requests {summary.requests}, answered {summary.answered}, mismatched {summary.mismatched}, "
+          f"errors {summary.errors} ({summary.errors_before_kill} before the kill), lost {summary.lost}, "
+          f"cancelled {summary.cancelled}, malformed answered with an error {summary.bad_answered} (lost "
+          f"{summary.bad_lost}); killed stub pid {summary.killed_pid} at "
+          f"{summary.kill_at_s} s, recovery {summary.recovery_s} s; {summary.after_kill_ok}/{summary.after_kill_sent} "
+          f"ok {args.after_kill:g} s after the kill; restarts in trtkv status: {summary.restarts_seen}")
+    print(f"soak: {'PASSED' if summary.passed else 'FAILED'}; summary {out}")
+    return 0 if summary.passed else 1
+
+
+def run(args: argparse.Namespace, recipe: Any, url: str, solo: list[str], summary: Summary) -> None:
+    from trtkv.artifacts import ServerRecord
+    from trtkv.layout import serve_dir
+
+    rng = random.Random(args.seed)
+    outcomes: list[Outcome] = []
+    lock = threading.Lock()
+    counter = [0]
+    t0 = time.monotonic()
+    deadline = t0 + args.seconds
+
+    def client() -> None:
+        while time.monotonic() < deadline:
+            with lock:
+                counter[0] += 1
+                n = counter[0]
+                prompt = rng.randrange(len(PROMPTS))
+            kind = ("malformed" if n % args.malformed_every == 0 else "cancel" if n % args.cancel_every == 0
+                    else "normal")
+            result = one_request(url, kind, prompt, args.request_timeout, t0)
+            with lock:
+                outcomes.append(result)
+            if result.error and kind != "malformed":
+                time.sleep(0.5)  # a refused connection: do not spin
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(args.clients)]
+    for t in threads:
+        t.start()
+    time.sleep(args.kill_at * args.seconds)
+    server = ServerRecord.load(serve_dir(recipe))
+    stubs = stub_pids(server.pid) if server else []
+    if stubs:
+        summary.killed_pid = stubs[0]
+        summary.kill_at_s = round(time.monotonic() - t0, 2)
+        os.kill(stubs[0], signal.SIGKILL)
+        print(f"soak: killed tensorrt_llm stub pid {stubs[0]} at {summary.kill_at_s} s")
+    for t in threads:
+        t.join(args.seconds + args.request_timeout + 60)
+    # 20 requests, some time after the kill
+    if summary.kill_at_s is not None:
+        wait = t0 + summary.kill_at_s + args.after_kill - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+    checks = [one_request(url, "normal", i % len(PROMPTS), args.request_timeout, t0) for i in range(20)]
+    summary.after_kill_sent = len(checks)
+    summary.after_kill_ok = sum(1 for c in checks if c.final and not c.error and c.text == solo[c.prompt])
+    status = trtkv("status", args.recipe, *[f"triton.{k}_port={v}" for k, v in
+                                            (("http", recipe.triton.http_port), ("grpc", recipe.triton.grpc_port),
+                                             ("metrics", recipe.triton.metrics_port))], "--json")
+    try:
+        summary.restarts_seen = sum(1 for e in json.loads(status.stdout)["events"] if e["event"] == "restarted")
+    except (ValueError, KeyError):
+        summary.restarts_seen = 0
+    failed_start = 0.0
+    for o in outcomes:
+        summary.requests += 1
+        if o.kind == "malformed":
+            if o.error:
+                summary.bad_answered += 1
+            else:
+                summary.bad_lost += 1
+            continue
+        if o.kind == "cancel" and o.final and not o.error:
+            summary.cancelled += 1
+            continue
+        if o.error:
+            summary.errors += 1
+            summary.errors_before_kill += int(summary.kill_at_s is None or o.end < summary.kill_at_s)
+            summary.error_times_s.append(round(o.start, 2))
+            failed_start = max(failed_start, o.start)
+        elif not o.final:
+            summary.lost += 1
+            summary.lost_requests.append({"prompt": PROMPTS[o.prompt], "kind": o.kind, "start_s": round(o.start, 2),
+                                          "end_s": round(o.end, 2), "text_so_far": o.text})
+        elif o.text != solo[o.prompt]:
+            summary.mismatched += 1
+            summary.mismatches.append({"prompt": PROMPTS[o.prompt], "got": o.text, "solo": solo[o.prompt]})
+        else:
+            summary.answered += 1
+    if summary.kill_at_s is not None:
+        summary.recovery_s = round(max(0.0, failed_start - summary.kill_at_s), 2) if failed_start else 0.0
+    summary.passed = (summary.lost == 0 and summary.mismatched == 0 and summary.bad_lost == 0 and summary.answered > 0
+                      and summary.errors_before_kill == 0 and summary.cancelled > 0
+                      and summary.killed_pid is not None and summary.after_kill_ok == summary.after_kill_sent
+                      and summary.restarts_seen >= 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,259 @@
+"""The supervisor `trtkv serve` starts next to the server: every `interval` seconds it sends real one-token
+inferences (trtkv.health: one or more per model instance, because Triton keeps answering "ready" while an instance
+is dead), and when the server is down, or degraded on `failures` probes in a row, it restarts it (stop by pid group,
+start, wait for readiness; a canary answered "Stub process ... is not healthy" restarts at once), at most
+`max_restarts` times per `window_s`, waiting longer before each restart
+(`backoff_s` doubling, at most 60 s). Every event goes to engines/<recipe>/serve/events.jsonl with its cause; its
+state and pid to serve/supervisor.json. `trtkv status` reads both; `trtkv stop` ends the supervisor, then the server.
+
+    python -m trtkv.supervise RECIPE [section.key=value ...]     (what `trtkv serve` runs, detached)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from trtkv.errors import TrtkvError
+from trtkv.layout import serve_dir
+from trtkv.process import is_running, terminate
+from trtkv.recipe import Recipe
+
+SUPERVISOR_JSON = "supervisor.json"
+EVENTS = "events.jsonl"
+LOG = "supervisor.log"
+MAX_BACKOFF_S = 60.0
+# What Triton answers for a model instance whose Python backend stub died: a definite failure, restart at once
+DEAD_INSTANCE = "is not healthy"
+STOP_TIMEOUT_S = 5.0  # a failed server's in-flight requests never finish: do not wait tritonserver's 30 s exit timeout
+
+
+def events_path(recipe: Recipe) -> Path:
+    return serve_dir(recipe) / EVENTS
+
+
+def record_path(recipe: Recipe) -> Path:
+    return serve_dir(recipe) / SUPERVISOR_JSON
+
+
+def read_record(recipe: Recipe) -> dict[str, Any] | None:
+    try:
+        return dict(json.loads(record_path(recipe).read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def read_events(recipe: Recipe, last: int = 10) -> list[dict[str, Any]]:
+    try:
+        lines = events_path(recipe).read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines[-last:]:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def alive(recipe: Recipe) -> dict[str, Any] | None:
+    """The supervisor's record when its process runs, else None."""
+    record = read_record(recipe)
+    if record and is_running(int(record["pid"]), list(record.get("command") or [])):
+        return record
+    return None
+
+
+class Supervisor:
+    def __init__(self, recipe: Recipe, *, interval_s: float = 5.0, failures: int = 2, max_restarts: int = 5,
+                 window_s: float = 600.0, backoff_s: float = 2.0, canaries: int | None = None,
+                 canary_timeout_s: float = 15.0, log: Callable[[str], None] = print) -> None:
+        self.recipe, self.interval_s, self.failures = recipe, interval_s, failures
+        self.max_restarts, self.window_s, self.backoff_s = max_restarts, window_s, backoff_s
+        self.canaries = canaries or 2 * recipe.triton.instance_count  # round-robin reaches every instance
+        self.canary_timeout_s = canary_timeout_s
+        self.log = log
+        self.restarts: list[float] = []
+        self.state = "starting"
+        self.stopping = False
+
+    # -- record and events
+    def event(self, kind: str, **detail: Any) -> None:
+        entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "event": kind, **detail}
+        events_path(self.recipe).parent.mkdir(parents=True, exist_ok=True)
+        with events_path(self.recipe).open("a") as fh:
+            fh.write(json.dumps(entry) + "\n")
+        self.log(f"supervise {self.recipe.name}: {kind} {json.dumps(detail)}")
+
+    def save(self, state: str) -> None:
+        self.state = state
+        record = {"pid": _pid(), "command": [sys.executable, "-m", "trtkv.supervise", *sys.argv[1:]], "state": state,
+                  "interval_s": self.interval_s, "failures": self.failures, "max_restarts": self.max_restarts,
+                  "window_s": self.window_s, "restarts": len(self.restarts),
+                  "updated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        tmp = record_path(self.recipe).with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+        tmp.replace(record_path(self.recipe))
+
+    # -- the loop
+    def probe(self) -> tuple[str, str]:
+        """(state, cause) from the real canaries: healthy, degraded, dead (an instance is reported dead) or down."""
+        from trtkv import health
+
+        result = health.check(self.recipe, canaries=self.canaries, timeout_s=self.canary_timeout_s)
+        failed = [p for p in result.checks.get("canaries", []) if not p["ok"]]
+        if result.state == "absent":
+            return "down", "no server recorded (server.json is gone)"
+        if result.state == "down":
+            why = ("the server process exited" if not result.checks.get("alive")
+                   else f"the ready endpoint does not answer ({result.checks.get('ready_error', 'not 200')})")
+            return "down", why
+        if failed:
+            dead = [p for p in failed if DEAD_INSTANCE in p["detail"]]
+            return ("dead" if dead else "degraded",
+                    f"{len(failed)} of {len(result.checks['canaries'])} canaries failed: {(dead or failed)[0]['detail']}")
+        return "healthy", ""
+
+    def run(self, rounds: int | None = None) -> int:
+        """Probe until stopped (or `rounds` probes, for tests); returns 0 when stopped, 1 when it gave up."""
+        self.save("healthy")
+        self.event("supervising", interval_s=self.interval_s, canaries=self.canaries)
+        bad, n = 0, 0
+        while not self.stopping and (rounds is None or n < rounds):
+            n += 1
+            state, cause = self.probe()
+            if self.stopping:
+                break
+            if state == "healthy":
+                if self.state != "healthy":
+                    self.event("healthy")
+                bad = 0
+                self.save("healthy")
+            else:
+                bad += 1
+                self.event("probe_failed", state=state, cause=cause, in_a_row=bad)
+                self.save("degraded" if state == "dead" else state)
+                if state in ("down", "dead") or bad >= self.failures:  # a slow canary alone may be load: twice
+                    if not self.restart(cause):
+                        return 1
+                    bad = 0
+            self.sleep(self.interval_s)
+        return 0
+
+    def restart(self, cause: str) -> bool:
+        """Stop and start the server; False when the restart budget is spent (the supervisor then gives up)."""
+        from trtkv import serve
+
+        now = time.monotonic()
+        self.restarts = [t for t in self.restarts if now - t < self.window_s]
+        if len(self.restarts) >= self.max_restarts:
+            self.event("gave_up", cause=cause, restarts_in_window=len(self.restarts), window_s=self.window_s)
+            self.save("failed")
+            return False
+        wait = min(MAX_BACKOFF_S, self.backoff_s * 2 ** len(self.restarts))
+        self.restarts.append(now)
+        self.save("restarting")
+        self.event("restarting", cause=cause, attempt=len(self.restarts), backoff_s=wait)
+        started = time.monotonic()
+        serve.stop(self.recipe, timeout_s=STOP_TIMEOUT_S, log=self.log)
+        self.sleep(wait)
+        if self.stopping:
+            return True
+        try:
+            info = serve.start(self.recipe, log=self.log)
+        except TrtkvError as exc:
+            self.event("restart_failed", cause=str(exc).splitlines()[0])
+            self.save("down")
+            return True  # the next probe sees it down and tries again, within the budget
+        self.event("restarted", pid=info.pid if info else None, seconds=round(time.monotonic() - started, 1),
+                   ready_seconds=info.ready_seconds if info else None)
+        self.save("healthy")
+        return True
+
+    def sleep(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while not self.stopping and time.monotonic() < end:
+            time.sleep(min(0.2, end - time.monotonic()))
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+def spawn(recipe: Recipe, spec: list[str], log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Start the supervisor for `recipe` detached (its own session); `spec`: the recipe name or path and overrides."""
+    out = serve_dir(recipe)
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "trtkv.supervise", *spec]
+    with (out / LOG).open("ab") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline:  # its first record says it is running
+        record = read_record(recipe)
+        if record and int(record.get("pid", -1)) == proc.pid:
+            log(f"serve: supervisor (pid {proc.pid}) probes {recipe.name} with real one-token inferences every "
+                f"{record['interval_s']:g} s and restarts it when it fails; events in {events_path(recipe)}")
+            return record
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    raise TrtkvError(f"the supervisor for {recipe.name} did not start (exit {proc.poll()}); see {out / LOG}")
+
+
+def stop(recipe: Recipe, timeout_s: float = 30.0, log: Callable[[str], None] = print) -> bool:
+    record = read_record(recipe)
+    if record is None:
+        return False
+    how = terminate(int(record["pid"]), list(record.get("command") or []), timeout_s)
+    record_path(recipe).unlink(missing_ok=True)
+    if how != "not running":
+        log(f"stop: supervisor (pid {record['pid']}) {how}")
+    return how != "not running"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from trtkv.recipe import load_recipe
+
+    ap = argparse.ArgumentParser(prog="python -m trtkv.supervise", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("recipe")
+    ap.add_argument("overrides", nargs="*")
+    ap.add_argument("--interval", type=float, default=5.0, help="seconds between probes (default 5)")
+    ap.add_argument("--canary-timeout", type=float, default=15.0,
+                    help="seconds a one-token inference may take before it counts as failed (default 15; a request "
+                         "sent to a dead instance hangs rather than fails)")
+    args = ap.parse_args(argv)
+    recipe = load_recipe(args.recipe, args.overrides)
+    sup = Supervisor(recipe, interval_s=args.interval, canary_timeout_s=args.canary_timeout,
+                     log=lambda m: print(time.strftime("%H:%M:%S"), m, flush=True))
+
+    def on_term(_signum: int, _frame: Any) -> None:
+        # unwind wherever it is: a serve.start in progress stops the server it was starting
+        sup.stopping = True
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    try:
+        return sup.run()
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if sup.stopping:
+            sup.event("stopped")
+        if int((read_record(recipe) or {}).get("pid", -1)) == _pid():
+            record_path(recipe).unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
