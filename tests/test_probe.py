@@ -125,3 +125,54 @@ def test_classify_thresholds() -> None:
     assert classify({**base, "needle_accuracy": 0.4}, ref_needle=1.0) == "caution"
     assert classify({**base, "top1_agreement": 0.92}) == "caution"
     assert classify({**base, "ppl_delta": 1.0}) == "risky"
+
+
+@pytest.mark.slow
+def test_per_layer_sensitivity_search_and_front(tmp_path: Path, engines_tmp: Path, smollm2_dir: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """`trtkv probe --per-layer fp8` on the real model at short lengths: every layer measured both ways, the greedy
+    sets verified (predicted vs measured), a front, a recommendation within the byte budget, and a cached rerun."""
+    out = tmp_path / "pl"
+    args = ["probe", "smollm2_fp8kv", *TINY, "--per-layer", "fp8", "--lengths", "32,48", "--max-keep", "2",
+            "--threads", "1", "--output", str(out)]
+    assert main(args) == 0
+    doc = json.loads((out / "per_layer_fp8.json").read_text())
+    assert (doc["sweep_length"], doc["longest_length"], doc["keep_format"]) == (48, 48, "bf16")
+    assert [r["layer"] for r in doc["layers"]] == list(range(30))
+    for r in doc["layers"]:
+        assert r["kl_only"] >= 0 and r["kl_all_but"] >= 0
+        assert r["gain"] == pytest.approx(doc["uniform"]["kl_sweep"] - r["kl_all_but"])
+    assert doc["all_16bit"]["kl_longest"] < doc["uniform"]["kl_longest"]  # bf16 everywhere is closer to the reference
+    assert [len(c["keep"]) for c in doc["candidates"]] == [1, 2]
+    best_layer = max(doc["layers"], key=lambda r: r["gain"])["layer"]
+    assert doc["candidates"][0]["keep"] == [best_layer]
+    # a one-layer set's prediction is exactly its own "all but" measurement (the same configuration)
+    assert doc["candidates"][0]["predicted_kl_sweep"] == pytest.approx(doc["candidates"][0]["kl_sweep"])
+    assert doc["uniform"]["bytes_per_token"] == 11520 and doc["candidates"][1]["bytes_per_token"] == 12288
+    assert set(doc["front_longest"]) >= {"bf16"}
+    best = doc["recommended"]
+    assert best is not None and best["bytes_per_token"] <= 1.15 * 11520
+    assert best["kl_longest"] <= doc["uniform"]["kl_longest"]
+    md = (out / "per_layer_fp8.md").read_text()
+    assert "KL all but this" in md and "predicted KL@48" in md and (out / "per_layer_fp8.png").is_file()
+    assert main(args) == 0  # rerun: every pass from the cache
+    assert json.loads((out / "per_layer_fp8.json").read_text())["passes"]["run"] == 0
+    capsys.readouterr()
+
+
+def test_mixed_cache_stores_skipped_layers_in_16_bit() -> None:
+    """QuantizedKVCache(keep_layers=...) stores those layers as bf16: SmolLM2 fp8 with layers 0 and 29 kept is
+    12,288 bytes/token, the figure vLLM's allocator reported for --kv-cache-dtype-skip-layers 0 29."""
+    import torch
+    from transformers import LlamaConfig
+
+    from trtkv.kvcache.cache import QuantizedKVCache
+
+    cfg = LlamaConfig(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576,
+                      head_dim=64)
+    cache = QuantizedKVCache(cfg, "fp8", [1.0] * 30, [1.0] * 30, keep_layers=[0, 29])
+    for layer in range(30):
+        cache.update(torch.randn(1, 3, 5, 64), torch.randn(1, 3, 5, 64), layer)
+    assert cache.bytes_per_token() == 12288
+    with pytest.raises(Exception, match="do not exist"):
+        QuantizedKVCache(cfg, "fp8", [1.0] * 30, [1.0] * 30, keep_layers=[30])

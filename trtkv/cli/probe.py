@@ -56,6 +56,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice, 1 when the machine is busy)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--per-layer", metavar="FORMAT", default=None,
+                   help="per-layer KV precision for FORMAT: each layer's sensitivity, the layers to keep in 16 bit "
+                        "(verified), the bytes-vs-KL front (per_layer_<FORMAT>.json/.md/.png)")
+    p.add_argument("--max-keep", type=int, default=4, help="--per-layer: largest set of 16-bit layers tried (4)")
+    p.add_argument("--max-bytes-per-token", type=float, default=None,
+                   help="--per-layer budget: the lowest-KL set within these KV bytes/token (default uniform + 15%%)")
+    p.add_argument("--max-kl", type=float, default=None, help="--per-layer budget: the cheapest set with KL <= this")
     p.set_defaults(func=run)
 
 
@@ -64,6 +71,12 @@ def run(args: argparse.Namespace) -> int:
     from trtkv.probe.sweep import run_probe
 
     recipe = load(args)
+    if args.per_layer:
+        from trtkv.probe.layers import run_per_layer
+
+        run_per_layer(recipe, args.per_layer, args.output, args.lengths, max_keep=args.max_keep,
+                      max_bytes_per_token=args.max_bytes_per_token, max_kl=args.max_kl, threads=args.threads)
+        return 0
     settings = default_settings(recipe, args.formats, args.lengths, args.needle_lengths)
     if args.no_needle:
         settings.needle_lengths = []

@@ -226,7 +226,9 @@ class QuantizedKVCache(Cache):
 
     def __init__(self, config, fmt: KVFormat | str | FormatChoice, k_scales: Sequence[float] | None = None,  # noqa: ANN001
                  v_scales: Sequence[float] | None = None, *, record_positions: bool = False,
-                 track_clipping: bool = True):
+                 track_clipping: bool = True, keep_layers: Sequence[int] = (), keep_format: KVFormat | str = "bf16"):
+        """`keep_layers`: layers stored in `keep_format` (the model dtype) instead of `fmt`, as vLLM's
+        --kv-cache-dtype-skip-layers keeps them (per-layer KV precision)."""
         self.format = parse_format(fmt)
         text = config.get_text_config(decoder=True)
         layer_types = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
@@ -236,7 +238,12 @@ class QuantizedKVCache(Cache):
         n = text.num_hidden_layers
         ks, vs = self._scales(self.format, n, k_scales, v_scales)
         self.k_scales, self.v_scales = ks, vs
-        self.qlayers = [QuantizedKVLayer(layer_codecs(self.format, ks[i], vs[i]), record_positions, track_clipping)
+        keep = set(keep_layers)
+        if keep - set(range(n)):
+            raise TrtkvError(f"keep_layers {sorted(keep - set(range(n)))} do not exist (the model has {n} layers).")
+        self.keep_layers = sorted(keep)
+        self.qlayers = [QuantizedKVLayer(layer_codecs(keep_format) if i in keep else
+                                         layer_codecs(self.format, ks[i], vs[i]), record_positions, track_clipping)
                         for i in range(n)]
         super().__init__(layers=list(self.qlayers))
 

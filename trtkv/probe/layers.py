@@ -1,0 +1,284 @@
+"""`trtkv probe RECIPE --per-layer FORMAT`: which layers carry the KV error, and which to keep in 16 bit.
+
+Method (written into per_layer_<format>.md too):
+- Sensitivity, at the sweep length (2,048 tokens, or the longest probe length when shorter), against the same
+  fp16-KV reference as the probe: the KL (and top-1 agreement) when only layer i is quantized, and when every layer
+  but i is (i kept in the model dtype, as vLLM's --kv-cache-dtype-skip-layers keeps it). gain(i) = KL(uniform) -
+  KL(all but i): what keeping layer i buys.
+- Search: greedy by gain; the set of the k best layers is predicted to reach KL(uniform) - sum of their gains
+  (additive; interactions are real, so every recommended set is verified).
+- Verification: one pass at the longest length for each candidate set, the uniform format and all-16-bit (one causal
+  pass gives every shorter length's metrics), so predicted vs measured KL is reported at the sweep length and the
+  measured KL at the longest.
+- Front: bytes/token vs KL at the sweep and the longest length for the uniform format, all-16-bit and the mixed sets
+  (plus the probe's other formats when probe.json has them at those lengths); non-dominated points are the front.
+- Recommendation: the lowest-KL verified set within the byte budget (--max-bytes-per-token; default 15% above the
+  uniform format), or the cheapest one under --max-kl.
+Passes are cached (cache/per_layer/) so a rerun or a new budget costs nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trtkv.errors import TrtkvError
+from trtkv.kvcache.cache import QuantizedKVCache
+from trtkv.kvcache.formats import KVFormat, kv_bytes_per_token
+from trtkv.kvcache.quant import parse_format
+from trtkv.probe.measure import feed, position_metrics, probe_scales, reference_hidden
+from trtkv.probe.setup import default_settings, load_model, write_json
+from trtkv.recipe import Recipe
+
+SWEEP_LEN = 2048
+DEFAULT_BYTES_HEADROOM = 1.15  # the issue's budget: at most 15% more bytes than the uniform format
+
+
+def _stats_rows(scales: Any, n: int) -> list[dict[str, Any]]:
+    stats = getattr(scales, "stats", None)
+    rows = []
+    for i in range(n):
+        s = stats.layers[i] if stats and i < len(stats.layers) else None
+        rows.append({} if s is None else {
+            "k_amax": s.k_amax, "v_amax": s.v_amax, "k_over_v_range": s.k_amax / s.v_amax if s.v_amax else None,
+            "k_outlier_channels": len(s.k_outlier_channels), "v_outlier_channels": len(s.v_outlier_channels),
+            "k_tensor_to_channel_ratio": s.k_tensor_to_channel_ratio})
+    return rows
+
+
+def pareto(points: list[dict[str, Any]], key: str) -> list[str]:
+    """Labels of the points no other point beats on both bytes and `key` (lower is better for both)."""
+    front = []
+    for p in points:
+        if p.get(key) is None:
+            continue
+        dominated = any(q is not p and q.get(key) is not None and q["bytes_per_token"] <= p["bytes_per_token"]
+                        and q[key] <= p[key] and (q["bytes_per_token"] < p["bytes_per_token"] or q[key] < p[key])
+                        for q in points)
+        if not dominated:
+            front.append(p["label"])
+    return front
+
+
+def run_per_layer(recipe: Recipe, fmt: str, output: Path | None = None, lengths: list[int] | None = None,
+                  max_keep: int = 4, max_bytes_per_token: float | None = None, max_kl: float | None = None,
+                  threads: int | None = None, log: Callable[[str], None] = print) -> Path:
+    from trtkv.probe.results import default_probe_dir
+
+    choice = parse_format(fmt)
+    if choice.base in (KVFormat.FP16, KVFormat.BF16) or choice.base.value.startswith("kivi"):
+        raise TrtkvError(f"--per-layer {fmt}: pick a quantized per-token format (fp8, int8, int4_g64, nvfp4, ...); "
+                         f"16-bit has nothing to keep and KIVI's window is a per-token, not per-layer, choice.")
+    if max_keep < 1:
+        raise TrtkvError(f"--max-keep {max_keep}: use 1 or more")
+    out = output or default_probe_dir(recipe)
+    settings = default_settings(recipe, formats=[choice.name], lengths=lengths, needle_lengths=[])  # no needles here
+    settings.threads = threads
+    longest = max(settings.lengths)
+    sweep = min(SWEEP_LEN, longest)
+    t_start = time.time()
+    loaded = load_model(recipe, settings)
+    scales = probe_scales(recipe, loaded, settings, out)
+    n_layers = int(loaded.info["num_layers"])
+    heads, dim = int(loaded.info["num_kv_heads"]), int(loaded.info["head_dim"])
+    keep_fmt = recipe.kv_skip_format
+    ref, _ref_bytes = reference_hidden(loaded, longest, out)
+    targets = torch.tensor(loaded.text_ids[1:longest], device=loaded.device)
+    ks, vs = scales.for_format(choice)
+    skey = hashlib.sha256(json.dumps([loaded.key, choice.name, scales.k_amax, scales.v_amax, keep_fmt.value])
+                          .encode()).hexdigest()[:16]
+    cache_dir = out / "cache" / "per_layer"
+    passes = {"run": 0, "cached": 0}
+
+    def measure(keep: list[int], n: int) -> dict[str, Any]:
+        """KL/top-1 at every reported length <= n for `fmt` with `keep` in the model dtype (cached)."""
+        name = hashlib.sha256(json.dumps([skey, sorted(keep), n]).encode()).hexdigest()[:20]
+        path = cache_dir / f"{name}.json"
+        if path.is_file():
+            passes["cached"] += 1
+            return dict(json.loads(path.read_text()))
+        cache = QuantizedKVCache(loaded.model.config, choice, ks, vs, keep_layers=keep, keep_format=keep_fmt)
+        ids = torch.tensor([loaded.text_ids[:n]], device=loaded.device)
+        hidden = feed(loaded.model, ids, cache, None)[0]
+        m = position_metrics(loaded.model, ref[: n - 1], hidden[: n - 1], targets[: n - 1])
+        res: dict[str, Any] = {"keep": sorted(keep), "bytes_per_token": kv_bytes_per_token(
+            n_layers, heads, dim, choice.base, len(keep), keep_fmt)}
+        for length in sorted({sweep, longest, *settings.lengths}):
+            if length <= n:
+                res[str(length)] = {"kl": float(m["kl"][: length - 1].double().mean()),
+                                    "top1": float(m["agree"][: length - 1].double().mean())}
+        if choice.static and not keep:
+            clip = cache.clip_stats()
+            res["clip_by_layer"] = [(x["k_clip"] + x["v_clip"]) / x["elements"] if x["elements"] else 0.0
+                                    for x in clip["layers"]]
+        write_json(path, res)
+        passes["run"] += 1
+        return res
+
+    everything = list(range(n_layers))
+    log(f"probe --per-layer {choice.name}: {2 * n_layers + 1} passes at {sweep} tokens, then up to {max_keep + 2} at "
+        f"{longest}")
+    uniform = measure([], sweep)
+    rows = []
+    for i in everything:
+        only = measure([j for j in everything if j != i], sweep)
+        but = measure([i], sweep)
+        rows.append({"layer": i, "kl_only": only[str(sweep)]["kl"], "top1_only": only[str(sweep)]["top1"],
+                     "kl_all_but": but[str(sweep)]["kl"], "top1_all_but": but[str(sweep)]["top1"],
+                     "gain": uniform[str(sweep)]["kl"] - but[str(sweep)]["kl"]})
+        if (i + 1) % 10 == 0:
+            log(f"  layers 0..{i}: {passes['run']} passes run, {passes['cached']} from cache, "
+                f"{time.time() - t_start:.0f} s")
+    for row, st, clip in zip(rows, _stats_rows(scales, n_layers), uniform.get("clip_by_layer") or [None] * n_layers,
+                             strict=True):
+        row.update(st, clip_rate=clip)
+    order = sorted(everything, key=lambda i: rows[i]["gain"], reverse=True)
+    uniform_kl = uniform[str(sweep)]["kl"]
+    # verification at the longest length
+    long_uniform = measure([], longest)
+    long_all16 = measure(everything, longest)
+    candidates = []
+    for k in range(1, max_keep + 1):
+        keep = sorted(order[:k])
+        predicted = max(0.0, uniform_kl - sum(rows[i]["gain"] for i in order[:k]))
+        got = measure(keep, longest)
+        candidates.append({"label": f"{choice.name}+{keep_fmt.value}{keep}", "keep": keep,
+                           "bytes_per_token": got["bytes_per_token"], "predicted_kl_sweep": predicted,
+                           "kl_sweep": got[str(sweep)]["kl"], "top1_sweep": got[str(sweep)]["top1"],
+                           "kl_longest": got[str(longest)]["kl"], "top1_longest": got[str(longest)]["top1"],
+                           "prediction_error": (predicted - got[str(sweep)]["kl"]) / got[str(sweep)]["kl"]
+                           if got[str(sweep)]["kl"] else None})
+    points = [{"label": choice.name, "keep": [], "bytes_per_token": long_uniform["bytes_per_token"],
+               "kl_sweep": long_uniform[str(sweep)]["kl"], "kl_longest": long_uniform[str(longest)]["kl"],
+               "top1_sweep": long_uniform[str(sweep)]["top1"], "top1_longest": long_uniform[str(longest)]["top1"]},
+              {"label": keep_fmt.value, "keep": everything, "bytes_per_token": long_all16["bytes_per_token"],
+               "kl_sweep": long_all16[str(sweep)]["kl"], "kl_longest": long_all16[str(longest)]["kl"],
+               "top1_sweep": long_all16[str(sweep)]["top1"], "top1_longest": long_all16[str(longest)]["top1"]},
+              *candidates, *_probe_points(out, choice.name, sweep, longest)]
+    budget = max_bytes_per_token if max_bytes_per_token is not None else (
+        None if max_kl is not None else DEFAULT_BYTES_HEADROOM * long_uniform["bytes_per_token"])
+    eligible = [p for p in [points[0], *candidates]
+                if (budget is None or p["bytes_per_token"] <= budget) and (max_kl is None or p["kl_longest"] <= max_kl)]
+    if max_kl is not None:
+        best = min(eligible, key=lambda p: (p["bytes_per_token"], p["kl_longest"]), default=None)
+    else:
+        best = min(eligible, key=lambda p: (p["kl_longest"], p["bytes_per_token"]), default=None)
+    doc = {"recipe": recipe.name, "format": choice.name, "keep_format": keep_fmt.value, "sweep_length": sweep,
+           "longest_length": longest, "layers": rows, "order_by_gain": order, "uniform": points[0],
+           "all_16bit": points[1], "candidates": candidates, "points": points,
+           "front_sweep": pareto(points, "kl_sweep"), "front_longest": pareto(points, "kl_longest"),
+           "budget": {"max_bytes_per_token": budget, "max_kl": max_kl}, "recommended": best,
+           "passes": passes, "seconds": round(time.time() - t_start, 1), "method": __doc__}
+    if best is not None and best["keep"]:
+        doc["deploy"] = {"quantization.kv_skip_layers": best["keep"],
+                         "vllm": f"--kv-cache-dtype-skip-layers {' '.join(map(str, best['keep']))}"}
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"per_layer_{choice.name}"
+    write_json(stem.with_suffix(".json"), doc)
+    stem.with_suffix(".md").write_text(markdown(doc))
+    plot(doc, stem.with_suffix(".png"))
+    log(f"probe --per-layer {choice.name}: wrote {stem}.json/.md/.png in {doc['seconds']:.0f} s "
+        f"({passes['run']} passes, {passes['cached']} cached)")
+    log(summary_line(doc))
+    return stem.with_suffix(".json")
+
+
+def _probe_points(out: Path, fmt: str, sweep: int, longest: int) -> list[dict[str, Any]]:
+    """The probe's other uniform formats at the same two lengths (probe.json), for the front."""
+    from trtkv.artifacts import ProbeDoc
+
+    try:
+        probe = ProbeDoc.load(out)
+    except TrtkvError:
+        return []
+    by = {(r["format"], r["context_len"]): r for r in (probe.records if probe else [])}
+    out_points = []
+    for name in sorted({f for f, _ in by}):
+        if name == fmt or (name, sweep) not in by or (name, longest) not in by:
+            continue
+        a, b = by[(name, sweep)], by[(name, longest)]
+        out_points.append({"label": name, "keep": None, "bytes_per_token": a["kv_bytes_per_token_formula"],
+                           "kl_sweep": a["kl_mean"], "kl_longest": b["kl_mean"], "top1_sweep": a["top1_agreement"],
+                           "top1_longest": b["top1_agreement"], "source": "probe.json"})
+    return out_points
+
+
+def summary_line(doc: dict[str, Any]) -> str:
+    u, best = doc["uniform"], doc["recommended"]
+    if best is None:
+        return f"  no configuration meets the budget {doc['budget']}"
+    if not best["keep"]:
+        return (f"  recommended: uniform {u['label']} (no mixed set within {doc['budget']} beats it: KL "
+                f"{u['kl_longest']:.4g} at {doc['longest_length']})")
+    ratio = best["kl_longest"] / u["kl_longest"] if u["kl_longest"] else float("nan")
+    return (f"  recommended: keep layers {best['keep']} in {doc['keep_format']}: {best['bytes_per_token']:,.0f} B/token "
+            f"({best['bytes_per_token'] / u['bytes_per_token'] - 1:+.1%} vs uniform {u['label']}), KL at "
+            f"{doc['longest_length']} {best['kl_longest']:.4g} = {ratio:.0%} of uniform's {u['kl_longest']:.4g}; "
+            f"deploy: quantization.kv_skip_layers={best['keep']}")
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    s, lng = doc["sweep_length"], doc["longest_length"]
+    lines = [f"# Per-layer KV precision: {doc['recipe']}, {doc['format']} (layers kept in {doc['keep_format']})", "",
+             summary_line(doc).strip(), "",
+             f"## Sensitivity at {s} tokens (KL to the fp16-KV reference)", "",
+             "| layer | KL only this layer | KL all but this | gain | K/V range | K outlier ch. | clip rate |",
+             "|---|---|---|---|---|---|---|"]
+    for r in doc["layers"]:
+        ratio = r.get("k_over_v_range")
+        clip = r.get("clip_rate")
+        lines.append(f"| {r['layer']} | {r['kl_only']:.3g} | {r['kl_all_but']:.3g} | {r['gain']:.3g} | "
+                     f"{'' if ratio is None else f'{ratio:.1f}x'} | {r.get('k_outlier_channels', '')} | "
+                     f"{'' if clip is None else f'{clip:.2e}'} |")
+    lines += ["", f"## Configurations (verified at {lng} tokens; KL at {s} from the same pass)", "",
+              f"| configuration | bytes/token | predicted KL@{s} | KL@{s} | KL@{lng} | top-1@{lng} | front |",
+              "|---|---|---|---|---|---|---|"]
+    front = set(doc["front_longest"])
+    for p in doc["points"]:
+        pred = p.get("predicted_kl_sweep")
+        lines.append(f"| {p['label']} | {p['bytes_per_token']:,.0f} | {'' if pred is None else f'{pred:.4g}'} | "
+                     f"{p['kl_sweep']:.4g} | {p['kl_longest']:.4g} | {p['top1_longest']:.4f} | "
+                     f"{'yes' if p['label'] in front else ''} |")
+    lines += ["", "## Method", "", doc["method"].strip(), ""]
+    return "\n".join(lines)
+
+
+def plot(doc: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = doc["layers"]
+    xs = [r["layer"] for r in rows]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    ax = axes[0]
+    ax.bar([x - 0.2 for x in xs], [r["kl_only"] for r in rows], width=0.4, label="only this layer quantized")
+    ax.bar([x + 0.2 for x in xs], [max(r["gain"], 0.0) for r in rows], width=0.4, label="gain from keeping it")
+    ax.set(xlabel="layer", ylabel=f"KL @ {doc['sweep_length']}", title=f"{doc['format']}: per-layer sensitivity")
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    ax.plot(xs, [r.get("k_over_v_range") or 0 for r in rows], "o-", label="K range / V range")
+    ax.plot(xs, [r.get("k_outlier_channels") or 0 for r in rows], "s-", label="K outlier channels")
+    ax.set(xlabel="layer", title="K/V statistics (calibration pass)")
+    if any(r.get("clip_rate") for r in rows):
+        twin = ax.twinx()
+        twin.plot(xs, [r.get("clip_rate") or 0 for r in rows], "^:", color="tab:red", label="clip rate")
+        twin.set_ylabel("clip rate")
+    ax.legend(fontsize=8)
+    ax = axes[2]
+    for p in doc["points"]:
+        ax.scatter(p["bytes_per_token"], p["kl_longest"], label=p["label"])
+    front = sorted((p for p in doc["points"] if p["label"] in doc["front_longest"]), key=lambda p: p["bytes_per_token"])
+    ax.plot([p["bytes_per_token"] for p in front], [p["kl_longest"] for p in front], "k--", lw=0.8)
+    ax.set(xlabel="KV bytes per token", ylabel=f"KL @ {doc['longest_length']}", yscale="log", title="front")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
