@@ -245,6 +245,11 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
             row[f"{c.format}_gib"] = round(n * batch * c.bytes_per_token / GIB, 3)
         examples.append(row)
     advice, basis = _advice(recipe, arch, caps, rec_fmt, spec is not None and spec.has_fp8, probe_dir)
+    from trtkv.probe.results import per_layer_advice
+
+    mixed = per_layer_advice(recipe, probe_dir)
+    if mixed:
+        advice = [*advice, mixed]
     return Plan(
         recipe=recipe.name,
         model={**asdict(arch), "parameters": arch.parameters()},
