@@ -30,7 +30,9 @@ from trtkv.runtime.sampling import LogitControls, ends_with, pick_token
 if TYPE_CHECKING:
     import torch
 
-    from trtkv.runtime.engine import ReferenceRuntime
+# trtkv.runtime.engine.ReferenceRuntime (model, new_cache, check_request, prefill_chunk, max_seq_len,
+# eos_token_ids); not imported here, not even for types: the engine imports this module
+ReferenceRuntime = Any
 
 
 @dataclass
