@@ -11,7 +11,8 @@ Method (written into per_layer_<format>.md too):
   pass gives every shorter length's metrics), so predicted vs measured KL is reported at the sweep length and the
   measured KL at the longest.
 - Front: bytes/token vs KL at the sweep and the longest length for the uniform format, all-16-bit and the mixed sets
-  (plus the probe's other formats when probe.json has them at those lengths); non-dominated points are the front.
+  (plus the probe's other formats when probe.json has them at those lengths); non-dominated points are the front,
+  by KL and by top-1 agreement.
 - Recommendation: the lowest-KL verified set within the byte budget (--max-bytes-per-token; default 15% above the
   uniform format), or the cheapest one under --max-kl.
 Passes are cached (cache/per_layer/) so a rerun or a new budget costs nothing.
@@ -173,6 +174,7 @@ def run_per_layer(recipe: Recipe, fmt: str, output: Path | None = None, lengths:
            "longest_length": longest, "layers": rows, "order_by_gain": order, "uniform": points[0],
            "all_16bit": points[1], "candidates": candidates, "points": points,
            "front_sweep": pareto(points, "kl_sweep"), "front_longest": pareto(points, "kl_longest"),
+           "front_longest_top1": pareto([{**p, "top1_miss": 1.0 - p["top1_longest"]} for p in points], "top1_miss"),
            "budget": {"max_bytes_per_token": budget, "max_kl": max_kl}, "recommended": best,
            "passes": passes, "seconds": round(time.time() - t_start, 1), "method": __doc__}
     if best is not None and best["keep"]:
@@ -237,14 +239,14 @@ def markdown(doc: dict[str, Any]) -> str:
                      f"{'' if ratio is None else f'{ratio:.1f}x'} | {r.get('k_outlier_channels', '')} | "
                      f"{'' if clip is None else f'{clip:.2e}'} |")
     lines += ["", f"## Configurations (verified at {lng} tokens; KL at {s} from the same pass)", "",
-              f"| configuration | bytes/token | predicted KL@{s} | KL@{s} | KL@{lng} | top-1@{lng} | front |",
+              f"| configuration | bytes/token | predicted KL@{s} | KL@{s} | KL@{lng} | top-1@{lng} | front (KL / top-1) |",
               "|---|---|---|---|---|---|---|"]
-    front = set(doc["front_longest"])
+    front, front1 = set(doc["front_longest"]), set(doc.get("front_longest_top1", []))
     for p in doc["points"]:
         pred = p.get("predicted_kl_sweep")
+        marks = f"{'yes' if p['label'] in front else 'no'} / {'yes' if p['label'] in front1 else 'no'}"
         lines.append(f"| {p['label']} | {p['bytes_per_token']:,.0f} | {'' if pred is None else f'{pred:.4g}'} | "
-                     f"{p['kl_sweep']:.4g} | {p['kl_longest']:.4g} | {p['top1_longest']:.4f} | "
-                     f"{'yes' if p['label'] in front else ''} |")
+                     f"{p['kl_sweep']:.4g} | {p['kl_longest']:.4g} | {p['top1_longest']:.4f} | {marks} |")
     lines += ["", "## Method", "", doc["method"].strip(), ""]
     return "\n".join(lines)
 
