@@ -73,13 +73,14 @@ class Summary:
     passed: bool = False
 
 
-def inputs(prompt: str, max_tokens: int, extra: dict[str, Any] | None = None) -> list[Any]:
+def inputs(prompt: str, max_tokens: int, extra: dict[str, Any] | None = None, stream: bool = True) -> list[Any]:
+    """The ensemble's gRPC inputs (text_input, max_tokens, stream, plus `extra` arrays by name)."""
     import numpy as np
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import np_to_triton_dtype
 
     values = {"text_input": np.array([[prompt.encode()]], dtype=object),
-              "max_tokens": np.array([[max_tokens]], dtype=np.int32), "stream": np.array([[True]], dtype=bool)}
+              "max_tokens": np.array([[max_tokens]], dtype=np.int32), "stream": np.array([[stream]], dtype=bool)}
     values.update(extra or {})
     out = []
     for name, array in values.items():

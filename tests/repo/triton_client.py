@@ -24,21 +24,9 @@ class StreamResult:
 
 
 def _inputs(prompt: str, max_tokens: int, stream: bool, extra: dict[str, Any] | None = None) -> list[Any]:
-    import numpy as np
-    import tritonclient.grpc as grpcclient
+    from benchmarks.soak import inputs
 
-    values = {"text_input": np.array([[prompt.encode()]], dtype=object),
-              "max_tokens": np.array([[max_tokens]], dtype=np.int32),
-              "stream": np.array([[stream]], dtype=bool)}
-    values.update(extra or {})
-    from tritonclient.utils import np_to_triton_dtype
-
-    out = []
-    for name, array in values.items():
-        tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-        tensor.set_data_from_numpy(array)
-        out.append(tensor)
-    return out
+    return inputs(prompt, max_tokens, extra, stream)
 
 
 def grpc_stream(url: str, prompt: str, max_tokens: int, timeout_s: float = 120.0,
