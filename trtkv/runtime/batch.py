@@ -201,6 +201,13 @@ class Batcher:
             self._queue.append(seq)
             self._wake.notify()
 
+    def wait_admitted(self) -> None:
+        """Block while submitted requests still wait for a slot in the running batch. A Triton model calls it before
+        execute() returns, so Triton sends new requests to an instance with room instead of queueing them here."""
+        with self._wake:
+            while self._queue and not self._stop:
+                self._wake.wait()
+
     def shutdown(self, timeout: float = 30.0) -> None:
         with self._wake:
             self._stop = True
@@ -229,6 +236,7 @@ class Batcher:
                     return
                 while self._queue and len(prefilling) + len(decoding) < self.max_batch_size:
                     prefilling.append(self._queue.popleft())
+                self._wake.notify_all()  # wait_admitted() callers
             self._iterate(prefilling, decoding)
 
     def _iterate(self, prefilling: list[SequenceState], decoding: list[SequenceState]) -> None:

@@ -103,6 +103,7 @@ class TritonPythonModel:
                 answer(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"tensorrt_llm: {type(exc).__name__}: "
                                                                              f"{exc}")))
         if self.decoupled:
+            self.batcher.wait_admitted()  # busy while the batch is full: Triton then picks another instance
             return None
         for event in events:
             event.wait()
