@@ -109,11 +109,12 @@ def make_sequence(runtime: ReferenceRuntime, input_ids: Seq[int], *, max_tokens:
     runtime.check_request(input_ids, max_tokens, temperature, top_k, top_p)
     if controls is not None and controls.min_tokens > max_tokens:
         raise RequestError(f"min_tokens {controls.min_tokens} exceeds max_tokens {max_tokens}.")
-    return SequenceState(prompt=[int(t) for t in input_ids], max_tokens=min(max_tokens, runtime.max_seq_len - len(input_ids)),
-                    temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                    ends={end_id} if end_id is not None else set(runtime.eos_token_ids),
-                    stops=[list(s) for s in (stop_words or []) if s], controls=controls, log_probs=log_probs,
-                    on_token=on_token, cancelled=cancelled, on_done=on_done)
+    return SequenceState(prompt=[int(t) for t in input_ids],
+                         max_tokens=min(max_tokens, runtime.max_seq_len - len(input_ids)),
+                         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                         ends={end_id} if end_id is not None else set(runtime.eos_token_ids),
+                         stops=[list(s) for s in (stop_words or []) if s], controls=controls, log_probs=log_probs,
+                         on_token=on_token, cancelled=cancelled, on_done=on_done)
 
 
 def prefill_chunk(runtime: ReferenceRuntime, seq: SequenceState, budget: int | None) -> bool:
