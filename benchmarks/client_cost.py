@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import http.server
 import json
+import multiprocessing
 import socketserver
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -33,7 +33,9 @@ EVENT = {"id": "cmpl-0", "object": "text_completion", "created": 0, "model": "m"
                       "token_ids": None, "prompt_logprobs": None, "prompt_token_ids": None}], "usage": None}
 
 
-def serve(tokens: int, gap_s: float) -> socketserver.TCPServer:
+def serve(tokens: int, gap_s: float, port_out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    """The replay server, in a process of its own (as a real server is): its threads must not share the client's
+    GIL, or the client's CPU per event would include waiting for them."""
     payload = b"data: " + json.dumps(EVENT).encode() + b"\n\n"
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -60,8 +62,8 @@ def serve(tokens: int, gap_s: float) -> socketserver.TCPServer:
         daemon_threads = True
 
     server = Server(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+    port_out.put(server.server_address[1])
+    server.serve_forever()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,8 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gap-ms", type=float, default=5.0, help="pause between events, as a server decoding tokens "
                                                              "(0: everything at once)")
     args = ap.parse_args(argv)
-    server = serve(args.tokens, args.gap_ms / 1e3)
-    ep = Endpoint(f"127.0.0.1:{server.server_address[1]}", "openai", "m")
+    ports: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
+    server = multiprocessing.Process(target=serve, args=(args.tokens, args.gap_ms / 1e3, ports), daemon=True)
+    server.start()
+    ep = Endpoint(f"127.0.0.1:{ports.get(timeout=30)}", "openai", "m")
     jobs = [Job(RequestRecord(f"r{i}", "latency", "cost", i, 1, args.tokens), "hi",
                 SamplingParams(max_tokens=args.tokens)) for i in range(args.requests)]
     records = run_concurrency(lambda: OpenAISession(ep), jobs, args.concurrency, 60.0)
@@ -82,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     cpu_us = sum(r.client_cpu_ns for r in records) / 1e3
     print(f"concurrency {args.concurrency}, {args.requests} requests x {args.tokens} events: "
           f"{cpu_us / max(1, events):.1f} us of client CPU per streamed event; failed {len(failed)}")
-    server.shutdown()
+    server.terminate()
+    server.join()
     return 1 if failed else 0
 
 

@@ -8,7 +8,6 @@ counted after the run, off the hot path.
 
 from __future__ import annotations
 
-import http.client
 import json
 import threading
 import time
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trtkv.bench.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord
+from trtkv.bench.stream import Connection, Events, http_request, shared_loop, stream
 from trtkv.errors import TrtkvError
 from trtkv.interface import ENSEMBLE, LLMAPI, ModelInterface, detect
 
@@ -247,19 +247,54 @@ class GrpcSession(Session):
         self._client.close()
 
 
+class TritonEvents:
+    """Triton's generate_stream events: `data: {"text_output": ...}` per response; the body's end ends the request.
+    As OpenAIEvents: raw events while streaming (errors parsed at once), texts in decode() after the request."""
+
+    def __init__(self, ep: Endpoint, record: RequestRecord) -> None:
+        self.interface, self.record = ep.interface, record
+        self.raw: list[tuple[int, bytes]] = []
+
+    def on_line(self, line: bytes, t_ns: int) -> bool:
+        if not line.startswith(b"data:"):
+            return False
+        payload = line[5:].strip()
+        if b'"error"' in payload or not payload.startswith(b"{"):  # maybe an error: look now
+            try:
+                event = json.loads(payload)
+            except ValueError:
+                event = {"error": f"not a JSON event: {payload[:120]!r}"}
+            if not isinstance(event, dict) or "error" in event:
+                error = event.get("error") if isinstance(event, dict) else event
+                self.record.status, self.record.error, self.record.end_ns = ERROR, str(error)[:300], t_ns
+                return True
+        self.raw.append((t_ns, payload))
+        return False
+
+    def on_end(self, t_ns: int) -> None:
+        self.record.status, self.record.end_ns = OK, t_ns
+
+    def decode(self) -> None:
+        rec, interface = self.record, self.interface
+        for t_ns, payload in self.raw:
+            text = json.loads(payload).get("text_output")
+            if isinstance(text, list):
+                text = text[0] if text else ""
+            new = interface.new_text(str(text or ""), "".join(rec.response_texts))
+            if new or not interface.cumulative:
+                rec.response_ns.append(t_ns)
+                rec.response_texts.append(new)
+        self.raw = []
+
+
 class HttpSession(Session):
-    """HTTP `POST v2/models/<model>/generate_stream` (server-sent events), one keep-alive connection."""
+    """HTTP `POST v2/models/<model>/generate_stream` (server-sent events) on one keep-alive connection, read by the
+    process's shared stream loop (trtkv.bench.stream)."""
 
     def __init__(self, ep: Endpoint) -> None:
         self.ep = ep
         host, _, port = ep.url.rpartition(":")
-        self._host, self._port = host or "127.0.0.1", int(port)
-        self._conn: http.client.HTTPConnection | None = None
-
-    def _connection(self, timeout_s: float) -> http.client.HTTPConnection:
-        if self._conn is None:
-            self._conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout_s)
-        return self._conn
+        self._conn = Connection(host or "127.0.0.1", int(port))
 
     def _body(self, prompt: str, params: SamplingParams) -> bytes:
         body = self.ep.interface.body(prompt, params.max_tokens, stream=True, temperature=params.temperature,
@@ -269,65 +304,25 @@ class HttpSession(Session):
     def _path(self) -> str:
         return f"/v2/models/{self.ep.model}/generate_stream"
 
+    def _events(self, record: RequestRecord) -> Events:
+        return TritonEvents(self.ep, record)
+
     def run(self, record: RequestRecord, prompt: str, params: SamplingParams, timeout_s: float) -> None:
         cpu0 = time.thread_time_ns()
-        body = self._body(prompt, params)
-        deadline = time.monotonic() + timeout_s
+        conn = self._conn
+        request = http_request("POST", conn.host, conn.port, self._path(), self._body(prompt, params),
+                               {"Content-Type": "application/json", "Accept": "text/event-stream"})
+        events = self._events(record)
         record.send_ns = now_ns()
         try:
-            conn = self._connection(timeout_s)
-            conn.request("POST", self._path(), body=body, headers={"Content-Type": "application/json",
-                                                                   "Accept": "text/event-stream"})
-            resp = conn.getresponse()
-            if resp.status != 200:
-                detail = resp.read().decode(errors="replace")[:300]
-                record.status, record.error, record.end_ns = ERROR, f"HTTP {resp.status}: {detail}", now_ns()
-                return
-            self._read_events(resp, record, deadline, timeout_s)
-        except TimeoutError:
-            record.status, record.error, record.end_ns = TIMEOUT, f"no response within {timeout_s:g} s", now_ns()
-            self.close()
-        except (OSError, http.client.HTTPException) as exc:
-            record.status, record.error, record.end_ns = ERROR, _first_line(exc), now_ns()
-            self.close()
-        except KeyboardInterrupt:
-            record.status, record.error, record.end_ns = CANCELLED, "interrupted (Ctrl-C)", now_ns()
-            self.close()
-            raise
+            stream(conn, request, record, events, timeout_s)
         finally:
-            record.client_cpu_ns += time.thread_time_ns() - cpu0  # this thread's CPU for the request
-
-    def _read_events(self, resp: http.client.HTTPResponse, record: RequestRecord, deadline: float,
-                     timeout_s: float) -> None:
-        for line in resp:
-            t = now_ns()
-            if not line.startswith(b"data:"):
-                continue
-            try:
-                event = json.loads(line[5:])
-            except ValueError:
-                event = {"error": f"not a JSON event: {line[5:125]!r}"}
-            if not isinstance(event, dict) or "error" in event:
-                record.status, record.error, record.end_ns = ERROR, str(event["error"])[:300], t
-                self.close()
-                return
-            text = event.get("text_output")
-            if isinstance(text, list):
-                text = text[0] if text else ""
-            new = self.ep.interface.new_text(str(text or ""), "".join(record.response_texts))
-            if new or not self.ep.interface.cumulative:
-                record.response_ns.append(t)
-                record.response_texts.append(new)
-            if time.monotonic() > deadline:
-                record.status, record.error, record.end_ns = TIMEOUT, f"not finished within {timeout_s:g} s", t
-                self.close()
-                return
-        record.status, record.end_ns = OK, now_ns()
+            events.decode()
+            record.client_cpu_ns += time.thread_time_ns() - cpu0  # this thread's part; the loop adds its own
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        if self._conn.sock is not None:
+            shared_loop().close(self._conn)
 
 
 def triton_session_factory(ep: Endpoint) -> Callable[[], Session]:

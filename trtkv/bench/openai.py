@@ -1,22 +1,22 @@
 """The OpenAI protocol for `trtkv bench`: streaming `/v1/completions` or `/v1/chat/completions` (server-sent events)
 against any OpenAI-compatible server (vLLM, `trtllm-serve`, Triton's OpenAI frontend).
 
-One keep-alive HTTP connection per session, one request at a time. Each SSE `data:` event with text is a response
-(its text is the new text: `choices[0].text`, or `choices[0].delta.content` for chat); `data: [DONE]` ends the
-request; a non-200 status or an event with `error` fails it. Token counts come from the model's tokenizer after the
-run, as for the other protocols; the usage the server reports (`stream_options.include_usage`) is kept to compare.
+One keep-alive HTTP connection per session, one request at a time, read by the shared stream loop
+(trtkv.bench.stream). Each SSE `data:` event with text is a response (its text is the new text: `choices[0].text`,
+or `choices[0].delta.content` for chat); `data: [DONE]` ends the request; a non-200 status or an event with `error`
+fails it. Token counts come from the model's tokenizer after the run, as for the other protocols; the usage the
+server reports (`stream_options.include_usage`) is kept to compare.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
-import time
-from collections.abc import Iterator
 from typing import Any
 
-from trtkv.bench.client import Endpoint, HttpSession, SamplingParams, _first_line, now_ns
-from trtkv.bench.records import ERROR, OK, TIMEOUT, RequestRecord
+from trtkv.bench.client import Endpoint, HttpSession, SamplingParams, _first_line
+from trtkv.bench.records import ERROR, OK, RequestRecord
+from trtkv.bench.stream import Events
 from trtkv.errors import TrtkvError
 
 ENDPOINT_TYPES = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -87,23 +87,65 @@ def event_text(event: dict[str, Any], chat: bool) -> str:
     return str(choice.get("text") or "")
 
 
-def sse_lines(resp: http.client.HTTPResponse) -> Iterator[bytes]:
-    """The response's lines, read a chunk at a time (read1): one read per streamed event instead of
-    http.client's readline over the chunked body, which costs several calls per line."""
-    rest = b""
-    while True:
-        data = resp.read1(65536)
-        if not data:
-            if rest:
-                yield rest
-            return
-        *lines, rest = (rest + data).split(b"\n")
-        yield from lines
+class OpenAIEvents:
+    """OpenAI's streamed events: text per event, `data: [DONE]` ends the request, an `error` event fails it.
+
+    While streaming only the arrival time and the raw event are kept (and error events parsed); decode() turns them
+    into texts after the request, in the worker thread, so the shared loop stays quick between events."""
+
+    def __init__(self, record: RequestRecord, chat: bool) -> None:
+        self.record, self.chat = record, chat
+        self.raw: list[tuple[int, bytes]] = []
+
+    def on_line(self, line: bytes, t_ns: int) -> bool:
+        if not line.startswith(b"data:"):
+            return False
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            self.record.status, self.record.end_ns = OK, t_ns
+            return True
+        if b'"error"' in payload or not payload.startswith(b"{"):  # maybe an error: look now
+            error = _event_error(payload)
+            if error is not None:
+                self.record.status, self.record.error, self.record.end_ns = ERROR, error[:300], t_ns
+                return True
+        self.raw.append((t_ns, payload))
+        return False
+
+    def on_end(self, t_ns: int) -> None:
+        self.record.status, self.record.error, self.record.end_ns = ERROR, "the stream ended without [DONE]", t_ns
+
+    def decode(self) -> None:
+        rec = self.record
+        for t_ns, payload in self.raw:
+            event = json.loads(payload)
+            usage = event.get("usage")
+            if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
+                rec.server_tokens = int(usage["completion_tokens"])
+            text = event_text(event, self.chat)
+            if text:
+                rec.response_ns.append(t_ns)
+                rec.response_texts.append(text)
+        self.raw = []
+
+
+def _event_error(payload: bytes) -> str | None:
+    """The error an event carries (an `error` field, `object: error`, or not a JSON object at all), else None."""
+    try:
+        event = json.loads(payload)
+    except ValueError:
+        return f"not a JSON event: {payload[:120]!r}"
+    if not isinstance(event, dict):
+        return f"not a JSON object: {payload[:120]!r}"
+    if "error" not in event and event.get("object") != "error":
+        return None
+    error = event.get("error", event)
+    return str(error.get("message", error) if isinstance(error, dict) else error)
 
 
 class OpenAISession(HttpSession):
-    """Streaming completions over one keep-alive HTTP connection (HttpSession's request/response handling, with
-    OpenAI's path, body and events)."""
+    """Streaming completions over one keep-alive HTTP connection (HttpSession's request handling and shared stream
+    loop, with OpenAI's path, body and events)."""
 
     def _path(self) -> str:
         return ENDPOINT_TYPES[self.ep.endpoint_type]
@@ -111,41 +153,5 @@ class OpenAISession(HttpSession):
     def _body(self, prompt: str, params: SamplingParams) -> bytes:
         return json.dumps(request_body(self.ep, prompt, params)).encode()
 
-    def _read_events(self, resp: http.client.HTTPResponse, record: RequestRecord, deadline: float,
-                     timeout_s: float) -> None:
-        chat = self.ep.endpoint_type == "chat"
-        for line in sse_lines(resp):
-            t = now_ns()
-            if time.monotonic() > deadline:
-                record.status, record.error, record.end_ns = TIMEOUT, f"not finished within {timeout_s:g} s", t
-                self.close()
-                return
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                try:
-                    resp.read()  # the end of the chunked body, so the connection can carry the next request
-                except (OSError, http.client.HTTPException):
-                    self.close()
-                record.status, record.end_ns = OK, t
-                return
-            try:
-                event = json.loads(payload)
-            except ValueError:
-                event = {"error": f"not a JSON event: {payload[:120]!r}"}
-            if not isinstance(event, dict) or "error" in event or event.get("object") == "error":
-                error = event.get("error", event) if isinstance(event, dict) else event
-                message = error.get("message", error) if isinstance(error, dict) else error
-                record.status, record.error, record.end_ns = ERROR, str(message)[:300], t
-                self.close()
-                return
-            usage = event.get("usage")
-            if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
-                record.server_tokens = int(usage["completion_tokens"])
-            text = event_text(event, chat)
-            if text:
-                record.response_ns.append(t)
-                record.response_texts.append(text)
-        record.status, record.error, record.end_ns = ERROR, "the stream ended without [DONE]", now_ns()
-        self.close()
+    def _events(self, record: RequestRecord) -> Events:
+        return OpenAIEvents(record, self.ep.endpoint_type == "chat")

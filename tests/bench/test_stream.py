@@ -1,0 +1,217 @@
+"""The shared stream loop (trtkv.bench.stream) through the OpenAI and Triton HTTP sessions, against a local
+socket server that answers each request with the bytes a test scripts (chunk sizes split anywhere, errors, stalls,
+closes), and its HTTP parser fed a response split at every byte."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from trtkv.bench.client import Endpoint, HttpSession, SamplingParams
+from trtkv.bench.openai import OpenAIEvents, OpenAISession
+from trtkv.bench.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord
+from trtkv.bench.stream import Connection, _Call, shared_loop
+from trtkv.interface import LLMAPI
+
+Script = Callable[[socket.socket, int], bool]  # (client socket, request number on it) -> keep the connection open
+
+
+def _event(text: str) -> bytes:
+    return b"data: " + json.dumps({"object": "text_completion", "choices": [{"index": 0, "text": text}]}).encode()
+
+
+def _chunked(*parts: bytes) -> bytes:
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
+
+
+ERROR_JSON = b'{"error": {"message": "max_tokens too big"}}'
+SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+TEXTS = [" Paris", " is", " the", " capital"]
+OPENAI_BODY = _chunked(*(_event(t) + b"\n\n" for t in TEXTS), b'data: {"choices": [], "usage": {"completion_tokens"'
+                       b': 4}}\n\n', b"data: [DONE]\n\n")
+
+
+class ScriptedServer:
+    """Accepts connections on 127.0.0.1; reads one HTTP request at a time and lets `script` answer it."""
+
+    def __init__(self, script: Script) -> None:
+        self.script, self.connections, self.requests = script, 0, 0
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self._sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        n = 0
+        with conn:
+            while _read_request(conn):
+                self.requests += 1
+                if not self.script(conn, n):
+                    return
+                n += 1
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+def _read_request(conn: socket.socket) -> bool:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        more = conn.recv(65536)
+        if not more:
+            return False
+        data += more
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    while len(body) < length:
+        body += conn.recv(65536)
+    return True
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[[Script], ScriptedServer]]:
+    servers: list[ScriptedServer] = []
+
+    def start(script: Script) -> ScriptedServer:
+        servers.append(ScriptedServer(script))
+        return servers[-1]
+
+    yield start
+    for s in servers:
+        s.close()
+
+
+def _run(session: HttpSession, timeout_s: float = 10.0) -> RequestRecord:
+    rec = RequestRecord("r", "latency", "concurrency=1", 0, 1, 4)
+    session.run(rec, "The capital of France", SamplingParams(max_tokens=4), timeout_s)
+    return rec
+
+
+def _openai(server: ScriptedServer) -> OpenAISession:
+    return OpenAISession(Endpoint(f"127.0.0.1:{server.port}", "openai", "m"))
+
+
+def _send_in_pieces(conn: socket.socket, data: bytes, piece: int, pause_s: float = 0.002) -> None:
+    for i in range(0, len(data), piece):
+        conn.sendall(data[i:i + piece])
+        time.sleep(pause_s)
+
+
+def test_openai_stream_pieces_keepalive_and_cpu(serve: Callable[[Script], ScriptedServer]) -> None:
+    """Texts, usage and [DONE] arrive whole whatever the TCP pieces; the session keeps one connection."""
+    server = serve(lambda c, n: (_send_in_pieces(c, SSE_HEAD + OPENAI_BODY, 7 + 13 * n), True)[1])
+    session = _openai(server)
+    try:
+        for _ in range(3):
+            rec = _run(session)
+            assert rec.status == OK, rec.error
+            assert rec.text == "".join(TEXTS) and len(rec.response_ns) == 4 and rec.server_tokens == 4
+            assert rec.send_ns < rec.response_ns[0] <= rec.response_ns[-1] <= (rec.end_ns or 0)
+            assert rec.client_cpu_ns > 0
+    finally:
+        session.close()
+    assert server.connections == 1 and server.requests == 3
+
+
+def test_parser_accepts_a_response_split_at_every_byte() -> None:
+    whole = SSE_HEAD + OPENAI_BODY
+    for cut in range(1, len(whole)):
+        rec = RequestRecord("r", "latency", "c", 0, 1, 4)
+        call = _Call(Connection("h", 1), b"", rec, OpenAIEvents(rec, chat=False), 10.0, threading.Event())
+        first = call.feed(whole[:cut], 1)
+        assert not first, cut
+        assert call.feed(whole[cut:], 2)
+        OpenAIEvents.decode(call.events)  # type: ignore[arg-type]
+        assert rec.status == OK and rec.text == "".join(TEXTS), cut
+
+
+def test_stale_keepalive_connection_is_retried(serve: Callable[[Script], ScriptedServer]) -> None:
+    """A server that closes each connection after one answer (while the client keeps it): the next request goes out
+    again on a fresh connection instead of failing."""
+    server = serve(lambda c, n: (c.sendall(SSE_HEAD + OPENAI_BODY), False)[1])
+    session = _openai(server)
+    try:
+        for _ in range(3):
+            time.sleep(0.05)  # let the close reach the client's socket
+            rec = _run(session)
+            assert rec.status == OK, rec.error
+    finally:
+        session.close()
+    assert server.connections == 3
+
+
+@pytest.mark.parametrize(("answer", "status", "words"), [
+    (b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+     % (len(ERROR_JSON), ERROR_JSON), ERROR, "HTTP 400: {\"error\": {\"message\": \"max_tokens too big"),
+    (SSE_HEAD + _chunked(_event(" a") + b"\n\n", b'data: {"error": {"message": "engine died", "code": 500}}\n\n'),
+     ERROR, "engine died"),
+    (SSE_HEAD + _chunked(_event(" a") + b"\n\n"), ERROR, "without [DONE]"),
+    (SSE_HEAD + b"5\r\ndata:", ERROR, "Remote end closed connection mid-response"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", ERROR, "bad chunk size"),
+    (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", ERROR, "not an HTTP response"),
+])
+def test_openai_failures_are_named(serve: Callable[[Script], ScriptedServer], answer: bytes, status: str,
+                                   words: str) -> None:
+    server = serve(lambda c, n: (c.sendall(answer), False)[1])
+    session = _openai(server)
+    try:
+        rec = _run(session)
+    finally:
+        session.close()
+    assert rec.status == status and words in rec.error, rec.error
+    assert rec.end_ns is not None
+
+
+def test_refused_stalled_and_cancelled(serve: Callable[[Script], ScriptedServer]) -> None:
+    free = socket.create_server(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+    free.close()
+    rec = _run(OpenAISession(Endpoint(f"127.0.0.1:{port}", "openai", "m")))
+    assert rec.status == ERROR and "Connection refused" in rec.error
+
+    stall = threading.Event()
+    server = serve(lambda c, n: (c.sendall(SSE_HEAD + _chunked(_event(" a") + b"\n\n")[:-5]), stall.wait(30))[0])
+    t0 = time.monotonic()
+    rec = _run(_openai(server), timeout_s=0.5)
+    assert rec.status == TIMEOUT and "not finished within 0.5 s" in rec.error and len(rec.response_ns) == 1
+    assert time.monotonic() - t0 < 3.0
+
+    session = _openai(server)
+    rec = RequestRecord("r", "latency", "c", 0, 1, 4)
+    worker = threading.Thread(target=session.run, args=(rec, "x", SamplingParams(max_tokens=4), 30.0))
+    worker.start()
+    time.sleep(0.3)
+    shared_loop().close(session._conn)  # what Ctrl-C in the worker does
+    worker.join(5.0)
+    stall.set()
+    assert not worker.is_alive() and rec.status == CANCELLED
+
+
+def test_triton_generate_stream_until_the_body_ends(serve: Callable[[Script], ScriptedServer]) -> None:
+    """Triton's generate_stream: no [DONE], the end of the chunked body (or of a close-delimited one) ends it."""
+    events = b"".join(b'data: {"text_output": "%s", "model_name": "tensorrt_llm"}\n\n' % t.encode() for t in TEXTS)
+    answers = [SSE_HEAD + _chunked(events), b"HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n" + events]
+    server = serve(lambda c, n: (c.sendall(answers[min(n, 1)]), n == 0)[1])
+    ep = Endpoint(f"127.0.0.1:{server.port}", "http", "tensorrt_llm", inputs={"text_input": "BYTES"},
+                  interface=LLMAPI)
+    session = HttpSession(ep)
+    try:
+        for _ in range(2):
+            rec = _run(session)
+            assert rec.status == OK and rec.text == "".join(TEXTS), rec.error
+    finally:
+        session.close()
+    assert server.connections == 1
