@@ -152,7 +152,9 @@ def test_per_layer_sensitivity_search_and_front(tmp_path: Path, engines_tmp: Pat
     assert set(doc["front_longest"]) >= {"bf16"}
     best = doc["recommended"]
     assert best is not None and best["bytes_per_token"] <= 1.15 * 11520
-    assert best["kl_longest"] <= doc["uniform"]["kl_longest"]
+    assert best["kl_longest"] <= doc["uniform"]["kl_longest"] and best["serving"]["engines"]
+    assert all(list(c["serving"]["engines"]) == ["vllm"] for c in doc["candidates"])  # skip layers: vLLM only
+    assert sorted(doc["uniform"]["serving"]["engines"]) == ["llmapi", "tensorrt", "vllm"]
     md = (out / "per_layer_fp8.md").read_text()
     assert "KL all but this" in md and "predicted KL@48" in md and (out / "per_layer_fp8.png").is_file()
     assert main(args) == 0  # rerun: every pass from the cache
@@ -179,3 +181,41 @@ def test_mixed_cache_stores_skipped_layers_in_16_bit() -> None:
     assert cache.bytes_per_token() == 12288
     with pytest.raises(Exception, match="do not exist"):
         QuantizedKVCache(cfg, "fp8", [1.0] * 30, [1.0] * 30, keep_layers=[30])
+
+
+def test_serving_asks_the_recipe_rules_per_engine_and_gpu() -> None:
+    """Which engines serve a probed configuration comes from the same rules `trtkv build` applies."""
+    from trtkv.probe.serving import served_by, serving, usable_gpus
+
+    recipe = load_recipe("smollm2_fp8kv")  # FP8 weights: no A100
+    fp8 = serving(recipe, "fp8")
+    assert fp8["engines"] == {b: ["H100-80GB", "H200-141GB", "L40S", "B200"] for b in ("tensorrt", "llmapi", "vllm")}
+    mixed = serving(recipe, "fp8", [0, 29])
+    assert list(mixed["engines"]) == ["vllm"] and "kv_skip_layers" in mixed["why_not"]["tensorrt"]
+    int8 = serving(recipe, "int8")
+    assert int8["engines"] == {"tensorrt": ["H100-80GB", "H200-141GB", "L40S"]}  # trtllm-build refuses it on B200
+    assert serving(recipe, "nvfp4")["engines"] == {"llmapi": ["B200"]}
+    assert serving(recipe, "int8_token")["engines"] == {} and served_by(serving(recipe, "kivi4")) == "no engine"
+    usable = usable_gpus([fp8, int8])
+    assert usable == ["H100-80GB", "H200-141GB", "L40S", "B200"]
+    assert served_by(int8, usable) == "tensorrt (H100-80GB, H200-141GB, L40S)" and served_by(mixed, usable) == "vllm"
+    on_h100 = load_recipe("smollm2_fp8kv", ["hardware.gpu=H100-80GB", "build.backend=tensorrt"])
+    assert serving(on_h100, "fp8")["gpus"] == ["H100-80GB"]  # a GPU recipe is asked about its own GPU only
+
+
+def test_plan_advice_names_another_served_format(tmp_path: Path) -> None:
+    """When the per-layer analysis recommends another uniform format (int8 on the engine path), `trtkv plan` says
+    which setting and which engine."""
+    from trtkv.probe.results import per_layer_advice
+
+    uniform = {"label": "fp8", "keep": [], "bytes_per_token": 11520, "kl_longest": 0.034}
+    best = {"label": "int8", "keep": None, "bytes_per_token": 11520, "kl_longest": 0.029}
+    doc = {"format": "fp8", "keep_format": "bf16", "longest_length": 8192, "uniform": uniform, "recommended": best,
+           "deploy": {"quantization.kv_cache": "int8", "served_by": "tensorrt (H100-80GB, H200-141GB, L40S)"}}
+    (tmp_path / "per_layer_fp8.json").write_text(json.dumps(doc))
+    advice = per_layer_advice(load_recipe("smollm2_fp8kv"), tmp_path) or ""
+    assert "uniform int8 costs +0% bytes/token and leaves 85% of uniform fp8's KL" in advice
+    assert "quantization.kv_cache=int8 (served by tensorrt (H100-80GB, H200-141GB, L40S))" in advice
+    doc["recommended"] = uniform
+    (tmp_path / "per_layer_fp8.json").write_text(json.dumps(doc))
+    assert per_layer_advice(load_recipe("smollm2_fp8kv"), tmp_path) is None

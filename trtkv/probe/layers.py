@@ -13,8 +13,10 @@ Method (written into per_layer_<format>.md too):
 - Front: bytes/token vs KL at the sweep and the longest length for the uniform format, all-16-bit and the mixed sets
   (plus the probe's other formats when probe.json has them at those lengths); non-dominated points are the front,
   by KL and by top-1 agreement.
-- Recommendation: the lowest-KL verified set within the byte budget (--max-bytes-per-token; default 15% above the
-  uniform format), or the cheapest one under --max-kl.
+- Recommendation: among every point of the front an engine serves (the recipe's own rules asked per backend and
+  GPU: trtkv.probe.serving), the lowest KL at the longest length within the byte budget (--max-bytes-per-token;
+  default 15% above the uniform format), or the fewest bytes under --max-kl; the best point no engine serves is
+  named beside it, with the reason.
 Passes are cached (cache/per_layer/) so a rerun or a new budget costs nothing.
 """
 
@@ -34,6 +36,7 @@ from trtkv.kvcache.cache import QuantizedKVCache
 from trtkv.kvcache.formats import KVFormat, kv_bytes_per_token
 from trtkv.kvcache.quant import parse_format
 from trtkv.probe.measure import feed, position_metrics, probe_scales, reference_hidden
+from trtkv.probe.serving import KV_CACHE_OF_FORMAT, served_by, serving, usable_gpus
 from trtkv.probe.setup import default_settings, load_model, write_json
 from trtkv.recipe import Recipe
 
@@ -162,24 +165,30 @@ def run_per_layer(recipe: Recipe, fmt: str, output: Path | None = None, lengths:
                "kl_sweep": long_all16[str(sweep)]["kl"], "kl_longest": long_all16[str(longest)]["kl"],
                "top1_sweep": long_all16[str(sweep)]["top1"], "top1_longest": long_all16[str(longest)]["top1"]},
               *candidates, *_probe_points(out, choice.name, sweep, longest)]
+    for point in points:  # which engines serve it (the recipe's own rules, per backend and GPU)
+        fmt_name = keep_fmt.value if point is points[1] else (choice.name if point.get("keep") is not None
+                                                                else point["label"])
+        point["serving"] = serving(recipe, fmt_name, point.get("keep") if point is not points[1] else [])
     budget = max_bytes_per_token if max_bytes_per_token is not None else (
         None if max_kl is not None else DEFAULT_BYTES_HEADROOM * long_uniform["bytes_per_token"])
-    eligible = [p for p in [points[0], *candidates]
+    eligible = [p for p in points
                 if (budget is None or p["bytes_per_token"] <= budget) and (max_kl is None or p["kl_longest"] <= max_kl)]
-    if max_kl is not None:
-        best = min(eligible, key=lambda p: (p["bytes_per_token"], p["kl_longest"]), default=None)
-    else:
-        best = min(eligible, key=lambda p: (p["kl_longest"], p["bytes_per_token"]), default=None)
+    cheapest = max_kl is not None
+    usable = usable_gpus([p["serving"] for p in points])
+    best = _pick([p for p in eligible if p["serving"]["engines"]], cheapest)
+    best_any = _pick(eligible, cheapest)
     doc = {"recipe": recipe.name, "format": choice.name, "keep_format": keep_fmt.value, "sweep_length": sweep,
            "longest_length": longest, "layers": rows, "order_by_gain": order, "uniform": points[0],
            "all_16bit": points[1], "candidates": candidates, "points": points,
            "front_sweep": pareto(points, "kl_sweep"), "front_longest": pareto(points, "kl_longest"),
            "front_longest_top1": pareto([{**p, "top1_miss": 1.0 - p["top1_longest"]} for p in points], "top1_miss"),
+           "front_longest_served": pareto([p for p in points if p["serving"]["engines"]], "kl_longest"),
+           "gpus_usable": usable,
            "budget": {"max_bytes_per_token": budget, "max_kl": max_kl}, "recommended": best,
+           "best_not_served": best_any if best_any is not None and best_any is not best else None,
            "passes": passes, "seconds": round(time.time() - t_start, 1), "method": __doc__}
-    if best is not None and best["keep"]:
-        doc["deploy"] = {"quantization.kv_skip_layers": best["keep"],
-                         "vllm": f"--kv-cache-dtype-skip-layers {' '.join(map(str, best['keep']))}"}
+    if best is not None:
+        doc["deploy"] = _deploy(best, choice.name, usable)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"per_layer_{choice.name}"
     write_json(stem.with_suffix(".json"), doc)
@@ -189,6 +198,26 @@ def run_per_layer(recipe: Recipe, fmt: str, output: Path | None = None, lengths:
         f"({passes['run']} passes, {passes['cached']} cached)")
     log(summary_line(doc))
     return stem.with_suffix(".json")
+
+
+def _pick(points: list[dict[str, Any]], cheapest: bool = False) -> dict[str, Any] | None:
+    """The lowest KL at the longest length (ties: fewer bytes); with cheapest, the fewest bytes (ties: lower KL)."""
+    key = (lambda p: (p["bytes_per_token"], p["kl_longest"])) if cheapest else (
+        lambda p: (p["kl_longest"], p["bytes_per_token"]))
+    return min(points, key=key, default=None)
+
+
+def _deploy(point: dict[str, Any], fmt: str, usable: list[str]) -> dict[str, Any]:
+    """The recipe settings that deploy `point`, and the engines that serve it."""
+    keep = point.get("keep")
+    kv = KV_CACHE_OF_FORMAT.get(fmt if keep is not None else point["label"])
+    out: dict[str, Any] = {"served_by": served_by(point["serving"], usable), "engines": point["serving"]["engines"]}
+    if keep and kv is not None and kv.value != "none":
+        out.update({"quantization.kv_cache": kv.value, "quantization.kv_skip_layers": keep,
+                    "vllm": f"--kv-cache-dtype-skip-layers {' '.join(map(str, keep))}"})
+    elif kv is not None:
+        out["quantization.kv_cache"] = kv.value
+    return out
 
 
 def _probe_points(out: Path, fmt: str, sweep: int, longest: int) -> list[dict[str, Any]]:
@@ -212,23 +241,36 @@ def _probe_points(out: Path, fmt: str, sweep: int, longest: int) -> list[dict[st
 
 
 def summary_line(doc: dict[str, Any]) -> str:
-    u, best = doc["uniform"], doc["recommended"]
+    """What to deploy within the budget (and what would be better if an engine served it)."""
+    u, best, lng = doc["uniform"], doc["recommended"], doc["longest_length"]
     if best is None:
-        return f"  no configuration meets the budget {doc['budget']}"
-    if not best["keep"]:
-        return (f"  recommended: uniform {u['label']} (no mixed set within {doc['budget']} beats it: KL "
-                f"{u['kl_longest']:.4g} at {doc['longest_length']})")
+        return f"  no configuration an engine serves meets the budget {doc['budget']}"
     ratio = best["kl_longest"] / u["kl_longest"] if u["kl_longest"] else float("nan")
-    return (f"  recommended: keep layers {best['keep']} in {doc['keep_format']}: {best['bytes_per_token']:,.0f} B/token "
-            f"({best['bytes_per_token'] / u['bytes_per_token'] - 1:+.1%} vs uniform {u['label']}), KL at "
-            f"{doc['longest_length']} {best['kl_longest']:.4g} = {ratio:.0%} of uniform's {u['kl_longest']:.4g}; "
-            f"deploy: quantization.kv_skip_layers={best['keep']}")
+    cost = f"{best['bytes_per_token']:,.0f} B/token ({best['bytes_per_token'] / u['bytes_per_token'] - 1:+.1%} vs " \
+           f"uniform {u['label']})"
+    served = doc.get("deploy", {}).get("served_by", "")
+    if best is u:
+        line = (f"  recommended: uniform {u['label']} (nothing an engine serves within {doc['budget']} beats it: KL "
+                f"{u['kl_longest']:.4g} at {lng}); served by {served}")
+    elif best.get("keep"):
+        line = (f"  recommended: keep layers {best['keep']} in {doc['keep_format']}: {cost}, KL at {lng} "
+                f"{best['kl_longest']:.4g} = {ratio:.0%} of uniform's {u['kl_longest']:.4g}; deploy: "
+                f"quantization.kv_skip_layers={best['keep']}, served by {served}")
+    else:
+        line = (f"  recommended: {best['label']}: {cost}, KL at {lng} {best['kl_longest']:.4g} = {ratio:.0%} of "
+                f"uniform {u['label']}'s; deploy: quantization.kv_cache={doc['deploy'].get('quantization.kv_cache')}, "
+                f"served by {served}")
+    other = doc.get("best_not_served")
+    if other is not None:
+        line += (f"\n  better but served by no engine: {other['label']} ({other['bytes_per_token']:,.0f} B/token, KL at "
+                 f"{lng} {other['kl_longest']:.4g}): {next(iter(other['serving']['why_not'].values()), '')}")
+    return line
 
 
 def markdown(doc: dict[str, Any]) -> str:
     s, lng = doc["sweep_length"], doc["longest_length"]
     lines = [f"# Per-layer KV precision: {doc['recipe']}, {doc['format']} (layers kept in {doc['keep_format']})", "",
-             summary_line(doc).strip(), "",
+             *(line.strip() for line in summary_line(doc).splitlines()), "",
              f"## Sensitivity at {s} tokens (KL to the fp16-KV reference)", "",
              "| layer | KL only this layer | KL all but this | gain | K/V range | K outlier ch. | clip rate |",
              "|---|---|---|---|---|---|---|"]
@@ -239,15 +281,20 @@ def markdown(doc: dict[str, Any]) -> str:
                      f"{'' if ratio is None else f'{ratio:.1f}x'} | {r.get('k_outlier_channels', '')} | "
                      f"{'' if clip is None else f'{clip:.2e}'} |")
     lines += ["", f"## Configurations (verified at {lng} tokens; KL at {s} from the same pass)", "",
-              f"| configuration | bytes/token | predicted KL@{s} | KL@{s} | KL@{lng} | top-1@{lng} | front (KL / top-1) |",
-              "|---|---|---|---|---|---|---|"]
+              f"| configuration | bytes/token | predicted KL@{s} | KL@{s} | KL@{lng} | top-1@{lng} | front: KL / top-1 / "
+              f"KL among served | served by |", "|---|---|---|---|---|---|---|---|"]
     front, front1 = set(doc["front_longest"]), set(doc.get("front_longest_top1", []))
+    served_front = set(doc.get("front_longest_served", []))
     for p in doc["points"]:
         pred = p.get("predicted_kl_sweep")
-        marks = f"{'yes' if p['label'] in front else 'no'} / {'yes' if p['label'] in front1 else 'no'}"
+        marks = " / ".join("yes" if p["label"] in f else "no" for f in (front, front1, served_front))
         lines.append(f"| {p['label']} | {p['bytes_per_token']:,.0f} | {'' if pred is None else f'{pred:.4g}'} | "
-                     f"{p['kl_sweep']:.4g} | {p['kl_longest']:.4g} | {p['top1_longest']:.4f} | {marks} |")
-    lines += ["", "## Method", "", doc["method"].strip(), ""]
+                     f"{p['kl_sweep']:.4g} | {p['kl_longest']:.4g} | {p['top1_longest']:.4f} | {marks} | "
+                     f"{served_by(p.get('serving') or {}, doc.get('gpus_usable'))} |")
+    lines += ["", f"Served by: the engine backends whose rules (`trtkv build`'s) accept the configuration for this "
+                  f"recipe, on every GPU where its model and weights run ({', '.join(doc.get('gpus_usable') or [])}) "
+                  f"unless GPUs are named.", "",
+              "## Method", "", doc["method"].strip(), ""]
     return "\n".join(lines)
 
 

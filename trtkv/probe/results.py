@@ -363,23 +363,28 @@ def _save(fig: Any, path: Path, plt: Any) -> Path:
 
 def per_layer_advice(recipe: Recipe, probe_dir: Path | None = None) -> str | None:
     """One advice line from `trtkv probe --per-layer` (per_layer_<format>.json) for the recipe's KV format, when it
-    recommends keeping some layers in 16 bit."""
+    recommends something other than the uniform format: layers kept in 16 bit, or another format an engine serves."""
     import json
 
     folder = Path(probe_dir) if probe_dir is not None else default_probe_dir(recipe)
+    source = folder / f"per_layer_{recipe.kv_format.value}.json"
     try:
-        doc = json.loads((folder / f"per_layer_{recipe.kv_format.value}.json").read_text())
+        doc = json.loads(source.read_text())
     except (OSError, ValueError):
         return None
     best = doc.get("recommended") if isinstance(doc, dict) else None
-    if not best or not best.get("keep"):
+    if not best or best.get("label") == doc["uniform"]["label"]:
         return None
-    u = doc["uniform"]
-    have = list(recipe.quantization.kv_skip_layers)
-    tail = ("the recipe already keeps them" if have == best["keep"] else
-            f"set quantization.kv_skip_layers={best['keep']} (deployable with build.backend vllm)")
-    return (f"Per-layer probe ({folder / ('per_layer_' + doc['format'] + '.json')}): keeping layers {best['keep']} in "
-            f"{doc['keep_format']} costs {best['bytes_per_token'] / u['bytes_per_token'] - 1:+.0%} bytes/token and "
-            f"leaves {best['kl_longest'] / u['kl_longest']:.0%} of uniform {doc['format']}'s KL at "
-            f"{doc['longest_length']} tokens (measured): {tail}.")
+    u, deploy = doc["uniform"], doc.get("deploy") or {}
+    served = deploy.get("served_by", "?")
+    cost = (f"costs {best['bytes_per_token'] / u['bytes_per_token'] - 1:+.0%} bytes/token and leaves "
+            f"{best['kl_longest'] / u['kl_longest']:.0%} of uniform {doc['format']}'s KL at {doc['longest_length']} "
+            f"tokens (measured)")
+    if best.get("keep"):
+        have = list(recipe.quantization.kv_skip_layers)
+        tail = ("the recipe already keeps them" if have == best["keep"] else
+                f"set quantization.kv_skip_layers={best['keep']} (served by {served})")
+        return f"Per-layer probe ({source}): keeping layers {best['keep']} in {doc['keep_format']} {cost}: {tail}."
+    return (f"Per-layer probe ({source}): uniform {best['label']} {cost}: set quantization.kv_cache="
+            f"{deploy.get('quantization.kv_cache', best['label'])} (served by {served}).")
 
