@@ -260,7 +260,9 @@ class StreamLoop:
         while True:
             if self._earliest is None:
                 self._earliest = min((c.deadline for c in self._calls), default=NO_DEADLINE)
-            ready = select(max(0.0, min(self._earliest - monotonic(), 1.0)))
+            # sleep until the next deadline or until something arrives (no periodic wake-ups: each one would be
+            # CPU charged to the requests in flight)
+            ready = select(None if self._earliest == NO_DEADLINE else max(0.0, self._earliest - monotonic()))
             t_ns = perf_counter_ns()
             served: set[_Call] = set()
             ended: list[_Call] = []
@@ -474,7 +476,7 @@ def stream(conn: Connection, request: bytes, record: RequestRecord, events: Even
     done = loop.start(conn, request, record, events, timeout_s)
     grace = time.monotonic() + timeout_s + 5.0
     try:
-        while not done.wait(0.5):
+        while not done.wait(5.0):  # long slices: each wake-up is CPU charged to the request
             if time.monotonic() > grace or not loop.alive:
                 record.status, record.error, record.end_ns = ERROR, "the client's stream loop stopped", now_ns()
                 return
