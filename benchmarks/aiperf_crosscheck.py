@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_crosscheck import trtkv_level  # noqa: E402
 
 VENV = paths.project_root() / ".venv-aiperf"
-METRICS = [("time_to_first_token", "p50", "TTFT p50 (ms)"), ("time_to_first_token", "p99", "TTFT p99 (ms)"),
+METRICS = [("time_to_first_token", "p50", "TTFT p50 (ms)"), ("time_to_first_token", "avg", "TTFT avg (ms)"),
+           ("time_to_first_token", "p99", "TTFT p99 (ms)"),
            ("inter_token_latency", "p50", "ITL p50 (ms)"), ("output_token_throughput", "avg", "output tokens/s"),
            ("request_latency", "avg", "latency avg (ms)"), ("output_sequence_length", "avg", "output tokens avg")]
 
@@ -66,6 +67,19 @@ def run_aiperf(ep: Endpoint, tokenizer: Path, input_tokens: int, output_tokens: 
     return dict(json.loads(export.read_text()))
 
 
+def aiperf_ttfts(run_dir: Path) -> list[float]:
+    """Per-request TTFT (ms) of AIPerf's profiling phase, from its profile_export.jsonl, sorted."""
+    out = []
+    path = run_dir / "profile_export.jsonl"
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        row = json.loads(line)
+        if row.get("metadata", {}).get("benchmark_phase") == "profiling":
+            value = (row.get("metrics", {}).get("time_to_first_token") or {}).get("value")
+            if value is not None:
+                out.append(float(value))
+    return sorted(out)
+
+
 def pick(data: dict[str, Any]) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for metric, stat, label in METRICS:
@@ -91,6 +105,10 @@ def markdown(r: dict[str, Any]) -> str:
             lines.append(f"| {label} | {fmt(mine)} | {fmt(theirs)} | {ratio} |")
         lines += ["", f"failed requests: trtkv {level['trtkv_failed']}, AIPerf {level['aiperf_failed']}; trtkv client "
                       f"CPU {level['trtkv_cpu_us_per_token']:.1f} us per streamed token", ""]
+        for tool in ("trtkv", "aiperf"):
+            values = level.get("ttft_ms", {}).get(tool) or []
+            lines.append(f"- every request's TTFT, sorted ({tool}): {', '.join(f'{v:.0f}' for v in values)} ms")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -135,9 +153,11 @@ def main(argv: list[str] | None = None) -> int:
         trtkv_failed = int(summary["request_count"]["failed"])
         failed |= trtkv_failed > 0 or errors > 0
         cpu = (summary.get("client_cpu_per_token") or {}).get("avg") or 0.0
+        ttft = {"trtkv": sorted(t for r in mine["records"] if (t := r.ttft_ms()) is not None),
+                "aiperf": aiperf_ttfts(out_dir / "artifacts" / f"c{conc}")}
         results["levels"].append({"concurrency": conc, "trtkv": pick(summary), "aiperf": pick(theirs),
                                   "trtkv_failed": trtkv_failed, "aiperf_failed": errors,
-                                  "trtkv_cpu_us_per_token": cpu})
+                                  "trtkv_cpu_us_per_token": cpu, "ttft_ms": ttft})
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     (out_dir / "results.md").write_text(markdown(results))

@@ -64,7 +64,8 @@ def trtkv_level(ep: Endpoint, prompts: list[str], tokenizer: Any, count: int, ma
     cpu_s = time.process_time() - cpu0
     for r in recs:
         r.response_tokens = [count_tokens(tokenizer, t) for t in r.response_texts]
-    return {"summary": summarize_level(recs), "cpu_seconds": cpu_s, "responses": sum(len(r.response_ns) for r in recs)}
+    return {"summary": summarize_level(recs), "cpu_seconds": cpu_s, "responses": sum(len(r.response_ns) for r in recs),
+            "records": recs}
 
 
 def side_by_side(name: str, ep: Endpoint, prompts: list[str], tokenizer: Any, max_tokens: int, levels: list[int],
