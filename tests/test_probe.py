@@ -134,7 +134,7 @@ def test_per_layer_sensitivity_search_and_front(tmp_path: Path, engines_tmp: Pat
     sets verified (predicted vs measured), a front, a recommendation within the byte budget, and a cached rerun."""
     out = tmp_path / "pl"
     args = ["probe", "smollm2_fp8kv", *TINY, "--per-layer", "fp8", "--lengths", "32,48", "--max-keep", "2",
-            "--threads", "1", "--output", str(out)]
+            "--needle-lengths", "64", "--threads", "1", "--output", str(out)]
     assert main(args) == 0
     doc = json.loads((out / "per_layer_fp8.json").read_text())
     assert (doc["sweep_length"], doc["longest_length"], doc["keep_format"]) == (48, 48, "bf16")
@@ -155,7 +155,11 @@ def test_per_layer_sensitivity_search_and_front(tmp_path: Path, engines_tmp: Pat
     assert best["kl_longest"] <= doc["uniform"]["kl_longest"] and best["serving"]["engines"]
     assert all(list(c["serving"]["engines"]) == ["vllm"] for c in doc["candidates"])  # skip layers: vLLM only
     assert sorted(doc["uniform"]["serving"]["engines"]) == ["llmapi", "tensorrt", "vllm"]
+    for point in [doc["uniform"], doc["all_16bit"], *doc["candidates"]]:  # passkey accuracy at 64 tokens, each
+        assert 0.0 <= point["needle"]["64"] <= 1.0
+    assert doc["needle_lengths"] == [64] and doc["front_needle"]
     md = (out / "per_layer_fp8.md").read_text()
+    assert "needle@64" in md
     assert "KL all but this" in md and "predicted KL@48" in md and (out / "per_layer_fp8.png").is_file()
     assert main(args) == 0  # rerun: every pass from the cache
     assert json.loads((out / "per_layer_fp8.json").read_text())["passes"]["run"] == 0

@@ -46,7 +46,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "always included)")
     p.add_argument("--lengths", type=_ints, default=None, help="context lengths, e.g. 512,1024 (default probe.lengths)")
     p.add_argument("--needle-lengths", type=_ints, default=None,
-                   help="lengths for passkey retrieval (default: the longest sweep length <= 512)")
+                   help="lengths for passkey retrieval (default: the longest sweep length <= 512; with --per-layer: "
+                        "none unless given, then for the uniform format, all-16-bit and every verified set)")
     p.add_argument("--no-needle", action="store_true", help="skip passkey retrieval")
     p.add_argument("--decode-steps", type=int, default=None, help="decode steps of the scale-reuse experiment (32)")
     p.add_argument("--scales", type=Path, default=None,
@@ -75,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
         from trtkv.probe.layers import run_per_layer
 
         run_per_layer(recipe, args.per_layer, args.output, args.lengths, max_keep=args.max_keep,
-                      max_bytes_per_token=args.max_bytes_per_token, max_kl=args.max_kl, threads=args.threads)
+                      max_bytes_per_token=args.max_bytes_per_token, max_kl=args.max_kl, threads=args.threads,
+                      needle_lengths=None if args.no_needle else args.needle_lengths)
         return 0
     settings = default_settings(recipe, args.formats, args.lengths, args.needle_lengths)
     if args.no_needle:

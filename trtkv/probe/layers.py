@@ -35,7 +35,7 @@ from trtkv.errors import TrtkvError
 from trtkv.kvcache.cache import QuantizedKVCache
 from trtkv.kvcache.formats import KVFormat, kv_bytes_per_token
 from trtkv.kvcache.quant import parse_format
-from trtkv.probe.measure import feed, position_metrics, probe_scales, reference_hidden
+from trtkv.probe.measure import feed, needle_trials, position_metrics, probe_scales, reference_hidden
 from trtkv.probe.serving import KV_CACHE_OF_FORMAT, served_by, serving, usable_gpus
 from trtkv.probe.setup import default_settings, load_model, write_json
 from trtkv.recipe import Recipe
@@ -72,7 +72,8 @@ def pareto(points: list[dict[str, Any]], key: str) -> list[str]:
 
 def run_per_layer(recipe: Recipe, fmt: str, output: Path | None = None, lengths: list[int] | None = None,
                   max_keep: int = 4, max_bytes_per_token: float | None = None, max_kl: float | None = None,
-                  threads: int | None = None, log: Callable[[str], None] = print) -> Path:
+                  threads: int | None = None, needle_lengths: list[int] | None = None,
+                  log: Callable[[str], None] = print) -> Path:
     from trtkv.probe.results import default_probe_dir
 
     choice = parse_format(fmt)
@@ -82,7 +83,7 @@ def run_per_layer(recipe: Recipe, fmt: str, output: Path | None = None, lengths:
     if max_keep < 1:
         raise TrtkvError(f"--max-keep {max_keep}: use 1 or more")
     out = output or default_probe_dir(recipe)
-    settings = default_settings(recipe, formats=[choice.name], lengths=lengths, needle_lengths=[])  # no needles here
+    settings = default_settings(recipe, formats=[choice.name], lengths=lengths, needle_lengths=needle_lengths or [])
     settings.threads = threads
     longest = max(settings.lengths)
     sweep = min(SWEEP_LEN, longest)
@@ -125,6 +126,19 @@ def run_per_layer(recipe: Recipe, fmt: str, output: Path | None = None, lengths:
         passes["run"] += 1
         return res
 
+    def needle(keep: list[int], length: int) -> float:
+        """Passkey accuracy at `length` for `fmt` with `keep` in the model dtype (cached)."""
+        params = [skey, "needle", sorted(keep), length, settings.needle_depths, settings.needle_seeds]
+        path = cache_dir / f"{hashlib.sha256(json.dumps(params).encode()).hexdigest()[:20]}.json"
+        if path.is_file():
+            passes["cached"] += 1
+            return float(json.loads(path.read_text())["accuracy"])
+        res = needle_trials(loaded, choice, scales, length, settings.needle_depths, settings.needle_seeds,
+                            keep_layers=keep, keep_format=keep_fmt)
+        write_json(path, {"params": params, "accuracy": res["accuracy"], "by_depth": res["by_depth"]})
+        passes["run"] += 1
+        return float(res["accuracy"])
+
     everything = list(range(n_layers))
     log(f"probe --per-layer {choice.name}: {2 * n_layers + 1} passes at {sweep} tokens, then up to {max_keep + 2} at "
         f"{longest}")
@@ -165,6 +179,13 @@ def run_per_layer(recipe: Recipe, fmt: str, output: Path | None = None, lengths:
                "kl_sweep": long_all16[str(sweep)]["kl"], "kl_longest": long_all16[str(longest)]["kl"],
                "top1_sweep": long_all16[str(sweep)]["top1"], "top1_longest": long_all16[str(longest)]["top1"]},
               *candidates, *_probe_points(out, choice.name, sweep, longest)]
+    if settings.needle_lengths:
+        log(f"  needle retrieval at {settings.needle_lengths} for {2 + len(candidates)} configurations")
+        probe_needles = _probe_needles(out)
+        for point in points:
+            kept = everything if point is points[1] else point.get("keep")
+            point["needle"] = {str(n): needle(kept, n) if kept is not None else probe_needles.get((point["label"], n))
+                               for n in settings.needle_lengths}
     for point in points:  # which engines serve it (the recipe's own rules, per backend and GPU)
         fmt_name = keep_fmt.value if point is points[1] else (choice.name if point.get("keep") is not None
                                                                 else point["label"])
@@ -183,6 +204,7 @@ def run_per_layer(recipe: Recipe, fmt: str, output: Path | None = None, lengths:
            "front_sweep": pareto(points, "kl_sweep"), "front_longest": pareto(points, "kl_longest"),
            "front_longest_top1": pareto([{**p, "top1_miss": 1.0 - p["top1_longest"]} for p in points], "top1_miss"),
            "front_longest_served": pareto([p for p in points if p["serving"]["engines"]], "kl_longest"),
+           "needle_lengths": settings.needle_lengths, "front_needle": _needle_front(points, settings.needle_lengths),
            "gpus_usable": usable,
            "budget": {"max_bytes_per_token": budget, "max_kl": max_kl}, "recommended": best,
            "best_not_served": best_any if best_any is not None and best_any is not best else None,
@@ -218,6 +240,28 @@ def _deploy(point: dict[str, Any], fmt: str, usable: list[str]) -> dict[str, Any
     elif kv is not None:
         out["quantization.kv_cache"] = kv.value
     return out
+
+
+def _needle_front(points: list[dict[str, Any]], lengths: list[int]) -> list[str]:
+    """The bytes-vs-needle front at the longest needle length (points without a needle figure left out)."""
+    if not lengths:
+        return []
+    n = str(max(lengths))
+    rated = [{**p, "needle_miss": 1.0 - p["needle"][n]} for p in points if (p.get("needle") or {}).get(n) is not None]
+    return pareto(rated, "needle_miss")
+
+
+def _probe_needles(out: Path) -> dict[tuple[str, int], float]:
+    """Needle accuracy per (format, length) from probe.json, for the other uniform formats."""
+    from trtkv.artifacts import ProbeDoc
+
+    try:
+        probe = ProbeDoc.load(out)
+    except TrtkvError:
+        return {}
+    rows = (probe.model_extra or {}).get("needles", []) if probe else []
+    return {(r["format"], int(r["context_len"])): float(r["accuracy"]) for r in rows
+            if isinstance(r, dict) and r.get("accuracy") is not None}
 
 
 def _probe_points(out: Path, fmt: str, sweep: int, longest: int) -> list[dict[str, Any]]:
@@ -283,6 +327,10 @@ def markdown(doc: dict[str, Any]) -> str:
     lines += ["", f"## Configurations (verified at {lng} tokens; KL at {s} from the same pass)", "",
               f"| configuration | bytes/token | predicted KL@{s} | KL@{s} | KL@{lng} | top-1@{lng} | front: KL / top-1 / "
               f"KL among served | served by |", "|---|---|---|---|---|---|---|---|"]
+    needle_n = str(max(doc["needle_lengths"])) if doc.get("needle_lengths") else None
+    if needle_n:
+        lines[-2] = lines[-2].replace(" | served by |", f" | needle@{needle_n} | served by |")
+        lines[-1] += "---|"
     front, front1 = set(doc["front_longest"]), set(doc.get("front_longest_top1", []))
     served_front = set(doc.get("front_longest_served", []))
     for p in doc["points"]:
@@ -290,12 +338,20 @@ def markdown(doc: dict[str, Any]) -> str:
         marks = " / ".join("yes" if p["label"] in f else "no" for f in (front, front1, served_front))
         lines.append(f"| {p['label']} | {p['bytes_per_token']:,.0f} | {'' if pred is None else f'{pred:.4g}'} | "
                      f"{p['kl_sweep']:.4g} | {p['kl_longest']:.4g} | {p['top1_longest']:.4f} | {marks} | "
-                     f"{served_by(p.get('serving') or {}, doc.get('gpus_usable'))} |")
+                     + (_fmt_needle((p.get("needle") or {}).get(needle_n)) + " | " if needle_n else "")
+                     + f"{served_by(p.get('serving') or {}, doc.get('gpus_usable'))} |")
+    if needle_n:
+        lines += ["", f"Needle: passkey retrieval at {needle_n} tokens ({', '.join(doc.get('front_needle') or [])} on "
+                      f"its bytes-vs-needle front); other formats' figures from probe.json where it has that length."]
     lines += ["", f"Served by: the engine backends whose rules (`trtkv build`'s) accept the configuration for this "
                   f"recipe, on every GPU where its model and weights run ({', '.join(doc.get('gpus_usable') or [])}) "
                   f"unless GPUs are named.", "",
               "## Method", "", doc["method"].strip(), ""]
     return "\n".join(lines)
+
+
+def _fmt_needle(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}"
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:

@@ -68,10 +68,12 @@ def probe_scales(recipe: Recipe, loaded: Loaded, settings: ProbeSettings, out: P
 # ----------------------------------------------------------------------------- running the model
 
 
-def make_cache(loaded: Loaded, choice: FormatChoice, scales: KVScales, record_positions: bool = False
-               ) -> QuantizedKVCache:
+def make_cache(loaded: Loaded, choice: FormatChoice, scales: KVScales, record_positions: bool = False,
+               keep_layers: list[int] | None = None, keep_format: KVFormat | None = None) -> QuantizedKVCache:
+    """The probe's cache for `choice`; keep_layers are stored in keep_format (per-layer KV precision)."""
     ks, vs = scales.for_format(choice)
-    return QuantizedKVCache(loaded.model.config, choice, ks, vs, record_positions=record_positions)
+    return QuantizedKVCache(loaded.model.config, choice, ks, vs, record_positions=record_positions,
+                            keep_layers=keep_layers or (), keep_format=keep_format or KVFormat.BF16)
 
 
 def chunk_for(choice: FormatChoice) -> int | None:
@@ -195,8 +197,9 @@ def length_record(loaded: Loaded, choice: FormatChoice, run: dict, n: int, ref_b
 
 
 def needle_trials(loaded: Loaded, choice: FormatChoice, scales: KVScales, length: int, depths: list[float],
-                  seeds: int) -> dict:
-    """Passkey retrieval at each depth: accuracy over `seeds` random passkeys (teacher-forced greedy check)."""
+                  seeds: int, keep_layers: list[int] | None = None, keep_format: KVFormat | None = None) -> dict:
+    """Passkey retrieval at each depth: accuracy over `seeds` random passkeys (teacher-forced greedy check);
+    keep_layers: those layers' KV in keep_format (per-layer KV precision)."""
     tok = loaded.tokenizer
     by_depth: dict[str, float] = {}
     details = []
@@ -217,7 +220,7 @@ def needle_trials(loaded: Loaded, choice: FormatChoice, scales: KVScales, length
             pos = int(round(hay * depth))
             seqs.append((loaded.haystack_ids[:pos], needle + loaded.haystack_ids[pos:hay] + tail[:-1], digits))
         prefix = seqs[0][0]
-        cache = make_cache(loaded, choice, scales)
+        cache = make_cache(loaded, choice, scales, keep_layers=keep_layers, keep_format=keep_format)
         chunk = chunk_for(choice)
         if prefix:
             feed(loaded.model, torch.tensor([prefix], device=loaded.device), cache, chunk)
