@@ -334,3 +334,48 @@ def test_real_smollm2_tiny_calibration(smollm2_dir: Path, engines_tmp: Path) -> 
     summary = calibrate(recipe, log=quiet).manifest["validation"]
     assert summary["num_layers"] == 30 and len(summary["kv_cache_scaling_factors"]) == 30
     assert os.path.isfile(checkpoint_dir(recipe) / "tokenizer" / "tokenizer.json")
+
+
+def test_modelopt_cannot_export_a_layer_with_16_bit_kv(tiny_dir: Path, tmp_path: Path) -> None:
+    """Why per-layer KV precision is refused for TensorRT-LLM (#17): asked to leave layer 1's KV quantizers disabled,
+    ModelOpt 0.47 still writes one global kv_cache_quant_algo FP8 and only drops that layer's scales, in both exports.
+    TensorRT-LLM reads the algo globally: trtllm-build's PretrainedModel.load fails on the missing
+    kv_cache_scaling_factor ("Required but not provided tensors", tensorrt_llm/models/modeling_utils.py), and the
+    PyTorch backend allocates one KV pool dtype for all layers (KvCacheCreator._create_kv_cache_manager,
+    tensorrt_llm/_torch/pyexecutor/_util.py), storing the "16-bit" layer in FP8 anyway. vLLM's
+    --kv-cache-dtype-skip-layers is the deployable form."""
+    import modelopt.torch.quantization as mtq
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    from trtkv.calibrate.modelopt_export import build_quant_cfg, export_hf, export_trtllm
+
+    recipe = load_recipe(write_recipe(tmp_path, tiny_dir, "tiny_skip"))
+    cfg, _notes = build_quant_cfg(recipe)
+    assert cfg is not None
+    cfg["quant_cfg"].append({"quantizer_name": "*layers.1.*[kv]_bmm_quantizer", "enable": False})
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+
+    def forward(m: torch.nn.Module) -> None:
+        with torch.no_grad():
+            m(input_ids=torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0)), use_cache=False)
+
+    mtq.quantize(model, cfg, forward)
+    assert not model.model.layers[1].self_attn.k_bmm_quantizer.is_enabled
+    out = tmp_path / "ckpt"
+    export_trtllm(model, out, recipe)
+    export_hf(model, tiny_tokenizer(), out, recipe)
+    quant = json.loads((out / "config.json").read_text())["quantization"]
+    assert quant["kv_cache_quant_algo"] == "FP8" and not any("attn" in m or "attention" in m
+                                                             for m in quant.get("exclude_modules") or [])
+    with safe_open(str(out / "rank0.safetensors"), "pt") as f:
+        layers = sorted(int(k.split(".")[2]) for k in f.keys() if k.endswith("attention.kv_cache_scaling_factor"))
+    assert layers == [0, 2, 3]  # layer 1's scale is simply missing
+    hf_quant = json.loads((out / "hf" / "hf_quant_config.json").read_text())["quantization"]
+    assert hf_quant["kv_cache_quant_algo"] == "FP8"
+    names: list[str] = []
+    for shard in (out / "hf").glob("*.safetensors"):
+        with safe_open(str(shard), "pt") as f:
+            names += [k for k in f.keys() if k.endswith(("k_scale", "v_scale"))]
+    assert sorted({int(k.split(".")[2]) for k in names}) == [0, 2, 3]
