@@ -2,11 +2,13 @@
 (`make bench-crosscheck RECIPE=smollm2_fp8kv_vllm`).
 
 AIPerf (NVIDIA's benchmark client, pinned 0.13.0 in .venv-aiperf: `make install-aiperf`) runs `aiperf profile
---endpoint-type completions --streaming` with synthetic prompts of exactly the recipe's input length, max_tokens the
-recipe's output length, the same concurrency and request count; trtkv's client runs the same workload through its
-OpenAI session. Prints TTFT p50/p99, ITL p50 and output token throughput with the ratio trtkv/AIPerf, and writes
-engines/bench-crosscheck/aiperf/results.md and results.json. Exits 1 when a tool failed a request, 2 when the
-server is not there.
+--endpoint-type completions --streaming` on the very prompts trtkv's client sends (the recipe's input length, as a
+single_turn --input-file read sequentially, warm-up ones first), max_tokens the recipe's output length, greedy
+(--extra-inputs temperature:0 top_p:1, as trtkv sends), the same concurrency and request count. The same prompts
+matter: on vLLM CPU the first token of some prompts takes one more engine step (~0.5 s) than others, so synthetic
+prompts give another TTFT mix. Prints TTFT p50/avg/p99, ITL p50 and output token throughput with the ratio
+trtkv/AIPerf and every request's TTFT from both tools, and writes engines/bench-crosscheck/aiperf/results.md and
+results.json. Exits 1 when a tool failed a request, 2 when the server is not there.
 """
 
 from __future__ import annotations
@@ -38,16 +40,21 @@ METRICS = [("time_to_first_token", "p50", "TTFT p50 (ms)"), ("time_to_first_toke
            ("request_latency", "avg", "latency avg (ms)"), ("output_sequence_length", "avg", "output tokens avg")]
 
 
-def run_aiperf(ep: Endpoint, tokenizer: Path, input_tokens: int, output_tokens: int, concurrency: int, requests: int,
+def run_aiperf(ep: Endpoint, tokenizer: Path, prompts: list[str], output_tokens: int, concurrency: int, requests: int,
                warmup: int, artifacts: Path, timeout_s: float) -> dict[str, Any]:
+    """AIPerf on the same prompts as trtkv's level, in the same order (warm-up ones first), greedy like trtkv's."""
     exe = VENV / "bin" / "aiperf"
     if not exe.is_file():
         raise TrtkvError(f"{exe} is missing. Next: `make install-aiperf` (AIPerf 0.13.0 in a venv of its own).")
     run_dir = artifacts / f"c{concurrency}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dataset = artifacts / f"prompts-c{concurrency}.jsonl"
+    rows = [prompts[i % len(prompts)] for i in range(warmup)] + [prompts[i % len(prompts)] for i in range(requests)]
+    dataset.write_text("".join(json.dumps({"text": text, "output_length": output_tokens}) + "\n" for text in rows))
     cmd = [str(exe), "profile", "--model", ep.model, "--url", f"http://{ep.url}", "--endpoint-type", "completions",
-           "--streaming", "--tokenizer", str(tokenizer), "--synthetic-input-tokens-mean", str(input_tokens),
-           "--synthetic-input-tokens-stddev", "0", "--output-tokens-mean", str(output_tokens),
-           "--output-tokens-stddev", "0", "--concurrency", str(concurrency), "--request-count", str(requests),
+           "--streaming", "--tokenizer", str(tokenizer), "--input-file", str(dataset), "--custom-dataset-type",
+           "single_turn", "--dataset-sampling-strategy", "sequential", "--extra-inputs", "temperature:0",
+           "top_p:1", "--concurrency", str(concurrency), "--request-count", str(requests),
            "--warmup-request-count", str(warmup), "--artifact-dir", str(run_dir), "--ui-type", "none"]
     run_dir.mkdir(parents=True, exist_ok=True)
     log = artifacts / f"aiperf-c{concurrency}.log"
@@ -147,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[trtkv] concurrency {conc} ...", flush=True)
         mine = trtkv_level(ep, prompts, tokenizer, args.requests, b.output_tokens, conc, b.request_timeout_s)
         summary = mine["summary"]
-        theirs = run_aiperf(ep, aiperf_tokenizer, b.input_tokens, b.output_tokens, conc, args.requests, min(conc, 4),
+        theirs = run_aiperf(ep, aiperf_tokenizer, prompts, b.output_tokens, conc, args.requests, conc,
                             out_dir / "artifacts", args.timeout)
         errors = int(sum(e.get("count", 0) for e in theirs.get("error_summary") or []))
         trtkv_failed = int(summary["request_count"]["failed"])
