@@ -100,7 +100,8 @@ def markdown(r: dict[str, Any]) -> str:
              f"- run {r['started_at']}; endpoint http://{r['url']} model `{r['model']}` (recipe {r['recipe']}); "
              f"AIPerf {r['aiperf_version']}, streaming /v1/completions",
              f"- input {r['input_tokens']} tokens, max_tokens {r['output_tokens']}, {r['requests']} measured requests per "
-             f"level, the two clients one after the other; server and client share the machine's cores", ""]
+             f"level, the two clients one after the other ({'AIPerf' if r.get('aiperf_first') else 'trtkv'} first); server "
+             f"and client share the machine's cores", ""]
     for level in r["levels"]:
         lines += [f"## concurrency {level['concurrency']}", "", "| metric | trtkv bench | AIPerf | trtkv / AIPerf |",
                   "|---|---:|---:|---:|"]
@@ -128,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=8, help="measured requests per level (default 8)")
     ap.add_argument("--output", type=Path, default=None, help="default engines/bench-crosscheck/aiperf")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per AIPerf run")
+    ap.add_argument("--aiperf-first", action="store_true",
+                    help="run AIPerf before trtkv at each level (default after), to see whether the order matters")
     args = ap.parse_args(argv)
     recipe = load_recipe(args.recipe)
     b = recipe.bench
@@ -148,14 +151,25 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "recipe": recipe.name,
                                "url": ep.url, "model": ep.model, "input_tokens": b.input_tokens,
                                "output_tokens": b.output_tokens, "requests": args.requests, "aiperf_version": version,
+                               "aiperf_first": args.aiperf_first,
                                "levels": []}
     failed = False
     for conc in [int(c) for c in args.concurrency.split(",") if c.strip()]:
-        print(f"[trtkv] concurrency {conc} ...", flush=True)
-        mine = trtkv_level(ep, prompts, tokenizer, args.requests, b.output_tokens, conc, b.request_timeout_s)
+        def ours(level: int) -> dict[str, Any]:
+            print(f"[trtkv] concurrency {level} ...", flush=True)
+            return trtkv_level(ep, prompts, tokenizer, args.requests, b.output_tokens, level, b.request_timeout_s)
+
+        def aiperf(level: int) -> dict[str, Any]:
+            return run_aiperf(ep, aiperf_tokenizer, prompts, b.output_tokens, level, args.requests, level,
+                              out_dir / "artifacts", args.timeout)
+
+        if args.aiperf_first:
+            theirs = aiperf(conc)
+            mine = ours(conc)
+        else:
+            mine = ours(conc)
+            theirs = aiperf(conc)
         summary = mine["summary"]
-        theirs = run_aiperf(ep, aiperf_tokenizer, prompts, b.output_tokens, conc, args.requests, conc,
-                            out_dir / "artifacts", args.timeout)
         errors = int(sum(e.get("count", 0) for e in theirs.get("error_summary") or []))
         trtkv_failed = int(summary["request_count"]["failed"])
         failed |= trtkv_failed > 0 or errors > 0

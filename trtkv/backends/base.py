@@ -35,6 +35,7 @@ class EngineBackend:
     copies_tokenizer = False  # True: the repository carries its own tokenizer copy (CPU); False: it references one
     records_versions = False  # True: the build manifest records the TensorRT-LLM/TensorRT that built the engine
     dynamo_framework: str | None = None  # NVIDIA Dynamo's backendFramework for this path (None: Dynamo cannot run it)
+    gpu_engine = True  # False: trtkv's own CPU runtime (not a deployment target on a GPU)
 
     def serves_locally(self, recipe: Recipe) -> bool:
         """True: the bundled tritonserver runs it on this machine (hardware.gpu cpu); False: the GPU container."""

@@ -93,6 +93,7 @@ class ReferenceBackend(EngineBackend):
     backend = Backend.REFERENCE
     llm_model = ("tensorrt_llm/config.reference.pbtxt", "tensorrt_llm/tensorrt_llm_reference.py")
     copies_tokenizer = True
+    gpu_engine = False
 
     def problems(self, recipe: Recipe) -> list[tuple[str, str]]:
         return cpu_runtime_problems(recipe) + one_kv_format_problems(recipe, "the reference runtime (like TensorRT-LLM)")

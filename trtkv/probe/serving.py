@@ -1,6 +1,7 @@
 """Which engines can serve a probed KV configuration: the recipe's own rules (pydantic schema, cross-field rules and
-every backend's `problems`) asked with that KV format, those skipped layers, each engine backend and each GPU, so
-the answer is the one `trtkv build` would give, not a second list to keep in step."""
+every backend's `problems`) asked with that KV format, those skipped layers, each GPU engine backend (every backend
+but trtkv's CPU runtime) and each GPU, so the answer is the one `trtkv build` would give, not a second list to keep
+in step."""
 
 from __future__ import annotations
 
@@ -16,22 +17,22 @@ from trtkv.recipe import Backend, KVCacheQuant, Recipe
 # have no KV dtype in TensorRT-LLM or vLLM.
 KV_CACHE_OF_FORMAT = {"fp8": KVCacheQuant.FP8, "fp8_scale1": KVCacheQuant.FP8, "int8": KVCacheQuant.INT8,
                       "nvfp4": KVCacheQuant.NVFP4, "fp16": KVCacheQuant.NONE, "bf16": KVCacheQuant.NONE}
-ENGINE_BACKENDS = (Backend.TENSORRT, Backend.LLMAPI, Backend.VLLM)  # the reference backend is trtkv's CPU runtime
 
 
 def serving(recipe: Recipe, fmt: str, keep: list[int] | None = None) -> dict[str, Any]:
     """{"engines": {backend: [GPUs it validates on]}, "why_not": {backend: first refusal}} for `fmt` with the layers
     `keep` in the model dtype, on the recipe's GPU (every GPU when the recipe runs on the CPU)."""
-    import trtkv.backends  # noqa: F401 - registers every backend's rules in BACKEND_RULES
+    from trtkv.backends import BACKENDS  # importing it also registers every backend's rules in BACKEND_RULES
 
+    engine_backends = [b for b, obj in BACKENDS.items() if obj.gpu_engine]
     kv = KV_CACHE_OF_FORMAT.get(fmt)
     if kv is None:
         reason = f"{fmt} is not a KV cache dtype of TensorRT-LLM or vLLM (trtkv's probe measures it for comparison)"
-        return {"engines": {}, "why_not": {b.value: reason for b in ENGINE_BACKENDS}, "gpus": []}
+        return {"engines": {}, "why_not": {b.value: reason for b in engine_backends}, "gpus": []}
     gpus = [recipe.hardware.gpu] if recipe.hardware.gpu is not GPU.CPU else [g for g in GPU if g is not GPU.CPU]
     engines: dict[str, list[str]] = {}
     why_not: dict[str, str] = {}
-    for backend in ENGINE_BACKENDS:
+    for backend in engine_backends:
         refusals: dict[str, list[str]] = {}
         for gpu in gpus:
             problem = _problem(recipe, kv, sorted(keep or []) if kv is not KVCacheQuant.NONE else [], backend, gpu)
