@@ -1,6 +1,6 @@
-"""The shared stream loop (trtkv.bench.stream) through the OpenAI and Triton HTTP sessions, against a local
-socket server that answers each request with the bytes a test scripts (chunk sizes split anywhere, errors, stalls,
-closes), and its HTTP parser fed a response split at every byte."""
+"""The shared stream loop (trtkv.bench.stream, its HTTP parser in trtkv.bench.http1) through the OpenAI and Triton
+HTTP sessions, against a local socket server that answers each request with the bytes a test scripts (chunk sizes
+split anywhere, errors, stalls, closes), and the parser fed a response split at every byte."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from trtkv.bench.client import Endpoint, HttpSession, SamplingParams
+from trtkv.bench.http1 import Call, Connection
 from trtkv.bench.openai import OpenAIEvents, OpenAISession
 from trtkv.bench.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord
-from trtkv.bench.stream import Connection, _Call, shared_loop
+from trtkv.bench.stream import shared_loop
 from trtkv.interface import LLMAPI
 
 Script = Callable[[socket.socket, int], bool]  # (client socket, request number on it) -> keep the connection open
@@ -130,7 +131,7 @@ def test_parser_accepts_a_response_split_at_every_byte() -> None:
     whole = SSE_HEAD + OPENAI_BODY
     for cut in range(1, len(whole)):
         rec = RequestRecord("r", "latency", "c", 0, 1, 4)
-        call = _Call(Connection("h", 1), b"", rec, OpenAIEvents(rec, chat=False), 10.0, threading.Event())
+        call = Call(Connection("h", 1), b"", rec, OpenAIEvents(rec, chat=False), 10.0, threading.Event())
         first = call.feed(whole[:cut], 1)
         assert not first, cut
         assert call.feed(whole[cut:], 2)

@@ -15,8 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from trtkv.bench.http1 import Connection, Events, http_request
 from trtkv.bench.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord
-from trtkv.bench.stream import Connection, Events, http_request, shared_loop, stream
+from trtkv.bench.stream import shared_loop, stream
 from trtkv.errors import TrtkvError
 from trtkv.interface import ENSEMBLE, LLMAPI, ModelInterface, detect
 

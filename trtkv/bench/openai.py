@@ -15,8 +15,8 @@ import json
 from typing import Any
 
 from trtkv.bench.client import Endpoint, HttpSession, SamplingParams, _first_line
+from trtkv.bench.http1 import Events
 from trtkv.bench.records import ERROR, OK, RequestRecord
-from trtkv.bench.stream import Events
 from trtkv.errors import TrtkvError
 
 ENDPOINT_TYPES = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}

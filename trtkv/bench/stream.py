@@ -1,5 +1,5 @@
-"""One client thread for every streaming HTTP request of the process: a selector loop over non-blocking sockets that
-speaks just enough HTTP/1.1 (keep-alive, chunked / Content-Length / until-close bodies) to read server-sent events.
+"""One client thread for every streaming HTTP request of the process: a selector loop over non-blocking sockets
+(keep-alive, a stale socket retried once, deadlines, cancel); the HTTP/1.1 parsing is trtkv.bench.http1's.
 
 Why: with a blocking connection per worker thread, every streamed event wakes a thread and takes the GIL from the
 others; at concurrency 8 that wake-up, not the parsing, was most of the client's CPU per token. Here the worker
@@ -19,198 +19,17 @@ import socket
 import threading
 import time
 from collections import deque
-from typing import Protocol
 
+from trtkv.bench.http1 import Call, Connection, Events, ProtocolError
 from trtkv.bench.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord
 
 RECV_BYTES = 65536
-ERROR_BODY_BYTES = 4096  # enough of a non-200 answer to quote it
-MAX_HEADER_BYTES = 65536
 NO_DEADLINE = float("inf")
 DRAIN_S = 2.0  # after the last event, how long to wait for the end of the body before closing instead
 
 
 def now_ns() -> int:
     return time.perf_counter_ns()
-
-
-class Events(Protocol):
-    """What a protocol does with the events of one streamed response."""
-
-    def on_line(self, line: bytes, t_ns: int) -> bool:
-        """One line of the event stream (without its newline); True when the request has finished (ok or not)."""
-
-    def on_end(self, t_ns: int) -> None:
-        """The response body ended without on_line having finished the request."""
-
-    def decode(self) -> None:
-        """After the request (in the worker thread): turn what on_line kept into the record's texts."""
-
-
-class Connection:
-    """One keep-alive connection carrying one request at a time (a session owns it; only the loop thread reads
-    and writes it while a request is in flight)."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
-        self.sock: socket.socket | None = None
-        self.requests = 0  # completed on this socket: a reused socket may have been closed by the server meanwhile
-        self.call: _Call | None = None
-
-    def close(self) -> None:
-        if self.sock is not None:
-            try:
-                self.sock.close()
-            except OSError:
-                pass
-            self.sock = None
-
-
-class _Call:
-    """One request in flight and its response parser."""
-
-    def __init__(self, conn: Connection, request: bytes, record: RequestRecord, events: Events, timeout_s: float,
-                 done: threading.Event) -> None:
-        self.conn, self.request, self.record, self.events = conn, request, record, events
-        self.timeout_s, self.done = timeout_s, done
-        self.deadline = time.monotonic() + timeout_s
-        self.sent = 0
-        self.retried = False
-        self.received = False  # any byte of the response
-        self.finished = False  # the record has its final status (the body may still be draining)
-        self.head = bytearray()
-        self.status = 0
-        self.body_mode = ""  # "chunked", "length", "close"
-        self.keep_alive = True
-        self.left = 0  # bytes left in the current chunk, or of a Content-Length body
-        self.chunk_state = "size"  # size, data, crlf, trailer
-        self.raw = bytearray()  # undecoded body bytes (chunk framing)
-        self.tail = b""  # an incomplete event-stream line
-        self.error_body = bytearray()
-
-    # -- results ------------------------------------------------------------------------------------------------
-    def fail(self, status: str, error: str, t_ns: int) -> None:
-        if not self.finished:
-            self.record.status, self.record.error, self.record.end_ns = status, error, t_ns
-            self.finished = True
-
-    # -- body decoding ------------------------------------------------------------------------------------------
-    def feed(self, data: bytes, t_ns: int) -> bool:
-        """Response bytes; True when the response is complete (the connection can carry the next request)."""
-        self.received = True
-        if not self.status:
-            self.head += data
-            end = self.head.find(b"\r\n\r\n")
-            if end < 0:
-                if len(self.head) > MAX_HEADER_BYTES:
-                    raise _ProtocolError(f"no end of the response headers within {MAX_HEADER_BYTES} bytes")
-                return False
-            self._parse_head(bytes(self.head[:end]))
-            data = bytes(self.head[end + 4:])
-            self.head = bytearray()
-        if self.body_mode == "chunked":
-            return self._feed_chunked(data, t_ns)
-        if self.body_mode == "length":
-            data = data[:self.left]
-            self.left -= len(data)
-            self._body(data, t_ns)
-            return self.left <= 0
-        self._body(data, t_ns)  # until close
-        return False
-
-    def _parse_head(self, head: bytes) -> None:
-        lines = head.split(b"\r\n")
-        parts = lines[0].split(None, 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
-            raise _ProtocolError(f"not an HTTP response: {lines[0][:80]!r}")
-        self.status = int(parts[1])
-        headers: dict[bytes, bytes] = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            headers[name.strip().lower()] = value.strip()
-        self.keep_alive = parts[0] != b"HTTP/1.0" and headers.get(b"connection", b"").lower() != b"close"
-        if b"chunked" in headers.get(b"transfer-encoding", b"").lower():
-            self.body_mode = "chunked"
-        elif b"content-length" in headers:
-            self.body_mode, self.left = "length", int(headers[b"content-length"])
-        else:
-            self.body_mode, self.keep_alive = "close", False
-
-    def _feed_chunked(self, data: bytes, t_ns: int) -> bool:
-        """Strip the chunk framing (sizes may be split anywhere across reads); True at the final empty chunk."""
-        if self.raw:
-            data = bytes(self.raw) + data
-            self.raw.clear()
-        pos, n = 0, len(data)
-        out: list[bytes] = []
-        complete = False
-        while pos < n:
-            state = self.chunk_state
-            if state == "data":
-                end = pos + self.left
-                if end > n:
-                    out.append(data[pos:])
-                    self.left = end - n
-                    pos = n
-                    break
-                out.append(data[pos:end])
-                pos, self.left, self.chunk_state = end, 0, "crlf"
-                continue
-            end = data.find(b"\r\n", pos)
-            if end < 0:
-                break
-            line = data[pos:end]
-            pos = end + 2
-            if state == "size":
-                try:
-                    size = int(line.split(b";", 1)[0], 16)
-                except ValueError:
-                    raise _ProtocolError(f"bad chunk size line {line[:40]!r}") from None
-                self.chunk_state, self.left = ("data", size) if size else ("trailer", 0)
-            elif state == "crlf":
-                if line:
-                    raise _ProtocolError("a chunk did not end with CRLF")
-                self.chunk_state = "size"
-            elif not line:  # trailer: an empty line ends the body
-                complete = True
-                break
-        if pos < n and not complete:
-            self.raw += data[pos:]
-        if out:
-            self._body(out[0] if len(out) == 1 else b"".join(out), t_ns)
-        return complete
-
-    def _body(self, data: bytes, t_ns: int) -> None:
-        if not data or self.finished:
-            return
-        if self.status != 200:
-            self.error_body += data[:ERROR_BODY_BYTES - len(self.error_body)]
-            return
-        lines = (self.tail + data).split(b"\n") if self.tail else data.split(b"\n")
-        self.tail = lines.pop()
-        on_line = self.events.on_line
-        for line in lines:
-            if line and on_line(line[:-1] if line[-1] == 13 else line, t_ns):  # 13: a CR before the LF
-                self.finished = True
-                return
-
-    def end_of_body(self, t_ns: int) -> None:
-        """The whole response has arrived (or the server closed an until-close body)."""
-        if self.finished:
-            return
-        if self.status != 200:
-            detail = self.error_body.decode(errors="replace")[:300]
-            self.fail(ERROR, f"HTTP {self.status}: {detail}", t_ns)
-            return
-        if self.tail and self.events.on_line(self.tail.rstrip(b"\r"), t_ns):
-            self.finished = True
-            return
-        self.events.on_end(t_ns)
-        self.finished = True
-
-
-class _ProtocolError(Exception):
-    pass
 
 
 class StreamLoop:
@@ -222,8 +41,8 @@ class StreamLoop:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
-        self._inbox: deque[tuple[str, Connection, _Call | None]] = deque()
-        self._calls: set[_Call] = set()
+        self._inbox: deque[tuple[str, Connection, Call | None]] = deque()
+        self._calls: set[Call] = set()
         self._earliest: float | None = NO_DEADLINE  # the calls' earliest deadline (None: to be recomputed)
         self._thread = threading.Thread(target=self._run, daemon=True, name="trtkv-stream-loop")
         self._thread.start()
@@ -237,7 +56,7 @@ class StreamLoop:
               timeout_s: float) -> threading.Event:
         """Send `request` on `conn` and parse its streamed answer into `record`; the event is set when done."""
         done = threading.Event()
-        call = _Call(conn, request, record, events, timeout_s, done)
+        call = Call(conn, request, record, events, timeout_s, done)
         conn.call = call
         self._post("start", conn, call)
         return done
@@ -245,7 +64,7 @@ class StreamLoop:
     def close(self, conn: Connection) -> None:
         self._post("close", conn, None)
 
-    def _post(self, what: str, conn: Connection, call: _Call | None) -> None:
+    def _post(self, what: str, conn: Connection, call: Call | None) -> None:
         self._inbox.append((what, conn, call))
         try:
             self._wake_w.send(b"\0")
@@ -264,8 +83,8 @@ class StreamLoop:
             # CPU charged to the requests in flight)
             ready = select(None if self._earliest == NO_DEADLINE else max(0.0, self._earliest - monotonic()))
             t_ns = perf_counter_ns()
-            served: set[_Call] = set()
-            ended: list[_Call] = []
+            served: set[Call] = set()
+            ended: list[Call] = []
             for key, mask in ready:
                 call = key.data
                 if call is None:
@@ -289,7 +108,7 @@ class StreamLoop:
             for call in ended:  # after the CPU is booked: the worker reads the record as soon as it wakes
                 call.done.set()
 
-    def _drain_inbox(self, served: set[_Call], ended: list[_Call]) -> None:
+    def _drain_inbox(self, served: set[Call], ended: list[Call]) -> None:
         try:
             while self._wake_r.recv(4096):
                 pass
@@ -312,7 +131,7 @@ class StreamLoop:
                 self._earliest = min(self._earliest, call.deadline)
             self._begin(call, ended)
 
-    def _begin(self, call: _Call, ended: list[_Call]) -> None:
+    def _begin(self, call: Call, ended: list[Call]) -> None:
         conn = call.conn
         if conn.sock is not None:  # a kept-alive socket: send at once
             try:
@@ -340,7 +159,7 @@ class StreamLoop:
             return
         self._sel.register(sock, selectors.EVENT_WRITE, call)
 
-    def _write(self, call: _Call, ended: list[_Call]) -> None:
+    def _write(self, call: Call, ended: list[Call]) -> None:
         """Writable: a connect finished (or failed), or more of the request can be sent."""
         conn, sock = call.conn, call.conn.sock
         if sock is None:
@@ -359,7 +178,7 @@ class StreamLoop:
             if not self._retry_stale(call, ended):
                 self._finish(call, ERROR, _describe(exc), now_ns(), ended)
 
-    def _read(self, call: _Call, t_ns: int, ended: list[_Call]) -> None:
+    def _read(self, call: Call, t_ns: int, ended: list[Call]) -> None:
         """Readable: the next part of the answer (the hot path: one event per call at a decoding server's pace)."""
         sock = call.conn.sock
         if sock is None:
@@ -381,13 +200,13 @@ class StreamLoop:
                         self._earliest = min(self._earliest, call.deadline)
         except (BlockingIOError, InterruptedError):
             return
-        except _ProtocolError as exc:
+        except ProtocolError as exc:
             self._finish(call, ERROR, f"bad HTTP response: {exc}", t_ns, ended)
         except OSError as exc:
             if not self._retry_stale(call, ended):
                 self._finish(call, ERROR, _describe(exc), t_ns, ended)
 
-    def _closed_by_server(self, call: _Call, t_ns: int, ended: list[_Call]) -> None:
+    def _closed_by_server(self, call: Call, t_ns: int, ended: list[Call]) -> None:
         if self._retry_stale(call, ended):
             return
         if call.status and call.body_mode == "close":
@@ -397,7 +216,7 @@ class StreamLoop:
         what = "mid-response" if call.received else "before answering"
         self._finish(call, ERROR, f"Remote end closed connection {what}", t_ns, ended)
 
-    def _retry_stale(self, call: _Call, ended: list[_Call]) -> bool:
+    def _retry_stale(self, call: Call, ended: list[Call]) -> bool:
         """A reused keep-alive socket the server had closed while idle fails before any byte of the answer: send
         once more on a fresh connection (what every HTTP client library does)."""
         conn = call.conn
@@ -409,7 +228,7 @@ class StreamLoop:
         self._begin(call, ended)
         return True
 
-    def _expire(self, served: set[_Call], ended: list[_Call]) -> None:
+    def _expire(self, served: set[Call], ended: list[Call]) -> None:
         now = time.monotonic()
         self._earliest = None  # recomputed over the calls left
         for call in [c for c in self._calls if c.deadline <= now]:
@@ -420,7 +239,7 @@ class StreamLoop:
                 error = f"no response within {call.timeout_s:g} s"
             self._finish(call, TIMEOUT, error, now_ns(), ended)
 
-    def _finish(self, call: _Call, status: str | None, error: str, t_ns: int, ended: list[_Call],
+    def _finish(self, call: Call, status: str | None, error: str, t_ns: int, ended: list[Call],
                 keep: bool = False) -> None:
         """The request is over: book its status (unless it has one), release or close the socket, wake its
         worker at the end of the pass."""
@@ -460,13 +279,6 @@ def shared_loop() -> StreamLoop:
         if _LOOP is None or not _LOOP.alive:
             _LOOP = StreamLoop()
         return _LOOP
-
-
-def http_request(method: str, host: str, port: int, path: str, body: bytes, headers: dict[str, str]) -> bytes:
-    """The bytes of one HTTP/1.1 request with a body (keep-alive, no compression)."""
-    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}:{port}", "Accept-Encoding: identity",
-             f"Content-Length: {len(body)}", *(f"{k}: {v}" for k, v in headers.items()), "", ""]
-    return "\r\n".join(lines).encode("latin-1") + body
 
 
 def stream(conn: Connection, request: bytes, record: RequestRecord, events: Events, timeout_s: float) -> None:
