@@ -52,10 +52,21 @@ def genai_perf_env() -> dict[str, str]:
     return env
 
 
+# perf_analyzer 2.51 (r24.10), the last one shipped in the tritonclient wheel, records every FP32 output the model
+# config declares for every response; for one a response does not carry (the ensemble's cum_log_probs, logits,
+# acceptance_rate: TensorRT-LLM's backend sends them only when asked) it reads unset memory. When that memory reads
+# as NaN/Inf, rapidjson stops writing the profile export, which stays empty while perf_analyzer exits 0; genai-perf
+# then fails parsing it. Fixed upstream after r24.10 (perf_analyzer commit b192b035, "Fix inference response access
+# resulting in segfault"); newer perf_analyzer wheels need glibc 2.38. Only that signature is retried.
+EMPTY_EXPORT_TRIES = 3
+
+
 def run_genai_perf(ep: Endpoint, tokenizer: Path, input_tokens: int, output_tokens: int, concurrency: int,
-                   requests: int, warmup: int, artifacts: Path, timeout_s: float) -> dict[str, Any]:
-    """One genai-perf profile run; its `*_genai_perf.json` as a dict."""
-    exe = VENV / "bin" / "genai-perf"
+                   requests: int, warmup: int, artifacts: Path, timeout_s: float,
+                   exe: Path | None = None) -> dict[str, Any]:
+    """One genai-perf profile run; its `*_genai_perf.json` as a dict. A run that fails only because perf_analyzer
+    left its profile export empty (see EMPTY_EXPORT_TRIES) is repeated, at most that many times in all."""
+    exe = exe or VENV / "bin" / "genai-perf"
     if not exe.is_file():
         raise TrtkvError(f"{exe} is missing. Next: `make install-genai-perf` (a side venv: genai-perf pins its own "
                          f"dependencies).")
@@ -68,18 +79,27 @@ def run_genai_perf(ep: Endpoint, tokenizer: Path, input_tokens: int, output_toke
            "--artifact-dir", str(artifacts), "--profile-export-file", name,
            "--", "--measurement-mode", "count_windows", "--measurement-request-count", str(requests)]
     artifacts.mkdir(parents=True, exist_ok=True)
-    log = artifacts / f"genai-perf-c{concurrency}.log"
-    print(f"[genai-perf] concurrency {concurrency}: {' '.join(cmd[:4])} ... (log {log})", flush=True)
-    with log.open("w") as fh:
-        fh.write("$ " + " ".join(cmd) + "\n")
-        fh.flush()
-        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=genai_perf_env(), timeout=timeout_s,
-                              check=False, start_new_session=True)
-    found = sorted(artifacts.glob(f"*-concurrency{concurrency}/c{concurrency}_genai_perf.json"))
-    if proc.returncode != 0 or not found:
-        last = "\n".join(log.read_text().splitlines()[-15:])
-        raise TrtkvError(f"genai-perf exited {proc.returncode} (log {log}):\n{last}")
-    return dict(json.loads(found[-1].read_text()))
+    for attempt in range(1, EMPTY_EXPORT_TRIES + 1):
+        log = artifacts / f"genai-perf-c{concurrency}{'' if attempt == 1 else f'-try{attempt}'}.log"
+        print(f"[genai-perf] concurrency {concurrency}: {' '.join(cmd[:4])} ... (log {log})", flush=True)
+        with log.open("w") as fh:
+            fh.write("$ " + " ".join(cmd) + "\n")
+            fh.flush()
+            proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=genai_perf_env(), timeout=timeout_s,
+                                  check=False, start_new_session=True)
+        found = sorted(artifacts.glob(f"*-concurrency{concurrency}/c{concurrency}_genai_perf.json"))
+        if proc.returncode == 0 and found:
+            return dict(json.loads(found[-1].read_text()))
+        empty = [p for p in artifacts.glob(f"*-concurrency{concurrency}/{name}") if p.stat().st_size == 0]
+        if not empty:
+            break
+        print(f"[genai-perf] perf_analyzer left {empty[0]} empty and exited 0 (its 2.51 exporter, see "
+              f"EMPTY_EXPORT_TRIES in {Path(__file__).name}); try {attempt} of {EMPTY_EXPORT_TRIES}", flush=True)
+        for path in empty:
+            path.unlink()
+    last = "\n".join(log.read_text().splitlines()[-15:])
+    why = " (perf_analyzer's profile export was empty every time)" if empty else ""
+    raise TrtkvError(f"genai-perf exited {proc.returncode}{why} (log {log}):\n{last}")
 
 
 def trtkv_metrics(summary: dict[str, Any]) -> dict[str, float | None]:
