@@ -9,6 +9,10 @@ matter: on vLLM CPU the first token of some prompts takes one more engine step (
 prompts give another TTFT mix. Prints TTFT p50/avg/p99, ITL p50 and output token throughput with the ratio
 trtkv/AIPerf and every request's TTFT from both tools, and writes engines/bench-crosscheck/aiperf/results.md and
 results.json. Exits 1 when a tool failed a request, 2 when the server is not there.
+
+`--replay FIRST_MS,GAP_MS` points both tools at benchmarks/openai_replay.py instead (a server with no model that sends
+the first token FIRST_MS after the request and the rest GAP_MS apart): there every TTFT and ITL is known, so it shows
+how far the two clients agree when the server does the same thing every time.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from trtkv.recipe import load_recipe
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_crosscheck import trtkv_level  # noqa: E402
+from openai_replay import MODEL as REPLAY_MODEL  # noqa: E402
+from openai_replay import start as start_replay  # noqa: E402
 
 VENV = paths.project_root() / ".venv-aiperf"
 METRICS = [("time_to_first_token", "p50", "TTFT p50 (ms)"), ("time_to_first_token", "avg", "TTFT avg (ms)"),
@@ -97,7 +103,9 @@ def pick(data: dict[str, Any]) -> dict[str, float | None]:
 
 def markdown(r: dict[str, Any]) -> str:
     lines = ["# AIPerf vs trtkv bench (OpenAI protocol)", "",
-             f"- run {r['started_at']}; endpoint http://{r['url']} model `{r['model']}` (recipe {r['recipe']}); "
+             f"- run {r['started_at']}; endpoint http://{r['url']} model `{r['model']}` (recipe {r['recipe']}"
+             + (f"'s workload; benchmarks/openai_replay.py: first token {r['replay'].split(',')[0]} ms, then one "
+                f"every {r['replay'].split(',')[1]} ms" if r.get("replay") else "") + "); "
              f"AIPerf {r['aiperf_version']}, streaming /v1/completions",
              f"- input {r['input_tokens']} tokens, max_tokens {r['output_tokens']}, {r['requests']} measured requests per "
              f"level, the two clients one after the other ({'AIPerf' if r.get('aiperf_first') else 'trtkv'} first); server "
@@ -131,10 +139,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per AIPerf run")
     ap.add_argument("--aiperf-first", action="store_true",
                     help="run AIPerf before trtkv at each level (default after), to see whether the order matters")
+    ap.add_argument("--replay", metavar="FIRST_MS,GAP_MS", default=None,
+                    help="measure benchmarks/openai_replay.py (known TTFT and ITL, no model) instead of a server")
     args = ap.parse_args(argv)
     recipe = load_recipe(args.recipe)
+    out_dir = args.output or paths.engines_dir() / "bench-crosscheck" / ("aiperf-replay" if args.replay else "aiperf")
+    replay = None
+    if args.replay:
+        try:
+            first_ms, gap_ms = (float(v) for v in args.replay.split(","))
+        except ValueError:
+            ap.error(f"--replay {args.replay!r}: expected FIRST_MS,GAP_MS, e.g. --replay 300,50")
+        replay, port = start_replay(first_ms, gap_ms)
+        args.url, args.model = f"127.0.0.1:{port}", REPLAY_MODEL
+    try:
+        return crosscheck(args, recipe, out_dir)
+    finally:
+        if replay is not None:
+            replay.terminate()
+            replay.join()
+
+
+def crosscheck(args: argparse.Namespace, recipe: Any, out_dir: Path) -> int:
     b = recipe.bench
-    out_dir = args.output or paths.engines_dir() / "bench-crosscheck" / "aiperf"
     try:
         ep = check_endpoint(resolve_endpoint(recipe, args.url, "openai", args.model))
     except TrtkvError as exc:
@@ -151,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "recipe": recipe.name,
                                "url": ep.url, "model": ep.model, "input_tokens": b.input_tokens,
                                "output_tokens": b.output_tokens, "requests": args.requests, "aiperf_version": version,
-                               "aiperf_first": args.aiperf_first,
+                               "aiperf_first": args.aiperf_first, "replay": args.replay,
                                "levels": []}
     failed = False
     for conc in [int(c) for c in args.concurrency.split(",") if c.strip()]:

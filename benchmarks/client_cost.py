@@ -12,12 +12,7 @@ cost of sharing the cores; this isolates the client's own.
 from __future__ import annotations
 
 import argparse
-import http.server
-import json
-import multiprocessing
-import socketserver
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -27,43 +22,8 @@ from trtkv.bench.loadgen import Job, run_concurrency  # noqa: E402
 from trtkv.bench.openai import OpenAISession  # noqa: E402
 from trtkv.bench.records import RequestRecord  # noqa: E402
 
-# one streamed event as vLLM 0.32 sends it for /v1/completions
-EVENT = {"id": "cmpl-0", "object": "text_completion", "created": 0, "model": "m",
-         "choices": [{"index": 0, "text": " tok", "logprobs": None, "finish_reason": None, "stop_reason": None,
-                      "token_ids": None, "prompt_logprobs": None, "prompt_token_ids": None}], "usage": None}
-
-
-def serve(tokens: int, gap_s: float, port_out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
-    """The replay server, in a process of its own (as a real server is): its threads must not share the client's
-    GIL, or the client's CPU per event would include waiting for them."""
-    payload = b"data: " + json.dumps(EVENT).encode() + b"\n\n"
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-        def do_POST(self) -> None:  # noqa: N802 - the http.server hook's name
-            self.rfile.read(int(self.headers["Content-Length"]))
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            for body in [payload] * tokens + [b"data: [DONE]\n\n"]:
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(body), body))
-                if gap_s:
-                    self.wfile.flush()
-                    time.sleep(gap_s)
-            self.wfile.write(b"0\r\n\r\n")
-            self.wfile.flush()
-
-    class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
-        daemon_threads = True
-
-    server = Server(("127.0.0.1", 0), Handler)
-    port_out.put(server.server_address[1])
-    server.serve_forever()
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from openai_replay import MODEL, start  # noqa: E402 - benchmarks/, beside this file
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,10 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gap-ms", type=float, default=5.0, help="pause between events, as a server decoding tokens "
                                                              "(0: everything at once)")
     args = ap.parse_args(argv)
-    ports: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
-    server = multiprocessing.Process(target=serve, args=(args.tokens, args.gap_ms / 1e3, ports), daemon=True)
-    server.start()
-    ep = Endpoint(f"127.0.0.1:{ports.get(timeout=30)}", "openai", "m")
+    server, port = start(0.0, args.gap_ms, args.tokens)
+    ep = Endpoint(f"127.0.0.1:{port}", "openai", MODEL)
     jobs = [Job(RequestRecord(f"r{i}", "latency", "cost", i, 1, args.tokens), "hi",
                 SamplingParams(max_tokens=args.tokens)) for i in range(args.requests)]
     records = run_concurrency(lambda: OpenAISession(ep), jobs, args.concurrency, 60.0)
