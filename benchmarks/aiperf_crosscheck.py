@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trtkv import paths
+from trtkv import paths, supervise
 from trtkv.bench.client import Endpoint
 from trtkv.bench.endpoints import check_endpoint
 from trtkv.bench.prompts import latency_prompts, load_tokenizer, tokenizer_dir
@@ -35,7 +35,7 @@ from trtkv.errors import TrtkvError
 from trtkv.recipe import load_recipe
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_crosscheck import trtkv_level  # noqa: E402
+from bench_crosscheck import finish, trtkv_level  # noqa: E402
 from openai_replay import MODEL as REPLAY_MODEL  # noqa: E402
 from openai_replay import start as start_replay  # noqa: E402
 
@@ -180,6 +180,15 @@ def crosscheck(args: argparse.Namespace, recipe: Any, out_dir: Path) -> int:
                                "output_tokens": b.output_tokens, "requests": args.requests, "aiperf_version": version,
                                "aiperf_first": args.aiperf_first, "replay": args.replay,
                                "levels": []}
+    with supervise.quiet(recipe, "aiperf_crosscheck", args.url):  # the supervisor's canaries would be measured too
+        failed = measure(args, recipe, ep, prompts, tokenizer, aiperf_tokenizer, out_dir, results)
+    return finish(out_dir, results, markdown(results), failed)
+
+
+def measure(args: argparse.Namespace, recipe: Any, ep: Endpoint, prompts: list[str], tokenizer: Any,
+            aiperf_tokenizer: Path, out_dir: Path, results: dict[str, Any]) -> bool:
+    """Both tools at each level, into results["levels"]; True when any request failed."""
+    b = recipe.bench
     failed = False
     for conc in [int(c) for c in args.concurrency.split(",") if c.strip()]:
         def ours(level: int) -> dict[str, Any]:
@@ -206,12 +215,7 @@ def crosscheck(args: argparse.Namespace, recipe: Any, out_dir: Path) -> int:
         results["levels"].append({"concurrency": conc, "trtkv": pick(summary), "aiperf": pick(theirs),
                                   "trtkv_failed": trtkv_failed, "aiperf_failed": errors,
                                   "trtkv_cpu_us_per_token": cpu, "ttft_ms": ttft})
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out_dir / "results.md").write_text(markdown(results))
-    print(markdown(results))
-    print(f"wrote {out_dir / 'results.md'} and results.json")
-    return 1 if failed else 0
+    return failed
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trtkv import paths
+from trtkv import paths, supervise
 from trtkv.bench.client import Endpoint, SamplingParams
 from trtkv.bench.endpoints import check_endpoint, session_factory
 from trtkv.bench.loadgen import Job, run_concurrency, run_rate
@@ -154,12 +154,21 @@ def max_rate(ep: Endpoint, prompts: list[str], tokenizer: Any, rates: list[float
     return {"max_tokens": max_tokens, "seconds_per_step": seconds, "steps": steps, "highest_sustained_rate": best}
 
 
-def write(out_dir: Path, results: dict[str, Any]) -> None:
+def write(out_dir: Path, results: dict[str, Any], md: str | None = None) -> None:
+    """results.json (replaced whole) and results.md (`md`, default this script's table) in `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / f".results.json.tmp-{os.getpid()}"
     tmp.write_text(json.dumps(results, indent=1) + "\n")
     tmp.replace(out_dir / "results.json")
-    (out_dir / "results.md").write_text(markdown(results))
+    (out_dir / "results.md").write_text(markdown(results) if md is None else md)
+
+
+def finish(out_dir: Path, results: dict[str, Any], md: str, failed: bool) -> int:
+    """Write and print a cross-check's results; its exit status (1 when any request failed)."""
+    write(out_dir, results, md)
+    print(md)
+    print(f"wrote {out_dir / 'results.md'} and results.json")
+    return 1 if failed else 0
 
 
 def _pct(row: dict[str, Any], key: str) -> str:
@@ -256,9 +265,10 @@ def main(argv: list[str] | None = None) -> int:
         except TrtkvError as exc:
             results["notes"].append(f"real server not measured: {str(exc).splitlines()[0]}")
         else:
-            results["side_by_side"] += side_by_side(recipe.name, real, prompts, tokenizer, b.output_tokens,
-                                                    list(b.concurrency), max(4, b.num_requests), 4, work,
-                                                    b.request_timeout_s, pa_trials=5)
+            with supervise.quiet(recipe, "bench_crosscheck", args.url):  # no supervisor canaries in the measurement
+                results["side_by_side"] += side_by_side(recipe.name, real, prompts, tokenizer, b.output_tokens,
+                                                        list(b.concurrency), max(4, b.num_requests), 4, work,
+                                                        b.request_timeout_s, pa_trials=5)
     write(out_dir, results)
     print(markdown(results))
     print(f"wrote {out_dir / 'results.md'} and results.json (work files: {work})")

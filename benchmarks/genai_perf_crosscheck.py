@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trtkv import paths
+from trtkv import paths, supervise
 from trtkv.bench.client import Endpoint
 from trtkv.bench.endpoints import check_endpoint
 from trtkv.bench.prompts import latency_prompts, load_tokenizer, tokenizer_dir
@@ -33,7 +33,7 @@ from trtkv.errors import TrtkvError
 from trtkv.recipe import load_recipe
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_crosscheck import trtkv_level  # noqa: E402
+from bench_crosscheck import finish, trtkv_level  # noqa: E402
 
 VENV = paths.project_root() / ".venv-genai-perf"
 METRICS = [("time_to_first_token", "avg", "TTFT avg (ms)"), ("time_to_first_token", "p50", "TTFT p50 (ms)"),
@@ -166,24 +166,20 @@ def main(argv: list[str] | None = None) -> int:
                                "output_tokens": b.output_tokens, "requests": args.requests,
                                "genai_perf_version": version, "levels": []}
     failed = False
-    for conc in levels:
-        print(f"[trtkv] concurrency {conc} ...", flush=True)
-        mine = trtkv_level(ep, prompts, tokenizer, args.requests, b.output_tokens, conc, b.request_timeout_s)
-        summary = mine["summary"]
-        theirs = run_genai_perf(ep, tok_dir, b.input_tokens, b.output_tokens, conc, args.requests,
-                                min(conc, 4), out_dir / "artifacts", args.timeout)
-        counted = int((theirs.get("request_count") or {}).get("avg") or 0)
-        trtkv_failed = int(summary["request_count"]["failed"])
-        failed |= trtkv_failed > 0 or counted < args.requests
-        results["levels"].append({"concurrency": conc, "trtkv": trtkv_metrics(summary),
-                                  "genai_perf": genai_metrics(theirs), "trtkv_failed": trtkv_failed,
-                                  "genai_perf_requests": counted})
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out_dir / "results.md").write_text(markdown(results))
-    print(markdown(results))
-    print(f"wrote {out_dir / 'results.md'} and results.json")
-    return 1 if failed else 0
+    with supervise.quiet(recipe, "genai_perf_crosscheck", args.url):  # no supervisor canaries in the measurement
+        for conc in levels:
+            print(f"[trtkv] concurrency {conc} ...", flush=True)
+            mine = trtkv_level(ep, prompts, tokenizer, args.requests, b.output_tokens, conc, b.request_timeout_s)
+            summary = mine["summary"]
+            theirs = run_genai_perf(ep, tok_dir, b.input_tokens, b.output_tokens, conc, args.requests,
+                                    min(conc, 4), out_dir / "artifacts", args.timeout)
+            counted = int((theirs.get("request_count") or {}).get("avg") or 0)
+            trtkv_failed = int(summary["request_count"]["failed"])
+            failed |= trtkv_failed > 0 or counted < args.requests
+            results["levels"].append({"concurrency": conc, "trtkv": trtkv_metrics(summary),
+                                      "genai_perf": genai_metrics(theirs), "trtkv_failed": trtkv_failed,
+                                      "genai_perf_requests": counted})
+    return finish(out_dir, results, markdown(results), failed)
 
 
 if __name__ == "__main__":

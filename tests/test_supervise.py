@@ -64,3 +64,76 @@ def test_restarts_are_bounded_then_it_gives_up(sup: tuple[supervise.Supervisor, 
     last = events(s)[-1]
     assert last["event"] == "gave_up" and last["restarts_in_window"] == 2
     assert json.loads(supervise.record_path(s.recipe).read_text())["state"] == "failed"
+
+
+class _OpenAIServer:
+    """A loopback HTTP server that answers /health and one-token /v1/completions, counting the completions."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        owner = self
+        self.completions = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _send(self, body: bytes) -> None:
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:  # noqa: N802
+                self._send(b"")
+
+            def do_POST(self) -> None:  # noqa: N802
+                self.rfile.read(int(self.headers["Content-Length"]))
+                owner.completions += 1
+                self._send(json.dumps({"choices": [{"text": " Hi"}]}).encode())
+
+            def log_message(self, *_a: Any) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+
+def test_quiet_while_measured_no_canaries_alive_and_ready_only(engines_tmp: Path) -> None:
+    """A benchmark of the supervised server holds `supervise.quiet`: the supervisor's probes then send no inference
+    (on vLLM CPU a canary step delays a measured first token by a whole step) and say so in the events; another
+    server's address asks nothing; a holder that died is forgotten."""
+    import os
+    import subprocess
+    import sys
+
+    from trtkv.artifacts import ServerRecord
+    from trtkv.layout import serve_dir
+
+    recipe = load_recipe("smollm2_fp8kv_vllm")
+    server = _OpenAIServer()
+    try:
+        folder = serve_dir(recipe)
+        folder.mkdir(parents=True)
+        ServerRecord(pid=os.getpid(), host="127.0.0.1", http_port=server.port, grpc_port=server.port, metrics_port=0,
+                     command=[sys.executable], log="-", model_repository="-", started_at="now",
+                     extra={"frontend": "vllm", "served_model_name": recipe.name}).save(folder)
+        s = supervise.Supervisor(recipe, interval_s=0.0, log=lambda _m: None)
+        s.save("healthy")  # this process stands in for the supervisor: alive() finds it
+        assert s.probe() == ("healthy", "") and server.completions == 1  # one engine: one canary
+        with supervise.quiet(recipe, "other bench", "127.0.0.1:1") as asked:
+            assert not asked and not supervise.quiet_holders(recipe)
+        with supervise.quiet(recipe, "trtkv bench", f"127.0.0.1:{server.port}") as asked:
+            assert asked
+            assert s.probe() == ("healthy", "") and server.completions == 1  # alive and ready only
+            assert s.probe() == ("healthy", "")
+        assert s.probe() == ("healthy", "") and server.completions == 2
+        kinds = [(e["event"], e.get("holders")) for e in events(s)]
+        assert kinds == [("quiet", [f"trtkv bench (pid {os.getpid()})"]), ("canaries_resumed", None)]
+        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True)
+        stale = supervise.quiet_dir(recipe) / f"{gone.stdout.strip()}.json"
+        stale.write_text(json.dumps({"pid": int(gone.stdout), "command": [sys.executable], "who": "killed bench"}))
+        assert supervise.quiet_holders(recipe) == [] and not stale.exists()
+    finally:
+        server.httpd.shutdown()

@@ -87,9 +87,16 @@ def openai_canary(http_url: str, model: str, timeout_s: float = 60.0) -> Probe:
     return Probe(answer is not None, seconds, f"text {answer!r}" if answer is not None else f"HTTP {status}: {text[:200]}")
 
 
-def check(recipe: Recipe, canaries: int = 2, timeout_s: float = 60.0) -> Health:
-    """The recorded server's state: process alive, /v2/health/ready, then `canaries` one-token inferences (one per
-    model instance by default: a dead instance fails some of them)."""
+def default_canaries(recipe: Recipe, frontend: str) -> int:
+    """Triton: two per model instance (round-robin then reaches every instance, and a dead one fails some); an
+    OpenAI server (vLLM, trtllm-serve) runs one engine: one. Each canary is a real engine step that competes with
+    the traffic being served."""
+    return 2 * recipe.triton.instance_count if frontend == "tritonserver" else 1
+
+
+def check(recipe: Recipe, canaries: int | None = None, timeout_s: float = 60.0) -> Health:
+    """The recorded server's state: process alive, its ready endpoint, then `canaries` one-token inferences
+    (default: `default_canaries`; 0: none, alive and ready only — `checks["passive"]`)."""
     server = ServerRecord.load(serve_dir(recipe))
     if server is None:
         return Health("absent", None)
@@ -109,11 +116,15 @@ def check(recipe: Recipe, canaries: int = 2, timeout_s: float = 60.0) -> Health:
         return Health("down", server, checks)
     from trtkv.backends import for_recipe
 
+    count = default_canaries(recipe, frontend) if canaries is None else canaries
+    if count <= 0:
+        checks["passive"] = True
+        return Health("healthy", server, checks)
     if frontend == "tritonserver":
         interface = for_layout(for_recipe(recipe).repo_layout)
-        probes = [canary(http, interface, timeout_s=timeout_s) for _ in range(max(1, canaries))]
+        probes = [canary(http, interface, timeout_s=timeout_s) for _ in range(count)]
     else:
         model = str(server.extra.get("served_model_name") or recipe.name)
-        probes = [openai_canary(http, model, timeout_s=timeout_s) for _ in range(max(1, canaries))]
+        probes = [openai_canary(http, model, timeout_s=timeout_s) for _ in range(count)]
     checks["canaries"] = [probe.__dict__ for probe in probes]
     return Health("healthy" if all(p.ok for p in probes) else "degraded", server, checks)

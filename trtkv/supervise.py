@@ -6,6 +6,11 @@ start, wait for readiness; a canary answered "Stub process ... is not healthy" r
 (`backoff_s` doubling, at most 60 s). Every event goes to engines/<recipe>/serve/events.jsonl with its cause; its
 state and pid to serve/supervisor.json. `trtkv status` reads both; `trtkv stop` ends the supervisor, then the server.
 
+While a benchmark measures this server (`trtkv bench`, `make bench-crosscheck`: `quiet` below), the supervisor sends
+no canaries and checks only that the process is alive and ready: a canary is a real engine step, and on vLLM CPU one
+that overlaps a measured request's arrival delays its first token by a whole step (the `quiet` and `canaries_resumed`
+events say when).
+
     python -m trtkv.supervise RECIPE [section.key=value ...]     (what `trtkv serve` runs, detached)
 """
 
@@ -13,11 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +36,7 @@ from trtkv.recipe import Recipe
 SUPERVISOR_JSON = "supervisor.json"
 EVENTS = "events.jsonl"
 LOG = "supervisor.log"
+QUIET_DIR = "quiet"  # serve/quiet/<pid>.json: a benchmark in progress asks for no canaries
 MAX_BACKOFF_S = 60.0
 # What Triton answers for a model instance whose Python backend stub died: a definite failure, restart at once
 DEAD_INSTANCE = "is not healthy"
@@ -64,6 +72,51 @@ def read_events(recipe: Recipe, last: int = 10) -> list[dict[str, Any]]:
     return out
 
 
+def quiet_dir(recipe: Recipe) -> Path:
+    return serve_dir(recipe) / QUIET_DIR
+
+
+def quiet_holders(recipe: Recipe) -> list[dict[str, Any]]:
+    """The live processes that asked for quiet (a holder that died without cleaning up is removed here)."""
+    holders = []
+    for path in sorted(quiet_dir(recipe).glob("*.json")):
+        try:
+            holder = json.loads(path.read_text())
+            live = is_running(int(holder["pid"]), list(holder.get("command") or []))
+        except (OSError, ValueError, KeyError, TypeError):
+            live, holder = False, {}
+        if live:
+            holders.append(holder)
+        else:
+            path.unlink(missing_ok=True)
+    return holders
+
+
+@contextmanager
+def quiet(recipe: Recipe, who: str, address: str | None = None) -> Iterator[bool]:
+    """Ask the recipe's supervisor to send no canaries while the block runs (a benchmark of its server). `address`:
+    the HOST:PORT being measured (None: the recorded server's own); another server's address asks nothing. Yields
+    whether it asked."""
+    from trtkv.artifacts import ServerRecord
+
+    server = ServerRecord.load(serve_dir(recipe)) if alive(recipe) else None
+    ours = server is not None and (address is None or address.split("://", 1)[-1].rstrip("/") in (
+        f"{host}:{port}" for host in (server.client_host, server.host) for port in (server.http_port, server.grpc_port)))
+    if not ours:
+        yield False
+        return
+    path = quiet_dir(recipe) / f"{os.getpid()}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"pid": os.getpid(), "command": [sys.executable], "who": who,
+                               "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
+    tmp.replace(path)
+    try:
+        yield True
+    finally:
+        path.unlink(missing_ok=True)
+
+
 def alive(recipe: Recipe) -> dict[str, Any] | None:
     """The supervisor's record when its process runs, else None."""
     record = read_record(recipe)
@@ -78,7 +131,8 @@ class Supervisor:
                  canary_timeout_s: float = 15.0, log: Callable[[str], None] = print) -> None:
         self.recipe, self.interval_s, self.failures = recipe, interval_s, failures
         self.max_restarts, self.window_s, self.backoff_s = max_restarts, window_s, backoff_s
-        self.canaries = canaries or 2 * recipe.triton.instance_count  # round-robin reaches every instance
+        self.canaries = canaries  # None: health.default_canaries (Triton: 2 per instance; OpenAI servers: 1)
+        self.quiet_for: list[str] = []
         self.canary_timeout_s = canary_timeout_s
         self.log = log
         self.restarts: list[float] = []
@@ -108,7 +162,14 @@ class Supervisor:
         """(state, cause) from the real canaries: healthy, degraded, dead (an instance is reported dead) or down."""
         from trtkv import health
 
-        result = health.check(self.recipe, canaries=self.canaries, timeout_s=self.canary_timeout_s)
+        holders = [f"{h.get('who', '?')} (pid {h.get('pid')})" for h in quiet_holders(self.recipe)]
+        if holders != self.quiet_for:
+            if holders:
+                self.event("quiet", holders=holders, note="no canaries while measured; alive and ready only")
+            else:
+                self.event("canaries_resumed")
+            self.quiet_for = holders
+        result = health.check(self.recipe, canaries=0 if holders else self.canaries, timeout_s=self.canary_timeout_s)
         failed = [p for p in result.checks.get("canaries", []) if not p["ok"]]
         if result.state == "absent":
             return "down", "no server recorded (server.json is gone)"
@@ -125,7 +186,7 @@ class Supervisor:
     def run(self, rounds: int | None = None) -> int:
         """Probe until stopped (or `rounds` probes, for tests); returns 0 when stopped, 1 when it gave up."""
         self.save("healthy")
-        self.event("supervising", interval_s=self.interval_s, canaries=self.canaries)
+        self.event("supervising", interval_s=self.interval_s, canaries=self.canaries or "default")
         bad, n = 0, 0
         while not self.stopping and (rounds is None or n < rounds):
             n += 1

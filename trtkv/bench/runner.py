@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtkv import paths
+from trtkv import paths, supervise
 from trtkv.artifacts import ServerRecord
 from trtkv.backends import for_recipe
 from trtkv.bench import accuracy as acc_tasks
@@ -227,7 +227,9 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     interrupted: str | None = None
     tasks: list[acc_tasks.Task] = []
     task_errors: dict[str, dict[str, Any]] = {}
-    with _Progress(opts.progress) as progress:
+    with _Progress(opts.progress) as progress, supervise.quiet(recipe, "trtkv bench", opts.url) as asked:
+        if asked:
+            progress.log("bench: the supervisor sends no canaries while this runs (it checks alive and ready only)")
         try:
             interrupted = "preparation of the accuracy tasks"
             tasks, task_errors = build_tasks(recipe, tokenizer, task_names, opts.golden_prompts, progress.log)
