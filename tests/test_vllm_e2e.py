@@ -176,3 +176,46 @@ def test_per_layer_kv_precision_deploys_with_the_planned_pool(vllm_server: tuple
         assert int(found.group(1).replace(",", "")) == int(space // bpt) // VLLM_CPU_BLOCK * VLLM_CPU_BLOCK
     finally:
         serve.stop(mixed, timeout_s=30)
+
+
+PARSE_WITH_VLLM = """
+import json, sys
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+out = []
+for args in json.loads(sys.stdin.read()):
+    ns = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(args)  # an unknown flag exits 2
+    e = AsyncEngineArgs.from_cli_args(ns)
+    out.append({"model": e.model, "kv_cache_dtype": e.kv_cache_dtype, "skip": [str(x) for x in
+                e.kv_cache_dtype_skip_layers], "tp": e.tensor_parallel_size, "max_model_len": e.max_model_len,
+                "kv_connector": getattr(e.kv_transfer_config, "kv_connector", None)})
+print(json.dumps(out))
+"""
+
+
+def test_dynamo_vllm_worker_arguments_parse_with_vllms_own_engine_parser() -> None:
+    """`trtkv deploy --target dynamo` gives dynamo.vllm's workers vLLM engine arguments (Dynamo's worker parses them
+    with AsyncEngineArgs.add_cli_args). Every one but Dynamo's own --disaggregation-mode must parse, strictly, with
+    vLLM's parser (the installed vllm-cpu 0.32.0; Dynamo 1.4.0 pins 0.26.0, whose parser has the flags used here,
+    --kv-cache-dtype-skip-layers since 0.19.0) to the values the recipe means."""
+    import subprocess
+
+    from trtkv.deploy import dynamo
+
+    recipe = load_recipe("llama70b_fp8kv", ["build.backend=vllm", "quantization.kv_skip_layers=[0,79]"])
+    roles, argv = ["agg", "prefill", "decode"], []
+    for role in roles:
+        args = dynamo.worker_args(recipe, role)
+        if role != "agg":
+            i = args.index("--disaggregation-mode")
+            assert args[i + 1] == role
+            del args[i:i + 2]
+        argv.append(args)
+    proc = subprocess.run([str(vllm.vllm_python()), "-c", PARSE_WITH_VLLM], input=json.dumps(argv),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    parsed = json.loads(proc.stdout.strip().splitlines()[-1])
+    for role, p in zip(roles, parsed, strict=True):  # one answer per role
+        assert p["model"] == str(dynamo.hf_dir(recipe)) and p["max_model_len"] == recipe.build.max_seq_len
+        assert (p["kv_cache_dtype"], p["skip"], p["tp"]) == ("fp8", ["0", "79"], recipe.build.tp_size)
+        assert p["kv_connector"] == (None if role == "agg" else "NixlConnector")
