@@ -58,4 +58,4 @@ def serve_dir(recipe: Recipe) -> Path:
 
 def repo_dir(recipe: Recipe) -> Path:
     """triton_repo/<recipe>: written by `trtkv repo`."""
-    return paths.triton_repo_dir() / recipe.name
+    return paths.recipe_folder(paths.triton_repo_dir(), recipe.name)

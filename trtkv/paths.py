@@ -42,5 +42,18 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "trtkv"
 
 
+def recipe_folder(root: Path, recipe_name: str) -> Path:
+    """`root/<recipe_name>`, refusing a name that is not one plain folder name (`.`, `..`, a `/`, a leading dot):
+    defence in depth behind the recipe-name rule, so no stage ever writes to `root` itself or outside it."""
+    if (not recipe_name or recipe_name in (".", "..") or recipe_name.startswith(".")
+            or any(c in recipe_name for c in "/\\\0") or not recipe_name.isprintable()):
+        from trtkv.errors import StageError
+
+        raise StageError(f"recipe name {recipe_name!r} is not a plain folder name, so trtkv will not write "
+                         f"{root}/<name>. Next: rename the recipe file (lower-case letters, digits, `_` and `-`).")
+    return root / recipe_name
+
+
 def recipe_output_dir(recipe_name: str) -> Path:
-    return engines_dir() / recipe_name
+    """engines/<recipe>: every stage folder of one recipe."""
+    return recipe_folder(engines_dir(), recipe_name)

@@ -69,6 +69,76 @@ def remove_leftovers(output: Path, log: Callable[[str], None] = print) -> list[P
     return removed
 
 
+OWNER = ".trtkv-owner"  # {"stage", "recipe"} in folders that have no manifest.json of a stage (deploy, probe, compare)
+
+
+def _owner(folder: Path) -> tuple[str | None, str | None] | None:
+    """(stage, recipe) that trtkv recorded in `folder` (manifest.json or the owner file); None when it holds neither."""
+    for name in (MANIFEST, OWNER):
+        path = folder / name
+        if not path.is_file() or path.is_symlink():
+            continue
+        try:
+            with path.open("rb") as fh:
+                data = json.loads(fh.read(1 << 20) or b"null")
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("stage"), str):
+            recipe = data.get("recipe")
+            return data["stage"], recipe if isinstance(recipe, str) else None
+    return None
+
+
+def check_inside(output: Path, stage: str) -> Path:
+    """`output` made absolute; refuses a folder that is not strictly inside its parent (`.`, `..`, `/`, a symlink)."""
+    absolute = Path(os.path.abspath(output))
+    if output.name in ("", ".", "..") or absolute == absolute.parent or absolute.is_symlink() \
+            or absolute.resolve().parent != absolute.parent.resolve():
+        raise StageError(f"{stage}: refusing to replace {output}: a stage output must be a folder strictly inside "
+                         f"its parent (not `.`, `..`, `/` or a symbolic link). Nothing was changed. "
+                         f"Next: name a new folder, e.g. {absolute.parent / (stage + '-out')}.")
+    return absolute
+
+
+def check_output(output: Path, stage: str, recipe: str, option: str = "--output") -> Path:
+    """Refuse an output folder trtkv would replace but did not write: it must be absent, empty, or hold a manifest
+    (or owner file) of the same stage and recipe. Returns the absolute path."""
+    absolute = check_inside(output, stage)
+    if not absolute.exists():
+        return absolute
+    if not absolute.is_dir():
+        raise StageError(f"{stage}: {option} {output} is a file, not a folder. Nothing was changed. "
+                         f"Next: name a new or empty folder.")
+    if not any(absolute.iterdir()):
+        return absolute
+    owner = _owner(absolute)
+    if owner == (stage, recipe):
+        return absolute
+    seen = (f"it holds trtkv's `{owner[0]}` output of recipe {owner[1]!r}" if owner
+            else "it holds files trtkv did not write (no manifest.json)")
+    raise StageError(f"{stage}: {option} {output}: {seen}, so trtkv will not replace it (it replaces only its own "
+                     f"`{stage}` output of recipe {recipe!r}). Nothing was changed. Next: name a new or empty folder, "
+                     f"or move that one aside yourself.")
+
+
+def claim_output(output: Path, stage: str, recipe: str, option: str = "--output") -> Path:
+    """check_output, then create the folder and record trtkv as its owner (for stages that write in place)."""
+    absolute = check_output(output, stage, recipe, option)
+    absolute.mkdir(parents=True, exist_ok=True)
+    if _owner(absolute) is None:
+        (absolute / OWNER).write_text(json.dumps({"stage": stage, "recipe": recipe}) + "\n")
+    return absolute
+
+
+def in_place_output(given: Path | None, default: Path, stage: str, recipe: str) -> Path:
+    """The folder of a stage that writes in place (probe, compare): a user's --output goes through claim_output;
+    trtkv's own default folder (under engines/) is created as it is."""
+    if given is not None:
+        return claim_output(given, stage, recipe)
+    default.mkdir(parents=True, exist_ok=True)
+    return default
+
+
 def manifest_hash(folder: Path) -> str | None:
     path = folder / MANIFEST
     if not path.is_file():
@@ -124,6 +194,7 @@ def run_stage(
 
     `versioned_tools`: distributions whose installed versions join the up-to-date key (an upgrade redoes the stage).
     """
+    output = check_output(output, stage, recipe.name, "output folder")
     remove_leftovers(output, log)
     recipe_hash = recipe.section_hash(*sections)
     if input_dir is not None and input_hash is None:
@@ -160,16 +231,31 @@ def run_stage(
             **extra,
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=False, default=str) + "\n")
-        _replace(tmp, output)
+        replace_folder(tmp, output, stage)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log(f"{stage}: wrote {output} in {seconds:.1f} s")
     return StageResult(stage, output, False, seconds, manifest)
 
 
-def _replace(tmp: Path, output: Path) -> None:
-    """Swap `tmp` into `output`: the old folder is moved aside first and removed after."""
+def _umask() -> int:
+    """The process umask, read without changing it (os.umask sets it, a race with other threads)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
+def replace_folder(tmp: Path, output: Path, stage: str) -> None:
+    """Swap `tmp` into `output` (strictly inside its parent): the old folder is moved aside first and removed after;
+    the new folder keeps the old one's mode (a new one gets the umask's)."""
+    output = check_inside(output, stage)
     old = output.parent / f".{output.name}.old-{os.getpid()}"
+    mode = (output.stat().st_mode & 0o7777) if output.is_dir() else (0o777 & ~_umask())
+    os.chmod(tmp, mode)
     if output.exists():
         output.rename(old)
     try:

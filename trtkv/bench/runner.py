@@ -207,8 +207,10 @@ def _normalize(records: Sequence[RequestRecord], t0: int) -> None:
 
 def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     """The whole benchmark; results are written even when interrupted or when an SLO fails."""
-    from trtkv.stage import run_stage, tool_versions
+    from trtkv.stage import check_output, run_stage, tool_versions
 
+    output = opts.output or paths.recipe_output_dir(recipe.name) / "bench"
+    check_output(output, "bench", recipe.name)  # before measuring: a folder it may not replace is refused at once
     slos = slo.parse_all(recipe.bench.thresholds, opts.slos, opts.allow_failures)
     goodput = aiperf_export.parse_goodput(opts.goodput)
     openai = (opts.protocol or recipe.bench.protocol.value).lower() == "openai"
@@ -251,7 +253,6 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
             good = aiperf_export.level_export(recs, goodput)
             out["levels"][label]["goodput"] = {**good["goodput"], "good_request_count": good["good_request_count"]["avg"]}
     out["tool_versions"] = tool_versions()
-    output = opts.output or paths.recipe_output_dir(recipe.name) / "bench"
 
     def work(tmp: Path) -> dict[str, Any]:
         write_all(tmp, out, by_level)

@@ -25,11 +25,13 @@ def run(args: argparse.Namespace) -> int:
     from trtkv.pipeline import run_chain
     from trtkv.recipe import load_recipe
     from trtkv.report import write_compare
+    from trtkv.stage import in_place_output
 
     names = [n.strip() for n in args.recipes.split(",") if n.strip()]
     recipes = [load_recipe(n, args.overrides) for n in names]  # validate all before running any
+    given = Path(args.output) if args.output else None
+    out = in_place_output(given, paths.engines_dir() / "compare", "compare", "compare")
     results = [run_chain(n, args.overrides) for n in names]
-    out = Path(args.output) if args.output else paths.engines_dir() / "compare"
     md = write_compare(recipes, results, out)
     print(md.read_text())
     failed = [r for r in results if r.failed]

@@ -23,6 +23,7 @@ from trtkv.deploy import check, dynamo, k8s, launch, slurm
 from trtkv.deploy.sizing import Sizing, size
 from trtkv.errors import StageError
 from trtkv.recipe import Recipe
+from trtkv.stage import OWNER, check_output, replace_folder
 
 
 class Target(str, Enum):
@@ -32,7 +33,7 @@ class Target(str, Enum):
 
 
 def default_output(recipe: Recipe, target: Target) -> Path:
-    return paths.project_root() / "deploy" / recipe.name / target.value
+    return paths.recipe_folder(paths.project_root() / "deploy", recipe.name) / target.value
 
 
 class _NoAliases(yaml.SafeDumper):
@@ -144,7 +145,7 @@ def deploy(recipe: Recipe, target: Target, output: Path | None = None, replicas:
            target_concurrency: int | None = None, log: Callable[[str], None] = print) -> Path:
     """Write, check and (only when every check passes) put the files in place; returns the folder."""
     sizing = size(recipe, replicas, target_concurrency)
-    out = (output or default_output(recipe, target)).resolve()
+    out = check_output(output or default_output(recipe, target), "deploy", recipe.name)
     files, body = render(recipe, target, sizing, out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
@@ -160,11 +161,8 @@ def deploy(recipe: Recipe, target: Target, output: Path | None = None, replicas:
                              + "\nNext: report this as a trtkv bug, with the recipe and the command.")
         (tmp / "sizing.json").write_text(json.dumps(sizing.to_dict(), indent=2) + "\n")
         (tmp / "README.md").write_text(readme_text(recipe, target, sizing, body, checked))
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        if out.exists():
-            out.rename(old)  # the previous files go only once the new ones are complete
-        tmp.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
+        (tmp / OWNER).write_text(json.dumps({"stage": "deploy", "recipe": recipe.name, "target": target.value}) + "\n")
+        replace_folder(tmp, out, "deploy")  # the previous files go only once the new ones are complete
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log(f"deploy: wrote {out} ({', '.join(sorted(files))}); {len(checked)} check(s) passed")

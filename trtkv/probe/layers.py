@@ -38,6 +38,7 @@ from trtkv.kvcache.quant import parse_format
 from trtkv.probe.measure import feed, needle_trials, position_metrics, probe_scales, reference_hidden
 from trtkv.probe.serving import KV_CACHE_OF_FORMAT, served_by, serving, usable_gpus
 from trtkv.probe.setup import default_settings, load_model, write_json
+from trtkv.probe.sweep import probe_output
 from trtkv.recipe import Recipe
 
 SWEEP_LEN = 2048
@@ -74,15 +75,13 @@ def run_per_layer(recipe: Recipe, fmt: str, output: Path | None = None, lengths:
                   max_keep: int = 4, max_bytes_per_token: float | None = None, max_kl: float | None = None,
                   threads: int | None = None, needle_lengths: list[int] | None = None,
                   log: Callable[[str], None] = print) -> Path:
-    from trtkv.probe.results import default_probe_dir
-
     choice = parse_format(fmt)
     if choice.base in (KVFormat.FP16, KVFormat.BF16) or choice.base.value.startswith("kivi"):
         raise TrtkvError(f"--per-layer {fmt}: pick a quantized per-token format (fp8, int8, int4_g64, nvfp4, ...); "
                          f"16-bit has nothing to keep and KIVI's window is a per-token, not per-layer, choice.")
     if max_keep < 1:
         raise TrtkvError(f"--max-keep {max_keep}: use 1 or more")
-    out = output or default_probe_dir(recipe)
+    out = probe_output(recipe, output)
     settings = default_settings(recipe, formats=[choice.name], lengths=lengths, needle_lengths=needle_lengths or [])
     settings.threads = threads
     longest = max(settings.lengths)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import pickle
 import random
 import time
 from pathlib import Path
@@ -125,8 +126,11 @@ def reference_hidden(loaded: Loaded, n: int, out: Path) -> tuple[torch.Tensor, d
     """Hidden states of the reference (fp16 cache) over the first n text tokens (cached)."""
     path = out / "cache" / "reference.pt"
     if path.is_file():
-        doc = torch.load(path, weights_only=True)
-        if doc.get("key") == loaded.key and doc["hidden"].shape[0] >= n:
+        try:
+            doc = torch.load(path, weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, EOFError, OSError):
+            doc = {}  # damaged or from an older trtkv: measured again
+        if isinstance(doc, dict) and doc.get("key") == loaded.key and doc["hidden"].shape[0] >= n:
             return doc["hidden"][:n].to(loaded.device), doc["bytes"]
     choice = parse_format(REFERENCE)
     cache = QuantizedKVCache(loaded.model.config, choice)

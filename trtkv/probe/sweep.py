@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -51,13 +52,21 @@ class _Progress:
         self._progress.__exit__()
 
 
+def probe_output(recipe: Recipe, output: Path | None) -> Path:
+    """The probe's folder, created: it writes its cache and results in place, so a user's --output must be new,
+    empty or an earlier probe of this recipe."""
+    from trtkv.probe.results import default_probe_dir
+    from trtkv.stage import in_place_output
+
+    return in_place_output(Path(output) if output is not None else None, default_probe_dir(recipe), "probe", recipe.name)
+
+
 def run_probe(recipe: Recipe, output: Path | None = None, settings: ProbeSettings | None = None) -> Path:
     """Run (or resume) the sweep and write probe.json, probe.md and plots into `output`."""
-    from trtkv.probe.results import default_probe_dir, write_outputs
+    from trtkv.probe.results import write_outputs
 
     settings = settings or default_settings(recipe)
-    out = Path(output) if output else default_probe_dir(recipe)
-    out.mkdir(parents=True, exist_ok=True)
+    out = probe_output(recipe, output)
     started = time.time()
     choices = [parse_format(f) for f in settings.formats]
     static = [c for c in choices if c.static]
@@ -143,8 +152,11 @@ def _load_run(out: Path, key: str, skey: str, choice: FormatChoice) -> dict | No
     path = _cache_path(out, choice, ".pt")
     if not path.is_file():
         return None
-    doc = torch.load(path, weights_only=False)
-    if doc.get("key") != key or (choice.static and doc.get("scales") != skey):
+    try:  # tensors, numbers and strings only: a cache file never runs code
+        doc = torch.load(path, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError):
+        return None  # written by an older trtkv (or damaged): measured again
+    if not isinstance(doc, dict) or doc.get("key") != key or (choice.static and doc.get("scales") != skey):
         return None
     return {**doc["run"], "metrics": doc["metrics"]}
 

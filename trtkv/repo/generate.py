@@ -80,8 +80,42 @@ def plan_repo(recipe: Recipe) -> RepoPlan:
     return plan
 
 
+def pbtxt_string(text: str) -> str:
+    """`text` escaped for a protobuf text-format "..." literal, so Triton reads back exactly `text` (a `"` or a
+    newline in a path never ends the string or adds a field)."""
+    out = []
+    for ch in text:
+        if ch in "\\\"'":
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\{ord(ch):03o}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def comment_text(text: str) -> str:
+    """`text` for a `#` comment line: anything unprintable (a newline would start a new field) becomes `?`."""
+    return "".join(ch if ch.isprintable() else "?" for ch in text)
+
+
+# values that land inside "..." string literals of the templates (paths carry the recipe name)
+STRING_VALUES = ("tokenizer_dir", "engine_dir", "hf_model_dir", "extra_llm_api_options", "llm_module", "llm_step_model")
+
+
 def template_values(plan: RepoPlan) -> dict[str, str]:
-    """Every ${name} the templates use, from the recipe."""
+    """Every ${name} the templates use, from the recipe; strings escaped for where they land (defence in depth
+    behind the recipe-name rule)."""
+    values = _raw_values(plan)
+    for name in STRING_VALUES:
+        values[name] = pbtxt_string(values[name])
+    values["recipe_name"] = comment_text(values["recipe_name"])
+    return values
+
+
+def _raw_values(plan: RepoPlan) -> dict[str, str]:
     r = plan.recipe
     t, b = r.triton, r.build
     flag = lambda value: "true" if value else "false"  # noqa: E731
