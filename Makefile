@@ -11,11 +11,11 @@ PYTEST_ARGS ?=
 # SERVE_ARGS=--trtllm-serve: serve an llmapi recipe with TensorRT-LLM's OpenAI-compatible server (GPU, container)
 SERVE_ARGS ?=
 
-.PHONY: help install test lint plan validate demo clean calibrate build engine repo serve stop bench probe report \
+.PHONY: help install test check lint plan validate demo clean calibrate build engine repo serve stop bench probe report \
         bench-kvcache bench-crosscheck compare install-genai-perf install-vllm install-aiperf generate status deploy soak
 
 help:
-	@echo "make install | test | lint | demo | plan | calibrate | engine | repo | serve | stop | bench | probe [RECIPE=name]"
+	@echo "make install | test | check | lint | demo | plan | calibrate | engine | repo | serve | stop | bench | probe [RECIPE=name]"
 	@echo "     status | generate | bench-crosscheck | install-vllm | install-aiperf | install-genai-perf"
 	@echo "     deploy [RECIPE=name TARGET=k8s|slurm|dynamo] | soak [SOAK_ARGS=...]"
 
@@ -38,6 +38,10 @@ $(STAMP): constraints.txt pyproject.toml
 # venv) serves the HF export in tests/test_vllm_e2e.py
 test: install install-genai-perf install-vllm
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The inner loop: lint + every test that starts no server and needs no side venv (tests marked e2e are left out)
+check: lint
+	$(BIN)/python -m pytest -q -m "not e2e" $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check trtkv tests scripts benchmarks
