@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from trtkv import paths, supervise
+from trtkv.apikey import api_key, redact
 from trtkv.bench.client import Endpoint
 from trtkv.bench.endpoints import check_endpoint
 from trtkv.bench.prompts import latency_prompts, load_tokenizer, tokenizer_dir
@@ -62,6 +63,8 @@ def run_aiperf(ep: Endpoint, tokenizer: Path, prompts: list[str], output_tokens:
            "single_turn", "--dataset-sampling-strategy", "sequential", "--extra-inputs", "temperature:0",
            "top_p:1", "--concurrency", str(concurrency), "--request-count", str(requests),
            "--warmup-request-count", str(warmup), "--artifact-dir", str(run_dir), "--ui-type", "none"]
+    if api_key() is not None:  # a keyed server (trtkv deploy's vLLM): AIPerf sends Authorization: Bearer <key>
+        cmd += ["--api-key", str(api_key())]
     run_dir.mkdir(parents=True, exist_ok=True)
     log = artifacts / f"aiperf-c{concurrency}.log"
     print(f"[aiperf] concurrency {concurrency}: {' '.join(cmd[:3])} ... (log {log})", flush=True)
@@ -69,7 +72,7 @@ def run_aiperf(ep: Endpoint, tokenizer: Path, prompts: list[str], output_tokens:
     # in the form 'repo_name'..."), so the offline switches are left unset for it
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     with log.open("w") as fh:
-        fh.write("$ " + " ".join(cmd) + "\n")
+        fh.write("$ " + redact(" ".join(cmd)) + "\n")  # the key never reaches the log
         fh.flush()
         proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, timeout=timeout_s, check=False,
                               start_new_session=True)

@@ -18,6 +18,7 @@ from trtkv.canary import canary_script
 from trtkv.cli import main
 from trtkv.deploy import Target, check, deploy, dynamo, k8s
 from trtkv.deploy.check import check_object, crd_schema_info
+from trtkv.deploy.launch import REQUIRE_KEY
 from trtkv.errors import RecipeError, StageError
 from trtkv.recipe import load_recipe
 
@@ -47,14 +48,15 @@ def test_single_node_k8s_deployment_is_schema_valid_and_probes_run_the_canary(tm
     recipe = load_recipe("llama70b_fp8kv")
     out = deploy(recipe, Target.K8S, tmp_path / "k8s", replicas=2, log=lambda _m: None)
     objs = by_kind(out)
-    assert set(objs) == {"PersistentVolumeClaim", "Pod", "Deployment", "Service"}
+    assert set(objs) == {"PersistentVolumeClaim", "Pod", "Deployment", "Service", "NetworkPolicy"}
     dep = objs["Deployment"]
     assert dep["spec"]["replicas"] == 2
     pod = dep["spec"]["template"]["spec"]
     (server,) = pod["containers"]
     assert server["resources"]["limits"]["nvidia.com/gpu"] == 4  # TP4
-    assert server["command"][:2] == ["mpirun", "--allow-run-as-root"]
-    assert server["command"].count("/opt/tritonserver/bin/tritonserver") == 4
+    assert server["command"][:2] == ["bash", "-c"]  # the key from the Secret is expanded in the container
+    assert "exec mpirun --allow-run-as-root" in server["command"][2]
+    assert server["command"][2].count("/opt/tritonserver/bin/tritonserver") == 4
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert probe_script(server, probe) == canary_script(8000)  # the real one-token inference
     assert dep["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "8002"
@@ -118,7 +120,7 @@ def test_llmapi_across_nodes_runs_trtllm_serve_under_mpirun_and_vllm_uses_ray(tm
     lws = by_kind(deploy(recipe, Target.K8S, tmp_path / "v", log=lambda _m: None))["LeaderWorkerSet"]
     tmpl = lws["spec"]["leaderWorkerTemplate"]
     leader, worker = (tmpl[t]["spec"]["containers"][0] for t in ("leaderTemplate", "workerTemplate"))
-    assert leader["command"][2].startswith("ray start --head")
+    assert leader["command"][2].startswith(REQUIRE_KEY + "ray start --head")  # no vLLM without its key
     assert "--distributed-executor-backend ray" in leader["command"][2]
     assert "--kv-cache-dtype fp8" in leader["command"][2]
     assert worker["command"][2].startswith("until ray start --address=$LWS_LEADER_ADDRESS:6379 --block; do")
@@ -131,7 +133,8 @@ def test_slurm_script_srun_pmix_one_task_per_rank(tmp_path: Path) -> None:
     job = (out / "job.sbatch").read_text()
     assert "#SBATCH --nodes=2" in job and "#SBATCH --ntasks-per-node=8" in job
     assert "srun --mpi=pmix --ntasks=16 --ntasks-per-node=8" in job
-    assert '--container-image="$IMAGE"' in job and "IMAGE=${TRTKV_IMAGE:-nvcr.io#nvidia/tritonserver:" in job
+    assert '--container-image="$IMAGE"' in job and "IMAGE=${TRTKV_IMAGE:-$DEFAULT_IMAGE}" in job
+    assert "DEFAULT_IMAGE='nvcr.io#nvidia/tritonserver:" in job
     rank = (out / "rank.sh").read_text()
     assert 'if [ "$SLURM_PROCID" = 0 ]' in rank and 'prefix"$SLURM_PROCID"_' in rank
     assert "--load-model=tensorrt_llm" in rank.split("fi\n")[1]  # ranks > 0 load only the engine model

@@ -8,13 +8,16 @@ canary (`canary`).
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
+import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
+from trtkv.apikey import auth_headers
 from trtkv.artifacts import ServerRecord
 from trtkv.interface import ENSEMBLE, ModelInterface, for_layout
 from trtkv.layout import serve_dir
@@ -43,15 +46,57 @@ class Health:
         return {"healthy": 0, "degraded": 1, "down": 1, "restarting": 1, "absent": 2}[self.state]
 
 
+MAX_RESPONSE_BYTES = 1 << 20  # a ready answer or a one-token inference is a few hundred bytes
+
+
+class ResponseError(OSError):
+    """The answer broke a bound: larger than MAX_RESPONSE_BYTES, or not whole within the request's deadline."""
+
+
 def _http(url: str, body: dict[str, Any] | None, timeout_s: float) -> tuple[int, str]:
+    """(status, body text) of one request, with one deadline for all of it (connect, send, headers, body: a server
+    that drips bytes cannot stretch it) and at most MAX_RESPONSE_BYTES read; the API key's headers when one is set."""
+    parts = urllib.parse.urlsplit(url)
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"},
-                                     method="GET" if body is None else "POST")
+    headers = {"Content-Type": "application/json", **auth_headers()}
+    path = parts.path + (f"?{parts.query}" if parts.query else "")
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=timeout_s)
+    expired = threading.Event()
+
+    def expire() -> None:  # the deadline: a blocked read returns at once (the socket is shut down under it)
+        expired.set()
+        sock = conn.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    timer = threading.Timer(timeout_s, expire)
+    timer.daemon = True
+    timer.start()
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return response.status, response.read().decode(errors="replace")
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode(errors="replace")
+        conn.request("GET" if body is None else "POST", path or "/", body=data, headers=headers)
+        response = conn.getresponse()
+        raw = response.read(MAX_RESPONSE_BYTES + 1)
+        if expired.is_set():
+            raise ResponseError(f"no whole answer from {url} within {timeout_s:g} s")
+        if len(raw) <= MAX_RESPONSE_BYTES and response.length:  # read(n) returns a short body without a word
+            raise ResponseError(f"the answer from {url} ended {response.length} bytes before its Content-Length")
+        if len(raw) > MAX_RESPONSE_BYTES:
+            raise ResponseError(f"the answer from {url} is larger than {MAX_RESPONSE_BYTES} bytes")
+        return response.status, raw.decode(errors="replace")
+    except ResponseError:
+        raise
+    except (OSError, http.client.HTTPException) as exc:
+        if expired.is_set():
+            raise ResponseError(f"no whole answer from {url} within {timeout_s:g} s") from None
+        if isinstance(exc, OSError):
+            raise
+        raise ResponseError(f"{type(exc).__name__}: {exc}") from None
+    finally:
+        timer.cancel()
+        conn.close()
 
 
 def canary(http_url: str, interface: ModelInterface = ENSEMBLE, timeout_s: float = 60.0) -> Probe:
@@ -59,15 +104,16 @@ def canary(http_url: str, interface: ModelInterface = ENSEMBLE, timeout_s: float
     start = time.monotonic()
     try:
         status, text = _http(f"{http_url}/v2/models/{interface.model}/generate", interface.body("Hello", 1), timeout_s)
-    except (urllib.error.URLError, OSError) as exc:
+    except OSError as exc:
         return Probe(False, time.monotonic() - start, f"{type(exc).__name__}: {exc}")
     seconds = time.monotonic() - start
     if status != 200:
         return Probe(False, seconds, f"HTTP {status}: {text[:200]}")
     try:
-        answer = json.loads(text).get("text_output")
+        parsed = json.loads(text)
     except json.JSONDecodeError:
-        answer = None
+        parsed = None
+    answer = parsed.get("text_output") if isinstance(parsed, dict) else None
     return Probe(answer is not None, seconds, f"text_output {answer!r}" if answer is not None else text[:200])
 
 
@@ -77,7 +123,7 @@ def openai_canary(http_url: str, model: str, timeout_s: float = 60.0) -> Probe:
     body = {"model": model, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
     try:
         status, text = _http(f"{http_url}/v1/completions", body, timeout_s)
-    except (urllib.error.URLError, OSError) as exc:
+    except OSError as exc:
         return Probe(False, time.monotonic() - start, f"{type(exc).__name__}: {exc}")
     seconds = time.monotonic() - start
     try:
@@ -108,7 +154,7 @@ def check(recipe: Recipe, canaries: int | None = None, timeout_s: float = 60.0) 
     ready_path = "/v2/health/ready" if frontend == "tritonserver" else "/health"  # vLLM and trtllm-serve: /health
     try:
         status, _ = _http(f"{http}{ready_path}", None, 5.0)
-    except (urllib.error.URLError, OSError) as exc:
+    except OSError as exc:
         status = 0
         checks["ready_error"] = str(exc)
     checks["ready"] = status == 200

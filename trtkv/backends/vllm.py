@@ -119,8 +119,10 @@ def gpu_command(recipe: Recipe, hf_dir: Path) -> list[str]:
     t = recipe.triton
     out = paths.recipe_output_dir(recipe.name)
     health = docker_health_args(canary_script(t.http_port, openai_model=served_model_name(recipe)), t.startup_timeout_s)
-    return ["docker", "run", "--rm", "--gpus", "all", "--ipc=host", "--name", f"trtkv-{recipe.name}",
-            "-p", f"{t.host}:{t.http_port}:{t.http_port}", *health, "-v", f"{out}:{out}", VLLM_IMAGE,
+    # --shm-size rather than --ipc=host (vLLM's docs allow either; the host's IPC namespace stays closed); the
+    # artifacts read-only: the server only reads them
+    return ["docker", "run", "--rm", "--gpus", "all", "--shm-size=16g", "--name", f"trtkv-{recipe.name}",
+            "-p", f"{t.host}:{t.http_port}:{t.http_port}", *health, "-v", f"{out}:{out}:ro", VLLM_IMAGE,
             *server_args(recipe, hf_dir, "0.0.0.0")]
 
 

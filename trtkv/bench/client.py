@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from trtkv.apikey import auth_headers
 from trtkv.bench.http1 import Connection, Events, http_request
 from trtkv.bench.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord
 from trtkv.bench.stream import shared_loop, stream
@@ -93,12 +94,14 @@ def _grpc_config(ep: Endpoint, timeout_s: float) -> dict[str, Any]:
 
     client = grpcclient.InferenceServerClient(ep.url)
     try:
-        if not client.is_server_live(client_timeout=timeout_s):
+        key = auth_headers() or None  # the deploy files key Triton's model-repository API
+        if not client.is_server_live(headers=key, client_timeout=timeout_s):
             raise TrtkvError(f"the Triton server at {ep.display} answers but is not live.")
-        if not client.is_model_ready(ep.model, client_timeout=timeout_s):
-            index = client.get_model_repository_index(as_json=True, client_timeout=timeout_s).get("models", [])
+        if not client.is_model_ready(ep.model, headers=key, client_timeout=timeout_s):
+            index = client.get_model_repository_index(headers=key, as_json=True, client_timeout=timeout_s).get("models", [])
             raise _not_ready(ep, index)
-        config: dict[str, Any] = client.get_model_config(ep.model, as_json=True, client_timeout=timeout_s)["config"]
+        config: dict[str, Any] = client.get_model_config(ep.model, headers=key, as_json=True,
+                                                         client_timeout=timeout_s)["config"]
         return config
     finally:
         client.close()
@@ -109,11 +112,12 @@ def _http_config(ep: Endpoint, timeout_s: float) -> dict[str, Any]:
 
     client = httpclient.InferenceServerClient(ep.url, connection_timeout=timeout_s, network_timeout=timeout_s)
     try:
-        if not client.is_server_live():
+        key = auth_headers() or None
+        if not client.is_server_live(headers=key):
             raise TrtkvError(f"the Triton server at {ep.display} answers but is not live.")
-        if not client.is_model_ready(ep.model):
-            raise _not_ready(ep, client.get_model_repository_index())
-        config: dict[str, Any] = client.get_model_config(ep.model)
+        if not client.is_model_ready(ep.model, headers=key):
+            raise _not_ready(ep, client.get_model_repository_index(headers=key))
+        config: dict[str, Any] = client.get_model_config(ep.model, headers=key)
         return config
     finally:
         client.close()
@@ -157,7 +161,8 @@ class GrpcSession(Session):
         self._client = grpcclient.InferenceServerClient(ep.url)
         self._pending: RequestRecord | None = None
         self._done = threading.Event()
-        self._client.start_stream(callback=self._on_response)
+        self._headers = auth_headers() or None  # gRPC metadata: the API key when $TRTKV_API_KEY is set
+        self._client.start_stream(callback=self._on_response, headers=self._headers)
         self._count = 0
 
     def _on_response(self, result: Any, error: Any) -> None:
@@ -240,7 +245,7 @@ class GrpcSession(Session):
         """Cancel what is in flight and open a fresh stream (late responses of the old one are dropped)."""
         self._pending = None
         self._client.stop_stream(cancel_requests=True)
-        self._client.start_stream(callback=self._on_response)
+        self._client.start_stream(callback=self._on_response, headers=self._headers)
 
     def close(self) -> None:
         self._pending = None
@@ -312,7 +317,7 @@ class HttpSession(Session):
         cpu0 = time.thread_time_ns()
         conn = self._conn
         request = http_request("POST", conn.host, conn.port, self._path(), self._body(prompt, params),
-                               {"Content-Type": "application/json", "Accept": "text/event-stream"})
+                               {"Content-Type": "application/json", "Accept": "text/event-stream", **auth_headers()})
         events = self._events(record)
         record.send_ns = now_ns()
         try:

@@ -14,6 +14,7 @@ import http.client
 import json
 from typing import Any
 
+from trtkv.apikey import auth_headers
 from trtkv.bench.client import Endpoint, HttpSession, SamplingParams, _first_line
 from trtkv.bench.http1 import Events
 from trtkv.bench.records import ERROR, OK, RequestRecord
@@ -31,7 +32,7 @@ def _get_json(ep: Endpoint, path: str, timeout_s: float) -> tuple[int, Any]:
     host, port = _split(ep.url)
     conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
     try:
-        conn.request("GET", path)
+        conn.request("GET", path, headers=auth_headers())
         resp = conn.getresponse()
         body = resp.read().decode(errors="replace")
     finally:

@@ -9,8 +9,11 @@ from trtkv.cli.common import add_recipe_args, load, subparser
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    from trtkv.deploy.k8s import DEFAULT_CLIENTS, DEFAULT_PROMETHEUS, DEFAULT_PROMETHEUS_NAMESPACE
+
     p = subparser(sub, "deploy", "write cluster deployment files (k8s, slurm, dynamo) for a recipe",
                   "  $ trtkv deploy llama70b_fp8kv --target k8s\n"
+                  "  $ trtkv deploy llama70b_fp8kv --target k8s --allow-from app=gateway\n"
                   "  $ trtkv deploy llama70b_fp8kv --target k8s build.pp_size=2 hardware.count=8 hardware.gpus_per_node=4\n"
                   "  $ trtkv deploy llama70b_fp8kv_llmapi --target dynamo --target-concurrency 256\n"
                   "  $ trtkv deploy llama70b_fp8kv --target slurm --output /shared/trtkv/slurm\n")
@@ -21,11 +24,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     count.add_argument("--replicas", type=int, default=None, help="model replicas (default 1)")
     count.add_argument("--target-concurrency", type=int, default=None,
                        help="concurrent sequences of build.max_seq_len to serve: replicas follow from the planner")
+    p.add_argument("--allow-from", default=DEFAULT_CLIENTS, metavar="KEY=VALUE[,...]",
+                   help=f"k8s: the labels of the pods the NetworkPolicy admits to the server (default {DEFAULT_CLIENTS})")
+    p.add_argument("--allow-namespace", default=None, metavar="KEY=VALUE[,...]",
+                   help="k8s: admit those pods from the namespaces of these labels (default: the deployment's own)")
+    p.add_argument("--prometheus", default=DEFAULT_PROMETHEUS, metavar="KEY=VALUE[,...]",
+                   help=f"k8s: the Prometheus pods admitted to the metrics port (default {DEFAULT_PROMETHEUS})")
+    p.add_argument("--prometheus-namespace", default=DEFAULT_PROMETHEUS_NAMESPACE, metavar="KEY=VALUE[,...]",
+                   help=f"k8s: their namespace's labels (default {DEFAULT_PROMETHEUS_NAMESPACE})")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from trtkv.deploy import Target, deploy
+    from trtkv.deploy.k8s import Fence, selector
 
-    deploy(load(args), Target(args.target), args.output, args.replicas, args.target_concurrency)
+    fence = Fence(clients=selector(args.allow_from, "--allow-from"),
+                  client_namespaces=(selector(args.allow_namespace, "--allow-namespace")
+                                     if args.allow_namespace is not None else None),
+                  prometheus=selector(args.prometheus, "--prometheus"),
+                  prometheus_namespace=selector(args.prometheus_namespace, "--prometheus-namespace"))
+    deploy(load(args), Target(args.target), args.output, args.replicas, args.target_concurrency, fence=fence)
     return 0

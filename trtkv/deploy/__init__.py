@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from trtkv import paths
+from trtkv.apikey import API_KEY_ENV, TRITON_KEY_HEADER, VLLM_KEY_ENV
 from trtkv.deploy import check, dynamo, k8s, launch, slurm
 from trtkv.deploy.sizing import Sizing, size
 from trtkv.errors import StageError
@@ -48,8 +49,11 @@ def _yaml_docs(objs: list[dict[str, Any]], what: str) -> str:
     return head + "---\n".join(yaml.dump(o, Dumper=_NoAliases, sort_keys=False, width=120) for o in objs)
 
 
-def render(recipe: Recipe, target: Target, sizing: Sizing, out: Path) -> tuple[dict[str, str], list[str]]:
-    """(file name -> text, README lines specific to the target); `out` is where the files will live."""
+def render(recipe: Recipe, target: Target, sizing: Sizing, out: Path,
+           fence: k8s.Fence | None = None) -> tuple[dict[str, str], list[str]]:
+    """(file name -> text, README lines specific to the target); `out` is where the files will live; `fence`: whom
+    the Kubernetes NetworkPolicy admits (default k8s.Fence())."""
+    fence = fence or k8s.Fence()
     files: dict[str, str] = {}
     if target is Target.SLURM:
         lch = launch.for_recipe(recipe, sizing, slurm=True)
@@ -66,25 +70,33 @@ def render(recipe: Recipe, target: Target, sizing: Sizing, out: Path) -> tuple[d
             f"`--container-image`; `TRTKV_IMAGE=...` overrides it). Server: {lch.server}. Check it with the canary "
             f"below (on a login node, against the first node).", "",
         ]
-        return files, readme + _canary_lines(lch)
+        return files, readme + _slurm_security_lines(lch) + _canary_lines(lch)
     objs: list[dict[str, Any]] = []
     if target is Target.K8S:
         lch = launch.for_recipe(recipe, sizing)
-        objs = k8s.objects(recipe, lch, sizing)
+        objs = k8s.objects(recipe, lch, sizing, fence)
         files["models.yaml"] = _yaml_docs(objs[:2], "The models volume and a pod to copy the artifacts onto it")
-        files["server.yaml"] = _yaml_docs(objs[2:], f"The {lch.server} workload and its Service")
+        files["server.yaml"] = _yaml_docs(objs[2:], f"The {lch.server} workload, its Service and NetworkPolicy")
         workload = objs[2]["kind"]
         readme = ["## Apply", "", "```bash", f"kubectl apply -f {out / 'models.yaml'}"]
         readme += [f"kubectl wait --for=condition=Ready pod/{k8s.k8s_name(recipe, 'loader')} --timeout=10m"]
         loader = k8s.k8s_name(recipe, "loader")
         parents = sorted({str(Path(k8s.MODELS_MOUNT) / s).rsplit("/", 1)[0] for s, _p in lch.mounts})
         readme += [f"kubectl exec {loader} -- mkdir -p {' '.join(parents)}"]
-        readme += [f"kubectl cp {p} {loader}:{k8s.MODELS_MOUNT}/{s}" for s, p in lch.mounts]
+        readme += [f"kubectl cp --no-preserve=true {p} {loader}:{k8s.MODELS_MOUNT}/{s}" for s, p in lch.mounts]
         readme += [f"kubectl delete pod {k8s.k8s_name(recipe, 'loader')}"]
+        if lch.keyed:
+            readme += [f"umask 077; openssl rand -hex 32 > trtkv-api-key   # the key clients send (${API_KEY_ENV})",
+                       f"kubectl create secret generic {k8s.k8s_name(recipe, 'key')} "
+                       f"--from-file={k8s.KEY_SECRET_FIELD}=trtkv-api-key"]
         if lch.uses_ssh:
-            readme += ["ssh-keygen -t ed25519 -N '' -f trtkv-ssh",
+            readme += ["ssh-keygen -q -t ed25519 -N '' -C trtkv-client -f trtkv-ssh       # the key mpirun logs in with",
+                       "ssh-keygen -q -t ed25519 -N '' -C trtkv-host -f trtkv-ssh-host   # every pod's sshd host key",
+                       f"echo \"{k8s.known_hosts_pattern(recipe)} $(cut -d' ' -f1,2 trtkv-ssh-host.pub)\" "
+                       f"> trtkv-known_hosts",
                        f"kubectl create secret generic {k8s.k8s_name(recipe, 'ssh')} --from-file=id_ed25519=trtkv-ssh "
-                       f"--from-file=authorized_keys=trtkv-ssh.pub"]
+                       f"--from-file=authorized_keys=trtkv-ssh.pub --from-file=ssh_host_ed25519_key=trtkv-ssh-host "
+                       f"--from-file=known_hosts=trtkv-known_hosts"]
         readme += [f"kubectl apply -f {out / 'server.yaml'}",
                    f"kubectl port-forward service/{k8s.k8s_name(recipe, 'api')} {lch.ports['http']}:{lch.ports['http']}",
                    "```", ""]
@@ -97,7 +109,7 @@ def render(recipe: Recipe, target: Target, sizing: Sizing, out: Path) -> tuple[d
                           f"must contain openssh-server)."), ""]
         readme += [f"The storage class of PVC {k8s.k8s_name(recipe, 'models')} must offer ReadWriteMany (set "
                    f"`storageClassName` for your cluster). Probes run the one-token canary below inside the pod.", ""]
-        return files, readme + _canary_lines(lch)
+        return files, readme + _k8s_security_lines(recipe, lch, fence) + _canary_lines(lch)
     dynamo.check_backend(recipe)
     lch = launch.for_recipe(recipe, sizing)
     files["models.yaml"] = _yaml_docs(k8s.objects(recipe, lch, sizing)[:2],
@@ -113,6 +125,77 @@ def render(recipe: Recipe, target: Target, sizing: Sizing, out: Path) -> tuple[d
               f"starts as many prefill as decode workers ({sizing.replicas} each, so {2 * sizing.total_gpus} GPUs: twice "
               f"the sizing above); tune the split to your traffic (prefill-heavy: long prompts).", ""]
     return files, readme
+
+
+def _key_lines(lch: launch.Launch) -> list[str]:
+    if lch.server == "triton":
+        return [f"- Triton's APIs that change the server ({launch.RESTRICTED_APIS}) need the header "
+                f"`{TRITON_KEY_HEADER}: <key>` on HTTP and gRPC (`--http-restricted-api`, `--grpc-restricted-protocol`);"
+                f" inference, health, metadata and model configs stay open to the clients the network admits."]
+    if lch.server == "vllm":
+        return [f"- vLLM requires `Authorization: Bearer <key>` on every `/v1` request ({VLLM_KEY_ENV}, the "
+                f"environment form of `--api-key`); `/health` and `/metrics` stay open."]
+    return ["- trtllm-serve has no API key option: nothing but the network (the NetworkPolicy here, your cluster "
+            "network on Slurm) fences it. Put an authenticating gateway in front of it if its clients are not trusted."]
+
+
+def _clients_line() -> str:
+    return (f"trtkv's clients (`trtkv bench`, `trtkv status`, the canary, the AIPerf/GenAI-Perf cross-checks) send "
+            f"the key of `${API_KEY_ENV}` when it is set (`export {API_KEY_ENV}=$(cat trtkv-api-key)`); it is read "
+            f"from the environment, never written into these files, logs or results.")
+
+
+def _k8s_security_lines(recipe: Recipe, lch: launch.Launch, fence: k8s.Fence) -> list[str]:
+    """What the Kubernetes files fence, what they do not, and why (the README's security section)."""
+    clients = k8s._match(fence.clients)
+    where = (f"in namespaces labelled `{k8s._match(fence.client_namespaces)}`" if fence.client_namespaces is not None
+             else "in the deployment's own namespace")
+    lines = ["## Security", "",
+             f"- NetworkPolicy {k8s.k8s_name(recipe, 'fence')} admits to the server ports "
+             f"({', '.join(str(p) for n, p in lch.ports.items() if n != 'metrics')}) only pods labelled `{clients}` "
+             f"{where} (`trtkv deploy ... --allow-from KEY=VALUE`, `--allow-namespace KEY=VALUE`), any port only "
+             f"from the deployment's own pods (ssh, MPI, NCCL, Ray), and "
+             + (f"the metrics port {lch.ports.get('metrics', lch.ports['http'])} to pods `{k8s._match(fence.prometheus)}` "
+                f"in namespaces `{k8s._match(fence.prometheus_namespace)}` (`--prometheus`, `--prometheus-namespace`)."
+                if lch.metrics_path else "no metrics port (the server has no Prometheus endpoint)."),
+             "  It is enforced only by a CNI that implements NetworkPolicy (Calico, Cilium, Antrea, ...); on one that "
+             "does not, the policy is accepted and ignored. Egress is not restricted (DNS names differ per cluster). "
+             "`kubectl port-forward` reaches the pod through the kubelet, not the pod network.",
+             *_key_lines(lch),
+             ]
+    if lch.keyed:
+        lines.append(f"- The key comes from Secret {k8s.k8s_name(recipe, 'key')} (`{k8s.KEY_SECRET_FIELD}`) as "
+                     f"`${API_KEY_ENV}`, expanded inside the container; the server refuses to start with an empty "
+                     f"key. " + _clients_line())
+    lines += ["- Every pod: no service-account token (`automountServiceAccountToken: false`), no service links, "
+              "the runtime's default seccomp profile, `allowPrivilegeEscalation: false`, every capability dropped"
+              + (f" (sshd gets back {', '.join(k8s.SSHD_CAPABILITIES)} for its privilege separation)"
+                 if lch.uses_ssh else "")
+              + "; the model volume and the ssh Secret are mounted read-only."]
+    if lch.non_root:
+        lines.append(f"- vLLM runs as uid {k8s.NON_ROOT_UID} (non-root), HOME on an emptyDir for its caches.")
+    else:
+        lines.append("- The server runs as root: the NGC Triton/TensorRT-LLM images' launches are written for root "
+                     "(`mpirun --allow-run-as-root`, the multi-node ranks' sshd, TensorRT-LLM's caches under /root) "
+                     "and the images define no user with a home for them; with no capabilities and no privilege "
+                     "escalation that root cannot change the node. The root filesystem stays writable (they write "
+                     "caches and /tmp).")
+    if lch.uses_ssh:
+        lines.append(f"- ssh between the pods checks the host key: one host key for every pod (Secret "
+                     f"{k8s.k8s_name(recipe, 'ssh')}), pinned by a known_hosts line for the LWS pods' names "
+                     f"`{k8s.known_hosts_pattern(recipe)}` (`StrictHostKeyChecking=yes`); key login only.")
+    return lines + [""]
+
+
+def _slurm_security_lines(lch: launch.Launch) -> list[str]:
+    lines = ["## Security", "",
+             "- The server binds every interface of its nodes: anyone on the cluster network reaches it. Slurm "
+             "fences nothing; use your site's firewall or a gateway.", *_key_lines(lch)]
+    if lch.keyed:
+        lines.append(f"- `{slurm.JOB_SCRIPT}` refuses to start without `${API_KEY_ENV}` (export it before `sbatch`; "
+                     f"`--export=ALL` hands it to the tasks). " + _clients_line())
+    lines.append("- The artifacts and this folder are mounted read-only (`:ro`) into the container.")
+    return lines + [""]
 
 
 def _canary_lines(lch: launch.Launch) -> list[str]:
@@ -142,11 +225,13 @@ def readme_text(recipe: Recipe, target: Target, sizing: Sizing, body: list[str],
 
 
 def deploy(recipe: Recipe, target: Target, output: Path | None = None, replicas: int | None = None,
-           target_concurrency: int | None = None, log: Callable[[str], None] = print) -> Path:
-    """Write, check and (only when every check passes) put the files in place; returns the folder."""
+           target_concurrency: int | None = None, log: Callable[[str], None] = print,
+           fence: k8s.Fence | None = None) -> Path:
+    """Write, check and (only when every check passes) put the files in place; returns the folder. `fence`: whom
+    the Kubernetes NetworkPolicy admits (trtkv deploy's --allow-from / --prometheus options)."""
     sizing = size(recipe, replicas, target_concurrency)
     out = check_output(output or default_output(recipe, target), "deploy", recipe.name)
-    files, body = render(recipe, target, sizing, out)
+    files, body = render(recipe, target, sizing, out, fence)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:

@@ -18,8 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtkv import paths
+from trtkv.apikey import API_KEY_ENV, TRITON_KEY_HEADER, VLLM_KEY_ENV
 from trtkv.canary import canary_script
-from trtkv.container import CONTAINER_BIND, container_image, gpu_command, rank_command, trtllm_serve_command
+from trtkv.container import (
+    CONTAINER_BIND,
+    CONTAINER_TRITONSERVER,
+    container_image,
+    gpu_command,
+    rank_command,
+    trtllm_serve_command,
+)
 from trtkv.deploy.sizing import Sizing
 from trtkv.interface import for_layout
 from trtkv.layout import checkpoint_dir, engine_dir, repo_dir
@@ -29,6 +37,44 @@ SSH_PORT = 2222
 SSH_DIR = "/etc/trtkv-ssh"  # the Secret with id_ed25519 and authorized_keys
 RAY_PORT = 6379
 SSH_WAIT_S = 600  # how long a leader waits for the other pods' sshd (or Ray nodes) before it gives up
+# Triton's APIs that change the server (load/unload models, register shared memory, trace and log settings): keyed
+RESTRICTED_APIS = "shared-memory,model-repository,trace,logging"
+KEY_REF = "\x00" + API_KEY_ENV + "\x00"  # in a command token: the key, expanded by the shell that runs the command
+REQUIRE_KEY = (f'[ -n "${{{API_KEY_ENV}:-}}" ] || {{ echo "trtkv: {API_KEY_ENV} is empty: the server would run '
+               f'without its API key" >&2; exit 1; }}; ')
+
+
+def restricted_args() -> list[str]:
+    """tritonserver flags keying the APIs that change the server (RESTRICTED_APIS) on HTTP and gRPC: a request needs
+    the header trtkv-api-key: <key>; inference, health, metadata and the model configs stay open to the clients the
+    network admits."""
+    return [f"--http-restricted-api={RESTRICTED_APIS}:{TRITON_KEY_HEADER}={KEY_REF}",
+            f"--grpc-restricted-protocol={RESTRICTED_APIS}:{TRITON_KEY_HEADER}={KEY_REF}"]
+
+
+def with_restricted(cmd: list[str]) -> list[str]:
+    """`cmd` with restricted_args() after every tritonserver (each rank of an mpirun line)."""
+    out: list[str] = []
+    for token in cmd:
+        out.append(token)
+        if token == CONTAINER_TRITONSERVER:
+            out += restricted_args()
+    return out
+
+
+def shell_join(cmd: list[str], raw: dict[str, str] | None = None) -> str:
+    """A command as one shell line: every token quoted (shlex), KEY_REF as "$TRTKV_API_KEY" and the tokens of `raw`
+    as the shell text given (e.g. "$HOSTS"), token by token, so no value can reach the shell unquoted."""
+    parts = []
+    for token in cmd:
+        if raw and token in raw:
+            parts.append(raw[token])
+        elif KEY_REF in token:
+            head, _, tail = token.partition(KEY_REF)
+            parts.append(shlex.quote(head) + f'"${API_KEY_ENV}"' + (shlex.quote(tail) if tail else ""))
+        else:
+            parts.append(shlex.quote(token))
+    return " ".join(parts)
 
 
 @dataclass
@@ -44,6 +90,8 @@ class Launch:
     leader: list[str] = field(default_factory=list)  # MPI/Ray launch on the first node (multi-node)
     uses_ssh: bool = False  # workers run sshd for mpirun
     ray_worker: bool = False  # workers join a Ray cluster
+    keyed: bool = False  # the server checks $TRTKV_API_KEY (Triton: restricted APIs; vLLM: VLLM_API_KEY on /v1)
+    non_root: bool = False  # the image runs as any user (vLLM); the NGC Triton/TensorRT-LLM launches need root
 
 
 def volume_folders(recipe: Recipe, server: str) -> list[tuple[str, str]]:
@@ -93,7 +141,7 @@ def for_recipe(recipe: Recipe, sizing: Sizing, slurm: bool = False) -> Launch:
         single = ["python3", "-m", "vllm.entrypoints.openai.api_server", *args]
         launch = Launch("vllm", vllm.VLLM_IMAGE, {"http": t.http_port}, "/metrics",
                         canary_script(t.http_port, openai_model=vllm.served_model_name(recipe)),
-                        volume_folders(recipe, "hf"), single, multi)
+                        volume_folders(recipe, "hf"), single, multi, keyed=True, non_root=True)
         if multi:
             launch.leader = [*single, "--distributed-executor-backend", "ray"]
             launch.ray_worker = True
@@ -109,11 +157,12 @@ def for_recipe(recipe: Recipe, sizing: Sizing, slurm: bool = False) -> Launch:
                               "trtllm-llmapi-launch", *serve], uses_ssh=True)
     interface = for_layout(layout)
     repo = repo_dir(recipe)
+    command = with_restricted(gpu_command(recipe, repo, host=CONTAINER_BIND))
     launch = Launch("triton", image, {"http": t.http_port, "grpc": t.grpc_port, "metrics": t.metrics_port},
                     "/metrics", canary_script(t.http_port, interface), volume_folders(recipe, "triton"),
-                    gpu_command(recipe, repo, host=CONTAINER_BIND), multi)
+                    command, multi, keyed=True)
     if multi:
-        launch.leader, launch.uses_ssh = gpu_command(recipe, repo, host=CONTAINER_BIND), True
+        launch.leader, launch.uses_ssh = command, True
     return launch
 
 
@@ -124,8 +173,11 @@ def slurm_rank_command(recipe: Recipe, launch: Launch) -> str:
     the LLM API: every task runs trtllm-llmapi-launch, which makes rank 0 the server and the rest its workers.
     """
     if launch.server != "triton":
-        return "exec " + shlex.join(launch.single)
+        key = f'export {VLLM_KEY_ENV}="${API_KEY_ENV}"\n' if launch.server == "vllm" else ""
+        return key + "exec " + shell_join(launch.single)
     repo = repo_dir(recipe)
-    rank0 = shlex.join(rank_command(recipe, repo, 0, host=CONTAINER_BIND))
-    other = shlex.join(rank_command(recipe, repo, 1, host=CONTAINER_BIND)).replace("prefix1_", 'prefix"$SLURM_PROCID"_')
+    rank0 = shell_join(with_restricted(rank_command(recipe, repo, 0, host=CONTAINER_BIND)))
+    other_cmd = with_restricted(rank_command(recipe, repo, 1, host=CONTAINER_BIND))
+    prefix = next(t for t in other_cmd if t.endswith("shm-region-prefix-name=prefix1_"))
+    other = shell_join(other_cmd, {prefix: shlex.quote(prefix[:-2]) + '"$SLURM_PROCID"_'})
     return f'if [ "$SLURM_PROCID" = 0 ]; then\n    exec {rank0}\nfi\nexec {other}'
