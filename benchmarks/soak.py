@@ -1,11 +1,15 @@
 """Soak and fault run on loopback: N streaming gRPC clients for T seconds against the supervised server of a recipe,
 with cancellations and malformed requests mixed in, and one `tensorrt_llm` model instance killed (SIGKILL of its
 Python backend stub) in the middle. Prints and writes (JSON) answered / lost / mismatched / errors / recovery time,
-then checks what the reliability issue asks: some time after the kill, 20 of 20 requests succeed and `trtkv status`
-shows the restart.
+then checks what the reliability issue asks: some time after the kill, 20 of 20 requests succeed, `trtkv status`
+shows the restart and no process of the killed server's session survives. Then the fault matrix (benchmarks/faults.py,
+`--faults`, default all): kill the main process, kill one child, kill the supervisor, interrupt a start, each with
+its expected recovery (written there) and a check that nothing of the dead session survives; at the end every port is
+free. Recipes without the Triton ensemble (llmapi layout, vLLM) run the fault matrix only.
 
     python benchmarks/soak.py smollm2_fp8kv --clients 8 --seconds 180          (make soak)
     python benchmarks/soak.py smollm2_fp8kv --clients 4 --seconds 40 --after-kill 60   (the e2e test's short run)
+    python benchmarks/soak.py smollm2_fp8kv_vllm            (make soak RECIPE=smollm2_fp8kv_vllm: the fault matrix)
 
 Definitions: `answered` = a normal request whose final response came, text equal to the prompt's solo greedy answer
 (`mismatched` otherwise); `errors` = requests answered with an error (expected while the server restarts: each is
@@ -67,6 +71,10 @@ class Summary:
     after_kill_ok: int = 0
     after_kill_sent: int = 0
     restarts_seen: int = 0
+    dead_session_left: list[int] = field(default_factory=list)  # processes of the killed server's session still alive
+    faults: list[dict[str, Any]] = field(default_factory=list)  # the fault matrix (benchmarks/faults.py)
+    ports_free: bool = False  # after the final `trtkv stop`
+    streamed: bool = True  # the streaming soak ran (Triton ensemble recipes)
     error_times_s: list[float] = field(default_factory=list)
     lost_requests: list[dict[str, Any]] = field(default_factory=list)
     mismatches: list[dict[str, Any]] = field(default_factory=list)
@@ -172,13 +180,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--request-timeout", type=float, default=120.0)
     ap.add_argument("--output", type=Path, default=None, help="JSON summary (default engines/<recipe>/soak.json)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--faults", default="all", help="the fault matrix after the soak: comma-separated of main, child, "
+                                                    "supervisor, interrupt; all (default) or none")
     args = ap.parse_args(argv)
     if args.clients < 1 or args.seconds <= 0 or not 0 < args.kill_at < 1:
         ap.error("--clients >= 1, --seconds > 0 and 0 < --kill-at < 1")
 
     sys.path.insert(0, str(ROOT))
-    from trtkv.process import free_ports
+    from benchmarks import faults
+    from trtkv.backends import for_recipe
+    from trtkv.process import free_ports, port_in_use
     from trtkv.recipe import load_recipe
+
+    wanted = faults.parse_faults(args.faults)
 
     http, grpc, metrics = free_ports(3)
     overrides = [f"triton.http_port={http}", f"triton.grpc_port={grpc}", f"triton.metrics_port={metrics}"]
@@ -189,14 +203,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"soak: `trtkv serve {args.recipe}` failed:\n{started.stderr}", file=sys.stderr)
         return 2
     summary = Summary(args.recipe, args.clients, args.seconds)
+    summary.streamed = for_recipe(recipe).repo_layout == "ensemble"  # the streaming client speaks the ensemble
     url = f"127.0.0.1:{grpc}"
     try:
-        solo = [one_request(url, "normal", i, args.request_timeout, time.monotonic()).text for i in range(len(PROMPTS))]
-        print(f"soak: solo answers for {len(PROMPTS)} prompts; {args.clients} clients for {args.seconds:g} s, one "
-              f"tensorrt_llm instance killed at {args.kill_at * args.seconds:.0f} s")
-        run(args, recipe, url, solo, summary)
+        if summary.streamed:
+            solo = [one_request(url, "normal", i, args.request_timeout, time.monotonic()).text
+                    for i in range(len(PROMPTS))]
+            print(f"soak: solo answers for {len(PROMPTS)} prompts; {args.clients} clients for {args.seconds:g} s, "
+                  f"one tensorrt_llm instance killed at {args.kill_at * args.seconds:.0f} s")
+            run(args, recipe, url, solo, summary)
+            if "child" in wanted:  # the stub killed under load above is this run's child fault
+                wanted.remove("child")
+                summary.faults.append({"fault": "child", "expected": faults.EXPECTED["child"],
+                                       "passed": summary.passed, "killed_pid": summary.killed_pid,
+                                       "healed_s": summary.recovery_s, "left": summary.dead_session_left,
+                                       "detail": "killed under load by the streaming soak"})
+        else:
+            print(f"soak: {recipe.name} is not served as the Triton ensemble: the fault matrix only")
+            summary.passed = True
+        summary.faults += [asdict(r) for r in faults.run_matrix(recipe, [args.recipe, *overrides], wanted)]
     finally:
         print(trtkv("stop", args.recipe, *overrides).stdout.strip())
+    t = recipe.triton
+    summary.ports_free = not [p for p in (t.http_port, t.grpc_port, t.metrics_port) if port_in_use(t.host, p)]
+    summary.passed = summary.passed and summary.ports_free and all(f["passed"] for f in summary.faults)
     out = args.output or (ROOT / "engines" / recipe.name / "soak.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(asdict(summary), indent=2) + "\n")
@@ -205,7 +235,11 @@ def main(argv: list[str] | None = None) -> int:
           f"cancelled {summary.cancelled}, malformed answered with an error {summary.bad_answered} (lost "
           f"{summary.bad_lost}); killed stub pid {summary.killed_pid} at "
           f"{summary.kill_at_s} s, recovery {summary.recovery_s} s; {summary.after_kill_ok}/{summary.after_kill_sent} "
-          f"ok {args.after_kill:g} s after the kill; restarts in trtkv status: {summary.restarts_seen}")
+          f"ok {args.after_kill:g} s after the kill; restarts in trtkv status: {summary.restarts_seen}; left of the "
+          f"killed session: {summary.dead_session_left}; ports free at the end: {summary.ports_free}")
+    for f in summary.faults:
+        print(f"soak: fault {f['fault']}: {'passed' if f['passed'] else 'FAILED'}, healed in {f['healed_s']} s, "
+              f"left {f['left']} ({f['detail']})")
     print(f"soak: {'PASSED' if summary.passed else 'FAILED'}; summary {out}")
     return 0 if summary.passed else 1
 
@@ -240,7 +274,7 @@ def run(args: argparse.Namespace, recipe: Any, url: str, solo: list[str], summar
         t.start()
     time.sleep(args.kill_at * args.seconds)
     server = ServerRecord.load(serve_dir(recipe))
-    stubs = stub_pids(server.pid) if server else []
+    stubs = stub_pids(server.pid) if server else []  # `server`: the session that is about to die
     if stubs:
         summary.killed_pid = stubs[0]
         summary.kill_at_s = round(time.monotonic() - t0, 2)
@@ -254,6 +288,10 @@ def run(args: argparse.Namespace, recipe: Any, url: str, solo: list[str], summar
         if wait > 0:
             time.sleep(wait)
     checks = [one_request(url, "normal", i % len(PROMPTS), args.request_timeout, t0) for i in range(20)]
+    if server is not None and stubs:
+        from benchmarks.faults import dead_session_left
+
+        summary.dead_session_left = dead_session_left(server)
     summary.after_kill_sent = len(checks)
     summary.after_kill_ok = sum(1 for c in checks if c.final and not c.error and c.text == solo[c.prompt])
     status = trtkv("status", args.recipe, *[f"triton.{k}_port={v}" for k, v in
@@ -294,7 +332,7 @@ def run(args: argparse.Namespace, recipe: Any, url: str, solo: list[str], summar
     summary.passed = (summary.lost == 0 and summary.mismatched == 0 and summary.bad_lost == 0 and summary.answered > 0
                       and summary.errors_before_kill == 0 and summary.cancelled > 0
                       and summary.killed_pid is not None and summary.after_kill_ok == summary.after_kill_sent
-                      and summary.restarts_seen >= 1)
+                      and summary.restarts_seen >= 1 and not summary.dead_session_left)
 
 
 if __name__ == "__main__":

@@ -185,7 +185,8 @@ def test_stop_stops_and_removes_the_container(tmp_path: Path, engines_tmp: Path,
             container="trtkv-smollm2_fp8kv"))
         said: list[str] = []
         assert serve.stop(recipe, timeout_s=5, log=said.append)
-        assert calls.read_text().splitlines() == ["stop -t 5 trtkv-smollm2_fp8kv", "rm -f trtkv-smollm2_fp8kv"]
+        assert calls.read_text().splitlines() == ["top trtkv-smollm2_fp8kv -eo pid",  # its pids: GPU memory waited on
+                                                  "stop -t 5 trtkv-smollm2_fp8kv", "rm -f trtkv-smollm2_fp8kv"]
         assert proc.poll() is not None and not serve.server_json(recipe).exists()
         assert any("stopped and removed" in line for line in said)
     finally:

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from trtkv import serve, supervise
+from trtkv import serve, sessions, supervise
 from trtkv.recipe import load_recipe
+from trtkv.teardown import Stopped
 
 
 class Script:
@@ -27,7 +28,8 @@ class Script:
 def sup(engines_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[supervise.Supervisor, list[str]]:
     recipe = load_recipe("smollm2_fp8kv")
     calls: list[str] = []
-    monkeypatch.setattr(serve, "stop", lambda r, **kw: calls.append("stop") or True)
+    ended = sessions.Cleanup(ended=[11, 12, 13])
+    monkeypatch.setattr(serve, "stop_server", lambda r, **kw: calls.append("stop") or Stopped(True, ended))
     monkeypatch.setattr(serve, "start", lambda r, **kw: calls.append("start") or None)
     s = supervise.Supervisor(recipe, interval_s=0.0, failures=2, max_restarts=2, backoff_s=0.01, log=lambda _m: None)
     (engines_tmp / recipe.name / "serve").mkdir(parents=True)
@@ -53,6 +55,30 @@ def test_dead_instance_restarts_at_once_slow_canary_only_twice(sup: tuple[superv
     assert "is not healthy" in restarting[0]["cause"]
     record = json.loads(supervise.record_path(s.recipe).read_text())
     assert record["state"] == "healthy" and record["restarts"] == 2
+
+
+def test_it_restarts_only_after_the_old_session_is_empty_and_says_so(sup: tuple[supervise.Supervisor, list[str]],
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    s, calls = sup
+    monkeypatch.setattr(s, "probe", Script([("down", "the server process exited")]))
+    assert s.run(rounds=1) == 0
+    kinds = [e["event"] for e in events(s)]
+    assert kinds[kinds.index("restarting"):] == ["restarting", "cleaned", "restarted"]
+    cleaned = next(e for e in events(s) if e["event"] == "cleaned")
+    assert cleaned["processes"] == 3 and cleaned["note"] == "cleaned: 3 processes"
+
+
+def test_a_session_that_cannot_be_emptied_gives_up_instead_of_looping(
+        sup: tuple[supervise.Supervisor, list[str]], monkeypatch: pytest.MonkeyPatch) -> None:
+    s, calls = sup
+    stuck = sessions.Cleanup(ended=[11], left=["pid 12 (state D)"])
+    monkeypatch.setattr(serve, "stop_server", lambda r, **kw: calls.append("stop") or Stopped(False, stuck))
+    monkeypatch.setattr(s, "probe", Script([("down", "the server process exited")] * 3))
+    assert s.run(rounds=3) == 1
+    assert calls == ["stop"]  # no start beside a process it could not end, and no second try
+    kinds = [e["event"] for e in events(s)]
+    assert kinds[-2:] == ["cleanup_failed", "gave_up"] and events(s)[-2]["left"] == ["pid 12 (state D)"]
+    assert json.loads(supervise.record_path(s.recipe).read_text())["state"] == "failed"
 
 
 def test_restarts_are_bounded_then_it_gives_up(sup: tuple[supervise.Supervisor, list[str]],
@@ -137,3 +163,67 @@ def test_quiet_while_measured_no_canaries_alive_and_ready_only(engines_tmp: Path
         assert supervise.quiet_holders(recipe) == [] and not stale.exists()
     finally:
         server.httpd.shutdown()
+
+
+OPENAI_STUB = r"""
+import http.server, json, sys
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def _send(self, body):
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_GET(self):
+        self._send(b"")
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self._send(json.dumps({"choices": [{"text": " Hi"}]}).encode())
+    def log_message(self, *a):
+        pass
+
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+"""
+
+
+def test_a_killed_supervisor_leaves_the_server_unsupervised_then_attach_and_stop(
+        engines_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Fault: SIGKILL of the supervisor. Expected: the server keeps serving; `trtkv status` says "unsupervised";
+    `trtkv serve` refuses with the command that re-attaches one; `--attach` does; `trtkv stop` ends both."""
+    import os
+    import signal
+    import sys
+    import time
+
+    from trtkv.cli import main
+    from trtkv.process import free_ports, port_in_use
+
+    ports = free_ports(3)
+    overrides = [f"triton.http_port={ports[0]}", f"triton.grpc_port={ports[1]}", f"triton.metrics_port={ports[2]}"]
+    name = "smollm2_fp8kv_vllm"
+    recipe = load_recipe(name, overrides)
+    info = serve._launch(recipe, [sys.executable, "-c", OPENAI_STUB, str(ports[0])], Path("hf"), dict(os.environ), 60,
+                         lambda _m: None, name=serve.VLLM, served_model=name)
+    try:
+        first = supervise.spawn(recipe, [name, *overrides], log=lambda _m: None)
+        os.kill(int(first["pid"]), signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while supervise.alive(recipe) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert supervise.alive(recipe) is None and supervise.orphaned(recipe) is not None
+        capsys.readouterr()
+        assert main(["status", name, *overrides]) == 0  # still serving
+        out = capsys.readouterr().out
+        assert f"{name}: healthy, unsupervised (pid {info.pid}" in out and f"supervisor (pid {first['pid']}) is gone" in out
+        assert main(["serve", name, *overrides]) != 0
+        out = capsys.readouterr()
+        assert f"trtkv serve {name} {' '.join(overrides)} --attach" in out.out + out.err
+        assert main(["serve", name, *overrides, "--attach"]) == 0
+        second = supervise.alive(recipe)
+        assert second is not None and second["pid"] != first["pid"]
+        assert main(["stop", name, *overrides]) == 0
+        assert supervise.alive(recipe) is None and not supervise.record_path(recipe).exists()
+        assert not serve.running(info) and not port_in_use("127.0.0.1", ports[0])
+    finally:
+        serve.stop(recipe, timeout_s=5, log=lambda _m: None)
+        supervise.stop(recipe, timeout_s=5, log=lambda _m: None)

@@ -11,7 +11,9 @@ checks that `trtkv serve` refuses FP8 KV there before loading anything."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import threading
 import time
 import urllib.request
@@ -22,12 +24,12 @@ from typing import Any
 import pytest
 
 from tests.conftest import CHAIN_OVERRIDES
-from trtkv import health, serve
+from trtkv import health, serve, sessions, teardown
 from trtkv.backends import vllm
 from trtkv.build import build
 from trtkv.errors import StageError
 from trtkv.kvcache.formats import kv_bytes_per_token
-from trtkv.process import free_ports
+from trtkv.process import free_ports, port_in_use
 from trtkv.recipe import load_recipe
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -140,8 +142,16 @@ def test_a_server_that_dies_fails_the_bench(vllm_server: tuple[Any, Any], tmp_pa
         result=run_bench(longer, BenchOptions(tasks=[], output=tmp_path, progress=False))))
     runner.start()
     time.sleep(8)  # the warm-up and the first measured requests are under way
-    assert serve.stop(recipe, timeout_s=30)
+    record = serve.read_server(recipe)
+    assert record is not None
+    os.kill(record.pid, signal.SIGKILL)  # the API server alone: its EngineCore and workers stay (issue 29's fault)
     runner.join(timeout=300)
+    left = sessions.members(teardown.session_of(record))
+    assert left, "the dead API server's EngineCore is still running (vLLM's engine process outlives its front end)"
+    stopped = serve.stop_server(recipe, timeout_s=30)
+    assert stopped is not None and stopped.cleanup.done and len(stopped.cleanup.ended) >= len(left)
+    assert not sessions.members(teardown.session_of(record)), "a process of the dead session survived trtkv stop"
+    assert not port_in_use("127.0.0.1", recipe.triton.http_port)
     result = outcome["result"]
     failed = result.results["levels"]["concurrency=1"]["request_count"]["failed"]
     assert failed > 0 and result.exit_code == 1

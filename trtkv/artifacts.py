@@ -80,6 +80,10 @@ class ServerRecord(Artifact):
     backend: str = ""
     ready_seconds: float | None = None
     container: str | None = None  # docker container name (GPU path through docker), stopped and removed by `stop`
+    cidfile: str | None = None  # `docker run --cidfile`: the container id, which `stop` stops (not just the client)
+    session_id: int | None = None  # the server's process session (trtkv.sessions): `stop` ends all of it
+    session_start: int | None = None  # the session leader's start time (/proc/PID/stat field 22), against pid reuse
+    session_marker: str | None = None  # TRTKV_SERVER_SESSION in its environment, for children that call setsid
     extra: dict[str, Any] = {}
 
     @property

@@ -117,7 +117,7 @@ def docker_command(recipe: Recipe, repo: Path) -> list[str]:
     # docker's health check is the real one-token inference (Triton answers "ready" with a dead model instance)
     interface = for_layout(for_recipe(recipe).repo_layout)
     cmd += docker_health_args(canary_script(t.http_port, interface), t.startup_timeout_s)
-    cmd += ["-v", f"{out}:{out}", "-v", f"{repo}:{repo}", container_image(recipe)]
+    cmd += ["-v", f"{out}:{out}:ro", "-v", f"{repo}:{repo}:ro", container_image(recipe)]  # the server only reads them
     return cmd + gpu_command(recipe, repo, host=CONTAINER_BIND)
 
 
@@ -143,7 +143,7 @@ def trtllm_serve_docker_command(recipe: Recipe) -> list[str]:
            "--ulimit", "stack=67108864", "--name", container_name(recipe), "-p", f"{t.host}:{t.http_port}:{t.http_port}",
            *docker_health_args(canary_script(t.http_port, openai_model=str(checkpoint_dir(recipe) / "hf")),
                                t.startup_timeout_s),
-           "-v", f"{out}:{out}", container_image(recipe)]
+           "-v", f"{out}:{out}:ro", container_image(recipe)]
     return cmd + trtllm_serve_command(recipe, host=CONTAINER_BIND)
 
 
@@ -165,8 +165,31 @@ def shell_block(cmd: list[str]) -> str:
 # Process bookkeeping
 
 
+CIDFILE = "container.cid"  # engines/<recipe>/serve/container.cid: `docker run --cidfile`, the container's id
+
+
+def with_cidfile(cmd: list[str], cidfile: Path) -> list[str]:
+    """`docker run ...` with `--cidfile <cidfile>` (docker writes the container id there), so `stop` ends that very
+    container, not only the `docker run` client; other commands unchanged."""
+    if cmd[:2] != ["docker", "run"] or "--cidfile" in cmd:
+        return cmd
+    return [*cmd[:2], "--cidfile", str(cidfile), *cmd[2:]]
+
+
+def read_cid(cidfile: str | Path | None) -> str | None:
+    """The container id `docker run --cidfile` wrote (None: no file yet, or not an id)."""
+    if not cidfile:
+        return None
+    try:
+        cid = Path(cidfile).read_text().strip()
+    except OSError:
+        return None
+    return cid if cid and all(c in "0123456789abcdef" for c in cid) else None
+
+
 def stop_container(name: str, timeout_s: float = DOCKER_STOP_TIMEOUT_S) -> tuple[bool, str]:
-    """`docker stop -t N <name>` then `docker rm -f <name>`: (done, what happened); docker missing: (False, why)."""
+    """`docker stop -t N <name>` then `docker rm -f <name>` (`name`: a container name or id; `docker stop` SIGKILLs
+    after N s): (done, what happened); docker missing: (False, why)."""
     docker = shutil.which("docker")
     if docker is None:
         return False, (f"docker is not on PATH here, so container {name} was not stopped. Next: on the docker host "

@@ -1,7 +1,8 @@
 """Processes trtkv starts and stops: is it alive, stop it (by its own pid and process group), wait until it serves.
 
-One home for what `trtkv serve/stop`, the external-tool runner (trtkv.tools) and the test/cross-check server
-(benchmarks/localserver.py) need; no `pkill`, everything by pid.
+One home for what the external-tool runner (trtkv.tools) and the test/cross-check server (benchmarks/localserver.py)
+need; no `pkill`, everything by pid. A served model's processes are ended by session instead (trtkv.sessions: its
+leader may be dead already, and some children leave the process group).
 """
 
 from __future__ import annotations

@@ -6,9 +6,11 @@ interpreter through `python3`) and LD_LIBRARY_PATH set to the venv interpreter's
 libpython this Python was built with). GPU backends (`tensorrt`, `pytorch`): the NVIDIA Triton TensorRT-LLM
 container, one tritonserver per rank under `mpirun` when tp x pp > 1 (what the backend's launch_triton_server.py
 runs). The server runs in its own session, so `trtkv serve` returns; engines/<recipe>/serve/server.json records
-pid, ports, command and log, and `trtkv stop` ends it by that pid. Through docker the container is named
-`trtkv-<recipe>` and recorded too: `trtkv stop` (and a failed start) runs `docker stop` then `docker rm -f` on it,
-since killing the `docker run` client alone would leave the container running.
+pid, ports, command, log and the session (id, leader start time, environment marker: trtkv.sessions), and `trtkv stop`
+(and a failed or interrupted start, and every supervisor restart) ends the whole session, whether or not its leader
+still runs, then waits until the GPU memory its processes held is free. Through docker the container is named
+`trtkv-<recipe>` and its id recorded (`--cidfile`): stopping runs `docker stop` then `docker rm -f` on that id, since
+killing the `docker run` client alone would leave the container running.
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from trtkv import sessions
 from trtkv.artifacts import Manifest, ServerRecord
 from trtkv.backends import for_recipe
 from trtkv.container import (
+    CIDFILE,
     CONTAINER_TRITONSERVER,
     container_name,
     docker_command,
@@ -35,12 +39,14 @@ from trtkv.container import (
     stop_container,
     trtllm_serve_command,
     trtllm_serve_docker_command,
+    with_cidfile,
 )
 from trtkv.errors import StageError, ToolError
 from trtkv.layout import checkpoint_dir, engine_dir, repo_dir, serve_dir
-from trtkv.process import is_running, port_in_use, terminate, wait_http_ready
+from trtkv.process import port_in_use, wait_http_ready
 from trtkv.recipe import Recipe
 from trtkv.stage import require_input, tool_versions
+from trtkv.teardown import Stopped, end_server, running, session_of
 from trtkv.tools import quote, tail
 
 # The Triton TensorRT-LLM image comes from trtkv's version matrix (trtkv.versions, data/trtllm_versions.json): the one
@@ -164,14 +170,19 @@ def write_serve_manifest(recipe: Recipe, info: ServerInfo) -> Path:
                     container=info.container, tool_versions=tool_versions()).save(serve_dir(recipe))
 
 
-def check_free(recipe: Recipe) -> None:
-    """Refuse when a server for the recipe is recorded and alive, or one of its ports is taken."""
+def check_free(recipe: Recipe, log: Callable[[str], None] = print) -> None:
+    """Refuse when a server for the recipe is recorded and alive, or one of its ports is taken; the leftovers of a
+    recorded server that died (its session's other processes) are ended first."""
     info = read_server(recipe)
     if info is not None:
-        if is_running(info.pid, info.command):
+        if running(info):
             raise StageError(f"a server for recipe {recipe.name} is already running (pid {info.pid}, "
                              f"{info.http_url}, log {info.log}). Next: use it, or `trtkv stop {recipe.name}` first.")
-        server_json(recipe).unlink(missing_ok=True)
+        left = stop_server(recipe, timeout_s=STOP_GRACE_S, log=log)
+        if left is not None and not left.cleanup.done:
+            raise StageError(f"the last server for {recipe.name} (pid {info.pid}) left processes that could not be "
+                             f"ended: {', '.join(left.cleanup.left)}. Next: end them (see `ps -o pid,stat,cmd -s "
+                             f"{session_of(info).sid}`), then `trtkv serve {recipe.name}` again.")
     t = recipe.triton
     for field_name, port in (("http_port", t.http_port), ("grpc_port", t.grpc_port), ("metrics_port", t.metrics_port)):
         if port_in_use(t.host, port):
@@ -252,7 +263,7 @@ def _start_local(recipe: Recipe, repo: Path, *, dry_run: bool, timeout_s: float 
         return None
     require_input(repo, "serve", "repo", recipe)
     require_input(engine_dir(recipe), "serve", "build", recipe)
-    check_free(recipe)
+    check_free(recipe, log)
     backends = prepare_backends(recipe)
     cmd = local_command(recipe, repo, backends)
     return _launch(recipe, cmd, repo, server_env(), timeout_s, log)
@@ -268,7 +279,7 @@ def _start_gpu(recipe: Recipe, repo: Path, *, dry_run: bool, timeout_s: float | 
         return None
     require_input(repo, "serve", "repo", recipe)
     for_recipe(recipe).require_served_input(recipe)
-    check_free(recipe)
+    check_free(recipe, log)
     container = None
     if inside:
         cmd = gpu_command(recipe, repo)
@@ -298,7 +309,7 @@ def _start_trtllm_serve(recipe: Recipe, *, dry_run: bool, timeout_s: float | Non
         return None
     for_recipe(recipe).require_served_input(recipe)
     require_input(engine_dir(recipe), "serve", "build", recipe)
-    check_free(recipe)
+    check_free(recipe, log)
     container = None
     if inside:
         cmd = trtllm_serve_command(recipe)
@@ -332,7 +343,7 @@ def _start_openai_server(recipe: Recipe, *, dry_run: bool, timeout_s: float | No
         raise StageError(problem)
     backend.require_served_input(recipe)
     require_input(engine_dir(recipe), "serve", "build", recipe)
-    check_free(recipe)
+    check_free(recipe, log)
     cmd, extra_env = backend.serve_command(recipe)
     container = None
     if cmd[0] == "docker":
@@ -353,6 +364,13 @@ def _launch(recipe: Recipe, cmd: list[str], repo: Path, env: dict[str, str], tim
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / f"{name}.log"
     t = recipe.triton
+    marker = sessions.new_marker()  # every process of this server carries it, also one that calls setsid
+    env = {**env, sessions.MARKER_ENV: marker}
+    cidfile = None
+    if container and cmd[:2] == ["docker", "run"]:
+        cidfile = str(out / CIDFILE)
+        Path(cidfile).unlink(missing_ok=True)  # docker run refuses to overwrite it
+        cmd = with_cidfile(cmd, Path(cidfile))
     with log_path.open("wb") as log_file:
         log_file.write(f"$ {quote(cmd)}\n".encode())
         log_file.flush()
@@ -361,17 +379,17 @@ def _launch(recipe: Recipe, cmd: list[str], repo: Path, env: dict[str, str], tim
     info = ServerInfo(pid=proc.pid, host=t.host, http_port=t.http_port, grpc_port=t.grpc_port,
                       metrics_port=t.metrics_port, command=cmd, log=str(log_path), model_repository=str(repo),
                       started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), recipe=recipe.name,
-                      backend=recipe.build.backend.value, container=container,
+                      backend=recipe.build.backend.value, container=container, cidfile=cidfile,
+                      session_id=proc.pid, session_start=sessions.start_time(proc.pid), session_marker=marker,
                       extra={"frontend": name, "served_model_name": served_model} if name != "tritonserver" else {})
     write_server(recipe, info)
     log(f"serve: started {name} (pid {proc.pid}), waiting up to {timeout_s or t.startup_timeout_s:.0f} s for "
         f"{info.http_url}{READY_PATHS[name]}; log {log_path}")
     try:
         info.ready_seconds = round(wait_ready(info, proc, timeout_s or t.startup_timeout_s), 2)
-    except BaseException:
-        if container:
-            log(f"serve: {stop_container(container, timeout_s=10)[1]}")
-        terminate(proc.pid, cmd, 10.0)
+    except BaseException:  # failed, timed out or interrupted half-way: nothing of this start stays behind
+        end_server(info, STOP_GRACE_S, lambda m: log(m.replace("stop:", "serve:", 1)))
+        proc.poll()
         server_json(recipe).unlink(missing_ok=True)
         raise
     write_server(recipe, info)
@@ -383,23 +401,43 @@ def _launch(recipe: Recipe, cmd: list[str], repo: Path, env: dict[str, str], tim
     return info
 
 
-def stop(recipe: Recipe, *, timeout_s: float = 30.0, log: Callable[[str], None] = print) -> bool:
-    """End the recipe's recorded server; False when none was running."""
+STOP_GRACE_S = 10.0
+
+
+def stop_server(recipe: Recipe, *, timeout_s: float = 30.0, log: Callable[[str], None] = print) -> Stopped | None:
+    """End the recipe's recorded server and its whole session; None when none is recorded. server.json stays when
+    some process could not be ended (D state, EPERM), so the next stop finds them."""
     info = read_server(recipe)
     if info is None:
+        return None
+    result = end_server(info, timeout_s, log)
+    ended = len(result.cleanup.ended)
+    if result.cleanup.done:
+        server_json(recipe).unlink(missing_ok=True)
+        if info.cidfile:
+            Path(info.cidfile).unlink(missing_ok=True)
+    if result.container_done:
+        log(f"stop: {recipe.name} server (container {info.container}, docker run pid {info.pid}) stopped")
+    elif result.was_running:
+        log(f"stop: {recipe.name} server (pid {info.pid}) stopped; cleaned: {ended} processes of its session in "
+            f"{result.cleanup.seconds:g} s")
+    elif ended:
+        log(f"stop: the server for {recipe.name} (pid {info.pid}) had exited, leaving {ended} process(es) of its "
+            f"session; cleaned: {ended} processes")
+    else:
+        log(f"stop: the server for {recipe.name} (pid {info.pid}) had already exited, nothing of its session left; "
+            f"removed {SERVER_JSON}")
+    if not result.cleanup.done:
+        log(f"stop: gave up on {', '.join(result.cleanup.left)}; kept {server_json(recipe)}. Next: `ps -o pid,stat,cmd "
+            f"-s {session_of(info).sid}`; a process in state D waits on the kernel (a device or a mount) — end that, "
+            f"then `trtkv stop {recipe.name}` again.")
+    return result
+
+
+def stop(recipe: Recipe, *, timeout_s: float = 30.0, log: Callable[[str], None] = print) -> bool:
+    """End the recipe's recorded server and every process of its session; False when nothing was running."""
+    result = stop_server(recipe, timeout_s=timeout_s, log=log)
+    if result is None:
         log(f"stop: no server recorded for {recipe.name} ({server_json(recipe)} does not exist)")
         return False
-    container_done = False
-    if info.container:
-        container_done, note = stop_container(info.container, timeout_s)
-        log(f"stop: {note}")
-    how = terminate(info.pid, info.command, timeout_s)
-    server_json(recipe).unlink(missing_ok=True)
-    if container_done:
-        log(f"stop: {recipe.name} server (container {info.container}, docker run pid {info.pid}) stopped")
-        return True
-    if how == "not running":
-        log(f"stop: the server for {recipe.name} (pid {info.pid}) had already exited; removed {SERVER_JSON}")
-        return False
-    log(f"stop: {recipe.name} server (pid {info.pid}) {how}")
-    return True
+    return result.stopped_something

@@ -1,10 +1,14 @@
 """The supervisor `trtkv serve` starts next to the server: every `interval` seconds it sends real one-token
 inferences (trtkv.health: one or more per model instance, because Triton keeps answering "ready" while an instance
-is dead), and when the server is down, or degraded on `failures` probes in a row, it restarts it (stop by pid group,
-start, wait for readiness; a canary answered "Stub process ... is not healthy" restarts at once), at most
+is dead), and when the server is down, or degraded on `failures` probes in a row, it restarts it (end the server's
+whole process session and wait until it is empty and its GPU memory free: the `cleaned` event says how many processes;
+then start and wait for readiness; a canary answered "Stub process ... is not healthy" restarts at once), at most
 `max_restarts` times per `window_s`, waiting longer before each restart
 (`backoff_s` doubling, at most 60 s). Every event goes to engines/<recipe>/serve/events.jsonl with its cause; its
 state and pid to serve/supervisor.json. `trtkv status` reads both; `trtkv stop` ends the supervisor, then the server.
+A session that cannot be emptied (a process in D state, EPERM) is a `cleanup_failed` event and the supervisor gives
+up rather than loop. A supervisor that is killed leaves its server running: `trtkv status` then says "unsupervised"
+and `trtkv serve RECIPE --attach` starts a new supervisor for it.
 
 While a benchmark measures this server (`trtkv bench`, `make bench-crosscheck`: `quiet` below), the supervisor sends
 no canaries and checks only that the process is alive and ready: a canary is a real engine step, and on vLLM CPU one
@@ -28,9 +32,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from trtkv import sessions
 from trtkv.errors import TrtkvError
 from trtkv.layout import serve_dir
-from trtkv.process import is_running, terminate
+from trtkv.process import is_running
 from trtkv.recipe import Recipe
 
 SUPERVISOR_JSON = "supervisor.json"
@@ -117,12 +122,27 @@ def quiet(recipe: Recipe, who: str, address: str | None = None) -> Iterator[bool
         path.unlink(missing_ok=True)
 
 
+def _runs(record: dict[str, Any]) -> bool:
+    """True while the recorded supervisor process runs (same pid, same start time when recorded, same program)."""
+    pid = int(record["pid"])
+    started = record.get("start_time")
+    if started is not None and sessions.start_time(pid) != int(started):
+        return False
+    return is_running(pid, list(record.get("command") or []))
+
+
 def alive(recipe: Recipe) -> dict[str, Any] | None:
     """The supervisor's record when its process runs, else None."""
     record = read_record(recipe)
-    if record and is_running(int(record["pid"]), list(record.get("command") or [])):
+    if record and _runs(record):
         return record
     return None
+
+
+def orphaned(recipe: Recipe) -> dict[str, Any] | None:
+    """The record of a supervisor that is gone without cleaning up (killed): its server runs unsupervised."""
+    record = read_record(recipe)
+    return record if record and not _runs(record) else None
 
 
 class Supervisor:
@@ -149,7 +169,8 @@ class Supervisor:
 
     def save(self, state: str) -> None:
         self.state = state
-        record = {"pid": _pid(), "command": [sys.executable, "-m", "trtkv.supervise", *sys.argv[1:]], "state": state,
+        record = {"pid": _pid(), "start_time": sessions.start_time(_pid()),
+                  "command": [sys.executable, "-m", "trtkv.supervise", *sys.argv[1:]], "state": state,
                   "interval_s": self.interval_s, "failures": self.failures, "max_restarts": self.max_restarts,
                   "window_s": self.window_s, "restarts": len(self.restarts),
                   "updated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -224,7 +245,8 @@ class Supervisor:
         self.save("restarting")
         self.event("restarting", cause=cause, attempt=len(self.restarts), backoff_s=wait)
         started = time.monotonic()
-        serve.stop(self.recipe, timeout_s=STOP_TIMEOUT_S, log=self.log)
+        if not self.clean(serve.stop_server(self.recipe, timeout_s=STOP_TIMEOUT_S, log=self.log)):
+            return False
         self.sleep(wait)
         if self.stopping:
             return True
@@ -237,6 +259,23 @@ class Supervisor:
         self.event("restarted", pid=info.pid if info else None, seconds=round(time.monotonic() - started, 1),
                    ready_seconds=info.ready_seconds if info else None)
         self.save("healthy")
+        return True
+
+    def clean(self, stopped: Any) -> bool:
+        """Say what ending the old server's session did; False (gave up) when some process of it could not be ended:
+        a restart beside it would loop (its port, its GPU memory)."""
+        if stopped is None:
+            self.event("cleaned", processes=0, note="cleaned: 0 processes (no server recorded)")
+            return True
+        ended = len(stopped.cleanup.ended)
+        if not stopped.cleanup.done:
+            self.event("cleanup_failed", ended=ended, left=stopped.cleanup.left,
+                       note="a process in D state waits on the kernel; EPERM: not ours. Not restarting beside it.")
+            self.event("gave_up", cause="the old server's session could not be emptied", left=stopped.cleanup.left)
+            self.save("failed")
+            return False
+        self.event("cleaned", processes=ended, seconds=stopped.cleanup.seconds, gpu=stopped.gpu_note,
+                   note=f"cleaned: {ended} processes")
         return True
 
     def sleep(self, seconds: float) -> None:
@@ -273,14 +312,22 @@ def spawn(recipe: Recipe, spec: list[str], log: Callable[[str], None] = print) -
 
 
 def stop(recipe: Recipe, timeout_s: float = 30.0, log: Callable[[str], None] = print) -> bool:
+    """End the recipe's supervisor (its whole session); a record left by a killed one is removed and said so."""
     record = read_record(recipe)
     if record is None:
         return False
-    how = terminate(int(record["pid"]), list(record.get("command") or []), timeout_s)
+    pid = int(record["pid"])
+    if not _runs(record):
+        record_path(recipe).unlink(missing_ok=True)
+        log(f"stop: the supervisor (pid {pid}) was already gone (killed?): its server ran unsupervised; removed "
+            f"{SUPERVISOR_JSON}")
+        return False
+    started = record.get("start_time")
+    cleanup = sessions.stop_session(sessions.Session(pid, int(started) if started is not None else None),
+                                    grace_s=timeout_s, log=log)
     record_path(recipe).unlink(missing_ok=True)
-    if how != "not running":
-        log(f"stop: supervisor (pid {record['pid']}) {how}")
-    return how != "not running"
+    log(f"stop: supervisor (pid {pid}) stopped" + ("" if cleanup.done else f"; left {', '.join(cleanup.left)}"))
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:

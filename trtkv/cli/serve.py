@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 
 from trtkv.cli.common import add_recipe_args, load, subparser
+from trtkv.errors import StageError
 
 EXAMPLES = """\
   $ trtkv serve smollm2_fp8kv                         # CPU: bundled tritonserver, returns once ready
   $ trtkv serve smollm2_fp8kv triton.http_port=9000 triton.grpc_port=9001 triton.metrics_port=9002
+  $ trtkv serve smollm2_fp8kv --attach                # a new supervisor for the running server (its own was killed)
   $ trtkv serve llama70b_fp8kv --dry-run              # print the docker / mpirun commands
   $ trtkv serve llama70b_fp8kv_llmapi --trtllm-serve --dry-run   # TensorRT-LLM's OpenAI-compatible server
   $ trtkv stop smollm2_fp8kv
@@ -26,17 +30,47 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="seconds to wait for readiness (default: recipe triton.startup_timeout_s)")
     p.add_argument("--no-supervise", action="store_true",
                    help="no supervisor: nothing probes the server or restarts it when an instance dies")
+    p.add_argument("--attach", action="store_true",
+                   help="start only a supervisor, for the recipe's running server (when its own supervisor was killed)")
     p.set_defaults(func=run)
 
 
+def attach_or_refuse(recipe, args: argparse.Namespace) -> bool:  # noqa: ANN001 - Recipe
+    """The recipe's server runs without a supervisor: attach one when asked (--attach, or yes at the prompt), else
+    refuse with the command. False when the server is not running unsupervised (start as usual)."""
+    from trtkv import serve, supervise
+
+    info = serve.read_server(recipe)
+    if info is None or not serve.running(info) or supervise.alive(recipe) is not None or args.no_supervise:
+        return False
+    command = shlex.join(["trtkv", "serve", args.recipe, *args.overrides, "--attach"])
+    if not args.attach:
+        if not sys.stdin.isatty():
+            raise StageError(f"the server for {recipe.name} is running (pid {info.pid}, {info.http_url}) with no "
+                             f"supervisor: nothing restarts it when it fails. Next: `{command}` attaches one, or "
+                             f"`trtkv stop {recipe.name}` stops it.")
+        answer = input(f"serve: {recipe.name} is running (pid {info.pid}) unsupervised. Attach a supervisor? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print(f"serve: not attached; later: `{command}`")
+            return True
+    print(f"serve: attaching a supervisor to the running {recipe.name} server (pid {info.pid})")
+    supervise.spawn(recipe, [args.recipe, *args.overrides])
+    return True
+
+
 def run(args: argparse.Namespace) -> int:
-    from trtkv import serve
+    from trtkv import serve, supervise
 
     recipe = load(args)
+    if not args.dry_run and attach_or_refuse(recipe, args):
+        return 0
+    if args.attach:
+        sup = supervise.alive(recipe)
+        raise StageError(f"--attach adds a supervisor to a running, unsupervised server; {recipe.name} has "
+                         + (f"one already (supervisor pid {sup['pid']})" if sup else "no running server")
+                         + f". Next: `trtkv status {recipe.name}`, or `trtkv serve {recipe.name}` to start it.")
     info = serve.start(recipe, dry_run=args.dry_run, timeout_s=args.timeout, trtllm_serve=args.trtllm_serve)
     if info is not None and not args.no_supervise and not args.trtllm_serve:
-        from trtkv import supervise
-
         try:
             supervise.spawn(recipe, [args.recipe, *args.overrides])
         except BaseException:

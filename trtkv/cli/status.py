@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 
 from trtkv.cli.common import add_recipe_args, load, subparser
 
 EXAMPLES = """\
-  $ trtkv status smollm2_fp8kv              # healthy (exit 0), degraded or down (1), no server recorded (2)
+  $ trtkv status smollm2_fp8kv              # healthy (exit 0), degraded or down (1), no server recorded (2);
+                                            # "unsupervised": nothing restarts it (`trtkv serve R --attach`)
   $ trtkv status smollm2_fp8kv --json
   $ trtkv status smollm2_fp8kv --canaries 4 # more one-token inferences (e.g. one per model instance)
 """
@@ -37,19 +39,27 @@ def run(args: argparse.Namespace) -> int:
         result = health.check(recipe, canaries=args.canaries or recipe.triton.instance_count)
     server = result.server
     events = supervise.read_events(recipe, last=5)
+    lost = supervise.orphaned(recipe)  # a supervisor that was killed: its server runs on, unsupervised
+    unsupervised = server is not None and sup is None and bool(result.checks.get("alive"))
     if args.json:
         print(json.dumps({"state": result.state, "server": server.model_dump() if server else None,
-                          "checks": result.checks, "supervisor": sup, "events": events}, indent=2))
+                          "checks": result.checks, "supervisor": sup, "supervised": sup is not None,
+                          "unsupervised": unsupervised, "lost_supervisor": lost, "events": events}, indent=2))
         return result.exit_code
     if server is None:
         print(f"{recipe.name}: no server recorded (start one: `trtkv serve {recipe.name}`)")
         return result.exit_code
-    print(f"{recipe.name}: {result.state} (pid {server.pid}, {server.http_url}, log {server.log})")
+    print(f"{recipe.name}: {result.state}{', unsupervised' if unsupervised else ''} (pid {server.pid}, "
+          f"{server.http_url}, log {server.log})")
     print(f"  process alive: {result.checks.get('alive')}; ready endpoint: {result.checks.get('ready')}")
     for i, probe in enumerate(result.checks.get("canaries", []), 1):
         print(f"  canary {i}: {'ok' if probe['ok'] else 'FAILED'} in {probe['seconds']:.2f} s ({probe['detail']})")
-    if sup is None:
-        print("  supervisor: none (`trtkv serve` starts one; nothing restarts this server)")
+    attach = shlex.join(["trtkv", "serve", args.recipe, *args.overrides, "--attach"])
+    if sup is None and lost is not None:
+        print(f"  supervisor: unsupervised: its supervisor (pid {lost['pid']}) is gone (killed?), nothing restarts "
+              f"this server. Next: `{attach}` (or `trtkv stop {recipe.name}`)")
+    elif sup is None:
+        print(f"  supervisor: none, unsupervised (nothing restarts this server; `{attach}` attaches one)")
     else:
         print(f"  supervisor: pid {sup['pid']}, {sup['state']}, {sup['restarts']} restart(s) in the last "
               f"{sup['window_s']:g} s (at most {sup['max_restarts']})")

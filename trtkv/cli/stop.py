@@ -1,4 +1,5 @@
-"""`trtkv stop`: stop the server `trtkv serve` started for a recipe (by its recorded pid)."""
+"""`trtkv stop`: stop the recipe's supervisor (or forget a killed one's record), then the server `trtkv serve` started:
+every process of its recorded session, whether or not its main process still runs (trtkv.sessions)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ EXAMPLES = """\
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "stop", "Stop the recipe's tritonserver (SIGTERM, then SIGKILL after a timeout)", EXAMPLES)
+    p = subparser(sub, "stop", "Stop the recipe's server and its whole process session (SIGTERM, then SIGKILL after a "
+                  "timeout), and its supervisor", EXAMPLES)
     add_recipe_args(p)
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait after SIGTERM (default 30)")
     p.set_defaults(func=run)

@@ -1,0 +1,225 @@
+"""A server's whole process session, found in /proc: its members, ending them all, and the GPU memory they held.
+
+Linux has no kill-a-session call. trtkv starts every server as a session leader (`start_new_session`) with a marker in
+its environment (TRTKV_SERVER_SESSION=<uuid>) and records the session id with the leader's start time (/proc/PID/stat
+fields 6 and 22). The members are the processes of that session id (while the leader is the one recorded, or gone:
+Linux never reuses a pid that is still some process's session id) plus every process carrying the marker, for
+children that call setsid (Ray, some vLLM workers). Nothing is found by name.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MARKER_ENV = "TRTKV_SERVER_SESSION"
+PROC = Path("/proc")
+KILL_WAIT_S = 5.0  # after SIGKILL: a process that still exists then is stuck (D state) or not ours (EPERM)
+GPU_WAIT_S = 60.0
+NVIDIA_SMI_QUERY = ["--query-compute-apps=pid,used_memory", "--format=csv,noheader"]
+KILL: Callable[[int, int], None] = os.kill  # how a signal is sent (a test makes it answer EPERM)
+
+
+@dataclass(frozen=True)
+class Session:
+    """What identifies a server's processes: session id (= the leader's pid), its start time, the env marker."""
+
+    sid: int
+    leader_start: int | None = None  # /proc/PID/stat field 22 (clock ticks since boot)
+    marker: str | None = None
+
+
+@dataclass
+class Cleanup:
+    """How ending a session went: the pids found and ended, and what was left when it gave up."""
+
+    ended: list[int] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)  # "pid 123 (state D)" / "pid 456 (EPERM)"
+    seconds: float = 0.0
+
+    @property
+    def done(self) -> bool:
+        return not self.left
+
+
+def new_marker() -> str:
+    return uuid.uuid4().hex
+
+
+def stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, session id, start time) of a pid from /proc/PID/stat (fields 3, 6, 22); None when it is gone."""
+    try:
+        with open(f"{PROC}/{pid}/stat", "rb") as fh:  # many times per second while a session ends: keep it cheap
+            text = fh.read().decode(errors="replace")
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[-1].split()  # the command name (field 2) may hold spaces and parentheses
+    try:
+        return fields[0], int(fields[3]), int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def start_time(pid: int) -> int | None:
+    found = stat(pid)
+    return found[2] if found else None
+
+
+def marker_of(pid: int) -> str | None:
+    """The TRTKV_SERVER_SESSION value in a process's environment (None: absent, or not readable: not ours)."""
+    try:
+        data = (PROC / str(pid) / "environ").read_bytes()
+    except OSError:
+        return None
+    key = f"{MARKER_ENV}=".encode()
+    for item in data.split(b"\0"):
+        if item.startswith(key):
+            return item[len(key):].decode(errors="replace")
+    return None
+
+
+def _pids() -> list[int]:
+    return [int(name) for name in os.listdir(PROC) if name.isdigit()]
+
+
+def leader_alive(session: Session) -> bool:
+    """True while the recorded leader runs (same pid, same start time, not a zombie)."""
+    found = stat(session.sid)
+    return found is not None and found[0] not in ("Z", "X") and (
+        session.leader_start is None or found[2] == session.leader_start)
+
+
+def members(session: Session) -> list[int]:
+    """The live (not zombie) processes of the session, leader included; never this process."""
+    leader = stat(session.sid)
+    # a leader pid now running something started later: the recorded session emptied before the pid was reused
+    reused = leader is not None and session.leader_start is not None and leader[2] != session.leader_start
+    me = os.getpid()
+    out = []
+    for pid in _pids():
+        if pid == me:
+            continue
+        found = stat(pid)
+        if found is None or found[0] in ("Z", "X"):
+            continue
+        if session.leader_start is not None and found[2] < session.leader_start:
+            continue  # older than the leader: not one of its descendants
+        if (found[1] == session.sid and not reused) or (session.marker and marker_of(pid) == session.marker):
+            out.append(pid)
+    return sorted(out)
+
+
+def _reap(pids: list[int]) -> None:
+    """Collect those that are this process's own children (else they stay zombies until we exit)."""
+    for pid in pids:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+
+
+def _signal(pids: list[int], sig: int, denied: set[int]) -> None:
+    for pid in pids:
+        try:
+            KILL(pid, sig)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            denied.add(pid)
+
+
+def _wait_empty(session: Session, seconds: float, sig: int | None, seen: set[int], denied: set[int]) -> list[int]:
+    """Poll until the session is empty or `seconds` pass, sending `sig` to members that appear meanwhile."""
+    deadline = time.monotonic() + seconds
+    while True:
+        _reap(sorted(seen))
+        left = members(session)
+        fresh = [p for p in left if p not in seen]
+        seen.update(left)
+        if sig is not None and fresh:
+            _signal(fresh, sig, denied)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.1)
+
+
+def stop_session(session: Session, grace_s: float = 10.0, log: Callable[[str], None] | None = None) -> Cleanup:
+    """End every member: SIGTERM the leader (it stops its children in order), then SIGTERM all that remain, up to
+    `grace_s` in all, then SIGKILL; wait until none remains. Processes still there after SIGKILL (D state, EPERM)
+    are reported in `left`, not waited on forever."""
+    start = time.monotonic()
+    seen: set[int] = set()
+    denied: set[int] = set()
+    found = members(session)
+    seen.update(found)
+    if found:
+        if leader_alive(session):
+            _signal([session.sid], signal.SIGTERM, denied)
+            deadline = start + grace_s * 0.8
+            while leader_alive(session) and time.monotonic() < deadline:
+                _reap([session.sid])
+                time.sleep(0.05)
+            found = _wait_empty(session, 0.5, None, seen, denied)  # its children follow it out
+        if found:
+            _signal(found, signal.SIGTERM, denied)
+            remaining = max(0.5, grace_s - (time.monotonic() - start))
+            found = _wait_empty(session, remaining, signal.SIGTERM, seen, denied)
+        if found:
+            _signal(found, signal.SIGKILL, denied)
+            found = _wait_empty(session, KILL_WAIT_S, signal.SIGKILL, seen, denied)
+    result = Cleanup(ended=sorted(seen - set(found)), seconds=round(time.monotonic() - start, 2))
+    for pid in found:
+        state = (stat(pid) or ("gone",))[0]
+        result.left.append(f"pid {pid} ({'EPERM' if pid in denied else 'state ' + state})")
+    if log and result.left:
+        log(f"stop: could not end {len(result.left)} process(es) of session {session.sid}: {', '.join(result.left)}")
+    return result
+
+
+def gpu_pids(run: Callable[[list[str]], str] | None = None) -> dict[int, int] | None:
+    """pid -> MiB of GPU memory from nvidia-smi; None where nvidia-smi is absent or fails."""
+    if run is None:
+        smi = shutil.which("nvidia-smi")
+        if smi is None:
+            return None
+
+        def run(args: list[str]) -> str:
+            return subprocess.run([smi, *args], capture_output=True, text=True, timeout=30, check=True).stdout
+    try:
+        text = run(NVIDIA_SMI_QUERY)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    out = {}
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 2 and parts[0].isdigit():
+            digits = "".join(ch for ch in parts[1] if ch.isdigit())
+            out[int(parts[0])] = int(digits or 0)
+    return out
+
+
+def wait_gpu_released(pids: list[int], timeout_s: float = GPU_WAIT_S, poll_s: float = 1.0,
+                      run: Callable[[list[str]], str] | None = None) -> tuple[bool, str]:
+    """Wait (at most `timeout_s`) until none of `pids` holds GPU memory: (released, what was seen)."""
+    if not pids:
+        return True, "no processes"
+    deadline = time.monotonic() + timeout_s
+    start = time.monotonic()
+    while True:
+        held = gpu_pids(run)
+        if held is None:
+            return True, "no nvidia-smi here"
+        mine = {p: mib for p, mib in held.items() if p in set(pids)}
+        if not mine:
+            return True, f"GPU memory free after {time.monotonic() - start:.1f} s"
+        if time.monotonic() >= deadline:
+            return False, (f"after {timeout_s:.0f} s, GPU memory is still held by "
+                           + ", ".join(f"pid {p} ({mib} MiB)" for p, mib in sorted(mine.items())))
+        time.sleep(poll_s)
