@@ -32,6 +32,8 @@ def _chunked(*parts: bytes) -> bytes:
 
 ERROR_JSON = b'{"error": {"message": "max_tokens too big"}}'
 SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+# a chunk, then size -6: today the decoder steps back onto the same size line for ever
+NEGATIVE_CHUNK = b"6\r\ndata: \r\n-6\r\nxx\r\n0\r\n\r\n"
 TEXTS = [" Paris", " is", " the", " capital"]
 OPENAI_BODY = _chunked(*(_event(t) + b"\n\n" for t in TEXTS), b'data: {"choices": [], "usage": {"completion_tokens"'
                        b': 4}}\n\n', b"data: [DONE]\n\n")
@@ -105,6 +107,14 @@ def _openai(server: ScriptedServer) -> OpenAISession:
     return OpenAISession(Endpoint(f"127.0.0.1:{server.port}", "openai", "m"))
 
 
+def _answer(conn: socket.socket, data: bytes) -> None:
+    """Send a scripted answer; the client may hang up first (it refused the answer), which is not the server's error."""
+    try:
+        conn.sendall(data)
+    except OSError:
+        pass
+
+
 def _send_in_pieces(conn: socket.socket, data: bytes, piece: int, pause_s: float = 0.002) -> None:
     for i in range(0, len(data), piece):
         conn.sendall(data[i:i + piece])
@@ -163,17 +173,52 @@ def test_stale_keepalive_connection_is_retried(serve: Callable[[Script], Scripte
     (SSE_HEAD + b"5\r\ndata:", ERROR, "Remote end closed connection mid-response"),
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", ERROR, "bad chunk size"),
     (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", ERROR, "not an HTTP response"),
-])
+    (SSE_HEAD + NEGATIVE_CHUNK, ERROR, "bad chunk size"),  # today: the loop spins for ever
+    (b"HTTP/1.1 200 OK\r\nContent-Length: abc\r\n\r\n", ERROR, "bad Content-Length"),  # today: kills the loop
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n", ERROR, "both"),
+    (SSE_HEAD + b"%x\r\n%s\r\n" % (2 << 20, b"data: " + b"x" * ((2 << 20) - 6)), ERROR, "line over"),
+    (SSE_HEAD + _chunked(_event(" a") + b"\n\n", b"data: {broken\n\n", b"data: [DONE]\n\n"), ERROR, "not JSON"),
+], ids=["http-400", "error-event", "no-done", "closed", "bad-chunk", "not-http", "negative-chunk", "bad-length",
+        "length-and-chunked", "unterminated-line", "broken-json"])
 def test_openai_failures_are_named(serve: Callable[[Script], ScriptedServer], answer: bytes, status: str,
                                    words: str) -> None:
-    server = serve(lambda c, n: (c.sendall(answer), False)[1])
+    """Each malformed answer is a failed request naming the reason, well within the request's deadline, and the
+    shared loop lives on."""
+    server = serve(lambda c, n: (_answer(c, answer), False)[1])
     session = _openai(server)
+    loop = shared_loop()
+    t0 = time.monotonic()
     try:
-        rec = _run(session)
+        rec = _run(session, timeout_s=5.0)
     finally:
         session.close()
     assert rec.status == status and words in rec.error, rec.error
-    assert rec.end_ns is not None
+    assert rec.end_ns is not None and time.monotonic() - t0 < 4.0
+    assert shared_loop() is loop and loop.alive
+
+
+def test_a_malformed_response_never_stops_the_other_requests(serve: Callable[[Script], ScriptedServer]) -> None:
+    """A request streaming slowly from a good server keeps going while others on the same loop meet a negative chunk
+    size, a non-numeric Content-Length and an unterminated line (today: the loop dies or spins, the good one fails)."""
+    good = serve(lambda c, n: (_send_in_pieces(c, SSE_HEAD + OPENAI_BODY, 40, pause_s=0.03), True)[1])
+    bad = [SSE_HEAD + NEGATIVE_CHUNK, b"HTTP/1.1 200 OK\r\nContent-Length: 1x\r\n\r\n",
+           SSE_HEAD + b"%x\r\n%s\r\n" % (2 << 20, b"y" * (2 << 20))]
+    loop = shared_loop()
+    session = _openai(good)
+    good_rec: list[RequestRecord] = []
+    worker = threading.Thread(target=lambda: good_rec.append(_run(session, timeout_s=10.0)))
+    worker.start()
+    time.sleep(0.05)
+    try:
+        for answer in bad:
+            server = serve(lambda c, n, a=answer: (_answer(c, a), False)[1])
+            rec = _run(_openai(server), timeout_s=5.0)
+            assert rec.status == ERROR and "bad HTTP response" in rec.error, rec.error
+        worker.join(15.0)
+    finally:
+        session.close()
+    assert good_rec and good_rec[0].status == OK and good_rec[0].text == "".join(TEXTS), good_rec and good_rec[0].error
+    assert shared_loop() is loop and loop.alive
 
 
 def test_refused_stalled_and_cancelled(serve: Callable[[Script], ScriptedServer]) -> None:
@@ -216,3 +261,24 @@ def test_triton_generate_stream_until_the_body_ends(serve: Callable[[Script], Sc
     finally:
         session.close()
     assert server.connections == 1
+
+
+class _BrokenEvents(OpenAIEvents):
+    def on_line(self, line: bytes, t_ns: int) -> bool:
+        raise RuntimeError("a bug in a protocol's events")
+
+
+class _BrokenSession(OpenAISession):
+    def _events(self, record: RequestRecord) -> OpenAIEvents:
+        return _BrokenEvents(record, chat=False)
+
+
+def test_an_exception_while_serving_one_request_fails_only_that_request(
+        serve: Callable[[Script], ScriptedServer]) -> None:
+    """Not only ProtocolError: whatever one request's handling raises is its failure, the loop lives on."""
+    server = serve(lambda c, n: (_answer(c, SSE_HEAD + OPENAI_BODY), True)[1])
+    loop = shared_loop()
+    rec = _run(_BrokenSession(Endpoint(f"127.0.0.1:{server.port}", "openai", "m")), timeout_s=5.0)
+    assert rec.status == ERROR and "client error: RuntimeError: a bug" in rec.error, rec.error
+    assert shared_loop() is loop and loop.alive
+    assert _run(_openai(server)).status == OK

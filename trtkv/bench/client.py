@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trtkv.apikey import auth_headers
-from trtkv.bench.http1 import Connection, Events, http_request
+from trtkv.bench.http1 import Connection, Events, ProtocolError, event_json, http_request
 from trtkv.bench.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord
 from trtkv.bench.stream import shared_loop, stream
 from trtkv.errors import TrtkvError
@@ -283,7 +283,7 @@ class TritonEvents:
     def decode(self) -> None:
         rec, interface = self.record, self.interface
         for t_ns, payload in self.raw:
-            text = json.loads(payload).get("text_output")
+            text = event_json(payload).get("text_output")
             if isinstance(text, list):
                 text = text[0] if text else ""
             new = interface.new_text(str(text or ""), "".join(rec.response_texts))
@@ -323,7 +323,11 @@ class HttpSession(Session):
         try:
             stream(conn, request, record, events, timeout_s)
         finally:
-            events.decode()
+            try:
+                events.decode()
+            except ProtocolError as exc:  # an event that is not a JSON object: this request failed, named
+                record.status, record.error = ERROR, f"bad HTTP response: {exc}"
+                record.end_ns = record.end_ns or now_ns()
             record.client_cpu_ns += time.thread_time_ns() - cpu0  # this thread's part; the loop adds its own
 
     def close(self) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from trtkv.apikey import auth_headers
 from trtkv.bench.client import Endpoint, HttpSession, SamplingParams, _first_line
-from trtkv.bench.http1 import Events
+from trtkv.bench.http1 import Events, event_json
 from trtkv.bench.records import ERROR, OK, RequestRecord
 from trtkv.errors import TrtkvError
 
@@ -119,7 +119,7 @@ class OpenAIEvents:
     def decode(self) -> None:
         rec = self.record
         for t_ns, payload in self.raw:
-            event = json.loads(payload)
+            event = event_json(payload)
             usage = event.get("usage")
             if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
                 rec.server_tokens = int(usage["completion_tokens"])

@@ -6,6 +6,9 @@ others; at concurrency 8 that wake-up, not the parsing, was most of the client's
 threads of the load generator only hand a request over and wake once, when it is done; the loop reads whatever
 is ready on all connections in one pass.
 
+A server's bytes never stop the loop: the parser (http1) is bounded and raises ProtocolError on anything malformed,
+which fails that request only, as does any other exception while serving one request; the others keep going.
+
 Each request's record gets the CPU the loop spent on it: a pass's CPU time (select included) is split over the
 requests the pass served, and the worker adds its own (building the body, waking up).
 """
@@ -91,10 +94,13 @@ class StreamLoop:
                     self._drain_inbox(served, ended)
                     continue
                 served.add(call)
-                if mask & selectors.EVENT_READ:
-                    self._read(call, t_ns, ended)
-                else:
-                    self._write(call, ended)
+                try:
+                    if mask & selectors.EVENT_READ:
+                        self._read(call, t_ns, ended)
+                    else:
+                        self._write(call, ended)
+                except Exception as exc:  # noqa: BLE001 - one request's surprise fails it, never the loop all share
+                    self._finish(call, ERROR, f"client error: {type(exc).__name__}: {_describe(exc)}", t_ns, ended)
             if monotonic() >= self._earliest:
                 self._expire(served, ended)
             cpu = thread_time_ns()
