@@ -31,8 +31,9 @@ def chunk(text: str | None, finish: str | None = None, usage: dict[str, int] | N
     return b"data: " + json.dumps(event).encode() + b"\n\n"
 
 
-def serve(first_s: float, gap_s: float, port_out: Any, default_tokens: int = 16) -> None:
-    """Serve on 127.0.0.1 (a free port, put on `port_out`) until the process is terminated."""
+def serve(first_s: float, gap_s: float, port_out: Any, default_tokens: int = 16, api_key: str | None = None) -> None:
+    """Serve on 127.0.0.1 (a free port, put on `port_out`) until the process is terminated. `api_key`: every /v1
+    request must carry `Authorization: Bearer <key>` (401 otherwise), as vLLM's --api-key asks."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -48,7 +49,17 @@ def serve(first_s: float, gap_s: float, port_out: Any, default_tokens: int = 16)
             self.end_headers()
             self.wfile.write(data)
 
+        def _refused(self) -> bool:
+            if api_key is None or not self.path.startswith("/v1") \
+                    or self.headers.get("Authorization") == f"Bearer {api_key}":
+                return False
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self._json(401, {"error": {"message": "Unauthorized"}})
+            return True
+
         def do_GET(self) -> None:  # noqa: N802 - the http.server hook's name
+            if self._refused():
+                return
             if self.path.rstrip("/") == "/v1/models":
                 self._json(200, {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "replay"}]})
             elif self.path in ("/health", "/v1/health"):
@@ -58,6 +69,8 @@ def serve(first_s: float, gap_s: float, port_out: Any, default_tokens: int = 16)
 
         def do_POST(self) -> None:  # noqa: N802
             start = time.monotonic()
+            if self._refused():
+                return
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
             if self.path != "/v1/completions" or not body.get("stream"):
                 self._json(400, {"error": {"message": "this replay server streams /v1/completions only"}})
@@ -87,10 +100,11 @@ def serve(first_s: float, gap_s: float, port_out: Any, default_tokens: int = 16)
     server.serve_forever()
 
 
-def start(first_ms: float, gap_ms: float, default_tokens: int = 16) -> tuple[multiprocessing.Process, int]:
+def start(first_ms: float, gap_ms: float, default_tokens: int = 16,
+          api_key: str | None = None) -> tuple[multiprocessing.Process, int]:
     """The server in a daemon process of its own; (process, port). Stop it with process.terminate()."""
     ports: Any = multiprocessing.Queue()
-    proc = multiprocessing.Process(target=serve, args=(first_ms / 1e3, gap_ms / 1e3, ports, default_tokens),
+    proc = multiprocessing.Process(target=serve, args=(first_ms / 1e3, gap_ms / 1e3, ports, default_tokens, api_key),
                                    daemon=True)
     proc.start()
     return proc, int(ports.get(timeout=30))
