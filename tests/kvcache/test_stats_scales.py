@@ -1,4 +1,4 @@
-"""K/V statistics and static scales (contract 1 kv_scales.json) on a tiny random Llama."""
+"""K/V statistics and static scales (kv_scales.json, trtkv.artifacts.KVScalesFile) on a tiny random Llama."""
 
 from __future__ import annotations
 

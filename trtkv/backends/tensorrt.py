@@ -189,7 +189,7 @@ def preflight_tensorrt(recipe: Recipe) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Known pitfalls (facts.md): a hint for each, chosen from the failed run's log
+# Known pitfalls (TensorRT-LLM's build errors as its users report them): a hint for each, chosen from the failed run's log
 
 PITFALLS: list[tuple[str, str]] = [
     (r"Paged Context FMHA doesn't work with int8 kv cache",

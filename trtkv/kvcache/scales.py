@@ -59,8 +59,8 @@ def layer_scales(k_amax: float, v_amax: float, algo: str) -> dict[str, float]:
 
 def kv_scales_document(algo: str | None, k_amax: list[float], v_amax: list[float], num_layers: int | None = None,
                        source: str | None = None) -> dict[str, Any]:
-    """The kv_scales.json document (contract 1): per layer k/v amax and both scale conventions. Deterministic (no
-    timestamps, fixed order). algo None (an unquantized KV cache): no layers."""
+    """The kv_scales.json document (typed: trtkv.artifacts.KVScalesFile): per layer k/v amax and both scale
+    conventions. Deterministic (no timestamps, fixed order). algo None (an unquantized KV cache): no layers."""
     layers = [] if algo is None else [
         {"layer": i, "k_amax": ka, "v_amax": va, **layer_scales(ka, va, algo)}
         for i, (ka, va) in enumerate(zip(k_amax, v_amax, strict=True))]

