@@ -223,3 +223,74 @@ def test_plan_advice_names_another_served_format(tmp_path: Path) -> None:
     doc["recommended"] = uniform
     (tmp_path / "per_layer_fp8.json").write_text(json.dumps(doc))
     assert per_layer_advice(load_recipe("smollm2_fp8kv"), tmp_path) is None
+
+
+def _rec(fmt: str, n: int, kl: float, clip: float | None = None, bpt: float = 100.0) -> dict:
+    return {"format": fmt, "context_len": n, "kl_mean": kl, "top1_agreement": 1.0 - kl, "ppl": 9.0, "ppl_delta": kl,
+            "kv_bytes_per_token": bpt, "clip_rate": clip, "needle_accuracy": None, "kl_last_quarter": kl, "ppl_ref": 9.0}
+
+
+def test_printed_probe_table_aligns_long_format_names() -> None:
+    from trtkv.probe.results import summary_lines
+
+    lines = summary_lines([_rec("fp16", 512, 0.0), _rec("turboquant_k3v4_nc", 512, 0.2)])
+    assert len({line.index(" @ ") for line in lines}) == 1  # 11 characters wide cut the 18-character name short
+
+
+def test_engine_format_sentences_are_computed_from_both_measured_records() -> None:
+    from trtkv.probe.results import engine_format_notes
+
+    recs = [_rec("int8", 256, 0.02, 0.0, 1000), _rec("int8", 1024, 0.09, 3e-5, 1000),
+            _rec("int8_per_token_head", 256, 0.001, None, 1060), _rec("int8_per_token_head", 1024, 0.002, None, 1060),
+            _rec("fp8", 1024, 0.004), _rec("fp8_cast", 1024, 0.012)]
+    notes = engine_format_notes(recs)
+    assert len(notes) == 2
+    assert notes[0].startswith("On vLLM >= 0.32.0 (`--kv-cache-dtype int8_per_token_head`), `int8_per_token_head` is "
+                               "the INT8 to use: KL 0.00200 vs 0.09000")
+    assert "clips 3.00e-05 of K/V elements at 1024 tokens and beyond" in notes[0]
+    assert "`fp8_cast`" in notes[1] and "KL 0.01200 vs 0.00400 for calibrated `fp8`" in notes[1] and "x3.0" in notes[1]
+    # only one of a pair measured: no sentence; a dynamic INT8 that loses is said so
+    assert engine_format_notes([_rec("int8", 1024, 0.01), _rec("fp8", 1024, 0.01)]) == []
+    lost = engine_format_notes([_rec("int8", 512, 0.001, 0.0), _rec("int8_per_token_head", 512, 0.01)])
+    assert "did not beat static INT8" in lost[0] and "clipped nothing up to 512 tokens" in lost[0]
+
+
+def test_plan_advice_and_verdicts_carry_the_engine_sentences(tmp_path: Path) -> None:
+    from trtkv.probe.results import probe_advice, verdicts
+
+    recs = [_rec("fp16", 512, 0.0), _rec("fp8", 512, 0.004), _rec("fp8_cast", 512, 0.012)]
+    doc = {"records": recs, "settings": {"formats": ["fp16", "fp8", "fp8_cast"]}, "reference": "fp16", "needles": []}
+    assert any("ModelOpt's default `fp8_cast`" in v for v in verdicts(doc))
+    import trtkv.probe.results as results
+
+    recipe = load_recipe("smollm2_fp8kv")
+    hit = (tmp_path, {**doc, "recipe": recipe.name})
+    orig = results.find_probe
+    results.find_probe = lambda *_a, **_k: hit  # type: ignore[assignment]
+    try:
+        advice = probe_advice(recipe, tmp_path)
+    finally:
+        results.find_probe = orig  # type: ignore[assignment]
+    assert advice is not None and any("ModelOpt's default `fp8_cast`" in line for line in advice[0])
+
+
+def test_per_layer_cache_key_follows_the_format_numerics(monkeypatch: pytest.MonkeyPatch) -> None:
+    """trtkv/probe/layers.py keys its cached passes by numerics_key: a changed table row misses the old cache."""
+    import copy
+
+    from trtkv.kvcache import engines
+    from trtkv.kvcache.formats import KVFormat
+    from trtkv.kvcache.quant import parse_format
+    from trtkv.probe.layers import per_layer_key
+
+    class Scales:
+        k_amax, v_amax = [1.0], [1.0]
+
+    choice = parse_format("int8_per_token_head")
+    before = per_layer_key("m", choice, Scales(), KVFormat.BF16)
+    assert per_layer_key("m", choice, Scales(), KVFormat.BF16) == before
+    doc = json.loads(engines.TABLE_PATH.read_text())
+    changed = copy.deepcopy(doc)
+    changed["formats"]["int8_per_token_head"]["numerics"]["rounding"] = "round half to even"
+    monkeypatch.setattr(engines, "load_table", lambda *_a: engines.parse_table(changed))
+    assert per_layer_key("m", choice, Scales(), KVFormat.BF16) != before

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from trtkv.backends import vllm
-from trtkv.kvcache import engines, quant
+from trtkv.kvcache import engines, formats, quant
 
 pytestmark = pytest.mark.e2e
 HERE = Path(__file__).resolve().parent
@@ -88,6 +88,8 @@ def vllm_outputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     np.save(out / "v.npy", v)
     np.save(out / "q.npy", rng.standard_normal((1, 9, 64)).astype(np.float32))
     np.save(out / "fp8_scales.npy", np.array([np.abs(k).max() / 448, np.abs(v).max() / 448], np.float32))
+    for role, x in (("k", k), ("v", v)):  # TurboQuant/UltraQuant kernels take 16-bit K/V: bfloat16-exact values
+        np.save(out / f"{role}_bf16.npy", torch.from_numpy(x).bfloat16().float().numpy())
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run([_side_python(), str(HERE / "vllm_reference.py"), str(out)], capture_output=True, text=True,
                           timeout=600, env=env, cwd=out)
@@ -153,3 +155,87 @@ def test_per_tensor_fp8_codes_equal_vllms(vllm_outputs: Path, name: str, role: s
     scale = 1.0 if name == "fp8_cast" else float(scales[0 if role == "k" else 1])
     mine = quant.layer_codecs(name, scale, scale).key.encode(x)["data"].view(torch.uint8).numpy()
     assert np.array_equal(mine, _e4m3_bits(np.load(vllm_outputs / f"{name}_{role}_prequant.npy")))
+
+
+PACKED = ["turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "ultraquant_4bit"]
+
+
+def _bf16_inputs(out: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    return tuple(torch.from_numpy(np.load(out / f"{r}_bf16.npy")).bfloat16() for r in ("k", "v"))  # type: ignore
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.uint8 else t.contiguous().view(torch.uint8).reshape(*t.shape[:-1], -1)
+
+
+def trtkv_slots(name: str, k: torch.Tensor, v: torch.Tensor) -> np.ndarray:
+    """trtkv's stored parts laid out as vLLM's slot: TurboQuant [K codes | K float16 norm | V codes | V scale | V zero]
+    (FP8 keys: [K bytes | V ...]), UltraQuant [K codes | K UE8M0 scales | V codes | V scales]."""
+    codecs = quant.layer_codecs(name)
+    pk, pv = codecs.key.encode(k), codecs.value.encode(v)
+    if name.startswith("turboquant"):
+        parts = [pk["data"], *([pk["norm"]] if "norm" in pk else []), pv["data"], pv["scale"], pv["zero"]]
+    else:
+        parts = [pk["data"], pk["scale"], pv["data"], pv["scale"]]
+    return torch.cat([_bytes(p) for p in parts], -1).numpy()
+
+
+@pytest.mark.parametrize("name", PACKED)
+def test_packed_slots_are_byte_identical_to_vllms_store_kernels(vllm_outputs: Path, name: str) -> None:
+    """Every byte vLLM's Triton store writes (codes, norms, scales, zeros; the even-padding byte is never written)."""
+    k, v = _bf16_inputs(vllm_outputs)
+    mine = trtkv_slots(name, k, v)
+    ref = np.load(vllm_outputs / f"{name}_slots.npy")
+    assert ref.shape[-1] == formats.slot_bytes(name, 64)
+    assert mine.shape[-1] in (ref.shape[-1], ref.shape[-1] - 1)
+    assert np.array_equal(mine, ref[..., : mine.shape[-1]])
+
+
+@pytest.mark.parametrize("name", PACKED[:4])
+def test_turboquant_lloyd_max_levels_equal_vllms(vllm_outputs: Path, name: str) -> None:
+    key_bits, value_bits, _ = formats.TURBOQUANT_PRESETS[formats.KVFormat(name)]
+    mine = torch.tensor(quant.lloyd_max_centroids(64, value_bits if key_bits == 8 else key_bits), dtype=torch.float32)
+    assert np.array_equal(mine.numpy(), np.load(vllm_outputs / f"{name}_centroids.npy"))
+
+
+@pytest.mark.parametrize("name", PACKED[:4])
+def test_turboquant_read_path_equals_vllms_dequant_kernel(vllm_outputs: Path, name: str) -> None:
+    """trtkv decodes in float32 and rotates K back; vLLM's _tq_full_dequant_kv writes float16 in the rotated basis
+    (then rotates back by H): the difference is that float16 rounding, <= 2^-11 of each row's norm for K (H is
+    orthonormal) and of each value for V."""
+    k, v = _bf16_inputs(vllm_outputs)
+    codecs = quant.layer_codecs(name)
+    k_hat = codecs.key.decode(codecs.key.encode(k), torch.float32)
+    v_hat = codecs.value.decode(codecs.value.encode(v), torch.float32)
+    ref_k_rot = torch.from_numpy(np.load(vllm_outputs / f"{name}_dequant_k.npy"))
+    ref_v = torch.from_numpy(np.load(vllm_outputs / f"{name}_dequant_v.npy"))
+    fp8_keys = name == "turboquant_k8v4"
+    ref_k = ref_k_rot if fp8_keys else ref_k_rot @ quant.orthonormal_hadamard(64)
+    k_tol = 2.0 ** -11 * k_hat.norm(dim=-1, keepdim=True) * (1 + 1e-5) + 1e-6
+    assert ((k_hat - ref_k).abs() <= (0 if fp8_keys else k_tol)).all()
+    assert ((v_hat - ref_v).abs() <= 2.0 ** -11 * v_hat.abs() + 1e-6).all()
+
+
+def test_ultraquant_read_path_equals_vllms_reference_dequant(vllm_outputs: Path) -> None:
+    """vLLM's ultraquant_dequant of the kernel's own bytes (K in the rotated basis) is exactly trtkv's decode."""
+    k, v = _bf16_inputs(vllm_outputs)
+    codecs = quant.layer_codecs("ultraquant_4bit")
+    pk, pv = codecs.key.encode(k), codecs.value.encode(v)
+    k_rot = quant.ultraquant_dequantize(quant.unpack(pk["data"], 4), pk["scale"], False, torch.float32)
+    assert torch.equal(k_rot, torch.from_numpy(np.load(vllm_outputs / "ultraquant_4bit_dequant_k.npy")))
+    assert torch.equal(codecs.value.decode(pv, torch.float32),
+                       torch.from_numpy(np.load(vllm_outputs / "ultraquant_4bit_dequant_v.npy")))
+    assert torch.allclose(quant.fwht_normalized(k_rot), codecs.key.decode(pk, torch.float32))
+
+
+def test_ultraquant_python_reference_differs_from_its_kernel_only_in_rotation_rounding(vllm_outputs: Path) -> None:
+    """vLLM's PyTorch reference rotates by a matmul, its kernel by butterflies: V (unrotated) agrees exactly, K codes
+    in at most 1% of elements (a rotated value that lands within float rounding of an FP4 midpoint)."""
+    k, v = _bf16_inputs(vllm_outputs)
+    codecs = quant.layer_codecs("ultraquant_4bit")
+    pk, pv = codecs.key.encode(k), codecs.value.encode(v)
+    assert np.array_equal(pv["data"].numpy(), np.load(vllm_outputs / "ultraquant_4bit_ref_v_codes.npy"))
+    assert np.array_equal(pv["scale"].numpy(), np.load(vllm_outputs / "ultraquant_4bit_ref_v_scales.npy"))
+    ref = torch.from_numpy(np.load(vllm_outputs / "ultraquant_4bit_ref_k_codes.npy"))
+    differ = (quant.unpack(pk["data"], 4) != quant.unpack(ref, 4)).float().mean().item()
+    assert differ <= 0.01

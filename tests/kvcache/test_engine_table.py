@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trtkv.errors import TrtkvError
-from trtkv.kvcache import engines, quant
+from trtkv.kvcache import engines, formats, quant
 from trtkv.kvcache.formats import bytes_per_element
 from trtkv.kvcache.quant import all_format_names, layer_codecs, numerics_key, parse_format
 
@@ -99,3 +99,80 @@ def test_cached_probe_results_are_keyed_by_a_formats_numerics(monkeypatch: pytes
     doc["formats"]["int8_per_token_head"]["numerics"]["rounding"] = "half to even"
     monkeypatch.setattr(engines, "load_table", lambda: engines.parse_table(doc))
     assert sweep._format_key("model", choice) != before
+
+
+PACKED = ["turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "ultraquant_4bit"]
+
+
+def test_packed_formats_are_probe_formats_with_their_verified_row() -> None:
+    table = engines.load_table()
+    for name in PACKED:
+        assert parse_format(name).base.value == name
+        row = table.for_probe(name)
+        assert row is not None and row.verified.get("test") == "tests/kvcache/test_engine_numerics.py", name
+        assert [e.value for e in row.engines if e.engine == "vllm"] == [name]
+
+
+@pytest.mark.parametrize(("name", "head_dim", "slot"), [
+    # vLLM 0.32 TurboQuantConfig.slot_size_aligned / ultraquant format.slot_size (its docstring: D=128 -> 136 B)
+    ("turboquant_k8v4", 128, 128 + 64 + 4), ("turboquant_4bit_nc", 128, 64 + 2 + 64 + 4),
+    ("turboquant_k3v4_nc", 128, 48 + 2 + 64 + 4), ("turboquant_3bit_nc", 128, 48 + 2 + 48 + 4),
+    ("turboquant_3bit_nc", 96, 36 + 2 + 36 + 4), ("ultraquant_4bit", 128, 136), ("ultraquant_4bit", 256, 272)])
+def test_slot_bytes_follow_vllms_layout(name: str, head_dim: int, slot: int) -> None:
+    assert formats.slot_bytes(name, head_dim) == slot + slot % 2
+
+
+def test_boundary_layers_are_vllms_first_and_last_two() -> None:
+    assert formats.boundary_layers("turboquant_k8v4", 30) == [0, 1, 28, 29]
+    assert formats.boundary_layers("ultraquant_4bit", 3) == [0, 2]  # min(2, L // 2)
+    assert formats.boundary_layers("int8_per_token_head", 30) == []
+    # planner bytes: quantized layers pay H x slot, the 4 boundary layers bf16; explicit skip layers are a union
+    packed = 26 * 3 * formats.slot_bytes("turboquant_4bit_nc", 64) + 4 * 2 * 3 * 64 * 2
+    assert formats.kv_bytes_per_token(30, 3, 64, "turboquant_4bit_nc") == packed
+    assert formats.kv_bytes_per_token(30, 3, 64, "turboquant_4bit_nc", [0, 1, 5]) == \
+        packed - 3 * formats.slot_bytes("turboquant_4bit_nc", 64) + 2 * 3 * 64 * 2
+
+
+@pytest.mark.parametrize("name", PACKED)
+def test_packed_cache_stores_exactly_the_planners_bytes_with_boundary_layers_in_bf16(name: str) -> None:
+    from transformers import LlamaConfig
+
+    from trtkv.kvcache.cache import QuantizedKVCache
+
+    config = LlamaConfig(num_hidden_layers=6, num_key_value_heads=2, num_attention_heads=4, head_dim=64,
+                         hidden_size=256)
+    cache = QuantizedKVCache(config, name)
+    assert cache.keep_layers == [0, 1, 4, 5]
+    x = torch.randn(1, 2, 40, 64, generator=torch.Generator().manual_seed(1))
+    for i in range(6):
+        cache.layers[i].update(x, x)
+    assert cache.quantized_bytes() / 40 == formats.kv_bytes_per_token(6, 2, 64, name)
+    assert cache.qlayers[2].v_store.view()["data"].dtype == torch.uint8
+    assert cache.qlayers[0].k_store.view()["data"].dtype == torch.bfloat16
+
+
+def test_packed_codecs_roundtrip_within_their_levels() -> None:
+    """Dequantized error bounded by the format: V within half a uniform step (float16 scale/min rounding aside), K of
+    TurboQuant within its norm, UltraQuant within half the coarsest E2M1 gap (1.0 x 2^exponent) or its saturation."""
+    x = torch.randn(1, 2, 16, 64, generator=torch.Generator().manual_seed(2))
+    for name in PACKED[1:4]:
+        codecs = layer_codecs(name)
+        bits = formats.TURBOQUANT_PRESETS[formats.KVFormat(name)][1]
+        step = (x.amax(-1, keepdim=True) - x.amin(-1, keepdim=True)) / ((1 << bits) - 1)
+        assert ((codecs.value.roundtrip(x) - x).abs() <= step / 2 + 1e-2 * step + 1e-3).all()
+        assert ((codecs.key.roundtrip(x) - x).norm(dim=-1) <= x.norm(dim=-1)).all()
+    codes, scale = quant.ultraquant_quantize(x, rotate=False)
+    s = torch.exp2(scale.float() - 127).repeat_interleave(32, -1)
+    # half the widest E2M1 gap (4 -> 6) is 1.0 x s; beyond 6 s a value saturates (0.156 x amax snapped down can be
+    # 0.110 x amax: UltraQuant clips by design)
+    bound = torch.maximum(s, x.abs() - 6 * s) + 1e-6
+    assert ((quant.ultraquant_dequantize(codes, scale, False, torch.float32) - x).abs() <= bound).all()
+    assert torch.allclose(quant.fwht_normalized(quant.fwht_normalized(x)), x, atol=1e-5)  # its own inverse
+
+
+def test_numerics_key_covers_the_functions_a_codec_calls() -> None:
+    """numerics_key hashes a codec's class and every module function it reaches: a changed value quantizer changes
+    the key of the TurboQuant formats (cached probe results then miss)."""
+    names = [s.split("=")[0] for s in quant._definition_sources(quant.TurboQuantValueCodec)[1:]]
+    assert "turboquant_value_quantize" in names and "pack3" in names
+    assert "lloyd_max_centroids" in [s.split("=")[0] for s in quant._definition_sources(quant.TurboQuantKeyCodec)[1:]]

