@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from trtkv.errors import RecipeError
-from trtkv.recipe import KVCacheQuant, list_recipes, load_recipe, reference_markdown
+from trtkv.recipe import KVCacheQuant, list_recipes, load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = sorted(str(p) for p in (ROOT / "recipes").rglob("*.yaml") if "_base" not in p.parts)
@@ -214,23 +214,6 @@ def test_overrides_win_and_are_validated(tmp_path: Path) -> None:
 def test_unknown_recipe_name_did_you_mean() -> None:
     with pytest.raises(RecipeError, match="did you mean 'smollm2_fp8kv'"):
         load_recipe("smollm2_fp8k")
-
-
-def test_readme_version_matrix_is_current() -> None:
-    from trtkv.versions import table_markdown
-
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index("<!-- version-matrix:start -->") + len("<!-- version-matrix:start -->")
-    assert readme[start:readme.index("<!-- version-matrix:end -->")].strip() == table_markdown().strip(), (
-        "README version matrix is stale: run `python scripts/update_readme.py`")
-
-
-def test_readme_recipe_reference_is_current() -> None:
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index("<!-- recipe-reference:start -->") + len("<!-- recipe-reference:start -->")
-    end = readme.index("<!-- recipe-reference:end -->")
-    assert readme[start:end].strip() == reference_markdown().strip(), (
-        "README recipe reference is stale: run `python scripts/update_readme.py`")
 
 
 def test_tp_beyond_the_kv_heads_replicates_them() -> None:

@@ -15,6 +15,16 @@ from pydantic import BaseModel, ValidationError
 
 from trtkv import paths
 from trtkv.errors import RecipeError
+from trtkv.recipe.names import (
+    RECIPE_NAME_RE,
+    RECIPE_NAME_RULE,
+    check_recipe_name,
+    collision_problems,
+    fold_recipe_name,
+    recipe_name_problem,
+    shown,
+)
+from trtkv.recipe.plain_yaml import MAX_DEPTH, MAX_FILE_BYTES, FileNotReadable, YAMLLimitError, load_yaml, read_text
 from trtkv.recipe.rules import cross_field_problems
 from trtkv.recipe.schema import KV_CACHE_ALIASES, KVCacheQuant, Recipe
 
@@ -22,31 +32,74 @@ from trtkv.recipe.schema import KV_CACHE_ALIASES, KVCacheQuant, Recipe
 # Finding and reading recipe files
 
 
-def list_recipes() -> list[Path]:
-    """Every runnable recipe on disk (files under folders starting with `_` are shared parts)."""
+def _runnable_files() -> list[Path]:
+    """The .yaml files under recipes/ outside folders starting with `_` (those hold shared parts)."""
     root = paths.recipes_dir()
     found = [p for p in root.rglob("*.yaml") if not any(part.startswith("_") for part in p.relative_to(root).parts)]
     return sorted(found)
 
 
+def list_recipes() -> list[Path]:
+    """Every runnable recipe on disk; RecipeError naming each file whose name breaks the rule or collides."""
+    found = _runnable_files()
+    problems = [p for p in (recipe_name_problem(recipe_name(f), f) for f in found) if p is not None]
+    problems += collision_problems((recipe_name(f), f) for f in found)
+    if problems:
+        raise RecipeError(problems, header=f"Recipes in {shown(paths.recipes_dir())} not usable")
+    return found
+
+
 def recipe_name(path: Path) -> str:
+    """The recipe's name: its file name without .yaml (checked by check_recipe_name where a recipe is found)."""
     return path.stem
 
 
+def _refuse_collisions(path: Path) -> None:
+    """A recipe whose name folds to the same Kubernetes name as another runnable recipe's is refused with it."""
+    name = recipe_name(path)
+    named = [(name, path)] + [(recipe_name(f), f) for f in _runnable_files()
+                              if fold_recipe_name(recipe_name(f)) == fold_recipe_name(name) and _resolve(f) != path]
+    problems = collision_problems(named)
+    if problems:
+        raise RecipeError(problems, header="Recipe name not allowed")
+
+
+def _resolve(path: Path, origin: str = "") -> Path:
+    """`path` made absolute with its links followed; RecipeError for a symlink loop or an impossible name."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError, ValueError):  # RuntimeError: how Python < 3.13 reports a symlink loop
+        try:
+            read_text(path)
+        except FileNotReadable as exc:
+            raise RecipeError([f"{shown(path)}: {exc.problem}{origin}. Next: {exc.next_step}."],
+                              header="Recipe not readable") from None
+        raise RecipeError([f"{shown(path)}: cannot resolve the path{origin}. Next: check it."],
+                          header="Recipe not readable") from None
+
+
 def find_recipe(name_or_path: str) -> Path:
-    """A recipe name (`smollm2_fp8kv`) or a path to a YAML file."""
+    """A recipe name (`smollm2_fp8kv`) or a path to a YAML file; its name is checked here (check_recipe_name)."""
     candidate = Path(name_or_path).expanduser()
     if candidate.suffix in (".yaml", ".yml") or "/" in name_or_path:
-        if candidate.is_file():
-            return candidate.resolve()
-        raise RecipeError([f"{name_or_path}: no such recipe file. Next: check the path, or run `trtkv ls`."],
-                          header="Recipe not found")
-    available = {recipe_name(p): p for p in list_recipes()}
+        resolved = _resolve(candidate)
+        if not resolved.exists():
+            raise RecipeError([f"{shown(name_or_path)}: no such recipe file. Next: check the path, or run `trtkv ls`."],
+                              header="Recipe not found")
+        if not resolved.is_file():
+            raise RecipeError([f"{shown(name_or_path)}: not a regular file. Next: name a .yaml file."],
+                              header="Recipe not readable")
+        check_recipe_name(recipe_name(resolved), resolved)
+        _refuse_collisions(resolved)
+        return resolved
+    available = {recipe_name(p): p for p in _runnable_files() if RECIPE_NAME_RE.fullmatch(recipe_name(p))}
     if name_or_path in available:
+        _refuse_collisions(available[name_or_path].resolve())
         return available[name_or_path]
     hint = _did_you_mean(name_or_path, available)
+    rule = "" if RECIPE_NAME_RE.fullmatch(name_or_path) else f" (a recipe name is {RECIPE_NAME_RULE})"
     raise RecipeError(
-        [f"unknown recipe {name_or_path!r}{hint}. Available: {', '.join(sorted(available)) or '(none)'}. "
+        [f"unknown recipe {name_or_path!r}{rule}{hint}. Available: {', '.join(sorted(available)) or '(none)'}. "
          f"Next: `trtkv ls` lists them; a path to a .yaml file works too."],
         header="Recipe not found",
     )
@@ -57,29 +110,42 @@ def _did_you_mean(word: str, choices: Iterable[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-def _read_yaml(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+def _yaml_problem(exc: yaml.YAMLError) -> tuple[str, str]:
+    """(":line:column" or "", the problem) of a YAML error."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return where, problem
+
+
+def _read_yaml(path: Path, chain: tuple[Path, ...], budget: list[int] | None = None) -> dict[str, Any]:
+    """One file's YAML as a mapping; `budget` ([files, characters] read so far for this recipe) bounds the includes."""
+    origin = f" (included from {shown(chain[-1])})" if chain else ""
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        origin = f" (included from {chain[-1]})" if chain else ""
-        raise RecipeError([f"{path}: file not found{origin}. Next: fix the `include:` path."],
+        text = read_text(path)
+    except FileNotReadable as exc:
+        raise RecipeError([f"{shown(path)}: {exc.problem}{origin}. Next: {exc.next_step}."],
                           header="Recipe not readable") from None
-    except OSError as exc:
-        raise RecipeError([f"{path}: cannot read: {exc.strerror}."],
-                          header="Recipe not readable") from None
+    if budget is not None:
+        budget[1] += len(text)
+        if budget[1] > MAX_FILE_BYTES:
+            raise RecipeError([f"{shown(path)}: this recipe and its includes hold more than {MAX_FILE_BYTES} characters "
+                               f"in all{origin}. Next: include fewer or smaller files."], header="Recipe not readable")
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
+    except YAMLLimitError as exc:
+        where, problem = _yaml_problem(exc)
+        raise RecipeError([f"{shown(path)}{where}: not plain recipe data: {problem}. Next: write each key once, "
+                           f"without deep nesting or aliases."], header="Recipe not readable") from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise RecipeError([f"{path}{where}: malformed YAML: {problem}. Next: fix the syntax at that line."],
+        where, problem = _yaml_problem(exc)
+        raise RecipeError([f"{shown(path)}{where}: malformed YAML: {problem}. Next: fix the syntax at that line."],
                           header="Recipe not readable") from None
     if data is None:
-        raise RecipeError([f"{path}: the file is empty. Next: start from a shipped recipe, e.g. recipes/smollm2_fp8kv.yaml."],
-                          header="Recipe not readable")
+        raise RecipeError([f"{shown(path)}: the file is empty. Next: start from a shipped recipe, e.g. "
+                           f"recipes/smollm2_fp8kv.yaml."], header="Recipe not readable")
     if not isinstance(data, dict):
-        raise RecipeError([f"{path}: the top level must be a mapping of sections, got {type(data).__name__}."],
+        raise RecipeError([f"{shown(path)}: the top level must be a mapping of sections, got {type(data).__name__}."],
                           header="Recipe not readable")
     return data
 
@@ -104,24 +170,35 @@ def _record(prov: dict[str, Path], data: Any, file: Path, prefix: str = "") -> N
             _record(prov, value, file, path)
 
 
+MAX_INCLUDED_FILES = 32  # files one recipe may read, itself and its includes (a chain or a diamond of includes)
+
+
 def load_tree(path: Path, chain: tuple[Path, ...] = ()) -> tuple[dict[str, Any], dict[str, Path]]:
     """Read `path` and its includes; returns the merged data and, per dotted key, the file that set it."""
-    path = path.resolve()
+    return _load_tree(path, chain, [0, 0])
+
+
+def _load_tree(path: Path, chain: tuple[Path, ...], budget: list[int]) -> tuple[dict[str, Any], dict[str, Path]]:
+    path = _resolve(path, f" (included from {shown(chain[-1])})" if chain else "")
     if path in chain:
-        cycle = " -> ".join(str(p) for p in (*chain, path))
-        raise RecipeError([f"{path}: include cycle: {cycle}. Next: remove one of these includes."],
+        cycle = " -> ".join(shown(p) for p in (*chain, path))
+        raise RecipeError([f"{shown(path)}: include cycle: {cycle}. Next: remove one of these includes."],
                           header="Recipe not readable")
-    data = _read_yaml(path, chain)
+    budget[0] += 1
+    if budget[0] > MAX_INCLUDED_FILES:
+        raise RecipeError([f"{shown(path)}: more than {MAX_INCLUDED_FILES} files read for one recipe (included from "
+                           f"{shown(chain[-1])}). Next: include fewer files."], header="Recipe not readable")
+    data = _read_yaml(path, chain, budget)
     includes = data.pop("include", [])
     if isinstance(includes, str):
         includes = [includes]
     if not isinstance(includes, list) or not all(isinstance(i, str) for i in includes):
-        raise RecipeError([f"{path}: include: must be a file name or a list of file names, got {includes!r}."],
+        raise RecipeError([f"{shown(path)}: include: must be a file name or a list of file names, got {includes!r:.200}."],
                           header="Recipe not valid")
     merged: dict[str, Any] = {}
     prov: dict[str, Path] = {}
     for inc in includes:
-        inc_data, inc_prov = load_tree(path.parent / inc, (*chain, path))
+        inc_data, inc_prov = _load_tree(path.parent / inc, (*chain, path), budget)
         merged = _merge(merged, inc_data)
         prov.update(inc_prov)
     merged = _merge(merged, data)
@@ -130,16 +207,28 @@ def load_tree(path: Path, chain: tuple[Path, ...] = ()) -> tuple[dict[str, Any],
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """`build.max_batch_size=16` -> (["build", "max_batch_size"], 16); the value is read as YAML."""
+    """`build.max_batch_size=16` -> (["build", "max_batch_size"], 16); the value is read as YAML, under the file rules
+    (size, nesting, aliases, duplicate keys); a value that is not YAML at all stays a string."""
     if "=" not in text:
-        raise RecipeError([f"override {text!r}: expected section.key=value, e.g. build.max_batch_size=16."],
+        raise RecipeError([f"override {text!r:.200}: expected section.key=value, e.g. build.max_batch_size=16."],
                           header="Override not valid")
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_FILE_BYTES:
+        raise RecipeError([f"override {text[:40]!r}...: larger than {MAX_FILE_BYTES} bytes (the cap for a "
+                           f"recipe file). Next: put the setting in a recipe file."], header="Override not valid")
     key, raw = text.split("=", 1)
     parts = [p for p in key.strip().split(".") if p]
     if not parts:
-        raise RecipeError([f"override {text!r}: the key is empty; expected section.key=value."], header="Override not valid")
+        raise RecipeError([f"override {text!r:.200}: the key is empty; expected section.key=value."],
+                          header="Override not valid")
+    if len(parts) > MAX_DEPTH:
+        raise RecipeError([f"override {key!r:.200}: the key is nested deeper than {MAX_DEPTH} levels. Next: "
+                           f"name a recipe field, e.g. build.max_batch_size."], header="Override not valid")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_yaml(raw) if raw.strip() else ""
+    except YAMLLimitError as exc:
+        _, problem = _yaml_problem(exc)
+        raise RecipeError([f"override {key!r:.200}: the value is not plain recipe data: {problem}. Next: write "
+                           f"each key once, without deep nesting or aliases."], header="Override not valid") from None
     except yaml.YAMLError:
         value = raw
     return parts, value
@@ -233,8 +322,8 @@ def _format_error(err: Any, prov: dict[str, Path], path: Path) -> str:
     msg = err["msg"]
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
-    shown = "" if isinstance(value, (dict, list)) else f" (got {value!r})"
-    return f"{file}: {dotted}: {msg}{shown}."
+    got = "" if isinstance(value, (dict, list)) else f" (got {value!r})"
+    return f"{file}: {dotted}: {msg}{got}."
 
 
 def validate_data(data: dict[str, Any], prov: dict[str, Path], path: Path) -> Recipe:

@@ -4,11 +4,12 @@ forbidden, validators that list the valid values)."""
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import re
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
@@ -92,7 +93,21 @@ class Protocol(str, Enum):
     OPENAI = "openai"  # streaming /v1/completions (or chat) of an OpenAI-compatible server
 
 
-PACKAGED_MODELS = ("smollm2",)
+PACKAGED_MODELS = ("smollm2", "gemma3")  # trtkv.model.PACKAGED: the models that ship as Python packages (a test keeps both equal)
+_HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def is_ip_or_host_name(value: str) -> bool:
+    """An IPv4/IPv6 address (no zone) or an RFC 1123 host name whose last label is not all digits (RFC 3696)."""
+    try:
+        ipaddress.ip_address(value)
+        return "%" not in value
+    except ValueError:
+        pass
+    labels = value.split(".")
+    return (0 < len(value) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels)
+            and not labels[-1].isdigit())
+
 SLO_PATTERN = re.compile(r"^(?P<metric>[a-z_]+)\.(?P<stat>[a-z0-9_]+)\s*(?P<op><=|>=|<|>)\s*(?P<value>-?[0-9.]+(e-?[0-9]+)?)$")
 
 # ---------------------------------------------------------------------------------------------
@@ -119,6 +134,27 @@ class ModelConfig(_Section):
     vocab_size: int | None = Field(None, gt=0, description="Vocabulary size; used to estimate parameters.")
     num_parameters: float | None = Field(None, gt=0, description="Parameter count (e.g. 70.6e9); estimated when absent.")
     max_position_embeddings: int | None = Field(None, gt=0, description="Longest context the model was trained for.")
+    attention_layers: list[str] | None = Field(
+        None, description="Per-layer attention, in order: `full`, `mla`, `sliding:WINDOW`, `chunked:CHUNK`, each "
+        "optionally `*COUNT` (e.g. `[sliding:1024*5, full]`); read from the model config when absent (all full "
+        "without one). `trtkv init` writes it.")
+    kv_lora_rank: int | None = Field(None, gt=0, description="MLA latent rank (DeepSeek-V2/V3, Kimi-K2): one latent "
+                                     "of kv_lora_rank + qk_rope_head_dim elements per token and layer, no separate V.")
+    qk_rope_head_dim: int | None = Field(None, ge=0, description="MLA: RoPE key channels stored with the latent.")
+    attention_source: str | None = Field(None, description="Where the attention facts were read (written by "
+                                         "`trtkv init`, e.g. `config.json text_config.layer_types`).")
+    checkpoint_weights_gib: float | None = Field(None, gt=0, description="Weights as a pre-quantized checkpoint "
+                                                 "stores them (quantization_config), counted by `trtkv init`; planned "
+                                                 "when quantization.weights is none.")
+
+    @field_validator("attention_layers")
+    @classmethod
+    def _layer_labels(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None:
+            from trtkv.checkpoints.attention import parse_layers
+
+            parse_layers(value)  # ValueError naming the entry
+        return value
 
     @field_validator("source")
     @classmethod
@@ -142,20 +178,22 @@ class QuantizationConfig(_Section):
         KVScaleStrategy.STATIC_PER_TENSOR,
         description="How KV scales are obtained: calibrated per-layer amax (the only strategy so far).",
     )
-    kv_skip_layers: list[int] = Field(
+    kv_skip_layers: list[int | Literal["sliding_window"]] = Field(
         [],
         description="Layers whose KV stays in the model dtype while the others use `kv_cache` (vLLM "
-        "`--kv-cache-dtype-skip-layers`; TensorRT-LLM has one KV format per checkpoint).",
+        "`--kv-cache-dtype-skip-layers`; TensorRT-LLM has one KV format per checkpoint): indices, and/or "
+        "`sliding_window` (vLLM's word: every sliding-window layer).",
     )
 
     @field_validator("kv_skip_layers")
     @classmethod
-    def _sorted_unique(cls, value: list[int]) -> list[int]:
+    def _sorted_unique(cls, value: list[int | str]) -> list[int | str]:
         if len(set(value)) != len(value):
-            raise ValueError(f"layers listed twice: {sorted(v for v in set(value) if value.count(v) > 1)}")
-        if any(v < 0 for v in value):
-            raise ValueError(f"layer indices start at 0, got {sorted(v for v in value if v < 0)}")
-        return sorted(value)
+            raise ValueError(f"layers listed twice: {sorted({str(v) for v in value if value.count(v) > 1})}")
+        indices = sorted(v for v in value if isinstance(v, int))
+        if any(v < 0 for v in indices):
+            raise ValueError(f"layer indices start at 0, got {[v for v in indices if v < 0]}")
+        return [*indices, *(v for v in value if not isinstance(v, int))]
 
     @field_validator("kv_cache", mode="before")
     @classmethod
@@ -214,9 +252,13 @@ class BuildConfig(_Section):
     @field_validator("tensorrt_llm_version")
     @classmethod
     def _known_release(cls, value: str) -> str:
-        allowed = versions.supported_trtllm()
-        if versions.release(value) not in allowed:
-            raise ValueError(f"TensorRT-LLM {value!r} is not in trtkv's version matrix. Allowed: {', '.join(allowed)}")
+        """A release the version matrix knows, matched whole (it lands in image names and shell lines)."""
+        releases = versions.supported_trtllm()
+        builds = [row.tensorrt_llm for row in versions.rows() if row.tensorrt_llm not in releases]
+        if value not in releases and value not in builds:
+            extra = f" (or the NGC build {', '.join(dict.fromkeys(builds))})" if builds else ""
+            raise ValueError(f"TensorRT-LLM {value!r} is not in trtkv's version matrix (the whole version must match). "
+                             f"Allowed: {', '.join(releases)}{extra}")
         return value
 
 
@@ -248,6 +290,16 @@ class TritonConfig(_Section):
     exclude_input_in_output: bool = Field(True, description="Responses carry only generated text.")
     max_queue_delay_microseconds: int = Field(0, ge=0, description="Dynamic batcher delay.")
     startup_timeout_s: float = Field(180.0, gt=0, description="How long `trtkv serve` waits for readiness.")
+
+    @field_validator("host")
+    @classmethod
+    def _ip_or_host_name(cls, value: str) -> str:
+        """An IP address or an RFC 1123 host name, nothing else: it lands in commands, URLs and README `curl` lines."""
+        if not is_ip_or_host_name(value):
+            raise ValueError("must be an IP address (v4 or v6, e.g. 127.0.0.1, 0.0.0.0, ::1) or an RFC 1123 host name "
+                             "(letters, digits and '-' in dot-separated labels of 1-63 characters, not starting or "
+                             "ending with '-', at most 253 characters, e.g. localhost or node-1.cluster.local)")
+        return value
 
 
 class BenchConfig(_Section):
