@@ -104,3 +104,155 @@ def test_layers_kept_in_16_bit_are_planned_per_layer_and_deploy_only_with_vllm()
     ]:
         with pytest.raises(RecipeError, match=message):
             load_recipe(name, extra)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-layer attention: sliding windows, chunked local, MLA (configs in tests/data/configs, recipes from `trtkv init`)
+
+CONFIGS = Path(__file__).resolve().parent / "data" / "configs"
+FAMILIES = ["llama3_1_8b", "qwen2_5_7b", "qwen3_8b", "qwen3_30b_a3b", "mistral_7b_v0_1", "gemma2_9b", "gemma3_27b",
+            "gpt_oss_120b", "llama4_scout", "deepseek_v2", "deepseek_v3", "kimi_k2"]
+
+
+def init_recipe(tmp_path: Path, family: str, *extra: str):  # noqa: ANN201 - a Recipe
+    from trtkv.cli.init import write_recipe
+
+    path = tmp_path / f"t_{family}.yaml"
+    if not path.exists():
+        write_recipe(f"t_{family}", CONFIGS / family, path, "H100-80GB")
+    return load_recipe(path, list(extra))
+
+
+def exact_sum(family: str, n: int, bytes_per_element: float = 2.0, tp: int = 1) -> float:
+    """One sequence's KV at n tokens, summed here over the config's own layer list."""
+    from trtkv.checkpoints import read_model_facts
+
+    f = read_model_facts(CONFIGS / family)
+    total = 0.0
+    for layer in f.layers:
+        if layer.kind.value == "mla":
+            total += n * (f.kv_lora_rank + f.qk_rope_head_dim) * bytes_per_element
+        else:
+            held = min(n, layer.window) if layer.window else n
+            total += held * 2 * math.ceil(f.num_kv_heads / tp) * f.head_dim * bytes_per_element
+    return total
+
+
+def vllm_sum(family: str, n: int, batched: int = 8192, block: int = 16) -> float:
+    """vLLM's allocation, from kv_cache_interface.py's formulas and its grouping rule, over the layer list."""
+    from trtkv.checkpoints import read_model_facts
+
+    f = read_model_facts(CONFIGS / family)
+    hybrid = not any(x.kind.value == "chunked" for x in f.layers)
+    per: dict[tuple[str, int | None], int] = {}
+    for x in f.layers:
+        key = (x.kind.value, x.window) if hybrid or x.kind.value == "mla" else ("full", None)
+        per[key] = per.get(key, 0) + 1
+    if len(per) > 1:
+        group = min(per.values()) if max(per.values()) >= 1.5 * min(per.values()) else max(per.values())
+        per = {k: -(-v // group) * group for k, v in per.items()}
+    total = 0.0
+    for (kind, window), count in per.items():
+        if kind == "sliding":
+            tokens = (-(-min(window - 1 + batched, n) // block) + 1) * block
+        elif kind == "chunked":
+            tokens = -(-min(window + batched, n) // block) * block
+        else:
+            tokens = -(-n // block) * block
+        elem = (f.kv_lora_rank + f.qk_rope_head_dim) if kind == "mla" else 2 * f.num_kv_heads * f.head_dim
+        total += count * tokens * elem * 2
+    return total
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_per_sequence_kv_is_the_per_layer_sum(tmp_path: Path, family: str) -> None:
+    p = plan(init_recipe(tmp_path, family))
+    fp16 = next(f for f in p.formats if f.format == "fp16")
+    for n in p.lengths:
+        assert fp16.per_sequence_kv_bytes_by_accounting["exact"][n] == pytest.approx(exact_sum(family, n))
+        assert fp16.per_sequence_kv_bytes_by_accounting["vllm"][n] == pytest.approx(vllm_sum(family, n))
+    assert fp16.per_sequence_kv_bytes == fp16.per_sequence_kv_bytes_by_accounting["exact"]  # backend llmapi
+    fp8 = next(f for f in p.formats if f.format == "fp8")
+    assert fp8.per_sequence_kv_bytes[32768] == pytest.approx(exact_sum(family, 32768, 1.0))
+    assert len(p.attention["layers"]) == p.model["num_layers"]
+
+
+def test_issue_table_figures(tmp_path: Path) -> None:
+    """16-bit KV of one 32K sequence (issue #25's table): exact per-layer windows, and vLLM's allocation."""
+    got = {}
+    for family in ("gemma3_27b", "gpt_oss_120b", "llama4_scout", "deepseek_v3"):
+        fp16 = next(f for f in plan(init_recipe(tmp_path, family)).formats if f.format == "fp16")
+        got[family] = {a: v[32768] / GIB for a, v in fp16.per_sequence_kv_bytes_by_accounting.items()}
+    assert got["gemma3_27b"]["exact"] == pytest.approx(2.9, abs=0.01)
+    assert got["gemma3_27b"]["vllm"] == pytest.approx(6.7, abs=0.05)
+    assert got["gpt_oss_120b"]["exact"] == pytest.approx(1.13, abs=0.005)
+    assert got["llama4_scout"]["exact"] == pytest.approx(2.6, abs=0.03)
+    assert got["llama4_scout"]["vllm"] == pytest.approx(6.0, abs=0.01)  # hybrid manager off for chunked local
+    assert got["deepseek_v3"]["exact"] == pytest.approx(2.14, abs=0.01)
+
+
+def test_mla_latent_is_whole_on_every_tp_rank(tmp_path: Path) -> None:
+    for family, split in (("deepseek_v3", False), ("llama3_1_8b", True)):
+        recipe = init_recipe(tmp_path, family, "build.tp_size=8", "build.pp_size=1", "hardware.count=8")
+        fp16 = next(f for f in plan(recipe).formats if f.format == "fp16")
+        assert fp16.per_sequence_kv_bytes_per_gpu[32768] == pytest.approx(exact_sum(family, 32768, 2.0, 8 if split
+                                                                                    else 1))
+    notes = plan(init_recipe(tmp_path, "deepseek_v3")).notes
+    assert any("whole on every rank" in n for n in notes)
+
+
+def test_sliding_layers_kept_16_bit_are_priced_per_layer(tmp_path: Path) -> None:
+    from trtkv.checkpoints import read_model_facts
+    from trtkv.errors import RecipeError
+
+    recipe = init_recipe(tmp_path, "gemma3_27b", "build.backend=vllm", "quantization.kv_skip_layers=[sliding_window]")
+    assert recipe.kv_format_label == "fp8+bf16[sliding_window]"
+    row = next(f for f in plan(recipe).formats if f.format == recipe.kv_format_label)
+    f = read_model_facts(CONFIGS / "gemma3_27b")
+    per_token = 2 * f.num_kv_heads * f.head_dim
+    expected = sum(min(32768, x.window) * per_token * 2 if x.window else 32768 * per_token * 1 for x in f.layers)
+    assert row.per_sequence_kv_bytes_by_accounting["exact"][32768] == pytest.approx(expected)
+    with pytest.raises(RecipeError, match="no sliding layer"):
+        init_recipe(tmp_path, "llama3_1_8b", "build.backend=vllm", "quantization.kv_skip_layers=[sliding_window]")
+
+
+def test_plan_json_per_sequence_bytes_and_layer_types(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from trtkv.cli import main
+
+    init_recipe(tmp_path, "gpt_oss_120b")
+    assert main(["plan", str(tmp_path / "t_gpt_oss_120b.yaml"), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    fp16 = next(f for f in data["formats"] if f["format"] == "fp16")
+    assert fp16["per_sequence_kv_bytes"]["32768"] == exact_sum("gpt_oss_120b", 32768)
+    assert "bytes_per_token" in fp16 and "max_sequences" in fp16  # today's fields stay
+    assert data["attention"]["layers"][:2] == ["sliding:128", "full"]
+    assert any("no KV cost" in n for n in data["notes"])
+
+
+def test_hub_id_recipe_plans_from_its_fields_alone(tmp_path: Path) -> None:
+    for family in ("gemma3_27b", "deepseek_v3", "llama4_scout"):
+        local = plan(init_recipe(tmp_path, family))
+        hub = plan(init_recipe(tmp_path, family, "model.source=org/not-on-this-machine"))
+        assert hub.model["source"] == "recipe"
+        for a, b in zip(local.formats, hub.formats, strict=True):
+            assert a.per_sequence_kv_bytes == b.per_sequence_kv_bytes
+        assert hub.weights["total_gib"] == pytest.approx(local.weights["total_gib"], rel=1e-3)
+
+
+def test_recipe_attention_must_agree_with_the_config(tmp_path: Path) -> None:
+    from trtkv.errors import RecipeError
+
+    with pytest.raises(RecipeError, match="model.attention_layers: recipe says"):
+        plan(init_recipe(tmp_path, "gemma3_27b", "model.attention_layers=[full*62]"))
+    with pytest.raises(RecipeError, match="62 layers listed"):
+        init_recipe(tmp_path, "gemma3_27b", "model.source=org/x", "model.num_layers=60")
+
+
+def test_prequantized_weights_priced_as_stored(tmp_path: Path) -> None:
+    from trtkv.checkpoints import count_parameters, read_model_facts
+
+    f = read_model_facts(CONFIGS / "gpt_oss_120b")
+    c = count_parameters(f)
+    p = plan(init_recipe(tmp_path, "gpt_oss_120b"))
+    assert p.weights["total_gib"] * GIB == pytest.approx(c.experts * (0.5 + 1 / 32) + (c.total - c.experts) * 2)
+    assert p.weights["precision"] == "as stored"

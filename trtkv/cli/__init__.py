@@ -11,7 +11,7 @@ from trtkv.errors import TrtkvError
 from trtkv.version import __version__
 
 # Subcommand name -> module in trtkv.cli (imported only to build the parser; heavy work is lazy inside run()).
-COMMANDS = ["ls", "validate", "show", "plan", "probe", "calibrate", "build", "repo", "serve", "stop", "bench",
+COMMANDS = ["ls", "init", "validate", "show", "plan", "probe", "calibrate", "build", "repo", "serve", "stop", "bench",
             "report", "demo", "compare", "generate", "status", "deploy"]
 
 

@@ -68,10 +68,11 @@ def cross_field_problems(r: Recipe) -> list[tuple[str, str]]:
         if m.dtype.value == "float32":
             out.append(("quantization.kv_skip_layers", "the skipped layers keep the model dtype, and trtkv plans "
                                                        "16-bit KV only: use model.dtype bfloat16 or float16"))
-        beyond = [i for i in q.kv_skip_layers if m.num_layers is not None and i >= m.num_layers]
+        beyond = [i for i in q.kv_skip_layers if isinstance(i, int) and m.num_layers is not None and i >= m.num_layers]
         if beyond:
             out.append(("quantization.kv_skip_layers", f"layers {beyond} do not exist: model.num_layers is "
                                                        f"{m.num_layers} (indices 0..{(m.num_layers or 1) - 1})"))
+    out += _attention_layer_problems(r)
     if b.gemm_plugin is GemmPlugin.FP8 and q.weights is not WeightQuant.FP8:
         out.append(("build.gemm_plugin", "gemm_plugin fp8 needs quantization.weights: fp8"))
     rules = BACKEND_RULES.get(b.backend)
@@ -113,3 +114,19 @@ def _context_fmha_problems(r: Recipe) -> list[tuple[str, str]]:
     return out
 
 
+def _attention_layer_problems(r: Recipe) -> list[tuple[str, str]]:
+    """model.attention_layers against num_layers and the MLA fields; `sliding_window` skips need sliding layers."""
+    from trtkv.checkpoints.attention import AttentionKind, parse_layers
+
+    m, out = r.model, []
+    layers = parse_layers(m.attention_layers) if m.attention_layers else ()
+    if layers and m.num_layers is not None and len(layers) != m.num_layers:
+        out.append(("model.attention_layers", f"{len(layers)} layers listed, model.num_layers is {m.num_layers}: "
+                                              f"list one entry per layer (COUNT with *COUNT)"))
+    if any(x.kind is AttentionKind.MLA for x in layers) and m.kv_lora_rank is None:
+        out.append(("model.kv_lora_rank", "mla layers need model.kv_lora_rank and model.qk_rope_head_dim (the latent "
+                                          "each token keeps)"))
+    if "sliding_window" in r.quantization.kv_skip_layers and layers and not any(
+            x.kind is AttentionKind.SLIDING for x in layers):
+        out.append(("quantization.kv_skip_layers", "sliding_window: model.attention_layers has no sliding layer"))
+    return out

@@ -1,0 +1,62 @@
+"""Parameters counted from a config's shapes (MoE experts and shared experts, MLA projections, tied embeddings), and
+the bytes a pre-quantized checkpoint stores them in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trtkv.checkpoints.hf_config import ModelFacts
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    total: float
+    embedding: float  # input embeddings + lm_head (one matrix when tied)
+    experts: float  # routed experts (MoE); 0 for dense models
+    routers: float
+    active_per_token: float  # what one token's forward pass multiplies by (top-k experts, shared ones, the rest)
+
+
+def attention_parameters(f: ModelFacts) -> float:
+    h, q = f.hidden_size, f.num_attention_heads
+    if f.kv_lora_rank:  # MLA: q (optionally low-rank), kv_a to the latent + rope key, kv_b back to heads, o
+        qk = (f.qk_nope_head_dim or 0) + (f.qk_rope_head_dim or 0)
+        v = f.v_head_dim or f.qk_nope_head_dim or 0
+        q_proj = h * f.q_lora_rank + f.q_lora_rank * q * qk if f.q_lora_rank else h * q * qk
+        kv_a = h * (f.kv_lora_rank + (f.qk_rope_head_dim or 0))
+        kv_b = f.kv_lora_rank * q * ((f.qk_nope_head_dim or 0) + v)
+        return float(q_proj + kv_a + kv_b + q * v * h)
+    d, kv = f.head_dim, f.num_kv_heads
+    return float(h * q * d * 2 + h * kv * d * 2)
+
+
+def count_parameters(f: ModelFacts) -> ParamCount:
+    """Linear layers of every decoder layer plus embeddings; norms and biases are left out (< 0.1%)."""
+    h = f.hidden_size
+    attn = attention_parameters(f) * f.num_layers
+    dense_mlp = 3 * h * (f.intermediate_size or 0)
+    experts = routers = shared = 0.0
+    moe_layers: set[int] = set()
+    top_k = 0
+    if f.moe is not None:
+        moe_layers = set(f.moe.moe_layers)
+        experts = len(moe_layers) * f.moe.num_experts * 3 * h * f.moe.expert_intermediate_size
+        shared = len(moe_layers) * 3 * h * f.moe.shared_intermediate_size
+        routers = len(moe_layers) * h * f.moe.num_experts
+        top_k = f.moe.experts_per_token
+    mlp = (f.num_layers - len(moe_layers)) * dense_mlp + shared
+    embed = float((f.vocab_size or 0) * h * (1 if f.tie_word_embeddings else 2))
+    total = attn + mlp + experts + routers + embed
+    active_experts = experts * top_k / f.moe.num_experts if f.moe else 0.0
+    return ParamCount(total, embed, experts, routers, attn + mlp + active_experts + routers + embed)
+
+
+def stored_weight_bytes(f: ModelFacts, count: ParamCount, dtype_bytes: float) -> float | None:
+    """Bytes of a pre-quantized checkpoint's weights as stored (quantization_config), else None."""
+    if f.quant is None:
+        return None
+    if f.quant.quantized == "experts":
+        quantized = count.experts
+    else:  # every linear weight but the routers and embeddings
+        quantized = count.total - count.embedding - count.routers
+    return quantized * f.quant.weight_bytes + (count.total - quantized) * dtype_bytes
