@@ -61,7 +61,7 @@ class Artifact(BaseModel):
 
 
 class ServerRecord(Artifact):
-    """What `trtkv serve` records about the server it started (contract 4)."""
+    """What `trtkv serve` records about the server it started (engines/<recipe>/serve/server.json)."""
 
     model_config = ConfigDict(extra="forbid")
     FILE = "server.json"
@@ -118,7 +118,7 @@ class KVScaleLayer(BaseModel):
 
 
 class KVScalesFile(Artifact):
-    """kv_scales.json (contract 1): per layer K/V amax and both scale conventions (trtkv.kvcache.scales)."""
+    """kv_scales.json (written by `trtkv calibrate`): per layer K/V amax and both scale conventions (trtkv.kvcache.scales)."""
 
     FILE = "kv_scales.json"
     WRITTEN_BY = "`trtkv calibrate`"

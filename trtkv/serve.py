@@ -55,7 +55,7 @@ SERVER_JSON = "server.json"
 STUB_FILES = ("libtriton_python.so", "triton_python_backend_utils.py")
 
 
-# What engines/<recipe>/serve/server.json holds (contract 4): the typed record in trtkv.artifacts.
+# What engines/<recipe>/serve/server.json holds: the typed record in trtkv.artifacts.
 ServerInfo = ServerRecord
 
 
@@ -116,7 +116,8 @@ def link_python_backend(backends: Path) -> Path:
 
 
 def server_env() -> dict[str, str]:
-    """PATH with the venv's bin first, LD_LIBRARY_PATH with this interpreter's LIBDIR first (facts.md)."""
+    """PATH with the venv's bin first, LD_LIBRARY_PATH with this interpreter's LIBDIR first (Triton's Python
+    backend stub links libpython: scripts/check_system.py)."""
     env = dict(os.environ)
     bin_dir = str(Path(sys.executable).parent)
     env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", "")])

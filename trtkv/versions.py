@@ -119,7 +119,7 @@ def check_engine_versions(built: dict[str, Any], image: str) -> list[str]:
 
 
 def table_markdown() -> str:
-    """The matrix as a Markdown table (README, repository README)."""
+    """The matrix as a Markdown table (docs/where-it-runs.md, the repository README)."""
     lines = ["| image tag | TensorRT-LLM | TensorRT | CUDA |", "|---|---|---|---|"]
     for row in rows():
         lines.append(f"| `{row.tag}{IMAGE_SUFFIX}` | {row.tensorrt_llm} | {row.tensorrt} | {row.cuda} |")

@@ -11,7 +11,7 @@ is read as plain data: bounded in bytes, nesting and aliases, duplicate keys ref
 
 The public names live here; the work is in private modules: `schema` (enums and sections), `loader` (files,
 includes, overrides, error messages), `names` (the recipe-name rule), `plain_yaml` (bounded YAML), `rules`
-(cross-field rules), `reference` (the README's recipe table).
+(cross-field rules), `reference` (the recipe table in docs/recipes.md).
 """
 
 from trtkv.recipe.loader import (

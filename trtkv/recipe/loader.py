@@ -310,7 +310,7 @@ def _format_error(err: Any, prov: dict[str, Path], path: Path) -> str:
         allowed = f" Allowed keys here: {', '.join(siblings)}." if siblings else ""
         return f"{file}: {dotted}: unknown key{hint}.{allowed}"
     if kind == "missing":
-        return f"{file}: {dotted}: required field is missing. Next: add it (see the recipe reference in README.md)."
+        return f"{file}: {dotted}: required field is missing. Next: add it (see the recipe reference in docs/recipes.md)."
     enum = _enum_at(loc)
     if kind == "enum" and enum is not None:
         values = [e.value for e in enum]

@@ -1,4 +1,4 @@
-"""The recipe reference in README.md, generated from the schema (a test checks it is current)."""
+"""The recipe reference in docs/recipes.md, generated from the schema (a test checks it is current)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pydantic import BaseModel
 from trtkv.recipe.schema import Recipe
 
 # ---------------------------------------------------------------------------------------------
-# The recipe reference in README.md is generated from the schema (a test checks it is current).
+# The recipe reference in docs/recipes.md is generated from the schema (a test checks it is current).
 
 
 def _type_name(ann: Any) -> str:
