@@ -6,24 +6,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.recipes import GOOD
 from trtkv.errors import RecipeError
 from trtkv.recipe import KVCacheQuant, list_recipes, load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = sorted(str(p) for p in (ROOT / "recipes").rglob("*.yaml") if "_base" not in p.parts)
 
-GOOD = """
-model:
-  source: packaged:smollm2
-  num_layers: 30
-  num_attention_heads: 9
-  num_kv_heads: 3
-  head_dim: 64
-  hidden_size: 576
-quantization: {weights: fp8, kv_cache: fp8}
-build: {backend: reference, max_input_len: 1024, max_seq_len: 2048}
-hardware: {gpu: cpu}
-"""
 
 
 def write(tmp_path: Path, text: str, name: str = "r.yaml") -> Path:

@@ -9,10 +9,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from tests.support.recipes import GOOD
 from trtkv.errors import RecipeError
 from trtkv.recipe import Recipe, load_recipe
-
-from .conftest import GOOD
 
 FUZZ = settings(max_examples=300, deadline=timedelta(milliseconds=1000), database=None,
                 suppress_health_check=[HealthCheck.too_slow])

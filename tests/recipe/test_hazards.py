@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import GOOD
+from tests.support.recipes import GOOD
 
 CHILD = r"""
 import json, resource, sys, time
