@@ -1,4 +1,4 @@
-"""The `trtkv` console script: one module per subcommand, each with `add_parser` and `run`."""
+"""The `trtkv` console script: the verbs of trtkv.cli.registry.VERBS, one module each with `add_parser` and `run`."""
 
 from __future__ import annotations
 
@@ -7,12 +7,20 @@ import importlib
 import os
 import sys
 
+from trtkv.cli.registry import VERBS
 from trtkv.errors import TrtkvError
 from trtkv.version import __version__
 
-# Subcommand name -> module in trtkv.cli (imported only to build the parser; heavy work is lazy inside run()).
-COMMANDS = ["ls", "init", "validate", "show", "plan", "probe", "calibrate", "build", "repo", "serve", "stop", "bench",
-            "report", "demo", "compare", "generate", "status", "deploy"]
+EPILOG = """\
+the chain: calibrate -> build -> repo -> serve -> bench -> report -> stop (`trtkv demo RECIPE` runs it all);
+`trtkv <command> --help` has each command's examples.
+
+examples:
+  $ trtkv ls
+  $ trtkv plan llama70b_fp8kv
+  $ trtkv validate
+  $ trtkv demo smollm2_fp8kv
+"""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,13 +28,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="trtkv",
         description="From a YAML recipe to a served, measured LLM with a quantized KV cache.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="examples:\n  $ trtkv ls\n  $ trtkv plan llama70b_fp8kv\n  $ trtkv validate\n",
+        epilog=EPILOG,
     )
     parser.add_argument("--version", action="version", version=f"trtkv {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
-        module = importlib.import_module(f"trtkv.cli.{name.replace('-', '_')}")
-        module.add_parser(sub)
+    for verb in VERBS:  # each module is imported only to build its parser; heavy work is lazy inside run()
+        importlib.import_module(verb.module).add_parser(sub)
     return parser
 
 

@@ -1,4 +1,5 @@
-"""`trtkv bench`: latency/throughput sweep and accuracy tasks against a Triton endpoint, checked against SLOs."""
+"""`trtkv bench`: latency/throughput sweep and accuracy tasks against a served recipe (Triton gRPC/HTTP or any
+OpenAI-compatible server), checked against SLOs."""
 
 from __future__ import annotations
 
@@ -20,17 +21,23 @@ results written). URL: --url, else engines/<recipe>/serve/server.json, else the 
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "bench", "benchmark a served recipe: TTFT/ITL/throughput sweep, accuracy tasks, SLOs", EXAMPLES)
+    from trtkv.interface import INTERFACES
+    from trtkv.recipe import Protocol
+
+    openai = Protocol.OPENAI.value
+    models = ", ".join(f"{i.model} for the {i.layout} layout" for i in INTERFACES.values())
+    p = subparser(sub, "bench", EXAMPLES)
     add_recipe_args(p)
-    p.add_argument("--url", help="HOST:PORT of the server (gRPC port, or HTTP port with --protocol http)")
-    p.add_argument("--protocol", choices=["grpc", "http", "openai"],
-                   help="gRPC streaming (default: the recipe's bench.protocol), HTTP generate_stream (SSE), or openai: "
-                        "streaming /v1/completions of any OpenAI-compatible server (vLLM, trtllm-serve, Triton's "
-                        "OpenAI frontend; --url HOST:PORT of its HTTP port)")
+    p.add_argument("--url", help=f"HOST:PORT of the server (its gRPC port, or its HTTP port with --protocol http or "
+                                 f"{openai})")
+    p.add_argument("--protocol", choices=[proto.value for proto in Protocol],
+                   help="Triton's gRPC streaming (default: the recipe's bench.protocol), Triton's HTTP generate_stream "
+                        "(SSE), or the streaming /v1/completions of any OpenAI-compatible server (vLLM, trtllm-serve, "
+                        "Triton's OpenAI frontend; --url HOST:PORT of its HTTP port)")
     p.add_argument("--endpoint-type", choices=["completions", "chat"], default="completions",
-                   help="with --protocol openai: /v1/completions (default) or /v1/chat/completions")
-    p.add_argument("--model", help="model name on the server (default: ensemble; tensorrt_llm for a recipe with the "
-                                   "llmapi layout, build.backend llmapi)")
+                   help=f"with --protocol {openai}: /v1/completions (default) or /v1/chat/completions")
+    p.add_argument("--model", help=f"model name on the server (default: the one the server lists with --protocol "
+                                   f"{openai}; else {models})")
     p.add_argument("--slo", action="append", default=[], metavar="METRIC.STAT<=VALUE",
                    help="an SLO on top of the recipe's bench.thresholds, e.g. time_to_first_token.p99<=500, "
                         "quiz.accuracy>=0.3, request_errors.failed<=0 (repeatable)")

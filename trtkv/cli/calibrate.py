@@ -17,7 +17,7 @@ kv_scales.json, calibration_report.md, manifest.json. A second run with the same
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "calibrate", "calibrate KV-cache scales with ModelOpt and export the checkpoint", EXAMPLES)
+    p = subparser(sub, "calibrate", EXAMPLES)
     add_recipe_args(p)
     p.add_argument("--force", action="store_true", help="recalibrate even when the checkpoint is up to date")
     p.add_argument("--dry-run", action="store_true",

@@ -1,4 +1,4 @@
-"""Arguments shared by subcommands."""
+"""Arguments shared by subcommands, and the verb parser whose help comes from the registry (trtkv.cli.registry)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,11 @@ def add_recipe_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=OVERRIDE_HELP)
 
 
-def subparser(sub: argparse._SubParsersAction, name: str, help_text: str, examples: str) -> argparse.ArgumentParser:
+def subparser(sub: argparse._SubParsersAction, name: str, examples: str) -> argparse.ArgumentParser:
+    """The verb's parser: its one line from the registry as help and description, then its examples."""
+    from trtkv.cli.registry import verb
+
+    help_text = verb(name).render()
     return sub.add_parser(
         name,
         help=help_text,

@@ -10,7 +10,7 @@ DEFAULT = ["smollm2_fp16kv", "smollm2_fp8kv", "smollm2_int8kv"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "compare", "run several recipes and write engines/compare/compare.md + a PNG",
+    p = subparser(sub, "compare",
                   "  $ trtkv compare\n  $ trtkv compare --recipes smollm2_fp8kv,smollm2_int8kv bench.num_requests=4\n")
     p.add_argument("--recipes", default=",".join(DEFAULT), help=f"comma-separated (default {','.join(DEFAULT)})")
     p.add_argument("--output", default=None, help="output folder (default engines/compare)")

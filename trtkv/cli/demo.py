@@ -8,7 +8,7 @@ from trtkv.cli.common import OVERRIDE_HELP, subparser
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "demo", "calibrate, build, repo, serve, bench, report and stop one recipe",
+    p = subparser(sub, "demo",
                   "  $ trtkv demo smollm2_fp8kv\n  $ trtkv demo smollm2_int8kv bench.num_requests=4\n")
     p.add_argument("recipe", nargs="?", default="smollm2_fp8kv", help="recipe name or .yaml path")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=OVERRIDE_HELP)

@@ -11,7 +11,7 @@ from trtkv.cli.common import add_recipe_args, load, subparser
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from trtkv.deploy.k8s import DEFAULT_CLIENTS, DEFAULT_PROMETHEUS, DEFAULT_PROMETHEUS_NAMESPACE
 
-    p = subparser(sub, "deploy", "write cluster deployment files (k8s, slurm, dynamo) for a recipe",
+    p = subparser(sub, "deploy",
                   "  $ trtkv deploy llama70b_fp8kv --target k8s\n"
                   "  $ trtkv deploy llama70b_fp8kv --target k8s --allow-from app=gateway\n"
                   "  $ trtkv deploy llama70b_fp8kv --target k8s build.pp_size=2 hardware.count=8 hardware.gpus_per_node=4\n"

@@ -16,13 +16,15 @@ EXAMPLES = """\
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "generate", "greedy generation from the built engine without a server (reference runtime on "
-                  "the CPU; TensorRT-LLM's own runner on a GPU)", EXAMPLES)
+    from trtkv.recipe import Backend
+
+    p = subparser(sub, "generate", EXAMPLES)
     add_recipe_args(p)
     p.add_argument("--prompt", required=True, help="text to continue (sent without a chat template)")
     p.add_argument("--max-tokens", type=int, default=16, help="tokens to generate (default 16)")
     p.add_argument("--checkpoint", type=Path, default=None,
-                   help="reference backend: run this TensorRT-LLM checkpoint folder instead of the recipe's")
+                   help=f"backend {Backend.REFERENCE.value}: run this TensorRT-LLM checkpoint folder instead of the "
+                        "recipe's")
     p.add_argument("--dry-run", action="store_true", help="print what would run and exit")
     p.set_defaults(func=run)
 

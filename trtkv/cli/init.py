@@ -27,7 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     from trtkv.hardware import GPU
     from trtkv.recipe import Backend, KVCacheQuant
 
-    p = subparser(sub, "init", "write a recipe from a model's config.json (architecture, attention, TP/PP sized)",
+    p = subparser(sub, "init",
                   "  $ trtkv init gemma3_27b_fp8kv --model ~/models/gemma-3-27b-it\n"
                   "  $ trtkv init dsv3_fp8kv --model config.json --gpu H200-141GB --count 8\n"
                   "  $ trtkv init scout --model DIR --output /tmp/scout.yaml --backend vllm && trtkv plan /tmp/scout.yaml\n")
@@ -40,7 +40,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-cache", default=None, choices=[k.value for k in KVCacheQuant],
                    help="KV-cache precision (default fp8 where the GPU has FP8, else none)")
     p.add_argument("--backend", default=None, choices=[b.value for b in Backend],
-                   help="engine (default llmapi on a GPU; on cpu reference for Llama-family models, else vllm)")
+                   help=f"engine (default {Backend.LLMAPI.value} on a GPU; on {GPU.CPU.value} {Backend.REFERENCE.value} "
+                        f"for Llama-family models, else {Backend.VLLM.value})")
     p.add_argument("--force", action="store_true", help="overwrite an existing recipe file")
     p.set_defaults(func=run)
 
@@ -58,6 +59,7 @@ def write_recipe(name: str, model: Path, output: Path | None = None, gpu: str = 
     from trtkv.checkpoints import config_file, read_model_facts
     from trtkv.errors import RecipeError
     from trtkv.hardware import GPU, GPU_SPECS
+    from trtkv.recipe import Backend
     from trtkv.recipe.names import check_recipe_name
 
     out = (output or paths.recipes_dir() / f"{name}.yaml").expanduser()
@@ -72,8 +74,8 @@ def write_recipe(name: str, model: Path, output: Path | None = None, gpu: str = 
     target = GPU(gpu)
     on_cpu = target is GPU.CPU
     kv = kv_cache or ("fp8" if on_cpu or GPU_SPECS[target].has_fp8 else "none")
-    chosen = backend or ("llmapi" if not on_cpu else "reference" if DECODERS.get(facts.model_type) == "llama"
-                         else "vllm")
+    llama = DECODERS.get(facts.model_type) == "llama"
+    chosen = backend or (Backend.LLMAPI if not on_cpu else Backend.REFERENCE if llama else Backend.VLLM).value  # as --help says
     source = config_file(model.expanduser()).resolve().parent
     tried: list[str] = []
     for n in ([count] if count else [1] if on_cpu else list(COUNTS)):

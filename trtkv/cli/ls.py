@@ -8,7 +8,7 @@ from trtkv.cli.common import subparser
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "ls", "list the recipes under recipes/", "  $ trtkv ls\n")
+    p = subparser(sub, "ls", "  $ trtkv ls\n")
     p.set_defaults(func=run)
 
 

@@ -15,7 +15,7 @@ GIB = 1024**3
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "plan", "plan KV-cache memory and capacity for a recipe",
+    p = subparser(sub, "plan",
                   "  $ trtkv plan llama70b_fp8kv\n  $ trtkv plan llama70b_fp8kv --json\n"
                   "  $ trtkv plan llama70b_fp8kv hardware.gpu=H200-141GB build.max_seq_len=131072\n")
     add_recipe_args(p)

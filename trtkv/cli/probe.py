@@ -38,11 +38,10 @@ def _names(text: str) -> list[str]:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "probe", "measure KV-cache formats vs context length on the recipe's model "
-                  "(KL, perplexity, top-1, needle, clipping, bytes/token)", EXAMPLES)
+    p = subparser(sub, "probe", EXAMPLES)
     add_recipe_args(p)
     p.add_argument("--formats", type=_names, default=None,
-                   help="comma-separated KV formats (default: the recipe's probe.formats; fp16 is the reference, "
+                   help="comma-separated KV formats (default: the recipe's probe.formats; fp16 is the baseline, "
                         "always included)")
     p.add_argument("--lengths", type=_ints, default=None, help="context lengths, e.g. 512,1024 (default probe.lengths)")
     p.add_argument("--needle-lengths", type=_ints, default=None,

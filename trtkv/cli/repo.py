@@ -1,4 +1,4 @@
-"""`trtkv repo`: write the Triton model repository triton_repo/<recipe>/ from the recipe."""
+"""`trtkv repo`: write the Triton model repository triton_repo/<recipe>/ in the layout of the recipe's backend."""
 
 from __future__ import annotations
 
@@ -7,20 +7,28 @@ import argparse
 from trtkv.cli.common import add_recipe_args, load, subparser
 
 EXAMPLES = """\
-  $ trtkv repo smollm2_fp8kv                  # CPU: reference runtime, tokenizer copied in
-  $ trtkv repo llama70b_fp8kv                 # GPU: tensorrtllm backend, TP4 (works without the engine)
+  $ trtkv repo smollm2_fp8kv                  # CPU: trtkv's runtime as the model, tokenizer copied in
+  $ trtkv repo llama70b_fp8kv                 # GPU: Triton's tensorrtllm backend, TP4 (works without the engine)
+  $ trtkv repo smollm2_fp8kv_llmapi           # the LLM API's one-model layout
   $ trtkv repo smollm2_fp8kv triton.instance_count=1 --force
   $ trtkv repo --check triton_repo/smollm2_fp8kv   # validate an existing repository
 """
 
 
+def examples() -> str:
+    """The examples, then which backend writes which layout (read from the backends)."""
+    from trtkv.cli.registry import layout_lines
+
+    return EXAMPLES + "\n" + "\n".join(layout_lines()) + "\n"
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "repo", "Generate the Triton model repository (inflight_batcher_llm layout) for a recipe",
-                  EXAMPLES)
+    p = subparser(sub, "repo", examples())
     add_recipe_args(p)
     p.add_argument("--force", action="store_true", help="regenerate even when the repository is up to date")
     p.add_argument("--check", action="store_true",
-                   help="only validate: RECIPE is then a repository folder (every config.pbtxt + the ensemble)")
+                   help="only validate: RECIPE is then a repository folder (every <model>/config.pbtxt, and how the "
+                        "models fit together)")
     p.set_defaults(func=run)
 
 

@@ -8,8 +8,7 @@ from trtkv.cli.common import add_recipe_args, load, subparser
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "report", "summarize a recipe's stage outputs into engines/<recipe>/report/",
-                  "  $ trtkv report smollm2_fp8kv\n")
+    p = subparser(sub, "report", "  $ trtkv report smollm2_fp8kv\n")
     add_recipe_args(p)
     p.add_argument("--quiet", action="store_true", help="write the files, print only where they are")
     p.set_defaults(func=run)

@@ -1,4 +1,5 @@
-"""`trtkv serve`: start Triton for a recipe (bundled tritonserver on CPU; container / mpirun on GPUs)."""
+"""`trtkv serve`: start the server of the recipe's backend (tritonserver, vLLM or trtllm-serve; on the CPU or in the
+GPU container), wait until it is ready, and start its supervisor (or only a supervisor, --attach)."""
 
 from __future__ import annotations
 
@@ -14,18 +15,22 @@ EXAMPLES = """\
   $ trtkv serve smollm2_fp8kv triton.http_port=9000 triton.grpc_port=9001 triton.metrics_port=9002
   $ trtkv serve smollm2_fp8kv --attach                # a new supervisor for the running server (its own was killed)
   $ trtkv serve llama70b_fp8kv --dry-run              # print the docker / mpirun commands
+  $ trtkv serve smollm2_fp8kv_vllm --dry-run          # vLLM's OpenAI server on the HF export
   $ trtkv serve llama70b_fp8kv_llmapi --trtllm-serve --dry-run   # TensorRT-LLM's OpenAI-compatible server
   $ trtkv stop smollm2_fp8kv
 """
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "serve", "Start tritonserver for a recipe and wait until it is ready", EXAMPLES)
+    from trtkv.recipe import Backend
+
+    p = subparser(sub, "serve", EXAMPLES)
     add_recipe_args(p)
     p.add_argument("--dry-run", action="store_true", help="print the server command(s) and exit")
     p.add_argument("--trtllm-serve", action="store_true",
-                   help="serve with trtllm-serve (OpenAI-compatible, /v1/completions) instead of Triton: build.backend "
-                        "llmapi on GPUs, in the container; uses the build's llm_api_options.yaml as --config")
+                   help=f"serve with trtllm-serve (OpenAI-compatible, /v1/completions) instead of Triton: build.backend "
+                        f"{Backend.LLMAPI.value} on GPUs, in the container; uses the build's llm_api_options.yaml as "
+                        "--config (no supervisor)")
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds to wait for readiness (default: recipe triton.startup_timeout_s)")
     p.add_argument("--no-supervise", action="store_true",

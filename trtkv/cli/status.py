@@ -17,8 +17,7 @@ EXAMPLES = """\
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "status", "the recipe's server: alive, ready, and answering a real one-token inference",
-                  EXAMPLES)
+    p = subparser(sub, "status", EXAMPLES)
     add_recipe_args(p)
     p.add_argument("--canaries", type=int, default=None,
                    help="one-token inferences to send (default: the recipe's triton.instance_count)")

@@ -14,8 +14,7 @@ EXAMPLES = """\
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "stop", "Stop the recipe's server and its whole process session (SIGTERM, then SIGKILL after a "
-                  "timeout), and its supervisor", EXAMPLES)
+    p = subparser(sub, "stop", EXAMPLES)
     add_recipe_args(p)
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait after SIGTERM (default 30)")
     p.set_defaults(func=run)

@@ -9,7 +9,7 @@ from trtkv.cli.common import subparser
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "validate", "validate recipes (all shipped ones when none is named)",
+    p = subparser(sub, "validate",
                   "  $ trtkv validate\n  $ trtkv validate smollm2_fp8kv\n  $ trtkv validate my_recipe.yaml\n")
     p.add_argument("recipes", nargs="*", help="recipe names or .yaml paths")
     p.set_defaults(func=run)
