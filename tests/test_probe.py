@@ -294,3 +294,46 @@ def test_per_layer_cache_key_follows_the_format_numerics(monkeypatch: pytest.Mon
     changed["formats"]["int8_per_token_head"]["numerics"]["rounding"] = "round half to even"
     monkeypatch.setattr(engines, "load_table", lambda *_a: engines.parse_table(changed))
     assert per_layer_key("m", choice, Scales(), KVFormat.BF16) != before
+
+
+def test_probe_calibration_cache_keeps_fp8_affines_bias_and_amax(tmp_path: Path, engines_tmp: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe's short calibration pass carries fp8_affine's per-layer bias and amax through calibration.json: a
+    second probe reads them back bit for bit instead of calibrating again."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from trtkv.kvcache.affine import AffineCalibration, AffineCollector
+    from trtkv.kvcache.quant import AffineScale
+    from trtkv.kvcache.scales import KVScales
+    from trtkv.kvcache.stats import KVStats
+    from trtkv.probe import measure
+    from trtkv.probe.setup import Loaded, ProbeSettings
+
+    calls: list[int] = []
+
+    def short_pass(model, tokenizer, texts, **kw) -> KVScales:  # noqa: ANN001, ANN003
+        calls.append(1)
+        keys, values = AffineCollector(), AffineCollector()
+        for seed in range(2):
+            x = torch.randn(2, 3, 16, 64, generator=torch.Generator().manual_seed(seed)) + 0.3
+            keys.collect(x)
+            values.collect(x / 3)
+        affine = AffineCalibration.from_collectors([keys], [values])
+        return KVScales(k_amax=[5.0], v_amax=[2.0], source="short pass", affine=affine,
+                        stats=KVStats(layers=[], tokens=64, head_dim=64, kv_heads=3))
+
+    monkeypatch.setattr(measure, "calibrate_scales", short_pass)
+    monkeypatch.setattr("trtkv.data.load_texts", lambda name: [])
+    recipe = load_recipe("smollm2_fp8kv")
+    loaded = Loaded(model=SimpleNamespace(config=SimpleNamespace(num_hidden_layers=1)), tokenizer=None,
+                    device=torch.device("cpu"), model_dir=tmp_path, text_ids=[], haystack_ids=[], key="m")
+    settings = ProbeSettings(formats=["fp8_affine"], lengths=[64], needle_lengths=[], needle_depths=[], needle_seeds=1)
+    first = measure.probe_scales(recipe, loaded, settings, tmp_path)
+    again = measure.probe_scales(recipe, loaded, settings, tmp_path)
+    assert len(calls) == 1 and first.affine is not None and again.affine is not None
+    assert again.affine.k_amax == first.affine.k_amax and again.affine.v_amax == first.affine.v_amax
+    assert torch.equal(again.affine.k_bias[0], first.affine.k_bias[0])
+    ks, vs = again.for_format("fp8_affine")
+    assert ks is not None and isinstance(ks[0], AffineScale) and float(ks[0]) == first.affine.k_amax[0] / 448

@@ -47,7 +47,7 @@ def test_a_row_without_its_upstream_source_is_refused() -> None:
     doc["formats"]["int8_per_token_head"]["engines"][0]["source"] = {"file": "vllm/x.py"}
     with pytest.raises(TrtkvError, match="commit or release"):
         engines.parse_table(doc)
-    del doc["formats"]["fp8_affine"]["why_not_in_probe"]
+    del doc["formats"]["nvfp4_affine"]["why_not_in_probe"]
     doc["formats"]["int8_per_token_head"]["engines"][0]["source"]["at"] = "v0"
     with pytest.raises(TrtkvError, match="why_not_in_probe"):
         engines.parse_table(doc)

@@ -23,7 +23,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from trtkv.errors import TrtkvError
 from trtkv.kvcache.formats import KVFormat, boundary_layers
-from trtkv.kvcache.quant import FormatChoice, LayerCodecs, layer_codecs, parse_format
+from trtkv.kvcache.quant import AffineScale, FormatChoice, KVScale, LayerCodecs, layer_codecs, parse_format
 
 BLOCK_ROWS = 256  # storage grows by this many rows (tokens) at a time: little slack, amortized copies
 RESIDUAL_DTYPE = torch.float16  # KIVI's full-precision window is stored like the fp16 baseline
@@ -141,7 +141,7 @@ class QuantizedKVLayer(DynamicLayer):
     def _track(self, k: torch.Tensor, v: torch.Tensor) -> None:
         per_token = None
         for role, x, codec in (("key", k, self.codecs.key), ("value", v, self.codecs.value)):
-            beyond = x.abs() > codec.limit
+            beyond = codec.beyond(x)
             self.clip[role] += int(beyond.sum())
             self.elements[role] += x.numel()
             self.observed_amax[role] = max(self.observed_amax[role], float(x.abs().amax())) if x.numel() else 0.0
@@ -176,7 +176,8 @@ class QuantizedKVLayer(DynamicLayer):
         return res_k.numel() * res_k.element_size() + res_v.numel() * res_v.element_size()
 
     def static_scale_bytes(self) -> int:
-        return 4 * (int(self.codecs.key.static) + int(self.codecs.value.static))  # one float32 each
+        """Per-layer constants: one float32 scale per static codec, plus fp8_affine's bias (kv_heads x head_dim)."""
+        return self.codecs.key.static_bytes() + self.codecs.value.static_bytes()
 
     def allocated_bytes(self) -> int:
         return self.k_store.allocated_bytes() + self.v_store.allocated_bytes() + self.residual_bytes()
@@ -225,8 +226,8 @@ class QuantizedKVCache(Cache):
     """KV cache storing every layer in `fmt` (the probe's and the reference runtime's):
     QuantizedKVCache(config, fmt, k_scales, v_scales)."""
 
-    def __init__(self, config, fmt: KVFormat | str | FormatChoice, k_scales: Sequence[float] | None = None,  # noqa: ANN001
-                 v_scales: Sequence[float] | None = None, *, record_positions: bool = False,
+    def __init__(self, config, fmt: KVFormat | str | FormatChoice, k_scales: Sequence[KVScale] | None = None,  # noqa: ANN001
+                 v_scales: Sequence[KVScale] | None = None, *, record_positions: bool = False,
                  track_clipping: bool = True, keep_layers: Sequence[int] = (), keep_format: KVFormat | str = "bf16"):
         """`keep_layers`: layers stored in `keep_format` (the model dtype) instead of `fmt`, as vLLM's
         --kv-cache-dtype-skip-layers keeps them (per-layer KV precision); the packed formats (turboquant_*,
@@ -251,8 +252,8 @@ class QuantizedKVCache(Cache):
         super().__init__(layers=list(self.qlayers))
 
     @staticmethod
-    def _scales(choice: FormatChoice, n: int, k_scales: Sequence[float] | None, v_scales: Sequence[float] | None
-                ) -> tuple[list[float | None], list[float | None]]:
+    def _scales(choice: FormatChoice, n: int, k_scales: Sequence[KVScale] | None, v_scales: Sequence[KVScale] | None
+                ) -> tuple[list[KVScale | None], list[KVScale | None]]:
         if not choice.needs_scales:
             return [None] * n, [None] * n
         if k_scales is None or v_scales is None:
@@ -262,6 +263,12 @@ class QuantizedKVCache(Cache):
         if len(k_scales) != n or len(v_scales) != n:
             raise TrtkvError(f"KV format {choice.name}: got {len(k_scales)} k_scales and {len(v_scales)} v_scales "
                              f"for a model with {n} layers. Next: pass one scale per layer.")
+        if choice.affine:  # fp8_affine: each layer's amax and bias as they are
+            if not all(isinstance(s, AffineScale) for s in (*k_scales, *v_scales)):
+                raise TrtkvError(f"KV format {choice.name} needs an AffineScale (amax and bias) per layer for K and V. "
+                                 f"Next: pass KVScales.for_format('{choice.name}') from a calibration pass "
+                                 f"(trtkv.kvcache.scales.calibrate_scales).")
+            return list(k_scales), list(v_scales)
         return [float(s) for s in k_scales], [float(s) for s in v_scales]
 
     def stored_bytes(self) -> int:

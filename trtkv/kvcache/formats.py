@@ -135,7 +135,9 @@ UNQUANTIZED = (KVFormat.FP16, KVFormat.BF16)
 def bytes_per_element(fmt: KVFormat | str, head_dim: int) -> float:
     """Average stored bytes per K or V element, scale and zero-point overhead included.
 
-    Per-tensor static scales (one float per layer) are not per token and count as zero.
+    Per-tensor static scales (one float per layer) are not per token and count as zero; so does fp8_affine's bias
+    (one value per KV head and channel per layer, K and V: a fixed 2 x kv_heads x head_dim x its dtype's bytes per
+    layer, see affine_bias_bytes, that the planner adds once, not per token).
     NVFP4 pays one E4M3 byte per block of 16 elements: 0.5 + 1/16 = 0.5625 bytes.
     Per-token formats pay one fp16 scale per (token, head); vLLM's *_per_token_head formats one float32 scale per
     (token, head) (int4's zero point hides in that scale's low mantissa bits); grouped asymmetric formats pay an
@@ -158,6 +160,12 @@ def bytes_per_element(fmt: KVFormat | str, head_dim: int) -> float:
         group = min(spec.group_size, head_dim) if fmt.value.startswith("int4") else spec.group_size
         return data + 2 * SCALE_BYTES / group
     return data
+
+
+def affine_bias_bytes(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int = 4) -> int:
+    """fp8_affine's fixed cost: K and V biases of kv_heads x head_dim values per layer (ModelOpt keeps them in the
+    model dtype, exported as k_proj.k_bias / v_proj.v_bias; the probe's float32 model: 4 bytes). Not per token."""
+    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, fmt: KVFormat | str,

@@ -36,6 +36,11 @@ Semantics, and the runtime each one follows:
   mantissa bits of the float32 scale; reading uses scale with those bits cleared: (code - zp) x scale, rotated back
   (vLLM rotates Q and un-rotates the output instead: the same attention up to float rounding).
 - fp8_cast (ModelOpt's default --kv_cache_qformat; an alias of fp8_scale1): E4M3 with scale 1.0.
+- fp8_affine (ModelOpt 0.47's --kv_cache_qformat fp8_affine, a variant of fp8: the same byte per element): per layer
+  one static amax for K and one for V and a static bias per (KV head, channel) for each (calibrated as ModelOpt does:
+  trtkv.kvcache.affine). As ScaledE4M3Function + _fp8_eager (modelopt/torch/quantization/tensor_quant.py) compute it:
+  m = float32(448 / amax) (amax <= 2^-24 counts as 1), codes = E4M3(clamp((x - bias) * m, +-448)), read back as
+  code * float32(1 / m) + bias, each step in the model dtype where ModelOpt keeps it.
 - kivi4 / kivi2: K per channel over groups of 32 tokens, V per token over groups of 32 channels, asymmetric,
   codes packed 2 (4-bit) or 4 (2-bit) per byte; the cache keeps the most recent tokens in full precision.
 Quantization always uses the float16-rounded scale/zero point that is stored, so dequantization is consistent.
@@ -67,7 +72,9 @@ KIVI_GROUP = 32
 KIVI_RESIDUAL = 128
 
 # Variants: extra names the probe and the cache accept, mapped to the KVFormat whose storage they share.
-VARIANTS: dict[str, KVFormat] = {"int8_split": KVFormat.INT8}
+VARIANTS: dict[str, KVFormat] = {"int8_split": KVFormat.INT8, "fp8_affine": KVFormat.FP8}
+AFFINE = ("fp8_affine",)  # variants with a calibrated zero point (bias) per (KV head, channel)
+MODELOPT_AMAX_EPS = 1.0 / (1 << 24)  # _fp8_eager: an amax at or below this quantizes with amax 1
 # Aliases: engine names with exactly the numerics of a trtkv format (int8_token is NOT int8_per_token_head: it keeps a
 # float16 scale, rounds half to even and clamps to [-127, 127]; see trtkv/data/kv_formats.json).
 ALIASES: dict[str, KVFormat] = {"fp8_cast": KVFormat.FP8_SCALE1}
@@ -85,6 +92,7 @@ class FormatChoice:
     name: str
     base: KVFormat
     split_scales: bool = False
+    affine: bool = False
 
     @property
     def static(self) -> bool:
@@ -105,6 +113,8 @@ def parse_format(fmt: KVFormat | str | FormatChoice) -> FormatChoice:
     if isinstance(fmt, FormatChoice):
         return fmt
     name = fmt.value if isinstance(fmt, KVFormat) else str(fmt).strip().lower()
+    if name in AFFINE:
+        return FormatChoice(name, VARIANTS[name], affine=True)
     if name in VARIANTS:
         return FormatChoice(name, VARIANTS[name], split_scales=True)
     if name in ALIASES:
@@ -132,6 +142,47 @@ def fp8_dequantize(q: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.T
     b = q.view(torch.uint8).to(torch.int16)
     half = (((b & 0x7F) << 7) | ((b & 0x80) << 8)).view(torch.float16)
     return (half.float() * (256.0 * scale)).to(dtype)
+
+
+@dataclass(frozen=True)
+class AffineScale:
+    """One layer's K (or V) parameters of fp8_affine: the amax of x - bias and the bias [kv_heads, head_dim]."""
+
+    amax: float
+    bias: torch.Tensor
+
+    def __float__(self) -> float:
+        return self.amax / FP8_MAX  # the k_scale/v_scale ModelOpt exports (amax / 448)
+
+
+KVScale = float | AffineScale  # what QuantizedKVCache takes per layer: a multiplier, or fp8_affine's amax + bias
+
+
+def fp8_affine_multipliers(amax: float) -> tuple[float, float]:
+    """ModelOpt's float32 scale 448 / amax and its float32 inverse (an amax <= 2^-24 counts as 1)."""
+    a = torch.tensor(amax, dtype=torch.float32)
+    a = torch.where(a <= MODELOPT_AMAX_EPS, torch.ones_like(a), a)
+    scale = FP8_MAX / a
+    return float(scale), float(1 / scale)
+
+
+def _bias4(bias: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The [kv_heads, head_dim] bias as [1, kv_heads, 1, head_dim] in x's dtype and device."""
+    return bias.to(device=x.device, dtype=x.dtype).reshape(1, bias.shape[-2], 1, bias.shape[-1])
+
+
+def fp8_affine_quantize(x: torch.Tensor, amax: float, bias: torch.Tensor) -> torch.Tensor:
+    """E4M3 codes of (x - bias) * float32(448 / amax), saturated to +-448 (ModelOpt's _fp8_eager)."""
+    scale, _ = fp8_affine_multipliers(amax)
+    d = (x - _bias4(bias, x)).to(torch.float32)
+    return (d * torch.tensor(scale, dtype=torch.float32)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+
+
+def fp8_affine_dequantize(q: torch.Tensor, amax: float, bias: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """code * float32(1 / scale), cast to dtype, plus the bias in dtype (ModelOpt's order of operations)."""
+    _, inverse = fp8_affine_multipliers(amax)
+    values = fp8_dequantize(q, inverse, torch.float32).to(dtype)
+    return values + _bias4(bias, values)
 
 
 def int8_static_quantize(x: torch.Tensor, scale: float) -> torch.Tensor:
@@ -508,6 +559,14 @@ class Codec:
     def roundtrip(self, x: torch.Tensor) -> torch.Tensor:
         return self.decode(self.encode(x), x.dtype)
 
+    def beyond(self, x: torch.Tensor) -> torch.Tensor:
+        """Elements this codec clips (static formats)."""
+        return x.abs() > self.limit
+
+    def static_bytes(self) -> int:
+        """Bytes stored once per layer, not per token: a float32 static scale."""
+        return 4 if self.static else 0
+
 
 class CastCodec(Codec):
     def __init__(self, storage: torch.dtype):
@@ -532,6 +591,29 @@ class FP8Codec(Codec):
 
     def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
         return fp8_dequantize(parts["data"], self.scale, dtype)
+
+
+class FP8AffineCodec(Codec):
+    """ModelOpt's fp8_affine: E4M3 of x - bias with a static amax; clips where |x - bias| exceeds the amax."""
+
+    static = True
+
+    def __init__(self, param: AffineScale):
+        self.amax = float(param.amax)
+        self.bias = param.bias
+        self.limit = self.amax
+
+    def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"data": fp8_affine_quantize(x, self.amax, self.bias)}
+
+    def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        return fp8_affine_dequantize(parts["data"], self.amax, self.bias, dtype)
+
+    def beyond(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - _bias4(self.bias, x)).abs() > self.limit
+
+    def static_bytes(self) -> int:
+        return 4 + self.bias.numel() * self.bias.element_size()  # the amax and the bias (ModelOpt: model dtype)
 
 
 class Int8StaticCodec(Codec):
@@ -698,11 +780,21 @@ class LayerCodecs:
     residual: int = 0
 
 
-def layer_codecs(fmt: KVFormat | str | FormatChoice, k_scale: float | None = None,
-                 v_scale: float | None = None) -> LayerCodecs:
-    """The codecs of one layer for a format; static formats take that layer's scales (multipliers)."""
+def layer_codecs(fmt: KVFormat | str | FormatChoice, k_scale: KVScale | None = None,
+                 v_scale: KVScale | None = None) -> LayerCodecs:
+    """The codecs of one layer for a format; static formats take that layer's scales (multipliers; fp8_affine its
+    AffineScale of K and of V)."""
     choice = parse_format(fmt)
     base = choice.base
+    if choice.affine:
+        if not isinstance(k_scale, AffineScale) or not isinstance(v_scale, AffineScale):
+            raise TrtkvError(f"KV format {choice.name} needs each layer's K and V amax and bias (AffineScale; got "
+                             f"k={k_scale!r:.60}, v={v_scale!r:.60}). Next: calibrate them with "
+                             f"trtkv.kvcache.scales.calibrate_scales(model, tokenizer) and pass "
+                             f"KVScales.for_format('{choice.name}').")
+        return LayerCodecs(FP8AffineCodec(k_scale), FP8AffineCodec(v_scale))
+    k_scale = None if k_scale is None else float(k_scale)
+    v_scale = None if v_scale is None else float(v_scale)
     if base is KVFormat.FP16:
         return LayerCodecs(CastCodec(torch.float16), CastCodec(torch.float16))
     if base is KVFormat.BF16:
@@ -754,7 +846,8 @@ def numerics_key(fmt: KVFormat | str | FormatChoice) -> str:
     choice = parse_format(fmt)
     table = load_table()
     row = table.for_probe(choice.name) or table.for_probe(choice.base.value)
-    codecs = layer_codecs(choice, 1.0, 1.0)
+    unit: KVScale = AffineScale(1.0, torch.zeros(1, 1)) if choice.affine else 1.0
+    codecs = layer_codecs(choice, unit, unit)
     parts = [row.numerics if row else None, choice.base.value, choice.split_scales, codecs.residual,
              *_definition_sources(type(codecs.key)), *_definition_sources(type(codecs.value))]
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
@@ -784,7 +877,7 @@ def _definition_sources(cls: type) -> list[str]:
     return [inspect.getsource(cls), *(f"{k}={v}" for k, v in sorted(seen.items()))]
 
 
-def fake_quantize(x: torch.Tensor, fmt: KVFormat | str, scale: float | None = None, role: str = "key") -> torch.Tensor:
+def fake_quantize(x: torch.Tensor, fmt: KVFormat | str, scale: KVScale | None = None, role: str = "key") -> torch.Tensor:
     """Quantize then dequantize x ([B, H, T, D]) as the cache would store it (no residual window)."""
     codecs = layer_codecs(fmt, scale, scale)
     return (codecs.key if role == "key" else codecs.value).roundtrip(x)

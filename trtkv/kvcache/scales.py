@@ -10,6 +10,8 @@ Scales are dequantization multipliers (x ~= q * scale), one per layer:
 - fp8_scale1: 1.0;
 - int8 (TensorRT-LLM): kv_cache_scaling_factor = max(k_amax, v_amax) / 127, shared by K and V;
 - int8_split (variant): k_amax / 127 and v_amax / 127.
+- fp8_affine (ModelOpt's, a variant of fp8): per layer the amax of x - bias and the bias per (KV head, channel), for
+  K and V, from the same calibration pass (trtkv.kvcache.affine collects them as ModelOpt does); k_scale = amax / 448.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from trtkv.kvcache.formats import FP8_MAX, INT8_MAX, KVFormat
 if TYPE_CHECKING:
     import torch
 
-    from trtkv.kvcache.quant import FormatChoice
+    from trtkv.kvcache.affine import AffineCalibration
+    from trtkv.kvcache.quant import FormatChoice, KVScale
     from trtkv.kvcache.stats import KVStats
 
 MIN_AMAX = 1e-6
@@ -85,12 +88,23 @@ class KVScales:
     source: str
     stats: KVStats | None = None
     info: dict = field(default_factory=dict)
+    affine: AffineCalibration | None = None  # fp8_affine's per-layer amax and bias (a calibration pass only)
 
-    def for_format(self, fmt: KVFormat | str | FormatChoice) -> tuple[list[float] | None, list[float] | None]:
+    def for_format(self, fmt: KVFormat | str | FormatChoice) -> tuple[list[KVScale] | None, list[KVScale] | None]:
         """(k_scales, v_scales) for QuantizedKVCache, or (None, None) for formats without static scales."""
         from trtkv.kvcache.quant import parse_format
 
         choice = parse_format(fmt)
+        if choice.affine:
+            if self.affine is None:
+                raise StageError(f"KV format {choice.name} needs a bias per (KV head, channel) and the amax of x - bias "
+                                 f"from a calibration pass; the scales from {self.source} have none (kv_scales.json "
+                                 f"holds amaxes only). Next: calibrate with trtkv.kvcache.scales.calibrate_scales "
+                                 f"(the probe's own short pass does) or drop {choice.name} from --formats.")
+            ks, vs = self.affine.scales()
+            k_params: list[KVScale] = list(ks)
+            v_params: list[KVScale] = list(vs)
+            return k_params, v_params
         k = [max(a, MIN_AMAX) for a in self.k_amax]
         v = [max(a, MIN_AMAX) for a in self.v_amax]
         if choice.base is KVFormat.FP8:
@@ -100,7 +114,7 @@ class KVScales:
         if choice.base is KVFormat.INT8:
             if choice.split_scales:
                 return [a / INT8_MAX for a in k], [a / INT8_MAX for a in v]
-            shared = [max(a, b) / INT8_MAX for a, b in zip(k, v, strict=False)]
+            shared: list[KVScale] = [max(a, b) / INT8_MAX for a, b in zip(k, v, strict=False)]
             return shared, list(shared)
         return None, None
 
@@ -186,4 +200,4 @@ def calibrate_scales(model, tokenizer, texts: list[str] | None = None, num_sampl
     stats = collect_kv_stats(model, batches)
     return KVScales(k_amax=stats.k_amax, v_amax=stats.v_amax, stats=stats,
                     source=f"trtkv short calibration pass: {num_samples} x {seq_len} tokens, seed {seed}",
-                    info={"num_samples": num_samples, "seq_len": seq_len, "seed": seed})
+                    info={"num_samples": num_samples, "seq_len": seq_len, "seed": seed}, affine=stats.affine)

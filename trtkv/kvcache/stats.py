@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from trtkv.errors import TrtkvError
+from trtkv.kvcache.affine import AffineCalibration, AffineCollector
 
 OUTLIER_FACTOR = 4.0
 
@@ -54,6 +55,7 @@ class KVStats:
     kv_heads: int
     outlier_factor: float = OUTLIER_FACTOR
     notes: list[str] = field(default_factory=list)
+    affine: AffineCalibration | None = None  # fp8_affine's bias and amax, collected as ModelOpt does, same batches
 
     @property
     def k_amax(self) -> list[float]:
@@ -141,8 +143,11 @@ class _Accumulator:
         self.v_channel: torch.Tensor | None = None
         self.v_tokens: list[torch.Tensor] = []
         self.k_tokens: list[torch.Tensor] = []
+        self.k_affine, self.v_affine = AffineCollector(), AffineCollector()
 
     def add(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k_affine.collect(k)  # one collect per batch, in the model dtype, as ModelOpt's k/v_bmm_quantizer
+        self.v_affine.collect(v)
         ka, va = k.float().abs(), v.float().abs()
         kc = ka.amax(dim=(0, 2)).flatten()  # [H * D]
         vc = va.amax(dim=(0, 2)).flatten()
@@ -194,5 +199,6 @@ def collect_kv_stats(model, batches: Iterable[torch.Tensor], factor: float = OUT
                 kv_heads, head_dim = keys.shape[1], keys.shape[-1]
     if not accs:
         raise TrtkvError("collect_kv_stats: no batches given. Next: pass a non-empty list of input_ids tensors.")
+    affine = AffineCalibration.from_collectors([a.k_affine for a in accs], [a.v_affine for a in accs])
     return KVStats(layers=[acc.finish(i, factor) for i, acc in enumerate(accs)], tokens=tokens,
-                   head_dim=head_dim, kv_heads=kv_heads, outlier_factor=factor)
+                   head_dim=head_dim, kv_heads=kv_heads, outlier_factor=factor, affine=affine)

@@ -74,7 +74,8 @@ def pareto(points: list[dict[str, Any]], key: str) -> list[str]:
 def per_layer_key(model_key: str, choice: FormatChoice, scales: Any, keep_fmt: KVFormat) -> str:
     """The key of this sweep's cached passes: the model, the numerics of the format and of the kept layers' format
     (numerics_key, as the sweep's cache is keyed) and the static scales; a changed format definition misses."""
-    parts = [model_key, choice.name, numerics_key(choice), numerics_key(keep_fmt), scales.k_amax, scales.v_amax]
+    affine = scales.affine.to_dict() if getattr(scales, "affine", None) is not None else None
+    parts = [model_key, choice.name, numerics_key(choice), numerics_key(keep_fmt), scales.k_amax, scales.v_amax, affine]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 

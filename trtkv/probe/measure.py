@@ -33,15 +33,21 @@ if TYPE_CHECKING:
 def probe_scales(recipe: Recipe, loaded: Loaded, settings: ProbeSettings, out: Path) -> KVScales:
     """Static scales: --scales file, else the calibrate stage's kv_scales.json, else a short calibration pass.
 
-    The K/V statistics always come from the short calibration pass (cached in out/cache/calibration.json).
+    The K/V statistics and fp8_affine's bias and amax (collected as ModelOpt does, trtkv.kvcache.affine) always come
+    from the short calibration pass (cached in out/cache/calibration.json, keyed by the collector's source too).
     """
+    import inspect
+
     from trtkv.data import load_texts
+    from trtkv.kvcache.affine import AffineCalibration, AffineCollector
     from trtkv.kvcache.stats import KVStats, LayerKVStats
 
     cal = recipe.calibration
     num_samples, seq_len = min(cal.num_samples, 16), min(cal.seq_len, 256)
     cache_file = out / "cache" / "calibration.json"
-    ckey = hashlib.sha256(json.dumps([loaded.key, cal.dataset, num_samples, seq_len, cal.seed]).encode()).hexdigest()[:16]
+    collector = hashlib.sha256(inspect.getsource(AffineCollector).encode()).hexdigest()[:12]
+    ckey = hashlib.sha256(json.dumps([loaded.key, cal.dataset, num_samples, seq_len, cal.seed, collector]
+                                     ).encode()).hexdigest()[:16]
     own: KVScales | None = None
     if cache_file.is_file():
         doc = json.loads(cache_file.read_text())
@@ -49,19 +55,22 @@ def probe_scales(recipe: Recipe, loaded: Loaded, settings: ProbeSettings, out: P
             st = doc["stats"]
             stats = KVStats(layers=[LayerKVStats(**x) for x in st["layers"]], tokens=st["tokens"],
                             head_dim=st["head_dim"], kv_heads=st["kv_heads"], outlier_factor=st["outlier_factor"])
+            affine = AffineCalibration.from_dict(doc["affine"]) if doc.get("affine") else None
             own = KVScales(k_amax=doc["k_amax"], v_amax=doc["v_amax"], source=doc["source"], stats=stats,
-                           info=doc.get("info", {}))
+                           info=doc.get("info", {}), affine=affine)
     if own is None:
         texts = load_texts(cal.dataset)
         own = calibrate_scales(loaded.model, loaded.tokenizer, texts, num_samples=num_samples, seq_len=seq_len,
                                batch_size=min(cal.batch_size, 4), seed=cal.seed)
         stats_dict = own.stats.to_dict() if own.stats else {}
         write_json(cache_file, {"key": ckey, "k_amax": own.k_amax, "v_amax": own.v_amax, "source": own.source,
-                                 "info": own.info, "stats": stats_dict})
+                                 "info": own.info, "stats": stats_dict,
+                                 "affine": own.affine.to_dict() if own.affine else None})
     path = settings.scales_path or KVScalesFile.path(layout.checkpoint_dir(recipe))
     if settings.scales_path is not None or path.is_file():
         given = load_kv_scales(path, loaded.model.config.num_hidden_layers)
         given.stats = own.stats
+        given.affine = own.affine  # fp8_affine: kv_scales.json has no bias; its bias and amax are this pass's
         return given
     return own
 

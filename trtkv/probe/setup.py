@@ -31,6 +31,10 @@ SEMANTICS = {
            "saturated at +-448",
     "fp8_scale1": "vLLM without scales (scale 1.0); also TensorRT-LLM <= 1.2 whenever the model's KV amax < 448, "
                   "because ModelOpt clamps the exported FP8 kv_cache_scaling_factor to >= 1.0",
+    "fp8_affine": "ModelOpt 0.47 --kv_cache_qformat fp8_affine: E4M3 of (x - bias) * scale, scale = "
+                  "float32(448/amax), read back as code * float32(1/scale) + bias; per layer one amax of x - bias for "
+                  "K and one for V and a bias per (KV head, channel), from the probe's own calibration pass collected "
+                  "as ModelOpt does; no serving engine reads the bias (see trtkv/data/kv_formats.json)",
     "int8": "TensorRT-LLM int8_kv_cache: ONE static scale per layer shared by K and V = max(k_amax, v_amax)/127, "
             "round-half-even(x * 1/scale), saturated to [-128, 127]",
     "int8_split": "trtkv variant: int8 with separate static K and V scales (amax/127 each); no TensorRT-LLM <= 1.2 "

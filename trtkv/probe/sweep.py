@@ -40,7 +40,9 @@ def _format_key(key: str, choice: FormatChoice) -> str:
 
 
 def _scales_key(scales: KVScales) -> str:
-    return hashlib.sha256(json.dumps([scales.k_amax, scales.v_amax]).encode()).hexdigest()[:12]
+    """The static scales' key: amax per layer, and fp8_affine's amax and bias where calibrated."""
+    affine = scales.affine.to_dict() if scales.affine is not None else None
+    return hashlib.sha256(json.dumps([scales.k_amax, scales.v_amax, affine]).encode()).hexdigest()[:12]
 
 
 class _Progress:
