@@ -19,4 +19,12 @@ def for_recipe(recipe: Recipe) -> EngineBackend:
     return BACKENDS[recipe.build.backend]
 
 
-__all__ = ["BACKENDS", "EngineBackend", "for_recipe"]
+def default_backend(*, on_cpu: bool, llama_family: bool) -> Backend:
+    """The engine `trtkv init` picks when none is asked for: TensorRT-LLM's LLM API on a GPU (any architecture it
+    runs); on the CPU trtkv's reference runtime for Llama-family models, else vLLM."""
+    if not on_cpu:
+        return Backend.LLMAPI
+    return Backend.REFERENCE if llama_family else Backend.VLLM
+
+
+__all__ = ["BACKENDS", "EngineBackend", "default_backend", "for_recipe"]

@@ -59,7 +59,6 @@ def write_recipe(name: str, model: Path, output: Path | None = None, gpu: str = 
     from trtkv.checkpoints import config_file, read_model_facts
     from trtkv.errors import RecipeError
     from trtkv.hardware import GPU, GPU_SPECS
-    from trtkv.recipe import Backend
     from trtkv.recipe.names import check_recipe_name
 
     out = (output or paths.recipes_dir() / f"{name}.yaml").expanduser()
@@ -75,7 +74,9 @@ def write_recipe(name: str, model: Path, output: Path | None = None, gpu: str = 
     on_cpu = target is GPU.CPU
     kv = kv_cache or ("fp8" if on_cpu or GPU_SPECS[target].has_fp8 else "none")
     llama = DECODERS.get(facts.model_type) == "llama"
-    chosen = backend or (Backend.LLMAPI if not on_cpu else Backend.REFERENCE if llama else Backend.VLLM).value  # as --help says
+    from trtkv.backends import default_backend
+
+    chosen = backend or default_backend(on_cpu=on_cpu, llama_family=llama).value  # as --help says
     source = config_file(model.expanduser()).resolve().parent
     tried: list[str] = []
     for n in ([count] if count else [1] if on_cpu else list(COUNTS)):
