@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trtkv.bench import quiz
 from trtkv.data import quiz_items
+from trtkv.runtime import quiz_patterns as quiz
 
 
 @pytest.mark.parametrize(("pattern", "answer", "ok"), [

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtkv.bench import golden, quiz
+from trtkv.bench import golden
 from trtkv.bench.client import SamplingParams
 from trtkv.bench.loadgen import Job
 from trtkv.bench.prompts import prompt_tokens
 from trtkv.bench.records import RequestRecord
+from trtkv.runtime import quiz_patterns as quiz
 
 QUIZ_MAX_TOKENS = 10
 NEEDLE_MAX_TOKENS = 8

@@ -15,12 +15,12 @@ from trtkv.runtime.errors import RequestError
 
 # ---------------------------------------------------------------------------------------------
 # Measurement: quantized-KV greedy answers vs unquantized ones on the shipped quiz
-# (the bench's quiz prompt and scoring, trtkv.bench.quiz, so the figures compare with `trtkv bench`)
+# (the bench's quiz prompt and scoring, trtkv.runtime.quiz_patterns, so the figures compare with `trtkv bench`)
 
 
 def quiz_answers(runtime: ReferenceRuntime, items: list[dict[str, str]], max_tokens: int = 10) -> list[str]:
     """Greedy answers (first line, stripped) to the bench's few-shot capital-city prompt of each item."""
-    from trtkv.bench import quiz
+    from trtkv.runtime import quiz_patterns as quiz
 
     if runtime.tokenizer is None:
         raise RequestError("quiz answers need the tokenizer.")
@@ -36,7 +36,7 @@ def quiz_answers(runtime: ReferenceRuntime, items: list[dict[str, str]], max_tok
 
 def quiz_agreement(runtime: ReferenceRuntime, items: list[dict[str, str]], max_tokens: int = 10) -> dict[str, Any]:
     """How often the runtime's KV format gives the same greedy quiz answer as an unquantized KV cache (+ accuracy)."""
-    from trtkv.bench import quiz
+    from trtkv.runtime import quiz_patterns as quiz
 
     quantized = quiz_answers(runtime, items, max_tokens)
     baseline = quiz_answers(runtime.with_kv_format("none"), items, max_tokens)

@@ -1,4 +1,5 @@
-"""bsdgames quiz(6) answer patterns: `{optional}`, `[a|b]`, `a|b`, `\\` quoting, `X<BS>Y` overstrike accents.
+"""bsdgames quiz(6) answer patterns, shared by `trtkv bench`'s quiz task and the runtime's quiz agreement:
+`{optional}`, `[a|b]`, `a|b`, `\\` quoting, `X<BS>Y` overstrike accents.
 
 A model's answer is right when it starts with one accepted string (exact prefix, case- and accent-insensitive,
 followed by a non-word character or the end). Overstrikes are composed into accented letters and accents are
