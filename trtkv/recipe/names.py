@@ -3,6 +3,7 @@ string and a Kubernetes label (`_` folded to `-`)."""
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -68,3 +69,19 @@ def collision_problems(named: Iterable[tuple[str, Path]]) -> list[str]:
                    f"Kubernetes name {folded!r} ('_' becomes '-'), so their deployments would replace each other. "
                    f"Next: rename one of these files.")
     return out
+
+
+# Host names (triton.host lands in commands, URLs and README `curl` lines)
+_HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def is_ip_or_host_name(value: str) -> bool:
+    """An IPv4/IPv6 address (no zone) or an RFC 1123 host name whose last label is not all digits (RFC 3696)."""
+    try:
+        ipaddress.ip_address(value)
+        return "%" not in value
+    except ValueError:
+        pass
+    labels = value.split(".")
+    return (0 < len(value) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels)
+            and not labels[-1].isdigit())

@@ -4,7 +4,6 @@ forbidden, validators that list the valid values)."""
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import json
 import re
 from enum import Enum
@@ -16,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 from trtkv import paths, versions
 from trtkv.hardware import GPU
 from trtkv.kvcache.formats import KVFormat
+from trtkv.recipe.names import is_ip_or_host_name
 
 # ---------------------------------------------------------------------------------------------
 # Enums: the one source of truth for every choice (schema, CLI help and docs read these).
@@ -94,20 +94,6 @@ class Protocol(str, Enum):
 
 
 PACKAGED_MODELS = ("smollm2", "gemma3")  # trtkv.model.PACKAGED: the models that ship as Python packages (a test keeps both equal)
-_HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
-
-
-def is_ip_or_host_name(value: str) -> bool:
-    """An IPv4/IPv6 address (no zone) or an RFC 1123 host name whose last label is not all digits (RFC 3696)."""
-    try:
-        ipaddress.ip_address(value)
-        return "%" not in value
-    except ValueError:
-        pass
-    labels = value.split(".")
-    return (0 < len(value) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels)
-            and not labels[-1].isdigit())
-
 SLO_PATTERN = re.compile(r"^(?P<metric>[a-z_]+)\.(?P<stat>[a-z0-9_]+)\s*(?P<op><=|>=|<|>)\s*(?P<value>-?[0-9.]+(e-?[0-9]+)?)$")
 
 # ---------------------------------------------------------------------------------------------
