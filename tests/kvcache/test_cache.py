@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+from transformers import DynamicCache, LlamaForCausalLM
 
+from tests.support.models import tiny_llama
 from trtkv.errors import TrtkvError
 from trtkv.kvcache.cache import QuantizedKVCache
 from trtkv.kvcache.formats import KVFormat, kv_bytes_per_token
@@ -16,11 +17,7 @@ SCALES = [0.05] * LAYERS
 
 @pytest.fixture(scope="module")
 def tiny() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=96, hidden_size=256, intermediate_size=256, num_hidden_layers=LAYERS,
-                         num_attention_heads=4, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
-                         max_position_embeddings=2048)
-    return LlamaForCausalLM(config).eval()
+    return tiny_llama(LAYERS, KV_HEADS, HEAD_DIM, max_positions=2048)
 
 
 def _cache(model: LlamaForCausalLM, fmt: str, **kw) -> QuantizedKVCache:

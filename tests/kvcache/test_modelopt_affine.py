@@ -6,8 +6,9 @@ import copy
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
+from tests.support.models import tiny_llama
 from trtkv.errors import StageError, TrtkvError
 from trtkv.kvcache.affine import AffineCalibration, AffineCollector
 from trtkv.kvcache.cache import QuantizedKVCache
@@ -96,11 +97,7 @@ def test_bias_keeps_the_model_dtype_as_modelopt_does() -> None:
 
 @pytest.fixture(scope="module")
 def tiny() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=96, hidden_size=256, intermediate_size=256, num_hidden_layers=LAYERS,
-                         num_attention_heads=4, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
-                         max_position_embeddings=512)
-    model = LlamaForCausalLM(config).eval()
+    model = tiny_llama(LAYERS, KV_HEADS, HEAD_DIM, max_positions=512)
     with torch.no_grad():  # K and V with a per-channel offset, as real models have: the bias then matters
         model.model.layers[0].self_attn.k_proj.bias = torch.nn.Parameter(torch.randn(KV_HEADS * HEAD_DIM) * 2)
         model.model.layers[1].self_attn.v_proj.bias = torch.nn.Parameter(torch.randn(KV_HEADS * HEAD_DIM))
