@@ -38,7 +38,7 @@ $(STAMP): constraints.txt pyproject.toml
 	@echo "install: done ($(VENV))"
 
 # GenAI-Perf (its own venv) drives the served ensemble in the e2e tests: a client trtkv did not write; vLLM (its own
-# venv) serves the HF export in tests/test_vllm_e2e.py
+# venv) serves the HF export in tests/e2e/test_vllm.py
 test: install install-genai-perf install-vllm
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 

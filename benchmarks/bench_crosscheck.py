@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trtkv import paths, supervise
 from trtkv.bench.client import Endpoint, SamplingParams
 from trtkv.bench.endpoints import check_endpoint, session_factory
 from trtkv.bench.loadgen import Job, run_concurrency, run_rate
@@ -33,8 +32,10 @@ from trtkv.bench.metrics import summarize_level
 from trtkv.bench.prompts import count_tokens, latency_prompts, load_tokenizer, prompt_tokens, tokenizer_dir
 from trtkv.bench.records import RequestRecord
 from trtkv.bench.runner import resolve_endpoint
-from trtkv.errors import TrtkvError
+from trtkv.core import paths
+from trtkv.core.errors import TrtkvError
 from trtkv.recipe import load_recipe
+from trtkv.serving import supervise
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: the dev-only helpers next to this script
 

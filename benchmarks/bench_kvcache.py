@@ -33,7 +33,7 @@ EQUAL_BITS = {"int4_g64": "quanto_int4", "kivi4": "quanto_int4", "kivi2": "quant
 def load(threads: int | None):  # noqa: ANN201
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trtkv.model import resolve_model_dir
+    from trtkv.checkpoints.models import resolve_model_dir
     from trtkv.probe import auto_threads
     from trtkv.recipe import load_recipe
 
@@ -45,7 +45,7 @@ def load(threads: int | None):  # noqa: ANN201
 
 
 def prompt_ids(tokenizer, n: int) -> torch.Tensor:  # noqa: ANN001
-    from trtkv.data import eval_long_text
+    from trtkv.core.texts import eval_long_text
 
     ids: list[int] = []
     for text in eval_long_text():
@@ -96,9 +96,9 @@ def quanto_bytes(cache) -> tuple[int, int]:  # noqa: ANN001
 def run(context: int, steps: int, threads: int | None, out: Path) -> dict:
     from transformers import DynamicCache, QuantizedCache
 
+    from trtkv.core.paths import recipe_output_dir
     from trtkv.kvcache.cache import QuantizedKVCache
     from trtkv.kvcache.scales import load_kv_scales
-    from trtkv.paths import recipe_output_dir
 
     recipe, model, tokenizer = load(threads)
     cfg = model.config

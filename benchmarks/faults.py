@@ -1,7 +1,7 @@
 """The fault matrix of `make soak` (benchmarks/soak.py runs it after the streaming soak): each fault on the recipe's
 supervised server, its expected recovery written next to it, and after each a check that no process of the dead
 session survives. Works for every local backend (Triton ensemble / llmapi layout with the Python stubs, vLLM): the
-recovery is judged by trtkv.health's real one-token canary, not by the streaming client.
+recovery is judged by trtkv.serving.health's real one-token canary, not by the streaming client.
 
     python benchmarks/faults.py smollm2_fp8kv_llmapi [KEY=VALUE ...] --faults main,supervisor   (alone: serves, stops)
 """
@@ -53,16 +53,16 @@ def trtkv(*args: str, timeout_s: float = 900) -> subprocess.CompletedProcess[str
 
 
 def record(recipe: Any) -> Any:
-    from trtkv.artifacts import ServerRecord
-    from trtkv.layout import serve_dir
+    from trtkv.contracts.artifacts import ServerRecord
+    from trtkv.recipe.layout import serve_dir
 
     return ServerRecord.load(serve_dir(recipe))
 
 
 def dead_session_left(info: Any, timeout_s: float = 15.0) -> list[int]:
     """Live processes of `info`'s session after a bounded wait (the supervisor may still be ending them)."""
-    from trtkv import sessions
-    from trtkv.teardown import session_of
+    from trtkv.core import sessions
+    from trtkv.serving.teardown import session_of
 
     deadline = time.monotonic() + timeout_s
     while True:
@@ -74,7 +74,7 @@ def dead_session_left(info: Any, timeout_s: float = 15.0) -> list[int]:
 
 def wait_healed(recipe: Any, old: Any, timeout_s: float = HEAL_S) -> float | None:
     """Seconds until a server with a NEW session answers a real canary; None after `timeout_s`."""
-    from trtkv import health
+    from trtkv.serving import health
 
     start = time.monotonic()
     while time.monotonic() - start < timeout_s:
@@ -87,8 +87,8 @@ def wait_healed(recipe: Any, old: Any, timeout_s: float = HEAL_S) -> float | Non
 
 def child_pid(info: Any) -> int | None:
     """One child of the server to kill: a Python-backend stub of tensorrt_llm (Triton), else vLLM's EngineCore."""
-    from trtkv import sessions
-    from trtkv.teardown import session_of
+    from trtkv.core import sessions
+    from trtkv.serving.teardown import session_of
 
     stubs, engines = [], []
     for pid in sessions.members(session_of(info)):
@@ -124,20 +124,20 @@ def _restart_fault(recipe: Any, fault: str, pid: int | None) -> FaultResult:
 
 def _cleaned(recipe: Any) -> list[dict[str, Any]]:
     """The supervisor's `cleaned` events so far (each: the old session was empty before the restart)."""
-    from trtkv import supervise
+    from trtkv.serving import supervise
 
     return [e for e in supervise.read_events(recipe, last=10_000) if e.get("event") == "cleaned"]
 
 
 def fault_supervisor(recipe: Any, spec: list[str]) -> FaultResult:
-    from trtkv import health, supervise
+    from trtkv.serving import health, supervise
 
     out = FaultResult("supervisor", EXPECTED["supervisor"])
     sup = supervise.alive(recipe)
     if sup is None:
         out.detail = "no supervisor running"
         return out
-    out.killed_pid = int(sup["pid"])
+    out.killed_pid = sup.pid
     start = time.monotonic()
     os.kill(out.killed_pid, signal.SIGKILL)
     while supervise.alive(recipe) is not None and time.monotonic() - start < 10:
@@ -158,7 +158,7 @@ def fault_supervisor(recipe: Any, spec: list[str]) -> FaultResult:
 
 
 def fault_interrupt(recipe: Any, spec: list[str]) -> FaultResult:
-    from trtkv.process import port_in_use
+    from trtkv.core.process import port_in_use
 
     out = FaultResult("interrupt", EXPECTED["interrupt"])
     stopped = trtkv("stop", *spec)
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     faults = parse_faults(args.faults)
     sys.path.insert(0, str(ROOT))
-    from trtkv.process import free_ports
+    from trtkv.core.process import free_ports
     from trtkv.recipe import load_recipe
 
     http, grpc, metrics = free_ports(3)
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         results = run_matrix(recipe, spec, faults)
     finally:
         print(trtkv("stop", *spec).stdout.strip())
-    from trtkv.process import port_in_use
+    from trtkv.core.process import port_in_use
 
     t = recipe.triton
     taken = [p for p in (t.http_port, t.grpc_port, t.metrics_port) if port_in_use(t.host, p)]

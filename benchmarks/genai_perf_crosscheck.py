@@ -24,13 +24,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trtkv import paths, supervise
 from trtkv.bench.client import Endpoint
 from trtkv.bench.endpoints import check_endpoint
 from trtkv.bench.prompts import latency_prompts, load_tokenizer, tokenizer_dir
 from trtkv.bench.runner import resolve_endpoint
-from trtkv.errors import TrtkvError
+from trtkv.core import paths
+from trtkv.core.errors import TrtkvError
 from trtkv.recipe import load_recipe
+from trtkv.serving import supervise
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_crosscheck import finish, trtkv_level  # noqa: E402

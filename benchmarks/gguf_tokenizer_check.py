@@ -83,7 +83,7 @@ def reference(gguf_path: Path) -> tuple[Any, bool]:
 def corpus(limit: int | None = None, seed: int = 0) -> list[str]:
     """Strings from calibration_data/ (calib and eval): whole records, ~200-character slices at varied offsets, quiz
     prompts, and copies of slices with characters from EXTRA inserted at random places."""
-    from trtkv import data
+    from trtkv.core import texts as data
 
     records = data.load_texts(data.CALIB_DEFAULT) + data.eval_long_text()
     rng = random.Random(seed)
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from transformers import AutoTokenizer
 
-    from trtkv.model import packaged_gguf, packaged_model
+    from trtkv.checkpoints.models import packaged_gguf, packaged_model
 
     start = time.time()
     model_dir = args.model_dir or packaged_model("gemma3")

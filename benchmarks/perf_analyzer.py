@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trtkv import paths
-from trtkv.errors import ToolError
-from trtkv.tools import run_logged
+from trtkv.core import paths
+from trtkv.core.errors import ToolError
+from trtkv.core.tools import run_logged
 
 VERSION = "2.51.0"
 WHEEL = f"tritonclient-{VERSION}-py3-none-manylinux1_x86_64.whl"

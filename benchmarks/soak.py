@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     from benchmarks import faults
     from trtkv.backends import for_recipe
-    from trtkv.process import free_ports, port_in_use
+    from trtkv.core.process import free_ports, port_in_use
     from trtkv.recipe import load_recipe
 
     wanted = faults.parse_faults(args.faults)
@@ -245,8 +245,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, recipe: Any, url: str, solo: list[str], summary: Summary) -> None:
-    from trtkv.artifacts import ServerRecord
-    from trtkv.layout import serve_dir
+    from trtkv.contracts.artifacts import ServerRecord
+    from trtkv.recipe.layout import serve_dir
 
     rng = random.Random(args.seed)
     outcomes: list[Outcome] = []

@@ -10,8 +10,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from trtkv.platform.versions import table_markdown  # noqa: E402
 from trtkv.recipe import reference_markdown  # noqa: E402
-from trtkv.versions import table_markdown  # noqa: E402
 
 # marker name -> (the docs page that holds it, what fills it)
 SECTIONS: dict[str, tuple[str, Callable[[], str]]] = {

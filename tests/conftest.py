@@ -31,7 +31,7 @@ def engines_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """The real SmolLM2-135M-Instruct as an HF folder (converted once from the packaged GGUF, then cached)."""
-    from trtkv.model import resolve_model_dir
+    from trtkv.checkpoints.models import resolve_model_dir
     from trtkv.recipe import load_recipe
 
     return resolve_model_dir(load_recipe("smollm2_fp8kv"))
@@ -59,7 +59,7 @@ def chain_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     import sys
     import time
 
-    from trtkv.process import free_ports
+    from trtkv.core.process import free_ports
 
     root = tmp_path_factory.mktemp("chain")
     http, grpc, metrics = free_ports(3)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from trtkv.platform.versions import table_markdown
 from trtkv.recipe import reference_markdown
-from trtkv.versions import table_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

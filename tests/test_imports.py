@@ -75,8 +75,8 @@ def test_finder_sees_a_cycle() -> None:
 
 def test_runtime_imports_count_lazy_ones_and_skip_type_checking() -> None:
     tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from trtkv.recipe import Recipe\n"
-                     "def f():\n    from trtkv.model import x\n")
-    assert runtime_imports(tree) == ["trtkv.model", "trtkv.model.x"]
+                     "def f():\n    from trtkv.checkpoints.models import x\n")
+    assert runtime_imports(tree) == ["trtkv.checkpoints.models", "trtkv.checkpoints.models.x"]
 
 
 def test_trtkv_has_no_import_cycle() -> None:
@@ -123,3 +123,88 @@ def test_no_cycle_even_through_annotation_imports() -> None:
              for name, path in modules.items()}
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+# The four layers, imports only downward (a package may import its own layer while the package graph stays acyclic).
+LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("foundation", frozenset({"core", "platform", "contracts", "version"})),
+    ("model and formats", frozenset({"recipe", "checkpoints", "kvcache", "runtime"})),
+    ("engines", frozenset({"backends"})),
+    ("stages", frozenset({"plan", "calibrate", "build", "repo", "serving", "bench", "probe", "report", "deploy"})),
+    ("cli", frozenset({"cli", "__main__", "__init__"})),
+)
+
+
+def package_of(module: str) -> str:
+    """`trtkv.serving.serve` -> `serving`; `trtkv` itself -> `__init__`."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def layer_of(package: str) -> int:
+    for rank, (_name, packages) in enumerate(LAYERS):
+        if package in packages:
+            return rank
+    raise AssertionError(f"trtkv.{package} is in no layer: add it to LAYERS in tests/test_imports.py")
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        src = package_of(module)
+        out.setdefault(src, set()).update(package_of(t) for t in targets if package_of(t) != src)
+    return out
+
+
+def test_imports_go_only_downward_through_the_four_layers() -> None:
+    """Every import (lazy ones too) goes to the same layer or a lower one: foundation -> model and formats -> engines
+    -> stages -> cli."""
+    upward = sorted(f"{m} ({LAYERS[layer_of(package_of(m))][0]}) imports {t} ({LAYERS[layer_of(package_of(t))][0]})"
+                    for m, targets in import_graph().items() for t in targets
+                    if layer_of(package_of(t)) > layer_of(package_of(m)))
+    assert upward == []
+
+
+def test_the_layer_check_sees_an_upward_import() -> None:
+    graph = {"trtkv.contracts.stage": {"trtkv.recipe.schema"}, "trtkv.recipe.schema": set()}
+    assert [(m, t) for m, ts in graph.items() for t in ts if layer_of(package_of(t)) > layer_of(package_of(m))] == \
+        [("trtkv.contracts.stage", "trtkv.recipe.schema")]
+
+
+def test_the_package_graph_has_no_cycle() -> None:
+    """Packages, not just modules: `serving -> bench -> serving` through two different modules is a cycle too."""
+    cycle = find_cycle(package_graph(import_graph()))
+    assert cycle is None, "package cycle: " + " -> ".join(cycle or [])
+
+
+def test_at_most_six_modules_at_the_top_level() -> None:
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 6, top
+
+
+def test_the_package_root_imports_nothing_for_its_side_effects() -> None:
+    """`import trtkv.core.errors` must not run the backends, pydantic or yaml: trtkv/__init__ names only its version."""
+    assert runtime_imports(ast.parse((PACKAGE / "__init__.py").read_text())) in (
+        ["trtkv.version", "trtkv.version.__version__"],)
+
+
+def test_validation_needs_no_backend_import_and_errors_load_nothing_heavy() -> None:
+    """A recipe's backend rules apply with trtkv.backends never imported (they are the model layer's), and importing
+    the errors module loads neither pydantic nor yaml nor any other trtkv package."""
+    import subprocess
+    import sys
+
+    code = ("import sys, trtkv.core.errors\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('pydantic', 'yaml', 'torch')\n"
+            "               or (m.startswith('trtkv.') and not m.startswith(('trtkv.core', 'trtkv.version'))))\n"
+            "print('errors-loads', heavy)\n"
+            "from trtkv.core.errors import RecipeError\n"
+            "from trtkv.recipe import load_recipe\n"
+            "try:\n"
+            "    load_recipe('smollm2_fp8kv_vllm', overrides=['quantization.kv_cache=int8'])\n"
+            "except RecipeError as e:\n"
+            "    print('refused', 'vLLM' in str(e))\n"
+            "print('backends-imported', 'trtkv.backends' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=PACKAGE.parent).stdout.splitlines()
+    assert out == ["errors-loads []", "refused True", "backends-imported False"]

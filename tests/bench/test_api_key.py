@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks.openai_replay import start
 from trtkv.bench.runner import BenchOptions, run_bench
-from trtkv.errors import TrtkvError
+from trtkv.core.errors import TrtkvError
 from trtkv.recipe import load_recipe
 
 KEY = "sentinel-" + secrets.token_hex(8)

@@ -1,5 +1,5 @@
 """The GenAI-Perf harness around perf_analyzer 2.51's empty-export bug, with a scripted stand-in for the genai-perf
-executable (orchestration only: the real GenAI-Perf runs against the real server in tests/test_serve_e2e.py)."""
+executable (orchestration only: the real GenAI-Perf runs against the real server in tests/e2e/test_serve.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks.genai_perf_crosscheck import EMPTY_EXPORT_TRIES, run_genai_perf
 from trtkv.bench.client import Endpoint
-from trtkv.errors import TrtkvError
+from trtkv.core.errors import TrtkvError
 
 # Reads its plan ("empty", "fail" or "ok" per call) from plan.json beside it; writes what genai-perf would.
 SCRIPT = """#!{python}

@@ -13,7 +13,7 @@ from trtkv.bench.client import Endpoint, SamplingParams
 from trtkv.bench.openai import event_text, request_body
 from trtkv.bench.records import OK, RequestRecord
 from trtkv.bench.results import failure_summary
-from trtkv.errors import TrtkvError
+from trtkv.core.errors import TrtkvError
 
 
 def test_request_bodies_and_events() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trtkv.data import quiz_items
+from trtkv.core.texts import quiz_items
 from trtkv.runtime import quiz_patterns as quiz
 
 

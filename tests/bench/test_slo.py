@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trtkv.bench import slo
-from trtkv.errors import TrtkvError
+from trtkv.core.errors import TrtkvError
 
 
 def test_parse_forms() -> None:

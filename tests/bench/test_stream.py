@@ -17,7 +17,7 @@ from trtkv.bench.http1 import Call, Connection
 from trtkv.bench.openai import OpenAIEvents, OpenAISession
 from trtkv.bench.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord
 from trtkv.bench.stream import shared_loop
-from trtkv.interface import LLMAPI
+from trtkv.contracts.interface import LLMAPI
 
 Script = Callable[[socket.socket, int], bool]  # (client socket, request number on it) -> keep the connection open
 

@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks import gguf_tokenizer_check as check
 from trtkv.checkpoints.gguf_tokenizer import read_gguf_vocab, save_hf_tokenizer
-from trtkv.errors import StageError
+from trtkv.core.errors import StageError
 
 SPACE = "\u2581"
 USER_DEFINED = [SPACE * 2, SPACE * 3, "\n", "\n\n", "\t", "<table>"]
@@ -23,7 +23,7 @@ def train_spm(add_dummy_prefix: bool) -> bytes:
     """A small real SentencePiece BPE model (byte fallback, user-defined and control pieces) trained on shipped text."""
     import sentencepiece
 
-    from trtkv import data
+    from trtkv.core import texts as data
 
     out = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(
@@ -125,7 +125,7 @@ def test_refuses_what_it_cannot_reproduce(tmp_path: Path, change: dict, words: s
 
 @pytest.fixture(scope="module")
 def gemma3() -> tuple[Path, Path]:
-    from trtkv.model import packaged_gguf, packaged_model
+    from trtkv.checkpoints.models import packaged_gguf, packaged_model
 
     return packaged_model("gemma3"), packaged_gguf("gemma3")
 

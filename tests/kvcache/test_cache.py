@@ -7,7 +7,7 @@ import torch
 from transformers import DynamicCache, LlamaForCausalLM
 
 from tests.support.models import tiny_llama
-from trtkv.errors import TrtkvError
+from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.cache import QuantizedKVCache
 from trtkv.kvcache.formats import KVFormat, kv_bytes_per_token
 

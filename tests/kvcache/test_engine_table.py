@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from trtkv.errors import TrtkvError
+from trtkv.core.errors import TrtkvError
 from trtkv.kvcache import engines, formats, quant
 from trtkv.kvcache.formats import bytes_per_element
 from trtkv.kvcache.quant import all_format_names, layer_codecs, numerics_key, parse_format

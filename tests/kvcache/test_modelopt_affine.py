@@ -9,7 +9,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 from tests.support.models import tiny_llama
-from trtkv.errors import StageError, TrtkvError
+from trtkv.core.errors import StageError, TrtkvError
 from trtkv.kvcache.affine import AffineCalibration, AffineCollector
 from trtkv.kvcache.cache import QuantizedKVCache
 from trtkv.kvcache.formats import affine_bias_bytes, kv_bytes_per_token

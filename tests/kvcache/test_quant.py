@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from trtkv.errors import TrtkvError
+from trtkv.core.errors import TrtkvError
 from trtkv.kvcache import quant
 from trtkv.kvcache.formats import KVFormat
 

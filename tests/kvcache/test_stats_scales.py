@@ -1,4 +1,4 @@
-"""K/V statistics and static scales (kv_scales.json, trtkv.artifacts.KVScalesFile) on a tiny random Llama."""
+"""K/V statistics and static scales (kv_scales.json, trtkv.contracts.artifacts.KVScalesFile) on a tiny random Llama."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from trtkv.errors import StageError
+from trtkv.core.errors import StageError
 from trtkv.kvcache.scales import KVScales, calibration_batches, f32, load_kv_scales
 from trtkv.kvcache.stats import collect_kv_stats
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from trtkv import versions
-from trtkv.errors import RecipeError
+from trtkv.core.errors import RecipeError
+from trtkv.platform import versions
 from trtkv.recipe import load_recipe
 
 from .conftest import Writer

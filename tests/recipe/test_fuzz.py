@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.support.recipes import GOOD
-from trtkv.errors import RecipeError
+from trtkv.core.errors import RecipeError
 from trtkv.recipe import Recipe, load_recipe
 
 FUZZ = settings(max_examples=300, deadline=timedelta(milliseconds=1000), database=None,

@@ -19,7 +19,7 @@ from tests.support.recipes import GOOD
 CHILD = r"""
 import json, resource, sys, time
 resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
-from trtkv.errors import RecipeError
+from trtkv.core.errors import RecipeError
 from trtkv.recipe import load_recipe
 for name, target in json.loads(sys.argv[1]):
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

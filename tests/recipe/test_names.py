@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from trtkv.errors import RecipeError
+from trtkv.core.errors import RecipeError
 from trtkv.recipe import RECIPE_NAME_RE, check_recipe_name, find_recipe, fold_recipe_name, list_recipes, load_recipe
 
 from .conftest import Writer

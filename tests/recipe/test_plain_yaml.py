@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trtkv.errors import RecipeError
+from trtkv.core.errors import RecipeError
 from trtkv.recipe import MAX_DEPTH, load_recipe, parse_override
 
 from .conftest import Writer

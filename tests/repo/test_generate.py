@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trtkv.errors import StageError
+from trtkv.core.errors import StageError
 from trtkv.recipe import Backend, list_recipes, load_recipe
 from trtkv.repo import RepoError, generate_repo, validate_repo
 
@@ -39,7 +39,7 @@ def test_every_recipe_generates_a_valid_repo(name: str, engines_tmp: Path, token
     recipe = load_recipe(name)
     repo, logs = _generate(name)
     models = validate_repo(repo, expect_decoupled=recipe.triton.decoupled)
-    if recipe.build.backend is Backend.LLMAPI:  # upstream's llmapi layout: one model (tests/test_llmapi.py)
+    if recipe.build.backend is Backend.LLMAPI:  # upstream's llmapi layout: one model (tests/backends/test_llmapi.py)
         assert set(models) == {"tensorrt_llm"} and (repo / "tensorrt_llm" / "1" / "model.yaml").is_file()
         assert models["tensorrt_llm"].config.model_transaction_policy.decoupled is recipe.triton.decoupled
         readme = (repo / "README.md").read_text()
@@ -93,6 +93,27 @@ def test_second_run_is_up_to_date_and_force_regenerates(engines_tmp: Path) -> No
     assert any("up to date" in line for line in logs)
     result = generate_repo(load_recipe("llama8b_fp8kv"), force=True, log=lambda _m: None)
     assert not result.skipped
+
+
+def test_a_repository_naming_a_moved_trtkv_module_is_rebuilt(engines_tmp: Path, tokenizer_ready: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference repository names `trtkv.runtime` (and the llmapi one `trtkv.runtime.llm`): when a module it names
+    resolves to another file (moved in an upgrade) or to none, the repo stage's key changes and the repository is
+    rewritten, never reported up to date with a dead module path inside."""
+    import importlib.util
+
+    from trtkv.repo import generate
+
+    plan = generate.plan_repo(load_recipe("smollm2_fp8kv_llmapi"))
+    assert generate.named_modules(plan) == {"trtkv.runtime": "runtime/__init__.py", "trtkv.runtime.llm": "runtime/llm.py"}
+    _generate("smollm2_fp8kv_llmapi")
+    _, logs = _generate("smollm2_fp8kv_llmapi")
+    assert any("up to date" in line for line in logs)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "trtkv.runtime.llm" else real(name, *a))
+    assert generate.named_modules(plan)["trtkv.runtime.llm"] == "missing"
+    _, logs = _generate("smollm2_fp8kv_llmapi")
+    assert not any("up to date" in line for line in logs)
 
 
 def test_recipe_values_reach_the_configs(engines_tmp: Path, tokenizer_ready: Path) -> None:
@@ -189,8 +210,8 @@ def test_chunked_context_follows_max_num_tokens(engines_tmp: Path) -> None:
 
 def test_readme_without_nvidia_pytriton_shows_a_generic_path(engines_tmp: Path, tokenizer_ready: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    from trtkv import serve
-    from trtkv.errors import StageError
+    from trtkv.core.errors import StageError
+    from trtkv.serving import serve
 
     def missing() -> Path:
         raise StageError("the tritonserver bundled in nvidia-pytriton is not installed")

@@ -12,7 +12,7 @@ from trtkv.repo import generate_repo, validate_repo
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 # the recipes with the inflight_batcher_llm layout (the llmapi layout is checked against its own upstream list in
-# tests/test_llmapi.py)
+# tests/backends/test_llmapi.py)
 RECIPES = [p.stem for p in list_recipes() if load_recipe(p.stem).build.backend not in (Backend.LLMAPI, Backend.VLLM)]
 
 

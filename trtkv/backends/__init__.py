@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from trtkv.backends import llmapi, reference, tensorrt, vllm
 from trtkv.backends.base import EngineBackend
-from trtkv.recipe import BACKEND_RULES, Backend, Recipe
+from trtkv.recipe import Backend, Recipe
 
 BACKENDS: dict[Backend, EngineBackend] = {b.backend: b for b in (tensorrt.BACKEND, llmapi.BACKEND, reference.BACKEND,
                                                                   vllm.BACKEND)}
-BACKEND_RULES.update({name: backend.problems for name, backend in BACKENDS.items()})
 _MISSING = sorted(b.value for b in Backend if b not in BACKENDS)
 if _MISSING:  # pragma: no cover - a new enum value without its module
     raise RuntimeError(f"backends without a module in trtkv.backends: {_MISSING}")

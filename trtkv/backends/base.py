@@ -4,7 +4,7 @@ A backend says what its build stage does (and prints in a dry run), where the KV
 `tensorrt_llm` model and ensemble step it needs, what the repository references, how many ranks it serves with and
 whether the bundled CPU tritonserver runs it, and how `trtkv generate` runs it. The stages (`build`, `repo`, `serve`,
 `generate`) look the backend up in `trtkv.backends.BACKENDS` instead of branching on its name; adding one is one module
-plus its tests. Its recipe rules join `trtkv validate` through `trtkv.recipe.BACKEND_RULES`.
+plus its tests. Its recipe rules are data and code of the model layer: trtkv.recipe.backend_rules.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trtkv import paths
-from trtkv.errors import StageError
-from trtkv.hardware import GPU
-from trtkv.layout import checkpoint_dir, engine_dir
+from trtkv.contracts.stage import manifest_hash
+from trtkv.core import paths
+from trtkv.core.errors import StageError
+from trtkv.core.tools import quote
+from trtkv.platform.hardware import GPU
 from trtkv.recipe import Backend, Recipe
-from trtkv.stage import manifest_hash
-from trtkv.tools import quote
+from trtkv.recipe.layout import checkpoint_dir, engine_dir
 
 BUILD_SECTIONS = ("model", "quantization", "build")
 
@@ -45,10 +45,6 @@ class EngineBackend:
         """tritonserver processes per model instance (one per rank under mpirun for the engine path)."""
         return 1
 
-    def problems(self, recipe: Recipe) -> list[tuple[str, str]]:
-        """This backend's recipe rules: (field, message) pairs (trtkv.recipe.BACKEND_RULES)."""
-        return []
-
     def kv_source_line(self, recipe: Recipe) -> str:
         raise NotImplementedError
 
@@ -70,7 +66,7 @@ class EngineBackend:
 
     def require_served_input(self, recipe: Recipe) -> None:
         """StageError unless what the server loads is there (default: the build output)."""
-        from trtkv.stage import require_input
+        from trtkv.contracts.stage import require_input
 
         require_input(engine_dir(recipe), "serve", "build", recipe)
 
@@ -111,16 +107,6 @@ class EngineBackend:
         raise StageError(f"backend {self.backend.value} has no TensorRT-LLM runner")
 
 
-def one_kv_format_problems(recipe: Recipe, where: str) -> list[tuple[str, str]]:
-    """Per-layer KV precision (quantization.kv_skip_layers) where the engine has one KV format for every layer."""
-    if not recipe.quantization.kv_skip_layers:
-        return []
-    return [("quantization.kv_skip_layers", f"{where} stores every layer's KV in one format (one "
-                                            f"kv_cache_quant_algo per checkpoint): per-layer KV precision deploys "
-                                            f"with build.backend vllm (--kv-cache-dtype-skip-layers); remove the "
-                                            f"list, or measure it with `trtkv probe`")]
-
-
 def failed_log_path(recipe: Recipe) -> Path:
     """Where a failed build's log is kept (the temporary engine folder itself is removed)."""
     return paths.recipe_output_dir(recipe.name) / "engine.failed-build.log"
@@ -129,9 +115,9 @@ def failed_log_path(recipe: Recipe) -> Path:
 def check_checkpoint(recipe: Recipe) -> tuple[Path, dict[str, Any], list[str]]:
     """The checkpoint folder, its validation summary and every problem with it (empty when it fits the recipe).
 
-    One source of truth: trtkv.checkpoint.validate_trtllm_checkpoint (the check calibrate runs after export).
+    One source of truth: trtkv.checkpoints.trtllm_checkpoint.validate_trtllm_checkpoint (the check calibrate runs after export).
     """
-    from trtkv.checkpoint import validate_trtllm_checkpoint
+    from trtkv.checkpoints.trtllm_checkpoint import validate_trtllm_checkpoint
 
     ckpt = checkpoint_dir(recipe)
     if manifest_hash(ckpt) is None:

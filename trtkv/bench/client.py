@@ -15,12 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trtkv.apikey import auth_headers
 from trtkv.bench.http1 import Connection, Events, ProtocolError, event_json, http_request
 from trtkv.bench.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord
 from trtkv.bench.stream import shared_loop, stream
-from trtkv.errors import TrtkvError
-from trtkv.interface import ENSEMBLE, LLMAPI, ModelInterface, detect
+from trtkv.contracts.interface import ENSEMBLE, LLMAPI, ModelInterface, detect
+from trtkv.core.apikey import auth_headers
+from trtkv.core.errors import TrtkvError
 
 DEFAULT_MODEL = ENSEMBLE.model
 

@@ -14,11 +14,11 @@ import http.client
 import json
 from typing import Any
 
-from trtkv.apikey import auth_headers
 from trtkv.bench.client import Endpoint, HttpSession, SamplingParams, _first_line
 from trtkv.bench.http1 import Events, event_json
 from trtkv.bench.records import ERROR, OK, RequestRecord
-from trtkv.errors import TrtkvError
+from trtkv.core.apikey import auth_headers
+from trtkv.core.errors import TrtkvError
 
 ENDPOINT_TYPES = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 

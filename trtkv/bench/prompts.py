@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtkv import paths
-from trtkv.errors import StageError
+from trtkv.core import paths
+from trtkv.core.errors import StageError
 
 if TYPE_CHECKING:
     from trtkv.recipe import Recipe
@@ -17,7 +17,7 @@ def tokenizer_dir(recipe: Recipe) -> Path:
     local = paths.recipe_output_dir(recipe.name) / "checkpoint" / "tokenizer"
     if (local / "tokenizer_config.json").is_file() or (local / "tokenizer.json").is_file():
         return local
-    from trtkv.model import resolve_model_dir
+    from trtkv.checkpoints.models import resolve_model_dir
 
     return resolve_model_dir(recipe)
 
@@ -77,7 +77,7 @@ def cut_to_tokens(tokenizer: Any, text: str, n_tokens: int) -> str:
 
 def long_text() -> str:
     """All evaluation records joined (New Testament text, never used for calibration)."""
-    from trtkv.data import eval_long_text
+    from trtkv.core.texts import eval_long_text
 
     return "\n\n".join(eval_long_text())
 

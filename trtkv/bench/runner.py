@@ -8,8 +8,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtkv import paths, supervise
-from trtkv.artifacts import ServerRecord
 from trtkv.backends import for_recipe
 from trtkv.bench import accuracy as acc_tasks
 from trtkv.bench import aiperf_export, plots, results, slo
@@ -19,11 +17,14 @@ from trtkv.bench.loadgen import Interrupted, Job, run_concurrency, run_rate
 from trtkv.bench.metrics import summarize_level
 from trtkv.bench.prompts import count_tokens, latency_prompts, load_tokenizer, long_text, prompt_tokens, tokenizer_dir
 from trtkv.bench.records import RequestRecord
-from trtkv.errors import StageError, TrtkvError
-from trtkv.interface import for_layout
-from trtkv.layout import serve_dir
-from trtkv.progress import Progress
+from trtkv.contracts.artifacts import ServerRecord
+from trtkv.contracts.interface import for_layout
+from trtkv.core import paths
+from trtkv.core.errors import StageError, TrtkvError
+from trtkv.core.progress import Progress
 from trtkv.recipe import Recipe
+from trtkv.recipe.layout import serve_dir
+from trtkv.serving import supervise
 
 EXIT_SLO_FAILED = 1
 EXIT_INTERRUPTED = 130
@@ -83,7 +84,7 @@ def resolve_endpoint(recipe: Recipe, url: str | None, protocol: str | None, mode
 
 
 class _Progress(Progress):
-    """The bench's phases as progress bars (trtkv.progress); `phase` returns a per-request callback."""
+    """The bench's phases as progress bars (trtkv.core.progress); `phase` returns a per-request callback."""
 
     def phase(self, name: str, total: int) -> Callable[[RequestRecord], None]:
         return self.task(name, total).callback()
@@ -143,7 +144,7 @@ def run_latency(recipe: Recipe, ep: Endpoint, tokenizer: Any, progress: _Progres
 def build_tasks(recipe: Recipe, tokenizer: Any, names: Sequence[str], golden_prompts: int,
                 log: Callable[[str], None]) -> tuple[list[acc_tasks.Task], dict[str, dict[str, Any]]]:
     """The accuracy tasks asked for; one that cannot be prepared is reported (not run), never silently skipped."""
-    from trtkv.data import quiz_items
+    from trtkv.core.texts import quiz_items
 
     tasks: list[acc_tasks.Task] = []
     failed: dict[str, dict[str, Any]] = {}
@@ -153,7 +154,7 @@ def build_tasks(recipe: Recipe, tokenizer: Any, names: Sequence[str], golden_pro
             if name == "quiz":
                 tasks.append(acc_tasks.quiz_task(tokenizer, quiz_items(), b.quiz_items))
             elif name == "golden":
-                from trtkv.model import resolve_model_dir
+                from trtkv.checkpoints.models import resolve_model_dir
 
                 prompts = latency_prompts(tokenizer, golden_prompts, b.input_tokens)
                 path = paths.recipe_output_dir(recipe.name) / "golden.json"
@@ -207,7 +208,7 @@ def _normalize(records: Sequence[RequestRecord], t0: int) -> None:
 
 def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     """The whole benchmark; results are written even when interrupted or when an SLO fails."""
-    from trtkv.stage import check_output, run_stage, tool_versions
+    from trtkv.contracts.stage import check_output, run_stage, tool_versions
 
     output = opts.output or paths.recipe_output_dir(recipe.name) / "bench"
     check_output(output, "bench", recipe.name)  # before measuring: a folder it may not replace is refused at once

@@ -10,7 +10,7 @@ from typing import Any
 
 from trtkv.bench.metrics import REQUEST_METRICS, SYSTEM_METRICS
 from trtkv.bench.stats import STATS
-from trtkv.errors import TrtkvError
+from trtkv.core.errors import TrtkvError
 from trtkv.recipe import SLO_PATTERN
 
 OPS: dict[str, Callable[[float, float], bool]] = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt}

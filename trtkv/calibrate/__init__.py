@@ -8,7 +8,7 @@ recipe -> engines/<recipe>/checkpoint/:
   kv_scales.json                      per layer k/v amax, TensorRT-LLM factor, vLLM k_scale/v_scale (byte-stable);
                                       kv_cache none: kv_cache_quant_algo null and no layers
   calibration_report.md               per-layer table, warnings, K/V statistics
-  manifest.json                       stage contract (trtkv.stage.run_stage)
+  manifest.json                       stage contract (trtkv.contracts.stage.run_stage)
 Heavy imports (torch, transformers, modelopt) happen inside the functions that need them. Modules: common (shared
 names), describe (the dry run), modelopt_export (quantize + export), report (kv_scales.json, warnings, the report),
 stage (the stage itself).
@@ -25,7 +25,7 @@ from trtkv.calibrate.describe import (
 from trtkv.calibrate.modelopt_export import build_quant_cfg
 from trtkv.calibrate.report import find_warnings, render_report, write_kv_scales
 from trtkv.calibrate.stage import calibrate, calibration_batches, default_loader
-from trtkv.layout import checkpoint_dir
+from trtkv.recipe.layout import checkpoint_dir
 
 __all__ = ["CHECKPOINT", "KV_ALGO", "KV_ENTRIES", "STAGE", "LayerScales", "ModelLoader", "build_quant_cfg", "calibrate",
            "calibration_batches", "checkpoint_dir", "default_loader", "describe_calibration", "export_targets",

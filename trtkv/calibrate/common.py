@@ -6,8 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trtkv import layout
-from trtkv.recipe import KVCacheQuant, Recipe
+from trtkv.recipe import KVCacheQuant, Recipe, layout
 
 STAGE = "calibrate"
 CHECKPOINT = layout.CHECKPOINT
@@ -35,7 +34,7 @@ ModelLoader = Callable[[Recipe], tuple[Any, Any]]
 
 @dataclass
 class LayerScales:
-    """One layer as calibration measured it: the kv_scales.json record (trtkv.artifacts.KVScaleLayer, written by
+    """One layer as calibration measured it: the kv_scales.json record (trtkv.contracts.artifacts.KVScaleLayer, written by
     trtkv.kvcache.scales from the amaxes) plus the per-channel |max| the report's warnings need."""
 
     layer: int

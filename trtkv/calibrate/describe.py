@@ -6,8 +6,8 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from trtkv.calibrate.common import FP8_BASE_MEANING, KV_ALGO, KV_ENTRIES
-from trtkv.layout import checkpoint_dir
 from trtkv.recipe import KVCacheQuant, ModelDtype, Recipe, WeightQuant
+from trtkv.recipe.layout import checkpoint_dir
 from trtkv.recipe.rules import kv_heads_split
 
 if TYPE_CHECKING:

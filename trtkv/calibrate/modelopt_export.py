@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from trtkv.calibrate.common import KV_ALGO, KV_ENTRIES, NO_KV_NOTE, LayerScales
 from trtkv.calibrate.describe import quantizes
-from trtkv.errors import StageError
+from trtkv.core.errors import StageError
 from trtkv.kvcache import scales as kv_scales
 from trtkv.recipe import KVCacheQuant, Recipe, WeightQuant
 
@@ -185,7 +185,7 @@ def export_trtllm(model: Any, out: Path, recipe: Recipe) -> list[str]:
 def write_rope(ckpt: Path, source: dict[str, Any]) -> None:
     """Write the model's RoPE where TensorRT-LLM 1.x and transformers 4.x read it (ModelOpt 0.47 under
     transformers 5 writes neither: rotary_base/rotary_scaling in config.json, rope_theta/rope_scaling in hf/)."""
-    from trtkv import rope
+    from trtkv.checkpoints import rope
 
     config_path = ckpt / "config.json"
     config_path.write_text(json.dumps(rope.complete_trtllm_config(json.loads(config_path.read_text()), source),

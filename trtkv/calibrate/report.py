@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 
 def write_kv_scales(path: Path, layers: list[LayerScales], recipe: Recipe, num_layers: int | None = None) -> None:
-    """kv_scales.json (trtkv.kvcache.scales; typed: trtkv.artifacts.KVScalesFile): byte-identical for the same seed and inputs.
+    """kv_scales.json (trtkv.kvcache.scales; typed: trtkv.contracts.artifacts.KVScalesFile): byte-identical for the same
+    seed and inputs.
 
     kv_cache none: {"kv_cache_quant_algo": null, "num_layers": N, "convention": ..., "layers": []}.
     """

@@ -1,5 +1,5 @@
 """The calibrate stage itself: resolve and load the model, build the calibration batches, quantize, export, write
-the scales and the report, validate, all into a temporary folder renamed into place (trtkv.stage.run_stage)."""
+the scales and the report, validate, all into a temporary folder renamed into place (trtkv.contracts.stage.run_stage)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtkv import layout
 from trtkv.calibrate.common import STAGE, ModelLoader
 from trtkv.calibrate.describe import supported_problems
 from trtkv.calibrate.modelopt_export import (
@@ -23,10 +22,10 @@ from trtkv.calibrate.modelopt_export import (
     write_rope,
 )
 from trtkv.calibrate.report import render_report, write_kv_scales
-from trtkv.errors import StageError
+from trtkv.core.errors import StageError
 from trtkv.kvcache import scales as kv_scales
-from trtkv.layout import checkpoint_dir
-from trtkv.recipe import Recipe
+from trtkv.recipe import Recipe, layout
+from trtkv.recipe.layout import checkpoint_dir
 
 if TYPE_CHECKING:
     import torch
@@ -38,8 +37,8 @@ if TYPE_CHECKING:
 
 def calibrate(recipe: Recipe, *, force: bool = False, loader: ModelLoader | None = None,
               log: Callable[[str], None] = print) -> Any:
-    """Run the calibrate stage (skipped when up to date); returns trtkv.stage.StageResult."""
-    from trtkv.stage import VERSIONED_TOOLS, run_stage
+    """Run the calibrate stage (skipped when up to date); returns trtkv.contracts.stage.StageResult."""
+    from trtkv.contracts.stage import VERSIONED_TOOLS, run_stage
 
     problems = supported_problems(recipe)
     if problems:
@@ -63,7 +62,7 @@ def calibrate(recipe: Recipe, *, force: bool = False, loader: ModelLoader | None
 
 
 def _dataset_files(recipe: Recipe) -> list[Path]:
-    from trtkv.data import resolve_files
+    from trtkv.core.texts import resolve_files
 
     return resolve_files(recipe.calibration.dataset)
 
@@ -77,7 +76,7 @@ def _files_hash(files: list[Path]) -> str:
 
 
 def _resolve_model(recipe: Recipe) -> Path:
-    from trtkv.model import resolve_model_dir
+    from trtkv.checkpoints.models import resolve_model_dir
 
     try:
         return resolve_model_dir(recipe)
@@ -136,8 +135,8 @@ def _calibrate_into(tmp: Path, recipe: Recipe, loader: ModelLoader, model_dir: P
     """The stage's work: load, sample, calibrate, export, write scales and report, validate."""
     import torch
 
-    from trtkv.checkpoint import validate_trtllm_checkpoint
-    from trtkv.hf_export import validate_hf_checkpoint
+    from trtkv.checkpoints.hf_export import validate_hf_checkpoint
+    from trtkv.checkpoints.trtllm_checkpoint import validate_trtllm_checkpoint
 
     start = time.time()
     torch.manual_seed(recipe.calibration.seed)
@@ -195,7 +194,7 @@ def _peak_rss_mib() -> float:
 def calibration_batches(tokenizer: Any, recipe: Recipe) -> list[torch.Tensor]:
     """num_samples x seq_len tokens of the recipe's calibration text (trtkv.kvcache.scales.calibration_batches: the
     batches `trtkv probe` builds for the same recipe too)."""
-    from trtkv.data import load_texts
+    from trtkv.core.texts import load_texts
 
     c = recipe.calibration
     return kv_scales.calibration_batches(tokenizer, load_texts(c.dataset), c.num_samples, c.seq_len, c.batch_size,

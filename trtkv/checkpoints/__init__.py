@@ -4,7 +4,9 @@
 what is not priced), `params` (parameters counted from the shapes, bytes as stored).
 """
 
-from trtkv.checkpoints.attention import (
+from trtkv.checkpoints.hf_config import ModelConfigError, ModelFacts, config_file, read_model_facts
+from trtkv.checkpoints.params import ParamCount, count_parameters, stored_weight_bytes
+from trtkv.recipe.attention import (
     ACCOUNTING_TEXT,
     Accounting,
     AttentionKind,
@@ -14,8 +16,6 @@ from trtkv.checkpoints.attention import (
     parse_layers,
     summary,
 )
-from trtkv.checkpoints.hf_config import ModelConfigError, ModelFacts, config_file, read_model_facts
-from trtkv.checkpoints.params import ParamCount, count_parameters, stored_weight_bytes
 
 __all__ = [
     "ACCOUNTING_TEXT", "Accounting", "AttentionKind", "KVShape", "LayerAttention", "ModelConfigError", "ModelFacts",

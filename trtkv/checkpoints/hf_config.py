@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtkv.checkpoints.attention import AttentionKind, LayerAttention
-from trtkv.errors import RecipeError
+from trtkv.core.errors import RecipeError
+from trtkv.recipe.attention import AttentionKind, LayerAttention
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024  # a config.json is a few KB; refuse anything that is not one
 # model_type -> what its non-attention layers are (refused: their state is not a KV cache the planner prices yet)

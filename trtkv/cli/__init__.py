@@ -8,7 +8,7 @@ import os
 import sys
 
 from trtkv.cli.registry import VERBS
-from trtkv.errors import TrtkvError
+from trtkv.core.errors import TrtkvError
 from trtkv.version import __version__
 
 EPILOG = """\

@@ -21,7 +21,7 @@ results written). URL: --url, else engines/<recipe>/serve/server.json, else the 
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from trtkv.interface import INTERFACES
+    from trtkv.contracts.interface import INTERFACES
     from trtkv.recipe import Protocol
 
     openai = Protocol.OPENAI.value
@@ -58,7 +58,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from trtkv.bench.runner import BenchOptions, run_bench
-    from trtkv.errors import TrtkvError
+    from trtkv.core.errors import TrtkvError
     from trtkv.recipe import BenchTask
 
     tasks = None

@@ -25,7 +25,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtkv import build
+    from trtkv.build import stage as build
 
     recipe = load(args)
     if args.dry_run:

@@ -21,11 +21,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from trtkv import paths
-    from trtkv.pipeline import run_chain
+    from trtkv.contracts.stage import in_place_output
+    from trtkv.core import paths
     from trtkv.recipe import load_recipe
-    from trtkv.report import write_compare
-    from trtkv.stage import in_place_output
+    from trtkv.report.chain import run_chain
+    from trtkv.report.summary import write_compare
 
     names = [n.strip() for n in args.recipes.split(",") if n.strip()]
     recipes = [load_recipe(n, args.overrides) for n in names]  # validate all before running any

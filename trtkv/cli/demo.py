@@ -16,9 +16,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtkv.pipeline import require_success, run_chain
     from trtkv.recipe import load_recipe
-    from trtkv.report import print_summary
+    from trtkv.report.chain import require_success, run_chain
+    from trtkv.report.summary import print_summary
 
     recipe = load_recipe(args.recipe, args.overrides)  # fail fast on a bad recipe, before any work
     result = run_chain(args.recipe, args.overrides)

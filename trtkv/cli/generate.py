@@ -30,7 +30,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtkv import generate
+    from trtkv.serving import generate
 
     recipe = load(args)
     if args.dry_run:

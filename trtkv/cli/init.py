@@ -24,7 +24,7 @@ DECODERS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen", "qwen3": "qwe
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from trtkv.hardware import GPU
+    from trtkv.platform.hardware import GPU
     from trtkv.recipe import Backend, KVCacheQuant
 
     p = subparser(sub, "init",
@@ -55,10 +55,10 @@ def run(args: argparse.Namespace) -> int:
 def write_recipe(name: str, model: Path, output: Path | None = None, gpu: str = "H100-80GB", count: int | None = None,
                  kv_cache: str | None = None, backend: str | None = None, force: bool = False) -> Path:
     """Read the config, size TP/PP with the planner, write the recipe atomically once it validates and plans."""
-    from trtkv import paths
     from trtkv.checkpoints import config_file, read_model_facts
-    from trtkv.errors import RecipeError
-    from trtkv.hardware import GPU, GPU_SPECS
+    from trtkv.core import paths
+    from trtkv.core.errors import RecipeError
+    from trtkv.platform.hardware import GPU, GPU_SPECS
     from trtkv.recipe.names import check_recipe_name
 
     out = (output or paths.recipes_dir() / f"{name}.yaml").expanduser()
@@ -98,7 +98,7 @@ def write_recipe(name: str, model: Path, output: Path | None = None, gpu: str = 
 
 def _check(name: str, text: str) -> tuple[bool, str]:
     """Load the text as the recipe `name` (every rule) and plan it: (recipe, one sequence fits, why not)."""
-    from trtkv.memory import plan
+    from trtkv.plan.planner import plan
     from trtkv.recipe import load_recipe
 
     with tempfile.TemporaryDirectory() as tmp:

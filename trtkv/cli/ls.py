@@ -15,7 +15,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import yaml
 
-    from trtkv import paths
+    from trtkv.core import paths
     from trtkv.recipe import list_recipes, recipe_name
 
     found = list_recipes()

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from trtkv.cli.common import add_recipe_args, load, subparser
 
 if TYPE_CHECKING:
-    from trtkv.memory import Plan
+    from trtkv.plan.planner import Plan
 
 GIB = 1024**3
 
@@ -26,7 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtkv.memory import plan
+    from trtkv.plan.planner import plan
 
     result = plan(load(args), args.probe_dir)
     print(result.to_json() if args.json else format_plan(result))

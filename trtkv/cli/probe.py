@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from trtkv.cli.common import add_recipe_args, load, subparser
-from trtkv.errors import TrtkvError
+from trtkv.core.errors import TrtkvError
 
 EXAMPLES = """\
   $ trtkv probe smollm2_fp8kv
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_summary(out: Path) -> None:
-    from trtkv.artifacts import ProbeDoc
+    from trtkv.contracts.artifacts import ProbeDoc
     from trtkv.probe.results import summary_lines
 
     doc = ProbeDoc.load(out)

@@ -15,7 +15,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtkv.report import print_summary, write_report
+    from trtkv.report.summary import print_summary, write_report
 
     recipe = load(args)
     out = write_report(recipe)

@@ -8,7 +8,7 @@ import shlex
 import sys
 
 from trtkv.cli.common import add_recipe_args, load, subparser
-from trtkv.errors import StageError
+from trtkv.core.errors import StageError
 
 EXAMPLES = """\
   $ trtkv serve smollm2_fp8kv                         # CPU: bundled tritonserver, returns once ready
@@ -43,7 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def attach_or_refuse(recipe, args: argparse.Namespace) -> bool:  # noqa: ANN001 - Recipe
     """The recipe's server runs without a supervisor: attach one when asked (--attach, or yes at the prompt), else
     refuse with the command. False when the server is not running unsupervised (start as usual)."""
-    from trtkv import serve, supervise
+    from trtkv.serving import serve, supervise
 
     info = serve.read_server(recipe)
     if info is None or not serve.running(info) or supervise.alive(recipe) is not None or args.no_supervise:
@@ -64,7 +64,7 @@ def attach_or_refuse(recipe, args: argparse.Namespace) -> bool:  # noqa: ANN001 
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtkv import serve, supervise
+    from trtkv.serving import serve, supervise
 
     recipe = load(args)
     if not args.dry_run and attach_or_refuse(recipe, args):
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if args.attach:
         sup = supervise.alive(recipe)
         raise StageError(f"--attach adds a supervisor to a running, unsupervised server; {recipe.name} has "
-                         + (f"one already (supervisor pid {sup['pid']})" if sup else "no running server")
+                         + (f"one already (supervisor pid {sup.pid})" if sup else "no running server")
                          + f". Next: `trtkv status {recipe.name}`, or `trtkv serve {recipe.name}` to start it.")
     info = serve.start(recipe, dry_run=args.dry_run, timeout_s=args.timeout, trtllm_serve=args.trtllm_serve)
     if info is not None and not args.no_supervise and not args.trtllm_serve:

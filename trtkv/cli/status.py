@@ -26,13 +26,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtkv import health, supervise
-    from trtkv.artifacts import ServerRecord
-    from trtkv.layout import serve_dir
+    from trtkv.contracts.artifacts import ServerRecord
+    from trtkv.recipe.layout import serve_dir
+    from trtkv.serving import health, supervise
 
     recipe = load(args)
     sup = supervise.alive(recipe)
-    if sup is not None and sup.get("state") == "restarting":  # the server is being replaced: say so, no probes
+    if sup is not None and sup.state == "restarting":  # the server is being replaced: say so, no probes
         result = health.Health("restarting", ServerRecord.load(serve_dir(recipe)))
     else:
         result = health.check(recipe, canaries=args.canaries or recipe.triton.instance_count)
@@ -42,8 +42,9 @@ def run(args: argparse.Namespace) -> int:
     unsupervised = server is not None and sup is None and bool(result.checks.get("alive"))
     if args.json:
         print(json.dumps({"state": result.state, "server": server.model_dump() if server else None,
-                          "checks": result.checks, "supervisor": sup, "supervised": sup is not None,
-                          "unsupervised": unsupervised, "lost_supervisor": lost, "events": events}, indent=2))
+                          "checks": result.checks, "supervisor": sup.model_dump() if sup else None,
+                          "supervised": sup is not None, "unsupervised": unsupervised,
+                          "lost_supervisor": lost.model_dump() if lost else None, "events": events}, indent=2))
         return result.exit_code
     if server is None:
         print(f"{recipe.name}: no server recorded (start one: `trtkv serve {recipe.name}`)")
@@ -55,13 +56,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"  canary {i}: {'ok' if probe['ok'] else 'FAILED'} in {probe['seconds']:.2f} s ({probe['detail']})")
     attach = shlex.join(["trtkv", "serve", args.recipe, *args.overrides, "--attach"])
     if sup is None and lost is not None:
-        print(f"  supervisor: unsupervised: its supervisor (pid {lost['pid']}) is gone (killed?), nothing restarts "
+        print(f"  supervisor: unsupervised: its supervisor (pid {lost.pid}) is gone (killed?), nothing restarts "
               f"this server. Next: `{attach}` (or `trtkv stop {recipe.name}`)")
     elif sup is None:
         print(f"  supervisor: none, unsupervised (nothing restarts this server; `{attach}` attaches one)")
     else:
-        print(f"  supervisor: pid {sup['pid']}, {sup['state']}, {sup['restarts']} restart(s) in the last "
-              f"{sup['window_s']:g} s (at most {sup['max_restarts']})")
+        print(f"  supervisor: pid {sup.pid}, {sup.state}, {sup.restarts} restart(s) in the last "
+              f"{sup.window_s:g} s (at most {sup.max_restarts})")
     for e in events:
         detail = ", ".join(f"{k}={v}" for k, v in e.items() if k not in ("time", "event"))
         print(f"  {e['time']} {e['event']}{': ' + detail if detail else ''}")

@@ -1,5 +1,5 @@
 """`trtkv stop`: stop the recipe's supervisor (or forget a killed one's record), then the server `trtkv serve` started:
-every process of its recorded session, whether or not its main process still runs (trtkv.sessions)."""
+every process of its recorded session, whether or not its main process still runs (trtkv.core.sessions)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtkv import serve, supervise
+    from trtkv.serving import serve, supervise
 
     recipe = load(args)
     supervise.stop(recipe, timeout_s=args.timeout)  # first, or it would restart the server it sees go away

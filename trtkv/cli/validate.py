@@ -16,7 +16,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtkv.errors import TrtkvError
+    from trtkv.core.errors import TrtkvError
     from trtkv.recipe import list_recipes, load_recipe
 
     targets = args.recipes or [str(p) for p in list_recipes()]

@@ -18,13 +18,13 @@ from typing import Any
 
 import yaml
 
-from trtkv import paths
-from trtkv.apikey import API_KEY_ENV, TRITON_KEY_HEADER, VLLM_KEY_ENV
+from trtkv.contracts.stage import OWNER, check_output, replace_folder
+from trtkv.core import paths
+from trtkv.core.apikey import API_KEY_ENV, TRITON_KEY_HEADER, VLLM_KEY_ENV
+from trtkv.core.errors import StageError
 from trtkv.deploy import check, dynamo, k8s, launch, slurm
 from trtkv.deploy.sizing import Sizing, size
-from trtkv.errors import StageError
 from trtkv.recipe import Recipe
-from trtkv.stage import OWNER, check_output, replace_folder
 
 
 class Target(str, Enum):

@@ -13,10 +13,10 @@ from typing import Any
 
 import yaml
 
+from trtkv.core.errors import StageError
 from trtkv.deploy.k8s import _volumes, k8s_name, labels
 from trtkv.deploy.launch import hf_dir, volume_folders
 from trtkv.deploy.sizing import Sizing
-from trtkv.errors import StageError
 from trtkv.recipe import Recipe
 
 DGD_API = "nvidia.com/v1beta1"

@@ -1,6 +1,6 @@
 """Kubernetes objects for a recipe: a Deployment when one replica fits on one node, else a LeaderWorkerSet (one pod
 per node, the leader runs the multi-node launch); a Service on the leader/serving pods; the models PVC and a loader
-pod to copy the artifacts onto it. Probes are the real one-token inference (trtkv.canary), not a port check."""
+pod to copy the artifacts onto it. Probes are the real one-token inference (trtkv.contracts.canary), not a port check."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from trtkv.apikey import API_KEY_ENV, VLLM_KEY_ENV
-from trtkv.canary import health_cmd
+from trtkv.contracts.canary import health_cmd
+from trtkv.core.apikey import API_KEY_ENV, VLLM_KEY_ENV
+from trtkv.core.errors import StageError
 from trtkv.deploy.launch import RAY_PORT, REQUIRE_KEY, SSH_DIR, SSH_PORT, SSH_WAIT_S, Launch, shell_join
 from trtkv.deploy.sizing import Sizing
-from trtkv.errors import StageError
 from trtkv.recipe import Recipe
 
 LWS_API = "leaderworkerset.x-k8s.io/v1"

@@ -1,6 +1,6 @@
 """What runs in the pods or Slurm tasks of a deployment, per backend: the image, the server command on one node, the
 multi-node launch (leader and workers), the ports, the health check (the same one-token canary as the container's
---health-cmd, trtkv.canary) and the folders the server reads.
+--health-cmd, trtkv.contracts.canary) and the folders the server reads.
 
 - tensorrt (engine path): tritonserver, one per rank under mpirun (the Triton TensorRT-LLM backend's own launch).
 - llmapi: on one node the Triton `llmapi` model (TP inside the LLM API, one tritonserver); across nodes
@@ -17,10 +17,14 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trtkv import paths
-from trtkv.apikey import API_KEY_ENV, TRITON_KEY_HEADER, VLLM_KEY_ENV
-from trtkv.canary import canary_script
-from trtkv.container import (
+from trtkv.contracts.canary import canary_script
+from trtkv.contracts.interface import for_layout
+from trtkv.core import paths
+from trtkv.core.apikey import API_KEY_ENV, TRITON_KEY_HEADER, VLLM_KEY_ENV
+from trtkv.deploy.sizing import Sizing
+from trtkv.recipe import Recipe
+from trtkv.recipe.layout import checkpoint_dir, engine_dir, repo_dir
+from trtkv.serving.container import (
     CONTAINER_BIND,
     CONTAINER_TRITONSERVER,
     container_image,
@@ -28,10 +32,6 @@ from trtkv.container import (
     rank_command,
     trtllm_serve_command,
 )
-from trtkv.deploy.sizing import Sizing
-from trtkv.interface import for_layout
-from trtkv.layout import checkpoint_dir, engine_dir, repo_dir
-from trtkv.recipe import Recipe
 
 SSH_PORT = 2222
 SSH_DIR = "/etc/trtkv-ssh"  # the Secret with id_ed25519 and authorized_keys

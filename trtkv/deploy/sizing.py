@@ -8,8 +8,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from trtkv.errors import StageError
-from trtkv.hardware import GPU
+from trtkv.core.errors import StageError
+from trtkv.platform.hardware import GPU
 from trtkv.recipe import Recipe
 
 
@@ -60,7 +60,7 @@ class Sizing:
 
 def size(recipe: Recipe, replicas: int | None = None, target_concurrency: int | None = None) -> Sizing:
     """The planner's figures for this recipe, and the replica count; StageError when the recipe cannot be sized."""
-    from trtkv.memory import plan
+    from trtkv.plan.planner import plan
 
     hw = recipe.hardware
     if hw.gpu is GPU.CPU:

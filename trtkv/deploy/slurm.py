@@ -12,11 +12,11 @@ import json
 import re
 import shlex
 
-from trtkv.apikey import API_KEY_ENV
+from trtkv.core.apikey import API_KEY_ENV
+from trtkv.core.errors import StageError
 from trtkv.deploy.k8s import ray_head, ray_worker
 from trtkv.deploy.launch import REQUIRE_KEY, Launch, enroot_image, slurm_rank_command
 from trtkv.deploy.sizing import Sizing
-from trtkv.errors import StageError
 from trtkv.recipe import Recipe
 
 RANK_SCRIPT = "rank.sh"

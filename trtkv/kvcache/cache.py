@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from trtkv.errors import TrtkvError
+from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.formats import KVFormat, boundary_layers
 from trtkv.kvcache.quant import AffineScale, FormatChoice, KVScale, LayerCodecs, layer_codecs, parse_format
 

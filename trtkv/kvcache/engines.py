@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from trtkv.errors import TrtkvError
+from trtkv.core.errors import TrtkvError
 
 TABLE_PATH = Path(__file__).resolve().parent.parent / "data" / "kv_formats.json"
 NUMERIC_FIELDS = ("element", "scale_granularity", "scale_dtype", "scale", "rounding", "zero_point", "rotation",

@@ -55,7 +55,7 @@ from functools import lru_cache
 
 import torch
 
-from trtkv.errors import TrtkvError
+from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.formats import (
     E2M1_MAX,
     FP8_MAX,

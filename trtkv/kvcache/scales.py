@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtkv.errors import StageError
+from trtkv.core.errors import StageError
 from trtkv.kvcache.formats import FP8_MAX, INT8_MAX, KVFormat
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ def layer_scales(k_amax: float, v_amax: float, algo: str) -> dict[str, float]:
 
 def kv_scales_document(algo: str | None, k_amax: list[float], v_amax: list[float], num_layers: int | None = None,
                        source: str | None = None) -> dict[str, Any]:
-    """The kv_scales.json document (typed: trtkv.artifacts.KVScalesFile): per layer k/v amax and both scale
+    """The kv_scales.json document (typed: trtkv.contracts.artifacts.KVScalesFile): per layer k/v amax and both scale
     conventions. Deterministic (no timestamps, fixed order). algo None (an unquantized KV cache): no layers."""
     layers = [] if algo is None else [
         {"layer": i, "k_amax": ka, "v_amax": va, **layer_scales(ka, va, algo)}
@@ -130,7 +130,7 @@ class KVScales:
 
 
 def load_kv_scales(path: Path, num_layers: int | None = None) -> KVScales:
-    """Read scales for the probe: calibrate's kv_scales.json (trtkv.artifacts.KVScalesFile is its typed model) or a
+    """Read scales for the probe: calibrate's kv_scales.json (trtkv.contracts.artifacts.KVScalesFile is its typed model) or a
     hand-made `--scales` file, so this reader is lenient: amaxes come from k_amax/v_amax, or are rebuilt from
     k_scale/v_scale."""
     try:
@@ -191,7 +191,7 @@ def calibrate_scales(model, tokenizer, texts: list[str] | None = None, num_sampl
                      seq_len: int = 256, batch_size: int = 4, seed: int = 1234) -> KVScales:
     """A short pass of `model` over calibration text: per-layer K/V |max| (and the K/V statistics)."""
     if texts is None:
-        from trtkv.data import CALIB_DEFAULT, load_texts
+        from trtkv.core.texts import CALIB_DEFAULT, load_texts
 
         texts = load_texts(CALIB_DEFAULT)
     from trtkv.kvcache.stats import collect_kv_stats

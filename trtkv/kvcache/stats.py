@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from trtkv.errors import TrtkvError
+from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.affine import AffineCalibration, AffineCollector
 
 OUTLIER_FACTOR = 4.0

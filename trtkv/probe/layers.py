@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from trtkv.errors import TrtkvError
+from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.cache import QuantizedKVCache
 from trtkv.kvcache.formats import KVFormat, kv_bytes_per_token
 from trtkv.kvcache.quant import FormatChoice, numerics_key, parse_format
@@ -259,7 +259,7 @@ def _needle_front(points: list[dict[str, Any]], lengths: list[int]) -> list[str]
 
 def _probe_needles(out: Path) -> dict[tuple[str, int], float]:
     """Needle accuracy per (format, length) from probe.json, for the other uniform formats."""
-    from trtkv.artifacts import ProbeDoc
+    from trtkv.contracts.artifacts import ProbeDoc
 
     try:
         probe = ProbeDoc.load(out)
@@ -272,7 +272,7 @@ def _probe_needles(out: Path) -> dict[tuple[str, int], float]:
 
 def _probe_points(out: Path, fmt: str, sweep: int, longest: int) -> list[dict[str, Any]]:
     """The probe's other uniform formats at the same two lengths (probe.json), for the front."""
-    from trtkv.artifacts import ProbeDoc
+    from trtkv.contracts.artifacts import ProbeDoc
 
     try:
         probe = ProbeDoc.load(out)

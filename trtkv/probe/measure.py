@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trtkv import layout
-from trtkv.artifacts import KVScalesFile
-from trtkv.errors import TrtkvError
+from trtkv.contracts.artifacts import KVScalesFile
+from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.cache import QuantizedKVCache
 from trtkv.kvcache.formats import KVFormat, kv_bytes_per_token
 from trtkv.kvcache.quant import KIVI_RESIDUAL, FormatChoice, parse_format
 from trtkv.kvcache.scales import KVScales, calibrate_scales, load_kv_scales
 from trtkv.probe.setup import LOGIT_CHUNK, REFERENCE, Loaded, ProbeSettings, semantics, write_json
+from trtkv.recipe import layout
 
 if TYPE_CHECKING:
     from trtkv.recipe import Recipe
@@ -38,7 +38,7 @@ def probe_scales(recipe: Recipe, loaded: Loaded, settings: ProbeSettings, out: P
     """
     import inspect
 
-    from trtkv.data import load_texts
+    from trtkv.core.texts import load_texts
     from trtkv.kvcache.affine import AffineCalibration, AffineCollector
     from trtkv.kvcache.stats import KVStats, LayerKVStats
 

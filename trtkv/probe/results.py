@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtkv import paths
+from trtkv.core import paths
 
 if TYPE_CHECKING:
     from trtkv.recipe import Recipe
@@ -25,8 +25,8 @@ def default_probe_dir(recipe: Recipe) -> Path:
 
 def _read(path: Path) -> dict | None:
     """A probe.json through its typed model (None when absent, unreadable or without records)."""
-    from trtkv.artifacts import ProbeDoc
-    from trtkv.errors import StageError
+    from trtkv.contracts.artifacts import ProbeDoc
+    from trtkv.core.errors import StageError
 
     try:
         doc = ProbeDoc.load(path.parent)
@@ -141,7 +141,7 @@ def probe_advice(recipe: Recipe, probe_dir: Path | None = None) -> tuple[list[st
 
 def write_outputs(out: Path, doc: dict, stats_markdown: str | None, curves: dict[str, list[float] | None]) -> None:
     """probe.json, probe.md, the PNG plots and the folder's manifest.json (its wall time reaches the report)."""
-    from trtkv.artifacts import Manifest, ProbeDoc
+    from trtkv.contracts.artifacts import Manifest, ProbeDoc
 
     doc = {**doc, "kl_by_position": {"window": 256, "curves": {k: v for k, v in curves.items() if v}}}
     from trtkv.probe.plots import write_plots

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from trtkv.hardware import GPU
+from trtkv.platform.hardware import GPU
 from trtkv.recipe import Backend, KVCacheQuant, Recipe
 
 # The recipe's quantization.kv_cache for each probe format an engine stores (fp8_scale1 is fp8 with no calibrated

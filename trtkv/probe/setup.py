@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trtkv.errors import StageError, TrtkvError
+from trtkv.core.errors import StageError, TrtkvError
 from trtkv.kvcache.quant import FormatChoice, parse_format
 
 if TYPE_CHECKING:
@@ -132,9 +132,9 @@ def load_model(recipe: Recipe, settings: ProbeSettings) -> Loaded:
     """The recipe's model in float32 (CUDA when present), its tokenizer and the eval text as token ids."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trtkv.data import EVAL_LONG_TEXT, eval_long_text
-    from trtkv.model import resolve_model_dir
-    from trtkv.paths import project_root
+    from trtkv.checkpoints.models import resolve_model_dir
+    from trtkv.core.paths import project_root
+    from trtkv.core.texts import EVAL_LONG_TEXT, eval_long_text
 
     torch.set_num_threads(settings.threads or auto_threads())
     model_dir = resolve_model_dir(recipe)

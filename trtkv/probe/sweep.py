@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from trtkv.core.progress import Progress
 from trtkv.kvcache.quant import FormatChoice, numerics_key, parse_format
 from trtkv.kvcache.scales import KVScales
 from trtkv.probe.measure import (
@@ -24,7 +25,6 @@ from trtkv.probe.measure import (
     scale_reuse_summary,
 )
 from trtkv.probe.setup import METHOD_VERSION, REFERENCE, Loaded, ProbeSettings, default_settings, load_model, write_json
-from trtkv.progress import Progress
 from trtkv.version import __version__ as trtkv_version
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ def _scales_key(scales: KVScales) -> str:
 
 
 class _Progress:
-    """The probe's work items on one progress bar (trtkv.progress), or nothing."""
+    """The probe's work items on one progress bar (trtkv.core.progress), or nothing."""
 
     def __init__(self, enabled: bool, total: int):
         self._progress = Progress(enabled, label="[bold]probe[/] {task.description}").__enter__()
@@ -62,8 +62,8 @@ class _Progress:
 def probe_output(recipe: Recipe, output: Path | None) -> Path:
     """The probe's folder, created: it writes its cache and results in place, so a user's --output must be new,
     empty or an earlier probe of this recipe."""
+    from trtkv.contracts.stage import in_place_output
     from trtkv.probe.results import default_probe_dir
-    from trtkv.stage import in_place_output
 
     return in_place_output(Path(output) if output is not None else None, default_probe_dir(recipe), "probe", recipe.name)
 

@@ -14,6 +14,7 @@ includes, overrides, error messages), `names` (the recipe-name rule), `plain_yam
 (cross-field rules), `reference` (the recipe table in docs/recipes.md).
 """
 
+from trtkv.recipe.backend_rules import BACKEND_RULES
 from trtkv.recipe.loader import (
     apply_overrides,
     dump_yaml,
@@ -28,7 +29,7 @@ from trtkv.recipe.loader import (
 from trtkv.recipe.names import RECIPE_NAME_RE, RECIPE_NAME_RULE, check_recipe_name, fold_recipe_name
 from trtkv.recipe.plain_yaml import MAX_ALIASES, MAX_DEPTH, MAX_FILE_BYTES
 from trtkv.recipe.reference import reference_markdown
-from trtkv.recipe.rules import BACKEND_RULES, cross_field_problems
+from trtkv.recipe.rules import cross_field_problems
 from trtkv.recipe.schema import (
     KV_CACHE_ALIASES,
     PACKAGED_MODELS,

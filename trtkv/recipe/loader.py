@@ -13,8 +13,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from trtkv import paths
-from trtkv.errors import RecipeError
+from trtkv.core import paths
+from trtkv.core.errors import RecipeError
 from trtkv.recipe.names import (
     RECIPE_NAME_RE,
     RECIPE_NAME_RULE,
@@ -96,6 +96,11 @@ def find_recipe(name_or_path: str) -> Path:
     if name_or_path in available:
         _refuse_collisions(available[name_or_path].resolve())
         return available[name_or_path]
+    if not available and not paths.recipes_dir().is_dir():
+        raise RecipeError([f"unknown recipe {name_or_path!r}: there is no recipes folder at {shown(paths.recipes_dir())} "
+                           f"(trtkv looks in TRTKV_HOME/recipes, else the checkout's recipes/, else ./recipes). Next: "
+                           f"set TRTKV_HOME to a trtkv checkout, `trtkv init NAME --model PATH` to write "
+                           f"./recipes/NAME.yaml, or pass the path of a .yaml file."], header="Recipe not found")
     hint = _did_you_mean(name_or_path, available)
     rule = "" if RECIPE_NAME_RE.fullmatch(name_or_path) else f" (a recipe name is {RECIPE_NAME_RULE})"
     raise RecipeError(

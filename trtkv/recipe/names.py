@@ -8,7 +8,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from trtkv.errors import RecipeError
+from trtkv.core.errors import RecipeError
 
 # Lower-case letters, digits, `_` and `-`; starts and ends with a letter or digit (a Kubernetes label value must);
 # at most 51 characters, so `trtkv-<name>-<suffix>` still fits a 63-character label once `_` folds to `-`.

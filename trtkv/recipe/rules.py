@@ -1,16 +1,11 @@
 """Cross-field rules: what no single field can say (tp x pp vs GPUs, lengths, FP8 hardware, ports, ...), plus each
-backend's own rules, registered in BACKEND_RULES by trtkv.backends."""
+backend's own rules (trtkv.recipe.backend_rules)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from trtkv.hardware import GPU, GPU_SPECS, gpus_with_arch, gpus_with_fp8
-from trtkv.recipe.schema import Backend, BenchTask, GemmPlugin, KVCacheQuant, Recipe, WeightQuant
-
-# Each backend's own rules, registered by its module in trtkv.backends (imported by trtkv/__init__): (field, message)
-# pairs, as cross_field_problems returns them.
-BACKEND_RULES: dict[Backend, Callable[[Recipe], list[tuple[str, str]]]] = {}
+from trtkv.platform.hardware import GPU, GPU_SPECS, gpus_with_arch, gpus_with_fp8
+from trtkv.recipe.backend_rules import BACKEND_RULES
+from trtkv.recipe.schema import BenchTask, GemmPlugin, KVCacheQuant, Recipe, WeightQuant
 
 
 def kv_heads_split(kv_heads: int, tp: int) -> bool:
@@ -75,11 +70,7 @@ def cross_field_problems(r: Recipe) -> list[tuple[str, str]]:
     out += _attention_layer_problems(r)
     if b.gemm_plugin is GemmPlugin.FP8 and q.weights is not WeightQuant.FP8:
         out.append(("build.gemm_plugin", "gemm_plugin fp8 needs quantization.weights: fp8"))
-    rules = BACKEND_RULES.get(b.backend)
-    if rules is None:  # trtkv/__init__ imports trtkv.backends, which registers every backend's rules
-        raise RuntimeError(f"no validation rules registered for backend {b.backend.value} (trtkv.backends not "
-                           f"imported?)")
-    out += rules(r)
+    out += BACKEND_RULES[b.backend](r)
     for length in r.bench.needle_context_lengths if BenchTask.NEEDLE in r.bench.tasks else []:
         if length > b.max_input_len:
             out.append(("bench.needle_context_lengths", f"{length} exceeds build.max_input_len {b.max_input_len}: "
@@ -116,7 +107,7 @@ def _context_fmha_problems(r: Recipe) -> list[tuple[str, str]]:
 
 def _attention_layer_problems(r: Recipe) -> list[tuple[str, str]]:
     """model.attention_layers against num_layers and the MLA fields; `sliding_window` skips need sliding layers."""
-    from trtkv.checkpoints.attention import AttentionKind, parse_layers
+    from trtkv.recipe.attention import AttentionKind, parse_layers
 
     m, out = r.model, []
     layers = parse_layers(m.attention_layers) if m.attention_layers else ()

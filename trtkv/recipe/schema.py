@@ -12,9 +12,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
-from trtkv import paths, versions
-from trtkv.hardware import GPU
+from trtkv.core import paths
 from trtkv.kvcache.formats import KVFormat
+from trtkv.platform import versions
+from trtkv.platform.hardware import GPU
 from trtkv.recipe.names import is_ip_or_host_name
 
 # ---------------------------------------------------------------------------------------------
@@ -93,7 +94,8 @@ class Protocol(str, Enum):
     OPENAI = "openai"  # streaming /v1/completions (or chat) of an OpenAI-compatible server
 
 
-PACKAGED_MODELS = ("smollm2", "gemma3")  # trtkv.model.PACKAGED: the models that ship as Python packages (a test keeps both equal)
+# trtkv.checkpoints.models.PACKAGED: the models that ship as Python packages (a test keeps both equal)
+PACKAGED_MODELS = ("smollm2", "gemma3")
 SLO_PATTERN = re.compile(r"^(?P<metric>[a-z_]+)\.(?P<stat>[a-z0-9_]+)\s*(?P<op><=|>=|<|>)\s*(?P<value>-?[0-9.]+(e-?[0-9]+)?)$")
 
 # ---------------------------------------------------------------------------------------------
@@ -137,7 +139,7 @@ class ModelConfig(_Section):
     @classmethod
     def _layer_labels(cls, value: list[str] | None) -> list[str] | None:
         if value is not None:
-            from trtkv.checkpoints.attention import parse_layers
+            from trtkv.recipe.attention import parse_layers
 
             parse_layers(value)  # ValueError naming the entry
         return value

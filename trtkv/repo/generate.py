@@ -3,25 +3,26 @@
 Models: preprocessing (tokenizer), tensorrt_llm (per build backend: `tensorrtllm` engine, LLM-API Python model, or
 trtkv's reference runtime), postprocessing (detokenizer) and ensemble. Every value comes from the recipe; the files
 come from trtkv/repo/templates/. The repository is written to a temporary folder, validated with Triton's own
-protobuf schema (trtkv.repo.validate), and only then renamed into place (trtkv.stage.run_stage).
+protobuf schema (trtkv.repo.validate), and only then renamed into place (trtkv.contracts.stage.run_stage).
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from string import Template
 from typing import Any
 
-from trtkv import layout, model
 from trtkv.backends import for_recipe
-from trtkv.errors import StageError
-from trtkv.recipe import Recipe
+from trtkv.checkpoints import models as model
+from trtkv.contracts.stage import StageResult, manifest_hash, run_stage
+from trtkv.core.errors import StageError
+from trtkv.recipe import Recipe, layout
 from trtkv.repo.plan import RepoPlan
 from trtkv.repo.validate import check_model_yaml, validate_repo
-from trtkv.stage import StageResult, manifest_hash, run_stage
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 SECTIONS = ("model", "quantization", "build", "hardware", "triton")
@@ -191,6 +192,30 @@ def templates_digest() -> str:
     return digest.hexdigest()
 
 
+TRTKV_MODULE = re.compile(r"\btrtkv(?:\.[a-z_][a-z0-9_]*)+")
+
+
+def named_modules(plan: RepoPlan) -> dict[str, str]:
+    """Every trtkv module the repository names (in its templates, or as the `llm_module` parameter), with the file it
+    resolves to now: a module that moves, or is gone, changes the repo stage's key, so a repository written before
+    the move is rebuilt instead of reported up to date and broken."""
+    import importlib.util
+
+    text = "\n".join(p.read_text(errors="replace") for p in sorted(TEMPLATES.rglob("*"))
+                     if p.is_file() and p.suffix in (".py", ".pbtxt"))
+    names = set(TRTKV_MODULE.findall(text + "\n" + template_values(plan)["llm_module"]))
+    out: dict[str, str] = {}
+    for name in sorted(names):
+        try:
+            spec = importlib.util.find_spec(name)
+        except ModuleNotFoundError:  # a parent package that does not exist
+            spec = None
+        origin = Path(spec.origin) if spec and spec.origin else None
+        out[name] = str(origin.relative_to(TEMPLATES.parents[1])) if origin and origin.is_relative_to(
+            TEMPLATES.parents[1]) else ("missing" if origin is None else str(origin))
+    return out
+
+
 def write_models(plan: RepoPlan, target: Path) -> list[str]:
     """Render every model folder into `target`; returns the model names."""
     values = template_values(plan)
@@ -248,6 +273,6 @@ def generate_repo(recipe: Recipe, *, force: bool = False, log: Callable[[str], N
         log(f"repo: warning: {warning}")
     engine_hash = manifest_hash(plan.engine_dir)
     key = {"templates": templates_digest(), "tokenizer": str(plan.tokenizer_source or plan.tokenizer_ref),
-           "engine_manifest": engine_hash}
+           "engine_manifest": engine_hash, "trtkv_modules": named_modules(plan)}
     return run_stage("repo", recipe, plan.output, lambda tmp: generate_into(plan, tmp), sections=SECTIONS,
                      input_hash=engine_hash, force=force, extra_key=key, log=log)

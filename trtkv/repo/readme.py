@@ -5,10 +5,11 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from trtkv import container, serve, versions
 from trtkv.backends import for_recipe, llmapi
-from trtkv.errors import StageError
-from trtkv.tools import quote
+from trtkv.core.errors import StageError
+from trtkv.core.tools import quote
+from trtkv.platform import versions
+from trtkv.serving import container, serve
 
 if TYPE_CHECKING:
     from trtkv.repo.plan import RepoPlan

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtkv.errors import StageError
+from trtkv.core.errors import StageError
 
 PLACEHOLDER = re.compile(r"\$\{[^}]*\}?")
 

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtkv.errors import StageError
-from trtkv.layout import KV_ALGO
+from trtkv.core.errors import StageError
+from trtkv.recipe.layout import KV_ALGO
 
 if TYPE_CHECKING:
     import torch
@@ -192,7 +192,7 @@ def llama_config(trt_cfg: dict[str, Any], hf_cfg: dict[str, Any] | None, where: 
     """
     from transformers import LlamaConfig
 
-    from trtkv import rope
+    from trtkv.checkpoints import rope
 
     arch = checkpoint_architecture(trt_cfg, where)
     positions = arch["max_position_embeddings"] or (hf_cfg or {}).get("max_position_embeddings") or 4096

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtkv.errors import StageError
+from trtkv.core.errors import StageError
 
 if TYPE_CHECKING:
     pass

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trtkv.errors import TrtkvError
+from trtkv.core.errors import TrtkvError
 
 
 class RequestError(TrtkvError, ValueError):

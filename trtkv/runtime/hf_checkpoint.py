@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtkv.errors import StageError
+from trtkv.core.errors import StageError
 
 if TYPE_CHECKING:
     import torch

@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import time
 
-    from trtkv.data import quiz_items
+    from trtkv.core.texts import quiz_items
 
     parser = argparse.ArgumentParser(prog="python -m trtkv.runtime", description=main.__doc__)
     parser.add_argument("engine_dir", type=Path)

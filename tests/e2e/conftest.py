@@ -1,0 +1,59 @@
+"""Fixtures for the end-to-end tests: the trivial model served by the bundled tritonserver (one per module)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trtkv.core import paths
+
+TRIVIAL_REPO = paths.project_root() / "benchmarks" / "trivial_repo"
+
+
+class _TrivialServers:
+    """One trivial server per module, checked before every test that uses it: alive and answering readiness, else
+    stopped (by its pid) and started again on fresh ports, so a test never meets a dead or refusing server."""
+
+    def __init__(self, work: Path) -> None:
+        self.work, self.server, self.starts = work, None, 0
+
+    def ready(self):  # noqa: ANN201 - a benchmarks.localserver.LocalServer
+        from benchmarks import localserver
+        from trtkv.core.process import wait_http_ready
+
+        server = self.server
+        if server is not None and server.proc.poll() is None and wait_http_ready(
+                f"http://{server.http_url}/v2/health/ready", lambda: server.proc.poll() is None, 10.0) is not None:
+            return server
+        if server is not None:
+            server.stop()
+        self.starts += 1
+        self.server = localserver.start(TRIVIAL_REPO, self.work / f"start{self.starts}")
+        return self.server
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+
+@pytest.fixture(scope="module")
+def _trivial_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_TrivialServers]:
+    servers = _TrivialServers(tmp_path_factory.mktemp("trivial-server"))
+    try:
+        yield servers
+    finally:
+        servers.stop()
+
+
+@pytest.fixture()
+def trivial_server(_trivial_servers: _TrivialServers):  # noqa: ANN201
+    """tritonserver on benchmarks/trivial_repo on free 127.0.0.1 ports, alive and ready when the test starts."""
+    return _trivial_servers.ready()
+
+
+def read_results(folder: Path) -> dict:
+    import json
+
+    return json.loads((folder / "results.json").read_text())

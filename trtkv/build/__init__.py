@@ -1,0 +1,1 @@
+"""`trtkv build`: the build stage (trtkv.build.stage); what a backend builds is the backend's."""

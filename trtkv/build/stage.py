@@ -1,0 +1,54 @@
+"""The build stage: a TensorRT-LLM checkpoint in, `engines/<recipe>/engine/` out.
+
+One stage contract (manifest, atomic output, up-to-date skip) for every backend; what the build does is the backend's
+(trtkv.backends): `tensorrt` runs `trtllm-build` after a preflight, `pytorch` writes the LLM API options and the
+`trtllm-serve` command, `reference` writes `runtime.json` for trtkv's CPU runtime and checks that it decodes.
+
+The KV cache precision is never a `trtllm-build` flag: it is the checkpoint's `quantization.kv_cache_quant_algo`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from trtkv.backends import for_recipe
+from trtkv.contracts.stage import VERSIONED_TOOLS, StageResult, run_stage
+from trtkv.recipe import Recipe
+from trtkv.recipe.layout import checkpoint_dir, engine_dir
+
+STAGE = "build"
+
+
+def _describe_calibration(recipe: Recipe) -> list[str]:
+    """The calibrate stage's own dry-run lines (the dry run of `make engine` covers both stages)."""
+    from trtkv.calibrate import describe_calibration  # light at import time: ModelOpt and torch load lazily
+
+    return list(describe_calibration(recipe))
+
+
+def dry_run_lines(recipe: Recipe) -> list[str]:
+    """Every command `make engine` would run for this recipe (calibrate, then build); nothing is touched."""
+    ckpt, out = checkpoint_dir(recipe), engine_dir(recipe)
+    backend = for_recipe(recipe)
+    lines = [f"# dry run of `make engine RECIPE={recipe.name}` (trtkv calibrate + trtkv build): nothing is written",
+             f"[calibrate] -> {ckpt}/", f"  $ trtkv calibrate {recipe.name}"]
+    lines += ["  " + line for line in _describe_calibration(recipe)]
+    lines += [f"[build] backend {recipe.build.backend.value} -> {out}/", f"  $ trtkv build {recipe.name}",
+              "  " + backend.kv_source_line(recipe)]
+    return lines + backend.dry_run_lines(recipe, ckpt, out)
+
+
+def build(recipe: Recipe, *, force: bool = False, log: Callable[[str], None] = print) -> StageResult:
+    """Run the build stage for the recipe's backend (skipped when up to date)."""
+    backend = for_recipe(recipe)
+    out = engine_dir(recipe)
+    ckpt, info = backend.prepare(recipe)
+    log(f"build {recipe.name}: backend {recipe.build.backend.value}; {backend.kv_source_line(recipe)}")
+
+    def work(tmp: Any) -> dict[str, Any]:
+        extra = backend.build(recipe, ckpt, tmp, out, info, log)
+        return {**extra, "preflight": {k: v for k, v in info.items() if k != "place"}}
+
+    return run_stage(STAGE, recipe, out, work, sections=backend.build_sections, input_dir=ckpt, force=force, log=log,
+                     versioned_tools=VERSIONED_TOOLS)

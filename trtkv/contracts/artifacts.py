@@ -1,0 +1,179 @@
+"""One typed model per file a stage writes, with where it lives, `load` and `save`; every reader goes through these.
+
+    ServerRecord   engines/<recipe>/serve/server.json        trtkv serve (pid, ports, command, log, container)
+    Manifest       <stage folder>/manifest.json             every stage (calibrate, build, repo, bench, serve, probe)
+    KVScalesFile   engines/<recipe>/checkpoint/kv_scales.json trtkv calibrate (trtkv.kvcache.scales writes it)
+    BenchResults   engines/<recipe>/bench/results.json      trtkv bench
+    ProbeDoc       engines/<recipe>/probe/probe.json        trtkv probe
+
+The big documents (results, probe) type the fields their readers use and keep the rest as written (extra="allow"),
+so a reader never rebuilds a path or parses a file by hand. Light: pydantic and json only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from trtkv.core.errors import StageError
+
+T = TypeVar("T", bound="Artifact")
+
+
+class Artifact(BaseModel):
+    """A JSON file in a stage folder: `path(folder)`, `load(folder)` (None when absent), `save(folder)` (atomic)."""
+
+    model_config = ConfigDict(extra="allow")
+    FILE: ClassVar[str]
+    WRITTEN_BY: ClassVar[str]
+
+    @classmethod
+    def path(cls, folder: Path) -> Path:
+        return Path(folder) / cls.FILE
+
+    @classmethod
+    def load(cls: type[T], folder: Path) -> T | None:
+        path = cls.path(folder)
+        if not path.is_file():
+            return None
+        try:
+            return cls.model_validate(json.loads(path.read_text()))
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(part) for part in err["loc"]) or "(top level)"
+            more = f" and {exc.error_count() - 1} more" if exc.error_count() > 1 else ""
+            raise StageError(f"{path} is not a valid {cls.FILE}: {where}: {err['msg']}{more}. Next: rerun "
+                             f"{cls.WRITTEN_BY}.") from exc
+        except (OSError, json.JSONDecodeError) as exc:
+            raise StageError(f"{path} is not readable JSON ({exc}). Next: rerun {cls.WRITTEN_BY}.") from exc
+
+    def save(self, folder: Path) -> Path:
+        path = self.path(folder)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(self.model_dump(), indent=2, default=str) + "\n")
+        tmp.replace(path)
+        return path
+
+
+class ServerRecord(Artifact):
+    """What `trtkv serve` records about the server it started (engines/<recipe>/serve/server.json)."""
+
+    model_config = ConfigDict(extra="forbid")
+    FILE = "server.json"
+    WRITTEN_BY = "`trtkv serve` after stopping the recorded server by hand and deleting the file"
+
+    pid: int
+    host: str
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    command: list[str]
+    log: str
+    model_repository: str
+    started_at: str
+    recipe: str = ""
+    backend: str = ""
+    ready_seconds: float | None = None
+    container: str | None = None  # docker container name (GPU path through docker), stopped and removed by `stop`
+    cidfile: str | None = None  # `docker run --cidfile`: the container id, which `stop` stops (not just the client)
+    session_id: int | None = None  # the server's process session (trtkv.core.sessions): `stop` ends all of it
+    session_start: int | None = None  # the session leader's start time (/proc/PID/stat field 22), against pid reuse
+    session_marker: str | None = None  # TRTKV_SERVER_SESSION in its environment, for children that call setsid
+    extra: dict[str, Any] = {}
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.host}:{self.http_port}"
+
+    @property
+    def client_host(self) -> str:
+        """Where a client on this machine connects (a wildcard bind answers on loopback)."""
+        return self.host if self.host not in ("0.0.0.0", "") else "127.0.0.1"
+
+
+class SupervisorRecord(Artifact):
+    """What the supervisor of `trtkv serve` records about itself (engines/<recipe>/serve/supervisor.json); rewritten on
+    every state change, read by `trtkv status` and `trtkv stop`."""
+
+    FILE = "supervisor.json"
+    WRITTEN_BY = "`trtkv stop RECIPE` then `trtkv serve RECIPE` (the supervisor rewrites it)"
+
+    pid: int
+    command: list[str] = []
+    start_time: int | None = None  # /proc/PID/stat field 22, against pid reuse (absent in records of old versions)
+    state: str = "unknown"
+    interval_s: float = 0.0
+    failures: int = 0
+    max_restarts: int = 0
+    window_s: float = 0.0
+    restarts: int = 0
+    updated_at: str = ""
+
+
+class Manifest(Artifact):
+    """A stage folder's manifest.json: the recipe, the input, the key that says "up to date", the wall time."""
+
+    FILE = "manifest.json"
+    WRITTEN_BY = "the stage that writes this folder (`trtkv <stage> RECIPE --force`)"
+
+    stage: str
+    recipe: str | None = None
+    wall_seconds: float | None = None
+    key: dict[str, Any] | None = None
+
+
+class KVScaleLayer(BaseModel):
+    layer: int
+    k_amax: float
+    v_amax: float
+    kv_cache_scaling_factor: float
+    k_scale: float
+    v_scale: float
+
+
+class KVScalesFile(Artifact):
+    """kv_scales.json (written by `trtkv calibrate`): per layer K/V amax and both scale conventions (trtkv.kvcache.scales)."""
+
+    FILE = "kv_scales.json"
+    WRITTEN_BY = "`trtkv calibrate`"
+
+    kv_cache_quant_algo: str | None
+    num_layers: int
+    convention: str
+    layers: list[KVScaleLayer]
+
+
+class BenchResults(Artifact):
+    """results.json of `trtkv bench` (GenAI-Perf metric names per level; the rest as written)."""
+
+    FILE = "results.json"
+    WRITTEN_BY = "`trtkv bench`"
+
+    levels: dict[str, Any] = {}
+    slo: dict[str, Any] | None = None
+    wall_seconds: float | None = None
+    partial: bool = False
+
+
+class ProbeScales(BaseModel):
+    model_config = ConfigDict(extra="allow")  # older probe.json files hold k_amax/v_amax lists here
+
+    source: str
+    layers: list[dict[str, Any]] = []
+
+
+class ProbeDoc(Artifact):
+    """probe.json of `trtkv probe` (records per format and length; the rest as written)."""
+
+    FILE = "probe.json"
+    WRITTEN_BY = "`trtkv probe`"
+
+    recipe: str
+    seconds: float | None = None
+    records: list[dict[str, Any]] = []
+    scales: ProbeScales | None = None

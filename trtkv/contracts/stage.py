@@ -1,0 +1,269 @@
+"""The stage contract: manifest, up-to-date skip, atomic output.
+
+Every stage writes into a temporary sibling folder and renames it into place only when it succeeded, so an
+interrupted or failed stage never leaves a folder that looks complete (a folder left by a killed run, named with a
+pid that is no longer alive, is removed the next time the stage runs). The folder's `manifest.json` records the
+resolved recipe, its hash, the input folder's manifest hash, tool versions and wall time; a stage whose manifest
+matches its inputs is skipped ("up to date") unless forced.
+
+Tool versions are part of the up-to-date key only where they change the output: calibrate (ModelOpt's export,
+transformers' modelling, torch numerics) and build (TensorRT-LLM's engine format) pass `versioned_tools`. The
+repo, serve and bench stages produce text that does not depend on them, so a tool upgrade does not redo them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trtkv.core.errors import StageError
+from trtkv.core.process import pid_alive
+from trtkv.version import __version__
+
+if TYPE_CHECKING:  # the stage contract is foundation: it reads a recipe's name, path and hashes, never its schema
+    from trtkv.recipe import Recipe
+
+MANIFEST = "manifest.json"
+TOOLS = ("nvidia-modelopt", "tensorrt_llm", "transformers", "torch", "tritonclient", "nvidia-pytriton")
+# The tools whose versions change what calibrate and build write (their up-to-date key includes them).
+VERSIONED_TOOLS = ("nvidia-modelopt", "transformers", "torch", "tensorrt_llm")
+LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)$")
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def tool_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"trtkv": __version__}
+    for dist in TOOLS:
+        out[dist] = _version(dist)
+    return out
+
+
+def remove_leftovers(output: Path, log: Callable[[str], None] = print) -> list[Path]:
+    """Remove `.<name>.tmp-<pid>` / `.<name>.old-<pid>` siblings of `output` whose pid is not alive."""
+    removed: list[Path] = []
+    if not output.parent.is_dir():
+        return removed
+    for sibling in output.parent.iterdir():
+        match = LEFTOVER.match(sibling.name)
+        if not match or match.group("name") != output.name or not sibling.is_dir():
+            continue
+        pid = int(match.group("pid"))
+        if pid == os.getpid() or pid_alive(pid):
+            continue
+        shutil.rmtree(sibling, ignore_errors=True)
+        removed.append(sibling)
+        log(f"removed {sibling} (left by an interrupted run, pid {pid} is gone)")
+    return removed
+
+
+OWNER = ".trtkv-owner"  # {"stage", "recipe"} in folders that have no manifest.json of a stage (deploy, probe, compare)
+
+
+def _owner(folder: Path) -> tuple[str | None, str | None] | None:
+    """(stage, recipe) that trtkv recorded in `folder` (manifest.json or the owner file); None when it holds neither."""
+    for name in (MANIFEST, OWNER):
+        path = folder / name
+        if not path.is_file() or path.is_symlink():
+            continue
+        try:
+            with path.open("rb") as fh:
+                data = json.loads(fh.read(1 << 20) or b"null")
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("stage"), str):
+            recipe = data.get("recipe")
+            return data["stage"], recipe if isinstance(recipe, str) else None
+    return None
+
+
+def check_inside(output: Path, stage: str) -> Path:
+    """`output` made absolute; refuses a folder that is not strictly inside its parent (`.`, `..`, `/`, a symlink)."""
+    absolute = Path(os.path.abspath(output))
+    if output.name in ("", ".", "..") or absolute == absolute.parent or absolute.is_symlink() \
+            or absolute.resolve().parent != absolute.parent.resolve():
+        raise StageError(f"{stage}: refusing to replace {output}: a stage output must be a folder strictly inside "
+                         f"its parent (not `.`, `..`, `/` or a symbolic link). Nothing was changed. "
+                         f"Next: name a new folder, e.g. {absolute.parent / (stage + '-out')}.")
+    return absolute
+
+
+def check_output(output: Path, stage: str, recipe: str, option: str = "--output") -> Path:
+    """Refuse an output folder trtkv would replace but did not write: it must be absent, empty, or hold a manifest
+    (or owner file) of the same stage and recipe. Returns the absolute path."""
+    absolute = check_inside(output, stage)
+    if not absolute.exists():
+        return absolute
+    if not absolute.is_dir():
+        raise StageError(f"{stage}: {option} {output} is a file, not a folder. Nothing was changed. "
+                         f"Next: name a new or empty folder.")
+    if not any(absolute.iterdir()):
+        return absolute
+    owner = _owner(absolute)
+    if owner == (stage, recipe):
+        return absolute
+    seen = (f"it holds trtkv's `{owner[0]}` output of recipe {owner[1]!r}" if owner
+            else "it holds files trtkv did not write (no manifest.json)")
+    raise StageError(f"{stage}: {option} {output}: {seen}, so trtkv will not replace it (it replaces only its own "
+                     f"`{stage}` output of recipe {recipe!r}). Nothing was changed. Next: name a new or empty folder, "
+                     f"or move that one aside yourself.")
+
+
+def claim_output(output: Path, stage: str, recipe: str, option: str = "--output") -> Path:
+    """check_output, then create the folder and record trtkv as its owner (for stages that write in place)."""
+    absolute = check_output(output, stage, recipe, option)
+    absolute.mkdir(parents=True, exist_ok=True)
+    if _owner(absolute) is None:
+        (absolute / OWNER).write_text(json.dumps({"stage": stage, "recipe": recipe}) + "\n")
+    return absolute
+
+
+def in_place_output(given: Path | None, default: Path, stage: str, recipe: str) -> Path:
+    """The folder of a stage that writes in place (probe, compare): a user's --output goes through claim_output;
+    trtkv's own default folder (under engines/) is created as it is."""
+    if given is not None:
+        return claim_output(given, stage, recipe)
+    default.mkdir(parents=True, exist_ok=True)
+    return default
+
+
+def manifest_hash(folder: Path) -> str | None:
+    path = folder / MANIFEST
+    if not path.is_file():
+        return None
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def read_manifest(folder: Path) -> dict[str, Any] | None:
+    """The folder's manifest (trtkv.contracts.artifacts.Manifest) as written; None when absent or not a valid manifest (the
+    stage then counts as not run)."""
+    from trtkv.contracts.artifacts import Manifest
+
+    try:
+        manifest = Manifest.load(folder)
+    except StageError:
+        return None
+    return manifest.model_dump() if manifest is not None else None
+
+
+@dataclass
+class StageResult:
+    stage: str
+    output: Path
+    skipped: bool
+    seconds: float
+    manifest: dict[str, Any]
+
+
+def require_input(folder: Path, stage: str, produced_by: str, recipe: Recipe) -> str:
+    """The input stage's manifest hash; a clear error when that stage has not run."""
+    digest = manifest_hash(folder)
+    if digest is None:
+        raise StageError(f"{stage}: {folder} is missing or incomplete (no {MANIFEST}). "
+                         f"Next: run `trtkv {produced_by} {recipe.name}` (or `make {produced_by} RECIPE={recipe.name}`).")
+    return digest
+
+
+def run_stage(
+    stage: str,
+    recipe: Recipe,
+    output: Path,
+    work: Callable[[Path], dict[str, Any] | None],
+    *,
+    sections: tuple[str, ...] = (),
+    input_dir: Path | None = None,
+    input_hash: str | None = None,
+    force: bool = False,
+    extra_key: dict[str, Any] | None = None,
+    versioned_tools: tuple[str, ...] = (),
+    log: Callable[[str], None] = print,
+) -> StageResult:
+    """Run `work(tmp_dir)` unless `output` is up to date; `work` returns extra manifest fields.
+
+    `versioned_tools`: distributions whose installed versions join the up-to-date key (an upgrade redoes the stage).
+    """
+    output = check_output(output, stage, recipe.name, "output folder")
+    remove_leftovers(output, log)
+    recipe_hash = recipe.section_hash(*sections)
+    if input_dir is not None and input_hash is None:
+        input_hash = manifest_hash(input_dir)
+    key: dict[str, Any] = {"stage": stage, "recipe_hash": recipe_hash, "input_manifest_hash": input_hash,
+                           "extra": extra_key or {}}
+    if versioned_tools:
+        versions = tool_versions()
+        key["tool_versions"] = {name: versions.get(name, _version(name)) for name in versioned_tools}
+    existing = read_manifest(output)
+    if existing and not force and existing.get("key") == key:
+        log(f"{stage}: {output} is up to date (use --force to redo)")
+        return StageResult(stage, output, True, 0.0, existing)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.parent / f".{output.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    start = time.time()
+    try:
+        extra = work(tmp) or {}
+        seconds = time.time() - start
+        manifest = {
+            "stage": stage,
+            "recipe": recipe.name,
+            "recipe_path": str(recipe.path) if recipe.path else None,
+            "key": key,
+            "recipe_hash": recipe_hash,
+            "input_dir": str(input_dir) if input_dir else None,
+            "input_manifest_hash": input_hash,
+            "resolved_recipe": recipe.resolved(),
+            "tool_versions": tool_versions(),
+            "wall_seconds": round(seconds, 3),
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            **extra,
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=False, default=str) + "\n")
+        replace_folder(tmp, output, stage)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log(f"{stage}: wrote {output} in {seconds:.1f} s")
+    return StageResult(stage, output, False, seconds, manifest)
+
+
+def _umask() -> int:
+    """The process umask, read without changing it (os.umask sets it, a race with other threads)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
+def replace_folder(tmp: Path, output: Path, stage: str) -> None:
+    """Swap `tmp` into `output` (strictly inside its parent): the old folder is moved aside first and removed after;
+    the new folder keeps the old one's mode (a new one gets the umask's)."""
+    output = check_inside(output, stage)
+    old = output.parent / f".{output.name}.old-{os.getpid()}"
+    mode = (output.stat().st_mode & 0o7777) if output.is_dir() else (0o777 & ~_umask())
+    os.chmod(tmp, mode)
+    if output.exists():
+        output.rename(old)
+    try:
+        tmp.rename(output)
+    except OSError:
+        if old.exists() and not output.exists():
+            old.rename(output)
+        raise
+    shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,63 @@
+"""Where trtkv finds recipes and writes outputs (all relative to the project root)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # trtkv/
+
+
+def project_root() -> Path:
+    """Where recipes/, calibration_data/ and the stage outputs live: TRTKV_HOME; else the checkout trtkv runs from (the
+    folder above the package, when it holds recipes/); else, for an installed wheel (site-packages has no recipes/),
+    the current directory: a user's own project folder."""
+    env = os.environ.get("TRTKV_HOME")
+    if env:
+        return Path(env).resolve()
+    if (PACKAGE_DIR.parent / "recipes").is_dir():
+        return PACKAGE_DIR.parent
+    return Path.cwd().resolve()
+
+
+def recipes_dir() -> Path:
+    return project_root() / "recipes"
+
+
+def calibration_data_dir() -> Path:
+    return project_root() / "calibration_data"
+
+
+def engines_dir() -> Path:
+    env = os.environ.get("TRTKV_ENGINES")
+    return Path(env).resolve() if env else project_root() / "engines"
+
+
+def triton_repo_dir() -> Path:
+    env = os.environ.get("TRTKV_TRITON_REPO")
+    return Path(env).resolve() if env else project_root() / "triton_repo"
+
+
+def cache_dir() -> Path:
+    """Converted models and other reusable artefacts (TRTKV_CACHE overrides)."""
+    env = os.environ.get("TRTKV_CACHE")
+    if env:
+        return Path(env).resolve()
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "trtkv"
+
+
+def recipe_folder(root: Path, recipe_name: str) -> Path:
+    """`root/<recipe_name>`, refusing a name that is not one plain folder name (`.`, `..`, a `/`, a leading dot):
+    defence in depth behind the recipe-name rule, so no stage ever writes to `root` itself or outside it."""
+    if (not recipe_name or recipe_name in (".", "..") or recipe_name.startswith(".")
+            or any(c in recipe_name for c in "/\\\0") or not recipe_name.isprintable()):
+        from trtkv.core.errors import StageError
+
+        raise StageError(f"recipe name {recipe_name!r} is not a plain folder name, so trtkv will not write "
+                         f"{root}/<name>. Next: rename the recipe file (lower-case letters, digits, `_` and `-`).")
+    return root / recipe_name
+
+
+def recipe_output_dir(recipe_name: str) -> Path:
+    """engines/<recipe>: every stage folder of one recipe."""
+    return recipe_folder(engines_dir(), recipe_name)

@@ -1,0 +1,1 @@
+"""`trtkv plan`: the KV memory planner (trtkv.plan.planner)."""

@@ -1,0 +1,103 @@
+"""What each engine backend allows of a recipe (formats, weights, GPUs, its build rules), in the model layer beside the
+recipe's own cross-field rules, so validation never depends on which trtkv modules were imported: one function per
+backend in BACKEND_RULES (a test keeps it complete for every `build.backend`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from trtkv.platform.hardware import GPU
+from trtkv.recipe.schema import Backend, KVCacheQuant, Recipe, WeightQuant
+
+
+def one_kv_format_problems(recipe: Recipe, where: str) -> list[tuple[str, str]]:
+    """Per-layer KV precision (quantization.kv_skip_layers) where the engine has one KV format for every layer."""
+    if not recipe.quantization.kv_skip_layers:
+        return []
+    return [("quantization.kv_skip_layers", f"{where} stores every layer's KV in one format (one "
+                                            f"kv_cache_quant_algo per checkpoint): per-layer KV precision deploys "
+                                            f"with build.backend vllm (--kv-cache-dtype-skip-layers); remove the "
+                                            f"list, or measure it with `trtkv probe`")]
+
+
+def cpu_runtime_problems(recipe: Recipe) -> list[tuple[str, str]]:
+    """What trtkv's CPU runtime cannot run (the reference backend, and the llmapi backend on hardware.gpu cpu)."""
+    out = []
+    weights = recipe.quantization.weights
+    if weights not in (WeightQuant.FP8, WeightQuant.NONE):
+        out.append(("quantization.weights", f"the reference runtime runs fp8 or none weights, not {weights.value}"))
+    return out  # NVFP4 KV on the CPU: refused for every backend (trtkv.recipe.rules)
+
+
+def tensorrt_problems(r: Recipe) -> list[tuple[str, str]]:
+    """What trtllm-build and the C++ backend would refuse or silently change: GPU needed, context FMHA, SM100."""
+    b, q, hw = r.build, r.quantization, r.hardware
+    out: list[tuple[str, str]] = []
+    if hw.gpu is GPU.CPU:
+        out.append(("build.backend", f"backend {b.backend.value} needs a GPU and TensorRT-LLM; with hardware.gpu cpu "
+                                     f"use backend reference"))
+    if b.use_fp8_context_fmha is False and r.fp8_kv_and_weights and b.use_paged_context_fmha:
+        out.append(("build.use_fp8_context_fmha", "false, but with an FP8 KV cache, FP8 weights and "
+                                                  "build.use_paged_context_fmha true TensorRT-LLM turns FP8 context "
+                                                  "FMHA back on: leave it unset, or also set "
+                                                  "build.use_paged_context_fmha: false"))
+    if b.max_input_len > b.max_num_tokens and not r.paged_context_fmha:
+        if q.kv_cache is KVCacheQuant.INT8:
+            why = "paged context FMHA is forced off for an INT8 KV cache"
+        elif q.kv_cache is KVCacheQuant.FP8 and not r.fp8_kv_and_weights:
+            why = "paged context FMHA is forced off for an FP8 KV cache without FP8 weights"
+        else:
+            why = "build.use_paged_context_fmha is false"
+        out.append(("build.max_num_tokens", f"max_input_len {b.max_input_len} > max_num_tokens {b.max_num_tokens} "
+                                            f"needs chunked context, which needs paged context FMHA, but {why}: "
+                                            f"set build.max_num_tokens >= {b.max_input_len}"))
+    if r.triton.enable_kv_cache_reuse and not r.paged_context_fmha:
+        out.append(("triton.enable_kv_cache_reuse", f"KV cache block reuse needs an engine built with paged context "
+                                                    f"FMHA, which is off here (KV cache {q.kv_cache.value}, "
+                                                    f"weights {q.weights.value}, build.use_paged_context_fmha "
+                                                    f"{str(b.use_paged_context_fmha).lower()}): set it to false"))
+    out += one_kv_format_problems(r, "TensorRT-LLM")
+    if q.kv_cache is KVCacheQuant.NVFP4:
+        out.append(("quantization.kv_cache", "an NVFP4 KV cache is served by TensorRT-LLM's LLM API (PyTorch "
+                                             "backend), not by trtllm-build engines: use build.backend llmapi"))
+    if hw.gpu is GPU.B200:  # trtllm-build on SM100: "INT8/INT4 quantization is not supported on SM>=100" (1.x)
+        if q.kv_cache is KVCacheQuant.INT8:
+            out.append(("quantization.kv_cache", "trtllm-build refuses an INT8 KV cache on B200 (SM>=100: 'INT8/INT4 "
+                                                 "quantization is not supported'): use fp8"))
+        if q.weights in (WeightQuant.INT8_SQ, WeightQuant.INT4_AWQ):
+            out.append(("quantization.weights", f"trtllm-build refuses {q.weights.value} on B200 (SM>=100 has no "
+                                                f"SmoothQuant / INT8 / INT4 weight kernels): use fp8 or none"))
+    return out
+
+
+def llmapi_problems(recipe: Recipe) -> list[tuple[str, str]]:
+    out = []
+    if recipe.quantization.kv_cache is KVCacheQuant.INT8:
+        out.append(("quantization.kv_cache", "INT8 KV needs the engine path (TensorRT-LLM <= 1.2.x, build.backend "
+                                             "tensorrt): the LLM API's kv_cache_config.dtype is auto, fp8 or "
+                                             "nvfp4. Use kv_cache fp8 here, or backend tensorrt"))
+    if recipe.hardware.gpu is GPU.CPU:
+        out += cpu_runtime_problems(recipe)
+    return out + one_kv_format_problems(recipe, "TensorRT-LLM's LLM API")
+
+
+def reference_problems(recipe: Recipe) -> list[tuple[str, str]]:
+    return cpu_runtime_problems(recipe) + one_kv_format_problems(recipe, "the reference runtime (like TensorRT-LLM)")
+
+
+def vllm_problems(recipe: Recipe) -> list[tuple[str, str]]:
+    q, out = recipe.quantization, []
+    if q.kv_cache not in (KVCacheQuant.FP8, KVCacheQuant.NONE):
+        out.append(("quantization.kv_cache", f"trtkv serves {q.kv_cache.value} KV with another backend: vLLM's "
+                                             f"--kv-cache-dtype here is fp8 or auto (kv_cache none); INT8 KV is "
+                                             f"the engine path's (backend tensorrt)"))
+    if q.weights not in (WeightQuant.FP8, WeightQuant.NONE):
+        out.append(("quantization.weights", f"the HF export vLLM loads carries fp8 or unquantized weights, not "
+                                            f"{q.weights.value}"))
+    return out
+
+
+BACKEND_RULES: dict[Backend, Callable[[Recipe], list[tuple[str, str]]]] = {
+    Backend.TENSORRT: tensorrt_problems, Backend.LLMAPI: llmapi_problems, Backend.REFERENCE: reference_problems,
+    Backend.VLLM: vllm_problems,
+}

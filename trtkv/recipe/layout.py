@@ -1,0 +1,61 @@
+"""One place for the stage folders of a recipe and the recipe-enum -> TensorRT-LLM name maps.
+
+engines/<recipe>/checkpoint (calibrate), engine (build), serve (serve); triton_repo/<recipe> (repo). The maps say
+what a TensorRT-LLM checkpoint's `quantization` fields hold for each recipe choice; calibrate, checkpoint, build,
+runtime, serve and repo all read them from here. Light: no heavy imports (`trtkv validate/plan` start fast).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trtkv.core import paths
+from trtkv.recipe import KVCacheQuant, WeightQuant
+
+if TYPE_CHECKING:
+    from trtkv.recipe import Recipe
+
+CHECKPOINT = "checkpoint"
+ENGINE = "engine"
+SERVE = "serve"
+# The model's own HF config.json, saved by calibrate (an INT8-KV checkpoint has no hf/ export to read it from).
+HF_CONFIG = "hf_config.json"
+
+# recipe quantization.kv_cache -> checkpoint config.json quantization.kv_cache_quant_algo (None: null)
+KV_ALGO: dict[KVCacheQuant, str | None] = {KVCacheQuant.FP8: "FP8", KVCacheQuant.INT8: "INT8",
+                                            KVCacheQuant.NVFP4: "NVFP4", KVCacheQuant.NONE: None}
+# recipe quantization.weights -> the quant_algo values a checkpoint may carry for it (ModelOpt / TensorRT-LLM
+# QuantAlgo names; the first is what ModelOpt writes by default)
+WEIGHT_ALGOS: dict[WeightQuant, tuple[str | None, ...]] = {
+    WeightQuant.FP8: ("FP8",),
+    WeightQuant.INT8_SQ: ("W8A8_SQ_PER_CHANNEL", "W8A8_SQ_PER_CHANNEL_PER_TOKEN_PLUGIN",
+                          "W8A8_SQ_PER_CHANNEL_PER_TENSOR_PLUGIN", "W8A8_SQ_PER_TENSOR_PLUGIN"),
+    WeightQuant.INT4_AWQ: ("W4A16_AWQ", "W4A8_AWQ"),
+    WeightQuant.NONE: (None,),
+}
+
+
+def kv_cache_quant_algo(recipe: Recipe) -> str | None:
+    """The checkpoint's `quantization.kv_cache_quant_algo` for this recipe ("FP8", "INT8", "NVFP4" or None)."""
+    return KV_ALGO[recipe.quantization.kv_cache]
+
+
+def checkpoint_dir(recipe: Recipe) -> Path:
+    """engines/<recipe>/checkpoint: written by `trtkv calibrate`."""
+    return paths.recipe_output_dir(recipe.name) / CHECKPOINT
+
+
+def engine_dir(recipe: Recipe) -> Path:
+    """engines/<recipe>/engine: written by `trtkv build`."""
+    return paths.recipe_output_dir(recipe.name) / ENGINE
+
+
+def serve_dir(recipe: Recipe) -> Path:
+    """engines/<recipe>/serve: server.json, the server log and the CPU backend links (`trtkv serve`)."""
+    return paths.recipe_output_dir(recipe.name) / SERVE
+
+
+def repo_dir(recipe: Recipe) -> Path:
+    """triton_repo/<recipe>: written by `trtkv repo`."""
+    return paths.recipe_folder(paths.triton_repo_dir(), recipe.name)

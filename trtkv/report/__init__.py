@@ -1,0 +1,2 @@
+"""`trtkv report` and `trtkv compare`: summaries read from the stage outputs (trtkv.report.summary), and the whole chain
+of one or several recipes (trtkv.report.chain, `make demo` / `make compare`)."""

@@ -1,0 +1,239 @@
+"""Reports: one recipe's summary (JSON/Markdown/PNG) and the side-by-side comparison of several recipes.
+
+Every figure is read from the stage outputs on disk (calibration, bench, probe) or computed by the planner;
+nothing here is typed in.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from trtkv.contracts.artifacts import BenchResults, KVScalesFile, Manifest
+from trtkv.core import paths
+from trtkv.core.errors import StageError
+from trtkv.recipe import layout
+
+if TYPE_CHECKING:
+    from trtkv.recipe import Recipe
+    from trtkv.report.chain import ChainResult
+
+T = TypeVar("T")
+LATENCY_METRICS = ("time_to_first_token", "inter_token_latency", "request_latency")
+
+
+def _tolerant(load: Callable[[Path], T | None], folder: Path) -> T | None:
+    """A stage file through its typed model; an unreadable one is left out of the report (as a missing one is)."""
+    try:
+        return load(folder)
+    except StageError:
+        return None
+
+
+def bench_headline(results: dict[str, Any]) -> dict[str, Any]:
+    """Latency stats at the lowest concurrency, best throughput over the sweep, and accuracy per task.
+
+    Reads `trtkv bench`'s results.json: `levels` maps "concurrency=N" (or "rate=R") to GenAI-Perf metrics.
+    """
+    levels: dict[str, dict[str, Any]] = results.get("levels") or {}
+    out: dict[str, Any] = {}
+    if levels:
+        def order(name: str) -> float:
+            try:
+                return float(name.split("=", 1)[1])
+            except (IndexError, ValueError):
+                return float("inf")
+
+        first = min(levels, key=order)
+        out["level"] = first
+        for metric in LATENCY_METRICS:
+            stats = levels[first].get(metric, {})
+            for stat in ("p50", "p99"):
+                if stats.get(stat) is not None:
+                    out[f"{metric}.{stat}"] = stats[stat]
+        for metric in ("output_token_throughput", "request_throughput"):
+            values = [lv.get(metric, {}).get("avg") for lv in levels.values()]
+            values = [v for v in values if v is not None]
+            if values:
+                out[f"{metric}.max"] = max(values)
+        failed = sum(lv.get("request_count", {}).get("failed", 0) for lv in levels.values())
+        out["requests.failed"] = failed
+    for task, body in (results.get("accuracy") or {}).items():
+        if isinstance(body, dict):
+            for key in ("accuracy", "agreement"):
+                if body.get(key) is not None:
+                    out[f"{task}.{key}"] = body[key]
+    return out
+
+
+def collect(recipe: Recipe) -> dict[str, Any]:
+    """Everything known about one recipe's run, from disk and the planner."""
+    from trtkv.plan.planner import kv_format_for_recipe, plan
+
+    base = paths.recipe_output_dir(recipe.name)
+    data: dict[str, Any] = {"recipe": recipe.name, "description": recipe.description,
+                            "kv_cache": recipe.quantization.kv_cache.value,
+                            "weights": recipe.quantization.weights.value}
+    p = plan(recipe)
+    fmt = kv_format_for_recipe(recipe).value
+    cap = next(c for c in p.formats if c.format == fmt)
+    data["kv_format"] = fmt
+    data["kv_bytes_per_token"] = cap.bytes_per_token
+    data["planner"] = {"hardware": p.hardware["gpu"], "memory_gib": p.hardware["memory_gib"],
+                       "kv_budget_gib": p.kv_budget_gib_per_gpu, "tokens_fit": cap.tokens_per_gpu_budget,
+                       "max_seq_len": recipe.build.max_seq_len,
+                       "sequences_at_max_seq_len": cap.max_sequences.get(recipe.build.max_seq_len)}
+    scales = _tolerant(KVScalesFile.load, layout.checkpoint_dir(recipe))
+    if scales:
+        layers = scales.layers
+        data["calibration"] = {"layers": len(layers), "kv_cache_quant_algo": scales.kv_cache_quant_algo,
+                               "max_k_amax": max((x.k_amax for x in layers), default=None),
+                               "max_v_amax": max((x.v_amax for x in layers), default=None)}
+    stages = {}
+    folders = {stage: base / stage for stage in ("checkpoint", "engine", "serve", "bench", "probe")}
+    folders["triton_repo"] = paths.triton_repo_dir() / recipe.name
+    for stage, folder in folders.items():
+        manifest = _tolerant(Manifest.load, folder)
+        if manifest:
+            stages[stage] = {"path": str(folder), "wall_seconds": manifest.wall_seconds}
+    data["stages"] = stages
+    results = _tolerant(BenchResults.load, base / "bench")
+    bench = results.model_dump() if results else None
+    if results and "bench" in stages and results.wall_seconds is not None:
+        stages["bench"]["wall_seconds"] = results.wall_seconds  # the measurement, not just the write
+    if bench:
+        data["bench"] = bench_headline(bench)
+        data["bench_passed"] = (bench.get("slo") or {}).get("passed")
+    from trtkv.probe.results import load_probe  # this recipe's probe, else another recipe's on the same model
+
+    probe = load_probe(recipe)
+    if probe and probe.get("records"):
+        lengths = sorted({r["context_len"] for r in probe["records"]})
+        keep = {lengths[0], lengths[-1]}
+        data["probe"] = [r for r in probe["records"] if r.get("format") == fmt and r["context_len"] in keep]
+        data["probe_source"] = probe.get("recipe")
+    return data
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        if 0 < abs(value) < 1 and digits <= 3:
+            return f"{value:.3f}"
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def summary_lines(data: dict[str, Any]) -> list[str]:
+    b = data.get("bench", {})
+    planner = data["planner"]
+    lines = [f"Summary for {data['recipe']}: weights {data['weights']}, KV cache {data['kv_cache']} "
+             f"({data['kv_format']}, {data['kv_bytes_per_token']:,.0f} bytes/token)"]
+    acc = [f"{k} {_fmt(v, 3)}" for k, v in b.items() if k.split(".")[0] in ("quiz", "golden", "needle")]
+    lines.append("  accuracy:   " + (", ".join(acc) if acc else "no bench results"))
+    if "time_to_first_token.p50" in b:
+        lines.append(f"  latency @{b.get('level')}: TTFT p50 {_fmt(b['time_to_first_token.p50'])} ms, "
+                     f"p99 {_fmt(b.get('time_to_first_token.p99'))} ms; ITL p50 {_fmt(b.get('inter_token_latency.p50'))} ms, "
+                     f"p99 {_fmt(b.get('inter_token_latency.p99'))} ms")
+        lines.append(f"  throughput: {_fmt(b.get('output_token_throughput.max'))} output tokens/s, "
+                     f"{_fmt(b.get('request_throughput.max'), 2)} requests/s (best over the concurrency sweep)")
+    lines.append(f"  planner:    {planner['hardware']} with {_fmt(planner['memory_gib'])} GiB: KV budget "
+                 f"{_fmt(planner['kv_budget_gib'])} GiB = {planner['tokens_fit']:,} tokens of {data['kv_format']} KV, "
+                 f"{planner['sequences_at_max_seq_len']:,} sequences of {planner['max_seq_len']:,} tokens")
+    for stage, info in data.get("stages", {}).items():
+        lines.append(f"  {stage + ':':<12}{info['path']}  ({_fmt(info.get('wall_seconds'))} s)")
+    return lines
+
+
+def write_report(recipe: Recipe, out: Path | None = None) -> Path:
+    """engines/<recipe>/report/{report.json, report.md, manifest.json}."""
+    started = time.time()
+    data = collect(recipe)
+    out = out or paths.recipe_output_dir(recipe.name) / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
+    md = [f"# trtkv report: {recipe.name}", "", recipe.description, "", "```", *summary_lines(data), "```", ""]
+    if data.get("probe"):
+        md += ["## Probe excerpt (this KV format vs the unquantized baseline)", "",
+               "| format | context | KL mean | top-1 agreement | ppl delta | needle |", "|---|---|---|---|---|---|"]
+        for r in data["probe"]:
+            md.append(f"| {r['format']} | {r['context_len']} | {_fmt(r.get('kl_mean'), 4)} | "
+                      f"{_fmt(r.get('top1_agreement'), 3)} | {_fmt(r.get('ppl_delta'), 3)} | "
+                      f"{_fmt(r.get('needle_accuracy'), 2)} |")
+    (out / "report.md").write_text("\n".join(md) + "\n")
+    Manifest(stage="report", recipe=recipe.name, wall_seconds=round(time.time() - started, 3),
+             inputs=sorted(data.get("stages", {}))).save(out)
+    return out
+
+
+def print_summary(recipe: Recipe, result: ChainResult | None = None) -> None:
+    data = collect(recipe)
+    print()
+    if result is not None:
+        steps = ", ".join(f"{s.verb} {s.seconds:.0f}s" + ("" if s.returncode == 0 else f" (exit {s.returncode})")
+                          for s in result.steps)
+        print(f"Chain for {recipe.name}: {steps}; total {result.seconds:.0f} s")
+    print("\n".join(summary_lines(data)))
+
+
+def write_compare(recipes: list[Recipe], results: list[ChainResult], out: Path) -> Path:
+    """engines/compare/compare.md + compare.json + compare.png: the KV formats side by side."""
+    rows = [collect(r) for r in recipes]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
+    keys = ["quiz.accuracy", "golden.agreement", "needle.accuracy", "time_to_first_token.p50", "time_to_first_token.p99",
+            "inter_token_latency.p50", "inter_token_latency.p99", "output_token_throughput.max"]
+    head = "| | " + " | ".join(r["recipe"] for r in rows) + " |"
+    md = ["# KV-cache formats side by side", "",
+          "Measured by `trtkv compare` on this machine; accuracy and latency come from each recipe's "
+          "`engines/<recipe>/bench/results.json`, bytes and capacity from the planner.", "",
+          head, "|" + "---|" * (len(rows) + 1)]
+    md.append("| KV cache | " + " | ".join(f"{r['kv_cache']} ({r['kv_format']})" for r in rows) + " |")
+    md.append("| KV bytes/token | " + " | ".join(f"{r['kv_bytes_per_token']:,.0f}" for r in rows) + " |")
+    md.append("| tokens that fit (planner) | " + " | ".join(f"{r['planner']['tokens_fit']:,}" for r in rows) + " |")
+    for key in keys:
+        md.append(f"| {key} | " + " | ".join(_fmt(r.get("bench", {}).get(key), 3 if "." in key and
+                                                   key.split(".")[0] in ("quiz", "golden", "needle") else 1)
+                                              for r in rows) + " |")
+    md.append("| chain | " + " | ".join("ok" if not res.failed else f"failed at {res.failed}" for res in results) + " |")
+    probes = [(r["recipe"], p) for r in rows for p in r.get("probe", [])]  # each recipe's own KV format
+    if probes:
+        md += ["", "## Probe excerpt", "", "| recipe | format | context | KL mean | top-1 agreement | needle |",
+               "|---|---|---|---|---|---|"]
+        md += [f"| {name} | {p['format']} | {p['context_len']} | {_fmt(p.get('kl_mean'), 4)} | "
+               f"{_fmt(p.get('top1_agreement'), 3)} | {_fmt(p.get('needle_accuracy'), 2)} |" for name, p in probes]
+    (out / "compare.md").write_text("\n".join(md) + "\n")
+    _compare_plot(rows, out / "compare.png")
+    return out / "compare.md"
+
+
+def _compare_plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["recipe"] for r in rows]
+    panels = [("accuracy", ["quiz.accuracy", "golden.agreement", "needle.accuracy"]),
+              ("latency (ms)", ["time_to_first_token.p50", "inter_token_latency.p50"]),
+              ("KV bytes/token", None)]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for ax, (title, keys) in zip(axes, panels, strict=True):
+        if keys is None:
+            ax.bar(names, [r["kv_bytes_per_token"] for r in rows], color="tab:gray")
+        else:
+            width = 0.8 / len(keys)
+            for i, key in enumerate(keys):
+                vals = [r.get("bench", {}).get(key) or 0.0 for r in rows]
+                ax.bar([j + i * width for j in range(len(rows))], vals, width, label=key)
+            ax.set_xticks([j + width * (len(keys) - 1) / 2 for j in range(len(rows))], names)
+            ax.legend(fontsize=7)
+        ax.set_title(title)
+        ax.tick_params(axis="x", labelrotation=15, labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,216 @@
+"""The GPU side of `trtkv serve`: the Triton TensorRT-LLM container, one tritonserver per rank under mpirun, the image
+from the version matrix (trtkv.platform.versions) matching the engine's recorded TensorRT-LLM, and stopping the container.
+
+`trtkv serve` (trtkv.serving.serve) runs these commands; `trtkv repo` prints them in the repository README.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from trtkv.backends import for_recipe
+from trtkv.contracts.artifacts import Manifest
+from trtkv.contracts.canary import canary_script, docker_health_args
+from trtkv.contracts.interface import for_layout
+from trtkv.core import paths
+from trtkv.core.errors import StageError
+from trtkv.core.tools import quote
+from trtkv.platform import versions
+from trtkv.recipe import Recipe
+from trtkv.recipe.layout import checkpoint_dir, engine_dir
+
+IMAGE_ENV = versions.IMAGE_ENV
+CONTAINER_TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
+CONTAINER_BIND = "0.0.0.0"  # inside the container: docker's -p publishes only on the recipe's triton.host
+DOCKER_STOP_TIMEOUT_S = 30
+
+
+def container_name(recipe: Recipe) -> str:
+    """The docker container's name: one per recipe, so a leftover one is found by name."""
+    return f"trtkv-{recipe.name}"
+
+
+def rank_command(recipe: Recipe, repo: Path, rank: int, tritonserver: str = CONTAINER_TRITONSERVER,
+                 host: str | None = None) -> list[str]:
+    """One rank's tritonserver, as the TensorRT-LLM backend's launch_triton_server.py builds it, bound to `host`
+    (default: the recipe's triton.host)."""
+    t = recipe.triton
+    bind = host or t.host
+    cmd = [tritonserver, f"--model-repository={repo}",
+           f"--http-address={bind}", f"--http-port={t.http_port}",
+           f"--grpc-address={bind}", f"--grpc-port={t.grpc_port}",
+           f"--metrics-address={bind}", f"--metrics-port={t.metrics_port}", "--disable-auto-complete-config",
+           f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"]
+    if rank:
+        cmd += ["--model-control-mode=explicit", "--load-model=tensorrt_llm"]
+    return cmd
+
+
+def gpu_command(recipe: Recipe, repo: Path, host: str | None = None) -> list[str]:
+    """Inside the container: tritonserver, or `mpirun -n 1 <rank 0> : -n 1 <rank 1> ...` for world size > 1.
+
+    The `pytorch` backend runs one tritonserver whatever the world size: the LLM API starts its own workers.
+    `host`: the address the servers bind (default the recipe's triton.host; docker_command passes 0.0.0.0).
+    """
+    ranks = for_recipe(recipe).ranks(recipe)
+    if ranks == 1:
+        return rank_command(recipe, repo, 0, host=host)
+    cmd = ["mpirun", "--allow-run-as-root"]
+    for rank in range(ranks):
+        cmd += ["-n", "1", *rank_command(recipe, repo, rank, host=host)]
+        if rank != ranks - 1:
+            cmd.append(":")
+    return cmd
+
+
+def launch_script_command(recipe: Recipe, repo: Path) -> list[str]:
+    """The same launch through the backend's own script (its path depends on the container release)."""
+    t = recipe.triton
+    ranks = for_recipe(recipe).ranks(recipe)
+    return ["python3", "/app/scripts/launch_triton_server.py", f"--world_size={ranks}", f"--model_repo={repo}",
+            f"--http_port={t.http_port}", f"--grpc_port={t.grpc_port}", f"--metrics_port={t.metrics_port}"]
+
+
+def built_versions(recipe: Recipe) -> dict[str, Any]:
+    """The TensorRT-LLM/TensorRT versions the engine manifest records (empty when not built here, or no engine)."""
+    if not for_recipe(recipe).records_versions:
+        return {}
+    try:
+        manifest = Manifest.load(engine_dir(recipe))
+    except StageError:  # an unreadable engine manifest records no versions (the build reruns on the next `trtkv build`)
+        return {}
+    return dict((manifest.model_extra or {}).get("versions") or {}) if manifest else {}
+
+
+def container_image(recipe: Recipe) -> str:
+    """The image that runs this recipe's engine; StageError when the engine, the recipe and the image disagree."""
+    built = built_versions(recipe)
+    wanted = recipe.build.tensorrt_llm_version
+    if built.get("tensorrt_llm") and versions.release(built["tensorrt_llm"]) != versions.release(wanted):
+        raise StageError(f"{engine_dir(recipe)} was built by TensorRT-LLM {built['tensorrt_llm']}, but the recipe's "
+                         f"build.tensorrt_llm_version is {wanted}: an engine loads only under the TensorRT-LLM that "
+                         f"built it. Next: rebuild (`trtkv build {recipe.name} --force`) or set "
+                         f"build.tensorrt_llm_version={versions.release(built['tensorrt_llm'])}.")
+    image = versions.image_for(built.get("tensorrt_llm") or wanted)
+    problems = versions.check_engine_versions(built, image)
+    if problems:
+        raise StageError(f"{image} cannot run {engine_dir(recipe)}: {'; '.join(problems)}. Next: use "
+                         f"{versions.row_for_trtllm(built['tensorrt_llm']).image}, or rebuild the engine.")
+    return image
+
+
+def docker_command(recipe: Recipe, repo: Path) -> list[str]:
+    """docker run of the Triton TensorRT-LLM image; engines and repository mounted at the same paths.
+
+    Ports are published on the recipe's triton.host only; inside the container the servers bind 0.0.0.0 (docker
+    forwards to the container's own interface, which a 127.0.0.1 bind would not answer).
+    """
+    t = recipe.triton
+    out = paths.recipe_output_dir(recipe.name)
+    cmd = ["docker", "run", "--rm", "--gpus", "all", "--shm-size=2g", "--ulimit", "memlock=-1",
+           "--ulimit", "stack=67108864", "--name", container_name(recipe)]
+    for port in (t.http_port, t.grpc_port, t.metrics_port):
+        cmd += ["-p", f"{t.host}:{port}:{port}"]
+    # docker's health check is the real one-token inference (Triton answers "ready" with a dead model instance)
+    interface = for_layout(for_recipe(recipe).repo_layout)
+    cmd += docker_health_args(canary_script(t.http_port, interface), t.startup_timeout_s)
+    cmd += ["-v", f"{out}:{out}:ro", "-v", f"{repo}:{repo}:ro", container_image(recipe)]  # the server only reads them
+    return cmd + gpu_command(recipe, repo, host=CONTAINER_BIND)
+
+
+def trtllm_serve_command(recipe: Recipe, host: str | None = None) -> list[str]:
+    """TensorRT-LLM's OpenAI-compatible server on the recipe's HF export (backend llmapi), with the build's --config."""
+    from trtkv.backends import llmapi
+
+    if recipe.build.backend is not llmapi.BACKEND.backend:
+        raise StageError(f"--trtllm-serve serves the LLM API path; {recipe.name} has build.backend "
+                         f"{recipe.build.backend.value}. Next: use a recipe with build.backend llmapi (e.g. "
+                         f"llama70b_fp8kv_llmapi), or serve this one with Triton (`trtkv serve {recipe.name}`).")
+    cmd = llmapi.trtllm_serve_command(recipe, checkpoint_dir(recipe) / "hf", engine_dir(recipe) / llmapi.LLM_API_OPTIONS)
+    if host is not None:
+        cmd[cmd.index("--host") + 1] = host
+    return cmd
+
+
+def trtllm_serve_docker_command(recipe: Recipe) -> list[str]:
+    """docker run of the TensorRT-LLM image running trtllm-serve; the HTTP port published on triton.host only."""
+    t = recipe.triton
+    out = paths.recipe_output_dir(recipe.name)
+    cmd = ["docker", "run", "--rm", "--gpus", "all", "--shm-size=2g", "--ulimit", "memlock=-1",
+           "--ulimit", "stack=67108864", "--name", container_name(recipe), "-p", f"{t.host}:{t.http_port}:{t.http_port}",
+           *docker_health_args(canary_script(t.http_port, openai_model=str(checkpoint_dir(recipe) / "hf")),
+                               t.startup_timeout_s),
+           "-v", f"{out}:{out}:ro", container_image(recipe)]
+    return cmd + trtllm_serve_command(recipe, host=CONTAINER_BIND)
+
+
+BREAK_BEFORE = ("-p", "-v", "mpirun", ":", "--name")
+
+
+def shell_block(cmd: list[str]) -> str:
+    """A long command on several lines (each mount, port, rank and the image on its own line)."""
+    lines = [quote(cmd[:1])]
+    for token in cmd[1:]:
+        if token in BREAK_BEFORE or token.startswith("nvcr.io/") or token == os.environ.get(IMAGE_ENV):
+            lines.append(quote([token]))
+        else:
+            lines[-1] += " " + quote([token])
+    return " \\\n    ".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Process bookkeeping
+
+
+CIDFILE = "container.cid"  # engines/<recipe>/serve/container.cid: `docker run --cidfile`, the container's id
+
+
+def with_cidfile(cmd: list[str], cidfile: Path) -> list[str]:
+    """`docker run ...` with `--cidfile <cidfile>` (docker writes the container id there), so `stop` ends that very
+    container, not only the `docker run` client; other commands unchanged."""
+    if cmd[:2] != ["docker", "run"] or "--cidfile" in cmd:
+        return cmd
+    return [*cmd[:2], "--cidfile", str(cidfile), *cmd[2:]]
+
+
+def read_cid(cidfile: str | Path | None) -> str | None:
+    """The container id `docker run --cidfile` wrote (None: no file yet, or not an id)."""
+    if not cidfile:
+        return None
+    try:
+        cid = Path(cidfile).read_text().strip()
+    except OSError:
+        return None
+    return cid if cid and all(c in "0123456789abcdef" for c in cid) else None
+
+
+def stop_container(name: str, timeout_s: float = DOCKER_STOP_TIMEOUT_S) -> tuple[bool, str]:
+    """`docker stop -t N <name>` then `docker rm -f <name>` (`name`: a container name or id; `docker stop` SIGKILLs
+    after N s): (done, what happened); docker missing: (False, why)."""
+    docker = shutil.which("docker")
+    if docker is None:
+        return False, (f"docker is not on PATH here, so container {name} was not stopped. Next: on the docker host "
+                       f"run `docker stop {name} && docker rm -f {name}`.")
+    said = []
+    for cmd, wait_s in (([docker, "stop", "-t", str(int(timeout_s)), name], timeout_s + 30),
+                        ([docker, "rm", "-f", name], 60.0)):
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            said.append(f"`{quote(cmd)}` did not finish in {wait_s:.0f} s")
+            continue
+        except OSError as exc:
+            said.append(f"`{quote(cmd)}` could not run ({exc.strerror or exc})")
+            continue
+        text = (proc.stderr or proc.stdout).strip()
+        if proc.returncode != 0 and "No such container" not in text:
+            said.append(f"`{quote(cmd)}` exited {proc.returncode}: {text.splitlines()[-1] if text else 'no output'}")
+    if said:
+        return False, f"container {name}: " + "; ".join(said) + f". Next: check `docker ps -a --filter name={name}`."
+    return True, f"container {name} stopped and removed"
+
+

@@ -1,0 +1,176 @@
+"""Is the recipe's server serving? Not just "ready": a real one-token inference through the served model
+(the ensemble, or the llmapi layout's tensorrt_llm: the canary).
+
+Triton keeps answering ready while a model instance's stub is dead and part of the requests fail; only an inference
+shows it. `trtkv status RECIPE` runs the checks below; a supervisor and the container health check can use the same
+canary (`canary`).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import Any
+
+from trtkv.contracts.artifacts import ServerRecord
+from trtkv.contracts.interface import ENSEMBLE, ModelInterface, for_layout
+from trtkv.core.apikey import auth_headers
+from trtkv.core.process import is_running
+from trtkv.recipe import Recipe
+from trtkv.recipe.layout import serve_dir
+
+
+@dataclass
+class Probe:
+    ok: bool
+    seconds: float
+    detail: str
+
+
+@dataclass
+class Health:
+    """healthy: alive, ready and every canary answered; degraded: alive and ready but a canary failed; down: not
+    alive or not ready; absent: no server recorded for the recipe."""
+
+    state: str
+    server: ServerRecord | None
+    checks: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        return {"healthy": 0, "degraded": 1, "down": 1, "restarting": 1, "absent": 2}[self.state]
+
+
+MAX_RESPONSE_BYTES = 1 << 20  # a ready answer or a one-token inference is a few hundred bytes
+
+
+class ResponseError(OSError):
+    """The answer broke a bound: larger than MAX_RESPONSE_BYTES, or not whole within the request's deadline."""
+
+
+def _http(url: str, body: dict[str, Any] | None, timeout_s: float) -> tuple[int, str]:
+    """(status, body text) of one request, with one deadline for all of it (connect, send, headers, body: a server
+    that drips bytes cannot stretch it) and at most MAX_RESPONSE_BYTES read; the API key's headers when one is set."""
+    parts = urllib.parse.urlsplit(url)
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json", **auth_headers()}
+    path = parts.path + (f"?{parts.query}" if parts.query else "")
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=timeout_s)
+    expired = threading.Event()
+
+    def expire() -> None:  # the deadline: a blocked read returns at once (the socket is shut down under it)
+        expired.set()
+        sock = conn.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    timer = threading.Timer(timeout_s, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        conn.request("GET" if body is None else "POST", path or "/", body=data, headers=headers)
+        response = conn.getresponse()
+        raw = response.read(MAX_RESPONSE_BYTES + 1)
+        if expired.is_set():
+            raise ResponseError(f"no whole answer from {url} within {timeout_s:g} s")
+        if len(raw) <= MAX_RESPONSE_BYTES and response.length:  # read(n) returns a short body without a word
+            raise ResponseError(f"the answer from {url} ended {response.length} bytes before its Content-Length")
+        if len(raw) > MAX_RESPONSE_BYTES:
+            raise ResponseError(f"the answer from {url} is larger than {MAX_RESPONSE_BYTES} bytes")
+        return response.status, raw.decode(errors="replace")
+    except ResponseError:
+        raise
+    except (OSError, http.client.HTTPException) as exc:
+        if expired.is_set():
+            raise ResponseError(f"no whole answer from {url} within {timeout_s:g} s") from None
+        if isinstance(exc, OSError):
+            raise
+        raise ResponseError(f"{type(exc).__name__}: {exc}") from None
+    finally:
+        timer.cancel()
+        conn.close()
+
+
+def canary(http_url: str, interface: ModelInterface = ENSEMBLE, timeout_s: float = 60.0) -> Probe:
+    """One real inference: POST /v2/models/<model>/generate with a one-token request; ok when text comes back."""
+    start = time.monotonic()
+    try:
+        status, text = _http(f"{http_url}/v2/models/{interface.model}/generate", interface.body("Hello", 1), timeout_s)
+    except OSError as exc:
+        return Probe(False, time.monotonic() - start, f"{type(exc).__name__}: {exc}")
+    seconds = time.monotonic() - start
+    if status != 200:
+        return Probe(False, seconds, f"HTTP {status}: {text[:200]}")
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError:
+        parsed = None
+    answer = parsed.get("text_output") if isinstance(parsed, dict) else None
+    return Probe(answer is not None, seconds, f"text_output {answer!r}" if answer is not None else text[:200])
+
+
+def openai_canary(http_url: str, model: str, timeout_s: float = 60.0) -> Probe:
+    """One real inference on an OpenAI-compatible server: POST /v1/completions, one token."""
+    start = time.monotonic()
+    body = {"model": model, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
+    try:
+        status, text = _http(f"{http_url}/v1/completions", body, timeout_s)
+    except OSError as exc:
+        return Probe(False, time.monotonic() - start, f"{type(exc).__name__}: {exc}")
+    seconds = time.monotonic() - start
+    try:
+        answer = json.loads(text)["choices"][0]["text"] if status == 200 else None
+    except (json.JSONDecodeError, KeyError, IndexError, TypeError):
+        answer = None
+    return Probe(answer is not None, seconds, f"text {answer!r}" if answer is not None else f"HTTP {status}: {text[:200]}")
+
+
+def default_canaries(recipe: Recipe, frontend: str) -> int:
+    """Triton: two per model instance (round-robin then reaches every instance, and a dead one fails some); an
+    OpenAI server (vLLM, trtllm-serve) runs one engine: one. Each canary is a real engine step that competes with
+    the traffic being served."""
+    return 2 * recipe.triton.instance_count if frontend == "tritonserver" else 1
+
+
+def check(recipe: Recipe, canaries: int | None = None, timeout_s: float = 60.0) -> Health:
+    """The recorded server's state: process alive, its ready endpoint, then `canaries` one-token inferences
+    (default: `default_canaries`; 0: none, alive and ready only — `checks["passive"]`)."""
+    server = ServerRecord.load(serve_dir(recipe))
+    if server is None:
+        return Health("absent", None)
+    http = f"http://{server.client_host}:{server.http_port}"
+    checks: dict[str, Any] = {"alive": is_running(server.pid, server.command)}
+    if not checks["alive"]:
+        return Health("down", server, checks)
+    frontend = str(server.extra.get("frontend") or "tritonserver")
+    ready_path = "/v2/health/ready" if frontend == "tritonserver" else "/health"  # vLLM and trtllm-serve: /health
+    try:
+        status, _ = _http(f"{http}{ready_path}", None, 5.0)
+    except OSError as exc:
+        status = 0
+        checks["ready_error"] = str(exc)
+    checks["ready"] = status == 200
+    if not checks["ready"]:
+        return Health("down", server, checks)
+    from trtkv.backends import for_recipe
+
+    count = default_canaries(recipe, frontend) if canaries is None else canaries
+    if count <= 0:
+        checks["passive"] = True
+        return Health("healthy", server, checks)
+    if frontend == "tritonserver":
+        interface = for_layout(for_recipe(recipe).repo_layout)
+        probes = [canary(http, interface, timeout_s=timeout_s) for _ in range(count)]
+    else:
+        model = str(server.extra.get("served_model_name") or recipe.name)
+        probes = [openai_canary(http, model, timeout_s=timeout_s) for _ in range(count)]
+    checks["canaries"] = [probe.__dict__ for probe in probes]
+    return Health("healthy" if all(p.ok for p in probes) else "degraded", server, checks)
