@@ -81,3 +81,11 @@ def smollm2_engine(chain_run: dict) -> Path:
     if not (folder / "engine" / "runtime.json").is_file():
         pytest.fail(f"the chain did not build an engine (exit {chain_run['returncode']}):\n{chain_run['stderr'][-3000:]}")
     return folder
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses the session's whole chain run (`trtkv demo`: calibrate, build, serve, bench) is end to end,
+    whatever its own markers say: `make check` (`-m "not e2e"`) never starts that chain."""
+    for item in items:
+        if "chain_run" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.e2e)

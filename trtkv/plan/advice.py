@@ -1,0 +1,133 @@
+"""The planner's advice and notes: measured (from `trtkv probe` results) when there are any, else published
+guidance, plus what each attention-layer type means for the bytes (trtkv.plan.planner calls these)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trtkv.checkpoints import (
+    ACCOUNTING_TEXT,
+    Accounting,
+    AttentionKind,
+)
+from trtkv.kvcache.formats import KVFormat
+from trtkv.plan.model import GIB, Architecture, FormatCapacity, recipe_accounting, seq_bytes, weights_bytes
+from trtkv.platform.hardware import GPU
+from trtkv.recipe import Recipe
+from trtkv.recipe.attention import (
+    layer_formats,
+    sequence_kv_bytes,
+)
+
+
+def attention_notes(arch: Architecture, recipe: Recipe) -> list[str]:
+    out = list(arch.config_notes)
+    layers = arch.layer_list()
+    if arch.kv_lora_rank:
+        out.append(f"MLA: one latent of {arch.kv_shape().mla_latent} elements per token and layer (kv_lora_rank "
+                   f"{arch.kv_lora_rank} + qk_rope_head_dim {arch.qk_rope_head_dim}), no separate V; under TP "
+                   f"{recipe.build.tp_size} the latent is whole on every rank (per-GPU KV is not divided by TP)."
+                   + (" vLLM stores fp8 as fp8_ds_mla, 656 bytes/token/layer (sparse MLA)." if arch.sparse_mla else ""))
+    if arch.sinks:
+        out.append(f"Attention sinks ({arch.sinks}): no KV cost, left out of the figures.")
+    if any(x.kind is AttentionKind.CHUNKED for x in layers):
+        n, fmts = recipe.build.max_seq_len, [KVFormat.FP16] * len(layers)
+        on = sequence_kv_bytes(layers, arch.kv_shape(), fmts, n, 1, 1, Accounting.VLLM, recipe.build.max_num_tokens,
+                               recipe_accounting(recipe)[1], hybrid=True)
+        out.append(f"vLLM turns its hybrid KV manager off by default for chunked-local attention and sizes those "
+                   f"layers as full attention (the vllm rows); with it on, one 16-bit sequence of {n:,} takes "
+                   f"{on / GIB:.3g} GiB. TensorRT-LLM's exact figures keep one chunk.")
+    if arch.expert_parameters:
+        out.append(f"MoE: {arch.expert_parameters / 1e9:.1f}B of {arch.parameters() / 1e9:.1f}B parameters are routed "
+                   f"experts, counted in full and split evenly over tp x pp (expert parallelism places the same "
+                   f"bytes); the decode bound reads every weight, an upper bound for a step that routes to few experts.")
+    return out
+
+
+def advice_for(recipe: Recipe, arch: Architecture, caps: list[FormatCapacity], rec_fmt: KVFormat, has_fp8: bool,
+            probe_dir: Path | None) -> tuple[list[str], str]:
+    from trtkv.probe.results import probe_advice  # small module, no torch
+
+    measured = probe_advice(recipe, probe_dir)
+    if measured is not None:
+        return measured
+    out: list[str] = []
+    by = {c.format: c for c in caps}
+    base = by.get(KVFormat.FP16.value)
+    ctx = recipe.build.max_seq_len
+    batch = recipe.build.max_batch_size
+    if base is not None and base.tokens_per_gpu_budget:
+        fits = base.max_sequences.get(ctx, 0)
+        bound = fits < batch
+        if ctx < 4096:
+            out.append(f"Context {ctx} < 4K: KV cache quantization is rarely worth it for short-context chat; "
+                       f"weights dominate memory.")
+        elif bound:
+            out.append(f"At max_seq_len {ctx}, fp16 KV fits {fits} sequences per replica but max_batch_size is {batch}: "
+                       f"the batch is bound by KV memory, so an 8-bit KV cache (x2 capacity) pays off.")
+        else:
+            out.append(f"At max_seq_len {ctx}, fp16 KV already fits {fits} sequences (max_batch_size {batch}): "
+                       f"KV quantization buys bandwidth (decode speed) more than capacity.")
+    if not arch.uniform_full():
+        out += attention_advice(recipe, arch, caps, rec_fmt)
+    elif ctx >= 8192:
+        out.append("Context >= 8K: decode reads the whole KV cache every step, so halving its bytes cuts attention time.")
+    if recipe.hardware.gpu is GPU.CPU:
+        out.append("CPU reference runtime: FP8 and INT8 KV are emulated in software (same numerics as the engine); "
+                   "on the GPU, prefer FP8 on Hopper/Ada/Blackwell.")
+    elif has_fp8:
+        out.append("This GPU has FP8: prefer an FP8 (E4M3) KV cache; its exponent bits tolerate range errors of static scales.")
+    else:
+        out.append("No FP8 on this target: use INT8 KV with calibrated scales.")
+    out.append("INT8 KV only with calibrated (static) or per-token scales; uncalibrated INT8 clips.")
+    if ctx > 16384:
+        out.append("INT4 KV is risky at long context (error grows with every quantized past token): probe before use.")
+    if rec_fmt is KVFormat.INT8:
+        out.append("TensorRT-LLM shares one scale for K and V per layer (kv_cache_scaling_factor); check V's resolution "
+                   "with `trtkv probe`.")
+    return out, "heuristic: published guidance, no probe results for this model yet (run `trtkv probe`)"
+
+
+def attention_advice(recipe: Recipe, arch: Architecture, caps: list[FormatCapacity], rec_fmt: KVFormat) -> list[str]:
+    """Advice from each layer type's share of one sequence's bytes at the recipe's length (exact accounting)."""
+    by = {c.format: c for c in caps}
+    base, rec = by.get(KVFormat.FP16.value), by.get(recipe.kv_format_label) or by.get(rec_fmt.value)
+    n = recipe.build.max_seq_len
+    if base is None or rec is None:
+        return []
+    shares = base.bytes_by_attention[n]
+    total = sum(shares.values()) or 1.0
+    counts: dict[str, int] = {}
+    for layer in arch.layer_list():
+        counts[layer.label] = counts.get(layer.label, 0) + 1
+    parts = ", ".join(f"{counts[k]} {k} layers {v / total:.0%}" for k, v in sorted(shares.items(), key=lambda kv: -kv[1]))
+    out = [f"At max_seq_len {n:,}, one sequence's 16-bit KV is {total / GIB:.3g} GiB: {parts} of it."]
+    local = sum(v for k, v in shares.items() if k.startswith(("sliding", "chunked")))
+    if local and rec is not base:
+        kept = rec.per_sequence_kv_bytes_by_accounting[Accounting.EXACT.value][n]
+        out.append(f"{rec.format} KV shrinks every layer alike: {total / GIB:.3g} -> {kept / GIB:.3g} GiB per sequence, "
+                   f"{base.max_sequences[n]:,} -> {rec.max_sequences[n]:,} sequences of {n:,} per GPU; "
+                   f"{1 - local / total:.0%} of the saving is in the full-attention layers, "
+                   f"{local / total:.0%} in the windowed ones.")
+        if any(x.kind is AttentionKind.SLIDING for x in arch.layer_list()) and \
+                "sliding_window" not in recipe.quantization.kv_skip_layers:
+            fmts = layer_formats(arch.layer_list(), rec_fmt, ("sliding_window",), recipe.kv_skip_format)
+            mixed = seq_bytes(arch, fmts, n)
+            out.append(f"quantization.kv_skip_layers: [sliding_window] (vLLM) keeps the sliding layers 16-bit for "
+                       f"{mixed / kept - 1:+.1%} bytes per sequence at {n:,} ({mixed / GIB:.3g} GiB).")
+    if arch.kv_lora_rank:
+        out.append(f"MLA: {arch.kv_shape().mla_latent} elements per token and layer in all; TP does not shrink it, "
+                   f"so more GPUs add KV room only through PP or the weights they take off each GPU.")
+    read = rec.per_sequence_kv_bytes_per_gpu[n] if accounting_is_exact(rec) else seq_bytes(
+        arch, layer_formats(arch.layer_list(), rec_fmt, tuple(recipe.quantization.kv_skip_layers), recipe.kv_skip_format), n,
+        recipe.build.tp_size, recipe.build.pp_size)
+    batch = max(1, min(recipe.build.max_batch_size, rec.max_sequences[n] or 1))
+    weights = weights_bytes(arch, recipe)[1]
+    out.append(f"A decode step at {n:,} tokens x batch {batch} reads {batch * read / GIB:.3g} GiB of KV per GPU beside "
+               f"{weights / GIB:.3g} GiB of weights: KV is {batch * read / (batch * read + weights):.0%} of the bytes "
+               f"read.")
+    return out
+
+
+def accounting_is_exact(c: FormatCapacity) -> bool:
+    return c.accounting == ACCOUNTING_TEXT[Accounting.EXACT]

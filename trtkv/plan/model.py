@@ -1,0 +1,250 @@
+"""The planner's model of a deployment: the architecture it plans (from the recipe or the model's config.json),
+one format's capacity, the plan, and the byte counts every figure is made of (formulas: trtkv.plan.planner)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trtkv.checkpoints import (
+    ACCOUNTING_TEXT,
+    Accounting,
+    AttentionKind,
+    KVShape,
+    LayerAttention,
+    ModelFacts,
+    compact_layers,
+    count_parameters,
+    parse_layers,
+    read_model_facts,
+    stored_weight_bytes,
+)
+from trtkv.core.errors import RecipeError
+from trtkv.kvcache.formats import KVFormat
+from trtkv.platform.hardware import GPU
+from trtkv.recipe import ModelDtype, Recipe, WeightQuant
+from trtkv.recipe.attention import (
+    VLLM_BLOCK_CPU,
+    VLLM_BLOCK_GPU,
+    layer_formats,
+    sequence_kv_bytes,
+)
+
+GIB = 1024**3
+PLAN_LENGTHS = (4096, 8192, 16384, 32768, 131072)
+PLAN_FORMATS = (KVFormat.FP16, KVFormat.FP8, KVFormat.INT8, KVFormat.INT4_G32, KVFormat.INT4_G64, KVFormat.INT4_G128)
+DTYPE_BYTES = {ModelDtype.FLOAT16: 2, ModelDtype.BFLOAT16: 2, ModelDtype.FLOAT32: 4}
+# Bytes per weight of quantized linear layers; embeddings and lm_head stay in the model dtype (ModelOpt default).
+WEIGHT_BYTES = {WeightQuant.FP8: 1.0, WeightQuant.INT8_SQ: 1.0, WeightQuant.INT4_AWQ: 0.5 + 2 / 128}
+ARCH_FIELDS = ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "hidden_size",
+               "intermediate_size", "vocab_size", "max_position_embeddings")
+
+
+@dataclass
+class Architecture:
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    intermediate_size: int | None = None
+    vocab_size: int | None = None
+    num_parameters: float | None = None
+    max_position_embeddings: int | None = None
+    tie_word_embeddings: bool = False
+    source: str = "recipe"
+    layers: tuple[LayerAttention, ...] = ()  # empty: every layer full attention
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+    sparse_mla: bool = False
+    attention_source: str = "recipe: no model.attention_layers, every layer full"
+    sinks: str | None = None
+    counted_parameters: float | None = None  # from the config's shapes (MoE, MLA, tied embeddings)
+    counted_embedding: float | None = None
+    expert_parameters: float = 0.0
+    stored_weights_bytes: float | None = None  # a pre-quantized checkpoint, as stored
+    config_notes: list[str] = field(default_factory=list)
+
+    def layer_list(self) -> tuple[LayerAttention, ...]:
+        return self.layers or (LayerAttention(AttentionKind.FULL),) * self.num_layers
+
+    def kv_shape(self) -> KVShape:
+        latent = (self.kv_lora_rank + (self.qk_rope_head_dim or 0)) if self.kv_lora_rank else None
+        return KVShape(self.num_kv_heads, self.head_dim, mla_latent=latent, sparse_mla=self.sparse_mla)
+
+    def uniform_full(self) -> bool:
+        return all(x.kind is AttentionKind.FULL for x in self.layer_list())
+
+    def parameters(self) -> float:
+        """The recipe's count, else one counted from the config's shapes, else an estimate (Llama-style blocks)."""
+        if self.num_parameters:
+            return float(self.num_parameters)
+        if self.counted_parameters:
+            return self.counted_parameters
+        if self.intermediate_size is None or self.vocab_size is None:
+            return 0.0
+        h, q, kv, d = self.hidden_size, self.num_attention_heads, self.num_kv_heads, self.head_dim
+        attn = h * q * d * 2 + h * kv * d * 2
+        mlp = 3 * h * self.intermediate_size
+        embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return float(self.num_layers * (attn + mlp) + embed)
+
+    def embedding_parameters(self) -> float:
+        if self.counted_embedding is not None:
+            return self.counted_embedding
+        if self.vocab_size is None:
+            return 0.0
+        return float(self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2))
+
+
+def _config_facts(f: ModelFacts) -> dict[str, Any]:
+    facts = {
+        "num_layers": f.num_layers, "num_attention_heads": f.num_attention_heads, "num_kv_heads": f.num_kv_heads,
+        "head_dim": f.head_dim, "hidden_size": f.hidden_size, "intermediate_size": f.intermediate_size,
+        "vocab_size": f.vocab_size, "max_position_embeddings": f.max_position_embeddings,
+        "kv_lora_rank": f.kv_lora_rank, "qk_rope_head_dim": f.qk_rope_head_dim if f.kv_lora_rank else None,
+    }
+    return {k: v for k, v in facts.items() if v is not None}
+
+
+def model_config_path(recipe: Recipe) -> Path | None:
+    """config.json of the recipe's model when it is on this machine (local folder or converted package)."""
+    source = recipe.model.source
+    if source.startswith("packaged:"):
+        from trtkv.checkpoints.models import packaged_model_dir  # light import: paths only
+
+        folder = packaged_model_dir(source.split(":", 1)[1])
+    else:
+        folder = Path(source).expanduser()
+        if not folder.is_absolute() and recipe.path is not None:
+            folder = recipe.path.parent / folder
+    cfg = folder / "config.json"
+    return cfg if cfg.is_file() else None
+
+
+def resolve_architecture(recipe: Recipe) -> Architecture:
+    """Architecture facts from the model config when present, else the recipe; they must agree."""
+    m = recipe.model
+    given = {k: getattr(m, k) for k in (*ARCH_FIELDS, "kv_lora_rank", "qk_rope_head_dim") if getattr(m, k) is not None}
+    facts: dict[str, Any] = dict(given)
+    extra: dict[str, Any] = {}
+    source = "recipe"
+    given_layers = parse_layers(m.attention_layers) if m.attention_layers else ()
+    if given_layers:
+        extra.update(layers=given_layers, attention_source=m.attention_source or "recipe model.attention_layers")
+    cfg_path = model_config_path(recipe)
+    if cfg_path is not None:
+        f = read_model_facts(cfg_path)
+        from_config = _config_facts(f)
+        clashes = [f"model.{k}: recipe says {given[k]}, {cfg_path} says {v}" for k, v in from_config.items()
+                   if k in given and given[k] != v]
+        if given_layers and given_layers != f.layers:
+            clashes.append(f"model.attention_layers: recipe says {compact_layers(given_layers)}, {cfg_path} says "
+                           f"{compact_layers(f.layers)} ({f.attention_source})")
+        if clashes:
+            raise RecipeError([f"{recipe.path}: {c}. Next: remove the field from the recipe or fix it." for c in clashes],
+                              header="Recipe disagrees with the model config")
+        facts.update(from_config)
+        count = count_parameters(f)
+        dtype_bytes = DTYPE_BYTES[m.dtype]
+        extra.update(tie_word_embeddings=f.tie_word_embeddings, layers=f.layers, sparse_mla=f.sparse_mla,
+                     attention_source=f"{cfg_path.name} {f.attention_source}", sinks=f.sinks,
+                     counted_embedding=count.embedding, expert_parameters=count.experts,
+                     stored_weights_bytes=stored_weight_bytes(f, count, dtype_bytes), config_notes=list(f.notes))
+        if f.moe is not None or f.kv_lora_rank or f.quant is not None:
+            extra["counted_parameters"] = count.total  # the Llama-style estimate does not fit these
+        source = f"model config {cfg_path}"
+    elif m.checkpoint_weights_gib:
+        extra["stored_weights_bytes"] = m.checkpoint_weights_gib * GIB
+    missing = [k for k in ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "hidden_size") if k not in facts]
+    if missing:
+        raise RecipeError(
+            [f"{recipe.path}: model.{k}: not given and no model config on this machine to read it from. "
+             f"Next: add it to the recipe's model section." for k in missing],
+            header="Architecture unknown",
+        )
+    return Architecture(**facts, **extra, num_parameters=m.num_parameters, source=source)
+
+
+@dataclass
+class FormatCapacity:
+    format: str
+    bytes_per_token: float  # every layer holding the token (short contexts)
+    bytes_per_token_per_gpu: float
+    tokens_per_gpu_budget: int
+    max_sequences: dict[int, int]
+    kv_gib_at_max_batch: dict[int, float]
+    decode_step_ms: dict[int, float]  # at each length, batch = min(max_batch_size, what fits)
+    accounting: str = ACCOUNTING_TEXT[Accounting.EXACT]  # which engine's sizing the capacity follows
+    per_sequence_kv_bytes: dict[int, float] = field(default_factory=dict)  # one sequence, all GPUs, this accounting
+    per_sequence_kv_bytes_per_gpu: dict[int, float] = field(default_factory=dict)
+    per_sequence_kv_bytes_by_accounting: dict[str, dict[int, float]] = field(default_factory=dict)
+    tokens_fit: dict[int, int] = field(default_factory=dict)  # max_sequences x length, per GPU
+    bytes_by_attention: dict[int, dict[str, float]] = field(default_factory=dict)  # exact, per layer type
+
+
+@dataclass
+class Plan:
+    recipe: str
+    model: dict[str, Any]
+    hardware: dict[str, Any]
+    weights: dict[str, Any]
+    kv_budget_gib_per_gpu: float
+    recipe_kv_format: str
+    lengths: list[int]
+    formats: list[FormatCapacity]
+    examples: list[dict[str, Any]]
+    advice: list[str]
+    advice_basis: str
+    notes: list[str] = field(default_factory=list)
+    attention: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+def host_memory_gib() -> float | None:
+    """Total RAM of this machine (the CPU recipe's 'device' memory)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def kv_format_for_recipe(recipe: Recipe) -> KVFormat:
+    """The recipe's KV format (Recipe.kv_format)."""
+    return recipe.kv_format
+
+
+def per_gpu_bytes_per_token(arch: Architecture, fmt: KVFormat, tp: int, pp: int,
+                            skip: tuple[int | str, ...] = (), skip_fmt: KVFormat = KVFormat.BF16) -> float:
+    """The fullest GPU's bytes per token with every layer holding it: its pipeline stage's layers (those in `skip`
+    stored in `skip_fmt`) x its share of the KV heads (an MLA latent whole)."""
+    return seq_bytes(arch, layer_formats(arch.layer_list(), fmt, skip, skip_fmt), 1, tp, pp)
+
+
+def seq_bytes(arch: Architecture, fmts: list[KVFormat], context: int, tp: int = 1, pp: int = 1,
+         accounting: Accounting = Accounting.EXACT, batched_tokens: int = 8192, block: int = VLLM_BLOCK_GPU) -> float:
+    return sequence_kv_bytes(arch.layer_list(), arch.kv_shape(), fmts, context, tp, pp, accounting, batched_tokens,
+                             block)
+
+
+def weights_bytes(arch: Architecture, recipe: Recipe) -> tuple[float, float]:
+    """(total bytes, per-GPU bytes) of the weights at the recipe's precision (as stored when pre-quantized)."""
+    dtype_bytes = DTYPE_BYTES[recipe.model.dtype]
+    if recipe.quantization.weights is WeightQuant.NONE and arch.stored_weights_bytes:
+        return arch.stored_weights_bytes, arch.stored_weights_bytes / recipe.world_size
+    params = arch.parameters()
+    embed = min(arch.embedding_parameters(), params)
+    per_weight = WEIGHT_BYTES.get(recipe.quantization.weights, float(dtype_bytes))
+    total = (params - embed) * per_weight + embed * dtype_bytes
+    return total, total / recipe.world_size
+
+
+def recipe_accounting(recipe: Recipe) -> tuple[Accounting, int]:
+    """The engine sizing the recipe's backend follows, and vLLM's block size on its hardware."""
+    block = VLLM_BLOCK_CPU if recipe.hardware.gpu is GPU.CPU else VLLM_BLOCK_GPU
+    return (Accounting.VLLM if recipe.build.backend.value == "vllm" else Accounting.EXACT), block
