@@ -152,3 +152,50 @@ def test_modelopt_fp8_export_runs_as_transformers_on_its_dequantized_weights(mod
     with pytest.raises(Exception, match="FP8 scales"):
         runtime.with_kv_format("int8")
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+RECIPE = """\
+model:
+  source: packaged:gemma3
+  num_layers: 18
+  num_attention_heads: 4
+  num_kv_heads: 1
+  head_dim: 256
+  hidden_size: 640
+quantization: {weights: none, kv_cache: KV}
+build: {backend: reference, max_input_len: 1024, max_seq_len: 2048}
+hardware: {gpu: cpu}
+"""
+
+
+def _recipe(tmp_path: Path, kv: str) -> Any:
+    from trtkv.recipe import load_recipe
+
+    path = tmp_path / "gemma3_test.yaml"
+    path.write_text(RECIPE.replace("KV", kv))
+    return load_recipe(str(path))
+
+
+def test_reference_backend_serves_an_hf_export_without_a_trtllm_checkpoint(tiny: tuple[Any, ReferenceRuntime],
+                                                                           tmp_path: Path) -> None:
+    """build writes runtime.json pointing at checkpoint/hf/; ReferenceRuntime.load (what the Triton model calls)
+    then runs the Gemma 3 export; an INT8-KV recipe on an HF export is refused with the reason."""
+    from trtkv.backends.reference import BACKEND, hf_export_only
+
+    model, _ = tiny
+    ckpt = tmp_path / "checkpoint"
+    _export(model, ckpt / "hf")
+    assert hf_export_only(ckpt) == ckpt / "hf"
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    lines: list[str] = []
+    info = BACKEND.build(_recipe(tmp_path, "none"), ckpt, engine, engine, {}, lines.append)
+    settings = json.loads((engine / "runtime.json").read_text())
+    assert settings["hf_checkpoint"] == str(ckpt / "hf") and "checkpoint" not in settings
+    assert info["kv_format"] == "none" and "no TensorRT-LLM checkpoint" in lines[0]
+    runtime = ReferenceRuntime.load(engine)
+    prompt = _prompt(9, 1)
+    assert runtime.generate(prompt, max_tokens=8) == _reference_tokens(model, prompt, 8)
+    assert runtime.max_seq_len == 256 and runtime.engine_dir == engine  # the model's 256 positions cap 2048
+    with pytest.raises(StageError, match="allowed here: fp8, none"):
+        BACKEND.build(_recipe(tmp_path, "int8"), ckpt, engine, engine, {}, lines.append)

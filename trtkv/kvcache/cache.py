@@ -296,7 +296,7 @@ def config_layer_windows(config) -> list[int | None]:  # noqa: ANN001 - any tran
     window = getattr(text, "sliding_window", None)
     if "sliding_attention" in layer_types and not window:
         raise TrtkvError(f"config layer_types has sliding_attention layers but sliding_window is {window!r}.")
-    return [int(window) if kind == "sliding_attention" else None for kind in layer_types]
+    return [int(window or 0) if kind == "sliding_attention" else None for kind in layer_types]
 
 
 class QuantizedKVCache(Cache):

@@ -132,8 +132,9 @@ class ReferenceRuntime:
         """Load ModelOpt's unified HF checkpoint (the LLM API's artifact) as TensorRT-LLM's PyTorch backend does:
         FP8 weights times weight_scale, and an FP8 KV cache with scale 1.0: that backend ignores the exported
         k_scale/v_scale for FP8 (it loads them for NVFP4 only; trtkv.runtime.hf_checkpoint); they are kept in
-        export_kv_scales for with_kv_format("fp8") (vLLM's semantics: K and V scaled apart). `kv_dtype` is kv_cache_config.dtype: auto
-        (the checkpoint's kv_cache_quant_algo) or fp8. Llama or Gemma 3 (trtkv.runtime.gemma3)."""
+        export_kv_scales for with_kv_format("fp8") (vLLM's semantics: K and V scaled apart). `kv_dtype` is
+        kv_cache_config.dtype: auto (the checkpoint's kv_cache_quant_algo) or fp8. Llama or Gemma 3
+        (trtkv.runtime.gemma3)."""
         import torch
         from transformers import AutoTokenizer
 
