@@ -160,3 +160,83 @@ def test_static_formats_need_scales(tiny: LlamaForCausalLM) -> None:
     with pytest.raises(TrtkvError, match="one scale per layer"):
         QuantizedKVCache(tiny.config, "int8", [0.1], [0.1])
     QuantizedKVCache(tiny.config, "fp8_scale1")  # scale 1.0, no calibration needed
+
+
+# ----------------------------------------------------------------------------- sliding-window layers (Gemma 3)
+
+
+def _run_chunks(model, cache, ids: torch.Tensor, chunks: list[int]) -> torch.Tensor:  # noqa: ANN001
+    """Logits of `ids` fed through `cache` in prompt chunks of the given sizes, then one token at a time."""
+    out, pos = [], 0
+    with torch.inference_mode():
+        for n in chunks:
+            out.append(model(input_ids=ids[:, pos: pos + n], past_key_values=cache, use_cache=True).logits)
+            pos += n
+        for t in range(pos, ids.shape[1]):
+            out.append(model(input_ids=ids[:, t: t + 1], past_key_values=cache, use_cache=True).logits)
+    return torch.cat(out, dim=1)
+
+
+def test_config_layer_windows_follow_layer_types() -> None:
+    from tests.runtime.tiny_gemma3 import tiny_gemma3
+    from trtkv.kvcache.cache import config_layer_windows
+
+    assert config_layer_windows(tiny_gemma3(window=6).config) == [6, 6, None, 6]
+    assert config_layer_windows(tiny_llama(2, 2, 64, 64).config) == [None, None]
+
+
+@pytest.mark.parametrize("fmt", ["fp16", "int8_token", "fp8"])
+def test_sliding_layers_keep_only_their_window(fmt: str) -> None:
+    """A sliding layer holds window - 1 tokens after each step (the engines' sliding KV), a full layer all of them;
+    the old cache refused any model with sliding layers."""
+    from tests.runtime.tiny_gemma3 import tiny_gemma3
+
+    model = tiny_gemma3(window=6)
+    scales = [0.05] * 4 if fmt == "fp8" else None
+    cache = QuantizedKVCache(model.config, fmt, scales, scales)
+    assert cache.is_sliding == [True, True, False, True] and cache.layer_windows == [6, 6, None, 6]
+    _run_chunks(model, cache, _ids(40), [9, 7])
+    assert cache.get_seq_length() == 40 and cache.stored_tokens() == [5, 5, 40, 5]
+    full = QuantizedKVCache(model.config, fmt, scales, scales, layer_windows=[None] * 4)
+    _run_chunks(model, full, _ids(40), [9, 7])
+    assert full.stored_tokens() == [40] * 4 and cache.stored_bytes() < full.stored_bytes()
+    assert cache.bytes_per_token() == pytest.approx(full.bytes_per_token())  # per token held, every layer
+
+
+@pytest.mark.parametrize(("fmt", "window", "tokens"), [("fp16", 6, 30), ("kivi4", 40, 300)])
+def test_window_trimming_changes_no_logit(fmt: str, window: int, tokens: int) -> None:
+    """Keeping only the window gives the logits of keeping everything under the model's sliding mask (chunked
+    prefill and decode alike); KIVI drops whole 32-token key groups and keeps its 128-token fp16 window."""
+    from tests.runtime.tiny_gemma3 import tiny_gemma3
+
+    model = tiny_gemma3(window=window)
+    ids = _ids(tokens)
+    chunks = [10, 7] if tokens < 100 else [150, 100]
+    trimmed = QuantizedKVCache(model.config, fmt)
+    kept = QuantizedKVCache(model.config, fmt, layer_windows=[None] * 4)
+    a, b = _run_chunks(model, trimmed, ids, chunks), _run_chunks(model, kept, ids, chunks)
+    # float32 sums run in another order; KIVI's 4-bit codes may flip on such differences (a lost token would be ~1)
+    torch.testing.assert_close(a, b, atol=2e-3 if fmt.startswith("kivi") else 2e-4, rtol=0)
+    with torch.inference_mode():
+        reference = model(input_ids=ids).logits  # no cache: transformers' own sliding mask, float32
+    assert (a - reference).abs().max() < (0.5 if fmt.startswith("kivi") else 5e-3)
+    sliding, full = trimmed.qlayers[0], trimmed.qlayers[2]
+    assert window - 1 <= sliding.stored_tokens + sliding._window()[0].shape[-2] < window - 1 + 32 + 128
+    assert full.stored_tokens + full._window()[0].shape[-2] == tokens
+
+
+def test_mask_sizes_match_transformers_sliding_layer() -> None:
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
+    from trtkv.kvcache.cache import QuantizedKVLayer
+    from trtkv.kvcache.quant import layer_codecs
+
+    ours, theirs = QuantizedKVLayer(layer_codecs("fp16"), sliding_window=5), DynamicSlidingWindowLayer(5)
+    for n in (3, 1, 4, 1, 1, 7, 1):
+        assert ours.get_mask_sizes(n) == theirs.get_mask_sizes(n)
+        k = torch.randn(1, 1, n, 8)
+        got, want = ours.update(k, k), theirs.update(k, k)
+        assert got[0].shape == want[0].shape
+        torch.testing.assert_close(got[0].float(), want[0], atol=2e-3, rtol=1e-3)
+    with pytest.raises(TrtkvError, match="sliding layer"):
+        ours.crop(4)

@@ -1,6 +1,10 @@
 """Backend `reference`: no engine is compiled. The build stage writes `runtime.json` pointing at the TensorRT-LLM
 checkpoint, and trtkv's CPU runtime (trtkv.runtime) executes it in PyTorch, read as TensorRT-LLM reads it, with the KV
 cache stored in the quantized format; the bundled tritonserver serves it. A correctness reference, not TensorRT.
+
+Where calibrate wrote no TensorRT-LLM checkpoint but an HF export (`checkpoint/hf/`: Gemma 3, which the engine path
+does not take), runtime.json points at that export (`hf_checkpoint`) and the runtime reads it as TensorRT-LLM's
+PyTorch backend does (ReferenceRuntime.load_hf: FP8 weights x weight_scale, FP8 KV with scale 1.0).
 """
 
 from __future__ import annotations
@@ -41,10 +45,52 @@ def _tokenizer_dir(recipe: Recipe, ckpt: Path) -> Path | None:
     return local if local is not None and (local / "tokenizer_config.json").is_file() else None
 
 
+def hf_export_only(ckpt: Path) -> Path | None:
+    """The HF export to serve when `ckpt` holds no TensorRT-LLM checkpoint (no rank0.safetensors) but `hf/`."""
+    hf = ckpt / "hf"
+    if not (ckpt / "rank0.safetensors").is_file() and (hf / "config.json").is_file():
+        return hf
+    return None
+
+
+def _hf_settings(recipe: Recipe, ckpt: Path, hf: Path, tmp: Path) -> dict[str, Any]:
+    """runtime.json for an HF export; the recipe's KV format must be the export's (FP8 or none)."""
+    from trtkv.errors import StageError
+    from trtkv.runtime import hf_checkpoint
+
+    algo = kv_cache_quant_algo(recipe)
+    _, exported = hf_checkpoint.quant_config(hf)
+    if algo != exported:
+        raise StageError(f"{hf}: kv_cache_quant_algo {exported!r} but recipe {recipe.name} asks "
+                         f"quantization.kv_cache -> {algo!r}, and {ckpt} has no TensorRT-LLM checkpoint (rank0.safetensors)"
+                         f" for the engine path. An HF export carries FP8 or no KV scales; allowed here: fp8, none. "
+                         f"Next: `trtkv calibrate {recipe.name} --force`, or set quantization.kv_cache to fp8 or none.")
+    tokenizer = _tokenizer_dir(recipe, ckpt)
+    return {
+        "backend": "reference",
+        "hf_checkpoint": str(hf),
+        "hf_checkpoint_relative": os.path.relpath(hf, tmp),  # used when the engines folder has moved
+        "tokenizer": str(tokenizer) if tokenizer else None,
+        "kv_cache_quant_algo": algo,
+        "max_seq_len": recipe.build.max_seq_len,
+        "max_batch_size": recipe.build.max_batch_size,
+        "max_num_tokens": recipe.build.max_num_tokens,
+        "enable_chunked_context": recipe.chunked_context,
+        "compute_dtype": "float32",
+        "kv_scale_semantics": "TensorRT-LLM PyTorch backend on the HF export: FP8 KV with scale 1.0 (the exported "
+                              "k_scale/v_scale, amax/448, are kept for kv_format fp8: vLLM's semantics)",
+        "activations": ACTIVATIONS_NOTE,
+    }
+
+
 def _build_reference(recipe: Recipe, ckpt: Path, tmp: Path, log: Callable[[str], None]) -> dict[str, Any]:
     """Write runtime.json (+ the HF config), then load the runtime from `tmp` and decode one token as a check."""
-    from trtkv.runtime import ReferenceRuntime
-
+    hf = hf_export_only(ckpt)
+    if hf is not None:
+        log(f"build: {ckpt} has no TensorRT-LLM checkpoint; the reference runtime reads the HF export {hf}")
+        settings = _hf_settings(recipe, ckpt, hf, tmp)
+        (tmp / RUNTIME_JSON).write_text(json.dumps(settings, indent=2) + "\n")
+        return _smoke(tmp, settings, log)
     hf_config = _hf_config_source(ckpt)
     if hf_config is not None:
         shutil.copyfile(hf_config, tmp / HF_CONFIG)
@@ -70,6 +116,12 @@ def _build_reference(recipe: Recipe, ckpt: Path, tmp: Path, log: Callable[[str],
         "activations": ACTIVATIONS_NOTE,
     }
     (tmp / RUNTIME_JSON).write_text(json.dumps(settings, indent=2) + "\n")
+    return _smoke(tmp, settings, log)
+
+
+def _smoke(tmp: Path, settings: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
+    from trtkv.runtime import ReferenceRuntime
+
     runtime = ReferenceRuntime.load(tmp)
     prompt = [runtime.bos_token_id if runtime.bos_token_id is not None else 0]
     first = runtime.generate(prompt, max_tokens=1)

@@ -12,10 +12,16 @@ query attends to the dequantized cache, its own position included, as a decode s
 single prefill pass gives exactly what token-by-token decoding would. KIVI keeps the most recent tokens in a float16
 window: each update attends to quantized history + that window, then flushes whole windows (128 tokens) into the
 quantized store, as KIVI's reference code does.
+
+Sliding-window layers (a model config's `layer_types` "sliding_attention", or `layer_windows=`) keep only their
+window, as vLLM and TensorRT-LLM do: after each update a layer holds the last `window - 1` tokens (rounded up to whole
+KIVI key groups) and returns the last `window - 1` + new ones, which is what transformers' DynamicSlidingWindowLayer
+returns and sizes its sliding mask for; a decode step then attends to exactly `window` tokens.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -35,23 +41,36 @@ class RowStore:
 
     def __init__(self, block: int = BLOCK_ROWS):
         self.block = block
-        self.used: dict[str, int] = {}
+        self.used: dict[str, int] = {}  # end of the live rows
+        self.start: dict[str, int] = {}  # first live row (rows before it were dropped: sliding-window layers)
         self.buffers: dict[str, torch.Tensor] = {}
 
     def append(self, parts: dict[str, torch.Tensor]) -> None:
         most = max(v.shape[-2] for v in parts.values())
         for name, value in parts.items():
             n = value.shape[-2]
-            rows = self.used.get(name, 0)
+            first, end = self.start.get(name, 0), self.used.get(name, 0)
+            rows = end - first
             buf = self.buffers.get(name)
-            if buf is None or rows + n > buf.shape[-2]:
+            if buf is None or end + n > buf.shape[-2]:
                 block = max(1, -(-self.block * n // most)) if most else self.block  # parts with fewer rows per token
                 new = self._alloc(value, -(-(rows + n) // block) * block)
                 if buf is not None:
-                    new[..., :rows, :] = buf[..., :rows, :]
+                    new[..., :rows, :] = buf[..., first:end, :]  # dropped rows are not carried over
                 self.buffers[name] = buf = new
-            buf[..., rows: rows + n, :] = value
-            self.used[name] = rows + n
+                first, end = 0, rows
+                self.start[name] = 0
+            buf[..., end: end + n, :] = value
+            self.used[name] = end + n
+
+    def drop_front(self, tokens: int, stored_tokens: int) -> None:
+        """Forget the oldest `tokens` of `stored_tokens` in every part (a part with one row per G tokens drops
+        tokens / G rows; `tokens` must be a multiple of every part's G)."""
+        if tokens <= 0:
+            return
+        for name, end in self.used.items():
+            first = self.start.get(name, 0)
+            self.start[name] = first + tokens * (end - first) // stored_tokens
 
     @staticmethod
     def _alloc(like: torch.Tensor, rows: int) -> torch.Tensor:
@@ -59,10 +78,10 @@ class RowStore:
 
     @property
     def rows(self) -> int:
-        return max(self.used.values(), default=0)
+        return max((end - self.start.get(k, 0) for k, end in self.used.items()), default=0)
 
     def view(self) -> dict[str, torch.Tensor]:
-        return {k: v[..., : self.used[k], :] for k, v in self.buffers.items()}
+        return {k: v[..., self.start.get(k, 0): self.used[k], :] for k, v in self.buffers.items()}
 
     def used_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.view().values())
@@ -74,20 +93,27 @@ class RowStore:
         self.buffers = {k: fn(v) for k, v in self.buffers.items()}
 
     def truncate(self, rows: int) -> None:
-        """Keep the first `rows` rows of every part (per-token formats only)."""
-        self.used = {k: min(v, rows) for k, v in self.used.items()}
+        """Keep the first `rows` live rows of every part (per-token formats only)."""
+        self.used = {k: min(v, self.start.get(k, 0) + rows) for k, v in self.used.items()}
 
 
 class QuantizedKVLayer(DynamicLayer):
-    """One layer's quantized K/V store (+ KIVI's full-precision window in self.keys/self.values)."""
+    """One layer's quantized K/V store (+ KIVI's full-precision window in self.keys/self.values); with
+    `sliding_window` it keeps only that window (see the module docstring)."""
 
-    def __init__(self, codecs: LayerCodecs, record_positions: bool = False, track_clipping: bool = True):
+    def __init__(self, codecs: LayerCodecs, record_positions: bool = False, track_clipping: bool = True,
+                 sliding_window: int | None = None):
         super().__init__()
+        if sliding_window is not None and sliding_window < 1:
+            raise TrtkvError(f"sliding_window {sliding_window}: must be >= 1 (or None for full attention).")
         self.codecs = codecs
         self.record_positions = record_positions
         self.track_clipping = track_clipping or record_positions
+        self.sliding_window = sliding_window
+        self.is_sliding = sliding_window is not None  # read by transformers' masks (Cache.is_sliding)
         self.k_store, self.v_store = RowStore(), RowStore()
-        self.quantized_tokens = 0
+        self.quantized_tokens = 0  # tokens ever quantized into the store
+        self.stored_tokens = 0  # tokens the store holds now (fewer on a sliding layer)
         self.cumulative_length = 0
         self.clip = {"key": 0, "value": 0}  # elements beyond the static range
         self.elements = {"key": 0, "value": 0}
@@ -107,6 +133,15 @@ class QuantizedKVLayer(DynamicLayer):
         """Store the new tokens, return the dequantized K/V of all tokens (the attention's view)."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        past = self.cumulative_length
+        keys, values = self._update(key_states, value_states)
+        if self.sliding_window is None:
+            return keys, values
+        attended = min(past, self.sliding_window - 1) + key_states.shape[-2]  # what get_mask_sizes announced
+        self._slide()
+        return keys[..., -attended:, :], values[..., -attended:, :]
+
+    def _update(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self.cumulative_length += key_states.shape[-2]
         window = self.codecs.residual
         if not window:
@@ -125,6 +160,19 @@ class QuantizedKVLayer(DynamicLayer):
         self.keys, self.values = res_k, res_v
         return keys, values
 
+    def _slide(self) -> None:
+        """Drop the stored tokens a sliding layer no longer needs: keep the last window - 1 (whole key groups)."""
+        if self.sliding_window is None:
+            return
+        residual = self._window()[0].shape[-2] if self.codecs.residual else 0
+        excess = self.stored_tokens + residual - (self.sliding_window - 1)
+        group = math.lcm(self.codecs.key.token_group, self.codecs.value.token_group)
+        drop = min(excess, self.stored_tokens) // group * group
+        if drop > 0:
+            self.k_store.drop_front(drop, self.stored_tokens)
+            self.v_store.drop_front(drop, self.stored_tokens)
+            self.stored_tokens -= drop
+
     def _window(self) -> tuple[torch.Tensor, torch.Tensor]:
         """KIVI's full-precision window (kept in self.keys/self.values, as DynamicLayer keeps its tensors)."""
         if self.keys is None or self.values is None:
@@ -137,6 +185,7 @@ class QuantizedKVLayer(DynamicLayer):
         self.k_store.append(self.codecs.key.encode(k))
         self.v_store.append(self.codecs.value.encode(v))
         self.quantized_tokens += k.shape[-2]
+        self.stored_tokens += k.shape[-2]
 
     def _track(self, k: torch.Tensor, v: torch.Tensor) -> None:
         per_token = None
@@ -161,7 +210,15 @@ class QuantizedKVLayer(DynamicLayer):
         return self.cumulative_length
 
     def get_max_length(self) -> int:
-        return -1
+        return self.sliding_window if self.sliding_window is not None else -1
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """(kv_length, kv_offset) of the keys the next update returns, as transformers' DynamicLayer and
+        DynamicSlidingWindowLayer report them (transformers sizes the attention mask with these)."""
+        if self.sliding_window is None:
+            return self.cumulative_length + query_length, 0
+        past = self.cumulative_length
+        return min(past, self.sliding_window - 1) + query_length, max(past - self.sliding_window + 1, 0)
 
     def stored_bytes(self) -> int:
         return self.quantized_bytes() + self.residual_bytes() + self.static_scale_bytes()
@@ -205,15 +262,18 @@ class QuantizedKVLayer(DynamicLayer):
             max_length = self.cumulative_length - abs(max_length)
         if self.cumulative_length <= max_length:
             return
+        if self.sliding_window is not None and self.cumulative_length >= self.sliding_window:
+            raise TrtkvError(f"crop() after {self.cumulative_length} tokens on a sliding layer (window "
+                             f"{self.sliding_window}): the tokens before the window are gone.")
         if self.codecs.residual or self.codecs.key.token_group != 1:
             raise TrtkvError("crop() is not supported for KIVI formats (their keys are quantized in token groups).")
         self.k_store.truncate(max_length)
         self.v_store.truncate(max_length)
-        self.quantized_tokens = self.cumulative_length = max_length
+        self.quantized_tokens = self.stored_tokens = self.cumulative_length = max_length
 
     def reset(self) -> None:
         self.k_store, self.v_store = RowStore(), RowStore()
-        self.quantized_tokens = self.cumulative_length = 0
+        self.quantized_tokens = self.stored_tokens = self.cumulative_length = 0
         if self.is_initialized:
             res_k, res_v = self._window()
             self.keys, self.values = res_k[..., :0, :], res_v[..., :0, :]
@@ -222,23 +282,45 @@ class QuantizedKVLayer(DynamicLayer):
         raise TrtkvError("QuantizedKVCache does not support offloading.")
 
 
+ATTENTION_TYPES = ("full_attention", "sliding_attention")  # config layer_types the cache stores
+
+
+def config_layer_windows(config) -> list[int | None]:  # noqa: ANN001 - any transformers config
+    """Per layer: the sliding window a "sliding_attention" layer keeps (config.sliding_window), None for a
+    "full_attention" one; a TrtkvError for other layer types (chunked, linear attention)."""
+    text = config.get_text_config(decoder=True)
+    layer_types = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
+    other = sorted(set(layer_types) - set(ATTENTION_TYPES))
+    if other:
+        raise TrtkvError(f"QuantizedKVCache stores {', '.join(ATTENTION_TYPES)} layers; this model has {other}.")
+    window = getattr(text, "sliding_window", None)
+    if "sliding_attention" in layer_types and not window:
+        raise TrtkvError(f"config layer_types has sliding_attention layers but sliding_window is {window!r}.")
+    return [int(window or 0) if kind == "sliding_attention" else None for kind in layer_types]
+
+
 class QuantizedKVCache(Cache):
     """KV cache storing every layer in `fmt` (the probe's and the reference runtime's):
     QuantizedKVCache(config, fmt, k_scales, v_scales)."""
 
     def __init__(self, config, fmt: KVFormat | str | FormatChoice, k_scales: Sequence[KVScale] | None = None,  # noqa: ANN001
                  v_scales: Sequence[KVScale] | None = None, *, record_positions: bool = False,
-                 track_clipping: bool = True, keep_layers: Sequence[int] = (), keep_format: KVFormat | str = "bf16"):
+                 track_clipping: bool = True, keep_layers: Sequence[int] = (), keep_format: KVFormat | str = "bf16",
+                 layer_windows: Sequence[int | None] | None = None):
         """`keep_layers`: layers stored in `keep_format` (the model dtype) instead of `fmt`, as vLLM's
         --kv-cache-dtype-skip-layers keeps them (per-layer KV precision); the packed formats (turboquant_*,
-        ultraquant_4bit) add vLLM's boundary layers, which vLLM keeps whatever the flags say."""
+        ultraquant_4bit) add vLLM's boundary layers, which vLLM keeps whatever the flags say.
+        `layer_windows`: per layer the sliding window it keeps (None: every token); default
+        config_layer_windows(config), i.e. the model's own sliding layers keep their window as the engines do.
+        Passing [None] * layers keeps every token everywhere (the model's masks still restrict what is attended)."""
         self.format = parse_format(fmt)
         text = config.get_text_config(decoder=True)
-        layer_types = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
-        if set(layer_types) - {"full_attention"}:
-            raise TrtkvError(f"QuantizedKVCache supports full-attention layers only; this model has "
-                             f"{sorted(set(layer_types))}.")
         n = text.num_hidden_layers
+        windows = config_layer_windows(config) if layer_windows is None else list(layer_windows)
+        if len(windows) != n:
+            raise TrtkvError(f"layer_windows has {len(windows)} entries for a model with {n} layers. Next: one per "
+                             f"layer (None for full attention).")
+        self.layer_windows = windows
         ks, vs = self._scales(self.format, n, k_scales, v_scales)
         self.k_scales, self.v_scales = ks, vs
         keep = set(keep_layers)
@@ -247,7 +329,8 @@ class QuantizedKVCache(Cache):
         keep |= set(boundary_layers(self.format.base, n))  # vLLM always keeps these for turboquant_*/ultraquant_4bit
         self.keep_layers = sorted(keep)
         self.qlayers = [QuantizedKVLayer(layer_codecs(keep_format) if i in keep else
-                                         layer_codecs(self.format, ks[i], vs[i]), record_positions, track_clipping)
+                                         layer_codecs(self.format, ks[i], vs[i]), record_positions, track_clipping,
+                                         sliding_window=windows[i])
                         for i in range(n)]
         super().__init__(layers=list(self.qlayers))
 
@@ -288,10 +371,14 @@ class QuantizedKVCache(Cache):
     def quantized_tokens(self) -> int:
         return self.qlayers[0].quantized_tokens if self.qlayers else 0
 
+    def stored_tokens(self) -> list[int]:
+        """Tokens each layer's quantized store holds now (a sliding layer: about its window)."""
+        return [layer.stored_tokens for layer in self.qlayers]
+
     def bytes_per_token(self) -> float:
-        """Stored bytes per quantized token, KIVI's full-precision window left out (the planner's formula)."""
-        tokens = self.quantized_tokens()
-        return self.quantized_bytes() / tokens if tokens else 0.0
+        """Stored bytes per quantized token summed over layers, each layer over the tokens it holds, KIVI's
+        full-precision window left out (the planner's formula)."""
+        return sum(layer.quantized_bytes() / layer.stored_tokens for layer in self.qlayers if layer.stored_tokens)
 
     def clip_stats(self) -> dict:
         """Clipping of the static formats: totals and per layer."""

@@ -126,7 +126,7 @@ def prefill_chunk(runtime: ReferenceRuntime, seq: SequenceState, budget: int | N
     n = rest if budget is None else max(1, min(rest, budget))
     ids = torch.tensor([seq.prompt[seq.prefilled: seq.prefilled + n]], dtype=torch.long)
     with torch.inference_mode():
-        out = runtime.model(input_ids=ids, past_key_values=seq.cache, use_cache=True)
+        out = runtime.model(input_ids=ids, past_key_values=seq.cache, use_cache=True, logits_to_keep=1)
     seq.prefilled += n
     if seq.prefilled < len(seq.prompt):
         return False
@@ -140,10 +140,14 @@ def decode_step(runtime: ReferenceRuntime, seqs: list[SequenceState]) -> torch.T
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+    from trtkv.runtime import gemma3
+
     model = runtime.model.model
     ids = torch.tensor([[s.last] for s in seqs], dtype=torch.long)
     positions = torch.tensor([[s.cache.get_seq_length()] for s in seqs], dtype=torch.long)
     with torch.inference_mode():
+        if gemma3.is_gemma3(runtime.model.config):
+            return gemma3.decode_step(runtime.model, seqs, ids, positions)
         h = model.embed_tokens(ids)  # (B, 1, D)
         cos, sin = model.rotary_emb(h, positions)
         batch = len(seqs)

@@ -31,18 +31,20 @@ from trtkv.runtime.sampling import LogitControls
 
 @dataclass
 class ReferenceRuntime:
-    """A loaded checkpoint: a float32 Llama, its tokenizer and the KV-cache settings of the engine."""
+    """A loaded checkpoint: a float32 Llama or Gemma 3, its tokenizer and the KV-cache settings of the engine."""
 
     model: Any
     config: Any
     tokenizer: Any
-    kv_format: str  # "fp8" | "int8" | "none"
-    kv_scales: list[float] | None
+    kv_format: str  # "fp8" | "int8" | "fp8_scale1" | "none"
+    kv_scales: list[float] | None  # per layer: the TensorRT-LLM checkpoint's kv_cache_scaling_factor (K and V)
     max_seq_len: int
     eos_token_ids: list[int]
     bos_token_id: int | None
     engine_dir: Path
     settings: dict[str, Any] = field(default_factory=dict)
+    # the HF export's per-layer (k_scale, v_scale), FP8 amax/448: used by kv_format "fp8" when kv_scales is None
+    export_kv_scales: tuple[list[float], list[float]] | None = None
 
     @property
     def eos_token_id(self) -> int | None:
@@ -72,6 +74,8 @@ class ReferenceRuntime:
             torch.set_num_threads(threads)
         engine_dir = Path(engine_dir)
         settings = read_json(engine_dir / RUNTIME_JSON)
+        if settings.get("hf_checkpoint") and checkpoint is None:
+            return cls._load_hf_engine(engine_dir, settings, threads, kv_format)
         ckpt = Path(settings["checkpoint"])
         if not ckpt.is_dir() and settings.get("checkpoint_relative"):
             ckpt = (engine_dir / settings["checkpoint_relative"]).resolve()
@@ -107,12 +111,30 @@ class ReferenceRuntime:
         return runtime.with_kv_format(kv_format) if kv_format else runtime
 
     @classmethod
+    def _load_hf_engine(cls, engine_dir: Path, settings: dict[str, Any], threads: int | None,
+                        kv_format: str | None) -> ReferenceRuntime:
+        """runtime.json of the reference backend pointing at an HF export (`hf_checkpoint`: a model, e.g. Gemma 3,
+        with no TensorRT-LLM checkpoint): read as TensorRT-LLM's PyTorch backend reads it (load_hf)."""
+        hf_dir = Path(settings["hf_checkpoint"])
+        if not hf_dir.is_dir() and settings.get("hf_checkpoint_relative"):
+            hf_dir = (engine_dir / settings["hf_checkpoint_relative"]).resolve()
+        runtime = cls.load_hf(hf_dir, threads=threads, max_seq_len=settings.get("max_seq_len"),
+                              max_num_tokens=settings.get("max_num_tokens"),
+                              enable_chunked_prefill=bool(settings.get("enable_chunked_context")),
+                              tokenizer=settings.get("tokenizer"))
+        runtime = replace(runtime, engine_dir=engine_dir, settings={**runtime.settings, **settings})
+        return runtime.with_kv_format(kv_format) if kv_format else runtime
+
+    @classmethod
     def load_hf(cls, hf_dir: Path, *, threads: int | None = None, kv_dtype: str = "auto", max_seq_len: int | None = None,
-                max_num_tokens: int | None = None, enable_chunked_prefill: bool = False) -> ReferenceRuntime:
+                max_num_tokens: int | None = None, enable_chunked_prefill: bool = False,
+                tokenizer: str | Path | None = None) -> ReferenceRuntime:
         """Load ModelOpt's unified HF checkpoint (the LLM API's artifact) as TensorRT-LLM's PyTorch backend does:
         FP8 weights times weight_scale, and an FP8 KV cache with scale 1.0: that backend ignores the exported
-        k_scale/v_scale for FP8 (it loads them for NVFP4 only; trtkv.runtime.hf_checkpoint). `kv_dtype` is
-        kv_cache_config.dtype: auto (the checkpoint's kv_cache_quant_algo) or fp8."""
+        k_scale/v_scale for FP8 (it loads them for NVFP4 only; trtkv.runtime.hf_checkpoint); they are kept in
+        export_kv_scales for with_kv_format("fp8") (vLLM's semantics: K and V scaled apart). `kv_dtype` is
+        kv_cache_config.dtype: auto (the checkpoint's kv_cache_quant_algo) or fp8. Llama or Gemma 3
+        (trtkv.runtime.gemma3)."""
         import torch
         from transformers import AutoTokenizer
 
@@ -133,13 +155,17 @@ class ReferenceRuntime:
                              f"null). Next: calibrate with quantization.kv_cache fp8.")
         if kv_algo not in hf.KV_FORMATS:
             raise StageError(f"{where}: kv_cache_quant_algo {kv_algo!r}; the reference engine runs FP8 or none.")
-        config = hf.hf_llama_config(hf_dir)
+        config = hf.hf_model_config(hf_dir)
         tensors = hf.load_tensors(hf_dir)
-        model = build_model(config, hf.dequantized_state_dict(tensors, weight_algo, hf_dir))
-        if kv_algo is not None or kv_dtype == "fp8":
-            hf.kv_scales(tensors, config.num_hidden_layers, hf_dir)  # exported (vLLM reads them): checked, not used
-        tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
-        eos = config.eos_token_id if config.eos_token_id is not None else tokenizer.eos_token_id
+        model = hf.build_hf_model(config, hf.dequantized_state_dict(tensors, weight_algo, hf_dir))
+        export_scales = None
+        if kv_algo is not None:  # exported for vLLM; TensorRT-LLM's PyTorch backend runs FP8 KV with scale 1.0
+            export_scales = hf.kv_scales(tensors, config.num_hidden_layers, hf_dir)
+        del tensors
+        source = Path(tokenizer) if tokenizer else hf_dir
+        has_tokenizer = (source / "tokenizer_config.json").is_file() or (source / "tokenizer.json").is_file()
+        tok = AutoTokenizer.from_pretrained(str(source)) if has_tokenizer else None  # None: token ids only
+        eos = config.eos_token_id if config.eos_token_id is not None else getattr(tok, "eos_token_id", None)
         eos_ids = [int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
         limit = int(config.max_position_embeddings)
         seq_len = min(max_seq_len or limit, limit)
@@ -148,28 +174,38 @@ class ReferenceRuntime:
                     "kv_scale_semantics": "TensorRT-LLM PyTorch backend: FP8 KV with scale 1.0 (the exported "
                                           "k_scale/v_scale are read for NVFP4 only)"}
         kv_format = "fp8_scale1" if kv_algo == "FP8" or kv_dtype == "fp8" else "none"
-        return cls(model=model, config=config, tokenizer=tokenizer, kv_format=kv_format, kv_scales=None,
-                   max_seq_len=seq_len, eos_token_ids=eos_ids,
-                   bos_token_id=config.bos_token_id, engine_dir=hf_dir, settings=settings)
+        return cls(model=model, config=config, tokenizer=tok, kv_format=kv_format, kv_scales=None,
+                   max_seq_len=seq_len, eos_token_ids=eos_ids, bos_token_id=config.bos_token_id, engine_dir=hf_dir,
+                   settings=settings, export_kv_scales=export_scales)
 
     def with_kv_format(self, kv_format: str) -> ReferenceRuntime:
-        """The same weights with another KV cache ("none" = unquantized float32 cache), e.g. for A/B checks."""
-        if kv_format not in ("none", "fp8", "int8", "fp8_scale1"):
-            raise RequestError(f"kv_format {kv_format!r}: allowed none, fp8, int8, fp8_scale1.")
-        if kv_format in ("fp8", "int8") and self.kv_scales is None:
-            raise RequestError(f"kv_format {kv_format}: this checkpoint has no kv_cache_scaling_factor.")
+        """The same weights with another KV cache ("none" = unquantized float32 cache; "bf16"/"fp16" a 16-bit one),
+        e.g. for A/B checks."""
+        if kv_format not in ("none", "bf16", "fp16", "fp8", "int8", "fp8_scale1"):
+            raise RequestError(f"kv_format {kv_format!r}: allowed none, bf16, fp16, fp8, int8, fp8_scale1.")
+        if kv_format == "int8" and self.kv_scales is None:
+            raise RequestError("kv_format int8: this checkpoint has no kv_cache_scaling_factor (an HF export's "
+                               "k_scale/v_scale are FP8 scales, amax/448). Next: fp8, fp8_scale1 or none.")
+        if kv_format == "fp8" and self.kv_scales is None and self.export_kv_scales is None:
+            raise RequestError("kv_format fp8: this checkpoint has no kv_cache_scaling_factor and no k_scale/v_scale.")
         return replace(self, kv_format=kv_format)
 
     def new_cache(self) -> Any:
-        """A fresh KV cache for one request (quantized as the engine's, or unquantized)."""
+        """A fresh KV cache for one request (quantized as the engine's, or unquantized); sliding-window layers
+        (Gemma 3) keep only their window, as the engines' caches do."""
         if self.kv_format == "none":
             from transformers import DynamicCache
 
             return DynamicCache(config=self.config)
         from trtkv.kvcache.cache import QuantizedKVCache
 
-        scales = self.kv_scales if self.kv_format in ("fp8", "int8") else None
-        return QuantizedKVCache(config=self.config, fmt=self.kv_format, k_scales=scales, v_scales=scales)
+        k_scales = v_scales = None
+        if self.kv_format in ("fp8", "int8"):
+            if self.kv_scales is not None:  # TensorRT-LLM <= 1.2: one scale per layer for K and V
+                k_scales = v_scales = self.kv_scales
+            elif self.export_kv_scales is not None:  # vLLM on the HF export: K and V apart
+                k_scales, v_scales = self.export_kv_scales
+        return QuantizedKVCache(config=self.config, fmt=self.kv_format, k_scales=k_scales, v_scales=v_scales)
 
     def check_request(self, input_ids: Sequence[int], max_tokens: int, temperature: float, top_k: int,
                        top_p: float) -> None:

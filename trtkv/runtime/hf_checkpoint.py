@@ -1,5 +1,5 @@
 """ModelOpt's unified HF checkpoint (what `trtkv calibrate` writes to checkpoint/hf/, and what TensorRT-LLM's LLM API
-and vLLM load) as a float32 LlamaForCausalLM plus its KV-cache scales.
+and vLLM load) as a float32 LlamaForCausalLM or Gemma3ForCausalLM (trtkv.runtime.gemma3) plus its KV-cache scales.
 
 Read as TensorRT-LLM's PyTorch backend reads it: `hf_quant_config.json` says the weight and KV formats
 (`quantization.quant_algo`, `quantization.kv_cache_quant_algo`); an FP8 weight is `weight` (float8_e4m3fn) times its
@@ -64,6 +64,32 @@ def load_tensors(hf_dir: Path) -> dict[str, torch.Tensor]:
     for path in files:
         tensors.update(load_file(str(path)))
     return tensors
+
+
+ARCHITECTURES = ("LlamaForCausalLM", "Gemma3ForCausalLM")
+
+
+def hf_model_config(hf_dir: Path) -> Any:
+    """The model's float32 config from config.json: a LlamaConfig or a Gemma3TextConfig (the architectures the
+    reference engine runs); refuses the others."""
+    from trtkv.runtime import gemma3
+
+    raw = _read_json(hf_dir / "config.json")
+    archs = raw.get("architectures") or ["LlamaForCausalLM"]
+    if archs == [gemma3.ARCHITECTURE]:
+        return gemma3.gemma3_config(raw, hf_dir / "config.json")
+    if archs != ["LlamaForCausalLM"]:
+        raise StageError(f"{hf_dir / 'config.json'}: architectures {archs}; the reference engine runs "
+                         f"{' or '.join(ARCHITECTURES)}. Next: serve this model with another backend (vllm, llmapi).")
+    return hf_llama_config(hf_dir)
+
+
+def build_hf_model(config: Any, state_dict: dict[str, torch.Tensor]) -> Any:
+    """The float32 transformers model of `config` holding exactly `state_dict`."""
+    from trtkv.runtime import gemma3
+    from trtkv.runtime.checkpoint import build_model
+
+    return gemma3.build_gemma3(config, state_dict) if gemma3.is_gemma3(config) else build_model(config, state_dict)
 
 
 def hf_llama_config(hf_dir: Path) -> Any:
