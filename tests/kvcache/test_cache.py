@@ -178,7 +178,7 @@ def _run_chunks(model, cache, ids: torch.Tensor, chunks: list[int]) -> torch.Ten
 
 
 def test_config_layer_windows_follow_layer_types() -> None:
-    from tests.runtime.tiny_gemma3 import tiny_gemma3
+    from tests.support.tiny_gemma3 import tiny_gemma3
     from trtkv.kvcache.cache import config_layer_windows
 
     assert config_layer_windows(tiny_gemma3(window=6).config) == [6, 6, None, 6]
@@ -189,7 +189,7 @@ def test_config_layer_windows_follow_layer_types() -> None:
 def test_sliding_layers_keep_only_their_window(fmt: str) -> None:
     """A sliding layer holds window - 1 tokens after each step (the engines' sliding KV), a full layer all of them;
     the old cache refused any model with sliding layers."""
-    from tests.runtime.tiny_gemma3 import tiny_gemma3
+    from tests.support.tiny_gemma3 import tiny_gemma3
 
     model = tiny_gemma3(window=6)
     scales = [0.05] * 4 if fmt == "fp8" else None
@@ -207,7 +207,7 @@ def test_sliding_layers_keep_only_their_window(fmt: str) -> None:
 def test_window_trimming_changes_no_logit(fmt: str, window: int, tokens: int) -> None:
     """Keeping only the window gives the logits of keeping everything under the model's sliding mask (chunked
     prefill and decode alike); KIVI drops whole 32-token key groups and keeps its 128-token fp16 window."""
-    from tests.runtime.tiny_gemma3 import tiny_gemma3
+    from tests.support.tiny_gemma3 import tiny_gemma3
 
     model = tiny_gemma3(window=window)
     ids = _ids(tokens)

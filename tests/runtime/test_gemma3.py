@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.runtime.tiny_gemma3 import VOCAB, tiny_gemma3
-from trtkv.errors import StageError
+from tests.support.tiny_gemma3 import VOCAB, tiny_gemma3
+from trtkv.core.errors import StageError
 from trtkv.runtime import Batcher, ReferenceRuntime, make_sequence
 from trtkv.runtime.batch import run_solo
 

@@ -20,7 +20,7 @@ TOKENS = 6
 def gemma3() -> tuple[Any, ReferenceRuntime]:
     from transformers import AutoModelForCausalLM
 
-    from trtkv.model import packaged_model
+    from trtkv.checkpoints.models import packaged_model
 
     folder = packaged_model("gemma3")
     reference = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()

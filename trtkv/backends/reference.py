@@ -55,7 +55,7 @@ def hf_export_only(ckpt: Path) -> Path | None:
 
 def _hf_settings(recipe: Recipe, ckpt: Path, hf: Path, tmp: Path) -> dict[str, Any]:
     """runtime.json for an HF export; the recipe's KV format must be the export's (FP8 or none)."""
-    from trtkv.errors import StageError
+    from trtkv.core.errors import StageError
     from trtkv.runtime import hf_checkpoint
 
     algo = kv_cache_quant_algo(recipe)

@@ -21,7 +21,7 @@ import copy
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtkv.errors import StageError
+from trtkv.core.errors import StageError
 
 if TYPE_CHECKING:
     import torch
