@@ -147,8 +147,8 @@ def ruler_task(tokenizer: Any, lengths: Sequence[int], samples: int, max_input_l
                             input_tokens=item.input_tokens + specials, max_tokens=item.max_tokens)
         jobs.append(Job(rec, item.prompt, SamplingParams(max_tokens=item.max_tokens)))
     base = [f"RULER (NVIDIA/RULER {RULER_COMMIT[:12]}) tasks {', '.join(TASK_NAMES)} at lengths {list(lengths)}, "
-            f"{samples} items each, seed {seed}, 'base' template, greedy, max_tokens per task "
-            f"{ {t: max_tokens(t) for t in TASK_NAMES} }; score string_match_all (percent) with a "
+            f"{samples} items each, seed {seed}, 'base' template, greedy, max_tokens "
+            f"{', '.join(f'{t} {max_tokens(t)}' for t in TASK_NAMES)}; score string_match_all (percent) with a "
             f"{CONFIDENCE:.0%} Wilson interval", *notes]
     task_notes = list(base)
 

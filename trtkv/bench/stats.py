@@ -41,4 +41,4 @@ def wilson_interval(successes: float, n: int, confidence: float = 0.95) -> tuple
     p = min(1.0, max(0.0, successes / n))
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    return (0.0 if p == 0.0 else max(0.0, centre - half)), (1.0 if p == 1.0 else min(1.0, centre + half))
