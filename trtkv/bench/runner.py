@@ -10,7 +10,7 @@ from typing import Any
 
 from trtkv.backends import for_recipe
 from trtkv.bench import accuracy as acc_tasks
-from trtkv.bench import aiperf_export, plots, results, slo
+from trtkv.bench import aiperf_export, plots, results, ruler, slo
 from trtkv.bench.client import Endpoint, SamplingParams, now_ns
 from trtkv.bench.endpoints import check_endpoint, session_factory
 from trtkv.bench.loadgen import Interrupted, Job, run_concurrency, run_rate
@@ -163,6 +163,9 @@ def build_tasks(recipe: Recipe, tokenizer: Any, names: Sequence[str], golden_pro
             elif name == "needle":
                 tasks.append(acc_tasks.needle_task(tokenizer, long_text(), b.needle_context_lengths,
                                                    recipe.probe.needle_depths, recipe.build.max_seq_len))
+            elif name == "ruler":
+                tasks.append(ruler.ruler_task(tokenizer, b.ruler_lengths, b.ruler_samples, recipe.build.max_input_len,
+                                              recipe.build.max_seq_len))
         except TrtkvError as exc:
             failed[name] = {"error": str(exc)}
     return tasks, failed

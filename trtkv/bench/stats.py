@@ -28,3 +28,17 @@ def summarize(values: Sequence[float]) -> dict[str, float | int]:
     for name, q in PERCENTILES.items():
         out[name] = percentile(data, q)
     return out
+
+
+def wilson_interval(successes: float, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a proportion; (nan, nan) for n = 0. `successes` may be fractional (n times a mean of
+    scores in [0, 1]): such a score's variance is at most p(1 - p), so the interval is then conservative."""
+    if n <= 0:
+        return math.nan, math.nan
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    p = min(1.0, max(0.0, successes / n))
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (0.0 if p == 0.0 else max(0.0, centre - half)), (1.0 if p == 1.0 else min(1.0, centre + half))

@@ -86,6 +86,7 @@ class BenchTask(str, Enum):
     QUIZ = "quiz"
     GOLDEN = "golden"
     NEEDLE = "needle"
+    RULER = "ruler"  # RULER's niah_single_1, niah_multikey_2/3, vt, cwe, fwe (trtkv.bench.ruler; docs/ruler.md)
 
 
 class Protocol(str, Enum):
@@ -304,6 +305,8 @@ class BenchConfig(_Section):
     )
     quiz_items: int = Field(40, gt=0, description="Quiz questions asked.")
     needle_context_lengths: list[int] = Field([512], description="Haystack lengths (tokens) for needle retrieval.")
+    ruler_lengths: list[int] = Field([4096], description="RULER sequence lengths (tokens: prompt + tokens to generate).")
+    ruler_samples: int = Field(20, gt=0, description="RULER items per task and length (RULER itself uses 500).")
     request_timeout_s: float = Field(120.0, gt=0, description="A request slower than this counts as failed.")
     thresholds: list[str] = Field(
         [], description="SLOs `metric.stat<=value`, e.g. `time_to_first_token.p99<=500`, `quiz.accuracy>=0.3`."
@@ -317,7 +320,7 @@ class BenchConfig(_Section):
             raise ValueError(f"{bad[0]!r} is not of the form metric.stat<=value (or >=, <, >)")
         return [v.strip() for v in values]
 
-    @field_validator("concurrency", "needle_context_lengths")
+    @field_validator("concurrency", "needle_context_lengths", "ruler_lengths")
     @classmethod
     def _positive(cls, values: list[int]) -> list[int]:
         if any(v <= 0 for v in values):
