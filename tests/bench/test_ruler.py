@@ -14,7 +14,7 @@ from trtkv.bench import ruler, ruler_gen
 from trtkv.bench.prompts import load_tokenizer
 from trtkv.bench.records import ERROR, OK, RequestRecord
 from trtkv.bench.stats import wilson_interval
-from trtkv.errors import ToolError
+from trtkv.core.errors import ToolError
 
 TASKS = ["niah_single_1", "niah_multikey_2", "niah_multikey_3", "vt", "cwe", "fwe"]
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from trtkv.bench.ruler_gen import FAMILIES, RULER_COMMIT, RULER_SEED, TASKS, Encode, RulerError, RulerItem, generate
 from trtkv.bench.stats import wilson_interval
-from trtkv.errors import TrtkvError
+from trtkv.core.errors import TrtkvError
 
 CONFIDENCE = 0.95
 TASK_NAMES = tuple(TASKS)

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import Any
 
-from trtkv.errors import ToolError, TrtkvError
+from trtkv.core.errors import ToolError, TrtkvError
 
 RULER_COMMIT = "c3f5e3b4f87f97e048793bb510a3a6b19a46bf3a"
 RULER_SEED = 42  # scripts/data/prepare.py --random_seed default

@@ -18,6 +18,7 @@ ACCURACY_STATS = {
     "quiz": ("accuracy", "correct", "total"),
     "golden": ("agreement", "exact_match", "total"),
     "needle": ("accuracy", "correct", "total"),
+    "ruler": ("accuracy", "correct", "total"),  # string_match_all; `correct` counts items scored 1.0
 }
 SYSTEM_STATS = ("avg",)
 FAILURE_STATS = ("failed", "rate")  # request_errors.failed / request_errors.rate over measured requests

@@ -47,7 +47,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-failures", action="store_true",
                    help="do not fail the bench because requests failed (by default any failed request is an SLO "
                         "breach: request_errors.failed<=0, exit 1)")
-    p.add_argument("--tasks", help="accuracy tasks, comma separated (quiz,golden,needle) or `none` "
+    from trtkv.recipe.schema import BenchTask  # the task names, from the one enum the recipe validates against
+
+    p.add_argument("--tasks", help=f"accuracy tasks, comma separated ({','.join(t.value for t in BenchTask)}) or `none` "
                                    "(default: the recipe's bench.tasks)")
     p.add_argument("--no-latency", action="store_true", help="skip the latency sweep (accuracy tasks only)")
     p.add_argument("--golden-prompts", type=int, default=8, help="prompts in the golden-agreement task (default 8)")
