@@ -12,6 +12,16 @@ from trtkv.recipe.schema import Backend, BenchTask, GemmPlugin, KVCacheQuant, Re
 # pairs, as cross_field_problems returns them.
 BACKEND_RULES: dict[Backend, Callable[[Recipe], list[tuple[str, str]]]] = {}
 
+# model.architecture values ModelOpt 0.47 exports only as its unified HF checkpoint (checkpoint/hf/), never as a
+# TensorRT-LLM checkpoint, and why: calibrate writes hf/ alone for them; backend tensorrt is refused here and the TRT-LLM
+# checkpoint validation (trtkv.checkpoint) refuses to read one for them.
+HF_EXPORT_ONLY: dict[str, str] = {
+    "gemma3": ("ModelOpt 0.47's export_tensorrt_llm_checkpoint builds a Gemma 3 config only through tensorrt_llm's own "
+               "GemmaConfig.from_hugging_face (tensorrt_llm/models/gemma/config.py); without tensorrt_llm (stub sdist "
+               "only on PyPI; TensorRT-LLM <= 1.2 pins nvidia-modelopt ~0.37) its own path raises NotImplementedError "
+               "('Cannot export tensorrt_llm checkpoint for model gemma3'), so no TensorRT-LLM checkpoint is written"),
+}
+
 
 def kv_heads_split(kv_heads: int, tp: int) -> bool:
     """KV heads split over TP ranks, or replicated when TP is a multiple of them (TensorRT-LLM; ModelOpt's
@@ -73,6 +83,11 @@ def cross_field_problems(r: Recipe) -> list[tuple[str, str]]:
             out.append(("quantization.kv_skip_layers", f"layers {beyond} do not exist: model.num_layers is "
                                                        f"{m.num_layers} (indices 0..{(m.num_layers or 1) - 1})"))
     out += _attention_layer_problems(r)
+    reason = HF_EXPORT_ONLY.get(m.architecture.lower())
+    if reason and b.backend is Backend.TENSORRT:
+        out.append(("build.backend", f"tensorrt for model.architecture {m.architecture!r}: {reason}; trtllm-build "
+                                     f"would have nothing to build. Use build.backend vllm or llmapi: both serve "
+                                     f"calibrate's HF export (checkpoint/hf/) with its k_scale/v_scale"))
     if b.gemm_plugin is GemmPlugin.FP8 and q.weights is not WeightQuant.FP8:
         out.append(("build.gemm_plugin", "gemm_plugin fp8 needs quantization.weights: fp8"))
     rules = BACKEND_RULES.get(b.backend)
