@@ -20,6 +20,7 @@ from trtkv.errors import StageError, ToolError
 from trtkv.hardware import GPU
 from trtkv.layout import checkpoint_dir, engine_dir, kv_cache_quant_algo
 from trtkv.recipe import Backend, GemmPlugin, KVCacheQuant, Recipe, WeightQuant
+from trtkv.recipe.rules import hf_export_only_problems
 from trtkv.tools import quote, run_logged, tail
 
 ENGINE_RUNNER = """\
@@ -304,6 +305,7 @@ def recipe_problems(r: Recipe) -> list[tuple[str, str]]:
                                                     f"weights {q.weights.value}, build.use_paged_context_fmha "
                                                     f"{str(b.use_paged_context_fmha).lower()}): set it to false"))
     out += one_kv_format_problems(r, "TensorRT-LLM")
+    out += hf_export_only_problems(r, "trtllm-build")
     if q.kv_cache is KVCacheQuant.NVFP4:
         out.append(("quantization.kv_cache", "an NVFP4 KV cache is served by TensorRT-LLM's LLM API (PyTorch "
                                              "backend), not by trtllm-build engines: use build.backend llmapi"))

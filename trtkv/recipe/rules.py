@@ -23,6 +23,16 @@ HF_EXPORT_ONLY: dict[str, str] = {
 }
 
 
+def hf_export_only_problems(r: Recipe, engine: str) -> list[tuple[str, str]]:
+    """For a backend that builds from a TensorRT-LLM checkpoint: refuse an architecture that has none, with why."""
+    reason = HF_EXPORT_ONLY.get(r.model.architecture.lower())
+    if not reason:
+        return []
+    return [("build.backend", f"{r.build.backend.value} for model.architecture {r.model.architecture!r}: {reason}; "
+                              f"{engine} would have nothing to build. Use build.backend vllm or llmapi: both serve "
+                              f"calibrate's HF export (checkpoint/hf/) with its k_scale/v_scale")]
+
+
 def kv_heads_split(kv_heads: int, tp: int) -> bool:
     """KV heads split over TP ranks, or replicated when TP is a multiple of them (TensorRT-LLM; ModelOpt's
     dup_kv_weight asserts tp_size % num_kv_heads == 0)."""
@@ -83,11 +93,6 @@ def cross_field_problems(r: Recipe) -> list[tuple[str, str]]:
             out.append(("quantization.kv_skip_layers", f"layers {beyond} do not exist: model.num_layers is "
                                                        f"{m.num_layers} (indices 0..{(m.num_layers or 1) - 1})"))
     out += _attention_layer_problems(r)
-    reason = HF_EXPORT_ONLY.get(m.architecture.lower())
-    if reason and b.backend is Backend.TENSORRT:
-        out.append(("build.backend", f"tensorrt for model.architecture {m.architecture!r}: {reason}; trtllm-build "
-                                     f"would have nothing to build. Use build.backend vllm or llmapi: both serve "
-                                     f"calibrate's HF export (checkpoint/hf/) with its k_scale/v_scale"))
     if b.gemm_plugin is GemmPlugin.FP8 and q.weights is not WeightQuant.FP8:
         out.append(("build.gemm_plugin", "gemm_plugin fp8 needs quantization.weights: fp8"))
     rules = BACKEND_RULES.get(b.backend)
