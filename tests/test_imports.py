@@ -208,3 +208,18 @@ def test_validation_needs_no_backend_import_and_errors_load_nothing_heavy() -> N
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=PACKAGE.parent).stdout.splitlines()
     assert out == ["errors-loads []", "refused True", "backends-imported False"]
+
+
+def test_every_trtkv_module_an_import_names_exists() -> None:
+    """mypy ignores missing imports here (ignore_missing_imports), so a lazy import of a moved or misspelt trtkv module
+    would pass lint and fail only when that code path runs: every `trtkv...` module an import names must exist."""
+    files = [p for p in PACKAGE.rglob("*.py") if "templates" not in p.parts]
+    modules = {module_name(p) for p in files}
+    missing = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+            missing += [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {n}" for n in names
+                        if n.startswith("trtkv") and n not in modules]
+    assert missing == []

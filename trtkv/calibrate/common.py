@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trtkv.recipe import KVCacheQuant, Recipe, layout
+from trtkv.recipe.backend_rules import HF_EXPORT_ONLY
 
 STAGE = "calibrate"
 CHECKPOINT = layout.CHECKPOINT
@@ -26,10 +27,18 @@ FP8_BASE_MEANING = ("every Linear's weight_quantizer and input_quantizer FP8 E4M
 NO_KV_NOTE = ("KV cache unquantized (quantization.kv_cache none): config.json quantization.kv_cache_quant_algo is "
               "null, the rank files hold no kv_cache_scaling_factor, kv_scales.json lists no layers; the cache keeps "
               "K/V in the model dtype.")
+# model.architecture values calibrate exports (ModelOpt's decoder types it was run on here); those in
+# trtkv.recipe.backend_rules.HF_EXPORT_ONLY get the HF export alone (no TensorRT-LLM checkpoint).
+CALIBRATED_ARCHITECTURES = ("llama", "gemma3")
 DWARF_RATIO = 4.0  # a layer whose amax exceeds 4x the median layer amax
 
 # (model, tokenizer) for a recipe; injectable so tests run the same path on a tiny model.
 ModelLoader = Callable[[Recipe], tuple[Any, Any]]
+
+
+def trtllm_export_refused(recipe: Recipe) -> str | None:
+    """Why ModelOpt writes no TensorRT-LLM checkpoint for this recipe's architecture (None: it does)."""
+    return HF_EXPORT_ONLY.get(recipe.model.architecture.lower())
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from trtkv.calibrate.common import FP8_BASE_MEANING, KV_ALGO, KV_ENTRIES
+from trtkv.calibrate.common import CALIBRATED_ARCHITECTURES, FP8_BASE_MEANING, KV_ALGO, KV_ENTRIES, trtllm_export_refused
 from trtkv.recipe import KVCacheQuant, ModelDtype, Recipe, WeightQuant
 from trtkv.recipe.layout import checkpoint_dir
 from trtkv.recipe.rules import kv_heads_split
@@ -28,8 +28,18 @@ def supported_problems(recipe: Recipe) -> list[str]:
     if m.dtype is ModelDtype.FLOAT32:
         out.append("model.dtype = 'float32': ModelOpt's TensorRT-LLM export writes float16 or bfloat16 only (it "
                    "falls back to float16). Next: use bfloat16 (or float16).")
-    if m.architecture.lower() != "llama":
-        out.append(f"model.architecture = {m.architecture!r}: only llama-family exports are tested here.")
+    if m.architecture.lower() not in CALIBRATED_ARCHITECTURES:
+        out.append(f"model.architecture = {m.architecture!r}: trtkv calibrate exports "
+                   f"{', '.join(CALIBRATED_ARCHITECTURES)} (the ModelOpt decoder types run and validated here). Next: "
+                   f"use one of those, or ModelOpt's examples/llm_ptq/hf_ptq.py for this model.")
+    if trtllm_export_refused(recipe):
+        if q.kv_cache is KVCacheQuant.INT8:
+            out.append(f"quantization.kv_cache = 'int8' with model.architecture {m.architecture!r}: nothing could "
+                       f"carry the scales (ModelOpt 0.47 writes no TensorRT-LLM checkpoint for it, and its HF export "
+                       f"asserts on INT8 KV). Next: use fp8 (vLLM --kv-cache-dtype fp8) or none.")
+        if m.dtype is ModelDtype.FLOAT16:
+            out.append(f"model.dtype = 'float16' with model.architecture {m.architecture!r}: Gemma's activations "
+                       f"overflow float16 (its 16-bit baseline is bfloat16). Next: use bfloat16.")
     if m.num_kv_heads is not None and not kv_heads_split(m.num_kv_heads, b.tp_size):
         out.append(f"build.tp_size = {b.tp_size} neither divides nor is a multiple of model.num_kv_heads = "
                    f"{m.num_kv_heads} (ModelOpt's export splits KV heads or replicates them).")
@@ -85,10 +95,12 @@ def export_targets(recipe: Recipe) -> dict[str, str]:
     else:
         hf = ("hf/: not written (ModelOpt 0.47's export_hf_checkpoint asserts on INT8 KV: 'Invalid KV cache "
               "quantization format'); the report says so")
+    refused = trtllm_export_refused(recipe)
     kv_scales = ("kv_scales.json (per layer k/v amax, kv_cache_scaling_factor, k_scale, v_scale)" if kv in KV_ALGO else
                  'kv_scales.json ({"kv_cache_quant_algo": null, "num_layers": N, "layers": []})')
     return {
-        "tensorrt_llm": (f"config.json + {ranks} (export_tensorrt_llm_checkpoint(model, {recipe.model.architecture!r}, "
+        "tensorrt_llm": (f"not written for model.architecture {recipe.model.architecture!r}: {refused}" if refused else
+                         f"config.json + {ranks} (export_tensorrt_llm_checkpoint(model, {recipe.model.architecture!r}, "
                          f"torch.{recipe.model.dtype.value}, dir, inference_tensor_parallel={b.tp_size}, "
                          f"inference_pipeline_parallel={b.pp_size}))"),
         "hf": hf,
@@ -118,6 +130,10 @@ def describe_calibration(recipe: Recipe) -> list[str]:
                      "self_attn.k_proj.k_scale = k_amax/448 and v_proj.v_scale = v_amax/448 (separate K and V global "
                      "scales; the per-16 E4M3 block scales are computed at run time). Served through the LLM API "
                      "(kv_cache_config.dtype nvfp4) on Blackwell; ModelOpt's NVFP4 KV forward needs CUDA")
+    elif kv_algo and trtllm_export_refused(recipe):
+        lines.append(f"  KV cache: {kv_algo} -> hf/hf_quant_config.json kv_cache_quant_algo = {kv_algo}, per-layer "
+                     f"self_attn.k_proj.k_scale = k_amax/448 and self_attn.v_proj.v_scale = v_amax/448 for every layer, "
+                     f"sliding and full (vLLM --kv-cache-dtype {q.kv_cache.value}); no TensorRT-LLM checkpoint")
     elif kv_algo:
         factor = "max(k_amax, v_amax)/127" if kv_algo == "INT8" else "max(k_amax, v_amax)/448, clamped to >= 1.0"
         lines.append(f"  KV cache: {kv_algo} -> checkpoint config.json quantization.kv_cache_quant_algo = {kv_algo}, "

@@ -80,7 +80,7 @@ def quantize(model: Any, quant_cfg: dict[str, Any] | None, batches: list[torch.T
         try:
             with torch.no_grad():
                 for batch in tqdm(batches, desc=f"calibrate {recipe.name}", unit="batch"):
-                    m(input_ids=batch.to(device), use_cache=False)
+                    m(input_ids=batch.to(device), use_cache=False, logits_to_keep=1)  # no [B, T, vocab] logits
         finally:
             for hook in hooks:
                 hook.remove()
@@ -109,7 +109,7 @@ def _layer_scales(model: Any, channel_amax: dict[str, Any], kv: KVCacheQuant) ->
             found.setdefault(int(match.group(1)), {})[match.group(2)] = (module, name)
     if not found:
         raise StageError("ModelOpt inserted no k/v_bmm_quantizer: this model's attention is not supported by its KV "
-                         "cache quantization. Next: use a llama-family model.")
+                         "cache quantization. Next: use a model of trtkv.calibrate.common.CALIBRATED_ARCHITECTURES.")
     algo = KV_ALGO[kv]
     out = []
     for index in sorted(found):
@@ -184,15 +184,23 @@ def export_trtllm(model: Any, out: Path, recipe: Recipe) -> list[str]:
 
 def write_rope(ckpt: Path, source: dict[str, Any]) -> None:
     """Write the model's RoPE where TensorRT-LLM 1.x and transformers 4.x read it (ModelOpt 0.47 under
-    transformers 5 writes neither: rotary_base/rotary_scaling in config.json, rope_theta/rope_scaling in hf/)."""
+    transformers 5 writes neither: rotary_base/rotary_scaling in config.json, rope_theta/rope_scaling in hf/).
+    Gemma 3 (one RoPE per layer type) gets transformers 4.x's rope_theta / rope_local_base_freq / rope_scaling."""
     from trtkv.checkpoints import rope
+    from trtkv.checkpoints.hf_export import HF_ARCHITECTURES, gemma3_legacy_rope
 
     config_path = ckpt / "config.json"
-    config_path.write_text(json.dumps(rope.complete_trtllm_config(json.loads(config_path.read_text()), source),
-                                      indent=4) + "\n")
+    if config_path.is_file():  # absent for an HF-export-only architecture
+        config_path.write_text(json.dumps(rope.complete_trtllm_config(json.loads(config_path.read_text()), source),
+                                          indent=4) + "\n")
     hf_path = ckpt / "hf" / "config.json"
     if hf_path.is_file():
-        hf_path.write_text(json.dumps(rope.complete_hf_config(json.loads(hf_path.read_text()), source), indent=2) + "\n")
+        hf = json.loads(hf_path.read_text())
+        if hf.get("architectures") == [HF_ARCHITECTURES["gemma3"]]:
+            hf = {**hf, **gemma3_legacy_rope(source)}
+        else:
+            hf = rope.complete_hf_config(hf, source)
+        hf_path.write_text(json.dumps(hf, indent=2) + "\n")
 
 
 def _sort_exclude_modules(config_path: Path) -> None:
@@ -243,6 +251,21 @@ def _cast_hf_weights(hf_dir: Path, dtype_name: str) -> None:
         config = json.loads(config_path.read_text())
         config["dtype"] = dtype_name
         config_path.write_text(json.dumps(config, indent=2) + "\n")
+
+
+def check_exported_hf_scales(layers: list[LayerScales], hf_summary: dict[str, Any]) -> None:
+    """The HF export's per-layer k_scale / v_scale must be the ones trtkv.kvcache.scales computed from the amaxes."""
+    import math
+
+    for kind in ("k", "v"):
+        exported = hf_summary.get(f"{kind}_scales") or []
+        if len(exported) != len(layers):
+            raise StageError(f"hf/ holds {len(exported)} {kind}_scale tensors for {len(layers)} calibrated layers.")
+        for layer, value in zip(layers, exported, strict=True):
+            want = getattr(layer, f"{kind}_scale")
+            if value is None or not math.isclose(want, value, rel_tol=1e-5):
+                raise StageError(f"layer {layer.layer}: hf/ {kind}_scale {value} != {want} computed from "
+                                 f"{kind}_amax {getattr(layer, f'{kind}_amax')} (kv_scales.json).")
 
 
 def check_exported_factors(layers: list[LayerScales], exported: list[float]) -> None:

@@ -100,8 +100,10 @@ def _ranges(items: list[int]) -> str:
 
 
 def render_report(recipe: Recipe, layers: list[LayerScales], timing: dict[str, Any], notes: list[str],
-                  stats_md: str | None, stats_note: str, model_dir: Path | None) -> str:
-    """calibration_report.md: summary, warnings, notes, the per-layer table, K/V statistics."""
+                  stats_md: str | None, stats_note: str, model_dir: Path | None,
+                  layer_kinds: list[str] | None = None) -> str:
+    """calibration_report.md: summary, warnings, notes, the per-layer table (with each layer's attention type and the
+    amax per type when the model mixes them, e.g. Gemma 3's sliding and full layers), K/V statistics."""
     c, q = recipe.calibration, recipe.quantization
     kv = KV_ALGO.get(q.kv_cache)
     kv_text = (f"{kv} (`quantization.kv_cache_quant_algo = {kv}`)" if kv else
@@ -113,7 +115,8 @@ def render_report(recipe: Recipe, layers: list[LayerScales], timing: dict[str, A
              f"- data: `{c.dataset}`, {c.num_samples} x {c.seq_len} tokens, batch {c.batch_size}, seed {c.seed}",
              f"- time: load {timing['load_s']} s, calibration {timing['calibration_s']} s "
              f"({timing['calibration_cpu_s']} s CPU), export "
-             f"{timing['export_s']} s; peak RSS {timing['peak_rss_mib']:.0f} MiB",
+             f"{timing['export_s']} s; peak RSS {timing['peak_rss_mib']:.0f} MiB"
+             + (f"; calibration ran in {timing['calibration_dtype']}" if timing.get("calibration_dtype") else ""),
              f"- TensorRT-LLM mapping: tp {recipe.build.tp_size} x pp {recipe.build.pp_size}", "",
              "## Warnings", ""]
     found = find_warnings(layers, q.kv_cache)
@@ -125,20 +128,39 @@ def render_report(recipe: Recipe, layers: list[LayerScales], timing: dict[str, A
                   "calibrated or exported. The K/V statistics below show the ranges an FP8 or INT8 KV cache would "
                   "have to cover."]
     else:
-        lines += _scale_table(layers)
+        kinds = layer_kinds if layer_kinds and len(layer_kinds) == len(layers) else None
+        lines += _by_kind(layers, kinds) + _scale_table(layers, kinds)
     lines += ["", "## K/V statistics", "", stats_note, ""]
     if stats_md:
         lines.append(stats_md)
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _scale_table(layers: list[LayerScales]) -> list[str]:
+def _by_kind(layers: list[LayerScales], kinds: list[str] | None) -> list[str]:
+    """K/V amax per attention type (median and range), when the model has more than one type."""
+    if kinds is None or len(set(kinds)) < 2:
+        return []
+    lines = ["| attention | layers | K amax median (min-max) | V amax median (min-max) |", "|---|---|---:|---:|"]
+    for kind in sorted(set(kinds)):
+        group = [ls for ls, k in zip(layers, kinds, strict=True) if k == kind]
+        cells = []
+        for attr in ("k_amax", "v_amax"):
+            values = [getattr(ls, attr) for ls in group]
+            cells.append(f"{statistics.median(values):.4g} ({min(values):.4g}-{max(values):.4g})")
+        lines.append(f"| {kind} | {_ranges([ls.layer for ls in group])} | {cells[0]} | {cells[1]} |")
+    return [*lines, ""]
+
+
+def _scale_table(layers: list[LayerScales], kinds: list[str] | None = None) -> list[str]:
     """The per-layer scales as a markdown table, after the convention."""
+    head = "| layer | attention " if kinds else "| layer "
     lines = [CONVENTION, "",
-             "| layer | K amax | V amax | TRT-LLM kv_cache_scaling_factor | vLLM k_scale | vLLM v_scale "
-             "| K max/median channel | V max/median channel |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for ls in layers:
-        lines.append(f"| {ls.layer} | {ls.k_amax:.4g} | {ls.v_amax:.4g} | {ls.kv_cache_scaling_factor:.6g} | "
+             f"{head}| K amax | V amax | TRT-LLM kv_cache_scaling_factor | vLLM k_scale | vLLM v_scale "
+             "| K max/median channel | V max/median channel |", "|---:" + ("|---" if kinds else "") +
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    for i, ls in enumerate(layers):
+        kind = f" {kinds[i]} |" if kinds else ""
+        lines.append(f"| {ls.layer} |{kind} {ls.k_amax:.4g} | {ls.v_amax:.4g} | {ls.kv_cache_scaling_factor:.6g} | "
                      f"{ls.k_scale:.6g} | {ls.v_scale:.6g} | {_spread(ls.k_channel_amax)} | "
                      f"{_spread(ls.v_channel_amax)} |")
     return lines

@@ -11,11 +11,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtkv.calibrate.common import STAGE, ModelLoader
+from trtkv.calibrate.common import STAGE, ModelLoader, trtllm_export_refused
 from trtkv.calibrate.describe import supported_problems
 from trtkv.calibrate.modelopt_export import (
     build_quant_cfg,
     check_exported_factors,
+    check_exported_hf_scales,
     export_hf,
     export_trtllm,
     quantize,
@@ -24,7 +25,7 @@ from trtkv.calibrate.modelopt_export import (
 from trtkv.calibrate.report import render_report, write_kv_scales
 from trtkv.core.errors import StageError
 from trtkv.kvcache import scales as kv_scales
-from trtkv.recipe import Recipe, layout
+from trtkv.recipe import KVCacheQuant, Recipe, layout
 from trtkv.recipe.layout import checkpoint_dir
 
 if TYPE_CHECKING:
@@ -116,7 +117,8 @@ def _cuda_available() -> bool:
 
 
 def default_loader(recipe: Recipe) -> tuple[Any, Any]:
-    """The recipe's HF model (fp32 on CPU for speed, recipe dtype on GPU) and its tokenizer."""
+    """The recipe's HF model and its tokenizer: float32 on the CPU (speed; it also holds Gemma's activations, which
+    overflow float16), the recipe dtype on a GPU (bfloat16 for Gemma: calibrate refuses float16 for it)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -135,13 +137,11 @@ def _calibrate_into(tmp: Path, recipe: Recipe, loader: ModelLoader, model_dir: P
     """The stage's work: load, sample, calibrate, export, write scales and report, validate."""
     import torch
 
-    from trtkv.checkpoints.hf_export import validate_hf_checkpoint
-    from trtkv.checkpoints.trtllm_checkpoint import validate_trtllm_checkpoint
-
     start = time.time()
     torch.manual_seed(recipe.calibration.seed)
     model, tokenizer = loader(recipe)
     load_s = time.time() - start
+    calib_dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     _save_hf_config(model, model_dir, tmp / layout.HF_CONFIG)
     batches = calibration_batches(tokenizer, recipe)
     stats_md, stats_note = _kv_statistics(model, batches)
@@ -151,27 +151,49 @@ def _calibrate_into(tmp: Path, recipe: Recipe, loader: ModelLoader, model_dir: P
     num_layers = int(model.config.num_hidden_layers)
     calib_s, calib_cpu_s = time.time() - t0, time.process_time() - cpu0
     t0 = time.time()
-    notes = kv_notes + export_trtllm(model, tmp, recipe)
+    refused = trtllm_export_refused(recipe)
+    notes = kv_notes + ([f"No TensorRT-LLM checkpoint (config.json, rank*.safetensors): {refused}. hf/ is the "
+                         f"artifact (vLLM, TensorRT-LLM's LLM API)."] if refused else export_trtllm(model, tmp, recipe))
     notes += export_hf(model, tokenizer, tmp, recipe)
     write_rope(tmp, json.loads((tmp / layout.HF_CONFIG).read_text()))
     tokenizer.save_pretrained(str(tmp / "tokenizer"))
     export_s = time.time() - t0
     write_kv_scales(tmp / "kv_scales.json", layers, recipe, num_layers)
+    summary = _validate(tmp, recipe, layers, refused)
+    timing = {"load_s": round(load_s, 2), "calibration_s": round(calib_s, 2),
+              "calibration_cpu_s": round(calib_cpu_s, 2), "export_s": round(export_s, 2),
+              "total_s": round(time.time() - start, 2), "peak_rss_mib": _peak_rss_mib(),
+              "tokens": recipe.calibration.num_samples * recipe.calibration.seq_len, "batches": len(batches),
+              "calibration_dtype": calib_dtype}
+    kinds = getattr(model.config, "layer_types", None)  # Gemma 3: sliding_attention / full_attention per layer
+    report = render_report(recipe, layers, timing, notes, stats_md, stats_note, model_dir,
+                           [str(k) for k in kinds] if isinstance(kinds, list) else None)
+    (tmp / "calibration_report.md").write_text(report)
+    kv = f"{len(layers)} KV scale layers" if layers else f"{num_layers} layers, KV cache unquantized"
+    checked = (f"{len(summary['ranks'])} rank file(s)" if "ranks" in summary else
+               "HF export only: no TensorRT-LLM checkpoint for this architecture")
+    log(f"calibrate: {kv}, {timing['tokens']} tokens in {calib_s:.1f} s ({timing['calibration_dtype']}, peak RSS "
+        f"{timing['peak_rss_mib']:.0f} MiB); checkpoint validated ({checked})")
+    return {"calibration": timing, "modelopt_quant_cfg": quant_cfg, "notes": notes, "validation": summary,
+            "model_dir": str(model_dir) if model_dir else None}
+
+
+def _validate(tmp: Path, recipe: Recipe, layers: list[Any], refused: str | None) -> dict[str, Any]:
+    """Validate what was written: the TensorRT-LLM checkpoint (and its factors) and hf/, or hf/ alone (with its
+    k/v scales against kv_scales.json) for an HF-export-only architecture."""
+    from trtkv.checkpoints.hf_export import validate_hf_checkpoint
+    from trtkv.checkpoints.trtllm_checkpoint import validate_trtllm_checkpoint
+
+    if refused:
+        hf = validate_hf_checkpoint(tmp, recipe)
+        if recipe.quantization.kv_cache is KVCacheQuant.FP8:
+            check_exported_hf_scales(layers, hf)
+        return {"tensorrt_llm": None, "tensorrt_llm_refused": refused, "hf": hf, "num_layers": hf["num_layers"]}
     summary = validate_trtllm_checkpoint(tmp, recipe)
     check_exported_factors(layers, summary["kv_cache_scaling_factors"])
     if (tmp / "hf" / "config.json").is_file():  # the LLM API's and vLLM's artifact: checked as strictly
         summary["hf"] = validate_hf_checkpoint(tmp, recipe)
-    timing = {"load_s": round(load_s, 2), "calibration_s": round(calib_s, 2),
-              "calibration_cpu_s": round(calib_cpu_s, 2), "export_s": round(export_s, 2),
-              "total_s": round(time.time() - start, 2), "peak_rss_mib": _peak_rss_mib(),
-              "tokens": recipe.calibration.num_samples * recipe.calibration.seq_len, "batches": len(batches)}
-    report = render_report(recipe, layers, timing, notes, stats_md, stats_note, model_dir)
-    (tmp / "calibration_report.md").write_text(report)
-    kv = f"{len(layers)} KV scale layers" if layers else f"{num_layers} layers, KV cache unquantized"
-    log(f"calibrate: {kv}, {timing['tokens']} tokens in {calib_s:.1f} s (peak RSS "
-        f"{timing['peak_rss_mib']:.0f} MiB); checkpoint validated ({len(summary['ranks'])} rank file(s))")
-    return {"calibration": timing, "modelopt_quant_cfg": quant_cfg, "notes": notes, "validation": summary,
-            "model_dir": str(model_dir) if model_dir else None}
+    return summary
 
 
 def _save_hf_config(model: Any, model_dir: Path | None, target: Path) -> None:

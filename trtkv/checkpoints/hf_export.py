@@ -1,11 +1,13 @@
 """Validation of ModelOpt's unified HF checkpoint (checkpoint/hf/): what TensorRT-LLM's LLM API and vLLM load.
 
-Checks `config.json` (a Llama, layer/head/vocabulary sizes against the recipe, RoPE as transformers 4.x reads it
-against the source model's `hf_config.json`), `hf_quant_config.json` (`quant_algo`, `kv_cache_quant_algo` against
-the recipe) and the safetensors (every decoder tensor present; FP8 weights stored as float8_e4m3fn with a finite
+Checks `config.json` (the architecture the recipe names: LlamaForCausalLM or Gemma3ForCausalLM; layer/head/vocabulary
+sizes against the recipe; RoPE as transformers 4.x reads it against the source model's `hf_config.json`; for Gemma 3
+also its sliding-window layout, per-layer-type RoPE and attention scalar, see `_check_gemma3`),
+`hf_quant_config.json` (`quant_algo`, `kv_cache_quant_algo` against the recipe) and the safetensors (every decoder
+tensor present, Gemma 3's extra norms included; FP8 weights stored as float8_e4m3fn with a finite
 positive `weight_scale`; per layer one `k_proj.k_scale` and one `v_proj.v_scale`, float32, finite and > 0 when the KV
 cache is quantized, none when it is not). Every problem is collected and reported in one StageError.
-Used by `trtkv calibrate` after export and by the llmapi backend's build.
+Used by `trtkv calibrate` after export and by the llmapi and vllm backends' build.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtkv.core.errors import StageError
+from trtkv.core.errors import StageError, TrtkvError
 from trtkv.recipe import WeightQuant
 from trtkv.recipe.layout import HF_CONFIG, KV_ALGO
 
@@ -26,6 +28,17 @@ QUANT_CONFIG = "hf_quant_config.json"
 PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
                "mlp.up_proj", "mlp.down_proj")
 NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight")
+# recipe model.architecture -> the HF class the export must name (config.json architectures[0])
+HF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+# Gemma 3's four (1 + w) RMSNorms per layer and its QK norms (transformers' Gemma3DecoderLayer / Gemma3Attention; vLLM's
+# gemma3.py loads the same names)
+GEMMA3_NORMS = (*NORMS, "pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight",
+                "self_attn.q_norm.weight", "self_attn.k_norm.weight")
+# Gemma 3 config fields the export must carry as the source model has them (vLLM's gemma3.py and TensorRT-LLM's
+# GemmaConfig read them): the attention scale, soft caps, the sliding window and the per-layer attention types
+GEMMA3_FIELDS = ("query_pre_attn_scalar", "final_logit_softcapping", "attn_logit_softcapping", "sliding_window",
+                 "layer_types", "hidden_activation", "rms_norm_eps")
+GEMMA3_ROPE_TYPES = ("sliding_attention", "full_attention")
 KV_SCALES = ("self_attn.k_proj.k_scale", "self_attn.v_proj.v_scale")
 # hf_quant_config.json quant_algo for each recipe weight choice the HF export supports
 HF_WEIGHT_ALGO: dict[WeightQuant, str | None] = {WeightQuant.FP8: "FP8", WeightQuant.NONE: None}
@@ -87,12 +100,15 @@ def _check_config(hf_dir: Path, recipe: Recipe, problems: list[str]) -> dict[str
     config = _load_json(path, problems)
     if config is None:
         return None
-    if (config.get("architectures") or [None])[0] != "LlamaForCausalLM" and recipe.model.architecture == "llama":
-        problems.append(f"{path}: architectures = {config.get('architectures')!r}, expected ['LlamaForCausalLM']")
+    want_arch = HF_ARCHITECTURES.get(recipe.model.architecture.lower())
+    if want_arch and (config.get("architectures") or [None])[0] != want_arch:
+        problems.append(f"{path}: architectures = {config.get('architectures')!r}, but recipe model.architecture = "
+                        f"{recipe.model.architecture!r} needs [{want_arch!r}]")
     m = recipe.model
     for field, want, source in (("num_hidden_layers", m.num_layers, "model.num_layers"),
                                 ("num_attention_heads", m.num_attention_heads, "model.num_attention_heads"),
                                 ("num_key_value_heads", m.num_kv_heads, "model.num_kv_heads"),
+                                ("head_dim", m.head_dim if "head_dim" in config else None, "model.head_dim"),
                                 ("hidden_size", m.hidden_size, "model.hidden_size"),
                                 ("vocab_size", m.vocab_size, "model.vocab_size")):
         if want is not None and config.get(field) != want:
@@ -100,15 +116,72 @@ def _check_config(hf_dir: Path, recipe: Recipe, problems: list[str]) -> dict[str
     return config
 
 
+def _source_config(ckpt_dir: Path, problems: list[str]) -> dict[str, Any] | None:
+    source_path = ckpt_dir / HF_CONFIG
+    return _load_json(source_path, problems) if source_path.is_file() else None
+
+
 def _check_rope(ckpt_dir: Path, config: dict[str, Any], problems: list[str]) -> None:
     from trtkv.checkpoints import rope
 
-    source_path = ckpt_dir / HF_CONFIG
-    source = _load_json(source_path, problems) if source_path.is_file() else None
+    source = _source_config(ckpt_dir, problems)
     if source is None:
         return
     for problem in rope.rope_problems(rope.from_hf(source), None, config):
         problems.append(f"{ckpt_dir / problem.partition(': ')[0]}: {problem.partition(': ')[2]} (from {HF_CONFIG})")
+
+
+def gemma3_legacy_rope(source: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 3's RoPE in transformers 4.x's keys (Gemma3TextConfig: `rope_theta` global, `rope_local_base_freq` local,
+    `rope_scaling` global), which TensorRT-LLM's LLM API (transformers 4.57) and GemmaConfig read; transformers 5
+    (and vLLM 0.32: `config.rope_parameters[layer_type]`) keep them in `rope_parameters` per layer type."""
+    params = source.get("rope_parameters") or {}
+    full, local = params.get("full_attention") or {}, params.get("sliding_attention") or {}
+    scaling = {k: v for k, v in full.items() if k != "rope_theta"}
+    return {"rope_theta": full.get("rope_theta", source.get("rope_theta")),
+            "rope_local_base_freq": local.get("rope_theta", source.get("rope_local_base_freq")),
+            "rope_scaling": None if scaling.get("rope_type", "default") == "default" else scaling}
+
+
+def _check_gemma3(ckpt_dir: Path, config: dict[str, Any], recipe: Recipe, problems: list[str]) -> None:
+    """Gemma 3: hybrid sliding/full layout, per-layer-type RoPE (both spellings) and scalars as the source has them."""
+    from trtkv.recipe.attention import parse_layers
+    from trtkv.checkpoints.hf_config import read_model_facts
+
+    path = ckpt_dir / "hf" / "config.json"
+    types = config.get("layer_types")
+    if not isinstance(types, list) or len(types) != config.get("num_hidden_layers") or not set(types) <= set(
+            GEMMA3_ROPE_TYPES):
+        problems.append(f"{path}: layer_types = {types!r}, expected one of {list(GEMMA3_ROPE_TYPES)} per layer "
+                        f"(num_hidden_layers {config.get('num_hidden_layers')!r})")
+    rope = config.get("rope_parameters")
+    if not isinstance(rope, dict) or set(GEMMA3_ROPE_TYPES) - set(rope):
+        problems.append(f"{path}: rope_parameters = {rope!r}, expected one entry per layer type "
+                        f"{list(GEMMA3_ROPE_TYPES)} (vLLM reads config.rope_parameters[layer_type])")
+    if not isinstance(config.get("query_pre_attn_scalar"), (int, float)):
+        problems.append(f"{path}: query_pre_attn_scalar = {config.get('query_pre_attn_scalar')!r}, a number is needed "
+                        f"(the attention scale is query_pre_attn_scalar ** -0.5)")
+    if m_layers := recipe.model.attention_layers:
+        try:
+            got = tuple(x.label for x in read_model_facts(path).layers)
+        except TrtkvError as exc:
+            problems.append(f"{path}: attention layout not readable ({type(exc).__name__}: {exc})")
+        else:
+            want = tuple(x.label for x in parse_layers(m_layers))
+            if got != want:
+                problems.append(f"{path}: attention layers {list(got)}, but recipe model.attention_layers gives "
+                                f"{list(want)}")
+    source = _source_config(ckpt_dir, problems)
+    if source is None:
+        return
+    for field in (*GEMMA3_FIELDS, "rope_parameters"):
+        if field in source and config.get(field) != source[field]:
+            problems.append(f"{path}: {field} = {config.get(field)!r}, but the model has {source[field]!r} "
+                            f"(from {HF_CONFIG})")
+    for field, want in gemma3_legacy_rope(source).items():
+        if config.get(field, "absent") != want:
+            problems.append(f"{path}: {field} = {config.get(field, 'absent')!r}, but transformers 4.x (TensorRT-LLM's "
+                            f"LLM API) needs {want!r} for this model's RoPE (from {HF_CONFIG} rope_parameters)")
 
 
 def _check_quant_config(hf_dir: Path, recipe: Recipe, problems: list[str]) -> tuple[str | None, str | None]:
@@ -141,7 +214,10 @@ def validate_hf_checkpoint(ckpt_dir: Path | str, recipe: Recipe) -> dict[str, An
         raise StageError(f"{hf_dir}: the HF export carries fp8 or unquantized weights, the recipe asks for "
                          f"{recipe.quantization.weights.value}")
     config = _check_config(hf_dir, recipe, problems)
-    if config is not None:
+    gemma3 = (config or {}).get("architectures") == [HF_ARCHITECTURES["gemma3"]]
+    if config is not None and gemma3:
+        _check_gemma3(ckpt_dir, config, recipe, problems)
+    elif config is not None:
         _check_rope(ckpt_dir, config, problems)
     weight_algo, kv_algo = _check_quant_config(hf_dir, recipe, problems)
     tensors = _tensors(hf_dir, problems)
@@ -151,7 +227,7 @@ def validate_hf_checkpoint(ckpt_dir: Path | str, recipe: Recipe) -> dict[str, An
     v_scales: list[float | None] = []
     for i in range(layers):
         pre = f"model.layers.{i}."
-        for norm in NORMS:
+        for norm in GEMMA3_NORMS if gemma3 else NORMS:
             if pre + norm not in tensors:
                 problems.append(f"{hf_dir}: {pre + norm} missing")
         for proj in PROJECTIONS:

@@ -4,8 +4,9 @@ Checks `config.json` (architecture, dtype, layer/head counts, `mapping`, quantiz
 source model's `hf_config.json`: `rotary_base`/`rotary_scaling`, and `hf/config.json`'s `rope_theta`) and every
 `rank{r}.safetensors` (tensor names and shapes per rank, one finite positive `kv_cache_scaling_factor` per layer
 when the KV cache is quantized and none when `kv_cache_quant_algo` is null (recipe kv_cache none), finite positive
-scaling factors). Every problem is collected and reported at once in one StageError.
-Used by `trtkv calibrate` after export and by the build stage's preflight.
+scaling factors). Every problem is collected and reported at once in one StageError. An architecture ModelOpt
+exports only as the HF checkpoint (trtkv.recipe.backend_rules.HF_EXPORT_ONLY: Gemma 3) is refused with the reason and the
+alternative before anything is read. Used by `trtkv calibrate` after export and by the build stage's preflight.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class _Problems:
 def validate_trtllm_checkpoint(ckpt_dir: Path | str, recipe: Recipe) -> dict[str, Any]:
     """Check the checkpoint against the recipe; return a summary or raise StageError listing every problem."""
     ckpt_dir = Path(ckpt_dir)
+    refuse_hf_export_only(ckpt_dir, recipe)
     problems = _Problems()
     config = _read_config(ckpt_dir, problems)
     problems.raise_if_any(ckpt_dir)
@@ -77,6 +79,19 @@ def validate_trtllm_checkpoint(ckpt_dir: Path | str, recipe: Recipe) -> dict[str
                   for r in ranks],
         "kv_cache_scaling_factors": factors,
     }
+
+
+def refuse_hf_export_only(ckpt_dir: Path, recipe: Recipe) -> None:
+    """No TensorRT-LLM checkpoint exists for an HF-export-only architecture: say why and what serves the model."""
+    from trtkv.recipe.backend_rules import HF_EXPORT_ONLY
+
+    arch = recipe.model.architecture
+    reason = HF_EXPORT_ONLY.get(arch.lower())
+    if reason:
+        raise StageError(f"{ckpt_dir}: recipe {recipe.name or '<recipe>'} (model.architecture {arch!r}) has no "
+                         f"TensorRT-LLM checkpoint: {reason}. The engine path (build.backend tensorrt, and the reference "
+                         f"runtime reading a TensorRT-LLM checkpoint) cannot run this model. Next: build.backend vllm "
+                         f"or llmapi, which serve the HF export {ckpt_dir / 'hf'} that `trtkv calibrate` writes.")
 
 
 def _read_config(ckpt_dir: Path, problems: _Problems) -> dict[str, Any]:

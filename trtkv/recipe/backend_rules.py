@@ -9,6 +9,24 @@ from collections.abc import Callable
 from trtkv.platform.hardware import GPU
 from trtkv.recipe.schema import Backend, KVCacheQuant, Recipe, WeightQuant
 
+# Architectures ModelOpt exports as the HF checkpoint only (no TensorRT-LLM checkpoint), with the reason.
+HF_EXPORT_ONLY: dict[str, str] = {
+    "gemma3": ("ModelOpt 0.47's export_tensorrt_llm_checkpoint builds a Gemma 3 config only through tensorrt_llm's own "
+               "GemmaConfig.from_hugging_face (tensorrt_llm/models/gemma/config.py); without tensorrt_llm (stub sdist "
+               "only on PyPI; TensorRT-LLM <= 1.2 pins nvidia-modelopt ~0.37) its own path raises NotImplementedError "
+               "('Cannot export tensorrt_llm checkpoint for model gemma3'), so no TensorRT-LLM checkpoint is written"),
+}
+
+
+def hf_export_only_problems(r: Recipe, engine: str) -> list[tuple[str, str]]:
+    """For a backend that builds from a TensorRT-LLM checkpoint: refuse an architecture that has none, with why."""
+    reason = HF_EXPORT_ONLY.get(r.model.architecture.lower())
+    if not reason:
+        return []
+    return [("build.backend", f"{r.build.backend.value} for model.architecture {r.model.architecture!r}: {reason}; "
+                              f"{engine} would have nothing to build. Use build.backend vllm or llmapi: both serve "
+                              f"calibrate's HF export (checkpoint/hf/) with its k_scale/v_scale")]
+
 
 def one_kv_format_problems(recipe: Recipe, where: str) -> list[tuple[str, str]]:
     """Per-layer KV precision (quantization.kv_skip_layers) where the engine has one KV format for every layer."""
@@ -57,6 +75,7 @@ def tensorrt_problems(r: Recipe) -> list[tuple[str, str]]:
                                                     f"weights {q.weights.value}, build.use_paged_context_fmha "
                                                     f"{str(b.use_paged_context_fmha).lower()}): set it to false"))
     out += one_kv_format_problems(r, "TensorRT-LLM")
+    out += hf_export_only_problems(r, "trtllm-build")
     if q.kv_cache is KVCacheQuant.NVFP4:
         out.append(("quantization.kv_cache", "an NVFP4 KV cache is served by TensorRT-LLM's LLM API (PyTorch "
                                              "backend), not by trtllm-build engines: use build.backend llmapi"))

@@ -8,6 +8,9 @@ from trtkv.recipe.backend_rules import BACKEND_RULES
 from trtkv.recipe.schema import BenchTask, GemmPlugin, KVCacheQuant, Recipe, WeightQuant
 
 
+# model.architecture values ModelOpt 0.47 exports only as its unified HF checkpoint (checkpoint/hf/), never as a
+# TensorRT-LLM checkpoint, and why: calibrate writes hf/ alone for them; backend tensorrt is refused here and the TRT-LLM
+# checkpoint validation (trtkv.checkpoints.trtllm_checkpoint) refuses to read one for them.
 def kv_heads_split(kv_heads: int, tp: int) -> bool:
     """KV heads split over TP ranks, or replicated when TP is a multiple of them (TensorRT-LLM; ModelOpt's
     dup_kv_weight asserts tp_size % num_kv_heads == 0)."""
