@@ -1,0 +1,347 @@
+"""One codec per stored K or V format: turns a chunk of tokens ([batch, kv_heads, tokens, head_dim]) into stored parts
+(packed codes plus float16 scales and zero points, token axis at dim -2) and back; layer_codecs picks the pair for a
+layer."""
+
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from trtkv.core.errors import TrtkvError
+from trtkv.kvcache.formats import (
+    E2M1_MAX,
+    FP8_MAX,
+    INT8_MAX,
+    SPECS,
+    TURBOQUANT_PRESETS,
+    KVFormat,
+)
+from trtkv.kvcache.names import KIVI_GROUP, KIVI_RESIDUAL, FormatChoice, parse_format
+from trtkv.kvcache.numerics import (
+    AffineScale,
+    KVScale,
+    _bias4,
+    asym_dequantize,
+    asym_quantize,
+    fp8_affine_dequantize,
+    fp8_affine_quantize,
+    fp8_dequantize,
+    fp8_quantize,
+    int4_per_token_head_dequantize,
+    int4_per_token_head_quantize,
+    int8_static_dequantize,
+    int8_static_quantize,
+    int8_token_dequantize,
+    int8_token_quantize,
+    nvfp4_dequantize,
+    nvfp4_quantize,
+    pack,
+    per_token_head_quantize,
+    unpack,
+)
+from trtkv.kvcache.turboquant import (
+    _pack_bits,
+    _unpack_bits,
+    turboquant_key_dequantize,
+    turboquant_key_quantize,
+    turboquant_value_quantize,
+    ultraquant_dequantize,
+    ultraquant_quantize,
+)
+
+# ----------------------------------------------------------------------------- codecs
+
+
+class Codec:
+    """Turns [B, H, T, D] chunks into stored parts and back. `token_group`: T must be a multiple of it."""
+
+    token_group = 1
+    static = False
+    limit: float = float("inf")  # |x| beyond this is clipped (static formats)
+
+    def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        raise NotImplementedError
+
+    def roundtrip(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decode(self.encode(x), x.dtype)
+
+    def beyond(self, x: torch.Tensor) -> torch.Tensor:
+        """Elements this codec clips (static formats)."""
+        return x.abs() > self.limit
+
+    def static_bytes(self) -> int:
+        """Bytes stored once per layer, not per token: a float32 static scale."""
+        return 4 if self.static else 0
+
+
+class CastCodec(Codec):
+    def __init__(self, storage: torch.dtype):
+        self.storage = storage
+
+    def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"data": x.to(self.storage)}
+
+    def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        return parts["data"].to(dtype)
+
+
+class FP8Codec(Codec):
+    static = True
+
+    def __init__(self, scale: float):
+        self.scale = float(scale)
+        self.limit = FP8_MAX * self.scale
+
+    def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"data": fp8_quantize(x, self.scale)}
+
+    def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        return fp8_dequantize(parts["data"], self.scale, dtype)
+
+
+class FP8AffineCodec(Codec):
+    """ModelOpt's fp8_affine: E4M3 of x - bias with a static amax; clips where |x - bias| exceeds the amax."""
+
+    static = True
+
+    def __init__(self, param: AffineScale):
+        self.amax = float(param.amax)
+        self.bias = param.bias
+        self.limit = self.amax
+
+    def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"data": fp8_affine_quantize(x, self.amax, self.bias)}
+
+    def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        return fp8_affine_dequantize(parts["data"], self.amax, self.bias, dtype)
+
+    def beyond(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - _bias4(self.bias, x)).abs() > self.limit
+
+    def static_bytes(self) -> int:
+        return 4 + self.bias.numel() * self.bias.element_size()  # the amax and the bias (ModelOpt: model dtype)
+
+
+class Int8StaticCodec(Codec):
+    static = True
+
+    def __init__(self, scale: float):
+        self.scale = float(scale)
+        self.limit = INT8_MAX * self.scale
+
+    def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"data": int8_static_quantize(x, self.scale)}
+
+    def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        return int8_static_dequantize(parts["data"], self.scale, dtype)
+
+
+class NVFP4Codec(Codec):
+    """NVFP4 with a static per-layer global scale (amax / 448, as exported); block scales come from the data."""
+
+    static = True
+
+    def __init__(self, global_scale: float):
+        self.scale = float(global_scale)
+        self.limit = E2M1_MAX * FP8_MAX * self.scale
+
+    def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        codes, block_scale = nvfp4_quantize(x, self.scale)
+        return {"data": pack(codes, 4), "scale": block_scale}
+
+    def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        return nvfp4_dequantize(unpack(parts["data"], 4), parts["scale"], self.scale, dtype)
+
+
+class Int8TokenCodec(Codec):
+    def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        q, scale = int8_token_quantize(x)
+        return {"data": q, "scale": scale}
+
+    def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        return int8_token_dequantize(parts["data"], parts["scale"], dtype)
+
+
+class PerTokenHeadCodec(Codec):
+    """vLLM's int8_per_token_head / fp8_per_token_head: a float32 scale per (token, head) from the data."""
+
+    def __init__(self, fp8: bool):
+        self.fp8 = fp8
+
+    def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        q, scale = per_token_head_quantize(x, self.fp8)
+        return {"data": q, "scale": scale}
+
+    def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        data = parts["data"]
+        values = fp8_dequantize(data, 1.0, torch.float32) if self.fp8 else data.float()
+        return (values * parts["scale"]).to(dtype)
+
+
+class Int4PerTokenHeadCodec(Codec):
+    """vLLM's int4_per_token_head: rotated, asymmetric uint4 packed two per byte, zp inside the float32 scale."""
+
+    def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        if x.shape[-1] % 2:
+            raise TrtkvError(f"int4_per_token_head packs two values per byte; head_dim {x.shape[-1]} is odd.")
+        q, scale = int4_per_token_head_quantize(x)
+        return {"data": pack(q, 4), "scale": scale}
+
+    def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        return int4_per_token_head_dequantize(unpack(parts["data"], 4), parts["scale"], dtype)
+
+
+class TurboQuantKeyCodec(Codec):
+    """TurboQuant's keys: FP8 E4M3 with scale 1 (key bits 8) or Hadamard + Lloyd-Max codes and a float16 norm."""
+
+    def __init__(self, bits: int, norm_correction: bool):
+        self.bits, self.norm_correction = bits, norm_correction
+
+    def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.bits == 8:
+            return {"data": fp8_quantize(x, 1.0)}
+        idx, norm = turboquant_key_quantize(x, self.bits)
+        return {"data": _pack_bits(idx, self.bits), "norm": norm}
+
+    def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        if self.bits == 8:
+            return fp8_dequantize(parts["data"], 1.0, dtype)
+        idx = _unpack_bits(parts["data"], self.bits)
+        return turboquant_key_dequantize(idx, parts["norm"], self.bits, self.norm_correction, dtype)
+
+
+class TurboQuantValueCodec(Codec):
+    """TurboQuant's values: uniform b-bit per (token, head), float16 scale and zero (the min)."""
+
+    def __init__(self, bits: int):
+        self.bits = bits
+
+    def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        q, scale, zero = turboquant_value_quantize(x, self.bits)
+        return {"data": _pack_bits(q, self.bits), "scale": scale, "zero": zero}
+
+    def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        q = _unpack_bits(parts["data"], self.bits).float()
+        return (q * parts["scale"].float() + parts["zero"].float()).to(dtype)
+
+
+class UltraQuantCodec(Codec):
+    """vLLM's ultraquant_4bit for K (rotated) or V: FP4 codes two per byte, one UE8M0 byte per 32 elements."""
+
+    def __init__(self, rotate: bool):
+        self.rotate = rotate
+
+    def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        codes, scale = ultraquant_quantize(x, self.rotate)
+        return {"data": pack(codes, 4), "scale": scale}
+
+    def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        return ultraquant_dequantize(unpack(parts["data"], 4), parts["scale"], self.rotate, dtype)
+
+
+class GroupAsymCodec(Codec):
+    """Per-token asymmetric groups of channels (int4_gN, KIVI's V)."""
+
+    def __init__(self, bits: int, group: int):
+        self.bits, self.group = bits, group
+
+    def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        q, scale, zero = asym_quantize(x, self.bits, min(self.group, x.shape[-1]))
+        return {"data": pack(q, self.bits), "scale": scale, "zero": zero}
+
+    def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        return asym_dequantize(unpack(parts["data"], self.bits), parts["scale"], parts["zero"], dtype)
+
+
+class KiviKeyCodec(Codec):
+    """KIVI's K: asymmetric per channel over groups of `group` consecutive tokens."""
+
+    def __init__(self, bits: int, group: int = KIVI_GROUP):
+        self.bits, self.group = bits, group
+        self.token_group = group
+
+    def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        b, h, t, d = x.shape
+        if t % self.group:
+            raise TrtkvError(f"KIVI keys are quantized in groups of {self.group} tokens, got {t}.")
+        xt = x.reshape(b, h, t // self.group, self.group, d).transpose(-1, -2)  # [B, H, T/G, D, G]
+        q, scale, zero = asym_quantize(xt, self.bits, self.group)  # scale/zero [B, H, T/G, D, 1]
+        codes = q.transpose(-1, -2).reshape(b, h, t, d)
+        return {"data": pack(codes, self.bits), "scale": scale.squeeze(-1), "zero": zero.squeeze(-1)}
+
+    def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        codes = unpack(parts["data"], self.bits)
+        b, h, t, d = codes.shape
+        qg = codes.reshape(b, h, t // self.group, self.group, d).float()
+        x = qg * parts["scale"].float().unsqueeze(-2) + parts["zero"].float().unsqueeze(-2)
+        return x.reshape(b, h, t, d).to(dtype)
+
+
+@dataclass
+class LayerCodecs:
+    """What one layer stores: codecs for K and V and the full-precision window (KIVI)."""
+
+    key: Codec
+    value: Codec
+    residual: int = 0
+
+
+def layer_codecs(fmt: KVFormat | str | FormatChoice, k_scale: KVScale | None = None,
+                 v_scale: KVScale | None = None) -> LayerCodecs:
+    """The codecs of one layer for a format; static formats take that layer's scales (multipliers; fp8_affine its
+    AffineScale of K and of V)."""
+    choice = parse_format(fmt)
+    base = choice.base
+    if choice.affine:
+        if not isinstance(k_scale, AffineScale) or not isinstance(v_scale, AffineScale):
+            raise TrtkvError(f"KV format {choice.name} needs each layer's K and V amax and bias (AffineScale; got "
+                             f"k={k_scale!r:.60}, v={v_scale!r:.60}). Next: calibrate them with "
+                             f"trtkv.kvcache.scales.calibrate_scales(model, tokenizer) and pass "
+                             f"KVScales.for_format('{choice.name}').")
+        return LayerCodecs(FP8AffineCodec(k_scale), FP8AffineCodec(v_scale))
+    k_scale = None if k_scale is None else float(k_scale)
+    v_scale = None if v_scale is None else float(v_scale)
+    if base is KVFormat.FP16:
+        return LayerCodecs(CastCodec(torch.float16), CastCodec(torch.float16))
+    if base is KVFormat.BF16:
+        return LayerCodecs(CastCodec(torch.bfloat16), CastCodec(torch.bfloat16))
+    if base is KVFormat.FP8_SCALE1:
+        return LayerCodecs(FP8Codec(1.0), FP8Codec(1.0))
+    if base in (KVFormat.FP8, KVFormat.INT8):
+        if k_scale is None or v_scale is None or not (k_scale > 0 and v_scale > 0):
+            raise TrtkvError(f"KV format {choice.name} needs positive static K and V scales per layer "
+                             f"(got k={k_scale}, v={v_scale}). Next: pass k_scales/v_scales (kv_scales.json) or "
+                             f"calibrate them with trtkv.kvcache.scales.calibrate_scales(model, tokenizer).")
+        if base is KVFormat.FP8:
+            return LayerCodecs(FP8Codec(k_scale), FP8Codec(v_scale))
+        if choice.split_scales:
+            return LayerCodecs(Int8StaticCodec(k_scale), Int8StaticCodec(v_scale))
+        shared = max(k_scale, v_scale)  # TensorRT-LLM: one kv_cache_scaling_factor for K and V
+        return LayerCodecs(Int8StaticCodec(shared), Int8StaticCodec(shared))
+    if base is KVFormat.NVFP4:
+        if k_scale is None or v_scale is None or not (k_scale > 0 and v_scale > 0):
+            raise TrtkvError(f"KV format nvfp4 needs positive static K and V global scales per layer (amax/448; "
+                             f"got k={k_scale}, v={v_scale}). Next: pass k_scales/v_scales from KVScales.for_format.")
+        return LayerCodecs(NVFP4Codec(k_scale), NVFP4Codec(v_scale))  # separate K and V globals, as TensorRT-LLM
+    if base is KVFormat.INT8_TOKEN:
+        return LayerCodecs(Int8TokenCodec(), Int8TokenCodec())
+    if base in (KVFormat.INT8_PER_TOKEN_HEAD, KVFormat.FP8_PER_TOKEN_HEAD):
+        fp8 = base is KVFormat.FP8_PER_TOKEN_HEAD
+        return LayerCodecs(PerTokenHeadCodec(fp8), PerTokenHeadCodec(fp8))
+    if base is KVFormat.INT4_PER_TOKEN_HEAD:
+        return LayerCodecs(Int4PerTokenHeadCodec(), Int4PerTokenHeadCodec())
+    if base in TURBOQUANT_PRESETS:
+        key_bits, value_bits, norm_correction = TURBOQUANT_PRESETS[base]
+        return LayerCodecs(TurboQuantKeyCodec(key_bits, norm_correction), TurboQuantValueCodec(value_bits))
+    if base is KVFormat.ULTRAQUANT_4BIT:
+        return LayerCodecs(UltraQuantCodec(rotate=True), UltraQuantCodec(rotate=False))
+    spec = SPECS[base]
+    if base in (KVFormat.KIVI4, KVFormat.KIVI2):
+        group = spec.group_size or KIVI_GROUP
+        return LayerCodecs(KiviKeyCodec(spec.bits, group), GroupAsymCodec(spec.bits, group), residual=KIVI_RESIDUAL)
+    return LayerCodecs(GroupAsymCodec(spec.bits, spec.group_size or 64), GroupAsymCodec(spec.bits, spec.group_size or 64))
