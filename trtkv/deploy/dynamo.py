@@ -8,7 +8,6 @@ Layout and flags from ai-dynamo/dynamo's examples/backends/{trtllm,vllm}/deploy 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import yaml
