@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"soak: `trtkv serve {args.recipe}` failed:\n{started.stderr}", file=sys.stderr)
         return 2
     summary = Summary(args.recipe, args.clients, args.seconds)
-    summary.streamed = for_recipe(recipe).repo_layout == "ensemble"  # the streaming client speaks the ensemble
+    summary.streamed = for_recipe(recipe).layout == "ensemble"  # the streaming client speaks the ensemble
     url = f"127.0.0.1:{grpc}"
     try:
         if summary.streamed:

@@ -23,7 +23,7 @@ def engine_names() -> set[str]:
     from trtkv.recipe import Backend
     from trtkv.recipe.schema import BACKEND_ALIASES
 
-    return {b.value for b in Backend} | set(BACKEND_ALIASES) | {b.repo_layout for b in BACKENDS.values()}
+    return {b.value for b in Backend} | set(BACKEND_ALIASES) | {b.layout for b in BACKENDS.values()}
 
 
 def _texts(node: ast.AST) -> list[str]:
@@ -143,7 +143,7 @@ def test_help_names_every_backend_and_what_serve_does_now() -> None:
     for verb in ("build", "serve"):
         for backend in Backend:
             assert re.search(rf"\b{backend.value}\b", shown[verb]), f"{verb} does not name backend {backend.value}"
-    triton = {b.repo_layout for b in BACKENDS.values() if b.llm_model[0]}  # the layouts with a Triton model
+    triton = {b.layout for b in BACKENDS.values() if b.repo is not None}  # the layouts with a Triton model
     assert triton and all(re.search(rf"\b{layout}\b", shown["repo"]) for layout in triton), shown["repo"]
     assert "supervis" in shown["serve"] and "--attach" in shown["serve"], shown["serve"]
     assert "supervis" in shown["stop"] and "supervis" in shown["status"]

@@ -1,9 +1,21 @@
-"""Engine backends behind one interface (trtkv.backends.base.EngineBackend), looked up by the recipe's build.backend."""
+"""Engine backends behind a few small protocols (trtkv.backends.seam), one `EngineBackend` per recipe build.backend.
+
+Stages import only this package's face: `for_recipe` / `BACKENDS` and the protocol types; never a backend's module.
+"""
 
 from __future__ import annotations
 
 from trtkv.backends import llmapi, reference, tensorrt, vllm
-from trtkv.backends.base import EngineBackend
+from trtkv.backends.seam import (
+    Builder,
+    DynamoWorker,
+    EngineBackend,
+    OpenAIServer,
+    RepoLayout,
+    Runner,
+    Serving,
+    TokenizerSource,
+)
 from trtkv.recipe import Backend, Recipe
 
 BACKENDS: dict[Backend, EngineBackend] = {b.backend: b for b in (tensorrt.BACKEND, llmapi.BACKEND, reference.BACKEND,
@@ -26,4 +38,5 @@ def default_backend(*, on_cpu: bool, llama_family: bool) -> Backend:
     return Backend.REFERENCE if llama_family else Backend.VLLM
 
 
-__all__ = ["BACKENDS", "EngineBackend", "default_backend", "for_recipe"]
+__all__ = ["BACKENDS", "Builder", "DynamoWorker", "EngineBackend", "OpenAIServer", "RepoLayout", "Runner", "Serving",
+           "TokenizerSource", "default_backend", "for_recipe"]

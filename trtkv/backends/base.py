@@ -1,41 +1,127 @@
-"""The seam between trtkv's stages and its engine backends: one `EngineBackend` per recipe `build.backend`.
-
-A backend says what its build stage does (and prints in a dry run), where the KV precision comes from, which Triton
-`tensorrt_llm` model and ensemble step it needs, what the repository references, how many ranks it serves with and
-whether the bundled CPU tritonserver runs it, and how `trtkv generate` runs it. The stages (`build`, `repo`, `serve`,
-`generate`) look the backend up in `trtkv.backends.BACKENDS` instead of branching on its name; adding one is one module
-plus its tests. Its recipe rules are data and code of the model layer: trtkv.recipe.backend_rules.
+"""What the backends share: the defaults of the seam's parts (trtkv.backends.seam), the checkpoint check and the
+command formatting of dry runs. Each backend module composes its `EngineBackend` from these and its own parts; its
+recipe rules are data and code of the model layer (trtkv.recipe.backend_rules).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trtkv.backends.seam import OpenAIServer, TokenizerSource
+from trtkv.contracts.interface import ENSEMBLE, ModelInterface
 from trtkv.contracts.stage import manifest_hash
 from trtkv.core import paths
 from trtkv.core.errors import StageError
 from trtkv.core.tools import quote
 from trtkv.platform.hardware import GPU
-from trtkv.recipe import Backend, Recipe
+from trtkv.platform.versions import Row
+from trtkv.recipe import Recipe
 from trtkv.recipe.layout import checkpoint_dir, engine_dir
 
 BUILD_SECTIONS = ("model", "quantization", "build")
+# inflight_batcher_llm's models around the backend's tensorrt_llm: model folder -> (config template, model.py template)
+ENSEMBLE_MODELS: dict[str, tuple[str, str | None]] = {
+    "preprocessing": ("preprocessing/config.pbtxt", "preprocessing/preprocessing.py"),
+    "postprocessing": ("postprocessing/config.pbtxt", "postprocessing/postprocessing.py"),
+    "ensemble": ("ensemble/config.pbtxt", None),
+}
+STREAM_STEP = "tensorrt_llm_stream"  # trtkv's BLS model between the C++ model and postprocessing
+STREAM_MODEL = ("tensorrt_llm_stream/config.pbtxt", "tensorrt_llm_stream/tensorrt_llm_stream.py")
 
 
-class EngineBackend:
-    """Defaults shared by the backends; each module overrides what differs."""
+def prepare_checkpoint(recipe: Recipe) -> tuple[Path, dict[str, Any]]:
+    """(checkpoint folder, preflight info) before a build on the TensorRT-LLM checkpoint; StageError listing every
+    problem."""
+    ckpt, _summary, problems = check_checkpoint(recipe)
+    if problems:
+        raise StageError(f"build {recipe.name}: the checkpoint does not fit the recipe:\n"
+                         + "\n".join(f"  - {p}" for p in problems))
+    return ckpt, {"checkpoint": str(ckpt)}
 
-    backend: Backend
+
+class EnsembleLayout:
+    """The inflight_batcher_llm layout: preprocessing -> the backend's tensorrt_llm -> postprocessing, as `ensemble`."""
+
+    name = "ensemble"
+    interface: ModelInterface = ENSEMBLE
+    tokenizer = TokenizerSource.REFERENCE
+    shared_module = True
     llm_model: tuple[str, str | None]  # tensorrt_llm model templates: (config.pbtxt, model.py or None)
     llm_step_model = "tensorrt_llm"  # the ensemble's middle step
-    repo_layout = "ensemble"  # "ensemble": inflight_batcher_llm's four models; "llmapi": upstream's one-model layout
-    build_sections: tuple[str, ...] = BUILD_SECTIONS  # recipe sections the build output depends on
-    copies_tokenizer = False  # True: the repository carries its own tokenizer copy (CPU); False: it references one
-    records_versions = False  # True: the build manifest records the TensorRT-LLM/TensorRT that built the engine
-    dynamo_framework: str | None = None  # NVIDIA Dynamo's backendFramework for this path (None: Dynamo cannot run it)
-    gpu_engine = True  # False: trtkv's own CPU runtime (not a deployment target on a GPU)
+
+    def models(self) -> dict[str, tuple[str, str | None]]:
+        out = {**ENSEMBLE_MODELS, "tensorrt_llm": self.llm_model}
+        if self.llm_step_model == STREAM_STEP:
+            out[STREAM_STEP] = STREAM_MODEL
+        return out
+
+    def template_values(self, recipe: Recipe) -> dict[str, str]:
+        return {"llm_step_model": self.llm_step_model, "llm_module": ""}
+
+    def input(self, recipe: Recipe) -> tuple[Path, str]:
+        return engine_dir(recipe), "build"
+
+    def files(self, recipe: Recipe) -> dict[str, str]:
+        return {}
+
+    def summary(self, recipe: Recipe) -> str:
+        """One line for the README: what the tensorrt_llm model is."""
+        raise NotImplementedError
+
+    def notes(self, recipe: Recipe) -> list[str]:
+        """Extra README paragraphs."""
+        return []
+
+    def readme_lines(self, recipe: Recipe, tokenizer: str) -> list[str]:
+        return [
+            "| model | what |",
+            "|---|---|",
+            f"| `preprocessing` | Python: text -> `input_ids`, `input_lengths`, `request_output_len`, end/pad ids, "
+            f"stop/bad words; tokenizer {tokenizer} |",
+            f"| `tensorrt_llm` | {self.summary(recipe)}; decoupled: {str(recipe.triton.decoupled).lower()} |",
+            "| `postprocessing` | Python: token ids -> text |",
+            "| `ensemble` | platform `ensemble`: preprocessing -> tensorrt_llm -> postprocessing |",
+            "",
+            *self.notes(recipe),
+        ]
+
+    def client_lines(self, recipe: Recipe) -> list[str]:
+        t = recipe.triton
+        body = '{"text_input": "The capital of France is", "max_tokens": 8, "bad_words": "", "stop_words": ""}'
+        stream_body = body[:-1] + ', "stream": true}'
+        return [
+            "## Ask it something",
+            "",
+            "```",
+            f"curl -s -X POST http://{t.host}:{t.http_port}/v2/models/ensemble/generate -d '{body}'",
+            f"curl -s -N -X POST http://{t.host}:{t.http_port}/v2/models/ensemble/generate_stream -d '{stream_body}'",
+            "```",
+            "",
+            f"gRPC streaming (decoupled) on {t.host}:{t.grpc_port}: model `ensemble`, inputs `text_input` (BYTES, "
+            "shape [1, 1]), `max_tokens` (INT32 [1, 1]), `stream` (BOOL [1, 1]) and optionally `temperature`, `top_k`, "
+            "`top_p`, `seed`, `end_id`, `pad_id`, `stop_words`, `bad_words`; output `text_output`. Streamed responses "
+            "carry only the new text. `trtkv bench` is such a client.",
+            "",
+        ]
+
+    def launch_lines(self, recipe: Recipe, ranks: int, row: Row | None, image: str) -> tuple[str, str]:
+        stack = (f"The image ships TensorRT-LLM {row.tensorrt_llm} and TensorRT {row.tensorrt} (trtkv's version "
+                 f"matrix, `trtkv/data/trtllm_versions.json`); an engine runs only under the TensorRT-LLM/TensorRT "
+                 f"that built it." if row else
+                 f"`{image}` is not in trtkv's version matrix: check that it ships the TensorRT-LLM that built the "
+                 f"engine.")
+        mpi = (f"tp_size x pp_size = {recipe.world_size}: one tritonserver per rank under `mpirun`."
+               if ranks > 1 else "One GPU rank: a single tritonserver.")
+        return stack, mpi
+
+
+class TritonServing:
+    """Served by tritonserver from the repository: the bundled one on hardware.gpu cpu, else the GPU container."""
+
+    records_versions = False
+    rank_processes = True
+    openai: OpenAIServer | None = None  # no OpenAI server of its own
 
     def serves_locally(self, recipe: Recipe) -> bool:
         """True: the bundled tritonserver runs it on this machine (hardware.gpu cpu); False: the GPU container."""
@@ -45,66 +131,25 @@ class EngineBackend:
         """tritonserver processes per model instance (one per rank under mpirun for the engine path)."""
         return 1
 
-    def kv_source_line(self, recipe: Recipe) -> str:
-        raise NotImplementedError
-
-    def prepare(self, recipe: Recipe) -> tuple[Path, dict[str, Any]]:
-        """(checkpoint folder, preflight info) before the build; StageError listing every problem."""
-        ckpt, _summary, problems = check_checkpoint(recipe)
-        if problems:
-            raise StageError(f"build {recipe.name}: the checkpoint does not fit the recipe:\n"
-                             + "\n".join(f"  - {p}" for p in problems))
-        return ckpt, {"checkpoint": str(ckpt)}
-
-    def build(self, recipe: Recipe, ckpt: Path, tmp: Path, final: Path, info: dict[str, Any],
-              log: Callable[[str], None]) -> dict[str, Any]:
-        """Write the build output into `tmp` (renamed to `final` on success); returns manifest fields."""
-        raise NotImplementedError
-
-    def dry_run_lines(self, recipe: Recipe, ckpt: Path, out: Path) -> list[str]:
-        raise NotImplementedError
-
-    def require_served_input(self, recipe: Recipe) -> None:
+    def require_input(self, recipe: Recipe) -> None:
         """StageError unless what the server loads is there (default: the build output)."""
         from trtkv.contracts.stage import require_input
 
         require_input(engine_dir(recipe), "serve", "build", recipe)
 
-    def repo_input(self, recipe: Recipe) -> tuple[Path, str]:
-        """What the Triton repository points at, and the stage that writes it."""
-        return engine_dir(recipe), "build"
 
-    def llm_module(self, recipe: Recipe) -> str:
-        """The engine module a Python tensorrt_llm model imports (llmapi layout), else empty."""
-        return ""
-
-    def repo_files(self, recipe: Recipe) -> dict[str, str]:
-        """Extra files of the Triton repository (relative path -> text)."""
-        return {}
-
-    def serve_command(self, recipe: Recipe) -> tuple[list[str], dict[str, str]]:
-        """(command, extra environment) of a server that is not tritonserver (repo_layout "openai")."""
-        raise StageError(f"backend {self.backend.value} is served by tritonserver (`trtkv serve` builds its command)")
-
-    def repo_summary(self, recipe: Recipe) -> str:
-        """One line for the repository README: what the tensorrt_llm model is."""
-        raise NotImplementedError
-
-    def repo_notes(self, recipe: Recipe) -> list[str]:
-        """Extra README paragraphs for this backend's repository."""
-        return []
+class Runner:
+    """`trtkv generate`'s defaults: a backend overrides what it runs."""
 
     def describe_local_generate(self, recipe: Recipe, max_tokens: int, checkpoint: Path | None) -> str:
-        """What `trtkv generate` runs on this machine (backends that serve locally)."""
-        raise StageError(f"backend {self.backend.value} does not run on this machine")
+        raise StageError(f"backend {recipe.build.backend.value} does not run on this machine")
 
     def local_generate(self, recipe: Recipe, prompt: str, max_tokens: int, checkpoint: Path | None) -> str:
-        """Greedy text from the CPU engine (backends that serve locally)."""
-        raise StageError(f"backend {self.backend.value} does not run on this machine")
+        raise StageError(f"backend {recipe.build.backend.value} does not run on this machine")
 
     def generate_job(self, recipe: Recipe, prompt: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
         """A runner script and its JSON arguments for TensorRT-LLM's own runner (GPU backends)."""
-        raise StageError(f"backend {self.backend.value} has no TensorRT-LLM runner")
+        raise StageError(f"backend {recipe.build.backend.value} has no TensorRT-LLM runner")
 
 
 def failed_log_path(recipe: Recipe) -> Path:

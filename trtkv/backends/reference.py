@@ -16,7 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trtkv.backends.base import EngineBackend
+from trtkv.backends.base import BUILD_SECTIONS, EnsembleLayout, Runner, TritonServing, prepare_checkpoint
+from trtkv.backends.seam import EngineBackend, TokenizerSource
 from trtkv.checkpoints import models as model
 from trtkv.recipe import Backend, Recipe, layout
 from trtkv.recipe.layout import kv_cache_quant_algo
@@ -130,19 +131,19 @@ def _smoke(tmp: Path, settings: dict[str, Any], log: Callable[[str], None]) -> d
             "kv_scales": runtime.kv_scales, "smoke_token": first}
 
 
+class ReferenceBackend(Runner):
+    """The build and `trtkv generate` of the reference runtime."""
 
-
-class ReferenceBackend(EngineBackend):
-    backend = Backend.REFERENCE
-    llm_model = ("tensorrt_llm/config.reference.pbtxt", "tensorrt_llm/tensorrt_llm_reference.py")
-    copies_tokenizer = True
-    gpu_engine = False
+    sections = BUILD_SECTIONS
 
     def kv_source_line(self, recipe: Recipe) -> str:
         algo = kv_cache_quant_algo(recipe)
         return (f"KV cache: {algo or 'unquantized'}, from checkpoint config quantization.kv_cache_quant_algo, with the "
                 f"per-layer kv_cache_scaling_factor of rank0.safetensors (one scale shared by K and V, as TensorRT-LLM); "
                 f"{ACTIVATIONS_NOTE}")
+
+    def prepare(self, recipe: Recipe) -> tuple[Path, dict[str, Any]]:
+        return prepare_checkpoint(recipe)
 
     def build(self, recipe: Recipe, ckpt: Path, tmp: Path, final: Path, info: dict[str, Any],
               log: Callable[[str], None]) -> dict[str, Any]:
@@ -171,9 +172,15 @@ class ReferenceBackend(EngineBackend):
         runtime = ReferenceRuntime.load(engine, checkpoint=checkpoint)
         return runtime.generate_text(prompt, max_tokens=max_tokens)
 
-    def repo_summary(self, recipe: Recipe) -> str:
+
+class ReferenceLayout(EnsembleLayout):
+    llm_model = ("tensorrt_llm/config.reference.pbtxt", "tensorrt_llm/tensorrt_llm_reference.py")
+    tokenizer = TokenizerSource.COPY  # the CPU repository carries its own tokenizer copy
+
+    def summary(self, recipe: Recipe) -> str:
         return (f"Python model running trtkv's CPU reference runtime on `{layout.engine_dir(recipe)}` "
                 f"({recipe.triton.instance_count} instance(s), one request each at a time)")
 
 
-BACKEND = ReferenceBackend()
+_PARTS = ReferenceBackend()
+BACKEND = EngineBackend(Backend.REFERENCE, _PARTS, ReferenceLayout(), TritonServing(), _PARTS, gpu_engine=False)

@@ -14,7 +14,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trtkv.backends.base import EngineBackend, check_checkpoint, command_block, failed_log_path
+from trtkv.backends.base import (
+    BUILD_SECTIONS,
+    STREAM_STEP,
+    EnsembleLayout,
+    Runner,
+    TritonServing,
+    check_checkpoint,
+    command_block,
+    failed_log_path,
+)
+from trtkv.backends.seam import EngineBackend
 from trtkv.core.errors import StageError, ToolError
 from trtkv.core.tools import quote, run_logged, tail
 from trtkv.platform import trtllm, versions
@@ -244,7 +254,7 @@ def _build_tensorrt(recipe: Recipe, ckpt: Path, tmp: Path, final: Path, place: t
     plain = trtllm_build_command(recipe, ckpt, tmp)
     run = place.tool_command(plain[0], plain[1:])
     (tmp / BUILD_COMMAND).write_text(
-        f"# {BACKEND.kv_source_line(recipe)}\n"
+        f"# {BUILDER.kv_source_line(recipe)}\n"
         f"# trtkv ran this with --output_dir {tmp} (a temporary sibling renamed to {final} on success), "
         f"{place.why}:\n# {quote(run)}\n"
         + quote(shown) + "\n")
@@ -269,23 +279,12 @@ def _build_tensorrt(recipe: Recipe, ckpt: Path, tmp: Path, final: Path, place: t
     return {"backend": "tensorrt", "command": shown, "ran": run, "engines": [p.name for p in engines]}
 
 
-
-
 # ---------------------------------------------------------------------------------------------
-# Recipe rules (registered in trtkv.recipe.BACKEND_RULES by trtkv.backends)
+# The backend's parts
 
 
-class TensorRTBackend(EngineBackend):
-    backend = Backend.TENSORRT
-    llm_model = ("tensorrt_llm/config.tensorrt.pbtxt", None)
-    # The C++ model streams one token per response and the (stateless) postprocessing model would turn a multi-byte
-    # character split across two responses into U+FFFD; `tensorrt_llm_stream` (trtkv's BLS model) calls it and
-    # re-cuts the stream on whole UTF-8 characters.
-    llm_step_model = "tensorrt_llm_stream"
-    records_versions = True
-
-    def ranks(self, recipe: Recipe) -> int:
-        return recipe.world_size
+class TensorRTBuilder:
+    sections = BUILD_SECTIONS
 
     def kv_source_line(self, recipe: Recipe) -> str:
         algo = kv_cache_quant_algo(recipe)
@@ -321,12 +320,20 @@ class TensorRTBackend(EngineBackend):
             lines.append(f"  started as: {quote(place.tool_command(plain[0], []))} <the flags below>")
         return lines + command_block(plain)
 
-    def repo_summary(self, recipe: Recipe) -> str:
+
+class TensorRTLayout(EnsembleLayout):
+    llm_model = ("tensorrt_llm/config.tensorrt.pbtxt", None)
+    # The C++ model streams one token per response and the (stateless) postprocessing model would turn a multi-byte
+    # character split across two responses into U+FFFD; `tensorrt_llm_stream` (trtkv's BLS model) calls it and
+    # re-cuts the stream on whole UTF-8 characters.
+    llm_step_model = STREAM_STEP
+
+    def summary(self, recipe: Recipe) -> str:
         t = recipe.triton
         return (f"backend `tensorrtllm`, engine `{engine_dir(recipe)}` ({t.batching_strategy.value}, "
                 f"{t.batch_scheduler_policy.value})")
 
-    def repo_notes(self, recipe: Recipe) -> list[str]:
+    def notes(self, recipe: Recipe) -> list[str]:
         b = recipe.build
         if recipe.chunked_context:
             return [f"`enable_chunked_context` is true: build.max_input_len {b.max_input_len} exceeds "
@@ -336,8 +343,16 @@ class TensorRTBackend(EngineBackend):
         return [f"`enable_chunked_context` is false: every prompt (at most build.max_input_len {b.max_input_len} "
                 f"tokens) fits in one engine step of build.max_num_tokens {b.max_num_tokens}.", ""]
 
-    def generate_job(self, recipe: Recipe, prompt: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
 
+class TensorRTServing(TritonServing):
+    records_versions = True  # the build manifest records the TensorRT-LLM/TensorRT that built the engine
+
+    def ranks(self, recipe: Recipe) -> int:
+        return recipe.world_size
+
+
+class TensorRTRunner(Runner):
+    def generate_job(self, recipe: Recipe, prompt: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
         if recipe.world_size != 1:
             raise StageError(f"generate {recipe.name}: the engine has {recipe.world_size} ranks; ModelRunnerCpp needs "
                              f"one process per rank (`mpirun -n {recipe.world_size}`). Next: serve it (`trtkv serve "
@@ -346,4 +361,5 @@ class TensorRTBackend(EngineBackend):
                                "prompt": prompt, "max_tokens": max_tokens}
 
 
-BACKEND = TensorRTBackend()
+BUILDER = TensorRTBuilder()
+BACKEND = EngineBackend(Backend.TENSORRT, BUILDER, TensorRTLayout(), TensorRTServing(), TensorRTRunner())

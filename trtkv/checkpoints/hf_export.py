@@ -145,8 +145,8 @@ def gemma3_legacy_rope(source: dict[str, Any]) -> dict[str, Any]:
 
 def _check_gemma3(ckpt_dir: Path, config: dict[str, Any], recipe: Recipe, problems: list[str]) -> None:
     """Gemma 3: hybrid sliding/full layout, per-layer-type RoPE (both spellings) and scalars as the source has them."""
-    from trtkv.recipe.attention import parse_layers
     from trtkv.checkpoints.hf_config import read_model_facts
+    from trtkv.recipe.attention import parse_layers
 
     path = ckpt_dir / "hf" / "config.json"
     types = config.get("layer_types")

@@ -60,8 +60,8 @@ def engine_names() -> dict[str, str]:
     backends = list(BACKENDS.values())
     return {
         "backends": ", ".join(b.backend.value for b in backends),
-        "layouts": ", ".join(dict.fromkeys(b.repo_layout for b in backends)),
-        "triton_layouts": ", ".join(dict.fromkeys(b.repo_layout for b in backends if b.llm_model[0])),
+        "layouts": ", ".join(dict.fromkeys(b.layout for b in backends)),
+        "triton_layouts": ", ".join(dict.fromkeys(b.layout for b in backends if b.repo is not None)),
     }
 
 
@@ -71,10 +71,10 @@ def layout_lines() -> list[str]:
 
     by_layout: dict[str, list[str]] = {}
     for b in BACKENDS.values():
-        if b.llm_model[0]:
-            by_layout.setdefault(b.repo_layout, []).append(b.backend.value)
+        if b.repo is not None:
+            by_layout.setdefault(b.layout, []).append(b.backend.value)
     lines = [f"layout {layout}: {_backends(names)}" for layout, names in by_layout.items()]
-    none = [b.backend.value for b in BACKENDS.values() if not b.llm_model[0]]
+    none = [b.backend.value for b in BACKENDS.values() if b.repo is None]
     if none:
         lines.append(f"no Triton repository: {_backends(none)} (`trtkv serve` runs its own server)")
     return lines

@@ -13,7 +13,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class ModelInterface:
-    layout: str  # the repository layout that serves it (trtkv.backends.base.EngineBackend.repo_layout)
+    layout: str  # the repository layout that serves it (trtkv.backends.seam.RepoLayout.name)
     model: str  # the model a client talks to
     max_tokens: str
     stream: str

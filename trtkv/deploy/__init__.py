@@ -20,7 +20,7 @@ import yaml
 
 from trtkv.contracts.stage import OWNER, check_output, replace_folder
 from trtkv.core import paths
-from trtkv.core.apikey import API_KEY_ENV, TRITON_KEY_HEADER, VLLM_KEY_ENV
+from trtkv.core.apikey import API_KEY_ENV
 from trtkv.core.errors import StageError
 from trtkv.deploy import check, dynamo, k8s, launch, slurm
 from trtkv.deploy.sizing import Sizing, size
@@ -59,7 +59,7 @@ def render(recipe: Recipe, target: Target, sizing: Sizing, out: Path,
         lch = launch.for_recipe(recipe, sizing, slurm=True)
         files[slurm.RANK_SCRIPT] = slurm.rank_script(recipe, lch, sizing)
         files[slurm.JOB_SCRIPT] = slurm.job_script(recipe, lch, sizing, str(out))
-        tasks = sizing.nodes_per_replica if lch.server == "vllm" else sizing.gpus_per_replica
+        tasks = sizing.nodes_per_replica if lch.one_task_per_node else sizing.gpus_per_replica
         folders = ", ".join(p for _s, p in lch.mounts)
         readme = [
             "## Run", "",
@@ -103,7 +103,7 @@ def render(recipe: Recipe, target: Target, sizing: Sizing, out: Path,
         if workload == "LeaderWorkerSet":
             readme += [f"One replica spans {sizing.nodes_per_replica} nodes: a LeaderWorkerSet (install the LWS "
                        f"controller, v0.10.0 schema) of size {sizing.nodes_per_replica}; the leader pod runs "
-                       + ("the Ray head and vLLM, the workers join its Ray cluster." if lch.ray_worker else
+                       + (f"the Ray head and {lch.label}, the workers join its Ray cluster." if lch.ray_worker else
                           f"`mpirun` over all {sizing.gpus_per_replica} ranks through ssh on port {launch.SSH_PORT} "
                           f"(every pod runs sshd with the key of Secret {k8s.k8s_name(recipe, 'ssh')}; the image "
                           f"must contain openssh-server)."), ""]
@@ -128,15 +128,7 @@ def render(recipe: Recipe, target: Target, sizing: Sizing, out: Path,
 
 
 def _key_lines(lch: launch.Launch) -> list[str]:
-    if lch.server == "triton":
-        return [f"- Triton's APIs that change the server ({launch.RESTRICTED_APIS}) need the header "
-                f"`{TRITON_KEY_HEADER}: <key>` on HTTP and gRPC (`--http-restricted-api`, `--grpc-restricted-protocol`);"
-                f" inference, health, metadata and model configs stay open to the clients the network admits."]
-    if lch.server == "vllm":
-        return [f"- vLLM requires `Authorization: Bearer <key>` on every `/v1` request ({VLLM_KEY_ENV}, the "
-                f"environment form of `--api-key`); `/health` and `/metrics` stay open."]
-    return ["- trtllm-serve has no API key option: nothing but the network (the NetworkPolicy here, your cluster "
-            "network on Slurm) fences it. Put an authenticating gateway in front of it if its clients are not trusted."]
+    return [lch.key_note]
 
 
 def _clients_line() -> str:
@@ -173,7 +165,7 @@ def _k8s_security_lines(recipe: Recipe, lch: launch.Launch, fence: k8s.Fence) ->
                  if lch.uses_ssh else "")
               + "; the model volume and the ssh Secret are mounted read-only."]
     if lch.non_root:
-        lines.append(f"- vLLM runs as uid {k8s.NON_ROOT_UID} (non-root), HOME on an emptyDir for its caches.")
+        lines.append(f"- {lch.label} runs as uid {k8s.NON_ROOT_UID} (non-root), HOME on an emptyDir for its caches.")
     else:
         lines.append("- The server runs as root: the NGC Triton/TensorRT-LLM images' launches are written for root "
                      "(`mpirun --allow-run-as-root`, the multi-node ranks' sshd, TensorRT-LLM's caches under /root) "

@@ -8,11 +8,11 @@ Layout and flags from ai-dynamo/dynamo's examples/backends/{trtllm,vllm}/deploy 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import yaml
 
+from trtkv.backends import DynamoWorker
 from trtkv.core.errors import StageError
 from trtkv.deploy.k8s import _volumes, k8s_name, labels
 from trtkv.deploy.launch import hf_dir, volume_folders
@@ -21,59 +21,49 @@ from trtkv.recipe import Recipe
 
 DGD_API = "nvidia.com/v1beta1"
 DYNAMO_VERSION = "1.4.0"
-IMAGES = {"trtllm": f"nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:{DYNAMO_VERSION}",
-          "vllm": f"nvcr.io/nvidia/ai-dynamo/vllm-runtime:{DYNAMO_VERSION}"}  # by backendFramework
+DYNAMO_IMAGES = "nvcr.io/nvidia/ai-dynamo"  # <runtime_image>:<version> per backendFramework
 CONFIG_DIR = "/etc/trtkv-engine"
-NIXL = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'
 MODES = ("agg", "disagg")
+
+
+def worker(recipe: Recipe) -> DynamoWorker | None:
+    """Dynamo's worker for the recipe's backend (None: Dynamo does not run it)."""
+    from trtkv.backends import for_recipe
+
+    return for_recipe(recipe).dynamo
 
 
 def framework(recipe: Recipe) -> str | None:
     """Dynamo's backendFramework for the recipe's backend (None: Dynamo does not run it)."""
-    from trtkv.backends import for_recipe
-
-    return for_recipe(recipe).dynamo_framework
-
-
-def image(recipe: Recipe) -> str:
-    return IMAGES[framework(recipe) or "trtllm"]
+    w = worker(recipe)
+    return w.framework if w is not None else None
 
 
-def check_backend(recipe: Recipe) -> None:
-    if framework(recipe) not in IMAGES:
+def _worker(recipe: Recipe) -> DynamoWorker:
+    w = worker(recipe)
+    if w is None:
         raise StageError(f"{recipe.name}: build.backend is {recipe.build.backend.value}; Dynamo's workers run the "
                          f"LLM API (dynamo.trtllm, on the HF checkpoint) or vLLM, not trtllm-build engines. Next: "
                          f"use build.backend llmapi (e.g. llama70b_fp8kv_llmapi) or vllm, or deploy this recipe with "
                          f"--target k8s or slurm.")
+    return w
 
 
-def engine_config(recipe: Recipe, role: str) -> dict[str, Any]:
-    """dynamo.trtllm --extra-engine-args: the recipe's LLM() arguments (TorchLlmArgs fields), minus the model path;
-    prefill/decode workers add the KV cache transceiver (and prefill drops the overlap scheduler, as upstream's)."""
-    from trtkv.backends.llmapi import llm_args
+def image(recipe: Recipe) -> str:
+    return f"{DYNAMO_IMAGES}/{_worker(recipe).runtime_image}:{DYNAMO_VERSION}"
 
-    cfg = {k: v for k, v in llm_args(recipe, Path()).items() if k != "model"}
-    if role in ("prefill", "decode"):
-        cfg["cache_transceiver_config"] = {"backend": "DEFAULT"}
-    if role == "prefill":
-        cfg["disable_overlap_scheduler"] = True
-    return cfg
+
+def check_backend(recipe: Recipe) -> None:
+    _worker(recipe)
+
+
+def engine_config(recipe: Recipe, role: str) -> dict[str, Any] | None:
+    """The worker's --extra-engine-args for `role` (None: it takes every argument on its command line)."""
+    return _worker(recipe).engine_config(recipe, role)
 
 
 def worker_args(recipe: Recipe, role: str) -> list[str]:
-    if framework(recipe) == "trtllm":
-        args = ["--model", str(hf_dir(recipe)), "--served-model-name", recipe.name,
-                "--extra-engine-args", f"{CONFIG_DIR}/{role}.yaml"]
-    else:
-        from trtkv.backends import vllm
-
-        args = vllm.server_args(recipe, hf_dir(recipe), "0.0.0.0")
-        # dynamo.vllm takes vLLM's engine arguments; the frontend owns host and port
-        for flag in ("--host", "--port"):
-            i = args.index(flag)
-            del args[i:i + 2]
-        if role in ("prefill", "decode"):
-            args += ["--kv-transfer-config", NIXL]
+    args = _worker(recipe).args(recipe, hf_dir(recipe), role, CONFIG_DIR)
     if role in ("prefill", "decode"):
         args += ["--disaggregation-mode", role]
     return args
@@ -82,9 +72,9 @@ def worker_args(recipe: Recipe, role: str) -> list[str]:
 def _component(recipe: Recipe, sizing: Sizing, name: str, role: str, image: str, config: str) -> dict[str, Any]:
     module = f"dynamo.{framework(recipe)}"
     mounts = [{"name": "models", "mountPath": path, "subPath": sub, "readOnly": True}
-              for sub, path in volume_folders(recipe, "hf")]
+              for sub, path in volume_folders(recipe, [hf_dir(recipe)])]
     volumes = [v for v in _volumes(recipe, False) if v["name"] == "models"]
-    if framework(recipe) == "trtllm":
+    if engine_config(recipe, role) is not None:
         mounts.append({"name": "engine-config", "mountPath": CONFIG_DIR, "readOnly": True})
         volumes.append({"name": "engine-config", "configMap": {"name": config}})
     comp: dict[str, Any] = {
@@ -99,21 +89,22 @@ def _component(recipe: Recipe, sizing: Sizing, name: str, role: str, image: str,
 
 
 def objects(recipe: Recipe, sizing: Sizing, mode: str) -> list[dict[str, Any]]:
-    """The ConfigMap (LLM API) and the DynamoGraphDeployment for `mode` (agg or disagg)."""
-    check_backend(recipe)
-    fw, img = framework(recipe), image(recipe)
+    """The ConfigMap (when the worker takes an engine config) and the DynamoGraphDeployment for `mode` (agg or
+    disagg)."""
+    w = _worker(recipe)
+    fw, img = w.framework, image(recipe)
     frontend = {"name": "Frontend", "type": "frontend", "replicas": 1,
                 "podTemplate": {"spec": {"containers": [{"name": "main", "image": img}]}}}
     config = k8s_name(recipe, f"engine-{mode}")
-    roles = [("TrtllmWorker" if fw == "trtllm" else "VllmWorker", "agg")] if mode == "agg" \
-        else [("prefill", "prefill"), ("decode", "decode")]
+    roles = [(w.component, "agg")] if mode == "agg" else [("prefill", "prefill"), ("decode", "decode")]
     dgd = {"apiVersion": DGD_API, "kind": "DynamoGraphDeployment",
            "metadata": {"name": k8s_name(recipe, mode), "labels": labels(recipe)},
            "spec": {"backendFramework": fw,
                     "components": [frontend, *(_component(recipe, sizing, n, r, img, config) for n, r in roles)]}}
     out: list[dict[str, Any]] = []
-    if fw == "trtllm":
-        data = {f"{r}.yaml": yaml.safe_dump(engine_config(recipe, r), sort_keys=False) for _n, r in roles}
+    configs = {r: w.engine_config(recipe, r) for _n, r in roles}
+    if all(cfg is not None for cfg in configs.values()):
+        data = {f"{r}.yaml": yaml.safe_dump(cfg, sort_keys=False) for r, cfg in configs.items()}
         out.append({"apiVersion": "v1", "kind": "ConfigMap",
                     "metadata": {"name": config, "labels": labels(recipe)}, "data": data})
     return [*out, dgd]

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trtkv.contracts.canary import health_cmd
-from trtkv.core.apikey import API_KEY_ENV, VLLM_KEY_ENV
+from trtkv.core.apikey import API_KEY_ENV
 from trtkv.core.errors import StageError
 from trtkv.deploy.launch import RAY_PORT, REQUIRE_KEY, SSH_DIR, SSH_PORT, SSH_WAIT_S, Launch, shell_join
 from trtkv.deploy.sizing import Sizing
@@ -135,8 +135,8 @@ def _key_env(recipe: Recipe, launch: Launch) -> list[dict[str, Any]]:
         return []
     ref = {"secretKeyRef": {"name": k8s_name(recipe, "key"), "key": KEY_SECRET_FIELD}}
     env = [{"name": API_KEY_ENV, "valueFrom": ref}]
-    if launch.server == "vllm":
-        env.append({"name": VLLM_KEY_ENV, "valueFrom": ref})
+    if launch.key_env:
+        env.append({"name": launch.key_env, "valueFrom": ref})
     return env
 
 

@@ -17,20 +17,20 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trtkv.backends import OpenAIServer, RepoLayout, TokenizerSource
 from trtkv.contracts.canary import canary_script
-from trtkv.contracts.interface import for_layout
 from trtkv.core import paths
-from trtkv.core.apikey import API_KEY_ENV, TRITON_KEY_HEADER, VLLM_KEY_ENV
+from trtkv.core.apikey import API_KEY_ENV, TRITON_KEY_HEADER
+from trtkv.core.errors import StageError
 from trtkv.deploy.sizing import Sizing
 from trtkv.recipe import Recipe
-from trtkv.recipe.layout import checkpoint_dir, engine_dir, repo_dir
+from trtkv.recipe.layout import checkpoint_dir, repo_dir
 from trtkv.serving.container import (
     CONTAINER_BIND,
     CONTAINER_TRITONSERVER,
     container_image,
     gpu_command,
     rank_command,
-    trtllm_serve_command,
 )
 
 SSH_PORT = 2222
@@ -79,7 +79,7 @@ def shell_join(cmd: list[str], raw: dict[str, str] | None = None) -> str:
 
 @dataclass
 class Launch:
-    server: str  # "triton", "trtllm-serve" or "vllm"
+    server: str  # "triton", or the OpenAI server's name ("trtllm-serve", "vllm")
     image: str
     ports: dict[str, int]  # name -> port (http first)
     metrics_path: str | None  # Prometheus text on ports["metrics"] (or http); None: no Prometheus endpoint
@@ -92,28 +92,34 @@ class Launch:
     ray_worker: bool = False  # workers join a Ray cluster
     keyed: bool = False  # the server checks $TRTKV_API_KEY (Triton: restricted APIs; vLLM: VLLM_API_KEY on /v1)
     non_root: bool = False  # the image runs as any user (vLLM); the NGC Triton/TensorRT-LLM launches need root
+    triton: bool = False  # tritonserver ranks (rank 0 serves, the others load tensorrt_llm only)
+    one_task_per_node: bool = False  # Slurm/LWS start one task per node (a Ray cluster), not one per rank
+    key_env: str | None = None  # the variable the server itself reads $TRTKV_API_KEY from (vLLM: VLLM_API_KEY)
+    key_note: str = ""  # the README's line on what the key guards
+    label: str = "Triton"  # the server's name in prose
 
 
-def volume_folders(recipe: Recipe, server: str) -> list[tuple[str, str]]:
-    """(folder under the models volume, path in the container) of what `server` reads, at the same absolute paths as
-    here, because the Triton repository and the serve configs name them. Only these folders are copied and mounted.
+TRITON_KEY_NOTE = (f"- Triton's APIs that change the server ({RESTRICTED_APIS}) need the header `{TRITON_KEY_HEADER}: "
+                   f"<key>` on HTTP and gRPC (`--http-restricted-api`, `--grpc-restricted-protocol`); inference, health, "
+                   f"metadata and model configs stay open to the clients the network admits.")
 
-    server: "triton" (the repository, the engine or the HF export it names, the tokenizer), "trtllm-serve" (the HF
-    export and the build's llm_api_options.yaml), "hf" (the HF export only: vLLM, Dynamo's workers)."""
-    from trtkv.backends import for_recipe as backend_for
 
+def volume_folders(recipe: Recipe, reads: list[Path], repository: bool = False) -> list[tuple[str, str]]:
+    """(folder under the models volume, path in the container) of the folders a server reads, at the same absolute
+    paths as here, because the Triton repository and the serve configs name them; `repository`: the Triton
+    repository too. Only these folders are copied and mounted."""
     root = paths.recipe_output_dir(recipe.name)
-    wanted = [checkpoint_dir(recipe) / "hf"]
-    if server == "trtllm-serve":
-        wanted.append(engine_dir(recipe))
-    elif server == "triton":
-        layout = backend_for(recipe).repo_layout
-        wanted = ([checkpoint_dir(recipe) / "hf"] if layout == "llmapi"
-                  else [engine_dir(recipe), checkpoint_dir(recipe) / "tokenizer"])
-    out = [(f"engines/{recipe.name}/{p.relative_to(root)}", str(p)) for p in wanted]
-    if server == "triton":
+    out = [(f"engines/{recipe.name}/{p.relative_to(root)}", str(p)) for p in reads]
+    if repository:
         out.append((f"triton_repo/{recipe.name}", str(repo_dir(recipe))))
     return out
+
+
+def triton_reads(recipe: Recipe, repo: RepoLayout) -> list[Path]:
+    """What tritonserver reads besides the repository: the layout's input (engine or HF export) and, unless the
+    served model carries it, the calibrated tokenizer."""
+    needed, _stage = repo.input(recipe)
+    return [needed] if repo.tokenizer is TokenizerSource.SERVED_MODEL else [needed, checkpoint_dir(recipe) / "tokenizer"]
 
 
 def enroot_image(image: str) -> str:
@@ -127,40 +133,43 @@ def hf_dir(recipe: Recipe) -> Path:
     return checkpoint_dir(recipe) / "hf"
 
 
+def _openai_launch(recipe: Recipe, sizing: Sizing, server: OpenAIServer) -> Launch:
+    """The backend's OpenAI server: alone (vLLM), or for a layout whose Triton model cannot span ranks (the LLM API
+    on several nodes or under Slurm: trtllm-llmapi-launch trtllm-serve)."""
+    t = recipe.triton
+    multi = sizing.nodes_per_replica > 1
+    single = server.node_command(recipe, CONTAINER_BIND)
+    launch = Launch(server.name, server.image(recipe) or container_image(recipe), {"http": t.http_port},
+                    server.metrics_path, canary_script(t.http_port, openai_model=server.served_model(recipe)),
+                    volume_folders(recipe, server.reads(recipe)), single, multi, keyed=server.key_env is not None,
+                    non_root=server.non_root, one_task_per_node=server.ray, key_env=server.key_env,
+                    key_note=server.key_note, label=server.label)
+    if not server.ray:  # mpirun over ssh (its leader line is kept whatever the node count)
+        launch.leader, launch.uses_ssh = server.leader_command(recipe, CONTAINER_BIND, sizing.gpus_per_replica), True
+    elif multi:  # the Ray head on the leader, the workers join it
+        launch.leader, launch.ray_worker = server.leader_command(recipe, CONTAINER_BIND, sizing.gpus_per_replica), True
+    return launch
+
+
 def for_recipe(recipe: Recipe, sizing: Sizing, slurm: bool = False) -> Launch:
     """`slurm`: the LLM API always runs as trtllm-llmapi-launch trtllm-serve there (srun starts one task per rank)."""
     from trtkv.backends import for_recipe as backend_for
 
+    backend = backend_for(recipe)
     multi = sizing.nodes_per_replica > 1
-    layout = backend_for(recipe).repo_layout
+    server = backend.serving.openai
+    if backend.repo is None or (server is not None and not backend.serving.rank_processes and (multi or slurm)):
+        if server is None:  # pragma: no cover - a backend with neither a Triton repository nor a server of its own
+            raise StageError(f"deploy {recipe.name}: backend {recipe.build.backend.value} has no server to deploy")
+        return _openai_launch(recipe, sizing, server)
     t = recipe.triton
-    if layout == "openai":  # vLLM
-        from trtkv.backends import vllm
-
-        args = vllm.server_args(recipe, hf_dir(recipe), CONTAINER_BIND)
-        single = ["python3", "-m", "vllm.entrypoints.openai.api_server", *args]
-        launch = Launch("vllm", vllm.VLLM_IMAGE, {"http": t.http_port}, "/metrics",
-                        canary_script(t.http_port, openai_model=vllm.served_model_name(recipe)),
-                        volume_folders(recipe, "hf"), single, multi, keyed=True, non_root=True)
-        if multi:
-            launch.leader = [*single, "--distributed-executor-backend", "ray"]
-            launch.ray_worker = True
-        return launch
-    image = container_image(recipe)
-    if layout == "llmapi" and (multi or slurm):
-        serve = trtllm_serve_command(recipe, host=CONTAINER_BIND)
-        return Launch("trtllm-serve", image, {"http": t.http_port}, None,
-                      canary_script(t.http_port, openai_model=str(hf_dir(recipe))),
-                      volume_folders(recipe, "trtllm-serve"),
-                      ["trtllm-llmapi-launch", *serve], multi,
-                      leader=["mpirun", "--allow-run-as-root", "-np", str(sizing.gpus_per_replica),
-                              "trtllm-llmapi-launch", *serve], uses_ssh=True)
-    interface = for_layout(layout)
     repo = repo_dir(recipe)
     command = with_restricted(gpu_command(recipe, repo, host=CONTAINER_BIND))
-    launch = Launch("triton", image, {"http": t.http_port, "grpc": t.grpc_port, "metrics": t.metrics_port},
-                    "/metrics", canary_script(t.http_port, interface), volume_folders(recipe, "triton"),
-                    command, multi, keyed=True)
+    launch = Launch("triton", container_image(recipe), {"http": t.http_port, "grpc": t.grpc_port,
+                                                        "metrics": t.metrics_port},
+                    "/metrics", canary_script(t.http_port, backend.repo.interface),
+                    volume_folders(recipe, triton_reads(recipe, backend.repo), repository=True),
+                    command, multi, keyed=True, triton=True, key_note=TRITON_KEY_NOTE)
     if multi:
         launch.leader, launch.uses_ssh = command, True
     return launch
@@ -172,8 +181,8 @@ def slurm_rank_command(recipe: Recipe, launch: Launch) -> str:
     Triton: rank 0 serves HTTP/gRPC/metrics, the others load only tensorrt_llm (launch_triton_server.py's split);
     the LLM API: every task runs trtllm-llmapi-launch, which makes rank 0 the server and the rest its workers.
     """
-    if launch.server != "triton":
-        key = f'export {VLLM_KEY_ENV}="${API_KEY_ENV}"\n' if launch.server == "vllm" else ""
+    if not launch.triton:
+        key = f'export {launch.key_env}="${API_KEY_ENV}"\n' if launch.key_env else ""
         return key + "exec " + shell_join(launch.single)
     repo = repo_dir(recipe)
     rank0 = shell_join(with_restricted(rank_command(recipe, repo, 0, host=CONTAINER_BIND)))

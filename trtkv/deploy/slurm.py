@@ -40,7 +40,7 @@ def rank_script(recipe: Recipe, launch: Launch, sizing: Sizing) -> str:
     if not launch.ray_worker:
         return head + slurm_rank_command(recipe, launch) + "\n"
     return head + (f'if [ "$SLURM_NODEID" != 0 ]; then\n    {ray_worker("$TRTKV_HEAD")}\n    exit\nfi\n'
-                   f'export VLLM_API_KEY="${API_KEY_ENV}"\n{ray_head(launch, "$SLURM_JOB_NUM_NODES")}\n')
+                   f'export {launch.key_env}="${API_KEY_ENV}"\n{ray_head(launch, "$SLURM_JOB_NUM_NODES")}\n')
 
 
 def job_script(recipe: Recipe, launch: Launch, sizing: Sizing, here: str) -> str:
@@ -48,7 +48,7 @@ def job_script(recipe: Recipe, launch: Launch, sizing: Sizing, here: str) -> str
     if any(ord(c) < 0x20 or c == "\x7f" for c in here):
         raise StageError(f"deploy {comment(recipe.name)} --target slurm: the output folder {here!r} holds a control "
                          f"character (a newline would end its #SBATCH line). Next: pass --output with a plain path.")
-    per_node_tasks = 1 if launch.server == "vllm" else sizing.gpus_per_pod  # vLLM: one task per node (Ray)
+    per_node_tasks = 1 if launch.one_task_per_node else sizing.gpus_per_pod  # vLLM: one task per node (Ray)
     tasks = sizing.nodes_per_replica * per_node_tasks
     # the server only reads the artifacts and rank.sh: pyxis mounts them read-only
     mounts = ",".join(f"{path}:{path}:ro" for _sub, path in launch.mounts) + f",{here}:{here}:ro"
@@ -74,7 +74,7 @@ def job_script(recipe: Recipe, launch: Launch, sizing: Sizing, here: str) -> str
         'TRTKV_HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "export TRTKV_HEAD",
         f"printf 'trtkv: %s answers on http://%s:%s once loaded\\n' {shlex.quote(recipe.name)} \"$TRTKV_HEAD\" {port}",
-        f"srun{'' if launch.server == 'vllm' else ' --mpi=pmix'} --ntasks={tasks} --ntasks-per-node={per_node_tasks} \\",
+        f"srun{'' if launch.one_task_per_node else ' --mpi=pmix'} --ntasks={tasks} --ntasks-per-node={per_node_tasks} \\",
         '    --container-image="$IMAGE" \\',
         f"    --container-mounts={shlex.quote(mounts)} \\",
         "    --export=ALL \\",

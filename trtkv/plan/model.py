@@ -32,6 +32,7 @@ from trtkv.recipe.attention import (
     layer_formats,
     sequence_kv_bytes,
 )
+from trtkv.recipe.backend_rules import KV_ACCOUNTING
 
 GIB = 1024**3
 PLAN_LENGTHS = (4096, 8192, 16384, 32768, 131072)
@@ -247,4 +248,4 @@ def weights_bytes(arch: Architecture, recipe: Recipe) -> tuple[float, float]:
 def recipe_accounting(recipe: Recipe) -> tuple[Accounting, int]:
     """The engine sizing the recipe's backend follows, and vLLM's block size on its hardware."""
     block = VLLM_BLOCK_CPU if recipe.hardware.gpu is GPU.CPU else VLLM_BLOCK_GPU
-    return (Accounting.VLLM if recipe.build.backend.value == "vllm" else Accounting.EXACT), block
+    return KV_ACCOUNTING[recipe.build.backend], block

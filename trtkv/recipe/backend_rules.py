@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from trtkv.platform.hardware import GPU
+from trtkv.recipe.attention import Accounting
 from trtkv.recipe.schema import Backend, KVCacheQuant, Recipe, WeightQuant
 
 # Architectures ModelOpt exports as the HF checkpoint only (no TensorRT-LLM checkpoint), with the reason.
@@ -119,4 +120,10 @@ def vllm_problems(recipe: Recipe) -> list[tuple[str, str]]:
 BACKEND_RULES: dict[Backend, Callable[[Recipe], list[tuple[str, str]]]] = {
     Backend.TENSORRT: tensorrt_problems, Backend.LLMAPI: llmapi_problems, Backend.REFERENCE: reference_problems,
     Backend.VLLM: vllm_problems,
+}
+
+# How each backend's engine allocates its KV cache (the planner sizes capacity the same way; a test keeps it complete)
+KV_ACCOUNTING: dict[Backend, Accounting] = {
+    Backend.TENSORRT: Accounting.EXACT, Backend.LLMAPI: Accounting.EXACT, Backend.REFERENCE: Accounting.EXACT,
+    Backend.VLLM: Accounting.VLLM,
 }

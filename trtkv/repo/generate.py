@@ -16,7 +16,7 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
-from trtkv.backends import for_recipe
+from trtkv.backends import RepoLayout, TokenizerSource, for_recipe
 from trtkv.checkpoints import models as model
 from trtkv.contracts.stage import StageResult, manifest_hash, run_stage
 from trtkv.core.errors import StageError
@@ -32,13 +32,7 @@ TOKENIZER_IN_REPO = "preprocessing/tokenizer"  # inside a model folder: Triton w
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "generation_config.json")
 LLM_IO = "tensorrt_llm/io.pbtxt"  # upstream's tensorrt_llm tensors, shared by every backend's tensorrt_llm model
-STREAM_MODEL = ("tensorrt_llm_stream/config.pbtxt", "tensorrt_llm_stream/tensorrt_llm_stream.py")
-# model folder -> (config template, python model template or None); the tensorrt_llm model is the backend's
-PYTHON_MODELS = {
-    "preprocessing": ("preprocessing/config.pbtxt", "preprocessing/preprocessing.py"),
-    "postprocessing": ("postprocessing/config.pbtxt", "postprocessing/postprocessing.py"),
-    "ensemble": ("ensemble/config.pbtxt", None),
-}
+MODEL_YAML = "tensorrt_llm/1/model.yaml"  # upstream's llmapi model.py reads its triton_config from it
 
 
 def _has_tokenizer(folder: Path) -> bool:
@@ -56,14 +50,15 @@ def plan_repo(recipe: Recipe) -> RepoPlan:
     engine, checkpoint = layout.engine_dir(recipe), layout.checkpoint_dir(recipe)
     plan = RepoPlan(recipe, layout.repo_dir(recipe), engine, checkpoint, None, "")
     calibrated = checkpoint / "tokenizer"
-    backend = for_recipe(recipe)
-    if backend.repo_layout == "openai":
-        raise StageError(f"repo {recipe.name}: backend {recipe.build.backend.value} has no Triton repository: vLLM "
-                         f"serves the HF export itself. Next: `trtkv serve {recipe.name}` (after `trtkv build "
-                         f"{recipe.name}`).")
-    if backend.repo_layout == "llmapi":  # the LLM loads the tokenizer of the HF checkpoint it serves
-        plan.tokenizer_ref = str(checkpoint / "hf")
-    elif backend.copies_tokenizer:
+    repo = for_recipe(recipe).repo
+    if repo is None:
+        raise StageError(f"repo {recipe.name}: backend {recipe.build.backend.value} has no Triton repository: "
+                         f"{_server_name(recipe)} serves the HF export itself. Next: `trtkv serve {recipe.name}` (after "
+                         f"`trtkv build {recipe.name}`).")
+    needed, stage = repo.input(recipe)
+    if repo.tokenizer is TokenizerSource.SERVED_MODEL:  # the engine loads the tokenizer of the checkpoint it serves
+        plan.tokenizer_ref = str(needed)
+    elif repo.tokenizer is TokenizerSource.COPY:
         source = calibrated if _has_tokenizer(calibrated) else _local_model_dir(recipe)
         if source is None:
             raise StageError(f"repo {recipe.name}: no tokenizer to copy: {calibrated} does not exist and the model "
@@ -74,11 +69,24 @@ def plan_repo(recipe: Recipe) -> RepoPlan:
         if not _has_tokenizer(calibrated):
             plan.warnings.append(f"tokenizer {calibrated} does not exist yet (written by `trtkv calibrate "
                                  f"{recipe.name}`); the repository references it")
-    needed, stage = backend.repo_input(recipe)
     if not (needed / "manifest.json").is_file() and not (needed / "config.json").is_file():
         plan.warnings.append(f"{needed} does not exist yet (written by `trtkv {stage} {recipe.name}`); "
                              f"the repository references it")
     return plan
+
+
+def _layout(recipe: Recipe) -> RepoLayout:
+    """The recipe's repository layout (plan_repo refused a backend without one)."""
+    repo = for_recipe(recipe).repo
+    if repo is None:
+        raise StageError(f"repo {recipe.name}: backend {recipe.build.backend.value} has no Triton repository. Next: "
+                         f"`trtkv serve {recipe.name}`.")
+    return repo
+
+
+def _server_name(recipe: Recipe) -> str:
+    server = for_recipe(recipe).serving.openai
+    return server.label if server is not None else "its own server"
 
 
 def pbtxt_string(text: str) -> str:
@@ -150,8 +158,7 @@ def _raw_values(plan: RepoPlan) -> dict[str, str]:
         "pp_size": str(b.pp_size),
         "tensorrt_llm_io": llm_io(python=False),
         "tensorrt_llm_io_python": llm_io(python=True),
-        "llm_step_model": for_recipe(r).llm_step_model,
-        "llm_module": for_recipe(r).llm_module(r),
+        **_layout(r).template_values(r),  # llm_step_model, llm_module
         "postprocessing_instance_count": "1" if t.decoupled else str(t.instance_count),
         "vocab_size": str(model_vocab_size(plan) or ""),
     }
@@ -219,20 +226,17 @@ def named_modules(plan: RepoPlan) -> dict[str, str]:
 def write_models(plan: RepoPlan, target: Path) -> list[str]:
     """Render every model folder into `target`; returns the model names."""
     values = template_values(plan)
-    backend = for_recipe(plan.recipe)
-    llmapi = backend.repo_layout == "llmapi"  # one self-contained model (no shared module, no ensemble)
-    models = {"tensorrt_llm": backend.llm_model} if llmapi else {**PYTHON_MODELS, "tensorrt_llm": backend.llm_model}
-    if backend.llm_step_model == "tensorrt_llm_stream" and not llmapi:
-        models["tensorrt_llm_stream"] = STREAM_MODEL
+    repo = _layout(plan.recipe)
+    models = repo.models()
     for name, (config, script) in models.items():
         version = target / name / "1"
         version.mkdir(parents=True)
         (target / name / "config.pbtxt").write_text(render(config, values), encoding="utf-8")
         if script is not None:
             shutil.copyfile(TEMPLATES / script, version / "model.py")
-            if not llmapi:
+            if repo.shared_module:
                 shutil.copyfile(TEMPLATES / SHARED_MODULE, version / Path(SHARED_MODULE).name)
-    for relative, text in backend.repo_files(plan.recipe).items():
+    for relative, text in repo.files(plan.recipe).items():
         (target / relative).write_text(text, encoding="utf-8")
     return sorted(models)
 
@@ -256,11 +260,9 @@ def generate_into(plan: RepoPlan, target: Path) -> dict[str, Any]:
     if plan.tokenizer_source is not None:
         copied = copy_tokenizer(plan.tokenizer_source, target / TOKENIZER_IN_REPO)
     (target / "README.md").write_text(readme_text(plan), encoding="utf-8")
-    if for_recipe(plan.recipe).repo_layout == "llmapi":
-        validate_repo(target, expect_decoupled=plan.recipe.triton.decoupled)
+    validate_repo(target, expect_decoupled=plan.recipe.triton.decoupled)
+    if MODEL_YAML in _layout(plan.recipe).files(plan.recipe):
         check_model_yaml(target, plan.recipe.triton.decoupled)  # upstream's model.py reads its triton_config
-    else:
-        validate_repo(target, expect_decoupled=plan.recipe.triton.decoupled)
     return {"models": models, "backend": plan.recipe.build.backend.value, "engine_dir": str(plan.engine_dir),
             "tokenizer_dir": plan.tokenizer_ref, "tokenizer_copied_from": str(plan.tokenizer_source or ""),
             "tokenizer_files": copied, "warnings": plan.warnings, "validated": True}

@@ -12,16 +12,16 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from trtkv.backends import for_recipe
+from trtkv.backends import OpenAIServer, for_recipe
 from trtkv.contracts.artifacts import Manifest
 from trtkv.contracts.canary import canary_script, docker_health_args
-from trtkv.contracts.interface import for_layout
+from trtkv.contracts.interface import ModelInterface
 from trtkv.core import paths
 from trtkv.core.errors import StageError
 from trtkv.core.tools import quote
 from trtkv.platform import versions
 from trtkv.recipe import Recipe
-from trtkv.recipe.layout import checkpoint_dir, engine_dir
+from trtkv.recipe.layout import engine_dir
 
 IMAGE_ENV = versions.IMAGE_ENV
 CONTAINER_TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
@@ -56,7 +56,7 @@ def gpu_command(recipe: Recipe, repo: Path, host: str | None = None) -> list[str
     The `pytorch` backend runs one tritonserver whatever the world size: the LLM API starts its own workers.
     `host`: the address the servers bind (default the recipe's triton.host; docker_command passes 0.0.0.0).
     """
-    ranks = for_recipe(recipe).ranks(recipe)
+    ranks = for_recipe(recipe).serving.ranks(recipe)
     if ranks == 1:
         return rank_command(recipe, repo, 0, host=host)
     cmd = ["mpirun", "--allow-run-as-root"]
@@ -70,14 +70,14 @@ def gpu_command(recipe: Recipe, repo: Path, host: str | None = None) -> list[str
 def launch_script_command(recipe: Recipe, repo: Path) -> list[str]:
     """The same launch through the backend's own script (its path depends on the container release)."""
     t = recipe.triton
-    ranks = for_recipe(recipe).ranks(recipe)
+    ranks = for_recipe(recipe).serving.ranks(recipe)
     return ["python3", "/app/scripts/launch_triton_server.py", f"--world_size={ranks}", f"--model_repo={repo}",
             f"--http_port={t.http_port}", f"--grpc_port={t.grpc_port}", f"--metrics_port={t.metrics_port}"]
 
 
 def built_versions(recipe: Recipe) -> dict[str, Any]:
     """The TensorRT-LLM/TensorRT versions the engine manifest records (empty when not built here, or no engine)."""
-    if not for_recipe(recipe).records_versions:
+    if not for_recipe(recipe).serving.records_versions:
         return {}
     try:
         manifest = Manifest.load(engine_dir(recipe))
@@ -116,34 +116,43 @@ def docker_command(recipe: Recipe, repo: Path) -> list[str]:
     for port in (t.http_port, t.grpc_port, t.metrics_port):
         cmd += ["-p", f"{t.host}:{port}:{port}"]
     # docker's health check is the real one-token inference (Triton answers "ready" with a dead model instance)
-    interface = for_layout(for_recipe(recipe).repo_layout)
-    cmd += docker_health_args(canary_script(t.http_port, interface), t.startup_timeout_s)
+    cmd += docker_health_args(canary_script(t.http_port, _interface(recipe)), t.startup_timeout_s)
     cmd += ["-v", f"{out}:{out}:ro", "-v", f"{repo}:{repo}:ro", container_image(recipe)]  # the server only reads them
     return cmd + gpu_command(recipe, repo, host=CONTAINER_BIND)
 
 
-def trtllm_serve_command(recipe: Recipe, host: str | None = None) -> list[str]:
-    """TensorRT-LLM's OpenAI-compatible server on the recipe's HF export (backend llmapi), with the build's --config."""
-    from trtkv.backends import llmapi
+def _interface(recipe: Recipe) -> ModelInterface:
+    repo = for_recipe(recipe).repo
+    if repo is None:
+        raise StageError(f"{recipe.name}: backend {recipe.build.backend.value} has no Triton repository: tritonserver "
+                         f"does not serve it. Next: `trtkv serve {recipe.name}` runs its own server.")
+    return repo.interface
 
-    if recipe.build.backend is not llmapi.BACKEND.backend:
+
+def trtllm_serve_server(recipe: Recipe) -> OpenAIServer:
+    """The OpenAI-compatible alternative to a Triton-served backend (`--trtllm-serve`: TensorRT-LLM's, backend
+    llmapi); StageError for a backend that has none."""
+    backend = for_recipe(recipe)
+    if backend.repo is None or backend.serving.openai is None:
         raise StageError(f"--trtllm-serve serves the LLM API path; {recipe.name} has build.backend "
                          f"{recipe.build.backend.value}. Next: use a recipe with build.backend llmapi (e.g. "
                          f"llama70b_fp8kv_llmapi), or serve this one with Triton (`trtkv serve {recipe.name}`).")
-    cmd = llmapi.trtllm_serve_command(recipe, checkpoint_dir(recipe) / "hf", engine_dir(recipe) / llmapi.LLM_API_OPTIONS)
-    if host is not None:
-        cmd[cmd.index("--host") + 1] = host
-    return cmd
+    return backend.serving.openai
+
+
+def trtllm_serve_command(recipe: Recipe, host: str | None = None) -> list[str]:
+    """TensorRT-LLM's OpenAI-compatible server on the recipe's HF export (backend llmapi), with the build's --config."""
+    return trtllm_serve_server(recipe).command(recipe, host or recipe.triton.host)
 
 
 def trtllm_serve_docker_command(recipe: Recipe) -> list[str]:
     """docker run of the TensorRT-LLM image running trtllm-serve; the HTTP port published on triton.host only."""
     t = recipe.triton
     out = paths.recipe_output_dir(recipe.name)
+    model = trtllm_serve_server(recipe).served_model(recipe)
     cmd = ["docker", "run", "--rm", "--gpus", "all", "--shm-size=2g", "--ulimit", "memlock=-1",
            "--ulimit", "stack=67108864", "--name", container_name(recipe), "-p", f"{t.host}:{t.http_port}:{t.http_port}",
-           *docker_health_args(canary_script(t.http_port, openai_model=str(checkpoint_dir(recipe) / "hf")),
-                               t.startup_timeout_s),
+           *docker_health_args(canary_script(t.http_port, openai_model=model), t.startup_timeout_s),
            "-v", f"{out}:{out}:ro", container_image(recipe)]
     return cmd + trtllm_serve_command(recipe, host=CONTAINER_BIND)
 

