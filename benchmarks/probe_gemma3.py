@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--needle-depths", default="0.1,0.5,0.9")
     ap.add_argument("--needle-seeds", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--decode-prompt", type=int, default=1024, help="scale reuse through decode: prompt tokens")
+    ap.add_argument("--decode-steps", type=int, default=32, help="scale reuse through decode: steps")
     args = ap.parse_args(argv)
 
     import torch
@@ -84,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
                    "needle_seeds": args.needle_seeds}
     t0 = time.time()
     kl = ProbeSettings(formats=formats, lengths=lengths, needle_lengths=[], needle_depths=depths,
-                       needle_seeds=args.needle_seeds, threads=args.threads, progress=sys.stderr.isatty())
+                       needle_seeds=args.needle_seeds, threads=args.threads, progress=sys.stderr.isatty(),
+                       decode_prompt=args.decode_prompt, decode_steps=args.decode_steps)
     run_probe(recipe, probe_dir, kl)
     bench["kl_seconds"] = round(time.time() - t0, 1)
     bench["load_after_kl"] = os.getloadavg()
@@ -98,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         t1 = time.time()
         full = ProbeSettings(formats=formats, lengths=lengths, needle_lengths=needle_lengths, needle_depths=depths,
                              needle_seeds=args.needle_seeds, threads=args.threads, progress=sys.stderr.isatty(),
-                             needle_formats=bench["needle_formats"])
+                             needle_formats=bench["needle_formats"], decode_prompt=args.decode_prompt,
+                             decode_steps=args.decode_steps)
         run_probe(recipe, probe_dir, full)
         bench["needle_seconds"] = round(time.time() - t1, 1)
     bench["total_seconds"] = round(time.time() - t0, 1)
