@@ -9,6 +9,7 @@ import torch
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
 from trtkv.kvcache.cache import QuantizedKVCache
+from trtkv.kvcache.quant import parse_format
 from trtkv.probe.measure import _logprobs, feed, kl_between, length_record, position_metrics
 from trtkv.probe.window import SlidingQuantizedLayer, WindowedKVCache
 
@@ -83,11 +84,34 @@ def test_sampled_positions_give_the_dense_record_of_those_positions(gemma: Gemma
     class _Loaded:
         info = {"num_layers": 4, "num_kv_heads": 1, "head_dim": 32}
 
-    from trtkv.kvcache.quant import parse_format
-
     run = {"metrics": sampled, "bytes_per_token": 1.0}
     rec = length_record(_Loaded(), parse_format("int4_g32"), run, 120, {})  # type: ignore[arg-type]
     keep = pos[pos < 119]
     assert rec["positions"] == keep.numel()
     assert rec["kl_mean"] == pytest.approx(float(dense["kl"][keep].double().mean()))
     assert rec["kl_last_quarter"] == pytest.approx(float(dense["kl"][keep[keep >= 90]].double().mean()))
+
+
+class _CharTokenizer:
+    """One id per character (ids < 128): enough for the passkey text on the tiny model."""
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> object:
+        class _Out:
+            input_ids = [ord(c) % 128 for c in text]
+        return _Out()
+
+
+def test_shared_needles_score_as_the_per_length_needles(gemma: Gemma3ForCausalLM) -> None:
+    """One haystack pass for every (length, depth) gives the per-length needle_trials' results (trials and hits)."""
+    from trtkv.kvcache.scales import KVScales
+    from trtkv.probe.measure import needle_trials
+    from trtkv.probe.needles import shared_needles
+    from trtkv.probe.setup import Loaded
+
+    hay = torch.randint(0, 128, (400,), generator=torch.Generator().manual_seed(4)).tolist()
+    loaded = Loaded(gemma, _CharTokenizer(), torch.device("cpu"), None, [], hay, "k")  # type: ignore[arg-type]
+    scales = KVScales(k_amax=[1.0] * 4, v_amax=[1.0] * 4, source="test")
+    shared = shared_needles(loaded, parse_format("int8_token"), scales, [160, 240], [0.2, 0.7], 2)
+    for length in (160, 240):
+        alone = needle_trials(loaded, parse_format("int8_token"), scales, length, [0.2, 0.7], 2)
+        assert shared[length] == alone

@@ -206,7 +206,7 @@ def _shared_needles_cached(out: Path, loaded: Loaded, choice: FormatChoice, scal
                            settings: ProbeSettings) -> dict[int, dict]:
     """Needles of a windowed model: every length from one haystack pass (trtkv.probe.window.shared_needles); cached
     per length as _needle_cached does."""
-    from trtkv.probe.window import shared_needles
+    from trtkv.probe.needles import shared_needles
 
     params = [_format_key(loaded.key, choice), skey if choice.static else "", settings.needle_depths,
               settings.needle_seeds, "shared"]
