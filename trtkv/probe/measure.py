@@ -21,6 +21,7 @@ from trtkv.kvcache.formats import KVFormat, kv_bytes_per_token
 from trtkv.kvcache.quant import KIVI_RESIDUAL, FormatChoice, parse_format
 from trtkv.kvcache.scales import KVScales, calibrate_scales, load_kv_scales
 from trtkv.probe.setup import LOGIT_CHUNK, REFERENCE, Loaded, ProbeSettings, semantics, write_json
+from trtkv.probe.window import WINDOW_CHUNK, WindowedKVCache, sliding_window
 from trtkv.recipe import layout
 
 if TYPE_CHECKING:
@@ -82,8 +83,14 @@ def make_cache(loaded: Loaded, choice: FormatChoice, scales: KVScales, record_po
                keep_layers: list[int] | None = None, keep_format: KVFormat | None = None) -> QuantizedKVCache:
     """The probe's cache for `choice`; keep_layers are stored in keep_format (per-layer KV precision)."""
     ks, vs = scales.for_format(choice)
-    return QuantizedKVCache(loaded.model.config, choice, ks, vs, record_positions=record_positions,
-                            keep_layers=keep_layers or (), keep_format=keep_format or KVFormat.BF16)
+    cls = cache_class(loaded.model.config)
+    return cls(loaded.model.config, choice, ks, vs, record_positions=record_positions,
+               keep_layers=keep_layers or (), keep_format=keep_format or KVFormat.BF16)
+
+
+def cache_class(config) -> type[QuantizedKVCache]:  # noqa: ANN001
+    """WindowedKVCache for a model with sliding-window layers (each keeps its window only), else QuantizedKVCache."""
+    return WindowedKVCache if sliding_window(config) else QuantizedKVCache
 
 
 def chunk_for(choice: FormatChoice) -> int | None:
@@ -96,6 +103,8 @@ def feed(model, ids: torch.Tensor, cache: QuantizedKVCache, chunk: int | None) -
     outs = []
     start = 0
     total = ids.shape[1]
+    if chunk is None and isinstance(cache, WindowedKVCache):
+        chunk = WINDOW_CHUNK  # chunked prefill: the sliding layers attend chunk x (window + chunk), not n x n
     with torch.inference_mode():
         while start < total:
             if chunk is None:
@@ -110,12 +119,33 @@ def feed(model, ids: torch.Tensor, cache: QuantizedKVCache, chunk: int | None) -
 
 
 def _logprobs(model, hidden: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
-    return torch.log_softmax(model.lm_head(hidden).float(), dim=-1)
+    logits = model.lm_head(hidden).float()
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    if cap:  # as the model's own forward does (Gemma 2; None on Gemma 3)
+        logits = torch.tanh(logits / cap) * cap
+    return torch.log_softmax(logits, dim=-1)
 
 
-def position_metrics(model, ref_hidden: torch.Tensor, hidden: torch.Tensor, targets: torch.Tensor  # noqa: ANN001
-                     ) -> dict[str, torch.Tensor]:
-    """Per position t (predicting token t+1): KL(ref || q), NLL under q and ref, top-1 agreement."""
+def head_positions(loaded: Loaded, count: int) -> torch.Tensor | None:
+    """Positions (of `count` predictions) where the LM head runs: every position for a full-attention model (as
+    before), a uniform stride for a windowed one (its 262K-wide head would cost more than the model)."""
+    samples = loaded.info.get("head_positions")
+    if not samples or count <= samples:
+        return None
+    stride = -(-count // samples)
+    return torch.arange(0, count, stride)
+
+
+def position_metrics(model, ref_hidden: torch.Tensor, hidden: torch.Tensor, targets: torch.Tensor,  # noqa: ANN001
+                     positions: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Per position t (predicting token t+1): KL(ref || q), NLL under q and ref, top-1 agreement; at `positions`
+    only when given (their indices are kept as "pos")."""
+    if positions is not None:
+        same = hidden is ref_hidden
+        idx = positions.to(ref_hidden.device)
+        ref_hidden, targets = ref_hidden[idx], targets[idx]
+        hidden = ref_hidden if same else hidden[idx]
+        return {**position_metrics(model, ref_hidden, hidden, targets), "pos": positions.cpu()}
     kl, nll_q, nll_ref, agree = [], [], [], []
     with torch.inference_mode():
         for s in range(0, targets.shape[0], LOGIT_CHUNK):
@@ -142,7 +172,7 @@ def reference_hidden(loaded: Loaded, n: int, out: Path) -> tuple[torch.Tensor, d
         if isinstance(doc, dict) and doc.get("key") == loaded.key and doc["hidden"].shape[0] >= n:
             return doc["hidden"][:n].to(loaded.device), doc["bytes"]
     choice = parse_format(REFERENCE)
-    cache = QuantizedKVCache(loaded.model.config, choice)
+    cache = cache_class(loaded.model.config)(loaded.model.config, choice)
     ids = torch.tensor([loaded.text_ids[:n]], device=loaded.device)
     t0 = time.time()
     hidden = feed(loaded.model, ids, cache, None)[0]
@@ -157,14 +187,15 @@ def run_format(loaded: Loaded, choice: FormatChoice, scales: KVScales, n: int, r
     """One pass of the text through the format's cache: per-position metrics, clipping, bytes."""
     targets = torch.tensor(loaded.text_ids[1:n], device=loaded.device)
     t0 = time.time()
+    positions = head_positions(loaded, n - 1)
     if choice.name == REFERENCE:
         hidden = ref_hidden[: n - 1]
-        metrics = position_metrics(loaded.model, hidden, hidden, targets)
+        metrics = position_metrics(loaded.model, hidden, hidden, targets, positions)
         return {"metrics": metrics, "clip": None, "clip_positions": None, "seconds": 0.0}
     cache = make_cache(loaded, choice, scales, record_positions=choice.static)
     ids = torch.tensor([loaded.text_ids[:n]], device=loaded.device)
     hidden = feed(loaded.model, ids, cache, chunk_for(choice))[0]
-    metrics = position_metrics(loaded.model, ref_hidden[: n - 1], hidden[: n - 1], targets)
+    metrics = position_metrics(loaded.model, ref_hidden[: n - 1], hidden[: n - 1], targets, positions)
     clip_pos = cache.clip_per_position()
     return {"metrics": metrics, "clip": cache.clip_stats() if choice.static else None,
             "clip_positions": None if clip_pos is None else clip_pos.cpu(),
@@ -175,8 +206,16 @@ def run_format(loaded: Loaded, choice: FormatChoice, scales: KVScales, n: int, r
 
 def length_record(loaded: Loaded, choice: FormatChoice, run: dict, n: int, ref_bytes: dict) -> dict:
     """The probe.json record of one format at context length n (from a pass over >= n tokens)."""
-    m = {k: v[: n - 1].double() for k, v in run["metrics"].items()}
     q0 = (3 * n) // 4
+    pos = run["metrics"].get("pos")
+    if pos is None:
+        m = {k: v[: n - 1].double() for k, v in run["metrics"].items()}
+        last = m["kl"][q0:] if q0 < n - 1 else m["kl"]
+    else:  # sampled positions (a windowed model's pass): those before n - 1
+        keep = pos < n - 1
+        m = {k: v[keep].double() for k, v in run["metrics"].items() if k != "pos"}
+        late = pos[keep] >= q0
+        last = m["kl"][late] if bool(late.any()) else m["kl"]
     ppl = math.exp(float(m["nll_q"].mean()))
     ppl_ref = math.exp(float(m["nll_ref"].mean()))
     info = loaded.info
@@ -184,13 +223,13 @@ def length_record(loaded: Loaded, choice: FormatChoice, run: dict, n: int, ref_b
     formula = kv_bytes_per_token(info["num_layers"], info["num_kv_heads"], info["head_dim"], choice.base)
     measured = ref_bytes["bytes_per_token"] if choice.name == REFERENCE else run["bytes_per_token"]
     rec = {"format": choice.name, "context_len": n, "kl_mean": float(m["kl"].mean()),
-           "kl_last_quarter": float(m["kl"][q0:].mean()) if q0 < n - 1 else float(m["kl"].mean()),
+           "kl_last_quarter": float(last.mean()),
            "ppl": ppl, "ppl_ref": ppl_ref, "ppl_delta": ppl - ppl_ref,
            "top1_agreement": float(m["agree"].mean()), "needle_accuracy": None,
            "clip_rate": None, "k_clip_rate": None, "v_clip_rate": None,
            "kv_bytes_per_token": measured, "kv_bytes_per_token_formula": formula,
            "bytes_vs_formula": measured / formula if formula else None,
-           "kv_semantics": semantics(choice), "positions": n - 1}
+           "kv_semantics": semantics(choice), "positions": int(m["kl"].numel())}
     if run.get("clip_positions") is not None:
         clipped = float(run["clip_positions"][:n].sum())
         rec["clip_rate"] = clipped / (n * per_token_elems)
@@ -255,7 +294,7 @@ def needle_trials(loaded: Loaded, choice: FormatChoice, scales: KVScales, length
 def decode_experiment(loaded: Loaded, formats: list[FormatChoice], scales: KVScales, prompt: int, steps: int) -> dict:
     """Static scales from short prompts, applied to a long prompt and then token-by-token decode steps."""
     ids = torch.tensor([loaded.text_ids[:prompt]], device=loaded.device)
-    ref_cache = QuantizedKVCache(loaded.model.config, REFERENCE)
+    ref_cache = cache_class(loaded.model.config)(loaded.model.config, REFERENCE)
     ref_steps, tokens = [], []
     with torch.inference_mode():
         h = feed(loaded.model, ids, ref_cache, None)[:, -1]
@@ -305,7 +344,7 @@ def scale_reuse_summary(scales: KVScales, runs: dict[str, dict], lengths: list[i
         if per_pos is not None:
             edges = [0] + [n for n in lengths if n <= per_pos.shape[0]]
             for a, b in zip(edges, edges[1:], strict=False):
-                kl = run["metrics"]["kl"][a: b - 1]
+                kl = kl_between(run["metrics"], a, b - 1)
                 buckets.append({"from": a, "to": b, "clipped_elements": int(per_pos[a:b].sum()),
                                 "kl_mean": float(kl.mean()) if kl.numel() else 0.0})
         out["formats"][name] = {
@@ -315,3 +354,11 @@ def scale_reuse_summary(scales: KVScales, runs: dict[str, dict], lengths: list[i
     return out
 
 
+
+
+def kl_between(metrics: dict, a: int, b: int) -> torch.Tensor:
+    """The KL values of positions a <= t < b (all positions, or the sampled ones in metrics["pos"])."""
+    pos = metrics.get("pos")
+    if pos is None:
+        return metrics["kl"][a:b]
+    return metrics["kl"][(pos >= a) & (pos < b)]

@@ -23,6 +23,7 @@ REFERENCE = "fp16"
 LOGIT_CHUNK = 512
 DECODE_PROMPT = 1024
 DECODE_STEPS = 32
+HEAD_POSITIONS = 2048  # a windowed model's LM head runs at this many evenly spaced positions of the longest pass
 NEEDLE_DEFAULT_MAX = 512  # default needle lengths: the longest sweep length <= this (keeps the default sweep ~15 min)
 SEMANTICS = {
     "fp16": "reference: K/V stored as float16 (float32 compute); KL 0 by construction",
@@ -77,6 +78,7 @@ class ProbeSettings:
     scales_path: Path | None = None
     threads: int | None = None
     progress: bool = True
+    needle_formats: list[str] | None = None  # formats scored on needles (None: every format)
 
 
 @dataclass
@@ -130,7 +132,7 @@ def _file_digest(path: Path, limit: int = 1 << 20) -> str:
 
 def load_model(recipe: Recipe, settings: ProbeSettings) -> Loaded:
     """The recipe's model in float32 (CUDA when present), its tokenizer and the eval text as token ids."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from trtkv.checkpoints.models import resolve_model_dir
     from trtkv.core.paths import project_root
@@ -139,7 +141,16 @@ def load_model(recipe: Recipe, settings: ProbeSettings) -> Loaded:
     torch.set_num_threads(settings.threads or auto_threads())
     model_dir = resolve_model_dir(recipe)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    from trtkv.probe.window import layer_types, sliding_window
+
+    config = AutoConfig.from_pretrained(str(model_dir))
+    window = sliding_window(config)
+    extra: dict[str, Any] = {}
+    if window:  # the windowed path: SDPA where exact (no attention logit softcapping), sampled LM head
+        text = config.get_text_config(decoder=True)
+        exact = getattr(text, "attn_logit_softcapping", None) is None
+        extra = {"attn_implementation": "sdpa" if exact else "eager"}
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, **extra)
     model = model.to(device).eval()  # type: ignore[arg-type]
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     texts = eval_long_text()
@@ -153,13 +164,20 @@ def load_model(recipe: Recipe, settings: ProbeSettings) -> Loaded:
                "weights": [(w.name, w.stat().st_size) for w in weights],
                "eval": _file_digest(project_root() / EVAL_LONG_TEXT), "method": METHOD_VERSION,
                "device": device.type}
+    windowed: dict[str, Any] = {}
+    if window:
+        kinds = layer_types(config)
+        windowed = {"sliding_window": window, "head_positions": HEAD_POSITIONS,
+                    "attn_implementation": extra["attn_implementation"],
+                    "full_layers": [i for i, k in enumerate(kinds) if k != "sliding_attention"]}
+        key_src["windowed"] = windowed
     key = hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:16]
     return Loaded(model, tokenizer, device, model_dir, text_ids, haystack_ids, key,
                   {"model_dir": str(model_dir), "device": str(device), "threads": torch.get_num_threads(),
                    "compute_dtype": "float32", "num_layers": model.config.num_hidden_layers,
                    "num_kv_heads": model.config.num_key_value_heads,
                    "head_dim": getattr(model.config, "head_dim", None)
-                   or model.config.hidden_size // model.config.num_attention_heads})
+                   or model.config.hidden_size // model.config.num_attention_heads, **windowed})
 
 
 def auto_threads() -> int:

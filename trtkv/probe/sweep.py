@@ -77,7 +77,8 @@ def run_probe(recipe: Recipe, output: Path | None = None, settings: ProbeSetting
     started = time.time()
     choices = [parse_format(f) for f in settings.formats]
     static = [c for c in choices if c.static]
-    work = len(choices) + len(choices) * len(settings.needle_lengths) + (1 if static else 0) + 2
+    needled = [c for c in choices if settings.needle_formats is None or c.name in settings.needle_formats]
+    work = len(choices) + len(needled) * len(settings.needle_lengths) + (1 if static else 0) + 2
     bar = _Progress(settings.progress, work)
     try:
         bar.step("loading the model")
@@ -107,7 +108,13 @@ def run_probe(recipe: Recipe, output: Path | None = None, settings: ProbeSetting
             records += recs
             bar.step(f"{choice.name}: done", 1)
         needles = {}
-        for choice in choices:
+        for choice in needled:
+            if loaded.info.get("sliding_window") and settings.needle_lengths:  # one haystack pass, every length
+                bar.step(f"needles {choice.name} @ {settings.needle_lengths}")
+                for length, res in _shared_needles_cached(out, loaded, choice, scales, skey, settings).items():
+                    needles[(choice.name, length)] = res
+                bar.step(f"needles {choice.name}: done", len(settings.needle_lengths))
+                continue
             for length in settings.needle_lengths:
                 bar.step(f"needle {choice.name} @ {length}")
                 needles[(choice.name, length)] = _needle_cached(out, loaded, choice, scales, skey, length, settings)
@@ -170,11 +177,15 @@ def _load_run(out: Path, key: str, skey: str, choice: FormatChoice) -> dict | No
 
 
 def _kl_curve(run: dict | None, window: int = 256) -> list[float] | None:
-    """KL averaged over consecutive windows of positions (error vs position)."""
+    """KL averaged over consecutive windows of positions (error vs position; sampled positions: those in each)."""
     if not run:
         return None
     kl = run["metrics"]["kl"].double()
-    return [float(kl[i: i + window].mean()) for i in range(0, kl.numel(), window)]
+    pos = run["metrics"].get("pos")
+    if pos is None:
+        return [float(kl[i: i + window].mean()) for i in range(0, kl.numel(), window)]
+    span = max(window, int(pos[1] - pos[0]) if pos.numel() > 1 else window)  # at least one sample per window
+    return [float(kl[(pos >= i) & (pos < i + span)].mean()) for i in range(0, int(pos[-1]) + 1, span)]
 
 
 def _needle_cached(out: Path, loaded: Loaded, choice: FormatChoice, scales: KVScales, skey: str, length: int,
@@ -189,6 +200,30 @@ def _needle_cached(out: Path, loaded: Loaded, choice: FormatChoice, scales: KVSc
     result = needle_trials(loaded, choice, scales, length, settings.needle_depths, settings.needle_seeds)
     write_json(path, {"params": params, "result": result})
     return result
+
+
+def _shared_needles_cached(out: Path, loaded: Loaded, choice: FormatChoice, scales: KVScales, skey: str,
+                           settings: ProbeSettings) -> dict[int, dict]:
+    """Needles of a windowed model: every length from one haystack pass (trtkv.probe.window.shared_needles); cached
+    per length as _needle_cached does."""
+    from trtkv.probe.needles import shared_needles
+
+    params = [_format_key(loaded.key, choice), skey if choice.static else "", settings.needle_depths,
+              settings.needle_seeds, "shared"]
+    found: dict[int, dict] = {}
+    for length in settings.needle_lengths:
+        path = _cache_path(out, choice, f"_needle_{length}.json")
+        if path.is_file():
+            doc = json.loads(path.read_text())
+            if doc.get("params") == params:
+                found[length] = doc["result"]
+    if len(found) == len(settings.needle_lengths):
+        return found
+    results = shared_needles(loaded, choice, scales, settings.needle_lengths, settings.needle_depths,
+                             settings.needle_seeds)
+    for length, result in results.items():
+        write_json(_cache_path(out, choice, f"_needle_{length}.json"), {"params": params, "result": result})
+    return results
 
 
 def _decode_cached(out: Path, loaded: Loaded, static: list[FormatChoice], scales: KVScales, skey: str,

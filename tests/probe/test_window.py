@@ -1,0 +1,121 @@
+"""The probe's window-aware path on a tiny random Gemma 3 (sliding + full layers): a sliding layer's cache keeps only
+its window, and the chunked, trimmed pass equals the naive single pass over an untrimmed cache, in float64 (where
+fp32 summation noise cannot flip a 16-bit or int8 rounding), for the 16-bit cache and quantized formats."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+from trtkv.kvcache.cache import QuantizedKVCache
+from trtkv.kvcache.quant import parse_format
+from trtkv.probe.measure import _logprobs, feed, kl_between, length_record, position_metrics
+from trtkv.probe.window import SlidingQuantizedLayer, WindowedKVCache
+
+WINDOW = 16
+KINDS = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
+TOL = 1e-9  # float64 logprobs: ~1e-16 relative per op, far below any 16-bit/int8 rounding step
+
+
+@pytest.fixture(scope="module")
+def gemma(one_torch_thread: None) -> Gemma3ForCausalLM:
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=len(KINDS),
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=32, sliding_window=WINDOW,
+                              layer_types=KINDS, max_position_embeddings=512, attn_implementation="sdpa")
+    return Gemma3ForCausalLM(config).to(torch.float64).eval()
+
+
+def _pass(model: Gemma3ForCausalLM, ids: torch.Tensor, fmt: str, trim: bool, chunk: int | None
+          ) -> tuple[torch.Tensor, WindowedKVCache]:
+    cache = WindowedKVCache(model.config, fmt, trim=trim)
+    hidden = feed(model, ids, cache, chunk)
+    with torch.inference_mode():
+        return _logprobs(model, hidden[0]), cache
+
+
+@pytest.mark.parametrize(("fmt", "naive_chunk", "fast_chunk"),
+                         [("fp16", None, 7), ("int8_token", None, 24), ("int4_g32", None, 5), ("kivi4", 128, 128)])
+def test_trimmed_chunked_pass_equals_naive_pass(gemma: Gemma3ForCausalLM, fmt: str, naive_chunk: int | None,
+                                                fast_chunk: int) -> None:
+    ids = torch.randint(0, 128, (1, 300), generator=torch.Generator().manual_seed(1))
+    naive, full = _pass(gemma, ids, fmt, trim=False, chunk=naive_chunk or ids.shape[1])
+    fast, windowed = _pass(gemma, ids, fmt, trim=True, chunk=fast_chunk)
+    assert (naive - fast).abs().max() < TOL
+    held = windowed.window_tokens()
+    assert held["full_max"] == 300 and held["sliding_max"] <= WINDOW - 1 + 128  # KIVI: + its fp16 window
+    assert full.window_tokens()["sliding_max"] == 300
+    sliding = [q for q in windowed.qlayers if isinstance(q, SlidingQuantizedLayer)]
+    assert len(sliding) == 3 and windowed.is_sliding == [True, True, False, True]
+    assert windowed.stored_bytes() < full.stored_bytes()
+    assert windowed.bytes_per_token() == pytest.approx(full.bytes_per_token())
+
+
+def test_trimming_changes_the_result_when_the_mask_is_not_told(gemma: Gemma3ForCausalLM) -> None:
+    """The test above can fail: a trimmed layer reporting the untrimmed mask offset attends to the wrong keys."""
+    ids = torch.randint(0, 128, (1, 80), generator=torch.Generator().manual_seed(2))
+    naive, _ = _pass(gemma, ids, "fp16", trim=False, chunk=80)
+    orig = SlidingQuantizedLayer.get_mask_sizes
+    try:
+        SlidingQuantizedLayer.get_mask_sizes = lambda self, q: (self.kept_tokens() + q, 0)  # type: ignore[method-assign]
+        broken, _ = _pass(gemma, ids, "fp16", trim=True, chunk=8)
+    finally:
+        SlidingQuantizedLayer.get_mask_sizes = orig  # type: ignore[method-assign]
+    assert (naive - broken).abs().max() > 1e-3
+
+
+def test_the_shared_cache_and_the_probes_windowed_cache_agree_on_which_layers_slide(gemma: Gemma3ForCausalLM) -> None:
+    """trtkv.kvcache.cache keeps sliding windows itself now (the runtime's path); the probe's WindowedKVCache (chunked,
+    mask-offset) must mark the same layers sliding with the same window."""
+    shared = [layer.sliding_window for layer in QuantizedKVCache(gemma.config, "fp16").qlayers]
+    probe = WindowedKVCache(gemma.config, "fp16")
+    assert [q.sliding_window if isinstance(q, SlidingQuantizedLayer) else None for q in probe.qlayers] == shared
+    assert any(w is not None for w in shared) and any(w is None for w in shared)
+
+
+def test_sampled_positions_give_the_dense_record_of_those_positions(gemma: Gemma3ForCausalLM) -> None:
+    ids = torch.randint(0, 128, (1, 200), generator=torch.Generator().manual_seed(3))
+    ref_hidden = feed(gemma, ids, WindowedKVCache(gemma.config, "fp16"), None)[0]
+    q_hidden = feed(gemma, ids, WindowedKVCache(gemma.config, "int4_g32"), None)[0]
+    targets = ids[0, 1:]
+    dense = position_metrics(gemma, ref_hidden[:199], q_hidden[:199], targets)
+    pos = torch.arange(0, 199, 3)
+    sampled = position_metrics(gemma, ref_hidden[:199], q_hidden[:199], targets, pos)
+    assert torch.allclose(sampled["kl"], dense["kl"][pos]) and torch.equal(sampled["pos"], pos)
+    assert torch.allclose(kl_between(sampled, 30, 90), dense["kl"][pos[(pos >= 30) & (pos < 90)]])
+
+    class _Loaded:
+        info = {"num_layers": 4, "num_kv_heads": 1, "head_dim": 32}
+
+    run = {"metrics": sampled, "bytes_per_token": 1.0}
+    rec = length_record(_Loaded(), parse_format("int4_g32"), run, 120, {})  # type: ignore[arg-type]
+    keep = pos[pos < 119]
+    assert rec["positions"] == keep.numel()
+    assert rec["kl_mean"] == pytest.approx(float(dense["kl"][keep].double().mean()))
+    assert rec["kl_last_quarter"] == pytest.approx(float(dense["kl"][keep[keep >= 90]].double().mean()))
+
+
+class _CharTokenizer:
+    """One id per character (ids < 128): enough for the passkey text on the tiny model."""
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> object:
+        class _Out:
+            input_ids = [ord(c) % 128 for c in text]
+        return _Out()
+
+
+def test_shared_needles_score_as_the_per_length_needles(gemma: Gemma3ForCausalLM) -> None:
+    """One haystack pass for every (length, depth) gives the per-length needle_trials' results (trials and hits)."""
+    from trtkv.kvcache.scales import KVScales
+    from trtkv.probe.measure import needle_trials
+    from trtkv.probe.needles import shared_needles
+    from trtkv.probe.setup import Loaded
+
+    hay = torch.randint(0, 128, (400,), generator=torch.Generator().manual_seed(4)).tolist()
+    loaded = Loaded(gemma, _CharTokenizer(), torch.device("cpu"), None, [], hay, "k")  # type: ignore[arg-type]
+    scales = KVScales(k_amax=[1.0] * 4, v_amax=[1.0] * 4, source="test")
+    shared = shared_needles(loaded, parse_format("int8_token"), scales, [160, 240], [0.2, 0.7], 2)
+    for length in (160, 240):
+        alone = needle_trials(loaded, parse_format("int8_token"), scales, length, [0.2, 0.7], 2)
+        assert shared[length] == alone

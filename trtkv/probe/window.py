@@ -1,0 +1,149 @@
+"""The probe's window-aware cache for sliding-window hybrids (Gemma 3): a sliding layer keeps only its window, as the
+engines' caches do, so attention over it costs O(n * window); the full-attention layers keep every token.
+
+WindowedKVCache is QuantizedKVCache (trtkv.kvcache.cache) with each sliding layer replaced by SlidingQuantizedLayer:
+the same codecs and numerics, the stored rows trimmed after each update to the last window - 1 tokens (KIVI: whole
+32-token key groups covering them), and transformers' mask told where the kept rows start (get_mask_sizes), so the
+sliding mask of a chunk sees exactly the keys a full cache would let it see. A per-token format stores each token
+independently, so trimming changes nothing a query can see: the chunked, trimmed pass equals the naive one
+(tests/probe/test_window.py). To unify later with the sliding-window trim being added to trtkv.kvcache.cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import SimpleNamespace
+
+import torch
+
+from trtkv.kvcache.cache import QuantizedKVCache, QuantizedKVLayer, RowStore
+from trtkv.kvcache.formats import KVFormat
+from trtkv.kvcache.quant import FormatChoice, KVScale
+
+SLIDING = "sliding_attention"
+WINDOW_CHUNK = 512  # prefill chunk of the windowed passes: sliding attention costs chunk x (window + chunk)
+
+
+def layer_types(config) -> list[str]:  # noqa: ANN001
+    """Per-layer attention kind of a transformers config ("full_attention" where it names none)."""
+    text = config.get_text_config(decoder=True)
+    return list(getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers)
+
+
+def sliding_window(config) -> int | None:  # noqa: ANN001
+    """The window of the model's sliding layers, None for a model without any."""
+    if SLIDING not in layer_types(config):
+        return None
+    return int(config.get_text_config(decoder=True).sliding_window)
+
+
+def _trim_store(store: RowStore, drop_tokens: int, tokens: int) -> None:
+    """Drop the oldest `drop_tokens` of `tokens` stored tokens from every part (rows per token may be < 1: KIVI's
+    per-32-token key scales)."""
+    if drop_tokens <= 0:
+        return
+    for name, buf in store.buffers.items():
+        used = store.used[name]
+        drop = drop_tokens * used // tokens
+        store.buffers[name] = buf[..., drop:used, :].clone()
+        store.used[name] = used - drop
+
+
+class SlidingQuantizedLayer(QuantizedKVLayer):
+    """A sliding-window layer's quantized store: after each update only the last window - 1 tokens stay (the ones the
+    next query can still see), as DynamicSlidingWindowLayer does for 16-bit K/V."""
+
+    is_sliding = True
+
+    def __init__(self, codecs, window: int, record_positions: bool = False, track_clipping: bool = True,  # noqa: ANN001
+                 trim: bool = True):
+        super().__init__(codecs, record_positions, track_clipping)
+        self.sliding_window = window
+        self.is_sliding = True  # QuantizedKVLayer set False (no window given to it); transformers' masks read this
+        self.trim = trim  # False: keep every token (the naive path the tests compare with; the mask still slides)
+        self.stored_tokens = 0  # tokens in the quantized store (after trimming)
+        self.rate = 0.0  # quantized bytes per stored token, measured before each trim
+
+    def kept_tokens(self) -> int:
+        """Tokens this layer returns ahead of the new ones: trimmed quantized store + KIVI's fp16 window."""
+        residual = self.keys.shape[-2] if self.is_initialized and self.keys is not None else 0
+        return self.stored_tokens + residual
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        # the plain store-and-return of QuantizedKVLayer (not its own sliding trim: this layer trims in _trim and
+        # tells the mask where its kept rows start)
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        keys, values = self._update(key_states, value_states)
+        if self.trim:
+            self._trim()
+        return keys, values
+
+    def _trim(self) -> None:
+        if self.sliding_window is None:  # a full-attention layer keeps everything
+            return
+        keep = self.sliding_window - 1
+        residual = self.keys.shape[-2] if self.keys is not None else 0
+        need = max(0, keep - residual)  # quantized tokens still visible to the next query
+        group = max(self.codecs.key.token_group, self.codecs.value.token_group, 1)
+        drop = ((self.stored_tokens - need) // group) * group  # whole token groups only (KIVI's key groups)
+        if self.stored_tokens:
+            self.rate = self.quantized_bytes() / self.stored_tokens
+        if drop > 0:
+            _trim_store(self.k_store, drop, self.stored_tokens)
+            _trim_store(self.v_store, drop, self.stored_tokens)
+            self.stored_tokens -= drop
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """Keys returned by the next update: the kept tokens (starting at absolute position cumulative - kept), then
+        the new ones; transformers' sliding mask hides kept tokens older than the window."""
+        kept = self.kept_tokens()
+        return kept + query_length, self.cumulative_length - kept
+
+    def get_max_length(self) -> int:
+        return self.sliding_window if self.sliding_window is not None else -1
+
+    def reset(self) -> None:
+        super().reset()
+        self.stored_tokens = 0
+
+
+class WindowedKVCache(QuantizedKVCache):
+    """QuantizedKVCache for a model with sliding-window layers: those keep their window only (SlidingQuantizedLayer),
+    the full-attention layers everything; same arguments as QuantizedKVCache."""
+
+    def __init__(self, config, fmt: KVFormat | str | FormatChoice, k_scales: Sequence[KVScale] | None = None,  # noqa: ANN001
+                 v_scales: Sequence[KVScale] | None = None, *, record_positions: bool = False,
+                 track_clipping: bool = True, keep_layers: Sequence[int] = (), keep_format: KVFormat | str = "bf16",
+                 trim: bool = True):
+        kinds = layer_types(config)
+        window = int(config.get_text_config(decoder=True).sliding_window or 0)
+        full_view = SimpleNamespace(get_text_config=lambda decoder=True: SimpleNamespace(
+            layer_types=None, num_hidden_layers=len(kinds)))  # QuantizedKVCache's own check: all layers full
+        super().__init__(full_view, fmt, k_scales, v_scales, record_positions=record_positions,
+                         track_clipping=track_clipping, keep_layers=keep_layers, keep_format=keep_format)
+        self.layer_kinds = kinds
+        for i, kind in enumerate(kinds):
+            if kind == SLIDING:
+                old = self.qlayers[i]
+                self.qlayers[i] = SlidingQuantizedLayer(old.codecs, window, record_positions, old.track_clipping, trim)
+                self.layers[i] = self.qlayers[i]
+
+    def bytes_per_token(self) -> float:
+        """Stored bytes per token summed over layers, each layer's rate over the tokens it holds (a sliding layer
+        holds its window): the planner's per-token formula, KIVI's fp16 window left out."""
+        total = 0.0
+        for layer in self.qlayers:
+            if isinstance(layer, SlidingQuantizedLayer):
+                total += layer.rate or (layer.quantized_bytes() / layer.stored_tokens if layer.stored_tokens else 0.0)
+            else:
+                total += layer.quantized_bytes() / layer.quantized_tokens if layer.quantized_tokens else 0.0
+        return total
+
+    def window_tokens(self) -> dict[str, int]:
+        """Tokens held now: per sliding layer (its window) and per full layer (everything)."""
+        sliding = [q.kept_tokens() for q in self.qlayers if isinstance(q, SlidingQuantizedLayer)]
+        full = [q.get_seq_length() for q in self.qlayers if not isinstance(q, SlidingQuantizedLayer)]
+        return {"sliding_max": max(sliding, default=0), "full_max": max(full, default=0)}
+
