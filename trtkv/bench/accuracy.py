@@ -1,7 +1,9 @@
 """Accuracy tasks against the server: (a) capital-city quiz, (b) agreement with golden outputs, (c) needle retrieval.
 
 Each task turns into ordinary streamed requests (greedy: temperature 0, top_k 1) and a scorer over their records.
-A request that fails counts as wrong and is reported in `failed`.
+A request that fails counts as wrong and is reported in `failed`. Every figure carries its 95% interval (`*_ci`):
+Wilson for the proportions (quiz and needle accuracy, golden exact match), a seeded bootstrap over prompts for the
+mean golden agreement, so the same answers always give the same intervals.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trtkv.bench import golden
+from trtkv.bench.stats import CONFIDENCE, bootstrap_interval, wilson_interval
 from trtkv.bench.client import SamplingParams
 from trtkv.bench.loadgen import Job
 from trtkv.bench.prompts import prompt_tokens
@@ -60,7 +63,8 @@ def quiz_task(tokenizer: Any, items: Sequence[dict[str, str]], count: int) -> Ta
             rows.append({"question": quiz.render(it["question"]), "pattern": it["answer"], "output": answer,
                          "status": rec.status, "correct": rec.ok and quiz.is_correct(it["answer"], answer)})
         correct = sum(r["correct"] for r in rows)
-        return {"accuracy": correct / max(1, len(rows)), "correct": correct, "total": len(rows),
+        return {"accuracy": correct / max(1, len(rows)), "accuracy_ci": list(wilson_interval(correct, len(rows))),
+                "confidence": CONFIDENCE, "correct": correct, "total": len(rows),
                 "failed": sum(not r.ok for r in records), "items": rows}
 
     return Task("quiz", jobs, score, [f"{len(chosen)} of {len(items)} questions, {len(quiz.FEW_SHOT)}-shot prompt, "
@@ -85,9 +89,11 @@ def golden_task(tokenizer: Any, prompts: Sequence[str], max_tokens: int, golden_
             rows.append({"prompt_index": rec.prompt_index, "status": rec.status, "agreement": agree,
                          "exact": rec.ok and rec.text == it["output_text"], "golden": it["output_text"],
                          "served": rec.text})
-        n = max(1, len(rows))
-        return {"agreement": sum(r["agreement"] for r in rows) / n, "exact_match": sum(r["exact"] for r in rows) / n,
-                "total": len(rows), "failed": sum(not r.ok for r in records), "golden_file": str(golden_path),
+        n, exact = max(1, len(rows)), sum(r["exact"] for r in rows)
+        return {"agreement": sum(r["agreement"] for r in rows) / n,
+                "agreement_ci": list(bootstrap_interval([r["agreement"] for r in rows])),
+                "exact_match": exact / n, "exact_match_ci": list(wilson_interval(exact, len(rows))),
+                "confidence": CONFIDENCE, "total": len(rows), "failed": sum(not r.ok for r in records), "golden_file": str(golden_path),
                 "producer": data.get("producer"), "items": rows}
 
     return Task("golden", jobs, score, [f"{len(items)} prompts, max_tokens {max_tokens}, golden: {data.get('producer')}"])
@@ -130,12 +136,17 @@ def needle_task(tokenizer: Any, long_text: str, lengths: Sequence[int], depths: 
         rows = [{**m, "input_tokens": rec.input_tokens, "status": rec.status, "output": first_line(rec.text),
                  "correct": rec.ok and str(m["key"]) in rec.text} for rec, m in zip(records, meta, strict=True)]
         by_length: dict[str, float] = {}
+        by_length_ci: dict[str, list[float]] = {}
         for length in sorted({r["context_length"] for r in rows}):
             sel = [r for r in rows if r["context_length"] == length]
-            by_length[str(length)] = sum(r["correct"] for r in sel) / len(sel)
+            hits = sum(r["correct"] for r in sel)
+            by_length[str(length)] = hits / len(sel)
+            by_length_ci[str(length)] = list(wilson_interval(hits, len(sel)))
         correct = sum(r["correct"] for r in rows)
-        return {"accuracy": correct / max(1, len(rows)), "correct": correct, "total": len(rows),
-                "failed": sum(not r.ok for r in records), "by_context_length": by_length, "items": rows}
+        return {"accuracy": correct / max(1, len(rows)), "accuracy_ci": list(wilson_interval(correct, len(rows))),
+                "confidence": CONFIDENCE, "correct": correct, "total": len(rows),
+                "failed": sum(not r.ok for r in records), "by_context_length": by_length,
+                "by_context_length_ci": by_length_ci, "items": rows}
 
     notes.insert(0, f"context lengths {list(lengths)}, depths {list(depths)}, max_tokens {NEEDLE_MAX_TOKENS}")
     return Task("needle", jobs, score, notes)

@@ -60,6 +60,11 @@ def write_csv(path: Path, results: dict[str, Any]) -> None:
                 if stat in acc:
                     w.writerow([task, f"{task}.{stat}", "fraction", _fmt_csv(acc[stat]), *[""] * (len(STATS) - 1),
                                 acc.get("total")])
+                    ci = acc.get(f"{stat}_ci")
+                    if isinstance(ci, list) and len(ci) == 2:
+                        for end, value in zip(("ci_low", "ci_high"), ci, strict=True):
+                            w.writerow([task, f"{task}.{stat}.{end}", "fraction", _fmt_csv(value),
+                                        *[""] * (len(STATS) - 1), acc.get("total")])
 
 
 def write_requests_csv(path: Path, records: list[dict[str, Any]]) -> None:
@@ -105,17 +110,30 @@ def level_rows(results: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def interval_text(ci: Any) -> str:
+    """"[lo, hi]" of a stored interval, "—" when there is none (results written before intervals existed)."""
+    if not isinstance(ci, (list, tuple)) or len(ci) != 2 or any(not isinstance(x, (int, float)) for x in ci):
+        return "—"
+    return f"[{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
 def accuracy_rows(results: dict[str, Any]) -> list[list[str]]:
     rows = []
     for task, acc in results.get("accuracy", {}).items():
         if "error" in acc:
-            rows.append([task, "—", "—", f"not run: {acc['error']}"])
+            rows.append([task, "—", "—", "—", f"not run: {acc['error']}"])
             continue
         main = "agreement" if task == "golden" else "accuracy"
-        extra = f"exact match {acc['exact_match']:.2f}" if task == "golden" else f"{acc['correct']}/{acc['total']} correct"
+        if task == "golden":
+            extra = f"exact match {acc['exact_match']:.2f} {interval_text(acc.get('exact_match_ci'))}"
+        else:
+            extra = f"{acc['correct']}/{acc['total']} correct"
         if task == "needle":
-            extra += "; by context: " + ", ".join(f"{k}: {v:.2f}" for k, v in acc.get("by_context_length", {}).items())
-        rows.append([task, f"{task}.{main}", f"{acc[main]:.3f}", f"{extra}; failed requests {acc['failed']}"])
+            cis = acc.get("by_context_length_ci", {})
+            extra += "; by context: " + ", ".join(f"{k}: {v:.2f} {interval_text(cis.get(k))}"
+                                                  for k, v in acc.get("by_context_length", {}).items())
+        rows.append([task, f"{task}.{main}", f"{acc[main]:.3f}", interval_text(acc.get(f"{main}_ci")),
+                     f"{extra}; failed requests {acc['failed']}"])
     return rows
 
 
@@ -152,7 +170,9 @@ def write_md(path: Path, results: dict[str, Any], plots: list[str]) -> None:
         parts += ["Full statistics (avg, min, max, std, p50, p90, p95, p99) per metric and level: `results.csv` and "
                   "`results.json`; every request's raw record: `results.json` (`records`) and `requests.csv`.", ""]
     if results.get("accuracy"):
-        parts += ["## Accuracy", "", _md_table(["task", "metric", "value", "details"], accuracy_rows(results)), ""]
+        parts += ["## Accuracy", "", _md_table(["task", "metric", "value", "95% interval", "details"], accuracy_rows(results)), ""]
+        parts += ["Intervals: Wilson for proportions, a seeded bootstrap over prompts for golden agreement. Two "
+                  "recipes differ only where their intervals do not overlap (`trtkv compare`).", ""]
         for task, acc in results["accuracy"].items():
             for note in acc.get("notes", []):
                 parts.append(f"- {task}: {note}")
@@ -212,7 +232,7 @@ def console_summary(results: dict[str, Any], out_dir: Path | None) -> None:
         con.print(table)
     if results.get("accuracy"):
         table = Table(title="accuracy")
-        for col in ("task", "metric", "value", "details"):
+        for col in ("task", "metric", "value", "95% interval", "details"):
             table.add_column(col)
         for row in accuracy_rows(results):
             table.add_row(*row)

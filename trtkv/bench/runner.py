@@ -173,7 +173,7 @@ def build_tasks(recipe: Recipe, tokenizer: Any, names: Sequence[str], golden_pro
 def run_accuracy(recipe: Recipe, ep: Endpoint, tasks: list[acc_tasks.Task], progress: _Progress,
                  records: list[RequestRecord]) -> dict[str, list[RequestRecord]]:
     factory = session_factory(ep)
-    conc = max(recipe.bench.concurrency)
+    conc = recipe.bench.accuracy_concurrency  # not the sweep's: batched answers differ on most engines
     out: dict[str, list[RequestRecord]] = {}
     for task in tasks:
         done = progress.phase(f"accuracy {task.name}", len(task.jobs))
@@ -295,7 +295,7 @@ def assemble(recipe: Recipe, ep: Endpoint, opts: BenchOptions, records: list[Req
         "interrupted_during": interrupted,
         "workload": {"input_tokens": b.input_tokens, "output_tokens": b.output_tokens, "num_requests": b.num_requests,
                      "warmup_requests": b.warmup_requests, "concurrency": b.concurrency, "request_rate": b.request_rate,
-                     "request_timeout_s": b.request_timeout_s, "mode": mode, "sampling": "greedy (temperature 0, top_k 1)"},
+                     "accuracy_concurrency": b.accuracy_concurrency, "request_timeout_s": b.request_timeout_s, "mode": mode, "sampling": "greedy (temperature 0, top_k 1)"},
         "token_counting": results.TOKEN_COUNTING,
         "token_count_check": check,
         "levels": levels,

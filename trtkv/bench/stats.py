@@ -42,3 +42,39 @@ def wilson_interval(successes: float, n: int, confidence: float = 0.95) -> tuple
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     return (0.0 if p == 0.0 else max(0.0, centre - half)), (1.0 if p == 1.0 else min(1.0, centre + half))
+
+
+CONFIDENCE = 0.95  # every accuracy interval of `trtkv bench`
+BOOTSTRAP_RESAMPLES = 2000
+
+
+def bootstrap_interval(values: Sequence[float], confidence: float = CONFIDENCE, resamples: int = BOOTSTRAP_RESAMPLES,
+                       seed: int = 0) -> tuple[float, float]:
+    """Percentile-bootstrap interval of the mean of `values` (e.g. per-prompt golden agreement), seeded: the same
+    values give the same interval; (nan, nan) for none, (v, v) when all are equal."""
+    data = [float(v) for v in values]
+    if not data:
+        return math.nan, math.nan
+    if min(data) == max(data):
+        return data[0], data[0]
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    arr = np.asarray(data)
+    means = arr[rng.integers(0, len(arr), size=(resamples, len(arr)))].mean(axis=1)
+    tail = (1.0 - confidence) / 2 * 100
+    return float(np.percentile(means, tail)), float(np.percentile(means, 100 - tail))
+
+
+def proportion(successes: int, n: int, confidence: float = CONFIDENCE) -> dict[str, float | list[float]]:
+    """A proportion with its Wilson interval, as results.json stores it: {"value", "ci", "confidence"}."""
+    lo, hi = wilson_interval(successes, n, confidence)
+    return {"value": successes / n if n else math.nan, "ci": [lo, hi], "confidence": confidence}
+
+
+def separated(a: Sequence[float] | None, b: Sequence[float] | None) -> bool | None:
+    """True when two intervals do not overlap (a difference worth calling), False when they do ("within noise"),
+    None when either is missing or NaN."""
+    if not a or not b or len(a) != 2 or len(b) != 2 or any(math.isnan(float(x)) for x in (*a, *b)):
+        return None
+    return float(a[1]) < float(b[0]) or float(b[1]) < float(a[0])

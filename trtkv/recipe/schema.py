@@ -304,6 +304,9 @@ class BenchConfig(_Section):
         [BenchTask.QUIZ, BenchTask.GOLDEN, BenchTask.NEEDLE], description="Accuracy tasks to run."
     )
     quiz_items: int = Field(40, gt=0, description="Quiz questions asked.")
+    accuracy_concurrency: int = Field(
+        1, gt=0, description="Requests in flight during the accuracy tasks: 1 makes their figures reproducible on "
+                             "engines whose answers depend on the batch (TensorRT-LLM, vLLM by default).")
     needle_context_lengths: list[int] = Field([512], description="Haystack lengths (tokens) for needle retrieval.")
     ruler_lengths: list[int] = Field([4096], description="RULER sequence lengths (tokens: prompt + tokens to generate).")
     ruler_samples: int = Field(20, gt=0, description="RULER items per task and length (RULER itself uses 500).")

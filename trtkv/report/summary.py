@@ -66,7 +66,40 @@ def bench_headline(results: dict[str, Any]) -> dict[str, Any]:
             for key in ("accuracy", "agreement"):
                 if body.get(key) is not None:
                     out[f"{task}.{key}"] = body[key]
+                    if body.get(f"{key}_ci") is not None:
+                        out[f"{task}.{key}.ci"] = body[f"{key}_ci"]
     return out
+
+
+ACCURACY_TASKS = ("quiz", "golden", "needle")
+
+
+def _with_ci(b: dict[str, Any], key: str) -> str:
+    """A figure and its stored interval, e.g. "0.350 [0.206, 0.526]"."""
+    from trtkv.bench.results import interval_text
+
+    text = _fmt(b.get(key), 3)
+    ci = b.get(f"{key}.ci")
+    return f"{text} {interval_text(ci)}" if ci is not None and b.get(key) is not None else text
+
+
+def accuracy_difference(rows: list[dict[str, Any]], key: str) -> str:
+    """How each recipe's figure compares with the first's: "higher"/"lower" only when the 95% intervals separate,
+    "within noise" when they overlap, "no interval" when either lacks one."""
+    from trtkv.bench.stats import separated
+
+    base = rows[0].get("bench", {})
+    words = ["(baseline)"]
+    for r in rows[1:]:
+        b = r.get("bench", {})
+        apart = separated(base.get(f"{key}.ci"), b.get(f"{key}.ci"))
+        if apart is None:
+            words.append("no interval")
+        elif not apart:
+            words.append("within noise")
+        else:
+            words.append("higher" if b[key] > base[key] else "lower")
+    return " | ".join(words)
 
 
 def collect(recipe: Recipe) -> dict[str, Any]:
@@ -133,7 +166,7 @@ def summary_lines(data: dict[str, Any]) -> list[str]:
     planner = data["planner"]
     lines = [f"Summary for {data['recipe']}: weights {data['weights']}, KV cache {data['kv_cache']} "
              f"({data['kv_format']}, {data['kv_bytes_per_token']:,.0f} bytes/token)"]
-    acc = [f"{k} {_fmt(v, 3)}" for k, v in b.items() if k.split(".")[0] in ("quiz", "golden", "needle")]
+    acc = [f"{k} {_with_ci(b, k)}" for k in b if k.split(".")[0] in ACCURACY_TASKS and not k.endswith(".ci")]
     lines.append("  accuracy:   " + (", ".join(acc) if acc else "no bench results"))
     if "time_to_first_token.p50" in b:
         lines.append(f"  latency @{b.get('level')}: TTFT p50 {_fmt(b['time_to_first_token.p50'])} ms, "
@@ -190,15 +223,19 @@ def write_compare(recipes: list[Recipe], results: list[ChainResult], out: Path) 
     head = "| | " + " | ".join(r["recipe"] for r in rows) + " |"
     md = ["# KV-cache formats side by side", "",
           "Measured by `trtkv compare` on this machine; accuracy and latency come from each recipe's "
-          "`engines/<recipe>/bench/results.json`, bytes and capacity from the planner.", "",
+          "`engines/<recipe>/bench/results.json`, bytes and capacity from the planner. An accuracy difference is "
+          "called (higher/lower) only where the two 95% intervals do not overlap; otherwise it is within noise.", "",
           head, "|" + "---|" * (len(rows) + 1)]
     md.append("| KV cache | " + " | ".join(f"{r['kv_cache']} ({r['kv_format']})" for r in rows) + " |")
     md.append("| KV bytes/token | " + " | ".join(f"{r['kv_bytes_per_token']:,.0f}" for r in rows) + " |")
     md.append("| tokens that fit (planner) | " + " | ".join(f"{r['planner']['tokens_fit']:,}" for r in rows) + " |")
     for key in keys:
-        md.append(f"| {key} | " + " | ".join(_fmt(r.get("bench", {}).get(key), 3 if "." in key and
-                                                   key.split(".")[0] in ("quiz", "golden", "needle") else 1)
-                                              for r in rows) + " |")
+        if key.split(".")[0] in ACCURACY_TASKS:
+            md.append(f"| {key} (95% interval) | " + " | ".join(_with_ci(r.get("bench", {}), key) for r in rows) + " |")
+            if len(rows) > 1:
+                md.append(f"| {key} vs {rows[0]['recipe']} | " + accuracy_difference(rows, key) + " |")
+        else:
+            md.append(f"| {key} | " + " | ".join(_fmt(r.get("bench", {}).get(key), 1) for r in rows) + " |")
     md.append("| chain | " + " | ".join("ok" if not res.failed else f"failed at {res.failed}" for res in results) + " |")
     probes = [(r["recipe"], p) for r in rows for p in r.get("probe", [])]  # each recipe's own KV format
     if probes:
