@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from trtkv.bench import golden
-from trtkv.bench.stats import CONFIDENCE, bootstrap_interval, wilson_interval
 from trtkv.bench.client import SamplingParams
 from trtkv.bench.loadgen import Job
 from trtkv.bench.prompts import prompt_tokens
 from trtkv.bench.records import RequestRecord
+from trtkv.bench.stats import CONFIDENCE, bootstrap_interval, wilson_interval
 from trtkv.runtime import quiz_patterns as quiz
 
 QUIZ_MAX_TOKENS = 10
@@ -93,7 +93,8 @@ def golden_task(tokenizer: Any, prompts: Sequence[str], max_tokens: int, golden_
         return {"agreement": sum(r["agreement"] for r in rows) / n,
                 "agreement_ci": list(bootstrap_interval([r["agreement"] for r in rows])),
                 "exact_match": exact / n, "exact_match_ci": list(wilson_interval(exact, len(rows))),
-                "confidence": CONFIDENCE, "total": len(rows), "failed": sum(not r.ok for r in records), "golden_file": str(golden_path),
+                "confidence": CONFIDENCE, "total": len(rows), "failed": sum(not r.ok for r in records),
+                "golden_file": str(golden_path),
                 "producer": data.get("producer"), "items": rows}
 
     return Task("golden", jobs, score, [f"{len(items)} prompts, max_tokens {max_tokens}, golden: {data.get('producer')}"])

@@ -170,7 +170,8 @@ def write_md(path: Path, results: dict[str, Any], plots: list[str]) -> None:
         parts += ["Full statistics (avg, min, max, std, p50, p90, p95, p99) per metric and level: `results.csv` and "
                   "`results.json`; every request's raw record: `results.json` (`records`) and `requests.csv`.", ""]
     if results.get("accuracy"):
-        parts += ["## Accuracy", "", _md_table(["task", "metric", "value", "95% interval", "details"], accuracy_rows(results)), ""]
+        header = ["task", "metric", "value", "95% interval", "details"]
+        parts += ["## Accuracy", "", _md_table(header, accuracy_rows(results)), ""]
         parts += ["Intervals: Wilson for proportions, a seeded bootstrap over prompts for golden agreement. Two "
                   "recipes differ only where their intervals do not overlap (`trtkv compare`).", ""]
         for task, acc in results["accuracy"].items():
