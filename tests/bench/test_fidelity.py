@@ -171,14 +171,14 @@ def _greedy_server(model: Any) -> Any:
 def test_the_task_passes_the_predicted_engine_and_fails_a_corrupted_one(tmp_path: Path, one_torch_thread: None,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fidelity, "documents", lambda tok, n, count: [f"d{i}" for i in range(count)])
-    reference, predicted = _noisy(0.0), _noisy(0.02)  # the prediction: a small, known error (as FP8 weights + KV)
-    kwargs: dict[str, Any] = dict(tokenizer=_Tok(), lengths=[64], docs=4, tokens=6, reproduce="trtkv bench r",
+    reference, predicted = _noisy(0.0), _noisy(0.002)  # the prediction: a small, known error (as FP8 weights + KV)
+    kwargs: dict[str, Any] = dict(tokenizer=_Tok(), lengths=[64], docs=6, tokens=6, reproduce="trtkv bench r",
                                   log=lambda s: None)
     healthy = fidelity.run_fidelity(_Recipe, _greedy_server(predicted), reference=_scorer("ref", reference, tmp_path),
                                     prediction=_scorer("pred", predicted, tmp_path), **kwargs)
     assert healthy["verdict"] == fidelity.AS_PREDICTED and healthy["worse_lengths"] == 0, healthy["notes"]
     assert "reproduce" not in healthy
-    faulty = fidelity.run_fidelity(_Recipe, _greedy_server(_noisy(0.5)), reference=_scorer("ref", reference, tmp_path),
+    faulty = fidelity.run_fidelity(_Recipe, _greedy_server(_noisy(1.0)), reference=_scorer("ref", reference, tmp_path),
                                    prediction=_scorer("pred", predicted, tmp_path), **kwargs)
     assert faulty["verdict"] == fidelity.WORSE and faulty["lengths_judged_worse"] == [64], faulty["notes"]
     assert faulty["reproduce"] == "trtkv bench r" and faulty["likely_causes"]
