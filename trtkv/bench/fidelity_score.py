@@ -114,6 +114,11 @@ class CachedScorer:
         if k in self._cache:
             return Scored.from_json(self._cache[k])
         if self._model is None:
+            import torch
+
+            from trtkv.probe.setup import auto_threads
+
+            torch.set_num_threads(auto_threads())  # 1 on a busy machine (a local server's threads): OpenMP spins
             self._model = self._load()
         model, new_cache = self._model
         out = teacher_forced(model, new_cache, served, want)
