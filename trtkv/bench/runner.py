@@ -170,6 +170,16 @@ def build_tasks(recipe: Recipe, tokenizer: Any, names: Sequence[str], golden_pro
     return tasks, failed
 
 
+def run_fidelity(recipe: Recipe, ep: Endpoint, tokenizer: Any, log: Callable[[str], None]) -> dict[str, Any]:
+    """The fidelity task (trtkv.bench.fidelity): its results.json entry, or the reason it could not run."""
+    from trtkv.bench import fidelity
+
+    try:
+        return fidelity.fidelity_task(recipe, ep, tokenizer, log, fidelity.reproduce_command(recipe, ep))
+    except TrtkvError as exc:
+        return {"error": str(exc)}
+
+
 def run_accuracy(recipe: Recipe, ep: Endpoint, tasks: list[acc_tasks.Task], progress: _Progress,
                  records: list[RequestRecord]) -> dict[str, list[RequestRecord]]:
     factory = session_factory(ep)
@@ -225,6 +235,7 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     ep = check_endpoint(endpoint)
     tokenizer = load_tokenizer(tokenizer_dir(recipe))
     task_names = [t.value for t in recipe.bench.tasks] if opts.tasks is None else list(opts.tasks)
+    slos = slo.with_fidelity(slos, task_names)
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     wall0, t0 = time.time(), now_ns()
     records: list[RequestRecord] = []
@@ -244,6 +255,9 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
                 run_latency(recipe, ep, tokenizer, progress, records, by_level)
             interrupted = "accuracy tasks"
             task_records = run_accuracy(recipe, ep, tasks, progress, records)
+            if "fidelity" in task_names:
+                interrupted = "fidelity task"
+                task_errors["fidelity"] = run_fidelity(recipe, ep, tokenizer, progress.log)
             interrupted = None
         except (Interrupted, KeyboardInterrupt):
             progress.log(f"interrupted (Ctrl-C) during the {interrupted}: writing partial results")

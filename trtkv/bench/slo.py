@@ -19,6 +19,7 @@ ACCURACY_STATS = {
     "golden": ("agreement", "exact_match", "total"),
     "needle": ("accuracy", "correct", "total"),
     "ruler": ("accuracy", "correct", "total"),  # string_match_all; `correct` counts items scored 1.0
+    "fidelity": ("worse_lengths", "accuracy"),  # lengths judged worse than the format predicts (trtkv.bench.fidelity)
 }
 SYSTEM_STATS = ("avg",)
 FAILURE_STATS = ("failed", "rate")  # request_errors.failed / request_errors.rate over measured requests
@@ -82,6 +83,17 @@ def parse_slo(text: str, source: str = "--slo") -> SLO:
 
 NO_FAILURES = SLO("request_errors", "failed", "<=", 0.0, "default: any failed request fails the bench "
                   "(--allow-failures lifts it)")
+
+
+FIDELITY_AS_PREDICTED = SLO("fidelity", "worse_lengths", "<=", 0.0, "default: the served KV cache does what its "
+                            "format predicts at every length (task fidelity)")
+
+
+def with_fidelity(slos: list[SLO], tasks: Iterable[str]) -> list[SLO]:
+    """The fidelity task's verdict as an SLO (`fidelity.worse_lengths<=0`) when the task runs and none names it."""
+    if "fidelity" in tasks and not any(s.metric == "fidelity" for s in slos):
+        return [*slos, FIDELITY_AS_PREDICTED]
+    return slos
 
 
 def parse_all(recipe_thresholds: Iterable[str], cli: Iterable[str], allow_failures: bool = False) -> list[SLO]:

@@ -87,6 +87,7 @@ class BenchTask(str, Enum):
     GOLDEN = "golden"
     NEEDLE = "needle"
     RULER = "ruler"  # RULER's niah_single_1, niah_multikey_2/3, vt, cwe, fwe (trtkv.bench.ruler; docs/ruler.md)
+    FIDELITY = "fidelity"  # served log-probs vs the 16-bit reference and the format's prediction (trtkv.bench.fidelity)
 
 
 class Protocol(str, Enum):
@@ -310,6 +311,10 @@ class BenchConfig(_Section):
     needle_context_lengths: list[int] = Field([512], description="Haystack lengths (tokens) for needle retrieval.")
     ruler_lengths: list[int] = Field([4096], description="RULER sequence lengths (tokens: prompt + tokens to generate).")
     ruler_samples: int = Field(20, gt=0, description="RULER items per task and length (RULER itself uses 500).")
+    fidelity_lengths: list[int] | None = Field(None, description="Fidelity task context lengths (tokens); None: the "
+                                               "probe's lengths up to build.max_input_len.")
+    fidelity_documents: int = Field(4, gt=0, description="Fidelity task: documents per length.")
+    fidelity_tokens: int = Field(16, gt=0, description="Fidelity task: greedy tokens served per document (G).")
     request_timeout_s: float = Field(120.0, gt=0, description="A request slower than this counts as failed.")
     thresholds: list[str] = Field(
         [], description="SLOs `metric.stat<=value`, e.g. `time_to_first_token.p99<=500`, `quiz.accuracy>=0.3`."
@@ -323,10 +328,10 @@ class BenchConfig(_Section):
             raise ValueError(f"{bad[0]!r} is not of the form metric.stat<=value (or >=, <, >)")
         return [v.strip() for v in values]
 
-    @field_validator("concurrency", "needle_context_lengths", "ruler_lengths")
+    @field_validator("concurrency", "needle_context_lengths", "ruler_lengths", "fidelity_lengths")
     @classmethod
-    def _positive(cls, values: list[int]) -> list[int]:
-        if any(v <= 0 for v in values):
+    def _positive(cls, values: list[int] | None) -> list[int] | None:
+        if values is not None and any(v <= 0 for v in values):
             raise ValueError("every entry must be > 0")
         return values
 

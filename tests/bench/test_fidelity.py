@@ -1,0 +1,185 @@
+"""The fidelity task without a model server: the verdict rule, the OpenAI and Triton log-prob clients against a fake
+server, and the whole task on a tiny random Llama whose 'served' answers are the prediction's own or corrupted."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trtkv.bench import fidelity, slo
+from trtkv.bench.fidelity_score import CachedScorer, Served
+from trtkv.bench.fidelity_served import openai_request, triton_request
+from trtkv.recipe import load_recipe
+
+
+def _rows(values: list[list[float]]) -> list[tuple[dict[str, list[float]], dict[str, list[float]]]]:
+    return [({"top1_agreement": [1.0] * len(v), "mean_abs_dlogp": v}, {"top1_agreement": [1.0] * len(v),
+             "mean_abs_dlogp": [0.05] * len(v)}) for v in values]
+
+
+def test_served_equal_to_the_prediction_is_as_predicted_and_clearly_worse_is_not() -> None:
+    same = fidelity.length_summary(256, _rows([[0.05] * 8] * 4), {})
+    assert same["verdict"] == fidelity.AS_PREDICTED and same["mean_abs_dlogp"]["gap"]["value"] == pytest.approx(0)
+    worse = fidelity.length_summary(256, _rows([[0.5, 0.7] * 4] * 4), {})
+    assert worse["verdict"] == fidelity.WORSE and worse["worse_metrics"] == ["mean_abs_dlogp"]
+    assert worse["mean_abs_dlogp"]["gap"]["ci"][0] > worse["mean_abs_dlogp"]["margin"]
+
+
+def test_one_bad_document_of_four_is_within_the_spread() -> None:
+    """The margin is the measurements' own spread: a single outlier document does not make the length worse."""
+    out = fidelity.length_summary(256, _rows([[0.05] * 8, [0.05] * 8, [0.05] * 8, [0.9] * 8]), {})
+    assert out["verdict"] == fidelity.AS_PREDICTED, out["mean_abs_dlogp"]
+
+
+def test_fidelity_slo_is_added_and_fails_on_a_worse_length() -> None:
+    slos = slo.with_fidelity(slo.parse_all([], []), ["quiz", "fidelity"])
+    assert any(s.text == "fidelity.worse_lengths<=0" for s in slos)
+    bad = slo.check(slos, {}, {"fidelity": {"worse_lengths": 1, "failed": 0, "total": 2}})
+    assert not all(r.passed for r in bad)
+    good = slo.check(slos, {}, {"fidelity": {"worse_lengths": 0, "failed": 0, "total": 2}})
+    assert all(r.passed for r in good)
+    assert slo.parse_slo("fidelity.worse_lengths<=0").metric == "fidelity"
+
+
+def test_default_lengths_are_the_probe_lengths_up_to_max_input_len() -> None:
+    recipe = load_recipe("smollm2_fp8kv")
+    assert fidelity.default_lengths(recipe) == [n for n in recipe.probe.lengths if n <= recipe.build.max_input_len]
+    small = load_recipe("smollm2_fp8kv", ["bench.fidelity_lengths=[1024,256]"])
+    assert fidelity.default_lengths(small) == [256, 1024]
+
+
+# ----------------------------------------------------------------------------- clients against a fake server
+
+
+class _Fake(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    seen: list[dict[str, Any]] = []
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        _Fake.seen.append(body)
+        if self.path == "/v1/completions":
+            n = body["max_tokens"]
+            ids = [7 + i for i in range(n)]
+            tokens = [f"token_id:{t}" for t in ids] if body.get("return_tokens_as_token_ids") else [" x"] * n
+            top = [{f"token_id:{t}": -0.1, f"token_id:{t + 50}": -2.5} for t in ids]
+            out = {"choices": [{"text": "x" * n, "logprobs": {"tokens": tokens, "token_logprobs": [-0.1] * n,
+                                                              "top_logprobs": top, "text_offset": list(range(n))}}]}
+        else:
+            out = {"text_output": " and the", "output_log_probs": [[-0.5, -0.25]], "cum_log_probs": -0.75}
+        data = json.dumps(out).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Fake)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+def test_openai_logprobs_are_read_as_token_ids_with_top_k(fake: str) -> None:
+    served = openai_request(fake, "m", [1, 2, 3], 4, 10.0, k=2)
+    assert served.error is None and served.ids == [7, 8, 9, 10] and served.logprobs == [-0.1] * 4
+    assert served.top == [{t: -0.1, t + 50: -2.5} for t in (7, 8, 9, 10)]
+    sent = _Fake.seen[-1]
+    assert sent["prompt"] == [1, 2, 3] and sent["logprobs"] == 2 and sent["return_tokens_as_token_ids"] is True
+    assert sent["temperature"] == 0.0 and sent["stream"] is False
+
+
+class _Tok:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return ([0] if add_special_tokens else []) + [len(w) for w in text.split(" ") if w]
+
+
+def test_triton_output_log_probs_align_with_the_retokenized_text(fake: str) -> None:
+    served = triton_request(fake, "ensemble", _Tok(), "a prompt", 2, 10.0)
+    assert served.error is None and served.ids == [3, 3] and served.logprobs == [-0.5, -0.25]
+    assert served.prefix_ids == [0, 1, 6]
+    sent = _Fake.seen[-1]
+    assert sent["return_log_probs"] is True and sent["max_tokens"] == 2 and sent["top_k"] == 1
+    misaligned = triton_request(fake, "ensemble", _Tok(), "a prompt", 3, 10.0)  # same answer: 2 log-probs, 2 tokens
+    assert misaligned.error is None
+
+
+# ----------------------------------------------------------------------------- the task on a tiny model
+
+
+class _Recipe:
+    class build:  # noqa: N801 - attribute access as on a Recipe
+        max_seq_len, max_input_len = 512, 256
+
+
+def _noisy(seed_noise: float) -> Any:
+    import torch
+
+    from tests.support.models import tiny_llama
+
+    model = tiny_llama(2, 2, 64, 512, seed=0)
+    if seed_noise:
+        torch.manual_seed(1)
+        with torch.no_grad():
+            for p in model.model.layers[0].self_attn.v_proj.parameters():
+                p.add_(seed_noise * torch.randn_like(p))
+    return model
+
+
+def _scorer(name: str, model: Any, tmp: Path) -> CachedScorer:
+    from transformers import DynamicCache
+
+    return CachedScorer(name, name, tmp / f"{name}.json", lambda: (model, lambda: DynamicCache(config=model.config)),
+                        {"producer": name})
+
+
+def _greedy_server(model: Any) -> Any:
+    """A fake served engine: greedy decoding of `model`, token by token, with the chosen tokens' log-probs."""
+    import torch
+
+    def request(prompt: str, ids: list[int]) -> Served:
+        rng = torch.Generator().manual_seed(7 * int(prompt[1:]))
+        prefix = [int(x) for x in torch.randint(0, 96, (64,), generator=rng)]
+        seq, out, lps = list(prefix), [], []
+        with torch.inference_mode():
+            for _ in range(6):
+                lp = torch.log_softmax(model(torch.tensor([seq])).logits[0, -1].float(), -1)
+                t = int(lp.argmax())
+                out.append(t)
+                lps.append(float(lp[t]))
+                seq.append(t)
+        return Served(prefix, out, lps)
+    return request
+
+
+@pytest.mark.slow
+def test_the_task_passes_the_predicted_engine_and_fails_a_corrupted_one(tmp_path: Path, one_torch_thread: None,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fidelity, "documents", lambda tok, n, count: [f"d{i}" for i in range(count)])
+    reference, predicted = _noisy(0.0), _noisy(0.002)  # the prediction: a small, known error (as FP8 weights + KV)
+    kwargs: dict[str, Any] = dict(tokenizer=_Tok(), lengths=[64], docs=6, tokens=6, reproduce="trtkv bench r",
+                                  log=lambda s: None)
+    healthy = fidelity.run_fidelity(_Recipe, _greedy_server(predicted), reference=_scorer("ref", reference, tmp_path),
+                                    prediction=_scorer("pred", predicted, tmp_path), **kwargs)
+    assert healthy["verdict"] == fidelity.AS_PREDICTED and healthy["worse_lengths"] == 0, healthy["notes"]
+    assert "reproduce" not in healthy
+    faulty = fidelity.run_fidelity(_Recipe, _greedy_server(_noisy(1.0)), reference=_scorer("ref", reference, tmp_path),
+                                   prediction=_scorer("pred", predicted, tmp_path), **kwargs)
+    assert faulty["verdict"] == fidelity.WORSE and faulty["lengths_judged_worse"] == [64], faulty["notes"]
+    assert faulty["reproduce"] == "trtkv bench r" and faulty["likely_causes"]
+    assert json.loads((tmp_path / "ref.json").read_text())["docs"]  # the reference is cached per document

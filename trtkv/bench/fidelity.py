@@ -1,0 +1,267 @@
+"""The `fidelity` task: does the served quantized KV cache do what its format predicts, per context length?
+
+For each length L in bench.fidelity_lengths (default: the probe's lengths up to build.max_input_len), N documents
+(bench.fidelity_documents) of exactly L tokens cut from the evaluation text are sent; the server returns a greedy
+continuation of G tokens (bench.fidelity_tokens) with its log-probs (trtkv.bench.fidelity_served). The reference,
+the recipe's 16-bit weights in transformers with an unquantized cache, and the prediction, the served weights with the
+recipe's KV format stored by trtkv.kvcache with kv_scales.json as the engine applies them, are both teacher-forced on
+prefix + served tokens (trtkv.bench.fidelity_score, cached). Per length, against the reference:
+
+- top-1 agreement: the engine's greedy token (served) / its argmax (predicted) equals the reference's argmax;
+- mean |delta log p|: of the served token's log-prob, engine vs reference;
+- KL over top-k (OpenAI top_logprobs only): KL(p || q), p = the engine's top-k renormalised, q = the reference's
+  probabilities of the same k tokens renormalised.
+
+Each figure has a 95 % bootstrap interval over documents (B = 1000 resamples, tokens pooled within a resample: the
+tokens of one document are not independent). Verdict rule, per metric, oriented so that positive is worse: the paired
+bootstrap interval of served - predicted (same documents resampled together) must clear zero by more than the
+half-width of the prediction's own interval; otherwise the served engine is "as predicted". A length is "worse than
+the format predicts" when any metric is; that is an SLO breach (fidelity.worse_lengths<=0, exit 1).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from trtkv.bench.fidelity_score import TOP_K, CachedScorer, Scored, Served
+from trtkv.core.errors import TrtkvError
+
+BOOTSTRAP = 1000
+CONFIDENCE = 0.95
+METRICS = ("top1_agreement", "mean_abs_dlogp", "kl_topk")
+WORSE_SIGN = {"top1_agreement": -1.0, "mean_abs_dlogp": 1.0, "kl_topk": 1.0}  # served - predicted, positive = worse
+AS_PREDICTED, WORSE, NOT_MEASURED = "as predicted", "worse than the format predicts", "not measured"
+LIKELY_CAUSES = [
+    "scales not loaded: the engine runs a default scale (1.0, or none) instead of the checkpoint's calibrated one",
+    "scale convention: amax written where amax/448 (or its reciprocal) is read, K/V scales shared vs separate, a "
+    "clamp to >= 1.0 or its absence",
+    "backend kernel: an attention backend that drops, doubles or misplaces the descale for this cache dtype",
+]
+
+
+def default_lengths(recipe: Any) -> list[int]:
+    """bench.fidelity_lengths, else the probe's lengths up to build.max_input_len (at least the smallest one)."""
+    if recipe.bench.fidelity_lengths:
+        return sorted(set(recipe.bench.fidelity_lengths))
+    cap = recipe.build.max_input_len
+    lengths = [n for n in recipe.probe.lengths if n <= cap]
+    return sorted(set(lengths)) or [min(min(recipe.probe.lengths), cap)]
+
+
+def documents(tokenizer: Any, length: int, count: int) -> list[str]:
+    """`count` prompts of exactly `length` tokens from consecutive stretches of the evaluation text."""
+    from trtkv.bench.prompts import latency_prompts
+
+    return latency_prompts(tokenizer, count, length)
+
+
+# ----------------------------------------------------------------------------- per-document figures
+
+
+def _kl_topk(engine_top: dict[int, float], ref_at: dict[int, float]) -> float:
+    tokens = list(engine_top)
+    p = _softmax([engine_top[t] for t in tokens])
+    q = _softmax([ref_at[t] for t in tokens])
+    return sum(pi * (math.log(pi) - math.log(qi)) for pi, qi in zip(p, q, strict=True) if pi > 0)
+
+
+def _softmax(lps: Sequence[float]) -> list[float]:
+    top = max(lps)
+    e = [math.exp(x - top) for x in lps]
+    s = sum(e)
+    return [x / s for x in e]
+
+
+def served_rows(served: Served, ref: Scored) -> dict[str, list[float]]:
+    """Per continuation position: the served engine vs the reference."""
+    out: dict[str, list[float]] = {
+        "top1_agreement": [float(t == a) for t, a in zip(served.ids, ref.argmax, strict=True)],
+        "mean_abs_dlogp": [abs(s - r) for s, r in zip(served.logprobs, ref.chosen, strict=True)]}
+    if served.top is not None and ref.at is not None:
+        out["kl_topk"] = [_kl_topk(s, r) for s, r in zip(served.top, ref.at, strict=True)]
+    return out
+
+
+def predicted_rows(served: Served, pred: Scored, ref: Scored) -> dict[str, list[float]]:
+    """Per continuation position: the prediction vs the reference, on the same tokens."""
+    out: dict[str, list[float]] = {
+        "top1_agreement": [float(p == a) for p, a in zip(pred.argmax, ref.argmax, strict=True)],
+        "mean_abs_dlogp": [abs(p - r) for p, r in zip(pred.chosen, ref.chosen, strict=True)]}
+    if served.top is not None and ref.at is not None:
+        out["kl_topk"] = [_kl_topk(p, r) for p, r in zip(pred.top, ref.at, strict=True)]
+    return out
+
+
+# ----------------------------------------------------------------------------- bootstrap and verdict
+
+
+def bootstrap(served: list[list[float]], predicted: list[list[float]], seed: int = 0) -> dict[str, Any]:
+    """Token-pooled means over documents with percentile intervals; the paired served - predicted difference."""
+    import numpy as np
+
+    sums_s = np.array([sum(d) for d in served], dtype=float)
+    sums_p = np.array([sum(d) for d in predicted], dtype=float)
+    counts = np.array([len(d) for d in served], dtype=float)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(counts), size=(BOOTSTRAP, len(counts)))
+    n = counts[idx].sum(1)
+    n[n == 0] = 1.0
+    s, p = sums_s[idx].sum(1) / n, sums_p[idx].sum(1) / n
+    lo_q, hi_q = (1 - CONFIDENCE) / 2, 1 - (1 - CONFIDENCE) / 2
+
+    def figure(values: Any, point: float) -> dict[str, Any]:
+        return {"value": point, "ci": [float(np.quantile(values, lo_q)), float(np.quantile(values, hi_q))]}
+
+    total = max(1.0, float(counts.sum()))
+    return {"served": figure(s, float(sums_s.sum() / total)), "predicted": figure(p, float(sums_p.sum() / total)),
+            "gap": figure(s - p, float((sums_s.sum() - sums_p.sum()) / total))}
+
+
+def judge(metric: str, fig: dict[str, Any]) -> tuple[bool, float]:
+    """(worse, margin): worse when the oriented gap interval clears zero by more than the prediction's half-width."""
+    sign = WORSE_SIGN[metric]
+    lo, hi = fig["gap"]["ci"]
+    oriented_lo = min(sign * lo, sign * hi)
+    margin = (fig["predicted"]["ci"][1] - fig["predicted"]["ci"][0]) / 2
+    return oriented_lo > margin, margin
+
+
+def length_summary(length: int, rows: list[tuple[dict[str, list[float]], dict[str, list[float]]]],
+                   skipped: dict[str, int]) -> dict[str, Any]:
+    """One length's table row: figures, gaps, margins and the verdict."""
+    out: dict[str, Any] = {"length": length, "documents": len(rows), **skipped,
+                           "tokens": sum(len(s["top1_agreement"]) for s, _ in rows)}
+    if not rows:
+        return {**out, "verdict": NOT_MEASURED, "worse_metrics": []}
+    worse = []
+    for metric in METRICS:
+        if any(metric not in s for s, _ in rows):
+            out[metric] = None
+            continue
+        fig = bootstrap([s[metric] for s, _ in rows], [p[metric] for _, p in rows])
+        bad, margin = judge(metric, fig)
+        out[metric] = {**fig, "margin": margin, "worse": bad}
+        if bad:
+            worse.append(metric)
+    return {**out, "verdict": WORSE if worse else AS_PREDICTED, "worse_metrics": worse}
+
+
+# ----------------------------------------------------------------------------- the task
+
+
+def run_fidelity(recipe: Any, request: Callable[[str, list[int]], Served], tokenizer: Any, reference: CachedScorer,
+                 prediction: CachedScorer, lengths: Sequence[int], docs: int, tokens: int, reproduce: str,
+                 log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Send, re-score and judge every length; the results.json entry `accuracy.fidelity`."""
+    t0 = time.time()
+    table: list[dict[str, Any]] = []
+    failed, total, errors = 0, 0, []
+    timing = {"serve": 0.0, "reference": 0.0, "predicted": 0.0}
+    for length in lengths:
+        if length + tokens > recipe.build.max_seq_len or length > recipe.build.max_input_len:
+            table.append({"length": length, "documents": 0, "verdict": NOT_MEASURED, "worse_metrics": [],
+                          "note": f"{length} > build.max_input_len {recipe.build.max_input_len} or {length} + "
+                                  f"{tokens} > build.max_seq_len {recipe.build.max_seq_len}"})
+            continue
+        rows, skipped = [], {"failed": 0, "not_aligned": 0}
+        for prompt in documents(tokenizer, length, docs):
+            total += 1
+            t = time.time()
+            served = request(prompt, list(tokenizer.encode(prompt, add_special_tokens=True)))
+            timing["serve"] += time.time() - t
+            if served.error is not None or not served.ids:
+                kind = "not_aligned" if served.error and served.error.startswith("not aligned") else "failed"
+                skipped[kind] += 1
+                failed += kind == "failed"
+                errors.append(f"length {length}: {served.error or 'empty continuation'}")
+                continue
+            t = time.time()
+            pred = prediction.score(served)
+            timing["predicted"] += time.time() - t
+            t = time.time()  # the reference's log-probs at the served and the predicted top-k (for the KLs)
+            want = None if served.top is None else [set(s) | set(p) for s, p in zip(served.top, pred.top, strict=True)]
+            ref = reference.score(served, want)
+            timing["reference"] += time.time() - t
+            rows.append((served_rows(served, ref), predicted_rows(served, pred, ref)))
+        table.append(length_summary(length, rows, skipped))
+        log(f"fidelity: length {length}: {table[-1]['verdict']} ({len(rows)} documents)")
+    reference.save()
+    prediction.save()
+    worse = [r["length"] for r in table if r["verdict"] != AS_PREDICTED]
+    judged = [r for r in table if r.get("top1_agreement")]
+    agreeing = sum(round(r["top1_agreement"]["served"]["value"] * r["tokens"]) for r in judged)
+    tokens_judged = sum(r["tokens"] for r in judged)
+    out: dict[str, Any] = {
+        "verdict": WORSE if any(r["verdict"] == WORSE for r in table) else (NOT_MEASURED if worse else AS_PREDICTED),
+        "worse_lengths": len(worse), "lengths_judged_worse": worse,
+        # results.md's generic row: the served engine's top-1 agreement with the reference over every judged token
+        "accuracy": agreeing / tokens_judged if tokens_judged else 0.0, "correct": agreeing, "total": tokens_judged,
+        "requests": total, "failed": failed, "table": table,
+        "reference": reference.info, "prediction": prediction.info,
+        "settings": {"lengths": list(lengths), "documents_per_length": docs, "tokens": tokens, "top_k": TOP_K,
+                     "confidence": CONFIDENCE, "bootstrap_resamples": BOOTSTRAP, "rule": RULE},
+        "seconds": {k: round(v, 1) for k, v in timing.items()} | {"total": round(time.time() - t0, 1),
+                                                                   "reference_computed": reference.computed,
+                                                                   "predicted_computed": prediction.computed},
+        "errors": errors[:10], "notes": notes(table)}
+    if worse:
+        out["likely_causes"] = LIKELY_CAUSES
+        out["reproduce"] = reproduce
+    return out
+
+
+RULE = ("worse when the 95% paired-bootstrap interval of served - predicted (oriented: positive = worse) clears zero "
+        "by more than the half-width of the prediction's own interval, on any metric")
+
+
+def notes(table: list[dict[str, Any]]) -> list[str]:
+    """The table as results.md lines (served vs predicted per length)."""
+    def fmt(fig: dict[str, Any] | None, side: str) -> str:
+        if not fig:
+            return "-"
+        lo, hi = fig[side]["ci"]
+        return f"{fig[side]['value']:.3f} [{lo:.3f}, {hi:.3f}]"
+    lines = []
+    for r in table:
+        if r["verdict"] == NOT_MEASURED:
+            lines.append(f"length {r['length']}: not measured {r.get('note', '')}".rstrip())
+            continue
+        parts = [f"{m} served {fmt(r.get(m), 'served')} vs predicted {fmt(r.get(m), 'predicted')}"
+                 for m in METRICS if r.get(m)]
+        lines.append(f"length {r['length']} ({r['documents']} docs, {r['tokens']} tokens): {r['verdict']}; "
+                     + "; ".join(parts))
+    return lines
+
+
+def fidelity_task(recipe: Any, ep: Any, tokenizer: Any, log: Callable[[str], None], reproduce: str) -> dict[str, Any]:
+    """The task as `trtkv bench` runs it: scorers cached in engines/<recipe>/fidelity/."""
+    from trtkv.bench.fidelity_score import prediction_scorer, reference_scorer
+    from trtkv.bench.fidelity_served import requester
+    from trtkv.checkpoints.models import resolve_model_dir
+    from trtkv.core import paths
+
+    if recipe.quantization.kv_cache.value in ("none", "fp16", "bf16"):
+        raise TrtkvError(f"fidelity: recipe {recipe.name} has an unquantized KV cache (quantization.kv_cache "
+                         f"{recipe.quantization.kv_cache.value}); the task compares a quantized cache with its format.")
+    b = recipe.bench
+    folder = paths.recipe_output_dir(recipe.name) / "fidelity"
+    request = requester(ep, recipe, tokenizer, b.fidelity_tokens, b.request_timeout_s)
+    return run_fidelity(recipe, request, tokenizer, reference_scorer(resolve_model_dir(recipe), folder),
+                        prediction_scorer(recipe, folder, log), default_lengths(recipe), b.fidelity_documents,
+                        b.fidelity_tokens, reproduce, log)
+
+
+def reproduce_command(recipe: Any, ep: Any) -> str:
+    lengths = ",".join(str(n) for n in default_lengths(recipe))
+    return (f"trtkv bench {recipe.name} --tasks fidelity --no-latency --url {ep.url} --protocol {ep.protocol} "
+            f"bench.fidelity_lengths=[{lengths}]")
+
+
+def results_path(recipe: Any) -> Path:
+    from trtkv.core import paths
+
+    return paths.recipe_output_dir(recipe.name) / "fidelity"

@@ -1,0 +1,217 @@
+"""Teacher-forced re-scoring for the fidelity task: the 16-bit reference and the format's prediction on the served
+tokens, cached per document.
+
+Both scorers run prefix + served continuation through a float32 Llama in one pass and keep, per continuation
+position, the log-probability of the served token, the argmax, their own top-k and their log-probabilities at the
+served top-k tokens (when the protocol gave them). The reference is the recipe's original 16-bit weights in
+transformers with an unquantized cache (as golden.py); the prediction is the weights the engine serves (the
+checkpoint's, FP8 dequantized as the engine reads them) with the recipe's KV format stored by trtkv.kvcache with the
+calibrated scales of kv_scales.json as that engine applies them (`engine_semantics`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trtkv.core.errors import StageError
+
+TOP_K = 5
+REFERENCE_PRODUCER = ("transformers AutoModelForCausalLM, the recipe's original 16-bit weights computed in float32, "
+                      "unquantized KV cache (DynamicCache), teacher-forced on the served tokens")
+
+
+@dataclass
+class Served:
+    """One document as served: prompt ids (as the server's preprocessing makes them), continuation and its log-probs."""
+
+    prefix_ids: list[int]
+    ids: list[int]
+    logprobs: list[float]
+    top: list[dict[int, float]] | None = None  # per position {token id: log-prob} (OpenAI top_logprobs)
+    error: str | None = None
+
+
+@dataclass
+class Scored:
+    """A scorer's view of one document's continuation positions."""
+
+    chosen: list[float]  # log p of the served token
+    argmax: list[int]
+    top: list[dict[int, float]]  # the scorer's own top-k
+    at: list[dict[int, float]] | None  # its log p at the tokens asked for (the engines' top-k)
+
+    def to_json(self) -> dict[str, Any]:
+        def keyed(rows: list[dict[int, float]] | None) -> list[dict[str, float]] | None:
+            return None if rows is None else [{str(k): v for k, v in r.items()} for r in rows]
+        return {"chosen": self.chosen, "argmax": self.argmax, "top": keyed(self.top), "at": keyed(self.at)}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Scored:
+        def ints(rows: list[dict[str, float]] | None) -> list[dict[int, float]] | None:
+            return None if rows is None else [{int(k): float(v) for k, v in r.items()} for r in rows]
+        return cls(doc["chosen"], doc["argmax"], ints(doc["top"]) or [], ints(doc["at"]))
+
+
+# engine -> how it applies kv_scales.json to an FP8/INT8 cache: (probe format, scale fields, description)
+ENGINE_SEMANTICS: dict[str, tuple[str, str, str]] = {
+    "tensorrt_llm": ("shared", "kv_cache_scaling_factor",
+                     "TensorRT-LLM <= 1.2: one per-layer kv_cache_scaling_factor shared by K and V (FP8: "
+                     "max(k_amax, v_amax)/448 clamped to >= 1.0)"),
+    "vllm": ("split", "k_scale/v_scale", "vLLM: separate per-layer k_scale/v_scale = amax/448, unclamped"),
+    "tensorrt_llm_pytorch": ("one", "1.0", "TensorRT-LLM PyTorch backend: FP8 KV with scale 1.0"),
+}
+BACKEND_ENGINE = {"reference": "tensorrt_llm", "tensorrt": "tensorrt_llm", "vllm": "vllm", "llmapi": "tensorrt_llm_pytorch"}
+
+
+def teacher_forced(model: Any, new_cache: Callable[[], Any], served: Served, want: list[set[int]] | None = None,
+                   k: int = TOP_K) -> Scored:
+    """One pass over prefix + continuation; at the positions that predict each continuation token: the served
+    token's log p, the argmax, the top-k and the log p of the tokens in `want` (per position)."""
+    import torch
+
+    ids = torch.tensor([served.prefix_ids + served.ids])
+    p0, n = len(served.prefix_ids) - 1, len(served.ids)
+    with torch.inference_mode():
+        hidden = model.model(input_ids=ids, past_key_values=new_cache(), use_cache=True).last_hidden_state
+        lp = torch.log_softmax(model.lm_head(hidden[0, p0:p0 + n]).float(), dim=-1)
+    target = torch.tensor(served.ids)
+    chosen = lp.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    vals, idx = lp.topk(k, dim=-1)
+    top = [dict(zip(map(int, i), map(float, v), strict=True)) for i, v in zip(idx, vals, strict=True)]
+    at = None if want is None else [{t: float(lp[i, t]) for t in sorted(row)} for i, row in enumerate(want)]
+    return Scored([float(x) for x in chosen], [int(x) for x in lp.argmax(-1)], top, at)
+
+
+def doc_key(scorer_key: str, served: Served, want: list[set[int]] | None) -> str:
+    tokens = None if want is None else [sorted(r) for r in want]
+    blob = json.dumps([scorer_key, served.prefix_ids, served.ids, tokens]).encode()
+    return hashlib.sha256(blob).hexdigest()[:24]
+
+
+class CachedScorer:
+    """A scorer whose results are kept in one JSON file per scorer (keyed by its key and the document's tokens); the
+    model is loaded only when a document is not cached."""
+
+    def __init__(self, name: str, key: str, path: Path, load: Callable[[], tuple[Any, Callable[[], Any]]],
+                 info: dict[str, Any]) -> None:
+        self.name, self.key, self.path, self._load, self.info = name, key, path, load, info
+        self._model: tuple[Any, Callable[[], Any]] | None = None
+        self.computed = 0
+        try:
+            doc = json.loads(path.read_text()) if path.is_file() else {}
+        except (OSError, json.JSONDecodeError):
+            doc = {}
+        self._cache: dict[str, Any] = doc.get("docs", {}) if doc.get("key") == key else {}
+
+    def score(self, served: Served, want: list[set[int]] | None = None) -> Scored:
+        k = doc_key(self.key, served, want)
+        if k in self._cache:
+            return Scored.from_json(self._cache[k])
+        if self._model is None:
+            import torch
+
+            from trtkv.probe.setup import auto_threads
+
+            torch.set_num_threads(auto_threads())  # 1 on a busy machine (a local server's threads): OpenMP spins
+            self._model = self._load()
+        model, new_cache = self._model
+        out = teacher_forced(model, new_cache, served, want)
+        self._cache[k] = out.to_json()
+        self.computed += 1
+        return out
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps({"key": self.key, "info": self.info, "docs": self._cache}))
+        tmp.replace(self.path)
+
+
+def _digest(paths: Sequence[Path]) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        if p.is_file():
+            h.update(p.name.encode() + str(p.stat().st_size).encode() + p.read_bytes()[: 1 << 16])
+    return h.hexdigest()[:16]
+
+
+def reference_scorer(model_dir: Path, folder: Path) -> CachedScorer:
+    """The 16-bit model in transformers (float32 compute, unquantized cache)."""
+    def load() -> tuple[Any, Callable[[], Any]]:
+        import torch
+        from transformers import AutoModelForCausalLM, DynamicCache
+
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, local_files_only=True).eval()
+        return model, lambda: DynamicCache(config=model.config)
+
+    key = _digest([model_dir / "config.json", *sorted(model_dir.glob("*.safetensors"))]) + REFERENCE_PRODUCER
+    return CachedScorer("reference", key, folder / "reference.json", load,
+                        {"producer": REFERENCE_PRODUCER, "model_dir": str(model_dir)})
+
+
+def kv_scales_for(engine: str, layers: Sequence[Any], kv_format: str) -> tuple[str, list[float] | None, list[float] | None]:
+    """(cache format, k scales, v scales) for QuantizedKVCache: kv_scales.json's layers as `engine` applies them."""
+    how = ENGINE_SEMANTICS[engine][0]
+    if how == "one" and kv_format == "fp8":
+        return "fp8_scale1", None, None
+    if how == "split":
+        return kv_format, [x.k_scale for x in layers], [x.v_scale for x in layers]
+    shared = [x.kv_cache_scaling_factor for x in layers]
+    return kv_format, shared, list(shared)
+
+
+def prediction_scorer(recipe: Any, folder: Path, log: Callable[[str], None]) -> CachedScorer:
+    """The recipe's format as its engine implements it: the served weights + trtkv.kvcache with kv_scales.json."""
+    from trtkv.contracts.artifacts import KVScalesFile
+    from trtkv.recipe import layout
+
+    kv = recipe.quantization.kv_cache.value
+    engine = BACKEND_ENGINE.get(recipe.build.backend.value, "tensorrt_llm")
+    ckpt = layout.checkpoint_dir(recipe)
+    scales = KVScalesFile.load(ckpt)
+    if scales is None or not scales.layers:
+        raise StageError(f"fidelity: {KVScalesFile.path(ckpt)} is missing or holds no layers, so the format's "
+                         f"prediction has no calibrated scales. Next: run `trtkv calibrate {recipe.name}`.")
+    fmt, ks, vs = kv_scales_for(engine, scales.layers, kv)
+    rank = ckpt / "rank0.safetensors"
+    hf = ckpt / "hf"
+    weights = "TensorRT-LLM checkpoint (dequantized as the engine reads it)" if rank.is_file() else "HF export"
+    if not rank.is_file() and not hf.is_dir():
+        raise StageError(f"fidelity: neither {rank} nor {hf} exists, so the prediction has no served weights. "
+                         f"Next: run `trtkv calibrate {recipe.name}`.")
+
+    def load() -> tuple[Any, Callable[[], Any]]:
+        from trtkv.kvcache.cache import QuantizedKVCache
+        from trtkv.runtime.engine import ReferenceRuntime
+
+        log(f"fidelity: loading the prediction's model ({weights}, KV {fmt} as {engine}) ...")
+        if rank.is_file():
+            model, config = _trtllm_model(ckpt)
+        else:
+            rt = ReferenceRuntime.load_hf(hf)
+            model, config = rt.model, rt.config
+        return model, lambda: QuantizedKVCache(config=config, fmt=fmt, k_scales=ks, v_scales=vs)
+
+    key = _digest([ckpt / "config.json", rank, KVScalesFile.path(ckpt)]) + f"{fmt}:{engine}"
+    return CachedScorer("predicted", key, folder / "predicted.json", load,
+                        {"weights": f"{weights} in {ckpt}", "kv_format": fmt, "engine": engine,
+                         "scales": f"{KVScalesFile.path(ckpt)} ({ENGINE_SEMANTICS[engine][1]})",
+                         "semantics": ENGINE_SEMANTICS[engine][2]})
+
+
+def _trtllm_model(ckpt: Path) -> tuple[Any, Any]:
+    from safetensors.torch import load_file
+
+    from trtkv.runtime.checkpoint import build_model, llama_config, read_json, trtllm_to_hf_state_dict
+
+    hf_cfg = ckpt / "hf" / "config.json"
+    config = llama_config(read_json(ckpt / "config.json"), read_json(hf_cfg) if hf_cfg.is_file() else None,
+                          ckpt / "config.json")
+    tensors = load_file(str(ckpt / "rank0.safetensors"))
+    return build_model(config, trtllm_to_hf_state_dict(tensors, config)), config
