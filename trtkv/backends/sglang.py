@@ -62,7 +62,7 @@ def server_args(recipe: Recipe, hf_dir: Path, host: str, scales: Path | None = N
     args = ["--model-path", str(hf_dir), "--served-model-name", served_model_name(recipe), "--host", host,
             "--port", str(recipe.triton.http_port), "--kv-cache-dtype", kv_cache_dtype(recipe),
             "--context-length", str(b.max_seq_len), "--max-running-requests", str(b.max_batch_size),
-            "--chunked-prefill-size", str(b.max_num_tokens if recipe.chunked_context else -1)]
+            "--chunked-prefill-size", str(b.max_num_tokens if recipe.chunked_context else -1), "--enable-metrics"]
     if uses_scales_file(recipe):
         args += ["--quantization-param-path", str(scales or engine_dir(recipe) / SCALES_FILE)]
     if b.tp_size > 1:
@@ -161,13 +161,13 @@ class SglangServer:
 
     name = "sglang"
     label = "SGLang"
-    metrics_path = None  # Prometheus only with --enable-metrics (not turned on by trtkv)
+    metrics_path = "/metrics"  # --enable-metrics: Prometheus text on the HTTP port
     key_env = None  # no environment form: the key goes on the command line, expanded from $TRTKV_API_KEY
     ray = False
-    non_root = False  # the image's HOME and caches are root's
+    non_root = True  # run as uid 1000 with HOME on an emptyDir (its JIT caches live under HOME)
     key_note = (f"- SGLang requires `Authorization: Bearer <key>` on its API routes (`{KEY_FLAG}`, expanded in the "
                 f"container's shell from $TRTKV_API_KEY: SGLang has no environment form, so the key is in the "
-                f"server's argv inside the pod); `/health` stays open.")
+                f"server's argv inside the pod); `/health*` and `/metrics` stay open (utils/auth.py decide_request_auth).")
 
     def image(self, recipe: Recipe) -> str | None:
         return SGLANG_IMAGE

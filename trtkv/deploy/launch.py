@@ -71,7 +71,7 @@ def shell_join(cmd: list[str], raw: dict[str, str] | None = None) -> str:
             parts.append(raw[token])
         elif KEY_REF in token:
             head, _, tail = token.partition(KEY_REF)
-            parts.append(shlex.quote(head) + f'"${API_KEY_ENV}"' + (shlex.quote(tail) if tail else ""))
+            parts.append((shlex.quote(head) if head else "") + f'"${API_KEY_ENV}"' + (shlex.quote(tail) if tail else ""))
         else:
             parts.append(shlex.quote(token))
     return " ".join(parts)
