@@ -84,7 +84,7 @@ def test_write_scales_file_reads_calibrates_kv_scales(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("overrides,field,message", [
     (["hardware.gpu=cpu", "build.tp_size=1", "hardware.count=1"], "hardware.gpu", "does not serve SGLang on the CPU"),
-    (["quantization.kv_cache=int8"], "quantization.kv_cache", "--int8-kv-cache is dynamic per token and head"),
+    (["quantization.kv_cache=int8"], "quantization.kv_cache", "SGLang 0.5.23 has no INT8 KV cache"),
     (["quantization.weights=int4_awq"], "quantization.weights", "fp8 or unquantized weights"),
     (["quantization.kv_skip_layers=[0]"], "quantization.kv_skip_layers", "SGLang"),
     (["build.tp_size=8", "build.pp_size=2", "hardware.count=16"], "build.tp_size", "one node"),

