@@ -39,7 +39,7 @@ $(STAMP): constraints.txt pyproject.toml
 
 # GenAI-Perf (its own venv) drives the served ensemble in the e2e tests: a client trtkv did not write; vLLM (its own
 # venv) serves the HF export in tests/e2e/test_vllm.py
-test: install install-genai-perf install-vllm install-sglang
+test: install install-genai-perf install-vllm
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # The inner loop: lint + every test that starts no server and needs no side venv (tests marked e2e are left out)
@@ -169,7 +169,8 @@ $(VLLM_STAMP): tools/vllm_cpu_compat/pyproject.toml tools/vllm_cpu_compat/trtkv_
 
 # SGLang's argument parser (not its server: SGLang's CPU path wants AMX/AVX-512 and sgl-kernel's CPU build), in a venv
 # of its own: --no-deps (its full dependency set is CUDA-bound) plus what `sglang.srt.server_args` imports, pinned, and
-# the CPU torch. tests/e2e/test_sglang_args.py parses every SGLang command trtkv writes with it.
+# the CPU torch. tests/e2e/test_sglang_args.py parses every SGLang command trtkv writes with it (skipped without it).
+# Not a `test` prerequisite: it took 510 s on a 2-core machine here (torch alone most of it).
 SGLANG_VENV := .venv-sglang
 SGLANG_STAMP := $(SGLANG_VENV)/.installed-sglang-0.5.23
 SGLANG_DEPS := numpy==2.4.6 orjson==3.13.0 psutil==7.2.2 pybase64==1.5.1 requests==2.34.2 packaging==26.4 \

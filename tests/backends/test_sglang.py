@@ -120,7 +120,7 @@ def test_k8s_files_are_fenced_unprivileged_and_keyed_from_the_secret(tmp_path: P
     assert [e["name"] for e in c["env"] if "valueFrom" in e] == [API_KEY_ENV]
     assert c["command"][:2] == ["bash", "-c"] and c["command"][2].startswith(launch.REQUIRE_KEY)
     assert f'--api-key "${API_KEY_ENV}"' in c["command"][2] and "sglang.launch_server" in c["command"][2]
-    assert "\x00" not in c["command"][2]
+    assert "\x00" not in c["command"][2] and sglang.KEY_REF == launch.KEY_REF
     readme = (out / "README.md").read_text()
     assert "SGLang runs as uid" in readme and "--api-key" in readme
     # the key really is expanded, and an empty one refuses to start

@@ -22,6 +22,7 @@ from trtkv.backends.seam import EngineBackend
 from trtkv.backends.vllm import VllmRunner
 from trtkv.contracts.canary import canary_script, docker_health_args
 from trtkv.core import paths
+from trtkv.core.apikey import API_KEY_ENV
 from trtkv.core.errors import StageError
 from trtkv.core.tools import quote
 from trtkv.recipe import Backend, KVCacheQuant, Recipe, WeightQuant
@@ -34,6 +35,8 @@ SGLANG_VENV = ".venv-sglang"
 GPU_COMMAND = "sglang_gpu_command.txt"
 SCALES_FILE = "sglang_kv_scales.json"  # --quantization-param-path
 FP8_DTYPE = "float8_e4m3fn"  # KVCacheQuantSchema.check_is_fp8 (python/sglang/srt/model_loader/weight_utils.py)
+# trtkv.deploy.launch.KEY_REF (the shell expands it to "$TRTKV_API_KEY"), spelt here: deploy imports the backends
+KEY_REF = "\x00" + API_KEY_ENV + "\x00"
 KEY_FLAG = "--api-key"  # SGLang reads its key from the command line only (ServerArgs.api_key; no environment form)
 
 
@@ -176,8 +179,6 @@ class SglangServer:
         return ["python3", "-m", "sglang.launch_server", *server_args(recipe, _hf(recipe), host)]
 
     def node_command(self, recipe: Recipe, host: str) -> list[str]:
-        from trtkv.deploy.launch import KEY_REF
-
         return [*self.command(recipe, host), KEY_FLAG, KEY_REF]
 
     def leader_command(self, recipe: Recipe, host: str, ranks: int) -> list[str]:
