@@ -21,7 +21,7 @@ from trtkv.deploy import Target, deploy, launch
 from trtkv.kvcache.engines import load_table
 from trtkv.recipe import load_recipe
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 PYTHON = paths.project_root() / sglang.SGLANG_VENV / "bin" / "python"
 needs_sglang = pytest.mark.skipif(not PYTHON.is_file(), reason=f"{PYTHON} is missing: `make install-sglang` (SGLang's "
                                                                 f"parser in a venv of its own; `make test` installs it)")
