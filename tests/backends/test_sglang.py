@@ -1,0 +1,146 @@
+"""Backend sglang: its commands, rules, scales JSON and deploy files (fenced as vLLM's), without SGLang installed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from trtkv.backends import BACKENDS, for_recipe, sglang
+from trtkv.core.apikey import API_KEY_ENV
+from trtkv.core.errors import RecipeError, StageError
+from trtkv.deploy import Target, deploy, k8s, launch
+from trtkv.deploy.check import check_object
+from trtkv.recipe import Backend, load_recipe
+
+RECIPE = "llama70b_fp8kv_sglang"
+SENTINEL = "sglang-key-never-written-4242"
+
+
+def quiet(_m: str) -> None:
+    pass
+
+
+def docs(folder: Path) -> list[dict[str, Any]]:
+    return [d for p in sorted(folder.glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
+
+
+def flag(cmd: list[str], name: str) -> str:
+    return cmd[cmd.index(name) + 1]
+
+
+def test_the_recipe_serves_fp8_kv_with_the_checkpoints_scales_on_four_gpus() -> None:
+    recipe = load_recipe(RECIPE)
+    assert recipe.build.backend is Backend.SGLANG and BACKENDS[Backend.SGLANG] is sglang.BACKEND
+    backend = for_recipe(recipe)
+    assert backend.repo is None and backend.layout == "openai" and not backend.serving.serves_locally(recipe)
+    cmd = sglang.gpu_command(recipe, sglang._hf(recipe))
+    i = cmd.index(sglang.SGLANG_IMAGE)
+    assert cmd[:2] == ["docker", "run"] and cmd[i + 1:i + 4] == ["python3", "-m", "sglang.launch_server"]
+    assert all(cmd[j + 1].endswith(":ro") for j, t in enumerate(cmd) if t == "-v") and "--ipc=host" not in cmd
+    assert flag(cmd, "-p").startswith("127.0.0.1:")
+    assert flag(cmd, "--kv-cache-dtype") == "fp8_e4m3" and flag(cmd, "--tp-size") == "4"
+    assert flag(cmd, "--model-path").endswith("checkpoint/hf") and "--quantization-param-path" not in cmd
+    assert flag(cmd, "--context-length") == "32768" and flag(cmd, "--chunked-prefill-size") == "8192"
+    assert "--api-key" not in cmd  # the local container: keyless on 127.0.0.1, as vLLM's
+
+
+def test_weights_none_hands_the_scales_over_as_sglangs_json() -> None:
+    recipe = load_recipe(RECIPE, ["quantization.weights=none"])
+    args = sglang.server_args(recipe, sglang._hf(recipe), "0.0.0.0")
+    assert flag(args, "--quantization-param-path").endswith(f"engine/{sglang.SCALES_FILE}")
+    assert sglang.engine_dir(recipe) in sglang.SglangServer().reads(recipe)  # deployments mount it
+    assert flag(sglang.server_args(load_recipe(RECIPE, ["quantization.kv_cache=none"]), Path("/m"), "h"),
+                "--kv-cache-dtype") == "auto"
+
+
+def test_quant_param_document_is_sglangs_schema_shape() -> None:
+    doc = sglang.quant_param_document([448.0, 10.0], [224.0, 20.0], 2, "llama")
+    assert doc["model_type"] == "llama" and doc["kv_cache"]["dtype"] == "float8_e4m3fn"
+    assert doc["kv_cache"]["scaling_factor"] == {0: {0: 1.0, 1: pytest.approx(20 / 448)},
+                                                 1: {0: 1.0, 1: pytest.approx(20 / 448)}}  # max(k, v): K and V share it
+    json.dumps(doc)  # int keys become strings, which SGLang's pydantic model turns back into ints
+    with pytest.raises(StageError, match="rerun `trtkv calibrate`"):
+        sglang.quant_param_document([1.0], [], 1, None)
+
+
+def test_write_scales_file_reads_calibrates_kv_scales(tmp_path: Path) -> None:
+    recipe = load_recipe(RECIPE, ["quantization.weights=none"])
+    n = recipe.model.num_layers or 0
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text('{"model_type": "llama"}')
+    with pytest.raises(StageError, match="kv_scales.json is missing"):
+        sglang.write_scales_file(recipe, tmp_path, tmp_path)
+    layers = [{"layer": i, "k_amax": 4.48 * (i + 1), "v_amax": 1.0} for i in range(n)]
+    (tmp_path / "kv_scales.json").write_text(json.dumps({"kv_cache_quant_algo": "FP8", "layers": layers}))
+    doc = json.loads(sglang.write_scales_file(recipe, tmp_path, tmp_path).read_text())
+    assert sorted(doc["kv_cache"]["scaling_factor"]) == ["0", "1", "2", "3"]
+    assert doc["kv_cache"]["scaling_factor"]["3"]["1"] == pytest.approx(0.02)
+
+
+@pytest.mark.parametrize("overrides,field,message", [
+    (["hardware.gpu=cpu", "build.tp_size=1", "hardware.count=1"], "hardware.gpu", "does not serve SGLang on the CPU"),
+    (["quantization.kv_cache=int8"], "quantization.kv_cache", "SGLang 0.5.23 has no INT8 KV cache"),
+    (["quantization.weights=int4_awq"], "quantization.weights", "fp8 or unquantized weights"),
+    (["quantization.kv_skip_layers=[0]"], "quantization.kv_skip_layers", "SGLang"),
+    (["build.tp_size=8", "build.pp_size=2", "hardware.count=16"], "build.tp_size", "one node"),
+    (["quantization.kv_cache=nvfp4"], "quantization.kv_cache", "Blackwell"),
+])
+def test_what_sglang_refuses_is_said_at_validation(overrides: list[str], field: str, message: str) -> None:
+    with pytest.raises(RecipeError) as err:
+        load_recipe(RECIPE, overrides)
+    assert field in str(err.value) and message in str(err.value)
+
+
+def test_nvfp4_kv_on_blackwell_selects_sglangs_nvfp4() -> None:
+    recipe = load_recipe(RECIPE, ["quantization.kv_cache=nvfp4", "hardware.gpu=B200"])
+    assert sglang.kv_cache_dtype(recipe) == "nvfp4"
+
+
+def test_k8s_files_are_fenced_unprivileged_and_keyed_from_the_secret(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(API_KEY_ENV, SENTINEL)
+    recipe = load_recipe(RECIPE)
+    out = deploy(recipe, Target.K8S, tmp_path / "k8s", log=quiet)
+    objs = docs(out)
+    assert all(check_object(o) == [] for o in objs)
+    for path in out.rglob("*"):
+        assert not path.is_file() or SENTINEL not in path.read_text()
+    (policy,) = [o for o in objs if o["kind"] == "NetworkPolicy"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (dep,) = [o for o in objs if o["kind"] == "Deployment"]
+    spec = dep["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
+    assert c["image"] == sglang.SGLANG_IMAGE and spec["securityContext"]["runAsNonRoot"]
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False and c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert [e["name"] for e in c["env"] if "valueFrom" in e] == [API_KEY_ENV]
+    assert c["command"][:2] == ["bash", "-c"] and c["command"][2].startswith(launch.REQUIRE_KEY)
+    assert f'--api-key "${API_KEY_ENV}"' in c["command"][2] and "sglang.launch_server" in c["command"][2]
+    assert "\x00" not in c["command"][2] and sglang.KEY_REF == launch.KEY_REF
+    readme = (out / "README.md").read_text()
+    assert "SGLang runs as uid" in readme and "--api-key" in readme
+    # the key really is expanded, and an empty one refuses to start
+    proc = subprocess.run(["bash", "-c", c["command"][2].replace("exec python3", "exec echo")],
+                          env={"PATH": "/usr/bin:/bin", API_KEY_ENV: "k 1"}, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0 and "--api-key k 1" in proc.stdout
+    proc = subprocess.run(["bash", "-c", c["command"][2]], env={"PATH": "/usr/bin:/bin", API_KEY_ENV: ""},
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1 and f"{API_KEY_ENV} is empty" in proc.stderr
+    assert k8s.k8s_name(recipe) in json.dumps(policy)
+
+
+def test_slurm_files_require_the_key_and_mount_read_only(tmp_path: Path) -> None:
+    from trtkv.deploy import render, slurm
+    from trtkv.deploy.sizing import size
+
+    recipe = load_recipe(RECIPE)
+    files, _readme = render(recipe, Target.SLURM, size(recipe), tmp_path / "s")
+    job, rank = files[slurm.JOB_SCRIPT], files[slurm.RANK_SCRIPT]
+    mounts = next(line for line in job.splitlines() if "--container-mounts=" in line).split("=", 1)[1].strip(" '\\")
+    assert all(m.endswith(":ro") for m in mounts.split(","))
+    assert f': "${{{API_KEY_ENV}:?' in job and f'--api-key "${API_KEY_ENV}"' in rank and "\x00" not in rank
+    assert "sglang.launch_server" in rank and "mpirun" not in rank

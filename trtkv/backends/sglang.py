@@ -1,0 +1,230 @@
+"""Backend `sglang`: SGLang's OpenAI-compatible server (`python -m sglang.launch_server`) on the recipe's HF export
+(ModelOpt's FP8 weights and per-layer k_scale/v_scale, which SGLang's ModelOptFp8KVCacheMethod loads).
+
+No engine and no Triton repository: the build stage validates the HF export and writes the GPU serve command
+(`sglang_gpu_command.txt`, the `lmsysorg/sglang` container) and, where SGLang cannot take the scales from the
+checkpoint (weights none: SGLang's ModelOptFp8Config refuses a ModelOpt config without `quant_algo`,
+python/sglang/srt/layers/quantization/modelopt_quant.py, sglang 0.5.23), the `--quantization-param-path` JSON written
+from calibrate's kv_scales.json. `quantization.kv_cache` maps to `--kv-cache-dtype` (fp8_e4m3, nvfp4 on Blackwell,
+auto). Not served on the CPU by trtkv: SGLang's CPU path needs sgl-kernel's CPU build and AMX/AVX-512; its own
+argument parser checks every command trtkv writes (tests/e2e/test_sglang_args.py, `.venv-sglang`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from trtkv.backends.base import BUILD_SECTIONS, command_block
+from trtkv.backends.seam import EngineBackend
+from trtkv.backends.vllm import VllmRunner
+from trtkv.contracts.canary import canary_script, docker_health_args
+from trtkv.core import paths
+from trtkv.core.apikey import API_KEY_ENV
+from trtkv.core.errors import StageError
+from trtkv.core.tools import quote
+from trtkv.recipe import Backend, KVCacheQuant, Recipe, WeightQuant
+from trtkv.recipe.layout import checkpoint_dir, engine_dir, kv_cache_quant_algo
+
+SGLANG_VERSION = "0.5.23"  # the parser .venv-sglang checks (`make install-sglang`) and the image below
+# Docker Hub lmsysorg/sglang, tags v<version> (docs/docs/get-started/install.mdx @7760d526: CUDA 13 images)
+SGLANG_IMAGE = f"lmsysorg/sglang:v{SGLANG_VERSION}"
+SGLANG_VENV = ".venv-sglang"
+GPU_COMMAND = "sglang_gpu_command.txt"
+SCALES_FILE = "sglang_kv_scales.json"  # --quantization-param-path
+FP8_DTYPE = "float8_e4m3fn"  # KVCacheQuantSchema.check_is_fp8 (python/sglang/srt/model_loader/weight_utils.py)
+# trtkv.deploy.launch.KEY_REF (the shell expands it to "$TRTKV_API_KEY"), spelt here: deploy imports the backends
+KEY_REF = "\x00" + API_KEY_ENV + "\x00"
+KEY_FLAG = "--api-key"  # SGLang reads its key from the command line only (ServerArgs.api_key; no environment form)
+
+
+def kv_cache_dtype(recipe: Recipe) -> str:
+    """--kv-cache-dtype: fp8_e4m3 (the E4M3 KV the checkpoint's scales are for), nvfp4, or auto (the model dtype)."""
+    return {KVCacheQuant.FP8: "fp8_e4m3", KVCacheQuant.NVFP4: "nvfp4"}.get(recipe.quantization.kv_cache, "auto")
+
+
+def uses_scales_file(recipe: Recipe) -> bool:
+    """FP8 KV without FP8 weights: the HF export carries k_scale/v_scale, but SGLang reads them only through
+    ModelOptFp8Config (FP8 weights), so trtkv hands them over as --quantization-param-path JSON."""
+    return recipe.quantization.kv_cache is KVCacheQuant.FP8 and recipe.quantization.weights is WeightQuant.NONE
+
+
+def served_model_name(recipe: Recipe) -> str:
+    return recipe.name
+
+
+def _hf(recipe: Recipe) -> Path:
+    return checkpoint_dir(recipe) / "hf"
+
+
+def server_args(recipe: Recipe, hf_dir: Path, host: str, scales: Path | None = None) -> list[str]:
+    """SGLang's launch_server arguments (shared by `docker run` and the deploy files)."""
+    b = recipe.build
+    args = ["--model-path", str(hf_dir), "--served-model-name", served_model_name(recipe), "--host", host,
+            "--port", str(recipe.triton.http_port), "--kv-cache-dtype", kv_cache_dtype(recipe),
+            "--context-length", str(b.max_seq_len), "--max-running-requests", str(b.max_batch_size),
+            "--chunked-prefill-size", str(b.max_num_tokens if recipe.chunked_context else -1), "--enable-metrics"]
+    if uses_scales_file(recipe):
+        args += ["--quantization-param-path", str(scales or engine_dir(recipe) / SCALES_FILE)]
+    if b.tp_size > 1:
+        args += ["--tp-size", str(b.tp_size)]
+    if b.pp_size > 1:
+        args += ["--pp-size", str(b.pp_size)]
+    return args
+
+
+def gpu_command(recipe: Recipe, hf_dir: Path) -> list[str]:
+    """docker run of SGLang's image on the GPUs; the artifacts mounted read-only at the same paths."""
+    t = recipe.triton
+    out = paths.recipe_output_dir(recipe.name)
+    health = docker_health_args(canary_script(t.http_port, openai_model=served_model_name(recipe)), t.startup_timeout_s)
+    return ["docker", "run", "--rm", "--gpus", "all", "--shm-size=16g", "--name", f"trtkv-{recipe.name}",
+            "-p", f"{t.host}:{t.http_port}:{t.http_port}", *health, "-v", f"{out}:{out}:ro", SGLANG_IMAGE,
+            "python3", "-m", "sglang.launch_server", *server_args(recipe, hf_dir, "0.0.0.0")]
+
+
+def quant_param_document(k_amax: list[float], v_amax: list[float], tp_size: int, model_type: str | None) -> dict:
+    """SGLang's --quantization-param-path JSON (QuantParamSchema / KVCacheQuantSchema, weight_utils.py, sglang 0.5.23):
+    one FP8 scale per layer, shared by K and V (LlamaModel.load_kv_cache_scales sets k_scale = v_scale), the same for
+    every TP rank (per-tensor over all heads): max(k_amax, v_amax) / 448."""
+    from trtkv.kvcache.formats import FP8_MAX
+    from trtkv.kvcache.scales import MIN_AMAX, f32
+
+    if len(k_amax) != len(v_amax) or not k_amax:
+        raise StageError(f"SGLang scales: {len(k_amax)} K and {len(v_amax)} V amaxes (need one of each per layer). "
+                         f"Next: rerun `trtkv calibrate`.")
+    layers = {i: f32(max(k, v, MIN_AMAX) / FP8_MAX) for i, (k, v) in enumerate(zip(k_amax, v_amax, strict=True))}
+    return {"model_type": model_type, "kv_cache": {"dtype": FP8_DTYPE,
+                                                   "scaling_factor": {r: dict(layers) for r in range(tp_size)}}}
+
+
+def write_scales_file(recipe: Recipe, ckpt: Path, out: Path) -> Path:
+    """`out`/sglang_kv_scales.json from calibrate's kv_scales.json (model_type from the HF export's config.json)."""
+    from trtkv.kvcache.scales import load_kv_scales
+
+    source = ckpt / "kv_scales.json"
+    if not source.is_file():
+        raise StageError(f"build {recipe.name}: {source} is missing; SGLang needs its FP8 KV scales as "
+                         f"--quantization-param-path JSON here (weights none). Next: `trtkv calibrate {recipe.name}`.")
+    scales = load_kv_scales(source, recipe.model.num_layers)
+    try:
+        model_type = json.loads((ckpt / "hf" / "config.json").read_text()).get("model_type")
+    except (OSError, json.JSONDecodeError):
+        model_type = None
+    doc = quant_param_document(scales.k_amax, scales.v_amax, recipe.build.tp_size, model_type)
+    path = out / SCALES_FILE
+    path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# The backend's parts
+
+
+class SglangBuilder:
+    sections = (*BUILD_SECTIONS, "triton", "hardware")
+
+    def kv_source_line(self, recipe: Recipe) -> str:
+        where = (f"{SCALES_FILE} (--quantization-param-path, one scale per layer shared by K and V)"
+                 if uses_scales_file(recipe) else "the HF export's per-layer k_scale/v_scale (ModelOpt's config)")
+        return (f"KV cache: {kv_cache_quant_algo(recipe) or 'unquantized'}, from SGLang --kv-cache-dtype "
+                f"{kv_cache_dtype(recipe)} with {where}")
+
+    def prepare(self, recipe: Recipe) -> tuple[Path, dict[str, Any]]:
+        from trtkv.backends import llmapi
+
+        return llmapi.BUILDER.prepare(recipe)  # the same artifact as vLLM's and the LLM API's: ModelOpt's HF export
+
+    def build(self, recipe: Recipe, ckpt: Path, tmp: Path, final: Path, info: dict[str, Any],
+              log: Callable[[str], None]) -> dict[str, Any]:
+        hf = ckpt / "hf"
+        out: dict[str, Any] = {"backend": Backend.SGLANG.value, "served_model_name": served_model_name(recipe),
+                               "sglang_version": SGLANG_VERSION}
+        if uses_scales_file(recipe):
+            write_scales_file(recipe, ckpt, tmp)
+            out["quantization_param_path"] = str(final / SCALES_FILE)
+        gpu = gpu_command(recipe, hf)
+        (tmp / GPU_COMMAND).write_text(quote(gpu) + "\n")
+        log(f"build: SGLang serves {hf} (--kv-cache-dtype {kv_cache_dtype(recipe)}); command in {final / GPU_COMMAND}")
+        return {**out, "gpu_command": gpu}
+
+    def dry_run_lines(self, recipe: Recipe, ckpt: Path, out: Path) -> list[str]:
+        hf = ckpt / "hf"
+        lines = [f"  validate {hf} (ModelOpt's HF export), then write {out / GPU_COMMAND}"]
+        if uses_scales_file(recipe):
+            lines.append(f"  write {out / SCALES_FILE} (SGLang's --quantization-param-path) from {ckpt / 'kv_scales.json'}")
+        lines.append(f"  GPU ({SGLANG_IMAGE}; not served on this CPU: SGLang's CPU path needs AMX/AVX-512):")
+        return lines + command_block(gpu_command(recipe, hf))
+
+
+class SglangServer:
+    """SGLang's own OpenAI server in its container (one node: it starts its own TP workers)."""
+
+    name = "sglang"
+    label = "SGLang"
+    metrics_path = "/metrics"  # --enable-metrics: Prometheus text on the HTTP port
+    key_env = None  # no environment form: the key goes on the command line, expanded from $TRTKV_API_KEY
+    ray = False
+    non_root = True  # run as uid 1000 with HOME on an emptyDir (its JIT caches live under HOME)
+    key_note = (f"- SGLang requires `Authorization: Bearer <key>` on its API routes (`{KEY_FLAG}`, expanded in the "
+                f"container's shell from $TRTKV_API_KEY: SGLang has no environment form, so the key is in the "
+                f"server's argv inside the pod); `/health*` and `/metrics` stay open (utils/auth.py decide_request_auth).")
+
+    def image(self, recipe: Recipe) -> str | None:
+        return SGLANG_IMAGE
+
+    def command(self, recipe: Recipe, host: str) -> list[str]:
+        return ["python3", "-m", "sglang.launch_server", *server_args(recipe, _hf(recipe), host)]
+
+    def node_command(self, recipe: Recipe, host: str) -> list[str]:
+        return [*self.command(recipe, host), KEY_FLAG, KEY_REF]
+
+    def leader_command(self, recipe: Recipe, host: str, ranks: int) -> list[str]:
+        return self.node_command(recipe, host)  # one node (backend_rules refuses more than 8 GPUs per replica)
+
+    def reads(self, recipe: Recipe) -> list[Path]:
+        return [_hf(recipe), engine_dir(recipe)] if uses_scales_file(recipe) else [_hf(recipe)]
+
+    def served_model(self, recipe: Recipe) -> str:
+        return served_model_name(recipe)
+
+    def problem(self, recipe: Recipe) -> str | None:
+        return None
+
+    def here(self, recipe: Recipe, *, check: bool = True) -> tuple[list[str], dict[str, str]]:
+        """The container: trtkv never serves SGLang on this machine's CPU (backend_rules refuses hardware.gpu cpu)."""
+        return gpu_command(recipe, _hf(recipe)), {}
+
+
+class SglangServing:
+    records_versions = False
+    rank_processes = False
+    openai = SglangServer()
+
+    def serves_locally(self, recipe: Recipe) -> bool:
+        return False
+
+    def ranks(self, recipe: Recipe) -> int:
+        return 1
+
+    def require_input(self, recipe: Recipe) -> None:
+        from trtkv.backends import llmapi
+
+        llmapi.SERVING.require_input(recipe)
+        if uses_scales_file(recipe) and not (engine_dir(recipe) / SCALES_FILE).is_file():
+            raise StageError(f"serve {recipe.name}: {engine_dir(recipe) / SCALES_FILE} is missing (SGLang's "
+                             f"--quantization-param-path). Next: `trtkv build {recipe.name}`.")
+
+
+class SglangRunner(VllmRunner):
+    """`trtkv generate` against the served SGLang: the same OpenAI /v1/completions request as vLLM's."""
+
+    def describe_local_generate(self, recipe: Recipe, max_tokens: int, checkpoint: Path | None) -> str:
+        return (f"POST /v1/completions to the served SGLang ({recipe.triton.host}:{recipe.triton.http_port}, greedy, "
+                f"{max_tokens} tokens)")
+
+
+SERVING = SglangServing()
+BACKEND = EngineBackend(Backend.SGLANG, SglangBuilder(), None, SERVING, SglangRunner(), None)
