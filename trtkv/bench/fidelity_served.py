@@ -132,7 +132,7 @@ def requester(ep: Endpoint, recipe: Any, tokenizer: Any, tokens: int,
             raise TrtkvError("fidelity: the OpenAI chat endpoint re-templates the prompt; the task needs "
                              "--endpoint-type completions.")
         return lambda prompt, ids: openai_request(ep.url, ep.model, ids, tokens, timeout_s)
-    if ep.interface.layout != "ensemble":
+    if not ep.interface.per_token_log_probs:
         raise TrtkvError(f"fidelity: the {ep.interface.layout} layout's model {ep.model!r} returns a cumulative "
                          f"log-prob only, not one per token. Next: bench the ensemble layout or an OpenAI server "
                          f"(trtllm-serve, vLLM).")

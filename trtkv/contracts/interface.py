@@ -21,6 +21,7 @@ class ModelInterface:
     top_k: str
     top_p: str
     cumulative: bool  # streamed responses carry the text so far (True) or only the new text (False)
+    per_token_log_probs: bool = False  # `return_log_probs` answers one log-prob per generated token (output_log_probs)
 
     def body(self, prompt: str, max_tokens: int, *, stream: bool | None = None, **sampling: Any) -> dict[str, Any]:
         """An HTTP generate / generate_stream JSON body (sampling: temperature, top_k, top_p)."""
@@ -38,7 +39,8 @@ class ModelInterface:
         return text[len(so_far):] if text.startswith(so_far) else text
 
 
-ENSEMBLE = ModelInterface("ensemble", "ensemble", "max_tokens", "stream", "temperature", "top_k", "top_p", False)
+ENSEMBLE = ModelInterface("ensemble", "ensemble", "max_tokens", "stream", "temperature", "top_k", "top_p", False,
+                          per_token_log_probs=True)
 LLMAPI = ModelInterface("llmapi", "tensorrt_llm", "sampling_param_max_tokens", "streaming", "sampling_param_temperature",
                         "sampling_param_top_k", "sampling_param_top_p", True)
 INTERFACES = {i.layout: i for i in (ENSEMBLE, LLMAPI)}
