@@ -63,6 +63,15 @@ class FormatTable:
                 return row
         return None
 
+    def row(self, name: str) -> FormatRow | None:
+        """The row of a table name, a probe name or an alias (recipe `quantization.kv_cache` values: fp8_cast, ...)."""
+        return self.formats.get(name) or self.for_probe(name)
+
+    def engine_rows(self, name: str, engine: str, version_prefix: str = "") -> list[EngineRow]:
+        """The rows of `engine` (whose version starts with `version_prefix`) that select format `name`."""
+        row = self.row(name)
+        return [e for e in row.engines if e.engine == engine and e.version.startswith(version_prefix)] if row else []
+
     def engine_values(self, engine: str) -> dict[str, list[str]]:
         """{value an engine accepts: [format names it selects]} over every row of that engine."""
         out: dict[str, list[str]] = {}
