@@ -155,9 +155,9 @@ def table_markdown(table: FormatTable | None = None) -> str:
         probe = row.probe or f"not in the probe: {row.why_not_in_probe}"
         aliases = f"; alias {', '.join(row.aliases)}" if row.aliases else ""
         engs = "<br>".join(f"{e.engine} {e.version}: `{e.config} {e.value}` ({e.checkpoint_scales})" for e in row.engines)
-        vllm_values = sorted({e.value for e in row.engines if e.engine == "vllm"})
-        backends = "<br>".join(f"`{v}`: " + (", ".join(_backend(b) for b in table.backends("vllm", v)) or "none listed")
-                               for v in vllm_values) or "-"
+        listed = [(e.engine, e.value) for e in row.engines if table.implementations.get(e.engine, {}).get("backends")]
+        backends = "<br>".join(f"`{v}`: " + (", ".join(_backend(b) for b in table.backends(eng, v)) or "none listed")
+                               for eng, v in sorted(set(listed))) or "-"
         sources = "<br>".join(sorted({f"{e.source_file} @ {e.source_at}" for e in row.engines})) or "-"
         lines.append(f"| **{row.name}** ({_cell(probe)}{aliases}) | {_cell(numerics)} | {_cell(engs) or '-'} | "
                      f"{_cell(backends)} | {_cell(sources)} |")
