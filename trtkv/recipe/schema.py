@@ -40,7 +40,7 @@ class KVCacheQuant(str, Enum):
     INT8_PER_TOKEN_HEAD = "int8_per_token_head"  # vLLM: dynamic float32 scale per token and KV head
     FP8_PER_TOKEN_HEAD = "fp8_per_token_head"
     INT4_PER_TOKEN_HEAD = "int4_per_token_head"
-    TURBOQUANT_K8V4 = "turboquant_k8v4"  # vLLM: packed K+V slot, no calibration
+    TURBOQUANT_K8V4 = "turboquant_k8v4"  # vLLM: packed K+V slots
     TURBOQUANT_4BIT_NC = "turboquant_4bit_nc"
     TURBOQUANT_K3V4_NC = "turboquant_k3v4_nc"
     TURBOQUANT_3BIT_NC = "turboquant_3bit_nc"
@@ -416,10 +416,8 @@ class Recipe(_Section):
             return KVFormat.INT8
         if kv is KVCacheQuant.NVFP4:
             return KVFormat.NVFP4
-        if kv is KVCacheQuant.FP8_CAST:
-            return KVFormat.FP8_SCALE1  # the probe's name for ModelOpt's fp8_cast (same numerics)
-        if kv in ENGINE_KV_FORMATS:
-            return KVFormat(kv.value)
+        if kv in ENGINE_KV_FORMATS:  # fp8_cast: the probe's fp8_scale1 (same numerics)
+            return KVFormat.FP8_SCALE1 if kv is KVCacheQuant.FP8_CAST else KVFormat(kv.value)
         return KVFormat.BF16 if self.model.dtype is ModelDtype.BFLOAT16 else KVFormat.FP16
 
     @property
