@@ -36,6 +36,7 @@ def test_vllm_on_h100_accepts_each_engine_format_and_serves_the_tables_value(kv:
     args = vllm.gpu_command(recipe, vllm._hf(recipe))
     assert args[args.index("--kv-cache-dtype") + 1] == want
     assert kv_cache_quant_algo(recipe) is None  # no KV quantization in the export: nothing calibrated
+    assert vllm.BACKEND.builder.kv_source_line(recipe).startswith(f"KV cache: {kv}, from vLLM --kv-cache-dtype {want} ")
 
 
 def test_every_engine_format_is_a_recipe_value() -> None:

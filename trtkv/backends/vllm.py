@@ -146,7 +146,10 @@ class VllmBuilder:
     sections = (*BUILD_SECTIONS, "triton", "hardware")
 
     def kv_source_line(self, recipe: Recipe) -> str:
-        algo = kv_cache_quant_algo(recipe)
+        algo, kv = kv_cache_quant_algo(recipe), recipe.quantization.kv_cache
+        if algo is None and kv is not KVCacheQuant.NONE:  # an engine format: vLLM computes (or fixes) its scales
+            return (f"KV cache: {kv.value}, from vLLM --kv-cache-dtype {kv_cache_dtype(recipe)} (docs/kv-formats.md); "
+                    f"the HF export carries no KV scales")
         return (f"KV cache: {algo or 'unquantized'}, from vLLM --kv-cache-dtype {kv_cache_dtype(recipe)} with the HF "
                 f"export's per-layer k_scale/v_scale (hf_quant_config.json kv_cache_quant_algo)")
 
