@@ -42,6 +42,16 @@ def test_version_matrix_is_current() -> None:
         "docs/where-it-runs.md version matrix is stale: run `python scripts/update_docs.py`")
 
 
+def test_kv_formats_table_is_current() -> None:
+    from trtkv.kvcache.engines import table_markdown as kv_formats_markdown
+
+    body = generated("docs/kv-formats.md", "kv-formats")
+    assert body == kv_formats_markdown().strip(), (
+        "docs/kv-formats.md KV formats table is stale: run `python scripts/update_docs.py`")
+    row = next(line for line in body.splitlines() if line.startswith("| **int8_per_token_head**"))
+    assert "`--kv-cache-dtype int8_per_token_head`" in row and "TritonAttentionBackend" in row
+
+
 def test_recipe_reference_is_current() -> None:
     assert generated("docs/recipes.md", "recipe-reference") == reference_markdown().strip(), (
         "docs/recipes.md recipe reference is stale: run `python scripts/update_docs.py`")

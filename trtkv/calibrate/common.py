@@ -8,6 +8,7 @@ from typing import Any
 
 from trtkv.recipe import KVCacheQuant, Recipe, layout
 from trtkv.recipe.backend_rules import HF_EXPORT_ONLY
+from trtkv.recipe.schema import ENGINE_KV_FORMATS
 
 STAGE = "calibrate"
 CHECKPOINT = layout.CHECKPOINT
@@ -27,6 +28,21 @@ FP8_BASE_MEANING = ("every Linear's weight_quantizer and input_quantizer FP8 E4M
 NO_KV_NOTE = ("KV cache unquantized (quantization.kv_cache none): config.json quantization.kv_cache_quant_algo is "
               "null, the rank files hold no kv_cache_scaling_factor, kv_scales.json lists no layers; the cache keeps "
               "K/V in the model dtype.")
+
+
+def engine_format_note(kv: KVCacheQuant) -> str | None:
+    """What calibrate does for an engine format (schema.ENGINE_KV_FORMATS): nothing to calibrate, and why (None else)."""
+    if kv not in ENGINE_KV_FORMATS:
+        return None
+    if kv is KVCacheQuant.FP8_CAST:
+        return ("KV cache fp8_cast (ModelOpt's default --kv_cache_qformat: FP8 E4M3 with scale 1.0): nothing to "
+                "calibrate and no KV scales written (kv_cache_quant_algo null); the engine stores K/V as FP8 with "
+                "scale 1.0 (vLLM --kv-cache-dtype fp8 without k_scale/v_scale).")
+    return (f"KV cache {kv.value}: nothing to calibrate. Its scales are computed by the engine from the data at run "
+            f"time (see docs/kv-formats.md), so the export carries no KV quantization (kv_cache_quant_algo null) and "
+            f"the engine's own flag selects the format.")
+
+
 # model.architecture values calibrate exports (ModelOpt's decoder types it was run on here); those in
 # trtkv.recipe.backend_rules.HF_EXPORT_ONLY get the HF export alone (no TensorRT-LLM checkpoint).
 CALIBRATED_ARCHITECTURES = ("llama", "gemma3")

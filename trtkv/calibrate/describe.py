@@ -5,7 +5,14 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from trtkv.calibrate.common import CALIBRATED_ARCHITECTURES, FP8_BASE_MEANING, KV_ALGO, KV_ENTRIES, trtllm_export_refused
+from trtkv.calibrate.common import (
+    CALIBRATED_ARCHITECTURES,
+    FP8_BASE_MEANING,
+    KV_ALGO,
+    KV_ENTRIES,
+    engine_format_note,
+    trtllm_export_refused,
+)
 from trtkv.recipe import KVCacheQuant, ModelDtype, Recipe, WeightQuant
 from trtkv.recipe.layout import checkpoint_dir
 from trtkv.recipe.rules import kv_heads_split
@@ -62,7 +69,7 @@ def modelopt_config_spec(recipe: Recipe) -> dict[str, Any]:
     if not quantizes(recipe):
         return {"base": None, "base_meaning": "nothing to quantize (weights none, kv_cache none): mtq.quantize is "
                 "not called; plain export in the model dtype", "kv_entries": [], "algorithm": None}
-    if kv is KVCacheQuant.NONE:
+    if kv not in KV_ALGO:  # none, or an engine format (nothing to calibrate)
         return {"base": base, "base_meaning": FP8_BASE_MEANING, "kv_entries": [],
                 "kv_source": "none: kv_cache none, no KV entries; the base's {'quantizer_name': '*', 'enable': False} "
                              "leaves the k/v_bmm_quantizers disabled (KV cache unquantized)",
@@ -88,7 +95,7 @@ def export_targets(recipe: Recipe) -> dict[str, str]:
     elif kv is KVCacheQuant.NVFP4:
         hf = ("hf/ (export_hf_checkpoint: hf_quant_config.json kv_cache_quant_algo NVFP4, per-layer K and V global "
               "scales; calibration needs CUDA)")
-    elif kv is KVCacheQuant.NONE:
+    elif kv not in KV_ALGO:  # none, or an engine format: no KV quantization in the export
         hf = ("hf/ (export_hf_checkpoint: hf_quant_config.json quant_algo FP8, kv_cache_quant_algo null, no "
               "k_scale/v_scale)" if recipe.quantization.weights is WeightQuant.FP8 else
               f"hf/ (export_hf_checkpoint: a plain HF checkpoint in {recipe.model.dtype.value}, no hf_quant_config.json)")
@@ -139,6 +146,8 @@ def describe_calibration(recipe: Recipe) -> list[str]:
         lines.append(f"  KV cache: {kv_algo} -> checkpoint config.json quantization.kv_cache_quant_algo = {kv_algo}, "
                      f"per-layer transformer.layers.{{i}}.attention.kv_cache_scaling_factor = {factor} "
                      f"(trtllm-build has no --{q.kv_cache.value}_kv_cache flag)")
+    elif engine_format_note(q.kv_cache):
+        lines.append(f"  {engine_format_note(q.kv_cache)}")
     else:
         lines.append("  KV cache: unquantized -> checkpoint config.json quantization.kv_cache_quant_algo = null, no "
                      "kv_cache_scaling_factor tensors (K/V statistics are still collected for the report)")

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtkv.calibrate.common import KV_ALGO, KV_ENTRIES, NO_KV_NOTE, LayerScales
+from trtkv.calibrate.common import KV_ALGO, KV_ENTRIES, NO_KV_NOTE, LayerScales, engine_format_note
 from trtkv.calibrate.describe import quantizes
 from trtkv.core.errors import StageError
 from trtkv.kvcache import scales as kv_scales
@@ -32,17 +32,18 @@ def build_quant_cfg(recipe: Recipe) -> tuple[dict[str, Any] | None, list[str]]:
     import modelopt.torch.quantization as mtq
     from modelopt.torch.quantization.utils.core_utils import update_quant_cfg_with_kv_cache_quant
 
+    kv_note = engine_format_note(recipe.quantization.kv_cache) or NO_KV_NOTE
     if not quantizes(recipe):
-        return None, ["weights none and kv_cache none: mtq.quantize was not called; the checkpoints are a plain "
-                      f"export in {recipe.model.dtype.value}.", NO_KV_NOTE]
+        return None, ["weights none and no calibrated KV cache: mtq.quantize was not called; the checkpoints are a "
+                      f"plain export in {recipe.model.dtype.value}.", kv_note]
     notes = []
     base: dict[str, Any]
     if recipe.quantization.weights is WeightQuant.FP8:
         base = copy.deepcopy(mtq.FP8_DEFAULT_CFG)
     else:
         base = {"quant_cfg": None, "algorithm": "max"}
-    if recipe.quantization.kv_cache is KVCacheQuant.NONE:  # FP8_DEFAULT_CFG has no KV entries: k/v_bmm stay disabled
-        return json.loads(json.dumps(base, default=list)), [NO_KV_NOTE]
+    if recipe.quantization.kv_cache not in KV_ALGO:  # none or an engine format: FP8_DEFAULT_CFG has no KV entries
+        return json.loads(json.dumps(base, default=list)), [kv_note]
     if recipe.quantization.kv_cache in (KVCacheQuant.FP8, KVCacheQuant.NVFP4):
         from modelopt.recipe.presets import KV_QUANT_CFG_CHOICES
 

@@ -63,6 +63,15 @@ class FormatTable:
                 return row
         return None
 
+    def row(self, name: str) -> FormatRow | None:
+        """The row of a table name, a probe name or an alias (recipe `quantization.kv_cache` values: fp8_cast, ...)."""
+        return self.formats.get(name) or self.for_probe(name)
+
+    def engine_rows(self, name: str, engine: str, version_prefix: str = "") -> list[EngineRow]:
+        """The rows of `engine` (whose version starts with `version_prefix`) that select format `name`."""
+        row = self.row(name)
+        return [e for e in row.engines if e.engine == engine and e.version.startswith(version_prefix)] if row else []
+
     def engine_values(self, engine: str) -> dict[str, list[str]]:
         """{value an engine accepts: [format names it selects]} over every row of that engine."""
         out: dict[str, list[str]] = {}
@@ -121,3 +130,36 @@ def load_table(path: Path = TABLE_PATH) -> FormatTable:
     except (OSError, json.JSONDecodeError) as exc:
         raise TrtkvError(f"{path}: cannot read the KV format table ({exc}). Next: reinstall trtkv.") from None
     return parse_table(doc, path)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _backend(b: dict) -> str:
+    cap = b["capability"]
+    return b["backend"] if cap == "True" or cap.startswith("inherited") else f"{b['backend']} ({cap})"
+
+
+def table_markdown(table: FormatTable | None = None) -> str:
+    """docs/kv-formats.md's generated section: per format its numerics, per engine the value that selects it and what
+    happens to checkpoint scales, vLLM's attention backends for that value, and each row's upstream file@commit."""
+    table = table or load_table()
+    lines = ["| format (probe name) | numerics | engine: value (checkpoint scales) | vLLM attention backends | "
+             "read from |", "|---|---|---|---|---|"]
+    for row in table.formats.values():
+        n = row.numerics
+        numerics = (f"{n['element']}; scale {n['scale']} ({n['scale_granularity']}, {n['scale_dtype']}); "
+                    f"rounding {n['rounding']}; zero point {n['zero_point']}; rotation {n['rotation']}; "
+                    f"scales from {n['scale_source']}")
+        probe = row.probe or f"not in the probe: {row.why_not_in_probe}"
+        aliases = f"; alias {', '.join(row.aliases)}" if row.aliases else ""
+        engs = "<br>".join(f"{e.engine} {e.version}: `{e.config} {e.value}` ({e.checkpoint_scales})" for e in row.engines)
+        listed = [(e.engine, e.value) for e in row.engines if table.implementations.get(e.engine, {}).get("backends")]
+        backends = "<br>".join(f"`{v}`: " + (", ".join(_backend(b) for b in table.backends(eng, v)) or "none listed")
+                               for eng, v in sorted(set(listed))) or "-"
+        sources = "<br>".join(sorted({f"{e.source_file} @ {e.source_at}" for e in row.engines})) or "-"
+        lines.append(f"| **{row.name}** ({_cell(probe)}{aliases}) | {_cell(numerics)} | {_cell(engs) or '-'} | "
+                     f"{_cell(backends)} | {_cell(sources)} |")
+    notes = [f"- {engine}: {note}" for engine, impl in table.implementations.items() for note in impl.get("notes", [])]
+    return "\n".join(lines + ([""] + notes if notes else []))

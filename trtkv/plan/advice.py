@@ -44,6 +44,48 @@ def attention_notes(arch: Architecture, recipe: Recipe) -> list[str]:
     return out
 
 
+def format_row_note(recipe: Recipe) -> str | None:
+    """The recipe's KV format as docs/kv-formats.md has it: numerics, the engines' values, scale bytes per token."""
+    from trtkv.kvcache.engines import load_table
+    from trtkv.kvcache.formats import PER_TOKEN_HEAD_SCALE_BYTES, bytes_per_element
+
+    kv = recipe.quantization.kv_cache.value
+    row = load_table().row(kv) if kv != "none" else None
+    if row is None:
+        return None
+    n, fmt, m = row.numerics, recipe.kv_format, recipe.model
+    engines = "; ".join(f"{e.engine} {e.version} `{e.config} {e.value}` (scales: {e.checkpoint_scales})"
+                        for e in row.engines)
+    scale = ""
+    if m.head_dim:
+        per = bytes_per_element(fmt, int(m.head_dim))
+        scale = f"; {per:.4g} bytes per K/V element at head_dim {m.head_dim}, scales included"
+        if recipe.kv_format.value.endswith("_per_token_head"):
+            scale += f" ({PER_TOKEN_HEAD_SCALE_BYTES}-byte float32 scale per token and KV head, K and V each)"
+    name = kv if kv == row.name else f"{kv} (table row {row.name})"
+    return (f"KV format {name} (docs/kv-formats.md): {n['element']}, scale {n['scale']} ({n['scale_granularity']}), "
+            f"scales from {n['scale_source']}{scale}; engines: {engines}.")
+
+
+def engine_format_guidance(recipe: Recipe, has_fp8: bool) -> list[str]:
+    """Published guidance naming the engine formats of trtkv/data/kv_formats.json (no figures: nothing measured)."""
+    from trtkv.kvcache.engines import load_table
+
+    table, out = load_table(), []
+    dyn = table.engine_rows("int8_per_token_head", "vllm")
+    if dyn:
+        out.append(f"On vLLM >= {dyn[0].version} (the version docs/kv-formats.md was read from), `{dyn[0].config} "
+                   f"{dyn[0].value}` is the INT8 without calibration (dynamic scale per token and KV head; Triton "
+                   f"attention backend): `trtkv probe {recipe.name} --formats int8,int8_per_token_head` measures it "
+                   f"against static INT8 on this model.")
+    cast = table.engine_rows("fp8_cast", "modelopt")
+    if cast and has_fp8:
+        out.append(f"ModelOpt {cast[0].version}'s default `{cast[0].config.split(' ')[0]} {cast[0].value}` is FP8 "
+                   f"with scale 1.0 (no calibration): `trtkv probe {recipe.name} --formats fp8,fp8_cast` measures "
+                   f"what it costs against calibrated fp8.")
+    return out
+
+
 def advice_for(recipe: Recipe, arch: Architecture, caps: list[FormatCapacity], rec_fmt: KVFormat, has_fp8: bool,
             probe_dir: Path | None) -> tuple[list[str], str]:
     from trtkv.probe.results import probe_advice  # small module, no torch
@@ -80,6 +122,7 @@ def advice_for(recipe: Recipe, arch: Architecture, caps: list[FormatCapacity], r
     else:
         out.append("No FP8 on this target: use INT8 KV with calibrated scales.")
     out.append("INT8 KV only with calibrated (static) or per-token scales; uncalibrated INT8 clips.")
+    out += engine_format_guidance(recipe, has_fp8)
     if ctx > 16384:
         out.append("INT4 KV is risky at long context (error grows with every quantized past token): probe before use.")
     if rec_fmt is KVFormat.INT8:

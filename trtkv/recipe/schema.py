@@ -34,6 +34,24 @@ class KVCacheQuant(str, Enum):
     INT8 = "int8"  # engine path only (TensorRT-LLM <= 1.2.x)
     NVFP4 = "nvfp4"  # Blackwell (SM100/103): E2M1 values, an E4M3 scale per 16 elements, K and V global scales
     NONE = "none"
+    # Engine formats (trtkv/data/kv_formats.json): deployable where that table has a row for the backend's engine
+    # (trtkv.recipe.backend_rules.engine_format_problems); nothing to calibrate, or scale 1.0 for fp8_cast.
+    FP8_CAST = "fp8_cast"  # ModelOpt's default --kv_cache_qformat: FP8 E4M3 with scale 1.0 (no KV scales written)
+    INT8_PER_TOKEN_HEAD = "int8_per_token_head"  # vLLM: dynamic float32 scale per token and KV head
+    FP8_PER_TOKEN_HEAD = "fp8_per_token_head"
+    INT4_PER_TOKEN_HEAD = "int4_per_token_head"
+    TURBOQUANT_K8V4 = "turboquant_k8v4"  # vLLM: packed K+V slots
+    TURBOQUANT_4BIT_NC = "turboquant_4bit_nc"
+    TURBOQUANT_K3V4_NC = "turboquant_k3v4_nc"
+    TURBOQUANT_3BIT_NC = "turboquant_3bit_nc"
+    ULTRAQUANT_4BIT = "ultraquant_4bit"
+
+
+# The formats above whose scales trtkv's calibrate does not compute: dynamic (computed by the engine from the data),
+# or the constant 1.0 (fp8_cast). Deployed with an HF export without KV quantization and the engine's KV flag.
+ENGINE_KV_FORMATS = (KVCacheQuant.FP8_CAST, KVCacheQuant.INT8_PER_TOKEN_HEAD, KVCacheQuant.FP8_PER_TOKEN_HEAD,
+                     KVCacheQuant.INT4_PER_TOKEN_HEAD, KVCacheQuant.TURBOQUANT_K8V4, KVCacheQuant.TURBOQUANT_4BIT_NC,
+                     KVCacheQuant.TURBOQUANT_K3V4_NC, KVCacheQuant.TURBOQUANT_3BIT_NC, KVCacheQuant.ULTRAQUANT_4BIT)
 
 
 # Familiar spellings accepted in recipes; `trtkv show` prints the canonical value.
@@ -162,8 +180,10 @@ class QuantizationConfig(_Section):
     weights: WeightQuant = Field(WeightQuant.NONE, description="Weight quantization (ModelOpt qformat).")
     kv_cache: KVCacheQuant = Field(
         KVCacheQuant.FP8,
-        description="KV-cache precision; `fp8_kv_cache`/`int8_kv_cache` are accepted as aliases. Lands in the "
-        "checkpoint's `quantization.kv_cache_quant_algo` (trtllm-build has no KV flag).",
+        description="KV-cache precision; `fp8_kv_cache`/`int8_kv_cache` are accepted as aliases. fp8/int8/nvfp4 land "
+        "in the checkpoint's `quantization.kv_cache_quant_algo` (trtllm-build has no KV flag); the engine formats "
+        "(fp8_cast, *_per_token_head, turboquant_*, ultraquant_4bit) need no calibrated scales and deploy where "
+        "docs/kv-formats.md gives the backend's engine a row (vLLM: `--kv-cache-dtype` from that table).",
     )
     kv_scales: KVScaleStrategy = Field(
         KVScaleStrategy.STATIC_PER_TENSOR,
@@ -405,6 +425,8 @@ class Recipe(_Section):
             return KVFormat.INT8
         if kv is KVCacheQuant.NVFP4:
             return KVFormat.NVFP4
+        if kv in ENGINE_KV_FORMATS:  # fp8_cast: the probe's fp8_scale1 (same numerics)
+            return KVFormat.FP8_SCALE1 if kv is KVCacheQuant.FP8_CAST else KVFormat(kv.value)
         return KVFormat.BF16 if self.model.dtype is ModelDtype.BFLOAT16 else KVFormat.FP16
 
     @property
