@@ -34,6 +34,7 @@ def _bench(port: int, out: Path) -> int:
     return run_bench(recipe, opts).exit_code
 
 
+@pytest.mark.e2e  # runs the real model: not in `make check`
 def test_bench_sends_the_key_and_writes_it_nowhere(keyed: int, tmp_path: Path, smollm2_dir: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRTKV_API_KEY", KEY)

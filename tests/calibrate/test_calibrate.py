@@ -326,6 +326,7 @@ def test_cli_dry_run_writes_nothing(engines_tmp: Path, capsys: pytest.CaptureFix
     assert "cannot be resolved" in capsys.readouterr().err
 
 
+@pytest.mark.e2e  # runs the real model: not in `make check`
 @pytest.mark.slow
 def test_real_smollm2_tiny_calibration(smollm2_dir: Path, engines_tmp: Path) -> None:
     """The real model, 2 x 64 tokens: 30 layers -> 30 INT8 factors."""

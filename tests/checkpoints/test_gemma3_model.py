@@ -53,6 +53,7 @@ def test_converted_config_is_the_hybrid_gemma3(gemma3_dir: Path) -> None:
         assert (gemma3_dir / name).is_file(), name
 
 
+@pytest.mark.e2e  # runs the real model: not in `make check`
 def test_greedy_continuation_with_the_files_own_tokens(gemma3_dir: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -21,6 +21,7 @@ def smollm2(smollm2_dir: Path):  # noqa: ANN201
     return model, AutoTokenizer.from_pretrained(str(smollm2_dir))
 
 
+@pytest.mark.e2e  # runs the real model: not in `make check`
 def test_fp16_cache_generation_equals_plain_transformers(smollm2) -> None:  # noqa: ANN001
     model, tok = smollm2
     for prompt in ("The capital of France is", "In the beginning God created"):

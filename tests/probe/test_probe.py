@@ -16,6 +16,7 @@ from trtkv.recipe import load_recipe
 TINY = ["probe.needle_seeds=1", "probe.needle_depths=[0.5]", "calibration.num_samples=4", "calibration.seq_len=64"]
 
 
+@pytest.mark.e2e  # runs the real model: not in `make check`
 @pytest.mark.slow
 def test_probe_tiny_sweep_on_real_model(tmp_path: Path, engines_tmp: Path, smollm2_dir: Path,
                                         capsys: pytest.CaptureFixture[str]) -> None:
@@ -127,6 +128,7 @@ def test_classify_thresholds() -> None:
     assert classify({**base, "ppl_delta": 1.0}) == "risky"
 
 
+@pytest.mark.e2e  # runs the real model: not in `make check`
 @pytest.mark.slow
 def test_per_layer_sensitivity_search_and_front(tmp_path: Path, engines_tmp: Path, smollm2_dir: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:

@@ -176,6 +176,7 @@ def _recipe(tmp_path: Path, kv: str) -> Any:
     return load_recipe(str(path))
 
 
+@pytest.mark.e2e  # runs the real model: not in `make check`
 @pytest.mark.slow  # ~50 s here under load: the recipe's tokenizer is the packaged Gemma 3's (262K entries)
 def test_reference_backend_serves_an_hf_export_without_a_trtllm_checkpoint(tiny: tuple[Any, ReferenceRuntime],
                                                                            tmp_path: Path) -> None:

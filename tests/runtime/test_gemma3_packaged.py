@@ -27,6 +27,7 @@ def gemma3() -> tuple[Any, ReferenceRuntime]:
     return reference, ReferenceRuntime.load_hf(folder)
 
 
+@pytest.mark.e2e  # runs the real model: not in `make check`
 def test_bf16_kv_greedy_equals_transformers_solo_and_batched(gemma3: tuple[Any, ReferenceRuntime]) -> None:
     reference, runtime = gemma3
     rt = runtime.with_kv_format("bf16")

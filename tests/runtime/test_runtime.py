@@ -540,6 +540,7 @@ def smollm2_model(smollm2_dir: Path) -> Any:
     return AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
 
 
+@pytest.mark.e2e  # runs the real model: not in `make check`
 @pytest.mark.slow
 def test_smollm2_unquantized_matches_transformers(smollm2_model: Any, smollm2_dir: Path, tmp_path: Path) -> None:
     ckpt = write_checkpoint(smollm2_model, tmp_path / "ck", dtype="bfloat16")  # bf16 on disk: lossless
@@ -550,6 +551,7 @@ def test_smollm2_unquantized_matches_transformers(smollm2_model: Any, smollm2_di
     assert "Paris" in runtime.tokenizer.decode(got)
 
 
+@pytest.mark.e2e  # runs the real model: not in `make check`
 @pytest.mark.slow
 @needs_cache
 def test_smollm2_fp8_kv_quiz_agreement(smollm2_model: Any, smollm2_dir: Path, tmp_path: Path) -> None:
