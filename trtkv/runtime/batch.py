@@ -11,7 +11,9 @@ forward, in chunks of at most max_num_tokens.
 chunk per iteration, so decoding sequences keep streaming while a long prompt is prefilled), then advances every
 decoding sequence by one token. A finished or cancelled sequence leaves the batch at once and frees its slot.
 Greedy outputs equal a solo run's (the same code with a batch of one) up to float32 GEMM rounding, which depends on
-the batch size; a test checks the tokens on real prompts.
+the batch size, so a near-tie can flip under load. With `runtime.batch_invariant` every step runs through
+trtkv.runtime.invariant instead (fixed-shape row blocks, attention per query row): answers equal solo answers bit for
+bit by construction (tests/runtime/test_batch_invariance.py), at ~4x the prefill time on 2 cores, so it is opt-in.
 """
 
 from __future__ import annotations
@@ -122,6 +124,9 @@ def prefill_chunk(runtime: ReferenceRuntime, seq: SequenceState, budget: int | N
     token. True when the prompt is fully prefilled."""
     import torch
 
+    if runtime.batch_invariant:
+        return _prefill_chunk_invariant(runtime, seq, budget)
+
     rest = len(seq.prompt) - seq.prefilled
     n = rest if budget is None else max(1, min(rest, budget))
     ids = torch.tensor([seq.prompt[seq.prefilled: seq.prefilled + n]], dtype=torch.long)
@@ -137,6 +142,9 @@ def prefill_chunk(runtime: ReferenceRuntime, seq: SequenceState, budget: int | N
 def decode_step(runtime: ReferenceRuntime, seqs: list[SequenceState]) -> torch.Tensor:
     """One forward pass feeding each sequence's last token; returns the next-token logits, one row per sequence."""
     import torch
+
+    if runtime.batch_invariant:
+        return _decode_step_invariant(runtime, seqs)
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
@@ -169,6 +177,41 @@ def decode_step(runtime: ReferenceRuntime, seqs: list[SequenceState]) -> torch.T
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         h = model.norm(h)
         return runtime.model.lm_head(h)[:, -1, :]
+
+
+def _prefill_chunk_invariant(runtime: ReferenceRuntime, seq: SequenceState, budget: int | None) -> bool:
+    """Feed the next at most `budget` prompt tokens (None: all) through the model; on the last chunk choose the first
+    token. True when the prompt is fully prefilled. The chunk's boundaries do not change a token's arithmetic."""
+    import torch
+
+    from trtkv.runtime import invariant
+
+    rest = len(seq.prompt) - seq.prefilled
+    n = rest if budget is None else max(1, min(rest, budget))
+    with torch.inference_mode():
+        blocks = invariant.prefill_blocks(runtime.model, seq, seq.prompt[seq.prefilled: seq.prefilled + n], seq.prefilled)
+        blocks = invariant.forward_rows(runtime.model, blocks, runtime.max_seq_len)
+        seq.prefilled += n
+        if seq.prefilled < len(seq.prompt):
+            return False
+        last = blocks[-1]
+        row = last.x.new_zeros(invariant.DECODE_ROWS, last.x.shape[1])  # the last token in slot 0 of a decode-shaped
+        row[0] = last.x[last.hi - 1]  # block: half the LM-head work of the ROWS-row block, the same for any chunking
+        logits = invariant.lm_head(runtime.model, row)[0]
+    seq.accept(logits)
+    return True
+
+
+def _decode_step_invariant(runtime: ReferenceRuntime, seqs: list[SequenceState]) -> torch.Tensor:
+    """One forward pass feeding each sequence's last token; returns the next-token logits, one row per sequence.
+    Each row is computed by the same fixed-shape calls whatever else is in `seqs` (trtkv.runtime.invariant)."""
+    import torch
+
+    from trtkv.runtime import invariant
+
+    with torch.inference_mode():
+        blocks = invariant.forward_rows(runtime.model, invariant.decode_blocks(runtime.model, seqs), runtime.max_seq_len)
+        return torch.cat([invariant.lm_head(runtime.model, b.x)[b.lo: b.hi] for b in blocks])
 
 
 def run_solo(runtime: ReferenceRuntime, seq: SequenceState) -> list[int]:

@@ -47,6 +47,15 @@ class ReferenceRuntime:
     export_kv_scales: tuple[list[float], list[float]] | None = None
 
     @property
+    def batch_invariant(self) -> bool:
+        """Run the in-flight batch through trtkv.runtime.invariant (every greedy answer equal to its solo answer bit
+        for bit; c8 throughput ~5x c1, but prefill ~4x slower on 2 cores): runtime.json `batch_invariant: true` or
+        TRTKV_BATCH_INVARIANT=1. Off by default until its prefill is as fast as today's."""
+        import os
+
+        return bool(self.settings.get("batch_invariant")) or os.environ.get("TRTKV_BATCH_INVARIANT") == "1"
+
+    @property
     def eos_token_id(self) -> int | None:
         return self.eos_token_ids[0] if self.eos_token_ids else None
 
