@@ -144,6 +144,16 @@ class ReferenceBackend(EngineBackend):
                 f"per-layer kv_cache_scaling_factor of rank0.safetensors (one scale shared by K and V, as TensorRT-LLM); "
                 f"{ACTIVATIONS_NOTE}")
 
+    def prepare(self, recipe: Recipe) -> tuple[Path, dict[str, Any]]:
+        """The TensorRT-LLM checkpoint, validated; or, where calibrate wrote none (Gemma 3), its HF export, validated
+        as the llmapi backend validates it (the runtime reads that export: _hf_settings)."""
+        from trtkv.backends import llmapi
+        from trtkv.recipe.backend_rules import HF_EXPORT_ONLY
+
+        if recipe.model.architecture.lower() in HF_EXPORT_ONLY:
+            return llmapi.BACKEND.prepare(recipe)
+        return super().prepare(recipe)
+
     def build(self, recipe: Recipe, ckpt: Path, tmp: Path, final: Path, info: dict[str, Any],
               log: Callable[[str], None]) -> dict[str, Any]:
         return _build_reference(recipe, ckpt, tmp, log)
