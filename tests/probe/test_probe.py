@@ -195,12 +195,12 @@ def test_serving_asks_the_recipe_rules_per_engine_and_gpu() -> None:
 
     recipe = load_recipe("smollm2_fp8kv")  # FP8 weights: no A100
     fp8 = serving(recipe, "fp8")
-    assert fp8["engines"] == {b: ["H100-80GB", "H200-141GB", "L40S", "B200"] for b in ("tensorrt", "llmapi", "vllm")}
+    assert fp8["engines"] == {b: ["H100-80GB", "H200-141GB", "L40S", "B200"] for b in ("tensorrt", "llmapi", "vllm", "sglang")}
     mixed = serving(recipe, "fp8", [0, 29])
     assert list(mixed["engines"]) == ["vllm"] and "kv_skip_layers" in mixed["why_not"]["tensorrt"]
     int8 = serving(recipe, "int8")
     assert int8["engines"] == {"tensorrt": ["H100-80GB", "H200-141GB", "L40S"]}  # trtllm-build refuses it on B200
-    assert serving(recipe, "nvfp4")["engines"] == {"llmapi": ["B200"]}
+    assert serving(recipe, "nvfp4")["engines"] == {"llmapi": ["B200"], "sglang": ["B200"]}
     assert serving(recipe, "int8_token")["engines"] == {} and served_by(serving(recipe, "kivi4")) == "no engine"
     usable = usable_gpus([fp8, int8])
     assert usable == ["H100-80GB", "H200-141GB", "L40S", "B200"]

