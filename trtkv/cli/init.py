@@ -133,10 +133,12 @@ def render(name: str, facts: ModelFacts, source: Path, gpu: str, count: int, kv:
     seq = min(mpe, DEFAULT_SEQ_LEN)
     p = facts.prefix
     arch = DECODERS.get(facts.model_type, facts.model_type or "llama")
-    engines = ("TensorRT-LLM's LLM API (backend llmapi, any release), vLLM (backend vllm)" +
-               ("; the trtllm-build engine path (backend tensorrt, TensorRT-LLM <= 1.2) and the CPU reference runtime "
-                "are Llama-family only in trtkv" if arch == "llama" else "; backend tensorrt and reference are "
-                "Llama-family only in trtkv: not for this model"))
+    reference = arch in ("llama", "gemma3")  # the families trtkv's CPU runtime reads (trtkv.runtime)
+    engines = ("TensorRT-LLM's LLM API (backend llmapi, any release), vLLM (backend vllm), SGLang (backend sglang, "
+               "GPU)" + ("; the trtllm-build engine path (backend tensorrt, TensorRT-LLM <= 1.2) is Llama-family only "
+                         "in trtkv" + ("" if arch == "llama" else ": not for this model"))
+               + ("; the CPU reference runtime (backend reference) runs it" if reference else
+                  "; the CPU reference runtime (backend reference) runs Llama-family and Gemma 3 models only"))
     moe = (f"\n# MoE: {facts.moe.source}; {params.experts / 1e9:.1f}B expert parameters counted in num_parameters."
            if facts.moe else "")
     quant = f"\n# Stored weights: {facts.quant.source}, priced as stored ({stored / GIB:.1f} GiB)." if \
