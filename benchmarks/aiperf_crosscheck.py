@@ -37,9 +37,11 @@ from trtkv.recipe import load_recipe
 from trtkv.serving import supervise
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests/support's shared servers
 from bench_crosscheck import finish, trtkv_level  # noqa: E402
-from openai_replay import MODEL as REPLAY_MODEL  # noqa: E402
-from openai_replay import start as start_replay  # noqa: E402
+
+from tests.support.openai_replay import MODEL as REPLAY_MODEL  # noqa: E402
+from tests.support.openai_replay import start as start_replay  # noqa: E402
 
 VENV = paths.project_root() / ".venv-aiperf"
 METRICS = [("time_to_first_token", "p50", "TTFT p50 (ms)"), ("time_to_first_token", "avg", "TTFT avg (ms)"),

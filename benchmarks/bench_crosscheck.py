@@ -38,9 +38,11 @@ from trtkv.recipe import load_recipe
 from trtkv.serving import supervise
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: the dev-only helpers next to this script
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests/support's shared servers
 
-import localserver  # noqa: E402
 import perf_analyzer as pa  # noqa: E402
+
+from tests.support import localserver  # noqa: E402
 
 TRIVIAL_REPO = Path(__file__).resolve().parent / "trivial_repo"
 

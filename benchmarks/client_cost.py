@@ -23,7 +23,7 @@ from trtkv.bench.openai import OpenAISession  # noqa: E402
 from trtkv.bench.records import RequestRecord  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from openai_replay import MODEL, start  # noqa: E402 - benchmarks/, beside this file
+from tests.support.openai_replay import MODEL, start  # noqa: E402 - shared with the tests
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.openai_replay import start
+from tests.support.openai_replay import start
 from trtkv.bench.runner import BenchOptions, run_bench
 from trtkv.core.errors import TrtkvError
 from trtkv.recipe import load_recipe

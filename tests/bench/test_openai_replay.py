@@ -1,4 +1,4 @@
-"""benchmarks/openai_replay.py, the no-model OpenAI server the client cross-checks measure against, speaks what
+"""tests/support/openai_replay.py, the no-model OpenAI server the client cross-checks measure against, speaks what
 trtkv's OpenAI client expects: /v1/models, max_tokens streamed chunks, the usage chunk, [DONE]."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from benchmarks.openai_replay import MODEL, start
+from tests.support.openai_replay import MODEL, start
 from trtkv.bench.client import Endpoint, SamplingParams
 from trtkv.bench.loadgen import Job, run_concurrency
 from trtkv.bench.openai import OpenAISession, check_openai

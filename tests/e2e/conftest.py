@@ -19,8 +19,8 @@ class _TrivialServers:
     def __init__(self, work: Path) -> None:
         self.work, self.server, self.starts = work, None, 0
 
-    def ready(self):  # noqa: ANN201 - a benchmarks.localserver.LocalServer
-        from benchmarks import localserver
+    def ready(self):  # noqa: ANN201 - a tests.support.localserver.LocalServer
+        from tests.support import localserver
         from trtkv.core.process import wait_http_ready
 
         server = self.server

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.localserver import free_port
 from tests.e2e.conftest import read_results
+from tests.support.localserver import free_port
 from trtkv.bench.metrics import summarize_level
 from trtkv.bench.records import RequestRecord
 from trtkv.cli import main

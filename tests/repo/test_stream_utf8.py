@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import localserver
 from tests.repo.triton_client import grpc_stream, http_generate_stream
+from tests.support import localserver
 from trtkv.recipe import load_recipe
 from trtkv.repo import generate_repo
 

@@ -1,6 +1,6 @@
 """Processes trtkv starts and stops: is it alive, stop it (by its own pid and process group), wait until it serves.
 
-One home for what the external-tool runner (trtkv.core.tools) and the test/cross-check server (benchmarks/localserver.py)
+One home for what the external-tool runner (trtkv.core.tools) and the test/cross-check server (tests/support/localserver.py)
 need; no `pkill`, everything by pid. A served model's processes are ended by session instead (trtkv.core.sessions: its
 leader may be dead already, and some children leave the process group).
 """

@@ -85,7 +85,7 @@ def _wait_ready(server: LocalServer, timeout_s: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python benchmarks/localserver.py REPO [--ports H,G,M]`: serve in the foreground until Ctrl-C/SIGTERM."""
+    """`python tests/support/localserver.py REPO [--ports H,G,M]`: serve in the foreground until Ctrl-C/SIGTERM."""
     import argparse
 
     ap = argparse.ArgumentParser(description=main.__doc__)

@@ -6,7 +6,7 @@ first `first_ms` after the request, the next ones `gap_ms` apart, `max_tokens` o
 ITL should read first_ms and gap_ms; two clients that disagree here disagree on measurement, not on the server.
 It runs in a process of its own (as a real server does), so its threads never share a client's GIL.
 
-    .venv/bin/python benchmarks/openai_replay.py --first-ms 300 --gap-ms 50     # prints the port, serves until killed
+    .venv/bin/python tests/support/openai_replay.py --first-ms 300 --gap-ms 50     # prints the port, serves until killed
 """
 
 from __future__ import annotations
