@@ -1,5 +1,5 @@
 """Start the tritonserver bundled in nvidia-pytriton on a given model repository (tests and the cross-check).
-Dev-only: lives in benchmarks/, not in the trtkv package.
+Dev-only: lives in tests/support/ (the tests and the benchmarks use it), not in the trtkv package.
 
 `trtkv serve` is the user-facing launcher; this small helper only exists so the benchmark's own tests and the
 cross-check can serve the trivial repository on 127.0.0.1 and stop it by its pid.
