@@ -1,4 +1,5 @@
-"""A deterministic OpenAI-compatible completions server for client measurements (dev-only: tests/support/, used by the tests and the benchmarks).
+"""A deterministic OpenAI-compatible completions server for client measurements (dev-only: tests/support/, used by
+the tests and the benchmarks).
 
 It answers GET /v1/models and POST /v1/completions: streamed, one vLLM 0.32-shaped SSE chunk per token (" the"), the
 first `first_ms` after the request, the next ones `gap_ms` apart, `max_tokens` of them, the usage chunk when
