@@ -156,7 +156,7 @@ def test_per_layer_sensitivity_search_and_front(tmp_path: Path, engines_tmp: Pat
     assert best is not None and best["bytes_per_token"] <= 1.15 * 11520
     assert best["kl_longest"] <= doc["uniform"]["kl_longest"] and best["serving"]["engines"]
     assert all(list(c["serving"]["engines"]) == ["vllm"] for c in doc["candidates"])  # skip layers: vLLM only
-    assert sorted(doc["uniform"]["serving"]["engines"]) == ["llmapi", "tensorrt", "vllm"]
+    assert sorted(doc["uniform"]["serving"]["engines"]) == ["llmapi", "sglang", "tensorrt", "vllm"]
     for point in [doc["uniform"], doc["all_16bit"], *doc["candidates"]]:  # passkey accuracy at 64 tokens, each
         assert 0.0 <= point["needle"]["64"] <= 1.0
     assert doc["needle_lengths"] == [64] and doc["front_needle"]
