@@ -29,7 +29,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.formats import KVFormat, boundary_layers
-from trtkv.kvcache.quant import AffineScale, FormatChoice, KVScale, LayerCodecs, layer_codecs, parse_format
+from trtkv.kvcache.quant import AffineScale, FormatChoice, HeadScale, KVScale, LayerCodecs, layer_codecs, parse_format
 
 BLOCK_ROWS = 256  # storage grows by this many rows (tokens) at a time: little slack, amortized copies
 RESIDUAL_DTYPE = torch.float16  # KIVI's full-precision window is stored like the fp16 baseline
@@ -351,6 +351,12 @@ class QuantizedKVCache(Cache):
                 raise TrtkvError(f"KV format {choice.name} needs an AffineScale (amax and bias) per layer for K and V. "
                                  f"Next: pass KVScales.for_format('{choice.name}') from a calibration pass "
                                  f"(trtkv.kvcache.scales.calibrate_scales).")
+            return list(k_scales), list(v_scales)
+        if choice.variant == "fp8_attn_head":  # per-KV-head scales as they are
+            if not all(isinstance(s, HeadScale) for s in (*k_scales, *v_scales)):
+                raise TrtkvError("KV format fp8_attn_head needs a HeadScale (one scale per KV head) per layer for K and "
+                                 "V. Next: pass KVScales.for_format('fp8_attn_head') from a calibration pass "
+                                 "(trtkv.kvcache.scales.calibrate_scales).")
             return list(k_scales), list(v_scales)
         return [float(s) for s in k_scales], [float(s) for s in v_scales]
 

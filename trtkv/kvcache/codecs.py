@@ -304,6 +304,10 @@ def layer_codecs(fmt: KVFormat | str | FormatChoice, k_scale: KVScale | None = N
                              f"trtkv.kvcache.scales.calibrate_scales(model, tokenizer) and pass "
                              f"KVScales.for_format('{choice.name}').")
         return LayerCodecs(FP8AffineCodec(k_scale), FP8AffineCodec(v_scale))
+    if choice.variant:
+        from trtkv.kvcache.variants import variant_codecs
+
+        return LayerCodecs(*variant_codecs(choice.variant, k_scale, v_scale))
     k_scale = None if k_scale is None else float(k_scale)
     v_scale = None if v_scale is None else float(v_scale)
     if base is KVFormat.FP16:

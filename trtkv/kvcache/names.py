@@ -22,6 +22,12 @@ MODELOPT_AMAX_EPS = 1.0 / (1 << 24)  # _fp8_eager: an amax at or below this quan
 # Aliases: engine names with exactly the numerics of a trtkv format (int8_token is NOT int8_per_token_head: it keeps a
 # float16 scale, rounds half to even and clamps to [-127, 127]; see trtkv/data/kv_formats.json).
 ALIASES: dict[str, KVFormat] = {"fp8_cast": KVFormat.FP8_SCALE1}
+# Engine variants with numerics of their own on a trtkv storage (codecs in trtkv.kvcache.variants): the base is what
+# they cost per token; UNSCALED ones take no calibrated scales.
+ENGINE_VARIANTS: dict[str, KVFormat] = {"fp8_e5m2": KVFormat.FP8_SCALE1, "fp8_attn_head": KVFormat.FP8,
+                                        "nvfp4_4over6": KVFormat.NVFP4, "nvfp4_rotate": KVFormat.NVFP4,
+                                        "nvfp4_cast": KVFormat.NVFP4}
+UNSCALED_VARIANTS = ("fp8_e5m2", "nvfp4_cast")
 PER_TOKEN_HEAD_MIN_SCALE = 1e-6  # vLLM's floor on a per-token-head scale (all-zero heads)
 RHT_SEED = 0x9E3779B9  # vLLM's int4_per_token_head sign vector: torch.Generator seed, bernoulli(0.5) -> +-1
 STATIC_FORMATS = (KVFormat.FP8, KVFormat.FP8_SCALE1, KVFormat.INT8, KVFormat.NVFP4)
@@ -38,6 +44,7 @@ class FormatChoice:
     base: KVFormat
     split_scales: bool = False
     affine: bool = False
+    variant: str = ""  # an ENGINE_VARIANTS name: its own codecs (trtkv.kvcache.variants)
 
     @property
     def static(self) -> bool:
@@ -45,12 +52,12 @@ class FormatChoice:
 
     @property
     def needs_scales(self) -> bool:
-        return self.base in (KVFormat.FP8, KVFormat.INT8, KVFormat.NVFP4)
+        return self.base in (KVFormat.FP8, KVFormat.INT8, KVFormat.NVFP4) and self.variant not in UNSCALED_VARIANTS
 
 
 def all_format_names() -> list[str]:
     names = [f.value for f in KVFormat]
-    return names + [v for v in (*VARIANTS, *ALIASES) if v not in names]
+    return names + [v for v in (*VARIANTS, *ALIASES, *ENGINE_VARIANTS) if v not in names]
 
 
 def parse_format(fmt: KVFormat | str | FormatChoice) -> FormatChoice:
@@ -64,6 +71,8 @@ def parse_format(fmt: KVFormat | str | FormatChoice) -> FormatChoice:
         return FormatChoice(name, VARIANTS[name], split_scales=True)
     if name in ALIASES:
         return FormatChoice(name, ALIASES[name])
+    if name in ENGINE_VARIANTS:
+        return FormatChoice(name, ENGINE_VARIANTS[name], variant=name)
     try:
         return FormatChoice(name, KVFormat(name))
     except ValueError:

@@ -93,7 +93,17 @@ class AffineScale:
         return self.amax / FP8_MAX  # the k_scale/v_scale ModelOpt exports (amax / 448)
 
 
-KVScale = float | AffineScale  # what QuantizedKVCache takes per layer: a multiplier, or fp8_affine's amax + bias
+@dataclass(frozen=True)
+class HeadScale:
+    """One layer's K (or V) scales of fp8_attn_head: a float32 dequantization multiplier per KV head."""
+
+    scales: tuple[float, ...]
+
+    def __float__(self) -> float:
+        return max(self.scales)  # the largest head's scale (what a per-tensor reader would need not to clip)
+
+
+KVScale = float | AffineScale | HeadScale  # per layer: a multiplier, fp8_affine's amax + bias, or per-head scales
 
 
 def fp8_affine_multipliers(amax: float) -> tuple[float, float]:

@@ -34,6 +34,7 @@ from trtkv.kvcache.names import (  # noqa: F401 - the public face of the KV nume
     AFFINE,
     ALIASES,
     E2M1_MAGNITUDES,
+    ENGINE_VARIANTS,
     FP16_MAX,
     KIVI_GROUP,
     KIVI_RESIDUAL,
@@ -48,6 +49,7 @@ from trtkv.kvcache.names import (  # noqa: F401 - the public face of the KV nume
 )
 from trtkv.kvcache.numerics import (  # noqa: F401 - the public face of the KV numerics
     AffineScale,
+    HeadScale,
     KVScale,
     asym_dequantize,
     asym_quantize,
@@ -89,6 +91,16 @@ from trtkv.kvcache.turboquant import (  # noqa: F401 - the public face of the KV
     ultraquant_quantize,
     unpack3,
 )
+from trtkv.kvcache.variants import (  # noqa: F401, E402 - the public face of the KV numerics
+    E5M2_MAX,
+    attn_head_scales,
+    e5m2_quantize,
+    modelopt_fake_quant,
+    modelopt_hadamard,
+    modelopt_nvfp4_dequantize,
+    modelopt_nvfp4_quantize,
+    nvfp4_4over6_quantize,
+)
 
 
 def numerics_key(fmt: KVFormat | str | FormatChoice) -> str:
@@ -101,14 +113,19 @@ def numerics_key(fmt: KVFormat | str | FormatChoice) -> str:
     table = load_table()
     row = table.for_probe(choice.name) or table.for_probe(choice.base.value)
     unit: KVScale = AffineScale(1.0, torch.zeros(1, 1)) if choice.affine else 1.0
+    if choice.variant == "fp8_attn_head":
+        unit = HeadScale((1.0,))
     codecs = layer_codecs(choice, unit, unit)
     parts = [row.numerics if row else None, choice.base.value, choice.split_scales, codecs.residual,
              *_definition_sources(type(codecs.key)), *_definition_sources(type(codecs.value))]
+    if choice.variant:  # two variants may share codec classes (nvfp4_cast, nvfp4_rotate)
+        parts.append(choice.variant)
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
 # The modules a codec's definition spans: its source and every function, class or constant of these it reaches by name.
-NUMERICS_MODULES = ("trtkv.kvcache.names", "trtkv.kvcache.numerics", "trtkv.kvcache.turboquant", "trtkv.kvcache.codecs")
+NUMERICS_MODULES = ("trtkv.kvcache.names", "trtkv.kvcache.numerics", "trtkv.kvcache.turboquant", "trtkv.kvcache.codecs",
+                    "trtkv.kvcache.variants")
 
 
 def _definition_sources(cls: type) -> list[str]:

@@ -89,6 +89,9 @@ class KVScales:
     stats: KVStats | None = None
     info: dict = field(default_factory=dict)
     affine: AffineCalibration | None = None  # fp8_affine's per-layer amax and bias (a calibration pass only)
+    k_head_amax: list[list[float]] = field(default_factory=list)  # fp8_attn_head: per layer, per KV head (a pass only)
+    v_head_amax: list[list[float]] = field(default_factory=list)
+    k_rotated_amax: list[float] = field(default_factory=list)  # nvfp4_rotate: per layer max |H k| (a pass only)
 
     def for_format(self, fmt: KVFormat | str | FormatChoice) -> tuple[list[KVScale] | None, list[KVScale] | None]:
         """(k_scales, v_scales) for QuantizedKVCache, or (None, None) for formats without static scales."""
@@ -105,6 +108,8 @@ class KVScales:
             k_params: list[KVScale] = list(ks)
             v_params: list[KVScale] = list(vs)
             return k_params, v_params
+        if choice.variant:
+            return self._for_variant(choice.variant)
         k = [max(a, MIN_AMAX) for a in self.k_amax]
         v = [max(a, MIN_AMAX) for a in self.v_amax]
         if choice.base is KVFormat.FP8:
@@ -116,6 +121,29 @@ class KVScales:
                 return [a / INT8_MAX for a in k], [a / INT8_MAX for a in v]
             shared: list[KVScale] = [max(a, b) / INT8_MAX for a, b in zip(k, v, strict=False)]
             return shared, list(shared)
+        return None, None
+
+    def _for_variant(self, name: str) -> tuple[list[KVScale] | None, list[KVScale] | None]:
+        """fp8_attn_head: per-head scales as vLLM loads them; nvfp4_4over6: nvfp4's globals amax/448; nvfp4_rotate:
+        the amax of rotated K and of V (ModelOpt's max calibration); fp8_e5m2 / nvfp4_cast: none."""
+        from trtkv.kvcache.variants import attn_head_scales
+
+        def missing(what: str) -> StageError:
+            return StageError(f"KV format {name} needs {what} from a calibration pass; the scales from {self.source} "
+                              f"have none (kv_scales.json holds per-layer amaxes only). Next: calibrate with "
+                              f"trtkv.kvcache.scales.calibrate_scales (the probe's own short pass does) or drop {name} "
+                              f"from --formats.")
+
+        if name == "fp8_attn_head":
+            if not self.k_head_amax or not self.v_head_amax:
+                raise missing("each layer's K and V amax per KV head")
+            return ([attn_head_scales(a) for a in self.k_head_amax], [attn_head_scales(a) for a in self.v_head_amax])
+        if name == "nvfp4_4over6":
+            return ([max(a, MIN_AMAX) / FP8_MAX for a in self.k_amax], [max(a, MIN_AMAX) / FP8_MAX for a in self.v_amax])
+        if name == "nvfp4_rotate":
+            if not self.k_rotated_amax:
+                raise missing("each layer's amax of Hadamard-rotated K")
+            return [max(a, MIN_AMAX) for a in self.k_rotated_amax], [max(a, MIN_AMAX) for a in self.v_amax]
         return None, None
 
     def to_kv_scales_json(self, algo: str = "FP8") -> dict:
@@ -200,4 +228,5 @@ def calibrate_scales(model, tokenizer, texts: list[str] | None = None, num_sampl
     stats = collect_kv_stats(model, batches)
     return KVScales(k_amax=stats.k_amax, v_amax=stats.v_amax, stats=stats,
                     source=f"trtkv short calibration pass: {num_samples} x {seq_len} tokens, seed {seed}",
-                    info={"num_samples": num_samples, "seq_len": seq_len, "seed": seed}, affine=stats.affine)
+                    info={"num_samples": num_samples, "seq_len": seq_len, "seed": seed}, affine=stats.affine,
+                    k_head_amax=stats.k_head_amax, v_head_amax=stats.v_head_amax, k_rotated_amax=stats.k_rotated_amax)

@@ -56,6 +56,9 @@ class KVStats:
     outlier_factor: float = OUTLIER_FACTOR
     notes: list[str] = field(default_factory=list)
     affine: AffineCalibration | None = None  # fp8_affine's bias and amax, collected as ModelOpt does, same batches
+    k_head_amax: list[list[float]] = field(default_factory=list)  # per layer, per KV head (fp8_attn_head)
+    v_head_amax: list[list[float]] = field(default_factory=list)
+    k_rotated_amax: list[float] = field(default_factory=list)  # per layer max |H k| (nvfp4_rotate's K amax)
 
     @property
     def k_amax(self) -> list[float]:
@@ -144,11 +147,16 @@ class _Accumulator:
         self.v_tokens: list[torch.Tensor] = []
         self.k_tokens: list[torch.Tensor] = []
         self.k_affine, self.v_affine = AffineCollector(), AffineCollector()
+        self.k_rotated = 0.0
 
     def add(self, k: torch.Tensor, v: torch.Tensor) -> None:
         self.k_affine.collect(k)  # one collect per batch, in the model dtype, as ModelOpt's k/v_bmm_quantizer
         self.v_affine.collect(v)
         ka, va = k.float().abs(), v.float().abs()
+        if k.shape[-1] > 1 and k.shape[-1] & -k.shape[-1] >= 2:  # ModelOpt's k_bmm_quantizer sees H k (nvfp4_rotate)
+            from trtkv.kvcache.variants import modelopt_hadamard
+
+            self.k_rotated = max(self.k_rotated, float(modelopt_hadamard(k).float().abs().amax()))
         kc = ka.amax(dim=(0, 2)).flatten()  # [H * D]
         vc = va.amax(dim=(0, 2)).flatten()
         self.k_channel = kc if self.k_channel is None else torch.maximum(self.k_channel, kc)
@@ -201,4 +209,14 @@ def collect_kv_stats(model, batches: Iterable[torch.Tensor], factor: float = OUT
         raise TrtkvError("collect_kv_stats: no batches given. Next: pass a non-empty list of input_ids tensors.")
     affine = AffineCalibration.from_collectors([a.k_affine for a in accs], [a.v_affine for a in accs])
     return KVStats(layers=[acc.finish(i, factor) for i, acc in enumerate(accs)], tokens=tokens,
-                   head_dim=head_dim, kv_heads=kv_heads, outlier_factor=factor, affine=affine)
+                   head_dim=head_dim, kv_heads=kv_heads, outlier_factor=factor, affine=affine,
+                   k_head_amax=[_per_head(a.k_channel, kv_heads) for a in accs],
+                   v_head_amax=[_per_head(a.v_channel, kv_heads) for a in accs],
+                   k_rotated_amax=[a.k_rotated for a in accs])
+
+
+def _per_head(channel_amax: torch.Tensor | None, kv_heads: int) -> list[float]:
+    """A layer's per-channel amax ([kv_heads * head_dim], head-major) reduced to one amax per KV head."""
+    if channel_amax is None:
+        return []
+    return [float(x) for x in channel_amax.cpu().reshape(kv_heads, -1).amax(-1)]

@@ -52,13 +52,13 @@ def probe_scales(recipe: Recipe, loaded: Loaded, settings: ProbeSettings, out: P
     own: KVScales | None = None
     if cache_file.is_file():
         doc = json.loads(cache_file.read_text())
-        if doc.get("key") == ckey:
+        if doc.get("key") == ckey and "engine_variants" in doc:  # older files lack the per-head amaxes
             st = doc["stats"]
             stats = KVStats(layers=[LayerKVStats(**x) for x in st["layers"]], tokens=st["tokens"],
                             head_dim=st["head_dim"], kv_heads=st["kv_heads"], outlier_factor=st["outlier_factor"])
             affine = AffineCalibration.from_dict(doc["affine"]) if doc.get("affine") else None
             own = KVScales(k_amax=doc["k_amax"], v_amax=doc["v_amax"], source=doc["source"], stats=stats,
-                           info=doc.get("info", {}), affine=affine)
+                           info=doc.get("info", {}), affine=affine, **doc.get("engine_variants", {}))
     if own is None:
         texts = load_texts(cal.dataset)
         own = calibrate_scales(loaded.model, loaded.tokenizer, texts, num_samples=num_samples, seq_len=seq_len,
@@ -66,12 +66,16 @@ def probe_scales(recipe: Recipe, loaded: Loaded, settings: ProbeSettings, out: P
         stats_dict = own.stats.to_dict() if own.stats else {}
         write_json(cache_file, {"key": ckey, "k_amax": own.k_amax, "v_amax": own.v_amax, "source": own.source,
                                  "info": own.info, "stats": stats_dict,
-                                 "affine": own.affine.to_dict() if own.affine else None})
+                                 "affine": own.affine.to_dict() if own.affine else None,
+                                 "engine_variants": {"k_head_amax": own.k_head_amax, "v_head_amax": own.v_head_amax,
+                                                     "k_rotated_amax": own.k_rotated_amax}})
     path = settings.scales_path or KVScalesFile.path(layout.checkpoint_dir(recipe))
     if settings.scales_path is not None or path.is_file():
         given = load_kv_scales(path, loaded.model.config.num_hidden_layers)
         given.stats = own.stats
         given.affine = own.affine  # fp8_affine: kv_scales.json has no bias; its bias and amax are this pass's
+        given.k_head_amax, given.v_head_amax = own.k_head_amax, own.v_head_amax  # fp8_attn_head, nvfp4_rotate: too
+        given.k_rotated_amax = own.k_rotated_amax
         return given
     return own
 
