@@ -249,8 +249,9 @@ def per_head_scale_problems(r: Recipe, value: str) -> list[tuple[str, str]]:
 
 
 def engine_format_problems(r: Recipe) -> list[tuple[str, str]]:
-    """An engine format (schema.ENGINE_KV_FORMATS, or fp8_attn_head) where trtkv/data/kv_formats.json gives the backend's engine no row,
-    or where none of that engine's attention backends implements it on hardware.gpu: refused with the reason."""
+    """An engine format (schema.ENGINE_KV_FORMATS, or fp8_attn_head) where trtkv/data/kv_formats.json gives the
+    backend's engine no row, or where none of that engine's attention backends implements it on hardware.gpu: refused
+    with the reason."""
     kv = r.quantization.kv_cache
     if kv not in ENGINE_KV_FORMATS and kv not in CALIBRATED_ENGINE_KV_FORMATS:
         return []
