@@ -57,6 +57,7 @@ def calibrated(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tupl
     mp.undo()
 
 
+@pytest.mark.slow  # one tiny calibration (module fixture)
 def test_calibrate_writes_per_head_scales_in_vllms_form(calibrated: tuple[object, Path]) -> None:
     recipe, out = calibrated
     hf = out / "hf"
@@ -75,6 +76,7 @@ def test_calibrate_writes_per_head_scales_in_vllms_form(calibrated: tuple[object
     assert any("fp8_attn_head" in n and "kv_cache_scheme" in n for n in manifest["notes"])
 
 
+@pytest.mark.slow  # one tiny calibration (module fixture)
 def test_a_leftover_per_layer_scale_is_refused(calibrated: tuple[object, Path], tmp_path: Path) -> None:
     import shutil
 
@@ -87,6 +89,26 @@ def test_a_leftover_per_layer_scale_is_refused(calibrated: tuple[object, Path], 
     save_file({"model.layers.0.self_attn.k_proj.k_scale": torch.tensor(0.1)}, str(hf / "extra.safetensors"))
     with pytest.raises(StageError, match="a per-layer KV scale"):
         validate_attn_head_export(hf, LAYERS, KV_HEADS)
+
+
+@pytest.mark.slow  # one tiny calibration (module fixture)
+def test_the_vllm_build_checks_the_per_head_export(calibrated: tuple[object, Path], monkeypatch: pytest.MonkeyPatch,
+                                                   tmp_path: Path) -> None:
+    """build.backend vllm's prepare validates the per-head form (ModelOpt's per-layer form would fail it)."""
+    import shutil
+
+    from trtkv.backends import vllm
+
+    recipe, out = calibrated
+    ckpt, info = vllm.BACKEND.builder.prepare(recipe)  # type: ignore[arg-type]
+    assert ckpt == out and info["attn_head_validation"] == {"scales_file": SCALES_FILE, "num_layers": LAYERS,
+                                                            "num_kv_heads": KV_HEADS}
+    broken = tmp_path / "engines"
+    shutil.copytree(out.parent.parent, broken)
+    monkeypatch.setenv("TRTKV_ENGINES", str(broken))
+    (checkpoint_dir(recipe) / "hf" / SCALES_FILE).unlink()  # type: ignore[arg-type]
+    with pytest.raises(StageError, match="kv_attn_head_scales.safetensors missing"):
+        vllm.BACKEND.builder.prepare(recipe)  # type: ignore[arg-type]
 
 
 READ_EXPORT = """
