@@ -59,7 +59,8 @@ def attn_head_note(arch: Architecture) -> str:
     k_v_scales = 2 * arch.num_layers * arch.num_kv_heads
     return (f"fp8_attn_head is priced as fp8: FP8 E4M3 K/V, 1 byte per element, and nothing per token; its scales are "
             f"static, one float32 k_scale and v_scale per (layer, KV head): {k_v_scales} values = {k_v_scales * 4:,} "
-            f"bytes in the checkpoint (fp8: {2 * arch.num_layers}, one k and one v per layer), not in the KV pool's per-token bytes.")
+            f"bytes in the checkpoint (fp8: {2 * arch.num_layers}, one k and one v per layer), not in the KV pool's "
+            f"per-token bytes.")
 
 
 def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
