@@ -14,7 +14,8 @@ from trtkv.calibrate.common import (
     engine_format_note,
     trtllm_export_refused,
 )
-from trtkv.recipe import Backend, KVCacheQuant, ModelDtype, Recipe, WeightQuant
+from trtkv.recipe import KVCacheQuant, ModelDtype, Recipe, WeightQuant
+from trtkv.recipe.backend_rules import HF_EXPORT_BACKENDS
 from trtkv.recipe.layout import checkpoint_dir
 from trtkv.recipe.rules import kv_heads_split
 
@@ -87,8 +88,6 @@ def modelopt_config_spec(recipe: Recipe) -> dict[str, Any]:
     }
 
 
-# The backends that serve calibrate's HF export (hf/); the others (tensorrt, reference) read the TensorRT-LLM checkpoint
-HF_BACKENDS = (Backend.LLMAPI, Backend.VLLM, Backend.SGLANG)
 ATTN_HEAD_HF = ("hf/ (export_hf_checkpoint, then trtkv.calibrate.attn_head: config.json quantization_config "
                 "compressed-tensors with kv_cache_scheme strategy attn_head, kv_attn_head_scales.safetensors with "
                 "model.layers.{i}.self_attn.k_scale / v_scale float32 [num_kv_heads, 1, 1] = head amax/448; ModelOpt's "
@@ -97,7 +96,7 @@ ATTN_HEAD_HF = ("hf/ (export_hf_checkpoint, then trtkv.calibrate.attn_head: conf
 
 def reads_hf(recipe: Recipe) -> bool:
     """Whether the recipe's backend serves hf/ (not the TensorRT-LLM checkpoint)."""
-    return recipe.build.backend in HF_BACKENDS
+    return recipe.build.backend in HF_EXPORT_BACKENDS
 
 
 def export_targets(recipe: Recipe) -> dict[str, str]:

@@ -22,6 +22,11 @@ HF_EXPORT_ONLY: dict[str, str] = {
 }
 
 
+# The backends that serve calibrate's HF export (checkpoint/hf/); the others (tensorrt, reference) read the TensorRT-LLM
+# checkpoint (`trtkv calibrate --dry-run` says which one the recipe's backend reads)
+HF_EXPORT_BACKENDS = (Backend.LLMAPI, Backend.VLLM, Backend.SGLANG)
+
+
 def hf_export_only_problems(r: Recipe, engine: str) -> list[tuple[str, str]]:
     """For a backend that builds from a TensorRT-LLM checkpoint: refuse an architecture that has none, with why."""
     reason = HF_EXPORT_ONLY.get(r.model.architecture.lower())
