@@ -156,11 +156,35 @@ def _hf(recipe: Recipe) -> Path:
     return checkpoint_dir(recipe) / "hf"
 
 
+def _prepare_attn_head(recipe: Recipe) -> tuple[Path, dict[str, Any]]:
+    """The per-head export (calibrate's compressed-tensors hf/), checked as vLLM reads it: scheme, shapes, no leftover
+    per-layer scale (trtkv.calibrate.attn_head.validate_attn_head_export)."""
+    import json
+
+    from trtkv.checkpoints.attn_head import validate_attn_head_export
+    from trtkv.contracts.stage import manifest_hash
+
+    ckpt = checkpoint_dir(recipe)
+    config = ckpt / "hf" / "config.json"
+    if manifest_hash(ckpt) is None or not config.is_file():
+        raise StageError(f"build {recipe.name}: {ckpt} has no complete HF export (manifest.json, hf/config.json). "
+                         f"Next: `trtkv calibrate {recipe.name}`")
+    hf = json.loads(config.read_text())
+    heads = int(hf.get("num_key_value_heads") or hf.get("num_attention_heads") or recipe.model.num_kv_heads or 0)
+    summary = validate_attn_head_export(ckpt / "hf", int(hf.get("num_hidden_layers") or 0), heads)
+    return ckpt, {"checkpoint": str(ckpt), "attn_head_validation": {k: summary[k] for k in
+                                                                     ("scales_file", "num_layers", "num_kv_heads")}}
+
+
 class VllmBuilder:
     sections = (*BUILD_SECTIONS, "triton", "hardware")
 
     def kv_source_line(self, recipe: Recipe) -> str:
         algo, kv = kv_cache_quant_algo(recipe), recipe.quantization.kv_cache
+        if kv is KVCacheQuant.FP8_ATTN_HEAD:
+            return (f"KV cache: {kv.value}, from vLLM --kv-cache-dtype {kv_cache_dtype(recipe)} with the HF export's "
+                    f"per-(layer, KV head) k_scale/v_scale (compressed-tensors kv_cache_scheme strategy attn_head; "
+                    f"FlashAttention >= 3 applies them per head)")
         if algo is None and kv is not KVCacheQuant.NONE:  # an engine format: vLLM computes (or fixes) its scales
             return (f"KV cache: {kv.value}, from vLLM --kv-cache-dtype {kv_cache_dtype(recipe)} (docs/kv-formats.md); "
                     f"the HF export carries no KV scales")
@@ -170,6 +194,8 @@ class VllmBuilder:
     def prepare(self, recipe: Recipe) -> tuple[Path, dict[str, Any]]:
         from trtkv.backends import llmapi
 
+        if recipe.quantization.kv_cache is KVCacheQuant.FP8_ATTN_HEAD:
+            return _prepare_attn_head(recipe)
         return llmapi.BUILDER.prepare(recipe)  # the same artifact: ModelOpt's HF export, validated the same way
 
     def build(self, recipe: Recipe, ckpt: Path, tmp: Path, final: Path, info: dict[str, Any],

@@ -19,12 +19,23 @@ KV_ALGO = {kv: algo for kv, algo in layout.KV_ALGO.items() if algo is not None}
 # 8-bit integer entry.
 KV_ENTRIES: dict[KVCacheQuant, list[dict[str, Any]]] = {
     KVCacheQuant.FP8: [{"quantizer_name": "*[kv]_bmm_quantizer", "cfg": {"num_bits": [4, 3], "axis": None}}],
+    # fp8_attn_head calibrates as fp8 (ModelOpt's preset); its per-head scales come from the per-channel amax
+    KVCacheQuant.FP8_ATTN_HEAD: [{"quantizer_name": "*[kv]_bmm_quantizer", "cfg": {"num_bits": [4, 3], "axis": None}}],
     KVCacheQuant.INT8: [{"quantizer_name": "*[kv]_bmm_quantizer", "cfg": {"num_bits": 8, "axis": None}}],
     KVCacheQuant.NVFP4: [{"quantizer_name": "*[kv]_bmm_quantizer",
                           "cfg": {"num_bits": [2, 1], "block_sizes": {-1: 16, "type": "dynamic", "scale_bits": [4, 3]}}}],
 }
 FP8_BASE_MEANING = ("every Linear's weight_quantizer and input_quantizer FP8 E4M3 (num_bits [4, 3]) per-tensor; "
                     "lm_head, routers, embeddings disabled")
+# ModelOpt's KV_QUANT_CFG_CHOICES preset each calibrated KV format uses (INT8 has none in 0.47: KV_ENTRIES's entry)
+MODELOPT_KV_PRESET = {KVCacheQuant.FP8: "fp8", KVCacheQuant.FP8_ATTN_HEAD: "fp8", KVCacheQuant.NVFP4: "nvfp4"}
+ATTN_HEAD_NOTE = ("KV cache fp8_attn_head: calibrated with ModelOpt's fp8 preset (per-layer amax) while a hook kept "
+                  "each (KV head, channel)'s |max|; hf/ then carries vLLM's per-head form (trtkv.calibrate.attn_head, "
+                  "llm-compressor strategy=\"attn_head\"): config.json quantization_config compressed-tensors with "
+                  "kv_cache_scheme strategy attn_head, model.layers.{i}.self_attn.k_scale / v_scale float32 "
+                  "[num_kv_heads, 1, 1] = head amax / 448 in kv_attn_head_scales.safetensors; ModelOpt's per-layer "
+                  "k_proj.k_scale / v_proj.v_scale and hf_quant_config.json are removed (vLLM would load both into "
+                  "the same parameter). kv_scales.json keeps the per-layer values (the largest head's).")
 NO_KV_NOTE = ("KV cache unquantized (quantization.kv_cache none): config.json quantization.kv_cache_quant_algo is "
               "null, the rank files hold no kv_cache_scaling_factor, kv_scales.json lists no layers; the cache keeps "
               "K/V in the model dtype.")

