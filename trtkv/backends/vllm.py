@@ -72,7 +72,17 @@ def cpu_fp8_kv_problem(recipe: Recipe, cpu: tuple[str, set[str]] | None = None) 
             f"vllm/v1/attention/backends/cpu_attn.py), and "
             f"this CPU ({name}) has neither (flags avx512f, amx_tile absent; {'avx2' if 'avx2' in flags else 'no avx2'}"
             f"). Next: serve it on a CPU with AVX-512 or AMX, or on a GPU (hardware.gpu), or serve 16-bit KV here: "
-            f"`trtkv calibrate {recipe.name} quantization.kv_cache=none` then the same override on build and serve.")
+            f"`trtkv calibrate {recipe.name} {' '.join(cpu_16bit_kv_overrides(recipe))}` then the same overrides on "
+            f"build and serve.")
+
+
+def cpu_16bit_kv_overrides(recipe: Recipe) -> list[str]:
+    """The overrides that turn the recipe into its 16-bit-KV form here: kv_cache none, and an empty
+    kv_skip_layers where the recipe keeps some layers in 16 bit (the list needs a quantized cache for the others)."""
+    out = ["quantization.kv_cache=none"]
+    if recipe.quantization.kv_skip_layers:
+        out.append("quantization.kv_skip_layers=[]")
+    return out
 
 
 def kv_cache_dtype(recipe: Recipe) -> str:
