@@ -201,3 +201,21 @@ def test_reference_backend_serves_an_hf_export_without_a_trtllm_checkpoint(tiny:
     assert runtime.max_seq_len == 256 and runtime.engine_dir == engine  # the model's 256 positions cap 2048
     with pytest.raises(StageError, match="allowed here: fp8, none"):
         BACKEND.builder.build(_recipe(tmp_path, "int8"), ckpt, engine, engine, {}, lines.append)
+
+
+def test_tiny_gemma3_through_the_llm_api_equals_transformers(tmp_path: Path, smollm2_dir: Path) -> None:
+    """The llmapi layout's engine (trtkv.runtime.llm.LLM, what its Triton `tensorrt_llm` model.py drives) on a Gemma 3
+    HF export: greedy tokens equal transformers', with several requests in flight at once (the tiny model has no
+    tokenizer of its own: SmolLM2's only turns its ids into text)."""
+    from trtkv.runtime.llm import LLM, SamplingParams
+
+    model = tiny_gemma3(window=6)
+    llm = LLM(model=_export(model, tmp_path / "hf"), tokenizer=smollm2_dir, kv_cache_config={"dtype": "auto"})
+    try:
+        prompts = [_prompt(length, seed) for seed, length in ((3, 5), (4, 11), (5, 16))]
+        params = SamplingParams(max_tokens=10, temperature=0.0)
+        outs = [llm.generate_async(p, params) for p in prompts]  # submitted together: batched in flight
+        for prompt, out in zip(prompts, outs, strict=True):
+            assert out.result(timeout=120).outputs[0].token_ids == _reference_tokens(model, prompt, 10)
+    finally:
+        llm.shutdown()
