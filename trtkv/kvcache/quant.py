@@ -125,7 +125,7 @@ def numerics_key(fmt: KVFormat | str | FormatChoice) -> str:
 
 # The modules a codec's definition spans: its source and every function, class or constant of these it reaches by name.
 NUMERICS_MODULES = ("trtkv.kvcache.names", "trtkv.kvcache.numerics", "trtkv.kvcache.turboquant", "trtkv.kvcache.codecs",
-                    "trtkv.kvcache.variants")
+                    "trtkv.kvcache.codec_base", "trtkv.kvcache.variants")
 
 
 def _definition_sources(cls: type) -> list[str]:

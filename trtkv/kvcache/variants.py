@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from trtkv.core.errors import TrtkvError
-from trtkv.kvcache.codecs import Codec
+from trtkv.kvcache.codec_base import Codec
 from trtkv.kvcache.formats import E2M1_MAX, FP8_MAX, NVFP4_BLOCK, KVFormat
 from trtkv.kvcache.numerics import (
     HeadScale,
