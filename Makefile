@@ -39,7 +39,7 @@ $(STAMP): constraints.txt pyproject.toml
 
 # GenAI-Perf (its own venv) drives the served ensemble in the e2e tests: a client trtkv did not write; vLLM (its own
 # venv) serves the HF export in tests/e2e/test_vllm.py
-test: install install-genai-perf install-vllm
+test: install install-genai-perf install-vllm install-sglang
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # The inner loop: lint + every test that starts no server and needs no side venv (tests marked e2e are left out)
@@ -178,23 +178,35 @@ $(VLLM_STAMP): tools/vllm_cpu_compat/pyproject.toml tools/vllm_cpu_compat/trtkv_
 	touch $@
 
 # SGLang's argument parser (not its server: SGLang's CPU path wants AMX/AVX-512 and sgl-kernel's CPU build), in a venv
-# of its own: --no-deps (its full dependency set is CUDA-bound) plus what `sglang.srt.server_args` imports, pinned, and
-# the CPU torch. tests/e2e/test_sglang_args.py parses every SGLang command trtkv writes with it (skipped without it).
-# Not a `test` prerequisite: it took 510 s on a 2-core machine here (torch alone most of it).
+# of its own: sglang --no-deps (its full dependency set is CUDA-bound) plus the closure of what `sglang.srt.server_args`
+# imports, every package pinned, installed --no-deps --no-compile. It installs no torch and no triton of its own (a
+# multi-GB download, most of 510 s before): scripts/link_dists.py links the main venv's CPU torch 2.13.0 and
+# $(VLLM_VENV)'s triton 3.9.0 (`sglang.srt.utils.common` imports it), each with its requirement closure, into
+# $(SGLANG_VENV)/borrowed, which a .pth appends after its own site-packages: its own pins win. About 10 s of CPU (pip)
+# + 15 s (the import check) here. tests/e2e/test_sglang_args.py parses every SGLang command trtkv writes with it.
 SGLANG_VENV := .venv-sglang
-SGLANG_STAMP := $(SGLANG_VENV)/.installed-sglang-0.5.23
-SGLANG_DEPS := numpy==2.4.6 orjson==3.13.0 psutil==7.2.2 pybase64==1.5.1 requests==2.34.2 packaging==26.4 \
-	pillow==13.0.0 starlette==1.10.0 msgspec==0.23.0 pydantic==2.14.4 pyzmq==27.3.0 tqdm==4.70.1 ipython==9.18.1 \
-	aiohttp==3.14.5 triton==3.9.0
+SGLANG_DEPS := aiohappyeyeballs==2.7.1 aiohttp==3.14.5 aiosignal==1.4.0 annotated-types==0.8.0 anyio==4.16.0 \
+	asttokens==3.0.2 attrs==26.1.0 certifi==2026.10.19.post1 charset-normalizer==3.5.3 executing==2.3.0 frozenlist==1.8.0 \
+	idna==3.20 ipython==9.18.1 ipython_pygments_lexers==1.1.1 jedi==0.20.1 matplotlib-inline==0.2.2 msgspec==0.23.0 \
+	multidict==7.2.1 numpy==2.4.6 orjson==3.13.0 packaging==26.4 parso==0.8.7 pexpect==4.9.0 pillow==13.0.0 \
+	prompt_toolkit==3.0.53 propcache==0.5.4 psutil==7.2.2 ptyprocess==0.7.0 pure_eval==0.2.4 pybase64==1.5.1 \
+	pydantic==2.14.4 pydantic_core==2.50.5 Pygments==2.21.0 pyzmq==27.3.0 requests==2.34.2 stack-data==0.6.3 \
+	starlette==1.10.0 tqdm==4.70.1 traitlets==5.16.1 typing_extensions==4.16.0 typing-inspection==0.4.5 urllib3==2.8.0 \
+	wcwidth==0.9.4 yarl==1.25.1
+SGLANG_TRITON := 3.9.0
+SGLANG_STAMP := $(SGLANG_VENV)/.installed-sglang-0.5.23-$(shell echo '$(SGLANG_DEPS) $(SGLANG_TRITON)' | sha256sum | cut -c1-8)
 install-sglang: $(SGLANG_STAMP)
 
-$(SGLANG_STAMP):
+$(SGLANG_STAMP): scripts/link_dists.py | $(STAMP) $(VLLM_STAMP)
 	rm -rf $(SGLANG_VENV)
-	$(PYTHON) -m venv $(SGLANG_VENV)
-	$(SGLANG_VENV)/bin/python -m pip --disable-pip-version-check install -q torch==2.13.0
-	$(SGLANG_VENV)/bin/python -m pip --disable-pip-version-check install -q --no-deps sglang==0.5.23
-	$(SGLANG_VENV)/bin/python -m pip --disable-pip-version-check install -q $(SGLANG_DEPS) torch==2.13.0
-	$(SGLANG_VENV)/bin/python -c "from sglang.srt.server_args import prepare_server_args; import sglang; print('sglang', sglang.__version__)"
+	$(BIN)/python -m venv --without-pip $(SGLANG_VENV)
+	$(PIP) --python $(SGLANG_VENV)/bin/python install -q --no-deps --no-compile sglang==0.5.23 $(SGLANG_DEPS)
+	$(BIN)/python scripts/link_dists.py $(SGLANG_VENV)/borrowed torch==2.13.0
+	$(VLLM_VENV)/bin/python scripts/link_dists.py $(SGLANG_VENV)/borrowed triton==$(SGLANG_TRITON)
+	$(SGLANG_VENV)/bin/python -c "import os, sys, sysconfig; site = sysconfig.get_paths()['purelib']; \
+		open(os.path.join(site, 'zz-trtkv-borrowed.pth'), 'w').write(sys.argv[1] + '\n')" $(abspath $(SGLANG_VENV))/borrowed
+	cd / && $(abspath $(SGLANG_VENV))/bin/python -c "from sglang.srt.server_args import prepare_server_args; import sglang, torch, \
+		numpy; print('sglang', sglang.__version__, 'torch', torch.__version__, 'numpy', numpy.__version__)"
 	touch $@
 
 # AIPerf (NVIDIA's benchmark client, GenAI-Perf's successor), pinned, in a venv of its own: `make bench-crosscheck`

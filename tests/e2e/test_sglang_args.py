@@ -88,26 +88,44 @@ def test_every_sglang_command_trtkv_writes_parses_with_sglangs_parser(tmp_path: 
     assert parse([["--model-path", "/m", "--no-such-flag"]]) == [{"error": 2}]  # the parser is strict
 
 
-def _row_cases() -> list:
-    out = []
+def _row_argvs() -> dict[str, list[str]]:
+    """{test id: the arguments} of every sglang row of the formats table (a "(flag)" value is a bare flag)."""
+    out = {}
     for fmt in load_table().formats.values():
         for row in fmt.engines:
-            if row.engine != "sglang":
-                continue
-            argv = [row.config] if row.value == "(flag)" else [row.config, row.value]
-            marks = [pytest.mark.xfail(strict=True, reason="sglang 0.5.23's parser has no --int8-kv-cache (the row "
-                                                           "was read from docs on main)")] if row.value == "(flag)" else []
-            out.append(pytest.param(fmt.name, argv, marks=marks, id=f"{fmt.name}:{' '.join(argv)}"))
+            if row.engine == "sglang":
+                argv = [row.config] if row.value == "(flag)" else [row.config, row.value]
+                out[f"{fmt.name}:{' '.join(argv)}"] = argv
     return out
 
 
+@pytest.fixture(scope="module")
+def parsed_rows() -> dict[str, dict]:
+    """Every row parsed in one interpreter (importing sglang costs ~15 s of CPU each time)."""
+    rows = _row_argvs()
+    return dict(zip(rows, parse([["--model-path", "/m", *argv] for argv in rows.values()]), strict=True))
+
+
+def test_every_sglang_row_is_keyed_to_the_pinned_version() -> None:
+    rows = [(f.name, r.version) for f in load_table().formats.values() for r in f.engines if r.engine == "sglang"]
+    assert rows and all(v == sglang.SGLANG_VERSION for _, v in rows), rows
+
+
 @needs_sglang
-@pytest.mark.parametrize("fmt,argv", _row_cases())
-def test_each_sglang_row_of_the_formats_table_names_a_value_sglangs_parser_accepts(fmt: str, argv: list[str]) -> None:
-    (p,) = parse([["--model-path", "/m", *argv]])
-    assert "error" not in p, f"{fmt}: SGLang's parser rejects {argv}"
+@pytest.mark.parametrize("case", list(_row_argvs()))
+def test_each_sglang_row_of_the_formats_table_names_a_value_sglangs_parser_accepts(case: str,
+                                                                                   parsed_rows: dict) -> None:
+    argv, p = _row_argvs()[case], parsed_rows[case]
+    assert "error" not in p, f"{case}: SGLang {sglang.SGLANG_VERSION}'s parser rejects {argv}"
     if argv[0] == "--kv-cache-dtype":
         assert p["kv_cache_dtype"] == argv[1]
+
+
+@needs_sglang
+def test_the_row_check_fails_on_a_flag_the_parser_rejects() -> None:
+    """What the formats table named before 0.5.23 was pinned (--int8-kv-cache, from docs on main) is rejected."""
+    assert parse([["--model-path", "/m", "--int8-kv-cache"], ["--model-path", "/m", "--kv-cache-dtype", "int8"]]) == [
+        {"error": 2}, {"error": 2}]
 
 
 def _sglang_schema(python: Path) -> dict:

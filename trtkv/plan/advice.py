@@ -11,7 +11,15 @@ from trtkv.checkpoints import (
     AttentionKind,
 )
 from trtkv.kvcache.formats import KVFormat
-from trtkv.plan.model import GIB, Architecture, FormatCapacity, recipe_accounting, seq_bytes, weights_bytes
+from trtkv.plan.model import (
+    GIB,
+    SGLANG_ACCOUNTING_TEXT,
+    Architecture,
+    FormatCapacity,
+    recipe_accounting,
+    seq_bytes,
+    weights_bytes,
+)
 from trtkv.platform.hardware import GPU
 from trtkv.recipe import Recipe
 from trtkv.recipe.attention import (
@@ -173,4 +181,4 @@ def attention_advice(recipe: Recipe, arch: Architecture, caps: list[FormatCapaci
 
 
 def accounting_is_exact(c: FormatCapacity) -> bool:
-    return c.accounting == ACCOUNTING_TEXT[Accounting.EXACT]
+    return c.accounting in (ACCOUNTING_TEXT[Accounting.EXACT], SGLANG_ACCOUNTING_TEXT)  # SGLang's counts EXACT's bytes

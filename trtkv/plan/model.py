@@ -25,7 +25,7 @@ from trtkv.checkpoints import (
 from trtkv.core.errors import RecipeError
 from trtkv.kvcache.formats import KVFormat
 from trtkv.platform.hardware import GPU
-from trtkv.recipe import ModelDtype, Recipe, WeightQuant
+from trtkv.recipe import Backend, ModelDtype, Recipe, WeightQuant
 from trtkv.recipe.attention import (
     VLLM_BLOCK_CPU,
     VLLM_BLOCK_GPU,
@@ -243,6 +243,22 @@ def weights_bytes(arch: Architecture, recipe: Recipe) -> tuple[float, float]:
     per_weight = WEIGHT_BYTES.get(recipe.quantization.weights, float(dtype_bytes))
     total = (params - embed) * per_weight + embed * dtype_bytes
     return total, total / recipe.world_size
+
+
+# SGLang sizes its token pool itself (sglang 0.5.23 python/sglang/srt/model_executor/pool_configurator.py,
+# _compute_cell_size, for MHA: KV heads per TP rank x (head_dim + v_head_dim) x layers x the KV dtype's element size per
+# token, one slot per token at page_size 1; FP8 scales are per tensor): for full attention those are EXACT's bytes, so
+# the planner counts EXACT for it (backend_rules.KV_ACCOUNTING) under SGLang's name, not TensorRT-LLM's.
+SGLANG_ACCOUNTING_TEXT = ("SGLang token pool (sglang 0.5.23 cell size: KV heads per TP rank x (K + V head dim) x layers x "
+                          "element bytes per token, page_size 1; sliding layers at their window: its SWA pool ratio and "
+                          "NVFP4's extra scale/dequant buffers not modelled)")
+
+
+def accounting_label(recipe: Recipe, accounting: Accounting) -> str:
+    """The name of the sizing the recipe's capacity follows: the engine's own, so SGLang's is not called TensorRT-LLM's."""
+    if recipe.build.backend is Backend.SGLANG and accounting is Accounting.EXACT:
+        return SGLANG_ACCOUNTING_TEXT
+    return ACCOUNTING_TEXT[accounting]
 
 
 def recipe_accounting(recipe: Recipe) -> tuple[Accounting, int]:

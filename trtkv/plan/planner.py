@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from trtkv.checkpoints import (
-    ACCOUNTING_TEXT,
     Accounting,
 )
 from trtkv.checkpoints import summary as layer_summary
@@ -34,6 +33,7 @@ from trtkv.plan.model import (  # the planner's public face: plan() and the type
     Architecture,
     FormatCapacity,
     Plan,
+    accounting_label,
     host_memory_gib,
     kv_format_for_recipe,
     per_gpu_bytes_per_token,
@@ -98,6 +98,7 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
     if recipe.quantization.kv_cache is KVCacheQuant.FP8_ATTN_HEAD:
         notes.append(attn_head_note(arch))
     accounting, block = recipe_accounting(recipe)
+    acc_label = accounting_label(recipe, accounting)
     mnbt = recipe.build.max_num_tokens
     for label, fmt, skipped in rows:
         fmts = layer_formats(arch.layer_list(), fmt, skipped, recipe.kv_skip_format)
@@ -116,7 +117,7 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
             for n in lengths:
                 batch = max(1, min(recipe.build.max_batch_size, max_seqs[n] or 1))
                 step[n] = (w_gpu + batch * read_gpu[n]) / (bandwidth * 1e9) * 1e3
-        caps.append(FormatCapacity(label, bpt, bpt_gpu, tokens, max_seqs, gib, step, ACCOUNTING_TEXT[accounting], seq,
+        caps.append(FormatCapacity(label, bpt, bpt_gpu, tokens, max_seqs, gib, step, acc_label, seq,
                                    seq_gpu, by_acc, {n: max_seqs[n] * n for n in lengths},
                                    {n: bytes_by_attention(arch.layer_list(), arch.kv_shape(), fmts, n) for n in lengths}))
     examples = []
@@ -147,7 +148,7 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
         advice=advice,
         advice_basis=basis,
         notes=notes + [n for n in [format_row_note(recipe)] if n] + attention_notes(arch, recipe),
-        attention=_attention_facts(arch, accounting, mnbt, block),
+        attention=_attention_facts(arch, acc_label, mnbt, block),
     )
 
 
@@ -157,9 +158,9 @@ def _weights_label(arch: Architecture, recipe: Recipe) -> str:
     return recipe.quantization.weights.value
 
 
-def _attention_facts(arch: Architecture, accounting: Accounting, mnbt: int, block: int) -> dict[str, Any]:
+def _attention_facts(arch: Architecture, label: str, mnbt: int, block: int) -> dict[str, Any]:
     layers = arch.layer_list()
     return {"layers": [x.label for x in layers], "summary": layer_summary(layers), "source": arch.attention_source,
             "mla_latent_elements": arch.kv_shape().mla_latent, "sinks": arch.sinks,
-            "accounting": ACCOUNTING_TEXT[accounting], "max_num_batched_tokens": mnbt, "vllm_block_size": block,
+            "accounting": label, "max_num_batched_tokens": mnbt, "vllm_block_size": block,
             "vllm_hybrid_manager": vllm_hybrid_on(layers)}
