@@ -180,15 +180,16 @@ def head_metrics(model, ref_hidden: torch.Tensor, hiddens: dict[str, torch.Tenso
             t = targets[s:e].unsqueeze(-1)
             nll_ref = -lr.gather(-1, t).squeeze(-1)
             top_ref = lr.argmax(-1)
+            p_ref = lr.exp()  # shared too
             for name, hidden in hiddens.items():
                 lq = lr if hidden is ref_hidden else _logprobs(model, hidden[s:e])
                 acc = parts[name]
-                acc["kl"].append((lr.exp() * (lr - lq)).sum(-1).clamp(min=0.0))
+                acc["kl"].append((p_ref * (lr - lq)).sum(-1).clamp(min=0.0))
                 acc["nll_q"].append(-lq.gather(-1, t).squeeze(-1))
                 acc["nll_ref"].append(nll_ref)
                 acc["agree"].append((top_ref == lq.argmax(-1)).float())
                 del lq
-            del lr
+            del lr, p_ref
     return {name: {k: torch.cat(v).cpu() for k, v in acc.items()} for name, acc in parts.items()}
 
 
@@ -205,7 +206,9 @@ def reference_hidden(loaded: Loaded, n: int, out: Path, positions: torch.Tensor 
         if isinstance(doc, dict) and doc.get("key") == loaded.key:
             if positions is None and doc["hidden"].shape[0] >= n:
                 return doc["hidden"][:n].to(loaded.device), doc["bytes"]
-            if positions is not None and doc.get("n") == n and torch.equal(doc.get("positions"), positions.cpu()):
+            kept = doc.get("positions")
+            if positions is not None and doc.get("n") == n and isinstance(kept, torch.Tensor) and torch.equal(
+                    kept, positions.cpu()):
                 return doc["hidden"].to(loaded.device), doc["bytes"]
     choice = parse_format(REFERENCE)
     cache = cache_class(loaded.model.config)(loaded.model.config, choice)

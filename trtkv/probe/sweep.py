@@ -105,7 +105,7 @@ def run_probe(recipe: Recipe, output: Path | None = None, settings: ProbeSetting
             bar.step(f"{choice.name}: {n}-token pass")
             runs[choice.name] = run_format(loaded, choice, scales, n, ref_hidden, defer_head=True)
             timings[choice.name] = runs[choice.name]["seconds"]
-        if runs:  # every pending format's LM head with ONE reference head pass
+        if runs and ref_hidden is not None:  # every pending format's LM head with ONE reference head pass
             bar.step(f"LM head: {', '.join(runs)}")
             started_head = time.time()
             finish_runs(loaded, runs, ref_hidden, n)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 
@@ -173,7 +174,9 @@ class LastLayerAt(torch.nn.Module):
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,  # noqa: D102
                 position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
                 past_key_values=None, **kwargs) -> torch.Tensor:  # noqa: ANN001, ANN003
-        layer, attn, rows = self.layer, self.layer.self_attn, self.rows.to(hidden_states.device)
+        layer: Any = self.layer
+        attn: Any = layer.self_attn
+        rows = self.rows.to(hidden_states.device)
         rotate = sys.modules[type(attn).__module__].apply_rotary_pos_emb
         x = layer.input_layernorm(hidden_states)
         kv_shape = (*x.shape[:-1], -1, attn.head_dim)
