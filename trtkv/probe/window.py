@@ -6,7 +6,10 @@ the same codecs and numerics, the stored rows trimmed after each update to the l
 32-token key groups covering them), and transformers' mask told where the kept rows start (get_mask_sizes), so the
 sliding mask of a chunk sees exactly the keys a full cache would let it see. A per-token format stores each token
 independently, so trimming changes nothing a query can see: the chunked, trimmed pass equals the naive one
-(tests/probe/test_window.py). To unify later with the sliding-window trim being added to trtkv.kvcache.cache.
+(tests/probe/test_window.py). trtkv.kvcache.cache now trims sliding layers too; WindowedKVCache builds its base
+with every layer full (no window given) and trims in SlidingQuantizedLayer only, so nothing is trimmed twice.
+LastLayerAt: where only some rows' outputs are scored (the LM head's sampled positions, a needle's digits), the last
+layer runs its queries, attention and MLP at those rows only.
 """
 
 from __future__ import annotations
