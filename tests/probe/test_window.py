@@ -119,3 +119,66 @@ def test_shared_needles_score_as_the_per_length_needles(gemma: Gemma3ForCausalLM
     for length in (160, 240):
         alone = needle_trials(loaded, parse_format("int8_token"), scales, length, [0.2, 0.7], 2)
         assert shared[length] == alone
+
+
+@pytest.mark.parametrize(("fmt", "chunk"), [("fp16", 7), ("int8_token", None), ("kivi4", 128)])
+def test_last_layer_at_sampled_rows_equals_the_dense_pass(gemma: Gemma3ForCausalLM, fmt: str, chunk: int | None,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """feed(positions=...) on a windowed cache runs the last layer at those rows only: the same hidden states as the
+    dense pass there (float64), and the shortcut did run (it is not the dense pass indexed afterwards)."""
+    from trtkv.probe.window import LastLayerAt
+
+    ids = torch.randint(0, 128, (1, 300), generator=torch.Generator().manual_seed(5))
+    dense = feed(gemma, ids, WindowedKVCache(gemma.config, fmt), chunk)[0]
+    pos = torch.tensor([0, 1, 2, 40, 41, 299])  # several per chunk, chunks with none, first and last
+    calls = []
+    forward = LastLayerAt.forward
+    monkeypatch.setattr(LastLayerAt, "forward", lambda self, *a, **k: calls.append(self.rows.numel()) or
+                        forward(self, *a, **k))
+    sampled = feed(gemma, ids, WindowedKVCache(gemma.config, fmt), chunk, positions=pos)[0]
+    assert sum(calls) == pos.numel() and (0 in calls or chunk is None)
+    assert sampled.shape == (pos.numel(), dense.shape[-1])
+    assert (sampled - dense[pos]).abs().max() < TOL
+    assert gemma.model.layers[-1].__class__.__name__ == "Gemma3DecoderLayer"  # restored after the pass
+
+
+def test_one_reference_head_shared_by_formats_gives_each_formats_metrics(gemma: Gemma3ForCausalLM) -> None:
+    """head_metrics runs the reference's LM head once for several formats: each gets exactly position_metrics'."""
+    from trtkv.probe.measure import head_metrics
+
+    ids = torch.randint(0, 128, (1, 120), generator=torch.Generator().manual_seed(6))
+    ref = feed(gemma, ids, WindowedKVCache(gemma.config, "fp16"), None)[0][:119]
+    qs = {f: feed(gemma, ids, WindowedKVCache(gemma.config, f), None)[0][:119] for f in ("int4_g32", "int8_token")}
+    targets = ids[0, 1:]
+    shared = head_metrics(gemma, ref, {**qs, "ref": ref}, targets)
+    for f, h in qs.items():
+        alone = position_metrics(gemma, ref, h, targets)
+        assert all(torch.equal(shared[f][k], alone[k]) for k in alone)
+    assert float(shared["ref"]["kl"].abs().max()) == 0.0 and float(shared["int4_g32"]["kl"].mean()) > 0.0
+
+
+def test_sampled_reference_and_last_layer_give_the_dense_runs_metrics(gemma: Gemma3ForCausalLM, tmp_path) -> None:  # noqa: ANN001
+    """run_format on a windowed model with the reference stored at the LM head's rows only (its last layer run at
+    those rows) gives the metrics of the dense reference and pass at those rows (float64)."""
+    from trtkv.kvcache.scales import KVScales
+    from trtkv.probe.measure import finish_runs, head_positions, reference_hidden, run_format
+    from trtkv.probe.setup import Loaded
+
+    text = torch.randint(0, 128, (260,), generator=torch.Generator().manual_seed(7)).tolist()
+    loaded = Loaded(gemma, None, torch.device("cpu"), tmp_path, text, [], "k", {"head_positions": 40})
+    n = 260
+    pos = head_positions(loaded, n - 1)
+    assert pos is not None and pos.numel() <= 40
+    dense_ref, _ = reference_hidden(loaded, n, tmp_path)
+    sampled_ref, _ = reference_hidden(loaded, n, tmp_path, pos)
+    assert sampled_ref.shape[0] == pos.numel() and (sampled_ref - dense_ref[pos]).abs().max() < TOL
+    scales = KVScales(k_amax=[1.0] * 4, v_amax=[1.0] * 4, source="test")
+    choice = parse_format("int4_g32")
+    dense = run_format(loaded, choice, scales, n, dense_ref)["metrics"]
+    runs = {f: run_format(loaded, parse_format(f), scales, n, sampled_ref, defer_head=True) for f in ("fp16", "int4_g32")}
+    assert "metrics" not in runs["int4_g32"]
+    finish_runs(loaded, runs, sampled_ref, n)
+    fast = runs["int4_g32"]["metrics"]
+    assert torch.equal(fast["pos"], dense["pos"]) and (fast["kl"] - dense["kl"]).abs().max() < TOL
+    assert (fast["nll_q"] - dense["nll_q"]).abs().max() < TOL and torch.equal(fast["agree"], dense["agree"])
+    assert float(runs["fp16"]["metrics"]["kl"].abs().max()) == 0.0

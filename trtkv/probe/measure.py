@@ -21,7 +21,7 @@ from trtkv.kvcache.formats import KVFormat, kv_bytes_per_token
 from trtkv.kvcache.quant import KIVI_RESIDUAL, FormatChoice, parse_format
 from trtkv.kvcache.scales import KVScales, calibrate_scales, load_kv_scales
 from trtkv.probe.setup import LOGIT_CHUNK, REFERENCE, Loaded, ProbeSettings, semantics, write_json
-from trtkv.probe.window import WINDOW_CHUNK, WindowedKVCache, sliding_window
+from trtkv.probe.window import WINDOW_CHUNK, LastLayerAt, WindowedKVCache, sliding_window
 from trtkv.recipe import layout
 
 if TYPE_CHECKING:
@@ -102,23 +102,41 @@ def chunk_for(choice: FormatChoice) -> int | None:
     return KIVI_RESIDUAL if choice.base in (KVFormat.KIVI4, KVFormat.KIVI2) else None
 
 
-def feed(model, ids: torch.Tensor, cache: QuantizedKVCache, chunk: int | None) -> torch.Tensor:  # noqa: ANN001
-    """Run ids [batch, T] through the model with the cache; return the last hidden states [batch, T, hidden]."""
+def feed(model, ids: torch.Tensor, cache: QuantizedKVCache, chunk: int | None,  # noqa: ANN001
+         positions: torch.Tensor | None = None) -> torch.Tensor:
+    """Run ids [batch, T] through the model with the cache; return the last hidden states [batch, T, hidden], or at
+    `positions` (indices into T) only [batch, len(positions), hidden]: on a windowed cache the last layer then runs
+    at those rows only (trtkv.probe.window.LastLayerAt)."""
     outs = []
     start = 0
     total = ids.shape[1]
-    if chunk is None and isinstance(cache, WindowedKVCache):
+    windowed = isinstance(cache, WindowedKVCache)
+    if chunk is None and windowed:
         chunk = WINDOW_CHUNK  # chunked prefill: the sliding layers attend chunk x (window + chunk), not n x n
-    with torch.inference_mode():
-        while start < total:
-            if chunk is None:
-                end = total
-            else:
-                seen = cache.get_seq_length()
-                end = min(total, start + chunk - (seen % chunk))  # align with the window flush grid
-            out = model.model(input_ids=ids[:, start:end], past_key_values=cache, use_cache=True)
-            outs.append(out.last_hidden_state)
-            start = end
+    layers = model.model.layers
+    last = LastLayerAt(layers[-1]) if positions is not None and windowed and LastLayerAt.supports(layers[-1]) else None
+    wanted = None if positions is None else positions.to(torch.long).cpu()
+    try:
+        if last is not None:
+            layers[-1] = last
+        with torch.inference_mode():
+            while start < total:
+                if chunk is None:
+                    end = total
+                else:
+                    seen = cache.get_seq_length()
+                    end = min(total, start + chunk - (seen % chunk))  # align with the window flush grid
+                if last is not None and wanted is not None:
+                    last.rows = wanted[(wanted >= start) & (wanted < end)] - start
+                out = model.model(input_ids=ids[:, start:end], past_key_values=cache, use_cache=True)
+                hidden = out.last_hidden_state
+                if last is None and wanted is not None:
+                    hidden = hidden[:, wanted[(wanted >= start) & (wanted < end)] - start]
+                outs.append(hidden)
+                start = end
+    finally:
+        if last is not None:
+            layers[-1] = last.layer
     return torch.cat(outs, dim=1)
 
 
@@ -150,62 +168,116 @@ def position_metrics(model, ref_hidden: torch.Tensor, hidden: torch.Tensor, targ
         ref_hidden, targets = ref_hidden[idx], targets[idx]
         hidden = ref_hidden if same else hidden[idx]
         return {**position_metrics(model, ref_hidden, hidden, targets), "pos": positions.cpu()}
-    kl, nll_q, nll_ref, agree = [], [], [], []
+    return head_metrics(model, ref_hidden, {"q": hidden}, targets)["q"]
+
+
+def head_metrics(model, ref_hidden: torch.Tensor, hiddens: dict[str, torch.Tensor],  # noqa: ANN001
+                 targets: torch.Tensor) -> dict[str, dict[str, torch.Tensor]]:
+    """position_metrics for several formats over the same rows: the reference's LM head and log-softmax run once per
+    chunk of rows, shared by every format (a 262K-wide head costs as much as the rest of a pass)."""
+    parts: dict[str, dict[str, list[torch.Tensor]]] = {k: {"kl": [], "nll_q": [], "nll_ref": [], "agree": []}
+                                                       for k in hiddens}
     with torch.inference_mode():
         for s in range(0, targets.shape[0], LOGIT_CHUNK):
             e = min(s + LOGIT_CHUNK, targets.shape[0])
             lr = _logprobs(model, ref_hidden[s:e])
-            lq = lr if hidden is ref_hidden else _logprobs(model, hidden[s:e])
-            kl.append((lr.exp() * (lr - lq)).sum(-1).clamp(min=0.0))
             t = targets[s:e].unsqueeze(-1)
-            nll_q.append(-lq.gather(-1, t).squeeze(-1))
-            nll_ref.append(-lr.gather(-1, t).squeeze(-1))
-            agree.append((lr.argmax(-1) == lq.argmax(-1)).float())
-    return {"kl": torch.cat(kl).cpu(), "nll_q": torch.cat(nll_q).cpu(), "nll_ref": torch.cat(nll_ref).cpu(),
-            "agree": torch.cat(agree).cpu()}
+            nll_ref = -lr.gather(-1, t).squeeze(-1)
+            top_ref = lr.argmax(-1)
+            p_ref = lr.exp()  # shared too
+            for name, hidden in hiddens.items():
+                lq = lr if hidden is ref_hidden else _logprobs(model, hidden[s:e])
+                acc = parts[name]
+                acc["kl"].append((p_ref * (lr - lq)).sum(-1).clamp(min=0.0))
+                acc["nll_q"].append(-lq.gather(-1, t).squeeze(-1))
+                acc["nll_ref"].append(nll_ref)
+                acc["agree"].append((top_ref == lq.argmax(-1)).float())
+                del lq
+            del lr, p_ref
+    return {name: {k: torch.cat(v).cpu() for k, v in acc.items()} for name, acc in parts.items()}
 
 
-def reference_hidden(loaded: Loaded, n: int, out: Path) -> tuple[torch.Tensor, dict]:
-    """Hidden states of the reference (fp16 cache) over the first n text tokens (cached)."""
-    path = out / "cache" / "reference.pt"
+def reference_hidden(loaded: Loaded, n: int, out: Path, positions: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, dict]:
+    """Hidden states of the reference (fp16 cache) over the first n text tokens (cached); at `positions` only when
+    given (a windowed model's sampled LM-head rows: its last layer runs at those rows only)."""
+    path = out / "cache" / ("reference.pt" if positions is None else "reference_sampled.pt")
     if path.is_file():
         try:
             doc = torch.load(path, weights_only=True)
         except (pickle.UnpicklingError, RuntimeError, EOFError, OSError):
             doc = {}  # damaged or from an older trtkv: measured again
-        if isinstance(doc, dict) and doc.get("key") == loaded.key and doc["hidden"].shape[0] >= n:
-            return doc["hidden"][:n].to(loaded.device), doc["bytes"]
+        if isinstance(doc, dict) and doc.get("key") == loaded.key:
+            if positions is None and doc["hidden"].shape[0] >= n:
+                return doc["hidden"][:n].to(loaded.device), doc["bytes"]
+            kept = doc.get("positions")
+            if positions is not None and doc.get("n") == n and isinstance(kept, torch.Tensor) and torch.equal(
+                    kept, positions.cpu()):
+                return doc["hidden"].to(loaded.device), doc["bytes"]
     choice = parse_format(REFERENCE)
     cache = cache_class(loaded.model.config)(loaded.model.config, choice)
     ids = torch.tensor([loaded.text_ids[:n]], device=loaded.device)
     t0 = time.time()
-    hidden = feed(loaded.model, ids, cache, None)[0]
+    hidden = feed(loaded.model, ids, cache, None, positions)[0]
     info = {"bytes_per_token": cache.bytes_per_token(), "stored_bytes": cache.stored_bytes(),
             "seconds": round(time.time() - t0, 1)}
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"key": loaded.key, "hidden": hidden.cpu(), "bytes": info}, path)
+    extra = {} if positions is None else {"n": n, "positions": positions.cpu()}
+    torch.save({"key": loaded.key, "hidden": hidden.cpu(), "bytes": info, **extra}, path)
     return hidden, info
 
 
-def run_format(loaded: Loaded, choice: FormatChoice, scales: KVScales, n: int, ref_hidden: torch.Tensor) -> dict:
-    """One pass of the text through the format's cache: per-position metrics, clipping, bytes."""
-    targets = torch.tensor(loaded.text_ids[1:n], device=loaded.device)
+def run_format(loaded: Loaded, choice: FormatChoice, scales: KVScales, n: int, ref_hidden: torch.Tensor,
+               defer_head: bool = False) -> dict:
+    """One pass of the text through the format's cache: per-position metrics, clipping, bytes. On a windowed model
+    ref_hidden may hold the sampled rows only (reference_hidden(positions=head_positions(...))): the pass then runs
+    its last layer at those rows only. `defer_head`: the run keeps its hidden states at the metric rows ("hidden",
+    None for the reference) and finish_runs computes every pending run's metrics with one shared reference head."""
     t0 = time.time()
     positions = head_positions(loaded, n - 1)
+    sampled = positions is not None and ref_hidden.shape[0] == positions.numel()
+    run: dict[str, Any] = {"clip": None, "clip_positions": None, "seconds": 0.0}
     if choice.name == REFERENCE:
-        hidden = ref_hidden[: n - 1]
-        metrics = position_metrics(loaded.model, hidden, hidden, targets, positions)
-        return {"metrics": metrics, "clip": None, "clip_positions": None, "seconds": 0.0}
-    cache = make_cache(loaded, choice, scales, record_positions=choice.static)
-    ids = torch.tensor([loaded.text_ids[:n]], device=loaded.device)
-    hidden = feed(loaded.model, ids, cache, chunk_for(choice))[0]
-    metrics = position_metrics(loaded.model, ref_hidden[: n - 1], hidden[: n - 1], targets, positions)
-    clip_pos = cache.clip_per_position()
-    return {"metrics": metrics, "clip": cache.clip_stats() if choice.static else None,
-            "clip_positions": None if clip_pos is None else clip_pos.cpu(),
-            "bytes_per_token": cache.bytes_per_token(), "stored_bytes": cache.stored_bytes(),
-            "residual_bytes": cache.residual_bytes(), "quantized_tokens": cache.quantized_tokens(),
-            "seconds": round(time.time() - t0, 1)}
+        hidden = None
+    else:
+        cache = make_cache(loaded, choice, scales, record_positions=choice.static)
+        ids = torch.tensor([loaded.text_ids[:n]], device=loaded.device)
+        hidden = feed(loaded.model, ids, cache, chunk_for(choice), positions if sampled else None)[0]
+        hidden = hidden if sampled else hidden[: n - 1]
+        clip_pos = cache.clip_per_position()
+        run.update({"clip": cache.clip_stats() if choice.static else None,
+                    "clip_positions": None if clip_pos is None else clip_pos.cpu(),
+                    "bytes_per_token": cache.bytes_per_token(), "stored_bytes": cache.stored_bytes(),
+                    "residual_bytes": cache.residual_bytes(), "quantized_tokens": cache.quantized_tokens()})
+    run["hidden"], run["positions"] = hidden, positions
+    if not defer_head:
+        finish_runs(loaded, {choice.name: run}, ref_hidden, n)
+    run["seconds"] = round(time.time() - t0, 1) if hidden is not None else 0.0
+    return run
+
+
+def finish_runs(loaded: Loaded, runs: dict[str, dict], ref_hidden: torch.Tensor, n: int) -> None:
+    """Fill in "metrics" of the runs run_format(defer_head=True) left pending (their "hidden" at the metric rows):
+    the reference's LM head runs once for all of them (head_metrics)."""
+    pending = {k: r for k, r in runs.items() if "hidden" in r}
+    if not pending:
+        return
+    targets = torch.tensor(loaded.text_ids[1:n], device=loaded.device)
+    positions = next(iter(pending.values()))["positions"]
+    sampled = positions is not None and ref_hidden.shape[0] == positions.numel()
+    ref = ref_hidden if sampled else ref_hidden[: n - 1]
+    if positions is not None:
+        idx = positions.to(ref.device)
+        targets = targets[idx]
+        if not sampled:  # dense hidden states, metrics at the sampled rows
+            ref = ref[idx]
+            for r in pending.values():
+                r["hidden"] = None if r["hidden"] is None else r["hidden"][idx]
+    hiddens = {k: ref if r["hidden"] is None else r["hidden"] for k, r in pending.items()}
+    metrics = head_metrics(loaded.model, ref, hiddens, targets)
+    for k, r in pending.items():
+        r["metrics"] = metrics[k] if positions is None else {**metrics[k], "pos": positions.cpu()}
+        del r["hidden"], r["positions"]
 
 
 def length_record(loaded: Loaded, choice: FormatChoice, run: dict, n: int, ref_bytes: dict) -> dict:
@@ -301,7 +373,7 @@ def decode_experiment(loaded: Loaded, formats: list[FormatChoice], scales: KVSca
     ref_cache = cache_class(loaded.model.config)(loaded.model.config, REFERENCE)
     ref_steps, tokens = [], []
     with torch.inference_mode():
-        h = feed(loaded.model, ids, ref_cache, None)[:, -1]
+        h = feed(loaded.model, ids, ref_cache, None, positions=torch.tensor([ids.shape[1] - 1]))[:, -1]
         for _ in range(steps):
             lp = _logprobs(loaded.model, h)[0]
             ref_steps.append(lp)
@@ -314,7 +386,7 @@ def decode_experiment(loaded: Loaded, formats: list[FormatChoice], scales: KVSca
         cache = make_cache(loaded, choice, scales, record_positions=True)
         kls = []
         with torch.inference_mode():
-            h = feed(loaded.model, ids, cache, None)[:, -1]
+            h = feed(loaded.model, ids, cache, None, positions=torch.tensor([ids.shape[1] - 1]))[:, -1]
             for i, nxt in enumerate(tokens):
                 lq = _logprobs(loaded.model, h)[0]
                 kls.append(float((ref_steps[i].exp() * (ref_steps[i] - lq)).sum().clamp(min=0)))

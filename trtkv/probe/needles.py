@@ -55,10 +55,11 @@ def shared_needles(loaded, choice: FormatChoice, scales, lengths: list[int], dep
             hits = []
             widths = {len(s) for s, _ in trials}
             if len(widths) == 1:  # one batch: every suffix has the same length
-                hidden = feed(loaded.model, torch.tensor([s for s, _ in trials], device=loaded.device), trial_cache,
-                              chunk)
                 n_dig = len(trials[0][1])
-                pred = loaded.model.lm_head(hidden[:, -n_dig:]).argmax(-1).cpu()
+                width = widths.pop()
+                hidden = feed(loaded.model, torch.tensor([s for s, _ in trials], device=loaded.device), trial_cache,
+                              chunk, positions=torch.arange(width - n_dig, width))  # the last layer at those only
+                pred = loaded.model.lm_head(hidden).argmax(-1).cpu()
                 hits = [pred[i].tolist() == trials[i][1] for i in range(len(trials))]
             else:
                 raise TrtkvError(f"needle suffixes of unequal lengths {sorted(widths)} (the tokenizer merged digits).")

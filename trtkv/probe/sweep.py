@@ -17,6 +17,8 @@ from trtkv.kvcache.quant import FormatChoice, numerics_key, parse_format
 from trtkv.kvcache.scales import KVScales
 from trtkv.probe.measure import (
     decode_experiment,
+    finish_runs,
+    head_positions,
     length_record,
     needle_trials,
     probe_scales,
@@ -89,24 +91,33 @@ def run_probe(recipe: Recipe, output: Path | None = None, settings: ProbeSetting
         n = max(settings.lengths)
         ref_hidden: torch.Tensor | None = None
         ref_bytes: dict = {}
-        records, runs, timings = [], {}, {}
+        by_format: dict[str, list[dict]] = {}
+        runs, timings = {}, {}
         bar.step("reference pass (fp16 KV)", 1)
         for choice in choices:
             cached = _cached_records(out, _format_key(loaded.key, choice), skey, choice, settings.lengths)
             if cached is not None:
-                records += cached
+                by_format[choice.name] = cached
                 bar.step(f"{choice.name}: cached", 1)
                 continue
-            if ref_hidden is None:
-                ref_hidden, ref_bytes = reference_hidden(loaded, n, out)
+            if ref_hidden is None:  # a windowed model: the reference's hidden states at the LM head's rows only
+                ref_hidden, ref_bytes = reference_hidden(loaded, n, out, head_positions(loaded, n - 1))
             bar.step(f"{choice.name}: {n}-token pass")
-            run = run_format(loaded, choice, scales, n, ref_hidden)
-            runs[choice.name] = run
-            timings[choice.name] = run["seconds"]
-            recs = [length_record(loaded, choice, run, length, ref_bytes) for length in settings.lengths]
-            _save_run(out, _format_key(loaded.key, choice), skey, choice, run, recs)
-            records += recs
-            bar.step(f"{choice.name}: done", 1)
+            runs[choice.name] = run_format(loaded, choice, scales, n, ref_hidden, defer_head=True)
+            timings[choice.name] = runs[choice.name]["seconds"]
+        if runs and ref_hidden is not None:  # every pending format's LM head with ONE reference head pass
+            bar.step(f"LM head: {', '.join(runs)}")
+            started_head = time.time()
+            finish_runs(loaded, runs, ref_hidden, n)
+            timings["lm_head"] = round(time.time() - started_head, 1)
+        for choice in choices:
+            if choice.name in runs:
+                run = runs[choice.name]
+                recs = [length_record(loaded, choice, run, length, ref_bytes) for length in settings.lengths]
+                _save_run(out, _format_key(loaded.key, choice), skey, choice, run, recs)
+                by_format[choice.name] = recs
+                bar.step(f"{choice.name}: done", 1)
+        records = [rec for choice in choices for rec in by_format[choice.name]]
         needles = {}
         for choice in needled:
             if loaded.info.get("sliding_window") and settings.needle_lengths:  # one haystack pass, every length

@@ -6,13 +6,18 @@ the same codecs and numerics, the stored rows trimmed after each update to the l
 32-token key groups covering them), and transformers' mask told where the kept rows start (get_mask_sizes), so the
 sliding mask of a chunk sees exactly the keys a full cache would let it see. A per-token format stores each token
 independently, so trimming changes nothing a query can see: the chunked, trimmed pass equals the naive one
-(tests/probe/test_window.py). To unify later with the sliding-window trim being added to trtkv.kvcache.cache.
+(tests/probe/test_window.py). trtkv.kvcache.cache now trims sliding layers too; WindowedKVCache builds its base
+with every layer full (no window given) and trims in SlidingQuantizedLayer only, so nothing is trimmed twice.
+LastLayerAt: where only some rows' outputs are scored (the LM head's sampled positions, a needle's digits), the last
+layer runs its queries, attention and MLP at those rows only.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 
@@ -147,3 +152,62 @@ class WindowedKVCache(QuantizedKVCache):
         full = [q.get_seq_length() for q in self.qlayers if not isinstance(q, SlidingQuantizedLayer)]
         return {"sliding_max": max(sliding, default=0), "full_max": max(full, default=0)}
 
+
+
+class LastLayerAt(torch.nn.Module):
+    """The model's last decoder layer with its output computed only at `rows` of each chunk (K/V still for every
+    token, which later queries attend to): the model's output then has those rows only. Gemma 3's last layer is a
+    full-attention one, a third of the full-attention work; exact (tests/probe/test_window.py)."""
+
+    def __init__(self, layer: torch.nn.Module):
+        super().__init__()
+        self.layer = layer
+        self.rows = torch.zeros(0, dtype=torch.long)
+
+    @staticmethod
+    def supports(layer: torch.nn.Module) -> bool:
+        """A Gemma-3-shaped decoder layer (four norms, q/k norms) on SDPA: the only kind this rewrite reproduces."""
+        attn = getattr(layer, "self_attn", None)
+        names = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm",
+                 "mlp")
+        return (attn is not None and all(hasattr(layer, n) for n in names) and hasattr(attn, "q_norm")
+                and getattr(attn.config, "_attn_implementation", None) == "sdpa"
+                and getattr(attn.config, "attn_logit_softcapping", None) is None)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,  # noqa: D102
+                position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+                past_key_values=None, **kwargs) -> torch.Tensor:  # noqa: ANN001, ANN003
+        layer: Any = self.layer
+        attn: Any = layer.self_attn
+        rows = self.rows.to(hidden_states.device)
+        rotate = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+        x = layer.input_layernorm(hidden_states)
+        kv_shape = (*x.shape[:-1], -1, attn.head_dim)
+        key = attn.k_norm(attn.k_proj(x).view(kv_shape).transpose(1, 2))
+        value = attn.v_proj(x).view(kv_shape).transpose(1, 2)
+        if position_embeddings is None:
+            raise ValueError("LastLayerAt needs the model's position_embeddings.")
+        cos, sin = position_embeddings
+        _, key = rotate(key, key, cos, sin)
+        keys, values = past_key_values.update(key, value, attn.layer_idx)
+        if rows.numel() == 0:
+            return hidden_states[:, :0]
+        xq = x[:, rows]
+        query = attn.q_norm(attn.q_proj(xq).view(*xq.shape[:-1], -1, attn.head_dim).transpose(1, 2))
+        query, _ = rotate(query, query, cos[:, rows], sin[:, rows])
+        if attention_mask is None:  # transformers skipped it (no past, causal): build the causal rows
+            k_pos = torch.arange(keys.shape[-2], device=rows.device)
+            q_pos = rows + (keys.shape[-2] - x.shape[1])
+            allowed = k_pos[None, :] <= q_pos[:, None]
+            if attn.sliding_window:
+                allowed &= q_pos[:, None] - k_pos[None, :] < attn.sliding_window
+            mask = allowed[None, None].expand(x.shape[0], 1, -1, -1)
+        else:
+            mask = attention_mask[:, :, rows]
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        out, _ = sdpa_attention_forward(attn, query, keys, values, mask, scaling=attn.scaling,
+                                        sliding_window=attn.sliding_window)
+        h = attn.o_proj(out.reshape(*xq.shape[:-1], -1).contiguous())
+        h = hidden_states[:, rows] + layer.post_attention_layernorm(h)
+        return h + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(h)))
