@@ -7,7 +7,8 @@ token in a fixed slot of a fixed block of its own sequence, so the answers here 
 (torch.equal on logits, == on tokens), not close: a decode row alone and among 7 others in another slot, a prompt
 prefilled whole and in chunks, and under load (quiz prompts, that prompt, prompts of other lengths, one long enough
 to be prefilled in many chunks, requests joining while others decode, a cancelled one) with up to 8 in flight.
-Kept to ~1 minute (few prompts, few tokens); benchmarks/batch_invariance_stress.py runs the long stress.
+Kept small (few prompts, few tokens, 4 in flight); `benchmarks/batch_invariance_stress.py` runs the long stress (8
+clients, random prompts, cancellations, `--max-num-tokens 24` for chunked prefill between decode steps).
 """
 
 from __future__ import annotations
@@ -167,13 +168,14 @@ def test_prefill_chunking_does_not_change_a_bit(setup: dict[str, Any]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("concurrency", [8])
+@pytest.mark.parametrize("concurrency", [4])
 def test_greedy_answers_equal_solo_under_load(setup: dict[str, Any], concurrency: int) -> None:
     """Half the requests start at once, the rest join while those decode; one is cancelled after 2 tokens; small
     prefill chunks (max_num_tokens 24) so prompts are prefilled between decode steps."""
     from trtkv.runtime.batch import Batcher, make_sequence
 
-    rt, prompts = setup["rt"], setup["prompts"]
+    rt = setup["rt"]
+    prompts = [setup["prompts"][i] for i in (0, 1, 3, 5, 7)]  # Egypt, a quiz prompt, two short, the long one
     solo = [rt.generate(p, max_tokens=MAX_TOKENS, end_id=-1) for p in prompts]
     n = len(prompts)
     results: dict[int, list[int]] = {}
@@ -203,7 +205,7 @@ def test_greedy_answers_equal_solo_under_load(setup: dict[str, Any], concurrency
 
     batcher = Batcher(rt, max_batch_size=concurrency, max_num_tokens=24)
     try:
-        order = [n - 4, *range(n - 4), *range(n - 3, n)]  # the long prompt first: others decode while it is chunked
+        order = [n - 2, *range(n - 2), n - 1]  # the long prompt first: others decode while it is chunked
         for k in order[: n // 2]:
             batcher.submit(make_sequence(rt, prompts[k], max_tokens=MAX_TOKENS, end_id=-1, on_token=on_token(k),
                                          on_done=on_done(k)))
@@ -217,6 +219,6 @@ def test_greedy_answers_equal_solo_under_load(setup: dict[str, Any], concurrency
     assert not errors
     assert results[cancel] == solo[cancel][:2]
     assert {k: results[k] for k in range(n) if k != cancel} == {k: solo[k] for k in range(n) if k != cancel}
-    assert batcher.peak_batch >= 4  # they really ran together (short answers finish before the last ones join)
+    assert batcher.peak_batch >= 3  # they really ran together (short answers finish before the last ones join)
     egypt = rt.tokenizer.decode(results[0])
     print(f"c{concurrency} (peak batch {batcher.peak_batch}): {EGYPT!r} -> {egypt!r}")
