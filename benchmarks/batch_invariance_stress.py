@@ -2,13 +2,16 @@
 
     PYTHONPATH=$PWD nice -n 10 .venv/bin/python benchmarks/batch_invariance_stress.py --perf      # c1 vs c8
     PYTHONPATH=$PWD nice -n 10 .venv/bin/python benchmarks/batch_invariance_stress.py --seconds 120  # stress
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/batch_invariance_stress.py --perf --modes off,on,off,on  # A/B
 
 The runtime is packaged:smollm2 with FP8 weights and an FP8 KV cache (what `smollm2_fp8kv` serves), driven through
 trtkv.runtime.batch.Batcher directly (no server). `--perf`: N requests one at a time (c1), then the same requests
-with 8 in flight (c8): aggregate generated tokens/s and TTFT p50 of each. Stress: for `--seconds`, 8 client threads
-submit random prompts (the quiz prompts, "The capital of Egypt is", prompts of other lengths), cancel some mid-way,
-and every finished greedy answer is compared token for token with the same prompt's solo answer (a batch of one).
-Prints one JSON line; exit 1 when any answer differed. Not a test: tests/runtime/test_batch_invariance.py is.
+with 8 in flight (c8): aggregate generated tokens/s and TTFT p50 of each; `--modes off,on,...` repeats that with the
+batch-invariant mode off (the old default path) and on, interleaved in one process, for an A/B on a shared machine.
+Stress: for `--seconds`, 8 client threads submit random prompts (the quiz prompts, "The capital of Egypt is",
+prompts of other lengths), cancel some mid-way, and every finished greedy answer is compared token for token with
+the same prompt's solo answer (a batch of one). Prints JSON lines; exit 1 when any answer differed. Not a test:
+tests/runtime/test_batch_invariance.py is.
 """
 
 # ruff: noqa: B023 - each client closure is joined before its loop variables change
@@ -91,12 +94,13 @@ def perf(runtime: Any, prompts: list[list[int]], requests: int, max_tokens: int)
     return result
 
 
-def stress(runtime: Any, prompts: list[list[int]], seconds: float, max_tokens: int, seed: int) -> dict[str, Any]:
+def stress(runtime: Any, prompts: list[list[int]], seconds: float, max_tokens: int, seed: int,
+           max_num_tokens: int | None = None) -> dict[str, Any]:
     """8 clients for `seconds`: random prompts, some cancelled; every answer vs the prompt's solo answer."""
     solo_batcher = Batcher(runtime, max_batch_size=1)
     solo = [run_one(solo_batcher, runtime, p, max_tokens)[0] for p in prompts]
     solo_batcher.shutdown()
-    batcher = Batcher(runtime, max_batch_size=8)
+    batcher = Batcher(runtime, max_batch_size=8, max_num_tokens=max_num_tokens)
     stop = time.monotonic() + seconds
     counts = {"answers": 0, "differed": 0, "cancelled": 0, "cancelled_differed": 0}
     differing: list[int] = []
@@ -133,11 +137,14 @@ def stress(runtime: Any, prompts: list[list[int]], seconds: float, max_tokens: i
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--perf", action="store_true", help="c1 vs c8 throughput and TTFT instead of the stress")
+    parser.add_argument("--modes", default="on", help="--perf: comma-separated on/off runs, interleaved (A/B)")
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--requests", type=int, default=24, help="--perf: requests per concurrency")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-num-tokens", type=int, default=None,
+                        help="stress: prefill chunk budget (e.g. 24: long prompts prefilled between decode steps)")
     args = parser.parse_args()
     import torch
 
@@ -146,9 +153,14 @@ def main() -> int:
         runtime = smollm2_fp8_runtime(Path(tmp))
         prompts = [runtime.tokenizer(p, add_special_tokens=False)["input_ids"] for p in invariance_prompts()]
         if args.perf:
-            report = perf(runtime, prompts, args.requests, args.max_tokens)
+            runs = []
+            for mode in args.modes.split(","):
+                runtime.settings["batch_invariant"] = mode == "on"
+                runs.append({"batch_invariant": mode, **perf(runtime, prompts, args.requests, args.max_tokens)})
+                print(json.dumps(runs[-1]), flush=True)
+            report = {"runs": runs}
         else:
-            report = stress(runtime, prompts, args.seconds, args.max_tokens, args.seed)
+            report = stress(runtime, prompts, args.seconds, args.max_tokens, args.seed, args.max_num_tokens)
     print(json.dumps({"threads": args.threads, "max_tokens": args.max_tokens, **report}))
     return 0 if args.perf or (report["differed"] == 0 and report["cancelled_differed"] == 0) else 1
 

@@ -7,7 +7,8 @@ token in a fixed slot of a fixed block of its own sequence, so the answers here 
 (torch.equal on logits, == on tokens), not close: a decode row alone and among 7 others in another slot, a prompt
 prefilled whole and in chunks, and under load (quiz prompts, that prompt, prompts of other lengths, one long enough
 to be prefilled in many chunks, requests joining while others decode, a cancelled one) with up to 8 in flight.
-Kept to ~1 minute (few prompts, few tokens); benchmarks/batch_invariance_stress.py runs the long stress.
+Kept small (few prompts, few tokens, 4 in flight); `benchmarks/batch_invariance_stress.py` runs the long stress (8
+clients, random prompts, cancellations, `--max-num-tokens 24` for chunked prefill between decode steps).
 """
 
 from __future__ import annotations
@@ -56,12 +57,74 @@ def smollm2_fp8_runtime(tmp: Path, model_dir: Path | None = None) -> Any:
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> dict[str, Any]:
-    """The runtime, the prompts' ids and each prompt's solo greedy answer (ReferenceRuntime.generate, one at a time)."""
+    """The runtime in its batch-invariant mode and the prompts' ids."""
     rt = smollm2_fp8_runtime(tmp_path_factory.mktemp("inv"), smollm2_dir)
     rt.settings["batch_invariant"] = True  # the opt-in mode (runtime.json batch_invariant / TRTKV_BATCH_INVARIANT=1)
     prompts = [rt.tokenizer(p, add_special_tokens=False)["input_ids"] for p in small_prompts()]
-    solo = [rt.generate(p, max_tokens=MAX_TOKENS, end_id=-1) for p in prompts]
-    return {"rt": rt, "prompts": prompts, "solo": solo}
+    return {"rt": rt, "prompts": prompts}
+
+
+def test_batch_invariance_is_opt_in_and_the_environment_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trtkv.runtime import ReferenceRuntime
+
+    def runtime(settings: dict[str, Any]) -> Any:
+        return ReferenceRuntime(model=None, config=None, tokenizer=None, kv_format="none", kv_scales=None,
+                                max_seq_len=8, eos_token_ids=[], bos_token_id=None, engine_dir=Path("."),
+                                settings=settings)
+
+    monkeypatch.delenv("TRTKV_BATCH_INVARIANT", raising=False)
+    assert runtime({"batch_invariant": True}).batch_invariant and not runtime({}).batch_invariant
+    monkeypatch.setenv("TRTKV_BATCH_INVARIANT", "0")
+    assert not runtime({"batch_invariant": True}).batch_invariant
+    monkeypatch.setenv("TRTKV_BATCH_INVARIANT", "1")
+    assert runtime({"batch_invariant": False}).batch_invariant
+
+
+def _reference_attention(q: Any, keys: Any, values: Any, positions: Any, window: int | None) -> Any:
+    """Plain softmax attention per row (float64), to check _attend_tiles computes attention at all."""
+    import torch
+
+    heads, kv_heads = q.shape[1], keys.shape[0]
+    out = []
+    for r, p in enumerate(positions.tolist()):
+        lo = 0 if window is None else max(0, p - window + 1)
+        k = keys[:, lo: p + 1].double().repeat_interleave(heads // kv_heads, 0)
+        v = values[:, lo: p + 1].double().repeat_interleave(heads // kv_heads, 0)
+        probs = torch.softmax((k @ q[r].double()[:, :, None])[..., 0] * 0.125, dim=-1)
+        out.append((probs[:, None, :] @ v)[:, 0].reshape(-1))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("window", [None, 40])
+def test_prefill_attention_rows_do_not_depend_on_the_chunk(window: int | None) -> None:
+    """_attend_tiles on one 150-token sequence, whole and in chunks of 37 and 5 (tile and panel boundaries fall
+    mid-chunk; a sliding layer sees only its window): every row bit-equal, and equal to softmax attention."""
+    import torch
+
+    from trtkv.runtime import invariant
+
+    gen = torch.Generator().manual_seed(1)
+    n, heads, kv_heads, d = 150, 6, 2, 64
+    q = torch.randn(n, heads, d, generator=gen)
+    keys, values = torch.randn(kv_heads, n, d, generator=gen), torch.randn(kv_heads, n, d, generator=gen)
+
+    def chunked(size: int) -> Any:
+        rows = []
+        for start in range(0, n, size):
+            end = min(n, start + size)
+            base, top = start - start % invariant.ROWS, -(-end // invariant.ROWS) * invariant.ROWS
+            first = 0 if window is None else max(0, start - window + 1)  # what a sliding cache still holds
+            qs = torch.zeros(top - base, heads, d)
+            qs[start - base: end - base] = q[start:end]
+            out = invariant._attend_tiles(0.125, qs, torch.arange(base, top), keys[:, first:end],
+                                          values[:, first:end], first, window)
+            rows.append(out[start - base: end - base])
+        return torch.cat(rows)
+
+    whole = chunked(n)
+    assert torch.equal(chunked(37), whole) and torch.equal(chunked(5), whole)
+    torch.testing.assert_close(whole.double(), _reference_attention(q, keys, values, torch.arange(n), window),
+                               atol=1e-5, rtol=1e-4)
 
 
 def _prefilled(rt: Any, ids: list[int], chunk: int | None) -> Any:
@@ -105,13 +168,15 @@ def test_prefill_chunking_does_not_change_a_bit(setup: dict[str, Any]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("concurrency", [8])
+@pytest.mark.parametrize("concurrency", [4])
 def test_greedy_answers_equal_solo_under_load(setup: dict[str, Any], concurrency: int) -> None:
     """Half the requests start at once, the rest join while those decode; one is cancelled after 2 tokens; small
     prefill chunks (max_num_tokens 24) so prompts are prefilled between decode steps."""
     from trtkv.runtime.batch import Batcher, make_sequence
 
-    rt, prompts, solo = setup["rt"], setup["prompts"], setup["solo"]
+    rt = setup["rt"]
+    prompts = [setup["prompts"][i] for i in (0, 1, 3, 5, 7)]  # Egypt, a quiz prompt, two short, the long one
+    solo = [rt.generate(p, max_tokens=MAX_TOKENS, end_id=-1) for p in prompts]
     n = len(prompts)
     results: dict[int, list[int]] = {}
     errors: list[BaseException] = []
@@ -140,7 +205,7 @@ def test_greedy_answers_equal_solo_under_load(setup: dict[str, Any], concurrency
 
     batcher = Batcher(rt, max_batch_size=concurrency, max_num_tokens=24)
     try:
-        order = [n - 4, *range(n - 4), *range(n - 3, n)]  # the long prompt first: others decode while it is chunked
+        order = [n - 2, *range(n - 2), n - 1]  # the long prompt first: others decode while it is chunked
         for k in order[: n // 2]:
             batcher.submit(make_sequence(rt, prompts[k], max_tokens=MAX_TOKENS, end_id=-1, on_token=on_token(k),
                                          on_done=on_done(k)))
@@ -154,6 +219,6 @@ def test_greedy_answers_equal_solo_under_load(setup: dict[str, Any], concurrency
     assert not errors
     assert results[cancel] == solo[cancel][:2]
     assert {k: results[k] for k in range(n) if k != cancel} == {k: solo[k] for k in range(n) if k != cancel}
-    assert batcher.peak_batch >= 4  # they really ran together (short answers finish before the last ones join)
+    assert batcher.peak_batch >= 2  # they really ran together (short answers finish before the last ones join)
     egypt = rt.tokenizer.decode(results[0])
     print(f"c{concurrency} (peak batch {batcher.peak_batch}): {EGYPT!r} -> {egypt!r}")

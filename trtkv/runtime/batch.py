@@ -12,8 +12,8 @@ chunk per iteration, so decoding sequences keep streaming while a long prompt is
 decoding sequence by one token. A finished or cancelled sequence leaves the batch at once and frees its slot.
 Greedy outputs equal a solo run's (the same code with a batch of one) up to float32 GEMM rounding, which depends on
 the batch size, so a near-tie can flip under load. With `runtime.batch_invariant` every step runs through
-trtkv.runtime.invariant instead (fixed-shape row blocks, attention per query row): answers equal solo answers bit for
-bit by construction (tests/runtime/test_batch_invariance.py), at ~4x the prefill time on 2 cores, so it is opt-in.
+trtkv.runtime.invariant instead (16-row panels, key tiles aligned to positions, attention per decode row): answers
+equal solo answers bit for bit (tests/runtime/test_batch_invariance.py), at ~1.4x the c1 TTFT on 2 cores, so opt-in.
 """
 
 from __future__ import annotations
@@ -189,14 +189,13 @@ def _prefill_chunk_invariant(runtime: ReferenceRuntime, seq: SequenceState, budg
     rest = len(seq.prompt) - seq.prefilled
     n = rest if budget is None else max(1, min(rest, budget))
     with torch.inference_mode():
-        blocks = invariant.prefill_blocks(runtime.model, seq, seq.prompt[seq.prefilled: seq.prefilled + n], seq.prefilled)
-        blocks = invariant.forward_rows(runtime.model, blocks, runtime.max_seq_len)
+        last = invariant.prefill_rows(runtime.model, seq, seq.prompt[seq.prefilled: seq.prefilled + n], seq.prefilled,
+                                      runtime.max_seq_len)
         seq.prefilled += n
         if seq.prefilled < len(seq.prompt):
             return False
-        last = blocks[-1]
-        row = last.x.new_zeros(invariant.DECODE_ROWS, last.x.shape[1])  # the last token in slot 0 of a decode-shaped
-        row[0] = last.x[last.hi - 1]  # block: half the LM-head work of the ROWS-row block, the same for any chunking
+        row = last.new_zeros(invariant.DECODE_ROWS, last.shape[0])  # the last token in slot 0 of a decode-shaped
+        row[0] = last  # block: the LM head's work for one row, the same for any chunking
         logits = invariant.lm_head(runtime.model, row)[0]
     seq.accept(logits)
     return True

@@ -8,21 +8,27 @@ a row's dot products are summed in another order when the batch (the GEMM's M) o
 SGLang replace matmul, log_softmax and mean by Triton kernels whose tiling ignores M and attention by split-KV
 kernels with a fixed split size. On the CPU we cannot choose the BLAS kernel, so we choose the call instead:
 
-- **Every row-wise op runs on a tensor whose shape is fixed and whose other rows cannot reach the row.** A decode
-  step runs its tokens in groups of DECODE_ROWS rows, one row per sequence, the empty slots zero, through every
-  linear, norm, MLP and the LM head: the same (DECODE_ROWS, D) call whatever else is decoding, whether one sequence
-  or eight. A prefill token at position p is row p % ROWS of a (ROWS, D) block holding positions
-  [p - p % ROWS, ...) of its own sequence, the slots not in this chunk zero: chunking a prompt at any boundary leaves
-  every token in the same-shaped call. A GEMM computes row i from row i of its input only (no cross-row term, no
-  value-dependent branch), and for one shape oneDNN/MKL run the same instructions for every row (checked on this
-  CPU with SmolLM2's weights, 1 and 2 threads: a row's output is bit-equal whatever the other rows hold and in
-  whichever slot it sits; a 1-row call is NOT equal to it, a GEMV sums in another order), so neither the other
-  sequences nor the row's slot can change it. M = 8 costs about what M = 1 costs on the CPU (both read every
-  weight once), which is why the fixed shape keeps batching's throughput.
-- **Attention runs per query row** over exactly that token's keys (positions [0, p], or a sliding layer's window),
-  made contiguous (Hkv, L, d) first, so the score GEMV, the softmax and the value GEMV have shapes that depend on p only.
-  Keys and values come from the sequence's own quantized cache, a per-token elementwise code: the same whatever chunk
-  or step stored them.
+- **Every row-wise op runs on rows whose kernel path cannot depend on the other rows.** A decode step runs its
+  tokens in groups of DECODE_ROWS rows, one row per sequence, the empty slots zero, through every linear, norm, MLP
+  and the LM head: the same (DECODE_ROWS, D) call whatever else is decoding, whether one sequence or eight. A prefill
+  chunk at positions [start, end) of one sequence runs as the rows of [base, top), base and top rounded to ROWS
+  (position p in row p - base, rows outside the chunk zero, their K/V never stored), all of them in one call per
+  module (M = a multiple of ROWS): chunking a prompt at any boundary leaves every token in a full ROWS-row panel at
+  the same offset. A GEMM computes row i from row i of its input only (no cross-row term, no value-dependent
+  branch), and MKL runs the same instructions for every row of a full row panel whatever M is (measured on this CPU
+  with SmolLM2's shapes, 1 and 2 threads, M from 4 to 4096: bit-equal; a 1- to 3-row call or a partial tail panel,
+  M = 5 or 7, is NOT: a GEMV or a tail kernel sums in another order). stacking_ok() checks that property once per
+  model on its own weights and attention shapes; where it fails every call is split into ROWS-row pieces (the
+  slower fixed-shape path). M = 8 costs about what M = 1 costs on the CPU (both read every weight once), which is
+  why the fixed shape keeps batching's throughput.
+- **Prefill attention runs in fixed key tiles** (_attend_tiles): the sequence's keys laid on KEY_TILE tiles aligned
+  to absolute positions, one score GEMM and one value GEMM per tile (fixed K and N; M the chunk's rows x groups), a
+  row's keys after its position or outside its window masked to -inf before the exact row max, exp, then the tile
+  sums and partial outputs added in tile order. A tile past a row's position adds exact zeros, so a row's result
+  depends on its position and its keys only, not on the chunk it came in. **Decode attention runs per query row**
+  over exactly that token's keys (positions [0, p], or a sliding layer's window), made contiguous (Hkv, L, d), so the
+  score GEMV, the softmax and the value GEMV have shapes that depend on p only. Keys and values come from the
+  sequence's own quantized cache, a per-token elementwise code: the same whatever chunk or step stored them.
 - **RoPE reads a table** computed once for all positions (no cos/sin of a batch-shaped tensor, whose vectorised and
   scalar-tail lanes could round differently). Elementwise +, x, / and rsqrt-free ops are correctly rounded anyway.
 - The LM head runs on the same fixed-row block in fixed vocabulary chunks (VOCAB_CHUNK rows of the weight; every
@@ -42,9 +48,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-ROWS = 16  # prefill rows per fixed-shape call
+ROWS = 16  # prefill rows per panel: a chunk's rows span whole ROWS-aligned panels of its positions
 DECODE_ROWS = 8  # decode rows per fixed-shape call: sequences in slots, empty slots zero
 VOCAB_CHUNK = 8192  # LM-head weight rows per call
+KEY_TILE = 64  # keys per attention tile in prefill, tiles aligned to absolute positions
+_STACKING: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 _TABLES: weakref.WeakKeyDictionary[Any, dict[str | None, tuple[Any, Any]]] = weakref.WeakKeyDictionary()
 
 
@@ -92,28 +100,6 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-def prefill_blocks(model: Any, seq: Any, ids: list[int], start: int) -> list[Block]:
-    """The ROWS-row blocks of one sequence's chunk `ids` at positions start.. (see the module docstring)."""
-    import torch
-
-    blocks, pos, end = [], start, start + len(ids)
-    embed = model.model.embed_tokens
-    while pos < end:
-        base = pos - pos % ROWS
-        hi = min(end, base + ROWS) - base
-        lo = pos - base
-        tok = torch.zeros(ROWS, dtype=torch.long)
-        tok[lo:hi] = torch.tensor(ids[pos - start: base + hi - start], dtype=torch.long)
-        positions = torch.zeros(ROWS, dtype=torch.long)
-        positions[lo:hi] = torch.arange(base + lo, base + hi)
-        x = embed(tok)
-        x[:lo] = 0
-        x[hi:] = 0
-        blocks.append(Block([seq] * ROWS, x, positions, lo, hi))
-        pos = base + hi
-    return blocks
-
-
 def decode_blocks(model: Any, seqs: list[Any]) -> list[Block]:
     """(DECODE_ROWS, D) blocks holding each decoding sequence's last token at its next position, one per slot."""
     import torch
@@ -135,7 +121,7 @@ def decode_blocks(model: Any, seqs: list[Any]) -> list[Block]:
 
 def _attend(attn: Any, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, first: int, p: int,
             window: int | None) -> torch.Tensor:
-    """One query row (H, d) at position p over its own keys; keys/values (Hkv, T, d) hold positions first.. ."""
+    """One decode row (H, d) at position p over its own keys; keys/values (Hkv, T, d) hold positions first.. ."""
     import torch
 
     lo = 0 if window is None else max(0, p - window + 1)
@@ -148,58 +134,164 @@ def _attend(attn: Any, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
     return torch.matmul(probs, v).reshape(-1)  # (H * d)
 
 
-def forward_rows(model: Any, blocks: list[Block], max_len: int) -> list[Block]:
-    """Every layer over `blocks` (their K/V stored in each block's sequence cache); returns the blocks with x the
-    final hidden state (normed)."""
+def _attend_tiles(scaling: float, q: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                  first: int, window: int | None) -> torch.Tensor:
+    """Prefill rows q (W, H, d) at `positions` (W,) of one sequence over its keys/values (Hkv, T, d), which hold
+    positions first..: key tiles of KEY_TILE aligned to absolute positions, one fixed-shape score GEMM and one
+    value GEMM per tile, a row's masked keys exactly 0 after the row max, tile sums merged in tile order.
+    Returns (W, H * d)."""
+    import torch
+
+    w, heads, d = q.shape
+    kv_heads, count = keys.shape[0], keys.shape[1]
+    groups, end = heads // kv_heads, first + count
+    t0 = first - first % KEY_TILE
+    tiles = -(-(end - t0) // KEY_TILE)
+    k_all = keys.new_zeros(kv_heads, tiles * KEY_TILE, d)
+    v_all = values.new_zeros(kv_heads, tiles * KEY_TILE, d)
+    k_all[:, first - t0: end - t0] = keys
+    v_all[:, first - t0: end - t0] = values
+    k_t = k_all.view(kv_heads, tiles, KEY_TILE, d).transpose(0, 1).contiguous()  # (tiles, Hkv, TILE, d)
+    v_t = v_all.view(kv_heads, tiles, KEY_TILE, d).transpose(0, 1).contiguous()
+    qg = q.view(w, kv_heads, groups, d).permute(1, 0, 2, 3).reshape(kv_heads, w * groups, d)  # rows (w, g)
+    qpos = positions.repeat_interleave(groups)[:, None]
+    kpos = torch.arange(t0, t0 + tiles * KEY_TILE)[None]
+    masked = (kpos > qpos) | (kpos < first)
+    if window is not None:
+        masked |= kpos <= qpos - window
+    scores = []
+    for t in range(tiles):
+        s = torch.matmul(qg, k_t[t].transpose(1, 2)) * scaling  # (Hkv, W*G, TILE)
+        scores.append(s.masked_fill(masked[None, :, t * KEY_TILE: (t + 1) * KEY_TILE], float("-inf")))
+    top = scores[0].amax(-1, keepdim=True)
+    for s in scores[1:]:
+        top = torch.maximum(top, s.amax(-1, keepdim=True))  # max is exact: the order cannot matter
+    top = top.masked_fill(torch.isinf(top), 0.0)  # a row with no key (a padding row): zeros, not NaN
+    p = torch.exp(scores[0] - top)
+    total, acc = p.sum(-1, keepdim=True), torch.matmul(p, v_t[0])
+    for t in range(1, tiles):  # fixed order: tile 0, 1, ...; a tile past the row's position adds exact zeros
+        p = torch.exp(scores[t] - top)
+        total, acc = total + p.sum(-1, keepdim=True), acc + torch.matmul(p, v_t[t])
+    out = (acc / total).view(kv_heads, w, groups, d).permute(1, 0, 2, 3)
+    return out.reshape(w, heads * d)
+
+
+def stacking_ok(model: Any) -> bool:
+    """Whether a row of this model's linears and attention GEMMs comes out bit-equal when ROWS-row blocks are
+    stacked into one call (M = k * ROWS) instead of run one by one: true for MKL on the CPUs measured (its kernel
+    computes every full row panel alike); checked once per model on its own weights, else every call is split."""
+    import torch
+    import torch.nn.functional as F
+
+    cached = _STACKING.get(model)
+    if cached is not None:
+        return cached
+    gen = torch.Generator().manual_seed(0)
+    layer = model.model.layers[0]
+    shapes = {tuple(m.weight.shape): m.weight for m in layer.modules() if isinstance(m, torch.nn.Linear)}
+    weights = [*shapes.values(), model.lm_head.weight[:VOCAB_CHUNK]]
+    ok = True
+    with torch.inference_mode():
+        for weight in weights:
+            x = torch.randn(ROWS * 3, weight.shape[1], generator=gen)
+            split = torch.cat([F.linear(x[j: j + ROWS], weight) for j in range(0, x.shape[0], ROWS)])
+            ok = ok and torch.equal(F.linear(x, weight), split) and torch.equal(F.linear(x[:ROWS * 2], weight),
+                                                                                split[:ROWS * 2])
+        attn = layer.self_attn
+        kv_heads = attn.k_proj.out_features // attn.head_dim
+        groups = attn.q_proj.out_features // attn.k_proj.out_features
+        q = torch.randn(ROWS * 3, kv_heads * groups, attn.head_dim, generator=gen)
+        keys = torch.randn(kv_heads, ROWS * 3 + 5, attn.head_dim, generator=gen)
+        pos = torch.arange(5, 5 + ROWS * 3)
+        whole = _attend_tiles(0.125, q, pos, keys, keys, 0, None)
+        split = torch.cat([_attend_tiles(0.125, q[j: j + ROWS], pos[j: j + ROWS], keys, keys, 0, None)
+                           for j in range(0, ROWS * 3, ROWS)])
+        ok = ok and torch.equal(whole, split)
+    _STACKING[model] = ok
+    return ok
+
+
+def _layers(model: Any, x: torch.Tensor, positions: torch.Tensor, max_len: int, attend: Any) -> torch.Tensor:
+    """Every layer over the rows x (W, D) at `positions` (W,): attend(i, attn, q, k, v, window) -> (W, H * d) stores
+    the rows' K/V and attends; returns the final normed hidden rows. With W > ROWS the rows run stacked in one call
+    per module when stacking_ok, else in ROWS-row pieces."""
     import torch
 
     config, inner = model.config, model.model
     gemma = _is_gemma3(config)
-    tables = rope_tables(model, max_len)
+    tables = rope_tables(model, max_len + ROWS)
     kinds = list(config.layer_types) if gemma else [None] * len(inner.layers)
     window = getattr(config, "sliding_window", None)
+    w = x.shape[0]
+    whole = w <= ROWS or stacking_ok(model)
+
+    def each(fn: Any, h: torch.Tensor) -> torch.Tensor:
+        return fn(h) if whole else torch.cat([fn(h[j: j + ROWS]) for j in range(0, w, ROWS)])
+
     for i, layer in enumerate(inner.layers):
         attn = layer.self_attn
-        cos_t, sin_t = tables[kinds[i]]
-        slides = gemma and kinds[i] == "sliding_attention"
-        qs, ks, vs = [], [], []
-        for b in blocks:
-            x = layer.input_layernorm(b.x)
-            w = x.shape[0]
-            q = attn.q_proj(x).view(w, -1, attn.head_dim)
-            k = attn.k_proj(x).view(w, -1, attn.head_dim)
-            v = attn.v_proj(x).view(w, -1, attn.head_dim)
-            if gemma:
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            cos, sin = cos_t[b.positions], sin_t[b.positions]
-            qs.append(_rope(q, cos, sin))
-            ks.append(_rope(k, cos, sin))
-            vs.append(v)
-        outs = [torch.zeros(b.x.shape[0], attn.o_proj.in_features, dtype=b.x.dtype) for b in blocks]
-        by_seq: dict[int, list[tuple[int, int]]] = {}  # each sequence's rows (block, slot), in position order
-        for j, b in enumerate(blocks):
-            for slot in range(b.lo, b.hi):
-                by_seq.setdefault(id(b.seqs[slot]), []).append((j, slot))
-        for rows in by_seq.values():  # each sequence stores its new K/V (in order) and its rows attend to them
-            seq = blocks[rows[0][0]].seqs[rows[0][1]]
-            new_k = torch.stack([ks[j][slot] for j, slot in rows]).transpose(0, 1)[None]
-            new_v = torch.stack([vs[j][slot] for j, slot in rows]).transpose(0, 1)[None]
-            keys, values = seq.cache.update(new_k, new_v, i)
-            end = int(blocks[rows[-1][0]].positions[rows[-1][1]]) + 1
-            first = end - keys.shape[-2]
-            for j, slot in rows:
-                outs[j][slot] = _attend(attn, qs[j][slot], keys[0], values[0], first, int(blocks[j].positions[slot]),
-                                        window if slides else None)
-        for j, b in enumerate(blocks):
-            o = attn.o_proj(outs[j])
-            if gemma:
-                h = b.x + layer.post_attention_layernorm(o)
-                b.x = h + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(h)))
-            else:
-                h = b.x + o
-                b.x = h + layer.mlp(layer.post_attention_layernorm(h))
+        cos, sin = (t[positions] for t in tables[kinds[i]])
+        h = each(layer.input_layernorm, x)
+        q = each(attn.q_proj, h).view(w, -1, attn.head_dim)
+        k = each(attn.k_proj, h).view(w, -1, attn.head_dim)
+        v = each(attn.v_proj, h).view(w, -1, attn.head_dim)
+        if gemma:
+            q, k = each(attn.q_norm, q), each(attn.k_norm, k)
+        o = each(attn.o_proj, attend(i, attn, _rope(q, cos, sin), _rope(k, cos, sin), v,
+                                     window if gemma and kinds[i] == "sliding_attention" else None))
+        if gemma:
+            h = x + each(layer.post_attention_layernorm, o)
+            x = h + each(lambda r, m=layer: m.post_feedforward_layernorm(m.mlp(m.pre_feedforward_layernorm(r))), h)
+        else:
+            h = x + o
+            x = h + each(lambda r, m=layer: m.mlp(m.post_attention_layernorm(r)), h)
+    return each(inner.norm, x)
+
+
+def prefill_rows(model: Any, seq: Any, ids: list[int], start: int, max_len: int) -> torch.Tensor:
+    """Run one sequence's prompt chunk `ids` at positions start..: rows for the whole ROWS-aligned span around it
+    (position p in row p - base, base = start rounded down to ROWS; the rows outside the chunk zero and their K/V
+    never stored), every module on those rows, attention by _attend_tiles. Returns the chunk's last hidden row."""
+    import torch
+
+    end = start + len(ids)
+    base, top = start - start % ROWS, -(-end // ROWS) * ROWS
+    tok = torch.zeros(top - base, dtype=torch.long)
+    tok[start - base: end - base] = torch.tensor(ids, dtype=torch.long)
+    x = model.model.embed_tokens(tok)
+    x[: start - base] = 0
+    x[end - base:] = 0
+    positions = torch.arange(base, top)
+    lo, hi = start - base, end - base
+
+    def attend(i: int, attn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None
+               ) -> torch.Tensor:
+        keys, values = seq.cache.update(k[lo:hi].transpose(0, 1)[None], v[lo:hi].transpose(0, 1)[None], i)
+        first = end - keys.shape[-2]
+        if q.shape[0] <= ROWS or stacking_ok(model):
+            return _attend_tiles(attn.scaling, q, positions, keys[0], values[0], first, window)
+        return torch.cat([_attend_tiles(attn.scaling, q[j: j + ROWS], positions[j: j + ROWS], keys[0], values[0],
+                                        first, window) for j in range(0, q.shape[0], ROWS)])
+
+    return _layers(model, x, positions, max_len, attend)[hi - 1]
+
+
+def forward_rows(model: Any, blocks: list[Block], max_len: int) -> list[Block]:
+    """Every layer over each decode block (each row its own sequence: the blocks are independent, K/V stored in each
+    row's sequence cache, attention per row); returns the blocks with x the final hidden state (normed)."""
     for b in blocks:
-        b.x = inner.norm(b.x)
+        def attend(i: int, attn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None,
+                   b: Block = b) -> torch.Tensor:
+            import torch
+
+            out = torch.zeros(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype)
+            for slot in range(b.lo, b.hi):
+                keys, values = b.seqs[slot].cache.update(k[slot][None, :, None], v[slot][None, :, None], i)
+                p = int(b.positions[slot])
+                out[slot] = _attend(attn, q[slot], keys[0], values[0], p + 1 - keys.shape[-2], p, window)
+            return out
+
+        b.x = _layers(model, b.x, b.positions, max_len, attend)
     return blocks
 
 
