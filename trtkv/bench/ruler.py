@@ -1,5 +1,6 @@
 """RULER in trtkv: items at given lengths, RULER's string_match_all per length and task with a Wilson interval, and
-the `ruler` task of `trtkv bench`. The probe scores the same items: `generate_items`, then `summarize`.
+the `ruler` task of `trtkv bench`. The probe (trtkv.probe.ruler) scores the same items: `generate_items` with
+`encoder(tokenizer)`, then `summarize`.
 
 Scoring as RULER's scripts/eval/evaluate.py (postprocess_pred) and scripts/eval/synthetic/constants.py
 (string_match_all, the metric of all six tasks) at NVIDIA/RULER c3f5e3b4f87f97e048793bb510a3a6b19a46bf3a.
@@ -23,8 +24,19 @@ if TYPE_CHECKING:
 
 _CONTROL = re.compile(r"[\x00-\x1f]")
 
-__all__ = ["CONFIDENCE", "RULER_COMMIT", "RULER_SEED", "TASK_NAMES", "RulerError", "RulerItem", "generate",
-           "generate_items", "max_tokens", "postprocess", "ruler_score", "ruler_task", "string_match_all", "summarize"]
+__all__ = ["CONFIDENCE", "RULER_COMMIT", "RULER_SEED", "TASK_NAMES", "RulerError", "RulerItem", "encoder", "generate",
+           "generate_items", "max_tokens", "postprocess", "ruler_score", "ruler_task", "special_tokens",
+           "string_match_all", "summarize"]
+
+
+def encoder(tokenizer: Any) -> Encode:
+    """The encode RULER fits items with: the tokenizer without special tokens (RULER counts with HF tokenize())."""
+    return lambda text: list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def special_tokens(tokenizer: Any) -> int:
+    """Special tokens the server's preprocessing adds to every prompt (0 or a BOS): the bench's and probe's margin."""
+    return len(tokenizer.encode("", add_special_tokens=True))
 
 
 def max_tokens(task: str) -> int:
@@ -125,11 +137,7 @@ def ruler_task(tokenizer: Any, lengths: Sequence[int], samples: int, max_input_l
     from trtkv.bench.loadgen import Job
     from trtkv.bench.records import RequestRecord
 
-    specials = len(tokenizer.encode("", add_special_tokens=True))
-
-    def encode(text: str) -> list[int]:  # RULER counts tokens without special tokens (HF tokenize())
-        return list(tokenizer.encode(text, add_special_tokens=False))
-
+    specials = special_tokens(tokenizer)
     def refuse(length: int, tokens: int) -> str | None:
         if length > max_seq_len:
             return f"longer than build.max_seq_len {max_seq_len}"
@@ -137,7 +145,7 @@ def ruler_task(tokenizer: Any, lengths: Sequence[int], samples: int, max_input_l
             return f"its prompts (up to {length - tokens} tokens) could exceed build.max_input_len {max_input_len}"
         return None
 
-    items, notes = generate_items(encode, lengths, samples, seed=seed, refuse=refuse)
+    items, notes = generate_items(encoder(tokenizer), lengths, samples, seed=seed, refuse=refuse)
     if not items:
         raise RulerError(f"bench.ruler_lengths {list(lengths)}: no RULER item could be made ({'; '.join(notes)}). "
                          f"Next: lengths the server takes, e.g. bench.ruler_lengths=[{min(max_input_len, max_seq_len)}].")
