@@ -25,10 +25,10 @@ TINY = ["probe.needle_seeds=1", "probe.needle_depths=[0.5]", "calibration.num_sa
 def test_probe_items_are_the_bench_items(smollm2_dir: Path) -> None:
     """Same recipe and lengths: the probe's items are the prompts, token counts and answers the bench sends."""
     recipe = load_recipe("smollm2_fp8kv", ["bench.ruler_lengths=[1024]", "bench.ruler_samples=2"])
-    tasks, lengths, samples = probe_ruler.ruler_settings(recipe, None, None, None)
-    assert (tasks, lengths, samples) == (list(ruler.TASK_NAMES), [1024], 2)
-    items, notes, tokenizer, folder = probe_ruler.probe_items(recipe, tasks, lengths, samples)
-    assert folder == tokenizer_dir(recipe) and not notes and len(items) == 12
+    plan = ruler.probe_plan(recipe, None, None, None)
+    assert (plan.tasks, plan.lengths, plan.samples, plan.seed) == (list(ruler.TASK_NAMES), [1024], 2, ruler.RULER_SEED)
+    items, tokenizer = plan.items, plan.tokenizer
+    assert plan.tokenizer_dir == tokenizer_dir(recipe) and not plan.notes and len(items) == 12
     task = ruler.ruler_task(load_tokenizer(tokenizer_dir(recipe)), recipe.bench.ruler_lengths,
                             recipe.bench.ruler_samples, recipe.build.max_input_len, recipe.build.max_seq_len)
     assert [j.prompt for j in task.jobs] == [i.prompt for i in items]
@@ -40,16 +40,16 @@ def test_probe_items_are_the_bench_items(smollm2_dir: Path) -> None:
     assert [(r["task"], r["length"], r["index"], r["outputs"]) for r in bench] == [
         (i.task, i.length, i.index, i.outputs) for i in items]
     # fewer samples are the bench's first items; a subset of tasks the bench's items of those tasks
-    fewer, _, _, _ = probe_ruler.probe_items(recipe, ["vt"], [1024], 1)
+    fewer = ruler.probe_plan(recipe, ["vt"], [1024], 1).items
     assert [i.to_json() for i in fewer] == [i.to_json() for i in items if i.task == "vt" and i.index == 0]
 
 
 def test_ruler_settings_name_the_allowed_values() -> None:
     recipe = load_recipe("smollm2_fp8kv")
     with pytest.raises(TrtkvError, match="Allowed: niah_single_1"):
-        probe_ruler.ruler_settings(recipe, ["niah_single_9"], None, None)
+        ruler.probe_plan(recipe, ["niah_single_9"], None, None)
     with pytest.raises(TrtkvError, match="max_position_embeddings"):
-        probe_ruler.ruler_settings(recipe, None, [10**6], None)
+        ruler.probe_plan(recipe, None, [10**6], None)
     assert probe_ruler.common_prefix([[1, 2, 3, 4], [1, 2, 3, 9], [1, 2, 7]]) == 2
     assert probe_ruler.common_prefix([[1, 2], [1, 2]]) == 1  # every item keeps a token of its own to feed
 
@@ -80,10 +80,12 @@ def test_a_shared_prefix_prefill_answers_as_separate_prefills(monkeypatch: pytes
         group.append((item, ids))
     scales = KVScales(k_amax=[4.0, 4.0], v_amax=[4.0, 4.0], source="test")
     for name in ("int4_g64", "kivi2"):
-        shared, n = probe_ruler.answer_group(loaded, parse_format(name), scales, group, _Chars(), set())
+        shared, n = probe_ruler.answer_group(loaded, parse_format(name), scales, group, _Chars(), set(),
+                                             ruler.string_match_all)
         assert n == 150
         monkeypatch.setattr(probe_ruler, "MIN_SHARED_PREFIX", 10**9)
-        alone, none = probe_ruler.answer_group(loaded, parse_format(name), scales, group, _Chars(), set())
+        alone, none = probe_ruler.answer_group(loaded, parse_format(name), scales, group, _Chars(), set(),
+                                             ruler.string_match_all)
         monkeypatch.undo()
         assert none == 0
         assert [a["prediction"] for a in shared] == [a["prediction"] for a in alone], name

@@ -21,12 +21,14 @@ TASK_NAMES = tuple(TASKS)
 if TYPE_CHECKING:
     from trtkv.bench.accuracy import Task
     from trtkv.bench.records import RequestRecord
+    from trtkv.probe.ruler import RulerPlan
+    from trtkv.recipe import Recipe
 
 _CONTROL = re.compile(r"[\x00-\x1f]")
 
 __all__ = ["CONFIDENCE", "RULER_COMMIT", "RULER_SEED", "TASK_NAMES", "RulerError", "RulerItem", "encoder", "generate",
            "generate_items", "max_tokens", "postprocess", "ruler_score", "ruler_task", "special_tokens",
-           "string_match_all", "summarize"]
+           "probe_plan", "string_match_all", "summarize"]
 
 
 def encoder(tokenizer: Any) -> Encode:
@@ -166,3 +168,30 @@ def ruler_task(tokenizer: Any, lengths: Sequence[int], samples: int, max_input_l
         return summary
 
     return Task("ruler", jobs, score, task_notes)
+
+
+def probe_plan(recipe: Recipe, tasks: Sequence[str] | None, lengths: Sequence[int] | None, samples: int | None,
+               seed: int = RULER_SEED) -> RulerPlan:
+    """`trtkv probe --ruler`'s items: the bench's (its tokenizer folder, encoder, seed) for the CLI's tasks, lengths and
+    samples, else all six tasks, bench.ruler_lengths and bench.ruler_samples; with the bench's scoring functions."""
+    from trtkv.bench.prompts import load_tokenizer, tokenizer_dir
+    from trtkv.probe.ruler import RulerPlan
+
+    names = list(dict.fromkeys(tasks or TASK_NAMES))
+    bad = [t for t in names if t not in TASK_NAMES]
+    if bad:
+        raise RulerError(f"--ruler-tasks {','.join(bad)}: unknown RULER task. Allowed: {', '.join(TASK_NAMES)}. "
+                         f"Next: e.g. --ruler-tasks niah_single_1,vt.")
+    lens = sorted(set(lengths or recipe.bench.ruler_lengths))
+    limit = recipe.model.max_position_embeddings
+    if limit and max(lens) > limit:
+        raise RulerError(f"RULER lengths {lens} (--ruler-lengths, else bench.ruler_lengths): {max(lens)} exceeds the "
+                         f"model's max_position_embeddings {limit}. Next: --ruler-lengths up to {limit}.")
+    count = samples if samples is not None else recipe.bench.ruler_samples
+    if count < 1:
+        raise RulerError(f"--ruler-samples {count}: must be >= 1 (bench.ruler_samples is {recipe.bench.ruler_samples}).")
+    folder = tokenizer_dir(recipe)
+    tokenizer = load_tokenizer(folder)
+    items, notes = generate_items(encoder(tokenizer), lens, count, names, seed=seed)
+    return RulerPlan(items, notes, tokenizer, folder, names, lens, count, seed, RULER_COMMIT, CONFIDENCE,
+                     string_match_all, summarize)

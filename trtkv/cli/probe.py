@@ -107,10 +107,9 @@ def run(args: argparse.Namespace) -> int:
         raise TrtkvError(f"--scales {args.scales}: no such file. Next: run `trtkv calibrate {recipe.name}` or drop "
                          f"--scales to calibrate on the shipped text.")
     if args.ruler or args.ruler_tasks:
-        from trtkv.probe.ruler import ruler_settings
+        from trtkv.bench.ruler import probe_plan
 
-        settings.ruler_tasks, settings.ruler_lengths, settings.ruler_samples = ruler_settings(
-            recipe, args.ruler_tasks, args.ruler_lengths, args.ruler_samples)
+        settings.ruler = probe_plan(recipe, args.ruler_tasks, args.ruler_lengths, args.ruler_samples)
     elif args.ruler_lengths or args.ruler_samples is not None:
         raise TrtkvError("--ruler-lengths/--ruler-samples without --ruler: RULER is off by default. "
                          "Next: add --ruler (or --ruler-tasks).")

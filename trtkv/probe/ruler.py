@@ -2,10 +2,11 @@
 KV cache and the 16-bit reference, scored with the bench's own rule, so long-context retrieval is measured before
 serving on exactly the items `trtkv bench --tasks ruler` sends.
 
-Items: trtkv.bench.ruler.generate_items with the bench's tokenizer (trtkv.bench.prompts.tokenizer_dir / load_tokenizer),
-encoder and seed, at bench.ruler_lengths with bench.ruler_samples unless the CLI narrows them (an item depends only on
-seed, task, length, index and tokenizer, so fewer samples are the bench's first items). Prompt ids are the server's:
-`input + answer_prefix` with special tokens. Scoring: trtkv.bench.ruler.summarize (string_match_all, Wilson).
+Items: a RulerPlan made by trtkv.bench.ruler.probe_plan (the bench imports the probe, never the other way): the bench's
+generator, tokenizer, encoder and seed, at bench.ruler_lengths with bench.ruler_samples unless the CLI narrows them (an
+item depends only on seed, task, length, index and tokenizer, so fewer samples are the bench's first items). Prompt ids
+are the server's: `input + answer_prefix` with special tokens. Scoring: the plan's (the bench's summarize and
+string_match_all, Wilson intervals).
 
 Generation: prefill through the format's cache (every query attends the quantized K/V, as elsewhere in the probe),
 then greedy decode one token at a time through the same cache, up to RULER's tokens to generate, stopping at EOS. Two
@@ -23,60 +24,45 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtkv.bench import ruler
 from trtkv.core.errors import TrtkvError
 
 if TYPE_CHECKING:
     from trtkv.kvcache.quant import FormatChoice
     from trtkv.kvcache.scales import KVScales
     from trtkv.probe.setup import Loaded
-    from trtkv.recipe import Recipe
 
 METHOD = 1  # bump when a cached answer would change (prompt ids, decoding, stopping)
 MIN_SHARED_PREFIX = 32  # tokens: a shorter common prefix is not worth a cache copy
 
 
-def ruler_settings(recipe: Recipe, tasks: Sequence[str] | None, lengths: Sequence[int] | None,
-                   samples: int | None) -> tuple[list[str], list[int], int]:
-    """The probe's RULER tasks, lengths and samples: the CLI's, else the bench's (bench.ruler_lengths,
-    bench.ruler_samples) and all six tasks; unknown tasks and lengths beyond the model are errors."""
-    names = list(dict.fromkeys(tasks or ruler.TASK_NAMES))
-    bad = [t for t in names if t not in ruler.TASK_NAMES]
-    if bad:
-        raise ruler.RulerError(f"--ruler-tasks {','.join(bad)}: unknown RULER task. Allowed: "
-                               f"{', '.join(ruler.TASK_NAMES)}. Next: e.g. --ruler-tasks niah_single_1,vt.")
-    lens = sorted(set(lengths or recipe.bench.ruler_lengths))
-    limit = recipe.model.max_position_embeddings
-    if limit and max(lens) > limit:
-        raise ruler.RulerError(f"RULER lengths {lens} (--ruler-lengths, else bench.ruler_lengths): {max(lens)} exceeds "
-                               f"the model's max_position_embeddings {limit}. Next: --ruler-lengths up to {limit}.")
-    count = samples if samples is not None else recipe.bench.ruler_samples
-    if count < 1:
-        raise ruler.RulerError(f"--ruler-samples {count}: must be >= 1 (bench.ruler_samples is "
-                               f"{recipe.bench.ruler_samples}).")
-    return names, lens, count
+@dataclass
+class RulerPlan:
+    """What the probe answers, made by the bench (trtkv.bench.ruler.probe_plan, so that this stage never imports the
+    bench, which imports the probe): the items, the tokenizer that made them and the bench's scoring functions."""
+
+    items: list[Any]  # trtkv.bench.ruler_gen.RulerItem
+    notes: list[str]
+    tokenizer: Any
+    tokenizer_dir: Path
+    tasks: list[str]
+    lengths: list[int]
+    samples: int
+    seed: int
+    commit: str
+    confidence: float
+    match: Callable[[str, Sequence[str]], float]  # string_match_all
+    summarize: Callable[[Sequence[Any], Sequence[str]], dict[str, Any]]
 
 
-def probe_items(recipe: Recipe, tasks: Sequence[str], lengths: Sequence[int], samples: int,
-                seed: int = ruler.RULER_SEED) -> tuple[list[ruler.RulerItem], list[str], Any, Path]:
-    """The bench's items for these tasks and lengths (same tokenizer, encoder, seed), the notes of pairs not made,
-    the tokenizer and its folder."""
-    from trtkv.bench.prompts import load_tokenizer, tokenizer_dir
-
-    folder = tokenizer_dir(recipe)
-    tokenizer = load_tokenizer(folder)
-    items, notes = ruler.generate_items(ruler.encoder(tokenizer), lengths, samples, tasks, seed=seed)
-    return items, notes, tokenizer, folder
-
-
-def item_id(item: ruler.RulerItem) -> str:
+def item_id(item: Any) -> str:
     return f"{item.task}@{item.length}#{item.index}"
 
 
-def _digest(ids: Sequence[int], item: ruler.RulerItem) -> str:
+def _digest(ids: Sequence[int], item: Any) -> str:
     text = json.dumps([METHOD, list(ids), item.max_tokens, item.outputs])
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
@@ -102,8 +88,8 @@ def eos_ids(loaded: Loaded, tokenizer: Any) -> set[int]:
     return {int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None}
 
 
-def greedy(loaded: Loaded, cache: Any, ids: Sequence[int], chunk: int | None, item: ruler.RulerItem, tokenizer: Any,
-           ends: set[int]) -> dict[str, Any]:
+def greedy(loaded: Loaded, cache: Any, ids: Sequence[int], chunk: int | None, item: Any, tokenizer: Any, ends: set[int],
+           match: Callable[[str, Sequence[str]], float]) -> dict[str, Any]:
     """Feed `ids` (the prompt's tokens not yet in `cache`) and decode greedily: the prediction, why it stopped, tokens."""
     import torch
 
@@ -121,7 +107,7 @@ def greedy(loaded: Loaded, cache: Any, ids: Sequence[int], chunk: int | None, it
                 break
             generated.append(nxt)
             text = tokenizer.decode(generated, skip_special_tokens=True)
-            if ruler.string_match_all(text, item.outputs) == 1.0:
+            if match(text, item.outputs) == 1.0:
                 stop = "all_found"
                 break
             if step + 1 < item.max_tokens:
@@ -129,8 +115,9 @@ def greedy(loaded: Loaded, cache: Any, ids: Sequence[int], chunk: int | None, it
     return {"prediction": text, "stop": stop, "generated": len(generated)}
 
 
-def answer_group(loaded: Loaded, choice: FormatChoice, scales: KVScales, group: list[tuple[ruler.RulerItem, list[int]]],
-                 tokenizer: Any, ends: set[int]) -> tuple[list[dict[str, Any]], int]:
+def answer_group(loaded: Loaded, choice: FormatChoice, scales: KVScales, group: list[tuple[Any, list[int]]],
+                 tokenizer: Any, ends: set[int], match: Callable[[str, Sequence[str]], float]
+                 ) -> tuple[list[dict[str, Any]], int]:
     """Answers for items of one (task, length) through fresh caches of `choice`; a shared token prefix is prefilled
     once and its cache copied per item. Returns the answers and the prefix tokens shared."""
     from trtkv.probe.measure import chunk_for, feed, make_cache
@@ -149,23 +136,23 @@ def answer_group(loaded: Loaded, choice: FormatChoice, scales: KVScales, group: 
     for item, ids in group:
         cache = copy.deepcopy(base) if base is not None else make_cache(loaded, choice, scales)
         t0 = time.time()
-        answers.append({**greedy(loaded, cache, ids[shared:], chunk, item, tokenizer, ends),
+        answers.append({**greedy(loaded, cache, ids[shared:], chunk, item, tokenizer, ends, match),
                         "seconds": round(time.time() - t0, 2)})
     return answers, shared
 
 
-def run_ruler(out: Path, recipe: Recipe, loaded: Loaded, choices: Sequence[FormatChoice], scales: KVScales,
-              keys: Callable[[FormatChoice], list[str]], tasks: Sequence[str], lengths: Sequence[int], samples: int,
+def run_ruler(out: Path, plan: RulerPlan, loaded: Loaded, choices: Sequence[FormatChoice], scales: KVScales,
+              keys: Callable[[FormatChoice], list[str]], max_positions: int | None,
               step: Callable[[str, int], None] = lambda text, advance: None) -> dict[str, Any]:
-    """Every format's answers to the bench's RULER items (cached per item), scored per format: probe.json's `ruler`."""
+    """Every format's answers to the plan's items (cached per item), scored per format: probe.json's `ruler`."""
     from trtkv.probe.setup import REFERENCE, write_json
 
-    items, notes, tokenizer, folder = probe_items(recipe, tasks, lengths, samples)
+    items, notes, tokenizer, lengths = plan.items, plan.notes, plan.tokenizer, plan.lengths
     if not items:
-        raise ruler.RulerError(f"RULER lengths {list(lengths)}: no item could be made ({'; '.join(notes)}). "
-                               f"Next: longer --ruler-lengths, e.g. 2048.")
+        raise TrtkvError(f"RULER lengths {list(lengths)}: no item could be made ({'; '.join(notes)}). "
+                         f"Next: longer --ruler-lengths, e.g. 2048.")
     prompt_ids = [list(tokenizer.encode(item.prompt, add_special_tokens=True)) for item in items]
-    limit = recipe.model.max_position_embeddings
+    limit = max_positions
     if limit and any(len(ids) + it.max_tokens > limit for ids, it in zip(prompt_ids, items, strict=True)):
         raise TrtkvError(f"RULER items at lengths {list(lengths)} plus special tokens exceed the model's "
                          f"{limit} positions. Next: a shorter --ruler-lengths.")
@@ -188,23 +175,23 @@ def run_ruler(out: Path, recipe: Recipe, loaded: Loaded, choices: Sequence[Forma
                 continue
             step(f"RULER {choice.name} {task} @ {length}", 0)
             answers, shared = answer_group(loaded, choice, scales, [(items[i], prompt_ids[i]) for i in todo],
-                                           tokenizer, ends)
+                                           tokenizer, ends, plan.match)
             for i, answer in zip(todo, answers, strict=True):
                 stored[_digest(prompt_ids[i], items[i])] = answer
             fresh += len(todo)
             shared_total += shared
             write_json(path, {"params": params, "answers": stored})  # after each group: an interrupted run resumes
         got = [stored[_digest(ids, item)] for ids, item in zip(prompt_ids, items, strict=True)]
-        summary = ruler.summarize(items, [a["prediction"] for a in got])
+        summary = plan.summarize(items, [a["prediction"] for a in got])
         rows = [{"id": item_id(it), "score": r["score"], "prediction": a["prediction"], "stop": a["stop"],
                  "generated": a["generated"]} for it, r, a in zip(items, summary.pop("items"), got, strict=True)]
         formats[choice.name] = {**summary, "items": rows, "answered": fresh, "shared_prefix_tokens": shared_total,
                                 "seconds": round(time.time() - t0, 1) if fresh else 0.0,
                                 "generated_tokens": sum(a["generated"] for a in got)}
         step(f"RULER {choice.name}: done", 1)
-    return {"ruler_commit": ruler.RULER_COMMIT, "seed": ruler.RULER_SEED, "metric": "string_match_all",
-            "confidence": ruler.CONFIDENCE, "tasks": list(tasks), "lengths": list(lengths), "samples": samples,
-            "tokenizer": str(folder), "reference": REFERENCE, "notes": notes,
+    return {"ruler_commit": plan.commit, "seed": plan.seed, "metric": "string_match_all",
+            "confidence": plan.confidence, "tasks": list(plan.tasks), "lengths": list(lengths), "samples": plan.samples,
+            "tokenizer": str(plan.tokenizer_dir), "reference": REFERENCE, "notes": notes,
             "items": [{"id": item_id(it), "task": it.task, "length": it.length, "index": it.index,
                        "input_tokens": it.input_tokens, "prompt_tokens": len(ids), "max_tokens": it.max_tokens,
                        "outputs": it.outputs,

@@ -79,9 +79,7 @@ class ProbeSettings:
     threads: int | None = None
     progress: bool = True
     needle_formats: list[str] | None = None  # formats scored on needles (None: every format)
-    ruler_tasks: list[str] = field(default_factory=list)  # RULER tasks (trtkv.probe.ruler); none: RULER not run
-    ruler_lengths: list[int] = field(default_factory=list)
-    ruler_samples: int = 0
+    ruler: Any = None  # trtkv.probe.ruler.RulerPlan (the bench's RULER items); None: RULER not run
 
 
 @dataclass

@@ -79,7 +79,7 @@ def run_probe(recipe: Recipe, output: Path | None = None, settings: ProbeSetting
     static = [c for c in choices if c.static]
     needled = [c for c in choices if settings.needle_formats is None or c.name in settings.needle_formats]
     work = len(choices) + len(needled) * len(settings.needle_lengths) + (1 if static else 0) + 2
-    work += len(choices) if settings.ruler_tasks else 0
+    work += len(choices) if settings.ruler is not None else 0
     bar = _Progress(settings.progress, work)
     try:
         bar.step("loading the model")
@@ -121,7 +121,7 @@ def run_probe(recipe: Recipe, output: Path | None = None, settings: ProbeSetting
                 needles[(choice.name, length)] = _needle_cached(out, loaded, choice, scales, skey, length, settings)
                 bar.step(f"needle {choice.name} @ {length}: done", 1)
         _attach_needles(records, needles, settings)
-        ruler_doc = _ruler(out, recipe, loaded, choices, scales, skey, settings, bar) if settings.ruler_tasks else None
+        ruler_doc = _ruler(out, recipe, loaded, choices, scales, skey, settings, bar) if settings.ruler is not None else None
         decode = {}
         if static:
             bar.step("scale reuse through decode steps")
@@ -253,8 +253,7 @@ def _ruler(out: Path, recipe: Recipe, loaded: Loaded, choices: list[FormatChoice
     def keys(choice: FormatChoice) -> list[str]:
         return [_format_key(loaded.key, choice), skey if choice.static else ""]
 
-    return run_ruler(out, recipe, loaded, choices, scales, keys, settings.ruler_tasks, settings.ruler_lengths,
-                     settings.ruler_samples, bar.step)
+    return run_ruler(out, settings.ruler, loaded, choices, scales, keys, recipe.model.max_position_embeddings, bar.step)
 
 
 def _attach_needles(records: list[dict], needles: dict, settings: ProbeSettings) -> None:
@@ -279,8 +278,8 @@ def _document(recipe: Recipe, loaded: Loaded, settings: ProbeSettings, scales: K
         "settings": {"formats": settings.formats, "lengths": settings.lengths, "needle_lengths": settings.needle_lengths,
                      "needle_depths": settings.needle_depths, "needle_seeds": settings.needle_seeds,
                      "decode_prompt": settings.decode_prompt, "decode_steps": settings.decode_steps,
-                     "ruler_tasks": settings.ruler_tasks, "ruler_lengths": settings.ruler_lengths,
-                     "ruler_samples": settings.ruler_samples},
+                     **({"ruler_tasks": settings.ruler.tasks, "ruler_lengths": settings.ruler.lengths,
+                         "ruler_samples": settings.ruler.samples} if settings.ruler is not None else {})},
         "reference": REFERENCE, "method_version": METHOD_VERSION,
         "scales": scales.to_probe_json(),
         "records": records, "needles": needle_rows, "scale_reuse": reuse, "pass_seconds": timings,
