@@ -1,5 +1,6 @@
 """RULER in trtkv: items at given lengths, RULER's string_match_all per length and task with a Wilson interval, and
-the `ruler` task of `trtkv bench`. The probe scores the same items: `generate_items`, then `summarize`.
+the `ruler` task of `trtkv bench`. The probe (trtkv.probe.ruler) scores the same items: `generate_items` with
+`encoder(tokenizer)`, then `summarize`.
 
 Scoring as RULER's scripts/eval/evaluate.py (postprocess_pred) and scripts/eval/synthetic/constants.py
 (string_match_all, the metric of all six tasks) at NVIDIA/RULER c3f5e3b4f87f97e048793bb510a3a6b19a46bf3a.
@@ -20,11 +21,24 @@ TASK_NAMES = tuple(TASKS)
 if TYPE_CHECKING:
     from trtkv.bench.accuracy import Task
     from trtkv.bench.records import RequestRecord
+    from trtkv.probe.ruler import RulerPlan
+    from trtkv.recipe import Recipe
 
 _CONTROL = re.compile(r"[\x00-\x1f]")
 
-__all__ = ["CONFIDENCE", "RULER_COMMIT", "RULER_SEED", "TASK_NAMES", "RulerError", "RulerItem", "generate",
-           "generate_items", "max_tokens", "postprocess", "ruler_score", "ruler_task", "string_match_all", "summarize"]
+__all__ = ["CONFIDENCE", "RULER_COMMIT", "RULER_SEED", "TASK_NAMES", "RulerError", "RulerItem", "encoder", "generate",
+           "generate_items", "max_tokens", "postprocess", "ruler_score", "ruler_task", "special_tokens",
+           "probe_plan", "string_match_all", "summarize"]
+
+
+def encoder(tokenizer: Any) -> Encode:
+    """The encode RULER fits items with: the tokenizer without special tokens (RULER counts with HF tokenize())."""
+    return lambda text: list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def special_tokens(tokenizer: Any) -> int:
+    """Special tokens the server's preprocessing adds to every prompt (0 or a BOS): the bench's and probe's margin."""
+    return len(tokenizer.encode("", add_special_tokens=True))
 
 
 def max_tokens(task: str) -> int:
@@ -125,11 +139,7 @@ def ruler_task(tokenizer: Any, lengths: Sequence[int], samples: int, max_input_l
     from trtkv.bench.loadgen import Job
     from trtkv.bench.records import RequestRecord
 
-    specials = len(tokenizer.encode("", add_special_tokens=True))
-
-    def encode(text: str) -> list[int]:  # RULER counts tokens without special tokens (HF tokenize())
-        return list(tokenizer.encode(text, add_special_tokens=False))
-
+    specials = special_tokens(tokenizer)
     def refuse(length: int, tokens: int) -> str | None:
         if length > max_seq_len:
             return f"longer than build.max_seq_len {max_seq_len}"
@@ -137,7 +147,7 @@ def ruler_task(tokenizer: Any, lengths: Sequence[int], samples: int, max_input_l
             return f"its prompts (up to {length - tokens} tokens) could exceed build.max_input_len {max_input_len}"
         return None
 
-    items, notes = generate_items(encode, lengths, samples, seed=seed, refuse=refuse)
+    items, notes = generate_items(encoder(tokenizer), lengths, samples, seed=seed, refuse=refuse)
     if not items:
         raise RulerError(f"bench.ruler_lengths {list(lengths)}: no RULER item could be made ({'; '.join(notes)}). "
                          f"Next: lengths the server takes, e.g. bench.ruler_lengths=[{min(max_input_len, max_seq_len)}].")
@@ -158,3 +168,30 @@ def ruler_task(tokenizer: Any, lengths: Sequence[int], samples: int, max_input_l
         return summary
 
     return Task("ruler", jobs, score, task_notes)
+
+
+def probe_plan(recipe: Recipe, tasks: Sequence[str] | None, lengths: Sequence[int] | None, samples: int | None,
+               seed: int = RULER_SEED) -> RulerPlan:
+    """`trtkv probe --ruler`'s items: the bench's (its tokenizer folder, encoder, seed) for the CLI's tasks, lengths and
+    samples, else all six tasks, bench.ruler_lengths and bench.ruler_samples; with the bench's scoring functions."""
+    from trtkv.bench.prompts import load_tokenizer, tokenizer_dir
+    from trtkv.probe.ruler import RulerPlan
+
+    names = list(dict.fromkeys(tasks or TASK_NAMES))
+    bad = [t for t in names if t not in TASK_NAMES]
+    if bad:
+        raise RulerError(f"--ruler-tasks {','.join(bad)}: unknown RULER task. Allowed: {', '.join(TASK_NAMES)}. "
+                         f"Next: e.g. --ruler-tasks niah_single_1,vt.")
+    lens = sorted(set(lengths or recipe.bench.ruler_lengths))
+    limit = recipe.model.max_position_embeddings
+    if limit and max(lens) > limit:
+        raise RulerError(f"RULER lengths {lens} (--ruler-lengths, else bench.ruler_lengths): {max(lens)} exceeds the "
+                         f"model's max_position_embeddings {limit}. Next: --ruler-lengths up to {limit}.")
+    count = samples if samples is not None else recipe.bench.ruler_samples
+    if count < 1:
+        raise RulerError(f"--ruler-samples {count}: must be >= 1 (bench.ruler_samples is {recipe.bench.ruler_samples}).")
+    folder = tokenizer_dir(recipe)
+    tokenizer = load_tokenizer(folder)
+    items, notes = generate_items(encoder(tokenizer), lens, count, names, seed=seed)
+    return RulerPlan(items, notes, tokenizer, folder, names, lens, count, seed, RULER_COMMIT, CONFIDENCE,
+                     string_match_all, summarize)

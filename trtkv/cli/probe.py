@@ -13,6 +13,8 @@ EXAMPLES = """\
   $ trtkv probe smollm2_fp8kv --formats fp16,fp8,int8,int8_token,int4_g64 --lengths 512 --output /tmp/probe
   $ trtkv probe smollm2_int8kv --formats int8,int8_split --lengths 1024,4096 --needle-lengths 1024
   $ trtkv probe smollm2_fp8kv probe.needle_seeds=10 --scales engines/smollm2_fp8kv/checkpoint/kv_scales.json
+  $ trtkv probe smollm2_fp8kv --formats fp8,int8,int4_g64 --lengths 2048 --ruler --ruler-lengths 2048,4096 --ruler-samples 3
+  $ trtkv probe smollm2_fp8kv --ruler-tasks niah_single_1,vt bench.ruler_lengths=[4096]
 """
 
 
@@ -37,6 +39,13 @@ def _names(text: str) -> list[str]:
     return names
 
 
+def _words(text: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated names, e.g. niah_single_1,vt")
+    return names
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = subparser(sub, "probe", EXAMPLES)
     add_recipe_args(p)
@@ -56,6 +65,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice, 1 when the machine is busy)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--ruler", action="store_true",
+                   help="also answer the bench's RULER items greedily with every format's cache (docs/ruler.md); "
+                        "slow on the CPU, so off by default")
+    p.add_argument("--ruler-tasks", type=_words, default=None,
+                   help="RULER tasks (implies --ruler; default all six: niah_single_1, niah_multikey_2, "
+                        "niah_multikey_3, vt, cwe, fwe)")
+    p.add_argument("--ruler-lengths", type=_ints, default=None, help="RULER lengths (default bench.ruler_lengths)")
+    p.add_argument("--ruler-samples", type=int, default=None,
+                   help="RULER items per task and length (default bench.ruler_samples; fewer = the bench's first ones)")
     p.add_argument("--per-layer", metavar="FORMAT", default=None,
                    help="per-layer KV precision for FORMAT: each layer's sensitivity, the layers to keep in 16 bit "
                         "(verified), the bytes-vs-KL front (per_layer_<FORMAT>.json/.md/.png)")
@@ -88,6 +106,13 @@ def run(args: argparse.Namespace) -> int:
     if args.scales is not None and not args.scales.is_file():
         raise TrtkvError(f"--scales {args.scales}: no such file. Next: run `trtkv calibrate {recipe.name}` or drop "
                          f"--scales to calibrate on the shipped text.")
+    if args.ruler or args.ruler_tasks:
+        from trtkv.bench.ruler import probe_plan
+
+        settings.ruler = probe_plan(recipe, args.ruler_tasks, args.ruler_lengths, args.ruler_samples)
+    elif args.ruler_lengths or args.ruler_samples is not None:
+        raise TrtkvError("--ruler-lengths/--ruler-samples without --ruler: RULER is off by default. "
+                         "Next: add --ruler (or --ruler-tasks).")
     settings.scales_path = args.scales
     settings.threads = args.threads
     settings.progress = not args.no_progress
@@ -104,3 +129,8 @@ def _print_summary(out: Path) -> None:
     doc = ProbeDoc.load(out)
     for line in summary_lines(doc.records if doc else []):
         print(line)
+    if doc is not None:
+        from trtkv.probe.ruler import summary_lines as ruler_lines
+
+        for line in ruler_lines(doc.model_dump()):
+            print(line)

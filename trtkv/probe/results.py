@@ -202,6 +202,9 @@ def render_markdown(doc: dict, stats_markdown: str | None, plots: list[Path]) ->
             f"{r['kv_bytes_per_token']:.0f} | {r['kv_bytes_per_token_formula']:.0f} |")
     lines += ["", *[f"![{p.stem}]({p.name})" for p in plots], ""]
     lines += _needle_section(doc)
+    from trtkv.probe.ruler import markdown_section  # light: no torch
+
+    lines += markdown_section(doc)
     lines += _reuse_section(doc)
     lines += ["## Verdicts", ""]
     lines += [f"- {v}" for v in verdicts(doc)]

@@ -79,6 +79,7 @@ class ProbeSettings:
     threads: int | None = None
     progress: bool = True
     needle_formats: list[str] | None = None  # formats scored on needles (None: every format)
+    ruler: Any = None  # trtkv.probe.ruler.RulerPlan (the bench's RULER items); None: RULER not run
 
 
 @dataclass

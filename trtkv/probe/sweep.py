@@ -81,6 +81,7 @@ def run_probe(recipe: Recipe, output: Path | None = None, settings: ProbeSetting
     static = [c for c in choices if c.static]
     needled = [c for c in choices if settings.needle_formats is None or c.name in settings.needle_formats]
     work = len(choices) + len(needled) * len(settings.needle_lengths) + (1 if static else 0) + 2
+    work += len(choices) if settings.ruler is not None else 0
     bar = _Progress(settings.progress, work)
     try:
         bar.step("loading the model")
@@ -131,6 +132,7 @@ def run_probe(recipe: Recipe, output: Path | None = None, settings: ProbeSetting
                 needles[(choice.name, length)] = _needle_cached(out, loaded, choice, scales, skey, length, settings)
                 bar.step(f"needle {choice.name} @ {length}: done", 1)
         _attach_needles(records, needles, settings)
+        ruler_doc = _ruler(out, recipe, loaded, choices, scales, skey, settings, bar) if settings.ruler is not None else None
         decode = {}
         if static:
             bar.step("scale reuse through decode steps")
@@ -143,6 +145,8 @@ def run_probe(recipe: Recipe, output: Path | None = None, settings: ProbeSetting
                   for c in choices}
         bar.step("writing report", 1)
         doc = _document(recipe, loaded, settings, scales, records, needles, reuse, timings, started)
+        if ruler_doc is not None:
+            doc["ruler"] = ruler_doc
         write_outputs(out, doc, scales.stats.to_markdown() if scales.stats else None, curves)
     finally:
         bar.close()
@@ -252,6 +256,17 @@ def _decode_cached(out: Path, loaded: Loaded, static: list[FormatChoice], scales
     return result
 
 
+def _ruler(out: Path, recipe: Recipe, loaded: Loaded, choices: list[FormatChoice], scales: KVScales, skey: str,
+           settings: ProbeSettings, bar: _Progress) -> dict:
+    """RULER on the bench's items for every format (trtkv.probe.ruler), answers cached per format and item."""
+    from trtkv.probe.ruler import run_ruler
+
+    def keys(choice: FormatChoice) -> list[str]:
+        return [_format_key(loaded.key, choice), skey if choice.static else ""]
+
+    return run_ruler(out, settings.ruler, loaded, choices, scales, keys, recipe.model.max_position_embeddings, bar.step)
+
+
 def _attach_needles(records: list[dict], needles: dict, settings: ProbeSettings) -> None:
     for rec in records:
         res = needles.get((rec["format"], rec["context_len"]))
@@ -273,7 +288,9 @@ def _document(recipe: Recipe, loaded: Loaded, settings: ProbeSettings, scales: K
         "versions": {"trtkv": trtkv_version, "torch": torch.__version__, "transformers": transformers.__version__},
         "settings": {"formats": settings.formats, "lengths": settings.lengths, "needle_lengths": settings.needle_lengths,
                      "needle_depths": settings.needle_depths, "needle_seeds": settings.needle_seeds,
-                     "decode_prompt": settings.decode_prompt, "decode_steps": settings.decode_steps},
+                     "decode_prompt": settings.decode_prompt, "decode_steps": settings.decode_steps,
+                     **({"ruler_tasks": settings.ruler.tasks, "ruler_lengths": settings.ruler.lengths,
+                         "ruler_samples": settings.ruler.samples} if settings.ruler is not None else {})},
         "reference": REFERENCE, "method_version": METHOD_VERSION,
         "scales": scales.to_probe_json(),
         "records": records, "needles": needle_rows, "scale_reuse": reuse, "pass_seconds": timings,
