@@ -37,6 +37,15 @@ def test_one_bad_document_of_four_is_within_the_spread() -> None:
     assert out["verdict"] == fidelity.AS_PREDICTED, out["mean_abs_dlogp"]
 
 
+@pytest.mark.parametrize("name", ["smollm2_fp8kv", "smollm2_int8kv", "smollm2_fp8kv_vllm", "llama70b_fp8kv",
+                                  "llama70b_fp8kv_sglang", "gemma3_fp8kv", "smollm2_fp16kv", "smollm2_fp8kv_llmapi"])
+def test_fidelity_is_a_default_task_of_every_quantized_kv_recipe(name: str) -> None:
+    recipe = load_recipe(name)
+    able = recipe.quantization.kv_cache.value != "none" and recipe.build.backend.value != "llmapi"  # llmapi: no log-probs
+    assert ("fidelity" in [t.value for t in recipe.bench.tasks]) == able
+    assert [t.value for t in load_recipe(name, ["bench.tasks=[quiz]"]).bench.tasks] == ["quiz"]  # named tasks stay
+
+
 def test_fidelity_slo_is_added_and_fails_on_a_worse_length() -> None:
     slos = slo.with_fidelity(slo.parse_all([], []), ["quiz", "fidelity"])
     assert any(s.text == "fidelity.worse_lengths<=0" for s in slos)
@@ -48,8 +57,9 @@ def test_fidelity_slo_is_added_and_fails_on_a_worse_length() -> None:
 
 
 def test_default_lengths_are_the_probe_lengths_up_to_max_input_len() -> None:
-    recipe = load_recipe("smollm2_fp8kv")
+    recipe = load_recipe("llama8b_fp8kv")
     assert fidelity.default_lengths(recipe) == [n for n in recipe.probe.lengths if n <= recipe.build.max_input_len]
+    assert fidelity.default_lengths(load_recipe("smollm2_fp8kv")) == [512]  # the CPU base: one length (make demo)
     small = load_recipe("smollm2_fp8kv", ["bench.fidelity_lengths=[1024,256]"])
     assert fidelity.default_lengths(small) == [256, 1024]
 
