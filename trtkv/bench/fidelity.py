@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from trtkv.bench.fidelity_score import TOP_K, CachedScorer, Scored, Served
-from trtkv.core.errors import TrtkvError
+from trtkv.core.errors import StageError, TrtkvError
 
 BOOTSTRAP = 1000
 CONFIDENCE = 0.95
@@ -66,7 +66,10 @@ def nested_documents(tokenizer: Any, lengths: Sequence[int], count: int) -> dict
     base = latency_prompts(tokenizer, count, longest)
     out: dict[int, list[str]] = {}
     for n in lengths:
-        cut = [p if n == longest else cut_to_tokens(tokenizer, p, n) for p in base]
+        try:
+            cut = [p if n == longest else cut_to_tokens(tokenizer, p, n) for p in base]
+        except StageError:  # a stretch that cannot be cut to exactly n tokens: this length's own stretches (no sharing)
+            cut = latency_prompts(tokenizer, count, n)
         out[n] = list(dict.fromkeys(cut))
     return out
 
