@@ -97,7 +97,8 @@ def teacher_forced_nested(model: Any, new_cache: Callable[[], Any], items: Seque
 
     order = sorted(range(len(items)), key=lambda i: -len(items[i][0].prefix_ids) - len(items[i][0].ids))
     out: list[Scored | None] = [None] * len(items)
-    cache, fed = None, []
+    cache: Any = None
+    fed: list[int] = []
     for i in order:
         served, want = items[i]
         seq = served.prefix_ids + served.ids
@@ -105,7 +106,7 @@ def teacher_forced_nested(model: Any, new_cache: Callable[[], Any], items: Seque
         keep = min(_common(fed, seq), p0) if cache is not None else 0
         if keep > 0:
             try:
-                cache.crop(keep)  # type: ignore[union-attr]
+                cache.crop(keep)
             except (TrtkvError, AttributeError, NotImplementedError):
                 keep = 0
         if keep == 0:
