@@ -45,6 +45,8 @@ CHAIN_OVERRIDES = [
     "bench.concurrency=[1]", "bench.num_requests=3", "bench.warmup_requests=1", "bench.input_tokens=32",
     "bench.output_tokens=4", "bench.quiz_items=3", "bench.needle_context_lengths=[160]", "probe.needle_depths=[0.5]",
     "bench.thresholds=[]",
+    # fidelity (a quantized-KV recipe's default task): tests/e2e/test_fidelity.py reads the chain's run as the healthy one
+    "bench.fidelity_lengths=[256]", "bench.fidelity_documents=3", "bench.fidelity_tokens=8",
 ]
 
 

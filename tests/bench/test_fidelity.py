@@ -37,6 +37,15 @@ def test_one_bad_document_of_four_is_within_the_spread() -> None:
     assert out["verdict"] == fidelity.AS_PREDICTED, out["mean_abs_dlogp"]
 
 
+@pytest.mark.parametrize("name", ["smollm2_fp8kv", "smollm2_int8kv", "smollm2_fp8kv_vllm", "llama70b_fp8kv",
+                                  "llama70b_fp8kv_sglang", "gemma3_fp8kv", "smollm2_fp16kv", "smollm2_fp8kv_llmapi"])
+def test_fidelity_is_a_default_task_of_every_quantized_kv_recipe(name: str) -> None:
+    recipe = load_recipe(name)
+    able = recipe.quantization.kv_cache.value != "none" and recipe.build.backend.value != "llmapi"  # llmapi: no log-probs
+    assert ("fidelity" in [t.value for t in recipe.bench.tasks]) == able
+    assert [t.value for t in load_recipe(name, ["bench.tasks=[quiz]"]).bench.tasks] == ["quiz"]  # named tasks stay
+
+
 def test_fidelity_slo_is_added_and_fails_on_a_worse_length() -> None:
     slos = slo.with_fidelity(slo.parse_all([], []), ["quiz", "fidelity"])
     assert any(s.text == "fidelity.worse_lengths<=0" for s in slos)
@@ -48,8 +57,9 @@ def test_fidelity_slo_is_added_and_fails_on_a_worse_length() -> None:
 
 
 def test_default_lengths_are_the_probe_lengths_up_to_max_input_len() -> None:
-    recipe = load_recipe("smollm2_fp8kv")
+    recipe = load_recipe("llama8b_fp8kv")
     assert fidelity.default_lengths(recipe) == [n for n in recipe.probe.lengths if n <= recipe.build.max_input_len]
+    assert fidelity.default_lengths(load_recipe("smollm2_fp8kv")) == [512]  # the CPU base: one length (make demo)
     small = load_recipe("smollm2_fp8kv", ["bench.fidelity_lengths=[1024,256]"])
     assert fidelity.default_lengths(small) == [256, 1024]
 
@@ -170,7 +180,8 @@ def _greedy_server(model: Any) -> Any:
 @pytest.mark.slow
 def test_the_task_passes_the_predicted_engine_and_fails_a_corrupted_one(tmp_path: Path, one_torch_thread: None,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fidelity, "documents", lambda tok, n, count: [f"d{i}" for i in range(count)])
+    monkeypatch.setattr(fidelity, "nested_documents", lambda tok, lengths, count: {n: [f"d{i}" for i in range(count)]
+                                                                                    for n in lengths})
     reference, predicted = _noisy(0.0), _noisy(0.002)  # the prediction: a small, known error (as FP8 weights + KV)
     kwargs: dict[str, Any] = dict(tokenizer=_Tok(), lengths=[64], docs=6, tokens=6, reproduce="trtkv bench r",
                                   log=lambda s: None)
@@ -183,3 +194,59 @@ def test_the_task_passes_the_predicted_engine_and_fails_a_corrupted_one(tmp_path
     assert faulty["verdict"] == fidelity.WORSE and faulty["lengths_judged_worse"] == [64], faulty["notes"]
     assert faulty["reproduce"] == "trtkv bench r" and faulty["likely_causes"]
     assert json.loads((tmp_path / "ref.json").read_text())["docs"]  # the reference is cached per document
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "kivi4"])
+def test_nested_scoring_equals_a_fresh_pass_per_length(fmt: str, one_torch_thread: None) -> None:
+    """One document cut to three lengths, scored longest first re-using the shared prefix's cache, gives what a fresh
+    pass per length gives (a per-token FP8 cache as well; KIVI, which cannot be cropped, falls back to fresh passes)."""
+    import torch
+    from transformers import DynamicCache
+
+    from tests.support.models import tiny_llama
+    from trtkv.bench.fidelity_score import teacher_forced, teacher_forced_nested
+    from trtkv.kvcache.cache import QuantizedKVCache
+
+    model = tiny_llama(2, 2, 64, 512, seed=0)
+    torch.manual_seed(3)
+    doc = [int(x) for x in torch.randint(0, 96, (160,))]
+
+    def new_cache() -> Any:
+        if fmt == "bf16":
+            return DynamicCache(config=model.config)
+        return QuantizedKVCache(config=model.config, fmt=fmt, k_scales=[0.01, 0.01], v_scales=[0.01, 0.01])
+
+    items = [(Served(doc[:n], [int(x) for x in torch.randint(0, 96, (6,))], [0.0] * 6), None) for n in (40, 160, 96)]
+    nested = teacher_forced_nested(model, new_cache, items)
+    for (served, _), got in zip(items, nested, strict=True):
+        fresh = teacher_forced(model, new_cache, served)
+        assert got.argmax == fresh.argmax
+        assert got.chosen == pytest.approx(fresh.chosen, abs=1e-4)
+
+
+def test_shorter_documents_are_prefixes_of_the_longest() -> None:
+    from trtkv.bench.prompts import load_tokenizer, tokenizer_dir
+
+    tok = load_tokenizer(tokenizer_dir(load_recipe("smollm2_fp8kv")))
+    docs = fidelity.nested_documents(tok, [64, 256], 3)
+    for short, long in zip(docs[64], docs[256], strict=True):
+        a, b = tok.encode(short, add_special_tokens=True), tok.encode(long, add_special_tokens=True)
+        assert len(a) == 64 + (len(b) - 256) and b[:len(a)] == a
+
+
+def test_a_scorers_model_is_loaded_once_per_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import trtkv.bench.fidelity_score as fs
+
+    loads: list[int] = []
+
+    def load() -> Any:
+        loads.append(1)
+        return object(), lambda: None
+
+    scored = fs.Scored([0.0], [1], [{1: 0.0}], None)
+    monkeypatch.setattr(fs, "teacher_forced_nested", lambda model, new_cache, items: [scored for _ in items])
+    monkeypatch.setattr(fs, "_LOADED", {})
+    for i in range(3):  # three bench runs in one process, e.g. a test's served and in-process cases
+        scorer = CachedScorer("reference", "k", tmp_path / f"r{i}.json", load, {}, model_id="/models/x")
+        scorer.score(Served([1, 2], [3 + i], [0.0]))
+    assert len(loads) == 1 and scorer.computed == 1

@@ -53,7 +53,7 @@ def test_bench_against_real_server(real_server: tuple[list[str], Path], tmp_path
     overrides, engines = real_server
     workload = ["bench.concurrency=[1,2]", "bench.num_requests=3", "bench.warmup_requests=1", "bench.input_tokens=32",
                 "bench.output_tokens=4", "bench.quiz_items=3", "bench.needle_context_lengths=[160]",
-                "probe.needle_depths=[0.5]", "bench.thresholds=[]"]
+                "probe.needle_depths=[0.5]", "bench.thresholds=[]", "bench.tasks=[quiz,golden,needle]"]  # fidelity: test_fidelity
     out = tmp_path / "bench"
     code = main(["bench", RECIPE, *overrides, *workload, "--golden-prompts", "2", "--no-progress", "--output", str(out),
                  "--slo", "time_to_first_token.p50<=0.001", "--slo", "quiz.accuracy>=0"])

@@ -1,5 +1,8 @@
 """A KV-scale fault the quiz cannot see is caught by `--tasks fidelity` (issue 27, item 4), on the real tritonserver
 with the reference runtime (TensorRT-LLM <= 1.2 semantics: one kv_cache_scaling_factor per layer, shared by K and V).
+The healthy engine's run is the session's chain (`trtkv demo`, tests/conftest.py: fidelity is in a quantized-KV
+recipe's default tasks); one more server is started, for the quarter-range fault; the saturating fault runs in-process
+in the same engines folder (the scorers' models are loaded once for both).
 
 Faults are written into a copy of the session's calibrated checkpoint (rank0.safetensors; kv_scales.json, what the
 prediction reads, stays as calibrated). trtkv's build refuses such a checkpoint (its scales file and rank files
@@ -17,6 +20,7 @@ trtkv.backends.vllm.cpu_fp8_kv_problem); the OpenAI log-prob client is tested in
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 from collections.abc import Iterator
@@ -36,9 +40,7 @@ from trtkv.repo import generate_repo
 from trtkv.serving import serve
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-RECIPE = "smollm2_fp8kv"
-SMALL = ["bench.fidelity_lengths=[256]", "bench.fidelity_documents=3", "bench.fidelity_tokens=8", "bench.quiz_items=8",
-         "bench.thresholds=[]"]
+RECIPE = "smollm2_fp8kv"  # sizes: CHAIN_OVERRIDES (the chain's fidelity and quiz settings: the runs ask the same items)
 
 
 def _scaled_checkpoint(src: Path, dst: Path, scale_of: Any) -> None:
@@ -80,14 +82,14 @@ def _engine_from(healthy_engine: Path, target: Path) -> None:
 
 
 class _Served:
-    """One recipe served from an engines folder (linked healthy stages, or a faulted checkpoint built here)."""
+    """One recipe served from an engines folder holding a faulted checkpoint."""
 
     def __init__(self, root: Path, mp: pytest.MonkeyPatch) -> None:
         mp.setenv("TRTKV_ENGINES", str(root / "engines"))
         mp.setenv("TRTKV_TRITON_REPO", str(root / "triton_repo"))
         http, grpc, metrics = free_ports(3)
-        self.recipe = load_recipe(RECIPE, [*CHAIN_OVERRIDES, *SMALL, f"triton.http_port={http}",
-                                           f"triton.grpc_port={grpc}", f"triton.metrics_port={metrics}"])
+        ports = [f"triton.http_port={http}", f"triton.grpc_port={grpc}", f"triton.metrics_port={metrics}"]
+        self.recipe = load_recipe(RECIPE, [*CHAIN_OVERRIDES, *ports])
 
     def bench(self, tmp: Path) -> Any:
         generate_repo(self.recipe)
@@ -106,62 +108,63 @@ def _wilson(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
 
 
 @pytest.fixture(scope="module")
-def healthy(tmp_path_factory: pytest.TempPathFactory, smollm2_engine: Path) -> Iterator[Any]:
-    root = tmp_path_factory.mktemp("fidelity-healthy")
+def healthy(chain_run: dict, smollm2_engine: Path) -> dict[str, Any]:
+    """The chain's bench (`trtkv demo` with CHAIN_OVERRIDES): the healthy engine served by the real tritonserver."""
+    return json.loads((smollm2_engine / "bench" / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def quarter(tmp_path_factory: pytest.TempPathFactory, smollm2_engine: Path) -> Iterator[tuple[Path, Any]]:
+    """The quarter-range fault served by the real tritonserver: (its engines root, the bench outcome)."""
+    from trtkv.build.stage import build
+
+    root = tmp_path_factory.mktemp("fidelity-quarter")
     with pytest.MonkeyPatch.context() as mp:
         served = _Served(root, mp)
         target = root / "engines" / RECIPE
-        target.mkdir(parents=True)
-        for stage in ("checkpoint", "engine"):
-            (target / stage).symlink_to(smollm2_engine / stage)
-        yield served.bench(root)
-
-
-def test_the_healthy_server_is_as_predicted(healthy: Any) -> None:
-    fid = healthy.results["accuracy"]["fidelity"]
-    print("\n".join(fid["notes"]), fid["seconds"])
-    assert fid["verdict"] == fidelity.AS_PREDICTED and fid["worse_lengths"] == 0, fid["notes"]
-    assert healthy.exit_code == 0, healthy.results["slo"]
-    assert "TensorRT-LLM" in fid["prediction"]["semantics"] and "16-bit" in fid["reference"]["producer"]
-
-
-def test_a_quarter_range_scale_fails_fidelity_while_the_quiz_stays_within_its_interval(
-        healthy: Any, smollm2_engine: Path, tmp_path: Path) -> None:
-    from trtkv.build.stage import build
-
-    with pytest.MonkeyPatch.context() as mp:
-        served = _Served(tmp_path, mp)
-        target = tmp_path / "engines" / RECIPE
         target.mkdir(parents=True)
         _scaled_checkpoint(smollm2_engine / "checkpoint", target / "checkpoint", _quarter)
         with pytest.raises(StageError, match="differs from the rank files"):
             build(served.recipe, log=print)  # trtkv's own build refuses it: the scales file and the ranks disagree
         _engine_from(smollm2_engine / "engine", target)  # as an engine built elsewhere from the altered checkpoint
-        out = served.bench(tmp_path)
+        yield root, served.bench(root)
+
+
+def test_the_healthy_server_is_as_predicted(healthy: dict[str, Any], chain_run: dict) -> None:
+    fid = healthy["accuracy"]["fidelity"]
+    print("\n".join(fid["notes"]), fid["seconds"])
+    assert fid["verdict"] == fidelity.AS_PREDICTED and fid["worse_lengths"] == 0, fid["notes"]
+    assert chain_run["returncode"] == 0 and all(r["passed"] for r in healthy["slo"]["results"]), healthy["slo"]
+    assert any(r["slo"] == "fidelity.worse_lengths<=0" for r in healthy["slo"]["results"])
+    assert "TensorRT-LLM" in fid["prediction"]["semantics"] and "16-bit" in fid["reference"]["producer"]
+
+
+def test_a_quarter_range_scale_fails_fidelity_while_the_quiz_stays_within_its_interval(
+        healthy: dict[str, Any], quarter: tuple[Path, Any]) -> None:
+    out = quarter[1]
     fid = out.results["accuracy"]["fidelity"]
     print("\n".join(fid["notes"]), fid["seconds"])
-    assert fid["verdict"] == fidelity.WORSE and fid["lengths_judged_worse"] == [256], fid["notes"]
+    lengths = fid["settings"]["lengths"]
+    assert fid["verdict"] == fidelity.WORSE and fid["lengths_judged_worse"] == lengths, fid["notes"]
     assert out.exit_code == 1 and any(r["slo"] == "fidelity.worse_lengths<=0" and not r["passed"]
                                       for r in out.results["slo"]["results"])
     assert "--tasks fidelity" in fid["reproduce"] and any("scale convention" in c for c in fid["likely_causes"])
-    quiz, base = out.results["accuracy"]["quiz"], healthy.results["accuracy"]["quiz"]
+    quiz, base = out.results["accuracy"]["quiz"], healthy["accuracy"]["quiz"]  # the same items as the chain's
     lo, hi = _wilson(base["correct"], base["total"])
-    assert lo <= quiz["accuracy"] <= hi, (quiz["accuracy"], base["accuracy"], (lo, hi))
+    assert quiz["total"] == base["total"] and lo <= quiz["accuracy"] <= hi, (quiz["accuracy"], base["accuracy"], (lo, hi))
 
 
-def test_a_saturating_scale_fails_fidelity_in_process(healthy: Any, smollm2_engine: Path, tmp_path: Path) -> None:
+def test_a_saturating_scale_fails_fidelity_in_process(quarter: tuple[Path, Any], smollm2_engine: Path) -> None:
     """The second fault through trtkv.runtime (what the tensorrt_llm model runs), judged by the same task code."""
-    from trtkv.bench.fidelity_score import Served
+    from trtkv.bench.fidelity_score import Served, prediction_scorer, reference_scorer
     from trtkv.bench.prompts import load_tokenizer, tokenizer_dir
+    from trtkv.checkpoints.models import resolve_model_dir
     from trtkv.contracts.artifacts import KVScalesFile
     from trtkv.runtime.engine import ReferenceRuntime
 
+    root = quarter[0]
     with pytest.MonkeyPatch.context() as mp:
-        served = _Served(tmp_path, mp)
-        recipe = served.recipe
-        target = tmp_path / "engines" / RECIPE
-        target.mkdir(parents=True)
-        (target / "checkpoint").symlink_to(smollm2_engine / "checkpoint")
+        recipe = _Served(root, mp).recipe  # the prediction: the same checkpoint folder (its kv_scales.json as calibrated)
         layers = KVScalesFile.load(smollm2_engine / "checkpoint").layers  # type: ignore[union-attr]
         runtime = ReferenceRuntime.load(smollm2_engine / "engine")
         runtime = replace(runtime, kv_scales=[_saturating(x) for x in layers])
@@ -171,13 +174,12 @@ def test_a_saturating_scale_fails_fidelity_in_process(healthy: Any, smollm2_engi
             out = runtime.generate(ids, max_tokens=recipe.bench.fidelity_tokens, log_probs=lps)
             return Served(ids, out, lps)
 
-        from trtkv.bench.fidelity_score import prediction_scorer, reference_scorer
-        from trtkv.checkpoints.models import resolve_model_dir
-
-        folder = tmp_path / "fidelity"
+        folder = root / "fidelity-saturating"
+        b = recipe.bench
         result = fidelity.run_fidelity(recipe, request, load_tokenizer(tokenizer_dir(recipe)),
                                        reference_scorer(resolve_model_dir(recipe), folder),
-                                       prediction_scorer(recipe, folder, print), [256], recipe.bench.fidelity_documents,
-                                       recipe.bench.fidelity_tokens, "trtkv bench ...")
+                                       prediction_scorer(recipe, folder, print), fidelity.default_lengths(recipe),
+                                       b.fidelity_documents, b.fidelity_tokens, "trtkv bench ...")
     print("\n".join(result["notes"]), result["seconds"])
     assert result["verdict"] == fidelity.WORSE, result["notes"]
+    assert result["seconds"]["reference_load"] == 0 and result["seconds"]["predicted_load"] == 0  # loaded once

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from trtkv.bench.fidelity_score import TOP_K, CachedScorer, Scored, Served
-from trtkv.core.errors import TrtkvError
+from trtkv.core.errors import StageError, TrtkvError
 
 BOOTSTRAP = 1000
 CONFIDENCE = 0.95
@@ -54,9 +54,24 @@ def default_lengths(recipe: Any) -> list[int]:
 
 def documents(tokenizer: Any, length: int, count: int) -> list[str]:
     """`count` prompts of exactly `length` tokens from consecutive stretches of the evaluation text."""
-    from trtkv.bench.prompts import latency_prompts
+    return nested_documents(tokenizer, [length], count)[length]
 
-    return latency_prompts(tokenizer, count, length)
+
+def nested_documents(tokenizer: Any, lengths: Sequence[int], count: int) -> dict[int, list[str]]:
+    """Per length, `count` prompts of exactly that many tokens; document i of every length is cut from the start of
+    the same stretch of text (the longest length's i-th), so shorter ones are prefixes the scorers re-use."""
+    from trtkv.bench.prompts import cut_to_tokens, latency_prompts
+
+    longest = max(lengths)
+    base = latency_prompts(tokenizer, count, longest)
+    out: dict[int, list[str]] = {}
+    for n in lengths:
+        try:
+            cut = [p if n == longest else cut_to_tokens(tokenizer, p, n) for p in base]
+        except StageError:  # a stretch that cannot be cut to exactly n tokens: this length's own stretches (no sharing)
+            cut = latency_prompts(tokenizer, count, n)
+        out[n] = list(dict.fromkeys(cut))
+    return out
 
 
 # ----------------------------------------------------------------------------- per-document figures
@@ -153,61 +168,93 @@ def length_summary(length: int, rows: list[tuple[dict[str, list[float]], dict[st
 # ----------------------------------------------------------------------------- the task
 
 
+def _serve_all(request: Callable[[str, list[int]], Served], tokenizer: Any, jobs: list[tuple[int, int, str]],
+               concurrency: int) -> list[Served]:
+    """Every (length, document) request, `concurrency` in flight (bench.accuracy_concurrency: 1 unless the engine's
+    answers do not depend on its batch)."""
+    ids = [list(tokenizer.encode(prompt, add_special_tokens=True)) for _, _, prompt in jobs]
+    if concurrency <= 1:
+        return [request(prompt, x) for (_, _, prompt), x in zip(jobs, ids, strict=True)]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        return list(pool.map(lambda j: request(jobs[j][2], ids[j]), range(len(jobs))))
+
+
 def run_fidelity(recipe: Any, request: Callable[[str, list[int]], Served], tokenizer: Any, reference: CachedScorer,
                  prediction: CachedScorer, lengths: Sequence[int], docs: int, tokens: int, reproduce: str,
-                 log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Send, re-score and judge every length; the results.json entry `accuracy.fidelity`."""
+                 log: Callable[[str], None] = print, concurrency: int = 1) -> dict[str, Any]:
+    """Send every length's documents, re-score them (one document's lengths together: shared prefixes), judge."""
     t0 = time.time()
-    table: list[dict[str, Any]] = []
+    table: dict[int, dict[str, Any]] = {}
     failed, total, errors = 0, 0, []
-    timing = {"serve": 0.0, "reference": 0.0, "predicted": 0.0}
+    timing = {"documents": 0.0, "serve": 0.0, "reference": 0.0, "predicted": 0.0}
+    measured = []
     for length in lengths:
         if length + tokens > recipe.build.max_seq_len or length > recipe.build.max_input_len:
-            table.append({"length": length, "documents": 0, "verdict": NOT_MEASURED, "worse_metrics": [],
-                          "note": f"{length} > build.max_input_len {recipe.build.max_input_len} or {length} + "
-                                  f"{tokens} > build.max_seq_len {recipe.build.max_seq_len}"})
+            table[length] = {"length": length, "documents": 0, "verdict": NOT_MEASURED, "worse_metrics": [],
+                             "note": f"{length} > build.max_input_len {recipe.build.max_input_len} or {length} + "
+                                     f"{tokens} > build.max_seq_len {recipe.build.max_seq_len}"}
+        else:
+            measured.append(length)
+    jobs: list[tuple[int, int, str]] = []  # (length, document index, prompt)
+    if measured:
+        for length, prompts in nested_documents(tokenizer, measured, docs).items():
+            jobs += [(length, i, p) for i, p in enumerate(prompts)]
+    timing["documents"] = time.time() - t0
+    t = time.time()
+    answers = _serve_all(request, tokenizer, jobs, concurrency)
+    timing["serve"] = time.time() - t
+    skipped = {n: {"failed": 0, "not_aligned": 0} for n in measured}
+    by_doc: dict[int, list[tuple[int, Served]]] = {}
+    for (length, i, _), served in zip(jobs, answers, strict=True):
+        total += 1
+        if served.error is not None or not served.ids:
+            kind = "not_aligned" if served.error and served.error.startswith("not aligned") else "failed"
+            skipped[length][kind] += 1
+            failed += kind == "failed"
+            errors.append(f"length {length}: {served.error or 'empty continuation'}")
             continue
-        rows, skipped = [], {"failed": 0, "not_aligned": 0}
-        for prompt in documents(tokenizer, length, docs):
-            total += 1
-            t = time.time()
-            served = request(prompt, list(tokenizer.encode(prompt, add_special_tokens=True)))
-            timing["serve"] += time.time() - t
-            if served.error is not None or not served.ids:
-                kind = "not_aligned" if served.error and served.error.startswith("not aligned") else "failed"
-                skipped[kind] += 1
-                failed += kind == "failed"
-                errors.append(f"length {length}: {served.error or 'empty continuation'}")
-                continue
-            t = time.time()
-            pred = prediction.score(served)
-            timing["predicted"] += time.time() - t
-            t = time.time()  # the reference's log-probs at the served and the predicted top-k (for the KLs)
-            want = None if served.top is None else [set(s) | set(p) for s, p in zip(served.top, pred.top, strict=True)]
-            ref = reference.score(served, want)
-            timing["reference"] += time.time() - t
-            rows.append((served_rows(served, ref), predicted_rows(served, pred, ref)))
-        table.append(length_summary(length, rows, skipped))
-        log(f"fidelity: length {length}: {table[-1]['verdict']} ({len(rows)} documents)")
+        by_doc.setdefault(i, []).append((length, served))
+    rows: dict[int, list[Any]] = {n: [] for n in measured}
+    for i in sorted(by_doc):
+        group = by_doc[i]
+        t = time.time()
+        preds = prediction.score_nested([(s, None) for _, s in group])
+        timing["predicted"] += time.time() - t
+        t = time.time()  # the reference's log-probs at the served and the predicted top-k (for the KLs)
+        wants = [None if s.top is None else [set(a) | set(b) for a, b in zip(s.top, p.top, strict=True)]
+                 for (_, s), p in zip(group, preds, strict=True)]
+        refs = reference.score_nested([(s, w) for (_, s), w in zip(group, wants, strict=True)])
+        timing["reference"] += time.time() - t
+        for (length, s), p, r in zip(group, preds, refs, strict=True):
+            rows[length].append((served_rows(s, r), predicted_rows(s, p, r)))
+    for length in measured:
+        table[length] = length_summary(length, rows[length], skipped[length])
+        log(f"fidelity: length {length}: {table[length]['verdict']} ({len(rows[length])} documents)")
     reference.save()
     prediction.save()
-    worse = [r["length"] for r in table if r["verdict"] != AS_PREDICTED]
-    judged = [r for r in table if r.get("top1_agreement")]
+    ordered = [table[n] for n in lengths]
+    worse = [r["length"] for r in ordered if r["verdict"] != AS_PREDICTED]
+    judged = [r for r in ordered if r.get("top1_agreement")]
     agreeing = sum(round(r["top1_agreement"]["served"]["value"] * r["tokens"]) for r in judged)
     tokens_judged = sum(r["tokens"] for r in judged)
     out: dict[str, Any] = {
-        "verdict": WORSE if any(r["verdict"] == WORSE for r in table) else (NOT_MEASURED if worse else AS_PREDICTED),
+        "verdict": WORSE if any(r["verdict"] == WORSE for r in ordered) else (NOT_MEASURED if worse else AS_PREDICTED),
         "worse_lengths": len(worse), "lengths_judged_worse": worse,
         # results.md's generic row: the served engine's top-1 agreement with the reference over every judged token
         "accuracy": agreeing / tokens_judged if tokens_judged else 0.0, "correct": agreeing, "total": tokens_judged,
-        "requests": total, "failed": failed, "table": table,
+        "requests": total, "failed": failed, "table": ordered,
         "reference": reference.info, "prediction": prediction.info,
         "settings": {"lengths": list(lengths), "documents_per_length": docs, "tokens": tokens, "top_k": TOP_K,
-                     "confidence": CONFIDENCE, "bootstrap_resamples": BOOTSTRAP, "rule": RULE},
-        "seconds": {k: round(v, 1) for k, v in timing.items()} | {"total": round(time.time() - t0, 1),
-                                                                   "reference_computed": reference.computed,
-                                                                   "predicted_computed": prediction.computed},
-        "errors": errors[:10], "notes": notes(table)}
+                     "confidence": CONFIDENCE, "bootstrap_resamples": BOOTSTRAP, "rule": RULE,
+                     "concurrency": concurrency},
+        # reference/predicted include their model loads (*_load); *_computed: documents not found in the cache
+        "seconds": {k: round(v, 1) for k, v in timing.items()} | {
+            "reference_load": round(reference.load_seconds, 1), "predicted_load": round(prediction.load_seconds, 1),
+            "total": round(time.time() - t0, 1), "reference_computed": reference.computed,
+            "predicted_computed": prediction.computed},
+        "errors": errors[:10], "notes": notes(ordered)}
     if worse:
         out["likely_causes"] = LIKELY_CAUSES
         out["reproduce"] = reproduce
@@ -252,7 +299,7 @@ def fidelity_task(recipe: Any, ep: Any, tokenizer: Any, log: Callable[[str], Non
     request = requester(ep, recipe, tokenizer, b.fidelity_tokens, b.request_timeout_s)
     return run_fidelity(recipe, request, tokenizer, reference_scorer(resolve_model_dir(recipe), folder),
                         prediction_scorer(recipe, folder, log), default_lengths(recipe), b.fidelity_documents,
-                        b.fidelity_tokens, reproduce, log)
+                        b.fidelity_tokens, reproduce, log, b.accuracy_concurrency)
 
 
 def reproduce_command(recipe: Any, ep: Any) -> str:

@@ -73,19 +73,56 @@ def teacher_forced(model: Any, new_cache: Callable[[], Any], served: Served, wan
                    k: int = TOP_K) -> Scored:
     """One pass over prefix + continuation; at the positions that predict each continuation token: the served
     token's log p, the argmax, the top-k and the log p of the tokens in `want` (per position)."""
+    return teacher_forced_nested(model, new_cache, [(served, want)], k)[0]
+
+
+def _common(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def teacher_forced_nested(model: Any, new_cache: Callable[[], Any], items: Sequence[tuple[Served, list[set[int]] | None]],
+                          k: int = TOP_K) -> list[Scored]:
+    """teacher_forced for documents that share a prefix (one document cut to several lengths): longest first, each
+    next one keeps the cache's tokens it shares (up to its last prompt token) and runs only the rest. Causal attention
+    and a per-token KV format make that what a fresh pass computes; a cache that cannot be cropped (KIVI, sliding
+    windows) gets a fresh pass."""
     import torch
 
-    ids = torch.tensor([served.prefix_ids + served.ids])
-    p0, n = len(served.prefix_ids) - 1, len(served.ids)
-    with torch.inference_mode():
-        hidden = model.model(input_ids=ids, past_key_values=new_cache(), use_cache=True).last_hidden_state
-        lp = torch.log_softmax(model.lm_head(hidden[0, p0:p0 + n]).float(), dim=-1)
-    target = torch.tensor(served.ids)
-    chosen = lp.gather(-1, target.unsqueeze(-1)).squeeze(-1)
-    vals, idx = lp.topk(k, dim=-1)
-    top = [dict(zip(map(int, i), map(float, v), strict=True)) for i, v in zip(idx, vals, strict=True)]
-    at = None if want is None else [{t: float(lp[i, t]) for t in sorted(row)} for i, row in enumerate(want)]
-    return Scored([float(x) for x in chosen], [int(x) for x in lp.argmax(-1)], top, at)
+    from trtkv.core.errors import TrtkvError
+
+    order = sorted(range(len(items)), key=lambda i: -len(items[i][0].prefix_ids) - len(items[i][0].ids))
+    out: list[Scored | None] = [None] * len(items)
+    cache: Any = None
+    fed: list[int] = []
+    for i in order:
+        served, want = items[i]
+        seq = served.prefix_ids + served.ids
+        p0, n = len(served.prefix_ids) - 1, len(served.ids)
+        keep = min(_common(fed, seq), p0) if cache is not None else 0
+        if keep > 0:
+            try:
+                cache.crop(keep)
+            except (TrtkvError, AttributeError, NotImplementedError):
+                keep = 0
+        if keep == 0:
+            cache = new_cache()
+        with torch.inference_mode():
+            hidden = model.model(input_ids=torch.tensor([seq[keep:]]), past_key_values=cache,
+                                 use_cache=True).last_hidden_state
+            lp = torch.log_softmax(model.lm_head(hidden[0, p0 - keep:p0 - keep + n]).float(), dim=-1)
+        fed = seq
+        target = torch.tensor(served.ids)
+        chosen = lp.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+        vals, idx = lp.topk(k, dim=-1)
+        top = [dict(zip(map(int, j), map(float, v), strict=True)) for j, v in zip(idx, vals, strict=True)]
+        at = None if want is None else [{t: float(lp[j, t]) for t in sorted(row)} for j, row in enumerate(want)]
+        out[i] = Scored([float(x) for x in chosen], [int(x) for x in lp.argmax(-1)], top, at)
+    return [x for x in out if x is not None]
 
 
 def doc_key(scorer_key: str, served: Served, want: list[set[int]] | None) -> str:
@@ -94,37 +131,64 @@ def doc_key(scorer_key: str, served: Served, want: list[set[int]] | None) -> str
     return hashlib.sha256(blob).hexdigest()[:24]
 
 
+_LOADED: dict[str, tuple[Any, Callable[[], Any]]] = {}  # scorer models kept for the process (two: the last used)
+_KEEP_LOADED = 2
+
+
 class CachedScorer:
     """A scorer whose results are kept in one JSON file per scorer (keyed by its key and the document's tokens); the
-    model is loaded only when a document is not cached."""
+    model is loaded only when a document is not cached; with a `model_id` (its files) once per process (the last two
+    such models stay loaded: one bench or test loads the reference and the prediction once)."""
 
     def __init__(self, name: str, key: str, path: Path, load: Callable[[], tuple[Any, Callable[[], Any]]],
-                 info: dict[str, Any]) -> None:
+                 info: dict[str, Any], model_id: str = "") -> None:
         self.name, self.key, self.path, self._load, self.info = name, key, path, load, info
-        self._model: tuple[Any, Callable[[], Any]] | None = None
+        self.model_id = f"{name}:{key}:{model_id}" if model_id else ""  # "": this instance's own model only
+        self._own: tuple[Any, Callable[[], Any]] | None = None
         self.computed = 0
+        self.load_seconds = 0.0
         try:
             doc = json.loads(path.read_text()) if path.is_file() else {}
         except (OSError, json.JSONDecodeError):
             doc = {}
         self._cache: dict[str, Any] = doc.get("docs", {}) if doc.get("key") == key else {}
 
+    def _model(self) -> tuple[Any, Callable[[], Any]]:
+        import time
+
+        import torch
+
+        from trtkv.probe.setup import auto_threads
+
+        torch.set_num_threads(auto_threads())  # 1 on a busy machine (a local server's threads): OpenMP spins
+        if not self.model_id:
+            if self._own is None:
+                t = time.time()
+                self._own = self._load()
+                self.load_seconds += time.time() - t
+            return self._own
+        if self.model_id not in _LOADED:
+            t = time.time()
+            while len(_LOADED) >= _KEEP_LOADED:
+                _LOADED.pop(next(iter(_LOADED)))
+            _LOADED[self.model_id] = self._load()
+            self.load_seconds += time.time() - t
+        _LOADED[self.model_id] = _LOADED.pop(self.model_id)  # most recently used last
+        return _LOADED[self.model_id]
+
     def score(self, served: Served, want: list[set[int]] | None = None) -> Scored:
-        k = doc_key(self.key, served, want)
-        if k in self._cache:
-            return Scored.from_json(self._cache[k])
-        if self._model is None:
-            import torch
+        return self.score_nested([(served, want)])[0]
 
-            from trtkv.probe.setup import auto_threads
-
-            torch.set_num_threads(auto_threads())  # 1 on a busy machine (a local server's threads): OpenMP spins
-            self._model = self._load()
-        model, new_cache = self._model
-        out = teacher_forced(model, new_cache, served, want)
-        self._cache[k] = out.to_json()
-        self.computed += 1
-        return out
+    def score_nested(self, items: Sequence[tuple[Served, list[set[int]] | None]]) -> list[Scored]:
+        """Scores of documents that may share prefixes (teacher_forced_nested); cached ones are not recomputed."""
+        keys = [doc_key(self.key, s, w) for s, w in items]
+        todo = [i for i, k in enumerate(keys) if k not in self._cache]
+        if todo:
+            model, new_cache = self._model()
+            for i, scored in zip(todo, teacher_forced_nested(model, new_cache, [items[i] for i in todo]), strict=True):
+                self._cache[keys[i]] = scored.to_json()
+            self.computed += len(todo)
+        return [Scored.from_json(self._cache[k]) for k in keys]
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -152,7 +216,7 @@ def reference_scorer(model_dir: Path, folder: Path) -> CachedScorer:
 
     key = _digest([model_dir / "config.json", *sorted(model_dir.glob("*.safetensors"))]) + REFERENCE_PRODUCER
     return CachedScorer("reference", key, folder / "reference.json", load,
-                        {"producer": REFERENCE_PRODUCER, "model_dir": str(model_dir)})
+                        {"producer": REFERENCE_PRODUCER, "model_dir": str(model_dir)}, str(model_dir))
 
 
 def kv_scales_for(engine: str, layers: Sequence[Any], kv_format: str) -> tuple[str, list[float] | None, list[float] | None]:
@@ -202,7 +266,7 @@ def prediction_scorer(recipe: Any, folder: Path, log: Callable[[str], None]) -> 
     return CachedScorer("predicted", key, folder / "predicted.json", load,
                         {"weights": f"{weights} in {ckpt}", "kv_format": fmt, "engine": engine,
                          "scales": f"{KVScalesFile.path(ckpt)} ({ENGINE_SEMANTICS[engine][1]})",
-                         "semantics": ENGINE_SEMANTICS[engine][2]})
+                         "semantics": ENGINE_SEMANTICS[engine][2]}, str(ckpt))
 
 
 def _trtllm_model(ckpt: Path) -> tuple[Any, Any]:

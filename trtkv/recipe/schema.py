@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from trtkv.core import paths
 from trtkv.kvcache.formats import KVFormat
@@ -238,7 +238,8 @@ class BenchConfig(_Section):
     num_requests: int = Field(16, gt=0, description="Measured requests per concurrency level.")
     warmup_requests: int = Field(2, ge=0, description="Requests sent first and left out of the figures.")
     tasks: list[BenchTask] = Field(
-        [BenchTask.QUIZ, BenchTask.GOLDEN, BenchTask.NEEDLE], description="Accuracy tasks to run."
+        [BenchTask.QUIZ, BenchTask.GOLDEN, BenchTask.NEEDLE], description="Accuracy tasks to run (a quantized KV "
+        "cache adds `fidelity` when the recipe does not name them)."
     )
     quiz_items: int = Field(40, gt=0, description="Quiz questions asked.")
     accuracy_concurrency: int = Field(
@@ -305,6 +306,16 @@ class Recipe(_Section):
 
     _name: str = PrivateAttr("")
     _path: Path | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _fidelity_by_default(self) -> Recipe:
+        """A quantized KV cache is benched against what its format predicts unless the recipe names its tasks (not
+        on Triton's llmapi layout: its model returns a cumulative log-prob only, trtkv.bench.fidelity_served)."""
+        able = self.build.backend is not Backend.LLMAPI or self.bench.protocol is Protocol.OPENAI
+        quantized = self.quantization.kv_cache is not KVCacheQuant.NONE
+        if quantized and able and "tasks" not in self.bench.model_fields_set and BenchTask.FIDELITY not in self.bench.tasks:
+            self.bench.tasks = [*self.bench.tasks, BenchTask.FIDELITY]
+        return self
 
     @property
     def name(self) -> str:
