@@ -114,3 +114,8 @@ class Protocol(str, Enum):
 # trtkv.checkpoints.models.PACKAGED: the models that ship as Python packages (a test keeps both equal)
 PACKAGED_MODELS = ("smollm2", "gemma3")
 SLO_PATTERN = re.compile(r"^(?P<metric>[a-z_]+)\.(?P<stat>[a-z0-9_]+)\s*(?P<op><=|>=|<|>)\s*(?P<value>-?[0-9.]+(e-?[0-9]+)?)$")
+
+
+# Backends (values) whose Triton model returns no per-token log-probs, only a cumulative one
+# (trtkv.bench.fidelity_served): the fidelity task is a default there only over the OpenAI protocol
+NO_TOKEN_LOG_PROBS_ON_TRITON = ("llmapi",)

@@ -18,6 +18,7 @@ from trtkv.recipe.enums import (  # noqa: F401 - re-exported: the schema's publi
     BACKEND_ALIASES,
     ENGINE_KV_FORMATS,
     KV_CACHE_ALIASES,
+    NO_TOKEN_LOG_PROBS_ON_TRITON,
     PACKAGED_MODELS,
     SLO_PATTERN,
     Backend,
@@ -311,7 +312,7 @@ class Recipe(_Section):
     def _fidelity_by_default(self) -> Recipe:
         """A quantized KV cache is benched against what its format predicts unless the recipe names its tasks (not
         on Triton's llmapi layout: its model returns a cumulative log-prob only, trtkv.bench.fidelity_served)."""
-        able = self.build.backend is not Backend.LLMAPI or self.bench.protocol is Protocol.OPENAI
+        able = self.build.backend.value not in NO_TOKEN_LOG_PROBS_ON_TRITON or self.bench.protocol is Protocol.OPENAI
         quantized = self.quantization.kv_cache is not KVCacheQuant.NONE
         if quantized and able and "tasks" not in self.bench.model_fields_set and BenchTask.FIDELITY not in self.bench.tasks:
             self.bench.tasks = [*self.bench.tasks, BenchTask.FIDELITY]
