@@ -96,7 +96,7 @@ def test_a_shared_prefix_prefill_answers_as_separate_prefills(monkeypatch: pytes
 @pytest.mark.slow
 def test_ruler_probe_scores_a_broken_cache_below_the_reference(tmp_path: Path, engines_tmp: Path, smollm2_dir: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    """SmolLM2 at 512 tokens, niah_single_1 x 2 items: the 16-bit reference finds the number, int8 with scales
+    """SmolLM2 at 512 tokens, 2 tasks x 2 items: the 16-bit reference finds niah_single_1's number, int8 with scales
     of 1e-3 (every K/V element saturates) does not; probe.json/probe.md carry the table; a rerun answers from the cache."""
     broken = tmp_path / "kv_scales.json"
     broken.write_text(json.dumps({"kv_cache_quant_algo": "INT8",
@@ -104,12 +104,13 @@ def test_ruler_probe_scores_a_broken_cache_below_the_reference(tmp_path: Path, e
     out = tmp_path / "probe"
     args = ["probe", "smollm2_fp8kv", *TINY, "--formats", "fp16,int8", "--lengths", "64", "--no-needle",
             "--decode-steps", "1", "--threads", "1", "--no-progress", "--output", str(out), "--scales", str(broken),
-            "--ruler-tasks", "niah_single_1", "--ruler-lengths", "512", "--ruler-samples", "2"]
+            "--ruler-tasks", "niah_single_1,niah_multikey_2", "--ruler-lengths", "512", "--ruler-samples", "2"]
     assert main(args) == 0
     doc = json.loads((out / "probe.json").read_text())["ruler"]
-    assert [i["id"] for i in doc["items"]] == ["niah_single_1@512#0", "niah_single_1@512#1"]
+    assert [i["id"] for i in doc["items"]] == [f"{t}@512#{k}" for t in ("niah_single_1", "niah_multikey_2")
+                                               for k in (0, 1)]
     ref, bad = doc["formats"]["fp16"], doc["formats"]["int8"]
-    single = "niah_single_1"  # SmolLM2-135M finds it at 512 tokens (it misses niah_multikey_2's key: not a test of KV)
+    single = "niah_single_1"  # SmolLM2-135M finds it at 512 tokens; it misses niah_multikey_2's key among distractors
     assert ref["by_length"]["512"]["tasks"][single]["score"] == 100.0, ref["items"]
     assert bad["by_length"]["512"]["tasks"][single]["score"] < 100.0, bad["items"]
     assert bad["by_length"]["512"]["average"] < ref["by_length"]["512"]["average"]
