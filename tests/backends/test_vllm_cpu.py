@@ -13,6 +13,7 @@ from types import ModuleType
 
 import pytest
 
+from tests.support import side_python
 from trtkv.backends import vllm
 from trtkv.recipe import load_recipe
 
@@ -87,7 +88,7 @@ top, w = w8a8_utils.requantize_with_max_scale(q.clone(), scales, [32, 32])
 want = torch.cat([compat.static_fp8_quant(q[:32].float() * scales[0], top), q[32:]])
 print("PATCHED", float(top), torch.equal(w.view(torch.uint8), want.view(torch.uint8)))
 """
-    run = subprocess.run([str(vllm.vllm_python()), "-c", script], capture_output=True, text=True, timeout=600,
+    run = side_python.run([str(vllm.vllm_python()), "-c", script], timeout=600,
                          env={"PATH": str(vllm.vllm_python().parent), "HOME": str(Path.home())})
     out = run.stdout
     assert run.returncode == 0, run.stderr[-2000:]

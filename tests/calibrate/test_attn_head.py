@@ -4,12 +4,12 @@ export (compressed-tensors, llm-compressor strategy="attn_head"), and vLLM 0.32'
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.calibrate.test_calibrate import LAYERS, quiet, tiny_model, tiny_tokenizer
+from tests.support import side_python
 from trtkv.calibrate import calibrate, checkpoint_dir, describe_calibration
 from trtkv.calibrate.attn_head import KV_CACHE_SCHEME, SCALES_FILE, validate_attn_head_export
 from trtkv.core.errors import StageError
@@ -160,8 +160,7 @@ def test_vllms_own_loader_reads_the_per_head_scales_calibrate_wrote(calibrated: 
     _recipe, out = calibrated
     want = validate_attn_head_export(out / "hf", LAYERS, KV_HEADS)
     positions = [(0, 1), (0, 2), (1, 2)]
-    proc = subprocess.run([str(py), "-c", READ_EXPORT, str(out / "hf"), json.dumps(positions)], capture_output=True,
-                          text=True, timeout=600)
+    proc = side_python.run([str(py), "-c", READ_EXPORT, str(out / "hf"), json.dumps(positions)], timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     for rank, size in positions:

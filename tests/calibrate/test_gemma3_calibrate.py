@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.calibrate.test_calibrate import quiet, tiny_tokenizer
+from tests.support import side_python
 from trtkv.calibrate import calibrate, checkpoint_dir, supported_problems
 from trtkv.core.errors import RecipeError, StageError
 from trtkv.recipe import load_recipe
@@ -207,8 +207,7 @@ def test_vllm_maps_the_exported_kv_scales_onto_its_attention(gemma3_export: tupl
         names = sorted(fh.keys())
     quant = json.loads((out / "hf" / "hf_quant_config.json").read_text())
     plain = {"quantization": {**quant["quantization"], "quant_algo": None}}
-    result = subprocess.run([str(vllm.vllm_python()), "-c", VLLM_CHECK], input=json.dumps([names, quant, plain]),
-                            capture_output=True, text=True, timeout=300, check=False)
+    result = side_python.run([str(vllm.vllm_python()), "-c", VLLM_CHECK], input=json.dumps([names, quant, plain]), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     seen = json.loads(result.stdout.strip().splitlines()[-1])
     assert seen["kv"] == "FP8" and seen["attn_prefix"] and seen["self_attn_prefix"]

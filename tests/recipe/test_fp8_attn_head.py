@@ -5,10 +5,10 @@ the table's --kv-cache-dtype; priced as fp8 by the planner."""
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
+from tests.support import side_python
 from trtkv.backends import vllm
 from trtkv.core.errors import TrtkvError
 from trtkv.kvcache import engines
@@ -94,7 +94,7 @@ def test_the_serve_and_dynamo_arguments_parse_with_vllms_own_parser() -> None:
     dynamo = vllm.BACKEND.dynamo
     assert dynamo is not None
     argv = [cmd[cmd.index("--model"):], dynamo.args(recipe, vllm._hf(recipe), "decode", "/cfg")]
-    proc = subprocess.run([str(py), "-c", PARSE_SERVER_ARGS], input=json.dumps(argv), capture_output=True, text=True,
+    proc = side_python.run([str(py), "-c", PARSE_SERVER_ARGS], input=json.dumps(argv),
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == ["fp8", "fp8"]
