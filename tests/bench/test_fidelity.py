@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from trtkv.bench import fidelity, slo
+from trtkv.bench import fidelity, results, slo
 from trtkv.bench.fidelity_score import CachedScorer, Served
 from trtkv.bench.fidelity_served import openai_request, triton_request
 from trtkv.recipe import load_recipe
@@ -189,6 +189,10 @@ def test_the_task_passes_the_predicted_engine_and_fails_a_corrupted_one(tmp_path
                                     prediction=_scorer("pred", predicted, tmp_path), **kwargs)
     assert healthy["verdict"] == fidelity.AS_PREDICTED and healthy["worse_lengths"] == 0, healthy["notes"]
     assert "reproduce" not in healthy
+    row = healthy["table"][0]["top1_agreement"]["served"]  # one length: the pooled figure is that length's own
+    assert (healthy["accuracy"], healthy["accuracy_ci"]) == (pytest.approx(row["value"]), row["ci"])
+    assert healthy["accuracy_ci"][0] <= healthy["accuracy"] <= healthy["accuracy_ci"][1]
+    assert results.accuracy_rows({"accuracy": {"fidelity": healthy}})[0][3] == results.interval_text(row["ci"])
     faulty = fidelity.run_fidelity(_Recipe, _greedy_server(_noisy(1.0)), reference=_scorer("ref", reference, tmp_path),
                                    prediction=_scorer("pred", predicted, tmp_path), **kwargs)
     assert faulty["verdict"] == fidelity.WORSE and faulty["lengths_judged_worse"] == [64], faulty["notes"]

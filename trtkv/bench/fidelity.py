@@ -239,11 +239,17 @@ def run_fidelity(recipe: Any, request: Callable[[str, list[int]], Served], token
     judged = [r for r in ordered if r.get("top1_agreement")]
     agreeing = sum(round(r["top1_agreement"]["served"]["value"] * r["tokens"]) for r in judged)
     tokens_judged = sum(r["tokens"] for r in judged)
+    pooled = [row for n in measured for row in rows[n] if "top1_agreement" in row[0]]
+    accuracy_ci = (bootstrap([s["top1_agreement"] for s, _ in pooled], [p["top1_agreement"] for _, p in pooled])
+                   ["served"]["ci"] if pooled else None)
     out: dict[str, Any] = {
         "verdict": WORSE if any(r["verdict"] == WORSE for r in ordered) else (NOT_MEASURED if worse else AS_PREDICTED),
         "worse_lengths": len(worse), "lengths_judged_worse": worse,
         # results.md's generic row: the served engine's top-1 agreement with the reference over every judged token
-        "accuracy": agreeing / tokens_judged if tokens_judged else 0.0, "correct": agreeing, "total": tokens_judged,
+        # with its bootstrap interval over every (length, document) row (a document's lengths share their text, so
+        # with several lengths this interval is on the narrow side; each length's own is in the table)
+        "accuracy": agreeing / tokens_judged if tokens_judged else 0.0, "accuracy_ci": accuracy_ci,
+        "correct": agreeing, "total": tokens_judged,
         "requests": total, "failed": failed, "table": ordered,
         "reference": reference.info, "prediction": prediction.info,
         "settings": {"lengths": list(lengths), "documents_per_length": docs, "tokens": tokens, "top_k": TOP_K,
