@@ -1,7 +1,8 @@
 """Soak and fault run on loopback: N streaming gRPC clients for T seconds against the supervised server of a recipe,
 with cancellations and malformed requests mixed in, and one `tensorrt_llm` model instance killed (SIGKILL of its
 Python backend stub) in the middle. Prints and writes (JSON) answered / lost / mismatched / errors / recovery time,
-then checks what the reliability issue asks: some time after the kill, 20 of 20 requests succeed, `trtkv status`
+then checks what the reliability issue asks: once the server is back (restarted and answering; at most --after-kill s
+after the kill), 20 of 20 requests succeed, `trtkv status`
 shows the restart and no process of the killed server's session survives. Then the fault matrix (benchmarks/faults.py,
 `--faults`, default all): kill the main process, kill one child, kill the supervisor, interrupt a start, each with
 its expected recovery (written there) and a check that nothing of the dead session survives; at the end every port is
@@ -68,6 +69,7 @@ class Summary:
     killed_pid: int | None = None
     kill_at_s: float | None = None
     recovery_s: float | None = None
+    checks_at_s: float | None = None  # when the 20 checks started, from the kill
     after_kill_ok: int = 0
     after_kill_sent: int = 0
     restarts_seen: int = 0
@@ -176,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kill-at", type=float, default=0.5, help="fraction of --seconds at which to kill an instance")
     ap.add_argument("--cancel-every", type=int, default=7, help="every n-th request is cancelled mid-stream")
     ap.add_argument("--malformed-every", type=int, default=5, help="every n-th request is malformed")
-    ap.add_argument("--after-kill", type=float, default=90.0, help="seconds after the kill to send the 20 checks")
+    ap.add_argument("--after-kill", type=float, default=90.0,
+                    help="at most this many seconds after the kill, the 20 checks start (sooner once the server is back)")
     ap.add_argument("--request-timeout", type=float, default=120.0)
     ap.add_argument("--output", type=Path, default=None, help="JSON summary (default engines/<recipe>/soak.json)")
     ap.add_argument("--seed", type=int, default=0)
@@ -235,13 +238,33 @@ def main(argv: list[str] | None = None) -> int:
           f"cancelled {summary.cancelled}, malformed answered with an error {summary.bad_answered} (lost "
           f"{summary.bad_lost}); killed stub pid {summary.killed_pid} at "
           f"{summary.kill_at_s} s, recovery {summary.recovery_s} s; {summary.after_kill_ok}/{summary.after_kill_sent} "
-          f"ok {args.after_kill:g} s after the kill; restarts in trtkv status: {summary.restarts_seen}; left of the "
+          f"ok, sent {summary.checks_at_s} s after the kill (at most {args.after_kill:g}); restarts in trtkv status: "
+          f"{summary.restarts_seen}; left of the "
           f"killed session: {summary.dead_session_left}; ports free at the end: {summary.ports_free}")
     for f in summary.faults:
         print(f"soak: fault {f['fault']}: {'passed' if f['passed'] else 'FAILED'}, healed in {f['healed_s']} s, "
               f"left {f['left']} ({f['detail']})")
     print(f"soak: {'PASSED' if summary.passed else 'FAILED'}; summary {out}")
     return 0 if summary.passed else 1
+
+
+def restarts(args: argparse.Namespace, recipe: Any) -> int:
+    """The restarts `trtkv status` lists for the recipe's server."""
+    status = trtkv("status", args.recipe, *[f"triton.{k}_port={v}" for k, v in
+                                            (("http", recipe.triton.http_port), ("grpc", recipe.triton.grpc_port),
+                                             ("metrics", recipe.triton.metrics_port))], "--json")
+    try:
+        return sum(1 for e in json.loads(status.stdout)["events"] if e["event"] == "restarted")
+    except (ValueError, KeyError):
+        return 0
+
+
+def recovered(args: argparse.Namespace, recipe: Any, url: str, t0: float) -> bool:
+    """The supervisor has restarted the server and it answers a request again."""
+    if restarts(args, recipe) < 1:
+        return False
+    probe = one_request(url, "normal", 0, min(args.request_timeout, 30.0), t0)
+    return probe.final and not probe.error
 
 
 def run(args: argparse.Namespace, recipe: Any, url: str, solo: list[str], summary: Summary) -> None:
@@ -282,11 +305,13 @@ def run(args: argparse.Namespace, recipe: Any, url: str, solo: list[str], summar
         print(f"soak: killed tensorrt_llm stub pid {stubs[0]} at {summary.kill_at_s} s")
     for t in threads:
         t.join(args.seconds + args.request_timeout + 60)
-    # 20 requests, some time after the kill
+    # 20 requests once the server is back: `trtkv status` shows the restart and a request is answered again (at most
+    # --after-kill s after the kill; the checks then run whatever state it is in)
     if summary.kill_at_s is not None:
-        wait = t0 + summary.kill_at_s + args.after_kill - time.monotonic()
-        if wait > 0:
-            time.sleep(wait)
+        limit = t0 + summary.kill_at_s + args.after_kill
+        while time.monotonic() < limit and not recovered(args, recipe, url, t0):
+            time.sleep(1.0)
+        summary.checks_at_s = round(time.monotonic() - t0 - summary.kill_at_s, 2)
     checks = [one_request(url, "normal", i % len(PROMPTS), args.request_timeout, t0) for i in range(20)]
     if server is not None and stubs:
         from benchmarks.faults import dead_session_left
@@ -294,13 +319,7 @@ def run(args: argparse.Namespace, recipe: Any, url: str, solo: list[str], summar
         summary.dead_session_left = dead_session_left(server)
     summary.after_kill_sent = len(checks)
     summary.after_kill_ok = sum(1 for c in checks if c.final and not c.error and c.text == solo[c.prompt])
-    status = trtkv("status", args.recipe, *[f"triton.{k}_port={v}" for k, v in
-                                            (("http", recipe.triton.http_port), ("grpc", recipe.triton.grpc_port),
-                                             ("metrics", recipe.triton.metrics_port))], "--json")
-    try:
-        summary.restarts_seen = sum(1 for e in json.loads(status.stdout)["events"] if e["event"] == "restarted")
-    except (ValueError, KeyError):
-        summary.restarts_seen = 0
+    summary.restarts_seen = restarts(args, recipe)
     failed_start = 0.0
     for o in outcomes:
         summary.requests += 1
