@@ -35,3 +35,8 @@ def test_an_import_time_environment_gets_a_fresh_interpreter() -> None:
     done = side_python.run([PY, "-c", "import os; print(os.environ['TRITON_INTERPRET'])"],
                            env={"TRITON_INTERPRET": "1", "PATH": "/usr/bin"}, preload=["json"])
     assert done.stdout == "1\n"
+
+
+def test_code_runs_in_a_real_main_module() -> None:
+    code = "import sys; x = 1; print(sys.modules['__main__'].x, __name__)"
+    assert side_python.run([PY, "-c", code], preload=["json"]).stdout == "1 __main__\n"

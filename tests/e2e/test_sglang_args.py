@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support import side_python
 from trtkv.backends import sglang
 from trtkv.core import paths
 from trtkv.core.apikey import API_KEY_ENV
@@ -47,8 +48,7 @@ print(json.dumps(out))
 
 
 def parse(argvs: list[list[str]]) -> list[dict]:
-    proc = subprocess.run([str(PYTHON), "-c", PARSE], input=json.dumps(argvs), capture_output=True, text=True,
-                          timeout=300, cwd="/")
+    proc = side_python.run([str(PYTHON), "-c", PARSE], input=json.dumps(argvs), timeout=300, cwd="/", preload="sglang")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -131,8 +131,10 @@ def test_the_row_check_fails_on_a_flag_the_parser_rejects() -> None:
 def _sglang_schema(python: Path) -> dict:
     """SGLang's own KVCacheQuantSchema and QuantParamSchema classes, taken from its installed weight_utils.py (the
     module itself imports transformers 5.19 and more, which this parser-only venv does not hold)."""
-    site = subprocess.run([str(python), "-c", "import sglang, os; print(os.path.dirname(sglang.__file__))"],
-                          capture_output=True, text=True, timeout=120, cwd="/", check=True).stdout.strip().splitlines()[-1]
+    found = side_python.run([str(python), "-c", "import sglang, os; print(os.path.dirname(sglang.__file__))"],
+                            timeout=120, cwd="/", preload="sglang")
+    found.check_returncode()
+    site = found.stdout.strip().splitlines()[-1]
     return {"source": Path(site, "srt", "model_loader", "weight_utils.py").read_text()}
 
 
@@ -166,12 +168,12 @@ def test_the_scales_json_trtkv_writes_validates_with_sglangs_schema(tmp_path: Pa
     for rank in range(recipe.build.tp_size):
         ctx = {"model_type": "llama", "num_hidden_layers": n, "tp_rank": rank, "tp_size": recipe.build.tp_size}
         proc = subprocess.run([str(PYTHON), "-c", VALIDATE], input=json.dumps([src, doc, ctx]), capture_output=True,
-                              text=True, timeout=120, cwd="/")
+                              text=True, timeout=120, cwd="/")  # a fresh interpreter: pydantic resolves the exec'd names
         assert proc.returncode == 0, proc.stderr[-2000:]
         got = json.loads(proc.stdout.strip().splitlines()[-1])
         assert len(got) == n and got["5"] == pytest.approx(7.0 / 448)
     bad = {**doc, "model_type": "gemma3"}  # SGLang refuses scales made for another model type
     ctx = {"model_type": "llama", "num_hidden_layers": n, "tp_rank": 0, "tp_size": recipe.build.tp_size}
     proc = subprocess.run([str(PYTHON), "-c", VALIDATE], input=json.dumps([src, bad, ctx]), capture_output=True,
-                          text=True, timeout=120, cwd="/")
+                          text=True, timeout=120, cwd="/")  # a fresh interpreter: pydantic resolves the exec'd names
     assert proc.returncode != 0 and "different model type" in proc.stderr

@@ -13,6 +13,7 @@ import os
 import runpy
 import sys
 import traceback
+import types
 
 
 def _child(request: dict, replies: int) -> None:
@@ -34,7 +35,10 @@ def _child(request: dict, replies: int) -> None:
     try:
         if argv[0] == "-c":  # as `python -c CODE ARGS...`
             sys.argv, sys.path[0] = ["-c", *argv[2:]], ""
-            exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+            main = types.ModuleType("__main__")  # a real __main__, as `python -c` has (pydantic resolves names there)
+            main.__dict__["__builtins__"] = __builtins__
+            sys.modules["__main__"] = main
+            exec(compile(argv[1], "<string>", "exec"), main.__dict__)
         else:  # as `python SCRIPT ARGS...`
             sys.argv, sys.path[0] = list(argv), os.path.dirname(os.path.abspath(argv[0]))
             runpy.run_path(argv[0], run_name="__main__")

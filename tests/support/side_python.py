@@ -22,7 +22,8 @@ SERVER = Path(__file__).with_name("forkserver.py")
 PRELOAD = {"vllm": ["torch", "vllm.engine.arg_utils", "vllm.entrypoints.launchers.cli_args",
                     "vllm.model_executor.model_loader.weight_utils",
                     "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors",
-                    "vllm.model_executor.layers.quantization.modelopt"]}
+                    "vllm.model_executor.layers.quantization.modelopt"],
+           "sglang": ["sglang.srt.server_args", "pydantic"]}
 IMPORT_TIME_ENV = ("TRITON_INTERPRET",)  # read when a module is imported: such a run needs a fresh interpreter
 _servers: dict[str, _Server] = {}
 _lock = threading.Lock()
