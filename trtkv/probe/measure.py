@@ -20,6 +20,7 @@ from trtkv.kvcache.cache import QuantizedKVCache
 from trtkv.kvcache.formats import KVFormat, kv_bytes_per_token
 from trtkv.kvcache.quant import KIVI_RESIDUAL, FormatChoice, parse_format
 from trtkv.kvcache.scales import KVScales, calibrate_scales, load_kv_scales
+from trtkv.probe.needles import feed_text
 from trtkv.probe.setup import LOGIT_CHUNK, REFERENCE, Loaded, ProbeSettings, semantics, write_json
 from trtkv.probe.window import WINDOW_CHUNK, LastLayerAt, WindowedKVCache, sliding_window
 from trtkv.recipe import layout
@@ -217,10 +218,12 @@ def reference_hidden(loaded: Loaded, n: int, out: Path, positions: torch.Tensor 
     choice = parse_format(REFERENCE)
     cache = cache_class(loaded.model.config)(loaded.model.config, choice)
     ids = torch.tensor([loaded.text_ids[:n]], device=loaded.device)
-    t0 = time.time()
-    hidden = feed(loaded.model, ids, cache, None, positions)[0]
+    t0, c0 = time.time(), time.process_time()
+    hidden, needles = feed_text(loaded, ids, cache, None, positions)  # needles: asked on the way (a windowed model)
     info = {"bytes_per_token": cache.bytes_per_token(), "stored_bytes": cache.stored_bytes(),
-            "seconds": round(time.time() - t0, 1)}
+            "seconds": round(time.time() - t0, 1), "cpu_seconds": round(time.process_time() - c0, 1),
+            **({"needles": needles} if needles is not None else {})}
+    hidden = hidden[0]
     path.parent.mkdir(parents=True, exist_ok=True)
     extra = {} if positions is None else {"n": n, "positions": positions.cpu()}
     torch.save({"key": loaded.key, "hidden": hidden.cpu(), "bytes": info, **extra}, path)
@@ -233,7 +236,7 @@ def run_format(loaded: Loaded, choice: FormatChoice, scales: KVScales, n: int, r
     ref_hidden may hold the sampled rows only (reference_hidden(positions=head_positions(...))): the pass then runs
     its last layer at those rows only. `defer_head`: the run keeps its hidden states at the metric rows ("hidden",
     None for the reference) and finish_runs computes every pending run's metrics with one shared reference head."""
-    t0 = time.time()
+    t0, c0 = time.time(), time.process_time()
     positions = head_positions(loaded, n - 1)
     sampled = positions is not None and ref_hidden.shape[0] == positions.numel()
     run: dict[str, Any] = {"clip": None, "clip_positions": None, "seconds": 0.0}
@@ -242,8 +245,10 @@ def run_format(loaded: Loaded, choice: FormatChoice, scales: KVScales, n: int, r
     else:
         cache = make_cache(loaded, choice, scales, record_positions=choice.static)
         ids = torch.tensor([loaded.text_ids[:n]], device=loaded.device)
-        hidden = feed(loaded.model, ids, cache, chunk_for(choice), positions if sampled else None)[0]
-        hidden = hidden if sampled else hidden[: n - 1]
+        hidden, needles = feed_text(loaded, ids, cache, chunk_for(choice), positions if sampled else None)
+        hidden = hidden[0] if sampled else hidden[0, : n - 1]
+        if needles is not None:
+            run["needles"] = needles
         clip_pos = cache.clip_per_position()
         run.update({"clip": cache.clip_stats() if choice.static else None,
                     "clip_positions": None if clip_pos is None else clip_pos.cpu(),
@@ -253,6 +258,7 @@ def run_format(loaded: Loaded, choice: FormatChoice, scales: KVScales, n: int, r
     if not defer_head:
         finish_runs(loaded, {choice.name: run}, ref_hidden, n)
     run["seconds"] = round(time.time() - t0, 1) if hidden is not None else 0.0
+    run["cpu_seconds"] = round(time.process_time() - c0, 1) if hidden is not None else 0.0
     return run
 
 
