@@ -21,8 +21,9 @@ from trtkv.kvcache.formats import KVFormat, kv_bytes_per_token
 from trtkv.kvcache.quant import KIVI_RESIDUAL, FormatChoice, parse_format
 from trtkv.kvcache.scales import KVScales, calibrate_scales, load_kv_scales
 from trtkv.probe.needles import feed_text
+from trtkv.probe.passes import feed
 from trtkv.probe.setup import LOGIT_CHUNK, REFERENCE, Loaded, ProbeSettings, semantics, write_json
-from trtkv.probe.window import WINDOW_CHUNK, LastLayerAt, WindowedKVCache, sliding_window
+from trtkv.probe.window import WindowedKVCache, sliding_window
 from trtkv.recipe import layout
 
 if TYPE_CHECKING:
@@ -101,44 +102,6 @@ def cache_class(config) -> type[QuantizedKVCache]:  # noqa: ANN001
 def chunk_for(choice: FormatChoice) -> int | None:
     """Chunk size that makes prefill match decode (KIVI's window), None for one pass."""
     return KIVI_RESIDUAL if choice.base in (KVFormat.KIVI4, KVFormat.KIVI2) else None
-
-
-def feed(model, ids: torch.Tensor, cache: QuantizedKVCache, chunk: int | None,  # noqa: ANN001
-         positions: torch.Tensor | None = None) -> torch.Tensor:
-    """Run ids [batch, T] through the model with the cache; return the last hidden states [batch, T, hidden], or at
-    `positions` (indices into T) only [batch, len(positions), hidden]: on a windowed cache the last layer then runs
-    at those rows only (trtkv.probe.window.LastLayerAt)."""
-    outs = []
-    start = 0
-    total = ids.shape[1]
-    windowed = isinstance(cache, WindowedKVCache)
-    if chunk is None and windowed:
-        chunk = WINDOW_CHUNK  # chunked prefill: the sliding layers attend chunk x (window + chunk), not n x n
-    layers = model.model.layers
-    last = LastLayerAt(layers[-1]) if positions is not None and windowed and LastLayerAt.supports(layers[-1]) else None
-    wanted = None if positions is None else positions.to(torch.long).cpu()
-    try:
-        if last is not None:
-            layers[-1] = last
-        with torch.inference_mode():
-            while start < total:
-                if chunk is None:
-                    end = total
-                else:
-                    seen = cache.get_seq_length()
-                    end = min(total, start + chunk - (seen % chunk))  # align with the window flush grid
-                if last is not None and wanted is not None:
-                    last.rows = wanted[(wanted >= start) & (wanted < end)] - start
-                out = model.model(input_ids=ids[:, start:end], past_key_values=cache, use_cache=True)
-                hidden = out.last_hidden_state
-                if last is None and wanted is not None:
-                    hidden = hidden[:, wanted[(wanted >= start) & (wanted < end)] - start]
-                outs.append(hidden)
-                start = end
-    finally:
-        if last is not None:
-            layers[-1] = last.layer
-    return torch.cat(outs, dim=1)
 
 
 def _logprobs(model, hidden: torch.Tensor) -> torch.Tensor:  # noqa: ANN001

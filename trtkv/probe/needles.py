@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from trtkv.core.errors import TrtkvError
+from trtkv.probe.passes import feed
 
 COLORS = ["red", "blue", "green", "yellow", "purple", "orange", "silver", "golden", "black", "white", "brown", "pink"]
 ANIMALS = ["fox", "owl", "cat", "horse", "whale", "tiger", "eagle", "frog", "wolf", "bear", "otter", "crane"]
@@ -108,10 +109,8 @@ def place_needles(text: list[int], needles: list[Needle], total: int) -> tuple[l
 
 def feed_text(loaded, ids: torch.Tensor, cache, chunk: int | None,  # noqa: ANN001
               positions: torch.Tensor | None) -> tuple[torch.Tensor, dict | None]:
-    """measure.feed over ids [1, T], stopping where each needle length's prompt ends to ask its needles on a copy of
+    """passes.feed over ids [1, T], stopping where each needle length's prompt ends to ask its needles on a copy of
     the cache (trtkv.probe.needles.ask); (hidden states as feed returns them, the needle results or None)."""
-    from trtkv.probe.measure import feed
-
     plan = loaded.needles
     if plan is None:
         return feed(loaded.model, ids, cache, chunk, positions), None
@@ -137,8 +136,6 @@ def feed_text(loaded, ids: torch.Tensor, cache, chunk: int | None,  # noqa: ANN0
 def ask(loaded, cache, chunk: int | None, needles: list[Needle]) -> dict:  # noqa: ANN001
     """Each needle's question on its own copy of `cache`, its answer digits teacher-forced and checked greedily;
     accuracy per depth over the seeds, as measure.needle_trials reports it."""
-    from trtkv.probe.measure import feed
-
     hits: dict[float, list[bool]] = {}
     details: dict[float, dict] = {}
     for nd in needles:
