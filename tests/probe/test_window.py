@@ -105,20 +105,63 @@ class _CharTokenizer:
         return _Out()
 
 
-def test_shared_needles_score_as_the_per_length_needles(gemma: Gemma3ForCausalLM) -> None:
-    """One haystack pass for every (length, depth) gives the per-length needle_trials' results (trials and hits)."""
-    from trtkv.kvcache.scales import KVScales
-    from trtkv.probe.measure import needle_trials
-    from trtkv.probe.needles import shared_needles
+def _needle_loaded(gemma: Gemma3ForCausalLM, lengths: list[int], depths: list[float], seeds: int, total: int):  # noqa: ANN202
+    """A Loaded whose text carries every needle (trtkv.probe.needles), on the tiny model with one id per character."""
+    from trtkv.probe.needles import place_needles, plan_needles
     from trtkv.probe.setup import Loaded
 
-    hay = torch.randint(0, 128, (400,), generator=torch.Generator().manual_seed(4)).tolist()
-    loaded = Loaded(gemma, _CharTokenizer(), torch.device("cpu"), None, [], hay, "k")  # type: ignore[arg-type]
-    scales = KVScales(k_amax=[1.0] * 4, v_amax=[1.0] * 4, source="test")
-    shared = shared_needles(loaded, parse_format("int8_token"), scales, [160, 240], [0.2, 0.7], 2)
-    for length in (160, 240):
-        alone = needle_trials(loaded, parse_format("int8_token"), scales, length, [0.2, 0.7], 2)
-        assert shared[length] == alone
+    text = torch.randint(0, 128, (total + 2000,), generator=torch.Generator().manual_seed(4)).tolist()
+    ids, plan = place_needles(text, plan_needles(_CharTokenizer(), lengths, depths, seeds), total)
+    return Loaded(gemma, _CharTokenizer(), torch.device("cpu"), None, ids, [], "k", {}, plan)  # type: ignore[arg-type]
+
+
+def test_needles_are_distinct_and_inside_their_lengths_prompt(gemma: Gemma3ForCausalLM) -> None:
+    """Every needle has its own key and value, sits in the pass text as planned, and ends before its length's
+    questions start; a length asks its own needles only."""
+    loaded = _needle_loaded(gemma, [800, 1600], [0.1, 0.9], 2, 1700)
+    plan = loaded.needles
+    assert len(plan.needles) == 8 and len(loaded.text_ids) == 1700
+    assert len({n.name for n in plan.needles}) == 8 and len({n.value for n in plan.needles}) == 8
+    for nd in plan.needles:
+        assert loaded.text_ids[nd.position: nd.position + len(nd.ids)] == nd.ids
+        assert nd.position + len(nd.ids) <= plan.prefix_end[nd.length]
+        assert plan.prefix_end[nd.length] + len(nd.question) <= nd.length
+    spans = sorted((n.position, n.position + len(n.ids)) for n in plan.needles)
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))  # no needle overwrites another
+
+
+@pytest.mark.parametrize(("fmt", "chunk"), [("int8_token", None), ("fp16", None), ("kivi4", 128)])
+def test_shared_pass_needles_equal_separate_passes(gemma: Gemma3ForCausalLM, fmt: str, chunk: int | None) -> None:
+    """One pass over the text with every needle, questions asked on copies of the cache where each length's prompt
+    ends, gives each question's answer logits of a fresh pass over that prompt (float64); and the KL pass's hidden
+    states are those of the same pass without the stops."""
+    from trtkv.probe.needles import feed_text
+
+    loaded = _needle_loaded(gemma, [500, 900], [0.2, 0.8], 1, 1000)
+    seen: list[torch.Tensor] = []
+    hook = gemma.lm_head.register_forward_hook(lambda m, a, o: seen.append(o.detach().clone()))
+    ids = torch.tensor([loaded.text_ids])
+    pos = torch.tensor([3, 200, 480, 700, 998])
+    try:
+        hidden, results = feed_text(loaded, ids, WindowedKVCache(gemma.config, fmt), chunk, pos)
+        shared = list(seen)
+        seen.clear()
+        alone = []
+        for length in (500, 900):
+            for nd in (n for n in loaded.needles.needles if n.length == length):
+                p, w = loaded.needles.prefix_end[length], len(nd.question)
+                prompt = torch.tensor([loaded.text_ids[:p] + nd.question])
+                h = feed(gemma, prompt, WindowedKVCache(gemma.config, fmt), chunk,
+                         positions=torch.arange(p + w - len(nd.digits), p + w))
+                with torch.inference_mode():
+                    alone.append(gemma.lm_head(h))
+    finally:
+        hook.remove()
+    assert len(shared) == len(alone) == 4 and results is not None and set(results) == {500, 900}
+    assert all((a - b).abs().max() < TOL for a, b in zip(shared, alone, strict=True))
+    assert all(r["method"] == "shared_haystack" and len(r["trials"]) == 2 for r in results.values())
+    plain = feed(gemma, ids, WindowedKVCache(gemma.config, fmt), chunk, pos)
+    assert hidden.shape == plain.shape and (hidden - plain).abs().max() < TOL
 
 
 @pytest.mark.parametrize(("fmt", "chunk"), [("fp16", 7), ("int8_token", None), ("kivi4", 128)])
@@ -182,3 +225,45 @@ def test_sampled_reference_and_last_layer_give_the_dense_runs_metrics(gemma: Gem
     assert torch.equal(fast["pos"], dense["pos"]) and (fast["kl"] - dense["kl"]).abs().max() < TOL
     assert (fast["nll_q"] - dense["nll_q"]).abs().max() < TOL and torch.equal(fast["agree"], dense["agree"])
     assert float(runs["fp16"]["metrics"]["kl"].abs().max()) == 0.0
+
+
+def test_the_sweep_asks_every_formats_needles_from_its_kl_pass(gemma: Gemma3ForCausalLM, tmp_path, engines_tmp,  # noqa: ANN001
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_probe on a windowed model: every format's needles come from its KL pass (no needle pass of their own),
+    per needle length in probe.json as before; a second run reads them back, and a format whose needles are missing
+    runs its pass again."""
+    import json
+
+    from trtkv.kvcache.scales import KVScales
+    from trtkv.probe import sweep
+    from trtkv.probe.setup import ProbeSettings
+    from trtkv.recipe import load_recipe
+
+    loaded = _needle_loaded(gemma, [500, 900], [0.2, 0.8], 1, 1000)
+    loaded.model_dir, loaded.key = tmp_path, "tiny"
+    loaded.info = {"num_layers": 4, "num_kv_heads": 1, "head_dim": 32, "sliding_window": WINDOW, "head_positions": 64}
+    monkeypatch.setattr(sweep, "load_model", lambda recipe, settings: loaded)
+    monkeypatch.setattr(sweep, "probe_scales", lambda *a: KVScales(k_amax=[1.0] * 4, v_amax=[1.0] * 4, source="test"))
+    monkeypatch.setattr("trtkv.probe.results.write_outputs", lambda out, doc, *a: (out / "probe.json").write_text(
+        json.dumps(doc)))
+    formats = ["fp16", "int8_token", "int4_g32"]
+    settings = ProbeSettings(formats=formats, lengths=[500, 1000], needle_lengths=[500, 900], needle_depths=[0.2, 0.8],
+                             needle_seeds=1, progress=False)
+    out = sweep.run_probe(load_recipe("smollm2_fp8kv"), tmp_path / "probe", settings)
+    doc = json.loads((out / "probe.json").read_text())
+    assert {(r["format"], r["context_len"]) for r in doc["needles"]} == {(f, n) for f in formats for n in (500, 900)}
+    assert doc["settings"]["needle_method"] == "shared_haystack"
+    recs = {(r["format"], r["context_len"]): r for r in doc["records"]}
+    assert set(recs[("int4_g32", 500)]["needle_by_depth"]) == {"0.2", "0.8"}
+    assert "int4_g32_needles_cpu" in doc["pass_seconds"] and "fp16_needles_cpu" in doc["pass_seconds"]
+    sweep.run_probe(load_recipe("smollm2_fp8kv"), out, settings)
+    again = json.loads((out / "probe.json").read_text())
+    assert again["pass_seconds"] == {} and again["needles"] == doc["needles"]
+    (out / "cache" / "int4_g32_needle_900.json").unlink()
+    sweep.run_probe(load_recipe("smollm2_fp8kv"), out, settings)
+    third = json.loads((out / "probe.json").read_text())
+    assert set(third["pass_seconds"]) >= {"int4_g32", "int4_g32_needles_cpu"} and "int8_token" not in third["pass_seconds"]
+    def untimed(rows: list[dict]) -> list[dict]:
+        return [{k: v for k, v in r.items() if k not in ("seconds", "cpu_seconds")} for r in rows]
+
+    assert untimed(third["needles"]) == untimed(doc["needles"]) and third["records"] == doc["records"]

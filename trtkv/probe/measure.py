@@ -20,8 +20,10 @@ from trtkv.kvcache.cache import QuantizedKVCache
 from trtkv.kvcache.formats import KVFormat, kv_bytes_per_token
 from trtkv.kvcache.quant import KIVI_RESIDUAL, FormatChoice, parse_format
 from trtkv.kvcache.scales import KVScales, calibrate_scales, load_kv_scales
+from trtkv.probe.needles import feed_text
+from trtkv.probe.passes import feed
 from trtkv.probe.setup import LOGIT_CHUNK, REFERENCE, Loaded, ProbeSettings, semantics, write_json
-from trtkv.probe.window import WINDOW_CHUNK, LastLayerAt, WindowedKVCache, sliding_window
+from trtkv.probe.window import WindowedKVCache, sliding_window
 from trtkv.recipe import layout
 
 if TYPE_CHECKING:
@@ -102,44 +104,6 @@ def chunk_for(choice: FormatChoice) -> int | None:
     return KIVI_RESIDUAL if choice.base in (KVFormat.KIVI4, KVFormat.KIVI2) else None
 
 
-def feed(model, ids: torch.Tensor, cache: QuantizedKVCache, chunk: int | None,  # noqa: ANN001
-         positions: torch.Tensor | None = None) -> torch.Tensor:
-    """Run ids [batch, T] through the model with the cache; return the last hidden states [batch, T, hidden], or at
-    `positions` (indices into T) only [batch, len(positions), hidden]: on a windowed cache the last layer then runs
-    at those rows only (trtkv.probe.window.LastLayerAt)."""
-    outs = []
-    start = 0
-    total = ids.shape[1]
-    windowed = isinstance(cache, WindowedKVCache)
-    if chunk is None and windowed:
-        chunk = WINDOW_CHUNK  # chunked prefill: the sliding layers attend chunk x (window + chunk), not n x n
-    layers = model.model.layers
-    last = LastLayerAt(layers[-1]) if positions is not None and windowed and LastLayerAt.supports(layers[-1]) else None
-    wanted = None if positions is None else positions.to(torch.long).cpu()
-    try:
-        if last is not None:
-            layers[-1] = last
-        with torch.inference_mode():
-            while start < total:
-                if chunk is None:
-                    end = total
-                else:
-                    seen = cache.get_seq_length()
-                    end = min(total, start + chunk - (seen % chunk))  # align with the window flush grid
-                if last is not None and wanted is not None:
-                    last.rows = wanted[(wanted >= start) & (wanted < end)] - start
-                out = model.model(input_ids=ids[:, start:end], past_key_values=cache, use_cache=True)
-                hidden = out.last_hidden_state
-                if last is None and wanted is not None:
-                    hidden = hidden[:, wanted[(wanted >= start) & (wanted < end)] - start]
-                outs.append(hidden)
-                start = end
-    finally:
-        if last is not None:
-            layers[-1] = last.layer
-    return torch.cat(outs, dim=1)
-
-
 def _logprobs(model, hidden: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
     logits = model.lm_head(hidden).float()
     cap = getattr(model.config, "final_logit_softcapping", None)
@@ -217,10 +181,12 @@ def reference_hidden(loaded: Loaded, n: int, out: Path, positions: torch.Tensor 
     choice = parse_format(REFERENCE)
     cache = cache_class(loaded.model.config)(loaded.model.config, choice)
     ids = torch.tensor([loaded.text_ids[:n]], device=loaded.device)
-    t0 = time.time()
-    hidden = feed(loaded.model, ids, cache, None, positions)[0]
+    t0, c0 = time.time(), time.process_time()
+    hidden, needles = feed_text(loaded, ids, cache, None, positions)  # needles: asked on the way (a windowed model)
     info = {"bytes_per_token": cache.bytes_per_token(), "stored_bytes": cache.stored_bytes(),
-            "seconds": round(time.time() - t0, 1)}
+            "seconds": round(time.time() - t0, 1), "cpu_seconds": round(time.process_time() - c0, 1),
+            **({"needles": needles} if needles is not None else {})}
+    hidden = hidden[0]
     path.parent.mkdir(parents=True, exist_ok=True)
     extra = {} if positions is None else {"n": n, "positions": positions.cpu()}
     torch.save({"key": loaded.key, "hidden": hidden.cpu(), "bytes": info, **extra}, path)
@@ -233,7 +199,7 @@ def run_format(loaded: Loaded, choice: FormatChoice, scales: KVScales, n: int, r
     ref_hidden may hold the sampled rows only (reference_hidden(positions=head_positions(...))): the pass then runs
     its last layer at those rows only. `defer_head`: the run keeps its hidden states at the metric rows ("hidden",
     None for the reference) and finish_runs computes every pending run's metrics with one shared reference head."""
-    t0 = time.time()
+    t0, c0 = time.time(), time.process_time()
     positions = head_positions(loaded, n - 1)
     sampled = positions is not None and ref_hidden.shape[0] == positions.numel()
     run: dict[str, Any] = {"clip": None, "clip_positions": None, "seconds": 0.0}
@@ -242,8 +208,10 @@ def run_format(loaded: Loaded, choice: FormatChoice, scales: KVScales, n: int, r
     else:
         cache = make_cache(loaded, choice, scales, record_positions=choice.static)
         ids = torch.tensor([loaded.text_ids[:n]], device=loaded.device)
-        hidden = feed(loaded.model, ids, cache, chunk_for(choice), positions if sampled else None)[0]
-        hidden = hidden if sampled else hidden[: n - 1]
+        hidden, needles = feed_text(loaded, ids, cache, chunk_for(choice), positions if sampled else None)
+        hidden = hidden[0] if sampled else hidden[0, : n - 1]
+        if needles is not None:
+            run["needles"] = needles
         clip_pos = cache.clip_per_position()
         run.update({"clip": cache.clip_stats() if choice.static else None,
                     "clip_positions": None if clip_pos is None else clip_pos.cpu(),
@@ -253,6 +221,7 @@ def run_format(loaded: Loaded, choice: FormatChoice, scales: KVScales, n: int, r
     if not defer_head:
         finish_runs(loaded, {choice.name: run}, ref_hidden, n)
     run["seconds"] = round(time.time() - t0, 1) if hidden is not None else 0.0
+    run["cpu_seconds"] = round(time.process_time() - c0, 1) if hidden is not None else 0.0
     return run
 
 

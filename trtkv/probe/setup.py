@@ -94,6 +94,7 @@ class Loaded:
     haystack_ids: list[int]
     key: str
     info: dict = field(default_factory=dict)
+    needles: Any = None  # trtkv.probe.needles.NeedlePlan: the needles written into text_ids (a windowed model's)
 
 
 # ----------------------------------------------------------------------------- settings
@@ -156,7 +157,18 @@ def load_model(recipe: Recipe, settings: ProbeSettings) -> Loaded:
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     texts = eval_long_text()
     need = max(settings.lengths)
-    text_ids = _tokens(tokenizer, texts, need)
+    plan = None
+    if window and settings.needle_lengths:  # the needles ride in the KL pass's text (trtkv.probe.needles)
+        from trtkv.probe.needles import place_needles, plan_needles
+
+        if max(settings.needle_lengths) > need:
+            raise TrtkvError(f"needle lengths {settings.needle_lengths}: on a sliding-window model the needles are "
+                             f"asked from the KL pass, which is {need} tokens. Next: --needle-lengths up to {need}.")
+        needles = plan_needles(tokenizer, settings.needle_lengths, settings.needle_depths, settings.needle_seeds)
+        raw = _tokens(tokenizer, texts, need + sum(len(n.ids) for n in needles))
+        text_ids, plan = place_needles(raw, needles, need)
+    else:
+        text_ids = _tokens(tokenizer, texts, need)
     # the needle's haystack: another part of the text (none needed with --no-needle)
     haystack_ids = (_tokens(tokenizer, list(reversed(texts)), max(settings.needle_lengths))
                     if settings.needle_lengths else [])
@@ -172,13 +184,14 @@ def load_model(recipe: Recipe, settings: ProbeSettings) -> Loaded:
                     "attn_implementation": extra["attn_implementation"],
                     "full_layers": [i for i, k in enumerate(kinds) if k != "sliding_attention"]}
         key_src["windowed"] = windowed
+        key_src["needles"] = plan.describe() if plan is not None else None
     key = hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:16]
     return Loaded(model, tokenizer, device, model_dir, text_ids, haystack_ids, key,
                   {"model_dir": str(model_dir), "device": str(device), "threads": torch.get_num_threads(),
                    "compute_dtype": "float32", "num_layers": model.config.num_hidden_layers,
                    "num_kv_heads": model.config.num_key_value_heads,
                    "head_dim": getattr(model.config, "head_dim", None)
-                   or model.config.hidden_size // model.config.num_attention_heads, **windowed})
+                   or model.config.hidden_size // model.config.num_attention_heads, **windowed}, plan)
 
 
 def auto_threads() -> int:

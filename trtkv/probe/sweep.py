@@ -95,8 +95,13 @@ def run_probe(recipe: Recipe, output: Path | None = None, settings: ProbeSetting
         by_format: dict[str, list[dict]] = {}
         runs, timings = {}, {}
         bar.step("reference pass (fp16 KV)", 1)
+        shared: dict[tuple[str, int], dict] = {}  # needles asked from the KL passes (a windowed model's)
         for choice in choices:
             cached = _cached_records(out, _format_key(loaded.key, choice), skey, choice, settings.lengths)
+            if cached is not None and loaded.needles is not None:
+                found = _pass_needles_cached(out, loaded, choice, skey, settings.needle_lengths)
+                cached = cached if found is not None else None  # measured before the needles: the pass runs again
+                shared.update({(choice.name, n): r for n, r in (found or {}).items()})
             if cached is not None:
                 by_format[choice.name] = cached
                 bar.step(f"{choice.name}: cached", 1)
@@ -104,13 +109,20 @@ def run_probe(recipe: Recipe, output: Path | None = None, settings: ProbeSetting
             if ref_hidden is None:  # a windowed model: the reference's hidden states at the LM head's rows only
                 ref_hidden, ref_bytes = reference_hidden(loaded, n, out, head_positions(loaded, n - 1))
             bar.step(f"{choice.name}: {n}-token pass")
-            runs[choice.name] = run_format(loaded, choice, scales, n, ref_hidden, defer_head=True)
-            timings[choice.name] = runs[choice.name]["seconds"]
+            run = runs[choice.name] = run_format(loaded, choice, scales, n, ref_hidden, defer_head=True)
+            timings[choice.name] = run["seconds"]
+            timings[f"{choice.name}_cpu"] = run["cpu_seconds"] or ref_bytes.get("cpu_seconds", 0.0)
+            found = run.get("needles") or (ref_bytes.get("needles") if choice.name == REFERENCE else None)
+            if loaded.needles is not None and found:
+                _save_pass_needles(out, loaded, choice, skey, found)
+                shared.update({(choice.name, n): r for n, r in found.items()})
+                timings[f"{choice.name}_needles_cpu"] = next(iter(found.values()))["cpu_seconds"]
         if runs and ref_hidden is not None:  # every pending format's LM head with ONE reference head pass
             bar.step(f"LM head: {', '.join(runs)}")
-            started_head = time.time()
+            started_head, cpu_head = time.time(), time.process_time()
             finish_runs(loaded, runs, ref_hidden, n)
             timings["lm_head"] = round(time.time() - started_head, 1)
+            timings["lm_head_cpu"] = round(time.process_time() - cpu_head, 1)
         for choice in choices:
             if choice.name in runs:
                 run = runs[choice.name]
@@ -121,11 +133,9 @@ def run_probe(recipe: Recipe, output: Path | None = None, settings: ProbeSetting
         records = [rec for choice in choices for rec in by_format[choice.name]]
         needles = {}
         for choice in needled:
-            if loaded.info.get("sliding_window") and settings.needle_lengths:  # one haystack pass, every length
-                bar.step(f"needles {choice.name} @ {settings.needle_lengths}")
-                for length, res in _shared_needles_cached(out, loaded, choice, scales, skey, settings).items():
-                    needles[(choice.name, length)] = res
-                bar.step(f"needles {choice.name}: done", len(settings.needle_lengths))
+            if loaded.needles is not None:  # asked from the format's KL pass (trtkv.probe.needles)
+                needles.update({k: v for k, v in shared.items() if k[0] == choice.name})
+                bar.step(f"needles {choice.name}: from the KL pass", len(settings.needle_lengths))
                 continue
             for length in settings.needle_lengths:
                 bar.step(f"needle {choice.name} @ {length}")
@@ -217,28 +227,28 @@ def _needle_cached(out: Path, loaded: Loaded, choice: FormatChoice, scales: KVSc
     return result
 
 
-def _shared_needles_cached(out: Path, loaded: Loaded, choice: FormatChoice, scales: KVScales, skey: str,
-                           settings: ProbeSettings) -> dict[int, dict]:
-    """Needles of a windowed model: every length from one haystack pass (trtkv.probe.window.shared_needles); cached
-    per length as _needle_cached does."""
-    from trtkv.probe.needles import shared_needles
+def _pass_needles_params(loaded: Loaded, choice: FormatChoice, skey: str) -> list:
+    return [_format_key(loaded.key, choice), skey if choice.static else "", "kl_pass"]
 
-    params = [_format_key(loaded.key, choice), skey if choice.static else "", settings.needle_depths,
-              settings.needle_seeds, "shared"]
+
+def _save_pass_needles(out: Path, loaded: Loaded, choice: FormatChoice, skey: str, found: dict[int, dict]) -> None:
+    """The needles one KL pass asked, one file per length (as _needle_cached writes them)."""
+    for length, result in found.items():
+        write_json(_cache_path(out, choice, f"_needle_{length}.json"),
+                   {"params": _pass_needles_params(loaded, choice, skey), "result": result})
+
+
+def _pass_needles_cached(out: Path, loaded: Loaded, choice: FormatChoice, skey: str,
+                         lengths: list[int]) -> dict[int, dict] | None:
+    """The needles a cached KL pass asked, every length, or None (that pass runs again)."""
     found: dict[int, dict] = {}
-    for length in settings.needle_lengths:
+    for length in lengths:
         path = _cache_path(out, choice, f"_needle_{length}.json")
-        if path.is_file():
-            doc = json.loads(path.read_text())
-            if doc.get("params") == params:
-                found[length] = doc["result"]
-    if len(found) == len(settings.needle_lengths):
-        return found
-    results = shared_needles(loaded, choice, scales, settings.needle_lengths, settings.needle_depths,
-                             settings.needle_seeds)
-    for length, result in results.items():
-        write_json(_cache_path(out, choice, f"_needle_{length}.json"), {"params": params, "result": result})
-    return results
+        doc = json.loads(path.read_text()) if path.is_file() else {}
+        if doc.get("params") != _pass_needles_params(loaded, choice, skey):
+            return None
+        found[length] = doc["result"]
+    return found
 
 
 def _decode_cached(out: Path, loaded: Loaded, static: list[FormatChoice], scales: KVScales, skey: str,
@@ -288,6 +298,7 @@ def _document(recipe: Recipe, loaded: Loaded, settings: ProbeSettings, scales: K
         "versions": {"trtkv": trtkv_version, "torch": torch.__version__, "transformers": transformers.__version__},
         "settings": {"formats": settings.formats, "lengths": settings.lengths, "needle_lengths": settings.needle_lengths,
                      "needle_depths": settings.needle_depths, "needle_seeds": settings.needle_seeds,
+                     "needle_method": "shared_haystack" if loaded.needles is not None else "one_needle_per_trial",
                      "decode_prompt": settings.decode_prompt, "decode_steps": settings.decode_steps,
                      **({"ruler_tasks": settings.ruler.tasks, "ruler_lengths": settings.ruler.lengths,
                          "ruler_samples": settings.ruler.samples} if settings.ruler is not None else {})},
