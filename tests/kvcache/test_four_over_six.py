@@ -104,3 +104,22 @@ def test_negative_zero_keeps_its_sign_bit_as_the_hardware_cvt() -> None:
     x = torch.tensor([-0.0, -0.01] + [1.0] * 14).view(1, 1, 1, 16)
     codes, _ = quant.nvfp4_4over6_quantize(x, 1.0 / 448)
     assert codes[0, 0, 0, 0] == 8 and codes[0, 0, 0, 1] == 8  # sign bit, magnitude 0
+
+
+def test_four_over_six_shares_nvfp4s_codec_and_differs_only_in_its_store() -> None:
+    """FourOverSixCodec is NVFP4Codec (codec_base.py) with another encode: the same limit, bytes and reading."""
+    from trtkv.kvcache.codec_base import NVFP4Codec
+    from trtkv.kvcache.variants import FourOverSixCodec
+
+    x = torch.randn(1, 2, 8, 64, generator=torch.Generator().manual_seed(3)).bfloat16()
+    gs = float(x.float().abs().max()) / 448
+    four, plain = quant.layer_codecs("nvfp4_4over6", gs, gs).key, quant.layer_codecs("nvfp4", gs, gs).key
+    assert type(plain) is NVFP4Codec and isinstance(four, FourOverSixCodec) and isinstance(four, NVFP4Codec)
+    assert (four.limit, four.static, four.static_bytes()) == (plain.limit, plain.static, plain.static_bytes())
+    codes, scale = quant.nvfp4_4over6_quantize(x, gs)
+    parts = four.encode(x)
+    assert torch.equal(quant.unpack(parts["data"], 4), codes) and torch.equal(parts["scale"].view(torch.uint8),
+                                                                             scale.view(torch.uint8))
+    assert torch.equal(four.decode(parts, torch.float32), nvfp4_dequantize(codes, scale, gs, torch.float32))
+    c6, s6 = quant.nvfp4_quantize(x, gs)
+    assert torch.equal(plain.roundtrip(x.float()), nvfp4_dequantize(c6, s6, gs, torch.float32))

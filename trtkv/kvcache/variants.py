@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from trtkv.core.errors import TrtkvError
-from trtkv.kvcache.codec_base import Codec
+from trtkv.kvcache.codec_base import Codec, NVFP4Codec
 from trtkv.kvcache.formats import E2M1_MAX, FP8_MAX, NVFP4_BLOCK, KVFormat
 from trtkv.kvcache.numerics import (
     HeadScale,
@@ -37,7 +37,6 @@ from trtkv.kvcache.numerics import (
     e2m1_values,
     fp8_dequantize,
     hadamard,
-    nvfp4_dequantize,
     pack,
     unpack,
 )
@@ -222,21 +221,12 @@ class AttnHeadCodec(Codec):
         return 4 * len(self.scale.scales)
 
 
-class FourOverSixCodec(Codec):
-    """vLLM's nvfp4_4over6: NVFP4 with a static global scale, each block's scale the better of amax/6 and amax/4."""
-
-    static = True
-
-    def __init__(self, global_scale: float):
-        self.scale = float(global_scale)
-        self.limit = E2M1_MAX * FP8_MAX * self.scale
+class FourOverSixCodec(NVFP4Codec):
+    """vLLM's nvfp4_4over6: NVFP4Codec's layout, global scale and reading; only the store's block scales differ."""
 
     def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         codes, block_scale = nvfp4_4over6_quantize(x, self.scale)
         return {"data": pack(codes, 4), "scale": block_scale}
-
-    def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-        return nvfp4_dequantize(unpack(parts["data"], 4), parts["scale"], self.scale, dtype)
 
 
 class ModelOptNVFP4Codec(Codec):
