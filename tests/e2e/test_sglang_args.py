@@ -71,7 +71,7 @@ def deploy_args(tmp_path: Path, overrides: list[str]) -> list[str]:
 @needs_sglang
 def test_every_sglang_command_trtkv_writes_parses_with_sglangs_parser(tmp_path: Path) -> None:
     cases = [([], "fp8_e4m3", None), (["quantization.weights=none"], "fp8_e4m3", sglang.SCALES_FILE),
-             (["quantization.kv_cache=none"], "auto", None),
+             (["quantization.kv_cache=none"], "auto", None), (["quantization.kv_cache=fp8_cast"], "fp8_e4m3", None),
              (["quantization.kv_cache=nvfp4", "hardware.gpu=B200"], "nvfp4", None),
              (["build.tp_size=2", "build.pp_size=2"], "fp8_e4m3", None)]
     argvs, wanted = [], []

@@ -5,9 +5,10 @@ No engine and no Triton repository: the build stage validates the HF export and 
 (`sglang_gpu_command.txt`, the `lmsysorg/sglang` container) and, where SGLang cannot take the scales from the
 checkpoint (weights none: SGLang's ModelOptFp8Config refuses a ModelOpt config without `quant_algo`,
 python/sglang/srt/layers/quantization/modelopt_quant.py, sglang 0.5.23), the `--quantization-param-path` JSON written
-from calibrate's kv_scales.json. `quantization.kv_cache` maps to `--kv-cache-dtype` (fp8_e4m3, nvfp4 on Blackwell,
-auto). Not served on the CPU by trtkv: SGLang's CPU path needs sgl-kernel's CPU build and AMX/AVX-512; its own
-argument parser checks every command trtkv writes (tests/e2e/test_sglang_args.py, `.venv-sglang`).
+from calibrate's kv_scales.json. `quantization.kv_cache` maps to `--kv-cache-dtype` as the formats table's sglang rows
+say (fp8 and fp8_cast: fp8_e4m3, nvfp4 on Blackwell; none: auto). Not served on the CPU by trtkv: SGLang's CPU path
+needs sgl-kernel's CPU build and AMX/AVX-512; its own argument parser checks every command trtkv writes
+(tests/e2e/test_sglang_args.py, `.venv-sglang`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from trtkv.core import paths
 from trtkv.core.apikey import API_KEY_ENV
 from trtkv.core.errors import StageError
 from trtkv.core.tools import quote
+from trtkv.kvcache import engines
 from trtkv.recipe import Backend, KVCacheQuant, Recipe, WeightQuant
 from trtkv.recipe.layout import checkpoint_dir, engine_dir, kv_cache_quant_algo
 
@@ -41,8 +43,17 @@ KEY_FLAG = "--api-key"  # SGLang reads its key from the command line only (Serve
 
 
 def kv_cache_dtype(recipe: Recipe) -> str:
-    """--kv-cache-dtype: fp8_e4m3 (the E4M3 KV the checkpoint's scales are for), nvfp4, or auto (the model dtype)."""
-    return {KVCacheQuant.FP8: "fp8_e4m3", KVCacheQuant.NVFP4: "nvfp4"}.get(recipe.quantization.kv_cache, "auto")
+    """--kv-cache-dtype: the SGLang value trtkv/data/kv_formats.json gives the recipe's format (fp8: fp8_e4m3 with the
+    checkpoint's or JSON scales; fp8_cast: fp8_e4m3 without scales, so 1.0; nvfp4), auto (the model dtype) for none."""
+    kv = recipe.quantization.kv_cache
+    if kv is KVCacheQuant.NONE:
+        return "auto"
+    rows = engines.load_table().engine_rows(kv.value, "sglang")
+    if not rows:
+        raise StageError(f"recipe {recipe.name}: quantization.kv_cache {kv.value} has no sglang row in "
+                         f"docs/kv-formats.md (trtkv/data/kv_formats.json), so SGLang has no --kv-cache-dtype for it. "
+                         f"Next: `trtkv validate {recipe.name}` names the formats SGLang serves.")
+    return rows[0].value
 
 
 def uses_scales_file(recipe: Recipe) -> bool:
@@ -128,7 +139,9 @@ class SglangBuilder:
 
     def kv_source_line(self, recipe: Recipe) -> str:
         where = (f"{SCALES_FILE} (--quantization-param-path, one scale per layer shared by K and V)"
-                 if uses_scales_file(recipe) else "the HF export's per-layer k_scale/v_scale (ModelOpt's config)")
+                 if uses_scales_file(recipe) else
+                 "no scales: SGLang warns and uses 1.0 (fp8_cast)" if recipe.quantization.kv_cache is KVCacheQuant.FP8_CAST
+                 else "the HF export's per-layer k_scale/v_scale (ModelOpt's config)")
         return (f"KV cache: {kv_cache_quant_algo(recipe) or 'unquantized'}, from SGLang --kv-cache-dtype "
                 f"{kv_cache_dtype(recipe)} with {where}")
 
