@@ -339,3 +339,32 @@ def test_probe_calibration_cache_keeps_fp8_affines_bias_and_amax(tmp_path: Path,
     assert torch.equal(again.affine.k_bias[0], first.affine.k_bias[0])
     ks, vs = again.for_format("fp8_affine")
     assert ks is not None and isinstance(ks[0], AffineScale) and float(ks[0]) == first.affine.k_amax[0] / 448
+
+
+def test_static_scale_cache_key_covers_the_amaxes_each_format_reads() -> None:
+    """fp8_attn_head's per-head and nvfp4_rotate's rotated-K amaxes are in their cache keys (a changed calibration
+    misses); every other format's key is the old hash of [k_amax, v_amax, affine], so its cached results stay valid."""
+    import hashlib
+
+    from trtkv.kvcache.names import all_format_names
+    from trtkv.kvcache.quant import parse_format
+    from trtkv.kvcache.scales import KVScales
+    from trtkv.probe.sweep import _scales_key
+
+    base = {"k_amax": [10.0, 3.5], "v_amax": [2.0, 1.25], "source": "short pass"}
+    a = KVScales(**base, k_head_amax=[[9.0, 10.0], [3.5, 1.0]], v_head_amax=[[2.0, 1.5], [1.0, 1.25]],
+                 k_rotated_amax=[4.0, 2.0])
+    b = KVScales(**base, k_head_amax=[[10.0, 10.0], [3.5, 1.0]], v_head_amax=a.v_head_amax, k_rotated_amax=[4.0, 2.0])
+    c = KVScales(**base, k_head_amax=a.k_head_amax, v_head_amax=a.v_head_amax, k_rotated_amax=[4.5, 2.0])
+    old = hashlib.sha256(json.dumps([base["k_amax"], base["v_amax"], None]).encode()).hexdigest()[:12]
+    for name in all_format_names():
+        choice = parse_format(name)
+        keys = {_scales_key(s, choice) for s in (a, b, c)}
+        if name == "fp8_attn_head":
+            assert _scales_key(a, choice) != _scales_key(b, choice) and _scales_key(a, choice) == _scales_key(c, choice)
+        elif name == "nvfp4_rotate":
+            assert _scales_key(a, choice) != _scales_key(c, choice) and _scales_key(a, choice) == _scales_key(b, choice)
+        else:
+            assert keys == {old}, name
+    fp8, head = parse_format("fp8"), parse_format("fp8_attn_head")
+    assert _scales_key(a, fp8) == _scales_key(a) == old != _scales_key(a, fp8, head)  # the decode key of several
