@@ -102,6 +102,16 @@ def test_nvfp4_kv_on_blackwell_selects_sglangs_nvfp4() -> None:
     assert sglang.kv_cache_dtype(recipe) == "nvfp4"
 
 
+def test_nvfp4_on_sm100_warns_of_sglangs_x6_on_modelopts_amax_over_448(tmp_path: Path) -> None:
+    """SGLang 0.5.23 multiplies NVFP4 k/v_scale by 6 on SM100; ModelOpt 0.47 exports amax / 448: build says so."""
+    recipe = load_recipe(RECIPE, ["quantization.kv_cache=nvfp4", "hardware.gpu=B200"])
+    warning = sglang.nvfp4_scale_warning(recipe)
+    assert warning and "6x too large" in warning and "build.backend llmapi" in warning
+    assert any(warning in line for line in sglang.SglangBuilder().dry_run_lines(recipe, tmp_path, tmp_path))
+    assert "6x too large" in load_table().engine_rows("nvfp4", "sglang")[0].checkpoint_scales  # docs/kv-formats.md too
+    assert sglang.nvfp4_scale_warning(load_recipe(RECIPE)) is None  # fp8 on H100
+
+
 def test_every_kv_cache_sglang_serves_gets_its_table_rows_value() -> None:
     """The serve command and docs/kv-formats.md agree: fp8_cast is fp8_e4m3 (scale 1.0), never auto (a 16-bit KV)."""
     table, served = load_table(), {}

@@ -27,6 +27,7 @@ from trtkv.core.apikey import API_KEY_ENV
 from trtkv.core.errors import StageError
 from trtkv.core.tools import quote
 from trtkv.kvcache import engines
+from trtkv.platform.hardware import GPU
 from trtkv.recipe import Backend, KVCacheQuant, Recipe, WeightQuant
 from trtkv.recipe.layout import checkpoint_dir, engine_dir, kv_cache_quant_algo
 
@@ -54,6 +55,17 @@ def kv_cache_dtype(recipe: Recipe) -> str:
                          f"docs/kv-formats.md (trtkv/data/kv_formats.json), so SGLang has no --kv-cache-dtype for it. "
                          f"Next: `trtkv validate {recipe.name}` names the formats SGLang serves.")
     return rows[0].value
+
+
+def nvfp4_scale_warning(recipe: Recipe) -> str | None:
+    """NVFP4 KV on SM100: SGLang 0.5.23 multiplies a checkpoint k/v_scale by 6 there (it reads amax / (6 x 448);
+    fp4_kv_cache_quant_method.py load_scales_from_model), but ModelOpt 0.47 exports amax / 448 (unified_export_hf.py)."""
+    if recipe.quantization.kv_cache is not KVCacheQuant.NVFP4 or recipe.hardware.gpu is not GPU.B200:
+        return None
+    return (f"warning: SGLang {SGLANG_VERSION} on {recipe.hardware.gpu.value} (SM100) multiplies the export's NVFP4 "
+            f"k_scale/v_scale by 6 (it expects amax / (6 x 448)), but ModelOpt 0.47 writes amax / 448: the KV global "
+            f"scale is 6x too large (block scales pushed toward E4M3's low end; docs/kv-formats.md, nvfp4 row). "
+            f"Measure it, or serve NVFP4 KV with build.backend llmapi (TensorRT-LLM reads amax / 448 as is)")
 
 
 def uses_scales_file(recipe: Recipe) -> bool:
@@ -161,6 +173,9 @@ class SglangBuilder:
         gpu = gpu_command(recipe, hf)
         (tmp / GPU_COMMAND).write_text(quote(gpu) + "\n")
         log(f"build: SGLang serves {hf} (--kv-cache-dtype {kv_cache_dtype(recipe)}); command in {final / GPU_COMMAND}")
+        if warning := nvfp4_scale_warning(recipe):
+            log(f"build: {warning}")
+            out["warning"] = warning
         return {**out, "gpu_command": gpu}
 
     def dry_run_lines(self, recipe: Recipe, ckpt: Path, out: Path) -> list[str]:
@@ -168,6 +183,8 @@ class SglangBuilder:
         lines = [f"  validate {hf} (ModelOpt's HF export), then write {out / GPU_COMMAND}"]
         if uses_scales_file(recipe):
             lines.append(f"  write {out / SCALES_FILE} (SGLang's --quantization-param-path) from {ckpt / 'kv_scales.json'}")
+        if warning := nvfp4_scale_warning(recipe):
+            lines.append(f"  {warning}")
         lines.append(f"  GPU ({SGLANG_IMAGE}; not served on this CPU: SGLang's CPU path needs AMX/AVX-512):")
         return lines + command_block(gpu_command(recipe, hf))
 

@@ -366,9 +366,9 @@ def engine_format_notes(records: list[dict]) -> list[str]:
             cost = f"costs nothing over calibrated `fp8` (KL {c['kl_mean']:.5f} vs {f['kl_mean']:.5f})"
         out.append(f"ModelOpt's default `fp8_cast`{flag} {cost} at {c['context_len']} tokens on this model "
                    f"(measured); top-1 agreement {c['top1_agreement']:.1%} vs {f['top1_agreement']:.1%}.")
-    head = by.get("fp8_attn_head")
-    if head and calibrated:
-        h, f = head[-1], calibrated[-1]
+    per_head = by.get("fp8_attn_head")
+    if per_head and calibrated:
+        h, f = per_head[-1], calibrated[-1]
         vllm = _engine_values("fp8_attn_head", "vllm")
         where = f"vLLM {vllm[0][0]} (`{vllm[0][1]} {vllm[0][2]}` with k/v scales per KV head)" if vllm else "vLLM"
         verb = "beats" if h["kl_mean"] < f["kl_mean"] else "does not beat"
