@@ -15,7 +15,8 @@ from trtkv.core.apikey import API_KEY_ENV
 from trtkv.core.errors import RecipeError, StageError
 from trtkv.deploy import Target, deploy, k8s, launch
 from trtkv.deploy.check import check_object
-from trtkv.recipe import Backend, load_recipe
+from trtkv.kvcache.engines import load_table
+from trtkv.recipe import Backend, KVCacheQuant, load_recipe
 
 RECIPE = "llama70b_fp8kv_sglang"
 SENTINEL = "sglang-key-never-written-4242"
@@ -99,6 +100,36 @@ def test_what_sglang_refuses_is_said_at_validation(overrides: list[str], field: 
 def test_nvfp4_kv_on_blackwell_selects_sglangs_nvfp4() -> None:
     recipe = load_recipe(RECIPE, ["quantization.kv_cache=nvfp4", "hardware.gpu=B200"])
     assert sglang.kv_cache_dtype(recipe) == "nvfp4"
+
+
+def test_nvfp4_on_sm100_warns_of_sglangs_x6_on_modelopts_amax_over_448(tmp_path: Path) -> None:
+    """SGLang 0.5.23 multiplies NVFP4 k/v_scale by 6 on SM100; ModelOpt 0.47 exports amax / 448: build says so."""
+    recipe = load_recipe(RECIPE, ["quantization.kv_cache=nvfp4", "hardware.gpu=B200"])
+    warning = sglang.nvfp4_scale_warning(recipe)
+    assert warning and "6x too large" in warning and "build.backend llmapi" in warning
+    assert any(warning in line for line in sglang.SglangBuilder().dry_run_lines(recipe, tmp_path, tmp_path))
+    assert "6x too large" in load_table().engine_rows("nvfp4", "sglang")[0].checkpoint_scales  # docs/kv-formats.md too
+    assert sglang.nvfp4_scale_warning(load_recipe(RECIPE)) is None  # fp8 on H100
+
+
+def test_every_kv_cache_sglang_serves_gets_its_table_rows_value() -> None:
+    """The serve command and docs/kv-formats.md agree: fp8_cast is fp8_e4m3 (scale 1.0), never auto (a 16-bit KV)."""
+    table, served = load_table(), {}
+    for q in KVCacheQuant:
+        for gpu in ("H100-80GB", "B200"):
+            try:
+                recipe = load_recipe(RECIPE, [f"quantization.kv_cache={q.value}", f"hardware.gpu={gpu}"])
+            except RecipeError:
+                continue  # a format (or GPU) the validation refuses on SGLang
+            rows = table.engine_rows("bf16" if q is KVCacheQuant.NONE else q.value, "sglang")
+            assert rows, q  # validation lets through only what the table has an sglang row for
+            served[q.value] = sglang.kv_cache_dtype(recipe)
+            assert served[q.value] == rows[0].value, (q, gpu)
+            assert flag(sglang.server_args(recipe, Path("/m"), "h"), "--kv-cache-dtype") == rows[0].value
+    assert served == {"fp8": "fp8_e4m3", "fp8_cast": "fp8_e4m3", "nvfp4": "nvfp4", "none": "auto"}, served
+    cast = load_recipe(RECIPE, ["quantization.kv_cache=fp8_cast"])
+    assert "--quantization-param-path" not in sglang.server_args(cast, Path("/m"), "h")  # no scales: SGLang uses 1.0
+    assert "1.0" in sglang.SglangBuilder().kv_source_line(cast)
 
 
 def test_k8s_files_are_fenced_unprivileged_and_keyed_from_the_secret(tmp_path: Path,

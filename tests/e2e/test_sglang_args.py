@@ -18,9 +18,11 @@ from tests.support import side_python
 from trtkv.backends import sglang
 from trtkv.core import paths
 from trtkv.core.apikey import API_KEY_ENV
+from trtkv.core.errors import TrtkvError
 from trtkv.deploy import Target, deploy, launch
 from trtkv.kvcache.engines import load_table
 from trtkv.recipe import load_recipe
+from trtkv.recipe.enums import KVCacheQuant
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 PYTHON = paths.project_root() / sglang.SGLANG_VENV / "bin" / "python"
@@ -69,7 +71,7 @@ def deploy_args(tmp_path: Path, overrides: list[str]) -> list[str]:
 @needs_sglang
 def test_every_sglang_command_trtkv_writes_parses_with_sglangs_parser(tmp_path: Path) -> None:
     cases = [([], "fp8_e4m3", None), (["quantization.weights=none"], "fp8_e4m3", sglang.SCALES_FILE),
-             (["quantization.kv_cache=none"], "auto", None),
+             (["quantization.kv_cache=none"], "auto", None), (["quantization.kv_cache=fp8_cast"], "fp8_e4m3", None),
              (["quantization.kv_cache=nvfp4", "hardware.gpu=B200"], "nvfp4", None),
              (["build.tp_size=2", "build.pp_size=2"], "fp8_e4m3", None)]
     argvs, wanted = [], []
@@ -109,6 +111,22 @@ def parsed_rows() -> dict[str, dict]:
 def test_every_sglang_row_is_keyed_to_the_pinned_version() -> None:
     rows = [(f.name, r.version) for f in load_table().formats.values() for r in f.engines if r.engine == "sglang"]
     assert rows and all(v == sglang.SGLANG_VERSION for _, v in rows), rows
+
+
+def test_every_kv_cache_dtype_trtkv_passes_to_sglang_has_a_row() -> None:
+    """trtkv's SGLang backend writes --kv-cache-dtype nvfp4 for NVFP4 KV on Blackwell: the table keys that value too,
+    so the row check below parses it."""
+    rows = {r.value for f in load_table().formats.values() for r in f.engines if r.engine == "sglang"}
+    written = set()
+    for q in KVCacheQuant:
+        for gpu in ("H100-80GB", "B200"):
+            try:
+                written.add(sglang.kv_cache_dtype(load_recipe(RECIPE, [f"quantization.kv_cache={q.value}",
+                                                                       f"hardware.gpu={gpu}"])))
+            except TrtkvError:
+                continue  # a KV format (or GPU) the recipe validation refuses on SGLang
+    assert {"fp8_e4m3", "nvfp4", "auto"} <= written and written <= rows, (written, rows)
+    assert "nvfp4:--kv-cache-dtype nvfp4" in _row_argvs()
 
 
 @needs_sglang

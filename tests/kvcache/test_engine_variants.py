@@ -170,3 +170,25 @@ def test_modelopt_nvfp4_matches_modelopts_own_triton_functions(tmp_path: Path) -
         assert torch.equal(mine, ref), (i, (mine - ref).abs().max())
     cast = quant.layer_codecs("nvfp4_cast").key.roundtrip(x.view(1, 1, *x.shape))[0, 0]
     assert torch.equal(cast, torch.from_numpy(np.load(tmp_path / "out_0.npy")))
+
+
+def test_nvfp4_global_is_trtllms_amax_over_448_and_nvfp4_cast_modelopts_fake_quant_one_sixth() -> None:
+    """On a known amax (448): nvfp4's global is the checkpoint k_scale TensorRT-LLM reads as is (ModelOpt 0.47 exports
+    amax / 448 = 1.0); nvfp4_cast's is ModelOpt's fake-quant global amax / (6 x 448) = 1/6 for its constant amax 448.
+    The same block (amax 6) thus stores block scale 1.0 under nvfp4 and 6.0 under nvfp4_cast, decoding alike."""
+    from trtkv.kvcache.codecs import layer_codecs
+    from trtkv.kvcache.variants import ModelOptNVFP4Codec, modelopt_global_scale
+
+    scales = KVScales(k_amax=[448.0], v_amax=[26.88], source="known amax")
+    ks, vs = scales.for_format("nvfp4")
+    assert ks is not None and vs is not None
+    trt = layer_codecs("nvfp4", ks[0], vs[0])
+    assert trt.key.scale == 1.0 and trt.value.scale == pytest.approx(26.88 / 448)  # type: ignore[attr-defined]
+    assert scales.for_format("nvfp4_cast") == (None, None)  # nothing calibrated: the constant amax
+    cast = layer_codecs("nvfp4_cast")
+    assert isinstance(cast.key, ModelOptNVFP4Codec) and cast.key.amax == 448.0
+    assert modelopt_global_scale(448.0) == pytest.approx(1 / 6) and modelopt_global_scale(26.88) == pytest.approx(0.01)
+    x = torch.linspace(-6.0, 6.0, 16).reshape(1, 1, 1, 16)
+    trt_parts, cast_parts = trt.key.encode(x), cast.key.encode(x)
+    assert float(trt_parts["scale"].float().max()) == 1.0 and float(cast_parts["scale"].float().max()) == 6.0
+    assert torch.equal(trt.key.decode(trt_parts, torch.float32), cast.key.decode(cast_parts, torch.float32))

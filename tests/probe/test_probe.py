@@ -339,3 +339,63 @@ def test_probe_calibration_cache_keeps_fp8_affines_bias_and_amax(tmp_path: Path,
     assert torch.equal(again.affine.k_bias[0], first.affine.k_bias[0])
     ks, vs = again.for_format("fp8_affine")
     assert ks is not None and isinstance(ks[0], AffineScale) and float(ks[0]) == first.affine.k_amax[0] / 448
+
+
+def test_static_scale_cache_key_covers_the_amaxes_each_format_reads() -> None:
+    """fp8_attn_head's per-head and nvfp4_rotate's rotated-K amaxes are in their cache keys (a changed calibration
+    misses); every other format's key is the old hash of [k_amax, v_amax, affine], so its cached results stay valid."""
+    import hashlib
+
+    from trtkv.kvcache.names import all_format_names
+    from trtkv.kvcache.quant import parse_format
+    from trtkv.kvcache.scales import KVScales
+    from trtkv.probe.sweep import _scales_key
+
+    base = {"k_amax": [10.0, 3.5], "v_amax": [2.0, 1.25], "source": "short pass"}
+    a = KVScales(**base, k_head_amax=[[9.0, 10.0], [3.5, 1.0]], v_head_amax=[[2.0, 1.5], [1.0, 1.25]],
+                 k_rotated_amax=[4.0, 2.0])
+    b = KVScales(**base, k_head_amax=[[10.0, 10.0], [3.5, 1.0]], v_head_amax=a.v_head_amax, k_rotated_amax=[4.0, 2.0])
+    c = KVScales(**base, k_head_amax=a.k_head_amax, v_head_amax=a.v_head_amax, k_rotated_amax=[4.5, 2.0])
+    old = hashlib.sha256(json.dumps([base["k_amax"], base["v_amax"], None]).encode()).hexdigest()[:12]
+    for name in all_format_names():
+        choice = parse_format(name)
+        keys = {_scales_key(s, choice) for s in (a, b, c)}
+        if name == "fp8_attn_head":
+            assert _scales_key(a, choice) != _scales_key(b, choice) and _scales_key(a, choice) == _scales_key(c, choice)
+        elif name == "nvfp4_rotate":
+            assert _scales_key(a, choice) != _scales_key(c, choice) and _scales_key(a, choice) == _scales_key(b, choice)
+        else:
+            assert keys == {old}, name
+    fp8, head = parse_format("fp8"), parse_format("fp8_attn_head")
+    assert _scales_key(a, fp8) == _scales_key(a) == old != _scales_key(a, fp8, head)  # the decode key of several
+
+
+def test_fp8_attn_head_is_probed_by_its_recipe_and_named_in_the_advice(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The deployable per-head recipe probes fp8_attn_head (the CPU SmolLM2 recipes do not: make test/demo stay as they
+    were); its advice names it as vLLM's per-head format against per-layer fp8, and says when it was not probed."""
+    import trtkv.probe.results as results
+    from trtkv.probe.results import engine_format_notes, probe_advice, recipe_probe_format
+    from trtkv.probe.setup import default_settings
+
+    recipe = load_recipe("llama70b_fp8kv_attnhead_vllm")
+    assert "fp8_attn_head" in recipe.probe.formats and "fp8_attn_head" in default_settings(recipe).formats
+    assert recipe_probe_format(recipe) == "fp8_attn_head" and recipe_probe_format(load_recipe("smollm2_fp8kv")) == "fp8"
+    for cpu in Path("recipes").glob("smollm2*.yaml"):
+        assert "fp8_attn_head" not in load_recipe(cpu.stem).probe.formats, cpu
+    (note,) = engine_format_notes([_rec("fp8", 1024, 0.004), _rec("fp8_attn_head", 1024, 0.002)])
+    assert note.startswith("Per-head static FP8 scales `fp8_attn_head` on vLLM 0.32.0 (`--kv-cache-dtype fp8` with k/v "
+                           "scales per KV head) beats per-layer `fp8` on this model: KL 0.00200 vs 0.00400 at 1024")
+    assert "quantization.kv_cache: fp8_attn_head" in note
+    assert "does not beat" in engine_format_notes([_rec("fp8", 64, 0.001), _rec("fp8_attn_head", 64, 0.002)])[0]
+    for fmts, probed in ((["fp16", "fp8"], False), (["fp16", "fp8", "fp8_attn_head"], True)):
+        doc = {"records": [_rec(f, 512, 0.001 * i) for i, f in enumerate(fmts)], "reference": "fp16", "needles": [],
+               "settings": {"formats": fmts}, "recipe": recipe.name}
+        monkeypatch.setattr(results, "find_probe", lambda *_a, d=doc, **_k: (tmp_path, d))
+        lines = probe_advice(recipe, tmp_path)[0]  # type: ignore[index]
+        assert any("KV format fp8_attn_head was not probed" in line for line in lines) is not probed, lines
+        assert any("`fp8_attn_head` on vLLM" in line for line in lines) is probed
+    cast = load_recipe("smollm2_fp8kv", ["quantization.kv_cache=fp8_cast", "build.backend=vllm"])
+    doc = {"records": [_rec("fp16", 512, 0.0), _rec("fp8_scale1", 512, 0.01)], "reference": "fp16", "needles": []}
+    monkeypatch.setattr(results, "find_probe", lambda *_a, **_k: (tmp_path, doc))
+    assert not any("not probed" in line for line in probe_advice(cast, tmp_path)[0])  # type: ignore[index]

@@ -5,9 +5,10 @@ No engine and no Triton repository: the build stage validates the HF export and 
 (`sglang_gpu_command.txt`, the `lmsysorg/sglang` container) and, where SGLang cannot take the scales from the
 checkpoint (weights none: SGLang's ModelOptFp8Config refuses a ModelOpt config without `quant_algo`,
 python/sglang/srt/layers/quantization/modelopt_quant.py, sglang 0.5.23), the `--quantization-param-path` JSON written
-from calibrate's kv_scales.json. `quantization.kv_cache` maps to `--kv-cache-dtype` (fp8_e4m3, nvfp4 on Blackwell,
-auto). Not served on the CPU by trtkv: SGLang's CPU path needs sgl-kernel's CPU build and AMX/AVX-512; its own
-argument parser checks every command trtkv writes (tests/e2e/test_sglang_args.py, `.venv-sglang`).
+from calibrate's kv_scales.json. `quantization.kv_cache` maps to `--kv-cache-dtype` as the formats table's sglang rows
+say (fp8 and fp8_cast: fp8_e4m3, nvfp4 on Blackwell; none: auto). Not served on the CPU by trtkv: SGLang's CPU path
+needs sgl-kernel's CPU build and AMX/AVX-512; its own argument parser checks every command trtkv writes
+(tests/e2e/test_sglang_args.py, `.venv-sglang`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from trtkv.core import paths
 from trtkv.core.apikey import API_KEY_ENV
 from trtkv.core.errors import StageError
 from trtkv.core.tools import quote
+from trtkv.kvcache import engines
+from trtkv.platform.hardware import GPU
 from trtkv.recipe import Backend, KVCacheQuant, Recipe, WeightQuant
 from trtkv.recipe.layout import checkpoint_dir, engine_dir, kv_cache_quant_algo
 
@@ -41,8 +44,28 @@ KEY_FLAG = "--api-key"  # SGLang reads its key from the command line only (Serve
 
 
 def kv_cache_dtype(recipe: Recipe) -> str:
-    """--kv-cache-dtype: fp8_e4m3 (the E4M3 KV the checkpoint's scales are for), nvfp4, or auto (the model dtype)."""
-    return {KVCacheQuant.FP8: "fp8_e4m3", KVCacheQuant.NVFP4: "nvfp4"}.get(recipe.quantization.kv_cache, "auto")
+    """--kv-cache-dtype: the SGLang value trtkv/data/kv_formats.json gives the recipe's format (fp8: fp8_e4m3 with the
+    checkpoint's or JSON scales; fp8_cast: fp8_e4m3 without scales, so 1.0; nvfp4), auto (the model dtype) for none."""
+    kv = recipe.quantization.kv_cache
+    if kv is KVCacheQuant.NONE:
+        return "auto"
+    rows = engines.load_table().engine_rows(kv.value, "sglang")
+    if not rows:
+        raise StageError(f"recipe {recipe.name}: quantization.kv_cache {kv.value} has no sglang row in "
+                         f"docs/kv-formats.md (trtkv/data/kv_formats.json), so SGLang has no --kv-cache-dtype for it. "
+                         f"Next: `trtkv validate {recipe.name}` names the formats SGLang serves.")
+    return rows[0].value
+
+
+def nvfp4_scale_warning(recipe: Recipe) -> str | None:
+    """NVFP4 KV on SM100: SGLang 0.5.23 multiplies a checkpoint k/v_scale by 6 there (it reads amax / (6 x 448);
+    fp4_kv_cache_quant_method.py load_scales_from_model), but ModelOpt 0.47 exports amax / 448 (unified_export_hf.py)."""
+    if recipe.quantization.kv_cache is not KVCacheQuant.NVFP4 or recipe.hardware.gpu is not GPU.B200:
+        return None
+    return (f"warning: SGLang {SGLANG_VERSION} on {recipe.hardware.gpu.value} (SM100) multiplies the export's NVFP4 "
+            f"k_scale/v_scale by 6 (it expects amax / (6 x 448)), but ModelOpt 0.47 writes amax / 448: the KV global "
+            f"scale is 6x too large (block scales pushed toward E4M3's low end; docs/kv-formats.md, nvfp4 row). "
+            f"Measure it, or serve NVFP4 KV with build.backend llmapi (TensorRT-LLM reads amax / 448 as is)")
 
 
 def uses_scales_file(recipe: Recipe) -> bool:
@@ -128,7 +151,9 @@ class SglangBuilder:
 
     def kv_source_line(self, recipe: Recipe) -> str:
         where = (f"{SCALES_FILE} (--quantization-param-path, one scale per layer shared by K and V)"
-                 if uses_scales_file(recipe) else "the HF export's per-layer k_scale/v_scale (ModelOpt's config)")
+                 if uses_scales_file(recipe) else
+                 "no scales: SGLang warns and uses 1.0 (fp8_cast)" if recipe.quantization.kv_cache is KVCacheQuant.FP8_CAST
+                 else "the HF export's per-layer k_scale/v_scale (ModelOpt's config)")
         return (f"KV cache: {kv_cache_quant_algo(recipe) or 'unquantized'}, from SGLang --kv-cache-dtype "
                 f"{kv_cache_dtype(recipe)} with {where}")
 
@@ -148,6 +173,9 @@ class SglangBuilder:
         gpu = gpu_command(recipe, hf)
         (tmp / GPU_COMMAND).write_text(quote(gpu) + "\n")
         log(f"build: SGLang serves {hf} (--kv-cache-dtype {kv_cache_dtype(recipe)}); command in {final / GPU_COMMAND}")
+        if warning := nvfp4_scale_warning(recipe):
+            log(f"build: {warning}")
+            out["warning"] = warning
         return {**out, "gpu_command": gpu}
 
     def dry_run_lines(self, recipe: Recipe, ckpt: Path, out: Path) -> list[str]:
@@ -155,6 +183,8 @@ class SglangBuilder:
         lines = [f"  validate {hf} (ModelOpt's HF export), then write {out / GPU_COMMAND}"]
         if uses_scales_file(recipe):
             lines.append(f"  write {out / SCALES_FILE} (SGLang's --quantization-param-path) from {ckpt / 'kv_scales.json'}")
+        if warning := nvfp4_scale_warning(recipe):
+            lines.append(f"  {warning}")
         lines.append(f"  GPU ({SGLANG_IMAGE}; not served on this CPU: SGLang's CPU path needs AMX/AVX-512):")
         return lines + command_block(gpu_command(recipe, hf))
 

@@ -1,9 +1,13 @@
-"""The codec interface every stored K or V format implements (trtkv.kvcache.codecs, trtkv.kvcache.variants), in a
-module of its own so the variants can subclass it without importing the codec table that dispatches to them."""
+"""The codec interface every stored K or V format implements (trtkv.kvcache.codecs, trtkv.kvcache.variants) and the
+NVFP4 codec the NVFP4 variants share, in a module of their own so the variants can subclass them without importing the
+codec table that dispatches to them."""
 
 from __future__ import annotations
 
 import torch
+
+from trtkv.kvcache.formats import E2M1_MAX, FP8_MAX
+from trtkv.kvcache.numerics import nvfp4_dequantize, nvfp4_quantize, pack, unpack
 
 
 class Codec:
@@ -29,3 +33,20 @@ class Codec:
     def static_bytes(self) -> int:
         """Bytes stored once per layer, not per token: a float32 static scale."""
         return 4 if self.static else 0
+
+
+class NVFP4Codec(Codec):
+    """NVFP4 with a static per-layer global scale (amax / 448, as exported); block scales come from the data."""
+
+    static = True
+
+    def __init__(self, global_scale: float):
+        self.scale = float(global_scale)
+        self.limit = E2M1_MAX * FP8_MAX * self.scale
+
+    def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        codes, block_scale = nvfp4_quantize(x, self.scale)
+        return {"data": pack(codes, 4), "scale": block_scale}
+
+    def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        return nvfp4_dequantize(unpack(parts["data"], 4), parts["scale"], self.scale, dtype)

@@ -10,9 +10,8 @@ from dataclasses import dataclass
 import torch
 
 from trtkv.core.errors import TrtkvError
-from trtkv.kvcache.codec_base import Codec
+from trtkv.kvcache.codec_base import Codec, NVFP4Codec
 from trtkv.kvcache.formats import (
-    E2M1_MAX,
     FP8_MAX,
     INT8_MAX,
     SPECS,
@@ -36,8 +35,6 @@ from trtkv.kvcache.numerics import (
     int8_static_quantize,
     int8_token_dequantize,
     int8_token_quantize,
-    nvfp4_dequantize,
-    nvfp4_quantize,
     pack,
     per_token_head_quantize,
     unpack,
@@ -115,23 +112,6 @@ class Int8StaticCodec(Codec):
 
     def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
         return int8_static_dequantize(parts["data"], self.scale, dtype)
-
-
-class NVFP4Codec(Codec):
-    """NVFP4 with a static per-layer global scale (amax / 448, as exported); block scales come from the data."""
-
-    static = True
-
-    def __init__(self, global_scale: float):
-        self.scale = float(global_scale)
-        self.limit = E2M1_MAX * FP8_MAX * self.scale
-
-    def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        codes, block_scale = nvfp4_quantize(x, self.scale)
-        return {"data": pack(codes, 4), "scale": block_scale}
-
-    def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-        return nvfp4_dequantize(unpack(parts["data"], 4), parts["scale"], self.scale, dtype)
 
 
 class Int8TokenCodec(Codec):

@@ -82,7 +82,7 @@ class FormatTable:
         return out
 
     def backends(self, engine: str, value: str) -> list[dict]:
-        """The attention backends of `engine` whose sources list `value` (vLLM only so far; [] when none)."""
+        """The attention backends of `engine` whose sources list `value` (vLLM's and SGLang's; [] when none)."""
         return list(self.implementations.get(engine, {}).get("backends", {}).get(value, []))
 
 
@@ -141,12 +141,24 @@ def _backend(b: dict) -> str:
     return b["backend"] if cap == "True" or cap.startswith("inherited") else f"{b['backend']} ({cap})"
 
 
+def _listed(table: FormatTable, row: FormatRow) -> set[tuple[str, str]]:
+    """The (engine, value) pairs of a row with a backend list: every vLLM value (an empty list says none), others' where
+    the table lists backends."""
+    return {(e.engine, e.value) for e in row.engines if table.implementations.get(e.engine, {}).get("backends")
+            and (e.engine == "vllm" or table.backends(e.engine, e.value))}
+
+
+def _backends_cell(table: FormatTable, engine: str, value: str) -> str:
+    named = "" if engine == "vllm" else f"{engine} "
+    return f"{named}`{value}`: " + (", ".join(_backend(b) for b in table.backends(engine, value)) or "none listed")
+
+
 def table_markdown(table: FormatTable | None = None) -> str:
     """docs/kv-formats.md's generated section: per format its numerics, per engine the value that selects it and what
     happens to checkpoint scales, vLLM's attention backends for that value, and each row's upstream file@commit."""
     table = table or load_table()
-    lines = ["| format (probe name) | numerics | engine: value (checkpoint scales) | vLLM attention backends | "
-             "read from |", "|---|---|---|---|---|"]
+    lines = ["| format (probe name) | numerics | engine: value (checkpoint scales) | attention backends (vLLM's unless "
+             "named) | read from |", "|---|---|---|---|---|"]
     for row in table.formats.values():
         n = row.numerics
         numerics = (f"{n['element']}; scale {n['scale']} ({n['scale_granularity']}, {n['scale_dtype']}); "
@@ -155,9 +167,7 @@ def table_markdown(table: FormatTable | None = None) -> str:
         probe = row.probe or f"not in the probe: {row.why_not_in_probe}"
         aliases = f"; alias {', '.join(row.aliases)}" if row.aliases else ""
         engs = "<br>".join(f"{e.engine} {e.version}: `{e.config} {e.value}` ({e.checkpoint_scales})" for e in row.engines)
-        listed = [(e.engine, e.value) for e in row.engines if table.implementations.get(e.engine, {}).get("backends")]
-        backends = "<br>".join(f"`{v}`: " + (", ".join(_backend(b) for b in table.backends(eng, v)) or "none listed")
-                               for eng, v in sorted(set(listed))) or "-"
+        backends = "<br>".join(_backends_cell(table, eng, v) for eng, v in sorted(_listed(table, row))) or "-"
         sources = "<br>".join(sorted({f"{e.source_file} @ {e.source_at}" for e in row.engines})) or "-"
         lines.append(f"| **{row.name}** ({_cell(probe)}{aliases}) | {_cell(numerics)} | {_cell(engs) or '-'} | "
                      f"{_cell(backends)} | {_cell(sources)} |")

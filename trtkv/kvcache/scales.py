@@ -146,6 +146,18 @@ class KVScales:
             return [max(a, MIN_AMAX) for a in self.k_rotated_amax], [max(a, MIN_AMAX) for a in self.v_amax]
         return None, None
 
+    def format_amaxes(self, fmt: KVFormat | str | FormatChoice) -> dict | None:
+        """The amaxes a format reads beyond the per-layer k/v amax (fp8_attn_head: per KV head; nvfp4_rotate: rotated
+        K), for cache keys; None for every other format, so their keys stay as they were."""
+        from trtkv.kvcache.quant import parse_format
+
+        variant = parse_format(fmt).variant
+        if variant == "fp8_attn_head":
+            return {"k_head_amax": self.k_head_amax, "v_head_amax": self.v_head_amax}
+        if variant == "nvfp4_rotate":
+            return {"k_rotated_amax": self.k_rotated_amax}
+        return None
+
     def to_kv_scales_json(self, algo: str = "FP8") -> dict:
         """The contract-1 kv_scales.json document for these amaxes."""
         return kv_scales_document(algo, self.k_amax, self.v_amax, source=self.source)

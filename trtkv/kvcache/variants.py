@@ -6,9 +6,13 @@ scales (fp8_attn_head) and nvfp4_4over6, and ModelOpt 0.47's nvfp4_cast and nvfp
 - fp8_attn_head (llm-compressor strategy="attn_head", vLLM's FlashAttention backend): E4M3 of x / scale[head], one
   float32 scale per (layer, KV head) for K and for V: max(head amax, 1e-12) / 448, the numbers
   trtkv.calibrate.attn_head writes and vLLM loads as k_scale/v_scale [num_kv_heads].
-- nvfp4_4over6 (vLLM 0.32): NVFP4 (trtkv.kvcache.numerics.nvfp4_quantize's layout and global scale amax / 448), each
-  block of 16 scaled either by its amax / 6 or by its amax / 4, whichever reconstructs the block with the smaller sum
-  of squared errors (vllm/config/cache.py; a tie keeps amax / 6).
+- nvfp4_4over6 (vLLM 0.32 `--kv-cache-dtype nvfp4_4over6`; its store kernel cvt_warp_fp16_to_fp4_4over6 in
+  csrc/libtorch_stable/nvfp4_kv_cache_kernels.cu, vllm-project/vllm PR #45187): NVFP4's layout, k/v_scale the float32
+  global (amax / 448, trtkv's nvfp4 globals). Per block of 16, in float32: s = 1 / k_scale; for d in (6, 4) the block
+  scale E4M3(s x (amax x rcp(d))) (round to nearest even, saturating), outputScale = rcp(E4M3 x rcp(s)) (0 when the
+  scale is 0: the block is stored as zeros), codes E2M1(x x outputScale) and the error sum of (E2M1 x rcp(outputScale)
+  - x)^2 pair by pair; amax/4 is kept when its error is strictly smaller. rcp.approx.ftz is modelled as the float32
+  reciprocal (the GPU's may differ by an ulp: then a code next to an E2M1 tie can differ).
 - nvfp4_cast / nvfp4_rotate (ModelOpt's NVFP4 fake quantization, modelopt/torch/kernels/quantization/gemm/
   fp4_kernel_hopper.py + common/nvfp4_quant.py): global scale gs = float32(amax) / 2688 (6 x 448); per block of 16
   the step E4M3(min(block amax / (6 gs), 448)) x gs, a step below 1e-5 replaced by 1.0; |x| / step rounded to E2M1
@@ -24,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from trtkv.core.errors import TrtkvError
-from trtkv.kvcache.codec_base import Codec
+from trtkv.kvcache.codec_base import Codec, NVFP4Codec
 from trtkv.kvcache.formats import E2M1_MAX, FP8_MAX, NVFP4_BLOCK, KVFormat
 from trtkv.kvcache.numerics import (
     HeadScale,
@@ -33,7 +37,6 @@ from trtkv.kvcache.numerics import (
     e2m1_values,
     fp8_dequantize,
     hadamard,
-    nvfp4_dequantize,
     pack,
     unpack,
 )
@@ -86,21 +89,39 @@ def _e2m1_roundtrip(blocks: torch.Tensor, step: torch.Tensor) -> tuple[torch.Ten
     return codes, e2m1_values(codes) * step.unsqueeze(-1)
 
 
+def _rcp(x: torch.Tensor) -> torch.Tensor:
+    """rcp.approx.ftz.f32 modelled as the float32 reciprocal (exact for the powers of two; 1 ulp at most otherwise)."""
+    return torch.reciprocal(x.float())
+
+
+def _vllm_candidate(blocks: torch.Tensor, amax: torch.Tensor, sf_scale: torch.Tensor,
+                    top: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One nvfp4_candidate_scale + nvfp4_reconstruction_error of vLLM's store kernel, float32 step by step:
+    (E2M1 codes, E4M3 block scale, the block's squared error as the kernel sums it)."""
+    sf = (sf_scale * (amax * _rcp(torch.tensor(top)))).clamp(max=FP8_MAX).to(torch.float8_e4m3fn)  # satfinite RN
+    sf32 = sf.float()
+    out_scale = torch.where(sf32 != 0, _rcp(sf32 * _rcp(sf_scale)), torch.zeros_like(sf32)).unsqueeze(-1)
+    scaled = blocks * out_scale
+    codes = e2m1_codes(scaled) | (torch.signbit(scaled).to(torch.uint8) << 3)  # cvt.rn.satfinite.e2m1x2.f32: -0 too
+    dequant = torch.where(out_scale != 0, _rcp(out_scale), torch.zeros_like(out_scale))
+    diff = e2m1_values(codes) * dequant - blocks
+    err = torch.zeros_like(amax)
+    for i in range(0, NVFP4_BLOCK, 2):  # error += dx * dx + dy * dy, pair by pair
+        err = err + (diff[..., i] * diff[..., i] + diff[..., i + 1] * diff[..., i + 1])
+    return codes, sf, err
+
+
 def nvfp4_4over6_quantize(x: torch.Tensor, global_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """nvfp4_4over6 over the last dim: per block the E4M3 scale of amax/6 or amax/4 with the smaller squared error."""
+    """vLLM's nvfp4_4over6 store (cvt_warp_fp16_to_fp4_4over6) over the last dim: per block of 16 the amax/6 and the
+    amax/4 candidates, the one with the smaller squared error kept (a tie keeps amax/6); global_scale is k/v_scale."""
     blocks = _blocks(x)
     amax = blocks.abs().amax(-1)
-    candidates = []
-    for top in (E2M1_MAX, FOUR_OVER_SIX):  # amax / 6 first: it keeps ties
-        scale = (amax / (top * global_scale)).clamp(max=FP8_MAX).to(torch.float8_e4m3fn)
-        step = scale.float() * global_scale
-        step = torch.where(step > 0, step, torch.ones_like(step))
-        codes, values = _e2m1_roundtrip(blocks, step)
-        candidates.append((codes, scale, (values - blocks).square().sum(-1)))
-    (codes6, scale6, err6), (codes4, scale4, err4) = candidates
+    sf_scale = torch.tensor(1.0, dtype=torch.float32) / torch.tensor(global_scale, dtype=torch.float32)
+    codes6, sf6, err6 = _vllm_candidate(blocks, amax, sf_scale, E2M1_MAX)
+    codes4, sf4, err4 = _vllm_candidate(blocks, amax, sf_scale, FOUR_OVER_SIX)
     four = err4 < err6
     best_codes = torch.where(four.unsqueeze(-1), codes4, codes6)
-    best_scale = torch.where(four, scale4.view(torch.uint8), scale6.view(torch.uint8)).view(torch.float8_e4m3fn)
+    best_scale = torch.where(four, sf4.view(torch.uint8), sf6.view(torch.uint8)).view(torch.float8_e4m3fn)
     return best_codes.reshape(x.shape), best_scale
 
 
@@ -200,21 +221,12 @@ class AttnHeadCodec(Codec):
         return 4 * len(self.scale.scales)
 
 
-class FourOverSixCodec(Codec):
-    """vLLM's nvfp4_4over6: NVFP4 with a static global scale, each block's scale the better of amax/6 and amax/4."""
-
-    static = True
-
-    def __init__(self, global_scale: float):
-        self.scale = float(global_scale)
-        self.limit = E2M1_MAX * FP8_MAX * self.scale
+class FourOverSixCodec(NVFP4Codec):
+    """vLLM's nvfp4_4over6: NVFP4Codec's layout, global scale and reading; only the store's block scales differ."""
 
     def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         codes, block_scale = nvfp4_4over6_quantize(x, self.scale)
         return {"data": pack(codes, 4), "scale": block_scale}
-
-    def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-        return nvfp4_dequantize(unpack(parts["data"], 4), parts["scale"], self.scale, dtype)
 
 
 class ModelOptNVFP4Codec(Codec):

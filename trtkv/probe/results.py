@@ -124,8 +124,8 @@ def probe_advice(recipe: Recipe, probe_dir: Path | None = None) -> tuple[list[st
     else:
         out.append(f"No quantized KV format measured safe up to {longest} tokens on this model: keep 16-bit KV.")
     out += engine_format_notes(records)
-    mine = recipe.kv_format.value
-    if mine and not any(r["format"] == mine for r in rows):
+    mine = recipe_probe_format(recipe)
+    if mine and not any(_same_format(r["format"], mine) for r in rows):
         out.append(f"The recipe's KV format {mine} was not probed: add it with `trtkv probe {recipe.name} "
                    f"--formats {mine}`.")
     if longest < recipe.build.max_seq_len:
@@ -296,6 +296,23 @@ def verdicts(doc: dict) -> list[str]:
     return out + engine_format_notes(recs)
 
 
+def recipe_probe_format(recipe: Recipe) -> str:
+    """The probe's name for the format the recipe deploys: its kv_cache where the probe knows it (fp8_attn_head, not the
+    fp8 storage it shares; fp8_cast, int8_per_token_head, ...), else the storage format (bf16 for none)."""
+    from trtkv.kvcache.names import all_format_names
+
+    kv = recipe.quantization.kv_cache.value
+    return kv if kv in all_format_names() else recipe.kv_format.value
+
+
+def _same_format(a: str, b: str) -> bool:
+    """Two probe names of one format (fp8_cast and fp8_scale1: one row of kv_formats.json)."""
+    from trtkv.kvcache.engines import load_table
+
+    row = load_table().for_probe(a)
+    return a == b or (row is not None and row is load_table().for_probe(b))
+
+
 def _engine_values(fmt: str, engine: str) -> list[tuple[str, str, str]]:
     """(version, config, value) of every row of `engine` that selects probe format `fmt` in kv_formats.json."""
     from trtkv.kvcache.engines import load_table
@@ -307,7 +324,8 @@ def _engine_values(fmt: str, engine: str) -> list[tuple[str, str, str]]:
 def engine_format_notes(records: list[dict]) -> list[str]:
     """Sentences comparing engine formats that were both measured here (nothing when one of a pair is missing):
     vLLM's int8_per_token_head vs static INT8 (TensorRT-LLM's int8_kv_cache), ModelOpt's default fp8_cast vs calibrated
-    fp8. Engine names and versions come from trtkv/data/kv_formats.json, every figure from the records."""
+    fp8, vLLM's per-head fp8_attn_head vs per-layer fp8. Engine names and versions come from trtkv/data/kv_formats.json,
+    every figure from the records."""
     by: dict[str, list[dict]] = {}
     for r in records:
         by.setdefault(r["format"], []).append(r)
@@ -348,6 +366,17 @@ def engine_format_notes(records: list[dict]) -> list[str]:
             cost = f"costs nothing over calibrated `fp8` (KL {c['kl_mean']:.5f} vs {f['kl_mean']:.5f})"
         out.append(f"ModelOpt's default `fp8_cast`{flag} {cost} at {c['context_len']} tokens on this model "
                    f"(measured); top-1 agreement {c['top1_agreement']:.1%} vs {f['top1_agreement']:.1%}.")
+    per_head = by.get("fp8_attn_head")
+    if per_head and calibrated:
+        h, f = per_head[-1], calibrated[-1]
+        vllm = _engine_values("fp8_attn_head", "vllm")
+        where = f"vLLM {vllm[0][0]} (`{vllm[0][1]} {vllm[0][2]}` with k/v scales per KV head)" if vllm else "vLLM"
+        verb = "beats" if h["kl_mean"] < f["kl_mean"] else "does not beat"
+        deploy = (" Deploy it with quantization.kv_cache: fp8_attn_head and build.backend: vllm (FlashAttention 3/4: "
+                  "H100, H200, B200)." if h["kl_mean"] < f["kl_mean"] else "")
+        out.append(f"Per-head static FP8 scales `fp8_attn_head` on {where} {verb} per-layer `fp8` on this model: KL "
+                   f"{h['kl_mean']:.5f} vs {f['kl_mean']:.5f} at {h['context_len']} tokens (measured), top-1 agreement "
+                   f"{h['top1_agreement']:.1%} vs {f['top1_agreement']:.1%}.{deploy}")
     return out
 
 

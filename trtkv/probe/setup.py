@@ -103,7 +103,7 @@ class Loaded:
 def default_settings(recipe: Recipe, formats: list[str] | None = None, lengths: list[int] | None = None,
                      needle_lengths: list[int] | None = None) -> ProbeSettings:
     """Settings from the recipe's probe section, overridden by the CLI's lists."""
-    fmts = [parse_format(f).name for f in (formats or [f.value for f in recipe.probe.formats])]
+    fmts = [parse_format(f).name for f in (formats or list(recipe.probe.formats))]
     fmts = [REFERENCE] + [f for f in dict.fromkeys(fmts) if f != REFERENCE]
     lens = sorted(set(lengths or recipe.probe.lengths))
     max_pos = recipe.model.max_position_embeddings

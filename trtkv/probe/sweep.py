@@ -7,6 +7,8 @@ import json
 import os
 import pickle
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,10 +43,16 @@ def _format_key(key: str, choice: FormatChoice) -> str:
     return f"{key}:{numerics_key(choice)}"
 
 
-def _scales_key(scales: KVScales) -> str:
-    """The static scales' key: amax per layer, and fp8_affine's amax and bias where calibrated."""
+def _scales_key(scales: KVScales, *choices: FormatChoice) -> str:
+    """The static scales' key for `choices`: amax per layer, fp8_affine's amax and bias where calibrated, and the
+    amaxes only some formats read (fp8_attn_head's per head, nvfp4_rotate's rotated K) when one of them is among
+    `choices` (every other format's key is unchanged, so its cached results stay valid)."""
     affine = scales.affine.to_dict() if scales.affine is not None else None
-    return hashlib.sha256(json.dumps([scales.k_amax, scales.v_amax, affine]).encode()).hexdigest()[:12]
+    parts: list = [scales.k_amax, scales.v_amax, affine]
+    extra = {c.name: amaxes for c in choices if (amaxes := scales.format_amaxes(c)) is not None}
+    if extra:
+        parts.append(extra)
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:12]
 
 
 class _Progress:
@@ -88,7 +96,7 @@ def run_probe(recipe: Recipe, output: Path | None = None, settings: ProbeSetting
         loaded = load_model(recipe, settings)
         bar.step("calibrating static scales (short prompts)", 1)
         scales = probe_scales(recipe, loaded, settings, out)
-        skey = _scales_key(scales)
+        skey = partial(_scales_key, scales)  # per format: what it reads of the scales
         n = max(settings.lengths)
         ref_hidden: torch.Tensor | None = None
         ref_bytes: dict = {}
@@ -97,9 +105,9 @@ def run_probe(recipe: Recipe, output: Path | None = None, settings: ProbeSetting
         bar.step("reference pass (fp16 KV)", 1)
         shared: dict[tuple[str, int], dict] = {}  # needles asked from the KL passes (a windowed model's)
         for choice in choices:
-            cached = _cached_records(out, _format_key(loaded.key, choice), skey, choice, settings.lengths)
+            cached = _cached_records(out, _format_key(loaded.key, choice), skey(choice), choice, settings.lengths)
             if cached is not None and loaded.needles is not None:
-                found = _pass_needles_cached(out, loaded, choice, skey, settings.needle_lengths)
+                found = _pass_needles_cached(out, loaded, choice, skey(choice), settings.needle_lengths)
                 cached = cached if found is not None else None  # measured before the needles: the pass runs again
                 shared.update({(choice.name, n): r for n, r in (found or {}).items()})
             if cached is not None:
@@ -114,7 +122,7 @@ def run_probe(recipe: Recipe, output: Path | None = None, settings: ProbeSetting
             timings[f"{choice.name}_cpu"] = run["cpu_seconds"] or ref_bytes.get("cpu_seconds", 0.0)
             found = run.get("needles") or (ref_bytes.get("needles") if choice.name == REFERENCE else None)
             if loaded.needles is not None and found:
-                _save_pass_needles(out, loaded, choice, skey, found)
+                _save_pass_needles(out, loaded, choice, skey(choice), found)
                 shared.update({(choice.name, n): r for n, r in found.items()})
                 timings[f"{choice.name}_needles_cpu"] = next(iter(found.values()))["cpu_seconds"]
         if runs and ref_hidden is not None:  # every pending format's LM head with ONE reference head pass
@@ -127,7 +135,7 @@ def run_probe(recipe: Recipe, output: Path | None = None, settings: ProbeSetting
             if choice.name in runs:
                 run = runs[choice.name]
                 recs = [length_record(loaded, choice, run, length, ref_bytes) for length in settings.lengths]
-                _save_run(out, _format_key(loaded.key, choice), skey, choice, run, recs)
+                _save_run(out, _format_key(loaded.key, choice), skey(choice), choice, run, recs)
                 by_format[choice.name] = recs
                 bar.step(f"{choice.name}: done", 1)
         records = [rec for choice in choices for rec in by_format[choice.name]]
@@ -139,19 +147,19 @@ def run_probe(recipe: Recipe, output: Path | None = None, settings: ProbeSetting
                 continue
             for length in settings.needle_lengths:
                 bar.step(f"needle {choice.name} @ {length}")
-                needles[(choice.name, length)] = _needle_cached(out, loaded, choice, scales, skey, length, settings)
+                needles[(choice.name, length)] = _needle_cached(out, loaded, choice, scales, skey(choice), length, settings)
                 bar.step(f"needle {choice.name} @ {length}: done", 1)
         _attach_needles(records, needles, settings)
         ruler_doc = _ruler(out, recipe, loaded, choices, scales, skey, settings, bar) if settings.ruler is not None else None
         decode = {}
         if static:
             bar.step("scale reuse through decode steps")
-            decode = _decode_cached(out, loaded, static, scales, skey, settings)
+            decode = _decode_cached(out, loaded, static, scales, skey(*static), settings)
             bar.step("scale reuse: done", 1)
-        runs_for_reuse = {c.name: runs.get(c.name) or _load_run(out, _format_key(loaded.key, c), skey, c) for c in static}
+        runs_for_reuse = {c.name: runs.get(c.name) or _load_run(out, _format_key(loaded.key, c), skey(c), c) for c in static}
         reuse = scale_reuse_summary(scales, {k: v for k, v in runs_for_reuse.items() if v}, settings.lengths)
         reuse["decode"] = decode
-        curves = {c.name: _kl_curve(runs.get(c.name) or _load_run(out, _format_key(loaded.key, c), skey, c))
+        curves = {c.name: _kl_curve(runs.get(c.name) or _load_run(out, _format_key(loaded.key, c), skey(c), c))
                   for c in choices}
         bar.step("writing report", 1)
         doc = _document(recipe, loaded, settings, scales, records, needles, reuse, timings, started)
@@ -266,13 +274,14 @@ def _decode_cached(out: Path, loaded: Loaded, static: list[FormatChoice], scales
     return result
 
 
-def _ruler(out: Path, recipe: Recipe, loaded: Loaded, choices: list[FormatChoice], scales: KVScales, skey: str,
+def _ruler(out: Path, recipe: Recipe, loaded: Loaded, choices: list[FormatChoice], scales: KVScales,
+           skey: Callable[[FormatChoice], str],
            settings: ProbeSettings, bar: _Progress) -> dict:
     """RULER on the bench's items for every format (trtkv.probe.ruler), answers cached per format and item."""
     from trtkv.probe.ruler import run_ruler
 
     def keys(choice: FormatChoice) -> list[str]:
-        return [_format_key(loaded.key, choice), skey if choice.static else ""]
+        return [_format_key(loaded.key, choice), skey(choice) if choice.static else ""]
 
     return run_ruler(out, settings.ruler, loaded, choices, scales, keys, recipe.model.max_position_embeddings, bar.step)
 

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 
 from trtkv.core import paths
 from trtkv.kvcache.formats import KVFormat
+from trtkv.kvcache.names import all_format_names
 from trtkv.platform import versions
 from trtkv.platform.hardware import GPU
 from trtkv.recipe.enums import (  # noqa: F401 - re-exported: the schema's public face
@@ -275,11 +276,21 @@ class BenchConfig(_Section):
 
 
 class ProbeConfig(_Section):
-    formats: list[KVFormat] = Field(
-        [KVFormat.BF16, KVFormat.FP8, KVFormat.FP8_SCALE1, KVFormat.INT8, KVFormat.INT8_TOKEN,
-         KVFormat.INT4_G64, KVFormat.KIVI4, KVFormat.KIVI2],
-        description="KV formats to compare against the unquantized model.",
+    formats: list[str] = Field(
+        [f.value for f in (KVFormat.BF16, KVFormat.FP8, KVFormat.FP8_SCALE1, KVFormat.INT8, KVFormat.INT8_TOKEN,
+                           KVFormat.INT4_G64, KVFormat.KIVI4, KVFormat.KIVI2)],
+        description="KV formats to compare against the unquantized model: any `trtkv probe --formats` name ("
+                    + ", ".join(all_format_names()) + ").",
     )
+
+    @field_validator("formats")
+    @classmethod
+    def _known_formats(cls, values: list[str]) -> list[str]:
+        """Probe format names as `trtkv probe --formats` takes them (engine variants such as fp8_attn_head too)."""
+        bad = [v for v in values if v.strip().lower() not in all_format_names()]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not a probe format; allowed: {', '.join(all_format_names())}")
+        return [v.strip().lower() for v in values]
     lengths: list[int] = Field([512, 1024, 2048, 4096, 8192], description="Context lengths (tokens).")
     needle_depths: list[float] = Field([0.1, 0.5, 0.9], description="Relative depths of the hidden passkey.")
     needle_seeds: int = Field(5, ge=1, description="Needle trials per (depth, length).")
