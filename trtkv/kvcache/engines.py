@@ -142,14 +142,16 @@ def _backend(b: dict) -> str:
 
 
 def _listed(table: FormatTable, row: FormatRow) -> set[tuple[str, str]]:
-    """The (engine, value) pairs of a row with a backend list: every vLLM value (an empty list says none), others' where
-    the table lists backends."""
-    return {(e.engine, e.value) for e in row.engines if table.implementations.get(e.engine, {}).get("backends")
-            and (e.engine == "vllm" or table.backends(e.engine, e.value))}
+    """The (engine, value) pairs of a row with a backend list: every value of an engine whose list is complete
+    (`backends_complete`: an empty list says none implements it), others' where the table lists backends."""
+    impl = table.implementations
+    return {(e.engine, e.value) for e in row.engines if impl.get(e.engine, {}).get("backends")
+            and (impl[e.engine].get("backends_complete") or table.backends(e.engine, e.value))}
 
 
 def _backends_cell(table: FormatTable, engine: str, value: str) -> str:
-    named = "" if engine == "vllm" else f"{engine} "
+    """Unnamed for the first engine of the table's implementations (the column header names it), named otherwise."""
+    named = "" if engine == next(iter(table.implementations), None) else f"{engine} "
     return f"{named}`{value}`: " + (", ".join(_backend(b) for b in table.backends(engine, value)) or "none listed")
 
 
