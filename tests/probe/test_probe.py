@@ -399,3 +399,18 @@ def test_fp8_attn_head_is_probed_by_its_recipe_and_named_in_the_advice(tmp_path:
     doc = {"records": [_rec("fp16", 512, 0.0), _rec("fp8_scale1", 512, 0.01)], "reference": "fp16", "needles": []}
     monkeypatch.setattr(results, "find_probe", lambda *_a, **_k: (tmp_path, doc))
     assert not any("not probed" in line for line in probe_advice(cast, tmp_path)[0])  # type: ignore[index]
+
+
+def test_per_layer_cache_key_covers_the_amaxes_each_format_reads() -> None:
+    """`trtkv probe --per-layer` keys its passes by the same extra amaxes as the sweep (other formats unchanged)."""
+    from trtkv.kvcache.formats import KVFormat
+    from trtkv.kvcache.quant import parse_format
+    from trtkv.kvcache.scales import KVScales
+    from trtkv.probe.layers import per_layer_key
+
+    base = {"k_amax": [10.0, 3.5], "v_amax": [2.0, 1.25], "source": "short pass"}
+    a = KVScales(**base, k_head_amax=[[9.0, 10.0], [3.5, 1.0]], v_head_amax=[[2.0, 1.5], [1.0, 1.25]])
+    b = KVScales(**base, k_head_amax=[[10.0, 10.0], [3.5, 1.0]], v_head_amax=a.v_head_amax)
+    head, fp8 = parse_format("fp8_attn_head"), parse_format("fp8")
+    assert per_layer_key("m", head, a, KVFormat.BF16) != per_layer_key("m", head, b, KVFormat.BF16)
+    assert per_layer_key("m", fp8, a, KVFormat.BF16) == per_layer_key("m", fp8, b, KVFormat.BF16)

@@ -76,6 +76,9 @@ def per_layer_key(model_key: str, choice: FormatChoice, scales: Any, keep_fmt: K
     (numerics_key, as the sweep's cache is keyed) and the static scales; a changed format definition misses."""
     affine = scales.affine.to_dict() if getattr(scales, "affine", None) is not None else None
     parts = [model_key, choice.name, numerics_key(choice), numerics_key(keep_fmt), scales.k_amax, scales.v_amax, affine]
+    extra = scales.format_amaxes(choice) if hasattr(scales, "format_amaxes") else None
+    if extra is not None:  # fp8_attn_head's per-head, nvfp4_rotate's rotated-K amax (other formats' keys unchanged)
+        parts.append(extra)
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
