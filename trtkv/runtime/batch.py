@@ -194,9 +194,7 @@ def _prefill_chunk_invariant(runtime: ReferenceRuntime, seq: SequenceState, budg
         seq.prefilled += n
         if seq.prefilled < len(seq.prompt):
             return False
-        row = last.new_zeros(invariant.DECODE_ROWS, last.shape[0])  # the last token in slot 0 of a decode-shaped
-        row[0] = last  # block: the LM head's work for one row, the same for any chunking
-        logits = invariant.lm_head(runtime.model, row)[0]
+        logits = invariant.lm_head(runtime.model, last[None])[0]  # a 1-row call: the same shape for any chunking
     seq.accept(logits)
     return True
 
