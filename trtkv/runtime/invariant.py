@@ -21,18 +21,24 @@ kernels with a fixed split size. On the CPU we cannot choose the BLAS kernel, so
   model on its own weights and attention shapes; where it fails every call is split into ROWS-row pieces (the
   slower fixed-shape path). M = 8 costs about what M = 1 costs on the CPU (both read every weight once), which is
   why the fixed shape keeps batching's throughput.
-- **Prefill attention runs in fixed key tiles** (_attend_tiles): the sequence's keys laid on KEY_TILE tiles aligned
-  to absolute positions, one score GEMM and one value GEMM per tile (fixed K and N; M the chunk's rows x groups), a
-  row's keys after its position or outside its window masked to -inf before the exact row max, exp, then the tile
-  sums and partial outputs added in tile order. A tile past a row's position adds exact zeros, so a row's result
-  depends on its position and its keys only, not on the chunk it came in. **Decode attention runs per query row**
-  over exactly that token's keys (positions [0, p], or a sliding layer's window), made contiguous (Hkv, L, d), so the
-  score GEMV, the softmax and the value GEMV have shapes that depend on p only. Keys and values come from the
-  sequence's own quantized cache, a per-token elementwise code: the same whatever chunk or step stored them.
+- **Prefill attention of a full layer runs through torch's CPU flash kernel** (trtkv.runtime.flash): keys padded to
+  whole 512-key blocks and an explicit mask, so every key block is full and a block past a row's position leaves
+  that row exactly as it was; one call per 512-row span, checked once per model (flash_ok). Sliding layers, or a
+  model where that check fails, run **fixed key tiles** (_attend_tiles): the sequence's keys laid on KEY_TILE tiles
+  aligned to absolute positions, per block of QUERY_BLOCK rows one batched score GEMM and one value GEMM per tile
+  (fixed K and N; M the block's rows x groups), a row's keys after its position or outside its window masked to
+  -inf before the exact row max, exp, then the tile sums and partial outputs added in tile order. A tile past a
+  row's position adds exact zeros (so a block reads only the tiles its rows can see), and a row's result depends on
+  its position and its keys only, not on the chunk it came in. The tile plan and masks are built once per chunk.
+  **Decode attention runs per query row** over exactly that token's keys (positions [0, p], or a sliding layer's
+  window), made contiguous (Hkv, L, d), so the score GEMV, the softmax and the value GEMV have shapes that depend on
+  p only. Keys and values come from the sequence's own quantized cache, a per-token elementwise code: the same
+  whatever chunk or step stored them.
 - **RoPE reads a table** computed once for all positions (no cos/sin of a batch-shaped tensor, whose vectorised and
   scalar-tail lanes could round differently). Elementwise +, x, / and rsqrt-free ops are correctly rounded anyway.
-- The LM head runs on the same fixed-row block in fixed vocabulary chunks (VOCAB_CHUNK rows of the weight; every
-  output's reduction is over the hidden size inside one fixed-shape call).
+- The LM head runs on the decode block in fixed vocabulary chunks (VOCAB_CHUNK rows of the weight; every output's
+  reduction is over the hidden size inside one fixed-shape call); a prefill's last row runs alone, a (1, D) call
+  whatever the chunking (only that row needs logits; 8 rows cost ~2.4x one on 2 cores).
 
 It holds on any x86 CPU (AVX2 or AVX-512) for the same process: nothing here compares against a tolerance. What it
 does not make equal: two machines or two torch builds (other kernels), a changed torch thread count (set once, at
