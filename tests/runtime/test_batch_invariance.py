@@ -95,13 +95,17 @@ def _reference_attention(q: Any, keys: Any, values: Any, positions: Any, window:
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("window", [None, 40])
-def test_prefill_attention_rows_do_not_depend_on_the_chunk(window: int | None) -> None:
+@pytest.mark.parametrize(("window", "query_block"), [(None, 512), (40, 512), (None, 32), (40, 32)])
+def test_prefill_attention_rows_do_not_depend_on_the_chunk(window: int | None, query_block: int,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """_attend_tiles on one 150-token sequence, whole and in chunks of 37 and 5 (tile and panel boundaries fall
-    mid-chunk; a sliding layer sees only its window): every row bit-equal, and equal to softmax attention."""
+    mid-chunk; a sliding layer sees only its window; 32-row query blocks read fewer tiles than the whole): every row
+    bit-equal, and equal to softmax attention."""
     import torch
 
     from trtkv.runtime import invariant
+
+    monkeypatch.setattr(invariant, "QUERY_BLOCK", query_block)
 
     gen = torch.Generator().manual_seed(1)
     n, heads, kv_heads, d = 150, 6, 2, 64
@@ -124,6 +128,35 @@ def test_prefill_attention_rows_do_not_depend_on_the_chunk(window: int | None) -
     whole = chunked(n)
     assert torch.equal(chunked(37), whole) and torch.equal(chunked(5), whole)
     torch.testing.assert_close(whole.double(), _reference_attention(q, keys, values, torch.arange(n), window),
+                               atol=1e-5, rtol=1e-4)
+
+
+def test_flash_prefill_attention_rows_do_not_depend_on_the_chunk() -> None:
+    """trtkv.runtime.flash on one 600-token sequence (two 512-key spans), whole and in chunks of 37 and 5: every row
+    bit-equal, and equal to softmax attention."""
+    import torch
+
+    from trtkv.runtime import flash, invariant
+
+    gen = torch.Generator().manual_seed(2)
+    n, heads, kv_heads, d = 600, 6, 2, 64
+    q = torch.randn(n, heads, d, generator=gen)
+    keys, values = torch.randn(kv_heads, n, d, generator=gen), torch.randn(kv_heads, n, d, generator=gen)
+
+    def chunked(size: int) -> Any:
+        rows = []
+        for start in range(0, n, size):
+            end = min(n, start + size)
+            base, top = start - start % invariant.ROWS, -(-end // invariant.ROWS) * invariant.ROWS
+            qs = torch.zeros(top - base, heads, d)
+            qs[start - base: end - base] = q[start:end]
+            plan = flash.flash_plan(torch.arange(base, top), end)
+            rows.append(flash.attend_flash(0.125, qs, keys[:, :end], values[:, :end], plan)[start - base: end - base])
+        return torch.cat(rows)
+
+    whole = chunked(n)
+    assert torch.equal(chunked(37), whole) and torch.equal(chunked(5), whole)
+    torch.testing.assert_close(whole.double(), _reference_attention(q, keys, values, torch.arange(n), None),
                                atol=1e-5, rtol=1e-4)
 
 

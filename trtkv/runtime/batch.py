@@ -12,8 +12,8 @@ chunk per iteration, so decoding sequences keep streaming while a long prompt is
 decoding sequence by one token. A finished or cancelled sequence leaves the batch at once and frees its slot.
 Greedy outputs equal a solo run's (the same code with a batch of one) up to float32 GEMM rounding, which depends on
 the batch size, so a near-tie can flip under load. With `runtime.batch_invariant` every step runs through
-trtkv.runtime.invariant instead (16-row panels, key tiles aligned to positions, attention per decode row): answers
-equal solo answers bit for bit (tests/runtime/test_batch_invariance.py), at ~1.4x the c1 TTFT on 2 cores, so opt-in.
+trtkv.runtime.invariant instead (16-row panels, padded-key flash or tile attention, attention per decode row): answers
+equal solo answers bit for bit (tests/runtime/test_batch_invariance.py); opt-in while its c8/c1 is under 3x.
 """
 
 from __future__ import annotations
@@ -194,9 +194,7 @@ def _prefill_chunk_invariant(runtime: ReferenceRuntime, seq: SequenceState, budg
         seq.prefilled += n
         if seq.prefilled < len(seq.prompt):
             return False
-        row = last.new_zeros(invariant.DECODE_ROWS, last.shape[0])  # the last token in slot 0 of a decode-shaped
-        row[0] = last  # block: the LM head's work for one row, the same for any chunking
-        logits = invariant.lm_head(runtime.model, row)[0]
+        logits = invariant.lm_head(runtime.model, last[None])[0]  # a 1-row call: the same shape for any chunking
     seq.accept(logits)
     return True
 

@@ -50,8 +50,8 @@ class ReferenceRuntime:
     def batch_invariant(self) -> bool:
         """Run the in-flight batch through trtkv.runtime.invariant (every greedy answer equal to its solo answer bit
         for bit, whatever shares its steps and however its prompt is chunked): runtime.json `batch_invariant: true` or
-        TRTKV_BATCH_INVARIANT=1 (=0 turns it off; the environment wins over the file). Opt-in: c1 TTFT measured +38%
-        over the default path, over the issue's 20% (benchmarks/batch_invariance_stress.py --perf --modes)."""
+        TRTKV_BATCH_INVARIANT=1 (=0 turns it off; the environment wins over the file). Opt-in: c1 TTFT now within ~20%
+        of the default path but c8/c1 below 3 (benchmarks/batch_invariance_stress.py --perf --modes; docs/where-it-runs.md)."""
         import os
 
         env = os.environ.get("TRTKV_BATCH_INVARIANT")

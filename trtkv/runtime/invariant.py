@@ -21,18 +21,24 @@ kernels with a fixed split size. On the CPU we cannot choose the BLAS kernel, so
   model on its own weights and attention shapes; where it fails every call is split into ROWS-row pieces (the
   slower fixed-shape path). M = 8 costs about what M = 1 costs on the CPU (both read every weight once), which is
   why the fixed shape keeps batching's throughput.
-- **Prefill attention runs in fixed key tiles** (_attend_tiles): the sequence's keys laid on KEY_TILE tiles aligned
-  to absolute positions, one score GEMM and one value GEMM per tile (fixed K and N; M the chunk's rows x groups), a
-  row's keys after its position or outside its window masked to -inf before the exact row max, exp, then the tile
-  sums and partial outputs added in tile order. A tile past a row's position adds exact zeros, so a row's result
-  depends on its position and its keys only, not on the chunk it came in. **Decode attention runs per query row**
-  over exactly that token's keys (positions [0, p], or a sliding layer's window), made contiguous (Hkv, L, d), so the
-  score GEMV, the softmax and the value GEMV have shapes that depend on p only. Keys and values come from the
-  sequence's own quantized cache, a per-token elementwise code: the same whatever chunk or step stored them.
+- **Prefill attention of a full layer runs through torch's CPU flash kernel** (trtkv.runtime.flash): keys padded to
+  whole 512-key blocks and an explicit mask, so every key block is full and a block past a row's position leaves
+  that row exactly as it was; one call per 512-row span, checked once per model (flash_ok). Sliding layers, or a
+  model where that check fails, run **fixed key tiles** (_attend_tiles): the sequence's keys laid on KEY_TILE tiles
+  aligned to absolute positions, per block of QUERY_BLOCK rows one batched score GEMM and one value GEMM per tile
+  (fixed K and N; M the block's rows x groups), a row's keys after its position or outside its window masked to
+  -inf before the exact row max, exp, then the tile sums and partial outputs added in tile order. A tile past a
+  row's position adds exact zeros (so a block reads only the tiles its rows can see), and a row's result depends on
+  its position and its keys only, not on the chunk it came in. The tile plan and masks are built once per chunk.
+  **Decode attention runs per query row** over exactly that token's keys (positions [0, p], or a sliding layer's
+  window), made contiguous (Hkv, L, d), so the score GEMV, the softmax and the value GEMV have shapes that depend on
+  p only. Keys and values come from the sequence's own quantized cache, a per-token elementwise code: the same
+  whatever chunk or step stored them.
 - **RoPE reads a table** computed once for all positions (no cos/sin of a batch-shaped tensor, whose vectorised and
   scalar-tail lanes could round differently). Elementwise +, x, / and rsqrt-free ops are correctly rounded anyway.
-- The LM head runs on the same fixed-row block in fixed vocabulary chunks (VOCAB_CHUNK rows of the weight; every
-  output's reduction is over the hidden size inside one fixed-shape call).
+- The LM head runs on the decode block in fixed vocabulary chunks (VOCAB_CHUNK rows of the weight; every output's
+  reduction is over the hidden size inside one fixed-shape call); a prefill's last row runs alone, a (1, D) call
+  whatever the chunking (only that row needs logits; 8 rows cost ~2.4x one on 2 cores).
 
 It holds on any x86 CPU (AVX2 or AVX-512) for the same process: nothing here compares against a tolerance. What it
 does not make equal: two machines or two torch builds (other kernels), a changed torch thread count (set once, at
@@ -45,6 +51,8 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from trtkv.runtime.flash import attend_flash, flash_ok, flash_plan
+
 if TYPE_CHECKING:
     import torch
 
@@ -52,6 +60,7 @@ ROWS = 16  # prefill rows per panel: a chunk's rows span whole ROWS-aligned pane
 DECODE_ROWS = 8  # decode rows per fixed-shape call: sequences in slots, empty slots zero
 VOCAB_CHUNK = 8192  # LM-head weight rows per call
 KEY_TILE = 64  # keys per attention tile in prefill, tiles aligned to absolute positions
+QUERY_BLOCK = 128  # prefill rows per attention block (a multiple of ROWS): bounds memory, skips unseen tiles
 _STACKING: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 _TABLES: weakref.WeakKeyDictionary[Any, dict[str | None, tuple[Any, Any]]] = weakref.WeakKeyDictionary()
 
@@ -134,46 +143,76 @@ def _attend(attn: Any, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
     return torch.matmul(probs, v).reshape(-1)  # (H * d)
 
 
-def _attend_tiles(scaling: float, q: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                  first: int, window: int | None) -> torch.Tensor:
-    """Prefill rows q (W, H, d) at `positions` (W,) of one sequence over its keys/values (Hkv, T, d), which hold
-    positions first..: key tiles of KEY_TILE aligned to absolute positions, one fixed-shape score GEMM and one
-    value GEMM per tile, a row's masked keys exactly 0 after the row max, tile sums merged in tile order.
-    Returns (W, H * d)."""
+@dataclass
+class TilePlan:
+    """How one chunk's rows meet its keys, the same in every layer of one attention kind (built once per chunk):
+    keys padded onto `tiles` KEY_TILE tiles from absolute position t0; rows in QUERY_BLOCK-row blocks, block
+    (r0, r1, lo, n, (m0, m1, mask)) reading tiles lo..lo+n (every tile holding a key one of its rows may see), its
+    tiles m0..m1 (relative to lo) masked by `mask` (1, m1 - m0, (r1 - r0) * groups, KEY_TILE), true on a row's
+    invisible keys (the tiles outside m0..m1 are visible to all its rows)."""
+
+    t0: int
+    tiles: int
+    blocks: list[tuple[int, int, int, int, Any]]
+
+
+def tile_plan(positions: torch.Tensor, first: int, end: int, window: int | None, groups: int) -> TilePlan:
+    """The TilePlan of query rows at `positions` over keys at positions first..end-1 (see TilePlan)."""
     import torch
+
+    t0 = first - first % KEY_TILE
+    tiles = -(-(end - t0) // KEY_TILE)
+    blocks = []
+    for r0 in range(0, positions.shape[0], QUERY_BLOCK):
+        pos = positions[r0: r0 + QUERY_BLOCK]
+        lo_pos, hi_pos = int(pos.min()), int(pos.max())
+        lo = 0 if window is None else max(0, min(tiles - 1, (lo_pos - window + 1 - t0) // KEY_TILE))
+        n = max(1, min(tiles, (hi_pos - t0) // KEY_TILE + 1) - lo)
+        kpos = torch.arange(t0 + lo * KEY_TILE, t0 + (lo + n) * KEY_TILE)[None]
+        qpos = pos.repeat_interleave(groups)[:, None]
+        masked = (kpos > qpos) | (kpos < first) | (kpos >= end)
+        if window is not None:
+            masked |= kpos <= qpos - window
+        seen = masked.view(-1, n, KEY_TILE).transpose(0, 1).contiguous()  # (n, R, TILE)
+        partial = seen.flatten(1).any(1).nonzero().flatten().tolist()  # tiles with a masked key: only those get masked
+        m0, m1 = (partial[0], partial[-1] + 1) if partial else (0, 0)
+        blocks.append((r0, r0 + pos.shape[0], lo, n, (m0, m1, seen[None, m0:m1])))
+    return TilePlan(t0, tiles, blocks)
+
+
+def _attend_tiles(scaling: float, q: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                  first: int, window: int | None, plan: TilePlan | None = None) -> torch.Tensor:
+    """Prefill rows q (W, H, d) at `positions` (W,) of one sequence over its keys/values (Hkv, T, d), which hold
+    positions first..: keys on KEY_TILE tiles aligned to absolute positions; per block of rows one batched score GEMM
+    and one batched value GEMM over its tiles (each tile a (rows x groups, d) x (d, TILE) product, the shape MKL
+    computes alike for any batch), a row's masked keys exactly 0 after the exact row max, tile sums added in tile
+    order (a tile a row cannot see adds exact zeros, so skipping it changes nothing). Returns (W, H * d)."""
+    import torch
+    import torch.nn.functional as F
 
     w, heads, d = q.shape
     kv_heads, count = keys.shape[0], keys.shape[1]
     groups, end = heads // kv_heads, first + count
-    t0 = first - first % KEY_TILE
-    tiles = -(-(end - t0) // KEY_TILE)
-    k_all = keys.new_zeros(kv_heads, tiles * KEY_TILE, d)
-    v_all = values.new_zeros(kv_heads, tiles * KEY_TILE, d)
-    k_all[:, first - t0: end - t0] = keys
-    v_all[:, first - t0: end - t0] = values
-    k_t = k_all.view(kv_heads, tiles, KEY_TILE, d).transpose(0, 1).contiguous()  # (tiles, Hkv, TILE, d)
-    v_t = v_all.view(kv_heads, tiles, KEY_TILE, d).transpose(0, 1).contiguous()
-    qg = q.view(w, kv_heads, groups, d).permute(1, 0, 2, 3).reshape(kv_heads, w * groups, d)  # rows (w, g)
-    qpos = positions.repeat_interleave(groups)[:, None]
-    kpos = torch.arange(t0, t0 + tiles * KEY_TILE)[None]
-    masked = (kpos > qpos) | (kpos < first)
-    if window is not None:
-        masked |= kpos <= qpos - window
-    scores = []
-    for t in range(tiles):
-        s = torch.matmul(qg, k_t[t].transpose(1, 2)) * scaling  # (Hkv, W*G, TILE)
-        scores.append(s.masked_fill(masked[None, :, t * KEY_TILE: (t + 1) * KEY_TILE], float("-inf")))
-    top = scores[0].amax(-1, keepdim=True)
-    for s in scores[1:]:
-        top = torch.maximum(top, s.amax(-1, keepdim=True))  # max is exact: the order cannot matter
-    top = top.masked_fill(torch.isinf(top), 0.0)  # a row with no key (a padding row): zeros, not NaN
-    p = torch.exp(scores[0] - top)
-    total, acc = p.sum(-1, keepdim=True), torch.matmul(p, v_t[0])
-    for t in range(1, tiles):  # fixed order: tile 0, 1, ...; a tile past the row's position adds exact zeros
-        p = torch.exp(scores[t] - top)
-        total, acc = total + p.sum(-1, keepdim=True), acc + torch.matmul(p, v_t[t])
-    out = (acc / total).view(kv_heads, w, groups, d).permute(1, 0, 2, 3)
-    return out.reshape(w, heads * d)
+    plan = plan or tile_plan(positions, first, end, window, groups)
+    pad = (0, 0, first - plan.t0, plan.tiles * KEY_TILE - (end - plan.t0))
+    k_t = F.pad(keys, pad).view(kv_heads, plan.tiles, KEY_TILE, d)  # (Hkv, tiles, TILE, d)
+    v_t = F.pad(values, pad).view(kv_heads, plan.tiles, KEY_TILE, d)
+    qg = (q * scaling).view(w, kv_heads, groups, d).permute(1, 0, 2, 3).reshape(kv_heads, w * groups, d)  # (w, g)
+    out = q.new_empty(kv_heads, w * groups, d)
+    for r0, r1, lo, n, (m0, m1, mask) in plan.blocks:
+        s = torch.matmul(qg[:, None, r0 * groups: r1 * groups], k_t[:, lo: lo + n].transpose(-1, -2))
+        if m1 > m0:  # s: (Hkv, n, rows x groups, TILE)
+            s[:, m0:m1].masked_fill_(mask, float("-inf"))
+        top = s.amax(dim=(1, 3), keepdim=True)  # max is exact: the order cannot matter
+        top.masked_fill_(torch.isinf(top), 0.0)  # a row with no key (a padding row): zeros, not NaN
+        s.sub_(top).exp_()
+        sums = s.sum(-1)  # (Hkv, n, R)
+        total, value = sums[:, 0].clone(), torch.matmul(s[:, 0], v_t[:, lo])
+        for t in range(1, n):  # tiles added in tile order, so a row's sum cannot depend on n
+            total.add_(sums[:, t])
+            value.baddbmm_(s[:, t], v_t[:, lo + t])
+        out[:, r0 * groups: r1 * groups] = value / total[..., None]
+    return out.view(kv_heads, w, groups, d).permute(1, 0, 2, 3).reshape(w, heads * d)
 
 
 def stacking_ok(model: Any) -> bool:
@@ -224,13 +263,14 @@ def _layers(model: Any, x: torch.Tensor, positions: torch.Tensor, max_len: int, 
     window = getattr(config, "sliding_window", None)
     w = x.shape[0]
     whole = w <= ROWS or stacking_ok(model)
+    rope = {kind: tuple(t[positions] for t in table) for kind, table in tables.items()}  # once, not per layer
 
     def each(fn: Any, h: torch.Tensor) -> torch.Tensor:
         return fn(h) if whole else torch.cat([fn(h[j: j + ROWS]) for j in range(0, w, ROWS)])
 
     for i, layer in enumerate(inner.layers):
         attn = layer.self_attn
-        cos, sin = (t[positions] for t in tables[kinds[i]])
+        cos, sin = rope[kinds[i]]
         h = each(layer.input_layernorm, x)
         q = each(attn.q_proj, h).view(w, -1, attn.head_dim)
         k = each(attn.k_proj, h).view(w, -1, attn.head_dim)
@@ -263,13 +303,22 @@ def prefill_rows(model: Any, seq: Any, ids: list[int], start: int, max_len: int)
     x[end - base:] = 0
     positions = torch.arange(base, top)
     lo, hi = start - base, end - base
+    plans: dict[Any, Any] = {}  # the same in every layer of a kind: built once per chunk
 
     def attend(i: int, attn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None
                ) -> torch.Tensor:
         keys, values = seq.cache.update(k[lo:hi].transpose(0, 1)[None], v[lo:hi].transpose(0, 1)[None], i)
         first = end - keys.shape[-2]
+        if window is None and first == 0 and flash_ok(model) and (q.shape[0] <= ROWS or stacking_ok(model)):
+            plan_f = plans.get("flash")
+            if plan_f is None:
+                plan_f = plans["flash"] = flash_plan(positions, end)
+            return attend_flash(attn.scaling, q, keys[0], values[0], plan_f)
         if q.shape[0] <= ROWS or stacking_ok(model):
-            return _attend_tiles(attn.scaling, q, positions, keys[0], values[0], first, window)
+            plan = plans.get((first, window))
+            if plan is None:
+                plan = plans[first, window] = tile_plan(positions, first, end, window, q.shape[1] // keys.shape[1])
+            return _attend_tiles(attn.scaling, q, positions, keys[0], values[0], first, window, plan)
         return torch.cat([_attend_tiles(attn.scaling, q[j: j + ROWS], positions[j: j + ROWS], keys[0], values[0],
                                         first, window) for j in range(0, q.shape[0], ROWS)])
 
