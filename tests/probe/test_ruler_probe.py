@@ -95,9 +95,21 @@ def test_a_shared_prefix_prefill_answers_as_separate_prefills(monkeypatch: pytes
 @pytest.mark.e2e  # runs the real model: not in `make check`
 @pytest.mark.slow
 def test_ruler_probe_scores_a_broken_cache_below_the_reference(tmp_path: Path, engines_tmp: Path, smollm2_dir: Path,
-                                                              capsys: pytest.CaptureFixture[str]) -> None:
+                                                              capsys: pytest.CaptureFixture[str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """SmolLM2 at 512 tokens, 2 tasks x 2 items: the 16-bit reference finds niah_single_1's number, int8 with scales
-    of 1e-3 (every K/V element saturates) does not; probe.json/probe.md carry the table; a rerun answers from the cache."""
+    of 1e-3 (every K/V element saturates) does not; probe.json/probe.md carry the table; a rerun answers from the cache.
+    The items answer in at most 24 tokens (RULER's 128 for niah: a missed item, as every broken one is, decodes them
+    all; the number takes ~8), made by the bench's own generator for the same haystack."""
+    import dataclasses
+
+    made = ruler.generate_items
+
+    def shorter(*args: object, **kwargs: object) -> tuple[list, list[str]]:
+        items, notes = made(*args, **kwargs)  # type: ignore[arg-type]
+        return [dataclasses.replace(it, max_tokens=24) for it in items], notes
+
+    monkeypatch.setattr(ruler, "generate_items", shorter)
     broken = tmp_path / "kv_scales.json"
     broken.write_text(json.dumps({"kv_cache_quant_algo": "INT8",
                                   "layers": [{"layer": i, "k_amax": 1e-3, "v_amax": 1e-3} for i in range(30)]}))
