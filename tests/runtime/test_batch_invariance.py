@@ -95,6 +95,24 @@ def _reference_attention(q: Any, keys: Any, values: Any, positions: Any, window:
     return torch.stack(out)
 
 
+def _in_chunks(q: Any, size: int, attend: Any) -> Any:
+    """Every row of q (n, H, d) attended in prefill chunks of `size`, each padded to whole invariant.ROWS spans as
+    prefill pads them: attend(rows, base, top, start, end) gives the span's rows base..top-1."""
+    import torch
+
+    from trtkv.runtime import invariant
+
+    n, heads, d = q.shape
+    rows = []
+    for start in range(0, n, size):
+        end = min(n, start + size)
+        base, top = start - start % invariant.ROWS, -(-end // invariant.ROWS) * invariant.ROWS
+        qs = torch.zeros(top - base, heads, d)
+        qs[start - base: end - base] = q[start:end]
+        rows.append(attend(qs, base, top, start, end)[start - base: end - base])
+    return torch.cat(rows)
+
+
 @pytest.mark.parametrize(("window", "query_block"), [(None, 512), (40, 512), (None, 32), (40, 32)])
 def test_prefill_attention_rows_do_not_depend_on_the_chunk(window: int | None, query_block: int,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
@@ -112,18 +130,13 @@ def test_prefill_attention_rows_do_not_depend_on_the_chunk(window: int | None, q
     q = torch.randn(n, heads, d, generator=gen)
     keys, values = torch.randn(kv_heads, n, d, generator=gen), torch.randn(kv_heads, n, d, generator=gen)
 
+    def tiles(qs: Any, base: int, top: int, start: int, end: int) -> Any:
+        first = 0 if window is None else max(0, start - window + 1)  # what a sliding cache still holds
+        return invariant._attend_tiles(0.125, qs, torch.arange(base, top), keys[:, first:end], values[:, first:end],
+                                       first, window)
+
     def chunked(size: int) -> Any:
-        rows = []
-        for start in range(0, n, size):
-            end = min(n, start + size)
-            base, top = start - start % invariant.ROWS, -(-end // invariant.ROWS) * invariant.ROWS
-            first = 0 if window is None else max(0, start - window + 1)  # what a sliding cache still holds
-            qs = torch.zeros(top - base, heads, d)
-            qs[start - base: end - base] = q[start:end]
-            out = invariant._attend_tiles(0.125, qs, torch.arange(base, top), keys[:, first:end],
-                                          values[:, first:end], first, window)
-            rows.append(out[start - base: end - base])
-        return torch.cat(rows)
+        return _in_chunks(q, size, tiles)
 
     whole = chunked(n)
     assert torch.equal(chunked(37), whole) and torch.equal(chunked(5), whole)
@@ -136,23 +149,18 @@ def test_flash_prefill_attention_rows_do_not_depend_on_the_chunk() -> None:
     bit-equal, and equal to softmax attention."""
     import torch
 
-    from trtkv.runtime import flash, invariant
+    from trtkv.runtime import flash
 
     gen = torch.Generator().manual_seed(2)
     n, heads, kv_heads, d = 600, 6, 2, 64
     q = torch.randn(n, heads, d, generator=gen)
     keys, values = torch.randn(kv_heads, n, d, generator=gen), torch.randn(kv_heads, n, d, generator=gen)
 
+    def flashed(qs: Any, base: int, top: int, start: int, end: int) -> Any:
+        return flash.attend_flash(0.125, qs, keys[:, :end], values[:, :end], flash.flash_plan(torch.arange(base, top), end))
+
     def chunked(size: int) -> Any:
-        rows = []
-        for start in range(0, n, size):
-            end = min(n, start + size)
-            base, top = start - start % invariant.ROWS, -(-end // invariant.ROWS) * invariant.ROWS
-            qs = torch.zeros(top - base, heads, d)
-            qs[start - base: end - base] = q[start:end]
-            plan = flash.flash_plan(torch.arange(base, top), end)
-            rows.append(flash.attend_flash(0.125, qs, keys[:, :end], values[:, :end], plan)[start - base: end - base])
-        return torch.cat(rows)
+        return _in_chunks(q, size, flashed)
 
     whole = chunked(n)
     assert torch.equal(chunked(37), whole) and torch.equal(chunked(5), whole)
