@@ -240,3 +240,96 @@ def test_mask_sizes_match_transformers_sliding_layer() -> None:
         torch.testing.assert_close(got[0].float(), want[0], atol=2e-3, rtol=1e-3)
     with pytest.raises(TrtkvError, match="sliding layer"):
         ours.crop(4)
+
+
+@pytest.mark.parametrize(("fmt", "window"), [("fp8", None), ("int8_token", 6), ("nvfp4", None), ("kivi4", 40),
+                                             ("int4_g64", 6)])
+def test_keep_decoded_gives_the_same_keys_and_decodes_each_token_once(fmt: str, window: int | None) -> None:
+    """keep_decoded (the reference runtime's cache) returns exactly the keys/values of decoding the whole store at
+    every step, and decodes each stored token once instead of the whole context per step."""
+    from tests.support.tiny_gemma3 import tiny_gemma3
+
+    model = tiny_gemma3(window=window or 6)
+    static = fmt in ("fp8", "nvfp4")
+    scales = [0.05] * 4 if static else None
+    windows = None if window else [None] * 4
+    plain = QuantizedKVCache(model.config, fmt, scales, scales, layer_windows=windows)
+    kept = QuantizedKVCache(model.config, fmt, scales, scales, layer_windows=windows, keep_decoded=True)
+    layer = kept.qlayers[2]  # a full layer: its store grows with the context
+    decoded_rows = [0]
+    decode = layer.codecs.key.decode
+
+    def counting(parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        out = decode(parts, dtype)
+        decoded_rows[0] += out.shape[-2]
+        return out
+
+    layer.codecs.key.decode = counting  # type: ignore[method-assign]
+    gen = torch.Generator().manual_seed(3)
+    steps = [150, *([1] * 140)]  # a prefill, then decode steps (KIVI flushes its 128-token window in between)
+    for n in steps:
+        for i, (a, b) in enumerate(zip(plain.qlayers, kept.qlayers, strict=True)):
+            k, v = torch.randn(1, 1, n, 16, generator=gen), torch.randn(1, 1, n, 16, generator=gen)
+            got, want = b.update(k, v, i), a.update(k, v, i)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (fmt, i, n)
+    assert layer.keep_decoded and decoded_rows[0] == layer.stored_tokens  # the old cache: ~stored x steps rows
+    assert kept.stored_bytes() == plain.stored_bytes()
+
+
+def test_keep_decoded_stays_off_where_decode_is_a_gemm() -> None:
+    """TurboQuant's 4-bit keys decode through a GEMM with the Hadamard matrix, whose rows BLAS may sum in another
+    order for another row count: those layers keep decoding the whole store."""
+    from trtkv.kvcache.cache import QuantizedKVLayer
+    from trtkv.kvcache.quant import layer_codecs
+
+    assert not QuantizedKVLayer(layer_codecs("turboquant_4bit_nc"), keep_decoded=True).keep_decoded
+    assert QuantizedKVLayer(layer_codecs("turboquant_k8v4"), keep_decoded=True).keep_decoded  # FP8 keys
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int8", "nvfp4", "int8_token", "fp8_affine", "kivi4", "fp16"])
+def test_update_rows_equals_each_cache_updating_alone(fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """update_rows (a decode step's new tokens of several sequences, one encode call) leaves every cache as its own
+    update() would, bit for bit: returned K/V, stored codes, clip counts and observed maxima (KIVI, with its
+    window, updates each cache on its own)."""
+    from tests.support.tiny_gemma3 import tiny_gemma3
+    from trtkv.kvcache import cache as cache_module
+    from trtkv.kvcache.cache import update_rows
+    from trtkv.kvcache.quant import AffineScale
+
+    batched = [0]
+    encode_rows = cache_module.encode_rows
+
+    def counting(layer, k, v, dtype, split=True):  # noqa: ANN001, ANN202
+        batched[0] += split and k.shape[0] > 1
+        return encode_rows(layer, k, v, dtype, split)
+
+    monkeypatch.setattr(cache_module, "encode_rows", counting)
+
+    model = tiny_gemma3(window=6)
+    scales: list | None = [0.004] * 4 if fmt in ("fp8", "int8", "nvfp4") else None  # small: some elements clip
+    if fmt == "fp8_affine":
+        scales = [AffineScale(2.0, torch.zeros(1, 16)) for _ in range(4)]
+
+    def caches() -> list[QuantizedKVCache]:
+        return [QuantizedKVCache(model.config, fmt, scales, scales, keep_decoded=True) for _ in range(3)]
+
+    alone, together = caches(), caches()
+    gen = torch.Generator().manual_seed(5)
+    for step, n in enumerate([9, 1, 1, 1, 1, 1, 1, 1]):
+        for i in range(4):
+            k, v = torch.randn(3, 1, n, 16, generator=gen), torch.randn(3, 1, n, 16, generator=gen)
+            if step == 0:  # the prefills: each sequence on its own
+                got = [c.update(k[b: b + 1], v[b: b + 1], i) for b, c in enumerate(together)]
+            else:
+                got = update_rows(together, i, k, v)
+            want = [c.update(k[b: b + 1], v[b: b + 1], i) for b, c in enumerate(alone)]
+            for (gk, gv), (wk, wv) in zip(got, want, strict=True):
+                assert torch.equal(gk, wk) and torch.equal(gv, wv), (fmt, step, i)
+    for a, b in zip(alone, together, strict=True):
+        assert a.clip_stats() == b.clip_stats()
+        for la, lb in zip(a.qlayers, b.qlayers, strict=True):
+            for name, part in la.k_store.view().items():
+                assert torch.equal(part, lb.k_store.view()[name])
+    if fmt in ("fp8", "int8"):
+        assert alone[0].clip_stats()["clipped"] > 0  # the counts compared above are not all zero
+    assert batched[0] == (0 if fmt == "kivi4" else 7 * 4)  # one call per layer and decode step

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
@@ -30,71 +31,48 @@ from transformers.cache_utils import Cache, DynamicLayer
 from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.formats import KVFormat, boundary_layers
 from trtkv.kvcache.quant import AffineScale, FormatChoice, HeadScale, KVScale, LayerCodecs, layer_codecs, parse_format
+from trtkv.kvcache.rows import Encoded, RowStore, encode_rows
 
-BLOCK_ROWS = 256  # storage grows by this many rows (tokens) at a time: little slack, amortized copies
 RESIDUAL_DTYPE = torch.float16  # KIVI's full-precision window is stored like the fp16 baseline
 
 
-class RowStore:
-    """Named tensors growing along dim -2 in blocks; each part counts its own used rows (KIVI's K scales have one
-    row per 32 tokens)."""
+def _same_codec(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    if type(a) is not type(b) or vars(a).keys() != vars(b).keys():
+        return False
+    for x, y in zip(vars(a).values(), vars(b).values(), strict=True):
+        if torch.is_tensor(x) or torch.is_tensor(y):
+            if not (torch.is_tensor(x) and torch.is_tensor(y) and x.shape == y.shape and torch.equal(x, y)):
+                return False
+        elif x != y:
+            return False
+    return True
 
-    def __init__(self, block: int = BLOCK_ROWS):
-        self.block = block
-        self.used: dict[str, int] = {}  # end of the live rows
-        self.start: dict[str, int] = {}  # first live row (rows before it were dropped: sliding-window layers)
-        self.buffers: dict[str, torch.Tensor] = {}
 
-    def append(self, parts: dict[str, torch.Tensor]) -> None:
-        most = max(v.shape[-2] for v in parts.values())
-        for name, value in parts.items():
-            n = value.shape[-2]
-            first, end = self.start.get(name, 0), self.used.get(name, 0)
-            rows = end - first
-            buf = self.buffers.get(name)
-            if buf is None or end + n > buf.shape[-2]:
-                block = max(1, -(-self.block * n // most)) if most else self.block  # parts with fewer rows per token
-                new = self._alloc(value, -(-(rows + n) // block) * block)
-                if buf is not None:
-                    new[..., :rows, :] = buf[..., first:end, :]  # dropped rows are not carried over
-                self.buffers[name] = buf = new
-                first, end = 0, rows
-                self.start[name] = 0
-            buf[..., end: end + n, :] = value
-            self.used[name] = end + n
-
-    def drop_front(self, tokens: int, stored_tokens: int) -> None:
-        """Forget the oldest `tokens` of `stored_tokens` in every part (a part with one row per G tokens drops
-        tokens / G rows; `tokens` must be a multiple of every part's G)."""
-        if tokens <= 0:
-            return
-        for name, end in self.used.items():
-            first = self.start.get(name, 0)
-            self.start[name] = first + tokens * (end - first) // stored_tokens
-
-    @staticmethod
-    def _alloc(like: torch.Tensor, rows: int) -> torch.Tensor:
-        return torch.empty((*like.shape[:-2], rows, like.shape[-1]), dtype=like.dtype, device=like.device)
-
-    @property
-    def rows(self) -> int:
-        return max((end - self.start.get(k, 0) for k, end in self.used.items()), default=0)
-
-    def view(self) -> dict[str, torch.Tensor]:
-        return {k: v[..., self.start.get(k, 0): self.used[k], :] for k, v in self.buffers.items()}
-
-    def used_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.view().values())
-
-    def allocated_bytes(self) -> int:
-        return sum(v.numel() * v.element_size() for v in self.buffers.values())
-
-    def map(self, fn) -> None:  # noqa: ANN001 - fn: Tensor -> Tensor over the batch dim
-        self.buffers = {k: fn(v) for k, v in self.buffers.items()}
-
-    def truncate(self, rows: int) -> None:
-        """Keep the first `rows` live rows of every part (per-token formats only)."""
-        self.used = {k: min(v, self.start.get(k, 0) + rows) for k, v in self.used.items()}
+def update_rows(caches: Sequence[Any], layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor
+                ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """What `caches[b].update(key_states[b:b+1], value_states[b:b+1], layer_idx)` returns, for every b, bit for bit:
+    a decode step's new token of B sequences, each with its own cache. Where every cache's layer is a
+    QuantizedKVLayer quantizing alike (the same codecs and scales, no KIVI window, per-row parts), the rows are
+    encoded (and decoded, and their clipping counted) in one call instead of B, which is most of a decode step's
+    cache work for short contexts on the CPU; otherwise each cache updates on its own."""
+    layers = [getattr(c, "layers", None) for c in caches]
+    pick = [ls[layer_idx] if ls is not None and layer_idx < len(ls) else None for ls in layers]
+    first = pick[0] if pick else None
+    batched = (len(caches) > 1 and isinstance(first, QuantizedKVLayer) and not first.codecs.residual
+               and all(isinstance(layer, QuantizedKVLayer) and not layer.codecs.residual
+                       and layer.keep_decoded == first.keep_decoded and layer.decoded_dtype == first.decoded_dtype
+                       and layer.tracks() == first.tracks()
+                       and _same_codec(layer.codecs.key, first.codecs.key)
+                       and _same_codec(layer.codecs.value, first.codecs.value) for layer in pick))
+    if batched:
+        assert isinstance(first, QuantizedKVLayer)
+        encoded = encode_rows(first, key_states, value_states, key_states.dtype)
+        if encoded is not None:
+            return [layer.update_encoded(key_states[b: b + 1], value_states[b: b + 1], encoded[b])
+                    for b, layer in enumerate(pick) if isinstance(layer, QuantizedKVLayer)]
+    return [c.update(key_states[b: b + 1], value_states[b: b + 1], layer_idx) for b, c in enumerate(caches)]
 
 
 class QuantizedKVLayer(DynamicLayer):
@@ -102,7 +80,7 @@ class QuantizedKVLayer(DynamicLayer):
     `sliding_window` it keeps only that window (see the module docstring)."""
 
     def __init__(self, codecs: LayerCodecs, record_positions: bool = False, track_clipping: bool = True,
-                 sliding_window: int | None = None):
+                 sliding_window: int | None = None, keep_decoded: bool = False):
         super().__init__()
         if sliding_window is not None and sliding_window < 1:
             raise TrtkvError(f"sliding_window {sliding_window}: must be >= 1 (or None for full attention).")
@@ -112,6 +90,11 @@ class QuantizedKVLayer(DynamicLayer):
         self.sliding_window = sliding_window
         self.is_sliding = sliding_window is not None  # read by transformers' masks (Cache.is_sliding)
         self.k_store, self.v_store = RowStore(), RowStore()
+        # keep_decoded: the store's dequantized rows kept beside it, each token decoded once when it is stored (see
+        # _dequantized); only for codecs whose decode of a chunk is the same rows as the decode of the whole store
+        self.keep_decoded = keep_decoded and codecs.key.row_separable and codecs.value.row_separable
+        self.k_decoded, self.v_decoded = RowStore(), RowStore()
+        self.decoded_dtype: torch.dtype | None = None
         self.quantized_tokens = 0  # tokens ever quantized into the store
         self.stored_tokens = 0  # tokens the store holds now (fewer on a sliding layer)
         self.cumulative_length = 0
@@ -131,21 +114,28 @@ class QuantizedKVLayer(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the new tokens, return the dequantized K/V of all tokens (the attention's view)."""
+        return self.update_encoded(key_states, value_states, None)
+
+    def update_encoded(self, key_states: torch.Tensor, value_states: torch.Tensor, pre: Encoded | None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """update(), with the new tokens' codes (and decode, clip counts) already computed in `pre` (update_rows:
+        one encode call for the rows of many sequences), or None to compute them here."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         past = self.cumulative_length
-        keys, values = self._update(key_states, value_states)
+        keys, values = self._update(key_states, value_states, pre)
         if self.sliding_window is None:
             return keys, values
         attended = min(past, self.sliding_window - 1) + key_states.shape[-2]  # what get_mask_sizes announced
         self._slide()
         return keys[..., -attended:, :], values[..., -attended:, :]
 
-    def _update(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _update(self, key_states: torch.Tensor, value_states: torch.Tensor, pre: Encoded | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         self.cumulative_length += key_states.shape[-2]
         window = self.codecs.residual
         if not window:
-            self._store(key_states, value_states)
+            self._store(key_states, value_states, pre=pre)
             return self._dequantized(key_states.dtype)
         res_k, res_v = self._window()
         res_k = torch.cat([res_k, key_states.to(RESIDUAL_DTYPE)], dim=-2)
@@ -155,7 +145,7 @@ class QuantizedKVLayer(DynamicLayer):
         values = torch.cat([old_v, res_v.to(key_states.dtype)], dim=-2)
         flush = (res_k.shape[-2] // window) * window
         if flush:
-            self._store(res_k[..., :flush, :], res_v[..., :flush, :])
+            self._store(res_k[..., :flush, :], res_v[..., :flush, :], key_states.dtype)
             res_k, res_v = res_k[..., flush:, :].contiguous(), res_v[..., flush:, :].contiguous()
         self.keys, self.values = res_k, res_v
         return keys, values
@@ -169,8 +159,8 @@ class QuantizedKVLayer(DynamicLayer):
         group = math.lcm(self.codecs.key.token_group, self.codecs.value.token_group)
         drop = min(excess, self.stored_tokens) // group * group
         if drop > 0:
-            self.k_store.drop_front(drop, self.stored_tokens)
-            self.v_store.drop_front(drop, self.stored_tokens)
+            for store in (self.k_store, self.v_store, self.k_decoded, self.v_decoded):
+                store.drop_front(drop, self.stored_tokens)
             self.stored_tokens -= drop
 
     def _window(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -179,31 +169,53 @@ class QuantizedKVLayer(DynamicLayer):
             raise TrtkvError("QuantizedKVLayer used before initialization.")
         return self.keys, self.values
 
-    def _store(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        if self.track_clipping and (self.codecs.key.static or self.codecs.value.static):
-            self._track(k, v)
-        self.k_store.append(self.codecs.key.encode(k))
-        self.v_store.append(self.codecs.value.encode(v))
+    def _store(self, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype | None = None, pre: Encoded | None = None
+               ) -> None:
+        """Quantize k/v into the store (with keep_decoded, also their decode in `dtype`, the attention's; default
+        k's); `pre`: those codes, decodes and clip counts computed already (update_rows)."""
+        dtype = dtype or k.dtype
+        if pre is None:
+            pre = (encode_rows(self, k, v, dtype, split=False) or [])[0]
+        if pre.clip is not None:
+            self._count(k, v, pre.clip, pre.amax)
+            if self.record_positions:
+                self._positions(k, v)
+        self.k_store.append(pre.k_parts)
+        self.v_store.append(pre.v_parts)
+        if pre.k_decoded is not None and pre.v_decoded is not None:
+            self.decoded_dtype = dtype
+            self.k_decoded.append({"x": pre.k_decoded})
+            self.v_decoded.append({"x": pre.v_decoded})
+        elif self.keep_decoded:  # another dtype than the first store's: decode the whole store from now on
+            self.keep_decoded = False
+            self.k_decoded, self.v_decoded = RowStore(), RowStore()
         self.quantized_tokens += k.shape[-2]
         self.stored_tokens += k.shape[-2]
 
-    def _track(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        per_token = None
-        for role, x, codec in (("key", k, self.codecs.key), ("value", v, self.codecs.value)):
-            beyond = codec.beyond(x)
-            self.clip[role] += int(beyond.sum())
+    def tracks(self) -> bool:
+        """Whether stores count clipped elements (a static codec and track_clipping)."""
+        return self.track_clipping and (self.codecs.key.static or self.codecs.value.static)
+
+    def _count(self, k: torch.Tensor, v: torch.Tensor, clip: tuple[int, int], amax: tuple[float, float]) -> None:
+        for role, x, clipped, top in (("key", k, clip[0], amax[0]), ("value", v, clip[1], amax[1])):
+            self.clip[role] += clipped
             self.elements[role] += x.numel()
-            self.observed_amax[role] = max(self.observed_amax[role], float(x.abs().amax())) if x.numel() else 0.0
-            if self.record_positions:
-                counts = beyond.sum(dim=(0, 1, 3))
-                per_token = counts if per_token is None else per_token + counts
-        if per_token is not None:
-            self.clip_positions.append(per_token)
+            self.observed_amax[role] = max(self.observed_amax[role], top) if x.numel() else 0.0
+
+    def _positions(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """record_positions: clipped K+V elements per stored token."""
+        per_token = self.codecs.key.beyond(k).sum(dim=(0, 1, 3)) + self.codecs.value.beyond(v).sum(dim=(0, 1, 3))
+        self.clip_positions.append(per_token)
 
     def _dequantized(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The store's K/V in `dtype`. With keep_decoded, the rows decoded when each token was stored (the same
+        numbers: a token's decode depends on its own codes and the layer's scales only, `Codec.row_separable`),
+        so a decode step costs O(1) decode work instead of O(context)."""
         if not self.k_store.rows:
             empty = torch.zeros((self.batch_size, self.num_heads, 0, self.head_dim), dtype=dtype, device=self.device)
             return empty, empty
+        if self.keep_decoded and self.decoded_dtype == dtype:
+            return self.k_decoded.view()["x"], self.v_decoded.view()["x"]
         return self.codecs.key.decode(self.k_store.view(), dtype), self.codecs.value.decode(self.v_store.view(), dtype)
 
     def get_seq_length(self) -> int:
@@ -239,9 +251,13 @@ class QuantizedKVLayer(DynamicLayer):
     def allocated_bytes(self) -> int:
         return self.k_store.allocated_bytes() + self.v_store.allocated_bytes() + self.residual_bytes()
 
+    def decoded_bytes(self) -> int:
+        """Working memory of keep_decoded's dequantized copy (not part of the cache's stored bytes)."""
+        return self.k_decoded.allocated_bytes() + self.v_decoded.allocated_bytes()
+
     def _map_batch(self, fn) -> None:  # noqa: ANN001
-        self.k_store.map(fn)
-        self.v_store.map(fn)
+        for store in (self.k_store, self.v_store, self.k_decoded, self.v_decoded):
+            store.map(fn)
         if self.is_initialized:
             res_k, res_v = self._window()
             self.keys, self.values = fn(res_k), fn(res_v)
@@ -267,12 +283,13 @@ class QuantizedKVLayer(DynamicLayer):
                              f"{self.sliding_window}): the tokens before the window are gone.")
         if self.codecs.residual or self.codecs.key.token_group != 1:
             raise TrtkvError("crop() is not supported for KIVI formats (their keys are quantized in token groups).")
-        self.k_store.truncate(max_length)
-        self.v_store.truncate(max_length)
+        for store in (self.k_store, self.v_store, self.k_decoded, self.v_decoded):
+            store.truncate(max_length)
         self.quantized_tokens = self.stored_tokens = self.cumulative_length = max_length
 
     def reset(self) -> None:
         self.k_store, self.v_store = RowStore(), RowStore()
+        self.k_decoded, self.v_decoded = RowStore(), RowStore()
         self.quantized_tokens = self.stored_tokens = self.cumulative_length = 0
         if self.is_initialized:
             res_k, res_v = self._window()
@@ -306,13 +323,16 @@ class QuantizedKVCache(Cache):
     def __init__(self, config, fmt: KVFormat | str | FormatChoice, k_scales: Sequence[KVScale] | None = None,  # noqa: ANN001
                  v_scales: Sequence[KVScale] | None = None, *, record_positions: bool = False,
                  track_clipping: bool = True, keep_layers: Sequence[int] = (), keep_format: KVFormat | str = "bf16",
-                 layer_windows: Sequence[int | None] | None = None):
+                 layer_windows: Sequence[int | None] | None = None, keep_decoded: bool = False):
         """`keep_layers`: layers stored in `keep_format` (the model dtype) instead of `fmt`, as vLLM's
         --kv-cache-dtype-skip-layers keeps them (per-layer KV precision); the packed formats (turboquant_*,
         ultraquant_4bit) add vLLM's boundary layers, which vLLM keeps whatever the flags say.
         `layer_windows`: per layer the sliding window it keeps (None: every token); default
         config_layer_windows(config), i.e. the model's own sliding layers keep their window as the engines do.
-        Passing [None] * layers keeps every token everywhere (the model's masks still restrict what is attended)."""
+        Passing [None] * layers keeps every token everywhere (the model's masks still restrict what is attended).
+        `keep_decoded`: keep each layer's dequantized rows beside its store (QuantizedKVLayer._dequantized), so a
+        decode step decodes only its new token: for a runtime decoding many steps; the probe's single long passes
+        gain nothing from it and would hold the float copy too."""
         self.format = parse_format(fmt)
         text = config.get_text_config(decoder=True)
         n = text.num_hidden_layers
@@ -330,7 +350,7 @@ class QuantizedKVCache(Cache):
         self.keep_layers = sorted(keep)
         self.qlayers = [QuantizedKVLayer(layer_codecs(keep_format) if i in keep else
                                          layer_codecs(self.format, ks[i], vs[i]), record_positions, track_clipping,
-                                         sliding_window=windows[i])
+                                         sliding_window=windows[i], keep_decoded=keep_decoded)
                         for i in range(n)]
         super().__init__(layers=list(self.qlayers))
 

@@ -14,6 +14,9 @@ class Codec:
     """Turns [B, H, T, D] chunks into stored parts and back. `token_group`: T must be a multiple of it."""
 
     token_group = 1
+    # decode(parts of rows a..b) equals rows a..b of decode(all parts), bit for bit: true for elementwise decodes
+    # (and butterfly rotations, elementwise per token); a decode through a GEMM is not (BLAS blocks by row count)
+    row_separable = True
     static = False
     limit: float = float("inf")  # |x| beyond this is clipped (static formats)
 

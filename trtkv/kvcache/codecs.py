@@ -157,6 +157,7 @@ class TurboQuantKeyCodec(Codec):
 
     def __init__(self, bits: int, norm_correction: bool):
         self.bits, self.norm_correction = bits, norm_correction
+        self.row_separable = bits == 8  # the codes' decode is a GEMM with the Hadamard matrix
 
     def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         if self.bits == 8:

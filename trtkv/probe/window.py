@@ -21,9 +21,10 @@ from typing import Any
 
 import torch
 
-from trtkv.kvcache.cache import QuantizedKVCache, QuantizedKVLayer, RowStore
+from trtkv.kvcache.cache import QuantizedKVCache, QuantizedKVLayer
 from trtkv.kvcache.formats import KVFormat
 from trtkv.kvcache.quant import FormatChoice, KVScale
+from trtkv.kvcache.rows import RowStore
 
 SLIDING = "sliding_attention"
 WINDOW_CHUNK = 512  # prefill chunk of the windowed passes: sliding attention costs chunk x (window + chunk)

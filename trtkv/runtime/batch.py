@@ -148,6 +148,7 @@ def decode_step(runtime: ReferenceRuntime, seqs: list[SequenceState]) -> torch.T
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+    from trtkv.kvcache.cache import update_rows
     from trtkv.runtime import gemma3
 
     model = runtime.model.model
@@ -168,8 +169,8 @@ def decode_step(runtime: ReferenceRuntime, seqs: list[SequenceState]) -> torch.T
             v = attn.v_proj(x).view(batch, 1, -1, attn.head_dim).transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
             outs = []
-            for b, s in enumerate(seqs):  # each sequence attends over its own (dequantized) cache
-                keys, values = s.cache.update(k[b:b + 1], v[b:b + 1], i)
+            # each sequence stores its token in its own cache (one encode call for all) and attends over it
+            for b, (keys, values) in enumerate(update_rows([s.cache for s in seqs], i, k, v)):
                 o, _ = sdpa_attention_forward(attn, q[b:b + 1], keys, values, None, dropout=0.0, scaling=attn.scaling)
                 outs.append(o)
             o = torch.cat(outs, dim=0).reshape(batch, 1, -1)

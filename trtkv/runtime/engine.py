@@ -219,7 +219,8 @@ class ReferenceRuntime:
                 k_scales = v_scales = self.kv_scales
             elif self.export_kv_scales is not None:  # vLLM on the HF export: K and V apart
                 k_scales, v_scales = self.export_kv_scales
-        return QuantizedKVCache(config=self.config, fmt=self.kv_format, k_scales=k_scales, v_scales=v_scales)
+        return QuantizedKVCache(config=self.config, fmt=self.kv_format, k_scales=k_scales, v_scales=v_scales,
+                                keep_decoded=True)  # each token dequantized once, not at every decode step
 
     def check_request(self, input_ids: Sequence[int], max_tokens: int, temperature: float, top_k: int,
                        top_p: float) -> None:

@@ -86,6 +86,8 @@ def decode_step(model: Any, seqs: list[Any], ids: torch.Tensor, positions: torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.models.gemma3.modeling_gemma3 import apply_rotary_pos_emb
 
+    from trtkv.kvcache.cache import update_rows
+
     config, inner = model.config, model.model
     batch = len(seqs)
     h = inner.embed_tokens(ids)  # (B, 1, D), times sqrt(hidden_size)
@@ -100,8 +102,7 @@ def decode_step(model: Any, seqs: list[Any], ids: torch.Tensor, positions: torch
         cos, sin = rope[config.layer_types[i]]
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         outs = []
-        for b, s in enumerate(seqs):
-            keys, values = s.cache.update(k[b:b + 1], v[b:b + 1], i)
+        for b, (keys, values) in enumerate(update_rows([s.cache for s in seqs], i, k, v)):  # one encode call
             o, _ = sdpa_attention_forward(attn, q[b:b + 1], keys, values, None, dropout=0.0, scaling=attn.scaling)
             outs.append(o)
         o = torch.cat(outs, dim=0).reshape(batch, 1, -1)

@@ -327,15 +327,19 @@ def prefill_rows(model: Any, seq: Any, ids: list[int], start: int, max_len: int)
 
 def forward_rows(model: Any, blocks: list[Block], max_len: int) -> list[Block]:
     """Every layer over each decode block (each row its own sequence: the blocks are independent, K/V stored in each
-    row's sequence cache, attention per row); returns the blocks with x the final hidden state (normed)."""
+    row's sequence cache, the block's rows encoded in one call (trtkv.kvcache.cache.update_rows: equal to each
+    row's own), attention per row); returns the blocks with x the final hidden state (normed)."""
+    from trtkv.kvcache.cache import update_rows
+
     for b in blocks:
         def attend(i: int, attn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None,
                    b: Block = b) -> torch.Tensor:
             import torch
 
             out = torch.zeros(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype)
-            for slot in range(b.lo, b.hi):
-                keys, values = b.seqs[slot].cache.update(k[slot][None, :, None], v[slot][None, :, None], i)
+            caches = [b.seqs[slot].cache for slot in range(b.lo, b.hi)]
+            stored = update_rows(caches, i, k[b.lo: b.hi, :, None], v[b.lo: b.hi, :, None])  # one encode call
+            for slot, (keys, values) in zip(range(b.lo, b.hi), stored, strict=True):
                 p = int(b.positions[slot])
                 out[slot] = _attend(attn, q[slot], keys[0], values[0], p + 1 - keys.shape[-2], p, window)
             return out
