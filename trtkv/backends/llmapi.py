@@ -99,6 +99,11 @@ def max_attention_window(recipe: Recipe) -> list[int] | None:
     return _period(windows) if len(set(windows)) > 1 else None
 
 
+def _window_note(recipe: Recipe) -> str:
+    windows = max_attention_window(recipe)
+    return f" and per-layer `max_attention_window` {windows} (repeated over the layers)" if windows else ""
+
+
 def llm_args(recipe: Recipe, hf_dir: Path) -> dict[str, Any]:
     """The LLM() keyword arguments for the recipe (model.yaml, the trtllm-serve config and `trtkv generate`).
     Every key is a field of TensorRT-LLM's TorchLlmArgs (tests/data/llm_args_fields.json)."""
@@ -266,7 +271,7 @@ class LlmApiLayout:
             f"| `tensorrt_llm/config.pbtxt` | upstream's tensors; max_batch_size 0, decoupled "
             f"{str(recipe.triton.decoupled).lower()}; parameter `llm_module` = the engine module |",
             f"| `tensorrt_llm/1/model.yaml` | `LLM()` arguments (model, backend pytorch, parallel sizes, "
-            f"`kv_cache_config` with dtype `{kv_dtype(recipe)}`, limits) + `triton_config` |",
+            f"`kv_cache_config` with dtype `{kv_dtype(recipe)}`{_window_note(recipe)}, limits) + `triton_config` |",
             f"| `tensorrt_llm/1/model.py` | {self.summary(recipe)} |",
             "",
         ]

@@ -11,9 +11,10 @@ Requests are batched in flight as TensorRT-LLM batches them (trtkv.runtime.batch
 sequences in one running batch, joining and leaving at every step; long prompts prefilled in max_num_tokens chunks
 when enable_chunked_prefill). What differs from TensorRT-LLM, on purpose and visibly: no paged KV blocks,
 computation is float32 with FP8 weights dequantized (activations not quantized),
-there is one output per request (`n` 1, no beam search), and LLM() arguments that only size or place GPU work
-(`tensor_parallel_size`, `kv_cache_config.free_gpu_memory_fraction`, `enable_block_reuse`, ...) are accepted and
-listed in `LLM.ignored_args`.
+there is one output per request (`n` 1, no beam search), `kv_cache_config.max_attention_window` is checked against the
+model's own per-layer windows (the only ones its cache keeps) rather than applied, and LLM() arguments that only size
+or place GPU work (`tensor_parallel_size`, `kv_cache_config.free_gpu_memory_fraction`, `enable_block_reuse`, ...) are
+accepted and listed in `LLM.ignored_args`.
 """
 
 from __future__ import annotations
