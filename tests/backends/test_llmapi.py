@@ -49,6 +49,20 @@ def test_every_generated_llm_argument_exists_upstream(name: str) -> None:
     assert serve_keys <= set(LLM_ARGS["llm_args"])
 
 
+def test_sliding_window_hybrid_gets_tensorrt_llms_per_layer_windows() -> None:
+    """Gemma 3 on the llmapi layout: kv_cache_config.max_attention_window = 5 x 512 + max_seq_len (repeated over the 18
+    layers, as upstream's Gemma 3 VSWA example writes it), so TensorRT-LLM's cache holds what the planner counts; a
+    model without sliding layers gets none."""
+    recipe = load_recipe("gemma3_fp8kv", ["build.backend=llmapi"])
+    kv = llmapi.model_yaml(recipe, Path("/models/hf"))["kv_cache_config"]
+    assert kv["max_attention_window"] == [512] * 5 + [32768] and "max_attention_window" in LLM_ARGS["kv_cache_config"]
+    assert llmapi.serve_config(recipe)["kv_cache_config"]["max_attention_window"] == [512] * 5 + [32768]
+    short = load_recipe("gemma3_fp8kv", ["build.backend=llmapi", "build.max_seq_len=4096", "build.max_input_len=4000",
+                                         "bench.needle_context_lengths=[2048]"])
+    assert llmapi.max_attention_window(short) == [512] * 5 + [4096]
+    assert llmapi.max_attention_window(load_recipe("smollm2_fp8kv_llmapi")) is None
+
+
 def test_repo_writes_upstreams_llmapi_layout(engines_tmp: Path) -> None:
     recipe = load_recipe("llama70b_fp8kv_llmapi")
     result = generate_repo(recipe, log=lambda _m: None)

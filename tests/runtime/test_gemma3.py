@@ -219,3 +219,22 @@ def test_tiny_gemma3_through_the_llm_api_equals_transformers(tmp_path: Path, smo
             assert out.result(timeout=120).outputs[0].token_ids == _reference_tokens(model, prompt, 10)
     finally:
         llm.shutdown()
+
+
+def test_llm_api_checks_max_attention_window_against_the_models_windows(tmp_path: Path) -> None:
+    """model.yaml's kv_cache_config.max_attention_window (what trtkv writes for a sliding-window hybrid, repeated over
+    the layers as TensorRT-LLM reads it) is applied: the model's own windows load; any other window is refused, since
+    the reference engine's cache keeps each layer's own window only."""
+    from trtkv.runtime.errors import RequestError
+    from trtkv.runtime.llm import LLM
+
+    hf = _export(tiny_gemma3(window=6), tmp_path / "hf")  # layers sliding, sliding, full, sliding; 256 positions
+    for same in ([6, 6, 256, 6], [6, 6, 4096]):  # the second repeats to 6, 6, 4096, 6 and is capped at max_seq_len
+        llm = LLM(model=hf, kv_cache_config={"dtype": "auto", "max_attention_window": same}, max_seq_len=256)
+        try:
+            assert not any("max_attention_window" in a for a in llm.ignored_args)
+        finally:
+            llm.shutdown()
+    for windows in ([6], [6, 6, 128, 6], [6, 6, 256, 256], [0]):  # full layer 6; full layer short; window lost; bad
+        with pytest.raises(RequestError, match="max_attention_window"):
+            LLM(model=hf, kv_cache_config={"max_attention_window": windows}, max_seq_len=256)

@@ -50,6 +50,60 @@ def kv_dtype(recipe: Recipe) -> str:
     return kv.value if kv in (KVCacheQuant.FP8, KVCacheQuant.NVFP4) else "auto"
 
 
+def _period(values: list[int]) -> list[int]:
+    """The shortest prefix that repeats to `values` (TensorRT-LLM repeats max_attention_window over the layers)."""
+    n = len(values)
+    for p in range(1, n + 1):
+        if n % p == 0 and values == values[:p] * (n // p):
+            return values[:p]
+    return values
+
+
+def model_layers(recipe: Recipe) -> list[Any] | None:
+    """The model's per-layer attention: the recipe's model.attention_layers (what `trtkv init` read from config.json),
+    else the HF export's config.json layer_types + sliding_window when calibrate has written it; None when unknown."""
+    import json
+
+    from trtkv.recipe.attention import AttentionKind, LayerAttention, parse_layers
+
+    if recipe.model.attention_layers:
+        return list(parse_layers(recipe.model.attention_layers))
+    config = _hf(recipe) / "config.json"
+    try:
+        raw = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return None
+    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+    types, window = text.get("layer_types"), text.get("sliding_window")
+    if not isinstance(types, list) or not isinstance(window, int) or window <= 0:
+        return None
+    return [LayerAttention(AttentionKind.SLIDING, window) if kind == "sliding_attention"
+            else LayerAttention(AttentionKind.FULL) for kind in types]
+
+
+def max_attention_window(recipe: Recipe) -> list[int] | None:
+    """kv_cache_config.max_attention_window for a sliding-window hybrid (Gemma 3: [512]*5 + [max_seq_len]): without it
+    TensorRT-LLM's PyTorch backend sizes every layer's KV cache for max_seq_len (its variable-window layout is on only
+    when the list holds more than one value: `is_vswa_enabled`, `_torch/pyexecutor/_util.py` @d8ae02ca), while the
+    model still attends within each window and trtkv's planner counts each sliding layer's window only. Full layers get
+    max_seq_len, windows are capped at it (as TensorRT-LLM normalizes them), and the list is its shortest repeating
+    period (TensorRT-LLM repeats it over the layers; upstream's Gemma 3 VSWA example writes the same 6 values).
+    None for a model without sliding layers, or whose windows all reach max_seq_len."""
+    from trtkv.recipe.attention import AttentionKind
+
+    layers = model_layers(recipe)
+    if not layers or not any(x.kind is AttentionKind.SLIDING for x in layers):
+        return None
+    seq = recipe.build.max_seq_len
+    windows = [min(x.window, seq) if x.kind is AttentionKind.SLIDING and x.window else seq for x in layers]
+    return _period(windows) if len(set(windows)) > 1 else None
+
+
+def _window_note(recipe: Recipe) -> str:
+    windows = max_attention_window(recipe)
+    return f" and per-layer `max_attention_window` {windows} (repeated over the layers)" if windows else ""
+
+
 def llm_args(recipe: Recipe, hf_dir: Path) -> dict[str, Any]:
     """The LLM() keyword arguments for the recipe (model.yaml, the trtllm-serve config and `trtkv generate`).
     Every key is a field of TensorRT-LLM's TorchLlmArgs (tests/data/llm_args_fields.json)."""
@@ -70,6 +124,9 @@ def llm_args(recipe: Recipe, hf_dir: Path) -> dict[str, Any]:
             "enable_block_reuse": t.enable_kv_cache_reuse,
         },
     }
+    windows = max_attention_window(recipe)
+    if windows is not None:
+        args["kv_cache_config"]["max_attention_window"] = windows
     return args
 
 
@@ -214,7 +271,7 @@ class LlmApiLayout:
             f"| `tensorrt_llm/config.pbtxt` | upstream's tensors; max_batch_size 0, decoupled "
             f"{str(recipe.triton.decoupled).lower()}; parameter `llm_module` = the engine module |",
             f"| `tensorrt_llm/1/model.yaml` | `LLM()` arguments (model, backend pytorch, parallel sizes, "
-            f"`kv_cache_config` with dtype `{kv_dtype(recipe)}`, limits) + `triton_config` |",
+            f"`kv_cache_config` with dtype `{kv_dtype(recipe)}`{_window_note(recipe)}, limits) + `triton_config` |",
             f"| `tensorrt_llm/1/model.py` | {self.summary(recipe)} |",
             "",
         ]

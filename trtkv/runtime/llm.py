@@ -11,9 +11,10 @@ Requests are batched in flight as TensorRT-LLM batches them (trtkv.runtime.batch
 sequences in one running batch, joining and leaving at every step; long prompts prefilled in max_num_tokens chunks
 when enable_chunked_prefill). What differs from TensorRT-LLM, on purpose and visibly: no paged KV blocks,
 computation is float32 with FP8 weights dequantized (activations not quantized),
-there is one output per request (`n` 1, no beam search), and LLM() arguments that only size or place GPU work
-(`tensor_parallel_size`, `kv_cache_config.free_gpu_memory_fraction`, `enable_block_reuse`, ...) are accepted and
-listed in `LLM.ignored_args`.
+there is one output per request (`n` 1, no beam search), `kv_cache_config.max_attention_window` is checked against the
+model's own per-layer windows (the only ones its cache keeps) rather than applied, and LLM() arguments that only size
+or place GPU work (`tensor_parallel_size`, `kv_cache_config.free_gpu_memory_fraction`, `enable_block_reuse`, ...) are
+accepted and listed in `LLM.ignored_args`.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ from trtkv.runtime.errors import RequestError
 APPLIED_ARGS = ("model", "tokenizer", "backend", "max_seq_len", "max_num_tokens", "max_batch_size",
                 "enable_chunked_prefill", "kv_cache_config")
 KV_DTYPES = ("auto", "fp8")
+# kv_cache_config fields the reference engine applies: dtype, and max_attention_window checked against the model's
+# own per-layer windows (the windows its cache keeps: trtkv.kvcache.cache.config_layer_windows)
+APPLIED_KV_ARGS = ("dtype", "max_attention_window")
 DEFAULT_MAX_BATCH_SIZE = 2048  # TensorRT-LLM's BaseLlmArgs default
 
 
@@ -228,7 +232,9 @@ class LLM:
             self.runtime.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
         self.tokenizer = self.runtime.tokenizer
         self.max_batch_size = max_batch_size or DEFAULT_MAX_BATCH_SIZE
-        self.ignored_args = sorted([*other, *(f"kv_cache_config.{k}" for k in kv if k != "dtype")])
+        if kv.get("max_attention_window") is not None:
+            check_attention_windows(self.runtime, kv["max_attention_window"], Path(model))
+        self.ignored_args = sorted([*other, *(f"kv_cache_config.{k}" for k in kv if k not in APPLIED_KV_ARGS)])
         self._ids = itertools.count()
         self._batcher = Batcher(self.runtime, self.max_batch_size)
 
@@ -313,6 +319,26 @@ class LLM:
                              top_k=int(p.top_k or 0), top_p=1.0 if p.top_p is None else float(p.top_p), seed=p.seed,
                              end_id=p.end_id, on_token=on_token, controls=controls if controls.active else None,
                              cancelled=out.aborted, on_done=on_done)
+
+
+def check_attention_windows(runtime: Any, windows: Any, model: Path) -> None:
+    """kv_cache_config.max_attention_window, repeated over the layers and capped at max_seq_len as TensorRT-LLM reads it,
+    must be the model's own windows (config.json layer_types + sliding_window, full layers max_seq_len): those are the
+    windows the reference engine's cache keeps; it cannot shorten or lengthen one."""
+    from trtkv.kvcache.cache import config_layer_windows
+
+    seq = int(runtime.max_seq_len)
+    if not isinstance(windows, (list, tuple)) or not windows or not all(
+            isinstance(w, int) and not isinstance(w, bool) and w > 0 for w in windows):
+        raise RequestError(f"kv_cache_config.max_attention_window {windows!r}: a non-empty list of positive integers "
+                           f"(one window per layer, repeated over the layers).")
+    own = [min(w, seq) if w else seq for w in config_layer_windows(runtime.config)]
+    asked = [min(int(windows[i % len(windows)]), seq) for i in range(len(own))]
+    if asked != own:
+        raise RequestError(f"kv_cache_config.max_attention_window {list(windows)} gives per layer {asked}, but "
+                           f"{model / 'config.json'} (layer_types, sliding_window) gives {own} at max_seq_len {seq}: "
+                           f"the reference engine keeps each layer's own window only. Next: regenerate model.yaml "
+                           f"(`trtkv repo RECIPE --force`), or remove max_attention_window.")
 
 
 def _kv_dict(kv_cache_config: Any) -> dict[str, Any]:
