@@ -179,6 +179,40 @@ def _prefilled(rt: Any, ids: list[int], chunk: int | None) -> Any:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("window", [None, 40])
+def test_decode_attention_row_does_not_depend_on_the_other_rows(window: int | None) -> None:
+    """attend_decode_rows: a row alone, beside rows needing fewer and many more key tiles, in another slot: bit-equal
+    every time, and equal to softmax attention over its visible keys."""
+    import torch
+
+    from trtkv.runtime.invariant import attend_decode_rows
+
+    gen = torch.Generator().manual_seed(2)
+    heads, kv_heads, d = 6, 2, 16
+
+    def row(p: int, kept: int | None = None) -> tuple[Any, Any, Any, int, int]:
+        n = p + 1 if kept is None else kept  # a sliding layer's cache returns only its last tokens
+        keys, values = torch.randn(kv_heads, n, d, generator=gen), torch.randn(kv_heads, n, d, generator=gen)
+        return torch.randn(heads, d, generator=gen), keys, values, p + 1 - n, p
+
+    ours = row(100, 40 if window else None)
+    others = [row(3), row(300, 40 if window else None), row(64)]
+
+    def run(rows: list[Any]) -> Any:
+        return attend_decode_rows(0.25, torch.stack([r[0] for r in rows]), [r[1:] for r in rows], window)
+
+    alone = run([ours])[0]
+    assert torch.equal(run([others[0], ours])[1], alone)
+    assert torch.equal(run([*others, ours])[3], alone)
+    assert torch.equal(run([ours, others[1]])[0], alone)
+    q, keys, values, first, p = ours
+    lo = 0 if window is None else p - window + 1
+    k = keys[:, lo - first:].repeat_interleave(heads // kv_heads, 0)
+    v = values[:, lo - first:].repeat_interleave(heads // kv_heads, 0)
+    want = torch.softmax((q[:, None] @ k.transpose(1, 2)) * 0.25, -1) @ v  # (H, 1, d)
+    torch.testing.assert_close(alone, want.reshape(-1), atol=1e-5, rtol=1e-5)
+
+
 def test_a_decode_row_is_bit_equal_whatever_else_is_in_the_step(setup: dict[str, Any]) -> None:
     import torch
 

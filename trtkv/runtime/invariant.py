@@ -30,9 +30,11 @@ kernels with a fixed split size. On the CPU we cannot choose the BLAS kernel, so
   -inf before the exact row max, exp, then the tile sums and partial outputs added in tile order. A tile past a
   row's position adds exact zeros (so a block reads only the tiles its rows can see), and a row's result depends on
   its position and its keys only, not on the chunk it came in. The tile plan and masks are built once per chunk.
-  **Decode attention runs per query row** over exactly that token's keys (positions [0, p], or a sliding layer's
-  window), made contiguous (Hkv, L, d), so the score GEMV, the softmax and the value GEMV have shapes that depend on
-  p only. Keys and values come from the sequence's own quantized cache, a per-token elementwise code: the same
+  **Decode attention** (attend_decode_rows) runs a block's rows together: each row's keys (positions [0, p], or a
+  sliding layer's window) on KEY_TILE tiles aligned to absolute positions, padded to the most tiles any row needs,
+  one batched score GEMM and one value GEMM of fixed per-tile shapes, the tiles summed in order by a float64
+  cumsum (padding tiles add exact zeros), so a row's result depends on p and its keys only. Keys and values
+  come from the sequence's own quantized cache, a per-token elementwise code: the same
   whatever chunk or step stored them.
 - **RoPE reads a table** computed once for all positions (no cos/sin of a batch-shaped tensor, whose vectorised and
   scalar-tail lanes could round differently). Elementwise +, x, / and rsqrt-free ops are correctly rounded anyway.
@@ -128,19 +130,46 @@ def decode_blocks(model: Any, seqs: list[Any]) -> list[Block]:
     return blocks
 
 
-def _attend(attn: Any, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, first: int, p: int,
-            window: int | None) -> torch.Tensor:
-    """One decode row (H, d) at position p over its own keys; keys/values (Hkv, T, d) hold positions first.. ."""
+def attend_decode_rows(scaling: float, q: torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor, int, int]],
+                       window: int | None) -> torch.Tensor:
+    """Decode rows q (n, H, d), row b at position p_b over its own sequence's keys/values (Hkv, T_b, d) holding
+    positions first_b.. (kv[b] = (keys, values, first_b, p_b)), all rows in one set of calls. A row sees positions
+    lo_b..p_b (lo_b = 0, or p_b - window + 1 on a sliding layer), laid on KEY_TILE tiles aligned to absolute
+    positions; the rows' tiles are padded to the most any row needs, padding and unseen keys -inf. Per tile one
+    batched (groups x d) x (d x TILE) score GEMM and one (groups x TILE) x (TILE x d) value GEMM (the same shape for
+    every row, tile and batch), the exact row max over all tiles, exp, each tile's 64-key sum, and the tiles' sums
+    and partial outputs added in tile order by cumsum (a sequential float64 accumulation: a padding tile adds
+    exact zeros). So a row's result depends on its position and its keys only, not on the other rows nor on how
+    many tiles they need. Returns (n, H * d)."""
     import torch
 
-    lo = 0 if window is None else max(0, p - window + 1)
-    kv_heads = keys.shape[0]
-    k = keys[:, lo - first: p + 1 - first].contiguous()  # (Hkv, L, d): strides depend on L only
-    v = values[:, lo - first: p + 1 - first].contiguous()
-    qg = q.reshape(kv_heads, -1, q.shape[-1])  # query head h reads KV head h // groups (transformers' repeat_kv)
-    scores = torch.matmul(qg, k.transpose(1, 2)) * attn.scaling  # (Hkv, groups, L)
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
-    return torch.matmul(probs, v).reshape(-1)  # (H * d)
+    n, heads, d = q.shape
+    kv_heads = kv[0][0].shape[0]
+    groups = heads // kv_heads
+    spans = []
+    for _, _, first, p in kv:
+        lo = 0 if window is None else max(0, p - window + 1)
+        lo = max(lo, first)
+        t0 = lo - lo % KEY_TILE
+        spans.append((lo, t0, -(-(p + 1 - t0) // KEY_TILE)))
+    tiles = max(t for _, _, t in spans)
+    width = tiles * KEY_TILE
+    k_pad = q.new_zeros(n, kv_heads, width, d)
+    v_pad = q.new_zeros(n, kv_heads, width, d)
+    seen = torch.zeros(n, width, dtype=torch.bool)
+    for b, ((keys, values, first, p), (lo, t0, _)) in enumerate(zip(kv, spans, strict=True)):
+        k_pad[b, :, lo - t0: p + 1 - t0] = keys[:, lo - first: p + 1 - first]
+        v_pad[b, :, lo - t0: p + 1 - t0] = values[:, lo - first: p + 1 - first]
+        seen[b, lo - t0: p + 1 - t0] = True
+    qg = (q * scaling).view(n, kv_heads, 1, groups, d)  # query head h reads KV head h // groups (repeat_kv)
+    k_t = k_pad.view(n, kv_heads, tiles, KEY_TILE, d)
+    v_t = v_pad.view(n, kv_heads, tiles, KEY_TILE, d)
+    s = torch.matmul(qg, k_t.transpose(-1, -2))  # (n, Hkv, tiles, groups, TILE)
+    s.masked_fill_(~seen.view(n, 1, tiles, 1, KEY_TILE), float("-inf"))
+    s.sub_(s.amax(dim=(2, 4), keepdim=True)).exp_()  # max is exact; every row sees at least its own key
+    total = s.sum(-1).cumsum(2, dtype=torch.float64)[:, :, -1].to(q.dtype)  # (n, Hkv, groups)
+    value = torch.matmul(s, v_t).cumsum(2, dtype=torch.float64)[:, :, -1].to(q.dtype)  # (n, Hkv, groups, d)
+    return (value / total[..., None]).reshape(n, heads * d)
 
 
 @dataclass
@@ -328,7 +357,7 @@ def prefill_rows(model: Any, seq: Any, ids: list[int], start: int, max_len: int)
 def forward_rows(model: Any, blocks: list[Block], max_len: int) -> list[Block]:
     """Every layer over each decode block (each row its own sequence: the blocks are independent, K/V stored in each
     row's sequence cache, the block's rows encoded in one call (trtkv.kvcache.cache.update_rows: equal to each
-    row's own), attention per row); returns the blocks with x the final hidden state (normed)."""
+    row's own), the block's attention in one attend_decode_rows); returns the blocks with x the final hidden state (normed)."""
     from trtkv.kvcache.cache import update_rows
 
     for b in blocks:
@@ -339,9 +368,11 @@ def forward_rows(model: Any, blocks: list[Block], max_len: int) -> list[Block]:
             out = torch.zeros(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype)
             caches = [b.seqs[slot].cache for slot in range(b.lo, b.hi)]
             stored = update_rows(caches, i, k[b.lo: b.hi, :, None], v[b.lo: b.hi, :, None])  # one encode call
+            kv = []
             for slot, (keys, values) in zip(range(b.lo, b.hi), stored, strict=True):
                 p = int(b.positions[slot])
-                out[slot] = _attend(attn, q[slot], keys[0], values[0], p + 1 - keys.shape[-2], p, window)
+                kv.append((keys[0], values[0], p + 1 - keys.shape[-2], p))
+            out[b.lo: b.hi] = attend_decode_rows(attn.scaling, q[b.lo: b.hi], kv, window)
             return out
 
         b.x = _layers(model, b.x, b.positions, max_len, attend)
