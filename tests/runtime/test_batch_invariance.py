@@ -59,12 +59,12 @@ def smollm2_fp8_runtime(tmp: Path, model_dir: Path | None = None) -> Any:
 def setup(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> dict[str, Any]:
     """The runtime in its batch-invariant mode and the prompts' ids."""
     rt = smollm2_fp8_runtime(tmp_path_factory.mktemp("inv"), smollm2_dir)
-    rt.settings["batch_invariant"] = True  # the opt-in mode (runtime.json batch_invariant / TRTKV_BATCH_INVARIANT=1)
+    rt.settings["batch_invariant"] = True  # the default (runtime.json batch_invariant false / TRTKV_BATCH_INVARIANT=0: off)
     prompts = [rt.tokenizer(p, add_special_tokens=False)["input_ids"] for p in small_prompts()]
     return {"rt": rt, "prompts": prompts}
 
 
-def test_batch_invariance_is_opt_in_and_the_environment_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_batch_invariance_is_the_default_and_the_environment_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     from trtkv.runtime import ReferenceRuntime
 
     def runtime(settings: dict[str, Any]) -> Any:
@@ -73,7 +73,7 @@ def test_batch_invariance_is_opt_in_and_the_environment_wins(monkeypatch: pytest
                                 settings=settings)
 
     monkeypatch.delenv("TRTKV_BATCH_INVARIANT", raising=False)
-    assert runtime({"batch_invariant": True}).batch_invariant and not runtime({}).batch_invariant
+    assert runtime({}).batch_invariant and not runtime({"batch_invariant": False}).batch_invariant
     monkeypatch.setenv("TRTKV_BATCH_INVARIANT", "0")
     assert not runtime({"batch_invariant": True}).batch_invariant
     monkeypatch.setenv("TRTKV_BATCH_INVARIANT", "1")

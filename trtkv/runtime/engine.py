@@ -49,15 +49,15 @@ class ReferenceRuntime:
     @property
     def batch_invariant(self) -> bool:
         """Run the in-flight batch through trtkv.runtime.invariant (every greedy answer equal to its solo answer bit
-        for bit, whatever shares its steps and however its prompt is chunked): runtime.json `batch_invariant: true` or
-        TRTKV_BATCH_INVARIANT=1 (=0 turns it off; the environment wins over the file). Opt-in: c1 TTFT now within ~20%
-        of the default path but c8/c1 below 3 (benchmarks/batch_invariance_stress.py --perf --modes; docs/where-it-runs.md)."""
+        for bit, whatever shares its steps and however its prompt is chunked): the default. runtime.json
+        `batch_invariant: false` or TRTKV_BATCH_INVARIANT=0 selects the plain batched path (=1 forces it on; the
+        environment wins over the file), whose answers can change with the batch (docs/where-it-runs.md)."""
         import os
 
         env = os.environ.get("TRTKV_BATCH_INVARIANT")
         if env in ("0", "1"):
             return env == "1"
-        value = self.settings.get("batch_invariant")
+        value = self.settings.get("batch_invariant", True)
         return bool(value)
 
     @property
