@@ -252,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
           f"cancelled {summary.cancelled}, malformed answered with an error {summary.bad_answered} (lost "
           f"{summary.bad_lost}); killed stub pid {summary.killed_pid} at "
           f"{summary.kill_at_s} s, recovery {summary.recovery_s} s; {summary.after_kill_ok}/{summary.after_kill_sent} "
-          f"ok, sent {summary.checks_at_s} s after the kill (at most {args.after_kill:g}); restarts in trtkv status: "
+          f"ok, sent {summary.checks_at_s} s after the kill (at most {args.after_kill:g}; the clients were done "
+          f"{summary.clients_done_at_s} s after it; the checks took {summary.checks_s} s); restarts in trtkv status: "
           f"{summary.restarts_seen}; left of the "
           f"killed session: {summary.dead_session_left}; ports free at the end: {summary.ports_free}")
     for f in summary.faults:
