@@ -2,22 +2,25 @@
 with cancellations and malformed requests mixed in, and one `tensorrt_llm` model instance killed (SIGKILL of its
 Python backend stub) in the middle. Prints and writes (JSON) answered / lost / mismatched / errors / recovery time,
 then checks what the reliability issue asks: once the server is back (restarted and answering; at most --after-kill s
-after the kill), 20 of 20 requests succeed, `trtkv status`
+after the kill), 20 of 20 requests (--clients at a time) succeed, `trtkv status`
 shows the restart and no process of the killed server's session survives. Then the fault matrix (benchmarks/faults.py,
 `--faults`, default all): kill the main process, kill one child, kill the supervisor, interrupt a start, each with
 its expected recovery (written there) and a check that nothing of the dead session survives; at the end every port is
 free. Recipes without the Triton ensemble (llmapi layout, vLLM) run the fault matrix only.
 
     python benchmarks/soak.py smollm2_fp8kv --clients 8 --seconds 180          (make soak)
-    python benchmarks/soak.py smollm2_fp8kv --clients 4 --seconds 40 --after-kill 60   (the e2e test's short run)
+    python benchmarks/soak.py smollm2_fp8kv --clients 4 --seconds 30 --faults supervisor   (the e2e test's short run)
     python benchmarks/soak.py smollm2_fp8kv_vllm            (make soak RECIPE=smollm2_fp8kv_vllm: the fault matrix)
 
 Definitions: `answered` = a normal request whose final response came, text equal to the prompt's solo greedy answer
 (`mismatched` otherwise); `errors` = requests answered with an error (expected while the server restarts: each is
 listed with its time); `lost` = requests with neither an answer nor an error within --request-timeout; malformed
 requests must get an error (`bad_answered`), and cancelled ones must end (`cancelled`). `recovery_s` = from the kill
-to the start of the last request that failed (every request sent after it succeeded). The server is started here
-(free ports, `trtkv serve`, so with its supervisor) and stopped at the end.
+to the start of the last request that failed (every request sent after it succeeded). `in_flight_at_kill` = each
+request running at the kill and how it ended: one on the killed stub hangs in Triton until the supervisor ends that
+server, then gets UNAVAILABLE ("Socket closed"), an error like any other; `clients_done_at_s` = when the last client
+returned, from the kill. A request the client gives up on (--request-timeout) is cancelled by the client and lost.
+The server is started here (free ports, `trtkv serve`, so with its supervisor) and stopped at the end.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +74,9 @@ class Summary:
     kill_at_s: float | None = None
     recovery_s: float | None = None
     checks_at_s: float | None = None  # when the 20 checks started, from the kill
+    checks_s: float | None = None  # how long the 20 checks took
+    clients_done_at_s: float | None = None  # when the last client had returned, from the kill
+    in_flight_at_kill: list[dict[str, Any]] = field(default_factory=list)  # the requests running at the kill: how each ended
     after_kill_ok: int = 0
     after_kill_sent: int = 0
     restarts_seen: int = 0
@@ -107,6 +114,7 @@ def one_request(url: str, kind: str, prompt_index: int, timeout_s: float, t0: fl
 
     out = Outcome(kind, prompt_index, time.monotonic() - t0, 0.0)
     parts: list[str] = []
+    # first: the first part came or the request ended (an error before any part ends a "cancel" request's wait too)
     done, first, cancelling = threading.Event(), threading.Event(), threading.Event()
 
     def callback(result: Any, error: Any) -> None:
@@ -114,6 +122,7 @@ def one_request(url: str, kind: str, prompt_index: int, timeout_s: float, t0: fl
             if not cancelling.is_set():  # "locally cancelled" after our own cancel is not an error
                 out.error = str(error)
             done.set()
+            first.set()
             return
         text = result.as_numpy("text_output")
         if text is not None and text.size:
@@ -123,6 +132,7 @@ def one_request(url: str, kind: str, prompt_index: int, timeout_s: float, t0: fl
         if final is not None and final.bool_param:
             out.final = True
             done.set()
+            first.set()
 
     extra = {"max_tokens": np.array([[0]], dtype=np.int32)} if kind == "malformed" else None
     client = grpcclient.InferenceServerClient(url)
@@ -130,14 +140,15 @@ def one_request(url: str, kind: str, prompt_index: int, timeout_s: float, t0: fl
         client.start_stream(callback=callback)
         client.async_stream_infer("ensemble", inputs(PROMPTS[prompt_index], MAX_TOKENS, extra),
                                   enable_empty_final_response=True)
-        if kind == "cancel":
-            if first.wait(timeout_s) and not done.is_set():
-                cancelling.set()
-                client.stop_stream(cancel_requests=True)  # the client goes away mid-stream
-                out.final = True  # ended by us
-            done.set()
-        elif not done.wait(timeout_s):
-            cancelling.set()  # neither answer nor error within the timeout: lost (our own cancel below is not one)
+        if kind == "cancel" and first.wait(timeout_s) and not done.is_set():
+            cancelling.set()
+            client.stop_stream(cancel_requests=True)  # the client goes away mid-stream
+            out.final = True  # ended by us
+        elif not done.wait(0 if kind == "cancel" else timeout_s):
+            # neither answer nor error within the timeout: lost. Cancel it, or closing the stream below would wait
+            # for the server to end it (our own cancel is not an error)
+            cancelling.set()
+            client.stop_stream(cancel_requests=True)
             out.final = False
     except Exception as exc:  # noqa: BLE001 - a refused connection while the server restarts is an error outcome
         out.error = f"{type(exc).__name__}: {exc}"
@@ -178,8 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kill-at", type=float, default=0.5, help="fraction of --seconds at which to kill an instance")
     ap.add_argument("--cancel-every", type=int, default=7, help="every n-th request is cancelled mid-stream")
     ap.add_argument("--malformed-every", type=int, default=5, help="every n-th request is malformed")
-    ap.add_argument("--after-kill", type=float, default=90.0,
-                    help="at most this many seconds after the kill, the 20 checks start (sooner once the server is back)")
+    ap.add_argument("--after-kill", type=float, default=None,
+                    help="at most this many seconds after the kill, the 20 checks start (sooner once the server is "
+                         "back; default: the issue's heal bound, benchmarks/faults.py HEAL_S = 90)")
     ap.add_argument("--request-timeout", type=float, default=120.0)
     ap.add_argument("--output", type=Path, default=None, help="JSON summary (default engines/<recipe>/soak.json)")
     ap.add_argument("--seed", type=int, default=0)
@@ -196,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     from trtkv.recipe import load_recipe
 
     wanted = faults.parse_faults(args.faults)
+    if args.after_kill is None:
+        args.after_kill = faults.HEAL_S
 
     http, grpc, metrics = free_ports(3)
     overrides = [f"triton.http_port={http}", f"triton.grpc_port={grpc}", f"triton.metrics_port={metrics}"]
@@ -238,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
           f"cancelled {summary.cancelled}, malformed answered with an error {summary.bad_answered} (lost "
           f"{summary.bad_lost}); killed stub pid {summary.killed_pid} at "
           f"{summary.kill_at_s} s, recovery {summary.recovery_s} s; {summary.after_kill_ok}/{summary.after_kill_sent} "
-          f"ok, sent {summary.checks_at_s} s after the kill (at most {args.after_kill:g}); restarts in trtkv status: "
+          f"ok, sent {summary.checks_at_s} s after the kill (at most {args.after_kill:g}; the clients were done "
+          f"{summary.clients_done_at_s} s after it; the checks took {summary.checks_s} s); restarts in trtkv status: "
           f"{summary.restarts_seen}; left of the "
           f"killed session: {summary.dead_session_left}; ports free at the end: {summary.ports_free}")
     for f in summary.faults:
@@ -267,6 +282,24 @@ def recovered(args: argparse.Namespace, recipe: Any, url: str, t0: float) -> boo
     return probe.final and not probe.error
 
 
+# how a request ended -> the Summary field that counts it
+ENDED_COUNTS = {"answered": "answered", "mismatched": "mismatched", "error": "errors", "lost": "lost",
+                "cancelled": "cancelled", "bad_answered": "bad_answered", "bad_lost": "bad_lost"}
+
+
+def _ended(o: Outcome, solo: list[str]) -> str:
+    """How one request ended, in the summary's words."""
+    if o.kind == "malformed":
+        return "bad_answered" if o.error else "bad_lost"
+    if o.error:
+        return "error"
+    if not o.final:
+        return "lost"
+    if o.kind == "cancel":
+        return "cancelled"
+    return "answered" if o.text == solo[o.prompt] else "mismatched"
+
+
 def run(args: argparse.Namespace, recipe: Any, url: str, solo: list[str], summary: Summary) -> None:
     from trtkv.contracts.artifacts import ServerRecord
     from trtkv.recipe.layout import serve_dir
@@ -278,7 +311,9 @@ def run(args: argparse.Namespace, recipe: Any, url: str, solo: list[str], summar
     t0 = time.monotonic()
     deadline = t0 + args.seconds
 
-    def client() -> None:
+    current: dict[int, Outcome] = {}  # each client's request in progress (a client that never returns is lost)
+
+    def client(index: int) -> None:
         while time.monotonic() < deadline:
             with lock:
                 counter[0] += 1
@@ -286,13 +321,16 @@ def run(args: argparse.Namespace, recipe: Any, url: str, solo: list[str], summar
                 prompt = rng.randrange(len(PROMPTS))
             kind = ("malformed" if n % args.malformed_every == 0 else "cancel" if n % args.cancel_every == 0
                     else "normal")
+            with lock:
+                current[index] = Outcome(kind, prompt, time.monotonic() - t0, 0.0)
             result = one_request(url, kind, prompt, args.request_timeout, t0)
             with lock:
                 outcomes.append(result)
+                del current[index]
             if result.error and kind != "malformed":
                 time.sleep(0.5)  # a refused connection: do not spin
 
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(args.clients)]
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(args.clients)]
     for t in threads:
         t.start()
     time.sleep(args.kill_at * args.seconds)
@@ -303,16 +341,25 @@ def run(args: argparse.Namespace, recipe: Any, url: str, solo: list[str], summar
         summary.kill_at_s = round(time.monotonic() - t0, 2)
         os.kill(stubs[0], signal.SIGKILL)
         print(f"soak: killed tensorrt_llm stub pid {stubs[0]} at {summary.kill_at_s} s")
+    joined_by = deadline + args.request_timeout + 60  # every request returns within --request-timeout (then lost)
     for t in threads:
-        t.join(args.seconds + args.request_timeout + 60)
-    # 20 requests once the server is back: `trtkv status` shows the restart and a request is answered again (at most
-    # --after-kill s after the kill; the checks then run whatever state it is in)
+        t.join(max(0.0, joined_by - time.monotonic()))
+    with lock:
+        outcomes += [replace(o, end=time.monotonic() - t0) for o in current.values()]  # hung clients: lost below
+    if summary.kill_at_s is not None:
+        summary.clients_done_at_s = round(time.monotonic() - t0 - summary.kill_at_s, 2)
+    # 20 requests (--clients at a time) once the server is back: `trtkv status` shows the restart and a request is
+    # answered again (at most --after-kill s after the kill; the checks then run whatever state it is in)
     if summary.kill_at_s is not None:
         limit = t0 + summary.kill_at_s + args.after_kill
         while time.monotonic() < limit and not recovered(args, recipe, url, t0):
             time.sleep(1.0)
         summary.checks_at_s = round(time.monotonic() - t0 - summary.kill_at_s, 2)
-    checks = [one_request(url, "normal", i % len(PROMPTS), args.request_timeout, t0) for i in range(20)]
+    checks_start = time.monotonic()
+    with ThreadPoolExecutor(args.clients) as pool:  # as many at a time as the soak's clients
+        checks = list(pool.map(lambda i: one_request(url, "normal", i % len(PROMPTS), args.request_timeout, t0),
+                               range(20)))
+    summary.checks_s = round(time.monotonic() - checks_start, 2)
     if server is not None and stubs:
         from benchmarks.faults import dead_session_left
 
@@ -323,30 +370,21 @@ def run(args: argparse.Namespace, recipe: Any, url: str, solo: list[str], summar
     failed_start = 0.0
     for o in outcomes:
         summary.requests += 1
-        if o.kind == "malformed":
-            if o.error:
-                summary.bad_answered += 1
-            else:
-                summary.bad_lost += 1
-            continue
-        if o.kind == "cancel" and o.final and not o.error:
-            summary.cancelled += 1
-            continue
-        if o.error:
-            summary.errors += 1
+        ended = _ended(o, solo)
+        setattr(summary, ENDED_COUNTS[ended], getattr(summary, ENDED_COUNTS[ended]) + 1)
+        if ended == "error":
             summary.errors_before_kill += int(summary.kill_at_s is None or o.end < summary.kill_at_s)
             summary.error_times_s.append(round(o.start, 2))
             failed_start = max(failed_start, o.start)
-        elif not o.final:
-            summary.lost += 1
+        elif ended == "lost":
             summary.lost_requests.append({"prompt": PROMPTS[o.prompt], "kind": o.kind, "start_s": round(o.start, 2),
                                           "end_s": round(o.end, 2), "text_so_far": o.text})
-        elif o.text != solo[o.prompt]:
-            summary.mismatched += 1
+        elif ended == "mismatched":
             summary.mismatches.append({"prompt": PROMPTS[o.prompt], "got": o.text, "solo": solo[o.prompt]})
-        else:
-            summary.answered += 1
     if summary.kill_at_s is not None:
+        summary.in_flight_at_kill = [
+            {"kind": o.kind, "start_s": round(o.start, 2), "end_s": round(o.end, 2), "ended": _ended(o, solo),
+             "error": (o.error or "")[:200]} for o in outcomes if o.start <= summary.kill_at_s <= o.end]
         summary.recovery_s = round(max(0.0, failed_start - summary.kill_at_s), 2) if failed_start else 0.0
     summary.passed = (summary.lost == 0 and summary.mismatched == 0 and summary.bad_lost == 0 and summary.answered > 0
                       and summary.errors_before_kill == 0 and summary.cancelled > 0

@@ -227,13 +227,17 @@ def test_stop_ends_the_server(server: tuple[Any, serve.ServerRecord]) -> None:
 def test_soak_short_run_loses_nothing_and_recovers_from_a_killed_instance(tmp_path: Path, smollm2_engine: Path) -> None:
     """benchmarks/soak.py, short: 4 streaming clients for 30 s with cancellations and malformed requests, one
     tensorrt_llm instance killed at 15 s; the supervised server (`trtkv serve`) restarts, nothing is lost or garbled,
-    and 20 of 20 requests succeed once it is back (restarted and answering, at most 45 s after the kill); then the
-    supervisor fault (the main-process kill is tests/e2e/test_faults.py's, on the llmapi layout; the interrupted start
-    and the whole matrix are `make soak`)."""
+    and 20 of 20 requests succeed once it is back (restarted and answering, within the issue's 90 s of the kill:
+    benchmarks/faults.py HEAL_S, the soak's default --after-kill; the clients' requests in flight at the kill end with
+    an error when the supervisor ends that server, so the checks are not held up); then the supervisor fault (the
+    main-process kill is tests/e2e/test_faults.py's, on the llmapi layout; the interrupted start and the whole matrix
+    are `make soak`)."""
     import json
     import os
     import subprocess
     import sys
+
+    from benchmarks.faults import HEAL_S
 
     engines = tmp_path / "engines"
     _engine_into(engines, smollm2_engine)
@@ -245,7 +249,7 @@ def test_soak_short_run_loses_nothing_and_recovers_from_a_killed_instance(tmp_pa
     out = tmp_path / "soak.json"
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, str(root / "benchmarks" / "soak.py"), RECIPE, "--clients", "4",
-                           "--seconds", "30", "--after-kill", "45", "--faults", "supervisor",
+                           "--seconds", "30", "--faults", "supervisor",
                            "--output", str(out)],
                           capture_output=True, text=True, env=env, cwd=root, timeout=600)
     summary = json.loads(out.read_text())
@@ -254,4 +258,5 @@ def test_soak_short_run_loses_nothing_and_recovers_from_a_killed_instance(tmp_pa
     assert summary["errors_before_kill"] == 0 and summary["answered"] > 0 and summary["cancelled"] > 0
     assert summary["killed_pid"] and summary["restarts_seen"] >= 1
     assert (summary["after_kill_ok"], summary["after_kill_sent"]) == (20, 20)
-    assert summary["checks_at_s"] is not None
+    assert summary["checks_at_s"] is not None and summary["checks_at_s"] <= HEAL_S, summary["in_flight_at_kill"]
+    assert summary["clients_done_at_s"] is not None and summary["clients_done_at_s"] <= HEAL_S
