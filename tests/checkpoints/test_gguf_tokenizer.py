@@ -145,15 +145,15 @@ def test_gemma3_prompt_ids_are_words_not_characters(gemma3: tuple[Path, Path]) -
 @pytest.mark.e2e  # runs the real model: not in `make check`
 @pytest.mark.slow
 def test_gemma3_agrees_with_sentencepiece_on_shipped_text(gemma3: tuple[Path, Path]) -> None:
-    """Every fourth string of calibration_data (calib + eval, whole, sliced, and with non-ASCII inserted): ids, decode
-    and token-by-token streaming equal sentencepiece's on a proto from the gguf package's reader (all 4,061 strings:
-    benchmarks/gguf_tokenizer_check.py)."""
+    """Every string of calibration_data (calib + eval, whole, sliced, and with non-ASCII inserted: 4,061, the "few
+    thousand" issue 26 asks for; ~3 s per thousand): ids, decode and token-by-token streaming equal sentencepiece's on
+    a proto from the gguf package's reader (also benchmarks/gguf_tokenizer_check.py)."""
     from transformers import AutoTokenizer
 
     model_dir, gguf_path = gemma3
     sp, add_bos = check.reference(gguf_path)
     assert add_bos
-    counts = check.compare(AutoTokenizer.from_pretrained(str(model_dir)), sp, add_bos, [*SAMPLES, *check.corpus()[::4]])
-    assert counts["strings"] > 1000 and counts["byte_fallback_tokens"] > 0 and counts["partial_utf8_prefixes"] > 0
+    counts = check.compare(AutoTokenizer.from_pretrained(str(model_dir)), sp, add_bos, [*SAMPLES, *check.corpus()])
+    assert counts["strings"] > 4000 and counts["byte_fallback_tokens"] > 0 and counts["partial_utf8_prefixes"] > 0
     assert (counts["encode_mismatch"], counts["decode_mismatch"], counts["prefix_mismatch"],
             counts["stream_mismatch"]) == (0, 0, 0, 0), counts["examples"]
