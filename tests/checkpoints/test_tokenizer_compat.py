@@ -135,3 +135,37 @@ def test_transformers_457_loads_trtkv_tokenizers_as_5x_does(folders: dict[str, P
         tokenizer_config = json.loads((folders[name] / "tokenizer_config.json").read_text())
         assert tokenizer_config["add_bos_token"] is adds_bos and tokenizer_config["tokenizer_class"] == (
             "PreTrainedTokenizerFast")
+
+
+def tiny_tokenizer(adds_bos: bool) -> Any:
+    """A five-word tokenizer whose post-processor adds <s> (or nothing), as transformers 5.x holds it."""
+    from tokenizers import Tokenizer, pre_tokenizers, processors
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    fast = Tokenizer(WordLevel({"<s>": 0, "</s>": 1, "<unk>": 2, "a": 3, "b": 4}, unk_token="<unk>"))
+    fast.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast.post_processor = processors.TemplateProcessing(single="<s> $A" if adds_bos else "$A",
+                                                        special_tokens=[("<s>", 0)] if adds_bos else [])
+    return PreTrainedTokenizerFast(tokenizer_object=fast, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
+def test_the_saved_config_names_what_4x_reads(tmp_path: Path) -> None:
+    """No 5.x-only class, no *_token_id keys or loader state; add_bos_token as tokenizer.json adds it; a special token
+    the model states replaces the tokenizer's."""
+    from trtkv.checkpoints.tokenizer_files import save_tokenizer
+
+    save_tokenizer(tiny_tokenizer(adds_bos=True), tmp_path, special={"pad_token": "</s>"}, add_bos=True)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast" and config["add_bos_token"] is True
+    assert not [k for k in config if k.endswith("_token_id") or k in ("is_local", "local_files_only")]
+    assert json.loads((tmp_path / "special_tokens_map.json").read_text()) == {
+        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "</s>"}
+
+
+def test_a_model_that_says_otherwise_than_its_tokenizer_json_is_refused(tmp_path: Path) -> None:
+    from trtkv.checkpoints.tokenizer_files import save_tokenizer
+    from trtkv.core.errors import StageError
+
+    with pytest.raises(StageError, match="add_bos_token = True, but tokenizer.json's post-processor does not add"):
+        save_tokenizer(tiny_tokenizer(adds_bos=False), tmp_path, add_bos=True)

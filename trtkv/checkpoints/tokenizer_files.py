@@ -36,15 +36,14 @@ def save_tokenizer(tokenizer: Any, out_dir: Path, *, special: dict[str, str | No
 
     `special`: the named special tokens as the model states them (a GGUF's ids, say), replacing the tokenizer's own
     (None removes one). `add_bos`/`add_eos`: what the model says about BOS/EOS; refused when tokenizer.json's
-    post-processor does otherwise. `source`: recorded as `trtkv_source`. Returns the files written.
+    post-processor does otherwise. `source`: recorded as `trtkv_source`. Returns the files written. A tokenizer
+    without a tokenizer.json (sentencepiece only) is saved as transformers saves it.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(str(out_dir))
     fast_path, config_path = out_dir / "tokenizer.json", out_dir / "tokenizer_config.json"
-    if not fast_path.is_file():
-        raise StageError(f"{out_dir}: saving the tokenizer ({type(tokenizer).__name__}) wrote no tokenizer.json; trtkv "
-                         f"needs a fast (tokenizers) tokenizer, which transformers 4.57 and 5.x both read. Next: give "
-                         f"the model as a folder with a tokenizer.json.")
+    if not fast_path.is_file():  # a sentencepiece-only tokenizer: its own class names, left as transformers wrote them
+        return sorted(p for p in out_dir.iterdir() if p.is_file())
     config = json.loads(config_path.read_text()) if config_path.is_file() else {}
     stated = {key: _token_text(config.get(key)) for key in NAMED_TOKENS}
     stated.update(special or {})
