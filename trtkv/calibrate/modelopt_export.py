@@ -229,6 +229,8 @@ def export_hf(model: Any, tokenizer: Any, out: Path, recipe: Recipe) -> list[str
     import torch
     from modelopt.torch.export import export_hf_checkpoint
 
+    from trtkv.checkpoints.tokenizer_files import save_tokenizer
+
     if recipe.quantization.kv_cache is KVCacheQuant.INT8:
         return ["hf/ not written: ModelOpt 0.47's export_hf_checkpoint asserts on an INT8 KV cache ('Invalid KV cache "
                 "quantization format'), and vLLM / TensorRT-LLM's PyTorch backend have no INT8 KV cache either. The "
@@ -239,7 +241,7 @@ def export_hf(model: Any, tokenizer: Any, out: Path, recipe: Recipe) -> list[str
     with _captured_warnings(notes, "export_hf_checkpoint"):
         export_hf_checkpoint(model, dtype=dtype, export_dir=str(hf_dir))
     _cast_hf_weights(hf_dir, recipe.model.dtype.value)
-    tokenizer.save_pretrained(str(hf_dir))
+    save_tokenizer(tokenizer, hf_dir)  # loadable by transformers 4.57 (TensorRT-LLM's LLM API) and 5.x alike
     return notes
 
 

@@ -23,6 +23,7 @@ from trtkv.calibrate.modelopt_export import (
     write_rope,
 )
 from trtkv.calibrate.report import render_report, write_kv_scales
+from trtkv.checkpoints.tokenizer_files import TOKENIZER_FILES_VERSION, save_tokenizer
 from trtkv.core.errors import StageError
 from trtkv.kvcache import scales as kv_scales
 from trtkv.recipe import KVCacheQuant, Recipe, layout
@@ -45,8 +46,9 @@ def calibrate(recipe: Recipe, *, force: bool = False, loader: ModelLoader | None
     if problems:
         raise StageError(f"calibrate {recipe.name}: cannot run:\n" + "\n".join(f"  - {p}" for p in problems))
     files = _dataset_files(recipe)
+    # tokenizer_files: a checkpoint whose tokenizer/ and hf/ an older trtkv wrote (transformers 5 only) is redone
     extra_key = {"build": {"tp_size": recipe.build.tp_size, "pp_size": recipe.build.pp_size},
-                 "dataset_sha256": _files_hash(files)}
+                 "dataset_sha256": _files_hash(files), "tokenizer_files": TOKENIZER_FILES_VERSION}
 
     def work(tmp: Path) -> dict[str, Any]:
         # Only when the checkpoint is not up to date: resolving may convert the packaged model or try a hub.
@@ -156,7 +158,7 @@ def _calibrate_into(tmp: Path, recipe: Recipe, loader: ModelLoader, model_dir: P
                          f"artifact (vLLM, TensorRT-LLM's LLM API)."] if refused else export_trtllm(model, tmp, recipe))
     notes += export_hf(model, tokenizer, tmp, recipe)
     write_rope(tmp, json.loads((tmp / layout.HF_CONFIG).read_text()))
-    tokenizer.save_pretrained(str(tmp / "tokenizer"))
+    save_tokenizer(tokenizer, tmp / "tokenizer")  # what Triton's pre/postprocessing, the LLM API, trtllm-serve read
     export_s = time.time() - t0
     write_kv_scales(tmp / "kv_scales.json", layers, recipe, num_layers)
     summary = _validate(tmp, recipe, layers, refused)

@@ -7,12 +7,12 @@ SentencePiece model; `tokens`, `scores` and `token_type` are its pieces (types 1
 piece's score, as SentencePiece's BPE picks them), with user-defined pieces matched whole before the merges (as
 SentencePiece's prefix matcher does), byte fallback, and BOS/EOS added as the file says (files without the dummy
 prefix only, as Gemma's: with one, a tokenizer.json cannot be exact), then saves it as
-tokenizer.json + tokenizer_config.json + special_tokens_map.json so transformers, vLLM and Triton load the same one.
+tokenizer.json + tokenizer_config.json + special_tokens_map.json (trtkv.checkpoints.tokenizer_files) so transformers
+4.57 and 5.x, vLLM and Triton load the same one.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -175,22 +175,41 @@ def _post_processor(vocab: GgufVocab, processors: Any) -> Any:
 
 
 def save_hf_tokenizer(vocab: GgufVocab, out_dir: Path) -> list[Path]:
-    """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json into `out_dir`."""
+    """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json into `out_dir`
+    (trtkv.checkpoints.tokenizer_files: transformers 4.57 and 5.x load them alike)."""
     from transformers import PreTrainedTokenizerFast
+
+    from trtkv.checkpoints.tokenizer_files import save_tokenizer
 
     special = {name: vocab.token(token_id) for name, token_id in
                (("bos_token", vocab.bos_id), ("eos_token", vocab.eos_id), ("unk_token", vocab.unk_id),
                 ("pad_token", vocab.pad_id)) if token_id is not None}
     fast = PreTrainedTokenizerFast(tokenizer_object=build_tokenizer(vocab), clean_up_tokenization_spaces=False,
                                    model_max_length=vocab.context_length or 1_000_000_000_000_000_019_884_624_838_656,
-                                   add_bos_token=vocab.add_bos, add_eos_token=vocab.add_eos, **special)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fast.save_pretrained(str(out_dir))
-    config_path = out_dir / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config.update({"add_bos_token": vocab.add_bos, "add_eos_token": vocab.add_eos, "clean_up_tokenization_spaces": False,
-                   "tokenizer_class": "PreTrainedTokenizerFast", "trtkv_source": f"GGUF {vocab.path.name}"})
-    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
-    special_path = out_dir / "special_tokens_map.json"
-    special_path.write_text(json.dumps(special, indent=2, ensure_ascii=False) + "\n")
-    return [out_dir / "tokenizer.json", config_path, special_path]
+                                   **special)
+    return save_tokenizer(fast, out_dir, special=special, add_bos=vocab.add_bos, add_eos=vocab.add_eos,
+                          source=f"GGUF {vocab.path.name}")
+
+
+@dataclass(frozen=True)
+class GgufSpecial:
+    """The special-token ids and BOS/EOS flags a GGUF states, for any tokenizer model."""
+
+    ids: dict[str, int]  # bos_token / eos_token / unk_token / pad_token -> id
+    add_bos: bool
+    add_eos: bool
+
+
+def read_gguf_special(path: Path) -> GgufSpecial:
+    """tokenizer.ggml.{bos,eos,unknown,padding}_token_id and add_bos_token/add_eos_token of `path`."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+    ids = {}
+    for name, key in (("bos_token", "bos"), ("eos_token", "eos"), ("unk_token", "unknown"), ("pad_token", "padding")):
+        value = _scalar(reader, f"tokenizer.ggml.{key}_token_id")
+        if value is not None:
+            ids[name] = int(value)
+    add_bos, add_eos = (_scalar(reader, f"tokenizer.ggml.{k}") for k in ("add_bos_token", "add_eos_token"))
+    return GgufSpecial(ids=ids, add_bos="bos_token" in ids if add_bos is None else bool(add_bos),
+                       add_eos=bool(add_eos))

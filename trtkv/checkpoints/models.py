@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trtkv.checkpoints.tokenizer_files import TOKENIZER_FILES_VERSION
 from trtkv.core import paths
 from trtkv.core.errors import StageError
 
@@ -109,11 +110,10 @@ def convert_gguf(gguf: Path, out_dir: Path, dtype: str = "bfloat16", gguf_tokeni
     tokenizer conversion. bf16 by default: Gemma's activations overflow fp16.
     """
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     start = time.time()
     loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    tokenizer = None if gguf_tokenizer else AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     config_dict = loaded.config.to_dict()
     config_dict.pop("quantization_config", None)
     config_dict["torch_dtype"] = dtype
@@ -129,22 +129,36 @@ def convert_gguf(gguf: Path, out_dir: Path, dtype: str = "bfloat16", gguf_tokeni
     tmp.mkdir(parents=True)
     try:
         fresh.save_pretrained(tmp)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        else:
-            from trtkv.checkpoints.gguf_tokenizer import read_gguf_vocab, save_hf_tokenizer
-
-            save_hf_tokenizer(read_gguf_vocab(gguf), tmp)
+        write_gguf_tokenizer(gguf, tmp, gguf_tokenizer)
         (tmp / CONVERTED_MARK).write_text(json.dumps(
             {"from": str(gguf), "gguf_bytes": gguf.stat().st_size, "dtype": dtype,
              "tokenizer": "gguf-sentencepiece" if gguf_tokenizer else "transformers-gguf",
-             "seconds": round(time.time() - start, 1)}, indent=2))
+             "tokenizer_files": TOKENIZER_FILES_VERSION, "seconds": round(time.time() - start, 1)}, indent=2))
         if out_dir.exists():
             shutil.rmtree(out_dir)
         tmp.rename(out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
+
+
+def write_gguf_tokenizer(gguf: Path, out_dir: Path, gguf_tokenizer: bool) -> list[Path]:
+    """The GGUF's tokenizer as files transformers 4.57 (TensorRT-LLM 1.x) and 5.x both load, with the special tokens
+    and BOS/EOS the GGUF states (transformers 5.14's GGUF conversion names SmolLM2's <|im_start|> as EOS, where the
+    file says <|im_end|>)."""
+    from trtkv.checkpoints.gguf_tokenizer import read_gguf_special, read_gguf_vocab, save_hf_tokenizer
+    from trtkv.checkpoints.tokenizer_files import save_tokenizer
+
+    if gguf_tokenizer:
+        return save_hf_tokenizer(read_gguf_vocab(gguf), out_dir)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    stated = read_gguf_special(gguf)
+    special: dict[str, str | None] = {name: str(tokenizer.convert_ids_to_tokens(token_id))
+                                      for name, token_id in stated.ids.items()}
+    return save_tokenizer(tokenizer, out_dir, special=special, add_bos=stated.add_bos, add_eos=stated.add_eos,
+                          source=f"GGUF {gguf.name}")
 
 
 def packaged_model(name: str) -> Path:
@@ -155,6 +169,28 @@ def packaged_model(name: str) -> Path:
         gguf = packaged_gguf(name)
         print(f"Converting {gguf.name} to an HF folder in {out} (once; reused after)...", flush=True)
         convert_gguf(gguf, out, gguf_tokenizer=info.gguf_tokenizer)
+    return _current_tokenizer(name, out)
+
+
+def _current_tokenizer(name: str, out: Path) -> Path:
+    """`out`, its tokenizer files rewritten first when an older trtkv wrote them (the mark's tokenizer_files): the
+    weights are reused, the tokenizer files replaced one by one, the mark updated last (an interrupted rewrite
+    is redone)."""
+    mark_path = out / CONVERTED_MARK
+    mark = json.loads(mark_path.read_text())
+    if mark.get("tokenizer_files") == TOKENIZER_FILES_VERSION:
+        return out
+    gguf = packaged_gguf(name)
+    print(f"Rewriting the tokenizer files of {out} (written by an older trtkv; the weights are kept)...", flush=True)
+    tmp = out.parent / f".{out.name}.tokenizer-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        written = write_gguf_tokenizer(gguf, tmp, _packaged(name).gguf_tokenizer)
+        for path in written:
+            path.replace(out / path.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    mark_path.write_text(json.dumps({**mark, "tokenizer_files": TOKENIZER_FILES_VERSION}, indent=2))
     return out
 
 
@@ -164,7 +200,8 @@ def _has_model_files(folder: Path) -> bool:
 
 
 def local_model_dir(recipe: Recipe) -> Path | None:
-    """The model's HF folder when it is already on this machine; never converts, never downloads.
+    """The model's HF folder when it is already on this machine; never converts weights, never downloads (a converted
+    packaged model's tokenizer files written by an older trtkv are rewritten from the local GGUF first).
 
     The places resolve_model_dir looks, in its order: the converted packaged model in the trtkv cache, a local
     folder (relative to the recipe file, the project root, then the working directory), a hub id in the local HF
@@ -172,8 +209,9 @@ def local_model_dir(recipe: Recipe) -> Path | None:
     """
     source = recipe.model.source
     if source.startswith("packaged:"):
-        folder = packaged_model_dir(source.split(":", 1)[1])
-        return folder if (folder / CONVERTED_MARK).is_file() else None
+        name = source.split(":", 1)[1]
+        folder = packaged_model_dir(name)
+        return _current_tokenizer(name, folder) if (folder / CONVERTED_MARK).is_file() else None
     local = Path(source).expanduser()
     bases = ([recipe.path.parent] if recipe.path else []) + [paths.project_root(), Path.cwd()]
     for folder in [local] if local.is_absolute() else [base / local for base in bases]:
