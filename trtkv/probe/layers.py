@@ -17,6 +17,14 @@ Method (written into per_layer_<format>.md too):
   GPU: trtkv.probe.serving), the lowest KL at the longest length within the byte budget (--max-bytes-per-token;
   default 15% above the uniform format), or the fewest bytes under --max-kl; the best point no engine serves is
   named beside it, with the reason.
+- A sliding-window hybrid (Gemma 3): every pass is the sweep's window-aware pass (trtkv.probe.window: a sliding
+  layer keeps its window, chunked prefill, the last layer at the scored rows only), scored at the sweep's sampled
+  LM-head rows (at the sweep length: SENSITIVITY_ROWS evenly spaced rows), one reference head shared by all the passes
+  of a phase; the needles ride in the verification passes' text (trtkv.probe.needles). Two more verified sets: the
+  sliding layers kept (`quantization.kv_skip_layers: [sliding_window]`, vLLM's `--kv-cache-dtype-skip-layers
+  sliding_window`) and the full-attention layers kept. Bytes are those a sequence of the longest length holds, per
+  token (a sliding layer holds its window: trtkv.recipe.attention), so the front prices a 16-bit sliding layer at
+  what it costs there.
 Passes are cached (cache/per_layer/) so a rerun or a new budget costs nothing.
 """
 
@@ -32,16 +40,29 @@ from typing import Any
 import torch
 
 from trtkv.core.errors import TrtkvError
-from trtkv.kvcache.cache import QuantizedKVCache
 from trtkv.kvcache.formats import KVFormat, kv_bytes_per_token
 from trtkv.kvcache.quant import FormatChoice, numerics_key, parse_format
-from trtkv.probe.measure import feed, needle_trials, position_metrics, probe_scales, reference_hidden
+from trtkv.probe.layers_report import markdown, plot, summary_line
+from trtkv.probe.measure import (
+    chunk_for,
+    head_metrics,
+    head_positions,
+    make_cache,
+    needle_trials,
+    probe_scales,
+    reference_hidden,
+)
+from trtkv.probe.needles import feed_text
+from trtkv.probe.passes import feed
 from trtkv.probe.serving import KV_CACHE_OF_FORMAT, served_by, serving, usable_gpus
 from trtkv.probe.setup import default_settings, load_model, write_json
 from trtkv.probe.sweep import probe_output
+from trtkv.probe.window import SLIDING, layer_types, sliding_window
 from trtkv.recipe import Recipe
+from trtkv.recipe.attention import AttentionKind, LayerAttention
 
 SWEEP_LEN = 2048
+SENSITIVITY_ROWS = 512  # a windowed model's sensitivity passes: LM-head rows per pass (evenly spaced)
 DEFAULT_BYTES_HEADROOM = 1.15  # the issue's budget: at most 15% more bytes than the uniform format
 
 
@@ -71,6 +92,15 @@ def pareto(points: list[dict[str, Any]], key: str) -> list[str]:
     return front
 
 
+def _sensitivity_stride(sweep: int, long_stride: int) -> int:
+    """The sensitivity rows' stride at the sweep length: at least SENSITIVITY_ROWS rows; a divisor of the longest
+    pass's stride where one is near (then the verification passes, which score both sets, add no head rows below the
+    sweep length)."""
+    wanted = max(1, -(-(sweep - 1) // SENSITIVITY_ROWS))
+    near = max(d for d in range(1, min(wanted, long_stride) + 1) if long_stride % d == 0)
+    return near if 2 * near >= wanted else wanted
+
+
 def per_layer_key(model_key: str, choice: FormatChoice, scales: Any, keep_fmt: KVFormat) -> str:
     """The key of this sweep's cached passes: the model, the numerics of the format and of the kept layers' format
     (numerics_key, as the sweep's cache is keyed) and the static scales; a changed format definition misses."""
@@ -85,7 +115,7 @@ def per_layer_key(model_key: str, choice: FormatChoice, scales: Any, keep_fmt: K
 def run_per_layer(recipe: Recipe, fmt: str, output: Path | None = None, lengths: list[int] | None = None,
                   max_keep: int = 4, max_bytes_per_token: float | None = None, max_kl: float | None = None,
                   threads: int | None = None, needle_lengths: list[int] | None = None,
-                  log: Callable[[str], None] = print) -> Path:
+                  log: Callable[[str], None] = print, sweep_length: int | None = None) -> Path:
     choice = parse_format(fmt)
     if choice.base in (KVFormat.FP16, KVFormat.BF16) or choice.base.value.startswith("kivi"):
         raise TrtkvError(f"--per-layer {fmt}: pick a quantized per-token format (fp8, int8, int4_g64, nvfp4, ...); "
@@ -96,47 +126,127 @@ def run_per_layer(recipe: Recipe, fmt: str, output: Path | None = None, lengths:
     settings = default_settings(recipe, formats=[choice.name], lengths=lengths, needle_lengths=needle_lengths or [])
     settings.threads = threads
     longest = max(settings.lengths)
-    sweep = min(SWEEP_LEN, longest)
-    t_start = time.time()
+    sweep = min(sweep_length or SWEEP_LEN, longest)
+    t_start, c_start = time.time(), time.process_time()
     loaded = load_model(recipe, settings)
     scales = probe_scales(recipe, loaded, settings, out)
+    config = loaded.model.config
     n_layers = int(loaded.info["num_layers"])
     heads, dim = int(loaded.info["num_kv_heads"]), int(loaded.info["head_dim"])
     keep_fmt = recipe.kv_skip_format
-    ref, _ref_bytes = reference_hidden(loaded, longest, out)
-    targets = torch.tensor(loaded.text_ids[1:longest], device=loaded.device)
-    ks, vs = scales.for_format(choice)
-    skey = per_layer_key(loaded.key, choice, scales, keep_fmt)
+    window = sliding_window(config)
+    kinds = layer_types(config)
+    sliding = [i for i, k in enumerate(kinds) if k == SLIDING]
+    everything = list(range(n_layers))
     cache_dir = out / "cache" / "per_layer"
     passes = {"run": 0, "cached": 0}
+    # the rows (position t predicts t + 1) each pass scores: every row of a full-attention model; on a windowed model
+    # the sweep's sampled LM-head rows at the longest length and SENSITIVITY_ROWS evenly spaced ones at the sweep
+    # length (a 262K-wide head per pass would cost more than the pass)
+    rows_long = rows_sweep = None
+    if window:
+        rows_long = head_positions(loaded, longest - 1)
+        rows_long = torch.arange(longest - 1) if rows_long is None else rows_long
+        rows_sweep = rows_long if sweep == longest else torch.arange(0, sweep - 1, _sensitivity_stride(
+            sweep, int(rows_long[1] - rows_long[0]) if rows_long.numel() > 1 else 1))
+        union = torch.unique(torch.cat([rows_long, rows_sweep]))  # a verification pass scores both
+        ref, _ = reference_hidden(loaded, longest, cache_dir, union)  # its own file: the sweep's stays valid
+    else:
+        union = None
+        ref, _ = reference_hidden(loaded, longest, out)
+    targets = torch.tensor(loaded.text_ids[1:longest], device=loaded.device)
+    skey = per_layer_key(loaded.key, choice, scales, keep_fmt)
+    all_key = hashlib.sha256(json.dumps([loaded.key, numerics_key(keep_fmt)]).encode()).hexdigest()[:16]
 
-    def measure(keep: list[int], n: int) -> dict[str, Any]:
-        """KL/top-1 at every reported length <= n for `fmt` with `keep` in the model dtype (cached)."""
-        name = hashlib.sha256(json.dumps([skey, sorted(keep), n]).encode()).hexdigest()[:20]
-        path = cache_dir / f"{name}.json"
-        if path.is_file():
-            passes["cached"] += 1
-            return dict(json.loads(path.read_text()))
-        cache = QuantizedKVCache(loaded.model.config, choice, ks, vs, keep_layers=keep, keep_format=keep_fmt)
-        ids = torch.tensor([loaded.text_ids[:n]], device=loaded.device)
-        hidden = feed(loaded.model, ids, cache, None)[0]
-        m = position_metrics(loaded.model, ref[: n - 1], hidden[: n - 1], targets[: n - 1])
-        res: dict[str, Any] = {"keep": sorted(keep), "bytes_per_token": kv_bytes_per_token(
-            n_layers, heads, dim, choice.base, keep, keep_fmt)}
-        for length in sorted({sweep, longest, *settings.lengths}):
-            if length <= n:
-                res[str(length)] = {"kl": float(m["kl"][: length - 1].double().mean()),
-                                    "top1": float(m["agree"][: length - 1].double().mean())}
-        if choice.static and not keep:
-            clip = cache.clip_stats()
-            res["clip_by_layer"] = [(x["k_clip"] + x["v_clip"]) / x["elements"] if x["elements"] else 0.0
-                                    for x in clip["layers"]]
-        write_json(path, res)
-        passes["run"] += 1
-        return res
+    def rows_at(n: int) -> torch.Tensor | None:
+        return None if not window else (union if n == longest else rows_sweep)
+
+    def scored(pos: torch.Tensor, length: int) -> torch.Tensor:
+        """The rows a length's figures average: KL@sweep over the sensitivity rows in every pass (so predicted and
+        verified KL at the sweep length are over the same positions), the other lengths over the sweep's rows."""
+        sel = pos < length - 1
+        if window and rows_sweep is not None and rows_long is not None:
+            sel &= torch.isin(pos, rows_sweep if length == sweep else rows_long)
+        return sel
+
+    def pass_path(keep: tuple[int, ...], n: int, rows: torch.Tensor | None) -> Path:
+        """Cached pass: all-16-bit is the same pass for every format (keyed without it)."""
+        parts: list[Any] = [all_key, "all"] if list(keep) == everything else [skey, list(keep)]
+        parts += [n, None if rows is None else rows.tolist()]
+        return cache_dir / f"{hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:20]}.json"
+
+    def measure(keeps: list[list[int]], n: int) -> dict[tuple[int, ...], dict[str, Any]]:
+        """KL/top-1 at every reported length <= n for `fmt` with each `keep` in the model dtype: one pass each (cached;
+        on a windowed model chunked, sliding layers windowed, the last layer at the scored rows only, and at the
+        longest length the needles asked on the way), then ONE shared reference LM head for the new passes."""
+        rows = rows_at(n)
+        found: dict[tuple[int, ...], dict[str, Any]] = {}
+        pending: dict[tuple[int, ...], tuple[torch.Tensor, dict[str, Any], Path]] = {}
+        for keep in keeps:
+            key = tuple(sorted(keep))
+            path = pass_path(key, n, rows)
+            if key in found or key in pending:
+                continue
+            if path.is_file():
+                passes["cached"] += 1
+                found[key] = dict(json.loads(path.read_text()))
+                continue
+            partial = path.with_suffix(".pt")  # a pass whose head had not run yet (an interrupted run)
+            if partial.is_file():
+                doc = torch.load(partial, weights_only=True)
+                pending[key] = (doc["hidden"].to(loaded.device), dict(doc["res"]), path)
+                continue
+            t0, c0 = time.time(), time.process_time()
+            cache = make_cache(loaded, choice, scales, keep_layers=list(key), keep_format=keep_fmt)
+            ids = torch.tensor([loaded.text_ids[:n]], device=loaded.device)
+            if window and n == longest:
+                hidden, needles = feed_text(loaded, ids, cache, chunk_for(choice), rows)
+            else:
+                hidden, needles = feed(loaded.model, ids, cache, chunk_for(choice), rows), None
+            hidden = hidden[0] if rows is not None else hidden[0, : n - 1]
+            res: dict[str, Any] = {"keep": list(key), "bytes_per_token_formula": kv_bytes_per_token(
+                n_layers, heads, dim, choice.base, list(key), keep_fmt), "stored_bytes": cache.stored_bytes(),
+                "tokens": n, "seconds": round(time.time() - t0, 1), "cpu_seconds": round(time.process_time() - c0, 1)}
+            if needles:
+                res["needles"] = {str(length): {"accuracy": r["accuracy"], "by_depth": r["by_depth"]}
+                                  for length, r in needles.items()}
+            if choice.static and not key:
+                clip = cache.clip_stats()
+                res["clip_by_layer"] = [(x["k_clip"] + x["v_clip"]) / x["elements"] if x["elements"] else 0.0
+                                        for x in clip["layers"]]
+            del cache
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"hidden": hidden.cpu(), "res": res}, partial)
+            pending[key] = (hidden, res, path)
+            if len(pending) % 10 == 0:
+                log(f"  {len(pending)} passes at {n} tokens run, {passes['cached']} from cache, "
+                    f"{time.time() - t_start:.0f} s")
+        if pending:
+            if rows is None:
+                ref_rows, tgt, pos = ref[: n - 1], targets[: n - 1], torch.arange(n - 1)
+            else:
+                assert union is not None
+                ref_rows, tgt, pos = ref[torch.searchsorted(union, rows)], targets[rows.to(targets.device)], rows
+            t0, c0 = time.time(), time.process_time()
+            metrics = head_metrics(loaded.model, ref_rows, {str(k): h for k, (h, _, _) in pending.items()}, tgt)
+            head_cpu = round((time.process_time() - c0) / len(pending), 1)
+            for key, (_, res, path) in pending.items():
+                m = metrics[str(key)]
+                for length in sorted({sweep, longest, *settings.lengths}):
+                    if length <= n:
+                        sel = scored(pos, length)
+                        res[str(length)] = {"kl": float(m["kl"][sel].double().mean()),
+                                            "top1": float(m["agree"][sel].double().mean())}
+                res["head_cpu_seconds"] = head_cpu
+                write_json(path, res)
+                path.with_suffix(".pt").unlink(missing_ok=True)
+                found[key] = res
+                passes["run"] += 1
+            log(f"  LM head for {len(pending)} passes at {n} tokens: {time.time() - t0:.0f} s")
+        return found
 
     def needle(keep: list[int], length: int) -> float:
-        """Passkey accuracy at `length` for `fmt` with `keep` in the model dtype (cached)."""
+        """Passkey accuracy at `length` for `fmt` with `keep` in the model dtype (cached; a full-attention model)."""
         params = [skey, "needle", sorted(keep), length, settings.needle_depths, settings.needle_seeds]
         path = cache_dir / f"{hashlib.sha256(json.dumps(params).encode()).hexdigest()[:20]}.json"
         if path.is_file():
@@ -148,59 +258,91 @@ def run_per_layer(recipe: Recipe, fmt: str, output: Path | None = None, lengths:
         passes["run"] += 1
         return float(res["accuracy"])
 
-    everything = list(range(n_layers))
-    log(f"probe --per-layer {choice.name}: {2 * n_layers + 1} passes at {sweep} tokens, then up to {max_keep + 2} at "
-        f"{longest}")
-    uniform = measure([], sweep)
+    def held(keep: list[int] | None, per_token: float) -> float:
+        """KV bytes one `longest`-token sequence holds, per token: a sliding layer holds its window only (the
+        planner's per-layer accounting, trtkv.recipe.attention); = the per-token formula on a full-attention model."""
+        if not window:
+            return per_token
+        layers = [LayerAttention(AttentionKind.SLIDING, window) if k == SLIDING else LayerAttention(AttentionKind.FULL)
+                  for k in kinds]
+        if keep is None:  # another uniform format (probe.json): its per-token bytes spread evenly over the layers
+            return sum(x.tokens_held(longest) for x in layers) * per_token / (n_layers * longest)
+        return sum(x.tokens_held(longest) * kv_bytes_per_token(1, heads, dim, keep_fmt if i in keep else choice.base)
+                   for i, x in enumerate(layers)) / longest
+
+    log(f"probe --per-layer {choice.name}: {2 * n_layers + 1} passes at {sweep} tokens, then up to "
+        f"{max_keep + (4 if window else 2)} at {longest}")
+    sens = measure([[], *([j for j in everything if j != i] for i in everything), *([i] for i in everything)], sweep)
+    uniform = sens[()]
     rows = []
     for i in everything:
-        only = measure([j for j in everything if j != i], sweep)
-        but = measure([i], sweep)
+        only = sens[tuple(j for j in everything if j != i)]
+        but = sens[(i,)]
         rows.append({"layer": i, "kl_only": only[str(sweep)]["kl"], "top1_only": only[str(sweep)]["top1"],
                      "kl_all_but": but[str(sweep)]["kl"], "top1_all_but": but[str(sweep)]["top1"],
-                     "gain": uniform[str(sweep)]["kl"] - but[str(sweep)]["kl"]})
-        if (i + 1) % 10 == 0:
-            log(f"  layers 0..{i}: {passes['run']} passes run, {passes['cached']} from cache, "
-                f"{time.time() - t_start:.0f} s")
+                     "gain": uniform[str(sweep)]["kl"] - but[str(sweep)]["kl"],
+                     **({"attention": "sliding" if kinds[i] == SLIDING else "full"} if window else {})})
     for row, st, clip in zip(rows, _stats_rows(scales, n_layers), uniform.get("clip_by_layer") or [None] * n_layers,
                              strict=True):
         row.update(st, clip_rate=clip)
     order = sorted(everything, key=lambda i: rows[i]["gain"], reverse=True)
     uniform_kl = uniform[str(sweep)]["kl"]
-    # verification at the longest length
-    long_uniform = measure([], longest)
-    long_all16 = measure(everything, longest)
+    log(f"  sensitivity done: {passes['run']} passes run, {passes['cached']} cached, {time.time() - t_start:.0f} s")
+    # verification at the longest length: uniform, all-16-bit, the greedy sets and (a windowed model) the sliding
+    # layers kept (vLLM's `--kv-cache-dtype-skip-layers sliding_window`) and the full-attention layers kept
+    named = {"sliding_window": sliding, "full_attention": [i for i in everything if i not in sliding]} if window else {}
+    greedy = [sorted(order[:k]) for k in range(1, max_keep + 1)]
+    got_long = measure([[], everything, *greedy, *named.values()], longest)
+
+    def point(label: str, keep: list[int], fmt_name: str, skip: list[Any]) -> dict[str, Any]:
+        got = got_long[tuple(keep)]
+        return {"label": label, "keep": keep, "skip": skip, "format": fmt_name,
+                "bytes_per_token": held(keep, got["bytes_per_token_formula"]),
+                "bytes_per_token_formula": got["bytes_per_token_formula"],
+                "stored_bytes_per_token": got["stored_bytes"] / longest,
+                "kl_sweep": got[str(sweep)]["kl"], "top1_sweep": got[str(sweep)]["top1"],
+                "kl_longest": got[str(longest)]["kl"], "top1_longest": got[str(longest)]["top1"],
+                "kl_by_length": {n: got[n]["kl"] for n in map(str, sorted(settings.lengths)) if n in got},
+                "top1_by_length": {n: got[n]["top1"] for n in map(str, sorted(settings.lengths)) if n in got},
+                "cpu_seconds": got.get("cpu_seconds"), **({"needles": got["needles"]} if "needles" in got else {})}
+
+    def predicted(keep: list[int]) -> float:
+        return max(0.0, uniform_kl - sum(rows[i]["gain"] for i in keep))
+
     candidates = []
-    for k in range(1, max_keep + 1):
-        keep = sorted(order[:k])
-        predicted = max(0.0, uniform_kl - sum(rows[i]["gain"] for i in order[:k]))
-        got = measure(keep, longest)
-        candidates.append({"label": f"{choice.name}+{keep_fmt.value}{keep}", "keep": keep,
-                           "bytes_per_token": got["bytes_per_token"], "predicted_kl_sweep": predicted,
-                           "kl_sweep": got[str(sweep)]["kl"], "top1_sweep": got[str(sweep)]["top1"],
-                           "kl_longest": got[str(longest)]["kl"], "top1_longest": got[str(longest)]["top1"],
-                           "prediction_error": (predicted - got[str(sweep)]["kl"]) / got[str(sweep)]["kl"]
-                           if got[str(sweep)]["kl"] else None})
-    points = [{"label": choice.name, "keep": [], "bytes_per_token": long_uniform["bytes_per_token"],
-               "kl_sweep": long_uniform[str(sweep)]["kl"], "kl_longest": long_uniform[str(longest)]["kl"],
-               "top1_sweep": long_uniform[str(sweep)]["top1"], "top1_longest": long_uniform[str(longest)]["top1"]},
-              {"label": keep_fmt.value, "keep": everything, "bytes_per_token": long_all16["bytes_per_token"],
-               "kl_sweep": long_all16[str(sweep)]["kl"], "kl_longest": long_all16[str(longest)]["kl"],
-               "top1_sweep": long_all16[str(sweep)]["top1"], "top1_longest": long_all16[str(longest)]["top1"]},
-              *candidates, *_probe_points(out, choice.name, sweep, longest)]
+    for keep in greedy:
+        c = point(f"{choice.name}+{keep_fmt.value}{keep}", keep, choice.name, keep)
+        c["predicted_kl_sweep"] = predicted(keep)
+        c["prediction_error"] = (c["predicted_kl_sweep"] - c["kl_sweep"]) / c["kl_sweep"] if c["kl_sweep"] else None
+        candidates.append(c)
+    sets = {}
+    for name, keep in named.items():
+        same = next((c for c in candidates if c["keep"] == keep), None)
+        if same is not None:  # the greedy search found it: one point, named
+            same["set"] = name
+            sets[name] = same
+            continue
+        skip: list[Any] = ["sliding_window"] if name == "sliding_window" else keep
+        sets[name] = point(f"{choice.name}+{keep_fmt.value}[{name}]", keep, choice.name, skip)
+        sets[name].update(set=name, predicted_kl_sweep=predicted(keep))
+    points = [point(choice.name, [], choice.name, []), point(keep_fmt.value, everything, keep_fmt.value, []),
+              *candidates, *(p for p in sets.values() if p not in candidates),
+              *_probe_points(out, choice.name, sweep, longest, held)]
     if settings.needle_lengths:
-        log(f"  needle retrieval at {settings.needle_lengths} for {2 + len(candidates)} configurations")
+        log(f"  needle retrieval at {settings.needle_lengths} for {len(points)} configurations")
         probe_needles = _probe_needles(out)
-        for point in points:
-            kept = everything if point is points[1] else point.get("keep")
-            point["needle"] = {str(n): needle(kept, n) if kept is not None else probe_needles.get((point["label"], n))
+        for p in points:
+            if p.get("source") == "probe.json":
+                p["needle"] = {str(n): probe_needles.get((p["label"], n)) for n in settings.needle_lengths}
+            elif window:  # asked from the verification pass itself (trtkv.probe.needles)
+                p["needle"] = {str(n): (p.get("needles") or {}).get(str(n), {}).get("accuracy")
                                for n in settings.needle_lengths}
-    for point in points:  # which engines serve it (the recipe's own rules, per backend and GPU)
-        fmt_name = keep_fmt.value if point is points[1] else (choice.name if point.get("keep") is not None
-                                                                else point["label"])
-        point["serving"] = serving(recipe, fmt_name, point.get("keep") if point is not points[1] else [])
+            else:
+                p["needle"] = {str(n): needle(p["keep"], n) for n in settings.needle_lengths}
+    for p in points:  # which engines serve it (the recipe's own rules, per backend and GPU)
+        p["serving"] = serving(recipe, p["format"], p["skip"])
     budget = max_bytes_per_token if max_bytes_per_token is not None else (
-        None if max_kl is not None else DEFAULT_BYTES_HEADROOM * long_uniform["bytes_per_token"])
+        None if max_kl is not None else DEFAULT_BYTES_HEADROOM * points[0]["bytes_per_token"])
     eligible = [p for p in points
                 if (budget is None or p["bytes_per_token"] <= budget) and (max_kl is None or p["kl_longest"] <= max_kl)]
     cheapest = max_kl is not None
@@ -208,8 +350,9 @@ def run_per_layer(recipe: Recipe, fmt: str, output: Path | None = None, lengths:
     best = _pick([p for p in eligible if p["serving"]["engines"]], cheapest)
     best_any = _pick(eligible, cheapest)
     doc = {"recipe": recipe.name, "format": choice.name, "keep_format": keep_fmt.value, "sweep_length": sweep,
-           "longest_length": longest, "layers": rows, "order_by_gain": order, "uniform": points[0],
-           "all_16bit": points[1], "candidates": candidates, "points": points,
+           "longest_length": longest, "lengths": settings.lengths, "layers": rows, "order_by_gain": order,
+           "sensitivity_uniform": uniform[str(sweep)],
+           "uniform": points[0], "all_16bit": points[1], "candidates": candidates, "sets": sets, "points": points,
            "front_sweep": pareto(points, "kl_sweep"), "front_longest": pareto(points, "kl_longest"),
            "front_longest_top1": pareto([{**p, "top1_miss": 1.0 - p["top1_longest"]} for p in points], "top1_miss"),
            "front_longest_served": pareto([p for p in points if p["serving"]["engines"]], "kl_longest"),
@@ -217,9 +360,14 @@ def run_per_layer(recipe: Recipe, fmt: str, output: Path | None = None, lengths:
            "gpus_usable": usable,
            "budget": {"max_bytes_per_token": budget, "max_kl": max_kl}, "recommended": best,
            "best_not_served": best_any if best_any is not None and best_any is not best else None,
-           "passes": passes, "seconds": round(time.time() - t_start, 1), "method": __doc__}
+           "passes": passes, "seconds": round(time.time() - t_start, 1),
+           "cpu_seconds": round(time.process_time() - c_start, 1), "method": __doc__}
+    if rows_sweep is not None and rows_long is not None:
+        doc["windowed"] = {"sliding_window": window, "sliding_layers": sliding, "full_layers": named["full_attention"],
+                           "sensitivity_rows": int(rows_sweep.numel()), "longest_rows": int(rows_long.numel()),
+                           "verification_rows": int(union.numel()) if union is not None else 0}
     if best is not None:
-        doc["deploy"] = _deploy(best, choice.name, usable)
+        doc["deploy"] = _deploy(best, usable)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"per_layer_{choice.name}"
     write_json(stem.with_suffix(".json"), doc)
@@ -238,14 +386,14 @@ def _pick(points: list[dict[str, Any]], cheapest: bool = False) -> dict[str, Any
     return min(points, key=key, default=None)
 
 
-def _deploy(point: dict[str, Any], fmt: str, usable: list[str]) -> dict[str, Any]:
+def _deploy(point: dict[str, Any], usable: list[str]) -> dict[str, Any]:
     """The recipe settings that deploy `point`, and the engines that serve it."""
-    keep = point.get("keep")
-    kv = KV_CACHE_OF_FORMAT.get(fmt if keep is not None else point["label"])
+    skip = point.get("skip")
+    kv = KV_CACHE_OF_FORMAT.get(point["format"])
     out: dict[str, Any] = {"served_by": served_by(point["serving"], usable), "engines": point["serving"]["engines"]}
-    if keep and kv is not None and kv.value != "none":
-        out.update({"quantization.kv_cache": kv.value, "quantization.kv_skip_layers": keep,
-                    "vllm": f"--kv-cache-dtype-skip-layers {' '.join(map(str, keep))}"})
+    if skip and kv is not None and kv.value != "none":
+        out.update({"quantization.kv_cache": kv.value, "quantization.kv_skip_layers": skip,
+                    "vllm": f"--kv-cache-dtype-skip-layers {' '.join(map(str, skip))}"})
     elif kv is not None:
         out["quantization.kv_cache"] = kv.value
     return out
@@ -273,8 +421,11 @@ def _probe_needles(out: Path) -> dict[tuple[str, int], float]:
             if isinstance(r, dict) and r.get("accuracy") is not None}
 
 
-def _probe_points(out: Path, fmt: str, sweep: int, longest: int) -> list[dict[str, Any]]:
-    """The probe's other uniform formats at the same two lengths (probe.json), for the front."""
+def _probe_points(out: Path, fmt: str, sweep: int, longest: int,
+                  held: Callable[[list[int] | None, float], float]) -> list[dict[str, Any]]:
+    """The probe's other uniform formats at the same two lengths (probe.json), for the front; `held`: the KV bytes
+    per token a `longest`-token sequence holds, from the per-token formula (a windowed model's sliding layers hold
+    their window only)."""
     from trtkv.contracts.artifacts import ProbeDoc
 
     try:
@@ -287,112 +438,9 @@ def _probe_points(out: Path, fmt: str, sweep: int, longest: int) -> list[dict[st
         if name == fmt or (name, sweep) not in by or (name, longest) not in by:
             continue
         a, b = by[(name, sweep)], by[(name, longest)]
-        out_points.append({"label": name, "keep": None, "bytes_per_token": a["kv_bytes_per_token_formula"],
+        formula = a["kv_bytes_per_token_formula"]
+        out_points.append({"label": name, "keep": None, "skip": [], "format": name,
+                           "bytes_per_token": held(None, formula), "bytes_per_token_formula": formula,
                            "kl_sweep": a["kl_mean"], "kl_longest": b["kl_mean"], "top1_sweep": a["top1_agreement"],
                            "top1_longest": b["top1_agreement"], "source": "probe.json"})
     return out_points
-
-
-def summary_line(doc: dict[str, Any]) -> str:
-    """What to deploy within the budget (and what would be better if an engine served it)."""
-    u, best, lng = doc["uniform"], doc["recommended"], doc["longest_length"]
-    if best is None:
-        return f"  no configuration an engine serves meets the budget {doc['budget']}"
-    ratio = best["kl_longest"] / u["kl_longest"] if u["kl_longest"] else float("nan")
-    cost = f"{best['bytes_per_token']:,.0f} B/token ({best['bytes_per_token'] / u['bytes_per_token'] - 1:+.1%} vs " \
-           f"uniform {u['label']})"
-    served = doc.get("deploy", {}).get("served_by", "")
-    if best is u:
-        line = (f"  recommended: uniform {u['label']} (nothing an engine serves within {doc['budget']} beats it: KL "
-                f"{u['kl_longest']:.4g} at {lng}); served by {served}")
-    elif best.get("keep"):
-        line = (f"  recommended: keep layers {best['keep']} in {doc['keep_format']}: {cost}, KL at {lng} "
-                f"{best['kl_longest']:.4g} = {ratio:.0%} of uniform's {u['kl_longest']:.4g}; deploy: "
-                f"quantization.kv_skip_layers={best['keep']}, served by {served}")
-    else:
-        line = (f"  recommended: {best['label']}: {cost}, KL at {lng} {best['kl_longest']:.4g} = {ratio:.0%} of "
-                f"uniform {u['label']}'s; deploy: quantization.kv_cache={doc['deploy'].get('quantization.kv_cache')}, "
-                f"served by {served}")
-    other = doc.get("best_not_served")
-    if other is not None:
-        line += (f"\n  better but served by no engine: {other['label']} ({other['bytes_per_token']:,.0f} B/token, KL at "
-                 f"{lng} {other['kl_longest']:.4g}): {next(iter(other['serving']['why_not'].values()), '')}")
-    return line
-
-
-def markdown(doc: dict[str, Any]) -> str:
-    s, lng = doc["sweep_length"], doc["longest_length"]
-    lines = [f"# Per-layer KV precision: {doc['recipe']}, {doc['format']} (layers kept in {doc['keep_format']})", "",
-             *(line.strip() for line in summary_line(doc).splitlines()), "",
-             f"## Sensitivity at {s} tokens (KL to the fp16-KV reference)", "",
-             "| layer | KL only this layer | KL all but this | gain | K/V range | K outlier ch. | clip rate |",
-             "|---|---|---|---|---|---|---|"]
-    for r in doc["layers"]:
-        ratio = r.get("k_over_v_range")
-        clip = r.get("clip_rate")
-        lines.append(f"| {r['layer']} | {r['kl_only']:.3g} | {r['kl_all_but']:.3g} | {r['gain']:.3g} | "
-                     f"{'' if ratio is None else f'{ratio:.1f}x'} | {r.get('k_outlier_channels', '')} | "
-                     f"{'' if clip is None else f'{clip:.2e}'} |")
-    lines += ["", f"## Configurations (verified at {lng} tokens; KL at {s} from the same pass)", "",
-              f"| configuration | bytes/token | predicted KL@{s} | KL@{s} | KL@{lng} | top-1@{lng} | front: KL / top-1 / "
-              f"KL among served | served by |", "|---|---|---|---|---|---|---|---|"]
-    needle_n = str(max(doc["needle_lengths"])) if doc.get("needle_lengths") else None
-    if needle_n:
-        lines[-2] = lines[-2].replace(" | served by |", f" | needle@{needle_n} | served by |")
-        lines[-1] += "---|"
-    front, front1 = set(doc["front_longest"]), set(doc.get("front_longest_top1", []))
-    served_front = set(doc.get("front_longest_served", []))
-    for p in doc["points"]:
-        pred = p.get("predicted_kl_sweep")
-        marks = " / ".join("yes" if p["label"] in f else "no" for f in (front, front1, served_front))
-        lines.append(f"| {p['label']} | {p['bytes_per_token']:,.0f} | {'' if pred is None else f'{pred:.4g}'} | "
-                     f"{p['kl_sweep']:.4g} | {p['kl_longest']:.4g} | {p['top1_longest']:.4f} | {marks} | "
-                     + (_fmt_needle((p.get("needle") or {}).get(needle_n)) + " | " if needle_n else "")
-                     + f"{served_by(p.get('serving') or {}, doc.get('gpus_usable'))} |")
-    if needle_n:
-        lines += ["", f"Needle: passkey retrieval at {needle_n} tokens ({', '.join(doc.get('front_needle') or [])} on "
-                      f"its bytes-vs-needle front); other formats' figures from probe.json where it has that length."]
-    lines += ["", f"Served by: the engine backends whose rules (`trtkv build`'s) accept the configuration for this "
-                  f"recipe, on every GPU where its model and weights run ({', '.join(doc.get('gpus_usable') or [])}) "
-                  f"unless GPUs are named.", "",
-              "## Method", "", doc["method"].strip(), ""]
-    return "\n".join(lines)
-
-
-def _fmt_needle(value: float | None) -> str:
-    return "" if value is None else f"{value:.2f}"
-
-
-def plot(doc: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = doc["layers"]
-    xs = [r["layer"] for r in rows]
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
-    ax = axes[0]
-    ax.bar([x - 0.2 for x in xs], [r["kl_only"] for r in rows], width=0.4, label="only this layer quantized")
-    ax.bar([x + 0.2 for x in xs], [max(r["gain"], 0.0) for r in rows], width=0.4, label="gain from keeping it")
-    ax.set(xlabel="layer", ylabel=f"KL @ {doc['sweep_length']}", title=f"{doc['format']}: per-layer sensitivity")
-    ax.legend(fontsize=8)
-    ax = axes[1]
-    ax.plot(xs, [r.get("k_over_v_range") or 0 for r in rows], "o-", label="K range / V range")
-    ax.plot(xs, [r.get("k_outlier_channels") or 0 for r in rows], "s-", label="K outlier channels")
-    ax.set(xlabel="layer", title="K/V statistics (calibration pass)")
-    if any(r.get("clip_rate") for r in rows):
-        twin = ax.twinx()
-        twin.plot(xs, [r.get("clip_rate") or 0 for r in rows], "^:", color="tab:red", label="clip rate")
-        twin.set_ylabel("clip rate")
-    ax.legend(fontsize=8)
-    ax = axes[2]
-    for p in doc["points"]:
-        ax.scatter(p["bytes_per_token"], p["kl_longest"], label=p["label"])
-    front = sorted((p for p in doc["points"] if p["label"] in doc["front_longest"]), key=lambda p: p["bytes_per_token"])
-    ax.plot([p["bytes_per_token"] for p in front], [p["kl_longest"] for p in front], "k--", lw=0.8)
-    ax.set(xlabel="KV bytes per token", ylabel=f"KL @ {doc['longest_length']}", yscale="log", title="front")
-    ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
