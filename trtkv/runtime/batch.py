@@ -10,10 +10,11 @@ forward, in chunks of at most max_num_tokens.
 `Batcher` is the scheduler: a thread that admits queued requests up to max_batch_size, prefills each newcomer (one
 chunk per iteration, so decoding sequences keep streaming while a long prompt is prefilled), then advances every
 decoding sequence by one token. A finished or cancelled sequence leaves the batch at once and frees its slot.
-Greedy outputs equal a solo run's (the same code with a batch of one) up to float32 GEMM rounding, which depends on
-the batch size, so a near-tie can flip under load. With `runtime.batch_invariant` every step runs through
-trtkv.runtime.invariant instead (16-row panels, padded-key flash or tile attention, attention per decode row): answers
-equal solo answers bit for bit (tests/runtime/test_batch_invariance.py); opt-in while its c8/c1 is under 3x.
+By default (`runtime.batch_invariant`) every step runs through trtkv.runtime.invariant (16-row prefill panels,
+fixed 8-row decode blocks, padded-key flash or tile attention): greedy answers equal solo answers bit for bit, whatever
+shares the steps and however a prompt is chunked (tests/runtime/test_batch_invariance.py). With it off (runtime.json
+`batch_invariant: false`, TRTKV_BATCH_INVARIANT=0) the plain path below runs: outputs equal a solo run's only up to
+float32 GEMM rounding, which depends on the batch size, so a near-tie can flip under load.
 """
 
 from __future__ import annotations
