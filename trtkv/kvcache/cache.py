@@ -58,20 +58,18 @@ def update_rows(caches: Sequence[Any], layer_idx: int, key_states: torch.Tensor,
     encoded (and decoded, and their clipping counted) in one call instead of B, which is most of a decode step's
     cache work for short contexts on the CPU; otherwise each cache updates on its own."""
     layers = [getattr(c, "layers", None) for c in caches]
-    pick = [ls[layer_idx] if ls is not None and layer_idx < len(ls) else None for ls in layers]
-    first = pick[0] if pick else None
-    batched = (len(caches) > 1 and isinstance(first, QuantizedKVLayer) and not first.codecs.residual
-               and all(isinstance(layer, QuantizedKVLayer) and not layer.codecs.residual
-                       and layer.keep_decoded == first.keep_decoded and layer.decoded_dtype == first.decoded_dtype
-                       and layer.tracks() == first.tracks()
-                       and _same_codec(layer.codecs.key, first.codecs.key)
-                       and _same_codec(layer.codecs.value, first.codecs.value) for layer in pick))
-    if batched:
-        assert isinstance(first, QuantizedKVLayer)
-        encoded = encode_rows(first, key_states, value_states, key_states.dtype)
+    pick = [ls[layer_idx] for ls in layers if ls is not None and layer_idx < len(ls)]
+    quantized = [layer for layer in pick if isinstance(layer, QuantizedKVLayer)]
+    if len(caches) > 1 and len(quantized) == len(caches):
+        first = quantized[0]
+        alike = all(not layer.codecs.residual and layer.keep_decoded == first.keep_decoded
+                    and layer.decoded_dtype == first.decoded_dtype and layer.tracks() == first.tracks()
+                    and _same_codec(layer.codecs.key, first.codecs.key)
+                    and _same_codec(layer.codecs.value, first.codecs.value) for layer in quantized)
+        encoded = encode_rows(first, key_states, value_states, key_states.dtype) if alike else None
         if encoded is not None:
             return [layer.update_encoded(key_states[b: b + 1], value_states[b: b + 1], encoded[b])
-                    for b, layer in enumerate(pick) if isinstance(layer, QuantizedKVLayer)]
+                    for b, layer in enumerate(quantized)]
     return [c.update(key_states[b: b + 1], value_states[b: b + 1], layer_idx) for b, c in enumerate(caches)]
 
 

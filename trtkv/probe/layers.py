@@ -222,10 +222,9 @@ def run_per_layer(recipe: Recipe, fmt: str, output: Path | None = None, lengths:
                 log(f"  {len(pending)} passes at {n} tokens run, {passes['cached']} from cache, "
                     f"{time.time() - t_start:.0f} s")
         if pending:
-            if rows is None:
+            if rows is None or union is None:  # rows and union are set together (a windowed model)
                 ref_rows, tgt, pos = ref[: n - 1], targets[: n - 1], torch.arange(n - 1)
             else:
-                assert union is not None
                 ref_rows, tgt, pos = ref[torch.searchsorted(union, rows)], targets[rows.to(targets.device)], rows
             t0, c0 = time.time(), time.process_time()
             metrics = head_metrics(loaded.model, ref_rows, {str(k): h for k, (h, _, _) in pending.items()}, tgt)
