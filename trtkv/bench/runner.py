@@ -43,6 +43,7 @@ class BenchOptions:
     golden_prompts: int = 8
     output: Path | None = None
     progress: bool = True
+    sweep_input: list[int] | None = None  # None: the recipe's bench.sweep_input_tokens
 
 
 @dataclass
@@ -138,6 +139,21 @@ def run_latency(recipe: Recipe, ep: Endpoint, tokenizer: Any, progress: _Progres
             records.extend(recs)
             if phase == "latency":
                 by_level[label] = recs
+
+
+def run_sweep(recipe: Recipe, ep: Endpoint, tokenizer: Any, progress: _Progress, records: list[RequestRecord],
+              lengths: Sequence[int], by_length: dict[int, dict[str, list[RequestRecord]]]) -> None:
+    """The latency levels once per input length (`--sweep-input`); `by_length` fills as lengths finish (or stop)."""
+    for n in lengths:
+        at_n = recipe.model_copy(update={"bench": recipe.bench.model_copy(update={"input_tokens": n})})
+        by_length[n] = {}
+        mark = len(records)
+        try:
+            run_latency(at_n, ep, tokenizer, progress, records, by_length[n])
+        finally:
+            for rec in records[mark:]:  # one label per length, so requests.csv and the AIPerf exports stay apart
+                rec.level = f"input={n} {rec.level}"
+                rec.request_id = f"input{n}-{rec.request_id}"
 
 
 def build_tasks(recipe: Recipe, tokenizer: Any, names: Sequence[str], golden_prompts: int,
@@ -240,6 +256,7 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     wall0, t0 = time.time(), now_ns()
     records: list[RequestRecord] = []
     by_level: dict[str, list[RequestRecord]] = {}
+    by_length: dict[int, dict[str, list[RequestRecord]]] = {}
     task_records: dict[str, list[RequestRecord]] = {}
     interrupted: str | None = None
     tasks: list[acc_tasks.Task] = []
@@ -250,9 +267,15 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
         try:
             interrupted = "preparation of the accuracy tasks"
             tasks, task_errors = build_tasks(recipe, tokenizer, task_names, opts.golden_prompts, progress.log)
-            if opts.latency:
+            lengths = list(recipe.bench.sweep_input_tokens if opts.sweep_input is None else opts.sweep_input)
+            if opts.latency and lengths:
+                interrupted = "input sweep"
+                run_sweep(recipe, ep, tokenizer, progress, records, lengths, by_length)
+            if opts.latency and recipe.bench.input_tokens not in by_length:
                 interrupted = "latency sweep"
                 run_latency(recipe, ep, tokenizer, progress, records, by_level)
+            elif opts.latency:  # the recipe's own length was one of the sweep's: its levels are the main ones
+                by_level.update(by_length[recipe.bench.input_tokens])
             interrupted = "accuracy tasks"
             task_records = run_accuracy(recipe, ep, tasks, progress, records)
             if "fidelity" in task_names:
@@ -265,6 +288,10 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     _normalize(records, t0)
     out = assemble(recipe, ep, opts, records, by_level, tasks, task_records, task_errors, slos, check, interrupted,
                    started, time.time() - wall0)
+    if by_length:
+        from trtkv.bench import sweep
+
+        out["sweep"] = sweep.summarize(by_length)
     if goodput:
         out["goodput_slos"] = goodput
         for label, recs in by_level.items():
@@ -333,6 +360,9 @@ def write_all(folder: Path, out: dict[str, Any], by_level: dict[str, list[Reques
             made.append("throughput.png")
     if plots.accuracy(folder / "accuracy.png", out["accuracy"]):
         made.append("accuracy.png")
+    sweep_levels = (out.get("sweep") or {}).get("levels") or {}
+    if plots.itl_vs_input(folder / "itl_vs_input.png", sweep_levels, f"{out['recipe']}: ITL vs input length"):
+        made.append("itl_vs_input.png")
     results.write_json(folder / "results.json", out)
     results.write_csv(folder / "results.csv", out)
     results.write_requests_csv(folder / "requests.csv", out["records"])

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trtkv.cli.common import add_recipe_args, load, subparser
+
+if TYPE_CHECKING:
+    from trtkv.recipe import Recipe
 
 EXAMPLES = """\
   $ trtkv bench smollm2_fp8kv
@@ -14,6 +18,7 @@ EXAMPLES = """\
   $ trtkv bench smollm2_fp8kv --protocol http --tasks none bench.concurrency=[1,2,4] bench.num_requests=32
   $ trtkv bench llama70b_fp8kv --url gpu-host:8001
   $ trtkv bench smollm2_fp8kv_vllm --protocol openai --url 127.0.0.1:8000 --model smollm2_fp8kv_vllm
+  $ trtkv bench smollm2_fp8kv --tasks none --sweep-input 128,512,1024 "bench.concurrency=[1]"
 
 exit codes: 0 all SLOs met, 1 an SLO failed (table printed), 2 usage/endpoint error, 130 interrupted (partial
 results written). URL: --url, else engines/<recipe>/serve/server.json, else the recipe's triton host and port.
@@ -51,6 +56,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     p.add_argument("--tasks", help=f"accuracy tasks, comma separated ({','.join(t.value for t in BenchTask)}) or `none` "
                                    "(default: the recipe's bench.tasks)")
+    p.add_argument("--sweep-input", metavar="L1,L2,...",
+                   help="run the latency levels at each of these input lengths (tokens) and fit ITL and TTFT against "
+                        "context (default: the recipe's bench.sweep_input_tokens); `trtkv compare` then reports where "
+                        "one KV format's ITL drops below another's")
     p.add_argument("--no-latency", action="store_true", help="skip the latency sweep (accuracy tasks only)")
     p.add_argument("--golden-prompts", type=int, default=8, help="prompts in the golden-agreement task (default 8)")
     p.add_argument("--output", type=Path, help="results folder (default: engines/<recipe>/bench)")
@@ -73,8 +82,29 @@ def run(args: argparse.Namespace) -> int:
     if args.golden_prompts < 1:
         raise TrtkvError(f"--golden-prompts {args.golden_prompts}: must be >= 1.")
     recipe = load(args)
-    opts = BenchOptions(url=args.url, protocol=args.protocol, model=args.model, slos=list(args.slo), tasks=tasks,
+    sweep = _sweep_lengths(args.sweep_input, recipe) if args.sweep_input is not None else None
+    opts = BenchOptions(sweep_input=sweep, url=args.url, protocol=args.protocol, model=args.model, slos=list(args.slo),
+                        tasks=tasks,
                         allow_failures=args.allow_failures, endpoint_type=args.endpoint_type, goodput=args.goodput,
                         latency=not args.no_latency, golden_prompts=args.golden_prompts, output=args.output,
                         progress=not args.no_progress)
     return run_bench(recipe, opts).exit_code
+
+
+def _sweep_lengths(text: str, recipe: Recipe) -> list[int]:
+    """--sweep-input L1,L2,...: positive lengths the recipe's engine accepts (build.max_input_len), all checked at once."""
+    from trtkv.core.errors import TrtkvError
+
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in parts if not p.isdigit() or int(p) <= 0]
+    if not parts or bad:
+        raise TrtkvError(f"--sweep-input {text!r}: expected positive token counts separated by commas, e.g. "
+                         f"128,512,2048{f' (not {bad[0]!r})' if bad else ''}.")
+    lengths = sorted({int(p) for p in parts})
+    b = recipe.build
+    over = [n for n in lengths if n > b.max_input_len or n + recipe.bench.output_tokens > b.max_seq_len]
+    if over:
+        raise TrtkvError(f"--sweep-input {text!r}: {', '.join(map(str, over))} exceed(s) build.max_input_len "
+                         f"{b.max_input_len} (or, with bench.output_tokens {recipe.bench.output_tokens}, build.max_seq_len "
+                         f"{b.max_seq_len}) of recipe {recipe.name}. Next: shorter lengths, or raise those fields.")
+    return lengths

@@ -158,6 +158,7 @@ class BenchResults(Artifact):
     slo: dict[str, Any] | None = None
     wall_seconds: float | None = None
     partial: bool = False
+    sweep: dict[str, Any] | None = None  # --sweep-input: per level, samples and fits against input length
 
 
 class ProbeScales(BaseModel):

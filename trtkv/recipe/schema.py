@@ -236,6 +236,9 @@ class BenchConfig(_Section):
     concurrency: list[int] = Field([1, 2, 4], min_length=1, description="Concurrency sweep.")
     request_rate: float | None = Field(None, gt=0, description="Requests/s (instead of a concurrency sweep).")
     input_tokens: int = Field(128, gt=0, description="Prompt length in tokens (exact).")
+    sweep_input_tokens: list[int] = Field(
+        [], description="Input lengths (tokens) to run the latency levels at (`trtkv bench --sweep-input`): ITL and TTFT "
+                        "fitted against context; `trtkv compare` gives the break-even length of two KV formats.")
     output_tokens: int = Field(32, gt=0, description="`max_tokens` per request.")
     num_requests: int = Field(16, gt=0, description="Measured requests per concurrency level.")
     warmup_requests: int = Field(2, ge=0, description="Requests sent first and left out of the figures.")
@@ -267,7 +270,7 @@ class BenchConfig(_Section):
             raise ValueError(f"{bad[0]!r} is not of the form metric.stat<=value (or >=, <, >)")
         return [v.strip() for v in values]
 
-    @field_validator("concurrency", "needle_context_lengths", "ruler_lengths", "fidelity_lengths")
+    @field_validator("concurrency", "needle_context_lengths", "ruler_lengths", "fidelity_lengths", "sweep_input_tokens")
     @classmethod
     def _positive(cls, values: list[int] | None) -> list[int] | None:
         if values is not None and any(v <= 0 for v in values):

@@ -1,0 +1,120 @@
+"""The cases trtkv's speed model is checked on: recorded aiconfigurator estimates (tests/data/aiconfigurator/) and
+published measurements (tests/data/published_speed/); shared by the tests, scripts/record_aiconfigurator.py and
+scripts/speed_tables.py (docs/plan.md's tables)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trtkv.plan.estimate import estimate
+from trtkv.plan.planner import plan
+from trtkv.recipe import Recipe, load_recipe
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = ROOT / "tests" / "data" / "recipes" / "speed_case.yaml"
+AIC_CASES = ROOT / "tests" / "data" / "aiconfigurator" / "cases.json"
+PUBLISHED = sorted((ROOT / "tests" / "data" / "published_speed").glob("*.json"))
+KV_RECIPE = {"bfloat16": "none", "fp8": "fp8", "bf16": "none"}
+# The end-to-end cases compared with aiconfigurator. None of them is the shape the model's efficiencies were read at
+# (tools/aic_kernels.py: a 16-head, 2-KV-head, head_dim 128 layer = a 70B-class model at TP4, m=16/8192 GEMMs of
+# 8192 x 8192): those kernel rows are the only aiconfigurator numbers the model was derived from.
+MODELS = {"llama3_1_8b": "tests/data/configs/llama3_1_8b", "qwen3_8b": "tests/data/configs/qwen3_8b"}
+GPUS = {"H100-80GB": "h100_sxm", "H200-141GB": "h200_sxm", "B200": "b200_sxm"}
+BACKENDS = ("vllm", "llmapi", "sglang")
+WORKLOADS = ((2048, 256), (16384, 512))
+CONCURRENCY = (1, 16)
+
+
+def recipe_for(model_config: str, gpu: str, backend: str, kv: str, isl: int, osl: int, concurrency: list[int],
+               budget: int, weights: str = "none", tp: int = 1) -> Recipe:
+    """A recipe for one case, from the shipped llama8b recipe with the case's fields overridden."""
+    return load_recipe(BASE, [
+        f"model.source={ROOT / model_config}", f"build.backend={backend}", f"quantization.weights={weights}",
+        f"quantization.kv_cache={KV_RECIPE.get(kv, kv)}", f"hardware.gpu={gpu}", f"hardware.count={tp}",
+        f"build.tp_size={tp}", f"bench.input_tokens={isl}", f"bench.output_tokens={osl}",
+        f"bench.concurrency={list(concurrency)}", f"build.max_num_tokens={budget}",
+        f"build.max_input_len={max(isl, 32768)}", f"build.max_seq_len={max(isl + osl, 65536)}"])
+
+
+def own_rows(recipe: Recipe) -> dict[tuple[str, int], Any]:
+    """trtkv's own model for every (format, concurrency) of the recipe (aiconfigurator not asked)."""
+    est = estimate(recipe, plan(recipe), use_aiconfigurator=False)
+    return {(r.format, r.concurrency): r for r in est.rows}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    case: str
+    kv: str
+    concurrency: int
+    reference_ms: float
+    trtkv_ms: float
+
+    @property
+    def error(self) -> float:
+        return self.trtkv_ms / self.reference_ms - 1
+
+
+def aic_cases() -> dict[str, Any]:
+    return json.loads(AIC_CASES.read_text())
+
+
+def aic_comparisons(metric: str = "itl_ms") -> list[Comparison]:
+    """trtkv's model against every recorded aiconfigurator row (ITL by default); aiconfigurator schedules the whole
+    prompt in one step (its ctx_tokens default = isl), so trtkv's model gets the same budget."""
+    out = []
+    for case in aic_cases()["cases"]:
+        fmt = "bf16" if case["kv"] == "bfloat16" else case["kv"]
+        recipe = recipe_for(case["model_config"], case["gpu"], case["backend"], case["kv"], case["isl"], case["osl"],
+                            [case["concurrency"]], case["isl"] + case["concurrency"], tp=case.get("tp", 1))
+        row = own_rows(recipe)[(fmt, case["concurrency"])]
+        out.append(Comparison(case["id"], fmt, case["concurrency"], case["row"][metric], getattr(row, metric)))
+    return out
+
+
+def published() -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) | {"file": str(p.relative_to(ROOT))} for p in PUBLISHED]
+
+
+def itl_fit(setup: dict[str, Any], m: dict[str, Any], fmt: str, lengths: tuple[int, int] = (1024, 65536)) -> tuple[
+        float, float]:
+    """(slope ms/token, intercept ms) of trtkv's concurrency-1 ITL between two input lengths, as the source fitted."""
+    itl = []
+    for n in lengths:
+        recipe = recipe_for(setup["model_config"], m["gpu"], setup["backend"], fmt, n, m["output_tokens"], [1],
+                            m["max_num_batched_tokens"], weights=setup["weights"], tp=setup["tp"])
+        itl.append(own_rows(recipe)[(fmt if fmt != "bf16" else "bf16", 1)].itl_p50_ms)
+    slope = (itl[1] - itl[0]) / (lengths[1] - lengths[0])
+    return slope, itl[0] - slope * lengths[0]
+
+
+def published_comparisons() -> list[dict[str, Any]]:
+    """One row per published figure: source, measurement, format, figure, measured, trtkv's estimate, error."""
+    rows = []
+    for doc in published():
+        setup = doc["setup"]
+        for m in doc["measurements"]:
+            fits = {}
+            for fmt, measured in m["formats"].items():
+                if m["kind"] == "serving":
+                    recipe = recipe_for(setup["model_config"], m["gpu"], setup["backend"], fmt, m["input_tokens"],
+                                        m["output_tokens"], [m["concurrency"]], m["max_num_batched_tokens"],
+                                        weights=setup["weights"], tp=setup["tp"])
+                    r = own_rows(recipe)[(fmt, m["concurrency"])]
+                    got = {"ttft_p50_ms": r.ttft_ms, "itl_p50_ms": r.itl_p50_ms, "output_tokens_per_s": r.output_tokens_per_s}
+                else:
+                    slope, intercept = itl_fit(setup, m, fmt)
+                    fits[fmt] = (slope, intercept)
+                    got = {"slope_ms_per_token": slope, "intercept_ms": intercept}
+                rows += [{"source": doc["file"], "measurement": m["id"], "format": fmt, "figure": k, "measured": v,
+                          "estimate": got[k], "error": got[k] / v - 1} for k, v in measured.items()]
+            if "break_even_tokens" in m and len(fits) == 2:
+                (s16, b16), (s8, b8) = fits["bf16"], fits["fp8"]
+                est = (b8 - b16) / (s16 - s8) if s16 > s8 else float("inf")
+                rows.append({"source": doc["file"], "measurement": m["id"], "format": "fp8 vs bf16",
+                             "figure": "break_even_tokens", "measured": m["break_even_tokens"], "estimate": est,
+                             "error": est / m["break_even_tokens"] - 1})
+    return rows

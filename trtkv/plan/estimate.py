@@ -1,0 +1,179 @@
+"""`trtkv plan --estimate`: TTFT, ITL and output tokens/s per KV format and concurrency for the recipe's engine, GPU,
+TP/PP, weights and bench workload, each figure with its source: aiconfigurator's estimate where it has data
+(trtkv.plan.aic), else trtkv's own model (trtkv.plan.speed); and the largest concurrency the plan's KV pool holds."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from trtkv.core.errors import TrtkvError
+from trtkv.kvcache.formats import UNQUANTIZED, KVFormat
+from trtkv.plan import aic
+from trtkv.plan.model import GIB, Architecture, Plan, resolve_architecture, seq_bytes, weights_bytes
+from trtkv.plan.speed import KVCost, ModelShape, Serving, kernels_for, kv_lane, serve
+from trtkv.platform.hardware import GPU, GPU_SPECS
+from trtkv.recipe import Backend, Recipe, WeightQuant
+from trtkv.recipe.attention import layer_formats
+
+# The engine name trtkv/data/kv_formats.json files each backend's rows under
+TABLE_ENGINE = {Backend.VLLM: "vllm", Backend.SGLANG: "sglang", Backend.LLMAPI: "tensorrt_llm",
+                Backend.TENSORRT: "tensorrt_llm"}
+BLACKWELL_ONLY = (KVFormat.NVFP4,)  # NVFP4 KV: FP4 tensor cores (TensorRT-LLM, vLLM, SGLang need sm100+)
+
+
+@dataclass
+class EstimateRow:
+    format: str
+    concurrency: int
+    ttft_ms: float
+    itl_ms: float
+    itl_p50_ms: float | None
+    output_tokens_per_s: float  # per GPU
+    output_tokens_per_s_per_user: float
+    source: str
+    fits: bool  # concurrency <= what the KV pool holds at isl + osl
+
+
+@dataclass
+class Estimate:
+    workload: dict[str, Any]
+    engine: str
+    gpu: str
+    kv_pool_bytes_per_gpu: float
+    max_concurrency: dict[str, int]  # per format: sequences of isl + osl tokens the pool holds
+    rows: list[EstimateRow]
+    aiconfigurator: str  # what was used, or why not
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """plan --json's `estimate`: per format, one entry per concurrency level."""
+        formats: dict[str, Any] = {}
+        for r in self.rows:
+            entry = formats.setdefault(r.format, {"max_concurrency": self.max_concurrency[r.format], "levels": []})
+            entry["levels"].append({k: v for k, v in asdict(r).items() if k != "format"})
+        return {"workload": self.workload, "engine": self.engine, "gpu": self.gpu,
+                "kv_pool_bytes_per_gpu": self.kv_pool_bytes_per_gpu, "aiconfigurator": self.aiconfigurator,
+                "formats": formats, "notes": self.notes}
+
+
+def kv_pool_bytes_per_gpu(plan: Plan) -> float:
+    """The KV pool per GPU the estimate sizes concurrency with: the planner's budget (the one place to swap for the
+    engine's own pool rule, `kv_pool_bytes_per_gpu`, once the planner has it)."""
+    return plan.kv_budget_gib_per_gpu * GIB
+
+
+def engine_formats(recipe: Recipe) -> list[tuple[str, KVFormat]]:
+    """(label, format) of every KV format the recipe's engine serves (trtkv/data/kv_formats.json), recipe's first;
+    one format per engine value (fp8 and fp8_scale1 run the same kernels)."""
+    from trtkv.kvcache.engines import load_table
+
+    engine = TABLE_ENGINE.get(recipe.build.backend)
+    out: list[tuple[str, KVFormat]] = [(recipe.kv_format_label, recipe.kv_format)]
+    if engine is None:
+        return out
+    seen = {recipe.kv_format}
+    blackwell = GPU_SPECS.get(recipe.hardware.gpu) is not None and GPU_SPECS[recipe.hardware.gpu].arch == "Blackwell"
+    table = load_table()
+    values = {e.value for e in table.engine_rows(recipe.kv_format.value, engine)}
+    for row in table.formats.values():
+        for e in row.engines:
+            if e.engine != engine or "not merged" in e.value or e.value in values:
+                continue
+            if recipe.build.backend is Backend.TENSORRT and "engine path" not in e.version and row.name not in ("bf16",
+                                                                                                            "fp8"):
+                continue
+            try:
+                fmt = KVFormat(row.probe or "")
+            except ValueError:
+                continue
+            unq = fmt in UNQUANTIZED and any(f in UNQUANTIZED for f in seen)  # fp16 and bf16 cost the same
+            if fmt in seen or unq or (fmt in BLACKWELL_ONLY and not blackwell):
+                continue
+            values.add(e.value)
+            seen.add(fmt)
+            out.append((fmt.value, fmt))
+    return out
+
+
+def model_shape(arch: Architecture, recipe: Recipe) -> ModelShape:
+    """Per-GPU GEMM parameters and bytes across every pipeline stage (a step's latency crosses all of them)."""
+    tp, pp = recipe.build.tp_size, recipe.build.pp_size
+    h = arch.hidden_size
+    vocab = arch.vocab_size or 0
+    params = arch.parameters()
+    gemm_params = max(0.0, params - arch.embedding_parameters() + vocab * h)  # the LM head is a GEMM, the lookup not
+    _, w_gpu = weights_bytes(arch, recipe)
+    # the embedding table is looked up, not read whole (a tied one is read whole as the LM head)
+    lookup = 0.0 if arch.tie_word_embeddings else vocab * h * (4 if recipe.model.dtype.value == "float32" else 2) / tp
+    fp8 = recipe.quantization.weights in (WeightQuant.FP8, WeightQuant.INT8_SQ) and GPU_SPECS[recipe.hardware.gpu].has_fp8
+    windows = tuple(x.window if x.window else None for x in arch.layer_list())
+    return ModelShape(arch.num_layers, h, arch.intermediate_size or 4 * h, max(1, arch.num_attention_heads // tp),
+                      arch.head_dim, gemm_params / tp, max(0.0, w_gpu * pp - lookup), "fp8" if fp8 else "bfloat16",
+                      windows, tp, pp)
+
+
+def kv_cost(arch: Architecture, recipe: Recipe, fmt: KVFormat, skip: tuple[int | str, ...]) -> KVCost:
+    fmts = layer_formats(arch.layer_list(), fmt, skip, recipe.kv_skip_format)
+    tp = recipe.build.tp_size
+    lane, ops = kv_lane(fmt)
+    heads = max(1, -(-arch.num_kv_heads // tp)) if not arch.kv_lora_rank else 1
+    elems = 2 * heads * arch.head_dim if not arch.kv_lora_rank else float(arch.kv_shape().mla_latent or 0)
+
+    def bytes_at(n: int) -> float:
+        return seq_bytes(arch, fmts, n, tp, 1)
+
+    return KVCost(fmt, bytes_at, lane, ops, elems)
+
+
+def _own_rows(recipe: Recipe, arch: Architecture, label: str, fmt: KVFormat, skip: tuple[int | str, ...],
+              fits: int) -> list[EstimateRow]:
+    b = recipe.bench
+    k = kernels_for(recipe.hardware.gpu, recipe.build.backend.value)
+    m, kv = model_shape(arch, recipe), kv_cost(arch, recipe, fmt, skip)
+    rows = []
+    for c in b.concurrency:
+        s: Serving = serve(k, m, kv, b.input_tokens, b.output_tokens, min(c, max(1, fits)), recipe.build.max_num_tokens)
+        rows.append(EstimateRow(label, c, s.ttft_ms, s.itl_ms, s.itl_p50_ms, s.output_tokens_per_s_per_gpu,
+                                s.output_tokens_per_s_per_user, k.source, c <= fits))
+    return rows
+
+
+def estimate(recipe: Recipe, plan: Plan, use_aiconfigurator: bool = True) -> Estimate:
+    """Every (format, concurrency) of the recipe's engine: aiconfigurator's figures where it has them, else trtkv's."""
+    gpu = recipe.hardware.gpu
+    if gpu is GPU.CPU or recipe.build.backend is Backend.REFERENCE:
+        raise TrtkvError(f"recipe {recipe.name}: --estimate prices a GPU engine (hardware.gpu one of "
+                         f"{', '.join(g.value for g in GPU_SPECS)}, build.backend tensorrt, llmapi, vllm or sglang); "
+                         f"this one runs {recipe.build.backend.value} on {gpu.value}. Next: override them, e.g. "
+                         f"`hardware.gpu=H100-80GB build.backend=vllm`, or measure here with `trtkv bench --sweep-input`.")
+    arch = resolve_architecture(recipe)
+    b = recipe.bench
+    pool = kv_pool_bytes_per_gpu(plan)
+    skip = tuple(recipe.quantization.kv_skip_layers)
+    formats = engine_formats(recipe)
+    fits: dict[str, int] = {}
+    for label, fmt in formats:
+        kv = kv_cost(arch, recipe, fmt, skip if label == recipe.kv_format_label else ())
+        fits[label] = int(pool // kv.seq_bytes(b.input_tokens + b.output_tokens)) if pool else 0
+    answer, status = (aic.run_for(recipe, arch, formats, b.concurrency) if use_aiconfigurator
+                      else (None, "not asked (--no-aiconfigurator)"))
+    rows: list[EstimateRow] = []
+    notes: list[str] = []
+    for label, fmt in formats:
+        got = aic.rows_for(answer, fmt, b.concurrency) if answer and label == fmt.value else None
+        if got and answer is not None:
+            rows += [EstimateRow(label, r.concurrency, r.ttft_ms, r.itl_ms, None, r.tokens_per_s_per_gpu,
+                                 r.tokens_per_s_per_user, answer.source(r), r.concurrency <= fits[label]) for r in got]
+        else:
+            rows += _own_rows(recipe, arch, label, fmt, skip if label == recipe.kv_format_label else (), fits[label])
+    over = sorted({r.format for r in rows if not r.fits})
+    if over:
+        notes.append(f"concurrency above what the KV pool holds ({pool / GIB:.1f} GiB per GPU) for {', '.join(over)}: "
+                     f"trtkv's model prices those levels at the concurrency that fits (the engine queues the rest).")
+    if any(fmt not in UNQUANTIZED and kv_lane(fmt)[1] for _, fmt in formats):
+        notes.append("formats other than 16-bit and FP8 (no kernel tables anywhere): their bytes at the FP8 attention "
+                     "kernel's measured efficiency, plus dequantization counted per element on the CUDA cores.")
+    workload = {"input_tokens": b.input_tokens, "output_tokens": b.output_tokens, "concurrency": list(b.concurrency),
+                "max_num_batched_tokens": recipe.build.max_num_tokens}
+    return Estimate(workload, recipe.build.backend.value, gpu.value, pool, fits, rows, status, notes)
