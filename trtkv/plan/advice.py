@@ -120,7 +120,10 @@ def advice_for(recipe: Recipe, arch: Architecture, caps: list[FormatCapacity], r
                        f"KV quantization buys bandwidth (decode speed) more than capacity.")
     if not arch.uniform_full():
         out += attention_advice(recipe, arch, caps, rec_fmt)
-    elif ctx >= 8192:
+    speed = _speed_line(recipe, arch, caps, rec_fmt)
+    if speed:
+        out.append(speed)
+    elif arch.uniform_full() and ctx >= 8192:
         out.append("Context >= 8K: decode reads the whole KV cache every step, so halving its bytes cuts attention time.")
     if recipe.hardware.gpu is GPU.CPU:
         out.append("CPU reference runtime: FP8 and INT8 KV are emulated in software (same numerics as the engine); "
@@ -137,6 +140,16 @@ def advice_for(recipe: Recipe, arch: Architecture, caps: list[FormatCapacity], r
         out.append("TensorRT-LLM shares one scale for K and V per layer (kv_cache_scaling_factor); check V's resolution "
                    "with `trtkv probe`.")
     return out, "heuristic: published guidance, no probe results for this model yet (run `trtkv probe`)"
+
+
+def _speed_line(recipe: Recipe, arch: Architecture, caps: list[FormatCapacity], rec_fmt: KVFormat) -> str | None:
+    """The estimate's verdict on the recipe's format (trtkv.plan.estimate.speed_advice); None off the GPU engines."""
+    from trtkv.plan.estimate import speed_advice
+
+    by = {c.format: c for c in caps}
+    base, rec = by.get(KVFormat.FP16.value), by.get(recipe.kv_format_label) or by.get(rec_fmt.value)
+    ratio = base.bytes_per_token_per_gpu / rec.bytes_per_token_per_gpu if base and rec else None
+    return speed_advice(recipe, arch, ratio)
 
 
 def attention_advice(recipe: Recipe, arch: Architecture, caps: list[FormatCapacity], rec_fmt: KVFormat) -> list[str]:

@@ -177,3 +177,35 @@ def estimate(recipe: Recipe, plan: Plan, use_aiconfigurator: bool = True) -> Est
     workload = {"input_tokens": b.input_tokens, "output_tokens": b.output_tokens, "concurrency": list(b.concurrency),
                 "max_num_batched_tokens": recipe.build.max_num_tokens}
     return Estimate(workload, recipe.build.backend.value, gpu.value, pool, fits, rows, status, notes)
+
+
+def speed_advice(recipe: Recipe, arch: Architecture, capacity_ratio: float | None) -> str | None:
+    """The planner's advice line on the recipe's KV format against 16-bit, from trtkv's own model (no subprocess):
+    ITL and TTFT change at the recipe's longest input (at most 32K) and concurrency (at most 8), the capacity ratio,
+    and the concurrency-1 break-even length."""
+    gpu, fmt = recipe.hardware.gpu, recipe.kv_format
+    if gpu is GPU.CPU or recipe.build.backend is Backend.REFERENCE or fmt in UNQUANTIZED:
+        return None
+    b = recipe.bench
+    n = min(recipe.build.max_input_len, 32768)  # the long context a quantized cache is chosen for
+    c = min(max(b.concurrency), 8)
+    k = kernels_for(gpu, recipe.build.backend.value)
+    m = model_shape(arch, recipe)
+    skip = tuple(recipe.quantization.kv_skip_layers)
+    quant, base = kv_cost(arch, recipe, fmt, skip), kv_cost(arch, recipe, KVFormat.BF16, ())
+    q, s = (serve(k, m, kv, n, b.output_tokens, c, recipe.build.max_num_tokens) for kv in (quant, base))
+    lines = {}
+    for name, kv in (("q", quant), ("s", base)):
+        lo, hi = (serve(k, m, kv, x, 128, 1, recipe.build.max_num_tokens).itl_p50_ms for x in (1024, 65536))
+        lines[name] = ((hi - lo) / 64512, lo - (hi - lo) / 64512 * 1024)
+    (sq, iq), (ss, is_) = lines["q"], lines["s"]
+    if sq < ss:
+        cross = (iq - is_) / (ss - sq)
+        even = "at every length" if cross <= 0 else f"beyond ~{cross:,.0f} tokens"
+    else:
+        even = "never (its ITL slope is not lower)"
+    cap = f", capacity x{capacity_ratio:.2g}" if capacity_ratio else ""
+    return (f"At {n:,} tokens in on {gpu.value} with {k.versions} kernels, {recipe.kv_format_label} KV vs bf16 at "
+            f"concurrency {c}: ITL {q.itl_ms / s.itl_ms - 1:+.0%}, TTFT {q.ttft_ms / s.ttft_ms - 1:+.0%}{cap}; "
+            f"decode (concurrency 1) breaks even {even} ({k.source}; `trtkv plan {recipe.name} --estimate` for every "
+            f"format and level, `trtkv bench --sweep-input` measures it).")

@@ -1,0 +1,41 @@
+"""The real aiconfigurator (its own venv, `make install-aiconfigurator`, which `make test` builds) answers trtkv's
+adapter: one recorded case reproduced live, and `trtkv plan --estimate` naming it as the source of its covered rows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.support import speed_cases as sc
+from trtkv.cli import main
+from trtkv.plan import aic
+
+pytestmark = [pytest.mark.e2e]
+
+
+@pytest.fixture(scope="module")
+def aic_python() -> None:
+    if not aic.python_path().is_file():
+        pytest.fail(f"{aic.python_path()} missing: run `make install-aiconfigurator` (make test does).")
+
+
+def test_recorded_case_reproduces_live(aic_python: None) -> None:
+    case = next(c for c in sc.aic_cases()["cases"] if c["gpu"] == "H100-80GB" and c["backend"] == "vllm"
+                and c["kv"] == "fp8" and c["concurrency"] == 16)
+    req = {**case["request"], "model_path": str(sc.ROOT / case["model_config"]),
+           "cases": [{"kv": case["kv"], "concurrency": case["concurrency"]}]}
+    answer = aic.run(req)
+    assert answer.version == aic.AIC_VERSION and not answer.errors
+    live = answer.rows[0]
+    assert live.itl_ms == pytest.approx(case["row"]["itl_ms"], rel=1e-6)
+    assert live.ttft_ms == pytest.approx(case["row"]["ttft_ms"], rel=1e-6)
+
+
+def test_plan_estimate_names_aiconfigurator(aic_python: None, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "llama8b_fp8kv", "--estimate", "--json", "build.backend=vllm", "bench.input_tokens=4096",
+                 "bench.output_tokens=256", "bench.concurrency=[4]"]) == 0
+    est = json.loads(capsys.readouterr().out)["estimate"]
+    assert est["formats"]["fp8"]["levels"][0]["source"] == "aiconfigurator 0.12.0 (vllm 0.24.0 data, h100_sxm)"
+    assert est["formats"]["bf16"]["levels"][0]["source"].startswith("aiconfigurator 0.12.0")
+    assert est["formats"]["int8_per_token_head"]["levels"][0]["source"].startswith("trtkv model")
