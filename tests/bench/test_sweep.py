@@ -84,3 +84,19 @@ def test_sweep_lengths_are_checked_at_once() -> None:
 
     with pytest.raises(RecipeError, match="bench.sweep_input_tokens"):
         load_recipe("smollm2_fp8kv", ["bench.sweep_input_tokens=[128,999999]"])
+
+
+def test_compare_reports_the_break_even_and_plots(tmp_path) -> None:  # noqa: ANN001
+    from trtkv.report.summary import _sweep_section
+
+    def doc(slope: float, intercept: float) -> dict:
+        body = _level(slope, intercept)
+        body.update(sweep.fits({int(k): v for k, v in body["samples"].items()}))
+        return {"input_tokens": [1024, 4096, 16384, 65536], "levels": {"concurrency=1": body}}
+
+    rows = [{"recipe": "llama_bf16", "sweep": doc(4.37e-5, 6.44)}, {"recipe": "llama_fp8", "sweep": doc(2.37e-5, 6.58)}]
+    md = "\n".join(_sweep_section(rows, tmp_path))
+    assert "| llama_fp8 | concurrency=1 |" in md and "2.37e-05" in md
+    assert "llama_fp8 ITL drops below llama_bf16's at ~" in md and "95% interval" in md
+    assert rows[0]["sweep_break_even"][0]["verdict"] == "break-even"
+    assert (tmp_path / "compare_itl_vs_input.png").stat().st_size > 0
