@@ -71,6 +71,11 @@ def test_summarize_fits_per_level() -> None:
     body = out["levels"]["concurrency=1"]
     assert out["input_tokens"] == [128, 512, 2048] and body["itl_fit"]["slope"] == pytest.approx(0.001)
     assert body["ttft_fit"]["slope"] == pytest.approx(0.01) and body["ttft_quadratic_fit"] is not None
+    from trtkv.bench.results import sweep_rows
+
+    rows = sweep_rows({"sweep": out})
+    assert rows[0][:4] == ["concurrency=1", "128", "2.13", "1.3"] and rows[0][4].startswith("0.001 x input + 2")
+    assert [r[1] for r in rows] == ["128", "512", "2,048"] and rows[1][0] == "" and rows[1][4] == ""
 
 
 def test_sweep_lengths_are_checked_at_once() -> None:

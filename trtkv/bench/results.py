@@ -169,6 +169,10 @@ def write_md(path: Path, results: dict[str, Any], plots: list[str]) -> None:
         parts += ["## Latency and throughput (GenAI-Perf metric names)", "", _md_table(header, level_rows(results)), ""]
         parts += ["Full statistics (avg, min, max, std, p50, p90, p95, p99) per metric and level: `results.csv` and "
                   "`results.json`; every request's raw record: `results.json` (`records`) and `requests.csv`.", ""]
+    if results.get("sweep"):
+        parts += ["## Against input length (`--sweep-input`)", "", _md_table(
+            ["level", "input tokens", "ITL p50", "TTFT p50", "ITL fit (ms/token x input + ms)"], sweep_rows(results)),
+            "", "Each length's median over its requests; `trtkv compare` of two recipes gives the break-even length.", ""]
     if results.get("accuracy"):
         header = ["task", "metric", "value", "95% interval", "details"]
         parts += ["## Accuracy", "", _md_table(header, accuracy_rows(results)), ""]
@@ -214,6 +218,20 @@ def failure_summary(results: dict[str, Any]) -> str | None:
     return text
 
 
+def sweep_rows(results: dict[str, Any]) -> list[list[str]]:
+    """One row per (level, input length) of the input sweep, the level's ITL fit on its first row."""
+    rows = []
+    for level, body in (results.get("sweep") or {}).get("levels", {}).items():
+        fit = body.get("itl_fit")
+        ttft = dict(zip(body.get("ttft_input_tokens", []), body.get("ttft_p50_ms", []), strict=False))
+        for i, (n, itl) in enumerate(zip(body.get("input_tokens", []), body.get("itl_p50_ms", []), strict=False)):
+            fit_text = f"{fit['slope']:.3g} x input + {fit['intercept']:.3g}" if fit and i == 0 else ""
+            t = ttft.get(n)
+            rows.append([level if i == 0 else "", f"{n:,.0f}", f"{itl:.2f}", f"{t:.1f}" if t is not None else "—",
+                         fit_text])
+    return rows
+
+
 def console_summary(results: dict[str, Any], out_dir: Path | None) -> None:
     """One screen: per-level table, accuracy, SLO verdict and where the files are."""
     from rich.console import Console
@@ -229,6 +247,13 @@ def console_summary(results: dict[str, Any], out_dir: Path | None) -> None:
         for col in ["level", *(c for c, _, _ in LEVEL_COLUMNS), "failed"]:
             table.add_column(col, justify="right" if col != "level" else "left")
         for row in level_rows(results):
+            table.add_row(*row)
+        con.print(table)
+    if results.get("sweep"):
+        table = Table(title="against input length (--sweep-input): medians, ms")
+        for col in ("level", "input tokens", "ITL p50", "TTFT p50", "ITL fit (ms/token x input + ms)"):
+            table.add_column(col)
+        for row in sweep_rows(results):
             table.add_row(*row)
         con.print(table)
     if results.get("accuracy"):
