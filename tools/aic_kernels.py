@@ -14,6 +14,7 @@ trtkv's tests compare against (8B-class models at TP1) are not the shapes the ef
                 and the same at context 1 (the kernel's fixed cost per call)
   attn_prefill  batch 1, 8192 tokens, 16 query heads, 2 KV heads, head_dim 128, causal: 2 x 2 x heads x head_dim x
                 tokens^2 / 2 / BF16 tensor-core peak
+  elementwise   the system YAML's own memory-op model (mem_bw_empirical_scaling_factor, mem_empirical_constant_latency)
   allreduce     NCCL all_reduce over 4 GPUs: the floor at 4,096 half elements; bus bandwidth at 16,777,216 elements
                 against the YAML's intra-node bandwidth
 """
@@ -137,7 +138,9 @@ def main() -> int:
         spec = yaml.safe_load(open(os.path.join(sys_dir, f"{name}.yaml")))
         gpu, node = spec["gpu"], spec["node"]
         root = os.path.join(sys_dir, spec["data_dir"])
-        entry: dict = {"gpu": {k: gpu.get(k) for k in ("mem_bw", "bfloat16_tc_flops", "fp8_tc_flops", "sm_version")},
+        keys = ("mem_bw", "bfloat16_tc_flops", "fp8_tc_flops", "sm_version", "mem_bw_empirical_scaling_factor",
+                "mem_empirical_constant_latency")
+        entry: dict = {"gpu": {k: gpu.get(k) for k in keys},
                        "intra_node_bw": node["intra_node_bw"], "backends": {}}
         entry.update(_allreduce(pd, root, gpu, node["intra_node_bw"]))
         for backend in BACKENDS:

@@ -47,8 +47,12 @@ DEQUANT_OPS = {"int8": 2, "int8_split": 2, "int8_token": 2, "int8_per_token_head
                "turboquant_3bit_nc": 6, "ultraquant_4bit": 4}
 NATIVE_FP8 = (KVFormat.FP8, KVFormat.FP8_SCALE1)
 # Elementwise passes over a hidden-sized activation per layer and token (2 RMSNorms x read+write, 2 residual adds x 3,
-# RoPE on Q and K ~1.25 hidden x 2, SiLU-and-mul over the MLP width: counted with intermediate/hidden below).
+# RoPE on Q and K ~1.25 hidden x 2, SiLU-and-mul over the MLP width: counted with intermediate/hidden below), and the
+# kernels they take per layer (input RMSNorm, RoPE, KV-cache write, post-attention RMSNorm with its residual add,
+# SiLU-and-mul), each priced as aiconfigurator prices a memory-bound op: bytes at mem_bw x
+# mem_bw_empirical_scaling_factor plus mem_empirical_constant_latency (systems/<gpu>.yaml: 0.8 and 3 us on every GPU).
 ELEMENTWISE_PASSES = 2 * 2 + 2 * 3 + 2.5
+ELEMENTWISE_KERNELS = 5
 # CPU-side dispatch per request and layer that kernel tables do not see, as aiconfigurator-core 0.12.0 calibrates it
 # (sdk/backends/vllm_backend.py `_prefill_dispatch_overhead_ms`: 0.8 ms x layers for vLLM; its base backend: none)
 DISPATCH_MS_PER_LAYER = {"vllm": 0.8}
@@ -71,6 +75,8 @@ class Kernels:
     ar_floor_ms: float
     ar_bus_eff: float
     borrowed: bool  # efficiencies from the architecture's reference GPU
+    op_bw_scale: float = 0.8  # aiconfigurator's memory-op model (systems/<gpu>.yaml)
+    op_latency_ms: float = 0.003
 
     def efficiency(self, kind: str, dtype: str) -> float:
         got = self.eff.get(f"{kind}.{dtype}") or self.eff.get(f"{kind}.bfloat16")
@@ -113,9 +119,12 @@ def kernels_for(gpu: GPU, backend: str) -> Kernels:
     eff = {k: v["efficiency"] for k, v in tables.items() if isinstance(v, dict) and "efficiency" in v}
     floors = {k.split(".", 1)[1]: v["floor_ms"] for k, v in tables.items() if isinstance(v, dict) and "floor_ms" in v}
     ar = entry.get("allreduce", {"floor_ms": 0.01, "bus_efficiency": 0.5})
+    g = entry["gpu"]
     return Kernels(system, engine, f"{engine} {tables['attention_version']}", spec.hbm_bandwidth_gbps * 1e9, flops,
                    FP32_TFLOPS.get(system, 60.0) * 1e12 * scale, float(entry["intra_node_bw"]), eff, floors,
-                   float(ar["floor_ms"]), min(1.0, float(ar["bus_efficiency"])), borrowed)
+                   float(ar["floor_ms"]), min(1.0, float(ar["bus_efficiency"])), borrowed,
+                   float(g.get("mem_bw_empirical_scaling_factor") or 0.8),
+                   float(g.get("mem_empirical_constant_latency") or 3e-6) * 1e3)
 
 
 @dataclass(frozen=True)
@@ -205,7 +214,8 @@ def step_time(k: Kernels, m: ModelShape, kv: KVCost, decode_contexts: list[float
     if m.pp > 1:
         comm += (m.pp - 1) * k.ar_floor_ms  # one activation hand-off per stage boundary
     passes = ELEMENTWISE_PASSES + 3 * m.intermediate / max(1, m.hidden) / m.tp
-    other = tokens * m.hidden * 2 * passes * m.num_layers / (k.mem_bw * k.efficiency("gemm_memory", "bfloat16")) * 1e3
+    other = (tokens * m.hidden * 2 * passes * m.num_layers / (k.mem_bw * k.op_bw_scale) * 1e3
+             + ELEMENTWISE_KERNELS * m.num_layers * k.op_latency_ms)
     return Step(gemm, attn, comm, other)
 
 
