@@ -8,6 +8,7 @@ the fits, the break-even and compare_itl_vs_input.png. OUTPUT/summary.md and sum
 on here: the CPU, its flags, the load average before and after (other work on the machine slows every step alike;
 nothing here controls it).
 Usage: python benchmarks/sweep_input.py [--pairs reference,vllm] [--lengths 128,512,1024,2048] [--requests 6]
+       [--output-tokens 16]
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def cpu_facts() -> dict[str, Any]:
             "avx2": "avx2" in flags}
 
 
-def run_pair(name: str, lengths: str, requests: int, out: Path, ports: list[int]) -> dict[str, Any]:
+def run_pair(name: str, lengths: str, requests: int, output_tokens: int, out: Path, ports: list[int]) -> dict[str, Any]:
     from trtkv.backends import vllm
     from trtkv.recipe import load_recipe
 
@@ -41,7 +42,9 @@ def run_pair(name: str, lengths: str, requests: int, out: Path, ports: list[int]
         problem = vllm.cpu_fp8_kv_problem(load_recipe(quant))
         if problem or not vllm.vllm_python().is_file():
             return {"pair": name, "skipped": problem or f"{vllm.vllm_python()} missing (make install-vllm)"}
-    overrides = [f"bench.sweep_input_tokens=[{lengths}]", "bench.tasks=[]", "bench.concurrency=[1]",
+    first = lengths.split(",")[0].strip()  # the recipe's own length one of the sweep's: no extra level
+    overrides = [f"bench.sweep_input_tokens=[{lengths}]", f"bench.input_tokens={first}",
+                 f"bench.output_tokens={output_tokens}", "bench.tasks=[]", "bench.concurrency=[1]",
                  f"bench.num_requests={requests}", "bench.thresholds=[]", f"triton.http_port={ports[0]}",
                  f"triton.grpc_port={ports[1]}", f"triton.metrics_port={ports[2]}"]
     started = time.time()
@@ -62,6 +65,7 @@ def main() -> int:
     ap.add_argument("--pairs", default="reference,vllm")
     ap.add_argument("--lengths", default="128,512,1024,2048")
     ap.add_argument("--requests", type=int, default=6)
+    ap.add_argument("--output-tokens", type=int, default=16, help="the same for both recipes of a pair")
     ap.add_argument("--output", type=Path, default=Path("engines/bench-sweep-input"))
     args = ap.parse_args()
     from trtkv.core.process import free_ports
@@ -72,7 +76,8 @@ def main() -> int:
         if name not in PAIRS:
             print(f"error: --pairs {name!r}: allowed {', '.join(PAIRS)}", file=sys.stderr)
             return 2
-        summary["pairs"].append(run_pair(name, args.lengths, args.requests, args.output, free_ports(3)))
+        summary["pairs"].append(run_pair(name, args.lengths, args.requests, args.output_tokens, args.output,
+                                         free_ports(3)))
     summary["load_after"] = os.getloadavg()
     (args.output / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     lines = [f"# Input sweep on {summary['cpu']['model']} ({summary['cpu']['cores']} cores; AVX-512 "

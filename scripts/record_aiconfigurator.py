@@ -20,23 +20,24 @@ from trtkv.plan.model import resolve_architecture  # noqa: E402
 
 def main() -> int:
     requests, keys = [], []
-    for model, config in sc.MODELS.items():
+    for model, config, tp, weights, backends in sc.CASE_SETS:
         for gpu in sc.GPUS:
-            for backend in sc.BACKENDS:
+            for backend in backends:
                 for isl, osl in sc.WORKLOADS:
-                    recipe = sc.recipe_for(config, gpu, backend, "bf16", isl, osl, list(sc.CONCURRENCY), isl + 16)
+                    recipe = sc.recipe_for(config, gpu, backend, "bf16", isl, osl, list(sc.CONCURRENCY), isl + 16,
+                                           weights=weights, tp=tp)
                     req = aic.request(recipe, resolve_architecture(recipe), ["bfloat16", "fp8"], sc.CONCURRENCY,
                                       str(sc.ROOT / config))
                     requests.append(req)
-                    keys.append((model, config, gpu, backend, isl, osl, req))
+                    keys.append((model, config, gpu, backend, isl, osl, req, tp, weights))
     answers = aic.run_many({"requests": requests}, timeout=3600)
     cases = []
-    for (model, config, gpu, backend, isl, osl, req), answer in zip(keys, answers, strict=True):
+    for (model, config, gpu, backend, isl, osl, req, tp, weights), answer in zip(keys, answers, strict=True):
         for row in answer.rows:
-            cases.append({"id": f"{model}/{gpu}/{backend}/{isl}x{osl}/{row.kv}/c{row.concurrency}",
+            cases.append({"id": f"{model}/tp{tp}/{gpu}/{backend}/{isl}x{osl}/{row.kv}/c{row.concurrency}",
                           "model_config": config, "gpu": gpu, "backend": backend, "kv": row.kv, "isl": isl, "osl": osl,
-                          "concurrency": row.concurrency, "tp": 1, "request": {k: v for k, v in req.items()
-                                                                               if k != "cases"},
+                          "concurrency": row.concurrency, "tp": tp, "weights": weights,
+                          "request": {k: v for k, v in req.items() if k != "cases"},
                           "row": row.__dict__})
     doc = {"about": "aiconfigurator's own estimates (tools/aic_estimate.py in .venv-aic), recorded by "
                     "scripts/record_aiconfigurator.py; none of these cases is a shape trtkv's efficiencies were read at "

@@ -21,15 +21,16 @@ def main() -> int:
         print(f"| {Path(r['source']).name} | {r['measurement']} | {r['format']} | {r['figure']} | {r['measured']:.4g} | "
               f"{r['estimate']:.4g} | {r['error']:+.1%} |")
     print()
-    groups: dict[tuple[str, str], list[float]] = defaultdict(list)
+    groups: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     for c in sc.aic_comparisons():
-        model, gpu, backend = c.case.split("/")[:3]
-        groups[(gpu, backend)].append(c.error)
-    print("| GPU | engine | cases | median abs error | worst |")
-    print("|---|---|---|---|---|")
-    for (gpu, backend), errs in sorted(groups.items()):
+        _model, tp, gpu, backend = c.case.split("/")[:4]
+        groups[(gpu, backend, tp)].append(c.error)
+    print("| GPU | engine | TP | cases | median abs error | worst |")
+    print("|---|---|---|---|---|---|")
+    for (gpu, backend, tp), errs in sorted(groups.items()):
         worst = max(errs, key=abs)
-        print(f"| {gpu} | {backend} | {len(errs)} | {statistics.median(abs(e) for e in errs):.1%} | {worst:+.1%} |")
+        print(f"| {gpu} | {backend} | {tp[2:]} | {len(errs)} | {statistics.median(abs(e) for e in errs):.1%} | "
+              f"{worst:+.1%} |")
     return 0
 
 

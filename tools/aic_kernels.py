@@ -5,11 +5,13 @@ trtkv/data/speed_efficiencies.json). Each efficiency is (ideal time at the GPU's
 YAML in aiconfigurator-core gives it) / (the latency aiconfigurator measured on that GPU), read at ONE fixed shape per
 kernel, named below and in the output, so a reader can check every figure against the parquet row it came from.
 
-Reference shapes (per GPU, after tensor parallelism); chosen as a 70B-class layer at TP4, so the end-to-end cases
-trtkv's tests compare against (8B-class models at TP1) are not the shapes the efficiencies come from:
-  gemm_memory   m=8, 16, 32 tokens, n=k=8192          weight bytes / HBM bandwidth     (decode GEMMs: weight-bound)
-  gemm_compute  m=2048, 4096, 8192, 16384, n=k=8192   2mnk / tensor-core peak         (prefill GEMMs: compute-bound)
-                (GEMMs: the median over those m; one m alone is noisy, e.g. H200 SGLang 0.51 at 8192, 0.80 at 2048)
+Reference shapes (per GPU, after tensor parallelism): kernel rows only; no end-to-end estimate and no measurement is
+used. Attention is read at a 70B-class layer at TP4, which no end-to-end case trtkv's tests compare against has:
+  gemm_memory   m=8, 16, 32 tokens x n=k=4096, 8192, 16384    (decode GEMMs: weight-bound; work = weight bytes)
+  gemm_compute  m=2048..16384 tokens x n=k=4096, 8192, 16384   (prefill GEMMs: compute-bound; work = 2mnk)
+                (weight-bound: latency = fixed + bytes / (bandwidth x efficiency), least squares over those rows: one
+                size alone mixes the fixed cost into the efficiency, e.g. TensorRT-LLM's FP8 GEMM on B200 reads 0.13
+                of the bandwidth at 4096 x 4096 and 0.60 at 16384 x 16384; compute-bound: the median efficiency)
   attn_decode   batch 16, 16 query heads, 2 KV heads, head_dim 128, context 16383: KV bytes / HBM bandwidth;
                 and the same at context 1 (the kernel's fixed cost per call)
   attn_prefill  batch 1, 8192 tokens, 16 query heads, 2 KV heads, head_dim 128, causal: 2 x 2 x heads x head_dim x
@@ -29,7 +31,7 @@ import sys
 
 SYSTEMS = ("a100_sxm", "h100_sxm", "h200_sxm", "b200_sxm", "b300_sxm", "gb200", "l40s", "rtx_pro_6000_server")
 BACKENDS = ("trtllm", "vllm", "sglang")
-GEMM_M_DECODE, GEMM_M_PREFILL, GEMM_NK = (8, 16, 32), (2048, 4096, 8192, 16384), 8192
+GEMM_M_DECODE, GEMM_M_PREFILL, GEMM_NK = (8, 16, 32), (2048, 4096, 8192, 16384), (4096, 8192, 16384)
 HEADS, KV_HEADS, HEAD_DIM, DEC_BATCH, DEC_CTX, PREFILL_LEN = 16, 2, 128, 16, 16383, 8192
 KV_BYTES = {"bfloat16": 2.0, "fp8": 1.0, "int8": 1.0}
 AR_GPUS, AR_SMALL, AR_LARGE = 4, 4096, 16777216
@@ -58,27 +60,38 @@ def _best(df, **where) -> tuple[float, str] | None:
 
 
 def _gemm(pd, path: str, gpu: dict) -> dict:
+    """Per dtype and regime, t = fixed + work / (datasheet rate x efficiency), least squares over the reference rows:
+    a GEMM's fixed cost (launch, tail) and its asymptotic efficiency, which one square size alone would mix up."""
     df = pd.read_parquet(path)
     out: dict = {}
     for dtype, wbytes, peak in (("bfloat16", 2, gpu["bfloat16_tc_flops"]), ("fp8", 1, gpu.get("fp8_tc_flops"))):
-        mem = [(m, _best(df, gemm_dtype=dtype, m=m, n=GEMM_NK, k=GEMM_NK)) for m in GEMM_M_DECODE]
-        rows = [(m, got[0], got[1], GEMM_NK * GEMM_NK * wbytes / gpu["mem_bw"] * 1e3 / got[0]) for m, got in mem if got]
-        if rows:
-            out[f"gemm_memory.{dtype}"] = _median_row(rows)
-        cmp = [(m, _best(df, gemm_dtype=dtype, m=m, n=GEMM_NK, k=GEMM_NK)) for m in GEMM_M_PREFILL] if peak else []
-        rows = [(m, got[0], got[1], 2 * m * GEMM_NK * GEMM_NK / peak * 1e3 / got[0]) for m, got in cmp if got]
-        if rows:
-            out[f"gemm_compute.{dtype}"] = _median_row(rows)
+        for kind, ms, rate in (("gemm_memory", GEMM_M_DECODE, gpu["mem_bw"]), ("gemm_compute", GEMM_M_PREFILL, peak)):
+            rows = []
+            for m in ms if rate else ():
+                for nk in GEMM_NK:
+                    got = _best(df, gemm_dtype=dtype, m=m, n=nk, k=nk)
+                    if got:
+                        work = nk * nk * wbytes if kind == "gemm_memory" else 2 * m * nk * nk
+                        rows.append({"m": m, "n": nk, "k": nk, "latency_ms": got[0], "kernel": got[1], "work": work})
+            if kind == "gemm_compute" and rows:  # compute-bound: no fixed cost worth the name; the median efficiency
+                effs = sorted(r["work"] / rate * 1e3 / r["latency_ms"] for r in rows)
+                out[f"{kind}.{dtype}"] = {"efficiency": effs[len(effs) // 2], "rows": rows}
+                continue
+            fit = _line([r["work"] for r in rows], [r["latency_ms"] for r in rows])
+            if fit:
+                fixed, per_unit = fit
+                out[f"{kind}.{dtype}"] = {"efficiency": 1 / (per_unit * 1e-3 * rate), "fixed_ms": max(0.0, fixed),
+                                          "rows": rows}
     return out
 
 
-def _median_row(rows: list[tuple[int, float, str, float]]) -> dict:
-    """The median efficiency over the reference m values, with every row it came from."""
-    effs = sorted(r[3] for r in rows)
-    mid = len(effs) // 2
-    median = effs[mid] if len(effs) % 2 else (effs[mid - 1] + effs[mid]) / 2
-    return {"efficiency": median, "rows": [{"m": m, "latency_ms": lat, "kernel": kern, "efficiency": eff}
-                                           for m, lat, kern, eff in rows]}
+def _line(x: list[float], y: list[float]) -> tuple[float, float] | None:
+    """Least squares y = a + b x; None without two distinct x or with b <= 0."""
+    if len(set(x)) < 2:
+        return None
+    mx, my = sum(x) / len(x), sum(y) / len(y)
+    b = sum((a - mx) * (c - my) for a, c in zip(x, y, strict=True)) / sum((a - mx) ** 2 for a in x)
+    return (my - b * mx, b) if b > 0 else None
 
 
 def _attention(pd, folder: str, gpu: dict) -> dict:

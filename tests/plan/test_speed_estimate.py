@@ -18,11 +18,12 @@ from trtkv.platform.hardware import GPU
 
 
 def test_own_model_within_25_percent_of_aiconfigurator_itl(capsys: pytest.CaptureFixture[str]) -> None:
-    """Every recorded aiconfigurator row (Llama-3.1-8B and Qwen3-8B, H100/H200/B200, vLLM/TensorRT-LLM/SGLang, BF16 and
-    FP8 KV, 2K and 16K in, concurrency 1 and 16): none is a shape the efficiencies were read at (tools/aic_kernels.py:
-    a 16-head / 2-KV-head layer, 8192 x 8192 GEMMs)."""
+    """Every recorded aiconfigurator row (Llama-3.1-8B and Qwen3-8B at TP1, Llama-3.1-70B at TP2 with FP8 weights;
+    H100/H200/B200, vLLM/TensorRT-LLM/SGLang, BF16 and FP8 KV, 2K and 16K in, concurrency 1 and 16): no end-to-end case
+    was used to derive the efficiencies (tools/aic_kernels.py reads kernel rows only)."""
     doc = sc.aic_cases()
-    assert doc["aiconfigurator"] == aic.AIC_VERSION and len(doc["cases"]) >= 100
+    assert doc["aiconfigurator"] == aic.AIC_VERSION and len(doc["cases"]) >= 150
+    assert {c["tp"] for c in doc["cases"]} == {1, 2}
     rows = sc.aic_comparisons()
     with capsys.disabled():
         print(f"\n{'case':<52} {'aiconfigurator ITL':>18} {'trtkv ITL':>10} {'error':>7}")
@@ -30,11 +31,11 @@ def test_own_model_within_25_percent_of_aiconfigurator_itl(capsys: pytest.Captur
             print(f"{c.case:<52} {c.reference_ms:>18.2f} {c.trtkv_ms:>10.2f} {c.error:>+7.1%}")
     worst = max(rows, key=lambda c: abs(c.error))
     assert abs(worst.error) <= 0.25, worst
-    assert statistics.median(abs(c.error) for c in rows) < 0.08
+    assert statistics.median(abs(c.error) for c in rows) < 0.06
 
 
 # The tolerance each published figure achieves (docs/plan.md shows the table); a change that makes any worse fails.
-PUBLISHED_BOUNDS = {"slope_ms_per_token": 0.12, "intercept_ms": 0.20, "ttft_p50_ms": 0.10, "itl_p50_ms": 0.20,
+PUBLISHED_BOUNDS = {"slope_ms_per_token": 0.12, "intercept_ms": 0.15, "ttft_p50_ms": 0.10, "itl_p50_ms": 0.20,
                     "output_tokens_per_s": 0.20, "break_even_tokens": 0.60}
 
 

@@ -18,12 +18,15 @@ BASE = ROOT / "tests" / "data" / "recipes" / "speed_case.yaml"
 AIC_CASES = ROOT / "tests" / "data" / "aiconfigurator" / "cases.json"
 PUBLISHED = sorted((ROOT / "tests" / "data" / "published_speed").glob("*.json"))
 KV_RECIPE = {"bfloat16": "none", "fp8": "fp8", "bf16": "none"}
-# The end-to-end cases compared with aiconfigurator. None of them is the shape the model's efficiencies were read at
-# (tools/aic_kernels.py: a 16-head, 2-KV-head, head_dim 128 layer = a 70B-class model at TP4, m=16/8192 GEMMs of
-# 8192 x 8192): those kernel rows are the only aiconfigurator numbers the model was derived from.
+# The end-to-end cases compared with aiconfigurator; none was used to derive the model: tools/aic_kernels.py reads
+# kernel rows only (square GEMMs, a 70B-class attention layer at TP4, NCCL all-reduce over 4 GPUs).
 MODELS = {"llama3_1_8b": "tests/data/configs/llama3_1_8b", "qwen3_8b": "tests/data/configs/qwen3_8b"}
 GPUS = {"H100-80GB": "h100_sxm", "H200-141GB": "h200_sxm", "B200": "b200_sxm"}
 BACKENDS = ("vllm", "llmapi", "sglang")
+# (name, config, tp, weights, backends): 8B-class models at TP1 with 16-bit weights; Llama-3.1-70B at TP2 with FP8
+# weights (the all-reduce and the FP8 GEMM lane; TP4, whose layer is the reference shape, is left out)
+CASE_SETS = [(name, cfg, 1, "none", BACKENDS) for name, cfg in MODELS.items()] + [
+    ("llama3_1_70b", "tests/data/configs/llama3_1_70b", 2, "fp8", ("vllm", "llmapi"))]
 WORKLOADS = ((2048, 256), (16384, 512))
 CONCURRENCY = (1, 16)
 
@@ -69,7 +72,8 @@ def aic_comparisons(metric: str = "itl_ms") -> list[Comparison]:
     for case in aic_cases()["cases"]:
         fmt = "bf16" if case["kv"] == "bfloat16" else case["kv"]
         recipe = recipe_for(case["model_config"], case["gpu"], case["backend"], case["kv"], case["isl"], case["osl"],
-                            [case["concurrency"]], case["isl"] + case["concurrency"], tp=case.get("tp", 1))
+                            [case["concurrency"]], case["isl"] + case["concurrency"],
+                            weights=case.get("weights", "none"), tp=case.get("tp", 1))
         row = own_rows(recipe)[(fmt, case["concurrency"])]
         out.append(Comparison(case["id"], fmt, case["concurrency"], case["row"][metric], getattr(row, metric)))
     return out

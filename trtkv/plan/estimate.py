@@ -80,8 +80,7 @@ def engine_formats(recipe: Recipe) -> list[tuple[str, KVFormat]]:
         for e in row.engines:
             if e.engine != engine or "not merged" in e.value or e.value in values:
                 continue
-            if recipe.build.backend is Backend.TENSORRT and "engine path" not in e.version and row.name not in ("bf16",
-                                                                                                            "fp8"):
+            if not _row_fits_backend(recipe.build.backend, e.version, row.name):
                 continue
             try:
                 fmt = KVFormat(row.probe or "")
@@ -94,6 +93,15 @@ def engine_formats(recipe: Recipe) -> list[tuple[str, KVFormat]]:
             seen.add(fmt)
             out.append((fmt.value, fmt))
     return out
+
+
+def _row_fits_backend(backend: Backend, version: str, name: str) -> bool:
+    """TensorRT-LLM's rows name their path: the engine path (trtllm-build, <= 1.2) or the PyTorch backend (LLM API)."""
+    if backend is Backend.TENSORRT:
+        return "engine path" in version or name in ("bf16", "fp8")
+    if backend is Backend.LLMAPI:
+        return "engine path" not in version
+    return True
 
 
 def model_shape(arch: Architecture, recipe: Recipe) -> ModelShape:

@@ -53,6 +53,7 @@ NATIVE_FP8 = (KVFormat.FP8, KVFormat.FP8_SCALE1)
 # mem_bw_empirical_scaling_factor plus mem_empirical_constant_latency (systems/<gpu>.yaml: 0.8 and 3 us on every GPU).
 ELEMENTWISE_PASSES = 2 * 2 + 2 * 3 + 2.5
 ELEMENTWISE_KERNELS = 5
+GEMMS_PER_LAYER = 4  # fused QKV, attention output, fused gate/up, down
 # CPU-side dispatch per request and layer that kernel tables do not see, as aiconfigurator-core 0.12.0 calibrates it
 # (sdk/backends/vllm_backend.py `_prefill_dispatch_overhead_ms`: 0.8 ms x layers for vLLM; its base backend: none)
 DISPATCH_MS_PER_LAYER = {"vllm": 0.8}
@@ -71,6 +72,7 @@ class Kernels:
     fp32_flops: float
     link_bw: float  # B/s, one direction, per GPU
     eff: dict[str, float]  # "gemm_memory.bfloat16" -> efficiency, ...
+    gemm_fixed_ms: dict[str, float]  # "gemm_memory.bfloat16" -> fixed cost per GEMM call, ...
     attn_floor_ms: dict[str, float]  # decode attention's fixed cost per call, by KV dtype
     ar_floor_ms: float
     ar_bus_eff: float
@@ -118,10 +120,11 @@ def kernels_for(gpu: GPU, backend: str) -> Kernels:
              "fp8": (entry["gpu"].get("fp8_tc_flops") or entry["gpu"]["bfloat16_tc_flops"]) * scale}
     eff = {k: v["efficiency"] for k, v in tables.items() if isinstance(v, dict) and "efficiency" in v}
     floors = {k.split(".", 1)[1]: v["floor_ms"] for k, v in tables.items() if isinstance(v, dict) and "floor_ms" in v}
+    fixed = {k: v["fixed_ms"] for k, v in tables.items() if isinstance(v, dict) and "fixed_ms" in v}
     ar = entry.get("allreduce", {"floor_ms": 0.01, "bus_efficiency": 0.5})
     g = entry["gpu"]
     return Kernels(system, engine, f"{engine} {tables['attention_version']}", spec.hbm_bandwidth_gbps * 1e9, flops,
-                   FP32_TFLOPS.get(system, 60.0) * 1e12 * scale, float(entry["intra_node_bw"]), eff, floors,
+                   FP32_TFLOPS.get(system, 60.0) * 1e12 * scale, float(entry["intra_node_bw"]), eff, fixed, floors,
                    float(ar["floor_ms"]), min(1.0, float(ar["bus_efficiency"])), borrowed,
                    float(g.get("mem_bw_empirical_scaling_factor") or 0.8),
                    float(g.get("mem_empirical_constant_latency") or 3e-6) * 1e3)
@@ -184,9 +187,13 @@ def step_time(k: Kernels, m: ModelShape, kv: KVCost, decode_contexts: list[float
     tokens = len(decode_contexts) + chunk
     if tokens == 0:
         return Step(0.0, 0.0, 0.0, 0.0)
-    # GEMMs, per layer as a roofline: the weights once, or the FLOPs of every token, whichever is slower
+    # GEMMs, per layer as a roofline: the weights once, or the FLOPs of every token, whichever is slower, plus each
+    # GEMM call's fixed cost (GEMMS_PER_LAYER per layer and the LM head)
+    calls = GEMMS_PER_LAYER * m.num_layers + 1
     w_ms = m.weight_bytes / (k.mem_bw * k.efficiency("gemm_memory", m.weight_dtype)) * 1e3
+    w_ms += calls * k.gemm_fixed_ms.get(f"gemm_memory.{m.weight_dtype}", 0.0)
     f_ms = 2 * tokens * m.gemm_params / (k.flops[m.weight_dtype] * k.efficiency("gemm_compute", m.weight_dtype)) * 1e3
+    f_ms += calls * k.gemm_fixed_ms.get(f"gemm_compute.{m.weight_dtype}", 0.0)
     gemm = max(w_ms, f_ms)
     # decode attention: every sequence's K/V once per layer, at the lane's measured efficiency, or the dequant ALU
     attn = 0.0
