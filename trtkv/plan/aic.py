@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 from trtkv.core import paths
 from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.formats import KVFormat
-from trtkv.plan.speed import AIC_SYSTEM, ENGINE_BACKEND
+from trtkv.plan.speed import AIC_SYSTEM
 from trtkv.recipe import WeightQuant
+from trtkv.recipe.backend_rules import SPEED_ENGINE
 
 if TYPE_CHECKING:
     from trtkv.plan.model import Architecture
@@ -115,7 +116,7 @@ def request(recipe: Recipe, arch: Architecture, kvs: Sequence[str], concurrency:
             model_path: str) -> dict[str, Any]:
     b = recipe.bench
     return {"model_path": model_path, "system": AIC_SYSTEM[recipe.hardware.gpu],
-            "backend": ENGINE_BACKEND[recipe.build.backend.value], "backend_version": None,
+            "backend": SPEED_ENGINE[recipe.build.backend], "backend_version": None,
             "tp": recipe.build.tp_size, "pp": recipe.build.pp_size, "isl": b.input_tokens, "osl": b.output_tokens,
             "gemm_quant_mode": GEMM_MODE.get(recipe.quantization.weights, "bfloat16" if not arch.stored_weights_bytes
                                               else None),

@@ -13,12 +13,10 @@ from trtkv.plan import aic
 from trtkv.plan.model import GIB, Architecture, Plan, resolve_architecture, seq_bytes, weights_bytes
 from trtkv.plan.speed import KVCost, ModelShape, Serving, kernels_for, kv_lane, serve
 from trtkv.platform.hardware import GPU, GPU_SPECS
-from trtkv.recipe import Backend, Recipe, WeightQuant
+from trtkv.recipe import Recipe, WeightQuant
 from trtkv.recipe.attention import layer_formats
+from trtkv.recipe.backend_rules import SPEED_ENGINE, served_kv_formats
 
-# The engine name trtkv/data/kv_formats.json files each backend's rows under
-TABLE_ENGINE = {Backend.VLLM: "vllm", Backend.SGLANG: "sglang", Backend.LLMAPI: "tensorrt_llm",
-                Backend.TENSORRT: "tensorrt_llm"}
 BLACKWELL_ONLY = (KVFormat.NVFP4,)  # NVFP4 KV: FP4 tensor cores (TensorRT-LLM, vLLM, SGLang need sm100+)
 
 
@@ -64,44 +62,23 @@ def kv_pool_bytes_per_gpu(plan: Plan) -> float:
 
 
 def engine_formats(recipe: Recipe) -> list[tuple[str, KVFormat]]:
-    """(label, format) of every KV format the recipe's engine serves (trtkv/data/kv_formats.json), recipe's first;
-    one format per engine value (fp8 and fp8_scale1 run the same kernels)."""
-    from trtkv.kvcache.engines import load_table
-
-    engine = TABLE_ENGINE.get(recipe.build.backend)
+    """(label, format) of every KV format the recipe's engine serves (recipe.backend_rules.served_kv_formats), the
+    recipe's own first; one 16-bit row (fp16 and bf16 cost the same), NVFP4 on Blackwell only."""
     out: list[tuple[str, KVFormat]] = [(recipe.kv_format_label, recipe.kv_format)]
-    if engine is None:
-        return out
     seen = {recipe.kv_format}
-    blackwell = GPU_SPECS.get(recipe.hardware.gpu) is not None and GPU_SPECS[recipe.hardware.gpu].arch == "Blackwell"
-    table = load_table()
-    values = {e.value for e in table.engine_rows(recipe.kv_format.value, engine)}
-    for row in table.formats.values():
-        for e in row.engines:
-            if e.engine != engine or "not merged" in e.value or e.value in values:
-                continue
-            if not _row_fits_backend(recipe.build.backend, e.version, row.name):
-                continue
-            try:
-                fmt = KVFormat(row.probe or "")
-            except ValueError:
-                continue
-            unq = fmt in UNQUANTIZED and any(f in UNQUANTIZED for f in seen)  # fp16 and bf16 cost the same
-            if fmt in seen or unq or (fmt in BLACKWELL_ONLY and not blackwell):
-                continue
-            values.add(e.value)
-            seen.add(fmt)
-            out.append((fmt.value, fmt))
+    spec = GPU_SPECS.get(recipe.hardware.gpu)
+    blackwell = spec is not None and spec.arch == "Blackwell"
+    for name in served_kv_formats(recipe.build.backend):
+        try:
+            fmt = KVFormat(name)
+        except ValueError:
+            continue
+        unq = fmt in UNQUANTIZED and any(f in UNQUANTIZED for f in seen)
+        if fmt in seen or unq or (fmt in BLACKWELL_ONLY and not blackwell):
+            continue
+        seen.add(fmt)
+        out.append((fmt.value, fmt))
     return out
-
-
-def _row_fits_backend(backend: Backend, version: str, name: str) -> bool:
-    """TensorRT-LLM's rows name their path: the engine path (trtllm-build, <= 1.2) or the PyTorch backend (LLM API)."""
-    if backend is Backend.TENSORRT:
-        return "engine path" in version or name in ("bf16", "fp8")
-    if backend is Backend.LLMAPI:
-        return "engine path" not in version
-    return True
 
 
 def model_shape(arch: Architecture, recipe: Recipe) -> ModelShape:
@@ -137,7 +114,7 @@ def kv_cost(arch: Architecture, recipe: Recipe, fmt: KVFormat, skip: tuple[int |
 def _own_rows(recipe: Recipe, arch: Architecture, label: str, fmt: KVFormat, skip: tuple[int | str, ...],
               fits: int) -> list[EstimateRow]:
     b = recipe.bench
-    k = kernels_for(recipe.hardware.gpu, recipe.build.backend.value)
+    k = kernels_for(recipe.hardware.gpu, SPEED_ENGINE[recipe.build.backend])
     m, kv = model_shape(arch, recipe), kv_cost(arch, recipe, fmt, skip)
     rows = []
     for c in b.concurrency:
@@ -150,7 +127,7 @@ def _own_rows(recipe: Recipe, arch: Architecture, label: str, fmt: KVFormat, ski
 def estimate(recipe: Recipe, plan: Plan, use_aiconfigurator: bool = True) -> Estimate:
     """Every (format, concurrency) of the recipe's engine: aiconfigurator's figures where it has them, else trtkv's."""
     gpu = recipe.hardware.gpu
-    if gpu is GPU.CPU or recipe.build.backend is Backend.REFERENCE:
+    if gpu is GPU.CPU or recipe.build.backend not in SPEED_ENGINE:
         raise TrtkvError(f"recipe {recipe.name}: --estimate prices a GPU engine (hardware.gpu one of "
                          f"{', '.join(g.value for g in GPU_SPECS)}, build.backend tensorrt, llmapi, vllm or sglang); "
                          f"this one runs {recipe.build.backend.value} on {gpu.value}. Next: override them, e.g. "
@@ -192,12 +169,12 @@ def speed_advice(recipe: Recipe, arch: Architecture, capacity_ratio: float | Non
     ITL and TTFT change at the recipe's longest input (at most 32K) and concurrency (at most 8), the capacity ratio,
     and the concurrency-1 break-even length."""
     gpu, fmt = recipe.hardware.gpu, recipe.kv_format
-    if gpu is GPU.CPU or recipe.build.backend is Backend.REFERENCE or fmt in UNQUANTIZED:
+    if gpu is GPU.CPU or recipe.build.backend not in SPEED_ENGINE or fmt in UNQUANTIZED:
         return None
     b = recipe.bench
     n = min(recipe.build.max_input_len, 32768)  # the long context a quantized cache is chosen for
     c = min(max(b.concurrency), 8)
-    k = kernels_for(gpu, recipe.build.backend.value)
+    k = kernels_for(gpu, SPEED_ENGINE[recipe.build.backend])
     m = model_shape(arch, recipe)
     skip = tuple(recipe.quantization.kv_skip_layers)
     quant, base = kv_cost(arch, recipe, fmt, skip), kv_cost(arch, recipe, KVFormat.BF16, ())

@@ -57,7 +57,6 @@ GEMMS_PER_LAYER = 4  # fused QKV, attention output, fused gate/up, down
 # CPU-side dispatch per request and layer that kernel tables do not see, as aiconfigurator-core 0.12.0 calibrates it
 # (sdk/backends/vllm_backend.py `_prefill_dispatch_overhead_ms`: 0.8 ms x layers for vLLM; its base backend: none)
 DISPATCH_MS_PER_LAYER = {"vllm": 0.8}
-ENGINE_BACKEND = {"tensorrt": "trtllm", "llmapi": "trtllm", "vllm": "vllm", "sglang": "sglang"}
 
 
 @dataclass(frozen=True)
@@ -99,8 +98,9 @@ def load_data(path: Path = DATA) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def kernels_for(gpu: GPU, backend: str) -> Kernels:
-    """The model's calibration for this GPU and engine backend ("tensorrt", "llmapi", "vllm", "sglang")."""
+def kernels_for(gpu: GPU, engine: str) -> Kernels:
+    """The model's calibration for this GPU and engine, by aiconfigurator's name for it ("trtllm", "vllm", "sglang":
+    recipe.backend_rules.SPEED_ENGINE)."""
     spec = GPU_SPECS.get(gpu)
     if spec is None:
         raise TrtkvError(f"hardware.gpu {gpu.value}: the speed model needs a GPU; allowed: "
@@ -112,7 +112,6 @@ def kernels_for(gpu: GPU, backend: str) -> Kernels:
     if system is None:
         system = ARCH_REFERENCE.get(spec.arch, "h100_sxm")
     entry = data[system]
-    engine = ENGINE_BACKEND.get(backend, "trtllm")
     tables = entry["backends"].get(engine) or next(iter(entry["backends"].values()))
     ref_bw = entry["gpu"]["mem_bw"]
     scale = spec.hbm_bandwidth_gbps * 1e9 / ref_bw if borrowed else 1.0  # a GPU without tables: its own bandwidth,
