@@ -67,14 +67,25 @@ def aic_cases() -> dict[str, Any]:
 
 def aic_comparisons(metric: str = "itl_ms") -> list[Comparison]:
     """trtkv's model against every recorded aiconfigurator row (ITL by default); aiconfigurator schedules the whole
-    prompt in one step (its ctx_tokens default = isl), so trtkv's model gets the same budget."""
+    prompt in one step (its ctx_tokens default = isl), so trtkv's model gets the same budget. One estimate per setup
+    answers both KV formats and both concurrency levels."""
+    cases = aic_cases()["cases"]
+    setups: dict[tuple, list[int]] = {}
+    for case in cases:
+        key = (case["model_config"], case["gpu"], case["backend"], case["isl"], case["osl"], case.get("tp", 1),
+               case.get("weights", "none"))
+        setups.setdefault(key, []).append(case["concurrency"])
+    rows = {}
+    for (config, gpu, backend, isl, osl, tp, weights), levels in setups.items():
+        conc = sorted(set(levels))
+        recipe = recipe_for(config, gpu, backend, "bf16", isl, osl, conc, isl + max(conc), weights=weights, tp=tp)
+        for (fmt, c), row in own_rows(recipe).items():
+            rows[(config, gpu, backend, isl, osl, tp, weights, fmt, c)] = row
     out = []
-    for case in aic_cases()["cases"]:
+    for case in cases:
         fmt = "bf16" if case["kv"] == "bfloat16" else case["kv"]
-        recipe = recipe_for(case["model_config"], case["gpu"], case["backend"], case["kv"], case["isl"], case["osl"],
-                            [case["concurrency"]], case["isl"] + case["concurrency"],
-                            weights=case.get("weights", "none"), tp=case.get("tp", 1))
-        row = own_rows(recipe)[(fmt, case["concurrency"])]
+        row = rows[(case["model_config"], case["gpu"], case["backend"], case["isl"], case["osl"], case.get("tp", 1),
+                    case.get("weights", "none"), fmt, case["concurrency"])]
         out.append(Comparison(case["id"], fmt, case["concurrency"], case["row"][metric], getattr(row, metric)))
     return out
 
