@@ -96,6 +96,7 @@ def test_bench_sweep_input_two_lengths(real_server: tuple[list[str], Path], tmp_
     overrides, _ = real_server
     out = tmp_path / "sweep"
     code = main(["bench", RECIPE, *overrides, "bench.concurrency=[1]", "bench.num_requests=2", "bench.warmup_requests=1",
+                 "bench.input_tokens=32",  # one of the sweep's lengths: no extra level at the recipe's own length
                  "bench.output_tokens=4", "bench.thresholds=[]", "--tasks", "none", "--sweep-input", "32,256",
                  "--no-progress", "--output", str(out)])
     assert code == 0
