@@ -21,7 +21,7 @@ from trtkv.contracts.artifacts import ServerRecord
 from trtkv.core import paths
 from trtkv.core.errors import StageError, TrtkvError
 from trtkv.core.progress import Progress
-from trtkv.recipe import Recipe
+from trtkv.recipe import Protocol, Recipe
 from trtkv.recipe.layout import serve_dir
 from trtkv.serving import supervise
 
@@ -32,7 +32,7 @@ EXIT_INTERRUPTED = 130
 @dataclass
 class BenchOptions:
     url: str | None = None
-    protocol: str | None = None
+    protocol: Protocol | None = None  # None: the recipe's bench.protocol
     model: str | None = None  # None: the recipe's (ensemble, or tensorrt_llm for the llmapi layout)
     slos: list[str] = field(default_factory=list)
     allow_failures: bool = False  # False: any failed request fails the bench (an implicit request_errors.failed<=0)
@@ -43,6 +43,9 @@ class BenchOptions:
     golden_prompts: int = 8
     output: Path | None = None
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        self.protocol = None if self.protocol is None else Protocol(self.protocol)
 
 
 @dataclass
@@ -56,11 +59,9 @@ class BenchOutcome:
 # Endpoint
 
 
-def resolve_endpoint(recipe: Recipe, url: str | None, protocol: str | None, model: str) -> Endpoint:
+def resolve_endpoint(recipe: Recipe, url: str | None, protocol: Protocol | None, model: str) -> Endpoint:
     """--url, else engines/<recipe>/serve/server.json, else the recipe's triton host and port."""
-    proto = (protocol or recipe.bench.protocol.value).lower()
-    if proto not in ("grpc", "http", "openai"):
-        raise TrtkvError(f"--protocol {protocol!r}: allowed grpc, http, openai.")
+    proto = protocol or recipe.bench.protocol
     if url:
         text = url.split("://", 1)[-1].rstrip("/")
         if ":" not in text:
@@ -72,9 +73,9 @@ def resolve_endpoint(recipe: Recipe, url: str | None, protocol: str | None, mode
     except StageError as exc:
         raise TrtkvError(f"{exc} Or pass --url HOST:PORT.") from exc
     if info is not None:
-        port = info.grpc_port if proto == "grpc" else info.http_port
+        port = info.grpc_port if proto is Protocol.GRPC else info.http_port
         return Endpoint(f"{info.client_host}:{port}", proto, model, source=str(ServerRecord.path(folder)))
-    port = recipe.triton.grpc_port if proto == "grpc" else recipe.triton.http_port
+    port = recipe.triton.grpc_port if proto is Protocol.GRPC else recipe.triton.http_port
     return Endpoint(f"{recipe.triton.host}:{port}", proto, model, source="recipe triton.host/port")
 
 
@@ -226,7 +227,7 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     check_output(output, "bench", recipe.name)  # before measuring: a folder it may not replace is refused at once
     slos = slo.parse_all(recipe.bench.thresholds, opts.slos, opts.allow_failures)
     goodput = aiperf_export.parse_goodput(opts.goodput)
-    openai = (opts.protocol or recipe.bench.protocol.value).lower() == "openai"
+    openai = (opts.protocol or recipe.bench.protocol) is Protocol.OPENAI
     # the model: --model; for OpenAI the one the server lists; for Triton the recipe's layout's (ensemble/tensorrt_llm)
     repo = for_recipe(recipe).repo  # None: no Triton repository (the backend's own OpenAI server)
     model = opts.model or ("" if openai or repo is None else repo.interface.model)
@@ -301,8 +302,8 @@ def assemble(recipe: Recipe, ep: Endpoint, opts: BenchOptions, records: list[Req
         "schema": "trtkv.bench/1",
         "recipe": recipe.name,
         "kv_cache": recipe.quantization.kv_cache.value,
-        "endpoint": {"url": ep.url, "protocol": ep.protocol, "model": ep.model, "source": ep.source,
-                     **({"endpoint_type": ep.endpoint_type} if ep.protocol == "openai" else {})},
+        "endpoint": {"url": ep.url, "protocol": ep.protocol.value, "model": ep.model, "source": ep.source,
+                     **({"endpoint_type": ep.endpoint_type} if ep.protocol is Protocol.OPENAI else {})},
         "started_at": started,
         "wall_seconds": wall_s,
         "partial": interrupted is not None,
