@@ -17,7 +17,7 @@ from trtkv.bench.loadgen import Interrupted, Job, run_concurrency, run_rate
 from trtkv.bench.metrics import summarize_level
 from trtkv.bench.prompts import count_tokens, latency_prompts, load_tokenizer, long_text, prompt_tokens, tokenizer_dir
 from trtkv.bench.records import RequestRecord
-from trtkv.contracts.artifacts import ServerRecord
+from trtkv.contracts.artifacts import BenchEndpoint, BenchResults, BenchSLOs, BenchWorkload, ServerRecord
 from trtkv.core import paths
 from trtkv.core.errors import StageError, TrtkvError
 from trtkv.core.progress import Progress
@@ -25,6 +25,7 @@ from trtkv.recipe import Protocol, Recipe
 from trtkv.recipe.layout import serve_dir
 from trtkv.serving import supervise
 
+SCHEMA = "trtkv.bench/1"  # results.json's "schema"
 EXIT_SLO_FAILED = 1
 EXIT_INTERRUPTED = 130
 
@@ -264,14 +265,15 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
             progress.log(f"interrupted (Ctrl-C) during the {interrupted}: writing partial results")
     check = count_response_tokens(tokenizer, records)
     _normalize(records, t0)
-    out = assemble(recipe, ep, opts, records, by_level, tasks, task_records, task_errors, slos, check, interrupted,
+    doc = assemble(recipe, ep, opts, records, by_level, tasks, task_records, task_errors, slos, check, interrupted,
                    started, time.time() - wall0)
     if goodput:
-        out["goodput_slos"] = goodput
+        doc.goodput_slos = goodput
         for label, recs in by_level.items():
             good = aiperf_export.level_export(recs, goodput)
-            out["levels"][label]["goodput"] = {**good["goodput"], "good_request_count": good["good_request_count"]["avg"]}
-    out["tool_versions"] = tool_versions()
+            doc.levels[label]["goodput"] = {**good["goodput"], "good_request_count": good["good_request_count"]["avg"]}
+    doc.tool_versions = tool_versions()
+    out = doc.document()  # results.json as written (trtkv.contracts.artifacts.BenchResults; report loads it back)
 
     def work(tmp: Path) -> dict[str, Any]:
         write_all(tmp, out, by_level)
@@ -288,7 +290,7 @@ def assemble(recipe: Recipe, ep: Endpoint, opts: BenchOptions, records: list[Req
              by_level: dict[str, list[RequestRecord]], tasks: list[acc_tasks.Task],
              task_records: dict[str, list[RequestRecord]], task_errors: dict[str, dict[str, Any]],
              slos: list[slo.SLO], check: dict[str, int], interrupted: str | None, started: str,
-             wall_s: float) -> dict[str, Any]:
+             wall_s: float) -> BenchResults:
     """results.json's content: summary in GenAI-Perf names, accuracy, SLO verdicts and every raw record."""
     b = recipe.bench
     levels = {label: summarize_level(recs) for label, recs in by_level.items()}
@@ -298,27 +300,27 @@ def assemble(recipe: Recipe, ep: Endpoint, opts: BenchOptions, records: list[Req
             accuracy[task.name] = {**task.score(task_records[task.name]), "notes": task.notes}
     checked = slo.check(slos, levels, accuracy)
     mode = f"request rate {b.request_rate:g}/s" if b.request_rate else f"concurrency sweep {b.concurrency}"
-    return {
-        "schema": "trtkv.bench/1",
-        "recipe": recipe.name,
-        "kv_cache": recipe.quantization.kv_cache.value,
-        "endpoint": {"url": ep.url, "protocol": ep.protocol.value, "model": ep.model, "source": ep.source,
-                     **({"endpoint_type": ep.endpoint_type} if ep.protocol is Protocol.OPENAI else {})},
-        "started_at": started,
-        "wall_seconds": wall_s,
-        "partial": interrupted is not None,
-        "interrupted_during": interrupted,
-        "workload": {"input_tokens": b.input_tokens, "output_tokens": b.output_tokens, "num_requests": b.num_requests,
-                     "warmup_requests": b.warmup_requests, "concurrency": b.concurrency, "request_rate": b.request_rate,
-                     "accuracy_concurrency": b.accuracy_concurrency, "request_timeout_s": b.request_timeout_s, "mode": mode,
-                     "sampling": "greedy (temperature 0, top_k 1)"},
-        "token_counting": results.TOKEN_COUNTING,
-        "token_count_check": check,
-        "levels": levels,
-        "accuracy": accuracy,
-        "slo": {"passed": all(r.passed for r in checked), "results": [r.to_json() for r in checked]},
-        "records": [r.to_json() for r in records],
-    }
+    return BenchResults(
+        schema_id=SCHEMA,
+        recipe=recipe.name,
+        kv_cache=recipe.quantization.kv_cache.value,
+        endpoint=BenchEndpoint(url=ep.url, protocol=ep.protocol.value, model=ep.model, source=ep.source,
+                               **({"endpoint_type": ep.endpoint_type} if ep.protocol is Protocol.OPENAI else {})),
+        started_at=started,
+        wall_seconds=wall_s,
+        partial=interrupted is not None,
+        interrupted_during=interrupted,
+        workload=BenchWorkload(input_tokens=b.input_tokens, output_tokens=b.output_tokens, num_requests=b.num_requests,
+                               warmup_requests=b.warmup_requests, concurrency=b.concurrency, request_rate=b.request_rate,
+                               accuracy_concurrency=b.accuracy_concurrency, request_timeout_s=b.request_timeout_s,
+                               mode=mode, sampling="greedy (temperature 0, top_k 1)"),
+        token_counting=results.TOKEN_COUNTING,
+        token_count_check=check,
+        levels=levels,
+        accuracy=accuracy,
+        slo=BenchSLOs(passed=all(r.passed for r in checked), results=[r.to_json() for r in checked]),
+        records=[r.to_json() for r in records],
+    )
 
 
 def write_all(folder: Path, out: dict[str, Any], by_level: dict[str, list[RequestRecord]]) -> list[str]:
