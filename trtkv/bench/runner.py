@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ from trtkv.bench.client import Endpoint, SamplingParams, now_ns
 from trtkv.bench.endpoints import check_endpoint, session_factory
 from trtkv.bench.loadgen import Interrupted, Job, run_concurrency, run_rate
 from trtkv.bench.metrics import summarize_level
+from trtkv.bench.options import BenchOptions
 from trtkv.bench.prompts import count_tokens, latency_prompts, load_tokenizer, long_text, prompt_tokens, tokenizer_dir
 from trtkv.bench.records import RequestRecord
 from trtkv.contracts.artifacts import BenchEndpoint, BenchResults, BenchSLOs, BenchWorkload, ServerRecord
@@ -28,25 +29,6 @@ from trtkv.serving import supervise
 SCHEMA = "trtkv.bench/1"  # results.json's "schema"
 EXIT_SLO_FAILED = 1
 EXIT_INTERRUPTED = 130
-
-
-@dataclass
-class BenchOptions:
-    url: str | None = None
-    protocol: Protocol | None = None  # None: the recipe's bench.protocol
-    model: str | None = None  # None: the recipe's (ensemble, or tensorrt_llm for the llmapi layout)
-    slos: list[str] = field(default_factory=list)
-    allow_failures: bool = False  # False: any failed request fails the bench (an implicit request_errors.failed<=0)
-    endpoint_type: str = "completions"  # protocol openai: /v1/completions or /v1/chat/completions (chat)
-    goodput: str | None = None  # AIPerf's --goodput "time_to_first_token:500 inter_token_latency:100"
-    tasks: list[str] | None = None  # None: the recipe's bench.tasks
-    latency: bool = True
-    golden_prompts: int = 8
-    output: Path | None = None
-    progress: bool = True
-
-    def __post_init__(self) -> None:
-        self.protocol = None if self.protocol is None else Protocol(self.protocol)
 
 
 @dataclass
@@ -236,7 +218,7 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     endpoint.endpoint_type = opts.endpoint_type
     ep = check_endpoint(endpoint)
     tokenizer = load_tokenizer(tokenizer_dir(recipe))
-    task_names = [t.value for t in recipe.bench.tasks] if opts.tasks is None else list(opts.tasks)
+    task_names = [t.value for t in (recipe.bench.tasks if opts.tasks is None else opts.tasks)]
     slos = slo.with_fidelity(slos, task_names)
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     wall0, t0 = time.time(), now_ns()
