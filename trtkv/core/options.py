@@ -9,7 +9,8 @@ gives `--golden-prompts GOLDEN_PROMPTS` with type int, default 8 and that help (
 `BenchOptions.from_args(args)` turns the parsed namespace back into the model, and a value the field refuses is a
 TrtkvError naming the flag. Library callers build the same model with keywords, validated the same way.
 
-Derived per field: the flag is `--field-name` unless Flag names it; the type comes from T (int, float, str, Path;
+Derived per field: the flag is `--field-name` unless Flag names it (a name without dashes, the field's own, is a
+positional argument); a field without a default is a required flag; the type comes from T (int, float, str, Path;
 an Enum or a Literal gives `choices`, the Enum's values); a bool that defaults to False is a `store_true` flag, one
 that defaults to True a `--no-...` flag (`store_false`, named in Flag); a list field is either a repeated flag
 (Flag(repeat=True)) or one value split on Flag(sep=...), where Flag(empty=...) is the word for an empty list.
@@ -39,7 +40,7 @@ SCALARS = (int, float, str, Path)
 class Flag:
     """How one options field appears on the command line (what the field's type does not say)."""
 
-    names: tuple[str, ...] = ()  # default: "--" + the field name with "-" for "_"
+    names: tuple[str, ...] = ()  # default: "--" + the field name with "-" for "_"; ("NAME",): positional (the field's)
     metavar: str | None = None
     repeat: bool = False  # a list field: the flag once per value (argparse's "append")
     sep: str | None = None  # a list field: one value, split on `sep`, items stripped, empty items dropped
@@ -118,8 +119,16 @@ class Options(BaseModel):
 def _argument(name: str, info: FieldInfo, flag: Flag) -> dict[str, Any]:
     """The add_argument keywords of one field."""
     kind = _optional_inner(info.annotation)
-    default = info.get_default(call_default_factory=True)
+    if flag.names[:1] == (name,):  # positional: argparse names its dest after it
+        if info.is_required():
+            return {"help": info.description, "type": kind, **({"metavar": flag.metavar} if flag.metavar else {})}
+        raise TypeError(f"{name}: a positional option has no default")
     kw: dict[str, Any] = {"dest": name, "help": info.description}
+    if info.is_required():
+        kw["required"] = True
+        default = None
+    else:
+        default = info.get_default(call_default_factory=True)
     if flag.metavar:
         kw["metavar"] = flag.metavar
     if kind is bool:
