@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from trtkv.bench import sweep
-from trtkv.cli.bench import _sweep_lengths
+from trtkv.bench.options import BenchOptions
+from trtkv.cli.bench import sweep_lengths
 from trtkv.core.errors import TrtkvError
 from trtkv.recipe import load_recipe
 
@@ -80,11 +81,18 @@ def test_summarize_fits_per_level() -> None:
 
 def test_sweep_lengths_are_checked_at_once() -> None:
     recipe = load_recipe("smollm2_fp8kv")
-    assert _sweep_lengths("512, 128,512", recipe) == [128, 512]
+    import argparse
+
+    p = argparse.ArgumentParser()
+    BenchOptions.add_arguments(p)
+    opts = BenchOptions.from_args(p.parse_args(["--sweep-input", "512, 128,512"]))
+    assert sweep_lengths(opts.sweep_input or [], recipe) == [128, 512]
+    with pytest.raises(TrtkvError, match="--sweep-input"):
+        BenchOptions.from_args(p.parse_args(["--sweep-input", "128,abc"]))
     with pytest.raises(TrtkvError, match="positive token counts"):
-        _sweep_lengths("128,abc", recipe)
+        sweep_lengths([128, 0], recipe)
     with pytest.raises(TrtkvError, match="exceed"):
-        _sweep_lengths("128,999999", recipe)
+        sweep_lengths([128, 999999], recipe)
     from trtkv.core.errors import RecipeError
 
     with pytest.raises(RecipeError, match="bench.sweep_input_tokens"):

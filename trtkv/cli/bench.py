@@ -4,7 +4,6 @@ OpenAI-compatible server), checked against SLOs."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trtkv.cli.common import add_recipe_args, load, subparser
@@ -26,85 +25,40 @@ results written). URL: --url, else engines/<recipe>/serve/server.json, else the 
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from trtkv.contracts.interface import INTERFACES
-    from trtkv.recipe import Protocol
+    from trtkv.bench.options import BenchOptions
 
-    openai = Protocol.OPENAI.value
-    models = ", ".join(f"{i.model} for the {i.layout} layout" for i in INTERFACES.values())
     p = subparser(sub, "bench", EXAMPLES)
     add_recipe_args(p)
-    p.add_argument("--url", help=f"HOST:PORT of the server (its gRPC port, or its HTTP port with --protocol http or "
-                                 f"{openai})")
-    p.add_argument("--protocol", choices=[proto.value for proto in Protocol],
-                   help="Triton's gRPC streaming (default: the recipe's bench.protocol), Triton's HTTP generate_stream "
-                        "(SSE), or the streaming /v1/completions of any OpenAI-compatible server (vLLM, trtllm-serve, "
-                        "Triton's OpenAI frontend; --url HOST:PORT of its HTTP port)")
-    p.add_argument("--endpoint-type", choices=["completions", "chat"], default="completions",
-                   help=f"with --protocol {openai}: /v1/completions (default) or /v1/chat/completions")
-    p.add_argument("--model", help=f"model name on the server (default: the one the server lists with --protocol "
-                                   f"{openai}; else {models})")
-    p.add_argument("--slo", action="append", default=[], metavar="METRIC.STAT<=VALUE",
-                   help="an SLO on top of the recipe's bench.thresholds, e.g. time_to_first_token.p99<=500, "
-                        "quiz.accuracy>=0.3, request_errors.failed<=0 (repeatable)")
-    p.add_argument("--goodput", metavar="'TAG:VALUE ...'",
-                   help="AIPerf's goodput: requests within every threshold per second, e.g. 'time_to_first_token:500 "
-                        "inter_token_latency:100' (ms); in results.json and the AIPerf exports (aiperf/<level>/)")
-    p.add_argument("--allow-failures", action="store_true",
-                   help="do not fail the bench because requests failed (by default any failed request is an SLO "
-                        "breach: request_errors.failed<=0, exit 1)")
-    from trtkv.recipe.schema import BenchTask  # the task names, from the one enum the recipe validates against
-
-    p.add_argument("--tasks", help=f"accuracy tasks, comma separated ({','.join(t.value for t in BenchTask)}) or `none` "
-                                   "(default: the recipe's bench.tasks)")
-    p.add_argument("--sweep-input", metavar="L1,L2,...",
-                   help="run the latency levels at each of these input lengths (tokens) and fit ITL and TTFT against "
-                        "context (default: the recipe's bench.sweep_input_tokens); `trtkv compare` then reports where "
-                        "one KV format's ITL drops below another's")
-    p.add_argument("--no-latency", action="store_true", help="skip the latency sweep (accuracy tasks only)")
-    p.add_argument("--golden-prompts", type=int, default=8, help="prompts in the golden-agreement task (default 8)")
-    p.add_argument("--output", type=Path, help="results folder (default: engines/<recipe>/bench)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    BenchOptions.add_arguments(p)  # every flag, its type, default and help: one field each (trtkv.bench.options)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtkv.bench.runner import BenchOptions, run_bench
-    from trtkv.core.errors import TrtkvError
-    from trtkv.recipe import BenchTask
+    from trtkv.bench.options import BenchOptions
+    from trtkv.bench.runner import run_bench
 
-    tasks = None
-    if args.tasks is not None:
-        tasks = [t.strip() for t in args.tasks.split(",") if t.strip() and t.strip() != "none"]
-        allowed = [t.value for t in BenchTask]
-        bad = [t for t in tasks if t not in allowed]
-        if bad:
-            raise TrtkvError(f"--tasks {args.tasks!r}: unknown task {bad[0]!r}. Allowed: {', '.join(allowed)}, none.")
-    if args.golden_prompts < 1:
-        raise TrtkvError(f"--golden-prompts {args.golden_prompts}: must be >= 1.")
+    opts = BenchOptions.from_args(args)  # before the recipe: a bad flag is named first
     recipe = load(args)
-    sweep = _sweep_lengths(args.sweep_input, recipe) if args.sweep_input is not None else None
-    opts = BenchOptions(sweep_input=sweep, url=args.url, protocol=args.protocol, model=args.model, slos=list(args.slo),
-                        tasks=tasks,
-                        allow_failures=args.allow_failures, endpoint_type=args.endpoint_type, goodput=args.goodput,
-                        latency=not args.no_latency, golden_prompts=args.golden_prompts, output=args.output,
-                        progress=not args.no_progress)
+    if opts.sweep_input is not None:
+        opts = opts.model_copy(update={"sweep_input": sweep_lengths(opts.sweep_input, recipe)})
     return run_bench(recipe, opts).exit_code
 
 
-def _sweep_lengths(text: str, recipe: Recipe) -> list[int]:
-    """--sweep-input L1,L2,...: positive lengths the recipe's engine accepts (build.max_input_len), all checked at once."""
+def sweep_lengths(lengths: list[int], recipe: Recipe) -> list[int]:
+    """--sweep-input: positive lengths the recipe's engine accepts (build.max_input_len and max_seq_len), all checked
+    at once; sorted, each once."""
     from trtkv.core.errors import TrtkvError
 
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    bad = [p for p in parts if not p.isdigit() or int(p) <= 0]
-    if not parts or bad:
-        raise TrtkvError(f"--sweep-input {text!r}: expected positive token counts separated by commas, e.g. "
-                         f"128,512,2048{f' (not {bad[0]!r})' if bad else ''}.")
-    lengths = sorted({int(p) for p in parts})
+    given = ",".join(map(str, lengths))
+    bad = [n for n in lengths if n <= 0]
+    if not lengths or bad:
+        raise TrtkvError(f"--sweep-input {given!r}: expected positive token counts separated by commas, e.g. "
+                         f"128,512,2048{f' (not {bad[0]})' if bad else ''}.")
+    out = sorted(set(lengths))
     b = recipe.build
-    over = [n for n in lengths if n > b.max_input_len or n + recipe.bench.output_tokens > b.max_seq_len]
+    over = [n for n in out if n > b.max_input_len or n + recipe.bench.output_tokens > b.max_seq_len]
     if over:
-        raise TrtkvError(f"--sweep-input {text!r}: {', '.join(map(str, over))} exceed(s) build.max_input_len "
+        raise TrtkvError(f"--sweep-input {given!r}: {', '.join(map(str, over))} exceed(s) build.max_input_len "
                          f"{b.max_input_len} (or, with bench.output_tokens {recipe.bench.output_tokens}, build.max_seq_len "
                          f"{b.max_seq_len}) of recipe {recipe.name}. Next: shorter lengths, or raise those fields.")
-    return lengths
+    return out
