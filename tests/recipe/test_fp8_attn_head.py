@@ -13,6 +13,7 @@ from trtkv.backends import vllm
 from trtkv.core.errors import TrtkvError
 from trtkv.kvcache import engines
 from trtkv.kvcache.formats import KVFormat
+from trtkv.platform.hardware import GPU_SPECS
 from trtkv.recipe import KVCacheQuant, load_recipe
 
 RECIPE = "llama70b_fp8kv_attnhead_vllm"
@@ -37,7 +38,14 @@ def test_accepted_where_flashattention_3_or_4_runs(gpu: str) -> None:
 def test_refused_where_vllm_runs_flashattention_2(gpu: str, alternative: str) -> None:
     msg = _problems([f"hardware.gpu={gpu}"])
     assert "FlashAttention >= 3" in msg and "runs FA2" in msg and alternative in msg, msg
-    assert "H100-80GB, H200-141GB, B200" in msg
+    fa3_or_4 = [g.value for g, spec in GPU_SPECS.items() if spec.sm[0] in (9, 10, 11)]  # the table's SM90 / SM10x
+    assert ", ".join(fa3_or_4) in msg and "H100-80GB" in fa3_or_4 and "B300" in fa3_or_4
+    assert "RTX-5090" not in fa3_or_4 and "L40S" not in fa3_or_4  # SM120 and SM89 run FA2
+
+
+def test_sm120_blackwell_runs_flashattention_2() -> None:
+    """The RTX 5090 is Blackwell but SM120: vLLM picks FA2 there, so per-head scales are refused like on Ada."""
+    assert "runs FA2" in _problems(["hardware.gpu=RTX-5090"])
 
 
 def test_refused_on_the_cpu_where_vllm_would_use_the_largest_head_scale() -> None:

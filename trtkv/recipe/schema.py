@@ -14,7 +14,7 @@ from trtkv.core import paths
 from trtkv.kvcache.formats import KVFormat
 from trtkv.kvcache.names import all_format_names
 from trtkv.platform import versions
-from trtkv.platform.hardware import GPU
+from trtkv.platform.hardware import GPU, gpu_from_name, known_gpus
 from trtkv.recipe.enums import (  # noqa: F401 - re-exported: the schema's public face
     BACKEND_ALIASES,
     ENGINE_KV_FORMATS,
@@ -200,6 +200,19 @@ class HardwareConfig(_Section):
     activation_reserve_gib: float = Field(
         2.0, ge=0, description="Per-GPU memory kept for activations, CUDA graphs and the runtime."
     )
+
+    @field_validator("gpu", mode="before")
+    @classmethod
+    def _gpu_by_any_name(cls, value: Any) -> Any:
+        """trtkv's name, nvidia-smi's (`NVIDIA H100 80GB HBM3`) or GPU feature discovery's label value."""
+        if isinstance(value, GPU) or not isinstance(value, str):
+            return value
+        gpu = gpu_from_name(value)
+        if gpu is None:
+            raise ValueError(f"unknown GPU {value[:80]!r}: use one of {known_gpus()} (a name as nvidia-smi prints "
+                             f"it, e.g. 'NVIDIA H100 80GB HBM3', works too); for a GPU not listed pick the nearest "
+                             f"and set hardware.memory_gib and hardware.hbm_bandwidth_gbps")
+        return gpu
 
 
 class TritonConfig(_Section):
