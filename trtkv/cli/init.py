@@ -173,6 +173,9 @@ def render(name: str, facts: ModelFacts, source: Path, gpu: str, count: int, kv:
                  f"active per token)")
     lines.append(f"  attention_layers: [{', '.join(compact_layers(facts.layers))}]")
     lines.append(f"  attention_source: {_q(f'{facts.path.name} {facts.attention_source}')}")
+    if facts.state is not None:
+        lines.append(f"  state_layers: {_q_flow(facts.state.to_dict())}   # fixed per-sequence state of the "
+                     f"linear/mamba layers: {_comment(facts.state.source)}")
     if facts.kv_lora_rank:
         lines.append(f"  kv_lora_rank: {facts.kv_lora_rank}   # {p}kv_lora_rank")
         lines.append(f"  qk_rope_head_dim: {facts.qk_rope_head_dim}   # {p}qk_rope_head_dim")
@@ -195,6 +198,18 @@ def render(name: str, facts: ModelFacts, source: Path, gpu: str, count: int, kv:
         f"  count: {tp * pp}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _q_flow(data: dict[str, object]) -> str:
+    """A YAML flow mapping of plain keys and integers / enum words (JSON object syntax is valid YAML)."""
+    import json
+
+    return json.dumps(data)
+
+
+def _comment(text: str) -> str:
+    """Text safe inside a YAML comment: one line."""
+    return " ".join(str(text).split())
 
 
 def _q(text: str) -> str:

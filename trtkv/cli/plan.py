@@ -46,6 +46,12 @@ def format_plan(p: Plan) -> str:
     lines.append(f"Recipe KV format: {p.recipe_kv_format}")
     att = p.attention
     lines.append(f"Attention: {att['summary']} ({att['source']}); capacity follows {att['accounting']}")
+    if att.get("state"):
+        st = att["state"]
+        lines.append(f"State: each of the {st['layers']} {st['kind']} layers keeps {st['bytes_per_layer'] / 2**20:,.2f} MiB "
+                     f"per sequence at any length (conv {st['conv_dtype']}, recurrent {st['recurrent_dtype']}: "
+                     f"{st['dtype_source']}), {st['bytes_per_sequence'] / 2**20:,.1f} MiB per sequence in all; vLLM "
+                     f"aligns its attention block to {st['vllm_attention_block']} tokens to page it")
     uniform = all(x == "full" for x in att["layers"])
     lines.append("")
     head = ["format", "B/token", "B/token/GPU", "tokens/GPU"] + [f"seqs@{_k(n)}" for n in p.lengths]

@@ -22,6 +22,7 @@ from typing import Any
 
 from trtkv.checkpoints import (
     Accounting,
+    AttentionKind,
 )
 from trtkv.checkpoints import summary as layer_summary
 from trtkv.kvcache.formats import KVFormat
@@ -49,6 +50,7 @@ from trtkv.recipe.attention import (
     layer_formats,
     vllm_hybrid_on,
 )
+from trtkv.recipe.vllm_pool import hybrid_block_size
 
 __all__ = ["GIB", "Architecture", "FormatCapacity", "Plan", "kv_format_for_recipe", "per_gpu_bytes_per_token", "plan",
            "resolve_architecture"]
@@ -102,8 +104,8 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
     mnbt = recipe.build.max_num_tokens
     for label, fmt, skipped in rows:
         fmts = layer_formats(arch.layer_list(), fmt, skipped, recipe.kv_skip_format)
-        bpt = seq_bytes(arch, fmts, 1)
-        bpt_gpu = seq_bytes(arch, fmts, 1, tp, pp)
+        bpt = seq_bytes(arch, fmts, 1, with_state=False)  # per token: the KV (a hybrid's state is per sequence)
+        bpt_gpu = seq_bytes(arch, fmts, 1, tp, pp, with_state=False)
         by_acc = {a.value: {n: seq_bytes(arch, fmts, n, 1, 1, a, mnbt, block) for n in lengths}
                   for a in Accounting}
         seq = by_acc[accounting.value]
@@ -148,7 +150,7 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
         advice=advice,
         advice_basis=basis,
         notes=notes + [n for n in [format_row_note(recipe)] if n] + attention_notes(arch, recipe),
-        attention=_attention_facts(arch, acc_label, mnbt, block),
+        attention=_attention_facts(arch, acc_label, mnbt, block, tp, rec_fmt),
     )
 
 
@@ -158,9 +160,25 @@ def _weights_label(arch: Architecture, recipe: Recipe) -> str:
     return recipe.quantization.weights.value
 
 
-def _attention_facts(arch: Architecture, label: str, mnbt: int, block: int) -> dict[str, Any]:
+def _attention_facts(arch: Architecture, label: str, mnbt: int, block: int, tp: int = 1,
+                     fmt: KVFormat = KVFormat.BF16) -> dict[str, Any]:
     layers = arch.layer_list()
-    return {"layers": [x.label for x in layers], "summary": layer_summary(layers), "source": arch.attention_source,
-            "mla_latent_elements": arch.kv_shape().mla_latent, "sinks": arch.sinks,
-            "accounting": label, "max_num_batched_tokens": mnbt, "vllm_block_size": block,
-            "vllm_hybrid_manager": vllm_hybrid_on(layers)}
+    out: dict[str, Any] = {"layers": [x.label for x in layers], "summary": layer_summary(layers),
+           "source": arch.attention_source,
+           "mla_latent_elements": arch.kv_shape().mla_latent, "sinks": arch.sinks,
+           "accounting": label, "max_num_batched_tokens": mnbt, "vllm_block_size": block,
+           "vllm_hybrid_manager": vllm_hybrid_on(layers),
+           "kv_layers": sum(1 for x in layers if not x.is_state and x.kind is not AttentionKind.NONE)}
+    if arch.state is not None:
+        shape, state_layers = arch.kv_shape(), [x for x in layers if x.is_state]
+        out["state"] = {**arch.state.to_dict(), "layers": len(state_layers), "conv_dtype": arch.state_dtypes[0],
+                        "recurrent_dtype": arch.state_dtypes[1], "dtype_source": arch.state_dtype_source,
+                        "bytes_per_layer": shape.sequence_state_bytes(state_layers[0]),
+                        "bytes_per_sequence": sum(shape.sequence_state_bytes(x) for x in state_layers),
+                        "bytes_per_sequence_per_gpu": sum(shape.sequence_state_bytes(x, tp) for x in state_layers),
+                        "vllm_attention_block": hybrid_block_size(
+                            block, [shape.bytes_per_token(x, fmt, tp) for x in layers
+                                    if not x.is_state and x.kind is not AttentionKind.NONE][:1],
+                            [shape.sequence_state_bytes(state_layers[0], tp)]),
+                        "source": arch.state.source}
+    return out
