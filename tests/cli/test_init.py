@@ -64,8 +64,10 @@ def test_refuses_a_bad_name_before_writing(tmp_path: Path, name: str) -> None:
 
 
 def test_refuses_unreadable_and_unpriced_configs(tmp_path: Path) -> None:
-    with pytest.raises(RecipeError, match="Qwen3-Next.*Next:"):
+    with pytest.raises(RecipeError, match="qwen3_next.*needs.*linear_num_key_heads.*Next:"):
         write_recipe("q", CONFIGS / "refused" / "qwen3_next", tmp_path / "q.yaml")
+    with pytest.raises(RecipeError, match="Mamba-2 .*state-space only.*Next:"):
+        write_recipe("q", CONFIGS / "refused" / "mamba2", tmp_path / "q.yaml")
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text('{"num_hidden_layers": 2, "hidden_size": 64}')
     with pytest.raises(RecipeError, match=r"num_attention_heads: missing.*Next:"):
