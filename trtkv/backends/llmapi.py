@@ -127,6 +127,8 @@ def llm_args(recipe: Recipe, hf_dir: Path) -> dict[str, Any]:
     windows = max_attention_window(recipe)
     if windows is not None:
         args["kv_cache_config"]["max_attention_window"] = windows
+    if b.mamba_ssm_cache_dtype != "auto":  # a linear-attention / Mamba layer's recurrent state: what the plan priced
+        args["kv_cache_config"]["mamba_ssm_cache_dtype"] = b.mamba_ssm_cache_dtype
     return args
 
 
