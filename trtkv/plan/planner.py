@@ -75,6 +75,12 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
     bandwidth = hw.hbm_bandwidth_gbps or (spec.hbm_bandwidth_gbps if spec else None)
     w_total, w_gpu = weights_bytes(arch, recipe)
     notes: list[str] = []
+    if arch.source == "recipe" and not recipe.model.source.startswith("packaged:"):
+        from trtkv.checkpoints.models import source_problem
+
+        missing = source_problem(recipe)
+        if missing:
+            notes.append(f"{missing}; planned from the recipe's model fields alone.")
     if memory_gib is None:
         memory_gib = host_memory_gib()
         notes.append(f"hardware.gpu is cpu: capacity uses this host's RAM ({memory_gib:.1f} GiB); "
