@@ -56,8 +56,8 @@ def test_exact_and_vllm_bytes_of_a_gated_deltanet_hybrid(qwen3_next: Path) -> No
     groups = linear // full
     vllm_bytes = full * (math.ceil(n / block) + groups * 2) * block * per_token  # 2 state blocks: prefix caching
     assert cap.per_sequence_kv_bytes_by_accounting["vllm"][n] == vllm_bytes
-    assert p.attention["state"]["vllm_attention_block"] == block and p.attention["kv_layers"] == full
-    assert p.attention["state"]["bytes_per_sequence"] == linear * state
+    assert p.attention.state.vllm_attention_block == block and p.attention.kv_layers == full
+    assert p.attention.state.bytes_per_sequence == linear * state
 
 
 def test_advice_says_how_few_layers_hold_kv_and_what_8_bit_buys(qwen3_next: Path) -> None:
@@ -78,9 +78,9 @@ def test_state_dtype_is_an_engine_setting_carried_into_vllms_command(qwen3_next:
     base = plan(load_recipe(qwen3_next, ["build.backend=vllm"]))
     wide = load_recipe(qwen3_next, ["build.backend=vllm", "build.mamba_ssm_cache_dtype=float32"])
     p = plan(wide)
-    assert base.attention["state"]["recurrent_dtype"] == "bfloat16"
-    assert p.attention["state"]["recurrent_dtype"] == "float32"
-    assert p.attention["state"]["bytes_per_layer"] == _gdn_state(c, 2, 4)
+    assert base.attention.state.recurrent_dtype == "bfloat16"
+    assert p.attention.state.recurrent_dtype == "float32"
+    assert p.attention.state.bytes_per_layer == _gdn_state(c, 2, 4)
     args = vllm.server_args(wide, Path("/m"), "127.0.0.1")
     assert args[args.index("--mamba-ssm-cache-dtype") + 1] == "float32" and "--mamba-cache-dtype" not in args
 
@@ -89,7 +89,7 @@ def test_nemotron_h_state_defaults_to_float32_on_vllm(tmp_path: Path) -> None:
     path = tmp_path / "nh.yaml"
     write_recipe("nh", CONFIGS / "nemotron_nano_9b_v2", path, "A10G", kv_cache="none")
     p = plan(load_recipe(path, ["build.backend=vllm"]))
-    assert p.attention["state"]["recurrent_dtype"] == "float32"  # vLLM's NemotronHForCausalLMConfig default
+    assert p.attention.state.recurrent_dtype == "float32"  # vLLM's NemotronHForCausalLMConfig default
     assert "float32" in " ".join(p.advice)
 
 
