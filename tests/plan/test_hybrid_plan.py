@@ -75,8 +75,9 @@ def test_advice_says_how_few_layers_hold_kv_and_what_8_bit_buys(qwen3_next: Path
 
 def test_state_dtype_is_an_engine_setting_carried_into_vllms_command(qwen3_next: Path) -> None:
     c = _cfg("qwen3_next_80b_a3b")
-    base = plan(load_recipe(qwen3_next, ["build.backend=vllm"]))
-    wide = load_recipe(qwen3_next, ["build.backend=vllm", "build.mamba_ssm_cache_dtype=float32"])
+    vllm_fp8 = ["build.backend=vllm", "quantization.weights=fp8"]  # vLLM loads ModelOpt's FP8 KV with FP8 weights
+    base = plan(load_recipe(qwen3_next, vllm_fp8))
+    wide = load_recipe(qwen3_next, [*vllm_fp8, "build.mamba_ssm_cache_dtype=float32"])
     p = plan(wide)
     assert base.attention.state.recurrent_dtype == "bfloat16"
     assert p.attention.state.recurrent_dtype == "float32"
@@ -88,7 +89,7 @@ def test_state_dtype_is_an_engine_setting_carried_into_vllms_command(qwen3_next:
 def test_nemotron_h_state_defaults_to_float32_on_vllm(tmp_path: Path) -> None:
     path = tmp_path / "nh.yaml"
     write_recipe("nh", CONFIGS / "nemotron_nano_9b_v2", path, "A10G", kv_cache="none")
-    p = plan(load_recipe(path, ["build.backend=vllm"]))
+    p = plan(load_recipe(path, ["build.backend=vllm"]))  # kv_cache none: bf16 weights load in vLLM
     assert p.attention.state.recurrent_dtype == "float32"  # vLLM's NemotronHForCausalLMConfig default
     assert "float32" in " ".join(p.advice)
 

@@ -78,12 +78,15 @@ def test_plan_prices_it_as_fp8_and_says_the_scales_are_not_per_token() -> None:
     from trtkv.plan import planner
 
     head = planner.plan(load_recipe(RECIPE))
-    fp8 = planner.plan(load_recipe(RECIPE, ["quantization.kv_cache=fp8"]))
+    # fp8 over bf16 weights is refused for vLLM (ModelOpt's export: no quant_algo), so the same sizes with FP8 weights
+    fp8 = planner.plan(load_recipe(RECIPE, ["quantization.kv_cache=fp8", "quantization.weights=fp8"]))
     assert head.recipe_kv_format == "fp8_attn_head" and fp8.recipe_kv_format == "fp8"
     mine = next(c for c in head.formats if c.format == "fp8_attn_head")
     theirs = next(c for c in fp8.formats if c.format == "fp8")
     assert mine.bytes_per_token == theirs.bytes_per_token == 2 * 80 * 8 * 128  # Llama-3 70B: 80 layers, 8 KV heads
-    assert mine.per_sequence_kv_bytes == theirs.per_sequence_kv_bytes and mine.max_sequences == theirs.max_sequences
+    assert mine.per_sequence_kv_bytes == theirs.per_sequence_kv_bytes
+    n = 32768  # the same per-sequence bytes into the bf16 recipe's own budget
+    assert mine.max_sequences[n] == int(head.kv_budget_gib_per_gpu * 2**30 // mine.per_sequence_kv_bytes_per_gpu[n])
     note = next(n for n in head.notes if n.startswith("fp8_attn_head is priced as fp8"))
     assert "nothing per token" in note and "1280 values = 5,120 bytes" in note
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,6 +11,8 @@ from trtkv.cli.common import subparser
 
 if TYPE_CHECKING:
     from trtkv.checkpoints import ModelFacts
+    from trtkv.cli.init_sizing import Settings
+    from trtkv.recipe import Recipe
 
 GIB = 1024**3
 COUNTS = (1, 2, 4, 8, 16, 32, 64)  # GPUs tried when --count is not given: TP within a node, then PP over nodes
@@ -24,8 +25,8 @@ DECODERS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen", "qwen3": "qwe
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from trtkv.platform.hardware import GPU
-    from trtkv.recipe import Backend, KVCacheQuant
+    from trtkv.platform.hardware import GPU, known_gpus
+    from trtkv.recipe import Backend, KVCacheQuant, WeightQuant
 
     p = subparser(sub, "init",
                   "  $ trtkv init gemma3_27b_fp8kv --model ~/models/gemma-3-27b-it\n"
@@ -34,11 +35,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("name", help="recipe name: lower-case letters, digits, '_' and '-'")
     p.add_argument("--model", required=True, type=Path, help="model folder holding config.json, or the config.json")
     p.add_argument("--output", type=Path, default=None, help="recipe file to write (default recipes/NAME.yaml)")
-    p.add_argument("--gpu", default=GPU.H100_80GB.value, choices=[g.value for g in GPU], help="target GPU")
+    p.add_argument("--gpu", default=GPU.H100_80GB.value, type=gpu_arg, metavar="GPU",
+                   help=f"target GPU, as trtkv names it or as nvidia-smi prints it (e.g. 'NVIDIA H100 80GB HBM3'): "
+                        f"{known_gpus()}")
     p.add_argument("--count", type=int, default=None, help="GPUs per model instance (default: the fewest that hold "
                    "the weights and one sequence of max_seq_len)")
     p.add_argument("--kv-cache", default=None, choices=[k.value for k in KVCacheQuant],
                    help="KV-cache precision (default fp8 where the GPU has FP8, else none)")
+    p.add_argument("--weights", default=None, choices=[w.value for w in WeightQuant],
+                   help="weight quantization (default none, the checkpoint's own precision; fp8 where the engine "
+                        "refuses none with the KV cache asked for, e.g. vLLM's ModelOpt loader)")
+    p.add_argument("--max-seq-len", type=int, default=None, metavar="TOKENS",
+                   help=f"prompt + answer tokens (default the model's max_position_embeddings, at most "
+                        f"{DEFAULT_SEQ_LEN}); max_input_len is 7/8 of it")
+    p.add_argument("--concurrency", type=int, default=None, metavar="N",
+                   help="sequences of max_seq_len served at once: max_batch_size (vLLM's max_num_seqs), and --count "
+                        "grows until N fit (default: what fits on the fewest GPUs holding one, at most 256)")
     p.add_argument("--backend", default=None, choices=[b.value for b in Backend],
                    help=f"engine (default {Backend.LLMAPI.value} on a GPU; on {GPU.CPU.value} {Backend.REFERENCE.value} "
                         f"for Llama-family models, else {Backend.VLLM.value})")
@@ -46,16 +58,32 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def gpu_arg(text: str) -> str:
+    """--gpu: any name trtkv.platform.hardware resolves (its value, nvidia-smi's, GFD's), as trtkv's value."""
+    from trtkv.platform.hardware import gpu_from_name, known_gpus
+
+    gpu = gpu_from_name(text)
+    if gpu is None:
+        raise argparse.ArgumentTypeError(f"unknown GPU {text[:80]!r}: use one of {known_gpus()} (or its name as "
+                                         f"nvidia-smi prints it); for another GPU pick the nearest and set "
+                                         f"hardware.memory_gib in the recipe")
+    return gpu.value
+
+
 def run(args: argparse.Namespace) -> int:
-    out = write_recipe(args.name, args.model, args.output, args.gpu, args.count, args.kv_cache, args.backend, args.force)
+    out = write_recipe(args.name, args.model, args.output, args.gpu, args.count, args.kv_cache, args.backend, args.force,
+                       weights=args.weights, max_seq_len=args.max_seq_len, concurrency=args.concurrency)
     print(f"wrote {out}\nNext: trtkv plan {out}")
     return 0
 
 
 def write_recipe(name: str, model: Path, output: Path | None = None, gpu: str = "H100-80GB", count: int | None = None,
-                 kv_cache: str | None = None, backend: str | None = None, force: bool = False) -> Path:
-    """Read the config, size TP/PP with the planner, write the recipe atomically once it validates and plans."""
+                 kv_cache: str | None = None, backend: str | None = None, force: bool = False, *,
+                 weights: str | None = None, max_seq_len: int | None = None, concurrency: int | None = None) -> Path:
+    """Read the config, size TP/PP and the batch with the planner, write the recipe atomically once its engine accepts
+    it (trtkv.cli.init_sizing) and it plans."""
     from trtkv.checkpoints import config_file, read_model_facts
+    from trtkv.cli.init_sizing import Settings, batch_for, refusal, settle
     from trtkv.core import paths
     from trtkv.core.errors import RecipeError
     from trtkv.platform.hardware import GPU, GPU_SPECS
@@ -66,6 +94,10 @@ def write_recipe(name: str, model: Path, output: Path | None = None, gpu: str = 
     if output is not None and out.stem != name:
         raise RecipeError([f"--output {out}: a recipe's name is its file name; {out.stem!r} is not {name!r}. Next: "
                            f"--output {out.with_name(name + '.yaml')}"], header="Recipe not written")
+    for flag, value in (("--count", count), ("--max-seq-len", max_seq_len), ("--concurrency", concurrency)):
+        if value is not None and value < 1:
+            raise RecipeError([f"{flag} {value}: must be 1 or more. Next: leave it out to size it from the model."],
+                              header="Recipe not written")
     if out.exists() and not force:
         raise RecipeError([f"{out}: already exists; trtkv init never replaces a recipe. Next: pick another NAME or "
                            f"--output, or pass --force to overwrite it."], header="Recipe not written")
@@ -78,17 +110,33 @@ def write_recipe(name: str, model: Path, output: Path | None = None, gpu: str = 
 
     chosen = backend or default_backend(on_cpu=on_cpu, llama_family=llama).value  # as --help says
     source = config_file(model.expanduser()).resolve().parent
+    mpe = facts.max_position_embeddings or DEFAULT_SEQ_LEN
+    given = {flag: str(value) for flag, value in (
+        ("--gpu", target.value), ("--count", count), ("--kv-cache", kv_cache), ("--backend", backend),
+        ("--weights", weights), ("--max-seq-len", max_seq_len), ("--concurrency", concurrency)) if value is not None}
+    need = concurrency or 1
     tried: list[str] = []
-    for n in ([count] if count else [1] if on_cpu else list(COUNTS)):
-        text = render(name, facts, source, target.value, n, kv, chosen)
-        fits, why = _check(name, text)
-        if fits or count or on_cpu:
+    for n in ([count] if count is not None else [1] if on_cpu else list(COUNTS)):
+        s = Settings(target.value, n, kv, weights or "none", chosen, max_seq_len or min(mpe, DEFAULT_SEQ_LEN), need)
+        s.num_tokens = max(s.num_tokens, need)
+        text, recipe = settle(name, out, s, given, lambda s: render(name, facts, source, s))
+        fits, why = _fits(recipe)
+        if fits >= need or on_cpu:
             break
         tried.append(f"{n} x {target.value}: {why}")
+        if count is not None:
+            raise refusal(out, [("build.max_batch_size" if fits else "hardware.count",
+                                 f"{why}, and {need} sequence(s) of max_seq_len {s.seq_len} are asked for: a larger "
+                                 f"GPU (--gpu), more GPUs (--count), a shorter --max-seq-len, a smaller --kv-cache or "
+                                 f"a lower --concurrency (more replicas: `trtkv deploy --target-concurrency`)")], given)
     else:
-        raise RecipeError([f"{facts.path}: no count in {COUNTS} of {target.value} holds the weights and one sequence "
-                           f"of max_seq_len ({'; '.join(tried)}). Next: a larger GPU (--gpu), --count N, or "
-                           f"--kv-cache fp8."], header="Recipe not written")
+        raise RecipeError([f"{facts.path}: no count in {COUNTS} of {target.value} holds the weights and {need} "
+                           f"sequence(s) of max_seq_len ({'; '.join(tried)}). Next: a larger GPU (--gpu), --count N, "
+                           f"--kv-cache fp8, or a shorter --max-seq-len."], header="Recipe not written")
+    s.batch, s.why["build.max_batch_size"] = batch_for(fits, concurrency, on_cpu)
+    if s.batch != need:
+        s.num_tokens = max(s.num_tokens, s.batch)
+        text, recipe = settle(name, out, s, given, lambda s: render(name, facts, source, s))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     tmp.write_text(text, encoding="utf-8")
@@ -96,21 +144,15 @@ def write_recipe(name: str, model: Path, output: Path | None = None, gpu: str = 
     return out
 
 
-def _check(name: str, text: str) -> tuple[bool, str]:
-    """Load the text as the recipe `name` (every rule) and plan it: (recipe, one sequence fits, why not)."""
+def _fits(recipe: Recipe) -> tuple[int, str]:
+    """Sequences of max_seq_len the recipe's KV format fits per replica (trtkv plan), and the figures in words."""
     from trtkv.plan.planner import plan
-    from trtkv.recipe import load_recipe
 
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / f"{name}.yaml"
-        path.write_text(text, encoding="utf-8")
-        recipe = load_recipe(path)
-        p = plan(recipe)
+    p = plan(recipe)
     cap = next(c for c in p.formats if c.format == p.recipe_kv_format)
-    fits = cap.max_sequences.get(recipe.build.max_seq_len, 0) >= 1
-    why = "" if fits else (f"{p.weights.per_gpu_gib:.0f} GiB of weights per GPU leave "
-                           f"{p.kv_budget_gib_per_gpu:.1f} GiB for KV")
-    return fits, why
+    fits = cap.max_sequences.get(recipe.build.max_seq_len, 0)
+    return fits, (f"{p.weights.per_gpu_gib:.0f} GiB of weights per GPU leave {p.kv_budget_gib_per_gpu:.1f} GiB for KV: "
+                  f"{fits} sequence(s) of {recipe.build.max_seq_len} tokens in {p.recipe_kv_format}")
 
 
 def _split(facts: ModelFacts, count: int) -> tuple[int, int]:
@@ -121,16 +163,19 @@ def _split(facts: ModelFacts, count: int) -> tuple[int, int]:
     return tp, count // tp
 
 
-def render(name: str, facts: ModelFacts, source: Path, gpu: str, count: int, kv: str, backend: str) -> str:
-    """The recipe text: every fact with the config field it came from."""
+def render(name: str, facts: ModelFacts, source: Path, settings: Settings) -> str:
+    """The recipe text: every fact with the config field it came from, then the engine settings and the sections
+    sized for the target (trtkv.cli.init_sizing)."""
     from trtkv.checkpoints import compact_layers, count_parameters, stored_weight_bytes, summary
+    from trtkv.cli.init_sizing import engine_lines, section_lines
+
+    gpu, count, kv = settings.gpu, settings.count, settings.kv
 
     params = count_parameters(facts)
     dtype = facts.dtype if facts.dtype in ("bfloat16", "float16") else "bfloat16"
     stored = stored_weight_bytes(facts, params, 2.0)
     tp, pp = _split(facts, count)
     mpe = facts.max_position_embeddings or DEFAULT_SEQ_LEN
-    seq = min(mpe, DEFAULT_SEQ_LEN)
     p = facts.prefix
     arch = DECODERS.get(facts.model_type, facts.model_type or "llama")
     reference = arch in ("llama", "gemma3")  # the families trtkv's CPU runtime reads (trtkv.runtime)
@@ -181,22 +226,8 @@ def render(name: str, facts: ModelFacts, source: Path, gpu: str, count: int, kv:
         lines.append(f"  qk_rope_head_dim: {facts.qk_rope_head_dim}   # {p}qk_rope_head_dim")
     if stored:
         lines.append(f"  checkpoint_weights_gib: {stored / GIB:.4g}   # as stored ({facts.quant.method if facts.quant else ''})")
-    lines += [
-        "quantization:",
-        "  weights: none                    # the checkpoint's own precision",
-        f"  kv_cache: {kv}",
-        "build:",
-        f"  backend: {backend}",
-        "  max_batch_size: 16",
-        f"  max_input_len: {seq // 2}",
-        f"  max_seq_len: {seq}                # up to max_position_embeddings {mpe}",
-        "  max_num_tokens: 8192             # tokens per engine step (vLLM's max_num_batched_tokens)",
-        f"  tp_size: {tp}",
-        f"  pp_size: {pp}",
-        "hardware:",
-        f"  gpu: {gpu}",
-        f"  count: {tp * pp}",
-    ]
+    lines += engine_lines(settings, tp, pp, mpe, gpu == "cpu")
+    lines += section_lines(settings, gpu == "cpu")
     return "\n".join(lines) + "\n"
 
 

@@ -246,3 +246,15 @@ ONE_PER_SM: tuple[GPU, ...] = (GPU.A100_80GB, GPU.A10, GPU.L40S, GPU.H100_80GB, 
 def same_sm(gpu: GPU) -> list[str]:
     """Every GPU of the table with `gpu`'s compute capability (`H100-80GB` -> H100-80GB, H100-PCIE, ...)."""
     return [g.value for g, s in GPU_SPECS.items() if s.sm == GPU_SPECS[gpu].sm]
+
+
+def table_markdown() -> str:
+    """docs/plan.md's GPU table (scripts/update_docs.py keeps it in step with GPU_SPECS)."""
+    rows = ["| `hardware.gpu` | nvidia-smi name | `nvidia.com/gpu.product` | SM | arch | memory GiB | from | GB/s | FP8 | "
+            "FP4 | NVFP4 KV | sources: memory; bandwidth |", "|" + "---|" * 12]
+    yes = {True: "yes", False: "no"}
+    for gpu, s in GPU_SPECS.items():
+        rows.append(f"| `{gpu.value}` | {' / '.join(s.smi_names)} | `{s.gfd_product}` | {s.compute_capability} | "
+                    f"{s.arch} | {s.memory_gib:g} | {s.memory_basis} | {s.hbm_bandwidth_gbps:g} | {yes[s.has_fp8]} | "
+                    f"{yes[s.has_fp4]} | {yes[s.nvfp4_kv]} | {s.memory_source}; {s.bandwidth_source} |")
+    return "\n".join(rows)

@@ -127,6 +127,22 @@ def vllm_problems(recipe: Recipe) -> list[tuple[str, str]]:
     if q.weights not in (WeightQuant.FP8, WeightQuant.NONE):
         out.append(("quantization.weights", f"the HF export vLLM loads carries fp8 or unquantized weights, not "
                                             f"{q.weights.value}"))
+    if q.weights is WeightQuant.NONE and q.kv_cache in (KVCacheQuant.FP8, KVCacheQuant.INT8, KVCacheQuant.NVFP4):
+        # ModelOpt's export then has kv_cache_quant_algo but no quant_algo; vLLM 0.32's ModelOpt loader refuses it
+        # (model_executor/layers/quantization/modelopt.py ModelOptQuantConfigBase.from_config: "Missing 'quant_algo'
+        # in quantization config"); fp8_attn_head exports compressed-tensors instead (no quant_algo needed)
+        out.append(("quantization.weights", f"none with kv_cache {q.kv_cache.value}: ModelOpt's HF export then names "
+                                            f"a KV algorithm but no weight quant_algo, which vLLM 0.32's ModelOpt "
+                                            f"loader refuses (\"Missing 'quant_algo' in quantization config\"). Use "
+                                            f"quantization.weights fp8 (`trtkv init --weights fp8`), kv_cache "
+                                            f"fp8_attn_head (compressed-tensors export), or kv_cache none"))
+    b = recipe.build
+    if b.max_num_tokens < b.max_batch_size:  # vllm/config/scheduler.py SchedulerConfig (vLLM 0.32)
+        out.append(("build.max_num_tokens", f"{b.max_num_tokens} < build.max_batch_size {b.max_batch_size}: vLLM "
+                                            f"refuses to start (\"max_num_batched_tokens ({b.max_num_tokens}) must be "
+                                            f"greater than or equal to max_num_seqs ({b.max_batch_size})\", "
+                                            f"vllm/config/scheduler.py): set build.max_num_tokens >= "
+                                            f"{b.max_batch_size}"))
     return out
 
 
