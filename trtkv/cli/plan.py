@@ -66,9 +66,12 @@ def format_plan(p: Plan) -> str:
         lines += _table(head, rows)
     if not uniform:
         lines.append("")
-        lines.append("KV of one sequence (GiB, all GPUs; exact = per-layer windows as TensorRT-LLM keeps them, vllm = "
-                     f"vLLM's allocation with max_num_batched_tokens {att.max_num_batched_tokens}, block "
-                     f"{att.vllm_block_size}):")
+        block = (f"{att.vllm_block_size}" if att.state is None else
+                 f"{att.vllm_block_size} raised to hold a state page, {att.state.vllm_attention_block} for "
+                 f"{p.recipe_kv_format}, with the state blocks prefix caching keeps")
+        lines.append(f"{'KV' if att.state is None else 'KV and state'} of one sequence (GiB, all GPUs; exact = per-layer "
+                     f"windows as TensorRT-LLM keeps them, vllm = vLLM's allocation with max_num_batched_tokens "
+                     f"{att.max_num_batched_tokens}, block {block}):")
         head = ["format", "accounting"] + [f"@{_k(n)}" for n in p.lengths]
         rows = [[c.format, acc] + [f"{c.per_sequence_kv_bytes_by_accounting[acc][n] / GIB:.3f}" for n in p.lengths]
                 for c in p.formats if c.format in (p.formats[0].format, "fp16", "fp8")
