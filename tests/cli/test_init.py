@@ -172,6 +172,7 @@ def test_cli_takes_nvidia_smi_names_and_the_new_flags(tmp_path: Path, capsys: py
     assert (r.hardware.gpu.value, r.quantization.weights.value, r.build.max_seq_len, r.build.max_batch_size) == \
         ("H200-141GB", "fp8", 16384, 8)
     capsys.readouterr()
-    with pytest.raises(SystemExit):
-        main(["init", "h", "--model", str(CONFIGS / "qwen3_8b"), "--gpu", "NVIDIA Tesla K80"])
-    assert "unknown GPU 'NVIDIA Tesla K80'" in capsys.readouterr().err
+    assert main(["init", "h", "--model", str(CONFIGS / "qwen3_8b"), "--gpu", "NVIDIA Tesla K80"]) == 2
+    assert "--gpu 'NVIDIA Tesla K80': Value error, unknown GPU" in capsys.readouterr().err
+    assert main(["init", "h", "--model", str(CONFIGS / "qwen3_8b"), "--concurrency", "0"]) == 2
+    assert "--concurrency 0: Input should be greater than or equal to 1" in capsys.readouterr().err

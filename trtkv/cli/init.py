@@ -5,9 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
+
+from pydantic import Field, field_validator
 
 from trtkv.cli.common import subparser
+from trtkv.core.options import Flag, Options
+from trtkv.platform.hardware import GPU, gpu_from_name, known_gpus
+from trtkv.recipe import Backend, KVCacheQuant, WeightQuant
 
 if TYPE_CHECKING:
     from trtkv.checkpoints import ModelFacts
@@ -17,6 +22,7 @@ if TYPE_CHECKING:
 GIB = 1024**3
 COUNTS = (1, 2, 4, 8, 16, 32, 64)  # GPUs tried when --count is not given: TP within a node, then PP over nodes
 DEFAULT_SEQ_LEN = 32768
+DEFAULT_GPU = GPU.H100_80GB
 # model_type -> the decoder type of ModelOpt's / TensorRT-LLM's export (model.architecture)
 DECODERS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen", "qwen3": "qwen", "qwen2_moe": "qwen",
             "qwen3_moe": "qwen", "gemma2": "gemma2", "gemma3": "gemma3", "gemma3_text": "gemma3", "gpt_oss": "gpt_oss",
@@ -24,69 +30,73 @@ DECODERS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen", "qwen3": "qwe
             "kimi_k2": "deepseek_v3", "mixtral": "llama"}
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    from trtkv.platform.hardware import GPU, known_gpus
-    from trtkv.recipe import Backend, KVCacheQuant, WeightQuant
+class InitOptions(Options):
+    """`trtkv init NAME --model PATH [options]`: each field one argument (trtkv.core.options)."""
 
+    name: Annotated[str, Field(description="recipe name: lower-case letters, digits, '_' and '-'"), Flag(names=("name",))]
+    model: Annotated[Path, Field(description="model folder holding config.json, or the config.json"), Flag()]
+    output: Annotated[Path | None, Field(description="recipe file to write (default recipes/NAME.yaml)"), Flag()] = None
+    gpu: Annotated[str, Field(description=f"target GPU, as trtkv names it or as nvidia-smi prints it (e.g. 'NVIDIA "
+                                          f"H100 80GB HBM3'): {known_gpus()}"), Flag(metavar="GPU")] = DEFAULT_GPU.value
+    count: Annotated[int | None, Field(
+        description="GPUs per model instance (default: the fewest that hold the weights and one sequence of "
+                    "max_seq_len)"), Flag()] = None
+    kv_cache: Annotated[KVCacheQuant | None, Field(
+        description="KV-cache precision (default fp8 where the GPU has FP8, else none)"), Flag()] = None
+    backend: Annotated[Backend | None, Field(
+        description=f"engine (default {Backend.LLMAPI.value} on a GPU; on {GPU.CPU.value} {Backend.REFERENCE.value} "
+                    f"for Llama-family models, else {Backend.VLLM.value})"), Flag()] = None
+    weights: Annotated[WeightQuant | None, Field(
+        description="weight quantization (default none, the checkpoint's own precision; fp8 where the engine refuses "
+                    "none with the KV cache asked for, e.g. vLLM's ModelOpt loader)"), Flag()] = None
+    max_seq_len: Annotated[int | None, Field(
+        ge=1, description=f"prompt + answer tokens (default the model's max_position_embeddings, at most "
+                          f"{DEFAULT_SEQ_LEN}); max_input_len is 7/8 of it"), Flag(metavar="TOKENS")] = None
+    concurrency: Annotated[int | None, Field(
+        ge=1, description="sequences of max_seq_len served at once: max_batch_size (vLLM's max_num_seqs), and --count "
+                          "grows until N fit (default: what fits on the fewest GPUs holding one, at most 256)"),
+        Flag(metavar="N")] = None
+    force: Annotated[bool, Field(description="overwrite an existing recipe file"), Flag()] = False
+
+    @field_validator("gpu")
+    @classmethod
+    def _any_gpu_name(cls, value: str) -> str:
+        """trtkv's name, nvidia-smi's or GPU feature discovery's, as trtkv's value."""
+        gpu = gpu_from_name(value)
+        if gpu is None:
+            raise ValueError(f"unknown GPU: use one of {known_gpus()} (or its name as nvidia-smi prints it); for "
+                             f"another GPU pick the nearest and set hardware.memory_gib in the recipe")
+        return gpu.value
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = subparser(sub, "init",
                   "  $ trtkv init gemma3_27b_fp8kv --model ~/models/gemma-3-27b-it\n"
                   "  $ trtkv init dsv3_fp8kv --model config.json --gpu H200-141GB --count 8\n"
                   "  $ trtkv init scout --model DIR --output /tmp/scout.yaml --backend vllm && trtkv plan /tmp/scout.yaml\n")
-    p.add_argument("name", help="recipe name: lower-case letters, digits, '_' and '-'")
-    p.add_argument("--model", required=True, type=Path, help="model folder holding config.json, or the config.json")
-    p.add_argument("--output", type=Path, default=None, help="recipe file to write (default recipes/NAME.yaml)")
-    p.add_argument("--gpu", default=GPU.H100_80GB.value, type=gpu_arg, metavar="GPU",
-                   help=f"target GPU, as trtkv names it or as nvidia-smi prints it (e.g. 'NVIDIA H100 80GB HBM3'): "
-                        f"{known_gpus()}")
-    p.add_argument("--count", type=int, default=None, help="GPUs per model instance (default: the fewest that hold "
-                   "the weights and one sequence of max_seq_len)")
-    p.add_argument("--kv-cache", default=None, choices=[k.value for k in KVCacheQuant],
-                   help="KV-cache precision (default fp8 where the GPU has FP8, else none)")
-    p.add_argument("--weights", default=None, choices=[w.value for w in WeightQuant],
-                   help="weight quantization (default none, the checkpoint's own precision; fp8 where the engine "
-                        "refuses none with the KV cache asked for, e.g. vLLM's ModelOpt loader)")
-    p.add_argument("--max-seq-len", type=int, default=None, metavar="TOKENS",
-                   help=f"prompt + answer tokens (default the model's max_position_embeddings, at most "
-                        f"{DEFAULT_SEQ_LEN}); max_input_len is 7/8 of it")
-    p.add_argument("--concurrency", type=int, default=None, metavar="N",
-                   help="sequences of max_seq_len served at once: max_batch_size (vLLM's max_num_seqs), and --count "
-                        "grows until N fit (default: what fits on the fewest GPUs holding one, at most 256)")
-    p.add_argument("--backend", default=None, choices=[b.value for b in Backend],
-                   help=f"engine (default {Backend.LLMAPI.value} on a GPU; on {GPU.CPU.value} {Backend.REFERENCE.value} "
-                        f"for Llama-family models, else {Backend.VLLM.value})")
-    p.add_argument("--force", action="store_true", help="overwrite an existing recipe file")
+    InitOptions.add_arguments(p)
     p.set_defaults(func=run)
 
 
-def gpu_arg(text: str) -> str:
-    """--gpu: any name trtkv.platform.hardware resolves (its value, nvidia-smi's, GFD's), as trtkv's value."""
-    from trtkv.platform.hardware import gpu_from_name, known_gpus
-
-    gpu = gpu_from_name(text)
-    if gpu is None:
-        raise argparse.ArgumentTypeError(f"unknown GPU {text[:80]!r}: use one of {known_gpus()} (or its name as "
-                                         f"nvidia-smi prints it); for another GPU pick the nearest and set "
-                                         f"hardware.memory_gib in the recipe")
-    return gpu.value
-
-
 def run(args: argparse.Namespace) -> int:
-    out = write_recipe(args.name, args.model, args.output, args.gpu, args.count, args.kv_cache, args.backend, args.force,
-                       weights=args.weights, max_seq_len=args.max_seq_len, concurrency=args.concurrency)
+    o = InitOptions.from_args(args)
+    out = write_recipe(o.name, o.model, o.output, o.gpu, o.count, o.kv_cache.value if o.kv_cache else None,
+                       o.backend.value if o.backend else None, o.force, weights=o.weights.value if o.weights else None,
+                       max_seq_len=o.max_seq_len, concurrency=o.concurrency)
     print(f"wrote {out}\nNext: trtkv plan {out}")
     return 0
 
 
-def write_recipe(name: str, model: Path, output: Path | None = None, gpu: str = "H100-80GB", count: int | None = None,
-                 kv_cache: str | None = None, backend: str | None = None, force: bool = False, *,
-                 weights: str | None = None, max_seq_len: int | None = None, concurrency: int | None = None) -> Path:
+def write_recipe(name: str, model: Path, output: Path | None = None, gpu: str = DEFAULT_GPU.value,
+                 count: int | None = None, kv_cache: str | None = None, backend: str | None = None, force: bool = False,
+                 *, weights: str | None = None, max_seq_len: int | None = None, concurrency: int | None = None) -> Path:
     """Read the config, size TP/PP and the batch with the planner, write the recipe atomically once its engine accepts
     it (trtkv.cli.init_sizing) and it plans."""
     from trtkv.checkpoints import config_file, read_model_facts
     from trtkv.cli.init_sizing import Settings, batch_for, refusal, settle
     from trtkv.core import paths
     from trtkv.core.errors import RecipeError
-    from trtkv.platform.hardware import GPU, GPU_SPECS
+    from trtkv.platform.hardware import GPU_SPECS
     from trtkv.recipe.names import check_recipe_name
 
     out = (output or paths.recipes_dir() / f"{name}.yaml").expanduser()
@@ -102,7 +112,7 @@ def write_recipe(name: str, model: Path, output: Path | None = None, gpu: str = 
         raise RecipeError([f"{out}: already exists; trtkv init never replaces a recipe. Next: pick another NAME or "
                            f"--output, or pass --force to overwrite it."], header="Recipe not written")
     facts = read_model_facts(model.expanduser())
-    target = GPU(gpu)
+    target = gpu_from_name(gpu) or GPU(gpu)  # GPU(): ValueError naming the unknown value
     on_cpu = target is GPU.CPU
     kv = kv_cache or ("fp8" if on_cpu or GPU_SPECS[target].has_fp8 else "none")
     llama = DECODERS.get(facts.model_type) == "llama"
