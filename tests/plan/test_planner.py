@@ -205,7 +205,8 @@ def test_sliding_layers_kept_16_bit_are_priced_per_layer(tmp_path: Path) -> None
     from trtkv.checkpoints import read_model_facts
     from trtkv.core.errors import RecipeError
 
-    recipe = init_recipe(tmp_path, "gemma3_27b", "build.backend=vllm", "quantization.kv_skip_layers=[sliding_window]")
+    recipe = init_recipe(tmp_path, "gemma3_27b", "build.backend=vllm", "quantization.kv_skip_layers=[sliding_window]",
+                         "quantization.weights=fp8")  # vLLM refuses ModelOpt's FP8-KV export over bf16 weights
     assert recipe.kv_format_label == "fp8+bf16[sliding_window]"
     row = next(f for f in plan(recipe).formats if f.format == recipe.kv_format_label)
     f = read_model_facts(CONFIGS / "gemma3_27b")
@@ -213,7 +214,8 @@ def test_sliding_layers_kept_16_bit_are_priced_per_layer(tmp_path: Path) -> None
     expected = sum(min(32768, x.window) * per_token * 2 if x.window else 32768 * per_token * 1 for x in f.layers)
     assert row.per_sequence_kv_bytes_by_accounting["exact"][32768] == pytest.approx(expected)
     with pytest.raises(RecipeError, match="no sliding layer"):
-        init_recipe(tmp_path, "llama3_1_8b", "build.backend=vllm", "quantization.kv_skip_layers=[sliding_window]")
+        init_recipe(tmp_path, "llama3_1_8b", "build.backend=vllm", "quantization.kv_skip_layers=[sliding_window]",
+                    "quantization.weights=fp8")
 
 
 def test_plan_json_per_sequence_bytes_and_layer_types(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -91,7 +91,7 @@ CASES = [
      "build.use_fp8_context_fmha", ["FP8 context FMHA needs quantization.kv_cache: fp8"]),
     ("fp8_weights_need_fp8_gpu", GOOD.replace("hardware: {gpu: cpu}", "hardware: {gpu: A100-80GB}")
      .replace("backend: reference,", "backend: tensorrt,").replace("kv_cache: fp8}", "kv_cache: int8}"),
-     "quantization.weights", ["FP8 weights need a GPU with FP8", "A100-80GB has none"]),
+     "quantization.weights", ["FP8 weights need FP8 tensor cores (SM89+", "A100-80GB (compute capability 8.0) has none"]),
     ("tensorrt_not_on_cpu", GOOD.replace("backend: reference,", "backend: tensorrt,"), "build.backend",
      ["needs a GPU and TensorRT-LLM", "use backend reference"]),
     ("ports_differ", GOOD + "triton: {http_port: 9000, grpc_port: 9000}\n", "triton.grpc_port", ["must differ"]),

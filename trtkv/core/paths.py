@@ -8,6 +8,18 @@ from pathlib import Path
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # trtkv/
 
 
+# Each top-level folder trtkv writes, and what moves it (help text and docs/where-it-runs.md read this)
+FOLDERS: dict[str, str] = {
+    "recipes/": "$TRTKV_HOME/recipes",
+    "engines/": "$TRTKV_ENGINES, else $TRTKV_HOME/engines",
+    "triton_repo/": "$TRTKV_TRITON_REPO, else $TRTKV_HOME/triton_repo",
+    "deploy/": "$TRTKV_HOME/deploy",
+    "the cache": "$TRTKV_CACHE, else $XDG_CACHE_HOME/trtkv (~/.cache/trtkv): packaged models converted once",
+}
+HOME = ("$TRTKV_HOME: the checkout trtkv runs from when it holds recipes/ (the folder above the package), else the "
+        "current folder")
+
+
 def project_root() -> Path:
     """Where recipes/, calibration_data/ and the stage outputs live: TRTKV_HOME; else the checkout trtkv runs from (the
     folder above the package, when it holds recipes/); else, for an installed wheel (site-packages has no recipes/),

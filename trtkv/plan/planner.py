@@ -20,6 +20,8 @@ from pathlib import Path
 
 from trtkv.checkpoints import (
     Accounting,
+    AttentionKind,
+    LayerAttention,
 )
 from trtkv.checkpoints import summary as layer_summary
 from trtkv.kvcache.formats import KVFormat
@@ -35,6 +37,7 @@ from trtkv.plan.model import (  # the planner's public face: plan() and the type
     PlanExample,
     PlanHardware,
     PlanModel,
+    PlanState,
     PlanWeights,
     accounting_label,
     host_memory_gib,
@@ -52,6 +55,7 @@ from trtkv.recipe.attention import (
     layer_formats,
     vllm_hybrid_on,
 )
+from trtkv.recipe.vllm_pool import hybrid_block_size
 
 __all__ = ["GIB", "Architecture", "FormatCapacity", "Plan", "PlanAttention", "PlanExample", "PlanHardware", "PlanModel",
            "PlanWeights", "kv_format_for_recipe", "per_gpu_bytes_per_token", "plan", "resolve_architecture"]
@@ -76,6 +80,12 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
     bandwidth = hw.hbm_bandwidth_gbps or (spec.hbm_bandwidth_gbps if spec else None)
     w_total, w_gpu = weights_bytes(arch, recipe)
     notes: list[str] = []
+    if arch.source == "recipe" and not recipe.model.source.startswith("packaged:"):
+        from trtkv.checkpoints.models import source_problem
+
+        missing = source_problem(recipe)
+        if missing:
+            notes.append(f"{missing}; planned from the recipe's model fields alone.")
     if memory_gib is None:
         memory_gib = host_memory_gib()
         notes.append(f"hardware.gpu is cpu: capacity uses this host's RAM ({memory_gib:.1f} GiB); "
@@ -105,8 +115,8 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
     mnbt = recipe.build.max_num_tokens
     for label, fmt, skipped in rows:
         fmts = layer_formats(arch.layer_list(), fmt, skipped, recipe.kv_skip_format)
-        bpt = seq_bytes(arch, fmts, 1)
-        bpt_gpu = seq_bytes(arch, fmts, 1, tp, pp)
+        bpt = seq_bytes(arch, fmts, 1, with_state=False)  # per token: the KV (a hybrid's state is per sequence)
+        bpt_gpu = seq_bytes(arch, fmts, 1, tp, pp, with_state=False)
         by_acc = {a.value: {n: seq_bytes(arch, fmts, n, 1, 1, a, mnbt, block) for n in lengths}
                   for a in Accounting}
         seq = by_acc[accounting.value]
@@ -152,7 +162,7 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
         advice=advice,
         advice_basis=basis,
         notes=notes + [n for n in [format_row_note(recipe)] if n] + attention_notes(arch, recipe),
-        attention=_attention_facts(arch, acc_label, mnbt, block),
+        attention=_attention_facts(arch, acc_label, mnbt, block, tp, rec_fmt),
     )
 
 
@@ -162,9 +172,30 @@ def _weights_label(arch: Architecture, recipe: Recipe) -> str:
     return recipe.quantization.weights.value
 
 
-def _attention_facts(arch: Architecture, label: str, mnbt: int, block: int) -> PlanAttention:
+def _attention_facts(arch: Architecture, label: str, mnbt: int, block: int, tp: int = 1,
+                     fmt: KVFormat = KVFormat.BF16) -> PlanAttention:
     layers = arch.layer_list()
+    kv_layers = [x for x in layers if not x.is_state and x.kind is not AttentionKind.NONE]
     return PlanAttention(layers=tuple(x.label for x in layers), summary=layer_summary(layers),
                          source=arch.attention_source, mla_latent_elements=arch.kv_shape().mla_latent, sinks=arch.sinks,
                          accounting=label, max_num_batched_tokens=mnbt, vllm_block_size=block,
-                         vllm_hybrid_manager=vllm_hybrid_on(layers))
+                         vllm_hybrid_manager=vllm_hybrid_on(layers), kv_layers=len(kv_layers),
+                         state=_state_facts(arch, kv_layers, block, tp, fmt))
+
+
+def _state_facts(arch: Architecture, kv_layers: list[LayerAttention], block: int, tp: int,
+                 fmt: KVFormat) -> PlanState | None:
+    """A hybrid's state layers: their fixed state per sequence and the attention block vLLM aligns to it."""
+    if arch.state is None:
+        return None
+    shape = arch.kv_shape()
+    state_layers = [x for x in arch.layer_list() if x.is_state]
+    per_gpu_page = shape.sequence_state_bytes(state_layers[0], tp)
+    return PlanState(kind=arch.state.kind.value, layers=len(state_layers), conv_dtype=arch.state_dtypes[0],
+                     recurrent_dtype=arch.state_dtypes[1], dtype_source=arch.state_dtype_source,
+                     bytes_per_layer=shape.sequence_state_bytes(state_layers[0]),
+                     bytes_per_sequence=sum(shape.sequence_state_bytes(x) for x in state_layers),
+                     bytes_per_sequence_per_gpu=sum(shape.sequence_state_bytes(x, tp) for x in state_layers),
+                     vllm_attention_block=hybrid_block_size(
+                         block, [shape.bytes_per_token(x, fmt, tp) for x in kv_layers[:1]], [per_gpu_page]),
+                     source=arch.state.source)

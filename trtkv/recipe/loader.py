@@ -111,6 +111,7 @@ def find_recipe(name_or_path: str) -> Path:
 
 
 def _did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`; did you mean 'kv_cache'?` (a full sentence end: callers add no period after it), or ""."""
     close = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
 
@@ -239,6 +240,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return parts, value
 
 
+COMMAND_LINE = Path("<command line>")  # the provenance of an override
+
+
 def apply_overrides(data: dict[str, Any], prov: dict[str, Path], overrides: Iterable[str]) -> dict[str, Any]:
     for text in overrides:
         parts, value = parse_override(text)
@@ -250,7 +254,7 @@ def apply_overrides(data: dict[str, Any], prov: dict[str, Path], overrides: Iter
                 node[part] = child
             node = child
         node[parts[-1]] = value
-        prov[".".join(parts)] = Path("<command line>")
+        prov[".".join(parts)] = COMMAND_LINE
     return data
 
 
@@ -313,7 +317,7 @@ def _format_error(err: Any, prov: dict[str, Path], path: Path) -> str:
         siblings = list(model.model_fields) if model is not None else []
         hint = _did_you_mean(str(loc[-1]), siblings)
         allowed = f" Allowed keys here: {', '.join(siblings)}." if siblings else ""
-        return f"{file}: {dotted}: unknown key{hint}.{allowed}"
+        return f"{file}: {dotted}: unknown key{hint or '.'}{allowed}"
     if kind == "missing":
         return f"{file}: {dotted}: required field is missing. Next: add it (see the recipe reference in docs/recipes.md)."
     enum = _enum_at(loc)
@@ -337,10 +341,21 @@ def validate_data(data: dict[str, Any], prov: dict[str, Path], path: Path) -> Re
     except ValidationError as exc:
         problems = [_format_error(e, prov, path) for e in exc.errors(include_url=False)]
         raise RecipeError(problems, header=f"Recipe {path.name} is not valid") from None
-    problems = [f"{_where(prov, field, path)}: {field}: {msg}." for field, msg in cross_field_problems(recipe)]
+    overridden = sorted(k for k, v in prov.items() if v == COMMAND_LINE)
+    problems = [f"{_rule_site(prov, field, path, overridden)}: {field}: {msg}."
+                for field, msg in cross_field_problems(recipe)]
     if problems:
         raise RecipeError(problems, header=f"Recipe {path.name} is not valid")
     return recipe
+
+
+def _rule_site(prov: dict[str, Path], field: str, path: Path, overridden: list[str]) -> str:
+    """Where a cross-field rule broke: the field's file, and the command-line overrides when they took part (a rule
+    reported at a field from the file may have been broken by an override of another field)."""
+    file = _where(prov, field, path)
+    if file == COMMAND_LINE or not overridden:
+        return str(file)
+    return f"{file} with the {COMMAND_LINE} overrides of {', '.join(overridden)}"
 
 
 def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = ()) -> Recipe:

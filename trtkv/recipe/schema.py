@@ -14,7 +14,7 @@ from trtkv.core import paths
 from trtkv.kvcache.formats import KVFormat
 from trtkv.kvcache.names import all_format_names
 from trtkv.platform import versions
-from trtkv.platform.hardware import GPU
+from trtkv.platform.hardware import GPU, gpu_from_name, known_gpus
 from trtkv.recipe.enums import (  # noqa: F401 - re-exported: the schema's public face
     BACKEND_ALIASES,
     ENGINE_KV_FORMATS,
@@ -31,13 +31,13 @@ from trtkv.recipe.enums import (  # noqa: F401 - re-exported: the schema's publi
     ModelDtype,
     Protocol,
     SchedulerPolicy,
+    StateDtype,
     WeightQuant,
 )
 from trtkv.recipe.names import is_ip_or_host_name
 
 # ---------------------------------------------------------------------------------------------
 # Schema
-
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", use_enum_values=False, validate_default=True)
@@ -60,9 +60,12 @@ class ModelConfig(_Section):
     num_parameters: float | None = Field(None, gt=0, description="Parameter count (e.g. 70.6e9); estimated when absent.")
     max_position_embeddings: int | None = Field(None, gt=0, description="Longest context the model was trained for.")
     attention_layers: list[str] | None = Field(
-        None, description="Per-layer attention, in order: `full`, `mla`, `sliding:WINDOW`, `chunked:CHUNK`, each "
-        "optionally `*COUNT` (e.g. `[sliding:1024*5, full]`); read from the model config when absent (all full "
-        "without one). `trtkv init` writes it.")
+        None, description="Per-layer attention, in order: `full`, `mla`, `sliding:WINDOW`, `chunked:CHUNK`, `linear` "
+        "(Gated DeltaNet), `mamba`, `none` (no cache: MLP-only or KV-shared), each optionally `@KV_HEADSxHEAD_DIM` "
+        "(a layer with its own geometry) and `*COUNT` (e.g. `[sliding:1024*5, full]`); read from the model config "
+        "when absent (all full without one). `trtkv init` writes it.")
+    state_layers: dict[str, Any] | None = Field(None, description="Fixed state one sequence keeps in each `linear`/"
+        "`mamba` layer (trtkv.recipe.state.StateSpec: kind, conv_dim, conv_len, rows, ...); `trtkv init` writes it.")
     kv_lora_rank: int | None = Field(None, gt=0, description="MLA latent rank (DeepSeek-V2/V3, Kimi-K2): one latent "
                                      "of kv_lora_rank + qk_rope_head_dim elements per token and layer, no separate V.")
     qk_rope_head_dim: int | None = Field(None, ge=0, description="MLA: RoPE key channels stored with the latent.")
@@ -80,6 +83,13 @@ class ModelConfig(_Section):
 
             parse_layers(value)  # ValueError naming the entry
         return value
+
+    @field_validator("state_layers")
+    @classmethod
+    def _state_shape(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        from trtkv.recipe.state import state_from_dict
+
+        return value if value is None or state_from_dict(value) else value  # ValueError naming what is wrong
 
     @field_validator("source")
     @classmethod
@@ -166,6 +176,10 @@ class BuildConfig(_Section):
     )
     multiple_profiles: bool = Field(True, description="trtllm-build `--multiple_profiles`.")
     tokens_per_block: int = Field(32, gt=0, description="Paged KV block size in tokens.")
+    mamba_cache_dtype: StateDtype = Field("auto", description="Linear-attention / Mamba conv state dtype (vLLM "
+                                          "--mamba-cache-dtype; auto: the model dtype).")
+    mamba_ssm_cache_dtype: StateDtype = Field("auto", description="Recurrent state dtype (vLLM --mamba-ssm-cache-dtype;"
+                                              " auto: the engine's default, trtkv.recipe.state.state_dtypes).")
     tensorrt_llm_version: str = Field(
         versions.DEFAULT_TRTLLM,
         description="TensorRT-LLM release that builds and serves the engine; picks the Triton image from trtkv's "
@@ -200,6 +214,16 @@ class HardwareConfig(_Section):
     activation_reserve_gib: float = Field(
         2.0, ge=0, description="Per-GPU memory kept for activations, CUDA graphs and the runtime."
     )
+
+    @field_validator("gpu", mode="before")
+    @classmethod
+    def _gpu_by_any_name(cls, value: Any) -> Any:
+        """trtkv's name, nvidia-smi's (`NVIDIA H100 80GB HBM3`) or GPU feature discovery's label value."""
+        if isinstance(value, str) and gpu_from_name(value) is None:
+            raise ValueError(f"unknown GPU {value[:80]!r}: use one of {known_gpus()} (a name as nvidia-smi prints "
+                             f"it, e.g. 'NVIDIA H100 80GB HBM3', works too); for a GPU not listed pick the nearest "
+                             f"and set hardware.memory_gib and hardware.hbm_bandwidth_gbps")
+        return gpu_from_name(value) if isinstance(value, str) else value
 
 
 class TritonConfig(_Section):
