@@ -14,6 +14,7 @@ EXAMPLES = """\
   $ trtkv bench smollm2_fp8kv --protocol http --tasks none bench.concurrency=[1,2,4] bench.num_requests=32
   $ trtkv bench llama70b_fp8kv --url gpu-host:8001
   $ trtkv bench smollm2_fp8kv_vllm --protocol openai --url 127.0.0.1:8000 --model smollm2_fp8kv_vllm
+  $ trtkv bench llama70b_fp8kv --protocol openai --url lb-host:8000 bench.concurrency=[256,1024] --workers 4
 
 exit codes: 0 all SLOs met, 1 an SLO failed (table printed), 2 usage/endpoint error, 130 interrupted (partial
 results written). URL: --url, else engines/<recipe>/serve/server.json, else the recipe's triton host and port.
@@ -52,6 +53,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tasks", help=f"accuracy tasks, comma separated ({','.join(t.value for t in BenchTask)}) or `none` "
                                    "(default: the recipe's bench.tasks)")
     p.add_argument("--no-latency", action="store_true", help="skip the latency sweep (accuracy tasks only)")
+    p.add_argument("--workers", default="auto", metavar="N|auto",
+                   help="client processes for the latency sweep (default auto: one, unless a level's warm-up shows "
+                        "one process would use more than half a core, then the streams are sharded over processes)")
     p.add_argument("--golden-prompts", type=int, default=8, help="prompts in the golden-agreement task (default 8)")
     p.add_argument("--output", type=Path, help="results folder (default: engines/<recipe>/bench)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -72,9 +76,21 @@ def run(args: argparse.Namespace) -> int:
             raise TrtkvError(f"--tasks {args.tasks!r}: unknown task {bad[0]!r}. Allowed: {', '.join(allowed)}, none.")
     if args.golden_prompts < 1:
         raise TrtkvError(f"--golden-prompts {args.golden_prompts}: must be >= 1.")
+    workers = _workers(args.workers)
     recipe = load(args)
     opts = BenchOptions(url=args.url, protocol=args.protocol, model=args.model, slos=list(args.slo), tasks=tasks,
                         allow_failures=args.allow_failures, endpoint_type=args.endpoint_type, goodput=args.goodput,
                         latency=not args.no_latency, golden_prompts=args.golden_prompts, output=args.output,
-                        progress=not args.no_progress)
+                        progress=not args.no_progress, workers=workers)
     return run_bench(recipe, opts).exit_code
+
+
+def _workers(text: str) -> int | None:
+    """--workers: a count of client processes, or auto (None)."""
+    from trtkv.core.errors import TrtkvError
+
+    if text.strip().lower() == "auto":
+        return None
+    if not text.strip().isdigit() or int(text) < 1:
+        raise TrtkvError(f"--workers {text!r}: expected a number of client processes >= 1, or auto.")
+    return int(text)
