@@ -231,7 +231,7 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     task_names = [t.value for t in recipe.bench.tasks] if opts.tasks is None else list(opts.tasks)
     slos = slo.with_fidelity(slos, task_names)
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    wall0, t0 = time.time(), now_ns()
+    wall0, t0, origin_unix_ns = time.time(), now_ns(), time.time_ns()
     records: list[RequestRecord] = []
     by_level: dict[str, list[RequestRecord]] = {}
     clients: dict[str, ClientRun] = {}
@@ -260,6 +260,8 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     _normalize(records, t0)
     out = assemble(recipe, ep, opts, records, by_level, tasks, task_records, task_errors, slos, check, interrupted,
                    started, time.time() - wall0)
+    out["time_origin"] = {"unix_ns": origin_unix_ns, "note": "record times are ms after this wall-clock instant (to line "
+                                                             "them up with a server's logs and metrics)"}
     for label, run in clients.items():
         if label in out["levels"]:
             out["levels"][label]["client"] = client_summary(run, by_level[label])
