@@ -17,6 +17,7 @@ profile_export.jsonl), over its measured window (first send to last end):
     nice -n 10 .venv/bin/python benchmarks/client_cost.py --streams 16,64,256 --repeats 3
     nice -n 10 .venv/bin/python benchmarks/client_cost.py --tools trtkv --trtkv-workers 1 --gap-ms 5 \\
         --streams 32,64,128,256          # one process's lag against its load (the --workers auto threshold)
+    nice -n 10 .venv/bin/python benchmarks/client_cost.py --tools trtkv:1,trtkv:2 --gap-ms 5 --streams 128,256
 
 Writes engines/client-cost/results.json (every run) and results.md (medians and ranges per level); exits 1 when a
 tool failed a request.
@@ -143,10 +144,11 @@ class Run:
     note: str = ""
 
 
-def _trtkv(port: int, args: argparse.Namespace, streams: int, out: Path) -> tuple[subprocess.Popen[bytes], Any]:
+def _trtkv(port: int, args: argparse.Namespace, streams: int, out: Path,
+           workers: str) -> tuple[subprocess.Popen[bytes], Any]:
     cmd = [sys.executable, "-m", "trtkv", "bench", "smollm2_fp8kv", "--protocol", "openai", "--url",
            f"127.0.0.1:{port}", "--model", MODEL, "--tasks", "none", "--no-progress", "--output", str(out),
-           "--workers", args.trtkv_workers, f"bench.concurrency=[{streams}]", f"bench.num_requests={_requests(args, streams)}",
+           "--workers", workers, f"bench.concurrency=[{streams}]", f"bench.num_requests={_requests(args, streams)}",
            "bench.warmup_requests=1", "bench.input_tokens=16", f"bench.output_tokens={args.tokens}",
            "bench.thresholds=[]", f"bench.request_timeout_s={args.timeout}"]
     log = (out.parent / f"{out.name}.log").open("w")
@@ -170,7 +172,8 @@ def _trtkv_records(out: Path) -> tuple[list[Request], dict[str, Any]]:
     return reqs, level.get("client", {})
 
 
-def _aiperf(port: int, args: argparse.Namespace, streams: int, out: Path) -> tuple[subprocess.Popen[bytes], Any]:
+def _aiperf(port: int, args: argparse.Namespace, streams: int, out: Path,
+           _workers: str = "") -> tuple[subprocess.Popen[bytes], Any]:
     out.mkdir(parents=True, exist_ok=True)
     dataset = out / "prompts.jsonl"
     rows = streams + _requests(args, streams)
@@ -240,10 +243,11 @@ def figures(reqs: list[Request], args: argparse.Namespace, sampler: TreeSampler)
 def run_tool(tool: str, args: argparse.Namespace, streams: int, repeat: int, order: int, out_dir: Path) -> Run:
     server, port = start(args.first_ms, args.gap_ms, args.tokens)
     run = Run(tool, streams, repeat, order)
-    out = out_dir / "runs" / f"{tool}-s{streams}-r{repeat}"
+    name, _, workers = tool.partition(":")  # trtkv:N: trtkv with --workers N
+    out = out_dir / "runs" / f"{name}{workers}-s{streams}-r{repeat}"
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
-        proc, log = (_trtkv if tool == "trtkv" else _aiperf)(port, args, streams, out)
+        proc, log = (_trtkv if name == "trtkv" else _aiperf)(port, args, streams, out, workers or args.trtkv_workers)
         sampler = TreeSampler(proc.pid)
         sampler.start()
         try:
@@ -253,7 +257,7 @@ def run_tool(tool: str, args: argparse.Namespace, streams: int, repeat: int, ord
             sampler.join()
             log.close()
         seen = stats(port)
-        reqs, own = (_trtkv_records if tool == "trtkv" else _aiperf_records)(out)
+        reqs, own = (_trtkv_records if name == "trtkv" else _aiperf_records)(out)
         run.failed = sum(not r.ok for r in reqs) + (rc not in (0, 1))
         run.figures = {**figures(reqs, args, sampler), "exit_code": rc, "server_late_p99_ms": seen["late_ms"]["p99"],
                        "load_1min": os.getloadavg()[0]}
@@ -305,7 +309,7 @@ def markdown(results: dict[str, Any]) -> str:
     for streams in a["streams"]:
         cost = {tool: [r["figures"].get("cpu_us_per_token") for r in results["runs"]
                        if r["streams"] == streams and r["tool"] == tool] for tool in ("trtkv", "aiperf")}
-        mine, theirs = cost["trtkv"], cost["aiperf"]
+        mine, theirs = cost["trtkv"], cost["aiperf"]  # trtkv:N runs are compared in the table only
         pairs = [m / t for m, t in zip(mine, theirs, strict=False) if m and t]
         if pairs:
             ratios.append(f"{streams} streams {statistics.median(pairs):.2f}x ({min(pairs):.2f}–{max(pairs):.2f})")
@@ -317,7 +321,8 @@ def markdown(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--streams", default="16,64,256", help="stream counts (concurrency), comma separated")
-    ap.add_argument("--tools", default="trtkv,aiperf", help="trtkv, aiperf or both")
+    ap.add_argument("--tools", default="trtkv,aiperf",
+                    help="comma separated: trtkv, aiperf, trtkv:N (trtkv with --workers N)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=64, help="tokens a request")
     ap.add_argument("--first-ms", type=float, default=50.0)
@@ -331,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     args.streams = [int(s) for s in args.streams.split(",") if s.strip()]
     args.tools = [t.strip() for t in args.tools.split(",") if t.strip()]
+    if any(t.split(":")[0] not in ("trtkv", "aiperf") for t in args.tools):
+        ap.error(f"--tools {','.join(args.tools)}: allowed trtkv, aiperf, trtkv:N")
     if "aiperf" in args.tools and not AIPERF.is_file():
         print(f"error: {AIPERF} is missing. Next: `make install-aiperf`.", file=sys.stderr)
         return 2

@@ -202,3 +202,21 @@ def test_a_failed_request_on_worker_processes_fails_the_bench(smollm2_dir: Path,
     assert outcome.exit_code == 1
     level = outcome.results["levels"]["concurrency=2"]
     assert level["request_count"]["timeout"] == 4 and level["client"]["workers"] == 2
+
+
+def test_the_client_says_when_its_own_lag_or_cpu_may_have_held_a_level_back() -> None:
+    from trtkv.bench.levels import ClientRun
+    from trtkv.bench.workers import WorkerRun
+
+    def record(lag_us: int) -> RequestRecord:
+        rec = RequestRecord("lvl-latency-0", "latency", "lvl", 0, 1, 3)
+        rec.status, rec.response_ns, rec.response_tokens = OK, [0, 10_000_000, 20_000_000], [1, 1, 1]  # ITL 10 ms
+        rec.client_lag_us = [lag_us] * 10
+        return rec
+
+    calm = ClientRun([WorkerRun(0, 1, 4, cpu_ns=200_000_000, wall_ns=1_000_000_000)], "auto")
+    assert "warning" not in client_summary(calm, [record(500)])
+    late = client_summary(calm, [record(3000)])
+    assert "lag p99 3.0 ms is 30% of the ITL p50 (10.0 ms)" in late["warning"]
+    busy = ClientRun([WorkerRun(0, 1, 4, cpu_ns=950_000_000, wall_ns=1_000_000_000)], "auto")
+    assert "used 0.95 of a core" in client_summary(busy, [record(500)])["warning"]

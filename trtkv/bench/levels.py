@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from trtkv.bench.workers import Fleet, WorkerRun, split
 # selector loop and the stream threads queue behind each other for the GIL and the lag grows with the load.
 CORE_SHARE = 0.5
 SATURATED = 0.9  # a process at this share of a core or more has probably limited the level (said in results)
+LAG_SHARE = 0.1  # the client's lag p99 over this share of the ITL p50 is said in results: its timestamps carry it
 
 JobMaker = Callable[[str, str, int, int], list[Job]]  # (level label, phase, first index, count) -> jobs
 PhaseProgress = Callable[[str, int], Callable[[Any], None]]  # (name, total) -> a per-request callback
@@ -214,8 +216,14 @@ def client_summary(run: ClientRun, records: Sequence[RequestRecord]) -> dict[str
         "cpu_us_per_token": cpu_ns / tokens / 1e3 if tokens else None, "lag_ms": _lag(records),
         "per_worker": per_worker}
     busy = [p for p in per_worker if (p["cpu_cores"] or 0) >= SATURATED]
+    itl = statistics.median([v for r in records if r.ok and (v := r.itl_ms()) is not None] or [math.nan])
+    lag_p99 = out["lag_ms"]["p99"]
+    more = max(len(run.workers), workers_for(run.load_cores)) + 1
     if busy:
         out["warning"] = (f"client process {busy[0]['worker']} used {busy[0]['cpu_cores']:.2f} of a core: the client "
-                          f"may have held this level back; rerun with --workers {workers_for(run.load_cores) + 1} "
-                          f"or more")
+                          f"may have held this level back; rerun with --workers {more} or more")
+    elif lag_p99 is not None and itl > 0 and lag_p99 > LAG_SHARE * itl:
+        out["warning"] = (f"the client's own lag p99 {lag_p99:.1f} ms is {lag_p99 / itl:.0%} of the ITL p50 "
+                          f"({itl:.1f} ms): its ITL and TTFT carry up to that much of its own delay (a busy or shared "
+                          f"client machine); rerun with --workers {more}, or on a machine of its own")
     return out
