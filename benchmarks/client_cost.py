@@ -278,8 +278,8 @@ def run_tool(tool: str, args: argparse.Namespace, streams: int, repeat: int, ord
 
 COLUMNS = [("tokens_per_s", "tokens/s", 0), ("cpu_us_per_token", "CPU us/token", 1), ("itl_p50_ms", "ITL p50 ms", 2),
            ("itl_drift", "ITL vs gap", None), ("ttft_p50_ms", "TTFT p50 ms", 1), ("ttft_p99_ms", "TTFT p99 ms", 1),
-           ("lag_p99_ms", "lag p99 ms", 1), ("streams_held", "streams held", 1), ("machine_busy_cores", "busy cores", 2),
-           ("load_1min", "load", 1)]
+           ("lag_p99_ms", "lag p99 ms", 1), ("server_late_p99_ms", "server late p99 ms", 1),
+           ("streams_held", "streams held", 1), ("machine_busy_cores", "busy cores", 2), ("load_1min", "load", 1)]
 
 
 def _cell(values: list[float], digits: int | None) -> str:

@@ -9,6 +9,10 @@ is ready on all connections in one pass.
 A server's bytes never stop the loop: the parser (http1) is bounded and raises ProtocolError on anything malformed,
 which fails that request only, as does any other exception while serving one request; the others keep going.
 
+A request's send time is when the loop puts it on the wire (on a new connection: when the connect starts, so TTFT
+includes the connect, as AIPerf's does), not when a worker thread asked: a worker that waited for the GIL or for the
+loop is the client's delay, not the server's.
+
 Each request's record gets the CPU the loop spent on it: a pass's CPU time (select included) is split over the
 requests the pass served, and the worker adds its own (building the body, waking up).
 """
@@ -150,6 +154,7 @@ class StreamLoop:
 
     def _begin(self, call: Call, ended: list[Call]) -> None:
         conn = call.conn
+        call.record.send_ns = now_ns()  # the request goes on the wire now (a new connection: its connect starts now)
         if conn.sock is not None:  # a kept-alive socket: send at once
             try:
                 call.sent = conn.sock.send(call.request)
