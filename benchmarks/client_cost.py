@@ -260,6 +260,7 @@ def run_tool(tool: str, args: argparse.Namespace, streams: int, repeat: int, ord
         reqs, own = (_trtkv_records if name == "trtkv" else _aiperf_records)(out)
         run.failed = sum(not r.ok for r in reqs) + (rc not in (0, 1))
         run.figures = {**figures(reqs, args, sampler), "exit_code": rc, "server_late_p99_ms": seen["late_ms"]["p99"],
+                       "server_first_late_p99_ms": seen["first_late_ms"]["p99"],
                        "load_1min": os.getloadavg()[0]}
         if own:
             run.figures["own_report"] = {k: own.get(k) for k in ("workers", "decided", "cpu_us_per_token", "cpu_cores",
@@ -279,6 +280,7 @@ def run_tool(tool: str, args: argparse.Namespace, streams: int, repeat: int, ord
 COLUMNS = [("tokens_per_s", "tokens/s", 0), ("cpu_us_per_token", "CPU us/token", 1), ("itl_p50_ms", "ITL p50 ms", 2),
            ("itl_drift", "ITL vs gap", None), ("ttft_p50_ms", "TTFT p50 ms", 1), ("ttft_p99_ms", "TTFT p99 ms", 1),
            ("lag_p99_ms", "lag p99 ms", 1), ("server_late_p99_ms", "server late p99 ms", 1),
+           ("server_first_late_p99_ms", "server first-token late p99 ms", 1),
            ("streams_held", "streams held", 1), ("machine_busy_cores", "busy cores", 2), ("load_1min", "load", 1)]
 
 

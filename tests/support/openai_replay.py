@@ -10,8 +10,9 @@ It is one thread with a selector and a timetable (a heap of due sends), in a pro
 is), so that at hundreds of streams its own lateness stays far below the gaps it replays: the thread per connection
 that slept per token before it cost 48-86 us of CPU per event at 256 streams on this project's 2 cores, this loop
 16-20 us. `GET /v1/replay/stats` says, since its last call, how many connections it accepted (that call's own
-included) and how late its token sends were against the timetable (p50/p99/max), so a measurement can tell the
-server's lateness from the client's.
+included) and how late its token sends, and its first tokens, were against the timetable (p50/p99/max), so a
+measurement can tell the server's lateness from the client's. The timetable starts when the kernel received the request
+(Linux receive stamps), so a late pickup by this process counts as its own lateness too.
 
 As vLLM's server (uvicorn) it sets TCP_NODELAY, so a first token never waits for the ACK of the headers (Nagle), and
 holds 2048 pending connections (Python's socketserver holds 5), so a burst of new connections is not dropped and
@@ -29,10 +30,14 @@ import json
 import multiprocessing
 import selectors
 import socket
+import struct
+import sys
 import time
 from typing import Any
 
 MODEL = "replay"
+SO_TIMESTAMPNS = 35 if sys.platform == "linux" else 0  # the kernel's receive stamps (as trtkv/bench/stream.py)
+STAMP_BYTES = socket.CMSG_SPACE(16) if SO_TIMESTAMPNS else 0
 BACKLOG = 2048  # uvicorn's default --backlog, which vLLM's API server keeps
 HEAD_BYTES = 65536
 BODY_BYTES = 1 << 20
@@ -61,6 +66,7 @@ class _Conn:
     def __init__(self, sock: socket.socket) -> None:
         self.sock, self.inbuf, self.outbuf = sock, bytearray(), bytearray()
         self.streaming, self.closed = False, False
+        self.arrived = time.monotonic()  # when the last bytes read arrived (the kernel's stamp, on Linux)
 
 
 class ReplayServer:
@@ -73,9 +79,10 @@ class ReplayServer:
         self.port = int(self.listener.getsockname()[1])
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.listener, selectors.EVENT_READ, None)
-        self.due: list[tuple[float, int, _Conn, bytes, bool]] = []  # (when, seq, conn, bytes, last of the stream)
+        self.due: list[tuple[float, int, _Conn, bytes, str]] = []  # (when, seq, conn, bytes, kind)
         self.seq = 0
-        self.late_ns: list[int] = []
+        self.late_ns: list[int] = []  # every token's send against the timetable
+        self.first_late_ns: list[int] = []  # the first tokens' (the server's part of a TTFT tail)
         self.accepted = 0
 
     def serve_forever(self) -> None:
@@ -98,6 +105,8 @@ class ReplayServer:
                 return
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if SO_TIMESTAMPNS:
+                sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
             self.accepted += 1
             conn = _Conn(sock)
             self.sel.register(sock, selectors.EVENT_READ, conn)
@@ -110,7 +119,11 @@ class ReplayServer:
 
     def _read(self, conn: _Conn) -> None:
         try:
-            data = conn.sock.recv(65536)
+            data, ancillary, _flags, _addr = conn.sock.recvmsg(65536, STAMP_BYTES)
+            conn.arrived = time.monotonic()
+            if ancillary and len(ancillary[0][2]) == 16:  # when the kernel had the bytes: its lateness is ours too
+                sec, nsec = struct.unpack("@qq", ancillary[0][2])
+                conn.arrived -= max(0.0, time.time() - (sec + nsec / 1e9))
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -143,7 +156,7 @@ class ReplayServer:
             self._handle(conn, method, path, headers, body)
 
     def _handle(self, conn: _Conn, method: str, path: str, headers: dict[str, str], body: bytes) -> None:
-        arrived = time.monotonic()
+        arrived = conn.arrived
         if self.api_key is not None and path.startswith("/v1") \
                 and headers.get("authorization") != f"Bearer {self.api_key}":
             self._json(conn, 401, {"error": {"message": "Unauthorized"}})
@@ -177,27 +190,31 @@ class ReplayServer:
         conn.streaming = True
         self._write(conn, STREAM_HEAD)
         for i in range(tokens):
-            self._schedule(arrived + self.first_s + i * self.gap_s, conn, LAST if i == tokens - 1 else TOKEN, False)
+            kind = "first" if i == 0 else "token"
+            self._schedule(arrived + self.first_s + i * self.gap_s, conn, LAST if i == tokens - 1 else TOKEN, kind)
         end = arrived + self.first_s + (tokens - 1) * self.gap_s
         if (request.get("stream_options") or {}).get("include_usage"):
             usage = {"prompt_tokens": 0, "completion_tokens": tokens, "total_tokens": tokens}
-            self._schedule(end, conn, _framed(chunk(None, usage=usage)), False)
-        self._schedule(end, conn, DONE, True)
+            self._schedule(end, conn, _framed(chunk(None, usage=usage)), "usage")
+        self._schedule(end, conn, DONE, "end")
 
-    def _schedule(self, when: float, conn: _Conn, data: bytes, last: bool) -> None:
+    def _schedule(self, when: float, conn: _Conn, data: bytes, kind: str) -> None:
         self.seq += 1
-        heapq.heappush(self.due, (when, self.seq, conn, data, last))
+        heapq.heappush(self.due, (when, self.seq, conn, data, kind))
 
     def _send_due(self) -> None:
         now = time.monotonic()
         while self.due and self.due[0][0] <= now:
-            when, _, conn, data, last = heapq.heappop(self.due)
+            when, _, conn, data, kind = heapq.heappop(self.due)
             if conn.closed:
                 continue
             self._write(conn, data)
-            if data is TOKEN or data is LAST:
-                self.late_ns.append(int((time.monotonic() - when) * 1e9))
-            if last:
+            if kind in ("first", "token"):
+                late = int((time.monotonic() - when) * 1e9)
+                self.late_ns.append(late)
+                if kind == "first":
+                    self.first_late_ns.append(late)
+            if kind == "end":
                 conn.streaming = False
                 self._next_request(conn)
             now = time.monotonic()
@@ -232,13 +249,20 @@ class ReplayServer:
             self.sel.modify(conn.sock, selectors.EVENT_READ, conn)
 
     def _stats(self) -> dict[str, Any]:
-        """Since the last call (then reset): connections accepted, and how late the token sends were against the
-        timetable."""
-        late, self.late_ns = sorted(self.late_ns), []
+        """Since the last call (then reset): connections accepted, and how late the token sends (all, and the first
+        of each request) were against the timetable."""
+        late, first, self.late_ns, self.first_late_ns = self.late_ns, self.first_late_ns, [], []
         accepted, self.accepted = self.accepted, 0
-        pick = (lambda q: late[min(len(late) - 1, int(q * len(late)))] / 1e6) if late else (lambda q: None)  # noqa: E731
-        return {"connections": accepted, "events": len(late),
-                "late_ms": {"p50": pick(0.5), "p99": pick(0.99), "max": late[-1] / 1e6 if late else None}}
+        return {"connections": accepted, "events": len(late), "late_ms": _quantiles(late),
+                "first_late_ms": _quantiles(first)}
+
+
+def _quantiles(values_ns: list[int]) -> dict[str, float | None]:
+    data = sorted(values_ns)
+    if not data:
+        return {"p50": None, "p99": None, "max": None}
+    return {"p50": data[len(data) // 2] / 1e6, "p99": data[min(len(data) - 1, int(0.99 * len(data)))] / 1e6,
+            "max": data[-1] / 1e6}
 
 
 def stats(port: int) -> dict[str, Any]:
