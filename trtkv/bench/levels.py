@@ -26,9 +26,12 @@ from trtkv.bench.records import RequestRecord
 from trtkv.bench.stats import summarize
 from trtkv.bench.workers import Fleet, WorkerRun, split
 
-# One process is kept while it uses at most half a core. On the replay server (docs/bench.md, "Worker processes")
-# the client's own lag stays within a few ms and the ITL within 2% of the true gap up to that load; past it the
-# selector loop and the stream threads queue behind each other for the GIL and the lag grows with the load.
+# One process is kept while it uses at most half a core; past one core the GIL caps it. Measured on the replay server
+# (docs/bench.md, "One process or several"): with cores to spare one process used 0.33-0.37 of a core for 10.5-11K
+# tokens/s at 256 streams and held the 20 ms gap within 0.2%; on 2 cores shared with other work it fell behind (ITL
+# +10-70%) at 12.5K tokens/s, getting only ~0.2 of a core, where two processes held 16.5K within 1.5% (a shared
+# machine is what the lag warning below is for). Half a core leaves room for the bursts a batched engine sends (a
+# token on every stream at once). Where only the client is busy, the knee was not measured.
 CORE_SHARE = 0.5
 SATURATED = 0.9  # a process at this share of a core or more has probably limited the level (said in results)
 LAG_SHARE = 0.1  # the client's lag p99 over this share of the ITL p50 is said in results: its timestamps carry it
