@@ -117,6 +117,7 @@ class Sweep:
         try:
             load = None
             if spec.warmup:
+                pool.give_back(pool.borrow())  # one-off costs (a protocol's first import) are not the level's load
                 cpu0, wall0 = time.process_time_ns(), time.perf_counter_ns()
                 self._phase(spec, "warmup", self.make_jobs(spec.label, "warmup", 0, spec.warmup), pool)
                 load = (time.process_time_ns() - cpu0) / max(1, time.perf_counter_ns() - wall0)
@@ -142,7 +143,8 @@ class Sweep:
                 return 1, "auto: no warm-up to measure, one process"
             return workers_for(scaled), f"auto: {scaled:.2f} cores expected from the previous level's load per stream"
         n = workers_for(load)
-        why = f"auto: the warm-up in one process used {load:.2f} cores (at most {CORE_SHARE:g} per process)"
+        why = (f"auto: the warm-up in one process used {load:.2f} cores, "
+               f"{'over' if n > 1 else 'within'} {CORE_SHARE:g} a process")
         if load >= SATURATED and scaled is not None and workers_for(scaled) > n:
             n = workers_for(scaled)
             why += f", saturated; {scaled:.2f} cores expected from the previous level's load per stream"
