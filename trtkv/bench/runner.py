@@ -13,7 +13,8 @@ from trtkv.bench import accuracy as acc_tasks
 from trtkv.bench import aiperf_export, plots, results, ruler, slo
 from trtkv.bench.client import Endpoint, SamplingParams, now_ns
 from trtkv.bench.endpoints import check_endpoint, session_factory
-from trtkv.bench.loadgen import Interrupted, Job, run_concurrency, run_rate
+from trtkv.bench.levels import ClientRun, LevelSpec, Sweep, client_summary
+from trtkv.bench.loadgen import Interrupted, Job, run_concurrency
 from trtkv.bench.metrics import summarize_level
 from trtkv.bench.options import BenchOptions
 from trtkv.bench.prompts import count_tokens, latency_prompts, load_tokenizer, long_text, prompt_tokens, tokenizer_dir
@@ -82,7 +83,7 @@ def _latency_jobs(prompts: Sequence[str], isl: Sequence[int], phase: str, level:
     jobs = []
     for k in range(count):
         i = (start + k) % len(prompts)
-        rec = RequestRecord(f"{level}-{phase}-{k}", phase, level, i, isl[i], max_tokens)
+        rec = RequestRecord(f"{level}-{phase}-{start + k}", phase, level, i, isl[i], max_tokens)
         jobs.append(Job(rec, prompts[i], SamplingParams(max_tokens=max_tokens)))
     return jobs
 
@@ -95,33 +96,25 @@ def _levels(recipe: Recipe) -> list[tuple[str, float, str]]:
 
 
 def run_latency(recipe: Recipe, ep: Endpoint, tokenizer: Any, progress: _Progress, records: list[RequestRecord],
-                by_level: dict[str, list[RequestRecord]]) -> None:
-    """Warm-up then measured requests at each level; `records` and `by_level` fill as levels finish (or stop)."""
+                by_level: dict[str, list[RequestRecord]], clients: dict[str, ClientRun], workers: int | None) -> None:
+    """Warm-up then measured requests at each level, each level's sessions kept from its warm-up into its measured
+    phase (trtkv.bench.levels: in this process or on worker processes); `records`, `by_level` and `clients` fill as
+    levels finish (or stop)."""
     b = recipe.bench
     prompts = latency_prompts(tokenizer, b.num_requests, b.input_tokens)
     isl = [prompt_tokens(tokenizer, p) for p in prompts]
-    factory = session_factory(ep)
-    for label, value, mode in _levels(recipe):
-        conc = int(value) if mode == "concurrency" else max(1, round(value))
-        warm = max(b.warmup_requests, conc) if b.warmup_requests else 0
-        for phase, count in (("warmup", warm), ("latency", b.num_requests)):
-            if count == 0:
-                continue
-            jobs = _latency_jobs(prompts, isl, phase, label, 0, count, b.output_tokens)
-            done = progress.phase(f"{phase} {label}", len(jobs))
-            try:
-                if mode == "concurrency":
-                    recs = run_concurrency(factory, jobs, conc, b.request_timeout_s, done)
-                else:
-                    recs = run_rate(factory, jobs, value, b.request_timeout_s, on_done=done)
-            except Interrupted as stop:
-                records.extend(stop.records)
-                if phase == "latency":
-                    by_level[label] = stop.records
-                raise
-            records.extend(recs)
-            if phase == "latency":
-                by_level[label] = recs
+
+    def make_jobs(label: str, phase: str, start: int, count: int) -> list[Job]:
+        return _latency_jobs(prompts, isl, phase, label, start, count, b.output_tokens)
+
+    sweep = Sweep(ep, make_jobs, workers, progress.phase, records, by_level, progress.log)
+    try:
+        for label, value, mode in _levels(recipe):
+            conc = int(value) if mode == "concurrency" else max(1, round(value))
+            warm = max(b.warmup_requests, conc) if b.warmup_requests else 0
+            sweep.run(LevelSpec(label, mode, value, warm, b.num_requests, b.request_timeout_s))
+    finally:
+        clients.update(sweep.clients)
 
 
 def build_tasks(recipe: Recipe, tokenizer: Any, names: Sequence[str], golden_prompts: int,
@@ -221,9 +214,10 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     task_names = [t.value for t in (recipe.bench.tasks if opts.tasks is None else opts.tasks)]
     slos = slo.with_fidelity(slos, task_names)
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    wall0, t0 = time.time(), now_ns()
+    wall0, t0, origin_unix_ns = time.time(), now_ns(), time.time_ns()
     records: list[RequestRecord] = []
     by_level: dict[str, list[RequestRecord]] = {}
+    clients: dict[str, ClientRun] = {}
     task_records: dict[str, list[RequestRecord]] = {}
     interrupted: str | None = None
     tasks: list[acc_tasks.Task] = []
@@ -236,7 +230,7 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
             tasks, task_errors = build_tasks(recipe, tokenizer, task_names, opts.golden_prompts, progress.log)
             if opts.latency:
                 interrupted = "latency sweep"
-                run_latency(recipe, ep, tokenizer, progress, records, by_level)
+                run_latency(recipe, ep, tokenizer, progress, records, by_level, clients, opts.workers)
             interrupted = "accuracy tasks"
             task_records = run_accuracy(recipe, ep, tasks, progress, records)
             if "fidelity" in task_names:
@@ -249,6 +243,11 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     _normalize(records, t0)
     doc = assemble(recipe, ep, opts, records, by_level, tasks, task_records, task_errors, slos, check, interrupted,
                    started, time.time() - wall0)
+    doc.time_origin = {"unix_ns": origin_unix_ns, "note": "record times are ms after this wall-clock instant (to line "
+                                                          "them up with a server's logs and metrics)"}
+    for label, run in clients.items():
+        if label in doc.levels:
+            doc.levels[label]["client"] = client_summary(run, by_level[label])
     if goodput:
         doc.goodput_slos = goodput
         for label, recs in by_level.items():

@@ -9,6 +9,10 @@ is ready on all connections in one pass.
 A server's bytes never stop the loop: the parser (http1) is bounded and raises ProtocolError on anything malformed,
 which fails that request only, as does any other exception while serving one request; the others keep going.
 
+A request's send time is when the loop puts it on the wire (on a new connection: when the connect starts, so TTFT
+includes the connect, as AIPerf's does), not when a worker thread asked: a worker that waited for the GIL or for the
+loop is the client's delay, not the server's.
+
 Each request's record gets the CPU the loop spent on it: a pass's CPU time (select included) is split over the
 requests the pass served, and the worker adds its own (building the body, waking up).
 """
@@ -19,6 +23,8 @@ import errno
 import os
 import selectors
 import socket
+import struct
+import sys
 import threading
 import time
 from collections import deque
@@ -29,6 +35,13 @@ from trtkv.bench.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord
 RECV_BYTES = 65536
 NO_DEADLINE = float("inf")
 DRAIN_S = 2.0  # after the last event, how long to wait for the end of the body before closing instead
+# Linux stamps every received packet when a socket asks (SO_TIMESTAMPNS, 35 in include/uapi/asm-generic/socket.h;
+# Python's socket module does not name it): the time from that stamp to the loop's pass that read it is the client's
+# own lag, how long bytes already here waited for the loop (the stamp is the read's last packet: a lower bound)
+SO_TIMESTAMPNS = 35 if sys.platform == "linux" else 0
+STAMP = struct.Struct("@qq")  # struct timespec on 64-bit Linux
+STAMP_BYTES = socket.CMSG_SPACE(STAMP.size) if SO_TIMESTAMPNS else 0
+LAG_SAMPLE = 8  # one read in 8 fetches the stamp: recvmsg with it cost 2-4 us more per event than recv (client_cost)
 
 
 def now_ns() -> int:
@@ -47,6 +60,7 @@ class StreamLoop:
         self._inbox: deque[tuple[str, Connection, Call | None]] = deque()
         self._calls: set[Call] = set()
         self._earliest: float | None = NO_DEADLINE  # the calls' earliest deadline (None: to be recomputed)
+        self._reads = 0
         self._thread = threading.Thread(target=self._run, daemon=True, name="trtkv-stream-loop")
         self._thread.start()
 
@@ -77,6 +91,7 @@ class StreamLoop:
     # -- the loop thread ---------------------------------------------------------------------------------------
     def _run(self) -> None:
         select, perf_counter_ns, monotonic, thread_time_ns = self._sel.select, now_ns, time.monotonic, time.thread_time_ns
+        time_ns = time.time_ns
         cpu_prev = thread_time_ns()
         unattributed = 0
         while True:
@@ -85,7 +100,7 @@ class StreamLoop:
             # sleep until the next deadline or until something arrives (no periodic wake-ups: each one would be
             # CPU charged to the requests in flight)
             ready = select(None if self._earliest == NO_DEADLINE else max(0.0, self._earliest - monotonic()))
-            t_ns = perf_counter_ns()
+            t_ns, wall_ns = perf_counter_ns(), time_ns()
             served: set[Call] = set()
             ended: list[Call] = []
             for key, mask in ready:
@@ -96,7 +111,7 @@ class StreamLoop:
                 served.add(call)
                 try:
                     if mask & selectors.EVENT_READ:
-                        self._read(call, t_ns, ended)
+                        self._read(call, t_ns, wall_ns, ended)
                     else:
                         self._write(call, ended)
                 except Exception as exc:  # noqa: BLE001 - one request's surprise fails it, never the loop all share
@@ -139,6 +154,7 @@ class StreamLoop:
 
     def _begin(self, call: Call, ended: list[Call]) -> None:
         conn = call.conn
+        call.record.send_ns = now_ns()  # the request goes on the wire now (a new connection: its connect starts now)
         if conn.sock is not None:  # a kept-alive socket: send at once
             try:
                 call.sent = conn.sock.send(call.request)
@@ -155,6 +171,8 @@ class StreamLoop:
             sock = socket.socket(socket.AF_INET6 if ":" in conn.host else socket.AF_INET, socket.SOCK_STREAM)
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if SO_TIMESTAMPNS:
+                sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
             err = sock.connect_ex((conn.host, conn.port))
         except OSError as exc:
             self._finish(call, ERROR, _describe(exc), now_ns(), ended)
@@ -184,13 +202,20 @@ class StreamLoop:
             if not self._retry_stale(call, ended):
                 self._finish(call, ERROR, _describe(exc), now_ns(), ended)
 
-    def _read(self, call: Call, t_ns: int, ended: list[Call]) -> None:
+    def _read(self, call: Call, t_ns: int, wall_ns: int, ended: list[Call]) -> None:
         """Readable: the next part of the answer (the hot path: one event per call at a decoding server's pace)."""
         sock = call.conn.sock
         if sock is None:
             return
         try:
-            data = sock.recv(RECV_BYTES)
+            self._reads += 1
+            if STAMP_BYTES and self._reads % LAG_SAMPLE == 0:
+                data, ancillary, _flags, _addr = sock.recvmsg(RECV_BYTES, STAMP_BYTES)
+                if ancillary and len(ancillary[0][2]) == STAMP.size:
+                    sec, nsec = STAMP.unpack(ancillary[0][2])
+                    call.record.client_lag_us.append(max(0, wall_ns - sec * 1_000_000_000 - nsec) // 1000)
+            else:
+                data = sock.recv(RECV_BYTES)
             if not data:
                 self._closed_by_server(call, t_ns, ended)
             elif call.feed(data, t_ns):

@@ -232,6 +232,7 @@ class BenchResults(Artifact):
     accuracy: dict[str, dict[str, Any]] = {}  # task -> its score, or why it did not run
     slo: BenchSLOs | None = None
     records: list[dict[str, Any]] = []  # trtkv.bench.records.RequestRecord.to_json per request
+    time_origin: dict[str, Any] | None = None  # {"unix_ns", "note"}: the wall-clock instant record times count from
     goodput_slos: dict[str, float] | None = None  # --goodput's thresholds (ms)
     tool_versions: dict[str, str | None] | None = None
 
