@@ -18,7 +18,8 @@ from typing import Any
 import yaml
 
 from trtkv.backends.base import BUILD_SECTIONS, Runner, TritonServing, command_block
-from trtkv.backends.seam import EngineBackend, TokenizerSource
+from trtkv.backends.seam import EngineBackend, MemoryRule, TokenizerSource
+from trtkv.checkpoints.serving_memory import EngineKnobs, trtllm_knobs
 from trtkv.contracts.interface import LLMAPI
 from trtkv.core.errors import StageError
 from trtkv.core.tools import quote
@@ -416,4 +417,10 @@ class LlmApiDynamo:
 
 BUILDER = LlmApiBuilder()
 SERVING = LlmApiServing()
-BACKEND = EngineBackend(Backend.LLMAPI, BUILDER, LlmApiLayout(), SERVING, LlmApiRunner(), LlmApiDynamo())
+def llmapi_memory_knobs(recipe: Recipe) -> EngineKnobs:
+    """kv_cache_config.free_gpu_memory_fraction, and kv_cache_config.max_tokens when triton.kv_pool_gib_per_gpu caps."""
+    return trtllm_knobs(recipe, "kv_cache_config.free_gpu_memory_fraction", "kv_cache_config.max_tokens")
+
+
+BACKEND = EngineBackend(Backend.LLMAPI, BUILDER, LlmApiLayout(), SERVING, LlmApiRunner(), LlmApiDynamo(),
+                        memory=MemoryRule("trtllm", llmapi_memory_knobs))

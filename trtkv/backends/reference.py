@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from trtkv.backends.base import BUILD_SECTIONS, EnsembleLayout, Runner, TritonServing, prepare_checkpoint
-from trtkv.backends.seam import EngineBackend, TokenizerSource
+from trtkv.backends.seam import EngineBackend, MemoryRule, TokenizerSource
 from trtkv.checkpoints import models as model
+from trtkv.checkpoints.serving_memory import no_knobs
 from trtkv.recipe import Backend, Recipe, layout
 from trtkv.recipe.layout import kv_cache_quant_algo
 
@@ -196,4 +197,5 @@ class ReferenceLayout(EnsembleLayout):
 
 
 _PARTS = ReferenceBackend()
-BACKEND = EngineBackend(Backend.REFERENCE, _PARTS, ReferenceLayout(), TritonServing(), _PARTS, gpu_engine=False)
+BACKEND = EngineBackend(Backend.REFERENCE, _PARTS, ReferenceLayout(), TritonServing(), _PARTS, gpu_engine=False,
+                        memory=MemoryRule("reference", no_knobs))

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from trtkv.backends.base import BUILD_SECTIONS, command_block
-from trtkv.backends.seam import EngineBackend
+from trtkv.backends.seam import EngineBackend, MemoryRule
 from trtkv.backends.vllm import VllmRunner
+from trtkv.checkpoints.serving_memory import SGLANG_VERSION, sglang_knobs
 from trtkv.contracts.canary import canary_script, docker_health_args
 from trtkv.core import paths
 from trtkv.core.apikey import API_KEY_ENV
@@ -31,7 +32,8 @@ from trtkv.platform.hardware import GPU
 from trtkv.recipe import Backend, KVCacheQuant, Recipe, WeightQuant
 from trtkv.recipe.layout import checkpoint_dir, engine_dir, kv_cache_quant_algo
 
-SGLANG_VERSION = "0.5.23"  # the parser .venv-sglang checks (`make install-sglang`) and the image below
+# SGLANG_VERSION (trtkv.checkpoints.serving_memory, beside the memory rule it pins): the parser .venv-sglang checks
+# (`make install-sglang`) and the image below
 # Docker Hub lmsysorg/sglang, tags v<version> (docs/docs/get-started/install.mdx @7760d526: CUDA 13 images)
 SGLANG_IMAGE = f"lmsysorg/sglang:v{SGLANG_VERSION}"
 SGLANG_VENV = ".venv-sglang"
@@ -257,4 +259,16 @@ class SglangRunner(VllmRunner):
 
 
 SERVING = SglangServing()
-BACKEND = EngineBackend(Backend.SGLANG, SglangBuilder(), None, SERVING, SglangRunner(), None)
+def _one_token(recipe: Recipe) -> int:
+    return 1  # SGLang's token pool: one slot per token at page_size 1
+
+
+def _prefill_step(recipe: Recipe) -> int:
+    """Tokens per prefill step as trtkv's command sets it: max_num_tokens (--chunked-prefill-size), a whole prompt
+    when chunked prefill is off (-1)."""
+    b = recipe.build
+    return b.max_num_tokens if recipe.chunked_context else max(b.max_num_tokens, b.max_input_len)
+
+
+BACKEND = EngineBackend(Backend.SGLANG, SglangBuilder(), None, SERVING, SglangRunner(), None,
+                        memory=MemoryRule("sglang", sglang_knobs, block_tokens=_one_token, step_tokens=_prefill_step))

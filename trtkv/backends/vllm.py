@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from trtkv.backends.base import BUILD_SECTIONS, Runner, command_block
-from trtkv.backends.seam import EngineBackend
+from trtkv.backends.seam import EngineBackend, MemoryRule
+from trtkv.checkpoints.serving_memory import vllm_block, vllm_knobs
 from trtkv.contracts.canary import canary_script, docker_health_args
 from trtkv.core import paths
 from trtkv.core.apikey import VLLM_KEY_ENV
@@ -338,4 +339,5 @@ class VllmDynamo:
 
 
 SERVING = VllmServing()
-BACKEND = EngineBackend(Backend.VLLM, VllmBuilder(), None, SERVING, VllmRunner(), VllmDynamo())
+BACKEND = EngineBackend(Backend.VLLM, VllmBuilder(), None, SERVING, VllmRunner(), VllmDynamo(),
+                        memory=MemoryRule("vllm", vllm_knobs, block_tokens=vllm_block, cpu_rule="vllm-cpu"))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from trtkv.checkpoints import (
@@ -22,6 +21,8 @@ from trtkv.checkpoints import (
     read_model_facts,
     stored_weight_bytes,
 )
+from trtkv.checkpoints.hf_config import MoE
+from trtkv.checkpoints.serving_memory import model_config_path
 from trtkv.core.errors import RecipeError
 from trtkv.kvcache.formats import KVFormat
 from trtkv.platform.hardware import GPU
@@ -68,6 +69,7 @@ class Architecture:
     expert_parameters: float = 0.0
     stored_weights_bytes: float | None = None  # a pre-quantized checkpoint, as stored
     config_notes: list[str] = field(default_factory=list)
+    moe: MoE | None = None  # routed experts (activation memory: trtkv.plan.engine_pool)
 
     def layer_list(self) -> tuple[LayerAttention, ...]:
         return self.layers or (LayerAttention(AttentionKind.FULL),) * self.num_layers
@@ -111,21 +113,6 @@ def _config_facts(f: ModelFacts) -> dict[str, Any]:
     return {k: v for k, v in facts.items() if v is not None}
 
 
-def model_config_path(recipe: Recipe) -> Path | None:
-    """config.json of the recipe's model when it is on this machine (local folder or converted package)."""
-    source = recipe.model.source
-    if source.startswith("packaged:"):
-        from trtkv.checkpoints.models import packaged_model_dir  # light import: paths only
-
-        folder = packaged_model_dir(source.split(":", 1)[1])
-    else:
-        folder = Path(source).expanduser()
-        if not folder.is_absolute() and recipe.path is not None:
-            folder = recipe.path.parent / folder
-    cfg = folder / "config.json"
-    return cfg if cfg.is_file() else None
-
-
 def resolve_architecture(recipe: Recipe) -> Architecture:
     """Architecture facts from the model config when present, else the recipe; they must agree."""
     m = recipe.model
@@ -154,7 +141,8 @@ def resolve_architecture(recipe: Recipe) -> Architecture:
         extra.update(tie_word_embeddings=f.tie_word_embeddings, layers=f.layers, sparse_mla=f.sparse_mla,
                      attention_source=f"{cfg_path.name} {f.attention_source}", sinks=f.sinks,
                      counted_embedding=count.embedding, expert_parameters=count.experts,
-                     stored_weights_bytes=stored_weight_bytes(f, count, dtype_bytes), config_notes=list(f.notes))
+                     stored_weights_bytes=stored_weight_bytes(f, count, dtype_bytes), config_notes=list(f.notes),
+                     moe=f.moe)
         if f.moe is not None or f.kv_lora_rank or f.quant is not None:
             extra["counted_parameters"] = count.total  # the Llama-style estimate does not fit these
         source = f"model config {cfg_path}"

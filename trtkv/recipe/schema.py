@@ -209,9 +209,22 @@ class TritonConfig(_Section):
     metrics_port: int = Field(8002, gt=0, lt=65536, description="Metrics port.")
     instance_count: int = Field(1, gt=0, description="Model instances (CPU: one per core is the ceiling).")
     decoupled: bool = Field(True, description="Decoupled model (streaming responses).")
+    # --- the KV pool: each engine's own knob under its own name (None: that engine's default at trtkv's pinned
+    # release); the planner sizes the pool with the value the served command then carries (trtkv.plan.engine_pool)
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="vLLM `--gpu-memory-utilization`: the share of the device's total memory vLLM "
+        "may use (weights, activation, CUDA graphs and KV). None: vLLM's default (0.92 in 0.32). vllm only.")
+    mem_fraction_static: float | None = Field(
+        None, gt=0, lt=1, description="SGLang `--mem-fraction-static`: weights + KV pool as a share of the memory "
+        "free before loading. None: SGLang's computed default (0.5.23's rule, shown by `trtkv plan`). sglang only.")
     kv_cache_free_gpu_mem_fraction: float = Field(
-        0.9, gt=0, le=1, description="Fraction of free GPU memory (after weights) given to the KV cache."
-    )
+        0.9, gt=0, le=1, description="TensorRT-LLM: the share of the memory free after weights and the warm-up "
+        "(LLM API) or after the engine and its buffers (engine path) given to the KV cache. None: 0.9 (TensorRT-LLM's "
+        "default). llmapi and tensorrt only.")
+    kv_pool_gib_per_gpu: float | None = Field(
+        None, gt=0, description="KV pool per GPU in GiB: pins it where the engine takes a size (vLLM "
+        "`--kv-cache-memory-bytes`), caps it where the engine only caps (SGLang `--max-total-tokens`, TensorRT-LLM "
+        "`max_tokens`): the plan shows min(rule, cap) and which bound applied.")
     batching_strategy: BatchingStrategy = Field(BatchingStrategy.INFLIGHT_FUSED_BATCHING, description="`gpt_model_type`.")
     batch_scheduler_policy: SchedulerPolicy = Field(SchedulerPolicy.GUARANTEED_NO_EVICT, description="Scheduler.")
     enable_kv_cache_reuse: bool = Field(False, description="Prefix (KV block) reuse.")
