@@ -22,7 +22,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol
 
-from trtkv.checkpoints.serving_memory import EngineKnobs
+from trtkv.checkpoints.serving_memory import EngineKnobs, ServedPool
 from trtkv.contracts.interface import ModelInterface
 from trtkv.platform.hardware import GPU
 from trtkv.platform.versions import Row
@@ -209,13 +209,17 @@ class MemoryRule:
     `rule` names an entry of trtkv.plan.engine_pool's rules ("vllm", "sglang", "trtllm", "tensorrt", "reference";
     `cpu_rule` on the CPU); `knobs` gives the flags and values (the same call the serve, deploy and repo commands
     make); `block_tokens` is the KV block the engine allocates in; `step_tokens` the tokens of its profiling or warm-up
-    forward (vLLM max_num_batched_tokens, SGLang's chunked prefill, TensorRT-LLM max_num_tokens)."""
+    forward (vLLM max_num_batched_tokens, SGLang's chunked prefill, TensorRT-LLM max_num_tokens); `served` reads the
+    pool the running engine reports."""
 
     rule: str
     knobs: Callable[[Recipe], EngineKnobs]
     block_tokens: Callable[[Recipe], int] = _build_tokens_per_block
     step_tokens: Callable[[Recipe], int] = _build_max_num_tokens
     cpu_rule: str | None = None
+    # the pool the running engine reports (recipe, its HTTP base URL, its log): `trtkv status` and `trtkv bench`
+    # compare it with the plan
+    served: Callable[[Recipe, str, Path | None], ServedPool | None] | None = None
 
     def rule_for(self, recipe: Recipe) -> str:
         return self.cpu_rule if self.cpu_rule is not None and recipe.hardware.gpu is GPU.CPU else self.rule

@@ -18,10 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trtkv.backends.base import BUILD_SECTIONS, command_block
+from trtkv.backends.base import BUILD_SECTIONS, command_block, http_get_text, tokens_pool
 from trtkv.backends.seam import EngineBackend, MemoryRule
 from trtkv.backends.vllm import VllmRunner
-from trtkv.checkpoints.serving_memory import SGLANG_VERSION, sglang_knobs
+from trtkv.checkpoints.serving_memory import SGLANG_VERSION, ServedPool, sglang_info_tokens, sglang_knobs
 from trtkv.contracts.canary import canary_script, docker_health_args
 from trtkv.core import paths
 from trtkv.core.apikey import API_KEY_ENV
@@ -84,13 +84,24 @@ def _hf(recipe: Recipe) -> Path:
     return checkpoint_dir(recipe) / "hf"
 
 
+def memory_args(recipe: Recipe) -> list[str]:
+    """--mem-fraction-static (SGLang 0.5.23's computed default resolved when the recipe leaves it unset) and
+    --max-total-tokens when triton.kv_pool_gib_per_gpu caps the pool: the values trtkv's plan used."""
+    knobs = sglang_knobs(recipe)
+    args = [str(knobs.flag), f"{knobs.value:g}"]
+    if knobs.cap_flag is not None and knobs.cap_value is not None:
+        args += [knobs.cap_flag, str(knobs.cap_value)]
+    return args
+
+
 def server_args(recipe: Recipe, hf_dir: Path, host: str, scales: Path | None = None) -> list[str]:
     """SGLang's launch_server arguments (shared by `docker run` and the deploy files)."""
     b = recipe.build
     args = ["--model-path", str(hf_dir), "--served-model-name", served_model_name(recipe), "--host", host,
             "--port", str(recipe.triton.http_port), "--kv-cache-dtype", kv_cache_dtype(recipe),
             "--context-length", str(b.max_seq_len), "--max-running-requests", str(b.max_batch_size),
-            "--chunked-prefill-size", str(b.max_num_tokens if recipe.chunked_context else -1), "--enable-metrics"]
+            "--chunked-prefill-size", str(b.max_num_tokens if recipe.chunked_context else -1), "--enable-metrics",
+            *memory_args(recipe)]
     if uses_scales_file(recipe):
         args += ["--quantization-param-path", str(scales or engine_dir(recipe) / SCALES_FILE)]
     if b.tp_size > 1:
@@ -259,6 +270,17 @@ class SglangRunner(VllmRunner):
 
 
 SERVING = SglangServing()
+def served_pool(recipe: Recipe, http: str, log: Path | None) -> ServedPool | None:
+    """The pool the running SGLang reports: /get_server_info's max_total_num_tokens."""
+    text = http_get_text(f"{http}/get_server_info")
+    try:
+        info = json.loads(text) if text else None
+    except ValueError:
+        info = None
+    tokens = sglang_info_tokens(info) if isinstance(info, dict) else None
+    return tokens_pool(recipe, tokens, "SGLang /get_server_info: max_total_num_tokens")
+
+
 def _one_token(recipe: Recipe) -> int:
     return 1  # SGLang's token pool: one slot per token at page_size 1
 
@@ -271,4 +293,5 @@ def _prefill_step(recipe: Recipe) -> int:
 
 
 BACKEND = EngineBackend(Backend.SGLANG, SglangBuilder(), None, SERVING, SglangRunner(), None,
-                        memory=MemoryRule("sglang", sglang_knobs, block_tokens=_one_token, step_tokens=_prefill_step))
+                        memory=MemoryRule("sglang", sglang_knobs, block_tokens=_one_token, step_tokens=_prefill_step,
+                                          served=served_pool))

@@ -23,6 +23,7 @@ from trtkv.backends.base import (
     check_checkpoint,
     command_block,
     failed_log_path,
+    trtllm_served,
 )
 from trtkv.backends.seam import EngineBackend, MemoryRule
 from trtkv.checkpoints.serving_memory import EngineKnobs, trtllm_knobs
@@ -370,4 +371,4 @@ def engine_memory_knobs(recipe: Recipe) -> EngineKnobs:
 
 
 BACKEND = EngineBackend(Backend.TENSORRT, BUILDER, TensorRTLayout(), TensorRTServing(), TensorRTRunner(),
-                        memory=MemoryRule("tensorrt", engine_memory_knobs))
+                        memory=MemoryRule("tensorrt", engine_memory_knobs, served=trtllm_served))

@@ -14,8 +14,10 @@ On the CPU, vLLM's pool is pinned to max_batch_size sequences of max_seq_len unl
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from trtkv.checkpoints.hf_config import read_model_facts
 from trtkv.platform.hardware import GPU, GPU_SPECS
@@ -209,3 +211,81 @@ def trtllm_knobs(recipe: Recipe, flag: str, cap_flag: str) -> EngineKnobs:
 def no_knobs(recipe: Recipe) -> EngineKnobs:
     """The reference runtime: max_batch_size caches of max_seq_len, no memory knob."""
     return EngineKnobs(None, None, True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The pool a running engine reports (`trtkv status`, `trtkv bench`: planned against served)
+
+
+@dataclass(frozen=True)
+class ServedPool:
+    """The KV pool a running engine reports on one GPU: bytes (tokens x bytes per token where it reports tokens),
+    tokens when it says, and where the figure was read."""
+
+    pool_bytes: float | None
+    tokens: int | None
+    source: str
+
+
+_PROM_LINE = re.compile(r"^vllm:cache_config_info\{(?P<labels>[^}]*)\}", re.MULTILINE)
+_PROM_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def vllm_metrics_blocks(text: str) -> tuple[int, int] | None:
+    """(num_gpu_blocks, block_size) from vLLM's /metrics (the vllm:cache_config_info gauge's labels; on the CPU
+    num_gpu_blocks counts the CPU pool's blocks)."""
+    found = _PROM_LINE.search(text)
+    if found is None:
+        return None
+    labels = dict(_PROM_LABEL.findall(found.group("labels")))
+    try:
+        return int(labels["num_gpu_blocks"]), int(labels["block_size"])
+    except (KeyError, ValueError):
+        return None
+
+
+_VLLM_LOG_TOKENS = re.compile(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens")
+
+
+def vllm_log_tokens(text: str) -> int | None:
+    """vLLM's startup line 'GPU KV cache size: N tokens' ('CPU ...' on the CPU); the last one printed."""
+    found = _VLLM_LOG_TOKENS.findall(text)
+    return int(found[-1].replace(",", "")) if found else None
+
+
+def sglang_info_tokens(info: dict[str, Any]) -> int | None:
+    """max_total_num_tokens from SGLang's /get_server_info (top level, or its scheduler's internal_states)."""
+    value = info.get("max_total_num_tokens")
+    states = info.get("internal_states")
+    if value is None and isinstance(states, list) and states and isinstance(states[0], dict):
+        value = states[0].get("max_total_num_tokens")
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+_TRTLLM_ALLOCATED = re.compile(r"Allocated ([\d.]+) GiB for max tokens in paged KV cache \((\d+)\)")
+
+
+def trtllm_log_pool(text: str) -> tuple[float, int] | None:
+    """TensorRT-LLM's '[MemUsageChange] Allocated X GiB for max tokens in paged KV cache (N)': (bytes, tokens), the
+    last one printed (the LLM API allocates twice: the estimation cache, then the pool)."""
+    found = _TRTLLM_ALLOCATED.findall(text)
+    if not found:
+        return None
+    gib, tokens = found[-1]
+    return float(gib) * GIB, int(tokens)
+
+
+REFERENCE_POOL_LINE = "trtkv reference runtime KV pool: {bytes} bytes ({batch} requests x {seq} tokens x {per_token} bytes)"
+_REFERENCE_POOL = re.compile(r"trtkv reference runtime KV pool: (\d+) bytes \((\d+) requests x (\d+) tokens")
+
+
+def reference_log_pool(text: str) -> tuple[float, int] | None:
+    """The reference runtime's own line (REFERENCE_POOL_LINE): (bytes, tokens = requests x tokens)."""
+    found = _REFERENCE_POOL.findall(text)
+    if not found:
+        return None
+    total, batch, seq = found[-1]
+    return float(total), int(batch) * int(seq)

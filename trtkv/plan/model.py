@@ -187,8 +187,37 @@ class PlanHardware:
     hbm_bandwidth_gbps: float | None  # None: no decode bound
     tp_size: int
     pp_size: int
-    activation_reserve_gib: float
-    kv_cache_free_gpu_mem_fraction: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanTerm:
+    """One figure of the engine's KV-pool rule (bytes per GPU)."""
+
+    name: str  # weights, activation, non_torch, cuda_graphs (vLLM); context, reserve (SGLang); ...
+    bytes: float
+    note: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanKVPool:
+    """`plan --json`'s "kv_pool": the pool the recipe's engine allocates on each GPU, the rule it follows (engine,
+    release, source), the memory flags its served command carries and every term of the rule."""
+
+    engine: str  # the rule: vllm, vllm-cpu, sglang, trtllm (LLM API), tensorrt (engine path), reference
+    version: str  # the engine release whose rule this is (trtkv's pinned one)
+    rule: str
+    source: str  # the engine's files the rule is read from
+    knob: str | None  # the engine's own flag (None: the reference runtime has none)
+    knob_value: float | None
+    knob_is_default: bool  # the recipe left it unset: the engine's default at that release
+    cap_flag: str | None  # --kv-cache-memory-bytes (pins), --max-total-tokens / max_tokens (caps)
+    cap_value: int | None  # bytes (vLLM) or tokens
+    budget_bytes: float  # what the knob hands the rule (util x total, free before loading x fraction, ...)
+    terms: tuple[PlanTerm, ...]
+    available_bytes: float  # the rule's figure before any cap or block rounding
+    pool_bytes: float  # what is allocated: the rule, the cap or the pin, in whole blocks
+    bound: str  # "rule", "cap" or "pin"
+    notes: tuple[str, ...]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -254,7 +283,9 @@ class Plan:
     model: PlanModel
     hardware: PlanHardware
     weights: PlanWeights
-    kv_budget_gib_per_gpu: float
+    kv_pool: PlanKVPool
+    kv_pool_bytes_per_gpu: float  # = kv_pool.pool_bytes: the pool the token and sequence counts below divide
+    kv_budget_gib_per_gpu: float  # the same pool in GiB (the name plan --json had before the engine rules)
     recipe_kv_format: str
     lengths: list[int]
     formats: list[FormatCapacity]

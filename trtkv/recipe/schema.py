@@ -197,9 +197,19 @@ class HardwareConfig(_Section):
                                "count / gpus_per_node whole nodes (`trtkv deploy`).")
     memory_gib: float | None = Field(None, gt=0, description="Override the GPU's memory (GiB).")
     hbm_bandwidth_gbps: float | None = Field(None, gt=0, description="Override the GPU's memory bandwidth (GB/s).")
-    activation_reserve_gib: float = Field(
-        2.0, ge=0, description="Per-GPU memory kept for activations, CUDA graphs and the runtime."
-    )
+    activation_reserve_gib: float | None = Field(None, description="Removed (a value is refused): each engine's own "
+                                                 "memory rule sizes activation and buffers (docs/plan.md).")
+
+    @field_validator("activation_reserve_gib")
+    @classmethod
+    def _reserve_removed(cls, value: float | None) -> float | None:
+        if value is not None:
+            raise ValueError("no longer used: the planner follows each engine's own memory rule (activation from the "
+                             "architecture and the batch limits). Remove it; to keep memory free, lower the engine's "
+                             "knob (triton.gpu_memory_utilization for vllm, triton.mem_fraction_static for sglang, "
+                             "triton.kv_cache_free_gpu_mem_fraction for llmapi/tensorrt) or set "
+                             "triton.kv_pool_gib_per_gpu")
+        return value
 
 
 class TritonConfig(_Section):
@@ -209,16 +219,15 @@ class TritonConfig(_Section):
     metrics_port: int = Field(8002, gt=0, lt=65536, description="Metrics port.")
     instance_count: int = Field(1, gt=0, description="Model instances (CPU: one per core is the ceiling).")
     decoupled: bool = Field(True, description="Decoupled model (streaming responses).")
-    # --- the KV pool: each engine's own knob under its own name (None: that engine's default at trtkv's pinned
-    # release); the planner sizes the pool with the value the served command then carries (trtkv.plan.engine_pool)
+    # --- the KV pool: each engine's knob under its own name (None: its default at trtkv's pinned release), as sized
     gpu_memory_utilization: float | None = Field(
         None, gt=0, le=1, description="vLLM `--gpu-memory-utilization`: the share of the device's total memory vLLM "
         "may use (weights, activation, CUDA graphs and KV). None: vLLM's default (0.92 in 0.32). vllm only.")
     mem_fraction_static: float | None = Field(
         None, gt=0, lt=1, description="SGLang `--mem-fraction-static`: weights + KV pool as a share of the memory "
         "free before loading. None: SGLang's computed default (0.5.23's rule, shown by `trtkv plan`). sglang only.")
-    kv_cache_free_gpu_mem_fraction: float = Field(
-        0.9, gt=0, le=1, description="TensorRT-LLM: the share of the memory free after weights and the warm-up "
+    kv_cache_free_gpu_mem_fraction: float | None = Field(
+        None, gt=0, le=1, description="TensorRT-LLM: the share of the memory free after weights and the warm-up "
         "(LLM API) or after the engine and its buffers (engine path) given to the KV cache. None: 0.9 (TensorRT-LLM's "
         "default). llmapi and tensorrt only.")
     kv_pool_gib_per_gpu: float | None = Field(
