@@ -21,6 +21,7 @@ from trtkv.bench.stream import shared_loop, stream
 from trtkv.contracts.interface import ENSEMBLE, LLMAPI, ModelInterface, detect
 from trtkv.core.apikey import auth_headers
 from trtkv.core.errors import TrtkvError
+from trtkv.recipe.enums import Protocol
 
 DEFAULT_MODEL = ENSEMBLE.model
 
@@ -30,7 +31,7 @@ class Endpoint:
     """Where and how to talk to the server; `inputs`/`max_batch_size` come from the model's config."""
 
     url: str  # host:port
-    protocol: str = "grpc"
+    protocol: Protocol = Protocol.GRPC
     model: str = DEFAULT_MODEL
     inputs: dict[str, str] = field(default_factory=dict)  # name -> datatype (TYPE_ prefix stripped)
     max_batch_size: int = 0
@@ -38,9 +39,12 @@ class Endpoint:
     endpoint_type: str = "completions"  # protocol openai: completions or chat
     source: str = ""  # where the URL came from (--url, server.json, recipe)
 
+    def __post_init__(self) -> None:
+        self.protocol = Protocol(self.protocol)  # one of the closed set, also when given as its value ("grpc")
+
     @property
     def display(self) -> str:
-        return f"{self.protocol}://{self.url}"
+        return f"{self.protocol.value}://{self.url}"
 
 
 @dataclass
@@ -62,7 +66,7 @@ def now_ns() -> int:
 def check_triton(ep: Endpoint, timeout_s: float = 10.0) -> Endpoint:
     """Server live and model ready, else a TrtkvError naming the URL; fills the model's inputs from its config."""
     try:
-        if ep.protocol == "grpc":
+        if ep.protocol is Protocol.GRPC:
             config = _grpc_config(ep, timeout_s)
         else:
             config = _http_config(ep, timeout_s)
@@ -336,4 +340,4 @@ class HttpSession(Session):
 
 
 def triton_session_factory(ep: Endpoint) -> Callable[[], Session]:
-    return (lambda: GrpcSession(ep)) if ep.protocol == "grpc" else (lambda: HttpSession(ep))
+    return (lambda: GrpcSession(ep)) if ep.protocol is Protocol.GRPC else (lambda: HttpSession(ep))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,34 +15,20 @@ from trtkv.bench.client import Endpoint, SamplingParams, now_ns
 from trtkv.bench.endpoints import check_endpoint, session_factory
 from trtkv.bench.loadgen import Interrupted, Job, run_concurrency, run_rate
 from trtkv.bench.metrics import summarize_level
+from trtkv.bench.options import BenchOptions
 from trtkv.bench.prompts import count_tokens, latency_prompts, load_tokenizer, long_text, prompt_tokens, tokenizer_dir
 from trtkv.bench.records import RequestRecord
-from trtkv.contracts.artifacts import ServerRecord
+from trtkv.contracts.artifacts import BenchEndpoint, BenchResults, BenchSLOs, BenchWorkload, ServerRecord
 from trtkv.core import paths
 from trtkv.core.errors import StageError, TrtkvError
 from trtkv.core.progress import Progress
-from trtkv.recipe import Recipe
+from trtkv.recipe import Protocol, Recipe
 from trtkv.recipe.layout import serve_dir
 from trtkv.serving import supervise
 
+SCHEMA = "trtkv.bench/1"  # results.json's "schema"
 EXIT_SLO_FAILED = 1
 EXIT_INTERRUPTED = 130
-
-
-@dataclass
-class BenchOptions:
-    url: str | None = None
-    protocol: str | None = None
-    model: str | None = None  # None: the recipe's (ensemble, or tensorrt_llm for the llmapi layout)
-    slos: list[str] = field(default_factory=list)
-    allow_failures: bool = False  # False: any failed request fails the bench (an implicit request_errors.failed<=0)
-    endpoint_type: str = "completions"  # protocol openai: /v1/completions or /v1/chat/completions (chat)
-    goodput: str | None = None  # AIPerf's --goodput "time_to_first_token:500 inter_token_latency:100"
-    tasks: list[str] | None = None  # None: the recipe's bench.tasks
-    latency: bool = True
-    golden_prompts: int = 8
-    output: Path | None = None
-    progress: bool = True
 
 
 @dataclass
@@ -56,11 +42,9 @@ class BenchOutcome:
 # Endpoint
 
 
-def resolve_endpoint(recipe: Recipe, url: str | None, protocol: str | None, model: str) -> Endpoint:
+def resolve_endpoint(recipe: Recipe, url: str | None, protocol: Protocol | None, model: str) -> Endpoint:
     """--url, else engines/<recipe>/serve/server.json, else the recipe's triton host and port."""
-    proto = (protocol or recipe.bench.protocol.value).lower()
-    if proto not in ("grpc", "http", "openai"):
-        raise TrtkvError(f"--protocol {protocol!r}: allowed grpc, http, openai.")
+    proto = protocol or recipe.bench.protocol
     if url:
         text = url.split("://", 1)[-1].rstrip("/")
         if ":" not in text:
@@ -72,9 +56,9 @@ def resolve_endpoint(recipe: Recipe, url: str | None, protocol: str | None, mode
     except StageError as exc:
         raise TrtkvError(f"{exc} Or pass --url HOST:PORT.") from exc
     if info is not None:
-        port = info.grpc_port if proto == "grpc" else info.http_port
+        port = info.grpc_port if proto is Protocol.GRPC else info.http_port
         return Endpoint(f"{info.client_host}:{port}", proto, model, source=str(ServerRecord.path(folder)))
-    port = recipe.triton.grpc_port if proto == "grpc" else recipe.triton.http_port
+    port = recipe.triton.grpc_port if proto is Protocol.GRPC else recipe.triton.http_port
     return Endpoint(f"{recipe.triton.host}:{port}", proto, model, source="recipe triton.host/port")
 
 
@@ -226,7 +210,7 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     check_output(output, "bench", recipe.name)  # before measuring: a folder it may not replace is refused at once
     slos = slo.parse_all(recipe.bench.thresholds, opts.slos, opts.allow_failures)
     goodput = aiperf_export.parse_goodput(opts.goodput)
-    openai = (opts.protocol or recipe.bench.protocol.value).lower() == "openai"
+    openai = (opts.protocol or recipe.bench.protocol) is Protocol.OPENAI
     # the model: --model; for OpenAI the one the server lists; for Triton the recipe's layout's (ensemble/tensorrt_llm)
     repo = for_recipe(recipe).repo  # None: no Triton repository (the backend's own OpenAI server)
     model = opts.model or ("" if openai or repo is None else repo.interface.model)
@@ -234,7 +218,7 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     endpoint.endpoint_type = opts.endpoint_type
     ep = check_endpoint(endpoint)
     tokenizer = load_tokenizer(tokenizer_dir(recipe))
-    task_names = [t.value for t in recipe.bench.tasks] if opts.tasks is None else list(opts.tasks)
+    task_names = [t.value for t in (recipe.bench.tasks if opts.tasks is None else opts.tasks)]
     slos = slo.with_fidelity(slos, task_names)
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     wall0, t0 = time.time(), now_ns()
@@ -263,17 +247,18 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
             progress.log(f"interrupted (Ctrl-C) during the {interrupted}: writing partial results")
     check = count_response_tokens(tokenizer, records)
     _normalize(records, t0)
-    out = assemble(recipe, ep, opts, records, by_level, tasks, task_records, task_errors, slos, check, interrupted,
+    doc = assemble(recipe, ep, opts, records, by_level, tasks, task_records, task_errors, slos, check, interrupted,
                    started, time.time() - wall0)
     if goodput:
-        out["goodput_slos"] = goodput
+        doc.goodput_slos = goodput
         for label, recs in by_level.items():
             good = aiperf_export.level_export(recs, goodput)
-            out["levels"][label]["goodput"] = {**good["goodput"], "good_request_count": good["good_request_count"]["avg"]}
-    out["tool_versions"] = tool_versions()
-    out["kv_pool"] = _served_pool(recipe, opts.url)
-    if out["kv_pool"].get("warning"):
-        out.setdefault("warnings", []).append(out["kv_pool"]["warning"])
+            doc.levels[label]["goodput"] = {**good["goodput"], "good_request_count": good["good_request_count"]["avg"]}
+    doc.tool_versions = tool_versions()
+    doc.kv_pool = _served_pool(recipe, opts.url)
+    if doc.kv_pool.get("warning"):
+        doc.warnings.append(str(doc.kv_pool["warning"]))
+    out = doc.document()  # results.json as written (trtkv.contracts.artifacts.BenchResults; report loads it back)
 
     def work(tmp: Path) -> dict[str, Any]:
         write_all(tmp, out, by_level)
@@ -306,7 +291,7 @@ def assemble(recipe: Recipe, ep: Endpoint, opts: BenchOptions, records: list[Req
              by_level: dict[str, list[RequestRecord]], tasks: list[acc_tasks.Task],
              task_records: dict[str, list[RequestRecord]], task_errors: dict[str, dict[str, Any]],
              slos: list[slo.SLO], check: dict[str, int], interrupted: str | None, started: str,
-             wall_s: float) -> dict[str, Any]:
+             wall_s: float) -> BenchResults:
     """results.json's content: summary in GenAI-Perf names, accuracy, SLO verdicts and every raw record."""
     b = recipe.bench
     levels = {label: summarize_level(recs) for label, recs in by_level.items()}
@@ -316,27 +301,27 @@ def assemble(recipe: Recipe, ep: Endpoint, opts: BenchOptions, records: list[Req
             accuracy[task.name] = {**task.score(task_records[task.name]), "notes": task.notes}
     checked = slo.check(slos, levels, accuracy)
     mode = f"request rate {b.request_rate:g}/s" if b.request_rate else f"concurrency sweep {b.concurrency}"
-    return {
-        "schema": "trtkv.bench/1",
-        "recipe": recipe.name,
-        "kv_cache": recipe.quantization.kv_cache.value,
-        "endpoint": {"url": ep.url, "protocol": ep.protocol, "model": ep.model, "source": ep.source,
-                     **({"endpoint_type": ep.endpoint_type} if ep.protocol == "openai" else {})},
-        "started_at": started,
-        "wall_seconds": wall_s,
-        "partial": interrupted is not None,
-        "interrupted_during": interrupted,
-        "workload": {"input_tokens": b.input_tokens, "output_tokens": b.output_tokens, "num_requests": b.num_requests,
-                     "warmup_requests": b.warmup_requests, "concurrency": b.concurrency, "request_rate": b.request_rate,
-                     "accuracy_concurrency": b.accuracy_concurrency, "request_timeout_s": b.request_timeout_s, "mode": mode,
-                     "sampling": "greedy (temperature 0, top_k 1)"},
-        "token_counting": results.TOKEN_COUNTING,
-        "token_count_check": check,
-        "levels": levels,
-        "accuracy": accuracy,
-        "slo": {"passed": all(r.passed for r in checked), "results": [r.to_json() for r in checked]},
-        "records": [r.to_json() for r in records],
-    }
+    return BenchResults(
+        schema_id=SCHEMA,
+        recipe=recipe.name,
+        kv_cache=recipe.quantization.kv_cache.value,
+        endpoint=BenchEndpoint(url=ep.url, protocol=ep.protocol.value, model=ep.model, source=ep.source,
+                               **({"endpoint_type": ep.endpoint_type} if ep.protocol is Protocol.OPENAI else {})),
+        started_at=started,
+        wall_seconds=wall_s,
+        partial=interrupted is not None,
+        interrupted_during=interrupted,
+        workload=BenchWorkload(input_tokens=b.input_tokens, output_tokens=b.output_tokens, num_requests=b.num_requests,
+                               warmup_requests=b.warmup_requests, concurrency=b.concurrency, request_rate=b.request_rate,
+                               accuracy_concurrency=b.accuracy_concurrency, request_timeout_s=b.request_timeout_s,
+                               mode=mode, sampling="greedy (temperature 0, top_k 1)"),
+        token_counting=results.TOKEN_COUNTING,
+        token_count_check=check,
+        levels=levels,
+        accuracy=accuracy,
+        slo=BenchSLOs(passed=all(r.passed for r in checked), results=[r.to_json() for r in checked]),
+        records=[r.to_json() for r in records],
+    )
 
 
 def write_all(folder: Path, out: dict[str, Any], by_level: dict[str, list[RequestRecord]]) -> list[str]:

@@ -6,9 +6,14 @@ import argparse
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
+
+from pydantic import Field
 
 from trtkv.cli.common import subparser
+from trtkv.core.options import Flag, Options
+from trtkv.platform.hardware import GPU
+from trtkv.recipe import Backend, KVCacheQuant
 
 if TYPE_CHECKING:
     from trtkv.checkpoints import ModelFacts
@@ -16,6 +21,7 @@ if TYPE_CHECKING:
 GIB = 1024**3
 COUNTS = (1, 2, 4, 8, 16, 32, 64)  # GPUs tried when --count is not given: TP within a node, then PP over nodes
 DEFAULT_SEQ_LEN = 32768
+DEFAULT_GPU = GPU.H100_80GB
 # model_type -> the decoder type of ModelOpt's / TensorRT-LLM's export (model.architecture)
 DECODERS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen", "qwen3": "qwen", "qwen2_moe": "qwen",
             "qwen3_moe": "qwen", "gemma2": "gemma2", "gemma3": "gemma3", "gemma3_text": "gemma3", "gpt_oss": "gpt_oss",
@@ -23,42 +29,48 @@ DECODERS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen", "qwen3": "qwe
             "kimi_k2": "deepseek_v3", "mixtral": "llama"}
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    from trtkv.platform.hardware import GPU
-    from trtkv.recipe import Backend, KVCacheQuant
+class InitOptions(Options):
+    """`trtkv init NAME --model PATH [options]`: each field one argument (trtkv.core.options)."""
 
+    name: Annotated[str, Field(description="recipe name: lower-case letters, digits, '_' and '-'"), Flag(names=("name",))]
+    model: Annotated[Path, Field(description="model folder holding config.json, or the config.json"), Flag()]
+    output: Annotated[Path | None, Field(description="recipe file to write (default recipes/NAME.yaml)"), Flag()] = None
+    gpu: Annotated[GPU, Field(description="target GPU"), Flag()] = DEFAULT_GPU
+    count: Annotated[int | None, Field(
+        description="GPUs per model instance (default: the fewest that hold the weights and one sequence of "
+                    "max_seq_len)"), Flag()] = None
+    kv_cache: Annotated[KVCacheQuant | None, Field(
+        description="KV-cache precision (default fp8 where the GPU has FP8, else none)"), Flag()] = None
+    backend: Annotated[Backend | None, Field(
+        description=f"engine (default {Backend.LLMAPI.value} on a GPU; on {GPU.CPU.value} {Backend.REFERENCE.value} "
+                    f"for Llama-family models, else {Backend.VLLM.value})"), Flag()] = None
+    force: Annotated[bool, Field(description="overwrite an existing recipe file"), Flag()] = False
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = subparser(sub, "init",
                   "  $ trtkv init gemma3_27b_fp8kv --model ~/models/gemma-3-27b-it\n"
                   "  $ trtkv init dsv3_fp8kv --model config.json --gpu H200-141GB --count 8\n"
                   "  $ trtkv init scout --model DIR --output /tmp/scout.yaml --backend vllm && trtkv plan /tmp/scout.yaml\n")
-    p.add_argument("name", help="recipe name: lower-case letters, digits, '_' and '-'")
-    p.add_argument("--model", required=True, type=Path, help="model folder holding config.json, or the config.json")
-    p.add_argument("--output", type=Path, default=None, help="recipe file to write (default recipes/NAME.yaml)")
-    p.add_argument("--gpu", default=GPU.H100_80GB.value, choices=[g.value for g in GPU], help="target GPU")
-    p.add_argument("--count", type=int, default=None, help="GPUs per model instance (default: the fewest that hold "
-                   "the weights and one sequence of max_seq_len)")
-    p.add_argument("--kv-cache", default=None, choices=[k.value for k in KVCacheQuant],
-                   help="KV-cache precision (default fp8 where the GPU has FP8, else none)")
-    p.add_argument("--backend", default=None, choices=[b.value for b in Backend],
-                   help=f"engine (default {Backend.LLMAPI.value} on a GPU; on {GPU.CPU.value} {Backend.REFERENCE.value} "
-                        f"for Llama-family models, else {Backend.VLLM.value})")
-    p.add_argument("--force", action="store_true", help="overwrite an existing recipe file")
+    InitOptions.add_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    out = write_recipe(args.name, args.model, args.output, args.gpu, args.count, args.kv_cache, args.backend, args.force)
+    o = InitOptions.from_args(args)
+    out = write_recipe(o.name, o.model, o.output, o.gpu.value, o.count, o.kv_cache.value if o.kv_cache else None,
+                       o.backend.value if o.backend else None, o.force)
     print(f"wrote {out}\nNext: trtkv plan {out}")
     return 0
 
 
-def write_recipe(name: str, model: Path, output: Path | None = None, gpu: str = "H100-80GB", count: int | None = None,
+def write_recipe(name: str, model: Path, output: Path | None = None, gpu: str = DEFAULT_GPU.value, count: int | None = None,
                  kv_cache: str | None = None, backend: str | None = None, force: bool = False) -> Path:
     """Read the config, size TP/PP with the planner, write the recipe atomically once it validates and plans."""
     from trtkv.checkpoints import config_file, read_model_facts
     from trtkv.core import paths
     from trtkv.core.errors import RecipeError
-    from trtkv.platform.hardware import GPU, GPU_SPECS
+    from trtkv.platform.hardware import GPU_SPECS
     from trtkv.recipe.names import check_recipe_name
 
     out = (output or paths.recipes_dir() / f"{name}.yaml").expanduser()

@@ -30,6 +30,7 @@ from trtkv.core.process import pid_alive
 from trtkv.version import __version__
 
 if TYPE_CHECKING:  # the stage contract is foundation: it reads a recipe's name, path and hashes, never its schema
+    from trtkv.contracts.artifacts import Manifest
     from trtkv.recipe import Recipe
 
 MANIFEST = "manifest.json"
@@ -148,16 +149,14 @@ def manifest_hash(folder: Path) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def read_manifest(folder: Path) -> dict[str, Any] | None:
-    """The folder's manifest (trtkv.contracts.artifacts.Manifest) as written; None when absent or not a valid manifest (the
-    stage then counts as not run)."""
+def read_manifest(folder: Path) -> Manifest | None:
+    """The folder's manifest; None when absent or not a valid manifest (the stage then counts as not run)."""
     from trtkv.contracts.artifacts import Manifest
 
     try:
-        manifest = Manifest.load(folder)
+        return Manifest.load(folder)
     except StageError:
         return None
-    return manifest.model_dump() if manifest is not None else None
 
 
 @dataclass
@@ -196,6 +195,8 @@ def run_stage(
 
     `versioned_tools`: distributions whose installed versions join the up-to-date key (an upgrade redoes the stage).
     """
+    from trtkv.contracts.artifacts import Manifest
+
     output = check_output(output, stage, recipe.name, "output folder")
     remove_leftovers(output, log)
     recipe_hash = recipe.section_hash(*sections)
@@ -207,9 +208,9 @@ def run_stage(
         versions = tool_versions()
         key["tool_versions"] = {name: versions.get(name, _version(name)) for name in versioned_tools}
     existing = read_manifest(output)
-    if existing and not force and existing.get("key") == key:
+    if existing is not None and not force and existing.key == key:
         log(f"{stage}: {output} is up to date (use --force to redo)")
-        return StageResult(stage, output, True, 0.0, existing)
+        return StageResult(stage, output, True, 0.0, existing.document())
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.parent / f".{output.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -218,26 +219,17 @@ def run_stage(
     try:
         extra = work(tmp) or {}
         seconds = time.time() - start
-        manifest = {
-            "stage": stage,
-            "recipe": recipe.name,
-            "recipe_path": str(recipe.path) if recipe.path else None,
-            "key": key,
-            "recipe_hash": recipe_hash,
-            "input_dir": str(input_dir) if input_dir else None,
-            "input_manifest_hash": input_hash,
-            "resolved_recipe": recipe.resolved(),
-            "tool_versions": tool_versions(),
-            "wall_seconds": round(seconds, 3),
-            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            **extra,
-        }
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=False, default=str) + "\n")
+        manifest = Manifest(
+            stage=stage, recipe=recipe.name, recipe_path=str(recipe.path) if recipe.path else None, key=key,
+            recipe_hash=recipe_hash, input_dir=str(input_dir) if input_dir else None, input_manifest_hash=input_hash,
+            resolved_recipe=recipe.resolved(), tool_versions=tool_versions(), wall_seconds=round(seconds, 3),
+            finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra)
+        manifest.save(tmp)
         replace_folder(tmp, output, stage)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log(f"{stage}: wrote {output} in {seconds:.1f} s")
-    return StageResult(stage, output, False, seconds, manifest)
+    return StageResult(stage, output, False, seconds, manifest.document())
 
 
 def _umask() -> int:

@@ -198,7 +198,7 @@ def write_report(recipe: Recipe, out: Path | None = None) -> Path:
                       f"{_fmt(r.get('top1_agreement'), 3)} | {_fmt(r.get('ppl_delta'), 3)} | "
                       f"{_fmt(r.get('needle_accuracy'), 2)} |")
     (out / "report.md").write_text("\n".join(md) + "\n")
-    Manifest(stage="report", recipe=recipe.name, wall_seconds=round(time.time() - started, 3),
+    Manifest(stage="report", recipe=recipe.name, key=None, wall_seconds=round(time.time() - started, 3),
              inputs=sorted(data.get("stages", {}))).save(out)
     return out
 

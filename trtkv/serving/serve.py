@@ -164,7 +164,7 @@ def write_server(recipe: Recipe, info: ServerRecord) -> Path:
 
 def write_serve_manifest(recipe: Recipe, info: ServerRecord) -> Path:
     """serve/manifest.json (every stage folder has one): the server started, how and how fast it became ready."""
-    return Manifest(stage="serve", recipe=recipe.name, wall_seconds=info.ready_seconds, backend=info.backend,
+    return Manifest(stage="serve", recipe=recipe.name, key=None, wall_seconds=info.ready_seconds, backend=info.backend,
                     command=info.command, model_repository=info.model_repository, started_at=info.started_at,
                     container=info.container, tool_versions=tool_versions()).save(serve_dir(recipe))
 
