@@ -281,6 +281,12 @@ def console_summary(results: dict[str, Any], out_dir: Path | None) -> None:
         con.print(table)
     elif slo.get("results"):
         con.print(f"SLOs: all {len(slo['results'])} checks passed")
+    pool = results.get("kv_pool") or {}
+    if pool.get("served_bytes_per_gpu") is not None and pool.get("planned_bytes_per_gpu"):
+        con.print(f"KV pool per GPU: planned {pool['planned_bytes_per_gpu'] / 2**30:.2f} GiB, served "
+                  f"{pool['served_bytes_per_gpu'] / 2**30:.2f} GiB ({pool.get('source')})")
+    for warning in results.get("warnings", []):
+        con.print(f"[yellow]warning: {warning}[/yellow]")
     if results.get("partial"):
         con.print(f"[yellow]interrupted during {results.get('interrupted_during')}: partial results written[/yellow]")
     if out_dir is not None:

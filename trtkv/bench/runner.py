@@ -254,6 +254,9 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
             good = aiperf_export.level_export(recs, goodput)
             doc.levels[label]["goodput"] = {**good["goodput"], "good_request_count": good["good_request_count"]["avg"]}
     doc.tool_versions = tool_versions()
+    doc.kv_pool = _served_pool(recipe, opts.url)
+    if doc.kv_pool.get("warning"):
+        doc.warnings.append(str(doc.kv_pool["warning"]))
     out = doc.document()  # results.json as written (trtkv.contracts.artifacts.BenchResults; report loads it back)
 
     def work(tmp: Path) -> dict[str, Any]:
@@ -265,6 +268,22 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     results.console_summary(out, output)
     code = EXIT_INTERRUPTED if interrupted else (0 if out["slo"]["passed"] else EXIT_SLO_FAILED)
     return BenchOutcome(code, output, out)
+
+
+def _served_pool(recipe: Recipe, url: str | None) -> dict[str, Any]:
+    """Planned against served KV pool (trtkv.serving.pool) for the recorded server; a --url elsewhere is another
+    server: its pool is not read."""
+    from trtkv.contracts.artifacts import ServerRecord
+    from trtkv.recipe.layout import serve_dir
+    from trtkv.serving import pool
+
+    server = ServerRecord.load(serve_dir(recipe))
+    if url and server is not None and str(server.http_port) not in url:
+        server = None
+    try:
+        return pool.compare(recipe, server)
+    except Exception as exc:  # noqa: BLE001 - the read-back never fails a benchmark; it says why it has no figure
+        return {"planned_bytes_per_gpu": None, "source": f"not read: {exc}", "warning": None}
 
 
 def assemble(recipe: Recipe, ep: Endpoint, opts: BenchOptions, records: list[RequestRecord],

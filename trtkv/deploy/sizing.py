@@ -94,10 +94,10 @@ def size(recipe: Recipe, replicas: int | None = None, target_concurrency: int | 
     seq_len = recipe.build.max_seq_len
     fit = cap.max_sequences[seq_len]
     if fit < 1:
-        raise StageError(f"{recipe.name}: not one sequence of build.max_seq_len={seq_len} fits in the KV budget "
-                         f"({p.kv_budget_gib_per_gpu:.1f} GiB per GPU after {p.weights.per_gpu_gib:.1f} GiB of "
-                         f"weights). Next: `trtkv plan {recipe.name}`, then raise build.tp_size/pp_size (and "
-                         f"hardware.count), or lower build.max_seq_len.")
+        raise StageError(f"{recipe.name}: not one sequence of build.max_seq_len={seq_len} fits in the KV pool "
+                         f"({p.kv_budget_gib_per_gpu:.1f} GiB per GPU by {p.kv_pool.engine}'s rule, after "
+                         f"{p.weights.per_gpu_gib:.1f} GiB of weights). Next: `trtkv plan {recipe.name}`, then raise "
+                         f"build.tp_size/pp_size (and hardware.count), or lower build.max_seq_len.")
     per_replica = min(fit, recipe.build.max_batch_size)
     bound = "kv memory" if fit < recipe.build.max_batch_size else "max_batch_size"
     if target_concurrency is not None:

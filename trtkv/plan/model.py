@@ -22,6 +22,8 @@ from trtkv.checkpoints import (
     read_model_facts,
     stored_weight_bytes,
 )
+from trtkv.checkpoints.hf_config import MoE
+from trtkv.checkpoints.serving_memory import model_config_path
 from trtkv.core.errors import RecipeError
 from trtkv.kvcache.formats import KVFormat
 from trtkv.platform.hardware import GPU
@@ -81,6 +83,7 @@ class Architecture(ArchitectureFacts):
     state_dtypes: tuple[str, str] = ("bfloat16", "bfloat16")  # conv, recurrent: as the recipe's engine resolves them
     state_dtype_source: str = ""
     model_type: str = ""
+    moe: MoE | None = None  # routed experts (activation memory: trtkv.plan.engine_pool)
 
     def layer_list(self) -> tuple[LayerAttention, ...]:
         return self.layers or (LayerAttention(AttentionKind.FULL),) * self.num_layers
@@ -132,21 +135,6 @@ def _config_facts(f: ModelFacts) -> dict[str, Any]:
     return {k: v for k, v in facts.items() if v is not None}
 
 
-def model_config_path(recipe: Recipe) -> Path | None:
-    """config.json of the recipe's model when it is on this machine (local folder or converted package)."""
-    source = recipe.model.source
-    if source.startswith("packaged:"):
-        from trtkv.checkpoints.models import packaged_model_dir  # light import: paths only
-
-        folder = packaged_model_dir(source.split(":", 1)[1])
-    else:
-        folder = Path(source).expanduser()
-        if not folder.is_absolute() and recipe.path is not None:
-            folder = recipe.path.parent / folder
-    cfg = folder / "config.json"
-    return cfg if cfg.is_file() else None
-
-
 def resolve_architecture(recipe: Recipe) -> Architecture:
     """Architecture facts from the model config when present, else the recipe; they must agree."""
     m = recipe.model
@@ -181,7 +169,7 @@ def resolve_architecture(recipe: Recipe) -> Architecture:
                      attention_source=f"{cfg_path.name} {f.attention_source}", sinks=f.sinks,
                      counted_embedding=count.embedding, expert_parameters=count.experts,
                      stored_weights_bytes=stored_weight_bytes(f, count, dtype_bytes), config_notes=tuple(f.notes),
-                     state=f.state, model_type=f.model_type)
+                     state=f.state, model_type=f.model_type, moe=f.moe)
         if f.moe is not None or f.kv_lora_rank or f.quant is not None or f.state is not None:
             extra["counted_parameters"] = count.total  # the Llama-style estimate does not fit these
         source = f"model config {cfg_path}"
@@ -235,8 +223,37 @@ class PlanHardware:
     hbm_bandwidth_gbps: float | None  # None: no decode bound
     tp_size: int
     pp_size: int
-    activation_reserve_gib: float
-    kv_cache_free_gpu_mem_fraction: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanTerm:
+    """One figure of the engine's KV-pool rule (bytes per GPU)."""
+
+    name: str  # weights, activation, non_torch, cuda_graphs (vLLM); context, reserve (SGLang); ...
+    bytes: float
+    note: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanKVPool:
+    """`plan --json`'s "kv_pool": the pool the recipe's engine allocates on each GPU, the rule it follows (engine,
+    release, source), the memory flags its served command carries and every term of the rule."""
+
+    engine: str  # the rule: vllm, vllm-cpu, sglang, trtllm (LLM API), tensorrt (engine path), reference
+    version: str  # the engine release whose rule this is (trtkv's pinned one)
+    rule: str
+    source: str  # the engine's files the rule is read from
+    knob: str | None  # the engine's own flag (None: the reference runtime has none)
+    knob_value: float | None
+    knob_is_default: bool  # the recipe left it unset: the engine's default at that release
+    cap_flag: str | None  # --kv-cache-memory-bytes (pins), --max-total-tokens / max_tokens (caps)
+    cap_value: int | None  # bytes (vLLM) or tokens
+    budget_bytes: float  # what the knob hands the rule (util x total, free before loading x fraction, ...)
+    terms: tuple[PlanTerm, ...]
+    available_bytes: float  # the rule's figure before any cap or block rounding
+    pool_bytes: float  # what is allocated: the rule, the cap or the pin, in whole blocks
+    bound: str  # "rule", "cap" or "pin"
+    notes: tuple[str, ...]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -320,7 +337,9 @@ class Plan:
     model: PlanModel
     hardware: PlanHardware
     weights: PlanWeights
-    kv_budget_gib_per_gpu: float
+    kv_pool: PlanKVPool
+    kv_pool_bytes_per_gpu: float  # = kv_pool.pool_bytes: the pool the token and sequence counts below divide
+    kv_budget_gib_per_gpu: float  # the same pool in GiB (the name plan --json had before the engine rules)
     recipe_kv_format: str
     lengths: list[int]
     formats: list[FormatCapacity]

@@ -9,8 +9,13 @@ latent of kv_lora_rank + qk_rope_head_dim elements per token):
   per GPU                = the fullest pipeline stage's layers, ceil(kv_heads/tp) heads each (KV heads replicate when
                            tp > kv_heads; an MLA latent is whole on every rank)
   weights/GPU            = (quantized linear params x bytes/weight + embeddings x dtype bytes) / (tp x pp)
-  KV budget/GPU          = (GPU memory - weights/GPU - activation reserve) x kv_cache_free_gpu_mem_fraction
-  tokens that fit        = KV budget/GPU / KV bytes per token per GPU; sequences(n) = budget / KV of one sequence(n)
+  KV pool/GPU            = the recipe's engine's own rule at trtkv's pinned release, with the memory flags its served
+                           command carries (trtkv.plan.engine_pool; docs/plan.md has each rule, its source and the
+                           published logs it is held to): vLLM ceil(util x total) - weights - activation - non-torch
+                           - CUDA graphs; SGLang free before loading x mem_fraction_static - weights; TensorRT-LLM
+                           fraction x (free after weights, warm-up/engine buffers); capped or pinned by
+                           triton.kv_pool_gib_per_gpu
+  tokens that fit        = KV pool/GPU / KV bytes per token per GPU; sequences(n) = pool / KV of one sequence(n)
   decode step lower bound = (weights/GPU + batch x KV one sequence reads at n per GPU) / HBM bandwidth
 """
 
@@ -24,8 +29,11 @@ from trtkv.checkpoints import (
     LayerAttention,
 )
 from trtkv.checkpoints import summary as layer_summary
+from trtkv.checkpoints.serving_memory import EngineKnobs
 from trtkv.kvcache.formats import KVFormat
 from trtkv.plan.advice import advice_for, attention_notes, format_row_note
+from trtkv.plan.engine_memory import PoolEstimate
+from trtkv.plan.engine_pool import memory_rule, recipe_pool
 from trtkv.plan.model import (  # the planner's public face: plan() and the types and counts it returns
     GIB,
     PLAN_FORMATS,
@@ -36,8 +44,10 @@ from trtkv.plan.model import (  # the planner's public face: plan() and the type
     PlanAttention,
     PlanExample,
     PlanHardware,
+    PlanKVPool,
     PlanModel,
     PlanState,
+    PlanTerm,
     PlanWeights,
     accounting_label,
     host_memory_gib,
@@ -57,8 +67,9 @@ from trtkv.recipe.attention import (
 )
 from trtkv.recipe.vllm_pool import hybrid_block_size
 
-__all__ = ["GIB", "Architecture", "FormatCapacity", "Plan", "PlanAttention", "PlanExample", "PlanHardware", "PlanModel",
-           "PlanWeights", "kv_format_for_recipe", "per_gpu_bytes_per_token", "plan", "resolve_architecture"]
+__all__ = ["GIB", "Architecture", "FormatCapacity", "Plan", "PlanAttention", "PlanExample", "PlanHardware", "PlanKVPool",
+           "PlanModel", "PlanState", "PlanTerm", "PlanWeights", "kv_format_for_recipe", "per_gpu_bytes_per_token", "plan",
+           "resolve_architecture"]
 
 
 def attn_head_note(arch: Architecture) -> str:
@@ -90,14 +101,15 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
         memory_gib = host_memory_gib()
         notes.append(f"hardware.gpu is cpu: capacity uses this host's RAM ({memory_gib:.1f} GiB); "
                      f"set hardware.memory_gib to plan for another machine.")
-    if memory_gib is None:
-        budget = 0.0
-    else:
-        free = memory_gib * GIB - w_gpu - hw.activation_reserve_gib * GIB
-        if free <= 0:
-            notes.append(f"weights ({w_gpu / GIB:.1f} GiB/GPU) and the activation reserve do not fit in "
-                         f"{memory_gib:g} GiB: raise tp_size/pp_size or quantize the weights.")
-        budget = max(0.0, free) * recipe.triton.kv_cache_free_gpu_mem_fraction
+    if memory_gib is not None and not hw.memory_gib and not on_cpu:
+        recipe = recipe.model_copy(update={"hardware": hw.model_copy(update={"memory_gib": memory_gib})})
+    pool = recipe_pool(recipe, arch)
+    mem_knobs = memory_rule(recipe).knobs(recipe)
+    budget = pool.pool_bytes
+    if pool.available_bytes <= 0 and pool.bound != "pin":
+        notes.append(f"{pool.engine} leaves no memory for the KV pool: weights ({w_gpu / GIB:.1f} GiB/GPU), "
+                     f"activation and the engine's own buffers exceed what {pool.knob} {pool.knob_value:g} hands it "
+                     f"on {memory_gib or 0:g} GiB: raise tp_size/pp_size, quantize the weights or raise the knob.")
     lengths = sorted({*PLAN_LENGTHS, recipe.build.max_seq_len})
     rec_fmt = kv_format_for_recipe(recipe)
     formats = list(PLAN_FORMATS)
@@ -151,9 +163,10 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
         recipe=recipe.name,
         model=PlanModel.of(arch),
         hardware=PlanHardware(gpu=hw.gpu, count=hw.count, memory_gib=memory_gib, hbm_bandwidth_gbps=bandwidth,
-                              tp_size=tp, pp_size=pp, activation_reserve_gib=hw.activation_reserve_gib,
-                              kv_cache_free_gpu_mem_fraction=recipe.triton.kv_cache_free_gpu_mem_fraction),
+                              tp_size=tp, pp_size=pp),
         weights=PlanWeights(precision=_weights_label(arch, recipe), total_gib=w_total / GIB, per_gpu_gib=w_gpu / GIB),
+        kv_pool=plan_kv_pool(pool, mem_knobs),
+        kv_pool_bytes_per_gpu=budget,
         kv_budget_gib_per_gpu=budget / GIB,
         recipe_kv_format=recipe.kv_format_label,
         lengths=lengths,
@@ -164,6 +177,16 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
         notes=notes + [n for n in [format_row_note(recipe)] if n] + attention_notes(arch, recipe),
         attention=_attention_facts(arch, acc_label, mnbt, block, tp, rec_fmt),
     )
+
+
+def plan_kv_pool(pool: PoolEstimate, knobs: EngineKnobs) -> PlanKVPool:
+    """The engine rule's figures as plan --json gives them."""
+    return PlanKVPool(engine=pool.engine, version=pool.version, rule=pool.rule, source=pool.source, knob=knobs.flag,
+                      knob_value=knobs.value, knob_is_default=knobs.is_default, cap_flag=knobs.cap_flag,
+                      cap_value=knobs.cap_value, budget_bytes=pool.budget_bytes,
+                      terms=tuple(PlanTerm(name=t.name, bytes=t.bytes, note=t.note) for t in pool.terms),
+                      available_bytes=pool.available_bytes, pool_bytes=pool.pool_bytes, bound=pool.bound,
+                      notes=pool.notes)
 
 
 def _weights_label(arch: Architecture, recipe: Recipe) -> str:

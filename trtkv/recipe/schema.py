@@ -6,11 +6,10 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from trtkv.core import paths
 from trtkv.kvcache.formats import KVFormat
 from trtkv.kvcache.names import all_format_names
 from trtkv.platform import versions
@@ -35,13 +34,10 @@ from trtkv.recipe.enums import (  # noqa: F401 - re-exported: the schema's publi
     WeightQuant,
 )
 from trtkv.recipe.names import is_ip_or_host_name
+from trtkv.recipe.sections import QuantizationConfig, _Section  # noqa: F401 - re-exported: the schema's public face
 
 # ---------------------------------------------------------------------------------------------
 # Schema
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_enum_values=False, validate_default=True)
-
 
 class ModelConfig(_Section):
     source: str = Field(
@@ -100,43 +96,6 @@ class ModelConfig(_Section):
         if value.startswith("packaged:") and value.split(":", 1)[1] not in PACKAGED_MODELS:
             raise ValueError(f"unknown packaged model; allowed: {', '.join('packaged:' + m for m in PACKAGED_MODELS)}")
         return value
-
-
-class QuantizationConfig(_Section):
-    weights: WeightQuant = Field(WeightQuant.NONE, description="Weight quantization (ModelOpt qformat).")
-    kv_cache: KVCacheQuant = Field(
-        KVCacheQuant.FP8,
-        description="KV-cache precision; `fp8_kv_cache`/`int8_kv_cache` are accepted as aliases. fp8/int8/nvfp4 land "
-        "in the checkpoint's `quantization.kv_cache_quant_algo` (trtllm-build has no KV flag); the engine formats "
-        "(fp8_cast, *_per_token_head, turboquant_*, ultraquant_4bit) need no calibrated scales and deploy where "
-        "docs/kv-formats.md gives the backend's engine a row (vLLM: `--kv-cache-dtype` from that table); "
-        "fp8_attn_head is calibrated: one FP8 k/v scale per layer and KV head (vLLM's FlashAttention, SM90/SM100).",
-    )
-    kv_scales: KVScaleStrategy = Field(
-        KVScaleStrategy.STATIC_PER_TENSOR,
-        description="How KV scales are obtained: calibrated per-layer amax (the only strategy so far).",
-    )
-    kv_skip_layers: list[int | Literal["sliding_window"]] = Field(
-        [],
-        description="Layers whose KV stays in the model dtype while the others use `kv_cache` (vLLM "
-        "`--kv-cache-dtype-skip-layers`; TensorRT-LLM has one KV format per checkpoint): indices, and/or "
-        "`sliding_window` (vLLM's word: every sliding-window layer).",
-    )
-
-    @field_validator("kv_skip_layers")
-    @classmethod
-    def _sorted_unique(cls, value: list[int | str]) -> list[int | str]:
-        if len(set(value)) != len(value):
-            raise ValueError(f"layers listed twice: {sorted({str(v) for v in value if value.count(v) > 1})}")
-        indices = sorted(v for v in value if isinstance(v, int))
-        if any(v < 0 for v in indices):
-            raise ValueError(f"layer indices start at 0, got {[v for v in indices if v < 0]}")
-        return [*indices, *(v for v in value if not isinstance(v, int))]
-
-    @field_validator("kv_cache", mode="before")
-    @classmethod
-    def _kv_alias(cls, value: Any) -> Any:
-        return KV_CACHE_ALIASES.get(value, value) if isinstance(value, str) else value
 
 
 class CalibrationConfig(_Section):
@@ -211,9 +170,19 @@ class HardwareConfig(_Section):
                                "count / gpus_per_node whole nodes (`trtkv deploy`).")
     memory_gib: float | None = Field(None, gt=0, description="Override the GPU's memory (GiB).")
     hbm_bandwidth_gbps: float | None = Field(None, gt=0, description="Override the GPU's memory bandwidth (GB/s).")
-    activation_reserve_gib: float = Field(
-        2.0, ge=0, description="Per-GPU memory kept for activations, CUDA graphs and the runtime."
-    )
+    activation_reserve_gib: float | None = Field(None, description="Removed (a value is refused): each engine's own "
+                                                 "memory rule sizes activation and buffers (docs/plan.md).")
+
+    @field_validator("activation_reserve_gib")
+    @classmethod
+    def _reserve_removed(cls, value: float | None) -> float | None:
+        if value is not None:
+            raise ValueError("no longer used: the planner follows each engine's own memory rule (activation from the "
+                             "architecture and the batch limits). Remove it; to keep memory free, lower the engine's "
+                             "knob (triton.gpu_memory_utilization for vllm, triton.mem_fraction_static for sglang, "
+                             "triton.kv_cache_free_gpu_mem_fraction for llmapi/tensorrt) or set "
+                             "triton.kv_pool_gib_per_gpu")
+        return value
 
     @field_validator("gpu", mode="before")
     @classmethod
@@ -233,9 +202,21 @@ class TritonConfig(_Section):
     metrics_port: int = Field(8002, gt=0, lt=65536, description="Metrics port.")
     instance_count: int = Field(1, gt=0, description="Model instances (CPU: one per core is the ceiling).")
     decoupled: bool = Field(True, description="Decoupled model (streaming responses).")
-    kv_cache_free_gpu_mem_fraction: float = Field(
-        0.9, gt=0, le=1, description="Fraction of free GPU memory (after weights) given to the KV cache."
-    )
+    # --- the KV pool: each engine's knob under its own name (None: its default at trtkv's pinned release), as sized
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="vLLM `--gpu-memory-utilization`: the share of the device's total memory vLLM "
+        "may use (weights, activation, CUDA graphs and KV). None: vLLM's default (0.92 in 0.32). vllm only.")
+    mem_fraction_static: float | None = Field(
+        None, gt=0, lt=1, description="SGLang `--mem-fraction-static`: weights + KV pool as a share of the memory "
+        "free before loading. None: SGLang's computed default (0.5.23's rule, shown by `trtkv plan`). sglang only.")
+    kv_cache_free_gpu_mem_fraction: float | None = Field(
+        None, gt=0, le=1, description="TensorRT-LLM: the share of the memory free after weights and the warm-up "
+        "(LLM API) or after the engine and its buffers (engine path) given to the KV cache. None: 0.9 (TensorRT-LLM's "
+        "default). llmapi and tensorrt only.")
+    kv_pool_gib_per_gpu: float | None = Field(
+        None, gt=0, description="KV pool per GPU in GiB: pins it where the engine takes a size (vLLM "
+        "`--kv-cache-memory-bytes`), caps it where the engine only caps (SGLang `--max-total-tokens`, TensorRT-LLM "
+        "`max_tokens`): the plan shows min(rule, cap) and which bound applied.")
     batching_strategy: BatchingStrategy = Field(BatchingStrategy.INFLIGHT_FUSED_BATCHING, description="`gpt_model_type`.")
     batch_scheduler_policy: SchedulerPolicy = Field(SchedulerPolicy.GUARANTEED_NO_EVICT, description="Scheduler.")
     enable_kv_cache_reuse: bool = Field(False, description="Prefix (KV block) reuse.")
@@ -434,11 +415,6 @@ class Recipe(_Section):
             data = {s: _dig(data, s) for s in sections}
         blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()
-
-    def resolve_path(self, value: str) -> Path:
-        """A path from the recipe: absolute as is, else relative to the project root."""
-        p = Path(value).expanduser()
-        return p if p.is_absolute() else paths.project_root() / p
 
 
 def _dig(data: dict[str, Any], dotted: str) -> Any:
