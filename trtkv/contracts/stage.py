@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trtkv.contracts import contents
+from trtkv.core import paths
 from trtkv.core.errors import StageError
 from trtkv.core.process import pid_alive
 from trtkv.version import __version__
@@ -36,7 +38,7 @@ MANIFEST = "manifest.json"
 TOOLS = ("nvidia-modelopt", "tensorrt_llm", "transformers", "torch", "tritonclient", "nvidia-pytriton")
 # The tools whose versions change what calibrate and build write (their up-to-date key includes them).
 VERSIONED_TOOLS = ("nvidia-modelopt", "transformers", "torch", "tensorrt_llm")
-LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)$")
+LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)$")  # trtkv.core.paths.temp_sibling's names
 
 
 def _version(dist: str) -> str | None:
@@ -60,9 +62,14 @@ def remove_leftovers(output: Path, log: Callable[[str], None] = print) -> list[P
         return removed
     for sibling in output.parent.iterdir():
         match = LEFTOVER.match(sibling.name)
-        if not match or match.group("name") != output.name or not sibling.is_dir():
+        if not match or sibling.is_symlink() or not sibling.is_dir():
             continue
         pid = int(match.group("pid"))
+        size = len(sibling.name.encode("utf-8", "surrogateescape")) - len(match.group("name").encode("utf-8",
+                                                                                                     "surrogateescape"))
+        room = paths.NAME_MAX - size  # the bytes temp_sibling left for the name beside this pid's suffix
+        if match.group("name") != paths.sibling_stem(output.name, room):
+            continue
         if pid == os.getpid() or pid_alive(pid):
             continue
         shutil.rmtree(sibling, ignore_errors=True)
@@ -169,12 +176,59 @@ class StageResult:
     manifest: dict[str, Any]
 
 
-def require_input(folder: Path, stage: str, produced_by: str, recipe: Recipe) -> str:
-    """The input stage's manifest hash; a clear error when that stage has not run."""
+# The sections that say which model a stage output is of, in which weight and KV formats: an input whose own recipe
+# differs here is another model's or another format's output (an fp8 engine under an int8 recipe), never this one's.
+IDENTITY = ("model", "quantization")
+
+
+def _dig(data: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
+def _changed_fields(before: Any, after: Any, where: str) -> list[str]:
+    """Dotted fields whose values differ, with both values (`quantization.kv_cache: fp8 -> int8`)."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        out: list[str] = []
+        for key in sorted(set(before) | set(after)):
+            out += _changed_fields(before.get(key), after.get(key), f"{where}.{key}")
+        return out
+    return [] if before == after else [f"{where}: {before!r:.40} -> {after!r:.40}"]
+
+
+def input_problem(folder: Path, recipe: Recipe, needs: tuple[str, ...] = IDENTITY) -> str | None:
+    """Why `folder` (a stage output) is not this recipe's input, or None when it is: no manifest, its files are not
+    the ones its manifest lists, or it was made for other values of the `needs` sections (e.g. another KV format)."""
+    manifest = read_manifest(folder)
+    if manifest is None:
+        return f"{folder} is missing or incomplete (no valid {MANIFEST})"
+    listed = manifest.get("files")
+    if isinstance(listed, dict):
+        diff = contents.differences(folder, listed)
+        if diff:
+            return f"{folder} is damaged: {contents.describe(diff)} (against its {MANIFEST})"
+    made_for = manifest.get("resolved_recipe")
+    if isinstance(made_for, dict):
+        wanted = recipe.resolved()
+        changed = [c for name in needs for c in _changed_fields(_dig(made_for, name), _dig(wanted, name), name)]
+        if changed:
+            more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+            return (f"{folder} was made for another recipe: {'; '.join(changed[:3])}{more} (what it was made with -> "
+                    f"this recipe)")
+    return None
+
+
+def require_input(folder: Path, stage: str, produced_by: str, recipe: Recipe,
+                  needs: tuple[str, ...] = IDENTITY) -> str:
+    """The input stage's manifest hash, once `folder` is proven this recipe's input (input_problem); else a
+    StageError saying what is wrong and which stage to rerun."""
+    problem = input_problem(folder, recipe, needs)
     digest = manifest_hash(folder)
-    if digest is None:
-        raise StageError(f"{stage}: {folder} is missing or incomplete (no {MANIFEST}). "
-                         f"Next: run `trtkv {produced_by} {recipe.name}` (or `make {produced_by} RECIPE={recipe.name}`).")
+    if problem is not None or digest is None:
+        force = " --force" if problem and "damaged" in problem else ""
+        raise StageError(f"{stage}: {problem or folder}. Next: run `trtkv {produced_by} {recipe.name}{force}` (or "
+                         f"`make {produced_by} RECIPE={recipe.name}`).")
     return digest
 
 
@@ -208,10 +262,15 @@ def run_stage(
         key["tool_versions"] = {name: versions.get(name, _version(name)) for name in versioned_tools}
     existing = read_manifest(output)
     if existing and not force and existing.get("key") == key:
-        log(f"{stage}: {output} is up to date (use --force to redo)")
-        return StageResult(stage, output, True, 0.0, existing)
+        listed = existing.get("files")
+        diff = contents.differences(output, listed) if isinstance(listed, dict) else []
+        if not diff:
+            note = "" if isinstance(listed, dict) else " (its manifest, from an older trtkv, lists no files to check)"
+            log(f"{stage}: {output} is up to date{note} (use --force to redo)")
+            return StageResult(stage, output, True, 0.0, existing)
+        log(f"{stage}: {output} is damaged ({contents.describe(diff)}): writing it again")
     output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.parent / f".{output.name}.tmp-{os.getpid()}"
+    tmp = paths.temp_sibling(output, "tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     start = time.time()
@@ -231,6 +290,7 @@ def run_stage(
             "wall_seconds": round(seconds, 3),
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             **extra,
+            "files": contents.list_files(tmp),
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=False, default=str) + "\n")
         replace_folder(tmp, output, stage)
@@ -255,7 +315,7 @@ def replace_folder(tmp: Path, output: Path, stage: str) -> None:
     """Swap `tmp` into `output` (strictly inside its parent): the old folder is moved aside first and removed after;
     the new folder keeps the old one's mode (a new one gets the umask's)."""
     output = check_inside(output, stage)
-    old = output.parent / f".{output.name}.old-{os.getpid()}"
+    old = paths.temp_sibling(output, "old")
     mode = (output.stat().st_mode & 0o7777) if output.is_dir() else (0o777 & ~_umask())
     os.chmod(tmp, mode)
     if output.exists():

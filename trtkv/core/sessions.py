@@ -85,6 +85,36 @@ def marker_of(pid: int) -> str | None:
     return None
 
 
+def cmdline(pid: int) -> list[str] | None:
+    """The process's argument list from /proc/PID/cmdline (None: gone or not readable); bounded at 1 MiB."""
+    try:
+        with open(f"{PROC}/{pid}/cmdline", "rb") as fh:
+            data = fh.read(1 << 20)
+    except OSError:
+        return None
+    return [part.decode(errors="replace") for part in data.split(b"\0")[:-1]] if data else []
+
+
+def describe(pid: int) -> str:
+    """What a pid is now, for messages: "pid 12 is gone" or "pid 12 runs `sleep 600` (state S, session 12)"."""
+    found = stat(pid)
+    if found is None:
+        return f"pid {pid} is gone"
+    argv = cmdline(pid)
+    shown = " ".join(argv)[:120] if argv else "?"
+    return f"pid {pid} runs `{shown}` (state {found[0]}, session {found[1]}, started at tick {found[2]})"
+
+
+def in_session(sid: int) -> list[int]:
+    """The live processes whose session id is `sid` (found in /proc; never this process)."""
+    out = []
+    for pid in _pids():
+        found = stat(pid)
+        if pid != os.getpid() and found is not None and found[0] not in ("Z", "X") and found[1] == sid:
+            out.append(pid)
+    return sorted(out)
+
+
 def _pids() -> list[int]:
     return [int(name) for name in os.listdir(PROC) if name.isdigit()]
 

@@ -48,7 +48,7 @@ from trtkv.serving.container import (
     trtllm_serve_server,
     with_cidfile,
 )
-from trtkv.serving.teardown import Stopped, end_server, running, session_of
+from trtkv.serving.teardown import Stopped, end_server, own_file, refusal, running
 
 # The Triton TensorRT-LLM image comes from trtkv's version matrix (trtkv.platform.versions, data/trtllm_versions.json): the one
 # that ships the TensorRT-LLM the engine was built with (engine manifest), else the recipe's build.tensorrt_llm_version.
@@ -178,10 +178,8 @@ def check_free(recipe: Recipe, log: Callable[[str], None] = print) -> None:
             raise StageError(f"a server for recipe {recipe.name} is already running (pid {info.pid}, "
                              f"{info.http_url}, log {info.log}). Next: use it, or `trtkv stop {recipe.name}` first.")
         left = stop_server(recipe, timeout_s=STOP_GRACE_S, log=log)
-        if left is not None and not left.cleanup.done:
-            raise StageError(f"the last server for {recipe.name} (pid {info.pid}) left processes that could not be "
-                             f"ended: {', '.join(left.cleanup.left)}. Next: end them (see `ps -o pid,stat,cmd -s "
-                             f"{session_of(info).sid}`), then `trtkv serve {recipe.name}` again.")
+        if left is not None and not left.done:
+            raise StageError(f"the last server for {recipe.name} (pid {info.pid}): {refusal(info, left, server_json(recipe))}")
     t = recipe.triton
     for field_name, port in (("http_port", t.http_port), ("grpc_port", t.grpc_port), ("metrics_port", t.metrics_port)):
         if port_in_use(t.host, port):
@@ -393,9 +391,12 @@ def _launch(recipe: Recipe, cmd: list[str], repo: Path, env: dict[str, str], tim
     try:
         info.ready_seconds = round(wait_ready(info, proc, timeout_s or t.startup_timeout_s), 2)
     except BaseException:  # failed, timed out or interrupted half-way: nothing of this start stays behind
-        end_server(info, STOP_GRACE_S, lambda m: log(m.replace("stop:", "serve:", 1)))
+        ended = end_server(info, STOP_GRACE_S, lambda m: log(m.replace("stop:", "serve:", 1)), out)
         proc.poll()
-        server_json(recipe).unlink(missing_ok=True)
+        if ended.done:  # else the record stays, so `trtkv stop` finds what is left
+            server_json(recipe).unlink(missing_ok=True)
+        else:
+            log(f"serve: {refusal(info, ended, server_json(recipe))}")
         raise
     write_server(recipe, info)
     write_serve_manifest(recipe, info)
@@ -411,16 +412,19 @@ STOP_GRACE_S = 10.0
 
 def stop_server(recipe: Recipe, *, timeout_s: float = 30.0, log: Callable[[str], None] = print) -> Stopped | None:
     """End the recipe's recorded server and its whole session; None when none is recorded. server.json stays when
-    some process could not be ended (D state, EPERM), so the next stop finds them."""
+    something could not be ended or proven (D state, EPERM, a container docker kept, processes the record cannot
+    prove), so the next stop finds them; `refusal` says what to do by hand."""
     info = read_server(recipe)
     if info is None:
         return None
-    result = end_server(info, timeout_s, log)
+    folder = serve_dir(recipe)
+    result = end_server(info, timeout_s, log, folder)
     ended = len(result.cleanup.ended)
-    if result.cleanup.done:
+    if result.done:
         server_json(recipe).unlink(missing_ok=True)
-        if info.cidfile:
-            Path(info.cidfile).unlink(missing_ok=True)
+        cidfile = own_file(info.cidfile, folder)
+        if cidfile is not None:
+            cidfile.unlink(missing_ok=True)
     if result.container_done:
         log(f"stop: {recipe.name} server (container {info.container}, docker run pid {info.pid}) stopped")
     elif result.was_running:
@@ -429,20 +433,24 @@ def stop_server(recipe: Recipe, *, timeout_s: float = 30.0, log: Callable[[str],
     elif ended:
         log(f"stop: the server for {recipe.name} (pid {info.pid}) had exited, leaving {ended} process(es) of its "
             f"session; cleaned: {ended} processes")
-    else:
-        log(f"stop: the server for {recipe.name} (pid {info.pid}) had already exited, nothing of its session left; "
-            f"removed {SERVER_JSON}")
-    if not result.cleanup.done:
-        log(f"stop: gave up on {', '.join(result.cleanup.left)}; kept {server_json(recipe)}. Next: `ps -o pid,stat,cmd "
-            f"-s {session_of(info).sid}`; a process in state D waits on the kernel (a device or a mount) — end that, "
-            f"then `trtkv stop {recipe.name}` again.")
+    elif result.done:
+        seen = f" ({result.seen})" if result.seen else ""
+        log(f"stop: the server for {recipe.name} (pid {info.pid}) had already exited{seen}, nothing of its session "
+            f"left; removed {SERVER_JSON}")
+    if not result.done:
+        log(f"stop: {refusal(info, result, server_json(recipe))}")
     return result
 
 
 def stop(recipe: Recipe, *, timeout_s: float = 30.0, log: Callable[[str], None] = print) -> bool:
-    """End the recipe's recorded server and every process of its session; False when nothing was running."""
+    """End the recipe's recorded server and every process of its session; False when nothing was running.
+    StageError when something of it is left (it names the survivors and what to do by hand)."""
     result = stop_server(recipe, timeout_s=timeout_s, log=log)
     if result is None:
         log(f"stop: no server recorded for {recipe.name} ({server_json(recipe)} does not exist)")
         return False
+    if not result.done:
+        info = read_server(recipe)
+        raise StageError(f"stop {recipe.name}: " + (refusal(info, result, server_json(recipe)) if info else
+                                                     "some of the server is left"))
     return result.stopped_something
