@@ -60,11 +60,14 @@ class ScriptedServer:
     def _serve(self, conn: socket.socket) -> None:
         n = 0
         with conn:
-            while _read_request(conn):
-                self.requests += 1
-                if not self.script(conn, n):
-                    return
-                n += 1
+            try:
+                while _read_request(conn):
+                    self.requests += 1
+                    if not self.script(conn, n):
+                        return
+                    n += 1
+            except OSError:  # the client hung up (it refused an answer): not the server's error
+                return
 
     def close(self) -> None:
         self._sock.close()

@@ -27,10 +27,11 @@ from tests.bench.test_stream import (
 from trtkv.bench.client import Endpoint, HttpSession, check_triton
 from trtkv.bench.openai import check_openai
 from trtkv.bench.records import ERROR, OK
-from trtkv.bench.stream import shared_loop, stream
+from trtkv.bench.stream import shared_loop
 from trtkv.contracts.interface import LLMAPI
 from trtkv.core.errors import RecipeError, TrtkvError
 from trtkv.recipe import load_recipe
+
 
 @pytest.fixture
 def serve() -> Iterator[Callable[[Script], ScriptedServer]]:
@@ -188,4 +189,3 @@ def test_a_request_timeout_is_bounded_and_a_huge_one_does_not_stop_the_loop(
         assert loop.alive and shared_loop() is loop
     finally:
         session.close()
-    assert stream is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -35,8 +36,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, type=Path, help="model folder holding config.json, or the config.json")
     p.add_argument("--output", type=Path, default=None, help="recipe file to write (default recipes/NAME.yaml)")
     p.add_argument("--gpu", default=GPU.H100_80GB.value, choices=[g.value for g in GPU], help="target GPU")
-    p.add_argument("--count", type=int, default=None, help="GPUs per model instance (default: the fewest that hold "
-                   "the weights and one sequence of max_seq_len)")
+    p.add_argument("--count", type=int, default=None, help="GPUs per model instance, at least 1 (default: the fewest "
+                   "that hold the weights and one sequence of max_seq_len)")
     p.add_argument("--kv-cache", default=None, choices=[k.value for k in KVCacheQuant],
                    help="KV-cache precision (default fp8 where the GPU has FP8, else none)")
     p.add_argument("--backend", default=None, choices=[b.value for b in Backend],
@@ -58,11 +59,17 @@ def write_recipe(name: str, model: Path, output: Path | None = None, gpu: str = 
     from trtkv.checkpoints import config_file, read_model_facts
     from trtkv.core import paths
     from trtkv.core.errors import RecipeError
+    from trtkv.core.files import naming
     from trtkv.platform.hardware import GPU, GPU_SPECS
+    from trtkv.recipe.limits import RANGES
     from trtkv.recipe.names import check_recipe_name
 
     out = (output or paths.recipes_dir() / f"{name}.yaml").expanduser()
     check_recipe_name(name, out)
+    gpus = RANGES["gpus"]
+    if count is not None and not gpus.admits(count):
+        raise RecipeError([f"--count {count}: GPUs per model instance must be in {gpus.text()}. Next: --count 1 or "
+                           f"more, or leave it out to size it from the model."], header="Recipe not written")
     if output is not None and out.stem != name:
         raise RecipeError([f"--output {out}: a recipe's name is its file name; {out.stem!r} is not {name!r}. Next: "
                            f"--output {out.with_name(name + '.yaml')}"], header="Recipe not written")
@@ -79,10 +86,10 @@ def write_recipe(name: str, model: Path, output: Path | None = None, gpu: str = 
     chosen = backend or default_backend(on_cpu=on_cpu, llama_family=llama).value  # as --help says
     source = config_file(model.expanduser()).resolve().parent
     tried: list[str] = []
-    for n in ([count] if count else [1] if on_cpu else list(COUNTS)):
+    for n in ([count] if count is not None else [1] if on_cpu else list(COUNTS)):
         text = render(name, facts, source, target.value, n, kv, chosen)
         fits, why = _check(name, text)
-        if fits or count or on_cpu:
+        if fits or count is not None or on_cpu:
             break
         tried.append(f"{n} x {target.value}: {why}")
     else:
@@ -90,10 +97,34 @@ def write_recipe(name: str, model: Path, output: Path | None = None, gpu: str = 
                            f"of max_seq_len ({'; '.join(tried)}). Next: a larger GPU (--gpu), --count N, or "
                            f"--kv-cache fp8."], header="Recipe not written")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(out)
+    tmp = paths.temp_sibling(out, "tmp")
+    try:
+        with naming(tmp):
+            tmp.write_text(text, encoding="utf-8")
+        if force:
+            tmp.replace(out)
+        else:  # a hard link never replaces: of two concurrent runs exactly one writes, the other is refused
+            _link_new(tmp, out, text)
+    except FileExistsError:
+        raise RecipeError([f"{out}: already exists (written meanwhile by another run?); trtkv init never replaces a "
+                           f"recipe. Next: pick another NAME or --output, or pass --force to overwrite it."],
+                          header="Recipe not written") from None
+    finally:
+        tmp.unlink(missing_ok=True)
     return out
+
+
+def _link_new(tmp: Path, out: Path, text: str) -> None:
+    """Put `tmp` in place as `out` only if `out` does not exist (FileExistsError otherwise); where the file system has
+    no hard links, an exclusive create (O_EXCL) written in one go."""
+    try:
+        os.link(tmp, out)
+    except FileExistsError:
+        raise
+    except OSError:  # no hard links here (FAT, some network mounts)
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
 
 
 def _check(name: str, text: str) -> tuple[bool, str]:
@@ -124,6 +155,7 @@ def _split(facts: ModelFacts, count: int) -> tuple[int, int]:
 def render(name: str, facts: ModelFacts, source: Path, gpu: str, count: int, kv: str, backend: str) -> str:
     """The recipe text: every fact with the config field it came from."""
     from trtkv.checkpoints import compact_layers, count_parameters, stored_weight_bytes, summary
+    from trtkv.core.tools import quote
 
     params = count_parameters(facts)
     dtype = facts.dtype if facts.dtype in ("bfloat16", "float16") else "bfloat16"
@@ -146,16 +178,17 @@ def render(name: str, facts: ModelFacts, source: Path, gpu: str, count: int, kv:
     notes = "".join(f"\n# Note: {n}" for n in facts.notes)
     sinks = f"\n# {facts.sinks}" if facts.sinks else ""
     lines: list[str] = [
-        f"# trtkv plan {name}    (written by `trtkv init {name} --model {facts.path}`)",
+        _c(f"# trtkv plan {name}    (written by `trtkv init {name} --model {quote([str(facts.path)])}`)"),
         f"# Override example: trtkv plan {name} build.max_seq_len={mpe} hardware.gpu=H200-141GB",
-        f"# Read from {facts.path} ({facts.model_type}, {', '.join(facts.architectures) or 'no architectures'})."
-        f"{moe}{quant}{sinks}{notes}",
+        *(_c(line) for line in (f"# Read from {_c(str(facts.path))} ({facts.model_type}, "
+                                f"{', '.join(facts.architectures) or 'no architectures'})."
+                                f"{moe}{quant}{sinks}{notes}").split("\n")),
         f"# Engines for this architecture: {engines}.",
         f"description: {_q(f'{name}: {facts.model_type}, {summary(facts.layers)}, {kv} KV on {count} x {gpu}')}",
         "model:",
         f"  source: {_q(str(source))}   # a hub id (org/name) works too: the facts below plan without the config",
-        f"  architecture: {arch}",
-        f"  dtype: {dtype}                      # config {p}torch_dtype: {facts.dtype or 'absent'}",
+        f"  architecture: {_q(arch)}",
+        _c(f"  dtype: {dtype}                      # config {p}torch_dtype: {facts.dtype or 'absent'}"),
         f"  num_layers: {facts.num_layers}                     # {p}num_hidden_layers",
         f"  num_attention_heads: {facts.num_attention_heads}            # {p}num_attention_heads",
         f"  num_kv_heads: {facts.num_kv_heads}                   # {p}num_key_value_heads"
@@ -177,7 +210,8 @@ def render(name: str, facts: ModelFacts, source: Path, gpu: str, count: int, kv:
         lines.append(f"  kv_lora_rank: {facts.kv_lora_rank}   # {p}kv_lora_rank")
         lines.append(f"  qk_rope_head_dim: {facts.qk_rope_head_dim}   # {p}qk_rope_head_dim")
     if stored:
-        lines.append(f"  checkpoint_weights_gib: {stored / GIB:.4g}   # as stored ({facts.quant.method if facts.quant else ''})")
+        lines.append(_c(f"  checkpoint_weights_gib: {stored / GIB:.4g}   # as stored "
+                        f"({facts.quant.method if facts.quant else ''})"))
     lines += [
         "quantization:",
         "  weights: none                    # the checkpoint's own precision",
@@ -197,8 +231,14 @@ def render(name: str, facts: ModelFacts, source: Path, gpu: str, count: int, kv:
     return "\n".join(lines) + "\n"
 
 
+def _c(line: str) -> str:
+    """A line whose comment cannot end early: every control, line-break or non-ASCII character is escaped (YAML
+    also breaks lines at U+0085, U+2028 and U+2029), so text from a config.json or a path stays inside its comment."""
+    if line.isascii() and line.isprintable():
+        return line
+    return "".join(ch if ch.isascii() and ch.isprintable() else json.dumps(ch)[1:-1] for ch in line)
+
+
 def _q(text: str) -> str:
     """A YAML double-quoted scalar (JSON string syntax is valid YAML)."""
-    import json
-
     return json.dumps(text)

@@ -20,7 +20,7 @@ from typing import Any, ClassVar, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from trtkv.core.errors import StageError
-from trtkv.core.files import NotReadable, read_json
+from trtkv.core.files import NotReadable, naming, read_json
 from trtkv.core.paths import temp_sibling
 
 T = TypeVar("T", bound="Artifact")
@@ -59,8 +59,12 @@ class Artifact(BaseModel):
         path = self.path(folder)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = temp_sibling(path, "tmp")
-        tmp.write_text(json.dumps(self.model_dump(), indent=2, default=str) + "\n")
-        tmp.replace(path)
+        try:
+            with naming(tmp):
+                tmp.write_text(json.dumps(self.model_dump(), indent=2, default=str) + "\n")
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)  # a full disk leaves no half-written sibling
         return path
 
 

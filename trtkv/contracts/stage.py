@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from trtkv.contracts import contents
 from trtkv.core import paths
 from trtkv.core.errors import StageError
+from trtkv.core.files import naming
 from trtkv.core.process import pid_alive
 from trtkv.version import __version__
 
@@ -81,8 +82,9 @@ def remove_leftovers(output: Path, log: Callable[[str], None] = print) -> list[P
 OWNER = ".trtkv-owner"  # {"stage", "recipe"} in folders that have no manifest.json of a stage (deploy, probe, compare)
 
 
-def _owner(folder: Path) -> tuple[str | None, str | None] | None:
-    """(stage, recipe) that trtkv recorded in `folder` (manifest.json or the owner file); None when it holds neither."""
+def _owner(folder: Path) -> tuple[str | None, str | None, str | None] | None:
+    """(stage, recipe, target) that trtkv recorded in `folder` (manifest.json or the owner file; the target: deploy's
+    k8s/slurm/dynamo); None when it holds neither."""
     for name in (MANIFEST, OWNER):
         path = folder / name
         if not path.is_file() or path.is_symlink():
@@ -93,8 +95,8 @@ def _owner(folder: Path) -> tuple[str | None, str | None] | None:
         except (OSError, ValueError):
             continue
         if isinstance(data, dict) and isinstance(data.get("stage"), str):
-            recipe = data.get("recipe")
-            return data["stage"], recipe if isinstance(recipe, str) else None
+            recipe, target = data.get("recipe"), data.get("target")
+            return data["stage"], recipe if isinstance(recipe, str) else None, target if isinstance(target, str) else None
     return None
 
 
@@ -109,9 +111,10 @@ def check_inside(output: Path, stage: str) -> Path:
     return absolute
 
 
-def check_output(output: Path, stage: str, recipe: str, option: str = "--output") -> Path:
+def check_output(output: Path, stage: str, recipe: str, option: str = "--output", target: str | None = None) -> Path:
     """Refuse an output folder trtkv would replace but did not write: it must be absent, empty, or hold a manifest
-    (or owner file) of the same stage and recipe. Returns the absolute path."""
+    (or owner file) of the same stage and recipe (and, given one, target: a deploy never replaces another target's
+    folder). Returns the absolute path."""
     absolute = check_inside(output, stage)
     if not absolute.exists():
         return absolute
@@ -121,13 +124,15 @@ def check_output(output: Path, stage: str, recipe: str, option: str = "--output"
     if not any(absolute.iterdir()):
         return absolute
     owner = _owner(absolute)
-    if owner == (stage, recipe):
+    if owner is not None and owner[:2] == (stage, recipe) and (target is None or owner[2] in (None, target)):
         return absolute
-    seen = (f"it holds trtkv's `{owner[0]}` output of recipe {owner[1]!r}" if owner
+    seen = (f"it holds trtkv's `{owner[0]}` output of recipe {owner[1]!r}" + (f" for target {owner[2]}" if owner[2]
+                                                                               else "") if owner
             else "it holds files trtkv did not write (no manifest.json)")
+    mine = f"`{stage}` output of recipe {recipe!r}" + (f" for target {target}" if target else "")
     raise StageError(f"{stage}: {option} {output}: {seen}, so trtkv will not replace it (it replaces only its own "
-                     f"`{stage}` output of recipe {recipe!r}). Nothing was changed. Next: name a new or empty folder, "
-                     f"or move that one aside yourself.")
+                     f"{mine}). Nothing was changed. Next: name a new or empty folder, or move that one aside "
+                     f"yourself.")
 
 
 def claim_output(output: Path, stage: str, recipe: str, option: str = "--output") -> Path:
@@ -275,7 +280,8 @@ def run_stage(
     tmp.mkdir()
     start = time.time()
     try:
-        extra = work(tmp) or {}
+        with naming(tmp):
+            extra = work(tmp) or {}
         seconds = time.time() - start
         manifest = {
             "stage": stage,
@@ -292,7 +298,8 @@ def run_stage(
             **extra,
             "files": contents.list_files(tmp),
         }
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=False, default=str) + "\n")
+        with naming(tmp / MANIFEST):
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=False, default=str) + "\n")
         replace_folder(tmp, output, stage)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

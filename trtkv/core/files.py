@@ -12,6 +12,8 @@ import errno
 import json
 import os
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -128,3 +130,15 @@ def read_json(path: Path, max_bytes: int, what: str = "JSON file") -> Any:
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return (text.splitlines()[0] if text else type(exc).__name__)[:200]
+
+
+@contextmanager
+def naming(path: Path) -> Iterator[None]:
+    """An OSError raised inside without a file name (a write or close on a full disk names none) gets `path`, so
+    the one error line the CLI prints says where (trtkv.core.errors.os_error_line)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None and exc.errno is not None and not isinstance(exc, (BrokenPipeError, TimeoutError)):
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        raise

@@ -117,6 +117,8 @@ CONFIG_FIELDS: dict[str, str] = {
     "weight_block_size": "positions",
 }
 MAX_LIST = 4096  # entries of a per-layer list (layer_types, no_rope_layers, ...): more layers than `layers` allows
+# the CONFIG_FIELDS that may hold a list of such numbers (Mistral's per-layer windows, layer indices, block shapes)
+LIST_VALUED = {"sliding_window", "moe_layers", "mlp_only_layers", "weight_block_size"}
 
 
 def check_int(name: str, value: Any, range_name: str) -> str | None:
@@ -134,7 +136,7 @@ def check_config_field(name: str, value: Any) -> list[str]:
     range_name = CONFIG_FIELDS[name]
     if value is None:
         return []
-    if isinstance(value, list):
+    if isinstance(value, list) and name in LIST_VALUED:
         if len(value) > MAX_LIST:
             return [f"{name}: a list of {len(value):,} entries (at most {MAX_LIST:,})"]
         found = [check_int(f"{name}[{i}]", v, range_name) for i, v in enumerate(value) if v is not None]

@@ -214,7 +214,8 @@ def _load_tree(path: Path, chain: tuple[Path, ...], budget: list[int]) -> tuple[
 
 def parse_override(text: str) -> tuple[list[str], Any]:
     """`build.max_batch_size=16` -> (["build", "max_batch_size"], 16); the value is read as YAML, under the file rules
-    (size, nesting, aliases, duplicate keys); a value that is not YAML at all stays a string."""
+    (size, nesting, aliases, duplicate keys); a value that is not YAML at all stays a string, and a mapping or list
+    only counts as one in flow style (`{...}`, `[...]`): `triton.host=::` is the text `::`."""
     if "=" not in text:
         raise RecipeError([f"override {text!r:.200}: expected section.key=value, e.g. build.max_batch_size=16."],
                           header="Override not valid")
@@ -237,6 +238,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
                            f"each key once, without deep nesting or aliases."], header="Override not valid") from None
     except yaml.YAMLError:
         value = raw
+    if isinstance(value, (dict, list)) and not raw.strip().startswith(("{", "[")):
+        value = raw.strip()  # `triton.host=::` is an address, not YAML's block mapping {":": null}
     return parts, value
 
 
