@@ -83,3 +83,23 @@ def test_up_to_date_means_the_listed_files(tmp_path: Path) -> None:
     assert not stage.run_stage("repo", recipe, out, repo, log=said.append).skipped
     assert (out / "ensemble" / "config.pbtxt").is_file()
     assert stage.run_stage("repo", recipe, out, repo, log=said.append).skipped
+
+
+def test_a_repository_of_a_rebuilt_engine_and_a_checkpoint_of_another_format_are_refused(engines_tmp: Path) -> None:
+    """serve: the repository must be the one written from the engine on disk (its key holds the engine manifest's
+    digest); build: the checkpoint must be this recipe's (model, weights, KV format)."""
+    from trtkv.build.stage import build
+    from trtkv.recipe.layout import checkpoint_dir, repo_dir
+
+    recipe = load_recipe("smollm2_fp8kv")
+    engine = engine_dir(recipe)
+    stage.run_stage("build", recipe, engine, _engine, log=lambda _m: None)
+    stage.run_stage("repo", recipe, repo_dir(recipe), _engine, input_dir=engine, log=lambda _m: None)
+    stage.require_made_from(repo_dir(recipe), engine, "serve", "repo", recipe)  # made from this engine: fine
+    stage.run_stage("build", recipe, engine, _engine, force=True, log=lambda _m: None)  # rebuilt
+    with pytest.raises(StageError, match=r"written from another version of .*engine.*trtkv repo smollm2_fp8kv"):
+        stage.require_made_from(repo_dir(recipe), engine, "serve", "repo", recipe)
+    stage.run_stage("calibrate", recipe, checkpoint_dir(recipe), _engine, log=lambda _m: None)
+    int8 = load_recipe("smollm2_fp8kv", ["quantization.kv_cache=int8"])
+    with pytest.raises(StageError, match=r"build smollm2_fp8kv: .*'fp8' -> 'int8'.*trtkv calibrate smollm2_fp8kv"):
+        build(int8, log=lambda _m: None)

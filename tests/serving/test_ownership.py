@@ -176,6 +176,48 @@ def test_stop_returns_only_when_the_whole_session_is_gone(engines_tmp: Path, tmp
     assert any("cleaned: 2 processes" in line for line in said), said
 
 
+def test_stop_of_a_container_waits_for_every_process_of_it(tmp_path: Path, engines_tmp: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """`docker stop` returns once the container's first process (the API server) is gone, while its engine and
+    worker are still exiting (before: `trtkv stop` returned then, and `stop && serve` raced the old engine for the
+    GPU and its ports). Here a fake docker lists real processes (`docker top`) and `docker stop` kills only the
+    first; `stop` returns once all are gone: the engine after its 2 s shutdown, the worker SIGKILLed at the bound."""
+    log = tmp_path / "container.out"
+    with log.open("wb") as out:
+        api = subprocess.Popen([sys.executable, "-c", API_SERVER], stdout=out, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not log.read_text().strip() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    engine, worker = map(int, log.read_text().split())
+    pids = tmp_path / "pids"
+    pids.write_text(f"{api.pid} {engine} {worker}")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(
+        f"#!{sys.executable}\nimport os, signal, sys\npids = open({str(pids)!r}).read().split()\n"
+        "if sys.argv[1] == 'top':\n    print('PID'); print('\\n'.join(pids))\n"
+        "elif sys.argv[1] == 'stop':\n    os.kill(int(pids[0]), signal.SIGKILL)\n")
+    (bin_dir / "docker").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    recipe = load_recipe(RECIPE)
+    client = subprocess.Popen(["sleep", "120"], start_new_session=True)  # the `docker run` client
+    try:
+        _record(client.pid, session_id=client.pid, session_start=sessions.start_time(client.pid),
+                container="trtkv-smollm2_fp8kv").save(serve_dir(recipe))
+        start = time.monotonic()
+        assert serve.stop(recipe, timeout_s=3, log=lambda _m: None)
+        took = time.monotonic() - start
+        api.wait(5)
+        assert not _live(engine) and not _live(worker) and not _live(client.pid), "stop returned before the end"
+        assert 2.0 <= took < 3 + 2 * sessions.KILL_WAIT_S + 5, took
+    finally:
+        for pid in (engine, worker):
+            if _live(pid):
+                os.kill(pid, signal.SIGKILL)
+        client.kill()
+        client.wait()
+
+
 def test_stop_names_the_survivors_and_keeps_the_record(engines_tmp: Path, monkeypatch: pytest.MonkeyPatch,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     recipe = load_recipe(RECIPE)
@@ -199,7 +241,12 @@ def test_stop_names_the_survivors_and_keeps_the_record(engines_tmp: Path, monkey
         proc.wait()
 
 
-@pytest.mark.parametrize("text", [b'{"pid": 1e20, "host": "h", "http_port": 1, "grpc_port": 1, "metrics_port": 1}',
+RECORD = b'"host": "h", "http_port": 1, "grpc_port": 1, "metrics_port": 1, "command": [], "log": "", ' \
+         b'"model_repository": "", "started_at": ""'
+
+
+@pytest.mark.parametrize("text", [b'{"pid": 100000000000000000000, ' + RECORD + b"}",
+                                  b'{"pid": 1e20, ' + RECORD + b"}",
                                   b'{"pid": 12, "host": "\xff\xfe"}', b"[1, 2]", b'{"pid": NaN}'])
 def test_a_damaged_server_record_is_one_error_line(engines_tmp: Path, capsys: pytest.CaptureFixture[str],
                                                    text: bytes) -> None:

@@ -1,6 +1,7 @@
 """What a stage folder holds, as its manifest lists it: every file's relative name, size and sha256 (a symbolic link:
 its target). "Up to date" and "a complete input" both mean the folder's files are exactly the listed ones, so a folder
-with a deleted model or an overwritten config.pbtxt is rebuilt or refused, never reused.
+with a deleted model or an overwritten config.pbtxt is rebuilt or refused, never reused. A listed file may be reached
+through a symbolic link (a copy of a folder made of links): what counts is its bytes.
 
 Hashing every byte of a 100 GB engine on each check would cost minutes, so a large file (over FULL_HASH_BYTES) is
 re-read only when its size or modification time (ns) differ from the listed ones, as git's index does; smaller files
@@ -55,7 +56,7 @@ def list_files(folder: Path) -> dict[str, dict[str, Any]]:
 def _same(path: Path, listed: dict[str, Any]) -> bool:
     if "link" in listed:
         return path.is_symlink() and os.readlink(path) == listed["link"]
-    if path.is_symlink() or not path.is_file():
+    if not path.is_file():  # a listed file may be reached through a link (a copy made of links): its bytes count
         return False
     info = path.stat()
     if info.st_size != listed.get("bytes"):

@@ -237,6 +237,18 @@ def require_input(folder: Path, stage: str, produced_by: str, recipe: Recipe,
     return digest
 
 
+def require_made_from(folder: Path, source: Path, stage: str, produced_by: str, recipe: Recipe) -> None:
+    """StageError when `folder` was written from another version of `source` than the one on disk now (its
+    manifest's key holds the digest of the input manifest it was made from: a rebuilt engine needs its repository
+    written again)."""
+    key = (read_manifest(folder) or {}).get("key")
+    made_from = key.get("input_manifest_hash") if isinstance(key, dict) else None
+    now = manifest_hash(source)
+    if isinstance(made_from, str) and now is not None and made_from != now:
+        raise StageError(f"{stage}: {folder} was written from another version of {source} (rebuilt since). Next: "
+                         f"`trtkv {produced_by} {recipe.name}`.")
+
+
 def run_stage(
     stage: str,
     recipe: Recipe,

@@ -213,6 +213,32 @@ def stop_session(session: Session, grace_s: float = 10.0, log: Callable[[str], N
     return result
 
 
+def end_listed(started: dict[int, int], grace_s: float, log: Callable[[str], None] | None = None) -> Cleanup:
+    """Wait (at most `grace_s`) until each listed process (pid -> its start time, proving it is the one listed) has
+    exited, SIGKILL those still there, and wait for them (KILL_WAIT_S): a container's processes after `docker stop`,
+    which returns once the container's first process is gone while the others may still be exiting."""
+    start = time.monotonic()
+
+    def live() -> list[int]:
+        return [p for p, t in started.items() if (found := stat(p)) is not None and found[2] == t
+                and found[0] not in ("Z", "X")]
+
+    denied: set[int] = set()
+    left = live()
+    for sig, wait_s in ((None, grace_s), (signal.SIGKILL, KILL_WAIT_S)):
+        if sig is not None and left:
+            _signal(left, sig, denied)
+        deadline = time.monotonic() + wait_s
+        while left and time.monotonic() < deadline:
+            time.sleep(0.1)
+            left = live()
+    result = Cleanup(ended=sorted(set(started) - set(left)), seconds=round(time.monotonic() - start, 2))
+    result.left = [f"pid {p} ({'EPERM' if p in denied else 'state ' + (stat(p) or ('gone',))[0]})" for p in left]
+    if log and result.left:
+        log(f"stop: could not end {len(result.left)} process(es) of the container: {', '.join(result.left)}")
+    return result
+
+
 def gpu_pids(run: Callable[[list[str]], str] | None = None) -> dict[int, int] | None:
     """pid -> MiB of GPU memory from nvidia-smi; None where nvidia-smi is absent or fails."""
     if run is None:

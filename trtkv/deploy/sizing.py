@@ -73,7 +73,7 @@ def size(recipe: Recipe, replicas: int | None = None, target_concurrency: int | 
     bound_to = RANGES["replicas"]  # Kubernetes' int32 replica count; concurrency alike
     for flag, value in (("--replicas", replicas), ("--target-concurrency", target_concurrency)):
         if value is not None and not bound_to.admits(value):
-            raise StageError(f"{flag} {value}: use a whole number in {bound_to.text()}")
+            raise StageError(f"{flag} {value}: use 1 or more, a whole number in {bound_to.text()}")
     p = plan(recipe)
     cap = next(c for c in p.formats if c.format == p.recipe_kv_format)
     seq_len = recipe.build.max_seq_len

@@ -45,7 +45,7 @@ RANGES: dict[str, Range] = {
     # model shapes
     "layers": Range(1, 1024, "Llama-3.1-405B: 126 layers; PaLM 540B: 118"),
     "heads": Range(1, 1024, "Falcon-180B: 232 query heads; Llama-3.1-405B, DeepSeek-V3: 128"),
-    "head_dim": Range(1, 4096, "Gemma 2/3: 256 channels per head; DeepSeek-V3 q/k: 192"),
+    "head_dim": Range(1, 4096, "Gemma-2-9B: 256 channels per head; DeepSeek-V3 q/k: 192"),
     "hidden": Range(1, 131072, "Megatron-Turing NLG 530B: 20,480; Llama-3.1-405B: 16,384"),
     "ffn": Range(0, 1 << 20, "Nemotron-4 340B and PaLM 540B: 73,728"),
     "vocab": Range(1, 1 << 22, "Gemma 3: 262,208 tokens; Llama 4: 202,048"),
@@ -60,12 +60,11 @@ RANGES: dict[str, Range] = {
     "parameters": Range(1, 1e14, "Kimi K2: 1.04e12 parameters"),
     "weights_gib": Range(1e-6, 1 << 20, "Kimi K2 in bf16: about 1,940 GiB"),
     # engine and benchmark sizes
-    "batch": Range(1, 1 << 20, "TensorRT-LLM's default max_batch_size 2,048; vLLM's max_num_seqs 1,024"),
-    "requests": Range(1, 1 << 24, "AIPerf's and GenAI-Perf's largest documented runs: 100,000 requests"),
-    "rate": Range(1e-6, 1e6, "requests per second: a whole cluster's front door at 100,000"),
-    "seed": Range(0, 2**32 - 1, "numpy's seed range"),
-    "delay_us": Range(0, 10**9, "Triton's max_queue_delay_microseconds: typically 0 to 100,000"),
-    "fraction": Range(0, 1, "a share of the whole"),
+    "batch": Range(1, 1 << 20, "a guard, not a model fact: a million sequences in flight"),
+    "requests": Range(1, 1 << 24, "a guard, not a model fact: 16.7 million requests per run"),
+    "rate": Range(1e-6, 1e6, "a guard, not a model fact: a million requests per second"),
+    "seed": Range(0, 2**32 - 1, "numpy's RandomState seed range"),
+    "delay_us": Range(0, 10**9, "a guard, not a model fact: 1,000 s of queue delay"),
     # hardware and deployment
     "gpus": Range(1, 65536, "a GB200 NVL72 rack: 72 GPUs in one NVLink domain"),
     "memory_gib": Range(1e-3, 16384, "B300: 288 GB of HBM per GPU (a CPU host's RAM may stand in, up to 16 TiB)"),

@@ -9,6 +9,8 @@ are proven only by the marker; processes of the recorded session that nothing pr
 named (`doubtful`) with the command to check them by hand. A record names files (`cidfile`, the log) that are
 trusted only as direct children of the recipe's serve/ folder (no symbolic link), and a container name or id only
 in docker's own syntax, so a damaged record cannot make `stop` read a FIFO, delete a file or pass docker an option.
+`docker stop` returns once the container's first process is gone; the container's other processes (listed with
+`docker top` before, each with its start time) are then waited for, SIGKILLed at the bound, and named if they stay.
 """
 
 from __future__ import annotations
@@ -22,8 +24,12 @@ from pathlib import Path
 
 from trtkv.contracts.artifacts import ServerRecord
 from trtkv.core import sessions
+from trtkv.core.errors import StageError
+from trtkv.recipe import Recipe
+from trtkv.recipe.layout import serve_dir
 from trtkv.serving.container import read_cid, stop_container
 
+STOP_GRACE_S = 10.0  # a failed or interrupted start, a restart's leftovers
 CONTAINER_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,254}")  # docker's rule for names (ids are hex, a subset)
 
 
@@ -112,11 +118,11 @@ def end_server(info: ServerRecord, timeout_s: float, log: Callable[[str], None],
     recipe's serve/ folder, where the record's files must be."""
     found = claim(info)
     result = Stopped(was_running=found.leader, seen=found.seen, doubtful=found.doubtful)
-    in_container: list[int] = []
+    in_container: dict[int, int] = {}  # host pid -> start time of the container's processes (`docker top`)
     if info.container:
         target = read_cid(own_file(info.cidfile, folder)) or info.container
         if CONTAINER_NAME.fullmatch(target):
-            in_container = container_pids(target)
+            in_container = {p: t for p in container_pids(target) if (t := sessions.start_time(p)) is not None}
             result.container_done, note = stop_container(target, timeout_s)
             result.container_failed = "" if result.container_done else note
             log(f"stop: {note}")
@@ -124,7 +130,12 @@ def end_server(info: ServerRecord, timeout_s: float, log: Callable[[str], None],
             result.container_failed = f"the record's container {target[:80]!r} is not a docker name or id"
     if found.session is not None:
         result.cleanup = sessions.stop_session(found.session, grace_s=timeout_s, log=log)
-    released, result.gpu_note = sessions.wait_gpu_released(result.cleanup.ended + in_container)
+    if in_container and result.container_done:  # `docker stop` returns when its first process is gone, the others
+        # may still be exiting (a GPU process releasing its memory): wait for them, then SIGKILL, bounded
+        inside = sessions.end_listed(in_container, grace_s=timeout_s, log=log)
+        result.cleanup.ended += inside.ended
+        result.cleanup.left += inside.left
+    released, result.gpu_note = sessions.wait_gpu_released(result.cleanup.ended + list(in_container))
     if not released:
         log(f"stop: {result.gpu_note}")
     return result
@@ -144,6 +155,52 @@ def refusal(info: ServerRecord, result: Stopped, record: Path) -> str:
     return (f"{' '.join(said)}. Kept {record} so `trtkv stop` can try again. Next: check them (`ps -o pid,lstart,cmd "
             f"-s {sid}`), end what is the server's by hand (`kill PID`; `docker stop {info.container or 'NAME'}`), "
             f"then `trtkv stop` again, or remove {record} once nothing of the server is left.")
+
+
+def stop_server(recipe: Recipe, *, timeout_s: float = 30.0, log: Callable[[str], None] = print) -> Stopped | None:
+    """End the recipe's recorded server and its whole session; None when none is recorded. server.json stays when
+    something could not be ended or proven (D state, EPERM, a container docker kept, processes the record cannot
+    prove), so the next stop finds them; `refusal` says what to do by hand."""
+    folder = serve_dir(recipe)
+    info = ServerRecord.load(folder)
+    if info is None:
+        return None
+    result = end_server(info, timeout_s, log, folder)
+    ended = len(result.cleanup.ended)
+    if result.done:
+        ServerRecord.path(serve_dir(recipe)).unlink(missing_ok=True)
+        cidfile = own_file(info.cidfile, folder)
+        if cidfile is not None:
+            cidfile.unlink(missing_ok=True)
+    if result.container_done:
+        log(f"stop: {recipe.name} server (container {info.container}, docker run pid {info.pid}) stopped")
+    elif result.was_running:
+        log(f"stop: {recipe.name} server (pid {info.pid}) stopped; cleaned: {ended} processes of its session in "
+            f"{result.cleanup.seconds:g} s")
+    elif ended:
+        log(f"stop: the server for {recipe.name} (pid {info.pid}) had exited, leaving {ended} process(es) of its "
+            f"session; cleaned: {ended} processes")
+    elif result.done:
+        seen = f" ({result.seen})" if result.seen else ""
+        log(f"stop: the server for {recipe.name} (pid {info.pid}) had already exited{seen}, nothing of its session "
+            f"left; removed {ServerRecord.FILE}")
+    if not result.done:
+        log(f"stop: {refusal(info, result, ServerRecord.path(serve_dir(recipe)))}")
+    return result
+
+
+def stop(recipe: Recipe, *, timeout_s: float = 30.0, log: Callable[[str], None] = print) -> bool:
+    """End the recipe's recorded server and every process of its session; False when nothing was running.
+    StageError when something of it is left (it names the survivors and what to do by hand)."""
+    result = stop_server(recipe, timeout_s=timeout_s, log=log)
+    if result is None:
+        log(f"stop: no server recorded for {recipe.name} ({ServerRecord.path(serve_dir(recipe))} does not exist)")
+        return False
+    if not result.done:
+        info = ServerRecord.load(serve_dir(recipe))
+        raise StageError(f"stop {recipe.name}: " + (refusal(info, result, ServerRecord.path(serve_dir(recipe))) if info else
+                                                     "some of the server is left"))
+    return result.stopped_something
 
 
 def container_pids(target: str) -> list[int]:
