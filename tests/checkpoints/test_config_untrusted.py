@@ -184,3 +184,12 @@ def test_fuzz_the_config_reader_gives_facts_or_a_named_refusal(tmp_path: Path, c
         assert result.problems and all("Next:" in p for p in result.problems)
     else:
         assert 1 <= result.num_layers <= RANGES["layers"].high and len(result.layers) == result.num_layers
+
+
+def test_recipe_words_that_land_in_commands_are_names_and_lines_are_lines() -> None:
+    """The recipe's own text fields under the same rule as the config's words (what init writes passes them)."""
+    for override, words in (('model.architecture="llama; rm -rf /"', "model.architecture: must be a model family"),
+                            ('description="a\\nb"', "description: must be one line"),
+                            ('model.attention_source="x\\ny"', "model.attention_source: must be one line")):
+        with pytest.raises(RecipeError, match=words):
+            load_recipe("smollm2_fp8kv", [override])

@@ -103,3 +103,19 @@ def test_a_repository_of_a_rebuilt_engine_and_a_checkpoint_of_another_format_are
     int8 = load_recipe("smollm2_fp8kv", ["quantization.kv_cache=int8"])
     with pytest.raises(StageError, match=r"build smollm2_fp8kv: .*'fp8' -> 'int8'.*trtkv calibrate smollm2_fp8kv"):
         build(int8, log=lambda _m: None)
+
+
+def test_python_bytecode_a_server_writes_is_not_damage(tmp_path: Path) -> None:
+    """tritonserver's Python backend writes model/1/__pycache__/ into the repository it serves: still up to date."""
+    recipe = load_recipe("smollm2_fp8kv")
+    out = tmp_path / "repo"
+
+    def repo(tmp: Path) -> dict[str, Any]:
+        (tmp / "m" / "1").mkdir(parents=True)
+        (tmp / "m" / "1" / "model.py").write_text("x = 1\n")
+        return {}
+
+    stage.run_stage("repo", recipe, out, repo, log=lambda _m: None)
+    (out / "m" / "1" / "__pycache__").mkdir()
+    (out / "m" / "1" / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"\0")
+    assert stage.run_stage("repo", recipe, out, repo, log=lambda _m: None).skipped

@@ -10,7 +10,6 @@ are refused by name until the planner prices them.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,12 +17,11 @@ from typing import Any
 from trtkv.core.errors import RecipeError
 from trtkv.core.files import NotReadable, read_json
 from trtkv.recipe.attention import AttentionKind, LayerAttention
-from trtkv.recipe.limits import CONFIG_FIELDS, MAX_LIST, check_config_field
+from trtkv.recipe.limits import CONFIG_FIELDS, MAX_LIST, WORD, check_config_field
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024  # a config.json is a few KB; refuse anything that is not one
 # Fields read as words, flags and lists (the numbers' ranges are trtkv.recipe.limits.CONFIG_FIELDS). Every word that
 # reaches a recipe, a comment or a command is one of these, so it cannot carry a newline or a quote.
-WORD = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
 WORD_FIELDS = ("model_type", "torch_dtype", "dtype", "quant_method", "quant_algo")
 FLAG_FIELDS = ("use_sliding_window", "tie_word_embeddings")
 LIST_FIELDS = ("layer_types", "no_rope_layers", "moe_layers", "mlp_only_layers")

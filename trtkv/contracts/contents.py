@@ -18,6 +18,7 @@ from typing import Any
 FULL_HASH_BYTES = 64 << 20
 SKIP = ("manifest.json", ".trtkv-owner")  # the manifest lists the others; the owner file is rewritten in place
 SHOWN = 5  # differences named in a message
+CACHES = ("__pycache__",)  # written by Python when the server runs a repository's model.py: not the stage's output
 
 
 def _digest(path: Path) -> str:
@@ -32,6 +33,7 @@ def _walk(folder: Path) -> dict[str, Path]:
     """relative name -> path of every file and symbolic link under `folder` (links are not followed)."""
     out: dict[str, Path] = {}
     for root, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if d not in CACHES]
         base = Path(root)
         for name in files + [d for d in dirs if (base / d).is_symlink()]:
             path = base / name

@@ -12,10 +12,15 @@ field it finds there, so teaching the reader a new architecture's fields is one 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import Field
+
 INT32_MAX = 2**31 - 1  # Kubernetes' int32 fields (replicas, ports), and protobuf int32
+# A name that lands in commands, configs and comments as it is (a model family, a config.json model_type or dtype)
+WORD = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
 
 
 @dataclass(frozen=True)
@@ -71,7 +76,7 @@ RANGES: dict[str, Range] = {
     "bandwidth_gbps": Range(1e-3, 1e6, "B300: 8,000 GB/s of HBM bandwidth"),
     "replicas": Range(1, INT32_MAX, "Kubernetes' int32 replica count"),
     # time
-    "timeout_s": Range(1e-3, 604800, "a week: longer than any engine start or request; poll()'s limit is 24.8 days"),
+    "timeout_s": Range(1e-6, 604800, "a week: longer than any engine start or request; poll()'s limit is 24.8 days"),
 }
 
 # config.json field -> range. Absent and null fields are not checked here (the reader says which ones it needs);
@@ -118,6 +123,13 @@ CONFIG_FIELDS: dict[str, str] = {
 MAX_LIST = 4096  # entries of a per-layer list (layer_types, no_rope_layers, ...): more layers than `layers` allows
 # the CONFIG_FIELDS that may hold a list of such numbers (Mistral's per-layer windows, layer indices, block shapes)
 LIST_VALUED = {"sliding_window", "moe_layers", "mlp_only_layers", "weight_block_size"}
+
+
+def bounded(default: Any, name: str, **kwargs: Any) -> Any:
+    """A pydantic Field bounded by the range `name`: recipes, overrides and `trtkv init` share the same bounds (the
+    range's name is kept for the error message, trtkv.recipe.loader)."""
+    return Field(default, **{"ge": RANGES[name].low, "le": RANGES[name].high, "json_schema_extra": {"range": name},
+                             **kwargs})
 
 
 def check_int(name: str, value: Any, range_name: str) -> str | None:

@@ -33,18 +33,11 @@ from trtkv.recipe.enums import (  # noqa: F401 - re-exported: the schema's publi
     SchedulerPolicy,
     WeightQuant,
 )
-from trtkv.recipe.limits import RANGES
+from trtkv.recipe.limits import WORD, bounded
 from trtkv.recipe.names import is_ip_or_host_name
 
 # ---------------------------------------------------------------------------------------------
 # Schema
-
-
-def bounded(default: Any, name: str, **kwargs: Any) -> Any:
-    """A Field bounded by trtkv.recipe.limits' range `name` (each range states the largest published value it
-    admits): recipes, overrides and `trtkv init` share the same bounds."""
-    return Field(default, **{"ge": RANGES[name].low, "le": RANGES[name].high, "json_schema_extra": {"range": name},
-                             **kwargs})
 
 
 class _Section(BaseModel):
@@ -90,6 +83,20 @@ class ModelConfig(_Section):
             from trtkv.recipe.attention import parse_layers
 
             parse_layers(value)  # ValueError naming the entry
+        return value
+
+    @field_validator("architecture")
+    @classmethod
+    def _architecture_word(cls, value: str) -> str:  # it lands in the checkpoint config, commands and file names
+        if not WORD.fullmatch(value):
+            raise ValueError("must be a model family name: letters, digits, '_', '-', '.' (1-128), e.g. llama")
+        return value
+
+    @field_validator("attention_source")
+    @classmethod
+    def _one_line(cls, value: str | None) -> str | None:
+        if value is not None and not value.isprintable():
+            raise ValueError("must be one line of printable text")
         return value
 
     @field_validator("source")
@@ -208,9 +215,8 @@ class HardwareConfig(_Section):
                                "count / gpus_per_node whole nodes (`trtkv deploy`).")
     memory_gib: float | None = bounded(None, "memory_gib", description="Override the GPU's memory (GiB).")
     hbm_bandwidth_gbps: float | None = bounded(None, "bandwidth_gbps", description="Override the GPU's memory bandwidth (GB/s).")
-    activation_reserve_gib: float = Field(
-        2.0, ge=0, le=RANGES["memory_gib"].high, description="Per-GPU memory kept for activations, CUDA graphs and the runtime."
-    )
+    activation_reserve_gib: float = bounded(2.0, "memory_gib", ge=0, description="Per-GPU memory kept for "
+                                            "activations, CUDA graphs and the runtime.")
 
 
 class TritonConfig(_Section):
@@ -304,7 +310,7 @@ class ProbeConfig(_Section):
         return [v.strip().lower() for v in values]
     lengths: list[int] = Field([512, 1024, 2048, 4096, 8192], description="Context lengths (tokens).")
     needle_depths: list[float] = Field([0.1, 0.5, 0.9], description="Relative depths of the hidden passkey.")
-    needle_seeds: int = Field(5, ge=1, le=RANGES["requests"].high, description="Needle trials per (depth, length).")
+    needle_seeds: int = bounded(5, "requests", description="Needle trials per (depth, length).")
 
     @field_validator("lengths")
     @classmethod
@@ -326,6 +332,14 @@ class Recipe(_Section):
     bench: BenchConfig = BenchConfig()
     probe: ProbeConfig = ProbeConfig()
     description: str = Field("", description="One line shown by `trtkv ls`.")
+
+    @field_validator("description")
+    @classmethod
+    def _printable(cls, value: str) -> str:
+        """One line: it lands in `trtkv ls`, READMEs and reports."""
+        if not value.isprintable():
+            raise ValueError("must be one line of printable text (no line breaks or control characters)")
+        return value
 
     _name: str = PrivateAttr("")
     _path: Path | None = PrivateAttr(None)
