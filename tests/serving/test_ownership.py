@@ -55,7 +55,8 @@ def test_a_record_without_start_time_never_ends_another_program(engines_tmp: Pat
     """Before: session_id without session_start made `stop` end the whole session of whatever the pid now ran."""
     recipe = load_recipe(RECIPE)
     _record(stranger.pid, session_id=stranger.pid).save(serve_dir(recipe))
-    assert health.check(recipe, canaries=0).checks["alive"] is False  # status: not the server
+    checks = health.check(recipe, canaries=0).checks
+    assert checks["alive"] is False and "runs `sleep 120`" in checks["seen"]  # status: not the server, and why
     assert main(["stop", RECIPE]) == 2
     err = capsys.readouterr().err
     assert stranger.poll() is None and _live(stranger.pid)
