@@ -119,3 +119,14 @@ def test_python_bytecode_a_server_writes_is_not_damage(tmp_path: Path) -> None:
     (out / "m" / "1" / "__pycache__").mkdir()
     (out / "m" / "1" / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"\0")
     assert stage.run_stage("repo", recipe, out, repo, log=lambda _m: None).skipped
+
+
+def test_a_serving_choice_is_not_another_checkpoint(engines_tmp: Path) -> None:
+    """quantization.kv_skip_layers is applied by the server (vLLM --kv-cache-dtype-skip-layers): the checkpoint
+    calibrated without it is still this recipe's."""
+    from trtkv.recipe.layout import checkpoint_dir
+
+    recipe = load_recipe("smollm2_fp8kv_vllm")
+    stage.run_stage("calibrate", recipe, checkpoint_dir(recipe), _engine, log=lambda _m: None)
+    mixed = load_recipe("smollm2_fp8kv_vllm", ["quantization.kv_skip_layers=[0,29]"])
+    assert stage.input_problem(checkpoint_dir(mixed), mixed) is None

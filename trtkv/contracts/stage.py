@@ -181,9 +181,10 @@ class StageResult:
     manifest: dict[str, Any]
 
 
-# The sections that say which model a stage output is of, in which weight and KV formats: an input whose own recipe
-# differs here is another model's or another format's output (an fp8 engine under an int8 recipe), never this one's.
-IDENTITY = ("model", "quantization")
+# The fields that say which model a stage output is of, in which weight and KV formats and with which scales: an input
+# whose own recipe differs here is another model's or another format's output (an fp8 engine under an int8 recipe),
+# never this one's. quantization.kv_skip_layers is not one: the checkpoint is the same, the server applies it.
+IDENTITY = ("model", "quantization.weights", "quantization.kv_cache", "quantization.kv_scales")
 
 
 def _dig(data: Any, dotted: str) -> Any:
@@ -204,7 +205,7 @@ def _changed_fields(before: Any, after: Any, where: str) -> list[str]:
 
 def input_problem(folder: Path, recipe: Recipe, needs: tuple[str, ...] = IDENTITY) -> str | None:
     """Why `folder` (a stage output) is not this recipe's input, or None when it is: no manifest, its files are not
-    the ones its manifest lists, or it was made for other values of the `needs` sections (e.g. another KV format)."""
+    the ones its manifest lists, or it was made for other values of the `needs` fields (e.g. another KV format)."""
     manifest = read_manifest(folder)
     if manifest is None:
         return f"{folder} is missing or incomplete (no valid {MANIFEST})"
