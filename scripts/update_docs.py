@@ -17,10 +17,12 @@ from trtkv.kvcache.engines import table_markdown as kv_formats_markdown  # noqa:
 from trtkv.platform.hardware import table_markdown as gpu_table_markdown  # noqa: E402
 from trtkv.platform.versions import table_markdown  # noqa: E402
 from trtkv.recipe import reference_markdown  # noqa: E402
+from trtkv.recipe.reference import limits_markdown  # noqa: E402
 
 # marker name -> (the docs page that holds it, what fills it)
 SECTIONS: dict[str, tuple[str, Callable[[], str]]] = {
     "recipe-reference": ("docs/recipes.md", reference_markdown),
+    "limits": ("docs/recipes.md", limits_markdown),
     "version-matrix": ("docs/where-it-runs.md", table_markdown),
     "kv-formats": ("docs/kv-formats.md", kv_formats_markdown),
     "gpu-table": ("docs/plan.md", gpu_table_markdown),

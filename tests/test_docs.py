@@ -69,6 +69,10 @@ def test_verb_outputs_are_current() -> None:
 def test_recipe_reference_is_current() -> None:
     assert generated("docs/recipes.md", "recipe-reference") == reference_markdown().strip(), (
         "docs/recipes.md recipe reference is stale: run `python scripts/update_docs.py`")
+    from trtkv.recipe.reference import limits_markdown
+
+    assert generated("docs/recipes.md", "limits") == limits_markdown().strip(), (
+        "docs/recipes.md ranges table is stale: run `python scripts/update_docs.py`")
 
 
 @pytest.mark.parametrize("path", [README, ROOT / "CHANGELOG.md", *PAGES], ids=lambda p: p.relative_to(ROOT).as_posix())

@@ -69,7 +69,7 @@ CASES = [
     ("bad_enum_did_you_mean", GOOD.replace("kv_cache: fp8}", "kv_cache: int8_kv_cach}"), "quantization.kv_cache",
      ["did you mean 'int8_kv_cache'", "aliases: fp8_kv_cache, int8_kv_cache"]),
     ("negative_number", GOOD.replace("max_input_len: 1024", "max_input_len: -5"), "build.max_input_len",
-     ["greater than 0", "-5"]),
+     ["greater than or equal to 1", "-5", "allowed: 1..134,217,728 (the largest published: Llama 4 Scout"]),
     ("string_for_int", GOOD.replace("num_layers: 30", "num_layers: thirty"), "model.num_layers",
      ["valid integer", "thirty"]),
     ("missing_source", GOOD.replace("  source: packaged:smollm2\n", ""), "model.source", ["required field is missing"]),

@@ -42,6 +42,7 @@ SO_TIMESTAMPNS = 35 if sys.platform == "linux" else 0
 STAMP = struct.Struct("@qq")  # struct timespec on 64-bit Linux
 STAMP_BYTES = socket.CMSG_SPACE(STAMP.size) if SO_TIMESTAMPNS else 0
 LAG_SAMPLE = 8  # one read in 8 fetches the stamp: recvmsg with it cost 2-4 us more per event than recv (client_cost)
+MAX_WAIT_S = 3600.0  # one select() at most (poll's own limit is 24.8 days: a huge timeout must not crash the loop)
 
 
 def now_ns() -> int:
@@ -99,7 +100,8 @@ class StreamLoop:
                 self._earliest = min((c.deadline for c in self._calls), default=NO_DEADLINE)
             # sleep until the next deadline or until something arrives (no periodic wake-ups: each one would be
             # CPU charged to the requests in flight)
-            ready = select(None if self._earliest == NO_DEADLINE else max(0.0, self._earliest - monotonic()))
+            wait = None if self._earliest == NO_DEADLINE else min(MAX_WAIT_S, max(0.0, self._earliest - monotonic()))
+            ready = select(wait)
             t_ns, wall_ns = perf_counter_ns(), time_ns()
             served: set[Call] = set()
             ended: list[Call] = []
@@ -154,6 +156,8 @@ class StreamLoop:
 
     def _begin(self, call: Call, ended: list[Call]) -> None:
         conn = call.conn
+        if conn.sock is not None and not _idle(conn.sock):  # bytes nobody asked for, or closed: never reuse it
+            conn.close()
         call.record.send_ns = now_ns()  # the request goes on the wire now (a new connection: its connect starts now)
         if conn.sock is not None:  # a kept-alive socket: send at once
             try:
@@ -221,7 +225,7 @@ class StreamLoop:
             elif call.feed(data, t_ns):
                 call.end_of_body(t_ns)
                 call.conn.requests += 1
-                self._finish(call, None, "", t_ns, ended, keep=call.keep_alive)
+                self._finish(call, None, "", t_ns, ended, keep=call.keep_alive and not call.extra)
             elif call.finished:
                 if call.record.status != OK:  # an error event: this connection's answer is not worth reading
                     self._finish(call, None, "", t_ns, ended)
@@ -292,6 +296,18 @@ class StreamLoop:
                 self._sel.unregister(conn.sock)
             except (KeyError, ValueError):
                 pass
+
+
+def _idle(sock: socket.socket) -> bool:
+    """True when a kept-alive socket holds no unread byte and is still open (a peek, nothing consumed): an answer
+    that arrives before the request is sent (an unsolicited or late response) must never become that request's."""
+    try:
+        sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except (BlockingIOError, InterruptedError):
+        return True
+    except OSError:
+        return False
+    return False  # a byte is waiting, or the server closed the connection
 
 
 def _describe(exc: BaseException) -> str:

@@ -11,7 +11,6 @@ refused by name with what trtkv would need to price them.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,10 +25,17 @@ from trtkv.checkpoints.hybrid_config import (
     read_hybrid,
 )
 from trtkv.core.errors import RecipeError
+from trtkv.core.files import NotReadable, read_json
 from trtkv.recipe.attention import AttentionKind, LayerAttention
+from trtkv.recipe.limits import CONFIG_FIELDS, MAX_LIST, WORD, check_config_field
 from trtkv.recipe.state import StateSpec
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024  # a config.json is a few KB; refuse anything that is not one
+# Fields read as words, flags and lists (the numbers' ranges are trtkv.recipe.limits.CONFIG_FIELDS). Every word that
+# reaches a recipe, a comment or a command is one of these, so it cannot carry a newline or a quote.
+WORD_FIELDS = ("model_type", "torch_dtype", "dtype", "quant_method", "quant_algo", "mamba_ssm_cache_dtype")
+FLAG_FIELDS = ("use_sliding_window", "tie_word_embeddings", "attention_k_eq_v")
+LIST_FIELDS = ("layer_types", "no_rope_layers", "moe_layers", "mlp_only_layers", "layers_block_type")
 # model_type -> what its non-attention layers are and why trtkv does not price them (refused rather than mispriced)
 _READ = ("trtkv prices the fixed state of Gated DeltaNet (qwen3_next, qwen3_5) and of the Mamba layers of nemotron_h, "
          "granitemoehybrid and jamba")
@@ -119,25 +125,55 @@ def config_file(path: Path) -> Path:
 
 
 def load_config(path: Path) -> dict[str, Any]:
-    """The parsed config.json, bounded in size; ModelConfigError naming the file and the next step."""
+    """The parsed config.json, read as untrusted text (trtkv.core.files: a regular file, at most MAX_CONFIG_BYTES,
+    strict JSON); ModelConfigError naming the file and the next step."""
     file = config_file(path)
     try:
-        size = file.stat().st_size
-    except OSError:
-        raise ModelConfigError([f"{file}: no such file. Next: pass a model folder holding config.json, or the "
-                                f"config.json itself."]) from None
-    if size > MAX_CONFIG_BYTES:
-        raise ModelConfigError([f"{file}: {size:,} bytes is not a model config (at most {MAX_CONFIG_BYTES:,}). "
-                                f"Next: pass the model's config.json."])
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelConfigError([f"{file}: not readable JSON ({exc}). Next: pass the model's config.json as "
-                                f"published with its weights."]) from None
+        data = read_json(file, MAX_CONFIG_BYTES, "model config")
+    except NotReadable as exc:
+        raise ModelConfigError([f"{file}: {exc.problem}. Next: pass a model folder holding config.json, or the "
+                                f"model's config.json itself as published with its weights."]) from None
     if not isinstance(data, dict):
         raise ModelConfigError([f"{file}: the top level is {type(data).__name__}, not an object. Next: pass the "
                                 f"model's config.json."])
     return data
+
+
+def check_fields(cfg: dict[str, Any], prefix: str = "") -> list[str]:
+    """Every problem with the fields trtkv reads: numbers within trtkv.recipe.limits' ranges (CONFIG_FIELDS), words
+    (model_type, dtype, architectures, quant_method) as identifiers, flags as booleans, layer lists as lists. A
+    problem names the field (with `prefix`, e.g. "text_config.")."""
+    problems: list[str] = []
+    for name, value in cfg.items():
+        if name in CONFIG_FIELDS:
+            problems += check_config_field(name, value)
+        elif name in WORD_FIELDS and value is not None and not _word(value):
+            problems.append(f"{name}: {_shown(value)} is not a name (letters, digits, '_', '-', '.'; 1-128)")
+        elif name in FLAG_FIELDS and value is not None and not isinstance(value, bool):
+            problems.append(f"{name}: {_shown(value)} is not true or false")
+        elif name in LIST_FIELDS and value is not None and (not isinstance(value, list) or len(value) > MAX_LIST):
+            problems.append(f"{name}: {_shown(value)} is not a list of at most {MAX_LIST} entries")
+    archs = cfg.get("architectures")
+    if archs is not None and not (isinstance(archs, list) and len(archs) <= 16 and all(_word(a) for a in archs)):
+        problems.append(f"architectures: {_shown(archs)} is not a list of class names")
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and not all(isinstance(t, str) and _word(t) for t in types):
+        problems.append(f"layer_types: {_shown(types)} holds entries that are not layer-type words")
+    quant = cfg.get("quantization_config")
+    if quant is not None and not isinstance(quant, dict):
+        problems.append(f"quantization_config: {_shown(quant)} is not an object")
+    elif isinstance(quant, dict):
+        problems += [f"quantization_config.{p}" for p in check_fields(quant)]
+    return [f"{prefix}{p}" for p in problems]
+
+
+def _word(value: Any) -> bool:
+    return isinstance(value, str) and WORD.fullmatch(value) is not None
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def read_model_facts(path: Path) -> ModelFacts:
@@ -146,6 +182,10 @@ def read_model_facts(path: Path) -> ModelFacts:
     top = load_config(file)
     text = top.get("text_config")
     cfg, prefix = (text, "text_config.") if isinstance(text, dict) else (top, "")
+    problems = check_fields(top) + (check_fields(cfg, prefix) if cfg is not top else [])
+    if problems:
+        raise ModelConfigError([f"{file}: {p}. Next: pass the model's own config.json, or write the recipe's model "
+                                f"section by hand." for p in problems])
     model_type = str(cfg.get("model_type") or top.get("model_type") or "")
     refused = REFUSED_MODEL_TYPES.get(model_type) or REFUSED_MODEL_TYPES.get(str(top.get("model_type") or ""))
     if refused is None and "hybrid_override_pattern" in cfg and model_type != "nemotron_h":
@@ -159,18 +199,13 @@ def read_model_facts(path: Path) -> ModelFacts:
         if isinstance(listed, (str, list)) and listed:
             cfg = {**cfg, "num_hidden_layers": len(listed)}
     problems = []
-    ints: dict[str, int] = {}
     for name in ("num_hidden_layers", "num_attention_heads", "hidden_size"):
-        value = cfg.get(name)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            problems.append(f"{file}: {prefix}{name}: {'missing' if value is None else repr(value)}; a positive "
-                            f"integer is needed. Next: pass the model's own config.json, or write the recipe's "
-                            f"model section by hand.")
-        else:
-            ints[name] = value
+        if cfg.get(name) is None:
+            problems.append(f"{file}: {prefix}{name}: missing; a positive integer is needed. Next: pass the model's "
+                            f"own config.json, or write the recipe's model section by hand.")
     if problems:
         raise ModelConfigError(problems)
-    layers_n, heads, hidden = ints["num_hidden_layers"], ints["num_attention_heads"], ints["hidden_size"]
+    layers_n, heads, hidden = cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["hidden_size"]
     facts = ModelFacts(
         path=file, model_type=model_type, architectures=list(top.get("architectures") or []), num_layers=layers_n,
         num_attention_heads=heads, num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
@@ -182,6 +217,9 @@ def read_model_facts(path: Path) -> ModelFacts:
         layers=(), attention_source="", prefix=prefix,
         dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or top.get("torch_dtype") or top.get("dtype") or "") or None,
     )
+    if facts.head_dim < 1:
+        raise ModelConfigError([f"{file}: {prefix}hidden_size {hidden} / num_attention_heads {heads} is below one "
+                                f"channel per head and {prefix}head_dim is absent. Next: fix the config."])
     _mla(cfg, facts)
     hybrid = _hybrid(cfg, facts, file)
     if hybrid is None:
@@ -304,6 +342,9 @@ def _layers(cfg: dict[str, Any], f: ModelFacts, file: Path) -> tuple[tuple[Layer
     if cfg.get("use_sliding_window") is False:  # Qwen2/Qwen3: the window is set but off
         return (LayerAttention(AttentionKind.FULL),) * n, f"{p}use_sliding_window false"
     if isinstance(window, list):  # Mistral-style per-layer list, repeated over the layers
+        if not window:
+            raise ModelConfigError([f"{file}: {p}sliding_window: an empty list (a per-layer list needs one entry per "
+                                    f"layer, null for a full layer). Next: fix the config."])
         sizes = [_window(w, file, p) if w else None for w in window]
         mpe = f.max_position_embeddings
         out = [LayerAttention(AttentionKind.SLIDING, s) if s and (mpe is None or s < mpe) else

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -96,7 +97,9 @@ def write_recipe(name: str, model: Path, output: Path | None = None, gpu: str = 
     from trtkv.cli.init_sizing import Settings, batch_for, refusal, settle
     from trtkv.core import paths
     from trtkv.core.errors import RecipeError
+    from trtkv.core.files import naming
     from trtkv.platform.hardware import GPU_SPECS
+    from trtkv.recipe.limits import RANGES
     from trtkv.recipe.names import check_recipe_name
 
     out = (output or paths.recipes_dir() / f"{name}.yaml").expanduser()
@@ -104,10 +107,11 @@ def write_recipe(name: str, model: Path, output: Path | None = None, gpu: str = 
     if output is not None and out.stem != name:
         raise RecipeError([f"--output {out}: a recipe's name is its file name; {out.stem!r} is not {name!r}. Next: "
                            f"--output {out.with_name(name + '.yaml')}"], header="Recipe not written")
-    for flag, value in (("--count", count), ("--max-seq-len", max_seq_len), ("--concurrency", concurrency)):
-        if value is not None and value < 1:
-            raise RecipeError([f"{flag} {value}: must be 1 or more. Next: leave it out to size it from the model."],
-                              header="Recipe not written")
+    for flag, value, bound in (("--count", count, RANGES["gpus"]), ("--max-seq-len", max_seq_len, RANGES["positions"]),
+                               ("--concurrency", concurrency, RANGES["batch"])):
+        if value is not None and not bound.admits(value):
+            raise RecipeError([f"{flag} {value}: must be in {bound.text()}. Next: leave it out to size it from the "
+                               f"model."], header="Recipe not written")
     if out.exists() and not force:
         raise RecipeError([f"{out}: already exists; trtkv init never replaces a recipe. Next: pick another NAME or "
                            f"--output, or pass --force to overwrite it."], header="Recipe not written")
@@ -148,10 +152,34 @@ def write_recipe(name: str, model: Path, output: Path | None = None, gpu: str = 
         s.num_tokens = max(s.num_tokens, s.batch)
         text, recipe = settle(name, out, s, given, lambda s: render(name, facts, source, s))
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(out)
+    tmp = paths.temp_sibling(out, "tmp")
+    try:
+        with naming(tmp):
+            tmp.write_text(text, encoding="utf-8")
+        if force:
+            tmp.replace(out)
+        else:  # a hard link never replaces: of two concurrent runs exactly one writes, the other is refused
+            _link_new(tmp, out, text)
+    except FileExistsError:
+        raise RecipeError([f"{out}: already exists (written meanwhile by another run?); trtkv init never replaces a "
+                           f"recipe. Next: pick another NAME or --output, or pass --force to overwrite it."],
+                          header="Recipe not written") from None
+    finally:
+        tmp.unlink(missing_ok=True)
     return out
+
+
+def _link_new(tmp: Path, out: Path, text: str) -> None:
+    """Put `tmp` in place as `out` only if `out` does not exist (FileExistsError otherwise); where the file system has
+    no hard links, an exclusive create (O_EXCL) written in one go."""
+    try:
+        os.link(tmp, out)
+    except FileExistsError:
+        raise
+    except OSError:  # no hard links here (FAT, some network mounts)
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
 
 
 def _fits(recipe: Recipe) -> tuple[int, str]:
@@ -178,6 +206,7 @@ def render(name: str, facts: ModelFacts, source: Path, settings: Settings) -> st
     sized for the target (trtkv.cli.init_sizing)."""
     from trtkv.checkpoints import compact_layers, count_parameters, stored_weight_bytes, summary
     from trtkv.cli.init_sizing import engine_lines, section_lines
+    from trtkv.core.tools import quote
 
     gpu, count, kv = settings.gpu, settings.count, settings.kv
 
@@ -201,16 +230,17 @@ def render(name: str, facts: ModelFacts, source: Path, settings: Settings) -> st
     notes = "".join(f"\n# Note: {n}" for n in facts.notes)
     sinks = f"\n# {facts.sinks}" if facts.sinks else ""
     lines: list[str] = [
-        f"# trtkv plan {name}    (written by `trtkv init {name} --model {facts.path}`)",
+        _c(f"# trtkv plan {name}    (written by `trtkv init {name} --model {quote([str(facts.path)])}`)"),
         f"# Override example: trtkv plan {name} build.max_seq_len={mpe} hardware.gpu=H200-141GB",
-        f"# Read from {facts.path} ({facts.model_type}, {', '.join(facts.architectures) or 'no architectures'})."
-        f"{moe}{quant}{sinks}{notes}",
+        *(_c(line) for line in (f"# Read from {_c(str(facts.path))} ({facts.model_type}, "
+                                f"{', '.join(facts.architectures) or 'no architectures'})."
+                                f"{moe}{quant}{sinks}{notes}").split("\n")),
         f"# Engines for this architecture: {engines}.",
         f"description: {_q(f'{name}: {facts.model_type}, {summary(facts.layers)}, {kv} KV on {count} x {gpu}')}",
         "model:",
         f"  source: {_q(str(source))}   # a hub id (org/name) works too: the facts below plan without the config",
-        f"  architecture: {arch}",
-        f"  dtype: {dtype}                      # config {p}torch_dtype: {facts.dtype or 'absent'}",
+        f"  architecture: {_q(arch)}",
+        _c(f"  dtype: {dtype}                      # config {p}torch_dtype: {facts.dtype or 'absent'}"),
         f"  num_layers: {facts.num_layers}                     # {p}num_hidden_layers",
         f"  num_attention_heads: {facts.num_attention_heads}            # {p}num_attention_heads",
         f"  num_kv_heads: {facts.num_kv_heads}                   # {p}num_key_value_heads"
@@ -229,13 +259,14 @@ def render(name: str, facts: ModelFacts, source: Path, settings: Settings) -> st
     lines.append(f"  attention_layers: [{', '.join(compact_layers(facts.layers))}]")
     lines.append(f"  attention_source: {_q(f'{facts.path.name} {facts.attention_source}')}")
     if facts.state is not None:
-        lines.append(f"  state_layers: {_q_flow(facts.state.to_dict())}   # fixed per-sequence state of the "
-                     f"linear/mamba layers: {_comment(facts.state.source)}")
+        lines.append(_c(f"  state_layers: {_q_flow(facts.state.to_dict())}   # fixed per-sequence state of the "
+                        f"linear/mamba layers: {_comment(facts.state.source)}"))
     if facts.kv_lora_rank:
         lines.append(f"  kv_lora_rank: {facts.kv_lora_rank}   # {p}kv_lora_rank")
         lines.append(f"  qk_rope_head_dim: {facts.qk_rope_head_dim}   # {p}qk_rope_head_dim")
     if stored:
-        lines.append(f"  checkpoint_weights_gib: {stored / GIB:.4g}   # as stored ({facts.quant.method if facts.quant else ''})")
+        lines.append(_c(f"  checkpoint_weights_gib: {stored / GIB:.4g}   # as stored "
+                        f"({facts.quant.method if facts.quant else ''})"))
     lines += engine_lines(settings, tp, pp, mpe, gpu == "cpu")
     lines += section_lines(settings, gpu == "cpu")
     return "\n".join(lines) + "\n"
@@ -243,9 +274,15 @@ def render(name: str, facts: ModelFacts, source: Path, settings: Settings) -> st
 
 def _q_flow(data: dict[str, object]) -> str:
     """A YAML flow mapping of plain keys and integers / enum words (JSON object syntax is valid YAML)."""
-    import json
-
     return json.dumps(data)
+
+
+def _c(line: str) -> str:
+    """A line whose comment cannot end early: every control, line-break or non-ASCII character is escaped (YAML
+    also breaks lines at U+0085, U+2028 and U+2029), so text from a config.json or a path stays inside its comment."""
+    if line.isascii() and line.isprintable():
+        return line
+    return "".join(ch if ch.isascii() and ch.isprintable() else json.dumps(ch)[1:-1] for ch in line)
 
 
 def _comment(text: str) -> str:
@@ -255,6 +292,4 @@ def _comment(text: str) -> str:
 
 def _q(text: str) -> str:
     """A YAML double-quoted scalar (JSON string syntax is valid YAML)."""
-    import json
-
     return json.dumps(text)

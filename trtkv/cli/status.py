@@ -58,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"{recipe.name}: {result.state}{', unsupervised' if unsupervised else ''} (pid {server.pid}, "
           f"{server.http_url}, log {server.log})")
     print(f"  process alive: {result.checks.get('alive')}; ready endpoint: {result.checks.get('ready')}")
+    if result.checks.get("seen"):
+        print(f"  recorded pid: {result.checks['seen']}")
     for i, probe in enumerate(result.checks.get("canaries", []), 1):
         print(f"  canary {i}: {'ok' if probe['ok'] else 'FAILED'} in {probe['seconds']:.2f} s ({probe['detail']})")
     if pool_check is not None:

@@ -73,3 +73,27 @@ def recipe_folder(root: Path, recipe_name: str) -> Path:
 def recipe_output_dir(recipe_name: str) -> Path:
     """engines/<recipe>: every stage folder of one recipe."""
     return recipe_folder(engines_dir(), recipe_name)
+
+
+NAME_MAX = 255  # bytes in one file name on Linux file systems (ext4, xfs, btrfs, overlayfs)
+
+
+def sibling_stem(name: str, room: int) -> str:
+    """`name` itself when `room` bytes hold it, else a prefix of it and `~` and 8 hex digits of its sha256, within
+    `room` bytes (the same for the same name, so the next run finds its leftovers)."""
+    data = name.encode("utf-8", "surrogateescape")
+    if len(data) <= room:
+        return name
+    import hashlib
+
+    digest = hashlib.sha256(data).hexdigest()[:8]
+    head = data[:max(0, room - 9)].decode("utf-8", "ignore")  # never half a character
+    return f"{head}~{digest}"
+
+
+def temp_sibling(path: Path, tag: str, pid: int | None = None) -> Path:
+    """`.<name>.<tag>-<pid>` beside `path`: the temporary or old copy a stage writes before the rename. Its name
+    always fits in NAME_MAX bytes, also for a legal 250-byte `path` name (the name is shortened with its digest);
+    trtkv.contracts.stage.remove_leftovers recognises both forms."""
+    suffix = f".{tag}-{os.getpid() if pid is None else pid}"
+    return path.parent / f".{sibling_stem(path.name, NAME_MAX - 1 - len(suffix))}{suffix}"

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from trtkv.core import paths
 from trtkv.core.errors import RecipeError
+from trtkv.recipe.limits import RANGES
 from trtkv.recipe.names import (
     RECIPE_NAME_RE,
     RECIPE_NAME_RULE,
@@ -214,7 +215,8 @@ def _load_tree(path: Path, chain: tuple[Path, ...], budget: list[int]) -> tuple[
 
 def parse_override(text: str) -> tuple[list[str], Any]:
     """`build.max_batch_size=16` -> (["build", "max_batch_size"], 16); the value is read as YAML, under the file rules
-    (size, nesting, aliases, duplicate keys); a value that is not YAML at all stays a string."""
+    (size, nesting, aliases, duplicate keys); a value that is not YAML at all stays a string, and a mapping or list
+    only counts as one in flow style (`{...}`, `[...]`): `triton.host=::` is the text `::`."""
     if "=" not in text:
         raise RecipeError([f"override {text!r:.200}: expected section.key=value, e.g. build.max_batch_size=16."],
                           header="Override not valid")
@@ -237,6 +239,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
                            f"each key once, without deep nesting or aliases."], header="Override not valid") from None
     except yaml.YAMLError:
         value = raw
+    if isinstance(value, (dict, list)) and not raw.strip().startswith(("{", "[")):
+        value = raw.strip()  # `triton.host=::` is an address, not YAML's block mapping {":": null}
     return parts, value
 
 
@@ -331,8 +335,19 @@ def _format_error(err: Any, prov: dict[str, Path], path: Path) -> str:
     msg = err["msg"]
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
-    got = "" if isinstance(value, (dict, list)) else f" (got {value!r})"
-    return f"{file}: {dotted}: {msg}{got}."
+    got = "" if isinstance(value, (dict, list)) else f" (got {value!r:.60})"
+    return f"{file}: {dotted}: {msg}{got}{_range_hint(loc, kind)}."
+
+
+def _range_hint(loc: tuple[Any, ...], kind: str) -> str:
+    """For a number outside its range: the range and the largest published value it admits (trtkv.recipe.limits)."""
+    if kind not in ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number"):
+        return ""
+    model = _model_at(loc)
+    field = model.model_fields.get(str(loc[-1])) if model is not None else None
+    extra = field.json_schema_extra if field is not None else None
+    name = extra.get("range") if isinstance(extra, dict) else None
+    return f"; allowed: {RANGES[name].text()}" if isinstance(name, str) and name in RANGES else ""
 
 
 def validate_data(data: dict[str, Any], prov: dict[str, Path], path: Path) -> Recipe:

@@ -33,6 +33,7 @@ from trtkv.recipe.enums import (  # noqa: F401 - re-exported: the schema's publi
     StateDtype,
     WeightQuant,
 )
+from trtkv.recipe.limits import WORD, bounded
 from trtkv.recipe.names import is_ip_or_host_name
 from trtkv.recipe.sections import QuantizationConfig, _Section  # noqa: F401 - re-exported: the schema's public face
 
@@ -46,15 +47,16 @@ class ModelConfig(_Section):
     )
     architecture: str = Field("llama", description="Model family for the TensorRT-LLM export (e.g. `llama`).")
     dtype: ModelDtype = Field(ModelDtype.BFLOAT16, description="Activation/unquantized dtype.")
-    num_layers: int | None = Field(None, gt=0, description="Decoder layers; read from the model config when absent.")
-    num_attention_heads: int | None = Field(None, gt=0, description="Query heads; read from the model config when absent.")
-    num_kv_heads: int | None = Field(None, gt=0, description="KV heads (GQA); read from the model config when absent.")
-    head_dim: int | None = Field(None, gt=0, description="Channels per head; read from the model config when absent.")
-    hidden_size: int | None = Field(None, gt=0, description="Hidden size; read from the model config when absent.")
-    intermediate_size: int | None = Field(None, gt=0, description="MLP width; used to estimate parameters.")
-    vocab_size: int | None = Field(None, gt=0, description="Vocabulary size; used to estimate parameters.")
-    num_parameters: float | None = Field(None, gt=0, description="Parameter count (e.g. 70.6e9); estimated when absent.")
-    max_position_embeddings: int | None = Field(None, gt=0, description="Longest context the model was trained for.")
+    num_layers: int | None = bounded(None, "layers", description="Decoder layers; read from the model config when absent.")
+    num_attention_heads: int | None = bounded(None, "heads", description="Query heads; read from the model config when absent.")
+    num_kv_heads: int | None = bounded(None, "heads", description="KV heads (GQA); read from the model config when absent.")
+    head_dim: int | None = bounded(None, "head_dim", description="Channels per head; read from the model config when absent.")
+    hidden_size: int | None = bounded(None, "hidden", description="Hidden size; read from the model config when absent.")
+    intermediate_size: int | None = bounded(None, "ffn", gt=0, description="MLP width; used to estimate parameters.")
+    vocab_size: int | None = bounded(None, "vocab", description="Vocabulary size; used to estimate parameters.")
+    num_parameters: float | None = bounded(None, "parameters",
+                                           description="Parameter count (e.g. 70.6e9); estimated when absent.")
+    max_position_embeddings: int | None = bounded(None, "positions", description="Longest context the model was trained for.")
     attention_layers: list[str] | None = Field(
         None, description="Per-layer attention, in order: `full`, `mla`, `sliding:WINDOW`, `chunked:CHUNK`, `linear` "
         "(Gated DeltaNet), `mamba`, `none` (no cache: MLP-only or KV-shared), each optionally `@KV_HEADSxHEAD_DIM` "
@@ -62,12 +64,13 @@ class ModelConfig(_Section):
         "when absent (all full without one). `trtkv init` writes it.")
     state_layers: dict[str, Any] | None = Field(None, description="Fixed state one sequence keeps in each `linear`/"
         "`mamba` layer (trtkv.recipe.state.StateSpec: kind, conv_dim, conv_len, rows, ...); `trtkv init` writes it.")
-    kv_lora_rank: int | None = Field(None, gt=0, description="MLA latent rank (DeepSeek-V2/V3, Kimi-K2): one latent "
-                                     "of kv_lora_rank + qk_rope_head_dim elements per token and layer, no separate V.")
-    qk_rope_head_dim: int | None = Field(None, ge=0, description="MLA: RoPE key channels stored with the latent.")
+    kv_lora_rank: int | None = bounded(None, "latent", gt=0, description="MLA latent rank (DeepSeek-V2/V3, Kimi-K2): "
+                                       "one latent of kv_lora_rank + qk_rope_head_dim elements per token and layer, no "
+                                       "separate V.")
+    qk_rope_head_dim: int | None = bounded(None, "latent", description="MLA: RoPE key channels stored with the latent.")
     attention_source: str | None = Field(None, description="Where the attention facts were read (written by "
                                          "`trtkv init`, e.g. `config.json text_config.layer_types`).")
-    checkpoint_weights_gib: float | None = Field(None, gt=0, description="Weights as a pre-quantized checkpoint "
+    checkpoint_weights_gib: float | None = bounded(None, "weights_gib", description="Weights as a pre-quantized checkpoint "
                                                  "stores them (quantization_config), counted by `trtkv init`; planned "
                                                  "when quantization.weights is none.")
 
@@ -87,6 +90,20 @@ class ModelConfig(_Section):
 
         return value if value is None or state_from_dict(value) else value  # ValueError naming what is wrong
 
+    @field_validator("architecture")
+    @classmethod
+    def _architecture_word(cls, value: str) -> str:  # it lands in the checkpoint config, commands and file names
+        if not WORD.fullmatch(value):
+            raise ValueError("must be a model family name: letters, digits, '_', '-', '.' (1-128), e.g. llama")
+        return value
+
+    @field_validator("attention_source")
+    @classmethod
+    def _one_line(cls, value: str | None) -> str | None:
+        if value is not None and not value.isprintable():
+            raise ValueError("must be one line of printable text")
+        return value
+
     @field_validator("source")
     @classmethod
     def _source_form(cls, value: str) -> str:
@@ -103,10 +120,10 @@ class CalibrationConfig(_Section):
         "calibration_data/calib/*.jsonl",
         description="`.jsonl` (`{\"text\": ...}`) or `.txt` file, folder or glob; relative paths are from the project root.",
     )
-    num_samples: int = Field(16, gt=0, description="Calibration sequences.")
-    seq_len: int = Field(256, gt=0, description="Tokens per calibration sequence.")
-    batch_size: int = Field(4, gt=0, description="Sequences per forward pass.")
-    seed: int = Field(1234, ge=0, description="Seed for sample selection (same seed, same scales).")
+    num_samples: int = bounded(16, "requests", description="Calibration sequences.")
+    seq_len: int = bounded(256, "positions", description="Tokens per calibration sequence.")
+    batch_size: int = bounded(4, "batch", description="Sequences per forward pass.")
+    seed: int = bounded(1234, "seed", description="Seed for sample selection (same seed, same scales).")
 
 
 class BuildConfig(_Section):
@@ -116,12 +133,12 @@ class BuildConfig(_Section):
         "the HF checkpoint, any TensorRT-LLM; `pytorch` is accepted as an alias), reference (trtkv's CPU runtime), "
         "vllm (vLLM's OpenAI server on the HF checkpoint).",
     )
-    max_batch_size: int = Field(8, gt=0, description="Largest in-flight batch.")
-    max_input_len: int = Field(2048, gt=0, description="Longest prompt in tokens.")
-    max_seq_len: int = Field(4096, gt=0, description="Prompt + generated tokens.")
-    max_num_tokens: int = Field(8192, gt=0, description="Tokens per engine step (packed batch).")
-    tp_size: int = Field(1, gt=0, description="Tensor parallelism.")
-    pp_size: int = Field(1, gt=0, description="Pipeline parallelism.")
+    max_batch_size: int = bounded(8, "batch", description="Largest in-flight batch.")
+    max_input_len: int = bounded(2048, "positions", description="Longest prompt in tokens.")
+    max_seq_len: int = bounded(4096, "positions", description="Prompt + generated tokens.")
+    max_num_tokens: int = bounded(8192, "positions", description="Tokens per engine step (packed batch).")
+    tp_size: int = bounded(1, "gpus", description="Tensor parallelism.")
+    pp_size: int = bounded(1, "gpus", description="Pipeline parallelism.")
     gemm_plugin: GemmPlugin = Field(GemmPlugin.AUTO, description="trtllm-build `--gemm_plugin`.")
     use_paged_context_fmha: bool = Field(
         True,
@@ -134,7 +151,7 @@ class BuildConfig(_Section):
         "are both FP8 (TensorRT-LLM needs both).",
     )
     multiple_profiles: bool = Field(True, description="trtllm-build `--multiple_profiles`.")
-    tokens_per_block: int = Field(32, gt=0, description="Paged KV block size in tokens.")
+    tokens_per_block: int = bounded(32, "positions", description="Paged KV block size in tokens.")
     mamba_cache_dtype: StateDtype = Field("auto", description="Linear-attention / Mamba conv state dtype (vLLM "
                                           "--mamba-cache-dtype; auto: the model dtype).")
     mamba_ssm_cache_dtype: StateDtype = Field("auto", description="Recurrent state dtype (vLLM --mamba-ssm-cache-dtype;"
@@ -165,11 +182,11 @@ class BuildConfig(_Section):
 
 class HardwareConfig(_Section):
     gpu: GPU = Field(GPU.CPU, description="Target accelerator, or `cpu`.")
-    count: int = Field(1, gt=0, description="GPUs used by one model instance (= tp_size x pp_size).")
-    gpus_per_node: int = Field(8, gt=0, description="GPUs in one node; a model instance larger than this spans "
+    count: int = bounded(1, "gpus", description="GPUs used by one model instance (= tp_size x pp_size).")
+    gpus_per_node: int = bounded(8, "gpus", description="GPUs in one node; a model instance larger than this spans "
                                "count / gpus_per_node whole nodes (`trtkv deploy`).")
-    memory_gib: float | None = Field(None, gt=0, description="Override the GPU's memory (GiB).")
-    hbm_bandwidth_gbps: float | None = Field(None, gt=0, description="Override the GPU's memory bandwidth (GB/s).")
+    memory_gib: float | None = bounded(None, "memory_gib", description="Override the GPU's memory (GiB).")
+    hbm_bandwidth_gbps: float | None = bounded(None, "bandwidth_gbps", description="Override the GPU's memory bandwidth (GB/s).")
     activation_reserve_gib: float | None = Field(None, description="Removed (a value is refused): each engine's own "
                                                  "memory rule sizes activation and buffers (docs/plan.md).")
 
@@ -200,7 +217,7 @@ class TritonConfig(_Section):
     http_port: int = Field(8000, gt=0, lt=65536, description="HTTP port.")
     grpc_port: int = Field(8001, gt=0, lt=65536, description="gRPC port.")
     metrics_port: int = Field(8002, gt=0, lt=65536, description="Metrics port.")
-    instance_count: int = Field(1, gt=0, description="Model instances (CPU: one per core is the ceiling).")
+    instance_count: int = bounded(1, "batch", description="Model instances (CPU: one per core is the ceiling).")
     decoupled: bool = Field(True, description="Decoupled model (streaming responses).")
     # --- the KV pool: each engine's knob under its own name (None: its default at trtkv's pinned release), as sized
     gpu_memory_utilization: float | None = Field(
@@ -213,16 +230,16 @@ class TritonConfig(_Section):
         None, gt=0, le=1, description="TensorRT-LLM: the share of the memory free after weights and the warm-up "
         "(LLM API) or after the engine and its buffers (engine path) given to the KV cache. None: 0.9 (TensorRT-LLM's "
         "default). llmapi and tensorrt only.")
-    kv_pool_gib_per_gpu: float | None = Field(
-        None, gt=0, description="KV pool per GPU in GiB: pins it where the engine takes a size (vLLM "
+    kv_pool_gib_per_gpu: float | None = bounded(
+        None, "memory_gib", description="KV pool per GPU in GiB: pins it where the engine takes a size (vLLM "
         "`--kv-cache-memory-bytes`), caps it where the engine only caps (SGLang `--max-total-tokens`, TensorRT-LLM "
         "`max_tokens`): the plan shows min(rule, cap) and which bound applied.")
     batching_strategy: BatchingStrategy = Field(BatchingStrategy.INFLIGHT_FUSED_BATCHING, description="`gpt_model_type`.")
     batch_scheduler_policy: SchedulerPolicy = Field(SchedulerPolicy.GUARANTEED_NO_EVICT, description="Scheduler.")
     enable_kv_cache_reuse: bool = Field(False, description="Prefix (KV block) reuse.")
     exclude_input_in_output: bool = Field(True, description="Responses carry only generated text.")
-    max_queue_delay_microseconds: int = Field(0, ge=0, description="Dynamic batcher delay.")
-    startup_timeout_s: float = Field(180.0, gt=0, description="How long `trtkv serve` waits for readiness.")
+    max_queue_delay_microseconds: int = bounded(0, "delay_us", description="Dynamic batcher delay.")
+    startup_timeout_s: float = bounded(180.0, "timeout_s", description="How long `trtkv serve` waits for readiness.")
 
     @field_validator("host")
     @classmethod
@@ -239,27 +256,27 @@ class BenchConfig(_Section):
     protocol: Protocol = Field(Protocol.GRPC, description="gRPC streaming, HTTP `generate_stream` (Triton), or "
                                "`openai` (streaming /v1/completions of vLLM, trtllm-serve or Triton's OpenAI frontend).")
     concurrency: list[int] = Field([1, 2, 4], min_length=1, description="Concurrency sweep.")
-    request_rate: float | None = Field(None, gt=0, description="Requests/s (instead of a concurrency sweep).")
-    input_tokens: int = Field(128, gt=0, description="Prompt length in tokens (exact).")
-    output_tokens: int = Field(32, gt=0, description="`max_tokens` per request.")
-    num_requests: int = Field(16, gt=0, description="Measured requests per concurrency level.")
-    warmup_requests: int = Field(2, ge=0, description="Requests sent first and left out of the figures.")
+    request_rate: float | None = bounded(None, "rate", description="Requests/s (instead of a concurrency sweep).")
+    input_tokens: int = bounded(128, "positions", description="Prompt length in tokens (exact).")
+    output_tokens: int = bounded(32, "positions", description="`max_tokens` per request.")
+    num_requests: int = bounded(16, "requests", description="Measured requests per concurrency level.")
+    warmup_requests: int = bounded(2, "requests", ge=0, description="Requests sent first and left out of the figures.")
     tasks: list[BenchTask] = Field(
         [BenchTask.QUIZ, BenchTask.GOLDEN, BenchTask.NEEDLE], description="Accuracy tasks to run (a quantized KV "
         "cache adds `fidelity` when the recipe does not name them)."
     )
-    quiz_items: int = Field(40, gt=0, description="Quiz questions asked.")
-    accuracy_concurrency: int = Field(
-        1, gt=0, description="Requests in flight during the accuracy tasks: 1 makes their figures reproducible on "
+    quiz_items: int = bounded(40, "requests", description="Quiz questions asked.")
+    accuracy_concurrency: int = bounded(
+        1, "batch", description="Requests in flight during the accuracy tasks: 1 makes their figures reproducible on "
                              "engines whose answers depend on the batch (TensorRT-LLM, vLLM by default).")
     needle_context_lengths: list[int] = Field([512], description="Haystack lengths (tokens) for needle retrieval.")
     ruler_lengths: list[int] = Field([4096], description="RULER sequence lengths (tokens: prompt + tokens to generate).")
-    ruler_samples: int = Field(20, gt=0, description="RULER items per task and length (RULER itself uses 500).")
+    ruler_samples: int = bounded(20, "requests", description="RULER items per task and length (RULER itself uses 500).")
     fidelity_lengths: list[int] | None = Field(None, description="Fidelity task context lengths (tokens); None: the "
                                                "probe's lengths up to build.max_input_len.")
-    fidelity_documents: int = Field(4, gt=0, description="Fidelity task: documents per length.")
-    fidelity_tokens: int = Field(16, gt=0, description="Fidelity task: greedy tokens served per document (G).")
-    request_timeout_s: float = Field(120.0, gt=0, description="A request slower than this counts as failed.")
+    fidelity_documents: int = bounded(4, "requests", description="Fidelity task: documents per length.")
+    fidelity_tokens: int = bounded(16, "positions", description="Fidelity task: greedy tokens served per document (G).")
+    request_timeout_s: float = bounded(120.0, "timeout_s", description="A request slower than this counts as failed.")
     thresholds: list[str] = Field(
         [], description="SLOs `metric.stat<=value`, e.g. `time_to_first_token.p99<=500`, `quiz.accuracy>=0.3`."
     )
@@ -298,7 +315,7 @@ class ProbeConfig(_Section):
         return [v.strip().lower() for v in values]
     lengths: list[int] = Field([512, 1024, 2048, 4096, 8192], description="Context lengths (tokens).")
     needle_depths: list[float] = Field([0.1, 0.5, 0.9], description="Relative depths of the hidden passkey.")
-    needle_seeds: int = Field(5, ge=1, description="Needle trials per (depth, length).")
+    needle_seeds: int = bounded(5, "requests", description="Needle trials per (depth, length).")
 
     @field_validator("lengths")
     @classmethod
@@ -320,6 +337,14 @@ class Recipe(_Section):
     bench: BenchConfig = BenchConfig()
     probe: ProbeConfig = ProbeConfig()
     description: str = Field("", description="One line shown by `trtkv ls`.")
+
+    @field_validator("description")
+    @classmethod
+    def _printable(cls, value: str) -> str:
+        """One line: it lands in `trtkv ls`, READMEs and reports."""
+        if not value.isprintable():
+            raise ValueError("must be one line of printable text (no line breaks or control characters)")
+        return value
 
     _name: str = PrivateAttr("")
     _path: Path | None = PrivateAttr(None)

@@ -11,7 +11,8 @@ from trtkv.recipe.enums import KV_CACHE_ALIASES, KVCacheQuant, KVScaleStrategy, 
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_enum_values=False, validate_default=True)
+    # no NaN or infinity in any float (`memory_gib=1e309` is infinity to YAML)
+    model_config = ConfigDict(extra="forbid", use_enum_values=False, validate_default=True, allow_inf_nan=False)
 
 
 class QuantizationConfig(_Section):

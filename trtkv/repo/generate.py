@@ -18,7 +18,7 @@ from typing import Any
 
 from trtkv.backends import RepoLayout, TokenizerSource, for_recipe
 from trtkv.checkpoints import models as model
-from trtkv.contracts.stage import StageResult, manifest_hash, run_stage
+from trtkv.contracts.stage import StageResult, manifest_hash, require_input, run_stage
 from trtkv.core.errors import StageError
 from trtkv.recipe import Recipe, layout
 from trtkv.repo.plan import RepoPlan
@@ -72,6 +72,8 @@ def plan_repo(recipe: Recipe) -> RepoPlan:
     if not (needed / "manifest.json").is_file() and not (needed / "config.json").is_file():
         plan.warnings.append(f"{needed} does not exist yet (written by `trtkv {stage} {recipe.name}`); "
                              f"the repository references it")
+    elif (needed / "manifest.json").is_file():  # it exists: it must be this recipe's (model, weights, KV format)
+        require_input(needed, "repo", stage, recipe)
     return plan
 
 
