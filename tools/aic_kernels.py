@@ -30,6 +30,11 @@ import os
 import sys
 
 SYSTEMS = ("a100_sxm", "h100_sxm", "h200_sxm", "b200_sxm", "b300_sxm", "gb200", "l40s", "rtx_pro_6000_server")
+# Systems aiconfigurator-core ships a YAML for but no kernel tables ("Estimate-only system spec ... No built-in silicon
+# performance database"): their datasheet figures only, under "datasheets" (a100_pcie, a30: no GPU of their own in trtkv)
+DATASHEET_ONLY = ("h100_pcie", "l4")
+GPU_KEYS = ("mem_bw", "bfloat16_tc_flops", "fp8_tc_flops", "sm_version", "mem_bw_empirical_scaling_factor",
+            "mem_empirical_constant_latency")
 BACKENDS = ("trtllm", "vllm", "sglang")
 GEMM_M_DECODE, GEMM_M_PREFILL, GEMM_NK = (8, 16, 32), (2048, 4096, 8192, 16384), (4096, 8192, 16384)
 HEADS, KV_HEADS, HEAD_DIM, DEC_BATCH, DEC_CTX, PREFILL_LEN = 16, 2, 128, 16, 16383, 8192
@@ -146,14 +151,18 @@ def main() -> int:
 
     sys_dir = os.path.join(os.path.dirname(aiconfigurator_core.__file__), "systems")
     out: dict = {"aiconfigurator_core": importlib.metadata.version("aiconfigurator-core"), "shapes": __doc__.split(
-        "Reference shapes")[1].strip(), "systems": {}}
+        "Reference shapes")[1].strip(), "systems": {}, "datasheets": {}}
+    for name in DATASHEET_ONLY:
+        with open(os.path.join(sys_dir, f"{name}.yaml")) as f:
+            spec = yaml.safe_load(f)
+        out["datasheets"][name] = {"gpu": {k: spec["gpu"].get(k) for k in GPU_KEYS},
+                                   "intra_node_bw": spec["node"]["intra_node_bw"]}
     for name in SYSTEMS:
-        spec = yaml.safe_load(open(os.path.join(sys_dir, f"{name}.yaml")))
+        with open(os.path.join(sys_dir, f"{name}.yaml")) as f:
+            spec = yaml.safe_load(f)
         gpu, node = spec["gpu"], spec["node"]
         root = os.path.join(sys_dir, spec["data_dir"])
-        keys = ("mem_bw", "bfloat16_tc_flops", "fp8_tc_flops", "sm_version", "mem_bw_empirical_scaling_factor",
-                "mem_empirical_constant_latency")
-        entry: dict = {"gpu": {k: gpu.get(k) for k in keys},
+        entry: dict = {"gpu": {k: gpu.get(k) for k in GPU_KEYS},
                        "intra_node_bw": node["intra_node_bw"], "backends": {}}
         entry.update(_allreduce(pd, root, gpu, node["intra_node_bw"]))
         for backend in BACKENDS:

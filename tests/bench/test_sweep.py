@@ -77,6 +77,17 @@ def test_summarize_fits_per_level() -> None:
     rows = sweep_rows({"sweep": out})
     assert rows[0][:4] == ["concurrency=1", "128", "2.13", "1.3"] and rows[0][4].startswith("0.001 x input + 2")
     assert [r[1] for r in rows] == ["128", "512", "2,048"] and rows[1][0] == "" and rows[1][4] == ""
+    assert rows[0][5] == "—"  # no client figures given
+    # the client's own cost per length and level (trtkv.bench.levels.client_summary), a held-back length said so
+    clients = {n: {"concurrency=1": {"workers": 1, "decided": "auto", "cpu_cores": 0.2, "per_worker": []}}
+               for n in (128, 512)}
+    clients[2048] = {"concurrency=1": {"workers": 2, "decided": "auto", "warning": "client process 0 used 0.97 of a "
+                                       "core", "per_worker": []}}
+    out = sweep.summarize(by_length, clients)
+    client = out["levels"]["concurrency=1"]["client"]
+    assert set(client) == {"128", "512", "2048"} and "per_worker" not in client["128"]
+    rows = sweep_rows({"sweep": out})
+    assert rows[0][5] == "1 process(es)" and rows[2][5] == "2 process(es); client process 0 used 0.97 of a core"
 
 
 def test_sweep_lengths_are_checked_at_once() -> None:
@@ -97,6 +108,14 @@ def test_sweep_lengths_are_checked_at_once() -> None:
 
     with pytest.raises(RecipeError, match="bench.sweep_input_tokens"):
         load_recipe("smollm2_fp8kv", ["bench.sweep_input_tokens=[128,999999]"])
+    # each length within trtkv.recipe.limits' "positions" range, named in the error; the count bounded too
+    with pytest.raises(RecipeError, match=r"sweep_input_tokens\.1: .*allowed: 1\.\.134,217,728"):
+        load_recipe("smollm2_fp8kv", ["bench.sweep_input_tokens=[128,999999999999]"])
+    many = list(range(1, 66))
+    with pytest.raises(RecipeError, match="at most 64"):
+        load_recipe("smollm2_fp8kv", [f"bench.sweep_input_tokens={many}"])
+    with pytest.raises(TrtkvError, match="at most 64"):
+        sweep_lengths(many, recipe)
 
 
 def test_compare_reports_the_break_even_and_plots(tmp_path) -> None:  # noqa: ANN001

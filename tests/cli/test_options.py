@@ -35,6 +35,9 @@ def test_the_verbs_arguments_are_the_models_fields(verb: str) -> None:
             assert action.required or not action.option_strings, name
             continue
         default = info.get_default(call_default_factory=True)
+        flag = model.flags()[name]
+        if flag.none is not None and default is None:  # shown as the word that stands for None ("auto")
+            default = flag.none
         assert action.default == (default.value if isinstance(default, enum.Enum) else default), name
         choices = (info.annotation if isinstance(info.annotation, type) else None)
         if choices is not None and issubclass(choices, enum.Enum):

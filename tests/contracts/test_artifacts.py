@@ -58,7 +58,7 @@ def test_a_stage_manifest_is_the_model_run_stage_builds(tmp_path: Path) -> None:
     assert loaded is not None and text == json.dumps(loaded.document(), indent=2) + "\n"
     assert list(json.loads(text)) == ["stage", "recipe", "recipe_path", "key", "recipe_hash", "input_dir",
                                       "input_manifest_hash", "resolved_recipe", "tool_versions", "wall_seconds",
-                                      "finished_at", "models"]
+                                      "finished_at", "files", "models"]
     assert result.manifest == loaded.document() and loaded.model_extra == {"models": ["a"]}
     again = run_stage("repo", load_recipe("smollm2_fp8kv"), out, lambda tmp: {}, log=lambda _m: None)
     assert again.skipped and again.manifest == result.manifest  # the key read back through the model matches

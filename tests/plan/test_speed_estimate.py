@@ -14,7 +14,7 @@ from trtkv.cli import main
 from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.formats import KVFormat
 from trtkv.plan import aic, speed
-from trtkv.platform.hardware import GPU
+from trtkv.platform.hardware import GPU, GPU_SPECS
 
 
 def test_own_model_within_25_percent_of_aiconfigurator_itl(capsys: pytest.CaptureFixture[str]) -> None:
@@ -69,11 +69,51 @@ def test_fp8_halves_the_slope_and_costs_dequant_for_int4() -> None:
     assert speed.kv_lane(KVFormat.INT4_G64)[1] > 0 and speed.kv_lane(KVFormat.FP8) == ("fp8", 0)
 
 
-def test_gpu_without_tables_borrows_its_architecture(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpu_without_tables_borrows_its_compute_capability(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(speed.AIC_SYSTEM, GPU.H200_141GB)
     k = speed.kernels_for(GPU.H200_141GB, "vllm")
-    assert k.borrowed and k.system == "h100_sxm" and "reference GPU" in k.source
+    assert k.borrowed and k.system == "h100_sxm" and k.source.endswith("kernel tables, borrowed)")
     assert k.mem_bw == 4800e9  # its own datasheet bandwidth
+    assert "scaled by the bandwidth ratio" in k.peaks  # no peak figures of its own: said, not hidden
+    assert speed.reference_system(GPU.RTX_5090) == "rtx_pro_6000_server"  # SM 12.0's tables, not B200's (SM 10.0)
+    assert speed.reference_system(GPU.A10) == "a100_sxm"  # no SM 8.6 tables: its architecture's
+    pcie = speed.kernels_for(GPU.H100_PCIE, "vllm")  # aiconfigurator ships its datasheet, not its tables
+    assert pcie.flops["bfloat16"] == 756.5e12 and pcie.link_bw == 64e9 and "h100_pcie.yaml" in pcie.peaks
+
+
+def test_aic_systems_are_the_gpus_of_the_table_with_kernel_tables() -> None:
+    """AIC_SYSTEM names every system speed_efficiencies.json holds tables for (tools/aic_kernels.py reads each that
+    has a GPU in GPU_SPECS), each with the GPU's own compute capability."""
+    data = speed.load_data()
+    assert set(speed.AIC_SYSTEM.values()) == set(data["systems"])
+    for gpu, system in speed.AIC_SYSTEM.items():
+        major, minor = GPU_SPECS[gpu].sm
+        assert data["systems"][system]["gpu"]["sm_version"] == 10 * major + minor, (gpu, system)
+    for gpu, system in speed.DATASHEET_SYSTEM.items():
+        assert gpu not in speed.AIC_SYSTEM and system in data["datasheets"]
+        assert data["datasheets"][system]["gpu"]["mem_bw"] == GPU_SPECS[gpu].hbm_bandwidth_gbps * 1e9
+    assert set(speed.FP32_TFLOPS) == set(data["systems"]) | set(data["datasheets"])
+
+
+def test_every_gpu_of_the_table_is_estimated_and_says_where_aiconfigurator_has_no_data() -> None:
+    """All of GPU_SPECS: aiconfigurator asked only where it has tables; elsewhere the estimate says it has none for
+    that GPU, names the GPUs it has, and trtkv's model answers with what it borrowed."""
+    from trtkv.plan.estimate import estimate
+    from trtkv.plan.model import resolve_architecture
+    from trtkv.plan.planner import plan
+
+    for gpu in GPU_SPECS:
+        recipe = sc.recipe_for(sc.MODELS["llama3_1_8b"], gpu.value, "vllm", "bf16", 2048, 128, [1, 8], 8192)
+        est = estimate(recipe, plan(recipe), use_aiconfigurator=False)
+        assert est.rows and all(r.itl_ms > 0 and r.ttft_ms > 0 and r.source.startswith("trtkv model")
+                                for r in est.rows), gpu
+        said = [n for n in est.notes if n.startswith(f"{gpu.value} has no aiconfigurator kernel tables")]
+        if gpu in speed.AIC_SYSTEM:
+            assert not said, gpu
+            continue
+        assert said and ("datasheet" in said[0] or "least certain" in said[0]), (gpu, est.notes)
+        answer, status = aic.run_for(recipe, resolve_architecture(recipe), [("bf16", KVFormat.BF16)], [1])
+        assert answer is None and f"no data for {gpu.value}" in status and "B300 (b300_sxm)" in status, status
 
 
 def test_efficiencies_carry_their_rows() -> None:
@@ -109,7 +149,8 @@ def test_plan_estimate_json_without_aiconfigurator(monkeypatch: pytest.MonkeyPat
     est = json.loads(capsys.readouterr().out)["estimate"]
     assert "aiconfigurator not installed" in est["aiconfigurator"] and "make install-aiconfigurator" in est["aiconfigurator"]
     assert {"fp8", "bf16", "int8_per_token_head", "int4_per_token_head"} <= set(est["formats"])
-    assert "nvfp4" not in est["formats"]  # Blackwell only
+    assert "nvfp4" not in est["formats"]  # SM100/103 only (GPUSpec.nvfp4_kv)
+    assert "kv_pool_bytes_per_gpu" not in est  # the plan's own figure, once
     fp8, bf16 = est["formats"]["fp8"], est["formats"]["bf16"]
     assert fp8["max_concurrency"] >= 2 * bf16["max_concurrency"] - 1
     for level in fp8["levels"]:

@@ -15,12 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trtkv.bench.http1 import Connection, Events, ProtocolError, event_json, http_request
+from trtkv.bench.http1 import CHECK_BYTES, Connection, Events, ProtocolError, event_json, fetch, http_request
 from trtkv.bench.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord
 from trtkv.bench.stream import shared_loop, stream
 from trtkv.contracts.interface import ENSEMBLE, LLMAPI, ModelInterface, detect
 from trtkv.core.apikey import auth_headers
 from trtkv.core.errors import TrtkvError
+from trtkv.core.files import strict_json
 from trtkv.recipe.enums import Protocol
 
 DEFAULT_MODEL = ENSEMBLE.model
@@ -96,35 +97,51 @@ def _not_ready(ep: Endpoint, index: list[dict[str, Any]]) -> TrtkvError:
 def _grpc_config(ep: Endpoint, timeout_s: float) -> dict[str, Any]:
     import tritonclient.grpc as grpcclient
 
-    client = grpcclient.InferenceServerClient(ep.url)
+    deadline = time.monotonic() + timeout_s  # one deadline for every call of the check, answers bounded in size
+
+    def left() -> float:
+        return max(0.001, deadline - time.monotonic())
+
+    client = grpcclient.InferenceServerClient(ep.url, channel_args=[("grpc.max_receive_message_length", CHECK_BYTES)])
     try:
         key = auth_headers() or None  # the deploy files key Triton's model-repository API
-        if not client.is_server_live(headers=key, client_timeout=timeout_s):
+        if not client.is_server_live(headers=key, client_timeout=left()):
             raise TrtkvError(f"the Triton server at {ep.display} answers but is not live.")
-        if not client.is_model_ready(ep.model, headers=key, client_timeout=timeout_s):
-            index = client.get_model_repository_index(headers=key, as_json=True, client_timeout=timeout_s).get("models", [])
+        if not client.is_model_ready(ep.model, headers=key, client_timeout=left()):
+            index = client.get_model_repository_index(headers=key, as_json=True, client_timeout=left()).get("models", [])
             raise _not_ready(ep, index)
         config: dict[str, Any] = client.get_model_config(ep.model, headers=key, as_json=True,
-                                                         client_timeout=timeout_s)["config"]
+                                                         client_timeout=left())["config"]
         return config
     finally:
         client.close()
 
 
 def _http_config(ep: Endpoint, timeout_s: float) -> dict[str, Any]:
-    import tritonclient.http as httpclient
+    """Triton's HTTP API (live, model ready, its config) within one deadline, each answer bounded (http1.fetch)."""
+    deadline = time.monotonic() + timeout_s
+    host, _, port = ep.url.rpartition(":")
 
-    client = httpclient.InferenceServerClient(ep.url, connection_timeout=timeout_s, network_timeout=timeout_s)
-    try:
-        key = auth_headers() or None
-        if not client.is_server_live(headers=key):
-            raise TrtkvError(f"the Triton server at {ep.display} answers but is not live.")
-        if not client.is_model_ready(ep.model, headers=key):
-            raise _not_ready(ep, client.get_model_repository_index(headers=key))
-        config: dict[str, Any] = client.get_model_config(ep.model, headers=key)
-        return config
-    finally:
-        client.close()
+    def call(method: str, path: str) -> tuple[int, Any]:
+        try:
+            status, body = fetch(host.strip("[]") or "127.0.0.1", int(port), method, path, auth_headers(),
+                                 max(0.001, deadline - time.monotonic()), expect_type=None)
+        except TimeoutError:
+            raise TimeoutError(f"no whole answer within {timeout_s:g} s") from None
+        try:
+            return status, strict_json(body) if body else None
+        except ValueError:
+            return status, None
+
+    if call("GET", "/v2/health/live")[0] != 200:
+        raise TrtkvError(f"the Triton server at {ep.display} answers but is not live.")
+    if call("GET", f"/v2/models/{ep.model}/ready")[0] != 200:
+        index = call("POST", "/v2/repository/index")[1]
+        raise _not_ready(ep, [m for m in index if isinstance(m, dict)] if isinstance(index, list) else [])
+    status, config = call("GET", f"/v2/models/{ep.model}/config")
+    if status != 200 or not isinstance(config, dict):
+        raise TrtkvError(f"the Triton server at {ep.display} answered {status} for model {ep.model!r}'s config.")
+    return config
 
 
 def _first_line(exc: BaseException) -> str:

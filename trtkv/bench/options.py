@@ -53,6 +53,10 @@ class BenchOptions(Options):
                     "KV format's ITL drops below another's"), Flag(sep=",", metavar="L1,L2,...")] = None
     latency: Annotated[bool, Field(description="skip the latency sweep (accuracy tasks only)"),
                        Flag(names=("--no-latency",))] = True
+    workers: Annotated[int | None, Field(
+        ge=1, description="client processes for the latency sweep (default auto: one, unless a level's warm-up shows "
+                          "one process would use more than half a core, then the streams are sharded over processes)"),
+        Flag(metavar="N|auto", none="auto")] = None  # None: auto (trtkv.bench.levels)
     golden_prompts: Annotated[int, Field(ge=1, description="prompts in the golden-agreement task (default %(default)s)"),
                               Flag()] = 8
     output: Annotated[Path | None, Field(description="results folder (default: engines/<recipe>/bench)"), Flag()] = None

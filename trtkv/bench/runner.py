@@ -13,7 +13,8 @@ from trtkv.bench import accuracy as acc_tasks
 from trtkv.bench import aiperf_export, plots, results, ruler, slo
 from trtkv.bench.client import Endpoint, SamplingParams, now_ns
 from trtkv.bench.endpoints import check_endpoint, session_factory
-from trtkv.bench.loadgen import Interrupted, Job, run_concurrency, run_rate
+from trtkv.bench.levels import ClientRun, LevelSpec, Sweep, client_summary
+from trtkv.bench.loadgen import Interrupted, Job, run_concurrency
 from trtkv.bench.metrics import summarize_level
 from trtkv.bench.options import BenchOptions
 from trtkv.bench.prompts import count_tokens, latency_prompts, load_tokenizer, long_text, prompt_tokens, tokenizer_dir
@@ -82,7 +83,7 @@ def _latency_jobs(prompts: Sequence[str], isl: Sequence[int], phase: str, level:
     jobs = []
     for k in range(count):
         i = (start + k) % len(prompts)
-        rec = RequestRecord(f"{level}-{phase}-{k}", phase, level, i, isl[i], max_tokens)
+        rec = RequestRecord(f"{level}-{phase}-{start + k}", phase, level, i, isl[i], max_tokens)
         jobs.append(Job(rec, prompts[i], SamplingParams(max_tokens=max_tokens)))
     return jobs
 
@@ -95,44 +96,39 @@ def _levels(recipe: Recipe) -> list[tuple[str, float, str]]:
 
 
 def run_latency(recipe: Recipe, ep: Endpoint, tokenizer: Any, progress: _Progress, records: list[RequestRecord],
-                by_level: dict[str, list[RequestRecord]]) -> None:
-    """Warm-up then measured requests at each level; `records` and `by_level` fill as levels finish (or stop)."""
+                by_level: dict[str, list[RequestRecord]], clients: dict[str, ClientRun], workers: int | None) -> None:
+    """Warm-up then measured requests at each level, each level's sessions kept from its warm-up into its measured
+    phase (trtkv.bench.levels: in this process or on worker processes); `records`, `by_level` and `clients` fill as
+    levels finish (or stop)."""
     b = recipe.bench
     prompts = latency_prompts(tokenizer, b.num_requests, b.input_tokens)
     isl = [prompt_tokens(tokenizer, p) for p in prompts]
-    factory = session_factory(ep)
-    for label, value, mode in _levels(recipe):
-        conc = int(value) if mode == "concurrency" else max(1, round(value))
-        warm = max(b.warmup_requests, conc) if b.warmup_requests else 0
-        for phase, count in (("warmup", warm), ("latency", b.num_requests)):
-            if count == 0:
-                continue
-            jobs = _latency_jobs(prompts, isl, phase, label, 0, count, b.output_tokens)
-            done = progress.phase(f"{phase} {label}", len(jobs))
-            try:
-                if mode == "concurrency":
-                    recs = run_concurrency(factory, jobs, conc, b.request_timeout_s, done)
-                else:
-                    recs = run_rate(factory, jobs, value, b.request_timeout_s, on_done=done)
-            except Interrupted as stop:
-                records.extend(stop.records)
-                if phase == "latency":
-                    by_level[label] = stop.records
-                raise
-            records.extend(recs)
-            if phase == "latency":
-                by_level[label] = recs
+
+    def make_jobs(label: str, phase: str, start: int, count: int) -> list[Job]:
+        return _latency_jobs(prompts, isl, phase, label, start, count, b.output_tokens)
+
+    sweep = Sweep(ep, make_jobs, workers, progress.phase, records, by_level, progress.log)
+    try:
+        for label, value, mode in _levels(recipe):
+            conc = int(value) if mode == "concurrency" else max(1, round(value))
+            warm = max(b.warmup_requests, conc) if b.warmup_requests else 0
+            sweep.run(LevelSpec(label, mode, value, warm, b.num_requests, b.request_timeout_s))
+    finally:
+        clients.update(sweep.clients)
 
 
 def run_sweep(recipe: Recipe, ep: Endpoint, tokenizer: Any, progress: _Progress, records: list[RequestRecord],
-              lengths: Sequence[int], by_length: dict[int, dict[str, list[RequestRecord]]]) -> None:
-    """The latency levels once per input length (`--sweep-input`); `by_length` fills as lengths finish (or stop)."""
+              lengths: Sequence[int], by_length: dict[int, dict[str, list[RequestRecord]]],
+              clients: dict[int, dict[str, ClientRun]], workers: int | None) -> None:
+    """The latency levels once per input length (`--sweep-input`), each length's levels on run_latency's Sweep
+    (sessions kept from warm-up to measured phase, worker processes as --workers decides); `by_length` and `clients`
+    fill as lengths finish (or stop)."""
     for n in lengths:
         at_n = recipe.model_copy(update={"bench": recipe.bench.model_copy(update={"input_tokens": n})})
-        by_length[n] = {}
+        by_length[n], clients[n] = {}, {}
         mark = len(records)
         try:
-            run_latency(at_n, ep, tokenizer, progress, records, by_length[n])
+            run_latency(at_n, ep, tokenizer, progress, records, by_length[n], clients[n], workers)
         finally:
             for rec in records[mark:]:  # one label per length, so requests.csv and the AIPerf exports stay apart
                 rec.level = f"input={n} {rec.level}"
@@ -236,10 +232,12 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     task_names = [t.value for t in (recipe.bench.tasks if opts.tasks is None else opts.tasks)]
     slos = slo.with_fidelity(slos, task_names)
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    wall0, t0 = time.time(), now_ns()
+    wall0, t0, origin_unix_ns = time.time(), now_ns(), time.time_ns()
     records: list[RequestRecord] = []
     by_level: dict[str, list[RequestRecord]] = {}
+    clients: dict[str, ClientRun] = {}
     by_length: dict[int, dict[str, list[RequestRecord]]] = {}
+    length_clients: dict[int, dict[str, ClientRun]] = {}
     task_records: dict[str, list[RequestRecord]] = {}
     interrupted: str | None = None
     tasks: list[acc_tasks.Task] = []
@@ -253,12 +251,13 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
             lengths = list(recipe.bench.sweep_input_tokens if opts.sweep_input is None else opts.sweep_input)
             if opts.latency and lengths:
                 interrupted = "input sweep"
-                run_sweep(recipe, ep, tokenizer, progress, records, lengths, by_length)
+                run_sweep(recipe, ep, tokenizer, progress, records, lengths, by_length, length_clients, opts.workers)
             if opts.latency and recipe.bench.input_tokens not in by_length:
                 interrupted = "latency sweep"
-                run_latency(recipe, ep, tokenizer, progress, records, by_level)
+                run_latency(recipe, ep, tokenizer, progress, records, by_level, clients, opts.workers)
             elif opts.latency:  # the recipe's own length was one of the sweep's: its levels are the main ones
                 by_level.update(by_length[recipe.bench.input_tokens])
+                clients.update(length_clients[recipe.bench.input_tokens])
             interrupted = "accuracy tasks"
             task_records = run_accuracy(recipe, ep, tasks, progress, records)
             if "fidelity" in task_names:
@@ -271,16 +270,26 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     _normalize(records, t0)
     doc = assemble(recipe, ep, opts, records, by_level, tasks, task_records, task_errors, slos, check, interrupted,
                    started, time.time() - wall0)
+    doc.time_origin = {"unix_ns": origin_unix_ns, "note": "record times are ms after this wall-clock instant (to line "
+                                                          "them up with a server's logs and metrics)"}
+    for label, run in clients.items():
+        if label in doc.levels:
+            doc.levels[label]["client"] = client_summary(run, by_level[label])
     if by_length:
         from trtkv.bench import sweep
 
-        doc.sweep = sweep.summarize(by_length)
+        doc.sweep = sweep.summarize(by_length, {n: {label: client_summary(run, by_length[n][label])
+                                                    for label, run in runs.items() if label in by_length[n]}
+                                                for n, runs in length_clients.items()})
     if goodput:
         doc.goodput_slos = goodput
         for label, recs in by_level.items():
             good = aiperf_export.level_export(recs, goodput)
             doc.levels[label]["goodput"] = {**good["goodput"], "good_request_count": good["good_request_count"]["avg"]}
     doc.tool_versions = tool_versions()
+    doc.kv_pool = _served_pool(recipe, opts.url)
+    if doc.kv_pool.get("warning"):
+        doc.warnings.append(str(doc.kv_pool["warning"]))
     out = doc.document()  # results.json as written (trtkv.contracts.artifacts.BenchResults; report loads it back)
 
     def work(tmp: Path) -> dict[str, Any]:
@@ -292,6 +301,22 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     results.console_summary(out, output)
     code = EXIT_INTERRUPTED if interrupted else (0 if out["slo"]["passed"] else EXIT_SLO_FAILED)
     return BenchOutcome(code, output, out)
+
+
+def _served_pool(recipe: Recipe, url: str | None) -> dict[str, Any]:
+    """Planned against served KV pool (trtkv.serving.pool) for the recorded server; a --url elsewhere is another
+    server: its pool is not read."""
+    from trtkv.contracts.artifacts import ServerRecord
+    from trtkv.recipe.layout import serve_dir
+    from trtkv.serving import pool
+
+    server = ServerRecord.load(serve_dir(recipe))
+    if url and server is not None and str(server.http_port) not in url:
+        server = None
+    try:
+        return pool.compare(recipe, server)
+    except Exception as exc:  # noqa: BLE001 - the read-back never fails a benchmark; it says why it has no figure
+        return {"planned_bytes_per_gpu": None, "source": f"not read: {exc}", "warning": None}
 
 
 def assemble(recipe: Recipe, ep: Endpoint, opts: BenchOptions, records: list[RequestRecord],

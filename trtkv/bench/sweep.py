@@ -86,12 +86,22 @@ def fits(samples: dict[int, dict[str, list[float]]]) -> dict[str, Any]:
             "ttft_quadratic_fit": quadratic_fit(xt, yt)}
 
 
-def summarize(by_length: Mapping[int, Mapping[str, Sequence[Any]]]) -> dict[str, Any]:
-    """results.json's `sweep`: {lengths, levels: {level: {fits..., samples: {length: {ttft_ms, itl_ms}}}}}."""
+CLIENT_KEYS = ("workers", "decided", "cpu_cores", "cpu_us_per_token", "lag_ms", "warning")
+
+
+def summarize(by_length: Mapping[int, Mapping[str, Sequence[Any]]],
+              clients: Mapping[int, Mapping[str, Mapping[str, Any]]] | None = None) -> dict[str, Any]:
+    """results.json's `sweep`: {lengths, levels: {level: {fits..., samples: {length: {ttft_ms, itl_ms}},
+    client: {length: the client's own cost}}}}; `clients` is trtkv.bench.levels.client_summary per length and level
+    (its processes, CPU per token, lag and warning: a length the client held back says so)."""
     levels: dict[str, Any] = {}
     for n in sorted(by_length):
         for label, recs in by_length[n].items():
-            levels.setdefault(label, {"samples": {}})["samples"][str(n)] = request_figures(recs)
+            body = levels.setdefault(label, {"samples": {}})
+            body["samples"][str(n)] = request_figures(recs)
+            got = (clients or {}).get(n, {}).get(label)
+            if got is not None:
+                body.setdefault("client", {})[str(n)] = {k: got[k] for k in CLIENT_KEYS if k in got}
     for body in levels.values():
         body.update(fits({int(k): v for k, v in body["samples"].items()}))
     return {"input_tokens": sorted(by_length), "levels": levels,

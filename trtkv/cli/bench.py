@@ -48,6 +48,7 @@ def sweep_lengths(lengths: list[int], recipe: Recipe) -> list[int]:
     """--sweep-input: positive lengths the recipe's engine accepts (build.max_input_len and max_seq_len), all checked
     at once; sorted, each once."""
     from trtkv.core.errors import TrtkvError
+    from trtkv.recipe.bench_section import MAX_SWEEP_LENGTHS
 
     given = ",".join(map(str, lengths))
     bad = [n for n in lengths if n <= 0]
@@ -55,6 +56,9 @@ def sweep_lengths(lengths: list[int], recipe: Recipe) -> list[int]:
         raise TrtkvError(f"--sweep-input {given!r}: expected positive token counts separated by commas, e.g. "
                          f"128,512,2048{f' (not {bad[0]})' if bad else ''}.")
     out = sorted(set(lengths))
+    if len(out) > MAX_SWEEP_LENGTHS:
+        raise TrtkvError(f"--sweep-input: {len(out)} lengths; at most {MAX_SWEEP_LENGTHS} (each one runs every latency "
+                         f"level once, as bench.sweep_input_tokens allows). Next: fewer lengths.")
     b = recipe.build
     over = [n for n in out if n > b.max_input_len or n + recipe.bench.output_tokens > b.max_seq_len]
     if over:

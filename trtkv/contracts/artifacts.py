@@ -15,15 +15,18 @@ parses a file by hand. Light: pydantic and json only.
 from __future__ import annotations
 
 import json
-import os
+import re
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from trtkv.core.errors import StageError
+from trtkv.core.files import NotReadable, naming, read_json
+from trtkv.core.paths import temp_sibling
 
 T = TypeVar("T", bound="Artifact")
+PID_MAX = 1 << 22  # Linux's PID_MAX_LIMIT: no pid is larger
 
 
 class Artifact(BaseModel):
@@ -34,6 +37,7 @@ class Artifact(BaseModel):
     WRITTEN_BY: ClassVar[str]
     # False: `save` writes only the fields its writer set (optional fields appear in the files whose writer gives them)
     WRITE_DEFAULTS: ClassVar[bool] = True
+    MAX_BYTES: ClassVar[int] = 256 << 20  # results and probe documents of long sweeps; records are far smaller
 
     @classmethod
     def path(cls, folder: Path) -> Path:
@@ -42,18 +46,18 @@ class Artifact(BaseModel):
     @classmethod
     def load(cls: type[T], folder: Path) -> T | None:
         path = cls.path(folder)
-        if not path.is_file():
+        if not path.exists() and not path.is_symlink():
             return None
-        try:
-            return cls.model_validate(json.loads(path.read_text()))
+        try:  # bounded, a regular file only, strict JSON (trtkv.core.files): a damaged record is one error line
+            return cls.model_validate(read_json(path, cls.MAX_BYTES, cls.FILE))
         except ValidationError as exc:
             err = exc.errors()[0]
             where = ".".join(str(part) for part in err["loc"]) or "(top level)"
             more = f" and {exc.error_count() - 1} more" if exc.error_count() > 1 else ""
             raise StageError(f"{path} is not a valid {cls.FILE}: {where}: {err['msg']}{more}. Next: rerun "
                              f"{cls.WRITTEN_BY}.") from exc
-        except (OSError, json.JSONDecodeError) as exc:
-            raise StageError(f"{path} is not readable JSON ({exc}). Next: rerun {cls.WRITTEN_BY}.") from exc
+        except NotReadable as exc:
+            raise StageError(f"{path}: {exc.problem}. Next: rerun {cls.WRITTEN_BY}.") from None
 
     def document(self) -> dict[str, Any]:
         """What `save` writes: the fields in declaration order, then the extra ones in the order given."""
@@ -62,9 +66,13 @@ class Artifact(BaseModel):
     def save(self, folder: Path) -> Path:
         path = self.path(folder)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(self.document(), indent=2, default=str) + "\n")
-        tmp.replace(path)
+        tmp = temp_sibling(path, "tmp")
+        try:
+            with naming(tmp):
+                tmp.write_text(json.dumps(self.document(), indent=2, default=str) + "\n")
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)  # a full disk leaves no half-written sibling
         return path
 
 
@@ -74,12 +82,13 @@ class ServerRecord(Artifact):
     model_config = ConfigDict(extra="forbid")
     FILE = "server.json"
     WRITTEN_BY = "`trtkv serve` after stopping the recorded server by hand and deleting the file"
+    MAX_BYTES = 1 << 20
 
-    pid: int
+    pid: int = Field(ge=1, le=PID_MAX)
     host: str
-    http_port: int
-    grpc_port: int
-    metrics_port: int
+    http_port: int = Field(ge=1, le=65535)
+    grpc_port: int = Field(ge=0, le=65535)  # 0: the server has none (an OpenAI server: HTTP only)
+    metrics_port: int = Field(ge=0, le=65535)
     command: list[str]
     log: str
     model_repository: str
@@ -89,10 +98,18 @@ class ServerRecord(Artifact):
     ready_seconds: float | None = None
     container: str | None = None  # docker container name (GPU path through docker), stopped and removed by `stop`
     cidfile: str | None = None  # `docker run --cidfile`: the container id, which `stop` stops (not just the client)
-    session_id: int | None = None  # the server's process session (trtkv.core.sessions): `stop` ends all of it
-    session_start: int | None = None  # the session leader's start time (/proc/PID/stat field 22), against pid reuse
+    session_id: int | None = Field(None, ge=1, le=PID_MAX)  # the server's process session (trtkv.core.sessions)
+    session_start: int | None = Field(None, ge=0)  # the session leader's start time (/proc/PID/stat field 22)
     session_marker: str | None = None  # TRTKV_SERVER_SESSION in its environment, for children that call setsid
     extra: dict[str, Any] = {}
+
+    @field_validator("host")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        """An address a client connects to (it lands in URLs): IP or host-name characters only."""
+        if not re.fullmatch(r"[A-Za-z0-9.:\-]{1,253}", value):
+            raise ValueError("not an IP address or host name")
+        return value
 
     @property
     def http_url(self) -> str:
@@ -110,10 +127,11 @@ class SupervisorRecord(Artifact):
 
     FILE = "supervisor.json"
     WRITTEN_BY = "`trtkv stop RECIPE` then `trtkv serve RECIPE` (the supervisor rewrites it)"
+    MAX_BYTES = 1 << 20
 
-    pid: int
+    pid: int = Field(ge=1, le=PID_MAX)
     command: list[str] = []
-    start_time: int | None = None  # /proc/PID/stat field 22, against pid reuse (absent in records of old versions)
+    start_time: int | None = Field(None, ge=0)  # /proc/PID/stat field 22, against pid reuse (absent in old records)
     state: str = "unknown"
     interval_s: float = 0.0
     failures: int = 0
@@ -143,6 +161,9 @@ class Manifest(Artifact):
     tool_versions: dict[str, str | None] | None = None
     wall_seconds: float | None = None
     finished_at: str | None = None
+    # name -> {size, sha256} of every other file (trtkv.contracts.contents): "up to date" and "a valid input" both need
+    # the folder to hold exactly these; None in manifests of older trtkv (checked by key only, and said so)
+    files: dict[str, Any] | None = None
 
 
 class KVScaleLayer(BaseModel):
@@ -232,9 +253,12 @@ class BenchResults(Artifact):
     accuracy: dict[str, dict[str, Any]] = {}  # task -> its score, or why it did not run
     slo: BenchSLOs | None = None
     records: list[dict[str, Any]] = []  # trtkv.bench.records.RequestRecord.to_json per request
+    time_origin: dict[str, Any] | None = None  # {"unix_ns", "note"}: the wall-clock instant record times count from
     goodput_slos: dict[str, float] | None = None  # --goodput's thresholds (ms)
     tool_versions: dict[str, str | None] | None = None
     sweep: dict[str, Any] | None = None  # --sweep-input: per level, samples and fits against input length
+    kv_pool: dict[str, Any] | None = None  # planned against served (trtkv.serving.pool.compare)
+    warnings: list[str] = []  # e.g. a served KV pool more than 10% short of the plan
 
 
 class ProbeScales(BaseModel):

@@ -13,7 +13,8 @@ Derived per field: the flag is `--field-name` unless Flag names it (a name witho
 positional argument); a field without a default is a required flag; the type comes from T (int, float, str, Path;
 an Enum or a Literal gives `choices`, the Enum's values); a bool that defaults to False is a `store_true` flag, one
 that defaults to True a `--no-...` flag (`store_false`, named in Flag); a list field is either a repeated flag
-(Flag(repeat=True)) or one value split on Flag(sep=...), where Flag(empty=...) is the word for an empty list.
+(Flag(repeat=True)) or one value split on Flag(sep=...), where Flag(empty=...) is the word for an empty list; an
+optional scalar may take a word for None (Flag(none="auto")).
 Light: argparse, typing and pydantic only.
 """
 
@@ -45,6 +46,7 @@ class Flag:
     repeat: bool = False  # a list field: the flag once per value (argparse's "append")
     sep: str | None = None  # a list field: one value, split on `sep`, items stripped, empty items dropped
     empty: str | None = None  # with `sep`: the word that stands for an empty list (e.g. "none")
+    none: str | None = None  # an optional scalar: the word that stands for None on the command line (e.g. "auto")
 
 
 def _optional_inner(annotation: Any) -> Any:
@@ -103,6 +105,8 @@ class Options(BaseModel):
             if flag.sep is not None and isinstance(value, str):
                 items = [x.strip() for x in value.split(flag.sep) if x.strip()]
                 value = [x for x in items if x != flag.empty]
+            elif flag.none is not None and isinstance(value, str) and value.strip().lower() == flag.none:
+                value = None
             values[name] = value
         try:
             return cls(**values)
@@ -111,7 +115,8 @@ class Options(BaseModel):
             name = str(err["loc"][0])
             given = getattr(args, name, None)
             item = f" {err['input']!r}:" if len(err["loc"]) > 1 else ""
-            also = f" (or {cls.flags()[name].empty})" if cls.flags()[name].empty else ""
+            word = cls.flags()[name].empty or cls.flags()[name].none
+            also = f" (or {word})" if word else ""
             raise TrtkvError(f"{cls.flag_names(name)[0]} {given!r}:{item} {err['msg']}{also}. Next: "
                              f"see --help.") from None
 
@@ -144,6 +149,8 @@ def _argument(name: str, info: FieldInfo, flag: Flag) -> dict[str, Any]:
         if flag.sep is None:
             raise TypeError(f"{name}: a list option is repeated (Flag(repeat=True)) or split (Flag(sep=...))")
         return {**kw, "default": default, "type": str}
+    if flag.none is not None:  # a number or the word for None: parsed by the field, not by argparse
+        return {**kw, "default": flag.none if default is None else default, "type": str}
     choices = _choices(kind)
     if choices is not None:
         return {**kw, "default": _shown(default), "choices": choices}

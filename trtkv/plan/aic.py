@@ -4,7 +4,9 @@ bytes and time and checked field by field. `make install-aiconfigurator` makes .
 aiconfigurator-core 0.12.0, pinned); without it the estimate says so and uses trtkv's own model.
 
 aiconfigurator 0.12.0 has measured data for h100_sxm, h200_sxm, b200_sxm, b300_sxm, gb200, gb300, a100_sxm, l40s and
-rtx_pro_6000_server; backends TensorRT-LLM 1.3.0rc20, vLLM 0.24.0, SGLang 0.5.14; KV bfloat16 and fp8 only.
+rtx_pro_6000_server (trtkv.plan.speed.AIC_SYSTEM maps trtkv's GPUs onto them; gb300 has no trtkv GPU); backends
+TensorRT-LLM 1.3.0rc20, vLLM 0.24.0, SGLang 0.5.14; KV bfloat16 and fp8 only. For any other GPU it is not asked: the
+estimate says so, names the GPUs it covers, and trtkv's model answers.
 """
 
 from __future__ import annotations
@@ -63,6 +65,11 @@ class AicAnswer:
 
     def source(self, r: AicRow) -> str:
         return f"aiconfigurator {self.version} ({r.backend} {r.backend_version} data, {r.system})"
+
+
+def covered_gpus() -> str:
+    """`A100-80GB (a100_sxm), H100-80GB (h100_sxm), ...`: the GPUs aiconfigurator has measured data for."""
+    return "it has data for " + ", ".join(f"{g.value} ({system})" for g, system in AIC_SYSTEM.items())
 
 
 def python_path() -> Path:
@@ -160,7 +167,8 @@ def run_for(recipe: Recipe, arch: Architecture, formats: Sequence[tuple[str, KVF
 
     kvs = sorted({AIC_KV[f] for label, f in formats if f in AIC_KV and label == f.value})
     if recipe.hardware.gpu not in AIC_SYSTEM:
-        return None, f"no aiconfigurator data for {recipe.hardware.gpu.value}: trtkv model"
+        return None, (f"aiconfigurator {AIC_VERSION} has no data for {recipe.hardware.gpu.value} ({covered_gpus()}): "
+                      f"trtkv model for every row")
     if not kvs:
         return None, "no format aiconfigurator covers (it has bfloat16 and fp8 KV): trtkv model"
     python = python_path()

@@ -1,6 +1,7 @@
 """`trtkv plan --estimate`: TTFT, ITL and output tokens/s per KV format and concurrency for the recipe's engine, GPU,
 TP/PP, weights and bench workload, each figure with its source: aiconfigurator's estimate where it has data
-(trtkv.plan.aic), else trtkv's own model (trtkv.plan.speed); and the largest concurrency the plan's KV pool holds."""
+(trtkv.plan.aic), else trtkv's own model (trtkv.plan.speed); and the largest concurrency the plan's KV pool
+(Plan.kv_pool_bytes_per_gpu, the engine's own pool rule: trtkv.plan.engine_pool) holds."""
 
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.formats import UNQUANTIZED, KVFormat
 from trtkv.plan import aic
 from trtkv.plan.model import GIB, Architecture, Plan, resolve_architecture, seq_bytes, weights_bytes
-from trtkv.plan.speed import KVCost, ModelShape, Serving, kernels_for, kv_lane, serve
+from trtkv.plan.speed import AIC_SYSTEM, KVCost, ModelShape, Serving, kernels_for, kv_lane, serve
 from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe import Recipe, WeightQuant
-from trtkv.recipe.attention import layer_formats
+from trtkv.recipe.attention import AttentionKind, layer_formats
 from trtkv.recipe.backend_rules import SPEED_ENGINE, served_kv_formats
 
-BLACKWELL_ONLY = (KVFormat.NVFP4,)  # NVFP4 KV: FP4 tensor cores (TensorRT-LLM, vLLM, SGLang need sm100+)
+NVFP4_ONLY_WHERE = (KVFormat.NVFP4,)  # NVFP4 KV: the GPUs GPUSpec.nvfp4_kv names (SM100/103), as recipe.rules says
 
 
 @dataclass
@@ -35,10 +36,12 @@ class EstimateRow:
 
 @dataclass
 class Estimate:
+    """The rows and what they rest on; the KV pool they fit concurrency in is the plan's (Plan.kv_pool_bytes_per_gpu,
+    not repeated here)."""
+
     workload: dict[str, Any]
     engine: str
     gpu: str
-    kv_pool_bytes_per_gpu: float
     max_concurrency: dict[str, int]  # per format: sequences of isl + osl tokens the pool holds
     rows: list[EstimateRow]
     aiconfigurator: str  # what was used, or why not
@@ -51,14 +54,7 @@ class Estimate:
             entry = formats.setdefault(r.format, {"max_concurrency": self.max_concurrency[r.format], "levels": []})
             entry["levels"].append({k: v for k, v in asdict(r).items() if k != "format"})
         return {"workload": self.workload, "engine": self.engine, "gpu": self.gpu,
-                "kv_pool_bytes_per_gpu": self.kv_pool_bytes_per_gpu, "aiconfigurator": self.aiconfigurator,
-                "formats": formats, "notes": self.notes}
-
-
-def kv_pool_bytes_per_gpu(plan: Plan) -> float:
-    """The KV pool per GPU the estimate sizes concurrency with: the planner's budget (the one place to swap for the
-    engine's own pool rule, `kv_pool_bytes_per_gpu`, once the planner has it)."""
-    return plan.kv_budget_gib_per_gpu * GIB
+                "aiconfigurator": self.aiconfigurator, "formats": formats, "notes": self.notes}
 
 
 def engine_formats(recipe: Recipe) -> list[tuple[str, KVFormat]]:
@@ -67,14 +63,14 @@ def engine_formats(recipe: Recipe) -> list[tuple[str, KVFormat]]:
     out: list[tuple[str, KVFormat]] = [(recipe.kv_format_label, recipe.kv_format)]
     seen = {recipe.kv_format}
     spec = GPU_SPECS.get(recipe.hardware.gpu)
-    blackwell = spec is not None and spec.arch == "Blackwell"
+    nvfp4 = spec is not None and spec.nvfp4_kv
     for name in served_kv_formats(recipe.build.backend):
         try:
             fmt = KVFormat(name)
         except ValueError:
             continue
         unq = fmt in UNQUANTIZED and any(f in UNQUANTIZED for f in seen)
-        if fmt in seen or unq or (fmt in BLACKWELL_ONLY and not blackwell):
+        if fmt in seen or unq or (fmt in NVFP4_ONLY_WHERE and not nvfp4):
             continue
         seen.add(fmt)
         out.append((fmt.value, fmt))
@@ -92,7 +88,10 @@ def model_shape(arch: Architecture, recipe: Recipe) -> ModelShape:
     # the embedding table is looked up, not read whole (a tied one is read whole as the LM head)
     lookup = 0.0 if arch.tie_word_embeddings else vocab * h * (4 if recipe.model.dtype.value == "float32" else 2) / tp
     fp8 = recipe.quantization.weights in (WeightQuant.FP8, WeightQuant.INT8_SQ) and GPU_SPECS[recipe.hardware.gpu].has_fp8
-    windows = tuple(x.window if x.window else None for x in arch.layer_list())
+    # the layers that run attention over a cache of their own (as checkpoints.hf_config's attention_layers): a state
+    # layer (Mamba, Gated DeltaNet) or a no-cache layer (Nemotron-H's MLP-only, Gemma 4's KV-shared) is left out
+    windows = tuple(x.window if x.window else None for x in arch.layer_list()
+                    if not x.is_state and x.kind is not AttentionKind.NONE)
     return ModelShape(arch.num_layers, h, arch.intermediate_size or 4 * h, max(1, arch.num_attention_heads // tp),
                       arch.head_dim, gemm_params / tp, max(0.0, w_gpu * pp - lookup), "fp8" if fp8 else "bfloat16",
                       windows, tp, pp)
@@ -134,7 +133,7 @@ def estimate(recipe: Recipe, plan: Plan, use_aiconfigurator: bool = True) -> Est
                          f"`hardware.gpu=H100-80GB build.backend=vllm`, or measure here with `trtkv bench --sweep-input`.")
     arch = resolve_architecture(recipe)
     b = recipe.bench
-    pool = kv_pool_bytes_per_gpu(plan)
+    pool = plan.kv_pool_bytes_per_gpu  # the engine's own rule (memdata): the one figure plan, serve and bench share
     skip = tuple(recipe.quantization.kv_skip_layers)
     formats = engine_formats(recipe)
     fits: dict[str, int] = {}
@@ -159,9 +158,20 @@ def estimate(recipe: Recipe, plan: Plan, use_aiconfigurator: bool = True) -> Est
     if any(fmt not in UNQUANTIZED and kv_lane(fmt)[1] for _, fmt in formats):
         notes.append("formats other than 16-bit and FP8 (no kernel tables anywhere): their bytes at the FP8 attention "
                      "kernel's measured efficiency, plus dequantization counted per element on the CUDA cores.")
+    notes += gpu_notes(gpu, SPEED_ENGINE[recipe.build.backend], rows)
     workload = {"input_tokens": b.input_tokens, "output_tokens": b.output_tokens, "concurrency": list(b.concurrency),
                 "max_num_batched_tokens": recipe.build.max_num_tokens}
-    return Estimate(workload, recipe.build.backend.value, gpu.value, pool, fits, rows, status, notes)
+    return Estimate(workload, recipe.build.backend.value, gpu.value, fits, rows, status, notes)
+
+
+def gpu_notes(gpu: GPU, engine: str, rows: list[EstimateRow]) -> list[str]:
+    """What trtkv's own rows on a GPU without aiconfigurator tables rest on (whose efficiencies, whose peaks)."""
+    if gpu in AIC_SYSTEM or not any(r.source.startswith("trtkv model") for r in rows):
+        return []
+    k = kernels_for(gpu, engine)
+    return [f"{gpu.value} has no aiconfigurator kernel tables: trtkv's model borrows {k.system}'s {k.versions} "
+            f"efficiencies (the tables of its compute capability, else of its architecture) at {gpu.value}'s own "
+            f"bandwidth ({GPU_SPECS[gpu].hbm_bandwidth_gbps:g} GB/s); {k.peaks}."]
 
 
 def speed_advice(recipe: Recipe, arch: Architecture, capacity_ratio: float | None) -> str | None:

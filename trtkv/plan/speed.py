@@ -8,13 +8,17 @@ Where each number comes from:
 - Kernel efficiencies (achieved / datasheet) per GPU, engine and kernel: read from aiconfigurator-core 0.12.0's
   measured kernel tables at ONE reference shape each (a 70B-class layer at TP4; `tools/aic_kernels.py` names the shape
   and the table, `make speed-efficiencies` rewrites the JSON). An efficiency above 1 (a table row faster than the
-  datasheet allows) is capped at 1. A GPU without tables takes its architecture's reference GPU's efficiencies
-  (Hopper: h100_sxm, Blackwell: b200_sxm, Ampere: a100_sxm, Ada: l40s) with its own datasheet figures.
+  datasheet allows) is capped at 1. A GPU without tables (AIC_SYSTEM) borrows the efficiencies of the GPU with tables
+  of its compute capability, else of its architecture (ARCH_REFERENCE), at its own bandwidth (GPU_SPECS); its tensor-core
+  peaks are its own where aiconfigurator ships its datasheet (DATASHEET_SYSTEM), else the lender's scaled by the
+  bandwidth ratio, which `Kernels.peaks` says (then TTFT, compute-bound, is the least certain figure).
 - Dequantization: counted operations per K/V element read (DEQUANT_OPS, from each format's definition) on the CUDA
   cores (FP32_TFLOPS, datasheet); FP8's cost is inside its measured kernel efficiency.
 Assumptions said where they are made: decode attention reads each sequence's K/V once per layer per step; prefill
 attention is causal over the prefix the layer keeps (its window); MoE experts are all read (an upper bound); pipeline
-stages add their times (latency, not pipelined throughput); two all-reduces per layer under TP.
+stages add their times (latency, not pipelined throughput); two all-reduces per layer under TP. A hybrid's state layers
+(Mamba, Gated DeltaNet) run no attention: their fixed state is read once per decode step with the KV (the sequence's
+bytes include it), their scan's compute is not priced; a KV-shared layer (Gemma 4) reads no cache of its own here.
 """
 
 from __future__ import annotations
@@ -31,12 +35,21 @@ from trtkv.kvcache.formats import UNQUANTIZED, KVFormat
 from trtkv.platform.hardware import GPU, GPU_SPECS
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "speed_efficiencies.json"
-# trtkv GPU -> aiconfigurator system (the tables measured on that GPU)
+# trtkv GPU -> the aiconfigurator-core 0.12.0 system whose measured kernel tables (systems/data/<system>/) were taken on
+# that GPU: every system with tables that GPU_SPECS has a GPU for (gb300: no trtkv GPU; b60: not an NVIDIA GPU). Its
+# h100_pcie, l4, a100_pcie and a30 are datasheet-only YAMLs ("No built-in silicon performance database"): no tables.
 AIC_SYSTEM = {GPU.A100_80GB: "a100_sxm", GPU.H100_80GB: "h100_sxm", GPU.H200_141GB: "h200_sxm", GPU.L40S: "l40s",
-              GPU.B200: "b200_sxm"}
+              GPU.B200: "b200_sxm", GPU.B300: "b300_sxm", GPU.GB200: "gb200", GPU.RTX_PRO_6000: "rtx_pro_6000_server"}
+# GPUs whose datasheet figures aiconfigurator ships without tables (speed_efficiencies.json's "datasheets")
+DATASHEET_SYSTEM = {GPU.H100_PCIE: "h100_pcie", GPU.L4: "l4"}
 ARCH_REFERENCE = {"Hopper": "h100_sxm", "Blackwell": "b200_sxm", "Ampere": "a100_sxm", "Ada": "l40s"}
-# FP32 CUDA-core TFLOPS (datasheets: A100 19.5, H100 SXM 67, H200 67, L40S 91.6, B200 75 = HGX B200's 600 / 8)
-FP32_TFLOPS = {"a100_sxm": 19.5, "h100_sxm": 67.0, "h200_sxm": 67.0, "l40s": 91.6, "b200_sxm": 75.0}
+# FP32 CUDA-core TFLOPS, which aiconfigurator's system YAMLs do not carry (NVIDIA datasheets: A100 SXM 19.5, H100 SXM
+# 67, H100 PCIe 51, H200 67, L40S 91.6, L4 30.3; HGX B200 and HGX B300 600 / 8 = 75; GB200 90 per GPU at 1,200 W,
+# the configuration aiconfigurator's gb200.yaml rates at 2,500 BF16 TFLOPS (NVIDIA's figures as tabled on
+# glennklockwood.com/garden/processors/B200); RTX PRO 6000 Blackwell Server: 24,064 CUDA cores x 2 x 2.43 GHz, the
+# SM clock aiconfigurator's rtx_pro_6000_server.yaml scales its tensor-core figures to)
+FP32_TFLOPS = {"a100_sxm": 19.5, "h100_sxm": 67.0, "h100_pcie": 51.0, "h200_sxm": 67.0, "l40s": 91.6, "l4": 30.3,
+               "b200_sxm": 75.0, "b300_sxm": 75.0, "gb200": 90.0, "rtx_pro_6000_server": 24064 * 2 * 2.43e-3}
 # Operations per K/V element to turn it back into 16-bit before the attention math, counted from the formats:
 # static INT8: convert + scale; per-token-head: convert + its token's scale; INT4 groups/KIVI: unpack (shift, mask),
 # convert, scale and zero point; NVFP4: E2M1 decode, block scale, global scale; TurboQuant/UltraQuant: codebook
@@ -75,9 +88,10 @@ class Kernels:
     attn_floor_ms: dict[str, float]  # decode attention's fixed cost per call, by KV dtype
     ar_floor_ms: float
     ar_bus_eff: float
-    borrowed: bool  # efficiencies from the architecture's reference GPU
+    borrowed: bool  # efficiencies from another GPU's tables (reference_system)
     op_bw_scale: float = 0.8  # aiconfigurator's memory-op model (systems/<gpu>.yaml)
     op_latency_ms: float = 0.003
+    peaks: str = ""  # a borrowed GPU: where its tensor-core and FP32 peaks come from
 
     def efficiency(self, kind: str, dtype: str) -> float:
         got = self.eff.get(f"{kind}.{dtype}") or self.eff.get(f"{kind}.bfloat16")
@@ -88,14 +102,21 @@ class Kernels:
 
     @property
     def source(self) -> str:
-        how = f"{self.system} {self.versions} kernel tables" + (" (the architecture's reference GPU)" if self.borrowed
-                                                                   else "")
+        how = f"{self.system} {self.versions} kernel tables" + (", borrowed" if self.borrowed else "")
         return f"trtkv model (efficiencies: aiconfigurator-core {load_data()['aiconfigurator_core']} {how})"
 
 
 @lru_cache(maxsize=1)
 def load_data(path: Path = DATA) -> dict[str, Any]:
     return json.loads(path.read_text())
+
+
+def reference_system(gpu: GPU) -> str:
+    """The system whose tables a GPU without its own borrows: the first of AIC_SYSTEM with its compute capability (the
+    same kernels run there), else its architecture's reference (ARCH_REFERENCE)."""
+    spec = GPU_SPECS[gpu]
+    same = [system for g, system in AIC_SYSTEM.items() if GPU_SPECS[g].sm == spec.sm]
+    return same[0] if same else ARCH_REFERENCE.get(spec.arch, "h100_sxm")
 
 
 def kernels_for(gpu: GPU, engine: str) -> Kernels:
@@ -106,27 +127,38 @@ def kernels_for(gpu: GPU, engine: str) -> Kernels:
         raise TrtkvError(f"hardware.gpu {gpu.value}: the speed model needs a GPU; allowed: "
                          f"{', '.join(g.value for g in GPU_SPECS)}. Next: measure on this machine with "
                          f"`trtkv bench --sweep-input`.")
-    data = load_data()["systems"]
+    data = load_data()
     system = AIC_SYSTEM.get(gpu)
     borrowed = system is None
     if system is None:
-        system = ARCH_REFERENCE.get(spec.arch, "h100_sxm")
-    entry = data[system]
+        system = reference_system(gpu)
+    entry = data["systems"][system]
     tables = entry["backends"].get(engine) or next(iter(entry["backends"].values()))
-    ref_bw = entry["gpu"]["mem_bw"]
-    scale = spec.hbm_bandwidth_gbps * 1e9 / ref_bw if borrowed else 1.0  # a GPU without tables: its own bandwidth,
-    flops = {"bfloat16": entry["gpu"]["bfloat16_tc_flops"] * scale,  # FLOPs in the reference's ratio to bandwidth
-             "fp8": (entry["gpu"].get("fp8_tc_flops") or entry["gpu"]["bfloat16_tc_flops"]) * scale}
+    g, peaks = entry["gpu"], ""
+    flops = {"bfloat16": float(g["bfloat16_tc_flops"]), "fp8": float(g.get("fp8_tc_flops") or g["bfloat16_tc_flops"])}
+    fp32, link = FP32_TFLOPS[system] * 1e12, float(entry["intra_node_bw"])
+    sheet = data.get("datasheets", {}).get(DATASHEET_SYSTEM.get(gpu, ""))
+    if borrowed and sheet is not None:  # its own datasheet, as aiconfigurator ships it
+        own = sheet["gpu"]
+        flops = {"bfloat16": float(own["bfloat16_tc_flops"]),
+                 "fp8": float(own.get("fp8_tc_flops") or own["bfloat16_tc_flops"])}
+        fp32, link = FP32_TFLOPS[DATASHEET_SYSTEM[gpu]] * 1e12, float(sheet["intra_node_bw"])
+        peaks = f"{gpu.value}'s own peaks (aiconfigurator-core's {DATASHEET_SYSTEM[gpu]}.yaml datasheet)"
+    elif borrowed:  # no peak figures for this GPU anywhere trtkv reads: the lender's, in its ratio to bandwidth
+        scale = spec.hbm_bandwidth_gbps * 1e9 / float(g["mem_bw"])
+        flops = {k: v * scale for k, v in flops.items()}
+        fp32 *= scale
+        peaks = (f"no tensor-core peak for {gpu.value} in any table trtkv reads: {system}'s scaled by the bandwidth "
+                 f"ratio ({spec.hbm_bandwidth_gbps:g} / {float(g['mem_bw']) / 1e9:g} GB/s), so its TTFT is the least "
+                 f"certain figure")
+    ar = entry.get("allreduce", {"floor_ms": 0.01, "bus_efficiency": 0.5})
     eff = {k: v["efficiency"] for k, v in tables.items() if isinstance(v, dict) and "efficiency" in v}
     floors = {k.split(".", 1)[1]: v["floor_ms"] for k, v in tables.items() if isinstance(v, dict) and "floor_ms" in v}
     fixed = {k: v["fixed_ms"] for k, v in tables.items() if isinstance(v, dict) and "fixed_ms" in v}
-    ar = entry.get("allreduce", {"floor_ms": 0.01, "bus_efficiency": 0.5})
-    g = entry["gpu"]
     return Kernels(system, engine, f"{engine} {tables['attention_version']}", spec.hbm_bandwidth_gbps * 1e9, flops,
-                   FP32_TFLOPS.get(system, 60.0) * 1e12 * scale, float(entry["intra_node_bw"]), eff, fixed, floors,
-                   float(ar["floor_ms"]), min(1.0, float(ar["bus_efficiency"])), borrowed,
-                   float(g.get("mem_bw_empirical_scaling_factor") or 0.8),
-                   float(g.get("mem_empirical_constant_latency") or 3e-6) * 1e3)
+                   fp32, link, eff, fixed, floors, float(ar["floor_ms"]), min(1.0, float(ar["bus_efficiency"])),
+                   borrowed, float(g.get("mem_bw_empirical_scaling_factor") or 0.8),
+                   float(g.get("mem_empirical_constant_latency") or 3e-6) * 1e3, peaks)
 
 
 @dataclass(frozen=True)
@@ -141,7 +173,7 @@ class ModelShape:
     gemm_params: float  # per GPU: every linear layer and the LM head
     weight_bytes: float  # per GPU: what one step reads of those
     weight_dtype: str  # "bfloat16" or "fp8": the GEMM kernels' lane
-    windows: tuple[int | None, ...]  # per layer: the attention window (None: full)
+    windows: tuple[int | None, ...]  # per attention layer (state and no-cache layers run none): its window (None: full)
     tp: int
     pp: int
 
@@ -203,7 +235,7 @@ def step_time(k: Kernels, m: ModelShape, kv: KVCost, decode_contexts: list[float
         elements = held * kv.elements_per_token_layer
         alu_ms = elements * kv.dequant_ops / k.fp32_flops * 1e3
         floor = k.attn_floor_ms.get(kv.lane, k.attn_floor_ms.get("bfloat16", 0.01))
-        attn += max(mem_ms, alu_ms) + m.num_layers * floor
+        attn += max(mem_ms, alu_ms) + len(m.windows) * floor
     if chunk:
         flops = 0.0
         for w in m.windows:  # causal: each new token attends to the prefix the layer keeps and half the chunk

@@ -68,7 +68,12 @@ def bench_headline(results: dict[str, Any]) -> dict[str, Any]:
                     out[f"{task}.{key}"] = body[key]
                     if body.get(f"{key}_ci") is not None:
                         out[f"{task}.{key}.ci"] = body[f"{key}_ci"]
-    return out
+    return {k: v for k, v in out.items() if k == "level" or _number(v) or (k.endswith(".ci") and isinstance(v, list)
+                                                                          and len(v) == 2 and all(map(_number, v)))}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 ACCURACY_TASKS = ("quiz", "golden", "needle")
@@ -138,19 +143,51 @@ def collect(recipe: Recipe) -> dict[str, Any]:
     if results and "bench" in stages and results.wall_seconds is not None:
         stages["bench"]["wall_seconds"] = results.wall_seconds  # the measurement, not just the write
     if bench:
-        data["bench"] = bench_headline(bench)
-        if bench.get("sweep"):
-            data["sweep"] = bench["sweep"]
-        data["bench_passed"] = (bench.get("slo") or {}).get("passed")
+        headline = _shaped(bench_headline, bench)  # a results.json of another shape is left out, as an unreadable one
+        if headline is not None:
+            data["bench"] = headline
+            slo = bench.get("slo")
+            data["bench_passed"] = slo.get("passed") if isinstance(slo, dict) else None
+        sweep = _shaped(_checked_sweep, bench["sweep"]) if bench.get("sweep") else None
+        if sweep:
+            data["sweep"] = sweep
     from trtkv.probe.results import load_probe  # this recipe's probe, else another recipe's on the same model
 
-    probe = load_probe(recipe)
+    probe = _shaped(load_probe, recipe)
     if probe and probe.get("records"):
-        lengths = sorted({r["context_len"] for r in probe["records"]})
-        keep = {lengths[0], lengths[-1]}
-        data["probe"] = [r for r in probe["records"] if r.get("format") == fmt and r["context_len"] in keep]
-        data["probe_source"] = probe.get("recipe")
+        picked = _shaped(_probe_rows, probe["records"], fmt)
+        if picked:
+            data["probe"], data["probe_source"] = picked, probe.get("recipe")
     return data
+
+
+def _probe_rows(records: list[dict[str, Any]], fmt: str) -> list[dict[str, Any]]:
+    """The recipe's format at the shortest and longest probed lengths."""
+    lengths = sorted({r["context_len"] for r in records})
+    keep = {lengths[0], lengths[-1]}
+    return [r for r in records if r.get("format") == fmt and r["context_len"] in keep]
+
+
+def _checked_sweep(sweep: dict[str, Any]) -> dict[str, Any]:
+    """results.json's `sweep` rebuilt from its per-request samples only (numbers, per length and level), its medians
+    and fits recomputed (trtkv.bench.sweep.fits): a hand-edited file cannot hand compare a fit its samples do not give."""
+    from trtkv.bench.sweep import fits
+
+    levels: dict[str, Any] = {}
+    for label, body in sweep["levels"].items():
+        samples = {str(int(n)): {key: [float(v) for v in got[key]] for key in ("ttft_ms", "itl_ms")}
+                   for n, got in body["samples"].items()}
+        levels[str(label)] = {"samples": samples, **fits({int(n): v for n, v in samples.items()})}
+    return {"input_tokens": sorted({int(n) for body in levels.values() for n in body["samples"]}), "levels": levels}
+
+
+def _shaped(read: Callable[..., T], *args: Any) -> T | None:
+    """`read(*args)`, or None when the file it reads has another shape than trtkv writes (a mistyped or hand-edited
+    results.json or probe.json): the report leaves it out, as it leaves out an unreadable file."""
+    try:
+        return read(*args)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, StageError):
+        return None
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
