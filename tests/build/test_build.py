@@ -94,21 +94,21 @@ GOLDEN_TRTLLM_SERVE = {
          "--max_seq_len", "65536", "--kv_cache_free_gpu_memory_fraction", "0.9", "--extra_llm_api_options",
          "ENGINES/llama8b_fp8kv_pytorch/engine/llm_api_options.yaml"],
         {"max_input_len": 32768, "enable_chunked_prefill": True,  # max_input_len 32768 > max_num_tokens 16384
-         "kv_cache_config": {"dtype": "fp8", "free_gpu_memory_fraction": 0.9, "enable_block_reuse": False}}),
+         "kv_cache_config": {"dtype": "fp8", "free_gpu_memory_fraction": 0.9, "enable_block_reuse": True}}),
     "llama70b_fp8kv_llmapi": (
         ["trtllm-serve", "ENGINES/llama70b_fp8kv_llmapi/checkpoint/hf", "--backend", "pytorch", "--host", "127.0.0.1",
          "--port", "8000", "--tp_size", "4", "--pp_size", "1", "--max_batch_size", "64", "--max_num_tokens", "8192",
          "--max_seq_len", "32768", "--kv_cache_free_gpu_memory_fraction", "0.9", "--extra_llm_api_options",
          "ENGINES/llama70b_fp8kv_llmapi/engine/llm_api_options.yaml"],
         {"max_input_len": 16384, "enable_chunked_prefill": True,
-         "kv_cache_config": {"dtype": "fp8", "free_gpu_memory_fraction": 0.9, "enable_block_reuse": False}}),
+         "kv_cache_config": {"dtype": "fp8", "free_gpu_memory_fraction": 0.9, "enable_block_reuse": True}}),
     "llama70b_nvfp4kv": (
         ["trtllm-serve", "ENGINES/llama70b_nvfp4kv/checkpoint/hf", "--backend", "pytorch", "--host", "127.0.0.1",
          "--port", "8000", "--tp_size", "4", "--pp_size", "1", "--max_batch_size", "128", "--max_num_tokens", "8192",
          "--max_seq_len", "32768", "--kv_cache_free_gpu_memory_fraction", "0.9", "--extra_llm_api_options",
          "ENGINES/llama70b_nvfp4kv/engine/llm_api_options.yaml"],
         {"max_input_len": 16384, "enable_chunked_prefill": True,
-         "kv_cache_config": {"dtype": "nvfp4", "free_gpu_memory_fraction": 0.9, "enable_block_reuse": False}}),
+         "kv_cache_config": {"dtype": "nvfp4", "free_gpu_memory_fraction": 0.9, "enable_block_reuse": True}}),
     "smollm2_fp8kv_llmapi": (
         ["trtllm-serve", "ENGINES/smollm2_fp8kv_llmapi/checkpoint/hf", "--backend", "pytorch", "--host", "127.0.0.1",
          "--port", "8000", "--tp_size", "1", "--pp_size", "1", "--max_batch_size", "4", "--max_num_tokens", "4096",
@@ -444,7 +444,11 @@ def test_llmapi_backend_writes_options_and_serve_command(tmp_path: Path, engines
     options = yaml.safe_load((engine / "llm_api_options.yaml").read_text())
     assert options["kv_cache_config"]["dtype"] == "fp8" and options["max_input_len"] == 64
     serve = (engine / "serve_command.txt").read_text().split()
-    assert serve[:2] == ["trtllm-serve", str(ckpt / "hf")] and serve[serve.index("--max_num_tokens") + 1] == "256"
+    # a GPU recipe's command runs in a container: the canonical paths, not this machine's
+    assert serve[:2] == ["trtllm-serve", "/models/tiny_pt/checkpoint/hf"]
+    assert serve[serve.index("--max_num_tokens") + 1] == "256"
+    assert serve[serve.index("--extra_llm_api_options") + 1] == "/models/tiny_pt/engine/llm_api_options.yaml"
+    assert str(engines_tmp) not in (engine / "serve_command.txt").read_text()
     check_flags(serve, SERVE_FLAGS)
 
 

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from trtkv.contracts.interface import ModelInterface
 from trtkv.platform.versions import Row
 from trtkv.recipe import Backend, Recipe
+from trtkv.recipe.layout import Artifacts
 
 OPENAI_LAYOUT = "openai"  # the layout name of a backend with no Triton repository (its own OpenAI server)
 
@@ -115,8 +116,9 @@ class OpenAIServer(Protocol):
         """Its container image (None: the Triton TensorRT-LLM image of trtkv's version matrix)."""
         ...
 
-    def command(self, recipe: Recipe, host: str) -> list[str]:
-        """The server command inside its image, bound to `host`."""
+    def command(self, recipe: Recipe, host: str, at: Artifacts | None = None) -> list[str]:
+        """The server command inside its image, bound to `host`, reading the artifacts at `at` (default: where the
+        recipe's server reads them, trtkv.recipe.layout.served_artifacts: /models/<recipe> in a container)."""
         ...
 
     def node_command(self, recipe: Recipe, host: str) -> list[str]:
@@ -131,7 +133,7 @@ class OpenAIServer(Protocol):
         """The folders it reads (a deployment copies and mounts only these)."""
         ...
 
-    def served_model(self, recipe: Recipe) -> str: ...
+    def served_model(self, recipe: Recipe, at: Artifacts | None = None) -> str: ...
 
     def problem(self, recipe: Recipe) -> str | None:
         """Why it would fail on this machine, said before minutes of loading (None: no known reason)."""

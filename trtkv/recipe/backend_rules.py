@@ -78,11 +78,6 @@ def tensorrt_problems(r: Recipe) -> list[tuple[str, str]]:
         out.append(("build.max_num_tokens", f"max_input_len {b.max_input_len} > max_num_tokens {b.max_num_tokens} "
                                             f"needs chunked context, which needs paged context FMHA, but {why}: "
                                             f"set build.max_num_tokens >= {b.max_input_len}"))
-    if r.triton.enable_kv_cache_reuse and not r.paged_context_fmha:
-        out.append(("triton.enable_kv_cache_reuse", f"KV cache block reuse needs an engine built with paged context "
-                                                    f"FMHA, which is off here (KV cache {q.kv_cache.value}, "
-                                                    f"weights {q.weights.value}, build.use_paged_context_fmha "
-                                                    f"{str(b.use_paged_context_fmha).lower()}): set it to false"))
     out += one_kv_format_problems(r, "TensorRT-LLM")
     out += hf_export_only_problems(r, "trtllm-build")
     if q.kv_cache is KVCacheQuant.NVFP4:
@@ -302,3 +297,34 @@ KV_ACCOUNTING: dict[Backend, Accounting] = {
     # attention; its sliding-window pool (SWAKVPool, swa_full_tokens_ratio) is not modelled
     Backend.SGLANG: Accounting.EXACT,
 }
+
+
+# Prefix caching (KV block reuse): each engine's default, limited by the recipe's format and build
+TRTLLM_API_DEFAULT = "TensorRT-LLM's KvCacheConfig.enable_block_reuse default (True)"
+TRITON_CPP_DEFAULT = "Triton's tensorrtllm backend default (enable_kv_cache_reuse unset: true)"
+
+
+def prefix_cache_default(recipe: Recipe) -> tuple[bool, str]:
+    """(the engine's prefix-cache default for this recipe, why), the format and build's limits applied
+    (sources: trtkv.recipe.prefix_cache)."""
+    backend = recipe.build.backend
+    if backend is Backend.REFERENCE or (backend is Backend.LLMAPI and recipe.hardware.gpu is GPU.CPU):
+        return False, "off: trtkv's reference runtime (CPU) keeps no prefix cache"
+    if backend is Backend.TENSORRT:
+        if not recipe.paged_context_fmha:
+            return False, f"off: KV block reuse needs an engine built with paged context FMHA, off here ({_fmha_why(recipe)})"
+        return True, TRITON_CPP_DEFAULT
+    if backend is Backend.LLMAPI:
+        return True, TRTLLM_API_DEFAULT
+    if backend is Backend.VLLM:
+        return True, "vLLM's default for a generative decoder model (prefix caching on)"
+    return True, "SGLang's default (radix cache on)"
+
+
+def _fmha_why(recipe: Recipe) -> str:
+    kv = recipe.quantization.kv_cache
+    if kv is KVCacheQuant.INT8:
+        return "KV cache int8: TensorRT-LLM refuses paged context FMHA with it"
+    if kv is KVCacheQuant.FP8 and not recipe.fp8_kv_and_weights:
+        return f"KV cache fp8, weights {recipe.quantization.weights.value}: FP8 paged context FMHA needs FP8 weights"
+    return "build.use_paged_context_fmha is false"

@@ -214,10 +214,22 @@ class TritonConfig(_Section):
     )
     batching_strategy: BatchingStrategy = Field(BatchingStrategy.INFLIGHT_FUSED_BATCHING, description="`gpt_model_type`.")
     batch_scheduler_policy: SchedulerPolicy = Field(SchedulerPolicy.GUARANTEED_NO_EVICT, description="Scheduler.")
-    enable_kv_cache_reuse: bool = Field(False, description="Prefix (KV block) reuse.")
     exclude_input_in_output: bool = Field(True, description="Responses carry only generated text.")
     max_queue_delay_microseconds: int = Field(0, ge=0, description="Dynamic batcher delay.")
     startup_timeout_s: float = Field(180.0, gt=0, description="How long `trtkv serve` waits for readiness.")
+    # --- deploy (#41): prefix caching as each engine ships it, and the deployment's startup budget ---
+    enable_kv_cache_reuse: bool | None = Field(
+        None, description="Prefix caching (KV block reuse), passed explicitly to every engine. None: the engine's own "
+        "default (on for TensorRT-LLM, vLLM and SGLang) where the KV format and build allow it, off with the reason "
+        "where not (`trtkv plan` says which, and what a prefix-cache hit rate does to capacity per format).")
+    storage_read_gbps: float = Field(
+        0.5, gt=0, description="`trtkv deploy`: sustained read bandwidth (GB/s) from the models volume into one pod or "
+        "node; the startup probe allows the weights' read at half this rate plus triton.engine_init_s. 0.5 GB/s: a "
+        "network filesystem (NFS over 10 GbE tops out near 1.1); local NVMe reads 2-7. Measure yours: `dd "
+        "if=<a weights file on the volume> of=/dev/null bs=16M`.")
+    engine_init_s: float = Field(
+        300.0, gt=0, description="`trtkv deploy`: seconds from weights read to serving (engine deserialization or "
+        "compilation, CUDA graphs, KV-pool allocation, warm-up), added to the startup probe's budget.")
 
     @field_validator("host")
     @classmethod
