@@ -21,16 +21,20 @@ class GPUSpec:
     hbm_bandwidth_gbps: float  # GB/s (10^9 bytes per second), datasheet
     has_fp8: bool
     arch: str
+    # GPU feature discovery's node label nvidia.com/gpu.product: NVML's device name with every space replaced by '-'
+    # (NVIDIA/k8s-device-plugin internal/lm/resource.go productLabel @02f65cca); `trtkv deploy` places pods by it.
+    # Values and their published sources: tests/data/gfd_products.json.
+    gfd_product: str = ""
 
 
 # Datasheet figures: A100 SXM 80GB 2,039 GB/s; H100 SXM 3,350 GB/s; H200 4,800 GB/s;
 # L40S 48 GB GDDR6 864 GB/s; B200 180 GB 8,000 GB/s. Memory in GiB as nvidia-smi reports it.
 GPU_SPECS: dict[GPU, GPUSpec] = {
-    GPU.A100_80GB: GPUSpec(80.0, 2039.0, False, "Ampere"),
-    GPU.H100_80GB: GPUSpec(79.6, 3350.0, True, "Hopper"),
-    GPU.H200_141GB: GPUSpec(140.4, 4800.0, True, "Hopper"),
-    GPU.L40S: GPUSpec(45.0, 864.0, True, "Ada"),
-    GPU.B200: GPUSpec(179.1, 8000.0, True, "Blackwell"),
+    GPU.A100_80GB: GPUSpec(80.0, 2039.0, False, "Ampere", gfd_product="NVIDIA-A100-SXM4-80GB"),
+    GPU.H100_80GB: GPUSpec(79.6, 3350.0, True, "Hopper", gfd_product="NVIDIA-H100-80GB-HBM3"),
+    GPU.H200_141GB: GPUSpec(140.4, 4800.0, True, "Hopper", gfd_product="NVIDIA-H200"),
+    GPU.L40S: GPUSpec(45.0, 864.0, True, "Ada", gfd_product="NVIDIA-L40S"),
+    GPU.B200: GPUSpec(179.1, 8000.0, True, "Blackwell", gfd_product="NVIDIA-B200"),
 }
 
 

@@ -328,3 +328,29 @@ def _fmha_why(recipe: Recipe) -> str:
     if kv is KVCacheQuant.FP8 and not recipe.fp8_kv_and_weights:
         return f"KV cache fp8, weights {recipe.quantization.weights.value}: FP8 paged context FMHA needs FP8 weights"
     return "build.use_paged_context_fmha is false"
+
+
+# trtllm-build --gemm_plugin for `build.gemm_plugin: auto`, after TensorRT-LLM's performance guide
+# (docs/source/performance/perf-best-practices.md, "GEMM Plugin", NVIDIA/TensorRT-LLM @06255cb7): "On FP16 and BF16,
+# it's recommended to be enabled for better performance and smaller GPU memory usage. On FP8, it's recommended to be
+# disabled." and "FP8 gemm plugin is an experimental feature aimed to improve performance in small-batch-size
+# cases(e.g. BS<=4) ... the performance may decrease as batch size grows."
+FP8_GEMM_PLUGIN_MAX_BATCH = 4
+GEMM_GUIDE = "TensorRT-LLM's perf best practices (GEMM Plugin)"
+
+
+def gemm_plugin_choice(recipe: Recipe) -> tuple[str, str]:
+    """(--gemm_plugin value, why) for the engine path; `auto` follows the guide, any other value is the recipe's."""
+    chosen, b = recipe.build.gemm_plugin.value, recipe.build
+    if chosen != "auto":
+        return chosen, f"{chosen}: build.gemm_plugin {chosen}, the recipe's choice"
+    if recipe.quantization.weights is not WeightQuant.FP8:
+        return "auto", (f"auto: the plugin in the model dtype for the {recipe.quantization.weights.value}-weight "
+                        f"model's 16-bit GEMMs ({GEMM_GUIDE}: recommended on FP16/BF16)")
+    if b.max_batch_size <= FP8_GEMM_PLUGIN_MAX_BATCH:
+        return "fp8", (f"fp8: FP8 weights and max_batch_size {b.max_batch_size} <= {FP8_GEMM_PLUGIN_MAX_BATCH}, the "
+                       f"small-batch case the experimental FP8 GEMM plugin is for ({GEMM_GUIDE})")
+    return "disable", (f"disable: FP8 weights with max_batch_size {b.max_batch_size} > {FP8_GEMM_PLUGIN_MAX_BATCH}; "
+                       f"{GEMM_GUIDE} recommends the plugin off on FP8 (the experimental FP8 plugin is for batches "
+                       f"<= {FP8_GEMM_PLUGIN_MAX_BATCH}: its performance may decrease as the batch grows); TensorRT's "
+                       f"own FP8 GEMM kernels run instead")

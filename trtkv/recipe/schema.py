@@ -153,7 +153,10 @@ class BuildConfig(_Section):
     max_num_tokens: int = Field(8192, gt=0, description="Tokens per engine step (packed batch).")
     tp_size: int = Field(1, gt=0, description="Tensor parallelism.")
     pp_size: int = Field(1, gt=0, description="Pipeline parallelism.")
-    gemm_plugin: GemmPlugin = Field(GemmPlugin.AUTO, description="trtllm-build `--gemm_plugin`.")
+    gemm_plugin: GemmPlugin = Field(GemmPlugin.AUTO, description="trtllm-build `--gemm_plugin`; auto follows "
+                                    "TensorRT-LLM's perf best practices: FP8 weights: fp8 at max_batch_size <= 4 (the "
+                                    "experimental FP8 plugin's small-batch case), else disable; other weights: the "
+                                    "model dtype.")
     use_paged_context_fmha: bool = Field(
         True,
         description="trtllm-build `--use_paged_context_fmha` (needed for chunked context and KV reuse); forced off "
