@@ -259,6 +259,6 @@ def test_dynamo_vllm_worker_arguments_parse_with_vllms_own_engine_parser() -> No
     assert proc.returncode == 0, proc.stderr[-3000:]
     parsed = json.loads(proc.stdout.strip().splitlines()[-1])
     for role, p in zip(roles, parsed, strict=True):  # one answer per role
-        assert p["model"] == str(dynamo.hf_dir(recipe)) and p["max_model_len"] == recipe.build.max_seq_len
+        assert p["model"] == f"/models/{recipe.name}/checkpoint/hf" and p["max_model_len"] == recipe.build.max_seq_len
         assert (p["kv_cache_dtype"], p["skip"], p["tp"]) == ("fp8", ["0", "79"], recipe.build.tp_size)
         assert p["kv_connector"] == (None if role == "agg" else "NixlConnector")

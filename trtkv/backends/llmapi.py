@@ -330,6 +330,9 @@ class TrtllmServe:
     name = "trtllm-serve"
     label = "trtllm-serve"
     metrics_path = None  # no Prometheus endpoint
+    # 200, or 503 when the LLM is unhealthy (tensorrt_llm/serve/openai_server.py register_routes/health @00057725)
+    health_path = "/health"
+    shm_gib = 2  # the Triton TensorRT-LLM image's docker --shm-size=2g (trtkv.serving.container)
     key_env = None  # no API key option
     ray = False
     non_root = False

@@ -101,6 +101,12 @@ class OpenAIServer(Protocol):
     def metrics_path(self) -> str | None: ...  # Prometheus text on the HTTP port (None: none)
 
     @property
+    def health_path(self) -> str: ...  # its own cheap health endpoint (GET, 200 when up): the pods' liveness probe
+
+    @property
+    def shm_gib(self) -> int: ...  # the memory-backed /dev/shm it needs (docker --shm-size, the pods' /dev/shm)
+
+    @property
     def key_env(self) -> str | None: ...  # the variable it reads its API key from (None: it has no API key)
 
     @property

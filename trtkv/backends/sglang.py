@@ -214,6 +214,8 @@ class SglangServer:
     name = "sglang"
     label = "SGLang"
     metrics_path = "/metrics"  # --enable-metrics: Prometheus text on the HTTP port
+    health_path = "/health"  # 503 while starting or shutting down, else 200 (entrypoints/http_server.py, 0.5.23)
+    shm_gib = SHM_GIB
     key_env = None  # no environment form: the key goes on the command line, expanded from $TRTKV_API_KEY
     ray = False
     non_root = True  # run as uid 1000 with HOME on an emptyDir (its JIT caches live under HOME)

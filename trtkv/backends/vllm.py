@@ -245,6 +245,8 @@ class VllmServer:
     label = "vLLM"
     metrics_path = "/metrics"
     key_env = VLLM_KEY_ENV
+    health_path = "/health"  # 200, or 503 once the engine died (vllm/entrypoints/serve/instrumentator/health.py, 0.32.0)
+    shm_gib = SHM_GIB
     ray = True
     non_root = True
     key_note = (f"- vLLM requires `Authorization: Bearer <key>` on every `/v1` request ({VLLM_KEY_ENV}, the "

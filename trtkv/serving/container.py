@@ -194,7 +194,7 @@ def trtllm_serve_docker_command(recipe: Recipe) -> list[str]:
     t = recipe.triton
     server = trtllm_serve_server(recipe)
     model = server.served_model(recipe)
-    cmd = ["docker", "run", "--rm", "--gpus", "all", f"--shm-size={TRITON_SHM_GIB}g", "--ulimit", "memlock=-1",
+    cmd = ["docker", "run", "--rm", "--gpus", "all", f"--shm-size={server.shm_gib}g", "--ulimit", "memlock=-1",
            "--ulimit", "stack=67108864", "--name", container_name(recipe), "-p", f"{t.host}:{t.http_port}:{t.http_port}",
            *docker_health_args(canary_script(t.http_port, openai_model=model), t.startup_timeout_s),
            *volume_args(recipe, server.reads(recipe)), container_image(recipe)]
