@@ -69,6 +69,14 @@ def format_plan(p: Plan) -> str:
                 for c in p.formats if c.format in (p.formats[0].format, "fp16", "fp8")
                 for acc in c.per_sequence_kv_bytes_by_accounting]
         lines += _table(head, rows)
+    if p.prefix_cache:
+        pc = p.prefix_cache
+        lines.append("")
+        lines.append(f"Prefix cache: {'on' if pc['enabled'] else 'off'} ({pc['why']}); sequences per replica of "
+                     f"{pc['input_tokens']} in + {pc['output_tokens']} out tokens at each prefix hit rate:")
+        head = ["format"] + [f"hit {h:.0%}" for h in pc["hit_rates"]]
+        rows = [[r["format"]] + [f"{n:,}" for n in r["sequences"].values()] for r in pc["rows"]]
+        lines += _table(head, rows)
     lines.append("")
     for ex in p.examples:
         parts = ", ".join(f"{k[:-4]} {v:g} GiB" for k, v in ex.items() if k.endswith("_gib"))

@@ -202,6 +202,7 @@ class Plan:
     advice_basis: str
     notes: list[str] = field(default_factory=list)
     attention: dict[str, Any] = field(default_factory=dict)
+    prefix_cache: dict[str, Any] = field(default_factory=dict)  # trtkv.plan.prefix: hit rate -> sequences, per format
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)

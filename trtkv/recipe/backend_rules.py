@@ -354,3 +354,10 @@ def gemm_plugin_choice(recipe: Recipe) -> tuple[str, str]:
                        f"{GEMM_GUIDE} recommends the plugin off on FP8 (the experimental FP8 plugin is for batches "
                        f"<= {FP8_GEMM_PLUGIN_MAX_BATCH}: its performance may decrease as the batch grows); TensorRT's "
                        f"own FP8 GEMM kernels run instead")
+
+
+def build_notes(recipe: Recipe) -> list[str]:
+    """What the engine build chooses for the recipe and why (the plan's advice): the GEMM plugin on the engine path."""
+    if recipe.build.backend is not Backend.TENSORRT:
+        return []
+    return [f"trtllm-build --gemm_plugin {gemm_plugin_choice(recipe)[1]}."]
