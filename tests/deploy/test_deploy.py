@@ -214,7 +214,7 @@ def test_slurm_packs_two_tp4_replicas_per_8_gpu_node_and_holds_no_idle_gpu(tmp_p
     recipe = load_recipe("llama70b_fp8kv")
     out = deploy(recipe, Target.SLURM, tmp_path / "two", replicas=2, log=quiet)
     job, rank = (out / "job.sbatch").read_text(), (out / "rank.sh").read_text()
-    assert "#SBATCH --gpus-per-node=8" in job and "#SBATCH --exclusive" in job  # both TP4 replicas: the whole node
+    assert "#SBATCH --gpus-per-node=8" in job and "--exclusive" not in job  # both TP4 replicas: all 8 GPUs, no more
     assert "INSTANCES=${TRTKV_INSTANCES:-2}" in job and "srun --exact --nodes=1 --mpi=pmix --ntasks=4 --gpus=4" in job
     assert rank.count("--http-port=8000") == 2 and rank.count("--http-port=8010") == 2  # instance 1: ports + 10
     assert "shm-region-prefix-name=i1prefix" in rank  # its own shared-memory names on the shared node

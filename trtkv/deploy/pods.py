@@ -47,6 +47,9 @@ SKIPPABLE = {
     "CKV_K8S_38": "Dynamo's components find each other through the Kubernetes API (the operator's default "
                   "DYN_DISCOVERY_BACKEND kubernetes) with the service account the operator binds",
 }
+CHECK_NAMES = {"CKV_K8S_43": "Image should use digest", "CKV_K8S_15": "Image Pull Policy should be Always",
+               "CKV_K8S_40": "Containers should run as a high UID to avoid host conflict",
+               "CKV_K8S_38": "Ensure that Service Account Tokens are only mounted where necessary"}
 NEVER_SKIPPED = ("CKV_K8S_7", "CKV_K8S_8", "CKV_K8S_9", "CKV_K8S_10", "CKV_K8S_11", "CKV_K8S_12", "CKV_K8S_13",
                  "CKV_K8S_21", "CKV_K8S_24", "CKV_K8S_25", "CKV_K8S_28", "CKV_K8S_31", "CKV_K8S_32", "CKV_K8S_36",
                  "CKV_K8S_37", "CKV_K8S_39")
@@ -199,3 +202,11 @@ def wait_for_load(recipe: Recipe, image: str, load_id: str) -> dict[str, Any]:
 
 def ssh_ports() -> list[dict[str, Any]]:
     return [{"name": "ssh", "containerPort": SSH_PORT}]
+
+
+def skips_markdown() -> str:
+    """docs/deploy.md's list of the checkov checks a deployment may skip (scripts/update_docs.py keeps it current)."""
+    rows = ["| check | checkov's name | why trtkv's files skip it (the annotation's reason) |", "|---|---|---|"]
+    rows += [f"| `{k}` | {CHECK_NAMES[k]} | {v.replace('|', '/')} |" for k, v in SKIPPABLE.items()]
+    return "\n".join(rows + ["", "Never skipped: " + ", ".join(f"`{c}`" for c in NEVER_SKIPPED)
+                              + " (resources, probes, capabilities, seccomp, namespace)."])

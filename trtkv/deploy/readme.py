@@ -100,9 +100,15 @@ def _fit(recipe: Recipe, lch: Launch, sizing: Sizing) -> list[str]:
     res = resources.server_resources(sizing, lch.shm_gib)
     budget = resources.startup_budget_s(recipe, sizing, SSH_WAIT_S if lch.multi_node else 0)
     canary = resources.canary_timeout_s(recipe, sizing)
-    roll = ("Recreate (one replica: an update never needs spare GPUs; the replica is down while it reloads)"
-            if sizing.replicas == 1 else "RollingUpdate with maxSurge 0, maxUnavailable 1 (no spare GPUs needed), "
-            "a PodDisruptionBudget of one replica at a time, replicas spread over nodes where they can be")
+    if lch.multi_node:
+        roll = ("the LeaderWorkerSet's rolling update, one group at a time (maxUnavailable 1, maxSurge 0: no spare "
+                "GPUs needed; a group restarts whole)")
+    elif sizing.replicas == 1:
+        roll = "Recreate (one replica: an update never needs spare GPUs; the replica is down while it reloads)"
+    else:
+        roll = "RollingUpdate with maxSurge 0, maxUnavailable 1 (no spare GPUs needed), replicas spread over nodes"
+    if sizing.replicas > 1:
+        roll += "; a PodDisruptionBudget lets a drain take one replica at a time"
     return ["## Placement, resources, probes, rollout", "",
             f"- Nodes labelled `{pods.GFD_PRODUCT}={pods.gpu_product(recipe)}` (GPU feature discovery; the GPU the plan "
             f"sized for), tolerating the `nvidia.com/gpu` taint; {res.gpus} GPU(s) per pod.",
@@ -173,9 +179,8 @@ def slurm_body(recipe: Recipe, lch: Launch, sizing: Sizing, out: Path) -> list[s
         last = sizing.replicas - (pack.jobs - 1) * pack.instances
         lines += [f"Each job packs {pack.instances} replicas of {sizing.gpus_per_replica} GPUs on one node (each its own "
                   f"job step, `srun --exact --gpus={sizing.gpus_per_replica}`) and asks for exactly those "
-                  f"{pack.gpus_per_node} GPUs" + (" (all of the node's: --exclusive)" if pack.exclusive else
-                                                  ", CPU and memory per GPU, no --exclusive (Slurm may place other "
-                                                  "jobs on the node's other GPUs)")
+                  f"{pack.gpus_per_node} GPUs, CPU and memory per GPU, no --exclusive (Slurm may place other jobs "
+                  f"on GPUs it does not hold)"
                   + f". Instance i serves on the recipe's ports + {slurm.PORT_STRIDE} x i." , ""]
         if last != pack.instances:
             lines += [f"The last submission runs {last}: `TRTKV_INSTANCES={last} sbatch "

@@ -5,8 +5,8 @@ across nodes: one task per node, a Ray cluster.
 Every GPU a job holds is used. A replica that fills whole nodes gets them (`--exclusive`); a smaller one is packed:
 one job runs `instances` replicas side by side on one node (two TP4 on an 8-GPU node), each a job step with its own
 GPUs (`srun --exact --gpus=N`), its own ports (PORT_STRIDE apart) and its own shared-memory names, and asks for
-exactly those GPUs (no --exclusive unless they are all of the node's) with CPU and memory per GPU from
-trtkv.deploy.resources.
+exactly those GPUs, with CPU and memory per GPU from trtkv.deploy.resources, never --exclusive (the job checks that
+it holds no GPU it does not use: SLURM_GPUS_ON_NODE).
 
 Every value that reaches the scripts is quoted for the shell (shlex, token by token) or, in `#` comments and
 `#SBATCH` lines, escaped so that no newline can end the comment: a recipe name or folder is never a command.
@@ -62,8 +62,8 @@ def packing(sizing: Sizing) -> Packing:
     if sizing.nodes_per_replica > 1 or sizing.gpus_per_replica >= sizing.gpus_per_node:
         return Packing(1, sizing.nodes_per_replica, sizing.gpus_per_pod, True, sizing.replicas)
     k = max(1, min(sizing.replicas, sizing.gpus_per_node // sizing.gpus_per_replica))
-    gpus = k * sizing.gpus_per_replica
-    return Packing(k, 1, gpus, gpus == sizing.gpus_per_node, math.ceil(sizing.replicas / k))
+    # no --exclusive for a packed job: a last, smaller submission (TRTKV_INSTANCES) must not hold the whole node
+    return Packing(k, 1, k * sizing.gpus_per_replica, False, math.ceil(sizing.replicas / k))
 
 
 def shifted(recipe: Recipe, instance: int) -> Recipe:
