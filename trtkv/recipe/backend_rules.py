@@ -331,7 +331,7 @@ def _fmha_why(recipe: Recipe) -> str:
 
 
 # trtllm-build --gemm_plugin for `build.gemm_plugin: auto`, after TensorRT-LLM's performance guide
-# (docs/source/performance/perf-best-practices.md, "GEMM Plugin", NVIDIA/TensorRT-LLM @06255cb7): "On FP16 and BF16,
+# (NVIDIA/TensorRT-LLM @06255cb7, its docs source performance/perf-best-practices.md, "GEMM Plugin"): "On FP16 and BF16,
 # it's recommended to be enabled for better performance and smaller GPU memory usage. On FP8, it's recommended to be
 # disabled." and "FP8 gemm plugin is an experimental feature aimed to improve performance in small-batch-size
 # cases(e.g. BS<=4) ... the performance may decrease as batch size grows."
