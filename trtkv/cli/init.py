@@ -108,7 +108,7 @@ def _check(name: str, text: str) -> tuple[bool, str]:
         p = plan(recipe)
     cap = next(c for c in p.formats if c.format == p.recipe_kv_format)
     fits = cap.max_sequences.get(recipe.build.max_seq_len, 0) >= 1
-    why = "" if fits else (f"{p.weights['per_gpu_gib']:.0f} GiB of weights per GPU leave "
+    why = "" if fits else (f"{p.weights.per_gpu_gib:.0f} GiB of weights per GPU leave "
                            f"{p.kv_budget_gib_per_gpu:.1f} GiB for KV")
     return fits, why
 

@@ -34,19 +34,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def format_plan(p: Plan) -> str:
-    lines = [f"Plan for {p.recipe}: {p.model['num_layers']} layers, {p.model['num_kv_heads']} KV heads x "
-             f"head_dim {p.model['head_dim']}, {p.model['parameters'] / 1e9:.2f}B parameters ({p.model['source']})"]
-    hw = p.hardware
-    mem = f"{hw['memory_gib']:.1f} GiB" if hw["memory_gib"] else "memory unknown"
-    bw = f"{hw['hbm_bandwidth_gbps']:g} GB/s" if hw["hbm_bandwidth_gbps"] else "bandwidth unknown"
-    lines.append(f"Hardware: {hw['count']} x {hw['gpu']} ({mem}, {bw}), TP{hw['tp_size']} PP{hw['pp_size']}")
-    lines.append(f"Weights ({p.weights['precision']}): {p.weights['total_gib']:.2f} GiB total, "
-                 f"{p.weights['per_gpu_gib']:.2f} GiB per GPU; KV budget per GPU: {p.kv_budget_gib_per_gpu:.2f} GiB "
-                 f"(after a {hw['activation_reserve_gib']:g} GiB reserve, x {hw['kv_cache_free_gpu_mem_fraction']:g})")
+    m, hw, w, att = p.model, p.hardware, p.weights, p.attention
+    lines = [f"Plan for {p.recipe}: {m.num_layers} layers, {m.num_kv_heads} KV heads x "
+             f"head_dim {m.head_dim}, {m.parameters / 1e9:.2f}B parameters ({m.source})"]
+    mem = f"{hw.memory_gib:.1f} GiB" if hw.memory_gib else "memory unknown"
+    bw = f"{hw.hbm_bandwidth_gbps:g} GB/s" if hw.hbm_bandwidth_gbps else "bandwidth unknown"
+    lines.append(f"Hardware: {hw.count} x {hw.gpu.value} ({mem}, {bw}), TP{hw.tp_size} PP{hw.pp_size}")
+    lines.append(f"Weights ({w.precision}): {w.total_gib:.2f} GiB total, "
+                 f"{w.per_gpu_gib:.2f} GiB per GPU; KV budget per GPU: {p.kv_budget_gib_per_gpu:.2f} GiB "
+                 f"(after a {hw.activation_reserve_gib:g} GiB reserve, x {hw.kv_cache_free_gpu_mem_fraction:g})")
     lines.append(f"Recipe KV format: {p.recipe_kv_format}")
-    att = p.attention
-    lines.append(f"Attention: {att['summary']} ({att['source']}); capacity follows {att['accounting']}")
-    uniform = all(x == "full" for x in att["layers"])
+    lines.append(f"Attention: {att.summary} ({att.source}); capacity follows {att.accounting}")
+    uniform = all(x == "full" for x in att.layers)
     lines.append("")
     head = ["format", "B/token", "B/token/GPU", "tokens/GPU"] + [f"seqs@{_k(n)}" for n in p.lengths]
     rows = [[c.format, f"{c.bytes_per_token:,.0f}", f"{c.bytes_per_token_per_gpu:,.0f}", f"{c.tokens_per_gpu_budget:,}"]
@@ -62,25 +61,23 @@ def format_plan(p: Plan) -> str:
     if not uniform:
         lines.append("")
         lines.append("KV of one sequence (GiB, all GPUs; exact = per-layer windows as TensorRT-LLM keeps them, vllm = "
-                     f"vLLM's allocation with max_num_batched_tokens {att['max_num_batched_tokens']}, block "
-                     f"{att['vllm_block_size']}):")
+                     f"vLLM's allocation with max_num_batched_tokens {att.max_num_batched_tokens}, block "
+                     f"{att.vllm_block_size}):")
         head = ["format", "accounting"] + [f"@{_k(n)}" for n in p.lengths]
         rows = [[c.format, acc] + [f"{c.per_sequence_kv_bytes_by_accounting[acc][n] / GIB:.3f}" for n in p.lengths]
                 for c in p.formats if c.format in (p.formats[0].format, "fp16", "fp8")
                 for acc in c.per_sequence_kv_bytes_by_accounting]
         lines += _table(head, rows)
-    if p.prefix_cache:
-        pc = p.prefix_cache
-        lines.append("")
-        lines.append(f"Prefix cache: {'on' if pc['enabled'] else 'off'} ({pc['why']}); sequences per replica of "
-                     f"{pc['input_tokens']} in + {pc['output_tokens']} out tokens at each prefix hit rate:")
-        head = ["format"] + [f"hit {h:.0%}" for h in pc["hit_rates"]]
-        rows = [[r["format"]] + [f"{n:,}" for n in r["sequences"].values()] for r in pc["rows"]]
-        lines += _table(head, rows)
+    pc = p.prefix_cache
+    lines.append("")
+    lines.append(f"Prefix cache: {'on' if pc.enabled else 'off'} ({pc.why}); sequences per replica of "
+                 f"{pc.input_tokens} in + {pc.output_tokens} out tokens at each prefix hit rate:")
+    head = ["format"] + [f"hit {h:.0%}" for h in pc.hit_rates]
+    lines += _table(head, [[r.format] + [f"{n:,}" for n in r.sequences.values()] for r in pc.rows])
     lines.append("")
     for ex in p.examples:
-        parts = ", ".join(f"{k[:-4]} {v:g} GiB" for k, v in ex.items() if k.endswith("_gib"))
-        lines.append(f"KV for {ex['context_len']:,} tokens x batch {ex['batch']}: {parts}")
+        parts = ", ".join(f"{fmt} {gib:g} GiB" for fmt, gib in ex.kv_gib.items())
+        lines.append(f"KV for {ex.context_len:,} tokens x batch {ex.batch}: {parts}")
     lines.append("")
     lines.append(f"Advice ({p.advice_basis}):")
     lines += [f"  - {a}" for a in p.advice]

@@ -144,7 +144,7 @@ def deploy(recipe: Recipe, target: Target, output: Path | None = None, replicas:
             raise StageError(f"deploy {recipe.name} --target {target.value}: the generated files fail their checks "
                              f"(nothing written to {out}):\n" + "\n".join(f"  - {p}" for p in problems)
                              + "\nNext: report this as a trtkv bug, with the recipe and the command.")
-        (tmp / "sizing.json").write_text(json.dumps(sizing.to_dict(), indent=2) + "\n")
+        sizing.save(tmp)
         (tmp / "README.md").write_text(readme.readme_text(recipe, target.value, sizing, body, checked))
         (tmp / OWNER).write_text(json.dumps({"stage": "deploy", "recipe": recipe.name, "target": target.value}) + "\n")
         replace_folder(tmp, out, "deploy")  # the previous files go only once the new ones are complete

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +44,10 @@ ARCH_FIELDS = ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim", 
                "intermediate_size", "vocab_size", "max_position_embeddings")
 
 
-@dataclass
-class Architecture:
+@dataclass(frozen=True, kw_only=True)
+class ArchitectureFacts:
+    """The architecture's figures, as `plan --json`'s "model" section holds them (PlanModel adds `parameters`)."""
+
     num_layers: int
     num_attention_heads: int
     num_kv_heads: int
@@ -53,11 +55,10 @@ class Architecture:
     hidden_size: int
     intermediate_size: int | None = None
     vocab_size: int | None = None
-    num_parameters: float | None = None
+    num_parameters: float | None = None  # the recipe's model.num_parameters
     max_position_embeddings: int | None = None
     tie_word_embeddings: bool = False
-    source: str = "recipe"
-    layers: tuple[LayerAttention, ...] = ()  # empty: every layer full attention
+    source: str = "recipe"  # "recipe", or "model config <path of config.json>"
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
     sparse_mla: bool = False
@@ -67,7 +68,14 @@ class Architecture:
     counted_embedding: float | None = None
     expert_parameters: float = 0.0
     stored_weights_bytes: float | None = None  # a pre-quantized checkpoint, as stored
-    config_notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Architecture(ArchitectureFacts):
+    """What the planner plans: the figures, each layer's attention and what reading the config noted."""
+
+    layers: tuple[LayerAttention, ...] = ()  # empty: every layer full attention
+    config_notes: tuple[str, ...] = ()
 
     def layer_list(self) -> tuple[LayerAttention, ...]:
         return self.layers or (LayerAttention(AttentionKind.FULL),) * self.num_layers
@@ -154,7 +162,7 @@ def resolve_architecture(recipe: Recipe) -> Architecture:
         extra.update(tie_word_embeddings=f.tie_word_embeddings, layers=f.layers, sparse_mla=f.sparse_mla,
                      attention_source=f"{cfg_path.name} {f.attention_source}", sinks=f.sinks,
                      counted_embedding=count.embedding, expert_parameters=count.experts,
-                     stored_weights_bytes=stored_weight_bytes(f, count, dtype_bytes), config_notes=list(f.notes))
+                     stored_weights_bytes=stored_weight_bytes(f, count, dtype_bytes), config_notes=tuple(f.notes))
         if f.moe is not None or f.kv_lora_rank or f.quant is not None:
             extra["counted_parameters"] = count.total  # the Llama-style estimate does not fit these
         source = f"model config {cfg_path}"
@@ -170,42 +178,131 @@ def resolve_architecture(recipe: Recipe) -> Architecture:
     return Architecture(**facts, **extra, num_parameters=m.num_parameters, source=source)
 
 
-@dataclass
-class FormatCapacity:
+@dataclass(frozen=True, kw_only=True)
+class PlanModel(ArchitectureFacts):
+    """`plan --json`'s "model": the architecture's figures and the parameter count every weight figure uses."""
+
+    parameters: float  # Architecture.parameters(): the recipe's count, else counted from the config, else estimated
+
+    @classmethod
+    def of(cls, arch: Architecture) -> PlanModel:
+        return cls(**{f.name: getattr(arch, f.name) for f in fields(ArchitectureFacts)}, parameters=arch.parameters())
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanHardware:
+    """`plan --json`'s "hardware": what the capacity is computed for."""
+
+    gpu: GPU
+    count: int
+    memory_gib: float | None  # per GPU: hardware.memory_gib, else the GPU table's; this host's RAM on cpu
+    hbm_bandwidth_gbps: float | None  # None: no decode bound
+    tp_size: int
+    pp_size: int
+    activation_reserve_gib: float
+    kv_cache_free_gpu_mem_fraction: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanWeights:
+    """`plan --json`'s "weights"."""
+
+    precision: str  # the recipe's quantization.weights, or "as stored" (a pre-quantized checkpoint priced as stored)
+    total_gib: float
+    per_gpu_gib: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanAttention:
+    """`plan --json`'s "attention": the layers' attention and the engine sizing the capacity follows."""
+
+    layers: tuple[str, ...]  # one label per layer ("full", "sliding:4096", ...)
+    summary: str
+    source: str
+    mla_latent_elements: int | None
+    sinks: str | None
+    accounting: str  # the engine's sizing (ACCOUNTING_TEXT / SGLANG_ACCOUNTING_TEXT)
+    max_num_batched_tokens: int
+    vllm_block_size: int
+    vllm_hybrid_manager: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanExample:
+    """KV memory of `batch` sequences of `context_len` tokens in each format; in JSON, `<format>_gib` keys."""
+
+    context_len: int
+    batch: int
+    kv_gib: dict[str, float]  # format label -> GiB (all GPUs), in the order of Plan.formats
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"context_len": self.context_len, "batch": self.batch, **{f"{k}_gib": v for k, v in self.kv_gib.items()}}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrefixRow:
+    """One format's sequences per replica of the workload at each prefix hit rate (key: the rate, e.g. "0.5")."""
+
     format: str
+    sequences: dict[str, int]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanPrefixCache:
+    """`plan --json`'s "prefix_cache": whether the served engine reuses KV blocks of shared prefixes (and why), and
+    what a hit rate does to the sequences a replica holds (trtkv.plan.prefix)."""
+
+    enabled: bool
+    why: str
+    input_tokens: int  # the workload: bench.input_tokens in, bench.output_tokens out
+    output_tokens: int
+    hit_rates: list[float]  # [0.0] where the engine reuses nothing
+    rows: list[PrefixRow]
+
+
+@dataclass(frozen=True, kw_only=True)
+class FormatCapacity:
+    """One KV format's row of the plan (the recipe's own, mixed or named, first)."""
+
+    format: str  # a KVFormat value, or the recipe's label (fp8_attn_head, a format with kv_skip_layers)
     bytes_per_token: float  # every layer holding the token (short contexts)
     bytes_per_token_per_gpu: float
     tokens_per_gpu_budget: int
     max_sequences: dict[int, int]
     kv_gib_at_max_batch: dict[int, float]
-    decode_step_ms: dict[int, float]  # at each length, batch = min(max_batch_size, what fits)
-    accounting: str = ACCOUNTING_TEXT[Accounting.EXACT]  # which engine's sizing the capacity follows
-    per_sequence_kv_bytes: dict[int, float] = field(default_factory=dict)  # one sequence, all GPUs, this accounting
-    per_sequence_kv_bytes_per_gpu: dict[int, float] = field(default_factory=dict)
-    per_sequence_kv_bytes_by_accounting: dict[str, dict[int, float]] = field(default_factory=dict)
-    tokens_fit: dict[int, int] = field(default_factory=dict)  # max_sequences x length, per GPU
-    bytes_by_attention: dict[int, dict[str, float]] = field(default_factory=dict)  # exact, per layer type
+    decode_step_ms: dict[int, float]  # at each length, batch = min(max_batch_size, what fits); empty: no bandwidth
+    accounting: str  # which engine's sizing the capacity follows
+    per_sequence_kv_bytes: dict[int, float]  # one sequence, all GPUs, this accounting
+    per_sequence_kv_bytes_per_gpu: dict[int, float]
+    per_sequence_kv_bytes_by_accounting: dict[str, dict[int, float]]
+    tokens_fit: dict[int, int]  # max_sequences x length, per GPU
+    bytes_by_attention: dict[int, dict[str, float]]  # exact, per layer type
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class Plan:
+    """What `trtkv plan` returns and `plan --json` prints (keys in this order)."""
+
     recipe: str
-    model: dict[str, Any]
-    hardware: dict[str, Any]
-    weights: dict[str, Any]
+    model: PlanModel
+    hardware: PlanHardware
+    weights: PlanWeights
     kv_budget_gib_per_gpu: float
     recipe_kv_format: str
     lengths: list[int]
     formats: list[FormatCapacity]
-    examples: list[dict[str, Any]]
+    examples: list[PlanExample]
     advice: list[str]
     advice_basis: str
-    notes: list[str] = field(default_factory=list)
-    attention: dict[str, Any] = field(default_factory=dict)
-    prefix_cache: dict[str, Any] = field(default_factory=dict)  # trtkv.plan.prefix: hit rate -> sequences, per format
+    notes: list[str]
+    attention: PlanAttention
+    prefix_cache: PlanPrefixCache  # trtkv.plan.prefix: what a prefix-cache hit rate does to capacity, per format
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "examples": [e.to_dict() for e in self.examples]}
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
+        return json.dumps(self.to_dict(), indent=2)
 
 
 def host_memory_gib() -> float | None:

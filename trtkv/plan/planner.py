@@ -16,9 +16,7 @@ latent of kv_lora_rank + qk_rope_head_dim elements per token):
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 from trtkv.checkpoints import (
     Accounting,
@@ -33,6 +31,11 @@ from trtkv.plan.model import (  # the planner's public face: plan() and the type
     Architecture,
     FormatCapacity,
     Plan,
+    PlanAttention,
+    PlanExample,
+    PlanHardware,
+    PlanModel,
+    PlanWeights,
     accounting_label,
     host_memory_gib,
     kv_format_for_recipe,
@@ -53,8 +56,8 @@ from trtkv.recipe.attention import (
 )
 from trtkv.recipe.backend_rules import build_notes
 
-__all__ = ["GIB", "Architecture", "FormatCapacity", "Plan", "kv_format_for_recipe", "per_gpu_bytes_per_token", "plan",
-           "resolve_architecture"]
+__all__ = ["GIB", "Architecture", "FormatCapacity", "Plan", "PlanAttention", "PlanExample", "PlanHardware", "PlanModel",
+           "PlanWeights", "kv_format_for_recipe", "per_gpu_bytes_per_token", "plan", "resolve_architecture"]
 
 
 def attn_head_note(arch: Architecture) -> str:
@@ -120,15 +123,17 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
             for n in lengths:
                 batch = max(1, min(recipe.build.max_batch_size, max_seqs[n] or 1))
                 step[n] = (w_gpu + batch * read_gpu[n]) / (bandwidth * 1e9) * 1e3
-        caps.append(FormatCapacity(label, bpt, bpt_gpu, tokens, max_seqs, gib, step, acc_label, seq,
-                                   seq_gpu, by_acc, {n: max_seqs[n] * n for n in lengths},
-                                   {n: bytes_by_attention(arch.layer_list(), arch.kv_shape(), fmts, n) for n in lengths}))
-    examples = []
-    for n, batch in ((32768, 8), (recipe.build.max_seq_len, recipe.build.max_batch_size)):
-        row: dict[str, Any] = {"context_len": n, "batch": batch}
-        for c in caps:
-            row[f"{c.format}_gib"] = round(batch * c.per_sequence_kv_bytes.get(n, n * c.bytes_per_token) / GIB, 3)
-        examples.append(row)
+        caps.append(FormatCapacity(
+            format=label, bytes_per_token=bpt, bytes_per_token_per_gpu=bpt_gpu, tokens_per_gpu_budget=tokens,
+            max_sequences=max_seqs, kv_gib_at_max_batch=gib, decode_step_ms=step, accounting=acc_label,
+            per_sequence_kv_bytes=seq, per_sequence_kv_bytes_per_gpu=seq_gpu, per_sequence_kv_bytes_by_accounting=by_acc,
+            tokens_fit={n: max_seqs[n] * n for n in lengths},
+            bytes_by_attention={n: bytes_by_attention(arch.layer_list(), arch.kv_shape(), fmts, n) for n in lengths}))
+    examples = [
+        PlanExample(context_len=n, batch=batch,
+                    kv_gib={c.format: round(batch * c.per_sequence_kv_bytes.get(n, n * c.bytes_per_token) / GIB, 3)
+                            for c in caps})
+        for n, batch in ((32768, 8), (recipe.build.max_seq_len, recipe.build.max_batch_size))]
     advice, basis = advice_for(recipe, arch, caps, rec_fmt, spec is not None and spec.has_fp8, probe_dir)
     from trtkv.probe.results import per_layer_advice
 
@@ -137,14 +142,13 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
         advice = [*advice, mixed]
     prefix = prefix_capacity(recipe, caps)
     advice = [*advice, *prefix_advice(recipe, prefix), *build_notes(recipe)]
-    model = {k: v for k, v in asdict(arch).items() if k not in ("layers", "config_notes")}
     return Plan(
         recipe=recipe.name,
-        model={**model, "parameters": arch.parameters()},
-        hardware={"gpu": hw.gpu.value, "count": hw.count, "memory_gib": memory_gib, "hbm_bandwidth_gbps": bandwidth,
-                  "tp_size": tp, "pp_size": pp, "activation_reserve_gib": hw.activation_reserve_gib,
-                  "kv_cache_free_gpu_mem_fraction": recipe.triton.kv_cache_free_gpu_mem_fraction},
-        weights={"precision": _weights_label(arch, recipe), "total_gib": w_total / GIB, "per_gpu_gib": w_gpu / GIB},
+        model=PlanModel.of(arch),
+        hardware=PlanHardware(gpu=hw.gpu, count=hw.count, memory_gib=memory_gib, hbm_bandwidth_gbps=bandwidth,
+                              tp_size=tp, pp_size=pp, activation_reserve_gib=hw.activation_reserve_gib,
+                              kv_cache_free_gpu_mem_fraction=recipe.triton.kv_cache_free_gpu_mem_fraction),
+        weights=PlanWeights(precision=_weights_label(arch, recipe), total_gib=w_total / GIB, per_gpu_gib=w_gpu / GIB),
         kv_budget_gib_per_gpu=budget / GIB,
         recipe_kv_format=recipe.kv_format_label,
         lengths=lengths,
@@ -164,9 +168,9 @@ def _weights_label(arch: Architecture, recipe: Recipe) -> str:
     return recipe.quantization.weights.value
 
 
-def _attention_facts(arch: Architecture, label: str, mnbt: int, block: int) -> dict[str, Any]:
+def _attention_facts(arch: Architecture, label: str, mnbt: int, block: int) -> PlanAttention:
     layers = arch.layer_list()
-    return {"layers": [x.label for x in layers], "summary": layer_summary(layers), "source": arch.attention_source,
-            "mla_latent_elements": arch.kv_shape().mla_latent, "sinks": arch.sinks,
-            "accounting": label, "max_num_batched_tokens": mnbt, "vllm_block_size": block,
-            "vllm_hybrid_manager": vllm_hybrid_on(layers)}
+    return PlanAttention(layers=tuple(x.label for x in layers), summary=layer_summary(layers),
+                         source=arch.attention_source, mla_latent_elements=arch.kv_shape().mla_latent, sinks=arch.sinks,
+                         accounting=label, max_num_batched_tokens=mnbt, vllm_block_size=block,
+                         vllm_hybrid_manager=vllm_hybrid_on(layers))

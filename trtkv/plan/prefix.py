@@ -9,9 +9,7 @@ TensorRT-LLM INT8 KV without paged context FMHA) every hit rate counts as 0.
 
 from __future__ import annotations
 
-from typing import Any
-
-from trtkv.plan.model import FormatCapacity
+from trtkv.plan.model import FormatCapacity, PlanPrefixCache, PrefixRow
 from trtkv.recipe import Recipe
 from trtkv.recipe.prefix_cache import prefix_cache
 
@@ -23,29 +21,29 @@ def held_tokens(recipe: Recipe, hit_rate: float) -> float:
     return (1 - hit_rate) * recipe.bench.input_tokens + recipe.bench.output_tokens
 
 
-def prefix_capacity(recipe: Recipe, caps: list[FormatCapacity]) -> dict[str, Any]:
+def prefix_capacity(recipe: Recipe, caps: list[FormatCapacity]) -> PlanPrefixCache:
     """The plan's prefix-cache section: whether the engine reuses blocks (and why), and sequences per replica of the
     workload at each hit rate, per format."""
     pc = prefix_cache(recipe)
     rates = HIT_RATES if pc.enabled else (0.0,)
-    rows = [{"format": c.format,
-             "sequences": {f"{h:g}": int(c.tokens_per_gpu_budget // held_tokens(recipe, h)) for h in rates}}
+    rows = [PrefixRow(format=c.format,
+                      sequences={f"{h:g}": int(c.tokens_per_gpu_budget // held_tokens(recipe, h)) for h in rates})
             for c in caps]
-    return {"enabled": pc.enabled, "why": pc.why, "input_tokens": recipe.bench.input_tokens,
-            "output_tokens": recipe.bench.output_tokens, "hit_rates": list(rates), "rows": rows}
+    return PlanPrefixCache(enabled=pc.enabled, why=pc.why, input_tokens=recipe.bench.input_tokens,
+                           output_tokens=recipe.bench.output_tokens, hit_rates=list(rates), rows=rows)
 
 
-def advice(recipe: Recipe, section: dict[str, Any]) -> list[str]:
+def advice(recipe: Recipe, section: PlanPrefixCache) -> list[str]:
     """One line: what the hit rate does here, for the recipe's format against fp16."""
-    if not section["enabled"]:
-        return [f"Prefix caching is off here ({section['why'].removeprefix('off: ')}): a shared prompt prefix is held "
+    if not section.enabled:
+        return [f"Prefix caching is off here ({section.why.removeprefix('off: ')}): a shared prompt prefix is held "
                 f"once per sequence, so hit rates buy no capacity on this build."]
-    by = {r["format"]: r["sequences"] for r in section["rows"]}
+    by = {r.format: r.sequences for r in section.rows}
     mine, base = by.get(recipe.kv_format_label) or next(iter(by.values())), by.get("fp16")
     if base is None:
         return []
-    top = f"{section['hit_rates'][-1]:g}"
-    return [f"Prefix caching on ({section['why']}): at a {float(top):.0%} prefix hit rate the workload's "
-            f"{section['input_tokens']}-in/{section['output_tokens']}-out sequences per replica go from {mine['0']:,} to "
+    top = f"{section.hit_rates[-1]:g}"
+    return [f"Prefix caching on ({section.why}): at a {float(top):.0%} prefix hit rate the workload's "
+            f"{section.input_tokens}-in/{section.output_tokens}-out sequences per replica go from {mine['0']:,} to "
             f"{mine[top]:,} ({recipe.kv_format_label}) vs {base['0']:,} to {base[top]:,} (fp16): the higher the hit "
             f"rate, the more sequences a quantized cache adds, and its larger pool keeps more prefixes resident."]

@@ -115,7 +115,7 @@ def collect(recipe: Recipe) -> dict[str, Any]:
     cap = next(c for c in p.formats if c.format == fmt)
     data["kv_format"] = fmt
     data["kv_bytes_per_token"] = cap.bytes_per_token
-    data["planner"] = {"hardware": p.hardware["gpu"], "memory_gib": p.hardware["memory_gib"],
+    data["planner"] = {"hardware": p.hardware.gpu.value, "memory_gib": p.hardware.memory_gib,
                        "kv_budget_gib": p.kv_budget_gib_per_gpu, "tokens_fit": cap.tokens_per_gpu_budget,
                        "max_seq_len": recipe.build.max_seq_len,
                        "sequences_at_max_seq_len": cap.max_sequences.get(recipe.build.max_seq_len)}
