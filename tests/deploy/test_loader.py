@@ -89,10 +89,17 @@ def test_the_load_id_changes_with_the_build(tmp_path: Path, engines_tmp: Path) -
     engine = engines_tmp / recipe.name / "engine"
     folders = [(engine, "engine")]
     before = loader.load_id(recipe, src, folders)
+    from trtkv.contracts.artifacts import Manifest
+
+    def build(key: str, finished: str) -> str:
+        Manifest(stage="build", recipe=recipe.name, key={"recipe": key}, finished_at=finished).save(engine)
+        return loader.load_id(recipe, src, folders)
+
     engine.mkdir(parents=True)
-    (engine / "manifest.json").write_text('{"recipe_hash": "a"}')
-    built = loader.load_id(recipe, src, folders)
+    built = build("a" * 64, "2026-12-01T10:00:00")
     assert built != before and loader.load_id(recipe, loader.parse_source("s3://my-bucket/y"), folders) != built
+    assert build("a" * 64, "2026-12-02T11:00:00") == built  # the same build, another run time: the same load
+    assert build("b" * 64, "2026-12-02T11:00:00") != built  # other inputs
 
 
 def test_the_skip_list_is_docs_and_never_touches_the_guarded_checks() -> None:

@@ -26,7 +26,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from trtkv.contracts.stage import manifest_hash
+from trtkv.contracts.stage import read_manifest
 from trtkv.core.errors import StageError
 from trtkv.deploy.pods import LOAD_MARKER, MODELS_MOUNT, container_security, image_skips, pod_security, skip_annotations
 from trtkv.deploy.resources import LOADER
@@ -95,10 +95,15 @@ def check_source(source: ModelSource, recipe: Recipe, folders: list[str]) -> Non
 
 
 def load_id(recipe: Recipe, source: ModelSource, folders: list[tuple[Path, str]]) -> str:
-    """Names this load: the source, the folders and the manifests of the artifacts built here (a rebuild changes it)."""
-    data = {"recipe": recipe.name, "source": source.uri,
-            "folders": {sub: manifest_hash(host) or "" for host, sub in folders}}
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+    """Names this load: the source, the folders and what the stage manifests of the artifacts built here say they hold
+    (their `key`: recipe, inputs, templates; not their run times or this machine's paths): a rebuild from other inputs
+    changes it, the same files deployed again do not."""
+    def held(host: Path) -> Any:
+        manifest = read_manifest(host)
+        return manifest.get("key") if manifest else None
+
+    data = {"recipe": recipe.name, "source": source.uri, "folders": {sub: held(host) for host, sub in folders}}
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 def remote(source: ModelSource, sub: str) -> str:

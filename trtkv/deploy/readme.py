@@ -64,7 +64,7 @@ def k8s_body(recipe: Recipe, lch: Launch, sizing: Sizing, out: Path, models: Mod
         lines += [f"umask 077; openssl rand -hex 32 > trtkv-api-key   # the key clients send (${API_KEY_ENV})",
                   f"kubectl -n {ns} create secret generic {k8s.k8s_name(recipe, 'key')} "
                   f"--from-file={k8s.KEY_SECRET_FIELD}=trtkv-api-key"]
-    if lch.uses_ssh:
+    if lch.uses_ssh and lch.multi_node:  # one node: no ssh between pods
         lines += ["ssh-keygen -q -t ed25519 -N '' -C trtkv-client -f trtkv-ssh       # the key mpirun logs in with",
                   "ssh-keygen -q -t ed25519 -N '' -C trtkv-host -f trtkv-ssh-host   # every pod's sshd host key",
                   f"echo \"{k8s.known_hosts_pattern(recipe)} $(cut -d' ' -f1,2 trtkv-ssh-host.pub)\" > trtkv-known_hosts",
@@ -143,7 +143,7 @@ def _k8s_security_lines(recipe: Recipe, lch: Launch, options: Options) -> list[s
               f"profile, no service-account token, no service links; the models volume read-only.",
               "- checkov: the files pass checkov 3.3.30 with zero failed checks; the skips in the manifests "
               "(`checkov.io/skipN` annotations, each with its reason) are the ones docs/deploy.md lists."]
-    if lch.uses_ssh:
+    if lch.uses_ssh and lch.multi_node:  # one node: no ssh between pods
         lines.append(f"- ssh between the pods checks the host key: one host key for every pod (Secret "
                      f"{k8s.k8s_name(recipe, 'ssh')}), pinned by a known_hosts line for the LWS pods' names "
                      f"`{k8s.known_hosts_pattern(recipe)}` (`StrictHostKeyChecking=yes`); key login only.")
