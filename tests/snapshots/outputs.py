@@ -6,7 +6,9 @@ only where the value belongs to the machine, not to trtkv:
   `<PYTHON_HOME>`. The scratch folder is `/tmp/trtkv-snap-XXXXXXXX` on every machine, so YAML that wraps long lines
   at a fixed width wraps at the same places wherever it runs;
 - host RAM: a CPU recipe's capacity follows this machine's memory; the snapshots fix it at HOST_RAM_GIB;
-- a stage manifest's run record (`finished_at`, `wall_seconds`, `tool_versions`): time and installed packages.
+- a stage manifest's run record (`finished_at`, `wall_seconds`, `tool_versions`): time and installed packages; in its
+  `files` list each file's `mtime_ns` and `sha256` (the time it was written, and a digest over bytes that hold the
+  scratch path: the files themselves are snapshotted byte for byte, their names and sizes stay).
 
 Nothing else is touched: every other byte is what trtkv wrote. The trtkv cache is an empty folder (no converted model:
 the packaged recipes plan from their own fields), and the CPU repositories copy SmolLM2's real tokenizer from where
@@ -137,6 +139,10 @@ def _normalise_manifest(text: str) -> str:
     for key in VOLATILE_KEYS:
         if key in data:
             data[key] = "<varies>" if not isinstance(data[key], dict) else {k: "<varies>" for k in data[key]}
+    for entry in (data.get("files") or {}).values():
+        for key in ("mtime_ns", "sha256"):
+            if key in entry:
+                entry[key] = "<varies>"
     return json.dumps(data, indent=2) + "\n"
 
 

@@ -100,7 +100,7 @@ def load_id(recipe: Recipe, source: ModelSource, folders: list[tuple[Path, str]]
     changes it, the same files deployed again do not."""
     def held(host: Path) -> Any:
         manifest = read_manifest(host)
-        return manifest.get("key") if manifest else None
+        return manifest.key if manifest else None
 
     data = {"recipe": recipe.name, "source": source.uri, "folders": {sub: held(host) for host, sub in folders}}
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]

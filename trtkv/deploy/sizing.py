@@ -13,6 +13,7 @@ from trtkv.contracts.artifacts import Artifact
 from trtkv.core.errors import StageError
 from trtkv.platform.hardware import GPU
 from trtkv.recipe import Recipe
+from trtkv.recipe.limits import RANGES
 
 DERIVED = ("total_gpus", "concurrent_sequences")
 
@@ -92,18 +93,19 @@ def size(recipe: Recipe, replicas: int | None = None, target_concurrency: int | 
                          f"hardware.count=N with matching build.tp_size/pp_size.")
     if replicas is not None and target_concurrency is not None:
         raise StageError("--replicas and --target-concurrency both given: pass one (the other follows from it)")
+    bound_to = RANGES["replicas"]  # Kubernetes' int32 replica count; concurrency alike
     for flag, value in (("--replicas", replicas), ("--target-concurrency", target_concurrency)):
-        if value is not None and value < 1:
-            raise StageError(f"{flag} {value}: use 1 or more")
+        if value is not None and not bound_to.admits(value):
+            raise StageError(f"{flag} {value}: use 1 or more, a whole number in {bound_to.text()}")
     p = plan(recipe)
     cap = next(c for c in p.formats if c.format == p.recipe_kv_format)
     seq_len = recipe.build.max_seq_len
     fit = cap.max_sequences[seq_len]
     if fit < 1:
-        raise StageError(f"{recipe.name}: not one sequence of build.max_seq_len={seq_len} fits in the KV budget "
-                         f"({p.kv_budget_gib_per_gpu:.1f} GiB per GPU after {p.weights.per_gpu_gib:.1f} GiB of "
-                         f"weights). Next: `trtkv plan {recipe.name}`, then raise build.tp_size/pp_size (and "
-                         f"hardware.count), or lower build.max_seq_len.")
+        raise StageError(f"{recipe.name}: not one sequence of build.max_seq_len={seq_len} fits in the KV pool "
+                         f"({p.kv_budget_gib_per_gpu:.1f} GiB per GPU by {p.kv_pool.engine}'s rule, after "
+                         f"{p.weights.per_gpu_gib:.1f} GiB of weights). Next: `trtkv plan {recipe.name}`, then raise "
+                         f"build.tp_size/pp_size (and hardware.count), or lower build.max_seq_len.")
     per_replica = min(fit, recipe.build.max_batch_size)
     bound = "kv memory" if fit < recipe.build.max_batch_size else "max_batch_size"
     if target_concurrency is not None:
@@ -113,6 +115,9 @@ def size(recipe: Recipe, replicas: int | None = None, target_concurrency: int | 
         count = replicas or 1
         chosen = f"--replicas {count}" if replicas else "default 1; --replicas N or --target-concurrency C"
 
+    if not bound_to.admits(count * recipe.world_size):
+        raise StageError(f"{recipe.name}: {count:,} replicas of {recipe.world_size} GPU(s) is more than "
+                         f"{bound_to.text()}. Next: fewer replicas (--replicas / --target-concurrency).")
     world, per_node = recipe.world_size, hw.gpus_per_node
     weights = p.weights.total_gib
     return Sizing(
