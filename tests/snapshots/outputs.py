@@ -217,6 +217,8 @@ def deploy_outputs(case: str, target: str, s: Scratch) -> dict[str, str]:
     """`trtkv deploy RECIPE --target T [options]`'s folder, or, where trtkv refuses the pair, its message."""
     recipe, options = DEPLOY_EXTRA.get(case, (case, ()))
     out = s.root / "deploy" / case / target
+    if target != "slurm":  # the Kubernetes targets' loader Job copies from the source the user names
+        options = (*options, "--model-source", f"s3://my-bucket/trtkv/{recipe}")
     code, _, err = run_cli("deploy", recipe, "--target", target, "--output", str(out), *options)
     if code != 0:
         return {"refused.txt": s.normalise(err)}
