@@ -311,6 +311,27 @@ class PlanExample:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PrefixRow:
+    """One format's sequences per replica of the workload at each prefix hit rate (key: the rate, e.g. "0.5")."""
+
+    format: str
+    sequences: dict[str, int]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanPrefixCache:
+    """`plan --json`'s "prefix_cache": whether the served engine reuses KV blocks of shared prefixes (and why), and
+    what a hit rate does to the sequences a replica holds (trtkv.plan.prefix)."""
+
+    enabled: bool
+    why: str
+    input_tokens: int  # the workload: bench.input_tokens in, bench.output_tokens out
+    output_tokens: int
+    hit_rates: list[float]  # [0.0] where the engine reuses nothing
+    rows: list[PrefixRow]
+
+
+@dataclass(frozen=True, kw_only=True)
 class FormatCapacity:
     """One KV format's row of the plan (the recipe's own, mixed or named, first)."""
 
@@ -348,6 +369,7 @@ class Plan:
     advice_basis: str
     notes: list[str]
     attention: PlanAttention
+    prefix_cache: PlanPrefixCache  # trtkv.plan.prefix: what a prefix-cache hit rate does to capacity, per format
     # `plan --estimate`: trtkv.plan.estimate.Estimate.to_json() (per format: levels of ttft_ms, itl_ms,
     # output_tokens_per_s, source); absent from plan --json without --estimate
     estimate: dict[str, Any] | None = None

@@ -55,7 +55,7 @@ class GPUSpec:
     hbm_bandwidth_gbps: float  # GB/s (10^9 bytes per second), datasheet
     arch: str
     sm: tuple[int, int]  # CUDA compute capability
-    gfd_product: str  # nvidia.com/gpu.product (GPU feature discovery)
+    gfd_product: str  # nvidia.com/gpu.product (GPU feature discovery); published sources: tests/data/gfd_products.json
     smi_names: tuple[str, ...]  # NVML / nvidia-smi device names, the first the one gfd_product is made from
     memory_basis: str  # "cuda" (a published CUDA total), "opencl" (the driver's global memory size through OpenCL),
     # "nvidia-smi" (the NVML total, above CUDA's by ~0.5 GiB), "datasheet" (nominal GB as 10^9 bytes: below both)

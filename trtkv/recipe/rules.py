@@ -4,6 +4,7 @@ backend's own rules (trtkv.recipe.backend_rules)."""
 from __future__ import annotations
 
 from trtkv.platform.hardware import GPU, GPU_SPECS, gpus_where
+from trtkv.recipe import prefix_cache
 from trtkv.recipe.backend_rules import BACKEND_RULES, engine_format_problems, memory_knob_problems
 from trtkv.recipe.schema import BenchTask, GemmPlugin, KVCacheQuant, Recipe, WeightQuant
 
@@ -73,6 +74,7 @@ def cross_field_problems(r: Recipe) -> list[tuple[str, str]]:
         elif length + r.bench.output_tokens > b.max_seq_len:
             out.append(("bench.sweep_input_tokens", f"{length} + output_tokens {r.bench.output_tokens} exceeds "
                         f"build.max_seq_len {b.max_seq_len}; lower it or raise build.max_seq_len."))
+    out += prefix_cache.problems(r)  # an explicit prefix-cache true the engine cannot honour
     for length in r.bench.needle_context_lengths if BenchTask.NEEDLE in r.bench.tasks else []:
         if length > b.max_input_len:
             out.append(("bench.needle_context_lengths", f"{length} exceeds build.max_input_len {b.max_input_len}: "
