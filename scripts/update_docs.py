@@ -1,6 +1,6 @@
 """Regenerate the generated parts of docs/: the recipe reference (from the pydantic schema) in docs/recipes.md and the
 version matrix (from trtkv/data/trtllm_versions.json) in docs/where-it-runs.md, the KV formats x engines table (from
-trtkv/data/kv_formats.json) in docs/kv-formats.md; `--check` only reports stale ones."""
+trtkv/data/kv_formats.json) and its attention modes in docs/kv-formats.md; `--check` only reports stale ones."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from trtkv.kvcache.attention_modes import table_markdown as attention_markdown  # noqa: E402
 from trtkv.kvcache.engines import table_markdown as kv_formats_markdown  # noqa: E402
 from trtkv.platform.versions import table_markdown  # noqa: E402
 from trtkv.recipe import reference_markdown  # noqa: E402
@@ -20,6 +21,7 @@ SECTIONS: dict[str, tuple[str, Callable[[], str]]] = {
     "recipe-reference": ("docs/recipes.md", reference_markdown),
     "version-matrix": ("docs/where-it-runs.md", table_markdown),
     "kv-formats": ("docs/kv-formats.md", kv_formats_markdown),
+    "attention-modes": ("docs/kv-formats.md", attention_markdown),
 }
 
 

@@ -294,6 +294,30 @@ class ProbeConfig(_Section):
     lengths: list[int] = Field([512, 1024, 2048, 4096, 8192], description="Context lengths (tokens).")
     needle_depths: list[float] = Field([0.1, 0.5, 0.9], description="Relative depths of the hidden passkey.")
     needle_seeds: int = Field(5, ge=1, description="Needle trials per (depth, length).")
+    attention: str = Field("auto", description="Attention numerics measured besides the stored cache alone "
+                           "(`cache_only`, always measured): `auto` (what the recipe's engine, flags and GPU compute, "
+                           "e.g. FP8 Q and P on Hopper), `cache_only`, or modes separated by commas "
+                           "(docs/kv-formats.md).")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Probe weights/compute dtype: `auto` = the model's 16-bit dtype on GPUs, float32 on CPU.")
+    prefill_chunk: int | None = Field(None, gt=0, description="Tokens per prefill chunk (None: one pass on the CPU, "
+                                      "2048 on GPUs).")
+    offload: bool = Field(False, description="Layers that do not fit the GPUs go to CPU memory (accelerate offload).")
+
+    @field_validator("attention")
+    @classmethod
+    def _attention_modes(cls, value: str) -> str:
+        """auto, or attention mode names from trtkv/data/kv_formats.json (section attention)."""
+        from trtkv.kvcache.attention_modes import AUTO, mode_names
+
+        names = [v.strip() for v in value.split(",") if v.strip()]
+        allowed = mode_names()
+        if names == [AUTO]:
+            return AUTO
+        bad = [n for n in names if n not in allowed]
+        if bad or not names:
+            raise ValueError(f"{(bad or [value])[0]!r} is not an attention mode; allowed: {AUTO}, {', '.join(allowed)}")
+        return ",".join(names)
 
     @field_validator("lengths")
     @classmethod
