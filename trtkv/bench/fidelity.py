@@ -183,8 +183,10 @@ def _serve_all(request: Callable[[str, list[int]], Served], tokenizer: Any, jobs
 
 def run_fidelity(recipe: Any, request: Callable[[str, list[int]], Served], tokenizer: Any, reference: CachedScorer,
                  prediction: CachedScorer, lengths: Sequence[int], docs: int, tokens: int, reproduce: str,
-                 log: Callable[[str], None] = print, concurrency: int = 1) -> dict[str, Any]:
-    """Send every length's documents, re-score them (one document's lengths together: shared prefixes), judge."""
+                 log: Callable[[str], None] = print, concurrency: int = 1, prefill: Any = None,
+                 drift_mode: str = "cache_only") -> dict[str, Any]:
+    """Send every length's documents, re-score them (one document's lengths together: shared prefixes), judge; with
+    `prefill` (the engine's prompt log-probs), also its prefill-vs-decode drift (trtkv.bench.fidelity_drift)."""
     t0 = time.time()
     table: dict[int, dict[str, Any]] = {}
     failed, total, errors = 0, 0, []
@@ -232,6 +234,13 @@ def run_fidelity(recipe: Any, request: Callable[[str, list[int]], Served], token
     for length in measured:
         table[length] = length_summary(length, rows[length], skipped[length])
         log(f"fidelity: length {length}: {table[length]['verdict']} ({len(rows[length])} documents)")
+    from trtkv.bench.fidelity_drift import measure as measure_drift
+
+    served_by_length: dict[int, list[Served]] = {}
+    for group in by_doc.values():
+        for length, s in group:
+            served_by_length.setdefault(length, []).append(s)
+    drift = measure_drift(prefill, prediction, drift_mode, dict(sorted(served_by_length.items())))
     reference.save()
     prediction.save()
     ordered = [table[n] for n in lengths]
@@ -260,7 +269,7 @@ def run_fidelity(recipe: Any, request: Callable[[str, list[int]], Served], token
             "reference_load": round(reference.load_seconds, 1), "predicted_load": round(prediction.load_seconds, 1),
             "total": round(time.time() - t0, 1), "reference_computed": reference.computed,
             "predicted_computed": prediction.computed},
-        "errors": errors[:10], "notes": notes(ordered)}
+        "errors": errors[:10], "notes": notes(ordered) + drift_notes(drift), "prefill_decode_drift": drift}
     if worse:
         out["likely_causes"] = LIKELY_CAUSES
         out["reproduce"] = reproduce
@@ -290,12 +299,29 @@ def notes(table: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def drift_notes(drift: dict[str, Any]) -> list[str]:
+    """results.md lines of the prefill-vs-decode drift (trtkv.bench.fidelity_drift)."""
+    if not drift.get("measured"):
+        return [f"prefill vs decode: not measured ({drift.get('why', '')})"]
+    out = []
+    for r in drift["table"]:
+        if not r.get("served"):
+            out.append(f"prefill vs decode, length {r['length']}: no documents")
+            continue
+        lo, hi = r["served"]["ci"]
+        out.append(f"prefill vs decode, length {r['length']} ({r['documents']} docs, {drift['attention']}): mean "
+                   f"|dlogp| served {r['served']['value']:.4f} [{lo:.4f}, {hi:.4f}] vs predicted "
+                   f"{r['predicted']['value']:.4f}; {r['verdict']}")
+    return out
+
+
 def fidelity_task(recipe: Any, ep: Any, tokenizer: Any, log: Callable[[str], None], reproduce: str) -> dict[str, Any]:
     """The task as `trtkv bench` runs it: scorers cached in engines/<recipe>/fidelity/."""
     from trtkv.bench.fidelity_score import prediction_scorer, reference_scorer
-    from trtkv.bench.fidelity_served import requester
+    from trtkv.bench.fidelity_served import prefill_requester, requester
     from trtkv.checkpoints.models import resolve_model_dir
     from trtkv.core import paths
+    from trtkv.probe.attention import recipe_mode
 
     if recipe.quantization.kv_cache.value in ("none", "fp16", "bf16"):
         raise TrtkvError(f"fidelity: recipe {recipe.name} has an unquantized KV cache (quantization.kv_cache "
@@ -305,7 +331,8 @@ def fidelity_task(recipe: Any, ep: Any, tokenizer: Any, log: Callable[[str], Non
     request = requester(ep, recipe, tokenizer, b.fidelity_tokens, b.request_timeout_s)
     return run_fidelity(recipe, request, tokenizer, reference_scorer(resolve_model_dir(recipe), folder),
                         prediction_scorer(recipe, folder, log), default_lengths(recipe), b.fidelity_documents,
-                        b.fidelity_tokens, reproduce, log, b.accuracy_concurrency)
+                        b.fidelity_tokens, reproduce, log, b.accuracy_concurrency,
+                        prefill_requester(ep, b.request_timeout_s), recipe_mode(recipe)[0])
 
 
 def reproduce_command(recipe: Any, ep: Any) -> str:

@@ -176,6 +176,10 @@ class CachedScorer:
         _LOADED[self.model_id] = _LOADED.pop(self.model_id)  # most recently used last
         return _LOADED[self.model_id]
 
+    def model(self) -> tuple[Any, Callable[[], Any]]:
+        """(the scorer's model, a function making its fresh cache), loaded on first use."""
+        return self._model()
+
     def score(self, served: Served, want: list[set[int]] | None = None) -> Scored:
         return self.score_nested([(served, want)])[0]
 

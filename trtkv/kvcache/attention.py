@@ -66,6 +66,12 @@ def _tiled_weights(s: torch.Tensor, first_pos: int, tile: int, order: str, p_sca
     return p.flatten(-2)[..., lead: lead + length], total
 
 
+def _last_key(mask: torch.Tensor) -> int:
+    """The last key any row of `mask` [..., rows, S] may attend (-1: none)."""
+    seen = mask.reshape(-1, mask.shape[-1]).any(0).nonzero()
+    return int(seen[-1]) if seen.numel() else -1
+
+
 def kernel_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor | None,
                      scaling: float, kernel: KernelNumerics, q_scale: float = 1.0, first_pos: int = 0,
                      tile: int | None = None, softcap: float | None = None) -> torch.Tensor:
@@ -84,11 +90,12 @@ def kernel_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     out = []
     for r0 in range(0, t, rows):
         r1 = min(t, r0 + rows)
-        s = torch.matmul(q[:, :, :, r0:r1], k.transpose(-1, -2)).mul_(scaling)
+        end = length if mask is None else max(1, _last_key(mask[..., r0:r1, :]) + 1)  # later keys: masked for all rows
+        s = torch.matmul(q[:, :, :, r0:r1], k[..., :end, :].transpose(-1, -2)).mul_(scaling)
         if softcap:
             s = torch.tanh(s / softcap) * softcap
         if mask is not None:
-            s = s.masked_fill(~mask[..., r0:r1, :], float("-inf"))
+            s = s.masked_fill(~mask[..., r0:r1, :end], float("-inf"))
         if kernel.p == "none" or tile is None:
             top = s.amax(-1, keepdim=True)
             top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
@@ -96,6 +103,6 @@ def kernel_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
             total = w.sum(-1)
         else:
             w, total = _tiled_weights(s, first_pos, tile, kernel.tile_order, kernel.p_scale)
-        o = torch.matmul(w, v) / total.clamp(min=torch.finfo(wide).tiny).unsqueeze(-1)
+        o = torch.matmul(w, v[..., :end, :]) / total.clamp(min=torch.finfo(wide).tiny).unsqueeze(-1)
         out.append(o)
     return torch.cat(out, dim=3).reshape(b, hq, t, d)

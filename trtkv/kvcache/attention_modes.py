@@ -81,14 +81,14 @@ class KernelNumerics:
 
 @dataclass(frozen=True)
 class AttentionMode:
-    """A named engine attention path: its prefill and decode kernels and the KV elements it runs with."""
+    """A named engine attention path: its prefill and decode kernels and the probe formats it reads."""
 
     name: str
     engine: str
     description: str
     prefill: KernelNumerics
     decode: KernelNumerics
-    kv_elements: tuple[str, ...]
+    probe_formats: tuple[str, ...]
 
     @property
     def quantizes(self) -> bool:
@@ -188,7 +188,7 @@ def parse_attention(doc: dict) -> AttentionTable:
                                     description=str(m.get("description", "")),
                                     prefill=_kernel(m.get("prefill"), raw["modes"], f"modes.{name}.prefill"),
                                     decode=_kernel(m.get("decode"), raw["modes"], f"modes.{name}.decode"),
-                                    kv_elements=tuple(m.get("kv_elements", ())))
+                                    probe_formats=tuple(m.get("probe_formats", ())))
     if CACHE_ONLY not in modes or modes[CACHE_ONLY].quantizes:
         raise _fail("modes.cache_only", "the cache-only mode must exist and quantize nothing")
     rules = []

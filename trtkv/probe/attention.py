@@ -21,15 +21,10 @@ import torch
 
 from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.attention_modes import AUTO, CACHE_ONLY, SM_OF_ARCH, AttentionMode, load_attention, select_mode
-from trtkv.kvcache.formats import KVFormat
 from trtkv.kvcache.quant import FormatChoice
 
 if TYPE_CHECKING:
     from trtkv.recipe import Recipe
-
-# KV elements an engine mode reads (kv_formats.json `kv_elements`) -> the probe formats stored that way
-ELEMENT_FORMATS = {"fp8_e4m3": (KVFormat.FP8, KVFormat.FP8_SCALE1), "int8": (KVFormat.INT8, KVFormat.INT8_SPLIT)}
-
 
 def gpu_sm(gpu: Any) -> tuple[int, int] | None:
     """A recipe GPU's compute capability (GPUSpec.sm where the GPU table has it, else from its architecture); None
@@ -71,12 +66,9 @@ def resolve_modes(recipe: Recipe, requested: str | None = None) -> tuple[list[st
 
 
 def applies(mode: AttentionMode, choice: FormatChoice) -> bool:
-    """Whether `mode`'s kernels read a cache stored as `choice` (cache_only applies to every format)."""
-    if mode.name == CACHE_ONLY:
-        return True
-    if choice.affine or choice.variant == "fp8_attn_head":
-        return False  # per-channel bias / per-head scales: not what these kernels descale
-    return any(choice.base in ELEMENT_FORMATS.get(e, ()) for e in mode.kv_elements)
+    """Whether `mode`'s kernels read a cache stored as `choice` the way its engine stores it (its probe_formats;
+    cache_only applies to every format)."""
+    return "*" in mode.probe_formats or choice.name in mode.probe_formats
 
 
 @contextmanager
