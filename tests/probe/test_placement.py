@@ -100,3 +100,16 @@ def test_an_offloaded_layer_computes_what_the_plain_model_does_and_its_cache_fol
     assert torch.allclose(got, want, atol=1e-5)
     assert all(t.device.type == "cpu" for layer in cache.qlayers for t in layer.k_store.view().values())  # where it ran
     assert [layer.stored_tokens for layer in cache.qlayers] == [40, 40, 40]
+
+
+def test_the_baseline_is_the_models_16_bit_dtype_on_gpus_and_fp16_on_the_cpu() -> None:
+    """bf16 weights on GPUs keep a bf16 baseline cache (named bf16 in probe.json and its cache files); the CPU's
+    float32 run keeps the fp16 baseline it always had, so its cached results and old probe.json stay valid."""
+    recipe = load_recipe("llama70b_fp8kv")
+    gpu = default_settings(recipe, lengths=[1024], cuda=True)
+    cpu = default_settings(load_recipe("smollm2_fp8kv"), lengths=[512], cuda=False)
+    assert (gpu.dtype, gpu.formats[0], gpu.prefill_chunk) == ("bfloat16", "bf16", 2048)
+    assert (cpu.dtype, cpu.formats[0], cpu.prefill_chunk) == ("float32", "fp16", None)
+    assert default_settings(recipe, lengths=[1024], cuda=True).attention == ["cache_only", "trtllm_fp8_fmha_sm90"]
+    forced = default_settings(load_recipe("llama70b_fp8kv", ["probe.dtype=float32"]), lengths=[1024], cuda=True)
+    assert (forced.dtype, forced.formats[0]) == ("float32", "fp16")
