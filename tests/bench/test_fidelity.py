@@ -274,11 +274,11 @@ def test_the_engines_prefill_log_probs_give_its_prefill_vs_decode_drift(fake: st
     rows, error = fidelity_drift.served_rows(prefill, served)
     assert error is None and rows == pytest.approx([0.025] * 4)
     scorer = CachedScorer("pred", "k", tmp_path / "pred.json", lambda: (_ for _ in ()).throw(AssertionError), {})
-    table = fidelity_drift.measure(prefill, scorer, "cache_only", {16: [served, served]})
+    table = fidelity.drift_table(prefill, scorer, "cache_only", {16: [served, served]})
     row = table["table"][0]
     assert row["served"]["value"] == pytest.approx(0.025) and row["predicted"]["value"] == 0.0
     assert row["verdict"].startswith("not judged")
-    assert not fidelity_drift.measure(None, scorer, "cache_only", {})["measured"]
+    assert not fidelity.drift_table(None, scorer, "cache_only", {})["measured"]
 
 
 def test_predicted_drift_of_an_fp8_attention_mode_is_computed_on_the_prediction_model(tmp_path: Path,

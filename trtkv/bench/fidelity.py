@@ -234,13 +234,11 @@ def run_fidelity(recipe: Any, request: Callable[[str, list[int]], Served], token
     for length in measured:
         table[length] = length_summary(length, rows[length], skipped[length])
         log(f"fidelity: length {length}: {table[length]['verdict']} ({len(rows[length])} documents)")
-    from trtkv.bench.fidelity_drift import measure as measure_drift
-
     served_by_length: dict[int, list[Served]] = {}
     for group in by_doc.values():
         for length, s in group:
             served_by_length.setdefault(length, []).append(s)
-    drift = measure_drift(prefill, prediction, drift_mode, dict(sorted(served_by_length.items())))
+    drift = drift_table(prefill, prediction, drift_mode, dict(sorted(served_by_length.items())))
     reference.save()
     prediction.save()
     ordered = [table[n] for n in lengths]
@@ -297,6 +295,31 @@ def notes(table: list[dict[str, Any]]) -> list[str]:
         lines.append(f"length {r['length']} ({r['documents']} docs, {r['tokens']} tokens): {r['verdict']}; "
                      + "; ".join(parts))
     return lines
+
+
+def drift_table(prefill: Any, prediction: CachedScorer, mode: str,
+                served_by_length: dict[int, list[Served]]) -> dict[str, Any]:
+    """The prefill-vs-decode drift per length (served vs predicted, bootstrap intervals; judged where the recipe's
+    attention mode predicts a drift), or why it was not measured (trtkv.bench.fidelity_drift)."""
+    from trtkv.bench.fidelity_drift import measure
+
+    if prefill is None:
+        return {"measured": False, "why": "the endpoint returns no prompt log-probs (OpenAI completions with echo: "
+                                          "vLLM; not Triton's ensemble)"}
+    rows, errors = measure(prefill, prediction, mode, served_by_length)
+    table = []
+    for length, pairs in rows.items():
+        row: dict[str, Any] = {"length": length, "documents": len(pairs)}
+        if pairs:
+            fig = bootstrap([a for a, _ in pairs], [b for _, b in pairs])
+            row.update(served=fig["served"], predicted=fig["predicted"])
+            if mode == "cache_only":
+                row["verdict"] = "not judged: cache-only attention predicts 0; the served figure is the engine's noise"
+            else:
+                worse, margin = judge("mean_abs_dlogp", fig)
+                row.update(margin=margin, verdict="worse than predicted" if worse else "as predicted")
+        table.append(row)
+    return {"measured": True, "attention": mode, "table": table, "errors": errors[:10]}
 
 
 def drift_notes(drift: dict[str, Any]) -> list[str]:

@@ -9,8 +9,7 @@ served drift is judged by the task's rule (trtkv.bench.fidelity.judge)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable
 
 from trtkv.bench.fidelity_score import CachedScorer, Served
 
@@ -53,31 +52,18 @@ def predicted_rows(prediction: CachedScorer, mode_name: str, served: Served) -> 
 
 
 def measure(prefill: Prefill | None, prediction: CachedScorer, mode_name: str,
-            served_by_length: dict[int, Sequence[Served]]) -> dict[str, Any]:
-    """The drift table per length (served vs predicted, bootstrap intervals), or why it was not measured."""
-    from trtkv.bench.fidelity import bootstrap, judge
-    from trtkv.kvcache.attention_modes import CACHE_ONLY
-
-    if prefill is None:
-        return {"measured": False, "why": "the endpoint returns no prompt log-probs (OpenAI completions with echo: "
-                                          "vLLM; not Triton's ensemble)"}
-    table, errors = [], []
+            served_by_length: dict[int, list[Served]]) -> tuple[dict[int, list[tuple[list[float], list[float]]]],
+                                                                 list[str]]:
+    """Per length, (served rows, predicted rows) of every document the engine scored, and why others were not
+    (trtkv.bench.fidelity.drift_table turns them into figures)."""
+    rows: dict[int, list[tuple[list[float], list[float]]]] = {}
+    errors: list[str] = []
     for length, docs in served_by_length.items():
-        pairs = []
+        rows[length] = []
         for s in docs:
-            rows, error = served_rows(prefill, s)
-            if rows is None:
+            served, error = served_rows(prefill, s) if prefill is not None else (None, "no prefill")
+            if served is None:
                 errors.append(f"length {length}: {error}")
                 continue
-            pairs.append((rows, predicted_rows(prediction, mode_name, s)))
-        row: dict[str, Any] = {"length": length, "documents": len(pairs)}
-        if pairs:
-            fig = bootstrap([a for a, _ in pairs], [b for _, b in pairs])
-            row.update(served=fig["served"], predicted=fig["predicted"])
-            if mode_name == CACHE_ONLY:
-                row["verdict"] = "not judged: cache-only attention predicts 0; the served figure is the engine's noise"
-            else:
-                worse, margin = judge("mean_abs_dlogp", fig)
-                row.update(margin=margin, verdict="worse than predicted" if worse else "as predicted")
-        table.append(row)
-    return {"measured": True, "attention": mode_name, "table": table, "errors": errors[:10]}
+            rows[length].append((served, predicted_rows(prediction, mode_name, s)))
+    return rows, errors
