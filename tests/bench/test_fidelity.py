@@ -299,3 +299,39 @@ def test_predicted_drift_of_an_fp8_attention_mode_is_computed_on_the_prediction_
     fa3 = fidelity_drift.predicted_rows(scorer, "vllm_fa3_fp8", served)
     assert len(fa3) == 10 and max(fa3) > 0
     assert fidelity_drift.predicted_rows(scorer, "cache_only", served) == [0.0] * 10
+
+
+def test_the_prediction_runs_the_engines_attention_mode_prompt_prefilled_continuation_decoded(
+        tmp_path: Path, one_torch_thread: None) -> None:
+    """For an FP8 attention deployment the prediction is what that engine computes: the prompt through its prefill
+    kernel, the served continuation through its decode kernel (the drift the fidelity table judges comes from the
+    same two kernels), not the stored cache alone."""
+    import torch
+
+    from tests.support.models import tiny_llama
+    from trtkv.bench import fidelity_drift
+    from trtkv.bench.fidelity_score import engine_attention_for
+    from trtkv.kvcache.cache import QuantizedKVCache
+
+    model = tiny_llama(2, 2, 128, 512, seed=2).float()
+    model.config._attn_implementation = "sdpa"
+    load = lambda: (model, lambda: QuantizedKVCache(model.config, "fp8_scale1", [1.0] * 2, [1.0] * 2))  # noqa: E731
+    ids = torch.randint(0, 96, (260,), generator=torch.Generator().manual_seed(3)).tolist()
+    served = Served(ids[:250], ids[250:], [0.0] * 10)
+    cache_only = CachedScorer("a", "k1", tmp_path / "a.json", load, {}).score(served)
+    engine = CachedScorer("b", "k2", tmp_path / "b.json", load, {}, attention=engine_attention_for("vllm_fa3_fp8"))
+    scored = engine.score(served)
+    assert scored.chosen != cache_only.chosen
+    prefill_side = CachedScorer("c", "k3", tmp_path / "c.json", load, {},
+                                attention=lambda m, c, s: fidelity_drift_prefill(m, c)).score(served)
+    drift = fidelity_drift.predicted_rows(engine, "vllm_fa3_fp8", served)
+    assert [abs(a - b) for a, b in zip(scored.chosen, prefill_side.chosen, strict=True)] == pytest.approx(drift, abs=1e-5)
+
+
+def fidelity_drift_prefill(model, cache):  # noqa: ANN001, ANN201
+    """Every row through vLLM FA3's prefill kernel (the drift's other side)."""
+    from trtkv.kvcache.attention_hook import EngineRun, engine_attention, q_scales_for
+    from trtkv.kvcache.attention_modes import load_attention
+
+    mode = load_attention().mode("vllm_fa3_fp8")
+    return engine_attention(model, EngineRun(mode, cache, None, q_scales_for(cache, mode)))
