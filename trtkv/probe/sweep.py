@@ -218,8 +218,16 @@ def _drift_cached(out: Path, loaded: Loaded, choice: FormatChoice, mode: str, sc
         doc = json.loads(path.read_text())
         if doc.get("params") == params:
             return doc["result"]
-    result = {"format": choice.name, **drift(loaded, lambda: make_cache(loaded, choice, scales), mode, prompt,
-                                                settings.decode_steps, chunk_for(choice) or loaded.prefill_chunk)}
+    kernels = load_attention().mode(mode)
+    head_dim = loaded.info["head_dim"]
+    if not (kernels.drifts(head_dim) or (loaded.info.get("sliding_window") and kernels.drifts(head_dim, True))):
+        result = {"format": choice.name, "attention": mode, "prompt_tokens": prompt, "decode_steps": settings.decode_steps,
+                  "mean_abs_dlogp": 0.0, "max_abs_dlogp": 0.0, "kl_mean": 0.0, "top1_agreement": 1.0,
+                  "exact_zero": True, "note": f"prefill and decode kernels compute alike at head_dim {head_dim}: "
+                                              "0 by construction (the pass is not run)"}
+    else:
+        result = {"format": choice.name, **drift(loaded, lambda: make_cache(loaded, choice, scales), mode, prompt,
+                                                    settings.decode_steps, chunk_for(choice) or loaded.prefill_chunk)}
     write_json(path, {"params": params, "result": result})
     return result
 
