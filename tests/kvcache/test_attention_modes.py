@@ -44,6 +44,10 @@ def test_the_kernel_facts_read_from_upstream() -> None:
     assert trt.prefill.q_scale == trt.decode.q_scale == "kv_scale"  # qkv_scale_orig_quant = kv_scale_orig_quant
     assert modes["sglang_fa3_fp8"].prefill.q_scale == "unit_cast"  # q.to(kv_cache_dtype)
     assert modes["trtllm_fresh_context"].prefill.kv == "fresh"
+    # where prefill and decode differ (the probe records 0 without running the passes where they do not)
+    assert fa3.drifts(128) and not fa3.drifts(64) and not fa3.drifts(256) and not fa3.drifts(256, sliding=True)
+    assert trt.drifts(64) and trt.drifts(128) and trt.drifts(256)  # fmha_v2 x256 vs XQA x448 at every head_dim
+    assert not modes["cache_only"].drifts(128)
 
 
 @pytest.mark.parametrize(("recipe", "overrides", "mode"), [
