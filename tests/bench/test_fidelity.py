@@ -253,7 +253,7 @@ def test_a_scorers_model_is_loaded_once_per_process(tmp_path: Path, monkeypatch:
         return object(), lambda: None
 
     scored = fs.Scored([0.0], [1], [{1: 0.0}], None)
-    monkeypatch.setattr(fs, "teacher_forced_nested", lambda model, new_cache, items: [scored for _ in items])
+    monkeypatch.setattr(fs, "teacher_forced_nested", lambda model, new_cache, items, attention=None: [scored for _ in items])
     monkeypatch.setattr(fs, "_LOADED", {})
     for i in range(3):  # three bench runs in one process, e.g. a test's served and in-process cases
         scorer = CachedScorer("reference", "k", tmp_path / f"r{i}.json", load, {}, model_id="/models/x")

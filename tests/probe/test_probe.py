@@ -22,7 +22,8 @@ def test_probe_tiny_sweep_on_real_model(tmp_path: Path, engines_tmp: Path, smoll
                                         capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "probe"
     args = ["probe", "smollm2_fp8kv", *TINY, "--formats", "fp16,int8,int8_split,kivi2", "--lengths", "64,160",
-            "--needle-lengths", "96", "--decode-steps", "2", "--threads", "1", "--no-progress", "--output", str(out)]
+            "--needle-lengths", "96", "--decode-steps", "2", "--threads", "1", "--no-progress", "--output", str(out),
+            "--attention", "trtllm_fresh_context"]  # TensorRT-LLM's INT8 path: the prompt attends its own 16-bit K/V
     assert main(args) == 0
     doc = json.loads((out / "probe.json").read_text())
     keys = {"format", "context_len", "kl_mean", "kl_last_quarter", "ppl", "ppl_delta", "top1_agreement",
@@ -44,12 +45,21 @@ def test_probe_tiny_sweep_on_real_model(tmp_path: Path, engines_tmp: Path, smoll
     manifest = json.loads((out / "manifest.json").read_text())  # the probe folder has its manifest too
     assert manifest["stage"] == "probe" and manifest["wall_seconds"] == doc["seconds"]
     assert len(doc["scales"]["layers"]) == 30 and all(x["k_amax"] > 0 for x in doc["scales"]["layers"])
+    # the engine mode: int8 only (the format it reads), beside cache-only, with its prefill-vs-decode drift
+    assert doc["attention"]["modes"] == ["cache_only", "trtllm_fresh_context"]
+    assert all(r["attention"] == "cache_only" for r in doc["records"])
+    engine = {(r["format"], r["context_len"]): r for r in doc["attention_records"]}
+    assert set(engine) == {("int8", 64), ("int8", 160)} and engine[("int8", 160)]["attention"] == "trtllm_fresh_context"
+    assert [(d["format"], d["attention"]) for d in doc["drift"]] == [("int8", "trtllm_fresh_context")]
+    assert doc["drift"][0]["mean_abs_dlogp"] > 0  # the prompt saw 16-bit K/V, the decoded tokens the INT8 cache
+    assert "## Cache-only vs the engine's attention" in md
     # resume: everything cached, same records
     first = (out / "probe.json").read_text()
     t0 = time.time()
     assert main(args) == 0
     again = json.loads((out / "probe.json").read_text())
     assert again["records"] == json.loads(first)["records"] and again["pass_seconds"] == {}
+    assert again["attention_records"] == json.loads(first)["attention_records"] and again["drift"] == doc["drift"]
     assert time.time() - t0 < 120
     capsys.readouterr()
 
