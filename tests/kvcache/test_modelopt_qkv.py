@@ -4,7 +4,8 @@ CPU) on the same model and text.
 
 Tolerances follow from the formats: both sides put values on the same E4M3 grid (x / (amax/448), round to nearest even,
 saturate), so the codes are equal and the dequantized Q/K/V differ only by float32 rounding of the scale and of the
-cache's code x scale (2^-24 relative each); the logits by what that roundoff becomes after the model.
+cache's code x scale (2^-24 relative each), except where x / scale sits within float32 roundoff of the midpoint between
+two codes (there the sides may round apart by one code); the logits of a shallow model by that roundoff after it.
 ModelOpt's p_bmm_quantizer runs only in its CUDA Triton kernel: P is checked by benchmarks/gpu_probe_check.py."""
 
 from __future__ import annotations
@@ -45,8 +46,25 @@ def _qkv_mode():  # noqa: ANN202
     return dataclasses.replace(fa3, prefill=kernel, decode=kernel)
 
 
-def _compare(model, reference, ids: torch.Tensor) -> None:  # noqa: ANN001
-    """Per layer on ModelOpt's own inputs, then the whole model's logits."""
+def _same_grid(name: str, got: torch.Tensor, out: torch.Tensor, x: torch.Tensor, scale: float) -> None:
+    """got and ModelOpt's out hold the same E4M3 codes: equal to float32 roundoff (the scale's and code x scale's: up to
+    4 roundings per side), except where x / scale lies within float32 roundoff (2^-22, relative) of the midpoint
+    between two codes, which either side may round either way: there they are one code apart."""
+    got = got.to(out.dtype)
+    close = torch.isclose(got, out, rtol=8 * F32_ROUNDOFF, atol=0)
+    if bool(close.all()):
+        return
+    a, b = (got[~close] / scale).abs(), (out[~close] / scale).abs()
+    mid = (a + b) / 2
+    at_midpoint = ((x[~close] / scale).abs() - mid).abs() <= 2.0 ** -22 * mid
+    one_step = (a - b).abs() <= 2.0 ** -3 * torch.maximum(a, b)  # E4M3: 3 mantissa bits
+    assert bool((at_midpoint & one_step).all()), (name, (got - out).abs().max())
+    assert (~close).sum() <= 1e-4 * close.numel(), (name, int((~close).sum()))  # ~2^-22 / 2^-4 per element
+
+
+def _compare(model, reference, ids: torch.Tensor, end_to_end: bool = True) -> None:  # noqa: ANN001
+    """Per layer on ModelOpt's own inputs; then (a model shallow enough that no rounding midpoint is met on the way)
+    the whole model's logits."""
     amax = _modelopt_fp8_qkv(model, ids)
     seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     hooks = [mod.register_forward_hook(lambda mod, inp, out, n=n: seen.__setitem__(n, (inp[0], out)))
@@ -59,9 +77,9 @@ def _compare(model, reference, ids: torch.Tensor) -> None:  # noqa: ANN001
     for name, (x, out) in seen.items():
         scale = amax[name] / 448.0
         got = quantize_q(x, kernel, scale) if name.endswith("q_bmm_quantizer") else FP8Codec(scale).roundtrip(x)
-        # the same E4M3 codes; the dequantized values differ by float32 roundings of the scale and of code x scale
-        # (up to 4 per side: 8 x 2^-24 relative)
-        assert torch.allclose(got.to(out.dtype), out, rtol=8 * F32_ROUNDOFF, atol=0), (name, (got - out).abs().max())
+        _same_grid(name, got, out, x, scale)
+    if not end_to_end:
+        return
     layers = model.config.num_hidden_layers
     k = [amax[f"model.layers.{i}.self_attn.k_bmm_quantizer"] / 448.0 for i in range(layers)]
     v = [amax[f"model.layers.{i}.self_attn.v_bmm_quantizer"] / 448.0 for i in range(layers)]
@@ -96,4 +114,4 @@ def test_fp8_qkv_equal_modelopts_quantizers_on_smollm2(smollm2_dir: Path) -> Non
 
     tok = AutoTokenizer.from_pretrained(str(smollm2_dir))
     ids = torch.tensor([tok(eval_long_text()[0], add_special_tokens=False).input_ids[:256]])
-    _compare(load(), load(), ids)
+    _compare(load(), load(), ids, end_to_end=False)  # 30 layers: a midpoint met early changes all after it
