@@ -27,7 +27,7 @@ from typing import Any
 
 from trtkv.bench.client import Endpoint, SamplingParams
 from trtkv.bench.endpoints import check_endpoint, session_factory
-from trtkv.bench.loadgen import Job, run_concurrency, run_rate
+from trtkv.bench.loadgen import Job, SessionPool, run_concurrency, run_rate
 from trtkv.bench.metrics import summarize_level
 from trtkv.bench.prompts import count_tokens, latency_prompts, load_tokenizer, prompt_tokens, tokenizer_dir
 from trtkv.bench.records import RequestRecord
@@ -59,12 +59,15 @@ def jobs_for(prompts: list[str], tokenizer: Any, count: int, max_tokens: int, ta
 def trtkv_level(ep: Endpoint, prompts: list[str], tokenizer: Any, count: int, max_tokens: int, conc: int,
                 timeout_s: float) -> dict[str, Any]:
     """A closed-loop level through trtkv's client (warm-up of `conc` requests first), with CPU seconds used."""
-    factory = session_factory(ep)
-    run_concurrency(factory, jobs_for(prompts, tokenizer, conc, max_tokens, "warm"), conc, timeout_s)
-    jobs = jobs_for(prompts, tokenizer, count, max_tokens, f"c{conc}")
-    cpu0 = time.process_time()
-    recs = run_concurrency(factory, jobs, conc, timeout_s)
-    cpu_s = time.process_time() - cpu0
+    pool = SessionPool(session_factory(ep), conc)  # the warm-up's connections carry the measured requests
+    try:
+        run_concurrency(pool, jobs_for(prompts, tokenizer, conc, max_tokens, "warm"), conc, timeout_s)
+        jobs = jobs_for(prompts, tokenizer, count, max_tokens, f"c{conc}")
+        cpu0 = time.process_time()
+        recs = run_concurrency(pool, jobs, conc, timeout_s)
+        cpu_s = time.process_time() - cpu0
+    finally:
+        pool.close()
     for r in recs:
         r.response_tokens = [count_tokens(tokenizer, t) for t in r.response_texts]
     return {"summary": summarize_level(recs), "cpu_seconds": cpu_s, "responses": sum(len(r.response_ns) for r in recs),

@@ -8,6 +8,11 @@ from pathlib import Path
 import pytest
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-snapshots", action="store_true", default=False,
+                     help="rewrite tests/data/snapshots/ from what trtkv writes now and print the diff (tests/snapshots)")
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread() -> Iterator[None]:
     """One torch thread for small-tensor tests: on a shared 2-core machine OpenMP spinning makes tiny ops ~20x slower."""

@@ -52,9 +52,27 @@ def test_kv_formats_table_is_current() -> None:
     assert "`--kv-cache-dtype int8_per_token_head`" in row and "TritonAttentionBackend" in row
 
 
+def test_gpu_table_is_current() -> None:
+    from trtkv.platform.hardware import table_markdown as gpu_table_markdown
+
+    assert generated("docs/plan.md", "gpu-table") == gpu_table_markdown().strip(), (
+        "docs/plan.md GPU table is stale: run `python scripts/update_docs.py`")
+
+
+def test_verb_outputs_are_current() -> None:
+    from trtkv.cli.registry import outputs_markdown
+
+    assert generated("docs/where-it-runs.md", "verb-outputs") == outputs_markdown().strip(), (
+        "docs/where-it-runs.md verb outputs are stale: run `python scripts/update_docs.py`")
+
+
 def test_recipe_reference_is_current() -> None:
     assert generated("docs/recipes.md", "recipe-reference") == reference_markdown().strip(), (
         "docs/recipes.md recipe reference is stale: run `python scripts/update_docs.py`")
+    from trtkv.recipe.reference import limits_markdown
+
+    assert generated("docs/recipes.md", "limits") == limits_markdown().strip(), (
+        "docs/recipes.md ranges table is stale: run `python scripts/update_docs.py`")
 
 
 @pytest.mark.parametrize("path", [README, ROOT / "CHANGELOG.md", *PAGES], ids=lambda p: p.relative_to(ROOT).as_posix())

@@ -197,9 +197,9 @@ def test_no_backend_branches_outside_the_backends_package() -> None:
     ("llama8b_fp8kv_pytorch", ["quantization.kv_cache=int8"], r"quantization.kv_cache: INT8 KV needs the engine path "
                                                                r"\(TensorRT-LLM <= 1.2.x"),
     ("llama70b_fp8kv_llmapi", ["quantization.kv_cache=int8"], "INT8 KV needs the engine path"),
-    ("llama70b_nvfp4kv", ["hardware.gpu=H100-80GB"], r"quantization.kv_cache: an NVFP4 KV cache needs a Blackwell GPU"),
+    ("llama70b_nvfp4kv", ["hardware.gpu=H100-80GB"], r"kv_cache: an NVFP4 KV cache needs a datacenter Blackwell GPU \(SM100/103"),
     ("llama70b_nvfp4kv", ["build.backend=tensorrt"], "NVFP4 KV cache is served by TensorRT-LLM's LLM API"),
-    ("smollm2_fp8kv_llmapi", ["quantization.kv_cache=nvfp4"], "needs a Blackwell GPU"),
+    ("smollm2_fp8kv_llmapi", ["quantization.kv_cache=nvfp4"], "needs a datacenter Blackwell GPU"),
     ("smollm2_fp8kv_llmapi", ["quantization.weights=int4_awq"], "the reference runtime runs fp8 or none weights"),
     ("smollm2_fp8kv", ["quantization.weights=int4_awq"], "the reference runtime runs fp8 or none weights"),
     ("llama70b_fp8kv", ["hardware.gpu=B200", "quantization.kv_cache=int8"], "refuses an INT8 KV cache on B200"),

@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 
 from trtkv.bench import fidelity, results, slo
+from trtkv.bench.client import Endpoint
 from trtkv.bench.fidelity_score import CachedScorer, Served
 from trtkv.bench.fidelity_served import openai_prompt_logprobs, openai_request, triton_request
+from trtkv.core.errors import TrtkvError
 from trtkv.recipe import load_recipe
 
 
@@ -54,6 +56,16 @@ def test_fidelity_slo_is_added_and_fails_on_a_worse_length() -> None:
     good = slo.check(slos, {}, {"fidelity": {"worse_lengths": 0, "failed": 0, "total": 2}})
     assert all(r.passed for r in good)
     assert slo.parse_slo("fidelity.worse_lengths<=0").metric == "fidelity"
+
+
+@pytest.mark.parametrize("name", ["smollm2_fp16kv", "gemma3_fp8kv"])
+def test_the_task_refuses_a_16_bit_cache_before_any_request(name: str) -> None:
+    """kv_cache none deploys the model dtype (fp16 or bf16: Recipe.kv_format); the task has no format to compare."""
+    recipe = load_recipe(name, ["quantization.kv_cache=none"] if name == "gemma3_fp8kv" else [])
+    assert recipe.kv_format.value in ("fp16", "bf16")
+    ep = Endpoint("127.0.0.1:9", "http", "m")  # nothing listens: a request would fail differently
+    with pytest.raises(TrtkvError, match=f"recipe {name} has an unquantized KV cache"):
+        fidelity.fidelity_task(recipe, ep, None, print, "")
 
 
 def test_default_lengths_are_the_probe_lengths_up_to_max_input_len() -> None:

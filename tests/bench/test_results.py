@@ -13,6 +13,7 @@ from trtkv.bench.client import Endpoint
 from trtkv.bench.metrics import summarize_level
 from trtkv.bench.records import ERROR, OK, TIMEOUT, RequestRecord
 from trtkv.bench.slo import parse_slo
+from trtkv.contracts.artifacts import BenchResults
 from trtkv.recipe import load_recipe
 
 MS = 1_000_000
@@ -69,7 +70,7 @@ def _assembled(tmp_path: Path, interrupted: str | None = None) -> tuple[dict, di
     slos = [parse_slo("time_to_first_token.p99<=15"), parse_slo("quiz.accuracy>=0.5")]
     out = runner.assemble(recipe, ep, runner.BenchOptions(), records, by_level, [], {}, {}, slos,
                           {"requests": 12, "equal": 12, "max_abs_diff": 0}, interrupted, "now", 1.0)
-    return out, by_level
+    return out.document(), by_level  # results.json's dict, as run_bench writes it
 
 
 def test_results_files_and_recompute_from_raw_records(tmp_path: Path) -> None:
@@ -100,6 +101,18 @@ def test_results_files_and_recompute_from_raw_records(tmp_path: Path) -> None:
     assert len(requests) == 13 and {r["status"] for r in requests} == {"ok", "timeout"}
     md = (tmp_path / "results.md").read_text()
     assert "| concurrency=2 |" in md and "FAILED" in md and "How tokens are counted" in md
+
+
+def test_results_json_is_the_model_the_runner_builds(tmp_path: Path) -> None:
+    """results.json is BenchResults' document (the writer's model), and the report's reader loads the same fields."""
+    out, by_level = _assembled(tmp_path)
+    runner.write_all(tmp_path, out, by_level)
+    data = json.loads((tmp_path / "results.json").read_text())
+    loaded = BenchResults.load(tmp_path)
+    assert loaded is not None and loaded.document() == data
+    assert list(data)[:4] == ["schema", "recipe", "kv_cache", "endpoint"] and data["schema"] == runner.SCHEMA
+    assert loaded.endpoint is not None and loaded.endpoint.protocol == "grpc" and "endpoint_type" not in data["endpoint"]
+    assert loaded.slo is not None and loaded.slo.passed is False and loaded.workload is not None
 
 
 def test_partial_results_say_so(tmp_path: Path) -> None:

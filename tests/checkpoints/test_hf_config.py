@@ -92,12 +92,22 @@ def test_parameters_counted_from_shapes() -> None:
     assert qwen.active_per_token == pytest.approx(3.3e9, rel=0.05)
 
 
-@pytest.mark.parametrize("name, word", [("qwen3_next", "Qwen3-Next"), ("nemotron_h", "Nemotron-H"),
-                                        ("mamba2", "Mamba-2"), ("linear_layer_types", "mamba")])
-def test_state_space_hybrids_refused_by_name(name: str, word: str) -> None:
+@pytest.mark.parametrize("name, word", [("mamba2", "Mamba-2"), ("linear_layer_types", "mamba")])
+def test_unpriced_state_space_families_refused_by_name(name: str, word: str) -> None:
     with pytest.raises(ModelConfigError, match=word) as exc:
         read_model_facts(CONFIGS / "refused" / name)
     assert "Next:" in str(exc.value)
+
+
+@pytest.mark.parametrize("name, missing", [
+    ("qwen3_next", "linear_num_key_heads, linear_num_value_heads, linear_key_head_dim, linear_value_head_dim, "
+                   "linear_conv_kernel_dim"),
+    ("nemotron_h", "mamba_num_heads, mamba_head_dim, n_groups, ssm_state_size, conv_kernel")])
+def test_a_hybrid_without_its_state_fields_is_refused_naming_them(name: str, missing: str) -> None:
+    """Qwen3-Next and Nemotron-H are priced (tests/checkpoints/test_hybrid_config.py); a config that lacks the dims of
+    their state is refused by model_type with the fields that are missing."""
+    with pytest.raises(ModelConfigError, match=rf"{name}.*needs {missing}.*Next:"):
+        read_model_facts(CONFIGS / "refused" / name)
 
 
 def test_unreadable_configs_name_the_field_and_the_next_step(tmp_path: Path) -> None:

@@ -92,7 +92,12 @@ def test_the_check_catches_a_typed_name_and_allows_a_formatted_one() -> None:
     assert not hand_written_names('x = "llmapi"', names)  # not help text
 
 
-@pytest.mark.parametrize("path", sorted(CLI_DIR.glob("*.py")), ids=lambda p: p.name)
+# the options models whose field descriptions are the verbs' flag help (trtkv.core.options)
+OPTION_MODULES = sorted(CLI_DIR.parent.glob("*/options.py"))
+
+
+@pytest.mark.parametrize("path", sorted(CLI_DIR.glob("*.py")) + OPTION_MODULES,
+                         ids=lambda p: p.relative_to(CLI_DIR.parent).as_posix())
 def test_no_backend_or_layout_name_is_typed_into_help(path: Path) -> None:
     bad = hand_written_names(path.read_text(), engine_names())
     assert not bad, (f"{path.name}: backend/layout names typed into help text (format them from trtkv.backends / "

@@ -64,8 +64,10 @@ def test_refuses_a_bad_name_before_writing(tmp_path: Path, name: str) -> None:
 
 
 def test_refuses_unreadable_and_unpriced_configs(tmp_path: Path) -> None:
-    with pytest.raises(RecipeError, match="Qwen3-Next.*Next:"):
+    with pytest.raises(RecipeError, match="qwen3_next.*needs.*linear_num_key_heads.*Next:"):
         write_recipe("q", CONFIGS / "refused" / "qwen3_next", tmp_path / "q.yaml")
+    with pytest.raises(RecipeError, match="Mamba-2 .*state-space only.*Next:"):
+        write_recipe("q", CONFIGS / "refused" / "mamba2", tmp_path / "q.yaml")
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text('{"num_hidden_layers": 2, "hidden_size": 64}')
     with pytest.raises(RecipeError, match=r"num_attention_heads: missing.*Next:"):
@@ -85,3 +87,92 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "52 x sliding:1024 + 10 x full" in printed and "vLLM allocation" in printed
     assert main(["init", "gemma", "--model", str(CONFIGS / "gemma3_27b"), "--output", str(out)]) == 2
     assert "already exists" in capsys.readouterr().err
+
+
+GPU_TARGETS = ("H100-80GB", "B200", "A100-80GB", "L4", "RTX-5090", "cpu")
+
+
+@pytest.mark.parametrize("gpu", GPU_TARGETS)
+@pytest.mark.parametrize("backend", ["llmapi", "tensorrt", "vllm", "sglang", "reference"])
+def test_every_backend_gets_defaults_its_engine_accepts(tmp_path: Path, gpu: str, backend: str) -> None:
+    """Whatever engine is asked for, the defaults init fills in validate for it; what the engine cannot do at all is
+    refused naming the user's file and the flag."""
+    out = tmp_path / "r.yaml"
+    if gpu == "cpu" and backend in ("tensorrt", "sglang"):
+        with pytest.raises(RecipeError, match=rf"{out}: (build.backend \(from --backend {backend}\)|hardware.gpu "
+                                              rf"\(from --gpu cpu\)).*Next: change --"):
+            write_recipe("r", CONFIGS / "llama3_1_8b", out, gpu, backend=backend)
+        assert not out.exists()
+        return
+    recipe = load_recipe(write_recipe("r", CONFIGS / "llama3_1_8b", out, gpu, backend=backend))
+    assert recipe.build.backend.value == backend
+    assert recipe.build.max_num_tokens >= recipe.build.max_batch_size  # vLLM's scheduler rule, kept for every engine
+
+
+def test_a_refused_default_moves_and_says_why(tmp_path: Path) -> None:
+    """vLLM's ModelOpt loader refuses an FP8 KV cache without weight quantization: init writes fp8 weights (and says
+    why); trtllm-build without paged context FMHA needs max_num_tokens >= max_input_len: init raises it."""
+    vllm = write_recipe("v", CONFIGS / "llama3_1_8b", tmp_path / "v.yaml", backend="vllm")
+    assert load_recipe(vllm).quantization.weights.value == "fp8"
+    assert "not none, which this engine refuses" in vllm.read_text() and "quant_algo" in vllm.read_text()
+    trt = load_recipe(write_recipe("t", CONFIGS / "llama3_1_8b", tmp_path / "t.yaml", backend="tensorrt"))
+    assert trt.quantization.weights.value == "none" and trt.build.max_num_tokens == trt.build.max_input_len
+    fp8 = load_recipe(write_recipe("f", CONFIGS / "llama3_1_8b", tmp_path / "f.yaml", backend="tensorrt",
+                                   weights="fp8"))
+    assert fp8.build.max_num_tokens == 8192 < fp8.build.max_input_len  # chunked context with paged context FMHA
+
+
+def test_a_refused_flag_is_named_with_the_users_file(tmp_path: Path) -> None:
+    out = tmp_path / "mine.yaml"
+    with pytest.raises(RecipeError) as err:
+        write_recipe("mine", CONFIGS / "llama3_1_8b", out, backend="vllm", weights="none")
+    text = str(err.value)
+    assert f"{out}: quantization.weights (from --weights none)" in text and "Missing 'quant_algo'" in text
+    assert "Next: change --weights" in text and "Recipe not written" in text
+    with pytest.raises(RecipeError, match=rf"{out}: build.max_seq_len \(from --max-seq-len 200000\).*131072"):
+        write_recipe("mine", CONFIGS / "llama3_1_8b", out, max_seq_len=200000)
+    with pytest.raises(RecipeError, match=r"quantization.kv_cache \(from --kv-cache nvfp4\).*SM100/103"):
+        write_recipe("mine", CONFIGS / "llama3_1_8b", out, "H100-80GB", kv_cache="nvfp4")
+    with pytest.raises(RecipeError, match=r"--concurrency 0: must be in 1\.\."):
+        write_recipe("mine", CONFIGS / "llama3_1_8b", out, concurrency=0)
+    assert not out.exists()
+
+
+def test_lengths_and_concurrency_size_the_recipe(tmp_path: Path) -> None:
+    """max_batch_size is what fits at max_seq_len (the plan's figure); --concurrency grows the GPU count until it
+    fits, or is refused on a fixed count; the sections stay within the lengths."""
+    r = load_recipe(write_recipe("a", CONFIGS / "llama3_1_8b", tmp_path / "a.yaml", max_seq_len=8192))
+    assert (r.build.max_seq_len, r.build.max_input_len) == (8192, 7168)
+    cap = next(c for c in plan(r).formats if c.format == r.kv_format_label)
+    assert r.build.max_batch_size == min(256, cap.max_sequences[8192])
+    assert r.bench.concurrency[-1] == r.build.max_batch_size and r.bench.input_tokens <= r.build.max_input_len
+    assert max(r.probe.lengths) <= 8192 and max(r.bench.needle_context_lengths) <= r.build.max_input_len
+    assert (r.calibration.num_samples, r.calibration.seq_len, r.calibration.batch_size) == (512, 512, 8)
+    one = load_recipe(write_recipe("b", CONFIGS / "llama3_1_8b", tmp_path / "b.yaml"))
+    fits_on_one = next(c for c in plan(one).formats if c.format == one.kv_format_label).max_sequences[32768]
+    many = load_recipe(write_recipe("c", CONFIGS / "llama3_1_8b", tmp_path / "c.yaml", concurrency=2 * fits_on_one + 1))
+    assert many.build.max_batch_size == 2 * fits_on_one + 1 and many.hardware.count > 1
+    assert next(c for c in plan(many).formats if c.format == many.kv_format_label).max_sequences[32768] >= \
+        many.build.max_batch_size
+    with pytest.raises(RecipeError, match=r"build.max_batch_size \(from --concurrency \d+\): .* sequence\(s\) of "
+                                          r"32768 tokens in fp8.*--target-concurrency"):
+        write_recipe("d", CONFIGS / "llama3_1_8b", tmp_path / "d.yaml", count=1, concurrency=fits_on_one + 1)
+    cpu = load_recipe(write_recipe("e", CONFIGS / "llama3_1_8b", tmp_path / "e.yaml", "cpu", max_seq_len=512))
+    assert cpu.build.max_batch_size == 16 and cpu.calibration.num_samples == 16  # the CPU keeps the schema's sizes
+    assert cpu.bench.needle_context_lengths == [448] and cpu.probe.lengths == [512]
+
+
+def test_cli_takes_nvidia_smi_names_and_the_new_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from trtkv.cli import main
+
+    out = tmp_path / "h.yaml"
+    assert main(["init", "h", "--model", str(CONFIGS / "qwen3_8b"), "--output", str(out), "--gpu",
+                 "NVIDIA H200", "--weights", "fp8", "--max-seq-len", "16384", "--concurrency", "8"]) == 0
+    r = load_recipe(out)
+    assert (r.hardware.gpu.value, r.quantization.weights.value, r.build.max_seq_len, r.build.max_batch_size) == \
+        ("H200-141GB", "fp8", 16384, 8)
+    capsys.readouterr()
+    assert main(["init", "h", "--model", str(CONFIGS / "qwen3_8b"), "--gpu", "NVIDIA Tesla K80"]) == 2
+    assert "--gpu 'NVIDIA Tesla K80': Value error, unknown GPU" in capsys.readouterr().err
+    assert main(["init", "h", "--model", str(CONFIGS / "qwen3_8b"), "--concurrency", "0"]) == 2
+    assert "--concurrency 0: Input should be greater than or equal to 1" in capsys.readouterr().err

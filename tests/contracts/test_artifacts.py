@@ -34,6 +34,40 @@ def test_kv_scales_file_reads_what_calibrate_writes(tmp_path: Path) -> None:
     assert none is not None and none.layers == [] and none.kv_cache_quant_algo is None
 
 
+def test_kv_scales_json_is_the_model_calibrate_builds(tmp_path: Path) -> None:
+    """One model for the writer and the reader: the file is exactly the loaded model's document, keys in order."""
+    doc = kv_scales_document("FP8", [3.0, 1.0], [0.5, 2.0])
+    assert isinstance(doc, KVScalesFile)
+    write_kv_scales(tmp_path / "kv_scales.json", doc)
+    text = (tmp_path / "kv_scales.json").read_text()
+    loaded = KVScalesFile.load(tmp_path)
+    assert loaded == doc and text == json.dumps(loaded.document(), indent=2) + "\n"
+    assert list(json.loads(text)) == ["kv_cache_quant_algo", "num_layers", "convention", "layers"]  # no source
+    sourced = kv_scales_document("FP8", [1.0], [1.0], source="probe pass").document()
+    assert list(sourced) == ["kv_cache_quant_algo", "num_layers", "convention", "source", "layers"]
+
+
+def test_a_stage_manifest_is_the_model_run_stage_builds(tmp_path: Path) -> None:
+    from trtkv.contracts.stage import run_stage
+    from trtkv.recipe import load_recipe
+
+    out = tmp_path / "stage"
+    result = run_stage("repo", load_recipe("smollm2_fp8kv"), out, lambda tmp: {"models": ["a"]}, log=lambda _m: None)
+    text = (out / "manifest.json").read_text()
+    loaded = Manifest.load(out)
+    assert loaded is not None and text == json.dumps(loaded.document(), indent=2) + "\n"
+    assert list(json.loads(text)) == ["stage", "recipe", "recipe_path", "key", "recipe_hash", "input_dir",
+                                      "input_manifest_hash", "resolved_recipe", "tool_versions", "wall_seconds",
+                                      "finished_at", "files", "models"]
+    assert result.manifest == loaded.document() and loaded.model_extra == {"models": ["a"]}
+    again = run_stage("repo", load_recipe("smollm2_fp8kv"), out, lambda tmp: {}, log=lambda _m: None)
+    assert again.skipped and again.manifest == result.manifest  # the key read back through the model matches
+    # a stage that writes its own manifest writes what it sets (serve, probe, report: no up-to-date key)
+    Manifest(stage="report", recipe="r", key=None, wall_seconds=0.5, inputs=["bench"]).save(tmp_path)
+    assert list(json.loads((tmp_path / "manifest.json").read_text())) == ["stage", "recipe", "key", "wall_seconds",
+                                                                          "inputs"]
+
+
 def test_big_documents_keep_what_they_do_not_type(tmp_path: Path) -> None:
     Manifest(stage="probe", recipe="r", wall_seconds=1.5, settings={"lengths": [64]}).save(tmp_path)
     manifest = Manifest.load(tmp_path)

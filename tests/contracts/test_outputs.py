@@ -76,8 +76,9 @@ def test_deploy_output_refuses_a_users_folder_and_keeps_its_own_mode(tmp_path: P
     out = deploy(recipe, Target.K8S, tmp_path / "k8s", log=lambda _m: None)
     assert (out.stat().st_mode & 0o777) == 0o777 & ~_umask(), "a new folder gets the umask's mode, not mkdtemp's 0700"
     os.chmod(out, 0o750)
-    deploy(recipe, Target.SLURM, out, log=lambda _m: None)  # its own earlier output: replaced, mode kept
-    assert (out / "job.sbatch").is_file() and (out.stat().st_mode & 0o777) == 0o750
+    (out / "README.md").write_text("stale")
+    deploy(recipe, Target.K8S, out, log=lambda _m: None)  # its own earlier output (same target): replaced, mode kept
+    assert (out / "README.md").read_text() != "stale" and (out.stat().st_mode & 0o777) == 0o750
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster", "k8s"]
 
 

@@ -74,3 +74,21 @@ def test_failed_work_keeps_the_previous_output(tmp_path: Path) -> None:
         stage.run_stage("build", recipe, output, failing, force=True, log=lambda _m: None)
     assert (output / stage.MANIFEST).read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["engine"]
+
+
+def test_a_failed_first_run_leaves_no_empty_recipe_folder(tmp_path: Path) -> None:
+    """A first `trtkv calibrate` that fails removes the engines/<recipe>/ it created (only while empty)."""
+    recipe = load_recipe("smollm2_fp8kv")
+
+    def failing(tmp: Path) -> dict[str, Any]:
+        (tmp / "partial").write_text("x")
+        raise RuntimeError("boom")
+
+    output = tmp_path / "engines" / "r" / "checkpoint"
+    with pytest.raises(RuntimeError, match="boom"):
+        stage.run_stage("calibrate", recipe, output, failing, log=lambda _m: None)
+    assert list(tmp_path.iterdir()) == []  # engines/ and engines/r/ were made by this run: both gone
+    (tmp_path / "engines" / "r" / "serve").mkdir(parents=True)  # something else lives there: kept
+    with pytest.raises(RuntimeError, match="boom"):
+        stage.run_stage("calibrate", recipe, output, failing, log=lambda _m: None)
+    assert sorted(p.name for p in (tmp_path / "engines" / "r").iterdir()) == ["serve"]

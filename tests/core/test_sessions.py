@@ -22,7 +22,7 @@ import pytest
 from trtkv.core import sessions
 from trtkv.core.process import port_in_use
 from trtkv.recipe import load_recipe
-from trtkv.serving import serve
+from trtkv.serving import serve, teardown
 
 FAKE_SERVER = r"""
 import http.server, json, os, subprocess, sys, time
@@ -116,7 +116,7 @@ def test_stop_after_the_leader_was_killed_ends_the_whole_session_and_nothing_els
     pids = _pids(pidfile)
     assert info.session_id == info.pid == pids["leader"] and info.session_start == sessions.start_time(info.pid)
     assert sessions.marker_of(pids["setsid"]) == info.session_marker  # left the session, kept the marker
-    assert sessions.members(serve.session_of(info)) == sorted(pids.values())
+    assert sessions.members(teardown.session_of(info)) == sorted(pids.values())
     os.kill(info.pid, signal.SIGKILL)
     assert _wait_dead(info.pid)
     survivors = [pids[k] for k in ("child", "grandchild", "setsid")]

@@ -20,6 +20,7 @@ from trtkv.core.errors import RecipeError, StageError
 from trtkv.deploy import Target, check, deploy, dynamo, k8s
 from trtkv.deploy.check import check_object, crd_schema_info
 from trtkv.deploy.launch import REQUIRE_KEY
+from trtkv.deploy.sizing import Sizing
 from trtkv.recipe import load_recipe
 
 DATA = Path(__file__).parents[1] / "data"
@@ -71,8 +72,9 @@ def test_single_node_k8s_deployment_is_schema_valid_and_probes_run_the_canary(tm
     if config.is_file():  # the repository names exactly these paths
         assert str(engine_dir(recipe)) in config.read_text()
     assert objs["Service"]["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
-    sizing = json.loads((out / "sizing.json").read_text())
-    assert sizing["gpus_per_replica"] == 4 and sizing["nodes_per_replica"] == 1 and sizing["replicas"] == 2
+    sizing = Sizing.load(out)  # the model deploy wrote it with
+    assert sizing is not None and (sizing.gpus_per_replica, sizing.nodes_per_replica, sizing.replicas) == (4, 1, 2)
+    assert json.loads((out / "sizing.json").read_text())["total_gpus"] == sizing.total_gpus == 8
     readme = (out / "README.md").read_text()
     assert "kubernetes-validate, Kubernetes" in readme and "tag v0.10.0" in readme
 

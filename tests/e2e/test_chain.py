@@ -32,6 +32,13 @@ def test_whole_chain_runs_and_stops_the_server(chain_run: dict) -> None:
     assert report["kv_bytes_per_token"] == 2 * 30 * 3 * 64 * 1  # 30 layers, 3 KV heads, head_dim 64, 1 byte
     assert {"checkpoint", "engine", "serve", "bench", "triton_repo"} <= set(report["stages"])
     assert report["stages"]["serve"]["wall_seconds"] > 0  # the server's ready time, from serve/manifest.json
+    # planned against served: the reference runtime's own pool line, read back by the bench, is the plan's pool
+    pool = results["kv_pool"]
+    print(f"KV pool per GPU: planned {pool['planned_bytes_per_gpu']:,.0f} bytes, served "
+          f"{pool['served_bytes_per_gpu']:,.0f} bytes ({pool['source']})")
+    assert pool["source"].startswith("reference runtime log"), pool
+    assert pool["served_bytes_per_gpu"] == pytest.approx(pool["planned_bytes_per_gpu"], rel=0.01), pool
+    assert pool["warning"] is None and not results.get("warnings")
     # the server was started by the chain and stopped by it
     assert not (engines / "serve" / "server.json").exists()
     for line in out.splitlines():

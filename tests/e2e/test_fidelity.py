@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import CHAIN_OVERRIDES
+from tests.support.manifests import relist
 from trtkv.bench import fidelity
 from trtkv.bench.runner import BenchOptions, run_bench
 from trtkv.core.errors import StageError
@@ -60,6 +61,7 @@ def _scaled_checkpoint(src: Path, dst: Path, scale_of: Any) -> None:
                 tensors[name] = torch.tensor([scale_of(x)], dtype=tensors[name].dtype)
     (dst / "rank0.safetensors").unlink()
     save_file(tensors, str(dst / "rank0.safetensors"))
+    relist(dst)  # the faulted checkpoint's manifest lists its own files
 
 
 def _saturating(x: Any) -> float:
@@ -78,7 +80,9 @@ def _engine_from(healthy_engine: Path, target: Path) -> None:
     settings = json.loads((target / "engine" / "runtime.json").read_text())
     settings["checkpoint"] = str(target / "checkpoint")
     settings["checkpoint_relative"] = "../checkpoint"
+    (target / "engine" / "runtime.json").unlink()  # a copy, not the healthy engine's file
     (target / "engine" / "runtime.json").write_text(json.dumps(settings, indent=2) + "\n")
+    relist(target / "engine")
 
 
 class _Served:

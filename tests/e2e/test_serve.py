@@ -253,6 +253,7 @@ def test_soak_short_run_loses_nothing_and_recovers_from_a_killed_instance(tmp_pa
                            "--output", str(out)],
                           capture_output=True, text=True, env=env, cwd=root, timeout=600)
     summary = json.loads(out.read_text())
+    print({k: v for k, v in summary.items() if k != "in_flight_at_kill"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert summary["lost"] == 0 and summary["mismatched"] == 0 and summary["bad_lost"] == 0
     assert summary["errors_before_kill"] == 0 and summary["answered"] > 0 and summary["cancelled"] > 0

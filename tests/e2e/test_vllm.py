@@ -62,7 +62,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory, smollm2_engine: Path) 
         if NO_FP8_KV:
             with pytest.raises(StageError, match="AVX-512 or AMX"):
                 serve.start(load_recipe(RECIPE, [*CHAIN_OVERRIDES, *BENCH]))  # this CPU, FP8 KV: refused first
-            _sixteen_bit_kv_export(smollm2_engine / "checkpoint", tmp / "engines" / RECIPE / "checkpoint")
+            _sixteen_bit_kv_export(smollm2_engine / "checkpoint", tmp / "engines" / RECIPE / "checkpoint", recipe)
         else:
             (tmp / "engines" / RECIPE / "checkpoint").symlink_to(smollm2_engine / "checkpoint")
         build(recipe, log=print)
@@ -75,15 +75,17 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory, smollm2_engine: Path) 
             serve.stop(recipe, timeout_s=30)
 
 
-def _sixteen_bit_kv_export(session: Path, dest: Path) -> None:
+def _sixteen_bit_kv_export(session: Path, dest: Path, recipe: Any) -> None:
     """The session's FP8-weight export as `trtkv calibrate` writes it for quantization.kv_cache none: the same weights
     and weight scales, without the k/v scales and the KV algorithm in its two configs (a second calibration took ~1
-    minute on 2 cores). Everything else is linked to the session's files."""
+    minute on 2 cores). Everything else is linked to the session's files; its manifest says what it now is (made for
+    `recipe`, its files listed), or build and serve would refuse it as the fp8 checkpoint's."""
     import shutil
 
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
+    from tests.support.manifests import relist
     from trtkv.checkpoints.hf_export import KV_SCALES
 
     shutil.copytree(session, dest, symlinks=True, copy_function=os.symlink)
@@ -103,6 +105,7 @@ def _sixteen_bit_kv_export(session: Path, dest: Path) -> None:
         path.write_text(text)
     weights.unlink()
     save_file(tensors, str(weights), metadata=metadata)
+    relist(dest, recipe)
 
 
 def _complete(info: Any, prompt: str, max_tokens: int) -> dict[str, Any]:

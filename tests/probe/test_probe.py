@@ -201,20 +201,25 @@ def test_mixed_cache_stores_skipped_layers_in_16_bit() -> None:
 
 def test_serving_asks_the_recipe_rules_per_engine_and_gpu() -> None:
     """Which engines serve a probed configuration comes from the same rules `trtkv build` applies."""
+    from trtkv.platform.hardware import GPU, GPU_SPECS, ONE_PER_SM
     from trtkv.probe.serving import served_by, serving, usable_gpus
 
-    recipe = load_recipe("smollm2_fp8kv")  # FP8 weights: no A100
+    recipe = load_recipe("smollm2_fp8kv")  # FP8 weights: no A100 (SM80) or A10 (SM86)
+    fp8_gpus = [g.value for g in ONE_PER_SM if GPU_SPECS[g].has_fp8]  # one GPU per compute capability
+    assert fp8_gpus == ["L40S", "H100-80GB", "B200", "B300", "RTX-PRO-6000"]
     fp8 = serving(recipe, "fp8")
-    assert fp8["engines"] == {b: ["H100-80GB", "H200-141GB", "L40S", "B200"] for b in ("tensorrt", "llmapi", "vllm", "sglang")}
+    assert fp8["engines"] == {b: fp8_gpus for b in ("tensorrt", "llmapi", "vllm", "sglang")}
     mixed = serving(recipe, "fp8", [0, 29])
     assert list(mixed["engines"]) == ["vllm"] and "kv_skip_layers" in mixed["why_not"]["tensorrt"]
     int8 = serving(recipe, "int8")
-    assert int8["engines"] == {"tensorrt": ["H100-80GB", "H200-141GB", "L40S"]}  # trtllm-build refuses it on B200
-    assert serving(recipe, "nvfp4")["engines"] == {"llmapi": ["B200"], "sglang": ["B200"]}
+    below_sm100 = [g for g in fp8_gpus if GPU_SPECS[GPU(g)].sm < (10, 0)]
+    assert int8["engines"] == {"tensorrt": below_sm100}  # trtllm-build refuses it on SM>=100
+    nvfp4 = [g for g in fp8_gpus if GPU_SPECS[GPU(g)].nvfp4_kv]
+    assert nvfp4 == ["B200", "B300"] and serving(recipe, "nvfp4")["engines"] == {"llmapi": nvfp4, "sglang": nvfp4}
     assert serving(recipe, "int8_token")["engines"] == {} and served_by(serving(recipe, "kivi4")) == "no engine"
     usable = usable_gpus([fp8, int8])
-    assert usable == ["H100-80GB", "H200-141GB", "L40S", "B200"]
-    assert served_by(int8, usable) == "tensorrt (H100-80GB, H200-141GB, L40S)" and served_by(mixed, usable) == "vllm"
+    assert usable == fp8_gpus
+    assert served_by(int8, usable) == "tensorrt (L40S, H100-80GB)" and served_by(mixed, usable) == "vllm"
     on_h100 = load_recipe("smollm2_fp8kv", ["hardware.gpu=H100-80GB", "build.backend=tensorrt"])
     assert serving(on_h100, "fp8")["gpus"] == ["H100-80GB"]  # a GPU recipe is asked about its own GPU only
 

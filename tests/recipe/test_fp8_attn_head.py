@@ -13,6 +13,7 @@ from trtkv.backends import vllm
 from trtkv.core.errors import TrtkvError
 from trtkv.kvcache import engines
 from trtkv.kvcache.formats import KVFormat
+from trtkv.platform.hardware import GPU_SPECS
 from trtkv.recipe import KVCacheQuant, load_recipe
 
 RECIPE = "llama70b_fp8kv_attnhead_vllm"
@@ -37,7 +38,14 @@ def test_accepted_where_flashattention_3_or_4_runs(gpu: str) -> None:
 def test_refused_where_vllm_runs_flashattention_2(gpu: str, alternative: str) -> None:
     msg = _problems([f"hardware.gpu={gpu}"])
     assert "FlashAttention >= 3" in msg and "runs FA2" in msg and alternative in msg, msg
-    assert "H100-80GB, H200-141GB, B200" in msg
+    fa3_or_4 = [g.value for g, spec in GPU_SPECS.items() if spec.sm[0] in (9, 10, 11)]  # the table's SM90 / SM10x
+    assert ", ".join(fa3_or_4) in msg and "H100-80GB" in fa3_or_4 and "B300" in fa3_or_4
+    assert "RTX-5090" not in fa3_or_4 and "L40S" not in fa3_or_4  # SM120 and SM89 run FA2
+
+
+def test_sm120_blackwell_runs_flashattention_2() -> None:
+    """The RTX 5090 is Blackwell but SM120: vLLM picks FA2 there, so per-head scales are refused like on Ada."""
+    assert "runs FA2" in _problems(["hardware.gpu=RTX-5090"])
 
 
 def test_refused_on_the_cpu_where_vllm_would_use_the_largest_head_scale() -> None:
@@ -70,12 +78,15 @@ def test_plan_prices_it_as_fp8_and_says_the_scales_are_not_per_token() -> None:
     from trtkv.plan import planner
 
     head = planner.plan(load_recipe(RECIPE))
-    fp8 = planner.plan(load_recipe(RECIPE, ["quantization.kv_cache=fp8"]))
+    # fp8 over bf16 weights is refused for vLLM (ModelOpt's export: no quant_algo), so the same sizes with FP8 weights
+    fp8 = planner.plan(load_recipe(RECIPE, ["quantization.kv_cache=fp8", "quantization.weights=fp8"]))
     assert head.recipe_kv_format == "fp8_attn_head" and fp8.recipe_kv_format == "fp8"
     mine = next(c for c in head.formats if c.format == "fp8_attn_head")
     theirs = next(c for c in fp8.formats if c.format == "fp8")
     assert mine.bytes_per_token == theirs.bytes_per_token == 2 * 80 * 8 * 128  # Llama-3 70B: 80 layers, 8 KV heads
-    assert mine.per_sequence_kv_bytes == theirs.per_sequence_kv_bytes and mine.max_sequences == theirs.max_sequences
+    assert mine.per_sequence_kv_bytes == theirs.per_sequence_kv_bytes
+    n = 32768  # the same per-sequence bytes into the bf16 recipe's own budget
+    assert mine.max_sequences[n] == int(head.kv_budget_gib_per_gpu * 2**30 // mine.per_sequence_kv_bytes_per_gpu[n])
     note = next(n for n in head.notes if n.startswith("fp8_attn_head is priced as fp8"))
     assert "nothing per token" in note and "1280 values = 5,120 bytes" in note
 

@@ -69,7 +69,7 @@ CASES = [
     ("bad_enum_did_you_mean", GOOD.replace("kv_cache: fp8}", "kv_cache: int8_kv_cach}"), "quantization.kv_cache",
      ["did you mean 'int8_kv_cache'", "aliases: fp8_kv_cache, int8_kv_cache"]),
     ("negative_number", GOOD.replace("max_input_len: 1024", "max_input_len: -5"), "build.max_input_len",
-     ["greater than 0", "-5"]),
+     ["greater than or equal to 1", "-5", "allowed: 1..134,217,728 (the largest published: Llama 4 Scout"]),
     ("string_for_int", GOOD.replace("num_layers: 30", "num_layers: thirty"), "model.num_layers",
      ["valid integer", "thirty"]),
     ("missing_source", GOOD.replace("  source: packaged:smollm2\n", ""), "model.source", ["required field is missing"]),
@@ -91,7 +91,7 @@ CASES = [
      "build.use_fp8_context_fmha", ["FP8 context FMHA needs quantization.kv_cache: fp8"]),
     ("fp8_weights_need_fp8_gpu", GOOD.replace("hardware: {gpu: cpu}", "hardware: {gpu: A100-80GB}")
      .replace("backend: reference,", "backend: tensorrt,").replace("kv_cache: fp8}", "kv_cache: int8}"),
-     "quantization.weights", ["FP8 weights need a GPU with FP8", "A100-80GB has none"]),
+     "quantization.weights", ["FP8 weights need FP8 tensor cores (SM89+", "A100-80GB (compute capability 8.0) has none"]),
     ("tensorrt_not_on_cpu", GOOD.replace("backend: reference,", "backend: tensorrt,"), "build.backend",
      ["needs a GPU and TensorRT-LLM", "use backend reference"]),
     ("ports_differ", GOOD + "triton: {http_port: 9000, grpc_port: 9000}\n", "triton.grpc_port", ["must differ"]),

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trtkv.backends import for_recipe
+from trtkv.backends import for_recipe, tensorrt
 from trtkv.core.errors import StageError
 from trtkv.recipe import Backend, list_recipes, load_recipe
 from trtkv.repo import RepoError, generate_repo, validate_repo
@@ -66,7 +66,9 @@ def test_every_recipe_generates_a_valid_repo(name: str, engines_tmp: Path, token
         assert llm.backend == "tensorrtllm"
         assert params["gpt_model_type"] == recipe.triton.batching_strategy.value
         assert params["batch_scheduler_policy"] == recipe.triton.batch_scheduler_policy.value
-        assert float(params["kv_cache_free_gpu_mem_fraction"]) == recipe.triton.kv_cache_free_gpu_mem_fraction
+        knobs = tensorrt.engine_memory_knobs(recipe)  # the plan's value: TensorRT-LLM's 0.9 when the recipe is silent
+        assert float(params["kv_cache_free_gpu_mem_fraction"]) == knobs.value
+        assert params["max_tokens_in_paged_kv_cache"] == ("" if knobs.cap_value is None else str(knobs.cap_value))
         assert params["gpt_model_path"] == str(engines_tmp / name / "engine")
         assert {"enable_kv_cache_reuse", "exclude_input_in_output", "max_beam_width"} <= set(params)
         chunked = recipe.build.max_input_len > recipe.build.max_num_tokens
@@ -107,7 +109,8 @@ def test_a_repository_naming_a_moved_trtkv_module_is_rebuilt(engines_tmp: Path, 
     from trtkv.repo import generate
 
     plan = generate.plan_repo(load_recipe("smollm2_fp8kv_llmapi"))
-    assert generate.named_modules(plan) == {"trtkv.runtime": "runtime/__init__.py", "trtkv.runtime.llm": "runtime/llm.py"}
+    assert generate.named_modules(plan) == {"trtkv.kvcache.formats": "kvcache/formats.py",  # the served pool's line
+                                            "trtkv.runtime": "runtime/__init__.py", "trtkv.runtime.llm": "runtime/llm.py"}
     _generate("smollm2_fp8kv_llmapi")
     _, logs = _generate("smollm2_fp8kv_llmapi")
     assert any("up to date" in line for line in logs)

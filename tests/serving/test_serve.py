@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from trtkv.core import sessions
 from trtkv.core.errors import StageError, ToolError
 from trtkv.recipe import load_recipe
 from trtkv.serving import serve
@@ -30,10 +31,12 @@ def _recipe(*overrides: str):  # noqa: ANN202 - Recipe
 
 
 def _record(recipe, proc: subprocess.Popen[bytes], command: list[str]) -> None:  # noqa: ANN001
+    """What serve records: the pid, its session and the leader's start time (the proof that it is the server)."""
     t = recipe.triton
     serve.write_server(recipe, serve.ServerRecord(pid=proc.pid, host=t.host, http_port=t.http_port,
                                                 grpc_port=t.grpc_port, metrics_port=t.metrics_port, command=command,
-                                                log="/dev/null", model_repository="x", started_at="now"))
+                                                log="/dev/null", model_repository="x", started_at="now",
+                                                session_id=proc.pid, session_start=sessions.start_time(proc.pid)))
 
 
 def test_gpu_dry_run_prints_container_and_mpirun(capsys: pytest.CaptureFixture[str], engines_tmp: Path) -> None:
@@ -182,7 +185,7 @@ def test_stop_stops_and_removes_the_container(tmp_path: Path, engines_tmp: Path,
         serve.write_server(recipe, serve.ServerRecord(
             pid=proc.pid, host=t.host, http_port=t.http_port, grpc_port=t.grpc_port, metrics_port=t.metrics_port,
             command=["sleep", "60"], log="/dev/null", model_repository="x", started_at="now",
-            container="trtkv-smollm2_fp8kv"))
+            container="trtkv-smollm2_fp8kv", session_id=proc.pid, session_start=sessions.start_time(proc.pid)))
         said: list[str] = []
         assert serve.stop(recipe, timeout_s=5, log=said.append)
         assert calls.read_text().splitlines() == ["top trtkv-smollm2_fp8kv -eo pid",  # its pids: GPU memory waited on
@@ -207,12 +210,12 @@ def test_gpu_serve_needs_the_engine_or_the_hf_export(engines_tmp: Path, monkeypa
         recipe = load_recipe(name, ["triton.http_port=18931", "triton.grpc_port=18932", "triton.metrics_port=18933"])
         repo = layout.repo_dir(recipe)
         repo.mkdir(parents=True)
-        (repo / "manifest.json").write_text("{}")
+        (repo / "manifest.json").write_text(json.dumps({"stage": "repo", "recipe": name}))
         with pytest.raises(StageError, match=produced_by):
             serve.start(recipe)
     ckpt = layout.checkpoint_dir(recipe)
     ckpt.mkdir(parents=True)
-    (ckpt / "manifest.json").write_text("{}")
+    (ckpt / "manifest.json").write_text(json.dumps({"stage": "calibrate", "recipe": recipe.name}))
     with pytest.raises(StageError, match="has no config.json"):
         serve.start(recipe)
 

@@ -18,6 +18,8 @@ from trtkv.backends.seam import (
 )
 from trtkv.recipe import Backend, Recipe
 
+TRTLLM_SERVE_OPTIONS_FLAG = llmapi.LLMAPI_OPTIONS_FLAG  # what `trtkv serve --trtllm-serve` passes the options YAML as
+
 BACKENDS: dict[Backend, EngineBackend] = {b.backend: b for b in (tensorrt.BACKEND, llmapi.BACKEND, reference.BACKEND,
                                                                   vllm.BACKEND, sglang.BACKEND)}
 _MISSING = sorted(b.value for b in Backend if b not in BACKENDS)
@@ -39,4 +41,4 @@ def default_backend(*, on_cpu: bool, llama_family: bool) -> Backend:
 
 
 __all__ = ["BACKENDS", "Builder", "DynamoWorker", "EngineBackend", "OpenAIServer", "RepoLayout", "Runner", "Serving",
-           "TokenizerSource", "default_backend", "for_recipe"]
+           "TRTLLM_SERVE_OPTIONS_FLAG", "TokenizerSource", "default_backend", "for_recipe"]

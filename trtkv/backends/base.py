@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from trtkv.backends.seam import OpenAIServer, TokenizerSource
+from trtkv.checkpoints.serving_memory import ServedPool, kv_bytes_per_token_per_gpu, trtllm_log_pool
 from trtkv.contracts.interface import ENSEMBLE, ModelInterface
 from trtkv.contracts.stage import manifest_hash
 from trtkv.core import paths
@@ -193,3 +194,51 @@ def command_block(cmd: list[str]) -> list[str]:
         "      " + line + (" \\" if n < len(lines) - 2 else "") for n, line in enumerate(lines[1:])]
 
 
+
+
+# ---------------------------------------------------------------------------------------------
+# The served pool (MemoryRule.served): what a running engine reports
+
+
+MAX_READ_BYTES = 4 << 20  # /metrics of a busy server is tens of KiB; a log tail is read from its end
+
+
+def http_get_text(url: str, timeout_s: float = 5.0) -> str | None:
+    """The body of one GET (the API key's headers when one is set), at most MAX_READ_BYTES; None on any failure."""
+    import urllib.error
+    import urllib.request
+
+    from trtkv.core.apikey import auth_headers
+
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=auth_headers()), timeout=timeout_s) as resp:
+            return bytes(resp.read(MAX_READ_BYTES)).decode(errors="replace")
+    except (OSError, ValueError, urllib.error.URLError):
+        return None
+
+
+def log_text(log: Path | None) -> str:
+    """The server log's last MAX_READ_BYTES (the startup lines of a long-running server are kept by trtkv's log, which
+    serve starts afresh); empty when there is none."""
+    if log is None or not log.is_file():
+        return ""
+    with log.open("rb") as f:
+        size = f.seek(0, 2)
+        f.seek(max(0, size - MAX_READ_BYTES))
+        return f.read().decode(errors="replace")
+
+
+def tokens_pool(recipe: Recipe, tokens: int | None, source: str) -> ServedPool | None:
+    """A pool an engine reports in tokens, in bytes per GPU at the recipe's KV bytes per token."""
+    if tokens is None:
+        return None
+    per_token = kv_bytes_per_token_per_gpu(recipe)
+    return ServedPool(None if per_token is None else tokens * per_token, tokens, source)
+
+
+def trtllm_served(recipe: Recipe, http: str, log: Path | None) -> ServedPool | None:
+    """TensorRT-LLM (LLM API and engine path): its log line 'Allocated X GiB for max tokens in paged KV cache (N)'."""
+    found = trtllm_log_pool(log_text(log))
+    if found is None:
+        return None
+    return ServedPool(found[0], found[1], "TensorRT-LLM log: 'Allocated X GiB for max tokens in paged KV cache (N)'")

@@ -17,8 +17,9 @@ from typing import Any
 
 import yaml
 
-from trtkv.backends.base import BUILD_SECTIONS, Runner, TritonServing, command_block
-from trtkv.backends.seam import EngineBackend, TokenizerSource
+from trtkv.backends.base import BUILD_SECTIONS, Runner, TritonServing, command_block, trtllm_served
+from trtkv.backends.seam import EngineBackend, MemoryRule, TokenizerSource
+from trtkv.checkpoints.serving_memory import EngineKnobs, trtllm_knobs
 from trtkv.contracts.interface import LLMAPI
 from trtkv.core.errors import StageError
 from trtkv.core.tools import quote
@@ -42,6 +43,9 @@ llm = LLM(**a["llm_args"])
 out = llm.generate([a["prompt"]], SamplingParams(max_tokens=a["max_tokens"], temperature=0.0))
 print("TRTKV_TEXT"); print(out[0].outputs[0].text)
 """
+
+
+LLMAPI_OPTIONS_FLAG = "--extra_llm_api_options"  # trtllm-serve's flag for the LLM() options YAML (newer name: --config)
 
 
 def kv_dtype(recipe: Recipe) -> str:
@@ -106,8 +110,10 @@ def _window_note(recipe: Recipe) -> str:
 
 def llm_args(recipe: Recipe, hf_dir: Path) -> dict[str, Any]:
     """The LLM() keyword arguments for the recipe (model.yaml, the trtllm-serve config and `trtkv generate`).
-    Every key is a field of TensorRT-LLM's TorchLlmArgs (tests/data/llm_args_fields.json)."""
+    Every key is a field of TensorRT-LLM's TorchLlmArgs (tests/data/llm_args_fields.json). The KV-cache memory
+    fields are the ones trtkv's plan used (llmapi_memory_knobs)."""
     b, t = recipe.build, recipe.triton
+    knobs = llmapi_memory_knobs(recipe)
     args: dict[str, Any] = {
         "model": str(hf_dir),
         "backend": "pytorch",
@@ -120,13 +126,17 @@ def llm_args(recipe: Recipe, hf_dir: Path) -> dict[str, Any]:
         "enable_chunked_prefill": recipe.chunked_context,  # a prompt longer than max_num_tokens needs it
         "kv_cache_config": {
             "dtype": kv_dtype(recipe),
-            "free_gpu_memory_fraction": t.kv_cache_free_gpu_mem_fraction,
+            "free_gpu_memory_fraction": knobs.value,
             "enable_block_reuse": t.enable_kv_cache_reuse,
         },
     }
+    if knobs.cap_value is not None:  # triton.kv_pool_gib_per_gpu: TensorRT-LLM takes the smaller of the two
+        args["kv_cache_config"]["max_tokens"] = knobs.cap_value
     windows = max_attention_window(recipe)
     if windows is not None:
         args["kv_cache_config"]["max_attention_window"] = windows
+    if b.mamba_ssm_cache_dtype != "auto":  # a linear-attention / Mamba layer's recurrent state: what the plan priced
+        args["kv_cache_config"]["mamba_ssm_cache_dtype"] = b.mamba_ssm_cache_dtype
     return args
 
 
@@ -155,10 +165,10 @@ def trtllm_serve_command(recipe: Recipe, hf_dir: Path, config: Path) -> list[str
         "--max_batch_size", str(b.max_batch_size),
         "--max_num_tokens", str(b.max_num_tokens),
         "--max_seq_len", str(b.max_seq_len),
-        "--kv_cache_free_gpu_memory_fraction", str(recipe.triton.kv_cache_free_gpu_mem_fraction),
+        "--kv_cache_free_gpu_memory_fraction", f"{llmapi_memory_knobs(recipe).value:g}",
         # `--config` is the newer name of the same option (PR #9104, Nov 2025); --extra_llm_api_options is accepted
         # by every release, including the 1.0/1.1 images of trtkv's version matrix
-        "--extra_llm_api_options", str(config),
+        LLMAPI_OPTIONS_FLAG, str(config),
     ]
 
 
@@ -416,4 +426,10 @@ class LlmApiDynamo:
 
 BUILDER = LlmApiBuilder()
 SERVING = LlmApiServing()
-BACKEND = EngineBackend(Backend.LLMAPI, BUILDER, LlmApiLayout(), SERVING, LlmApiRunner(), LlmApiDynamo())
+def llmapi_memory_knobs(recipe: Recipe) -> EngineKnobs:
+    """kv_cache_config.free_gpu_memory_fraction, and kv_cache_config.max_tokens when triton.kv_pool_gib_per_gpu caps."""
+    return trtllm_knobs(recipe, "kv_cache_config.free_gpu_memory_fraction", "kv_cache_config.max_tokens")
+
+
+BACKEND = EngineBackend(Backend.LLMAPI, BUILDER, LlmApiLayout(), SERVING, LlmApiRunner(), LlmApiDynamo(),
+                        memory=MemoryRule("trtllm", llmapi_memory_knobs, served=trtllm_served))

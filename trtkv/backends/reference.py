@@ -16,9 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trtkv.backends.base import BUILD_SECTIONS, EnsembleLayout, Runner, TritonServing, prepare_checkpoint
-from trtkv.backends.seam import EngineBackend, TokenizerSource
+from trtkv.backends.base import BUILD_SECTIONS, EnsembleLayout, Runner, TritonServing, log_text, prepare_checkpoint
+from trtkv.backends.seam import EngineBackend, MemoryRule, TokenizerSource
 from trtkv.checkpoints import models as model
+from trtkv.checkpoints.serving_memory import ServedPool, no_knobs, reference_log_pool
 from trtkv.recipe import Backend, Recipe, layout
 from trtkv.recipe.layout import kv_cache_quant_algo
 
@@ -196,4 +197,14 @@ class ReferenceLayout(EnsembleLayout):
 
 
 _PARTS = ReferenceBackend()
-BACKEND = EngineBackend(Backend.REFERENCE, _PARTS, ReferenceLayout(), TritonServing(), _PARTS, gpu_engine=False)
+def served_pool(recipe: Recipe, http: str, log: Path | None) -> ServedPool | None:
+    """The pool the reference runtime's Triton model reports when it loads (REFERENCE_POOL_LINE in the server log):
+    max_batch_size requests of max_seq_len tokens at its KV format's bytes per token."""
+    found = reference_log_pool(log_text(log))
+    if found is None:
+        return None
+    return ServedPool(found[0], found[1], "reference runtime log: 'trtkv reference runtime KV pool: N bytes'")
+
+
+BACKEND = EngineBackend(Backend.REFERENCE, _PARTS, ReferenceLayout(), TritonServing(), _PARTS, gpu_engine=False,
+                        memory=MemoryRule("reference", no_knobs, served=served_pool))

@@ -18,20 +18,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trtkv.backends.base import BUILD_SECTIONS, command_block
-from trtkv.backends.seam import EngineBackend
+from trtkv.backends.base import BUILD_SECTIONS, command_block, http_get_text, tokens_pool
+from trtkv.backends.seam import EngineBackend, MemoryRule
 from trtkv.backends.vllm import VllmRunner
+from trtkv.checkpoints.serving_memory import SGLANG_VERSION, ServedPool, sglang_info_tokens, sglang_knobs
 from trtkv.contracts.canary import canary_script, docker_health_args
 from trtkv.core import paths
 from trtkv.core.apikey import API_KEY_ENV
 from trtkv.core.errors import StageError
 from trtkv.core.tools import quote
 from trtkv.kvcache import engines
-from trtkv.platform.hardware import GPU
+from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe import Backend, KVCacheQuant, Recipe, WeightQuant
 from trtkv.recipe.layout import checkpoint_dir, engine_dir, kv_cache_quant_algo
 
-SGLANG_VERSION = "0.5.23"  # the parser .venv-sglang checks (`make install-sglang`) and the image below
+# SGLANG_VERSION (trtkv.checkpoints.serving_memory, beside the memory rule it pins): the parser .venv-sglang checks
+# (`make install-sglang`) and the image below
 # Docker Hub lmsysorg/sglang, tags v<version> (docs/docs/get-started/install.mdx @7760d526: CUDA 13 images)
 SGLANG_IMAGE = f"lmsysorg/sglang:v{SGLANG_VERSION}"
 SGLANG_VENV = ".venv-sglang"
@@ -60,9 +62,11 @@ def kv_cache_dtype(recipe: Recipe) -> str:
 def nvfp4_scale_warning(recipe: Recipe) -> str | None:
     """NVFP4 KV on SM100: SGLang 0.5.23 multiplies a checkpoint k/v_scale by 6 there (it reads amax / (6 x 448);
     fp4_kv_cache_quant_method.py load_scales_from_model), but ModelOpt 0.47 exports amax / 448 (unified_export_hf.py)."""
-    if recipe.quantization.kv_cache is not KVCacheQuant.NVFP4 or recipe.hardware.gpu is not GPU.B200:
+    gpu = recipe.hardware.gpu
+    if recipe.quantization.kv_cache is not KVCacheQuant.NVFP4 or gpu is GPU.CPU or not GPU_SPECS[gpu].nvfp4_kv:
         return None
-    return (f"warning: SGLang {SGLANG_VERSION} on {recipe.hardware.gpu.value} (SM100) multiplies the export's NVFP4 "
+    sm = "".join(map(str, GPU_SPECS[gpu].sm))
+    return (f"warning: SGLang {SGLANG_VERSION} on {gpu.value} (SM{sm}) multiplies the export's NVFP4 "
             f"k_scale/v_scale by 6 (it expects amax / (6 x 448)), but ModelOpt 0.47 writes amax / 448: the KV global "
             f"scale is 6x too large (block scales pushed toward E4M3's low end; docs/kv-formats.md, nvfp4 row). "
             f"Measure it, or serve NVFP4 KV with build.backend llmapi (TensorRT-LLM reads amax / 448 as is)")
@@ -82,13 +86,24 @@ def _hf(recipe: Recipe) -> Path:
     return checkpoint_dir(recipe) / "hf"
 
 
+def memory_args(recipe: Recipe) -> list[str]:
+    """--mem-fraction-static (SGLang 0.5.23's computed default resolved when the recipe leaves it unset) and
+    --max-total-tokens when triton.kv_pool_gib_per_gpu caps the pool: the values trtkv's plan used."""
+    knobs = sglang_knobs(recipe)
+    args = [str(knobs.flag), f"{knobs.value:g}"]
+    if knobs.cap_flag is not None and knobs.cap_value is not None:
+        args += [knobs.cap_flag, str(knobs.cap_value)]
+    return args
+
+
 def server_args(recipe: Recipe, hf_dir: Path, host: str, scales: Path | None = None) -> list[str]:
     """SGLang's launch_server arguments (shared by `docker run` and the deploy files)."""
     b = recipe.build
     args = ["--model-path", str(hf_dir), "--served-model-name", served_model_name(recipe), "--host", host,
             "--port", str(recipe.triton.http_port), "--kv-cache-dtype", kv_cache_dtype(recipe),
             "--context-length", str(b.max_seq_len), "--max-running-requests", str(b.max_batch_size),
-            "--chunked-prefill-size", str(b.max_num_tokens if recipe.chunked_context else -1), "--enable-metrics"]
+            "--chunked-prefill-size", str(b.max_num_tokens if recipe.chunked_context else -1), "--enable-metrics",
+            *memory_args(recipe)]
     if uses_scales_file(recipe):
         args += ["--quantization-param-path", str(scales or engine_dir(recipe) / SCALES_FILE)]
     if b.tp_size > 1:
@@ -257,4 +272,28 @@ class SglangRunner(VllmRunner):
 
 
 SERVING = SglangServing()
-BACKEND = EngineBackend(Backend.SGLANG, SglangBuilder(), None, SERVING, SglangRunner(), None)
+def served_pool(recipe: Recipe, http: str, log: Path | None) -> ServedPool | None:
+    """The pool the running SGLang reports: /get_server_info's max_total_num_tokens."""
+    text = http_get_text(f"{http}/get_server_info")
+    try:
+        info = json.loads(text) if text else None
+    except ValueError:
+        info = None
+    tokens = sglang_info_tokens(info) if isinstance(info, dict) else None
+    return tokens_pool(recipe, tokens, "SGLang /get_server_info: max_total_num_tokens")
+
+
+def _one_token(recipe: Recipe) -> int:
+    return 1  # SGLang's token pool: one slot per token at page_size 1
+
+
+def _prefill_step(recipe: Recipe) -> int:
+    """Tokens per prefill step as trtkv's command sets it: max_num_tokens (--chunked-prefill-size), a whole prompt
+    when chunked prefill is off (-1)."""
+    b = recipe.build
+    return b.max_num_tokens if recipe.chunked_context else max(b.max_num_tokens, b.max_input_len)
+
+
+BACKEND = EngineBackend(Backend.SGLANG, SglangBuilder(), None, SERVING, SglangRunner(), None,
+                        memory=MemoryRule("sglang", sglang_knobs, block_tokens=_one_token, step_tokens=_prefill_step,
+                                          served=served_pool))

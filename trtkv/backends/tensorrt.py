@@ -23,8 +23,10 @@ from trtkv.backends.base import (
     check_checkpoint,
     command_block,
     failed_log_path,
+    trtllm_served,
 )
-from trtkv.backends.seam import EngineBackend
+from trtkv.backends.seam import EngineBackend, MemoryRule
+from trtkv.checkpoints.serving_memory import EngineKnobs, trtllm_knobs
 from trtkv.core.errors import StageError, ToolError
 from trtkv.core.tools import quote, run_logged, tail
 from trtkv.platform import trtllm, versions
@@ -362,4 +364,11 @@ class TensorRTRunner(Runner):
 
 
 BUILDER = TensorRTBuilder()
-BACKEND = EngineBackend(Backend.TENSORRT, BUILDER, TensorRTLayout(), TensorRTServing(), TensorRTRunner())
+def engine_memory_knobs(recipe: Recipe) -> EngineKnobs:
+    """The tensorrt_llm model's kv_cache_free_gpu_mem_fraction, and max_tokens_in_paged_kv_cache when
+    triton.kv_pool_gib_per_gpu caps."""
+    return trtllm_knobs(recipe, "kv_cache_free_gpu_mem_fraction", "max_tokens_in_paged_kv_cache")
+
+
+BACKEND = EngineBackend(Backend.TENSORRT, BUILDER, TensorRTLayout(), TensorRTServing(), TensorRTRunner(),
+                        memory=MemoryRule("tensorrt", engine_memory_knobs, served=trtllm_served))

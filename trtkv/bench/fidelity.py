@@ -25,10 +25,15 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtkv.bench.fidelity_score import TOP_K, CachedScorer, Scored, Served
 from trtkv.core.errors import StageError, TrtkvError
+from trtkv.kvcache.formats import UNQUANTIZED
+from trtkv.recipe import Recipe
+
+if TYPE_CHECKING:
+    from trtkv.bench.client import Endpoint  # its module loads tritonclient; the annotations only name the type
 
 BOOTSTRAP = 1000
 CONFIDENCE = 0.95
@@ -43,7 +48,7 @@ LIKELY_CAUSES = [
 ]
 
 
-def default_lengths(recipe: Any) -> list[int]:
+def default_lengths(recipe: Recipe) -> list[int]:
     """bench.fidelity_lengths, else the probe's lengths up to build.max_input_len (at least the smallest one)."""
     if recipe.bench.fidelity_lengths:
         return sorted(set(recipe.bench.fidelity_lengths))
@@ -181,7 +186,7 @@ def _serve_all(request: Callable[[str, list[int]], Served], tokenizer: Any, jobs
         return list(pool.map(lambda j: request(jobs[j][2], ids[j]), range(len(jobs))))
 
 
-def run_fidelity(recipe: Any, request: Callable[[str, list[int]], Served], tokenizer: Any, reference: CachedScorer,
+def run_fidelity(recipe: Recipe, request: Callable[[str, list[int]], Served], tokenizer: Any, reference: CachedScorer,
                  prediction: CachedScorer, lengths: Sequence[int], docs: int, tokens: int, reproduce: str,
                  log: Callable[[str], None] = print, concurrency: int = 1, prefill: Any = None,
                  drift_mode: str = "cache_only") -> dict[str, Any]:
@@ -338,7 +343,7 @@ def drift_notes(drift: dict[str, Any]) -> list[str]:
     return out
 
 
-def fidelity_task(recipe: Any, ep: Any, tokenizer: Any, log: Callable[[str], None], reproduce: str) -> dict[str, Any]:
+def fidelity_task(recipe: Recipe, ep: Endpoint, tokenizer: Any, log: Callable[[str], None], reproduce: str) -> dict[str, Any]:
     """The task as `trtkv bench` runs it: scorers cached in engines/<recipe>/fidelity/."""
     from trtkv.bench.fidelity_score import prediction_scorer, reference_scorer
     from trtkv.bench.fidelity_served import prefill_requester, requester
@@ -346,7 +351,7 @@ def fidelity_task(recipe: Any, ep: Any, tokenizer: Any, log: Callable[[str], Non
     from trtkv.core import paths
     from trtkv.probe.attention import recipe_mode
 
-    if recipe.quantization.kv_cache.value in ("none", "fp16", "bf16"):
+    if recipe.kv_format in UNQUANTIZED:
         raise TrtkvError(f"fidelity: recipe {recipe.name} has an unquantized KV cache (quantization.kv_cache "
                          f"{recipe.quantization.kv_cache.value}); the task compares a quantized cache with its format.")
     b = recipe.bench
@@ -358,13 +363,13 @@ def fidelity_task(recipe: Any, ep: Any, tokenizer: Any, log: Callable[[str], Non
                         prefill_requester(ep, b.request_timeout_s), recipe_mode(recipe)[0])
 
 
-def reproduce_command(recipe: Any, ep: Any) -> str:
+def reproduce_command(recipe: Recipe, ep: Endpoint) -> str:
     lengths = ",".join(str(n) for n in default_lengths(recipe))
-    return (f"trtkv bench {recipe.name} --tasks fidelity --no-latency --url {ep.url} --protocol {ep.protocol} "
+    return (f"trtkv bench {recipe.name} --tasks fidelity --no-latency --url {ep.url} --protocol {ep.protocol.value} "
             f"bench.fidelity_lengths=[{lengths}]")
 
 
-def results_path(recipe: Any) -> Path:
+def results_path(recipe: Recipe) -> Path:
     from trtkv.core import paths
 
     return paths.recipe_output_dir(recipe.name) / "fidelity"

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from trtkv.core.errors import StageError
+from trtkv.recipe import Recipe
 
 TOP_K = 5
 REFERENCE_PRODUCER = ("transformers AutoModelForCausalLM, the recipe's original 16-bit weights computed in float32, "
@@ -241,7 +242,7 @@ def kv_scales_for(engine: str, layers: Sequence[Any], kv_format: str) -> tuple[s
     return kv_format, shared, list(shared)
 
 
-def prediction_scorer(recipe: Any, folder: Path, log: Callable[[str], None]) -> CachedScorer:
+def prediction_scorer(recipe: Recipe, folder: Path, log: Callable[[str], None]) -> CachedScorer:
     """The recipe's format as its engine implements it: the served weights + trtkv.kvcache with kv_scales.json."""
     from trtkv.contracts.artifacts import KVScalesFile
     from trtkv.recipe import layout

@@ -22,6 +22,8 @@ from trtkv.bench.client import Endpoint
 from trtkv.bench.fidelity_score import TOP_K, Served
 from trtkv.core.apikey import auth_headers
 from trtkv.core.errors import TrtkvError
+from trtkv.recipe import Recipe
+from trtkv.recipe.enums import Protocol
 
 TOKEN_ID_PREFIX = "token_id:"  # vLLM's format_token_id_placeholder
 MAX_BODY = 64 << 20
@@ -139,9 +141,9 @@ def _token_id(token: str) -> int:
     return int(token[len(TOKEN_ID_PREFIX):])
 
 
-def triton_http_url(ep: Endpoint, recipe: Any) -> str:
+def triton_http_url(ep: Endpoint, recipe: Recipe) -> str:
     """The HTTP host:port of the Triton server behind `ep` (its gRPC port cannot carry HTTP generate)."""
-    if ep.protocol == "http":
+    if ep.protocol is Protocol.HTTP:
         return ep.url
     from trtkv.contracts.artifacts import ServerRecord
     from trtkv.recipe.layout import serve_dir
@@ -153,10 +155,10 @@ def triton_http_url(ep: Endpoint, recipe: Any) -> str:
     return f"{host}:{recipe.triton.http_port}"
 
 
-def requester(ep: Endpoint, recipe: Any, tokenizer: Any, tokens: int,
+def requester(ep: Endpoint, recipe: Recipe, tokenizer: Any, tokens: int,
               timeout_s: float) -> Callable[[str, list[int]], Served]:
     """A function (prompt text, its ids) -> Served for the endpoint's protocol."""
-    if ep.protocol == "openai":
+    if ep.protocol is Protocol.OPENAI:
         if ep.endpoint_type != "completions":
             raise TrtkvError("fidelity: the OpenAI chat endpoint re-templates the prompt; the task needs "
                              "--endpoint-type completions.")

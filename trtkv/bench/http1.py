@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from trtkv.bench.records import ERROR, RequestRecord
 
 ERROR_BODY_BYTES = 4096  # enough of a non-200 answer to quote it
+EVENT_STREAM = b"text/event-stream"  # what a streamed answer is (Triton's generate_stream, every OpenAI server)
 MAX_INTERIM = 8  # 1xx answers before the response (each one re-scans the rest of the read: a few only)
 
 
@@ -84,9 +85,11 @@ class Call:
     """One request in flight and its response parser."""
 
     def __init__(self, conn: Connection, request: bytes, record: RequestRecord, events: Events, timeout_s: float,
-                 done: threading.Event, limits: Limits = LIMITS) -> None:
+                 done: threading.Event, limits: Limits = LIMITS, expect_type: bytes | None = EVENT_STREAM) -> None:
         self.conn, self.request, self.record, self.events = conn, request, record, events
         self.timeout_s, self.done, self.limits = timeout_s, done, limits
+        self.expect_type = expect_type  # the media type a 200 answer must have (None: any)
+        self.extra = False  # bytes arrived after the end of the response: the connection is not reused
         self.deadline = time.monotonic() + timeout_s
         self.sent = 0
         self.retried = False
@@ -128,8 +131,9 @@ class Call:
             data = bytes(self.head[end + 4:])
             self._parse_head(bytes(self.head[:end]))
             self.head = bytearray()
-        if self.body_mode == "length":  # Content-Length is within the body bound already; bytes after it are dropped
-            data = data[:self.left]
+        if self.body_mode == "length":  # Content-Length is within the body bound already
+            if len(data) > self.left:  # bytes after the response: nobody asked for them, the socket is not reused
+                self.extra, data = True, data[:self.left]
             self.left -= len(data)
             self.body_bytes += len(data)
             self._body(data, t_ns)
@@ -157,7 +161,7 @@ class Call:
             return
         lengths: set[bytes] = set()
         codings: list[bytes] = []
-        connection = b""
+        connection, media, encoding = b"", b"", b""
         for line in lines[1:]:
             if line[:1] in (b" ", b"\t"):
                 raise ProtocolError(f"a folded header line (obsolete, refused): {line[:80]!r}")
@@ -171,6 +175,10 @@ class Call:
                 codings += [v.strip().lower() for v in value.split(b",")]
             elif name == b"connection":
                 connection = value.lower()
+            elif name == b"content-type":
+                media = value.split(b";", 1)[0].strip().lower()
+            elif name == b"content-encoding":
+                encoding = value.lower()
         self.keep_alive = status[1] == b"1" and connection != b"close"
         if codings and lengths:
             raise ProtocolError("both Transfer-Encoding and Content-Length (a response has one framing)")
@@ -190,7 +198,18 @@ class Call:
                                     f"bytes")
         else:
             self.body_mode, self.keep_alive = "close", False
+        if code == 200:
+            self._check_media(media, encoding)
         self.status = code
+
+    def _check_media(self, media: bytes, encoding: bytes) -> None:
+        """A 200 answer is the protocol's only in its media type, without a content coding (we asked for identity)."""
+        if encoding not in (b"", b"identity"):
+            raise ProtocolError(f"a 200 answer with Content-Encoding {encoding[:40].decode('latin-1')!r} (the request "
+                                f"asked for identity)")
+        if self.expect_type is not None and media != self.expect_type:
+            raise ProtocolError(f"a 200 answer with Content-Type {media[:60].decode('latin-1') or '(none)'!r}, not "
+                                f"{self.expect_type.decode()} (not the protocol's answer)")
 
     def _line(self, data: bytes, pos: int, limit: int, what: str) -> tuple[bytes | None, int]:
         """The next CRLF-ended line of (self.raw + data[pos:]) and the position after it; (None, len(data)) when
@@ -262,6 +281,7 @@ class Call:
                 pos = after
                 if line == b"":
                     complete = True
+                    self.extra = self.extra or pos < n  # bytes after the response
                     break
         if out:
             self._body(out[0] if len(out) == 1 else b"".join(out), t_ns)
@@ -325,7 +345,69 @@ def event_json(payload: bytes) -> dict[str, Any]:
 
 
 def http_request(method: str, host: str, port: int, path: str, body: bytes, headers: dict[str, str]) -> bytes:
-    """The bytes of one HTTP/1.1 request with a body (keep-alive, no compression)."""
+    """The bytes of one HTTP/1.1 request with a body (keep-alive, no compression); ValueError for a path or header
+    that would break the request line (a CR, LF or NUL from a --model name or an API key)."""
+    if any(c in text for text in (path, *headers, *headers.values()) for c in "\r\n\0") or " " in path:
+        raise ValueError(f"a request path or header holds a space, CR, LF or NUL: {path[:80]!r}")
     lines = [f"{method} {path} HTTP/1.1", f"Host: {host}:{port}", "Accept-Encoding: identity",
              f"Content-Length: {len(body)}", *(f"{k}: {v}" for k, v in headers.items()), "", ""]
     return "\r\n".join(lines).encode("latin-1") + body
+
+
+CHECK_BYTES = 4 << 20  # a readiness or model-list answer: a few KB (a server listing thousands of models: < 1 MB)
+
+
+class _Collected(Call):
+    """A Call that keeps its (bounded) body instead of handing event-stream lines to Events."""
+
+    def __init__(self, request: bytes, limits: Limits, expect_type: bytes | None) -> None:
+        record = RequestRecord("check", "check", "", 0, 0, 0)
+        super().__init__(Connection("", 0), request, record, _NoEvents(), 0.0, threading.Event(), limits, expect_type)
+        self.body = bytearray()
+
+    def _body(self, data: bytes, t_ns: int) -> None:
+        self.body += data
+
+
+class _NoEvents:
+    def on_line(self, line: bytes, t_ns: int) -> bool:
+        return False
+
+    def on_end(self, t_ns: int) -> None:
+        return None
+
+    def decode(self) -> None:
+        return None
+
+
+def fetch(host: str, port: int, method: str, path: str, headers: dict[str, str], timeout_s: float,
+          max_bytes: int = CHECK_BYTES, expect_type: bytes | None = b"application/json") -> tuple[int, bytes]:
+    """One request (Connection: close) and its (status, body), within ONE deadline of `timeout_s` for connecting,
+    sending and the whole answer (a server dripping a byte a second cannot hold it longer) and at most `max_bytes` of
+    body; a 200 answer must be `expect_type` without a content coding. TimeoutError, OSError or ProtocolError."""
+    deadline = time.monotonic() + timeout_s
+    request = http_request(method, host, port, path, b"", {"Connection": "close", "Accept": "application/json",
+                                                            **headers})
+    call = _Collected(request, Limits(body_bytes=max_bytes), expect_type)
+    try:
+        with socket.create_connection((host, port), timeout=max(0.001, deadline - time.monotonic())) as sock:
+            sock.sendall(request)
+            while not _fetched(call, sock, deadline):
+                pass
+    except TimeoutError:
+        raise TimeoutError(f"no whole answer within {timeout_s:g} s") from None
+    return call.status, bytes(call.body)
+
+
+def _fetched(call: _Collected, sock: socket.socket, deadline: float) -> bool:
+    """Read once (at most until the deadline); True when the answer is complete."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError
+    sock.settimeout(left)
+    data = sock.recv(65536)
+    if not data:
+        if call.status and call.body_mode == "close":
+            return True
+        raise ProtocolError("the server closed the connection before the end of its answer")
+    return call.feed(data, 0)

@@ -10,58 +10,58 @@ server reports (`stream_options.include_usage`) is kept to compare.
 
 from __future__ import annotations
 
-import http.client
 import json
 from typing import Any
 
 from trtkv.bench.client import Endpoint, HttpSession, SamplingParams, _first_line
-from trtkv.bench.http1 import Events, event_json
+from trtkv.bench.http1 import Events, ProtocolError, event_json, fetch
 from trtkv.bench.records import ERROR, OK, RequestRecord
 from trtkv.core.apikey import auth_headers
 from trtkv.core.errors import TrtkvError
+from trtkv.core.files import strict_json
 
 ENDPOINT_TYPES = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
 def _split(url: str) -> tuple[str, int]:
     host, _, port = url.rpartition(":")
-    return host or "127.0.0.1", int(port)
+    return host.strip("[]") or "127.0.0.1", int(port)
 
 
 def _get_json(ep: Endpoint, path: str, timeout_s: float) -> tuple[int, Any]:
+    """GET `path`: (status, parsed body); one overall deadline and a size cap (http1.fetch), strict JSON."""
     host, port = _split(ep.url)
-    conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    status, body = fetch(host, port, "GET", path, auth_headers(), timeout_s)
     try:
-        conn.request("GET", path, headers=auth_headers())
-        resp = conn.getresponse()
-        body = resp.read().decode(errors="replace")
-    finally:
-        conn.close()
-    try:
-        return resp.status, json.loads(body) if body else None
-    except json.JSONDecodeError:
-        return resp.status, body
+        return status, strict_json(body) if body else None
+    except ValueError:
+        return status, body.decode(errors="replace")
 
 
 def check_openai(ep: Endpoint, timeout_s: float = 10.0) -> Endpoint:
-    """The server answers /v1/models and serves ep.model (or, when none was named, its only/first model)."""
+    """The server answers /v1/models and serves ep.model (or, when none was named, its only/first model); one
+    deadline of `timeout_s` for the whole check and at most http1.CHECK_BYTES of answer."""
     try:
         status, body = _get_json(ep, "/v1/models", timeout_s)
-    except (OSError, http.client.HTTPException) as exc:
+    except ProtocolError as exc:
+        raise TrtkvError(f"http://{ep.url}/v1/models did not answer as an OpenAI-compatible server does ({exc}). "
+                         f"Next: check --url (URL from {ep.source or 'default'}).") from None
+    except OSError as exc:
         raise TrtkvError(f"no OpenAI-compatible server answers at http://{ep.url} ({type(exc).__name__}: "
                          f"{_first_line(exc)}). Next: start it (`trtkv serve RECIPE`), or pass --url HOST:PORT "
                          f"(URL from {ep.source or 'default'}).") from None
     if status != 200 or not isinstance(body, dict):
         raise TrtkvError(f"http://{ep.url}/v1/models answered {status}: {str(body)[:200]}; not an OpenAI-compatible "
                          f"server (or not ready yet).")
-    served = [m.get("id") for m in body.get("data", []) if isinstance(m, dict)]
+    data = body.get("data")
+    served = [str(m.get("id"))[:200] for m in (data if isinstance(data, list) else []) if isinstance(m, dict)]
     if not ep.model:
         if not served:
             raise TrtkvError(f"http://{ep.url}/v1/models lists no model.")
-        ep.model = str(served[0])
+        ep.model = served[0]
     elif ep.model not in served:
-        raise TrtkvError(f"model {ep.model!r} is not served at http://{ep.url}; it serves {served}. Next: --model "
-                         f"{served[0] if served else 'NAME'}.")
+        raise TrtkvError(f"model {ep.model!r} is not served at http://{ep.url}; it serves {served[:20]}. Next: "
+                         f"--model {served[0] if served else 'NAME'}.")
     return ep
 
 

@@ -27,6 +27,8 @@ class RequestRecord:
     error: str = ""
     client_cpu_ns: int = 0  # the client's own CPU time for this request (OpenAI/HTTP sessions; 0 where not measured)
     server_tokens: int | None = None  # output tokens the server reported (OpenAI usage), to compare with the count
+    client_lag_us: list[int] = field(default_factory=list)  # sampled reads: the client's own lag (HTTP/OpenAI, Linux)
+    client_worker: int = 0  # the client process that carried it (0: the only one, or the first worker)
 
     @property
     def ok(self) -> bool:
@@ -92,4 +94,6 @@ class RequestRecord:
         rec.end_ns = None if data.get("end_time_ms") is None else round(data["end_time_ms"] * 1e6)
         rec.status, rec.error = data["status"], data.get("error", "")
         rec.client_cpu_ns, rec.server_tokens = int(data.get("client_cpu_ns") or 0), data.get("server_tokens")
+        rec.client_lag_us = [int(v) for v in data.get("client_lag_us") or []]
+        rec.client_worker = int(data.get("client_worker") or 0)
         return rec

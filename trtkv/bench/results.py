@@ -110,6 +110,25 @@ def level_rows(results: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+CLIENT_NOTE = ("The client's own cost over each level's measured phase: its processes (the streams are sharded over "
+               "several when one would use more than half a core), their CPU time per streamed token and share of a "
+               "core, and its lag: how long bytes the kernel had already received waited for the client to read "
+               "them (Linux stamps; the client's timestamps carry that lag, the server's latency does not).")
+
+
+def client_rows(results: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for level, s in results.get("levels", {}).items():
+        c = s.get("client")
+        if not isinstance(c, dict):
+            continue
+        lag = c.get("lag_ms") or {}
+        rows.append([level, str(c.get("workers")), _f(c.get("cpu_cores"), 2), _f(c.get("cpu_us_per_token")),
+                     _f(lag.get("p50"), 2), _f(lag.get("p99"), 2), str(c.get("decided", "")),
+                     str(c.get("warning", ""))])
+    return rows
+
+
 def interval_text(ci: Any) -> str:
     """"[lo, hi]" of a stored interval, "—" when there is none (results written before intervals existed)."""
     if not isinstance(ci, (list, tuple)) or len(ci) != 2 or any(not isinstance(x, (int, float)) for x in ci):
@@ -169,6 +188,9 @@ def write_md(path: Path, results: dict[str, Any], plots: list[str]) -> None:
         parts += ["## Latency and throughput (GenAI-Perf metric names)", "", _md_table(header, level_rows(results)), ""]
         parts += ["Full statistics (avg, min, max, std, p50, p90, p95, p99) per metric and level: `results.csv` and "
                   "`results.json`; every request's raw record: `results.json` (`records`) and `requests.csv`.", ""]
+    if client_rows(results):
+        header = ["level", "processes", "CPU cores", "CPU us/token", "lag p50 ms", "lag p99 ms", "why", "warning"]
+        parts += ["## The client", "", _md_table(header, client_rows(results)), "", CLIENT_NOTE, ""]
     if results.get("accuracy"):
         header = ["task", "metric", "value", "95% interval", "details"]
         parts += ["## Accuracy", "", _md_table(header, accuracy_rows(results)), ""]
@@ -238,6 +260,13 @@ def console_summary(results: dict[str, Any], out_dir: Path | None) -> None:
         for row in accuracy_rows(results):
             table.add_row(*row)
         con.print(table)
+    for level, s in results.get("levels", {}).items():
+        client = s.get("client") or {}
+        if client.get("workers", 1) > 1 or client.get("warning"):
+            con.print(f"{level}: {client.get('workers')} client processes ({client.get('decided')}), "
+                      f"{_f(client.get('cpu_us_per_token'))} us of client CPU per token")
+        if client.get("warning"):
+            con.print(f"[yellow]{level}: {client['warning']}[/yellow]")
     gone = failure_summary(results)
     if gone:
         con.print(f"[red]{gone}[/red]")
@@ -252,6 +281,12 @@ def console_summary(results: dict[str, Any], out_dir: Path | None) -> None:
         con.print(table)
     elif slo.get("results"):
         con.print(f"SLOs: all {len(slo['results'])} checks passed")
+    pool = results.get("kv_pool") or {}
+    if pool.get("served_bytes_per_gpu") is not None and pool.get("planned_bytes_per_gpu"):
+        con.print(f"KV pool per GPU: planned {pool['planned_bytes_per_gpu'] / 2**30:.2f} GiB, served "
+                  f"{pool['served_bytes_per_gpu'] / 2**30:.2f} GiB ({pool.get('source')})")
+    for warning in results.get("warnings", []):
+        con.print(f"[yellow]warning: {warning}[/yellow]")
     if results.get("partial"):
         con.print(f"[yellow]interrupted during {results.get('interrupted_during')}: partial results written[/yellow]")
     if out_dir is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,36 +13,23 @@ from trtkv.bench import accuracy as acc_tasks
 from trtkv.bench import aiperf_export, plots, results, ruler, slo
 from trtkv.bench.client import Endpoint, SamplingParams, now_ns
 from trtkv.bench.endpoints import check_endpoint, session_factory
-from trtkv.bench.loadgen import Interrupted, Job, run_concurrency, run_rate
+from trtkv.bench.levels import ClientRun, LevelSpec, Sweep, client_summary
+from trtkv.bench.loadgen import Interrupted, Job, run_concurrency
 from trtkv.bench.metrics import summarize_level
+from trtkv.bench.options import BenchOptions
 from trtkv.bench.prompts import count_tokens, latency_prompts, load_tokenizer, long_text, prompt_tokens, tokenizer_dir
 from trtkv.bench.records import RequestRecord
-from trtkv.contracts.artifacts import ServerRecord
+from trtkv.contracts.artifacts import BenchEndpoint, BenchResults, BenchSLOs, BenchWorkload, ServerRecord
 from trtkv.core import paths
 from trtkv.core.errors import StageError, TrtkvError
 from trtkv.core.progress import Progress
-from trtkv.recipe import Recipe
+from trtkv.recipe import Protocol, Recipe
 from trtkv.recipe.layout import serve_dir
 from trtkv.serving import supervise
 
+SCHEMA = "trtkv.bench/1"  # results.json's "schema"
 EXIT_SLO_FAILED = 1
 EXIT_INTERRUPTED = 130
-
-
-@dataclass
-class BenchOptions:
-    url: str | None = None
-    protocol: str | None = None
-    model: str | None = None  # None: the recipe's (ensemble, or tensorrt_llm for the llmapi layout)
-    slos: list[str] = field(default_factory=list)
-    allow_failures: bool = False  # False: any failed request fails the bench (an implicit request_errors.failed<=0)
-    endpoint_type: str = "completions"  # protocol openai: /v1/completions or /v1/chat/completions (chat)
-    goodput: str | None = None  # AIPerf's --goodput "time_to_first_token:500 inter_token_latency:100"
-    tasks: list[str] | None = None  # None: the recipe's bench.tasks
-    latency: bool = True
-    golden_prompts: int = 8
-    output: Path | None = None
-    progress: bool = True
 
 
 @dataclass
@@ -56,11 +43,9 @@ class BenchOutcome:
 # Endpoint
 
 
-def resolve_endpoint(recipe: Recipe, url: str | None, protocol: str | None, model: str) -> Endpoint:
+def resolve_endpoint(recipe: Recipe, url: str | None, protocol: Protocol | None, model: str) -> Endpoint:
     """--url, else engines/<recipe>/serve/server.json, else the recipe's triton host and port."""
-    proto = (protocol or recipe.bench.protocol.value).lower()
-    if proto not in ("grpc", "http", "openai"):
-        raise TrtkvError(f"--protocol {protocol!r}: allowed grpc, http, openai.")
+    proto = protocol or recipe.bench.protocol
     if url:
         text = url.split("://", 1)[-1].rstrip("/")
         if ":" not in text:
@@ -72,9 +57,9 @@ def resolve_endpoint(recipe: Recipe, url: str | None, protocol: str | None, mode
     except StageError as exc:
         raise TrtkvError(f"{exc} Or pass --url HOST:PORT.") from exc
     if info is not None:
-        port = info.grpc_port if proto == "grpc" else info.http_port
+        port = info.grpc_port if proto is Protocol.GRPC else info.http_port
         return Endpoint(f"{info.client_host}:{port}", proto, model, source=str(ServerRecord.path(folder)))
-    port = recipe.triton.grpc_port if proto == "grpc" else recipe.triton.http_port
+    port = recipe.triton.grpc_port if proto is Protocol.GRPC else recipe.triton.http_port
     return Endpoint(f"{recipe.triton.host}:{port}", proto, model, source="recipe triton.host/port")
 
 
@@ -98,7 +83,7 @@ def _latency_jobs(prompts: Sequence[str], isl: Sequence[int], phase: str, level:
     jobs = []
     for k in range(count):
         i = (start + k) % len(prompts)
-        rec = RequestRecord(f"{level}-{phase}-{k}", phase, level, i, isl[i], max_tokens)
+        rec = RequestRecord(f"{level}-{phase}-{start + k}", phase, level, i, isl[i], max_tokens)
         jobs.append(Job(rec, prompts[i], SamplingParams(max_tokens=max_tokens)))
     return jobs
 
@@ -111,33 +96,25 @@ def _levels(recipe: Recipe) -> list[tuple[str, float, str]]:
 
 
 def run_latency(recipe: Recipe, ep: Endpoint, tokenizer: Any, progress: _Progress, records: list[RequestRecord],
-                by_level: dict[str, list[RequestRecord]]) -> None:
-    """Warm-up then measured requests at each level; `records` and `by_level` fill as levels finish (or stop)."""
+                by_level: dict[str, list[RequestRecord]], clients: dict[str, ClientRun], workers: int | None) -> None:
+    """Warm-up then measured requests at each level, each level's sessions kept from its warm-up into its measured
+    phase (trtkv.bench.levels: in this process or on worker processes); `records`, `by_level` and `clients` fill as
+    levels finish (or stop)."""
     b = recipe.bench
     prompts = latency_prompts(tokenizer, b.num_requests, b.input_tokens)
     isl = [prompt_tokens(tokenizer, p) for p in prompts]
-    factory = session_factory(ep)
-    for label, value, mode in _levels(recipe):
-        conc = int(value) if mode == "concurrency" else max(1, round(value))
-        warm = max(b.warmup_requests, conc) if b.warmup_requests else 0
-        for phase, count in (("warmup", warm), ("latency", b.num_requests)):
-            if count == 0:
-                continue
-            jobs = _latency_jobs(prompts, isl, phase, label, 0, count, b.output_tokens)
-            done = progress.phase(f"{phase} {label}", len(jobs))
-            try:
-                if mode == "concurrency":
-                    recs = run_concurrency(factory, jobs, conc, b.request_timeout_s, done)
-                else:
-                    recs = run_rate(factory, jobs, value, b.request_timeout_s, on_done=done)
-            except Interrupted as stop:
-                records.extend(stop.records)
-                if phase == "latency":
-                    by_level[label] = stop.records
-                raise
-            records.extend(recs)
-            if phase == "latency":
-                by_level[label] = recs
+
+    def make_jobs(label: str, phase: str, start: int, count: int) -> list[Job]:
+        return _latency_jobs(prompts, isl, phase, label, start, count, b.output_tokens)
+
+    sweep = Sweep(ep, make_jobs, workers, progress.phase, records, by_level, progress.log)
+    try:
+        for label, value, mode in _levels(recipe):
+            conc = int(value) if mode == "concurrency" else max(1, round(value))
+            warm = max(b.warmup_requests, conc) if b.warmup_requests else 0
+            sweep.run(LevelSpec(label, mode, value, warm, b.num_requests, b.request_timeout_s))
+    finally:
+        clients.update(sweep.clients)
 
 
 def build_tasks(recipe: Recipe, tokenizer: Any, names: Sequence[str], golden_prompts: int,
@@ -226,7 +203,7 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     check_output(output, "bench", recipe.name)  # before measuring: a folder it may not replace is refused at once
     slos = slo.parse_all(recipe.bench.thresholds, opts.slos, opts.allow_failures)
     goodput = aiperf_export.parse_goodput(opts.goodput)
-    openai = (opts.protocol or recipe.bench.protocol.value).lower() == "openai"
+    openai = (opts.protocol or recipe.bench.protocol) is Protocol.OPENAI
     # the model: --model; for OpenAI the one the server lists; for Triton the recipe's layout's (ensemble/tensorrt_llm)
     repo = for_recipe(recipe).repo  # None: no Triton repository (the backend's own OpenAI server)
     model = opts.model or ("" if openai or repo is None else repo.interface.model)
@@ -234,12 +211,13 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     endpoint.endpoint_type = opts.endpoint_type
     ep = check_endpoint(endpoint)
     tokenizer = load_tokenizer(tokenizer_dir(recipe))
-    task_names = [t.value for t in recipe.bench.tasks] if opts.tasks is None else list(opts.tasks)
+    task_names = [t.value for t in (recipe.bench.tasks if opts.tasks is None else opts.tasks)]
     slos = slo.with_fidelity(slos, task_names)
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    wall0, t0 = time.time(), now_ns()
+    wall0, t0, origin_unix_ns = time.time(), now_ns(), time.time_ns()
     records: list[RequestRecord] = []
     by_level: dict[str, list[RequestRecord]] = {}
+    clients: dict[str, ClientRun] = {}
     task_records: dict[str, list[RequestRecord]] = {}
     interrupted: str | None = None
     tasks: list[acc_tasks.Task] = []
@@ -252,7 +230,7 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
             tasks, task_errors = build_tasks(recipe, tokenizer, task_names, opts.golden_prompts, progress.log)
             if opts.latency:
                 interrupted = "latency sweep"
-                run_latency(recipe, ep, tokenizer, progress, records, by_level)
+                run_latency(recipe, ep, tokenizer, progress, records, by_level, clients, opts.workers)
             interrupted = "accuracy tasks"
             task_records = run_accuracy(recipe, ep, tasks, progress, records)
             if "fidelity" in task_names:
@@ -263,14 +241,23 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
             progress.log(f"interrupted (Ctrl-C) during the {interrupted}: writing partial results")
     check = count_response_tokens(tokenizer, records)
     _normalize(records, t0)
-    out = assemble(recipe, ep, opts, records, by_level, tasks, task_records, task_errors, slos, check, interrupted,
+    doc = assemble(recipe, ep, opts, records, by_level, tasks, task_records, task_errors, slos, check, interrupted,
                    started, time.time() - wall0)
+    doc.time_origin = {"unix_ns": origin_unix_ns, "note": "record times are ms after this wall-clock instant (to line "
+                                                          "them up with a server's logs and metrics)"}
+    for label, run in clients.items():
+        if label in doc.levels:
+            doc.levels[label]["client"] = client_summary(run, by_level[label])
     if goodput:
-        out["goodput_slos"] = goodput
+        doc.goodput_slos = goodput
         for label, recs in by_level.items():
             good = aiperf_export.level_export(recs, goodput)
-            out["levels"][label]["goodput"] = {**good["goodput"], "good_request_count": good["good_request_count"]["avg"]}
-    out["tool_versions"] = tool_versions()
+            doc.levels[label]["goodput"] = {**good["goodput"], "good_request_count": good["good_request_count"]["avg"]}
+    doc.tool_versions = tool_versions()
+    doc.kv_pool = _served_pool(recipe, opts.url)
+    if doc.kv_pool.get("warning"):
+        doc.warnings.append(str(doc.kv_pool["warning"]))
+    out = doc.document()  # results.json as written (trtkv.contracts.artifacts.BenchResults; report loads it back)
 
     def work(tmp: Path) -> dict[str, Any]:
         write_all(tmp, out, by_level)
@@ -283,11 +270,27 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     return BenchOutcome(code, output, out)
 
 
+def _served_pool(recipe: Recipe, url: str | None) -> dict[str, Any]:
+    """Planned against served KV pool (trtkv.serving.pool) for the recorded server; a --url elsewhere is another
+    server: its pool is not read."""
+    from trtkv.contracts.artifacts import ServerRecord
+    from trtkv.recipe.layout import serve_dir
+    from trtkv.serving import pool
+
+    server = ServerRecord.load(serve_dir(recipe))
+    if url and server is not None and str(server.http_port) not in url:
+        server = None
+    try:
+        return pool.compare(recipe, server)
+    except Exception as exc:  # noqa: BLE001 - the read-back never fails a benchmark; it says why it has no figure
+        return {"planned_bytes_per_gpu": None, "source": f"not read: {exc}", "warning": None}
+
+
 def assemble(recipe: Recipe, ep: Endpoint, opts: BenchOptions, records: list[RequestRecord],
              by_level: dict[str, list[RequestRecord]], tasks: list[acc_tasks.Task],
              task_records: dict[str, list[RequestRecord]], task_errors: dict[str, dict[str, Any]],
              slos: list[slo.SLO], check: dict[str, int], interrupted: str | None, started: str,
-             wall_s: float) -> dict[str, Any]:
+             wall_s: float) -> BenchResults:
     """results.json's content: summary in GenAI-Perf names, accuracy, SLO verdicts and every raw record."""
     b = recipe.bench
     levels = {label: summarize_level(recs) for label, recs in by_level.items()}
@@ -297,27 +300,27 @@ def assemble(recipe: Recipe, ep: Endpoint, opts: BenchOptions, records: list[Req
             accuracy[task.name] = {**task.score(task_records[task.name]), "notes": task.notes}
     checked = slo.check(slos, levels, accuracy)
     mode = f"request rate {b.request_rate:g}/s" if b.request_rate else f"concurrency sweep {b.concurrency}"
-    return {
-        "schema": "trtkv.bench/1",
-        "recipe": recipe.name,
-        "kv_cache": recipe.quantization.kv_cache.value,
-        "endpoint": {"url": ep.url, "protocol": ep.protocol, "model": ep.model, "source": ep.source,
-                     **({"endpoint_type": ep.endpoint_type} if ep.protocol == "openai" else {})},
-        "started_at": started,
-        "wall_seconds": wall_s,
-        "partial": interrupted is not None,
-        "interrupted_during": interrupted,
-        "workload": {"input_tokens": b.input_tokens, "output_tokens": b.output_tokens, "num_requests": b.num_requests,
-                     "warmup_requests": b.warmup_requests, "concurrency": b.concurrency, "request_rate": b.request_rate,
-                     "accuracy_concurrency": b.accuracy_concurrency, "request_timeout_s": b.request_timeout_s, "mode": mode,
-                     "sampling": "greedy (temperature 0, top_k 1)"},
-        "token_counting": results.TOKEN_COUNTING,
-        "token_count_check": check,
-        "levels": levels,
-        "accuracy": accuracy,
-        "slo": {"passed": all(r.passed for r in checked), "results": [r.to_json() for r in checked]},
-        "records": [r.to_json() for r in records],
-    }
+    return BenchResults(
+        schema_id=SCHEMA,
+        recipe=recipe.name,
+        kv_cache=recipe.quantization.kv_cache.value,
+        endpoint=BenchEndpoint(url=ep.url, protocol=ep.protocol.value, model=ep.model, source=ep.source,
+                               **({"endpoint_type": ep.endpoint_type} if ep.protocol is Protocol.OPENAI else {})),
+        started_at=started,
+        wall_seconds=wall_s,
+        partial=interrupted is not None,
+        interrupted_during=interrupted,
+        workload=BenchWorkload(input_tokens=b.input_tokens, output_tokens=b.output_tokens, num_requests=b.num_requests,
+                               warmup_requests=b.warmup_requests, concurrency=b.concurrency, request_rate=b.request_rate,
+                               accuracy_concurrency=b.accuracy_concurrency, request_timeout_s=b.request_timeout_s,
+                               mode=mode, sampling="greedy (temperature 0, top_k 1)"),
+        token_counting=results.TOKEN_COUNTING,
+        token_count_check=check,
+        levels=levels,
+        accuracy=accuracy,
+        slo=BenchSLOs(passed=all(r.passed for r in checked), results=[r.to_json() for r in checked]),
+        records=[r.to_json() for r in records],
+    )
 
 
 def write_all(folder: Path, out: dict[str, Any], by_level: dict[str, list[RequestRecord]]) -> list[str]:

@@ -9,6 +9,10 @@ is ready on all connections in one pass.
 A server's bytes never stop the loop: the parser (http1) is bounded and raises ProtocolError on anything malformed,
 which fails that request only, as does any other exception while serving one request; the others keep going.
 
+A request's send time is when the loop puts it on the wire (on a new connection: when the connect starts, so TTFT
+includes the connect, as AIPerf's does), not when a worker thread asked: a worker that waited for the GIL or for the
+loop is the client's delay, not the server's.
+
 Each request's record gets the CPU the loop spent on it: a pass's CPU time (select included) is split over the
 requests the pass served, and the worker adds its own (building the body, waking up).
 """
@@ -19,6 +23,8 @@ import errno
 import os
 import selectors
 import socket
+import struct
+import sys
 import threading
 import time
 from collections import deque
@@ -29,6 +35,14 @@ from trtkv.bench.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord
 RECV_BYTES = 65536
 NO_DEADLINE = float("inf")
 DRAIN_S = 2.0  # after the last event, how long to wait for the end of the body before closing instead
+# Linux stamps every received packet when a socket asks (SO_TIMESTAMPNS, 35 in include/uapi/asm-generic/socket.h;
+# Python's socket module does not name it): the time from that stamp to the loop's pass that read it is the client's
+# own lag, how long bytes already here waited for the loop (the stamp is the read's last packet: a lower bound)
+SO_TIMESTAMPNS = 35 if sys.platform == "linux" else 0
+STAMP = struct.Struct("@qq")  # struct timespec on 64-bit Linux
+STAMP_BYTES = socket.CMSG_SPACE(STAMP.size) if SO_TIMESTAMPNS else 0
+LAG_SAMPLE = 8  # one read in 8 fetches the stamp: recvmsg with it cost 2-4 us more per event than recv (client_cost)
+MAX_WAIT_S = 3600.0  # one select() at most (poll's own limit is 24.8 days: a huge timeout must not crash the loop)
 
 
 def now_ns() -> int:
@@ -47,6 +61,7 @@ class StreamLoop:
         self._inbox: deque[tuple[str, Connection, Call | None]] = deque()
         self._calls: set[Call] = set()
         self._earliest: float | None = NO_DEADLINE  # the calls' earliest deadline (None: to be recomputed)
+        self._reads = 0
         self._thread = threading.Thread(target=self._run, daemon=True, name="trtkv-stream-loop")
         self._thread.start()
 
@@ -77,6 +92,7 @@ class StreamLoop:
     # -- the loop thread ---------------------------------------------------------------------------------------
     def _run(self) -> None:
         select, perf_counter_ns, monotonic, thread_time_ns = self._sel.select, now_ns, time.monotonic, time.thread_time_ns
+        time_ns = time.time_ns
         cpu_prev = thread_time_ns()
         unattributed = 0
         while True:
@@ -84,8 +100,9 @@ class StreamLoop:
                 self._earliest = min((c.deadline for c in self._calls), default=NO_DEADLINE)
             # sleep until the next deadline or until something arrives (no periodic wake-ups: each one would be
             # CPU charged to the requests in flight)
-            ready = select(None if self._earliest == NO_DEADLINE else max(0.0, self._earliest - monotonic()))
-            t_ns = perf_counter_ns()
+            wait = None if self._earliest == NO_DEADLINE else min(MAX_WAIT_S, max(0.0, self._earliest - monotonic()))
+            ready = select(wait)
+            t_ns, wall_ns = perf_counter_ns(), time_ns()
             served: set[Call] = set()
             ended: list[Call] = []
             for key, mask in ready:
@@ -96,7 +113,7 @@ class StreamLoop:
                 served.add(call)
                 try:
                     if mask & selectors.EVENT_READ:
-                        self._read(call, t_ns, ended)
+                        self._read(call, t_ns, wall_ns, ended)
                     else:
                         self._write(call, ended)
                 except Exception as exc:  # noqa: BLE001 - one request's surprise fails it, never the loop all share
@@ -139,6 +156,9 @@ class StreamLoop:
 
     def _begin(self, call: Call, ended: list[Call]) -> None:
         conn = call.conn
+        if conn.sock is not None and not _idle(conn.sock):  # bytes nobody asked for, or closed: never reuse it
+            conn.close()
+        call.record.send_ns = now_ns()  # the request goes on the wire now (a new connection: its connect starts now)
         if conn.sock is not None:  # a kept-alive socket: send at once
             try:
                 call.sent = conn.sock.send(call.request)
@@ -155,6 +175,8 @@ class StreamLoop:
             sock = socket.socket(socket.AF_INET6 if ":" in conn.host else socket.AF_INET, socket.SOCK_STREAM)
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if SO_TIMESTAMPNS:
+                sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
             err = sock.connect_ex((conn.host, conn.port))
         except OSError as exc:
             self._finish(call, ERROR, _describe(exc), now_ns(), ended)
@@ -184,19 +206,26 @@ class StreamLoop:
             if not self._retry_stale(call, ended):
                 self._finish(call, ERROR, _describe(exc), now_ns(), ended)
 
-    def _read(self, call: Call, t_ns: int, ended: list[Call]) -> None:
+    def _read(self, call: Call, t_ns: int, wall_ns: int, ended: list[Call]) -> None:
         """Readable: the next part of the answer (the hot path: one event per call at a decoding server's pace)."""
         sock = call.conn.sock
         if sock is None:
             return
         try:
-            data = sock.recv(RECV_BYTES)
+            self._reads += 1
+            if STAMP_BYTES and self._reads % LAG_SAMPLE == 0:
+                data, ancillary, _flags, _addr = sock.recvmsg(RECV_BYTES, STAMP_BYTES)
+                if ancillary and len(ancillary[0][2]) == STAMP.size:
+                    sec, nsec = STAMP.unpack(ancillary[0][2])
+                    call.record.client_lag_us.append(max(0, wall_ns - sec * 1_000_000_000 - nsec) // 1000)
+            else:
+                data = sock.recv(RECV_BYTES)
             if not data:
                 self._closed_by_server(call, t_ns, ended)
             elif call.feed(data, t_ns):
                 call.end_of_body(t_ns)
                 call.conn.requests += 1
-                self._finish(call, None, "", t_ns, ended, keep=call.keep_alive)
+                self._finish(call, None, "", t_ns, ended, keep=call.keep_alive and not call.extra)
             elif call.finished:
                 if call.record.status != OK:  # an error event: this connection's answer is not worth reading
                     self._finish(call, None, "", t_ns, ended)
@@ -267,6 +296,18 @@ class StreamLoop:
                 self._sel.unregister(conn.sock)
             except (KeyError, ValueError):
                 pass
+
+
+def _idle(sock: socket.socket) -> bool:
+    """True when a kept-alive socket holds no unread byte and is still open (a peek, nothing consumed): an answer
+    that arrives before the request is sent (an unsolicited or late response) must never become that request's."""
+    try:
+        sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except (BlockingIOError, InterruptedError):
+        return True
+    except OSError:
+        return False
+    return False  # a byte is waiting, or the server closed the connection
 
 
 def _describe(exc: BaseException) -> str:

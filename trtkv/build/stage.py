@@ -13,7 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from trtkv.backends import for_recipe
-from trtkv.contracts.stage import VERSIONED_TOOLS, StageResult, run_stage
+from trtkv.contracts.stage import VERSIONED_TOOLS, StageResult, input_problem, run_stage
+from trtkv.core.errors import StageError
 from trtkv.recipe import Recipe
 from trtkv.recipe.layout import checkpoint_dir, engine_dir
 
@@ -43,6 +44,10 @@ def build(recipe: Recipe, *, force: bool = False, log: Callable[[str], None] = p
     """Run the build stage for the recipe's backend (skipped when up to date)."""
     backend = for_recipe(recipe)
     out = engine_dir(recipe)
+    made_for = input_problem(checkpoint_dir(recipe), recipe)  # another model's or KV format's checkpoint: refused
+    if made_for is not None and "no valid" not in made_for:
+        raise StageError(f"build {recipe.name}: {made_for}. Next: `trtkv calibrate {recipe.name}`"
+                         f"{' --force' if 'damaged' in made_for else ''}.")
     ckpt, info = backend.builder.prepare(recipe)
     log(f"build {recipe.name}: backend {recipe.build.backend.value}; {backend.builder.kv_source_line(recipe)}")
 

@@ -4,42 +4,57 @@ Families (field names as transformers' config classes and vLLM read them): Llama
 (`num_key_value_heads`, `head_dim`, `num_experts`/`num_local_experts`/`n_routed_experts`), sliding windows
 (`layer_types`, `sliding_window_pattern`, `sliding_window` + `max_window_layers` with `use_sliding_window`, a
 Mistral-style per-layer `sliding_window` list), chunked local attention (`attention_chunk_size`, `no_rope_layers`),
-MLA (`kv_lora_rank`, `qk_rope_head_dim`), multimodal configs (`text_config`). State-space and linear-attention hybrids
-are refused by name until the planner prices them.
+MLA (`kv_lora_rank`, `qk_rope_head_dim`), multimodal configs (`text_config`); Gated DeltaNet and Mamba hybrids and Gemma
+4's per-layer geometry through trtkv.checkpoints.hybrid_config. Other state-space and linear-attention families are
+refused by name with what trtkv would need to price them.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtkv.checkpoints.hybrid_config import (
+    GEMMA4_TYPES,
+    NO_CACHE_WORDS,
+    STATE_WORDS,
+    HybridConfigError,
+    HybridFacts,
+    gemma4_layers,
+    read_hybrid,
+)
 from trtkv.core.errors import RecipeError
+from trtkv.core.files import NotReadable, read_json
 from trtkv.recipe.attention import AttentionKind, LayerAttention
+from trtkv.recipe.limits import CONFIG_FIELDS, MAX_LIST, WORD, check_config_field
+from trtkv.recipe.state import StateSpec
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024  # a config.json is a few KB; refuse anything that is not one
-# model_type -> what its non-attention layers are (refused: their state is not a KV cache the planner prices yet)
+# Fields read as words, flags and lists (the numbers' ranges are trtkv.recipe.limits.CONFIG_FIELDS). Every word that
+# reaches a recipe, a comment or a command is one of these, so it cannot carry a newline or a quote.
+WORD_FIELDS = ("model_type", "torch_dtype", "dtype", "quant_method", "quant_algo", "mamba_ssm_cache_dtype")
+FLAG_FIELDS = ("use_sliding_window", "tie_word_embeddings", "attention_k_eq_v")
+LIST_FIELDS = ("layer_types", "no_rope_layers", "moe_layers", "mlp_only_layers", "layers_block_type")
+# model_type -> what its non-attention layers are and why trtkv does not price them (refused rather than mispriced)
+_READ = ("trtkv prices the fixed state of Gated DeltaNet (qwen3_next, qwen3_5) and of the Mamba layers of nemotron_h, "
+         "granitemoehybrid and jamba")
 REFUSED_MODEL_TYPES = {
-    "qwen3_next": "Qwen3-Next (Gated DeltaNet linear-attention layers)",
-    "nemotron_h": "Nemotron-H (Mamba-2 layers)",
-    "mamba": "Mamba (state-space layers)",
-    "mamba2": "Mamba-2 (state-space layers)",
-    "falcon_mamba": "Falcon-Mamba (state-space layers)",
-    "jamba": "Jamba (Mamba layers)",
-    "bamba": "Bamba (Mamba-2 layers)",
-    "falcon_h1": "Falcon-H1 (Mamba-2 heads)",
-    "zamba": "Zamba (Mamba layers)",
-    "zamba2": "Zamba2 (Mamba-2 layers)",
-    "granitemoehybrid": "Granite 4 hybrid (Mamba-2 layers)",
-    "lfm2": "LFM2 (short convolution layers)",
-    "minimax": "MiniMax (lightning linear attention)",
-    "minimax_m1": "MiniMax-M1 (lightning linear attention)",
-    "recurrent_gemma": "RecurrentGemma (RG-LRU layers)",
-    "rwkv": "RWKV (recurrent layers)",
+    "mamba": f"Mamba (state-space only, no attention layer for vLLM's hybrid pool to align with; {_READ})",
+    "mamba2": f"Mamba-2 (state-space only, no attention layer; {_READ})",
+    "falcon_mamba": f"Falcon-Mamba (state-space only; {_READ})",
+    "bamba": f"Bamba (Mamba-2 layers whose config fields trtkv does not read; {_READ})",
+    "falcon_h1": f"Falcon-H1 (attention and Mamba-2 heads in parallel inside one layer; {_READ})",
+    "zamba": f"Zamba (Mamba layers with a shared attention block; {_READ})",
+    "zamba2": f"Zamba2 (Mamba-2 layers with shared attention blocks; {_READ})",
+    "lfm2": f"LFM2 (short convolution layers: a conv state trtkv does not read; {_READ})",
+    "minimax": f"MiniMax (lightning linear attention: a state shape trtkv does not read; {_READ})",
+    "minimax_m1": f"MiniMax-M1 (lightning linear attention; {_READ})",
+    "recurrent_gemma": f"RecurrentGemma (RG-LRU layers; {_READ})",
+    "rwkv": f"RWKV (recurrent layers; {_READ})",
 }
 LAYER_TYPE_WORDS = {"full_attention": AttentionKind.FULL, "sliding_attention": AttentionKind.SLIDING,
-                    "chunked_attention": AttentionKind.CHUNKED}
+                    "chunked_attention": AttentionKind.CHUNKED, "attention": AttentionKind.FULL}
 SINK_MODEL_TYPES = {"gpt_oss": "gpt-oss: learned per-head attention sinks (one logit per head, no KV cost)"}
 
 
@@ -96,6 +111,12 @@ class ModelFacts:
     dtype: str | None = None
     prefix: str = ""  # "text_config." for multimodal configs
     notes: list[str] = field(default_factory=list)
+    state: StateSpec | None = None  # the fixed per-sequence state of the linear / mamba layers
+    state_params: float = 0.0  # parameters of one state layer's mixer
+    attention_layers: tuple[int, ...] | None = None  # layers with attention projections (None: every layer)
+    dense_mlp_layers: tuple[int, ...] | None = None  # layers with a dense MLP (None: every layer without experts)
+    mlp_matrices: int = 3  # gated MLP (gate, up, down); 2 for an ungated one (Nemotron-H's relu2)
+    config_ssm_dtype: str | None = None  # the config's mamba_ssm_cache_dtype (vLLM's Nemotron-H default)
 
 
 def config_file(path: Path) -> Path:
@@ -104,25 +125,55 @@ def config_file(path: Path) -> Path:
 
 
 def load_config(path: Path) -> dict[str, Any]:
-    """The parsed config.json, bounded in size; ModelConfigError naming the file and the next step."""
+    """The parsed config.json, read as untrusted text (trtkv.core.files: a regular file, at most MAX_CONFIG_BYTES,
+    strict JSON); ModelConfigError naming the file and the next step."""
     file = config_file(path)
     try:
-        size = file.stat().st_size
-    except OSError:
-        raise ModelConfigError([f"{file}: no such file. Next: pass a model folder holding config.json, or the "
-                                f"config.json itself."]) from None
-    if size > MAX_CONFIG_BYTES:
-        raise ModelConfigError([f"{file}: {size:,} bytes is not a model config (at most {MAX_CONFIG_BYTES:,}). "
-                                f"Next: pass the model's config.json."])
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelConfigError([f"{file}: not readable JSON ({exc}). Next: pass the model's config.json as "
-                                f"published with its weights."]) from None
+        data = read_json(file, MAX_CONFIG_BYTES, "model config")
+    except NotReadable as exc:
+        raise ModelConfigError([f"{file}: {exc.problem}. Next: pass a model folder holding config.json, or the "
+                                f"model's config.json itself as published with its weights."]) from None
     if not isinstance(data, dict):
         raise ModelConfigError([f"{file}: the top level is {type(data).__name__}, not an object. Next: pass the "
                                 f"model's config.json."])
     return data
+
+
+def check_fields(cfg: dict[str, Any], prefix: str = "") -> list[str]:
+    """Every problem with the fields trtkv reads: numbers within trtkv.recipe.limits' ranges (CONFIG_FIELDS), words
+    (model_type, dtype, architectures, quant_method) as identifiers, flags as booleans, layer lists as lists. A
+    problem names the field (with `prefix`, e.g. "text_config.")."""
+    problems: list[str] = []
+    for name, value in cfg.items():
+        if name in CONFIG_FIELDS:
+            problems += check_config_field(name, value)
+        elif name in WORD_FIELDS and value is not None and not _word(value):
+            problems.append(f"{name}: {_shown(value)} is not a name (letters, digits, '_', '-', '.'; 1-128)")
+        elif name in FLAG_FIELDS and value is not None and not isinstance(value, bool):
+            problems.append(f"{name}: {_shown(value)} is not true or false")
+        elif name in LIST_FIELDS and value is not None and (not isinstance(value, list) or len(value) > MAX_LIST):
+            problems.append(f"{name}: {_shown(value)} is not a list of at most {MAX_LIST} entries")
+    archs = cfg.get("architectures")
+    if archs is not None and not (isinstance(archs, list) and len(archs) <= 16 and all(_word(a) for a in archs)):
+        problems.append(f"architectures: {_shown(archs)} is not a list of class names")
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and not all(isinstance(t, str) and _word(t) for t in types):
+        problems.append(f"layer_types: {_shown(types)} holds entries that are not layer-type words")
+    quant = cfg.get("quantization_config")
+    if quant is not None and not isinstance(quant, dict):
+        problems.append(f"quantization_config: {_shown(quant)} is not an object")
+    elif isinstance(quant, dict):
+        problems += [f"quantization_config.{p}" for p in check_fields(quant)]
+    return [f"{prefix}{p}" for p in problems]
+
+
+def _word(value: Any) -> bool:
+    return isinstance(value, str) and WORD.fullmatch(value) is not None
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def read_model_facts(path: Path) -> ModelFacts:
@@ -131,28 +182,30 @@ def read_model_facts(path: Path) -> ModelFacts:
     top = load_config(file)
     text = top.get("text_config")
     cfg, prefix = (text, "text_config.") if isinstance(text, dict) else (top, "")
+    problems = check_fields(top) + (check_fields(cfg, prefix) if cfg is not top else [])
+    if problems:
+        raise ModelConfigError([f"{file}: {p}. Next: pass the model's own config.json, or write the recipe's model "
+                                f"section by hand." for p in problems])
     model_type = str(cfg.get("model_type") or top.get("model_type") or "")
     refused = REFUSED_MODEL_TYPES.get(model_type) or REFUSED_MODEL_TYPES.get(str(top.get("model_type") or ""))
-    if refused is None and "hybrid_override_pattern" in cfg:
-        refused = f"{model_type or 'this model'} (hybrid_override_pattern: Mamba layers)"
+    if refused is None and "hybrid_override_pattern" in cfg and model_type != "nemotron_h":
+        refused = f"{model_type or 'this model'} (hybrid_override_pattern: Mamba layers of a family not read; {_READ})"
     if refused:
-        raise ModelConfigError([f"{file}: model_type {model_type!r} is {refused}; trtkv's planner prices attention "
-                                f"KV caches only and refuses it rather than give a wrong figure. Next: plan an "
-                                f"attention-only model, or give the recipe's model fields by hand knowing the "
-                                f"state layers are left out."])
+        raise ModelConfigError([f"{file}: model_type {model_type!r} is {refused}; trtkv refuses it rather than give a "
+                                f"wrong figure. Next: plan a supported model, or give the recipe's model fields by "
+                                f"hand knowing the state layers are left out."])
+    if not isinstance(cfg.get("num_hidden_layers"), int) and model_type == "nemotron_h":
+        listed = cfg.get("hybrid_override_pattern") or cfg.get("layers_block_type")  # Nemotron-H: one entry a layer
+        if isinstance(listed, (str, list)) and listed:
+            cfg = {**cfg, "num_hidden_layers": len(listed)}
     problems = []
-    ints: dict[str, int] = {}
     for name in ("num_hidden_layers", "num_attention_heads", "hidden_size"):
-        value = cfg.get(name)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            problems.append(f"{file}: {prefix}{name}: {'missing' if value is None else repr(value)}; a positive "
-                            f"integer is needed. Next: pass the model's own config.json, or write the recipe's "
-                            f"model section by hand.")
-        else:
-            ints[name] = value
+        if cfg.get(name) is None:
+            problems.append(f"{file}: {prefix}{name}: missing; a positive integer is needed. Next: pass the model's "
+                            f"own config.json, or write the recipe's model section by hand.")
     if problems:
         raise ModelConfigError(problems)
-    layers_n, heads, hidden = ints["num_hidden_layers"], ints["num_attention_heads"], ints["hidden_size"]
+    layers_n, heads, hidden = cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["hidden_size"]
     facts = ModelFacts(
         path=file, model_type=model_type, architectures=list(top.get("architectures") or []), num_layers=layers_n,
         num_attention_heads=heads, num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
@@ -164,12 +217,68 @@ def read_model_facts(path: Path) -> ModelFacts:
         layers=(), attention_source="", prefix=prefix,
         dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or top.get("torch_dtype") or top.get("dtype") or "") or None,
     )
+    if facts.head_dim < 1:
+        raise ModelConfigError([f"{file}: {prefix}hidden_size {hidden} / num_attention_heads {heads} is below one "
+                                f"channel per head and {prefix}head_dim is absent. Next: fix the config."])
     _mla(cfg, facts)
-    facts.layers, facts.attention_source = _layers(cfg, facts, file)
+    hybrid = _hybrid(cfg, facts, file)
+    if hybrid is None:
+        facts.layers, facts.attention_source = _layers(cfg, facts, file)
+    if model_type in GEMMA4_TYPES:
+        layers, extra = gemma4_layers(cfg, list(facts.layers), facts.num_kv_heads, facts.head_dim, prefix)
+        facts.layers, facts.attention_source = tuple(layers), facts.attention_source + extra
     facts.sinks = SINK_MODEL_TYPES.get(model_type)
     facts.moe = _moe(cfg, facts)
+    if hybrid is not None:
+        _hybrid_mlp(cfg, facts, hybrid)
     facts.quant = _stored_quant(top.get("quantization_config") or cfg.get("quantization_config"), facts)
     return facts
+
+
+def _hybrid(cfg: dict[str, Any], f: ModelFacts, file: Path) -> HybridFacts | None:
+    """A Gated DeltaNet / Mamba hybrid's layers (state, attention, MLP-only) and state; None for other models."""
+    try:
+        hybrid = read_hybrid(cfg, f.model_type, f.num_layers, f.hidden_size, f.prefix)
+    except HybridConfigError as exc:
+        raise ModelConfigError([f"{file}: model_type {f.model_type!r}: {exc}. Next: pass the model's own config.json "
+                                f"as published with its weights."]) from None
+    if hybrid is None:
+        return None
+    if len(hybrid.words) != f.num_layers:
+        raise ModelConfigError([f"{file}: {hybrid.source} lists {len(hybrid.words)} layers for "
+                                f"{f.prefix}num_hidden_layers {f.num_layers}. Next: fix the config."])
+    known = set(LAYER_TYPE_WORDS) | STATE_WORDS | NO_CACHE_WORDS
+    unknown = sorted(set(hybrid.words) - known)
+    if unknown:
+        raise ModelConfigError([f"{file}: {hybrid.source} holds {', '.join(unknown)} (known: {', '.join(sorted(known))})"
+                                f". Next: fix the config."])
+    window = _int(cfg.get("sliding_window"))
+    layers = [LayerAttention(hybrid.state_kind) if w in STATE_WORDS else LayerAttention(AttentionKind.NONE)
+              if w in NO_CACHE_WORDS else LayerAttention(AttentionKind.SLIDING, window)
+              if w == "sliding_attention" and window else LayerAttention(AttentionKind.FULL) for w in hybrid.words]
+    f.layers, f.attention_source = tuple(layers), f"{hybrid.source} ({hybrid.state.source if hybrid.state else ''})"
+    f.state, f.state_params, f.mlp_matrices = hybrid.state, hybrid.state_params, hybrid.mlp_matrices
+    f.config_ssm_dtype = hybrid.config_ssm_dtype
+    f.attention_layers = tuple(i for i, x in enumerate(layers) if not x.is_state and x.kind is not AttentionKind.NONE)
+    if not hybrid.attention_in_every_layer:
+        f.dense_mlp_layers = tuple(i for i, w in enumerate(hybrid.words) if w == "mlp")
+    return hybrid
+
+
+def _hybrid_mlp(cfg: dict[str, Any], f: ModelFacts, hybrid: HybridFacts) -> None:
+    """Where a hybrid's experts sit: Nemotron-H's E layers, Jamba's expert_layer_period / offset."""
+    if f.moe is None:
+        return
+    if f.model_type == "nemotron_h":
+        f.moe.moe_layers = tuple(i for i, w in enumerate(hybrid.words) if w == "moe")
+        f.moe.shared_intermediate_size = _int(cfg.get("moe_shared_expert_intermediate_size")) or 0
+        f.moe.source += f", experts in the E layers of {hybrid.source}"
+    elif f.model_type == "jamba":
+        period, offset = _int(cfg.get("expert_layer_period")) or 1, int(cfg.get("expert_layer_offset") or 0)
+        f.moe.moe_layers = tuple(i for i in range(f.num_layers) if i % period == offset)
+        f.moe.source += f", expert_layer_period {period}, expert_layer_offset {offset}"
+    elif f.model_type == "granitemoehybrid":
+        f.moe.shared_intermediate_size = _int(cfg.get("shared_intermediate_size")) or 0
 
 
 def _int(value: Any) -> int | None:
@@ -233,6 +342,9 @@ def _layers(cfg: dict[str, Any], f: ModelFacts, file: Path) -> tuple[tuple[Layer
     if cfg.get("use_sliding_window") is False:  # Qwen2/Qwen3: the window is set but off
         return (LayerAttention(AttentionKind.FULL),) * n, f"{p}use_sliding_window false"
     if isinstance(window, list):  # Mistral-style per-layer list, repeated over the layers
+        if not window:
+            raise ModelConfigError([f"{file}: {p}sliding_window: an empty list (a per-layer list needs one entry per "
+                                    f"layer, null for a full layer). Next: fix the config."])
         sizes = [_window(w, file, p) if w else None for w in window]
         mpe = f.max_position_embeddings
         out = [LayerAttention(AttentionKind.SLIDING, s) if s and (mpe is None or s < mpe) else

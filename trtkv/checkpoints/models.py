@@ -235,6 +235,29 @@ def _hub_cache_snapshot(repo_id: str) -> Path | None:
         return None
 
 
+def is_hub_id(source: str) -> bool:
+    """`org/name`: one slash, not a path (./, ../, /, ~); a folder of that name on this machine still wins."""
+    return source.count("/") == 1 and not source.startswith((".", "/", "~"))
+
+
+def source_problem(recipe: Recipe) -> str | None:
+    """Why model.source names nothing on this machine, or None: a local path that does not exist (where it was
+    looked for), or a hub id absent from the local HF cache (resolved only where calibration has hub access)."""
+    source = recipe.model.source
+    if source.startswith("packaged:") or local_model_dir(recipe) is not None:
+        return None
+    where = recipe.path or "the recipe"
+    if is_hub_id(source):
+        return (f"{where}: model.source {source!r} is a hub id that is not in this machine's HF cache: `trtkv "
+                f"calibrate` downloads it only where the hub is reachable. Next: download it on such a machine and "
+                f"set model.source to the local folder")
+    local = Path(source).expanduser()
+    looked = [str(local)] if local.is_absolute() else [str(b / local) for b in (
+        [recipe.path.parent] if recipe.path else []) + [paths.project_root(), Path.cwd()]]
+    return (f"{where}: model.source {source!r}: no model folder (config.json or tokenizer files) at "
+            f"{' or '.join(dict.fromkeys(looked))}. Next: fix model.source, or copy the model there")
+
+
 def resolve_model_dir(recipe: Recipe) -> Path:
     """The HF folder for the recipe's model (converting or locating it as needed)."""
     source = recipe.model.source

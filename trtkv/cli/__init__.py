@@ -8,7 +8,7 @@ import os
 import sys
 
 from trtkv.cli.registry import VERBS
-from trtkv.core.errors import TrtkvError
+from trtkv.core.errors import TrtkvError, os_error_line
 from trtkv.version import __version__
 
 EPILOG = """\
@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:  # read-only, full, name too long, permission: one line naming the path and the next step
+        print(f"error: {os_error_line(exc)}", file=sys.stderr)
+        return TrtkvError.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

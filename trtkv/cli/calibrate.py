@@ -30,7 +30,13 @@ def run(args: argparse.Namespace) -> int:
 
     recipe = load(args)
     if args.dry_run:
-        print("\n".join(describe_calibration(recipe)))
+        from trtkv.checkpoints.models import is_hub_id, source_problem
+        from trtkv.core.errors import StageError
+
+        problem = source_problem(recipe)
+        if problem and not is_hub_id(recipe.model.source):  # a local folder that is not there: calibrate would fail
+            raise StageError(problem + ".")
+        print("\n".join(describe_calibration(recipe) + ([f"  note: {problem}."] if problem else [])))
         return 0
     result = calibrate(recipe, force=args.force)
     print(f"checkpoint: {result.output}")

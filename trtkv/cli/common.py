@@ -22,7 +22,7 @@ def subparser(sub: argparse._SubParsersAction, name: str, examples: str) -> argp
         name,
         help=help_text,
         description=help_text,
-        epilog="examples:\n" + examples,
+        epilog="examples:\n" + examples + "\n" + verb(name).where() + "\n",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
 

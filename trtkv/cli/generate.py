@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field
 
 from trtkv.cli.common import add_recipe_args, load, subparser
+from trtkv.core.options import Flag, Options
+from trtkv.recipe import Backend
+from trtkv.serving.generate import DEFAULT_MAX_TOKENS
 
 EXAMPLES = """\
   $ trtkv generate smollm2_fp8kv --prompt "The capital of France is"
@@ -15,26 +21,31 @@ EXAMPLES = """\
 """
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    from trtkv.recipe import Backend
+class GenerateOptions(Options):
+    """`trtkv generate RECIPE --prompt TEXT [options]`: each field one flag (trtkv.core.options)."""
 
+    prompt: Annotated[str, Field(description="text to continue (sent without a chat template)"), Flag()]
+    max_tokens: Annotated[int, Field(description="tokens to generate (default %(default)s)"), Flag()] = DEFAULT_MAX_TOKENS
+    checkpoint: Annotated[Path | None, Field(
+        description=f"backend {Backend.REFERENCE.value}: run this TensorRT-LLM checkpoint folder instead of the "
+                    "recipe's"), Flag()] = None
+    dry_run: Annotated[bool, Field(description="print what would run and exit"), Flag()] = False
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = subparser(sub, "generate", EXAMPLES)
     add_recipe_args(p)
-    p.add_argument("--prompt", required=True, help="text to continue (sent without a chat template)")
-    p.add_argument("--max-tokens", type=int, default=16, help="tokens to generate (default 16)")
-    p.add_argument("--checkpoint", type=Path, default=None,
-                   help=f"backend {Backend.REFERENCE.value}: run this TensorRT-LLM checkpoint folder instead of the "
-                        "recipe's")
-    p.add_argument("--dry-run", action="store_true", help="print what would run and exit")
+    GenerateOptions.add_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from trtkv.serving import generate
 
+    o = GenerateOptions.from_args(args)
     recipe = load(args)
-    if args.dry_run:
-        print("\n".join(generate.describe(recipe, args.prompt, args.max_tokens, args.checkpoint)))
+    if o.dry_run:
+        print("\n".join(generate.describe(recipe, o.prompt, o.max_tokens, o.checkpoint)))
         return 0
-    print(generate.generate(recipe, args.prompt, args.max_tokens, checkpoint=args.checkpoint))
+    print(generate.generate(recipe, o.prompt, o.max_tokens, checkpoint=o.checkpoint))
     return 0

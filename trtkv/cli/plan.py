@@ -34,19 +34,23 @@ def run(args: argparse.Namespace) -> int:
 
 
 def format_plan(p: Plan) -> str:
-    lines = [f"Plan for {p.recipe}: {p.model['num_layers']} layers, {p.model['num_kv_heads']} KV heads x "
-             f"head_dim {p.model['head_dim']}, {p.model['parameters'] / 1e9:.2f}B parameters ({p.model['source']})"]
-    hw = p.hardware
-    mem = f"{hw['memory_gib']:.1f} GiB" if hw["memory_gib"] else "memory unknown"
-    bw = f"{hw['hbm_bandwidth_gbps']:g} GB/s" if hw["hbm_bandwidth_gbps"] else "bandwidth unknown"
-    lines.append(f"Hardware: {hw['count']} x {hw['gpu']} ({mem}, {bw}), TP{hw['tp_size']} PP{hw['pp_size']}")
-    lines.append(f"Weights ({p.weights['precision']}): {p.weights['total_gib']:.2f} GiB total, "
-                 f"{p.weights['per_gpu_gib']:.2f} GiB per GPU; KV budget per GPU: {p.kv_budget_gib_per_gpu:.2f} GiB "
-                 f"(after a {hw['activation_reserve_gib']:g} GiB reserve, x {hw['kv_cache_free_gpu_mem_fraction']:g})")
+    m, hw, w, att = p.model, p.hardware, p.weights, p.attention
+    lines = [f"Plan for {p.recipe}: {m.num_layers} layers, {m.num_kv_heads} KV heads x "
+             f"head_dim {m.head_dim}, {m.parameters / 1e9:.2f}B parameters ({m.source})"]
+    mem = f"{hw.memory_gib:.1f} GiB" if hw.memory_gib else "memory unknown"
+    bw = f"{hw.hbm_bandwidth_gbps:g} GB/s" if hw.hbm_bandwidth_gbps else "bandwidth unknown"
+    lines.append(f"Hardware: {hw.count} x {hw.gpu.value} ({mem}, {bw}), TP{hw.tp_size} PP{hw.pp_size}")
+    lines.append(f"Weights ({w.precision}): {w.total_gib:.2f} GiB total, {w.per_gpu_gib:.2f} GiB per GPU")
+    lines += format_kv_pool(p)
     lines.append(f"Recipe KV format: {p.recipe_kv_format}")
-    att = p.attention
-    lines.append(f"Attention: {att['summary']} ({att['source']}); capacity follows {att['accounting']}")
-    uniform = all(x == "full" for x in att["layers"])
+    lines.append(f"Attention: {att.summary} ({att.source}); capacity follows {att.accounting}")
+    if att.state is not None:
+        st = att.state
+        lines.append(f"State: each of the {st.layers} {st.kind} layers keeps {st.bytes_per_layer / 2**20:,.2f} MiB per "
+                     f"sequence at any length (conv {st.conv_dtype}, recurrent {st.recurrent_dtype}: "
+                     f"{st.dtype_source}), {st.bytes_per_sequence / 2**20:,.1f} MiB per sequence in all; vLLM aligns "
+                     f"its attention block to {st.vllm_attention_block} tokens to page it")
+    uniform = all(x == "full" for x in att.layers)
     lines.append("")
     head = ["format", "B/token", "B/token/GPU", "tokens/GPU"] + [f"seqs@{_k(n)}" for n in p.lengths]
     rows = [[c.format, f"{c.bytes_per_token:,.0f}", f"{c.bytes_per_token_per_gpu:,.0f}", f"{c.tokens_per_gpu_budget:,}"]
@@ -61,9 +65,12 @@ def format_plan(p: Plan) -> str:
         lines += _table(head, rows)
     if not uniform:
         lines.append("")
-        lines.append("KV of one sequence (GiB, all GPUs; exact = per-layer windows as TensorRT-LLM keeps them, vllm = "
-                     f"vLLM's allocation with max_num_batched_tokens {att['max_num_batched_tokens']}, block "
-                     f"{att['vllm_block_size']}):")
+        block = (f"{att.vllm_block_size}" if att.state is None else
+                 f"{att.vllm_block_size} raised to hold a state page, {att.state.vllm_attention_block} for "
+                 f"{p.recipe_kv_format}, with the state blocks prefix caching keeps")
+        lines.append(f"{'KV' if att.state is None else 'KV and state'} of one sequence (GiB, all GPUs; exact = per-layer "
+                     f"windows as TensorRT-LLM keeps them, vllm = vLLM's allocation with max_num_batched_tokens "
+                     f"{att.max_num_batched_tokens}, block {block}):")
         head = ["format", "accounting"] + [f"@{_k(n)}" for n in p.lengths]
         rows = [[c.format, acc] + [f"{c.per_sequence_kv_bytes_by_accounting[acc][n] / GIB:.3f}" for n in p.lengths]
                 for c in p.formats if c.format in (p.formats[0].format, "fp16", "fp8")
@@ -71,13 +78,31 @@ def format_plan(p: Plan) -> str:
         lines += _table(head, rows)
     lines.append("")
     for ex in p.examples:
-        parts = ", ".join(f"{k[:-4]} {v:g} GiB" for k, v in ex.items() if k.endswith("_gib"))
-        lines.append(f"KV for {ex['context_len']:,} tokens x batch {ex['batch']}: {parts}")
+        parts = ", ".join(f"{fmt} {gib:g} GiB" for fmt, gib in ex.kv_gib.items())
+        lines.append(f"KV for {ex.context_len:,} tokens x batch {ex.batch}: {parts}")
     lines.append("")
     lines.append(f"Advice ({p.advice_basis}):")
     lines += [f"  - {a}" for a in p.advice]
     lines += [f"Note: {n}" for n in p.notes]
     return "\n".join(lines)
+
+
+def format_kv_pool(p: Plan) -> list[str]:
+    """The KV pool per GPU, the engine rule it follows (release, source), the flag values the served command carries
+    and every term of the rule."""
+    kp = p.kv_pool
+    lines = [f"KV pool per GPU: {kp.pool_bytes / GIB:.2f} GiB, {kp.engine} {kp.version}'s rule: {kp.rule}"]
+    if kp.knob is not None and kp.knob_value is not None:
+        default = " (the engine's default, left unset in the recipe)" if kp.knob_is_default else ""
+        lines.append(f"  {kp.knob} {kp.knob_value:g}{default}: {kp.budget_bytes / GIB:.2f} GiB to divide")
+    for t in kp.terms:
+        lines.append(f"  - {t.name} {t.bytes / GIB:.2f} GiB: {t.note}")
+    bound = {"rule": "the rule", "cap": f"capped by {kp.cap_flag} {kp.cap_value:,}" if kp.cap_value else "capped",
+             "pin": f"pinned by {kp.cap_flag} {kp.cap_value:,}" if kp.cap_flag and kp.cap_value else "pinned"}
+    lines.append(f"  = {kp.available_bytes / GIB:.2f} GiB by the rule; allocated {kp.pool_bytes / GIB:.2f} GiB "
+                 f"({bound.get(kp.bound, kp.bound)}, whole blocks)")
+    lines.append(f"  rule read from {kp.source}")
+    return lines
 
 
 def _k(n: int) -> str:

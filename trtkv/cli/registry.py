@@ -16,39 +16,62 @@ class Verb:
     name: str  # what the user types: `trtkv <name>`
     module: str  # the module with add_parser(sub) and run(args)
     help: str  # one line for `trtkv --help` and the verb's own description; {placeholders} as in engine_names()
+    writes: str = ""  # where it writes, from the folders of trtkv.core.paths.FOLDERS ("" : nothing)
 
     def render(self) -> str:
         return self.help.format_map(engine_names())
 
+    def where(self) -> str:
+        """`writes: ...` and what moves each folder it names (the verb's --help epilog)."""
+        from trtkv.core.paths import FOLDERS, HOME
+
+        if not self.writes:
+            return "writes: nothing (it reads recipes/, " + FOLDERS["recipes/"] + ")"
+        moved = [f"  {folder} is {env}" for folder, env in FOLDERS.items() if folder in self.writes]
+        home = [f"  {HOME}"] if any("TRTKV_HOME" in line for line in moved) else []
+        return "\n".join([f"writes: {self.writes}", *moved, *home])
+
 
 VERBS: tuple[Verb, ...] = (
     Verb("ls", "trtkv.cli.ls", "list the recipes under recipes/"),
-    Verb("init", "trtkv.cli.init", "write a recipe from a model's config.json (architecture, attention, TP/PP sized)"),
+    Verb("init", "trtkv.cli.init", "write a recipe from a model's config.json (architecture, attention, TP/PP sized)",
+         writes="recipes/NAME.yaml (or --output)"),
     Verb("validate", "trtkv.cli.validate", "validate recipes and report every problem at once (all shipped ones when "
                                            "none is named)"),
     Verb("show", "trtkv.cli.show", "print the fully resolved recipe as YAML (includes, overrides and defaults applied)"),
     Verb("plan", "trtkv.cli.plan", "plan KV-cache memory and capacity for a recipe on its GPUs"),
     Verb("probe", "trtkv.cli.probe", "measure KV-cache formats vs context length on the recipe's model (KL, perplexity, "
-                                     "top-1, needle)"),
-    Verb("calibrate", "trtkv.cli.calibrate", "calibrate KV-cache scales with ModelOpt and export the checkpoint"),
-    Verb("build", "trtkv.cli.build", "build the engine for the recipe's backend ({backends}) from the checkpoint"),
+                                     "top-1, needle)",
+         writes="engines/<recipe>/probe/ (or --output); the cache"),
+    Verb("calibrate", "trtkv.cli.calibrate", "calibrate KV-cache scales with ModelOpt and export the checkpoint",
+         writes="engines/<recipe>/checkpoint/; the cache"),
+    Verb("build", "trtkv.cli.build", "build the engine for the recipe's backend ({backends}) from the checkpoint",
+         writes="engines/<recipe>/engine/"),
     Verb("repo", "trtkv.cli.repo", "write the Triton model repository triton_repo/<recipe>/ in its backend's layout "
-                                   "({triton_layouts})"),
+                                   "({triton_layouts})",
+         writes="triton_repo/<recipe>/"),
     Verb("serve", "trtkv.cli.serve", "start the recipe's server, any backend ({backends}), under a supervisor "
-                                     "(--attach: supervisor only)"),
+                                     "(--attach: supervisor only)",
+         writes="engines/<recipe>/serve/ (the server's record and log)"),
     Verb("stop", "trtkv.cli.stop", "stop the recipe's supervisor, then its server's whole process session (SIGTERM, "
-                                   "then SIGKILL)"),
-    Verb("bench", "trtkv.cli.bench", "benchmark a served recipe: TTFT/ITL/throughput sweep, accuracy tasks, SLOs"),
-    Verb("report", "trtkv.cli.report", "summarize a recipe's stage outputs into engines/<recipe>/report/"),
-    Verb("demo", "trtkv.cli.demo", "run the whole chain for one recipe (calibrate to report), then stop its server"),
+                                   "then SIGKILL)",
+         writes="engines/<recipe>/serve/ (removes the server's record)"),
+    Verb("bench", "trtkv.cli.bench", "benchmark a served recipe: TTFT/ITL/throughput sweep, accuracy tasks, SLOs",
+         writes="engines/<recipe>/bench/ (or --output), engines/<recipe>/fidelity/"),
+    Verb("report", "trtkv.cli.report", "summarize a recipe's stage outputs into engines/<recipe>/report/",
+         writes="engines/<recipe>/report/"),
+    Verb("demo", "trtkv.cli.demo", "run the whole chain for one recipe (calibrate to report), then stop its server",
+         writes="engines/<recipe>/ (every stage), triton_repo/<recipe>/; the cache"),
     Verb("compare", "trtkv.cli.compare", "run the chain for several recipes and write engines/compare/compare.md + a "
-                                         "PNG"),
+                                         "PNG",
+         writes="engines/compare/ (or --output), and each recipe's engines/<recipe>/, triton_repo/<recipe>/"),
     Verb("generate", "trtkv.cli.generate", "generate greedy text from the built engine, no server (here, or "
                                            "TensorRT-LLM's runner on a GPU)"),
     Verb("status", "trtkv.cli.status", "check the recipe's server: alive, ready, answering a one-token inference, and "
                                        "its supervisor"),
     Verb("deploy", "trtkv.cli.deploy", "write cluster deployment files (k8s, slurm, dynamo) for a recipe, sized by "
-                                       "the planner"),
+                                       "the planner",
+         writes="deploy/<recipe>/<target>/ (or --output)"),
 )
 
 
@@ -86,3 +109,21 @@ def _backends(names: list[str]) -> str:
 
 def verb(name: str) -> Verb:
     return next(v for v in VERBS if v.name == name)
+
+
+def outputs_markdown() -> str:
+    """docs/where-it-runs.md's table: what each verb writes, and what moves each folder (trtkv.core.paths.FOLDERS)."""
+    from trtkv.core.paths import FOLDERS, HOME
+
+    rows = ["| verb | writes |", "|---|---|"]
+    rows += [f"| `trtkv {v.name}` | {_cell(v.writes) if v.writes else 'nothing'} |" for v in VERBS]
+    moved = ["", "| folder | where it is |", "|---|---|"]
+    moved += [f"| {_cell(folder)} | {_cell(env)} |" for folder, env in FOLDERS.items()]
+    return "\n".join([*rows, *moved, "", f"{_cell(HOME)}."]) + "\n"
+
+
+def _cell(text: str) -> str:
+    """A table cell: paths (`engines/<recipe>/probe/`, `recipes/NAME.yaml`) and `$VARS` as code."""
+    import re
+
+    return re.sub(r"(\$\w+(?:/[\w.<>~-]+)*|[\w.<>~-]+/(?:[\w.<>~-]+/?)*)", r"`\1`", text).replace("|", "\\|")

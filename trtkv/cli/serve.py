@@ -22,6 +22,7 @@ EXAMPLES = """\
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    from trtkv.backends import TRTLLM_SERVE_OPTIONS_FLAG
     from trtkv.recipe import Backend
 
     p = subparser(sub, "serve", EXAMPLES)
@@ -29,8 +30,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the server command(s) and exit")
     p.add_argument("--trtllm-serve", action="store_true",
                    help=f"serve with trtllm-serve (OpenAI-compatible, /v1/completions) instead of Triton: build.backend "
-                        f"{Backend.LLMAPI.value} on GPUs, in the container; uses the build's llm_api_options.yaml as "
-                        "--config (no supervisor)")
+                        f"{Backend.LLMAPI.value} on GPUs, in the container; passes the build's llm_api_options.yaml "
+                        f"as {TRTLLM_SERVE_OPTIONS_FLAG} (no supervisor)")
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds to wait for readiness (default: recipe triton.startup_timeout_s)")
     p.add_argument("--no-supervise", action="store_true",

@@ -37,6 +37,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         result = health.check(recipe, canaries=args.canaries or recipe.triton.instance_count)
     server = result.server
+    pool_check = None
+    if result.checks.get("ready"):  # planned against served: the pool the running engine reports
+        from trtkv.serving import pool
+
+        pool_check = pool.compare(recipe, server)
+        result.checks["kv_pool"] = pool_check
     events = supervise.read_events(recipe, last=5)
     lost = supervise.orphaned(recipe)  # a supervisor that was killed: its server runs on, unsupervised
     unsupervised = server is not None and sup is None and bool(result.checks.get("alive"))
@@ -52,8 +58,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"{recipe.name}: {result.state}{', unsupervised' if unsupervised else ''} (pid {server.pid}, "
           f"{server.http_url}, log {server.log})")
     print(f"  process alive: {result.checks.get('alive')}; ready endpoint: {result.checks.get('ready')}")
+    if result.checks.get("seen"):
+        print(f"  recorded pid: {result.checks['seen']}")
     for i, probe in enumerate(result.checks.get("canaries", []), 1):
         print(f"  canary {i}: {'ok' if probe['ok'] else 'FAILED'} in {probe['seconds']:.2f} s ({probe['detail']})")
+    if pool_check is not None:
+        from trtkv.serving.pool import describe
+
+        print(f"  {describe(pool_check)}")
     attach = shlex.join(["trtkv", "serve", args.recipe, *args.overrides, "--attach"])
     if sup is None and lost is not None:
         print(f"  supervisor: unsupervised: its supervisor (pid {lost.pid}) is gone (killed?), nothing restarts "

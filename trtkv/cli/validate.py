@@ -10,20 +10,32 @@ from trtkv.cli.common import subparser
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = subparser(sub, "validate",
-                  "  $ trtkv validate\n  $ trtkv validate smollm2_fp8kv\n  $ trtkv validate my_recipe.yaml\n")
-    p.add_argument("recipes", nargs="*", help="recipe names or .yaml paths")
+                  "  $ trtkv validate\n  $ trtkv validate smollm2_fp8kv\n  $ trtkv validate my_recipe.yaml\n"
+                  "  $ trtkv validate llama70b_fp8kv hardware.gpu=H200-141GB build.max_seq_len=65536\n")
+    p.add_argument("recipes", nargs="*", metavar="RECIPE|KEY=VALUE",
+                   help="recipe names or .yaml paths, then optional overrides section.key=value applied to each "
+                        "(as `trtkv show` and `trtkv plan` take them)")
     p.set_defaults(func=run)
+
+
+def split_targets(words: list[str]) -> tuple[list[str], list[str]]:
+    """(recipes, overrides): a word with '=' that names no existing file is an override (section.key=value)."""
+    from pathlib import Path
+
+    overrides = [w for w in words if "=" in w and not Path(w).is_file()]
+    return [w for w in words if w not in overrides], overrides
 
 
 def run(args: argparse.Namespace) -> int:
     from trtkv.core.errors import TrtkvError
     from trtkv.recipe import list_recipes, load_recipe
 
-    targets = args.recipes or [str(p) for p in list_recipes()]
+    names, overrides = split_targets(args.recipes)
+    targets = names or [str(p) for p in list_recipes()]
     failed = 0
     for target in targets:
         try:
-            recipe = load_recipe(target)
+            recipe = load_recipe(target, overrides)
         except TrtkvError as exc:
             failed += 1
             print(f"FAIL {target}\n{exc}", file=sys.stderr)

@@ -3,25 +3,30 @@
     ServerRecord   engines/<recipe>/serve/server.json        trtkv serve (pid, ports, command, log, container)
     Manifest       <stage folder>/manifest.json             every stage (calibrate, build, repo, bench, serve, probe)
     KVScalesFile   engines/<recipe>/checkpoint/kv_scales.json trtkv calibrate (trtkv.kvcache.scales writes it)
-    BenchResults   engines/<recipe>/bench/results.json      trtkv bench
+    BenchResults   engines/<recipe>/bench/results.json      trtkv bench (trtkv.bench.runner builds it)
     ProbeDoc       engines/<recipe>/probe/probe.json        trtkv probe
+    (Sizing        deploy/<recipe>/<target>/sizing.json     trtkv deploy: trtkv.deploy.sizing, an Artifact too)
 
-The big documents (results, probe) type the fields their readers use and keep the rest as written (extra="allow"),
-so a reader never rebuilds a path or parses a file by hand. Light: pydantic and json only.
+Writers build these models with keywords and `save` them; readers `load` them. The big documents (results, probe)
+type their top level and keep what is below as written (extra="allow"), so a reader never rebuilds a path or
+parses a file by hand. Light: pydantic and json only.
 """
 
 from __future__ import annotations
 
 import json
-import os
+import re
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from trtkv.core.errors import StageError
+from trtkv.core.files import NotReadable, naming, read_json
+from trtkv.core.paths import temp_sibling
 
 T = TypeVar("T", bound="Artifact")
+PID_MAX = 1 << 22  # Linux's PID_MAX_LIMIT: no pid is larger
 
 
 class Artifact(BaseModel):
@@ -30,6 +35,9 @@ class Artifact(BaseModel):
     model_config = ConfigDict(extra="allow")
     FILE: ClassVar[str]
     WRITTEN_BY: ClassVar[str]
+    # False: `save` writes only the fields its writer set (optional fields appear in the files whose writer gives them)
+    WRITE_DEFAULTS: ClassVar[bool] = True
+    MAX_BYTES: ClassVar[int] = 256 << 20  # results and probe documents of long sweeps; records are far smaller
 
     @classmethod
     def path(cls, folder: Path) -> Path:
@@ -38,25 +46,33 @@ class Artifact(BaseModel):
     @classmethod
     def load(cls: type[T], folder: Path) -> T | None:
         path = cls.path(folder)
-        if not path.is_file():
+        if not path.exists() and not path.is_symlink():
             return None
-        try:
-            return cls.model_validate(json.loads(path.read_text()))
+        try:  # bounded, a regular file only, strict JSON (trtkv.core.files): a damaged record is one error line
+            return cls.model_validate(read_json(path, cls.MAX_BYTES, cls.FILE))
         except ValidationError as exc:
             err = exc.errors()[0]
             where = ".".join(str(part) for part in err["loc"]) or "(top level)"
             more = f" and {exc.error_count() - 1} more" if exc.error_count() > 1 else ""
             raise StageError(f"{path} is not a valid {cls.FILE}: {where}: {err['msg']}{more}. Next: rerun "
                              f"{cls.WRITTEN_BY}.") from exc
-        except (OSError, json.JSONDecodeError) as exc:
-            raise StageError(f"{path} is not readable JSON ({exc}). Next: rerun {cls.WRITTEN_BY}.") from exc
+        except NotReadable as exc:
+            raise StageError(f"{path}: {exc.problem}. Next: rerun {cls.WRITTEN_BY}.") from None
+
+    def document(self) -> dict[str, Any]:
+        """What `save` writes: the fields in declaration order, then the extra ones in the order given."""
+        return self.model_dump(exclude_unset=not self.WRITE_DEFAULTS, by_alias=True)
 
     def save(self, folder: Path) -> Path:
         path = self.path(folder)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(self.model_dump(), indent=2, default=str) + "\n")
-        tmp.replace(path)
+        tmp = temp_sibling(path, "tmp")
+        try:
+            with naming(tmp):
+                tmp.write_text(json.dumps(self.document(), indent=2, default=str) + "\n")
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)  # a full disk leaves no half-written sibling
         return path
 
 
@@ -66,12 +82,13 @@ class ServerRecord(Artifact):
     model_config = ConfigDict(extra="forbid")
     FILE = "server.json"
     WRITTEN_BY = "`trtkv serve` after stopping the recorded server by hand and deleting the file"
+    MAX_BYTES = 1 << 20
 
-    pid: int
+    pid: int = Field(ge=1, le=PID_MAX)
     host: str
-    http_port: int
-    grpc_port: int
-    metrics_port: int
+    http_port: int = Field(ge=1, le=65535)
+    grpc_port: int = Field(ge=0, le=65535)  # 0: the server has none (an OpenAI server: HTTP only)
+    metrics_port: int = Field(ge=0, le=65535)
     command: list[str]
     log: str
     model_repository: str
@@ -81,10 +98,18 @@ class ServerRecord(Artifact):
     ready_seconds: float | None = None
     container: str | None = None  # docker container name (GPU path through docker), stopped and removed by `stop`
     cidfile: str | None = None  # `docker run --cidfile`: the container id, which `stop` stops (not just the client)
-    session_id: int | None = None  # the server's process session (trtkv.core.sessions): `stop` ends all of it
-    session_start: int | None = None  # the session leader's start time (/proc/PID/stat field 22), against pid reuse
+    session_id: int | None = Field(None, ge=1, le=PID_MAX)  # the server's process session (trtkv.core.sessions)
+    session_start: int | None = Field(None, ge=0)  # the session leader's start time (/proc/PID/stat field 22)
     session_marker: str | None = None  # TRTKV_SERVER_SESSION in its environment, for children that call setsid
     extra: dict[str, Any] = {}
+
+    @field_validator("host")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        """An address a client connects to (it lands in URLs): IP or host-name characters only."""
+        if not re.fullmatch(r"[A-Za-z0-9.:\-]{1,253}", value):
+            raise ValueError("not an IP address or host name")
+        return value
 
     @property
     def http_url(self) -> str:
@@ -102,10 +127,11 @@ class SupervisorRecord(Artifact):
 
     FILE = "supervisor.json"
     WRITTEN_BY = "`trtkv stop RECIPE` then `trtkv serve RECIPE` (the supervisor rewrites it)"
+    MAX_BYTES = 1 << 20
 
-    pid: int
+    pid: int = Field(ge=1, le=PID_MAX)
     command: list[str] = []
-    start_time: int | None = None  # /proc/PID/stat field 22, against pid reuse (absent in records of old versions)
+    start_time: int | None = Field(None, ge=0)  # /proc/PID/stat field 22, against pid reuse (absent in old records)
     state: str = "unknown"
     interval_s: float = 0.0
     failures: int = 0
@@ -116,15 +142,28 @@ class SupervisorRecord(Artifact):
 
 
 class Manifest(Artifact):
-    """A stage folder's manifest.json: the recipe, the input, the key that says "up to date", the wall time."""
+    """A stage folder's manifest.json: the recipe, the input, the key that says "up to date", the wall time; then the
+    stage's own fields (extra). trtkv.contracts.stage.run_stage writes every field below; the stages that write their
+    manifest themselves (serve, probe, report) write the ones they set."""
 
     FILE = "manifest.json"
     WRITTEN_BY = "the stage that writes this folder (`trtkv <stage> RECIPE --force`)"
+    WRITE_DEFAULTS = False
 
     stage: str
     recipe: str | None = None
+    recipe_path: str | None = None
+    key: dict[str, Any] | None = None  # the up-to-date key (run_stage compares it whole); None: always redone
+    recipe_hash: str | None = None
+    input_dir: str | None = None
+    input_manifest_hash: str | None = None
+    resolved_recipe: dict[str, Any] | None = None
+    tool_versions: dict[str, str | None] | None = None
     wall_seconds: float | None = None
-    key: dict[str, Any] | None = None
+    finished_at: str | None = None
+    # name -> {size, sha256} of every other file (trtkv.contracts.contents): "up to date" and "a valid input" both need
+    # the folder to hold exactly these; None in manifests of older trtkv (checked by key only, and said so)
+    files: dict[str, Any] | None = None
 
 
 class KVScaleLayer(BaseModel):
@@ -137,27 +176,88 @@ class KVScaleLayer(BaseModel):
 
 
 class KVScalesFile(Artifact):
-    """kv_scales.json (written by `trtkv calibrate`): per layer K/V amax and both scale conventions (trtkv.kvcache.scales)."""
+    """kv_scales.json (written by `trtkv calibrate`): per layer K/V amax and both scale conventions (trtkv.kvcache.scales
+    builds it: kv_scales_document)."""
 
     FILE = "kv_scales.json"
     WRITTEN_BY = "`trtkv calibrate`"
+    WRITE_DEFAULTS = False
 
-    kv_cache_quant_algo: str | None
+    kv_cache_quant_algo: str | None  # "FP8", "INT8", "NVFP4"; None: an unquantized KV cache (no layers)
     num_layers: int
     convention: str
+    source: str | None = None  # where the amaxes came from, when not a calibrate run (trtkv.kvcache.scales.KVScales)
     layers: list[KVScaleLayer]
 
 
-class BenchResults(Artifact):
-    """results.json of `trtkv bench` (GenAI-Perf metric names per level; the rest as written)."""
+class BenchEndpoint(BaseModel):
+    """Where `trtkv bench` measured: results.json's "endpoint"."""
 
+    model_config = ConfigDict(extra="allow")
+
+    url: str
+    protocol: str  # a trtkv.recipe.Protocol value: grpc, http or openai
+    model: str
+    source: str = ""  # where the URL came from (--url, server.json, the recipe)
+    endpoint_type: str | None = None  # protocol openai only: completions or chat
+
+
+class BenchWorkload(BaseModel):
+    """What `trtkv bench` sent: results.json's "workload" (the recipe's bench section, and how the levels are run)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    input_tokens: int
+    output_tokens: int
+    num_requests: int
+    warmup_requests: int
+    concurrency: list[int]
+    request_rate: float | None
+    accuracy_concurrency: int
+    request_timeout_s: float
+    mode: str  # "concurrency sweep [...]" or "request rate R/s"
+    sampling: str
+
+
+class BenchSLOs(BaseModel):
+    """results.json's "slo": the verdict and one entry per SLO (trtkv.bench.slo)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    passed: bool
+    results: list[dict[str, Any]] = []
+
+
+class BenchResults(Artifact):
+    """results.json of `trtkv bench` (trtkv.bench.runner builds it). Per level, GenAI-Perf's metric names with their
+    stats; per accuracy task its score; every request's raw record. Every field has a default so files of older
+    versions still load; a run writes them all (goodput_slos only with --goodput)."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
     FILE = "results.json"
     WRITTEN_BY = "`trtkv bench`"
+    WRITE_DEFAULTS = False
 
-    levels: dict[str, Any] = {}
-    slo: dict[str, Any] | None = None
+    schema_id: str = Field("", alias="schema")  # "trtkv.bench/1"
+    recipe: str = ""
+    kv_cache: str = ""  # the recipe's quantization.kv_cache
+    endpoint: BenchEndpoint | None = None
+    started_at: str = ""
     wall_seconds: float | None = None
-    partial: bool = False
+    partial: bool = False  # interrupted: the levels and tasks that finished
+    interrupted_during: str | None = None
+    workload: BenchWorkload | None = None
+    token_counting: str = ""  # how tokens are counted (trtkv.bench.results.TOKEN_COUNTING)
+    token_count_check: dict[str, Any] = {}
+    levels: dict[str, dict[str, Any]] = {}  # "concurrency=N" / "rate=R/s" -> metric -> stat -> value
+    accuracy: dict[str, dict[str, Any]] = {}  # task -> its score, or why it did not run
+    slo: BenchSLOs | None = None
+    records: list[dict[str, Any]] = []  # trtkv.bench.records.RequestRecord.to_json per request
+    time_origin: dict[str, Any] | None = None  # {"unix_ns", "note"}: the wall-clock instant record times count from
+    goodput_slos: dict[str, float] | None = None  # --goodput's thresholds (ms)
+    tool_versions: dict[str, str | None] | None = None
+    kv_pool: dict[str, Any] | None = None  # planned against served (trtkv.serving.pool.compare)
+    warnings: list[str] = []  # e.g. a served KV pool more than 10% short of the plan
 
 
 class ProbeScales(BaseModel):
@@ -175,5 +275,10 @@ class ProbeDoc(Artifact):
 
     recipe: str
     seconds: float | None = None
-    records: list[dict[str, Any]] = []
+    records: list[dict[str, Any]] = []  # cache-only: the stored cache in full-precision attention
     scales: ProbeScales | None = None
+    # engine attention (trtkv.probe.attention): the modes measured and why, their records, prefill-vs-decode drift;
+    # absent from probe.json files written before the engine modes
+    attention: dict[str, Any] | None = None
+    attention_records: list[dict[str, Any]] = []
+    drift: list[dict[str, Any]] = []

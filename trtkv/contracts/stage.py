@@ -25,18 +25,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trtkv.contracts import contents
+from trtkv.core import paths
 from trtkv.core.errors import StageError
+from trtkv.core.files import naming
 from trtkv.core.process import pid_alive
 from trtkv.version import __version__
 
 if TYPE_CHECKING:  # the stage contract is foundation: it reads a recipe's name, path and hashes, never its schema
+    from trtkv.contracts.artifacts import Manifest
     from trtkv.recipe import Recipe
 
 MANIFEST = "manifest.json"
 TOOLS = ("nvidia-modelopt", "tensorrt_llm", "transformers", "torch", "tritonclient", "nvidia-pytriton")
 # The tools whose versions change what calibrate and build write (their up-to-date key includes them).
 VERSIONED_TOOLS = ("nvidia-modelopt", "transformers", "torch", "tensorrt_llm")
-LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)$")
+LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)$")  # trtkv.core.paths.temp_sibling's names
 
 
 def _version(dist: str) -> str | None:
@@ -60,9 +64,14 @@ def remove_leftovers(output: Path, log: Callable[[str], None] = print) -> list[P
         return removed
     for sibling in output.parent.iterdir():
         match = LEFTOVER.match(sibling.name)
-        if not match or match.group("name") != output.name or not sibling.is_dir():
+        if not match or sibling.is_symlink() or not sibling.is_dir():
             continue
         pid = int(match.group("pid"))
+        size = len(sibling.name.encode("utf-8", "surrogateescape")) - len(match.group("name").encode("utf-8",
+                                                                                                     "surrogateescape"))
+        room = paths.NAME_MAX - size  # the bytes temp_sibling left for the name beside this pid's suffix
+        if match.group("name") != paths.sibling_stem(output.name, room):
+            continue
         if pid == os.getpid() or pid_alive(pid):
             continue
         shutil.rmtree(sibling, ignore_errors=True)
@@ -74,8 +83,9 @@ def remove_leftovers(output: Path, log: Callable[[str], None] = print) -> list[P
 OWNER = ".trtkv-owner"  # {"stage", "recipe"} in folders that have no manifest.json of a stage (deploy, probe, compare)
 
 
-def _owner(folder: Path) -> tuple[str | None, str | None] | None:
-    """(stage, recipe) that trtkv recorded in `folder` (manifest.json or the owner file); None when it holds neither."""
+def _owner(folder: Path) -> tuple[str | None, str | None, str | None] | None:
+    """(stage, recipe, target) that trtkv recorded in `folder` (manifest.json or the owner file; the target: deploy's
+    k8s/slurm/dynamo); None when it holds neither."""
     for name in (MANIFEST, OWNER):
         path = folder / name
         if not path.is_file() or path.is_symlink():
@@ -86,8 +96,8 @@ def _owner(folder: Path) -> tuple[str | None, str | None] | None:
         except (OSError, ValueError):
             continue
         if isinstance(data, dict) and isinstance(data.get("stage"), str):
-            recipe = data.get("recipe")
-            return data["stage"], recipe if isinstance(recipe, str) else None
+            recipe, target = data.get("recipe"), data.get("target")
+            return data["stage"], recipe if isinstance(recipe, str) else None, target if isinstance(target, str) else None
     return None
 
 
@@ -102,9 +112,10 @@ def check_inside(output: Path, stage: str) -> Path:
     return absolute
 
 
-def check_output(output: Path, stage: str, recipe: str, option: str = "--output") -> Path:
+def check_output(output: Path, stage: str, recipe: str, option: str = "--output", target: str | None = None) -> Path:
     """Refuse an output folder trtkv would replace but did not write: it must be absent, empty, or hold a manifest
-    (or owner file) of the same stage and recipe. Returns the absolute path."""
+    (or owner file) of the same stage and recipe (and, given one, target: a deploy never replaces another target's
+    folder). Returns the absolute path."""
     absolute = check_inside(output, stage)
     if not absolute.exists():
         return absolute
@@ -114,13 +125,15 @@ def check_output(output: Path, stage: str, recipe: str, option: str = "--output"
     if not any(absolute.iterdir()):
         return absolute
     owner = _owner(absolute)
-    if owner == (stage, recipe):
+    if owner is not None and owner[:2] == (stage, recipe) and (target is None or owner[2] in (None, target)):
         return absolute
-    seen = (f"it holds trtkv's `{owner[0]}` output of recipe {owner[1]!r}" if owner
+    seen = (f"it holds trtkv's `{owner[0]}` output of recipe {owner[1]!r}" + (f" for target {owner[2]}" if owner[2]
+                                                                               else "") if owner
             else "it holds files trtkv did not write (no manifest.json)")
+    mine = f"`{stage}` output of recipe {recipe!r}" + (f" for target {target}" if target else "")
     raise StageError(f"{stage}: {option} {output}: {seen}, so trtkv will not replace it (it replaces only its own "
-                     f"`{stage}` output of recipe {recipe!r}). Nothing was changed. Next: name a new or empty folder, "
-                     f"or move that one aside yourself.")
+                     f"{mine}). Nothing was changed. Next: name a new or empty folder, or move that one aside "
+                     f"yourself.")
 
 
 def claim_output(output: Path, stage: str, recipe: str, option: str = "--output") -> Path:
@@ -148,16 +161,14 @@ def manifest_hash(folder: Path) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def read_manifest(folder: Path) -> dict[str, Any] | None:
-    """The folder's manifest (trtkv.contracts.artifacts.Manifest) as written; None when absent or not a valid manifest (the
-    stage then counts as not run)."""
+def read_manifest(folder: Path) -> Manifest | None:
+    """The folder's manifest; None when absent or not a valid manifest (the stage then counts as not run)."""
     from trtkv.contracts.artifacts import Manifest
 
     try:
-        manifest = Manifest.load(folder)
+        return Manifest.load(folder)
     except StageError:
         return None
-    return manifest.model_dump() if manifest is not None else None
 
 
 @dataclass
@@ -169,13 +180,74 @@ class StageResult:
     manifest: dict[str, Any]
 
 
-def require_input(folder: Path, stage: str, produced_by: str, recipe: Recipe) -> str:
-    """The input stage's manifest hash; a clear error when that stage has not run."""
+# The fields that say which model a stage output is of, in which weight and KV formats and with which scales: an input
+# whose own recipe differs here is another model's or another format's output (an fp8 engine under an int8 recipe),
+# never this one's. quantization.kv_skip_layers is not one: the checkpoint is the same, the server applies it.
+IDENTITY = ("model", "quantization.weights", "quantization.kv_cache", "quantization.kv_scales")
+
+
+def _dig(data: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
+def _changed_fields(before: Any, after: Any, where: str) -> list[str]:
+    """Dotted fields whose values differ, with both values (`quantization.kv_cache: fp8 -> int8`)."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        out: list[str] = []
+        for key in sorted(set(before) | set(after)):
+            out += _changed_fields(before.get(key), after.get(key), f"{where}.{key}")
+        return out
+    return [] if before == after else [f"{where}: {before!r:.40} -> {after!r:.40}"]
+
+
+def input_problem(folder: Path, recipe: Recipe, needs: tuple[str, ...] = IDENTITY) -> str | None:
+    """Why `folder` (a stage output) is not this recipe's input, or None when it is: no manifest, its files are not
+    the ones its manifest lists, or it was made for other values of the `needs` fields (e.g. another KV format)."""
+    manifest = read_manifest(folder)
+    if manifest is None:
+        return f"{folder} is missing or incomplete (no valid {MANIFEST})"
+    listed = manifest.files
+    if isinstance(listed, dict):
+        diff = contents.differences(folder, listed)
+        if diff:
+            return f"{folder} is damaged: {contents.describe(diff)} (against its {MANIFEST})"
+    made_for = manifest.resolved_recipe
+    if isinstance(made_for, dict):
+        wanted = recipe.resolved()
+        changed = [c for name in needs for c in _changed_fields(_dig(made_for, name), _dig(wanted, name), name)]
+        if changed:
+            more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+            return (f"{folder} was made for another recipe: {'; '.join(changed[:3])}{more} (what it was made with -> "
+                    f"this recipe)")
+    return None
+
+
+def require_input(folder: Path, stage: str, produced_by: str, recipe: Recipe,
+                  needs: tuple[str, ...] = IDENTITY) -> str:
+    """The input stage's manifest hash, once `folder` is proven this recipe's input (input_problem); else a
+    StageError saying what is wrong and which stage to rerun."""
+    problem = input_problem(folder, recipe, needs)
     digest = manifest_hash(folder)
-    if digest is None:
-        raise StageError(f"{stage}: {folder} is missing or incomplete (no {MANIFEST}). "
-                         f"Next: run `trtkv {produced_by} {recipe.name}` (or `make {produced_by} RECIPE={recipe.name}`).")
+    if problem is not None or digest is None:
+        force = " --force" if problem and "damaged" in problem else ""
+        raise StageError(f"{stage}: {problem or folder}. Next: run `trtkv {produced_by} {recipe.name}{force}` (or "
+                         f"`make {produced_by} RECIPE={recipe.name}`).")
     return digest
+
+
+def require_made_from(folder: Path, source: Path, stage: str, produced_by: str, recipe: Recipe) -> None:
+    """StageError when `folder` was written from another version of `source` than the one on disk now (its
+    manifest's key holds the digest of the input manifest it was made from: a rebuilt engine needs its repository
+    written again)."""
+    manifest = read_manifest(folder)
+    key = manifest.key if manifest is not None else None
+    made_from = key.get("input_manifest_hash") if isinstance(key, dict) else None
+    now = manifest_hash(source)
+    if isinstance(made_from, str) and now is not None and made_from != now:
+        raise StageError(f"{stage}: {folder} was written from another version of {source} (rebuilt since). Next: "
+                         f"`trtkv {produced_by} {recipe.name}`.")
 
 
 def run_stage(
@@ -196,6 +268,8 @@ def run_stage(
 
     `versioned_tools`: distributions whose installed versions join the up-to-date key (an upgrade redoes the stage).
     """
+    from trtkv.contracts.artifacts import Manifest
+
     output = check_output(output, stage, recipe.name, "output folder")
     remove_leftovers(output, log)
     recipe_hash = recipe.section_hash(*sections)
@@ -207,37 +281,58 @@ def run_stage(
         versions = tool_versions()
         key["tool_versions"] = {name: versions.get(name, _version(name)) for name in versioned_tools}
     existing = read_manifest(output)
-    if existing and not force and existing.get("key") == key:
-        log(f"{stage}: {output} is up to date (use --force to redo)")
-        return StageResult(stage, output, True, 0.0, existing)
+    if existing is not None and not force and existing.key == key:
+        listed = existing.files
+        diff = contents.differences(output, listed) if isinstance(listed, dict) else []
+        if not diff:
+            note = "" if isinstance(listed, dict) else " (its manifest, from an older trtkv, lists no files to check)"
+            log(f"{stage}: {output} is up to date{note} (use --force to redo)")
+            return StageResult(stage, output, True, 0.0, existing.document())
+        log(f"{stage}: {output} is damaged ({contents.describe(diff)}): writing it again")
+    created = _missing_dirs(output.parent)  # removed again when the stage fails and leaves them empty
     output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.parent / f".{output.name}.tmp-{os.getpid()}"
+    tmp = paths.temp_sibling(output, "tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     start = time.time()
+    done = False
     try:
-        extra = work(tmp) or {}
+        with naming(tmp):
+            extra = work(tmp) or {}
         seconds = time.time() - start
-        manifest = {
-            "stage": stage,
-            "recipe": recipe.name,
-            "recipe_path": str(recipe.path) if recipe.path else None,
-            "key": key,
-            "recipe_hash": recipe_hash,
-            "input_dir": str(input_dir) if input_dir else None,
-            "input_manifest_hash": input_hash,
-            "resolved_recipe": recipe.resolved(),
-            "tool_versions": tool_versions(),
-            "wall_seconds": round(seconds, 3),
-            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            **extra,
-        }
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=False, default=str) + "\n")
+        manifest = Manifest(
+            stage=stage, recipe=recipe.name, recipe_path=str(recipe.path) if recipe.path else None, key=key,
+            recipe_hash=recipe_hash, input_dir=str(input_dir) if input_dir else None, input_manifest_hash=input_hash,
+            resolved_recipe=recipe.resolved(), tool_versions=tool_versions(), wall_seconds=round(seconds, 3),
+            finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), files=contents.list_files(tmp), **extra)
+        manifest.save(tmp)
         replace_folder(tmp, output, stage)
+        done = True
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if not done:
+            _remove_if_empty(created)
     log(f"{stage}: wrote {output} in {seconds:.1f} s")
-    return StageResult(stage, output, False, seconds, manifest)
+    return StageResult(stage, output, False, seconds, manifest.document())
+
+
+def _missing_dirs(folder: Path) -> list[Path]:
+    """`folder` and those of its parents that do not exist yet, deepest first."""
+    out: list[Path] = []
+    while not folder.exists() and folder != folder.parent:
+        out.append(folder)
+        folder = folder.parent
+    return out
+
+
+def _remove_if_empty(folders: list[Path]) -> None:
+    """Remove the folders a failed stage created (deepest first), each only while it is empty: a failed first
+    `trtkv calibrate` leaves no empty engines/<recipe>/ behind that looks like a started build."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 def _umask() -> int:
@@ -255,7 +350,7 @@ def replace_folder(tmp: Path, output: Path, stage: str) -> None:
     """Swap `tmp` into `output` (strictly inside its parent): the old folder is moved aside first and removed after;
     the new folder keeps the old one's mode (a new one gets the umask's)."""
     output = check_inside(output, stage)
-    old = output.parent / f".{output.name}.old-{os.getpid()}"
+    old = paths.temp_sibling(output, "old")
     mode = (output.stat().st_mode & 0o7777) if output.is_dir() else (0o777 & ~_umask())
     os.chmod(tmp, mode)
     if output.exists():

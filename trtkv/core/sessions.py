@@ -85,6 +85,36 @@ def marker_of(pid: int) -> str | None:
     return None
 
 
+def cmdline(pid: int) -> list[str] | None:
+    """The process's argument list from /proc/PID/cmdline (None: gone or not readable); bounded at 1 MiB."""
+    try:
+        with open(f"{PROC}/{pid}/cmdline", "rb") as fh:
+            data = fh.read(1 << 20)
+    except OSError:
+        return None
+    return [part.decode(errors="replace") for part in data.split(b"\0")[:-1]] if data else []
+
+
+def describe(pid: int) -> str:
+    """What a pid is now, for messages: "pid 12 is gone" or "pid 12 runs `sleep 600` (state S, session 12)"."""
+    found = stat(pid)
+    if found is None:
+        return f"pid {pid} is gone"
+    argv = cmdline(pid)
+    shown = " ".join(argv)[:120] if argv else "?"
+    return f"pid {pid} runs `{shown}` (state {found[0]}, session {found[1]}, started at tick {found[2]})"
+
+
+def in_session(sid: int) -> list[int]:
+    """The live processes whose session id is `sid` (found in /proc; never this process)."""
+    out = []
+    for pid in _pids():
+        found = stat(pid)
+        if pid != os.getpid() and found is not None and found[0] not in ("Z", "X") and found[1] == sid:
+            out.append(pid)
+    return sorted(out)
+
+
 def _pids() -> list[int]:
     return [int(name) for name in os.listdir(PROC) if name.isdigit()]
 
@@ -180,6 +210,32 @@ def stop_session(session: Session, grace_s: float = 10.0, log: Callable[[str], N
         result.left.append(f"pid {pid} ({'EPERM' if pid in denied else 'state ' + state})")
     if log and result.left:
         log(f"stop: could not end {len(result.left)} process(es) of session {session.sid}: {', '.join(result.left)}")
+    return result
+
+
+def end_listed(started: dict[int, int], grace_s: float, log: Callable[[str], None] | None = None) -> Cleanup:
+    """Wait (at most `grace_s`) until each listed process (pid -> its start time, proving it is the one listed) has
+    exited, SIGKILL those still there, and wait for them (KILL_WAIT_S): a container's processes after `docker stop`,
+    which returns once the container's first process is gone while the others may still be exiting."""
+    start = time.monotonic()
+
+    def live() -> list[int]:
+        return [p for p, t in started.items() if (found := stat(p)) is not None and found[2] == t
+                and found[0] not in ("Z", "X")]
+
+    denied: set[int] = set()
+    left = live()
+    for sig, wait_s in ((None, grace_s), (signal.SIGKILL, KILL_WAIT_S)):
+        if sig is not None and left:
+            _signal(left, sig, denied)
+        deadline = time.monotonic() + wait_s
+        while left and time.monotonic() < deadline:
+            time.sleep(0.1)
+            left = live()
+    result = Cleanup(ended=sorted(set(started) - set(left)), seconds=round(time.monotonic() - start, 2))
+    result.left = [f"pid {p} ({'EPERM' if p in denied else 'state ' + (stat(p) or ('gone',))[0]})" for p in left]
+    if log and result.left:
+        log(f"stop: could not end {len(result.left)} process(es) of the container: {', '.join(result.left)}")
     return result
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
+import time
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
@@ -18,10 +18,12 @@ from typing import Any
 
 import yaml
 
-from trtkv.contracts.stage import OWNER, check_output, replace_folder
+from trtkv.contracts.stage import OWNER, check_output, remove_leftovers, replace_folder
 from trtkv.core import paths
 from trtkv.core.apikey import API_KEY_ENV
 from trtkv.core.errors import StageError
+from trtkv.core.files import naming
+from trtkv.core.paths import temp_sibling
 from trtkv.deploy import check, dynamo, k8s, launch, slurm
 from trtkv.deploy.sizing import Sizing, size
 from trtkv.recipe import Recipe
@@ -216,30 +218,53 @@ def readme_text(recipe: Recipe, target: Target, sizing: Sizing, body: list[str],
     return "\n".join(lines)
 
 
+OLD_TMP_AGE_S = 3600.0  # a deploy writes its files in seconds: an older random-named folder is a killed run's
+MKDTEMP_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789_")  # tempfile's suffix alphabet
+
+
+def _remove_random_leftovers(out: Path, log: Callable[[str], None]) -> None:
+    """Folders `.<name>.tmp-XXXXXXXX` that deploys before 2026-12 made with tempfile.mkdtemp (a random suffix, no
+    pid to check), left by killed runs: removed once untouched for OLD_TMP_AGE_S."""
+    prefix = f".{out.name}.tmp-"
+    for sibling in out.parent.iterdir() if out.parent.is_dir() else []:
+        suffix = sibling.name[len(prefix):]
+        if (not sibling.name.startswith(prefix) or len(suffix) != 8 or suffix.isdigit()
+                or not set(suffix) <= MKDTEMP_CHARS or sibling.is_symlink()
+                or not sibling.is_dir() or time.time() - sibling.stat().st_mtime < OLD_TMP_AGE_S):
+            continue
+        shutil.rmtree(sibling, ignore_errors=True)
+        log(f"removed {sibling} (left by an interrupted deploy)")
+
+
 def deploy(recipe: Recipe, target: Target, output: Path | None = None, replicas: int | None = None,
            target_concurrency: int | None = None, log: Callable[[str], None] = print,
            fence: k8s.Fence | None = None) -> Path:
     """Write, check and (only when every check passes) put the files in place; returns the folder. `fence`: whom
     the Kubernetes NetworkPolicy admits (trtkv deploy's --allow-from / --prometheus options)."""
     sizing = size(recipe, replicas, target_concurrency)
-    out = check_output(output or default_output(recipe, target), "deploy", recipe.name)
+    out = check_output(output or default_output(recipe, target), "deploy", recipe.name, target=target.value)
     files, body = render(recipe, target, sizing, out, fence)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    remove_leftovers(out, log)  # the temporary folders of killed deploys of this output
+    _remove_random_leftovers(out, log)
+    tmp = temp_sibling(out, "tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
     try:
-        for file, text in files.items():
-            (tmp / file).write_text(text)
-            if file.endswith((".sh", ".sbatch")):
-                os.chmod(tmp / file, 0o755)
-        checked, problems = check.check_folder(tmp)
-        if problems:
-            raise StageError(f"deploy {recipe.name} --target {target.value}: the generated files fail their checks "
-                             f"(nothing written to {out}):\n" + "\n".join(f"  - {p}" for p in problems)
-                             + "\nNext: report this as a trtkv bug, with the recipe and the command.")
-        (tmp / "sizing.json").write_text(json.dumps(sizing.to_dict(), indent=2) + "\n")
-        (tmp / "README.md").write_text(readme_text(recipe, target, sizing, body, checked))
-        (tmp / OWNER).write_text(json.dumps({"stage": "deploy", "recipe": recipe.name, "target": target.value}) + "\n")
-        replace_folder(tmp, out, "deploy")  # the previous files go only once the new ones are complete
+        with naming(tmp):
+            for file, text in files.items():
+                (tmp / file).write_text(text)
+                if file.endswith((".sh", ".sbatch")):
+                    os.chmod(tmp / file, 0o755)
+            checked, problems = check.check_folder(tmp)
+            if problems:
+                raise StageError(f"deploy {recipe.name} --target {target.value}: the generated files fail their checks "
+                                 f"(nothing written to {out}):\n" + "\n".join(f"  - {p}" for p in problems)
+                                 + "\nNext: report this as a trtkv bug, with the recipe and the command.")
+            sizing.save(tmp)
+            (tmp / "README.md").write_text(readme_text(recipe, target, sizing, body, checked))
+            (tmp / OWNER).write_text(json.dumps({"stage": "deploy", "recipe": recipe.name, "target": target.value}) + "\n")
+            replace_folder(tmp, out, "deploy")  # the previous files go only once the new ones are complete
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log(f"deploy: wrote {out} ({', '.join(sorted(files))}); {len(checked)} check(s) passed")

@@ -5,16 +5,27 @@ recipe's max_seq_len that fit in one replica, and the replica count (`--replicas
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import ConfigDict, computed_field, model_validator
+
+from trtkv.contracts.artifacts import Artifact
 from trtkv.core.errors import StageError
 from trtkv.platform.hardware import GPU
 from trtkv.recipe import Recipe
+from trtkv.recipe.limits import RANGES
+
+DERIVED = ("total_gpus", "concurrent_sequences")
 
 
-@dataclass(frozen=True)
-class Sizing:
+class Sizing(Artifact):
+    """sizing.json of `trtkv deploy` (written next to the files it sized; total_gpus and concurrent_sequences follow
+    from the other fields: written for the reader, recomputed on load)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    FILE = "sizing.json"
+    WRITTEN_BY = "`trtkv deploy RECIPE --target TARGET`"
+
     gpus_per_replica: int
     gpus_per_node: int
     nodes_per_replica: int
@@ -24,22 +35,29 @@ class Sizing:
     kv_tokens_per_gpu: int
     max_seq_len: int
     sequences_per_replica: int  # of max_seq_len tokens, capped by build.max_batch_size
-    bound_by: str  # "kv memory" or "max_batch_size"
+    bound_by: Literal["kv memory", "max_batch_size"]
     replicas: int
     chosen_by: str  # how the replica count was chosen
     weights_gib_total: float
     storage_gib: int  # what the models volume should hold (the exported weights + room)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_derived(cls, data: Any) -> Any:
+        """A written file carries the derived figures too; they are recomputed, not read."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if k not in DERIVED}
+        return data
+
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def total_gpus(self) -> int:
         return self.gpus_per_replica * self.replicas
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def concurrent_sequences(self) -> int:
         return self.sequences_per_replica * self.replicas
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "total_gpus": self.total_gpus, "concurrent_sequences": self.concurrent_sequences}
 
     def lines(self) -> list[str]:
         """The sizing as README lines."""
@@ -69,18 +87,19 @@ def size(recipe: Recipe, replicas: int | None = None, target_concurrency: int | 
                          f"hardware.count=N with matching build.tp_size/pp_size.")
     if replicas is not None and target_concurrency is not None:
         raise StageError("--replicas and --target-concurrency both given: pass one (the other follows from it)")
+    bound_to = RANGES["replicas"]  # Kubernetes' int32 replica count; concurrency alike
     for flag, value in (("--replicas", replicas), ("--target-concurrency", target_concurrency)):
-        if value is not None and value < 1:
-            raise StageError(f"{flag} {value}: use 1 or more")
+        if value is not None and not bound_to.admits(value):
+            raise StageError(f"{flag} {value}: use 1 or more, a whole number in {bound_to.text()}")
     p = plan(recipe)
     cap = next(c for c in p.formats if c.format == p.recipe_kv_format)
     seq_len = recipe.build.max_seq_len
     fit = cap.max_sequences[seq_len]
     if fit < 1:
-        raise StageError(f"{recipe.name}: not one sequence of build.max_seq_len={seq_len} fits in the KV budget "
-                         f"({p.kv_budget_gib_per_gpu:.1f} GiB per GPU after {p.weights['per_gpu_gib']:.1f} GiB of "
-                         f"weights). Next: `trtkv plan {recipe.name}`, then raise build.tp_size/pp_size (and "
-                         f"hardware.count), or lower build.max_seq_len.")
+        raise StageError(f"{recipe.name}: not one sequence of build.max_seq_len={seq_len} fits in the KV pool "
+                         f"({p.kv_budget_gib_per_gpu:.1f} GiB per GPU by {p.kv_pool.engine}'s rule, after "
+                         f"{p.weights.per_gpu_gib:.1f} GiB of weights). Next: `trtkv plan {recipe.name}`, then raise "
+                         f"build.tp_size/pp_size (and hardware.count), or lower build.max_seq_len.")
     per_replica = min(fit, recipe.build.max_batch_size)
     bound = "kv memory" if fit < recipe.build.max_batch_size else "max_batch_size"
     if target_concurrency is not None:
@@ -90,8 +109,11 @@ def size(recipe: Recipe, replicas: int | None = None, target_concurrency: int | 
         count = replicas or 1
         chosen = f"--replicas {count}" if replicas else "default 1; --replicas N or --target-concurrency C"
 
+    if not bound_to.admits(count * recipe.world_size):
+        raise StageError(f"{recipe.name}: {count:,} replicas of {recipe.world_size} GPU(s) is more than "
+                         f"{bound_to.text()}. Next: fewer replicas (--replicas / --target-concurrency).")
     world, per_node = recipe.world_size, hw.gpus_per_node
-    weights = float(p.weights["total_gib"])
+    weights = p.weights.total_gib
     return Sizing(
         gpus_per_replica=world, gpus_per_node=per_node, nodes_per_replica=max(1, math.ceil(world / per_node)),
         gpus_per_pod=min(world, per_node), kv_format=p.recipe_kv_format,

@@ -32,8 +32,6 @@ Q_SCALES = ("none", "checkpoint_q_scale", "kv_scale", "unit_cast")
 KV_SOURCES = ("cache", "fresh")
 P_MODES = ("none", "fp8_e4m3")
 ORDERS = ("first_to_last", "last_to_first")
-# A GPU's compute capability by its architecture (trtkv.platform.hardware.GPUSpec.arch), where the spec has no `sm`.
-SM_OF_ARCH = {"Ampere": (8, 0), "Ada": (8, 9), "Hopper": (9, 0), "Blackwell": (10, 0)}
 
 
 @dataclass(frozen=True)

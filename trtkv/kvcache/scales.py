@@ -29,6 +29,7 @@ from trtkv.kvcache.formats import FP8_MAX, INT8_MAX, KVFormat
 if TYPE_CHECKING:
     import torch
 
+    from trtkv.contracts.artifacts import KVScalesFile
     from trtkv.kvcache.affine import AffineCalibration
     from trtkv.kvcache.quant import FormatChoice, KVScale
     from trtkv.kvcache.stats import KVStats
@@ -61,22 +62,20 @@ def layer_scales(k_amax: float, v_amax: float, algo: str) -> dict[str, float]:
 
 
 def kv_scales_document(algo: str | None, k_amax: list[float], v_amax: list[float], num_layers: int | None = None,
-                       source: str | None = None) -> dict[str, Any]:
-    """The kv_scales.json document (typed: trtkv.contracts.artifacts.KVScalesFile): per layer k/v amax and both scale
-    conventions. Deterministic (no timestamps, fixed order). algo None (an unquantized KV cache): no layers."""
+                       source: str | None = None) -> KVScalesFile:
+    """The kv_scales.json document: per layer k/v amax and both scale conventions. Deterministic (no timestamps, fixed
+    order). algo None (an unquantized KV cache): no layers."""
+    from trtkv.contracts.artifacts import KVScaleLayer, KVScalesFile
+
     layers = [] if algo is None else [
-        {"layer": i, "k_amax": ka, "v_amax": va, **layer_scales(ka, va, algo)}
+        KVScaleLayer(layer=i, k_amax=ka, v_amax=va, **layer_scales(ka, va, algo))
         for i, (ka, va) in enumerate(zip(k_amax, v_amax, strict=True))]
-    doc: dict[str, Any] = {"kv_cache_quant_algo": algo, "num_layers": len(layers) if num_layers is None else num_layers,
-                           "convention": CONVENTION}
-    if source is not None:
-        doc["source"] = source
-    doc["layers"] = layers
-    return doc
+    return KVScalesFile(kv_cache_quant_algo=algo, num_layers=len(layers) if num_layers is None else num_layers,
+                        convention=CONVENTION, **({"source": source} if source is not None else {}), layers=layers)
 
 
-def write_kv_scales(path: Path, doc: dict[str, Any]) -> None:
-    path.write_text(json.dumps(doc, indent=2) + "\n")
+def write_kv_scales(path: Path, doc: KVScalesFile) -> None:
+    path.write_text(json.dumps(doc.document(), indent=2) + "\n")
 
 
 @dataclass
@@ -158,9 +157,9 @@ class KVScales:
             return {"k_rotated_amax": self.k_rotated_amax}
         return None
 
-    def to_kv_scales_json(self, algo: str = "FP8") -> dict:
+    def to_kv_scales_json(self, algo: str = "FP8") -> dict[str, Any]:
         """The contract-1 kv_scales.json document for these amaxes."""
-        return kv_scales_document(algo, self.k_amax, self.v_amax, source=self.source)
+        return kv_scales_document(algo, self.k_amax, self.v_amax, source=self.source).document()
 
     def to_probe_json(self) -> dict[str, Any]:
         """What probe.json records: where the scales came from and the per-layer amaxes they derive from."""

@@ -24,8 +24,8 @@ from trtkv.platform.hardware import GPU
 from trtkv.recipe import Recipe
 from trtkv.recipe.attention import (
     layer_formats,
-    sequence_kv_bytes,
 )
+from trtkv.recipe.sequence import sequence_kv_bytes
 
 
 def attention_notes(arch: Architecture, recipe: Recipe) -> list[str]:
@@ -113,11 +113,14 @@ def advice_for(recipe: Recipe, arch: Architecture, caps: list[FormatCapacity], r
             out.append(f"Context {ctx} < 4K: KV cache quantization is rarely worth it for short-context chat; "
                        f"weights dominate memory.")
         elif bound:
+            gain = "" if arch.state is not None else " (x2 capacity)"
             out.append(f"At max_seq_len {ctx}, fp16 KV fits {fits} sequences per replica but max_batch_size is {batch}: "
-                       f"the batch is bound by KV memory, so an 8-bit KV cache (x2 capacity) pays off.")
+                       f"the batch is bound by KV memory, so an 8-bit KV cache{gain} pays off.")
         else:
             out.append(f"At max_seq_len {ctx}, fp16 KV already fits {fits} sequences (max_batch_size {batch}): "
                        f"KV quantization buys bandwidth (decode speed) more than capacity.")
+    if arch.state is not None:
+        out += state_advice(recipe, arch, caps, rec_fmt)
     if not arch.uniform_full():
         out += attention_advice(recipe, arch, caps, rec_fmt)
     elif ctx >= 8192:
@@ -152,7 +155,8 @@ def attention_advice(recipe: Recipe, arch: Architecture, caps: list[FormatCapaci
     for layer in arch.layer_list():
         counts[layer.label] = counts.get(layer.label, 0) + 1
     parts = ", ".join(f"{counts[k]} {k} layers {v / total:.0%}" for k, v in sorted(shares.items(), key=lambda kv: -kv[1]))
-    out = [f"At max_seq_len {n:,}, one sequence's 16-bit KV is {total / GIB:.3g} GiB: {parts} of it."]
+    what = "16-bit KV and fixed state" if arch.state is not None else "16-bit KV"
+    out = [f"At max_seq_len {n:,}, one sequence's {what} is {total / GIB:.3g} GiB: {parts} of it."]
     local = sum(v for k, v in shares.items() if k.startswith(("sliding", "chunked")))
     if local and rec is not base:
         kept = rec.per_sequence_kv_bytes_by_accounting[Accounting.EXACT.value][n]
@@ -177,6 +181,35 @@ def attention_advice(recipe: Recipe, arch: Architecture, caps: list[FormatCapaci
     out.append(f"A decode step at {n:,} tokens x batch {batch} reads {batch * read / GIB:.3g} GiB of KV per GPU beside "
                f"{weights / GIB:.3g} GiB of weights: KV is {batch * read / (batch * read + weights):.0%} of the bytes "
                f"read.")
+    return out
+
+
+def state_advice(recipe: Recipe, arch: Architecture, caps: list[FormatCapacity], rec_fmt: KVFormat) -> list[str]:
+    """A hybrid: how few layers hold a KV cache, what the fixed state costs, what an 8-bit cache really buys."""
+    layers = arch.layer_list()
+    kv = sum(1 for x in layers if not x.is_state and x.kind is not AttentionKind.NONE)
+    state_n = sum(1 for x in layers if x.is_state)
+    shape, tp = arch.kv_shape(), recipe.build.tp_size
+    kind = next(x for x in layers if x.is_state)
+    per_seq = state_n * shape.sequence_state_bytes(kind)
+    conv, ssm = arch.state_dtypes
+    out = [f"Only {kv} of {len(layers)} layers hold a KV cache (1 in {len(layers) / max(kv, 1):.3g}); the {state_n} "
+           f"{kind.kind.value} layers keep a fixed {per_seq / 2**20:,.1f} MiB per sequence whatever its length "
+           f"(conv {conv} + recurrent {ssm}: {arch.state_dtype_source}; build.mamba_ssm_cache_dtype sets it), "
+           f"{per_seq / tp / 2**20:,.1f} MiB per GPU at TP{tp}."]
+    by = {c.format: c for c in caps}
+    base, eight = by.get(KVFormat.FP16.value), by.get(KVFormat.FP8.value)
+    n = recipe.build.max_seq_len
+    if base is not None and eight is not None:
+        b, e = base.max_sequences.get(n, 0), eight.max_sequences.get(n, 0)
+        seq = base.per_sequence_kv_bytes_by_accounting[Accounting.EXACT.value][n]
+        ideal = seq / eight.per_sequence_kv_bytes_by_accounting[Accounting.EXACT.value][n]
+        fits = f", {b:,} -> {e:,} sequences per GPU" if b else ""
+        out.append(f"At max_seq_len {n:,} the state is {per_seq / seq:.0%} of a sequence's bytes, and an 8-bit KV "
+                   f"cache halves only the KV of the {kv} attention layers: x{ideal:.2f} bytes per sequence{fits}.")
+    if ssm == "float32":
+        out.append(f"The recurrent state is kept in float32 ({arch.state_dtype_source}); "
+                   f"build.mamba_ssm_cache_dtype bfloat16 halves it, at an accuracy cost to measure first.")
     return out
 
 

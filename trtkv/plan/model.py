@@ -4,8 +4,7 @@ one format's capacity, the plan, and the byte counts every figure is made of (fo
 from __future__ import annotations
 
 import json
-import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,8 @@ from trtkv.checkpoints import (
     read_model_facts,
     stored_weight_bytes,
 )
+from trtkv.checkpoints.hf_config import MoE
+from trtkv.checkpoints.serving_memory import model_config_path
 from trtkv.core.errors import RecipeError
 from trtkv.kvcache.formats import KVFormat
 from trtkv.platform.hardware import GPU
@@ -30,9 +31,10 @@ from trtkv.recipe.attention import (
     VLLM_BLOCK_CPU,
     VLLM_BLOCK_GPU,
     layer_formats,
-    sequence_kv_bytes,
 )
 from trtkv.recipe.backend_rules import KV_ACCOUNTING
+from trtkv.recipe.sequence import sequence_kv_bytes
+from trtkv.recipe.state import STATE_DTYPE_BYTES, StateSpec, state_dtypes, state_from_dict
 
 GIB = 1024**3
 PLAN_LENGTHS = (4096, 8192, 16384, 32768, 131072)
@@ -44,8 +46,10 @@ ARCH_FIELDS = ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim", 
                "intermediate_size", "vocab_size", "max_position_embeddings")
 
 
-@dataclass
-class Architecture:
+@dataclass(frozen=True, kw_only=True)
+class ArchitectureFacts:
+    """The architecture's figures, as `plan --json`'s "model" section holds them (PlanModel adds `parameters`)."""
+
     num_layers: int
     num_attention_heads: int
     num_kv_heads: int
@@ -53,11 +57,10 @@ class Architecture:
     hidden_size: int
     intermediate_size: int | None = None
     vocab_size: int | None = None
-    num_parameters: float | None = None
+    num_parameters: float | None = None  # the recipe's model.num_parameters
     max_position_embeddings: int | None = None
     tie_word_embeddings: bool = False
-    source: str = "recipe"
-    layers: tuple[LayerAttention, ...] = ()  # empty: every layer full attention
+    source: str = "recipe"  # "recipe", or "model config <path of config.json>"
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
     sparse_mla: bool = False
@@ -67,14 +70,34 @@ class Architecture:
     counted_embedding: float | None = None
     expert_parameters: float = 0.0
     stored_weights_bytes: float | None = None  # a pre-quantized checkpoint, as stored
-    config_notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Architecture(ArchitectureFacts):
+    """What the planner plans: the figures, each layer's attention and what reading the config noted."""
+
+    layers: tuple[LayerAttention, ...] = ()  # empty: every layer full attention
+    config_notes: tuple[str, ...] = ()
+    state: StateSpec | None = None  # the fixed state of each linear / mamba layer (trtkv.recipe.state)
+    state_dtypes: tuple[str, str] = ("bfloat16", "bfloat16")  # conv, recurrent: as the recipe's engine resolves them
+    state_dtype_source: str = ""
+    model_type: str = ""
+    moe: MoE | None = None  # routed experts (activation memory: trtkv.plan.engine_pool)
 
     def layer_list(self) -> tuple[LayerAttention, ...]:
         return self.layers or (LayerAttention(AttentionKind.FULL),) * self.num_layers
 
-    def kv_shape(self) -> KVShape:
+    def state_layer_kind(self) -> AttentionKind | None:
+        return next((x.kind for x in self.layer_list() if x.is_state), None)
+
+    def kv_shape(self, with_state: bool = True) -> KVShape:
+        """The KV geometry and (unless `with_state` is false: per-token figures) the state layers' fixed state."""
         latent = (self.kv_lora_rank + (self.qk_rope_head_dim or 0)) if self.kv_lora_rank else None
-        return KVShape(self.num_kv_heads, self.head_dim, mla_latent=latent, sparse_mla=self.sparse_mla)
+        kind = self.state_layer_kind()
+        states = ((kind, self.state),) if kind is not None and self.state is not None and with_state else ()
+        elem = (float(STATE_DTYPE_BYTES[self.state_dtypes[0]]), float(STATE_DTYPE_BYTES[self.state_dtypes[1]]))
+        return KVShape(self.num_kv_heads, self.head_dim, mla_latent=latent, sparse_mla=self.sparse_mla,
+                       states=states, state_bytes=elem)
 
     def uniform_full(self) -> bool:
         return all(x.kind is AttentionKind.FULL for x in self.layer_list())
@@ -111,21 +134,6 @@ def _config_facts(f: ModelFacts) -> dict[str, Any]:
     return {k: v for k, v in facts.items() if v is not None}
 
 
-def model_config_path(recipe: Recipe) -> Path | None:
-    """config.json of the recipe's model when it is on this machine (local folder or converted package)."""
-    source = recipe.model.source
-    if source.startswith("packaged:"):
-        from trtkv.checkpoints.models import packaged_model_dir  # light import: paths only
-
-        folder = packaged_model_dir(source.split(":", 1)[1])
-    else:
-        folder = Path(source).expanduser()
-        if not folder.is_absolute() and recipe.path is not None:
-            folder = recipe.path.parent / folder
-    cfg = folder / "config.json"
-    return cfg if cfg.is_file() else None
-
-
 def resolve_architecture(recipe: Recipe) -> Architecture:
     """Architecture facts from the model config when present, else the recipe; they must agree."""
     m = recipe.model
@@ -136,6 +144,8 @@ def resolve_architecture(recipe: Recipe) -> Architecture:
     given_layers = parse_layers(m.attention_layers) if m.attention_layers else ()
     if given_layers:
         extra.update(layers=given_layers, attention_source=m.attention_source or "recipe model.attention_layers")
+    if m.state_layers:
+        extra["state"] = state_from_dict(m.state_layers)
     cfg_path = model_config_path(recipe)
     if cfg_path is not None:
         f = read_model_facts(cfg_path)
@@ -145,6 +155,9 @@ def resolve_architecture(recipe: Recipe) -> Architecture:
         if given_layers and given_layers != f.layers:
             clashes.append(f"model.attention_layers: recipe says {compact_layers(given_layers)}, {cfg_path} says "
                            f"{compact_layers(f.layers)} ({f.attention_source})")
+        if m.state_layers and f.state is not None and state_from_dict(m.state_layers) != \
+                state_from_dict(f.state.to_dict()):
+            clashes.append(f"model.state_layers: recipe says {m.state_layers}, {cfg_path} says {f.state.to_dict()}")
         if clashes:
             raise RecipeError([f"{recipe.path}: {c}. Next: remove the field from the recipe or fix it." for c in clashes],
                               header="Recipe disagrees with the model config")
@@ -154,8 +167,9 @@ def resolve_architecture(recipe: Recipe) -> Architecture:
         extra.update(tie_word_embeddings=f.tie_word_embeddings, layers=f.layers, sparse_mla=f.sparse_mla,
                      attention_source=f"{cfg_path.name} {f.attention_source}", sinks=f.sinks,
                      counted_embedding=count.embedding, expert_parameters=count.experts,
-                     stored_weights_bytes=stored_weight_bytes(f, count, dtype_bytes), config_notes=list(f.notes))
-        if f.moe is not None or f.kv_lora_rank or f.quant is not None:
+                     stored_weights_bytes=stored_weight_bytes(f, count, dtype_bytes), config_notes=tuple(f.notes),
+                     state=f.state, model_type=f.model_type, moe=f.moe)
+        if f.moe is not None or f.kv_lora_rank or f.quant is not None or f.state is not None:
             extra["counted_parameters"] = count.total  # the Llama-style estimate does not fit these
         source = f"model config {cfg_path}"
     elif m.checkpoint_weights_gib:
@@ -167,52 +181,178 @@ def resolve_architecture(recipe: Recipe) -> Architecture:
              f"Next: add it to the recipe's model section." for k in missing],
             header="Architecture unknown",
         )
-    return Architecture(**facts, **extra, num_parameters=m.num_parameters, source=source)
+    arch = Architecture(**facts, **extra, num_parameters=m.num_parameters, source=source)
+    if arch.state_layer_kind() is not None and arch.state is None:
+        raise RecipeError([f"{recipe.path}: model.state_layers: model.attention_layers lists linear/mamba layers, "
+                           f"whose fixed state per sequence needs its shape. Next: `trtkv init` writes it from the "
+                           f"model's config.json, or put the model's config.json on this machine."],
+                          header="Architecture unknown")
+    if arch.state is None:
+        return arch
+    vllm = KV_ACCOUNTING[recipe.build.backend] is Accounting.VLLM  # vLLM's defaults for `auto`
+    conv, ssm, why = state_dtypes(m.dtype.value, recipe.build.mamba_cache_dtype, recipe.build.mamba_ssm_cache_dtype,
+                                  arch.state.kind, arch.model_type, config_ssm_dtype(cfg_path), vllm,
+                                  recipe.hardware.gpu is GPU.CPU)
+    return replace(arch, state_dtypes=(conv, ssm), state_dtype_source=why)
 
 
-@dataclass
+def config_ssm_dtype(cfg_path: Path | None) -> str | None:
+    """The config's own mamba_ssm_cache_dtype (Nemotron-H publishes one; vLLM takes it as its default)."""
+    return read_model_facts(cfg_path).config_ssm_dtype if cfg_path is not None else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanModel(ArchitectureFacts):
+    """`plan --json`'s "model": the architecture's figures and the parameter count every weight figure uses."""
+
+    parameters: float  # Architecture.parameters(): the recipe's count, else counted from the config, else estimated
+
+    @classmethod
+    def of(cls, arch: Architecture) -> PlanModel:
+        return cls(**{f.name: getattr(arch, f.name) for f in fields(ArchitectureFacts)}, parameters=arch.parameters())
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanHardware:
+    """`plan --json`'s "hardware": what the capacity is computed for."""
+
+    gpu: GPU
+    count: int
+    memory_gib: float | None  # per GPU: hardware.memory_gib, else the GPU table's; this host's RAM on cpu
+    hbm_bandwidth_gbps: float | None  # None: no decode bound
+    tp_size: int
+    pp_size: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanTerm:
+    """One figure of the engine's KV-pool rule (bytes per GPU)."""
+
+    name: str  # weights, activation, non_torch, cuda_graphs (vLLM); context, reserve (SGLang); ...
+    bytes: float
+    note: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanKVPool:
+    """`plan --json`'s "kv_pool": the pool the recipe's engine allocates on each GPU, the rule it follows (engine,
+    release, source), the memory flags its served command carries and every term of the rule."""
+
+    engine: str  # the rule: vllm, vllm-cpu, sglang, trtllm (LLM API), tensorrt (engine path), reference
+    version: str  # the engine release whose rule this is (trtkv's pinned one)
+    rule: str
+    source: str  # the engine's files the rule is read from
+    knob: str | None  # the engine's own flag (None: the reference runtime has none)
+    knob_value: float | None
+    knob_is_default: bool  # the recipe left it unset: the engine's default at that release
+    cap_flag: str | None  # --kv-cache-memory-bytes (pins), --max-total-tokens / max_tokens (caps)
+    cap_value: int | None  # bytes (vLLM) or tokens
+    budget_bytes: float  # what the knob hands the rule (util x total, free before loading x fraction, ...)
+    terms: tuple[PlanTerm, ...]
+    available_bytes: float  # the rule's figure before any cap or block rounding
+    pool_bytes: float  # what is allocated: the rule, the cap or the pin, in whole blocks
+    bound: str  # "rule", "cap" or "pin"
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanWeights:
+    """`plan --json`'s "weights"."""
+
+    precision: str  # the recipe's quantization.weights, or "as stored" (a pre-quantized checkpoint priced as stored)
+    total_gib: float
+    per_gpu_gib: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanAttention:
+    """`plan --json`'s "attention": the layers' attention and the engine sizing the capacity follows."""
+
+    layers: tuple[str, ...]  # one label per layer ("full", "sliding:4096", ...)
+    summary: str
+    source: str
+    mla_latent_elements: int | None
+    sinks: str | None
+    accounting: str  # the engine's sizing (ACCOUNTING_TEXT / SGLANG_ACCOUNTING_TEXT)
+    max_num_batched_tokens: int
+    vllm_block_size: int
+    vllm_hybrid_manager: bool
+    kv_layers: int  # layers holding a KV cache of their own (not a state layer, not `none`)
+    state: PlanState | None = None  # a hybrid's linear / mamba layers
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanState:
+    """`plan --json`'s "attention.state": the fixed per-sequence state of a hybrid's linear / mamba layers."""
+
+    kind: str  # trtkv.recipe.state.StateKind: gated_deltanet, mamba2, mamba1
+    layers: int
+    conv_dtype: str
+    recurrent_dtype: str
+    dtype_source: str  # why these dtypes: the recipe's build.mamba_*_cache_dtype or the engine's default
+    bytes_per_layer: float  # one sequence, one layer, all GPUs
+    bytes_per_sequence: float  # one sequence, every state layer, all GPUs
+    bytes_per_sequence_per_gpu: float  # on the fullest GPU (TP splits heads and conv channels)
+    vllm_attention_block: int  # the attention block vLLM aligns to the state page (tokens)
+    source: str  # the config fields the shape came from
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanExample:
+    """KV memory of `batch` sequences of `context_len` tokens in each format; in JSON, `<format>_gib` keys."""
+
+    context_len: int
+    batch: int
+    kv_gib: dict[str, float]  # format label -> GiB (all GPUs), in the order of Plan.formats
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"context_len": self.context_len, "batch": self.batch, **{f"{k}_gib": v for k, v in self.kv_gib.items()}}
+
+
+@dataclass(frozen=True, kw_only=True)
 class FormatCapacity:
-    format: str
+    """One KV format's row of the plan (the recipe's own, mixed or named, first)."""
+
+    format: str  # a KVFormat value, or the recipe's label (fp8_attn_head, a format with kv_skip_layers)
     bytes_per_token: float  # every layer holding the token (short contexts)
     bytes_per_token_per_gpu: float
     tokens_per_gpu_budget: int
     max_sequences: dict[int, int]
     kv_gib_at_max_batch: dict[int, float]
-    decode_step_ms: dict[int, float]  # at each length, batch = min(max_batch_size, what fits)
-    accounting: str = ACCOUNTING_TEXT[Accounting.EXACT]  # which engine's sizing the capacity follows
-    per_sequence_kv_bytes: dict[int, float] = field(default_factory=dict)  # one sequence, all GPUs, this accounting
-    per_sequence_kv_bytes_per_gpu: dict[int, float] = field(default_factory=dict)
-    per_sequence_kv_bytes_by_accounting: dict[str, dict[int, float]] = field(default_factory=dict)
-    tokens_fit: dict[int, int] = field(default_factory=dict)  # max_sequences x length, per GPU
-    bytes_by_attention: dict[int, dict[str, float]] = field(default_factory=dict)  # exact, per layer type
+    decode_step_ms: dict[int, float]  # at each length, batch = min(max_batch_size, what fits); empty: no bandwidth
+    accounting: str  # which engine's sizing the capacity follows
+    per_sequence_kv_bytes: dict[int, float]  # one sequence, all GPUs, this accounting
+    per_sequence_kv_bytes_per_gpu: dict[int, float]
+    per_sequence_kv_bytes_by_accounting: dict[str, dict[int, float]]
+    tokens_fit: dict[int, int]  # max_sequences x length, per GPU
+    bytes_by_attention: dict[int, dict[str, float]]  # exact, per layer type
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class Plan:
+    """What `trtkv plan` returns and `plan --json` prints (keys in this order)."""
+
     recipe: str
-    model: dict[str, Any]
-    hardware: dict[str, Any]
-    weights: dict[str, Any]
-    kv_budget_gib_per_gpu: float
+    model: PlanModel
+    hardware: PlanHardware
+    weights: PlanWeights
+    kv_pool: PlanKVPool
+    kv_pool_bytes_per_gpu: float  # = kv_pool.pool_bytes: the pool the token and sequence counts below divide
+    kv_budget_gib_per_gpu: float  # the same pool in GiB (the name plan --json had before the engine rules)
     recipe_kv_format: str
     lengths: list[int]
     formats: list[FormatCapacity]
-    examples: list[dict[str, Any]]
+    examples: list[PlanExample]
     advice: list[str]
     advice_basis: str
-    notes: list[str] = field(default_factory=list)
-    attention: dict[str, Any] = field(default_factory=dict)
+    notes: list[str]
+    attention: PlanAttention
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "examples": [e.to_dict() for e in self.examples]}
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
-
-
-def host_memory_gib() -> float | None:
-    """Total RAM of this machine (the CPU recipe's 'device' memory)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
-    except (ValueError, OSError, AttributeError):
-        return None
+        return json.dumps(self.to_dict(), indent=2)
 
 
 def kv_format_for_recipe(recipe: Recipe) -> KVFormat:
@@ -224,13 +364,15 @@ def per_gpu_bytes_per_token(arch: Architecture, fmt: KVFormat, tp: int, pp: int,
                             skip: tuple[int | str, ...] = (), skip_fmt: KVFormat = KVFormat.BF16) -> float:
     """The fullest GPU's bytes per token with every layer holding it: its pipeline stage's layers (those in `skip`
     stored in `skip_fmt`) x its share of the KV heads (an MLA latent whole)."""
-    return seq_bytes(arch, layer_formats(arch.layer_list(), fmt, skip, skip_fmt), 1, tp, pp)
+    return seq_bytes(arch, layer_formats(arch.layer_list(), fmt, skip, skip_fmt), 1, tp, pp, with_state=False)
 
 
 def seq_bytes(arch: Architecture, fmts: list[KVFormat], context: int, tp: int = 1, pp: int = 1,
-         accounting: Accounting = Accounting.EXACT, batched_tokens: int = 8192, block: int = VLLM_BLOCK_GPU) -> float:
-    return sequence_kv_bytes(arch.layer_list(), arch.kv_shape(), fmts, context, tp, pp, accounting, batched_tokens,
-                             block)
+              accounting: Accounting = Accounting.EXACT, batched_tokens: int = 8192, block: int = VLLM_BLOCK_GPU,
+              with_state: bool = True) -> float:
+    """One sequence's bytes (KV and, `with_state`, the state layers' fixed state) on the fullest GPU."""
+    return sequence_kv_bytes(arch.layer_list(), arch.kv_shape(with_state), fmts, context, tp, pp, accounting,
+                             batched_tokens, block)
 
 
 def weights_bytes(arch: Architecture, recipe: Recipe) -> tuple[float, float]:

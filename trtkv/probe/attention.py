@@ -20,21 +20,20 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trtkv.core.errors import TrtkvError
-from trtkv.kvcache.attention_modes import AUTO, CACHE_ONLY, SM_OF_ARCH, AttentionMode, load_attention, select_mode
+from trtkv.kvcache.attention_modes import AUTO, CACHE_ONLY, AttentionMode, load_attention, select_mode
 from trtkv.kvcache.quant import FormatChoice
 
 if TYPE_CHECKING:
+    from trtkv.platform.hardware import GPU
     from trtkv.recipe import Recipe
 
-def gpu_sm(gpu: Any) -> tuple[int, int] | None:
-    """A recipe GPU's compute capability (GPUSpec.sm where the GPU table has it, else from its architecture); None
-    for the CPU."""
-    from trtkv.platform.hardware import GPU, GPU_SPECS
 
-    if gpu is GPU.CPU or gpu not in GPU_SPECS:
-        return None
-    spec = GPU_SPECS[gpu]
-    return getattr(spec, "sm", None) or SM_OF_ARCH.get(spec.arch)
+def gpu_sm(gpu: GPU) -> tuple[int, int] | None:
+    """A recipe GPU's compute capability (the GPU table's GPUSpec.sm); None for the CPU."""
+    from trtkv.platform.hardware import GPU_SPECS
+
+    spec = GPU_SPECS.get(gpu)
+    return spec.sm if spec is not None else None
 
 
 def recipe_mode(recipe: Recipe) -> tuple[str, str]:

@@ -231,8 +231,11 @@ def recipe_config(recipe: Recipe) -> Any:
 
 
 def recipe_capacities(recipe: Recipe) -> tuple[dict[str, float], float]:
-    """({device: bytes}, per-GPU runtime reserve) of the recipe's hardware: hardware.count GPUs of the recipe's GPU
-    (hardware.memory_gib when given), hardware.activation_reserve_gib kept on each; the CPU recipe: host memory."""
+    """({device: bytes}, per-GPU reserve) of the recipe's hardware: hardware.count GPUs of the recipe's GPU
+    (hardware.memory_gib when given), each keeping the CUDA context and torch's own allocations that a run on the GPU
+    finds already taken when it reads the free memory (trtkv.plan.engine_memory_others.CUDA_CONTEXT_GIB, the
+    engine-independent process figure; one process, no NCCL); the CPU recipe: host memory."""
+    from trtkv.plan.engine_memory_others import CUDA_CONTEXT_GIB
     from trtkv.platform.hardware import GPU, GPU_SPECS
     from trtkv.platform.host import host_memory_bytes
 
@@ -240,7 +243,7 @@ def recipe_capacities(recipe: Recipe) -> tuple[dict[str, float], float]:
     if hw.gpu is GPU.CPU:
         return {"cpu": host_memory_bytes() or 0.0}, 0.0
     per_gpu = (hw.memory_gib or GPU_SPECS[hw.gpu].memory_gib) * GIB
-    return {f"cuda:{i}": per_gpu for i in range(hw.count)}, hw.activation_reserve_gib * GIB
+    return {f"cuda:{i}": per_gpu for i in range(hw.count)}, CUDA_CONTEXT_GIB * GIB
 
 
 def dry_run(recipe: Recipe, settings: Any) -> tuple[Placement, list[str]]:

@@ -153,7 +153,7 @@ def write_outputs(out: Path, doc: dict, stats_markdown: str | None, curves: dict
     doc["plots"] = [p.name for p in plots]
     ProbeDoc.model_validate(doc).save(out)
     (out / "probe.md").write_text(render_markdown(doc, stats_markdown, plots))
-    Manifest(stage="probe", recipe=doc.get("recipe"), wall_seconds=doc.get("seconds"), model=doc.get("model"),
+    Manifest(stage="probe", recipe=doc.get("recipe"), key=None, wall_seconds=doc.get("seconds"), model=doc.get("model"),
              settings=doc.get("settings"), scales_source=(doc.get("scales") or {}).get("source"),
              versions=doc.get("versions")).save(out)
 

@@ -1,9 +1,12 @@
 """Per-layer attention facts and the KV bytes each layer keeps: the one place that knows what a layer type costs.
 
 A layer is `full` (keeps every token), `sliding:W` (the last W tokens), `chunked:C` (the tokens of its current chunk
-of C, Llama 4's local attention) or `mla` (one compressed latent of kv_lora_rank + qk_rope_head_dim elements per
-token, K and V in one, DeepSeek-V2/V3 and Kimi-K2). Two accountings: `exact` (what the layer holds, TensorRT-LLM's
-per-layer attention windows) and `vllm` (what vLLM allocates, `vllm/v1/kv_cache_interface.py`).
+of C, Llama 4's local attention), `mla` (one compressed latent of kv_lora_rank + qk_rope_head_dim elements per
+token, K and V in one, DeepSeek-V2/V3 and Kimi-K2), `linear` (Gated DeltaNet: a fixed recurrent state per sequence,
+trtkv.recipe.state), `mamba` (a Mamba-1/2 state per sequence) or `none` (no cache of its own: an MLP/MoE-only layer,
+or a layer reading an earlier layer's KV). An attention layer whose heads differ from the model's (Gemma 4's global
+layers) carries them: `full@4x512` is 4 KV heads of dim 512. Two accountings: `exact` (what the layer holds,
+TensorRT-LLM's per-layer attention windows and state slots) and `vllm` (what vLLM allocates, trtkv.recipe.vllm_pool).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from enum import Enum
 from typing import TypeVar
 
 from trtkv.kvcache.formats import KVFormat, bytes_per_element
+from trtkv.recipe.state import StateSpec
 
 # vLLM's fp8_ds_mla page: 512 FP8 latent values, 4 float32 scales, 64 bf16 RoPE values = 656 bytes per token per
 # layer (`MLAAttentionSpec.real_page_size_bytes`); used on the sparse FlashMLA path (DeepSeek-V3.2, `index_topk`).
@@ -31,6 +35,12 @@ class AttentionKind(str, Enum):
     SLIDING = "sliding"
     CHUNKED = "chunked"
     MLA = "mla"
+    LINEAR = "linear"  # Gated DeltaNet linear attention: fixed state per sequence
+    MAMBA = "mamba"  # Mamba-1/2 state-space layer: fixed state per sequence
+    NONE = "none"  # no cache of its own (MLP/MoE-only layer, or KV shared with an earlier layer)
+
+
+STATE_KINDS = (AttentionKind.LINEAR, AttentionKind.MAMBA)
 
 
 class Accounting(str, Enum):
@@ -42,59 +52,88 @@ ACCOUNTING_TEXT = {
     Accounting.EXACT: "exact per-layer windows (TensorRT-LLM)",
     Accounting.VLLM: "vLLM allocation (blocks; sliding: window - 1 + max_num_batched_tokens; hybrid groups padded)",
 }
-LABEL_RE = re.compile(r"^(full|mla|(sliding|chunked):([1-9][0-9]*))(\*([1-9][0-9]*))?$")
+LABEL_RE = re.compile(r"^(full|mla|linear|mamba|none|(sliding|chunked):([1-9][0-9]*))(@([1-9][0-9]*)x([1-9][0-9]*))?"
+                      r"(\*([1-9][0-9]*))?$")
 
 
 @dataclass(frozen=True)
 class LayerAttention:
     kind: AttentionKind
     window: int | None = None  # sliding window or chunk size, in tokens
+    kv_heads: int | None = None  # this layer's KV heads and head dim when they differ from the model's (Gemma 4)
+    head_dim: int | None = None
 
     @property
     def label(self) -> str:
-        return f"{self.kind.value}:{self.window}" if self.window else self.kind.value
+        base = f"{self.kind.value}:{self.window}" if self.window else self.kind.value
+        return f"{base}@{self.kv_heads}x{self.head_dim}" if self.kv_heads and self.head_dim else base
+
+    @property
+    def is_state(self) -> bool:
+        return self.kind in STATE_KINDS
 
     def tokens_held(self, context: int) -> int:
-        """Tokens of a `context`-token sequence this layer keeps (the worst position for a chunked layer)."""
+        """Tokens of a `context`-token sequence this layer keeps (the worst position for a chunked layer); 0 for a
+        state layer (its state does not grow) or a layer without a cache."""
+        if self.is_state or self.kind is AttentionKind.NONE:
+            return 0
         return min(context, self.window) if self.window else context
 
 
 @dataclass(frozen=True)
 class KVShape:
-    """What one token costs in one layer: KV heads x (K + V head dims), or an MLA latent, whole on every TP rank."""
+    """What one token costs in one layer (KV heads x (K + V head dims), or an MLA latent, whole on every TP rank),
+    and what one sequence's state costs in a state layer (`states`, in `state_bytes` per conv / recurrent element)."""
 
     num_kv_heads: int
     head_dim: int
     v_head_dim: int | None = None  # when V's head dim differs from K's
     mla_latent: int | None = None  # kv_lora_rank + qk_rope_head_dim
     sparse_mla: bool = False  # DeepSeek-V3.2's sparse attention: vLLM stores fp8 as fp8_ds_mla
+    states: tuple[tuple[AttentionKind, StateSpec], ...] = ()
+    state_bytes: tuple[float, float] = (2.0, 2.0)  # conv, recurrent element bytes (an engine setting)
 
-    def elements_per_token(self, tp: int = 1) -> int:
+    def elements_per_token(self, tp: int = 1, layer: LayerAttention | None = None) -> int:
         if self.mla_latent:
             return self.mla_latent  # one latent per token, no separate V; not split by TP
-        return math.ceil(self.num_kv_heads / tp) * (self.head_dim + (self.v_head_dim or self.head_dim))
+        heads = layer.kv_heads if layer is not None and layer.kv_heads else self.num_kv_heads
+        dim = layer.head_dim if layer is not None and layer.head_dim else self.head_dim
+        v_dim = dim if layer is not None and layer.head_dim else (self.v_head_dim or dim)
+        return math.ceil(heads / tp) * (dim + v_dim)
 
     def bytes_per_token(self, layer: LayerAttention, fmt: KVFormat, tp: int = 1, accounting: Accounting =
                         Accounting.EXACT) -> float:
+        if layer.is_state or layer.kind is AttentionKind.NONE:
+            return 0.0
         if layer.kind is AttentionKind.MLA:
             latent = self.mla_latent or 0
             if fmt in (KVFormat.FP8, KVFormat.FP8_SCALE1) and self.sparse_mla and accounting is Accounting.VLLM:
                 return float(FP8_DS_MLA_BYTES)
             return latent * bytes_per_element(fmt, latent)
-        return self.elements_per_token(tp) * bytes_per_element(fmt, self.head_dim)
+        return self.elements_per_token(tp, layer) * bytes_per_element(fmt, layer.head_dim or self.head_dim)
+
+    def state_spec(self, layer: LayerAttention) -> StateSpec | None:
+        return next((spec for kind, spec in self.states if kind is layer.kind), None) if layer.is_state else None
+
+    def sequence_state_bytes(self, layer: LayerAttention, tp: int = 1) -> float:
+        """One sequence's fixed state in `layer` on one TP rank (0 for a layer without state)."""
+        spec = self.state_spec(layer)
+        return spec.bytes(self.state_bytes[0], self.state_bytes[1], tp) if spec else 0.0
 
 
 def parse_layers(entries: Sequence[str]) -> tuple[LayerAttention, ...]:
-    """`["sliding:1024*5", "full"]` -> six layers; ValueError naming the entry otherwise."""
+    """`["sliding:1024*5", "full@4x512"]` -> six layers; ValueError naming the entry otherwise."""
     out: list[LayerAttention] = []
     for entry in entries:
         m = LABEL_RE.match(str(entry).strip())
         if not m:
-            raise ValueError(f"{entry!r} is not a layer: use full, mla, sliding:WINDOW or chunked:CHUNK, optionally "
-                             f"*COUNT (e.g. sliding:1024*5)")
+            raise ValueError(f"{entry!r} is not a layer: use full, mla, linear, mamba, none, sliding:WINDOW or "
+                             f"chunked:CHUNK, optionally @KV_HEADSxHEAD_DIM and *COUNT (e.g. sliding:1024*5, "
+                             f"full@4x512)")
         kind = AttentionKind(m.group(2) or m.group(1))
         window = int(m.group(3)) if m.group(3) else None
-        out += [LayerAttention(kind, window)] * int(m.group(5) or 1)
+        heads, dim = (int(m.group(5)), int(m.group(6))) if m.group(4) else (None, None)
+        out += [LayerAttention(kind, window, heads, dim)] * int(m.group(8) or 1)
     return tuple(out)
 
 
@@ -164,29 +203,14 @@ def stages(num_layers: int, pp: int) -> list[range]:
     return [range(s * per_stage, min(num_layers, (s + 1) * per_stage)) for s in range(pp)]
 
 
-def sequence_kv_bytes(layers: Sequence[LayerAttention], shape: KVShape, fmts: Sequence[KVFormat], context: int,
-                      tp: int = 1, pp: int = 1, accounting: Accounting = Accounting.EXACT, batched_tokens: int = 8192,
-                      block: int = VLLM_BLOCK_GPU, hybrid: bool | None = None) -> float:
-    """KV one `context`-token sequence keeps on the fullest GPU (tp=pp=1: in all), per the engine's accounting
-    (`hybrid` forces vLLM's hybrid manager on or off; by default it follows vLLM's default for these layers)."""
-    hybrid = vllm_hybrid_on(layers) if hybrid is None else hybrid
-    worst = 0.0
-    for stage in stages(len(layers), pp):
-        if accounting is Accounting.EXACT:
-            total = sum(layers[i].tokens_held(context) * shape.bytes_per_token(layers[i], fmts[i], tp) for i in stage)
-        else:
-            keys = [(vllm_layer(layers[i], hybrid), fmts[i]) for i in stage]
-            total = sum(n * vllm_tokens(layer, context, batched_tokens, block, hybrid)
-                        * shape.bytes_per_token(layer, fmt, tp, Accounting.VLLM)
-                        for (layer, fmt), n in vllm_padded_counts(keys).items())
-        worst = max(worst, total)
-    return worst
-
-
 def bytes_by_attention(layers: Sequence[LayerAttention], shape: KVShape, fmts: Sequence[KVFormat],
                        context: int) -> dict[str, float]:
-    """Exact KV of one sequence at `context`, per layer type (`sliding:1024`, `full`, ...): the advice's shares."""
+    """Exact KV of one sequence at `context`, per layer type (`sliding:1024`, `full`, `linear` ...): the advice's
+    shares (a state layer's fixed state counted under its kind)."""
     out: dict[str, float] = {}
     for layer, fmt in zip(layers, fmts, strict=True):
-        out[layer.label] = out.get(layer.label, 0.0) + layer.tokens_held(context) * shape.bytes_per_token(layer, fmt)
+        if layer.kind is AttentionKind.NONE:
+            continue
+        out[layer.label] = out.get(layer.label, 0.0) + layer.tokens_held(context) * shape.bytes_per_token(layer, fmt) \
+            + shape.sequence_state_bytes(layer)
     return out

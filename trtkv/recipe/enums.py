@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from enum import Enum
+from typing import Literal
 
 # ---------------------------------------------------------------------------------------------
 # Enums: the one source of truth for every choice (schema, CLI help and docs read these).
@@ -119,3 +120,6 @@ SLO_PATTERN = re.compile(r"^(?P<metric>[a-z_]+)\.(?P<stat>[a-z0-9_]+)\s*(?P<op><
 # Backends (values) whose Triton model returns no per-token log-probs, only a cumulative one
 # (trtkv.bench.fidelity_served): the fidelity task is a default there only over the OpenAI protocol
 NO_TOKEN_LOG_PROBS_ON_TRITON = ("llmapi",)
+
+
+StateDtype = Literal["auto", "float32", "bfloat16", "float16"]  # vLLM's MambaDType (vllm/config/cache.py)

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from trtkv.core import paths
 from trtkv.core.errors import RecipeError
+from trtkv.recipe.limits import RANGES
 from trtkv.recipe.names import (
     RECIPE_NAME_RE,
     RECIPE_NAME_RULE,
@@ -111,6 +112,7 @@ def find_recipe(name_or_path: str) -> Path:
 
 
 def _did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`; did you mean 'kv_cache'?` (a full sentence end: callers add no period after it), or ""."""
     close = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
 
@@ -213,7 +215,8 @@ def _load_tree(path: Path, chain: tuple[Path, ...], budget: list[int]) -> tuple[
 
 def parse_override(text: str) -> tuple[list[str], Any]:
     """`build.max_batch_size=16` -> (["build", "max_batch_size"], 16); the value is read as YAML, under the file rules
-    (size, nesting, aliases, duplicate keys); a value that is not YAML at all stays a string."""
+    (size, nesting, aliases, duplicate keys); a value that is not YAML at all stays a string, and a mapping or list
+    only counts as one in flow style (`{...}`, `[...]`): `triton.host=::` is the text `::`."""
     if "=" not in text:
         raise RecipeError([f"override {text!r:.200}: expected section.key=value, e.g. build.max_batch_size=16."],
                           header="Override not valid")
@@ -236,7 +239,12 @@ def parse_override(text: str) -> tuple[list[str], Any]:
                            f"each key once, without deep nesting or aliases."], header="Override not valid") from None
     except yaml.YAMLError:
         value = raw
+    if isinstance(value, (dict, list)) and not raw.strip().startswith(("{", "[")):
+        value = raw.strip()  # `triton.host=::` is an address, not YAML's block mapping {":": null}
     return parts, value
+
+
+COMMAND_LINE = Path("<command line>")  # the provenance of an override
 
 
 def apply_overrides(data: dict[str, Any], prov: dict[str, Path], overrides: Iterable[str]) -> dict[str, Any]:
@@ -250,7 +258,7 @@ def apply_overrides(data: dict[str, Any], prov: dict[str, Path], overrides: Iter
                 node[part] = child
             node = child
         node[parts[-1]] = value
-        prov[".".join(parts)] = Path("<command line>")
+        prov[".".join(parts)] = COMMAND_LINE
     return data
 
 
@@ -313,7 +321,7 @@ def _format_error(err: Any, prov: dict[str, Path], path: Path) -> str:
         siblings = list(model.model_fields) if model is not None else []
         hint = _did_you_mean(str(loc[-1]), siblings)
         allowed = f" Allowed keys here: {', '.join(siblings)}." if siblings else ""
-        return f"{file}: {dotted}: unknown key{hint}.{allowed}"
+        return f"{file}: {dotted}: unknown key{hint or '.'}{allowed}"
     if kind == "missing":
         return f"{file}: {dotted}: required field is missing. Next: add it (see the recipe reference in docs/recipes.md)."
     enum = _enum_at(loc)
@@ -327,8 +335,19 @@ def _format_error(err: Any, prov: dict[str, Path], path: Path) -> str:
     msg = err["msg"]
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
-    got = "" if isinstance(value, (dict, list)) else f" (got {value!r})"
-    return f"{file}: {dotted}: {msg}{got}."
+    got = "" if isinstance(value, (dict, list)) else f" (got {value!r:.60})"
+    return f"{file}: {dotted}: {msg}{got}{_range_hint(loc, kind)}."
+
+
+def _range_hint(loc: tuple[Any, ...], kind: str) -> str:
+    """For a number outside its range: the range and the largest published value it admits (trtkv.recipe.limits)."""
+    if kind not in ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number"):
+        return ""
+    model = _model_at(loc)
+    field = model.model_fields.get(str(loc[-1])) if model is not None else None
+    extra = field.json_schema_extra if field is not None else None
+    name = extra.get("range") if isinstance(extra, dict) else None
+    return f"; allowed: {RANGES[name].text()}" if isinstance(name, str) and name in RANGES else ""
 
 
 def validate_data(data: dict[str, Any], prov: dict[str, Path], path: Path) -> Recipe:
@@ -337,10 +356,21 @@ def validate_data(data: dict[str, Any], prov: dict[str, Path], path: Path) -> Re
     except ValidationError as exc:
         problems = [_format_error(e, prov, path) for e in exc.errors(include_url=False)]
         raise RecipeError(problems, header=f"Recipe {path.name} is not valid") from None
-    problems = [f"{_where(prov, field, path)}: {field}: {msg}." for field, msg in cross_field_problems(recipe)]
+    overridden = sorted(k for k, v in prov.items() if v == COMMAND_LINE)
+    problems = [f"{_rule_site(prov, field, path, overridden)}: {field}: {msg}."
+                for field, msg in cross_field_problems(recipe)]
     if problems:
         raise RecipeError(problems, header=f"Recipe {path.name} is not valid")
     return recipe
+
+
+def _rule_site(prov: dict[str, Path], field: str, path: Path, overridden: list[str]) -> str:
+    """Where a cross-field rule broke: the field's file, and the command-line overrides when they took part (a rule
+    reported at a field from the file may have been broken by an override of another field)."""
+    file = _where(prov, field, path)
+    if file == COMMAND_LINE or not overridden:
+        return str(file)
+    return f"{file} with the {COMMAND_LINE} overrides of {', '.join(overridden)}"
 
 
 def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = ()) -> Recipe:

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from trtkv.recipe.limits import RANGES
 from trtkv.recipe.schema import Recipe
 
 # ---------------------------------------------------------------------------------------------
@@ -33,9 +34,28 @@ def reference_markdown() -> str:
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             for name, sub in ann.model_fields.items():
                 default = "required" if sub.is_required() else _show_default(sub.default)
-                lines.append(f"| `{section}.{name}` | {_type_name(sub.annotation)} | {default} | {sub.description or ''} |")
+                lines.append(f"| `{section}.{name}` | {_type_name(sub.annotation)}{_range(sub)} | {default} | "
+                             f"{sub.description or ''} |")
         else:
             lines.append(f"| `{section}` | {_type_name(ann)} | {_show_default(field.default)} | {field.description or ''} |")
+    return "\n".join(lines)
+
+
+def _range(field: Any) -> str:
+    """`, 1..1,024` for a field bounded by trtkv.recipe.limits (the table below the reference says why)."""
+    extra = field.json_schema_extra
+    name = extra.get("range") if isinstance(extra, dict) else None
+    if not isinstance(name, str) or name not in RANGES:
+        return ""
+    r = RANGES[name]
+    return f", {r.text().split(' (')[0]}"
+
+
+def limits_markdown() -> str:
+    """The ranges of trtkv.recipe.limits, each with the largest published value it admits."""
+    lines = ["| range | allowed | the largest published value it admits |", "|---|---|---|"]
+    for name, r in RANGES.items():
+        lines.append(f"| `{name}` | {r.text().split(' (')[0]} | {r.largest} |")
     return "\n".join(lines)
 
 

@@ -3,8 +3,8 @@ backend's own rules (trtkv.recipe.backend_rules)."""
 
 from __future__ import annotations
 
-from trtkv.platform.hardware import GPU, GPU_SPECS, gpus_with_arch, gpus_with_fp8
-from trtkv.recipe.backend_rules import BACKEND_RULES, engine_format_problems
+from trtkv.platform.hardware import GPU, GPU_SPECS, gpus_where
+from trtkv.recipe.backend_rules import BACKEND_RULES, engine_format_problems, memory_knob_problems
 from trtkv.recipe.schema import BenchTask, GemmPlugin, KVCacheQuant, Recipe, WeightQuant
 
 
@@ -48,17 +48,7 @@ def cross_field_problems(r: Recipe) -> list[tuple[str, str]]:
         out.append(("build.max_seq_len", f"max_seq_len {b.max_seq_len} exceeds the model's max_position_embeddings "
                                          f"{m.max_position_embeddings}"))
     out += _context_fmha_problems(r)
-    if q.weights is WeightQuant.FP8 and not on_cpu and not GPU_SPECS[hw.gpu].has_fp8:
-        out.append(("quantization.weights", f"FP8 weights need a GPU with FP8 ({', '.join(gpus_with_fp8())}); "
-                                            f"{hw.gpu.value} has none: use int8_sq, int4_awq or none"))
-    if q.kv_cache is KVCacheQuant.FP8 and not on_cpu and not GPU_SPECS[hw.gpu].has_fp8:
-        out.append(("quantization.kv_cache", f"an FP8 KV cache needs a GPU with FP8 ({', '.join(gpus_with_fp8())}); "
-                                             f"on {hw.gpu.value} use int8"))
-    if q.kv_cache is KVCacheQuant.NVFP4 and (on_cpu or GPU_SPECS[hw.gpu].arch != "Blackwell"):
-        out.append(("quantization.kv_cache", f"an NVFP4 KV cache needs a Blackwell GPU (SM100/103: "
-                                             f"{', '.join(gpus_with_arch('Blackwell'))}); hardware.gpu is "
-                                             f"{hw.gpu.value}: use fp8 (or measure nvfp4 on the CPU with "
-                                             f"`trtkv probe RECIPE --formats nvfp4`)"))
+    out += gpu_capability_problems(r)
     if q.kv_skip_layers:
         if q.kv_cache is KVCacheQuant.NONE:
             out.append(("quantization.kv_skip_layers", "layers kept in the model dtype need a quantized KV cache for "
@@ -75,6 +65,7 @@ def cross_field_problems(r: Recipe) -> list[tuple[str, str]]:
         out.append(("build.gemm_plugin", "gemm_plugin fp8 needs quantization.weights: fp8"))
     out += engine_format_problems(r)  # the engine formats, per backend and GPU, from trtkv/data/kv_formats.json
     out += BACKEND_RULES[b.backend](r)
+    out += memory_knob_problems(r)
     for length in r.bench.needle_context_lengths if BenchTask.NEEDLE in r.bench.tasks else []:
         if length > b.max_input_len:
             out.append(("bench.needle_context_lengths", f"{length} exceeds build.max_input_len {b.max_input_len}: "
@@ -90,6 +81,27 @@ def cross_field_problems(r: Recipe) -> list[tuple[str, str]]:
              "triton.metrics_port": r.triton.metrics_port}
     if len(set(ports.values())) != len(ports):
         out.append(("triton.grpc_port", f"HTTP, gRPC and metrics ports must differ, got {sorted(ports.values())}"))
+    return out
+
+
+def gpu_capability_problems(r: Recipe) -> list[tuple[str, str]]:
+    """What the GPU's compute capability rules out (trtkv.platform.hardware's table): FP8 below SM89, an NVFP4 KV
+    cache off SM100/103 (TensorRT-LLM's FP4 attention kernels; SM120 has FP4 GEMMs but not them)."""
+    q, hw, out = r.quantization, r.hardware, []
+    on_cpu = hw.gpu is GPU.CPU
+    spec = None if on_cpu else GPU_SPECS[hw.gpu]
+    where = "" if spec is None else f"{hw.gpu.value} (compute capability {spec.compute_capability})"
+    if q.weights is WeightQuant.FP8 and spec is not None and not spec.has_fp8:
+        out.append(("quantization.weights", f"FP8 weights need FP8 tensor cores (SM89+: {', '.join(gpus_where('fp8'))});"
+                                            f" {where} has none: use int8_sq, int4_awq or none"))
+    if q.kv_cache is KVCacheQuant.FP8 and spec is not None and not spec.has_fp8:
+        out.append(("quantization.kv_cache", f"an FP8 KV cache needs FP8 support (SM89+: {', '.join(gpus_where('fp8'))});"
+                                             f" on {where} use int8"))
+    if q.kv_cache is KVCacheQuant.NVFP4 and (spec is None or not spec.nvfp4_kv):
+        out.append(("quantization.kv_cache", f"an NVFP4 KV cache needs a datacenter Blackwell GPU (SM100/103: "
+                                             f"{', '.join(gpus_where('nvfp4_kv'))}); hardware.gpu is "
+                                             f"{where or hw.gpu.value}: use fp8 (or measure nvfp4 on the CPU with "
+                                             f"`trtkv probe RECIPE --formats nvfp4`)"))
     return out
 
 

@@ -1,20 +1,19 @@
 """The recipe schema: enums (the one source of truth for every choice) and the pydantic sections (extra keys
-forbidden, validators that list the valid values)."""
+forbidden, validators that list the valid values); the section base and quantization live in recipe/sections.py, the
+probe section in recipe/probe_section.py, re-exported here."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from trtkv.core import paths
 from trtkv.kvcache.formats import KVFormat
-from trtkv.kvcache.names import all_format_names
 from trtkv.platform import versions
-from trtkv.platform.hardware import GPU
+from trtkv.platform.hardware import GPU, gpu_from_name, known_gpus
 from trtkv.recipe.enums import (  # noqa: F401 - re-exported: the schema's public face
     BACKEND_ALIASES,
     ENGINE_KV_FORMATS,
@@ -31,17 +30,16 @@ from trtkv.recipe.enums import (  # noqa: F401 - re-exported: the schema's publi
     ModelDtype,
     Protocol,
     SchedulerPolicy,
+    StateDtype,
     WeightQuant,
 )
+from trtkv.recipe.limits import WORD, bounded
 from trtkv.recipe.names import is_ip_or_host_name
+from trtkv.recipe.probe_section import ProbeConfig
+from trtkv.recipe.sections import QuantizationConfig, _Section  # noqa: F401 - re-exported: the schema's public face
 
 # ---------------------------------------------------------------------------------------------
 # Schema
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_enum_values=False, validate_default=True)
-
 
 class ModelConfig(_Section):
     source: str = Field(
@@ -50,25 +48,30 @@ class ModelConfig(_Section):
     )
     architecture: str = Field("llama", description="Model family for the TensorRT-LLM export (e.g. `llama`).")
     dtype: ModelDtype = Field(ModelDtype.BFLOAT16, description="Activation/unquantized dtype.")
-    num_layers: int | None = Field(None, gt=0, description="Decoder layers; read from the model config when absent.")
-    num_attention_heads: int | None = Field(None, gt=0, description="Query heads; read from the model config when absent.")
-    num_kv_heads: int | None = Field(None, gt=0, description="KV heads (GQA); read from the model config when absent.")
-    head_dim: int | None = Field(None, gt=0, description="Channels per head; read from the model config when absent.")
-    hidden_size: int | None = Field(None, gt=0, description="Hidden size; read from the model config when absent.")
-    intermediate_size: int | None = Field(None, gt=0, description="MLP width; used to estimate parameters.")
-    vocab_size: int | None = Field(None, gt=0, description="Vocabulary size; used to estimate parameters.")
-    num_parameters: float | None = Field(None, gt=0, description="Parameter count (e.g. 70.6e9); estimated when absent.")
-    max_position_embeddings: int | None = Field(None, gt=0, description="Longest context the model was trained for.")
+    num_layers: int | None = bounded(None, "layers", description="Decoder layers; read from the model config when absent.")
+    num_attention_heads: int | None = bounded(None, "heads", description="Query heads; read from the model config when absent.")
+    num_kv_heads: int | None = bounded(None, "heads", description="KV heads (GQA); read from the model config when absent.")
+    head_dim: int | None = bounded(None, "head_dim", description="Channels per head; read from the model config when absent.")
+    hidden_size: int | None = bounded(None, "hidden", description="Hidden size; read from the model config when absent.")
+    intermediate_size: int | None = bounded(None, "ffn", gt=0, description="MLP width; used to estimate parameters.")
+    vocab_size: int | None = bounded(None, "vocab", description="Vocabulary size; used to estimate parameters.")
+    num_parameters: float | None = bounded(None, "parameters",
+                                           description="Parameter count (e.g. 70.6e9); estimated when absent.")
+    max_position_embeddings: int | None = bounded(None, "positions", description="Longest context the model was trained for.")
     attention_layers: list[str] | None = Field(
-        None, description="Per-layer attention, in order: `full`, `mla`, `sliding:WINDOW`, `chunked:CHUNK`, each "
-        "optionally `*COUNT` (e.g. `[sliding:1024*5, full]`); read from the model config when absent (all full "
-        "without one). `trtkv init` writes it.")
-    kv_lora_rank: int | None = Field(None, gt=0, description="MLA latent rank (DeepSeek-V2/V3, Kimi-K2): one latent "
-                                     "of kv_lora_rank + qk_rope_head_dim elements per token and layer, no separate V.")
-    qk_rope_head_dim: int | None = Field(None, ge=0, description="MLA: RoPE key channels stored with the latent.")
+        None, description="Per-layer attention, in order: `full`, `mla`, `sliding:WINDOW`, `chunked:CHUNK`, `linear` "
+        "(Gated DeltaNet), `mamba`, `none` (no cache: MLP-only or KV-shared), each optionally `@KV_HEADSxHEAD_DIM` "
+        "(a layer with its own geometry) and `*COUNT` (e.g. `[sliding:1024*5, full]`); read from the model config "
+        "when absent (all full without one). `trtkv init` writes it.")
+    state_layers: dict[str, Any] | None = Field(None, description="Fixed state one sequence keeps in each `linear`/"
+        "`mamba` layer (trtkv.recipe.state.StateSpec: kind, conv_dim, conv_len, rows, ...); `trtkv init` writes it.")
+    kv_lora_rank: int | None = bounded(None, "latent", gt=0, description="MLA latent rank (DeepSeek-V2/V3, Kimi-K2): "
+                                       "one latent of kv_lora_rank + qk_rope_head_dim elements per token and layer, no "
+                                       "separate V.")
+    qk_rope_head_dim: int | None = bounded(None, "latent", description="MLA: RoPE key channels stored with the latent.")
     attention_source: str | None = Field(None, description="Where the attention facts were read (written by "
                                          "`trtkv init`, e.g. `config.json text_config.layer_types`).")
-    checkpoint_weights_gib: float | None = Field(None, gt=0, description="Weights as a pre-quantized checkpoint "
+    checkpoint_weights_gib: float | None = bounded(None, "weights_gib", description="Weights as a pre-quantized checkpoint "
                                                  "stores them (quantization_config), counted by `trtkv init`; planned "
                                                  "when quantization.weights is none.")
 
@@ -79,6 +82,27 @@ class ModelConfig(_Section):
             from trtkv.recipe.attention import parse_layers
 
             parse_layers(value)  # ValueError naming the entry
+        return value
+
+    @field_validator("state_layers")
+    @classmethod
+    def _state_shape(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        from trtkv.recipe.state import state_from_dict
+
+        return value if value is None or state_from_dict(value) else value  # ValueError naming what is wrong
+
+    @field_validator("architecture")
+    @classmethod
+    def _architecture_word(cls, value: str) -> str:  # it lands in the checkpoint config, commands and file names
+        if not WORD.fullmatch(value):
+            raise ValueError("must be a model family name: letters, digits, '_', '-', '.' (1-128), e.g. llama")
+        return value
+
+    @field_validator("attention_source")
+    @classmethod
+    def _one_line(cls, value: str | None) -> str | None:
+        if value is not None and not value.isprintable():
+            raise ValueError("must be one line of printable text")
         return value
 
     @field_validator("source")
@@ -92,52 +116,15 @@ class ModelConfig(_Section):
         return value
 
 
-class QuantizationConfig(_Section):
-    weights: WeightQuant = Field(WeightQuant.NONE, description="Weight quantization (ModelOpt qformat).")
-    kv_cache: KVCacheQuant = Field(
-        KVCacheQuant.FP8,
-        description="KV-cache precision; `fp8_kv_cache`/`int8_kv_cache` are accepted as aliases. fp8/int8/nvfp4 land "
-        "in the checkpoint's `quantization.kv_cache_quant_algo` (trtllm-build has no KV flag); the engine formats "
-        "(fp8_cast, *_per_token_head, turboquant_*, ultraquant_4bit) need no calibrated scales and deploy where "
-        "docs/kv-formats.md gives the backend's engine a row (vLLM: `--kv-cache-dtype` from that table); "
-        "fp8_attn_head is calibrated: one FP8 k/v scale per layer and KV head (vLLM's FlashAttention, SM90/SM100).",
-    )
-    kv_scales: KVScaleStrategy = Field(
-        KVScaleStrategy.STATIC_PER_TENSOR,
-        description="How KV scales are obtained: calibrated per-layer amax (the only strategy so far).",
-    )
-    kv_skip_layers: list[int | Literal["sliding_window"]] = Field(
-        [],
-        description="Layers whose KV stays in the model dtype while the others use `kv_cache` (vLLM "
-        "`--kv-cache-dtype-skip-layers`; TensorRT-LLM has one KV format per checkpoint): indices, and/or "
-        "`sliding_window` (vLLM's word: every sliding-window layer).",
-    )
-
-    @field_validator("kv_skip_layers")
-    @classmethod
-    def _sorted_unique(cls, value: list[int | str]) -> list[int | str]:
-        if len(set(value)) != len(value):
-            raise ValueError(f"layers listed twice: {sorted({str(v) for v in value if value.count(v) > 1})}")
-        indices = sorted(v for v in value if isinstance(v, int))
-        if any(v < 0 for v in indices):
-            raise ValueError(f"layer indices start at 0, got {[v for v in indices if v < 0]}")
-        return [*indices, *(v for v in value if not isinstance(v, int))]
-
-    @field_validator("kv_cache", mode="before")
-    @classmethod
-    def _kv_alias(cls, value: Any) -> Any:
-        return KV_CACHE_ALIASES.get(value, value) if isinstance(value, str) else value
-
-
 class CalibrationConfig(_Section):
     dataset: str = Field(
         "calibration_data/calib/*.jsonl",
         description="`.jsonl` (`{\"text\": ...}`) or `.txt` file, folder or glob; relative paths are from the project root.",
     )
-    num_samples: int = Field(16, gt=0, description="Calibration sequences.")
-    seq_len: int = Field(256, gt=0, description="Tokens per calibration sequence.")
-    batch_size: int = Field(4, gt=0, description="Sequences per forward pass.")
-    seed: int = Field(1234, ge=0, description="Seed for sample selection (same seed, same scales).")
+    num_samples: int = bounded(16, "requests", description="Calibration sequences.")
+    seq_len: int = bounded(256, "positions", description="Tokens per calibration sequence.")
+    batch_size: int = bounded(4, "batch", description="Sequences per forward pass.")
+    seed: int = bounded(1234, "seed", description="Seed for sample selection (same seed, same scales).")
 
 
 class BuildConfig(_Section):
@@ -147,12 +134,12 @@ class BuildConfig(_Section):
         "the HF checkpoint, any TensorRT-LLM; `pytorch` is accepted as an alias), reference (trtkv's CPU runtime), "
         "vllm (vLLM's OpenAI server on the HF checkpoint).",
     )
-    max_batch_size: int = Field(8, gt=0, description="Largest in-flight batch.")
-    max_input_len: int = Field(2048, gt=0, description="Longest prompt in tokens.")
-    max_seq_len: int = Field(4096, gt=0, description="Prompt + generated tokens.")
-    max_num_tokens: int = Field(8192, gt=0, description="Tokens per engine step (packed batch).")
-    tp_size: int = Field(1, gt=0, description="Tensor parallelism.")
-    pp_size: int = Field(1, gt=0, description="Pipeline parallelism.")
+    max_batch_size: int = bounded(8, "batch", description="Largest in-flight batch.")
+    max_input_len: int = bounded(2048, "positions", description="Longest prompt in tokens.")
+    max_seq_len: int = bounded(4096, "positions", description="Prompt + generated tokens.")
+    max_num_tokens: int = bounded(8192, "positions", description="Tokens per engine step (packed batch).")
+    tp_size: int = bounded(1, "gpus", description="Tensor parallelism.")
+    pp_size: int = bounded(1, "gpus", description="Pipeline parallelism.")
     gemm_plugin: GemmPlugin = Field(GemmPlugin.AUTO, description="trtllm-build `--gemm_plugin`.")
     use_paged_context_fmha: bool = Field(
         True,
@@ -165,7 +152,11 @@ class BuildConfig(_Section):
         "are both FP8 (TensorRT-LLM needs both).",
     )
     multiple_profiles: bool = Field(True, description="trtllm-build `--multiple_profiles`.")
-    tokens_per_block: int = Field(32, gt=0, description="Paged KV block size in tokens.")
+    tokens_per_block: int = bounded(32, "positions", description="Paged KV block size in tokens.")
+    mamba_cache_dtype: StateDtype = Field("auto", description="Linear-attention / Mamba conv state dtype (vLLM "
+                                          "--mamba-cache-dtype; auto: the model dtype).")
+    mamba_ssm_cache_dtype: StateDtype = Field("auto", description="Recurrent state dtype (vLLM --mamba-ssm-cache-dtype;"
+                                              " auto: the engine's default, trtkv.recipe.state.state_dtypes).")
     tensorrt_llm_version: str = Field(
         versions.DEFAULT_TRTLLM,
         description="TensorRT-LLM release that builds and serves the engine; picks the Triton image from trtkv's "
@@ -192,14 +183,34 @@ class BuildConfig(_Section):
 
 class HardwareConfig(_Section):
     gpu: GPU = Field(GPU.CPU, description="Target accelerator, or `cpu`.")
-    count: int = Field(1, gt=0, description="GPUs used by one model instance (= tp_size x pp_size).")
-    gpus_per_node: int = Field(8, gt=0, description="GPUs in one node; a model instance larger than this spans "
+    count: int = bounded(1, "gpus", description="GPUs used by one model instance (= tp_size x pp_size).")
+    gpus_per_node: int = bounded(8, "gpus", description="GPUs in one node; a model instance larger than this spans "
                                "count / gpus_per_node whole nodes (`trtkv deploy`).")
-    memory_gib: float | None = Field(None, gt=0, description="Override the GPU's memory (GiB).")
-    hbm_bandwidth_gbps: float | None = Field(None, gt=0, description="Override the GPU's memory bandwidth (GB/s).")
-    activation_reserve_gib: float = Field(
-        2.0, ge=0, description="Per-GPU memory kept for activations, CUDA graphs and the runtime."
-    )
+    memory_gib: float | None = bounded(None, "memory_gib", description="Override the GPU's memory (GiB).")
+    hbm_bandwidth_gbps: float | None = bounded(None, "bandwidth_gbps", description="Override the GPU's memory bandwidth (GB/s).")
+    activation_reserve_gib: float | None = Field(None, description="Removed (a value is refused): each engine's own "
+                                                 "memory rule sizes activation and buffers (docs/plan.md).")
+
+    @field_validator("activation_reserve_gib")
+    @classmethod
+    def _reserve_removed(cls, value: float | None) -> float | None:
+        if value is not None:
+            raise ValueError("no longer used: the planner follows each engine's own memory rule (activation from the "
+                             "architecture and the batch limits). Remove it; to keep memory free, lower the engine's "
+                             "knob (triton.gpu_memory_utilization for vllm, triton.mem_fraction_static for sglang, "
+                             "triton.kv_cache_free_gpu_mem_fraction for llmapi/tensorrt) or set "
+                             "triton.kv_pool_gib_per_gpu")
+        return value
+
+    @field_validator("gpu", mode="before")
+    @classmethod
+    def _gpu_by_any_name(cls, value: Any) -> Any:
+        """trtkv's name, nvidia-smi's (`NVIDIA H100 80GB HBM3`) or GPU feature discovery's label value."""
+        if isinstance(value, str) and gpu_from_name(value) is None:
+            raise ValueError(f"unknown GPU {value[:80]!r}: use one of {known_gpus()} (a name as nvidia-smi prints "
+                             f"it, e.g. 'NVIDIA H100 80GB HBM3', works too); for a GPU not listed pick the nearest "
+                             f"and set hardware.memory_gib and hardware.hbm_bandwidth_gbps")
+        return gpu_from_name(value) if isinstance(value, str) else value
 
 
 class TritonConfig(_Section):
@@ -207,17 +218,29 @@ class TritonConfig(_Section):
     http_port: int = Field(8000, gt=0, lt=65536, description="HTTP port.")
     grpc_port: int = Field(8001, gt=0, lt=65536, description="gRPC port.")
     metrics_port: int = Field(8002, gt=0, lt=65536, description="Metrics port.")
-    instance_count: int = Field(1, gt=0, description="Model instances (CPU: one per core is the ceiling).")
+    instance_count: int = bounded(1, "batch", description="Model instances (CPU: one per core is the ceiling).")
     decoupled: bool = Field(True, description="Decoupled model (streaming responses).")
-    kv_cache_free_gpu_mem_fraction: float = Field(
-        0.9, gt=0, le=1, description="Fraction of free GPU memory (after weights) given to the KV cache."
-    )
+    # --- the KV pool: each engine's knob under its own name (None: its default at trtkv's pinned release), as sized
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="vLLM `--gpu-memory-utilization`: the share of the device's total memory vLLM "
+        "may use (weights, activation, CUDA graphs and KV). None: vLLM's default (0.92 in 0.32). vllm only.")
+    mem_fraction_static: float | None = Field(
+        None, gt=0, lt=1, description="SGLang `--mem-fraction-static`: weights + KV pool as a share of the memory "
+        "free before loading. None: SGLang's computed default (0.5.23's rule, shown by `trtkv plan`). sglang only.")
+    kv_cache_free_gpu_mem_fraction: float | None = Field(
+        None, gt=0, le=1, description="TensorRT-LLM: the share of the memory free after weights and the warm-up "
+        "(LLM API) or after the engine and its buffers (engine path) given to the KV cache. None: 0.9 (TensorRT-LLM's "
+        "default). llmapi and tensorrt only.")
+    kv_pool_gib_per_gpu: float | None = bounded(
+        None, "memory_gib", description="KV pool per GPU in GiB: pins it where the engine takes a size (vLLM "
+        "`--kv-cache-memory-bytes`), caps it where the engine only caps (SGLang `--max-total-tokens`, TensorRT-LLM "
+        "`max_tokens`): the plan shows min(rule, cap) and which bound applied.")
     batching_strategy: BatchingStrategy = Field(BatchingStrategy.INFLIGHT_FUSED_BATCHING, description="`gpt_model_type`.")
     batch_scheduler_policy: SchedulerPolicy = Field(SchedulerPolicy.GUARANTEED_NO_EVICT, description="Scheduler.")
     enable_kv_cache_reuse: bool = Field(False, description="Prefix (KV block) reuse.")
     exclude_input_in_output: bool = Field(True, description="Responses carry only generated text.")
-    max_queue_delay_microseconds: int = Field(0, ge=0, description="Dynamic batcher delay.")
-    startup_timeout_s: float = Field(180.0, gt=0, description="How long `trtkv serve` waits for readiness.")
+    max_queue_delay_microseconds: int = bounded(0, "delay_us", description="Dynamic batcher delay.")
+    startup_timeout_s: float = bounded(180.0, "timeout_s", description="How long `trtkv serve` waits for readiness.")
 
     @field_validator("host")
     @classmethod
@@ -234,27 +257,27 @@ class BenchConfig(_Section):
     protocol: Protocol = Field(Protocol.GRPC, description="gRPC streaming, HTTP `generate_stream` (Triton), or "
                                "`openai` (streaming /v1/completions of vLLM, trtllm-serve or Triton's OpenAI frontend).")
     concurrency: list[int] = Field([1, 2, 4], min_length=1, description="Concurrency sweep.")
-    request_rate: float | None = Field(None, gt=0, description="Requests/s (instead of a concurrency sweep).")
-    input_tokens: int = Field(128, gt=0, description="Prompt length in tokens (exact).")
-    output_tokens: int = Field(32, gt=0, description="`max_tokens` per request.")
-    num_requests: int = Field(16, gt=0, description="Measured requests per concurrency level.")
-    warmup_requests: int = Field(2, ge=0, description="Requests sent first and left out of the figures.")
+    request_rate: float | None = bounded(None, "rate", description="Requests/s (instead of a concurrency sweep).")
+    input_tokens: int = bounded(128, "positions", description="Prompt length in tokens (exact).")
+    output_tokens: int = bounded(32, "positions", description="`max_tokens` per request.")
+    num_requests: int = bounded(16, "requests", description="Measured requests per concurrency level.")
+    warmup_requests: int = bounded(2, "requests", ge=0, description="Requests sent first and left out of the figures.")
     tasks: list[BenchTask] = Field(
         [BenchTask.QUIZ, BenchTask.GOLDEN, BenchTask.NEEDLE], description="Accuracy tasks to run (a quantized KV "
         "cache adds `fidelity` when the recipe does not name them)."
     )
-    quiz_items: int = Field(40, gt=0, description="Quiz questions asked.")
-    accuracy_concurrency: int = Field(
-        1, gt=0, description="Requests in flight during the accuracy tasks: 1 makes their figures reproducible on "
+    quiz_items: int = bounded(40, "requests", description="Quiz questions asked.")
+    accuracy_concurrency: int = bounded(
+        1, "batch", description="Requests in flight during the accuracy tasks: 1 makes their figures reproducible on "
                              "engines whose answers depend on the batch (TensorRT-LLM, vLLM by default).")
     needle_context_lengths: list[int] = Field([512], description="Haystack lengths (tokens) for needle retrieval.")
     ruler_lengths: list[int] = Field([4096], description="RULER sequence lengths (tokens: prompt + tokens to generate).")
-    ruler_samples: int = Field(20, gt=0, description="RULER items per task and length (RULER itself uses 500).")
+    ruler_samples: int = bounded(20, "requests", description="RULER items per task and length (RULER itself uses 500).")
     fidelity_lengths: list[int] | None = Field(None, description="Fidelity task context lengths (tokens); None: the "
                                                "probe's lengths up to build.max_input_len.")
-    fidelity_documents: int = Field(4, gt=0, description="Fidelity task: documents per length.")
-    fidelity_tokens: int = Field(16, gt=0, description="Fidelity task: greedy tokens served per document (G).")
-    request_timeout_s: float = Field(120.0, gt=0, description="A request slower than this counts as failed.")
+    fidelity_documents: int = bounded(4, "requests", description="Fidelity task: documents per length.")
+    fidelity_tokens: int = bounded(16, "positions", description="Fidelity task: greedy tokens served per document (G).")
+    request_timeout_s: float = bounded(120.0, "timeout_s", description="A request slower than this counts as failed.")
     thresholds: list[str] = Field(
         [], description="SLOs `metric.stat<=value`, e.g. `time_to_first_token.p99<=500`, `quiz.accuracy>=0.3`."
     )
@@ -275,58 +298,6 @@ class BenchConfig(_Section):
         return values
 
 
-class ProbeConfig(_Section):
-    formats: list[str] = Field(
-        [f.value for f in (KVFormat.BF16, KVFormat.FP8, KVFormat.FP8_SCALE1, KVFormat.INT8, KVFormat.INT8_TOKEN,
-                           KVFormat.INT4_G64, KVFormat.KIVI4, KVFormat.KIVI2)],
-        description="KV formats to compare against the unquantized model: any `trtkv probe --formats` name ("
-                    + ", ".join(all_format_names()) + ").",
-    )
-
-    @field_validator("formats")
-    @classmethod
-    def _known_formats(cls, values: list[str]) -> list[str]:
-        """Probe format names as `trtkv probe --formats` takes them (engine variants such as fp8_attn_head too)."""
-        bad = [v for v in values if v.strip().lower() not in all_format_names()]
-        if bad:
-            raise ValueError(f"{bad[0]!r} is not a probe format; allowed: {', '.join(all_format_names())}")
-        return [v.strip().lower() for v in values]
-    lengths: list[int] = Field([512, 1024, 2048, 4096, 8192], description="Context lengths (tokens).")
-    needle_depths: list[float] = Field([0.1, 0.5, 0.9], description="Relative depths of the hidden passkey.")
-    needle_seeds: int = Field(5, ge=1, description="Needle trials per (depth, length).")
-    attention: str = Field("auto", description="Attention numerics measured besides the stored cache alone "
-                           "(`cache_only`, always measured): `auto` (what the recipe's engine, flags and GPU compute, "
-                           "e.g. FP8 Q and P on Hopper), `cache_only`, or modes separated by commas "
-                           "(docs/kv-formats.md).")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="Probe weights/compute dtype: `auto` = the model's 16-bit dtype on GPUs, float32 on CPU.")
-    prefill_chunk: int | None = Field(None, gt=0, description="Tokens per prefill chunk (None: one pass on the CPU, "
-                                      "2048 on GPUs).")
-    offload: bool = Field(False, description="Layers that do not fit the GPUs go to CPU memory (accelerate offload).")
-
-    @field_validator("attention")
-    @classmethod
-    def _attention_modes(cls, value: str) -> str:
-        """auto, or attention mode names from trtkv/data/kv_formats.json (section attention)."""
-        from trtkv.kvcache.attention_modes import AUTO, mode_names
-
-        names = [v.strip() for v in value.split(",") if v.strip()]
-        allowed = mode_names()
-        if names == [AUTO]:
-            return AUTO
-        bad = [n for n in names if n not in allowed]
-        if bad or not names:
-            raise ValueError(f"{(bad or [value])[0]!r} is not an attention mode; allowed: {AUTO}, {', '.join(allowed)}")
-        return ",".join(names)
-
-    @field_validator("lengths")
-    @classmethod
-    def _positive(cls, values: list[int]) -> list[int]:
-        if any(v <= 0 for v in values):
-            raise ValueError("every entry must be > 0")
-        return values
-
-
 class Recipe(_Section):
     """One deployment: model, quantization, calibration, build, hardware, serving and benchmark settings."""
 
@@ -339,6 +310,14 @@ class Recipe(_Section):
     bench: BenchConfig = BenchConfig()
     probe: ProbeConfig = ProbeConfig()
     description: str = Field("", description="One line shown by `trtkv ls`.")
+
+    @field_validator("description")
+    @classmethod
+    def _printable(cls, value: str) -> str:
+        """One line: it lands in `trtkv ls`, READMEs and reports."""
+        if not value.isprintable():
+            raise ValueError("must be one line of printable text (no line breaks or control characters)")
+        return value
 
     _name: str = PrivateAttr("")
     _path: Path | None = PrivateAttr(None)
@@ -434,11 +413,6 @@ class Recipe(_Section):
             data = {s: _dig(data, s) for s in sections}
         blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()
-
-    def resolve_path(self, value: str) -> Path:
-        """A path from the recipe: absolute as is, else relative to the project root."""
-        p = Path(value).expanduser()
-        return p if p.is_absolute() else paths.project_root() / p
 
 
 def _dig(data: dict[str, Any], dotted: str) -> Any:

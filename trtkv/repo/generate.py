@@ -18,7 +18,7 @@ from typing import Any
 
 from trtkv.backends import RepoLayout, TokenizerSource, for_recipe
 from trtkv.checkpoints import models as model
-from trtkv.contracts.stage import StageResult, manifest_hash, run_stage
+from trtkv.contracts.stage import StageResult, manifest_hash, require_input, run_stage
 from trtkv.core.errors import StageError
 from trtkv.recipe import Recipe, layout
 from trtkv.repo.plan import RepoPlan
@@ -72,6 +72,8 @@ def plan_repo(recipe: Recipe) -> RepoPlan:
     if not (needed / "manifest.json").is_file() and not (needed / "config.json").is_file():
         plan.warnings.append(f"{needed} does not exist yet (written by `trtkv {stage} {recipe.name}`); "
                              f"the repository references it")
+    elif (needed / "manifest.json").is_file():  # it exists: it must be this recipe's (model, weights, KV format)
+        require_input(needed, "repo", stage, recipe)
     return plan
 
 
@@ -149,7 +151,7 @@ def _raw_values(plan: RepoPlan) -> dict[str, str]:
         "kv_cache_dtype": kv_dtype,
         "batching_strategy": t.batching_strategy.value,
         "batch_scheduler_policy": t.batch_scheduler_policy.value,
-        "kv_cache_free_gpu_mem_fraction": str(t.kv_cache_free_gpu_mem_fraction),
+        **_memory_values(r),
         "enable_kv_cache_reuse": flag(t.enable_kv_cache_reuse),
         "enable_chunked_context": flag(r.chunked_context),
         "exclude_input_in_output": flag(t.exclude_input_in_output),
@@ -162,6 +164,17 @@ def _raw_values(plan: RepoPlan) -> dict[str, str]:
         "postprocessing_instance_count": "1" if t.decoupled else str(t.instance_count),
         "vocab_size": str(model_vocab_size(plan) or ""),
     }
+
+
+def _memory_values(r: Recipe) -> dict[str, str]:
+    """The KV-cache memory parameters the plan sized the pool with (the backend's MemoryRule): the free-memory
+    fraction (TensorRT-LLM's default resolved) and max_tokens_in_paged_kv_cache when triton.kv_pool_gib_per_gpu caps."""
+    rule = for_recipe(r).memory
+    knobs = rule.knobs(r) if rule is not None else None
+    value = knobs.value if knobs is not None else None
+    cap = knobs.cap_value if knobs is not None else None
+    return {"kv_cache_free_gpu_mem_fraction": "" if value is None else f"{value:g}",
+            "max_tokens_in_paged_kv_cache": "" if cap is None else str(cap)}
 
 
 def model_vocab_size(plan: RepoPlan) -> int | None:

@@ -68,7 +68,12 @@ def bench_headline(results: dict[str, Any]) -> dict[str, Any]:
                     out[f"{task}.{key}"] = body[key]
                     if body.get(f"{key}_ci") is not None:
                         out[f"{task}.{key}.ci"] = body[f"{key}_ci"]
-    return out
+    return {k: v for k, v in out.items() if k == "level" or _number(v) or (k.endswith(".ci") and isinstance(v, list)
+                                                                          and len(v) == 2 and all(map(_number, v)))}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 ACCURACY_TASKS = ("quiz", "golden", "needle")
@@ -115,7 +120,7 @@ def collect(recipe: Recipe) -> dict[str, Any]:
     cap = next(c for c in p.formats if c.format == fmt)
     data["kv_format"] = fmt
     data["kv_bytes_per_token"] = cap.bytes_per_token
-    data["planner"] = {"hardware": p.hardware["gpu"], "memory_gib": p.hardware["memory_gib"],
+    data["planner"] = {"hardware": p.hardware.gpu.value, "memory_gib": p.hardware.memory_gib,
                        "kv_budget_gib": p.kv_budget_gib_per_gpu, "tokens_fit": cap.tokens_per_gpu_budget,
                        "max_seq_len": recipe.build.max_seq_len,
                        "sequences_at_max_seq_len": cap.max_sequences.get(recipe.build.max_seq_len)}
@@ -138,17 +143,35 @@ def collect(recipe: Recipe) -> dict[str, Any]:
     if results and "bench" in stages and results.wall_seconds is not None:
         stages["bench"]["wall_seconds"] = results.wall_seconds  # the measurement, not just the write
     if bench:
-        data["bench"] = bench_headline(bench)
-        data["bench_passed"] = (bench.get("slo") or {}).get("passed")
+        headline = _shaped(bench_headline, bench)  # a results.json of another shape is left out, as an unreadable one
+        if headline is not None:
+            data["bench"] = headline
+            slo = bench.get("slo")
+            data["bench_passed"] = slo.get("passed") if isinstance(slo, dict) else None
     from trtkv.probe.results import load_probe  # this recipe's probe, else another recipe's on the same model
 
-    probe = load_probe(recipe)
+    probe = _shaped(load_probe, recipe)
     if probe and probe.get("records"):
-        lengths = sorted({r["context_len"] for r in probe["records"]})
-        keep = {lengths[0], lengths[-1]}
-        data["probe"] = [r for r in probe["records"] if r.get("format") == fmt and r["context_len"] in keep]
-        data["probe_source"] = probe.get("recipe")
+        picked = _shaped(_probe_rows, probe["records"], fmt)
+        if picked:
+            data["probe"], data["probe_source"] = picked, probe.get("recipe")
     return data
+
+
+def _probe_rows(records: list[dict[str, Any]], fmt: str) -> list[dict[str, Any]]:
+    """The recipe's format at the shortest and longest probed lengths."""
+    lengths = sorted({r["context_len"] for r in records})
+    keep = {lengths[0], lengths[-1]}
+    return [r for r in records if r.get("format") == fmt and r["context_len"] in keep]
+
+
+def _shaped(read: Callable[..., T], *args: Any) -> T | None:
+    """`read(*args)`, or None when the file it reads has another shape than trtkv writes (a mistyped or hand-edited
+    results.json or probe.json): the report leaves it out, as it leaves out an unreadable file."""
+    try:
+        return read(*args)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, StageError):
+        return None
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
@@ -198,7 +221,7 @@ def write_report(recipe: Recipe, out: Path | None = None) -> Path:
                       f"{_fmt(r.get('top1_agreement'), 3)} | {_fmt(r.get('ppl_delta'), 3)} | "
                       f"{_fmt(r.get('needle_accuracy'), 2)} |")
     (out / "report.md").write_text("\n".join(md) + "\n")
-    Manifest(stage="report", recipe=recipe.name, wall_seconds=round(time.time() - started, 3),
+    Manifest(stage="report", recipe=recipe.name, key=None, wall_seconds=round(time.time() - started, 3),
              inputs=sorted(data.get("stages", {}))).save(out)
     return out
 

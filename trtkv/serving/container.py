@@ -18,6 +18,7 @@ from trtkv.contracts.canary import canary_script, docker_health_args
 from trtkv.contracts.interface import ModelInterface
 from trtkv.core import paths
 from trtkv.core.errors import StageError
+from trtkv.core.files import NotReadable, read_capped
 from trtkv.core.tools import quote
 from trtkv.platform import versions
 from trtkv.recipe import Recipe
@@ -191,8 +192,8 @@ def read_cid(cidfile: str | Path | None) -> str | None:
     if not cidfile:
         return None
     try:
-        cid = Path(cidfile).read_text().strip()
-    except OSError:
+        cid = read_capped(Path(cidfile), 256, "container id file").decode("ascii").strip()
+    except (NotReadable, UnicodeDecodeError):
         return None
     return cid if cid and all(c in "0123456789abcdef" for c in cid) else None
 

@@ -23,6 +23,7 @@ from trtkv.recipe import Recipe
 
 # The runner scripts (trtkv.backends.<name>.generate_job) print the text after this marker line.
 MARKER = "TRTKV_TEXT"
+DEFAULT_MAX_TOKENS = 16  # `trtkv generate --max-tokens` (trtkv.cli.generate.GenerateOptions) and generate()'s default
 
 
 def describe(recipe: Recipe, prompt: str, max_tokens: int, checkpoint: Path | None = None) -> list[str]:
@@ -37,7 +38,7 @@ def describe(recipe: Recipe, prompt: str, max_tokens: int, checkpoint: Path | No
     return [f"TensorRT-LLM runner ({place.kind}: {place.why}):", "  $ " + " ".join(cmd), "runner:", script]
 
 
-def generate(recipe: Recipe, prompt: str, max_tokens: int = 16, *, checkpoint: Path | None = None) -> str:
+def generate(recipe: Recipe, prompt: str, max_tokens: int = DEFAULT_MAX_TOKENS, *, checkpoint: Path | None = None) -> str:
     """The generated text (prompt excluded)."""
     if max_tokens < 1:
         raise StageError(f"--max-tokens {max_tokens}: must be >= 1.")

@@ -20,9 +20,9 @@ from typing import Any
 from trtkv.contracts.artifacts import ServerRecord
 from trtkv.contracts.interface import ENSEMBLE, ModelInterface
 from trtkv.core.apikey import auth_headers
-from trtkv.core.process import is_running
 from trtkv.recipe import Recipe
 from trtkv.recipe.layout import serve_dir
+from trtkv.serving.teardown import claim
 
 
 @dataclass
@@ -147,7 +147,8 @@ def check(recipe: Recipe, canaries: int | None = None, timeout_s: float = 60.0) 
     if server is None:
         return Health("absent", None)
     http = f"http://{server.client_host}:{server.http_port}"
-    checks: dict[str, Any] = {"alive": is_running(server.pid, server.command)}
+    proof = claim(server)  # proven: the recorded start time (trtkv.serving.teardown)
+    checks: dict[str, Any] = {"alive": proof.leader, **({"seen": proof.seen} if proof.seen else {})}
     if not checks["alive"]:
         return Health("down", server, checks)
     frontend = str(server.extra.get("frontend") or "tritonserver")

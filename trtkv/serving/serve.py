@@ -8,9 +8,9 @@ container, one tritonserver per rank under `mpirun` when tp x pp > 1 (what the b
 runs). The server runs in its own session, so `trtkv serve` returns; engines/<recipe>/serve/server.json records
 pid, ports, command, log and the session (id, leader start time, environment marker: trtkv.core.sessions), and `trtkv stop`
 (and a failed or interrupted start, and every supervisor restart) ends the whole session, whether or not its leader
-still runs, then waits until the GPU memory its processes held is free. Through docker the container is named
-`trtkv-<recipe>` and its id recorded (`--cidfile`): stopping runs `docker stop` then `docker rm -f` on that id, since
-killing the `docker run` client alone would leave the container running.
+still runs, then waits until the GPU memory its processes held is free (trtkv.serving.teardown: stop_server, stop).
+Through docker the container is named `trtkv-<recipe>` and its id recorded (`--cidfile`): stopping runs `docker stop`
+then `docker rm -f` on that id, since killing the `docker run` client alone would leave the container running.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from trtkv.backends import for_recipe
 from trtkv.contracts.artifacts import Manifest, ServerRecord
-from trtkv.contracts.stage import require_input, tool_versions
+from trtkv.contracts.stage import require_input, require_made_from, tool_versions
 from trtkv.core import sessions
 from trtkv.core.errors import StageError, ToolError
 from trtkv.core.process import port_in_use, wait_http_ready
@@ -48,13 +48,13 @@ from trtkv.serving.container import (
     trtllm_serve_server,
     with_cidfile,
 )
-from trtkv.serving.teardown import Stopped, end_server, running, session_of
+from trtkv.serving.teardown import STOP_GRACE_S, end_server, refusal, running, stop_server
+from trtkv.serving.teardown import stop as stop  # `trtkv stop` and the chain call serve.stop
 
 # The Triton TensorRT-LLM image comes from trtkv's version matrix (trtkv.platform.versions, data/trtllm_versions.json): the one
 # that ships the TensorRT-LLM the engine was built with (engine manifest), else the recipe's build.tensorrt_llm_version.
 SERVER_JSON = "server.json"
 STUB_FILES = ("libtriton_python.so", "triton_python_backend_utils.py")
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,7 +164,7 @@ def write_server(recipe: Recipe, info: ServerRecord) -> Path:
 
 def write_serve_manifest(recipe: Recipe, info: ServerRecord) -> Path:
     """serve/manifest.json (every stage folder has one): the server started, how and how fast it became ready."""
-    return Manifest(stage="serve", recipe=recipe.name, wall_seconds=info.ready_seconds, backend=info.backend,
+    return Manifest(stage="serve", recipe=recipe.name, key=None, wall_seconds=info.ready_seconds, backend=info.backend,
                     command=info.command, model_repository=info.model_repository, started_at=info.started_at,
                     container=info.container, tool_versions=tool_versions()).save(serve_dir(recipe))
 
@@ -178,10 +178,8 @@ def check_free(recipe: Recipe, log: Callable[[str], None] = print) -> None:
             raise StageError(f"a server for recipe {recipe.name} is already running (pid {info.pid}, "
                              f"{info.http_url}, log {info.log}). Next: use it, or `trtkv stop {recipe.name}` first.")
         left = stop_server(recipe, timeout_s=STOP_GRACE_S, log=log)
-        if left is not None and not left.cleanup.done:
-            raise StageError(f"the last server for {recipe.name} (pid {info.pid}) left processes that could not be "
-                             f"ended: {', '.join(left.cleanup.left)}. Next: end them (see `ps -o pid,stat,cmd -s "
-                             f"{session_of(info).sid}`), then `trtkv serve {recipe.name}` again.")
+        if left is not None and not left.done:
+            raise StageError(f"the last server for {recipe.name} (pid {info.pid}): {refusal(info, left, server_json(recipe))}")
     t = recipe.triton
     for field_name, port in (("http_port", t.http_port), ("grpc_port", t.grpc_port), ("metrics_port", t.metrics_port)):
         if port_in_use(t.host, port):
@@ -240,7 +238,6 @@ def wait_ready(info: ServerRecord, proc: subprocess.Popen[bytes], timeout_s: flo
     raise _failure(f"{name} was not ready after {timeout_s:.0f} s (recipe triton.startup_timeout_s).", info)
 
 
-
 # ---------------------------------------------------------------------------------------------
 # serve / stop
 
@@ -267,6 +264,7 @@ def _start_local(recipe: Recipe, repo: Path, *, dry_run: bool, timeout_s: float 
         return None
     require_input(repo, "serve", "repo", recipe)
     require_input(engine_dir(recipe), "serve", "build", recipe)
+    require_made_from(repo, engine_dir(recipe), "serve", "repo", recipe)
     check_free(recipe, log)
     backends = prepare_backends(recipe)
     cmd = local_command(recipe, repo, backends)
@@ -283,6 +281,7 @@ def _start_gpu(recipe: Recipe, repo: Path, *, dry_run: bool, timeout_s: float | 
         return None
     require_input(repo, "serve", "repo", recipe)
     for_recipe(recipe).serving.require_input(recipe)
+    require_made_from(repo, engine_dir(recipe), "serve", "repo", recipe)
     check_free(recipe, log)
     container = None
     if inside:
@@ -393,9 +392,12 @@ def _launch(recipe: Recipe, cmd: list[str], repo: Path, env: dict[str, str], tim
     try:
         info.ready_seconds = round(wait_ready(info, proc, timeout_s or t.startup_timeout_s), 2)
     except BaseException:  # failed, timed out or interrupted half-way: nothing of this start stays behind
-        end_server(info, STOP_GRACE_S, lambda m: log(m.replace("stop:", "serve:", 1)))
+        ended = end_server(info, STOP_GRACE_S, lambda m: log(m.replace("stop:", "serve:", 1)), out)
         proc.poll()
-        server_json(recipe).unlink(missing_ok=True)
+        if ended.done:  # else the record stays, so `trtkv stop` finds what is left
+            server_json(recipe).unlink(missing_ok=True)
+        else:
+            log(f"serve: {refusal(info, ended, server_json(recipe))}")
         raise
     write_server(recipe, info)
     write_serve_manifest(recipe, info)
@@ -405,44 +407,3 @@ def _launch(recipe: Recipe, cmd: list[str], repo: Path, env: dict[str, str], tim
     log(f"serve: {recipe.name} ready in {info.ready_seconds:.1f} s: {ports} (stop: trtkv stop {recipe.name})")
     return info
 
-
-STOP_GRACE_S = 10.0
-
-
-def stop_server(recipe: Recipe, *, timeout_s: float = 30.0, log: Callable[[str], None] = print) -> Stopped | None:
-    """End the recipe's recorded server and its whole session; None when none is recorded. server.json stays when
-    some process could not be ended (D state, EPERM), so the next stop finds them."""
-    info = read_server(recipe)
-    if info is None:
-        return None
-    result = end_server(info, timeout_s, log)
-    ended = len(result.cleanup.ended)
-    if result.cleanup.done:
-        server_json(recipe).unlink(missing_ok=True)
-        if info.cidfile:
-            Path(info.cidfile).unlink(missing_ok=True)
-    if result.container_done:
-        log(f"stop: {recipe.name} server (container {info.container}, docker run pid {info.pid}) stopped")
-    elif result.was_running:
-        log(f"stop: {recipe.name} server (pid {info.pid}) stopped; cleaned: {ended} processes of its session in "
-            f"{result.cleanup.seconds:g} s")
-    elif ended:
-        log(f"stop: the server for {recipe.name} (pid {info.pid}) had exited, leaving {ended} process(es) of its "
-            f"session; cleaned: {ended} processes")
-    else:
-        log(f"stop: the server for {recipe.name} (pid {info.pid}) had already exited, nothing of its session left; "
-            f"removed {SERVER_JSON}")
-    if not result.cleanup.done:
-        log(f"stop: gave up on {', '.join(result.cleanup.left)}; kept {server_json(recipe)}. Next: `ps -o pid,stat,cmd "
-            f"-s {session_of(info).sid}`; a process in state D waits on the kernel (a device or a mount) — end that, "
-            f"then `trtkv stop {recipe.name}` again.")
-    return result
-
-
-def stop(recipe: Recipe, *, timeout_s: float = 30.0, log: Callable[[str], None] = print) -> bool:
-    """End the recipe's recorded server and every process of its session; False when nothing was running."""
-    result = stop_server(recipe, timeout_s=timeout_s, log=log)
-    if result is None:
-        log(f"stop: no server recorded for {recipe.name} ({server_json(recipe)} does not exist)")
-        return False
-    return result.stopped_something

@@ -34,7 +34,8 @@ from typing import Any
 
 from trtkv.contracts.artifacts import SupervisorRecord
 from trtkv.core import sessions
-from trtkv.core.errors import TrtkvError
+from trtkv.core.errors import StageError, TrtkvError
+from trtkv.core.files import NotReadable, read_json, strict_json
 from trtkv.core.process import is_running
 from trtkv.recipe import Recipe
 from trtkv.recipe.layout import serve_dir
@@ -65,18 +66,27 @@ def read_record(recipe: Recipe) -> SupervisorRecord | None:
         return None
 
 
+EVENTS_TAIL_BYTES = 256 << 10  # the end of events.jsonl that `status` reads (the file only grows)
+
+
 def read_events(recipe: Recipe, last: int = 10) -> list[dict[str, Any]]:
+    """The last events: JSON objects with a string `time` and `event`; any other line (damaged, not UTF-8, not an
+    object) is left out, and only the file's last EVENTS_TAIL_BYTES are read."""
     try:
-        lines = events_path(recipe).read_text().splitlines()
+        with events_path(recipe).open("rb") as fh:
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - EVENTS_TAIL_BYTES))
+            lines = fh.read(EVENTS_TAIL_BYTES).decode("utf-8", errors="replace").splitlines()
     except OSError:
         return []
     out = []
-    for line in lines[-last:]:
+    for line in lines:
         try:
-            out.append(json.loads(line))
+            entry = strict_json(line)
         except ValueError:
             continue
-    return out
+        if isinstance(entry, dict) and isinstance(entry.get("time"), str) and isinstance(entry.get("event"), str):
+            out.append(entry)
+    return out[-last:]
 
 
 def quiet_dir(recipe: Recipe) -> Path:
@@ -88,9 +98,9 @@ def quiet_holders(recipe: Recipe) -> list[dict[str, Any]]:
     holders = []
     for path in sorted(quiet_dir(recipe).glob("*.json")):
         try:
-            holder = json.loads(path.read_text())
+            holder = read_json(path, 4096, "quiet request")
             live = is_running(int(holder["pid"]), list(holder.get("command") or []))
-        except (OSError, ValueError, KeyError, TypeError):
+        except (NotReadable, ValueError, KeyError, TypeError, OverflowError):
             live, holder = False, {}
         if live:
             holders.append(holder)
@@ -124,11 +134,18 @@ def quiet(recipe: Recipe, who: str, address: str | None = None) -> Iterator[bool
         path.unlink(missing_ok=True)
 
 
+SUPERVISOR_MODULE = "trtkv.serving.supervise"
+
+
 def _runs(record: SupervisorRecord) -> bool:
-    """True while the recorded supervisor process runs (same pid, same start time when recorded, same program)."""
-    if record.start_time is not None and sessions.start_time(record.pid) != record.start_time:
+    """True while the recorded supervisor process runs, proven: the same pid and start time; in a record without a
+    start time (older trtkv), the live process's whole command line is the recorded supervisor command."""
+    found = sessions.stat(record.pid)
+    if found is None or found[0] in ("Z", "X"):
         return False
-    return is_running(record.pid, record.command)
+    if record.start_time is not None:
+        return found[2] == record.start_time
+    return SUPERVISOR_MODULE in record.command and sessions.cmdline(record.pid) == record.command
 
 
 def alive(recipe: Recipe) -> SupervisorRecord | None:
@@ -265,10 +282,12 @@ class Supervisor:
             self.event("cleaned", processes=0, note="cleaned: 0 processes (no server recorded)")
             return True
         ended = len(stopped.cleanup.ended)
-        if not stopped.cleanup.done:
-            self.event("cleanup_failed", ended=ended, left=stopped.cleanup.left,
+        if not stopped.done:
+            left = stopped.cleanup.left + [f"pid {p} (not proven the server's)" for p in stopped.doubtful]
+            left += [stopped.container_failed] if stopped.container_failed else []
+            self.event("cleanup_failed", ended=ended, left=left,
                        note="a process in D state waits on the kernel; EPERM: not ours. Not restarting beside it.")
-            self.event("gave_up", cause="the old server's session could not be emptied", left=stopped.cleanup.left)
+            self.event("gave_up", cause="the old server's session could not be emptied", left=left)
             self.save("failed")
             return False
         self.event("cleaned", processes=ended, seconds=stopped.cleanup.seconds, gpu=stopped.gpu_note,
@@ -314,15 +333,20 @@ def stop(recipe: Recipe, timeout_s: float = 30.0, log: Callable[[str], None] = p
     if record is None:
         return False
     pid = record.pid
-    if not _runs(record):
+    if not _runs(record):  # gone, or the pid now runs something else: nothing is signalled
         record_path(recipe).unlink(missing_ok=True)
-        log(f"stop: the supervisor (pid {pid}) was already gone (killed?): its server ran unsupervised; removed "
+        now = "" if sessions.stat(pid) is None else f"; {sessions.describe(pid)}, not the supervisor: not signalled"
+        log(f"stop: the supervisor (pid {pid}) was already gone (killed?){now}: its server ran unsupervised; removed "
             f"{SUPERVISOR_JSON}")
         return False
-    cleanup = sessions.stop_session(sessions.Session(pid, record.start_time),
-                                    grace_s=timeout_s, log=log)
+    start = record.start_time if record.start_time is not None else sessions.start_time(pid)
+    cleanup = sessions.stop_session(sessions.Session(pid, start), grace_s=timeout_s, log=log)
+    if not cleanup.done:
+        raise StageError(f"stop {recipe.name}: the supervisor (pid {pid}) left {', '.join(cleanup.left)}; kept "
+                         f"{record_path(recipe)}. Next: `ps -o pid,stat,cmd -s {pid}`; end them by hand, then `trtkv "
+                         f"stop {recipe.name}` again.")
     record_path(recipe).unlink(missing_ok=True)
-    log(f"stop: supervisor (pid {pid}) stopped" + ("" if cleanup.done else f"; left {', '.join(cleanup.left)}"))
+    log(f"stop: supervisor (pid {pid}) stopped")
     return True
 
 

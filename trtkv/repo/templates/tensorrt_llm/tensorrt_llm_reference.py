@@ -56,6 +56,18 @@ def cancel_check(request: Any) -> Callable[[int], bool]:
     return lambda _token: not (cancelled is not None and cancelled())
 
 
+def kv_bytes_per_token(runtime: Any) -> float:
+    """Bytes one token holds in the runtime's KV cache with every layer full: its KV format (the model's 2-byte dtype
+    when unquantized), the figure its served pool is reported in."""
+    from trtkv.kvcache.formats import kv_bytes_per_token as per_token
+
+    cfg = runtime.config
+    heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    fmt = {"none": "bf16"}.get(str(runtime.kv_format), str(runtime.kv_format))
+    return per_token(int(cfg.num_hidden_layers), heads, head_dim, fmt)
+
+
 class TritonPythonModel:
     """Loads the reference runtime once per instance and batches the requests in flight."""
 
@@ -73,6 +85,10 @@ class TritonPythonModel:
         self.max_batch_size = max(1, int(config.get("max_batch_size") or 1))
         self.batcher = self.runtime_module.Batcher(self.runtime, self.max_batch_size)
         self.logged_peak = 1
+        per_token = int(kv_bytes_per_token(self.runtime))
+        # `trtkv status` and `trtkv bench` read this line back (REFERENCE_POOL_LINE in serving_memory)
+        pb_utils.Logger.log_info(f"trtkv reference runtime KV pool: {self.max_batch_size * self.max_seq_len * per_token} "
+                                 f"bytes ({self.max_batch_size} requests x {self.max_seq_len} tokens x {per_token} bytes)")
         pb_utils.Logger.log_info(f"tensorrt_llm (reference): engine {params['engine_dir']}, {threads} torch "
                                  f"thread(s) per instance, in-flight batching up to {self.max_batch_size} "
                                  f"requests, decoupled={self.decoupled}")

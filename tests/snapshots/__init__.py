@@ -1,0 +1,1 @@
+"""Snapshots of the generated files users keep (issue #43)."""
