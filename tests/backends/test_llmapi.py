@@ -100,8 +100,11 @@ def test_serve_config_and_command() -> None:
     assert cmd[:2] == ["trtllm-serve", "/m/hf"]
     assert cmd[cmd.index("--extra_llm_api_options") + 1] == "/e/llm_api_options.yaml"  # = --config in newer releases
     assert cmd[cmd.index("--tp_size") + 1] == "4"
+    # prefix caching as TensorRT-LLM ships it (KvCacheConfig.enable_block_reuse True), said explicitly
     assert llmapi.serve_config(recipe) == {"max_input_len": 16384, "enable_chunked_prefill": True, "kv_cache_config": {
-        "dtype": "fp8", "free_gpu_memory_fraction": 0.9, "enable_block_reuse": False}}
+        "dtype": "fp8", "free_gpu_memory_fraction": 0.9, "enable_block_reuse": True}}
+    off = load_recipe("llama70b_fp8kv_llmapi", ["triton.enable_kv_cache_reuse=false"])
+    assert llmapi.serve_config(off)["kv_cache_config"]["enable_block_reuse"] is False
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import yaml
 from trtkv.backends import BACKENDS, for_recipe, sglang
 from trtkv.core.apikey import API_KEY_ENV
 from trtkv.core.errors import RecipeError, StageError
-from trtkv.deploy import Target, deploy, k8s, launch
+from trtkv.deploy import Options, Target, deploy, k8s, launch
 from trtkv.deploy.check import check_object
 from trtkv.kvcache.engines import load_table
 from trtkv.recipe import Backend, KVCacheQuant, load_recipe
@@ -136,7 +136,7 @@ def test_k8s_files_are_fenced_unprivileged_and_keyed_from_the_secret(tmp_path: P
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(API_KEY_ENV, SENTINEL)
     recipe = load_recipe(RECIPE)
-    out = deploy(recipe, Target.K8S, tmp_path / "k8s", log=quiet)
+    out = deploy(recipe, Target.K8S, tmp_path / "k8s", log=quiet, options=Options(model_source="s3://my-bucket/x"))
     objs = docs(out)
     assert all(check_object(o) == [] for o in objs)
     for path in out.rglob("*"):
@@ -148,17 +148,22 @@ def test_k8s_files_are_fenced_unprivileged_and_keyed_from_the_secret(tmp_path: P
     (c,) = spec["containers"]
     assert c["image"] == sglang.SGLANG_IMAGE and spec["securityContext"]["runAsNonRoot"]
     assert c["securityContext"]["allowPrivilegeEscalation"] is False and c["securityContext"]["capabilities"]["drop"] == ["ALL"]
-    assert [e["name"] for e in c["env"] if "valueFrom" in e] == [API_KEY_ENV]
-    assert c["command"][:2] == ["bash", "-c"] and c["command"][2].startswith(launch.REQUIRE_KEY)
+    assert not any("valueFrom" in e for e in c["env"])  # the key is a Secret file, read by the container's shell
+    key_file = next(e["value"] for e in c["env"] if e["name"] == "TRTKV_API_KEY_FILE")
+    assert c["command"][:2] == ["bash", "-c"] and c["command"][2].startswith(f'{API_KEY_ENV}="$(cat {key_file} ')
+    assert c["livenessProbe"]["httpGet"]["path"] == "/health" and "/models/" in c["command"][2]
     assert f'--api-key "${API_KEY_ENV}"' in c["command"][2] and "sglang.launch_server" in c["command"][2]
     assert "\x00" not in c["command"][2] and sglang.KEY_REF == launch.KEY_REF
     readme = (out / "README.md").read_text()
-    assert "SGLang runs as uid" in readme and "--api-key" in readme
-    # the key really is expanded, and an empty one refuses to start
-    proc = subprocess.run(["bash", "-c", c["command"][2].replace("exec python3", "exec echo")],
-                          env={"PATH": "/usr/bin:/bin", API_KEY_ENV: "k 1"}, capture_output=True, text=True, timeout=30)
+    assert "uid 10001, never root" in readme and "--api-key" in readme
+    # the key really is expanded from its file, and none refuses to start
+    key = tmp_path / "key"
+    key.write_text("k 1\n")
+    script = c["command"][2].replace(key_file, str(key))
+    proc = subprocess.run(["bash", "-c", script.replace("exec python3", "exec echo")],
+                          env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0 and "--api-key k 1" in proc.stdout
-    proc = subprocess.run(["bash", "-c", c["command"][2]], env={"PATH": "/usr/bin:/bin", API_KEY_ENV: ""},
+    proc = subprocess.run(["bash", "-c", c["command"][2]], env={"PATH": "/usr/bin:/bin"},
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 1 and f"{API_KEY_ENV} is empty" in proc.stderr
     assert k8s.k8s_name(recipe) in json.dumps(policy)
@@ -171,7 +176,9 @@ def test_slurm_files_require_the_key_and_mount_read_only(tmp_path: Path) -> None
     recipe = load_recipe(RECIPE)
     files, _readme = render(recipe, Target.SLURM, size(recipe), tmp_path / "s")
     job, rank = files[slurm.JOB_SCRIPT], files[slurm.RANK_SCRIPT]
-    mounts = next(line for line in job.splitlines() if "--container-mounts=" in line).split("=", 1)[1].strip(" '\\")
-    assert all(m.endswith(":ro") for m in mounts.split(","))
+    line = next(x for x in job.splitlines() if x.startswith("MOUNTS="))
+    mounts = subprocess.run(["bash", "-c", line + '; echo "$MOUNTS"'], capture_output=True, text=True, check=True,
+                            env={"ENGINES": "/e", "REPOSITORIES": "/r", "HERE": "/h"}).stdout.strip()
+    assert all(m.endswith(":ro") for m in mounts.split(",")) and "--container-mounts=\"$MOUNTS\"" in job
     assert f': "${{{API_KEY_ENV}:?' in job and f'--api-key "${API_KEY_ENV}"' in rank and "\x00" not in rank
     assert "sglang.launch_server" in rank and "mpirun" not in rank

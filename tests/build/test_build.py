@@ -70,20 +70,20 @@ GOLDEN_TRTLLM_BUILD = {
     "llama70b_fp8kv": [
         "trtllm-build", "--checkpoint_dir", "ENGINES/llama70b_fp8kv/checkpoint",
         "--output_dir", "ENGINES/llama70b_fp8kv/engine", "--max_batch_size", "64", "--max_input_len", "16384",
-        "--max_seq_len", "32768", "--max_num_tokens", "16384", "--gemm_plugin", "fp8", "--gpt_attention_plugin",
+        "--max_seq_len", "32768", "--max_num_tokens", "16384", "--gemm_plugin", "disable", "--gpt_attention_plugin",
         "auto", "--kv_cache_type", "paged", "--use_paged_context_fmha", "enable", "--use_fp8_context_fmha", "enable",
         "--remove_input_padding", "enable", "--logits_dtype", "float32", "--multiple_profiles", "enable", "--workers", "4"],
     "llama70b_int8kv": [
         "trtllm-build", "--checkpoint_dir", "ENGINES/llama70b_int8kv/checkpoint",
         "--output_dir", "ENGINES/llama70b_int8kv/engine", "--max_batch_size", "64", "--max_input_len", "16384",
-        "--max_seq_len", "32768", "--max_num_tokens", "16384", "--gemm_plugin", "fp8", "--gpt_attention_plugin",
+        "--max_seq_len", "32768", "--max_num_tokens", "16384", "--gemm_plugin", "disable", "--gpt_attention_plugin",
         "auto", "--kv_cache_type", "paged", "--use_paged_context_fmha", "disable", "--use_fp8_context_fmha",
         "disable", "--remove_input_padding", "enable", "--logits_dtype", "float32", "--multiple_profiles", "enable",
         "--workers", "4"],
     "llama8b_fp8kv": [
         "trtllm-build", "--checkpoint_dir", "ENGINES/llama8b_fp8kv/checkpoint",
         "--output_dir", "ENGINES/llama8b_fp8kv/engine", "--max_batch_size", "128", "--max_input_len", "32768",
-        "--max_seq_len", "65536", "--max_num_tokens", "16384", "--gemm_plugin", "fp8", "--gpt_attention_plugin",
+        "--max_seq_len", "65536", "--max_num_tokens", "16384", "--gemm_plugin", "disable", "--gpt_attention_plugin",
         "auto", "--kv_cache_type", "paged", "--use_paged_context_fmha", "enable", "--use_fp8_context_fmha", "enable",
         "--remove_input_padding", "enable", "--logits_dtype", "float32", "--multiple_profiles", "enable", "--workers", "1"],
 }
@@ -94,21 +94,21 @@ GOLDEN_TRTLLM_SERVE = {
          "--max_seq_len", "65536", "--kv_cache_free_gpu_memory_fraction", "0.9", "--extra_llm_api_options",
          "ENGINES/llama8b_fp8kv_pytorch/engine/llm_api_options.yaml"],
         {"max_input_len": 32768, "enable_chunked_prefill": True,  # max_input_len 32768 > max_num_tokens 16384
-         "kv_cache_config": {"dtype": "fp8", "free_gpu_memory_fraction": 0.9, "enable_block_reuse": False}}),
+         "kv_cache_config": {"dtype": "fp8", "free_gpu_memory_fraction": 0.9, "enable_block_reuse": True}}),
     "llama70b_fp8kv_llmapi": (
         ["trtllm-serve", "ENGINES/llama70b_fp8kv_llmapi/checkpoint/hf", "--backend", "pytorch", "--host", "127.0.0.1",
          "--port", "8000", "--tp_size", "4", "--pp_size", "1", "--max_batch_size", "64", "--max_num_tokens", "8192",
          "--max_seq_len", "32768", "--kv_cache_free_gpu_memory_fraction", "0.9", "--extra_llm_api_options",
          "ENGINES/llama70b_fp8kv_llmapi/engine/llm_api_options.yaml"],
         {"max_input_len": 16384, "enable_chunked_prefill": True,
-         "kv_cache_config": {"dtype": "fp8", "free_gpu_memory_fraction": 0.9, "enable_block_reuse": False}}),
+         "kv_cache_config": {"dtype": "fp8", "free_gpu_memory_fraction": 0.9, "enable_block_reuse": True}}),
     "llama70b_nvfp4kv": (
         ["trtllm-serve", "ENGINES/llama70b_nvfp4kv/checkpoint/hf", "--backend", "pytorch", "--host", "127.0.0.1",
          "--port", "8000", "--tp_size", "4", "--pp_size", "1", "--max_batch_size", "128", "--max_num_tokens", "8192",
          "--max_seq_len", "32768", "--kv_cache_free_gpu_memory_fraction", "0.9", "--extra_llm_api_options",
          "ENGINES/llama70b_nvfp4kv/engine/llm_api_options.yaml"],
         {"max_input_len": 16384, "enable_chunked_prefill": True,
-         "kv_cache_config": {"dtype": "nvfp4", "free_gpu_memory_fraction": 0.9, "enable_block_reuse": False}}),
+         "kv_cache_config": {"dtype": "nvfp4", "free_gpu_memory_fraction": 0.9, "enable_block_reuse": True}}),
     "smollm2_fp8kv_llmapi": (
         ["trtllm-serve", "ENGINES/smollm2_fp8kv_llmapi/checkpoint/hf", "--backend", "pytorch", "--host", "127.0.0.1",
          "--port", "8000", "--tp_size", "1", "--pp_size", "1", "--max_batch_size", "4", "--max_num_tokens", "4096",
@@ -150,6 +150,27 @@ def test_flags_follow_the_recipe(engines_tmp: Path) -> None:
     assert got["--gemm_plugin"] == "auto" and got["--tokens_per_block"] == "64"
     assert got["--use_paged_context_fmha"] == "disable" and got["--multiple_profiles"] == "disable"
     assert got["--use_fp8_context_fmha"] == "disable"
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ((), "disable"),  # FP8 weights, max_batch_size 64: the guide wants the plugin off on FP8
+    (("build.max_batch_size=4",), "fp8"),  # the small-batch case the experimental FP8 plugin is for
+    (("build.max_batch_size=5",), "disable"),
+    (("quantization.weights=none",), "auto"),  # 16-bit GEMMs: the plugin on, in the model dtype
+    (("build.gemm_plugin=fp8",), "fp8"),  # an explicit choice is the recipe's
+])
+def test_gemm_plugin_auto_follows_the_perf_guide(overrides: tuple[str, ...], expected: str,
+                                                 capsys: pytest.CaptureFixture[str], engines_tmp: Path) -> None:
+    """`auto`: TensorRT-LLM's perf best practices (FP8: plugin disabled; the experimental FP8 plugin for batches <= 4;
+    FP16/BF16: enabled); the dry run says why."""
+    recipe = load_recipe("llama70b_fp8kv", list(overrides))
+    cmd = tensorrt.trtllm_build_command(recipe, Path("c"), Path("o"))
+    assert cmd[cmd.index("--gemm_plugin") + 1] == expected
+    assert main(["build", "llama70b_fp8kv", *overrides, "--dry-run"]) == 0
+    said = capsys.readouterr().out
+    assert f"--gemm_plugin {expected}:" in said
+    if not overrides:
+        assert "perf best practices" in said and "max_batch_size 64 > 4" in said
 
 
 # (overrides on llama70b_fp8kv, expected --use_paged_context_fmha, --use_fp8_context_fmha): TensorRT-LLM's rules
@@ -444,7 +465,11 @@ def test_llmapi_backend_writes_options_and_serve_command(tmp_path: Path, engines
     options = yaml.safe_load((engine / "llm_api_options.yaml").read_text())
     assert options["kv_cache_config"]["dtype"] == "fp8" and options["max_input_len"] == 64
     serve = (engine / "serve_command.txt").read_text().split()
-    assert serve[:2] == ["trtllm-serve", str(ckpt / "hf")] and serve[serve.index("--max_num_tokens") + 1] == "256"
+    # a GPU recipe's command runs in a container: the canonical paths, not this machine's
+    assert serve[:2] == ["trtllm-serve", "/models/tiny_pt/checkpoint/hf"]
+    assert serve[serve.index("--max_num_tokens") + 1] == "256"
+    assert serve[serve.index("--extra_llm_api_options") + 1] == "/models/tiny_pt/engine/llm_api_options.yaml"
+    assert str(engines_tmp) not in (engine / "serve_command.txt").read_text()
     check_flags(serve, SERVE_FLAGS)
 
 

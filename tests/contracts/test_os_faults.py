@@ -23,8 +23,11 @@ from trtkv.cli import main
 from trtkv.contracts import stage
 from trtkv.core import paths
 from trtkv.core.errors import StageError, os_error_line
-from trtkv.deploy import Target, deploy
+from trtkv.deploy import Options, Target, deploy
 from trtkv.recipe import load_recipe
+
+SOURCE = Options(model_source="s3://my-bucket/trtkv")  # where the k8s loader Job copies the model from
+DEPLOY_K8S = ["deploy", "llama70b_fp8kv", "--target", "k8s", "--model-source", "s3://my-bucket/trtkv"]
 
 LONG = "o" * 250  # a legal name: 250 bytes (NAME_MAX is 255)
 
@@ -58,7 +61,7 @@ def test_deploy_writes_a_250_byte_output_and_sweeps_killed_runs(tmp_path: Path) 
     killed = paths.temp_sibling(out, "tmp", pid=_dead_pid())
     killed.mkdir()
     said: list[str] = []
-    deploy(recipe, Target.K8S, out, log=said.append)
+    deploy(recipe, Target.K8S, out, log=said.append, options=SOURCE)
     assert (out / "server.yaml").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == [LONG] and any("removed" in line for line in said)
     short = tmp_path / "k8s"
@@ -67,23 +70,23 @@ def test_deploy_writes_a_250_byte_output_and_sweeps_killed_runs(tmp_path: Path) 
     fresh.mkdir()  # a run in progress right now: kept
     hour_ago = time.time() - 7200
     os.utime(old_random, (hour_ago, hour_ago))
-    deploy(recipe, Target.K8S, short, log=said.append)
+    deploy(recipe, Target.K8S, short, log=said.append, options=SOURCE)
     assert not old_random.exists() and fresh.exists()
 
 
 def test_a_deploy_never_replaces_another_targets_folder(tmp_path: Path) -> None:
     recipe = load_recipe("llama70b_fp8kv")
-    out = deploy(recipe, Target.K8S, tmp_path / "site", log=lambda _m: None)
+    out = deploy(recipe, Target.K8S, tmp_path / "site", log=lambda _m: None, options=SOURCE)
     with pytest.raises(StageError, match="for target k8s, so trtkv will not replace it"):
         deploy(recipe, Target.SLURM, out, log=lambda _m: None)
     assert (out / "server.yaml").is_file()
-    deploy(recipe, Target.K8S, out, log=lambda _m: None)  # its own target: replaced
+    deploy(recipe, Target.K8S, out, log=lambda _m: None, options=SOURCE)  # its own target: replaced
 
 
 def test_replicas_fit_kubernetes_int32(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Before: --replicas 3000000000 was written over Kubernetes' int32 limit and its checks "passed"."""
     for flag in ("--replicas", "--target-concurrency"):
-        assert main(["deploy", "llama70b_fp8kv", "--target", "k8s", "--output", str(tmp_path / "r"), flag,
+        assert main([*DEPLOY_K8S, "--output", str(tmp_path / "r"), flag,
                      "3000000000"]) == StageError.exit_code
         assert "1..2,147,483,647" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
@@ -136,14 +139,14 @@ def test_a_permission_fault_in_a_stage_is_one_error_line(engines_tmp: Path, monk
         real(self, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(Path, "mkdir", denied)
-    assert main(["deploy", "llama70b_fp8kv", "--target", "k8s", "--output", str(engines_tmp / "d")]) == 2
+    assert main([*DEPLOY_K8S, "--output", str(engines_tmp / "d")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and "permission denied (EACCES)" in err
     assert ".d.tmp-" in err
 
 
 def test_a_name_too_long_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["deploy", "llama70b_fp8kv", "--target", "k8s", "--output", str(tmp_path / ("n" * 300))]) == 2
+    assert main([*DEPLOY_K8S, "--output", str(tmp_path / ("n" * 300))]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "(ENAMETOOLONG). Next: use a shorter --output" in err
 
@@ -164,12 +167,12 @@ def tmpfs(tmp_path: Path) -> Iterator[Path]:
 
 def test_a_full_disk_and_a_read_only_mount_are_one_error_line(tmpfs: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmpfs / "ballast").write_bytes(b"\0" * 60 * 1024)  # nearly full: a deploy's files do not fit
-    assert main(["deploy", "llama70b_fp8kv", "--target", "k8s", "--output", str(tmpfs / "k8s")]) == 2
+    assert main([*DEPLOY_K8S, "--output", str(tmpfs / "k8s")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no space left on the device (ENOSPC)" in err and str(tmpfs) in err
     assert sorted(p.name for p in tmpfs.iterdir()) == ["ballast"]  # no half-written folder
     (tmpfs / "ballast").unlink()
     subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
-    assert main(["deploy", "llama70b_fp8kv", "--target", "k8s", "--output", str(tmpfs / "k8s")]) == 2
+    assert main([*DEPLOY_K8S, "--output", str(tmpfs / "k8s")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "the file system is read-only (EROFS)" in err

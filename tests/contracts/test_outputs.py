@@ -11,7 +11,7 @@ import pytest
 
 from trtkv.contracts import stage
 from trtkv.core.errors import StageError
-from trtkv.deploy import Target, deploy
+from trtkv.deploy import Options, Target, deploy
 from trtkv.recipe import load_recipe
 
 
@@ -71,13 +71,14 @@ def test_deploy_output_refuses_a_users_folder_and_keeps_its_own_mode(tmp_path: P
     recipe = load_recipe("llama70b_fp8kv")
     mine = _users_folder(tmp_path / "cluster")
     with pytest.raises(StageError, match="files trtkv did not write"):
-        deploy(recipe, Target.K8S, mine, log=lambda _m: None)
+        deploy(recipe, Target.K8S, mine, log=lambda _m: None, options=Options(model_source="s3://my-bucket/x"))
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"] and (mine.stat().st_mode & 0o777) == 0o755
-    out = deploy(recipe, Target.K8S, tmp_path / "k8s", log=lambda _m: None)
+    out = deploy(recipe, Target.K8S, tmp_path / "k8s", log=lambda _m: None, options=Options(model_source="s3://my-bucket/x"))
     assert (out.stat().st_mode & 0o777) == 0o777 & ~_umask(), "a new folder gets the umask's mode, not mkdtemp's 0700"
     os.chmod(out, 0o750)
     (out / "README.md").write_text("stale")
-    deploy(recipe, Target.K8S, out, log=lambda _m: None)  # its own earlier output (same target): replaced, mode kept
+    # its own earlier output (same target): replaced, mode kept
+    deploy(recipe, Target.K8S, out, log=lambda _m: None, options=Options(model_source="s3://my-bucket/x"))
     assert (out / "README.md").read_text() != "stale" and (out.stat().st_mode & 0o777) == 0o750
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster", "k8s"]
 

@@ -1,6 +1,7 @@
 """What the cluster files fence: a recipe name never runs in the Slurm scripts (executed here with srun stubbed), the
-Kubernetes pods get a NetworkPolicy, no service-account token, no privilege escalation and no capabilities, Triton's
-admin APIs are keyed (checked against the real tritonserver), the key is never written, and ssh pins the host key."""
+Kubernetes pods get a NetworkPolicy, no service-account token, never root, a read-only root filesystem, no privilege
+escalation and no capabilities, Triton's admin APIs are keyed (checked against the real tritonserver), the key is a
+Secret file and never written, and ssh pins the host key."""
 
 from __future__ import annotations
 
@@ -16,14 +17,15 @@ from typing import Any
 import pytest
 import yaml
 
-from trtkv.core.apikey import API_KEY_ENV, TRITON_KEY_HEADER, auth_headers
+from trtkv.core.apikey import API_KEY_ENV, API_KEY_FILE_ENV, TRITON_KEY_HEADER, auth_headers
 from trtkv.core.errors import StageError
-from trtkv.deploy import Target, deploy, k8s, launch, render, slurm
+from trtkv.deploy import Options, Target, deploy, k8s, launch, pods, render, slurm
 from trtkv.deploy.check import check_object
 from trtkv.deploy.sizing import size
 from trtkv.recipe import load_recipe
 
 TP8_PP2 = ["build.tp_size=8", "build.pp_size=2", "hardware.count=16"]
+OPTS = Options(model_source="s3://my-bucket/trtkv")
 SENTINEL = "sentinel-9f86d081884c7d65"
 HOSTILE = 'x\n$(touch PWNED1)\n`touch PWNED2`"; touch PWNED3; #\'$(touch PWNED4)'
 
@@ -39,7 +41,7 @@ def docs(folder: Path) -> list[dict[str, Any]]:
 def pod_specs(obj: dict[str, Any]) -> list[dict[str, Any]]:
     if obj["kind"] == "Pod":
         return [obj["spec"]]
-    if obj["kind"] == "Deployment":
+    if obj["kind"] in ("Deployment", "Job"):
         return [obj["spec"]["template"]["spec"]]
     if obj["kind"] == "LeaderWorkerSet":
         t = obj["spec"]["leaderWorkerTemplate"]
@@ -85,8 +87,11 @@ def test_slurm_mounts_are_read_only_and_the_key_is_required(tmp_path: Path) -> N
     recipe = load_recipe("llama70b_fp8kv", TP8_PP2)
     files, readme = render(recipe, Target.SLURM, size(recipe), tmp_path / "s")
     job, rank = files[slurm.JOB_SCRIPT], files[slurm.RANK_SCRIPT]
-    mounts = next(line for line in job.splitlines() if "--container-mounts=" in line).split("=", 1)[1].strip(" '\\")
-    assert all(m.endswith(":ro") for m in mounts.split(",")), mounts
+    assert '--container-mounts="$MOUNTS"' in job
+    line = next(x for x in job.splitlines() if x.startswith("MOUNTS="))
+    mounts = subprocess.run(["bash", "-c", line + '; echo "$MOUNTS"'], capture_output=True, text=True,
+                            env={"ENGINES": "/e", "REPOSITORIES": "/r", "HERE": "/h"}, check=True).stdout.strip()
+    assert all(m.endswith(":ro") and ":/models/llama70b_fp8kv/" in m for m in mounts.split(",")), mounts
     assert f': "${{{API_KEY_ENV}:?' in job
     assert f'--http-restricted-api={launch.RESTRICTED_APIS}:{TRITON_KEY_HEADER}="${API_KEY_ENV}"' in rank
     assert f'--grpc-restricted-protocol={launch.RESTRICTED_APIS}:{TRITON_KEY_HEADER}="${API_KEY_ENV}"' in rank
@@ -114,7 +119,7 @@ def test_docker_commands_mount_read_only_and_use_shm_size() -> None:
                                                    ("llama70b_fp8kv_llmapi", [*TP8_PP2, "build.backend=vllm"])])
 def test_every_pod_is_fenced_and_unprivileged(tmp_path: Path, recipe_name: str, overrides: list[str]) -> None:
     recipe = load_recipe(recipe_name, overrides)
-    out = deploy(recipe, Target.K8S, tmp_path / "k8s", log=quiet)
+    out = deploy(recipe, Target.K8S, tmp_path / "k8s", log=quiet, options=OPTS)
     objs = docs(out)
     (policy,) = [o for o in objs if o["kind"] == "NetworkPolicy"]
     assert check_object(policy) == []
@@ -127,23 +132,24 @@ def test_every_pod_is_fenced_and_unprivileged(tmp_path: Path, recipe_name: str, 
     assert len(specs) >= 2
     for spec in specs:
         assert spec["automountServiceAccountToken"] is False and spec["enableServiceLinks"] is False
-        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-        for c in spec["containers"]:
+        sec = spec["securityContext"]
+        assert sec["seccompProfile"] == {"type": "RuntimeDefault"} and sec["runAsNonRoot"] is True
+        assert sec["runAsUser"] > 0 and sec["runAsGroup"] > 0
+        for c in spec["containers"] + spec.get("initContainers", []):
             sc = c["securityContext"]
-            assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
-            assert set(sc["capabilities"].get("add", [])) <= set(k8s.SSHD_CAPABILITIES)
-            for m in c["volumeMounts"]:
-                assert m.get("readOnly") or m["name"] in ("dshm", "home", "models") and m["mountPath"] in (
-                    "/dev/shm", k8s.HOME, k8s.MODELS_MOUNT), m
+            assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}  # none added
+            assert sc["readOnlyRootFilesystem"] is True and sc["runAsNonRoot"] is True
+            assert "limits" in c["resources"] and "requests" in c["resources"]
+            assert not any("valueFrom" in e for e in c.get("env", []))  # no Secret in an environment variable
+            for m in c["volumeMounts"]:  # writable: the emptyDirs and, for the loader Job only, the models volume
+                assert m.get("readOnly") or m["name"] in ("dshm", "home", "tmp") or c["name"] == "loader", m
     readme = (out / "README.md").read_text()
-    assert "CNI that implements NetworkPolicy" in readme and "kubectl cp --no-preserve=true" in readme
+    assert "CNI that implements NetworkPolicy" in readme and "kubectl cp" not in readme
+    assert "never root, a read-only root filesystem" in readme
     text = "\n".join(p.read_text() for p in out.iterdir())
     assert "StrictHostKeyChecking=no" not in text and "UserKnownHostsFile=/dev/null" not in text
-    if "build.backend=vllm" in overrides:
-        assert all(s["securityContext"]["runAsNonRoot"] for s in specs if s["containers"][0]["name"] != "loader")
-        assert "runs as uid 1000" in readme
-    else:
-        assert "The server runs as root: the NGC Triton/TensorRT-LLM images" in readme
+    uid = 10001 if "build.backend=vllm" in overrides else 1000  # the NGC images' triton-server; any user for vLLM
+    assert {s["securityContext"]["runAsUser"] for s in specs if s["containers"][0]["name"] != "loader"} == {uid}
 
 
 def test_fence_inputs_and_their_refusals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -151,6 +157,7 @@ def test_fence_inputs_and_their_refusals(tmp_path: Path, capsys: pytest.CaptureF
 
     out = tmp_path / "k8s"
     assert main(["deploy", "llama70b_fp8kv", "--target", "k8s", "--output", str(out), "--allow-from", "app=gateway",
+                 "--model-source", "s3://my-bucket/trtkv",
                  "--allow-namespace", "team=web", "--prometheus-namespace", "kubernetes.io/metadata.name=obs"]) == 0
     (policy,) = [o for o in docs(out) if o["kind"] == "NetworkPolicy"]
     clients, own, prom = policy["spec"]["ingress"]
@@ -163,9 +170,9 @@ def test_fence_inputs_and_their_refusals(tmp_path: Path, capsys: pytest.CaptureF
     assert "`app=gateway` in namespaces labelled `team=web`" in (out / "README.md").read_text()
     capsys.readouterr()
     assert main(["deploy", "llama70b_fp8kv", "--target", "k8s", "--output", str(tmp_path / "b"),
-                 "--allow-from", "app=$(x)"]) == StageError.exit_code
+                 "--model-source", "s3://my-bucket/trtkv", "--allow-from", "app=$(x)"]) == StageError.exit_code
     assert "--allow-from 'app=$(x)'" in capsys.readouterr().err and not (tmp_path / "b").exists()
-    bad = k8s.objects(load_recipe("llama70b_fp8kv"), *_launch("llama70b_fp8kv"))[-1]
+    bad = k8s.objects(load_recipe("llama70b_fp8kv"), *_launch("llama70b_fp8kv"), "0123456789ab", "trtkv")[-1]
     bad["spec"]["ingres"] = bad["spec"].pop("ingress")  # the NetworkPolicy's schema is live, as the others'
     assert any("ingres" in p for p in check_object(bad))
 
@@ -178,28 +185,38 @@ def _launch(name: str, overrides: list[str] | None = None) -> tuple[launch.Launc
 
 def test_the_key_comes_from_a_secret_and_is_never_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(API_KEY_ENV, SENTINEL)
-    outs = [deploy(load_recipe("llama70b_fp8kv"), Target.K8S, tmp_path / "t", log=quiet),
-            deploy(load_recipe("llama70b_fp8kv", TP8_PP2), Target.K8S, tmp_path / "tm", log=quiet),
-            deploy(load_recipe("llama70b_fp8kv_llmapi", ["build.backend=vllm"]), Target.K8S, tmp_path / "v", log=quiet),
+    outs = [deploy(load_recipe("llama70b_fp8kv"), Target.K8S, tmp_path / "t", log=quiet, options=OPTS),
+            deploy(load_recipe("llama70b_fp8kv", TP8_PP2), Target.K8S, tmp_path / "tm", log=quiet, options=OPTS),
+            deploy(load_recipe("llama70b_fp8kv_llmapi", ["build.backend=vllm"]), Target.K8S, tmp_path / "v", log=quiet,
+                   options=OPTS),
             deploy(load_recipe("llama70b_fp8kv", TP8_PP2), Target.SLURM, tmp_path / "s", log=quiet),
-            deploy(load_recipe("llama70b_fp8kv_llmapi", TP8_PP2), Target.DYNAMO, tmp_path / "d", log=quiet)]
+            deploy(load_recipe("llama70b_fp8kv_llmapi", TP8_PP2), Target.DYNAMO, tmp_path / "d", log=quiet,
+                   options=OPTS)]
     for out in outs:
         for path in out.rglob("*"):
             if path.is_file():
                 assert SENTINEL not in path.read_text(), path
-    triton = next(o for o in docs(outs[0]) if o["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
-    ref = {"secretKeyRef": {"name": "trtkv-llama70b-fp8kv-key", "key": "api-key"}}
-    assert triton["env"] == [{"name": API_KEY_ENV, "valueFrom": ref}]
+    dep = next(o for o in docs(outs[0]) if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+    triton = dep["containers"][0]
+    # the key is a Secret mounted as a file (checkov CKV_K8S_35): the canary reads the file $TRTKV_API_KEY_FILE names
+    assert {"name": "api-key", "secret": {"secretName": "trtkv-llama70b-fp8kv-key", "defaultMode": 0o440}} in dep["volumes"]
+    assert {"name": API_KEY_FILE_ENV, "value": pods.KEY_FILE} in triton["env"]
     assert f'--http-restricted-api={launch.RESTRICTED_APIS}:{TRITON_KEY_HEADER}="${API_KEY_ENV}"' in triton["command"][2]
-    assert triton["command"][2].startswith(launch.REQUIRE_KEY)
+    assert triton["command"][2].startswith(f'{API_KEY_ENV}="$(cat {pods.KEY_FILE} 2>/dev/null)"; ')
     vllm = next(o for o in docs(outs[2]) if o["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
-    assert {e["name"] for e in vllm["env"] if "valueFrom" in e} == {API_KEY_ENV, "VLLM_API_KEY"}
-    assert "kubectl create secret generic trtkv-llama70b-fp8kv-key --from-file=api-key=trtkv-api-key" in \
+    assert f'export VLLM_API_KEY="${API_KEY_ENV}"' in vllm["command"][2]
+    assert "kubectl -n trtkv create secret generic trtkv-llama70b-fp8kv-key --from-file=api-key=trtkv-api-key" in \
         (outs[0] / "README.md").read_text()
-    # an empty key: the container refuses to start instead of serving unkeyed
-    proc = subprocess.run(["bash", "-c", triton["command"][2]], env={"PATH": "/usr/bin:/bin", API_KEY_ENV: ""},
+    # no key file, or an empty one: the container refuses to start instead of serving unkeyed
+    proc = subprocess.run(["bash", "-c", triton["command"][2]], env={"PATH": "/usr/bin:/bin"},
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 1 and f"{API_KEY_ENV} is empty" in proc.stderr
+    # with the Secret's file there (its path moved to a temporary folder), the key reaches the server's command line
+    key = tmp_path / "api-key"
+    key.write_text(SENTINEL + "\n")
+    script = triton["command"][2].replace(pods.KEY_FILE, str(key)).replace("exec mpirun", "exec echo mpirun")
+    ran = subprocess.run(["bash", "-c", script], env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=30)
+    assert ran.returncode == 0 and f"trtkv-api-key={SENTINEL}" in ran.stdout
 
 
 @pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="ssh-keygen is not installed")
@@ -207,7 +224,7 @@ def test_the_readme_known_hosts_line_pins_every_lws_pod(tmp_path: Path) -> None:
     """The README's secret step run as written (ssh-keygen, the known_hosts line) and OpenSSH's own matcher
     (`ssh-keygen -F`) on the names the leader hands mpirun."""
     recipe = load_recipe("llama70b_fp8kv", TP8_PP2)
-    out = deploy(recipe, Target.K8S, tmp_path / "k8s", log=quiet)
+    out = deploy(recipe, Target.K8S, tmp_path / "k8s", log=quiet, options=OPTS)
     readme = (out / "README.md").read_text().splitlines()
     steps = [line for line in readme if line.startswith(("ssh-keygen", "echo \"[", "umask"))]
     subprocess.run(["bash", "-ec", "\n".join(steps)], cwd=tmp_path, check=True, timeout=30)
@@ -284,7 +301,9 @@ def test_real_tritonserver_keys_the_restricted_apis(tmp_path: Path, monkeypatch:
         monkeypatch.setenv(API_KEY_ENV, SENTINEL)
         assert status("/v2/repository/index", auth_headers()) == 200
         assert status("/v2/systemsharedmemory/region/x/unregister", {}) == 403
-        assert urllib.request.urlopen(f"{url}/v2/health/ready", timeout=5).status == 200
+        # the probes' endpoints (startup: ready, liveness: live) answer GET without the key
+        for path in (launch.TRITON_READY, launch.TRITON_LIVE):
+            assert urllib.request.urlopen(f"{url}{path}", timeout=5).status == 200
     finally:
         proc.terminate()
         proc.wait(timeout=30)

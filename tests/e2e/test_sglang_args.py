@@ -19,7 +19,7 @@ from trtkv.backends import sglang
 from trtkv.core import paths
 from trtkv.core.apikey import API_KEY_ENV
 from trtkv.core.errors import TrtkvError
-from trtkv.deploy import Target, deploy, launch
+from trtkv.deploy import Options, Target, deploy, launch
 from trtkv.kvcache.engines import load_table
 from trtkv.recipe import load_recipe
 from trtkv.recipe.enums import KVCacheQuant
@@ -44,7 +44,7 @@ for args in json.loads(sys.stdin.read()):
                 "host": a.host, "port": a.port, "api_key": a.api_key, "qpp": a.quantization_param_path,
                 "context_length": a.context_length, "max_running_requests": a.max_running_requests,
                 "chunked_prefill_size": a.chunked_prefill_size, "served_model_name": a.served_model_name,
-                "enable_metrics": a.enable_metrics})
+                "enable_metrics": a.enable_metrics, "disable_radix_cache": a.disable_radix_cache})
 print(json.dumps(out))
 """
 
@@ -61,11 +61,13 @@ def launch_args(cmd: list[str]) -> list[str]:
 
 def deploy_args(tmp_path: Path, overrides: list[str]) -> list[str]:
     """The launch_server arguments of the k8s Deployment trtkv writes, as its container's bash expands them."""
-    out = deploy(load_recipe(RECIPE, overrides), Target.K8S, tmp_path / "k8s", log=lambda _m: None)
+    out = deploy(load_recipe(RECIPE, overrides), Target.K8S, tmp_path / "k8s", log=lambda _m: None,
+                 options=Options(model_source="s3://my-bucket/x"))
     objs = [d for p in sorted(out.glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
     (dep,) = [o for o in objs if o["kind"] == "Deployment"]
     script = dep["spec"]["template"]["spec"]["containers"][0]["command"][2]
-    return launch_args(shlex.split(script.removeprefix(launch.REQUIRE_KEY).replace(f'"${API_KEY_ENV}"', "the-key")))
+    script = script.split(launch.REQUIRE_KEY, 1)[1]  # after the key's read from its file and the refusal of none
+    return launch_args(shlex.split(script.replace(f'"${API_KEY_ENV}"', "the-key")))
 
 
 @needs_sglang
@@ -73,7 +75,8 @@ def test_every_sglang_command_trtkv_writes_parses_with_sglangs_parser(tmp_path: 
     cases = [([], "fp8_e4m3", None), (["quantization.weights=none"], "fp8_e4m3", sglang.SCALES_FILE),
              (["quantization.kv_cache=none"], "auto", None), (["quantization.kv_cache=fp8_cast"], "fp8_e4m3", None),
              (["quantization.kv_cache=nvfp4", "hardware.gpu=B200"], "nvfp4", None),
-             (["build.tp_size=2", "build.pp_size=2"], "fp8_e4m3", None)]
+             (["build.tp_size=2", "build.pp_size=2"], "fp8_e4m3", None),
+             (["triton.enable_kv_cache_reuse=false"], "fp8_e4m3", None)]
     argvs, wanted = [], []
     for i, (overrides, dtype, qpp) in enumerate(cases):
         recipe = load_recipe(RECIPE, overrides)
@@ -81,7 +84,12 @@ def test_every_sglang_command_trtkv_writes_parses_with_sglangs_parser(tmp_path: 
         wanted += [(recipe, dtype, qpp, None), (recipe, dtype, qpp, "the-key")]
     for p, (recipe, dtype, qpp, key) in zip(parse(argvs), wanted, strict=True):
         assert "error" not in p, p
-        assert p["model_path"] == str(sglang._hf(recipe)) and p["kv_cache_dtype"] == dtype and p["api_key"] == key
+        # the container's view: the canonical paths, docker and the deploy files alike
+        assert p["model_path"] == f"/models/{recipe.name}/checkpoint/hf"
+        assert p["kv_cache_dtype"] == dtype and p["api_key"] == key
+        assert p["qpp"] is None or p["qpp"] == f"/models/{recipe.name}/engine/{sglang.SCALES_FILE}"
+        # prefix caching: SGLang's radix cache as it ships (on), off only when the recipe says so
+        assert p["disable_radix_cache"] is (recipe.triton.enable_kv_cache_reuse is False)
         assert (p["tp"], p["pp"]) == (recipe.build.tp_size, recipe.build.pp_size) and p["host"] == "0.0.0.0"
         assert p["port"] == recipe.triton.http_port and p["served_model_name"] == recipe.name and p["enable_metrics"]
         assert (p["context_length"], p["max_running_requests"], p["chunked_prefill_size"]) == (

@@ -142,6 +142,16 @@ def test_serving_twice_is_refused_and_status_is_healthy(vllm_server: tuple[Any, 
     check = subprocess.run(["sh", "-c", health_cmd(canary_script(recipe.triton.http_port, openai_model=RECIPE))],
                            capture_output=True, timeout=120)
     assert check.returncode == 0, check.stderr  # the vLLM container's health check
+    # the deploy files' startup and liveness probes: GET vLLM's own health endpoint, no key needed
+    import urllib.request
+
+    from trtkv.backends import for_recipe
+
+    path = for_recipe(recipe).serving.openai.health_path  # type: ignore[union-attr]
+    with urllib.request.urlopen(f"http://{recipe.triton.host}:{recipe.triton.http_port}{path}", timeout=10) as r:
+        assert r.status == 200
+    record = serve.read_server(recipe)
+    assert record is not None and "--enable-prefix-caching" in record.command  # vLLM's default, said explicitly
 
 
 def test_bench_over_the_openai_protocol(vllm_server: tuple[Any, Any], tmp_path: Path) -> None:
@@ -289,6 +299,6 @@ def test_dynamo_vllm_worker_arguments_parse_with_vllms_own_engine_parser() -> No
     assert proc.returncode == 0, proc.stderr[-3000:]
     parsed = json.loads(proc.stdout.strip().splitlines()[-1])
     for role, p in zip(roles, parsed, strict=True):  # one answer per role
-        assert p["model"] == str(dynamo.hf_dir(recipe)) and p["max_model_len"] == recipe.build.max_seq_len
+        assert p["model"] == f"/models/{recipe.name}/checkpoint/hf" and p["max_model_len"] == recipe.build.max_seq_len
         assert (p["kv_cache_dtype"], p["skip"], p["tp"]) == ("fp8", ["0", "79"], recipe.build.tp_size)
         assert p["kv_connector"] == (None if role == "agg" else "NixlConnector")

@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from trtkv.backends import for_recipe, tensorrt
 from trtkv.core.errors import StageError
@@ -46,6 +47,8 @@ def test_every_recipe_generates_a_valid_repo(name: str, engines_tmp: Path, token
         assert models["tensorrt_llm"].config.model_transaction_policy.decoupled is recipe.triton.decoupled
         readme = (repo / "README.md").read_text()
         local = recipe.hardware.gpu.value == "cpu"
+        served = yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text())["model"]
+        assert served == (str(engines_tmp / name / "checkpoint" / "hf") if local else f"/models/{name}/checkpoint/hf")
         assert ("make serve" in readme) if local else ("docker run" in readme and "--world_size=1" in readme)
         return
     expected = {"preprocessing", "tensorrt_llm", "postprocessing", "ensemble"}
@@ -69,8 +72,13 @@ def test_every_recipe_generates_a_valid_repo(name: str, engines_tmp: Path, token
         knobs = tensorrt.engine_memory_knobs(recipe)  # the plan's value: TensorRT-LLM's 0.9 when the recipe is silent
         assert float(params["kv_cache_free_gpu_mem_fraction"]) == knobs.value
         assert params["max_tokens_in_paged_kv_cache"] == ("" if knobs.cap_value is None else str(knobs.cap_value))
-        assert params["gpt_model_path"] == str(engines_tmp / name / "engine")
+        # the container reads the repository: the configs name the canonical container paths, never this host's
+        assert params["gpt_model_path"] == f"/models/{name}/engine"
+        assert params["tokenizer_dir"] == f"/models/{name}/checkpoint/tokenizer"
+        assert not any(str(engines_tmp) in c.read_text() for c in repo.glob("*/config.pbtxt"))
         assert {"enable_kv_cache_reuse", "exclude_input_in_output", "max_beam_width"} <= set(params)
+        # prefix caching as the engine ships it (on), off with the reason for INT8 KV (no paged context FMHA)
+        assert params["enable_kv_cache_reuse"] == ("false" if recipe.quantization.kv_cache.value == "int8" else "true")
         chunked = recipe.build.max_input_len > recipe.build.max_num_tokens
         assert params["enable_chunked_context"] == str(chunked).lower()
         assert f"`enable_chunked_context` is {str(chunked).lower()}" in (repo / "README.md").read_text()

@@ -45,7 +45,12 @@ def test_gpu_dry_run_prints_container_and_mpirun(capsys: pytest.CaptureFixture[s
     assert "docker run" in out and "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3" in out and "--gpus all" in out
     assert out.count("mpirun --allow-run-as-root") == 2  # in the docker command and inside the container
     assert "--load-model=tensorrt_llm" in out and "shm-region-prefix-name=prefix3_" in out
-    assert f"-v {engines_tmp / 'llama70b_fp8kv'}:{engines_tmp / 'llama70b_fp8kv'}" in out
+    # each folder the server reads, read-only at its canonical container path, which the repository's configs name
+    ours = engines_tmp / "llama70b_fp8kv"
+    assert f"-v {ours / 'engine'}:/models/llama70b_fp8kv/engine:ro" in out
+    assert f"-v {ours / 'checkpoint/tokenizer'}:/models/llama70b_fp8kv/checkpoint/tokenizer:ro" in out
+    assert ":/models/llama70b_fp8kv/triton_repo:ro" in out
+    assert "--model-repository=/models/llama70b_fp8kv/triton_repo" in out and "--model_repo=/models/" in out
     assert "-p 127.0.0.1:8001:8001" in out and "--world_size=4" in out
     single = serve.gpu_command(load_recipe("llama8b_fp8kv"), Path("/r"))
     assert single[0] == serve.CONTAINER_TRITONSERVER and "mpirun" not in single

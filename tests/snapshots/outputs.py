@@ -8,7 +8,8 @@ only where the value belongs to the machine, not to trtkv:
 - host RAM: a CPU recipe's capacity follows this machine's memory; the snapshots fix it at HOST_RAM_GIB;
 - a stage manifest's run record (`finished_at`, `wall_seconds`, `tool_versions`): time and installed packages; in its
   `files` list each file's `mtime_ns` and `sha256` (the time it was written, and a digest over bytes that hold the
-  scratch path: the files themselves are snapshotted byte for byte, their names and sizes stay).
+  scratch path: the files themselves are snapshotted byte for byte, their names stay), and the `bytes` of a file that
+  holds a machine path (a README's commands name the checkout: its size follows where the clone lies).
 
 Nothing else is touched: every other byte is what trtkv wrote. The trtkv cache is an empty folder (no converted model:
 the packaged recipes plan from their own fields), and the CPU repositories copy SmolLM2's real tokenizer from where
@@ -134,15 +135,19 @@ def _cli_ok(*argv: str) -> str:
     return out
 
 
-def _normalise_manifest(text: str) -> str:
+def _normalise_manifest(text: str, holds_paths: set[str] = frozenset()) -> str:
+    """`holds_paths`: the files (relative to the manifest's folder) whose bytes hold a machine path, so whose size
+    follows the machine (the checkout's path in a README's commands) and is normalised with them."""
     data = json.loads(text)
     for key in VOLATILE_KEYS:
         if key in data:
             data[key] = "<varies>" if not isinstance(data[key], dict) else {k: "<varies>" for k in data[key]}
-    for entry in (data.get("files") or {}).values():
+    for name, entry in (data.get("files") or {}).items():
         for key in ("mtime_ns", "sha256"):
             if key in entry:
                 entry[key] = "<varies>"
+        if name in holds_paths and "bytes" in entry:
+            entry["bytes"] = "<varies: holds machine paths>"
     return json.dumps(data, indent=2) + "\n"
 
 
@@ -160,6 +165,8 @@ def read_folder(folder: Path, s: Scratch) -> dict[str, str]:
     were copied (the tokenizer, files identical to a template) and so are listed but not kept here."""
     files: dict[str, str] = {}
     index = []
+    manifests: list[Path] = []
+    raw: dict[str, str] = {}
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         rel = str(path.relative_to(folder))
         mode = "executable" if path.stat().st_mode & stat.S_IXUSR else "file"
@@ -169,9 +176,17 @@ def read_folder(folder: Path, s: Scratch) -> dict[str, str]:
         elif template is not None:
             index.append(f"{rel}  {mode}  copied: {template}")
         else:
-            text = s.normalise(path.read_text(encoding="utf-8"))
-            files[rel] = _normalise_manifest(text) if path.name == "manifest.json" else text
+            raw[rel] = path.read_text(encoding="utf-8")
+            files[rel] = s.normalise(raw[rel])
+            if path.name == "manifest.json":
+                manifests.append(path)
             index.append(f"{rel}  {mode}")
+    holds_paths = {rel for rel in files if files[rel] != raw[rel]}
+    for path in manifests:
+        rel = str(path.relative_to(folder))
+        base = path.parent.relative_to(folder)
+        beside = {str(Path(r).relative_to(base)) for r in holds_paths if Path(r).is_relative_to(base)}
+        files[rel] = _normalise_manifest(files[rel], beside)
     files["_files.txt"] = "\n".join(index) + "\n"
     return files
 
@@ -202,6 +217,8 @@ def deploy_outputs(case: str, target: str, s: Scratch) -> dict[str, str]:
     """`trtkv deploy RECIPE --target T [options]`'s folder, or, where trtkv refuses the pair, its message."""
     recipe, options = DEPLOY_EXTRA.get(case, (case, ()))
     out = s.root / "deploy" / case / target
+    if target != "slurm":  # the Kubernetes targets' loader Job copies from the source the user names
+        options = (*options, "--model-source", f"s3://my-bucket/trtkv/{recipe}")
     code, _, err = run_cli("deploy", recipe, "--target", target, "--output", str(out), *options)
     if code != 0:
         return {"refused.txt": s.normalise(err)}

@@ -25,7 +25,8 @@ from trtkv.core.errors import StageError
 from trtkv.core.tools import quote
 from trtkv.platform.versions import Row
 from trtkv.recipe import Backend, KVCacheQuant, Recipe
-from trtkv.recipe.layout import checkpoint_dir, engine_dir, kv_cache_quant_algo
+from trtkv.recipe.layout import Artifacts, checkpoint_dir, engine_dir, host_artifacts, kv_cache_quant_algo, served_artifacts
+from trtkv.recipe.prefix_cache import prefix_cache
 
 SERVE_COMMAND = "serve_command.txt"
 LLM_API_OPTIONS = "llm_api_options.yaml"
@@ -112,7 +113,7 @@ def llm_args(recipe: Recipe, hf_dir: Path) -> dict[str, Any]:
     """The LLM() keyword arguments for the recipe (model.yaml, the trtllm-serve config and `trtkv generate`).
     Every key is a field of TensorRT-LLM's TorchLlmArgs (tests/data/llm_args_fields.json). The KV-cache memory
     fields are the ones trtkv's plan used (llmapi_memory_knobs)."""
-    b, t = recipe.build, recipe.triton
+    b = recipe.build
     knobs = llmapi_memory_knobs(recipe)
     args: dict[str, Any] = {
         "model": str(hf_dir),
@@ -127,7 +128,7 @@ def llm_args(recipe: Recipe, hf_dir: Path) -> dict[str, Any]:
         "kv_cache_config": {
             "dtype": kv_dtype(recipe),
             "free_gpu_memory_fraction": knobs.value,
-            "enable_block_reuse": t.enable_kv_cache_reuse,
+            "enable_block_reuse": prefix_cache(recipe).enabled,  # explicit: the engine's default where it may reuse
         },
     }
     if knobs.cap_value is not None:  # triton.kv_pool_gib_per_gpu: TensorRT-LLM takes the smaller of the two
@@ -213,7 +214,8 @@ class LlmApiBuilder:
         hf = ckpt / "hf"
         options = serve_config(recipe)
         (tmp / LLM_API_OPTIONS).write_text(_yaml_text(recipe, options, "trtllm-serve --extra_llm_api_options (or --config)"))
-        cmd = trtllm_serve_command(recipe, hf, final / LLM_API_OPTIONS)
+        at = served_artifacts(recipe)  # a GPU recipe's command runs in a container: /models/<recipe>/...
+        cmd = trtllm_serve_command(recipe, at.hf, at.engine / LLM_API_OPTIONS)
         (tmp / SERVE_COMMAND).write_text(quote(cmd) + "\n")
         out: dict[str, Any] = {"backend": Backend.LLMAPI.value, "serve_command": cmd, "llm_api_options": options,
                                "llm_args": llm_args(recipe, hf)}
@@ -233,10 +235,13 @@ class LlmApiBuilder:
 
     def dry_run_lines(self, recipe: Recipe, ckpt: Path, out: Path) -> list[str]:
         options = out / LLM_API_OPTIONS
+        at = served_artifacts(recipe)
         lines = [f"  write {options} (trtllm-serve --extra_llm_api_options, newer name --config):"]
         lines += ["      " + line for line in yaml.safe_dump(serve_config(recipe), sort_keys=False).splitlines()]
-        lines.append(f"  serve command (saved to {out / SERVE_COMMAND}; an OpenAI-compatible server on a GPU host):")
-        lines += command_block(trtllm_serve_command(recipe, ckpt / "hf", options))
+        where = "" if at == host_artifacts(recipe) else f", in the container with the artifacts at {at.root}"
+        lines.append(f"  serve command (saved to {out / SERVE_COMMAND}; an OpenAI-compatible server on a GPU "
+                     f"host{where}):")
+        lines += command_block(trtllm_serve_command(recipe, at.hf, at.engine / LLM_API_OPTIONS))
         if SERVING.serves_locally(recipe):
             lines.append(f"  then load {ckpt / 'hf'} with {CPU_MODULE}.LLM (the CPU engine the Triton model uses "
                          f"here) and decode one token")
@@ -263,14 +268,14 @@ class LlmApiLayout:
 
     def files(self, recipe: Recipe) -> dict[str, str]:
         """Extra files of the repository (path -> text): the model's LLM() arguments."""
-        return {f"tensorrt_llm/1/{MODEL_YAML}": _yaml_text(recipe, model_yaml(recipe, _hf(recipe)),
+        return {f"tensorrt_llm/1/{MODEL_YAML}": _yaml_text(recipe, model_yaml(recipe, served_artifacts(recipe).hf),
                                                            "LLM() arguments for the Triton llmapi model")}
 
     def summary(self, recipe: Recipe) -> str:
         engine = ("trtkv's reference engine (`trtkv.runtime.llm`, CPU)" if SERVING.serves_locally(recipe)
                   else "`tensorrt_llm.LLM` (PyTorch backend)")
         return (f"Python model in TensorRT-LLM's llmapi layout on {engine}; LLM() arguments in "
-                f"`tensorrt_llm/1/{MODEL_YAML}`, model `{checkpoint_dir(recipe)}/hf`")
+                f"`tensorrt_llm/1/{MODEL_YAML}`, model `{served_artifacts(recipe).hf}`")
 
     def readme_lines(self, recipe: Recipe, tokenizer: str) -> list[str]:
         return [
@@ -328,6 +333,9 @@ class TrtllmServe:
     name = "trtllm-serve"
     label = "trtllm-serve"
     metrics_path = None  # no Prometheus endpoint
+    # 200, or 503 when the LLM is unhealthy (tensorrt_llm/serve/openai_server.py register_routes/health @00057725)
+    health_path = "/health"
+    shm_gib = 2  # the Triton TensorRT-LLM image's docker --shm-size=2g (trtkv.serving.container)
     key_env = None  # no API key option
     ray = False
     non_root = False
@@ -338,8 +346,10 @@ class TrtllmServe:
     def image(self, recipe: Recipe) -> str | None:
         return None  # the Triton TensorRT-LLM image of the version matrix
 
-    def command(self, recipe: Recipe, host: str) -> list[str]:
-        cmd = trtllm_serve_command(recipe, _hf(recipe), engine_dir(recipe) / LLM_API_OPTIONS)
+    def command(self, recipe: Recipe, host: str, at: Artifacts | None = None) -> list[str]:
+        """`at`: where the artifacts are (default: where the recipe's server reads them, a container's /models)."""
+        at = at or served_artifacts(recipe)
+        cmd = trtllm_serve_command(recipe, at.hf, at.engine / LLM_API_OPTIONS)
         cmd[cmd.index("--host") + 1] = host
         return cmd
 
@@ -352,14 +362,16 @@ class TrtllmServe:
     def reads(self, recipe: Recipe) -> list[Path]:
         return [_hf(recipe), engine_dir(recipe)]  # the HF export and the build's llm_api_options.yaml
 
-    def served_model(self, recipe: Recipe) -> str:
-        return str(_hf(recipe))
+    def served_model(self, recipe: Recipe, at: Artifacts | None = None) -> str:
+        """trtllm-serve names the model by the path it loads (where that path is: `at`, default served_artifacts)."""
+        return str((at or served_artifacts(recipe)).hf)
 
     def problem(self, recipe: Recipe) -> str | None:
         return None
 
     def here(self, recipe: Recipe, *, check: bool = True) -> tuple[list[str], dict[str, str]]:
-        return self.command(recipe, recipe.triton.host), {}
+        """trtllm-serve installed on this machine: the host's folders."""
+        return self.command(recipe, recipe.triton.host, host_artifacts(recipe)), {}
 
 
 class LlmApiServing(TritonServing):

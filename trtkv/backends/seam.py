@@ -27,6 +27,7 @@ from trtkv.contracts.interface import ModelInterface
 from trtkv.platform.hardware import GPU
 from trtkv.platform.versions import Row
 from trtkv.recipe import Backend, Recipe
+from trtkv.recipe.layout import Artifacts
 
 OPENAI_LAYOUT = "openai"  # the layout name of a backend with no Triton repository (its own OpenAI server)
 
@@ -104,6 +105,12 @@ class OpenAIServer(Protocol):
     def metrics_path(self) -> str | None: ...  # Prometheus text on the HTTP port (None: none)
 
     @property
+    def health_path(self) -> str: ...  # its own cheap health endpoint (GET, 200 when up): the pods' liveness probe
+
+    @property
+    def shm_gib(self) -> int: ...  # the memory-backed /dev/shm it needs (docker --shm-size, the pods' /dev/shm)
+
+    @property
     def key_env(self) -> str | None: ...  # the variable it reads its API key from (None: it has no API key)
 
     @property
@@ -119,8 +126,9 @@ class OpenAIServer(Protocol):
         """Its container image (None: the Triton TensorRT-LLM image of trtkv's version matrix)."""
         ...
 
-    def command(self, recipe: Recipe, host: str) -> list[str]:
-        """The server command inside its image, bound to `host`."""
+    def command(self, recipe: Recipe, host: str, at: Artifacts | None = None) -> list[str]:
+        """The server command inside its image, bound to `host`, reading the artifacts at `at` (default: where the
+        recipe's server reads them, trtkv.recipe.layout.served_artifacts: /models/<recipe> in a container)."""
         ...
 
     def node_command(self, recipe: Recipe, host: str) -> list[str]:
@@ -135,7 +143,7 @@ class OpenAIServer(Protocol):
         """The folders it reads (a deployment copies and mounts only these)."""
         ...
 
-    def served_model(self, recipe: Recipe) -> str: ...
+    def served_model(self, recipe: Recipe, at: Artifacts | None = None) -> str: ...
 
     def problem(self, recipe: Recipe) -> str | None:
         """Why it would fail on this machine, said before minutes of loading (None: no known reason)."""

@@ -23,14 +23,21 @@ from trtkv.backends.seam import EngineBackend, MemoryRule
 from trtkv.backends.vllm import VllmRunner
 from trtkv.checkpoints.serving_memory import SGLANG_VERSION, ServedPool, sglang_info_tokens, sglang_knobs
 from trtkv.contracts.canary import canary_script, docker_health_args
-from trtkv.core import paths
 from trtkv.core.apikey import API_KEY_ENV
 from trtkv.core.errors import StageError
 from trtkv.core.tools import quote
 from trtkv.kvcache import engines
 from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe import Backend, KVCacheQuant, Recipe, WeightQuant
-from trtkv.recipe.layout import checkpoint_dir, engine_dir, kv_cache_quant_algo
+from trtkv.recipe.layout import (
+    Artifacts,
+    checkpoint_dir,
+    container_artifacts,
+    engine_dir,
+    kv_cache_quant_algo,
+    served_artifacts,
+)
+from trtkv.recipe.prefix_cache import prefix_cache
 
 # SGLANG_VERSION (trtkv.checkpoints.serving_memory, beside the memory rule it pins): the parser .venv-sglang checks
 # (`make install-sglang`) and the image below
@@ -42,6 +49,7 @@ SCALES_FILE = "sglang_kv_scales.json"  # --quantization-param-path
 FP8_DTYPE = "float8_e4m3fn"  # KVCacheQuantSchema.check_is_fp8 (python/sglang/srt/model_loader/weight_utils.py)
 # trtkv.deploy.launch.KEY_REF (the shell expands it to "$TRTKV_API_KEY"), spelt here: deploy imports the backends
 KEY_REF = "\x00" + API_KEY_ENV + "\x00"
+SHM_GIB = 16  # /dev/shm for SGLang's scheduler and TP workers (docker --shm-size, the pods' memory-backed /dev/shm)
 KEY_FLAG = "--api-key"  # SGLang reads its key from the command line only (ServerArgs.api_key; no environment form)
 
 
@@ -97,15 +105,18 @@ def memory_args(recipe: Recipe) -> list[str]:
 
 
 def server_args(recipe: Recipe, hf_dir: Path, host: str, scales: Path | None = None) -> list[str]:
-    """SGLang's launch_server arguments (shared by `docker run` and the deploy files)."""
+    """SGLang's launch_server arguments (shared by `docker run` and the deploy files); `scales` defaults to the engine
+    folder where the server reads it (a container: /models/<recipe>/engine)."""
     b = recipe.build
     args = ["--model-path", str(hf_dir), "--served-model-name", served_model_name(recipe), "--host", host,
             "--port", str(recipe.triton.http_port), "--kv-cache-dtype", kv_cache_dtype(recipe),
             "--context-length", str(b.max_seq_len), "--max-running-requests", str(b.max_batch_size),
             "--chunked-prefill-size", str(b.max_num_tokens if recipe.chunked_context else -1), "--enable-metrics",
             *memory_args(recipe)]
+    if not prefix_cache(recipe).enabled:  # on is SGLang's default and has no flag of its own
+        args.append("--disable-radix-cache")
     if uses_scales_file(recipe):
-        args += ["--quantization-param-path", str(scales or engine_dir(recipe) / SCALES_FILE)]
+        args += ["--quantization-param-path", str(scales or served_artifacts(recipe).engine / SCALES_FILE)]
     if b.tp_size > 1:
         args += ["--tp-size", str(b.tp_size)]
     if b.pp_size > 1:
@@ -114,13 +125,21 @@ def server_args(recipe: Recipe, hf_dir: Path, host: str, scales: Path | None = N
 
 
 def gpu_command(recipe: Recipe, hf_dir: Path) -> list[str]:
-    """docker run of SGLang's image on the GPUs; the artifacts mounted read-only at the same paths."""
+    """docker run of SGLang's image on the GPUs; the folders it reads (`hf_dir` and, for the scales file, the engine
+    folder, on this host) mounted read-only at their canonical container paths, which the arguments name."""
     t = recipe.triton
-    out = paths.recipe_output_dir(recipe.name)
     health = docker_health_args(canary_script(t.http_port, openai_model=served_model_name(recipe)), t.startup_timeout_s)
-    return ["docker", "run", "--rm", "--gpus", "all", "--shm-size=16g", "--name", f"trtkv-{recipe.name}",
-            "-p", f"{t.host}:{t.http_port}:{t.http_port}", *health, "-v", f"{out}:{out}:ro", SGLANG_IMAGE,
-            "python3", "-m", "sglang.launch_server", *server_args(recipe, hf_dir, "0.0.0.0")]
+    box = container_artifacts(recipe)
+    pairs = [(hf_dir, box.hf)] + ([(engine_dir(recipe), box.engine)] if uses_scales_file(recipe) else [])
+    mounts = [a for host, inside in pairs for a in ("-v", f"{host}:{inside}:ro")]
+    return ["docker", "run", "--rm", "--gpus", "all", f"--shm-size={SHM_GIB}g", "--name", f"trtkv-{recipe.name}",
+            "-p", f"{t.host}:{t.http_port}:{t.http_port}", *health, *mounts, SGLANG_IMAGE,
+            "python3", "-m", "sglang.launch_server", *server_args(recipe, box.hf, "0.0.0.0", box.engine / SCALES_FILE)]
+
+
+def reads(recipe: Recipe) -> list[Path]:
+    """The host folders the server reads: the HF export, and the engine folder for the scales file."""
+    return [_hf(recipe), engine_dir(recipe)] if uses_scales_file(recipe) else [_hf(recipe)]
 
 
 def quant_param_document(k_amax: list[float], v_amax: list[float], tp_size: int, model_type: str | None) -> dict:
@@ -210,6 +229,8 @@ class SglangServer:
     name = "sglang"
     label = "SGLang"
     metrics_path = "/metrics"  # --enable-metrics: Prometheus text on the HTTP port
+    health_path = "/health"  # 503 while starting or shutting down, else 200 (entrypoints/http_server.py, 0.5.23)
+    shm_gib = SHM_GIB
     key_env = None  # no environment form: the key goes on the command line, expanded from $TRTKV_API_KEY
     ray = False
     non_root = True  # run as uid 1000 with HOME on an emptyDir (its JIT caches live under HOME)
@@ -220,8 +241,11 @@ class SglangServer:
     def image(self, recipe: Recipe) -> str | None:
         return SGLANG_IMAGE
 
-    def command(self, recipe: Recipe, host: str) -> list[str]:
-        return ["python3", "-m", "sglang.launch_server", *server_args(recipe, _hf(recipe), host)]
+    def command(self, recipe: Recipe, host: str, at: Artifacts | None = None) -> list[str]:
+        """In its image, the artifacts at `at` (default: their canonical container paths, /models/<recipe>)."""
+        at = at or served_artifacts(recipe)
+        return ["python3", "-m", "sglang.launch_server",
+                *server_args(recipe, at.hf, host, at.engine / SCALES_FILE)]
 
     def node_command(self, recipe: Recipe, host: str) -> list[str]:
         return [*self.command(recipe, host), KEY_FLAG, KEY_REF]
@@ -230,9 +254,9 @@ class SglangServer:
         return self.node_command(recipe, host)  # one node (backend_rules refuses more than 8 GPUs per replica)
 
     def reads(self, recipe: Recipe) -> list[Path]:
-        return [_hf(recipe), engine_dir(recipe)] if uses_scales_file(recipe) else [_hf(recipe)]
+        return reads(recipe)
 
-    def served_model(self, recipe: Recipe) -> str:
+    def served_model(self, recipe: Recipe, at: Artifacts | None = None) -> str:
         return served_model_name(recipe)
 
     def problem(self, recipe: Recipe) -> str | None:

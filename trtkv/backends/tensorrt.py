@@ -30,7 +30,8 @@ from trtkv.checkpoints.serving_memory import EngineKnobs, trtllm_knobs
 from trtkv.core.errors import StageError, ToolError
 from trtkv.core.tools import quote, run_logged, tail
 from trtkv.platform import trtllm, versions
-from trtkv.recipe import Backend, GemmPlugin, KVCacheQuant, Recipe, WeightQuant
+from trtkv.recipe import Backend, KVCacheQuant, Recipe, WeightQuant
+from trtkv.recipe.backend_rules import gemm_plugin_choice
 from trtkv.recipe.layout import checkpoint_dir, engine_dir, kv_cache_quant_algo
 
 ENGINE_RUNNER = """\
@@ -62,11 +63,9 @@ BUILD_COMMAND = "build_command.txt"
 
 
 def gemm_plugin(recipe: Recipe) -> str:
-    """`--gemm_plugin`: fp8 with FP8 weights when the recipe says auto, else the recipe's value."""
-    chosen = recipe.build.gemm_plugin
-    if chosen is GemmPlugin.AUTO:
-        return "fp8" if recipe.quantization.weights is WeightQuant.FP8 else "auto"
-    return chosen.value
+    """`--gemm_plugin`: the recipe's value; `auto` as TensorRT-LLM's performance guide sets it
+    (trtkv.recipe.backend_rules.gemm_plugin_choice)."""
+    return gemm_plugin_choice(recipe)[0]
 
 
 def _onoff(flag: bool) -> str:
@@ -316,6 +315,7 @@ class TensorRTBuilder:
                  f"{kv_cache_quant_algo(recipe)}, dtype = {recipe.model.dtype.value}, mapping tp_size = "
                  f"{recipe.build.tp_size}, pp_size = {recipe.build.pp_size}",
                  "  " + context_fmha_line(recipe),
+                 f"  --gemm_plugin {gemm_plugin_choice(recipe)[1]}",
                  f"  run (log: {out / BUILD_LOG}, command saved to {out / BUILD_COMMAND}):"]
         plain = trtllm_build_command(recipe, ckpt, out)
         if place.kind != "missing":

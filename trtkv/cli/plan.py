@@ -76,6 +76,12 @@ def format_plan(p: Plan) -> str:
                 for c in p.formats if c.format in (p.formats[0].format, "fp16", "fp8")
                 for acc in c.per_sequence_kv_bytes_by_accounting]
         lines += _table(head, rows)
+    pc = p.prefix_cache
+    lines.append("")
+    lines.append(f"Prefix cache: {'on' if pc.enabled else 'off'} ({pc.why}); sequences per replica of "
+                 f"{pc.input_tokens} in + {pc.output_tokens} out tokens at each prefix hit rate:")
+    head = ["format"] + [f"hit {h:.0%}" for h in pc.hit_rates]
+    lines += _table(head, [[r.format] + [f"{n:,}" for n in r.sequences.values()] for r in pc.rows])
     lines.append("")
     for ex in p.examples:
         parts = ", ".join(f"{fmt} {gib:g} GiB" for fmt, gib in ex.kv_gib.items())

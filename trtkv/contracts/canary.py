@@ -6,8 +6,8 @@ The check is a small python3 program, passed to `docker run --health-cmd` base64
 python3`), so no quoting survives two shells; `canary_script` returns it readable. It decides with explicit exits,
 never `assert` (PYTHONOPTIMIZE would make an assert pass always), reads at most CANARY_MAX_BYTES of the answer and
 gives the whole request (connect, send, headers, body) one deadline: a server that drips bytes fails it too. It sends
-the API key of $TRTKV_API_KEY (trtkv.core.apikey) when the container has one, read when it runs, never written in the
-script.
+the API key of $TRTKV_API_KEY (trtkv.core.apikey), or of the file $TRTKV_API_KEY_FILE names (the pods mount the key's
+Secret as a file), when the container has one, read when it runs, never written in the script.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import base64
 import json
 
 from trtkv.contracts.interface import ENSEMBLE, ModelInterface
-from trtkv.core.apikey import API_KEY_ENV, TRITON_KEY_HEADER
+from trtkv.core.apikey import API_KEY_ENV, API_KEY_FILE_ENV, TRITON_KEY_HEADER
 
 CANARY_TIMEOUT_S = 50.0  # the whole request; under docker's --health-timeout and the probes' timeoutSeconds (60 s)
 CANARY_MAX_BYTES = 1 << 20  # a one-token answer is a few hundred bytes
@@ -41,6 +41,9 @@ def canary_script(port: int, interface: ModelInterface = ENSEMBLE, openai_model:
         f"signal.setitimer(signal.ITIMER_REAL, {timeout_s!r})\n"
         "headers = {'Content-Type': 'application/json'}\n"
         f"key = os.environ.get({json.dumps(API_KEY_ENV)}, '').strip()\n"
+        f"if not key and os.environ.get({json.dumps(API_KEY_FILE_ENV)}):\n"
+        f"    with open(os.environ[{json.dumps(API_KEY_FILE_ENV)}]) as f:\n"
+        "        key = f.read(4096).strip()\n"
         "if key:\n"
         f"    headers.update({{{json.dumps(TRITON_KEY_HEADER)}: key, 'Authorization': 'Bearer ' + key}})\n"
         "try:\n"

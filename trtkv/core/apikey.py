@@ -11,6 +11,7 @@ import os
 
 API_KEY_ENV = "TRTKV_API_KEY"
 TRITON_KEY_HEADER = "trtkv-api-key"  # Triton's --http-restricted-api / --grpc-restricted-protocol key (lower case: gRPC)
+API_KEY_FILE_ENV = "TRTKV_API_KEY_FILE"  # in the deploy files' pods: the mounted Secret file holding the key
 VLLM_KEY_ENV = "VLLM_API_KEY"  # vLLM reads its key from here as from --api-key (not on the command line, not in ps)
 
 

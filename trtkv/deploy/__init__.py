@@ -1,8 +1,10 @@
 """`trtkv deploy RECIPE --target k8s|slurm|dynamo`: files for the cluster schedulers that already exist, sized by the
 planner and checked before they are written (trtkv.deploy.check). No scheduler and no router of trtkv's own.
 
-Output: deploy/<recipe>/<target>/ (or --output), replaced as a whole only when every file passed its checks, with a
-README.md of the commands to apply it and sizing.json.
+Every file a container reads names the canonical container paths (/models/<recipe>/...), never this machine's. The
+Kubernetes targets fill their models volume with a loader Job from `--model-source` (trtkv.deploy.loader), in the
+namespace of `--namespace`. Output: deploy/<recipe>/<target>/ (or --output), replaced as a whole only when every file
+passed its checks, with a README.md of the commands to apply it and sizing.json.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -20,19 +23,31 @@ import yaml
 
 from trtkv.contracts.stage import OWNER, check_output, remove_leftovers, replace_folder
 from trtkv.core import paths
-from trtkv.core.apikey import API_KEY_ENV
 from trtkv.core.errors import StageError
 from trtkv.core.files import naming
 from trtkv.core.paths import temp_sibling
-from trtkv.deploy import check, dynamo, k8s, launch, slurm
+from trtkv.deploy import check, dynamo, k8s, launch, loader, readme, slurm
 from trtkv.deploy.sizing import Sizing, size
 from trtkv.recipe import Recipe
+from trtkv.recipe.layout import container_artifacts
 
 
 class Target(str, Enum):
     K8S = "k8s"
     SLURM = "slurm"
     DYNAMO = "dynamo"
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the command line adds to the recipe: whom the NetworkPolicy admits, the namespace, where the loader Job
+    copies the model from, and image overrides (a digest-pinned server image, a mirrored loader image)."""
+
+    fence: k8s.Fence = field(default_factory=k8s.Fence)
+    namespace: str = k8s.DEFAULT_NAMESPACE
+    model_source: str | None = None
+    image: str | None = None
+    loader_image: str | None = None
 
 
 def default_output(recipe: Recipe, target: Target) -> Path:
@@ -51,171 +66,65 @@ def _yaml_docs(objs: list[dict[str, Any]], what: str) -> str:
     return head + "---\n".join(yaml.dump(o, Dumper=_NoAliases, sort_keys=False, width=120) for o in objs)
 
 
+@dataclass(frozen=True)
+class Models:
+    """The models volume's load: its source, the folders (host folder, path under /models/<recipe>) and its id."""
+
+    source: loader.ModelSource
+    folders: list[tuple[Path, str]]
+    load_id: str
+
+
+def _models(recipe: Recipe, folders: list[tuple[Path, Path]], options: Options, target: Target) -> Models:
+    if options.model_source is None:
+        raise StageError(f"deploy {recipe.name} --target {target.value}: name where the loader Job copies the model "
+                         f"from: --model-source {' | '.join(loader.FORMS)}. Next: e.g. --model-source "
+                         f"s3://my-bucket/trtkv/{recipe.name}; the README's first step uploads this machine's folders "
+                         f"there.")
+    source = loader.parse_source(options.model_source)
+    subs = [(host, launch.relative(recipe, box)) for host, box in folders]
+    loader.check_source(source, recipe, [s for _h, s in subs])
+    return Models(source, subs, loader.load_id(recipe, source, subs))
+
+
+def _models_objects(recipe: Recipe, sizing: Sizing, models: Models, options: Options) -> list[dict[str, Any]]:
+    names = {"job": k8s.k8s_name(recipe, f"load-{models.load_id[:8]}"), "claim": k8s.k8s_name(recipe, "models"),
+             "secret": k8s.k8s_name(recipe, "loader")}
+    job = loader.job(recipe, models.source, [s for _h, s in models.folders], models.load_id, names,
+                     k8s.labels(recipe), options.namespace, options.loader_image)
+    return [k8s.models_claim(recipe, sizing, options.namespace), job]
+
+
 def render(recipe: Recipe, target: Target, sizing: Sizing, out: Path,
-           fence: k8s.Fence | None = None) -> tuple[dict[str, str], list[str]]:
-    """(file name -> text, README lines specific to the target); `out` is where the files will live; `fence`: whom
-    the Kubernetes NetworkPolicy admits (default k8s.Fence())."""
-    fence = fence or k8s.Fence()
-    files: dict[str, str] = {}
+           options: Options | None = None) -> tuple[dict[str, str], list[str]]:
+    """(file name -> text, README lines specific to the target); `out` is where the files will live."""
+    options = options or Options()
+    namespace = k8s.namespace_name(options.namespace)
     if target is Target.SLURM:
         lch = launch.for_recipe(recipe, sizing, slurm=True)
-        files[slurm.RANK_SCRIPT] = slurm.rank_script(recipe, lch, sizing)
-        files[slurm.JOB_SCRIPT] = slurm.job_script(recipe, lch, sizing, str(out))
-        tasks = sizing.nodes_per_replica if lch.one_task_per_node else sizing.gpus_per_replica
-        folders = ", ".join(p for _s, p in lch.mounts)
-        readme = [
-            "## Run", "",
-            f"The artifacts must sit at the same paths on a filesystem every node sees ({folders}), as must this "
-            f"folder. Then, once per replica:", "",
-            "```bash", f"sbatch {out / slurm.JOB_SCRIPT}", "```", "",
-            f"Each job runs `srun --mpi=pmix` with {tasks} task(s) in `{lch.image}` (pyxis/enroot "
-            f"`--container-image`; `TRTKV_IMAGE=...` overrides it). Server: {lch.server}. Check it with the canary "
-            f"below (on a login node, against the first node).", "",
-        ]
-        return files, readme + _slurm_security_lines(lch) + _canary_lines(lch)
-    objs: list[dict[str, Any]] = []
+        files = {slurm.RANK_SCRIPT: slurm.rank_script(recipe, lch, sizing),
+                 slurm.JOB_SCRIPT: slurm.job_script(recipe, lch, sizing, str(out))}
+        return files, readme.slurm_body(recipe, lch, sizing, out)
     if target is Target.K8S:
         lch = launch.for_recipe(recipe, sizing)
-        objs = k8s.objects(recipe, lch, sizing, fence)
-        files["models.yaml"] = _yaml_docs(objs[:2], "The models volume and a pod to copy the artifacts onto it")
-        files["server.yaml"] = _yaml_docs(objs[2:], f"The {lch.server} workload, its Service and NetworkPolicy")
-        workload = objs[2]["kind"]
-        readme = ["## Apply", "", "```bash", f"kubectl apply -f {out / 'models.yaml'}"]
-        readme += [f"kubectl wait --for=condition=Ready pod/{k8s.k8s_name(recipe, 'loader')} --timeout=10m"]
-        loader = k8s.k8s_name(recipe, "loader")
-        parents = sorted({str(Path(k8s.MODELS_MOUNT) / s).rsplit("/", 1)[0] for s, _p in lch.mounts})
-        readme += [f"kubectl exec {loader} -- mkdir -p {' '.join(parents)}"]
-        readme += [f"kubectl cp --no-preserve=true {p} {loader}:{k8s.MODELS_MOUNT}/{s}" for s, p in lch.mounts]
-        readme += [f"kubectl delete pod {k8s.k8s_name(recipe, 'loader')}"]
-        if lch.keyed:
-            readme += [f"umask 077; openssl rand -hex 32 > trtkv-api-key   # the key clients send (${API_KEY_ENV})",
-                       f"kubectl create secret generic {k8s.k8s_name(recipe, 'key')} "
-                       f"--from-file={k8s.KEY_SECRET_FIELD}=trtkv-api-key"]
-        if lch.uses_ssh:
-            readme += ["ssh-keygen -q -t ed25519 -N '' -C trtkv-client -f trtkv-ssh       # the key mpirun logs in with",
-                       "ssh-keygen -q -t ed25519 -N '' -C trtkv-host -f trtkv-ssh-host   # every pod's sshd host key",
-                       f"echo \"{k8s.known_hosts_pattern(recipe)} $(cut -d' ' -f1,2 trtkv-ssh-host.pub)\" "
-                       f"> trtkv-known_hosts",
-                       f"kubectl create secret generic {k8s.k8s_name(recipe, 'ssh')} --from-file=id_ed25519=trtkv-ssh "
-                       f"--from-file=authorized_keys=trtkv-ssh.pub --from-file=ssh_host_ed25519_key=trtkv-ssh-host "
-                       f"--from-file=known_hosts=trtkv-known_hosts"]
-        readme += [f"kubectl apply -f {out / 'server.yaml'}",
-                   f"kubectl port-forward service/{k8s.k8s_name(recipe, 'api')} {lch.ports['http']}:{lch.ports['http']}",
-                   "```", ""]
-        if workload == "LeaderWorkerSet":
-            readme += [f"One replica spans {sizing.nodes_per_replica} nodes: a LeaderWorkerSet (install the LWS "
-                       f"controller, v0.10.0 schema) of size {sizing.nodes_per_replica}; the leader pod runs "
-                       + (f"the Ray head and {lch.label}, the workers join its Ray cluster." if lch.ray_worker else
-                          f"`mpirun` over all {sizing.gpus_per_replica} ranks through ssh on port {launch.SSH_PORT} "
-                          f"(every pod runs sshd with the key of Secret {k8s.k8s_name(recipe, 'ssh')}; the image "
-                          f"must contain openssh-server)."), ""]
-        readme += [f"The storage class of PVC {k8s.k8s_name(recipe, 'models')} must offer ReadWriteMany (set "
-                   f"`storageClassName` for your cluster). Probes run the one-token canary below inside the pod.", ""]
-        return files, readme + _k8s_security_lines(recipe, lch, fence) + _canary_lines(lch)
+        if options.image:
+            lch = replace(lch, image=options.image)
+        models = _models(recipe, lch.folders, options, target)
+        objs = k8s.objects(recipe, lch, sizing, models.load_id, namespace, options.fence)
+        files = {"models.yaml": _yaml_docs(_models_objects(recipe, sizing, models, options),
+                                           "The models volume and the Job that fills it"),
+                 "server.yaml": _yaml_docs(objs, f"The {lch.server} workload, its Service and NetworkPolicy")}
+        return files, readme.k8s_body(recipe, lch, sizing, out, models, options)
     dynamo.check_backend(recipe)
     lch = launch.for_recipe(recipe, sizing)
-    files["models.yaml"] = _yaml_docs(k8s.objects(recipe, lch, sizing)[:2],
-                                      "The models volume and a pod to copy the artifacts onto it")
+    models = _models(recipe, [(launch.hf_dir(recipe), container_artifacts(recipe).hf)], options, target)
+    files = {"models.yaml": _yaml_docs(_models_objects(recipe, sizing, models, options),
+                                       "The models volume and the Job that fills it")}
     for mode in dynamo.MODES:
-        files[f"{mode}.yaml"] = _yaml_docs(dynamo.objects(recipe, sizing, mode),
+        files[f"{mode}.yaml"] = _yaml_docs(dynamo.objects(recipe, sizing, mode, models.load_id, namespace,
+                                                          options.fence),
                                            f"Dynamo {'aggregated' if mode == 'agg' else 'disaggregated'} serving")
-    readme = ["## Apply", "", "With the Dynamo platform (operator) installed in the namespace:", "", "```bash",
-              f"kubectl apply -f {out / 'models.yaml'}   # then copy the artifacts as for --target k8s",
-              f"kubectl apply -f {out / 'agg.yaml'}      # or disagg.yaml: prefill and decode workers",
-              "```", "",
-              f"Images: {dynamo.image(recipe)} (Dynamo {dynamo.DYNAMO_VERSION}). The disaggregated graph "
-              f"starts as many prefill as decode workers ({sizing.replicas} each, so {2 * sizing.total_gpus} GPUs: twice "
-              f"the sizing above); tune the split to your traffic (prefill-heavy: long prompts).", ""]
-    return files, readme
-
-
-def _key_lines(lch: launch.Launch) -> list[str]:
-    return [lch.key_note]
-
-
-def _clients_line() -> str:
-    return (f"trtkv's clients (`trtkv bench`, `trtkv status`, the canary, the AIPerf/GenAI-Perf cross-checks) send "
-            f"the key of `${API_KEY_ENV}` when it is set (`export {API_KEY_ENV}=$(cat trtkv-api-key)`); it is read "
-            f"from the environment, never written into these files, logs or results.")
-
-
-def _k8s_security_lines(recipe: Recipe, lch: launch.Launch, fence: k8s.Fence) -> list[str]:
-    """What the Kubernetes files fence, what they do not, and why (the README's security section)."""
-    clients = k8s._match(fence.clients)
-    where = (f"in namespaces labelled `{k8s._match(fence.client_namespaces)}`" if fence.client_namespaces is not None
-             else "in the deployment's own namespace")
-    lines = ["## Security", "",
-             f"- NetworkPolicy {k8s.k8s_name(recipe, 'fence')} admits to the server ports "
-             f"({', '.join(str(p) for n, p in lch.ports.items() if n != 'metrics')}) only pods labelled `{clients}` "
-             f"{where} (`trtkv deploy ... --allow-from KEY=VALUE`, `--allow-namespace KEY=VALUE`), any port only "
-             f"from the deployment's own pods (ssh, MPI, NCCL, Ray), and "
-             + (f"the metrics port {lch.ports.get('metrics', lch.ports['http'])} to pods `{k8s._match(fence.prometheus)}` "
-                f"in namespaces `{k8s._match(fence.prometheus_namespace)}` (`--prometheus`, `--prometheus-namespace`)."
-                if lch.metrics_path else "no metrics port (the server has no Prometheus endpoint)."),
-             "  It is enforced only by a CNI that implements NetworkPolicy (Calico, Cilium, Antrea, ...); on one that "
-             "does not, the policy is accepted and ignored. Egress is not restricted (DNS names differ per cluster). "
-             "`kubectl port-forward` reaches the pod through the kubelet, not the pod network.",
-             *_key_lines(lch),
-             ]
-    if lch.keyed:
-        lines.append(f"- The key comes from Secret {k8s.k8s_name(recipe, 'key')} (`{k8s.KEY_SECRET_FIELD}`) as "
-                     f"`${API_KEY_ENV}`, expanded inside the container; the server refuses to start with an empty "
-                     f"key. " + _clients_line())
-    lines += ["- Every pod: no service-account token (`automountServiceAccountToken: false`), no service links, "
-              "the runtime's default seccomp profile, `allowPrivilegeEscalation: false`, every capability dropped"
-              + (f" (sshd gets back {', '.join(k8s.SSHD_CAPABILITIES)} for its privilege separation)"
-                 if lch.uses_ssh else "")
-              + "; the model volume and the ssh Secret are mounted read-only."]
-    if lch.non_root:
-        lines.append(f"- {lch.label} runs as uid {k8s.NON_ROOT_UID} (non-root), HOME on an emptyDir for its caches.")
-    else:
-        lines.append("- The server runs as root: the NGC Triton/TensorRT-LLM images' launches are written for root "
-                     "(`mpirun --allow-run-as-root`, the multi-node ranks' sshd, TensorRT-LLM's caches under /root) "
-                     "and the images define no user with a home for them; with no capabilities and no privilege "
-                     "escalation that root cannot change the node. The root filesystem stays writable (they write "
-                     "caches and /tmp).")
-    if lch.uses_ssh:
-        lines.append(f"- ssh between the pods checks the host key: one host key for every pod (Secret "
-                     f"{k8s.k8s_name(recipe, 'ssh')}), pinned by a known_hosts line for the LWS pods' names "
-                     f"`{k8s.known_hosts_pattern(recipe)}` (`StrictHostKeyChecking=yes`); key login only.")
-    return lines + [""]
-
-
-def _slurm_security_lines(lch: launch.Launch) -> list[str]:
-    lines = ["## Security", "",
-             "- The server binds every interface of its nodes: anyone on the cluster network reaches it. Slurm "
-             "fences nothing; use your site's firewall or a gateway.", *_key_lines(lch)]
-    if lch.keyed:
-        lines.append(f"- `{slurm.JOB_SCRIPT}` refuses to start without `${API_KEY_ENV}` (export it before `sbatch`; "
-                     f"`--export=ALL` hands it to the tasks). " + _clients_line())
-    lines.append("- The artifacts and this folder are mounted read-only (`:ro`) into the container.")
-    return lines + [""]
-
-
-def _canary_lines(lch: launch.Launch) -> list[str]:
-    return ["## Health check (the probes' canary)", "", "```python", lch.canary.rstrip(), "```", ""]
-
-
-def readme_text(recipe: Recipe, target: Target, sizing: Sizing, body: list[str], checked: list[str]) -> str:
-    from trtkv.deploy.check import CRD_SCHEMAS, KUBERNETES_VERSION, crd_schema_info
-
-    lines = [f"# {recipe.name} on {target.value}", "", f"{recipe.description} (the recipe file's description; the "
-             f"sizing below is this run's, overrides included: TP{recipe.build.tp_size} x PP{recipe.build.pp_size} on "
-             f"{recipe.hardware.count} x {recipe.hardware.gpu.value})", "",
-             f"Generated by `trtkv deploy {recipe.name} --target {target.value}`; regenerate instead of editing.", "",
-             "## Sizing (trtkv plan)", "", *sizing.lines(), "", *body,
-             "## What was checked here", ""]
-    lines += [f"- {c}" for c in checked]
-    if target is not Target.SLURM:
-        lines += [f"- core objects and every object's metadata: kubernetes-validate, Kubernetes {KUBERNETES_VERSION}, "
-                  f"strict (unknown fields are errors); the container scripts (`bash -c`) with `bash -n`",
-                  "- not evaluated: the CRDs' CEL rules (x-kubernetes-validations) and the controllers' admission "
-                  "webhooks"]
-        for (api, kind), file in CRD_SCHEMAS.items():
-            lines.append(f"- {kind} ({api}): {crd_schema_info(file)['source']}")
-    lines += ["", "Not run: no cluster, no GPU and no scheduler were available where these files were written; "
-              "the commands follow the upstream projects' documented launches.", ""]
-    return "\n".join(lines)
+    return files, readme.dynamo_body(recipe, lch, sizing, out, models, options)
 
 
 OLD_TMP_AGE_S = 3600.0  # a deploy writes its files in seconds: an older random-named folder is a killed run's
@@ -238,12 +147,11 @@ def _remove_random_leftovers(out: Path, log: Callable[[str], None]) -> None:
 
 def deploy(recipe: Recipe, target: Target, output: Path | None = None, replicas: int | None = None,
            target_concurrency: int | None = None, log: Callable[[str], None] = print,
-           fence: k8s.Fence | None = None) -> Path:
-    """Write, check and (only when every check passes) put the files in place; returns the folder. `fence`: whom
-    the Kubernetes NetworkPolicy admits (trtkv deploy's --allow-from / --prometheus options)."""
+           options: Options | None = None) -> Path:
+    """Write, check and (only when every check passes) put the files in place; returns the folder."""
     sizing = size(recipe, replicas, target_concurrency)
     out = check_output(output or default_output(recipe, target), "deploy", recipe.name, target=target.value)
-    files, body = render(recipe, target, sizing, out, fence)
+    files, body = render(recipe, target, sizing, out, options)
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_leftovers(out, log)  # the temporary folders of killed deploys of this output
     _remove_random_leftovers(out, log)
@@ -262,7 +170,7 @@ def deploy(recipe: Recipe, target: Target, output: Path | None = None, replicas:
                                  f"(nothing written to {out}):\n" + "\n".join(f"  - {p}" for p in problems)
                                  + "\nNext: report this as a trtkv bug, with the recipe and the command.")
             sizing.save(tmp)
-            (tmp / "README.md").write_text(readme_text(recipe, target, sizing, body, checked))
+            (tmp / "README.md").write_text(readme.readme_text(recipe, target.value, sizing, body, checked))
             (tmp / OWNER).write_text(json.dumps({"stage": "deploy", "recipe": recipe.name, "target": target.value}) + "\n")
             replace_folder(tmp, out, "deploy")  # the previous files go only once the new ones are complete
     finally:

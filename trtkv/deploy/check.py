@@ -133,3 +133,42 @@ def check_folder(folder: Path) -> tuple[list[str], list[str]]:
             problems += check_shell(path)
             checked.append(f"{path.name}: bash -n" + (" + shellcheck" if shutil.which("shellcheck") else ""))
     return checked, problems
+
+
+# ---------------------------------------------------------------------------------------------
+# checkov (tests/deploy/test_checkov.py runs it, pinned, from its own venv: `make install-checkov`)
+
+SCAN_SUFFIX = "-scan"  # scan-only Pods are named <object>-<template>-scan
+
+
+def _scan_pod(name: str, namespace: str | None, template: dict[str, Any]) -> dict[str, Any]:
+    """A Pod built from a pod template (metadata labels and annotations, spec), for checkov only: it evaluates pod
+    specs inside Pod/Deployment/Job/... objects, not inside custom resources."""
+    meta: dict[str, Any] = {"name": name + SCAN_SUFFIX, **({"namespace": namespace} if namespace else {})}
+    for key in ("labels", "annotations"):
+        if (template.get("metadata") or {}).get(key):
+            meta[key] = dict(template["metadata"][key])
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": copy.deepcopy(template["spec"])}
+
+
+def scan_pods(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    """The scan-only Pods of a LeaderWorkerSet (leader and worker templates) or a DynamoGraphDeployment (each
+    component's podTemplate); none for other kinds (checkov reads their pod specs itself)."""
+    meta, kind = obj.get("metadata") or {}, obj.get("kind")
+    name, ns = str(meta.get("name", "")), meta.get("namespace")
+    if kind == "LeaderWorkerSet":
+        tmpl = obj["spec"]["leaderWorkerTemplate"]
+        return [_scan_pod(f"{name}-{role}", ns, tmpl[f"{role}Template"]) for role in ("leader", "worker")
+                if f"{role}Template" in tmpl]
+    if kind == "DynamoGraphDeployment":
+        return [_scan_pod(f"{name}-{c['name'].lower()}", ns, c["podTemplate"]) for c in obj["spec"]["components"]
+                if "podTemplate" in c]
+    return []
+
+
+def scan_documents(folder: Path) -> list[dict[str, Any]]:
+    """Every object of a deploy folder's YAML files, followed by the scan-only Pods of its custom resources."""
+    import yaml
+
+    objs = [o for p in sorted(folder.glob("*.yaml")) for o in yaml.safe_load_all(p.read_text()) if o]
+    return objs + [pod for o in objs for pod in scan_pods(o)]

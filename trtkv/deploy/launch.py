@@ -1,14 +1,15 @@
 """What runs in the pods or Slurm tasks of a deployment, per backend: the image, the server command on one node, the
-multi-node launch (leader and workers), the ports, the health check (the same one-token canary as the container's
---health-cmd, trtkv.contracts.canary) and the folders the server reads.
+multi-node launch (leader and workers), the ports, the engine's own health endpoints (liveness, startup), the readiness
+check (the same one-token canary as the container's --health-cmd, trtkv.contracts.canary), the /dev/shm it needs, the
+user it runs as and the folders it reads, as (host folder, canonical container folder under /models/<recipe>).
 
 - tensorrt (engine path): tritonserver, one per rank under mpirun (the Triton TensorRT-LLM backend's own launch).
 - llmapi: on one node the Triton `llmapi` model (TP inside the LLM API, one tritonserver); across nodes
   `trtllm-llmapi-launch trtllm-serve` under mpirun / srun (TensorRT-LLM's multi-node path; the Triton model has none).
 - vllm: vLLM's OpenAI server; across nodes a Ray cluster (head on the leader, `--distributed-executor-backend ray`).
 
-Multi-node MPI over Kubernetes pods uses ssh on port 2222 with a key from a Secret (the pods run sshd); Slurm uses
-srun's PMIx instead. Nothing here was executed on a cluster.
+Multi-node MPI over Kubernetes pods uses ssh on port 2222 with a key from a Secret (every pod runs sshd as the image's
+own non-root user); Slurm uses srun's PMIx instead. Nothing here was executed on a cluster.
 """
 
 from __future__ import annotations
@@ -17,26 +18,36 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trtkv.backends import OpenAIServer, RepoLayout, TokenizerSource
+from trtkv.backends import OpenAIServer
 from trtkv.contracts.canary import canary_script
-from trtkv.core import paths
 from trtkv.core.apikey import API_KEY_ENV, TRITON_KEY_HEADER
 from trtkv.core.errors import StageError
+from trtkv.deploy.resources import canary_timeout_s
 from trtkv.deploy.sizing import Sizing
 from trtkv.recipe import Recipe
-from trtkv.recipe.layout import checkpoint_dir, repo_dir
+from trtkv.recipe.layout import checkpoint_dir, container_artifacts, container_mounts
 from trtkv.serving.container import (
     CONTAINER_BIND,
     CONTAINER_TRITONSERVER,
+    TRITON_SHM_GIB,
     container_image,
     gpu_command,
     rank_command,
+    triton_reads,
 )
 
 SSH_PORT = 2222
 SSH_DIR = "/etc/trtkv-ssh"  # the Secret with id_ed25519 and authorized_keys
 RAY_PORT = 6379
 SSH_WAIT_S = 600  # how long a leader waits for the other pods' sshd (or Ray nodes) before it gives up
+# Triton's KServe v2 health endpoints (core's HTTP server): live = the process serves HTTP; ready = every model loaded
+TRITON_LIVE = "/v2/health/live"
+TRITON_READY = "/v2/health/ready"
+# The NGC Triton / TensorRT-LLM images' own user: triton-server, uid and gid 1000 (triton-inference-server/server
+# build.py asserts both "to run triton as non-root"); ssh and OpenMPI need a uid with a passwd entry
+NGC_UID = 1000
+# Images that run as any user (vLLM, SGLang): a high uid of no host account
+ANY_UID = 10001
 # Triton's APIs that change the server (load/unload models, register shared memory, trace and log settings): keyed
 RESTRICTED_APIS = "shared-memory,model-repository,trace,logging"
 KEY_REF = "\x00" + API_KEY_ENV + "\x00"  # in a command token: the key, expanded by the shell that runs the command
@@ -84,19 +95,22 @@ class Launch:
     ports: dict[str, int]  # name -> port (http first)
     metrics_path: str | None  # Prometheus text on ports["metrics"] (or http); None: no Prometheus endpoint
     canary: str  # python3 program: exit 0 only when a one-token inference answers
-    mounts: list[tuple[str, str]]  # (folder under the models volume, path in the container)
+    folders: list[tuple[Path, Path]]  # (folder on this host, its canonical path in the container) the server reads
     single: list[str]  # the command on one node
     multi_node: bool
     leader: list[str] = field(default_factory=list)  # MPI/Ray launch on the first node (multi-node)
     uses_ssh: bool = False  # workers run sshd for mpirun
     ray_worker: bool = False  # workers join a Ray cluster
     keyed: bool = False  # the server checks $TRTKV_API_KEY (Triton: restricted APIs; vLLM: VLLM_API_KEY on /v1)
-    non_root: bool = False  # the image runs as any user (vLLM); the NGC Triton/TensorRT-LLM launches need root
+    uid: int = NGC_UID  # the user the containers run as (the NGC images' triton-server; ANY_UID where any user works)
     triton: bool = False  # tritonserver ranks (rank 0 serves, the others load tensorrt_llm only)
     one_task_per_node: bool = False  # Slurm/LWS start one task per node (a Ray cluster), not one per rank
     key_env: str | None = None  # the variable the server itself reads $TRTKV_API_KEY from (vLLM: VLLM_API_KEY)
     key_note: str = ""  # the README's line on what the key guards
     label: str = "Triton"  # the server's name in prose
+    live_path: str = TRITON_LIVE  # GET: the engine's own liveness endpoint on ports["http"]
+    start_path: str = TRITON_READY  # GET: 200 once it serves (the startup probe)
+    shm_gib: int = 2  # the memory-backed /dev/shm it needs
 
 
 TRITON_KEY_NOTE = (f"- Triton's APIs that change the server ({RESTRICTED_APIS}) need the header `{TRITON_KEY_HEADER}: "
@@ -104,22 +118,9 @@ TRITON_KEY_NOTE = (f"- Triton's APIs that change the server ({RESTRICTED_APIS}) 
                    f"metadata and model configs stay open to the clients the network admits.")
 
 
-def volume_folders(recipe: Recipe, reads: list[Path], repository: bool = False) -> list[tuple[str, str]]:
-    """(folder under the models volume, path in the container) of the folders a server reads, at the same absolute
-    paths as here, because the Triton repository and the serve configs name them; `repository`: the Triton
-    repository too. Only these folders are copied and mounted."""
-    root = paths.recipe_output_dir(recipe.name)
-    out = [(f"engines/{recipe.name}/{p.relative_to(root)}", str(p)) for p in reads]
-    if repository:
-        out.append((f"triton_repo/{recipe.name}", str(repo_dir(recipe))))
-    return out
-
-
-def triton_reads(recipe: Recipe, repo: RepoLayout) -> list[Path]:
-    """What tritonserver reads besides the repository: the layout's input (engine or HF export) and, unless the
-    served model carries it, the calibrated tokenizer."""
-    needed, _stage = repo.input(recipe)
-    return [needed] if repo.tokenizer is TokenizerSource.SERVED_MODEL else [needed, checkpoint_dir(recipe) / "tokenizer"]
+def relative(recipe: Recipe, container_path: Path) -> str:
+    """A canonical container folder relative to /models/<recipe> (the loader's source and the volume's layout)."""
+    return str(container_path.relative_to(container_artifacts(recipe).root))
 
 
 def enroot_image(image: str) -> str:
@@ -140,11 +141,13 @@ def _openai_launch(recipe: Recipe, sizing: Sizing, server: OpenAIServer) -> Laun
     multi = sizing.nodes_per_replica > 1
     single = server.node_command(recipe, CONTAINER_BIND)
     launch = Launch(server.name, server.image(recipe) or container_image(recipe), {"http": t.http_port},
-                    server.metrics_path, canary_script(t.http_port, openai_model=server.served_model(recipe)),
-                    volume_folders(recipe, server.reads(recipe)), single, multi,
+                    server.metrics_path, canary_script(t.http_port, openai_model=server.served_model(recipe),
+                                                       timeout_s=float(canary_timeout_s(recipe, sizing))),
+                    container_mounts(recipe, server.reads(recipe)), single, multi,
                     keyed=server.key_env is not None or any(KEY_REF in t for t in single),  # SGLang: --api-key in argv
-                    non_root=server.non_root, one_task_per_node=server.ray, key_env=server.key_env,
-                    key_note=server.key_note, label=server.label)
+                    uid=ANY_UID if server.non_root else NGC_UID, one_task_per_node=server.ray,
+                    key_env=server.key_env, key_note=server.key_note, label=server.label,
+                    live_path=server.health_path, start_path=server.health_path, shm_gib=server.shm_gib)
     if not server.ray:  # mpirun over ssh (its leader line is kept whatever the node count)
         launch.leader, launch.uses_ssh = server.leader_command(recipe, CONTAINER_BIND, sizing.gpus_per_replica), True
     elif multi:  # the Ray head on the leader, the workers join it
@@ -164,13 +167,13 @@ def for_recipe(recipe: Recipe, sizing: Sizing, slurm: bool = False) -> Launch:
             raise StageError(f"deploy {recipe.name}: backend {recipe.build.backend.value} has no server to deploy")
         return _openai_launch(recipe, sizing, server)
     t = recipe.triton
-    repo = repo_dir(recipe)
-    command = with_restricted(gpu_command(recipe, repo, host=CONTAINER_BIND))
+    command = with_restricted(gpu_command(recipe, container_artifacts(recipe).repo, host=CONTAINER_BIND))
     launch = Launch("triton", container_image(recipe), {"http": t.http_port, "grpc": t.grpc_port,
                                                         "metrics": t.metrics_port},
-                    "/metrics", canary_script(t.http_port, backend.repo.interface),
-                    volume_folders(recipe, triton_reads(recipe, backend.repo), repository=True),
-                    command, multi, keyed=True, triton=True, key_note=TRITON_KEY_NOTE)
+                    "/metrics", canary_script(t.http_port, backend.repo.interface,
+                                              timeout_s=float(canary_timeout_s(recipe, sizing))),
+                    container_mounts(recipe, triton_reads(recipe)), command, multi, keyed=True, triton=True,
+                    key_note=TRITON_KEY_NOTE, shm_gib=TRITON_SHM_GIB)
     if multi:
         launch.leader, launch.uses_ssh = command, True
     return launch
@@ -185,9 +188,29 @@ def slurm_rank_command(recipe: Recipe, launch: Launch) -> str:
     if not launch.triton:
         key = f'export {launch.key_env}="${API_KEY_ENV}"\n' if launch.key_env else ""
         return key + "exec " + shell_join(launch.single)
-    repo = repo_dir(recipe)
+    repo = container_artifacts(recipe).repo
     rank0 = shell_join(with_restricted(rank_command(recipe, repo, 0, host=CONTAINER_BIND)))
     other_cmd = with_restricted(rank_command(recipe, repo, 1, host=CONTAINER_BIND))
     prefix = next(t for t in other_cmd if t.endswith("shm-region-prefix-name=prefix1_"))
     other = shell_join(other_cmd, {prefix: shlex.quote(prefix[:-2]) + '"$SLURM_PROCID"_'})
     return f'if [ "$SLURM_PROCID" = 0 ]; then\n    exec {rank0}\nfi\nexec {other}'
+
+
+RAY_ALIVE = ("python3 -c 'import ray; ray.init(address=\"auto\", logging_level=\"ERROR\"); "
+             "print(sum(n[\"Alive\"] for n in ray.nodes()))' 2>/dev/null")
+
+
+def ray_head(launch: Launch, nodes: str) -> str:
+    """The Ray head, a wait (bounded) until `nodes` nodes are alive, then vLLM on the cluster."""
+    return (f"ray start --head --port={RAY_PORT} && n=0 && "
+            f"until [ \"$({RAY_ALIVE})\" -ge \"{nodes}\" ] 2>/dev/null; do n=$((n+1)); "
+            f"[ $n -gt {SSH_WAIT_S // 5} ] && echo \"Ray: fewer than {nodes} nodes after {SSH_WAIT_S} s\" >&2 && "
+            f"exit 1; sleep 5; done && exec {shell_join(launch.leader)}")
+
+
+def ray_worker(address: str, node_port: int | None = None) -> str:
+    """Join the head's Ray cluster, retrying until the head answers (it may start later than this pod); `node_port`:
+    the raylet's fixed port (the pods' probes check it)."""
+    port = f" --node-manager-port={node_port}" if node_port else ""
+    return (f"until ray start --address={address}:{RAY_PORT}{port} --block; do echo 'Ray head not answering yet' >&2; "
+            f"sleep 5; done")

@@ -40,6 +40,12 @@ class Sizing(Artifact):
     chosen_by: str  # how the replica count was chosen
     weights_gib_total: float
     storage_gib: int  # what the models volume should hold (the exported weights + room)
+    decode_step_ms: float = 0.0  # the plan's lower bound for one decode step at max_seq_len (0: unknown)
+
+    @property
+    def weights_gib_per_pod(self) -> float:
+        """The weights one pod (one node of a replica) reads and loads: its ranks' shards."""
+        return self.weights_gib_total / self.nodes_per_replica
 
     @model_validator(mode="before")
     @classmethod
@@ -119,4 +125,5 @@ def size(recipe: Recipe, replicas: int | None = None, target_concurrency: int | 
         gpus_per_pod=min(world, per_node), kv_format=p.recipe_kv_format,
         kv_bytes_per_token_per_gpu=cap.bytes_per_token_per_gpu, kv_tokens_per_gpu=cap.tokens_per_gpu_budget,
         max_seq_len=seq_len, sequences_per_replica=per_replica, bound_by=bound, replicas=count, chosen_by=chosen,
-        weights_gib_total=weights, storage_gib=math.ceil(weights * 1.25 + 10))
+        weights_gib_total=weights, storage_gib=math.ceil(weights * 1.25 + 10),
+        decode_step_ms=float(cap.decode_step_ms.get(seq_len, 0.0)))

@@ -310,6 +310,27 @@ class PlanExample:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PrefixRow:
+    """One format's sequences per replica of the workload at each prefix hit rate (key: the rate, e.g. "0.5")."""
+
+    format: str
+    sequences: dict[str, int]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanPrefixCache:
+    """`plan --json`'s "prefix_cache": whether the served engine reuses KV blocks of shared prefixes (and why), and
+    what a hit rate does to the sequences a replica holds (trtkv.plan.prefix)."""
+
+    enabled: bool
+    why: str
+    input_tokens: int  # the workload: bench.input_tokens in, bench.output_tokens out
+    output_tokens: int
+    hit_rates: list[float]  # [0.0] where the engine reuses nothing
+    rows: list[PrefixRow]
+
+
+@dataclass(frozen=True, kw_only=True)
 class FormatCapacity:
     """One KV format's row of the plan (the recipe's own, mixed or named, first)."""
 
@@ -347,6 +368,7 @@ class Plan:
     advice_basis: str
     notes: list[str]
     attention: PlanAttention
+    prefix_cache: PlanPrefixCache  # trtkv.plan.prefix: what a prefix-cache hit rate does to capacity, per format
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "examples": [e.to_dict() for e in self.examples]}

@@ -57,6 +57,8 @@ from trtkv.plan.model import (  # the planner's public face: plan() and the type
     seq_bytes,
     weights_bytes,
 )
+from trtkv.plan.prefix import advice as prefix_advice
+from trtkv.plan.prefix import prefix_capacity
 from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.platform.host import host_memory_gib
 from trtkv.recipe import KVCacheQuant, Recipe, WeightQuant
@@ -65,6 +67,7 @@ from trtkv.recipe.attention import (
     layer_formats,
     vllm_hybrid_on,
 )
+from trtkv.recipe.backend_rules import build_notes
 from trtkv.recipe.vllm_pool import hybrid_block_size
 
 __all__ = ["GIB", "Architecture", "FormatCapacity", "Plan", "PlanAttention", "PlanExample", "PlanHardware", "PlanKVPool",
@@ -159,6 +162,8 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
     mixed = per_layer_advice(recipe, probe_dir)
     if mixed:
         advice = [*advice, mixed]
+    prefix = prefix_capacity(recipe, caps)
+    advice = [*advice, *prefix_advice(recipe, prefix), *build_notes(recipe)]
     return Plan(
         recipe=recipe.name,
         model=PlanModel.of(arch),
@@ -176,6 +181,7 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
         advice_basis=basis,
         notes=notes + [n for n in [format_row_note(recipe)] if n] + attention_notes(arch, recipe),
         attention=_attention_facts(arch, acc_label, mnbt, block, tp, rec_fmt),
+        prefix_cache=prefix,
     )
 
 

@@ -21,6 +21,11 @@ from enum import Enum
 
 GIB = 1024**3
 
+# The CUDA context and torch's own allocations before any engine memory, per GPU process: the SGLang logs hold
+# ~0.3-0.5 GiB between the device total and "Load weight begin. avail mem" on one GPU (QwQ-32B on L4: 22.03 -> 21.63
+# with 0.13 of it NCCL). The same for every model and engine (the planner's engine rules and the probe's placement).
+CUDA_CONTEXT_GIB = 0.4
+
 
 class GPU(str, Enum):
     L4 = "L4"
@@ -55,7 +60,7 @@ class GPUSpec:
     hbm_bandwidth_gbps: float  # GB/s (10^9 bytes per second), datasheet
     arch: str
     sm: tuple[int, int]  # CUDA compute capability
-    gfd_product: str  # nvidia.com/gpu.product (GPU feature discovery)
+    gfd_product: str  # nvidia.com/gpu.product (GPU feature discovery); published sources: tests/data/gfd_products.json
     smi_names: tuple[str, ...]  # NVML / nvidia-smi device names, the first the one gfd_product is made from
     memory_basis: str  # "cuda" (a published CUDA total), "opencl" (the driver's global memory size through OpenCL),
     # "nvidia-smi" (the NVML total, above CUDA's by ~0.5 GiB), "datasheet" (nominal GB as 10^9 bytes: below both)

@@ -233,10 +233,9 @@ def recipe_config(recipe: Recipe) -> Any:
 def recipe_capacities(recipe: Recipe) -> tuple[dict[str, float], float]:
     """({device: bytes}, per-GPU reserve) of the recipe's hardware: hardware.count GPUs of the recipe's GPU
     (hardware.memory_gib when given), each keeping the CUDA context and torch's own allocations that a run on the GPU
-    finds already taken when it reads the free memory (trtkv.plan.engine_memory_others.CUDA_CONTEXT_GIB, the
+    finds already taken when it reads the free memory (trtkv.platform.hardware.CUDA_CONTEXT_GIB, the
     engine-independent process figure; one process, no NCCL); the CPU recipe: host memory."""
-    from trtkv.plan.engine_memory_others import CUDA_CONTEXT_GIB
-    from trtkv.platform.hardware import GPU, GPU_SPECS
+    from trtkv.platform.hardware import CUDA_CONTEXT_GIB, GPU, GPU_SPECS
     from trtkv.platform.host import host_memory_bytes
 
     hw = recipe.hardware

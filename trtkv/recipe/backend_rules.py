@@ -78,11 +78,6 @@ def tensorrt_problems(r: Recipe) -> list[tuple[str, str]]:
         out.append(("build.max_num_tokens", f"max_input_len {b.max_input_len} > max_num_tokens {b.max_num_tokens} "
                                             f"needs chunked context, which needs paged context FMHA, but {why}: "
                                             f"set build.max_num_tokens >= {b.max_input_len}"))
-    if r.triton.enable_kv_cache_reuse and not r.paged_context_fmha:
-        out.append(("triton.enable_kv_cache_reuse", f"KV cache block reuse needs an engine built with paged context "
-                                                    f"FMHA, which is off here (KV cache {q.kv_cache.value}, "
-                                                    f"weights {q.weights.value}, build.use_paged_context_fmha "
-                                                    f"{str(b.use_paged_context_fmha).lower()}): set it to false"))
     out += one_kv_format_problems(r, "TensorRT-LLM")
     out += hf_export_only_problems(r, "trtllm-build")
     if q.kv_cache is KVCacheQuant.NVFP4:
@@ -344,3 +339,67 @@ KV_ACCOUNTING: dict[Backend, Accounting] = {
     # attention; its sliding-window pool (SWAKVPool, swa_full_tokens_ratio) is not modelled
     Backend.SGLANG: Accounting.EXACT,
 }
+
+
+# Prefix caching (KV block reuse): each engine's default, limited by the recipe's format and build
+TRTLLM_API_DEFAULT = "TensorRT-LLM's KvCacheConfig.enable_block_reuse default (True)"
+TRITON_CPP_DEFAULT = "Triton's tensorrtllm backend default (enable_kv_cache_reuse unset: true)"
+
+
+def prefix_cache_default(recipe: Recipe) -> tuple[bool, str]:
+    """(the engine's prefix-cache default for this recipe, why), the format and build's limits applied
+    (sources: trtkv.recipe.prefix_cache)."""
+    backend = recipe.build.backend
+    if backend is Backend.REFERENCE or (backend is Backend.LLMAPI and recipe.hardware.gpu is GPU.CPU):
+        return False, "off: trtkv's reference runtime (CPU) keeps no prefix cache"
+    if backend is Backend.TENSORRT:
+        if not recipe.paged_context_fmha:
+            return False, f"off: KV block reuse needs an engine built with paged context FMHA, off here ({_fmha_why(recipe)})"
+        return True, TRITON_CPP_DEFAULT
+    if backend is Backend.LLMAPI:
+        return True, TRTLLM_API_DEFAULT
+    if backend is Backend.VLLM:
+        return True, "vLLM's default for a generative decoder model (prefix caching on)"
+    return True, "SGLang's default (radix cache on)"
+
+
+def _fmha_why(recipe: Recipe) -> str:
+    kv = recipe.quantization.kv_cache
+    if kv is KVCacheQuant.INT8:
+        return "KV cache int8: TensorRT-LLM refuses paged context FMHA with it"
+    if kv is KVCacheQuant.FP8 and not recipe.fp8_kv_and_weights:
+        return f"KV cache fp8, weights {recipe.quantization.weights.value}: FP8 paged context FMHA needs FP8 weights"
+    return "build.use_paged_context_fmha is false"
+
+
+# trtllm-build --gemm_plugin for `build.gemm_plugin: auto`, after TensorRT-LLM's performance guide
+# (NVIDIA/TensorRT-LLM @06255cb7, its docs source performance/perf-best-practices.md, "GEMM Plugin"): "On FP16 and BF16,
+# it's recommended to be enabled for better performance and smaller GPU memory usage. On FP8, it's recommended to be
+# disabled." and "FP8 gemm plugin is an experimental feature aimed to improve performance in small-batch-size
+# cases(e.g. BS<=4) ... the performance may decrease as batch size grows."
+FP8_GEMM_PLUGIN_MAX_BATCH = 4
+GEMM_GUIDE = "TensorRT-LLM's perf best practices (GEMM Plugin)"
+
+
+def gemm_plugin_choice(recipe: Recipe) -> tuple[str, str]:
+    """(--gemm_plugin value, why) for the engine path; `auto` follows the guide, any other value is the recipe's."""
+    chosen, b = recipe.build.gemm_plugin.value, recipe.build
+    if chosen != "auto":
+        return chosen, f"{chosen}: build.gemm_plugin {chosen}, the recipe's choice"
+    if recipe.quantization.weights is not WeightQuant.FP8:
+        return "auto", (f"auto: the plugin in the model dtype for the {recipe.quantization.weights.value}-weight "
+                        f"model's 16-bit GEMMs ({GEMM_GUIDE}: recommended on FP16/BF16)")
+    if b.max_batch_size <= FP8_GEMM_PLUGIN_MAX_BATCH:
+        return "fp8", (f"fp8: FP8 weights and max_batch_size {b.max_batch_size} <= {FP8_GEMM_PLUGIN_MAX_BATCH}, the "
+                       f"small-batch case the experimental FP8 GEMM plugin is for ({GEMM_GUIDE})")
+    return "disable", (f"disable: FP8 weights with max_batch_size {b.max_batch_size} > {FP8_GEMM_PLUGIN_MAX_BATCH}; "
+                       f"{GEMM_GUIDE} recommends the plugin off on FP8 (the experimental FP8 plugin is for batches "
+                       f"<= {FP8_GEMM_PLUGIN_MAX_BATCH}: its performance may decrease as the batch grows); TensorRT's "
+                       f"own FP8 GEMM kernels run instead")
+
+
+def build_notes(recipe: Recipe) -> list[str]:
+    """What the engine build chooses for the recipe and why (the plan's advice): the GEMM plugin on the engine path."""
+    if recipe.build.backend is not Backend.TENSORRT:
+        return []
+    return [f"trtllm-build --gemm_plugin {gemm_plugin_choice(recipe)[1]}."]

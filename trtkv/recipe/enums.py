@@ -81,7 +81,7 @@ class ModelDtype(str, Enum):
 
 
 class GemmPlugin(str, Enum):
-    AUTO = "auto"  # fp8 with FP8 weights, else the model dtype
+    AUTO = "auto"  # TensorRT-LLM's perf guide: FP8 weights: fp8 at max_batch_size <= 4, else disable; else the model dtype
     FP8 = "fp8"
     FLOAT16 = "float16"
     BFLOAT16 = "bfloat16"

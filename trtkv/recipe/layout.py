@@ -3,14 +3,21 @@
 engines/<recipe>/checkpoint (calibrate), engine (build), serve (serve); triton_repo/<recipe> (repo). The maps say
 what a TensorRT-LLM checkpoint's `quantization` fields hold for each recipe choice; calibrate, checkpoint, build,
 runtime, serve and repo all read them from here. Light: no heavy imports (`trtkv validate/plan` start fast).
+
+Two views of the same folders (`Artifacts`): this host's, and the canonical container paths under CONTAINER_ROOT
+(/models/<recipe>/{checkpoint,engine,triton_repo}) that every file a container reads names (the Triton repository's
+configs, model.yaml, the served commands, the deploy files); `docker run -v`, pyxis mounts and the Kubernetes models
+volume put the host folders there. A recipe served on this machine's CPU keeps the host view (`served_artifacts`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trtkv.core import paths
+from trtkv.platform.hardware import GPU
 from trtkv.recipe import KVCacheQuant, WeightQuant
 from trtkv.recipe.schema import ENGINE_KV_FORMATS
 
@@ -66,3 +73,72 @@ def serve_dir(recipe: Recipe) -> Path:
 def repo_dir(recipe: Recipe) -> Path:
     """triton_repo/<recipe>: written by `trtkv repo`."""
     return paths.recipe_folder(paths.triton_repo_dir(), recipe.name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Where a server sees the artifacts: this host, or the canonical container paths
+
+CONTAINER_ROOT = Path("/models")  # one root in every container: /models/<recipe>/...
+REPO_FOLDER = "triton_repo"  # /models/<recipe>/triton_repo: the Triton repository in a container
+
+
+@dataclass(frozen=True)
+class Artifacts:
+    """One recipe's artifact folders as one side sees them: `root` holds checkpoint/ and engine/, `repo` the Triton
+    repository."""
+
+    root: Path
+    repo: Path
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.root / CHECKPOINT
+
+    @property
+    def engine(self) -> Path:
+        return self.root / ENGINE
+
+    @property
+    def hf(self) -> Path:
+        """The HF export (ModelOpt's unified checkpoint) the LLM API, vLLM, SGLang and Dynamo load."""
+        return self.checkpoint / "hf"
+
+    @property
+    def tokenizer(self) -> Path:
+        return self.checkpoint / "tokenizer"
+
+
+def host_artifacts(recipe: Recipe) -> Artifacts:
+    """The folders on this machine (engines/<recipe>, triton_repo/<recipe>)."""
+    return Artifacts(paths.recipe_output_dir(recipe.name), repo_dir(recipe))
+
+
+def container_artifacts(recipe: Recipe) -> Artifacts:
+    """The canonical container paths: /models/<recipe>/{checkpoint,engine,triton_repo}."""
+    root = paths.recipe_folder(CONTAINER_ROOT, recipe.name)
+    return Artifacts(root, root / REPO_FOLDER)
+
+
+def served_artifacts(recipe: Recipe) -> Artifacts:
+    """Where this recipe's server reads them: the host folders for a recipe served on this machine's CPU, else the
+    container paths (every GPU server runs in a container: docker, Kubernetes, Slurm's pyxis, Dynamo)."""
+    return host_artifacts(recipe) if recipe.hardware.gpu is GPU.CPU else container_artifacts(recipe)
+
+
+def to_container(recipe: Recipe, host_path: Path) -> Path:
+    """The container path of a host folder of this recipe (under engines/<recipe> or triton_repo/<recipe>)."""
+    host, box = host_artifacts(recipe), container_artifacts(recipe)
+    for here, there in ((host.repo, box.repo), (host.root, box.root)):
+        if host_path == here or host_path.is_relative_to(here):
+            return there / host_path.relative_to(here)
+    raise ValueError(f"{host_path} is not under {host.root} or {host.repo}")
+
+
+def served_path(recipe: Recipe, host_path: Path) -> Path:
+    """A host folder of this recipe as its server sees it (served_artifacts)."""
+    return host_path if recipe.hardware.gpu is GPU.CPU else to_container(recipe, host_path)
+
+
+def container_mounts(recipe: Recipe, folders: list[Path]) -> list[tuple[Path, Path]]:
+    """(host folder, container folder) for each folder a server reads, in order, without duplicates."""
+    return [(f, to_container(recipe, f)) for f in dict.fromkeys(folders)]

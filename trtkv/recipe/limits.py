@@ -76,6 +76,7 @@ RANGES: dict[str, Range] = {
     "gpus": Range(1, 65536, "a GB200 NVL72 rack: 72 GPUs in one NVLink domain"),
     "memory_gib": Range(1e-3, 16384, "B300: 288 GB of HBM per GPU (a CPU host's RAM may stand in, up to 16 TiB)"),
     "bandwidth_gbps": Range(1e-3, 1e6, "B300: 8,000 GB/s of HBM bandwidth"),
+    "storage_gbps": Range(1e-3, 1e4, "a PCIe 5.0 NVMe drive: about 14 GB/s; a 400 Gb/s network link: 50 GB/s"),
     "replicas": Range(1, INT32_MAX, "Kubernetes' int32 replica count"),
     # time
     "timeout_s": Range(1e-6, 604800, "a week: longer than any engine start or request; poll()'s limit is 24.8 days"),

@@ -4,6 +4,7 @@ backend's own rules (trtkv.recipe.backend_rules)."""
 from __future__ import annotations
 
 from trtkv.platform.hardware import GPU, GPU_SPECS, gpus_where
+from trtkv.recipe import prefix_cache
 from trtkv.recipe.backend_rules import BACKEND_RULES, engine_format_problems, memory_knob_problems
 from trtkv.recipe.schema import BenchTask, GemmPlugin, KVCacheQuant, Recipe, WeightQuant
 
@@ -66,6 +67,7 @@ def cross_field_problems(r: Recipe) -> list[tuple[str, str]]:
     out += engine_format_problems(r)  # the engine formats, per backend and GPU, from trtkv/data/kv_formats.json
     out += BACKEND_RULES[b.backend](r)
     out += memory_knob_problems(r)
+    out += prefix_cache.problems(r)  # an explicit prefix-cache true the engine cannot honour
     for length in r.bench.needle_context_lengths if BenchTask.NEEDLE in r.bench.tasks else []:
         if length > b.max_input_len:
             out.append(("bench.needle_context_lengths", f"{length} exceeds build.max_input_len {b.max_input_len}: "

@@ -34,9 +34,9 @@ from trtkv.recipe.enums import (  # noqa: F401 - re-exported: the schema's publi
     WeightQuant,
 )
 from trtkv.recipe.limits import WORD, bounded
-from trtkv.recipe.names import is_ip_or_host_name
 from trtkv.recipe.probe_section import ProbeConfig
 from trtkv.recipe.sections import QuantizationConfig, _Section  # noqa: F401 - re-exported: the schema's public face
+from trtkv.recipe.triton_section import TritonConfig  # noqa: F401 - re-exported: the schema's public face
 
 # ---------------------------------------------------------------------------------------------
 # Schema
@@ -140,7 +140,10 @@ class BuildConfig(_Section):
     max_num_tokens: int = bounded(8192, "positions", description="Tokens per engine step (packed batch).")
     tp_size: int = bounded(1, "gpus", description="Tensor parallelism.")
     pp_size: int = bounded(1, "gpus", description="Pipeline parallelism.")
-    gemm_plugin: GemmPlugin = Field(GemmPlugin.AUTO, description="trtllm-build `--gemm_plugin`.")
+    gemm_plugin: GemmPlugin = Field(GemmPlugin.AUTO, description="trtllm-build `--gemm_plugin`; auto follows "
+                                    "TensorRT-LLM's perf best practices: FP8 weights: fp8 at max_batch_size <= 4 (the "
+                                    "experimental FP8 plugin's small-batch case), else disable; other weights: the "
+                                    "model dtype.")
     use_paged_context_fmha: bool = Field(
         True,
         description="trtllm-build `--use_paged_context_fmha` (needed for chunked context and KV reuse); forced off "
@@ -211,46 +214,6 @@ class HardwareConfig(_Section):
                              f"it, e.g. 'NVIDIA H100 80GB HBM3', works too); for a GPU not listed pick the nearest "
                              f"and set hardware.memory_gib and hardware.hbm_bandwidth_gbps")
         return gpu_from_name(value) if isinstance(value, str) else value
-
-
-class TritonConfig(_Section):
-    host: str = Field("127.0.0.1", description="Address the server binds.")
-    http_port: int = Field(8000, gt=0, lt=65536, description="HTTP port.")
-    grpc_port: int = Field(8001, gt=0, lt=65536, description="gRPC port.")
-    metrics_port: int = Field(8002, gt=0, lt=65536, description="Metrics port.")
-    instance_count: int = bounded(1, "batch", description="Model instances (CPU: one per core is the ceiling).")
-    decoupled: bool = Field(True, description="Decoupled model (streaming responses).")
-    # --- the KV pool: each engine's knob under its own name (None: its default at trtkv's pinned release), as sized
-    gpu_memory_utilization: float | None = Field(
-        None, gt=0, le=1, description="vLLM `--gpu-memory-utilization`: the share of the device's total memory vLLM "
-        "may use (weights, activation, CUDA graphs and KV). None: vLLM's default (0.92 in 0.32). vllm only.")
-    mem_fraction_static: float | None = Field(
-        None, gt=0, lt=1, description="SGLang `--mem-fraction-static`: weights + KV pool as a share of the memory "
-        "free before loading. None: SGLang's computed default (0.5.23's rule, shown by `trtkv plan`). sglang only.")
-    kv_cache_free_gpu_mem_fraction: float | None = Field(
-        None, gt=0, le=1, description="TensorRT-LLM: the share of the memory free after weights and the warm-up "
-        "(LLM API) or after the engine and its buffers (engine path) given to the KV cache. None: 0.9 (TensorRT-LLM's "
-        "default). llmapi and tensorrt only.")
-    kv_pool_gib_per_gpu: float | None = bounded(
-        None, "memory_gib", description="KV pool per GPU in GiB: pins it where the engine takes a size (vLLM "
-        "`--kv-cache-memory-bytes`), caps it where the engine only caps (SGLang `--max-total-tokens`, TensorRT-LLM "
-        "`max_tokens`): the plan shows min(rule, cap) and which bound applied.")
-    batching_strategy: BatchingStrategy = Field(BatchingStrategy.INFLIGHT_FUSED_BATCHING, description="`gpt_model_type`.")
-    batch_scheduler_policy: SchedulerPolicy = Field(SchedulerPolicy.GUARANTEED_NO_EVICT, description="Scheduler.")
-    enable_kv_cache_reuse: bool = Field(False, description="Prefix (KV block) reuse.")
-    exclude_input_in_output: bool = Field(True, description="Responses carry only generated text.")
-    max_queue_delay_microseconds: int = bounded(0, "delay_us", description="Dynamic batcher delay.")
-    startup_timeout_s: float = bounded(180.0, "timeout_s", description="How long `trtkv serve` waits for readiness.")
-
-    @field_validator("host")
-    @classmethod
-    def _ip_or_host_name(cls, value: str) -> str:
-        """An IP address or an RFC 1123 host name, nothing else: it lands in commands, URLs and README `curl` lines."""
-        if not is_ip_or_host_name(value):
-            raise ValueError("must be an IP address (v4 or v6, e.g. 127.0.0.1, 0.0.0.0, ::1) or an RFC 1123 host name "
-                             "(letters, digits and '-' in dot-separated labels of 1-63 characters, not starting or "
-                             "ending with '-', at most 253 characters, e.g. localhost or node-1.cluster.local)")
-        return value
 
 
 class BenchConfig(_Section):

@@ -21,6 +21,7 @@ from trtkv.checkpoints import models as model
 from trtkv.contracts.stage import StageResult, manifest_hash, require_input, run_stage
 from trtkv.core.errors import StageError
 from trtkv.recipe import Recipe, layout
+from trtkv.recipe.prefix_cache import prefix_cache
 from trtkv.repo.plan import RepoPlan
 from trtkv.repo.validate import check_model_yaml, validate_repo
 
@@ -48,7 +49,8 @@ def _local_model_dir(recipe: Recipe) -> Path | None:
 def plan_repo(recipe: Recipe) -> RepoPlan:
     """Resolve paths; the CPU recipe copies its tokenizer in, GPU recipes reference it (warning when absent)."""
     engine, checkpoint = layout.engine_dir(recipe), layout.checkpoint_dir(recipe)
-    plan = RepoPlan(recipe, layout.repo_dir(recipe), engine, checkpoint, None, "")
+    at = layout.served_artifacts(recipe)  # the configs name the paths the server sees (a container: /models/...)
+    plan = RepoPlan(recipe, layout.repo_dir(recipe), engine, checkpoint, None, "", at)
     calibrated = checkpoint / "tokenizer"
     repo = for_recipe(recipe).repo
     if repo is None:
@@ -57,7 +59,7 @@ def plan_repo(recipe: Recipe) -> RepoPlan:
                          f"`trtkv build {recipe.name}`).")
     needed, stage = repo.input(recipe)
     if repo.tokenizer is TokenizerSource.SERVED_MODEL:  # the engine loads the tokenizer of the checkpoint it serves
-        plan.tokenizer_ref = str(needed)
+        plan.tokenizer_ref = str(layout.served_path(recipe, needed))
     elif repo.tokenizer is TokenizerSource.COPY:
         source = calibrated if _has_tokenizer(calibrated) else _local_model_dir(recipe)
         if source is None:
@@ -65,7 +67,7 @@ def plan_repo(recipe: Recipe) -> RepoPlan:
                              f"({recipe.model.source}) is not on this machine. Next: `trtkv calibrate {recipe.name}`.")
         plan.tokenizer_source, plan.tokenizer_ref = source, TOKENIZER_IN_REPO
     else:
-        plan.tokenizer_ref = str(calibrated)
+        plan.tokenizer_ref = str(at.tokenizer)
         if not _has_tokenizer(calibrated):
             plan.warnings.append(f"tokenizer {calibrated} does not exist yet (written by `trtkv calibrate "
                                  f"{recipe.name}`); the repository references it")
@@ -145,14 +147,14 @@ def _raw_values(plan: RepoPlan) -> dict[str, str]:
         "max_input_len": str(b.max_input_len),
         "max_seq_len": str(b.max_seq_len),
         "max_num_tokens": str(b.max_num_tokens),
-        "engine_dir": str(plan.engine_dir),
-        "hf_model_dir": str(plan.checkpoint_dir / "hf"),
-        "extra_llm_api_options": str(plan.engine_dir / "extra_llm_api_options.yaml"),
+        "engine_dir": str(plan.at.engine),
+        "hf_model_dir": str(plan.at.hf),
+        "extra_llm_api_options": str(plan.at.engine / "extra_llm_api_options.yaml"),
         "kv_cache_dtype": kv_dtype,
         "batching_strategy": t.batching_strategy.value,
         "batch_scheduler_policy": t.batch_scheduler_policy.value,
         **_memory_values(r),
-        "enable_kv_cache_reuse": flag(t.enable_kv_cache_reuse),
+        "enable_kv_cache_reuse": flag(prefix_cache(r).enabled),  # explicit: the engine's default where it may reuse
         "enable_chunked_context": flag(r.chunked_context),
         "exclude_input_in_output": flag(t.exclude_input_in_output),
         "max_beam_width": str(MAX_BEAM_WIDTH),
@@ -277,6 +279,8 @@ def generate_into(plan: RepoPlan, target: Path) -> dict[str, Any]:
     if MODEL_YAML in _layout(plan.recipe).files(plan.recipe):
         check_model_yaml(target, plan.recipe.triton.decoupled)  # upstream's model.py reads its triton_config
     return {"models": models, "backend": plan.recipe.build.backend.value, "engine_dir": str(plan.engine_dir),
+            "served_paths": {"engine": str(plan.at.engine), "checkpoint": str(plan.at.checkpoint),
+                             "repository": str(plan.at.repo)},
             "tokenizer_dir": plan.tokenizer_ref, "tokenizer_copied_from": str(plan.tokenizer_source or ""),
             "tokenizer_files": copied, "warnings": plan.warnings, "validated": True}
 

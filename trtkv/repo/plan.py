@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtkv.recipe import Recipe
+from trtkv.recipe.layout import Artifacts
 
 
 @dataclass
@@ -19,4 +20,5 @@ class RepoPlan:
     checkpoint_dir: Path
     tokenizer_source: Path | None  # copied into <repo>/tokenizer when set
     tokenizer_ref: str  # tokenizer_dir as written in the configs
+    at: Artifacts  # where the server reads the artifacts (the paths the configs name): host, or /models/<recipe>
     warnings: list[str] = field(default_factory=list)

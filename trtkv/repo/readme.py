@@ -75,8 +75,9 @@ def _deploy_lines(plan: RepoPlan) -> list[str]:
         "",
         stack,
         "",
-        mpi + " The engine folder and this repository are mounted at the same paths inside the container, so "
-        "the paths in the configs hold on both sides.",
+        mpi + f" The folders the server reads (this repository, and the engine or HF export) are mounted read-only "
+        f"at their canonical container paths under `{plan.at.root}`, which the configs name: the same paths in "
+        f"docker, Kubernetes (`trtkv deploy`), Slurm and Dynamo.",
         "",
         "```",
         f"trtkv serve {r.name}             # runs the command below (or prints it: --dry-run)",
@@ -86,8 +87,8 @@ def _deploy_lines(plan: RepoPlan) -> list[str]:
         "Inside the container (already running it), the same launch:",
         "",
         "```",
-        container.shell_block(container.gpu_command(r, repo)),
-        f"# or, with the backend's script: {quote(container.launch_script_command(r, repo))}",
+        container.shell_block(container.gpu_command(r, plan.at.repo)),
+        f"# or, with the backend's script: {quote(container.launch_script_command(r, plan.at.repo))}",
         "```",
         "",
         f"Ports: HTTP {r.triton.http_port}, gRPC {r.triton.grpc_port}, metrics {r.triton.metrics_port}.",

@@ -12,22 +12,30 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from trtkv.backends import OpenAIServer, for_recipe
+from trtkv.backends import OpenAIServer, TokenizerSource, for_recipe
 from trtkv.contracts.artifacts import Manifest
 from trtkv.contracts.canary import canary_script, docker_health_args
 from trtkv.contracts.interface import ModelInterface
-from trtkv.core import paths
 from trtkv.core.errors import StageError
 from trtkv.core.files import NotReadable, read_capped
 from trtkv.core.tools import quote
 from trtkv.platform import versions
 from trtkv.recipe import Recipe
-from trtkv.recipe.layout import engine_dir
+from trtkv.recipe.layout import (
+    Artifacts,
+    container_artifacts,
+    container_mounts,
+    engine_dir,
+    host_artifacts,
+    served_artifacts,
+    to_container,
+)
 
 IMAGE_ENV = versions.IMAGE_ENV
 CONTAINER_TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
 CONTAINER_BIND = "0.0.0.0"  # inside the container: docker's -p publishes only on the recipe's triton.host
 DOCKER_STOP_TIMEOUT_S = 30
+TRITON_SHM_GIB = 2  # /dev/shm for the Python backend's shared-memory regions and NCCL (docker --shm-size, the pods')
 
 
 def container_name(recipe: Recipe) -> str:
@@ -104,22 +112,42 @@ def container_image(recipe: Recipe) -> str:
     return image
 
 
+def triton_reads(recipe: Recipe) -> list[Path]:
+    """The host folders tritonserver reads: the layout's input (engine or HF export), the calibrated tokenizer unless
+    the served model carries it, and the repository."""
+    layout = for_recipe(recipe).repo
+    if layout is None:
+        return []
+    needed, _stage = layout.input(recipe)
+    host = host_artifacts(recipe)
+    reads = [needed] if layout.tokenizer is TokenizerSource.SERVED_MODEL else [needed, host.tokenizer]
+    return [*reads, host.repo]
+
+
+def volume_args(recipe: Recipe, folders: list[Path]) -> list[str]:
+    """`-v HOST:CONTAINER:ro` for each host folder, at its canonical container path (/models/<recipe>/...): the
+    server only reads them."""
+    return [a for host, box in container_mounts(recipe, folders) for a in ("-v", f"{host}:{box}:ro")]
+
+
 def docker_command(recipe: Recipe, repo: Path) -> list[str]:
-    """docker run of the Triton TensorRT-LLM image; engines and repository mounted at the same paths.
+    """docker run of the Triton TensorRT-LLM image; the folders it reads (`repo` and the engine or HF export, on this
+    host) mounted at their canonical container paths, which the repository's configs name.
 
     Ports are published on the recipe's triton.host only; inside the container the servers bind 0.0.0.0 (docker
     forwards to the container's own interface, which a 127.0.0.1 bind would not answer).
     """
     t = recipe.triton
-    out = paths.recipe_output_dir(recipe.name)
-    cmd = ["docker", "run", "--rm", "--gpus", "all", "--shm-size=2g", "--ulimit", "memlock=-1",
+    cmd = ["docker", "run", "--rm", "--gpus", "all", f"--shm-size={TRITON_SHM_GIB}g", "--ulimit", "memlock=-1",
            "--ulimit", "stack=67108864", "--name", container_name(recipe)]
     for port in (t.http_port, t.grpc_port, t.metrics_port):
         cmd += ["-p", f"{t.host}:{port}:{port}"]
     # docker's health check is the real one-token inference (Triton answers "ready" with a dead model instance)
     cmd += docker_health_args(canary_script(t.http_port, _interface(recipe)), t.startup_timeout_s)
-    cmd += ["-v", f"{out}:{out}:ro", "-v", f"{repo}:{repo}:ro", container_image(recipe)]  # the server only reads them
-    return cmd + gpu_command(recipe, repo, host=CONTAINER_BIND)
+    box = container_artifacts(recipe)
+    reads = [f for f in triton_reads(recipe) if f != host_artifacts(recipe).repo]
+    cmd += [*volume_args(recipe, reads), "-v", f"{repo}:{box.repo}:ro", container_image(recipe)]
+    return cmd + gpu_command(recipe, box.repo, host=CONTAINER_BIND)
 
 
 def _interface(recipe: Recipe) -> ModelInterface:
@@ -128,6 +156,20 @@ def _interface(recipe: Recipe) -> ModelInterface:
         raise StageError(f"{recipe.name}: backend {recipe.build.backend.value} has no Triton repository: tritonserver "
                          f"does not serve it. Next: `trtkv serve {recipe.name}` runs its own server.")
     return repo.interface
+
+
+def inside_repo(recipe: Recipe, repo: Path) -> Path:
+    """The repository tritonserver loads when trtkv runs inside the Triton container: its configs name the canonical
+    container paths (/models/<recipe>/...), so those must be where the artifacts are mounted."""
+    at, layout = container_artifacts(recipe), for_recipe(recipe).repo
+    needed = [at.repo] + ([to_container(recipe, layout.input(recipe)[0])] if layout is not None else [])
+    missing = [p for p in needed if not p.exists()]
+    if missing:
+        raise StageError(f"serve {recipe.name}: inside the container, the repository's configs name the canonical "
+                         f"paths under {at.root}, and {missing[0]} is not there. Next: start the container with the "
+                         f"mounts `trtkv serve {recipe.name} --dry-run` prints (-v {repo}:{at.repo}:ro ...), or run "
+                         f"`trtkv serve {recipe.name}` on the host, which starts docker with them.")
+    return at.repo
 
 
 def trtllm_serve_server(recipe: Recipe) -> OpenAIServer:
@@ -141,21 +183,23 @@ def trtllm_serve_server(recipe: Recipe) -> OpenAIServer:
     return backend.serving.openai
 
 
-def trtllm_serve_command(recipe: Recipe, host: str | None = None) -> list[str]:
-    """TensorRT-LLM's OpenAI-compatible server on the recipe's HF export (backend llmapi), with the build's --config."""
-    return trtllm_serve_server(recipe).command(recipe, host or recipe.triton.host)
+def trtllm_serve_command(recipe: Recipe, host: str | None = None, at: Artifacts | None = None) -> list[str]:
+    """TensorRT-LLM's OpenAI-compatible server on the recipe's HF export (backend llmapi), with the build's --config;
+    `at`: where the artifacts are (default: the canonical container paths of a GPU recipe)."""
+    return trtllm_serve_server(recipe).command(recipe, host or recipe.triton.host, at or served_artifacts(recipe))
 
 
 def trtllm_serve_docker_command(recipe: Recipe) -> list[str]:
-    """docker run of the TensorRT-LLM image running trtllm-serve; the HTTP port published on triton.host only."""
+    """docker run of the TensorRT-LLM image running trtllm-serve; the HTTP port published on triton.host only, the
+    HF export and the build folder mounted at their canonical container paths."""
     t = recipe.triton
-    out = paths.recipe_output_dir(recipe.name)
-    model = trtllm_serve_server(recipe).served_model(recipe)
-    cmd = ["docker", "run", "--rm", "--gpus", "all", "--shm-size=2g", "--ulimit", "memlock=-1",
+    server = trtllm_serve_server(recipe)
+    model = server.served_model(recipe)
+    cmd = ["docker", "run", "--rm", "--gpus", "all", f"--shm-size={server.shm_gib}g", "--ulimit", "memlock=-1",
            "--ulimit", "stack=67108864", "--name", container_name(recipe), "-p", f"{t.host}:{t.http_port}:{t.http_port}",
            *docker_health_args(canary_script(t.http_port, openai_model=model), t.startup_timeout_s),
-           "-v", f"{out}:{out}:ro", container_image(recipe)]
-    return cmd + trtllm_serve_command(recipe, host=CONTAINER_BIND)
+           *volume_args(recipe, server.reads(recipe)), container_image(recipe)]
+    return cmd + trtllm_serve_command(recipe, host=CONTAINER_BIND, at=container_artifacts(recipe))
 
 
 BREAK_BEFORE = ("-p", "-v", "mpirun", ":", "--name")

@@ -33,13 +33,14 @@ from trtkv.core.errors import StageError, ToolError
 from trtkv.core.process import port_in_use, wait_http_ready
 from trtkv.core.tools import quote, tail
 from trtkv.recipe import Recipe
-from trtkv.recipe.layout import checkpoint_dir, engine_dir, repo_dir, serve_dir
+from trtkv.recipe.layout import checkpoint_dir, container_artifacts, engine_dir, host_artifacts, repo_dir, serve_dir
 from trtkv.serving.container import (
     CIDFILE,
     CONTAINER_TRITONSERVER,
     container_name,
     docker_command,
     gpu_command,
+    inside_repo,
     launch_script_command,
     shell_block,
     stop_container,
@@ -276,8 +277,9 @@ def _start_gpu(recipe: Recipe, repo: Path, *, dry_run: bool, timeout_s: float | 
     inside = Path(CONTAINER_TRITONSERVER).is_file()
     if dry_run:
         log(f"# on a host with Docker and {recipe.hardware.count} GPU(s):\n{shell_block(docker_command(recipe, repo))}")
-        log(f"# inside the container:\n{shell_block(gpu_command(recipe, repo))}")
-        log(f"# equivalent, with the backend's script:\n{quote(launch_script_command(recipe, repo))}")
+        box = container_artifacts(recipe).repo  # the configs name the canonical container paths
+        log(f"# inside the container:\n{shell_block(gpu_command(recipe, box))}")
+        log(f"# equivalent, with the backend's script:\n{quote(launch_script_command(recipe, box))}")
         return None
     require_input(repo, "serve", "repo", recipe)
     for_recipe(recipe).serving.require_input(recipe)
@@ -285,7 +287,7 @@ def _start_gpu(recipe: Recipe, repo: Path, *, dry_run: bool, timeout_s: float | 
     check_free(recipe, log)
     container = None
     if inside:
-        cmd = gpu_command(recipe, repo)
+        cmd = gpu_command(recipe, inside_repo(recipe, repo))
     elif shutil.which("docker"):
         cmd = docker_command(recipe, repo)
         container = container_name(recipe)
@@ -314,9 +316,9 @@ def _start_trtllm_serve(recipe: Recipe, *, dry_run: bool, timeout_s: float | Non
     for_recipe(recipe).serving.require_input(recipe)
     require_input(engine_dir(recipe), "serve", "build", recipe)
     check_free(recipe, log)
-    container = None
-    if inside:
-        cmd = trtllm_serve_command(recipe)
+    container, at = None, container_artifacts(recipe)
+    if inside:  # trtllm-serve installed here: this machine's folders
+        cmd, at = trtllm_serve_command(recipe, at=host_artifacts(recipe)), host_artifacts(recipe)
     elif shutil.which("docker"):
         cmd = trtllm_serve_docker_command(recipe)
         container = container_name(recipe)
@@ -325,7 +327,7 @@ def _start_trtllm_serve(recipe: Recipe, *, dry_run: bool, timeout_s: float | Non
         raise StageError(f"trtllm-serve is not on PATH and docker is not here. Next: run on the GPU host, or print the "
                          f"commands with `trtkv serve {recipe.name} --trtllm-serve --dry-run`.")
     return _launch(recipe, cmd, repo_dir(recipe), dict(os.environ), timeout_s, log, container=container,
-                   name=server.name, served_model=server.served_model(recipe))
+                   name=server.name, served_model=server.served_model(recipe, at))
 
 
 def _start_openai_server(recipe: Recipe, *, dry_run: bool, timeout_s: float | None,

@@ -1,0 +1,114 @@
+"""The loader Job that fills the models volume (no `kubectl cp`): its source forms and refusals, and its script and the
+servers' wait for its marker run here for real (an NFS-style copy, the volume's /models and /source moved into a
+temporary folder): the marker comes last, a failed or empty copy leaves none, and a server waits for exactly its load."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from trtkv.core.errors import StageError
+from trtkv.deploy import Options, Target, deploy, loader, pods
+from trtkv.recipe import load_recipe
+
+
+@pytest.mark.parametrize("text, kind, host, path, revision", [
+    ("s3://my-bucket/trtkv/llama", "s3", "my-bucket", "trtkv/llama", None),
+    ("s3://my-bucket", "s3", "my-bucket", "", None),
+    ("gs://models.example/a/b/", "gs", "models.example", "a/b", None),
+    ("nfs://nas-1.lan/export/models/llama", "nfs", "nas-1.lan", "/export/models/llama", None),
+    ("hf://nvidia/Llama-3.3-70B-Instruct-FP8@a1b2c3", "hf", "nvidia", "Llama-3.3-70B-Instruct-FP8", "a1b2c3"),
+])
+def test_sources_parse(text: str, kind: str, host: str, path: str, revision: str | None) -> None:
+    src = loader.parse_source(text)
+    assert (src.kind.value, src.host, src.path, src.revision) == (kind, host, path, revision)
+
+
+@pytest.mark.parametrize("text", ["http://x/y", "s3://b/x", "s3://my-bucket/$(touch x)", "s3://my-bucket/a b",
+                                  "nfs://nas", "hf://org", "file:///models", "s3://my-bucket/x;y"])
+def test_sources_refused(text: str) -> None:
+    with pytest.raises(StageError, match="is not one of"):
+        loader.parse_source(text)
+
+
+def test_a_hub_id_fills_only_an_hf_export(tmp_path: Path) -> None:
+    out = deploy(load_recipe("llama70b_fp8kv_llmapi", ["build.backend=vllm"]), Target.K8S, tmp_path / "v",
+                 log=lambda _m: None, options=Options(model_source="hf://nvidia/Llama-3.3-70B-Instruct-FP8"))
+    text = (out / "models.yaml").read_text()
+    assert "snapshot_download" in text and loader.HUB_CLIENT in text and "python:3.12" in text
+    with pytest.raises(StageError, match="a hub repository holds an HF export"):
+        deploy(load_recipe("llama70b_fp8kv"), Target.K8S, tmp_path / "t", log=lambda _m: None,
+               options=Options(model_source="hf://nvidia/Llama-3.3-70B-Instruct-FP8"))
+
+
+def _local(script: str, root: Path) -> str:
+    """The script with the volume (/models) and the NFS export (/source) moved under `root`."""
+    return script.replace("/models", str(root / "models")).replace("/source", str(root / "source"))
+
+
+def test_the_loader_copies_then_marks_and_the_server_waits_for_its_marker(tmp_path: Path) -> None:
+    recipe = load_recipe("llama70b_fp8kv")
+    src = loader.parse_source("nfs://nas.lan/export/llama")
+    subs = ["engine", "checkpoint/tokenizer", "triton_repo"]
+    for sub in subs:
+        (tmp_path / "source" / sub).mkdir(parents=True)
+        (tmp_path / "source" / sub / "file").write_text(sub)
+    lid = "0123456789ab"
+    run = subprocess.run(["sh", "-c", _local(loader.script(recipe, src, subs, lid), tmp_path)], capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    root = tmp_path / "models" / recipe.name
+    assert all((root / sub / "file").read_text() == sub for sub in subs)
+    assert (root / pods.LOAD_MARKER).read_text().strip() == lid
+    wait = pods.wait_for_load(recipe, "img", lid)["command"][2]
+    done = subprocess.run(["sh", "-c", _local(wait, tmp_path)], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and f"models loaded ({lid})" in done.stdout
+    # a later load that fails (an empty folder at the source) leaves no marker: no server starts on it
+    (tmp_path / "source" / "engine" / "file").unlink()
+    failed = subprocess.run(["sh", "-c", _local(loader.script(recipe, src, subs, "feedfacecafe"), tmp_path)],
+                            capture_output=True, text=True, timeout=60)
+    assert failed.returncode == 1 and "engine is empty" in failed.stderr
+    assert not (root / pods.LOAD_MARKER).exists()
+
+
+def test_the_wait_is_for_this_load_only(tmp_path: Path) -> None:
+    """A marker of another load does not start the server (the init container keeps waiting: here, cut short)."""
+    recipe = load_recipe("llama70b_fp8kv")
+    root = tmp_path / "models" / recipe.name
+    root.mkdir(parents=True)
+    (root / pods.LOAD_MARKER).write_text("aaaaaaaaaaaa\n")
+    wait = _local(pods.wait_for_load(recipe, "img", "0123456789ab")["command"][2], tmp_path).replace("sleep 10", "exit 3")
+    assert subprocess.run(["sh", "-c", wait], capture_output=True, timeout=30).returncode == 3
+
+
+def test_the_load_id_changes_with_the_build(tmp_path: Path, engines_tmp: Path) -> None:
+    recipe = load_recipe("llama70b_fp8kv")
+    src = loader.parse_source("s3://my-bucket/x")
+    engine = engines_tmp / recipe.name / "engine"
+    folders = [(engine, "engine")]
+    before = loader.load_id(recipe, src, folders)
+    from trtkv.contracts.artifacts import Manifest
+
+    def build(key: str, finished: str) -> str:
+        Manifest(stage="build", recipe=recipe.name, key={"recipe": key}, finished_at=finished).save(engine)
+        return loader.load_id(recipe, src, folders)
+
+    engine.mkdir(parents=True)
+    built = build("a" * 64, "2026-12-01T10:00:00")
+    assert built != before and loader.load_id(recipe, loader.parse_source("s3://my-bucket/y"), folders) != built
+    assert build("a" * 64, "2026-12-02T11:00:00") == built  # the same build, another run time: the same load
+    assert build("b" * 64, "2026-12-02T11:00:00") != built  # other inputs
+
+
+def test_the_skip_list_is_docs_and_never_touches_the_guarded_checks() -> None:
+    from trtkv.deploy.pods import NEVER_SKIPPED, SKIPPABLE, skips_markdown
+
+    text = (Path(__file__).parents[2] / "docs" / "deploy.md").read_text()
+    body = text.split("<!-- checkov-skips:start -->", 1)[1].split("<!-- checkov-skips:end -->", 1)[0].strip()
+    assert body == skips_markdown().strip(), "docs/deploy.md's checkov skips are stale: python scripts/update_docs.py"
+    assert not set(SKIPPABLE) & set(NEVER_SKIPPED) and all("=" not in reason for reason in SKIPPABLE.values())
+    for guarded in ("CKV_K8S_8", "CKV_K8S_9", "CKV_K8S_10", "CKV_K8S_11", "CKV_K8S_12", "CKV_K8S_13", "CKV_K8S_21",
+                    "CKV_K8S_28", "CKV_K8S_31", "CKV_K8S_37"):  # probes, resources, namespace, capabilities, seccomp
+        assert guarded in NEVER_SKIPPED
