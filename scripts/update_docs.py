@@ -1,8 +1,8 @@
 """Regenerate the generated parts of docs/: the recipe reference (from the pydantic schema) in docs/recipes.md and the
 version matrix (from trtkv/data/trtllm_versions.json) in docs/where-it-runs.md, the KV formats x engines table (from
-trtkv/data/kv_formats.json) in docs/kv-formats.md, the GPU table (trtkv.platform.hardware) in docs/plan.md, what each
-verb writes (trtkv.cli.registry) in docs/where-it-runs.md, the checkov skips a deployment may carry (trtkv.deploy.pods)
-in docs/deploy.md; `--check` only reports stale ones."""
+trtkv/data/kv_formats.json) and its attention modes in docs/kv-formats.md, the GPU table (trtkv.platform.hardware) in
+docs/plan.md, what each verb writes (trtkv.cli.registry) in docs/where-it-runs.md, the checkov skips a deployment may
+carry (trtkv.deploy.pods) in docs/deploy.md; `--check` only reports stale ones."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ sys.path.insert(0, str(ROOT))
 
 from trtkv.cli.registry import outputs_markdown  # noqa: E402
 from trtkv.deploy.pods import skips_markdown  # noqa: E402
+from trtkv.kvcache.attention_modes import table_markdown as attention_markdown  # noqa: E402
 from trtkv.kvcache.engines import table_markdown as kv_formats_markdown  # noqa: E402
 from trtkv.platform.hardware import table_markdown as gpu_table_markdown  # noqa: E402
 from trtkv.platform.versions import table_markdown  # noqa: E402
@@ -27,6 +28,7 @@ SECTIONS: dict[str, tuple[str, Callable[[], str]]] = {
     "limits": ("docs/recipes.md", limits_markdown),
     "version-matrix": ("docs/where-it-runs.md", table_markdown),
     "kv-formats": ("docs/kv-formats.md", kv_formats_markdown),
+    "attention-modes": ("docs/kv-formats.md", attention_markdown),
     "gpu-table": ("docs/plan.md", gpu_table_markdown),
     "verb-outputs": ("docs/where-it-runs.md", outputs_markdown),
     "checkov-skips": ("docs/deploy.md", skips_markdown),

@@ -15,7 +15,7 @@ import pytest
 from trtkv.bench import fidelity, results, slo
 from trtkv.bench.client import Endpoint
 from trtkv.bench.fidelity_score import CachedScorer, Served
-from trtkv.bench.fidelity_served import openai_request, triton_request
+from trtkv.bench.fidelity_served import openai_prompt_logprobs, openai_request, triton_request
 from trtkv.core.errors import TrtkvError
 from trtkv.recipe import load_recipe
 
@@ -89,7 +89,12 @@ class _Fake(http.server.BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         _Fake.seen.append(body)
-        if self.path == "/v1/completions":
+        if self.path == "/v1/completions" and body.get("echo") and body["max_tokens"] == 0:  # prompt log-probs
+            ids = body["prompt"]
+            out = {"choices": [{"text": "", "logprobs": {"tokens": [f"token_id:{t}" for t in ids],
+                                                          "token_logprobs": [None] + [-0.125] * (len(ids) - 1),
+                                                          "top_logprobs": [None] + [{}] * (len(ids) - 1)}}]}
+        elif self.path == "/v1/completions":
             n = body["max_tokens"]
             ids = [7 + i for i in range(n)]
             tokens = [f"token_id:{t}" for t in ids] if body.get("return_tokens_as_token_ids") else [" x"] * n
@@ -260,9 +265,85 @@ def test_a_scorers_model_is_loaded_once_per_process(tmp_path: Path, monkeypatch:
         return object(), lambda: None
 
     scored = fs.Scored([0.0], [1], [{1: 0.0}], None)
-    monkeypatch.setattr(fs, "teacher_forced_nested", lambda model, new_cache, items: [scored for _ in items])
+    monkeypatch.setattr(fs, "teacher_forced_nested", lambda model, new_cache, items, attention=None: [scored for _ in items])
     monkeypatch.setattr(fs, "_LOADED", {})
     for i in range(3):  # three bench runs in one process, e.g. a test's served and in-process cases
         scorer = CachedScorer("reference", "k", tmp_path / f"r{i}.json", load, {}, model_id="/models/x")
         scorer.score(Served([1, 2], [3 + i], [0.0]))
     assert len(loads) == 1 and scorer.computed == 1
+
+
+def test_the_engines_prefill_log_probs_give_its_prefill_vs_decode_drift(fake: str, tmp_path: Path) -> None:
+    """vLLM's echo + max_tokens 0 returns the prompt's log-probs: the served continuation's tokens scored by one
+    prefill, against the log-probs the decode returned. Cache-only attention predicts 0 (no verdict drawn)."""
+    from trtkv.bench import fidelity_drift
+
+    values, error = openai_prompt_logprobs(fake, "m", [1, 2, 3, 7, 8], 10.0)
+    assert error is None and values == [-0.125] * 4
+    assert _Fake.seen[-1]["echo"] is True and _Fake.seen[-1]["max_tokens"] == 0
+    served = openai_request(fake, "m", [1, 2, 3], 4, 10.0, k=2)  # decode log-probs -0.1 each
+    prefill = lambda ids: openai_prompt_logprobs(fake, "m", ids, 10.0)  # noqa: E731
+    rows, error = fidelity_drift.served_rows(prefill, served)
+    assert error is None and rows == pytest.approx([0.025] * 4)
+    scorer = CachedScorer("pred", "k", tmp_path / "pred.json", lambda: (_ for _ in ()).throw(AssertionError), {})
+    table = fidelity.drift_table(prefill, scorer, "cache_only", {16: [served, served]})
+    row = table["table"][0]
+    assert row["served"]["value"] == pytest.approx(0.025) and row["predicted"]["value"] == 0.0
+    assert row["verdict"].startswith("not judged")
+    assert not fidelity.drift_table(None, scorer, "cache_only", {})["measured"]
+
+
+def test_predicted_drift_of_an_fp8_attention_mode_is_computed_on_the_prediction_model(tmp_path: Path,
+                                                                                     one_torch_thread: None) -> None:
+    import torch
+
+    from tests.support.models import tiny_llama
+    from trtkv.bench import fidelity_drift
+    from trtkv.kvcache.cache import QuantizedKVCache
+
+    model = tiny_llama(2, 2, 128, 512, seed=2).float()  # head_dim 128: FA3's FP8 prefill and decode tiles differ
+    model.config._attn_implementation = "sdpa"
+    scorer = CachedScorer("pred", "k", tmp_path / "p.json",
+                          lambda: (model, lambda: QuantizedKVCache(model.config, "fp8_scale1", [1.0] * 2, [1.0] * 2)),
+                          {})
+    ids = torch.randint(0, 96, (260,), generator=torch.Generator().manual_seed(3)).tolist()
+    served = Served(ids[:250], ids[250:], [0.0] * 10)
+    fa3 = fidelity_drift.predicted_rows(scorer, "vllm_fa3_fp8", served)
+    assert len(fa3) == 10 and max(fa3) > 0
+    assert fidelity_drift.predicted_rows(scorer, "cache_only", served) == [0.0] * 10
+
+
+def test_the_prediction_runs_the_engines_attention_mode_prompt_prefilled_continuation_decoded(
+        tmp_path: Path, one_torch_thread: None) -> None:
+    """For an FP8 attention deployment the prediction is what that engine computes: the prompt through its prefill
+    kernel, the served continuation through its decode kernel (the drift the fidelity table judges comes from the
+    same two kernels), not the stored cache alone."""
+    import torch
+
+    from tests.support.models import tiny_llama
+    from trtkv.bench import fidelity_drift
+    from trtkv.bench.fidelity_score import engine_attention_for
+    from trtkv.kvcache.cache import QuantizedKVCache
+
+    model = tiny_llama(2, 2, 128, 512, seed=2).float()
+    model.config._attn_implementation = "sdpa"
+    load = lambda: (model, lambda: QuantizedKVCache(model.config, "fp8_scale1", [1.0] * 2, [1.0] * 2))  # noqa: E731
+    ids = torch.randint(0, 96, (260,), generator=torch.Generator().manual_seed(3)).tolist()
+    served = Served(ids[:250], ids[250:], [0.0] * 10)
+    cache_only = CachedScorer("a", "k1", tmp_path / "a.json", load, {}).score(served)
+    engine = CachedScorer("b", "k2", tmp_path / "b.json", load, {}, attention=engine_attention_for("vllm_fa3_fp8"))
+    scored = engine.score(served)
+    assert scored.chosen != cache_only.chosen
+    prefill_side = CachedScorer("c", "k3", tmp_path / "c.json", load, {},
+                                attention=lambda m, c, s: fidelity_drift_prefill(m, c)).score(served)
+    drift = fidelity_drift.predicted_rows(engine, "vllm_fa3_fp8", served)
+    assert [abs(a - b) for a, b in zip(scored.chosen, prefill_side.chosen, strict=True)] == pytest.approx(drift, abs=1e-5)
+
+
+def fidelity_drift_prefill(model, cache):  # noqa: ANN001, ANN201
+    """Every row through vLLM FA3's prefill kernel (the drift's other side)."""
+    from trtkv.kvcache.attention_hook import EngineRun, engine_attention, q_scales_for
+    from trtkv.kvcache.attention_modes import load_attention
+
+    mode = load_attention().mode("vllm_fa3_fp8")
+    return engine_attention(model, EngineRun(mode, cache, None, q_scales_for(cache, mode)))

@@ -176,6 +176,33 @@ def test_bench_over_the_openai_protocol(vllm_server: tuple[Any, Any], tmp_path: 
     assert (tmp_path / "aiperf" / "concurrency_1" / "profile_export_aiperf.csv").read_text().startswith("Metric,avg")
 
 
+def test_prefill_vs_decode_drift_of_the_served_engine(vllm_server: tuple[Any, Any]) -> None:
+    """The fidelity task's served comparison: vLLM decodes a greedy continuation (its decode kernel's log-probs), then
+    scores prompt + continuation in one prefill (echo, max_tokens 0). vLLM's CPU attention reads the cache into
+    16/32-bit attention (cache-only: the probe predicts 0), so what is left is its kernels' own rounding: small."""
+    from transformers import AutoTokenizer
+
+    from trtkv.bench import fidelity_drift
+    from trtkv.bench.fidelity_served import openai_prompt_logprobs, openai_request
+    from trtkv.checkpoints.models import resolve_model_dir
+    from trtkv.core.texts import eval_long_text
+
+    recipe, info = vllm_server
+    url = info.http_url.split("://", 1)[-1]
+    tok = AutoTokenizer.from_pretrained(str(resolve_model_dir(recipe)))
+    text = tok(eval_long_text()[1], add_special_tokens=False).input_ids
+    rows = []
+    for start in (0, 300):
+        served = openai_request(url, RECIPE, text[start: start + 200], 12, 120.0)
+        assert served.error is None and len(served.ids) == 12, served.error
+        drift, error = fidelity_drift.served_rows(lambda ids: openai_prompt_logprobs(url, RECIPE, ids, 120.0), served)
+        assert error is None and drift is not None and len(drift) == 12, error
+        rows += drift
+    mean = sum(rows) / len(rows)
+    print(f"\nvLLM CPU prefill vs decode: mean |dlogp| {mean:.5f}, max {max(rows):.5f} over {len(rows)} tokens")
+    assert mean < 0.05  # 16-bit kernels' rounding; FP8 attention drifts are ~0.1 (docs/probe.md)
+
+
 def test_a_server_that_dies_fails_the_bench(vllm_server: tuple[Any, Any], tmp_path: Path) -> None:
     """Runs last in this module: it stops the server."""
     from trtkv.bench.runner import BenchOptions, run_bench

@@ -22,7 +22,8 @@ def test_probe_tiny_sweep_on_real_model(tmp_path: Path, engines_tmp: Path, smoll
                                         capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "probe"
     args = ["probe", "smollm2_fp8kv", *TINY, "--formats", "fp16,int8,int8_split,kivi2", "--lengths", "64,160",
-            "--needle-lengths", "96", "--decode-steps", "2", "--threads", "1", "--no-progress", "--output", str(out)]
+            "--needle-lengths", "96", "--decode-steps", "2", "--threads", "1", "--no-progress", "--output", str(out),
+            "--attention", "trtllm_fresh_context"]  # TensorRT-LLM's INT8 path: the prompt attends its own 16-bit K/V
     assert main(args) == 0
     doc = json.loads((out / "probe.json").read_text())
     keys = {"format", "context_len", "kl_mean", "kl_last_quarter", "ppl", "ppl_delta", "top1_agreement",
@@ -44,12 +45,21 @@ def test_probe_tiny_sweep_on_real_model(tmp_path: Path, engines_tmp: Path, smoll
     manifest = json.loads((out / "manifest.json").read_text())  # the probe folder has its manifest too
     assert manifest["stage"] == "probe" and manifest["wall_seconds"] == doc["seconds"]
     assert len(doc["scales"]["layers"]) == 30 and all(x["k_amax"] > 0 for x in doc["scales"]["layers"])
+    # the engine mode: int8 only (the format it reads), beside cache-only, with its prefill-vs-decode drift
+    assert doc["attention"]["modes"] == ["cache_only", "trtllm_fresh_context"]
+    assert all(r["attention"] == "cache_only" for r in doc["records"])
+    engine = {(r["format"], r["context_len"]): r for r in doc["attention_records"]}
+    assert set(engine) == {("int8", 64), ("int8", 160)} and engine[("int8", 160)]["attention"] == "trtllm_fresh_context"
+    assert [(d["format"], d["attention"]) for d in doc["drift"]] == [("int8", "trtllm_fresh_context")]
+    assert doc["drift"][0]["mean_abs_dlogp"] > 0  # the prompt saw 16-bit K/V, the decoded tokens the INT8 cache
+    assert "## Cache-only vs the engine's attention" in md
     # resume: everything cached, same records
     first = (out / "probe.json").read_text()
     t0 = time.time()
     assert main(args) == 0
     again = json.loads((out / "probe.json").read_text())
     assert again["records"] == json.loads(first)["records"] and again["pass_seconds"] == {}
+    assert again["attention_records"] == json.loads(first)["attention_records"] and again["drift"] == doc["drift"]
     assert time.time() - t0 < 120
     capsys.readouterr()
 
@@ -419,3 +429,27 @@ def test_per_layer_cache_key_covers_the_amaxes_each_format_reads() -> None:
     head, fp8 = parse_format("fp8_attn_head"), parse_format("fp8")
     assert per_layer_key("m", head, a, KVFormat.BF16) != per_layer_key("m", head, b, KVFormat.BF16)
     assert per_layer_key("m", fp8, a, KVFormat.BF16) == per_layer_key("m", fp8, b, KVFormat.BF16)
+
+
+def test_engine_attention_records_are_shown_beside_cache_only_and_quoted_by_the_plan(engines_tmp: Path) -> None:
+    """probe.json's attention_records (same format and length, another attention) and drift: a side-by-side table and a
+    drift table in probe.md, printed lines, and the planner's sentence; a probe.json from before (no attention fields)
+    still reads: its records are cache-only."""
+    from trtkv.probe.attention_report import advice_lines, markdown_section, summary_lines
+
+    folder = engines_tmp / "smollm2_fp8kv" / "probe"
+    _fake_probe(folder, "smollm2_fp8kv")
+    old = json.loads((folder / "probe.json").read_text())
+    assert markdown_section(old)[2] == "Measured cache-only only." and advice_lines(old) == []
+    fp8 = next(r for r in old["records"] if r["format"] == "fp8")
+    engine = {**fp8, "kl_mean": 0.005, "top1_agreement": 0.97, "attention": "vllm_fa3_fp8"}
+    doc = {**old, "attention_records": [engine],
+           "attention": {"modes": ["cache_only", "vllm_fa3_fp8"], "reasons": {"vllm_fa3_fp8": "auto: FA3 on SM90"}},
+           "drift": [{"format": "fp8", "attention": "vllm_fa3_fp8", "prompt_tokens": 1024, "decode_steps": 32,
+                      "mean_abs_dlogp": 0.01, "max_abs_dlogp": 0.2, "kl_mean": 1e-4, "top1_agreement": 0.97}]}
+    (folder / "probe.json").write_text(json.dumps(doc))
+    text = "\n".join(markdown_section(doc))
+    assert "| fp8 | 4096 | vllm_fa3_fp8 | 0.00200 | 0.00500 | x2.50 |" in text and "### Prefill vs decode" in text
+    assert any("vllm_fa3_fp8 0.00500 (x2.50)" in line for line in summary_lines(doc))
+    lines, _ = probe_advice(load_recipe("smollm2_fp8kv"))
+    assert any(line.startswith("fp8 with vllm_fa3_fp8 attention") and "x2.50" in line for line in lines)

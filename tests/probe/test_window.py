@@ -267,3 +267,22 @@ def test_the_sweep_asks_every_formats_needles_from_its_kl_pass(gemma: Gemma3ForC
         return [{k: v for k, v in r.items() if k not in ("seconds", "cpu_seconds")} for r in rows]
 
     assert untimed(third["needles"]) == untimed(doc["needles"]) and third["records"] == doc["records"]
+
+
+def test_last_layer_at_sampled_rows_under_an_engine_mode_equals_its_dense_pass(gemma: Gemma3ForCausalLM) -> None:
+    """The shortcut runs the engine kernel's numerics too (FP8 Q and P, absolute tiles): the same rows as the dense
+    engine pass (float64: no FP8 rounding boundary crossed by summation order)."""
+    from types import SimpleNamespace
+
+    from trtkv.probe.attention import attending
+
+    loaded = SimpleNamespace(model=gemma, info={"head_dim": 32})
+    ids = torch.randint(0, 128, (1, 300), generator=torch.Generator().manual_seed(6))
+    pos = torch.tensor([0, 5, 40, 41, 200, 299])
+    runs = []
+    for positions in (None, pos):
+        cache = WindowedKVCache(gemma.config, "fp8_scale1", [1.0] * 4, [1.0] * 4)
+        with attending(loaded, "vllm_fa3_fp8", cache):
+            runs.append(feed(gemma, ids, cache, 7, positions)[0])
+    dense, sampled = runs
+    assert (sampled - dense[pos]).abs().max() < TOL

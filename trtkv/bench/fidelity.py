@@ -188,8 +188,10 @@ def _serve_all(request: Callable[[str, list[int]], Served], tokenizer: Any, jobs
 
 def run_fidelity(recipe: Recipe, request: Callable[[str, list[int]], Served], tokenizer: Any, reference: CachedScorer,
                  prediction: CachedScorer, lengths: Sequence[int], docs: int, tokens: int, reproduce: str,
-                 log: Callable[[str], None] = print, concurrency: int = 1) -> dict[str, Any]:
-    """Send every length's documents, re-score them (one document's lengths together: shared prefixes), judge."""
+                 log: Callable[[str], None] = print, concurrency: int = 1, prefill: Any = None,
+                 drift_mode: str = "cache_only") -> dict[str, Any]:
+    """Send every length's documents, re-score them (one document's lengths together: shared prefixes), judge; with
+    `prefill` (the engine's prompt log-probs), also its prefill-vs-decode drift (trtkv.bench.fidelity_drift)."""
     t0 = time.time()
     table: dict[int, dict[str, Any]] = {}
     failed, total, errors = 0, 0, []
@@ -237,6 +239,11 @@ def run_fidelity(recipe: Recipe, request: Callable[[str, list[int]], Served], to
     for length in measured:
         table[length] = length_summary(length, rows[length], skipped[length])
         log(f"fidelity: length {length}: {table[length]['verdict']} ({len(rows[length])} documents)")
+    served_by_length: dict[int, list[Served]] = {}
+    for group in by_doc.values():
+        for length, s in group:
+            served_by_length.setdefault(length, []).append(s)
+    drift = drift_table(prefill, prediction, drift_mode, dict(sorted(served_by_length.items())))
     reference.save()
     prediction.save()
     ordered = [table[n] for n in lengths]
@@ -265,7 +272,7 @@ def run_fidelity(recipe: Recipe, request: Callable[[str, list[int]], Served], to
             "reference_load": round(reference.load_seconds, 1), "predicted_load": round(prediction.load_seconds, 1),
             "total": round(time.time() - t0, 1), "reference_computed": reference.computed,
             "predicted_computed": prediction.computed},
-        "errors": errors[:10], "notes": notes(ordered)}
+        "errors": errors[:10], "notes": notes(ordered) + drift_notes(drift), "prefill_decode_drift": drift}
     if worse:
         out["likely_causes"] = LIKELY_CAUSES
         out["reproduce"] = reproduce
@@ -295,12 +302,54 @@ def notes(table: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def drift_table(prefill: Any, prediction: CachedScorer, mode: str,
+                served_by_length: dict[int, list[Served]]) -> dict[str, Any]:
+    """The prefill-vs-decode drift per length (served vs predicted, bootstrap intervals; judged where the recipe's
+    attention mode predicts a drift), or why it was not measured (trtkv.bench.fidelity_drift)."""
+    from trtkv.bench.fidelity_drift import measure
+
+    if prefill is None:
+        return {"measured": False, "why": "the endpoint returns no prompt log-probs (OpenAI completions with echo: "
+                                          "vLLM; not Triton's ensemble)"}
+    rows, errors = measure(prefill, prediction, mode, served_by_length)
+    table = []
+    for length, pairs in rows.items():
+        row: dict[str, Any] = {"length": length, "documents": len(pairs)}
+        if pairs:
+            fig = bootstrap([a for a, _ in pairs], [b for _, b in pairs])
+            row.update(served=fig["served"], predicted=fig["predicted"])
+            if mode == "cache_only":
+                row["verdict"] = "not judged: cache-only attention predicts 0; the served figure is the engine's noise"
+            else:
+                worse, margin = judge("mean_abs_dlogp", fig)
+                row.update(margin=margin, verdict="worse than predicted" if worse else "as predicted")
+        table.append(row)
+    return {"measured": True, "attention": mode, "table": table, "errors": errors[:10]}
+
+
+def drift_notes(drift: dict[str, Any]) -> list[str]:
+    """results.md lines of the prefill-vs-decode drift (trtkv.bench.fidelity_drift)."""
+    if not drift.get("measured"):
+        return [f"prefill vs decode: not measured ({drift.get('why', '')})"]
+    out = []
+    for r in drift["table"]:
+        if not r.get("served"):
+            out.append(f"prefill vs decode, length {r['length']}: no documents")
+            continue
+        lo, hi = r["served"]["ci"]
+        out.append(f"prefill vs decode, length {r['length']} ({r['documents']} docs, {drift['attention']}): mean "
+                   f"|dlogp| served {r['served']['value']:.4f} [{lo:.4f}, {hi:.4f}] vs predicted "
+                   f"{r['predicted']['value']:.4f}; {r['verdict']}")
+    return out
+
+
 def fidelity_task(recipe: Recipe, ep: Endpoint, tokenizer: Any, log: Callable[[str], None], reproduce: str) -> dict[str, Any]:
     """The task as `trtkv bench` runs it: scorers cached in engines/<recipe>/fidelity/."""
     from trtkv.bench.fidelity_score import prediction_scorer, reference_scorer
-    from trtkv.bench.fidelity_served import requester
+    from trtkv.bench.fidelity_served import prefill_requester, requester
     from trtkv.checkpoints.models import resolve_model_dir
     from trtkv.core import paths
+    from trtkv.probe.attention import recipe_mode
 
     if recipe.kv_format in UNQUANTIZED:
         raise TrtkvError(f"fidelity: recipe {recipe.name} has an unquantized KV cache (quantization.kv_cache "
@@ -310,7 +359,8 @@ def fidelity_task(recipe: Recipe, ep: Endpoint, tokenizer: Any, log: Callable[[s
     request = requester(ep, recipe, tokenizer, b.fidelity_tokens, b.request_timeout_s)
     return run_fidelity(recipe, request, tokenizer, reference_scorer(resolve_model_dir(recipe), folder),
                         prediction_scorer(recipe, folder, log), default_lengths(recipe), b.fidelity_documents,
-                        b.fidelity_tokens, reproduce, log, b.accuracy_concurrency)
+                        b.fidelity_tokens, reproduce, log, b.accuracy_concurrency,
+                        prefill_requester(ep, b.request_timeout_s), recipe_mode(recipe)[0])
 
 
 def reproduce_command(recipe: Recipe, ep: Endpoint) -> str:

@@ -87,11 +87,15 @@ def _common(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def teacher_forced_nested(model: Any, new_cache: Callable[[], Any], items: Sequence[tuple[Served, list[set[int]] | None]],
-                          k: int = TOP_K) -> list[Scored]:
+                          k: int = TOP_K, attention: Callable[[Any, Any, Served], Any] | None = None) -> list[Scored]:
     """teacher_forced for documents that share a prefix (one document cut to several lengths): longest first, each
     next one keeps the cache's tokens it shares (up to its last prompt token) and runs only the rest. Causal attention
     and a per-token KV format make that what a fresh pass computes; a cache that cannot be cropped (KIVI, sliding
-    windows) gets a fresh pass."""
+    windows) gets a fresh pass. `attention(model, cache, served)`: a context the document's pass runs in (an engine
+    attention mode, trtkv.kvcache.attention_hook: the prompt through its prefill kernel, the continuation through its
+    decode kernel); every document then gets a fresh pass."""
+    from contextlib import nullcontext
+
     import torch
 
     from trtkv.core.errors import TrtkvError
@@ -104,7 +108,7 @@ def teacher_forced_nested(model: Any, new_cache: Callable[[], Any], items: Seque
         served, want = items[i]
         seq = served.prefix_ids + served.ids
         p0, n = len(served.prefix_ids) - 1, len(served.ids)
-        keep = min(_common(fed, seq), p0) if cache is not None else 0
+        keep = min(_common(fed, seq), p0) if cache is not None and attention is None else 0
         if keep > 0:
             try:
                 cache.crop(keep)
@@ -112,7 +116,7 @@ def teacher_forced_nested(model: Any, new_cache: Callable[[], Any], items: Seque
                 keep = 0
         if keep == 0:
             cache = new_cache()
-        with torch.inference_mode():
+        with torch.inference_mode(), (attention(model, cache, served) if attention else nullcontext()):
             hidden = model.model(input_ids=torch.tensor([seq[keep:]]), past_key_values=cache,
                                  use_cache=True).last_hidden_state
             lp = torch.log_softmax(model.lm_head(hidden[0, p0 - keep:p0 - keep + n]).float(), dim=-1)
@@ -142,8 +146,10 @@ class CachedScorer:
     such models stay loaded: one bench or test loads the reference and the prediction once)."""
 
     def __init__(self, name: str, key: str, path: Path, load: Callable[[], tuple[Any, Callable[[], Any]]],
-                 info: dict[str, Any], model_id: str = "") -> None:
+                 info: dict[str, Any], model_id: str = "",
+                 attention: Callable[[Any, Any, Served], Any] | None = None) -> None:
         self.name, self.key, self.path, self._load, self.info = name, key, path, load, info
+        self.attention = attention
         self.model_id = f"{name}:{key}:{model_id}" if model_id else ""  # "": this instance's own model only
         self._own: tuple[Any, Callable[[], Any]] | None = None
         self.computed = 0
@@ -177,6 +183,10 @@ class CachedScorer:
         _LOADED[self.model_id] = _LOADED.pop(self.model_id)  # most recently used last
         return _LOADED[self.model_id]
 
+    def model(self) -> tuple[Any, Callable[[], Any]]:
+        """(the scorer's model, a function making its fresh cache), loaded on first use."""
+        return self._model()
+
     def score(self, served: Served, want: list[set[int]] | None = None) -> Scored:
         return self.score_nested([(served, want)])[0]
 
@@ -186,7 +196,8 @@ class CachedScorer:
         todo = [i for i, k in enumerate(keys) if k not in self._cache]
         if todo:
             model, new_cache = self._model()
-            for i, scored in zip(todo, teacher_forced_nested(model, new_cache, [items[i] for i in todo]), strict=True):
+            scored_all = teacher_forced_nested(model, new_cache, [items[i] for i in todo], attention=self.attention)
+            for i, scored in zip(todo, scored_all, strict=True):
                 self._cache[keys[i]] = scored.to_json()
             self.computed += len(todo)
         return [Scored.from_json(self._cache[k]) for k in keys]
@@ -263,11 +274,28 @@ def prediction_scorer(recipe: Recipe, folder: Path, log: Callable[[str], None]) 
             model, config = rt.model, rt.config
         return model, lambda: QuantizedKVCache(config=config, fmt=fmt, k_scales=ks, v_scales=vs)
 
-    key = _digest([ckpt / "config.json", rank, KVScalesFile.path(ckpt)]) + f"{fmt}:{engine}"
+    from trtkv.probe.attention import recipe_mode
+
+    mode, why = recipe_mode(recipe)
+    key = _digest([ckpt / "config.json", rank, KVScalesFile.path(ckpt)]) + f"{fmt}:{engine}" + (
+        "" if mode == "cache_only" else f":{mode}")
     return CachedScorer("predicted", key, folder / "predicted.json", load,
                         {"weights": f"{weights} in {ckpt}", "kv_format": fmt, "engine": engine,
                          "scales": f"{KVScalesFile.path(ckpt)} ({ENGINE_SEMANTICS[engine][1]})",
-                         "semantics": ENGINE_SEMANTICS[engine][2]}, str(ckpt))
+                         "semantics": ENGINE_SEMANTICS[engine][2], "attention": mode, "attention_why": why},
+                        str(ckpt), None if mode == "cache_only" else engine_attention_for(mode))
+
+
+def engine_attention_for(mode_name: str) -> Callable[[Any, Any, Served], Any]:
+    """A document's pass under an engine attention mode: its prompt through the prefill kernel, the served
+    continuation through the decode kernel (trtkv.kvcache.attention_hook), as the engine computed them."""
+    def attention(model: Any, cache: Any, served: Served) -> Any:
+        from trtkv.kvcache.attention_hook import EngineRun, engine_attention, q_scales_for
+        from trtkv.kvcache.attention_modes import load_attention
+
+        mode = load_attention().mode(mode_name)
+        return engine_attention(model, EngineRun(mode, cache, len(served.prefix_ids), q_scales_for(cache, mode)))
+    return attention
 
 
 def _trtllm_model(ckpt: Path) -> tuple[Any, Any]:

@@ -106,6 +106,35 @@ def openai_request(url: str, model: str, prefix: Sequence[int], tokens: int, tim
     return Served(list(prefix), ids, chosen, top)
 
 
+def openai_prompt_logprobs(url: str, model: str, ids: Sequence[int], timeout_s: float
+                           ) -> tuple[list[float] | None, str | None]:
+    """The engine's own prefill log-probabilities of ids[1:] (vLLM: `echo` with `max_tokens` 0 and `logprobs`, the
+    prompt sent as token ids, vllm/entrypoints/openai/completion/protocol.py echo_without_generation), or an error."""
+    body = {"model": model, "prompt": list(ids), "max_tokens": 0, "echo": True, "logprobs": 1, "temperature": 0.0,
+            "return_tokens_as_token_ids": True, "stream": False}
+    status, doc = _post(url, "/v1/completions", body, timeout_s)
+    error = _error(status, doc)
+    if error is not None:
+        return None, error
+    try:
+        lp = doc["choices"][0]["logprobs"]
+        tokens = [_token_id(t) for t in lp["tokens"]]
+        values = lp["token_logprobs"]
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        return None, f"no prompt log-probs in the answer ({type(exc).__name__}: {exc})"
+    if tokens[: len(ids)] != list(ids) or len(values) < len(ids):
+        return None, "prompt log-probs: the echoed tokens are not the prompt's"
+    return [float(x) for x in values[1: len(ids)]], None
+
+
+def prefill_requester(ep: Endpoint, timeout_s: float) -> Callable[[list[int]], tuple[list[float] | None, str | None]] | None:
+    """A function ids -> the engine's prefill log-probs of ids[1:], for the endpoints that return them (OpenAI
+    completions: vLLM); None for the others (Triton's ensemble returns only the generated tokens' log-probs)."""
+    if ep.protocol != "openai" or ep.endpoint_type != "completions":
+        return None
+    return lambda ids: openai_prompt_logprobs(ep.url, ep.model, ids, timeout_s)
+
+
 def _token_id(token: str) -> int:
     if not token.startswith(TOKEN_ID_PREFIX):
         raise ValueError(f"token {token[:40]!r} is not {TOKEN_ID_PREFIX}<id>")

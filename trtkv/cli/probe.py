@@ -15,6 +15,8 @@ EXAMPLES = """\
   $ trtkv probe smollm2_fp8kv probe.needle_seeds=10 --scales engines/smollm2_fp8kv/checkpoint/kv_scales.json
   $ trtkv probe smollm2_fp8kv --formats fp8,int8,int4_g64 --lengths 2048 --ruler --ruler-lengths 2048,4096 --ruler-samples 3
   $ trtkv probe smollm2_fp8kv --ruler-tasks niah_single_1,vt bench.ruler_lengths=[4096]
+  $ trtkv probe smollm2_fp8kv --formats fp8,fp8_scale1 --lengths 2048 --attention vllm_fa3_fp8,trtllm_fp8_fmha_sm90
+  $ trtkv probe llama70b_fp8kv --lengths 32768 --dry-run
 """
 
 
@@ -74,6 +76,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ruler-lengths", type=_ints, default=None, help="RULER lengths (default bench.ruler_lengths)")
     p.add_argument("--ruler-samples", type=int, default=None,
                    help="RULER items per task and length (default bench.ruler_samples; fewer = the bench's first ones)")
+    p.add_argument("--attention", default=None,
+                   help="attention numerics besides cache-only: auto (the recipe's engine, flags and GPU), cache_only, "
+                        "or engine modes separated by commas (default probe.attention; docs/kv-formats.md lists them)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the device map, memory per device and the passes on the recipe's hardware, from the "
+                        "config alone (no weights), and exit (1 when it does not fit)")
     p.add_argument("--per-layer", metavar="FORMAT", default=None,
                    help="per-layer KV precision for FORMAT: each layer's sensitivity, the layers to keep in 16 bit "
                         "(verified), the bytes-vs-KL front (per_layer_<FORMAT>.json/.md/.png)")
@@ -96,7 +104,18 @@ def run(args: argparse.Namespace) -> int:
                       max_bytes_per_token=args.max_bytes_per_token, max_kl=args.max_kl, threads=args.threads,
                       needle_lengths=None if args.no_needle else args.needle_lengths)
         return 0
-    settings = default_settings(recipe, args.formats, args.lengths, args.needle_lengths)
+    if args.dry_run:
+        from trtkv.platform.hardware import GPU
+        from trtkv.probe.placement import dry_run
+
+        planned = default_settings(recipe, args.formats, args.lengths, args.needle_lengths, args.attention,
+                                   cuda=recipe.hardware.gpu is not GPU.CPU)
+        if args.no_needle:
+            planned.needle_lengths = []
+        placement, lines = dry_run(recipe, planned)
+        print("\n".join(lines))
+        return 0 if placement.fits else 1
+    settings = default_settings(recipe, args.formats, args.lengths, args.needle_lengths, args.attention)
     if args.no_needle:
         settings.needle_lengths = []
     if args.decode_steps is not None:
@@ -130,6 +149,10 @@ def _print_summary(out: Path) -> None:
     for line in summary_lines(doc.records if doc else []):
         print(line)
     if doc is not None:
+        from trtkv.probe.attention_report import summary_lines as attention_lines
+
+        for line in attention_lines(doc.model_dump()):
+            print(line)
         from trtkv.probe.ruler import summary_lines as ruler_lines
 
         for line in ruler_lines(doc.model_dump()):

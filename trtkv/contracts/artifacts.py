@@ -276,5 +276,10 @@ class ProbeDoc(Artifact):
 
     recipe: str
     seconds: float | None = None
-    records: list[dict[str, Any]] = []
+    records: list[dict[str, Any]] = []  # cache-only: the stored cache in full-precision attention
     scales: ProbeScales | None = None
+    # engine attention (trtkv.probe.attention): the modes measured and why, their records, prefill-vs-decode drift;
+    # absent from probe.json files written before the engine modes
+    attention: dict[str, Any] | None = None
+    attention_records: list[dict[str, Any]] = []
+    drift: list[dict[str, Any]] = []

@@ -26,14 +26,12 @@ import math
 
 from trtkv.plan.engine_activation import ModelShape, Setup, forward_peak_bytes
 from trtkv.plan.engine_memory import GIB, PoolEstimate, Term, apply_bound
+from trtkv.platform.hardware import CUDA_CONTEXT_GIB
 
 MIB = 1024**2
 
-# The CUDA context and torch's own allocations before any engine memory: the SGLang logs hold ~0.3-0.5 GiB
-# between the device total and "Load weight begin. avail mem" on one GPU (QwQ-32B on L4: 22.03 -> 21.63 with 0.13 of
-# it NCCL); NCCL's NVLS buffers add ~2 GiB on NVSwitch systems ("Init torch distributed ends. mem usage=2.01 GB" on
-# 8x H200, sgl-project/sglang PR #11716). Engine constants, the same for every model.
-CUDA_CONTEXT_GIB = 0.4
+# NCCL's NVLS buffers add ~2 GiB on NVSwitch systems ("Init torch distributed ends. mem usage=2.01 GB" on 8x H200,
+# sgl-project/sglang PR #11716); on PCIe ~0.13 GiB (QwQ-32B on L4). Engine constants, the same for every model.
 NCCL_NVSWITCH_GIB = 2.0
 NCCL_PCIE_GIB = 0.13
 

@@ -4,7 +4,6 @@ one format's capacity, the plan, and the byte counts every figure is made of (fo
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -382,14 +381,6 @@ class Plan:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
-
-
-def host_memory_gib() -> float | None:
-    """Total RAM of this machine (the CPU recipe's 'device' memory)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def kv_format_for_recipe(recipe: Recipe) -> KVFormat:

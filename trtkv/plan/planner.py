@@ -50,7 +50,6 @@ from trtkv.plan.model import (  # the planner's public face: plan() and the type
     PlanTerm,
     PlanWeights,
     accounting_label,
-    host_memory_gib,
     kv_format_for_recipe,
     per_gpu_bytes_per_token,
     recipe_accounting,
@@ -61,6 +60,7 @@ from trtkv.plan.model import (  # the planner's public face: plan() and the type
 from trtkv.plan.prefix import advice as prefix_advice
 from trtkv.plan.prefix import prefix_capacity
 from trtkv.platform.hardware import GPU, GPU_SPECS
+from trtkv.platform.host import host_memory_gib
 from trtkv.recipe import KVCacheQuant, Recipe, WeightQuant
 from trtkv.recipe.attention import (
     bytes_by_attention,

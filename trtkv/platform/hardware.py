@@ -21,6 +21,11 @@ from enum import Enum
 
 GIB = 1024**3
 
+# The CUDA context and torch's own allocations before any engine memory, per GPU process: the SGLang logs hold
+# ~0.3-0.5 GiB between the device total and "Load weight begin. avail mem" on one GPU (QwQ-32B on L4: 22.03 -> 21.63
+# with 0.13 of it NCCL). The same for every model and engine (the planner's engine rules and the probe's placement).
+CUDA_CONTEXT_GIB = 0.4
+
 
 class GPU(str, Enum):
     L4 = "L4"

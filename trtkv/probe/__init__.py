@@ -1,8 +1,9 @@
 """`trtkv probe`: KV-cache precision vs context length, measured on the recipe's real model.
 
-Modules: setup (settings, the loaded model), measure (the passes and metrics), sweep (the driver, caching,
-outputs), results (probe.json on disk for the planner and the report; light: no torch). Importing this package
-stays light too: the torch-side names load on first use.
+Modules: setup (settings, the loaded model), placement (dtype, the device map over GPUs, --dry-run), measure (the
+passes and metrics), attention (engine attention modes and the prefill-vs-decode drift), sweep (the driver, caching,
+outputs), results and attention_report (probe.json on disk for the planner and the report; light: no torch).
+Importing this package stays light too: the torch-side names load on first use.
 
 For each format and context length, on long natural text (calibration_data/eval, never used for calibration):
 KL divergence of next-token distributions to the unquantized model (mean and last quarter of positions), perplexity

@@ -16,13 +16,15 @@ import torch
 
 from trtkv.contracts.artifacts import KVScalesFile
 from trtkv.core.errors import TrtkvError
+from trtkv.kvcache.attention_modes import CACHE_ONLY
 from trtkv.kvcache.cache import QuantizedKVCache
 from trtkv.kvcache.formats import KVFormat, kv_bytes_per_token
 from trtkv.kvcache.quant import KIVI_RESIDUAL, FormatChoice, parse_format
 from trtkv.kvcache.scales import KVScales, calibrate_scales, load_kv_scales
+from trtkv.probe.attention import attending
 from trtkv.probe.needles import feed_text
 from trtkv.probe.passes import feed
-from trtkv.probe.setup import LOGIT_CHUNK, REFERENCE, Loaded, ProbeSettings, semantics, write_json
+from trtkv.probe.setup import LOGIT_CHUNK, Loaded, ProbeSettings, semantics, write_json
 from trtkv.probe.window import WindowedKVCache, sliding_window
 from trtkv.recipe import layout
 
@@ -129,7 +131,7 @@ def position_metrics(model, ref_hidden: torch.Tensor, hidden: torch.Tensor, targ
     if positions is not None:
         same = hidden is ref_hidden
         idx = positions.to(ref_hidden.device)
-        ref_hidden, targets = ref_hidden[idx], targets[idx]
+        ref_hidden, targets = ref_hidden[idx], targets.to(ref_hidden.device)[idx]
         hidden = ref_hidden if same else hidden[idx]
         return {**position_metrics(model, ref_hidden, hidden, targets), "pos": positions.cpu()}
     return head_metrics(model, ref_hidden, {"q": hidden}, targets)["q"]
@@ -145,7 +147,7 @@ def head_metrics(model, ref_hidden: torch.Tensor, hiddens: dict[str, torch.Tenso
         for s in range(0, targets.shape[0], LOGIT_CHUNK):
             e = min(s + LOGIT_CHUNK, targets.shape[0])
             lr = _logprobs(model, ref_hidden[s:e])
-            t = targets[s:e].unsqueeze(-1)
+            t = targets[s:e].to(lr.device).unsqueeze(-1)
             nll_ref = -lr.gather(-1, t).squeeze(-1)
             top_ref = lr.argmax(-1)
             p_ref = lr.exp()  # shared too
@@ -178,7 +180,7 @@ def reference_hidden(loaded: Loaded, n: int, out: Path, positions: torch.Tensor 
             if positions is not None and doc.get("n") == n and isinstance(kept, torch.Tensor) and torch.equal(
                     kept, positions.cpu()):
                 return doc["hidden"].to(loaded.device), doc["bytes"]
-    choice = parse_format(REFERENCE)
+    choice = parse_format(loaded.reference)
     cache = cache_class(loaded.model.config)(loaded.model.config, choice)
     ids = torch.tensor([loaded.text_ids[:n]], device=loaded.device)
     t0, c0 = time.time(), time.process_time()
@@ -194,21 +196,27 @@ def reference_hidden(loaded: Loaded, n: int, out: Path, positions: torch.Tensor 
 
 
 def run_format(loaded: Loaded, choice: FormatChoice, scales: KVScales, n: int, ref_hidden: torch.Tensor,
-               defer_head: bool = False) -> dict:
+               defer_head: bool = False, mode: str = CACHE_ONLY) -> dict:
     """One pass of the text through the format's cache: per-position metrics, clipping, bytes. On a windowed model
     ref_hidden may hold the sampled rows only (reference_hidden(positions=head_positions(...))): the pass then runs
     its last layer at those rows only. `defer_head`: the run keeps its hidden states at the metric rows ("hidden",
-    None for the reference) and finish_runs computes every pending run's metrics with one shared reference head."""
+    None for the reference) and finish_runs computes every pending run's metrics with one shared reference head.
+    `mode`: the attention numerics (trtkv.probe.attention); an engine mode's pass asks no needles."""
     t0, c0 = time.time(), time.process_time()
     positions = head_positions(loaded, n - 1)
     sampled = positions is not None and ref_hidden.shape[0] == positions.numel()
     run: dict[str, Any] = {"clip": None, "clip_positions": None, "seconds": 0.0}
-    if choice.name == REFERENCE:
+    if choice.name == loaded.reference and mode == CACHE_ONLY:
         hidden = None
     else:
         cache = make_cache(loaded, choice, scales, record_positions=choice.static)
         ids = torch.tensor([loaded.text_ids[:n]], device=loaded.device)
-        hidden, needles = feed_text(loaded, ids, cache, chunk_for(choice), positions if sampled else None)
+        chunk = chunk_for(choice) or loaded.prefill_chunk
+        if mode == CACHE_ONLY:
+            hidden, needles = feed_text(loaded, ids, cache, chunk, positions if sampled else None)
+        else:
+            with attending(loaded, mode, cache):
+                hidden, needles = feed(loaded.model, ids, cache, chunk, positions if sampled else None), None
         hidden = hidden[0] if sampled else hidden[0, : n - 1]
         if needles is not None:
             run["needles"] = needles
@@ -231,7 +239,7 @@ def finish_runs(loaded: Loaded, runs: dict[str, dict], ref_hidden: torch.Tensor,
     pending = {k: r for k, r in runs.items() if "hidden" in r}
     if not pending:
         return
-    targets = torch.tensor(loaded.text_ids[1:n], device=loaded.device)
+    targets = torch.tensor(loaded.text_ids[1:n], device=ref_hidden.device)
     positions = next(iter(pending.values()))["positions"]
     sampled = positions is not None and ref_hidden.shape[0] == positions.numel()
     ref = ref_hidden if sampled else ref_hidden[: n - 1]
@@ -266,7 +274,7 @@ def length_record(loaded: Loaded, choice: FormatChoice, run: dict, n: int, ref_b
     info = loaded.info
     per_token_elems = 2 * info["num_layers"] * info["num_kv_heads"] * info["head_dim"]
     formula = kv_bytes_per_token(info["num_layers"], info["num_kv_heads"], info["head_dim"], choice.base)
-    measured = ref_bytes["bytes_per_token"] if choice.name == REFERENCE else run["bytes_per_token"]
+    measured = run["bytes_per_token"] if "bytes_per_token" in run else ref_bytes["bytes_per_token"]  # the reference's
     rec = {"format": choice.name, "context_len": n, "kl_mean": float(m["kl"].mean()),
            "kl_last_quarter": float(last.mean()),
            "ppl": ppl, "ppl_ref": ppl_ref, "ppl_delta": ppl - ppl_ref,
@@ -339,7 +347,7 @@ def needle_trials(loaded: Loaded, choice: FormatChoice, scales: KVScales, length
 def decode_experiment(loaded: Loaded, formats: list[FormatChoice], scales: KVScales, prompt: int, steps: int) -> dict:
     """Static scales from short prompts, applied to a long prompt and then token-by-token decode steps."""
     ids = torch.tensor([loaded.text_ids[:prompt]], device=loaded.device)
-    ref_cache = cache_class(loaded.model.config)(loaded.model.config, REFERENCE)
+    ref_cache = cache_class(loaded.model.config)(loaded.model.config, loaded.reference)
     ref_steps, tokens = [], []
     with torch.inference_mode():
         h = feed(loaded.model, ids, ref_cache, None, positions=torch.tensor([ids.shape[1] - 1]))[:, -1]

@@ -124,6 +124,9 @@ def probe_advice(recipe: Recipe, probe_dir: Path | None = None) -> tuple[list[st
     else:
         out.append(f"No quantized KV format measured safe up to {longest} tokens on this model: keep 16-bit KV.")
     out += engine_format_notes(records)
+    from trtkv.probe.attention_report import advice_lines
+
+    out += advice_lines(data)
     mine = recipe_probe_format(recipe)
     if mine and not any(_same_format(r["format"], mine) for r in rows):
         out.append(f"The recipe's KV format {mine} was not probed: add it with `trtkv probe {recipe.name} "
@@ -174,7 +177,8 @@ def render_markdown(doc: dict, stats_markdown: str | None, plots: list[Path]) ->
         "",
         "## Method",
         "",
-        "- Reference: the same model with K/V stored as float16 (`fp16`); its KL is 0 by construction.",
+        f"- Reference: the same model with K/V stored in 16 bit (`{doc.get('reference', 'fp16')}`); its KL is 0 by "
+        "construction.",
         "- Each query attends to the quantized K/V of every position up to and including its own, as a decode step "
         "reads back the cache it just wrote. Per-token formats quantize each token on its own, so one causal pass over "
         "the text gives exactly what token-by-token decoding would. KIVI keeps a 128-token fp16 window whose content "
@@ -201,6 +205,9 @@ def render_markdown(doc: dict, stats_markdown: str | None, plots: list[Path]) ->
             f"{_fmt(r.get('needle_accuracy'), '.0%')} | {_fmt(r.get('clip_rate'), '.2e')} | "
             f"{r['kv_bytes_per_token']:.0f} | {r['kv_bytes_per_token_formula']:.0f} |")
     lines += ["", *[f"![{p.stem}]({p.name})" for p in plots], ""]
+    from trtkv.probe.attention_report import markdown_section as attention_section  # light: no torch
+
+    lines += attention_section(doc)
     lines += _needle_section(doc)
     from trtkv.probe.ruler import markdown_section  # light: no torch
 

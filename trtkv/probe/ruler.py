@@ -145,7 +145,9 @@ def run_ruler(out: Path, plan: RulerPlan, loaded: Loaded, choices: Sequence[Form
               keys: Callable[[FormatChoice], list[str]], max_positions: int | None,
               step: Callable[[str, int], None] = lambda text, advance: None) -> dict[str, Any]:
     """Every format's answers to the plan's items (cached per item), scored per format: probe.json's `ruler`."""
-    from trtkv.probe.setup import REFERENCE, write_json
+    from trtkv.probe.setup import write_json
+
+    reference = loaded.reference
 
     items, notes, tokenizer, lengths = plan.items, plan.notes, plan.tokenizer, plan.lengths
     if not items:
@@ -192,13 +194,13 @@ def run_ruler(out: Path, plan: RulerPlan, loaded: Loaded, choices: Sequence[Form
         step(f"RULER {choice.name}: done", 1)
     return {"ruler_commit": plan.commit, "seed": plan.seed, "metric": "string_match_all",
             "confidence": plan.confidence, "tasks": list(plan.tasks), "lengths": list(lengths), "samples": plan.samples,
-            "tokenizer": str(plan.tokenizer_dir), "reference": REFERENCE, "notes": notes,
+            "tokenizer": str(plan.tokenizer_dir), "reference": reference, "notes": notes,
             "items": [{"id": item_id(it), "task": it.task, "length": it.length, "index": it.index,
                        "input_tokens": it.input_tokens, "prompt_tokens": len(ids), "max_tokens": it.max_tokens,
                        "outputs": it.outputs,
                        "prompt_sha256": hashlib.sha256(it.prompt.encode()).hexdigest()[:16]}
                       for it, ids in zip(items, prompt_ids, strict=True)],
-            "formats": formats, "below_reference": below_reference(formats, REFERENCE)}
+            "formats": formats, "below_reference": below_reference(formats, reference)}
 
 
 def below_reference(formats: dict[str, Any], reference: str) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ import torch
 
 from trtkv.core.errors import StageError, TrtkvError
 from trtkv.kvcache.quant import FormatChoice, parse_format
+from trtkv.probe.placement import LOGIT_CHUNK  # noqa: F401 - the probe's constants in one place
 
 if TYPE_CHECKING:
     from trtkv.recipe import Recipe
@@ -20,7 +21,6 @@ if TYPE_CHECKING:
 
 METHOD_VERSION = 4  # bump when the numbers a cached result holds would change (4: EOS-joined calibration batches)
 REFERENCE = "fp16"
-LOGIT_CHUNK = 512
 DECODE_PROMPT = 1024
 DECODE_STEPS = 32
 HEAD_POSITIONS = 2048  # a windowed model's LM head runs at this many evenly spaced positions of the longest pass
@@ -80,6 +80,11 @@ class ProbeSettings:
     progress: bool = True
     needle_formats: list[str] | None = None  # formats scored on needles (None: every format)
     ruler: Any = None  # trtkv.probe.ruler.RulerPlan (the bench's RULER items); None: RULER not run
+    attention: list[str] = field(default_factory=lambda: ["cache_only"])  # cache_only first, then engine modes
+    attention_reasons: dict[str, str] = field(default_factory=dict)
+    dtype: str | None = None  # weights/compute dtype (trtkv.probe.placement.probe_dtype); None: resolved at load
+    prefill_chunk: int | None = None  # tokens per prefill chunk (None: one pass)
+    offload: bool = False  # layers no GPU holds go to CPU memory
 
 
 @dataclass
@@ -95,16 +100,27 @@ class Loaded:
     key: str
     info: dict = field(default_factory=dict)
     needles: Any = None  # trtkv.probe.needles.NeedlePlan: the needles written into text_ids (a windowed model's)
+    reference: str = REFERENCE  # the baseline format: fp16 (float32 compute), bf16 (the model in bf16)
+    prefill_chunk: int | None = None
+    placement: Any = None  # trtkv.probe.placement.Placement of a model sharded over GPUs; None: one device
 
 
 # ----------------------------------------------------------------------------- settings
 
 
 def default_settings(recipe: Recipe, formats: list[str] | None = None, lengths: list[int] | None = None,
-                     needle_lengths: list[int] | None = None) -> ProbeSettings:
-    """Settings from the recipe's probe section, overridden by the CLI's lists."""
+                     needle_lengths: list[int] | None = None, attention: str | None = None,
+                     cuda: bool | None = None) -> ProbeSettings:
+    """Settings from the recipe's probe section, overridden by the CLI's lists; `cuda`: whether the run has GPUs
+    (None: torch says), which picks the dtype (and with it the baseline's name) and the prefill chunk."""
+    from trtkv.probe.attention import resolve_modes
+    from trtkv.probe.placement import GPU_PREFILL_CHUNK, probe_dtype, reference_format
+
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    dtype = probe_dtype(recipe, cuda)
+    reference = reference_format(dtype)
     fmts = [parse_format(f).name for f in (formats or list(recipe.probe.formats))]
-    fmts = [REFERENCE] + [f for f in dict.fromkeys(fmts) if f != REFERENCE]
+    fmts = [reference] + [f for f in dict.fromkeys(fmts) if f != reference]
     lens = sorted(set(lengths or recipe.probe.lengths))
     max_pos = recipe.model.max_position_embeddings
     if max_pos and max(lens) > max_pos:
@@ -117,8 +133,12 @@ def default_settings(recipe: Recipe, formats: list[str] | None = None, lengths: 
         needle_lengths = [max(short)] if short else [min(lens)]
     if any(n < 64 for n in needle_lengths):
         raise TrtkvError(f"needle lengths {needle_lengths}: each must be >= 64 tokens (haystack + passkey + question).")
+    modes, reasons = resolve_modes(recipe, attention)
+    chunk = recipe.probe.prefill_chunk or (GPU_PREFILL_CHUNK if cuda else None)
     return ProbeSettings(formats=fmts, lengths=lens, needle_lengths=sorted(set(needle_lengths)),
-                         needle_depths=list(recipe.probe.needle_depths), needle_seeds=recipe.probe.needle_seeds)
+                         needle_depths=list(recipe.probe.needle_depths), needle_seeds=recipe.probe.needle_seeds,
+                         attention=modes, attention_reasons=reasons, dtype=dtype, prefill_chunk=chunk,
+                         offload=recipe.probe.offload)
 
 
 # ----------------------------------------------------------------------------- loading
@@ -142,7 +162,8 @@ def load_model(recipe: Recipe, settings: ProbeSettings) -> Loaded:
 
     torch.set_num_threads(settings.threads or auto_threads())
     model_dir = resolve_model_dir(recipe)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = torch.cuda.is_available()
+    dtype = settings.dtype or ("bfloat16" if cuda else "float32")
     from trtkv.probe.window import layer_types, sliding_window
 
     config = AutoConfig.from_pretrained(str(model_dir))
@@ -152,8 +173,15 @@ def load_model(recipe: Recipe, settings: ProbeSettings) -> Loaded:
         text = config.get_text_config(decoder=True)
         exact = getattr(text, "attn_logit_softcapping", None) is None
         extra = {"attn_implementation": "sdpa" if exact else "eager"}
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, **extra)
-    model = model.to(device).eval()  # type: ignore[arg-type]
+    placement = place(config, dtype, max(settings.lengths), settings) if cuda else None
+    if placement is not None:
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype),
+                                                     device_map=placement.device_map, **extra).eval()
+        device = torch.device(next(iter(placement.device_map.values())))
+    else:
+        device = torch.device("cpu")
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype), **extra)
+        model = model.to(device).eval()  # type: ignore[arg-type]
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     texts = eval_long_text()
     need = max(settings.lengths)
@@ -177,6 +205,8 @@ def load_model(recipe: Recipe, settings: ProbeSettings) -> Loaded:
                "weights": [(w.name, w.stat().st_size) for w in weights],
                "eval": _file_digest(project_root() / EVAL_LONG_TEXT), "method": METHOD_VERSION,
                "device": device.type}
+    if dtype != "float32":  # keyed only off the CPU default, so caches made before dtypes were chosen stay valid
+        key_src["dtype"] = dtype
     windowed: dict[str, Any] = {}
     if window:
         kinds = layer_types(config)
@@ -188,10 +218,34 @@ def load_model(recipe: Recipe, settings: ProbeSettings) -> Loaded:
     key = hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:16]
     return Loaded(model, tokenizer, device, model_dir, text_ids, haystack_ids, key,
                   {"model_dir": str(model_dir), "device": str(device), "threads": torch.get_num_threads(),
-                   "compute_dtype": "float32", "num_layers": model.config.num_hidden_layers,
+                   "compute_dtype": dtype, "num_layers": model.config.num_hidden_layers,
                    "num_kv_heads": model.config.num_key_value_heads,
                    "head_dim": getattr(model.config, "head_dim", None)
-                   or model.config.hidden_size // model.config.num_attention_heads, **windowed}, plan)
+                   or model.config.hidden_size // model.config.num_attention_heads, **windowed,
+                   **({"device_map": placement.device_map} if placement is not None else {})}, plan,
+                  reference=reference_name(dtype), prefill_chunk=settings.prefill_chunk, placement=placement)
+
+
+def reference_name(dtype: str) -> str:
+    from trtkv.probe.placement import reference_format
+
+    return reference_format(dtype)
+
+
+def place(config: Any, dtype: str, length: int, settings: ProbeSettings) -> Any:
+    """The placement over this machine's GPUs, from each one's free memory (trtkv.probe.placement); a TrtkvError
+    with the plan when it does not fit."""
+    from trtkv.platform.host import host_memory_bytes
+    from trtkv.probe.placement import plan_placement
+
+    caps = {f"cuda:{i}": float(torch.cuda.mem_get_info(i)[0]) for i in range(torch.cuda.device_count())}
+    placement = plan_placement(config, dtype, length, caps, settings.prefill_chunk, settings.offload,
+                               host_bytes=host_memory_bytes() or 0.0)
+    if not placement.fits:
+        raise TrtkvError("the probe's model does not fit this machine's GPUs:\n" + "\n".join(placement.lines())
+                         + "\nNext: probe.offload=true (layers that do not fit go to CPU memory), shorter --lengths, "
+                         "or a smaller probe.prefill_chunk.")
+    return placement
 
 
 def auto_threads() -> int:

@@ -15,20 +15,24 @@ from typing import TYPE_CHECKING
 import torch
 
 from trtkv.core.progress import Progress
+from trtkv.kvcache.attention_modes import CACHE_ONLY, load_attention
 from trtkv.kvcache.quant import FormatChoice, numerics_key, parse_format
 from trtkv.kvcache.scales import KVScales
+from trtkv.probe.attention import applies, record_fields
 from trtkv.probe.measure import (
+    chunk_for,
     decode_experiment,
     finish_runs,
     head_positions,
     length_record,
+    make_cache,
     needle_trials,
     probe_scales,
     reference_hidden,
     run_format,
     scale_reuse_summary,
 )
-from trtkv.probe.setup import METHOD_VERSION, REFERENCE, Loaded, ProbeSettings, default_settings, load_model, write_json
+from trtkv.probe.setup import METHOD_VERSION, Loaded, ProbeSettings, default_settings, load_model, write_json
 from trtkv.version import __version__ as trtkv_version
 
 if TYPE_CHECKING:
@@ -38,9 +42,21 @@ if TYPE_CHECKING:
 # ----------------------------------------------------------------------------- driver
 
 
-def _format_key(key: str, choice: FormatChoice) -> str:
-    """The model key extended by the format's numerics: a changed format definition invalidates its cached results."""
-    return f"{key}:{numerics_key(choice)}"
+def _format_key(key: str, choice: FormatChoice, mode: str = CACHE_ONLY) -> str:
+    """The model key extended by the format's numerics (and an engine mode's: its kernels' table rows and the source
+    of trtkv.kvcache.attention): a changed definition invalidates its cached results."""
+    base = f"{key}:{numerics_key(choice)}"
+    return base if mode == CACHE_ONLY else f"{base}:{mode_key(mode)}"
+
+
+def mode_key(mode: str) -> str:
+    """A hash of an attention mode's definition: its kernels as the table types them and the numerics' source."""
+    import inspect
+
+    from trtkv.kvcache import attention, attention_hook
+
+    parts = [repr(load_attention().mode(mode)), inspect.getsource(attention), inspect.getsource(attention_hook)]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:12]
 
 
 def _scales_key(scales: KVScales, *choices: FormatChoice) -> str:
@@ -88,7 +104,10 @@ def run_probe(recipe: Recipe, output: Path | None = None, settings: ProbeSetting
     choices = [parse_format(f) for f in settings.formats]
     static = [c for c in choices if c.static]
     needled = [c for c in choices if settings.needle_formats is None or c.name in settings.needle_formats]
-    work = len(choices) + len(needled) * len(settings.needle_lengths) + (1 if static else 0) + 2
+    table = load_attention()
+    engine = [(c, m) for m in settings.attention if m != CACHE_ONLY for c in choices[1:] if applies(table.mode(m), c)]
+    jobs = [(c, CACHE_ONLY) for c in choices] + engine
+    work = len(jobs) + len(needled) * len(settings.needle_lengths) + (1 if static else 0) + 2 + len(engine)
     work += len(choices) if settings.ruler is not None else 0
     bar = _Progress(settings.progress, work)
     try:
@@ -100,28 +119,29 @@ def run_probe(recipe: Recipe, output: Path | None = None, settings: ProbeSetting
         n = max(settings.lengths)
         ref_hidden: torch.Tensor | None = None
         ref_bytes: dict = {}
-        by_format: dict[str, list[dict]] = {}
+        by_job: dict[str, list[dict]] = {}
         runs, timings = {}, {}
-        bar.step("reference pass (fp16 KV)", 1)
+        bar.step(f"reference pass ({loaded.reference} KV)", 1)
         shared: dict[tuple[str, int], dict] = {}  # needles asked from the KL passes (a windowed model's)
-        for choice in choices:
-            cached = _cached_records(out, _format_key(loaded.key, choice), skey(choice), choice, settings.lengths)
-            if cached is not None and loaded.needles is not None:
+        for choice, mode in jobs:
+            tag, key = _tag(choice, mode), _format_key(loaded.key, choice, mode)
+            cached = _cached_records(out, key, skey(choice), choice, settings.lengths, tag)
+            if cached is not None and loaded.needles is not None and mode == CACHE_ONLY:
                 found = _pass_needles_cached(out, loaded, choice, skey(choice), settings.needle_lengths)
                 cached = cached if found is not None else None  # measured before the needles: the pass runs again
                 shared.update({(choice.name, n): r for n, r in (found or {}).items()})
             if cached is not None:
-                by_format[choice.name] = cached
-                bar.step(f"{choice.name}: cached", 1)
+                by_job[tag] = cached
+                bar.step(f"{tag}: cached", 1)
                 continue
             if ref_hidden is None:  # a windowed model: the reference's hidden states at the LM head's rows only
                 ref_hidden, ref_bytes = reference_hidden(loaded, n, out, head_positions(loaded, n - 1))
-            bar.step(f"{choice.name}: {n}-token pass")
-            run = runs[choice.name] = run_format(loaded, choice, scales, n, ref_hidden, defer_head=True)
-            timings[choice.name] = run["seconds"]
-            timings[f"{choice.name}_cpu"] = run["cpu_seconds"] or ref_bytes.get("cpu_seconds", 0.0)
-            found = run.get("needles") or (ref_bytes.get("needles") if choice.name == REFERENCE else None)
-            if loaded.needles is not None and found:
+            bar.step(f"{tag}: {n}-token pass")
+            run = runs[tag] = run_format(loaded, choice, scales, n, ref_hidden, defer_head=True, mode=mode)
+            timings[tag] = run["seconds"]
+            timings[f"{tag}_cpu"] = run["cpu_seconds"] or ref_bytes.get("cpu_seconds", 0.0)
+            found = run.get("needles") or (ref_bytes.get("needles") if choice.name == loaded.reference else None)
+            if loaded.needles is not None and found and mode == CACHE_ONLY:
                 _save_pass_needles(out, loaded, choice, skey(choice), found)
                 shared.update({(choice.name, n): r for n, r in found.items()})
                 timings[f"{choice.name}_needles_cpu"] = next(iter(found.values()))["cpu_seconds"]
@@ -131,14 +151,17 @@ def run_probe(recipe: Recipe, output: Path | None = None, settings: ProbeSetting
             finish_runs(loaded, runs, ref_hidden, n)
             timings["lm_head"] = round(time.time() - started_head, 1)
             timings["lm_head_cpu"] = round(time.process_time() - cpu_head, 1)
-        for choice in choices:
-            if choice.name in runs:
-                run = runs[choice.name]
-                recs = [length_record(loaded, choice, run, length, ref_bytes) for length in settings.lengths]
-                _save_run(out, _format_key(loaded.key, choice), skey(choice), choice, run, recs)
-                by_format[choice.name] = recs
-                bar.step(f"{choice.name}: done", 1)
-        records = [rec for choice in choices for rec in by_format[choice.name]]
+        for choice, mode in jobs:
+            tag = _tag(choice, mode)
+            if tag in runs:
+                run = runs[tag]
+                recs = [{**length_record(loaded, choice, run, length, ref_bytes), **record_fields(mode)}
+                        for length in settings.lengths]
+                _save_run(out, _format_key(loaded.key, choice, mode), skey(choice), choice, run, recs, tag)
+                by_job[tag] = recs
+                bar.step(f"{tag}: done", 1)
+        records = [{**rec, **record_fields(CACHE_ONLY)} for choice in choices for rec in by_job[choice.name]]
+        attention_records = [rec for choice, mode in engine for rec in by_job[_tag(choice, mode)]]
         needles = {}
         for choice in needled:
             if loaded.needles is not None:  # asked from the format's KL pass (trtkv.probe.needles)
@@ -156,6 +179,11 @@ def run_probe(recipe: Recipe, output: Path | None = None, settings: ProbeSetting
             bar.step("scale reuse through decode steps")
             decode = _decode_cached(out, loaded, static, scales, skey(*static), settings)
             bar.step("scale reuse: done", 1)
+        drifts = []
+        for choice, mode in engine:
+            bar.step(f"prefill vs decode: {_tag(choice, mode)}")
+            drifts.append(_drift_cached(out, loaded, choice, mode, scales, skey(choice), settings))
+            bar.step(f"prefill vs decode: {_tag(choice, mode)} done", 1)
         runs_for_reuse = {c.name: runs.get(c.name) or _load_run(out, _format_key(loaded.key, c), skey(c), c) for c in static}
         reuse = scale_reuse_summary(scales, {k: v for k, v in runs_for_reuse.items() if v}, settings.lengths)
         reuse["decode"] = decode
@@ -163,6 +191,8 @@ def run_probe(recipe: Recipe, output: Path | None = None, settings: ProbeSetting
                   for c in choices}
         bar.step("writing report", 1)
         doc = _document(recipe, loaded, settings, scales, records, needles, reuse, timings, started)
+        doc.update(attention_records=attention_records, drift=drifts,
+                   attention={"modes": settings.attention, "reasons": settings.attention_reasons})
         if ruler_doc is not None:
             doc["ruler"] = ruler_doc
         write_outputs(out, doc, scales.stats.to_markdown() if scales.stats else None, curves)
@@ -171,14 +201,46 @@ def run_probe(recipe: Recipe, output: Path | None = None, settings: ProbeSetting
     return out
 
 
-def _cache_path(out: Path, choice: FormatChoice, suffix: str) -> Path:
-    return out / "cache" / f"{choice.name}{suffix}"
+def _tag(choice: FormatChoice, mode: str) -> str:
+    """A job's name in the cache folder and timings: the format, `@mode` under an engine attention mode."""
+    return choice.name if mode == CACHE_ONLY else f"{choice.name}@{mode}"
 
 
-def _cached_records(out: Path, key: str, skey: str, choice: FormatChoice, lengths: list[int]) -> list[dict] | None:
+def _drift_cached(out: Path, loaded: Loaded, choice: FormatChoice, mode: str, scales: KVScales, skey: str,
+                  settings: ProbeSettings) -> dict:
+    """The prefill-vs-decode drift of `choice` under `mode` (trtkv.probe.attention.drift), cached."""
+    from trtkv.probe.attention import drift
+
+    prompt = min(settings.decode_prompt, max(settings.lengths) - settings.decode_steps - 1)
+    path = _cache_path(out, _tag(choice, mode), "_drift.json")
+    params = [_format_key(loaded.key, choice, mode), skey if choice.static else "", prompt, settings.decode_steps]
+    if path.is_file():
+        doc = json.loads(path.read_text())
+        if doc.get("params") == params:
+            return doc["result"]
+    kernels = load_attention().mode(mode)
+    head_dim = loaded.info["head_dim"]
+    if not (kernels.drifts(head_dim) or (loaded.info.get("sliding_window") and kernels.drifts(head_dim, True))):
+        result = {"format": choice.name, "attention": mode, "prompt_tokens": prompt, "decode_steps": settings.decode_steps,
+                  "mean_abs_dlogp": 0.0, "max_abs_dlogp": 0.0, "kl_mean": 0.0, "top1_agreement": 1.0,
+                  "exact_zero": True, "note": f"prefill and decode kernels compute alike at head_dim {head_dim}: "
+                                              "0 by construction (the pass is not run)"}
+    else:
+        result = {"format": choice.name, **drift(loaded, lambda: make_cache(loaded, choice, scales), mode, prompt,
+                                                    settings.decode_steps, chunk_for(choice) or loaded.prefill_chunk)}
+    write_json(path, {"params": params, "result": result})
+    return result
+
+
+def _cache_path(out: Path, choice: FormatChoice | str, suffix: str) -> Path:
+    return out / "cache" / f"{choice if isinstance(choice, str) else choice.name}{suffix}"
+
+
+def _cached_records(out: Path, key: str, skey: str, choice: FormatChoice, lengths: list[int],
+                    tag: str | None = None) -> list[dict] | None:
     recs = []
     for length in lengths:
-        path = _cache_path(out, choice, f"_{length}.json")
+        path = _cache_path(out, tag or choice, f"_{length}.json")
         if not path.is_file():
             return None
         doc = json.loads(path.read_text())
@@ -188,11 +250,13 @@ def _cached_records(out: Path, key: str, skey: str, choice: FormatChoice, length
     return recs
 
 
-def _save_run(out: Path, key: str, skey: str, choice: FormatChoice, run: dict, recs: list[dict]) -> None:
+def _save_run(out: Path, key: str, skey: str, choice: FormatChoice, run: dict, recs: list[dict],
+              tag: str | None = None) -> None:
     keep = {k: v for k, v in run.items() if k != "metrics"}
-    torch.save({"key": key, "scales": skey, "run": keep, "metrics": run["metrics"]}, _cache_path(out, choice, ".pt"))
+    torch.save({"key": key, "scales": skey, "run": keep, "metrics": run["metrics"]},
+               _cache_path(out, tag or choice, ".pt"))
     for rec in recs:
-        write_json(_cache_path(out, choice, f"_{rec['context_len']}.json"),
+        write_json(_cache_path(out, tag or choice, f"_{rec['context_len']}.json"),
                     {"key": key, "scales": skey, "record": rec})
 
 
@@ -309,9 +373,11 @@ def _document(recipe: Recipe, loaded: Loaded, settings: ProbeSettings, scales: K
                      "needle_depths": settings.needle_depths, "needle_seeds": settings.needle_seeds,
                      "needle_method": "shared_haystack" if loaded.needles is not None else "one_needle_per_trial",
                      "decode_prompt": settings.decode_prompt, "decode_steps": settings.decode_steps,
+                     "attention": settings.attention, "dtype": loaded.info.get("compute_dtype"),
+                     "prefill_chunk": loaded.prefill_chunk,
                      **({"ruler_tasks": settings.ruler.tasks, "ruler_lengths": settings.ruler.lengths,
                          "ruler_samples": settings.ruler.samples} if settings.ruler is not None else {})},
-        "reference": REFERENCE, "method_version": METHOD_VERSION,
+        "reference": loaded.reference, "method_version": METHOD_VERSION,
         "scales": scales.to_probe_json(),
         "records": records, "needles": needle_rows, "scale_reuse": reuse, "pass_seconds": timings,
         "kv_stats": scales.stats.to_dict() if scales.stats else None,

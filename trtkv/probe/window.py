@@ -171,8 +171,10 @@ class LastLayerAt(torch.nn.Module):
         attn = getattr(layer, "self_attn", None)
         names = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm",
                  "mlp")
+        from trtkv.kvcache.attention_hook import ENGINE_IMPL
+
         return (attn is not None and all(hasattr(layer, n) for n in names) and hasattr(attn, "q_norm")
-                and getattr(attn.config, "_attn_implementation", None) == "sdpa"
+                and getattr(attn.config, "_attn_implementation", None) in ("sdpa", ENGINE_IMPL)
                 and getattr(attn.config, "attn_logit_softcapping", None) is None)
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,  # noqa: D102
@@ -207,8 +209,14 @@ class LastLayerAt(torch.nn.Module):
             mask = attention_mask[:, :, rows]
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        out, _ = sdpa_attention_forward(attn, query, keys, values, mask, scaling=attn.scaling,
-                                        sliding_window=attn.sliding_window)
+        from trtkv.kvcache.attention_hook import ENGINE_IMPL, engine_attention_forward
+
+        if attn.config._attn_implementation == ENGINE_IMPL:  # an engine kernel's numerics at these rows
+            out, _ = engine_attention_forward(attn, query, keys, values, mask, scaling=attn.scaling,
+                                              trtkv_q_rows=rows, trtkv_new_tokens=x.shape[1])
+        else:
+            out, _ = sdpa_attention_forward(attn, query, keys, values, mask, scaling=attn.scaling,
+                                            sliding_window=attn.sliding_window)
         h = attn.o_proj(out.reshape(*xq.shape[:-1], -1).contiguous())
         h = hidden_states[:, rows] + layer.post_attention_layernorm(h)
         return h + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(h)))

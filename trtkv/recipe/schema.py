@@ -1,5 +1,6 @@
 """The recipe schema: enums (the one source of truth for every choice) and the pydantic sections (extra keys
-forbidden, validators that list the valid values)."""
+forbidden, validators that list the valid values); the section base and quantization live in recipe/sections.py, the
+triton, bench and probe sections in recipe/triton_section.py, bench_section.py and probe_section.py, re-exported here."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from typing import Any
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from trtkv.kvcache.formats import KVFormat
-from trtkv.kvcache.names import all_format_names
 from trtkv.platform import versions
 from trtkv.platform.hardware import GPU, gpu_from_name, known_gpus
 from trtkv.recipe.bench_section import BenchConfig  # noqa: F401 - re-exported: the schema's public face
@@ -35,6 +35,7 @@ from trtkv.recipe.enums import (  # noqa: F401 - re-exported: the schema's publi
     WeightQuant,
 )
 from trtkv.recipe.limits import WORD, bounded
+from trtkv.recipe.probe_section import ProbeConfig
 from trtkv.recipe.sections import QuantizationConfig, _Section  # noqa: F401 - re-exported: the schema's public face
 from trtkv.recipe.triton_section import TritonConfig  # noqa: F401 - re-exported: the schema's public face
 
@@ -214,34 +215,6 @@ class HardwareConfig(_Section):
                              f"it, e.g. 'NVIDIA H100 80GB HBM3', works too); for a GPU not listed pick the nearest "
                              f"and set hardware.memory_gib and hardware.hbm_bandwidth_gbps")
         return gpu_from_name(value) if isinstance(value, str) else value
-
-
-class ProbeConfig(_Section):
-    formats: list[str] = Field(
-        [f.value for f in (KVFormat.BF16, KVFormat.FP8, KVFormat.FP8_SCALE1, KVFormat.INT8, KVFormat.INT8_TOKEN,
-                           KVFormat.INT4_G64, KVFormat.KIVI4, KVFormat.KIVI2)],
-        description="KV formats to compare against the unquantized model: any `trtkv probe --formats` name ("
-                    + ", ".join(all_format_names()) + ").",
-    )
-
-    @field_validator("formats")
-    @classmethod
-    def _known_formats(cls, values: list[str]) -> list[str]:
-        """Probe format names as `trtkv probe --formats` takes them (engine variants such as fp8_attn_head too)."""
-        bad = [v for v in values if v.strip().lower() not in all_format_names()]
-        if bad:
-            raise ValueError(f"{bad[0]!r} is not a probe format; allowed: {', '.join(all_format_names())}")
-        return [v.strip().lower() for v in values]
-    lengths: list[int] = Field([512, 1024, 2048, 4096, 8192], description="Context lengths (tokens).")
-    needle_depths: list[float] = Field([0.1, 0.5, 0.9], description="Relative depths of the hidden passkey.")
-    needle_seeds: int = bounded(5, "requests", description="Needle trials per (depth, length).")
-
-    @field_validator("lengths")
-    @classmethod
-    def _positive(cls, values: list[int]) -> list[int]:
-        if any(v <= 0 for v in values):
-            raise ValueError("every entry must be > 0")
-        return values
 
 
 class Recipe(_Section):
