@@ -24,6 +24,7 @@ GIB = 1024**3
 COUNTS = (1, 2, 4, 8, 16, 32, 64)  # GPUs tried when --count is not given: TP within a node, then PP over nodes
 DEFAULT_SEQ_LEN = 32768
 DEFAULT_GPU = GPU.H100_80GB
+SETTLE_ROUNDS = 4  # max_batch_size re-sized to what fits with itself as the engine's max_num_seqs (1 round in practice)
 # model_type -> the decoder type of ModelOpt's / TensorRT-LLM's export (model.architecture)
 DECODERS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen", "qwen3": "qwen", "qwen2_moe": "qwen",
             "qwen3_moe": "qwen", "gemma2": "gemma2", "gemma3": "gemma3", "gemma3_text": "gemma3", "gpt_oss": "gpt_oss",
@@ -148,8 +149,16 @@ def write_recipe(name: str, model: Path, output: Path | None = None, gpu: str = 
                            f"sequence(s) of max_seq_len ({'; '.join(tried)}). Next: a larger GPU (--gpu), --count N, "
                            f"--kv-cache fp8, or a shorter --max-seq-len."], header="Recipe not written")
     s.batch, s.why["build.max_batch_size"] = batch_for(fits, concurrency, on_cpu)
-    if s.batch != need:
+    for _ in range(SETTLE_ROUNDS):  # the engine's own reserve grows with max_num_seqs (vLLM's sampler rows)
+        if s.batch == need:
+            break
         s.num_tokens = max(s.num_tokens, s.batch)
+        text, recipe = settle(name, out, s, given, lambda s: render(name, facts, source, s))
+        fits, _why = _fits(recipe)
+        if concurrency is not None or on_cpu or fits >= s.batch:
+            break
+        s.batch, s.why["build.max_batch_size"] = batch_for(fits, concurrency, on_cpu)
+    else:  # settled on the last round's batch: its recipe
         text, recipe = settle(name, out, s, given, lambda s: render(name, facts, source, s))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = paths.temp_sibling(out, "tmp")
