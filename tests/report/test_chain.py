@@ -43,3 +43,12 @@ def test_breached_thresholds_still_write_the_report_then_fail() -> None:
     result = run_chain("smollm2_fp8kv", runner=run, log=lambda _: None)
     assert calls == [*CHAIN, "stop"]
     assert result.failed == "bench (thresholds breached)"
+
+
+def test_a_backend_without_a_triton_repository_skips_repo() -> None:
+    """vLLM serves the HF export itself: `trtkv repo` would refuse it, so `trtkv compare` of vLLM recipes skips it."""
+    run, calls = fake_runner()
+    said: list[str] = []
+    result = run_chain("smollm2_fp8kv_vllm", runner=run, log=said.append)
+    assert calls == [v for v in CHAIN if v != "repo"] + ["stop"] and result.failed is None
+    assert any("repo smollm2_fp8kv_vllm: skipped" in s for s in said)

@@ -47,6 +47,10 @@ class BenchOptions(Options):
     tasks: Annotated[list[BenchTask] | None, Field(
         description=f"accuracy tasks, comma separated ({','.join(t.value for t in BenchTask)}) or `none` "
                     "(default: the recipe's bench.tasks)"), Flag(sep=",", empty="none")] = None
+    sweep_input: Annotated[list[int] | None, Field(
+        description="run the latency levels at each of these input lengths (tokens) and fit ITL and TTFT against "
+                    "context (default: the recipe's bench.sweep_input_tokens); `trtkv compare` then reports where one "
+                    "KV format's ITL drops below another's"), Flag(sep=",", metavar="L1,L2,...")] = None
     latency: Annotated[bool, Field(description="skip the latency sweep (accuracy tasks only)"),
                        Flag(names=("--no-latency",))] = True
     workers: Annotated[int | None, Field(

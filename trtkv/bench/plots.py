@@ -1,4 +1,5 @@
-"""PNG plots: latency distributions per level, throughput vs concurrency (or rate), accuracy per task."""
+"""PNG plots: latency distributions per level, throughput vs concurrency (or rate), accuracy per task, ITL against
+input length (the input sweep, one line per recipe or level)."""
 
 from __future__ import annotations
 
@@ -90,6 +91,31 @@ def accuracy(path: Path, acc: dict[str, dict[str, Any]]) -> bool:
     ax.set_ylabel("fraction")
     ax.set_title("accuracy per task")
     ax.tick_params(axis="x", labelrotation=15, labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def itl_vs_input(path: Path, series: dict[str, dict[str, Any]], title: str = "ITL vs input length") -> bool:
+    """Median ITL (points) and its fitted line per series (a recipe, or a level), against input tokens."""
+    series = {k: v for k, v in series.items() if v.get("input_tokens")}
+    if not series:
+        return False
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, s in series.items():
+        line = ax.plot(s["input_tokens"], s["itl_p50_ms"], "o", label=f"{name} (median per length)")[0]
+        fit = s.get("itl_fit")
+        if fit:
+            xs = [min(s["input_tokens"]), max(s["input_tokens"])]
+            ax.plot(xs, [fit["slope"] * x + fit["intercept"] for x in xs], "-", color=line.get_color(),
+                    label=f"{name}: {fit['slope']:.3g} ms/token x input + {fit['intercept']:.3g} ms")
+    ax.set_xlabel("input tokens")
+    ax.set_ylabel("inter-token latency (ms)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -191,6 +191,10 @@ def write_md(path: Path, results: dict[str, Any], plots: list[str]) -> None:
     if client_rows(results):
         header = ["level", "processes", "CPU cores", "CPU us/token", "lag p50 ms", "lag p99 ms", "why", "warning"]
         parts += ["## The client", "", _md_table(header, client_rows(results)), "", CLIENT_NOTE, ""]
+    if results.get("sweep"):
+        parts += ["## Against input length (`--sweep-input`)", "", _md_table(
+            list(SWEEP_COLUMNS), sweep_rows(results)),
+            "", "Each length's median over its requests; `trtkv compare` of two recipes gives the break-even length.", ""]
     if results.get("accuracy"):
         header = ["task", "metric", "value", "95% interval", "details"]
         parts += ["## Accuracy", "", _md_table(header, accuracy_rows(results)), ""]
@@ -236,6 +240,26 @@ def failure_summary(results: dict[str, Any]) -> str | None:
     return text
 
 
+SWEEP_COLUMNS = ("level", "input tokens", "ITL p50", "TTFT p50", "ITL fit (ms/token x input + ms)", "client")
+
+
+def sweep_rows(results: dict[str, Any]) -> list[list[str]]:
+    """One row per (level, input length) of the input sweep, the level's ITL fit on its first row."""
+    rows = []
+    for level, body in (results.get("sweep") or {}).get("levels", {}).items():
+        fit = body.get("itl_fit")
+        ttft = dict(zip(body.get("ttft_input_tokens", []), body.get("ttft_p50_ms", []), strict=False))
+        clients = body.get("client") or {}
+        for i, (n, itl) in enumerate(zip(body.get("input_tokens", []), body.get("itl_p50_ms", []), strict=False)):
+            fit_text = f"{fit['slope']:.3g} x input + {fit['intercept']:.3g}" if fit and i == 0 else ""
+            t = ttft.get(n)
+            c = clients.get(f"{n:.0f}") or {}
+            client = f"{c['workers']} process(es)" + (f"; {c['warning']}" if c.get("warning") else "") if c else "—"
+            rows.append([level if i == 0 else "", f"{n:,.0f}", f"{itl:.2f}", f"{t:.1f}" if t is not None else "—",
+                         fit_text, client])
+    return rows
+
+
 def console_summary(results: dict[str, Any], out_dir: Path | None) -> None:
     """One screen: per-level table, accuracy, SLO verdict and where the files are."""
     from rich.console import Console
@@ -251,6 +275,13 @@ def console_summary(results: dict[str, Any], out_dir: Path | None) -> None:
         for col in ["level", *(c for c, _, _ in LEVEL_COLUMNS), "failed"]:
             table.add_column(col, justify="right" if col != "level" else "left")
         for row in level_rows(results):
+            table.add_row(*row)
+        con.print(table)
+    if results.get("sweep"):
+        table = Table(title="against input length (--sweep-input): medians, ms")
+        for col in SWEEP_COLUMNS:
+            table.add_column(col)
+        for row in sweep_rows(results):
             table.add_row(*row)
         con.print(table)
     if results.get("accuracy"):

@@ -117,6 +117,24 @@ def run_latency(recipe: Recipe, ep: Endpoint, tokenizer: Any, progress: _Progres
         clients.update(sweep.clients)
 
 
+def run_sweep(recipe: Recipe, ep: Endpoint, tokenizer: Any, progress: _Progress, records: list[RequestRecord],
+              lengths: Sequence[int], by_length: dict[int, dict[str, list[RequestRecord]]],
+              clients: dict[int, dict[str, ClientRun]], workers: int | None) -> None:
+    """The latency levels once per input length (`--sweep-input`), each length's levels on run_latency's Sweep
+    (sessions kept from warm-up to measured phase, worker processes as --workers decides); `by_length` and `clients`
+    fill as lengths finish (or stop)."""
+    for n in lengths:
+        at_n = recipe.model_copy(update={"bench": recipe.bench.model_copy(update={"input_tokens": n})})
+        by_length[n], clients[n] = {}, {}
+        mark = len(records)
+        try:
+            run_latency(at_n, ep, tokenizer, progress, records, by_length[n], clients[n], workers)
+        finally:
+            for rec in records[mark:]:  # one label per length, so requests.csv and the AIPerf exports stay apart
+                rec.level = f"input={n} {rec.level}"
+                rec.request_id = f"input{n}-{rec.request_id}"
+
+
 def build_tasks(recipe: Recipe, tokenizer: Any, names: Sequence[str], golden_prompts: int,
                 log: Callable[[str], None]) -> tuple[list[acc_tasks.Task], dict[str, dict[str, Any]]]:
     """The accuracy tasks asked for; one that cannot be prepared is reported (not run), never silently skipped."""
@@ -218,6 +236,8 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     records: list[RequestRecord] = []
     by_level: dict[str, list[RequestRecord]] = {}
     clients: dict[str, ClientRun] = {}
+    by_length: dict[int, dict[str, list[RequestRecord]]] = {}
+    length_clients: dict[int, dict[str, ClientRun]] = {}
     task_records: dict[str, list[RequestRecord]] = {}
     interrupted: str | None = None
     tasks: list[acc_tasks.Task] = []
@@ -228,9 +248,16 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
         try:
             interrupted = "preparation of the accuracy tasks"
             tasks, task_errors = build_tasks(recipe, tokenizer, task_names, opts.golden_prompts, progress.log)
-            if opts.latency:
+            lengths = list(recipe.bench.sweep_input_tokens if opts.sweep_input is None else opts.sweep_input)
+            if opts.latency and lengths:
+                interrupted = "input sweep"
+                run_sweep(recipe, ep, tokenizer, progress, records, lengths, by_length, length_clients, opts.workers)
+            if opts.latency and recipe.bench.input_tokens not in by_length:
                 interrupted = "latency sweep"
                 run_latency(recipe, ep, tokenizer, progress, records, by_level, clients, opts.workers)
+            elif opts.latency:  # the recipe's own length was one of the sweep's: its levels are the main ones
+                by_level.update(by_length[recipe.bench.input_tokens])
+                clients.update(length_clients[recipe.bench.input_tokens])
             interrupted = "accuracy tasks"
             task_records = run_accuracy(recipe, ep, tasks, progress, records)
             if "fidelity" in task_names:
@@ -248,6 +275,12 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     for label, run in clients.items():
         if label in doc.levels:
             doc.levels[label]["client"] = client_summary(run, by_level[label])
+    if by_length:
+        from trtkv.bench import sweep
+
+        doc.sweep = sweep.summarize(by_length, {n: {label: client_summary(run, by_length[n][label])
+                                                    for label, run in runs.items() if label in by_length[n]}
+                                                for n, runs in length_clients.items()})
     if goodput:
         doc.goodput_slos = goodput
         for label, recs in by_level.items():
@@ -336,6 +369,9 @@ def write_all(folder: Path, out: dict[str, Any], by_level: dict[str, list[Reques
             made.append("throughput.png")
     if plots.accuracy(folder / "accuracy.png", out["accuracy"]):
         made.append("accuracy.png")
+    sweep_levels = (out.get("sweep") or {}).get("levels") or {}
+    if plots.itl_vs_input(folder / "itl_vs_input.png", sweep_levels, f"{out['recipe']}: ITL vs input length"):
+        made.append("itl_vs_input.png")
     results.write_json(folder / "results.json", out)
     results.write_csv(folder / "results.csv", out)
     results.write_requests_csv(folder / "requests.csv", out["records"])

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from trtkv.cli.common import add_recipe_args, load, subparser
 
 if TYPE_CHECKING:
+    from trtkv.plan.estimate import Estimate
     from trtkv.plan.planner import Plan
 
 GIB = 1024**3
@@ -17,9 +18,15 @@ GIB = 1024**3
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = subparser(sub, "plan",
                   "  $ trtkv plan llama70b_fp8kv\n  $ trtkv plan llama70b_fp8kv --json\n"
-                  "  $ trtkv plan llama70b_fp8kv hardware.gpu=H200-141GB build.max_seq_len=131072\n")
+                  "  $ trtkv plan llama70b_fp8kv hardware.gpu=H200-141GB build.max_seq_len=131072\n"
+                  "  $ trtkv plan llama8b_fp8kv --estimate bench.input_tokens=32768 bench.output_tokens=1024 "
+                  "'bench.concurrency=[1,8]'\n")
     add_recipe_args(p)
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument("--estimate", action="store_true",
+                   help="TTFT, ITL and output tokens/s per KV format and bench.concurrency level for the recipe's "
+                        "engine and GPU (aiconfigurator where it has data, else trtkv's model; each row says which)")
+    p.add_argument("--no-aiconfigurator", action="store_true", help="with --estimate: trtkv's own model for every row")
     p.add_argument("--probe-dir", type=Path, default=None, help="probe results to base advice on "
                    "(default engines/<recipe>/probe)")
     p.set_defaults(func=run)
@@ -28,9 +35,39 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from trtkv.plan.planner import plan
 
-    result = plan(load(args), args.probe_dir)
-    print(result.to_json() if args.json else format_plan(result))
+    recipe = load(args)
+    result = plan(recipe, args.probe_dir)
+    est = None
+    if args.estimate:
+        from trtkv.plan.estimate import estimate
+
+        est = estimate(recipe, result, use_aiconfigurator=not args.no_aiconfigurator)
+    if est is not None:
+        from dataclasses import replace
+
+        result = replace(result, estimate=est.to_json())
+    if args.json:
+        print(result.to_json())
+    else:
+        print(format_plan(result))
+        if est is not None:
+            print("\n".join(["", *format_estimate(est, result)]))
     return 0
+
+
+def format_estimate(est: Estimate, p: Plan) -> list[str]:
+    """The estimate's table; the KV pool its `max conc` divides is the plan's (`KV pool per GPU` above)."""
+    w = est.workload
+    lines = [f"Speed estimate ({est.engine} on {est.gpu}; {w['input_tokens']:,} tokens in, {w['output_tokens']:,} "
+             f"out; chunked prefill {w['max_num_batched_tokens']:,} tokens/step; KV pool "
+             f"{p.kv_pool_bytes_per_gpu / GIB:.1f} GiB/GPU, {p.kv_pool.engine}'s rule): {est.aiconfigurator}"]
+    head = ["format", "conc", "TTFT ms", "ITL ms", "tok/s/GPU", "tok/s/user", "max conc", "source"]
+    rows = [[r.format, f"{r.concurrency}" + ("" if r.fits else "*"), f"{r.ttft_ms:,.1f}", f"{r.itl_ms:.2f}",
+             f"{r.output_tokens_per_s:,.0f}", f"{r.output_tokens_per_s_per_user:.1f}",
+             f"{est.max_concurrency[r.format]:,}", r.source] for r in est.rows]
+    lines += _table(head, rows)
+    lines += [f"Note: {n}" for n in est.notes]
+    return lines
 
 
 def format_plan(p: Plan) -> str:

@@ -256,6 +256,7 @@ class BenchResults(Artifact):
     time_origin: dict[str, Any] | None = None  # {"unix_ns", "note"}: the wall-clock instant record times count from
     goodput_slos: dict[str, float] | None = None  # --goodput's thresholds (ms)
     tool_versions: dict[str, str | None] | None = None
+    sweep: dict[str, Any] | None = None  # --sweep-input: per level, samples and fits against input length
     kv_pool: dict[str, Any] | None = None  # planned against served (trtkv.serving.pool.compare)
     warnings: list[str] = []  # e.g. a served KV pool more than 10% short of the plan
 

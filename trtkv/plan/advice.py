@@ -123,7 +123,10 @@ def advice_for(recipe: Recipe, arch: Architecture, caps: list[FormatCapacity], r
         out += state_advice(recipe, arch, caps, rec_fmt)
     if not arch.uniform_full():
         out += attention_advice(recipe, arch, caps, rec_fmt)
-    elif ctx >= 8192:
+    speed = _speed_line(recipe, arch, caps, rec_fmt)
+    if speed:
+        out.append(speed)
+    elif arch.uniform_full() and ctx >= 8192:
         out.append("Context >= 8K: decode reads the whole KV cache every step, so halving its bytes cuts attention time.")
     if recipe.hardware.gpu is GPU.CPU:
         out.append("CPU reference runtime: FP8 and INT8 KV are emulated in software (same numerics as the engine); "
@@ -140,6 +143,19 @@ def advice_for(recipe: Recipe, arch: Architecture, caps: list[FormatCapacity], r
         out.append("TensorRT-LLM shares one scale for K and V per layer (kv_cache_scaling_factor); check V's resolution "
                    "with `trtkv probe`.")
     return out, "heuristic: published guidance, no probe results for this model yet (run `trtkv probe`)"
+
+
+def _speed_line(recipe: Recipe, arch: Architecture, caps: list[FormatCapacity], rec_fmt: KVFormat) -> str | None:
+    """The estimate's verdict on the recipe's format (trtkv.plan.estimate.speed_advice); None off the GPU engines."""
+    from trtkv.plan.estimate import speed_advice
+
+    by = {c.format: c for c in caps}
+    base, rec = by.get(KVFormat.FP16.value), by.get(recipe.kv_format_label) or by.get(rec_fmt.value)
+    n, exact = recipe.build.max_seq_len, Accounting.EXACT.value
+    # one sequence's bytes at max_seq_len, so a hybrid's fixed state (which no KV format shrinks) is in the ratio
+    base_n = base.per_sequence_kv_bytes_by_accounting[exact].get(n) if base else None
+    rec_n = rec.per_sequence_kv_bytes_by_accounting[exact].get(n) if rec else None
+    return speed_advice(recipe, arch, base_n / rec_n if base_n and rec_n else None)
 
 
 def attention_advice(recipe: Recipe, arch: Architecture, caps: list[FormatCapacity], rec_fmt: KVFormat) -> list[str]:

@@ -369,9 +369,15 @@ class Plan:
     notes: list[str]
     attention: PlanAttention
     prefix_cache: PlanPrefixCache  # trtkv.plan.prefix: what a prefix-cache hit rate does to capacity, per format
+    # `plan --estimate`: trtkv.plan.estimate.Estimate.to_json() (per format: levels of ttft_ms, itl_ms,
+    # output_tokens_per_s, source); absent from plan --json without --estimate
+    estimate: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "examples": [e.to_dict() for e in self.examples]}
+        out = {**asdict(self), "examples": [e.to_dict() for e in self.examples]}
+        if out["estimate"] is None:
+            del out["estimate"]
+        return out
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)

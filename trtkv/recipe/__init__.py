@@ -9,9 +9,9 @@ and reports every problem at once, each naming the file, the field, the value an
 Recipe names are checked where a recipe is found (`check_recipe_name`, for other stages to reuse too), and the YAML
 is read as plain data: bounded in bytes, nesting and aliases, duplicate keys refused.
 
-The public names live here; the work is in private modules: `schema` (enums and sections), `loader` (files,
-includes, overrides, error messages), `names` (the recipe-name rule), `plain_yaml` (bounded YAML), `rules`
-(cross-field rules), `reference` (the recipe table in docs/recipes.md).
+The public names live here; the work is in private modules: `schema` (enums and sections; the bench section in
+`bench_section`), `loader` (files, includes, overrides, error messages), `names` (the recipe-name rule), `plain_yaml`
+(bounded YAML), `rules` (cross-field rules), `reference` (the recipe table in docs/recipes.md).
 """
 
 from trtkv.recipe.backend_rules import BACKEND_RULES

@@ -172,6 +172,30 @@ TABLE_ENGINE: dict[Backend, tuple[str, str]] = {
     Backend.VLLM: ("vllm", ""), Backend.LLMAPI: ("tensorrt_llm", "1.3"), Backend.TENSORRT: ("tensorrt_llm", "<= 1.2"),
     Backend.SGLANG: ("sglang", ""),
 }
+# The engine NVIDIA aiconfigurator models for each backend (its backend names; `trtkv plan --estimate`): TensorRT-LLM's
+# engine path and LLM API alike are "trtllm". A backend absent here (the CPU reference runtime) has no GPU estimate.
+SPEED_ENGINE: dict[Backend, str] = {Backend.TENSORRT: "trtllm", Backend.LLMAPI: "trtllm", Backend.VLLM: "vllm",
+                                    Backend.SGLANG: "sglang"}
+
+
+def served_kv_formats(backend: Backend) -> list[str]:
+    """Probe names of the KV formats the backend's engine serves (trtkv/data/kv_formats.json rows of TABLE_ENGINE, an
+    open PR left out; the engine path also takes 16-bit and FP8 from the checkpoint's kv_cache_quant_algo), one per
+    engine value (fp8 and fp8_scale1 select the same kernels)."""
+    engine, prefix = TABLE_ENGINE.get(backend, ("", ""))
+    if not engine:
+        return []
+    out = ["bf16", "fp8"] if backend is Backend.TENSORRT else []
+    values: set[str] = set()
+    for row in engines.load_table().formats.values():
+        for e in row.engines:
+            if e.engine == engine and e.version.startswith(prefix) and "not merged" not in e.value \
+                    and e.value not in values and row.probe and row.probe not in out:
+                values.add(e.value)
+                out.append(row.probe)
+    return out
+
+
 _NOT_CUDA = ("CPU", "Rocm", "ROCM", "Aiter", "XPU")  # attention backends of other platforms
 _CLAUSE = re.compile(r"capability(\.major)?\s*(>=|<=|==|in)\s*(DeviceCapability\(\s*(\d+),\s*(\d+)\s*\)|\[[\d, ]+\]|\d+)")
 

@@ -343,6 +343,8 @@ def _range_hint(loc: tuple[Any, ...], kind: str) -> str:
     """For a number outside its range: the range and the largest published value it admits (trtkv.recipe.limits)."""
     if kind not in ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number"):
         return ""
+    while loc and isinstance(loc[-1], int):  # an entry of a bounded list (bench.sweep_input_tokens[2]): the list's range
+        loc = loc[:-1]
     model = _model_at(loc)
     field = model.model_fields.get(str(loc[-1])) if model is not None else None
     extra = field.json_schema_extra if field is not None else None

@@ -67,6 +67,13 @@ def cross_field_problems(r: Recipe) -> list[tuple[str, str]]:
     out += engine_format_problems(r)  # the engine formats, per backend and GPU, from trtkv/data/kv_formats.json
     out += BACKEND_RULES[b.backend](r)
     out += memory_knob_problems(r)
+    for length in r.bench.sweep_input_tokens:
+        if length > b.max_input_len:
+            out.append(("bench.sweep_input_tokens", f"{length} exceeds build.max_input_len {b.max_input_len}: the "
+                        f"server would refuse the prompt; lower it or raise build.max_input_len."))
+        elif length + r.bench.output_tokens > b.max_seq_len:
+            out.append(("bench.sweep_input_tokens", f"{length} + output_tokens {r.bench.output_tokens} exceeds "
+                        f"build.max_seq_len {b.max_seq_len}; lower it or raise build.max_seq_len."))
     out += prefix_cache.problems(r)  # an explicit prefix-cache true the engine cannot honour
     for length in r.bench.needle_context_lengths if BenchTask.NEEDLE in r.bench.tasks else []:
         if length > b.max_input_len:

@@ -1,6 +1,6 @@
 """The recipe schema: enums (the one source of truth for every choice) and the pydantic sections (extra keys
 forbidden, validators that list the valid values); the section base and quantization live in recipe/sections.py, the
-probe section in recipe/probe_section.py, re-exported here."""
+triton, bench and probe sections in recipe/triton_section.py, bench_section.py and probe_section.py, re-exported here."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 from trtkv.kvcache.formats import KVFormat
 from trtkv.platform import versions
 from trtkv.platform.hardware import GPU, gpu_from_name, known_gpus
+from trtkv.recipe.bench_section import BenchConfig  # noqa: F401 - re-exported: the schema's public face
 from trtkv.recipe.enums import (  # noqa: F401 - re-exported: the schema's public face
     BACKEND_ALIASES,
     ENGINE_KV_FORMATS,
@@ -214,51 +215,6 @@ class HardwareConfig(_Section):
                              f"it, e.g. 'NVIDIA H100 80GB HBM3', works too); for a GPU not listed pick the nearest "
                              f"and set hardware.memory_gib and hardware.hbm_bandwidth_gbps")
         return gpu_from_name(value) if isinstance(value, str) else value
-
-
-class BenchConfig(_Section):
-    protocol: Protocol = Field(Protocol.GRPC, description="gRPC streaming, HTTP `generate_stream` (Triton), or "
-                               "`openai` (streaming /v1/completions of vLLM, trtllm-serve or Triton's OpenAI frontend).")
-    concurrency: list[int] = Field([1, 2, 4], min_length=1, description="Concurrency sweep.")
-    request_rate: float | None = bounded(None, "rate", description="Requests/s (instead of a concurrency sweep).")
-    input_tokens: int = bounded(128, "positions", description="Prompt length in tokens (exact).")
-    output_tokens: int = bounded(32, "positions", description="`max_tokens` per request.")
-    num_requests: int = bounded(16, "requests", description="Measured requests per concurrency level.")
-    warmup_requests: int = bounded(2, "requests", ge=0, description="Requests sent first and left out of the figures.")
-    tasks: list[BenchTask] = Field(
-        [BenchTask.QUIZ, BenchTask.GOLDEN, BenchTask.NEEDLE], description="Accuracy tasks to run (a quantized KV "
-        "cache adds `fidelity` when the recipe does not name them)."
-    )
-    quiz_items: int = bounded(40, "requests", description="Quiz questions asked.")
-    accuracy_concurrency: int = bounded(
-        1, "batch", description="Requests in flight during the accuracy tasks: 1 makes their figures reproducible on "
-                             "engines whose answers depend on the batch (TensorRT-LLM, vLLM by default).")
-    needle_context_lengths: list[int] = Field([512], description="Haystack lengths (tokens) for needle retrieval.")
-    ruler_lengths: list[int] = Field([4096], description="RULER sequence lengths (tokens: prompt + tokens to generate).")
-    ruler_samples: int = bounded(20, "requests", description="RULER items per task and length (RULER itself uses 500).")
-    fidelity_lengths: list[int] | None = Field(None, description="Fidelity task context lengths (tokens); None: the "
-                                               "probe's lengths up to build.max_input_len.")
-    fidelity_documents: int = bounded(4, "requests", description="Fidelity task: documents per length.")
-    fidelity_tokens: int = bounded(16, "positions", description="Fidelity task: greedy tokens served per document (G).")
-    request_timeout_s: float = bounded(120.0, "timeout_s", description="A request slower than this counts as failed.")
-    thresholds: list[str] = Field(
-        [], description="SLOs `metric.stat<=value`, e.g. `time_to_first_token.p99<=500`, `quiz.accuracy>=0.3`."
-    )
-
-    @field_validator("thresholds")
-    @classmethod
-    def _slo_form(cls, values: list[str]) -> list[str]:
-        bad = [v for v in values if not SLO_PATTERN.match(v.strip())]
-        if bad:
-            raise ValueError(f"{bad[0]!r} is not of the form metric.stat<=value (or >=, <, >)")
-        return [v.strip() for v in values]
-
-    @field_validator("concurrency", "needle_context_lengths", "ruler_lengths", "fidelity_lengths")
-    @classmethod
-    def _positive(cls, values: list[int] | None) -> list[int] | None:
-        if values is not None and any(v <= 0 for v in values):
-            raise ValueError("every entry must be > 0")
-        return values
 
 
 class Recipe(_Section):

@@ -49,6 +49,9 @@ def run_chain(recipe: str, overrides: Sequence[str] = (), *, steps: Sequence[str
     """Run the steps in order; stop at the first failure; always stop a server this chain started."""
     result = ChainResult(recipe)
     started_server = False
+    if "repo" in steps and not has_triton_repo(recipe, overrides):  # vLLM, SGLang: their own OpenAI server
+        log(f"\n=== trtkv repo {recipe}: skipped (its backend serves without a Triton repository) ===")
+        steps = [v for v in steps if v != "repo"]
     try:
         for verb in steps:
             log(f"\n=== trtkv {verb} {recipe} ===")
@@ -77,6 +80,19 @@ def run_chain(recipe: str, overrides: Sequence[str] = (), *, steps: Sequence[str
             if code != 0 and started_server and result.failed is None:
                 result.failed = "stop"
     return result
+
+
+def has_triton_repo(recipe: str, overrides: Sequence[str] = ()) -> bool:
+    """Whether the recipe's backend has a Triton repository to write (`trtkv repo`); a recipe that does not load
+    keeps the step, whose own error then says why."""
+    from trtkv.backends import for_recipe
+    from trtkv.core.errors import TrtkvError
+    from trtkv.recipe import load_recipe
+
+    try:
+        return for_recipe(load_recipe(recipe, list(overrides))).repo is not None
+    except TrtkvError:
+        return True
 
 
 def require_success(result: ChainResult) -> None:

@@ -148,6 +148,9 @@ def collect(recipe: Recipe) -> dict[str, Any]:
             data["bench"] = headline
             slo = bench.get("slo")
             data["bench_passed"] = slo.get("passed") if isinstance(slo, dict) else None
+        sweep = _shaped(_checked_sweep, bench["sweep"]) if bench.get("sweep") else None
+        if sweep:
+            data["sweep"] = sweep
     from trtkv.probe.results import load_probe  # this recipe's probe, else another recipe's on the same model
 
     probe = _shaped(load_probe, recipe)
@@ -163,6 +166,19 @@ def _probe_rows(records: list[dict[str, Any]], fmt: str) -> list[dict[str, Any]]
     lengths = sorted({r["context_len"] for r in records})
     keep = {lengths[0], lengths[-1]}
     return [r for r in records if r.get("format") == fmt and r["context_len"] in keep]
+
+
+def _checked_sweep(sweep: dict[str, Any]) -> dict[str, Any]:
+    """results.json's `sweep` rebuilt from its per-request samples only (numbers, per length and level), its medians
+    and fits recomputed (trtkv.bench.sweep.fits): a hand-edited file cannot hand compare a fit its samples do not give."""
+    from trtkv.bench.sweep import fits
+
+    levels: dict[str, Any] = {}
+    for label, body in sweep["levels"].items():
+        samples = {str(int(n)): {key: [float(v) for v in got[key]] for key in ("ttft_ms", "itl_ms")}
+                   for n, got in body["samples"].items()}
+        levels[str(label)] = {"samples": samples, **fits({int(n): v for n, v in samples.items()})}
+    return {"input_tokens": sorted({int(n) for body in levels.values() for n in body["samples"]}), "levels": levels}
 
 
 def _shaped(read: Callable[..., T], *args: Any) -> T | None:
@@ -266,9 +282,55 @@ def write_compare(recipes: list[Recipe], results: list[ChainResult], out: Path) 
                "|---|---|---|---|---|---|"]
         md += [f"| {name} | {p['format']} | {p['context_len']} | {_fmt(p.get('kl_mean'), 4)} | "
                f"{_fmt(p.get('top1_agreement'), 3)} | {_fmt(p.get('needle_accuracy'), 2)} |" for name, p in probes]
+    md += _sweep_section(rows, out)
     (out / "compare.md").write_text("\n".join(md) + "\n")
+    (out / "compare.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
     _compare_plot(rows, out / "compare.png")
     return out / "compare.md"
+
+
+def sweep_breakeven(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each recipe's input sweep against the first's, per level both ran: the fits and the break-even length."""
+    from trtkv.bench.sweep import break_even
+
+    base = rows[0].get("sweep") or {}
+    out = []
+    for r in rows[1:]:
+        other = r.get("sweep") or {}
+        for level, body in (base.get("levels") or {}).items():
+            if level in (other.get("levels") or {}):
+                out.append({"base": rows[0]["recipe"], "other": r["recipe"], "level": level,
+                            **break_even(body, other["levels"][level])})
+    return out
+
+
+def _sweep_section(rows: list[dict[str, Any]], out: Path) -> list[str]:
+    """compare.md's input-sweep part (ITL slope/intercept per recipe, break-even vs the first) and its plot."""
+    from trtkv.bench.plots import itl_vs_input
+    from trtkv.bench.sweep import break_even_text
+
+    swept = [r for r in rows if r.get("sweep")]
+    if not swept:
+        return []
+    md = ["", "## ITL against input length (`bench --sweep-input`)", "",
+          "| recipe | level | input tokens | ITL p50 (ms) | ITL slope (ms/token) | ITL intercept (ms) | TTFT slope (ms/token) |",
+          "|---|---|---|---|---|---|---|"]
+    series = {}
+    for r in swept:
+        for level, body in r["sweep"]["levels"].items():
+            fit, tfit = body.get("itl_fit") or {}, body.get("ttft_fit") or {}
+            md.append(f"| {r['recipe']} | {level} | {', '.join(f'{x:,.0f}' for x in body['input_tokens'])} | "
+                      f"{', '.join(f'{y:.2f}' for y in body['itl_p50_ms'])} | {_g(fit.get('slope'))} | "
+                      f"{_g(fit.get('intercept'))} | {_g(tfit.get('slope'))} |")
+            series[f"{r['recipe']} {level}"] = body
+    verdicts = sweep_breakeven(rows)
+    for v in verdicts:
+        md.append("")
+        md.append(f"- {v['level']}: " + break_even_text(v["base"], v["other"], v))
+    rows[0]["sweep_break_even"] = verdicts
+    if itl_vs_input(out / "compare_itl_vs_input.png", series, "ITL vs input length, per recipe"):
+        md += ["", "![ITL vs input length](compare_itl_vs_input.png)"]
+    return md
 
 
 def _compare_plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -297,3 +359,7 @@ def _compare_plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _g(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3g}"

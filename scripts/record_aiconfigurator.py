@@ -1,0 +1,55 @@
+"""Record aiconfigurator's estimates for the cases of tests/support/speed_cases.py into
+tests/data/aiconfigurator/cases.json (what `make check` compares trtkv's own model with, no side venv needed).
+
+Needs .venv-aic (`make install-aiconfigurator`); one aiconfigurator process for every case (~3-4 min on 2 cores).
+Usage: .venv/bin/python scripts/record_aiconfigurator.py
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.support import speed_cases as sc  # noqa: E402
+from trtkv.plan import aic  # noqa: E402
+from trtkv.plan.model import resolve_architecture  # noqa: E402
+
+
+def main() -> int:
+    requests, keys = [], []
+    for model, config, tp, weights, backends in sc.CASE_SETS:
+        for gpu in sc.GPUS:
+            for backend in backends:
+                for isl, osl in sc.WORKLOADS:
+                    recipe = sc.recipe_for(config, gpu, backend, "bf16", isl, osl, list(sc.CONCURRENCY), isl + 16,
+                                           weights=weights, tp=tp)
+                    req = aic.request(recipe, resolve_architecture(recipe), ["bfloat16", "fp8"], sc.CONCURRENCY,
+                                      str(sc.ROOT / config))
+                    requests.append(req)
+                    keys.append((model, config, gpu, backend, isl, osl, req, tp, weights))
+    answers = aic.run_many({"requests": requests}, timeout=3600)
+    cases = []
+    for (model, config, gpu, backend, isl, osl, req, tp, weights), answer in zip(keys, answers, strict=True):
+        for row in answer.rows:
+            cases.append({"id": f"{model}/tp{tp}/{gpu}/{backend}/{isl}x{osl}/{row.kv}/c{row.concurrency}",
+                          "model_config": config, "gpu": gpu, "backend": backend, "kv": row.kv, "isl": isl, "osl": osl,
+                          "concurrency": row.concurrency, "tp": tp, "weights": weights,
+                          "request": {k: v for k, v in req.items() if k != "cases"},
+                          "row": row.__dict__})
+    doc = {"about": "aiconfigurator's own estimates (tools/aic_estimate.py in .venv-aic), recorded by "
+                    "scripts/record_aiconfigurator.py; none of these cases is a shape trtkv's efficiencies were read at "
+                    "(tools/aic_kernels.py).",
+           "aiconfigurator": answers[0].version if answers else None,
+           "aiconfigurator_core": answers[0].core_version if answers else None,
+           "errors": [e for a in answers for e in a.errors], "cases": cases}
+    sc.AIC_CASES.parent.mkdir(parents=True, exist_ok=True)
+    sc.AIC_CASES.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"{len(cases)} rows, {len(doc['errors'])} errors -> {sc.AIC_CASES}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

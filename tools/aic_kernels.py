@@ -1,0 +1,183 @@
+"""Derive the kernel efficiencies of trtkv's own speed model from aiconfigurator's measured kernel tables; print JSON.
+
+Runs in aiconfigurator's venv (.venv-aic) and imports no trtkv (`make speed-efficiencies` writes its output to
+trtkv/data/speed_efficiencies.json). Each efficiency is (ideal time at the GPU's datasheet figure, as the system's
+YAML in aiconfigurator-core gives it) / (the latency aiconfigurator measured on that GPU), read at ONE fixed shape per
+kernel, named below and in the output, so a reader can check every figure against the parquet row it came from.
+
+Reference shapes (per GPU, after tensor parallelism): kernel rows only; no end-to-end estimate and no measurement is
+used. Attention is read at a 70B-class layer at TP4, which no end-to-end case trtkv's tests compare against has:
+  gemm_memory   m=8, 16, 32 tokens x n=k=4096, 8192, 16384    (decode GEMMs: weight-bound; work = weight bytes)
+  gemm_compute  m=2048..16384 tokens x n=k=4096, 8192, 16384   (prefill GEMMs: compute-bound; work = 2mnk)
+                (weight-bound: latency = fixed + bytes / (bandwidth x efficiency), least squares over those rows: one
+                size alone mixes the fixed cost into the efficiency, e.g. TensorRT-LLM's FP8 GEMM on B200 reads 0.13
+                of the bandwidth at 4096 x 4096 and 0.60 at 16384 x 16384; compute-bound: the median efficiency)
+  attn_decode   batch 16, 16 query heads, 2 KV heads, head_dim 128, context 16383: KV bytes / HBM bandwidth;
+                and the same at context 1 (the kernel's fixed cost per call)
+  attn_prefill  batch 1, 8192 tokens, 16 query heads, 2 KV heads, head_dim 128, causal: 2 x 2 x heads x head_dim x
+                tokens^2 / 2 / BF16 tensor-core peak
+  elementwise   the system YAML's own memory-op model (mem_bw_empirical_scaling_factor, mem_empirical_constant_latency)
+  allreduce     NCCL all_reduce over 4 GPUs: the floor at 4,096 half elements; bus bandwidth at 16,777,216 elements
+                against the YAML's intra-node bandwidth
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.metadata
+import json
+import os
+import sys
+
+SYSTEMS = ("a100_sxm", "h100_sxm", "h200_sxm", "b200_sxm", "b300_sxm", "gb200", "l40s", "rtx_pro_6000_server")
+# Systems aiconfigurator-core ships a YAML for but no kernel tables ("Estimate-only system spec ... No built-in silicon
+# performance database"): their datasheet figures only, under "datasheets" (a100_pcie, a30: no GPU of their own in trtkv)
+DATASHEET_ONLY = ("h100_pcie", "l4")
+GPU_KEYS = ("mem_bw", "bfloat16_tc_flops", "fp8_tc_flops", "sm_version", "mem_bw_empirical_scaling_factor",
+            "mem_empirical_constant_latency")
+BACKENDS = ("trtllm", "vllm", "sglang")
+GEMM_M_DECODE, GEMM_M_PREFILL, GEMM_NK = (8, 16, 32), (2048, 4096, 8192, 16384), (4096, 8192, 16384)
+HEADS, KV_HEADS, HEAD_DIM, DEC_BATCH, DEC_CTX, PREFILL_LEN = 16, 2, 128, 16, 16383, 8192
+KV_BYTES = {"bfloat16": 2.0, "fp8": 1.0, "int8": 1.0}
+AR_GPUS, AR_SMALL, AR_LARGE = 4, 4096, 16777216
+
+
+def _version_key(v: str) -> tuple:
+    parts = []
+    for p in v.replace("rc", ".").split("."):
+        parts.append(int(p) if p.isdigit() else -1)
+    return tuple(parts)
+
+
+def _newest(folder: str, table: str) -> str | None:
+    """The newest version folder under `folder` that holds `table`."""
+    versions = [os.path.basename(os.path.dirname(p)) for p in glob.glob(os.path.join(folder, "*", table))]
+    return max(versions, key=_version_key) if versions else None
+
+
+def _best(df, **where) -> tuple[float, str] | None:
+    for k, v in where.items():
+        df = df[df[k] == v]
+    if df.empty:
+        return None
+    row = df.loc[df["latency"].idxmin()]
+    return float(row["latency"]), str(row["kernel_source"])
+
+
+def _gemm(pd, path: str, gpu: dict) -> dict:
+    """Per dtype and regime, t = fixed + work / (datasheet rate x efficiency), least squares over the reference rows:
+    a GEMM's fixed cost (launch, tail) and its asymptotic efficiency, which one square size alone would mix up."""
+    df = pd.read_parquet(path)
+    out: dict = {}
+    for dtype, wbytes, peak in (("bfloat16", 2, gpu["bfloat16_tc_flops"]), ("fp8", 1, gpu.get("fp8_tc_flops"))):
+        for kind, ms, rate in (("gemm_memory", GEMM_M_DECODE, gpu["mem_bw"]), ("gemm_compute", GEMM_M_PREFILL, peak)):
+            rows = []
+            for m in ms if rate else ():
+                for nk in GEMM_NK:
+                    got = _best(df, gemm_dtype=dtype, m=m, n=nk, k=nk)
+                    if got:
+                        work = nk * nk * wbytes if kind == "gemm_memory" else 2 * m * nk * nk
+                        rows.append({"m": m, "n": nk, "k": nk, "latency_ms": got[0], "kernel": got[1], "work": work})
+            if kind == "gemm_compute" and rows:  # compute-bound: no fixed cost worth the name; the median efficiency
+                effs = sorted(r["work"] / rate * 1e3 / r["latency_ms"] for r in rows)
+                out[f"{kind}.{dtype}"] = {"efficiency": effs[len(effs) // 2], "rows": rows}
+                continue
+            fit = _line([r["work"] for r in rows], [r["latency_ms"] for r in rows])
+            if fit:
+                fixed, per_unit = fit
+                out[f"{kind}.{dtype}"] = {"efficiency": 1 / (per_unit * 1e-3 * rate), "fixed_ms": max(0.0, fixed),
+                                          "rows": rows}
+    return out
+
+
+def _line(x: list[float], y: list[float]) -> tuple[float, float] | None:
+    """Least squares y = a + b x; None without two distinct x or with b <= 0."""
+    if len(set(x)) < 2:
+        return None
+    mx, my = sum(x) / len(x), sum(y) / len(y)
+    b = sum((a - mx) * (c - my) for a, c in zip(x, y, strict=True)) / sum((a - mx) ** 2 for a in x)
+    return (my - b * mx, b) if b > 0 else None
+
+
+def _attention(pd, folder: str, gpu: dict) -> dict:
+    out: dict = {}
+    gen = os.path.join(folder, "generation_attention_perf.parquet")
+    ctx = os.path.join(folder, "context_attention_perf.parquet")
+    if os.path.exists(gen):
+        df = pd.read_parquet(gen)
+        if "window_size" in df:
+            df = df[df["window_size"] == 0]
+        for kv, kv_bytes in KV_BYTES.items():
+            shape = {"batch_size": DEC_BATCH, "num_heads": HEADS, "num_key_value_heads": KV_HEADS, "head_dim": HEAD_DIM,
+                     "kv_cache_dtype": kv}
+            big = _best(df, step=DEC_CTX, **shape)
+            small = _best(df, step=1, **shape)
+            if big and small:
+                ideal = DEC_BATCH * (DEC_CTX + 1) * 2 * KV_HEADS * HEAD_DIM * kv_bytes / gpu["mem_bw"] * 1e3
+                out[f"attn_decode.{kv}"] = {"efficiency": ideal / (big[0] - small[0]), "latency_ms": big[0],
+                                            "floor_ms": small[0], "kernel": big[1]}
+    if os.path.exists(ctx):
+        df = pd.read_parquet(ctx)
+        if "window_size" in df:
+            df = df[df["window_size"] == 0]
+        for kv in KV_BYTES:
+            got = _best(df, batch_size=1, isl=PREFILL_LEN, num_heads=HEADS, num_key_value_heads=KV_HEADS,
+                        head_dim=HEAD_DIM, kv_cache_dtype=kv)
+            if got:
+                ideal = 2 * 2 * HEADS * HEAD_DIM * PREFILL_LEN * PREFILL_LEN / 2 / gpu["bfloat16_tc_flops"] * 1e3
+                out[f"attn_prefill.{kv}"] = {"efficiency": ideal / got[0], "latency_ms": got[0], "kernel": got[1]}
+    return out
+
+
+def _allreduce(pd, root: str, gpu: dict, intra_bw: float) -> dict:
+    version = _newest(os.path.join(root, "comm", "nccl"), "nccl_perf.parquet")
+    if version is None:
+        return {}
+    df = pd.read_parquet(os.path.join(root, "comm", "nccl", version, "nccl_perf.parquet"))
+    df = df[(df["op_name"] == "all_reduce") & (df["num_gpus"] == AR_GPUS)]
+    small = df[df["message_size"] == AR_SMALL]["latency"].min()
+    large = df[df["message_size"] == AR_LARGE]["latency"].min()
+    if small != small or large != large:  # NaN: no such rows
+        return {}
+    bus = AR_LARGE * 2 * 2 * (AR_GPUS - 1) / AR_GPUS / (large * 1e-3)
+    return {"allreduce": {"nccl": version, "floor_ms": float(small), "bus_efficiency": bus / intra_bw,
+                          "latency_ms": float(large)}}
+
+
+def main() -> int:
+    import aiconfigurator_core
+    import pandas as pd
+    import yaml
+
+    sys_dir = os.path.join(os.path.dirname(aiconfigurator_core.__file__), "systems")
+    out: dict = {"aiconfigurator_core": importlib.metadata.version("aiconfigurator-core"), "shapes": __doc__.split(
+        "Reference shapes")[1].strip(), "systems": {}, "datasheets": {}}
+    for name in DATASHEET_ONLY:
+        with open(os.path.join(sys_dir, f"{name}.yaml")) as f:
+            spec = yaml.safe_load(f)
+        out["datasheets"][name] = {"gpu": {k: spec["gpu"].get(k) for k in GPU_KEYS},
+                                   "intra_node_bw": spec["node"]["intra_node_bw"]}
+    for name in SYSTEMS:
+        with open(os.path.join(sys_dir, f"{name}.yaml")) as f:
+            spec = yaml.safe_load(f)
+        gpu, node = spec["gpu"], spec["node"]
+        root = os.path.join(sys_dir, spec["data_dir"])
+        entry: dict = {"gpu": {k: gpu.get(k) for k in GPU_KEYS},
+                       "intra_node_bw": node["intra_node_bw"], "backends": {}}
+        entry.update(_allreduce(pd, root, gpu, node["intra_node_bw"]))
+        for backend in BACKENDS:
+            gv = _newest(os.path.join(root, "gemm", backend), "gemm_perf.parquet")
+            av = _newest(os.path.join(root, "attention", backend), "generation_attention_perf.parquet")
+            if gv is None or av is None:
+                continue
+            figures = _gemm(pd, os.path.join(root, "gemm", backend, gv, "gemm_perf.parquet"), gpu)
+            figures.update(_attention(pd, os.path.join(root, "attention", backend, av), gpu))
+            entry["backends"][backend] = {"gemm_version": gv, "attention_version": av, **figures}
+        out["systems"][name] = entry
+    json.dump(out, sys.stdout, indent=1, sort_keys=True)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
