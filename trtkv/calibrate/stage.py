@@ -202,11 +202,12 @@ def _validate(tmp: Path, recipe: Recipe, layers: list[Any], refused: str | None)
 
 def _attn_head(hf_dir: Path, layers: list[Any], model: Any, num_layers: int) -> dict[str, Any]:
     """Write the per-(layer, KV head) scales into hf/ in vLLM's compressed-tensors form, then check it as vLLM reads it."""
-    from trtkv.calibrate import attn_head
+    from trtkv.calibrate.attn_head import convert_export
+    from trtkv.kvcache.attn_head import validate_attn_head_export
 
     heads = int(getattr(model.config, "num_key_value_heads", None) or model.config.num_attention_heads)
-    converted = attn_head.convert_export(hf_dir, layers, heads)
-    checked = attn_head.validate_attn_head_export(hf_dir, num_layers, heads)
+    converted = convert_export(hf_dir, layers, heads)
+    checked = validate_attn_head_export(hf_dir, num_layers, heads)
     return {**checked, "removed_per_layer_scales": converted["removed_per_layer_scales"]}
 
 

@@ -125,7 +125,7 @@ class KVScales:
     def _for_variant(self, name: str) -> tuple[list[KVScale] | None, list[KVScale] | None]:
         """fp8_attn_head: per-head scales as vLLM loads them; nvfp4_4over6: nvfp4's globals amax/448; nvfp4_rotate:
         the amax of rotated K and of V (ModelOpt's max calibration); fp8_e5m2 / nvfp4_cast: none."""
-        from trtkv.kvcache.variants import attn_head_scales
+        from trtkv.kvcache.variants import head_scale
 
         def missing(what: str) -> StageError:
             return StageError(f"KV format {name} needs {what} from a calibration pass; the scales from {self.source} "
@@ -136,7 +136,7 @@ class KVScales:
         if name == "fp8_attn_head":
             if not self.k_head_amax or not self.v_head_amax:
                 raise missing("each layer's K and V amax per KV head")
-            return ([attn_head_scales(a) for a in self.k_head_amax], [attn_head_scales(a) for a in self.v_head_amax])
+            return [head_scale(a) for a in self.k_head_amax], [head_scale(a) for a in self.v_head_amax]
         if name == "nvfp4_4over6":
             return ([max(a, MIN_AMAX) / FP8_MAX for a in self.k_amax], [max(a, MIN_AMAX) / FP8_MAX for a in self.v_amax])
         if name == "nvfp4_rotate":
