@@ -74,10 +74,6 @@ def kv_scales_document(algo: str | None, k_amax: list[float], v_amax: list[float
                         convention=CONVENTION, **({"source": source} if source is not None else {}), layers=layers)
 
 
-def write_kv_scales(path: Path, doc: KVScalesFile) -> None:
-    path.write_text(json.dumps(doc.document(), indent=2) + "\n")
-
-
 @dataclass
 class KVScales:
     """Per-layer calibrated K and V |max| and the scales every static format derives from them."""
@@ -156,10 +152,6 @@ class KVScales:
         if variant == "nvfp4_rotate":
             return {"k_rotated_amax": self.k_rotated_amax}
         return None
-
-    def to_kv_scales_json(self, algo: str = "FP8") -> dict[str, Any]:
-        """The contract-1 kv_scales.json document for these amaxes."""
-        return kv_scales_document(algo, self.k_amax, self.v_amax, source=self.source).document()
 
     def to_probe_json(self) -> dict[str, Any]:
         """What probe.json records: where the scales came from and the per-layer amaxes they derive from."""
