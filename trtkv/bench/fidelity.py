@@ -343,6 +343,14 @@ def drift_notes(drift: dict[str, Any]) -> list[str]:
     return out
 
 
+def fidelity_entry(recipe: Recipe, ep: Endpoint, tokenizer: Any, log: Callable[[str], None]) -> dict[str, Any]:
+    """The fidelity task's results.json entry as `trtkv bench` records it, or the reason it could not run."""
+    try:
+        return fidelity_task(recipe, ep, tokenizer, log, reproduce_command(recipe, ep))
+    except TrtkvError as exc:
+        return {"error": str(exc)}
+
+
 def fidelity_task(recipe: Recipe, ep: Endpoint, tokenizer: Any, log: Callable[[str], None], reproduce: str) -> dict[str, Any]:
     """The task as `trtkv bench` runs it: scorers cached in engines/<recipe>/fidelity/."""
     from trtkv.bench.fidelity_score import prediction_scorer, reference_scorer
