@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtkv.bench.fidelity_score import TOP_K, CachedScorer, Scored, Served
@@ -375,9 +374,3 @@ def reproduce_command(recipe: Recipe, ep: Endpoint) -> str:
     lengths = ",".join(str(n) for n in default_lengths(recipe))
     return (f"trtkv bench {recipe.name} --tasks fidelity --no-latency --url {ep.url} --protocol {ep.protocol.value} "
             f"bench.fidelity_lengths=[{lengths}]")
-
-
-def results_path(recipe: Recipe) -> Path:
-    from trtkv.core import paths
-
-    return paths.recipe_output_dir(recipe.name) / "fidelity"
