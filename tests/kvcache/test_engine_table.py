@@ -31,7 +31,8 @@ def test_every_probe_name_in_the_table_is_a_probe_format_and_every_row_is_source
     literal = ["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "nvfp4_ds_mla",
                "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "ultraquant_4bit",
                "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head", "nvfp4", "nvfp4_4over6"]
-    assert sorted(table.engine_values("vllm")) == sorted(literal)
+    assert sorted({e.value for row in table.formats.values() for e in row.engines if e.engine == "vllm"}) == \
+        sorted(literal)
 
 
 def test_new_engine_formats_are_probe_formats_with_their_table_row() -> None:

@@ -69,12 +69,6 @@ class RequestRecord:
         later_tokens = sum(self.response_tokens[i] for i in idx[1:])
         return gap_ns / later_tokens / 1e6
 
-    def itl_gaps_ms(self) -> list[float]:
-        """Each gap between consecutive content responses ÷ tokens in the later one."""
-        idx = self.content_indices()
-        pairs = zip(idx, idx[1:], strict=False)
-        return [(self.response_ns[b] - self.response_ns[a]) / self.response_tokens[b] / 1e6 for a, b in pairs]
-
     def to_json(self) -> dict[str, Any]:
         """The raw record as written to results.json (times in ms since the run started)."""
         data = asdict(self)
