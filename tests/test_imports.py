@@ -87,9 +87,9 @@ def test_trtkv_has_no_import_cycle() -> None:
 
 
 def test_no_module_takes_a_plain_attribute_from_the_package_root() -> None:
-    """`trtkv/__init__` imports trtkv.backends (and so most of trtkv): a module that does `from trtkv import
-    <not a submodule>` would read a half-initialised package. Submodules are fine; `__version__` lives in
-    trtkv/version.py."""
+    """`from trtkv import <not a submodule>` reads an attribute of the package root, which names only its version
+    (test_the_package_root_imports_nothing_for_its_side_effects): a module needing more would read a half-initialised
+    package the day the root imports anything. Submodules are fine; `__version__` lives in trtkv/version.py."""
     submodules = {p.stem for p in PACKAGE.iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()}
     bad = []
     for path in PACKAGE.rglob("*.py"):

@@ -66,6 +66,8 @@ def test_the_task_refuses_a_16_bit_cache_before_any_request(name: str) -> None:
     ep = Endpoint("127.0.0.1:9", "http", "m")  # nothing listens: a request would fail differently
     with pytest.raises(TrtkvError, match=f"recipe {name} has an unquantized KV cache"):
         fidelity.fidelity_task(recipe, ep, None, print, "")
+    entry = fidelity.fidelity_entry(recipe, ep, None, print)  # what `trtkv bench` records instead of stopping
+    assert list(entry) == ["error"] and f"recipe {name} has an unquantized KV cache" in entry["error"]
 
 
 def test_default_lengths_are_the_probe_lengths_up_to_max_input_len() -> None:

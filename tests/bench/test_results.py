@@ -40,7 +40,6 @@ def test_per_request_metrics() -> None:
     assert rec.ttft_ms() == pytest.approx(10.0)
     assert rec.request_latency_ms() == pytest.approx(25.0)
     assert rec.output_tokens() == 5
-    assert rec.itl_gaps_ms() == pytest.approx([5.0, 3.0])  # 9 ms for 3 tokens = 3 ms per token
     assert rec.itl_ms() == pytest.approx(14.0 / 4)  # token-weighted: (gap total) / tokens after the first response
     assert make(1, "c1", 0.0, [7.0], [1]).itl_ms() is None
 

@@ -11,8 +11,8 @@ import pytest
 from tests.calibrate.test_calibrate import LAYERS, quiet, tiny_model, tiny_tokenizer
 from tests.support import side_python
 from trtkv.calibrate import calibrate, checkpoint_dir, describe_calibration
-from trtkv.calibrate.attn_head import KV_CACHE_SCHEME, SCALES_FILE, validate_attn_head_export
 from trtkv.core.errors import StageError
+from trtkv.kvcache.attn_head import KV_CACHE_SCHEME, SCALES_FILE, validate_attn_head_export
 from trtkv.recipe import load_recipe
 
 KV_HEADS = 2

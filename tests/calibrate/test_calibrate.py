@@ -309,7 +309,9 @@ def test_unsupported_weights_are_refused_before_work(engines_tmp: Path) -> None:
 def test_warnings_name_clamping_dwarfing_and_outliers() -> None:
     from trtkv.calibrate import LayerScales
 
-    layers = [LayerScales(i, 1.0, 0.5, 1.0, 1 / 448, 0.5 / 448, [1.0] * 8, [1.0] * 8, 4) for i in range(5)]
+    layers = [LayerScales(layer=i, k_amax=1.0, v_amax=0.5, kv_cache_scaling_factor=1.0, k_scale=1 / 448,
+                          v_scale=0.5 / 448, k_channel_amax=[1.0] * 8, v_channel_amax=[1.0] * 8, head_dim=4)
+              for i in range(5)]
     layers[3].k_amax = 50.0
     layers[2].k_channel_amax[5] = 9.0
     text = "\n".join(find_warnings(layers, KVCacheQuant.FP8))

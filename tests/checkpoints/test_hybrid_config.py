@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from trtkv.checkpoints import AttentionKind, LayerAttention, count_parameters, read_model_facts
+from trtkv.checkpoints import count_parameters, read_model_facts
 from trtkv.kvcache.formats import KVFormat
-from trtkv.recipe.attention import Accounting, KVShape
+from trtkv.recipe.attention import Accounting, AttentionKind, KVShape, LayerAttention
 from trtkv.recipe.sequence import sequence_kv_bytes
 from trtkv.recipe.state import StateKind
 from trtkv.recipe.vllm_pool import hybrid_block_size

@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from trtkv.checkpoints import compact_layers, read_model_facts
+from trtkv.checkpoints import read_model_facts
 from trtkv.cli.init import write_recipe
 from trtkv.core.errors import RecipeError
 from trtkv.plan.planner import plan
 from trtkv.recipe import load_recipe
+from trtkv.recipe.attention import compact_layers
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 FAMILIES = sorted(p.name for p in CONFIGS.iterdir() if (p / "config.json").is_file())

@@ -9,7 +9,7 @@ import pytest
 
 from trtkv.contracts.artifacts import BenchResults, KVScalesFile, Manifest, ProbeDoc, ServerRecord
 from trtkv.core.errors import StageError
-from trtkv.kvcache.scales import kv_scales_document, write_kv_scales
+from trtkv.kvcache.scales import kv_scales_document
 
 
 def test_server_record_round_trip_and_errors(tmp_path: Path) -> None:
@@ -25,11 +25,11 @@ def test_server_record_round_trip_and_errors(tmp_path: Path) -> None:
 
 
 def test_kv_scales_file_reads_what_calibrate_writes(tmp_path: Path) -> None:
-    write_kv_scales(tmp_path / "kv_scales.json", kv_scales_document("INT8", [3.0, 1.0], [0.5, 2.0]))
+    kv_scales_document("INT8", [3.0, 1.0], [0.5, 2.0]).save(tmp_path)
     scales = KVScalesFile.load(tmp_path)
     assert scales is not None and scales.kv_cache_quant_algo == "INT8" and scales.num_layers == 2
     assert [x.k_amax for x in scales.layers] == [3.0, 1.0]
-    write_kv_scales(tmp_path / "kv_scales.json", kv_scales_document(None, [], [], num_layers=30))
+    kv_scales_document(None, [], [], num_layers=30).save(tmp_path)
     none = KVScalesFile.load(tmp_path)
     assert none is not None and none.layers == [] and none.kv_cache_quant_algo is None
 
@@ -38,7 +38,7 @@ def test_kv_scales_json_is_the_model_calibrate_builds(tmp_path: Path) -> None:
     """One model for the writer and the reader: the file is exactly the loaded model's document, keys in order."""
     doc = kv_scales_document("FP8", [3.0, 1.0], [0.5, 2.0])
     assert isinstance(doc, KVScalesFile)
-    write_kv_scales(tmp_path / "kv_scales.json", doc)
+    doc.save(tmp_path)
     text = (tmp_path / "kv_scales.json").read_text()
     loaded = KVScalesFile.load(tmp_path)
     assert loaded == doc and text == json.dumps(loaded.document(), indent=2) + "\n"

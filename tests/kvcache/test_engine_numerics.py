@@ -52,7 +52,7 @@ def _parse_with_vllm(values: list[str]) -> dict[str, str]:
 
 def rejected_vllm_values(table: engines.FormatTable) -> dict[str, str]:
     """The table's vLLM --kv-cache-dtype values that vLLM's own parser does not take as given."""
-    values = sorted(v for v, _ in table.engine_values("vllm").items())
+    values = sorted({e.value for row in table.formats.values() for e in row.engines if e.engine == "vllm"})
     parsed = _parse_with_vllm(values)
     return {v: parsed.get(v, "no answer") for v in values if parsed.get(v) != v}
 

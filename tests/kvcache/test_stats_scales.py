@@ -10,7 +10,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from trtkv.core.errors import StageError
-from trtkv.kvcache.scales import KVScales, calibration_batches, f32, load_kv_scales
+from trtkv.kvcache.scales import KVScales, calibration_batches, f32, kv_scales_document, load_kv_scales
 from trtkv.kvcache.stats import collect_kv_stats
 
 
@@ -48,10 +48,10 @@ def test_scales_per_format_follow_runtime_conventions() -> None:
     k, v = s.for_format("int8_split")
     assert k == [10 / 127, 2 / 127] and v == [0.5 / 127, 4 / 127]
     assert s.for_format("int8_token") == (None, None)
-    doc = s.to_kv_scales_json("FP8")
+    doc = kv_scales_document("FP8", s.k_amax, s.v_amax, source=s.source).document()
     assert doc["layers"][0]["kv_cache_scaling_factor"] == 1.0  # ModelOpt clamps FP8 to >= 1.0
     assert doc["layers"][0]["k_scale"] == f32(10 / 448)  # float32, as the checkpoint stores it
-    assert s.to_kv_scales_json("INT8")["layers"][1]["kv_cache_scaling_factor"] == f32(4 / 127)
+    assert kv_scales_document("INT8", s.k_amax, s.v_amax).document()["layers"][1]["kv_cache_scaling_factor"] == f32(4 / 127)
     assert s.to_probe_json() == {"source": "test", "layers": [{"layer": 0, "k_amax": 10.0, "v_amax": 0.5},
                                                              {"layer": 1, "k_amax": 2.0, "v_amax": 4.0}]}
 
@@ -76,7 +76,7 @@ def test_one_batch_builder_joins_records_with_eos() -> None:
 
 def test_load_kv_scales_contract(tmp_path: Path) -> None:
     path = tmp_path / "kv_scales.json"
-    path.write_text(json.dumps(KVScales([3.0, 1.0], [0.5, 2.0], "x").to_kv_scales_json("INT8")))
+    kv_scales_document("INT8", [3.0, 1.0], [0.5, 2.0], source="x").save(tmp_path)
     loaded = load_kv_scales(path, num_layers=2)
     assert loaded.k_amax == [3.0, 1.0] and loaded.v_amax == [0.5, 2.0]
     with pytest.raises(StageError, match="2 layers of scales for a model with 30"):

@@ -225,15 +225,6 @@ def test_gpu_serve_needs_the_engine_or_the_hf_export(engines_tmp: Path, monkeypa
         serve.start(recipe)
 
 
-def test_terminate_tolerates_a_process_that_just_exited(monkeypatch: pytest.MonkeyPatch) -> None:
-    proc = subprocess.Popen(["true"])
-    proc.wait()
-    from trtkv.core import process
-
-    monkeypatch.setattr(process, "is_running", lambda _pid, _cmd=None: True)  # it was alive when checked
-    assert process.terminate(proc.pid, ["true"], 1.0) == "stopped"
-
-
 def test_status_of_a_dead_server_is_down(engines_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """server.json left behind by a server that died: `trtkv status` says down (exit 1), never healthy."""
     from trtkv.cli import main

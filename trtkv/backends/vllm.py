@@ -179,11 +179,11 @@ def _hf(recipe: Recipe) -> Path:
 
 def _prepare_attn_head(recipe: Recipe) -> tuple[Path, dict[str, Any]]:
     """The per-head export (calibrate's compressed-tensors hf/), checked as vLLM reads it: scheme, shapes, no leftover
-    per-layer scale (trtkv.calibrate.attn_head.validate_attn_head_export)."""
+    per-layer scale (trtkv.kvcache.attn_head.validate_attn_head_export)."""
     import json
 
-    from trtkv.checkpoints.attn_head import validate_attn_head_export
     from trtkv.contracts.stage import manifest_hash
+    from trtkv.kvcache.attn_head import validate_attn_head_export
 
     ckpt = checkpoint_dir(recipe)
     config = ckpt / "hf" / "config.json"

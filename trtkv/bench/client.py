@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trtkv.bench.http1 import CHECK_BYTES, Connection, Events, ProtocolError, event_json, fetch, http_request
-from trtkv.bench.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord
+from trtkv.bench.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord, now_ns
 from trtkv.bench.stream import shared_loop, stream
 from trtkv.contracts.interface import ENSEMBLE, LLMAPI, ModelInterface, detect
 from trtkv.core.apikey import auth_headers
@@ -54,10 +54,6 @@ class SamplingParams:
     temperature: float = 0.0
     top_k: int = 1
     top_p: float = 1.0
-
-
-def now_ns() -> int:
-    return time.perf_counter_ns()
 
 
 # -----------------------------------------------------------------------------------------------------------------

@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtkv.bench.fidelity_score import TOP_K, CachedScorer, Scored, Served
@@ -343,6 +342,14 @@ def drift_notes(drift: dict[str, Any]) -> list[str]:
     return out
 
 
+def fidelity_entry(recipe: Recipe, ep: Endpoint, tokenizer: Any, log: Callable[[str], None]) -> dict[str, Any]:
+    """The fidelity task's results.json entry as `trtkv bench` records it, or the reason it could not run."""
+    try:
+        return fidelity_task(recipe, ep, tokenizer, log, reproduce_command(recipe, ep))
+    except TrtkvError as exc:
+        return {"error": str(exc)}
+
+
 def fidelity_task(recipe: Recipe, ep: Endpoint, tokenizer: Any, log: Callable[[str], None], reproduce: str) -> dict[str, Any]:
     """The task as `trtkv bench` runs it: scorers cached in engines/<recipe>/fidelity/."""
     from trtkv.bench.fidelity_score import prediction_scorer, reference_scorer
@@ -367,9 +374,3 @@ def reproduce_command(recipe: Recipe, ep: Endpoint) -> str:
     lengths = ",".join(str(n) for n in default_lengths(recipe))
     return (f"trtkv bench {recipe.name} --tasks fidelity --no-latency --url {ep.url} --protocol {ep.protocol.value} "
             f"bench.fidelity_lengths=[{lengths}]")
-
-
-def results_path(recipe: Recipe) -> Path:
-    from trtkv.core import paths
-
-    return paths.recipe_output_dir(recipe.name) / "fidelity"

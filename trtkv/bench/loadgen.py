@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from trtkv.bench.client import SamplingParams, Session, now_ns
-from trtkv.bench.records import CANCELLED, ERROR, NOT_SENT, RequestRecord
+from trtkv.bench.client import SamplingParams, Session
+from trtkv.bench.records import CANCELLED, ERROR, NOT_SENT, RequestRecord, now_ns
 
 
 @dataclass

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 OK, ERROR, TIMEOUT, CANCELLED, NOT_SENT = "ok", "error", "timeout", "cancelled", "not_sent"
+
+
+def now_ns() -> int:
+    """The clock of every *_ns time in a RequestRecord: perf_counter_ns (monotonic, the finest the OS gives)."""
+    return time.perf_counter_ns()
 
 
 @dataclass
@@ -62,12 +68,6 @@ class RequestRecord:
         gap_ns = self.response_ns[idx[-1]] - self.response_ns[idx[0]]
         later_tokens = sum(self.response_tokens[i] for i in idx[1:])
         return gap_ns / later_tokens / 1e6
-
-    def itl_gaps_ms(self) -> list[float]:
-        """Each gap between consecutive content responses ÷ tokens in the later one."""
-        idx = self.content_indices()
-        pairs = zip(idx, idx[1:], strict=False)
-        return [(self.response_ns[b] - self.response_ns[a]) / self.response_tokens[b] / 1e6 for a, b in pairs]
 
     def to_json(self) -> dict[str, Any]:
         """The raw record as written to results.json (times in ms since the run started)."""

@@ -11,14 +11,14 @@ from typing import Any
 from trtkv.backends import for_recipe
 from trtkv.bench import accuracy as acc_tasks
 from trtkv.bench import aiperf_export, plots, results, ruler, slo
-from trtkv.bench.client import Endpoint, SamplingParams, now_ns
+from trtkv.bench.client import Endpoint, SamplingParams
 from trtkv.bench.endpoints import check_endpoint, session_factory
 from trtkv.bench.levels import ClientRun, LevelSpec, Sweep, client_summary
 from trtkv.bench.loadgen import Interrupted, Job, run_concurrency
 from trtkv.bench.metrics import summarize_level
 from trtkv.bench.options import BenchOptions
 from trtkv.bench.prompts import count_tokens, latency_prompts, load_tokenizer, long_text, prompt_tokens, tokenizer_dir
-from trtkv.bench.records import RequestRecord
+from trtkv.bench.records import RequestRecord, now_ns
 from trtkv.contracts.artifacts import BenchEndpoint, BenchResults, BenchSLOs, BenchWorkload, ServerRecord
 from trtkv.core import paths
 from trtkv.core.errors import StageError, TrtkvError
@@ -165,16 +165,6 @@ def build_tasks(recipe: Recipe, tokenizer: Any, names: Sequence[str], golden_pro
     return tasks, failed
 
 
-def run_fidelity(recipe: Recipe, ep: Endpoint, tokenizer: Any, log: Callable[[str], None]) -> dict[str, Any]:
-    """The fidelity task (trtkv.bench.fidelity): its results.json entry, or the reason it could not run."""
-    from trtkv.bench import fidelity
-
-    try:
-        return fidelity.fidelity_task(recipe, ep, tokenizer, log, fidelity.reproduce_command(recipe, ep))
-    except TrtkvError as exc:
-        return {"error": str(exc)}
-
-
 def run_accuracy(recipe: Recipe, ep: Endpoint, tasks: list[acc_tasks.Task], progress: _Progress,
                  records: list[RequestRecord]) -> dict[str, list[RequestRecord]]:
     factory = session_factory(ep)
@@ -262,7 +252,9 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
             task_records = run_accuracy(recipe, ep, tasks, progress, records)
             if "fidelity" in task_names:
                 interrupted = "fidelity task"
-                task_errors["fidelity"] = run_fidelity(recipe, ep, tokenizer, progress.log)
+                from trtkv.bench.fidelity import fidelity_entry  # loaded only when the task runs
+
+                task_errors["fidelity"] = fidelity_entry(recipe, ep, tokenizer, progress.log)
             interrupted = None
         except (Interrupted, KeyboardInterrupt):
             progress.log(f"interrupted (Ctrl-C) during the {interrupted}: writing partial results")

@@ -30,7 +30,7 @@ import time
 from collections import deque
 
 from trtkv.bench.http1 import Call, Connection, Events, ProtocolError
-from trtkv.bench.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord
+from trtkv.bench.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord, now_ns
 
 RECV_BYTES = 65536
 NO_DEADLINE = float("inf")
@@ -43,10 +43,6 @@ STAMP = struct.Struct("@qq")  # struct timespec on 64-bit Linux
 STAMP_BYTES = socket.CMSG_SPACE(STAMP.size) if SO_TIMESTAMPNS else 0
 LAG_SAMPLE = 8  # one read in 8 fetches the stamp: recvmsg with it cost 2-4 us more per event than recv (client_cost)
 MAX_WAIT_S = 3600.0  # one select() at most (poll's own limit is 24.8 days: a huge timeout must not crash the loop)
-
-
-def now_ns() -> int:
-    return time.perf_counter_ns()
 
 
 class StreamLoop:

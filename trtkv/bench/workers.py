@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from trtkv.bench.client import Endpoint, now_ns
+from trtkv.bench.client import Endpoint
 from trtkv.bench.endpoints import session_factory
 from trtkv.bench.loadgen import TICK_S, Interrupted, Job, SessionPool, cancel_unsent, run_concurrency, run_rate
-from trtkv.bench.records import ERROR, NOT_SENT, RequestRecord
+from trtkv.bench.records import ERROR, NOT_SENT, RequestRecord, now_ns
 
 STOP_GRACE_S = 1.0  # after Ctrl-C, how long the parent waits for the workers' records before killing them
 START_S = 30.0  # a worker that has not said it is warm within the warm-up's timeout plus this has failed

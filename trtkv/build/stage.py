@@ -1,8 +1,9 @@
 """The build stage: a TensorRT-LLM checkpoint in, `engines/<recipe>/engine/` out.
 
 One stage contract (manifest, atomic output, up-to-date skip) for every backend; what the build does is the backend's
-(trtkv.backends): `tensorrt` runs `trtllm-build` after a preflight, `pytorch` writes the LLM API options and the
-`trtllm-serve` command, `reference` writes `runtime.json` for trtkv's CPU runtime and checks that it decodes.
+(trtkv.backends): `tensorrt` runs `trtllm-build` after a preflight, `llmapi` writes the LLM API options and the
+`trtllm-serve` command, `reference` writes `runtime.json` for trtkv's CPU runtime and checks that it decodes, `vllm`
+and `sglang` write their server's command lines for the HF export.
 
 The KV cache precision is never a `trtllm-build` flag: it is the checkpoint's `quantization.kv_cache_quant_algo`.
 """

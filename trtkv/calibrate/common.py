@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import Field
+
+from trtkv.contracts.artifacts import KVScaleLayer
 from trtkv.recipe import KVCacheQuant, Recipe, layout
 from trtkv.recipe.backend_rules import HF_EXPORT_ONLY
 from trtkv.recipe.schema import ENGINE_KV_FORMATS
@@ -68,19 +70,13 @@ def trtllm_export_refused(recipe: Recipe) -> str | None:
     return HF_EXPORT_ONLY.get(recipe.model.architecture.lower())
 
 
-@dataclass
-class LayerScales:
-    """One layer as calibration measured it: the kv_scales.json record (trtkv.contracts.artifacts.KVScaleLayer, written by
-    trtkv.kvcache.scales from the amaxes) plus the per-channel |max| the report's warnings need."""
+class LayerScales(KVScaleLayer):
+    """One layer as calibration measured it: its kv_scales.json record (KVScaleLayer; the file is built by
+    trtkv.kvcache.scales.kv_scales_document from the amaxes) plus the per-channel |max| the report's warnings and the
+    per-head export need."""
 
-    layer: int
-    k_amax: float
-    v_amax: float
-    kv_cache_scaling_factor: float
-    k_scale: float
-    v_scale: float
-    k_channel_amax: list[float] = field(default_factory=list)  # per (kv head, channel), flattened
-    v_channel_amax: list[float] = field(default_factory=list)
+    k_channel_amax: list[float] = Field(default_factory=list)  # per (kv head, channel), flattened
+    v_channel_amax: list[float] = Field(default_factory=list)
     head_dim: int = 1
 
 

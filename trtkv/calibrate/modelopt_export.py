@@ -129,9 +129,9 @@ def _layer_scales(model: Any, channel_amax: dict[str, Any], kv: KVCacheQuant) ->
         k_amax, v_amax = (_amax(parts[s][0], parts[s][1]) for s in ("k", "v"))
         scales = kv_scales.layer_scales(k_amax, v_amax, algo)
         k_channels = channel_amax.get(parts["k"][1])
-        out.append(LayerScales(index, k_amax, v_amax, scales["kv_cache_scaling_factor"], scales["k_scale"],
-                               scales["v_scale"], _to_list(k_channels), _to_list(channel_amax.get(parts["v"][1])),
-                               int(k_channels.shape[-1]) if k_channels is not None else 1))
+        out.append(LayerScales(layer=index, k_amax=k_amax, v_amax=v_amax, **scales, k_channel_amax=_to_list(k_channels),
+                               v_channel_amax=_to_list(channel_amax.get(parts["v"][1])),
+                               head_dim=int(k_channels.shape[-1]) if k_channels is not None else 1))
     return out
 
 

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtkv.calibrate.common import DWARF_RATIO, KV_ALGO, LayerScales
-from trtkv.kvcache import scales as kv_scales
 from trtkv.kvcache.formats import FP8_MAX
 from trtkv.kvcache.scales import CONVENTION
 from trtkv.recipe import KVCacheQuant, Recipe
@@ -17,18 +16,7 @@ if TYPE_CHECKING:
 
 
 # ---------------------------------------------------------------------------------------------
-# kv_scales.json and the report
-
-
-def write_kv_scales(path: Path, layers: list[LayerScales], recipe: Recipe, num_layers: int | None = None) -> None:
-    """kv_scales.json (trtkv.kvcache.scales; typed: trtkv.contracts.artifacts.KVScalesFile): byte-identical for the same
-    seed and inputs.
-
-    kv_cache none: {"kv_cache_quant_algo": null, "num_layers": N, "convention": ..., "layers": []}.
-    """
-    doc = kv_scales.kv_scales_document(KV_ALGO.get(recipe.quantization.kv_cache), [ls.k_amax for ls in layers],
-                                       [ls.v_amax for ls in layers], num_layers=num_layers)
-    kv_scales.write_kv_scales(path, doc)
+# the report
 
 
 def find_warnings(layers: list[LayerScales], kv: KVCacheQuant) -> list[str]:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtkv.calibrate.common import STAGE, ModelLoader, trtllm_export_refused
+from trtkv.calibrate.common import KV_ALGO, STAGE, ModelLoader, trtllm_export_refused
 from trtkv.calibrate.describe import supported_problems
 from trtkv.calibrate.modelopt_export import (
     build_quant_cfg,
@@ -22,7 +22,7 @@ from trtkv.calibrate.modelopt_export import (
     quantize,
     write_rope,
 )
-from trtkv.calibrate.report import render_report, write_kv_scales
+from trtkv.calibrate.report import render_report
 from trtkv.checkpoints.tokenizer_files import TOKENIZER_FILES_VERSION, save_tokenizer
 from trtkv.core.errors import StageError
 from trtkv.kvcache import scales as kv_scales
@@ -160,7 +160,9 @@ def _calibrate_into(tmp: Path, recipe: Recipe, loader: ModelLoader, model_dir: P
     write_rope(tmp, json.loads((tmp / layout.HF_CONFIG).read_text()))
     save_tokenizer(tokenizer, tmp / "tokenizer")  # what Triton's pre/postprocessing, the LLM API, trtllm-serve read
     export_s = time.time() - t0
-    write_kv_scales(tmp / "kv_scales.json", layers, recipe, num_layers)
+    # kv_scales.json (trtkv.contracts.artifacts.KVScalesFile); kv_cache none: no layers, num_layers still given
+    kv_scales.kv_scales_document(KV_ALGO.get(recipe.quantization.kv_cache), [ls.k_amax for ls in layers],
+                                 [ls.v_amax for ls in layers], num_layers=num_layers).save(tmp)
     summary = _validate(tmp, recipe, layers, refused)
     if recipe.quantization.kv_cache is KVCacheQuant.FP8_ATTN_HEAD:  # ModelOpt's per-layer export -> vLLM's per-head
         summary["attn_head"] = _attn_head(tmp / "hf", layers, model, num_layers)
@@ -202,11 +204,12 @@ def _validate(tmp: Path, recipe: Recipe, layers: list[Any], refused: str | None)
 
 def _attn_head(hf_dir: Path, layers: list[Any], model: Any, num_layers: int) -> dict[str, Any]:
     """Write the per-(layer, KV head) scales into hf/ in vLLM's compressed-tensors form, then check it as vLLM reads it."""
-    from trtkv.calibrate import attn_head
+    from trtkv.calibrate.attn_head import convert_export
+    from trtkv.kvcache.attn_head import validate_attn_head_export
 
     heads = int(getattr(model.config, "num_key_value_heads", None) or model.config.num_attention_heads)
-    converted = attn_head.convert_export(hf_dir, layers, heads)
-    checked = attn_head.validate_attn_head_export(hf_dir, num_layers, heads)
+    converted = convert_export(hf_dir, layers, heads)
+    checked = validate_attn_head_export(hf_dir, num_layers, heads)
     return {**checked, "removed_per_layer_scales": converted["removed_per_layer_scales"]}
 
 

@@ -213,9 +213,10 @@ def _split(facts: ModelFacts, count: int) -> tuple[int, int]:
 def render(name: str, facts: ModelFacts, source: Path, settings: Settings) -> str:
     """The recipe text: every fact with the config field it came from, then the engine settings and the sections
     sized for the target (trtkv.cli.init_sizing)."""
-    from trtkv.checkpoints import compact_layers, count_parameters, stored_weight_bytes, summary
+    from trtkv.checkpoints import count_parameters, stored_weight_bytes
     from trtkv.cli.init_sizing import engine_lines, section_lines
     from trtkv.core.tools import quote
+    from trtkv.recipe.attention import compact_layers, summary
 
     gpu, count, kv = settings.gpu, settings.count, settings.kv
 

@@ -167,6 +167,8 @@ class Manifest(Artifact):
 
 
 class KVScaleLayer(BaseModel):
+    """One layer of kv_scales.json: its K/V amax and both scale conventions (trtkv.kvcache.scales.layer_scales)."""
+
     layer: int
     k_amax: float
     v_amax: float

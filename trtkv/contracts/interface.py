@@ -46,10 +46,6 @@ LLMAPI = ModelInterface("llmapi", "tensorrt_llm", "sampling_param_max_tokens", "
 INTERFACES = {i.layout: i for i in (ENSEMBLE, LLMAPI)}
 
 
-def for_layout(layout: str) -> ModelInterface:
-    return INTERFACES[layout]
-
-
 def detect(inputs: Iterable[str]) -> ModelInterface | None:
     """The interface whose length input the model declares (None: neither)."""
     names = set(inputs)

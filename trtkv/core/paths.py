@@ -36,10 +36,6 @@ def recipes_dir() -> Path:
     return project_root() / "recipes"
 
 
-def calibration_data_dir() -> Path:
-    return project_root() / "calibration_data"
-
-
 def engines_dir() -> Path:
     env = os.environ.get("TRTKV_ENGINES")
     return Path(env).resolve() if env else project_root() / "engines"

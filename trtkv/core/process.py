@@ -82,33 +82,6 @@ def stop_process_group(proc: subprocess.Popen[str], grace_s: float = 10.0) -> No
             time.sleep(0.05)
 
 
-def terminate(pid: int, command: list[str] | None, timeout_s: float) -> str:
-    """SIGTERM, wait up to `timeout_s`, then SIGKILL its process group; returns how it ended."""
-    if not is_running(pid, command):
-        return "not running"
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:  # exited between the check and the signal
-        return "stopped"
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if not is_running(pid, command):
-            return "stopped"
-        time.sleep(0.1)
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return "stopped"
-    for _ in range(50):
-        if not is_running(pid, command):
-            break
-        time.sleep(0.1)
-    return f"killed (no exit within {timeout_s:.0f} s of SIGTERM)"
-
-
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     """n distinct ports that are free right now (all held open together, so none repeats)."""
     socks = [socket.socket() for _ in range(n)]

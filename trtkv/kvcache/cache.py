@@ -249,10 +249,6 @@ class QuantizedKVLayer(DynamicLayer):
     def allocated_bytes(self) -> int:
         return self.k_store.allocated_bytes() + self.v_store.allocated_bytes() + self.residual_bytes()
 
-    def decoded_bytes(self) -> int:
-        """Working memory of keep_decoded's dequantized copy (not part of the cache's stored bytes)."""
-        return self.k_decoded.allocated_bytes() + self.v_decoded.allocated_bytes()
-
     def _map_batch(self, fn) -> None:  # noqa: ANN001
         for store in (self.k_store, self.v_store, self.k_decoded, self.v_decoded):
             store.map(fn)

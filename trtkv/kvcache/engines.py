@@ -72,15 +72,6 @@ class FormatTable:
         row = self.row(name)
         return [e for e in row.engines if e.engine == engine and e.version.startswith(version_prefix)] if row else []
 
-    def engine_values(self, engine: str) -> dict[str, list[str]]:
-        """{value an engine accepts: [format names it selects]} over every row of that engine."""
-        out: dict[str, list[str]] = {}
-        for row in self.formats.values():
-            for e in row.engines:
-                if e.engine == engine:
-                    out.setdefault(e.value, []).append(row.name)
-        return out
-
     def backends(self, engine: str, value: str) -> list[dict]:
         """The attention backends of `engine` whose sources list `value` (vLLM's and SGLang's; [] when none)."""
         return list(self.implementations.get(engine, {}).get("backends", {}).get(value, []))

@@ -29,7 +29,6 @@ class KVFormat(str, Enum):
     FP8 = "fp8"  # E4M3, static per-tensor scale per layer = amax / 448
     FP8_SCALE1 = "fp8_scale1"  # E4M3, scale 1.0 (vLLM's default when no scales are given)
     INT8 = "int8"  # symmetric, static per-tensor scale per layer = amax / 127 (TRT-LLM int8_kv_cache)
-    INT8_SPLIT = "int8_split"  # INT8 with separate static K and V scales amax/127 (trtkv variant of TRT-LLM's shared one)
     INT8_TOKEN = "int8_token"  # symmetric, dynamic per-token, per-head scale
     INT4_G32 = "int4_g32"  # asymmetric, per-token groups of 32 channels
     INT4_G64 = "int4_g64"
@@ -67,7 +66,6 @@ SPECS: dict[KVFormat, FormatSpec] = {
     KVFormat.FP8: FormatSpec(8, True, None, False, "FP8 E4M3, static per-layer scale amax/448"),
     KVFormat.FP8_SCALE1: FormatSpec(8, True, None, False, "FP8 E4M3, scale 1.0 (no calibration)"),
     KVFormat.INT8: FormatSpec(8, True, None, False, "INT8 symmetric, static per-layer scale amax/127"),
-    KVFormat.INT8_SPLIT: FormatSpec(8, True, None, False, "INT8 symmetric, separate static K and V scales amax/127"),
     KVFormat.INT8_TOKEN: FormatSpec(8, False, None, False, "INT8 symmetric, dynamic per-token per-head scale"),
     KVFormat.INT4_G32: FormatSpec(4, False, 32, True, "INT4 asymmetric, per-token groups of 32"),
     KVFormat.INT4_G64: FormatSpec(4, False, 64, True, "INT4 asymmetric, per-token groups of 64"),

@@ -93,8 +93,8 @@ from trtkv.kvcache.turboquant import (  # noqa: F401 - the public face of the KV
 )
 from trtkv.kvcache.variants import (  # noqa: F401, E402 - the public face of the KV numerics
     E5M2_MAX,
-    attn_head_scales,
     e5m2_quantize,
+    head_scale,
     modelopt_fake_quant,
     modelopt_hadamard,
     modelopt_nvfp4_dequantize,

@@ -74,10 +74,6 @@ def kv_scales_document(algo: str | None, k_amax: list[float], v_amax: list[float
                         convention=CONVENTION, **({"source": source} if source is not None else {}), layers=layers)
 
 
-def write_kv_scales(path: Path, doc: KVScalesFile) -> None:
-    path.write_text(json.dumps(doc.document(), indent=2) + "\n")
-
-
 @dataclass
 class KVScales:
     """Per-layer calibrated K and V |max| and the scales every static format derives from them."""
@@ -125,7 +121,7 @@ class KVScales:
     def _for_variant(self, name: str) -> tuple[list[KVScale] | None, list[KVScale] | None]:
         """fp8_attn_head: per-head scales as vLLM loads them; nvfp4_4over6: nvfp4's globals amax/448; nvfp4_rotate:
         the amax of rotated K and of V (ModelOpt's max calibration); fp8_e5m2 / nvfp4_cast: none."""
-        from trtkv.kvcache.variants import attn_head_scales
+        from trtkv.kvcache.variants import head_scale
 
         def missing(what: str) -> StageError:
             return StageError(f"KV format {name} needs {what} from a calibration pass; the scales from {self.source} "
@@ -136,7 +132,7 @@ class KVScales:
         if name == "fp8_attn_head":
             if not self.k_head_amax or not self.v_head_amax:
                 raise missing("each layer's K and V amax per KV head")
-            return ([attn_head_scales(a) for a in self.k_head_amax], [attn_head_scales(a) for a in self.v_head_amax])
+            return [head_scale(a) for a in self.k_head_amax], [head_scale(a) for a in self.v_head_amax]
         if name == "nvfp4_4over6":
             return ([max(a, MIN_AMAX) / FP8_MAX for a in self.k_amax], [max(a, MIN_AMAX) / FP8_MAX for a in self.v_amax])
         if name == "nvfp4_rotate":
@@ -156,10 +152,6 @@ class KVScales:
         if variant == "nvfp4_rotate":
             return {"k_rotated_amax": self.k_rotated_amax}
         return None
-
-    def to_kv_scales_json(self, algo: str = "FP8") -> dict[str, Any]:
-        """The contract-1 kv_scales.json document for these amaxes."""
-        return kv_scales_document(algo, self.k_amax, self.v_amax, source=self.source).document()
 
     def to_probe_json(self) -> dict[str, Any]:
         """What probe.json records: where the scales came from and the per-layer amaxes they derive from."""

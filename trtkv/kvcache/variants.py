@@ -5,7 +5,7 @@ scales (fp8_attn_head) and nvfp4_4over6, and ModelOpt 0.47's nvfp4_cast and nvfp
   1.0 (vLLM warns about k/v_scale 1.0 for e4m3 only: e5m2 runs unscaled).
 - fp8_attn_head (llm-compressor strategy="attn_head", vLLM's FlashAttention backend): E4M3 of x / scale[head], one
   float32 scale per (layer, KV head) for K and for V: max(head amax, 1e-12) / 448, the numbers
-  trtkv.calibrate.attn_head writes and vLLM loads as k_scale/v_scale [num_kv_heads].
+  trtkv.kvcache.attn_head computes and vLLM loads as k_scale/v_scale [num_kv_heads].
 - nvfp4_4over6 (vLLM 0.32 `--kv-cache-dtype nvfp4_4over6`; its store kernel cvt_warp_fp16_to_fp4_4over6 in
   csrc/libtorch_stable/nvfp4_kv_cache_kernels.cu, vllm-project/vllm PR #45187): NVFP4's layout, k/v_scale the float32
   global (amax / 448, trtkv's nvfp4 globals). Per block of 16, in float32: s = 1 / k_scale; for d in (6, 4) the block
@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from trtkv.core.errors import TrtkvError
+from trtkv.kvcache.attn_head import attn_head_scales
 from trtkv.kvcache.codec_base import Codec, NVFP4Codec
 from trtkv.kvcache.formats import E2M1_MAX, FP8_MAX, NVFP4_BLOCK, KVFormat
 from trtkv.kvcache.numerics import (
@@ -42,7 +43,6 @@ from trtkv.kvcache.numerics import (
 )
 
 E5M2_MAX = 57344.0  # E5M2's largest finite value
-ATTN_HEAD_MIN_AMAX = 1e-12  # trtkv.calibrate.attn_head's floor on a head's amax
 MODELOPT_FP4_GLOBAL_DIV = 6.0 * 448.0  # ModelOpt: global_scale = global_amax / (6 x 448)
 MODELOPT_MIN_STEP = 1e-5  # fp4_fake_quant_kernel: a block step below this becomes 1.0
 MODELOPT_CONSTANT_AMAX = 448.0  # TensorQuantizer._get_amax with use_constant_amax: finfo(float8_e4m3fn).max
@@ -54,9 +54,9 @@ def e5m2_quantize(x: torch.Tensor) -> torch.Tensor:
     return x.float().clamp(-E5M2_MAX, E5M2_MAX).to(torch.float8_e5m2)
 
 
-def attn_head_scales(head_amax: list[float]) -> HeadScale:
-    """One layer's per-KV-head FP8 scales as vLLM loads them: float32(max(amax, 1e-12) / 448) per head."""
-    values = torch.tensor([max(a, ATTN_HEAD_MIN_AMAX) / FP8_MAX for a in head_amax], dtype=torch.float64)
+def head_scale(head_amax: list[float]) -> HeadScale:
+    """One layer's per-KV-head FP8 scales as vLLM loads them: float32 of trtkv.kvcache.attn_head.attn_head_scales."""
+    values = torch.tensor(attn_head_scales(head_amax), dtype=torch.float64)
     return HeadScale(tuple(float(v) for v in values.to(torch.float32)))
 
 

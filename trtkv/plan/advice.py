@@ -5,11 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trtkv.checkpoints import (
-    ACCOUNTING_TEXT,
-    Accounting,
-    AttentionKind,
-)
 from trtkv.kvcache.formats import KVFormat
 from trtkv.plan.model import (
     GIB,
@@ -23,6 +18,9 @@ from trtkv.plan.model import (
 from trtkv.platform.hardware import GPU
 from trtkv.recipe import Recipe
 from trtkv.recipe.attention import (
+    ACCOUNTING_TEXT,
+    Accounting,
+    AttentionKind,
     layer_formats,
 )
 from trtkv.recipe.sequence import sequence_kv_bytes

@@ -8,19 +8,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from trtkv.checkpoints import (
-    ACCOUNTING_TEXT,
-    Accounting,
-    AttentionKind,
-    KVShape,
-    LayerAttention,
-    ModelFacts,
-    compact_layers,
-    count_parameters,
-    parse_layers,
-    read_model_facts,
-    stored_weight_bytes,
-)
+from trtkv.checkpoints import ModelFacts, count_parameters, read_model_facts, stored_weight_bytes
 from trtkv.checkpoints.hf_config import MoE
 from trtkv.checkpoints.serving_memory import model_config_path
 from trtkv.core.errors import RecipeError
@@ -28,9 +16,16 @@ from trtkv.kvcache.formats import KVFormat
 from trtkv.platform.hardware import GPU
 from trtkv.recipe import Backend, ModelDtype, Recipe, WeightQuant
 from trtkv.recipe.attention import (
+    ACCOUNTING_TEXT,
     VLLM_BLOCK_CPU,
     VLLM_BLOCK_GPU,
+    Accounting,
+    AttentionKind,
+    KVShape,
+    LayerAttention,
+    compact_layers,
     layer_formats,
+    parse_layers,
 )
 from trtkv.recipe.backend_rules import KV_ACCOUNTING
 from trtkv.recipe.sequence import sequence_kv_bytes

@@ -23,12 +23,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trtkv.checkpoints import (
-    Accounting,
-    AttentionKind,
-    LayerAttention,
-)
-from trtkv.checkpoints import summary as layer_summary
 from trtkv.checkpoints.serving_memory import EngineKnobs
 from trtkv.kvcache.formats import KVFormat
 from trtkv.plan.advice import advice_for, attention_notes, format_row_note
@@ -63,10 +57,14 @@ from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.platform.host import host_memory_gib
 from trtkv.recipe import KVCacheQuant, Recipe, WeightQuant
 from trtkv.recipe.attention import (
+    Accounting,
+    AttentionKind,
+    LayerAttention,
     bytes_by_attention,
     layer_formats,
     vllm_hybrid_on,
 )
+from trtkv.recipe.attention import summary as layer_summary
 from trtkv.recipe.backend_rules import build_notes
 from trtkv.recipe.vllm_pool import hybrid_block_size
 

@@ -147,12 +147,6 @@ class WindowedKVCache(QuantizedKVCache):
                 total += layer.quantized_bytes() / layer.quantized_tokens if layer.quantized_tokens else 0.0
         return total
 
-    def window_tokens(self) -> dict[str, int]:
-        """Tokens held now: per sliding layer (its window) and per full layer (everything)."""
-        sliding = [q.kept_tokens() for q in self.qlayers if isinstance(q, SlidingQuantizedLayer)]
-        full = [q.get_seq_length() for q in self.qlayers if not isinstance(q, SlidingQuantizedLayer)]
-        return {"sliding_max": max(sliding, default=0), "full_max": max(full, default=0)}
-
 
 
 class LastLayerAt(torch.nn.Module):

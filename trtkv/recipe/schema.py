@@ -133,7 +133,7 @@ class BuildConfig(_Section):
         Backend.TENSORRT,
         description="Engine backend: tensorrt (trtllm-build engines, TensorRT-LLM <= 1.2.x), llmapi (the LLM API on "
         "the HF checkpoint, any TensorRT-LLM; `pytorch` is accepted as an alias), reference (trtkv's CPU runtime), "
-        "vllm (vLLM's OpenAI server on the HF checkpoint).",
+        "vllm (vLLM's OpenAI server on the HF checkpoint), sglang (SGLang's OpenAI server on the HF checkpoint, GPU only).",
     )
     max_batch_size: int = bounded(8, "batch", description="Largest in-flight batch.")
     max_input_len: int = bounded(2048, "positions", description="Longest prompt in tokens.")

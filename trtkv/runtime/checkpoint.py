@@ -1,10 +1,12 @@
 """A TensorRT-LLM Llama checkpoint as a transformers LlamaForCausalLM: names, FP8 dequantization, and the model
-config read from the checkpoint's config.json with TensorRT-LLM's defaults."""
+config read from the checkpoint's config.json with TensorRT-LLM's defaults; fill_model, the one way the reference
+runtime builds a transformers model from a state dict (Llama here, Gemma 3 in trtkv.runtime.gemma3)."""
 
 from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -213,28 +215,42 @@ def llama_config(trt_cfg: dict[str, Any], hf_cfg: dict[str, Any] | None, where: 
     return LlamaConfig(**data, dtype="float32")
 
 
-def build_model(config: Any, state_dict: dict[str, torch.Tensor]) -> Any:
-    """A float32 LlamaForCausalLM holding exactly `state_dict` (no random init, no missing tensors)."""
+def fill_model(model_class: Any, config: Any, state_dict: dict[str, torch.Tensor], what: str,
+               finish: Callable[[Any, Any], None]) -> Any:
+    """A float32 `model_class(config)` holding exactly `state_dict` (no random init, no missing tensors): built on the
+    meta device, the tensors assigned, lm_head tied to the embedding when the checkpoint has none, then
+    `finish(model, config)` sets what the checkpoint does not hold (the rotary embedding, non-persistent buffers).
+    `what` names the model in the error."""
     import torch
-    from transformers import LlamaForCausalLM
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
     config = copy.deepcopy(config)
     tied = "lm_head.weight" not in state_dict
     config.tie_word_embeddings = tied
     with torch.device("meta"):
-        model = LlamaForCausalLM(config)
+        model = model_class(config)
     expected = {k for k in model.state_dict() if not (tied and k == "lm_head.weight")}
     missing, unexpected = sorted(expected - set(state_dict)), sorted(set(state_dict) - expected)
     if missing or unexpected:
-        raise StageError(f"checkpoint does not fill the model: missing {missing[:6]}, unexpected {unexpected[:6]}.")
+        raise StageError(f"checkpoint does not fill the {what}: missing {missing[:6]}, unexpected {unexpected[:6]}.")
     model.load_state_dict(state_dict, strict=False, assign=True)
     if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
-    model.model.rotary_emb = LlamaRotaryEmbedding(config=config, device=torch.device("cpu"))
+    finish(model, config)
     meta = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if meta:
         raise StageError(f"reference runtime: tensors left uninitialised: {meta[:6]}")
     return model.float().eval()
+
+
+def build_model(config: Any, state_dict: dict[str, torch.Tensor]) -> Any:
+    """A float32 LlamaForCausalLM holding exactly `state_dict` (fill_model)."""
+    import torch
+    from transformers import LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    def finish(model: Any, config: Any) -> None:
+        model.model.rotary_emb = LlamaRotaryEmbedding(config=config, device=torch.device("cpu"))
+
+    return fill_model(LlamaForCausalLM, config, state_dict, "model", finish)
 
 

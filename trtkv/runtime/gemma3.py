@@ -17,7 +17,6 @@ backend (`tensorrt_llm/_torch/models/modeling_gemma3.py` @00e7d103, `_torch/mode
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +31,7 @@ DROPPED_KEYS = ("quantization_config", "torch_dtype", "dtype", "architectures", 
 
 
 def is_gemma3(config: Any) -> bool:
+    """Whether a transformers config is Gemma 3's text model (the runtime's other family is Llama)."""
     return getattr(config, "model_type", None) == MODEL_TYPE
 
 
@@ -52,31 +52,19 @@ def gemma3_config(raw: dict[str, Any], where: Path) -> Any:
 
 
 def build_gemma3(config: Any, state_dict: dict[str, torch.Tensor]) -> Any:
-    """A float32 Gemma3ForCausalLM holding exactly `state_dict` (no random init, no missing tensors)."""
+    """A float32 Gemma3ForCausalLM holding exactly `state_dict` (trtkv.runtime.checkpoint.fill_model)."""
     import torch
     from transformers import Gemma3ForCausalLM
     from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
 
-    config = copy.deepcopy(config)
-    tied = "lm_head.weight" not in state_dict
-    config.tie_word_embeddings = tied
-    with torch.device("meta"):
-        model = Gemma3ForCausalLM(config)
-    expected = {k for k in model.state_dict() if not (tied and k == "lm_head.weight")}
-    missing, unexpected = sorted(expected - set(state_dict)), sorted(set(state_dict) - expected)
-    if missing or unexpected:
-        raise StageError(f"checkpoint does not fill the {ARCHITECTURE}: missing {missing[:6]}, unexpected "
-                         f"{unexpected[:6]}.")
-    model.load_state_dict(state_dict, strict=False, assign=True)
-    if tied:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    embed = model.model.embed_tokens  # sqrt(hidden_size), a non-persistent buffer: not in the checkpoint
-    embed.register_buffer("embed_scale", torch.tensor(embed.scalar_embed_scale), persistent=False)
-    model.model.rotary_emb = Gemma3RotaryEmbedding(config=config)
-    meta = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
-    if meta:
-        raise StageError(f"reference runtime: tensors left uninitialised: {meta[:6]}")
-    return model.float().eval()
+    from trtkv.runtime.checkpoint import fill_model
+
+    def finish(model: Any, config: Any) -> None:
+        embed = model.model.embed_tokens  # sqrt(hidden_size), a non-persistent buffer: not in the checkpoint
+        embed.register_buffer("embed_scale", torch.tensor(embed.scalar_embed_scale), persistent=False)
+        model.model.rotary_emb = Gemma3RotaryEmbedding(config=config)
+
+    return fill_model(Gemma3ForCausalLM, config, state_dict, ARCHITECTURE, finish)
 
 
 def decode_step(model: Any, seqs: list[Any], ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trtkv.runtime.flash import attend_flash, flash_ok, flash_plan
+from trtkv.runtime.gemma3 import is_gemma3
 
 if TYPE_CHECKING:
     import torch
@@ -78,10 +79,6 @@ class Block:
     hi: int
 
 
-def _is_gemma3(config: Any) -> bool:
-    return getattr(config, "model_type", None) == "gemma3_text"
-
-
 def rope_tables(model: Any, max_len: int) -> dict[str | None, tuple[Any, Any]]:
     """cos/sin (max_len, head_dim) per RoPE kind (Gemma 3: per layer type), computed once per model."""
     import torch
@@ -93,7 +90,7 @@ def rope_tables(model: Any, max_len: int) -> dict[str | None, tuple[Any, Any]]:
     pos = torch.arange(max_len, dtype=torch.long)[None]
     dummy = torch.zeros(1, max_len, 1, dtype=torch.float32)
     with torch.inference_mode():
-        if _is_gemma3(model.config):
+        if is_gemma3(model.config):
             tables = {k: inner.rotary_emb(dummy, pos, k) for k in set(model.config.layer_types)}
         else:
             tables = {None: inner.rotary_emb(dummy, pos)}
@@ -286,7 +283,7 @@ def _layers(model: Any, x: torch.Tensor, positions: torch.Tensor, max_len: int, 
     import torch
 
     config, inner = model.config, model.model
-    gemma = _is_gemma3(config)
+    gemma = is_gemma3(config)
     tables = rope_tables(model, max_len + ROWS)
     kinds = list(config.layer_types) if gemma else [None] * len(inner.layers)
     window = getattr(config, "sliding_window", None)

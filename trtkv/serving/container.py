@@ -62,7 +62,7 @@ def rank_command(recipe: Recipe, repo: Path, rank: int, tritonserver: str = CONT
 def gpu_command(recipe: Recipe, repo: Path, host: str | None = None) -> list[str]:
     """Inside the container: tritonserver, or `mpirun -n 1 <rank 0> : -n 1 <rank 1> ...` for world size > 1.
 
-    The `pytorch` backend runs one tritonserver whatever the world size: the LLM API starts its own workers.
+    The `llmapi` backend runs one tritonserver whatever the world size: the LLM API starts its own workers.
     `host`: the address the servers bind (default the recipe's triton.host; docker_command passes 0.0.0.0).
     """
     ranks = for_recipe(recipe).serving.ranks(recipe)

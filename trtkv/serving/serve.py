@@ -3,10 +3,11 @@
 CPU (backend `reference`): the `tritonserver` binary bundled in the `nvidia-pytriton` wheel, with a Python-backend
 folder built under engines/<recipe>/serve/backends, the venv's bin first on PATH (the backend stub finds its
 interpreter through `python3`) and LD_LIBRARY_PATH set to the venv interpreter's own LIBDIR (so the stub loads the
-libpython this Python was built with). GPU backends (`tensorrt`, `pytorch`): the NVIDIA Triton TensorRT-LLM
-container, one tritonserver per rank under `mpirun` when tp x pp > 1 (what the backend's launch_triton_server.py
-runs). The server runs in its own session, so `trtkv serve` returns; engines/<recipe>/serve/server.json records
-pid, ports, command, log and the session (id, leader start time, environment marker: trtkv.core.sessions), and `trtkv stop`
+libpython this Python was built with). GPU backends served by Triton (`tensorrt`, `llmapi`): the NVIDIA Triton
+TensorRT-LLM container, one tritonserver per rank under `mpirun` when tp x pp > 1 (what the backend's
+launch_triton_server.py runs). `vllm` and `sglang` start their own OpenAI server (the backend's serving part).
+The server runs in its own session, so `trtkv serve` returns; engines/<recipe>/serve/server.json records pid, ports,
+command, log and the session (id, leader start time, environment marker: trtkv.core.sessions), and `trtkv stop`
 (and a failed or interrupted start, and every supervisor restart) ends the whole session, whether or not its leader
 still runs, then waits until the GPU memory its processes held is free (trtkv.serving.teardown: stop_server, stop).
 Through docker the container is named `trtkv-<recipe>` and its id recorded (`--cidfile`): stopping runs `docker stop`
