@@ -98,11 +98,13 @@ def run(args: argparse.Namespace) -> int:
 
     recipe = load(args)
     if args.per_layer:
-        from trtkv.probe.layers import run_per_layer
+        from trtkv.probe.layers import PerLayerOptions, run_per_layer
 
-        run_per_layer(recipe, args.per_layer, args.output, args.lengths, max_keep=args.max_keep,
-                      max_bytes_per_token=args.max_bytes_per_token, max_kl=args.max_kl, threads=args.threads,
-                      needle_lengths=None if args.no_needle else args.needle_lengths)
+        run_per_layer(recipe, PerLayerOptions(args.per_layer, args.lengths, max_keep=args.max_keep,
+                                              max_bytes_per_token=args.max_bytes_per_token, max_kl=args.max_kl,
+                                              threads=args.threads,
+                                              needle_lengths=None if args.no_needle else args.needle_lengths),
+                      args.output)
         return 0
     if args.dry_run:
         from trtkv.platform.hardware import GPU
