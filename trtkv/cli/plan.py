@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
+
+from pydantic import Field
 
 from trtkv.cli.common import add_recipe_args, load, subparser
+from trtkv.core.options import Flag, Options
 
 if TYPE_CHECKING:
     from trtkv.plan.planner import Plan
@@ -14,22 +17,29 @@ if TYPE_CHECKING:
 GIB = 1024**3
 
 
+class PlanOptions(Options):
+    """`trtkv plan RECIPE [options]`: each field one flag (trtkv.core.options)."""
+
+    as_json: Annotated[bool, Field(description="print the figures as JSON"), Flag(names=("--json",))] = False
+    probe_dir: Annotated[Path | None, Field(
+        description="probe results to base advice on (default engines/<recipe>/probe)"), Flag()] = None
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = subparser(sub, "plan",
                   "  $ trtkv plan llama70b_fp8kv\n  $ trtkv plan llama70b_fp8kv --json\n"
                   "  $ trtkv plan llama70b_fp8kv hardware.gpu=H200-141GB build.max_seq_len=131072\n")
     add_recipe_args(p)
-    p.add_argument("--json", action="store_true", help="print the figures as JSON")
-    p.add_argument("--probe-dir", type=Path, default=None, help="probe results to base advice on "
-                   "(default engines/<recipe>/probe)")
+    PlanOptions.add_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from trtkv.plan.planner import plan
 
-    result = plan(load(args), args.probe_dir)
-    print(result.to_json() if args.json else format_plan(result))
+    o = PlanOptions.from_args(args)
+    result = plan(load(args), o.probe_dir)
+    print(result.to_json() if o.as_json else format_plan(result))
     return 0
 
 
