@@ -2,7 +2,8 @@
 version matrix (from trtkv/data/trtllm_versions.json) in docs/where-it-runs.md, the KV formats x engines table (from
 trtkv/data/kv_formats.json) and its attention modes in docs/kv-formats.md, the GPU table (trtkv.platform.hardware) in
 docs/plan.md, what each verb writes (trtkv.cli.registry) in docs/where-it-runs.md, the checkov skips a deployment may
-carry (trtkv.deploy.pods) in docs/deploy.md; `--check` only reports stale ones."""
+carry (trtkv.deploy.pods) in docs/deploy.md, the `trtkv plan` outputs docs/plan.md quotes (scripts/plan_examples.py);
+`--check` only reports stale ones."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import plan_examples  # noqa: E402  (scripts/: the plan outputs docs/plan.md quotes)
 
 from trtkv.cli.registry import outputs_markdown  # noqa: E402
 from trtkv.deploy.pods import skips_markdown  # noqa: E402
@@ -32,6 +36,9 @@ SECTIONS: dict[str, tuple[str, Callable[[], str]]] = {
     "gpu-table": ("docs/plan.md", gpu_table_markdown),
     "verb-outputs": ("docs/where-it-runs.md", outputs_markdown),
     "checkov-skips": ("docs/deploy.md", skips_markdown),
+    "plan-llama70b": ("docs/plan.md", plan_examples.llama70b),
+    "plan-gemma3-27b": ("docs/plan.md", plan_examples.gemma3_27b),
+    "plan-qwen3-next": ("docs/plan.md", plan_examples.qwen3_next),
 }
 
 

@@ -142,3 +142,15 @@ def test_update_docs_refills_a_stale_section() -> None:
     assert fresh.startswith("# page\n") and fresh.endswith("\n\nafter\n")
     with pytest.raises(ValueError, match="recipe-reference:start"):
         mod.section(stale, "recipe-reference")
+
+
+def test_every_generated_section_is_current() -> None:
+    """Each section scripts/update_docs.py fills (the tables above and the `trtkv plan` outputs docs/plan.md quotes,
+    scripts/plan_examples.py) is what its source makes now."""
+    spec = importlib.util.spec_from_file_location("update_docs", ROOT / "scripts" / "update_docs.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    stale = [f"{page} ({name})" for name, (page, make) in mod.SECTIONS.items()
+             if generated(page, name) != make().strip()]
+    assert not stale, f"stale generated sections: {', '.join(stale)}. Next: python scripts/update_docs.py"

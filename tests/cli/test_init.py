@@ -28,9 +28,20 @@ def test_round_trip(tmp_path: Path, family: str) -> None:
     p = plan(recipe)  # plans at once, the config on disk agreeing with every written field
     cap = next(c for c in p.formats if c.format == p.recipe_kv_format)
     assert cap.max_sequences[recipe.build.max_seq_len] >= 1  # TP/PP sized so one sequence fits
+    assert cap.max_sequences[recipe.build.max_seq_len] >= recipe.build.max_batch_size  # the batch init sized fits
     assert recipe.build.tp_size * recipe.build.pp_size == recipe.hardware.count
     if facts.max_position_embeddings:
         assert recipe.build.max_seq_len <= facts.max_position_embeddings
+
+
+def test_the_batch_fits_with_itself_as_the_engines_max_num_seqs(tmp_path: Path) -> None:
+    """vLLM's profiling run samples max_num_seqs rows: sized to what fits at a smaller batch, the batch may no longer
+    fit (Qwen3-Next on one H200 was sized 116 where 115 fit)."""
+    out = write_recipe("q", CONFIGS / "qwen3_next_80b_a3b", tmp_path / "q.yaml", gpu="NVIDIA H200", backend="vllm")
+    recipe = load_recipe(out)
+    p = plan(recipe)
+    cap = next(c for c in p.formats if c.format == p.recipe_kv_format)
+    assert 100 < recipe.build.max_batch_size <= cap.max_sequences[recipe.build.max_seq_len]
 
 
 def test_sizes_tp_pp_for_the_gpus(tmp_path: Path) -> None:

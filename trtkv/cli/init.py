@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 COUNTS = (1, 2, 4, 8, 16, 32, 64)  # GPUs tried when --count is not given: TP within a node, then PP over nodes
 DEFAULT_GPU = GPU.H100_80GB
+SETTLE_ROUNDS = 4  # max_batch_size re-sized to what fits with itself as the engine's max_num_seqs (1 round in practice)
 
 
 class InitOptions(Options):
@@ -165,8 +166,16 @@ def _sized_text(name: str, out: Path, facts: ModelFacts, draw: Callable[[Setting
                            f"sequence(s) of max_seq_len ({'; '.join(tried)}). Next: a larger GPU (--gpu), --count N, "
                            f"--kv-cache fp8, or a shorter --max-seq-len."], header="Recipe not written")
     s.batch, s.why["build.max_batch_size"] = batch_for(fits, concurrency, on_cpu)
-    if s.batch != need:
+    for _ in range(SETTLE_ROUNDS):  # the engine's own reserve grows with max_num_seqs (vLLM's sampler rows)
+        if s.batch == need:
+            break
         s.num_tokens = max(s.num_tokens, s.batch)
+        text, recipe = settle(name, out, s, given, draw)
+        fits, _why = _fits(recipe)
+        if concurrency is not None or on_cpu or fits >= s.batch:
+            break
+        s.batch, s.why["build.max_batch_size"] = batch_for(fits, concurrency, on_cpu)
+    else:  # settled on the last round's batch: its recipe
         text, recipe = settle(name, out, s, given, draw)
     return text
 
