@@ -3,3 +3,5 @@
 Metric names follow GenAI-Perf (time_to_first_token, inter_token_latency, request_latency, output_sequence_length,
 input_sequence_length, output_token_throughput, request_throughput) so figures compare with what users already run.
 """
+
+__all__ = ["BenchOptions", "interval_text", "probe_plan", "run_bench", "separated"]

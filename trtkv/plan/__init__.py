@@ -1,1 +1,3 @@
 """`trtkv plan`: the KV memory planner (trtkv.plan.planner)."""
+
+__all__ = ["kv_format_for_recipe", "Plan", "plan"]
