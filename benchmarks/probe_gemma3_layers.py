@@ -89,9 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     t0, c0 = time.time(), time.process_time()
     for fmt in [f for f in args.formats.split(",") if f]:
         t1, c1 = time.time(), time.process_time()
-        path = layers.run_per_layer(recipe, fmt, out / "probe", lengths, max_keep=args.max_keep,
-                                    threads=args.threads, needle_lengths=needle_lengths or None,
-                                    sweep_length=args.sweep_length)
+        opts = layers.PerLayerOptions(fmt, lengths, max_keep=args.max_keep, threads=args.threads,
+                                      needle_lengths=needle_lengths or None, sweep_length=args.sweep_length)
+        path = layers.run_per_layer(recipe, opts, out / "probe")
         doc = json.loads(path.read_text())
         by = {p["label"]: p for p in doc["points"]}
         bench["formats"][fmt] = {

@@ -23,8 +23,7 @@ from trtkv.kvcache.attention_modes import table_markdown as attention_markdown  
 from trtkv.kvcache.engines import table_markdown as kv_formats_markdown  # noqa: E402
 from trtkv.platform.hardware import table_markdown as gpu_table_markdown  # noqa: E402
 from trtkv.platform.versions import table_markdown  # noqa: E402
-from trtkv.recipe import reference_markdown  # noqa: E402
-from trtkv.recipe.reference import limits_markdown  # noqa: E402
+from trtkv.recipe.reference import limits_markdown, reference_markdown  # noqa: E402
 
 # marker name -> (the docs page that holds it, what fills it)
 SECTIONS: dict[str, tuple[str, Callable[[], str]]] = {

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from trtkv.platform.versions import table_markdown
-from trtkv.recipe import reference_markdown
+from trtkv.recipe.reference import reference_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from trtkv.backends import BACKENDS, Builder, DynamoWorker, OpenAIServer, RepoLayout, Runner, Serving, for_recipe
+from trtkv.backends import BACKENDS, DynamoWorker, OpenAIServer, RepoLayout, for_recipe
+from trtkv.backends.seam import Builder, Runner, Serving
 from trtkv.core.errors import RecipeError
-from trtkv.recipe import BACKEND_RULES, Backend, load_recipe
-from trtkv.recipe.backend_rules import KV_ACCOUNTING
+from trtkv.recipe import Backend, load_recipe
+from trtkv.recipe.backend_rules import BACKEND_RULES, KV_ACCOUNTING
 
 PACKAGE = Path(__file__).resolve().parents[2] / "trtkv"
 BACKENDS_DIR = PACKAGE / "backends"

@@ -180,7 +180,7 @@ def test_cpu_llm_streams_stops_and_aborts(cpu_llm) -> None:  # noqa: ANN001
 
 
 def test_nvfp4_calibration_uses_modelopts_preset() -> None:
-    from trtkv.calibrate import build_quant_cfg
+    from trtkv.calibrate.modelopt_export import build_quant_cfg
 
     cfg, _notes = build_quant_cfg(load_recipe("llama70b_nvfp4kv"))
     kv = [e for e in cfg["quant_cfg"] if e.get("quantizer_name") == "*[kv]_bmm_quantizer"]

@@ -10,10 +10,11 @@ import pytest
 
 from tests.calibrate.test_calibrate import LAYERS, quiet, tiny_model, tiny_tokenizer
 from tests.support import side_python
-from trtkv.calibrate import calibrate, checkpoint_dir, describe_calibration
+from trtkv.calibrate import calibrate, describe_calibration
 from trtkv.core.errors import StageError
 from trtkv.kvcache.attn_head import KV_CACHE_SCHEME, SCALES_FILE, validate_attn_head_export
 from trtkv.recipe import load_recipe
+from trtkv.recipe.layout import checkpoint_dir
 
 KV_HEADS = 2
 

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from trtkv.calibrate import calibrate, checkpoint_dir, describe_calibration, find_warnings
+from trtkv.calibrate import calibrate, describe_calibration
+from trtkv.calibrate.report import find_warnings
 from trtkv.core.errors import StageError
 from trtkv.recipe import KVCacheQuant, load_recipe
+from trtkv.recipe.layout import checkpoint_dir
 
 LAYERS = 4
 
@@ -307,7 +309,7 @@ def test_unsupported_weights_are_refused_before_work(engines_tmp: Path) -> None:
 
 
 def test_warnings_name_clamping_dwarfing_and_outliers() -> None:
-    from trtkv.calibrate import LayerScales
+    from trtkv.calibrate.common import LayerScales
 
     layers = [LayerScales(layer=i, k_amax=1.0, v_amax=0.5, kv_cache_scaling_factor=1.0, k_scale=1 / 448,
                           v_scale=0.5 / 448, k_channel_amax=[1.0] * 8, v_channel_amax=[1.0] * 8, head_dim=4)

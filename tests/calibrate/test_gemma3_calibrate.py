@@ -13,9 +13,11 @@ import pytest
 
 from tests.calibrate.test_calibrate import quiet, tiny_tokenizer
 from tests.support import side_python
-from trtkv.calibrate import calibrate, checkpoint_dir, supported_problems
+from trtkv.calibrate import calibrate
+from trtkv.calibrate.describe import supported_problems
 from trtkv.core.errors import RecipeError, StageError
 from trtkv.recipe import load_recipe
+from trtkv.recipe.layout import checkpoint_dir
 
 LAYER_TYPES = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
 WINDOW = 8  # calibration sequences of 32 tokens run past it

@@ -72,6 +72,6 @@ def test_greedy_continuation_with_the_files_own_tokens(gemma3_dir: Path) -> None
 def test_the_schema_knows_every_packaged_model() -> None:
     """`model.source: packaged:<name>` validates exactly for the models trtkv.checkpoints.models can unpack."""
     from trtkv.checkpoints.models import PACKAGED
-    from trtkv.recipe import PACKAGED_MODELS
+    from trtkv.recipe.schema import PACKAGED_MODELS
 
     assert set(PACKAGED_MODELS) == set(PACKAGED)

@@ -65,8 +65,8 @@ def test_per_layer_on_a_windowed_model(gemma: Gemma3ForCausalLM, tmp_path: Path,
     recipe = load_recipe("gemma3_fp8kv_vllm")
     out = tmp_path / "pl"
     logs: list[str] = []
-    path = layers.run_per_layer(recipe, "fp8", out, [SWEEP, LONGEST], max_keep=1, needle_lengths=[LONGEST],
-                                sweep_length=SWEEP, log=logs.append)
+    opts = layers.PerLayerOptions("fp8", [SWEEP, LONGEST], max_keep=1, needle_lengths=[LONGEST], sweep_length=SWEEP)
+    path = layers.run_per_layer(recipe, opts, out, log=logs.append)
     doc = json.loads(path.read_text())
     assert doc["windowed"]["sliding_layers"] == [0, 1, 3] and doc["windowed"]["full_layers"] == [2]
     win = doc["windowed"]
@@ -100,6 +100,5 @@ def test_per_layer_on_a_windowed_model(gemma: Gemma3ForCausalLM, tmp_path: Path,
     md = (out / "per_layer_fp8.md").read_text()
     assert "sliding layers kept" in md and "KV bytes/token held at 320" in md
     # rerun: every pass from the cache
-    layers.run_per_layer(recipe, "fp8", out, [SWEEP, LONGEST], max_keep=1, needle_lengths=[LONGEST], log=logs.append,
-                        sweep_length=SWEEP)
+    layers.run_per_layer(recipe, opts, out, log=logs.append)
     assert json.loads(path.read_text())["passes"]["run"] == 0

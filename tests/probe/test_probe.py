@@ -298,7 +298,7 @@ def test_per_layer_cache_key_follows_the_format_numerics(monkeypatch: pytest.Mon
     from trtkv.kvcache import engines
     from trtkv.kvcache.formats import KVFormat
     from trtkv.kvcache.quant import parse_format
-    from trtkv.probe.layers import per_layer_key
+    from trtkv.probe.layer_passes import per_layer_key
 
     class Scales:
         k_amax, v_amax = [1.0], [1.0]
@@ -421,7 +421,7 @@ def test_per_layer_cache_key_covers_the_amaxes_each_format_reads() -> None:
     from trtkv.kvcache.formats import KVFormat
     from trtkv.kvcache.quant import parse_format
     from trtkv.kvcache.scales import KVScales
-    from trtkv.probe.layers import per_layer_key
+    from trtkv.probe.layer_passes import per_layer_key
 
     base = {"k_amax": [10.0, 3.5], "v_amax": [2.0, 1.25], "source": "short pass"}
     a = KVScales(**base, k_head_amax=[[9.0, 10.0], [3.5, 1.0]], v_head_amax=[[2.0, 1.5], [1.0, 1.25]])

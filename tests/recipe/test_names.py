@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from trtkv.core.errors import RecipeError
-from trtkv.recipe import RECIPE_NAME_RE, check_recipe_name, find_recipe, fold_recipe_name, list_recipes, load_recipe
+from trtkv.recipe import check_recipe_name, list_recipes, load_recipe
+from trtkv.recipe.loader import find_recipe
+from trtkv.recipe.names import RECIPE_NAME_RE, fold_recipe_name
 
 from .conftest import Writer
 

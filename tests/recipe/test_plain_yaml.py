@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from trtkv.core.errors import RecipeError
-from trtkv.recipe import MAX_DEPTH, load_recipe, parse_override
+from trtkv.recipe import load_recipe
+from trtkv.recipe.loader import parse_override
+from trtkv.recipe.plain_yaml import MAX_DEPTH
 
 from .conftest import Writer
 

@@ -11,7 +11,8 @@ import yaml
 from trtkv.backends import for_recipe, tensorrt
 from trtkv.core.errors import StageError
 from trtkv.recipe import Backend, list_recipes, load_recipe
-from trtkv.repo import RepoError, generate_repo, validate_repo
+from trtkv.repo import generate_repo, validate_repo
+from trtkv.repo.validate import RepoError
 
 # vLLM and SGLang serve their own OpenAI servers: no Triton repository
 RECIPES = [p.stem for p in list_recipes() if for_recipe(load_recipe(p.stem)).repo is not None]

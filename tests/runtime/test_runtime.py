@@ -13,15 +13,10 @@ import torch
 
 from trtkv.checkpoints import rope  # noqa: E402
 from trtkv.core.errors import StageError  # noqa: E402
-from trtkv.runtime import (  # noqa: E402
-    LogitControls,
-    ReferenceRuntime,
-    RequestError,
-    checkpoint_architecture,
-    hf_to_trtllm_state_dict,
-    pick_token,
-    trtllm_to_hf_state_dict,
-)
+from trtkv.runtime import LogitControls, ReferenceRuntime, trtllm_to_hf_state_dict
+from trtkv.runtime.checkpoint import checkpoint_architecture, hf_to_trtllm_state_dict
+from trtkv.runtime.errors import RequestError
+from trtkv.runtime.sampling import pick_token
 
 FP8_MAX = 448.0
 LINEARS = ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")
@@ -557,7 +552,7 @@ def test_smollm2_unquantized_matches_transformers(smollm2_model: Any, smollm2_di
 def test_smollm2_fp8_kv_quiz_agreement(smollm2_model: Any, smollm2_dir: Path, tmp_path: Path) -> None:
     """FP8 weights + FP8 KV (scale 1.0, what TensorRT-LLM's clamped factor gives on SmolLM2) vs unquantized KV."""
     from trtkv.core.texts import quiz_items
-    from trtkv.runtime import quiz_agreement
+    from trtkv.runtime.quiz import quiz_agreement
 
     ckpt = write_checkpoint(smollm2_model, tmp_path / "ck", weights="fp8", kv="FP8", dtype="bfloat16")
     runtime = ReferenceRuntime.load(write_engine(ckpt, tmp_path / "engine", smollm2_model, smollm2_dir, 4096))

@@ -6,16 +6,7 @@ Stages import only this package's face: `for_recipe` / `BACKENDS` and the protoc
 from __future__ import annotations
 
 from trtkv.backends import llmapi, reference, sglang, tensorrt, vllm
-from trtkv.backends.seam import (
-    Builder,
-    DynamoWorker,
-    EngineBackend,
-    OpenAIServer,
-    RepoLayout,
-    Runner,
-    Serving,
-    TokenizerSource,
-)
+from trtkv.backends.seam import DynamoWorker, EngineBackend, OpenAIServer, RepoLayout, TokenizerSource
 from trtkv.recipe import Backend, Recipe
 
 TRTLLM_SERVE_OPTIONS_FLAG = llmapi.LLMAPI_OPTIONS_FLAG  # what `trtkv serve --trtllm-serve` passes the options YAML as
@@ -40,5 +31,7 @@ def default_backend(*, on_cpu: bool, llama_family: bool) -> Backend:
     return Backend.REFERENCE if llama_family else Backend.VLLM
 
 
-__all__ = ["BACKENDS", "Builder", "DynamoWorker", "EngineBackend", "OpenAIServer", "RepoLayout", "Runner", "Serving",
-           "TRTLLM_SERVE_OPTIONS_FLAG", "TokenizerSource", "default_backend", "for_recipe"]
+__all__ = [
+    "BACKENDS", "default_backend", "DynamoWorker", "for_recipe", "MemoryRule", "OpenAIServer", "RepoLayout",
+    "TokenizerSource", "TRTLLM_SERVE_OPTIONS_FLAG",
+]

@@ -1,1 +1,3 @@
 """`trtkv build`: the build stage (trtkv.build.stage); what a backend builds is the backend's."""
+
+__all__ = ["stage"]

@@ -14,19 +14,7 @@ names), describe (the dry run), modelopt_export (quantize + export), report (kv_
 stage (the stage itself).
 """
 
-from trtkv.calibrate.common import CHECKPOINT, KV_ALGO, KV_ENTRIES, STAGE, LayerScales, ModelLoader
-from trtkv.calibrate.describe import (
-    describe_calibration,
-    export_targets,
-    modelopt_config_spec,
-    quantizes,
-    supported_problems,
-)
-from trtkv.calibrate.modelopt_export import build_quant_cfg
-from trtkv.calibrate.report import find_warnings, render_report
-from trtkv.calibrate.stage import calibrate, calibration_batches, default_loader
-from trtkv.recipe.layout import checkpoint_dir
+from trtkv.calibrate.describe import describe_calibration
+from trtkv.calibrate.stage import calibrate
 
-__all__ = ["CHECKPOINT", "KV_ALGO", "KV_ENTRIES", "STAGE", "LayerScales", "ModelLoader", "build_quant_cfg", "calibrate",
-           "calibration_batches", "checkpoint_dir", "default_loader", "describe_calibration", "export_targets",
-           "find_warnings", "modelopt_config_spec", "quantizes", "render_report", "supported_problems"]
+__all__ = ["calibrate", "describe_calibration"]

@@ -5,10 +5,15 @@ trtkv.recipe.attention names it, the one home of those facts), `params` (paramet
 as stored).
 """
 
-from trtkv.checkpoints.hf_config import ModelConfigError, ModelFacts, config_file, read_model_facts
+from trtkv.checkpoints.hf_config import ModelFacts, config_file, read_model_facts
 from trtkv.checkpoints.params import ParamCount, count_parameters, stored_weight_bytes
 
 __all__ = [
-    "ModelConfigError", "ModelFacts", "ParamCount", "config_file", "count_parameters", "read_model_facts",
-    "stored_weight_bytes",
+    "config_file", "count_parameters", "cpu_pin_bytes", "EngineKnobs", "gemma3_legacy_rope", "HF_ARCHITECTURES",
+    "is_hub_id", "kv_bytes_per_token_per_gpu", "local_model_dir", "model_config_path", "ModelFacts", "models",
+    "MoE", "no_knobs", "ParamCount", "read_model_facts", "reference_log_pool", "resolve_model_dir", "rope",
+    "save_tokenizer", "ServedPool", "sglang_info_tokens", "sglang_knobs", "SGLANG_VERSION", "source_problem",
+    "stored_weight_bytes", "TOKENIZER_FILES_VERSION", "trtllm_knobs", "trtllm_log_pool", "validate_hf_checkpoint",
+    "validate_trtllm_checkpoint", "vllm_block", "VLLM_DEFAULT_UTIL", "vllm_knobs", "vllm_log_tokens",
+    "vllm_metrics_blocks", "VLLM_VERSION"
 ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from trtkv.bench.options import BenchOptions
 from trtkv.cli.common import add_recipe_args, load, subparser
 
 if TYPE_CHECKING:
@@ -25,8 +26,6 @@ results written). URL: --url, else engines/<recipe>/serve/server.json, else the 
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from trtkv.bench.options import BenchOptions
-
     p = subparser(sub, "bench", EXAMPLES)
     add_recipe_args(p)
     BenchOptions.add_arguments(p)  # every flag, its type, default and help: one field each (trtkv.bench.options)
@@ -34,7 +33,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtkv.bench.options import BenchOptions
     from trtkv.bench.runner import run_bench
 
     opts = BenchOptions.from_args(args)  # before the recipe: a bad flag is named first

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import Annotated
+
+from pydantic import Field
 
 from trtkv.cli.common import add_recipe_args, load, subparser
+from trtkv.core.options import Flag, Options
 
 EXAMPLES = """\
   $ trtkv build llama70b_fp8kv --dry-run          # every command, no GPU or TensorRT-LLM needed, writes nothing
@@ -15,22 +19,29 @@ EXAMPLES = """\
 """
 
 
+class BuildOptions(Options):
+    """`trtkv build RECIPE [options]`: each field one flag (trtkv.core.options)."""
+
+    dry_run: Annotated[bool, Field(
+        description="print every command the stage would run (calibration included) and write nothing"), Flag()] = False
+    force: Annotated[bool, Field(description="rebuild even when engines/<recipe>/engine is up to date"), Flag()] = False
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = subparser(sub, "build", EXAMPLES)
     add_recipe_args(p)
-    p.add_argument("--dry-run", action="store_true",
-                   help="print every command the stage would run (calibration included) and write nothing")
-    p.add_argument("--force", action="store_true", help="rebuild even when engines/<recipe>/engine is up to date")
+    BuildOptions.add_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from trtkv.build import stage as build
 
+    o = BuildOptions.from_args(args)
     recipe = load(args)
-    if args.dry_run:
+    if o.dry_run:
         print("\n".join(build.dry_run_lines(recipe)))
         return 0
-    result = build.build(recipe, force=args.force)
+    result = build.build(recipe, force=o.force)
     print(f"build {recipe.name}: {'up to date' if result.skipped else 'done'}: {result.output}")
     return 0

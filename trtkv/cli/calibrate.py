@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import Annotated
+
+from pydantic import Field
 
 from trtkv.cli.common import add_recipe_args, load, subparser
+from trtkv.core.options import Flag, Options
 
 EXAMPLES = """\
   $ trtkv calibrate smollm2_fp8kv
@@ -16,20 +20,27 @@ kv_scales.json, calibration_report.md, manifest.json. A second run with the same
 """
 
 
+class CalibrateOptions(Options):
+    """`trtkv calibrate RECIPE [options]`: each field one flag (trtkv.core.options)."""
+
+    force: Annotated[bool, Field(description="recalibrate even when the checkpoint is up to date"), Flag()] = False
+    dry_run: Annotated[bool, Field(
+        description="print what would run (ModelOpt config, samples, export targets) and write nothing"), Flag()] = False
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = subparser(sub, "calibrate", EXAMPLES)
     add_recipe_args(p)
-    p.add_argument("--force", action="store_true", help="recalibrate even when the checkpoint is up to date")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print what would run (ModelOpt config, samples, export targets) and write nothing")
+    CalibrateOptions.add_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from trtkv.calibrate import calibrate, describe_calibration
 
+    o = CalibrateOptions.from_args(args)
     recipe = load(args)
-    if args.dry_run:
+    if o.dry_run:
         from trtkv.checkpoints.models import is_hub_id, source_problem
         from trtkv.core.errors import StageError
 
@@ -38,6 +49,6 @@ def run(args: argparse.Namespace) -> int:
             raise StageError(problem + ".")
         print("\n".join(describe_calibration(recipe) + ([f"  note: {problem}."] if problem else [])))
         return 0
-    result = calibrate(recipe, force=args.force)
+    result = calibrate(recipe, force=o.force)
     print(f"checkpoint: {result.output}")
     return 0

@@ -3,17 +3,28 @@
 from __future__ import annotations
 
 import argparse
+from typing import Annotated
+
+from pydantic import Field
 
 from trtkv.cli.common import OVERRIDE_HELP, subparser
+from trtkv.core.options import Flag, Options
 
 DEFAULT = ["smollm2_fp16kv", "smollm2_fp8kv", "smollm2_int8kv"]
+
+
+class CompareOptions(Options):
+    """`trtkv compare [options] [KEY=VALUE ...]`: each field one flag (trtkv.core.options)."""
+
+    recipes: Annotated[str, Field(description=f"comma-separated (default {','.join(DEFAULT)})"),
+                       Flag()] = ",".join(DEFAULT)
+    output: Annotated[str | None, Field(description="output folder (default engines/compare)"), Flag()] = None
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = subparser(sub, "compare",
                   "  $ trtkv compare\n  $ trtkv compare --recipes smollm2_fp8kv,smollm2_int8kv bench.num_requests=4\n")
-    p.add_argument("--recipes", default=",".join(DEFAULT), help=f"comma-separated (default {','.join(DEFAULT)})")
-    p.add_argument("--output", default=None, help="output folder (default engines/compare)")
+    CompareOptions.add_arguments(p)
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=OVERRIDE_HELP + " (applied to every recipe)")
     p.set_defaults(func=run)
 
@@ -27,9 +38,10 @@ def run(args: argparse.Namespace) -> int:
     from trtkv.report.chain import run_chain
     from trtkv.report.summary import write_compare
 
-    names = [n.strip() for n in args.recipes.split(",") if n.strip()]
+    o = CompareOptions.from_args(args)
+    names = [n.strip() for n in o.recipes.split(",") if n.strip()]
     recipes = [load_recipe(n, args.overrides) for n in names]  # validate all before running any
-    given = Path(args.output) if args.output else None
+    given = Path(o.output) if o.output else None
     out = in_place_output(given, paths.engines_dir() / "compare", "compare", "compare")
     results = [run_chain(n, args.overrides) for n in names]
     md = write_compare(recipes, results, out)

@@ -3,33 +3,29 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field, field_validator
 
 from trtkv.cli.common import subparser
+from trtkv.core.errors import RecipeError
 from trtkv.core.options import Flag, Options
 from trtkv.platform.hardware import GPU, gpu_from_name, known_gpus
 from trtkv.recipe import Backend, KVCacheQuant, WeightQuant
+from trtkv.recipe.render import DECODERS, DEFAULT_SEQ_LEN, Settings
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from trtkv.checkpoints import ModelFacts
-    from trtkv.cli.init_sizing import Settings
     from trtkv.recipe import Recipe
 
-GIB = 1024**3
 COUNTS = (1, 2, 4, 8, 16, 32, 64)  # GPUs tried when --count is not given: TP within a node, then PP over nodes
-DEFAULT_SEQ_LEN = 32768
 DEFAULT_GPU = GPU.H100_80GB
 SETTLE_ROUNDS = 4  # max_batch_size re-sized to what fits with itself as the engine's max_num_seqs (1 round in practice)
-# model_type -> the decoder type of ModelOpt's / TensorRT-LLM's export (model.architecture)
-DECODERS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen", "qwen3": "qwen", "qwen2_moe": "qwen",
-            "qwen3_moe": "qwen", "gemma2": "gemma2", "gemma3": "gemma3", "gemma3_text": "gemma3", "gpt_oss": "gpt_oss",
-            "llama4": "llama4", "llama4_text": "llama4", "deepseek_v2": "deepseek_v2", "deepseek_v3": "deepseek_v3",
-            "kimi_k2": "deepseek_v3", "mixtral": "llama"}
 
 
 class InitOptions(Options):
@@ -93,29 +89,11 @@ def write_recipe(name: str, model: Path, output: Path | None = None, gpu: str = 
                  count: int | None = None, kv_cache: str | None = None, backend: str | None = None, force: bool = False,
                  *, weights: str | None = None, max_seq_len: int | None = None, concurrency: int | None = None) -> Path:
     """Read the config, size TP/PP and the batch with the planner, write the recipe atomically once its engine accepts
-    it (trtkv.cli.init_sizing) and it plans."""
+    it (trtkv.recipe.settle) and it plans; the text is trtkv.recipe.render's."""
     from trtkv.checkpoints import config_file, read_model_facts
-    from trtkv.cli.init_sizing import Settings, batch_for, refusal, settle
-    from trtkv.core import paths
-    from trtkv.core.errors import RecipeError
-    from trtkv.core.files import naming
     from trtkv.platform.hardware import GPU_SPECS
-    from trtkv.recipe.limits import RANGES
-    from trtkv.recipe.names import check_recipe_name
 
-    out = (output or paths.recipes_dir() / f"{name}.yaml").expanduser()
-    check_recipe_name(name, out)
-    if output is not None and out.stem != name:
-        raise RecipeError([f"--output {out}: a recipe's name is its file name; {out.stem!r} is not {name!r}. Next: "
-                           f"--output {out.with_name(name + '.yaml')}"], header="Recipe not written")
-    for flag, value, bound in (("--count", count, RANGES["gpus"]), ("--max-seq-len", max_seq_len, RANGES["positions"]),
-                               ("--concurrency", concurrency, RANGES["batch"])):
-        if value is not None and not bound.admits(value):
-            raise RecipeError([f"{flag} {value}: must be in {bound.text()}. Next: leave it out to size it from the "
-                               f"model."], header="Recipe not written")
-    if out.exists() and not force:
-        raise RecipeError([f"{out}: already exists; trtkv init never replaces a recipe. Next: pick another NAME or "
-                           f"--output, or pass --force to overwrite it."], header="Recipe not written")
+    out = _checked_output(name, output, force, count=count, max_seq_len=max_seq_len, concurrency=concurrency)
     facts = read_model_facts(model.expanduser())
     target = gpu_from_name(gpu) or GPU(gpu)  # GPU(): ValueError naming the unknown value
     on_cpu = target is GPU.CPU
@@ -129,23 +107,62 @@ def write_recipe(name: str, model: Path, output: Path | None = None, gpu: str = 
     given = {flag: str(value) for flag, value in (
         ("--gpu", target.value), ("--count", count), ("--kv-cache", kv_cache), ("--backend", backend),
         ("--weights", weights), ("--max-seq-len", max_seq_len), ("--concurrency", concurrency)) if value is not None}
-    need = concurrency or 1
+    first = Settings(target.value, 0, kv, weights or "none", chosen, max_seq_len or min(mpe, DEFAULT_SEQ_LEN),
+                     concurrency or 1)
+    text = _sized_text(name, out, facts, _renderer(name, facts, source), first, given, count=count,
+                       concurrency=concurrency)
+    _write_new(out, text, force)
+    return out
+
+
+def _checked_output(name: str, output: Path | None, force: bool, **sizes: int | None) -> Path:
+    """The recipe file to write, refused before any work: a bad name, an --output whose name is not NAME, a size
+    flag out of its range, or an existing file without --force."""
+    from trtkv.core import paths
+    from trtkv.recipe.limits import RANGES
+    from trtkv.recipe.names import check_recipe_name
+
+    out = (output or paths.recipes_dir() / f"{name}.yaml").expanduser()
+    check_recipe_name(name, out)
+    if output is not None and out.stem != name:
+        raise RecipeError([f"--output {out}: a recipe's name is its file name; {out.stem!r} is not {name!r}. Next: "
+                           f"--output {out.with_name(name + '.yaml')}"], header="Recipe not written")
+    for flag, value, bound in (("--count", sizes["count"], RANGES["gpus"]),
+                               ("--max-seq-len", sizes["max_seq_len"], RANGES["positions"]),
+                               ("--concurrency", sizes["concurrency"], RANGES["batch"])):
+        if value is not None and not bound.admits(value):
+            raise RecipeError([f"{flag} {value}: must be in {bound.text()}. Next: leave it out to size it from the "
+                               f"model."], header="Recipe not written")
+    if out.exists() and not force:
+        raise RecipeError([f"{out}: already exists; trtkv init never replaces a recipe. Next: pick another NAME or "
+                           f"--output, or pass --force to overwrite it."], header="Recipe not written")
+    return out
+
+
+def _sized_text(name: str, out: Path, facts: ModelFacts, draw: Callable[[Settings], str], first: Settings,
+                given: dict[str, str], *, count: int | None, concurrency: int | None) -> str:
+    """The recipe text on the fewest GPUs (--count, else COUNTS in turn; one on the CPU) that hold the weights and
+    `concurrency` sequences of max_seq_len, with max_batch_size set to what fits there (trtkv.recipe.settle)."""
+    from trtkv.recipe.settle import batch_for, refusal, settle
+
+    on_cpu = first.gpu == GPU.CPU.value
+    need = first.batch
     tried: list[str] = []
     for n in ([count] if count is not None else [1] if on_cpu else list(COUNTS)):
-        s = Settings(target.value, n, kv, weights or "none", chosen, max_seq_len or min(mpe, DEFAULT_SEQ_LEN), need)
+        s = replace(first, count=n, why={})
         s.num_tokens = max(s.num_tokens, need)
-        text, recipe = settle(name, out, s, given, lambda s: render(name, facts, source, s))
+        text, recipe = settle(name, out, s, given, draw)
         fits, why = _fits(recipe)
         if fits >= need or on_cpu:
             break
-        tried.append(f"{n} x {target.value}: {why}")
+        tried.append(f"{n} x {first.gpu}: {why}")
         if count is not None:
             raise refusal(out, [("build.max_batch_size" if fits else "hardware.count",
                                  f"{why}, and {need} sequence(s) of max_seq_len {s.seq_len} are asked for: a larger "
                                  f"GPU (--gpu), more GPUs (--count), a shorter --max-seq-len, a smaller --kv-cache or "
                                  f"a lower --concurrency (more replicas: `trtkv deploy --target-concurrency`)")], given)
     else:
-        raise RecipeError([f"{facts.path}: no count in {COUNTS} of {target.value} holds the weights and {need} "
+        raise RecipeError([f"{facts.path}: no count in {COUNTS} of {first.gpu} holds the weights and {need} "
                            f"sequence(s) of max_seq_len ({'; '.join(tried)}). Next: a larger GPU (--gpu), --count N, "
                            f"--kv-cache fp8, or a shorter --max-seq-len."], header="Recipe not written")
     s.batch, s.why["build.max_batch_size"] = batch_for(fits, concurrency, on_cpu)
@@ -153,13 +170,22 @@ def write_recipe(name: str, model: Path, output: Path | None = None, gpu: str = 
         if s.batch == need:
             break
         s.num_tokens = max(s.num_tokens, s.batch)
-        text, recipe = settle(name, out, s, given, lambda s: render(name, facts, source, s))
+        text, recipe = settle(name, out, s, given, draw)
         fits, _why = _fits(recipe)
         if concurrency is not None or on_cpu or fits >= s.batch:
             break
         s.batch, s.why["build.max_batch_size"] = batch_for(fits, concurrency, on_cpu)
     else:  # settled on the last round's batch: its recipe
-        text, recipe = settle(name, out, s, given, lambda s: render(name, facts, source, s))
+        text, recipe = settle(name, out, s, given, draw)
+    return text
+
+
+def _write_new(out: Path, text: str, force: bool) -> None:
+    """Write `out` atomically (a temporary sibling put in place); without `force` never over a file that appeared
+    meanwhile."""
+    from trtkv.core import paths
+    from trtkv.core.files import naming
+
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = paths.temp_sibling(out, "tmp")
     try:
@@ -175,7 +201,6 @@ def write_recipe(name: str, model: Path, output: Path | None = None, gpu: str = 
                           header="Recipe not written") from None
     finally:
         tmp.unlink(missing_ok=True)
-    return out
 
 
 def _link_new(tmp: Path, out: Path, text: str) -> None:
@@ -202,104 +227,11 @@ def _fits(recipe: Recipe) -> tuple[int, str]:
                   f"{fits} sequence(s) of {recipe.build.max_seq_len} tokens in {p.recipe_kv_format}")
 
 
-def _split(facts: ModelFacts, count: int) -> tuple[int, int]:
-    """TP within a node (8 GPUs), PP over nodes; TP must divide the heads and split or replicate the KV heads."""
-    tp = min(count, 8)
-    while tp > 1 and (facts.num_attention_heads % tp or not (facts.num_kv_heads % tp == 0 or tp % facts.num_kv_heads == 0)):
-        tp //= 2
-    return tp, count // tp
-
-
-def render(name: str, facts: ModelFacts, source: Path, settings: Settings) -> str:
-    """The recipe text: every fact with the config field it came from, then the engine settings and the sections
-    sized for the target (trtkv.cli.init_sizing)."""
+def _renderer(name: str, facts: ModelFacts, source: Path) -> Callable[[Settings], str]:
+    """The recipe text for each attempt's settings (trtkv.recipe.render), the parameters counted once."""
     from trtkv.checkpoints import count_parameters, stored_weight_bytes
-    from trtkv.cli.init_sizing import engine_lines, section_lines
-    from trtkv.core.tools import quote
-    from trtkv.recipe.attention import compact_layers, summary
-
-    gpu, count, kv = settings.gpu, settings.count, settings.kv
+    from trtkv.recipe.render import render
 
     params = count_parameters(facts)
-    dtype = facts.dtype if facts.dtype in ("bfloat16", "float16") else "bfloat16"
     stored = stored_weight_bytes(facts, params, 2.0)
-    tp, pp = _split(facts, count)
-    mpe = facts.max_position_embeddings or DEFAULT_SEQ_LEN
-    p = facts.prefix
-    arch = DECODERS.get(facts.model_type, facts.model_type or "llama")
-    reference = arch in ("llama", "gemma3")  # the families trtkv's CPU runtime reads (trtkv.runtime)
-    engines = ("TensorRT-LLM's LLM API (backend llmapi, any release), vLLM (backend vllm), SGLang (backend sglang, "
-               "GPU)" + ("; the trtllm-build engine path (backend tensorrt, TensorRT-LLM <= 1.2) is Llama-family only "
-                         "in trtkv" + ("" if arch == "llama" else ": not for this model"))
-               + ("; the CPU reference runtime (backend reference) runs it" if reference else
-                  "; the CPU reference runtime (backend reference) runs Llama-family and Gemma 3 models only"))
-    moe = (f"\n# MoE: {facts.moe.source}; {params.experts / 1e9:.1f}B expert parameters counted in num_parameters."
-           if facts.moe else "")
-    quant = f"\n# Stored weights: {facts.quant.source}, priced as stored ({stored / GIB:.1f} GiB)." if \
-        facts.quant and stored else ""
-    notes = "".join(f"\n# Note: {n}" for n in facts.notes)
-    sinks = f"\n# {facts.sinks}" if facts.sinks else ""
-    lines: list[str] = [
-        _c(f"# trtkv plan {name}    (written by `trtkv init {name} --model {quote([str(facts.path)])}`)"),
-        f"# Override example: trtkv plan {name} build.max_seq_len={mpe} hardware.gpu=H200-141GB",
-        *(_c(line) for line in (f"# Read from {_c(str(facts.path))} ({facts.model_type}, "
-                                f"{', '.join(facts.architectures) or 'no architectures'})."
-                                f"{moe}{quant}{sinks}{notes}").split("\n")),
-        f"# Engines for this architecture: {engines}.",
-        f"description: {_q(f'{name}: {facts.model_type}, {summary(facts.layers)}, {kv} KV on {count} x {gpu}')}",
-        "model:",
-        f"  source: {_q(str(source))}   # a hub id (org/name) works too: the facts below plan without the config",
-        f"  architecture: {_q(arch)}",
-        _c(f"  dtype: {dtype}                      # config {p}torch_dtype: {facts.dtype or 'absent'}"),
-        f"  num_layers: {facts.num_layers}                     # {p}num_hidden_layers",
-        f"  num_attention_heads: {facts.num_attention_heads}            # {p}num_attention_heads",
-        f"  num_kv_heads: {facts.num_kv_heads}                   # {p}num_key_value_heads"
-        + (" (MLA: the KV is one latent, see kv_lora_rank)" if facts.kv_lora_rank else ""),
-        f"  head_dim: {facts.head_dim}                      # "
-        + (f"{p}qk_nope_head_dim + {p}qk_rope_head_dim" if facts.kv_lora_rank else f"{p}head_dim or hidden/heads"),
-        f"  hidden_size: {facts.hidden_size}                   # {p}hidden_size",
-    ]
-    for key, value, field in (("intermediate_size", facts.intermediate_size, "intermediate_size"),
-                              ("vocab_size", facts.vocab_size, "vocab_size"),
-                              ("max_position_embeddings", facts.max_position_embeddings, "max_position_embeddings")):
-        if value:
-            lines.append(f"  {key}: {value}   # {p}{field}")
-    lines.append(f"  num_parameters: {params.total:.6g}   # counted from the shapes ({params.active_per_token / 1e9:.1f}B "
-                 f"active per token)")
-    lines.append(f"  attention_layers: [{', '.join(compact_layers(facts.layers))}]")
-    lines.append(f"  attention_source: {_q(f'{facts.path.name} {facts.attention_source}')}")
-    if facts.state is not None:
-        lines.append(_c(f"  state_layers: {_q_flow(facts.state.to_dict())}   # fixed per-sequence state of the "
-                        f"linear/mamba layers: {_comment(facts.state.source)}"))
-    if facts.kv_lora_rank:
-        lines.append(f"  kv_lora_rank: {facts.kv_lora_rank}   # {p}kv_lora_rank")
-        lines.append(f"  qk_rope_head_dim: {facts.qk_rope_head_dim}   # {p}qk_rope_head_dim")
-    if stored:
-        lines.append(_c(f"  checkpoint_weights_gib: {stored / GIB:.4g}   # as stored "
-                        f"({facts.quant.method if facts.quant else ''})"))
-    lines += engine_lines(settings, tp, pp, mpe, gpu == "cpu")
-    lines += section_lines(settings, gpu == "cpu")
-    return "\n".join(lines) + "\n"
-
-
-def _q_flow(data: dict[str, object]) -> str:
-    """A YAML flow mapping of plain keys and integers / enum words (JSON object syntax is valid YAML)."""
-    return json.dumps(data)
-
-
-def _c(line: str) -> str:
-    """A line whose comment cannot end early: every control, line-break or non-ASCII character is escaped (YAML
-    also breaks lines at U+0085, U+2028 and U+2029), so text from a config.json or a path stays inside its comment."""
-    if line.isascii() and line.isprintable():
-        return line
-    return "".join(ch if ch.isascii() and ch.isprintable() else json.dumps(ch)[1:-1] for ch in line)
-
-
-def _comment(text: str) -> str:
-    """Text safe inside a YAML comment: one line."""
-    return " ".join(str(text).split())
-
-
-def _q(text: str) -> str:
-    """A YAML double-quoted scalar (JSON string syntax is valid YAML)."""
-    return json.dumps(text)
+    return lambda s: render(name, facts, source, s, params=params, stored=stored)

@@ -4,15 +4,31 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
+
+from pydantic import Field
 
 from trtkv.cli.common import add_recipe_args, load, subparser
+from trtkv.core.options import Flag, Options
 
 if TYPE_CHECKING:
     from trtkv.plan.estimate import Estimate
     from trtkv.plan.planner import Plan
 
 GIB = 1024**3
+
+
+class PlanOptions(Options):
+    """`trtkv plan RECIPE [options]`: each field one flag (trtkv.core.options)."""
+
+    as_json: Annotated[bool, Field(description="print the figures as JSON"), Flag(names=("--json",))] = False
+    estimate: Annotated[bool, Field(
+        description="TTFT, ITL and output tokens/s per KV format and bench.concurrency level for the recipe's engine "
+                    "and GPU (aiconfigurator where it has data, else trtkv's model; each row says which)"), Flag()] = False
+    no_aiconfigurator: Annotated[bool, Field(description="with --estimate: trtkv's own model for every row"),
+                                 Flag()] = False
+    probe_dir: Annotated[Path | None, Field(
+        description="probe results to base advice on (default engines/<recipe>/probe)"), Flag()] = None
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -22,31 +38,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                   "  $ trtkv plan llama8b_fp8kv --estimate bench.input_tokens=32768 bench.output_tokens=1024 "
                   "'bench.concurrency=[1,8]'\n")
     add_recipe_args(p)
-    p.add_argument("--json", action="store_true", help="print the figures as JSON")
-    p.add_argument("--estimate", action="store_true",
-                   help="TTFT, ITL and output tokens/s per KV format and bench.concurrency level for the recipe's "
-                        "engine and GPU (aiconfigurator where it has data, else trtkv's model; each row says which)")
-    p.add_argument("--no-aiconfigurator", action="store_true", help="with --estimate: trtkv's own model for every row")
-    p.add_argument("--probe-dir", type=Path, default=None, help="probe results to base advice on "
-                   "(default engines/<recipe>/probe)")
+    PlanOptions.add_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from trtkv.plan.planner import plan
 
+    o = PlanOptions.from_args(args)
     recipe = load(args)
-    result = plan(recipe, args.probe_dir)
+    result = plan(recipe, o.probe_dir)
     est = None
-    if args.estimate:
+    if o.estimate:
         from trtkv.plan.estimate import estimate
 
-        est = estimate(recipe, result, use_aiconfigurator=not args.no_aiconfigurator)
+        est = estimate(recipe, result, use_aiconfigurator=not o.no_aiconfigurator)
     if est is not None:
         from dataclasses import replace
 
         result = replace(result, estimate=est.to_json())
-    if args.json:
+    if o.as_json:
         print(result.to_json())
     else:
         print(format_plan(result))

@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+from pydantic import Field
 
 from trtkv.cli.common import add_recipe_args, load, subparser
 from trtkv.core.errors import TrtkvError
+from trtkv.core.options import Flag, Options
+
+if TYPE_CHECKING:
+    from trtkv.probe.layers import PerLayerOptions
+    from trtkv.probe.setup import ProbeSettings
+    from trtkv.recipe import Recipe
 
 EXAMPLES = """\
   $ trtkv probe smollm2_fp8kv
@@ -48,97 +57,127 @@ def _words(text: str) -> list[str]:
     return names
 
 
+class ProbeOptions(Options):
+    """`trtkv probe RECIPE [options]`: each field one flag (trtkv.core.options); the comma lists are parsed by argparse
+    (`_ints`, `_names`, `_words`), so a bad one is reported as argparse reports it."""
+
+    formats: Annotated[list[str] | None, Field(
+        description="comma-separated KV formats (default: the recipe's probe.formats; fp16 is the baseline, always "
+                    "included)"), Flag(parse=_names)] = None
+    lengths: Annotated[list[int] | None, Field(description="context lengths, e.g. 512,1024 (default probe.lengths)"),
+                       Flag(parse=_ints)] = None
+    needle_lengths: Annotated[list[int] | None, Field(
+        description="lengths for passkey retrieval (default: the longest sweep length <= 512; with --per-layer: none "
+                    "unless given, then for the uniform format, all-16-bit and every verified set)"),
+        Flag(parse=_ints)] = None
+    no_needle: Annotated[bool, Field(description="skip passkey retrieval"), Flag()] = False
+    decode_steps: Annotated[int | None, Field(description="decode steps of the scale-reuse experiment (32)"),
+                            Flag()] = None
+    scales: Annotated[Path | None, Field(
+        description="kv_scales.json for the static formats (default: engines/<recipe>/checkpoint/kv_scales.json when "
+                    "present, else a short calibration pass)"), Flag()] = None
+    output: Annotated[Path | None, Field(description="output folder (default engines/<recipe>/probe)"), Flag()] = None
+    threads: Annotated[int | None, Field(
+        description="torch CPU threads (default: torch's choice, 1 when the machine is busy)"), Flag()] = None
+    no_progress: Annotated[bool, Field(description="no progress bar"), Flag()] = False
+    ruler: Annotated[bool, Field(
+        description="also answer the bench's RULER items greedily with every format's cache (docs/ruler.md); slow on "
+                    "the CPU, so off by default"), Flag()] = False
+    ruler_tasks: Annotated[list[str] | None, Field(
+        description="RULER tasks (implies --ruler; default all six: niah_single_1, niah_multikey_2, niah_multikey_3, "
+                    "vt, cwe, fwe)"), Flag(parse=_words)] = None
+    ruler_lengths: Annotated[list[int] | None, Field(description="RULER lengths (default bench.ruler_lengths)"),
+                             Flag(parse=_ints)] = None
+    ruler_samples: Annotated[int | None, Field(
+        description="RULER items per task and length (default bench.ruler_samples; fewer = the bench's first ones)"),
+        Flag()] = None
+    attention: Annotated[str | None, Field(
+        description="attention numerics besides cache-only: auto (the recipe's engine, flags and GPU), cache_only, or "
+                    "engine modes separated by commas (default probe.attention; docs/kv-formats.md lists them)"),
+        Flag()] = None
+    dry_run: Annotated[bool, Field(
+        description="print the device map, memory per device and the passes on the recipe's hardware, from the "
+                    "config alone (no weights), and exit (1 when it does not fit)"), Flag()] = False
+    per_layer: Annotated[str | None, Field(
+        description="per-layer KV precision for FORMAT: each layer's sensitivity, the layers to keep in 16 bit "
+                    "(verified), the bytes-vs-KL front (per_layer_<FORMAT>.json/.md/.png)"), Flag(metavar="FORMAT")] = None
+    max_keep: Annotated[int, Field(description="--per-layer: largest set of 16-bit layers tried (4)"), Flag()] = 4
+    max_bytes_per_token: Annotated[float | None, Field(
+        description="--per-layer budget: the lowest-KL set within these KV bytes/token (default uniform + 15%%)"),
+        Flag()] = None
+    max_kl: Annotated[float | None, Field(description="--per-layer budget: the cheapest set with KL <= this"),
+                      Flag()] = None
+
+    def per_layer_options(self) -> PerLayerOptions:
+        """--per-layer's settings (trtkv.probe.layers)."""
+        from trtkv.probe.layers import PerLayerOptions
+
+        return PerLayerOptions(self.per_layer or "", self.lengths, max_keep=self.max_keep,
+                               max_bytes_per_token=self.max_bytes_per_token, max_kl=self.max_kl, threads=self.threads,
+                               needle_lengths=None if self.no_needle else self.needle_lengths)
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = subparser(sub, "probe", EXAMPLES)
     add_recipe_args(p)
-    p.add_argument("--formats", type=_names, default=None,
-                   help="comma-separated KV formats (default: the recipe's probe.formats; fp16 is the baseline, "
-                        "always included)")
-    p.add_argument("--lengths", type=_ints, default=None, help="context lengths, e.g. 512,1024 (default probe.lengths)")
-    p.add_argument("--needle-lengths", type=_ints, default=None,
-                   help="lengths for passkey retrieval (default: the longest sweep length <= 512; with --per-layer: "
-                        "none unless given, then for the uniform format, all-16-bit and every verified set)")
-    p.add_argument("--no-needle", action="store_true", help="skip passkey retrieval")
-    p.add_argument("--decode-steps", type=int, default=None, help="decode steps of the scale-reuse experiment (32)")
-    p.add_argument("--scales", type=Path, default=None,
-                   help="kv_scales.json for the static formats (default: engines/<recipe>/checkpoint/kv_scales.json "
-                        "when present, else a short calibration pass)")
-    p.add_argument("--output", type=Path, default=None, help="output folder (default engines/<recipe>/probe)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: torch's choice, 1 when the machine is busy)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--ruler", action="store_true",
-                   help="also answer the bench's RULER items greedily with every format's cache (docs/ruler.md); "
-                        "slow on the CPU, so off by default")
-    p.add_argument("--ruler-tasks", type=_words, default=None,
-                   help="RULER tasks (implies --ruler; default all six: niah_single_1, niah_multikey_2, "
-                        "niah_multikey_3, vt, cwe, fwe)")
-    p.add_argument("--ruler-lengths", type=_ints, default=None, help="RULER lengths (default bench.ruler_lengths)")
-    p.add_argument("--ruler-samples", type=int, default=None,
-                   help="RULER items per task and length (default bench.ruler_samples; fewer = the bench's first ones)")
-    p.add_argument("--attention", default=None,
-                   help="attention numerics besides cache-only: auto (the recipe's engine, flags and GPU), cache_only, "
-                        "or engine modes separated by commas (default probe.attention; docs/kv-formats.md lists them)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the device map, memory per device and the passes on the recipe's hardware, from the "
-                        "config alone (no weights), and exit (1 when it does not fit)")
-    p.add_argument("--per-layer", metavar="FORMAT", default=None,
-                   help="per-layer KV precision for FORMAT: each layer's sensitivity, the layers to keep in 16 bit "
-                        "(verified), the bytes-vs-KL front (per_layer_<FORMAT>.json/.md/.png)")
-    p.add_argument("--max-keep", type=int, default=4, help="--per-layer: largest set of 16-bit layers tried (4)")
-    p.add_argument("--max-bytes-per-token", type=float, default=None,
-                   help="--per-layer budget: the lowest-KL set within these KV bytes/token (default uniform + 15%%)")
-    p.add_argument("--max-kl", type=float, default=None, help="--per-layer budget: the cheapest set with KL <= this")
+    ProbeOptions.add_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtkv.probe.setup import default_settings
     from trtkv.probe.sweep import run_probe
 
+    o = ProbeOptions.from_args(args)
     recipe = load(args)
-    if args.per_layer:
+    if o.per_layer:
         from trtkv.probe.layers import run_per_layer
 
-        run_per_layer(recipe, args.per_layer, args.output, args.lengths, max_keep=args.max_keep,
-                      max_bytes_per_token=args.max_bytes_per_token, max_kl=args.max_kl, threads=args.threads,
-                      needle_lengths=None if args.no_needle else args.needle_lengths)
+        run_per_layer(recipe, o.per_layer_options(), o.output)
         return 0
-    if args.dry_run:
+    if o.dry_run:
         from trtkv.platform.hardware import GPU
         from trtkv.probe.placement import dry_run
+        from trtkv.probe.setup import default_settings
 
-        planned = default_settings(recipe, args.formats, args.lengths, args.needle_lengths, args.attention,
+        planned = default_settings(recipe, o.formats, o.lengths, o.needle_lengths, o.attention,
                                    cuda=recipe.hardware.gpu is not GPU.CPU)
-        if args.no_needle:
+        if o.no_needle:
             planned.needle_lengths = []
         placement, lines = dry_run(recipe, planned)
         print("\n".join(lines))
         return 0 if placement.fits else 1
-    settings = default_settings(recipe, args.formats, args.lengths, args.needle_lengths, args.attention)
-    if args.no_needle:
-        settings.needle_lengths = []
-    if args.decode_steps is not None:
-        if args.decode_steps < 1:
-            raise TrtkvError(f"--decode-steps {args.decode_steps}: must be >= 1.")
-        settings.decode_steps = args.decode_steps
-    if args.scales is not None and not args.scales.is_file():
-        raise TrtkvError(f"--scales {args.scales}: no such file. Next: run `trtkv calibrate {recipe.name}` or drop "
-                         f"--scales to calibrate on the shipped text.")
-    if args.ruler or args.ruler_tasks:
-        from trtkv.bench.ruler import probe_plan
-
-        settings.ruler = probe_plan(recipe, args.ruler_tasks, args.ruler_lengths, args.ruler_samples)
-    elif args.ruler_lengths or args.ruler_samples is not None:
-        raise TrtkvError("--ruler-lengths/--ruler-samples without --ruler: RULER is off by default. "
-                         "Next: add --ruler (or --ruler-tasks).")
-    settings.scales_path = args.scales
-    settings.threads = args.threads
-    settings.progress = not args.no_progress
-    out = run_probe(recipe, args.output, settings)
+    out = run_probe(recipe, o.output, _sweep_settings(recipe, o))
     print(f"probe: wrote {out / 'probe.json'}, {out / 'probe.md'} and plots")
     _print_summary(out)
     return 0
+
+
+def _sweep_settings(recipe: Recipe, o: ProbeOptions) -> ProbeSettings:
+    """The sweep's settings: the recipe's probe section with the flags over it, each flag checked against the
+    others (a --decode-steps below 1, a --scales file that is not there, RULER lengths without --ruler)."""
+    from trtkv.probe.setup import default_settings
+
+    settings = default_settings(recipe, o.formats, o.lengths, o.needle_lengths, o.attention)
+    if o.no_needle:
+        settings.needle_lengths = []
+    if o.decode_steps is not None:
+        if o.decode_steps < 1:
+            raise TrtkvError(f"--decode-steps {o.decode_steps}: must be >= 1.")
+        settings.decode_steps = o.decode_steps
+    if o.scales is not None and not o.scales.is_file():
+        raise TrtkvError(f"--scales {o.scales}: no such file. Next: run `trtkv calibrate {recipe.name}` or drop "
+                         f"--scales to calibrate on the shipped text.")
+    if o.ruler or o.ruler_tasks:
+        from trtkv.bench.ruler import probe_plan
+
+        settings.ruler = probe_plan(recipe, o.ruler_tasks, o.ruler_lengths, o.ruler_samples)
+    elif o.ruler_lengths or o.ruler_samples is not None:
+        raise TrtkvError("--ruler-lengths/--ruler-samples without --ruler: RULER is off by default. "
+                         "Next: add --ruler (or --ruler-tasks).")
+    settings.scales_path = o.scales
+    settings.threads = o.threads
+    settings.progress = not o.no_progress
+    return settings
 
 
 def _print_summary(out: Path) -> None:

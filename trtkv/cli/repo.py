@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import Annotated
+
+from pydantic import Field
 
 from trtkv.cli.common import add_recipe_args, load, subparser
+from trtkv.core.options import Flag, Options
 
 EXAMPLES = """\
   $ trtkv repo smollm2_fp8kv                  # CPU: trtkv's runtime as the model, tokenizer copied in
@@ -22,18 +26,25 @@ def examples() -> str:
     return EXAMPLES + "\n" + "\n".join(layout_lines()) + "\n"
 
 
+class RepoOptions(Options):
+    """`trtkv repo RECIPE [options]`: each field one flag (trtkv.core.options)."""
+
+    force: Annotated[bool, Field(description="regenerate even when the repository is up to date"), Flag()] = False
+    check: Annotated[bool, Field(
+        description="only validate: RECIPE is then a repository folder (every <model>/config.pbtxt, and how the "
+                    "models fit together)"), Flag()] = False
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = subparser(sub, "repo", examples())
     add_recipe_args(p)
-    p.add_argument("--force", action="store_true", help="regenerate even when the repository is up to date")
-    p.add_argument("--check", action="store_true",
-                   help="only validate: RECIPE is then a repository folder (every <model>/config.pbtxt, and how the "
-                        "models fit together)")
+    RepoOptions.add_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.check:
+    o = RepoOptions.from_args(args)
+    if o.check:
         from pathlib import Path
 
         from trtkv.repo import validate_repo
@@ -44,6 +55,6 @@ def run(args: argparse.Namespace) -> int:
     from trtkv.repo import generate_repo
 
     recipe = load(args)
-    result = generate_repo(recipe, force=args.force)
+    result = generate_repo(recipe, force=o.force)
     print(f"repo: {result.output}/README.md has the deploy commands")
     return 0

@@ -3,23 +3,34 @@
 from __future__ import annotations
 
 import argparse
+from typing import Annotated
+
+from pydantic import Field
 
 from trtkv.cli.common import add_recipe_args, load, subparser
+from trtkv.core.options import Flag, Options
+
+
+class ReportOptions(Options):
+    """`trtkv report RECIPE [options]`: each field one flag (trtkv.core.options)."""
+
+    quiet: Annotated[bool, Field(description="write the files, print only where they are"), Flag()] = False
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = subparser(sub, "report", "  $ trtkv report smollm2_fp8kv\n")
     add_recipe_args(p)
-    p.add_argument("--quiet", action="store_true", help="write the files, print only where they are")
+    ReportOptions.add_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from trtkv.report.summary import print_summary, write_report
 
+    o = ReportOptions.from_args(args)
     recipe = load(args)
     out = write_report(recipe)
-    if not args.quiet:
+    if not o.quiet:
         print_summary(recipe)
     print(f"report: {out / 'report.md'}")
     return 0

@@ -6,9 +6,15 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from typing import Annotated
 
+from pydantic import Field
+
+from trtkv.backends import TRTLLM_SERVE_OPTIONS_FLAG
 from trtkv.cli.common import add_recipe_args, load, subparser
 from trtkv.core.errors import StageError
+from trtkv.core.options import Flag, Options
+from trtkv.recipe import Backend
 
 EXAMPLES = """\
   $ trtkv serve smollm2_fp8kv                         # CPU: bundled tritonserver, returns once ready
@@ -21,36 +27,40 @@ EXAMPLES = """\
 """
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    from trtkv.backends import TRTLLM_SERVE_OPTIONS_FLAG
-    from trtkv.recipe import Backend
+class ServeOptions(Options):
+    """`trtkv serve RECIPE [options]`: each field one flag (trtkv.core.options)."""
 
+    dry_run: Annotated[bool, Field(description="print the server command(s) and exit"), Flag()] = False
+    trtllm_serve: Annotated[bool, Field(
+        description=f"serve with trtllm-serve (OpenAI-compatible, /v1/completions) instead of Triton: build.backend "
+                    f"{Backend.LLMAPI.value} on GPUs, in the container; passes the build's llm_api_options.yaml as "
+                    f"{TRTLLM_SERVE_OPTIONS_FLAG} (no supervisor)"), Flag()] = False
+    timeout: Annotated[float | None, Field(
+        description="seconds to wait for readiness (default: recipe triton.startup_timeout_s)"), Flag()] = None
+    no_supervise: Annotated[bool, Field(
+        description="no supervisor: nothing probes the server or restarts it when an instance dies"), Flag()] = False
+    attach: Annotated[bool, Field(
+        description="start only a supervisor, for the recipe's running server (when its own supervisor was killed)"),
+        Flag()] = False
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = subparser(sub, "serve", EXAMPLES)
     add_recipe_args(p)
-    p.add_argument("--dry-run", action="store_true", help="print the server command(s) and exit")
-    p.add_argument("--trtllm-serve", action="store_true",
-                   help=f"serve with trtllm-serve (OpenAI-compatible, /v1/completions) instead of Triton: build.backend "
-                        f"{Backend.LLMAPI.value} on GPUs, in the container; passes the build's llm_api_options.yaml "
-                        f"as {TRTLLM_SERVE_OPTIONS_FLAG} (no supervisor)")
-    p.add_argument("--timeout", type=float, default=None,
-                   help="seconds to wait for readiness (default: recipe triton.startup_timeout_s)")
-    p.add_argument("--no-supervise", action="store_true",
-                   help="no supervisor: nothing probes the server or restarts it when an instance dies")
-    p.add_argument("--attach", action="store_true",
-                   help="start only a supervisor, for the recipe's running server (when its own supervisor was killed)")
+    ServeOptions.add_arguments(p)
     p.set_defaults(func=run)
 
 
-def attach_or_refuse(recipe, args: argparse.Namespace) -> bool:  # noqa: ANN001 - Recipe
+def attach_or_refuse(recipe, args: argparse.Namespace, o: ServeOptions) -> bool:  # noqa: ANN001 - Recipe
     """The recipe's server runs without a supervisor: attach one when asked (--attach, or yes at the prompt), else
     refuse with the command. False when the server is not running unsupervised (start as usual)."""
     from trtkv.serving import serve, supervise
 
     info = serve.read_server(recipe)
-    if info is None or not serve.running(info) or supervise.alive(recipe) is not None or args.no_supervise:
+    if info is None or not serve.running(info) or supervise.alive(recipe) is not None or o.no_supervise:
         return False
     command = shlex.join(["trtkv", "serve", args.recipe, *args.overrides, "--attach"])
-    if not args.attach:
+    if not o.attach:
         if not sys.stdin.isatty():
             raise StageError(f"the server for {recipe.name} is running (pid {info.pid}, {info.http_url}) with no "
                              f"supervisor: nothing restarts it when it fails. Next: `{command}` attaches one, or "
@@ -67,16 +77,17 @@ def attach_or_refuse(recipe, args: argparse.Namespace) -> bool:  # noqa: ANN001 
 def run(args: argparse.Namespace) -> int:
     from trtkv.serving import serve, supervise
 
+    o = ServeOptions.from_args(args)
     recipe = load(args)
-    if not args.dry_run and attach_or_refuse(recipe, args):
+    if not o.dry_run and attach_or_refuse(recipe, args, o):
         return 0
-    if args.attach:
+    if o.attach:
         sup = supervise.alive(recipe)
         raise StageError(f"--attach adds a supervisor to a running, unsupervised server; {recipe.name} has "
                          + (f"one already (supervisor pid {sup.pid})" if sup else "no running server")
                          + f". Next: `trtkv status {recipe.name}`, or `trtkv serve {recipe.name}` to start it.")
-    info = serve.start(recipe, dry_run=args.dry_run, timeout_s=args.timeout, trtllm_serve=args.trtllm_serve)
-    if info is not None and not args.no_supervise and not args.trtllm_serve:
+    info = serve.start(recipe, dry_run=o.dry_run, timeout_s=o.timeout, trtllm_serve=o.trtllm_serve)
+    if info is not None and not o.no_supervise and not o.trtllm_serve:
         try:
             supervise.spawn(recipe, [args.recipe, *args.overrides])
         except BaseException:

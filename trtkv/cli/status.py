@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+from typing import Annotated
+
+from pydantic import Field
 
 from trtkv.cli.common import add_recipe_args, load, subparser
+from trtkv.core.options import Flag, Options
 
 EXAMPLES = """\
   $ trtkv status smollm2_fp8kv              # healthy (exit 0), degraded or down (1), no server recorded (2);
@@ -16,12 +20,18 @@ EXAMPLES = """\
 """
 
 
+class StatusOptions(Options):
+    """`trtkv status RECIPE [options]`: each field one flag (trtkv.core.options)."""
+
+    canaries: Annotated[int | None, Field(
+        description="one-token inferences to send (default: the recipe's triton.instance_count)"), Flag()] = None
+    as_json: Annotated[bool, Field(description="print the checks as JSON"), Flag(names=("--json",))] = False
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = subparser(sub, "status", EXAMPLES)
     add_recipe_args(p)
-    p.add_argument("--canaries", type=int, default=None,
-                   help="one-token inferences to send (default: the recipe's triton.instance_count)")
-    p.add_argument("--json", action="store_true", help="print the checks as JSON")
+    StatusOptions.add_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -30,12 +40,13 @@ def run(args: argparse.Namespace) -> int:
     from trtkv.recipe.layout import serve_dir
     from trtkv.serving import health, supervise
 
+    o = StatusOptions.from_args(args)
     recipe = load(args)
     sup = supervise.alive(recipe)
     if sup is not None and sup.state == "restarting":  # the server is being replaced: say so, no probes
         result = health.Health("restarting", ServerRecord.load(serve_dir(recipe)))
     else:
-        result = health.check(recipe, canaries=args.canaries or recipe.triton.instance_count)
+        result = health.check(recipe, canaries=o.canaries or recipe.triton.instance_count)
     server = result.server
     pool_check = None
     if result.checks.get("ready"):  # planned against served: the pool the running engine reports
@@ -46,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     events = supervise.read_events(recipe, last=5)
     lost = supervise.orphaned(recipe)  # a supervisor that was killed: its server runs on, unsupervised
     unsupervised = server is not None and sup is None and bool(result.checks.get("alive"))
-    if args.json:
+    if o.as_json:
         print(json.dumps({"state": result.state, "server": server.model_dump() if server else None,
                           "checks": result.checks, "supervisor": sup.model_dump() if sup else None,
                           "supervised": sup is not None, "unsupervised": unsupervised,

@@ -4,8 +4,12 @@ every process of its recorded session, whether or not its main process still run
 from __future__ import annotations
 
 import argparse
+from typing import Annotated
+
+from pydantic import Field
 
 from trtkv.cli.common import add_recipe_args, load, subparser
+from trtkv.core.options import Flag, Options
 
 EXAMPLES = """\
   $ trtkv stop smollm2_fp8kv
@@ -13,17 +17,24 @@ EXAMPLES = """\
 """
 
 
+class StopOptions(Options):
+    """`trtkv stop RECIPE [options]`: each field one flag (trtkv.core.options)."""
+
+    timeout: Annotated[float, Field(description="seconds to wait after SIGTERM (default 30)"), Flag()] = 30.0
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = subparser(sub, "stop", EXAMPLES)
     add_recipe_args(p)
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait after SIGTERM (default 30)")
+    StopOptions.add_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from trtkv.serving import serve, supervise
 
+    o = StopOptions.from_args(args)
     recipe = load(args)
-    supervise.stop(recipe, timeout_s=args.timeout)  # first, or it would restart the server it sees go away
-    serve.stop(recipe, timeout_s=args.timeout)
+    supervise.stop(recipe, timeout_s=o.timeout)  # first, or it would restart the server it sees go away
+    serve.stop(recipe, timeout_s=o.timeout)
     return 0

@@ -4,17 +4,27 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Annotated
+
+from pydantic import Field
 
 from trtkv.cli.common import subparser
+from trtkv.core.options import Flag, Options
+
+
+class ValidateOptions(Options):
+    """`trtkv validate [RECIPE ...] [KEY=VALUE ...]`: each field one argument (trtkv.core.options)."""
+
+    recipes: Annotated[list[str], Field(
+        description="recipe names or .yaml paths, then optional overrides section.key=value applied to each (as "
+                    "`trtkv show` and `trtkv plan` take them)"), Flag(names=("recipes",), metavar="RECIPE|KEY=VALUE")] = []
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = subparser(sub, "validate",
                   "  $ trtkv validate\n  $ trtkv validate smollm2_fp8kv\n  $ trtkv validate my_recipe.yaml\n"
                   "  $ trtkv validate llama70b_fp8kv hardware.gpu=H200-141GB build.max_seq_len=65536\n")
-    p.add_argument("recipes", nargs="*", metavar="RECIPE|KEY=VALUE",
-                   help="recipe names or .yaml paths, then optional overrides section.key=value applied to each "
-                        "(as `trtkv show` and `trtkv plan` take them)")
+    ValidateOptions.add_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -30,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from trtkv.core.errors import TrtkvError
     from trtkv.recipe import list_recipes, load_recipe
 
-    names, overrides = split_targets(args.recipes)
+    names, overrides = split_targets(ValidateOptions.from_args(args).recipes)
     targets = names or [str(p) for p in list_recipes()]
     failed = 0
     for target in targets:

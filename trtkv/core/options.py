@@ -14,7 +14,9 @@ positional argument); a field without a default is a required flag; the type com
 an Enum or a Literal gives `choices`, the Enum's values); a bool that defaults to False is a `store_true` flag, one
 that defaults to True a `--no-...` flag (`store_false`, named in Flag); a list field is either a repeated flag
 (Flag(repeat=True)) or one value split on Flag(sep=...), where Flag(empty=...) is the word for an empty list; an
-optional scalar may take a word for None (Flag(none="auto")).
+optional scalar may take a word for None (Flag(none="auto")); a field may name the argparse `type` that parses its
+text (Flag(parse=...): argparse reports a bad value with the parser's own message, as a hand-written flag would);
+flags of one Flag(exclusive=NAME) are a mutually exclusive group; a positional list field takes any number of words.
 Light: argparse, typing and pydantic only.
 """
 
@@ -24,6 +26,7 @@ import argparse
 import enum
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
@@ -47,6 +50,8 @@ class Flag:
     sep: str | None = None  # a list field: one value, split on `sep`, items stripped, empty items dropped
     empty: str | None = None  # with `sep`: the word that stands for an empty list (e.g. "none")
     none: str | None = None  # an optional scalar: the word that stands for None on the command line (e.g. "auto")
+    parse: Callable[[str], Any] | None = None  # argparse's `type`: text -> the field's value (its errors: argparse's)
+    exclusive: str | None = None  # the name of a mutually exclusive group of flags (at most one given)
 
 
 def _optional_inner(annotation: Any) -> Any:
@@ -93,8 +98,14 @@ class Options(BaseModel):
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         """One argparse argument per flagged field: type, choices, default and help from the field."""
+        groups: dict[str, argparse._MutuallyExclusiveGroup] = {}
         for name, flag in cls.flags().items():
-            parser.add_argument(*cls.flag_names(name), **_argument(name, cls.model_fields[name], flag))
+            target: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup = parser
+            if flag.exclusive is not None:
+                if flag.exclusive not in groups:
+                    groups[flag.exclusive] = parser.add_mutually_exclusive_group()
+                target = groups[flag.exclusive]
+            target.add_argument(*cls.flag_names(name), **_argument(name, cls.model_fields[name], flag))
 
     @classmethod
     def from_args(cls: type[OptionsT], args: argparse.Namespace) -> OptionsT:
@@ -125,9 +136,14 @@ def _argument(name: str, info: FieldInfo, flag: Flag) -> dict[str, Any]:
     """The add_argument keywords of one field."""
     kind = _optional_inner(info.annotation)
     if flag.names[:1] == (name,):  # positional: argparse names its dest after it
+        shown = {"metavar": flag.metavar} if flag.metavar else {}
+        if typing.get_origin(kind) is list and not info.is_required():  # any number of words, none: the default
+            item = typing.get_args(kind)[0]
+            return {"help": info.description, "nargs": "*", "default": list(info.get_default(call_default_factory=True)),
+                    "type": item if item in SCALARS else str, **shown}
         if info.is_required():
-            return {"help": info.description, "type": kind, **({"metavar": flag.metavar} if flag.metavar else {})}
-        raise TypeError(f"{name}: a positional option has no default")
+            return {"help": info.description, "type": kind, **shown}
+        raise TypeError(f"{name}: a positional option other than a list has no default")
     kw: dict[str, Any] = {"dest": name, "help": info.description}
     if info.is_required():
         kw["required"] = True
@@ -136,6 +152,8 @@ def _argument(name: str, info: FieldInfo, flag: Flag) -> dict[str, Any]:
         default = info.get_default(call_default_factory=True)
     if flag.metavar:
         kw["metavar"] = flag.metavar
+    if flag.parse is not None:  # parsed by argparse, as the Flag says; the field checks the result
+        return {**kw, "default": _shown(default), "type": flag.parse}
     if kind is bool:
         names = flag.names or ("--" + name.replace("_", "-"),)
         if default and not names[0].startswith("--no-"):

@@ -179,3 +179,8 @@ def deploy(recipe: Recipe, target: Target, output: Path | None = None, replicas:
     for line in sizing.lines():
         log("  " + line[2:])
     return out
+
+__all__ = [
+    "DEFAULT_CLIENTS", "DEFAULT_NAMESPACE", "DEFAULT_PROMETHEUS", "DEFAULT_PROMETHEUS_NAMESPACE", "deploy", "Fence",
+    "Options", "selector", "Target",
+]

@@ -1,7 +1,7 @@
-"""The KV numerics' public face: every format's names (trtkv.kvcache.names), elementwise numerics
-(trtkv.kvcache.numerics, trtkv.kvcache.turboquant) and codecs (trtkv.kvcache.codecs) importable from one place, plus
-`numerics_key` (what a cached probe result is keyed by) and `fake_quantize`. The semantics of each format, and the
-runtime each one follows, are in trtkv.kvcache.numerics' docstring."""
+"""The KV numerics in one import (the package's face is trtkv/kvcache/__init__'s `__all__`): every format's names
+(trtkv.kvcache.names), elementwise numerics (trtkv.kvcache.numerics, trtkv.kvcache.turboquant) and codecs
+(trtkv.kvcache.codecs), plus `numerics_key` (what a cached probe result is keyed by) and `fake_quantize`. The
+semantics of each format, and the runtime each one follows, are in trtkv.kvcache.numerics' docstring."""
 
 from __future__ import annotations
 

@@ -30,36 +30,25 @@ Passes are cached (cache/per_layer/) so a rerun or a new budget costs nothing.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from trtkv.core.errors import TrtkvError
-from trtkv.kvcache.formats import KVFormat, kv_bytes_per_token
-from trtkv.kvcache.quant import FormatChoice, numerics_key, parse_format
+from trtkv.kvcache.formats import KVFormat
+from trtkv.kvcache.quant import FormatChoice, parse_format
+from trtkv.probe.layer_passes import LayerPasses
 from trtkv.probe.layers_report import markdown, plot, summary_line
-from trtkv.probe.measure import (
-    chunk_for,
-    head_metrics,
-    head_positions,
-    make_cache,
-    needle_trials,
-    probe_scales,
-    reference_hidden,
-)
-from trtkv.probe.needles import feed_text
-from trtkv.probe.passes import feed
+from trtkv.probe.measure import head_positions, probe_scales, reference_hidden
 from trtkv.probe.serving import KV_CACHE_OF_FORMAT, served_by, serving, usable_gpus
 from trtkv.probe.setup import default_settings, load_model, write_json
 from trtkv.probe.sweep import probe_output
-from trtkv.probe.window import SLIDING, layer_types, sliding_window
+from trtkv.probe.window import SLIDING, sliding_window
 from trtkv.recipe import Recipe
-from trtkv.recipe.attention import AttentionKind, LayerAttention
 
 SWEEP_LEN = 2048
 SENSITIVITY_ROWS = 512  # a windowed model's sensitivity passes: LM-head rows per pass (evenly spaced)
@@ -101,50 +90,102 @@ def _sensitivity_stride(sweep: int, long_stride: int) -> int:
     return near if 2 * near >= wanted else wanted
 
 
-def per_layer_key(model_key: str, choice: FormatChoice, scales: Any, keep_fmt: KVFormat) -> str:
-    """The key of this sweep's cached passes: the model, the numerics of the format and of the kept layers' format
-    (numerics_key, as the sweep's cache is keyed) and the static scales; a changed format definition misses."""
-    affine = scales.affine.to_dict() if getattr(scales, "affine", None) is not None else None
-    parts = [model_key, choice.name, numerics_key(choice), numerics_key(keep_fmt), scales.k_amax, scales.v_amax, affine]
-    extra = scales.format_amaxes(choice) if hasattr(scales, "format_amaxes") else None
-    if extra is not None:  # fp8_attn_head's per-head, nvfp4_rotate's rotated-K amax (other formats' keys unchanged)
-        parts.append(extra)
-    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+@dataclass(frozen=True)
+class PerLayerOptions:
+    """What `trtkv probe --per-layer FORMAT` takes besides the recipe (trtkv.cli.probe's flags): the format, the
+    probe's lengths (default probe.lengths), the largest set of 16-bit layers tried, the budget (bytes per token, or
+    the KL; default 15% more bytes than the uniform format), torch's threads, the needle lengths (default none) and
+    the sensitivity passes' length (default SWEEP_LEN, at most the longest length)."""
+
+    fmt: str
+    lengths: list[int] | None = None
+    max_keep: int = 4
+    max_bytes_per_token: float | None = None
+    max_kl: float | None = None
+    threads: int | None = None
+    needle_lengths: list[int] | None = None
+    sweep_length: int | None = None
 
 
-def run_per_layer(recipe: Recipe, fmt: str, output: Path | None = None, lengths: list[int] | None = None,
-                  max_keep: int = 4, max_bytes_per_token: float | None = None, max_kl: float | None = None,
-                  threads: int | None = None, needle_lengths: list[int] | None = None,
-                  log: Callable[[str], None] = print, sweep_length: int | None = None) -> Path:
-    choice = parse_format(fmt)
-    if choice.base in (KVFormat.FP16, KVFormat.BF16) or choice.base.value.startswith("kivi"):
-        raise TrtkvError(f"--per-layer {fmt}: pick a quantized per-token format (fp8, int8, int4_g64, nvfp4, ...); "
-                         f"16-bit has nothing to keep and KIVI's window is a per-token, not per-layer, choice.")
-    if max_keep < 1:
-        raise TrtkvError(f"--max-keep {max_keep}: use 1 or more")
+@dataclass(frozen=True)
+class Sensitivity:
+    """The sensitivity phase at the sweep length: per layer KL/top-1 with only it quantized and with all but it, the
+    layers by gain, and the uniform format's pass."""
+
+    rows: list[dict[str, Any]]
+    order: list[int]
+    uniform: dict[str, Any]
+    sweep: int
+
+    def predicted(self, keep: list[int]) -> float:
+        """KL at the sweep length predicted for keeping `keep` (the gains added)."""
+        return max(0.0, self.uniform[str(self.sweep)]["kl"] - sum(self.rows[i]["gain"] for i in keep))
+
+
+def run_per_layer(recipe: Recipe, opts: PerLayerOptions, output: Path | None = None,
+                  log: Callable[[str], None] = print) -> Path:
+    """`trtkv probe RECIPE --per-layer FORMAT`, the method of this module's docstring step by step: load the model
+    and its reference, the sensitivity passes, the verified sets and the front, the needles, which engines serve each
+    point, the recommendation; writes per_layer_<format>.json/.md/.png under the probe's output and returns the
+    .json."""
+    choice = _per_token_format(opts)
     out = probe_output(recipe, output)
-    settings = default_settings(recipe, formats=[choice.name], lengths=lengths, needle_lengths=needle_lengths or [])
-    settings.threads = threads
-    longest = max(settings.lengths)
-    sweep = min(sweep_length or SWEEP_LEN, longest)
     t_start, c_start = time.time(), time.process_time()
+    lp = _open(recipe, choice, opts, out, log, t_start)
+    log(f"probe --per-layer {choice.name}: {2 * lp.n_layers + 1} passes at {lp.sweep} tokens, then up to "
+        f"{opts.max_keep + (4 if lp.window else 2)} at {lp.longest}")
+    sens = _sensitivity(lp)
+    log(f"  sensitivity done: {lp.passes['run']} passes run, {lp.passes['cached']} cached, "
+        f"{time.time() - t_start:.0f} s")
+    points, candidates, sets = _verified_points(lp, sens, opts.max_keep, out)
+    if lp.settings.needle_lengths:
+        _add_needles(lp, points, out)
+    for p in points:  # which engines serve it (the recipe's own rules, per backend and GPU)
+        p["serving"] = serving(recipe, p["format"], p["skip"])
+    doc: dict[str, Any] = {
+        "recipe": recipe.name, "format": choice.name, "keep_format": lp.keep_fmt.value, "sweep_length": lp.sweep,
+        "longest_length": lp.longest, "lengths": lp.settings.lengths, "layers": sens.rows, "order_by_gain": sens.order,
+        "sensitivity_uniform": sens.uniform[str(lp.sweep)], "uniform": points[0], "all_16bit": points[1],
+        "candidates": candidates, "sets": sets, "points": points, **_fronts(points, lp.settings.needle_lengths),
+        **_recommendation(points, opts), "passes": lp.passes, "seconds": round(time.time() - t_start, 1),
+        "cpu_seconds": round(time.process_time() - c_start, 1), "method": __doc__}
+    if lp.rows_sweep is not None and lp.rows_long is not None:
+        doc["windowed"] = {"sliding_window": lp.window, "sliding_layers": lp.sliding,
+                           "full_layers": [i for i in lp.everything if i not in lp.sliding],
+                           "sensitivity_rows": int(lp.rows_sweep.numel()), "longest_rows": int(lp.rows_long.numel()),
+                           "verification_rows": int(lp.union.numel()) if lp.union is not None else 0}
+    if doc["recommended"] is not None:
+        doc["deploy"] = _deploy(doc["recommended"], doc["gpus_usable"])
+    return _write(doc, out, choice.name, log)
+
+
+def _per_token_format(opts: PerLayerOptions) -> FormatChoice:
+    """The format asked for, refused when it has nothing to keep per layer (16 bit, KIVI) or --max-keep < 1."""
+    choice = parse_format(opts.fmt)
+    if choice.base in (KVFormat.FP16, KVFormat.BF16) or choice.base.value.startswith("kivi"):
+        raise TrtkvError(f"--per-layer {opts.fmt}: pick a quantized per-token format (fp8, int8, int4_g64, nvfp4, "
+                         f"...); 16-bit has nothing to keep and KIVI's window is a per-token, not per-layer, choice.")
+    if opts.max_keep < 1:
+        raise TrtkvError(f"--max-keep {opts.max_keep}: use 1 or more")
+    return choice
+
+
+def _open(recipe: Recipe, choice: FormatChoice, opts: PerLayerOptions, out: Path, log: Callable[[str], None],
+          t_start: float) -> LayerPasses:
+    """The model, its scales and the reference's hidden states, at the rows each pass scores: every row of a
+    full-attention model; on a windowed model the sweep's sampled LM-head rows at the longest length and
+    SENSITIVITY_ROWS evenly spaced ones at the sweep length (a 262K-wide head per pass would cost more than the
+    pass)."""
+    settings = default_settings(recipe, formats=[choice.name], lengths=opts.lengths,
+                                needle_lengths=opts.needle_lengths or [])
+    settings.threads = opts.threads
+    longest = max(settings.lengths)
+    sweep = min(opts.sweep_length or SWEEP_LEN, longest)
     loaded = load_model(recipe, settings)
     scales = probe_scales(recipe, loaded, settings, out)
-    config = loaded.model.config
-    n_layers = int(loaded.info["num_layers"])
-    heads, dim = int(loaded.info["num_kv_heads"]), int(loaded.info["head_dim"])
-    keep_fmt = recipe.kv_skip_format
-    window = sliding_window(config)
-    kinds = layer_types(config)
-    sliding = [i for i, k in enumerate(kinds) if k == SLIDING]
-    everything = list(range(n_layers))
     cache_dir = out / "cache" / "per_layer"
-    passes = {"run": 0, "cached": 0}
-    # the rows (position t predicts t + 1) each pass scores: every row of a full-attention model; on a windowed model
-    # the sweep's sampled LM-head rows at the longest length and SENSITIVITY_ROWS evenly spaced ones at the sweep
-    # length (a 262K-wide head per pass would cost more than the pass)
-    rows_long = rows_sweep = None
-    if window:
+    rows_long = rows_sweep = union = None
+    if sliding_window(loaded.model.config):
         rows_long = head_positions(loaded, longest - 1)
         rows_long = torch.arange(longest - 1) if rows_long is None else rows_long
         rows_sweep = rows_long if sweep == longest else torch.arange(0, sweep - 1, _sensitivity_stride(
@@ -152,166 +193,48 @@ def run_per_layer(recipe: Recipe, fmt: str, output: Path | None = None, lengths:
         union = torch.unique(torch.cat([rows_long, rows_sweep]))  # a verification pass scores both
         ref, _ = reference_hidden(loaded, longest, cache_dir, union)  # its own file: the sweep's stays valid
     else:
-        union = None
         ref, _ = reference_hidden(loaded, longest, out)
-    targets = torch.tensor(loaded.text_ids[1:longest], device=loaded.device)
-    skey = per_layer_key(loaded.key, choice, scales, keep_fmt)
-    all_key = hashlib.sha256(json.dumps([loaded.key, numerics_key(keep_fmt)]).encode()).hexdigest()[:16]
+    return LayerPasses(loaded, choice, scales, recipe.kv_skip_format, settings, sweep, longest, cache_dir, ref,
+                       rows_long=rows_long, rows_sweep=rows_sweep, union=union, log=log, t_start=t_start)
 
-    def rows_at(n: int) -> torch.Tensor | None:
-        return None if not window else (union if n == longest else rows_sweep)
 
-    def scored(pos: torch.Tensor, length: int) -> torch.Tensor:
-        """The rows a length's figures average: KL@sweep over the sensitivity rows in every pass (so predicted and
-        verified KL at the sweep length are over the same positions), the other lengths over the sweep's rows."""
-        sel = pos < length - 1
-        if window and rows_sweep is not None and rows_long is not None:
-            sel &= torch.isin(pos, rows_sweep if length == sweep else rows_long)
-        return sel
-
-    def pass_path(keep: tuple[int, ...], n: int, rows: torch.Tensor | None) -> Path:
-        """Cached pass: all-16-bit is the same pass for every format (keyed without it)."""
-        parts: list[Any] = [all_key, "all"] if list(keep) == everything else [skey, list(keep)]
-        parts += [n, None if rows is None else rows.tolist()]
-        return cache_dir / f"{hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:20]}.json"
-
-    def measure(keeps: list[list[int]], n: int) -> dict[tuple[int, ...], dict[str, Any]]:
-        """KL/top-1 at every reported length <= n for `fmt` with each `keep` in the model dtype: one pass each (cached;
-        on a windowed model chunked, sliding layers windowed, the last layer at the scored rows only, and at the
-        longest length the needles asked on the way), then ONE shared reference LM head for the new passes."""
-        rows = rows_at(n)
-        found: dict[tuple[int, ...], dict[str, Any]] = {}
-        pending: dict[tuple[int, ...], tuple[torch.Tensor, dict[str, Any], Path]] = {}
-        for keep in keeps:
-            key = tuple(sorted(keep))
-            path = pass_path(key, n, rows)
-            if key in found or key in pending:
-                continue
-            if path.is_file():
-                passes["cached"] += 1
-                found[key] = dict(json.loads(path.read_text()))
-                continue
-            partial = path.with_suffix(".pt")  # a pass whose head had not run yet (an interrupted run)
-            if partial.is_file():
-                doc = torch.load(partial, weights_only=True)
-                pending[key] = (doc["hidden"].to(loaded.device), dict(doc["res"]), path)
-                continue
-            t0, c0 = time.time(), time.process_time()
-            cache = make_cache(loaded, choice, scales, keep_layers=list(key), keep_format=keep_fmt)
-            ids = torch.tensor([loaded.text_ids[:n]], device=loaded.device)
-            if window and n == longest:
-                hidden, needles = feed_text(loaded, ids, cache, chunk_for(choice), rows)
-            else:
-                hidden, needles = feed(loaded.model, ids, cache, chunk_for(choice), rows), None
-            hidden = hidden[0] if rows is not None else hidden[0, : n - 1]
-            res: dict[str, Any] = {"keep": list(key), "bytes_per_token_formula": kv_bytes_per_token(
-                n_layers, heads, dim, choice.base, list(key), keep_fmt), "stored_bytes": cache.stored_bytes(),
-                "tokens": n, "seconds": round(time.time() - t0, 1), "cpu_seconds": round(time.process_time() - c0, 1)}
-            if needles:
-                res["needles"] = {str(length): {"accuracy": r["accuracy"], "by_depth": r["by_depth"]}
-                                  for length, r in needles.items()}
-            if choice.static and not key:
-                clip = cache.clip_stats()
-                res["clip_by_layer"] = [(x["k_clip"] + x["v_clip"]) / x["elements"] if x["elements"] else 0.0
-                                        for x in clip["layers"]]
-            del cache
-            partial.parent.mkdir(parents=True, exist_ok=True)
-            torch.save({"hidden": hidden.cpu(), "res": res}, partial)
-            pending[key] = (hidden, res, path)
-            if len(pending) % 10 == 0:
-                log(f"  {len(pending)} passes at {n} tokens run, {passes['cached']} from cache, "
-                    f"{time.time() - t_start:.0f} s")
-        if pending:
-            if rows is None or union is None:  # rows and union are set together (a windowed model)
-                ref_rows, tgt, pos = ref[: n - 1], targets[: n - 1], torch.arange(n - 1)
-            else:
-                ref_rows, tgt, pos = ref[torch.searchsorted(union, rows)], targets[rows.to(targets.device)], rows
-            t0, c0 = time.time(), time.process_time()
-            metrics = head_metrics(loaded.model, ref_rows, {str(k): h for k, (h, _, _) in pending.items()}, tgt)
-            head_cpu = round((time.process_time() - c0) / len(pending), 1)
-            for key, (_, res, path) in pending.items():
-                m = metrics[str(key)]
-                for length in sorted({sweep, longest, *settings.lengths}):
-                    if length <= n:
-                        sel = scored(pos, length)
-                        res[str(length)] = {"kl": float(m["kl"][sel].double().mean()),
-                                            "top1": float(m["agree"][sel].double().mean())}
-                res["head_cpu_seconds"] = head_cpu
-                write_json(path, res)
-                path.with_suffix(".pt").unlink(missing_ok=True)
-                found[key] = res
-                passes["run"] += 1
-            log(f"  LM head for {len(pending)} passes at {n} tokens: {time.time() - t0:.0f} s")
-        return found
-
-    def needle(keep: list[int], length: int) -> float:
-        """Passkey accuracy at `length` for `fmt` with `keep` in the model dtype (cached; a full-attention model)."""
-        params = [skey, "needle", sorted(keep), length, settings.needle_depths, settings.needle_seeds]
-        path = cache_dir / f"{hashlib.sha256(json.dumps(params).encode()).hexdigest()[:20]}.json"
-        if path.is_file():
-            passes["cached"] += 1
-            return float(json.loads(path.read_text())["accuracy"])
-        res = needle_trials(loaded, choice, scales, length, settings.needle_depths, settings.needle_seeds,
-                            keep_layers=keep, keep_format=keep_fmt)
-        write_json(path, {"params": params, "accuracy": res["accuracy"], "by_depth": res["by_depth"]})
-        passes["run"] += 1
-        return float(res["accuracy"])
-
-    def held(keep: list[int] | None, per_token: float) -> float:
-        """KV bytes one `longest`-token sequence holds, per token: a sliding layer holds its window only (the
-        planner's per-layer accounting, trtkv.recipe.attention); = the per-token formula on a full-attention model."""
-        if not window:
-            return per_token
-        layers = [LayerAttention(AttentionKind.SLIDING, window) if k == SLIDING else LayerAttention(AttentionKind.FULL)
-                  for k in kinds]
-        if keep is None:  # another uniform format (probe.json): its per-token bytes spread evenly over the layers
-            return sum(x.tokens_held(longest) for x in layers) * per_token / (n_layers * longest)
-        return sum(x.tokens_held(longest) * kv_bytes_per_token(1, heads, dim, keep_fmt if i in keep else choice.base)
-                   for i, x in enumerate(layers)) / longest
-
-    log(f"probe --per-layer {choice.name}: {2 * n_layers + 1} passes at {sweep} tokens, then up to "
-        f"{max_keep + (4 if window else 2)} at {longest}")
-    sens = measure([[], *([j for j in everything if j != i] for i in everything), *([i] for i in everything)], sweep)
+def _sensitivity(lp: LayerPasses) -> Sensitivity:
+    """At the sweep length: the uniform format, each layer alone quantized and each layer alone kept; a layer's gain
+    is what keeping it buys (KL uniform - KL all but it), with the calibration's statistics and clip rate."""
+    everything, sweep = lp.everything, str(lp.sweep)
+    sens = lp.measure([[], *([j for j in everything if j != i] for i in everything), *([i] for i in everything)],
+                      lp.sweep)
     uniform = sens[()]
     rows = []
     for i in everything:
         only = sens[tuple(j for j in everything if j != i)]
         but = sens[(i,)]
-        rows.append({"layer": i, "kl_only": only[str(sweep)]["kl"], "top1_only": only[str(sweep)]["top1"],
-                     "kl_all_but": but[str(sweep)]["kl"], "top1_all_but": but[str(sweep)]["top1"],
-                     "gain": uniform[str(sweep)]["kl"] - but[str(sweep)]["kl"],
-                     **({"attention": "sliding" if kinds[i] == SLIDING else "full"} if window else {})})
-    for row, st, clip in zip(rows, _stats_rows(scales, n_layers), uniform.get("clip_by_layer") or [None] * n_layers,
-                             strict=True):
+        rows.append({"layer": i, "kl_only": only[sweep]["kl"], "top1_only": only[sweep]["top1"],
+                     "kl_all_but": but[sweep]["kl"], "top1_all_but": but[sweep]["top1"],
+                     "gain": uniform[sweep]["kl"] - but[sweep]["kl"],
+                     **({"attention": "sliding" if lp.kinds[i] == SLIDING else "full"} if lp.window else {})})
+    for row, st, clip in zip(rows, _stats_rows(lp.scales, lp.n_layers),
+                             uniform.get("clip_by_layer") or [None] * lp.n_layers, strict=True):
         row.update(st, clip_rate=clip)
     order = sorted(everything, key=lambda i: rows[i]["gain"], reverse=True)
-    uniform_kl = uniform[str(sweep)]["kl"]
-    log(f"  sensitivity done: {passes['run']} passes run, {passes['cached']} cached, {time.time() - t_start:.0f} s")
-    # verification at the longest length: uniform, all-16-bit, the greedy sets and (a windowed model) the sliding
-    # layers kept (vLLM's `--kv-cache-dtype-skip-layers sliding_window`) and the full-attention layers kept
-    named = {"sliding_window": sliding, "full_attention": [i for i in everything if i not in sliding]} if window else {}
-    greedy = [sorted(order[:k]) for k in range(1, max_keep + 1)]
-    got_long = measure([[], everything, *greedy, *named.values()], longest)
+    return Sensitivity(rows, order, uniform, lp.sweep)
 
-    def point(label: str, keep: list[int], fmt_name: str, skip: list[Any]) -> dict[str, Any]:
-        got = got_long[tuple(keep)]
-        return {"label": label, "keep": keep, "skip": skip, "format": fmt_name,
-                "bytes_per_token": held(keep, got["bytes_per_token_formula"]),
-                "bytes_per_token_formula": got["bytes_per_token_formula"],
-                "stored_bytes_per_token": got["stored_bytes"] / longest,
-                "kl_sweep": got[str(sweep)]["kl"], "top1_sweep": got[str(sweep)]["top1"],
-                "kl_longest": got[str(longest)]["kl"], "top1_longest": got[str(longest)]["top1"],
-                "kl_by_length": {n: got[n]["kl"] for n in map(str, sorted(settings.lengths)) if n in got},
-                "top1_by_length": {n: got[n]["top1"] for n in map(str, sorted(settings.lengths)) if n in got},
-                "cpu_seconds": got.get("cpu_seconds"), **({"needles": got["needles"]} if "needles" in got else {})}
 
-    def predicted(keep: list[int]) -> float:
-        return max(0.0, uniform_kl - sum(rows[i]["gain"] for i in keep))
-
+def _verified_points(lp: LayerPasses, sens: Sensitivity, max_keep: int,
+                     out: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Verification at the longest length: the uniform format, all-16-bit, the greedy sets (the k best layers, k up
+    to max_keep) and, on a windowed model, the sliding layers kept (vLLM's `--kv-cache-dtype-skip-layers
+    sliding_window`) and the full-attention layers kept; with the probe's other uniform formats, the front's points.
+    Returns the points, the greedy candidates and the named sets."""
+    choice, keep_fmt = lp.choice, lp.keep_fmt
+    named = {"sliding_window": lp.sliding,
+             "full_attention": [i for i in lp.everything if i not in lp.sliding]} if lp.window else {}
+    greedy = [sorted(sens.order[:k]) for k in range(1, max_keep + 1)]
+    got = lp.measure([[], lp.everything, *greedy, *named.values()], lp.longest)
     candidates = []
     for keep in greedy:
-        c = point(f"{choice.name}+{keep_fmt.value}{keep}", keep, choice.name, keep)
-        c["predicted_kl_sweep"] = predicted(keep)
+        c = _point(lp, got[tuple(keep)], f"{choice.name}+{keep_fmt.value}{keep}", keep, choice.name, keep)
+        c["predicted_kl_sweep"] = sens.predicted(keep)
         c["prediction_error"] = (c["predicted_kl_sweep"] - c["kl_sweep"]) / c["kl_sweep"] if c["kl_sweep"] else None
         candidates.append(c)
     sets = {}
@@ -322,58 +245,80 @@ def run_per_layer(recipe: Recipe, fmt: str, output: Path | None = None, lengths:
             sets[name] = same
             continue
         skip: list[Any] = ["sliding_window"] if name == "sliding_window" else keep
-        sets[name] = point(f"{choice.name}+{keep_fmt.value}[{name}]", keep, choice.name, skip)
-        sets[name].update(set=name, predicted_kl_sweep=predicted(keep))
-    points = [point(choice.name, [], choice.name, []), point(keep_fmt.value, everything, keep_fmt.value, []),
+        sets[name] = _point(lp, got[tuple(keep)], f"{choice.name}+{keep_fmt.value}[{name}]", keep, choice.name, skip)
+        sets[name].update(set=name, predicted_kl_sweep=sens.predicted(keep))
+    points = [_point(lp, got[()], choice.name, [], choice.name, []),
+              _point(lp, got[tuple(lp.everything)], keep_fmt.value, lp.everything, keep_fmt.value, []),
               *candidates, *(p for p in sets.values() if p not in candidates),
-              *_probe_points(out, choice.name, sweep, longest, held)]
-    if settings.needle_lengths:
-        log(f"  needle retrieval at {settings.needle_lengths} for {len(points)} configurations")
-        probe_needles = _probe_needles(out)
-        for p in points:
-            if p.get("source") == "probe.json":
-                p["needle"] = {str(n): probe_needles.get((p["label"], n)) for n in settings.needle_lengths}
-            elif window:  # asked from the verification pass itself (trtkv.probe.needles)
-                p["needle"] = {str(n): (p.get("needles") or {}).get(str(n), {}).get("accuracy")
-                               for n in settings.needle_lengths}
-            else:
-                p["needle"] = {str(n): needle(p["keep"], n) for n in settings.needle_lengths}
-    for p in points:  # which engines serve it (the recipe's own rules, per backend and GPU)
-        p["serving"] = serving(recipe, p["format"], p["skip"])
-    budget = max_bytes_per_token if max_bytes_per_token is not None else (
+              *_probe_points(out, choice.name, lp.sweep, lp.longest, lp.held)]
+    return points, candidates, sets
+
+
+def _point(lp: LayerPasses, got: dict[str, Any], label: str, keep: list[int], fmt_name: str,
+           skip: list[Any]) -> dict[str, Any]:
+    """One point of the front from its verification pass `got`: bytes held per token, KL and top-1 per length."""
+    lengths = list(map(str, sorted(lp.settings.lengths)))
+    sweep, longest = str(lp.sweep), str(lp.longest)
+    return {"label": label, "keep": keep, "skip": skip, "format": fmt_name,
+            "bytes_per_token": lp.held(keep, got["bytes_per_token_formula"]),
+            "bytes_per_token_formula": got["bytes_per_token_formula"],
+            "stored_bytes_per_token": got["stored_bytes"] / lp.longest,
+            "kl_sweep": got[sweep]["kl"], "top1_sweep": got[sweep]["top1"],
+            "kl_longest": got[longest]["kl"], "top1_longest": got[longest]["top1"],
+            "kl_by_length": {n: got[n]["kl"] for n in lengths if n in got},
+            "top1_by_length": {n: got[n]["top1"] for n in lengths if n in got},
+            "cpu_seconds": got.get("cpu_seconds"), **({"needles": got["needles"]} if "needles" in got else {})}
+
+
+def _add_needles(lp: LayerPasses, points: list[dict[str, Any]], out: Path) -> None:
+    """Each point's passkey accuracy per needle length: from probe.json for the other uniform formats, from the
+    verification pass on a windowed model (trtkv.probe.needles), else a needle pass of its own (cached)."""
+    lengths = lp.settings.needle_lengths
+    lp.log(f"  needle retrieval at {lengths} for {len(points)} configurations")
+    probe_needles = _probe_needles(out)
+    for p in points:
+        if p.get("source") == "probe.json":
+            p["needle"] = {str(n): probe_needles.get((p["label"], n)) for n in lengths}
+        elif lp.window:  # asked from the verification pass itself (trtkv.probe.needles)
+            p["needle"] = {str(n): (p.get("needles") or {}).get(str(n), {}).get("accuracy") for n in lengths}
+        else:
+            p["needle"] = {str(n): lp.needle(p["keep"], n) for n in lengths}
+
+
+def _fronts(points: list[dict[str, Any]], needle_lengths: list[int]) -> dict[str, Any]:
+    """The non-dominated points: bytes vs KL at the sweep and the longest length, vs top-1 misses, among the served
+    points, and vs needle misses."""
+    return {"front_sweep": pareto(points, "kl_sweep"), "front_longest": pareto(points, "kl_longest"),
+            "front_longest_top1": pareto([{**p, "top1_miss": 1.0 - p["top1_longest"]} for p in points], "top1_miss"),
+            "front_longest_served": pareto([p for p in points if p["serving"]["engines"]], "kl_longest"),
+            "needle_lengths": needle_lengths, "front_needle": _needle_front(points, needle_lengths)}
+
+
+def _recommendation(points: list[dict[str, Any]], opts: PerLayerOptions) -> dict[str, Any]:
+    """The GPUs some engine serves a point on, the budget, the best served point within it and the best point no
+    engine serves (when it is another)."""
+    max_kl = opts.max_kl
+    budget = opts.max_bytes_per_token if opts.max_bytes_per_token is not None else (
         None if max_kl is not None else DEFAULT_BYTES_HEADROOM * points[0]["bytes_per_token"])
     eligible = [p for p in points
                 if (budget is None or p["bytes_per_token"] <= budget) and (max_kl is None or p["kl_longest"] <= max_kl)]
     cheapest = max_kl is not None
-    usable = usable_gpus([p["serving"] for p in points])
     best = _pick([p for p in eligible if p["serving"]["engines"]], cheapest)
     best_any = _pick(eligible, cheapest)
-    doc = {"recipe": recipe.name, "format": choice.name, "keep_format": keep_fmt.value, "sweep_length": sweep,
-           "longest_length": longest, "lengths": settings.lengths, "layers": rows, "order_by_gain": order,
-           "sensitivity_uniform": uniform[str(sweep)],
-           "uniform": points[0], "all_16bit": points[1], "candidates": candidates, "sets": sets, "points": points,
-           "front_sweep": pareto(points, "kl_sweep"), "front_longest": pareto(points, "kl_longest"),
-           "front_longest_top1": pareto([{**p, "top1_miss": 1.0 - p["top1_longest"]} for p in points], "top1_miss"),
-           "front_longest_served": pareto([p for p in points if p["serving"]["engines"]], "kl_longest"),
-           "needle_lengths": settings.needle_lengths, "front_needle": _needle_front(points, settings.needle_lengths),
-           "gpus_usable": usable,
-           "budget": {"max_bytes_per_token": budget, "max_kl": max_kl}, "recommended": best,
-           "best_not_served": best_any if best_any is not None and best_any is not best else None,
-           "passes": passes, "seconds": round(time.time() - t_start, 1),
-           "cpu_seconds": round(time.process_time() - c_start, 1), "method": __doc__}
-    if rows_sweep is not None and rows_long is not None:
-        doc["windowed"] = {"sliding_window": window, "sliding_layers": sliding, "full_layers": named["full_attention"],
-                           "sensitivity_rows": int(rows_sweep.numel()), "longest_rows": int(rows_long.numel()),
-                           "verification_rows": int(union.numel()) if union is not None else 0}
-    if best is not None:
-        doc["deploy"] = _deploy(best, usable)
+    return {"gpus_usable": usable_gpus([p["serving"] for p in points]),
+            "budget": {"max_bytes_per_token": budget, "max_kl": max_kl}, "recommended": best,
+            "best_not_served": best_any if best_any is not None and best_any is not best else None}
+
+
+def _write(doc: dict[str, Any], out: Path, name: str, log: Callable[[str], None]) -> Path:
+    """per_layer_<format>.json, .md and .png under `out`; the .json's path."""
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"per_layer_{choice.name}"
+    stem = out / f"per_layer_{name}"
     write_json(stem.with_suffix(".json"), doc)
     stem.with_suffix(".md").write_text(markdown(doc))
     plot(doc, stem.with_suffix(".png"))
-    log(f"probe --per-layer {choice.name}: wrote {stem}.json/.md/.png in {doc['seconds']:.0f} s "
-        f"({passes['run']} passes, {passes['cached']} cached)")
+    log(f"probe --per-layer {name}: wrote {stem}.json/.md/.png in {doc['seconds']:.0f} s "
+        f"({doc['passes']['run']} passes, {doc['passes']['cached']} cached)")
     log(summary_line(doc))
     return stem.with_suffix(".json")
 

@@ -9,58 +9,29 @@ and reports every problem at once, each naming the file, the field, the value an
 Recipe names are checked where a recipe is found (`check_recipe_name`, for other stages to reuse too), and the YAML
 is read as plain data: bounded in bytes, nesting and aliases, duplicate keys refused.
 
-The public names live here; the work is in private modules: `schema` (enums and sections; the bench section in
-`bench_section`), `loader` (files, includes, overrides, error messages), `names` (the recipe-name rule), `plain_yaml`
-(bounded YAML), `rules` (cross-field rules), `reference` (the recipe table in docs/recipes.md).
+The most used names are importable from here; the work is in the modules: `schema` (enums and sections; the bench
+section in `bench_section`), `loader` (files, includes, overrides, error messages), `names` (the recipe-name rule),
+`plain_yaml` (bounded YAML), `rules` (cross-field rules), `reference` (the recipe table in docs/recipes.md), `layout`
+(stage folders), `attention` (layer kinds), `render` and `settle` (the text `trtkv init` writes). `__all__` is the
+package's face: every name other packages import, from here or from its module (tests/test_exported_members.py).
 """
 
-from trtkv.recipe.backend_rules import BACKEND_RULES
-from trtkv.recipe.loader import (
-    apply_overrides,
-    dump_yaml,
-    find_recipe,
-    list_recipes,
-    load_recipe,
-    load_tree,
-    parse_override,
-    recipe_name,
-    validate_data,
-)
-from trtkv.recipe.names import RECIPE_NAME_RE, RECIPE_NAME_RULE, check_recipe_name, fold_recipe_name
-from trtkv.recipe.plain_yaml import MAX_ALIASES, MAX_DEPTH, MAX_FILE_BYTES
-from trtkv.recipe.reference import reference_markdown
+from trtkv.recipe.loader import dump_yaml, list_recipes, load_recipe, recipe_name
+from trtkv.recipe.names import check_recipe_name
 from trtkv.recipe.rules import cross_field_problems
-from trtkv.recipe.schema import (
-    KV_CACHE_ALIASES,
-    PACKAGED_MODELS,
-    SLO_PATTERN,
-    Backend,
-    BatchingStrategy,
-    BenchConfig,
-    BenchTask,
-    BuildConfig,
-    CalibrationConfig,
-    GemmPlugin,
-    HardwareConfig,
-    KVCacheQuant,
-    KVScaleStrategy,
-    ModelConfig,
-    ModelDtype,
-    ProbeConfig,
-    Protocol,
-    QuantizationConfig,
-    Recipe,
-    SchedulerPolicy,
-    TritonConfig,
-    WeightQuant,
-)
+from trtkv.recipe.schema import SLO_PATTERN, Backend, BenchTask, KVCacheQuant, ModelDtype, Protocol, Recipe, WeightQuant
 
 __all__ = [
-    "MAX_ALIASES", "MAX_DEPTH", "MAX_FILE_BYTES", "RECIPE_NAME_RE", "RECIPE_NAME_RULE", "check_recipe_name",
-    "fold_recipe_name", "BACKEND_RULES", "KV_CACHE_ALIASES", "PACKAGED_MODELS", "SLO_PATTERN", "Backend",
-    "BatchingStrategy", "BenchConfig", "BenchTask", "BuildConfig", "CalibrationConfig", "GemmPlugin", "HardwareConfig",
-    "KVCacheQuant", "KVScaleStrategy", "ModelConfig", "ModelDtype", "ProbeConfig", "Protocol", "QuantizationConfig",
-    "Recipe", "SchedulerPolicy", "TritonConfig", "WeightQuant", "apply_overrides", "cross_field_problems", "dump_yaml",
-    "find_recipe", "list_recipes", "load_recipe", "load_tree", "parse_override", "recipe_name", "reference_markdown",
-    "validate_data",
+    "Accounting", "ACCOUNTING_TEXT", "Artifacts", "AttentionKind", "Backend", "batch_for", "BenchTask",
+    "build_notes", "bytes_by_attention", "check_config_field", "check_recipe_name", "checkpoint_dir",
+    "compact_layers", "CONFIG_FIELDS", "container_artifacts", "container_mounts", "CONTAINER_ROOT",
+    "cross_field_problems", "DECODERS", "DEFAULT_SEQ_LEN", "dump_yaml", "engine_dir", "ENGINE_KV_FORMATS",
+    "gated_deltanet", "gemm_plugin_choice", "HF_CONFIG", "HF_EXPORT_BACKENDS", "HF_EXPORT_ONLY", "host_artifacts",
+    "hybrid_block_size", "KV_ACCOUNTING", "KV_ALGO", "kv_cache_quant_algo", "kv_heads_split", "KVCacheQuant",
+    "KVShape", "layer_formats", "LayerAttention", "layout", "list_recipes", "load_recipe", "mamba1", "mamba2",
+    "MAX_LIST", "MAX_SWEEP_LENGTHS", "ModelDtype", "parse_layers", "prefix_cache", "Protocol", "RANGES", "Recipe",
+    "recipe_name", "refusal", "render", "repo_dir", "sequence_kv_bytes", "serve_dir", "served_artifacts",
+    "served_kv_formats", "Settings", "settle", "SLO_PATTERN", "SPEED_ENGINE", "STATE_DTYPE_BYTES", "state_dtypes",
+    "state_from_dict", "StateSpec", "summary", "to_container", "VLLM_BLOCK_CPU", "VLLM_BLOCK_GPU", "vllm_hybrid_on",
+    "WEIGHT_ALGOS", "WeightQuant", "WORD"
 ]

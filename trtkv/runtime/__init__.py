@@ -14,28 +14,12 @@ KV-cache numerics, not its FP8 activation rounding; differences that come from t
 """
 
 
-from trtkv.runtime.batch import Batcher, SequenceState, make_sequence
-from trtkv.runtime.checkpoint import (
-    GLOBAL_NAMES,
-    KV_FORMATS,
-    LAYER_NAMES,
-    REQUIRED_ARCH,
-    RUNTIME_JSON,
-    TRTLLM_DEFAULTS,
-    build_model,
-    checkpoint_architecture,
-    hf_to_trtllm_state_dict,
-    kv_scaling_factors,
-    llama_config,
-    trtllm_to_hf_state_dict,
-)
+from trtkv.runtime.batch import Batcher, make_sequence
+from trtkv.runtime.checkpoint import build_model, llama_config, trtllm_to_hf_state_dict
 from trtkv.runtime.engine import ReferenceRuntime
-from trtkv.runtime.errors import RequestError
-from trtkv.runtime.quiz import quiz_agreement, quiz_answers
-from trtkv.runtime.sampling import LogitControls, pick_token
+from trtkv.runtime.sampling import LogitControls
 
-__all__ = ["GLOBAL_NAMES", "KV_FORMATS", "LAYER_NAMES", "REQUIRED_ARCH", "RUNTIME_JSON", "TRTLLM_DEFAULTS",
-           "Batcher", "LogitControls", "ReferenceRuntime", "RequestError", "SequenceState", "build_model",
-           "checkpoint_architecture", "make_sequence",
-           "hf_to_trtllm_state_dict", "kv_scaling_factors", "llama_config", "pick_token", "quiz_agreement",
-           "quiz_answers", "trtllm_to_hf_state_dict"]
+__all__ = [
+    "Batcher", "build_model", "hf_checkpoint", "llama_config", "LLM", "LogitControls", "make_sequence",
+    "quiz_patterns", "read_json", "ReferenceRuntime", "SamplingParams", "trtllm_to_hf_state_dict",
+]
