@@ -31,6 +31,8 @@ from trtkv.contracts.canary import canary_script, docker_health_args
 from trtkv.core import paths
 from trtkv.core.apikey import VLLM_KEY_ENV
 from trtkv.core.errors import StageError
+from trtkv.core.files import strict_json
+from trtkv.core.httpcall import request
 from trtkv.core.tools import quote
 from trtkv.kvcache import engines
 from trtkv.platform.hardware import GPU
@@ -44,6 +46,7 @@ VLLM_IMAGE = "vllm/vllm-openai:v0.32.0"  # the GPU container (docker hub); pinne
 CPU_COMMAND = "vllm_command.txt"
 GPU_COMMAND = "vllm_gpu_command.txt"
 GIB = 1024**3
+GENERATE_BYTES = 16 << 20  # a `trtkv generate` answer: the text of max_tokens tokens, with room to spare
 SHM_GIB = 16  # /dev/shm for vLLM's worker processes (docker --shm-size, the pods' memory-backed /dev/shm)
 NIXL = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'  # Dynamo's disaggregated workers move KV by NIXL
 
@@ -317,19 +320,20 @@ class VllmRunner(Runner):
                 f"{max_tokens} tokens)")
 
     def local_generate(self, recipe: Recipe, prompt: str, max_tokens: int, checkpoint: Path | None) -> str:
-        import json
-        import urllib.request
-
         body = {"model": served_model_name(recipe), "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
         url = f"http://{recipe.triton.host}:{recipe.triton.http_port}/v1/completions"
-        request = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=120) as response:
-                return str(json.loads(response.read())["choices"][0]["text"])
+            answer = request(url, body, timeout_s=120.0, max_bytes=GENERATE_BYTES)
         except OSError as exc:
             raise StageError(f"generate {recipe.name}: vLLM does not answer at {url} ({exc}). Next: `trtkv serve "
                              f"{recipe.name}`.") from exc
+        try:
+            if answer.status == 200:
+                return str(strict_json(answer.body)["choices"][0]["text"])
+        except (ValueError, KeyError, IndexError, TypeError):
+            pass
+        raise StageError(f"generate {recipe.name}: vLLM at {url} answered HTTP {answer.status} without a completion: "
+                         f"{answer.text[:200]!r}. Next: check the server log (`trtkv status {recipe.name}`).")
 
 
 class VllmDynamo:
