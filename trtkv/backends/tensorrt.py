@@ -32,7 +32,7 @@ from trtkv.core.tools import quote, run_logged, tail
 from trtkv.platform import trtllm, versions
 from trtkv.recipe import Backend, KVCacheQuant, Recipe, WeightQuant
 from trtkv.recipe.backend_rules import gemm_plugin_choice
-from trtkv.recipe.layout import checkpoint_dir, engine_dir, kv_cache_quant_algo
+from trtkv.recipe.layout import checkpoint_tokenizer_dir, engine_dir, kv_cache_quant_algo
 
 ENGINE_RUNNER = """\
 import json, sys
@@ -359,7 +359,7 @@ class TensorRTRunner(Runner):
             raise StageError(f"generate {recipe.name}: the engine has {recipe.world_size} ranks; ModelRunnerCpp needs "
                              f"one process per rank (`mpirun -n {recipe.world_size}`). Next: serve it (`trtkv serve "
                              f"{recipe.name}`) and ask the server.")
-        return ENGINE_RUNNER, {"engine": str(engine_dir(recipe)), "tokenizer": str(checkpoint_dir(recipe) / "tokenizer"),
+        return ENGINE_RUNNER, {"engine": str(engine_dir(recipe)), "tokenizer": str(checkpoint_tokenizer_dir(recipe)),
                                "prompt": prompt, "max_tokens": max_tokens}
 
 

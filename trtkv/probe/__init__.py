@@ -30,7 +30,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from trtkv.probe.results import classify, default_probe_dir, find_probe, load_probe, probe_advice, write_outputs
+from trtkv.probe.results import classify, find_probe, load_probe, probe_advice, write_outputs
 
 # name -> submodule, imported on first access (they import torch; `trtkv plan` must not)
 _LAZY = {"default_settings": "setup", "load_model": "setup", "ProbeSettings": "setup", "Loaded": "setup",
@@ -44,4 +44,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'trtkv.probe' has no attribute {name!r}")
 
 
-__all__ = ["classify", "default_probe_dir", "find_probe", "load_probe", "probe_advice", "write_outputs", *_LAZY]
+__all__ = ["classify", "find_probe", "load_probe", "probe_advice", "write_outputs", *_LAZY]

@@ -51,7 +51,7 @@ def plan_repo(recipe: Recipe) -> RepoPlan:
     engine, checkpoint = layout.engine_dir(recipe), layout.checkpoint_dir(recipe)
     at = layout.served_artifacts(recipe)  # the configs name the paths the server sees (a container: /models/...)
     plan = RepoPlan(recipe, layout.repo_dir(recipe), engine, checkpoint, None, "", at)
-    calibrated = checkpoint / "tokenizer"
+    calibrated = layout.checkpoint_tokenizer_dir(recipe)
     repo = for_recipe(recipe).repo
     if repo is None:
         raise StageError(f"repo {recipe.name}: backend {recipe.build.backend.value} has no Triton repository: "
