@@ -139,8 +139,9 @@ class TritonServing:
         require_input(engine_dir(recipe), "serve", "build", recipe)
 
 
-class Runner:
-    """`trtkv generate`'s defaults: a backend overrides what it runs."""
+class RefusingRunner:
+    """A seam.Runner whose methods refuse (`trtkv generate`'s defaults): a backend subclasses it and overrides what
+    it runs."""
 
     def describe_local_generate(self, recipe: Recipe, max_tokens: int, checkpoint: Path | None) -> str:
         raise StageError(f"backend {recipe.build.backend.value} does not run on this machine")

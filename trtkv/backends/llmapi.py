@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from trtkv.backends.base import BUILD_SECTIONS, Runner, TritonServing, command_block, trtllm_served
+from trtkv.backends.base import BUILD_SECTIONS, RefusingRunner, TritonServing, command_block, trtllm_served
 from trtkv.backends.seam import EngineBackend, MemoryRule, TokenizerSource
 from trtkv.checkpoints.serving_memory import EngineKnobs, trtllm_knobs
 from trtkv.contracts.interface import LLMAPI
@@ -390,7 +390,7 @@ class LlmApiServing(TritonServing):
                              f"{recipe.name} --force`.")
 
 
-class LlmApiRunner(Runner):
+class LlmApiRunner(RefusingRunner):
     def describe_local_generate(self, recipe: Recipe, max_tokens: int, checkpoint: Path | None) -> str:
         return (f"{CPU_MODULE}.LLM on {checkpoint or checkpoint_dir(recipe) / HF} (the HF export; CPU, greedy, "
                 f"{max_tokens} tokens)")

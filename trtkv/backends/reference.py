@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trtkv.backends.base import BUILD_SECTIONS, EnsembleLayout, Runner, TritonServing, log_text, prepare_checkpoint
+from trtkv.backends.base import BUILD_SECTIONS, EnsembleLayout, RefusingRunner, TritonServing, log_text, prepare_checkpoint
 from trtkv.backends.seam import EngineBackend, MemoryRule, TokenizerSource
 from trtkv.checkpoints import models as model
 from trtkv.checkpoints.serving_memory import ServedPool, no_knobs, reference_log_pool
@@ -132,7 +132,7 @@ def _smoke(tmp: Path, settings: dict[str, Any], log: Callable[[str], None]) -> d
             "kv_scales": runtime.kv_scales, "smoke_token": first}
 
 
-class ReferenceBackend(Runner):
+class ReferenceBackend(RefusingRunner):
     """The build and `trtkv generate` of the reference runtime."""
 
     sections = BUILD_SECTIONS

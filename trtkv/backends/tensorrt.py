@@ -18,7 +18,7 @@ from trtkv.backends.base import (
     BUILD_SECTIONS,
     STREAM_STEP,
     EnsembleLayout,
-    Runner,
+    RefusingRunner,
     TritonServing,
     check_checkpoint,
     command_block,
@@ -353,7 +353,7 @@ class TensorRTServing(TritonServing):
         return recipe.world_size
 
 
-class TensorRTRunner(Runner):
+class TensorRTRunner(RefusingRunner):
     def generate_job(self, recipe: Recipe, prompt: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
         if recipe.world_size != 1:
             raise StageError(f"generate {recipe.name}: the engine has {recipe.world_size} ranks; ModelRunnerCpp needs "

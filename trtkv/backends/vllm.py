@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trtkv.backends.base import BUILD_SECTIONS, Runner, command_block, http_get_text, log_text, tokens_pool
+from trtkv.backends.base import BUILD_SECTIONS, RefusingRunner, command_block, http_get_text, log_text, tokens_pool
 from trtkv.backends.seam import EngineBackend, MemoryRule
 from trtkv.checkpoints.serving_memory import (
     ServedPool,
@@ -314,7 +314,7 @@ class VllmServing:
         llmapi.SERVING.require_input(recipe)
 
 
-class VllmRunner(Runner):
+class VllmRunner(RefusingRunner):
     def describe_local_generate(self, recipe: Recipe, max_tokens: int, checkpoint: Path | None) -> str:
         return (f"POST /v1/completions to the served vLLM ({recipe.triton.host}:{recipe.triton.http_port}, greedy, "
                 f"{max_tokens} tokens)")
