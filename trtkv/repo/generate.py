@@ -22,7 +22,7 @@ from trtkv.contracts.stage import StageResult, manifest_hash, require_input, run
 from trtkv.core.errors import StageError
 from trtkv.recipe import Recipe, layout
 from trtkv.recipe.prefix_cache import prefix_cache
-from trtkv.repo.plan import RepoPlan
+from trtkv.repo.repo_plan import RepoPlan
 from trtkv.repo.validate import check_model_yaml, validate_repo
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
