@@ -139,8 +139,9 @@ class TritonServing:
         require_input(engine_dir(recipe), "serve", "build", recipe)
 
 
-class Runner:
-    """`trtkv generate`'s defaults: a backend overrides what it runs."""
+class RefusingRunner:
+    """A seam.Runner whose methods refuse (`trtkv generate`'s defaults): a backend subclasses it and overrides what
+    it runs."""
 
     def describe_local_generate(self, recipe: Recipe, max_tokens: int, checkpoint: Path | None) -> str:
         raise StageError(f"backend {recipe.build.backend.value} does not run on this machine")
@@ -204,17 +205,15 @@ MAX_READ_BYTES = 4 << 20  # /metrics of a busy server is tens of KiB; a log tail
 
 
 def http_get_text(url: str, timeout_s: float = 5.0) -> str | None:
-    """The body of one GET (the API key's headers when one is set), at most MAX_READ_BYTES; None on any failure."""
-    import urllib.error
-    import urllib.request
-
-    from trtkv.core.apikey import auth_headers
+    """The body of one GET answered 200 (trtkv.core.httpcall: the API key, one deadline, at most MAX_READ_BYTES);
+    None on any failure, a larger answer included (half a /metrics page would read as wrong numbers)."""
+    from trtkv.core.httpcall import request
 
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=auth_headers()), timeout=timeout_s) as resp:
-            return bytes(resp.read(MAX_READ_BYTES)).decode(errors="replace")
-    except (OSError, ValueError, urllib.error.URLError):
+        answer = request(url, timeout_s=timeout_s, max_bytes=MAX_READ_BYTES)
+    except OSError:
         return None
+    return answer.text if answer.status == 200 else None
 
 
 def log_text(log: Path | None) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from trtkv.backends.base import BUILD_SECTIONS, Runner, TritonServing, command_block, trtllm_served
+from trtkv.backends.base import BUILD_SECTIONS, RefusingRunner, TritonServing, command_block, trtllm_served
 from trtkv.backends.seam import EngineBackend, MemoryRule, TokenizerSource
 from trtkv.checkpoints.serving_memory import EngineKnobs, trtllm_knobs
 from trtkv.contracts.interface import LLMAPI
@@ -25,7 +25,7 @@ from trtkv.core.errors import StageError
 from trtkv.core.tools import quote
 from trtkv.platform.versions import Row
 from trtkv.recipe import Backend, KVCacheQuant, Recipe
-from trtkv.recipe.layout import Artifacts, checkpoint_dir, engine_dir, host_artifacts, kv_cache_quant_algo, served_artifacts
+from trtkv.recipe.layout import HF, Artifacts, checkpoint_dir, engine_dir, host_artifacts, kv_cache_quant_algo, served_artifacts
 from trtkv.recipe.prefix_cache import prefix_cache
 
 SERVE_COMMAND = "serve_command.txt"
@@ -184,7 +184,7 @@ def _yaml_text(recipe: Recipe, data: dict[str, Any], what: str) -> str:
 
 
 def _hf(recipe: Recipe) -> Path:
-    return checkpoint_dir(recipe) / "hf"
+    return checkpoint_dir(recipe) / HF
 
 
 class LlmApiBuilder:
@@ -203,15 +203,15 @@ class LlmApiBuilder:
         if manifest_hash(ckpt) is None:
             raise StageError(f"build {recipe.name}: {ckpt} is missing or incomplete (no manifest.json). Next: `trtkv "
                              f"calibrate {recipe.name}` (or `make engine RECIPE={recipe.name}`)")
-        if not (ckpt / "hf" / "config.json").is_file():
-            raise StageError(f"build {recipe.name}: {ckpt / 'hf'} has no config.json: the llmapi backend serves the HF "
+        if not (ckpt / HF / "config.json").is_file():
+            raise StageError(f"build {recipe.name}: {ckpt / HF} has no config.json: the llmapi backend serves the HF "
                              f"export that calibrate writes. Next: `trtkv calibrate {recipe.name} --force`")
         summary = validate_hf_checkpoint(ckpt, recipe)
         return ckpt, {"checkpoint": str(ckpt), "hf_validation": summary}
 
     def build(self, recipe: Recipe, ckpt: Path, tmp: Path, final: Path, info: dict[str, Any],
               log: Callable[[str], None]) -> dict[str, Any]:
-        hf = ckpt / "hf"
+        hf = ckpt / HF
         options = serve_config(recipe)
         (tmp / LLM_API_OPTIONS).write_text(_yaml_text(recipe, options, "trtllm-serve --extra_llm_api_options (or --config)"))
         at = served_artifacts(recipe)  # a GPU recipe's command runs in a container: /models/<recipe>/...
@@ -243,7 +243,7 @@ class LlmApiBuilder:
                      f"host{where}):")
         lines += command_block(trtllm_serve_command(recipe, at.hf, at.engine / LLM_API_OPTIONS))
         if SERVING.serves_locally(recipe):
-            lines.append(f"  then load {ckpt / 'hf'} with {CPU_MODULE}.LLM (the CPU engine the Triton model uses "
+            lines.append(f"  then load {ckpt / HF} with {CPU_MODULE}.LLM (the CPU engine the Triton model uses "
                          f"here) and decode one token")
         return lines
 
@@ -384,21 +384,21 @@ class LlmApiServing(TritonServing):
 
         ckpt = checkpoint_dir(recipe)
         require_input(ckpt, "serve", "calibrate", recipe)
-        if not (ckpt / "hf" / "config.json").is_file():
-            raise StageError(f"serve: {ckpt / 'hf'} has no config.json: the llmapi backend serves the HF export that "
+        if not (ckpt / HF / "config.json").is_file():
+            raise StageError(f"serve: {ckpt / HF} has no config.json: the llmapi backend serves the HF export that "
                              f"`trtkv calibrate` writes for an FP8, NVFP4 or no KV cache. Next: `trtkv calibrate "
                              f"{recipe.name} --force`.")
 
 
-class LlmApiRunner(Runner):
+class LlmApiRunner(RefusingRunner):
     def describe_local_generate(self, recipe: Recipe, max_tokens: int, checkpoint: Path | None) -> str:
-        return (f"{CPU_MODULE}.LLM on {checkpoint or checkpoint_dir(recipe) / 'hf'} (the HF export; CPU, greedy, "
+        return (f"{CPU_MODULE}.LLM on {checkpoint or checkpoint_dir(recipe) / HF} (the HF export; CPU, greedy, "
                 f"{max_tokens} tokens)")
 
     def local_generate(self, recipe: Recipe, prompt: str, max_tokens: int, checkpoint: Path | None) -> str:
         from trtkv.runtime.llm import LLM, SamplingParams
 
-        hf = Path(checkpoint) if checkpoint is not None else checkpoint_dir(recipe) / "hf"
+        hf = Path(checkpoint) if checkpoint is not None else checkpoint_dir(recipe) / HF
         if not (hf / "config.json").is_file():
             raise StageError(f"{hf}: no config.json (the HF export). Next: `trtkv calibrate {recipe.name}`.")
         llm = LLM(**{**llm_args(recipe, hf), "model": str(hf)})
@@ -409,7 +409,7 @@ class LlmApiRunner(Runner):
             llm.shutdown()
 
     def generate_job(self, recipe: Recipe, prompt: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
-        return LLMAPI_RUNNER, {"llm_args": llm_args(recipe, checkpoint_dir(recipe) / "hf"), "prompt": prompt,
+        return LLMAPI_RUNNER, {"llm_args": llm_args(recipe, checkpoint_dir(recipe) / HF), "prompt": prompt,
                                "max_tokens": max_tokens}
 
 

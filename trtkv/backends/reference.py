@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trtkv.backends.base import BUILD_SECTIONS, EnsembleLayout, Runner, TritonServing, log_text, prepare_checkpoint
+from trtkv.backends.base import BUILD_SECTIONS, EnsembleLayout, RefusingRunner, TritonServing, log_text, prepare_checkpoint
 from trtkv.backends.seam import EngineBackend, MemoryRule, TokenizerSource
 from trtkv.checkpoints import models as model
 from trtkv.checkpoints.serving_memory import ServedPool, no_knobs, reference_log_pool
@@ -24,7 +24,7 @@ from trtkv.recipe import Backend, Recipe, layout
 from trtkv.recipe.layout import kv_cache_quant_algo
 
 RUNTIME_JSON = "runtime.json"
-HF_CONFIG = layout.HF_CONFIG
+HF_CONFIG, HF, TOKENIZER = layout.HF_CONFIG, layout.HF, layout.TOKENIZER
 ACTIVATIONS_NOTE = ("activations are not quantized by the reference runtime (the checkpoint's "
                     "activation_scaling_factor tensors are ignored; GEMMs run in float32 on dequantized weights)")
 
@@ -32,7 +32,7 @@ ACTIVATIONS_NOTE = ("activations are not quantized by the reference runtime (the
 def _hf_config_source(ckpt: Path) -> Path | None:
     """The HF config.json describing the checkpoint's model (rope, norms): the copy calibrate saves, else the HF
     export. Never resolves the model (an INT8-KV checkpoint has no hf/, and resolving may convert or download)."""
-    for path in (ckpt / HF_CONFIG, ckpt / "hf" / "config.json", ckpt / "tokenizer" / "config.json"):
+    for path in (ckpt / HF_CONFIG, ckpt / HF / "config.json", ckpt / TOKENIZER / "config.json"):
         if path.is_file():
             return path
     return None
@@ -40,7 +40,7 @@ def _hf_config_source(ckpt: Path) -> Path | None:
 
 def _tokenizer_dir(recipe: Recipe, ckpt: Path) -> Path | None:
     """The checkpoint's tokenizer copy, else the HF export's, else the model folder when it is on disk already."""
-    for folder in (ckpt / "tokenizer", ckpt / "hf"):
+    for folder in (ckpt / TOKENIZER, ckpt / HF):
         if (folder / "tokenizer_config.json").is_file() or (folder / "tokenizer.json").is_file():
             return folder
     local = model.local_model_dir(recipe)
@@ -49,7 +49,7 @@ def _tokenizer_dir(recipe: Recipe, ckpt: Path) -> Path | None:
 
 def hf_export_only(ckpt: Path) -> Path | None:
     """The HF export to serve when `ckpt` holds no TensorRT-LLM checkpoint (no rank0.safetensors) but `hf/`."""
-    hf = ckpt / "hf"
+    hf = ckpt / HF
     if not (ckpt / "rank0.safetensors").is_file() and (hf / "config.json").is_file():
         return hf
     return None
@@ -132,7 +132,7 @@ def _smoke(tmp: Path, settings: dict[str, Any], log: Callable[[str], None]) -> d
             "kv_scales": runtime.kv_scales, "smoke_token": first}
 
 
-class ReferenceBackend(Runner):
+class ReferenceBackend(RefusingRunner):
     """The build and `trtkv generate` of the reference runtime."""
 
     sections = BUILD_SECTIONS

@@ -30,6 +30,7 @@ from trtkv.kvcache import engines
 from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe import Backend, KVCacheQuant, Recipe, WeightQuant
 from trtkv.recipe.layout import (
+    HF,
     Artifacts,
     checkpoint_dir,
     container_artifacts,
@@ -91,7 +92,7 @@ def served_model_name(recipe: Recipe) -> str:
 
 
 def _hf(recipe: Recipe) -> Path:
-    return checkpoint_dir(recipe) / "hf"
+    return checkpoint_dir(recipe) / HF
 
 
 def memory_args(recipe: Recipe) -> list[str]:
@@ -167,7 +168,7 @@ def write_scales_file(recipe: Recipe, ckpt: Path, out: Path) -> Path:
                          f"--quantization-param-path JSON here (weights none). Next: `trtkv calibrate {recipe.name}`.")
     scales = load_kv_scales(source, recipe.model.num_layers)
     try:
-        model_type = json.loads((ckpt / "hf" / "config.json").read_text()).get("model_type")
+        model_type = json.loads((ckpt / HF / "config.json").read_text()).get("model_type")
     except (OSError, json.JSONDecodeError):
         model_type = None
     doc = quant_param_document(scales.k_amax, scales.v_amax, recipe.build.tp_size, model_type)
@@ -198,7 +199,7 @@ class SglangBuilder:
 
     def build(self, recipe: Recipe, ckpt: Path, tmp: Path, final: Path, info: dict[str, Any],
               log: Callable[[str], None]) -> dict[str, Any]:
-        hf = ckpt / "hf"
+        hf = ckpt / HF
         out: dict[str, Any] = {"backend": Backend.SGLANG.value, "served_model_name": served_model_name(recipe),
                                "sglang_version": SGLANG_VERSION}
         if uses_scales_file(recipe):
@@ -213,7 +214,7 @@ class SglangBuilder:
         return {**out, "gpu_command": gpu}
 
     def dry_run_lines(self, recipe: Recipe, ckpt: Path, out: Path) -> list[str]:
-        hf = ckpt / "hf"
+        hf = ckpt / HF
         lines = [f"  validate {hf} (ModelOpt's HF export), then write {out / GPU_COMMAND}"]
         if uses_scales_file(recipe):
             lines.append(f"  write {out / SCALES_FILE} (SGLang's --quantization-param-path) from {ckpt / 'kv_scales.json'}")

@@ -18,7 +18,7 @@ from trtkv.backends.base import (
     BUILD_SECTIONS,
     STREAM_STEP,
     EnsembleLayout,
-    Runner,
+    RefusingRunner,
     TritonServing,
     check_checkpoint,
     command_block,
@@ -32,7 +32,7 @@ from trtkv.core.tools import quote, run_logged, tail
 from trtkv.platform import trtllm, versions
 from trtkv.recipe import Backend, KVCacheQuant, Recipe, WeightQuant
 from trtkv.recipe.backend_rules import gemm_plugin_choice
-from trtkv.recipe.layout import checkpoint_dir, engine_dir, kv_cache_quant_algo
+from trtkv.recipe.layout import checkpoint_tokenizer_dir, engine_dir, kv_cache_quant_algo
 
 ENGINE_RUNNER = """\
 import json, sys
@@ -353,13 +353,13 @@ class TensorRTServing(TritonServing):
         return recipe.world_size
 
 
-class TensorRTRunner(Runner):
+class TensorRTRunner(RefusingRunner):
     def generate_job(self, recipe: Recipe, prompt: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
         if recipe.world_size != 1:
             raise StageError(f"generate {recipe.name}: the engine has {recipe.world_size} ranks; ModelRunnerCpp needs "
                              f"one process per rank (`mpirun -n {recipe.world_size}`). Next: serve it (`trtkv serve "
                              f"{recipe.name}`) and ask the server.")
-        return ENGINE_RUNNER, {"engine": str(engine_dir(recipe)), "tokenizer": str(checkpoint_dir(recipe) / "tokenizer"),
+        return ENGINE_RUNNER, {"engine": str(engine_dir(recipe)), "tokenizer": str(checkpoint_tokenizer_dir(recipe)),
                                "prompt": prompt, "max_tokens": max_tokens}
 
 

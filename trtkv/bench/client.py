@@ -15,13 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trtkv.bench.http1 import CHECK_BYTES, Connection, Events, ProtocolError, event_json, fetch, http_request
+from trtkv.bench.http1 import CHECK_BYTES, Connection, Events, ProtocolError, event_json, http_request, strict
 from trtkv.bench.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord, now_ns
 from trtkv.bench.stream import shared_loop, stream
 from trtkv.contracts.interface import ENSEMBLE, LLMAPI, ModelInterface, detect
 from trtkv.core.apikey import auth_headers
 from trtkv.core.errors import TrtkvError
 from trtkv.core.files import strict_json
+from trtkv.core.httpcall import request
 from trtkv.recipe.enums import Protocol
 
 DEFAULT_MODEL = ENSEMBLE.model
@@ -114,20 +115,20 @@ def _grpc_config(ep: Endpoint, timeout_s: float) -> dict[str, Any]:
 
 
 def _http_config(ep: Endpoint, timeout_s: float) -> dict[str, Any]:
-    """Triton's HTTP API (live, model ready, its config) within one deadline, each answer bounded (http1.fetch)."""
+    """Triton's HTTP API (live, model ready, its config) within one deadline, each answer bounded (trtkv.core.httpcall
+    through the bench's strict parser)."""
     deadline = time.monotonic() + timeout_s
-    host, _, port = ep.url.rpartition(":")
 
     def call(method: str, path: str) -> tuple[int, Any]:
         try:
-            status, body = fetch(host.strip("[]") or "127.0.0.1", int(port), method, path, auth_headers(),
-                                 max(0.001, deadline - time.monotonic()), expect_type=None)
+            answer = request(f"{ep.url}{path}", method=method, timeout_s=max(0.001, deadline - time.monotonic()),
+                             max_bytes=CHECK_BYTES, transport=strict(expect_type=None))
         except TimeoutError:
             raise TimeoutError(f"no whole answer within {timeout_s:g} s") from None
         try:
-            return status, strict_json(body) if body else None
+            return answer.status, strict_json(answer.body) if answer.body else None
         except ValueError:
-            return status, None
+            return answer.status, None
 
     if call("GET", "/v2/health/live")[0] != 200:
         raise TrtkvError(f"the Triton server at {ep.display} answers but is not live.")

@@ -355,14 +355,14 @@ def fidelity_task(recipe: Recipe, ep: Endpoint, tokenizer: Any, log: Callable[[s
     from trtkv.bench.fidelity_score import prediction_scorer, reference_scorer
     from trtkv.bench.fidelity_served import prefill_requester, requester
     from trtkv.checkpoints.models import resolve_model_dir
-    from trtkv.core import paths
     from trtkv.probe.attention import recipe_mode
+    from trtkv.recipe.layout import fidelity_dir
 
     if recipe.kv_format in UNQUANTIZED:
         raise TrtkvError(f"fidelity: recipe {recipe.name} has an unquantized KV cache (quantization.kv_cache "
                          f"{recipe.quantization.kv_cache.value}); the task compares a quantized cache with its format.")
     b = recipe.bench
-    folder = paths.recipe_output_dir(recipe.name) / "fidelity"
+    folder = fidelity_dir(recipe)
     request = requester(ep, recipe, tokenizer, b.fidelity_tokens, b.request_timeout_s)
     return run_fidelity(recipe, request, tokenizer, reference_scorer(resolve_model_dir(recipe), folder),
                         prediction_scorer(recipe, folder, log), default_lengths(recipe), b.fidelity_documents,

@@ -21,6 +21,7 @@ from typing import Any
 
 from trtkv.core.errors import StageError
 from trtkv.recipe import Recipe
+from trtkv.recipe.layout import HF
 
 TOP_K = 5
 REFERENCE_PRODUCER = ("transformers AutoModelForCausalLM, the recipe's original 16-bit weights computed in float32, "
@@ -256,7 +257,7 @@ def prediction_scorer(recipe: Recipe, folder: Path, log: Callable[[str], None]) 
                          f"prediction has no calibrated scales. Next: run `trtkv calibrate {recipe.name}`.")
     fmt, ks, vs = kv_scales_for(engine, scales.layers, kv)
     rank = ckpt / "rank0.safetensors"
-    hf = ckpt / "hf"
+    hf = ckpt / HF
     weights = "TensorRT-LLM checkpoint (dequantized as the engine reads it)" if rank.is_file() else "HF export"
     if not rank.is_file() and not hf.is_dir():
         raise StageError(f"fidelity: neither {rank} nor {hf} exists, so the prediction has no served weights. "
@@ -303,7 +304,7 @@ def _trtllm_model(ckpt: Path) -> tuple[Any, Any]:
 
     from trtkv.runtime.checkpoint import build_model, llama_config, read_json, trtllm_to_hf_state_dict
 
-    hf_cfg = ckpt / "hf" / "config.json"
+    hf_cfg = ckpt / HF / "config.json"
     config = llama_config(read_json(ckpt / "config.json"), read_json(hf_cfg) if hf_cfg.is_file() else None,
                           ckpt / "config.json")
     tensors = load_file(str(ckpt / "rank0.safetensors"))

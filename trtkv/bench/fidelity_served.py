@@ -13,15 +13,15 @@ OpenAI (vLLM 0.32 `vllm/entrypoints/openai/completion/protocol.py`): `POST /v1/c
 
 from __future__ import annotations
 
-import http.client
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from trtkv.bench.client import Endpoint
 from trtkv.bench.fidelity_score import TOP_K, Served
-from trtkv.core.apikey import auth_headers
+from trtkv.bench.http1 import ProtocolError, strict
 from trtkv.core.errors import TrtkvError
+from trtkv.core.httpcall import request
 from trtkv.recipe import Recipe
 from trtkv.recipe.enums import Protocol
 
@@ -30,20 +30,17 @@ MAX_BODY = 64 << 20
 
 
 def _post(url: str, path: str, body: dict[str, Any], timeout_s: float) -> tuple[int, Any]:
-    host, _, port = url.rpartition(":")
-    conn = http.client.HTTPConnection(host or "127.0.0.1", int(port), timeout=timeout_s)
+    """POST `body` to host:port `url`: (status, the answer's JSON, or {"error": ...}); one deadline, at most MAX_BODY,
+    read by the bench's strict parser (trtkv.core.httpcall with http1.strict). An answer that breaks the parser's
+    rules or bounds is that document's error (status 0); a connection that fails raises OSError."""
     try:
-        conn.request("POST", path, json.dumps(body).encode(), {"Content-Type": "application/json", **auth_headers()})
-        resp = conn.getresponse()
-        raw = resp.read(MAX_BODY + 1)
-    finally:
-        conn.close()
-    if len(raw) > MAX_BODY:
-        return resp.status, {"error": f"response over {MAX_BODY} bytes"}
+        answer = request(f"{url}{path}", body, timeout_s=timeout_s, max_bytes=MAX_BODY, transport=strict(None))
+    except ProtocolError as exc:
+        return 0, {"error": f"not a well-formed, bounded HTTP answer: {exc}"}
     try:
-        return resp.status, json.loads(raw) if raw else None
-    except json.JSONDecodeError:
-        return resp.status, {"error": raw[:200].decode(errors="replace")}
+        return answer.status, json.loads(answer.body) if answer.body else None
+    except ValueError:
+        return answer.status, {"error": answer.body[:200].decode(errors="replace")}
 
 
 def _error(status: int, body: Any) -> str | None:

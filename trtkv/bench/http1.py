@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from trtkv.bench.records import ERROR, RequestRecord
+from trtkv.core.httpcall import Transport
 
 ERROR_BODY_BYTES = 4096  # enough of a non-200 answer to quote it
 EVENT_STREAM = b"text/event-stream"  # what a streamed answer is (Triton's generate_stream, every OpenAI server)
@@ -380,13 +381,13 @@ class _NoEvents:
         return None
 
 
-def fetch(host: str, port: int, method: str, path: str, headers: dict[str, str], timeout_s: float,
+def fetch(host: str, port: int, method: str, path: str, body: bytes, headers: dict[str, str], timeout_s: float,
           max_bytes: int = CHECK_BYTES, expect_type: bytes | None = b"application/json") -> tuple[int, bytes]:
     """One request (Connection: close) and its (status, body), within ONE deadline of `timeout_s` for connecting,
     sending and the whole answer (a server dripping a byte a second cannot hold it longer) and at most `max_bytes` of
     body; a 200 answer must be `expect_type` without a content coding. TimeoutError, OSError or ProtocolError."""
     deadline = time.monotonic() + timeout_s
-    request = http_request(method, host, port, path, b"", {"Connection": "close", "Accept": "application/json",
+    request = http_request(method, host, port, path, body, {"Connection": "close", "Accept": "application/json",
                                                             **headers})
     call = _Collected(request, Limits(body_bytes=max_bytes), expect_type)
     try:
@@ -397,6 +398,16 @@ def fetch(host: str, port: int, method: str, path: str, headers: dict[str, str],
     except TimeoutError:
         raise TimeoutError(f"no whole answer within {timeout_s:g} s") from None
     return call.status, bytes(call.body)
+
+
+def strict(expect_type: bytes | None = b"application/json") -> Transport:
+    """`fetch` as trtkv.core.httpcall's transport: the bench's small requests read by this strict parser too."""
+
+    def send(host: str, port: int, method: str, path: str, body: bytes, headers: dict[str, str], timeout_s: float,
+             max_bytes: int) -> tuple[int, bytes]:
+        return fetch(host, port, method, path, body, headers, timeout_s, max_bytes, expect_type)
+
+    return send
 
 
 def _fetched(call: _Collected, sock: socket.socket, deadline: float) -> bool:

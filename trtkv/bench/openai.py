@@ -14,28 +14,23 @@ import json
 from typing import Any
 
 from trtkv.bench.client import Endpoint, HttpSession, SamplingParams, _first_line
-from trtkv.bench.http1 import Events, ProtocolError, event_json, fetch
+from trtkv.bench.http1 import CHECK_BYTES, Events, ProtocolError, event_json, strict
 from trtkv.bench.records import ERROR, OK, RequestRecord
-from trtkv.core.apikey import auth_headers
 from trtkv.core.errors import TrtkvError
 from trtkv.core.files import strict_json
+from trtkv.core.httpcall import request
 
 ENDPOINT_TYPES = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
-def _split(url: str) -> tuple[str, int]:
-    host, _, port = url.rpartition(":")
-    return host.strip("[]") or "127.0.0.1", int(port)
-
-
 def _get_json(ep: Endpoint, path: str, timeout_s: float) -> tuple[int, Any]:
-    """GET `path`: (status, parsed body); one overall deadline and a size cap (http1.fetch), strict JSON."""
-    host, port = _split(ep.url)
-    status, body = fetch(host, port, "GET", path, auth_headers(), timeout_s)
+    """GET `path`: (status, parsed body); one overall deadline and a size cap (trtkv.core.httpcall through the
+    bench's strict parser, http1.strict), strict JSON."""
+    answer = request(f"{ep.url}{path}", timeout_s=timeout_s, max_bytes=CHECK_BYTES, transport=strict())
     try:
-        return status, strict_json(body) if body else None
+        return answer.status, strict_json(answer.body) if answer.body else None
     except ValueError:
-        return status, body.decode(errors="replace")
+        return answer.status, answer.text
 
 
 def check_openai(ep: Endpoint, timeout_s: float = 10.0) -> Endpoint:

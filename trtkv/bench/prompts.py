@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtkv.core import paths
 from trtkv.core.errors import StageError
+from trtkv.recipe.layout import checkpoint_tokenizer_dir
 
 if TYPE_CHECKING:
     from trtkv.recipe import Recipe
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 def tokenizer_dir(recipe: Recipe) -> Path:
     """engines/<recipe>/checkpoint/tokenizer/ when calibrate wrote it, else the recipe's model folder."""
-    local = paths.recipe_output_dir(recipe.name) / "checkpoint" / "tokenizer"
+    local = checkpoint_tokenizer_dir(recipe)
     if (local / "tokenizer_config.json").is_file() or (local / "tokenizer.json").is_file():
         return local
     from trtkv.checkpoints.models import resolve_model_dir

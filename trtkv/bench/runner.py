@@ -24,7 +24,7 @@ from trtkv.core import paths
 from trtkv.core.errors import StageError, TrtkvError
 from trtkv.core.progress import Progress
 from trtkv.recipe import Protocol, Recipe
-from trtkv.recipe.layout import serve_dir
+from trtkv.recipe.layout import bench_dir, serve_dir
 from trtkv.serving import supervise
 
 SCHEMA = "trtkv.bench/1"  # results.json's "schema"
@@ -207,7 +207,7 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     """The whole benchmark; results are written even when interrupted or when an SLO fails."""
     from trtkv.contracts.stage import check_output, run_stage, tool_versions
 
-    output = opts.output or paths.recipe_output_dir(recipe.name) / "bench"
+    output = opts.output or bench_dir(recipe)
     check_output(output, "bench", recipe.name)  # before measuring: a folder it may not replace is refused at once
     slos = slo.parse_all(recipe.bench.thresholds, opts.slos, opts.allow_failures)
     goodput = aiperf_export.parse_goodput(opts.goodput)

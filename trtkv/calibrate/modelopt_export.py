@@ -25,7 +25,7 @@ from trtkv.calibrate.common import (
 from trtkv.calibrate.describe import quantizes
 from trtkv.core.errors import StageError
 from trtkv.kvcache import scales as kv_scales
-from trtkv.recipe import KVCacheQuant, Recipe, WeightQuant
+from trtkv.recipe import KVCacheQuant, Recipe, WeightQuant, layout
 
 if TYPE_CHECKING:
     import torch
@@ -205,7 +205,7 @@ def write_rope(ckpt: Path, source: dict[str, Any]) -> None:
     if config_path.is_file():  # absent for an HF-export-only architecture
         config_path.write_text(json.dumps(rope.complete_trtllm_config(json.loads(config_path.read_text()), source),
                                           indent=4) + "\n")
-    hf_path = ckpt / "hf" / "config.json"
+    hf_path = ckpt / layout.HF / "config.json"
     if hf_path.is_file():
         hf = json.loads(hf_path.read_text())
         if hf.get("architectures") == [HF_ARCHITECTURES["gemma3"]]:
@@ -236,7 +236,7 @@ def export_hf(model: Any, tokenizer: Any, out: Path, recipe: Recipe) -> list[str
                 "quantization format'), and vLLM / TensorRT-LLM's PyTorch backend have no INT8 KV cache either. The "
                 "TensorRT-LLM checkpoint (config.json + rank*.safetensors) carries the INT8 scales."]
     notes: list[str] = []
-    hf_dir = out / "hf"
+    hf_dir = out / layout.HF
     dtype = getattr(torch, recipe.model.dtype.value)
     with _captured_warnings(notes, "export_hf_checkpoint"):
         export_hf_checkpoint(model, dtype=dtype, export_dir=str(hf_dir))

@@ -158,14 +158,14 @@ def _calibrate_into(tmp: Path, recipe: Recipe, loader: ModelLoader, model_dir: P
                          f"artifact (vLLM, TensorRT-LLM's LLM API)."] if refused else export_trtllm(model, tmp, recipe))
     notes += export_hf(model, tokenizer, tmp, recipe)
     write_rope(tmp, json.loads((tmp / layout.HF_CONFIG).read_text()))
-    save_tokenizer(tokenizer, tmp / "tokenizer")  # what Triton's pre/postprocessing, the LLM API, trtllm-serve read
+    save_tokenizer(tokenizer, tmp / layout.TOKENIZER)  # what Triton's pre/postprocessing, the LLM API, trtllm-serve read
     export_s = time.time() - t0
     # kv_scales.json (trtkv.contracts.artifacts.KVScalesFile); kv_cache none: no layers, num_layers still given
     kv_scales.kv_scales_document(KV_ALGO.get(recipe.quantization.kv_cache), [ls.k_amax for ls in layers],
                                  [ls.v_amax for ls in layers], num_layers=num_layers).save(tmp)
     summary = _validate(tmp, recipe, layers, refused)
     if recipe.quantization.kv_cache is KVCacheQuant.FP8_ATTN_HEAD:  # ModelOpt's per-layer export -> vLLM's per-head
-        summary["attn_head"] = _attn_head(tmp / "hf", layers, model, num_layers)
+        summary["attn_head"] = _attn_head(tmp / layout.HF, layers, model, num_layers)
     timing = {"load_s": round(load_s, 2), "calibration_s": round(calib_s, 2),
               "calibration_cpu_s": round(calib_cpu_s, 2), "export_s": round(export_s, 2),
               "total_s": round(time.time() - start, 2), "peak_rss_mib": _peak_rss_mib(),
@@ -197,7 +197,7 @@ def _validate(tmp: Path, recipe: Recipe, layers: list[Any], refused: str | None)
         return {"tensorrt_llm": None, "tensorrt_llm_refused": refused, "hf": hf, "num_layers": hf["num_layers"]}
     summary = validate_trtllm_checkpoint(tmp, recipe)
     check_exported_factors(layers, summary["kv_cache_scaling_factors"])
-    if (tmp / "hf" / "config.json").is_file():  # the LLM API's and vLLM's artifact: checked as strictly
+    if (tmp / layout.HF / "config.json").is_file():  # the LLM API's and vLLM's artifact: checked as strictly
         summary["hf"] = validate_hf_checkpoint(tmp, recipe)
     return summary
 

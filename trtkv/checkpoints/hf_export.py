@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from trtkv.core.errors import StageError, TrtkvError
 from trtkv.recipe import WeightQuant
-from trtkv.recipe.layout import HF_CONFIG, KV_ALGO
+from trtkv.recipe.layout import HF, HF_CONFIG, KV_ALGO
 
 if TYPE_CHECKING:
     from trtkv.recipe import Recipe
@@ -148,7 +148,7 @@ def _check_gemma3(ckpt_dir: Path, config: dict[str, Any], recipe: Recipe, proble
     from trtkv.checkpoints.hf_config import read_model_facts
     from trtkv.recipe.attention import parse_layers
 
-    path = ckpt_dir / "hf" / "config.json"
+    path = ckpt_dir / HF / "config.json"
     types = config.get("layer_types")
     if not isinstance(types, list) or len(types) != config.get("num_hidden_layers") or not set(types) <= set(
             GEMMA3_ROPE_TYPES):
@@ -208,7 +208,7 @@ def _check_quant_config(hf_dir: Path, recipe: Recipe, problems: list[str]) -> tu
 def validate_hf_checkpoint(ckpt_dir: Path | str, recipe: Recipe) -> dict[str, Any]:
     """Check checkpoint/hf/ against the recipe; a summary (per-layer k/v scales) or a StageError with every problem."""
     ckpt_dir = Path(ckpt_dir)
-    hf_dir = ckpt_dir / "hf"
+    hf_dir = ckpt_dir / HF
     problems: list[str] = []
     if recipe.quantization.weights not in HF_WEIGHT_ALGO:
         raise StageError(f"{hf_dir}: the HF export carries fp8 or unquantized weights, the recipe asks for "

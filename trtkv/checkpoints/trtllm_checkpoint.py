@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtkv.core.errors import StageError
-from trtkv.recipe.layout import HF_CONFIG, KV_ALGO, WEIGHT_ALGOS
+from trtkv.recipe.layout import HF, HF_CONFIG, KV_ALGO, WEIGHT_ALGOS
 
 if TYPE_CHECKING:
     from trtkv.recipe import Recipe
@@ -91,7 +91,7 @@ def refuse_hf_export_only(ckpt_dir: Path, recipe: Recipe) -> None:
         raise StageError(f"{ckpt_dir}: recipe {recipe.name or '<recipe>'} (model.architecture {arch!r}) has no "
                          f"TensorRT-LLM checkpoint: {reason}. The engine path (build.backend tensorrt, and the reference "
                          f"runtime reading a TensorRT-LLM checkpoint) cannot run this model. Next: build.backend vllm "
-                         f"or llmapi, which serve the HF export {ckpt_dir / 'hf'} that `trtkv calibrate` writes.")
+                         f"or llmapi, which serve the HF export {ckpt_dir / HF} that `trtkv calibrate` writes.")
 
 
 def _read_config(ckpt_dir: Path, problems: _Problems) -> dict[str, Any]:
@@ -169,7 +169,7 @@ def _check_rope(ckpt_dir: Path, config: dict[str, Any], problems: _Problems) -> 
     except (OSError, json.JSONDecodeError) as exc:
         problems.add(source_path, f"not readable JSON ({exc})")
         return
-    hf_path = ckpt_dir / "hf" / CONFIG
+    hf_path = ckpt_dir / HF / CONFIG
     hf_export = None
     if hf_path.is_file():
         try:

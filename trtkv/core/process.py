@@ -12,10 +12,10 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+
+from trtkv.core.httpcall import Target, request
 
 
 def _exists(send: Callable[[int, int], None], ident: int) -> bool:
@@ -107,15 +107,15 @@ def port_in_use(host: str, port: int) -> bool:
 def wait_http_ready(url: str, alive: Callable[[], bool], timeout_s: float, poll_s: float = 0.25) -> float | None:
     """Seconds until GET `url` answers 200 (a server's readiness endpoint); None when `alive()` turned False first
     (the process died) or `timeout_s` passed. The callers say which, with their own log."""
+    Target.parse(url)  # a malformed URL is an error now (HttpError), not a wait until timeout_s
     start = time.monotonic()
     while time.monotonic() - start < timeout_s:
         if not alive():
             return None
         try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200 and alive():
-                    return time.monotonic() - start
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            if request(url, timeout_s=2.0).status == 200 and alive():
+                return time.monotonic() - start
+        except OSError:  # not listening yet, reset, no whole answer within 2 s
             pass
         time.sleep(poll_s)
     return None

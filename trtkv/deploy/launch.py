@@ -25,7 +25,7 @@ from trtkv.core.errors import StageError
 from trtkv.deploy.resources import canary_timeout_s
 from trtkv.deploy.sizing import Sizing
 from trtkv.recipe import Recipe
-from trtkv.recipe.layout import checkpoint_dir, container_artifacts, container_mounts
+from trtkv.recipe.layout import HF, checkpoint_dir, container_artifacts, container_mounts
 from trtkv.serving.container import (
     CONTAINER_BIND,
     CONTAINER_TRITONSERVER,
@@ -131,7 +131,7 @@ def enroot_image(image: str) -> str:
 
 
 def hf_dir(recipe: Recipe) -> Path:
-    return checkpoint_dir(recipe) / "hf"
+    return checkpoint_dir(recipe) / HF
 
 
 def _openai_launch(recipe: Recipe, sizing: Sizing, server: OpenAIServer) -> Launch:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtkv.core import paths
+from trtkv.recipe.layout import probe_dir as probe_dir_of
 
 if TYPE_CHECKING:
     from trtkv.recipe import Recipe
@@ -17,10 +18,6 @@ if TYPE_CHECKING:
 SAFE_TOP1, SAFE_PPL = 0.97, 0.01
 CAUTION_TOP1, CAUTION_PPL = 0.90, 0.05
 NEEDLE_SLACK = 0.2  # needle accuracy may trail the reference by this much before it counts against a format
-
-
-def default_probe_dir(recipe: Recipe) -> Path:
-    return paths.recipe_output_dir(recipe.name) / "probe"
 
 
 def _read(path: Path) -> dict | None:
@@ -41,7 +38,7 @@ def find_probe(recipe: Recipe, probe_dir: Path | None = None) -> tuple[Path, dic
     if probe_dir is not None:
         doc = _read(Path(probe_dir) / "probe.json")
         return (Path(probe_dir), doc) if doc else None
-    own = default_probe_dir(recipe)
+    own = probe_dir_of(recipe)
     doc = _read(own / "probe.json")
     if doc:
         return own, doc
@@ -396,7 +393,7 @@ def per_layer_advice(recipe: Recipe, probe_dir: Path | None = None) -> str | Non
     recommends something other than the uniform format: layers kept in 16 bit, or another format an engine serves."""
     import json
 
-    folder = Path(probe_dir) if probe_dir is not None else default_probe_dir(recipe)
+    folder = Path(probe_dir) if probe_dir is not None else probe_dir_of(recipe)
     source = folder / f"per_layer_{recipe.kv_format.value}.json"
     try:
         doc = json.loads(source.read_text())

@@ -89,9 +89,9 @@ def probe_output(recipe: Recipe, output: Path | None) -> Path:
     """The probe's folder, created: it writes its cache and results in place, so a user's --output must be new,
     empty or an earlier probe of this recipe."""
     from trtkv.contracts.stage import in_place_output
-    from trtkv.probe.results import default_probe_dir
+    from trtkv.recipe.layout import probe_dir
 
-    return in_place_output(Path(output) if output is not None else None, default_probe_dir(recipe), "probe", recipe.name)
+    return in_place_output(Path(output) if output is not None else None, probe_dir(recipe), "probe", recipe.name)
 
 
 def run_probe(recipe: Recipe, output: Path | None = None, settings: ProbeSettings | None = None) -> Path:

@@ -1,6 +1,7 @@
 """One place for the stage folders of a recipe and the recipe-enum -> TensorRT-LLM name maps.
 
-engines/<recipe>/checkpoint (calibrate), engine (build), serve (serve); triton_repo/<recipe> (repo). The maps say
+engines/<recipe>/checkpoint (calibrate; its tokenizer/ and hf/), engine (build), serve (serve), bench and fidelity
+(bench), probe (probe), report (report); triton_repo/<recipe> (repo). No other module spells these names. The maps say
 what a TensorRT-LLM checkpoint's `quantization` fields hold for each recipe choice; calibrate, checkpoint, build,
 runtime, serve and repo all read them from here. Light: no heavy imports (`trtkv validate/plan` start fast).
 
@@ -27,6 +28,12 @@ if TYPE_CHECKING:
 CHECKPOINT = "checkpoint"
 ENGINE = "engine"
 SERVE = "serve"
+BENCH = "bench"
+FIDELITY = "fidelity"  # the bench's fidelity task: its reference and prediction scorers' caches
+PROBE = "probe"
+REPORT = "report"
+TOKENIZER = "tokenizer"  # checkpoint/tokenizer: Triton's pre/postprocessing, the LLM API and trtllm-serve read it
+HF = "hf"  # checkpoint/hf: the HF export (ModelOpt's unified checkpoint)
 # The model's own HF config.json, saved by calibrate (an INT8-KV checkpoint has no hf/ export to read it from).
 HF_CONFIG = "hf_config.json"
 
@@ -70,6 +77,31 @@ def serve_dir(recipe: Recipe) -> Path:
     return paths.recipe_output_dir(recipe.name) / SERVE
 
 
+def checkpoint_tokenizer_dir(recipe: Recipe) -> Path:
+    """engines/<recipe>/checkpoint/tokenizer: the model's tokenizer files, saved by `trtkv calibrate`."""
+    return checkpoint_dir(recipe) / TOKENIZER
+
+
+def bench_dir(recipe: Recipe) -> Path:
+    """engines/<recipe>/bench: results.json and the per-request records (`trtkv bench`'s default --output)."""
+    return paths.recipe_output_dir(recipe.name) / BENCH
+
+
+def fidelity_dir(recipe: Recipe) -> Path:
+    """engines/<recipe>/fidelity: the fidelity task's cached reference and prediction scores."""
+    return paths.recipe_output_dir(recipe.name) / FIDELITY
+
+
+def probe_dir(recipe: Recipe) -> Path:
+    """engines/<recipe>/probe: probe.json (`trtkv probe`'s default --output)."""
+    return paths.recipe_output_dir(recipe.name) / PROBE
+
+
+def report_dir(recipe: Recipe) -> Path:
+    """engines/<recipe>/report: report.json and report.md (`trtkv report`)."""
+    return paths.recipe_output_dir(recipe.name) / REPORT
+
+
 def repo_dir(recipe: Recipe) -> Path:
     """triton_repo/<recipe>: written by `trtkv repo`."""
     return paths.recipe_folder(paths.triton_repo_dir(), recipe.name)
@@ -101,11 +133,11 @@ class Artifacts:
     @property
     def hf(self) -> Path:
         """The HF export (ModelOpt's unified checkpoint) the LLM API, vLLM, SGLang and Dynamo load."""
-        return self.checkpoint / "hf"
+        return self.checkpoint / HF
 
     @property
     def tokenizer(self) -> Path:
-        return self.checkpoint / "tokenizer"
+        return self.checkpoint / TOKENIZER
 
 
 def host_artifacts(recipe: Recipe) -> Artifacts:

@@ -22,7 +22,7 @@ from trtkv.contracts.stage import StageResult, manifest_hash, require_input, run
 from trtkv.core.errors import StageError
 from trtkv.recipe import Recipe, layout
 from trtkv.recipe.prefix_cache import prefix_cache
-from trtkv.repo.plan import RepoPlan
+from trtkv.repo.repo_plan import RepoPlan
 from trtkv.repo.validate import check_model_yaml, validate_repo
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -51,7 +51,7 @@ def plan_repo(recipe: Recipe) -> RepoPlan:
     engine, checkpoint = layout.engine_dir(recipe), layout.checkpoint_dir(recipe)
     at = layout.served_artifacts(recipe)  # the configs name the paths the server sees (a container: /models/...)
     plan = RepoPlan(recipe, layout.repo_dir(recipe), engine, checkpoint, None, "", at)
-    calibrated = checkpoint / "tokenizer"
+    calibrated = layout.checkpoint_tokenizer_dir(recipe)
     repo = for_recipe(recipe).repo
     if repo is None:
         raise StageError(f"repo {recipe.name}: backend {recipe.build.backend.value} has no Triton repository: "

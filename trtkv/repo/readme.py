@@ -12,7 +12,7 @@ from trtkv.platform import versions
 from trtkv.serving import container, serve
 
 if TYPE_CHECKING:
-    from trtkv.repo.plan import RepoPlan
+    from trtkv.repo.repo_plan import RepoPlan
 
 
 def _layout(plan: RepoPlan) -> RepoLayout:

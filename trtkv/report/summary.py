@@ -111,7 +111,6 @@ def collect(recipe: Recipe) -> dict[str, Any]:
     """Everything known about one recipe's run, from disk and the planner."""
     from trtkv.plan.planner import kv_format_for_recipe, plan
 
-    base = paths.recipe_output_dir(recipe.name)
     data: dict[str, Any] = {"recipe": recipe.name, "description": recipe.description,
                             "kv_cache": recipe.quantization.kv_cache.value,
                             "weights": recipe.quantization.weights.value}
@@ -131,14 +130,15 @@ def collect(recipe: Recipe) -> dict[str, Any]:
                                "max_k_amax": max((x.k_amax for x in layers), default=None),
                                "max_v_amax": max((x.v_amax for x in layers), default=None)}
     stages = {}
-    folders = {stage: base / stage for stage in ("checkpoint", "engine", "serve", "bench", "probe")}
-    folders["triton_repo"] = paths.triton_repo_dir() / recipe.name
+    folders = {layout.CHECKPOINT: layout.checkpoint_dir(recipe), layout.ENGINE: layout.engine_dir(recipe),
+               layout.SERVE: layout.serve_dir(recipe), layout.BENCH: layout.bench_dir(recipe),
+               layout.PROBE: layout.probe_dir(recipe), "triton_repo": paths.triton_repo_dir() / recipe.name}
     for stage, folder in folders.items():
         manifest = _tolerant(Manifest.load, folder)
         if manifest:
             stages[stage] = {"path": str(folder), "wall_seconds": manifest.wall_seconds}
     data["stages"] = stages
-    results = _tolerant(BenchResults.load, base / "bench")
+    results = _tolerant(BenchResults.load, layout.bench_dir(recipe))
     bench = results.model_dump() if results else None
     if results and "bench" in stages and results.wall_seconds is not None:
         stages["bench"]["wall_seconds"] = results.wall_seconds  # the measurement, not just the write
@@ -225,7 +225,7 @@ def write_report(recipe: Recipe, out: Path | None = None) -> Path:
     """engines/<recipe>/report/{report.json, report.md, manifest.json}."""
     started = time.time()
     data = collect(recipe)
-    out = out or paths.recipe_output_dir(recipe.name) / "report"
+    out = out or layout.report_dir(recipe)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
     md = [f"# trtkv report: {recipe.name}", "", recipe.description, "", "```", *summary_lines(data), "```", ""]

@@ -8,18 +8,14 @@ canary (`canary`).
 
 from __future__ import annotations
 
-import http.client
 import json
-import socket
-import threading
 import time
-import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
 from trtkv.contracts.artifacts import ServerRecord
 from trtkv.contracts.interface import ENSEMBLE, ModelInterface
-from trtkv.core.apikey import auth_headers
+from trtkv.core.httpcall import request
 from trtkv.recipe import Recipe
 from trtkv.recipe.layout import serve_dir
 from trtkv.serving.teardown import claim
@@ -49,54 +45,10 @@ class Health:
 MAX_RESPONSE_BYTES = 1 << 20  # a ready answer or a one-token inference is a few hundred bytes
 
 
-class ResponseError(OSError):
-    """The answer broke a bound: larger than MAX_RESPONSE_BYTES, or not whole within the request's deadline."""
-
-
 def _http(url: str, body: dict[str, Any] | None, timeout_s: float) -> tuple[int, str]:
-    """(status, body text) of one request, with one deadline for all of it (connect, send, headers, body: a server
-    that drips bytes cannot stretch it) and at most MAX_RESPONSE_BYTES read; the API key's headers when one is set."""
-    parts = urllib.parse.urlsplit(url)
-    data = None if body is None else json.dumps(body).encode()
-    headers = {"Content-Type": "application/json", **auth_headers()}
-    path = parts.path + (f"?{parts.query}" if parts.query else "")
-    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=timeout_s)
-    expired = threading.Event()
-
-    def expire() -> None:  # the deadline: a blocked read returns at once (the socket is shut down under it)
-        expired.set()
-        sock = conn.sock
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    timer = threading.Timer(timeout_s, expire)
-    timer.daemon = True
-    timer.start()
-    try:
-        conn.request("GET" if body is None else "POST", path or "/", body=data, headers=headers)
-        response = conn.getresponse()
-        raw = response.read(MAX_RESPONSE_BYTES + 1)
-        if expired.is_set():
-            raise ResponseError(f"no whole answer from {url} within {timeout_s:g} s")
-        if len(raw) <= MAX_RESPONSE_BYTES and response.length:  # read(n) returns a short body without a word
-            raise ResponseError(f"the answer from {url} ended {response.length} bytes before its Content-Length")
-        if len(raw) > MAX_RESPONSE_BYTES:
-            raise ResponseError(f"the answer from {url} is larger than {MAX_RESPONSE_BYTES} bytes")
-        return response.status, raw.decode(errors="replace")
-    except ResponseError:
-        raise
-    except (OSError, http.client.HTTPException) as exc:
-        if expired.is_set():
-            raise ResponseError(f"no whole answer from {url} within {timeout_s:g} s") from None
-        if isinstance(exc, OSError):
-            raise
-        raise ResponseError(f"{type(exc).__name__}: {exc}") from None
-    finally:
-        timer.cancel()
-        conn.close()
+    """(status, body text) of one request within one deadline, at most MAX_RESPONSE_BYTES (trtkv.core.httpcall)."""
+    answer = request(url, body, timeout_s=timeout_s, max_bytes=MAX_RESPONSE_BYTES)
+    return answer.status, answer.text
 
 
 def canary(http_url: str, interface: ModelInterface = ENSEMBLE, timeout_s: float = 60.0) -> Probe:

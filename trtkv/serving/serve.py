@@ -34,7 +34,7 @@ from trtkv.core.errors import StageError, ToolError
 from trtkv.core.process import port_in_use, wait_http_ready
 from trtkv.core.tools import quote, tail
 from trtkv.recipe import Recipe
-from trtkv.recipe.layout import checkpoint_dir, container_artifacts, engine_dir, host_artifacts, repo_dir, serve_dir
+from trtkv.recipe.layout import HF, checkpoint_dir, container_artifacts, engine_dir, host_artifacts, repo_dir, serve_dir
 from trtkv.serving.container import (
     CIDFILE,
     CONTAINER_TRITONSERVER,
@@ -360,7 +360,7 @@ def _start_openai_server(recipe: Recipe, *, dry_run: bool, timeout_s: float | No
                              f"{recipe.name} --dry-run`.")
         container = container_name(recipe)
         stop_container(container, timeout_s=10)
-    return _launch(recipe, cmd, checkpoint_dir(recipe) / "hf", {**os.environ, **extra_env}, timeout_s, log,
+    return _launch(recipe, cmd, checkpoint_dir(recipe) / HF, {**os.environ, **extra_env}, timeout_s, log,
                    container=container, name=server.name, served_model=server.served_model(recipe))
 
 
