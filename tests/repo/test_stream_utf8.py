@@ -12,6 +12,7 @@ import pytest
 from tests.repo.triton_client import grpc_stream, http_generate_stream
 from tests.support import localserver
 from trtkv.recipe import load_recipe
+from trtkv.recipe.layout import container_artifacts, host_artifacts
 from trtkv.repo import generate_repo
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -65,8 +66,11 @@ def server(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path):  # noqa
             if (smollm2_dir / name).is_file():
                 shutil.copyfile(smollm2_dir / name, tokenizer / name)
         repo = generate_repo(recipe, log=lambda _m: None).output
+        box, host = container_artifacts(recipe), host_artifacts(recipe)
     served = root / "served"
     shutil.copytree(repo, served)
+    for pbtxt in served.rglob("config.pbtxt"):  # a GPU recipe's configs name the container's /models/<recipe>
+        pbtxt.write_text(pbtxt.read_text().replace(str(box.root), str(host.root)))
     config = served / "tensorrt_llm" / "config.pbtxt"
     text = config.read_text().replace('backend: "tensorrtllm"', 'backend: "python"')
     config.write_text(text + f'parameters: {{ key: "fake_tokens" value: {{ string_value: "{tokens}" }} }}\n')
