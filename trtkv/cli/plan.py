@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     if est is not None:
         from dataclasses import replace
 
-        result = replace(result, estimate=est.to_json())
+        result = replace(result, estimate=est)
     if o.as_json:
         print(result.to_json())
     else:

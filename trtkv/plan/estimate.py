@@ -5,12 +5,10 @@ TP/PP, weights and bench workload, each figure with its source: aiconfigurator's
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
-
 from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.formats import UNQUANTIZED, KVFormat
 from trtkv.plan import aic
+from trtkv.plan.estimate_model import Estimate, EstimateRow
 from trtkv.plan.model import GIB, Architecture, Plan, resolve_architecture, seq_bytes, weights_bytes
 from trtkv.plan.speed import AIC_SYSTEM, KVCost, ModelShape, Serving, kernels_for, kv_lane, serve
 from trtkv.platform.hardware import GPU, GPU_SPECS
@@ -19,42 +17,6 @@ from trtkv.recipe.attention import AttentionKind, layer_formats
 from trtkv.recipe.backend_rules import SPEED_ENGINE, served_kv_formats
 
 NVFP4_ONLY_WHERE = (KVFormat.NVFP4,)  # NVFP4 KV: the GPUs GPUSpec.nvfp4_kv names (SM100/103), as recipe.rules says
-
-
-@dataclass
-class EstimateRow:
-    format: str
-    concurrency: int
-    ttft_ms: float
-    itl_ms: float
-    itl_p50_ms: float | None
-    output_tokens_per_s: float  # per GPU
-    output_tokens_per_s_per_user: float
-    source: str
-    fits: bool  # concurrency <= what the KV pool holds at isl + osl
-
-
-@dataclass
-class Estimate:
-    """The rows and what they rest on; the KV pool they fit concurrency in is the plan's (Plan.kv_pool_bytes_per_gpu,
-    not repeated here)."""
-
-    workload: dict[str, Any]
-    engine: str
-    gpu: str
-    max_concurrency: dict[str, int]  # per format: sequences of isl + osl tokens the pool holds
-    rows: list[EstimateRow]
-    aiconfigurator: str  # what was used, or why not
-    notes: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        """plan --json's `estimate`: per format, one entry per concurrency level."""
-        formats: dict[str, Any] = {}
-        for r in self.rows:
-            entry = formats.setdefault(r.format, {"max_concurrency": self.max_concurrency[r.format], "levels": []})
-            entry["levels"].append({k: v for k, v in asdict(r).items() if k != "format"})
-        return {"workload": self.workload, "engine": self.engine, "gpu": self.gpu,
-                "aiconfigurator": self.aiconfigurator, "formats": formats, "notes": self.notes}
 
 
 def engine_formats(recipe: Recipe) -> list[tuple[str, KVFormat]]:

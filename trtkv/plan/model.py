@@ -13,6 +13,7 @@ from trtkv.checkpoints.hf_config import MoE
 from trtkv.checkpoints.serving_memory import model_config_path
 from trtkv.core.errors import RecipeError
 from trtkv.kvcache.formats import KVFormat
+from trtkv.plan.estimate_model import Estimate
 from trtkv.platform.hardware import GPU
 from trtkv.recipe import Backend, ModelDtype, Recipe, WeightQuant
 from trtkv.recipe.attention import (
@@ -364,14 +365,15 @@ class Plan:
     notes: list[str]
     attention: PlanAttention
     prefix_cache: PlanPrefixCache  # trtkv.plan.prefix: what a prefix-cache hit rate does to capacity, per format
-    # `plan --estimate`: trtkv.plan.estimate.Estimate.to_json() (per format: levels of ttft_ms, itl_ms,
-    # output_tokens_per_s, source); absent from plan --json without --estimate
-    estimate: dict[str, Any] | None = None
+    # `plan --estimate` (trtkv.plan.estimate); plan --json writes Estimate.to_json() (per format: levels of ttft_ms,
+    # itl_ms, output_tokens_per_s, source), and leaves the key out without --estimate
+    estimate: Estimate | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        out = {**asdict(self), "examples": [e.to_dict() for e in self.examples]}
-        if out["estimate"] is None:
-            del out["estimate"]
+        out = {**asdict(replace(self, estimate=None)), "examples": [e.to_dict() for e in self.examples]}
+        del out["estimate"]
+        if self.estimate is not None:
+            out["estimate"] = self.estimate.to_json()
         return out
 
     def to_json(self) -> str:
