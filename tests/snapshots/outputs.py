@@ -65,6 +65,7 @@ class Scratch:
 
     root: Path
     pairs: list[tuple[str, str]] = field(default_factory=list)
+    repos: set[str] = field(default_factory=set)  # recipes whose repository is written in this scratch
 
     def normalise(self, text: str) -> str:
         for real, placeholder in self.pairs:
@@ -210,12 +211,25 @@ def init_outputs(case: str, s: Scratch) -> dict[str, str]:
 def repo_outputs(recipe: str, s: Scratch) -> dict[str, str]:
     """triton_repo/<recipe>/ as `trtkv repo RECIPE` writes it."""
     _cli_ok("repo", recipe, "--force")
+    s.repos.add(recipe)
     return read_folder(s.root / "triton_repo" / recipe, s)
+
+
+def _with_repo(recipe: str, s: Scratch) -> None:
+    """A deploy's load id follows the artifacts' manifests: the recipe's repository (when it has one) is written
+    first, as `trtkv repo` leaves it, whichever snapshot runs first (a `-k deploy` run, another order, xdist)."""
+    from trtkv.backends import for_recipe
+    from trtkv.recipe import load_recipe
+
+    if recipe not in s.repos and for_recipe(load_recipe(recipe)).repo is not None:
+        _cli_ok("repo", recipe, "--force")
+        s.repos.add(recipe)
 
 
 def deploy_outputs(case: str, target: str, s: Scratch) -> dict[str, str]:
     """`trtkv deploy RECIPE --target T [options]`'s folder, or, where trtkv refuses the pair, its message."""
     recipe, options = DEPLOY_EXTRA.get(case, (case, ()))
+    _with_repo(recipe, s)
     out = s.root / "deploy" / case / target
     if target != "slurm":  # the Kubernetes targets' loader Job copies from the source the user names
         options = (*options, "--model-source", f"s3://my-bucket/trtkv/{recipe}")
