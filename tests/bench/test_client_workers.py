@@ -136,8 +136,8 @@ def test_auto_keeps_one_process_under_the_share(monkeypatch: pytest.MonkeyPatch)
     sweep = Sweep(Endpoint("127.0.0.1:1", "openai", MODEL), lambda *a: [], None, lambda *a: lambda _r: None, [], {},
                   print)
     spec = LevelSpec("concurrency=256", "concurrency", 256, 256, 10, 1.0)
-    assert sweep._decide(spec, 0.3, None)[0] == 1
-    assert sweep._decide(spec, 0.8, None)[0] == 2
+    assert sweep._decide(spec, CORE_SHARE, None)[0] == 1
+    assert sweep._decide(spec, CORE_SHARE * 1.5, None)[0] == 2
     # a saturated warm-up cannot show the need: the previous level's load per stream, scaled, counts too
     n, why = sweep._decide(spec, 0.95, lambda s: 0.02 * s.streams)
     assert n == 8 and "saturated" in why

@@ -34,14 +34,16 @@ from trtkv.bench.records import RequestRecord
 from trtkv.bench.stats import summarize
 from trtkv.bench.workers import Fleet, WorkerRun, split
 
-# One process is kept while it uses at most half a core; past one core the GIL caps it. Measured on
-# the replay server (docs/bench.md, "One process or several"): with cores to spare one process used
-# 0.33-0.37 of a core for 10.5-11K tokens/s at 256 streams and held the 20 ms gap within 0.2%; on 2
-# cores shared with other work it fell behind (ITL +10-70%) at 12.5K tokens/s, getting only ~0.2 of
-# a core, where two processes held 16.5K within 1.5% (a shared machine is what the lag warning below
-# is for). Half a core leaves room for the bursts a batched engine sends (a token on every stream at
-# once). Where only the client is busy, the knee was not measured.
-CORE_SHARE = 0.5
+# One process is kept while its warm-up used at most 0.3 of a core; past one core the GIL caps it.
+# Measured on the replay server (docs/bench.md, "One process or several"): on 2 cores shared with
+# other work one process fell behind (ITL +10-70%) at 12.5K tokens/s, where two held 16.5K within
+# 1.5%. With only the client busy (2026-12-02, 256 streams, 50 ms then 20 ms, 1,024 requests), one
+# process's warm-up used 0.31-0.39 of a core and its TTFT p99 was 1.4-2.8x its p50 (12 runs, 7
+# over 2x: its own lag p99 up to 96 ms, the server's first tokens at most 31 ms late), where two
+# processes kept it at 1.4-2.0x (10 runs): the knee is a level's first-token burst (every stream
+# sends at once), not the token rate. Half a core, the earlier bound, left that burst to one
+# process.
+CORE_SHARE = 0.3
 # a process at this share of a core or more has probably limited the level (said in results)
 # the client's lag p99 over this share of the ITL p50 is said in results: its timestamps carry it
 SATURATED = 0.9
