@@ -53,6 +53,16 @@ def test_never_and_always() -> None:
     assert one["verdict"].startswith("no fit")
 
 
+def test_flat_noisy_lines_are_not_resolved() -> None:
+    """Two ITLs flat within their noise (vLLM CPU on SmolLM2, 128-2,048 tokens): the fitted lines cross outside the
+    range by chance, and the resampled crossings reach into it: no verdict either way."""
+    flat = sweep.break_even(_level(0.0, 6.0), _level(1e-7, 5.99))
+    lo, hi = flat["measured_range"]
+    assert flat["verdict"] == sweep.UNRESOLVED and flat["tokens"] is None
+    assert flat["interval"][0] <= hi and flat["interval"][1] >= lo
+    assert "not resolved within the measured range" in sweep.break_even_text("a", "b", flat)
+
+
 def test_summarize_fits_per_level() -> None:
     class Rec:
         ok = True

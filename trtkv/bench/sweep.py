@@ -134,13 +134,19 @@ def _crossing(a: dict[str, float] | None, b: dict[str, float] | None) -> float |
     return (b["intercept"] - a["intercept"]) / (a["slope"] - b["slope"])
 
 
+# the two lines' crossing lies outside the measured lengths, but its 95% interval reaches into
+# them: the data do not tell which is faster there (flat, noisy ITLs)
+UNRESOLVED = "not resolved within the measured range"
+
+
 def break_even(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
     """Where `other`'s fitted ITL drops below `base`'s, within the lengths both measured, with a
     bootstrap interval.
 
     Each argument is one level of results.json's sweep (`samples` per length). Returns {"tokens",
     "interval", "verdict"}: verdict "break-even", "faster over the whole measured range", "slower
-    over the whole measured range" (= never within the measured range) or "no fit".
+    over the whole measured range" (= never within the measured range), UNRESOLVED (the crossing's
+    interval reaches into the range) or "no fit".
     """
     sa, sb = _samples(base), _samples(other)
     common = sorted(set(sa) & set(sb))
@@ -166,6 +172,8 @@ def break_even(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
         draws.append(c if c is not None else float("inf"))
     draws.sort()
     interval = [draws[int(0.025 * len(draws))], draws[int(0.975 * len(draws)) - 1]]
+    if verdict != "break-even" and verdict != "no fit" and interval[0] <= hi and interval[1] >= lo:
+        verdict = UNRESOLVED  # crossing outside; the resampled crossings reach into the range
     return {
         "tokens": x if verdict == "break-even" else None,
         "crossing_tokens": x,
@@ -223,5 +231,11 @@ def break_even_text(name_base: str, name_other: str, be: dict[str, Any]) -> str:
         return (
             f"{name_other} vs {name_base}: never within the measured range ({lo:,}-{hi:,} "
             f"tokens){beyond}{ci_text}"
+        )
+    if be["verdict"] == UNRESOLVED:
+        return (
+            f"{name_other} vs {name_base}: not resolved within the measured range ({lo:,}-{hi:,} "
+            f"tokens): the fitted lines cross outside it, but the crossing's 95% interval reaches "
+            f"into it{ci_text}"
         )
     return f"{name_other} vs {name_base}: {be['verdict']}"
