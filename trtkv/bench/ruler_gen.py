@@ -1,13 +1,10 @@
-"""RULER's synthetic long-context tasks that need no download, written for trtkv from RULER's own
-definitions.
+"""RULER's synthetic long-context tasks that need no download, written for trtkv from RULER's own definitions.
 
-Source: NVIDIA/RULER at RULER_COMMIT. Templates, answer prefixes and tokens to generate:
-scripts/data/synthetic/ constants.py; task arguments: scripts/synthetic.yaml; haystacks, needles and
-length fitting: scripts/data/synthetic/ niah.py, variable_tracking.py, common_words_extraction.py,
-freq_words_extraction.py; the answer prefix sent after the input: scripts/pred/call_api.py. The
-words are RULER's: wonderwords' noun, adjective and verb lists. Where trtkv differs from RULER
-(random streams, a guard against distractor collisions, the search's upper bound) is in
-docs/ruler.md.
+Source: NVIDIA/RULER at RULER_COMMIT. Templates, answer prefixes and tokens to generate: scripts/data/synthetic/
+constants.py; task arguments: scripts/synthetic.yaml; haystacks, needles and length fitting: scripts/data/synthetic/
+niah.py, variable_tracking.py, common_words_extraction.py, freq_words_extraction.py; the answer prefix sent after the
+input: scripts/pred/call_api.py. The words are RULER's: wonderwords' noun, adjective and verb lists. Where trtkv
+differs from RULER (random streams, a guard against distractor collisions, the search's upper bound) is in docs/ruler.md.
 """
 
 from __future__ import annotations
@@ -25,73 +22,46 @@ from trtkv.core.errors import ToolError, TrtkvError
 
 RULER_COMMIT = "c3f5e3b4f87f97e048793bb510a3a6b19a46bf3a"
 RULER_SEED = 42  # scripts/data/prepare.py --random_seed default
-# RULER's docker/requirements.txt names wonderwords unpinned; this is its latest
-WONDERWORDS = "wonderwords==3.0.1"
+WONDERWORDS = "wonderwords==3.0.1"  # RULER's docker/requirements.txt names wonderwords unpinned; this is its latest
 
 Encode = Callable[[str], Sequence[int]]
 Made = tuple[str, str, list[str]]  # input (up to the answer prefix), answer prefix, references
 
-# scripts/data/synthetic/constants.py: (template, answer prefix, tokens_to_generate) per task
-# family; RULER's prepare.py appends the answer prefix to the template ('base' model template: the
-# task template unchanged)
+# scripts/data/synthetic/constants.py: (template, answer prefix, tokens_to_generate) per task family; RULER's
+# prepare.py appends the answer prefix to the template ('base' model template: the task template unchanged)
 FAMILIES: dict[str, tuple[str, str, int]] = {
     "niah": (
-        "Some special magic {type_needle_v} are hidden within the following text. Make sure to "
-        "memorize it. I will quiz you about the {type_needle_v} afterwards.\n{context}\nWhat are "
-        "all the special magic {type_needle_v} for {query} mentioned in the provided text?",
-        " The special magic {type_needle_v} for {query} mentioned in the provided text are",
-        128,
-    ),
+        "Some special magic {type_needle_v} are hidden within the following text. Make sure to memorize it. I will "
+        "quiz you about the {type_needle_v} afterwards.\n{context}\nWhat are all the special magic {type_needle_v} for "
+        "{query} mentioned in the provided text?",
+        " The special magic {type_needle_v} for {query} mentioned in the provided text are", 128),
     "variable_tracking": (
-        "Memorize and track the chain(s) of variable assignment hidden in the following "
-        "text.\n\n{context}\nQuestion: Find all variables that are assigned the value {query} in "
-        "the text above.",
-        " Answer: According to the chain(s) of variable assignment in the text above, {num_v} "
-        "variables are assigned the value {query}, they are: ",
-        30,
-    ),
+        "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n{context}\n"
+        "Question: Find all variables that are assigned the value {query} in the text above.",
+        " Answer: According to the chain(s) of variable assignment in the text above, {num_v} variables are assigned "
+        "the value {query}, they are: ", 30),
     "common_words_extraction": (
-        "Below is a numbered list of words. In these words, some appear more often than others. "
-        "Memorize the ones that appear most often.\n{context}\nQuestion: What are the 10 most "
-        "common words in the above list?",
-        " Answer: The top 10 words that appear most often in the list are:",
-        120,
-    ),
+        "Below is a numbered list of words. In these words, some appear more often than others. Memorize the ones "
+        "that appear most often.\n{context}\nQuestion: What are the 10 most common words in the above list?",
+        " Answer: The top 10 words that appear most often in the list are:", 120),
     "freq_words_extraction": (
-        "Read the following coded text and track the frequency of each coded word. Find the three "
-        "most frequently appeared coded words. {context}\nQuestion: Do not provide any "
-        "explanation. Please ignore the dots '....'. What are the three most frequently appeared "
-        "words in the above coded text?",
-        " Answer: According to the coded text above, the three most frequently appeared words are:",
-        50,
-    ),
+        "Read the following coded text and track the frequency of each coded word. Find the three most frequently "
+        "appeared coded words. {context}\nQuestion: Do not provide any explanation. Please ignore the dots '....'. "
+        "What are the three most frequently appeared words in the above coded text?",
+        " Answer: According to the coded text above, the three most frequently appeared words are:", 50),
 }
 
-# scripts/synthetic.yaml: the tasks RULER generates without a download (no essay haystack, no QA
-# data set)
+# scripts/synthetic.yaml: the tasks RULER generates without a download (no essay haystack, no QA data set)
 TASKS: dict[str, tuple[str, dict[str, Any]]] = {
-    "niah_single_1": (
-        "niah",
-        {"haystack": "noise", "k": "words", "v": "numbers", "num_k": 1, "num_v": 1, "num_q": 1},
-    ),
-    "niah_multikey_2": (
-        "niah",
-        {"haystack": "needle", "k": "words", "v": "numbers", "num_k": 1, "num_v": 1, "num_q": 1},
-    ),
-    "niah_multikey_3": (
-        "niah",
-        {"haystack": "needle", "k": "uuids", "v": "uuids", "num_k": 1, "num_v": 1, "num_q": 1},
-    ),
+    "niah_single_1": ("niah", {"haystack": "noise", "k": "words", "v": "numbers", "num_k": 1, "num_v": 1, "num_q": 1}),
+    "niah_multikey_2": ("niah", {"haystack": "needle", "k": "words", "v": "numbers", "num_k": 1, "num_v": 1, "num_q": 1}),
+    "niah_multikey_3": ("niah", {"haystack": "needle", "k": "uuids", "v": "uuids", "num_k": 1, "num_v": 1, "num_q": 1}),
     "vt": ("variable_tracking", {"num_chains": 1, "num_hops": 4}),
-    "cwe": (
-        "common_words_extraction",
-        {"freq_cw": 30, "freq_ucw": 3, "num_cw": 10, "num_fewshot": 1},
-    ),
+    "cwe": ("common_words_extraction", {"freq_cw": 30, "freq_ucw": 3, "num_cw": 10, "num_fewshot": 1}),
     "fwe": ("freq_words_extraction", {"alpha": 2.0, "coded_wordlen": 6}),
 }
 
-# niah.py, vt
-NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."  # niah.py, vt
 NEEDLE = "One of the special magic {type_needle_v} for {key} is: {value}."  # niah.py
 VT_ICL_TOKENS = 500  # variable_tracking.py main(): the one-shot example is fitted to 500 tokens
 MAX_RETRIES = 100
@@ -103,22 +73,18 @@ class RulerError(TrtkvError):
 
 @dataclass
 class RulerItem:
-    """One RULER sample, JSON-serialisable: the prompt is `input + answer_prefix`, as RULER's
-    call_api.py sends it."""
+    """One RULER sample, JSON-serialisable: the prompt is `input + answer_prefix`, as RULER's call_api.py sends it."""
 
     task: str
-    # the target: prompt tokens + the task's tokens to generate <= length (RULER's max_seq_length)
-    length: int
+    length: int  # the target: prompt tokens + the task's tokens to generate <= length (RULER's max_seq_length)
     index: int
     seed: int
     input: str
     answer_prefix: str
     outputs: list[str]
-    # tokens of input + answer_prefix with the tokenizer the item was made for (no special tokens)
-    input_tokens: int
+    input_tokens: int  # tokens of input + answer_prefix with the tokenizer the item was made for (no special tokens)
     max_tokens: int  # RULER's tokens_to_generate
-    # noise sentences, distractor needles, distinct words or coded words of the haystack
-    haystack_units: int
+    haystack_units: int  # noise sentences, distractor needles, distinct words or coded words of the haystack
 
     @property
     def prompt(self) -> str:
@@ -133,35 +99,28 @@ class RulerItem:
 
 
 def _rng(*parts: object) -> random.Random:
-    """A generator seeded by a string (sha512 of it: the same stream in every process and Python
-    version >= 3.2)."""
+    """A generator seeded by a string (sha512 of it: the same stream in every process and Python version >= 3.2)."""
     return random.Random(":".join(str(p) for p in parts))
 
 
 @lru_cache(maxsize=1)
 def wordlists() -> dict[str, list[str]]:
-    """wonderwords' noun, adjective and verb lists, read as RULER reads them (one word a line,
-    right-stripped)."""
+    """wonderwords' noun, adjective and verb lists, read as RULER reads them (one word a line, right-stripped)."""
     try:
         from importlib.resources import files
 
         import wonderwords.assets  # noqa: F401
     except ImportError as exc:
-        raise ToolError(
-            "RULER's niah_single_1, niah_multikey_2 and cwe draw RULER's words from the "
-            f"wonderwords package, which is not installed. Next: pip install '{WONDERWORDS}'."
-        ) from exc
+        raise ToolError(f"RULER's niah_single_1, niah_multikey_2 and cwe draw RULER's words from the wonderwords "
+                        f"package, which is not installed. Next: pip install '{WONDERWORDS}'.") from exc
     folder = files("wonderwords.assets")
-    return {
-        name: [w.rstrip() for w in folder.joinpath(f"{name}list.txt").read_text().splitlines()]
-        for name in ("noun", "adjective", "verb")
-    }
+    return {name: [w.rstrip() for w in folder.joinpath(f"{name}list.txt").read_text().splitlines()]
+            for name in ("noun", "adjective", "verb")}
 
 
 @lru_cache(maxsize=1)
 def _niah_word_parts() -> tuple[list[str], list[str]]:
-    """niah.py's keys are `adjective-noun`; picking each part uniformly is picking a pair uniformly
-    (6 M of them)."""
+    """niah.py's keys are `adjective-noun`; picking each part uniformly is picking a pair uniformly (6 M of them)."""
     w = wordlists()
     return sorted(set(w["adjective"])), sorted(set(w["noun"]))
 
@@ -172,7 +131,7 @@ def _cwe_words() -> list[str]:
     return sorted(set(w["noun"] + w["adjective"] + w["verb"]))
 
 
-# --------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------
 # niah
 
 
@@ -200,18 +159,14 @@ def _niah(args: dict[str, Any], n: int, rng: random.Random) -> Made:
     rng.shuffle(needles)
     if args["haystack"] == "noise":
         sentences = [NOISE] * n
-    # distractor needles; unlike RULER, none repeats a needle's key or value (so each answer occurs
-    # once)
-    else:
+    else:  # distractor needles; unlike RULER, none repeats a needle's key or value (so each answer occurs once)
         taken = set(keys) | {v for vs in values for v in vs}
         sentences = []
         while len(sentences) < n:
             key, value = _needle_value(k_type, rng), _needle_value(v_type, rng)
             if key not in taken and value not in taken:
                 sentences.append(NEEDLE.format(type_needle_v=v_type, key=key, value=value))
-    for pos, needle in zip(
-        sorted(rng.sample(range(n), len(needles)), reverse=True), needles, strict=True
-    ):
+    for pos, needle in zip(sorted(rng.sample(range(n), len(needles)), reverse=True), needles, strict=True):
         sentences.insert(pos, needle)
     picked = rng.sample(range(len(keys)), args["num_q"])
     queries = [keys[i] for i in picked]
@@ -227,7 +182,7 @@ def _niah(args: dict[str, Any], n: int, rng: random.Random) -> Made:
     return template.format(context="\n".join(sentences), **fill), prefix.format(**fill), answers
 
 
-# --------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------
 # variable tracking
 
 
@@ -241,11 +196,8 @@ def _names(rng: random.Random, count: int, letters: int, avoid: Sequence[str] = 
 
 
 def _vt_text(n: int, positions: Sequence[int], names: Sequence[str], value: str) -> tuple[str, str]:
-    """variable_tracking.py's noise haystack: the chain's lines inserted at sorted positions among
-    `n` noise lines."""
-    chain = [f"VAR {names[0]} = {value}"] + [
-        f"VAR {names[j + 1]} = VAR {names[j]} " for j in range(len(names) - 1)
-    ]
+    """variable_tracking.py's noise haystack: the chain's lines inserted at sorted positions among `n` noise lines."""
+    chain = [f"VAR {names[0]} = {value}"] + [f"VAR {names[j + 1]} = VAR {names[j]} " for j in range(len(names) - 1)]
     sentences = [NOISE] * n
     for j, pos in enumerate(positions):
         sentences.insert(pos + j, chain[j])
@@ -255,19 +207,16 @@ def _vt_text(n: int, positions: Sequence[int], names: Sequence[str], value: str)
 
 
 def _vt_value(rng: random.Random) -> str:
-    # numpy's randint(10000, 99999): the upper bound excluded
-    return str(rng.randrange(10000, 99999))
+    return str(rng.randrange(10000, 99999))  # numpy's randint(10000, 99999): the upper bound excluded
 
 
 class _VariableTracking:
-    """vt: one 4-hop chain among noise lines, after a one-shot example of the task fitted to 500
-    tokens."""
+    """vt: one 4-hop chain among noise lines, after a one-shot example of the task fitted to 500 tokens."""
 
     def __init__(self, args: dict[str, Any], encode: Encode, seed: int) -> None:
         self.hops = args["num_hops"]
-
-        # the example: 3-letter names, value 12345 while it is fitted, then new names and a new
-        # value per item (variable_tracking.py randomize_icl) at the same noise lines and positions
+        # the example: 3-letter names, value 12345 while it is fitted, then new names and a new value per item
+        # (variable_tracking.py randomize_icl) at the same noise lines and positions
         def layout(n: int) -> tuple[list[int], list[str]]:
             rng = _rng(seed, "vt-icl", n)
             return sorted(rng.sample(range(n), self.hops + 1)), _names(rng, self.hops + 1, 3)
@@ -286,26 +235,19 @@ class _VariableTracking:
         while icl_value == value:
             icl_value = _vt_value(rng)
         icl_names = _names(rng, self.hops + 1, 3)
-        icl = (
-            "".join(_vt_text(self.icl_n, self.icl_positions, icl_names, icl_value))
-            + " "
-            + " ".join(icl_names)
-            + "\n"
-        )
+        icl = "".join(_vt_text(self.icl_n, self.icl_positions, icl_names, icl_value)) + " " + " ".join(icl_names) + "\n"
         text, prefix = _vt_text(n, sorted(rng.sample(range(n), self.hops + 1)), names, value)
         return icl + "\n" + text, prefix, names
 
 
-# --------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------
 # common and frequent words
 
 
 def _cwe(args: dict[str, Any], length: int, n: int, rng: random.Random) -> Made:
-    """common_words_extraction.py: a numbered list where 10 words repeat more often, after a
-    one-shot example."""
+    """common_words_extraction.py: a numbered list where 10 words repeat more often, after a one-shot example."""
     words = _cwe_words()
-    # RULER then draws from json/english_words.json (a Git LFS file trtkv does not ship)
-    if n > len(words):
+    if n > len(words):  # RULER then draws from json/english_words.json (a Git LFS file trtkv does not ship)
         raise RulerError(f"cwe: {n} distinct words asked, wonderwords has {len(words)}")
     num_cw = args["num_cw"]
 
@@ -321,33 +263,22 @@ def _cwe(args: dict[str, Any], length: int, n: int, rng: random.Random) -> Made:
     shots = []
     for _ in range(args["num_fewshot"]):
         ctx, common = example(20, 3, 1) if short else example(40, 10, 3)
-        shots.append(
-            template.format(context=ctx)
-            + prefix
-            + " "
-            + " ".join(f"{i + 1}. {w}" for i, w in enumerate(common))
-        )
+        shots.append(template.format(context=ctx) + prefix + " " + " ".join(f"{i + 1}. {w}" for i, w in enumerate(common)))
     ctx, answer = example(n, 6, 1) if short else example(n, args["freq_cw"], args["freq_ucw"])
     return "\n".join(shots) + "\n" + template.format(context=ctx), prefix, answer
 
 
 def _zeta(alpha: float) -> float:
-    """Riemann zeta for alpha > 1 (scipy.special.zeta in RULER): a partial sum and its
-    Euler-Maclaurin tail."""
+    """Riemann zeta for alpha > 1 (scipy.special.zeta in RULER): a partial sum and its Euler-Maclaurin tail."""
     if alpha == 2.0:
-        return math.pi**2 / 6
+        return math.pi ** 2 / 6
     big = 1000
-    return (
-        sum(k**-alpha for k in range(1, big))
-        + big ** (1 - alpha) / (alpha - 1)
-        + big**-alpha / 2
-        + alpha * big ** (-alpha - 1) / 12
-    )
+    return (sum(k ** -alpha for k in range(1, big)) + big ** (1 - alpha) / (alpha - 1) + big ** -alpha / 2
+            + alpha * big ** (-alpha - 1) / 12)
 
 
 def _fwe(args: dict[str, Any], vocab_size: int, n: int, rng: random.Random) -> Made:
-    """freq_words_extraction.py: coded words drawn with Zipf counts; the most frequent is '...'
-    (noise)."""
+    """freq_words_extraction.py: coded words drawn with Zipf counts; the most frequent is '...' (noise)."""
     wordlen, alpha = args["coded_wordlen"], args["alpha"]
     vocab: set[str] = set()
     while len(vocab) < vocab_size:
@@ -356,20 +287,19 @@ def _fwe(args: dict[str, Any], vocab_size: int, n: int, rng: random.Random) -> M
     rng.shuffle(ranked)
     ranked[0] = "..."
     z = _zeta(alpha)
-    coded = [w for k, w in enumerate(ranked, start=1) for _ in range(int(n * k**-alpha / z))]
+    coded = [w for k, w in enumerate(ranked, start=1) for _ in range(int(n * k ** -alpha / z))]
     rng.shuffle(coded)
     template, prefix, _ = FAMILIES["freq_words_extraction"]
     return template.format(context=" ".join(coded)), prefix, ranked[1:4]
 
 
-# --------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------
 # Fitting the length
 
 
 def _largest_fit(fits: Callable[[int], bool], lowest: int, highest: int | None = None) -> int:
-    """The largest haystack size that fits, by bisection as RULER's binary search; the upper bound
-    doubles until it no longer fits (RULER guesses 3x an estimate, which the one-shot examples'
-    tokens can make too small)."""
+    """The largest haystack size that fits, by bisection as RULER's binary search; the upper bound doubles until it
+    no longer fits (RULER guesses 3x an estimate, which the one-shot examples' tokens can make too small)."""
     if not fits(lowest):
         return 0
     lo, hi = lowest, 2 * lowest
@@ -384,16 +314,11 @@ def _largest_fit(fits: Callable[[int], bool], lowest: int, highest: int | None =
     return lo
 
 
-def generate(
-    task: str, length: int, count: int, encode: Encode, seed: int = RULER_SEED
-) -> list[RulerItem]:
-    """`count` items of `task` whose prompt tokens + tokens to generate fit `length`, as RULER fits
-    them: the largest haystack that fits, then per item that size, made smaller while the item's own
-    draw does not fit."""
+def generate(task: str, length: int, count: int, encode: Encode, seed: int = RULER_SEED) -> list[RulerItem]:
+    """`count` items of `task` whose prompt tokens + tokens to generate fit `length`, as RULER fits them: the largest
+    haystack that fits, then per item that size, made smaller while the item's own draw does not fit."""
     if task not in TASKS:
-        raise RulerError(
-            f"RULER task {task!r} is not one trtkv makes; allowed: {', '.join(TASKS)}."
-        )
+        raise RulerError(f"RULER task {task!r} is not one trtkv makes; allowed: {', '.join(TASKS)}.")
     family, args = TASKS[task]
     max_tokens = FAMILIES[family][2]
 
@@ -411,10 +336,8 @@ def generate(
         budget = length - max_tokens
         vocab_size, step = budget // 50, budget // 32
         if vocab_size < 4 or step < 1:
-            raise RulerError(
-                f"fwe at {length} tokens: too short (RULER's vocabulary is (length - {max_tokens}) "
-                f"// 50 words, at least 4 needed: length >= {200 + max_tokens})."
-            )
+            raise RulerError(f"fwe at {length} tokens: too short (RULER's vocabulary is (length - {max_tokens}) // 50 "
+                             f"words, at least 4 needed: length >= {200 + max_tokens}).")
         make = lambda n, rng: _fwe(args, vocab_size, n, rng)  # noqa: E731
 
     measured: dict[int, int] = {}
@@ -427,8 +350,7 @@ def generate(
     def fits(n: int) -> bool:
         return fit_tokens(n) <= length
 
-    # freq_words_extraction.py: grow by `step` from budget // 6 while the text
-    if family == "freq_words_extraction":
+    if family == "freq_words_extraction":  # freq_words_extraction.py: grow by `step` from budget // 6 while the text
         units = (length - max_tokens) // 6  # is shorter than the budget, then step back once
         while fit_tokens(units) < length:
             units += step
@@ -437,18 +359,13 @@ def generate(
         highest = len(_cwe_words()) if family == "common_words_extraction" else None
         units = _largest_fit(fits, step, highest)
         if highest is not None and units == highest and fits(highest):
-            raise RulerError(
-                f"cwe at {length} tokens needs more than the {highest} distinct words of "
-                "wonderwords (RULER then draws from json/english_words.json, which trtkv does not "
-                "ship)."
-            )
+            raise RulerError(f"cwe at {length} tokens needs more than the {highest} distinct words of wonderwords "
+                             f"(RULER then draws from json/english_words.json, which trtkv does not ship).")
     if units < step:
-        raise RulerError(
-            f"{task} at {length} tokens: too short for RULER's smallest haystack ({step} units) "
-            f"and {max_tokens} tokens to generate. Next: a longer length in bench.ruler_lengths."
-        )
-    # RULER steps an item that does not fit back by its search step (5-25 units); trtkv by one unit
-    # (fwe: RULER's step, 1/32 of the budget), so items sit closer to the length, never above it
+        raise RulerError(f"{task} at {length} tokens: too short for RULER's smallest haystack ({step} units) and "
+                         f"{max_tokens} tokens to generate. Next: a longer length in bench.ruler_lengths.")
+    # RULER steps an item that does not fit back by its search step (5-25 units); trtkv by one unit (fwe: RULER's
+    # step, 1/32 of the budget), so items sit closer to the length, never above it
     retry_step = step if family == "freq_words_extraction" else 1
     items = []
     for index in range(count):
@@ -460,12 +377,6 @@ def generate(
                 break
             n = max(step, n - retry_step)
         else:
-            raise RulerError(
-                f"{task} at {length} tokens: item {index} did not fit in {MAX_RETRIES} draws."
-            )
-        items.append(
-            RulerItem(
-                task, length, index, seed, made[0], made[1], list(made[2]), used, max_tokens, n
-            )
-        )
+            raise RulerError(f"{task} at {length} tokens: item {index} did not fit in {MAX_RETRIES} draws.")
+        items.append(RulerItem(task, length, index, seed, made[0], made[1], list(made[2]), used, max_tokens, n))
     return items

@@ -1,16 +1,14 @@
 """The stage contract: manifest, up-to-date skip, atomic output.
 
-Every stage writes into a temporary sibling folder and renames it into place only when it succeeded,
-so an interrupted or failed stage never leaves a folder that looks complete (a folder left by a
-killed run, named with a pid that is no longer alive, is removed the next time the stage runs). The
-folder's `manifest.json` records the resolved recipe, its hash, the input folder's manifest hash,
-tool versions and wall time; a stage whose manifest matches its inputs is skipped ("up to date")
-unless forced.
+Every stage writes into a temporary sibling folder and renames it into place only when it succeeded, so an
+interrupted or failed stage never leaves a folder that looks complete (a folder left by a killed run, named with a
+pid that is no longer alive, is removed the next time the stage runs). The folder's `manifest.json` records the
+resolved recipe, its hash, the input folder's manifest hash, tool versions and wall time; a stage whose manifest
+matches its inputs is skipped ("up to date") unless forced.
 
-Tool versions are part of the up-to-date key only where they change the output: calibrate
-(ModelOpt's export, transformers' modelling, torch numerics) and build (TensorRT-LLM's engine
-format) pass `versioned_tools`. The repo, serve and bench stages produce text that does not depend
-on them, so a tool upgrade does not redo them.
+Tool versions are part of the up-to-date key only where they change the output: calibrate (ModelOpt's export,
+transformers' modelling, torch numerics) and build (TensorRT-LLM's engine format) pass `versioned_tools`. The
+repo, serve and bench stages produce text that does not depend on them, so a tool upgrade does not redo them.
 """
 
 from __future__ import annotations
@@ -34,25 +32,15 @@ from trtkv.core.files import naming
 from trtkv.core.process import pid_alive
 from trtkv.version import __version__
 
-# the stage contract is foundation: it reads a recipe's name, path and hashes, never its schema
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the stage contract is foundation: it reads a recipe's name, path and hashes, never its schema
     from trtkv.contracts.artifacts import Manifest
     from trtkv.recipe import Recipe
 
 MANIFEST = "manifest.json"
-TOOLS = (
-    "nvidia-modelopt",
-    "tensorrt_llm",
-    "transformers",
-    "torch",
-    "tritonclient",
-    "nvidia-pytriton",
-)
-# The tools whose versions change what calibrate and build write (their up-to-date key includes
-# them).
+TOOLS = ("nvidia-modelopt", "tensorrt_llm", "transformers", "torch", "tritonclient", "nvidia-pytriton")
+# The tools whose versions change what calibrate and build write (their up-to-date key includes them).
 VERSIONED_TOOLS = ("nvidia-modelopt", "transformers", "torch", "tensorrt_llm")
-# trtkv.core.paths.temp_sibling's names
-LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)$")
+LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)$")  # trtkv.core.paths.temp_sibling's names
 
 
 def _version(dist: str) -> str | None:
@@ -70,8 +58,7 @@ def tool_versions() -> dict[str, str | None]:
 
 
 def remove_leftovers(output: Path, log: Callable[[str], None] = print) -> list[Path]:
-    """Remove `.<name>.tmp-<pid>` / `.<name>.old-<pid>` siblings of `output` whose pid is not
-    alive."""
+    """Remove `.<name>.tmp-<pid>` / `.<name>.old-<pid>` siblings of `output` whose pid is not alive."""
     removed: list[Path] = []
     if not output.parent.is_dir():
         return removed
@@ -80,11 +67,9 @@ def remove_leftovers(output: Path, log: Callable[[str], None] = print) -> list[P
         if not match or sibling.is_symlink() or not sibling.is_dir():
             continue
         pid = int(match.group("pid"))
-        size = len(sibling.name.encode("utf-8", "surrogateescape")) - len(
-            match.group("name").encode("utf-8", "surrogateescape")
-        )
-        # the bytes temp_sibling left for the name beside this pid's suffix
-        room = paths.NAME_MAX - size
+        size = len(sibling.name.encode("utf-8", "surrogateescape")) - len(match.group("name").encode("utf-8",
+                                                                                                     "surrogateescape"))
+        room = paths.NAME_MAX - size  # the bytes temp_sibling left for the name beside this pid's suffix
         if match.group("name") != paths.sibling_stem(output.name, room):
             continue
         if pid == os.getpid() or pid_alive(pid):
@@ -95,13 +80,12 @@ def remove_leftovers(output: Path, log: Callable[[str], None] = print) -> list[P
     return removed
 
 
-# {"stage", "recipe"} in folders that have no manifest.json of a stage (deploy, probe, compare)
-OWNER = ".trtkv-owner"
+OWNER = ".trtkv-owner"  # {"stage", "recipe"} in folders that have no manifest.json of a stage (deploy, probe, compare)
 
 
 def _owner(folder: Path) -> tuple[str | None, str | None, str | None] | None:
-    """(stage, recipe, target) that trtkv recorded in `folder` (manifest.json or the owner file; the
-    target: deploy's k8s/slurm/dynamo); None when it holds neither."""
+    """(stage, recipe, target) that trtkv recorded in `folder` (manifest.json or the owner file; the target: deploy's
+    k8s/slurm/dynamo); None when it holds neither."""
     for name in (MANIFEST, OWNER):
         path = folder / name
         if not path.is_file() or path.is_symlink():
@@ -113,72 +97,47 @@ def _owner(folder: Path) -> tuple[str | None, str | None, str | None] | None:
             continue
         if isinstance(data, dict) and isinstance(data.get("stage"), str):
             recipe, target = data.get("recipe"), data.get("target")
-            return (
-                data["stage"],
-                recipe if isinstance(recipe, str) else None,
-                target if isinstance(target, str) else None,
-            )
+            return data["stage"], recipe if isinstance(recipe, str) else None, target if isinstance(target, str) else None
     return None
 
 
 def check_inside(output: Path, stage: str) -> Path:
-    """`output` made absolute; refuses a folder that is not strictly inside its parent (`.`, `..`,
-    `/`, a symlink)."""
+    """`output` made absolute; refuses a folder that is not strictly inside its parent (`.`, `..`, `/`, a symlink)."""
     absolute = Path(os.path.abspath(output))
-    if (
-        output.name in ("", ".", "..")
-        or absolute == absolute.parent
-        or absolute.is_symlink()
-        or absolute.resolve().parent != absolute.parent.resolve()
-    ):
-        raise StageError(
-            f"{stage}: refusing to replace {output}: a stage output must be a folder strictly "
-            "inside its parent (not `.`, `..`, `/` or a symbolic link). Nothing was changed. "
-            f"Next: name a new folder, e.g. {absolute.parent / (stage + '-out')}."
-        )
+    if output.name in ("", ".", "..") or absolute == absolute.parent or absolute.is_symlink() \
+            or absolute.resolve().parent != absolute.parent.resolve():
+        raise StageError(f"{stage}: refusing to replace {output}: a stage output must be a folder strictly inside "
+                         f"its parent (not `.`, `..`, `/` or a symbolic link). Nothing was changed. "
+                         f"Next: name a new folder, e.g. {absolute.parent / (stage + '-out')}.")
     return absolute
 
 
-def check_output(
-    output: Path, stage: str, recipe: str, option: str = "--output", target: str | None = None
-) -> Path:
-    """Refuse an output folder trtkv would replace but did not write: it must be absent, empty, or
-    hold a manifest (or owner file) of the same stage and recipe (and, given one, target: a deploy
-    never replaces another target's folder). Returns the absolute path."""
+def check_output(output: Path, stage: str, recipe: str, option: str = "--output", target: str | None = None) -> Path:
+    """Refuse an output folder trtkv would replace but did not write: it must be absent, empty, or hold a manifest
+    (or owner file) of the same stage and recipe (and, given one, target: a deploy never replaces another target's
+    folder). Returns the absolute path."""
     absolute = check_inside(output, stage)
     if not absolute.exists():
         return absolute
     if not absolute.is_dir():
-        raise StageError(
-            f"{stage}: {option} {output} is a file, not a folder. Nothing was changed. "
-            f"Next: name a new or empty folder."
-        )
+        raise StageError(f"{stage}: {option} {output} is a file, not a folder. Nothing was changed. "
+                         f"Next: name a new or empty folder.")
     if not any(absolute.iterdir()):
         return absolute
     owner = _owner(absolute)
-    if (
-        owner is not None
-        and owner[:2] == (stage, recipe)
-        and (target is None or owner[2] in (None, target))
-    ):
+    if owner is not None and owner[:2] == (stage, recipe) and (target is None or owner[2] in (None, target)):
         return absolute
-    seen = (
-        f"it holds trtkv's `{owner[0]}` output of recipe {owner[1]!r}"
-        + (f" for target {owner[2]}" if owner[2] else "")
-        if owner
-        else "it holds files trtkv did not write (no manifest.json)"
-    )
+    seen = (f"it holds trtkv's `{owner[0]}` output of recipe {owner[1]!r}" + (f" for target {owner[2]}" if owner[2]
+                                                                               else "") if owner
+            else "it holds files trtkv did not write (no manifest.json)")
     mine = f"`{stage}` output of recipe {recipe!r}" + (f" for target {target}" if target else "")
-    raise StageError(
-        f"{stage}: {option} {output}: {seen}, so trtkv will not replace it (it replaces only its "
-        f"own {mine}). Nothing was changed. Next: name a new or empty folder, or move that one "
-        "aside yourself."
-    )
+    raise StageError(f"{stage}: {option} {output}: {seen}, so trtkv will not replace it (it replaces only its own "
+                     f"{mine}). Nothing was changed. Next: name a new or empty folder, or move that one aside "
+                     f"yourself.")
 
 
 def claim_output(output: Path, stage: str, recipe: str, option: str = "--output") -> Path:
-    """check_output, then create the folder and record trtkv as its owner (for stages that write in
-    place)."""
+    """check_output, then create the folder and record trtkv as its owner (for stages that write in place)."""
     absolute = check_output(output, stage, recipe, option)
     absolute.mkdir(parents=True, exist_ok=True)
     if _owner(absolute) is None:
@@ -187,8 +146,8 @@ def claim_output(output: Path, stage: str, recipe: str, option: str = "--output"
 
 
 def in_place_output(given: Path | None, default: Path, stage: str, recipe: str) -> Path:
-    """The folder of a stage that writes in place (probe, compare): a user's --output goes through
-    claim_output; trtkv's own default folder (under engines/) is created as it is."""
+    """The folder of a stage that writes in place (probe, compare): a user's --output goes through claim_output;
+    trtkv's own default folder (under engines/) is created as it is."""
     if given is not None:
         return claim_output(given, stage, recipe)
     default.mkdir(parents=True, exist_ok=True)
@@ -203,8 +162,7 @@ def manifest_hash(folder: Path) -> str | None:
 
 
 def read_manifest(folder: Path) -> Manifest | None:
-    """The folder's manifest; None when absent or not a valid manifest (the stage then counts as not
-    run)."""
+    """The folder's manifest; None when absent or not a valid manifest (the stage then counts as not run)."""
     from trtkv.contracts.artifacts import Manifest
 
     try:
@@ -222,10 +180,9 @@ class StageResult:
     manifest: dict[str, Any]
 
 
-# The fields that say which model a stage output is of, in which weight and KV formats and with
-# which scales: an input whose own recipe differs here is another model's or another format's output
-# (an fp8 engine under an int8 recipe), never this one's. quantization.kv_skip_layers is not one:
-# the checkpoint is the same, the server applies it.
+# The fields that say which model a stage output is of, in which weight and KV formats and with which scales: an input
+# whose own recipe differs here is another model's or another format's output (an fp8 engine under an int8 recipe),
+# never this one's. quantization.kv_skip_layers is not one: the checkpoint is the same, the server applies it.
 IDENTITY = ("model", "quantization.weights", "quantization.kv_cache", "quantization.kv_scales")
 
 
@@ -236,8 +193,7 @@ def _dig(data: Any, dotted: str) -> Any:
 
 
 def _changed_fields(before: Any, after: Any, where: str) -> list[str]:
-    """Dotted fields whose values differ, with both values (`quantization.kv_cache: fp8 ->
-    int8`)."""
+    """Dotted fields whose values differ, with both values (`quantization.kv_cache: fp8 -> int8`)."""
     if isinstance(before, dict) and isinstance(after, dict):
         out: list[str] = []
         for key in sorted(set(before) | set(after)):
@@ -247,9 +203,8 @@ def _changed_fields(before: Any, after: Any, where: str) -> list[str]:
 
 
 def input_problem(folder: Path, recipe: Recipe, needs: tuple[str, ...] = IDENTITY) -> str | None:
-    """Why `folder` (a stage output) is not this recipe's input, or None when it is: no manifest,
-    its files are not the ones its manifest lists, or it was made for other values of the `needs`
-    fields (e.g. another KV format)."""
+    """Why `folder` (a stage output) is not this recipe's input, or None when it is: no manifest, its files are not
+    the ones its manifest lists, or it was made for other values of the `needs` fields (e.g. another KV format)."""
     manifest = read_manifest(folder)
     if manifest is None:
         return f"{folder} is missing or incomplete (no valid {MANIFEST})"
@@ -261,51 +216,38 @@ def input_problem(folder: Path, recipe: Recipe, needs: tuple[str, ...] = IDENTIT
     made_for = manifest.resolved_recipe
     if isinstance(made_for, dict):
         wanted = recipe.resolved()
-        changed = [
-            c
-            for name in needs
-            for c in _changed_fields(_dig(made_for, name), _dig(wanted, name), name)
-        ]
+        changed = [c for name in needs for c in _changed_fields(_dig(made_for, name), _dig(wanted, name), name)]
         if changed:
             more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
-            return (
-                f"{folder} was made for another recipe: {'; '.join(changed[:3])}{more} (what it "
-                "was made with -> this recipe)"
-            )
+            return (f"{folder} was made for another recipe: {'; '.join(changed[:3])}{more} (what it was made with -> "
+                    f"this recipe)")
     return None
 
 
-def require_input(
-    folder: Path, stage: str, produced_by: str, recipe: Recipe, needs: tuple[str, ...] = IDENTITY
-) -> str:
-    """The input stage's manifest hash, once `folder` is proven this recipe's input (input_problem);
-    else a StageError saying what is wrong and which stage to rerun."""
+def require_input(folder: Path, stage: str, produced_by: str, recipe: Recipe,
+                  needs: tuple[str, ...] = IDENTITY) -> str:
+    """The input stage's manifest hash, once `folder` is proven this recipe's input (input_problem); else a
+    StageError saying what is wrong and which stage to rerun."""
     problem = input_problem(folder, recipe, needs)
     digest = manifest_hash(folder)
     if problem is not None or digest is None:
         force = " --force" if problem and "damaged" in problem else ""
-        raise StageError(
-            f"{stage}: {problem or folder}. Next: run `trtkv {produced_by} {recipe.name}{force}` "
-            f"(or `make {produced_by} RECIPE={recipe.name}`)."
-        )
+        raise StageError(f"{stage}: {problem or folder}. Next: run `trtkv {produced_by} {recipe.name}{force}` (or "
+                         f"`make {produced_by} RECIPE={recipe.name}`).")
     return digest
 
 
-def require_made_from(
-    folder: Path, source: Path, stage: str, produced_by: str, recipe: Recipe
-) -> None:
-    """StageError when `folder` was written from another version of `source` than the one on disk
-    now (its manifest's key holds the digest of the input manifest it was made from: a rebuilt
-    engine needs its repository written again)."""
+def require_made_from(folder: Path, source: Path, stage: str, produced_by: str, recipe: Recipe) -> None:
+    """StageError when `folder` was written from another version of `source` than the one on disk now (its
+    manifest's key holds the digest of the input manifest it was made from: a rebuilt engine needs its repository
+    written again)."""
     manifest = read_manifest(folder)
     key = manifest.key if manifest is not None else None
     made_from = key.get("input_manifest_hash") if isinstance(key, dict) else None
     now = manifest_hash(source)
     if isinstance(made_from, str) and now is not None and made_from != now:
-        raise StageError(
-            f"{stage}: {folder} was written from another version of {source} (rebuilt since). "
-            f"Next: `trtkv {produced_by} {recipe.name}`."
-        )
+        raise StageError(f"{stage}: {folder} was written from another version of {source} (rebuilt since). Next: "
+                         f"`trtkv {produced_by} {recipe.name}`.")
 
 
 def run_stage(
@@ -324,8 +266,7 @@ def run_stage(
 ) -> StageResult:
     """Run `work(tmp_dir)` unless `output` is up to date; `work` returns extra manifest fields.
 
-    `versioned_tools`: distributions whose installed versions join the up-to-date key (an upgrade
-    redoes the stage).
+    `versioned_tools`: distributions whose installed versions join the up-to-date key (an upgrade redoes the stage).
     """
     from trtkv.contracts.artifacts import Manifest
 
@@ -334,32 +275,21 @@ def run_stage(
     recipe_hash = recipe.section_hash(*sections)
     if input_dir is not None and input_hash is None:
         input_hash = manifest_hash(input_dir)
-    key: dict[str, Any] = {
-        "stage": stage,
-        "recipe_hash": recipe_hash,
-        "input_manifest_hash": input_hash,
-        "extra": extra_key or {},
-    }
+    key: dict[str, Any] = {"stage": stage, "recipe_hash": recipe_hash, "input_manifest_hash": input_hash,
+                           "extra": extra_key or {}}
     if versioned_tools:
         versions = tool_versions()
-        key["tool_versions"] = {
-            name: versions.get(name, _version(name)) for name in versioned_tools
-        }
+        key["tool_versions"] = {name: versions.get(name, _version(name)) for name in versioned_tools}
     existing = read_manifest(output)
     if existing is not None and not force and existing.key == key:
         listed = existing.files
         diff = contents.differences(output, listed) if isinstance(listed, dict) else []
         if not diff:
-            note = (
-                ""
-                if isinstance(listed, dict)
-                else " (its manifest, from an older trtkv, lists no files to check)"
-            )
+            note = "" if isinstance(listed, dict) else " (its manifest, from an older trtkv, lists no files to check)"
             log(f"{stage}: {output} is up to date{note} (use --force to redo)")
             return StageResult(stage, output, True, 0.0, existing.document())
         log(f"{stage}: {output} is damaged ({contents.describe(diff)}): writing it again")
-    # removed again when the stage fails and leaves them empty
-    created = _missing_dirs(output.parent)
+    created = _missing_dirs(output.parent)  # removed again when the stage fails and leaves them empty
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = paths.temp_sibling(output, "tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -371,20 +301,10 @@ def run_stage(
             extra = work(tmp) or {}
         seconds = time.time() - start
         manifest = Manifest(
-            stage=stage,
-            recipe=recipe.name,
-            recipe_path=str(recipe.path) if recipe.path else None,
-            key=key,
-            recipe_hash=recipe_hash,
-            input_dir=str(input_dir) if input_dir else None,
-            input_manifest_hash=input_hash,
-            resolved_recipe=recipe.resolved(),
-            tool_versions=tool_versions(),
-            wall_seconds=round(seconds, 3),
-            finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            files=contents.list_files(tmp),
-            **extra,
-        )
+            stage=stage, recipe=recipe.name, recipe_path=str(recipe.path) if recipe.path else None, key=key,
+            recipe_hash=recipe_hash, input_dir=str(input_dir) if input_dir else None, input_manifest_hash=input_hash,
+            resolved_recipe=recipe.resolved(), tool_versions=tool_versions(), wall_seconds=round(seconds, 3),
+            finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), files=contents.list_files(tmp), **extra)
         manifest.save(tmp)
         replace_folder(tmp, output, stage)
         done = True
@@ -406,9 +326,8 @@ def _missing_dirs(folder: Path) -> list[Path]:
 
 
 def _remove_if_empty(folders: list[Path]) -> None:
-    """Remove the folders a failed stage created (deepest first), each only while it is empty: a
-    failed first `trtkv calibrate` leaves no empty engines/<recipe>/ behind that looks like a
-    started build."""
+    """Remove the folders a failed stage created (deepest first), each only while it is empty: a failed first
+    `trtkv calibrate` leaves no empty engines/<recipe>/ behind that looks like a started build."""
     for folder in folders:
         try:
             folder.rmdir()
@@ -428,8 +347,8 @@ def _umask() -> int:
 
 
 def replace_folder(tmp: Path, output: Path, stage: str) -> None:
-    """Swap `tmp` into `output` (strictly inside its parent): the old folder is moved aside first
-    and removed after; the new folder keeps the old one's mode (a new one gets the umask's)."""
+    """Swap `tmp` into `output` (strictly inside its parent): the old folder is moved aside first and removed after;
+    the new folder keeps the old one's mode (a new one gets the umask's)."""
     output = check_inside(output, stage)
     old = paths.temp_sibling(output, "old")
     mode = (output.stat().st_mode & 0o7777) if output.is_dir() else (0o777 & ~_umask())

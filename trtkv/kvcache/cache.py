@@ -1,5 +1,4 @@
-"""A transformers Cache that stores K/V quantized (codes + float16 scales/zero points) and
-dequantizes for attention.
+"""A transformers Cache that stores K/V quantized (codes + float16 scales/zero points) and dequantizes for attention.
 
 Works as `past_key_values=` in `model(...)` and `model.generate(...)` of transformers 5.x:
 
@@ -7,19 +6,17 @@ Works as `past_key_values=` in `model(...)` and `model.generate(...)` of transfo
     out = model.generate(input_ids, past_key_values=cache, max_new_tokens=32)
     cache.stored_bytes()
 
-Attention semantics (the same in prefill and decode): the new tokens' K/V are quantized and stored
-first, then every query attends to the dequantized cache, its own position included, as a decode
-step reading back what it just wrote (vLLM's paged attention does this). For per-token formats a
-token's stored value depends on that token only, so a single prefill pass gives exactly what
-token-by-token decoding would. KIVI keeps the most recent tokens in a float16 window: each update
-attends to quantized history + that window, then flushes whole windows (128 tokens) into the
+Attention semantics (the same in prefill and decode): the new tokens' K/V are quantized and stored first, then every
+query attends to the dequantized cache, its own position included, as a decode step reading back what it just wrote
+(vLLM's paged attention does this). For per-token formats a token's stored value depends on that token only, so a
+single prefill pass gives exactly what token-by-token decoding would. KIVI keeps the most recent tokens in a float16
+window: each update attends to quantized history + that window, then flushes whole windows (128 tokens) into the
 quantized store, as KIVI's reference code does.
 
-Sliding-window layers (a model config's `layer_types` "sliding_attention", or `layer_windows=`) keep
-only their window, as vLLM and TensorRT-LLM do: after each update a layer holds the last `window -
-1` tokens (rounded up to whole KIVI key groups) and returns the last `window - 1` + new ones, which
-is what transformers' DynamicSlidingWindowLayer returns and sizes its sliding mask for; a decode
-step then attends to exactly `window` tokens.
+Sliding-window layers (a model config's `layer_types` "sliding_attention", or `layer_windows=`) keep only their
+window, as vLLM and TensorRT-LLM do: after each update a layer holds the last `window - 1` tokens (rounded up to whole
+KIVI key groups) and returns the last `window - 1` + new ones, which is what transformers' DynamicSlidingWindowLayer
+returns and sizes its sliding mask for; a decode step then attends to exactly `window` tokens.
 """
 
 from __future__ import annotations
@@ -33,15 +30,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.formats import KVFormat, boundary_layers
-from trtkv.kvcache.quant import (
-    AffineScale,
-    FormatChoice,
-    HeadScale,
-    KVScale,
-    LayerCodecs,
-    layer_codecs,
-    parse_format,
-)
+from trtkv.kvcache.quant import AffineScale, FormatChoice, HeadScale, KVScale, LayerCodecs, layer_codecs, parse_format
 from trtkv.kvcache.rows import Encoded, RowStore, encode_rows
 
 RESIDUAL_DTYPE = torch.float16  # KIVI's full-precision window is stored like the fp16 baseline
@@ -54,80 +43,53 @@ def _same_codec(a: Any, b: Any) -> bool:
         return False
     for x, y in zip(vars(a).values(), vars(b).values(), strict=True):
         if torch.is_tensor(x) or torch.is_tensor(y):
-            if not (
-                torch.is_tensor(x)
-                and torch.is_tensor(y)
-                and x.shape == y.shape
-                and torch.equal(x, y)
-            ):
+            if not (torch.is_tensor(x) and torch.is_tensor(y) and x.shape == y.shape and torch.equal(x, y)):
                 return False
         elif x != y:
             return False
     return True
 
 
-def update_rows(
-    caches: Sequence[Any], layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """What `caches[b].update(key_states[b:b+1], value_states[b:b+1], layer_idx)` returns, for every
-    b, bit for bit: a decode step's new token of B sequences, each with its own cache. Where every
-    cache's layer is a QuantizedKVLayer quantizing alike (the same codecs and scales, no KIVI
-    window, per-row parts), the rows are encoded (and decoded, and their clipping counted) in one
-    call instead of B, which is most of a decode step's cache work for short contexts on the CPU;
-    otherwise each cache updates on its own."""
+def update_rows(caches: Sequence[Any], layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor
+                ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """What `caches[b].update(key_states[b:b+1], value_states[b:b+1], layer_idx)` returns, for every b, bit for bit:
+    a decode step's new token of B sequences, each with its own cache. Where every cache's layer is a
+    QuantizedKVLayer quantizing alike (the same codecs and scales, no KIVI window, per-row parts), the rows are
+    encoded (and decoded, and their clipping counted) in one call instead of B, which is most of a decode step's
+    cache work for short contexts on the CPU; otherwise each cache updates on its own."""
     layers = [getattr(c, "layers", None) for c in caches]
     pick = [ls[layer_idx] for ls in layers if ls is not None and layer_idx < len(ls)]
     quantized = [layer for layer in pick if isinstance(layer, QuantizedKVLayer)]
     if len(caches) > 1 and len(quantized) == len(caches):
         first = quantized[0]
-        alike = all(
-            not layer.codecs.residual
-            and layer.keep_decoded == first.keep_decoded
-            and layer.decoded_dtype == first.decoded_dtype
-            and layer.tracks() == first.tracks()
-            and _same_codec(layer.codecs.key, first.codecs.key)
-            and _same_codec(layer.codecs.value, first.codecs.value)
-            for layer in quantized
-        )
+        alike = all(not layer.codecs.residual and layer.keep_decoded == first.keep_decoded
+                    and layer.decoded_dtype == first.decoded_dtype and layer.tracks() == first.tracks()
+                    and _same_codec(layer.codecs.key, first.codecs.key)
+                    and _same_codec(layer.codecs.value, first.codecs.value) for layer in quantized)
         encoded = encode_rows(first, key_states, value_states, key_states.dtype) if alike else None
         if encoded is not None:
-            return [
-                layer.update_encoded(key_states[b : b + 1], value_states[b : b + 1], encoded[b])
-                for b, layer in enumerate(quantized)
-            ]
-    return [
-        c.update(key_states[b : b + 1], value_states[b : b + 1], layer_idx)
-        for b, c in enumerate(caches)
-    ]
+            return [layer.update_encoded(key_states[b: b + 1], value_states[b: b + 1], encoded[b])
+                    for b, layer in enumerate(quantized)]
+    return [c.update(key_states[b: b + 1], value_states[b: b + 1], layer_idx) for b, c in enumerate(caches)]
 
 
 class QuantizedKVLayer(DynamicLayer):
-    """One layer's quantized K/V store (+ KIVI's full-precision window in self.keys/self.values);
-    with `sliding_window` it keeps only that window (see the module docstring)."""
+    """One layer's quantized K/V store (+ KIVI's full-precision window in self.keys/self.values); with
+    `sliding_window` it keeps only that window (see the module docstring)."""
 
-    def __init__(
-        self,
-        codecs: LayerCodecs,
-        record_positions: bool = False,
-        track_clipping: bool = True,
-        sliding_window: int | None = None,
-        keep_decoded: bool = False,
-    ):
+    def __init__(self, codecs: LayerCodecs, record_positions: bool = False, track_clipping: bool = True,
+                 sliding_window: int | None = None, keep_decoded: bool = False):
         super().__init__()
         if sliding_window is not None and sliding_window < 1:
-            raise TrtkvError(
-                f"sliding_window {sliding_window}: must be >= 1 (or None for full attention)."
-            )
+            raise TrtkvError(f"sliding_window {sliding_window}: must be >= 1 (or None for full attention).")
         self.codecs = codecs
         self.record_positions = record_positions
         self.track_clipping = track_clipping or record_positions
         self.sliding_window = sliding_window
-        # read by transformers' masks (Cache.is_sliding)
-        self.is_sliding = sliding_window is not None
+        self.is_sliding = sliding_window is not None  # read by transformers' masks (Cache.is_sliding)
         self.k_store, self.v_store = RowStore(), RowStore()
-        # keep_decoded: the store's dequantized rows kept beside it, each token decoded once when it
-        # is stored (see _dequantized); only for codecs whose decode of a chunk is the same rows as
-        # the decode of the whole store
+        # keep_decoded: the store's dequantized rows kept beside it, each token decoded once when it is stored (see
+        # _dequantized); only for codecs whose decode of a chunk is the same rows as the decode of the whole store
         self.keep_decoded = keep_decoded and codecs.key.row_separable and codecs.value.row_separable
         self.k_decoded, self.v_decoded = RowStore(), RowStore()
         self.decoded_dtype: torch.dtype | None = None
@@ -137,46 +99,37 @@ class QuantizedKVLayer(DynamicLayer):
         self.clip = {"key": 0, "value": 0}  # elements beyond the static range
         self.elements = {"key": 0, "value": 0}
         self.observed_amax = {"key": 0.0, "value": 0.0}
-        # per stored token: clipped K+V elements (record_positions)
-        self.clip_positions: list[torch.Tensor] = []
+        self.clip_positions: list[torch.Tensor] = []  # per stored token: clipped K+V elements (record_positions)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
         self.batch_size, self.num_heads, _, self.head_dim = key_states.shape
-        self.keys = torch.zeros(
-            (*key_states.shape[:2], 0, key_states.shape[-1]),
-            dtype=RESIDUAL_DTYPE,
-            device=self.device,
-        )
+        self.keys = torch.zeros((*key_states.shape[:2], 0, key_states.shape[-1]), dtype=RESIDUAL_DTYPE,
+                                device=self.device)
         self.values = torch.zeros_like(self.keys)
         self.is_initialized = True
 
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the new tokens, return the dequantized K/V of all tokens (the attention's view)."""
         return self.update_encoded(key_states, value_states, None)
 
-    def update_encoded(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, pre: Encoded | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """update(), with the new tokens' codes (and decode, clip counts) already computed in `pre`
-        (update_rows: one encode call for the rows of many sequences), or None to compute them
-        here."""
+    def update_encoded(self, key_states: torch.Tensor, value_states: torch.Tensor, pre: Encoded | None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """update(), with the new tokens' codes (and decode, clip counts) already computed in `pre` (update_rows:
+        one encode call for the rows of many sequences), or None to compute them here."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         past = self.cumulative_length
         keys, values = self._update(key_states, value_states, pre)
         if self.sliding_window is None:
             return keys, values
-        # what get_mask_sizes announced
-        attended = min(past, self.sliding_window - 1) + key_states.shape[-2]
+        attended = min(past, self.sliding_window - 1) + key_states.shape[-2]  # what get_mask_sizes announced
         self._slide()
         return keys[..., -attended:, :], values[..., -attended:, :]
 
-    def _update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, pre: Encoded | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _update(self, key_states: torch.Tensor, value_states: torch.Tensor, pre: Encoded | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         self.cumulative_length += key_states.shape[-2]
         window = self.codecs.residual
         if not window:
@@ -196,8 +149,7 @@ class QuantizedKVLayer(DynamicLayer):
         return keys, values
 
     def _slide(self) -> None:
-        """Drop the stored tokens a sliding layer no longer needs: keep the last window - 1 (whole
-        key groups)."""
+        """Drop the stored tokens a sliding layer no longer needs: keep the last window - 1 (whole key groups)."""
         if self.sliding_window is None:
             return
         residual = self._window()[0].shape[-2] if self.codecs.residual else 0
@@ -210,22 +162,15 @@ class QuantizedKVLayer(DynamicLayer):
             self.stored_tokens -= drop
 
     def _window(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """KIVI's full-precision window (kept in self.keys/self.values, as DynamicLayer keeps its
-        tensors)."""
+        """KIVI's full-precision window (kept in self.keys/self.values, as DynamicLayer keeps its tensors)."""
         if self.keys is None or self.values is None:
             raise TrtkvError("QuantizedKVLayer used before initialization.")
         return self.keys, self.values
 
-    def _store(
-        self,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        dtype: torch.dtype | None = None,
-        pre: Encoded | None = None,
-    ) -> None:
-        """Quantize k/v into the store (with keep_decoded, also their decode in `dtype`, the
-        attention's; default k's); `pre`: those codes, decodes and clip counts computed already
-        (update_rows)."""
+    def _store(self, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype | None = None, pre: Encoded | None = None
+               ) -> None:
+        """Quantize k/v into the store (with keep_decoded, also their decode in `dtype`, the attention's; default
+        k's); `pre`: those codes, decodes and clip counts computed already (update_rows)."""
         dtype = dtype or k.dtype
         if pre is None:
             pre = (encode_rows(self, k, v, dtype, split=False) or [])[0]
@@ -239,8 +184,7 @@ class QuantizedKVLayer(DynamicLayer):
             self.decoded_dtype = dtype
             self.k_decoded.append({"x": pre.k_decoded})
             self.v_decoded.append({"x": pre.v_decoded})
-        # another dtype than the first store's: decode the whole store from now on
-        elif self.keep_decoded:
+        elif self.keep_decoded:  # another dtype than the first store's: decode the whole store from now on
             self.keep_decoded = False
             self.k_decoded, self.v_decoded = RowStore(), RowStore()
         self.quantized_tokens += k.shape[-2]
@@ -250,9 +194,7 @@ class QuantizedKVLayer(DynamicLayer):
         """Whether stores count clipped elements (a static codec and track_clipping)."""
         return self.track_clipping and (self.codecs.key.static or self.codecs.value.static)
 
-    def _count(
-        self, k: torch.Tensor, v: torch.Tensor, clip: tuple[int, int], amax: tuple[float, float]
-    ) -> None:
+    def _count(self, k: torch.Tensor, v: torch.Tensor, clip: tuple[int, int], amax: tuple[float, float]) -> None:
         for role, x, clipped, top in (("key", k, clip[0], amax[0]), ("value", v, clip[1], amax[1])):
             self.clip[role] += clipped
             self.elements[role] += x.numel()
@@ -260,26 +202,19 @@ class QuantizedKVLayer(DynamicLayer):
 
     def _positions(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """record_positions: clipped K+V elements per stored token."""
-        per_token = self.codecs.key.beyond(k).sum(dim=(0, 1, 3)) + self.codecs.value.beyond(v).sum(
-            dim=(0, 1, 3)
-        )
+        per_token = self.codecs.key.beyond(k).sum(dim=(0, 1, 3)) + self.codecs.value.beyond(v).sum(dim=(0, 1, 3))
         self.clip_positions.append(per_token)
 
     def _dequantized(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """The store's K/V in `dtype`. With keep_decoded, the rows decoded when each token was
-        stored (the same numbers: a token's decode depends on its own codes and the layer's scales
-        only, `Codec.row_separable`), so a decode step costs O(1) decode work instead of
-        O(context)."""
+        """The store's K/V in `dtype`. With keep_decoded, the rows decoded when each token was stored (the same
+        numbers: a token's decode depends on its own codes and the layer's scales only, `Codec.row_separable`),
+        so a decode step costs O(1) decode work instead of O(context)."""
         if not self.k_store.rows:
-            empty = torch.zeros(
-                (self.batch_size, self.num_heads, 0, self.head_dim), dtype=dtype, device=self.device
-            )
+            empty = torch.zeros((self.batch_size, self.num_heads, 0, self.head_dim), dtype=dtype, device=self.device)
             return empty, empty
         if self.keep_decoded and self.decoded_dtype == dtype:
             return self.k_decoded.view()["x"], self.v_decoded.view()["x"]
-        return self.codecs.key.decode(self.k_store.view(), dtype), self.codecs.value.decode(
-            self.v_store.view(), dtype
-        )
+        return self.codecs.key.decode(self.k_store.view(), dtype), self.codecs.value.decode(self.v_store.view(), dtype)
 
     def get_seq_length(self) -> int:
         return self.cumulative_length
@@ -288,15 +223,12 @@ class QuantizedKVLayer(DynamicLayer):
         return self.sliding_window if self.sliding_window is not None else -1
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        """(kv_length, kv_offset) of the keys the next update returns, as transformers' DynamicLayer
-        and DynamicSlidingWindowLayer report them (transformers sizes the attention mask with
-        these)."""
+        """(kv_length, kv_offset) of the keys the next update returns, as transformers' DynamicLayer and
+        DynamicSlidingWindowLayer report them (transformers sizes the attention mask with these)."""
         if self.sliding_window is None:
             return self.cumulative_length + query_length, 0
         past = self.cumulative_length
-        return min(past, self.sliding_window - 1) + query_length, max(
-            past - self.sliding_window + 1, 0
-        )
+        return min(past, self.sliding_window - 1) + query_length, max(past - self.sliding_window + 1, 0)
 
     def stored_bytes(self) -> int:
         return self.quantized_bytes() + self.residual_bytes() + self.static_scale_bytes()
@@ -311,14 +243,11 @@ class QuantizedKVLayer(DynamicLayer):
         return res_k.numel() * res_k.element_size() + res_v.numel() * res_v.element_size()
 
     def static_scale_bytes(self) -> int:
-        """Per-layer constants: one float32 scale per static codec, plus fp8_affine's bias (kv_heads
-        x head_dim)."""
+        """Per-layer constants: one float32 scale per static codec, plus fp8_affine's bias (kv_heads x head_dim)."""
         return self.codecs.key.static_bytes() + self.codecs.value.static_bytes()
 
     def allocated_bytes(self) -> int:
-        return (
-            self.k_store.allocated_bytes() + self.v_store.allocated_bytes() + self.residual_bytes()
-        )
+        return self.k_store.allocated_bytes() + self.v_store.allocated_bytes() + self.residual_bytes()
 
     def _map_batch(self, fn) -> None:  # noqa: ANN001
         for store in (self.k_store, self.v_store, self.k_decoded, self.v_decoded):
@@ -344,15 +273,10 @@ class QuantizedKVLayer(DynamicLayer):
         if self.cumulative_length <= max_length:
             return
         if self.sliding_window is not None and self.cumulative_length >= self.sliding_window:
-            raise TrtkvError(
-                f"crop() after {self.cumulative_length} tokens on a sliding layer (window "
-                f"{self.sliding_window}): the tokens before the window are gone."
-            )
+            raise TrtkvError(f"crop() after {self.cumulative_length} tokens on a sliding layer (window "
+                             f"{self.sliding_window}): the tokens before the window are gone.")
         if self.codecs.residual or self.codecs.key.token_group != 1:
-            raise TrtkvError(
-                "crop() is not supported for KIVI formats (their keys are quantized in token "
-                "groups)."
-            )
+            raise TrtkvError("crop() is not supported for KIVI formats (their keys are quantized in token groups).")
         for store in (self.k_store, self.v_store, self.k_decoded, self.v_decoded):
             store.truncate(max_length)
         self.quantized_tokens = self.stored_tokens = self.cumulative_length = max_length
@@ -373,20 +297,16 @@ ATTENTION_TYPES = ("full_attention", "sliding_attention")  # config layer_types 
 
 
 def config_layer_windows(config) -> list[int | None]:  # noqa: ANN001 - any transformers config
-    """Per layer: the sliding window a "sliding_attention" layer keeps (config.sliding_window), None
-    for a "full_attention" one; a TrtkvError for other layer types (chunked, linear attention)."""
+    """Per layer: the sliding window a "sliding_attention" layer keeps (config.sliding_window), None for a
+    "full_attention" one; a TrtkvError for other layer types (chunked, linear attention)."""
     text = config.get_text_config(decoder=True)
     layer_types = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
     other = sorted(set(layer_types) - set(ATTENTION_TYPES))
     if other:
-        raise TrtkvError(
-            f"QuantizedKVCache stores {', '.join(ATTENTION_TYPES)} layers; this model has {other}."
-        )
+        raise TrtkvError(f"QuantizedKVCache stores {', '.join(ATTENTION_TYPES)} layers; this model has {other}.")
     window = getattr(text, "sliding_window", None)
     if "sliding_attention" in layer_types and not window:
-        raise TrtkvError(
-            f"config layer_types has sliding_attention layers but sliding_window is {window!r}."
-        )
+        raise TrtkvError(f"config layer_types has sliding_attention layers but sliding_window is {window!r}.")
     return [int(window or 0) if kind == "sliding_attention" else None for kind in layer_types]
 
 
@@ -394,104 +314,68 @@ class QuantizedKVCache(Cache):
     """KV cache storing every layer in `fmt` (the probe's and the reference runtime's):
     QuantizedKVCache(config, fmt, k_scales, v_scales)."""
 
-    def __init__(
-        self,
-        config,
-        fmt: KVFormat | str | FormatChoice,
-        k_scales: Sequence[KVScale] | None = None,  # noqa: ANN001
-        v_scales: Sequence[KVScale] | None = None,
-        *,
-        record_positions: bool = False,
-        track_clipping: bool = True,
-        keep_layers: Sequence[int] = (),
-        keep_format: KVFormat | str = "bf16",
-        layer_windows: Sequence[int | None] | None = None,
-        keep_decoded: bool = False,
-    ):
-        """`keep_layers`: layers stored in `keep_format` (the model dtype) instead of `fmt`, as
-        vLLM's --kv-cache-dtype-skip-layers keeps them (per-layer KV precision); the packed formats
-        (turboquant_*, ultraquant_4bit) add vLLM's boundary layers, which vLLM keeps whatever the
-        flags say. `layer_windows`: per layer the sliding window it keeps (None: every token);
-        default config_layer_windows(config), i.e. the model's own sliding layers keep their window
-        as the engines do. Passing [None] * layers keeps every token everywhere (the model's masks
-        still restrict what is attended). `keep_decoded`: keep each layer's dequantized rows beside
-        its store (QuantizedKVLayer._dequantized), so a decode step decodes only its new token: for
-        a runtime decoding many steps; the probe's single long passes gain nothing from it and would
-        hold the float copy too."""
+    def __init__(self, config, fmt: KVFormat | str | FormatChoice, k_scales: Sequence[KVScale] | None = None,  # noqa: ANN001
+                 v_scales: Sequence[KVScale] | None = None, *, record_positions: bool = False,
+                 track_clipping: bool = True, keep_layers: Sequence[int] = (), keep_format: KVFormat | str = "bf16",
+                 layer_windows: Sequence[int | None] | None = None, keep_decoded: bool = False):
+        """`keep_layers`: layers stored in `keep_format` (the model dtype) instead of `fmt`, as vLLM's
+        --kv-cache-dtype-skip-layers keeps them (per-layer KV precision); the packed formats (turboquant_*,
+        ultraquant_4bit) add vLLM's boundary layers, which vLLM keeps whatever the flags say.
+        `layer_windows`: per layer the sliding window it keeps (None: every token); default
+        config_layer_windows(config), i.e. the model's own sliding layers keep their window as the engines do.
+        Passing [None] * layers keeps every token everywhere (the model's masks still restrict what is attended).
+        `keep_decoded`: keep each layer's dequantized rows beside its store (QuantizedKVLayer._dequantized), so a
+        decode step decodes only its new token: for a runtime decoding many steps; the probe's single long passes
+        gain nothing from it and would hold the float copy too."""
         self.format = parse_format(fmt)
         text = config.get_text_config(decoder=True)
         n = text.num_hidden_layers
         windows = config_layer_windows(config) if layer_windows is None else list(layer_windows)
         if len(windows) != n:
-            raise TrtkvError(
-                f"layer_windows has {len(windows)} entries for a model with {n} layers. Next: one "
-                "per layer (None for full attention)."
-            )
+            raise TrtkvError(f"layer_windows has {len(windows)} entries for a model with {n} layers. Next: one per "
+                             f"layer (None for full attention).")
         self.layer_windows = windows
         ks, vs = self._scales(self.format, n, k_scales, v_scales)
         self.k_scales, self.v_scales = ks, vs
         keep = set(keep_layers)
         if keep - set(range(n)):
-            raise TrtkvError(
-                f"keep_layers {sorted(keep - set(range(n)))} do not exist (the model has {n} "
-                "layers)."
-            )
-        # vLLM always keeps these for turboquant_*/ultraquant_4bit
-        keep |= set(boundary_layers(self.format.base, n))
+            raise TrtkvError(f"keep_layers {sorted(keep - set(range(n)))} do not exist (the model has {n} layers).")
+        keep |= set(boundary_layers(self.format.base, n))  # vLLM always keeps these for turboquant_*/ultraquant_4bit
         self.keep_layers = sorted(keep)
-        self.qlayers = [
-            QuantizedKVLayer(
-                layer_codecs(keep_format) if i in keep else layer_codecs(self.format, ks[i], vs[i]),
-                record_positions,
-                track_clipping,
-                sliding_window=windows[i],
-                keep_decoded=keep_decoded,
-            )
-            for i in range(n)
-        ]
+        self.qlayers = [QuantizedKVLayer(layer_codecs(keep_format) if i in keep else
+                                         layer_codecs(self.format, ks[i], vs[i]), record_positions, track_clipping,
+                                         sliding_window=windows[i], keep_decoded=keep_decoded)
+                        for i in range(n)]
         super().__init__(layers=list(self.qlayers))
 
     @staticmethod
-    def _scales(
-        choice: FormatChoice,
-        n: int,
-        k_scales: Sequence[KVScale] | None,
-        v_scales: Sequence[KVScale] | None,
-    ) -> tuple[list[KVScale | None], list[KVScale | None]]:
+    def _scales(choice: FormatChoice, n: int, k_scales: Sequence[KVScale] | None, v_scales: Sequence[KVScale] | None
+                ) -> tuple[list[KVScale | None], list[KVScale | None]]:
         if not choice.needs_scales:
             return [None] * n, [None] * n
         if k_scales is None or v_scales is None:
-            raise TrtkvError(
-                f"KV format {choice.name} needs static per-layer k_scales and v_scales. Next: pass "
-                "the calibrate stage's kv_scales.json (trtkv.kvcache.scales.load_kv_scales) or "
-                "calibrate them with trtkv.kvcache.scales.calibrate_scales(model, tokenizer)."
-            )
+            raise TrtkvError(f"KV format {choice.name} needs static per-layer k_scales and v_scales. Next: pass the "
+                             f"calibrate stage's kv_scales.json (trtkv.kvcache.scales.load_kv_scales) or calibrate "
+                             f"them with trtkv.kvcache.scales.calibrate_scales(model, tokenizer).")
         if len(k_scales) != n or len(v_scales) != n:
-            raise TrtkvError(
-                f"KV format {choice.name}: got {len(k_scales)} k_scales and {len(v_scales)} "
-                f"v_scales for a model with {n} layers. Next: pass one scale per layer."
-            )
+            raise TrtkvError(f"KV format {choice.name}: got {len(k_scales)} k_scales and {len(v_scales)} v_scales "
+                             f"for a model with {n} layers. Next: pass one scale per layer.")
         if choice.affine:  # fp8_affine: each layer's amax and bias as they are
             if not all(isinstance(s, AffineScale) for s in (*k_scales, *v_scales)):
-                raise TrtkvError(
-                    f"KV format {choice.name} needs an AffineScale (amax and bias) per layer for K "
-                    f"and V. Next: pass KVScales.for_format('{choice.name}') from a calibration "
-                    "pass (trtkv.kvcache.scales.calibrate_scales)."
-                )
+                raise TrtkvError(f"KV format {choice.name} needs an AffineScale (amax and bias) per layer for K and V. "
+                                 f"Next: pass KVScales.for_format('{choice.name}') from a calibration pass "
+                                 f"(trtkv.kvcache.scales.calibrate_scales).")
             return list(k_scales), list(v_scales)
         if choice.variant == "fp8_attn_head":  # per-KV-head scales as they are
             if not all(isinstance(s, HeadScale) for s in (*k_scales, *v_scales)):
-                raise TrtkvError(
-                    "KV format fp8_attn_head needs a HeadScale (one scale per KV head) per layer "
-                    "for K and V. Next: pass KVScales.for_format('fp8_attn_head') from a "
-                    "calibration pass (trtkv.kvcache.scales.calibrate_scales)."
-                )
+                raise TrtkvError("KV format fp8_attn_head needs a HeadScale (one scale per KV head) per layer for K and "
+                                 "V. Next: pass KVScales.for_format('fp8_attn_head') from a calibration pass "
+                                 "(trtkv.kvcache.scales.calibrate_scales).")
             return list(k_scales), list(v_scales)
         return [float(s) for s in k_scales], [float(s) for s in v_scales]
 
     def stored_bytes(self) -> int:
-        """Bytes this cache holds: codes, scales/zero points, KIVI's window and the static
-        scales."""
+        """Bytes this cache holds: codes, scales/zero points, KIVI's window and the static scales."""
         return sum(layer.stored_bytes() for layer in self.qlayers)
 
     def quantized_bytes(self) -> int:
@@ -512,42 +396,24 @@ class QuantizedKVCache(Cache):
         return [layer.stored_tokens for layer in self.qlayers]
 
     def bytes_per_token(self) -> float:
-        """Stored bytes per quantized token summed over layers, each layer over the tokens it holds,
-        KIVI's full-precision window left out (the planner's formula)."""
-        return sum(
-            layer.quantized_bytes() / layer.stored_tokens
-            for layer in self.qlayers
-            if layer.stored_tokens
-        )
+        """Stored bytes per quantized token summed over layers, each layer over the tokens it holds, KIVI's
+        full-precision window left out (the planner's formula)."""
+        return sum(layer.quantized_bytes() / layer.stored_tokens for layer in self.qlayers if layer.stored_tokens)
 
     def clip_stats(self) -> dict:
         """Clipping of the static formats: totals and per layer."""
         layers = []
         for i, layer in enumerate(self.qlayers):
-            layers.append(
-                {
-                    "layer": i,
-                    "k_clip": layer.clip["key"],
-                    "v_clip": layer.clip["value"],
-                    "elements": layer.elements["key"] + layer.elements["value"],
-                    "k_observed_amax": layer.observed_amax["key"],
-                    "v_observed_amax": layer.observed_amax["value"],
-                    "k_limit": layer.codecs.key.limit,
-                    "v_limit": layer.codecs.value.limit,
-                }
-            )
+            layers.append({"layer": i, "k_clip": layer.clip["key"], "v_clip": layer.clip["value"],
+                           "elements": layer.elements["key"] + layer.elements["value"],
+                           "k_observed_amax": layer.observed_amax["key"],
+                           "v_observed_amax": layer.observed_amax["value"],
+                           "k_limit": layer.codecs.key.limit, "v_limit": layer.codecs.value.limit})
         clipped = sum(x["k_clip"] + x["v_clip"] for x in layers)
         total = sum(x["elements"] for x in layers)
-        return {
-            "clipped": clipped,
-            "elements": total,
-            "clip_rate": clipped / total if total else 0.0,
-            "layers": layers,
-        }
+        return {"clipped": clipped, "elements": total, "clip_rate": clipped / total if total else 0.0, "layers": layers}
 
     def clip_per_position(self) -> torch.Tensor | None:
         """Clipped K+V elements per stored token summed over layers (record_positions=True)."""
-        per_layer = [
-            torch.cat(layer.clip_positions) for layer in self.qlayers if layer.clip_positions
-        ]
+        per_layer = [torch.cat(layer.clip_positions) for layer in self.qlayers if layer.clip_positions]
         return torch.stack(per_layer).sum(0) if per_layer else None

@@ -1,5 +1,5 @@
-"""This machine's own memory: where a probe offloads layers, and the CPU recipe's 'device' memory
-for the planner (trtkv.plan.model re-exports host_memory_gib)."""
+"""This machine's own memory: where a probe offloads layers, and the CPU recipe's 'device' memory for the planner
+(trtkv.plan.model re-exports host_memory_gib)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ def host_memory_bytes() -> float | None:
 
 
 def host_memory_gib() -> float | None:
-    """Total RAM of this machine in GiB (the CPU recipe's 'device' memory; None where the OS does
-    not say)."""
+    """Total RAM of this machine in GiB (the CPU recipe's 'device' memory; None where the OS does not say)."""
     total = host_memory_bytes()
     return None if total is None else total / GIB

@@ -26,7 +26,7 @@ Method (written into per_layer_<format>.md too):
   token (a sliding layer holds its window: trtkv.recipe.attention), so the front prices a 16-bit sliding layer at
   what it costs there.
 Passes are cached (cache/per_layer/) so a rerun or a new budget costs nothing.
-"""  # noqa: E501
+"""
 
 from __future__ import annotations
 
@@ -51,8 +51,7 @@ from trtkv.probe.window import SLIDING, sliding_window
 from trtkv.recipe import Recipe
 
 SWEEP_LEN = 2048
-# a windowed model's sensitivity passes: LM-head rows per pass (evenly spaced)
-SENSITIVITY_ROWS = 512
+SENSITIVITY_ROWS = 512  # a windowed model's sensitivity passes: LM-head rows per pass (evenly spaced)
 DEFAULT_BYTES_HEADROOM = 1.15  # the issue's budget: at most 15% more bytes than the uniform format
 
 
@@ -61,45 +60,31 @@ def _stats_rows(scales: Any, n: int) -> list[dict[str, Any]]:
     rows = []
     for i in range(n):
         s = stats.layers[i] if stats and i < len(stats.layers) else None
-        rows.append(
-            {}
-            if s is None
-            else {
-                "k_amax": s.k_amax,
-                "v_amax": s.v_amax,
-                "k_over_v_range": s.k_amax / s.v_amax if s.v_amax else None,
-                "k_outlier_channels": len(s.k_outlier_channels),
-                "v_outlier_channels": len(s.v_outlier_channels),
-                "k_tensor_to_channel_ratio": s.k_tensor_to_channel_ratio,
-            }
-        )
+        rows.append({} if s is None else {
+            "k_amax": s.k_amax, "v_amax": s.v_amax, "k_over_v_range": s.k_amax / s.v_amax if s.v_amax else None,
+            "k_outlier_channels": len(s.k_outlier_channels), "v_outlier_channels": len(s.v_outlier_channels),
+            "k_tensor_to_channel_ratio": s.k_tensor_to_channel_ratio})
     return rows
 
 
 def pareto(points: list[dict[str, Any]], key: str) -> list[str]:
-    """Labels of the points no other point beats on both bytes and `key` (lower is better for
-    both)."""
+    """Labels of the points no other point beats on both bytes and `key` (lower is better for both)."""
     front = []
     for p in points:
         if p.get(key) is None:
             continue
-        dominated = any(
-            q is not p
-            and q.get(key) is not None
-            and q["bytes_per_token"] <= p["bytes_per_token"]
-            and q[key] <= p[key]
-            and (q["bytes_per_token"] < p["bytes_per_token"] or q[key] < p[key])
-            for q in points
-        )
+        dominated = any(q is not p and q.get(key) is not None and q["bytes_per_token"] <= p["bytes_per_token"]
+                        and q[key] <= p[key] and (q["bytes_per_token"] < p["bytes_per_token"] or q[key] < p[key])
+                        for q in points)
         if not dominated:
             front.append(p["label"])
     return front
 
 
 def _sensitivity_stride(sweep: int, long_stride: int) -> int:
-    """The sensitivity rows' stride at the sweep length: at least SENSITIVITY_ROWS rows; a divisor
-    of the longest pass's stride where one is near (then the verification passes, which score both
-    sets, add no head rows below the sweep length)."""
+    """The sensitivity rows' stride at the sweep length: at least SENSITIVITY_ROWS rows; a divisor of the longest
+    pass's stride where one is near (then the verification passes, which score both sets, add no head rows below the
+    sweep length)."""
     wanted = max(1, -(-(sweep - 1) // SENSITIVITY_ROWS))
     near = max(d for d in range(1, min(wanted, long_stride) + 1) if long_stride % d == 0)
     return near if 2 * near >= wanted else wanted
@@ -107,11 +92,10 @@ def _sensitivity_stride(sweep: int, long_stride: int) -> int:
 
 @dataclass(frozen=True)
 class PerLayerOptions:
-    """What `trtkv probe --per-layer FORMAT` takes besides the recipe (trtkv.cli.probe's flags): the
-    format, the probe's lengths (default probe.lengths), the largest set of 16-bit layers tried, the
-    budget (bytes per token, or the KL; default 15% more bytes than the uniform format), torch's
-    threads, the needle lengths (default none) and the sensitivity passes' length (default
-    SWEEP_LEN, at most the longest length)."""
+    """What `trtkv probe --per-layer FORMAT` takes besides the recipe (trtkv.cli.probe's flags): the format, the
+    probe's lengths (default probe.lengths), the largest set of 16-bit layers tried, the budget (bytes per token, or
+    the KL; default 15% more bytes than the uniform format), torch's threads, the needle lengths (default none) and
+    the sensitivity passes' length (default SWEEP_LEN, at most the longest length)."""
 
     fmt: str
     lengths: list[int] | None = None
@@ -125,8 +109,8 @@ class PerLayerOptions:
 
 @dataclass(frozen=True)
 class Sensitivity:
-    """The sensitivity phase at the sweep length: per layer KL/top-1 with only it quantized and with
-    all but it, the layers by gain, and the uniform format's pass."""
+    """The sensitivity phase at the sweep length: per layer KL/top-1 with only it quantized and with all but it, the
+    layers by gain, and the uniform format's pass."""
 
     rows: list[dict[str, Any]]
     order: list[int]
@@ -135,108 +119,65 @@ class Sensitivity:
 
     def predicted(self, keep: list[int]) -> float:
         """KL at the sweep length predicted for keeping `keep` (the gains added)."""
-        return max(
-            0.0, self.uniform[str(self.sweep)]["kl"] - sum(self.rows[i]["gain"] for i in keep)
-        )
+        return max(0.0, self.uniform[str(self.sweep)]["kl"] - sum(self.rows[i]["gain"] for i in keep))
 
 
-def run_per_layer(
-    recipe: Recipe,
-    opts: PerLayerOptions,
-    output: Path | None = None,
-    log: Callable[[str], None] = print,
-) -> Path:
-    """`trtkv probe RECIPE --per-layer FORMAT`, the method of this module's docstring step by step:
-    load the model and its reference, the sensitivity passes, the verified sets and the front, the
-    needles, which engines serve each point, the recommendation; writes
-    per_layer_<format>.json/.md/.png under the probe's output and returns the .json."""
+def run_per_layer(recipe: Recipe, opts: PerLayerOptions, output: Path | None = None,
+                  log: Callable[[str], None] = print) -> Path:
+    """`trtkv probe RECIPE --per-layer FORMAT`, the method of this module's docstring step by step: load the model
+    and its reference, the sensitivity passes, the verified sets and the front, the needles, which engines serve each
+    point, the recommendation; writes per_layer_<format>.json/.md/.png under the probe's output and returns the
+    .json."""
     choice = _per_token_format(opts)
     out = probe_output(recipe, output)
     t_start, c_start = time.time(), time.process_time()
     lp = _open(recipe, choice, opts, out, log, t_start)
-    log(
-        f"probe --per-layer {choice.name}: {2 * lp.n_layers + 1} passes at {lp.sweep} tokens, then "
-        f"up to {opts.max_keep + (4 if lp.window else 2)} at {lp.longest}"
-    )
+    log(f"probe --per-layer {choice.name}: {2 * lp.n_layers + 1} passes at {lp.sweep} tokens, then up to "
+        f"{opts.max_keep + (4 if lp.window else 2)} at {lp.longest}")
     sens = _sensitivity(lp)
-    log(
-        f"  sensitivity done: {lp.passes['run']} passes run, {lp.passes['cached']} cached, "
-        f"{time.time() - t_start:.0f} s"
-    )
+    log(f"  sensitivity done: {lp.passes['run']} passes run, {lp.passes['cached']} cached, "
+        f"{time.time() - t_start:.0f} s")
     points, candidates, sets = _verified_points(lp, sens, opts.max_keep, out)
     if lp.settings.needle_lengths:
         _add_needles(lp, points, out)
     for p in points:  # which engines serve it (the recipe's own rules, per backend and GPU)
         p["serving"] = serving(recipe, p["format"], p["skip"])
     doc: dict[str, Any] = {
-        "recipe": recipe.name,
-        "format": choice.name,
-        "keep_format": lp.keep_fmt.value,
-        "sweep_length": lp.sweep,
-        "longest_length": lp.longest,
-        "lengths": lp.settings.lengths,
-        "layers": sens.rows,
-        "order_by_gain": sens.order,
-        "sensitivity_uniform": sens.uniform[str(lp.sweep)],
-        "uniform": points[0],
-        "all_16bit": points[1],
-        "candidates": candidates,
-        "sets": sets,
-        "points": points,
-        **_fronts(points, lp.settings.needle_lengths),
-        **_recommendation(points, opts),
-        "passes": lp.passes,
-        "seconds": round(time.time() - t_start, 1),
-        "cpu_seconds": round(time.process_time() - c_start, 1),
-        "method": __doc__,
-    }
+        "recipe": recipe.name, "format": choice.name, "keep_format": lp.keep_fmt.value, "sweep_length": lp.sweep,
+        "longest_length": lp.longest, "lengths": lp.settings.lengths, "layers": sens.rows, "order_by_gain": sens.order,
+        "sensitivity_uniform": sens.uniform[str(lp.sweep)], "uniform": points[0], "all_16bit": points[1],
+        "candidates": candidates, "sets": sets, "points": points, **_fronts(points, lp.settings.needle_lengths),
+        **_recommendation(points, opts), "passes": lp.passes, "seconds": round(time.time() - t_start, 1),
+        "cpu_seconds": round(time.process_time() - c_start, 1), "method": __doc__}
     if lp.rows_sweep is not None and lp.rows_long is not None:
-        doc["windowed"] = {
-            "sliding_window": lp.window,
-            "sliding_layers": lp.sliding,
-            "full_layers": [i for i in lp.everything if i not in lp.sliding],
-            "sensitivity_rows": int(lp.rows_sweep.numel()),
-            "longest_rows": int(lp.rows_long.numel()),
-            "verification_rows": int(lp.union.numel()) if lp.union is not None else 0,
-        }
+        doc["windowed"] = {"sliding_window": lp.window, "sliding_layers": lp.sliding,
+                           "full_layers": [i for i in lp.everything if i not in lp.sliding],
+                           "sensitivity_rows": int(lp.rows_sweep.numel()), "longest_rows": int(lp.rows_long.numel()),
+                           "verification_rows": int(lp.union.numel()) if lp.union is not None else 0}
     if doc["recommended"] is not None:
         doc["deploy"] = _deploy(doc["recommended"], doc["gpus_usable"])
     return _write(doc, out, choice.name, log)
 
 
 def _per_token_format(opts: PerLayerOptions) -> FormatChoice:
-    """The format asked for, refused when it has nothing to keep per layer (16 bit, KIVI) or
-    --max-keep < 1."""
+    """The format asked for, refused when it has nothing to keep per layer (16 bit, KIVI) or --max-keep < 1."""
     choice = parse_format(opts.fmt)
     if choice.base in (KVFormat.FP16, KVFormat.BF16) or choice.base.value.startswith("kivi"):
-        raise TrtkvError(
-            f"--per-layer {opts.fmt}: pick a quantized per-token format (fp8, int8, int4_g64, "
-            "nvfp4, ...); 16-bit has nothing to keep and KIVI's window is a per-token, not "
-            "per-layer, choice."
-        )
+        raise TrtkvError(f"--per-layer {opts.fmt}: pick a quantized per-token format (fp8, int8, int4_g64, nvfp4, "
+                         f"...); 16-bit has nothing to keep and KIVI's window is a per-token, not per-layer, choice.")
     if opts.max_keep < 1:
         raise TrtkvError(f"--max-keep {opts.max_keep}: use 1 or more")
     return choice
 
 
-def _open(
-    recipe: Recipe,
-    choice: FormatChoice,
-    opts: PerLayerOptions,
-    out: Path,
-    log: Callable[[str], None],
-    t_start: float,
-) -> LayerPasses:
-    """The model, its scales and the reference's hidden states, at the rows each pass scores: every
-    row of a full-attention model; on a windowed model the sweep's sampled LM-head rows at the
-    longest length and SENSITIVITY_ROWS evenly spaced ones at the sweep length (a 262K-wide head per
-    pass would cost more than the pass)."""
-    settings = default_settings(
-        recipe,
-        formats=[choice.name],
-        lengths=opts.lengths,
-        needle_lengths=opts.needle_lengths or [],
-    )
+def _open(recipe: Recipe, choice: FormatChoice, opts: PerLayerOptions, out: Path, log: Callable[[str], None],
+          t_start: float) -> LayerPasses:
+    """The model, its scales and the reference's hidden states, at the rows each pass scores: every row of a
+    full-attention model; on a windowed model the sweep's sampled LM-head rows at the longest length and
+    SENSITIVITY_ROWS evenly spaced ones at the sweep length (a 262K-wide head per pass would cost more than the
+    pass)."""
+    settings = default_settings(recipe, formats=[choice.name], lengths=opts.lengths,
+                                needle_lengths=opts.needle_lengths or [])
     settings.threads = opts.threads
     longest = max(settings.lengths)
     sweep = min(opts.sweep_length or SWEEP_LEN, longest)
@@ -247,108 +188,54 @@ def _open(
     if sliding_window(loaded.model.config):
         rows_long = head_positions(loaded, longest - 1)
         rows_long = torch.arange(longest - 1) if rows_long is None else rows_long
-        rows_sweep = (
-            rows_long
-            if sweep == longest
-            else torch.arange(
-                0,
-                sweep - 1,
-                _sensitivity_stride(
-                    sweep, int(rows_long[1] - rows_long[0]) if rows_long.numel() > 1 else 1
-                ),
-            )
-        )
+        rows_sweep = rows_long if sweep == longest else torch.arange(0, sweep - 1, _sensitivity_stride(
+            sweep, int(rows_long[1] - rows_long[0]) if rows_long.numel() > 1 else 1))
         union = torch.unique(torch.cat([rows_long, rows_sweep]))  # a verification pass scores both
-        # its own file: the sweep's stays valid
-        ref, _ = reference_hidden(loaded, longest, cache_dir, union)
+        ref, _ = reference_hidden(loaded, longest, cache_dir, union)  # its own file: the sweep's stays valid
     else:
         ref, _ = reference_hidden(loaded, longest, out)
-    return LayerPasses(
-        loaded,
-        choice,
-        scales,
-        recipe.kv_skip_format,
-        settings,
-        sweep,
-        longest,
-        cache_dir,
-        ref,
-        rows_long=rows_long,
-        rows_sweep=rows_sweep,
-        union=union,
-        log=log,
-        t_start=t_start,
-    )
+    return LayerPasses(loaded, choice, scales, recipe.kv_skip_format, settings, sweep, longest, cache_dir, ref,
+                       rows_long=rows_long, rows_sweep=rows_sweep, union=union, log=log, t_start=t_start)
 
 
 def _sensitivity(lp: LayerPasses) -> Sensitivity:
-    """At the sweep length: the uniform format, each layer alone quantized and each layer alone
-    kept; a layer's gain is what keeping it buys (KL uniform - KL all but it), with the
-    calibration's statistics and clip rate."""
+    """At the sweep length: the uniform format, each layer alone quantized and each layer alone kept; a layer's gain
+    is what keeping it buys (KL uniform - KL all but it), with the calibration's statistics and clip rate."""
     everything, sweep = lp.everything, str(lp.sweep)
-    sens = lp.measure(
-        [[], *([j for j in everything if j != i] for i in everything), *([i] for i in everything)],
-        lp.sweep,
-    )
+    sens = lp.measure([[], *([j for j in everything if j != i] for i in everything), *([i] for i in everything)],
+                      lp.sweep)
     uniform = sens[()]
     rows = []
     for i in everything:
         only = sens[tuple(j for j in everything if j != i)]
         but = sens[(i,)]
-        rows.append(
-            {
-                "layer": i,
-                "kl_only": only[sweep]["kl"],
-                "top1_only": only[sweep]["top1"],
-                "kl_all_but": but[sweep]["kl"],
-                "top1_all_but": but[sweep]["top1"],
-                "gain": uniform[sweep]["kl"] - but[sweep]["kl"],
-                **(
-                    {"attention": "sliding" if lp.kinds[i] == SLIDING else "full"}
-                    if lp.window
-                    else {}
-                ),
-            }
-        )
-    for row, st, clip in zip(
-        rows,
-        _stats_rows(lp.scales, lp.n_layers),
-        uniform.get("clip_by_layer") or [None] * lp.n_layers,
-        strict=True,
-    ):
+        rows.append({"layer": i, "kl_only": only[sweep]["kl"], "top1_only": only[sweep]["top1"],
+                     "kl_all_but": but[sweep]["kl"], "top1_all_but": but[sweep]["top1"],
+                     "gain": uniform[sweep]["kl"] - but[sweep]["kl"],
+                     **({"attention": "sliding" if lp.kinds[i] == SLIDING else "full"} if lp.window else {})})
+    for row, st, clip in zip(rows, _stats_rows(lp.scales, lp.n_layers),
+                             uniform.get("clip_by_layer") or [None] * lp.n_layers, strict=True):
         row.update(st, clip_rate=clip)
     order = sorted(everything, key=lambda i: rows[i]["gain"], reverse=True)
     return Sensitivity(rows, order, uniform, lp.sweep)
 
 
-def _verified_points(
-    lp: LayerPasses, sens: Sensitivity, max_keep: int, out: Path
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, dict[str, Any]]]:
-    """Verification at the longest length: the uniform format, all-16-bit, the greedy sets (the k
-    best layers, k up to max_keep) and, on a windowed model, the sliding layers kept (vLLM's
-    `--kv-cache-dtype-skip-layers sliding_window`) and the full-attention layers kept; with the
-    probe's other uniform formats, the front's points. Returns the points, the greedy candidates and
-    the named sets."""
+def _verified_points(lp: LayerPasses, sens: Sensitivity, max_keep: int,
+                     out: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Verification at the longest length: the uniform format, all-16-bit, the greedy sets (the k best layers, k up
+    to max_keep) and, on a windowed model, the sliding layers kept (vLLM's `--kv-cache-dtype-skip-layers
+    sliding_window`) and the full-attention layers kept; with the probe's other uniform formats, the front's points.
+    Returns the points, the greedy candidates and the named sets."""
     choice, keep_fmt = lp.choice, lp.keep_fmt
-    named = (
-        {
-            "sliding_window": lp.sliding,
-            "full_attention": [i for i in lp.everything if i not in lp.sliding],
-        }
-        if lp.window
-        else {}
-    )
+    named = {"sliding_window": lp.sliding,
+             "full_attention": [i for i in lp.everything if i not in lp.sliding]} if lp.window else {}
     greedy = [sorted(sens.order[:k]) for k in range(1, max_keep + 1)]
     got = lp.measure([[], lp.everything, *greedy, *named.values()], lp.longest)
     candidates = []
     for keep in greedy:
-        c = _point(
-            lp, got[tuple(keep)], f"{choice.name}+{keep_fmt.value}{keep}", keep, choice.name, keep
-        )
+        c = _point(lp, got[tuple(keep)], f"{choice.name}+{keep_fmt.value}{keep}", keep, choice.name, keep)
         c["predicted_kl_sweep"] = sens.predicted(keep)
-        c["prediction_error"] = (
-            (c["predicted_kl_sweep"] - c["kl_sweep"]) / c["kl_sweep"] if c["kl_sweep"] else None
-        )
+        c["prediction_error"] = (c["predicted_kl_sweep"] - c["kl_sweep"]) / c["kl_sweep"] if c["kl_sweep"] else None
         candidates.append(c)
     sets = {}
     for name, keep in named.items():
@@ -358,55 +245,34 @@ def _verified_points(
             sets[name] = same
             continue
         skip: list[Any] = ["sliding_window"] if name == "sliding_window" else keep
-        sets[name] = _point(
-            lp, got[tuple(keep)], f"{choice.name}+{keep_fmt.value}[{name}]", keep, choice.name, skip
-        )
+        sets[name] = _point(lp, got[tuple(keep)], f"{choice.name}+{keep_fmt.value}[{name}]", keep, choice.name, skip)
         sets[name].update(set=name, predicted_kl_sweep=sens.predicted(keep))
-    points = [
-        _point(lp, got[()], choice.name, [], choice.name, []),
-        _point(lp, got[tuple(lp.everything)], keep_fmt.value, lp.everything, keep_fmt.value, []),
-        *candidates,
-        *(p for p in sets.values() if p not in candidates),
-        *_probe_points(out, choice.name, lp.sweep, lp.longest, lp.held),
-    ]
+    points = [_point(lp, got[()], choice.name, [], choice.name, []),
+              _point(lp, got[tuple(lp.everything)], keep_fmt.value, lp.everything, keep_fmt.value, []),
+              *candidates, *(p for p in sets.values() if p not in candidates),
+              *_probe_points(out, choice.name, lp.sweep, lp.longest, lp.held)]
     return points, candidates, sets
 
 
-def _point(
-    lp: LayerPasses,
-    got: dict[str, Any],
-    label: str,
-    keep: list[int],
-    fmt_name: str,
-    skip: list[Any],
-) -> dict[str, Any]:
-    """One point of the front from its verification pass `got`: bytes held per token, KL and top-1
-    per length."""
+def _point(lp: LayerPasses, got: dict[str, Any], label: str, keep: list[int], fmt_name: str,
+           skip: list[Any]) -> dict[str, Any]:
+    """One point of the front from its verification pass `got`: bytes held per token, KL and top-1 per length."""
     lengths = list(map(str, sorted(lp.settings.lengths)))
     sweep, longest = str(lp.sweep), str(lp.longest)
-    return {
-        "label": label,
-        "keep": keep,
-        "skip": skip,
-        "format": fmt_name,
-        "bytes_per_token": lp.held(keep, got["bytes_per_token_formula"]),
-        "bytes_per_token_formula": got["bytes_per_token_formula"],
-        "stored_bytes_per_token": got["stored_bytes"] / lp.longest,
-        "kl_sweep": got[sweep]["kl"],
-        "top1_sweep": got[sweep]["top1"],
-        "kl_longest": got[longest]["kl"],
-        "top1_longest": got[longest]["top1"],
-        "kl_by_length": {n: got[n]["kl"] for n in lengths if n in got},
-        "top1_by_length": {n: got[n]["top1"] for n in lengths if n in got},
-        "cpu_seconds": got.get("cpu_seconds"),
-        **({"needles": got["needles"]} if "needles" in got else {}),
-    }
+    return {"label": label, "keep": keep, "skip": skip, "format": fmt_name,
+            "bytes_per_token": lp.held(keep, got["bytes_per_token_formula"]),
+            "bytes_per_token_formula": got["bytes_per_token_formula"],
+            "stored_bytes_per_token": got["stored_bytes"] / lp.longest,
+            "kl_sweep": got[sweep]["kl"], "top1_sweep": got[sweep]["top1"],
+            "kl_longest": got[longest]["kl"], "top1_longest": got[longest]["top1"],
+            "kl_by_length": {n: got[n]["kl"] for n in lengths if n in got},
+            "top1_by_length": {n: got[n]["top1"] for n in lengths if n in got},
+            "cpu_seconds": got.get("cpu_seconds"), **({"needles": got["needles"]} if "needles" in got else {})}
 
 
 def _add_needles(lp: LayerPasses, points: list[dict[str, Any]], out: Path) -> None:
-    """Each point's passkey accuracy per needle length: from probe.json for the other uniform
-    formats, from the verification pass on a windowed model (trtkv.probe.needles), else a needle
-    pass of its own (cached)."""
+    """Each point's passkey accuracy per needle length: from probe.json for the other uniform formats, from the
+    verification pass on a windowed model (trtkv.probe.needles), else a needle pass of its own (cached)."""
     lengths = lp.settings.needle_lengths
     lp.log(f"  needle retrieval at {lengths} for {len(points)} configurations")
     probe_needles = _probe_needles(out)
@@ -414,54 +280,34 @@ def _add_needles(lp: LayerPasses, points: list[dict[str, Any]], out: Path) -> No
         if p.get("source") == "probe.json":
             p["needle"] = {str(n): probe_needles.get((p["label"], n)) for n in lengths}
         elif lp.window:  # asked from the verification pass itself (trtkv.probe.needles)
-            p["needle"] = {
-                str(n): (p.get("needles") or {}).get(str(n), {}).get("accuracy") for n in lengths
-            }
+            p["needle"] = {str(n): (p.get("needles") or {}).get(str(n), {}).get("accuracy") for n in lengths}
         else:
             p["needle"] = {str(n): lp.needle(p["keep"], n) for n in lengths}
 
 
 def _fronts(points: list[dict[str, Any]], needle_lengths: list[int]) -> dict[str, Any]:
-    """The non-dominated points: bytes vs KL at the sweep and the longest length, vs top-1 misses,
-    among the served points, and vs needle misses."""
-    return {
-        "front_sweep": pareto(points, "kl_sweep"),
-        "front_longest": pareto(points, "kl_longest"),
-        "front_longest_top1": pareto(
-            [{**p, "top1_miss": 1.0 - p["top1_longest"]} for p in points], "top1_miss"
-        ),
-        "front_longest_served": pareto(
-            [p for p in points if p["serving"]["engines"]], "kl_longest"
-        ),
-        "needle_lengths": needle_lengths,
-        "front_needle": _needle_front(points, needle_lengths),
-    }
+    """The non-dominated points: bytes vs KL at the sweep and the longest length, vs top-1 misses, among the served
+    points, and vs needle misses."""
+    return {"front_sweep": pareto(points, "kl_sweep"), "front_longest": pareto(points, "kl_longest"),
+            "front_longest_top1": pareto([{**p, "top1_miss": 1.0 - p["top1_longest"]} for p in points], "top1_miss"),
+            "front_longest_served": pareto([p for p in points if p["serving"]["engines"]], "kl_longest"),
+            "needle_lengths": needle_lengths, "front_needle": _needle_front(points, needle_lengths)}
 
 
 def _recommendation(points: list[dict[str, Any]], opts: PerLayerOptions) -> dict[str, Any]:
-    """The GPUs some engine serves a point on, the budget, the best served point within it and the
-    best point no engine serves (when it is another)."""
+    """The GPUs some engine serves a point on, the budget, the best served point within it and the best point no
+    engine serves (when it is another)."""
     max_kl = opts.max_kl
-    budget = (
-        opts.max_bytes_per_token
-        if opts.max_bytes_per_token is not None
-        else (None if max_kl is not None else DEFAULT_BYTES_HEADROOM * points[0]["bytes_per_token"])
-    )
-    eligible = [
-        p
-        for p in points
-        if (budget is None or p["bytes_per_token"] <= budget)
-        and (max_kl is None or p["kl_longest"] <= max_kl)
-    ]
+    budget = opts.max_bytes_per_token if opts.max_bytes_per_token is not None else (
+        None if max_kl is not None else DEFAULT_BYTES_HEADROOM * points[0]["bytes_per_token"])
+    eligible = [p for p in points
+                if (budget is None or p["bytes_per_token"] <= budget) and (max_kl is None or p["kl_longest"] <= max_kl)]
     cheapest = max_kl is not None
     best = _pick([p for p in eligible if p["serving"]["engines"]], cheapest)
     best_any = _pick(eligible, cheapest)
-    return {
-        "gpus_usable": usable_gpus([p["serving"] for p in points]),
-        "budget": {"max_bytes_per_token": budget, "max_kl": max_kl},
-        "recommended": best,
-        "best_not_served": best_any if best_any is not None and best_any is not best else None,
-    }
+    return {"gpus_usable": usable_gpus([p["serving"] for p in points]),
+            "budget": {"max_bytes_per_token": budget, "max_kl": max_kl}, "recommended": best,
+            "best_not_served": best_any if best_any is not None and best_any is not best else None}
 
 
 def _write(doc: dict[str, Any], out: Path, name: str, log: Callable[[str], None]) -> Path:
@@ -471,22 +317,16 @@ def _write(doc: dict[str, Any], out: Path, name: str, log: Callable[[str], None]
     write_json(stem.with_suffix(".json"), doc)
     stem.with_suffix(".md").write_text(markdown(doc))
     plot(doc, stem.with_suffix(".png"))
-    log(
-        f"probe --per-layer {name}: wrote {stem}.json/.md/.png in {doc['seconds']:.0f} s "
-        f"({doc['passes']['run']} passes, {doc['passes']['cached']} cached)"
-    )
+    log(f"probe --per-layer {name}: wrote {stem}.json/.md/.png in {doc['seconds']:.0f} s "
+        f"({doc['passes']['run']} passes, {doc['passes']['cached']} cached)")
     log(summary_line(doc))
     return stem.with_suffix(".json")
 
 
 def _pick(points: list[dict[str, Any]], cheapest: bool = False) -> dict[str, Any] | None:
-    """The lowest KL at the longest length (ties: fewer bytes); with cheapest, the fewest bytes
-    (ties: lower KL)."""
-    key = (
-        (lambda p: (p["bytes_per_token"], p["kl_longest"]))
-        if cheapest
-        else (lambda p: (p["kl_longest"], p["bytes_per_token"]))
-    )
+    """The lowest KL at the longest length (ties: fewer bytes); with cheapest, the fewest bytes (ties: lower KL)."""
+    key = (lambda p: (p["bytes_per_token"], p["kl_longest"])) if cheapest else (
+        lambda p: (p["kl_longest"], p["bytes_per_token"]))
     return min(points, key=key, default=None)
 
 
@@ -494,34 +334,21 @@ def _deploy(point: dict[str, Any], usable: list[str]) -> dict[str, Any]:
     """The recipe settings that deploy `point`, and the engines that serve it."""
     skip = point.get("skip")
     kv = KV_CACHE_OF_FORMAT.get(point["format"])
-    out: dict[str, Any] = {
-        "served_by": served_by(point["serving"], usable),
-        "engines": point["serving"]["engines"],
-    }
+    out: dict[str, Any] = {"served_by": served_by(point["serving"], usable), "engines": point["serving"]["engines"]}
     if skip and kv is not None and kv.value != "none":
-        out.update(
-            {
-                "quantization.kv_cache": kv.value,
-                "quantization.kv_skip_layers": skip,
-                "vllm": f"--kv-cache-dtype-skip-layers {' '.join(map(str, skip))}",
-            }
-        )
+        out.update({"quantization.kv_cache": kv.value, "quantization.kv_skip_layers": skip,
+                    "vllm": f"--kv-cache-dtype-skip-layers {' '.join(map(str, skip))}"})
     elif kv is not None:
         out["quantization.kv_cache"] = kv.value
     return out
 
 
 def _needle_front(points: list[dict[str, Any]], lengths: list[int]) -> list[str]:
-    """The bytes-vs-needle front at the longest needle length (points without a needle figure left
-    out)."""
+    """The bytes-vs-needle front at the longest needle length (points without a needle figure left out)."""
     if not lengths:
         return []
     n = str(max(lengths))
-    rated = [
-        {**p, "needle_miss": 1.0 - p["needle"][n]}
-        for p in points
-        if (p.get("needle") or {}).get(n) is not None
-    ]
+    rated = [{**p, "needle_miss": 1.0 - p["needle"][n]} for p in points if (p.get("needle") or {}).get(n) is not None]
     return pareto(rated, "needle_miss")
 
 
@@ -534,19 +361,15 @@ def _probe_needles(out: Path) -> dict[tuple[str, int], float]:
     except TrtkvError:
         return {}
     rows = (probe.model_extra or {}).get("needles", []) if probe else []
-    return {
-        (r["format"], int(r["context_len"])): float(r["accuracy"])
-        for r in rows
-        if isinstance(r, dict) and r.get("accuracy") is not None
-    }
+    return {(r["format"], int(r["context_len"])): float(r["accuracy"]) for r in rows
+            if isinstance(r, dict) and r.get("accuracy") is not None}
 
 
-def _probe_points(
-    out: Path, fmt: str, sweep: int, longest: int, held: Callable[[list[int] | None, float], float]
-) -> list[dict[str, Any]]:
-    """The probe's other uniform formats at the same two lengths (probe.json), for the front;
-    `held`: the KV bytes per token a `longest`-token sequence holds, from the per-token formula (a
-    windowed model's sliding layers hold their window only)."""
+def _probe_points(out: Path, fmt: str, sweep: int, longest: int,
+                  held: Callable[[list[int] | None, float], float]) -> list[dict[str, Any]]:
+    """The probe's other uniform formats at the same two lengths (probe.json), for the front; `held`: the KV bytes
+    per token a `longest`-token sequence holds, from the per-token formula (a windowed model's sliding layers hold
+    their window only)."""
     from trtkv.contracts.artifacts import ProbeDoc
 
     try:
@@ -560,19 +383,8 @@ def _probe_points(
             continue
         a, b = by[(name, sweep)], by[(name, longest)]
         formula = a["kv_bytes_per_token_formula"]
-        out_points.append(
-            {
-                "label": name,
-                "keep": None,
-                "skip": [],
-                "format": name,
-                "bytes_per_token": held(None, formula),
-                "bytes_per_token_formula": formula,
-                "kl_sweep": a["kl_mean"],
-                "kl_longest": b["kl_mean"],
-                "top1_sweep": a["top1_agreement"],
-                "top1_longest": b["top1_agreement"],
-                "source": "probe.json",
-            }
-        )
+        out_points.append({"label": name, "keep": None, "skip": [], "format": name,
+                           "bytes_per_token": held(None, formula), "bytes_per_token_formula": formula,
+                           "kl_sweep": a["kl_mean"], "kl_longest": b["kl_mean"], "top1_sweep": a["top1_agreement"],
+                           "top1_longest": b["top1_agreement"], "source": "probe.json"})
     return out_points

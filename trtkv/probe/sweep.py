@@ -1,5 +1,4 @@
-"""The driver: run (or resume) the sweep, cache per (format, length), and write
-probe.json/probe.md/plots."""
+"""The driver: run (or resume) the sweep, cache per (format, length), and write probe.json/probe.md/plots."""
 
 from __future__ import annotations
 
@@ -33,14 +32,7 @@ from trtkv.probe.measure import (
     run_format,
     scale_reuse_summary,
 )
-from trtkv.probe.setup import (
-    METHOD_VERSION,
-    Loaded,
-    ProbeSettings,
-    default_settings,
-    load_model,
-    write_json,
-)
+from trtkv.probe.setup import METHOD_VERSION, Loaded, ProbeSettings, default_settings, load_model, write_json
 from trtkv.version import __version__ as trtkv_version
 
 if TYPE_CHECKING:
@@ -51,33 +43,26 @@ if TYPE_CHECKING:
 
 
 def _format_key(key: str, choice: FormatChoice, mode: str = CACHE_ONLY) -> str:
-    """The model key extended by the format's numerics (and an engine mode's: its kernels' table
-    rows and the source of trtkv.kvcache.attention): a changed definition invalidates its cached
-    results."""
+    """The model key extended by the format's numerics (and an engine mode's: its kernels' table rows and the source
+    of trtkv.kvcache.attention): a changed definition invalidates its cached results."""
     base = f"{key}:{numerics_key(choice)}"
     return base if mode == CACHE_ONLY else f"{base}:{mode_key(mode)}"
 
 
 def mode_key(mode: str) -> str:
-    """A hash of an attention mode's definition: its kernels as the table types them and the
-    numerics' source."""
+    """A hash of an attention mode's definition: its kernels as the table types them and the numerics' source."""
     import inspect
 
     from trtkv.kvcache import attention, attention_hook
 
-    parts = [
-        repr(load_attention().mode(mode)),
-        inspect.getsource(attention),
-        inspect.getsource(attention_hook),
-    ]
+    parts = [repr(load_attention().mode(mode)), inspect.getsource(attention), inspect.getsource(attention_hook)]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:12]
 
 
 def _scales_key(scales: KVScales, *choices: FormatChoice) -> str:
-    """The static scales' key for `choices`: amax per layer, fp8_affine's amax and bias where
-    calibrated, and the amaxes only some formats read (fp8_attn_head's per head, nvfp4_rotate's
-    rotated K) when one of them is among `choices` (every other format's key is unchanged, so its
-    cached results stay valid)."""
+    """The static scales' key for `choices`: amax per layer, fp8_affine's amax and bias where calibrated, and the
+    amaxes only some formats read (fp8_attn_head's per head, nvfp4_rotate's rotated K) when one of them is among
+    `choices` (every other format's key is unchanged, so its cached results stay valid)."""
     affine = scales.affine.to_dict() if scales.affine is not None else None
     parts: list = [scales.k_amax, scales.v_amax, affine]
     extra = {c.name: amaxes for c in choices if (amaxes := scales.format_amaxes(c)) is not None}
@@ -101,19 +86,15 @@ class _Progress:
 
 
 def probe_output(recipe: Recipe, output: Path | None) -> Path:
-    """The probe's folder, created: it writes its cache and results in place, so a user's --output
-    must be new, empty or an earlier probe of this recipe."""
+    """The probe's folder, created: it writes its cache and results in place, so a user's --output must be new,
+    empty or an earlier probe of this recipe."""
     from trtkv.contracts.stage import in_place_output
     from trtkv.recipe.layout import probe_dir
 
-    return in_place_output(
-        Path(output) if output is not None else None, probe_dir(recipe), "probe", recipe.name
-    )
+    return in_place_output(Path(output) if output is not None else None, probe_dir(recipe), "probe", recipe.name)
 
 
-def run_probe(
-    recipe: Recipe, output: Path | None = None, settings: ProbeSettings | None = None
-) -> Path:
+def run_probe(recipe: Recipe, output: Path | None = None, settings: ProbeSettings | None = None) -> Path:
     """Run (or resume) the sweep and write probe.json, probe.md and plots into `output`."""
     from trtkv.probe.results import write_outputs
 
@@ -122,25 +103,11 @@ def run_probe(
     started = time.time()
     choices = [parse_format(f) for f in settings.formats]
     static = [c for c in choices if c.static]
-    needled = [
-        c for c in choices if settings.needle_formats is None or c.name in settings.needle_formats
-    ]
+    needled = [c for c in choices if settings.needle_formats is None or c.name in settings.needle_formats]
     table = load_attention()
-    engine = [
-        (c, m)
-        for m in settings.attention
-        if m != CACHE_ONLY
-        for c in choices[1:]
-        if applies(table.mode(m), c)
-    ]
+    engine = [(c, m) for m in settings.attention if m != CACHE_ONLY for c in choices[1:] if applies(table.mode(m), c)]
     jobs = [(c, CACHE_ONLY) for c in choices] + engine
-    work = (
-        len(jobs)
-        + len(needled) * len(settings.needle_lengths)
-        + (1 if static else 0)
-        + 2
-        + len(engine)
-    )
+    work = len(jobs) + len(needled) * len(settings.needle_lengths) + (1 if static else 0) + 2 + len(engine)
     work += len(choices) if settings.ruler is not None else 0
     bar = _Progress(settings.progress, work)
     try:
@@ -155,42 +122,30 @@ def run_probe(
         by_job: dict[str, list[dict]] = {}
         runs, timings = {}, {}
         bar.step(f"reference pass ({loaded.reference} KV)", 1)
-        # needles asked from the KL passes (a windowed model's)
-        shared: dict[tuple[str, int], dict] = {}
+        shared: dict[tuple[str, int], dict] = {}  # needles asked from the KL passes (a windowed model's)
         for choice, mode in jobs:
             tag, key = _tag(choice, mode), _format_key(loaded.key, choice, mode)
             cached = _cached_records(out, key, skey(choice), choice, settings.lengths, tag)
             if cached is not None and loaded.needles is not None and mode == CACHE_ONLY:
-                found = _pass_needles_cached(
-                    out, loaded, choice, skey(choice), settings.needle_lengths
-                )
-                # measured before the needles: the pass runs again
-                cached = cached if found is not None else None
+                found = _pass_needles_cached(out, loaded, choice, skey(choice), settings.needle_lengths)
+                cached = cached if found is not None else None  # measured before the needles: the pass runs again
                 shared.update({(choice.name, n): r for n, r in (found or {}).items()})
             if cached is not None:
                 by_job[tag] = cached
                 bar.step(f"{tag}: cached", 1)
                 continue
-            # a windowed model: the reference's hidden states at the LM head's rows only
-            if ref_hidden is None:
-                ref_hidden, ref_bytes = reference_hidden(
-                    loaded, n, out, head_positions(loaded, n - 1)
-                )
+            if ref_hidden is None:  # a windowed model: the reference's hidden states at the LM head's rows only
+                ref_hidden, ref_bytes = reference_hidden(loaded, n, out, head_positions(loaded, n - 1))
             bar.step(f"{tag}: {n}-token pass")
-            run = runs[tag] = run_format(
-                loaded, choice, scales, n, ref_hidden, defer_head=True, mode=mode
-            )
+            run = runs[tag] = run_format(loaded, choice, scales, n, ref_hidden, defer_head=True, mode=mode)
             timings[tag] = run["seconds"]
             timings[f"{tag}_cpu"] = run["cpu_seconds"] or ref_bytes.get("cpu_seconds", 0.0)
-            found = run.get("needles") or (
-                ref_bytes.get("needles") if choice.name == loaded.reference else None
-            )
+            found = run.get("needles") or (ref_bytes.get("needles") if choice.name == loaded.reference else None)
             if loaded.needles is not None and found and mode == CACHE_ONLY:
                 _save_pass_needles(out, loaded, choice, skey(choice), found)
                 shared.update({(choice.name, n): r for n, r in found.items()})
                 timings[f"{choice.name}_needles_cpu"] = next(iter(found.values()))["cpu_seconds"]
-        # every pending format's LM head with ONE reference head pass
-        if runs and ref_hidden is not None:
+        if runs and ref_hidden is not None:  # every pending format's LM head with ONE reference head pass
             bar.step(f"LM head: {', '.join(runs)}")
             started_head, cpu_head = time.time(), time.process_time()
             finish_runs(loaded, runs, ref_hidden, n)
@@ -200,20 +155,12 @@ def run_probe(
             tag = _tag(choice, mode)
             if tag in runs:
                 run = runs[tag]
-                recs = [
-                    {**length_record(loaded, choice, run, length, ref_bytes), **record_fields(mode)}
-                    for length in settings.lengths
-                ]
-                _save_run(
-                    out, _format_key(loaded.key, choice, mode), skey(choice), choice, run, recs, tag
-                )
+                recs = [{**length_record(loaded, choice, run, length, ref_bytes), **record_fields(mode)}
+                        for length in settings.lengths]
+                _save_run(out, _format_key(loaded.key, choice, mode), skey(choice), choice, run, recs, tag)
                 by_job[tag] = recs
                 bar.step(f"{tag}: done", 1)
-        records = [
-            {**rec, **record_fields(CACHE_ONLY)}
-            for choice in choices
-            for rec in by_job[choice.name]
-        ]
+        records = [{**rec, **record_fields(CACHE_ONLY)} for choice in choices for rec in by_job[choice.name]]
         attention_records = [rec for choice, mode in engine for rec in by_job[_tag(choice, mode)]]
         needles = {}
         for choice in needled:
@@ -223,16 +170,10 @@ def run_probe(
                 continue
             for length in settings.needle_lengths:
                 bar.step(f"needle {choice.name} @ {length}")
-                needles[(choice.name, length)] = _needle_cached(
-                    out, loaded, choice, scales, skey(choice), length, settings
-                )
+                needles[(choice.name, length)] = _needle_cached(out, loaded, choice, scales, skey(choice), length, settings)
                 bar.step(f"needle {choice.name} @ {length}: done", 1)
         _attach_needles(records, needles, settings)
-        ruler_doc = (
-            _ruler(out, recipe, loaded, choices, scales, skey, settings, bar)
-            if settings.ruler is not None
-            else None
-        )
+        ruler_doc = _ruler(out, recipe, loaded, choices, scales, skey, settings, bar) if settings.ruler is not None else None
         decode = {}
         if static:
             bar.step("scale reuse through decode steps")
@@ -243,27 +184,15 @@ def run_probe(
             bar.step(f"prefill vs decode: {_tag(choice, mode)}")
             drifts.append(_drift_cached(out, loaded, choice, mode, scales, skey(choice), settings))
             bar.step(f"prefill vs decode: {_tag(choice, mode)} done", 1)
-        runs_for_reuse = {
-            c.name: runs.get(c.name) or _load_run(out, _format_key(loaded.key, c), skey(c), c)
-            for c in static
-        }
-        reuse = scale_reuse_summary(
-            scales, {k: v for k, v in runs_for_reuse.items() if v}, settings.lengths
-        )
+        runs_for_reuse = {c.name: runs.get(c.name) or _load_run(out, _format_key(loaded.key, c), skey(c), c) for c in static}
+        reuse = scale_reuse_summary(scales, {k: v for k, v in runs_for_reuse.items() if v}, settings.lengths)
         reuse["decode"] = decode
-        curves = {
-            c.name: _kl_curve(
-                runs.get(c.name) or _load_run(out, _format_key(loaded.key, c), skey(c), c)
-            )
-            for c in choices
-        }
+        curves = {c.name: _kl_curve(runs.get(c.name) or _load_run(out, _format_key(loaded.key, c), skey(c), c))
+                  for c in choices}
         bar.step("writing report", 1)
         doc = _document(recipe, loaded, settings, scales, records, needles, reuse, timings, started)
-        doc.update(
-            attention_records=attention_records,
-            drift=drifts,
-            attention={"modes": settings.attention, "reasons": settings.attention_reasons},
-        )
+        doc.update(attention_records=attention_records, drift=drifts,
+                   attention={"modes": settings.attention, "reasons": settings.attention_reasons})
         if ruler_doc is not None:
             doc["ruler"] = ruler_doc
         write_outputs(out, doc, scales.stats.to_markdown() if scales.stats else None, curves)
@@ -273,67 +202,32 @@ def run_probe(
 
 
 def _tag(choice: FormatChoice, mode: str) -> str:
-    """A job's name in the cache folder and timings: the format, `@mode` under an engine attention
-    mode."""
+    """A job's name in the cache folder and timings: the format, `@mode` under an engine attention mode."""
     return choice.name if mode == CACHE_ONLY else f"{choice.name}@{mode}"
 
 
-def _drift_cached(
-    out: Path,
-    loaded: Loaded,
-    choice: FormatChoice,
-    mode: str,
-    scales: KVScales,
-    skey: str,
-    settings: ProbeSettings,
-) -> dict:
-    """The prefill-vs-decode drift of `choice` under `mode` (trtkv.probe.attention.drift),
-    cached."""
+def _drift_cached(out: Path, loaded: Loaded, choice: FormatChoice, mode: str, scales: KVScales, skey: str,
+                  settings: ProbeSettings) -> dict:
+    """The prefill-vs-decode drift of `choice` under `mode` (trtkv.probe.attention.drift), cached."""
     from trtkv.probe.attention import drift
 
     prompt = min(settings.decode_prompt, max(settings.lengths) - settings.decode_steps - 1)
     path = _cache_path(out, _tag(choice, mode), "_drift.json")
-    params = [
-        _format_key(loaded.key, choice, mode),
-        skey if choice.static else "",
-        prompt,
-        settings.decode_steps,
-    ]
+    params = [_format_key(loaded.key, choice, mode), skey if choice.static else "", prompt, settings.decode_steps]
     if path.is_file():
         doc = json.loads(path.read_text())
         if doc.get("params") == params:
             return doc["result"]
     kernels = load_attention().mode(mode)
     head_dim = loaded.info["head_dim"]
-    if not (
-        kernels.drifts(head_dim)
-        or (loaded.info.get("sliding_window") and kernels.drifts(head_dim, True))
-    ):
-        result = {
-            "format": choice.name,
-            "attention": mode,
-            "prompt_tokens": prompt,
-            "decode_steps": settings.decode_steps,
-            "mean_abs_dlogp": 0.0,
-            "max_abs_dlogp": 0.0,
-            "kl_mean": 0.0,
-            "top1_agreement": 1.0,
-            "exact_zero": True,
-            "note": f"prefill and decode kernels compute alike at head_dim {head_dim}: "
-            "0 by construction (the pass is not run)",
-        }
+    if not (kernels.drifts(head_dim) or (loaded.info.get("sliding_window") and kernels.drifts(head_dim, True))):
+        result = {"format": choice.name, "attention": mode, "prompt_tokens": prompt, "decode_steps": settings.decode_steps,
+                  "mean_abs_dlogp": 0.0, "max_abs_dlogp": 0.0, "kl_mean": 0.0, "top1_agreement": 1.0,
+                  "exact_zero": True, "note": f"prefill and decode kernels compute alike at head_dim {head_dim}: "
+                                              "0 by construction (the pass is not run)"}
     else:
-        result = {
-            "format": choice.name,
-            **drift(
-                loaded,
-                lambda: make_cache(loaded, choice, scales),
-                mode,
-                prompt,
-                settings.decode_steps,
-                chunk_for(choice) or loaded.prefill_chunk,
-            ),
-        }
+        result = {"format": choice.name, **drift(loaded, lambda: make_cache(loaded, choice, scales), mode, prompt,
+                                                    settings.decode_steps, chunk_for(choice) or loaded.prefill_chunk)}
     write_json(path, {"params": params, "result": result})
     return result
 
@@ -342,9 +236,8 @@ def _cache_path(out: Path, choice: FormatChoice | str, suffix: str) -> Path:
     return out / "cache" / f"{choice if isinstance(choice, str) else choice.name}{suffix}"
 
 
-def _cached_records(
-    out: Path, key: str, skey: str, choice: FormatChoice, lengths: list[int], tag: str | None = None
-) -> list[dict] | None:
+def _cached_records(out: Path, key: str, skey: str, choice: FormatChoice, lengths: list[int],
+                    tag: str | None = None) -> list[dict] | None:
     recs = []
     for length in lengths:
         path = _cache_path(out, tag or choice, f"_{length}.json")
@@ -357,25 +250,14 @@ def _cached_records(
     return recs
 
 
-def _save_run(
-    out: Path,
-    key: str,
-    skey: str,
-    choice: FormatChoice,
-    run: dict,
-    recs: list[dict],
-    tag: str | None = None,
-) -> None:
+def _save_run(out: Path, key: str, skey: str, choice: FormatChoice, run: dict, recs: list[dict],
+              tag: str | None = None) -> None:
     keep = {k: v for k, v in run.items() if k != "metrics"}
-    torch.save(
-        {"key": key, "scales": skey, "run": keep, "metrics": run["metrics"]},
-        _cache_path(out, tag or choice, ".pt"),
-    )
+    torch.save({"key": key, "scales": skey, "run": keep, "metrics": run["metrics"]},
+               _cache_path(out, tag or choice, ".pt"))
     for rec in recs:
-        write_json(
-            _cache_path(out, tag or choice, f"_{rec['context_len']}.json"),
-            {"key": key, "scales": skey, "record": rec},
-        )
+        write_json(_cache_path(out, tag or choice, f"_{rec['context_len']}.json"),
+                    {"key": key, "scales": skey, "record": rec})
 
 
 def _load_run(out: Path, key: str, skey: str, choice: FormatChoice) -> dict | None:
@@ -386,54 +268,33 @@ def _load_run(out: Path, key: str, skey: str, choice: FormatChoice) -> dict | No
         doc = torch.load(path, weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError):
         return None  # written by an older trtkv (or damaged): measured again
-    if (
-        not isinstance(doc, dict)
-        or doc.get("key") != key
-        or (choice.static and doc.get("scales") != skey)
-    ):
+    if not isinstance(doc, dict) or doc.get("key") != key or (choice.static and doc.get("scales") != skey):
         return None
     return {**doc["run"], "metrics": doc["metrics"]}
 
 
 def _kl_curve(run: dict | None, window: int = 256) -> list[float] | None:
-    """KL averaged over consecutive windows of positions (error vs position; sampled positions:
-    those in each)."""
+    """KL averaged over consecutive windows of positions (error vs position; sampled positions: those in each)."""
     if not run:
         return None
     kl = run["metrics"]["kl"].double()
     pos = run["metrics"].get("pos")
     if pos is None:
-        return [float(kl[i : i + window].mean()) for i in range(0, kl.numel(), window)]
-    # at least one sample per window
-    span = max(window, int(pos[1] - pos[0]) if pos.numel() > 1 else window)
-    return [
-        float(kl[(pos >= i) & (pos < i + span)].mean()) for i in range(0, int(pos[-1]) + 1, span)
-    ]
+        return [float(kl[i: i + window].mean()) for i in range(0, kl.numel(), window)]
+    span = max(window, int(pos[1] - pos[0]) if pos.numel() > 1 else window)  # at least one sample per window
+    return [float(kl[(pos >= i) & (pos < i + span)].mean()) for i in range(0, int(pos[-1]) + 1, span)]
 
 
-def _needle_cached(
-    out: Path,
-    loaded: Loaded,
-    choice: FormatChoice,
-    scales: KVScales,
-    skey: str,
-    length: int,
-    settings: ProbeSettings,
-) -> dict:
+def _needle_cached(out: Path, loaded: Loaded, choice: FormatChoice, scales: KVScales, skey: str, length: int,
+                   settings: ProbeSettings) -> dict:
     path = _cache_path(out, choice, f"_needle_{length}.json")
-    params = [
-        _format_key(loaded.key, choice),
-        skey if choice.static else "",
-        settings.needle_depths,
-        settings.needle_seeds,
-    ]
+    params = [_format_key(loaded.key, choice), skey if choice.static else "", settings.needle_depths,
+              settings.needle_seeds]
     if path.is_file():
         doc = json.loads(path.read_text())
         if doc.get("params") == params:
             return doc["result"]
-    result = needle_trials(
-        loaded, choice, scales, length, settings.needle_depths, settings.needle_seeds
-    )
+    result = needle_trials(loaded, choice, scales, length, settings.needle_depths, settings.needle_seeds)
     write_json(path, {"params": params, "result": result})
     return result
 
@@ -442,20 +303,15 @@ def _pass_needles_params(loaded: Loaded, choice: FormatChoice, skey: str) -> lis
     return [_format_key(loaded.key, choice), skey if choice.static else "", "kl_pass"]
 
 
-def _save_pass_needles(
-    out: Path, loaded: Loaded, choice: FormatChoice, skey: str, found: dict[int, dict]
-) -> None:
+def _save_pass_needles(out: Path, loaded: Loaded, choice: FormatChoice, skey: str, found: dict[int, dict]) -> None:
     """The needles one KL pass asked, one file per length (as _needle_cached writes them)."""
     for length, result in found.items():
-        write_json(
-            _cache_path(out, choice, f"_needle_{length}.json"),
-            {"params": _pass_needles_params(loaded, choice, skey), "result": result},
-        )
+        write_json(_cache_path(out, choice, f"_needle_{length}.json"),
+                   {"params": _pass_needles_params(loaded, choice, skey), "result": result})
 
 
-def _pass_needles_cached(
-    out: Path, loaded: Loaded, choice: FormatChoice, skey: str, lengths: list[int]
-) -> dict[int, dict] | None:
+def _pass_needles_cached(out: Path, loaded: Loaded, choice: FormatChoice, skey: str,
+                         lengths: list[int]) -> dict[int, dict] | None:
     """The needles a cached KL pass asked, every length, or None (that pass runs again)."""
     found: dict[int, dict] = {}
     for length in lengths:
@@ -467,24 +323,12 @@ def _pass_needles_cached(
     return found
 
 
-def _decode_cached(
-    out: Path,
-    loaded: Loaded,
-    static: list[FormatChoice],
-    scales: KVScales,
-    skey: str,
-    settings: ProbeSettings,
-) -> dict:
+def _decode_cached(out: Path, loaded: Loaded, static: list[FormatChoice], scales: KVScales, skey: str,
+                   settings: ProbeSettings) -> dict:
     prompt = min(settings.decode_prompt, max(settings.lengths))
     path = out / "cache" / "decode.json"
-    params = [
-        loaded.key,
-        skey,
-        [_format_key("", c) for c in static],
-        [c.name for c in static],
-        prompt,
-        settings.decode_steps,
-    ]
+    params = [loaded.key, skey, [_format_key("", c) for c in static], [c.name for c in static], prompt,
+              settings.decode_steps]
     if path.is_file():
         doc = json.loads(path.read_text())
         if doc.get("params") == params:
@@ -494,33 +338,16 @@ def _decode_cached(
     return result
 
 
-def _ruler(
-    out: Path,
-    recipe: Recipe,
-    loaded: Loaded,
-    choices: list[FormatChoice],
-    scales: KVScales,
-    skey: Callable[[FormatChoice], str],
-    settings: ProbeSettings,
-    bar: _Progress,
-) -> dict:
-    """RULER on the bench's items for every format (trtkv.probe.ruler), answers cached per format
-    and item."""
+def _ruler(out: Path, recipe: Recipe, loaded: Loaded, choices: list[FormatChoice], scales: KVScales,
+           skey: Callable[[FormatChoice], str],
+           settings: ProbeSettings, bar: _Progress) -> dict:
+    """RULER on the bench's items for every format (trtkv.probe.ruler), answers cached per format and item."""
     from trtkv.probe.ruler import run_ruler
 
     def keys(choice: FormatChoice) -> list[str]:
         return [_format_key(loaded.key, choice), skey(choice) if choice.static else ""]
 
-    return run_ruler(
-        out,
-        settings.ruler,
-        loaded,
-        choices,
-        scales,
-        keys,
-        recipe.model.max_position_embeddings,
-        bar.step,
-    )
+    return run_ruler(out, settings.ruler, loaded, choices, scales, keys, recipe.model.max_position_embeddings, bar.step)
 
 
 def _attach_needles(records: list[dict], needles: dict, settings: ProbeSettings) -> None:
@@ -532,64 +359,27 @@ def _attach_needles(records: list[dict], needles: dict, settings: ProbeSettings)
             rec["needle_seeds"] = settings.needle_seeds
 
 
-def _document(
-    recipe: Recipe,
-    loaded: Loaded,
-    settings: ProbeSettings,
-    scales: KVScales,
-    records: list[dict],
-    needles: dict,
-    reuse: dict,
-    timings: dict,
-    started: float,
-) -> dict:
+def _document(recipe: Recipe, loaded: Loaded, settings: ProbeSettings, scales: KVScales, records: list[dict],
+              needles: dict, reuse: dict, timings: dict, started: float) -> dict:
     import transformers
 
-    needle_rows = [
-        {"format": f, "context_len": n, **{k: v for k, v in r.items() if k != "trials"}}
-        for (f, n), r in needles.items()
-    ]
+    needle_rows = [{"format": f, "context_len": n, **{k: v for k, v in r.items() if k != "trials"}}
+                   for (f, n), r in needles.items()]
     return {
-        "recipe": recipe.name,
-        "model": {"source": recipe.model.source, **loaded.info},
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "seconds": round(time.time() - started, 1),
-        "versions": {
-            "trtkv": trtkv_version,
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-        },
-        "settings": {
-            "formats": settings.formats,
-            "lengths": settings.lengths,
-            "needle_lengths": settings.needle_lengths,
-            "needle_depths": settings.needle_depths,
-            "needle_seeds": settings.needle_seeds,
-            "needle_method": "shared_haystack"
-            if loaded.needles is not None
-            else "one_needle_per_trial",
-            "decode_prompt": settings.decode_prompt,
-            "decode_steps": settings.decode_steps,
-            "attention": settings.attention,
-            "dtype": loaded.info.get("compute_dtype"),
-            "prefill_chunk": loaded.prefill_chunk,
-            **(
-                {
-                    "ruler_tasks": settings.ruler.tasks,
-                    "ruler_lengths": settings.ruler.lengths,
-                    "ruler_samples": settings.ruler.samples,
-                }
-                if settings.ruler is not None
-                else {}
-            ),
-        },
-        "reference": loaded.reference,
-        "method_version": METHOD_VERSION,
+        "recipe": recipe.name, "model": {"source": recipe.model.source, **loaded.info},
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": round(time.time() - started, 1),
+        "versions": {"trtkv": trtkv_version, "torch": torch.__version__, "transformers": transformers.__version__},
+        "settings": {"formats": settings.formats, "lengths": settings.lengths, "needle_lengths": settings.needle_lengths,
+                     "needle_depths": settings.needle_depths, "needle_seeds": settings.needle_seeds,
+                     "needle_method": "shared_haystack" if loaded.needles is not None else "one_needle_per_trial",
+                     "decode_prompt": settings.decode_prompt, "decode_steps": settings.decode_steps,
+                     "attention": settings.attention, "dtype": loaded.info.get("compute_dtype"),
+                     "prefill_chunk": loaded.prefill_chunk,
+                     **({"ruler_tasks": settings.ruler.tasks, "ruler_lengths": settings.ruler.lengths,
+                         "ruler_samples": settings.ruler.samples} if settings.ruler is not None else {})},
+        "reference": loaded.reference, "method_version": METHOD_VERSION,
         "scales": scales.to_probe_json(),
-        "records": records,
-        "needles": needle_rows,
-        "scale_reuse": reuse,
-        "pass_seconds": timings,
+        "records": records, "needles": needle_rows, "scale_reuse": reuse, "pass_seconds": timings,
         "kv_stats": scales.stats.to_dict() if scales.stats else None,
         "threads": os.environ.get("OMP_NUM_THREADS") or torch.get_num_threads(),
     }

@@ -1,6 +1,6 @@
-"""Loading a recipe: find the file, read it with its `include:`s (relative to the including file;
-local keys win; cycles are errors), apply `section.key=value` overrides, validate, and report every
-problem at once, each naming the file, the field, the value and the allowed values."""
+"""Loading a recipe: find the file, read it with its `include:`s (relative to the including file; local keys win;
+cycles are errors), apply `section.key=value` overrides, validate, and report every problem at once, each naming
+the file, the field, the value and the allowed values."""
 
 from __future__ import annotations
 
@@ -25,14 +25,7 @@ from trtkv.recipe.names import (
     recipe_name_problem,
     shown,
 )
-from trtkv.recipe.plain_yaml import (
-    MAX_DEPTH,
-    MAX_FILE_BYTES,
-    FileNotReadable,
-    YAMLLimitError,
-    load_yaml,
-    read_text,
-)
+from trtkv.recipe.plain_yaml import MAX_DEPTH, MAX_FILE_BYTES, FileNotReadable, YAMLLimitError, load_yaml, read_text
 from trtkv.recipe.rules import cross_field_problems
 from trtkv.recipe.schema import KV_CACHE_ALIASES, KVCacheQuant, Recipe
 
@@ -41,20 +34,14 @@ from trtkv.recipe.schema import KV_CACHE_ALIASES, KVCacheQuant, Recipe
 
 
 def _runnable_files() -> list[Path]:
-    """The .yaml files under recipes/ outside folders starting with `_` (those hold shared
-    parts)."""
+    """The .yaml files under recipes/ outside folders starting with `_` (those hold shared parts)."""
     root = paths.recipes_dir()
-    found = [
-        p
-        for p in root.rglob("*.yaml")
-        if not any(part.startswith("_") for part in p.relative_to(root).parts)
-    ]
+    found = [p for p in root.rglob("*.yaml") if not any(part.startswith("_") for part in p.relative_to(root).parts)]
     return sorted(found)
 
 
 def list_recipes() -> list[Path]:
-    """Every runnable recipe on disk; RecipeError naming each file whose name breaks the rule or
-    collides."""
+    """Every runnable recipe on disk; RecipeError naming each file whose name breaks the rule or collides."""
     found = _runnable_files()
     problems = [p for p in (recipe_name_problem(recipe_name(f), f) for f in found) if p is not None]
     problems += collision_problems((recipe_name(f), f) for f in found)
@@ -64,94 +51,62 @@ def list_recipes() -> list[Path]:
 
 
 def recipe_name(path: Path) -> str:
-    """The recipe's name: its file name without .yaml (checked by check_recipe_name where a recipe
-    is found)."""
+    """The recipe's name: its file name without .yaml (checked by check_recipe_name where a recipe is found)."""
     return path.stem
 
 
 def _refuse_collisions(path: Path) -> None:
-    """A recipe whose name folds to the same Kubernetes name as another runnable recipe's is refused
-    with it."""
+    """A recipe whose name folds to the same Kubernetes name as another runnable recipe's is refused with it."""
     name = recipe_name(path)
-    named = [(name, path)] + [
-        (recipe_name(f), f)
-        for f in _runnable_files()
-        if fold_recipe_name(recipe_name(f)) == fold_recipe_name(name) and _resolve(f) != path
-    ]
+    named = [(name, path)] + [(recipe_name(f), f) for f in _runnable_files()
+                              if fold_recipe_name(recipe_name(f)) == fold_recipe_name(name) and _resolve(f) != path]
     problems = collision_problems(named)
     if problems:
         raise RecipeError(problems, header="Recipe name not allowed")
 
 
 def _resolve(path: Path, origin: str = "") -> Path:
-    """`path` made absolute with its links followed; RecipeError for a symlink loop or an impossible
-    name."""
+    """`path` made absolute with its links followed; RecipeError for a symlink loop or an impossible name."""
     try:
         return path.resolve()
-    # RuntimeError: how Python < 3.13 reports a symlink loop
-    except (OSError, RuntimeError, ValueError):
+    except (OSError, RuntimeError, ValueError):  # RuntimeError: how Python < 3.13 reports a symlink loop
         try:
             read_text(path)
         except FileNotReadable as exc:
-            raise RecipeError(
-                [f"{shown(path)}: {exc.problem}{origin}. Next: {exc.next_step}."],
-                header="Recipe not readable",
-            ) from None
-        raise RecipeError(
-            [f"{shown(path)}: cannot resolve the path{origin}. Next: check it."],
-            header="Recipe not readable",
-        ) from None
+            raise RecipeError([f"{shown(path)}: {exc.problem}{origin}. Next: {exc.next_step}."],
+                              header="Recipe not readable") from None
+        raise RecipeError([f"{shown(path)}: cannot resolve the path{origin}. Next: check it."],
+                          header="Recipe not readable") from None
 
 
 def find_recipe(name_or_path: str) -> Path:
-    """A recipe name (`smollm2_fp8kv`) or a path to a YAML file; its name is checked here
-    (check_recipe_name)."""
+    """A recipe name (`smollm2_fp8kv`) or a path to a YAML file; its name is checked here (check_recipe_name)."""
     candidate = Path(name_or_path).expanduser()
     if candidate.suffix in (".yaml", ".yml") or "/" in name_or_path:
         resolved = _resolve(candidate)
         if not resolved.exists():
-            raise RecipeError(
-                [
-                    f"{shown(name_or_path)}: no such recipe file. Next: check the path, or run "
-                    "`trtkv ls`."
-                ],
-                header="Recipe not found",
-            )
+            raise RecipeError([f"{shown(name_or_path)}: no such recipe file. Next: check the path, or run `trtkv ls`."],
+                              header="Recipe not found")
         if not resolved.is_file():
-            raise RecipeError(
-                [f"{shown(name_or_path)}: not a regular file. Next: name a .yaml file."],
-                header="Recipe not readable",
-            )
+            raise RecipeError([f"{shown(name_or_path)}: not a regular file. Next: name a .yaml file."],
+                              header="Recipe not readable")
         check_recipe_name(recipe_name(resolved), resolved)
         _refuse_collisions(resolved)
         return resolved
-    available = {
-        recipe_name(p): p for p in _runnable_files() if RECIPE_NAME_RE.fullmatch(recipe_name(p))
-    }
+    available = {recipe_name(p): p for p in _runnable_files() if RECIPE_NAME_RE.fullmatch(recipe_name(p))}
     if name_or_path in available:
         _refuse_collisions(available[name_or_path].resolve())
         return available[name_or_path]
     if not available and not paths.recipes_dir().is_dir():
-        raise RecipeError(
-            [
-                f"unknown recipe {name_or_path!r}: there is no recipes folder at "
-                f"{shown(paths.recipes_dir())} (trtkv looks in TRTKV_HOME/recipes, else the "
-                "checkout's recipes/, else ./recipes). Next: set TRTKV_HOME to a trtkv checkout, "
-                "`trtkv init NAME --model PATH` to write ./recipes/NAME.yaml, or pass the path of "
-                "a .yaml file."
-            ],
-            header="Recipe not found",
-        )
+        raise RecipeError([f"unknown recipe {name_or_path!r}: there is no recipes folder at {shown(paths.recipes_dir())} "
+                           f"(trtkv looks in TRTKV_HOME/recipes, else the checkout's recipes/, else ./recipes). Next: "
+                           f"set TRTKV_HOME to a trtkv checkout, `trtkv init NAME --model PATH` to write "
+                           f"./recipes/NAME.yaml, or pass the path of a .yaml file."], header="Recipe not found")
     hint = _did_you_mean(name_or_path, available)
-    rule = (
-        "" if RECIPE_NAME_RE.fullmatch(name_or_path) else f" (a recipe name is {RECIPE_NAME_RULE})"
-    )
+    rule = "" if RECIPE_NAME_RE.fullmatch(name_or_path) else f" (a recipe name is {RECIPE_NAME_RULE})"
     raise RecipeError(
-        [
-            f"unknown recipe {name_or_path!r}{rule}{hint}. Available: "
-            f"{', '.join(sorted(available)) or '(none)'}. Next: `trtkv ls` lists them; a path to a "
-            ".yaml file works too."
-        ],
+        [f"unknown recipe {name_or_path!r}{rule}{hint}. Available: {', '.join(sorted(available)) or '(none)'}. "
+         f"Next: `trtkv ls` lists them; a path to a .yaml file works too."],
         header="Recipe not found",
     )
 
@@ -170,65 +125,35 @@ def _yaml_problem(exc: yaml.YAMLError) -> tuple[str, str]:
     return where, problem
 
 
-def _read_yaml(
-    path: Path, chain: tuple[Path, ...], budget: list[int] | None = None
-) -> dict[str, Any]:
-    """One file's YAML as a mapping; `budget` ([files, characters] read so far for this recipe)
-    bounds the includes."""
+def _read_yaml(path: Path, chain: tuple[Path, ...], budget: list[int] | None = None) -> dict[str, Any]:
+    """One file's YAML as a mapping; `budget` ([files, characters] read so far for this recipe) bounds the includes."""
     origin = f" (included from {shown(chain[-1])})" if chain else ""
     try:
         text = read_text(path)
     except FileNotReadable as exc:
-        raise RecipeError(
-            [f"{shown(path)}: {exc.problem}{origin}. Next: {exc.next_step}."],
-            header="Recipe not readable",
-        ) from None
+        raise RecipeError([f"{shown(path)}: {exc.problem}{origin}. Next: {exc.next_step}."],
+                          header="Recipe not readable") from None
     if budget is not None:
         budget[1] += len(text)
         if budget[1] > MAX_FILE_BYTES:
-            raise RecipeError(
-                [
-                    f"{shown(path)}: this recipe and its includes hold more than {MAX_FILE_BYTES} "
-                    f"characters in all{origin}. Next: include fewer or smaller files."
-                ],
-                header="Recipe not readable",
-            )
+            raise RecipeError([f"{shown(path)}: this recipe and its includes hold more than {MAX_FILE_BYTES} characters "
+                               f"in all{origin}. Next: include fewer or smaller files."], header="Recipe not readable")
     try:
         data = load_yaml(text)
     except YAMLLimitError as exc:
         where, problem = _yaml_problem(exc)
-        raise RecipeError(
-            [
-                f"{shown(path)}{where}: not plain recipe data: {problem}. Next: write each key "
-                "once, without deep nesting or aliases."
-            ],
-            header="Recipe not readable",
-        ) from None
+        raise RecipeError([f"{shown(path)}{where}: not plain recipe data: {problem}. Next: write each key once, "
+                           f"without deep nesting or aliases."], header="Recipe not readable") from None
     except yaml.YAMLError as exc:
         where, problem = _yaml_problem(exc)
-        raise RecipeError(
-            [
-                f"{shown(path)}{where}: malformed YAML: {problem}. Next: fix the syntax at that "
-                "line."
-            ],
-            header="Recipe not readable",
-        ) from None
+        raise RecipeError([f"{shown(path)}{where}: malformed YAML: {problem}. Next: fix the syntax at that line."],
+                          header="Recipe not readable") from None
     if data is None:
-        raise RecipeError(
-            [
-                f"{shown(path)}: the file is empty. Next: start from a shipped recipe, e.g. "
-                f"recipes/smollm2_fp8kv.yaml."
-            ],
-            header="Recipe not readable",
-        )
+        raise RecipeError([f"{shown(path)}: the file is empty. Next: start from a shipped recipe, e.g. "
+                           f"recipes/smollm2_fp8kv.yaml."], header="Recipe not readable")
     if not isinstance(data, dict):
-        raise RecipeError(
-            [
-                f"{shown(path)}: the top level must be a mapping of sections, got "
-                f"{type(data).__name__}."
-            ],
-            header="Recipe not readable",
-        )
+        raise RecipeError([f"{shown(path)}: the top level must be a mapping of sections, got {type(data).__name__}."],
+                          header="Recipe not readable")
     return data
 
 
@@ -252,47 +177,31 @@ def _record(prov: dict[str, Path], data: Any, file: Path, prefix: str = "") -> N
             _record(prov, value, file, path)
 
 
-# files one recipe may read, itself and its includes (a chain or a diamond of includes)
-MAX_INCLUDED_FILES = 32
+MAX_INCLUDED_FILES = 32  # files one recipe may read, itself and its includes (a chain or a diamond of includes)
 
 
 def load_tree(path: Path, chain: tuple[Path, ...] = ()) -> tuple[dict[str, Any], dict[str, Path]]:
-    """Read `path` and its includes; returns the merged data and, per dotted key, the file that set
-    it."""
+    """Read `path` and its includes; returns the merged data and, per dotted key, the file that set it."""
     return _load_tree(path, chain, [0, 0])
 
 
-def _load_tree(
-    path: Path, chain: tuple[Path, ...], budget: list[int]
-) -> tuple[dict[str, Any], dict[str, Path]]:
+def _load_tree(path: Path, chain: tuple[Path, ...], budget: list[int]) -> tuple[dict[str, Any], dict[str, Path]]:
     path = _resolve(path, f" (included from {shown(chain[-1])})" if chain else "")
     if path in chain:
         cycle = " -> ".join(shown(p) for p in (*chain, path))
-        raise RecipeError(
-            [f"{shown(path)}: include cycle: {cycle}. Next: remove one of these includes."],
-            header="Recipe not readable",
-        )
+        raise RecipeError([f"{shown(path)}: include cycle: {cycle}. Next: remove one of these includes."],
+                          header="Recipe not readable")
     budget[0] += 1
     if budget[0] > MAX_INCLUDED_FILES:
-        raise RecipeError(
-            [
-                f"{shown(path)}: more than {MAX_INCLUDED_FILES} files read for one recipe "
-                f"(included from {shown(chain[-1])}). Next: include fewer files."
-            ],
-            header="Recipe not readable",
-        )
+        raise RecipeError([f"{shown(path)}: more than {MAX_INCLUDED_FILES} files read for one recipe (included from "
+                           f"{shown(chain[-1])}). Next: include fewer files."], header="Recipe not readable")
     data = _read_yaml(path, chain, budget)
     includes = data.pop("include", [])
     if isinstance(includes, str):
         includes = [includes]
     if not isinstance(includes, list) or not all(isinstance(i, str) for i in includes):
-        raise RecipeError(
-            [
-                f"{shown(path)}: include: must be a file name or a list of file names, got "
-                f"{includes!r:.200}."
-            ],
-            header="Recipe not valid",
-        )
+        raise RecipeError([f"{shown(path)}: include: must be a file name or a list of file names, got {includes!r:.200}."],
+                          header="Recipe not valid")
     merged: dict[str, Any] = {}
     prov: dict[str, Path] = {}
     for inc in includes:
@@ -305,49 +214,29 @@ def _load_tree(
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """`build.max_batch_size=16` -> (["build", "max_batch_size"], 16); the value is read as YAML,
-    under the file rules (size, nesting, aliases, duplicate keys); a value that is not YAML at all
-    stays a string, and a mapping or list only counts as one in flow style (`{...}`, `[...]`):
-    `triton.host=::` is the text `::`."""
+    """`build.max_batch_size=16` -> (["build", "max_batch_size"], 16); the value is read as YAML, under the file rules
+    (size, nesting, aliases, duplicate keys); a value that is not YAML at all stays a string, and a mapping or list
+    only counts as one in flow style (`{...}`, `[...]`): `triton.host=::` is the text `::`."""
     if "=" not in text:
-        raise RecipeError(
-            [f"override {text!r:.200}: expected section.key=value, e.g. build.max_batch_size=16."],
-            header="Override not valid",
-        )
+        raise RecipeError([f"override {text!r:.200}: expected section.key=value, e.g. build.max_batch_size=16."],
+                          header="Override not valid")
     if len(text.encode("utf-8", "surrogatepass")) > MAX_FILE_BYTES:
-        raise RecipeError(
-            [
-                f"override {text[:40]!r}...: larger than {MAX_FILE_BYTES} bytes (the cap for a "
-                f"recipe file). Next: put the setting in a recipe file."
-            ],
-            header="Override not valid",
-        )
+        raise RecipeError([f"override {text[:40]!r}...: larger than {MAX_FILE_BYTES} bytes (the cap for a "
+                           f"recipe file). Next: put the setting in a recipe file."], header="Override not valid")
     key, raw = text.split("=", 1)
     parts = [p for p in key.strip().split(".") if p]
     if not parts:
-        raise RecipeError(
-            [f"override {text!r:.200}: the key is empty; expected section.key=value."],
-            header="Override not valid",
-        )
+        raise RecipeError([f"override {text!r:.200}: the key is empty; expected section.key=value."],
+                          header="Override not valid")
     if len(parts) > MAX_DEPTH:
-        raise RecipeError(
-            [
-                f"override {key!r:.200}: the key is nested deeper than {MAX_DEPTH} levels. Next: "
-                f"name a recipe field, e.g. build.max_batch_size."
-            ],
-            header="Override not valid",
-        )
+        raise RecipeError([f"override {key!r:.200}: the key is nested deeper than {MAX_DEPTH} levels. Next: "
+                           f"name a recipe field, e.g. build.max_batch_size."], header="Override not valid")
     try:
         value = load_yaml(raw) if raw.strip() else ""
     except YAMLLimitError as exc:
         _, problem = _yaml_problem(exc)
-        raise RecipeError(
-            [
-                f"override {key!r:.200}: the value is not plain recipe data: {problem}. Next: "
-                "write each key once, without deep nesting or aliases."
-            ],
-            header="Override not valid",
-        ) from None
+        raise RecipeError([f"override {key!r:.200}: the value is not plain recipe data: {problem}. Next: write "
+                           f"each key once, without deep nesting or aliases."], header="Override not valid") from None
     except yaml.YAMLError:
         value = raw
     if isinstance(value, (dict, list)) and not raw.strip().startswith(("{", "[")):
@@ -358,9 +247,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 COMMAND_LINE = Path("<command line>")  # the provenance of an override
 
 
-def apply_overrides(
-    data: dict[str, Any], prov: dict[str, Path], overrides: Iterable[str]
-) -> dict[str, Any]:
+def apply_overrides(data: dict[str, Any], prov: dict[str, Path], overrides: Iterable[str]) -> dict[str, Any]:
     for text in overrides:
         parts, value = parse_override(text)
         node = data
@@ -436,43 +323,27 @@ def _format_error(err: Any, prov: dict[str, Path], path: Path) -> str:
         allowed = f" Allowed keys here: {', '.join(siblings)}." if siblings else ""
         return f"{file}: {dotted}: unknown key{hint or '.'}{allowed}"
     if kind == "missing":
-        return (
-            f"{file}: {dotted}: required field is missing. Next: add it (see the recipe "
-            "reference in docs/recipes.md)."
-        )
+        return f"{file}: {dotted}: required field is missing. Next: add it (see the recipe reference in docs/recipes.md)."
     enum = _enum_at(loc)
     if kind == "enum" and enum is not None:
         values = [e.value for e in enum]
         extra = ""
         if enum is KVCacheQuant:
             extra = f" (aliases: {', '.join(KV_CACHE_ALIASES)})"
-        hint = _did_you_mean(
-            str(value), values + list(KV_CACHE_ALIASES if enum is KVCacheQuant else [])
-        )
-        return (
-            f"{file}: {dotted}: {value!r} is not allowed{hint or '.'} Allowed: "
-            f"{', '.join(values)}{extra}."
-        )
+        hint = _did_you_mean(str(value), values + list(KV_CACHE_ALIASES if enum is KVCacheQuant else []))
+        return f"{file}: {dotted}: {value!r} is not allowed{hint or '.'} Allowed: {', '.join(values)}{extra}."
     msg = err["msg"]
     if msg.startswith("Value error, "):
-        msg = msg[len("Value error, ") :]
+        msg = msg[len("Value error, "):]
     got = "" if isinstance(value, (dict, list)) else f" (got {value!r:.60})"
     return f"{file}: {dotted}: {msg}{got}{_range_hint(loc, kind)}."
 
 
 def _range_hint(loc: tuple[Any, ...], kind: str) -> str:
-    """For a number outside its range: the range and the largest published value it admits
-    (trtkv.recipe.limits)."""
-    if kind not in (
-        "greater_than",
-        "greater_than_equal",
-        "less_than",
-        "less_than_equal",
-        "finite_number",
-    ):
+    """For a number outside its range: the range and the largest published value it admits (trtkv.recipe.limits)."""
+    if kind not in ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number"):
         return ""
-    # an entry of a bounded list (bench.sweep_input_tokens[2]): the list's range
-    while loc and isinstance(loc[-1], int):
+    while loc and isinstance(loc[-1], int):  # an entry of a bounded list (bench.sweep_input_tokens[2]): the list's range
         loc = loc[:-1]
     model = _model_at(loc)
     field = model.model_fields.get(str(loc[-1])) if model is not None else None
@@ -488,19 +359,16 @@ def validate_data(data: dict[str, Any], prov: dict[str, Path], path: Path) -> Re
         problems = [_format_error(e, prov, path) for e in exc.errors(include_url=False)]
         raise RecipeError(problems, header=f"Recipe {path.name} is not valid") from None
     overridden = sorted(k for k, v in prov.items() if v == COMMAND_LINE)
-    problems = [
-        f"{_rule_site(prov, field, path, overridden)}: {field}: {msg}."
-        for field, msg in cross_field_problems(recipe)
-    ]
+    problems = [f"{_rule_site(prov, field, path, overridden)}: {field}: {msg}."
+                for field, msg in cross_field_problems(recipe)]
     if problems:
         raise RecipeError(problems, header=f"Recipe {path.name} is not valid")
     return recipe
 
 
 def _rule_site(prov: dict[str, Path], field: str, path: Path, overridden: list[str]) -> str:
-    """Where a cross-field rule broke: the field's file, and the command-line overrides when they
-    took part (a rule reported at a field from the file may have been broken by an override of
-    another field)."""
+    """Where a cross-field rule broke: the field's file, and the command-line overrides when they took part (a rule
+    reported at a field from the file may have been broken by an override of another field)."""
     file = _where(prov, field, path)
     if file == COMMAND_LINE or not overridden:
         return str(file)
@@ -508,8 +376,7 @@ def _rule_site(prov: dict[str, Path], field: str, path: Path, overridden: list[s
 
 
 def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = ()) -> Recipe:
-    """Find, read, merge, override and validate a recipe; raises RecipeError listing every
-    problem."""
+    """Find, read, merge, override and validate a recipe; raises RecipeError listing every problem."""
     path = find_recipe(str(name_or_path))
     data, prov = load_tree(path)
     data = apply_overrides(data, prov, overrides)
@@ -521,3 +388,5 @@ def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = ()) -> Reci
 
 def dump_yaml(recipe: Recipe) -> str:
     return yaml.safe_dump(recipe.resolved(), sort_keys=False, default_flow_style=None, width=110)
+
+

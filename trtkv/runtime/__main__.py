@@ -1,5 +1,4 @@
-"""`python -m trtkv.runtime ENGINE_DIR [--items N]`: the quiz agreement of the engine's KV
-format."""
+"""`python -m trtkv.runtime ENGINE_DIR [--items N]`: the quiz agreement of the engine's KV format."""
 
 import sys
 

@@ -16,7 +16,7 @@ that overlaps a measured request's arrival delays its first token by a whole ste
 events say when).
 
     python -m trtkv.serving.supervise RECIPE [section.key=value ...]     (what `trtkv serve` runs, detached)
-"""  # noqa: E501
+"""
 
 from __future__ import annotations
 
@@ -45,11 +45,9 @@ EVENTS = "events.jsonl"
 LOG = "supervisor.log"
 QUIET_DIR = "quiet"  # serve/quiet/<pid>.json: a benchmark in progress asks for no canaries
 MAX_BACKOFF_S = 60.0
-# What Triton answers for a model instance whose Python backend stub died: a definite failure,
-# restart at once
+# What Triton answers for a model instance whose Python backend stub died: a definite failure, restart at once
 DEAD_INSTANCE = "is not healthy"
-# a failed server's in-flight requests never finish: do not wait tritonserver's 30 s exit timeout
-STOP_TIMEOUT_S = 5.0
+STOP_TIMEOUT_S = 5.0  # a failed server's in-flight requests never finish: do not wait tritonserver's 30 s exit timeout
 
 
 def events_path(recipe: Recipe) -> Path:
@@ -61,8 +59,7 @@ def record_path(recipe: Recipe) -> Path:
 
 
 def read_record(recipe: Recipe) -> SupervisorRecord | None:
-    """The supervisor's record, or None when there is none or it cannot be read (a half-written or
-    foreign file)."""
+    """The supervisor's record, or None when there is none or it cannot be read (a half-written or foreign file)."""
     try:
         return SupervisorRecord.load(serve_dir(recipe))
     except TrtkvError:
@@ -73,8 +70,8 @@ EVENTS_TAIL_BYTES = 256 << 10  # the end of events.jsonl that `status` reads (th
 
 
 def read_events(recipe: Recipe, last: int = 10) -> list[dict[str, Any]]:
-    """The last events: JSON objects with a string `time` and `event`; any other line (damaged, not
-    UTF-8, not an object) is left out, and only the file's last EVENTS_TAIL_BYTES are read."""
+    """The last events: JSON objects with a string `time` and `event`; any other line (damaged, not UTF-8, not an
+    object) is left out, and only the file's last EVENTS_TAIL_BYTES are read."""
     try:
         with events_path(recipe).open("rb") as fh:
             fh.seek(max(0, fh.seek(0, os.SEEK_END) - EVENTS_TAIL_BYTES))
@@ -87,11 +84,7 @@ def read_events(recipe: Recipe, last: int = 10) -> list[dict[str, Any]]:
             entry = strict_json(line)
         except ValueError:
             continue
-        if (
-            isinstance(entry, dict)
-            and isinstance(entry.get("time"), str)
-            and isinstance(entry.get("event"), str)
-        ):
+        if isinstance(entry, dict) and isinstance(entry.get("time"), str) and isinstance(entry.get("event"), str):
             out.append(entry)
     return out[-last:]
 
@@ -101,8 +94,7 @@ def quiet_dir(recipe: Recipe) -> Path:
 
 
 def quiet_holders(recipe: Recipe) -> list[dict[str, Any]]:
-    """The live processes that asked for quiet (a holder that died without cleaning up is removed
-    here)."""
+    """The live processes that asked for quiet (a holder that died without cleaning up is removed here)."""
     holders = []
     for path in sorted(quiet_dir(recipe).glob("*.json")):
         try:
@@ -119,38 +111,22 @@ def quiet_holders(recipe: Recipe) -> list[dict[str, Any]]:
 
 @contextmanager
 def quiet(recipe: Recipe, who: str, address: str | None = None) -> Iterator[bool]:
-    """Ask the recipe's supervisor to send no canaries while the block runs (a benchmark of its
-    server). `address`: the HOST:PORT being measured (None: the recorded server's own); another
-    server's address asks nothing. Yields whether it asked."""
+    """Ask the recipe's supervisor to send no canaries while the block runs (a benchmark of its server). `address`:
+    the HOST:PORT being measured (None: the recorded server's own); another server's address asks nothing. Yields
+    whether it asked."""
     from trtkv.contracts.artifacts import ServerRecord
 
     server = ServerRecord.load(serve_dir(recipe)) if alive(recipe) else None
-    ours = server is not None and (
-        address is None
-        or address.split("://", 1)[-1].rstrip("/")
-        in (
-            f"{host}:{port}"
-            for host in (server.client_host, server.host)
-            for port in (server.http_port, server.grpc_port)
-        )
-    )
+    ours = server is not None and (address is None or address.split("://", 1)[-1].rstrip("/") in (
+        f"{host}:{port}" for host in (server.client_host, server.host) for port in (server.http_port, server.grpc_port)))
     if not ours:
         yield False
         return
     path = quiet_dir(recipe) / f"{os.getpid()}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(
-        json.dumps(
-            {
-                "pid": os.getpid(),
-                "command": [sys.executable],
-                "who": who,
-                "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            }
-        )
-        + "\n"
-    )
+    tmp.write_text(json.dumps({"pid": os.getpid(), "command": [sys.executable], "who": who,
+                               "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
     tmp.replace(path)
     try:
         yield True
@@ -162,9 +138,8 @@ SUPERVISOR_MODULE = "trtkv.serving.supervise"
 
 
 def _runs(record: SupervisorRecord) -> bool:
-    """True while the recorded supervisor process runs, proven: the same pid and start time; in a
-    record without a start time (older trtkv), the live process's whole command line is the recorded
-    supervisor command."""
+    """True while the recorded supervisor process runs, proven: the same pid and start time; in a record without a
+    start time (older trtkv), the live process's whole command line is the recorded supervisor command."""
     found = sessions.stat(record.pid)
     if found is None or found[0] in ("Z", "X"):
         return False
@@ -182,30 +157,18 @@ def alive(recipe: Recipe) -> SupervisorRecord | None:
 
 
 def orphaned(recipe: Recipe) -> SupervisorRecord | None:
-    """The record of a supervisor that is gone without cleaning up (killed): its server runs
-    unsupervised."""
+    """The record of a supervisor that is gone without cleaning up (killed): its server runs unsupervised."""
     record = read_record(recipe)
     return record if record and not _runs(record) else None
 
 
 class Supervisor:
-    def __init__(
-        self,
-        recipe: Recipe,
-        *,
-        interval_s: float = 5.0,
-        failures: int = 2,
-        max_restarts: int = 5,
-        window_s: float = 600.0,
-        backoff_s: float = 2.0,
-        canaries: int | None = None,
-        canary_timeout_s: float = 15.0,
-        log: Callable[[str], None] = print,
-    ) -> None:
+    def __init__(self, recipe: Recipe, *, interval_s: float = 5.0, failures: int = 2, max_restarts: int = 5,
+                 window_s: float = 600.0, backoff_s: float = 2.0, canaries: int | None = None,
+                 canary_timeout_s: float = 15.0, log: Callable[[str], None] = print) -> None:
         self.recipe, self.interval_s, self.failures = recipe, interval_s, failures
         self.max_restarts, self.window_s, self.backoff_s = max_restarts, window_s, backoff_s
-        # None: health.default_canaries (Triton: 2 per instance; OpenAI servers: 1)
-        self.canaries = canaries
+        self.canaries = canaries  # None: health.default_canaries (Triton: 2 per instance; OpenAI servers: 1)
         self.quiet_for: list[str] = []
         self.canary_timeout_s = canary_timeout_s
         self.log = log
@@ -223,62 +186,40 @@ class Supervisor:
 
     def save(self, state: str) -> None:
         self.state = state
-        SupervisorRecord(
-            pid=_pid(),
-            start_time=sessions.start_time(_pid()),
-            command=[sys.executable, "-m", "trtkv.serving.supervise", *sys.argv[1:]],
-            state=state,
-            interval_s=self.interval_s,
-            failures=self.failures,
-            max_restarts=self.max_restarts,
-            window_s=self.window_s,
-            restarts=len(self.restarts),
-            updated_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        ).save(serve_dir(self.recipe))
+        SupervisorRecord(pid=_pid(), start_time=sessions.start_time(_pid()),
+                         command=[sys.executable, "-m", "trtkv.serving.supervise", *sys.argv[1:]], state=state,
+                         interval_s=self.interval_s, failures=self.failures, max_restarts=self.max_restarts,
+                         window_s=self.window_s, restarts=len(self.restarts),
+                         updated_at=time.strftime("%Y-%m-%dT%H:%M:%S%z")).save(serve_dir(self.recipe))
 
     # -- the loop
     def probe(self) -> tuple[str, str]:
-        """(state, cause) from the real canaries: healthy, degraded, dead (an instance is reported
-        dead) or down."""
+        """(state, cause) from the real canaries: healthy, degraded, dead (an instance is reported dead) or down."""
         from trtkv.serving import health
 
         holders = [f"{h.get('who', '?')} (pid {h.get('pid')})" for h in quiet_holders(self.recipe)]
         if holders != self.quiet_for:
             if holders:
-                self.event(
-                    "quiet",
-                    holders=holders,
-                    note="no canaries while measured; alive and ready only",
-                )
+                self.event("quiet", holders=holders, note="no canaries while measured; alive and ready only")
             else:
                 self.event("canaries_resumed")
             self.quiet_for = holders
-        result = health.check(
-            self.recipe, canaries=0 if holders else self.canaries, timeout_s=self.canary_timeout_s
-        )
+        result = health.check(self.recipe, canaries=0 if holders else self.canaries, timeout_s=self.canary_timeout_s)
         failed = [p for p in result.checks.get("canaries", []) if not p["ok"]]
         if result.state == "absent":
             return "down", "no server recorded (server.json is gone)"
         if result.state == "down":
-            why = (
-                "the server process exited"
-                if not result.checks.get("alive")
-                else "the ready endpoint does not answer "
-                f"({result.checks.get('ready_error', 'not 200')})"
-            )
+            why = ("the server process exited" if not result.checks.get("alive")
+                   else f"the ready endpoint does not answer ({result.checks.get('ready_error', 'not 200')})")
             return "down", why
         if failed:
             dead = [p for p in failed if DEAD_INSTANCE in p["detail"]]
-            return (
-                "dead" if dead else "degraded",
-                f"{len(failed)} of {len(result.checks['canaries'])} canaries failed: "
-                f"{(dead or failed)[0]['detail']}",
-            )
+            return ("dead" if dead else "degraded",
+                    f"{len(failed)} of {len(result.checks['canaries'])} canaries failed: {(dead or failed)[0]['detail']}")
         return "healthy", ""
 
     def run(self, rounds: int | None = None) -> int:
-        """Probe until stopped (or `rounds` probes, for tests); returns 0 when stopped, 1 when it
-        gave up."""
+        """Probe until stopped (or `rounds` probes, for tests); returns 0 when stopped, 1 when it gave up."""
         self.save("healthy")
         self.event("supervising", interval_s=self.interval_s, canaries=self.canaries or "default")
         bad, n = 0, 0
@@ -296,8 +237,7 @@ class Supervisor:
                 bad += 1
                 self.event("probe_failed", state=state, cause=cause, in_a_row=bad)
                 self.save("degraded" if state == "dead" else state)
-                # a slow canary alone may be load: twice
-                if state in ("down", "dead") or bad >= self.failures:
+                if state in ("down", "dead") or bad >= self.failures:  # a slow canary alone may be load: twice
                     if not self.restart(cause):
                         return 1
                     bad = 0
@@ -305,19 +245,13 @@ class Supervisor:
         return 0
 
     def restart(self, cause: str) -> bool:
-        """Stop and start the server; False when the restart budget is spent (the supervisor then
-        gives up)."""
+        """Stop and start the server; False when the restart budget is spent (the supervisor then gives up)."""
         from trtkv.serving import serve
 
         now = time.monotonic()
         self.restarts = [t for t in self.restarts if now - t < self.window_s]
         if len(self.restarts) >= self.max_restarts:
-            self.event(
-                "gave_up",
-                cause=cause,
-                restarts_in_window=len(self.restarts),
-                window_s=self.window_s,
-            )
+            self.event("gave_up", cause=cause, restarts_in_window=len(self.restarts), window_s=self.window_s)
             self.save("failed")
             return False
         wait = min(MAX_BACKOFF_S, self.backoff_s * 2 ** len(self.restarts))
@@ -336,44 +270,28 @@ class Supervisor:
             self.event("restart_failed", cause=str(exc).splitlines()[0])
             self.save("down")
             return True  # the next probe sees it down and tries again, within the budget
-        self.event(
-            "restarted",
-            pid=info.pid if info else None,
-            seconds=round(time.monotonic() - started, 1),
-            ready_seconds=info.ready_seconds if info else None,
-        )
+        self.event("restarted", pid=info.pid if info else None, seconds=round(time.monotonic() - started, 1),
+                   ready_seconds=info.ready_seconds if info else None)
         self.save("healthy")
         return True
 
     def clean(self, stopped: Any) -> bool:
-        """Say what ending the old server's session did; False (gave up) when some process of it
-        could not be ended: a restart beside it would loop (its port, its GPU memory)."""
+        """Say what ending the old server's session did; False (gave up) when some process of it could not be ended:
+        a restart beside it would loop (its port, its GPU memory)."""
         if stopped is None:
             self.event("cleaned", processes=0, note="cleaned: 0 processes (no server recorded)")
             return True
         ended = len(stopped.cleanup.ended)
         if not stopped.done:
-            left = stopped.cleanup.left + [
-                f"pid {p} (not proven the server's)" for p in stopped.doubtful
-            ]
+            left = stopped.cleanup.left + [f"pid {p} (not proven the server's)" for p in stopped.doubtful]
             left += [stopped.container_failed] if stopped.container_failed else []
-            self.event(
-                "cleanup_failed",
-                ended=ended,
-                left=left,
-                note="a process in D state waits on the kernel; EPERM: not ours. Not restarting "
-                "beside it.",
-            )
+            self.event("cleanup_failed", ended=ended, left=left,
+                       note="a process in D state waits on the kernel; EPERM: not ours. Not restarting beside it.")
             self.event("gave_up", cause="the old server's session could not be emptied", left=left)
             self.save("failed")
             return False
-        self.event(
-            "cleaned",
-            processes=ended,
-            seconds=stopped.cleanup.seconds,
-            gpu=stopped.gpu_note,
-            note=f"cleaned: {ended} processes",
-        )
+        self.event("cleaned", processes=ended, seconds=stopped.cleanup.seconds, gpu=stopped.gpu_note,
+                   note=f"cleaned: {ended} processes")
         return True
 
     def sleep(self, seconds: float) -> None:
@@ -389,64 +307,44 @@ def _pid() -> int:
 
 
 def spawn(recipe: Recipe, spec: list[str], log: Callable[[str], None] = print) -> SupervisorRecord:
-    """Start the supervisor for `recipe` detached (its own session); `spec`: the recipe name or path
-    and overrides."""
+    """Start the supervisor for `recipe` detached (its own session); `spec`: the recipe name or path and overrides."""
     out = serve_dir(recipe)
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "trtkv.serving.supervise", *spec]
     with (out / LOG).open("ab") as fh:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
     deadline = time.monotonic() + 30.0
     while time.monotonic() < deadline:  # its first record says it is running
         record = read_record(recipe)
         if record and record.pid == proc.pid:
-            log(
-                f"serve: supervisor (pid {proc.pid}) probes {recipe.name} with real one-token "
-                f"inferences every {record.interval_s:g} s and restarts it when it fails; events "
-                f"in {events_path(recipe)}"
-            )
+            log(f"serve: supervisor (pid {proc.pid}) probes {recipe.name} with real one-token inferences every "
+                f"{record.interval_s:g} s and restarts it when it fails; events in {events_path(recipe)}")
             return record
         if proc.poll() is not None:
             break
         time.sleep(0.1)
-    raise TrtkvError(
-        f"the supervisor for {recipe.name} did not start (exit {proc.poll()}); see {out / LOG}"
-    )
+    raise TrtkvError(f"the supervisor for {recipe.name} did not start (exit {proc.poll()}); see {out / LOG}")
 
 
 def stop(recipe: Recipe, timeout_s: float = 30.0, log: Callable[[str], None] = print) -> bool:
-    """End the recipe's supervisor (its whole session); a record left by a killed one is removed and
-    said so."""
+    """End the recipe's supervisor (its whole session); a record left by a killed one is removed and said so."""
     record = read_record(recipe)
     if record is None:
         return False
     pid = record.pid
     if not _runs(record):  # gone, or the pid now runs something else: nothing is signalled
         record_path(recipe).unlink(missing_ok=True)
-        now = (
-            ""
-            if sessions.stat(pid) is None
-            else f"; {sessions.describe(pid)}, not the supervisor: not signalled"
-        )
-        log(
-            f"stop: the supervisor (pid {pid}) was already gone (killed?){now}: its server ran "
-            f"unsupervised; removed {SUPERVISOR_JSON}"
-        )
+        now = "" if sessions.stat(pid) is None else f"; {sessions.describe(pid)}, not the supervisor: not signalled"
+        log(f"stop: the supervisor (pid {pid}) was already gone (killed?){now}: its server ran unsupervised; removed "
+            f"{SUPERVISOR_JSON}")
         return False
     start = record.start_time if record.start_time is not None else sessions.start_time(pid)
     cleanup = sessions.stop_session(sessions.Session(pid, start), grace_s=timeout_s, log=log)
     if not cleanup.done:
-        raise StageError(
-            f"stop {recipe.name}: the supervisor (pid {pid}) left {', '.join(cleanup.left)}; kept "
-            f"{record_path(recipe)}. Next: `ps -o pid,stat,cmd -s {pid}`; end them by hand, then "
-            f"`trtkv stop {recipe.name}` again."
-        )
+        raise StageError(f"stop {recipe.name}: the supervisor (pid {pid}) left {', '.join(cleanup.left)}; kept "
+                         f"{record_path(recipe)}. Next: `ps -o pid,stat,cmd -s {pid}`; end them by hand, then `trtkv "
+                         f"stop {recipe.name}` again.")
     record_path(recipe).unlink(missing_ok=True)
     log(f"stop: supervisor (pid {pid}) stopped")
     return True
@@ -455,31 +353,18 @@ def stop(recipe: Recipe, timeout_s: float = 30.0, log: Callable[[str], None] = p
 def main(argv: list[str] | None = None) -> int:
     from trtkv.recipe import load_recipe
 
-    ap = argparse.ArgumentParser(
-        prog="python -m trtkv.serving.supervise",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = argparse.ArgumentParser(prog="python -m trtkv.serving.supervise", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("recipe")
     ap.add_argument("overrides", nargs="*")
-    ap.add_argument(
-        "--interval", type=float, default=5.0, help="seconds between probes (default 5)"
-    )
-    ap.add_argument(
-        "--canary-timeout",
-        type=float,
-        default=15.0,
-        help="seconds a one-token inference may take before it counts as failed (default 15; a "
-        "request sent to a dead instance hangs rather than fails)",
-    )
+    ap.add_argument("--interval", type=float, default=5.0, help="seconds between probes (default 5)")
+    ap.add_argument("--canary-timeout", type=float, default=15.0,
+                    help="seconds a one-token inference may take before it counts as failed (default 15; a request "
+                         "sent to a dead instance hangs rather than fails)")
     args = ap.parse_args(argv)
     recipe = load_recipe(args.recipe, args.overrides)
-    sup = Supervisor(
-        recipe,
-        interval_s=args.interval,
-        canary_timeout_s=args.canary_timeout,
-        log=lambda m: print(time.strftime("%H:%M:%S"), m, flush=True),
-    )
+    sup = Supervisor(recipe, interval_s=args.interval, canary_timeout_s=args.canary_timeout,
+                     log=lambda m: print(time.strftime("%H:%M:%S"), m, flush=True))
 
     def on_term(_signum: int, _frame: Any) -> None:
         # unwind wherever it is: a serve.start in progress stops the server it was starting
