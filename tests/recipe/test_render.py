@@ -1,4 +1,4 @@
-"""The text `trtkv init` writes (trtkv.recipe.render) and the check that settles it (trtkv.recipe.settle), without the
+"""The text `trtkv init` writes (trtkv.checkpoints.render) and the check that settles it (trtkv.recipe.settle), without the
 CLI or the planner: every family's text validates for its engine, untrusted text stays inside its comment, TP/PP
 split the heads, and a default the engine refuses moves with the reason in a comment."""
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from trtkv.checkpoints import count_parameters, read_model_facts, stored_weight_bytes
+from trtkv.checkpoints.render import DECODERS, comment_line, render, split
 from trtkv.core.errors import RecipeError
 from trtkv.recipe.plain_yaml import load_yaml
-from trtkv.recipe.render import DECODERS, Settings, comment_line, render, split
-from trtkv.recipe.settle import refusal, settle
+from trtkv.recipe.settle import Settings, refusal, settle
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 FAMILIES = sorted(p.name for p in CONFIGS.iterdir() if (p / "config.json").is_file())

@@ -6,14 +6,14 @@ as stored).
 """
 
 from trtkv.checkpoints.hf_config import ModelFacts, config_file, read_model_facts
-from trtkv.checkpoints.params import ParamCount, count_parameters, stored_weight_bytes
+from trtkv.checkpoints.params import count_parameters, stored_weight_bytes
 
 __all__ = [
-    "config_file", "count_parameters", "cpu_pin_bytes", "EngineKnobs", "gemma3_legacy_rope", "HF_ARCHITECTURES",
-    "is_hub_id", "kv_bytes_per_token_per_gpu", "local_model_dir", "model_config_path", "ModelFacts", "models",
-    "MoE", "no_knobs", "ParamCount", "read_model_facts", "reference_log_pool", "resolve_model_dir", "rope",
-    "save_tokenizer", "ServedPool", "sglang_info_tokens", "sglang_knobs", "SGLANG_VERSION", "source_problem",
-    "stored_weight_bytes", "TOKENIZER_FILES_VERSION", "trtllm_knobs", "trtllm_log_pool", "validate_hf_checkpoint",
-    "validate_trtllm_checkpoint", "vllm_block", "VLLM_DEFAULT_UTIL", "vllm_knobs", "vllm_log_tokens",
-    "vllm_metrics_blocks", "VLLM_VERSION"
+    "config_file", "count_parameters", "cpu_pin_bytes", "DECODERS", "DEFAULT_SEQ_LEN", "EngineKnobs",
+    "gemma3_legacy_rope", "HF_ARCHITECTURES", "is_hub_id", "kv_bytes_per_token_per_gpu", "local_model_dir",
+    "model_config_path", "ModelFacts", "models", "MoE", "no_knobs", "read_model_facts", "reference_log_pool",
+    "render", "resolve_model_dir", "rope", "save_tokenizer", "ServedPool", "sglang_info_tokens", "sglang_knobs",
+    "SGLANG_VERSION", "source_problem", "stored_weight_bytes", "TOKENIZER_FILES_VERSION", "trtllm_knobs",
+    "trtllm_log_pool", "validate_hf_checkpoint", "validate_trtllm_checkpoint", "vllm_block", "VLLM_DEFAULT_UTIL",
+    "vllm_knobs", "vllm_log_tokens", "vllm_metrics_blocks", "VLLM_VERSION"
 ]

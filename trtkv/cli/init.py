@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field, field_validator
 
+from trtkv.checkpoints.render import DECODERS, DEFAULT_SEQ_LEN
 from trtkv.cli.common import subparser
 from trtkv.core.errors import RecipeError
 from trtkv.core.options import Flag, Options
 from trtkv.platform.hardware import GPU, gpu_from_name, known_gpus
 from trtkv.recipe import Backend, KVCacheQuant, WeightQuant
-from trtkv.recipe.render import DECODERS, DEFAULT_SEQ_LEN, Settings
+from trtkv.recipe.settle import Settings
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -89,7 +90,7 @@ def write_recipe(name: str, model: Path, output: Path | None = None, gpu: str = 
                  count: int | None = None, kv_cache: str | None = None, backend: str | None = None, force: bool = False,
                  *, weights: str | None = None, max_seq_len: int | None = None, concurrency: int | None = None) -> Path:
     """Read the config, size TP/PP and the batch with the planner, write the recipe atomically once its engine accepts
-    it (trtkv.recipe.settle) and it plans; the text is trtkv.recipe.render's."""
+    it (trtkv.recipe.settle) and it plans; the text is trtkv.checkpoints.render's."""
     from trtkv.checkpoints import config_file, read_model_facts
     from trtkv.platform.hardware import GPU_SPECS
 
@@ -228,9 +229,9 @@ def _fits(recipe: Recipe) -> tuple[int, str]:
 
 
 def _renderer(name: str, facts: ModelFacts, source: Path) -> Callable[[Settings], str]:
-    """The recipe text for each attempt's settings (trtkv.recipe.render), the parameters counted once."""
+    """The recipe text for each attempt's settings (trtkv.checkpoints.render), the parameters counted once."""
     from trtkv.checkpoints import count_parameters, stored_weight_bytes
-    from trtkv.recipe.render import render
+    from trtkv.checkpoints.render import render
 
     params = count_parameters(facts)
     stored = stored_weight_bytes(facts, params, 2.0)

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from trtkv.contracts import contents
 from trtkv.core import paths
@@ -32,9 +32,23 @@ from trtkv.core.files import naming
 from trtkv.core.process import pid_alive
 from trtkv.version import __version__
 
-if TYPE_CHECKING:  # the stage contract is foundation: it reads a recipe's name, path and hashes, never its schema
+if TYPE_CHECKING:
     from trtkv.contracts.artifacts import Manifest
-    from trtkv.recipe import Recipe
+
+
+class Recipe(Protocol):
+    """What the stage contract reads of a recipe (trtkv.recipe.Recipe): its name, path and hashes, never its schema.
+    A protocol, so this foundation module names no package above it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def path(self) -> Path | None: ...
+
+    def resolved(self) -> dict[str, Any]: ...
+
+    def section_hash(self, *sections: str) -> str: ...
 
 MANIFEST = "manifest.json"
 TOOLS = ("nvidia-modelopt", "tensorrt_llm", "transformers", "torch", "tritonclient", "nvidia-pytriton")

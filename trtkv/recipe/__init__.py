@@ -12,7 +12,7 @@ is read as plain data: bounded in bytes, nesting and aliases, duplicate keys ref
 The most used names are importable from here; the work is in the modules: `schema` (enums and sections; the bench
 section in `bench_section`), `loader` (files, includes, overrides, error messages), `names` (the recipe-name rule),
 `plain_yaml` (bounded YAML), `rules` (cross-field rules), `reference` (the recipe table in docs/recipes.md), `layout`
-(stage folders), `attention` (layer kinds), `render` and `settle` (the text `trtkv init` writes). `__all__` is the
+(stage folders), `attention` (layer kinds), `settle` (the check of the text `trtkv init` writes). `__all__` is the
 package's face: every name other packages import, from here or from its module (tests/test_exported_members.py).
 """
 
@@ -25,13 +25,13 @@ __all__ = [
     "Accounting", "ACCOUNTING_TEXT", "Artifacts", "AttentionKind", "Backend", "batch_for", "bench_dir", "BenchTask",
     "build_notes", "bytes_by_attention", "check_config_field", "check_recipe_name", "checkpoint_dir",
     "checkpoint_tokenizer_dir", "compact_layers", "CONFIG_FIELDS", "container_artifacts", "container_mounts",
-    "CONTAINER_ROOT", "cross_field_problems", "DECODERS", "DEFAULT_SEQ_LEN", "dump_yaml", "engine_dir",
-    "ENGINE_KV_FORMATS", "fidelity_dir", "gated_deltanet", "gemm_plugin_choice", "HF", "HF_CONFIG",
-    "HF_EXPORT_BACKENDS", "HF_EXPORT_ONLY", "host_artifacts", "hybrid_block_size", "KV_ACCOUNTING", "KV_ALGO",
-    "kv_cache_quant_algo", "kv_heads_split", "KVCacheQuant", "KVShape", "layer_formats", "LayerAttention", "layout",
-    "list_recipes", "load_recipe", "mamba1", "mamba2", "MAX_LIST", "MAX_SWEEP_LENGTHS", "ModelDtype",
-    "parse_layers", "prefix_cache", "probe_dir", "Protocol", "RANGES", "Recipe", "recipe_name", "refusal", "render",
-    "repo_dir", "sequence_kv_bytes", "serve_dir", "served_artifacts", "served_kv_formats", "Settings", "settle",
-    "SLO_PATTERN", "SPEED_ENGINE", "STATE_DTYPE_BYTES", "state_dtypes", "state_from_dict", "StateSpec", "summary",
-    "to_container", "VLLM_BLOCK_CPU", "VLLM_BLOCK_GPU", "vllm_hybrid_on", "WEIGHT_ALGOS", "WeightQuant", "WORD"
+    "CONTAINER_ROOT", "cross_field_problems", "dump_yaml", "engine_dir", "ENGINE_KV_FORMATS", "fidelity_dir",
+    "gated_deltanet", "gemm_plugin_choice", "HF", "HF_CONFIG", "HF_EXPORT_BACKENDS", "HF_EXPORT_ONLY",
+    "host_artifacts", "hybrid_block_size", "KV_ACCOUNTING", "KV_ALGO", "kv_cache_quant_algo", "kv_heads_split",
+    "KVCacheQuant", "KVShape", "layer_formats", "LayerAttention", "layout", "list_recipes", "load_recipe", "mamba1",
+    "mamba2", "MAX_LIST", "MAX_SWEEP_LENGTHS", "ModelDtype", "parse_layers", "prefix_cache", "probe_dir",
+    "Protocol", "RANGES", "Recipe", "recipe_name", "refusal", "repo_dir", "sequence_kv_bytes", "serve_dir",
+    "served_artifacts", "served_kv_formats", "Settings", "settle", "SLO_PATTERN", "SPEED_ENGINE",
+    "STATE_DTYPE_BYTES", "state_dtypes", "state_from_dict", "StateSpec", "summary", "to_container",
+    "VLLM_BLOCK_CPU", "VLLM_BLOCK_GPU", "vllm_hybrid_on", "WEIGHT_ALGOS", "WeightQuant", "WORD"
 ]

@@ -1,10 +1,11 @@
-"""The check that the recipe text `trtkv init` renders (trtkv.recipe.render) validates for its engine, in memory under
+"""The check that the recipe text `trtkv init` renders (trtkv.checkpoints.render) validates for its engine, in memory under
 the user's file name. A default the engine refuses is changed where one field settles it (weights none -> fp8 for
 vLLM's ModelOpt loader, max_num_tokens raised to max_input_len for trtllm-build without paged context FMHA); anything
 else is refused naming the user's file and the flag that set it. Also the batch init sizes from what fits."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from trtkv.core.errors import RecipeError
@@ -13,8 +14,30 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
 
-    from trtkv.recipe.render import Settings
     from trtkv.recipe.schema import Recipe
+
+DEFAULT_NUM_TOKENS = 8192  # tokens per engine step (vLLM's max_num_batched_tokens)
+
+
+@dataclass
+class Settings:
+    """The engine settings of one attempt: init changes weights/num_tokens/batch between attempts, never the flags."""
+
+    gpu: str
+    count: int
+    kv: str
+    weights: str
+    backend: str
+    seq_len: int
+    batch: int
+    num_tokens: int = DEFAULT_NUM_TOKENS
+    why: dict[str, str] = field(default_factory=dict)  # field -> why init moved it off its default (a comment)
+
+    @property
+    def input_len(self) -> int:
+        """Longest prompt: max_seq_len less an eighth kept for the answer."""
+        return max(1, self.seq_len - max(1, self.seq_len // 8))
+
 
 MAX_BATCH = 256  # the most sequences init sizes max_batch_size to (vLLM's max_num_seqs below 70 GiB); --concurrency
 CPU_BATCH = 16  # the CPU's capacity is the host's RAM, so a fixed batch keeps the recipe the same on every machine

@@ -10,11 +10,11 @@ early) or a double-quoted scalar.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from trtkv.core.tools import quote
 from trtkv.recipe.attention import compact_layers, summary
+from trtkv.recipe.settle import Settings
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 
 GIB = 1024**3
 DEFAULT_SEQ_LEN = 32768
-DEFAULT_NUM_TOKENS = 8192  # tokens per engine step (vLLM's max_num_batched_tokens)
 GPU_LENGTHS = (1024, 4096, 16384, 32768)  # needle haystacks and probe lengths on a GPU (as recipes/_base/gpu_serving)
 CPU_LENGTHS = (512, 1024, 2048, 4096, 8192)  # the schema's probe lengths (a CPU forward pass per length)
 # model_type -> the decoder type of ModelOpt's / TensorRT-LLM's export (model.architecture)
@@ -32,26 +31,6 @@ DECODERS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen", "qwen3": "qwe
             "qwen3_moe": "qwen", "gemma2": "gemma2", "gemma3": "gemma3", "gemma3_text": "gemma3", "gpt_oss": "gpt_oss",
             "llama4": "llama4", "llama4_text": "llama4", "deepseek_v2": "deepseek_v2", "deepseek_v3": "deepseek_v3",
             "kimi_k2": "deepseek_v3", "mixtral": "llama"}
-
-
-@dataclass
-class Settings:
-    """The engine settings of one attempt: init changes weights/num_tokens/batch between attempts, never the flags."""
-
-    gpu: str
-    count: int
-    kv: str
-    weights: str
-    backend: str
-    seq_len: int
-    batch: int
-    num_tokens: int = DEFAULT_NUM_TOKENS
-    why: dict[str, str] = field(default_factory=dict)  # field -> why init moved it off its default (a comment)
-
-    @property
-    def input_len(self) -> int:
-        """Longest prompt: max_seq_len less an eighth kept for the answer."""
-        return max(1, self.seq_len - max(1, self.seq_len // 8))
 
 
 def render(name: str, facts: ModelFacts, source: Path, settings: Settings, *, params: ParamCount,
