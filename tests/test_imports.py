@@ -123,6 +123,8 @@ def test_no_cycle_even_through_annotation_imports() -> None:
              for name, path in modules.items()}
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+    packages = find_cycle(package_graph(graph))  # packages too: recipe -> checkpoints for a type closed a loop once
+    assert packages is None, "package cycle through annotation imports: " + " -> ".join(packages or [])
 
 
 # The four layers, imports only downward (a package may import its own layer while the package graph stays acyclic).
