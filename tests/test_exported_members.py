@@ -116,7 +116,7 @@ def test_every_face_name_is_used_outside_and_exists() -> None:
 
 
 def test_the_check_sees_an_import_past_the_face() -> None:
-    tree = ast.parse("from trtkv.recipe.loader import load_tree\nimport trtkv.kvcache.cache\n"
+    tree = ast.parse("from trtkv.recipe.tree import load_tree\nimport trtkv.kvcache.cache\n"
                      "def f():\n    from trtkv.core import paths\n")
     assert sorted(imports_from(tree)) == [("core", "paths"), ("kvcache", "cache"), ("recipe", "load_tree")]
     assert "load_tree" not in face("recipe") and "cache" not in face("kvcache")

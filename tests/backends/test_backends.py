@@ -20,6 +20,10 @@ BACKENDS_DIR = PACKAGE / "backends"
 SEAM_MODULES = {"trtkv.backends", "trtkv.backends.seam"}  # what a stage may import: the face and the protocol types
 # expressions that say which backend, layout or server it is: compared to any string literal, they are a backend branch
 WHICH = {"repo_layout", "layout", "server", "framework", "frontend_layout"}
+# The backends' recipe rules, in the model layer: each backend's refusals, the engine formats it serves, the memory
+# knobs it reads, its engine's prefix-cache default
+RULE_MODULES = {PACKAGE / "recipe" / name for name in
+                ("backend_rules.py", "engine_formats.py", "memory_knobs.py", "prefix_cache.py")}
 
 
 def test_every_backend_has_its_object_rules_and_data() -> None:
@@ -126,7 +130,7 @@ def _called(node: ast.Call) -> str:
 def stage_modules() -> list[Path]:
     """Everything under trtkv/ but the backends themselves and their recipe rules (the model layer's)."""
     return sorted(p for p in PACKAGE.rglob("*.py") if BACKENDS_DIR not in p.parents and "templates" not in p.parts
-                  and p != PACKAGE / "recipe" / "backend_rules.py")
+                  and p not in RULE_MODULES)
 
 
 def test_no_stage_imports_a_concrete_backend_or_branches_on_a_backends_name() -> None:
@@ -179,13 +183,13 @@ def test_the_seam_check_leaves_capability_questions_alone(line: str) -> None:
 
 def test_no_backend_branches_outside_the_backends_package() -> None:
     """`if backend is Backend.X` lives in trtkv/backends/ and in each backend's recipe rules
-    (trtkv/recipe/backend_rules.py) only (the recipe field's default is the one other use; a name interpolated into
-    help text, `{Backend.X.value}`, is no branch)."""
+    (trtkv/recipe/backend_rules.py and the other RULE_MODULES) only (the recipe field's default is the one other use;
+    a name interpolated into help text, `{Backend.X.value}`, is no branch)."""
     pattern = re.compile(r"Backend\.(TENSORRT|LLMAPI|REFERENCE|VLLM)(?!\.value\})")
     found = []
     for path in PACKAGE.rglob("*.py"):
         if ("backends" in path.relative_to(PACKAGE).parts or "templates" in path.parts
-                or path == PACKAGE / "recipe" / "backend_rules.py"):
+                or path in RULE_MODULES):
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if pattern.search(line) and "Field(Backend.TENSORRT" not in line and line.strip() != "Backend.TENSORRT,":

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from trtkv.contracts import stage
+from trtkv.contracts import outputs, stage
 from trtkv.core.errors import StageError
 from trtkv.deploy import Options, Target, deploy
 from trtkv.recipe import load_recipe
@@ -106,12 +106,12 @@ def test_probe_and_compare_outputs_are_claimed_or_refused(tmp_path: Path) -> Non
     with pytest.raises(StageError, match="probe: --output"):
         probe_output(recipe, _users_folder(tmp_path / "mine"))
     fresh = probe_output(recipe, tmp_path / "probe")
-    assert (fresh / stage.OWNER).is_file()
+    assert (fresh / outputs.OWNER).is_file()
     assert probe_output(recipe, fresh) == fresh  # a resumed probe of the same recipe
     with pytest.raises(StageError, match="`probe` output of recipe 'smollm2_fp8kv'"):
         probe_output(load_recipe("smollm2_int8kv"), fresh)
     with pytest.raises(StageError, match="compare: --output"):
-        stage.in_place_output(tmp_path / "mine", tmp_path / "unused", "compare", "compare")
+        outputs.in_place_output(tmp_path / "mine", tmp_path / "unused", "compare", "compare")
 
 
 @pytest.mark.parametrize("name", [".", "..", "a/b", ".hidden", "x\ny"])

@@ -12,7 +12,7 @@ from trtkv.backends import vllm
 from trtkv.core.errors import TrtkvError
 from trtkv.kvcache import engines
 from trtkv.recipe import load_recipe
-from trtkv.recipe.backend_rules import capability_holds
+from trtkv.recipe.engine_formats import capability_holds
 from trtkv.recipe.layout import kv_cache_quant_algo
 from trtkv.recipe.schema import ENGINE_KV_FORMATS, KVCacheQuant
 

@@ -11,8 +11,8 @@ import pytest
 
 from trtkv.core.errors import RecipeError
 from trtkv.recipe import load_recipe
-from trtkv.recipe.loader import parse_override
 from trtkv.recipe.plain_yaml import MAX_DEPTH
+from trtkv.recipe.tree import parse_override
 
 from .conftest import Writer
 

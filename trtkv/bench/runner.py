@@ -205,7 +205,8 @@ def _normalize(records: Sequence[RequestRecord], t0: int) -> None:
 
 def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     """The whole benchmark; results are written even when interrupted or when an SLO fails."""
-    from trtkv.contracts.stage import check_output, run_stage, tool_versions
+    from trtkv.contracts.outputs import check_output
+    from trtkv.contracts.stage import run_stage, tool_versions
 
     output = opts.output or bench_dir(recipe)
     check_output(output, "bench", recipe.name)  # before measuring: a folder it may not replace is refused at once

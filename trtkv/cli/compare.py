@@ -32,7 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from trtkv.contracts.stage import in_place_output
+    from trtkv.contracts.outputs import in_place_output
     from trtkv.core import paths
     from trtkv.recipe import load_recipe
     from trtkv.report.chain import run_chain

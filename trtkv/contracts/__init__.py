@@ -1,6 +1,7 @@
 """Foundation layer: what stages, servers and clients agree on: the stage contract (trtkv.contracts.stage: manifest,
-up-to-date skip, atomic output), the typed files stages hand each other (artifacts), the request interface of a served
-model (interface) and the one-token canary request built from it (canary)."""
+up-to-date skip, atomic output; the output folders trtkv may replace, leftovers and the atomic swap in outputs), the typed
+files stages hand each other (artifacts), the request interface of a served model (interface) and the one-token canary
+request built from it (canary)."""
 
 __all__ = [
     "Artifact", "BenchEndpoint", "BenchResults", "BenchSLOs", "BenchWorkload", "canary_script", "CANARY_TIMEOUT_S",

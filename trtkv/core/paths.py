@@ -90,6 +90,6 @@ def sibling_stem(name: str, room: int) -> str:
 def temp_sibling(path: Path, tag: str, pid: int | None = None) -> Path:
     """`.<name>.<tag>-<pid>` beside `path`: the temporary or old copy a stage writes before the rename. Its name
     always fits in NAME_MAX bytes, also for a legal 250-byte `path` name (the name is shortened with its digest);
-    trtkv.contracts.stage.remove_leftovers recognises both forms."""
+    trtkv.contracts.outputs.remove_leftovers recognises both forms."""
     suffix = f".{tag}-{os.getpid() if pid is None else pid}"
     return path.parent / f".{sibling_stem(path.name, NAME_MAX - 1 - len(suffix))}{suffix}"

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from trtkv.contracts.stage import OWNER, check_output, remove_leftovers, replace_folder
+from trtkv.contracts.outputs import OWNER, check_output, remove_leftovers, replace_folder
 from trtkv.core import paths
 from trtkv.core.errors import StageError
 from trtkv.core.files import naming

@@ -14,13 +14,14 @@ from trtkv.plan.speed import AIC_SYSTEM, KVCost, ModelShape, Serving, kernels_fo
 from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe import Recipe, WeightQuant
 from trtkv.recipe.attention import AttentionKind, layer_formats
-from trtkv.recipe.backend_rules import SPEED_ENGINE, served_kv_formats
+from trtkv.recipe.backend_rules import SPEED_ENGINE
+from trtkv.recipe.engine_formats import served_kv_formats
 
 NVFP4_ONLY_WHERE = (KVFormat.NVFP4,)  # NVFP4 KV: the GPUs GPUSpec.nvfp4_kv names (SM100/103), as recipe.rules says
 
 
 def engine_formats(recipe: Recipe) -> list[tuple[str, KVFormat]]:
-    """(label, format) of every KV format the recipe's engine serves (recipe.backend_rules.served_kv_formats), the
+    """(label, format) of every KV format the recipe's engine serves (recipe.engine_formats.served_kv_formats), the
     recipe's own first; one 16-bit row (fp16 and bf16 cost the same), NVFP4 on Blackwell only."""
     out: list[tuple[str, KVFormat]] = [(recipe.kv_format_label, recipe.kv_format)]
     seen = {recipe.kv_format}

@@ -88,7 +88,7 @@ class _Progress:
 def probe_output(recipe: Recipe, output: Path | None) -> Path:
     """The probe's folder, created: it writes its cache and results in place, so a user's --output must be new,
     empty or an earlier probe of this recipe."""
-    from trtkv.contracts.stage import in_place_output
+    from trtkv.contracts.outputs import in_place_output
     from trtkv.recipe.layout import probe_dir
 
     return in_place_output(Path(output) if output is not None else None, probe_dir(recipe), "probe", recipe.name)

@@ -10,10 +10,12 @@ Recipe names are checked where a recipe is found (`check_recipe_name`, for other
 is read as plain data: bounded in bytes, nesting and aliases, duplicate keys refused.
 
 The most used names are importable from here; the work is in the modules: `schema` (enums and sections; the bench
-section in `bench_section`), `loader` (files, includes, overrides, error messages), `names` (the recipe-name rule),
-`plain_yaml` (bounded YAML), `rules` (cross-field rules), `reference` (the recipe table in docs/recipes.md), `layout`
-(stage folders), `attention` (layer kinds), `settle` (the check of the text `trtkv init` writes). `__all__` is the
-package's face: every name other packages import, from here or from its module (tests/test_exported_members.py).
+section in `bench_section`, the model section in `model_section`), `loader` (finding files, validation, error messages;
+includes and overrides in `tree`), `names` (the recipe-name rule), `plain_yaml` (bounded YAML), `rules` (cross-field
+rules; each backend's in `backend_rules`, `engine_formats`, `memory_knobs`), `reference` (the recipe table in
+docs/recipes.md), `layout` (stage folders), `attention` (layer kinds), `settle` (the check of the text `trtkv init`
+writes). `__all__` is the package's face: every name other packages import, from here or from its module
+(tests/test_exported_members.py).
 """
 
 from trtkv.recipe.loader import dump_yaml, list_recipes, load_recipe, recipe_name

@@ -24,7 +24,7 @@ class KVCacheQuant(str, Enum):
     NVFP4 = "nvfp4"  # Blackwell (SM100/103): E2M1 values, an E4M3 scale per 16 elements, K and V global scales
     NONE = "none"
     # Engine formats (trtkv/data/kv_formats.json): deployable where that table has a row for the backend's engine
-    # (trtkv.recipe.backend_rules.engine_format_problems); nothing to calibrate, or scale 1.0 for fp8_cast.
+    # (trtkv.recipe.engine_formats.engine_format_problems); nothing to calibrate, or scale 1.0 for fp8_cast.
     FP8_CAST = "fp8_cast"  # ModelOpt's default --kv_cache_qformat: FP8 E4M3 with scale 1.0 (no KV scales written)
     INT8_PER_TOKEN_HEAD = "int8_per_token_head"  # vLLM: dynamic float32 scale per token and KV head
     FP8_PER_TOKEN_HEAD = "fp8_per_token_head"
@@ -47,7 +47,7 @@ ENGINE_KV_FORMATS = (KVCacheQuant.FP8_CAST, KVCacheQuant.INT8_PER_TOKEN_HEAD, KV
 
 
 # Engine formats whose static scales trtkv's calibrate computes and writes in the form that engine reads (a row in
-# trtkv/data/kv_formats.json names the engine; trtkv.recipe.backend_rules.engine_format_problems checks it).
+# trtkv/data/kv_formats.json names the engine; trtkv.recipe.engine_formats.engine_format_problems checks it).
 CALIBRATED_ENGINE_KV_FORMATS = (KVCacheQuant.FP8_ATTN_HEAD,)
 
 

@@ -22,10 +22,41 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trtkv.recipe.backend_rules import prefix_cache_default
-from trtkv.recipe.schema import Recipe
+from trtkv.platform.hardware import GPU
+from trtkv.recipe.schema import Backend, KVCacheQuant, Recipe
 
 FIELD = "triton.enable_kv_cache_reuse"
+
+
+# Prefix caching (KV block reuse): each engine's default, limited by the recipe's format and build
+TRTLLM_API_DEFAULT = "TensorRT-LLM's KvCacheConfig.enable_block_reuse default (True)"
+TRITON_CPP_DEFAULT = "Triton's tensorrtllm backend default (enable_kv_cache_reuse unset: true)"
+
+
+def prefix_cache_default(recipe: Recipe) -> tuple[bool, str]:
+    """(the engine's prefix-cache default for this recipe, why), the format and build's limits applied
+    (sources: trtkv.recipe.prefix_cache)."""
+    backend = recipe.build.backend
+    if backend is Backend.REFERENCE or (backend is Backend.LLMAPI and recipe.hardware.gpu is GPU.CPU):
+        return False, "off: trtkv's reference runtime (CPU) keeps no prefix cache"
+    if backend is Backend.TENSORRT:
+        if not recipe.paged_context_fmha:
+            return False, f"off: KV block reuse needs an engine built with paged context FMHA, off here ({_fmha_why(recipe)})"
+        return True, TRITON_CPP_DEFAULT
+    if backend is Backend.LLMAPI:
+        return True, TRTLLM_API_DEFAULT
+    if backend is Backend.VLLM:
+        return True, "vLLM's default for a generative decoder model (prefix caching on)"
+    return True, "SGLang's default (radix cache on)"
+
+
+def _fmha_why(recipe: Recipe) -> str:
+    kv = recipe.quantization.kv_cache
+    if kv is KVCacheQuant.INT8:
+        return "KV cache int8: TensorRT-LLM refuses paged context FMHA with it"
+    if kv is KVCacheQuant.FP8 and not recipe.fp8_kv_and_weights:
+        return f"KV cache fp8, weights {recipe.quantization.weights.value}: FP8 paged context FMHA needs FP8 weights"
+    return "build.use_paged_context_fmha is false"
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,13 @@
 """Cross-field rules: what no single field can say (tp x pp vs GPUs, lengths, FP8 hardware, ports, ...), plus each
-backend's own rules (trtkv.recipe.backend_rules)."""
+backend's own rules (trtkv.recipe.backend_rules, engine_formats, memory_knobs)."""
 
 from __future__ import annotations
 
 from trtkv.platform.hardware import GPU, GPU_SPECS, gpus_where
 from trtkv.recipe import prefix_cache
-from trtkv.recipe.backend_rules import BACKEND_RULES, engine_format_problems, memory_knob_problems
+from trtkv.recipe.backend_rules import BACKEND_RULES
+from trtkv.recipe.engine_formats import engine_format_problems
+from trtkv.recipe.memory_knobs import memory_knob_problems
 from trtkv.recipe.schema import BenchTask, GemmPlugin, KVCacheQuant, Recipe, WeightQuant
 
 
