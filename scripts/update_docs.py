@@ -21,7 +21,7 @@ from trtkv.cli.registry import outputs_markdown  # noqa: E402
 from trtkv.deploy.pods import skips_markdown  # noqa: E402
 from trtkv.kvcache.attention_modes import table_markdown as attention_markdown  # noqa: E402
 from trtkv.kvcache.engines import table_markdown as kv_formats_markdown  # noqa: E402
-from trtkv.platform.hardware import table_markdown as gpu_table_markdown  # noqa: E402
+from trtkv.platform.gpu_capabilities import table_markdown as gpu_table_markdown  # noqa: E402
 from trtkv.platform.versions import table_markdown  # noqa: E402
 from trtkv.recipe.reference import limits_markdown, reference_markdown  # noqa: E402
 

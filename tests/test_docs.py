@@ -53,7 +53,7 @@ def test_kv_formats_table_is_current() -> None:
 
 
 def test_gpu_table_is_current() -> None:
-    from trtkv.platform.hardware import table_markdown as gpu_table_markdown
+    from trtkv.platform.gpu_capabilities import table_markdown as gpu_table_markdown
 
     assert generated("docs/plan.md", "gpu-table") == gpu_table_markdown().strip(), (
         "docs/plan.md GPU table is stale: run `python scripts/update_docs.py`")

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from trtkv.checkpoints import read_model_facts
-from trtkv.checkpoints.hf_config import ModelConfigError
+from trtkv.checkpoints.hf_config_fields import ModelConfigError
 from trtkv.cli import init
 from trtkv.core.errors import RecipeError
 from trtkv.plan.planner import plan

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from trtkv.checkpoints import count_parameters, read_model_facts
-from trtkv.checkpoints.hf_config import ModelConfigError
+from trtkv.checkpoints.hf_config_fields import ModelConfigError
 from trtkv.recipe.attention import AttentionKind, LayerAttention
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"

@@ -18,7 +18,7 @@ from trtkv.cli import main
 from trtkv.contracts.canary import canary_script, health_cmd
 from trtkv.core import paths
 from trtkv.core.errors import RecipeError, StageError
-from trtkv.deploy import Options, Target, check, deploy, dynamo, k8s, pods, resources
+from trtkv.deploy import Options, Target, check, deploy, dynamo, k8s, k8s_commands, pods, resources
 from trtkv.deploy.check import check_object, crd_schema_info
 from trtkv.deploy.launch import REQUIRE_KEY, TRITON_LIVE, TRITON_READY
 from trtkv.deploy.sizing import Sizing
@@ -164,7 +164,7 @@ def test_16_gpus_on_8_gpu_nodes_is_a_leaderworkerset_of_two(tmp_path: Path) -> N
 def test_leader_lists_every_pod_of_its_group_with_its_slots() -> None:
     """The host list the leader hands mpirun, computed by bash from LWS's environment (pod DNS names per LWS
     v0.10.0's pod_utils: leader <lws>-<group>.<subdomain>.<ns>, worker i <lws>-<group>-<i>.<subdomain>.<ns>)."""
-    snippet = k8s.WORKER_HOSTS.replace("{slots}", "8") + 'echo "$HOSTS"'
+    snippet = k8s_commands.WORKER_HOSTS.replace("{slots}", "8") + 'echo "$HOSTS"'
     env = {"LWS_LEADER_ADDRESS": "trtkv-x-1.trtkv-x.prod", "LWS_GROUP_SIZE": "3", "PATH": "/usr/bin:/bin"}
     hosts = subprocess.run(["bash", "-c", snippet], env=env, capture_output=True, text=True, check=True).stdout.strip()
     assert hosts == "trtkv-x-1.trtkv-x.prod:8,trtkv-x-1-1.trtkv-x.prod:8,trtkv-x-1-2.trtkv-x.prod:8"
@@ -187,7 +187,7 @@ def test_llmapi_across_nodes_runs_trtllm_serve_under_mpirun_and_vllm_uses_ray(tm
     assert "--distributed-executor-backend ray" in leader["command"][2]
     assert "--kv-cache-dtype fp8" in leader["command"][2]
     assert worker["command"][2].startswith("until ray start --address=$LWS_LEADER_ADDRESS:6379 --node-manager-port=6380")
-    assert worker["livenessProbe"]["tcpSocket"] == {"port": k8s.RAY_NODE_PORT}
+    assert worker["livenessProbe"]["tcpSocket"] == {"port": k8s_commands.RAY_NODE_PORT}
     assert 'sum(n["Alive"] for n in ray.nodes())' in leader["command"][2]
 
 

@@ -19,7 +19,7 @@ import yaml
 
 from trtkv.core.apikey import API_KEY_ENV, API_KEY_FILE_ENV, TRITON_KEY_HEADER, auth_headers
 from trtkv.core.errors import StageError
-from trtkv.deploy import Options, Target, deploy, k8s, launch, pods, render, slurm
+from trtkv.deploy import Options, Target, deploy, k8s, k8s_commands, launch, pods, render, slurm
 from trtkv.deploy.check import check_object
 from trtkv.deploy.sizing import size
 from trtkv.recipe import load_recipe
@@ -230,7 +230,7 @@ def test_the_readme_known_hosts_line_pins_every_lws_pod(tmp_path: Path) -> None:
     subprocess.run(["bash", "-ec", "\n".join(steps)], cwd=tmp_path, check=True, timeout=30)
     name = k8s.k8s_name(recipe)
     env = {"LWS_LEADER_ADDRESS": f"{name}-0.{name}.prod", "LWS_GROUP_SIZE": "2", "PATH": "/usr/bin:/bin"}
-    hosts = subprocess.run(["bash", "-c", k8s.WORKER_HOSTS.replace("{slots}", "8") + 'echo "$HOSTS"'], env=env,
+    hosts = subprocess.run(["bash", "-c", k8s_commands.WORKER_HOSTS.replace("{slots}", "8") + 'echo "$HOSTS"'], env=env,
                            capture_output=True, text=True, check=True).stdout.strip().split(",")
     for host in hosts:
         found = subprocess.run(["ssh-keygen", "-F", f"[{host.rsplit(':', 1)[0]}]:{launch.SSH_PORT}", "-f",
@@ -241,8 +241,8 @@ def test_the_readme_known_hosts_line_pins_every_lws_pod(tmp_path: Path) -> None:
     assert other.returncode == 1
     lws = next(o for o in docs(out) if o["kind"] == "LeaderWorkerSet")
     script = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["command"][2]
-    assert "StrictHostKeyChecking=yes" in script and f"UserKnownHostsFile={k8s.SSH_KNOWN_HOSTS}" in script
-    assert f"-h {k8s.SSH_HOST_KEY}" in script and "ssh-keygen -A" not in script
+    assert "StrictHostKeyChecking=yes" in script and f"UserKnownHostsFile={k8s_commands.SSH_KNOWN_HOSTS}" in script
+    assert f"-h {k8s_commands.SSH_HOST_KEY}" in script and "ssh-keygen -A" not in script
 
 
 def _tritonserver() -> Path | None:

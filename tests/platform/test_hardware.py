@@ -8,7 +8,9 @@ import re
 import pytest
 
 from trtkv.core.errors import TrtkvError
-from trtkv.platform.hardware import GIB, GPU, GPU_SPECS, ONE_PER_SM, gpu_from_name, gpus_where, same_sm
+from trtkv.platform.gpu_capabilities import ONE_PER_SM, gpus_where, same_sm
+from trtkv.platform.gpu_names import gpu_from_name
+from trtkv.platform.hardware import GIB, GPU, GPU_SPECS
 from trtkv.recipe import load_recipe
 
 # The GPUs issue #37 asks for, by trtkv's names.

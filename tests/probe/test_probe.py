@@ -201,7 +201,8 @@ def test_mixed_cache_stores_skipped_layers_in_16_bit() -> None:
 
 def test_serving_asks_the_recipe_rules_per_engine_and_gpu() -> None:
     """Which engines serve a probed configuration comes from the same rules `trtkv build` applies."""
-    from trtkv.platform.hardware import GPU, GPU_SPECS, ONE_PER_SM
+    from trtkv.platform.gpu_capabilities import ONE_PER_SM
+    from trtkv.platform.hardware import GPU, GPU_SPECS
     from trtkv.probe.serving import served_by, serving, usable_gpus
 
     recipe = load_recipe("smollm2_fp8kv")  # FP8 weights: no A100 (SM80) or A10 (SM86)

@@ -1,11 +1,14 @@
 """Model checkpoints as the planner and `trtkv init` see them: the model's facts, parameters, stored precision.
 
 `hf_config` (reading config.json, text_config included, refusing what is not priced; each layer's attention as
-trtkv.recipe.attention names it, the one home of those facts), `params` (parameters counted from the shapes, bytes
-as stored).
+trtkv.recipe.attention names it, the one home of those facts), with `hf_config_fields` (the file read as untrusted
+text, its fields checked), `hf_attention_layers` (each layer's attention from the config's fields) and `model_facts`
+(the facts' record), `params` (parameters counted from the shapes, bytes as stored).
 """
 
-from trtkv.checkpoints.hf_config import ModelFacts, config_file, read_model_facts
+from trtkv.checkpoints.hf_config import read_model_facts
+from trtkv.checkpoints.hf_config_fields import config_file
+from trtkv.checkpoints.model_facts import ModelFacts
 from trtkv.checkpoints.params import count_parameters, stored_weight_bytes
 
 __all__ = [

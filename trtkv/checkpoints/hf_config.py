@@ -7,14 +7,18 @@ Mistral-style per-layer `sliding_window` list), chunked local attention (`attent
 MLA (`kv_lora_rank`, `qk_rope_head_dim`), multimodal configs (`text_config`); Gated DeltaNet and Mamba hybrids and Gemma
 4's per-layer geometry through trtkv.checkpoints.hybrid_config. Other state-space and linear-attention families are
 refused by name with what trtkv would need to price them.
+
+The file read and its fields checked: trtkv.checkpoints.hf_config_fields; each layer's attention:
+trtkv.checkpoints.hf_attention_layers; the facts' record: trtkv.checkpoints.model_facts.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtkv.checkpoints.hf_attention_layers import LAYER_TYPE_WORDS, _layers
+from trtkv.checkpoints.hf_config_fields import ModelConfigError, _int, check_fields, config_file, load_config
 from trtkv.checkpoints.hybrid_config import (
     GEMMA4_TYPES,
     NO_CACHE_WORDS,
@@ -24,18 +28,9 @@ from trtkv.checkpoints.hybrid_config import (
     gemma4_layers,
     read_hybrid,
 )
-from trtkv.core.errors import RecipeError
-from trtkv.core.files import NotReadable, read_json
+from trtkv.checkpoints.model_facts import ModelFacts, MoE, StoredQuant
 from trtkv.recipe.attention import AttentionKind, LayerAttention
-from trtkv.recipe.limits import CONFIG_FIELDS, MAX_LIST, WORD, check_config_field
-from trtkv.recipe.state import StateSpec
 
-MAX_CONFIG_BYTES = 4 * 1024 * 1024  # a config.json is a few KB; refuse anything that is not one
-# Fields read as words, flags and lists (the numbers' ranges are trtkv.recipe.limits.CONFIG_FIELDS). Every word that
-# reaches a recipe, a comment or a command is one of these, so it cannot carry a newline or a quote.
-WORD_FIELDS = ("model_type", "torch_dtype", "dtype", "quant_method", "quant_algo", "mamba_ssm_cache_dtype")
-FLAG_FIELDS = ("use_sliding_window", "tie_word_embeddings", "attention_k_eq_v")
-LIST_FIELDS = ("layer_types", "no_rope_layers", "moe_layers", "mlp_only_layers", "layers_block_type")
 # model_type -> what its non-attention layers are and why trtkv does not price them (refused rather than mispriced)
 _READ = ("trtkv prices the fixed state of Gated DeltaNet (qwen3_next, qwen3_5) and of the Mamba layers of nemotron_h, "
          "granitemoehybrid and jamba")
@@ -53,127 +48,7 @@ REFUSED_MODEL_TYPES = {
     "recurrent_gemma": f"RecurrentGemma (RG-LRU layers; {_READ})",
     "rwkv": f"RWKV (recurrent layers; {_READ})",
 }
-LAYER_TYPE_WORDS = {"full_attention": AttentionKind.FULL, "sliding_attention": AttentionKind.SLIDING,
-                    "chunked_attention": AttentionKind.CHUNKED, "attention": AttentionKind.FULL}
 SINK_MODEL_TYPES = {"gpt_oss": "gpt-oss: learned per-head attention sinks (one logit per head, no KV cost)"}
-
-
-class ModelConfigError(RecipeError):
-    """A config.json trtkv cannot read: names the file, the field and the next step."""
-
-    def __init__(self, problems: list[str]) -> None:
-        super().__init__(problems, header="Model config not readable")
-
-
-@dataclass
-class MoE:
-    num_experts: int
-    experts_per_token: int
-    expert_intermediate_size: int
-    shared_intermediate_size: int  # 0 when none (all shared experts together)
-    moe_layers: tuple[int, ...]
-    source: str
-
-
-@dataclass
-class StoredQuant:
-    method: str
-    weight_bytes: float  # bytes per quantized weight, scales included
-    quantized: str  # which weights: "linear" (all linear layers but routers) or "experts"
-    source: str
-
-
-@dataclass
-class ModelFacts:
-    path: Path
-    model_type: str
-    architectures: list[str]
-    num_layers: int
-    num_attention_heads: int
-    num_kv_heads: int
-    head_dim: int
-    hidden_size: int
-    intermediate_size: int | None
-    vocab_size: int | None
-    max_position_embeddings: int | None
-    tie_word_embeddings: bool
-    layers: tuple[LayerAttention, ...]
-    attention_source: str
-    v_head_dim: int | None = None
-    kv_lora_rank: int | None = None
-    qk_rope_head_dim: int | None = None
-    qk_nope_head_dim: int | None = None
-    q_lora_rank: int | None = None
-    sparse_mla: bool = False
-    sinks: str | None = None
-    moe: MoE | None = None
-    quant: StoredQuant | None = None
-    dtype: str | None = None
-    prefix: str = ""  # "text_config." for multimodal configs
-    notes: list[str] = field(default_factory=list)
-    state: StateSpec | None = None  # the fixed per-sequence state of the linear / mamba layers
-    state_params: float = 0.0  # parameters of one state layer's mixer
-    attention_layers: tuple[int, ...] | None = None  # layers with attention projections (None: every layer)
-    dense_mlp_layers: tuple[int, ...] | None = None  # layers with a dense MLP (None: every layer without experts)
-    mlp_matrices: int = 3  # gated MLP (gate, up, down); 2 for an ungated one (Nemotron-H's relu2)
-    config_ssm_dtype: str | None = None  # the config's mamba_ssm_cache_dtype (vLLM's Nemotron-H default)
-
-
-def config_file(path: Path) -> Path:
-    """The config.json in `path` (a folder) or `path` itself."""
-    return path / "config.json" if path.is_dir() else path
-
-
-def load_config(path: Path) -> dict[str, Any]:
-    """The parsed config.json, read as untrusted text (trtkv.core.files: a regular file, at most MAX_CONFIG_BYTES,
-    strict JSON); ModelConfigError naming the file and the next step."""
-    file = config_file(path)
-    try:
-        data = read_json(file, MAX_CONFIG_BYTES, "model config")
-    except NotReadable as exc:
-        raise ModelConfigError([f"{file}: {exc.problem}. Next: pass a model folder holding config.json, or the "
-                                f"model's config.json itself as published with its weights."]) from None
-    if not isinstance(data, dict):
-        raise ModelConfigError([f"{file}: the top level is {type(data).__name__}, not an object. Next: pass the "
-                                f"model's config.json."])
-    return data
-
-
-def check_fields(cfg: dict[str, Any], prefix: str = "") -> list[str]:
-    """Every problem with the fields trtkv reads: numbers within trtkv.recipe.limits' ranges (CONFIG_FIELDS), words
-    (model_type, dtype, architectures, quant_method) as identifiers, flags as booleans, layer lists as lists. A
-    problem names the field (with `prefix`, e.g. "text_config.")."""
-    problems: list[str] = []
-    for name, value in cfg.items():
-        if name in CONFIG_FIELDS:
-            problems += check_config_field(name, value)
-        elif name in WORD_FIELDS and value is not None and not _word(value):
-            problems.append(f"{name}: {_shown(value)} is not a name (letters, digits, '_', '-', '.'; 1-128)")
-        elif name in FLAG_FIELDS and value is not None and not isinstance(value, bool):
-            problems.append(f"{name}: {_shown(value)} is not true or false")
-        elif name in LIST_FIELDS and value is not None and (not isinstance(value, list) or len(value) > MAX_LIST):
-            problems.append(f"{name}: {_shown(value)} is not a list of at most {MAX_LIST} entries")
-    archs = cfg.get("architectures")
-    if archs is not None and not (isinstance(archs, list) and len(archs) <= 16 and all(_word(a) for a in archs)):
-        problems.append(f"architectures: {_shown(archs)} is not a list of class names")
-    types = cfg.get("layer_types")
-    if isinstance(types, list) and not all(isinstance(t, str) and _word(t) for t in types):
-        problems.append(f"layer_types: {_shown(types)} holds entries that are not layer-type words")
-    quant = cfg.get("quantization_config")
-    if quant is not None and not isinstance(quant, dict):
-        problems.append(f"quantization_config: {_shown(quant)} is not an object")
-    elif isinstance(quant, dict):
-        problems += [f"quantization_config.{p}" for p in check_fields(quant)]
-    return [f"{prefix}{p}" for p in problems]
-
-
-def _word(value: Any) -> bool:
-    return isinstance(value, str) and WORD.fullmatch(value) is not None
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def read_model_facts(path: Path) -> ModelFacts:
@@ -281,10 +156,6 @@ def _hybrid_mlp(cfg: dict[str, Any], f: ModelFacts, hybrid: HybridFacts) -> None
         f.moe.shared_intermediate_size = _int(cfg.get("shared_intermediate_size")) or 0
 
 
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-
 def _mla(cfg: dict[str, Any], f: ModelFacts) -> None:
     rank, rope = _int(cfg.get("kv_lora_rank")), _int(cfg.get("qk_rope_head_dim"))
     if rank is None:
@@ -295,87 +166,6 @@ def _mla(cfg: dict[str, Any], f: ModelFacts) -> None:
     f.q_lora_rank = _int(cfg.get("q_lora_rank"))
     f.head_dim = f.qk_nope_head_dim + f.qk_rope_head_dim  # q/k head dim; hidden // heads is not it for MLA
     f.sparse_mla = _int(cfg.get("index_topk")) is not None
-
-
-def _layers(cfg: dict[str, Any], f: ModelFacts, file: Path) -> tuple[tuple[LayerAttention, ...], str]:
-    """Per-layer attention and the fields it came from."""
-    n, p = f.num_layers, f.prefix
-    if f.kv_lora_rank:
-        return (LayerAttention(AttentionKind.MLA),) * n, f"{p}kv_lora_rank + {p}qk_rope_head_dim (MLA)"
-    window = cfg.get("sliding_window")
-    chunk = _int(cfg.get("attention_chunk_size"))
-    types = cfg.get("layer_types")
-    if isinstance(types, list) and types:
-        if len(types) != n:
-            raise ModelConfigError([f"{file}: {p}layer_types has {len(types)} entries for {p}num_hidden_layers {n}. "
-                                    f"Next: fix the config (one entry per layer)."])
-        unknown = sorted({str(t) for t in types if t not in LAYER_TYPE_WORDS})
-        if unknown:
-            raise ModelConfigError([f"{file}: {p}layer_types holds {', '.join(unknown)}: not attention trtkv prices "
-                                    f"(known: {', '.join(LAYER_TYPE_WORDS)}); state-space and linear-attention layers "
-                                    f"are refused until priced. Next: plan an attention-only model."])
-        out = []
-        for t in types:
-            kind = LAYER_TYPE_WORDS[t]
-            size = _window(window, file, p) if kind is AttentionKind.SLIDING else chunk if kind is AttentionKind.CHUNKED \
-                else None
-            if kind is not AttentionKind.FULL and not size:
-                raise ModelConfigError([f"{file}: {p}layer_types says {t} but {p}"
-                                        f"{'sliding_window' if kind is AttentionKind.SLIDING else 'attention_chunk_size'}"
-                                        f" is missing. Next: fix the config."])
-            out.append(LayerAttention(kind, size) if size else LayerAttention(AttentionKind.FULL))
-        src = f"{p}layer_types" + (f" + {p}sliding_window" if window else "") + (f" + {p}attention_chunk_size"
-                                                                                  if chunk else "")
-        return tuple(out), src
-    if chunk:
-        nope = cfg.get("no_rope_layers")
-        if isinstance(nope, list) and len(nope) == n:
-            rope = [bool(x) for x in nope]
-            src = f"{p}attention_chunk_size + {p}no_rope_layers"
-        else:
-            interval = _int(cfg.get("no_rope_layer_interval")) or 4
-            rope = [(i + 1) % interval != 0 for i in range(n)]
-            src = f"{p}attention_chunk_size + {p}no_rope_layer_interval {interval} (transformers' default when " \
-                  f"no_rope_layers is empty)"
-        return tuple(LayerAttention(AttentionKind.CHUNKED, chunk) if r else LayerAttention(AttentionKind.FULL)
-                     for r in rope), src
-    if cfg.get("use_sliding_window") is False:  # Qwen2/Qwen3: the window is set but off
-        return (LayerAttention(AttentionKind.FULL),) * n, f"{p}use_sliding_window false"
-    if isinstance(window, list):  # Mistral-style per-layer list, repeated over the layers
-        if not window:
-            raise ModelConfigError([f"{file}: {p}sliding_window: an empty list (a per-layer list needs one entry per "
-                                    f"layer, null for a full layer). Next: fix the config."])
-        sizes = [_window(w, file, p) if w else None for w in window]
-        mpe = f.max_position_embeddings
-        out = [LayerAttention(AttentionKind.SLIDING, s) if s and (mpe is None or s < mpe) else
-               LayerAttention(AttentionKind.FULL) for s in (sizes[i % len(sizes)] for i in range(n))]
-        return tuple(out), f"{p}sliding_window (a per-layer list, repeated)"
-    if window is None:
-        return (LayerAttention(AttentionKind.FULL),) * n, \
-            f"no {p}layer_types, sliding_window or attention_chunk_size: every layer full"
-    size = _window(window, file, p)
-    pattern = _int(cfg.get("sliding_window_pattern"))
-    if pattern is None and f.model_type == "gemma2":
-        pattern = 2  # Gemma 2 alternates in code (even layers sliding); its config.json has no pattern
-    if pattern:
-        src = f"{p}sliding_window + {p}sliding_window_pattern {pattern}" if cfg.get("sliding_window_pattern") else \
-            f"{p}sliding_window + Gemma 2's alternation (layer i sliding when i is even)"
-        return tuple(LayerAttention(AttentionKind.SLIDING, size) if (i + 1) % pattern else
-                     LayerAttention(AttentionKind.FULL) for i in range(n)), src
-    first_full = _int(cfg.get("max_window_layers")) if "use_sliding_window" in cfg else None
-    if first_full is not None:  # Qwen2 with use_sliding_window true: layers from max_window_layers on slide
-        return tuple(LayerAttention(AttentionKind.SLIDING, size) if i >= first_full else
-                     LayerAttention(AttentionKind.FULL) for i in range(n)), \
-            f"{p}use_sliding_window + {p}sliding_window + {p}max_window_layers {first_full}"
-    return (LayerAttention(AttentionKind.SLIDING, size),) * n, f"{p}sliding_window (every layer, Mistral-7B-v0.1 style)"
-
-
-def _window(value: Any, file: Path, prefix: str) -> int:
-    size = _int(value)
-    if size is None:
-        raise ModelConfigError([f"{file}: {prefix}sliding_window: {value!r} is not a positive integer. Next: fix the "
-                                f"config."])
-    return size
 
 
 def _moe(cfg: dict[str, Any], f: ModelFacts) -> MoE | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trtkv.checkpoints.hf_config import ModelFacts
+from trtkv.checkpoints.model_facts import ModelFacts
 from trtkv.recipe.attention import AttentionKind, LayerAttention
 
 

@@ -19,7 +19,7 @@ from trtkv.recipe.settle import Settings
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from trtkv.checkpoints.hf_config import ModelFacts
+    from trtkv.checkpoints.model_facts import ModelFacts
     from trtkv.checkpoints.params import ParamCount
 
 GIB = 1024**3

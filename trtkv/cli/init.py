@@ -14,7 +14,8 @@ from trtkv.checkpoints.render import DECODERS, DEFAULT_SEQ_LEN
 from trtkv.cli.common import subparser
 from trtkv.core.errors import RecipeError
 from trtkv.core.options import Flag, Options
-from trtkv.platform.hardware import GPU, gpu_from_name, known_gpus
+from trtkv.platform.gpu_names import gpu_from_name, known_gpus
+from trtkv.platform.hardware import GPU
 from trtkv.recipe import Backend, KVCacheQuant, WeightQuant
 from trtkv.recipe.settle import Settings
 

@@ -2,7 +2,8 @@
 (trtkv.deploy.loader); a Deployment when one replica fits on one node, else a LeaderWorkerSet (one pod per node, the
 leader runs the multi-node launch); a PodDisruptionBudget past one replica; a Service on the serving pods; a
 NetworkPolicy. Pod-level parts (placement, resources, probes, security, the wait for the loader) are trtkv.deploy.pods'.
-GPU-bound replicas roll out without spare GPUs: Recreate for one replica, maxSurge 0 past it."""
+GPU-bound replicas roll out without spare GPUs: Recreate for one replica, maxSurge 0 past it. What the containers run
+(the one-node command, the leader's and workers' scripts) is trtkv.deploy.k8s_commands'."""
 
 from __future__ import annotations
 
@@ -12,23 +13,14 @@ from typing import Any
 
 from trtkv.core.errors import StageError
 from trtkv.deploy import pods
-from trtkv.deploy.launch import (
-    REQUIRE_KEY,
-    SSH_DIR,
-    SSH_PORT,
-    SSH_WAIT_S,
-    Launch,
-    ray_head,
-    ray_worker,
-    shell_join,
-)
+from trtkv.deploy.k8s_commands import RAY_NODE_PORT, leader_script, single_command, worker_script
+from trtkv.deploy.launch import SSH_PORT, Launch
 from trtkv.deploy.resources import server_resources
 from trtkv.deploy.sizing import Sizing
 from trtkv.recipe import Recipe
 
 LWS_API = "leaderworkerset.x-k8s.io/v1"
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
-RAY_NODE_PORT = 6380  # the workers' raylet (--node-manager-port): their probes' port
 DEFAULT_CLIENTS = "trtkv-client=true"
 DEFAULT_PROMETHEUS = "app.kubernetes.io/name=prometheus"
 DEFAULT_PROMETHEUS_NAMESPACE = "kubernetes.io/metadata.name=monitoring"
@@ -129,63 +121,11 @@ def _pod_spec(recipe: Recipe, launch: Launch, containers: list[dict[str, Any]], 
             "securityContext": pods.pod_security(launch.uid), "terminationGracePeriodSeconds": 60}
 
 
-SSH_HOST_KEY = f"{SSH_DIR}/ssh_host_ed25519_key"  # one host key for every pod of the deployment, from the Secret
-SSH_KNOWN_HOSTS = f"{SSH_DIR}/known_hosts"  # its line for the LWS pods' DNS names (the README's secret step)
-# sshd as the image's own non-root user (no privilege separation, no capabilities: it logs in that same user only)
-SSHD = (f"/usr/sbin/sshd -e -p {SSH_PORT} -h {SSH_HOST_KEY} -o PidFile=/tmp/sshd.pid -o UsePAM=no "
-        f"-o PermitRootLogin=no -o AuthorizedKeysFile={SSH_DIR}/authorized_keys -o StrictModes=no "
-        "-o PasswordAuthentication=no -o KbdInteractiveAuthentication=no -o AllowTcpForwarding=no "
-        "-o X11Forwarding=no -o PermitTunnel=no")
-SSH_OPTIONS = (f"-p {SSH_PORT} -i {SSH_DIR}/id_ed25519 -o IdentitiesOnly=yes -o StrictHostKeyChecking=yes "
-               f"-o UserKnownHostsFile={SSH_KNOWN_HOSTS} -o GlobalKnownHostsFile=/dev/null -o BatchMode=yes")
-
-
 def known_hosts_pattern(recipe: Recipe) -> str:
     """The known_hosts host pattern of every pod of the LeaderWorkerSet (LWS v0.10.0 DNS names: leader
     <lws>-<group>.<lws>.<namespace>, worker <lws>-<group>-<i>.<lws>.<namespace>) on the sshd port."""
     name = k8s_name(recipe)
     return f"[{name}-*.{name}.*]:{SSH_PORT}"
-
-
-WORKER_HOSTS = ('NAME=${LWS_LEADER_ADDRESS%%.*}; DOMAIN=${LWS_LEADER_ADDRESS#*.}; HOSTS="$LWS_LEADER_ADDRESS:{slots}"; '
-                'for i in $(seq 1 $((LWS_GROUP_SIZE - 1))); do HOSTS="$HOSTS,$NAME-$i.$DOMAIN:{slots}"; done; ')
-WAIT_SSH = ('for h in $(echo "$HOSTS" | tr , " "); do h=${h%:*}; n=0; '
-            f'until (exec 3<>/dev/tcp/$h/{SSH_PORT}) 2>/dev/null; do n=$((n+1)); '
-            f'[ $n -gt {SSH_WAIT_S // 5} ] && echo "no sshd on $h after {SSH_WAIT_S} s" >&2 && exit 1; sleep 5; done; '
-            'done; ')
-# mpirun's own install (orted on the other pods) and the image's environment for every rank; FQDNs kept whole
-MPI_PREFIX = 'MPI_HOME=$(dirname "$(dirname "$(command -v mpirun)")"); '
-MPI_ARGS = ["--prefix", "\x00MPI_HOME", "-mca", "orte_keep_fqdn_hostnames", "1", "-x", "PATH", "-x", "LD_LIBRARY_PATH",
-            "-x", "PYTHONPATH", "-x", "HOME", "-x", "TMPDIR", "-x", "USER"]
-
-
-def _keyed(launch: Launch) -> str:
-    """The key from its Secret file, then the refusal to start without one."""
-    return pods.key_from_file(launch) + REQUIRE_KEY if launch.keyed else ""
-
-
-def leader_script(launch: Launch, sizing: Sizing) -> str:
-    """bash on the leader pod: the MPI launch over every pod of the group, or the Ray head then vLLM."""
-    if launch.ray_worker:
-        return _keyed(launch) + ray_head(launch, "$LWS_GROUP_SIZE")
-    mpirun = launch.leader[:2] + ["-H", "\x00HOSTS", "-mca", "plm_rsh_args", SSH_OPTIONS, *MPI_ARGS] + launch.leader[2:]
-    cmd = shell_join(mpirun, {"\x00HOSTS": '"$HOSTS"', "\x00MPI_HOME": '"$MPI_HOME"'})
-    return (_keyed(launch) + f"{SSHD} && " + WORKER_HOSTS.replace("{slots}", str(sizing.gpus_per_pod)) + WAIT_SSH
-            + MPI_PREFIX + f"exec {cmd}")
-
-
-def worker_script(launch: Launch) -> str:
-    if launch.ray_worker:
-        return ray_worker("$LWS_LEADER_ADDRESS", RAY_NODE_PORT)
-    return SSHD.replace("/usr/sbin/sshd -e", "exec /usr/sbin/sshd -D -e")
-
-
-def single_command(launch: Launch) -> list[str]:
-    """The one-node server command; a keyed server under bash -c, which reads $TRTKV_API_KEY from the key's Secret
-    file and refuses to start with an empty key (vLLM and Triton would then take any request)."""
-    if not launch.keyed:
-        return launch.single
-    return ["bash", "-c", _keyed(launch) + "exec " + shell_join(launch.single)]
 
 
 def network_policy(recipe: Recipe, launch: Launch, fence: Fence, namespace: str) -> dict[str, Any]:

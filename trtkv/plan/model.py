@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from trtkv.checkpoints import ModelFacts, count_parameters, read_model_facts, stored_weight_bytes
-from trtkv.checkpoints.hf_config import MoE
+from trtkv.checkpoints.model_facts import MoE
 from trtkv.checkpoints.serving_memory import model_config_path
 from trtkv.core.errors import RecipeError
 from trtkv.kvcache.formats import KVFormat

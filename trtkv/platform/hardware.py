@@ -10,12 +10,11 @@ overrides it for a user's own machine. Bandwidth is the datasheet's (GB/s = 10^9
 
 `gfd_product` is GPU feature discovery's `nvidia.com/gpu.product` value: the NVML device name with every space
 replaced by '-' (NVIDIA/k8s-device-plugin internal/lm/resource.go @02f65cca, productLabel; "-SHARED" is appended
-when the GPU is time-sliced, which `gpu_from_name` strips).
+when the GPU is time-sliced, which trtkv.platform.gpu_names strips).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from enum import Enum
 
@@ -186,80 +185,3 @@ GPU_SPECS: dict[GPU, GPUSpec] = {
                        "datasheet", "datasheet: GB200 NVL72 13.4 TB HBM3e over 72 GPUs = 186 GB each; name as "
                        "vllm-project/vllm#33543 prints it", f"{_DS}: 8000 GB/s HBM3e"),
 }
-
-# Other spellings users type (lower-case); the enum value, nvidia-smi names and gfd_product are accepted as well.
-ALIASES: dict[str, GPU] = {
-    "h100": GPU.H100_80GB, "h100-sxm": GPU.H100_80GB, "h100-sxm5": GPU.H100_80GB, "h100 sxm": GPU.H100_80GB,
-    "h100-pcie-80gb": GPU.H100_PCIE, "h200": GPU.H200_141GB, "a100": GPU.A100_80GB, "a100-sxm4-80gb": GPU.A100_80GB,
-    "a100-sxm4-40gb": GPU.A100_40GB, "rtx 4090": GPU.RTX_4090, "4090": GPU.RTX_4090, "rtx 5090": GPU.RTX_5090,
-    "5090": GPU.RTX_5090, "a5000": GPU.RTX_A5000, "a6000": GPU.RTX_A6000, "rtx 6000 ada": GPU.RTX_6000_ADA,
-    "rtx pro 6000": GPU.RTX_PRO_6000, "b300-sxm6-ac": GPU.B300, "gh200-480gb": GPU.GH200,
-}
-_SPACES = re.compile(r"\s+")
-
-
-def _key(text: str) -> str:
-    return _SPACES.sub(" ", text.strip()).lower()
-
-
-def _names() -> dict[str, GPU]:
-    out = {_key(g.value): g for g in GPU}
-    for gpu, spec in GPU_SPECS.items():
-        out[_key(spec.gfd_product)] = gpu
-        for name in spec.smi_names:
-            out[_key(name)] = gpu
-            out[_key(name.replace(" ", "-"))] = gpu  # the gfd_product spelling of every NVML name
-    out.update(ALIASES)
-    return out
-
-
-NAMES = _names()
-
-
-def gpu_from_name(text: str) -> GPU | None:
-    """The GPU a user's word names: trtkv's value (H100-80GB), a name as nvidia-smi prints it (NVIDIA H100 80GB
-    HBM3), a GFD gpu.product label (NVIDIA-H100-80GB-HBM3, with or without -SHARED), or a common alias (H100)."""
-    key = _key(text)
-    if key.endswith("-shared"):
-        key = key[: -len("-shared")]
-    return NAMES.get(key)
-
-
-def known_gpus() -> str:
-    """`L4, A10, ...`: the values a recipe or `--gpu` takes (plus nvidia-smi's names)."""
-    return ", ".join(g.value for g in GPU)
-
-
-def gpus_where(test: str) -> list[str]:
-    """GPUs with a capability: `fp8`, `fp4` or `nvfp4_kv` (the table's properties), in table order."""
-    return [g.value for g, s in GPU_SPECS.items() if getattr(s, {"fp8": "has_fp8", "fp4": "has_fp4"}.get(test, test))]
-
-
-def gpus_with_arch(arch: str) -> list[str]:
-    return [g.value for g, s in GPU_SPECS.items() if s.arch == arch]
-
-
-def gpus_with_fp8() -> list[str]:
-    return gpus_where("fp8")
-
-
-# One GPU per compute capability, the datacenter part where there is one: every rule trtkv applies to a GPU reads its
-# compute capability only (not its memory), so these answer "which GPUs serve X" for the whole table.
-ONE_PER_SM: tuple[GPU, ...] = (GPU.A100_80GB, GPU.A10, GPU.L40S, GPU.H100_80GB, GPU.B200, GPU.B300, GPU.RTX_PRO_6000)
-
-
-def same_sm(gpu: GPU) -> list[str]:
-    """Every GPU of the table with `gpu`'s compute capability (`H100-80GB` -> H100-80GB, H100-PCIE, ...)."""
-    return [g.value for g, s in GPU_SPECS.items() if s.sm == GPU_SPECS[gpu].sm]
-
-
-def table_markdown() -> str:
-    """docs/plan.md's GPU table (scripts/update_docs.py keeps it in step with GPU_SPECS)."""
-    rows = ["| `hardware.gpu` | nvidia-smi name | `nvidia.com/gpu.product` | SM | arch | memory GiB | from | GB/s | FP8 | "
-            "FP4 | NVFP4 KV | sources: memory; bandwidth |", "|" + "---|" * 12]
-    yes = {True: "yes", False: "no"}
-    for gpu, s in GPU_SPECS.items():
-        rows.append(f"| `{gpu.value}` | {' / '.join(s.smi_names)} | `{s.gfd_product}` | {s.compute_capability} | "
-                    f"{s.arch} | {s.memory_gib:g} | {s.memory_basis} | {s.hbm_bandwidth_gbps:g} | {yes[s.has_fp8]} | "
-                    f"{yes[s.has_fp4]} | {yes[s.nvfp4_kv]} | {s.memory_source}; {s.bandwidth_source} |")
-    return "\n".join(rows)

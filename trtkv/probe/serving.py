@@ -9,7 +9,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from trtkv.platform.hardware import GPU, ONE_PER_SM
+from trtkv.platform.gpu_capabilities import ONE_PER_SM
+from trtkv.platform.hardware import GPU
 from trtkv.recipe import Backend, KVCacheQuant, Recipe
 
 # The recipe's quantization.kv_cache for each probe format an engine stores (fp8_scale1 is fp8 with no calibrated
@@ -22,7 +23,7 @@ KV_CACHE_OF_FORMAT = {"fp8": KVCacheQuant.FP8, "fp8_scale1": KVCacheQuant.FP8, "
 def serving(recipe: Recipe, fmt: str, keep: list[int] | None = None) -> dict[str, Any]:
     """{"engines": {backend: [GPUs it validates on]}, "why_not": {backend: first refusal}} for `fmt` with the layers
     `keep` in the model dtype, on the recipe's GPU (when the recipe runs on the CPU: one GPU per compute capability,
-    hardware.ONE_PER_SM, which stands for every GPU of the table with that capability)."""
+    gpu_capabilities.ONE_PER_SM, which stands for every GPU of the table with that capability)."""
     from trtkv.backends import BACKENDS  # importing it also registers every backend's rules in BACKEND_RULES
 
     engine_backends = [b for b, obj in BACKENDS.items() if obj.gpu_engine]

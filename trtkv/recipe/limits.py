@@ -5,8 +5,8 @@ Each range names the largest published value it admits, so a bound is a statemen
 a value outside it is a typo or a hostile file (a `num_hidden_layers` of 1e9 would make the planner build a
 multi-GB per-layer table). The ceilings leave several-fold room above the largest model named.
 
-`CONFIG_FIELDS` maps a config.json field to its range; the config reader (trtkv.checkpoints.hf_config) checks every
-field it finds there, so teaching the reader a new architecture's fields is one line each in that mapping.
+`CONFIG_FIELDS` maps a config.json field to its range; the config reader (trtkv.checkpoints.hf_config_fields) checks
+every field it finds there, so teaching the reader a new architecture's fields is one line each in that mapping.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ backend's own rules (trtkv.recipe.backend_rules, engine_formats, memory_knobs)."
 
 from __future__ import annotations
 
-from trtkv.platform.hardware import GPU, GPU_SPECS, gpus_where
+from trtkv.platform.gpu_capabilities import gpus_where
+from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe import prefix_cache
 from trtkv.recipe.backend_rules import BACKEND_RULES
 from trtkv.recipe.engine_formats import engine_format_problems

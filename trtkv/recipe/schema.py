@@ -14,7 +14,8 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from trtkv.kvcache.formats import KVFormat
 from trtkv.platform import versions
-from trtkv.platform.hardware import GPU, gpu_from_name, known_gpus
+from trtkv.platform.gpu_names import gpu_from_name, known_gpus
+from trtkv.platform.hardware import GPU
 from trtkv.recipe.bench_section import BenchConfig  # noqa: F401 - re-exported: the schema's public face
 from trtkv.recipe.enums import (  # noqa: F401 - re-exported: the schema's public face
     BACKEND_ALIASES,

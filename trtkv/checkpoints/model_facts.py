@@ -1,0 +1,65 @@
+"""The facts trtkv reads from a model's config.json (trtkv.checkpoints.hf_config fills them): `ModelFacts` (geometry,
+each layer's attention, state layers, the fields each fact came from), its experts (`MoE`) and its stored precision
+(`StoredQuant`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trtkv.recipe.attention import LayerAttention
+from trtkv.recipe.state import StateSpec
+
+
+@dataclass
+class MoE:
+    num_experts: int
+    experts_per_token: int
+    expert_intermediate_size: int
+    shared_intermediate_size: int  # 0 when none (all shared experts together)
+    moe_layers: tuple[int, ...]
+    source: str
+
+
+@dataclass
+class StoredQuant:
+    method: str
+    weight_bytes: float  # bytes per quantized weight, scales included
+    quantized: str  # which weights: "linear" (all linear layers but routers) or "experts"
+    source: str
+
+
+@dataclass
+class ModelFacts:
+    path: Path
+    model_type: str
+    architectures: list[str]
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    intermediate_size: int | None
+    vocab_size: int | None
+    max_position_embeddings: int | None
+    tie_word_embeddings: bool
+    layers: tuple[LayerAttention, ...]
+    attention_source: str
+    v_head_dim: int | None = None
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+    qk_nope_head_dim: int | None = None
+    q_lora_rank: int | None = None
+    sparse_mla: bool = False
+    sinks: str | None = None
+    moe: MoE | None = None
+    quant: StoredQuant | None = None
+    dtype: str | None = None
+    prefix: str = ""  # "text_config." for multimodal configs
+    notes: list[str] = field(default_factory=list)
+    state: StateSpec | None = None  # the fixed per-sequence state of the linear / mamba layers
+    state_params: float = 0.0  # parameters of one state layer's mixer
+    attention_layers: tuple[int, ...] | None = None  # layers with attention projections (None: every layer)
+    dense_mlp_layers: tuple[int, ...] | None = None  # layers with a dense MLP (None: every layer without experts)
+    mlp_matrices: int = 3  # gated MLP (gate, up, down); 2 for an ungated one (Nemotron-H's relu2)
+    config_ssm_dtype: str | None = None  # the config's mamba_ssm_cache_dtype (vLLM's Nemotron-H default)
