@@ -17,7 +17,7 @@ import torch
 import yaml
 
 from trtkv.backends import base as backend_base
-from trtkv.backends import llmapi, tensorrt
+from trtkv.backends import llmapi_serve, tensorrt
 from trtkv.build import stage as build
 from trtkv.cli import main
 from trtkv.core.errors import StageError
@@ -200,11 +200,11 @@ def test_context_fmha_flags_follow_tensorrt_llm_rules(overrides: tuple[str, ...]
 def test_trtllm_serve_golden_command_and_options(name: str, engines_tmp: Path) -> None:
     recipe = load_recipe(name)
     out = build.engine_dir(recipe)
-    cmd = llmapi.trtllm_serve_command(recipe, build.checkpoint_dir(recipe) / "hf", out / llmapi.LLM_API_OPTIONS)
+    cmd = llmapi_serve.trtllm_serve_command(recipe, build.checkpoint_dir(recipe) / "hf", out / llmapi_serve.LLM_API_OPTIONS)
     golden_cmd, golden_options = GOLDEN_TRTLLM_SERVE[name]
     assert relative(cmd, engines_tmp) == golden_cmd
     check_flags(cmd, SERVE_FLAGS)
-    options = llmapi.serve_config(recipe)
+    options = llmapi_serve.serve_config(recipe)
     assert options == golden_options  # LLM() arguments (tests/backends/test_llmapi.py checks every key against upstream's list)
 
 

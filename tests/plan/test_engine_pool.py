@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from trtkv.backends import for_recipe, llmapi, sglang, vllm
+from trtkv.backends import for_recipe, llmapi_args, sglang, vllm
 from trtkv.checkpoints.serving_memory import (
     REFERENCE_POOL_LINE,
     SGLANG_VERSION,
@@ -88,12 +88,12 @@ def test_sglang_carries_its_computed_default_and_a_cap() -> None:
 
 def test_llmapi_carries_the_fraction_and_max_tokens() -> None:
     recipe = load_recipe("llama70b_fp8kv_llmapi")
-    kv = llmapi.llm_args(recipe, HF)["kv_cache_config"]
+    kv = llmapi_args.llm_args(recipe, HF)["kv_cache_config"]
     assert kv["free_gpu_memory_fraction"] == 0.9 and "max_tokens" not in kv
     assert plan(recipe).kv_pool.engine == "trtllm"
     capped = load_recipe("llama70b_fp8kv_llmapi", ["triton.kv_pool_gib_per_gpu=2",
                                                    "triton.kv_cache_free_gpu_mem_fraction=0.8"])
-    kv = llmapi.llm_args(capped, HF)["kv_cache_config"]
+    kv = llmapi_args.llm_args(capped, HF)["kv_cache_config"]
     assert kv["free_gpu_memory_fraction"] == 0.8 and kv["max_tokens"] == 2 * GIB // kv_bytes_per_token_per_gpu(capped)
 
 

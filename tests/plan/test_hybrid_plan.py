@@ -106,9 +106,9 @@ def test_a_recipe_listing_state_layers_without_their_shape_is_refused(qwen3_next
 
 
 def test_state_dtype_reaches_tensorrt_llms_kv_cache_config(qwen3_next: Path) -> None:
-    from trtkv.backends import llmapi
+    from trtkv.backends import llmapi_args
 
     fields = json.loads((CONFIGS.parent / "llm_args_fields.json").read_text())["kv_cache_config"]
-    kv = llmapi.llm_args(load_recipe(qwen3_next, ["build.mamba_ssm_cache_dtype=float32"]), Path("/m"))["kv_cache_config"]
+    kv = llmapi_args.llm_args(load_recipe(qwen3_next, ["build.mamba_ssm_cache_dtype=float32"]), Path("/m"))["kv_cache_config"]
     assert kv["mamba_ssm_cache_dtype"] == "float32" and "mamba_ssm_cache_dtype" in fields  # an upstream field
-    assert "mamba_ssm_cache_dtype" not in llmapi.llm_args(load_recipe(qwen3_next), Path("/m"))["kv_cache_config"]
+    assert "mamba_ssm_cache_dtype" not in llmapi_args.llm_args(load_recipe(qwen3_next), Path("/m"))["kv_cache_config"]
