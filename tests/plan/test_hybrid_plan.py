@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trtkv.backends import vllm
+from trtkv.backends import vllm_command
 from trtkv.cli.init import write_recipe
 from trtkv.core.errors import RecipeError
 from trtkv.plan.planner import plan
@@ -82,7 +82,7 @@ def test_state_dtype_is_an_engine_setting_carried_into_vllms_command(qwen3_next:
     assert base.attention.state.recurrent_dtype == "bfloat16"
     assert p.attention.state.recurrent_dtype == "float32"
     assert p.attention.state.bytes_per_layer == _gdn_state(c, 2, 4)
-    args = vllm.server_args(wide, Path("/m"), "127.0.0.1")
+    args = vllm_command.server_args(wide, Path("/m"), "127.0.0.1")
     assert args[args.index("--mamba-ssm-cache-dtype") + 1] == "float32" and "--mamba-cache-dtype" not in args
 
 
