@@ -8,8 +8,9 @@ same `LLM()` arguments. On a GPU the model runs `tensorrt_llm.LLM`; on hardware.
 reference engine behind the same interface (trtkv.runtime.llm). KV dtype: `kv_cache_config.dtype` (fp8, nvfp4, or
 auto = the checkpoint's); INT8 KV exists only on the engine path (TensorRT-LLM <= 1.2.x, backend tensorrt).
 
-This module holds the backend's parts (build, the Triton layout, serving, `trtkv generate`, Dynamo); the LLM()
-arguments are trtkv.backends.llmapi_args', trtllm-serve's command and server trtkv.backends.llmapi_serve's.
+This module holds the backend's parts (build, the Triton layout, serving, Dynamo); the LLM() arguments are
+trtkv.backends.llmapi_args', trtllm-serve's command and server trtkv.backends.llmapi_serve's, `trtkv generate`
+trtkv.backends.llmapi_generate's.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from typing import Any
 
 import yaml
 
-from trtkv.backends.base import BUILD_SECTIONS, RefusingRunner, TritonServing, command_block, trtllm_served
+from trtkv.backends.base import BUILD_SECTIONS, TritonServing, command_block, trtllm_served
 from trtkv.backends.llmapi_args import _hf, kv_dtype, llm_args, llmapi_memory_knobs, max_attention_window, model_yaml
+from trtkv.backends.llmapi_generate import CPU_MODULE, LlmApiRunner
 from trtkv.backends.llmapi_serve import LLM_API_OPTIONS, SERVE_COMMAND, TrtllmServe, serve_config, trtllm_serve_command
 from trtkv.backends.seam import EngineBackend, MemoryRule, TokenizerSource
 from trtkv.contracts.interface import LLMAPI
@@ -33,15 +35,6 @@ from trtkv.recipe.layout import HF, checkpoint_dir, engine_dir, host_artifacts, 
 
 MODEL_YAML = "model.yaml"
 GPU_MODULE = "tensorrt_llm"  # the engine module the Triton model imports LLM and SamplingParams from
-CPU_MODULE = "trtkv.runtime.llm"
-LLMAPI_RUNNER = """\
-import json, sys
-from tensorrt_llm import LLM, SamplingParams
-a = json.loads(sys.argv[1])
-llm = LLM(**a["llm_args"])
-out = llm.generate([a["prompt"]], SamplingParams(max_tokens=a["max_tokens"], temperature=0.0))
-print("TRTKV_TEXT"); print(out[0].outputs[0].text)
-"""
 
 
 def _window_note(recipe: Recipe) -> str:
@@ -212,29 +205,6 @@ class LlmApiServing(TritonServing):
             raise StageError(f"serve: {ckpt / HF} has no config.json: the llmapi backend serves the HF export that "
                              f"`trtkv calibrate` writes for an FP8, NVFP4 or no KV cache. Next: `trtkv calibrate "
                              f"{recipe.name} --force`.")
-
-
-class LlmApiRunner(RefusingRunner):
-    def describe_local_generate(self, recipe: Recipe, max_tokens: int, checkpoint: Path | None) -> str:
-        return (f"{CPU_MODULE}.LLM on {checkpoint or checkpoint_dir(recipe) / HF} (the HF export; CPU, greedy, "
-                f"{max_tokens} tokens)")
-
-    def local_generate(self, recipe: Recipe, prompt: str, max_tokens: int, checkpoint: Path | None) -> str:
-        from trtkv.runtime.llm import LLM, SamplingParams
-
-        hf = Path(checkpoint) if checkpoint is not None else checkpoint_dir(recipe) / HF
-        if not (hf / "config.json").is_file():
-            raise StageError(f"{hf}: no config.json (the HF export). Next: `trtkv calibrate {recipe.name}`.")
-        llm = LLM(**{**llm_args(recipe, hf), "model": str(hf)})
-        try:
-            return str(llm.generate_async(prompt, SamplingParams(max_tokens=max_tokens, temperature=0)).result()
-                       .outputs[0].text)
-        finally:
-            llm.shutdown()
-
-    def generate_job(self, recipe: Recipe, prompt: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
-        return LLMAPI_RUNNER, {"llm_args": llm_args(recipe, checkpoint_dir(recipe) / HF), "prompt": prompt,
-                               "max_tokens": max_tokens}
 
 
 class LlmApiDynamo:
