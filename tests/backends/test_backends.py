@@ -218,7 +218,7 @@ def test_vllm_cpu_fp8_kv_is_refused_before_loading_on_a_cpu_without_avx512_or_am
         tmp_path: Path, engines_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """vllm-cpu 0.32 keeps an FP8 KV cache only on x86 with AVX-512 or AMX and says so only after minutes of
     loading; `trtkv serve` says it first, with the CPU and the way out."""
-    from trtkv.backends import vllm
+    from trtkv.backends import vllm_cpu
     from trtkv.core.errors import StageError
     from trtkv.serving import serve
 
@@ -228,16 +228,16 @@ def test_vllm_cpu_fp8_kv_is_refused_before_loading_on_a_cpu_without_avx512_or_am
                         f"processor\t: 1\nmodel name\t: other\nflags\t\t: avx512f\n")
         return path
 
-    avx2 = vllm.cpu_flags(cpuinfo("AMD EPYC", "fpu sse2 avx avx2 fma"))
+    avx2 = vllm_cpu.cpu_flags(cpuinfo("AMD EPYC", "fpu sse2 avx avx2 fma"))
     assert avx2 == ("AMD EPYC", {"fpu", "sse2", "avx", "avx2", "fma"})  # the first CPU's line, not the second's
     recipe = load_recipe("smollm2_fp8kv_vllm")
-    problem = vllm.cpu_fp8_kv_problem(recipe, avx2)
+    problem = vllm_cpu.cpu_fp8_kv_problem(recipe, avx2)
     assert problem and "AMD EPYC" in problem and "quantization.kv_cache is fp8" in problem
     assert "quantization.kv_cache=none" in problem
-    assert vllm.cpu_fp8_kv_problem(recipe, vllm.cpu_flags(cpuinfo("Xeon", "avx2 avx512f avx512bw"))) is None
-    assert vllm.cpu_fp8_kv_problem(recipe, vllm.cpu_flags(cpuinfo("Xeon AMX", "avx2 amx_tile amx_bf16"))) is None
-    assert vllm.cpu_fp8_kv_problem(load_recipe("smollm2_fp8kv_vllm", ["quantization.kv_cache=none"]), avx2) is None
-    monkeypatch.setattr(vllm, "cpu_flags", lambda *a: avx2)
+    assert vllm_cpu.cpu_fp8_kv_problem(recipe, vllm_cpu.cpu_flags(cpuinfo("Xeon", "avx2 avx512f avx512bw"))) is None
+    assert vllm_cpu.cpu_fp8_kv_problem(recipe, vllm_cpu.cpu_flags(cpuinfo("Xeon AMX", "avx2 amx_tile amx_bf16"))) is None
+    assert vllm_cpu.cpu_fp8_kv_problem(load_recipe("smollm2_fp8kv_vllm", ["quantization.kv_cache=none"]), avx2) is None
+    monkeypatch.setattr(vllm_cpu, "cpu_flags", lambda *a: avx2)
     with pytest.raises(StageError, match="AVX-512 or AMX"):  # before asking for the checkpoint this folder lacks
         serve.start(recipe)
     lines: list[str] = []

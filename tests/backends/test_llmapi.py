@@ -12,7 +12,7 @@ import yaml
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from trtkv.backends import llmapi
+from trtkv.backends import llmapi_args, llmapi_serve
 from trtkv.kvcache.formats import kv_bytes_per_token
 from trtkv.plan.planner import plan as plan_memory
 from trtkv.recipe import Backend, load_recipe
@@ -37,7 +37,7 @@ def test_pytorch_is_an_alias_of_llmapi() -> None:
                                   "llama8b_fp8kv_pytorch"])
 def test_every_generated_llm_argument_exists_upstream(name: str) -> None:
     recipe = load_recipe(name)
-    data = llmapi.model_yaml(recipe, Path("/models/hf"))
+    data = llmapi_args.model_yaml(recipe, Path("/models/hf"))
     triton = data.pop("triton_config")
     assert set(triton) == {"max_batch_size", "decoupled"}
     unknown = sorted(set(data) - set(LLM_ARGS["llm_args"]))
@@ -45,7 +45,7 @@ def test_every_generated_llm_argument_exists_upstream(name: str) -> None:
     kv = data["kv_cache_config"]
     assert sorted(set(kv) - set(LLM_ARGS["kv_cache_config"])) == []
     assert kv["dtype"] in LLM_ARGS["kv_cache_config_dtype_values"]
-    serve_keys = set(llmapi.serve_config(recipe)) | set(llmapi.SERVE_FLAGS)
+    serve_keys = set(llmapi_serve.serve_config(recipe)) | set(llmapi_serve.SERVE_FLAGS)
     assert serve_keys <= set(LLM_ARGS["llm_args"])
 
 
@@ -54,13 +54,13 @@ def test_sliding_window_hybrid_gets_tensorrt_llms_per_layer_windows() -> None:
     layers, as upstream's Gemma 3 VSWA example writes it), so TensorRT-LLM's cache holds what the planner counts; a
     model without sliding layers gets none."""
     recipe = load_recipe("gemma3_fp8kv", ["build.backend=llmapi"])
-    kv = llmapi.model_yaml(recipe, Path("/models/hf"))["kv_cache_config"]
+    kv = llmapi_args.model_yaml(recipe, Path("/models/hf"))["kv_cache_config"]
     assert kv["max_attention_window"] == [512] * 5 + [32768] and "max_attention_window" in LLM_ARGS["kv_cache_config"]
-    assert llmapi.serve_config(recipe)["kv_cache_config"]["max_attention_window"] == [512] * 5 + [32768]
+    assert llmapi_serve.serve_config(recipe)["kv_cache_config"]["max_attention_window"] == [512] * 5 + [32768]
     short = load_recipe("gemma3_fp8kv", ["build.backend=llmapi", "build.max_seq_len=4096", "build.max_input_len=4000",
                                          "bench.needle_context_lengths=[2048]"])
-    assert llmapi.max_attention_window(short) == [512] * 5 + [4096]
-    assert llmapi.max_attention_window(load_recipe("smollm2_fp8kv_llmapi")) is None
+    assert llmapi_args.max_attention_window(short) == [512] * 5 + [4096]
+    assert llmapi_args.max_attention_window(load_recipe("smollm2_fp8kv_llmapi")) is None
 
 
 def test_repo_writes_upstreams_llmapi_layout(engines_tmp: Path) -> None:
@@ -87,7 +87,7 @@ def test_repo_writes_upstreams_llmapi_layout(engines_tmp: Path) -> None:
 
 def test_nvfp4_recipe_model_yaml_and_plan() -> None:
     recipe = load_recipe("llama70b_nvfp4kv")
-    assert llmapi.model_yaml(recipe, Path("/m"))["kv_cache_config"]["dtype"] == "nvfp4"
+    assert llmapi_args.model_yaml(recipe, Path("/m"))["kv_cache_config"]["dtype"] == "nvfp4"
     plan = plan_memory(recipe)
     row = next(f for f in plan.formats if f.format == plan.recipe_kv_format == "nvfp4")
     assert row.bytes_per_token == 80 * 8 * 128 * 2 * (0.5 + 1 / 16) == 92160
@@ -96,15 +96,15 @@ def test_nvfp4_recipe_model_yaml_and_plan() -> None:
 
 def test_serve_config_and_command() -> None:
     recipe = load_recipe("llama70b_fp8kv_llmapi")
-    cmd = llmapi.trtllm_serve_command(recipe, Path("/m/hf"), Path("/e/llm_api_options.yaml"))
+    cmd = llmapi_serve.trtllm_serve_command(recipe, Path("/m/hf"), Path("/e/llm_api_options.yaml"))
     assert cmd[:2] == ["trtllm-serve", "/m/hf"]
     assert cmd[cmd.index("--extra_llm_api_options") + 1] == "/e/llm_api_options.yaml"  # = --config in newer releases
     assert cmd[cmd.index("--tp_size") + 1] == "4"
     # prefix caching as TensorRT-LLM ships it (KvCacheConfig.enable_block_reuse True), said explicitly
-    assert llmapi.serve_config(recipe) == {"max_input_len": 16384, "enable_chunked_prefill": True, "kv_cache_config": {
+    assert llmapi_serve.serve_config(recipe) == {"max_input_len": 16384, "enable_chunked_prefill": True, "kv_cache_config": {
         "dtype": "fp8", "free_gpu_memory_fraction": 0.9, "enable_block_reuse": True}}
     off = load_recipe("llama70b_fp8kv_llmapi", ["triton.enable_kv_cache_reuse=false"])
-    assert llmapi.serve_config(off)["kv_cache_config"]["enable_block_reuse"] is False
+    assert llmapi_serve.serve_config(off)["kv_cache_config"]["enable_block_reuse"] is False
 
 
 # ---------------------------------------------------------------------------------------------------------------

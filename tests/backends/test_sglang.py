@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from trtkv.backends import BACKENDS, for_recipe, sglang
+from trtkv.backends import BACKENDS, for_recipe, sglang, sglang_scales
 from trtkv.core.apikey import API_KEY_ENV
 from trtkv.core.errors import RecipeError, StageError
 from trtkv.deploy import Options, Target, deploy, k8s, launch
@@ -53,20 +53,20 @@ def test_the_recipe_serves_fp8_kv_with_the_checkpoints_scales_on_four_gpus() -> 
 def test_weights_none_hands_the_scales_over_as_sglangs_json() -> None:
     recipe = load_recipe(RECIPE, ["quantization.weights=none"])
     args = sglang.server_args(recipe, sglang._hf(recipe), "0.0.0.0")
-    assert flag(args, "--quantization-param-path").endswith(f"engine/{sglang.SCALES_FILE}")
+    assert flag(args, "--quantization-param-path").endswith(f"engine/{sglang_scales.SCALES_FILE}")
     assert sglang.engine_dir(recipe) in sglang.SglangServer().reads(recipe)  # deployments mount it
     assert flag(sglang.server_args(load_recipe(RECIPE, ["quantization.kv_cache=none"]), Path("/m"), "h"),
                 "--kv-cache-dtype") == "auto"
 
 
 def test_quant_param_document_is_sglangs_schema_shape() -> None:
-    doc = sglang.quant_param_document([448.0, 10.0], [224.0, 20.0], 2, "llama")
+    doc = sglang_scales.quant_param_document([448.0, 10.0], [224.0, 20.0], 2, "llama")
     assert doc["model_type"] == "llama" and doc["kv_cache"]["dtype"] == "float8_e4m3fn"
     assert doc["kv_cache"]["scaling_factor"] == {0: {0: 1.0, 1: pytest.approx(20 / 448)},
                                                  1: {0: 1.0, 1: pytest.approx(20 / 448)}}  # max(k, v): K and V share it
     json.dumps(doc)  # int keys become strings, which SGLang's pydantic model turns back into ints
     with pytest.raises(StageError, match="rerun `trtkv calibrate`"):
-        sglang.quant_param_document([1.0], [], 1, None)
+        sglang_scales.quant_param_document([1.0], [], 1, None)
 
 
 def test_write_scales_file_reads_calibrates_kv_scales(tmp_path: Path) -> None:
@@ -75,10 +75,10 @@ def test_write_scales_file_reads_calibrates_kv_scales(tmp_path: Path) -> None:
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "config.json").write_text('{"model_type": "llama"}')
     with pytest.raises(StageError, match="kv_scales.json is missing"):
-        sglang.write_scales_file(recipe, tmp_path, tmp_path)
+        sglang_scales.write_scales_file(recipe, tmp_path, tmp_path)
     layers = [{"layer": i, "k_amax": 4.48 * (i + 1), "v_amax": 1.0} for i in range(n)]
     (tmp_path / "kv_scales.json").write_text(json.dumps({"kv_cache_quant_algo": "FP8", "layers": layers}))
-    doc = json.loads(sglang.write_scales_file(recipe, tmp_path, tmp_path).read_text())
+    doc = json.loads(sglang_scales.write_scales_file(recipe, tmp_path, tmp_path).read_text())
     assert sorted(doc["kv_cache"]["scaling_factor"]) == ["0", "1", "2", "3"]
     assert doc["kv_cache"]["scaling_factor"]["3"]["1"] == pytest.approx(0.02)
 
@@ -105,11 +105,11 @@ def test_nvfp4_kv_on_blackwell_selects_sglangs_nvfp4() -> None:
 def test_nvfp4_on_sm100_warns_of_sglangs_x6_on_modelopts_amax_over_448(tmp_path: Path) -> None:
     """SGLang 0.5.23 multiplies NVFP4 k/v_scale by 6 on SM100; ModelOpt 0.47 exports amax / 448: build says so."""
     recipe = load_recipe(RECIPE, ["quantization.kv_cache=nvfp4", "hardware.gpu=B200"])
-    warning = sglang.nvfp4_scale_warning(recipe)
+    warning = sglang_scales.nvfp4_scale_warning(recipe)
     assert warning and "6x too large" in warning and "build.backend llmapi" in warning
     assert any(warning in line for line in sglang.SglangBuilder().dry_run_lines(recipe, tmp_path, tmp_path))
     assert "6x too large" in load_table().engine_rows("nvfp4", "sglang")[0].checkpoint_scales  # docs/kv-formats.md too
-    assert sglang.nvfp4_scale_warning(load_recipe(RECIPE)) is None  # fp8 on H100
+    assert sglang_scales.nvfp4_scale_warning(load_recipe(RECIPE)) is None  # fp8 on H100
 
 
 def test_every_kv_cache_sglang_serves_gets_its_table_rows_value() -> None:

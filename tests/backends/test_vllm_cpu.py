@@ -14,7 +14,7 @@ from types import ModuleType
 import pytest
 
 from tests.support import side_python
-from trtkv.backends import vllm
+from trtkv.backends import vllm_command, vllm_cpu
 from trtkv.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,12 +33,12 @@ def _plugin() -> ModuleType:
 @pytest.mark.parametrize("name", ["gemma3_fp8kv_vllm", "smollm2_fp8kv_vllm"])
 def test_the_16bit_kv_way_out_is_a_valid_recipe_that_this_cpu_serves(name: str) -> None:
     recipe = load_recipe(name)
-    problem = vllm.cpu_fp8_kv_problem(recipe, AVX2)
+    problem = vllm_cpu.cpu_fp8_kv_problem(recipe, AVX2)
     assert problem is not None and "AMD EPYC" in problem
     command = problem.split("`trtkv calibrate ", 1)[1].split("`", 1)[0].split()
     assert command[0] == name
     fixed = load_recipe(name, command[1:])  # a RecipeError here: the advice does not load
-    assert vllm.cpu_fp8_kv_problem(fixed, AVX2) is None
+    assert vllm_cpu.cpu_fp8_kv_problem(fixed, AVX2) is None
     assert ("quantization.kv_skip_layers=[]" in command) == bool(recipe.quantization.kv_skip_layers)
     assert "quantization.weights=none" not in command  # FP8 weights load on the CPU (the plugin's requantization)
 
@@ -67,8 +67,8 @@ def test_plugin_requantizes_fused_shards_to_the_largest_scale_as_the_cuda_kernel
 @pytest.mark.e2e
 def test_vllm_cpu_has_a_placeholder_kernel_and_the_plugin_fills_in() -> None:
     """In vLLM's own venv: the requantization fails without the plugin (the placeholder op), works with it."""
-    if not vllm.vllm_python().is_file():
-        pytest.fail(f"{vllm.vllm_python()} is missing: `make test` installs it (`make install-vllm`)")
+    if not vllm_command.vllm_python().is_file():
+        pytest.fail(f"{vllm_command.vllm_python()} is missing: `make test` installs it (`make install-vllm`)")
     script = f"""
 import importlib.util, sys, torch
 from vllm.platforms import current_platform
@@ -88,8 +88,8 @@ top, w = w8a8_utils.requantize_with_max_scale(q.clone(), scales, [32, 32])
 want = torch.cat([compat.static_fp8_quant(q[:32].float() * scales[0], top), q[32:]])
 print("PATCHED", float(top), torch.equal(w.view(torch.uint8), want.view(torch.uint8)))
 """
-    run = side_python.run([str(vllm.vllm_python()), "-c", script], timeout=600,
-                         env={"PATH": str(vllm.vllm_python().parent), "HOME": str(Path.home())})
+    run = side_python.run([str(vllm_command.vllm_python()), "-c", script], timeout=600,
+                         env={"PATH": str(vllm_command.vllm_python().parent), "HOME": str(Path.home())})
     out = run.stdout
     assert run.returncode == 0, run.stderr[-2000:]
     assert "PLACEHOLDER True" in out and "expected at most 0 argument(s)" in out, out

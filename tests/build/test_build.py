@@ -17,7 +17,7 @@ import torch
 import yaml
 
 from trtkv.backends import base as backend_base
-from trtkv.backends import llmapi, tensorrt
+from trtkv.backends import llmapi_serve, tensorrt, tensorrt_pitfalls
 from trtkv.build import stage as build
 from trtkv.cli import main
 from trtkv.core.errors import StageError
@@ -200,11 +200,11 @@ def test_context_fmha_flags_follow_tensorrt_llm_rules(overrides: tuple[str, ...]
 def test_trtllm_serve_golden_command_and_options(name: str, engines_tmp: Path) -> None:
     recipe = load_recipe(name)
     out = build.engine_dir(recipe)
-    cmd = llmapi.trtllm_serve_command(recipe, build.checkpoint_dir(recipe) / "hf", out / llmapi.LLM_API_OPTIONS)
+    cmd = llmapi_serve.trtllm_serve_command(recipe, build.checkpoint_dir(recipe) / "hf", out / llmapi_serve.LLM_API_OPTIONS)
     golden_cmd, golden_options = GOLDEN_TRTLLM_SERVE[name]
     assert relative(cmd, engines_tmp) == golden_cmd
     check_flags(cmd, SERVE_FLAGS)
-    options = llmapi.serve_config(recipe)
+    options = llmapi_serve.serve_config(recipe)
     assert options == golden_options  # LLM() arguments (tests/backends/test_llmapi.py checks every key against upstream's list)
 
 
@@ -404,11 +404,11 @@ def test_preflight_reports_checkpoint_mismatches(tmp_path: Path, engines_tmp: Pa
 
 
 def test_pitfall_hints() -> None:
-    assert "FP8 KV cache" in tensorrt.pitfall_hints("AssertionError: use_fp8_context_fmha requires fp8 kv cache")[0]
-    assert tensorrt.pitfall_hints("all good") == []
-    (int8,) = tensorrt.pitfall_hints("RuntimeError: Paged Context FMHA doesn't work with int8 kv cache currently.")
+    assert "FP8 KV cache" in tensorrt_pitfalls.pitfall_hints("AssertionError: use_fp8_context_fmha requires fp8 kv cache")[0]
+    assert tensorrt_pitfalls.pitfall_hints("all good") == []
+    (int8,) = tensorrt_pitfalls.pitfall_hints("RuntimeError: Paged Context FMHA doesn't work with int8 kv cache currently.")
     assert "--use_paged_context_fmha disable" in int8
-    assert any("Blackwell" in h for h in tensorrt.pitfall_hints("INT8/INT4 quantization is not supported on SM>=100."))
+    assert any("Blackwell" in h for h in tensorrt_pitfalls.pitfall_hints("INT8/INT4 quantization is not supported on SM>=100."))
 
 
 def test_pitfall_hints_ignore_the_lines_every_build_prints() -> None:
@@ -422,8 +422,8 @@ def test_pitfall_hints_ignore_the_lines_every_build_prints() -> None:
         "int8 kv cache currently.",
         "[TensorRT-LLM][INFO] kv_cache_quant_algo FP8",
     ])
-    assert tensorrt.pitfall_hints(benign) == []
-    assert tensorrt.pitfall_hints(benign + "\nRuntimeError: CUDA out of memory") == [tensorrt.PITFALLS[5][1]]
+    assert tensorrt_pitfalls.pitfall_hints(benign) == []
+    assert tensorrt_pitfalls.pitfall_hints(benign + "\nRuntimeError: CUDA out of memory") == [tensorrt_pitfalls.PITFALLS[5][1]]
 
 
 def test_preflight_uses_the_checkpoint_validator(tmp_path: Path, engines_tmp: Path, tiny: Any) -> None:

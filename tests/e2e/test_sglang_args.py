@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from tests.support import side_python
-from trtkv.backends import sglang
+from trtkv.backends import sglang, sglang_scales
 from trtkv.core import paths
 from trtkv.core.apikey import API_KEY_ENV
 from trtkv.core.errors import TrtkvError
@@ -72,7 +72,7 @@ def deploy_args(tmp_path: Path, overrides: list[str]) -> list[str]:
 
 @needs_sglang
 def test_every_sglang_command_trtkv_writes_parses_with_sglangs_parser(tmp_path: Path) -> None:
-    cases = [([], "fp8_e4m3", None), (["quantization.weights=none"], "fp8_e4m3", sglang.SCALES_FILE),
+    cases = [([], "fp8_e4m3", None), (["quantization.weights=none"], "fp8_e4m3", sglang_scales.SCALES_FILE),
              (["quantization.kv_cache=none"], "auto", None), (["quantization.kv_cache=fp8_cast"], "fp8_e4m3", None),
              (["quantization.kv_cache=nvfp4", "hardware.gpu=B200"], "nvfp4", None),
              (["build.tp_size=2", "build.pp_size=2"], "fp8_e4m3", None),
@@ -87,7 +87,7 @@ def test_every_sglang_command_trtkv_writes_parses_with_sglangs_parser(tmp_path: 
         # the container's view: the canonical paths, docker and the deploy files alike
         assert p["model_path"] == f"/models/{recipe.name}/checkpoint/hf"
         assert p["kv_cache_dtype"] == dtype and p["api_key"] == key
-        assert p["qpp"] is None or p["qpp"] == f"/models/{recipe.name}/engine/{sglang.SCALES_FILE}"
+        assert p["qpp"] is None or p["qpp"] == f"/models/{recipe.name}/engine/{sglang_scales.SCALES_FILE}"
         # prefix caching: SGLang's radix cache as it ships (on), off only when the recipe says so
         assert p["disable_radix_cache"] is (recipe.triton.enable_kv_cache_reuse is False)
         assert (p["tp"], p["pp"]) == (recipe.build.tp_size, recipe.build.pp_size) and p["host"] == "0.0.0.0"
@@ -188,7 +188,7 @@ def test_the_scales_json_trtkv_writes_validates_with_sglangs_schema(tmp_path: Pa
     (tmp_path / "hf" / "config.json").write_text('{"model_type": "llama"}')
     layers = [{"layer": i, "k_amax": 2.0 + i, "v_amax": 1.0} for i in range(n)]
     (tmp_path / "kv_scales.json").write_text(json.dumps({"kv_cache_quant_algo": "FP8", "layers": layers}))
-    doc = json.loads(sglang.write_scales_file(recipe, tmp_path, tmp_path).read_text())
+    doc = json.loads(sglang_scales.write_scales_file(recipe, tmp_path, tmp_path).read_text())
     src = _sglang_schema(PYTHON)["source"]
     assert ast.parse(src)
     for rank in range(recipe.build.tp_size):

@@ -26,7 +26,7 @@ import pytest
 
 from tests.conftest import CHAIN_OVERRIDES
 from tests.support import side_python
-from trtkv.backends import vllm
+from trtkv.backends import vllm_command, vllm_cpu
 from trtkv.build.stage import build
 from trtkv.core import sessions
 from trtkv.core.errors import StageError
@@ -40,14 +40,14 @@ RECIPE = "smollm2_fp8kv_vllm"
 BENCH = ["bench.concurrency=[1]", "bench.num_requests=2", "bench.warmup_requests=1", "bench.input_tokens=32",
          "bench.output_tokens=4", "bench.quiz_items=3"]
 VLLM_CPU_BLOCK = 128  # vLLM's CPU KV block size in tokens (its pool is a whole number of blocks)
-NO_FP8_KV = vllm.cpu_fp8_kv_problem(load_recipe(RECIPE))  # None where this CPU can hold vLLM's FP8 KV cache
+NO_FP8_KV = vllm_cpu.cpu_fp8_kv_problem(load_recipe(RECIPE))  # None where this CPU can hold vLLM's FP8 KV cache
 KV = ["quantization.kv_cache=none"] if NO_FP8_KV else []
 
 
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory, smollm2_engine: Path) -> Iterator[tuple[Any, Any]]:
-    if not vllm.vllm_python().is_file():
-        pytest.fail(f"{vllm.vllm_python()} is missing: `make test` installs it (`make install-vllm`)")
+    if not vllm_command.vllm_python().is_file():
+        pytest.fail(f"{vllm_command.vllm_python()} is missing: `make test` installs it (`make install-vllm`)")
     tmp = tmp_path_factory.mktemp("vllm")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRTKV_ENGINES", str(tmp / "engines"))
@@ -125,7 +125,7 @@ def test_vllm_answers_with_the_planned_kv_pool(vllm_server: tuple[Any, Any]) -> 
     found = re.search(r"CPU KV cache size: ([\d,]+) tokens", log)
     assert found, log[-2000:]
     bpt = kv_bytes_per_token(30, 3, 64, recipe.kv_format)  # fp8: 11,520 bytes/token, bf16: 23,040 (trtkv's planner)
-    space = vllm.kv_space_gib(recipe) * 1024**3
+    space = vllm_command.kv_space_gib(recipe) * 1024**3
     assert int(found.group(1).replace(",", "")) == int(space // bpt) // VLLM_CPU_BLOCK * VLLM_CPU_BLOCK
 
 
@@ -257,7 +257,7 @@ def test_per_layer_kv_precision_deploys_with_the_planned_pool(vllm_server: tuple
         assert found, log[-2000:]
         bpt = kv_bytes_per_token(30, 3, 64, "fp8", 2, "bf16")  # 28 x 384 + 2 x 768 = 12,288 bytes/token
         assert bpt == 12288
-        space = vllm.kv_space_gib(mixed) * 1024**3
+        space = vllm_command.kv_space_gib(mixed) * 1024**3
         assert int(found.group(1).replace(",", "")) == int(space // bpt) // VLLM_CPU_BLOCK * VLLM_CPU_BLOCK
     finally:
         serve.stop(mixed, timeout_s=30)
@@ -295,7 +295,7 @@ def test_dynamo_vllm_worker_arguments_parse_with_vllms_own_engine_parser() -> No
             assert args[i + 1] == role
             del args[i:i + 2]
         argv.append(args)
-    proc = side_python.run([str(vllm.vllm_python()), "-c", PARSE_WITH_VLLM], input=json.dumps(argv), timeout=300)
+    proc = side_python.run([str(vllm_command.vllm_python()), "-c", PARSE_WITH_VLLM], input=json.dumps(argv), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     parsed = json.loads(proc.stdout.strip().splitlines()[-1])
     for role, p in zip(roles, parsed, strict=True):  # one answer per role

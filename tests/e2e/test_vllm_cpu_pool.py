@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import CHAIN_OVERRIDES
-from trtkv.backends import vllm
+from trtkv.backends import vllm_command, vllm_cpu
 from trtkv.build.stage import build
 from trtkv.contracts.artifacts import ServerRecord
 from trtkv.core.process import free_ports
@@ -31,14 +31,14 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 RECIPE = "smollm2_fp8kv_vllm"
 GIB = 1024**3
 UTIL = 0.15  # of this machine's memory node: a small pool beside whatever else runs here
-KV = ["quantization.kv_cache=none"] if vllm.cpu_fp8_kv_problem(load_recipe(RECIPE)) else []
+KV = ["quantization.kv_cache=none"] if vllm_cpu.cpu_fp8_kv_problem(load_recipe(RECIPE)) else []
 
 
 @contextmanager
 def _served(tmp: Path, smollm2_engine: Path, name: str, overrides: list[str]) -> Iterator[tuple[Any, Any]]:
     """Build and serve a copy of RECIPE named `name` (its own engines/ folder and server record) with `overrides`."""
-    if not vllm.vllm_python().is_file():
-        pytest.fail(f"{vllm.vllm_python()} is missing: `make test` installs it (`make install-vllm`)")
+    if not vllm_command.vllm_python().is_file():
+        pytest.fail(f"{vllm_command.vllm_python()} is missing: `make test` installs it (`make install-vllm`)")
     http, grpc, metrics = free_ports(3)
     base = load_recipe(RECIPE, [*CHAIN_OVERRIDES, *KV, *overrides, f"triton.http_port={http}",
                                 f"triton.grpc_port={grpc}", f"triton.metrics_port={metrics}"])

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import side_python
-from trtkv.backends import vllm
+from trtkv.backends import vllm_command
 from trtkv.checkpoints import read_model_facts
 from trtkv.kvcache.formats import KVFormat
 from trtkv.recipe.attention import VLLM_BLOCK_CPU, Accounting, KVShape
@@ -27,9 +27,9 @@ MAX_LEN = 2048  # the script's max_model_len and max_num_batched_tokens
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_vllm_cpu_allocates_what_trtkv_prices_for_hybrids(tmp_path: Path) -> None:
-    if not vllm.vllm_python().is_file():
-        pytest.fail(f"{vllm.vllm_python()} is missing: `make test` installs it (`make install-vllm`)")
-    proc = side_python.run([str(vllm.vllm_python()), str(SCRIPT), str(tmp_path), "qwen3_next", "nemotron_h"],
+    if not vllm_command.vllm_python().is_file():
+        pytest.fail(f"{vllm_command.vllm_python()} is missing: `make test` installs it (`make install-vllm`)")
+    proc = side_python.run([str(vllm_command.vllm_python()), str(SCRIPT), str(tmp_path), "qwen3_next", "nemotron_h"],
                            timeout=900)
     line = next((x for x in proc.stdout.splitlines() if x.startswith("TRTKV_POOL ")), None)
     assert proc.returncode == 0 and line, proc.stderr[-3000:]

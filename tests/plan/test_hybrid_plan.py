@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trtkv.backends import vllm
+from trtkv.backends import vllm_command
 from trtkv.cli.init import write_recipe
 from trtkv.core.errors import RecipeError
 from trtkv.plan.planner import plan
@@ -82,7 +82,7 @@ def test_state_dtype_is_an_engine_setting_carried_into_vllms_command(qwen3_next:
     assert base.attention.state.recurrent_dtype == "bfloat16"
     assert p.attention.state.recurrent_dtype == "float32"
     assert p.attention.state.bytes_per_layer == _gdn_state(c, 2, 4)
-    args = vllm.server_args(wide, Path("/m"), "127.0.0.1")
+    args = vllm_command.server_args(wide, Path("/m"), "127.0.0.1")
     assert args[args.index("--mamba-ssm-cache-dtype") + 1] == "float32" and "--mamba-cache-dtype" not in args
 
 
@@ -106,9 +106,9 @@ def test_a_recipe_listing_state_layers_without_their_shape_is_refused(qwen3_next
 
 
 def test_state_dtype_reaches_tensorrt_llms_kv_cache_config(qwen3_next: Path) -> None:
-    from trtkv.backends import llmapi
+    from trtkv.backends import llmapi_args
 
     fields = json.loads((CONFIGS.parent / "llm_args_fields.json").read_text())["kv_cache_config"]
-    kv = llmapi.llm_args(load_recipe(qwen3_next, ["build.mamba_ssm_cache_dtype=float32"]), Path("/m"))["kv_cache_config"]
+    kv = llmapi_args.llm_args(load_recipe(qwen3_next, ["build.mamba_ssm_cache_dtype=float32"]), Path("/m"))["kv_cache_config"]
     assert kv["mamba_ssm_cache_dtype"] == "float32" and "mamba_ssm_cache_dtype" in fields  # an upstream field
-    assert "mamba_ssm_cache_dtype" not in llmapi.llm_args(load_recipe(qwen3_next), Path("/m"))["kv_cache_config"]
+    assert "mamba_ssm_cache_dtype" not in llmapi_args.llm_args(load_recipe(qwen3_next), Path("/m"))["kv_cache_config"]

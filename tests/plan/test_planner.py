@@ -82,7 +82,7 @@ def test_advice_is_labelled_heuristic_without_probe(tmp_path) -> None:  # noqa: 
 
 
 def test_layers_kept_in_16_bit_are_planned_per_layer_and_deploy_only_with_vllm() -> None:
-    from trtkv.backends import vllm
+    from trtkv.backends import vllm_command
     from trtkv.core.errors import RecipeError
     from trtkv.plan.planner import Architecture, per_gpu_bytes_per_token, plan
 
@@ -91,7 +91,7 @@ def test_layers_kept_in_16_bit_are_planned_per_layer_and_deploy_only_with_vllm()
     p = plan(recipe)
     row = next(f for f in p.formats if f.format == "fp8+bf16[0,29]")
     assert p.recipe_kv_format == "fp8+bf16[0,29]" and row.bytes_per_token == 28 * 384 + 2 * 768 == 12288
-    args = vllm.server_args(recipe, Path("/m"), "127.0.0.1")
+    args = vllm_command.server_args(recipe, Path("/m"), "127.0.0.1")
     assert args[args.index("--kv-cache-dtype-skip-layers"):][:3] == ["--kv-cache-dtype-skip-layers", "0", "29"]
     arch = Architecture(num_layers=4, num_attention_heads=4, num_kv_heads=2, head_dim=64, hidden_size=256)
     # PP2: stage 0 holds layers 0-1 (layer 0 in bf16), stage 1 layers 2-3: the fuller stage counts

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from trtkv.backends import vllm
+from trtkv.backends import vllm, vllm_command
 from trtkv.core.errors import TrtkvError
 from trtkv.kvcache import engines
 from trtkv.recipe import load_recipe
@@ -33,8 +33,8 @@ def _problems(base: str, overrides: list[str]) -> str:
 def test_vllm_on_h100_accepts_each_engine_format_and_serves_the_tables_value(kv: str) -> None:
     recipe = load_recipe("llama70b_fp8kv", [*GPU_VLLM, f"quantization.kv_cache={kv}"])
     want = engines.load_table().engine_rows(kv, "vllm")[0].value
-    assert vllm.kv_cache_dtype(recipe) == want == ("fp8" if kv == "fp8_cast" else kv)
-    args = vllm.gpu_command(recipe, vllm._hf(recipe))
+    assert vllm_command.kv_cache_dtype(recipe) == want == ("fp8" if kv == "fp8_cast" else kv)
+    args = vllm_command.gpu_command(recipe, vllm._hf(recipe))
     assert args[args.index("--kv-cache-dtype") + 1] == want
     assert kv_cache_quant_algo(recipe) is None  # no KV quantization in the export: nothing calibrated
     assert vllm.BACKEND.builder.kv_source_line(recipe).startswith(f"KV cache: {kv}, from vLLM --kv-cache-dtype {want} ")
@@ -65,7 +65,7 @@ def test_vllm_cpu_refuses_triton_only_formats_and_serves_fp8_cast() -> None:
     msg = _problems("smollm2_fp8kv_vllm", ["quantization.kv_cache=int8_per_token_head"])
     assert "TritonAttentionBackend" in msg and "CPUAttentionBackend" in msg, msg
     recipe = load_recipe("smollm2_fp8kv_vllm", ["quantization.kv_cache=fp8_cast"])
-    assert vllm.kv_cache_dtype(recipe) == "fp8" and recipe.kv_format.value == "fp8_scale1"
+    assert vllm_command.kv_cache_dtype(recipe) == "fp8" and recipe.kv_format.value == "fp8_scale1"
 
 
 def test_a100_refuses_fp8_stores_but_takes_int8_per_token_head() -> None:

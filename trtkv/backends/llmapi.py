@@ -7,6 +7,10 @@ and a Triton repository in upstream's `llmapi` layout: one Python model `tensorr
 same `LLM()` arguments. On a GPU the model runs `tensorrt_llm.LLM`; on hardware.gpu cpu the same model.py runs trtkv's
 reference engine behind the same interface (trtkv.runtime.llm). KV dtype: `kv_cache_config.dtype` (fp8, nvfp4, or
 auto = the checkpoint's); INT8 KV exists only on the engine path (TensorRT-LLM <= 1.2.x, backend tensorrt).
+
+This module holds the backend's parts (build, the Triton layout, serving, Dynamo); the LLM() arguments are
+trtkv.backends.llmapi_args', trtllm-serve's command and server trtkv.backends.llmapi_serve's, `trtkv generate`
+trtkv.backends.llmapi_generate's.
 """
 
 from __future__ import annotations
@@ -17,160 +21,25 @@ from typing import Any
 
 import yaml
 
-from trtkv.backends.base import BUILD_SECTIONS, RefusingRunner, TritonServing, command_block, trtllm_served
+from trtkv.backends.base import BUILD_SECTIONS, TritonServing, command_block, trtllm_served
+from trtkv.backends.llmapi_args import _hf, kv_dtype, llm_args, llmapi_memory_knobs, max_attention_window, model_yaml
+from trtkv.backends.llmapi_generate import CPU_MODULE, LlmApiRunner
+from trtkv.backends.llmapi_serve import LLM_API_OPTIONS, SERVE_COMMAND, TrtllmServe, serve_config, trtllm_serve_command
 from trtkv.backends.seam import EngineBackend, MemoryRule, TokenizerSource
-from trtkv.checkpoints.serving_memory import EngineKnobs, trtllm_knobs
 from trtkv.contracts.interface import LLMAPI
 from trtkv.core.errors import StageError
 from trtkv.core.tools import quote
 from trtkv.platform.versions import Row
-from trtkv.recipe import Backend, KVCacheQuant, Recipe
-from trtkv.recipe.layout import HF, Artifacts, checkpoint_dir, engine_dir, host_artifacts, kv_cache_quant_algo, served_artifacts
-from trtkv.recipe.prefix_cache import prefix_cache
+from trtkv.recipe import Backend, Recipe
+from trtkv.recipe.layout import HF, checkpoint_dir, engine_dir, host_artifacts, kv_cache_quant_algo, served_artifacts
 
-SERVE_COMMAND = "serve_command.txt"
-LLM_API_OPTIONS = "llm_api_options.yaml"
 MODEL_YAML = "model.yaml"
 GPU_MODULE = "tensorrt_llm"  # the engine module the Triton model imports LLM and SamplingParams from
-CPU_MODULE = "trtkv.runtime.llm"
-# LLM() arguments trtllm-serve takes as flags; the --config YAML carries the rest
-SERVE_FLAGS = ("backend", "tensor_parallel_size", "pipeline_parallel_size", "max_batch_size", "max_num_tokens",
-               "max_seq_len")
-LLMAPI_RUNNER = """\
-import json, sys
-from tensorrt_llm import LLM, SamplingParams
-a = json.loads(sys.argv[1])
-llm = LLM(**a["llm_args"])
-out = llm.generate([a["prompt"]], SamplingParams(max_tokens=a["max_tokens"], temperature=0.0))
-print("TRTKV_TEXT"); print(out[0].outputs[0].text)
-"""
-
-
-LLMAPI_OPTIONS_FLAG = "--extra_llm_api_options"  # trtllm-serve's flag for the LLM() options YAML (newer name: --config)
-
-
-def kv_dtype(recipe: Recipe) -> str:
-    """kv_cache_config.dtype: fp8 / nvfp4 for a quantized KV cache, auto (the model dtype) for none."""
-    kv = recipe.quantization.kv_cache
-    return kv.value if kv in (KVCacheQuant.FP8, KVCacheQuant.NVFP4) else "auto"
-
-
-def _period(values: list[int]) -> list[int]:
-    """The shortest prefix that repeats to `values` (TensorRT-LLM repeats max_attention_window over the layers)."""
-    n = len(values)
-    for p in range(1, n + 1):
-        if n % p == 0 and values == values[:p] * (n // p):
-            return values[:p]
-    return values
-
-
-def model_layers(recipe: Recipe) -> list[Any] | None:
-    """The model's per-layer attention: the recipe's model.attention_layers (what `trtkv init` read from config.json),
-    else the HF export's config.json layer_types + sliding_window when calibrate has written it; None when unknown."""
-    import json
-
-    from trtkv.recipe.attention import AttentionKind, LayerAttention, parse_layers
-
-    if recipe.model.attention_layers:
-        return list(parse_layers(recipe.model.attention_layers))
-    config = _hf(recipe) / "config.json"
-    try:
-        raw = json.loads(config.read_text())
-    except (OSError, ValueError):
-        return None
-    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
-    types, window = text.get("layer_types"), text.get("sliding_window")
-    if not isinstance(types, list) or not isinstance(window, int) or window <= 0:
-        return None
-    return [LayerAttention(AttentionKind.SLIDING, window) if kind == "sliding_attention"
-            else LayerAttention(AttentionKind.FULL) for kind in types]
-
-
-def max_attention_window(recipe: Recipe) -> list[int] | None:
-    """kv_cache_config.max_attention_window for a sliding-window hybrid (Gemma 3: [512]*5 + [max_seq_len]): without it
-    TensorRT-LLM's PyTorch backend sizes every layer's KV cache for max_seq_len (its variable-window layout is on only
-    when the list holds more than one value: `is_vswa_enabled`, `_torch/pyexecutor/_util.py` @d8ae02ca), while the
-    model still attends within each window and trtkv's planner counts each sliding layer's window only. Full layers get
-    max_seq_len, windows are capped at it (as TensorRT-LLM normalizes them), and the list is its shortest repeating
-    period (TensorRT-LLM repeats it over the layers; upstream's Gemma 3 VSWA example writes the same 6 values).
-    None for a model without sliding layers, or whose windows all reach max_seq_len."""
-    from trtkv.recipe.attention import AttentionKind
-
-    layers = model_layers(recipe)
-    if not layers or not any(x.kind is AttentionKind.SLIDING for x in layers):
-        return None
-    seq = recipe.build.max_seq_len
-    windows = [min(x.window, seq) if x.kind is AttentionKind.SLIDING and x.window else seq for x in layers]
-    return _period(windows) if len(set(windows)) > 1 else None
 
 
 def _window_note(recipe: Recipe) -> str:
     windows = max_attention_window(recipe)
     return f" and per-layer `max_attention_window` {windows} (repeated over the layers)" if windows else ""
-
-
-def llm_args(recipe: Recipe, hf_dir: Path) -> dict[str, Any]:
-    """The LLM() keyword arguments for the recipe (model.yaml, the trtllm-serve config and `trtkv generate`).
-    Every key is a field of TensorRT-LLM's TorchLlmArgs (tests/data/llm_args_fields.json). The KV-cache memory
-    fields are the ones trtkv's plan used (llmapi_memory_knobs)."""
-    b = recipe.build
-    knobs = llmapi_memory_knobs(recipe)
-    args: dict[str, Any] = {
-        "model": str(hf_dir),
-        "backend": "pytorch",
-        "tensor_parallel_size": b.tp_size,
-        "pipeline_parallel_size": b.pp_size,
-        "max_batch_size": b.max_batch_size,
-        "max_num_tokens": b.max_num_tokens,
-        "max_seq_len": b.max_seq_len,
-        "max_input_len": b.max_input_len,
-        "enable_chunked_prefill": recipe.chunked_context,  # a prompt longer than max_num_tokens needs it
-        "kv_cache_config": {
-            "dtype": kv_dtype(recipe),
-            "free_gpu_memory_fraction": knobs.value,
-            "enable_block_reuse": prefix_cache(recipe).enabled,  # explicit: the engine's default where it may reuse
-        },
-    }
-    if knobs.cap_value is not None:  # triton.kv_pool_gib_per_gpu: TensorRT-LLM takes the smaller of the two
-        args["kv_cache_config"]["max_tokens"] = knobs.cap_value
-    windows = max_attention_window(recipe)
-    if windows is not None:
-        args["kv_cache_config"]["max_attention_window"] = windows
-    if b.mamba_ssm_cache_dtype != "auto":  # a linear-attention / Mamba layer's recurrent state: what the plan priced
-        args["kv_cache_config"]["mamba_ssm_cache_dtype"] = b.mamba_ssm_cache_dtype
-    return args
-
-
-def model_yaml(recipe: Recipe, hf_dir: Path) -> dict[str, Any]:
-    """tensorrt_llm/1/model.yaml: LLM() arguments + triton_config (max_batch_size 0: one prompt per request, the LLM
-    batches in flight; decoupled from the recipe)."""
-    return {**llm_args(recipe, hf_dir),
-            "triton_config": {"max_batch_size": 0, "decoupled": recipe.triton.decoupled}}
-
-
-def serve_config(recipe: Recipe) -> dict[str, Any]:
-    """trtllm-serve's --extra_llm_api_options (--config) YAML: the LLM() arguments that have no flag of their own."""
-    return {k: v for k, v in llm_args(recipe, Path()).items() if k not in ("model", *SERVE_FLAGS)}
-
-
-def trtllm_serve_command(recipe: Recipe, hf_dir: Path, config: Path) -> list[str]:
-    """`trtllm-serve` on the HF export: an OpenAI-compatible server (/v1/completions, /v1/chat/completions)."""
-    b = recipe.build
-    return [
-        "trtllm-serve", str(hf_dir),
-        "--backend", "pytorch",
-        "--host", recipe.triton.host,
-        "--port", str(recipe.triton.http_port),
-        "--tp_size", str(b.tp_size),
-        "--pp_size", str(b.pp_size),
-        "--max_batch_size", str(b.max_batch_size),
-        "--max_num_tokens", str(b.max_num_tokens),
-        "--max_seq_len", str(b.max_seq_len),
-        "--kv_cache_free_gpu_memory_fraction", f"{llmapi_memory_knobs(recipe).value:g}",
-        # `--config` is the newer name of the same option (PR #9104, Nov 2025); --extra_llm_api_options is accepted
-        # by every release, including the 1.0/1.1 images of trtkv's version matrix
-        LLMAPI_OPTIONS_FLAG, str(config),
-    ]
 
 
 def _yaml_text(recipe: Recipe, data: dict[str, Any], what: str) -> str:
@@ -181,10 +50,6 @@ def _yaml_text(recipe: Recipe, data: dict[str, Any], what: str) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # The backend's parts
-
-
-def _hf(recipe: Recipe) -> Path:
-    return checkpoint_dir(recipe) / HF
 
 
 class LlmApiBuilder:
@@ -326,54 +191,6 @@ class LlmApiLayout:
         return stack, mpi
 
 
-class TrtllmServe:
-    """TensorRT-LLM's OpenAI-compatible server on the HF export, with the build's --config: `trtkv serve
-    --trtllm-serve`, and every multi-node or Slurm deployment of this backend (the Triton model has no multi-node)."""
-
-    name = "trtllm-serve"
-    label = "trtllm-serve"
-    metrics_path = None  # no Prometheus endpoint
-    # 200, or 503 when the LLM is unhealthy (tensorrt_llm/serve/openai_server.py register_routes/health @00057725)
-    health_path = "/health"
-    shm_gib = 2  # the Triton TensorRT-LLM image's docker --shm-size=2g (trtkv.serving.container)
-    key_env = None  # no API key option
-    ray = False
-    non_root = False
-    key_note = ("- trtllm-serve has no API key option: nothing but the network (the NetworkPolicy here, your cluster "
-                "network on Slurm) fences it. Put an authenticating gateway in front of it if its clients are not "
-                "trusted.")
-
-    def image(self, recipe: Recipe) -> str | None:
-        return None  # the Triton TensorRT-LLM image of the version matrix
-
-    def command(self, recipe: Recipe, host: str, at: Artifacts | None = None) -> list[str]:
-        """`at`: where the artifacts are (default: where the recipe's server reads them, a container's /models)."""
-        at = at or served_artifacts(recipe)
-        cmd = trtllm_serve_command(recipe, at.hf, at.engine / LLM_API_OPTIONS)
-        cmd[cmd.index("--host") + 1] = host
-        return cmd
-
-    def node_command(self, recipe: Recipe, host: str) -> list[str]:
-        return ["trtllm-llmapi-launch", *self.command(recipe, host)]
-
-    def leader_command(self, recipe: Recipe, host: str, ranks: int) -> list[str]:
-        return ["mpirun", "--allow-run-as-root", "-np", str(ranks), "trtllm-llmapi-launch", *self.command(recipe, host)]
-
-    def reads(self, recipe: Recipe) -> list[Path]:
-        return [_hf(recipe), engine_dir(recipe)]  # the HF export and the build's llm_api_options.yaml
-
-    def served_model(self, recipe: Recipe, at: Artifacts | None = None) -> str:
-        """trtllm-serve names the model by the path it loads (where that path is: `at`, default served_artifacts)."""
-        return str((at or served_artifacts(recipe)).hf)
-
-    def problem(self, recipe: Recipe) -> str | None:
-        return None
-
-    def here(self, recipe: Recipe, *, check: bool = True) -> tuple[list[str], dict[str, str]]:
-        """trtllm-serve installed on this machine: the host's folders."""
-        return self.command(recipe, recipe.triton.host, host_artifacts(recipe)), {}
-
-
 class LlmApiServing(TritonServing):
     rank_processes = False  # one tritonserver: the LLM API starts its own workers
     openai = TrtllmServe()
@@ -388,29 +205,6 @@ class LlmApiServing(TritonServing):
             raise StageError(f"serve: {ckpt / HF} has no config.json: the llmapi backend serves the HF export that "
                              f"`trtkv calibrate` writes for an FP8, NVFP4 or no KV cache. Next: `trtkv calibrate "
                              f"{recipe.name} --force`.")
-
-
-class LlmApiRunner(RefusingRunner):
-    def describe_local_generate(self, recipe: Recipe, max_tokens: int, checkpoint: Path | None) -> str:
-        return (f"{CPU_MODULE}.LLM on {checkpoint or checkpoint_dir(recipe) / HF} (the HF export; CPU, greedy, "
-                f"{max_tokens} tokens)")
-
-    def local_generate(self, recipe: Recipe, prompt: str, max_tokens: int, checkpoint: Path | None) -> str:
-        from trtkv.runtime.llm import LLM, SamplingParams
-
-        hf = Path(checkpoint) if checkpoint is not None else checkpoint_dir(recipe) / HF
-        if not (hf / "config.json").is_file():
-            raise StageError(f"{hf}: no config.json (the HF export). Next: `trtkv calibrate {recipe.name}`.")
-        llm = LLM(**{**llm_args(recipe, hf), "model": str(hf)})
-        try:
-            return str(llm.generate_async(prompt, SamplingParams(max_tokens=max_tokens, temperature=0)).result()
-                       .outputs[0].text)
-        finally:
-            llm.shutdown()
-
-    def generate_job(self, recipe: Recipe, prompt: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
-        return LLMAPI_RUNNER, {"llm_args": llm_args(recipe, checkpoint_dir(recipe) / HF), "prompt": prompt,
-                               "max_tokens": max_tokens}
 
 
 class LlmApiDynamo:
@@ -438,10 +232,5 @@ class LlmApiDynamo:
 
 BUILDER = LlmApiBuilder()
 SERVING = LlmApiServing()
-def llmapi_memory_knobs(recipe: Recipe) -> EngineKnobs:
-    """kv_cache_config.free_gpu_memory_fraction, and kv_cache_config.max_tokens when triton.kv_pool_gib_per_gpu caps."""
-    return trtllm_knobs(recipe, "kv_cache_config.free_gpu_memory_fraction", "kv_cache_config.max_tokens")
-
-
 BACKEND = EngineBackend(Backend.LLMAPI, BUILDER, LlmApiLayout(), SERVING, LlmApiRunner(), LlmApiDynamo(),
                         memory=MemoryRule("trtllm", llmapi_memory_knobs, served=trtllm_served))

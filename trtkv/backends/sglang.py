@@ -9,6 +9,9 @@ from calibrate's kv_scales.json. `quantization.kv_cache` maps to `--kv-cache-dty
 say (fp8 and fp8_cast: fp8_e4m3, nvfp4 on Blackwell; none: auto). Not served on the CPU by trtkv: SGLang's CPU path
 needs sgl-kernel's CPU build and AMX/AVX-512; its own argument parser checks every command trtkv writes
 (tests/e2e/test_sglang_args.py, `.venv-sglang`).
+
+This module holds the command lines and the backend's parts; the scales file (and the NVFP4 scale warning) is
+trtkv.backends.sglang_scales'.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 
 from trtkv.backends.base import BUILD_SECTIONS, command_block, http_get_text, tokens_pool
 from trtkv.backends.seam import EngineBackend, MemoryRule
+from trtkv.backends.sglang_scales import SCALES_FILE, nvfp4_scale_warning, uses_scales_file, write_scales_file
 from trtkv.backends.vllm import VllmRunner
 from trtkv.checkpoints.serving_memory import SGLANG_VERSION, ServedPool, sglang_info_tokens, sglang_knobs
 from trtkv.contracts.canary import canary_script, docker_health_args
@@ -27,8 +31,7 @@ from trtkv.core.apikey import API_KEY_ENV
 from trtkv.core.errors import StageError
 from trtkv.core.tools import quote
 from trtkv.kvcache import engines
-from trtkv.platform.hardware import GPU, GPU_SPECS
-from trtkv.recipe import Backend, KVCacheQuant, Recipe, WeightQuant
+from trtkv.recipe import Backend, KVCacheQuant, Recipe
 from trtkv.recipe.layout import (
     HF,
     Artifacts,
@@ -46,8 +49,6 @@ from trtkv.recipe.prefix_cache import prefix_cache
 SGLANG_IMAGE = f"lmsysorg/sglang:v{SGLANG_VERSION}"
 SGLANG_VENV = ".venv-sglang"
 GPU_COMMAND = "sglang_gpu_command.txt"
-SCALES_FILE = "sglang_kv_scales.json"  # --quantization-param-path
-FP8_DTYPE = "float8_e4m3fn"  # KVCacheQuantSchema.check_is_fp8 (python/sglang/srt/model_loader/weight_utils.py)
 # trtkv.deploy.launch.KEY_REF (the shell expands it to "$TRTKV_API_KEY"), spelt here: deploy imports the backends
 KEY_REF = "\x00" + API_KEY_ENV + "\x00"
 SHM_GIB = 16  # /dev/shm for SGLang's scheduler and TP workers (docker --shm-size, the pods' memory-backed /dev/shm)
@@ -66,25 +67,6 @@ def kv_cache_dtype(recipe: Recipe) -> str:
                          f"docs/kv-formats.md (trtkv/data/kv_formats.json), so SGLang has no --kv-cache-dtype for it. "
                          f"Next: `trtkv validate {recipe.name}` names the formats SGLang serves.")
     return rows[0].value
-
-
-def nvfp4_scale_warning(recipe: Recipe) -> str | None:
-    """NVFP4 KV on SM100: SGLang 0.5.23 multiplies a checkpoint k/v_scale by 6 there (it reads amax / (6 x 448);
-    fp4_kv_cache_quant_method.py load_scales_from_model), but ModelOpt 0.47 exports amax / 448 (unified_export_hf.py)."""
-    gpu = recipe.hardware.gpu
-    if recipe.quantization.kv_cache is not KVCacheQuant.NVFP4 or gpu is GPU.CPU or not GPU_SPECS[gpu].nvfp4_kv:
-        return None
-    sm = "".join(map(str, GPU_SPECS[gpu].sm))
-    return (f"warning: SGLang {SGLANG_VERSION} on {gpu.value} (SM{sm}) multiplies the export's NVFP4 "
-            f"k_scale/v_scale by 6 (it expects amax / (6 x 448)), but ModelOpt 0.47 writes amax / 448: the KV global "
-            f"scale is 6x too large (block scales pushed toward E4M3's low end; docs/kv-formats.md, nvfp4 row). "
-            f"Measure it, or serve NVFP4 KV with build.backend llmapi (TensorRT-LLM reads amax / 448 as is)")
-
-
-def uses_scales_file(recipe: Recipe) -> bool:
-    """FP8 KV without FP8 weights: the HF export carries k_scale/v_scale, but SGLang reads them only through
-    ModelOptFp8Config (FP8 weights), so trtkv hands them over as --quantization-param-path JSON."""
-    return recipe.quantization.kv_cache is KVCacheQuant.FP8 and recipe.quantization.weights is WeightQuant.NONE
 
 
 def served_model_name(recipe: Recipe) -> str:
@@ -143,38 +125,6 @@ def reads(recipe: Recipe) -> list[Path]:
     return [_hf(recipe), engine_dir(recipe)] if uses_scales_file(recipe) else [_hf(recipe)]
 
 
-def quant_param_document(k_amax: list[float], v_amax: list[float], tp_size: int, model_type: str | None) -> dict:
-    """SGLang's --quantization-param-path JSON (QuantParamSchema / KVCacheQuantSchema, weight_utils.py, sglang 0.5.23):
-    one FP8 scale per layer, shared by K and V (LlamaModel.load_kv_cache_scales sets k_scale = v_scale), the same for
-    every TP rank (per-tensor over all heads): max(k_amax, v_amax) / 448."""
-    from trtkv.kvcache.formats import FP8_MAX
-    from trtkv.kvcache.scales import MIN_AMAX, f32
-
-    if len(k_amax) != len(v_amax) or not k_amax:
-        raise StageError(f"SGLang scales: {len(k_amax)} K and {len(v_amax)} V amaxes (need one of each per layer). "
-                         f"Next: rerun `trtkv calibrate`.")
-    layers = {i: f32(max(k, v, MIN_AMAX) / FP8_MAX) for i, (k, v) in enumerate(zip(k_amax, v_amax, strict=True))}
-    return {"model_type": model_type, "kv_cache": {"dtype": FP8_DTYPE,
-                                                   "scaling_factor": {r: dict(layers) for r in range(tp_size)}}}
-
-
-def write_scales_file(recipe: Recipe, ckpt: Path, out: Path) -> Path:
-    """`out`/sglang_kv_scales.json from calibrate's kv_scales.json (model_type from the HF export's config.json)."""
-    from trtkv.kvcache.scales import load_kv_scales
-
-    source = ckpt / "kv_scales.json"
-    if not source.is_file():
-        raise StageError(f"build {recipe.name}: {source} is missing; SGLang needs its FP8 KV scales as "
-                         f"--quantization-param-path JSON here (weights none). Next: `trtkv calibrate {recipe.name}`.")
-    scales = load_kv_scales(source, recipe.model.num_layers)
-    try:
-        model_type = json.loads((ckpt / HF / "config.json").read_text()).get("model_type")
-    except (OSError, json.JSONDecodeError):
-        model_type = None
-    doc = quant_param_document(scales.k_amax, scales.v_amax, recipe.build.tp_size, model_type)
-    path = out / SCALES_FILE
-    path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    return path
 
 
 # ---------------------------------------------------------------------------------------------

