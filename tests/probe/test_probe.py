@@ -364,7 +364,7 @@ def test_static_scale_cache_key_covers_the_amaxes_each_format_reads() -> None:
     from trtkv.kvcache.names import all_format_names
     from trtkv.kvcache.quant import parse_format
     from trtkv.kvcache.scales import KVScales
-    from trtkv.probe.sweep import _scales_key
+    from trtkv.probe.sweep_cache import _scales_key
 
     base = {"k_amax": [10.0, 3.5], "v_amax": [2.0, 1.25], "source": "short pass"}
     a = KVScales(**base, k_head_amax=[[9.0, 10.0], [3.5, 1.0]], v_head_amax=[[2.0, 1.5], [1.0, 1.25]],

@@ -43,7 +43,8 @@ from trtkv.kvcache.formats import KVFormat
 from trtkv.kvcache.quant import FormatChoice, parse_format
 from trtkv.probe.layer_passes import LayerPasses
 from trtkv.probe.layers_report import markdown, plot, summary_line
-from trtkv.probe.measure import head_positions, probe_scales, reference_hidden
+from trtkv.probe.measure import probe_scales, reference_hidden
+from trtkv.probe.metrics import head_positions
 from trtkv.probe.serving import KV_CACHE_OF_FORMAT, served_by, serving, usable_gpus
 from trtkv.probe.setup import default_settings, load_model, write_json
 from trtkv.probe.sweep import probe_output
