@@ -273,7 +273,8 @@ def test_engine_format_sentences_are_computed_from_both_measured_records() -> No
 
 
 def test_plan_advice_and_verdicts_carry_the_engine_sentences(tmp_path: Path) -> None:
-    from trtkv.probe.results import probe_advice, verdicts
+    from trtkv.probe.outputs import verdicts
+    from trtkv.probe.results import probe_advice
 
     recs = [_rec("fp16", 512, 0.0), _rec("fp8", 512, 0.004), _rec("fp8_cast", 512, 0.012)]
     doc = {"records": recs, "settings": {"formats": ["fp16", "fp8", "fp8_cast"]}, "reference": "fp16", "needles": []}

@@ -253,7 +253,7 @@ def test_the_sweep_asks_every_formats_needles_from_its_kl_pass(gemma: Gemma3ForC
     loaded.info = {"num_layers": 4, "num_kv_heads": 1, "head_dim": 32, "sliding_window": WINDOW, "head_positions": 64}
     monkeypatch.setattr(sweep, "load_model", lambda recipe, settings: loaded)
     monkeypatch.setattr(sweep, "probe_scales", lambda *a: KVScales(k_amax=[1.0] * 4, v_amax=[1.0] * 4, source="test"))
-    monkeypatch.setattr("trtkv.probe.results.write_outputs", lambda out, doc, *a: (out / "probe.json").write_text(
+    monkeypatch.setattr("trtkv.probe.outputs.write_outputs", lambda out, doc, *a: (out / "probe.json").write_text(
         json.dumps(doc)))
     formats = ["fp16", "int8_token", "int4_g32"]
     settings = ProbeSettings(formats=formats, lengths=[500, 1000], needle_lengths=[500, 900], needle_depths=[0.2, 0.8],

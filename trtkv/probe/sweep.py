@@ -67,7 +67,7 @@ def probe_output(recipe: Recipe, output: Path | None) -> Path:
 
 def run_probe(recipe: Recipe, output: Path | None = None, settings: ProbeSettings | None = None) -> Path:
     """Run (or resume) the sweep and write probe.json, probe.md and plots into `output`."""
-    from trtkv.probe.results import write_outputs
+    from trtkv.probe.outputs import write_outputs
 
     settings = settings or default_settings(recipe)
     out = probe_output(recipe, output)
