@@ -228,8 +228,8 @@ def test_window_trimming_changes_no_logit(fmt: str, window: int, tokens: int) ->
 def test_mask_sizes_match_transformers_sliding_layer() -> None:
     from transformers.cache_utils import DynamicSlidingWindowLayer
 
-    from trtkv.kvcache.cache import QuantizedKVLayer
     from trtkv.kvcache.quant import layer_codecs
+    from trtkv.kvcache.quantized_layer import QuantizedKVLayer
 
     ours, theirs = QuantizedKVLayer(layer_codecs("fp16"), sliding_window=5), DynamicSlidingWindowLayer(5)
     for n in (3, 1, 4, 1, 1, 7, 1):
@@ -279,8 +279,8 @@ def test_keep_decoded_gives_the_same_keys_and_decodes_each_token_once(fmt: str, 
 def test_keep_decoded_stays_off_where_decode_is_a_gemm() -> None:
     """TurboQuant's 4-bit keys decode through a GEMM with the Hadamard matrix, whose rows BLAS may sum in another
     order for another row count: those layers keep decoding the whole store."""
-    from trtkv.kvcache.cache import QuantizedKVLayer
     from trtkv.kvcache.quant import layer_codecs
+    from trtkv.kvcache.quantized_layer import QuantizedKVLayer
 
     assert not QuantizedKVLayer(layer_codecs("turboquant_4bit_nc"), keep_decoded=True).keep_decoded
     assert QuantizedKVLayer(layer_codecs("turboquant_k8v4"), keep_decoded=True).keep_decoded  # FP8 keys

@@ -54,7 +54,8 @@ def test_per_layer_on_a_windowed_model(gemma: Gemma3ForCausalLM, tmp_path: Path,
     what a LONGEST-token sequence holds (sliding layers: their window), needles come from the verification passes,
     and a rerun runs nothing."""
     from trtkv.probe import layers
-    from trtkv.probe.measure import head_positions, reference_hidden, run_format
+    from trtkv.probe.measure import reference_hidden, run_format
+    from trtkv.probe.metrics import head_positions
     from trtkv.recipe import load_recipe
 
     loaded = _loaded(gemma, tmp_path)

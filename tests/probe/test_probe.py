@@ -274,7 +274,8 @@ def test_engine_format_sentences_are_computed_from_both_measured_records() -> No
 
 
 def test_plan_advice_and_verdicts_carry_the_engine_sentences(tmp_path: Path) -> None:
-    from trtkv.probe.results import probe_advice, verdicts
+    from trtkv.probe.outputs import verdicts
+    from trtkv.probe.results import probe_advice
 
     recs = [_rec("fp16", 512, 0.0), _rec("fp8", 512, 0.004), _rec("fp8_cast", 512, 0.012)]
     doc = {"records": recs, "settings": {"formats": ["fp16", "fp8", "fp8_cast"]}, "reference": "fp16", "needles": []}
@@ -365,7 +366,7 @@ def test_static_scale_cache_key_covers_the_amaxes_each_format_reads() -> None:
     from trtkv.kvcache.names import all_format_names
     from trtkv.kvcache.quant import parse_format
     from trtkv.kvcache.scales import KVScales
-    from trtkv.probe.sweep import _scales_key
+    from trtkv.probe.sweep_cache import _scales_key
 
     base = {"k_amax": [10.0, 3.5], "v_amax": [2.0, 1.25], "source": "short pass"}
     a = KVScales(**base, k_head_amax=[[9.0, 10.0], [3.5, 1.0]], v_head_amax=[[2.0, 1.5], [1.0, 1.25]],

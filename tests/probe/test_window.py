@@ -10,7 +10,8 @@ from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
 from trtkv.kvcache.cache import QuantizedKVCache
 from trtkv.kvcache.quant import parse_format
-from trtkv.probe.measure import _logprobs, feed, kl_between, length_record, position_metrics
+from trtkv.probe.measure import feed
+from trtkv.probe.metrics import _logprobs, kl_between, length_record, position_metrics
 from trtkv.probe.window import SlidingQuantizedLayer, WindowedKVCache
 
 WINDOW = 16
@@ -194,7 +195,7 @@ def test_last_layer_at_sampled_rows_equals_the_dense_pass(gemma: Gemma3ForCausal
 
 def test_one_reference_head_shared_by_formats_gives_each_formats_metrics(gemma: Gemma3ForCausalLM) -> None:
     """head_metrics runs the reference's LM head once for several formats: each gets exactly position_metrics'."""
-    from trtkv.probe.measure import head_metrics
+    from trtkv.probe.metrics import head_metrics
 
     ids = torch.randint(0, 128, (1, 120), generator=torch.Generator().manual_seed(6))
     ref = feed(gemma, ids, WindowedKVCache(gemma.config, "fp16"), None)[0][:119]
@@ -211,7 +212,8 @@ def test_sampled_reference_and_last_layer_give_the_dense_runs_metrics(gemma: Gem
     """run_format on a windowed model with the reference stored at the LM head's rows only (its last layer run at
     those rows) gives the metrics of the dense reference and pass at those rows (float64)."""
     from trtkv.kvcache.scales import KVScales
-    from trtkv.probe.measure import finish_runs, head_positions, reference_hidden, run_format
+    from trtkv.probe.measure import reference_hidden, run_format
+    from trtkv.probe.metrics import finish_runs, head_positions
     from trtkv.probe.setup import Loaded
 
     text = torch.randint(0, 128, (260,), generator=torch.Generator().manual_seed(7)).tolist()
@@ -251,7 +253,7 @@ def test_the_sweep_asks_every_formats_needles_from_its_kl_pass(gemma: Gemma3ForC
     loaded.info = {"num_layers": 4, "num_kv_heads": 1, "head_dim": 32, "sliding_window": WINDOW, "head_positions": 64}
     monkeypatch.setattr(sweep, "load_model", lambda recipe, settings: loaded)
     monkeypatch.setattr(sweep, "probe_scales", lambda *a: KVScales(k_amax=[1.0] * 4, v_amax=[1.0] * 4, source="test"))
-    monkeypatch.setattr("trtkv.probe.results.write_outputs", lambda out, doc, *a: (out / "probe.json").write_text(
+    monkeypatch.setattr("trtkv.probe.outputs.write_outputs", lambda out, doc, *a: (out / "probe.json").write_text(
         json.dumps(doc)))
     formats = ["fp16", "int8_token", "int4_g32"]
     settings = ProbeSettings(formats=formats, lengths=[500, 1000], needle_lengths=[500, 900], needle_depths=[0.2, 0.8],

@@ -1,5 +1,6 @@
-"""Row storage for the quantized KV cache (trtkv.kvcache.cache): RowStore, the growing per-part tensors a layer keeps,
-and encode_rows, one layer's new tokens encoded once for many sequences' caches (update_rows)."""
+"""Row storage for the quantized KV cache (trtkv.kvcache.cache): RowStore, the growing per-part tensors a layer keeps
+(trtkv.kvcache.quantized_layer), and encode_rows, one layer's new tokens encoded once for many sequences' caches
+(update_rows)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
 """`trtkv probe`: KV-cache precision vs context length, measured on the recipe's real model.
 
 Modules: setup (settings, the loaded model), placement (dtype, the device map over GPUs, --dry-run), measure (the
-passes and metrics), attention (engine attention modes and the prefill-vs-decode drift), sweep (the driver, caching,
-outputs), results and attention_report (probe.json on disk for the planner and the report; light: no torch).
+passes), metrics (KL, top-1 and the records of a pass), attention (engine attention modes and the prefill-vs-decode
+drift), sweep (the driver), sweep_cache (its cache), outputs (probe.json, probe.md, plots), results and
+attention_report (probe.json read back for the planner and the report; light: no torch), layers (--per-layer) and
+layers_search (its sensitivity, verified sets and fronts).
 Importing this package stays light too: the torch-side names load on first use.
 
 For each format and context length, on long natural text (calibration_data/eval, never used for calibration):

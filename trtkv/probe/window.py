@@ -21,9 +21,10 @@ from typing import Any
 
 import torch
 
-from trtkv.kvcache.cache import QuantizedKVCache, QuantizedKVLayer
+from trtkv.kvcache.cache import QuantizedKVCache
 from trtkv.kvcache.formats import KVFormat
 from trtkv.kvcache.quant import FormatChoice, KVScale
+from trtkv.kvcache.quantized_layer import QuantizedKVLayer
 from trtkv.kvcache.rows import RowStore
 
 SLIDING = "sliding_attention"
