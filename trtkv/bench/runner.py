@@ -10,7 +10,7 @@ from typing import Any
 
 from trtkv.backends import for_recipe
 from trtkv.bench import accuracy as acc_tasks
-from trtkv.bench import aiperf_export, plots, results, slo
+from trtkv.bench import aiperf_export, plots, results, results_files, slo
 from trtkv.bench.client import Endpoint
 from trtkv.bench.endpoints import check_endpoint
 from trtkv.bench.levels import ClientRun, client_summary
@@ -248,10 +248,10 @@ def write_all(folder: Path, out: dict[str, Any], by_level: dict[str, list[Reques
     sweep_levels = (out.get("sweep") or {}).get("levels") or {}
     if plots.itl_vs_input(folder / "itl_vs_input.png", sweep_levels, f"{out['recipe']}: ITL vs input length"):
         made.append("itl_vs_input.png")
-    results.write_json(folder / "results.json", out)
-    results.write_csv(folder / "results.csv", out)
-    results.write_requests_csv(folder / "requests.csv", out["records"])
-    results.write_md(folder / "results.md", out, made)
+    results_files.write_json(folder / "results.json", out)
+    results_files.write_csv(folder / "results.csv", out)
+    results_files.write_requests_csv(folder / "requests.csv", out["records"])
+    results_files.write_md(folder / "results.md", out, made)
     for label, recs in by_level.items():  # AIPerf's layout: one profile_export_aiperf.json/.csv per run (level)
         meta = {"trtkv": {"recipe": out["recipe"], "level": label, "endpoint": out["endpoint"]}}
         aiperf_export.write_level(folder / "aiperf" / label.replace("=", "_").replace("/", "_"), recs,
