@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from trtkv.bench import accuracy, results, runner, stats
+from trtkv.bench import accuracy, phases, results, stats
 from trtkv.bench.records import OK, RequestRecord
 from trtkv.report import summary
 
@@ -99,8 +99,8 @@ def test_accuracy_tasks_run_at_the_recipes_accuracy_concurrency(monkeypatch: pyt
     from trtkv.recipe import load_recipe
 
     seen: list[int] = []
-    monkeypatch.setattr(runner, "session_factory", lambda ep: None)
-    monkeypatch.setattr(runner, "run_concurrency", lambda f, jobs, conc, *a: seen.append(conc) or [])
+    monkeypatch.setattr(phases, "session_factory", lambda ep: None)
+    monkeypatch.setattr(phases, "run_concurrency", lambda f, jobs, conc, *a: seen.append(conc) or [])
 
     class Progress:
         def phase(self, *_: Any) -> Any:
@@ -109,6 +109,6 @@ def test_accuracy_tasks_run_at_the_recipes_accuracy_concurrency(monkeypatch: pyt
     task = accuracy.Task("quiz", [], lambda r: {}, [])
     recipe = load_recipe("smollm2_fp8kv", ["bench.concurrency=[1,4,8]"])
     assert recipe.bench.accuracy_concurrency == 1
-    runner.run_accuracy(recipe, None, [task], Progress(), [])  # type: ignore[arg-type]
-    runner.run_accuracy(load_recipe("smollm2_fp8kv", ["bench.accuracy_concurrency=4"]), None, [task], Progress(), [])  # type: ignore[arg-type]
+    phases.run_accuracy(recipe, None, [task], Progress(), [])  # type: ignore[arg-type]
+    phases.run_accuracy(load_recipe("smollm2_fp8kv", ["bench.accuracy_concurrency=4"]), None, [task], Progress(), [])  # type: ignore[arg-type]
     assert seen == [1, 4]

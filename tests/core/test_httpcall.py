@@ -1,5 +1,5 @@
 """trtkv.core.httpcall, the one helper for trtkv's own small requests: one deadline, a byte bound, the API key, no
-proxy, clear errors; and the same helper through the bench's strict parser (http1.strict)."""
+proxy, clear errors; and the same helper through the bench's strict parser (http1_fetch.strict)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from trtkv.bench.http1 import ProtocolError, strict
+from trtkv.bench.http1 import ProtocolError
+from trtkv.bench.http1_fetch import strict
 from trtkv.core.apikey import API_KEY_ENV, TRITON_KEY_HEADER
 from trtkv.core.httpcall import HttpError, Target, request
 

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trtkv.bench.http1 import CHECK_BYTES, Connection, Events, ProtocolError, event_json, http_request, strict
+from trtkv.bench.http1 import Connection, Events, ProtocolError
+from trtkv.bench.http1_fetch import CHECK_BYTES, event_json, http_request, strict
 from trtkv.bench.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord, now_ns
 from trtkv.bench.stream import shared_loop, stream
 from trtkv.contracts.interface import ENSEMBLE, LLMAPI, ModelInterface, detect

@@ -19,7 +19,8 @@ from typing import Any
 
 from trtkv.bench.client import Endpoint
 from trtkv.bench.fidelity_score import TOP_K, Served
-from trtkv.bench.http1 import ProtocolError, strict
+from trtkv.bench.http1 import ProtocolError
+from trtkv.bench.http1_fetch import strict
 from trtkv.core.errors import TrtkvError
 from trtkv.core.httpcall import request
 from trtkv.recipe import Recipe
@@ -31,7 +32,7 @@ MAX_BODY = 64 << 20
 
 def _post(url: str, path: str, body: dict[str, Any], timeout_s: float) -> tuple[int, Any]:
     """POST `body` to host:port `url`: (status, the answer's JSON, or {"error": ...}); one deadline, at most MAX_BODY,
-    read by the bench's strict parser (trtkv.core.httpcall with http1.strict). An answer that breaks the parser's
+    read by the bench's strict parser (trtkv.core.httpcall with http1_fetch.strict). An answer that breaks the parser's
     rules or bounds is that document's error (status 0); a connection that fails raises OSError."""
     try:
         answer = request(f"{url}{path}", body, timeout_s=timeout_s, max_bytes=MAX_BODY, transport=strict(None))

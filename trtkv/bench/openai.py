@@ -14,7 +14,8 @@ import json
 from typing import Any
 
 from trtkv.bench.client import Endpoint, HttpSession, SamplingParams, _first_line
-from trtkv.bench.http1 import CHECK_BYTES, Events, ProtocolError, event_json, strict
+from trtkv.bench.http1 import Events, ProtocolError
+from trtkv.bench.http1_fetch import CHECK_BYTES, event_json, strict
 from trtkv.bench.records import ERROR, OK, RequestRecord
 from trtkv.core.errors import TrtkvError
 from trtkv.core.files import strict_json
@@ -25,7 +26,7 @@ ENDPOINT_TYPES = {"completions": "/v1/completions", "chat": "/v1/chat/completion
 
 def _get_json(ep: Endpoint, path: str, timeout_s: float) -> tuple[int, Any]:
     """GET `path`: (status, parsed body); one overall deadline and a size cap (trtkv.core.httpcall through the
-    bench's strict parser, http1.strict), strict JSON."""
+    bench's strict parser, http1_fetch.strict), strict JSON."""
     answer = request(f"{ep.url}{path}", timeout_s=timeout_s, max_bytes=CHECK_BYTES, transport=strict())
     try:
         return answer.status, strict_json(answer.body) if answer.body else None
@@ -35,7 +36,7 @@ def _get_json(ep: Endpoint, path: str, timeout_s: float) -> tuple[int, Any]:
 
 def check_openai(ep: Endpoint, timeout_s: float = 10.0) -> Endpoint:
     """The server answers /v1/models and serves ep.model (or, when none was named, its only/first model); one
-    deadline of `timeout_s` for the whole check and at most http1.CHECK_BYTES of answer."""
+    deadline of `timeout_s` for the whole check and at most http1_fetch.CHECK_BYTES of answer."""
     try:
         status, body = _get_json(ep, "/v1/models", timeout_s)
     except ProtocolError as exc:
