@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from trtkv.bench import fidelity, results, slo
+from trtkv.bench import fidelity, fidelity_verdict, results, slo
 from trtkv.bench.client import Endpoint
 from trtkv.bench.fidelity_score import CachedScorer, Served
 from trtkv.bench.fidelity_served import openai_prompt_logprobs, openai_request, triton_request
@@ -26,17 +26,17 @@ def _rows(values: list[list[float]]) -> list[tuple[dict[str, list[float]], dict[
 
 
 def test_served_equal_to_the_prediction_is_as_predicted_and_clearly_worse_is_not() -> None:
-    same = fidelity.length_summary(256, _rows([[0.05] * 8] * 4), {})
-    assert same["verdict"] == fidelity.AS_PREDICTED and same["mean_abs_dlogp"]["gap"]["value"] == pytest.approx(0)
-    worse = fidelity.length_summary(256, _rows([[0.5, 0.7] * 4] * 4), {})
-    assert worse["verdict"] == fidelity.WORSE and worse["worse_metrics"] == ["mean_abs_dlogp"]
+    same = fidelity_verdict.length_summary(256, _rows([[0.05] * 8] * 4), {})
+    assert same["verdict"] == fidelity_verdict.AS_PREDICTED and same["mean_abs_dlogp"]["gap"]["value"] == pytest.approx(0)
+    worse = fidelity_verdict.length_summary(256, _rows([[0.5, 0.7] * 4] * 4), {})
+    assert worse["verdict"] == fidelity_verdict.WORSE and worse["worse_metrics"] == ["mean_abs_dlogp"]
     assert worse["mean_abs_dlogp"]["gap"]["ci"][0] > worse["mean_abs_dlogp"]["margin"]
 
 
 def test_one_bad_document_of_four_is_within_the_spread() -> None:
     """The margin is the measurements' own spread: a single outlier document does not make the length worse."""
-    out = fidelity.length_summary(256, _rows([[0.05] * 8, [0.05] * 8, [0.05] * 8, [0.9] * 8]), {})
-    assert out["verdict"] == fidelity.AS_PREDICTED, out["mean_abs_dlogp"]
+    out = fidelity_verdict.length_summary(256, _rows([[0.05] * 8, [0.05] * 8, [0.05] * 8, [0.9] * 8]), {})
+    assert out["verdict"] == fidelity_verdict.AS_PREDICTED, out["mean_abs_dlogp"]
 
 
 @pytest.mark.parametrize("name", ["smollm2_fp8kv", "smollm2_int8kv", "smollm2_fp8kv_vllm", "llama70b_fp8kv",
@@ -206,7 +206,7 @@ def test_the_task_passes_the_predicted_engine_and_fails_a_corrupted_one(tmp_path
                                   log=lambda s: None)
     healthy = fidelity.run_fidelity(_Recipe, _greedy_server(predicted), reference=_scorer("ref", reference, tmp_path),
                                     prediction=_scorer("pred", predicted, tmp_path), **kwargs)
-    assert healthy["verdict"] == fidelity.AS_PREDICTED and healthy["worse_lengths"] == 0, healthy["notes"]
+    assert healthy["verdict"] == fidelity_verdict.AS_PREDICTED and healthy["worse_lengths"] == 0, healthy["notes"]
     assert "reproduce" not in healthy
     row = healthy["table"][0]["top1_agreement"]["served"]  # one length: the pooled figure is that length's own
     assert (healthy["accuracy"], healthy["accuracy_ci"]) == (pytest.approx(row["value"]), row["ci"])
@@ -214,7 +214,7 @@ def test_the_task_passes_the_predicted_engine_and_fails_a_corrupted_one(tmp_path
     assert results.accuracy_rows({"accuracy": {"fidelity": healthy}})[0][3] == results.interval_text(row["ci"])
     faulty = fidelity.run_fidelity(_Recipe, _greedy_server(_noisy(1.0)), reference=_scorer("ref", reference, tmp_path),
                                    prediction=_scorer("pred", predicted, tmp_path), **kwargs)
-    assert faulty["verdict"] == fidelity.WORSE and faulty["lengths_judged_worse"] == [64], faulty["notes"]
+    assert faulty["verdict"] == fidelity_verdict.WORSE and faulty["lengths_judged_worse"] == [64], faulty["notes"]
     assert faulty["reproduce"] == "trtkv bench r" and faulty["likely_causes"]
     assert json.loads((tmp_path / "ref.json").read_text())["docs"]  # the reference is cached per document
 

@@ -12,7 +12,7 @@ import pytest
 
 from trtkv.bench import accuracy, phases, results, stats
 from trtkv.bench.records import OK, RequestRecord
-from trtkv.report import summary
+from trtkv.report import compare, summary
 
 
 def answered(job: accuracy.Job, text: str) -> RequestRecord:
@@ -89,7 +89,7 @@ def _row(name: str, value: float, ci: list[float]) -> dict[str, Any]:
 def test_compare_calls_a_difference_only_when_intervals_separate() -> None:
     rows = [_row("a", 0.50, [0.35, 0.65]), _row("b", 0.55, [0.40, 0.70]), _row("c", 0.90, [0.78, 0.96]),
             _row("d", 0.10, [0.04, 0.22]), {"recipe": "e", "bench": {"quiz.accuracy": 0.2}}]
-    assert summary.accuracy_difference(rows, "quiz.accuracy").split(" | ") == [
+    assert compare.accuracy_difference(rows, "quiz.accuracy").split(" | ") == [
         "(baseline)", "within noise", "higher", "lower", "no interval"]
     headline = summary.bench_headline({"accuracy": {"quiz": {"accuracy": 0.5, "accuracy_ci": [0.3, 0.7]}}})
     assert headline["quiz.accuracy.ci"] == [0.3, 0.7]

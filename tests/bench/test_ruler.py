@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trtkv.bench import ruler, ruler_gen
+from trtkv.bench import ruler, ruler_families
 from trtkv.bench.prompts import load_tokenizer
 from trtkv.bench.records import ERROR, OK, RequestRecord
 from trtkv.bench.stats import wilson_interval
@@ -87,7 +87,7 @@ def test_niah_templates_and_needles_are_rulers(items_2048) -> None:  # noqa: ANN
             assert item.input.count(f" for {key} is: ") == 1
             lines = item.input.split("\n")[1:-1]
             if task == "niah_single_1":  # noise haystack: RULER's sentence, one needle among them
-                assert set(lines) == {ruler_gen.NOISE, f"One of the special magic numbers for {key} is: {answer}."}
+                assert set(lines) == {ruler_families.NOISE, f"One of the special magic numbers for {key} is: {answer}."}
             else:  # needle haystack: every line a needle of the same form, distractors with other keys
                 assert len(lines) == item.haystack_units + 1
                 assert all(re.fullmatch(rf"One of the special magic {noun}s for .+ is: {kind}\.", x) for x in lines)
@@ -112,7 +112,7 @@ def test_variable_tracking_is_rulers(items_2048) -> None:  # noqa: ANN001
         positions = [lines.index(c) for c in chain]
         assert positions == sorted(positions) and all(lines.count(c) == 1 for c in chain)
         assert item.input.count(f"= {value}\n") == 1  # the value is assigned once
-        assert sum(line == ruler_gen.NOISE for line in lines) == item.haystack_units
+        assert sum(line == ruler_families.NOISE for line in lines) == item.haystack_units
 
 
 def test_common_and_frequent_words_are_rulers(items_2048) -> None:  # noqa: ANN001
@@ -140,7 +140,7 @@ def test_common_and_frequent_words_are_rulers(items_2048) -> None:  # noqa: ANN0
 
 
 def test_missing_wonderwords_names_the_install(monkeypatch: pytest.MonkeyPatch, encode) -> None:  # noqa: ANN001
-    for cached in (ruler_gen.wordlists, ruler_gen._niah_word_parts, ruler_gen._cwe_words):
+    for cached in (ruler_families.wordlists, ruler_families._niah_word_parts, ruler_families._cwe_words):
         cached.cache_clear()
     monkeypatch.setitem(sys.modules, "wonderwords", None)
     monkeypatch.setitem(sys.modules, "wonderwords.assets", None)
@@ -149,7 +149,7 @@ def test_missing_wonderwords_names_the_install(monkeypatch: pytest.MonkeyPatch, 
             ruler.generate("niah_single_1", 1024, 1, encode)
         assert len(ruler.generate("niah_multikey_3", 1024, 1, encode)) == 1  # uuids need no word list
     finally:
-        for cached in (ruler_gen.wordlists, ruler_gen._niah_word_parts, ruler_gen._cwe_words):
+        for cached in (ruler_families.wordlists, ruler_families._niah_word_parts, ruler_families._cwe_words):
             cached.cache_clear()
 
 

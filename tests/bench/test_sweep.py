@@ -129,7 +129,7 @@ def test_sweep_lengths_are_checked_at_once() -> None:
 
 
 def test_compare_reports_the_break_even_and_plots(tmp_path) -> None:  # noqa: ANN001
-    from trtkv.report.summary import _sweep_section
+    from trtkv.report.compare import _sweep_section
 
     def doc(slope: float, intercept: float) -> dict:
         body = _level(slope, intercept)

@@ -32,7 +32,7 @@ import pytest
 
 from tests.conftest import CHAIN_OVERRIDES
 from tests.support.manifests import relist
-from trtkv.bench import fidelity
+from trtkv.bench import fidelity, fidelity_verdict
 from trtkv.bench.runner import BenchOptions, run_bench
 from trtkv.core.errors import StageError
 from trtkv.core.process import free_ports
@@ -137,7 +137,7 @@ def quarter(tmp_path_factory: pytest.TempPathFactory, smollm2_engine: Path) -> I
 def test_the_healthy_server_is_as_predicted(healthy: dict[str, Any], chain_run: dict) -> None:
     fid = healthy["accuracy"]["fidelity"]
     print("\n".join(fid["notes"]), fid["seconds"])
-    assert fid["verdict"] == fidelity.AS_PREDICTED and fid["worse_lengths"] == 0, fid["notes"]
+    assert fid["verdict"] == fidelity_verdict.AS_PREDICTED and fid["worse_lengths"] == 0, fid["notes"]
     assert chain_run["returncode"] == 0 and all(r["passed"] for r in healthy["slo"]["results"]), healthy["slo"]
     assert any(r["slo"] == "fidelity.worse_lengths<=0" for r in healthy["slo"]["results"])
     assert "TensorRT-LLM" in fid["prediction"]["semantics"] and "16-bit" in fid["reference"]["producer"]
@@ -149,7 +149,7 @@ def test_a_quarter_range_scale_fails_fidelity_while_the_quiz_stays_within_its_in
     fid = out.results["accuracy"]["fidelity"]
     print("\n".join(fid["notes"]), fid["seconds"])
     lengths = fid["settings"]["lengths"]
-    assert fid["verdict"] == fidelity.WORSE and fid["lengths_judged_worse"] == lengths, fid["notes"]
+    assert fid["verdict"] == fidelity_verdict.WORSE and fid["lengths_judged_worse"] == lengths, fid["notes"]
     assert out.exit_code == 1 and any(r["slo"] == "fidelity.worse_lengths<=0" and not r["passed"]
                                       for r in out.results["slo"]["results"])
     assert "--tasks fidelity" in fid["reproduce"] and any("scale convention" in c for c in fid["likely_causes"])
@@ -185,5 +185,5 @@ def test_a_saturating_scale_fails_fidelity_in_process(quarter: tuple[Path, Any],
                                        prediction_scorer(recipe, folder, print), fidelity.default_lengths(recipe),
                                        b.fidelity_documents, b.fidelity_tokens, "trtkv bench ...")
     print("\n".join(result["notes"]), result["seconds"])
-    assert result["verdict"] == fidelity.WORSE, result["notes"]
+    assert result["verdict"] == fidelity_verdict.WORSE, result["notes"]
     assert result["seconds"]["reference_load"] == 0 and result["seconds"]["predicted_load"] == 0  # loaded once

@@ -5,7 +5,7 @@ continuation token is its drift. The prediction is the same drift under the atte
 computes (trtkv.probe.attention.recipe_mode): for cache-only attention it is 0 by construction, so the served figure
 is the engine's own kernel noise and no verdict is drawn; for an FP8 attention mode it is computed on the prediction's
 model (trtkv.kvcache.attention_hook, one pass with the decode kernel from the prompt's end on, one without) and the
-served drift is judged by the task's rule (trtkv.bench.fidelity.judge)."""
+served drift is judged by the task's rule (trtkv.bench.fidelity_verdict.judge)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from trtkv.bench.ruler_gen import FAMILIES, RULER_COMMIT, RULER_SEED, TASKS, Encode, RulerError, RulerItem, generate
+from trtkv.bench.ruler_families import FAMILIES, Encode, RulerError
+from trtkv.bench.ruler_gen import RULER_COMMIT, RULER_SEED, TASKS, RulerItem, generate
 from trtkv.bench.stats import wilson_interval
 from trtkv.core.errors import TrtkvError
 

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from trtkv.core import paths
     from trtkv.recipe import load_recipe
     from trtkv.report.chain import run_chain
-    from trtkv.report.summary import write_compare
+    from trtkv.report.compare import write_compare
 
     o = CompareOptions.from_args(args)
     names = [n.strip() for n in o.recipes.split(",") if n.strip()]
