@@ -124,23 +124,23 @@ def _restart_fault(recipe: Any, fault: str, pid: int | None) -> FaultResult:
 
 def _cleaned(recipe: Any) -> list[dict[str, Any]]:
     """The supervisor's `cleaned` events so far (each: the old session was empty before the restart)."""
-    from trtkv.serving import supervise
+    from trtkv.serving import supervisor_state
 
-    return [e for e in supervise.read_events(recipe, last=10_000) if e.get("event") == "cleaned"]
+    return [e for e in supervisor_state.read_events(recipe, last=10_000) if e.get("event") == "cleaned"]
 
 
 def fault_supervisor(recipe: Any, spec: list[str]) -> FaultResult:
-    from trtkv.serving import health, supervise
+    from trtkv.serving import health, supervisor_state
 
     out = FaultResult("supervisor", EXPECTED["supervisor"])
-    sup = supervise.alive(recipe)
+    sup = supervisor_state.alive(recipe)
     if sup is None:
         out.detail = "no supervisor running"
         return out
     out.killed_pid = sup.pid
     start = time.monotonic()
     os.kill(out.killed_pid, signal.SIGKILL)
-    while supervise.alive(recipe) is not None and time.monotonic() - start < 10:
+    while supervisor_state.alive(recipe) is not None and time.monotonic() - start < 10:
         time.sleep(0.1)
     status = trtkv("status", *spec, "--json")
     try:
@@ -149,7 +149,7 @@ def fault_supervisor(recipe: Any, spec: list[str]) -> FaultResult:
         doc = {}
     serving = health.check(recipe, canaries=1).state == "healthy"
     attached = trtkv("serve", *spec, "--attach")
-    again = supervise.alive(recipe)
+    again = supervisor_state.alive(recipe)
     out.healed_s = round(time.monotonic() - start, 1)
     out.detail = (f"status unsupervised={doc.get('unsupervised')}, serving={serving}; attach exit "
                   f"{attached.returncode}: {(attached.stdout or attached.stderr).strip().splitlines()[-1:]}")

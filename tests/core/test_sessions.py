@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 
 from trtkv.core import sessions
+from trtkv.core.errors import ToolError
 from trtkv.core.process import port_in_use
 from trtkv.recipe import load_recipe
-from trtkv.serving import serve, teardown
+from trtkv.serving import launch, serve, teardown
 
 FAKE_SERVER = r"""
 import http.server, json, os, subprocess, sys, time
@@ -112,7 +113,7 @@ def test_stop_after_the_leader_was_killed_ends_the_whole_session_and_nothing_els
     recipe = _recipe()
     pidfile = tmp_path / "server.json"
     cmd = [sys.executable, "-c", FAKE_SERVER, str(recipe.triton.http_port), "ready", str(pidfile)]
-    info = serve._launch(recipe, cmd, Path("repo"), dict(os.environ), 60, lambda _m: None)
+    info = launch._launch(recipe, cmd, Path("repo"), dict(os.environ), 60, lambda _m: None)
     pids = _pids(pidfile)
     assert info.session_id == info.pid == pids["leader"] and info.session_start == sessions.start_time(info.pid)
     assert sessions.marker_of(pids["setsid"]) == info.session_marker  # left the session, kept the marker
@@ -125,7 +126,7 @@ def test_stop_after_the_leader_was_killed_ends_the_whole_session_and_nothing_els
     assert serve.stop(recipe, timeout_s=5, log=said.append)
     assert not [p for p in survivors if _live(p)], said
     assert any("cleaned: 3 processes" in line for line in said), said
-    assert not serve.server_json(recipe).exists() and not port_in_use("127.0.0.1", recipe.triton.http_port)
+    assert not launch.server_json(recipe).exists() and not port_in_use("127.0.0.1", recipe.triton.http_port)
     other = other_session["pids"]
     assert all(_live(p) for p in other.values())  # another session with the same command lines survives
     assert sessions.members(other_session["session"]) == sorted(other.values())
@@ -136,7 +137,7 @@ def test_stop_of_a_live_server_ends_every_process_of_its_session(engines_tmp: Pa
     recipe = _recipe()
     pidfile = tmp_path / "server.json"
     cmd = [sys.executable, "-c", FAKE_SERVER, str(recipe.triton.http_port), "ready", str(pidfile)]
-    serve._launch(recipe, cmd, Path("repo"), dict(os.environ), 60, lambda _m: None)
+    launch._launch(recipe, cmd, Path("repo"), dict(os.environ), 60, lambda _m: None)
     pids = _pids(pidfile)
     result = serve.stop_server(recipe, timeout_s=5, log=lambda _m: None)
     assert result is not None and result.was_running and result.cleanup.done
@@ -162,13 +163,13 @@ def test_an_interrupted_start_leaves_nothing_behind(engines_tmp: Path, tmp_path:
     signal.setitimer(signal.ITIMER_REAL, 0.5)
     try:
         with pytest.raises(KeyboardInterrupt):
-            serve._launch(recipe, cmd, Path("repo"), dict(os.environ), 120, lambda _m: None)
+            launch._launch(recipe, cmd, Path("repo"), dict(os.environ), 120, lambda _m: None)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, before)
     pids = _pids(pidfile)
     assert not [p for p in pids.values() if _live(p)], pids
-    assert not serve.server_json(recipe).exists()
+    assert not launch.server_json(recipe).exists()
 
 
 def test_a_reused_leader_pid_is_not_the_old_session(other_session: dict[str, Any]) -> None:
@@ -235,8 +236,8 @@ def test_a_docker_start_records_the_container_id_and_stop_ends_that_container(
     docker.chmod(0o755)
     monkeypatch.setenv("PATH", f"{docker.parent}{os.pathsep}{os.environ['PATH']}")
     recipe = _recipe()
-    with pytest.raises(serve.ToolError, match="exited with code 125"):
-        serve._launch(recipe, ["docker", "run", "--name", "trtkv-x", "image"], Path("repo"), dict(os.environ), 20,
+    with pytest.raises(ToolError, match="exited with code 125"):
+        launch._launch(recipe, ["docker", "run", "--name", "trtkv-x", "image"], Path("repo"), dict(os.environ), 20,
                       lambda _m: None, container="trtkv-x")
     assert calls.read_text().splitlines() == ["run image", "top pid", "stop abc123", "rm abc123"]
-    assert not serve.server_json(recipe).exists()
+    assert not launch.server_json(recipe).exists()

@@ -16,7 +16,7 @@ from trtkv.core.errors import StageError
 from trtkv.core.process import free_ports, is_running
 from trtkv.recipe import load_recipe
 from trtkv.repo import generate_repo
-from trtkv.serving import serve
+from trtkv.serving import launch, serve
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 RECIPE = "smollm2_fp8kv"
@@ -218,7 +218,7 @@ def test_stop_ends_the_server(server: tuple[Any, serve.ServerRecord]) -> None:
     recipe, info = server
     assert serve.stop(recipe, timeout_s=30)
     assert not is_running(info.pid, info.command)
-    assert not serve.server_json(recipe).exists()
+    assert not launch.server_json(recipe).exists()
     from trtkv.serving import health
 
     assert health.check(recipe).state == "absent"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from trtkv.plan.advice import accounting_is_exact
-from trtkv.plan.model import PlanModel
 from trtkv.plan.planner import plan
+from trtkv.plan.result import PlanModel
 from trtkv.recipe import load_recipe
 
 RECIPE = "llama70b_fp8kv_sglang"

@@ -225,12 +225,12 @@ def test_chunked_context_follows_max_num_tokens(engines_tmp: Path) -> None:
 def test_readme_without_nvidia_pytriton_shows_a_generic_path(engines_tmp: Path, tokenizer_ready: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     from trtkv.core.errors import StageError
-    from trtkv.serving import serve
+    from trtkv.serving import bundled
 
     def missing() -> Path:
         raise StageError("the tritonserver bundled in nvidia-pytriton is not installed")
 
-    monkeypatch.setattr(serve, "bundled_triton", missing)
+    monkeypatch.setattr(bundled, "bundled_triton", missing)
     repo, _ = _generate("smollm2_fp8kv")
     readme = (repo / "README.md").read_text()
     assert "<site-packages>/pytriton/tritonserver/bin/tritonserver" in readme and "make install" in readme

@@ -121,9 +121,9 @@ def test_prefill_attention_rows_do_not_depend_on_the_chunk(window: int | None, q
     bit-equal, and equal to softmax attention."""
     import torch
 
-    from trtkv.runtime import invariant
+    from trtkv.runtime import key_tiles
 
-    monkeypatch.setattr(invariant, "QUERY_BLOCK", query_block)
+    monkeypatch.setattr(key_tiles, "QUERY_BLOCK", query_block)
 
     gen = torch.Generator().manual_seed(1)
     n, heads, kv_heads, d = 150, 6, 2, 64
@@ -132,7 +132,7 @@ def test_prefill_attention_rows_do_not_depend_on_the_chunk(window: int | None, q
 
     def tiles(qs: Any, base: int, top: int, start: int, end: int) -> Any:
         first = 0 if window is None else max(0, start - window + 1)  # what a sliding cache still holds
-        return invariant._attend_tiles(0.125, qs, torch.arange(base, top), keys[:, first:end], values[:, first:end],
+        return key_tiles._attend_tiles(0.125, qs, torch.arange(base, top), keys[:, first:end], values[:, first:end],
                                        first, window)
 
     def chunked(size: int) -> Any:
@@ -185,7 +185,7 @@ def test_decode_attention_row_does_not_depend_on_the_other_rows(window: int | No
     every time, and equal to softmax attention over its visible keys."""
     import torch
 
-    from trtkv.runtime.invariant import attend_decode_rows
+    from trtkv.runtime.key_tiles import attend_decode_rows
 
     gen = torch.Generator().manual_seed(2)
     heads, kv_heads, d = 6, 2, 16

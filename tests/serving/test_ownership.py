@@ -22,7 +22,7 @@ from trtkv.core import sessions
 from trtkv.core.errors import StageError
 from trtkv.recipe import load_recipe
 from trtkv.recipe.layout import serve_dir
-from trtkv.serving import health, serve, supervise, teardown
+from trtkv.serving import health, launch, serve, supervisor_state, teardown
 
 RECIPE = "smollm2_fp8kv"
 
@@ -61,7 +61,7 @@ def test_a_record_without_start_time_never_ends_another_program(engines_tmp: Pat
     err = capsys.readouterr().err
     assert stranger.poll() is None and _live(stranger.pid)
     assert f"pid {stranger.pid} runs `sleep 120`" in err and f"ps -o pid,lstart,cmd -s {stranger.pid}" in err
-    assert serve.server_json(recipe).exists()  # kept: the user decides
+    assert launch.server_json(recipe).exists()  # kept: the user decides
 
 
 def test_an_old_record_is_proven_by_its_command_line_and_marker(engines_tmp: Path) -> None:
@@ -80,7 +80,7 @@ def test_an_old_record_is_proven_by_its_command_line_and_marker(engines_tmp: Pat
             "command": [sys.executable, "-c", code]}))
         record.model_copy(update={"command": [sys.executable, "-c", code]}).save(serve_dir(recipe))
         assert serve.stop(recipe, timeout_s=5, log=lambda _m: None)
-        assert proc.wait(5) is not None and not serve.server_json(recipe).exists()
+        assert proc.wait(5) is not None and not launch.server_json(recipe).exists()
     finally:
         proc.kill()
         proc.wait()
@@ -92,12 +92,12 @@ def test_a_supervisor_record_of_another_program_is_not_signalled(engines_tmp: Pa
     recipe = load_recipe(RECIPE)
     folder = serve_dir(recipe)
     folder.mkdir(parents=True)
-    (folder / supervise.SUPERVISOR_JSON).write_text(json.dumps({"pid": stranger.pid}))
+    (folder / supervisor_state.SUPERVISOR_JSON).write_text(json.dumps({"pid": stranger.pid}))
     said: list[str] = []
-    assert supervise.stop(recipe, timeout_s=2, log=said.append) is False
+    assert supervisor_state.stop(recipe, timeout_s=2, log=said.append) is False
     assert _live(stranger.pid) and "not the supervisor: not signalled" in said[0]
     SupervisorRecord(pid=stranger.pid, start_time=(sessions.start_time(stranger.pid) or 0) + 1).save(folder)
-    assert supervise.alive(recipe) is None and supervise.stop(recipe, timeout_s=2, log=said.append) is False
+    assert supervisor_state.alive(recipe) is None and supervisor_state.stop(recipe, timeout_s=2, log=said.append) is False
     assert _live(stranger.pid)
 
 
@@ -129,7 +129,7 @@ def test_a_container_docker_kept_keeps_its_record_and_foreign_files_are_untouche
         _record(os.getpid() + 10**6 % 7, container="trtkv-smollm2_fp8kv", cidfile=cidfile).save(folder)
         with pytest.raises(StageError, match=r"container trtkv-smollm2_fp8kv: .*daemon busy.*Kept .*server\.json"):
             serve.stop(recipe, timeout_s=1, log=lambda _m: None)
-        assert serve.server_json(recipe).exists() and victim.read_text() == "abc123\n"
+        assert launch.server_json(recipe).exists() and victim.read_text() == "abc123\n"
     assert "stop -t 1 trtkv-smollm2_fp8kv" in calls.read_text()  # by name: the foreign cidfile was not read
     _record(os.getpid(), container="--all", cidfile=None).save(folder)
     with pytest.raises(StageError, match="not a docker name or id"):
@@ -236,7 +236,7 @@ def test_stop_names_the_survivors_and_keeps_the_record(engines_tmp: Path, monkey
         monkeypatch.setattr(sessions, "KILL_WAIT_S", 0.3)
         assert main(["stop", RECIPE, "--timeout", "0.3"]) == 2
         err = capsys.readouterr().err
-        assert f"pid {proc.pid} (EPERM)" in err and "Kept" in err and serve.server_json(recipe).exists()
+        assert f"pid {proc.pid} (EPERM)" in err and "Kept" in err and launch.server_json(recipe).exists()
     finally:
         proc.kill()
         proc.wait()
@@ -267,9 +267,9 @@ def test_events_that_are_not_objects_are_left_out(engines_tmp: Path, capsys: pyt
     folder = serve_dir(recipe)
     folder.mkdir(parents=True)
     good = {"time": "2026-12-02T10:00:00+0000", "event": "healthy"}
-    (folder / supervise.EVENTS).write_bytes(b'[1, 2]\n"text"\n\xff\xfe\n{"event": 3}\n' + json.dumps(good).encode()
+    (folder / supervisor_state.EVENTS).write_bytes(b'[1, 2]\n"text"\n\xff\xfe\n{"event": 3}\n' + json.dumps(good).encode()
                                             + b"\n{half")
-    assert supervise.read_events(recipe) == [good]
+    assert supervisor_state.read_events(recipe) == [good]
     proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
         _record(proc.pid, session_id=proc.pid, session_start=sessions.start_time(proc.pid)).save(folder)

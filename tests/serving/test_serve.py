@@ -15,7 +15,7 @@ import pytest
 from trtkv.core import sessions
 from trtkv.core.errors import StageError, ToolError
 from trtkv.recipe import load_recipe
-from trtkv.serving import serve
+from trtkv.serving import bundled, launch, serve
 
 
 def _free_port() -> int:
@@ -33,7 +33,7 @@ def _recipe(*overrides: str):  # noqa: ANN202 - Recipe
 def _record(recipe, proc: subprocess.Popen[bytes], command: list[str]) -> None:  # noqa: ANN001
     """What serve records: the pid, its session and the leader's start time (the proof that it is the server)."""
     t = recipe.triton
-    serve.write_server(recipe, serve.ServerRecord(pid=proc.pid, host=t.host, http_port=t.http_port,
+    launch.write_server(recipe, serve.ServerRecord(pid=proc.pid, host=t.host, http_port=t.http_port,
                                                 grpc_port=t.grpc_port, metrics_port=t.metrics_port, command=command,
                                                 log="/dev/null", model_repository="x", started_at="now",
                                                 session_id=proc.pid, session_start=sessions.start_time(proc.pid)))
@@ -62,17 +62,17 @@ def test_local_dry_run_and_environment(capsys: pytest.CaptureFixture[str], engin
     out = capsys.readouterr().out
     assert "--disable-auto-complete-config" in out and f"--http-port={recipe.triton.http_port}" in out
     assert "--http-address=127.0.0.1" in out
-    env = serve.server_env()
+    env = bundled.server_env()
     assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
-    assert env["LD_LIBRARY_PATH"].split(os.pathsep)[0] == serve.python_libdir()
+    assert env["LD_LIBRARY_PATH"].split(os.pathsep)[0] == bundled.python_libdir()
 
 
 def test_backend_folder_links_the_bundled_python_backend(engines_tmp: Path) -> None:
-    backends = serve.prepare_backends(_recipe())
+    backends = bundled.prepare_backends(_recipe())
     names = sorted(p.name for p in (backends / "python").iterdir())
     assert names == ["libtriton_python.so", "triton_python_backend_stub", "triton_python_backend_utils.py"]
     assert all((backends / "python" / n).resolve().is_file() for n in names)
-    serve.prepare_backends(_recipe())  # idempotent
+    bundled.prepare_backends(_recipe())  # idempotent
 
 
 def test_serve_needs_repo_and_engine(engines_tmp: Path) -> None:
@@ -101,7 +101,7 @@ def test_already_running_then_stop(engines_tmp: Path) -> None:
         with pytest.raises(StageError, match="already running"):
             serve.check_free(recipe)
         assert serve.stop(recipe, timeout_s=5)
-        assert proc.poll() is not None and not serve.server_json(recipe).exists()
+        assert proc.poll() is not None and not launch.server_json(recipe).exists()
         assert not serve.stop(recipe)
     finally:
         proc.kill()
@@ -113,7 +113,7 @@ def test_stale_record_is_cleared(engines_tmp: Path) -> None:
     proc.wait()
     _record(recipe, proc, ["true"])
     serve.check_free(recipe)
-    assert not serve.server_json(recipe).exists()
+    assert not launch.server_json(recipe).exists()
 
 
 def test_stop_escalates_to_sigkill(engines_tmp: Path) -> None:
@@ -134,9 +134,9 @@ def test_a_server_that_dies_reports_the_log(engines_tmp: Path) -> None:
     recipe = _recipe()
     code = "print('E1129 00:00:00.000 1 model.cc:1] \"failed to load tensorrt_llm\"'); raise SystemExit(3)"
     with pytest.raises(ToolError) as info:
-        serve._launch(recipe, [sys.executable, "-c", code], Path("repo"), dict(os.environ), 20, lambda _m: None)
+        launch._launch(recipe, [sys.executable, "-c", code], Path("repo"), dict(os.environ), 20, lambda _m: None)
     assert "exited with code 3" in str(info.value) and "failed to load tensorrt_llm" in str(info.value)
-    assert not serve.server_json(recipe).exists()
+    assert not launch.server_json(recipe).exists()
 
 
 def test_server_json_has_the_contract_fields(engines_tmp: Path) -> None:
@@ -144,7 +144,7 @@ def test_server_json_has_the_contract_fields(engines_tmp: Path) -> None:
     proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
         _record(recipe, proc, ["sleep", "30"])
-        data = json.loads(serve.server_json(recipe).read_text())
+        data = json.loads(launch.server_json(recipe).read_text())
         assert {"pid", "host", "http_port", "grpc_port", "metrics_port", "command", "log", "model_repository",
                 "started_at"} <= set(data)
     finally:
@@ -187,7 +187,7 @@ def test_stop_stops_and_removes_the_container(tmp_path: Path, engines_tmp: Path,
     proc = subprocess.Popen(["sleep", "60"], start_new_session=True)  # stands for the `docker run` client
     try:
         t = recipe.triton
-        serve.write_server(recipe, serve.ServerRecord(
+        launch.write_server(recipe, serve.ServerRecord(
             pid=proc.pid, host=t.host, http_port=t.http_port, grpc_port=t.grpc_port, metrics_port=t.metrics_port,
             command=["sleep", "60"], log="/dev/null", model_repository="x", started_at="now",
             container="trtkv-smollm2_fp8kv", session_id=proc.pid, session_start=sessions.start_time(proc.pid)))
@@ -195,7 +195,7 @@ def test_stop_stops_and_removes_the_container(tmp_path: Path, engines_tmp: Path,
         assert serve.stop(recipe, timeout_s=5, log=said.append)
         assert calls.read_text().splitlines() == ["top trtkv-smollm2_fp8kv -eo pid",  # its pids: GPU memory waited on
                                                   "stop -t 5 trtkv-smollm2_fp8kv", "rm -f trtkv-smollm2_fp8kv"]
-        assert proc.poll() is not None and not serve.server_json(recipe).exists()
+        assert proc.poll() is not None and not launch.server_json(recipe).exists()
         assert any("stopped and removed" in line for line in said)
     finally:
         proc.kill()
@@ -233,7 +233,7 @@ def test_status_of_a_dead_server_is_down(engines_tmp: Path, capsys: pytest.Captu
     proc = subprocess.Popen(["true"])
     proc.wait()
     t = recipe.triton
-    serve.write_server(recipe, serve.ServerRecord(pid=proc.pid, host=t.host, http_port=t.http_port,
+    launch.write_server(recipe, serve.ServerRecord(pid=proc.pid, host=t.host, http_port=t.http_port,
                                                 grpc_port=t.grpc_port, metrics_port=t.metrics_port, command=["true"],
                                                 log="x.log", model_repository="repo", started_at="now"))
     assert main(["status", "smollm2_fp8kv"]) == 1

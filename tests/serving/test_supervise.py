@@ -13,7 +13,7 @@ import pytest
 
 from trtkv.core import sessions
 from trtkv.recipe import load_recipe
-from trtkv.serving import serve, supervise
+from trtkv.serving import launch, readiness, serve, supervise, supervisor_state
 from trtkv.serving.teardown import Stopped
 
 
@@ -38,7 +38,7 @@ def sup(engines_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[supervise.S
 
 
 def events(s: supervise.Supervisor) -> list[dict[str, Any]]:
-    return supervise.read_events(s.recipe, last=100)
+    return supervisor_state.read_events(s.recipe, last=100)
 
 
 def test_dead_instance_restarts_at_once_slow_canary_only_twice(sup: tuple[supervise.Supervisor, list[str]],
@@ -54,7 +54,7 @@ def test_dead_instance_restarts_at_once_slow_canary_only_twice(sup: tuple[superv
     restarting = [e for e in events(s) if e["event"] == "restarting"]
     assert [e["backoff_s"] for e in restarting] == [0.01, 0.02]  # doubling
     assert "is not healthy" in restarting[0]["cause"]
-    record = json.loads(supervise.record_path(s.recipe).read_text())
+    record = json.loads(supervisor_state.record_path(s.recipe).read_text())
     assert record["state"] == "healthy" and record["restarts"] == 2
 
 
@@ -79,7 +79,7 @@ def test_a_session_that_cannot_be_emptied_gives_up_instead_of_looping(
     assert calls == ["stop"]  # no start beside a process it could not end, and no second try
     kinds = [e["event"] for e in events(s)]
     assert kinds[-2:] == ["cleanup_failed", "gave_up"] and events(s)[-2]["left"] == ["pid 12 (state D)"]
-    assert json.loads(supervise.record_path(s.recipe).read_text())["state"] == "failed"
+    assert json.loads(supervisor_state.record_path(s.recipe).read_text())["state"] == "failed"
 
 
 def test_restarts_are_bounded_then_it_gives_up(sup: tuple[supervise.Supervisor, list[str]],
@@ -90,7 +90,7 @@ def test_restarts_are_bounded_then_it_gives_up(sup: tuple[supervise.Supervisor, 
     assert calls.count("start") == 2
     last = events(s)[-1]
     assert last["event"] == "gave_up" and last["restarts_in_window"] == 2
-    assert json.loads(supervise.record_path(s.recipe).read_text())["state"] == "failed"
+    assert json.loads(supervisor_state.record_path(s.recipe).read_text())["state"] == "failed"
 
 
 class _OpenAIServer:
@@ -150,7 +150,7 @@ def test_quiet_while_measured_no_canaries_alive_and_ready_only(engines_tmp: Path
         s.save("healthy")  # this process stands in for the supervisor: alive() finds it
         assert s.probe() == ("healthy", "") and server.completions == 1  # one engine: one canary
         with supervise.quiet(recipe, "other bench", "127.0.0.1:1") as asked:
-            assert not asked and not supervise.quiet_holders(recipe)
+            assert not asked and not supervisor_state.quiet_holders(recipe)
         with supervise.quiet(recipe, "trtkv bench", f"127.0.0.1:{server.port}") as asked:
             assert asked
             assert s.probe() == ("healthy", "") and server.completions == 1  # alive and ready only
@@ -160,9 +160,9 @@ def test_quiet_while_measured_no_canaries_alive_and_ready_only(engines_tmp: Path
         assert kinds == [("quiet", [f"trtkv bench (pid {os.getpid()})"]), ("canaries_resumed", None)]
         gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                               text=True, check=True)
-        stale = supervise.quiet_dir(recipe) / f"{gone.stdout.strip()}.json"
+        stale = supervisor_state.quiet_dir(recipe) / f"{gone.stdout.strip()}.json"
         stale.write_text(json.dumps({"pid": int(gone.stdout), "command": [sys.executable], "who": "killed bench"}))
-        assert supervise.quiet_holders(recipe) == [] and not stale.exists()
+        assert supervisor_state.quiet_holders(recipe) == [] and not stale.exists()
     finally:
         server.httpd.shutdown()
 
@@ -204,15 +204,15 @@ def test_a_killed_supervisor_leaves_the_server_unsupervised_then_attach_and_stop
     overrides = [f"triton.http_port={ports[0]}", f"triton.grpc_port={ports[1]}", f"triton.metrics_port={ports[2]}"]
     name = "smollm2_fp8kv_vllm"
     recipe = load_recipe(name, overrides)
-    info = serve._launch(recipe, [sys.executable, "-c", OPENAI_STUB, str(ports[0])], Path("hf"), dict(os.environ), 60,
-                         lambda _m: None, name=serve.VLLM, served_model=name)
+    info = launch._launch(recipe, [sys.executable, "-c", OPENAI_STUB, str(ports[0])], Path("hf"), dict(os.environ), 60,
+                         lambda _m: None, name=readiness.VLLM, served_model=name)
     try:
         first = supervise.spawn(recipe, [name, *overrides], log=lambda _m: None)
         os.kill(first.pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while supervise.alive(recipe) and time.monotonic() < deadline:
+        while supervisor_state.alive(recipe) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert supervise.alive(recipe) is None and supervise.orphaned(recipe) is not None
+        assert supervisor_state.alive(recipe) is None and supervisor_state.orphaned(recipe) is not None
         capsys.readouterr()
         assert main(["status", name, *overrides]) == 0  # still serving
         out = capsys.readouterr().out
@@ -221,11 +221,11 @@ def test_a_killed_supervisor_leaves_the_server_unsupervised_then_attach_and_stop
         out = capsys.readouterr()
         assert f"trtkv serve {name} {' '.join(overrides)} --attach" in out.out + out.err
         assert main(["serve", name, *overrides, "--attach"]) == 0
-        second = supervise.alive(recipe)
+        second = supervisor_state.alive(recipe)
         assert second is not None and second.pid != first.pid
         assert main(["stop", name, *overrides]) == 0
-        assert supervise.alive(recipe) is None and not supervise.record_path(recipe).exists()
+        assert supervisor_state.alive(recipe) is None and not supervisor_state.record_path(recipe).exists()
         assert not serve.running(info) and not port_in_use("127.0.0.1", ports[0])
     finally:
         serve.stop(recipe, timeout_s=5, log=lambda _m: None)
-        supervise.stop(recipe, timeout_s=5, log=lambda _m: None)
+        supervisor_state.stop(recipe, timeout_s=5, log=lambda _m: None)

@@ -17,7 +17,7 @@ from pathlib import Path
 from trtkv.core.errors import StageError
 from trtkv.core.process import free_ports, port_in_use, wait_http_ready
 from trtkv.core.tools import tail
-from trtkv.serving.serve import bundled_command, link_python_backend, server_env
+from trtkv.serving.bundled import bundled_command, link_python_backend, server_env
 
 
 @dataclass

@@ -54,10 +54,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def attach_or_refuse(recipe, args: argparse.Namespace, o: ServeOptions) -> bool:  # noqa: ANN001 - Recipe
     """The recipe's server runs without a supervisor: attach one when asked (--attach, or yes at the prompt), else
     refuse with the command. False when the server is not running unsupervised (start as usual)."""
-    from trtkv.serving import serve, supervise
+    from trtkv.serving import serve, supervise, supervisor_state
 
     info = serve.read_server(recipe)
-    if info is None or not serve.running(info) or supervise.alive(recipe) is not None or o.no_supervise:
+    if info is None or not serve.running(info) or supervisor_state.alive(recipe) is not None or o.no_supervise:
         return False
     command = shlex.join(["trtkv", "serve", args.recipe, *args.overrides, "--attach"])
     if not o.attach:
@@ -75,14 +75,14 @@ def attach_or_refuse(recipe, args: argparse.Namespace, o: ServeOptions) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtkv.serving import serve, supervise
+    from trtkv.serving import serve, supervise, supervisor_state
 
     o = ServeOptions.from_args(args)
     recipe = load(args)
     if not o.dry_run and attach_or_refuse(recipe, args, o):
         return 0
     if o.attach:
-        sup = supervise.alive(recipe)
+        sup = supervisor_state.alive(recipe)
         raise StageError(f"--attach adds a supervisor to a running, unsupervised server; {recipe.name} has "
                          + (f"one already (supervisor pid {sup.pid})" if sup else "no running server")
                          + f". Next: `trtkv status {recipe.name}`, or `trtkv serve {recipe.name}` to start it.")

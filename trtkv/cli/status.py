@@ -38,11 +38,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from trtkv.contracts.artifacts import ServerRecord
     from trtkv.recipe.layout import serve_dir
-    from trtkv.serving import health, supervise
+    from trtkv.serving import health, supervisor_state
 
     o = StatusOptions.from_args(args)
     recipe = load(args)
-    sup = supervise.alive(recipe)
+    sup = supervisor_state.alive(recipe)
     if sup is not None and sup.state == "restarting":  # the server is being replaced: say so, no probes
         result = health.Health("restarting", ServerRecord.load(serve_dir(recipe)))
     else:
@@ -54,8 +54,8 @@ def run(args: argparse.Namespace) -> int:
 
         pool_check = pool.compare(recipe, server)
         result.checks["kv_pool"] = pool_check
-    events = supervise.read_events(recipe, last=5)
-    lost = supervise.orphaned(recipe)  # a supervisor that was killed: its server runs on, unsupervised
+    events = supervisor_state.read_events(recipe, last=5)
+    lost = supervisor_state.orphaned(recipe)  # a supervisor that was killed: its server runs on, unsupervised
     unsupervised = server is not None and sup is None and bool(result.checks.get("alive"))
     if o.as_json:
         print(json.dumps({"state": result.state, "server": server.model_dump() if server else None,

@@ -31,10 +31,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtkv.serving import serve, supervise
+    from trtkv.serving import serve, supervisor_state
 
     o = StopOptions.from_args(args)
     recipe = load(args)
-    supervise.stop(recipe, timeout_s=o.timeout)  # first, or it would restart the server it sees go away
+    supervisor_state.stop(recipe, timeout_s=o.timeout)  # first, or it would restart the server it sees go away
     serve.stop(recipe, timeout_s=o.timeout)
     return 0

@@ -6,15 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from trtkv.kvcache.formats import KVFormat
-from trtkv.plan.model import (
-    GIB,
-    SGLANG_ACCOUNTING_TEXT,
-    Architecture,
-    FormatCapacity,
-    recipe_accounting,
-    seq_bytes,
-    weights_bytes,
-)
+from trtkv.plan.model import GIB, SGLANG_ACCOUNTING_TEXT, Architecture, recipe_accounting, seq_bytes, weights_bytes
+from trtkv.plan.result import FormatCapacity
 from trtkv.platform.hardware import GPU
 from trtkv.recipe import Recipe
 from trtkv.recipe.attention import (

@@ -9,7 +9,8 @@ from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.formats import UNQUANTIZED, KVFormat
 from trtkv.plan import aic
 from trtkv.plan.estimate_model import Estimate, EstimateRow
-from trtkv.plan.model import GIB, Architecture, Plan, resolve_architecture, seq_bytes, weights_bytes
+from trtkv.plan.model import GIB, Architecture, resolve_architecture, seq_bytes, weights_bytes
+from trtkv.plan.result import Plan
 from trtkv.plan.speed import AIC_SYSTEM, KVCost, ModelShape, Serving, kernels_for, kv_lane, serve
 from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe import Recipe, WeightQuant

@@ -1,5 +1,5 @@
 """What `trtkv plan --estimate` returns (trtkv.plan.estimate makes it): the rows per KV format and concurrency level
-and what they rest on; a leaf module, so the Plan that carries it (trtkv.plan.model) imports no estimator."""
+and what they rest on; a leaf module, so the Plan that carries it (trtkv.plan.result) imports no estimator."""
 
 from __future__ import annotations
 

@@ -33,16 +33,6 @@ from trtkv.plan.model import (  # the planner's public face: plan() and the type
     PLAN_FORMATS,
     PLAN_LENGTHS,
     Architecture,
-    FormatCapacity,
-    Plan,
-    PlanAttention,
-    PlanExample,
-    PlanHardware,
-    PlanKVPool,
-    PlanModel,
-    PlanState,
-    PlanTerm,
-    PlanWeights,
     accounting_label,
     kv_format_for_recipe,
     per_gpu_bytes_per_token,
@@ -53,6 +43,18 @@ from trtkv.plan.model import (  # the planner's public face: plan() and the type
 )
 from trtkv.plan.prefix import advice as prefix_advice
 from trtkv.plan.prefix import prefix_capacity
+from trtkv.plan.result import (  # the plan's types: planner's public face too
+    FormatCapacity,
+    Plan,
+    PlanAttention,
+    PlanExample,
+    PlanHardware,
+    PlanKVPool,
+    PlanModel,
+    PlanState,
+    PlanTerm,
+    PlanWeights,
+)
 from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.platform.host import host_memory_gib
 from trtkv.recipe import KVCacheQuant, Recipe, WeightQuant

@@ -9,7 +9,7 @@ TensorRT-LLM INT8 KV without paged context FMHA) every hit rate counts as 0.
 
 from __future__ import annotations
 
-from trtkv.plan.model import FormatCapacity, PlanPrefixCache, PrefixRow
+from trtkv.plan.result import FormatCapacity, PlanPrefixCache, PrefixRow
 from trtkv.recipe import Recipe
 from trtkv.recipe.prefix_cache import prefix_cache
 

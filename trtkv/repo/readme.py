@@ -9,7 +9,7 @@ from trtkv.backends import RepoLayout, for_recipe
 from trtkv.core.errors import StageError
 from trtkv.core.tools import quote
 from trtkv.platform import versions
-from trtkv.serving import container, serve
+from trtkv.serving import bundled, container, serve
 
 if TYPE_CHECKING:
     from trtkv.repo.repo_plan import RepoPlan
@@ -36,7 +36,7 @@ def _local_command_text(plan: RepoPlan) -> str:
     r = plan.recipe
     backends = serve.serve_dir(r) / "backends"
     try:
-        return quote(serve.local_command(r, plan.output, backends))
+        return quote(bundled.local_command(r, plan.output, backends))
     except StageError:
         t = r.triton
         return quote([GENERIC_TRITONSERVER, f"--model-repository={plan.output}", f"--backend-directory={backends}",
@@ -62,7 +62,7 @@ def _deploy_lines(plan: RepoPlan) -> list[str]:
             f"`{serve.serve_dir(r) / 'backends'}` first):",
             "",
             "```",
-            f"PATH={sys.prefix}/bin:$PATH LD_LIBRARY_PATH={serve.python_libdir()} \\",
+            f"PATH={sys.prefix}/bin:$PATH LD_LIBRARY_PATH={bundled.python_libdir()} \\",
             f"  {_local_command_text(plan)}",
             "```",
             "",

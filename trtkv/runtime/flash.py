@@ -9,7 +9,7 @@ exactly as they were (scale exp(0) = 1, + 0). A row's result then depends on its
 the other rows of the call (the GEMMs' M; MKL computes a row of a full row panel alike for any M, see
 trtkv.runtime.invariant) nor on the chunk's end. That rests on the kernel's blocking, which torch may change, so
 flash_ok() checks it once per model on its own head shapes (a prompt whole vs in chunks, bit for bit); where it
-fails, or for sliding-window layers (a row whose first block is all -inf), invariant._attend_tiles runs instead.
+fails, or for sliding-window layers (a row whose first block is all -inf), key_tiles._attend_tiles runs instead.
 One kernel call per 512-row block replaces ~10 tensor ops per tile: on 2 busy cores every op's thread sync costs.
 """
 
