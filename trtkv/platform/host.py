@@ -1,5 +1,5 @@
 """This machine's own memory: where a probe offloads layers, and the CPU recipe's 'device' memory for the planner
-(trtkv.plan.model re-exports host_memory_gib)."""
+(the planner reads host_memory_gib; vLLM CPU's pool reads the memory node, trtkv.plan.engine_cpu)."""
 
 from __future__ import annotations
 
