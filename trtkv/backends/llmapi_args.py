@@ -1,6 +1,7 @@
-"""The llmapi backend's LLM() arguments (TensorRT-LLM's TorchLlmArgs): one dict per recipe, shared by the Triton
-model's model.yaml, trtllm-serve's --config YAML (trtkv.backends.llmapi_serve), Dynamo's engine arguments and `trtkv
-generate`; with the KV-cache memory fields the plan used and a sliding-window model's per-layer attention windows.
+"""The llmapi backend's LLM() arguments (TensorRT-LLM's TorchLlmArgs): one dict per recipe, shared
+by the Triton model's model.yaml, trtllm-serve's --config YAML (trtkv.backends.llmapi_serve),
+Dynamo's engine arguments and `trtkv generate`; with the KV-cache memory fields the plan used and a
+sliding-window model's per-layer attention windows.
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ from trtkv.recipe.prefix_cache import prefix_cache
 
 
 def kv_dtype(recipe: Recipe) -> str:
-    """kv_cache_config.dtype: fp8 / nvfp4 for a quantized KV cache, auto (the model dtype) for none."""
+    """kv_cache_config.dtype: fp8 / nvfp4 for a quantized KV cache, auto (the model dtype) for
+    none."""
     kv = recipe.quantization.kv_cache
     return kv.value if kv in (KVCacheQuant.FP8, KVCacheQuant.NVFP4) else "auto"
 
 
 def _period(values: list[int]) -> list[int]:
-    """The shortest prefix that repeats to `values` (TensorRT-LLM repeats max_attention_window over the layers)."""
+    """The shortest prefix that repeats to `values` (TensorRT-LLM repeats max_attention_window over
+    the layers)."""
     n = len(values)
     for p in range(1, n + 1):
         if n % p == 0 and values == values[:p] * (n // p):
@@ -30,8 +33,9 @@ def _period(values: list[int]) -> list[int]:
 
 
 def model_layers(recipe: Recipe) -> list[Any] | None:
-    """The model's per-layer attention: the recipe's model.attention_layers (what `trtkv init` read from config.json),
-    else the HF export's config.json layer_types + sliding_window when calibrate has written it; None when unknown."""
+    """The model's per-layer attention: the recipe's model.attention_layers (what `trtkv init` read
+    from config.json), else the HF export's config.json layer_types + sliding_window when calibrate
+    has written it; None when unknown."""
     import json
 
     from trtkv.recipe.attention import AttentionKind, LayerAttention, parse_layers
@@ -47,34 +51,41 @@ def model_layers(recipe: Recipe) -> list[Any] | None:
     types, window = text.get("layer_types"), text.get("sliding_window")
     if not isinstance(types, list) or not isinstance(window, int) or window <= 0:
         return None
-    return [LayerAttention(AttentionKind.SLIDING, window) if kind == "sliding_attention"
-            else LayerAttention(AttentionKind.FULL) for kind in types]
+    return [
+        LayerAttention(AttentionKind.SLIDING, window)
+        if kind == "sliding_attention"
+        else LayerAttention(AttentionKind.FULL)
+        for kind in types
+    ]
 
 
 def max_attention_window(recipe: Recipe) -> list[int] | None:
-    """kv_cache_config.max_attention_window for a sliding-window hybrid (Gemma 3: [512]*5 + [max_seq_len]): without it
-    TensorRT-LLM's PyTorch backend sizes every layer's KV cache for max_seq_len (its variable-window layout is on only
-    when the list holds more than one value: `is_vswa_enabled`, `_torch/pyexecutor/_util.py` @d8ae02ca), while the
-    model still attends within each window and trtkv's planner counts each sliding layer's window only. Full layers get
-    max_seq_len, windows are capped at it (as TensorRT-LLM normalizes them), and the list is its shortest repeating
-    period (TensorRT-LLM repeats it over the layers; upstream's Gemma 3 VSWA example writes the same 6 values).
-    None for a model without sliding layers, or whose windows all reach max_seq_len."""
+    """kv_cache_config.max_attention_window for a sliding-window hybrid (Gemma 3: [512]*5 +
+    [max_seq_len]): without it TensorRT-LLM's PyTorch backend sizes every layer's KV cache for
+    max_seq_len (its variable-window layout is on only when the list holds more than one value:
+    `is_vswa_enabled`, `_torch/pyexecutor/_util.py` @d8ae02ca), while the model still attends within
+    each window and trtkv's planner counts each sliding layer's window only. Full layers get
+    max_seq_len, windows are capped at it (as TensorRT-LLM normalizes them), and the list is its
+    shortest repeating period (TensorRT-LLM repeats it over the layers; upstream's Gemma 3 VSWA
+    example writes the same 6 values). None for a model without sliding layers, or whose windows all
+    reach max_seq_len."""
     from trtkv.recipe.attention import AttentionKind
 
     layers = model_layers(recipe)
     if not layers or not any(x.kind is AttentionKind.SLIDING for x in layers):
         return None
     seq = recipe.build.max_seq_len
-    windows = [min(x.window, seq) if x.kind is AttentionKind.SLIDING and x.window else seq for x in layers]
+    windows = [
+        min(x.window, seq) if x.kind is AttentionKind.SLIDING and x.window else seq for x in layers
+    ]
     return _period(windows) if len(set(windows)) > 1 else None
 
 
-
-
 def llm_args(recipe: Recipe, hf_dir: Path) -> dict[str, Any]:
-    """The LLM() keyword arguments for the recipe (model.yaml, the trtllm-serve config and `trtkv generate`).
-    Every key is a field of TensorRT-LLM's TorchLlmArgs (tests/data/llm_args_fields.json). The KV-cache memory
-    fields are the ones trtkv's plan used (llmapi_memory_knobs)."""
+    """The LLM() keyword arguments for the recipe (model.yaml, the trtllm-serve config and `trtkv
+    generate`). Every key is a field of TensorRT-LLM's TorchLlmArgs
+    (tests/data/llm_args_fields.json). The KV-cache memory fields are the ones trtkv's plan used
+    (llmapi_memory_knobs)."""
     b = recipe.build
     knobs = llmapi_memory_knobs(recipe)
     args: dict[str, Any] = {
@@ -86,28 +97,34 @@ def llm_args(recipe: Recipe, hf_dir: Path) -> dict[str, Any]:
         "max_num_tokens": b.max_num_tokens,
         "max_seq_len": b.max_seq_len,
         "max_input_len": b.max_input_len,
-        "enable_chunked_prefill": recipe.chunked_context,  # a prompt longer than max_num_tokens needs it
+        # a prompt longer than max_num_tokens needs it
+        "enable_chunked_prefill": recipe.chunked_context,
         "kv_cache_config": {
             "dtype": kv_dtype(recipe),
             "free_gpu_memory_fraction": knobs.value,
-            "enable_block_reuse": prefix_cache(recipe).enabled,  # explicit: the engine's default where it may reuse
+            # explicit: the engine's default where it may reuse
+            "enable_block_reuse": prefix_cache(recipe).enabled,
         },
     }
-    if knobs.cap_value is not None:  # triton.kv_pool_gib_per_gpu: TensorRT-LLM takes the smaller of the two
+    # triton.kv_pool_gib_per_gpu: TensorRT-LLM takes the smaller of the two
+    if knobs.cap_value is not None:
         args["kv_cache_config"]["max_tokens"] = knobs.cap_value
     windows = max_attention_window(recipe)
     if windows is not None:
         args["kv_cache_config"]["max_attention_window"] = windows
-    if b.mamba_ssm_cache_dtype != "auto":  # a linear-attention / Mamba layer's recurrent state: what the plan priced
+    # a linear-attention / Mamba layer's recurrent state: what the plan priced
+    if b.mamba_ssm_cache_dtype != "auto":
         args["kv_cache_config"]["mamba_ssm_cache_dtype"] = b.mamba_ssm_cache_dtype
     return args
 
 
 def model_yaml(recipe: Recipe, hf_dir: Path) -> dict[str, Any]:
-    """tensorrt_llm/1/model.yaml: LLM() arguments + triton_config (max_batch_size 0: one prompt per request, the LLM
-    batches in flight; decoupled from the recipe)."""
-    return {**llm_args(recipe, hf_dir),
-            "triton_config": {"max_batch_size": 0, "decoupled": recipe.triton.decoupled}}
+    """tensorrt_llm/1/model.yaml: LLM() arguments + triton_config (max_batch_size 0: one prompt per
+    request, the LLM batches in flight; decoupled from the recipe)."""
+    return {
+        **llm_args(recipe, hf_dir),
+        "triton_config": {"max_batch_size": 0, "decoupled": recipe.triton.decoupled},
+    }
 
 
 def _hf(recipe: Recipe) -> Path:
@@ -115,5 +132,8 @@ def _hf(recipe: Recipe) -> Path:
 
 
 def llmapi_memory_knobs(recipe: Recipe) -> EngineKnobs:
-    """kv_cache_config.free_gpu_memory_fraction, and kv_cache_config.max_tokens when triton.kv_pool_gib_per_gpu caps."""
-    return trtllm_knobs(recipe, "kv_cache_config.free_gpu_memory_fraction", "kv_cache_config.max_tokens")
+    """kv_cache_config.free_gpu_memory_fraction, and kv_cache_config.max_tokens when
+    triton.kv_pool_gib_per_gpu caps."""
+    return trtllm_knobs(
+        recipe, "kv_cache_config.free_gpu_memory_fraction", "kv_cache_config.max_tokens"
+    )

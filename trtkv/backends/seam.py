@@ -1,17 +1,20 @@
-"""The seam between trtkv's stages and its engine backends: a few small protocols, and one `EngineBackend` per recipe
-`build.backend` composed of them.
+"""The seam between trtkv's stages and its engine backends: a few small protocols, and one
+`EngineBackend` per recipe `build.backend` composed of them.
 
 - `Builder`: what `trtkv build` does (check its input, write the build output, print a dry run).
-- `RepoLayout`: what `trtkv repo` writes (a Triton model repository in one layout, and its README's prose); a backend
-  without one (`repo is None`) is served by its own OpenAI-compatible server.
-- `Serving` and `OpenAIServer`: how `trtkv serve` and `trtkv deploy` run it (the bundled or containerised tritonserver,
-  or an OpenAI server of its own, or both).
-- `Runner`: how `trtkv generate` runs it; `DynamoWorker`: NVIDIA Dynamo's worker for it (None: Dynamo cannot run it).
-- `MemoryRule`: which KV-pool rule its engine follows (trtkv.plan.engine_pool) and the memory flags its served command
-  carries (trtkv.checkpoints.serving_memory), so the plan and the served engine size the pool alike.
+- `RepoLayout`: what `trtkv repo` writes (a Triton model repository in one layout, and its README's
+  prose); a backend without one (`repo is None`) is served by its own OpenAI-compatible server.
+- `Serving` and `OpenAIServer`: how `trtkv serve` and `trtkv deploy` run it (the bundled or
+  containerised tritonserver, or an OpenAI server of its own, or both).
+- `Runner`: how `trtkv generate` runs it; `DynamoWorker`: NVIDIA Dynamo's worker for it (None:
+  Dynamo cannot run it).
+- `MemoryRule`: which KV-pool rule its engine follows (trtkv.plan.engine_pool) and the memory flags
+  its served command carries (trtkv.checkpoints.serving_memory), so the plan and the served engine
+  size the pool alike.
 
-The stages ask these objects (`backend.repo is None`, `backend.serving.ranks(recipe)`) and never which backend it is
-(tests/backends/test_backends.py fails on a stage that imports a concrete backend or compares a backend's name).
+The stages ask these objects (`backend.repo is None`, `backend.serving.ranks(recipe)`) and never
+which backend it is (tests/backends/test_backends.py fails on a stage that imports a concrete
+backend or compares a backend's name).
 """
 
 from __future__ import annotations
@@ -29,15 +32,19 @@ from trtkv.platform.versions import Row
 from trtkv.recipe import Backend, Recipe
 from trtkv.recipe.layout import Artifacts
 
-OPENAI_LAYOUT = "openai"  # the layout name of a backend with no Triton repository (its own OpenAI server)
+# the layout name of a backend with no Triton repository (its own OpenAI server)
+OPENAI_LAYOUT = "openai"
 
 
 class TokenizerSource(Enum):
     """Where a repository's tokenizer comes from."""
 
-    COPY = "copy"  # the calibrated checkpoint's tokenizer (else the local model's), copied into the repository
-    REFERENCE = "reference"  # the calibrated checkpoint's tokenizer folder, named by path (a warning while missing)
-    SERVED_MODEL = "served_model"  # the HF export the engine loads carries it (the input's own warning covers it)
+    # the calibrated checkpoint's tokenizer (else the local model's), copied into the repository
+    COPY = "copy"
+    # the calibrated checkpoint's tokenizer folder, named by path (a warning while missing)
+    REFERENCE = "reference"
+    # the HF export the engine loads carries it (the input's own warning covers it)
+    SERVED_MODEL = "served_model"
 
 
 class Builder(Protocol):
@@ -50,17 +57,26 @@ class Builder(Protocol):
 
     def prepare(self, recipe: Recipe) -> tuple[Path, dict[str, Any]]: ...
 
-    def build(self, recipe: Recipe, ckpt: Path, tmp: Path, final: Path, info: dict[str, Any],
-              log: Callable[[str], None]) -> dict[str, Any]: ...
+    def build(
+        self,
+        recipe: Recipe,
+        ckpt: Path,
+        tmp: Path,
+        final: Path,
+        info: dict[str, Any],
+        log: Callable[[str], None],
+    ) -> dict[str, Any]: ...
 
     def dry_run_lines(self, recipe: Recipe, ckpt: Path, out: Path) -> list[str]: ...
 
 
 class RepoLayout(Protocol):
-    """What `trtkv repo` writes: the model folders, extra files, template values and the README's prose."""
+    """What `trtkv repo` writes: the model folders, extra files, template values and the README's
+    prose."""
 
     @property
-    def name(self) -> str: ...  # "ensemble" (inflight_batcher_llm's models), "llmapi" (upstream's one-model layout)
+    # "ensemble" (inflight_batcher_llm's models), "llmapi" (upstream's one-model layout)
+    def name(self) -> str: ...
 
     @property
     def interface(self) -> ModelInterface: ...  # the request tensors a client (bench, canary) sends
@@ -69,10 +85,12 @@ class RepoLayout(Protocol):
     def tokenizer(self) -> TokenizerSource: ...
 
     @property
-    def shared_module(self) -> bool: ...  # True: each Python model.py gets trtkv's shared module beside it
+    # True: each Python model.py gets trtkv's shared module beside it
+    def shared_module(self) -> bool: ...
 
     def models(self) -> dict[str, tuple[str, str | None]]:
-        """Model folder -> (config.pbtxt template, model.py template or None), paths under trtkv/repo/templates."""
+        """Model folder -> (config.pbtxt template, model.py template or None), paths under
+        trtkv/repo/templates."""
         ...
 
     def template_values(self, recipe: Recipe) -> dict[str, str]: ...
@@ -87,7 +105,9 @@ class RepoLayout(Protocol):
 
     def client_lines(self, recipe: Recipe) -> list[str]: ...
 
-    def launch_lines(self, recipe: Recipe, ranks: int, row: Row | None, image: str) -> tuple[str, str]:
+    def launch_lines(
+        self, recipe: Recipe, ranks: int, row: Row | None, image: str
+    ) -> tuple[str, str]:
         """The README's (software stack, processes) sentences for the GPU container."""
         ...
 
@@ -105,16 +125,20 @@ class OpenAIServer(Protocol):
     def metrics_path(self) -> str | None: ...  # Prometheus text on the HTTP port (None: none)
 
     @property
-    def health_path(self) -> str: ...  # its own cheap health endpoint (GET, 200 when up): the pods' liveness probe
+    # its own cheap health endpoint (GET, 200 when up): the pods' liveness probe
+    def health_path(self) -> str: ...
 
     @property
-    def shm_gib(self) -> int: ...  # the memory-backed /dev/shm it needs (docker --shm-size, the pods' /dev/shm)
+    # the memory-backed /dev/shm it needs (docker --shm-size, the pods' /dev/shm)
+    def shm_gib(self) -> int: ...
 
     @property
-    def key_env(self) -> str | None: ...  # the variable it reads its API key from (None: it has no API key)
+    # the variable it reads its API key from (None: it has no API key)
+    def key_env(self) -> str | None: ...
 
     @property
-    def ray(self) -> bool: ...  # across nodes a Ray cluster (one task per node); False: mpirun/srun, a task per rank
+    # across nodes a Ray cluster (one task per node); False: mpirun/srun, a task per rank
+    def ray(self) -> bool: ...
 
     @property
     def non_root(self) -> bool: ...  # its image runs as any user
@@ -127,8 +151,9 @@ class OpenAIServer(Protocol):
         ...
 
     def command(self, recipe: Recipe, host: str, at: Artifacts | None = None) -> list[str]:
-        """The server command inside its image, bound to `host`, reading the artifacts at `at` (default: where the
-        recipe's server reads them, trtkv.recipe.layout.served_artifacts: /models/<recipe> in a container)."""
+        """The server command inside its image, bound to `host`, reading the artifacts at `at`
+        (default: where the recipe's server reads them, trtkv.recipe.layout.served_artifacts:
+        /models/<recipe> in a container)."""
         ...
 
     def node_command(self, recipe: Recipe, host: str) -> list[str]:
@@ -146,11 +171,13 @@ class OpenAIServer(Protocol):
     def served_model(self, recipe: Recipe, at: Artifacts | None = None) -> str: ...
 
     def problem(self, recipe: Recipe) -> str | None:
-        """Why it would fail on this machine, said before minutes of loading (None: no known reason)."""
+        """Why it would fail on this machine, said before minutes of loading (None: no known
+        reason)."""
         ...
 
     def here(self, recipe: Recipe, *, check: bool = True) -> tuple[list[str], dict[str, str]]:
-        """(command, extra environment) `trtkv serve` runs on this machine; `check`: StageError when not installed."""
+        """(command, extra environment) `trtkv serve` runs on this machine; `check`: StageError when
+        not installed."""
         ...
 
 
@@ -158,13 +185,16 @@ class Serving(Protocol):
     """How `trtkv serve` and `trtkv deploy` run a backend."""
 
     @property
-    def records_versions(self) -> bool: ...  # the image follows the TensorRT-LLM the build manifest records
+    # the image follows the TensorRT-LLM the build manifest records
+    def records_versions(self) -> bool: ...
 
     @property
-    def rank_processes(self) -> bool: ...  # one tritonserver per rank (mpirun/srun span nodes); False: one for all
+    # one tritonserver per rank (mpirun/srun span nodes); False: one for all
+    def rank_processes(self) -> bool: ...
 
     @property
-    def openai(self) -> OpenAIServer | None: ...  # its own server (the only one when repo is None), or --trtllm-serve's
+    # its own server (the only one when repo is None), or --trtllm-serve's
+    def openai(self) -> OpenAIServer | None: ...
 
     def serves_locally(self, recipe: Recipe) -> bool: ...
 
@@ -174,13 +204,20 @@ class Serving(Protocol):
 
 
 class Runner(Protocol):
-    """How `trtkv generate` runs a backend: on this machine, or as a script for TensorRT-LLM's own runner."""
+    """How `trtkv generate` runs a backend: on this machine, or as a script for TensorRT-LLM's own
+    runner."""
 
-    def describe_local_generate(self, recipe: Recipe, max_tokens: int, checkpoint: Path | None) -> str: ...
+    def describe_local_generate(
+        self, recipe: Recipe, max_tokens: int, checkpoint: Path | None
+    ) -> str: ...
 
-    def local_generate(self, recipe: Recipe, prompt: str, max_tokens: int, checkpoint: Path | None) -> str: ...
+    def local_generate(
+        self, recipe: Recipe, prompt: str, max_tokens: int, checkpoint: Path | None
+    ) -> str: ...
 
-    def generate_job(self, recipe: Recipe, prompt: str, max_tokens: int) -> tuple[str, dict[str, Any]]: ...
+    def generate_job(
+        self, recipe: Recipe, prompt: str, max_tokens: int
+    ) -> tuple[str, dict[str, Any]]: ...
 
 
 class DynamoWorker(Protocol):
@@ -198,7 +235,8 @@ class DynamoWorker(Protocol):
     def args(self, recipe: Recipe, hf_dir: Path, role: str, config_dir: str) -> list[str]: ...
 
     def engine_config(self, recipe: Recipe, role: str) -> dict[str, Any] | None:
-        """The --extra-engine-args YAML of `role` (None: the worker takes every argument on its command line)."""
+        """The --extra-engine-args YAML of `role` (None: the worker takes every argument on its
+        command line)."""
         ...
 
 
@@ -214,23 +252,28 @@ def _build_max_num_tokens(recipe: Recipe) -> int:
 class MemoryRule:
     """The KV-pool rule a backend's engine follows and the memory flags its served command carries.
 
-    `rule` names an entry of trtkv.plan.engine_pool's rules ("vllm", "sglang", "trtllm", "tensorrt", "reference";
-    `cpu_rule` on the CPU); `knobs` gives the flags and values (the same call the serve, deploy and repo commands
-    make); `block_tokens` is the KV block the engine allocates in; `step_tokens` the tokens of its profiling or warm-up
-    forward (vLLM max_num_batched_tokens, SGLang's chunked prefill, TensorRT-LLM max_num_tokens); `served` reads the
-    pool the running engine reports."""
+    `rule` names an entry of trtkv.plan.engine_pool's rules ("vllm", "sglang", "trtllm", "tensorrt",
+    "reference"; `cpu_rule` on the CPU); `knobs` gives the flags and values (the same call the
+    serve, deploy and repo commands make); `block_tokens` is the KV block the engine allocates in;
+    `step_tokens` the tokens of its profiling or warm-up forward (vLLM max_num_batched_tokens,
+    SGLang's chunked prefill, TensorRT-LLM max_num_tokens); `served` reads the pool the running
+    engine reports."""
 
     rule: str
     knobs: Callable[[Recipe], EngineKnobs]
     block_tokens: Callable[[Recipe], int] = _build_tokens_per_block
     step_tokens: Callable[[Recipe], int] = _build_max_num_tokens
     cpu_rule: str | None = None
-    # the pool the running engine reports (recipe, its HTTP base URL, its log): `trtkv status` and `trtkv bench`
-    # compare it with the plan
+    # the pool the running engine reports (recipe, its HTTP base URL, its log): `trtkv status` and
+    # `trtkv bench` compare it with the plan
     served: Callable[[Recipe, str, Path | None], ServedPool | None] | None = None
 
     def rule_for(self, recipe: Recipe) -> str:
-        return self.cpu_rule if self.cpu_rule is not None and recipe.hardware.gpu is GPU.CPU else self.rule
+        return (
+            self.cpu_rule
+            if self.cpu_rule is not None and recipe.hardware.gpu is GPU.CPU
+            else self.rule
+        )
 
 
 @dataclass(frozen=True)
@@ -244,10 +287,10 @@ class EngineBackend:
     runner: Runner
     dynamo: DynamoWorker | None = None  # None: Dynamo's workers cannot run it
     gpu_engine: bool = True  # False: trtkv's own CPU runtime (not a deployment target on a GPU)
-    memory: MemoryRule | None = None  # None only for a backend without a KV pool of its own (none today)
+    # None only for a backend without a KV pool of its own (none today)
+    memory: MemoryRule | None = None
 
     @property
     def layout(self) -> str:
         """The repository layout's name ("openai": none, its own OpenAI server)."""
         return self.repo.name if self.repo is not None else OPENAI_LAYOUT
-

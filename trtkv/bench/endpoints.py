@@ -1,5 +1,5 @@
-"""One entry point per protocol: check an endpoint and make its sessions (Triton gRPC/HTTP: trtkv.bench.client;
-OpenAI: trtkv.bench.openai)."""
+"""One entry point per protocol: check an endpoint and make its sessions (Triton gRPC/HTTP:
+trtkv.bench.client; OpenAI: trtkv.bench.openai)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,13 @@ from trtkv.recipe.enums import Protocol
 
 
 def check_endpoint(ep: Endpoint, timeout_s: float = 10.0) -> Endpoint:
-    """The server answers and serves the model, else a TrtkvError naming the URL (and what to do)."""
-    return check_openai(ep, timeout_s) if ep.protocol is Protocol.OPENAI else check_triton(ep, timeout_s)
+    """The server answers and serves the model, else a TrtkvError naming the URL (and what to
+    do)."""
+    return (
+        check_openai(ep, timeout_s)
+        if ep.protocol is Protocol.OPENAI
+        else check_triton(ep, timeout_s)
+    )
 
 
 def session_factory(ep: Endpoint) -> Callable[[], Session]:

@@ -1,9 +1,9 @@
 """Load generation: a closed loop at fixed concurrency, or an open loop at a fixed request rate.
 
-Each worker thread holds one session (one request in flight) from a SessionPool, which a caller keeps across the
-phases of a level so that the measured requests go over the warm-up's connections. Ctrl-C (or a `tick` that says
-stop: a worker process told by its parent) stops issuing, marks what was in flight as cancelled and returns what has
-been measured; the caller writes partial results.
+Each worker thread holds one session (one request in flight) from a SessionPool, which a caller
+keeps across the phases of a level so that the measured requests go over the warm-up's connections.
+Ctrl-C (or a `tick` that says stop: a worker process told by its parent) stops issuing, marks what
+was in flight as cancelled and returns what has been measured; the caller writes partial results.
 """
 
 from __future__ import annotations
@@ -34,14 +34,20 @@ class Interrupted(Exception):
         self.records = records
 
 
-def _run_job(session: Session | None, job: Job, timeout_s: float, on_done: Callable[[RequestRecord], None]) -> None:
+def _run_job(
+    session: Session | None, job: Job, timeout_s: float, on_done: Callable[[RequestRecord], None]
+) -> None:
     if session is None:
         job.record.status, job.record.end_ns = ERROR, now_ns()
     else:
         try:
             session.run(job.record, job.prompt, job.params, timeout_s)
         except Exception as exc:  # noqa: BLE001 - counted as a failed request, never dropped
-            job.record.status, job.record.error, job.record.end_ns = ERROR, f"{type(exc).__name__}: {exc}", now_ns()
+            job.record.status, job.record.error, job.record.end_ns = (
+                ERROR,
+                f"{type(exc).__name__}: {exc}",
+                now_ns(),
+            )
     on_done(job.record)
 
 
@@ -54,12 +60,14 @@ def _open(factory: Callable[[], Session], errors: list[str]) -> Session | None:
 
 
 class SessionPool:
-    """The sessions of one level, up to `limit`: opened as the first requests need them, kept between phases (the
-    warm-up's connections carry the measured requests, so the measured phase opens none), closed by `close`.
+    """The sessions of one level, up to `limit`: opened as the first requests need them, kept
+    between phases (the warm-up's connections carry the measured requests, so the measured phase
+    opens none), closed by `close`.
 
-    Against vLLM (uvicorn's listen backlog of 2048) a storm of new connections is cheap, but behind a load balancer, a
-    TLS proxy or a server with a small backlog every connect costs a handshake, and a dropped SYN is retried by the
-    kernel one second later: a measured first token would carry it."""
+    Against vLLM (uvicorn's listen backlog of 2048) a storm of new connections is cheap, but behind
+    a load balancer, a TLS proxy or a server with a small backlog every connect costs a handshake,
+    and a dropped SYN is retried by the kernel one second later: a measured first token would carry
+    it."""
 
     def __init__(self, factory: Callable[[], Session], limit: int) -> None:
         self.factory, self.limit = factory, max(1, limit)
@@ -73,8 +81,8 @@ class SessionPool:
         return len(self._all)
 
     def borrow(self) -> Session | None:
-        """An idle session, else a new one while under the limit (None when it could not be opened, the reason in
-        `errors`), else wait for one to come back."""
+        """An idle session, else a new one while under the limit (None when it could not be opened,
+        the reason in `errors`), else wait for one to come back."""
         try:
             return self._idle.get_nowait()
         except queue.Empty:
@@ -108,22 +116,35 @@ class SessionPool:
 
 Sessions = SessionPool | Callable[[], Session]
 TICK_S = 0.2
-MAX_INFLIGHT = 64  # an open loop's sessions: a job that finds them all busy waits (its send time slips)
-Tick = Callable[[], bool]  # called about every TICK_S while a run waits; True stops it as Ctrl-C does
+# an open loop's sessions: a job that finds them all busy waits (its send time slips)
+MAX_INFLIGHT = 64
+# called about every TICK_S while a run waits; True stops it as Ctrl-C does
+Tick = Callable[[], bool]
 
 
 def _pool(sessions: Sessions, limit: int) -> tuple[SessionPool, bool]:
     """(the pool, whether this run owns it and closes it at the end)."""
-    return (sessions, False) if isinstance(sessions, SessionPool) else (SessionPool(sessions, limit), True)
+    return (
+        (sessions, False)
+        if isinstance(sessions, SessionPool)
+        else (SessionPool(sessions, limit), True)
+    )
 
 
-def run_concurrency(sessions: Sessions, jobs: Sequence[Job], concurrency: int, timeout_s: float,
-                    on_done: Callable[[RequestRecord], None] = lambda r: None,
-                    tick: Tick | None = None) -> list[RequestRecord]:
-    """Closed loop: `concurrency` workers, each sending its next job as soon as the previous one finished.
+def run_concurrency(
+    sessions: Sessions,
+    jobs: Sequence[Job],
+    concurrency: int,
+    timeout_s: float,
+    on_done: Callable[[RequestRecord], None] = lambda r: None,
+    tick: Tick | None = None,
+) -> list[RequestRecord]:
+    """Closed loop: `concurrency` workers, each sending its next job as soon as the previous one
+    finished.
 
-    `sessions`: a SessionPool kept by the caller across phases, or a factory (a pool for this run only). Worker i
-    sends job i first, so a warm-up of at least `concurrency` jobs carries a request on every session of the pool."""
+    `sessions`: a SessionPool kept by the caller across phases, or a factory (a pool for this run
+    only). Worker i sends job i first, so a warm-up of at least `concurrency` jobs carries a request
+    on every session of the pool."""
     pool, owned = _pool(sessions, concurrency)
     todo: queue.SimpleQueue[Job] = queue.SimpleQueue()
     for job in jobs[concurrency:]:
@@ -136,7 +157,9 @@ def run_concurrency(sessions: Sessions, jobs: Sequence[Job], concurrency: int, t
             job = first
             while job is not None and not stop.is_set():
                 if session is None:
-                    job.record.error = f"could not open a session: {pool.errors[-1] if pool.errors else '?'}"
+                    job.record.error = (
+                        f"could not open a session: {pool.errors[-1] if pool.errors else '?'}"
+                    )
                 _run_job(session, job, timeout_s, on_done)
                 try:
                     job = todo.get_nowait()
@@ -146,8 +169,10 @@ def run_concurrency(sessions: Sessions, jobs: Sequence[Job], concurrency: int, t
             pool.give_back(session)
 
     firsts = list(jobs[:concurrency])
-    threads = [threading.Thread(target=worker, args=(first,), daemon=True, name=f"bench-worker-{i}")
-               for i, first in enumerate(firsts)]
+    threads = [
+        threading.Thread(target=worker, args=(first,), daemon=True, name=f"bench-worker-{i}")
+        for i, first in enumerate(firsts)
+    ]
     try:
         _start_and_join(threads, stop, jobs, tick=tick)
     finally:
@@ -156,14 +181,22 @@ def run_concurrency(sessions: Sessions, jobs: Sequence[Job], concurrency: int, t
     return [j.record for j in jobs]
 
 
-def run_rate(sessions: Sessions, jobs: Sequence[Job], rate_per_s: float, timeout_s: float,
-             max_inflight: int = MAX_INFLIGHT, on_done: Callable[[RequestRecord], None] = lambda r: None,
-             tick: Tick | None = None, start: float | None = None,
-             send_at_s: Sequence[float] | None = None) -> list[RequestRecord]:
-    """Open loop: job i is sent at start + i/rate (or start + send_at_s[i]; start: a perf_counter() time, default
-    now); up to `max_inflight` sessions (the pool's limit when a pool is given).
+def run_rate(
+    sessions: Sessions,
+    jobs: Sequence[Job],
+    rate_per_s: float,
+    timeout_s: float,
+    max_inflight: int = MAX_INFLIGHT,
+    on_done: Callable[[RequestRecord], None] = lambda r: None,
+    tick: Tick | None = None,
+    start: float | None = None,
+    send_at_s: Sequence[float] | None = None,
+) -> list[RequestRecord]:
+    """Open loop: job i is sent at start + i/rate (or start + send_at_s[i]; start: a perf_counter()
+    time, default now); up to `max_inflight` sessions (the pool's limit when a pool is given).
 
-    When every session is busy a job waits for one, so its send time slips; the lag is visible in the records."""
+    When every session is busy a job waits for one, so its send time slips; the lag is visible in
+    the records."""
     pool, owned = _pool(sessions, max_inflight)
     stop = threading.Event()
 
@@ -171,7 +204,9 @@ def run_rate(sessions: Sessions, jobs: Sequence[Job], rate_per_s: float, timeout
         session = pool.borrow()
         try:
             if session is None:
-                job.record.error = f"could not open a session: {pool.errors[-1] if pool.errors else '?'}"
+                job.record.error = (
+                    f"could not open a session: {pool.errors[-1] if pool.errors else '?'}"
+                )
             _run_job(session, job, timeout_s, on_done)
         finally:
             pool.give_back(session)
@@ -197,8 +232,8 @@ def run_rate(sessions: Sessions, jobs: Sequence[Job], rate_per_s: float, timeout
 
 
 def _sleep_until(when: float, tick: Tick | None, next_tick: float) -> float:
-    """Sleep until perf_counter() reaches `when`, calling `tick` every TICK_S (KeyboardInterrupt when it says stop);
-    returns when the next tick is due."""
+    """Sleep until perf_counter() reaches `when`, calling `tick` every TICK_S (KeyboardInterrupt
+    when it says stop); returns when the next tick is due."""
     while True:
         now = time.perf_counter()
         if tick is not None and now >= next_tick:
@@ -210,8 +245,13 @@ def _sleep_until(when: float, tick: Tick | None, next_tick: float) -> float:
         time.sleep(min(when - now, TICK_S) if tick is not None else when - now)
 
 
-def _start_and_join(threads: list[threading.Thread], stop: threading.Event, jobs: Sequence[Job],
-                    running: list[threading.Thread] | None = None, tick: Tick | None = None) -> None:
+def _start_and_join(
+    threads: list[threading.Thread],
+    stop: threading.Event,
+    jobs: Sequence[Job],
+    running: list[threading.Thread] | None = None,
+    tick: Tick | None = None,
+) -> None:
     for t in threads:
         t.start()
     waiting = list(threads) + list(running or [])
@@ -228,7 +268,8 @@ def _start_and_join(threads: list[threading.Thread], stop: threading.Event, jobs
 
 
 def cancel_unsent(jobs: Sequence[Job]) -> None:
-    """Ctrl-C: a request in flight is cancelled (its partial response kept), one not sent yet is marked so."""
+    """Ctrl-C: a request in flight is cancelled (its partial response kept), one not sent yet is
+    marked so."""
     t = now_ns()
     for job in jobs:
         if job.record.status == "pending":

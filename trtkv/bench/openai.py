@@ -1,11 +1,13 @@
-"""The OpenAI protocol for `trtkv bench`: streaming `/v1/completions` or `/v1/chat/completions` (server-sent events)
-against any OpenAI-compatible server (vLLM, `trtllm-serve`, Triton's OpenAI frontend).
+"""The OpenAI protocol for `trtkv bench`: streaming `/v1/completions` or `/v1/chat/completions`
+(server-sent events) against any OpenAI-compatible server (vLLM, `trtllm-serve`, Triton's OpenAI
+frontend).
 
 One keep-alive HTTP connection per session, one request at a time, read by the shared stream loop
-(trtkv.bench.stream). Each SSE `data:` event with text is a response (its text is the new text: `choices[0].text`,
-or `choices[0].delta.content` for chat); `data: [DONE]` ends the request; a non-200 status or an event with `error`
-fails it. Token counts come from the model's tokenizer after the run, as for the other protocols; the usage the
-server reports (`stream_options.include_usage`) is kept to compare.
+(trtkv.bench.stream). Each SSE `data:` event with text is a response (its text is the new text:
+`choices[0].text`, or `choices[0].delta.content` for chat); `data: [DONE]` ends the request; a
+non-200 status or an event with `error` fails it. Token counts come from the model's tokenizer after
+the run, as for the other protocols; the usage the server reports (`stream_options.include_usage`)
+is kept to compare.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ ENDPOINT_TYPES = {"completions": "/v1/completions", "chat": "/v1/chat/completion
 
 
 def _get_json(ep: Endpoint, path: str, timeout_s: float) -> tuple[int, Any]:
-    """GET `path`: (status, parsed body); one overall deadline and a size cap (trtkv.core.httpcall through the
-    bench's strict parser, http1_fetch.strict), strict JSON."""
-    answer = request(f"{ep.url}{path}", timeout_s=timeout_s, max_bytes=CHECK_BYTES, transport=strict())
+    """GET `path`: (status, parsed body); one overall deadline and a size cap (trtkv.core.httpcall
+    through the bench's strict parser, http1_fetch.strict), strict JSON."""
+    answer = request(
+        f"{ep.url}{path}", timeout_s=timeout_s, max_bytes=CHECK_BYTES, transport=strict()
+    )
     try:
         return answer.status, strict_json(answer.body) if answer.body else None
     except ValueError:
@@ -35,37 +39,56 @@ def _get_json(ep: Endpoint, path: str, timeout_s: float) -> tuple[int, Any]:
 
 
 def check_openai(ep: Endpoint, timeout_s: float = 10.0) -> Endpoint:
-    """The server answers /v1/models and serves ep.model (or, when none was named, its only/first model); one
-    deadline of `timeout_s` for the whole check and at most http1_fetch.CHECK_BYTES of answer."""
+    """The server answers /v1/models and serves ep.model (or, when none was named, its only/first
+    model); one deadline of `timeout_s` for the whole check and at most http1_fetch.CHECK_BYTES of
+    answer."""
     try:
         status, body = _get_json(ep, "/v1/models", timeout_s)
     except ProtocolError as exc:
-        raise TrtkvError(f"http://{ep.url}/v1/models did not answer as an OpenAI-compatible server does ({exc}). "
-                         f"Next: check --url (URL from {ep.source or 'default'}).") from None
+        raise TrtkvError(
+            f"http://{ep.url}/v1/models did not answer as an OpenAI-compatible server does "
+            f"({exc}). Next: check --url (URL from {ep.source or 'default'})."
+        ) from None
     except OSError as exc:
-        raise TrtkvError(f"no OpenAI-compatible server answers at http://{ep.url} ({type(exc).__name__}: "
-                         f"{_first_line(exc)}). Next: start it (`trtkv serve RECIPE`), or pass --url HOST:PORT "
-                         f"(URL from {ep.source or 'default'}).") from None
+        raise TrtkvError(
+            f"no OpenAI-compatible server answers at http://{ep.url} ({type(exc).__name__}: "
+            f"{_first_line(exc)}). Next: start it (`trtkv serve RECIPE`), or pass --url HOST:PORT "
+            f"(URL from {ep.source or 'default'})."
+        ) from None
     if status != 200 or not isinstance(body, dict):
-        raise TrtkvError(f"http://{ep.url}/v1/models answered {status}: {str(body)[:200]}; not an OpenAI-compatible "
-                         f"server (or not ready yet).")
+        raise TrtkvError(
+            f"http://{ep.url}/v1/models answered {status}: {str(body)[:200]}; not an "
+            "OpenAI-compatible server (or not ready yet)."
+        )
     data = body.get("data")
-    served = [str(m.get("id"))[:200] for m in (data if isinstance(data, list) else []) if isinstance(m, dict)]
+    served = [
+        str(m.get("id"))[:200]
+        for m in (data if isinstance(data, list) else [])
+        if isinstance(m, dict)
+    ]
     if not ep.model:
         if not served:
             raise TrtkvError(f"http://{ep.url}/v1/models lists no model.")
         ep.model = served[0]
     elif ep.model not in served:
-        raise TrtkvError(f"model {ep.model!r} is not served at http://{ep.url}; it serves {served[:20]}. Next: "
-                         f"--model {served[0] if served else 'NAME'}.")
+        raise TrtkvError(
+            f"model {ep.model!r} is not served at http://{ep.url}; it serves {served[:20]}. Next: "
+            f"--model {served[0] if served else 'NAME'}."
+        )
     return ep
 
 
 def request_body(ep: Endpoint, prompt: str, params: SamplingParams) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": ep.model, "max_tokens": params.max_tokens, "stream": True,
-                            "stream_options": {"include_usage": True}, "temperature": params.temperature,
-                            "top_p": params.top_p}
-    if params.top_k > 1 or (params.top_k == 1 and params.temperature > 0):  # not in OpenAI's schema: only if it matters
+    body: dict[str, Any] = {
+        "model": ep.model,
+        "max_tokens": params.max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+    }
+    # not in OpenAI's schema: only if it matters
+    if params.top_k > 1 or (params.top_k == 1 and params.temperature > 0):
         body["top_k"] = params.top_k
     if ep.endpoint_type == "chat":
         body["messages"] = [{"role": "user", "content": prompt}]
@@ -85,10 +108,12 @@ def event_text(event: dict[str, Any], chat: bool) -> str:
 
 
 class OpenAIEvents:
-    """OpenAI's streamed events: text per event, `data: [DONE]` ends the request, an `error` event fails it.
+    """OpenAI's streamed events: text per event, `data: [DONE]` ends the request, an `error` event
+    fails it.
 
-    While streaming only the arrival time and the raw event are kept (and error events parsed); decode() turns them
-    into texts after the request, in the worker thread, so the shared loop stays quick between events."""
+    While streaming only the arrival time and the raw event are kept (and error events parsed);
+    decode() turns them into texts after the request, in the worker thread, so the shared loop stays
+    quick between events."""
 
     def __init__(self, record: RequestRecord, chat: bool) -> None:
         self.record, self.chat = record, chat
@@ -110,7 +135,11 @@ class OpenAIEvents:
         return False
 
     def on_end(self, t_ns: int) -> None:
-        self.record.status, self.record.error, self.record.end_ns = ERROR, "the stream ended without [DONE]", t_ns
+        self.record.status, self.record.error, self.record.end_ns = (
+            ERROR,
+            "the stream ended without [DONE]",
+            t_ns,
+        )
 
     def decode(self) -> None:
         rec = self.record
@@ -127,7 +156,8 @@ class OpenAIEvents:
 
 
 def _event_error(payload: bytes) -> str | None:
-    """The error an event carries (an `error` field, `object: error`, or not a JSON object at all), else None."""
+    """The error an event carries (an `error` field, `object: error`, or not a JSON object at all),
+    else None."""
     try:
         event = json.loads(payload)
     except ValueError:
@@ -141,8 +171,8 @@ def _event_error(payload: bytes) -> str | None:
 
 
 class OpenAISession(HttpSession):
-    """Streaming completions over one keep-alive HTTP connection (HttpSession's request handling and shared stream
-    loop, with OpenAI's path, body and events)."""
+    """Streaming completions over one keep-alive HTTP connection (HttpSession's request handling and
+    shared stream loop, with OpenAI's path, body and events)."""
 
     def _path(self) -> str:
         return ENDPOINT_TYPES[self.ep.endpoint_type]

@@ -1,6 +1,7 @@
-"""The measured phases of `trtkv bench`, in the order trtkv.bench.runner runs them: the latency levels (a concurrency
-sweep or one request rate), the input-length sweep (`--sweep-input`) and the accuracy tasks (prepared, then run at
-bench.accuracy_concurrency), each phase shown as progress bars."""
+"""The measured phases of `trtkv bench`, in the order trtkv.bench.runner runs them: the latency
+levels (a concurrency sweep or one request rate), the input-length sweep (`--sweep-input`) and the
+accuracy tasks (prepared, then run at bench.accuracy_concurrency), each phase shown as progress
+bars."""
 
 from __future__ import annotations
 
@@ -20,23 +21,31 @@ from trtkv.core.errors import TrtkvError
 from trtkv.core.progress import Progress
 from trtkv.recipe import Recipe
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Progress
 
 
 class _Progress(Progress):
-    """The bench's phases as progress bars (trtkv.core.progress); `phase` returns a per-request callback."""
+    """The bench's phases as progress bars (trtkv.core.progress); `phase` returns a per-request
+    callback."""
 
     def phase(self, name: str, total: int) -> Callable[[RequestRecord], None]:
         return self.task(name, total).callback()
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Phases
 
 
-def _latency_jobs(prompts: Sequence[str], isl: Sequence[int], phase: str, level: str, start: int, count: int,
-                  max_tokens: int) -> list[Job]:
+def _latency_jobs(
+    prompts: Sequence[str],
+    isl: Sequence[int],
+    phase: str,
+    level: str,
+    start: int,
+    count: int,
+    max_tokens: int,
+) -> list[Job]:
     jobs = []
     for k in range(count):
         i = (start + k) % len(prompts)
@@ -52,11 +61,19 @@ def _levels(recipe: Recipe) -> list[tuple[str, float, str]]:
     return [(f"concurrency={c}", float(c), "concurrency") for c in recipe.bench.concurrency]
 
 
-def run_latency(recipe: Recipe, ep: Endpoint, tokenizer: Any, progress: _Progress, records: list[RequestRecord],
-                by_level: dict[str, list[RequestRecord]], clients: dict[str, ClientRun], workers: int | None) -> None:
-    """Warm-up then measured requests at each level, each level's sessions kept from its warm-up into its measured
-    phase (trtkv.bench.levels: in this process or on worker processes); `records`, `by_level` and `clients` fill as
-    levels finish (or stop)."""
+def run_latency(
+    recipe: Recipe,
+    ep: Endpoint,
+    tokenizer: Any,
+    progress: _Progress,
+    records: list[RequestRecord],
+    by_level: dict[str, list[RequestRecord]],
+    clients: dict[str, ClientRun],
+    workers: int | None,
+) -> None:
+    """Warm-up then measured requests at each level, each level's sessions kept from its warm-up
+    into its measured phase (trtkv.bench.levels: in this process or on worker processes); `records`,
+    `by_level` and `clients` fill as levels finish (or stop)."""
     b = recipe.bench
     prompts = latency_prompts(tokenizer, b.num_requests, b.input_tokens)
     isl = [prompt_tokens(tokenizer, p) for p in prompts]
@@ -74,27 +91,44 @@ def run_latency(recipe: Recipe, ep: Endpoint, tokenizer: Any, progress: _Progres
         clients.update(sweep.clients)
 
 
-def run_sweep(recipe: Recipe, ep: Endpoint, tokenizer: Any, progress: _Progress, records: list[RequestRecord],
-              lengths: Sequence[int], by_length: dict[int, dict[str, list[RequestRecord]]],
-              clients: dict[int, dict[str, ClientRun]], workers: int | None) -> None:
-    """The latency levels once per input length (`--sweep-input`), each length's levels on run_latency's Sweep
-    (sessions kept from warm-up to measured phase, worker processes as --workers decides); `by_length` and `clients`
-    fill as lengths finish (or stop)."""
+def run_sweep(
+    recipe: Recipe,
+    ep: Endpoint,
+    tokenizer: Any,
+    progress: _Progress,
+    records: list[RequestRecord],
+    lengths: Sequence[int],
+    by_length: dict[int, dict[str, list[RequestRecord]]],
+    clients: dict[int, dict[str, ClientRun]],
+    workers: int | None,
+) -> None:
+    """The latency levels once per input length (`--sweep-input`), each length's levels on
+    run_latency's Sweep (sessions kept from warm-up to measured phase, worker processes as --workers
+    decides); `by_length` and `clients` fill as lengths finish (or stop)."""
     for n in lengths:
-        at_n = recipe.model_copy(update={"bench": recipe.bench.model_copy(update={"input_tokens": n})})
+        at_n = recipe.model_copy(
+            update={"bench": recipe.bench.model_copy(update={"input_tokens": n})}
+        )
         by_length[n], clients[n] = {}, {}
         mark = len(records)
         try:
             run_latency(at_n, ep, tokenizer, progress, records, by_length[n], clients[n], workers)
         finally:
-            for rec in records[mark:]:  # one label per length, so requests.csv and the AIPerf exports stay apart
+            # one label per length, so requests.csv and the AIPerf exports stay apart
+            for rec in records[mark:]:
                 rec.level = f"input={n} {rec.level}"
                 rec.request_id = f"input{n}-{rec.request_id}"
 
 
-def build_tasks(recipe: Recipe, tokenizer: Any, names: Sequence[str], golden_prompts: int,
-                log: Callable[[str], None]) -> tuple[list[acc_tasks.Task], dict[str, dict[str, Any]]]:
-    """The accuracy tasks asked for; one that cannot be prepared is reported (not run), never silently skipped."""
+def build_tasks(
+    recipe: Recipe,
+    tokenizer: Any,
+    names: Sequence[str],
+    golden_prompts: int,
+    log: Callable[[str], None],
+) -> tuple[list[acc_tasks.Task], dict[str, dict[str, Any]]]:
+    """The accuracy tasks asked for; one that cannot be prepared is reported (not run), never
+    silently skipped."""
     from trtkv.core.texts import quiz_items
 
     tasks: list[acc_tasks.Task] = []
@@ -109,23 +143,51 @@ def build_tasks(recipe: Recipe, tokenizer: Any, names: Sequence[str], golden_pro
 
                 prompts = latency_prompts(tokenizer, golden_prompts, b.input_tokens)
                 path = paths.recipe_output_dir(recipe.name) / "golden.json"
-                tasks.append(acc_tasks.golden_task(tokenizer, prompts, b.output_tokens, path,
-                                                   resolve_model_dir(recipe), log=log))
+                tasks.append(
+                    acc_tasks.golden_task(
+                        tokenizer,
+                        prompts,
+                        b.output_tokens,
+                        path,
+                        resolve_model_dir(recipe),
+                        log=log,
+                    )
+                )
             elif name == "needle":
-                tasks.append(acc_tasks.needle_task(tokenizer, long_text(), b.needle_context_lengths,
-                                                   recipe.probe.needle_depths, recipe.build.max_seq_len))
+                tasks.append(
+                    acc_tasks.needle_task(
+                        tokenizer,
+                        long_text(),
+                        b.needle_context_lengths,
+                        recipe.probe.needle_depths,
+                        recipe.build.max_seq_len,
+                    )
+                )
             elif name == "ruler":
-                tasks.append(ruler.ruler_task(tokenizer, b.ruler_lengths, b.ruler_samples, recipe.build.max_input_len,
-                                              recipe.build.max_seq_len))
+                tasks.append(
+                    ruler.ruler_task(
+                        tokenizer,
+                        b.ruler_lengths,
+                        b.ruler_samples,
+                        recipe.build.max_input_len,
+                        recipe.build.max_seq_len,
+                    )
+                )
         except TrtkvError as exc:
             failed[name] = {"error": str(exc)}
     return tasks, failed
 
 
-def run_accuracy(recipe: Recipe, ep: Endpoint, tasks: list[acc_tasks.Task], progress: _Progress,
-                 records: list[RequestRecord]) -> dict[str, list[RequestRecord]]:
+def run_accuracy(
+    recipe: Recipe,
+    ep: Endpoint,
+    tasks: list[acc_tasks.Task],
+    progress: _Progress,
+    records: list[RequestRecord],
+) -> dict[str, list[RequestRecord]]:
     factory = session_factory(ep)
-    conc = recipe.bench.accuracy_concurrency  # not the sweep's: batched answers differ on most engines
+    # not the sweep's: batched answers differ on most engines
+    conc = recipe.bench.accuracy_concurrency
     out: dict[str, list[RequestRecord]] = {}
     for task in tasks:
         done = progress.phase(f"accuracy {task.name}", len(task.jobs))

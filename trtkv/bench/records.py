@@ -10,7 +10,8 @@ OK, ERROR, TIMEOUT, CANCELLED, NOT_SENT = "ok", "error", "timeout", "cancelled",
 
 
 def now_ns() -> int:
-    """The clock of every *_ns time in a RequestRecord: perf_counter_ns (monotonic, the finest the OS gives)."""
+    """The clock of every *_ns time in a RequestRecord: perf_counter_ns (monotonic, the finest the
+    OS gives)."""
     return time.perf_counter_ns()
 
 
@@ -31,10 +32,14 @@ class RequestRecord:
     end_ns: int | None = None
     status: str = "pending"
     error: str = ""
-    client_cpu_ns: int = 0  # the client's own CPU time for this request (OpenAI/HTTP sessions; 0 where not measured)
-    server_tokens: int | None = None  # output tokens the server reported (OpenAI usage), to compare with the count
-    client_lag_us: list[int] = field(default_factory=list)  # sampled reads: the client's own lag (HTTP/OpenAI, Linux)
-    client_worker: int = 0  # the client process that carried it (0: the only one, or the first worker)
+    # the client's own CPU time for this request (OpenAI/HTTP sessions; 0 where not measured)
+    client_cpu_ns: int = 0
+    # output tokens the server reported (OpenAI usage), to compare with the count
+    server_tokens: int | None = None
+    # sampled reads: the client's own lag (HTTP/OpenAI, Linux)
+    client_lag_us: list[int] = field(default_factory=list)
+    # the client process that carried it (0: the only one, or the first worker)
+    client_worker: int = 0
 
     @property
     def ok(self) -> bool:
@@ -61,7 +66,8 @@ class RequestRecord:
         return (self.response_ns[-1] - self.send_ns) / 1e6
 
     def itl_ms(self) -> float | None:
-        """Gaps between content responses, each divided by the tokens in the later one, token-weighted per request."""
+        """Gaps between content responses, each divided by the tokens in the later one,
+        token-weighted per request."""
         idx = self.content_indices()
         if len(idx) < 2:
             return None
@@ -85,15 +91,24 @@ class RequestRecord:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RequestRecord:
-        rec = cls(request_id=data["request_id"], phase=data["phase"], level=data["level"],
-                  prompt_index=data["prompt_index"], input_tokens=data["input_tokens"], max_tokens=data["max_tokens"])
+        rec = cls(
+            request_id=data["request_id"],
+            phase=data["phase"],
+            level=data["level"],
+            prompt_index=data["prompt_index"],
+            input_tokens=data["input_tokens"],
+            max_tokens=data["max_tokens"],
+        )
         rec.send_ns = round(data["send_time_ms"] * 1e6)
         rec.response_ns = [round(t * 1e6) for t in data["response_times_ms"]]
         rec.response_texts = list(data["response_texts"])
         rec.response_tokens = list(data["response_tokens"])
         rec.end_ns = None if data.get("end_time_ms") is None else round(data["end_time_ms"] * 1e6)
         rec.status, rec.error = data["status"], data.get("error", "")
-        rec.client_cpu_ns, rec.server_tokens = int(data.get("client_cpu_ns") or 0), data.get("server_tokens")
+        rec.client_cpu_ns, rec.server_tokens = (
+            int(data.get("client_cpu_ns") or 0),
+            data.get("server_tokens"),
+        )
         rec.client_lag_us = [int(v) for v in data.get("client_lag_us") or []]
         rec.client_worker = int(data.get("client_worker") or 0)
         return rec

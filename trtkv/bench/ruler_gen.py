@@ -1,12 +1,15 @@
-"""RULER's synthetic long-context tasks that need no download, written for trtkv from RULER's own definitions.
+"""RULER's synthetic long-context tasks that need no download, written for trtkv from RULER's own
+definitions.
 
-Source: NVIDIA/RULER at RULER_COMMIT. Templates, answer prefixes and tokens to generate: scripts/data/synthetic/
-constants.py; task arguments: scripts/synthetic.yaml; haystacks, needles and length fitting: scripts/data/synthetic/
-niah.py, variable_tracking.py, common_words_extraction.py, freq_words_extraction.py; the answer prefix sent after the
-input: scripts/pred/call_api.py. The words are RULER's: wonderwords' noun, adjective and verb lists. Where trtkv
-differs from RULER (random streams, a guard against distractor collisions, the search's upper bound) is in docs/ruler.md.
-The families' templates, words and the text of one item are trtkv.bench.ruler_families; this module holds the task
-table, the item and the fitting of items to a length (generate).
+Source: NVIDIA/RULER at RULER_COMMIT. Templates, answer prefixes and tokens to generate:
+scripts/data/synthetic/ constants.py; task arguments: scripts/synthetic.yaml; haystacks, needles and
+length fitting: scripts/data/synthetic/ niah.py, variable_tracking.py, common_words_extraction.py,
+freq_words_extraction.py; the answer prefix sent after the input: scripts/pred/call_api.py. The
+words are RULER's: wonderwords' noun, adjective and verb lists. Where trtkv differs from RULER
+(random streams, a guard against distractor collisions, the search's upper bound) is in
+docs/ruler.md. The families' templates, words and the text of one item are
+trtkv.bench.ruler_families; this module holds the task table, the item and the fitting of items to a
+length (generate).
 """
 
 from __future__ import annotations
@@ -33,13 +36,26 @@ from trtkv.bench.ruler_families import (
 RULER_COMMIT = "c3f5e3b4f87f97e048793bb510a3a6b19a46bf3a"
 RULER_SEED = 42  # scripts/data/prepare.py --random_seed default
 
-# scripts/synthetic.yaml: the tasks RULER generates without a download (no essay haystack, no QA data set)
+# scripts/synthetic.yaml: the tasks RULER generates without a download (no essay haystack, no QA
+# data set)
 TASKS: dict[str, tuple[str, dict[str, Any]]] = {
-    "niah_single_1": ("niah", {"haystack": "noise", "k": "words", "v": "numbers", "num_k": 1, "num_v": 1, "num_q": 1}),
-    "niah_multikey_2": ("niah", {"haystack": "needle", "k": "words", "v": "numbers", "num_k": 1, "num_v": 1, "num_q": 1}),
-    "niah_multikey_3": ("niah", {"haystack": "needle", "k": "uuids", "v": "uuids", "num_k": 1, "num_v": 1, "num_q": 1}),
+    "niah_single_1": (
+        "niah",
+        {"haystack": "noise", "k": "words", "v": "numbers", "num_k": 1, "num_v": 1, "num_q": 1},
+    ),
+    "niah_multikey_2": (
+        "niah",
+        {"haystack": "needle", "k": "words", "v": "numbers", "num_k": 1, "num_v": 1, "num_q": 1},
+    ),
+    "niah_multikey_3": (
+        "niah",
+        {"haystack": "needle", "k": "uuids", "v": "uuids", "num_k": 1, "num_v": 1, "num_q": 1},
+    ),
     "vt": ("variable_tracking", {"num_chains": 1, "num_hops": 4}),
-    "cwe": ("common_words_extraction", {"freq_cw": 30, "freq_ucw": 3, "num_cw": 10, "num_fewshot": 1}),
+    "cwe": (
+        "common_words_extraction",
+        {"freq_cw": 30, "freq_ucw": 3, "num_cw": 10, "num_fewshot": 1},
+    ),
     "fwe": ("freq_words_extraction", {"alpha": 2.0, "coded_wordlen": 6}),
 }
 MAX_RETRIES = 100
@@ -47,18 +63,22 @@ MAX_RETRIES = 100
 
 @dataclass
 class RulerItem:
-    """One RULER sample, JSON-serialisable: the prompt is `input + answer_prefix`, as RULER's call_api.py sends it."""
+    """One RULER sample, JSON-serialisable: the prompt is `input + answer_prefix`, as RULER's
+    call_api.py sends it."""
 
     task: str
-    length: int  # the target: prompt tokens + the task's tokens to generate <= length (RULER's max_seq_length)
+    # the target: prompt tokens + the task's tokens to generate <= length (RULER's max_seq_length)
+    length: int
     index: int
     seed: int
     input: str
     answer_prefix: str
     outputs: list[str]
-    input_tokens: int  # tokens of input + answer_prefix with the tokenizer the item was made for (no special tokens)
+    # tokens of input + answer_prefix with the tokenizer the item was made for (no special tokens)
+    input_tokens: int
     max_tokens: int  # RULER's tokens_to_generate
-    haystack_units: int  # noise sentences, distractor needles, distinct words or coded words of the haystack
+    # noise sentences, distractor needles, distinct words or coded words of the haystack
+    haystack_units: int
 
     @property
     def prompt(self) -> str:
@@ -72,15 +92,20 @@ class RulerItem:
         return cls(**data)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Fitting the length
 
 
-def generate(task: str, length: int, count: int, encode: Encode, seed: int = RULER_SEED) -> list[RulerItem]:
-    """`count` items of `task` whose prompt tokens + tokens to generate fit `length`, as RULER fits them: the largest
-    haystack that fits, then per item that size, made smaller while the item's own draw does not fit."""
+def generate(
+    task: str, length: int, count: int, encode: Encode, seed: int = RULER_SEED
+) -> list[RulerItem]:
+    """`count` items of `task` whose prompt tokens + tokens to generate fit `length`, as RULER fits
+    them: the largest haystack that fits, then per item that size, made smaller while the item's own
+    draw does not fit."""
     if task not in TASKS:
-        raise RulerError(f"RULER task {task!r} is not one trtkv makes; allowed: {', '.join(TASKS)}.")
+        raise RulerError(
+            f"RULER task {task!r} is not one trtkv makes; allowed: {', '.join(TASKS)}."
+        )
     family, args = TASKS[task]
     max_tokens = FAMILIES[family][2]
 
@@ -98,8 +123,10 @@ def generate(task: str, length: int, count: int, encode: Encode, seed: int = RUL
         budget = length - max_tokens
         vocab_size, step = budget // 50, budget // 32
         if vocab_size < 4 or step < 1:
-            raise RulerError(f"fwe at {length} tokens: too short (RULER's vocabulary is (length - {max_tokens}) // 50 "
-                             f"words, at least 4 needed: length >= {200 + max_tokens}).")
+            raise RulerError(
+                f"fwe at {length} tokens: too short (RULER's vocabulary is (length - {max_tokens}) "
+                f"// 50 words, at least 4 needed: length >= {200 + max_tokens})."
+            )
         make = lambda n, rng: _fwe(args, vocab_size, n, rng)  # noqa: E731
 
     measured: dict[int, int] = {}
@@ -112,7 +139,8 @@ def generate(task: str, length: int, count: int, encode: Encode, seed: int = RUL
     def fits(n: int) -> bool:
         return fit_tokens(n) <= length
 
-    if family == "freq_words_extraction":  # freq_words_extraction.py: grow by `step` from budget // 6 while the text
+    # freq_words_extraction.py: grow by `step` from budget // 6 while the text
+    if family == "freq_words_extraction":
         units = (length - max_tokens) // 6  # is shorter than the budget, then step back once
         while fit_tokens(units) < length:
             units += step
@@ -121,13 +149,18 @@ def generate(task: str, length: int, count: int, encode: Encode, seed: int = RUL
         highest = len(_cwe_words()) if family == "common_words_extraction" else None
         units = _largest_fit(fits, step, highest)
         if highest is not None and units == highest and fits(highest):
-            raise RulerError(f"cwe at {length} tokens needs more than the {highest} distinct words of wonderwords "
-                             f"(RULER then draws from json/english_words.json, which trtkv does not ship).")
+            raise RulerError(
+                f"cwe at {length} tokens needs more than the {highest} distinct words of "
+                "wonderwords (RULER then draws from json/english_words.json, which trtkv does not "
+                "ship)."
+            )
     if units < step:
-        raise RulerError(f"{task} at {length} tokens: too short for RULER's smallest haystack ({step} units) and "
-                         f"{max_tokens} tokens to generate. Next: a longer length in bench.ruler_lengths.")
-    # RULER steps an item that does not fit back by its search step (5-25 units); trtkv by one unit (fwe: RULER's
-    # step, 1/32 of the budget), so items sit closer to the length, never above it
+        raise RulerError(
+            f"{task} at {length} tokens: too short for RULER's smallest haystack ({step} units) "
+            f"and {max_tokens} tokens to generate. Next: a longer length in bench.ruler_lengths."
+        )
+    # RULER steps an item that does not fit back by its search step (5-25 units); trtkv by one unit
+    # (fwe: RULER's step, 1/32 of the budget), so items sit closer to the length, never above it
     retry_step = step if family == "freq_words_extraction" else 1
     items = []
     for index in range(count):
@@ -139,6 +172,12 @@ def generate(task: str, length: int, count: int, encode: Encode, seed: int = RUL
                 break
             n = max(step, n - retry_step)
         else:
-            raise RulerError(f"{task} at {length} tokens: item {index} did not fit in {MAX_RETRIES} draws.")
-        items.append(RulerItem(task, length, index, seed, made[0], made[1], list(made[2]), used, max_tokens, n))
+            raise RulerError(
+                f"{task} at {length} tokens: item {index} did not fit in {MAX_RETRIES} draws."
+            )
+        items.append(
+            RulerItem(
+                task, length, index, seed, made[0], made[1], list(made[2]), used, max_tokens, n
+            )
+        )
     return items

@@ -1,4 +1,5 @@
-"""`trtkv bench` end to end: endpoint, workload, the measured phases (trtkv.bench.phases), SLOs, result files."""
+"""`trtkv bench` end to end: endpoint, workload, the measured phases (trtkv.bench.phases), SLOs,
+result files."""
 
 from __future__ import annotations
 
@@ -20,7 +21,13 @@ from trtkv.bench.options import BenchOptions
 from trtkv.bench.phases import _Progress, build_tasks, run_accuracy, run_latency, run_sweep
 from trtkv.bench.prompts import count_tokens, load_tokenizer, tokenizer_dir
 from trtkv.bench.records import RequestRecord, now_ns
-from trtkv.contracts.artifacts import BenchEndpoint, BenchResults, BenchSLOs, BenchWorkload, ServerRecord
+from trtkv.contracts.artifacts import (
+    BenchEndpoint,
+    BenchResults,
+    BenchSLOs,
+    BenchWorkload,
+    ServerRecord,
+)
 from trtkv.core.errors import StageError, TrtkvError
 from trtkv.recipe import Protocol, Recipe
 from trtkv.recipe.layout import bench_dir, serve_dir
@@ -38,17 +45,21 @@ class BenchOutcome:
     results: dict[str, Any]
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Endpoint
 
 
-def resolve_endpoint(recipe: Recipe, url: str | None, protocol: Protocol | None, model: str) -> Endpoint:
+def resolve_endpoint(
+    recipe: Recipe, url: str | None, protocol: Protocol | None, model: str
+) -> Endpoint:
     """--url, else engines/<recipe>/serve/server.json, else the recipe's triton host and port."""
     proto = protocol or recipe.bench.protocol
     if url:
         text = url.split("://", 1)[-1].rstrip("/")
         if ":" not in text:
-            raise TrtkvError(f"--url {url!r}: expected HOST:PORT, e.g. 127.0.0.1:8001 (gRPC) or :8000 (HTTP).")
+            raise TrtkvError(
+                f"--url {url!r}: expected HOST:PORT, e.g. 127.0.0.1:8001 (gRPC) or :8000 (HTTP)."
+            )
         return Endpoint(text, proto, model, source="--url")
     folder = serve_dir(recipe)
     try:
@@ -57,17 +68,20 @@ def resolve_endpoint(recipe: Recipe, url: str | None, protocol: Protocol | None,
         raise TrtkvError(f"{exc} Or pass --url HOST:PORT.") from exc
     if info is not None:
         port = info.grpc_port if proto is Protocol.GRPC else info.http_port
-        return Endpoint(f"{info.client_host}:{port}", proto, model, source=str(ServerRecord.path(folder)))
+        return Endpoint(
+            f"{info.client_host}:{port}", proto, model, source=str(ServerRecord.path(folder))
+        )
     port = recipe.triton.grpc_port if proto is Protocol.GRPC else recipe.triton.http_port
     return Endpoint(f"{recipe.triton.host}:{port}", proto, model, source="recipe triton.host/port")
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Run
 
 
 def count_response_tokens(tokenizer: Any, records: Sequence[RequestRecord]) -> dict[str, int]:
-    """Fill each record's per-response token counts; compare their sum with the whole text's count."""
+    """Fill each record's per-response token counts; compare their sum with the whole text's
+    count."""
     equal, diffs = 0, []
     for rec in records:
         rec.response_tokens = [count_tokens(tokenizer, t) for t in rec.response_texts]
@@ -93,11 +107,13 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     from trtkv.contracts.stage import run_stage, tool_versions
 
     output = opts.output or bench_dir(recipe)
-    check_output(output, "bench", recipe.name)  # before measuring: a folder it may not replace is refused at once
+    # before measuring: a folder it may not replace is refused at once
+    check_output(output, "bench", recipe.name)
     slos = slo.parse_all(recipe.bench.thresholds, opts.slos, opts.allow_failures)
     goodput = aiperf_export.parse_goodput(opts.goodput)
     openai = (opts.protocol or recipe.bench.protocol) is Protocol.OPENAI
-    # the model: --model; for OpenAI the one the server lists; for Triton the recipe's layout's (ensemble/tensorrt_llm)
+    # the model: --model; for OpenAI the one the server lists; for Triton the recipe's layout's
+    # (ensemble/tensorrt_llm)
     repo = for_recipe(recipe).repo  # None: no Triton repository (the backend's own OpenAI server)
     model = opts.model or ("" if openai or repo is None else repo.interface.model)
     endpoint = resolve_endpoint(recipe, opts.url, opts.protocol, model)
@@ -117,20 +133,43 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     interrupted: str | None = None
     tasks: list[acc_tasks.Task] = []
     task_errors: dict[str, dict[str, Any]] = {}
-    with _Progress(opts.progress) as progress, supervise.quiet(recipe, "trtkv bench", opts.url) as asked:
+    with (
+        _Progress(opts.progress) as progress,
+        supervise.quiet(recipe, "trtkv bench", opts.url) as asked,
+    ):
         if asked:
-            progress.log("bench: the supervisor sends no canaries while this runs (it checks alive and ready only)")
+            progress.log(
+                "bench: the supervisor sends no canaries while this runs (it checks alive and "
+                "ready only)"
+            )
         try:
             interrupted = "preparation of the accuracy tasks"
-            tasks, task_errors = build_tasks(recipe, tokenizer, task_names, opts.golden_prompts, progress.log)
-            lengths = list(recipe.bench.sweep_input_tokens if opts.sweep_input is None else opts.sweep_input)
+            tasks, task_errors = build_tasks(
+                recipe, tokenizer, task_names, opts.golden_prompts, progress.log
+            )
+            lengths = list(
+                recipe.bench.sweep_input_tokens if opts.sweep_input is None else opts.sweep_input
+            )
             if opts.latency and lengths:
                 interrupted = "input sweep"
-                run_sweep(recipe, ep, tokenizer, progress, records, lengths, by_length, length_clients, opts.workers)
+                run_sweep(
+                    recipe,
+                    ep,
+                    tokenizer,
+                    progress,
+                    records,
+                    lengths,
+                    by_length,
+                    length_clients,
+                    opts.workers,
+                )
             if opts.latency and recipe.bench.input_tokens not in by_length:
                 interrupted = "latency sweep"
-                run_latency(recipe, ep, tokenizer, progress, records, by_level, clients, opts.workers)
-            elif opts.latency:  # the recipe's own length was one of the sweep's: its levels are the main ones
+                run_latency(
+                    recipe, ep, tokenizer, progress, records, by_level, clients, opts.workers
+                )
+            # the recipe's own length was one of the sweep's: its levels are the main ones
+            elif opts.latency:
                 by_level.update(by_length[recipe.bench.input_tokens])
                 clients.update(length_clients[recipe.bench.input_tokens])
             interrupted = "accuracy tasks"
@@ -145,44 +184,83 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
             progress.log(f"interrupted (Ctrl-C) during the {interrupted}: writing partial results")
     check = count_response_tokens(tokenizer, records)
     _normalize(records, t0)
-    doc = assemble(recipe, ep, opts, records, by_level, tasks, task_records, task_errors, slos, check, interrupted,
-                   started, time.time() - wall0)
-    doc.time_origin = {"unix_ns": origin_unix_ns, "note": "record times are ms after this wall-clock instant (to line "
-                                                          "them up with a server's logs and metrics)"}
+    doc = assemble(
+        recipe,
+        ep,
+        opts,
+        records,
+        by_level,
+        tasks,
+        task_records,
+        task_errors,
+        slos,
+        check,
+        interrupted,
+        started,
+        time.time() - wall0,
+    )
+    doc.time_origin = {
+        "unix_ns": origin_unix_ns,
+        "note": "record times are ms after this wall-clock instant (to line "
+        "them up with a server's logs and metrics)",
+    }
     for label, run in clients.items():
         if label in doc.levels:
             doc.levels[label]["client"] = client_summary(run, by_level[label])
     if by_length:
         from trtkv.bench import sweep
 
-        doc.sweep = sweep.summarize(by_length, {n: {label: client_summary(run, by_length[n][label])
-                                                    for label, run in runs.items() if label in by_length[n]}
-                                                for n, runs in length_clients.items()})
+        doc.sweep = sweep.summarize(
+            by_length,
+            {
+                n: {
+                    label: client_summary(run, by_length[n][label])
+                    for label, run in runs.items()
+                    if label in by_length[n]
+                }
+                for n, runs in length_clients.items()
+            },
+        )
     if goodput:
         doc.goodput_slos = goodput
         for label, recs in by_level.items():
             good = aiperf_export.level_export(recs, goodput)
-            doc.levels[label]["goodput"] = {**good["goodput"], "good_request_count": good["good_request_count"]["avg"]}
+            doc.levels[label]["goodput"] = {
+                **good["goodput"],
+                "good_request_count": good["good_request_count"]["avg"],
+            }
     doc.tool_versions = tool_versions()
     doc.kv_pool = _served_pool(recipe, opts.url)
     if doc.kv_pool.get("warning"):
         doc.warnings.append(str(doc.kv_pool["warning"]))
-    out = doc.document()  # results.json as written (trtkv.contracts.artifacts.BenchResults; report loads it back)
+    # results.json as written (trtkv.contracts.artifacts.BenchResults; report loads it back)
+    out = doc.document()
 
     def work(tmp: Path) -> dict[str, Any]:
         write_all(tmp, out, by_level)
-        return {"partial": out["partial"], "slo_passed": out["slo"]["passed"], "endpoint": out["endpoint"]}
+        return {
+            "partial": out["partial"],
+            "slo_passed": out["slo"]["passed"],
+            "endpoint": out["endpoint"],
+        }
 
-    run_stage("bench", recipe, output, work, force=True, extra_key={"endpoint": ep.display},
-              log=lambda s: None)
+    run_stage(
+        "bench",
+        recipe,
+        output,
+        work,
+        force=True,
+        extra_key={"endpoint": ep.display},
+        log=lambda s: None,
+    )
     results.console_summary(out, output)
     code = EXIT_INTERRUPTED if interrupted else (0 if out["slo"]["passed"] else EXIT_SLO_FAILED)
     return BenchOutcome(code, output, out)
 
 
 def _served_pool(recipe: Recipe, url: str | None) -> dict[str, Any]:
-    """Planned against served KV pool (trtkv.serving.pool) for the recorded server; a --url elsewhere is another
-    server: its pool is not read."""
+    """Planned against served KV pool (trtkv.serving.pool) for the recorded server; a --url
+    elsewhere is another server: its pool is not read."""
     from trtkv.contracts.artifacts import ServerRecord
     from trtkv.recipe.layout import serve_dir
     from trtkv.serving import pool
@@ -196,12 +274,23 @@ def _served_pool(recipe: Recipe, url: str | None) -> dict[str, Any]:
         return {"planned_bytes_per_gpu": None, "source": f"not read: {exc}", "warning": None}
 
 
-def assemble(recipe: Recipe, ep: Endpoint, opts: BenchOptions, records: list[RequestRecord],
-             by_level: dict[str, list[RequestRecord]], tasks: list[acc_tasks.Task],
-             task_records: dict[str, list[RequestRecord]], task_errors: dict[str, dict[str, Any]],
-             slos: list[slo.SLO], check: dict[str, int], interrupted: str | None, started: str,
-             wall_s: float) -> BenchResults:
-    """results.json's content: summary in GenAI-Perf names, accuracy, SLO verdicts and every raw record."""
+def assemble(
+    recipe: Recipe,
+    ep: Endpoint,
+    opts: BenchOptions,
+    records: list[RequestRecord],
+    by_level: dict[str, list[RequestRecord]],
+    tasks: list[acc_tasks.Task],
+    task_records: dict[str, list[RequestRecord]],
+    task_errors: dict[str, dict[str, Any]],
+    slos: list[slo.SLO],
+    check: dict[str, int],
+    interrupted: str | None,
+    started: str,
+    wall_s: float,
+) -> BenchResults:
+    """results.json's content: summary in GenAI-Perf names, accuracy, SLO verdicts and every raw
+    record."""
     b = recipe.bench
     levels = {label: summarize_level(recs) for label, recs in by_level.items()}
     accuracy: dict[str, dict[str, Any]] = dict(task_errors)
@@ -209,32 +298,54 @@ def assemble(recipe: Recipe, ep: Endpoint, opts: BenchOptions, records: list[Req
         if task.name in task_records:
             accuracy[task.name] = {**task.score(task_records[task.name]), "notes": task.notes}
     checked = slo.check(slos, levels, accuracy)
-    mode = f"request rate {b.request_rate:g}/s" if b.request_rate else f"concurrency sweep {b.concurrency}"
+    mode = (
+        f"request rate {b.request_rate:g}/s"
+        if b.request_rate
+        else f"concurrency sweep {b.concurrency}"
+    )
     return BenchResults(
         schema_id=SCHEMA,
         recipe=recipe.name,
         kv_cache=recipe.quantization.kv_cache.value,
-        endpoint=BenchEndpoint(url=ep.url, protocol=ep.protocol.value, model=ep.model, source=ep.source,
-                               **({"endpoint_type": ep.endpoint_type} if ep.protocol is Protocol.OPENAI else {})),
+        endpoint=BenchEndpoint(
+            url=ep.url,
+            protocol=ep.protocol.value,
+            model=ep.model,
+            source=ep.source,
+            **({"endpoint_type": ep.endpoint_type} if ep.protocol is Protocol.OPENAI else {}),
+        ),
         started_at=started,
         wall_seconds=wall_s,
         partial=interrupted is not None,
         interrupted_during=interrupted,
-        workload=BenchWorkload(input_tokens=b.input_tokens, output_tokens=b.output_tokens, num_requests=b.num_requests,
-                               warmup_requests=b.warmup_requests, concurrency=b.concurrency, request_rate=b.request_rate,
-                               accuracy_concurrency=b.accuracy_concurrency, request_timeout_s=b.request_timeout_s,
-                               mode=mode, sampling="greedy (temperature 0, top_k 1)"),
+        workload=BenchWorkload(
+            input_tokens=b.input_tokens,
+            output_tokens=b.output_tokens,
+            num_requests=b.num_requests,
+            warmup_requests=b.warmup_requests,
+            concurrency=b.concurrency,
+            request_rate=b.request_rate,
+            accuracy_concurrency=b.accuracy_concurrency,
+            request_timeout_s=b.request_timeout_s,
+            mode=mode,
+            sampling="greedy (temperature 0, top_k 1)",
+        ),
         token_counting=results.TOKEN_COUNTING,
         token_count_check=check,
         levels=levels,
         accuracy=accuracy,
-        slo=BenchSLOs(passed=all(r.passed for r in checked), results=[r.to_json() for r in checked]),
+        slo=BenchSLOs(
+            passed=all(r.passed for r in checked), results=[r.to_json() for r in checked]
+        ),
         records=[r.to_json() for r in records],
     )
 
 
-def write_all(folder: Path, out: dict[str, Any], by_level: dict[str, list[RequestRecord]]) -> list[str]:
-    """results.json/.csv/.md, requests.csv and the PNG plots into `folder`; returns the plot names."""
+def write_all(
+    folder: Path, out: dict[str, Any], by_level: dict[str, list[RequestRecord]]
+) -> list[str]:
+    """results.json/.csv/.md, requests.csv and the PNG plots into `folder`; returns the plot
+    names."""
     made = []
     if plots.latency_distributions(folder / "latency_distributions.png", by_level):
         made.append("latency_distributions.png")
@@ -247,14 +358,21 @@ def write_all(folder: Path, out: dict[str, Any], by_level: dict[str, list[Reques
     if plots.accuracy(folder / "accuracy.png", out["accuracy"]):
         made.append("accuracy.png")
     sweep_levels = (out.get("sweep") or {}).get("levels") or {}
-    if plots.itl_vs_input(folder / "itl_vs_input.png", sweep_levels, f"{out['recipe']}: ITL vs input length"):
+    if plots.itl_vs_input(
+        folder / "itl_vs_input.png", sweep_levels, f"{out['recipe']}: ITL vs input length"
+    ):
         made.append("itl_vs_input.png")
     results_files.write_json(folder / "results.json", out)
     results_files.write_csv(folder / "results.csv", out)
     results_files.write_requests_csv(folder / "requests.csv", out["records"])
     results_files.write_md(folder / "results.md", out, made)
-    for label, recs in by_level.items():  # AIPerf's layout: one profile_export_aiperf.json/.csv per run (level)
+    # AIPerf's layout: one profile_export_aiperf.json/.csv per run (level)
+    for label, recs in by_level.items():
         meta = {"trtkv": {"recipe": out["recipe"], "level": label, "endpoint": out["endpoint"]}}
-        aiperf_export.write_level(folder / "aiperf" / label.replace("=", "_").replace("/", "_"), recs,
-                                  out.get("goodput_slos"), meta)
+        aiperf_export.write_level(
+            folder / "aiperf" / label.replace("=", "_").replace("/", "_"),
+            recs,
+            out.get("goodput_slos"),
+            meta,
+        )
     return made

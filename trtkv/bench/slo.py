@@ -1,4 +1,5 @@
-"""SLOs `metric.stat<=value` (from the recipe's bench.thresholds and `--slo`): parsing and checking."""
+"""SLOs `metric.stat<=value` (from the recipe's bench.thresholds and `--slo`): parsing and
+checking."""
 
 from __future__ import annotations
 
@@ -13,16 +14,24 @@ from trtkv.bench.stats import STATS
 from trtkv.core.errors import TrtkvError
 from trtkv.recipe import SLO_PATTERN
 
-OPS: dict[str, Callable[[float, float], bool]] = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt}
+OPS: dict[str, Callable[[float, float], bool]] = {
+    "<=": operator.le,
+    ">=": operator.ge,
+    "<": operator.lt,
+    ">": operator.gt,
+}
 ACCURACY_STATS = {
     "quiz": ("accuracy", "correct", "total"),
     "golden": ("agreement", "exact_match", "total"),
     "needle": ("accuracy", "correct", "total"),
-    "ruler": ("accuracy", "correct", "total"),  # string_match_all; `correct` counts items scored 1.0
-    "fidelity": ("worse_lengths", "accuracy"),  # lengths judged worse than the format predicts (trtkv.bench.fidelity)
+    # string_match_all; `correct` counts items scored 1.0
+    # lengths judged worse than the format predicts (trtkv.bench.fidelity)
+    "ruler": ("accuracy", "correct", "total"),
+    "fidelity": ("worse_lengths", "accuracy"),
 }
 SYSTEM_STATS = ("avg",)
-FAILURE_STATS = ("failed", "rate")  # request_errors.failed / request_errors.rate over measured requests
+# request_errors.failed / request_errors.rate over measured requests
+FAILURE_STATS = ("failed", "rate")
 
 
 @dataclass(frozen=True)
@@ -46,8 +55,13 @@ class SLOResult:
     passed: bool
 
     def to_json(self) -> dict[str, Any]:
-        return {"slo": self.slo.text, "source": self.slo.source, "where": self.where, "measured": self.measured,
-                "passed": self.passed}
+        return {
+            "slo": self.slo.text,
+            "source": self.slo.source,
+            "where": self.where,
+            "measured": self.measured,
+            "passed": self.passed,
+        }
 
 
 def allowed_stats(metric: str) -> tuple[str, ...] | None:
@@ -70,43 +84,67 @@ def parse_slo(text: str, source: str = "--slo") -> SLO:
     """`time_to_first_token.p99<=500` -> SLO; a clear error naming the allowed metrics and stats."""
     match = SLO_PATTERN.match(text.strip())
     if not match:
-        raise TrtkvError(f"{source} {text!r}: expected METRIC.STAT<=VALUE (or >=, <, >), e.g. "
-                         f"time_to_first_token.p99<=500 or quiz.accuracy>=0.3.")
+        raise TrtkvError(
+            f"{source} {text!r}: expected METRIC.STAT<=VALUE (or >=, <, >), e.g. "
+            f"time_to_first_token.p99<=500 or quiz.accuracy>=0.3."
+        )
     metric, stat = match["metric"], match["stat"]
     stats = allowed_stats(metric)
     if stats is None:
-        raise TrtkvError(f"{source} {text!r}: unknown metric {metric!r}. Allowed: {', '.join(all_metrics())}.")
+        raise TrtkvError(
+            f"{source} {text!r}: unknown metric {metric!r}. Allowed: {', '.join(all_metrics())}."
+        )
     if stat not in stats:
-        raise TrtkvError(f"{source} {text!r}: {metric} has no stat {stat!r}. Allowed: {', '.join(stats)}.")
+        raise TrtkvError(
+            f"{source} {text!r}: {metric} has no stat {stat!r}. Allowed: {', '.join(stats)}."
+        )
     return SLO(metric, stat, match["op"], float(match["value"]), source)
 
 
-NO_FAILURES = SLO("request_errors", "failed", "<=", 0.0, "default: any failed request fails the bench "
-                  "(--allow-failures lifts it)")
+NO_FAILURES = SLO(
+    "request_errors",
+    "failed",
+    "<=",
+    0.0,
+    "default: any failed request fails the bench (--allow-failures lifts it)",
+)
 
 
-FIDELITY_AS_PREDICTED = SLO("fidelity", "worse_lengths", "<=", 0.0, "default: the served KV cache does what its "
-                            "format predicts at every length (task fidelity)")
+FIDELITY_AS_PREDICTED = SLO(
+    "fidelity",
+    "worse_lengths",
+    "<=",
+    0.0,
+    "default: the served KV cache does what its format predicts at every length (task fidelity)",
+)
 
 
 def with_fidelity(slos: list[SLO], tasks: Iterable[str]) -> list[SLO]:
-    """The fidelity task's verdict as an SLO (`fidelity.worse_lengths<=0`) when the task runs and none names it."""
+    """The fidelity task's verdict as an SLO (`fidelity.worse_lengths<=0`) when the task runs and
+    none names it."""
     if "fidelity" in tasks and not any(s.metric == "fidelity" for s in slos):
         return [*slos, FIDELITY_AS_PREDICTED]
     return slos
 
 
-def parse_all(recipe_thresholds: Iterable[str], cli: Iterable[str], allow_failures: bool = False) -> list[SLO]:
-    """The recipe's and the command line's SLOs, plus `request_errors.failed<=0` unless failures are allowed or an
-    explicit request_errors SLO is given."""
-    slos = [parse_slo(t, "recipe bench.thresholds") for t in recipe_thresholds] + [parse_slo(t, "--slo") for t in cli]
+def parse_all(
+    recipe_thresholds: Iterable[str], cli: Iterable[str], allow_failures: bool = False
+) -> list[SLO]:
+    """The recipe's and the command line's SLOs, plus `request_errors.failed<=0` unless failures are
+    allowed or an explicit request_errors SLO is given."""
+    slos = [parse_slo(t, "recipe bench.thresholds") for t in recipe_thresholds] + [
+        parse_slo(t, "--slo") for t in cli
+    ]
     if not allow_failures and not any(s.metric == "request_errors" for s in slos):
         slos.append(NO_FAILURES)
     return slos
 
 
-def check(slos: Iterable[SLO], levels: dict[str, dict[str, Any]], accuracy: dict[str, dict[str, Any]]) -> list[SLOResult]:
-    """Every SLO on every level (latency/throughput) or its task (accuracy); not measured counts as failed."""
+def check(
+    slos: Iterable[SLO], levels: dict[str, dict[str, Any]], accuracy: dict[str, dict[str, Any]]
+) -> list[SLOResult]:
+    """Every SLO on every level (latency/throughput) or its task (accuracy); not measured counts as
+    failed."""
     results: list[SLOResult] = []
     for slo in slos:
         if slo.metric == "request_errors":  # failed requests of the accuracy tasks count too
@@ -130,7 +168,11 @@ def check(slos: Iterable[SLO], levels: dict[str, dict[str, Any]], accuracy: dict
 def _level_value(slo: SLO, summary: dict[str, Any]) -> float | None:
     if slo.metric == "request_errors":
         counts = summary["request_count"]
-        return float(counts["failed"]) if slo.stat == "failed" else counts["failed"] / max(1, counts["total"])
+        return (
+            float(counts["failed"])
+            if slo.stat == "failed"
+            else counts["failed"] / max(1, counts["total"])
+        )
     value = summary.get(slo.metric, {}).get(slo.stat)
     return None if value is None else float(value)
 

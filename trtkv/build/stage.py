@@ -1,11 +1,13 @@
 """The build stage: a TensorRT-LLM checkpoint in, `engines/<recipe>/engine/` out.
 
-One stage contract (manifest, atomic output, up-to-date skip) for every backend; what the build does is the backend's
-(trtkv.backends): `tensorrt` runs `trtllm-build` after a preflight, `llmapi` writes the LLM API options and the
-`trtllm-serve` command, `reference` writes `runtime.json` for trtkv's CPU runtime and checks that it decodes, `vllm`
-and `sglang` write their server's command lines for the HF export.
+One stage contract (manifest, atomic output, up-to-date skip) for every backend; what the build does
+is the backend's (trtkv.backends): `tensorrt` runs `trtllm-build` after a preflight, `llmapi` writes
+the LLM API options and the `trtllm-serve` command, `reference` writes `runtime.json` for trtkv's
+CPU runtime and checks that it decodes, `vllm` and `sglang` write their server's command lines for
+the HF export.
 
-The KV cache precision is never a `trtllm-build` flag: it is the checkpoint's `quantization.kv_cache_quant_algo`.
+The KV cache precision is never a `trtllm-build` flag: it is the checkpoint's
+`quantization.kv_cache_quant_algo`.
 """
 
 from __future__ import annotations
@@ -24,37 +26,63 @@ STAGE = "build"
 
 def _describe_calibration(recipe: Recipe) -> list[str]:
     """The calibrate stage's own dry-run lines (the dry run of `make engine` covers both stages)."""
-    from trtkv.calibrate import describe_calibration  # light at import time: ModelOpt and torch load lazily
+    # light at import time: ModelOpt and torch load lazily
+    from trtkv.calibrate import describe_calibration
 
     return list(describe_calibration(recipe))
 
 
 def dry_run_lines(recipe: Recipe) -> list[str]:
-    """Every command `make engine` would run for this recipe (calibrate, then build); nothing is touched."""
+    """Every command `make engine` would run for this recipe (calibrate, then build); nothing is
+    touched."""
     ckpt, out = checkpoint_dir(recipe), engine_dir(recipe)
     backend = for_recipe(recipe)
-    lines = [f"# dry run of `make engine RECIPE={recipe.name}` (trtkv calibrate + trtkv build): nothing is written",
-             f"[calibrate] -> {ckpt}/", f"  $ trtkv calibrate {recipe.name}"]
+    lines = [
+        f"# dry run of `make engine RECIPE={recipe.name}` (trtkv calibrate + trtkv build): "
+        "nothing is written",
+        f"[calibrate] -> {ckpt}/",
+        f"  $ trtkv calibrate {recipe.name}",
+    ]
     lines += ["  " + line for line in _describe_calibration(recipe)]
-    lines += [f"[build] backend {recipe.build.backend.value} -> {out}/", f"  $ trtkv build {recipe.name}",
-              "  " + backend.builder.kv_source_line(recipe)]
+    lines += [
+        f"[build] backend {recipe.build.backend.value} -> {out}/",
+        f"  $ trtkv build {recipe.name}",
+        "  " + backend.builder.kv_source_line(recipe),
+    ]
     return lines + backend.builder.dry_run_lines(recipe, ckpt, out)
 
 
-def build(recipe: Recipe, *, force: bool = False, log: Callable[[str], None] = print) -> StageResult:
+def build(
+    recipe: Recipe, *, force: bool = False, log: Callable[[str], None] = print
+) -> StageResult:
     """Run the build stage for the recipe's backend (skipped when up to date)."""
     backend = for_recipe(recipe)
     out = engine_dir(recipe)
-    made_for = input_problem(checkpoint_dir(recipe), recipe)  # another model's or KV format's checkpoint: refused
+    # another model's or KV format's checkpoint: refused
+    made_for = input_problem(checkpoint_dir(recipe), recipe)
     if made_for is not None and "no valid" not in made_for:
-        raise StageError(f"build {recipe.name}: {made_for}. Next: `trtkv calibrate {recipe.name}`"
-                         f"{' --force' if 'damaged' in made_for else ''}.")
+        raise StageError(
+            f"build {recipe.name}: {made_for}. Next: `trtkv calibrate {recipe.name}`"
+            f"{' --force' if 'damaged' in made_for else ''}."
+        )
     ckpt, info = backend.builder.prepare(recipe)
-    log(f"build {recipe.name}: backend {recipe.build.backend.value}; {backend.builder.kv_source_line(recipe)}")
+    log(
+        f"build {recipe.name}: backend {recipe.build.backend.value}; "
+        f"{backend.builder.kv_source_line(recipe)}"
+    )
 
     def work(tmp: Any) -> dict[str, Any]:
         extra = backend.builder.build(recipe, ckpt, tmp, out, info, log)
         return {**extra, "preflight": {k: v for k, v in info.items() if k != "place"}}
 
-    return run_stage(STAGE, recipe, out, work, sections=backend.builder.sections, input_dir=ckpt, force=force, log=log,
-                     versioned_tools=VERSIONED_TOOLS)
+    return run_stage(
+        STAGE,
+        recipe,
+        out,
+        work,
+        sections=backend.builder.sections,
+        input_dir=ckpt,
+        force=force,
+        log=log,
+        versioned_tools=VERSIONED_TOOLS,
+    )

@@ -1,4 +1,5 @@
-"""What the calibrate modules share: the stage name, the KV algo map, the per-layer result, the ModelOpt KV entries."""
+"""What the calibrate modules share: the stage name, the KV algo map, the per-layer result, the
+ModelOpt KV entries."""
 
 from __future__ import annotations
 
@@ -16,48 +17,80 @@ STAGE = "calibrate"
 CHECKPOINT = layout.CHECKPOINT
 # The quantized KV caches only (kv_cache none maps to None in layout.KV_ALGO and is absent here).
 KV_ALGO = {kv: algo for kv, algo in layout.KV_ALGO.items() if algo is not None}
-# The KV quantizer entries, as data. FP8 and NVFP4 are ModelOpt's presets KV_QUANT_CFG_CHOICES["fp8"] / ["nvfp4"]
-# (read from ModelOpt at run time; this copy is only for --dry-run); INT8 has no preset in 0.47: one per-tensor
-# 8-bit integer entry.
+# The KV quantizer entries, as data. FP8 and NVFP4 are ModelOpt's presets
+# KV_QUANT_CFG_CHOICES["fp8"] / ["nvfp4"] (read from ModelOpt at run time; this copy is only for
+# --dry-run); INT8 has no preset in 0.47: one per-tensor 8-bit integer entry.
 KV_ENTRIES: dict[KVCacheQuant, list[dict[str, Any]]] = {
-    KVCacheQuant.FP8: [{"quantizer_name": "*[kv]_bmm_quantizer", "cfg": {"num_bits": [4, 3], "axis": None}}],
-    # fp8_attn_head calibrates as fp8 (ModelOpt's preset); its per-head scales come from the per-channel amax
-    KVCacheQuant.FP8_ATTN_HEAD: [{"quantizer_name": "*[kv]_bmm_quantizer", "cfg": {"num_bits": [4, 3], "axis": None}}],
-    KVCacheQuant.INT8: [{"quantizer_name": "*[kv]_bmm_quantizer", "cfg": {"num_bits": 8, "axis": None}}],
-    KVCacheQuant.NVFP4: [{"quantizer_name": "*[kv]_bmm_quantizer",
-                          "cfg": {"num_bits": [2, 1], "block_sizes": {-1: 16, "type": "dynamic", "scale_bits": [4, 3]}}}],
+    KVCacheQuant.FP8: [
+        {"quantizer_name": "*[kv]_bmm_quantizer", "cfg": {"num_bits": [4, 3], "axis": None}}
+    ],
+    # fp8_attn_head calibrates as fp8 (ModelOpt's preset); its per-head scales come from the
+    # per-channel amax
+    KVCacheQuant.FP8_ATTN_HEAD: [
+        {"quantizer_name": "*[kv]_bmm_quantizer", "cfg": {"num_bits": [4, 3], "axis": None}}
+    ],
+    KVCacheQuant.INT8: [
+        {"quantizer_name": "*[kv]_bmm_quantizer", "cfg": {"num_bits": 8, "axis": None}}
+    ],
+    KVCacheQuant.NVFP4: [
+        {
+            "quantizer_name": "*[kv]_bmm_quantizer",
+            "cfg": {
+                "num_bits": [2, 1],
+                "block_sizes": {-1: 16, "type": "dynamic", "scale_bits": [4, 3]},
+            },
+        }
+    ],
 }
-FP8_BASE_MEANING = ("every Linear's weight_quantizer and input_quantizer FP8 E4M3 (num_bits [4, 3]) per-tensor; "
-                    "lm_head, routers, embeddings disabled")
-# ModelOpt's KV_QUANT_CFG_CHOICES preset each calibrated KV format uses (INT8 has none in 0.47: KV_ENTRIES's entry)
-MODELOPT_KV_PRESET = {KVCacheQuant.FP8: "fp8", KVCacheQuant.FP8_ATTN_HEAD: "fp8", KVCacheQuant.NVFP4: "nvfp4"}
-ATTN_HEAD_NOTE = ("KV cache fp8_attn_head: calibrated with ModelOpt's fp8 preset (per-layer amax) while a hook kept "
-                  "each (KV head, channel)'s |max|; hf/ then carries vLLM's per-head form (trtkv.calibrate.attn_head, "
-                  "llm-compressor strategy=\"attn_head\"): config.json quantization_config compressed-tensors with "
-                  "kv_cache_scheme strategy attn_head, model.layers.{i}.self_attn.k_scale / v_scale float32 "
-                  "[num_kv_heads, 1, 1] = head amax / 448 in kv_attn_head_scales.safetensors; ModelOpt's per-layer "
-                  "k_proj.k_scale / v_proj.v_scale and hf_quant_config.json are removed (vLLM would load both into "
-                  "the same parameter). kv_scales.json keeps the per-layer values (the largest head's).")
-NO_KV_NOTE = ("KV cache unquantized (quantization.kv_cache none): config.json quantization.kv_cache_quant_algo is "
-              "null, the rank files hold no kv_cache_scaling_factor, kv_scales.json lists no layers; the cache keeps "
-              "K/V in the model dtype.")
+FP8_BASE_MEANING = (
+    "every Linear's weight_quantizer and input_quantizer FP8 E4M3 (num_bits [4, 3]) per-tensor; "
+    "lm_head, routers, embeddings disabled"
+)
+# ModelOpt's KV_QUANT_CFG_CHOICES preset each calibrated KV format uses (INT8 has none in 0.47:
+# KV_ENTRIES's entry)
+MODELOPT_KV_PRESET = {
+    KVCacheQuant.FP8: "fp8",
+    KVCacheQuant.FP8_ATTN_HEAD: "fp8",
+    KVCacheQuant.NVFP4: "nvfp4",
+}
+ATTN_HEAD_NOTE = (
+    "KV cache fp8_attn_head: calibrated with ModelOpt's fp8 preset (per-layer amax) while a hook "
+    "kept each (KV head, channel)'s |max|; hf/ then carries vLLM's per-head form "
+    "(trtkv.calibrate.attn_head, "
+    'llm-compressor strategy="attn_head"): config.json quantization_config compressed-tensors with '
+    "kv_cache_scheme strategy attn_head, model.layers.{i}.self_attn.k_scale / v_scale float32 "
+    "[num_kv_heads, 1, 1] = head amax / 448 in kv_attn_head_scales.safetensors; ModelOpt's "
+    "per-layer k_proj.k_scale / v_proj.v_scale and hf_quant_config.json are removed (vLLM would "
+    "load both into the same parameter). kv_scales.json keeps the per-layer values (the largest "
+    "head's)."
+)
+NO_KV_NOTE = (
+    "KV cache unquantized (quantization.kv_cache none): config.json "
+    "quantization.kv_cache_quant_algo is null, the rank files hold no kv_cache_scaling_factor, "
+    "kv_scales.json lists no layers; the cache keeps K/V in the model dtype."
+)
 
 
 def engine_format_note(kv: KVCacheQuant) -> str | None:
-    """What calibrate does for an engine format (schema.ENGINE_KV_FORMATS): nothing to calibrate, and why (None else)."""
+    """What calibrate does for an engine format (schema.ENGINE_KV_FORMATS): nothing to calibrate,
+    and why (None else)."""
     if kv not in ENGINE_KV_FORMATS:
         return None
     if kv is KVCacheQuant.FP8_CAST:
-        return ("KV cache fp8_cast (ModelOpt's default --kv_cache_qformat: FP8 E4M3 with scale 1.0): nothing to "
-                "calibrate and no KV scales written (kv_cache_quant_algo null); the engine stores K/V as FP8 with "
-                "scale 1.0 (vLLM --kv-cache-dtype fp8 without k_scale/v_scale).")
-    return (f"KV cache {kv.value}: nothing to calibrate. Its scales are computed by the engine from the data at run "
-            f"time (see docs/kv-formats.md), so the export carries no KV quantization (kv_cache_quant_algo null) and "
-            f"the engine's own flag selects the format.")
+        return (
+            "KV cache fp8_cast (ModelOpt's default --kv_cache_qformat: FP8 E4M3 with scale 1.0): "
+            "nothing to calibrate and no KV scales written (kv_cache_quant_algo null); the engine "
+            "stores K/V as FP8 with scale 1.0 (vLLM --kv-cache-dtype fp8 without k_scale/v_scale)."
+        )
+    return (
+        f"KV cache {kv.value}: nothing to calibrate. Its scales are computed by the engine from "
+        "the data at run time (see docs/kv-formats.md), so the export carries no KV quantization "
+        "(kv_cache_quant_algo null) and the engine's own flag selects the format."
+    )
 
 
-# model.architecture values calibrate exports (ModelOpt's decoder types it was run on here); those in
-# trtkv.recipe.backend_rules.HF_EXPORT_ONLY get the HF export alone (no TensorRT-LLM checkpoint).
+# model.architecture values calibrate exports (ModelOpt's decoder types it was run on here); those
+# in trtkv.recipe.backend_rules.HF_EXPORT_ONLY get the HF export alone (no TensorRT-LLM checkpoint).
 CALIBRATED_ARCHITECTURES = ("llama", "gemma3")
 DWARF_RATIO = 4.0  # a layer whose amax exceeds 4x the median layer amax
 
@@ -66,17 +99,16 @@ ModelLoader = Callable[[Recipe], tuple[Any, Any]]
 
 
 def trtllm_export_refused(recipe: Recipe) -> str | None:
-    """Why ModelOpt writes no TensorRT-LLM checkpoint for this recipe's architecture (None: it does)."""
+    """Why ModelOpt writes no TensorRT-LLM checkpoint for this recipe's architecture (None: it
+    does)."""
     return HF_EXPORT_ONLY.get(recipe.model.architecture.lower())
 
 
 class LayerScales(KVScaleLayer):
-    """One layer as calibration measured it: its kv_scales.json record (KVScaleLayer; the file is built by
-    trtkv.kvcache.scales.kv_scales_document from the amaxes) plus the per-channel |max| the report's warnings and the
-    per-head export need."""
+    """One layer as calibration measured it: its kv_scales.json record (KVScaleLayer; the file is
+    built by trtkv.kvcache.scales.kv_scales_document from the amaxes) plus the per-channel |max| the
+    report's warnings and the per-head export need."""
 
     k_channel_amax: list[float] = Field(default_factory=list)  # per (kv head, channel), flattened
     v_channel_amax: list[float] = Field(default_factory=list)
     head_dim: int = 1
-
-

@@ -1,4 +1,5 @@
-"""What `trtkv calibrate` would run, as data and lines (`--dry-run`, and `trtkv build --dry-run`): no heavy imports."""
+"""What `trtkv calibrate` would run, as data and lines (`--dry-run`, and `trtkv build --dry-run`):
+no heavy imports."""
 
 from __future__ import annotations
 
@@ -32,66 +33,105 @@ def supported_problems(recipe: Recipe) -> list[str]:
     q, b, m = recipe.quantization, recipe.build, recipe.model
     out = []
     if q.weights not in (WeightQuant.FP8, WeightQuant.NONE):
-        out.append(f"quantization.weights = {q.weights.value!r}: trtkv calibrate exports fp8 or none weights. Next: "
-                   f"use one of those, or ModelOpt's examples/llm_ptq/hf_ptq.py for {q.weights.value}.")
+        out.append(
+            f"quantization.weights = {q.weights.value!r}: trtkv calibrate exports fp8 or none "
+            "weights. Next: use one of those, or ModelOpt's examples/llm_ptq/hf_ptq.py for "
+            f"{q.weights.value}."
+        )
     if m.dtype is ModelDtype.FLOAT32:
-        out.append("model.dtype = 'float32': ModelOpt's TensorRT-LLM export writes float16 or bfloat16 only (it "
-                   "falls back to float16). Next: use bfloat16 (or float16).")
+        out.append(
+            "model.dtype = 'float32': ModelOpt's TensorRT-LLM export writes float16 or bfloat16 "
+            "only (it falls back to float16). Next: use bfloat16 (or float16)."
+        )
     if m.architecture.lower() not in CALIBRATED_ARCHITECTURES:
-        out.append(f"model.architecture = {m.architecture!r}: trtkv calibrate exports "
-                   f"{', '.join(CALIBRATED_ARCHITECTURES)} (the ModelOpt decoder types run and validated here). Next: "
-                   f"use one of those, or ModelOpt's examples/llm_ptq/hf_ptq.py for this model.")
+        out.append(
+            f"model.architecture = {m.architecture!r}: trtkv calibrate exports "
+            f"{', '.join(CALIBRATED_ARCHITECTURES)} (the ModelOpt decoder types run and validated "
+            "here). Next: use one of those, or ModelOpt's examples/llm_ptq/hf_ptq.py for this "
+            "model."
+        )
     if trtllm_export_refused(recipe):
         if q.kv_cache is KVCacheQuant.INT8:
-            out.append(f"quantization.kv_cache = 'int8' with model.architecture {m.architecture!r}: nothing could "
-                       f"carry the scales (ModelOpt 0.47 writes no TensorRT-LLM checkpoint for it, and its HF export "
-                       f"asserts on INT8 KV). Next: use fp8 (vLLM --kv-cache-dtype fp8) or none.")
+            out.append(
+                f"quantization.kv_cache = 'int8' with model.architecture {m.architecture!r}: "
+                "nothing could carry the scales (ModelOpt 0.47 writes no TensorRT-LLM checkpoint "
+                "for it, and its HF export asserts on INT8 KV). Next: use fp8 (vLLM "
+                "--kv-cache-dtype fp8) or none."
+            )
         if m.dtype is ModelDtype.FLOAT16:
-            out.append(f"model.dtype = 'float16' with model.architecture {m.architecture!r}: Gemma's activations "
-                       f"overflow float16 (its 16-bit baseline is bfloat16). Next: use bfloat16.")
+            out.append(
+                f"model.dtype = 'float16' with model.architecture {m.architecture!r}: Gemma's "
+                "activations overflow float16 (its 16-bit baseline is bfloat16). Next: use "
+                "bfloat16."
+            )
     if m.num_kv_heads is not None and not kv_heads_split(m.num_kv_heads, b.tp_size):
-        out.append(f"build.tp_size = {b.tp_size} neither divides nor is a multiple of model.num_kv_heads = "
-                   f"{m.num_kv_heads} (ModelOpt's export splits KV heads or replicates them).")
+        out.append(
+            f"build.tp_size = {b.tp_size} neither divides nor is a multiple of model.num_kv_heads "
+            f"= {m.num_kv_heads} (ModelOpt's export splits KV heads or replicates them)."
+        )
     if m.num_layers is not None and m.num_layers % b.pp_size:
-        out.append(f"build.pp_size = {b.pp_size} does not divide model.num_layers = {m.num_layers} "
-                   f"(ModelOpt's PP split asserts on it).")
+        out.append(
+            f"build.pp_size = {b.pp_size} does not divide model.num_layers = {m.num_layers} "
+            f"(ModelOpt's PP split asserts on it)."
+        )
     return out
 
 
 def quantizes(recipe: Recipe) -> bool:
-    """Whether ModelOpt quantizes anything (weights none + kv_cache none: a plain export in the model dtype)."""
+    """Whether ModelOpt quantizes anything (weights none + kv_cache none: a plain export in the
+    model dtype)."""
     q = recipe.quantization
     return q.weights is WeightQuant.FP8 or q.kv_cache in KV_ALGO
 
 
 def modelopt_config_spec(recipe: Recipe) -> dict[str, Any]:
-    """The ModelOpt quantization config as data: the base config's name plus the KV entries appended to it."""
+    """The ModelOpt quantization config as data: the base config's name plus the KV entries appended
+    to it."""
     base = "mtq.FP8_DEFAULT_CFG" if recipe.quantization.weights is WeightQuant.FP8 else None
     kv = recipe.quantization.kv_cache
     if not quantizes(recipe):
-        return {"base": None, "base_meaning": "nothing to quantize (weights none, kv_cache none): mtq.quantize is "
-                "not called; plain export in the model dtype", "kv_entries": [], "algorithm": None}
+        return {
+            "base": None,
+            "base_meaning": "nothing to quantize (weights none, kv_cache none): mtq.quantize is "
+            "not called; plain export in the model dtype",
+            "kv_entries": [],
+            "algorithm": None,
+        }
     if kv not in KV_ALGO:  # none, or an engine format (nothing to calibrate)
-        return {"base": base, "base_meaning": FP8_BASE_MEANING, "kv_entries": [],
-                "kv_source": "none: kv_cache none, no KV entries; the base's {'quantizer_name': '*', 'enable': False} "
-                             "leaves the k/v_bmm_quantizers disabled (KV cache unquantized)",
-                "algorithm": "max"}
+        return {
+            "base": base,
+            "base_meaning": FP8_BASE_MEANING,
+            "kv_entries": [],
+            "kv_source": "none: kv_cache none, no KV entries; the base's {'quantizer_name': '*', "
+            "'enable': False} leaves the k/v_bmm_quantizers disabled (KV cache unquantized)",
+            "algorithm": "max",
+        }
     return {
         "base": base,
-        "base_meaning": (FP8_BASE_MEANING if base else
-                         "no weight quantization: quant_cfg starts with {'quantizer_name': '*', 'enable': False}"),
+        "base_meaning": (
+            FP8_BASE_MEANING
+            if base
+            else "no weight quantization: quant_cfg starts with {'quantizer_name': '*', 'enable': "
+            "False}"
+        ),
         "kv_entries": KV_ENTRIES.get(kv, []),
-        "kv_source": (f"modelopt.recipe.presets.KV_QUANT_CFG_CHOICES['{MODELOPT_KV_PRESET[kv]}']" if kv is not KVCacheQuant.INT8
-                      else "hand entry (no INT8 KV preset in ModelOpt 0.47)"),
+        "kv_source": (
+            f"modelopt.recipe.presets.KV_QUANT_CFG_CHOICES['{MODELOPT_KV_PRESET[kv]}']"
+            if kv is not KVCacheQuant.INT8
+            else "hand entry (no INT8 KV preset in ModelOpt 0.47)"
+        ),
         "combined_with": "modelopt.torch.quantization.utils.update_quant_cfg_with_kv_cache_quant",
         "algorithm": "max",
     }
 
 
-ATTN_HEAD_HF = ("hf/ (export_hf_checkpoint, then trtkv.calibrate.attn_head: config.json quantization_config "
-                "compressed-tensors with kv_cache_scheme strategy attn_head, kv_attn_head_scales.safetensors with "
-                "model.layers.{i}.self_attn.k_scale / v_scale float32 [num_kv_heads, 1, 1] = head amax/448; ModelOpt's "
-                "per-layer k_proj.k_scale / v_proj.v_scale and hf_quant_config.json removed)")
+ATTN_HEAD_HF = (
+    "hf/ (export_hf_checkpoint, then trtkv.calibrate.attn_head: config.json quantization_config "
+    "compressed-tensors with kv_cache_scheme strategy attn_head, kv_attn_head_scales.safetensors "
+    "with model.layers.{i}.self_attn.k_scale / v_scale float32 [num_kv_heads, 1, 1] = head "
+    "amax/448; ModelOpt's per-layer k_proj.k_scale / v_proj.v_scale and hf_quant_config.json "
+    "removed)"
+)
 
 
 def reads_hf(recipe: Recipe) -> bool:
@@ -108,27 +148,44 @@ def export_targets(recipe: Recipe) -> dict[str, str]:
     elif kv is KVCacheQuant.FP8:
         hf = "hf/ (export_hf_checkpoint: hf_quant_config.json, k_scale/v_scale = amax/448)"
     elif kv is KVCacheQuant.NVFP4:
-        hf = ("hf/ (export_hf_checkpoint: hf_quant_config.json kv_cache_quant_algo NVFP4, per-layer K and V global "
-              "scales; calibration needs CUDA)")
+        hf = (
+            "hf/ (export_hf_checkpoint: hf_quant_config.json kv_cache_quant_algo NVFP4, per-layer "
+            "K and V global scales; calibration needs CUDA)"
+        )
     elif kv not in KV_ALGO:  # none, or an engine format: no KV quantization in the export
-        hf = ("hf/ (export_hf_checkpoint: hf_quant_config.json quant_algo FP8, kv_cache_quant_algo null, no "
-              "k_scale/v_scale)" if recipe.quantization.weights is WeightQuant.FP8 else
-              f"hf/ (export_hf_checkpoint: a plain HF checkpoint in {recipe.model.dtype.value}, no hf_quant_config.json)")
+        hf = (
+            "hf/ (export_hf_checkpoint: hf_quant_config.json quant_algo FP8, kv_cache_quant_algo "
+            "null, no k_scale/v_scale)"
+            if recipe.quantization.weights is WeightQuant.FP8
+            else f"hf/ (export_hf_checkpoint: a plain HF checkpoint in {recipe.model.dtype.value}, "
+            "no hf_quant_config.json)"
+        )
     else:
-        hf = ("hf/: not written (ModelOpt 0.47's export_hf_checkpoint asserts on INT8 KV: 'Invalid KV cache "
-              "quantization format'); the report says so")
+        hf = (
+            "hf/: not written (ModelOpt 0.47's export_hf_checkpoint asserts on INT8 KV: 'Invalid "
+            "KV cache quantization format'); the report says so"
+        )
     refused = trtllm_export_refused(recipe)
-    kv_scales = ("kv_scales.json (per layer k/v amax, kv_cache_scaling_factor, k_scale, v_scale)" if kv in KV_ALGO else
-                 'kv_scales.json ({"kv_cache_quant_algo": null, "num_layers": N, "layers": []})')
+    kv_scales = (
+        "kv_scales.json (per layer k/v amax, kv_cache_scaling_factor, k_scale, v_scale)"
+        if kv in KV_ALGO
+        else 'kv_scales.json ({"kv_cache_quant_algo": null, "num_layers": N, "layers": []})'
+    )
     backend = b.backend.value
-    trtllm = (f"not written for model.architecture {recipe.model.architecture!r}: {refused}" if refused else
-              f"config.json + {ranks} (export_tensorrt_llm_checkpoint(model, {recipe.model.architecture!r}, "
-              f"torch.{recipe.model.dtype.value}, dir, inference_tensor_parallel={b.tp_size}, "
-              f"inference_pipeline_parallel={b.pp_size}))")
+    trtllm = (
+        f"not written for model.architecture {recipe.model.architecture!r}: {refused}"
+        if refused
+        else f"config.json + {ranks} (export_tensorrt_llm_checkpoint(model, "
+        f"{recipe.model.architecture!r}, torch.{recipe.model.dtype.value}, dir, "
+        f"inference_tensor_parallel={b.tp_size}, inference_pipeline_parallel={b.pp_size}))"
+    )
     hf_read = reads_hf(recipe) and not hf.startswith("hf/: not written")
     targets = {"hf": f"{hf}; build.backend {backend} serves it"} if hf_read else {}
     if reads_hf(recipe) and not refused:
-        trtllm = f"{trtllm}; also written, not read by build.backend {backend} (the TensorRT-LLM backends' input)"
+        trtllm = (
+            f"{trtllm}; also written, not read by build.backend {backend} (the TensorRT-LLM "
+            "backends' input)"
+        )
     elif not reads_hf(recipe) and not refused:
         trtllm = f"{trtllm}; build.backend {backend} reads it"
     return {
@@ -137,54 +194,79 @@ def export_targets(recipe: Recipe) -> dict[str, str]:
         "hf": targets.get("hf", hf),
         "tokenizer": "tokenizer/ (the model's tokenizer files)",
         "kv_scales": kv_scales,
-        "report": ("calibration_report.md (per-layer table, warnings, K/V statistics)" if kv in KV_ALGO else
-                   "calibration_report.md (says the KV cache is unquantized; K/V statistics)"),
+        "report": (
+            "calibration_report.md (per-layer table, warnings, K/V statistics)"
+            if kv in KV_ALGO
+            else "calibration_report.md (says the KV cache is unquantized; K/V statistics)"
+        ),
     }
 
 
 def describe_calibration(recipe: Recipe) -> list[str]:
-    """Lines saying what `trtkv calibrate` would do for this recipe (no heavy imports, writes nothing)."""
+    """Lines saying what `trtkv calibrate` would do for this recipe (no heavy imports, writes
+    nothing)."""
     c, q = recipe.calibration, recipe.quantization
     out = checkpoint_dir(recipe)
     batches = -(-c.num_samples // c.batch_size)
     kv_algo = KV_ALGO.get(q.kv_cache)
-    what = ("ModelOpt mtq.quantize (max calibration)" if quantizes(recipe) else
-            "no quantization (weights none, kv_cache none), plain export")
+    what = (
+        "ModelOpt mtq.quantize (max calibration)"
+        if quantizes(recipe)
+        else "no quantization (weights none, kv_cache none), plain export"
+    )
     lines = [
         f"calibrate {recipe.name}: {what} on {recipe.model.source}",
-        f"  data: {c.dataset}: {c.num_samples} samples x {c.seq_len} tokens = {c.num_samples * c.seq_len} tokens, "
-        f"batch {c.batch_size} ({batches} forward passes), seed {c.seed}",
+        f"  data: {c.dataset}: {c.num_samples} samples x {c.seq_len} tokens = "
+        f"{c.num_samples * c.seq_len} tokens, batch {c.batch_size} ({batches} forward passes), "
+        f"seed {c.seed}",
         f"  ModelOpt config: {json.dumps(modelopt_config_spec(recipe))}",
     ]
     if q.kv_cache is KVCacheQuant.FP8_ATTN_HEAD:
-        lines.append("  KV cache: fp8_attn_head -> calibrated as FP8 (per-layer amax) with each (KV head, channel)'s "
-                     "|max| recorded; hf/ per (layer, KV head) self_attn.k_scale / v_scale = head amax/448, shape "
-                     "[num_kv_heads, 1, 1], under a compressed-tensors kv_cache_scheme (strategy attn_head): what "
-                     "vLLM --kv-cache-dtype fp8 loads per head (FlashAttention >= 3)")
+        lines.append(
+            "  KV cache: fp8_attn_head -> calibrated as FP8 (per-layer amax) with each (KV head, "
+            "channel)'s |max| recorded; hf/ per (layer, KV head) self_attn.k_scale / v_scale = "
+            "head amax/448, shape [num_kv_heads, 1, 1], under a compressed-tensors kv_cache_scheme "
+            "(strategy attn_head): what vLLM --kv-cache-dtype fp8 loads per head (FlashAttention "
+            ">= 3)"
+        )
     elif kv_algo == "NVFP4":
-        lines.append("  KV cache: NVFP4 -> hf/hf_quant_config.json kv_cache_quant_algo = NVFP4, per-layer "
-                     "self_attn.k_proj.k_scale = k_amax/448 and v_proj.v_scale = v_amax/448 (separate K and V global "
-                     "scales; the per-16 E4M3 block scales are computed at run time). Served through the LLM API "
-                     "(kv_cache_config.dtype nvfp4) on Blackwell; ModelOpt's NVFP4 KV forward needs CUDA")
+        lines.append(
+            "  KV cache: NVFP4 -> hf/hf_quant_config.json kv_cache_quant_algo = NVFP4, per-layer "
+            "self_attn.k_proj.k_scale = k_amax/448 and v_proj.v_scale = v_amax/448 (separate K and "
+            "V global scales; the per-16 E4M3 block scales are computed at run time). Served "
+            "through the LLM API (kv_cache_config.dtype nvfp4) on Blackwell; ModelOpt's NVFP4 KV "
+            "forward needs CUDA"
+        )
     elif kv_algo and (trtllm_export_refused(recipe) or reads_hf(recipe)):
-        sliding = ", sliding and full" if "sliding" in str(recipe.model.attention_layers or "") else ""
-        lines.append(f"  KV cache: {kv_algo} -> hf/hf_quant_config.json kv_cache_quant_algo = {kv_algo}, per-layer "
-                     f"self_attn.k_proj.k_scale = k_amax/448 and self_attn.v_proj.v_scale = v_amax/448 for every layer"
-                     f"{sliding}, what build.backend {recipe.build.backend.value} reads"
-                     f"{'; no TensorRT-LLM checkpoint' if trtllm_export_refused(recipe) else ''}")
+        sliding = (
+            ", sliding and full" if "sliding" in str(recipe.model.attention_layers or "") else ""
+        )
+        lines.append(
+            f"  KV cache: {kv_algo} -> hf/hf_quant_config.json kv_cache_quant_algo = {kv_algo}, "
+            "per-layer self_attn.k_proj.k_scale = k_amax/448 and self_attn.v_proj.v_scale = "
+            f"v_amax/448 for every layer{sliding}, what build.backend {recipe.build.backend.value} "
+            f"reads{'; no TensorRT-LLM checkpoint' if trtllm_export_refused(recipe) else ''}"
+        )
     elif kv_algo:
-        factor = "max(k_amax, v_amax)/127" if kv_algo == "INT8" else "max(k_amax, v_amax)/448, clamped to >= 1.0"
-        lines.append(f"  KV cache: {kv_algo} -> checkpoint config.json quantization.kv_cache_quant_algo = {kv_algo}, "
-                     f"per-layer transformer.layers.{{i}}.attention.kv_cache_scaling_factor = {factor} "
-                     f"(trtllm-build has no --{q.kv_cache.value}_kv_cache flag)")
+        factor = (
+            "max(k_amax, v_amax)/127"
+            if kv_algo == "INT8"
+            else "max(k_amax, v_amax)/448, clamped to >= 1.0"
+        )
+        lines.append(
+            f"  KV cache: {kv_algo} -> checkpoint config.json quantization.kv_cache_quant_algo = "
+            f"{kv_algo}, per-layer transformer.layers.{{i}}.attention.kv_cache_scaling_factor = "
+            f"{factor} (trtllm-build has no --{q.kv_cache.value}_kv_cache flag)"
+        )
     elif engine_format_note(q.kv_cache):
         lines.append(f"  {engine_format_note(q.kv_cache)}")
     else:
-        lines.append("  KV cache: unquantized -> checkpoint config.json quantization.kv_cache_quant_algo = null, no "
-                     "kv_cache_scaling_factor tensors (K/V statistics are still collected for the report)")
+        lines.append(
+            "  KV cache: unquantized -> checkpoint config.json quantization.kv_cache_quant_algo = "
+            "null, no kv_cache_scaling_factor tensors (K/V statistics are still collected for the "
+            "report)"
+        )
     lines.append(f"  output: {out}/")
     lines += [f"    {name}: {what}" for name, what in export_targets(recipe).items()]
     lines += [f"  cannot run: {p}" for p in supported_problems(recipe)]
     return lines
-
-

@@ -1,5 +1,5 @@
-"""ModelOpt: the quantization config, the calibration pass, the per-layer scales it measured, and the TensorRT-LLM
-and HF exports (with the RoPE keys ModelOpt 0.47 drops under transformers 5)."""
+"""ModelOpt: the quantization config, the calibration pass, the per-layer scales it measured, and
+the TensorRT-LLM and HF exports (with the RoPE keys ModelOpt 0.47 drops under transformers 5)."""
 
 from __future__ import annotations
 
@@ -36,42 +36,53 @@ if TYPE_CHECKING:
 
 
 def build_quant_cfg(recipe: Recipe) -> tuple[dict[str, Any] | None, list[str]]:
-    """The ModelOpt config (a list of quant_cfg entries) for the recipe's weights and KV cache; None: nothing to do."""
+    """The ModelOpt config (a list of quant_cfg entries) for the recipe's weights and KV cache;
+    None: nothing to do."""
     import modelopt.torch.quantization as mtq
     from modelopt.torch.quantization.utils.core_utils import update_quant_cfg_with_kv_cache_quant
 
     kv_note = engine_format_note(recipe.quantization.kv_cache) or NO_KV_NOTE
     if not quantizes(recipe):
-        return None, ["weights none and no calibrated KV cache: mtq.quantize was not called; the checkpoints are a "
-                      f"plain export in {recipe.model.dtype.value}.", kv_note]
+        return None, [
+            "weights none and no calibrated KV cache: mtq.quantize was not called; the checkpoints "
+            f"are a plain export in {recipe.model.dtype.value}.",
+            kv_note,
+        ]
     notes = []
     base: dict[str, Any]
     if recipe.quantization.weights is WeightQuant.FP8:
         base = copy.deepcopy(mtq.FP8_DEFAULT_CFG)
     else:
         base = {"quant_cfg": None, "algorithm": "max"}
-    if recipe.quantization.kv_cache not in KV_ALGO:  # none or an engine format: FP8_DEFAULT_CFG has no KV entries
+    # none or an engine format: FP8_DEFAULT_CFG has no KV entries
+    if recipe.quantization.kv_cache not in KV_ALGO:
         return json.loads(json.dumps(base, default=list)), [kv_note]
     preset = MODELOPT_KV_PRESET.get(recipe.quantization.kv_cache)
     if preset:
         from modelopt.recipe.presets import KV_QUANT_CFG_CHOICES
 
-        # ModelOpt's presets; nvfp4: E2M1 (num_bits [2, 1]) with dynamic E4M3 scales per 16 (its forward needs CUDA)
+        # ModelOpt's presets; nvfp4: E2M1 (num_bits [2, 1]) with dynamic E4M3 scales per 16 (its
+        # forward needs CUDA)
         kv_entries = copy.deepcopy(KV_QUANT_CFG_CHOICES[preset]["quant_cfg"])
         if recipe.quantization.kv_cache is KVCacheQuant.FP8_ATTN_HEAD:
             notes.append(ATTN_HEAD_NOTE)
     else:
         kv_entries = copy.deepcopy(KV_ENTRIES[KVCacheQuant.INT8])
-        notes.append("INT8 KV: ModelOpt 0.47 has no INT8 KV preset; used the entry "
-                     "{'quantizer_name': '*[kv]_bmm_quantizer', 'cfg': {'num_bits': 8, 'axis': None}} (per tensor).")
+        notes.append(
+            "INT8 KV: ModelOpt 0.47 has no INT8 KV preset; used the entry "
+            "{'quantizer_name': '*[kv]_bmm_quantizer', 'cfg': {'num_bits': 8, 'axis': None}} (per "
+            "tensor)."
+        )
     with contextlib.redirect_stdout(io.StringIO()):  # it prints the whole config
         cfg = update_quant_cfg_with_kv_cache_quant(base, kv_entries)
     return json.loads(json.dumps(cfg, default=list)), notes
 
 
-def quantize(model: Any, quant_cfg: dict[str, Any] | None, batches: list[torch.Tensor],
-              recipe: Recipe) -> list[LayerScales]:
-    """mtq.quantize with a forward loop over the batches (progress bar); per-layer K/V amax and channel ranges.
+def quantize(
+    model: Any, quant_cfg: dict[str, Any] | None, batches: list[torch.Tensor], recipe: Recipe
+) -> list[LayerScales]:
+    """mtq.quantize with a forward loop over the batches (progress bar); per-layer K/V amax and
+    channel ranges.
 
     kv_cache none: the weights are calibrated (if any) and no KV scales are returned.
     """
@@ -87,12 +98,16 @@ def quantize(model: Any, quant_cfg: dict[str, Any] | None, batches: list[torch.T
     channel_amax: dict[str, torch.Tensor] = {}
 
     def forward_loop(m: Any) -> None:
-        hooks = [mod.register_forward_hook(_channel_hook(name, channel_amax)) for name, mod in m.named_modules()
-                 if kv in KV_ALGO and name.endswith(("k_bmm_quantizer", "v_bmm_quantizer"))]
+        hooks = [
+            mod.register_forward_hook(_channel_hook(name, channel_amax))
+            for name, mod in m.named_modules()
+            if kv in KV_ALGO and name.endswith(("k_bmm_quantizer", "v_bmm_quantizer"))
+        ]
         try:
             with torch.no_grad():
                 for batch in tqdm(batches, desc=f"calibrate {recipe.name}", unit="batch"):
-                    m(input_ids=batch.to(device), use_cache=False, logits_to_keep=1)  # no [B, T, vocab] logits
+                    # no [B, T, vocab] logits
+                    m(input_ids=batch.to(device), use_cache=False, logits_to_keep=1)
         finally:
             for hook in hooks:
                 hook.remove()
@@ -102,11 +117,14 @@ def quantize(model: Any, quant_cfg: dict[str, Any] | None, batches: list[torch.T
 
 
 def _channel_hook(name: str, store: dict[str, Any]) -> Callable[..., None]:
-    """Record the per-(head, channel) |max| of the tensor entering a KV quantizer ([batch, heads, seq, head_dim])."""
+    """Record the per-(head, channel) |max| of the tensor entering a KV quantizer ([batch, heads,
+    seq, head_dim])."""
 
     def hook(_module: Any, inputs: tuple[Any, ...], _output: Any) -> None:
         x = inputs[0].detach().float().abs()
-        amax = (x.amax(dim=(0, 2)) if x.dim() == 4 else x.reshape(-1, x.shape[-1]).amax(dim=0)[None]).cpu()
+        amax = (
+            x.amax(dim=(0, 2)) if x.dim() == 4 else x.reshape(-1, x.shape[-1]).amax(dim=0)[None]
+        ).cpu()
         store[name] = amax if name not in store else store[name].maximum(amax)
 
     return hook
@@ -120,8 +138,11 @@ def _layer_scales(model: Any, channel_amax: dict[str, Any], kv: KVCacheQuant) ->
         if match:
             found.setdefault(int(match.group(1)), {})[match.group(2)] = (module, name)
     if not found:
-        raise StageError("ModelOpt inserted no k/v_bmm_quantizer: this model's attention is not supported by its KV "
-                         "cache quantization. Next: use a model of trtkv.calibrate.common.CALIBRATED_ARCHITECTURES.")
+        raise StageError(
+            "ModelOpt inserted no k/v_bmm_quantizer: this model's attention is not supported by "
+            "its KV cache quantization. Next: use a model of "
+            "trtkv.calibrate.common.CALIBRATED_ARCHITECTURES."
+        )
     algo = KV_ALGO[kv]
     out = []
     for index in sorted(found):
@@ -129,20 +150,32 @@ def _layer_scales(model: Any, channel_amax: dict[str, Any], kv: KVCacheQuant) ->
         k_amax, v_amax = (_amax(parts[s][0], parts[s][1]) for s in ("k", "v"))
         scales = kv_scales.layer_scales(k_amax, v_amax, algo)
         k_channels = channel_amax.get(parts["k"][1])
-        out.append(LayerScales(layer=index, k_amax=k_amax, v_amax=v_amax, **scales, k_channel_amax=_to_list(k_channels),
-                               v_channel_amax=_to_list(channel_amax.get(parts["v"][1])),
-                               head_dim=int(k_channels.shape[-1]) if k_channels is not None else 1))
+        out.append(
+            LayerScales(
+                layer=index,
+                k_amax=k_amax,
+                v_amax=v_amax,
+                **scales,
+                k_channel_amax=_to_list(k_channels),
+                v_channel_amax=_to_list(channel_amax.get(parts["v"][1])),
+                head_dim=int(k_channels.shape[-1]) if k_channels is not None else 1,
+            )
+        )
     return out
 
 
 def _amax(quantizer: Any, name: str) -> float:
     amax = getattr(quantizer, "amax", None)
     if amax is None or amax.numel() != 1:
-        raise StageError(f"ModelOpt quantizer {name} has no per-tensor amax after calibration ({amax!r}). Next: check "
-                         f"that the calibration forward reaches every attention layer.")
+        raise StageError(
+            f"ModelOpt quantizer {name} has no per-tensor amax after calibration ({amax!r}). Next: "
+            "check that the calibration forward reaches every attention layer."
+        )
     value = kv_scales.f32(float(amax.float().item()))
     if not value > 0:
-        raise StageError(f"ModelOpt quantizer {name}: amax = {value}; calibration saw no non-zero K/V.")
+        raise StageError(
+            f"ModelOpt quantizer {name}: amax = {value}; calibration saw no non-zero K/V."
+        )
     return value
 
 
@@ -152,7 +185,8 @@ def _to_list(tensor: Any) -> list[float]:
 
 @contextlib.contextmanager
 def _captured_warnings(notes: list[str], what: str) -> Any:
-    """Turn the exporters' warnings into report notes (they name real limitations, e.g. tensorrt_llm absent)."""
+    """Turn the exporters' warnings into report notes (they name real limitations, e.g. tensorrt_llm
+    absent)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         yield
@@ -169,42 +203,59 @@ def _explain(text: str) -> str:
     if "copy construct from a tensor" in text:
         return ""
     if "No module named 'tensorrt_llm'" in text:
-        return ("tensorrt_llm is not installed, so ModelOpt wrote config.json by its manual path (no "
-                "tensorrt_llm PretrainedConfig round trip); trtkv's validation checked the fields the build reads.")
+        return (
+            "tensorrt_llm is not installed, so ModelOpt wrote config.json by its manual path (no "
+            "tensorrt_llm PretrainedConfig round trip); trtkv's validation checked the fields the "
+            "build reads."
+        )
     if "Enable lm_head quantization" in text:
-        return (f"ModelOpt says '{text}' -- lm_head stays unquantized here: it is in quantization.exclude_modules "
-                f"and stored in the model dtype.")
+        return (
+            f"ModelOpt says '{text}' -- lm_head stays unquantized here: it is in "
+            "quantization.exclude_modules and stored in the model dtype."
+        )
     return text
 
 
 def export_trtllm(model: Any, out: Path, recipe: Recipe) -> list[str]:
-    """export_tensorrt_llm_checkpoint with the recipe's tp/pp (N >= 1: N = 0 crashes with ZeroDivisionError)."""
+    """export_tensorrt_llm_checkpoint with the recipe's tp/pp (N >= 1: N = 0 crashes with
+    ZeroDivisionError)."""
     import torch
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
 
     notes: list[str] = []
-    if getattr(model.config, "architectures", None) is None:  # ModelOpt reads it (None -> TypeError)
+    # ModelOpt reads it (None -> TypeError)
+    if getattr(model.config, "architectures", None) is None:
         model.config.architectures = [type(model).__name__]
     dtype = getattr(torch, recipe.model.dtype.value)
     with _captured_warnings(notes, "export_tensorrt_llm_checkpoint"):
-        export_tensorrt_llm_checkpoint(model, recipe.model.architecture, dtype, str(out),
-                                       inference_tensor_parallel=recipe.build.tp_size,
-                                       inference_pipeline_parallel=recipe.build.pp_size)
+        export_tensorrt_llm_checkpoint(
+            model,
+            recipe.model.architecture,
+            dtype,
+            str(out),
+            inference_tensor_parallel=recipe.build.tp_size,
+            inference_pipeline_parallel=recipe.build.pp_size,
+        )
     _sort_exclude_modules(out / "config.json")
     return notes
 
 
 def write_rope(ckpt: Path, source: dict[str, Any]) -> None:
-    """Write the model's RoPE where TensorRT-LLM 1.x and transformers 4.x read it (ModelOpt 0.47 under
-    transformers 5 writes neither: rotary_base/rotary_scaling in config.json, rope_theta/rope_scaling in hf/).
-    Gemma 3 (one RoPE per layer type) gets transformers 4.x's rope_theta / rope_local_base_freq / rope_scaling."""
+    """Write the model's RoPE where TensorRT-LLM 1.x and transformers 4.x read it (ModelOpt 0.47
+    under transformers 5 writes neither: rotary_base/rotary_scaling in config.json,
+    rope_theta/rope_scaling in hf/). Gemma 3 (one RoPE per layer type) gets transformers 4.x's
+    rope_theta / rope_local_base_freq / rope_scaling."""
     from trtkv.checkpoints import rope
     from trtkv.checkpoints.hf_export import HF_ARCHITECTURES, gemma3_legacy_rope
 
     config_path = ckpt / "config.json"
     if config_path.is_file():  # absent for an HF-export-only architecture
-        config_path.write_text(json.dumps(rope.complete_trtllm_config(json.loads(config_path.read_text()), source),
-                                          indent=4) + "\n")
+        config_path.write_text(
+            json.dumps(
+                rope.complete_trtllm_config(json.loads(config_path.read_text()), source), indent=4
+            )
+            + "\n"
+        )
     hf_path = ckpt / layout.HF / "config.json"
     if hf_path.is_file():
         hf = json.loads(hf_path.read_text())
@@ -225,28 +276,34 @@ def _sort_exclude_modules(config_path: Path) -> None:
 
 
 def export_hf(model: Any, tokenizer: Any, out: Path, recipe: Recipe) -> list[str]:
-    """export_hf_checkpoint into hf/ for FP8 or no KV (ModelOpt 0.47 asserts on INT8 KV: skipped with a note)."""
+    """export_hf_checkpoint into hf/ for FP8 or no KV (ModelOpt 0.47 asserts on INT8 KV: skipped
+    with a note)."""
     import torch
     from modelopt.torch.export import export_hf_checkpoint
 
     from trtkv.checkpoints.tokenizer_files import save_tokenizer
 
     if recipe.quantization.kv_cache is KVCacheQuant.INT8:
-        return ["hf/ not written: ModelOpt 0.47's export_hf_checkpoint asserts on an INT8 KV cache ('Invalid KV cache "
-                "quantization format'), and vLLM / TensorRT-LLM's PyTorch backend have no INT8 KV cache either. The "
-                "TensorRT-LLM checkpoint (config.json + rank*.safetensors) carries the INT8 scales."]
+        return [
+            "hf/ not written: ModelOpt 0.47's export_hf_checkpoint asserts on an INT8 KV cache "
+            "('Invalid KV cache quantization format'), and vLLM / TensorRT-LLM's PyTorch backend "
+            "have no INT8 KV cache either. The TensorRT-LLM checkpoint (config.json + "
+            "rank*.safetensors) carries the INT8 scales."
+        ]
     notes: list[str] = []
     hf_dir = out / layout.HF
     dtype = getattr(torch, recipe.model.dtype.value)
     with _captured_warnings(notes, "export_hf_checkpoint"):
         export_hf_checkpoint(model, dtype=dtype, export_dir=str(hf_dir))
     _cast_hf_weights(hf_dir, recipe.model.dtype.value)
-    save_tokenizer(tokenizer, hf_dir)  # loadable by transformers 4.57 (TensorRT-LLM's LLM API) and 5.x alike
+    # loadable by transformers 4.57 (TensorRT-LLM's LLM API) and 5.x alike
+    save_tokenizer(tokenizer, hf_dir)
     return notes
 
 
 def _cast_hf_weights(hf_dir: Path, dtype_name: str) -> None:
-    """The exporter keeps unquantized float32 tensors of a float32 model; store them in the recipe dtype."""
+    """The exporter keeps unquantized float32 tensors of a float32 model; store them in the recipe
+    dtype."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -255,7 +312,11 @@ def _cast_hf_weights(hf_dir: Path, dtype_name: str) -> None:
         tensors = load_file(str(path))
         changed = False
         for name, tensor in tensors.items():
-            if tensor.dtype == torch.float32 and not name.endswith("scale") and tensor.dtype != dtype:
+            if (
+                tensor.dtype == torch.float32
+                and not name.endswith("scale")
+                and tensor.dtype != dtype
+            ):
                 tensors[name] = tensor.to(dtype)
                 changed = True
         if changed:
@@ -268,29 +329,40 @@ def _cast_hf_weights(hf_dir: Path, dtype_name: str) -> None:
 
 
 def check_exported_hf_scales(layers: list[LayerScales], hf_summary: dict[str, Any]) -> None:
-    """The HF export's per-layer k_scale / v_scale must be the ones trtkv.kvcache.scales computed from the amaxes."""
+    """The HF export's per-layer k_scale / v_scale must be the ones trtkv.kvcache.scales computed
+    from the amaxes."""
     import math
 
     for kind in ("k", "v"):
         exported = hf_summary.get(f"{kind}_scales") or []
         if len(exported) != len(layers):
-            raise StageError(f"hf/ holds {len(exported)} {kind}_scale tensors for {len(layers)} calibrated layers.")
+            raise StageError(
+                f"hf/ holds {len(exported)} {kind}_scale tensors for {len(layers)} calibrated "
+                "layers."
+            )
         for layer, value in zip(layers, exported, strict=True):
             want = getattr(layer, f"{kind}_scale")
             if value is None or not math.isclose(want, value, rel_tol=1e-5):
-                raise StageError(f"layer {layer.layer}: hf/ {kind}_scale {value} != {want} computed from "
-                                 f"{kind}_amax {getattr(layer, f'{kind}_amax')} (kv_scales.json).")
+                raise StageError(
+                    f"layer {layer.layer}: hf/ {kind}_scale {value} != {want} computed from "
+                    f"{kind}_amax {getattr(layer, f'{kind}_amax')} (kv_scales.json)."
+                )
 
 
 def check_exported_factors(layers: list[LayerScales], exported: list[float]) -> None:
-    """The rank files' kv_cache_scaling_factor must be the one computed from the quantizers' amax."""
+    """The rank files' kv_cache_scaling_factor must be the one computed from the quantizers'
+    amax."""
     import math
 
     if len(exported) != len(layers):
-        raise StageError(f"export holds {len(exported)} kv_cache_scaling_factor tensors for {len(layers)} layers.")
+        raise StageError(
+            f"export holds {len(exported)} kv_cache_scaling_factor tensors for {len(layers)} "
+            "layers."
+        )
     for layer, value in zip(layers, exported, strict=True):
         if not math.isclose(layer.kv_cache_scaling_factor, value, rel_tol=1e-5):
-            raise StageError(f"layer {layer.layer}: exported kv_cache_scaling_factor {value} != "
-                             f"{layer.kv_cache_scaling_factor} computed from amax (k {layer.k_amax}, v {layer.v_amax}).")
-
-
+            raise StageError(
+                f"layer {layer.layer}: exported kv_cache_scaling_factor {value} != "
+                f"{layer.kv_cache_scaling_factor} computed from amax (k {layer.k_amax}, v "
+                f"{layer.v_amax})."
+            )

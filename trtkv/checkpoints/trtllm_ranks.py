@@ -1,8 +1,9 @@
-"""The rank files of a TensorRT-LLM checkpoint (`rank{r}.safetensors`), checked without loading the weights: every
-rank present for `mapping.world_size`, each decoder layer's tensors on every rank of its pipeline stage (layer indices
-local to the stage), the embedding on the first stage and the final norm and lm_head on the last, shapes per tensor
-parallel split, one finite positive F32 `kv_cache_scaling_factor` per layer when the KV cache is quantized and none
-when it is not. Also the problem list every check of trtkv.checkpoints.trtllm_checkpoint adds to."""
+"""The rank files of a TensorRT-LLM checkpoint (`rank{r}.safetensors`), checked without loading the
+weights: every rank present for `mapping.world_size`, each decoder layer's tensors on every rank of
+its pipeline stage (layer indices local to the stage), the embedding on the first stage and the
+final norm and lm_head on the last, shapes per tensor parallel split, one finite positive F32
+`kv_cache_scaling_factor` per layer when the KV cache is quantized and none when it is not. Also the
+problem list every check of trtkv.checkpoints.trtllm_checkpoint adds to."""
 
 from __future__ import annotations
 
@@ -15,10 +16,17 @@ from trtkv.core.errors import StageError
 
 KV_FACTOR = "attention.kv_cache_scaling_factor"
 LAYER_RE = re.compile(r"^transformer\.layers\.(\d+)\.(.+)$")
-# per decoder layer, present on every rank (the gate projection is required for gated activations; the KV factor
-# only when the KV cache is quantized)
-LAYER_TENSORS = ("input_layernorm.weight", "post_layernorm.weight", "attention.qkv.weight", "attention.dense.weight",
-                 "mlp.fc.weight", "mlp.proj.weight", KV_FACTOR)
+# per decoder layer, present on every rank (the gate projection is required for gated activations;
+# the KV factor only when the KV cache is quantized)
+LAYER_TENSORS = (
+    "input_layernorm.weight",
+    "post_layernorm.weight",
+    "attention.qkv.weight",
+    "attention.dense.weight",
+    "mlp.fc.weight",
+    "mlp.proj.weight",
+    KV_FACTOR,
+)
 GATED_ACTS = ("silu", "swiglu", "gelu_pytorch_tanh", "geglu")
 
 
@@ -34,23 +42,31 @@ class _Problems:
     def raise_if_any(self, ckpt_dir: Path) -> None:
         if self.items:
             body = "\n".join(f"  - {p}" for p in self.items)
-            raise StageError(f"TensorRT-LLM checkpoint {ckpt_dir} is not valid, found {len(self.items)} problem(s):\n"
-                             f"{body}\nNext: rerun `trtkv calibrate <recipe> --force` to re-export it.")
+            raise StageError(
+                f"TensorRT-LLM checkpoint {ckpt_dir} is not valid, found {len(self.items)} "
+                f"problem(s):\n{body}\nNext: rerun `trtkv calibrate <recipe> --force` to re-export "
+                "it."
+            )
 
 
 def _stage_layers(config: dict[str, Any]) -> int:
     return int(config["num_hidden_layers"]) // int(config["mapping"]["pp_size"])
 
 
-def _check_ranks(ckpt_dir: Path, config: dict[str, Any], problems: _Problems) -> list[dict[str, Any]]:
-    """Open every rank file and check its tensors; returns [{file, rank, pp_rank, tensors: {name: info}}]."""
+def _check_ranks(
+    ckpt_dir: Path, config: dict[str, Any], problems: _Problems
+) -> list[dict[str, Any]]:
+    """Open every rank file and check its tensors; returns [{file, rank, pp_rank, tensors: {name:
+    info}}]."""
     mapping = config["mapping"]
     world, tp = int(mapping["world_size"]), int(mapping["tp_size"])
     ranks = []
     for rank in range(world):
         path = ckpt_dir / f"rank{rank}.safetensors"
         if not path.is_file():
-            problems.add(path, f"missing (mapping.world_size = {world} needs rank0..rank{world - 1})")
+            problems.add(
+                path, f"missing (mapping.world_size = {world} needs rank0..rank{world - 1})"
+            )
             continue
         tensors = _read_tensors(path, problems)
         if tensors is None:
@@ -87,7 +103,9 @@ def _read_tensors(path: Path, problems: _Problems) -> dict[str, dict[str, Any]] 
 def _expected_shapes(config: dict[str, Any]) -> dict[str, list[int]]:
     """Shapes per rank of the weights TensorRT-LLM loads (unquantized or FP8 weights, TP split)."""
     tp = int(config["mapping"]["tp_size"])
-    hidden, heads, kv_heads = (int(config[k]) for k in ("hidden_size", "num_attention_heads", "num_key_value_heads"))
+    hidden, heads, kv_heads = (
+        int(config[k]) for k in ("hidden_size", "num_attention_heads", "num_key_value_heads")
+    )
     head = int(config.get("head_size") or hidden // heads)
     shapes = {
         "input_layernorm.weight": [hidden],
@@ -97,8 +115,13 @@ def _expected_shapes(config: dict[str, Any]) -> dict[str, list[int]]:
     }
     if config.get("intermediate_size"):
         inter = int(config["intermediate_size"]) // tp
-        shapes.update({"mlp.fc.weight": [inter, hidden], "mlp.gate.weight": [inter, hidden],
-                       "mlp.proj.weight": [hidden, inter]})
+        shapes.update(
+            {
+                "mlp.fc.weight": [inter, hidden],
+                "mlp.gate.weight": [inter, hidden],
+                "mlp.proj.weight": [hidden, inter],
+            }
+        )
     return shapes
 
 
@@ -113,8 +136,11 @@ def _check_rank(info: dict[str, Any], config: dict[str, Any], problems: _Problem
             layers.setdefault(int(match.group(1)), set()).add(match.group(2))
     unexpected = sorted(i for i in layers if i >= n_layers)
     if unexpected:
-        problems.add(path, f"layers {unexpected} present, but this pipeline stage holds {n_layers} layers "
-                           f"(num_hidden_layers / pp_size); layer indices are local to the stage")
+        problems.add(
+            path,
+            f"layers {unexpected} present, but this pipeline stage holds {n_layers} layers "
+            f"(num_hidden_layers / pp_size); layer indices are local to the stage",
+        )
     kv_quantized = config["quantization"].get("kv_cache_quant_algo") is not None
     required = [t for t in LAYER_TENSORS if kv_quantized or t != KV_FACTOR]
     if str(config.get("hidden_act", "")).lower() in GATED_ACTS:
@@ -127,14 +153,23 @@ def _check_rank(info: dict[str, Any], config: dict[str, Any], problems: _Problem
             problems.add(path, f"tensor transformer.layers.{i}.{suffix} is missing")
     stray = sorted(i for i, have in layers.items() if KV_FACTOR in have)
     if stray and not kv_quantized:
-        problems.add(path, f"layers {stray} hold {KV_FACTOR}, but quantization.kv_cache_quant_algo is null "
-                           f"(recipe quantization.kv_cache none): an unquantized KV cache has no scaling factors")
+        problems.add(
+            path,
+            f"layers {stray} hold {KV_FACTOR}, but quantization.kv_cache_quant_algo is null "
+            f"(recipe quantization.kv_cache none): an unquantized KV cache has no scaling factors",
+        )
     _check_stage_tensors(info, config, pp_rank, pp, tp, problems)
     _check_shapes_and_scales(path, tensors, config, problems)
 
 
-def _check_stage_tensors(info: dict[str, Any], config: dict[str, Any], pp_rank: int, pp: int, tp: int,
-                         problems: _Problems) -> None:
+def _check_stage_tensors(
+    info: dict[str, Any],
+    config: dict[str, Any],
+    pp_rank: int,
+    pp: int,
+    tp: int,
+    problems: _Problems,
+) -> None:
     """Embedding on the first pipeline stage; final norm and lm_head on the last."""
     path, tensors = info["file"], info["tensors"]
     hidden, vocab = int(config["hidden_size"]), int(config["vocab_size"])
@@ -150,35 +185,48 @@ def _check_stage_tensors(info: dict[str, Any], config: dict[str, Any], pp_rank: 
         if name not in tensors:
             problems.add(path, f"tensor {name} is missing (pipeline stage {pp_rank} of {pp})")
         elif tensors[name]["shape"] != shape:
-            problems.add(path, f"tensor {name} has shape {tensors[name]['shape']}, expected {shape}")
+            problems.add(
+                path, f"tensor {name} has shape {tensors[name]['shape']}, expected {shape}"
+            )
 
 
-def _check_shapes_and_scales(path: Path, tensors: dict[str, dict[str, Any]], config: dict[str, Any],
-                             problems: _Problems) -> None:
+def _check_shapes_and_scales(
+    path: Path, tensors: dict[str, dict[str, Any]], config: dict[str, Any], problems: _Problems
+) -> None:
     shapes = _expected_shapes(config)
     check_shapes = config["quantization"].get("quant_algo") in (None, "FP8")
     for name, entry in sorted(tensors.items()):
         match = LAYER_RE.match(name)
         suffix = match.group(2) if match else None
         if check_shapes and suffix in shapes and entry["shape"] != shapes[suffix]:
-            problems.add(path, f"tensor {name} has shape {entry['shape']}, expected {shapes[suffix]} "
-                               f"(tp_size {config['mapping']['tp_size']})")
+            problems.add(
+                path,
+                f"tensor {name} has shape {entry['shape']}, expected {shapes[suffix]} "
+                f"(tp_size {config['mapping']['tp_size']})",
+            )
         if "values" in entry:
             values = entry["values"]
             if suffix == KV_FACTOR and (entry["shape"] not in ([1], []) or entry["dtype"] != "F32"):
-                problems.add(path, f"tensor {name} is {entry['dtype']} {entry['shape']}, expected F32 [1]")
+                problems.add(
+                    path, f"tensor {name} is {entry['dtype']} {entry['shape']}, expected F32 [1]"
+                )
             bad = [v for v in values if not (math.isfinite(v) and v > 0)]
             if bad or not values:
-                problems.add(path, f"tensor {name} holds {bad[:3] or 'no values'}: scaling factors must be "
-                                   f"finite and > 0")
+                problems.add(
+                    path,
+                    f"tensor {name} holds {bad[:3] or 'no values'}: scaling factors must be "
+                    f"finite and > 0",
+                )
 
 
 def _layer_factors(ranks: list[dict[str, Any]], config: dict[str, Any]) -> list[float]:
     """The kv_cache_scaling_factor of every global layer (from the first TP rank of each stage)."""
     n_layers = _stage_layers(config)
     factors: list[float] = []
-    for info in sorted((r for r in ranks if r["rank"] % int(config["mapping"]["tp_size"]) == 0),
-                       key=lambda r: r["rank"]):
+    for info in sorted(
+        (r for r in ranks if r["rank"] % int(config["mapping"]["tp_size"]) == 0),
+        key=lambda r: r["rank"],
+    ):
         for i in range(n_layers):
             entry = info["tensors"].get(f"transformer.layers.{i}.{KV_FACTOR}")
             if entry and entry.get("values"):

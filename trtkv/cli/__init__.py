@@ -1,4 +1,5 @@
-"""The `trtkv` console script: the verbs of trtkv.cli.registry.VERBS, one module each with `add_parser` and `run`."""
+"""The `trtkv` console script: the verbs of trtkv.cli.registry.VERBS, one module each with
+`add_parser` and `run`."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ examples:
   $ trtkv plan llama70b_fp8kv
   $ trtkv validate
   $ trtkv demo smollm2_fp8kv
-"""
+"""  # noqa: E501
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"trtkv {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for verb in VERBS:  # each module is imported only to build its parser; heavy work is lazy inside run()
+    # each module is imported only to build its parser; heavy work is lazy inside run()
+    for verb in VERBS:
         importlib.import_module(verb.module).add_parser(sub)
     return parser
 
@@ -40,8 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    # section.key=value overrides may follow the options (`trtkv deploy R --target k8s build.tp_size=8`)
-    if extra and hasattr(args, "overrides") and all("=" in a and not a.startswith("-") for a in extra):
+    # section.key=value overrides may follow the options (`trtkv deploy R --target k8s
+    # build.tp_size=8`)
+    if (
+        extra
+        and hasattr(args, "overrides")
+        and all("=" in a and not a.startswith("-") for a in extra)
+    ):
         args.overrides = [*args.overrides, *extra]
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -56,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except OSError as exc:  # read-only, full, name too long, permission: one line naming the path and the next step
+    # read-only, full, name too long, permission: one line naming the path and the next step
+    except OSError as exc:
         print(f"error: {os_error_line(exc)}", file=sys.stderr)
         return TrtkvError.exit_code
     except KeyboardInterrupt:

@@ -1,5 +1,5 @@
-"""`trtkv bench`: latency/throughput sweep and accuracy tasks against a served recipe (Triton gRPC/HTTP or any
-OpenAI-compatible server), checked against SLOs."""
+"""`trtkv bench`: latency/throughput sweep and accuracy tasks against a served recipe (Triton
+gRPC/HTTP or any OpenAI-compatible server), checked against SLOs."""
 
 from __future__ import annotations
 
@@ -22,13 +22,14 @@ EXAMPLES = """\
 
 exit codes: 0 all SLOs met, 1 an SLO failed (table printed), 2 usage/endpoint error, 130 interrupted (partial
 results written). URL: --url, else engines/<recipe>/serve/server.json, else the recipe's triton host and port.
-"""
+"""  # noqa: E501
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = subparser(sub, "bench", EXAMPLES)
     add_recipe_args(p)
-    BenchOptions.add_arguments(p)  # every flag, its type, default and help: one field each (trtkv.bench.options)
+    # every flag, its type, default and help: one field each (trtkv.bench.options)
+    BenchOptions.add_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -43,24 +44,31 @@ def run(args: argparse.Namespace) -> int:
 
 
 def sweep_lengths(lengths: list[int], recipe: Recipe) -> list[int]:
-    """--sweep-input: positive lengths the recipe's engine accepts (build.max_input_len and max_seq_len), all checked
-    at once; sorted, each once."""
+    """--sweep-input: positive lengths the recipe's engine accepts (build.max_input_len and
+    max_seq_len), all checked at once; sorted, each once."""
     from trtkv.core.errors import TrtkvError
     from trtkv.recipe.bench_section import MAX_SWEEP_LENGTHS
 
     given = ",".join(map(str, lengths))
     bad = [n for n in lengths if n <= 0]
     if not lengths or bad:
-        raise TrtkvError(f"--sweep-input {given!r}: expected positive token counts separated by commas, e.g. "
-                         f"128,512,2048{f' (not {bad[0]})' if bad else ''}.")
+        raise TrtkvError(
+            f"--sweep-input {given!r}: expected positive token counts separated by commas, e.g. "
+            f"128,512,2048{f' (not {bad[0]})' if bad else ''}."
+        )
     out = sorted(set(lengths))
     if len(out) > MAX_SWEEP_LENGTHS:
-        raise TrtkvError(f"--sweep-input: {len(out)} lengths; at most {MAX_SWEEP_LENGTHS} (each one runs every latency "
-                         f"level once, as bench.sweep_input_tokens allows). Next: fewer lengths.")
+        raise TrtkvError(
+            f"--sweep-input: {len(out)} lengths; at most {MAX_SWEEP_LENGTHS} (each one runs every "
+            "latency level once, as bench.sweep_input_tokens allows). Next: fewer lengths."
+        )
     b = recipe.build
     over = [n for n in out if n > b.max_input_len or n + recipe.bench.output_tokens > b.max_seq_len]
     if over:
-        raise TrtkvError(f"--sweep-input {given!r}: {', '.join(map(str, over))} exceed(s) build.max_input_len "
-                         f"{b.max_input_len} (or, with bench.output_tokens {recipe.bench.output_tokens}, build.max_seq_len "
-                         f"{b.max_seq_len}) of recipe {recipe.name}. Next: shorter lengths, or raise those fields.")
+        raise TrtkvError(
+            f"--sweep-input {given!r}: {', '.join(map(str, over))} exceed(s) build.max_input_len "
+            f"{b.max_input_len} (or, with bench.output_tokens {recipe.bench.output_tokens}, "
+            f"build.max_seq_len {b.max_seq_len}) of recipe {recipe.name}. Next: shorter lengths, "
+            "or raise those fields."
+        )
     return out

@@ -1,4 +1,5 @@
-"""`trtkv build`: the engine of the recipe's backend from the calibrated checkpoint (trtkv.backends does the work)."""
+"""`trtkv build`: the engine of the recipe's backend from the calibrated checkpoint (trtkv.backends
+does the work)."""
 
 from __future__ import annotations
 
@@ -16,15 +17,23 @@ EXAMPLES = """\
   $ trtkv build smollm2_fp8kv                     # on the CPU (after `trtkv calibrate smollm2_fp8kv`)
   $ trtkv build llama70b_int8kv build.max_batch_size=32 --force
   $ make engine RECIPE=smollm2_fp8kv              # calibrate + build
-"""
+"""  # noqa: E501
 
 
 class BuildOptions(Options):
     """`trtkv build RECIPE [options]`: each field one flag (trtkv.core.options)."""
 
-    dry_run: Annotated[bool, Field(
-        description="print every command the stage would run (calibration included) and write nothing"), Flag()] = False
-    force: Annotated[bool, Field(description="rebuild even when engines/<recipe>/engine is up to date"), Flag()] = False
+    dry_run: Annotated[
+        bool,
+        Field(
+            description="print every command the stage would run (calibration included) and write "
+            "nothing"
+        ),
+        Flag(),
+    ] = False
+    force: Annotated[
+        bool, Field(description="rebuild even when engines/<recipe>/engine is up to date"), Flag()
+    ] = False
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

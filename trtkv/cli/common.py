@@ -1,4 +1,5 @@
-"""Arguments shared by subcommands, and the verb parser whose help comes from the registry (trtkv.cli.registry)."""
+"""Arguments shared by subcommands, and the verb parser whose help comes from the registry
+(trtkv.cli.registry)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ def add_recipe_args(parser: argparse.ArgumentParser) -> None:
 
 
 def subparser(sub: argparse._SubParsersAction, name: str, examples: str) -> argparse.ArgumentParser:
-    """The verb's parser: its one line from the registry as help and description, then its examples."""
+    """The verb's parser: its one line from the registry as help and description, then its
+    examples."""
     from trtkv.cli.registry import verb
 
     help_text = verb(name).render()

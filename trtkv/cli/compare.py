@@ -16,16 +16,28 @@ DEFAULT = ["smollm2_fp16kv", "smollm2_fp8kv", "smollm2_int8kv"]
 class CompareOptions(Options):
     """`trtkv compare [options] [KEY=VALUE ...]`: each field one flag (trtkv.core.options)."""
 
-    recipes: Annotated[str, Field(description=f"comma-separated (default {','.join(DEFAULT)})"),
-                       Flag()] = ",".join(DEFAULT)
-    output: Annotated[str | None, Field(description="output folder (default engines/compare)"), Flag()] = None
+    recipes: Annotated[
+        str, Field(description=f"comma-separated (default {','.join(DEFAULT)})"), Flag()
+    ] = ",".join(DEFAULT)
+    output: Annotated[
+        str | None, Field(description="output folder (default engines/compare)"), Flag()
+    ] = None
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "compare",
-                  "  $ trtkv compare\n  $ trtkv compare --recipes smollm2_fp8kv,smollm2_int8kv bench.num_requests=4\n")
+    p = subparser(
+        sub,
+        "compare",
+        "  $ trtkv compare\n  $ trtkv compare --recipes smollm2_fp8kv,smollm2_int8kv "
+        "bench.num_requests=4\n",
+    )
     CompareOptions.add_arguments(p)
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=OVERRIDE_HELP + " (applied to every recipe)")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help=OVERRIDE_HELP + " (applied to every recipe)",
+    )
     p.set_defaults(func=run)
 
 

@@ -1,4 +1,5 @@
-"""`trtkv demo`: the whole chain for one recipe, then a one-screen summary; the server is always stopped."""
+"""`trtkv demo`: the whole chain for one recipe, then a one-screen summary; the server is always
+stopped."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ from trtkv.cli.common import OVERRIDE_HELP, subparser
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "demo",
-                  "  $ trtkv demo smollm2_fp8kv\n  $ trtkv demo smollm2_int8kv bench.num_requests=4\n")
+    p = subparser(
+        sub,
+        "demo",
+        "  $ trtkv demo smollm2_fp8kv\n  $ trtkv demo smollm2_int8kv bench.num_requests=4\n",
+    )
     p.add_argument("recipe", nargs="?", default="smollm2_fp8kv", help="recipe name or .yaml path")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=OVERRIDE_HELP)
     p.set_defaults(func=run)

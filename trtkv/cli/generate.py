@@ -1,4 +1,5 @@
-"""`trtkv generate`: greedy text from the recipe's built engine, no server (a smoke test of the engine itself)."""
+"""`trtkv generate`: greedy text from the recipe's built engine, no server (a smoke test of the
+engine itself)."""
 
 from __future__ import annotations
 
@@ -18,17 +19,26 @@ EXAMPLES = """\
   $ trtkv generate smollm2_fp8kv --prompt "Once upon a time" --max-tokens 32
   $ trtkv generate smollm2_fp8kv --prompt "The capital of France is" --checkpoint /tmp/edited_checkpoint
   $ trtkv generate llama8b_fp8kv --prompt "Hello" --dry-run    # the TensorRT-LLM runner command (GPU machine)
-"""
+"""  # noqa: E501
 
 
 class GenerateOptions(Options):
     """`trtkv generate RECIPE --prompt TEXT [options]`: each field one flag (trtkv.core.options)."""
 
-    prompt: Annotated[str, Field(description="text to continue (sent without a chat template)"), Flag()]
-    max_tokens: Annotated[int, Field(description="tokens to generate (default %(default)s)"), Flag()] = DEFAULT_MAX_TOKENS
-    checkpoint: Annotated[Path | None, Field(
-        description=f"backend {Backend.REFERENCE.value}: run this TensorRT-LLM checkpoint folder instead of the "
-                    "recipe's"), Flag()] = None
+    prompt: Annotated[
+        str, Field(description="text to continue (sent without a chat template)"), Flag()
+    ]
+    max_tokens: Annotated[
+        int, Field(description="tokens to generate (default %(default)s)"), Flag()
+    ] = DEFAULT_MAX_TOKENS
+    checkpoint: Annotated[
+        Path | None,
+        Field(
+            description=f"backend {Backend.REFERENCE.value}: run this TensorRT-LLM checkpoint "
+            "folder instead of the recipe's"
+        ),
+        Flag(),
+    ] = None
     dry_run: Annotated[bool, Field(description="print what would run and exit"), Flag()] = False
 
 

@@ -1,4 +1,5 @@
-"""`trtkv init`: write a commented recipe from a model's config.json that validates and plans at once."""
+"""`trtkv init`: write a commented recipe from a model's config.json that validates and plans at
+once."""
 
 from __future__ import annotations
 
@@ -25,37 +26,85 @@ if TYPE_CHECKING:
     from trtkv.checkpoints import ModelFacts
     from trtkv.recipe import Recipe
 
-COUNTS = (1, 2, 4, 8, 16, 32, 64)  # GPUs tried when --count is not given: TP within a node, then PP over nodes
+# GPUs tried when --count is not given: TP within a node, then PP over nodes
+COUNTS = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_GPU = GPU.H100_80GB
-SETTLE_ROUNDS = 4  # max_batch_size re-sized to what fits with itself as the engine's max_num_seqs (1 round in practice)
+# max_batch_size re-sized to what fits with itself as the engine's max_num_seqs (1 round in
+# practice)
+SETTLE_ROUNDS = 4
 
 
 class InitOptions(Options):
     """`trtkv init NAME --model PATH [options]`: each field one argument (trtkv.core.options)."""
 
-    name: Annotated[str, Field(description="recipe name: lower-case letters, digits, '_' and '-'"), Flag(names=("name",))]
-    model: Annotated[Path, Field(description="model folder holding config.json, or the config.json"), Flag()]
-    output: Annotated[Path | None, Field(description="recipe file to write (default recipes/NAME.yaml)"), Flag()] = None
-    gpu: Annotated[str, Field(description=f"target GPU, as trtkv names it or as nvidia-smi prints it (e.g. 'NVIDIA "
-                                          f"H100 80GB HBM3'): {known_gpus()}"), Flag(metavar="GPU")] = DEFAULT_GPU.value
-    count: Annotated[int | None, Field(
-        description="GPUs per model instance (default: the fewest that hold the weights and one sequence of "
-                    "max_seq_len)"), Flag()] = None
-    kv_cache: Annotated[KVCacheQuant | None, Field(
-        description="KV-cache precision (default fp8 where the GPU has FP8, else none)"), Flag()] = None
-    backend: Annotated[Backend | None, Field(
-        description=f"engine (default {Backend.LLMAPI.value} on a GPU; on {GPU.CPU.value} {Backend.REFERENCE.value} "
-                    f"for Llama-family models, else {Backend.VLLM.value})"), Flag()] = None
-    weights: Annotated[WeightQuant | None, Field(
-        description="weight quantization (default none, the checkpoint's own precision; fp8 where the engine refuses "
-                    "none with the KV cache asked for, e.g. vLLM's ModelOpt loader)"), Flag()] = None
-    max_seq_len: Annotated[int | None, Field(
-        ge=1, description=f"prompt + answer tokens (default the model's max_position_embeddings, at most "
-                          f"{DEFAULT_SEQ_LEN}); max_input_len is 7/8 of it"), Flag(metavar="TOKENS")] = None
-    concurrency: Annotated[int | None, Field(
-        ge=1, description="sequences of max_seq_len served at once: max_batch_size (vLLM's max_num_seqs), and --count "
-                          "grows until N fit (default: what fits on the fewest GPUs holding one, at most 256)"),
-        Flag(metavar="N")] = None
+    name: Annotated[
+        str,
+        Field(description="recipe name: lower-case letters, digits, '_' and '-'"),
+        Flag(names=("name",)),
+    ]
+    model: Annotated[
+        Path, Field(description="model folder holding config.json, or the config.json"), Flag()
+    ]
+    output: Annotated[
+        Path | None, Field(description="recipe file to write (default recipes/NAME.yaml)"), Flag()
+    ] = None
+    gpu: Annotated[
+        str,
+        Field(
+            description=f"target GPU, as trtkv names it or as nvidia-smi prints it (e.g. 'NVIDIA "
+            f"H100 80GB HBM3'): {known_gpus()}"
+        ),
+        Flag(metavar="GPU"),
+    ] = DEFAULT_GPU.value
+    count: Annotated[
+        int | None,
+        Field(
+            description="GPUs per model instance (default: the fewest that hold the weights and "
+            "one sequence of max_seq_len)"
+        ),
+        Flag(),
+    ] = None
+    kv_cache: Annotated[
+        KVCacheQuant | None,
+        Field(description="KV-cache precision (default fp8 where the GPU has FP8, else none)"),
+        Flag(),
+    ] = None
+    backend: Annotated[
+        Backend | None,
+        Field(
+            description=f"engine (default {Backend.LLMAPI.value} on a GPU; on {GPU.CPU.value} "
+            f"{Backend.REFERENCE.value} for Llama-family models, else {Backend.VLLM.value})"
+        ),
+        Flag(),
+    ] = None
+    weights: Annotated[
+        WeightQuant | None,
+        Field(
+            description="weight quantization (default none, the checkpoint's own precision; fp8 "
+            "where the engine refuses none with the KV cache asked for, e.g. vLLM's ModelOpt "
+            "loader)"
+        ),
+        Flag(),
+    ] = None
+    max_seq_len: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            description="prompt + answer tokens (default the model's max_position_embeddings, at "
+            f"most {DEFAULT_SEQ_LEN}); max_input_len is 7/8 of it",
+        ),
+        Flag(metavar="TOKENS"),
+    ] = None
+    concurrency: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            description="sequences of max_seq_len served at once: max_batch_size (vLLM's "
+            "max_num_seqs), and --count grows until N fit (default: what fits on the fewest GPUs "
+            "holding one, at most 256)",
+        ),
+        Flag(metavar="N"),
+    ] = None
     force: Annotated[bool, Field(description="overwrite an existing recipe file"), Flag()] = False
 
     @field_validator("gpu")
@@ -64,38 +113,68 @@ class InitOptions(Options):
         """trtkv's name, nvidia-smi's or GPU feature discovery's, as trtkv's value."""
         gpu = gpu_from_name(value)
         if gpu is None:
-            raise ValueError(f"unknown GPU: use one of {known_gpus()} (or its name as nvidia-smi prints it); for "
-                             f"another GPU pick the nearest and set hardware.memory_gib in the recipe")
+            raise ValueError(
+                f"unknown GPU: use one of {known_gpus()} (or its name as nvidia-smi prints it); "
+                "for another GPU pick the nearest and set hardware.memory_gib in the recipe"
+            )
         return gpu.value
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "init",
-                  "  $ trtkv init gemma3_27b_fp8kv --model ~/models/gemma-3-27b-it\n"
-                  "  $ trtkv init dsv3_fp8kv --model config.json --gpu H200-141GB --count 8\n"
-                  "  $ trtkv init scout --model DIR --output /tmp/scout.yaml --backend vllm && trtkv plan /tmp/scout.yaml\n")
+    p = subparser(
+        sub,
+        "init",
+        "  $ trtkv init gemma3_27b_fp8kv --model ~/models/gemma-3-27b-it\n"
+        "  $ trtkv init dsv3_fp8kv --model config.json --gpu H200-141GB --count 8\n"
+        "  $ trtkv init scout --model DIR --output /tmp/scout.yaml --backend vllm && trtkv plan "
+        "/tmp/scout.yaml\n",
+    )
     InitOptions.add_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     o = InitOptions.from_args(args)
-    out = write_recipe(o.name, o.model, o.output, o.gpu, o.count, o.kv_cache.value if o.kv_cache else None,
-                       o.backend.value if o.backend else None, o.force, weights=o.weights.value if o.weights else None,
-                       max_seq_len=o.max_seq_len, concurrency=o.concurrency)
+    out = write_recipe(
+        o.name,
+        o.model,
+        o.output,
+        o.gpu,
+        o.count,
+        o.kv_cache.value if o.kv_cache else None,
+        o.backend.value if o.backend else None,
+        o.force,
+        weights=o.weights.value if o.weights else None,
+        max_seq_len=o.max_seq_len,
+        concurrency=o.concurrency,
+    )
     print(f"wrote {out}\nNext: trtkv plan {out}")
     return 0
 
 
-def write_recipe(name: str, model: Path, output: Path | None = None, gpu: str = DEFAULT_GPU.value,
-                 count: int | None = None, kv_cache: str | None = None, backend: str | None = None, force: bool = False,
-                 *, weights: str | None = None, max_seq_len: int | None = None, concurrency: int | None = None) -> Path:
-    """Read the config, size TP/PP and the batch with the planner, write the recipe atomically once its engine accepts
-    it (trtkv.recipe.settle) and it plans; the text is trtkv.checkpoints.render's."""
+def write_recipe(
+    name: str,
+    model: Path,
+    output: Path | None = None,
+    gpu: str = DEFAULT_GPU.value,
+    count: int | None = None,
+    kv_cache: str | None = None,
+    backend: str | None = None,
+    force: bool = False,
+    *,
+    weights: str | None = None,
+    max_seq_len: int | None = None,
+    concurrency: int | None = None,
+) -> Path:
+    """Read the config, size TP/PP and the batch with the planner, write the recipe atomically once
+    its engine accepts it (trtkv.recipe.settle) and it plans; the text is
+    trtkv.checkpoints.render's."""
     from trtkv.checkpoints import config_file, read_model_facts
     from trtkv.platform.hardware import GPU_SPECS
 
-    out = _checked_output(name, output, force, count=count, max_seq_len=max_seq_len, concurrency=concurrency)
+    out = _checked_output(
+        name, output, force, count=count, max_seq_len=max_seq_len, concurrency=concurrency
+    )
     facts = read_model_facts(model.expanduser())
     target = gpu_from_name(gpu) or GPU(gpu)  # GPU(): ValueError naming the unknown value
     on_cpu = target is GPU.CPU
@@ -106,20 +185,45 @@ def write_recipe(name: str, model: Path, output: Path | None = None, gpu: str = 
     chosen = backend or default_backend(on_cpu=on_cpu, llama_family=llama).value  # as --help says
     source = config_file(model.expanduser()).resolve().parent
     mpe = facts.max_position_embeddings or DEFAULT_SEQ_LEN
-    given = {flag: str(value) for flag, value in (
-        ("--gpu", target.value), ("--count", count), ("--kv-cache", kv_cache), ("--backend", backend),
-        ("--weights", weights), ("--max-seq-len", max_seq_len), ("--concurrency", concurrency)) if value is not None}
-    first = Settings(target.value, 0, kv, weights or "none", chosen, max_seq_len or min(mpe, DEFAULT_SEQ_LEN),
-                     concurrency or 1)
-    text = _sized_text(name, out, facts, _renderer(name, facts, source), first, given, count=count,
-                       concurrency=concurrency)
+    given = {
+        flag: str(value)
+        for flag, value in (
+            ("--gpu", target.value),
+            ("--count", count),
+            ("--kv-cache", kv_cache),
+            ("--backend", backend),
+            ("--weights", weights),
+            ("--max-seq-len", max_seq_len),
+            ("--concurrency", concurrency),
+        )
+        if value is not None
+    }
+    first = Settings(
+        target.value,
+        0,
+        kv,
+        weights or "none",
+        chosen,
+        max_seq_len or min(mpe, DEFAULT_SEQ_LEN),
+        concurrency or 1,
+    )
+    text = _sized_text(
+        name,
+        out,
+        facts,
+        _renderer(name, facts, source),
+        first,
+        given,
+        count=count,
+        concurrency=concurrency,
+    )
     _write_new(out, text, force)
     return out
 
 
 def _checked_output(name: str, output: Path | None, force: bool, **sizes: int | None) -> Path:
-    """The recipe file to write, refused before any work: a bad name, an --output whose name is not NAME, a size
-    flag out of its range, or an existing file without --force."""
+    """The recipe file to write, refused before any work: a bad name, an --output whose name is not
+    NAME, a size flag out of its range, or an existing file without --force."""
     from trtkv.core import paths
     from trtkv.recipe.limits import RANGES
     from trtkv.recipe.names import check_recipe_name
@@ -127,30 +231,57 @@ def _checked_output(name: str, output: Path | None, force: bool, **sizes: int | 
     out = (output or paths.recipes_dir() / f"{name}.yaml").expanduser()
     check_recipe_name(name, out)
     if output is not None and out.stem != name:
-        raise RecipeError([f"--output {out}: a recipe's name is its file name; {out.stem!r} is not {name!r}. Next: "
-                           f"--output {out.with_name(name + '.yaml')}"], header="Recipe not written")
-    for flag, value, bound in (("--count", sizes["count"], RANGES["gpus"]),
-                               ("--max-seq-len", sizes["max_seq_len"], RANGES["positions"]),
-                               ("--concurrency", sizes["concurrency"], RANGES["batch"])):
+        raise RecipeError(
+            [
+                f"--output {out}: a recipe's name is its file name; {out.stem!r} is not {name!r}. "
+                f"Next: --output {out.with_name(name + '.yaml')}"
+            ],
+            header="Recipe not written",
+        )
+    for flag, value, bound in (
+        ("--count", sizes["count"], RANGES["gpus"]),
+        ("--max-seq-len", sizes["max_seq_len"], RANGES["positions"]),
+        ("--concurrency", sizes["concurrency"], RANGES["batch"]),
+    ):
         if value is not None and not bound.admits(value):
-            raise RecipeError([f"{flag} {value}: must be in {bound.text()}. Next: leave it out to size it from the "
-                               f"model."], header="Recipe not written")
+            raise RecipeError(
+                [
+                    f"{flag} {value}: must be in {bound.text()}. Next: leave it out to size it "
+                    "from the model."
+                ],
+                header="Recipe not written",
+            )
     if out.exists() and not force:
-        raise RecipeError([f"{out}: already exists; trtkv init never replaces a recipe. Next: pick another NAME or "
-                           f"--output, or pass --force to overwrite it."], header="Recipe not written")
+        raise RecipeError(
+            [
+                f"{out}: already exists; trtkv init never replaces a recipe. Next: pick another "
+                "NAME or --output, or pass --force to overwrite it."
+            ],
+            header="Recipe not written",
+        )
     return out
 
 
-def _sized_text(name: str, out: Path, facts: ModelFacts, draw: Callable[[Settings], str], first: Settings,
-                given: dict[str, str], *, count: int | None, concurrency: int | None) -> str:
-    """The recipe text on the fewest GPUs (--count, else COUNTS in turn; one on the CPU) that hold the weights and
-    `concurrency` sequences of max_seq_len, with max_batch_size set to what fits there (trtkv.recipe.settle)."""
+def _sized_text(
+    name: str,
+    out: Path,
+    facts: ModelFacts,
+    draw: Callable[[Settings], str],
+    first: Settings,
+    given: dict[str, str],
+    *,
+    count: int | None,
+    concurrency: int | None,
+) -> str:
+    """The recipe text on the fewest GPUs (--count, else COUNTS in turn; one on the CPU) that hold
+    the weights and `concurrency` sequences of max_seq_len, with max_batch_size set to what fits
+    there (trtkv.recipe.settle)."""
     from trtkv.recipe.settle import batch_for, refusal, settle
 
     on_cpu = first.gpu == GPU.CPU.value
     need = first.batch
     tried: list[str] = []
-    for n in ([count] if count is not None else [1] if on_cpu else list(COUNTS)):
+    for n in [count] if count is not None else [1] if on_cpu else list(COUNTS):
         s = replace(first, count=n, why={})
         s.num_tokens = max(s.num_tokens, need)
         text, recipe = settle(name, out, s, given, draw)
@@ -159,16 +290,31 @@ def _sized_text(name: str, out: Path, facts: ModelFacts, draw: Callable[[Setting
             break
         tried.append(f"{n} x {first.gpu}: {why}")
         if count is not None:
-            raise refusal(out, [("build.max_batch_size" if fits else "hardware.count",
-                                 f"{why}, and {need} sequence(s) of max_seq_len {s.seq_len} are asked for: a larger "
-                                 f"GPU (--gpu), more GPUs (--count), a shorter --max-seq-len, a smaller --kv-cache or "
-                                 f"a lower --concurrency (more replicas: `trtkv deploy --target-concurrency`)")], given)
+            raise refusal(
+                out,
+                [
+                    (
+                        "build.max_batch_size" if fits else "hardware.count",
+                        f"{why}, and {need} sequence(s) of max_seq_len {s.seq_len} are asked for: "
+                        "a larger GPU (--gpu), more GPUs (--count), a shorter --max-seq-len, a "
+                        "smaller --kv-cache or a lower --concurrency (more replicas: `trtkv deploy "
+                        "--target-concurrency`)",
+                    )
+                ],
+                given,
+            )
     else:
-        raise RecipeError([f"{facts.path}: no count in {COUNTS} of {first.gpu} holds the weights and {need} "
-                           f"sequence(s) of max_seq_len ({'; '.join(tried)}). Next: a larger GPU (--gpu), --count N, "
-                           f"--kv-cache fp8, or a shorter --max-seq-len."], header="Recipe not written")
+        raise RecipeError(
+            [
+                f"{facts.path}: no count in {COUNTS} of {first.gpu} holds the weights and {need} "
+                f"sequence(s) of max_seq_len ({'; '.join(tried)}). Next: a larger GPU (--gpu), "
+                "--count N, --kv-cache fp8, or a shorter --max-seq-len."
+            ],
+            header="Recipe not written",
+        )
     s.batch, s.why["build.max_batch_size"] = batch_for(fits, concurrency, on_cpu)
-    for _ in range(SETTLE_ROUNDS):  # the engine's own reserve grows with max_num_seqs (vLLM's sampler rows)
+    # the engine's own reserve grows with max_num_seqs (vLLM's sampler rows)
+    for _ in range(SETTLE_ROUNDS):
         if s.batch == need:
             break
         s.num_tokens = max(s.num_tokens, s.batch)
@@ -183,8 +329,8 @@ def _sized_text(name: str, out: Path, facts: ModelFacts, draw: Callable[[Setting
 
 
 def _write_new(out: Path, text: str, force: bool) -> None:
-    """Write `out` atomically (a temporary sibling put in place); without `force` never over a file that appeared
-    meanwhile."""
+    """Write `out` atomically (a temporary sibling put in place); without `force` never over a file
+    that appeared meanwhile."""
     from trtkv.core import paths
     from trtkv.core.files import naming
 
@@ -195,19 +341,26 @@ def _write_new(out: Path, text: str, force: bool) -> None:
             tmp.write_text(text, encoding="utf-8")
         if force:
             tmp.replace(out)
-        else:  # a hard link never replaces: of two concurrent runs exactly one writes, the other is refused
+        # a hard link never replaces: of two concurrent runs exactly one writes, the other is
+        # refused
+        else:
             _link_new(tmp, out, text)
     except FileExistsError:
-        raise RecipeError([f"{out}: already exists (written meanwhile by another run?); trtkv init never replaces a "
-                           f"recipe. Next: pick another NAME or --output, or pass --force to overwrite it."],
-                          header="Recipe not written") from None
+        raise RecipeError(
+            [
+                f"{out}: already exists (written meanwhile by another run?); trtkv init never "
+                "replaces a recipe. Next: pick another NAME or --output, or pass --force to "
+                "overwrite it."
+            ],
+            header="Recipe not written",
+        ) from None
     finally:
         tmp.unlink(missing_ok=True)
 
 
 def _link_new(tmp: Path, out: Path, text: str) -> None:
-    """Put `tmp` in place as `out` only if `out` does not exist (FileExistsError otherwise); where the file system has
-    no hard links, an exclusive create (O_EXCL) written in one go."""
+    """Put `tmp` in place as `out` only if `out` does not exist (FileExistsError otherwise); where
+    the file system has no hard links, an exclusive create (O_EXCL) written in one go."""
     try:
         os.link(tmp, out)
     except FileExistsError:
@@ -219,18 +372,23 @@ def _link_new(tmp: Path, out: Path, text: str) -> None:
 
 
 def _fits(recipe: Recipe) -> tuple[int, str]:
-    """Sequences of max_seq_len the recipe's KV format fits per replica (trtkv plan), and the figures in words."""
+    """Sequences of max_seq_len the recipe's KV format fits per replica (trtkv plan), and the
+    figures in words."""
     from trtkv.plan.planner import plan
 
     p = plan(recipe)
     cap = next(c for c in p.formats if c.format == p.recipe_kv_format)
     fits = cap.max_sequences.get(recipe.build.max_seq_len, 0)
-    return fits, (f"{p.weights.per_gpu_gib:.0f} GiB of weights per GPU leave {p.kv_budget_gib_per_gpu:.1f} GiB for KV: "
-                  f"{fits} sequence(s) of {recipe.build.max_seq_len} tokens in {p.recipe_kv_format}")
+    return fits, (
+        f"{p.weights.per_gpu_gib:.0f} GiB of weights per GPU leave {p.kv_budget_gib_per_gpu:.1f} "
+        f"GiB for KV: {fits} sequence(s) of {recipe.build.max_seq_len} tokens in "
+        f"{p.recipe_kv_format}"
+    )
 
 
 def _renderer(name: str, facts: ModelFacts, source: Path) -> Callable[[Settings], str]:
-    """The recipe text for each attempt's settings (trtkv.checkpoints.render), the parameters counted once."""
+    """The recipe text for each attempt's settings (trtkv.checkpoints.render), the parameters
+    counted once."""
     from trtkv.checkpoints import count_parameters, stored_weight_bytes
     from trtkv.checkpoints.render import render
 

@@ -1,4 +1,5 @@
-"""`trtkv plan`: KV bytes per token, capacity on the recipe's GPUs, decode bandwidth bound, advice."""
+"""`trtkv plan`: KV bytes per token, capacity on the recipe's GPUs, decode bandwidth bound,
+advice."""
 
 from __future__ import annotations
 
@@ -21,22 +22,37 @@ GIB = 1024**3
 class PlanOptions(Options):
     """`trtkv plan RECIPE [options]`: each field one flag (trtkv.core.options)."""
 
-    as_json: Annotated[bool, Field(description="print the figures as JSON"), Flag(names=("--json",))] = False
-    estimate: Annotated[bool, Field(
-        description="TTFT, ITL and output tokens/s per KV format and bench.concurrency level for the recipe's engine "
-                    "and GPU (aiconfigurator where it has data, else trtkv's model; each row says which)"), Flag()] = False
-    no_aiconfigurator: Annotated[bool, Field(description="with --estimate: trtkv's own model for every row"),
-                                 Flag()] = False
-    probe_dir: Annotated[Path | None, Field(
-        description="probe results to base advice on (default engines/<recipe>/probe)"), Flag()] = None
+    as_json: Annotated[
+        bool, Field(description="print the figures as JSON"), Flag(names=("--json",))
+    ] = False
+    estimate: Annotated[
+        bool,
+        Field(
+            description="TTFT, ITL and output tokens/s per KV format and bench.concurrency level "
+            "for the recipe's engine and GPU (aiconfigurator where it has data, else trtkv's "
+            "model; each row says which)"
+        ),
+        Flag(),
+    ] = False
+    no_aiconfigurator: Annotated[
+        bool, Field(description="with --estimate: trtkv's own model for every row"), Flag()
+    ] = False
+    probe_dir: Annotated[
+        Path | None,
+        Field(description="probe results to base advice on (default engines/<recipe>/probe)"),
+        Flag(),
+    ] = None
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "plan",
-                  "  $ trtkv plan llama70b_fp8kv\n  $ trtkv plan llama70b_fp8kv --json\n"
-                  "  $ trtkv plan llama70b_fp8kv hardware.gpu=H200-141GB build.max_seq_len=131072\n"
-                  "  $ trtkv plan llama8b_fp8kv --estimate bench.input_tokens=32768 bench.output_tokens=1024 "
-                  "'bench.concurrency=[1,8]'\n")
+    p = subparser(
+        sub,
+        "plan",
+        "  $ trtkv plan llama70b_fp8kv\n  $ trtkv plan llama70b_fp8kv --json\n"
+        "  $ trtkv plan llama70b_fp8kv hardware.gpu=H200-141GB build.max_seq_len=131072\n"
+        "  $ trtkv plan llama8b_fp8kv --estimate bench.input_tokens=32768 bench.output_tokens=1024 "
+        "'bench.concurrency=[1,8]'\n",
+    )
     add_recipe_args(p)
     PlanOptions.add_arguments(p)
     p.set_defaults(func=run)
@@ -67,15 +83,29 @@ def run(args: argparse.Namespace) -> int:
 
 
 def format_estimate(est: Estimate, p: Plan) -> list[str]:
-    """The estimate's table; the KV pool its `max conc` divides is the plan's (`KV pool per GPU` above)."""
+    """The estimate's table; the KV pool its `max conc` divides is the plan's (`KV pool per GPU`
+    above)."""
     w = est.workload
-    lines = [f"Speed estimate ({est.engine} on {est.gpu}; {w['input_tokens']:,} tokens in, {w['output_tokens']:,} "
-             f"out; chunked prefill {w['max_num_batched_tokens']:,} tokens/step; KV pool "
-             f"{p.kv_pool_bytes_per_gpu / GIB:.1f} GiB/GPU, {p.kv_pool.engine}'s rule): {est.aiconfigurator}"]
+    lines = [
+        f"Speed estimate ({est.engine} on {est.gpu}; {w['input_tokens']:,} tokens in, "
+        f"{w['output_tokens']:,} out; chunked prefill {w['max_num_batched_tokens']:,} tokens/step; "
+        f"KV pool {p.kv_pool_bytes_per_gpu / GIB:.1f} GiB/GPU, {p.kv_pool.engine}'s rule): "
+        f"{est.aiconfigurator}"
+    ]
     head = ["format", "conc", "TTFT ms", "ITL ms", "tok/s/GPU", "tok/s/user", "max conc", "source"]
-    rows = [[r.format, f"{r.concurrency}" + ("" if r.fits else "*"), f"{r.ttft_ms:,.1f}", f"{r.itl_ms:.2f}",
-             f"{r.output_tokens_per_s:,.0f}", f"{r.output_tokens_per_s_per_user:.1f}",
-             f"{est.max_concurrency[r.format]:,}", r.source] for r in est.rows]
+    rows = [
+        [
+            r.format,
+            f"{r.concurrency}" + ("" if r.fits else "*"),
+            f"{r.ttft_ms:,.1f}",
+            f"{r.itl_ms:.2f}",
+            f"{r.output_tokens_per_s:,.0f}",
+            f"{r.output_tokens_per_s_per_user:.1f}",
+            f"{est.max_concurrency[r.format]:,}",
+            r.source,
+        ]
+        for r in est.rows
+    ]
     lines += _table(head, rows)
     lines += [f"Note: {n}" for n in est.notes]
     return lines
@@ -83,51 +113,82 @@ def format_estimate(est: Estimate, p: Plan) -> list[str]:
 
 def format_plan(p: Plan) -> str:
     m, hw, w, att = p.model, p.hardware, p.weights, p.attention
-    lines = [f"Plan for {p.recipe}: {m.num_layers} layers, {m.num_kv_heads} KV heads x "
-             f"head_dim {m.head_dim}, {m.parameters / 1e9:.2f}B parameters ({m.source})"]
+    lines = [
+        f"Plan for {p.recipe}: {m.num_layers} layers, {m.num_kv_heads} KV heads x "
+        f"head_dim {m.head_dim}, {m.parameters / 1e9:.2f}B parameters ({m.source})"
+    ]
     mem = f"{hw.memory_gib:.1f} GiB" if hw.memory_gib else "memory unknown"
     bw = f"{hw.hbm_bandwidth_gbps:g} GB/s" if hw.hbm_bandwidth_gbps else "bandwidth unknown"
-    lines.append(f"Hardware: {hw.count} x {hw.gpu.value} ({mem}, {bw}), TP{hw.tp_size} PP{hw.pp_size}")
-    lines.append(f"Weights ({w.precision}): {w.total_gib:.2f} GiB total, {w.per_gpu_gib:.2f} GiB per GPU")
+    lines.append(
+        f"Hardware: {hw.count} x {hw.gpu.value} ({mem}, {bw}), TP{hw.tp_size} PP{hw.pp_size}"
+    )
+    lines.append(
+        f"Weights ({w.precision}): {w.total_gib:.2f} GiB total, {w.per_gpu_gib:.2f} GiB per GPU"
+    )
     lines += format_kv_pool(p)
     lines.append(f"Recipe KV format: {p.recipe_kv_format}")
     lines.append(f"Attention: {att.summary} ({att.source}); capacity follows {att.accounting}")
     if att.state is not None:
         st = att.state
-        lines.append(f"State: each of the {st.layers} {st.kind} layers keeps {st.bytes_per_layer / 2**20:,.2f} MiB per "
-                     f"sequence at any length (conv {st.conv_dtype}, recurrent {st.recurrent_dtype}: "
-                     f"{st.dtype_source}), {st.bytes_per_sequence / 2**20:,.1f} MiB per sequence in all; vLLM aligns "
-                     f"its attention block to {st.vllm_attention_block} tokens to page it")
+        lines.append(
+            f"State: each of the {st.layers} {st.kind} layers keeps "
+            f"{st.bytes_per_layer / 2**20:,.2f} MiB per sequence at any length (conv "
+            f"{st.conv_dtype}, recurrent {st.recurrent_dtype}: {st.dtype_source}), "
+            f"{st.bytes_per_sequence / 2**20:,.1f} MiB per sequence in all; vLLM aligns its "
+            f"attention block to {st.vllm_attention_block} tokens to page it"
+        )
     uniform = all(x == "full" for x in att.layers)
     lines.append("")
     head = ["format", "B/token", "B/token/GPU", "tokens/GPU"] + [f"seqs@{_k(n)}" for n in p.lengths]
-    rows = [[c.format, f"{c.bytes_per_token:,.0f}", f"{c.bytes_per_token_per_gpu:,.0f}", f"{c.tokens_per_gpu_budget:,}"]
-            + [f"{c.max_sequences[n]:,}" for n in p.lengths] for c in p.formats]
+    rows = [
+        [
+            c.format,
+            f"{c.bytes_per_token:,.0f}",
+            f"{c.bytes_per_token_per_gpu:,.0f}",
+            f"{c.tokens_per_gpu_budget:,}",
+        ]
+        + [f"{c.max_sequences[n]:,}" for n in p.lengths]
+        for c in p.formats
+    ]
     lines += _table(head, rows)
     if any(c.decode_step_ms for c in p.formats):
         lines.append("")
-        lines.append("Decode step lower bound (ms; weights + KV read once per step at HBM bandwidth, "
-                     "batch = min(max_batch_size, what fits)):")
+        lines.append(
+            "Decode step lower bound (ms; weights + KV read once per step at HBM bandwidth, "
+            "batch = min(max_batch_size, what fits)):"
+        )
         head = ["format"] + [f"@{_k(n)}" for n in p.lengths]
         rows = [[c.format] + [f"{c.decode_step_ms[n]:.2f}" for n in p.lengths] for c in p.formats]
         lines += _table(head, rows)
     if not uniform:
         lines.append("")
-        block = (f"{att.vllm_block_size}" if att.state is None else
-                 f"{att.vllm_block_size} raised to hold a state page, {att.state.vllm_attention_block} for "
-                 f"{p.recipe_kv_format}, with the state blocks prefix caching keeps")
-        lines.append(f"{'KV' if att.state is None else 'KV and state'} of one sequence (GiB, all GPUs; exact = per-layer "
-                     f"windows as TensorRT-LLM keeps them, vllm = vLLM's allocation with max_num_batched_tokens "
-                     f"{att.max_num_batched_tokens}, block {block}):")
+        block = (
+            f"{att.vllm_block_size}"
+            if att.state is None
+            else f"{att.vllm_block_size} raised to hold a state page, "
+            f"{att.state.vllm_attention_block} for {p.recipe_kv_format}, with the state blocks "
+            "prefix caching keeps"
+        )
+        lines.append(
+            f"{'KV' if att.state is None else 'KV and state'} of one sequence (GiB, all GPUs; "
+            "exact = per-layer windows as TensorRT-LLM keeps them, vllm = vLLM's allocation with "
+            f"max_num_batched_tokens {att.max_num_batched_tokens}, block {block}):"
+        )
         head = ["format", "accounting"] + [f"@{_k(n)}" for n in p.lengths]
-        rows = [[c.format, acc] + [f"{c.per_sequence_kv_bytes_by_accounting[acc][n] / GIB:.3f}" for n in p.lengths]
-                for c in p.formats if c.format in (p.formats[0].format, "fp16", "fp8")
-                for acc in c.per_sequence_kv_bytes_by_accounting]
+        rows = [
+            [c.format, acc]
+            + [f"{c.per_sequence_kv_bytes_by_accounting[acc][n] / GIB:.3f}" for n in p.lengths]
+            for c in p.formats
+            if c.format in (p.formats[0].format, "fp16", "fp8")
+            for acc in c.per_sequence_kv_bytes_by_accounting
+        ]
         lines += _table(head, rows)
     pc = p.prefix_cache
     lines.append("")
-    lines.append(f"Prefix cache: {'on' if pc.enabled else 'off'} ({pc.why}); sequences per replica of "
-                 f"{pc.input_tokens} in + {pc.output_tokens} out tokens at each prefix hit rate:")
+    lines.append(
+        f"Prefix cache: {'on' if pc.enabled else 'off'} ({pc.why}); sequences per replica of "
+        f"{pc.input_tokens} in + {pc.output_tokens} out tokens at each prefix hit rate:"
+    )
     head = ["format"] + [f"hit {h:.0%}" for h in pc.hit_rates]
     lines += _table(head, [[r.format] + [f"{n:,}" for n in r.sequences.values()] for r in pc.rows])
     lines.append("")
@@ -142,19 +203,31 @@ def format_plan(p: Plan) -> str:
 
 
 def format_kv_pool(p: Plan) -> list[str]:
-    """The KV pool per GPU, the engine rule it follows (release, source), the flag values the served command carries
-    and every term of the rule."""
+    """The KV pool per GPU, the engine rule it follows (release, source), the flag values the served
+    command carries and every term of the rule."""
     kp = p.kv_pool
-    lines = [f"KV pool per GPU: {kp.pool_bytes / GIB:.2f} GiB, {kp.engine} {kp.version}'s rule: {kp.rule}"]
+    lines = [
+        f"KV pool per GPU: {kp.pool_bytes / GIB:.2f} GiB, {kp.engine} {kp.version}'s rule: "
+        f"{kp.rule}"
+    ]
     if kp.knob is not None and kp.knob_value is not None:
         default = " (the engine's default, left unset in the recipe)" if kp.knob_is_default else ""
-        lines.append(f"  {kp.knob} {kp.knob_value:g}{default}: {kp.budget_bytes / GIB:.2f} GiB to divide")
+        lines.append(
+            f"  {kp.knob} {kp.knob_value:g}{default}: {kp.budget_bytes / GIB:.2f} GiB to divide"
+        )
     for t in kp.terms:
         lines.append(f"  - {t.name} {t.bytes / GIB:.2f} GiB: {t.note}")
-    bound = {"rule": "the rule", "cap": f"capped by {kp.cap_flag} {kp.cap_value:,}" if kp.cap_value else "capped",
-             "pin": f"pinned by {kp.cap_flag} {kp.cap_value:,}" if kp.cap_flag and kp.cap_value else "pinned"}
-    lines.append(f"  = {kp.available_bytes / GIB:.2f} GiB by the rule; allocated {kp.pool_bytes / GIB:.2f} GiB "
-                 f"({bound.get(kp.bound, kp.bound)}, whole blocks)")
+    bound = {
+        "rule": "the rule",
+        "cap": f"capped by {kp.cap_flag} {kp.cap_value:,}" if kp.cap_value else "capped",
+        "pin": f"pinned by {kp.cap_flag} {kp.cap_value:,}"
+        if kp.cap_flag and kp.cap_value
+        else "pinned",
+    }
+    lines.append(
+        f"  = {kp.available_bytes / GIB:.2f} GiB by the rule; allocated {kp.pool_bytes / GIB:.2f} "
+        f"GiB ({bound.get(kp.bound, kp.bound)}, whole blocks)"
+    )
     lines.append(f"  rule read from {kp.source}")
     return lines
 

@@ -1,8 +1,10 @@
-"""Every `trtkv` verb in one list (name, module, one-line help), as vLLM registers its CLI subcommands in one place.
+"""Every `trtkv` verb in one list (name, module, one-line help), as vLLM registers its CLI
+subcommands in one place.
 
-Voice: each line is a lower-case imperative with no full stop ("build the engine ..."), the voice of argparse's own
-"show this help message and exit", so the verb list reads as one. Backend and layout names are never typed here:
-`{backends}`, `{layouts}` and `{triton_layouts}` are filled from trtkv.backends (a test fails on a typed name).
+Voice: each line is a lower-case imperative with no full stop ("build the engine ..."), the voice of
+argparse's own "show this help message and exit", so the verb list reads as one. Backend and layout
+names are never typed here: `{backends}`, `{layouts}` and `{triton_layouts}` are filled from
+trtkv.backends (a test fails on a typed name).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from dataclasses import dataclass
 class Verb:
     name: str  # what the user types: `trtkv <name>`
     module: str  # the module with add_parser(sub) and run(args)
-    help: str  # one line for `trtkv --help` and the verb's own description; {placeholders} as in engine_names()
+    # one line for `trtkv --help` and the verb's own description; {placeholders} as in
+    # engine_names()
+    help: str
     writes: str = ""  # where it writes, from the folders of trtkv.core.paths.FOLDERS ("" : nothing)
 
     def render(self) -> str:
@@ -34,62 +38,128 @@ class Verb:
 
 VERBS: tuple[Verb, ...] = (
     Verb("ls", "trtkv.cli.ls", "list the recipes under recipes/"),
-    Verb("init", "trtkv.cli.init", "write a recipe from a model's config.json (architecture, attention, TP/PP sized)",
-         writes="recipes/NAME.yaml (or --output)"),
-    Verb("validate", "trtkv.cli.validate", "validate recipes and report every problem at once (all shipped ones when "
-                                           "none is named)"),
-    Verb("show", "trtkv.cli.show", "print the fully resolved recipe as YAML (includes, overrides and defaults applied)"),
+    Verb(
+        "init",
+        "trtkv.cli.init",
+        "write a recipe from a model's config.json (architecture, attention, TP/PP sized)",
+        writes="recipes/NAME.yaml (or --output)",
+    ),
+    Verb(
+        "validate",
+        "trtkv.cli.validate",
+        "validate recipes and report every problem at once (all shipped ones when none is named)",
+    ),
+    Verb(
+        "show",
+        "trtkv.cli.show",
+        "print the fully resolved recipe as YAML (includes, overrides and defaults applied)",
+    ),
     Verb("plan", "trtkv.cli.plan", "plan KV-cache memory and capacity for a recipe on its GPUs"),
-    Verb("probe", "trtkv.cli.probe", "measure KV-cache formats vs context length on the recipe's model (KL, perplexity, "
-                                     "top-1, needle)",
-         writes="engines/<recipe>/probe/ (or --output); the cache"),
-    Verb("calibrate", "trtkv.cli.calibrate", "calibrate KV-cache scales with ModelOpt and export the checkpoint",
-         writes="engines/<recipe>/checkpoint/; the cache"),
-    Verb("build", "trtkv.cli.build", "build the engine for the recipe's backend ({backends}) from the checkpoint",
-         writes="engines/<recipe>/engine/"),
-    Verb("repo", "trtkv.cli.repo", "write the Triton model repository triton_repo/<recipe>/ in its backend's layout "
-                                   "({triton_layouts})",
-         writes="triton_repo/<recipe>/"),
-    Verb("serve", "trtkv.cli.serve", "start the recipe's server, any backend ({backends}), under a supervisor "
-                                     "(--attach: supervisor only)",
-         writes="engines/<recipe>/serve/ (the server's record and log)"),
-    Verb("stop", "trtkv.cli.stop", "stop the recipe's supervisor, then its server's whole process session (SIGTERM, "
-                                   "then SIGKILL)",
-         writes="engines/<recipe>/serve/ (removes the server's record)"),
-    Verb("bench", "trtkv.cli.bench", "benchmark a served recipe: TTFT/ITL/throughput sweep, accuracy tasks, SLOs",
-         writes="engines/<recipe>/bench/ (or --output), engines/<recipe>/fidelity/"),
-    Verb("report", "trtkv.cli.report", "summarize a recipe's stage outputs into engines/<recipe>/report/",
-         writes="engines/<recipe>/report/"),
-    Verb("demo", "trtkv.cli.demo", "run the whole chain for one recipe (calibrate to report), then stop its server",
-         writes="engines/<recipe>/ (every stage), triton_repo/<recipe>/; the cache"),
-    Verb("compare", "trtkv.cli.compare", "run the chain for several recipes and write engines/compare/compare.md + a "
-                                         "PNG",
-         writes="engines/compare/ (or --output), and each recipe's engines/<recipe>/, triton_repo/<recipe>/"),
-    Verb("generate", "trtkv.cli.generate", "generate greedy text from the built engine, no server (here, or "
-                                           "TensorRT-LLM's runner on a GPU)"),
-    Verb("status", "trtkv.cli.status", "check the recipe's server: alive, ready, answering a one-token inference, and "
-                                       "its supervisor"),
-    Verb("deploy", "trtkv.cli.deploy", "write cluster deployment files (k8s, slurm, dynamo) for a recipe, sized by "
-                                       "the planner",
-         writes="deploy/<recipe>/<target>/ (or --output)"),
+    Verb(
+        "probe",
+        "trtkv.cli.probe",
+        "measure KV-cache formats vs context length on the recipe's model (KL, perplexity, "
+        "top-1, needle)",
+        writes="engines/<recipe>/probe/ (or --output); the cache",
+    ),
+    Verb(
+        "calibrate",
+        "trtkv.cli.calibrate",
+        "calibrate KV-cache scales with ModelOpt and export the checkpoint",
+        writes="engines/<recipe>/checkpoint/; the cache",
+    ),
+    Verb(
+        "build",
+        "trtkv.cli.build",
+        "build the engine for the recipe's backend ({backends}) from the checkpoint",
+        writes="engines/<recipe>/engine/",
+    ),
+    Verb(
+        "repo",
+        "trtkv.cli.repo",
+        "write the Triton model repository triton_repo/<recipe>/ in its backend's layout "
+        "({triton_layouts})",
+        writes="triton_repo/<recipe>/",
+    ),
+    Verb(
+        "serve",
+        "trtkv.cli.serve",
+        "start the recipe's server, any backend ({backends}), under a supervisor "
+        "(--attach: supervisor only)",
+        writes="engines/<recipe>/serve/ (the server's record and log)",
+    ),
+    Verb(
+        "stop",
+        "trtkv.cli.stop",
+        "stop the recipe's supervisor, then its server's whole process session (SIGTERM, "
+        "then SIGKILL)",
+        writes="engines/<recipe>/serve/ (removes the server's record)",
+    ),
+    Verb(
+        "bench",
+        "trtkv.cli.bench",
+        "benchmark a served recipe: TTFT/ITL/throughput sweep, accuracy tasks, SLOs",
+        writes="engines/<recipe>/bench/ (or --output), engines/<recipe>/fidelity/",
+    ),
+    Verb(
+        "report",
+        "trtkv.cli.report",
+        "summarize a recipe's stage outputs into engines/<recipe>/report/",
+        writes="engines/<recipe>/report/",
+    ),
+    Verb(
+        "demo",
+        "trtkv.cli.demo",
+        "run the whole chain for one recipe (calibrate to report), then stop its server",
+        writes="engines/<recipe>/ (every stage), triton_repo/<recipe>/; the cache",
+    ),
+    Verb(
+        "compare",
+        "trtkv.cli.compare",
+        "run the chain for several recipes and write engines/compare/compare.md + a PNG",
+        writes="engines/compare/ (or --output), and each recipe's engines/<recipe>/, "
+        "triton_repo/<recipe>/",
+    ),
+    Verb(
+        "generate",
+        "trtkv.cli.generate",
+        "generate greedy text from the built engine, no server (here, or "
+        "TensorRT-LLM's runner on a GPU)",
+    ),
+    Verb(
+        "status",
+        "trtkv.cli.status",
+        "check the recipe's server: alive, ready, answering a one-token inference, and "
+        "its supervisor",
+    ),
+    Verb(
+        "deploy",
+        "trtkv.cli.deploy",
+        "write cluster deployment files (k8s, slurm, dynamo) for a recipe, sized by the planner",
+        writes="deploy/<recipe>/<target>/ (or --output)",
+    ),
 )
 
 
 @functools.cache
 def engine_names() -> dict[str, str]:
-    """The backend and layout names help text may show, read from the backends themselves (never typed by hand)."""
+    """The backend and layout names help text may show, read from the backends themselves (never
+    typed by hand)."""
     from trtkv.backends import BACKENDS
 
     backends = list(BACKENDS.values())
     return {
         "backends": ", ".join(b.backend.value for b in backends),
         "layouts": ", ".join(dict.fromkeys(b.layout for b in backends)),
-        "triton_layouts": ", ".join(dict.fromkeys(b.layout for b in backends if b.repo is not None)),
+        "triton_layouts": ", ".join(
+            dict.fromkeys(b.layout for b in backends if b.repo is not None)
+        ),
     }
 
 
 def layout_lines() -> list[str]:
-    """One line per repository layout: the backends that use it (a backend without a Triton model has none)."""
+    """One line per repository layout: the backends that use it (a backend without a Triton model
+    has none)."""
     from trtkv.backends import BACKENDS
 
     by_layout: dict[str, list[str]] = {}
@@ -112,7 +182,8 @@ def verb(name: str) -> Verb:
 
 
 def outputs_markdown() -> str:
-    """docs/where-it-runs.md's table: what each verb writes, and what moves each folder (trtkv.core.paths.FOLDERS)."""
+    """docs/where-it-runs.md's table: what each verb writes, and what moves each folder
+    (trtkv.core.paths.FOLDERS)."""
     from trtkv.core.paths import FOLDERS, HOME
 
     rows = ["| verb | writes |", "|---|---|"]
@@ -126,4 +197,6 @@ def _cell(text: str) -> str:
     """A table cell: paths (`engines/<recipe>/probe/`, `recipes/NAME.yaml`) and `$VARS` as code."""
     import re
 
-    return re.sub(r"(\$\w+(?:/[\w.<>~-]+)*|[\w.<>~-]+/(?:[\w.<>~-]+/?)*)", r"`\1`", text).replace("|", "\\|")
+    return re.sub(r"(\$\w+(?:/[\w.<>~-]+)*|[\w.<>~-]+/(?:[\w.<>~-]+/?)*)", r"`\1`", text).replace(
+        "|", "\\|"
+    )

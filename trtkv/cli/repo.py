@@ -1,4 +1,5 @@
-"""`trtkv repo`: write the Triton model repository triton_repo/<recipe>/ in the layout of the recipe's backend."""
+"""`trtkv repo`: write the Triton model repository triton_repo/<recipe>/ in the layout of the
+recipe's backend."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ EXAMPLES = """\
   $ trtkv repo smollm2_fp8kv_llmapi           # the LLM API's one-model layout
   $ trtkv repo smollm2_fp8kv triton.instance_count=1 --force
   $ trtkv repo --check triton_repo/smollm2_fp8kv   # validate an existing repository
-"""
+"""  # noqa: E501
 
 
 def examples() -> str:
@@ -29,10 +30,17 @@ def examples() -> str:
 class RepoOptions(Options):
     """`trtkv repo RECIPE [options]`: each field one flag (trtkv.core.options)."""
 
-    force: Annotated[bool, Field(description="regenerate even when the repository is up to date"), Flag()] = False
-    check: Annotated[bool, Field(
-        description="only validate: RECIPE is then a repository folder (every <model>/config.pbtxt, and how the "
-                    "models fit together)"), Flag()] = False
+    force: Annotated[
+        bool, Field(description="regenerate even when the repository is up to date"), Flag()
+    ] = False
+    check: Annotated[
+        bool,
+        Field(
+            description="only validate: RECIPE is then a repository folder (every "
+            "<model>/config.pbtxt, and how the models fit together)"
+        ),
+        Flag(),
+    ] = False
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -1,4 +1,5 @@
-"""`trtkv report`: one recipe's results (calibration, bench, probe, planner) as JSON and Markdown."""
+"""`trtkv report`: one recipe's results (calibration, bench, probe, planner) as JSON and
+Markdown."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from trtkv.core.options import Flag, Options
 class ReportOptions(Options):
     """`trtkv report RECIPE [options]`: each field one flag (trtkv.core.options)."""
 
-    quiet: Annotated[bool, Field(description="write the files, print only where they are"), Flag()] = False
+    quiet: Annotated[
+        bool, Field(description="write the files, print only where they are"), Flag()
+    ] = False
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -8,8 +8,11 @@ from trtkv.cli.common import add_recipe_args, load, subparser
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "show",
-                  "  $ trtkv show smollm2_fp8kv\n  $ trtkv show llama70b_fp8kv build.max_batch_size=128\n")
+    p = subparser(
+        sub,
+        "show",
+        "  $ trtkv show smollm2_fp8kv\n  $ trtkv show llama70b_fp8kv build.max_batch_size=128\n",
+    )
     add_recipe_args(p)
     p.set_defaults(func=run)
 

@@ -1,4 +1,5 @@
-"""`trtkv status`: is the recipe's server serving (alive, ready, and answering a real one-token inference)?"""
+"""`trtkv status`: is the recipe's server serving (alive, ready, and answering a real one-token
+inference)?"""
 
 from __future__ import annotations
 
@@ -17,15 +18,22 @@ EXAMPLES = """\
                                             # "unsupervised": nothing restarts it (`trtkv serve R --attach`)
   $ trtkv status smollm2_fp8kv --json
   $ trtkv status smollm2_fp8kv --canaries 4 # more one-token inferences (e.g. one per model instance)
-"""
+"""  # noqa: E501
 
 
 class StatusOptions(Options):
     """`trtkv status RECIPE [options]`: each field one flag (trtkv.core.options)."""
 
-    canaries: Annotated[int | None, Field(
-        description="one-token inferences to send (default: the recipe's triton.instance_count)"), Flag()] = None
-    as_json: Annotated[bool, Field(description="print the checks as JSON"), Flag(names=("--json",))] = False
+    canaries: Annotated[
+        int | None,
+        Field(
+            description="one-token inferences to send (default: the recipe's triton.instance_count)"
+        ),
+        Flag(),
+    ] = None
+    as_json: Annotated[
+        bool, Field(description="print the checks as JSON"), Flag(names=("--json",))
+    ] = False
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -43,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     o = StatusOptions.from_args(args)
     recipe = load(args)
     sup = supervisor_state.alive(recipe)
-    if sup is not None and sup.state == "restarting":  # the server is being replaced: say so, no probes
+    # the server is being replaced: say so, no probes
+    if sup is not None and sup.state == "restarting":
         result = health.Health("restarting", ServerRecord.load(serve_dir(recipe)))
     else:
         result = health.check(recipe, canaries=o.canaries or recipe.triton.instance_count)
@@ -55,37 +64,64 @@ def run(args: argparse.Namespace) -> int:
         pool_check = pool.compare(recipe, server)
         result.checks["kv_pool"] = pool_check
     events = supervisor_state.read_events(recipe, last=5)
-    lost = supervisor_state.orphaned(recipe)  # a supervisor that was killed: its server runs on, unsupervised
+    # a supervisor that was killed: its server runs on, unsupervised
+    lost = supervisor_state.orphaned(recipe)
     unsupervised = server is not None and sup is None and bool(result.checks.get("alive"))
     if o.as_json:
-        print(json.dumps({"state": result.state, "server": server.model_dump() if server else None,
-                          "checks": result.checks, "supervisor": sup.model_dump() if sup else None,
-                          "supervised": sup is not None, "unsupervised": unsupervised,
-                          "lost_supervisor": lost.model_dump() if lost else None, "events": events}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "state": result.state,
+                    "server": server.model_dump() if server else None,
+                    "checks": result.checks,
+                    "supervisor": sup.model_dump() if sup else None,
+                    "supervised": sup is not None,
+                    "unsupervised": unsupervised,
+                    "lost_supervisor": lost.model_dump() if lost else None,
+                    "events": events,
+                },
+                indent=2,
+            )
+        )
         return result.exit_code
     if server is None:
         print(f"{recipe.name}: no server recorded (start one: `trtkv serve {recipe.name}`)")
         return result.exit_code
-    print(f"{recipe.name}: {result.state}{', unsupervised' if unsupervised else ''} (pid {server.pid}, "
-          f"{server.http_url}, log {server.log})")
-    print(f"  process alive: {result.checks.get('alive')}; ready endpoint: {result.checks.get('ready')}")
+    print(
+        f"{recipe.name}: {result.state}{', unsupervised' if unsupervised else ''} (pid "
+        f"{server.pid}, {server.http_url}, log {server.log})"
+    )
+    print(
+        f"  process alive: {result.checks.get('alive')}; ready endpoint: "
+        f"{result.checks.get('ready')}"
+    )
     if result.checks.get("seen"):
         print(f"  recorded pid: {result.checks['seen']}")
     for i, probe in enumerate(result.checks.get("canaries", []), 1):
-        print(f"  canary {i}: {'ok' if probe['ok'] else 'FAILED'} in {probe['seconds']:.2f} s ({probe['detail']})")
+        print(
+            f"  canary {i}: {'ok' if probe['ok'] else 'FAILED'} in {probe['seconds']:.2f} s "
+            f"({probe['detail']})"
+        )
     if pool_check is not None:
         from trtkv.serving.pool import describe
 
         print(f"  {describe(pool_check)}")
     attach = shlex.join(["trtkv", "serve", args.recipe, *args.overrides, "--attach"])
     if sup is None and lost is not None:
-        print(f"  supervisor: unsupervised: its supervisor (pid {lost.pid}) is gone (killed?), nothing restarts "
-              f"this server. Next: `{attach}` (or `trtkv stop {recipe.name}`)")
+        print(
+            f"  supervisor: unsupervised: its supervisor (pid {lost.pid}) is gone (killed?), "
+            f"nothing restarts this server. Next: `{attach}` (or `trtkv stop {recipe.name}`)"
+        )
     elif sup is None:
-        print(f"  supervisor: none, unsupervised (nothing restarts this server; `{attach}` attaches one)")
+        print(
+            f"  supervisor: none, unsupervised (nothing restarts this server; `{attach}` attaches "
+            "one)"
+        )
     else:
-        print(f"  supervisor: pid {sup.pid}, {sup.state}, {sup.restarts} restart(s) in the last "
-              f"{sup.window_s:g} s (at most {sup.max_restarts})")
+        print(
+            f"  supervisor: pid {sup.pid}, {sup.state}, {sup.restarts} restart(s) in the last "
+            f"{sup.window_s:g} s (at most {sup.max_restarts})"
+        )
     for e in events:
         detail = ", ".join(f"{k}={v}" for k, v in e.items() if k not in ("time", "event"))
         print(f"  {e['time']} {e['event']}{': ' + detail if detail else ''}")

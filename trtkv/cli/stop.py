@@ -1,5 +1,6 @@
-"""`trtkv stop`: stop the recipe's supervisor (or forget a killed one's record), then the server `trtkv serve` started:
-every process of its recorded session, whether or not its main process still runs (trtkv.core.sessions)."""
+"""`trtkv stop`: stop the recipe's supervisor (or forget a killed one's record), then the server
+`trtkv serve` started: every process of its recorded session, whether or not its main process still
+runs (trtkv.core.sessions)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ EXAMPLES = """\
 class StopOptions(Options):
     """`trtkv stop RECIPE [options]`: each field one flag (trtkv.core.options)."""
 
-    timeout: Annotated[float, Field(description="seconds to wait after SIGTERM (default 30)"), Flag()] = 30.0
+    timeout: Annotated[
+        float, Field(description="seconds to wait after SIGTERM (default 30)"), Flag()
+    ] = 30.0
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -35,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
 
     o = StopOptions.from_args(args)
     recipe = load(args)
-    supervisor_state.stop(recipe, timeout_s=o.timeout)  # first, or it would restart the server it sees go away
+    # first, or it would restart the server it sees go away
+    supervisor_state.stop(recipe, timeout_s=o.timeout)
     serve.stop(recipe, timeout_s=o.timeout)
     return 0

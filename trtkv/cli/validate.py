@@ -13,23 +13,33 @@ from trtkv.core.options import Flag, Options
 
 
 class ValidateOptions(Options):
-    """`trtkv validate [RECIPE ...] [KEY=VALUE ...]`: each field one argument (trtkv.core.options)."""
+    """`trtkv validate [RECIPE ...] [KEY=VALUE ...]`: each field one argument
+    (trtkv.core.options)."""
 
-    recipes: Annotated[list[str], Field(
-        description="recipe names or .yaml paths, then optional overrides section.key=value applied to each (as "
-                    "`trtkv show` and `trtkv plan` take them)"), Flag(names=("recipes",), metavar="RECIPE|KEY=VALUE")] = []
+    recipes: Annotated[
+        list[str],
+        Field(
+            description="recipe names or .yaml paths, then optional overrides section.key=value "
+            "applied to each (as `trtkv show` and `trtkv plan` take them)"
+        ),
+        Flag(names=("recipes",), metavar="RECIPE|KEY=VALUE"),
+    ] = []
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "validate",
-                  "  $ trtkv validate\n  $ trtkv validate smollm2_fp8kv\n  $ trtkv validate my_recipe.yaml\n"
-                  "  $ trtkv validate llama70b_fp8kv hardware.gpu=H200-141GB build.max_seq_len=65536\n")
+    p = subparser(
+        sub,
+        "validate",
+        "  $ trtkv validate\n  $ trtkv validate smollm2_fp8kv\n  $ trtkv validate my_recipe.yaml\n"
+        "  $ trtkv validate llama70b_fp8kv hardware.gpu=H200-141GB build.max_seq_len=65536\n",
+    )
     ValidateOptions.add_arguments(p)
     p.set_defaults(func=run)
 
 
 def split_targets(words: list[str]) -> tuple[list[str], list[str]]:
-    """(recipes, overrides): a word with '=' that names no existing file is an override (section.key=value)."""
+    """(recipes, overrides): a word with '=' that names no existing file is an override
+    (section.key=value)."""
     from pathlib import Path
 
     overrides = [w for w in words if "=" in w and not Path(w).is_file()]

@@ -1,4 +1,5 @@
-"""One typed model per file a stage writes, with where it lives, `load` and `save`; every reader goes through these.
+"""One typed model per file a stage writes, with where it lives, `load` and `save`; every reader
+goes through these.
 
     ServerRecord   engines/<recipe>/serve/server.json        trtkv serve (pid, ports, command, log, container)
     Manifest       <stage folder>/manifest.json             every stage (calibrate, build, repo, bench, serve, probe)
@@ -7,10 +8,10 @@
     ProbeDoc       engines/<recipe>/probe/probe.json        trtkv probe
     (Sizing        deploy/<recipe>/<target>/sizing.json     trtkv deploy: trtkv.deploy.sizing, an Artifact too)
 
-Writers build these models with keywords and `save` them; readers `load` them. The big documents (results, probe)
-type their top level and keep what is below as written (extra="allow"), so a reader never rebuilds a path or
-parses a file by hand. Light: pydantic and json only.
-"""
+Writers build these models with keywords and `save` them; readers `load` them. The big documents
+(results, probe) type their top level and keep what is below as written (extra="allow"), so a reader
+never rebuilds a path or parses a file by hand. Light: pydantic and json only.
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -30,14 +31,17 @@ PID_MAX = 1 << 22  # Linux's PID_MAX_LIMIT: no pid is larger
 
 
 class Artifact(BaseModel):
-    """A JSON file in a stage folder: `path(folder)`, `load(folder)` (None when absent), `save(folder)` (atomic)."""
+    """A JSON file in a stage folder: `path(folder)`, `load(folder)` (None when absent),
+    `save(folder)` (atomic)."""
 
     model_config = ConfigDict(extra="allow")
     FILE: ClassVar[str]
     WRITTEN_BY: ClassVar[str]
-    # False: `save` writes only the fields its writer set (optional fields appear in the files whose writer gives them)
+    # False: `save` writes only the fields its writer set (optional fields appear in the files whose
+    # writer gives them)
     WRITE_DEFAULTS: ClassVar[bool] = True
-    MAX_BYTES: ClassVar[int] = 256 << 20  # results and probe documents of long sweeps; records are far smaller
+    # results and probe documents of long sweeps; records are far smaller
+    MAX_BYTES: ClassVar[int] = 256 << 20
 
     @classmethod
     def path(cls, folder: Path) -> Path:
@@ -48,19 +52,24 @@ class Artifact(BaseModel):
         path = cls.path(folder)
         if not path.exists() and not path.is_symlink():
             return None
-        try:  # bounded, a regular file only, strict JSON (trtkv.core.files): a damaged record is one error line
+        # bounded, a regular file only, strict JSON (trtkv.core.files): a damaged record is one
+        # error line
+        try:
             return cls.model_validate(read_json(path, cls.MAX_BYTES, cls.FILE))
         except ValidationError as exc:
             err = exc.errors()[0]
             where = ".".join(str(part) for part in err["loc"]) or "(top level)"
             more = f" and {exc.error_count() - 1} more" if exc.error_count() > 1 else ""
-            raise StageError(f"{path} is not a valid {cls.FILE}: {where}: {err['msg']}{more}. Next: rerun "
-                             f"{cls.WRITTEN_BY}.") from exc
+            raise StageError(
+                f"{path} is not a valid {cls.FILE}: {where}: {err['msg']}{more}. Next: rerun "
+                f"{cls.WRITTEN_BY}."
+            ) from exc
         except NotReadable as exc:
             raise StageError(f"{path}: {exc.problem}. Next: rerun {cls.WRITTEN_BY}.") from None
 
     def document(self) -> dict[str, Any]:
-        """What `save` writes: the fields in declaration order, then the extra ones in the order given."""
+        """What `save` writes: the fields in declaration order, then the extra ones in the order
+        given."""
         return self.model_dump(exclude_unset=not self.WRITE_DEFAULTS, by_alias=True)
 
     def save(self, folder: Path) -> Path:
@@ -77,7 +86,8 @@ class Artifact(BaseModel):
 
 
 class ServerRecord(Artifact):
-    """What `trtkv serve` records about the server it started (engines/<recipe>/serve/server.json)."""
+    """What `trtkv serve` records about the server it started
+    (engines/<recipe>/serve/server.json)."""
 
     model_config = ConfigDict(extra="forbid")
     FILE = "server.json"
@@ -96,11 +106,16 @@ class ServerRecord(Artifact):
     recipe: str = ""
     backend: str = ""
     ready_seconds: float | None = None
-    container: str | None = None  # docker container name (GPU path through docker), stopped and removed by `stop`
-    cidfile: str | None = None  # `docker run --cidfile`: the container id, which `stop` stops (not just the client)
-    session_id: int | None = Field(None, ge=1, le=PID_MAX)  # the server's process session (trtkv.core.sessions)
-    session_start: int | None = Field(None, ge=0)  # the session leader's start time (/proc/PID/stat field 22)
-    session_marker: str | None = None  # TRTKV_SERVER_SESSION in its environment, for children that call setsid
+    # docker container name (GPU path through docker), stopped and removed by `stop`
+    container: str | None = None
+    # `docker run --cidfile`: the container id, which `stop` stops (not just the client)
+    cidfile: str | None = None
+    # the server's process session (trtkv.core.sessions)
+    session_id: int | None = Field(None, ge=1, le=PID_MAX)
+    # the session leader's start time (/proc/PID/stat field 22)
+    session_start: int | None = Field(None, ge=0)
+    # TRTKV_SERVER_SESSION in its environment, for children that call setsid
+    session_marker: str | None = None
     extra: dict[str, Any] = {}
 
     @field_validator("host")
@@ -122,8 +137,9 @@ class ServerRecord(Artifact):
 
 
 class SupervisorRecord(Artifact):
-    """What the supervisor of `trtkv serve` records about itself (engines/<recipe>/serve/supervisor.json); rewritten on
-    every state change, read by `trtkv status` and `trtkv stop`."""
+    """What the supervisor of `trtkv serve` records about itself
+    (engines/<recipe>/serve/supervisor.json); rewritten on every state change, read by `trtkv
+    status` and `trtkv stop`."""
 
     FILE = "supervisor.json"
     WRITTEN_BY = "`trtkv stop RECIPE` then `trtkv serve RECIPE` (the supervisor rewrites it)"
@@ -131,7 +147,8 @@ class SupervisorRecord(Artifact):
 
     pid: int = Field(ge=1, le=PID_MAX)
     command: list[str] = []
-    start_time: int | None = Field(None, ge=0)  # /proc/PID/stat field 22, against pid reuse (absent in old records)
+    # /proc/PID/stat field 22, against pid reuse (absent in old records)
+    start_time: int | None = Field(None, ge=0)
     state: str = "unknown"
     interval_s: float = 0.0
     failures: int = 0
@@ -142,9 +159,10 @@ class SupervisorRecord(Artifact):
 
 
 class Manifest(Artifact):
-    """A stage folder's manifest.json: the recipe, the input, the key that says "up to date", the wall time; then the
-    stage's own fields (extra). trtkv.contracts.stage.run_stage writes every field below; the stages that write their
-    manifest themselves (serve, probe, report) write the ones they set."""
+    """A stage folder's manifest.json: the recipe, the input, the key that says "up to date", the
+    wall time; then the stage's own fields (extra). trtkv.contracts.stage.run_stage writes every
+    field below; the stages that write their manifest themselves (serve, probe, report) write the
+    ones they set."""
 
     FILE = "manifest.json"
     WRITTEN_BY = "the stage that writes this folder (`trtkv <stage> RECIPE --force`)"
@@ -153,7 +171,8 @@ class Manifest(Artifact):
     stage: str
     recipe: str | None = None
     recipe_path: str | None = None
-    key: dict[str, Any] | None = None  # the up-to-date key (run_stage compares it whole); None: always redone
+    # the up-to-date key (run_stage compares it whole); None: always redone
+    key: dict[str, Any] | None = None
     recipe_hash: str | None = None
     input_dir: str | None = None
     input_manifest_hash: str | None = None
@@ -161,13 +180,15 @@ class Manifest(Artifact):
     tool_versions: dict[str, str | None] | None = None
     wall_seconds: float | None = None
     finished_at: str | None = None
-    # name -> {size, sha256} of every other file (trtkv.contracts.contents): "up to date" and "a valid input" both need
-    # the folder to hold exactly these; None in manifests of older trtkv (checked by key only, and said so)
+    # name -> {size, sha256} of every other file (trtkv.contracts.contents): "up to date" and "a
+    # valid input" both need the folder to hold exactly these; None in manifests of older trtkv
+    # (checked by key only, and said so)
     files: dict[str, Any] | None = None
 
 
 class KVScaleLayer(BaseModel):
-    """One layer of kv_scales.json: its K/V amax and both scale conventions (trtkv.kvcache.scales.layer_scales)."""
+    """One layer of kv_scales.json: its K/V amax and both scale conventions
+    (trtkv.kvcache.scales.layer_scales)."""
 
     layer: int
     k_amax: float
@@ -178,17 +199,19 @@ class KVScaleLayer(BaseModel):
 
 
 class KVScalesFile(Artifact):
-    """kv_scales.json (written by `trtkv calibrate`): per layer K/V amax and both scale conventions (trtkv.kvcache.scales
-    builds it: kv_scales_document)."""
+    """kv_scales.json (written by `trtkv calibrate`): per layer K/V amax and both scale conventions
+    (trtkv.kvcache.scales builds it: kv_scales_document)."""
 
     FILE = "kv_scales.json"
     WRITTEN_BY = "`trtkv calibrate`"
     WRITE_DEFAULTS = False
 
-    kv_cache_quant_algo: str | None  # "FP8", "INT8", "NVFP4"; None: an unquantized KV cache (no layers)
+    # "FP8", "INT8", "NVFP4"; None: an unquantized KV cache (no layers)
+    kv_cache_quant_algo: str | None
     num_layers: int
     convention: str
-    source: str | None = None  # where the amaxes came from, when not a calibrate run (trtkv.kvcache.scales.KVScales)
+    # where the amaxes came from, when not a calibrate run (trtkv.kvcache.scales.KVScales)
+    source: str | None = None
     layers: list[KVScaleLayer]
 
 
@@ -205,7 +228,8 @@ class BenchEndpoint(BaseModel):
 
 
 class BenchWorkload(BaseModel):
-    """What `trtkv bench` sent: results.json's "workload" (the recipe's bench section, and how the levels are run)."""
+    """What `trtkv bench` sent: results.json's "workload" (the recipe's bench section, and how the
+    levels are run)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -231,9 +255,10 @@ class BenchSLOs(BaseModel):
 
 
 class BenchResults(Artifact):
-    """results.json of `trtkv bench` (trtkv.bench.runner builds it). Per level, GenAI-Perf's metric names with their
-    stats; per accuracy task its score; every request's raw record. Every field has a default so files of older
-    versions still load; a run writes them all (goodput_slos only with --goodput)."""
+    """results.json of `trtkv bench` (trtkv.bench.runner builds it). Per level, GenAI-Perf's metric
+    names with their stats; per accuracy task its score; every request's raw record. Every field has
+    a default so files of older versions still load; a run writes them all (goodput_slos only with
+    --goodput)."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
     FILE = "results.json"
@@ -251,14 +276,17 @@ class BenchResults(Artifact):
     workload: BenchWorkload | None = None
     token_counting: str = ""  # how tokens are counted (trtkv.bench.results.TOKEN_COUNTING)
     token_count_check: dict[str, Any] = {}
-    levels: dict[str, dict[str, Any]] = {}  # "concurrency=N" / "rate=R/s" -> metric -> stat -> value
+    # "concurrency=N" / "rate=R/s" -> metric -> stat -> value
+    levels: dict[str, dict[str, Any]] = {}
     accuracy: dict[str, dict[str, Any]] = {}  # task -> its score, or why it did not run
     slo: BenchSLOs | None = None
     records: list[dict[str, Any]] = []  # trtkv.bench.records.RequestRecord.to_json per request
-    time_origin: dict[str, Any] | None = None  # {"unix_ns", "note"}: the wall-clock instant record times count from
+    # {"unix_ns", "note"}: the wall-clock instant record times count from
+    time_origin: dict[str, Any] | None = None
     goodput_slos: dict[str, float] | None = None  # --goodput's thresholds (ms)
     tool_versions: dict[str, str | None] | None = None
-    sweep: dict[str, Any] | None = None  # --sweep-input: per level, samples and fits against input length
+    # --sweep-input: per level, samples and fits against input length
+    sweep: dict[str, Any] | None = None
     kv_pool: dict[str, Any] | None = None  # planned against served (trtkv.serving.pool.compare)
     warnings: list[str] = []  # e.g. a served KV pool more than 10% short of the plan
 
@@ -280,8 +308,8 @@ class ProbeDoc(Artifact):
     seconds: float | None = None
     records: list[dict[str, Any]] = []  # cache-only: the stored cache in full-precision attention
     scales: ProbeScales | None = None
-    # engine attention (trtkv.probe.attention): the modes measured and why, their records, prefill-vs-decode drift;
-    # absent from probe.json files written before the engine modes
+    # engine attention (trtkv.probe.attention): the modes measured and why, their records,
+    # prefill-vs-decode drift; absent from probe.json files written before the engine modes
     attention: dict[str, Any] | None = None
     attention_records: list[dict[str, Any]] = []
     drift: list[dict[str, Any]] = []

@@ -1,11 +1,12 @@
-"""What a stage folder holds, as its manifest lists it: every file's relative name, size and sha256 (a symbolic link:
-its target). "Up to date" and "a complete input" both mean the folder's files are exactly the listed ones, so a folder
-with a deleted model or an overwritten config.pbtxt is rebuilt or refused, never reused. A listed file may be reached
-through a symbolic link (a copy of a folder made of links): what counts is its bytes.
+"""What a stage folder holds, as its manifest lists it: every file's relative name, size and sha256
+(a symbolic link: its target). "Up to date" and "a complete input" both mean the folder's files are
+exactly the listed ones, so a folder with a deleted model or an overwritten config.pbtxt is rebuilt
+or refused, never reused. A listed file may be reached through a symbolic link (a copy of a folder
+made of links): what counts is its bytes.
 
-Hashing every byte of a 100 GB engine on each check would cost minutes, so a large file (over FULL_HASH_BYTES) is
-re-read only when its size or modification time (ns) differ from the listed ones, as git's index does; smaller files
-(configs, pbtxt, scripts, JSON) are hashed every time.
+Hashing every byte of a 100 GB engine on each check would cost minutes, so a large file (over
+FULL_HASH_BYTES) is re-read only when its size or modification time (ns) differ from the listed
+ones, as git's index does; smaller files (configs, pbtxt, scripts, JSON) are hashed every time.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 FULL_HASH_BYTES = 64 << 20
-SKIP = ("manifest.json", ".trtkv-owner")  # the manifest lists the others; the owner file is rewritten in place
+# the manifest lists the others; the owner file is rewritten in place
+SKIP = ("manifest.json", ".trtkv-owner")
 SHOWN = 5  # differences named in a message
-CACHES = ("__pycache__",)  # written by Python when the server runs a repository's model.py: not the stage's output
+# written by Python when the server runs a repository's model.py: not the stage's output
+CACHES = ("__pycache__",)
 
 
 def _digest(path: Path) -> str:
@@ -30,7 +33,8 @@ def _digest(path: Path) -> str:
 
 
 def _walk(folder: Path) -> dict[str, Path]:
-    """relative name -> path of every file and symbolic link under `folder` (links are not followed)."""
+    """relative name -> path of every file and symbolic link under `folder` (links are not
+    followed)."""
     out: dict[str, Path] = {}
     for root, dirs, files in os.walk(folder):
         dirs[:] = [d for d in dirs if d not in CACHES]
@@ -44,7 +48,8 @@ def _walk(folder: Path) -> dict[str, Path]:
 
 
 def list_files(folder: Path) -> dict[str, dict[str, Any]]:
-    """The listing a manifest stores: relative name -> {"bytes", "sha256", "mtime_ns"} or {"link": target}."""
+    """The listing a manifest stores: relative name -> {"bytes", "sha256", "mtime_ns"} or {"link":
+    target}."""
     out: dict[str, dict[str, Any]] = {}
     for rel, path in sorted(_walk(folder).items()):
         if path.is_symlink():
@@ -58,7 +63,8 @@ def list_files(folder: Path) -> dict[str, dict[str, Any]]:
 def _same(path: Path, listed: dict[str, Any]) -> bool:
     if "link" in listed:
         return path.is_symlink() and os.readlink(path) == listed["link"]
-    if not path.is_file():  # a listed file may be reached through a link (a copy made of links): its bytes count
+    # a listed file may be reached through a link (a copy made of links): its bytes count
+    if not path.is_file():
         return False
     info = path.stat()
     if info.st_size != listed.get("bytes"):
@@ -69,11 +75,15 @@ def _same(path: Path, listed: dict[str, Any]) -> bool:
 
 
 def differences(folder: Path, listed: dict[str, Any]) -> list[str]:
-    """What differs between `folder` and its listing ("missing a/b", "changed c", "not listed d"); empty: the same."""
+    """What differs between `folder` and its listing ("missing a/b", "changed c", "not listed d");
+    empty: the same."""
     found = _walk(folder)
     out = [f"missing {rel}" for rel in listed if rel not in found]
-    out += [f"changed {rel}" for rel, entry in listed.items()
-            if rel in found and not (isinstance(entry, dict) and _same(found[rel], entry))]
+    out += [
+        f"changed {rel}"
+        for rel, entry in listed.items()
+        if rel in found and not (isinstance(entry, dict) and _same(found[rel], entry))
+    ]
     out += [f"not listed {rel}" for rel in found if rel not in listed]
     return out
 

@@ -28,15 +28,31 @@ class ToolError(StageError):
 
 # errno -> what it means and the next step, for the one line an OS fault becomes (trtkv.cli.main)
 _OS_NEXT = {
-    "EROFS": ("the file system is read-only", "write elsewhere (--output, TRTKV_HOME, TRTKV_ENGINES or "
-                                             "TRTKV_TRITON_REPO), or remount it read-write"),
-    "ENOSPC": ("no space left on the device", "free space there (`df -h` on that folder), or write elsewhere "
-                                              "(--output, TRTKV_ENGINES)"),
-    "EDQUOT": ("the disk quota is exhausted", "free space in your quota, or write elsewhere (--output, TRTKV_ENGINES)"),
-    "ENAMETOOLONG": ("a name is longer than the file system allows (255 bytes per name)",
-                     "use a shorter --output or recipe name"),
-    "EACCES": ("permission denied", "check the owner and mode (`ls -ld` on that folder), or write elsewhere"),
-    "EPERM": ("operation not permitted", "check the owner and mode (`ls -ld` on that folder), or write elsewhere"),
+    "EROFS": (
+        "the file system is read-only",
+        "write elsewhere (--output, TRTKV_HOME, TRTKV_ENGINES or "
+        "TRTKV_TRITON_REPO), or remount it read-write",
+    ),
+    "ENOSPC": (
+        "no space left on the device",
+        "free space there (`df -h` on that folder), or write elsewhere (--output, TRTKV_ENGINES)",
+    ),
+    "EDQUOT": (
+        "the disk quota is exhausted",
+        "free space in your quota, or write elsewhere (--output, TRTKV_ENGINES)",
+    ),
+    "ENAMETOOLONG": (
+        "a name is longer than the file system allows (255 bytes per name)",
+        "use a shorter --output or recipe name",
+    ),
+    "EACCES": (
+        "permission denied",
+        "check the owner and mode (`ls -ld` on that folder), or write elsewhere",
+    ),
+    "EPERM": (
+        "operation not permitted",
+        "check the owner and mode (`ls -ld` on that folder), or write elsewhere",
+    ),
     "ENOENT": ("no such file or folder", "check the path (a folder removed while trtkv ran?)"),
     "EMFILE": ("too many open files", "raise the limit (`ulimit -n`)"),
     "EIO": ("an input/output error of the device", "check the disk (`dmesg`)"),
@@ -49,5 +65,8 @@ def os_error_line(exc: OSError) -> str:
 
     name = _errno.errorcode.get(exc.errno or 0, "")
     meaning, step = _OS_NEXT.get(name, (exc.strerror or str(exc), "check the path and the disk"))
-    where = " -> ".join(str(p) for p in (exc.filename, exc.filename2) if p is not None) or "a file operation"
+    where = (
+        " -> ".join(str(p) for p in (exc.filename, exc.filename2) if p is not None)
+        or "a file operation"
+    )
     return f"{where}: {meaning} ({name or type(exc).__name__}). Next: {step}."

@@ -1,7 +1,8 @@
-"""Reading files trtkv did not write (a model's config.json, records another process may have damaged) without
-trusting them: a regular file only, opened with O_NONBLOCK (a FIFO swapped in never blocks), at most the cap + 1
-bytes read (`/dev/zero` behind a symlink ends at the cap), and JSON parsed strictly (no NaN or Infinity, bounded
-nesting and number length, so no RecursionError and no 5000-digit integer reaches int()).
+"""Reading files trtkv did not write (a model's config.json, records another process may have
+damaged) without trusting them: a regular file only, opened with O_NONBLOCK (a FIFO swapped in never
+blocks), at most the cap + 1 bytes read (`/dev/zero` behind a symlink ends at the cap), and JSON
+parsed strictly (no NaN or Infinity, bounded nesting and number length, so no RecursionError and no
+5000-digit integer reaches int()).
 
 Errors are NotReadable with the problem and the next step; each caller names its file kind.
 """
@@ -18,11 +19,13 @@ from pathlib import Path
 from typing import Any
 
 MAX_JSON_DEPTH = 64  # nested objects/arrays: a model config needs 4, a trtkv record 6
-MAX_NUMBER_CHARS = 40  # digits, sign, point and exponent of one JSON number (an int64 has 19 digits)
+# digits, sign, point and exponent of one JSON number (an int64 has 19 digits)
+MAX_NUMBER_CHARS = 40
 
 
 class NotReadable(Exception):
-    """A file that is not what its reader expects; `problem` and `next_step` are said to the user."""
+    """A file that is not what its reader expects; `problem` and `next_step` are said to the
+    user."""
 
     def __init__(self, problem: str, next_step: str) -> None:
         self.problem, self.next_step = problem, next_step
@@ -31,17 +34,22 @@ class NotReadable(Exception):
 
 def kind(mode: int) -> str:
     """What a file that is not a regular file is (a directory, a FIFO, ...)."""
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return name
     return "not a regular file"
 
 
 def read_capped(path: Path, max_bytes: int, what: str = "file") -> bytes:
-    """The bytes of the regular file `path`, at most `max_bytes`; NotReadable otherwise (missing, a FIFO, a device,
-    a directory, unreadable, larger than the cap). The check is made on the opened descriptor (fstat), so a file
-    swapped between a check and the read cannot slip through."""
+    """The bytes of the regular file `path`, at most `max_bytes`; NotReadable otherwise (missing, a
+    FIFO, a device, a directory, unreadable, larger than the cap). The check is made on the opened
+    descriptor (fstat), so a file swapped between a check and the read cannot slip through."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)
@@ -52,7 +60,9 @@ def read_capped(path: Path, max_bytes: int, what: str = "file") -> bytes:
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise NotReadable("symlink loop", "point the link at a real file") from None
-        raise NotReadable(f"cannot open: {exc.strerror}", "check the file and its permissions") from None
+        raise NotReadable(
+            f"cannot open: {exc.strerror}", "check the file and its permissions"
+        ) from None
     with os.fdopen(fd, "rb") as fh:
         mode = os.fstat(fh.fileno()).st_mode
         if not stat.S_ISREG(mode):
@@ -60,10 +70,14 @@ def read_capped(path: Path, max_bytes: int, what: str = "file") -> bytes:
         try:
             data = fh.read(max_bytes + 1)
         except OSError as exc:
-            raise NotReadable(f"cannot read: {exc.strerror}", "check the file and the disk") from None
+            raise NotReadable(
+                f"cannot read: {exc.strerror}", "check the file and the disk"
+            ) from None
     if len(data) > max_bytes:
-        raise NotReadable(f"larger than {max_bytes:,} bytes (the cap for a {what})",
-                          f"check this is the {what} you meant")
+        raise NotReadable(
+            f"larger than {max_bytes:,} bytes (the cap for a {what})",
+            f"check this is the {what} you meant",
+        )
     return data
 
 
@@ -87,7 +101,8 @@ def _bounded_int(text: str) -> int:
 
 
 def _depth_ok(text: str, max_depth: int) -> int | None:
-    """None when no object/array nests deeper than `max_depth`, else the offset where it does (strings skipped)."""
+    """None when no object/array nests deeper than `max_depth`, else the offset where it does
+    (strings skipped)."""
     depth, in_string, escaped = 0, False, False
     for i, ch in enumerate(text):
         if in_string:
@@ -109,13 +124,17 @@ def _depth_ok(text: str, max_depth: int) -> int | None:
 
 
 def strict_json(data: bytes | str, max_depth: int = MAX_JSON_DEPTH) -> Any:
-    """Parse JSON strictly: UTF-8, no NaN/Infinity, finite floats, numbers of at most MAX_NUMBER_CHARS characters,
-    nesting of at most `max_depth`; ValueError saying what is wrong (json.JSONDecodeError is one)."""
-    text = data.decode("utf-8") if isinstance(data, bytes) else data  # UnicodeDecodeError is a ValueError
+    """Parse JSON strictly: UTF-8, no NaN/Infinity, finite floats, numbers of at most
+    MAX_NUMBER_CHARS characters, nesting of at most `max_depth`; ValueError saying what is wrong
+    (json.JSONDecodeError is one)."""
+    # UnicodeDecodeError is a ValueError
+    text = data.decode("utf-8") if isinstance(data, bytes) else data
     deep = _depth_ok(text, max_depth)
     if deep is not None:
         raise ValueError(f"nested deeper than {max_depth} levels (at character {deep})")
-    return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite, parse_int=_bounded_int)
+    return json.loads(
+        text, parse_constant=_refuse_constant, parse_float=_finite, parse_int=_bounded_int
+    )
 
 
 def read_json(path: Path, max_bytes: int, what: str = "JSON file") -> Any:
@@ -134,11 +153,16 @@ def _one_line(exc: BaseException) -> str:
 
 @contextmanager
 def naming(path: Path) -> Iterator[None]:
-    """An OSError raised inside without a file name (a write or close on a full disk names none) gets `path`, so
-    the one error line the CLI prints says where (trtkv.core.errors.os_error_line)."""
+    """An OSError raised inside without a file name (a write or close on a full disk names none)
+    gets `path`, so the one error line the CLI prints says where
+    (trtkv.core.errors.os_error_line)."""
     try:
         yield
     except OSError as exc:
-        if exc.filename is None and exc.errno is not None and not isinstance(exc, (BrokenPipeError, TimeoutError)):
+        if (
+            exc.filename is None
+            and exc.errno is not None
+            and not isinstance(exc, (BrokenPipeError, TimeoutError))
+        ):
             raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise

@@ -1,8 +1,10 @@
-"""Processes trtkv starts and stops: is it alive, stop it (by its own pid and process group), wait until it serves.
+"""Processes trtkv starts and stops: is it alive, stop it (by its own pid and process group), wait
+until it serves.
 
-One home for what the external-tool runner (trtkv.core.tools) and the test/cross-check server (tests/support/localserver.py)
-need; no `pkill`, everything by pid. A served model's processes are ended by session instead (trtkv.core.sessions: its
-leader may be dead already, and some children leave the process group).
+One home for what the external-tool runner (trtkv.core.tools) and the test/cross-check server
+(tests/support/localserver.py) need; no `pkill`, everything by pid. A served model's processes are
+ended by session instead (trtkv.core.sessions: its leader may be dead already, and some children
+leave the process group).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from trtkv.core.httpcall import Target, request
 
 
 def _exists(send: Callable[[int, int], None], ident: int) -> bool:
-    """Signal 0 to a pid (os.kill) or a process group (os.killpg): True when it exists (EPERM: someone else's)."""
+    """Signal 0 to a pid (os.kill) or a process group (os.killpg): True when it exists (EPERM:
+    someone else's)."""
     try:
         send(ident, 0)
     except ProcessLookupError:
@@ -35,7 +38,8 @@ def pid_alive(pid: int) -> bool:
 
 
 def is_running(pid: int, command: list[str] | None = None) -> bool:
-    """True while `pid` is alive (not a zombie) and, when given, runs `command[0]` (guards against pid reuse)."""
+    """True while `pid` is alive (not a zombie) and, when given, runs `command[0]` (guards against
+    pid reuse)."""
     try:
         done, _ = os.waitpid(pid, os.WNOHANG)  # reap it if it is our own child
         if done == pid:
@@ -52,7 +56,8 @@ def is_running(pid: int, command: list[str] | None = None) -> bool:
         return False
     if state in ("Z", "X"):
         return False
-    if not argv0:  # an exiting process has released its memory (empty cmdline) but is not a zombie yet
+    # an exiting process has released its memory (empty cmdline) but is not a zombie yet
+    if not argv0:
         return True
     return command is None or not command or Path(argv0).name == Path(command[0]).name
 
@@ -65,7 +70,8 @@ def group_alive(pgid: int) -> bool:
 def stop_process_group(proc: subprocess.Popen[str], grace_s: float = 10.0) -> None:
     """End the child and every process of its group: SIGTERM, up to `grace_s` to exit, then SIGKILL.
 
-    A no-op when the child has exited and its group is empty. The child leads its own session (pgid = its pid).
+    A no-op when the child has exited and its group is empty. The child leads its own session (pgid
+    = its pid).
     """
     if proc.poll() is not None and not group_alive(proc.pid):
         return
@@ -104,9 +110,12 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
-def wait_http_ready(url: str, alive: Callable[[], bool], timeout_s: float, poll_s: float = 0.25) -> float | None:
-    """Seconds until GET `url` answers 200 (a server's readiness endpoint); None when `alive()` turned False first
-    (the process died) or `timeout_s` passed. The callers say which, with their own log."""
+def wait_http_ready(
+    url: str, alive: Callable[[], bool], timeout_s: float, poll_s: float = 0.25
+) -> float | None:
+    """Seconds until GET `url` answers 200 (a server's readiness endpoint); None when `alive()`
+    turned False first (the process died) or `timeout_s` passed. The callers say which, with their
+    own log."""
     Target.parse(url)  # a malformed URL is an error now (HttpError), not a wait until timeout_s
     start = time.monotonic()
     while time.monotonic() - start < timeout_s:

@@ -1,4 +1,5 @@
-"""One progress display for long work (rich), or nothing when disabled: `trtkv bench` phases and the probe sweep."""
+"""One progress display for long work (rich), or nothing when disabled: `trtkv bench` phases and the
+probe sweep."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ P = TypeVar("P", bound="Progress")
 
 
 class Progress:
-    """A context manager holding rich progress bars; `task` adds one. Everything is a no-op when disabled.
-    `advance` is safe from worker threads (rich locks)."""
+    """A context manager holding rich progress bars; `task` adds one. Everything is a no-op when
+    disabled. `advance` is safe from worker threads (rich locks)."""
 
     def __init__(self, enabled: bool, label: str = "{task.description:<22}") -> None:
         self._bar: Any = None
@@ -18,8 +19,13 @@ class Progress:
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
             from rich.progress import Progress as RichProgress
 
-            self._bar = RichProgress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                     transient=False)
+            self._bar = RichProgress(
+                TextColumn(label),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                transient=False,
+            )
 
     def __enter__(self: P) -> P:
         if self._bar is not None:
@@ -31,7 +37,9 @@ class Progress:
             self._bar.stop()
 
     def task(self, description: str, total: int) -> Task:
-        return Task(self._bar, None if self._bar is None else self._bar.add_task(description, total=total))
+        return Task(
+            self._bar, None if self._bar is None else self._bar.add_task(description, total=total)
+        )
 
     def log(self, message: str) -> None:
         """A line above the bars (plain print when disabled)."""
@@ -47,7 +55,9 @@ class Task:
 
     def advance(self, steps: int = 1, description: str | None = None) -> None:
         if self._bar is not None:
-            self._bar.update(self._id, advance=steps, **({"description": description} if description else {}))
+            self._bar.update(
+                self._id, advance=steps, **({"description": description} if description else {})
+            )
 
     def callback(self) -> Callable[[Any], None]:
         """A one-argument callback that advances by one (a finished request, say)."""

@@ -1,10 +1,12 @@
-"""A server's whole process session, found in /proc: its members, ending them all, and the GPU memory they held.
+"""A server's whole process session, found in /proc: its members, ending them all, and the GPU
+memory they held.
 
-Linux has no kill-a-session call. trtkv starts every server as a session leader (`start_new_session`) with a marker in
-its environment (TRTKV_SERVER_SESSION=<uuid>) and records the session id with the leader's start time (/proc/PID/stat
-fields 6 and 22). The members are the processes of that session id (while the leader is the one recorded, or gone:
-Linux never reuses a pid that is still some process's session id) plus every process carrying the marker, for
-children that call setsid (Ray, some vLLM workers). Nothing is found by name.
+Linux has no kill-a-session call. trtkv starts every server as a session leader
+(`start_new_session`) with a marker in its environment (TRTKV_SERVER_SESSION=<uuid>) and records the
+session id with the leader's start time (/proc/PID/stat fields 6 and 22). The members are the
+processes of that session id (while the leader is the one recorded, or gone: Linux never reuses a
+pid that is still some process's session id) plus every process carrying the marker, for children
+that call setsid (Ray, some vLLM workers). Nothing is found by name.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from pathlib import Path
 
 MARKER_ENV = "TRTKV_SERVER_SESSION"
 PROC = Path("/proc")
-KILL_WAIT_S = 5.0  # after SIGKILL: a process that still exists then is stuck (D state) or not ours (EPERM)
+# after SIGKILL: a process that still exists then is stuck (D state) or not ours (EPERM)
+KILL_WAIT_S = 5.0
 GPU_WAIT_S = 60.0
 NVIDIA_SMI_QUERY = ["--query-compute-apps=pid,used_memory", "--format=csv,noheader"]
 KILL: Callable[[int, int], None] = os.kill  # how a signal is sent (a test makes it answer EPERM)
@@ -29,7 +32,8 @@ KILL: Callable[[int, int], None] = os.kill  # how a signal is sent (a test makes
 
 @dataclass(frozen=True)
 class Session:
-    """What identifies a server's processes: session id (= the leader's pid), its start time, the env marker."""
+    """What identifies a server's processes: session id (= the leader's pid), its start time, the
+    env marker."""
 
     sid: int
     leader_start: int | None = None  # /proc/PID/stat field 22 (clock ticks since boot)
@@ -54,13 +58,16 @@ def new_marker() -> str:
 
 
 def stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, session id, start time) of a pid from /proc/PID/stat (fields 3, 6, 22); None when it is gone."""
+    """(state, session id, start time) of a pid from /proc/PID/stat (fields 3, 6, 22); None when it
+    is gone."""
     try:
-        with open(f"{PROC}/{pid}/stat", "rb") as fh:  # many times per second while a session ends: keep it cheap
+        # many times per second while a session ends: keep it cheap
+        with open(f"{PROC}/{pid}/stat", "rb") as fh:
             text = fh.read().decode(errors="replace")
     except OSError:
         return None
-    fields = text.rsplit(")", 1)[-1].split()  # the command name (field 2) may hold spaces and parentheses
+    # the command name (field 2) may hold spaces and parentheses
+    fields = text.rsplit(")", 1)[-1].split()
     try:
         return fields[0], int(fields[3]), int(fields[19])
     except (IndexError, ValueError):
@@ -73,7 +80,8 @@ def start_time(pid: int) -> int | None:
 
 
 def marker_of(pid: int) -> str | None:
-    """The TRTKV_SERVER_SESSION value in a process's environment (None: absent, or not readable: not ours)."""
+    """The TRTKV_SERVER_SESSION value in a process's environment (None: absent, or not readable: not
+    ours)."""
     try:
         data = (PROC / str(pid) / "environ").read_bytes()
     except OSError:
@@ -81,12 +89,13 @@ def marker_of(pid: int) -> str | None:
     key = f"{MARKER_ENV}=".encode()
     for item in data.split(b"\0"):
         if item.startswith(key):
-            return item[len(key):].decode(errors="replace")
+            return item[len(key) :].decode(errors="replace")
     return None
 
 
 def cmdline(pid: int) -> list[str] | None:
-    """The process's argument list from /proc/PID/cmdline (None: gone or not readable); bounded at 1 MiB."""
+    """The process's argument list from /proc/PID/cmdline (None: gone or not readable); bounded at 1
+    MiB."""
     try:
         with open(f"{PROC}/{pid}/cmdline", "rb") as fh:
             data = fh.read(1 << 20)
@@ -96,13 +105,17 @@ def cmdline(pid: int) -> list[str] | None:
 
 
 def describe(pid: int) -> str:
-    """What a pid is now, for messages: "pid 12 is gone" or "pid 12 runs `sleep 600` (state S, session 12)"."""
+    """What a pid is now, for messages: "pid 12 is gone" or "pid 12 runs `sleep 600` (state S,
+    session 12)"."""
     found = stat(pid)
     if found is None:
         return f"pid {pid} is gone"
     argv = cmdline(pid)
     shown = " ".join(argv)[:120] if argv else "?"
-    return f"pid {pid} runs `{shown}` (state {found[0]}, session {found[1]}, started at tick {found[2]})"
+    return (
+        f"pid {pid} runs `{shown}` (state {found[0]}, session {found[1]}, started at tick "
+        f"{found[2]})"
+    )
 
 
 def in_session(sid: int) -> list[int]:
@@ -110,7 +123,12 @@ def in_session(sid: int) -> list[int]:
     out = []
     for pid in _pids():
         found = stat(pid)
-        if pid != os.getpid() and found is not None and found[0] not in ("Z", "X") and found[1] == sid:
+        if (
+            pid != os.getpid()
+            and found is not None
+            and found[0] not in ("Z", "X")
+            and found[1] == sid
+        ):
             out.append(pid)
     return sorted(out)
 
@@ -122,15 +140,23 @@ def _pids() -> list[int]:
 def leader_alive(session: Session) -> bool:
     """True while the recorded leader runs (same pid, same start time, not a zombie)."""
     found = stat(session.sid)
-    return found is not None and found[0] not in ("Z", "X") and (
-        session.leader_start is None or found[2] == session.leader_start)
+    return (
+        found is not None
+        and found[0] not in ("Z", "X")
+        and (session.leader_start is None or found[2] == session.leader_start)
+    )
 
 
 def members(session: Session) -> list[int]:
     """The live (not zombie) processes of the session, leader included; never this process."""
     leader = stat(session.sid)
-    # a leader pid now running something started later: the recorded session emptied before the pid was reused
-    reused = leader is not None and session.leader_start is not None and leader[2] != session.leader_start
+    # a leader pid now running something started later: the recorded session emptied before the pid
+    # was reused
+    reused = (
+        leader is not None
+        and session.leader_start is not None
+        and leader[2] != session.leader_start
+    )
     me = os.getpid()
     out = []
     for pid in _pids():
@@ -141,7 +167,9 @@ def members(session: Session) -> list[int]:
             continue
         if session.leader_start is not None and found[2] < session.leader_start:
             continue  # older than the leader: not one of its descendants
-        if (found[1] == session.sid and not reused) or (session.marker and marker_of(pid) == session.marker):
+        if (found[1] == session.sid and not reused) or (
+            session.marker and marker_of(pid) == session.marker
+        ):
             out.append(pid)
     return sorted(out)
 
@@ -165,8 +193,11 @@ def _signal(pids: list[int], sig: int, denied: set[int]) -> None:
             denied.add(pid)
 
 
-def _wait_empty(session: Session, seconds: float, sig: int | None, seen: set[int], denied: set[int]) -> list[int]:
-    """Poll until the session is empty or `seconds` pass, sending `sig` to members that appear meanwhile."""
+def _wait_empty(
+    session: Session, seconds: float, sig: int | None, seen: set[int], denied: set[int]
+) -> list[int]:
+    """Poll until the session is empty or `seconds` pass, sending `sig` to members that appear
+    meanwhile."""
     deadline = time.monotonic() + seconds
     while True:
         _reap(sorted(seen))
@@ -180,10 +211,12 @@ def _wait_empty(session: Session, seconds: float, sig: int | None, seen: set[int
         time.sleep(0.1)
 
 
-def stop_session(session: Session, grace_s: float = 10.0, log: Callable[[str], None] | None = None) -> Cleanup:
-    """End every member: SIGTERM the leader (it stops its children in order), then SIGTERM all that remain, up to
-    `grace_s` in all, then SIGKILL; wait until none remains. Processes still there after SIGKILL (D state, EPERM)
-    are reported in `left`, not waited on forever."""
+def stop_session(
+    session: Session, grace_s: float = 10.0, log: Callable[[str], None] | None = None
+) -> Cleanup:
+    """End every member: SIGTERM the leader (it stops its children in order), then SIGTERM all that
+    remain, up to `grace_s` in all, then SIGKILL; wait until none remains. Processes still there
+    after SIGKILL (D state, EPERM) are reported in `left`, not waited on forever."""
     start = time.monotonic()
     seen: set[int] = set()
     denied: set[int] = set()
@@ -209,19 +242,28 @@ def stop_session(session: Session, grace_s: float = 10.0, log: Callable[[str], N
         state = (stat(pid) or ("gone",))[0]
         result.left.append(f"pid {pid} ({'EPERM' if pid in denied else 'state ' + state})")
     if log and result.left:
-        log(f"stop: could not end {len(result.left)} process(es) of session {session.sid}: {', '.join(result.left)}")
+        log(
+            f"stop: could not end {len(result.left)} process(es) of session {session.sid}: "
+            f"{', '.join(result.left)}"
+        )
     return result
 
 
-def end_listed(started: dict[int, int], grace_s: float, log: Callable[[str], None] | None = None) -> Cleanup:
-    """Wait (at most `grace_s`) until each listed process (pid -> its start time, proving it is the one listed) has
-    exited, SIGKILL those still there, and wait for them (KILL_WAIT_S): a container's processes after `docker stop`,
-    which returns once the container's first process is gone while the others may still be exiting."""
+def end_listed(
+    started: dict[int, int], grace_s: float, log: Callable[[str], None] | None = None
+) -> Cleanup:
+    """Wait (at most `grace_s`) until each listed process (pid -> its start time, proving it is the
+    one listed) has exited, SIGKILL those still there, and wait for them (KILL_WAIT_S): a
+    container's processes after `docker stop`, which returns once the container's first process is
+    gone while the others may still be exiting."""
     start = time.monotonic()
 
     def live() -> list[int]:
-        return [p for p, t in started.items() if (found := stat(p)) is not None and found[2] == t
-                and found[0] not in ("Z", "X")]
+        return [
+            p
+            for p, t in started.items()
+            if (found := stat(p)) is not None and found[2] == t and found[0] not in ("Z", "X")
+        ]
 
     denied: set[int] = set()
     left = live()
@@ -232,10 +274,18 @@ def end_listed(started: dict[int, int], grace_s: float, log: Callable[[str], Non
         while left and time.monotonic() < deadline:
             time.sleep(0.1)
             left = live()
-    result = Cleanup(ended=sorted(set(started) - set(left)), seconds=round(time.monotonic() - start, 2))
-    result.left = [f"pid {p} ({'EPERM' if p in denied else 'state ' + (stat(p) or ('gone',))[0]})" for p in left]
+    result = Cleanup(
+        ended=sorted(set(started) - set(left)), seconds=round(time.monotonic() - start, 2)
+    )
+    result.left = [
+        f"pid {p} ({'EPERM' if p in denied else 'state ' + (stat(p) or ('gone',))[0]})"
+        for p in left
+    ]
     if log and result.left:
-        log(f"stop: could not end {len(result.left)} process(es) of the container: {', '.join(result.left)}")
+        log(
+            f"stop: could not end {len(result.left)} process(es) of the container: "
+            f"{', '.join(result.left)}"
+        )
     return result
 
 
@@ -247,7 +297,10 @@ def gpu_pids(run: Callable[[list[str]], str] | None = None) -> dict[int, int] | 
             return None
 
         def run(args: list[str]) -> str:
-            return subprocess.run([smi, *args], capture_output=True, text=True, timeout=30, check=True).stdout
+            return subprocess.run(
+                [smi, *args], capture_output=True, text=True, timeout=30, check=True
+            ).stdout
+
     try:
         text = run(NVIDIA_SMI_QUERY)
     except (OSError, subprocess.SubprocessError):
@@ -261,9 +314,14 @@ def gpu_pids(run: Callable[[list[str]], str] | None = None) -> dict[int, int] | 
     return out
 
 
-def wait_gpu_released(pids: list[int], timeout_s: float = GPU_WAIT_S, poll_s: float = 1.0,
-                      run: Callable[[list[str]], str] | None = None) -> tuple[bool, str]:
-    """Wait (at most `timeout_s`) until none of `pids` holds GPU memory: (released, what was seen)."""
+def wait_gpu_released(
+    pids: list[int],
+    timeout_s: float = GPU_WAIT_S,
+    poll_s: float = 1.0,
+    run: Callable[[list[str]], str] | None = None,
+) -> tuple[bool, str]:
+    """Wait (at most `timeout_s`) until none of `pids` holds GPU memory: (released, what was
+    seen)."""
     if not pids:
         return True, "no processes"
     deadline = time.monotonic() + timeout_s
@@ -276,6 +334,8 @@ def wait_gpu_released(pids: list[int], timeout_s: float = GPU_WAIT_S, poll_s: fl
         if not mine:
             return True, f"GPU memory free after {time.monotonic() - start:.1f} s"
         if time.monotonic() >= deadline:
-            return False, (f"after {timeout_s:.0f} s, GPU memory is still held by "
-                           + ", ".join(f"pid {p} ({mib} MiB)" for p, mib in sorted(mine.items())))
+            return False, (
+                f"after {timeout_s:.0f} s, GPU memory is still held by "
+                + ", ".join(f"pid {p} ({mib} MiB)" for p, mib in sorted(mine.items()))
+            )
         time.sleep(poll_s)

@@ -1,4 +1,5 @@
-"""Text for calibration and evaluation: shipped `.jsonl` under calibration_data/, or the user's own files."""
+"""Text for calibration and evaluation: shipped `.jsonl` under calibration_data/, or the user's own
+files."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from trtkv.core import paths
 from trtkv.core.errors import StageError
 
 CALIB_DEFAULT = "calibration_data/calib/*.jsonl"
-EVAL_LONG_TEXT = "calibration_data/eval/kjv_nt.jsonl"  # long natural text, disjoint from calibration
+# long natural text, disjoint from calibration
+EVAL_LONG_TEXT = "calibration_data/eval/kjv_nt.jsonl"
 QUIZ = "calibration_data/eval/quiz_capitals.jsonl"
 
 
@@ -27,8 +29,11 @@ def resolve_files(pattern: str, field: str = "calibration.dataset") -> list[Path
         files = [base] if base.is_file() else []
     files = [f for f in files if f.suffix in (".jsonl", ".txt") and f.is_file()]
     if not files:
-        raise StageError(f"{field} {pattern!r}: no .jsonl or .txt files found at {base}. "
-                         f"Next: point it at a .jsonl file of {{\"text\": ...}} lines, a .txt file, a folder or a glob.")
+        raise StageError(
+            f"{field} {pattern!r}: no .jsonl or .txt files found at {base}. "
+            'Next: point it at a .jsonl file of {"text": ...} lines, a .txt file, a folder or a '
+            "glob."
+        )
     return files
 
 
@@ -43,12 +48,19 @@ def read_texts(files: list[Path]) -> list[str]:
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    raise StageError(f"{path}:{lineno}: not valid JSON ({exc.msg}). Next: one JSON object per line.") from exc
+                    raise StageError(
+                        f"{path}:{lineno}: not valid JSON ({exc.msg}). Next: one JSON object per "
+                        "line."
+                    ) from exc
                 if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                    raise StageError(f"{path}:{lineno}: expected an object with a string \"text\" field.")
+                    raise StageError(
+                        f'{path}:{lineno}: expected an object with a string "text" field.'
+                    )
                 texts.append(record["text"])
         else:
-            texts += [p.strip() for p in path.read_text(encoding="utf-8").split("\n\n") if p.strip()]
+            texts += [
+                p.strip() for p in path.read_text(encoding="utf-8").split("\n\n") if p.strip()
+            ]
     if not texts:
         raise StageError(f"{', '.join(map(str, files))}: no text records found.")
     return texts
@@ -65,4 +77,6 @@ def eval_long_text() -> list[str]:
 
 def quiz_items() -> list[dict[str, str]]:
     path = paths.project_root() / QUIZ
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [
+        json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()
+    ]

@@ -1,9 +1,11 @@
 """Checks of the files `trtkv deploy` writes, by consumers trtkv did not write:
 
-- core Kubernetes objects: kubernetes-validate (the Kubernetes OpenAPI schemas it ships) for KUBERNETES_VERSION,
-  strict (an unknown field is an error, as `kubectl apply --validate=strict` makes it);
-- LeaderWorkerSet and DynamoGraphDeployment: the CRDs' own openAPIV3Schema, read from upstream at a named release
-  (trtkv/data/schemas, SOURCES.json; scripts/crd_schema.py extracts them), with unknown fields refused the same way;
+- core Kubernetes objects: kubernetes-validate (the Kubernetes OpenAPI schemas it ships) for
+  KUBERNETES_VERSION, strict (an unknown field is an error, as `kubectl apply --validate=strict`
+  makes it);
+- LeaderWorkerSet and DynamoGraphDeployment: the CRDs' own openAPIV3Schema, read from upstream at a
+  named release (trtkv/data/schemas, SOURCES.json; scripts/crd_schema.py extracts them), with
+  unknown fields refused the same way;
 - shell scripts: `bash -n`, and shellcheck when it is installed.
 """
 
@@ -23,21 +25,30 @@ from typing import Any
 KUBERNETES_VERSION = "1.34"
 CRD_SCHEMAS = {
     ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): "leaderworkerset.x-k8s.io_v1.json.gz",
-    ("nvidia.com/v1beta1", "DynamoGraphDeployment"): "nvidia.com_dynamographdeployments_v1beta1.json.gz",
+    (
+        "nvidia.com/v1beta1",
+        "DynamoGraphDeployment",
+    ): "nvidia.com_dynamographdeployments_v1beta1.json.gz",
 }
 DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 def crd_schema_info(file: str) -> dict[str, Any]:
-    return json.loads(gzip.decompress((resources.files("trtkv") / "data" / "schemas" / file).read_bytes()))
+    return json.loads(
+        gzip.decompress((resources.files("trtkv") / "data" / "schemas" / file).read_bytes())
+    )
 
 
 def _strict(schema: Any) -> Any:
-    """additionalProperties: false wherever an object lists its properties and does not keep unknown fields."""
+    """additionalProperties: false wherever an object lists its properties and does not keep unknown
+    fields."""
     if isinstance(schema, dict):
         out = {k: _strict(v) for k, v in schema.items()}
-        if ("properties" in out and "additionalProperties" not in out
-                and not out.get("x-kubernetes-preserve-unknown-fields")):
+        if (
+            "properties" in out
+            and "additionalProperties" not in out
+            and not out.get("x-kubernetes-preserve-unknown-fields")
+        ):
             out["additionalProperties"] = False
         return out
     if isinstance(schema, list):
@@ -64,7 +75,10 @@ def check_object(obj: dict[str, Any]) -> list[str]:
     head = f"{kind} {name}"
     problems = []
     if not isinstance(name, str) or len(name) > 63 or not DNS1123.match(name):
-        problems.append(f"{head}: metadata.name {name!r} is not a DNS-1123 label (lower case, digits, '-', <= 63)")
+        problems.append(
+            f"{head}: metadata.name {name!r} is not a DNS-1123 label (lower case, digits, '-', <= "
+            "63)"
+        )
     problems += [f"{head}: {p}" for p in _scripts(obj)]
     file = CRD_SCHEMAS.get((str(api), str(kind)))
     if file is not None:
@@ -80,17 +94,25 @@ def check_object(obj: dict[str, Any]) -> list[str]:
     except kubernetes_validate.ValidationError as exc:
         problems.append(f"{head}: {_where(exc.path)}: {exc.message}")
     except (kubernetes_validate.SchemaNotFoundError, kubernetes_validate.InvalidSchemaError) as exc:
-        problems.append(f"{head}: no Kubernetes {KUBERNETES_VERSION} schema for {api} {kind} ({exc})")
+        problems.append(
+            f"{head}: no Kubernetes {KUBERNETES_VERSION} schema for {api} {kind} ({exc})"
+        )
     return problems
 
 
 def _scripts(node: Any, path: str = "") -> list[str]:
-    """`bash -n` on every container command of the form [bash|sh, -c, SCRIPT] anywhere in the object."""
+    """`bash -n` on every container command of the form [bash|sh, -c, SCRIPT] anywhere in the
+    object."""
     out: list[str] = []
     if isinstance(node, dict):
         cmd = node.get("command")
-        if (isinstance(cmd, list) and len(cmd) == 3 and cmd[0] in ("bash", "sh") and cmd[1] == "-c"
-                and isinstance(cmd[2], str)):
+        if (
+            isinstance(cmd, list)
+            and len(cmd) == 3
+            and cmd[0] in ("bash", "sh")
+            and cmd[1] == "-c"
+            and isinstance(cmd[2], str)
+        ):
             proc = subprocess.run(["bash", "-n", "-c", cmd[2]], capture_output=True, text=True)
             if proc.returncode:
                 out.append(f"{path}.command: bash -n: {proc.stderr.strip()}")
@@ -109,7 +131,9 @@ def check_shell(path: Path) -> list[str]:
         problems.append(f"{path.name}: bash -n: {proc.stderr.strip()}")
     shellcheck = shutil.which("shellcheck")
     if shellcheck:
-        proc = subprocess.run([shellcheck, "-S", "warning", str(path)], capture_output=True, text=True)
+        proc = subprocess.run(
+            [shellcheck, "-S", "warning", str(path)], capture_output=True, text=True
+        )
         if proc.returncode:
             problems.append(f"{path.name}: shellcheck: {proc.stdout.strip()}")
     return problems
@@ -126,12 +150,19 @@ def check_folder(folder: Path) -> tuple[list[str], list[str]]:
                 if obj:
                     found = check_object(obj)
                     problems += [f"{path.name}: {p}" for p in found]
-                    how = ("its CRD schema" if (obj.get("apiVersion"), obj.get("kind")) in CRD_SCHEMAS
-                           else f"Kubernetes {KUBERNETES_VERSION}")
-                    checked.append(f"{path.name}: {obj['kind']} {obj['metadata']['name']} against {how}")
+                    how = (
+                        "its CRD schema"
+                        if (obj.get("apiVersion"), obj.get("kind")) in CRD_SCHEMAS
+                        else f"Kubernetes {KUBERNETES_VERSION}"
+                    )
+                    checked.append(
+                        f"{path.name}: {obj['kind']} {obj['metadata']['name']} against {how}"
+                    )
         elif path.suffix in (".sh", ".sbatch"):
             problems += check_shell(path)
-            checked.append(f"{path.name}: bash -n" + (" + shellcheck" if shutil.which("shellcheck") else ""))
+            checked.append(
+                f"{path.name}: bash -n" + (" + shellcheck" if shutil.which("shellcheck") else "")
+            )
     return checked, problems
 
 
@@ -142,33 +173,51 @@ SCAN_SUFFIX = "-scan"  # scan-only Pods are named <object>-<template>-scan
 
 
 def _scan_pod(name: str, namespace: str | None, template: dict[str, Any]) -> dict[str, Any]:
-    """A Pod built from a pod template (metadata labels and annotations, spec), for checkov only: it evaluates pod
-    specs inside Pod/Deployment/Job/... objects, not inside custom resources."""
-    meta: dict[str, Any] = {"name": name + SCAN_SUFFIX, **({"namespace": namespace} if namespace else {})}
+    """A Pod built from a pod template (metadata labels and annotations, spec), for checkov only: it
+    evaluates pod specs inside Pod/Deployment/Job/... objects, not inside custom resources."""
+    meta: dict[str, Any] = {
+        "name": name + SCAN_SUFFIX,
+        **({"namespace": namespace} if namespace else {}),
+    }
     for key in ("labels", "annotations"):
         if (template.get("metadata") or {}).get(key):
             meta[key] = dict(template["metadata"][key])
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": copy.deepcopy(template["spec"])}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": copy.deepcopy(template["spec"]),
+    }
 
 
 def scan_pods(obj: dict[str, Any]) -> list[dict[str, Any]]:
-    """The scan-only Pods of a LeaderWorkerSet (leader and worker templates) or a DynamoGraphDeployment (each
-    component's podTemplate); none for other kinds (checkov reads their pod specs itself)."""
+    """The scan-only Pods of a LeaderWorkerSet (leader and worker templates) or a
+    DynamoGraphDeployment (each component's podTemplate); none for other kinds (checkov reads their
+    pod specs itself)."""
     meta, kind = obj.get("metadata") or {}, obj.get("kind")
     name, ns = str(meta.get("name", "")), meta.get("namespace")
     if kind == "LeaderWorkerSet":
         tmpl = obj["spec"]["leaderWorkerTemplate"]
-        return [_scan_pod(f"{name}-{role}", ns, tmpl[f"{role}Template"]) for role in ("leader", "worker")
-                if f"{role}Template" in tmpl]
+        return [
+            _scan_pod(f"{name}-{role}", ns, tmpl[f"{role}Template"])
+            for role in ("leader", "worker")
+            if f"{role}Template" in tmpl
+        ]
     if kind == "DynamoGraphDeployment":
-        return [_scan_pod(f"{name}-{c['name'].lower()}", ns, c["podTemplate"]) for c in obj["spec"]["components"]
-                if "podTemplate" in c]
+        return [
+            _scan_pod(f"{name}-{c['name'].lower()}", ns, c["podTemplate"])
+            for c in obj["spec"]["components"]
+            if "podTemplate" in c
+        ]
     return []
 
 
 def scan_documents(folder: Path) -> list[dict[str, Any]]:
-    """Every object of a deploy folder's YAML files, followed by the scan-only Pods of its custom resources."""
+    """Every object of a deploy folder's YAML files, followed by the scan-only Pods of its custom
+    resources."""
     import yaml
 
-    objs = [o for p in sorted(folder.glob("*.yaml")) for o in yaml.safe_load_all(p.read_text()) if o]
+    objs = [
+        o for p in sorted(folder.glob("*.yaml")) for o in yaml.safe_load_all(p.read_text()) if o
+    ]
     return objs + [pod for o in objs for pod in scan_pods(o)]

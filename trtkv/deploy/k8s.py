@@ -1,8 +1,9 @@
-"""Kubernetes objects for a recipe, in one namespace (`--namespace`): the models PVC and the loader Job that fills it
-(trtkv.deploy.loader); a Deployment when one replica fits on one node, else a LeaderWorkerSet (one pod per node, the
-leader runs the multi-node launch); a PodDisruptionBudget past one replica; a Service on the serving pods; a
-NetworkPolicy. Pod-level parts (placement, resources, probes, security, the wait for the loader) are trtkv.deploy.pods'.
-GPU-bound replicas roll out without spare GPUs: Recreate for one replica, maxSurge 0 past it. What the containers run
+"""Kubernetes objects for a recipe, in one namespace (`--namespace`): the models PVC and the loader
+Job that fills it (trtkv.deploy.loader); a Deployment when one replica fits on one node, else a
+LeaderWorkerSet (one pod per node, the leader runs the multi-node launch); a PodDisruptionBudget
+past one replica; a Service on the serving pods; a NetworkPolicy. Pod-level parts (placement,
+resources, probes, security, the wait for the loader) are trtkv.deploy.pods'. GPU-bound replicas
+roll out without spare GPUs: Recreate for one replica, maxSurge 0 past it. What the containers run
 (the one-node command, the leader's and workers' scripts) is trtkv.deploy.k8s_commands'."""
 
 from __future__ import annotations
@@ -32,28 +33,37 @@ _LABEL_VALUE = re.compile(rf"^({_LABEL_NAME})?$")
 
 
 def selector(text: str, option: str) -> dict[str, str]:
-    """`KEY=VALUE[,KEY=VALUE...]` as matchLabels; StageError naming the option when a key or value is no label."""
+    """`KEY=VALUE[,KEY=VALUE...]` as matchLabels; StageError naming the option when a key or value
+    is no label."""
     out: dict[str, str] = {}
     for part in text.split(","):
         key, eq, value = part.strip().partition("=")
         if not eq or not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(value):
-            raise StageError(f"{option} {text!r}: {part.strip()!r} is not KEY=VALUE with a Kubernetes label key "
-                             f"([prefix/]name, name 1-63 of letters, digits, '-', '_', '.') and value (0-63 of the "
-                             f"same). Next: e.g. {option} app=gateway (several: a=b,c=d).")
+            raise StageError(
+                f"{option} {text!r}: {part.strip()!r} is not KEY=VALUE with a Kubernetes label key "
+                "([prefix/]name, name 1-63 of letters, digits, '-', '_', '.') and value (0-63 of "
+                f"the same). Next: e.g. {option} app=gateway (several: a=b,c=d)."
+            )
         out[key] = value
     return out
 
 
 @dataclass(frozen=True)
 class Fence:
-    """Who the NetworkPolicy admits: the Service's clients (pods of these labels, in this namespace or in the
-    namespaces of `client_namespaces`), and the cluster's Prometheus to the metrics port; the group's own pods always."""
+    """Who the NetworkPolicy admits: the Service's clients (pods of these labels, in this namespace
+    or in the namespaces of `client_namespaces`), and the cluster's Prometheus to the metrics port;
+    the group's own pods always."""
 
-    clients: dict[str, str] = field(default_factory=lambda: selector(DEFAULT_CLIENTS, "--allow-from"))
+    clients: dict[str, str] = field(
+        default_factory=lambda: selector(DEFAULT_CLIENTS, "--allow-from")
+    )
     client_namespaces: dict[str, str] | None = None  # None: the deployment's own namespace
-    prometheus: dict[str, str] = field(default_factory=lambda: selector(DEFAULT_PROMETHEUS, "--prometheus"))
+    prometheus: dict[str, str] = field(
+        default_factory=lambda: selector(DEFAULT_PROMETHEUS, "--prometheus")
+    )
     prometheus_namespace: dict[str, str] = field(
-        default_factory=lambda: selector(DEFAULT_PROMETHEUS_NAMESPACE, "--prometheus-namespace"))
+        default_factory=lambda: selector(DEFAULT_PROMETHEUS_NAMESPACE, "--prometheus-namespace")
+    )
 
 
 def _match(labels: dict[str, str]) -> str:
@@ -73,16 +83,27 @@ def labels(recipe: Recipe) -> dict[str, str]:
 def namespace_name(text: str) -> str:
     """`--namespace`: a DNS-1123 label, not `default` (the objects get a namespace of their own)."""
     if text == "default" or not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", text):
-        raise StageError(f"--namespace {text!r}: use a namespace of the deployment's own, a DNS-1123 label (lower case, "
-                         f"digits, '-', at most 63), not `default` (platform policies and checkov CKV_K8S_21 refuse "
-                         f"it). Next: e.g. --namespace {DEFAULT_NAMESPACE} (`kubectl create namespace "
-                         f"{DEFAULT_NAMESPACE}`).")
+        raise StageError(
+            f"--namespace {text!r}: use a namespace of the deployment's own, a DNS-1123 label "
+            "(lower case, digits, '-', at most 63), not `default` (platform policies and checkov "
+            f"CKV_K8S_21 refuse it). Next: e.g. --namespace {DEFAULT_NAMESPACE} (`kubectl create "
+            f"namespace {DEFAULT_NAMESPACE}`)."
+        )
     return text
 
 
-def meta(recipe: Recipe, name: str, namespace: str, extra: dict[str, str] | None = None,
-         annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": name, "namespace": namespace, "labels": {**labels(recipe), **(extra or {})}}
+def meta(
+    recipe: Recipe,
+    name: str,
+    namespace: str,
+    extra: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "labels": {**labels(recipe), **(extra or {})},
+    }
     if annotations:
         out["annotations"] = annotations
     return out
@@ -92,45 +113,78 @@ def _annotations(launch: Launch) -> dict[str, str]:
     if launch.metrics_path is None:
         return {}
     port = launch.ports.get("metrics", launch.ports["http"])
-    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": launch.metrics_path}
+    return {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(port),
+        "prometheus.io/path": launch.metrics_path,
+    }
 
 
-def _container(name: str, launch: Launch, sizing: Sizing, command: list[str], ssh: bool,
-               extra: dict[str, Any]) -> dict[str, Any]:
-    ports = [{"name": n, "containerPort": p} for n, p in launch.ports.items()] if name != "worker" else []
+def _container(
+    name: str, launch: Launch, sizing: Sizing, command: list[str], ssh: bool, extra: dict[str, Any]
+) -> dict[str, Any]:
+    ports = (
+        [{"name": n, "containerPort": p} for n, p in launch.ports.items()]
+        if name != "worker"
+        else []
+    )
     if ssh:
         ports += pods.ssh_ports()
-    c: dict[str, Any] = {"name": name, "image": launch.image, "imagePullPolicy": "IfNotPresent", "command": command,
-                         "env": pods.env(launch.keyed and name != "worker"),
-                         "resources": server_resources(sizing, launch.shm_gib).k8s(),
-                         "volumeMounts": pods.mounts(ssh, launch.keyed and name != "worker"),
-                         "securityContext": pods.container_security()}
+    c: dict[str, Any] = {
+        "name": name,
+        "image": launch.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": command,
+        "env": pods.env(launch.keyed and name != "worker"),
+        "resources": server_resources(sizing, launch.shm_gib).k8s(),
+        "volumeMounts": pods.mounts(ssh, launch.keyed and name != "worker"),
+        "securityContext": pods.container_security(),
+    }
     if ports:
         c["ports"] = ports
     return {**c, **extra}
 
 
-def _pod_spec(recipe: Recipe, launch: Launch, containers: list[dict[str, Any]], ssh: bool, load_id: str,
-              replicas: int, match: dict[str, str]) -> dict[str, Any]:
+def _pod_spec(
+    recipe: Recipe,
+    launch: Launch,
+    containers: list[dict[str, Any]],
+    ssh: bool,
+    load_id: str,
+    replicas: int,
+    match: dict[str, str],
+) -> dict[str, Any]:
     keyed = launch.keyed and containers[0]["name"] != "worker"
-    return {"initContainers": [pods.wait_for_load(recipe, launch.image, load_id)], "containers": containers,
-            "volumes": pods.volumes(k8s_name(recipe, "models"), launch, k8s_name(recipe, "ssh") if ssh else None,
-                                    k8s_name(recipe, "key") if keyed else None),
-            **pods.placement(recipe), **pods.spread(match, replicas),
-            "automountServiceAccountToken": False, "enableServiceLinks": False,
-            "securityContext": pods.pod_security(launch.uid), "terminationGracePeriodSeconds": 60}
+    return {
+        "initContainers": [pods.wait_for_load(recipe, launch.image, load_id)],
+        "containers": containers,
+        "volumes": pods.volumes(
+            k8s_name(recipe, "models"),
+            launch,
+            k8s_name(recipe, "ssh") if ssh else None,
+            k8s_name(recipe, "key") if keyed else None,
+        ),
+        **pods.placement(recipe),
+        **pods.spread(match, replicas),
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": pods.pod_security(launch.uid),
+        "terminationGracePeriodSeconds": 60,
+    }
 
 
 def known_hosts_pattern(recipe: Recipe) -> str:
-    """The known_hosts host pattern of every pod of the LeaderWorkerSet (LWS v0.10.0 DNS names: leader
-    <lws>-<group>.<lws>.<namespace>, worker <lws>-<group>-<i>.<lws>.<namespace>) on the sshd port."""
+    """The known_hosts host pattern of every pod of the LeaderWorkerSet (LWS v0.10.0 DNS names:
+    leader <lws>-<group>.<lws>.<namespace>, worker <lws>-<group>-<i>.<lws>.<namespace>) on the sshd
+    port."""
     name = k8s_name(recipe)
     return f"[{name}-*.{name}.*]:{SSH_PORT}"
 
 
 def network_policy(recipe: Recipe, launch: Launch, fence: Fence, namespace: str) -> dict[str, Any]:
-    """Ingress to every pod of the deployment: the Service's ports from the clients' pods, every port from the
-    deployment's own pods (ssh, MPI, NCCL, Ray), the metrics port from the cluster's Prometheus; nothing else."""
+    """Ingress to every pod of the deployment: the Service's ports from the clients' pods, every
+    port from the deployment's own pods (ssh, MPI, NCCL, Ray), the metrics port from the cluster's
+    Prometheus; nothing else."""
     lab = labels(recipe)
     client: dict[str, Any] = {"podSelector": {"matchLabels": dict(fence.clients)}}
     if fence.client_namespaces is not None:
@@ -138,68 +192,164 @@ def network_policy(recipe: Recipe, launch: Launch, fence: Fence, namespace: str)
     serving = [{"protocol": "TCP", "port": p} for n, p in launch.ports.items() if n != "metrics"]
     ingress: list[dict[str, Any]] = [
         {"from": [client], "ports": serving},
-        {"from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": lab["app.kubernetes.io/name"]}}}]},
+        {
+            "from": [
+                {
+                    "podSelector": {
+                        "matchLabels": {"app.kubernetes.io/name": lab["app.kubernetes.io/name"]}
+                    }
+                }
+            ]
+        },
     ]
     if launch.metrics_path is not None:
         port = launch.ports.get("metrics", launch.ports["http"])
-        ingress.append({"from": [{"namespaceSelector": {"matchLabels": dict(fence.prometheus_namespace)},
-                                  "podSelector": {"matchLabels": dict(fence.prometheus)}}],
-                        "ports": [{"protocol": "TCP", "port": port}]})
-    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-            "metadata": meta(recipe, k8s_name(recipe, "fence"), namespace),
-            "spec": {"podSelector": {"matchLabels": {"app.kubernetes.io/name": lab["app.kubernetes.io/name"]}},
-                     "policyTypes": ["Ingress"], "ingress": ingress}}
+        ingress.append(
+            {
+                "from": [
+                    {
+                        "namespaceSelector": {"matchLabels": dict(fence.prometheus_namespace)},
+                        "podSelector": {"matchLabels": dict(fence.prometheus)},
+                    }
+                ],
+                "ports": [{"protocol": "TCP", "port": port}],
+            }
+        )
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": meta(recipe, k8s_name(recipe, "fence"), namespace),
+        "spec": {
+            "podSelector": {
+                "matchLabels": {"app.kubernetes.io/name": lab["app.kubernetes.io/name"]}
+            },
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
+        },
+    }
 
 
 def models_claim(recipe: Recipe, sizing: Sizing, namespace: str) -> dict[str, Any]:
     """The models volume: ReadWriteMany (the loader writes it, every server pod reads it)."""
-    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-            "metadata": meta(recipe, k8s_name(recipe, "models"), namespace),
-            "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": f"{sizing.storage_gib}Gi"}}}}
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": meta(recipe, k8s_name(recipe, "models"), namespace),
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "resources": {"requests": {"storage": f"{sizing.storage_gib}Gi"}},
+        },
+    }
 
 
-def _deployment(recipe: Recipe, launch: Launch, sizing: Sizing, load_id: str, namespace: str,
-                image_skips: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+def _deployment(
+    recipe: Recipe,
+    launch: Launch,
+    sizing: Sizing,
+    load_id: str,
+    namespace: str,
+    image_skips: list[str],
+) -> tuple[dict[str, Any], dict[str, str]]:
     pod_labels = {**labels(recipe), "app.kubernetes.io/component": "server"}
-    main = _container("server", launch, sizing, single_command(launch), False, pods.probes(recipe, launch, sizing))
-    strategy: dict[str, Any] = ({"type": "Recreate"} if sizing.replicas == 1 else
-                                {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}})
-    return {"apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": meta(recipe, k8s_name(recipe), namespace, annotations=pods.skip_annotations(*image_skips)),
-            "spec": {"replicas": sizing.replicas, "strategy": strategy, "selector": {"matchLabels": pod_labels},
-                     "template": {"metadata": {"labels": pod_labels, "annotations": _annotations(launch)},
-                                  "spec": _pod_spec(recipe, launch, [main], False, load_id, sizing.replicas,
-                                                    pod_labels)}}}, pod_labels
+    main = _container(
+        "server", launch, sizing, single_command(launch), False, pods.probes(recipe, launch, sizing)
+    )
+    strategy: dict[str, Any] = (
+        {"type": "Recreate"}
+        if sizing.replicas == 1
+        else {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    )
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta(
+            recipe, k8s_name(recipe), namespace, annotations=pods.skip_annotations(*image_skips)
+        ),
+        "spec": {
+            "replicas": sizing.replicas,
+            "strategy": strategy,
+            "selector": {"matchLabels": pod_labels},
+            "template": {
+                "metadata": {"labels": pod_labels, "annotations": _annotations(launch)},
+                "spec": _pod_spec(
+                    recipe, launch, [main], False, load_id, sizing.replicas, pod_labels
+                ),
+            },
+        },
+    }, pod_labels
 
 
-def _leader_worker_set(recipe: Recipe, launch: Launch, sizing: Sizing, load_id: str, namespace: str,
-                       image_skips: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+def _leader_worker_set(
+    recipe: Recipe,
+    launch: Launch,
+    sizing: Sizing,
+    load_id: str,
+    namespace: str,
+    image_skips: list[str],
+) -> tuple[dict[str, Any], dict[str, str]]:
     name, lab, ssh = k8s_name(recipe), labels(recipe), launch.uses_ssh
     skips = pods.skip_annotations(*image_skips)
     worker_port = SSH_PORT if ssh else RAY_NODE_PORT
-    leader = _container("leader", launch, sizing, ["bash", "-c", leader_script(launch, sizing)], ssh,
-                        pods.probes(recipe, launch, sizing))
-    worker = _container("worker", launch, sizing, ["bash", "-c", worker_script(launch)], ssh,
-                        pods.tcp_probes(worker_port))
+    leader = _container(
+        "leader",
+        launch,
+        sizing,
+        ["bash", "-c", leader_script(launch, sizing)],
+        ssh,
+        pods.probes(recipe, launch, sizing),
+    )
+    worker = _container(
+        "worker",
+        launch,
+        sizing,
+        ["bash", "-c", worker_script(launch)],
+        ssh,
+        pods.tcp_probes(worker_port),
+    )
     leaders = {LWS_NAME_LABEL: name, "role": "leader"}
-    spec = {"replicas": sizing.replicas, "startupPolicy": "LeaderCreated",
-            "rolloutStrategy": {"type": "RollingUpdate",  # LWS's own defaults, said: one group at a time, no surge
-                                "rollingUpdateConfiguration": {"maxUnavailable": 1, "maxSurge": 0}},
-            "leaderWorkerTemplate": {
-                "size": sizing.nodes_per_replica, "restartPolicy": "RecreateGroupOnPodRestart",
-                "leaderTemplate": {"metadata": {"labels": {**lab, "role": "leader"},
-                                                "annotations": {**_annotations(launch), **skips}},
-                                   "spec": _pod_spec(recipe, launch, [leader], ssh, load_id, sizing.replicas, leaders)},
-                "workerTemplate": {"metadata": {"labels": {**lab, "role": "worker"}, "annotations": skips},
-                                   "spec": _pod_spec(recipe, launch, [worker], ssh, load_id, 1, {})}}}
-    lws = {"apiVersion": LWS_API, "kind": "LeaderWorkerSet", "metadata": meta(recipe, name, namespace), "spec": spec}
+    spec = {
+        "replicas": sizing.replicas,
+        "startupPolicy": "LeaderCreated",
+        # LWS's own defaults, said: one group at a time, no surge
+        "rolloutStrategy": {
+            "type": "RollingUpdate",
+            "rollingUpdateConfiguration": {"maxUnavailable": 1, "maxSurge": 0},
+        },
+        "leaderWorkerTemplate": {
+            "size": sizing.nodes_per_replica,
+            "restartPolicy": "RecreateGroupOnPodRestart",
+            "leaderTemplate": {
+                "metadata": {
+                    "labels": {**lab, "role": "leader"},
+                    "annotations": {**_annotations(launch), **skips},
+                },
+                "spec": _pod_spec(recipe, launch, [leader], ssh, load_id, sizing.replicas, leaders),
+            },
+            "workerTemplate": {
+                "metadata": {"labels": {**lab, "role": "worker"}, "annotations": skips},
+                "spec": _pod_spec(recipe, launch, [worker], ssh, load_id, 1, {}),
+            },
+        },
+    }
+    lws = {
+        "apiVersion": LWS_API,
+        "kind": "LeaderWorkerSet",
+        "metadata": meta(recipe, name, namespace),
+        "spec": spec,
+    }
     return lws, leaders
 
 
-def objects(recipe: Recipe, launch: Launch, sizing: Sizing, load_id: str, namespace: str,
-            fence: Fence | None = None) -> list[dict[str, Any]]:
-    """The server's objects in apply order (workload, PodDisruptionBudget past one replica, Service, NetworkPolicy);
-    the PVC and loader Job are trtkv.deploy.loader's (models.yaml)."""
+def objects(
+    recipe: Recipe,
+    launch: Launch,
+    sizing: Sizing,
+    load_id: str,
+    namespace: str,
+    fence: Fence | None = None,
+) -> list[dict[str, Any]]:
+    """The server's objects in apply order (workload, PodDisruptionBudget past one replica, Service,
+    NetworkPolicy); the PVC and loader Job are trtkv.deploy.loader's (models.yaml)."""
     skips = pods.image_skips([launch.image], launch.uid)
     if not launch.multi_node:
         workload, selector = _deployment(recipe, launch, sizing, load_id, namespace, skips)
@@ -208,12 +358,25 @@ def objects(recipe: Recipe, launch: Launch, sizing: Sizing, load_id: str, namesp
         workload, selector = _leader_worker_set(recipe, launch, sizing, load_id, namespace, skips)
         disruptable = {LWS_NAME_LABEL: k8s_name(recipe)}
     out = [workload]
-    if sizing.replicas > 1:  # one replica: a budget would block every node drain; past one, one replica at a time
-        out.append({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-                    "metadata": meta(recipe, k8s_name(recipe, "pdb"), namespace),
-                    "spec": {"maxUnavailable": 1, "selector": {"matchLabels": disruptable}}})
-    # not the LWS's own name: LeaderWorkerSet makes a headless Service of that name for the pods' DNS records
+    # one replica: a budget would block every node drain; past one, one replica at a time
+    if sizing.replicas > 1:
+        out.append(
+            {
+                "apiVersion": "policy/v1",
+                "kind": "PodDisruptionBudget",
+                "metadata": meta(recipe, k8s_name(recipe, "pdb"), namespace),
+                "spec": {"maxUnavailable": 1, "selector": {"matchLabels": disruptable}},
+            }
+        )
+    # not the LWS's own name: LeaderWorkerSet makes a headless Service of that name for the pods'
+    # DNS records
     service_ports = [{"name": n, "port": p, "targetPort": p} for n, p in launch.ports.items()]
-    out.append({"apiVersion": "v1", "kind": "Service", "metadata": meta(recipe, k8s_name(recipe, "api"), namespace),
-                "spec": {"type": "ClusterIP", "selector": selector, "ports": service_ports}})
+    out.append(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": meta(recipe, k8s_name(recipe, "api"), namespace),
+            "spec": {"type": "ClusterIP", "selector": selector, "ports": service_ports},
+        }
+    )
     return [*out, network_policy(recipe, launch, fence or Fence(), namespace)]

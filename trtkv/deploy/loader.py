@@ -1,17 +1,22 @@
-"""The models volume filled by a Job, not by `kubectl cp`: a small, well-known CLI image copies the folders the server
-reads from the source the user names (`trtkv deploy --model-source`) into /models/<recipe>/ on the PVC, then writes
-the marker `.trtkv-loaded` holding this load's id; every server pod's init container waits for that marker
-(trtkv.deploy.pods.wait_for_load). The marker goes first and comes back last, so a pod never starts on a half-copied
-volume, and a new build (new manifests, so a new id and a new Job name) is never mistaken for the old one.
+"""The models volume filled by a Job, not by `kubectl cp`: a small, well-known CLI image copies the
+folders the server reads from the source the user names (`trtkv deploy --model-source`) into
+/models/<recipe>/ on the PVC, then writes the marker `.trtkv-loaded` holding this load's id; every
+server pod's init container waits for that marker (trtkv.deploy.pods.wait_for_load). The marker goes
+first and comes back last, so a pod never starts on a half-copied volume, and a new build (new
+manifests, so a new id and a new Job name) is never mistaken for the old one.
 
 Sources (the folders under them mirror /models/<recipe>/: engine/, checkpoint/..., triton_repo/):
-- s3://BUCKET/PREFIX   amazon/aws-cli, `aws s3 sync --delete` (credentials: IRSA/instance role, or Secret
-                       <name>-loader keys `credentials`/`config` as AWS's shared files; AWS_ENDPOINT_URL for S3-compatible
-                       stores goes in `config` as endpoint_url)
-- gs://BUCKET/PREFIX   google-cloud-cli, `gcloud storage rsync` (Workload Identity, or Secret key `key.json`)
+- s3://BUCKET/PREFIX   amazon/aws-cli, `aws s3 sync --delete` (credentials: IRSA/instance role, or
+  Secret
+                       <name>-loader keys `credentials`/`config` as AWS's shared files;
+                       AWS_ENDPOINT_URL for S3-compatible stores goes in `config` as endpoint_url)
+- gs://BUCKET/PREFIX   google-cloud-cli, `gcloud storage rsync` (Workload Identity, or Secret key
+  `key.json`)
 - nfs://SERVER/PATH    busybox `cp` from the export mounted read-only
-- hf://ORG/NAME[@REV]  python + huggingface_hub `snapshot_download` of an HF export (checkpoint/hf only: the LLM API,
-                       vLLM or SGLang path; the cluster must reach the hub; token: Secret key `token`)
+- hf://ORG/NAME[@REV]  python + huggingface_hub `snapshot_download` of an HF export (checkpoint/hf
+  only: the LLM API,
+                       vLLM or SGLang path; the cluster must reach the hub; token: Secret key
+                       `token`)
 Never executed here: no cluster.
 """
 
@@ -28,7 +33,14 @@ from typing import Any
 
 from trtkv.contracts.stage import read_manifest
 from trtkv.core.errors import StageError
-from trtkv.deploy.pods import LOAD_MARKER, MODELS_MOUNT, container_security, image_skips, pod_security, skip_annotations
+from trtkv.deploy.pods import (
+    LOAD_MARKER,
+    MODELS_MOUNT,
+    container_security,
+    image_skips,
+    pod_security,
+    skip_annotations,
+)
 from trtkv.deploy.resources import LOADER
 from trtkv.recipe import Recipe
 
@@ -44,7 +56,12 @@ CREDENTIALS_DIR = "/etc/trtkv-loader"
 JOB_DEADLINE_S = 6 * 3600
 _BUCKET = r"[a-z0-9][a-z0-9._-]{1,62}"
 _PATH = r"[A-Za-z0-9._~/@+=-]*"
-FORMS = ("s3://BUCKET/PREFIX", "gs://BUCKET/PREFIX", "nfs://SERVER/EXPORT/PATH", "hf://ORG/NAME[@REVISION]")
+FORMS = (
+    "s3://BUCKET/PREFIX",
+    "gs://BUCKET/PREFIX",
+    "nfs://SERVER/EXPORT/PATH",
+    "hf://ORG/NAME[@REVISION]",
+)
 
 
 class SourceKind(str, Enum):
@@ -65,44 +82,60 @@ class ModelSource:
 
     @property
     def uri(self) -> str:
-        return f"{self.kind.value}://{self.host}/{self.path}" + (f"@{self.revision}" if self.revision else "")
+        return f"{self.kind.value}://{self.host}/{self.path}" + (
+            f"@{self.revision}" if self.revision else ""
+        )
 
 
 def parse_source(text: str) -> ModelSource:
-    """`--model-source` validated where it enters (it reaches a shell line and a Job spec); StageError naming the
-    forms otherwise."""
+    """`--model-source` validated where it enters (it reaches a shell line and a Job spec);
+    StageError naming the forms otherwise."""
     m = re.fullmatch(rf"(s3|gs)://({_BUCKET})/?({_PATH})", text)
     if m:
         return ModelSource(SourceKind(m.group(1)), m.group(2), m.group(3).strip("/"))
     m = re.fullmatch(rf"nfs://([A-Za-z0-9][A-Za-z0-9.-]*|\[[0-9a-fA-F:]+\])(/{_PATH})", text)
     if m:
         return ModelSource(SourceKind.NFS, m.group(1), m.group(2).rstrip("/") or "/")
-    m = re.fullmatch(r"hf://([A-Za-z0-9][A-Za-z0-9._-]*)/([A-Za-z0-9][A-Za-z0-9._-]*)(?:@([A-Za-z0-9._/-]+))?", text)
+    m = re.fullmatch(
+        r"hf://([A-Za-z0-9][A-Za-z0-9._-]*)/([A-Za-z0-9][A-Za-z0-9._-]*)(?:@([A-Za-z0-9._/-]+))?",
+        text,
+    )
     if m:
         return ModelSource(SourceKind.HF, m.group(1), m.group(2), m.group(3))
-    raise StageError(f"--model-source {text!r} is not one of {', '.join(FORMS)} (letters, digits and ._~/@+=- only). "
-                     f"Next: e.g. --model-source s3://my-bucket/trtkv/<recipe>; the folders under it mirror "
-                     f"/models/<recipe>/ (the README's upload step writes them).")
+    raise StageError(
+        f"--model-source {text!r} is not one of {', '.join(FORMS)} (letters, digits and ._~/@+=- "
+        "only). Next: e.g. --model-source s3://my-bucket/trtkv/<recipe>; the folders under it "
+        "mirror /models/<recipe>/ (the README's upload step writes them)."
+    )
 
 
 def check_source(source: ModelSource, recipe: Recipe, folders: list[str]) -> None:
     """A hub id holds an HF export only: refuse it for a server that reads anything else."""
     if source.kind is SourceKind.HF and folders != ["checkpoint/hf"]:
-        raise StageError(f"--model-source {source.uri}: a hub repository holds an HF export (checkpoint/hf), but "
-                         f"{recipe.name}'s server also reads {', '.join(f for f in folders if f != 'checkpoint/hf')} "
-                         f"(trtkv's build and repository). Next: upload them to s3://, gs:// or an NFS export, or use "
-                         f"a backend that serves the HF export alone (build.backend vllm, sglang or llmapi).")
+        raise StageError(
+            f"--model-source {source.uri}: a hub repository holds an HF export (checkpoint/hf), "
+            f"but {recipe.name}'s server also reads "
+            f"{', '.join(f for f in folders if f != 'checkpoint/hf')} (trtkv's build and "
+            "repository). Next: upload them to s3://, gs:// or an NFS export, or use a backend "
+            "that serves the HF export alone (build.backend vllm, sglang or llmapi)."
+        )
 
 
 def load_id(recipe: Recipe, source: ModelSource, folders: list[tuple[Path, str]]) -> str:
-    """Names this load: the source, the folders and what the stage manifests of the artifacts built here say they hold
-    (their `key`: recipe, inputs, templates; not their run times or this machine's paths): a rebuild from other inputs
-    changes it, the same files deployed again do not."""
+    """Names this load: the source, the folders and what the stage manifests of the artifacts built
+    here say they hold (their `key`: recipe, inputs, templates; not their run times or this
+    machine's paths): a rebuild from other inputs changes it, the same files deployed again do
+    not."""
+
     def held(host: Path) -> Any:
         manifest = read_manifest(host)
         return manifest.key if manifest else None
 
-    data = {"recipe": recipe.name, "source": source.uri, "folders": {sub: held(host) for host, sub in folders}}
+    data = {
+        "recipe": recipe.name,
+        "source": source.uri,
+        "folders": {sub: held(host) for host, sub in folders},
+    }
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -117,91 +150,165 @@ def _copy(source: ModelSource, sub: str, dest: str) -> str:
     if source.kind is SourceKind.S3:
         return f"aws s3 sync --only-show-errors --delete {q(remote(source, sub))} {q(dest)}"
     if source.kind is SourceKind.GS:
-        return f"gcloud storage rsync --recursive --delete-unmatched-destination-objects {q(remote(source, sub))} {q(dest)}"
+        return (
+            "gcloud storage rsync --recursive --delete-unmatched-destination-objects "
+            f"{q(remote(source, sub))} {q(dest)}"
+        )
     if source.kind is SourceKind.NFS:
         return f"rm -rf {q(dest)} && mkdir -p {q(dest)} && cp -R {q('/source/' + sub)}/. {q(dest)}/"
-    call = ("import sys; from huggingface_hub import snapshot_download; "
-            "snapshot_download(repo_id=sys.argv[1], revision=sys.argv[2] or None, local_dir=sys.argv[3])")
-    return (f"PYTHONPATH=/tmp/pip python3 -c {q(call)} {q(source.host + '/' + source.path)} "
-            f"{q(source.revision or '')} {q(dest)}")
+    call = (
+        "import sys; from huggingface_hub import snapshot_download; "
+        "snapshot_download(repo_id=sys.argv[1], revision=sys.argv[2] or None, "
+        "local_dir=sys.argv[3])"
+    )
+    return (
+        f"PYTHONPATH=/tmp/pip python3 -c {q(call)} {q(source.host + '/' + source.path)} "
+        f"{q(source.revision or '')} {q(dest)}"
+    )
 
 
 def script(recipe: Recipe, source: ModelSource, subs: list[str], lid: str) -> str:
-    """The Job's shell: drop the marker, copy every folder, check none is empty, write the marker last."""
+    """The Job's shell: drop the marker, copy every folder, check none is empty, write the marker
+    last."""
     root = f"{MODELS_MOUNT}/{recipe.name}"
     q = shlex.quote
     lines = ["set -eu", f"root={q(root)}", 'mkdir -p "$root"', f'rm -f "$root/{LOAD_MARKER}"']
     if source.kind is SourceKind.GS:
-        lines.append(f'if [ -f {CREDENTIALS_DIR}/key.json ]; then gcloud auth activate-service-account '
-                     f'--key-file={CREDENTIALS_DIR}/key.json; fi')
+        lines.append(
+            f"if [ -f {CREDENTIALS_DIR}/key.json ]; then gcloud auth activate-service-account "
+            f"--key-file={CREDENTIALS_DIR}/key.json; fi"
+        )
     if source.kind is SourceKind.HF:
         lines.append(f"pip install --quiet --no-cache-dir --target /tmp/pip {HUB_CLIENT}")
     for sub in subs:
         dest = f"{root}/{sub}"
-        lines += [f"mkdir -p {q(dest)}", _copy(source, sub, dest),
-                  f'[ -n "$(ls -A {q(dest)})" ] || {{ echo "loader: {sub} is empty after the copy from '
-                  f'{source.uri}" >&2; exit 1; }}']
-    lines += [f'echo {lid} > "$root/{LOAD_MARKER}.tmp"', f'mv "$root/{LOAD_MARKER}.tmp" "$root/{LOAD_MARKER}"',
-              f'echo "loaded {len(subs)} folder(s) from {source.uri} into $root ({lid})"']
+        lines += [
+            f"mkdir -p {q(dest)}",
+            _copy(source, sub, dest),
+            f'[ -n "$(ls -A {q(dest)})" ] || {{ echo "loader: {sub} is empty after the copy from '
+            f'{source.uri}" >&2; exit 1; }}',
+        ]
+    lines += [
+        f'echo {lid} > "$root/{LOAD_MARKER}.tmp"',
+        f'mv "$root/{LOAD_MARKER}.tmp" "$root/{LOAD_MARKER}"',
+        f'echo "loaded {len(subs)} folder(s) from {source.uri} into $root ({lid})"',
+    ]
     return "\n".join(lines) + "\n"
 
 
 def env(source: ModelSource) -> list[dict[str, Any]]:
-    """The tools' configuration: credentials as files from the optional Secret (never a Secret in an env var)."""
+    """The tools' configuration: credentials as files from the optional Secret (never a Secret in an
+    env var)."""
     out = [{"name": "HOME", "value": "/tmp"}]
     if source.kind is SourceKind.S3:
-        out += [{"name": "AWS_SHARED_CREDENTIALS_FILE", "value": f"{CREDENTIALS_DIR}/credentials"},
-                {"name": "AWS_CONFIG_FILE", "value": f"{CREDENTIALS_DIR}/config"}]
+        out += [
+            {"name": "AWS_SHARED_CREDENTIALS_FILE", "value": f"{CREDENTIALS_DIR}/credentials"},
+            {"name": "AWS_CONFIG_FILE", "value": f"{CREDENTIALS_DIR}/config"},
+        ]
     elif source.kind is SourceKind.GS:
         out.append({"name": "CLOUDSDK_CONFIG", "value": "/tmp/gcloud"})
     elif source.kind is SourceKind.HF:
-        out += [{"name": "HF_TOKEN_PATH", "value": f"{CREDENTIALS_DIR}/token"},
-                {"name": "HF_HOME", "value": "/tmp/hf"}, {"name": "PIP_DISABLE_PIP_VERSION_CHECK", "value": "1"}]
+        out += [
+            {"name": "HF_TOKEN_PATH", "value": f"{CREDENTIALS_DIR}/token"},
+            {"name": "HF_HOME", "value": "/tmp/hf"},
+            {"name": "PIP_DISABLE_PIP_VERSION_CHECK", "value": "1"},
+        ]
     return out
 
 
-def job(recipe: Recipe, source: ModelSource, subs: list[str], lid: str, names: dict[str, str],
-        labels: dict[str, str], namespace: str, image: str | None = None) -> dict[str, Any]:
-    """The loader Job (`names`: job, claim, secret): one pod, non-root, read-only root filesystem, a scratch /tmp."""
+def job(
+    recipe: Recipe,
+    source: ModelSource,
+    subs: list[str],
+    lid: str,
+    names: dict[str, str],
+    labels: dict[str, str],
+    namespace: str,
+    image: str | None = None,
+) -> dict[str, Any]:
+    """The loader Job (`names`: job, claim, secret): one pod, non-root, read-only root filesystem, a
+    scratch /tmp."""
     img = image or LOADER_IMAGES[source.kind.value]
     volumes: list[dict[str, Any]] = [
         {"name": "models", "persistentVolumeClaim": {"claimName": names["claim"]}},
         {"name": "tmp", "emptyDir": {}},
-        {"name": "credentials", "secret": {"secretName": names["secret"], "optional": True, "defaultMode": 0o440}},
+        {
+            "name": "credentials",
+            "secret": {"secretName": names["secret"], "optional": True, "defaultMode": 0o440},
+        },
     ]
-    volume_mounts = [{"name": "models", "mountPath": MODELS_MOUNT}, {"name": "tmp", "mountPath": "/tmp"},
-                     {"name": "credentials", "mountPath": CREDENTIALS_DIR, "readOnly": True}]
+    volume_mounts = [
+        {"name": "models", "mountPath": MODELS_MOUNT},
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "credentials", "mountPath": CREDENTIALS_DIR, "readOnly": True},
+    ]
     if source.kind is SourceKind.NFS:
-        volumes.append({"name": "source", "nfs": {"server": source.host.strip("[]"), "path": source.path,
-                                                  "readOnly": True}})
+        volumes.append(
+            {
+                "name": "source",
+                "nfs": {"server": source.host.strip("[]"), "path": source.path, "readOnly": True},
+            }
+        )
         volume_mounts.append({"name": "source", "mountPath": "/source", "readOnly": True})
-    container = {"name": "loader", "image": img, "imagePullPolicy": "IfNotPresent",
-                 "command": ["sh", "-c", script(recipe, source, subs, lid)], "env": env(source),
-                 "resources": LOADER.k8s(), "securityContext": container_security(), "volumeMounts": volume_mounts}
+    container = {
+        "name": "loader",
+        "image": img,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["sh", "-c", script(recipe, source, subs, lid)],
+        "env": env(source),
+        "resources": LOADER.k8s(),
+        "securityContext": container_security(),
+        "volumeMounts": volume_mounts,
+    }
     pod_labels = {**labels, "app.kubernetes.io/component": "loader"}
-    return {"apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {"name": names["job"], "namespace": namespace, "labels": pod_labels,
-                         "annotations": skip_annotations(*image_skips([img]))},
-            "spec": {"backoffLimit": 3, "activeDeadlineSeconds": JOB_DEADLINE_S, "ttlSecondsAfterFinished": 7 * 86400,
-                     "template": {"metadata": {"labels": pod_labels}, "spec": {
-                         "restartPolicy": "Never", "containers": [container], "volumes": volumes,
-                         "automountServiceAccountToken": False, "enableServiceLinks": False,
-                         "securityContext": pod_security(LOADER_UID)}}}}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": names["job"],
+            "namespace": namespace,
+            "labels": pod_labels,
+            "annotations": skip_annotations(*image_skips([img])),
+        },
+        "spec": {
+            "backoffLimit": 3,
+            "activeDeadlineSeconds": JOB_DEADLINE_S,
+            "ttlSecondsAfterFinished": 7 * 86400,
+            "template": {
+                "metadata": {"labels": pod_labels},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [container],
+                    "volumes": volumes,
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                    "securityContext": pod_security(LOADER_UID),
+                },
+            },
+        },
+    }
 
 
 def upload_lines(source: ModelSource, folders: list[tuple[Path, str]]) -> list[str]:
     """The README's commands putting this machine's folders where the loader reads them."""
     q = shlex.quote
     if source.kind is SourceKind.HF:
-        return [f"# {source.uri}: the hub repository must hold the HF export the server loads (checkpoint/hf)"]
+        return [
+            f"# {source.uri}: the hub repository must hold the HF export the server loads "
+            "(checkpoint/hf)"
+        ]
     out = []
     for host, sub in folders:
         if source.kind is SourceKind.S3:
             out.append(f"aws s3 sync --delete {q(str(host))} {q(remote(source, sub))}")
         elif source.kind is SourceKind.GS:
-            out.append(f"gcloud storage rsync --recursive --delete-unmatched-destination-objects {q(str(host))} "
-                       f"{q(remote(source, sub))}")
+            out.append(
+                "gcloud storage rsync --recursive --delete-unmatched-destination-objects "
+                f"{q(str(host))} {q(remote(source, sub))}"
+            )
         else:
-            out.append(f"rsync -a --delete {q(str(host))}/ {q(f'{source.host}:{source.path}/{sub}')}/   "
-                       f"# or copy it there any way you like")
+            out.append(
+                f"rsync -a --delete {q(str(host))}/ {q(f'{source.host}:{source.path}/{sub}')}/   "
+                f"# or copy it there any way you like"
+            )
     return out

@@ -1,18 +1,19 @@
-"""What one server pod (or Slurm node) asks of its node besides GPUs, and how long its probes wait, sized from the model
-and the recipe. Every figure is a rule stated here, not a measurement; docs/deploy.md explains each one and says
-that none was run on a cluster.
+"""What one server pod (or Slurm node) asks of its node besides GPUs, and how long its probes wait,
+sized from the model and the recipe. Every figure is a rule stated here, not a measurement;
+docs/deploy.md explains each one and says that none was run on a cluster.
 
-- memory: one copy of the pod's weights in flight while loading (an engine file or a safetensors shard passes
-  through host memory on its way to the GPU) + HOST_GIB_PER_RANK per GPU process (CUDA context, NCCL, the Python
-  runtime) + the memory-backed /dev/shm (it counts against the limit) + BASE_HOST_GIB; the limit adds a quarter for
-  page cache and tokenizer workers.
-- CPU: CPU_PER_GPU cores per GPU rank + CPU_BASE for the HTTP front end and tokenization; the limit is twice that.
+- memory: one copy of the pod's weights in flight while loading (an engine file or a safetensors
+  shard passes through host memory on its way to the GPU) + HOST_GIB_PER_RANK per GPU process (CUDA
+  context, NCCL, the Python runtime) + the memory-backed /dev/shm (it counts against the limit) +
+  BASE_HOST_GIB; the limit adds a quarter for page cache and tokenizer workers.
+- CPU: CPU_PER_GPU cores per GPU rank + CPU_BASE for the HTTP front end and tokenization; the limit
+  is twice that.
 - ephemeral storage: the writable emptyDirs (HOME's kernel/JIT caches, /tmp, logs).
-- startup budget: the pod's weights read at half `triton.storage_read_gbps` plus `triton.engine_init_s`, plus the
-  wait for the other pods of a multi-node replica.
-- readiness canary timeout: a loaded server takes a new one-token request once an in-flight request of
-  bench.output_tokens finishes; twice the plan's decode-step lower bound for that many tokens, plus 10 s, and at
-  least the canary's default.
+- startup budget: the pod's weights read at half `triton.storage_read_gbps` plus
+  `triton.engine_init_s`, plus the wait for the other pods of a multi-node replica.
+- readiness canary timeout: a loaded server takes a new one-token request once an in-flight request
+  of bench.output_tokens finishes; twice the plan's decode-step lower bound for that many tokens,
+  plus 10 s, and at least the canary's default.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ CPU_PER_GPU = 2
 CPU_BASE = 2
 EPHEMERAL_REQUEST_GIB = 10
 EPHEMERAL_LIMIT_GIB = 40
-LOAD_SLOWDOWN = 2.0  # the startup budget allows the weights' read at half the recipe's storage bandwidth
+# the startup budget allows the weights' read at half the recipe's storage bandwidth
+LOAD_SLOWDOWN = 2.0
 STARTUP_PERIOD_S = 10
 SLOW_STEP_FACTOR = 2.0  # the plan's decode step is a lower bound (HBM bandwidth only)
 
@@ -53,10 +55,16 @@ class PodResources:
 
     def k8s(self) -> dict[str, Any]:
         """The container's `resources`."""
-        req: dict[str, Any] = {"cpu": _cpu(self.cpu_request), "memory": _bytes(self.memory_request_gib),
-                               "ephemeral-storage": _bytes(self.ephemeral_request_gib)}
-        lim: dict[str, Any] = {"cpu": _cpu(self.cpu_limit), "memory": _bytes(self.memory_limit_gib),
-                               "ephemeral-storage": _bytes(self.ephemeral_limit_gib)}
+        req: dict[str, Any] = {
+            "cpu": _cpu(self.cpu_request),
+            "memory": _bytes(self.memory_request_gib),
+            "ephemeral-storage": _bytes(self.ephemeral_request_gib),
+        }
+        lim: dict[str, Any] = {
+            "cpu": _cpu(self.cpu_limit),
+            "memory": _bytes(self.memory_limit_gib),
+            "ephemeral-storage": _bytes(self.ephemeral_limit_gib),
+        }
         if self.gpus:
             req["nvidia.com/gpu"] = lim["nvidia.com/gpu"] = self.gpus
         return {"requests": req, "limits": lim}
@@ -71,15 +79,25 @@ def _bytes(gib: float) -> str:
 
 
 def server_resources(sizing: Sizing, shm_gib: int) -> PodResources:
-    """One server pod (one node of a replica): its GPUs' ranks, its shard of the weights, its /dev/shm."""
+    """One server pod (one node of a replica): its GPUs' ranks, its shard of the weights, its
+    /dev/shm."""
     ranks = sizing.gpus_per_pod
     host = sizing.weights_gib_per_pod + HOST_GIB_PER_RANK * ranks + shm_gib + BASE_HOST_GIB
     cpu = CPU_PER_GPU * ranks + CPU_BASE
-    return PodResources(cpu, 2 * cpu, math.ceil(host), math.ceil(host * LIMIT_OVER_REQUEST), EPHEMERAL_REQUEST_GIB,
-                        EPHEMERAL_LIMIT_GIB, shm_gib, ranks)
+    return PodResources(
+        cpu,
+        2 * cpu,
+        math.ceil(host),
+        math.ceil(host * LIMIT_OVER_REQUEST),
+        EPHEMERAL_REQUEST_GIB,
+        EPHEMERAL_LIMIT_GIB,
+        shm_gib,
+        ranks,
+    )
 
 
-# Small helpers' containers: the loader Job (a storage CLI), the init container waiting for the load, a frontend
+# Small helpers' containers: the loader Job (a storage CLI), the init container waiting for the
+# load, a frontend
 LOADER = PodResources(1, 2, 1, 2, 2, 8)
 WAITER = PodResources(0.05, 0.2, 0.0625, 0.125, 0.0625, 0.125)
 FRONTEND = PodResources(2, 4, 4, 8, 2, 8)
@@ -91,32 +109,41 @@ def load_seconds(recipe: Recipe, sizing: Sizing) -> float:
 
 
 def startup_budget_s(recipe: Recipe, sizing: Sizing, extra_s: float = 0.0) -> int:
-    """Seconds the startup probe allows before the kubelet restarts the container: the weights read at half the
-    recipe's bandwidth, the engine's initialization, and `extra_s` (the wait for a multi-node replica's other pods)."""
-    return math.ceil(LOAD_SLOWDOWN * load_seconds(recipe, sizing) + recipe.triton.engine_init_s + extra_s)
+    """Seconds the startup probe allows before the kubelet restarts the container: the weights read
+    at half the recipe's bandwidth, the engine's initialization, and `extra_s` (the wait for a
+    multi-node replica's other pods)."""
+    return math.ceil(
+        LOAD_SLOWDOWN * load_seconds(recipe, sizing) + recipe.triton.engine_init_s + extra_s
+    )
 
 
 def canary_timeout_s(recipe: Recipe, sizing: Sizing) -> int:
-    """The readiness canary's whole-request deadline: long enough for a loaded server to admit a one-token request."""
+    """The readiness canary's whole-request deadline: long enough for a loaded server to admit a
+    one-token request."""
     wait_s = SLOW_STEP_FACTOR * recipe.bench.output_tokens * sizing.decode_step_ms / 1000
     return max(int(CANARY_TIMEOUT_S), math.ceil(wait_s + 10))
 
 
-def lines(recipe: Recipe, sizing: Sizing, res: PodResources, budget_s: int, canary_s: int) -> list[str]:
+def lines(
+    recipe: Recipe, sizing: Sizing, res: PodResources, budget_s: int, canary_s: int
+) -> list[str]:
     """The README's account of each figure."""
     t = recipe.triton
     return [
-        f"- Memory {res.memory_request_gib} GiB requested, {res.memory_limit_gib} GiB limit: the pod's weights "
-        f"({sizing.weights_gib_per_pod:.1f} GiB, one copy in flight while loading) + {HOST_GIB_PER_RANK:g} GiB per GPU "
-        f"process x {res.gpus} + /dev/shm {res.shm_gib} GiB (memory-backed, counted) + {BASE_HOST_GIB:g} GiB; the "
-        f"limit x {LIMIT_OVER_REQUEST:g}.",
-        f"- CPU {res.cpu_request:g} requested ({CPU_PER_GPU} per GPU + {CPU_BASE}), {res.cpu_limit:g} limit; "
-        f"ephemeral storage {res.ephemeral_request_gib}/{res.ephemeral_limit_gib} GiB (HOME caches, /tmp, logs).",
-        f"- Startup probe: up to {budget_s} s = 2 x the pod's weights at triton.storage_read_gbps {t.storage_read_gbps:g} "
-        f"GB/s ({load_seconds(recipe, sizing):.0f} s) + triton.engine_init_s {t.engine_init_s:g} s"
+        f"- Memory {res.memory_request_gib} GiB requested, {res.memory_limit_gib} GiB limit: the "
+        f"pod's weights ({sizing.weights_gib_per_pod:.1f} GiB, one copy in flight while loading) + "
+        f"{HOST_GIB_PER_RANK:g} GiB per GPU process x {res.gpus} + /dev/shm {res.shm_gib} GiB "
+        f"(memory-backed, counted) + {BASE_HOST_GIB:g} GiB; the limit x {LIMIT_OVER_REQUEST:g}.",
+        f"- CPU {res.cpu_request:g} requested ({CPU_PER_GPU} per GPU + {CPU_BASE}), "
+        f"{res.cpu_limit:g} limit; ephemeral storage "
+        f"{res.ephemeral_request_gib}/{res.ephemeral_limit_gib} GiB (HOME caches, /tmp, logs).",
+        f"- Startup probe: up to {budget_s} s = 2 x the pod's weights at triton.storage_read_gbps "
+        f"{t.storage_read_gbps:g} GB/s ({load_seconds(recipe, sizing):.0f} s) + "
+        f"triton.engine_init_s {t.engine_init_s:g} s"
         + (" + the wait for the other pods" if sizing.nodes_per_replica > 1 else "")
         + f"; checked every {STARTUP_PERIOD_S} s on the engine's own health endpoint.",
-        f"- Readiness: the one-token canary with a {canary_s} s deadline (a loaded server admits it once an in-flight "
-        f"request of bench.output_tokens {recipe.bench.output_tokens} finishes: 2 x the plan's decode-step bound "
-        f"{sizing.decode_step_ms:.1f} ms per token, + 10 s); three misses take the pod out of the Service.",
+        f"- Readiness: the one-token canary with a {canary_s} s deadline (a loaded server admits "
+        f"it once an in-flight request of bench.output_tokens {recipe.bench.output_tokens} "
+        f"finishes: 2 x the plan's decode-step bound {sizing.decode_step_ms:.1f} ms per token, + "
+        "10 s); three misses take the pod out of the Service.",
     ]

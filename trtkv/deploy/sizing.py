@@ -1,6 +1,6 @@
-"""How big a deployment is, from the planner: GPUs and nodes per replica, KV tokens per GPU, the sequences of the
-recipe's max_seq_len that fit in one replica, and the replica count (`--replicas N`, or enough replicas for
-`--target-concurrency C`)."""
+"""How big a deployment is, from the planner: GPUs and nodes per replica, KV tokens per GPU, the
+sequences of the recipe's max_seq_len that fit in one replica, and the replica count (`--replicas
+N`, or enough replicas for `--target-concurrency C`)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ DERIVED = ("total_gpus", "concurrent_sequences")
 
 
 class Sizing(Artifact):
-    """sizing.json of `trtkv deploy` (written next to the files it sized; total_gpus and concurrent_sequences follow
-    from the other fields: written for the reader, recomputed on load)."""
+    """sizing.json of `trtkv deploy` (written next to the files it sized; total_gpus and
+    concurrent_sequences follow from the other fields: written for the reader, recomputed on
+    load)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     FILE = "sizing.json"
@@ -40,7 +41,8 @@ class Sizing(Artifact):
     chosen_by: str  # how the replica count was chosen
     weights_gib_total: float
     storage_gib: int  # what the models volume should hold (the exported weights + room)
-    decode_step_ms: float = 0.0  # the plan's lower bound for one decode step at max_seq_len (0: unknown)
+    # the plan's lower bound for one decode step at max_seq_len (0: unknown)
+    decode_step_ms: float = 0.0
 
     @property
     def weights_gib_per_pod(self) -> float:
@@ -68,31 +70,39 @@ class Sizing(Artifact):
     def lines(self) -> list[str]:
         """The sizing as README lines."""
         return [
-            f"- GPUs per replica: {self.gpus_per_replica} (TP x PP) = {self.nodes_per_replica} node(s) x "
-            f"{self.gpus_per_pod} GPU(s) (hardware.gpus_per_node = {self.gpus_per_node})",
-            f"- KV cache ({self.kv_format}): {self.kv_bytes_per_token_per_gpu:,.0f} bytes per token on the fullest "
-            f"GPU; {self.kv_tokens_per_gpu:,} tokens per GPU after weights and the activation reserve",
-            f"- Sequences of {self.max_seq_len:,} tokens per replica: {self.sequences_per_replica} (bound by "
-            f"{self.bound_by})",
-            f"- Replicas: {self.replicas} ({self.chosen_by}) -> {self.total_gpus} GPUs, {self.concurrent_sequences} "
-            f"concurrent sequences at full context",
-            f"- Model volume: {self.storage_gib} GiB (the folders the server reads: the exported weights, "
-            f"{self.weights_gib_total:.1f} GiB, x 1.25 + 10 GiB for the tokenizer, the engines' per-rank copies of "
-            f"embeddings, the repository and room to replace them)",
+            f"- GPUs per replica: {self.gpus_per_replica} (TP x PP) = {self.nodes_per_replica} "
+            f"node(s) x {self.gpus_per_pod} GPU(s) (hardware.gpus_per_node = {self.gpus_per_node})",
+            f"- KV cache ({self.kv_format}): {self.kv_bytes_per_token_per_gpu:,.0f} bytes per "
+            f"token on the fullest GPU; {self.kv_tokens_per_gpu:,} tokens per GPU after weights "
+            "and the activation reserve",
+            f"- Sequences of {self.max_seq_len:,} tokens per replica: {self.sequences_per_replica} "
+            f"(bound by {self.bound_by})",
+            f"- Replicas: {self.replicas} ({self.chosen_by}) -> {self.total_gpus} GPUs, "
+            f"{self.concurrent_sequences} concurrent sequences at full context",
+            f"- Model volume: {self.storage_gib} GiB (the folders the server reads: the exported "
+            f"weights, {self.weights_gib_total:.1f} GiB, x 1.25 + 10 GiB for the tokenizer, the "
+            "engines' per-rank copies of embeddings, the repository and room to replace them)",
         ]
 
 
-def size(recipe: Recipe, replicas: int | None = None, target_concurrency: int | None = None) -> Sizing:
-    """The planner's figures for this recipe, and the replica count; StageError when the recipe cannot be sized."""
+def size(
+    recipe: Recipe, replicas: int | None = None, target_concurrency: int | None = None
+) -> Sizing:
+    """The planner's figures for this recipe, and the replica count; StageError when the recipe
+    cannot be sized."""
     from trtkv.plan.planner import plan
 
     hw = recipe.hardware
     if hw.gpu is GPU.CPU:
-        raise StageError(f"{recipe.name}: hardware.gpu is cpu; `trtkv deploy` writes files for GPU clusters. Next: "
-                         f"use a GPU recipe (e.g. llama70b_fp8kv), or override hardware.gpu=H100-80GB "
-                         f"hardware.count=N with matching build.tp_size/pp_size.")
+        raise StageError(
+            f"{recipe.name}: hardware.gpu is cpu; `trtkv deploy` writes files for GPU clusters. "
+            "Next: use a GPU recipe (e.g. llama70b_fp8kv), or override hardware.gpu=H100-80GB "
+            f"hardware.count=N with matching build.tp_size/pp_size."
+        )
     if replicas is not None and target_concurrency is not None:
-        raise StageError("--replicas and --target-concurrency both given: pass one (the other follows from it)")
+        raise StageError(
+            "--replicas and --target-concurrency both given: pass one (the other follows from it)"
+        )
     bound_to = RANGES["replicas"]  # Kubernetes' int32 replica count; concurrency alike
     for flag, value in (("--replicas", replicas), ("--target-concurrency", target_concurrency)):
         if value is not None and not bound_to.admits(value):
@@ -102,10 +112,12 @@ def size(recipe: Recipe, replicas: int | None = None, target_concurrency: int | 
     seq_len = recipe.build.max_seq_len
     fit = cap.max_sequences[seq_len]
     if fit < 1:
-        raise StageError(f"{recipe.name}: not one sequence of build.max_seq_len={seq_len} fits in the KV pool "
-                         f"({p.kv_budget_gib_per_gpu:.1f} GiB per GPU by {p.kv_pool.engine}'s rule, after "
-                         f"{p.weights.per_gpu_gib:.1f} GiB of weights). Next: `trtkv plan {recipe.name}`, then raise "
-                         f"build.tp_size/pp_size (and hardware.count), or lower build.max_seq_len.")
+        raise StageError(
+            f"{recipe.name}: not one sequence of build.max_seq_len={seq_len} fits in the KV pool "
+            f"({p.kv_budget_gib_per_gpu:.1f} GiB per GPU by {p.kv_pool.engine}'s rule, after "
+            f"{p.weights.per_gpu_gib:.1f} GiB of weights). Next: `trtkv plan {recipe.name}`, then "
+            "raise build.tp_size/pp_size (and hardware.count), or lower build.max_seq_len."
+        )
     per_replica = min(fit, recipe.build.max_batch_size)
     bound = "kv memory" if fit < recipe.build.max_batch_size else "max_batch_size"
     if target_concurrency is not None:
@@ -113,17 +125,33 @@ def size(recipe: Recipe, replicas: int | None = None, target_concurrency: int | 
         chosen = f"--target-concurrency {target_concurrency} / {per_replica} per replica"
     else:
         count = replicas or 1
-        chosen = f"--replicas {count}" if replicas else "default 1; --replicas N or --target-concurrency C"
+        chosen = (
+            f"--replicas {count}"
+            if replicas
+            else "default 1; --replicas N or --target-concurrency C"
+        )
 
     if not bound_to.admits(count * recipe.world_size):
-        raise StageError(f"{recipe.name}: {count:,} replicas of {recipe.world_size} GPU(s) is more than "
-                         f"{bound_to.text()}. Next: fewer replicas (--replicas / --target-concurrency).")
+        raise StageError(
+            f"{recipe.name}: {count:,} replicas of {recipe.world_size} GPU(s) is more than "
+            f"{bound_to.text()}. Next: fewer replicas (--replicas / --target-concurrency)."
+        )
     world, per_node = recipe.world_size, hw.gpus_per_node
     weights = p.weights.total_gib
     return Sizing(
-        gpus_per_replica=world, gpus_per_node=per_node, nodes_per_replica=max(1, math.ceil(world / per_node)),
-        gpus_per_pod=min(world, per_node), kv_format=p.recipe_kv_format,
-        kv_bytes_per_token_per_gpu=cap.bytes_per_token_per_gpu, kv_tokens_per_gpu=cap.tokens_per_gpu_budget,
-        max_seq_len=seq_len, sequences_per_replica=per_replica, bound_by=bound, replicas=count, chosen_by=chosen,
-        weights_gib_total=weights, storage_gib=math.ceil(weights * 1.25 + 10),
-        decode_step_ms=float(cap.decode_step_ms.get(seq_len, 0.0)))
+        gpus_per_replica=world,
+        gpus_per_node=per_node,
+        nodes_per_replica=max(1, math.ceil(world / per_node)),
+        gpus_per_pod=min(world, per_node),
+        kv_format=p.recipe_kv_format,
+        kv_bytes_per_token_per_gpu=cap.bytes_per_token_per_gpu,
+        kv_tokens_per_gpu=cap.tokens_per_gpu_budget,
+        max_seq_len=seq_len,
+        sequences_per_replica=per_replica,
+        bound_by=bound,
+        replicas=count,
+        chosen_by=chosen,
+        weights_gib_total=weights,
+        storage_gib=math.ceil(weights * 1.25 + 10),
+        decode_step_ms=float(cap.decode_step_ms.get(seq_len, 0.0)),
+    )

@@ -1,6 +1,6 @@
-"""The codec interface every stored K or V format implements (trtkv.kvcache.codecs, trtkv.kvcache.variants) and the
-NVFP4 codec the NVFP4 variants share, in a module of their own so the variants can subclass them without importing the
-codec table that dispatches to them."""
+"""The codec interface every stored K or V format implements (trtkv.kvcache.codecs,
+trtkv.kvcache.variants) and the NVFP4 codec the NVFP4 variants share, in a module of their own so
+the variants can subclass them without importing the codec table that dispatches to them."""
 
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ from trtkv.kvcache.numerics import nvfp4_dequantize, nvfp4_quantize, pack, unpac
 
 
 class Codec:
-    """Turns [B, H, T, D] chunks into stored parts and back. `token_group`: T must be a multiple of it."""
+    """Turns [B, H, T, D] chunks into stored parts and back. `token_group`: T must be a multiple of
+    it."""
 
     token_group = 1
-    # decode(parts of rows a..b) equals rows a..b of decode(all parts), bit for bit: true for elementwise decodes
-    # (and butterfly rotations, elementwise per token); a decode through a GEMM is not (BLAS blocks by row count)
+    # decode(parts of rows a..b) equals rows a..b of decode(all parts), bit for bit: true for
+    # elementwise decodes (and butterfly rotations, elementwise per token); a decode through a GEMM
+    # is not (BLAS blocks by row count)
     row_separable = True
     static = False
     limit: float = float("inf")  # |x| beyond this is clipped (static formats)
@@ -39,7 +41,8 @@ class Codec:
 
 
 class NVFP4Codec(Codec):
-    """NVFP4 with a static per-layer global scale (amax / 448, as exported); block scales come from the data."""
+    """NVFP4 with a static per-layer global scale (amax / 448, as exported); block scales come from
+    the data."""
 
     static = True
 

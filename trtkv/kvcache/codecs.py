@@ -1,7 +1,6 @@
-"""One codec per stored K or V format: turns a chunk of tokens ([batch, kv_heads, tokens, head_dim]) into stored parts
-(packed codes plus float16 scales and zero points, token axis at dim -2) and back; layer_codecs picks the pair for a
-layer."""
-
+"""One codec per stored K or V format: turns a chunk of tokens ([batch, kv_heads, tokens, head_dim])
+into stored parts (packed codes plus float16 scales and zero points, token axis at dim -2) and back;
+layer_codecs picks the pair for a layer."""
 
 from __future__ import annotations
 
@@ -78,7 +77,8 @@ class FP8Codec(Codec):
 
 
 class FP8AffineCodec(Codec):
-    """ModelOpt's fp8_affine: E4M3 of x - bias with a static amax; clips where |x - bias| exceeds the amax."""
+    """ModelOpt's fp8_affine: E4M3 of x - bias with a static amax; clips where |x - bias| exceeds
+    the amax."""
 
     static = True
 
@@ -97,7 +97,8 @@ class FP8AffineCodec(Codec):
         return (x - _bias4(self.bias, x)).abs() > self.limit
 
     def static_bytes(self) -> int:
-        return 4 + self.bias.numel() * self.bias.element_size()  # the amax and the bias (ModelOpt: model dtype)
+        # the amax and the bias (ModelOpt: model dtype)
+        return 4 + self.bias.numel() * self.bias.element_size()
 
 
 class Int8StaticCodec(Codec):
@@ -124,7 +125,8 @@ class Int8TokenCodec(Codec):
 
 
 class PerTokenHeadCodec(Codec):
-    """vLLM's int8_per_token_head / fp8_per_token_head: a float32 scale per (token, head) from the data."""
+    """vLLM's int8_per_token_head / fp8_per_token_head: a float32 scale per (token, head) from the
+    data."""
 
     def __init__(self, fp8: bool):
         self.fp8 = fp8
@@ -140,11 +142,14 @@ class PerTokenHeadCodec(Codec):
 
 
 class Int4PerTokenHeadCodec(Codec):
-    """vLLM's int4_per_token_head: rotated, asymmetric uint4 packed two per byte, zp inside the float32 scale."""
+    """vLLM's int4_per_token_head: rotated, asymmetric uint4 packed two per byte, zp inside the
+    float32 scale."""
 
     def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         if x.shape[-1] % 2:
-            raise TrtkvError(f"int4_per_token_head packs two values per byte; head_dim {x.shape[-1]} is odd.")
+            raise TrtkvError(
+                f"int4_per_token_head packs two values per byte; head_dim {x.shape[-1]} is odd."
+            )
         q, scale = int4_per_token_head_quantize(x)
         return {"data": pack(q, 4), "scale": scale}
 
@@ -153,7 +158,8 @@ class Int4PerTokenHeadCodec(Codec):
 
 
 class TurboQuantKeyCodec(Codec):
-    """TurboQuant's keys: FP8 E4M3 with scale 1 (key bits 8) or Hadamard + Lloyd-Max codes and a float16 norm."""
+    """TurboQuant's keys: FP8 E4M3 with scale 1 (key bits 8) or Hadamard + Lloyd-Max codes and a
+    float16 norm."""
 
     def __init__(self, bits: int, norm_correction: bool):
         self.bits, self.norm_correction = bits, norm_correction
@@ -188,7 +194,8 @@ class TurboQuantValueCodec(Codec):
 
 
 class UltraQuantCodec(Codec):
-    """vLLM's ultraquant_4bit for K (rotated) or V: FP4 codes two per byte, one UE8M0 byte per 32 elements."""
+    """vLLM's ultraquant_4bit for K (rotated) or V: FP4 codes two per byte, one UE8M0 byte per 32
+    elements."""
 
     def __init__(self, rotate: bool):
         self.rotate = rotate
@@ -212,7 +219,9 @@ class GroupAsymCodec(Codec):
         return {"data": pack(q, self.bits), "scale": scale, "zero": zero}
 
     def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-        return asym_dequantize(unpack(parts["data"], self.bits), parts["scale"], parts["zero"], dtype)
+        return asym_dequantize(
+            unpack(parts["data"], self.bits), parts["scale"], parts["zero"], dtype
+        )
 
 
 class KiviKeyCodec(Codec):
@@ -229,7 +238,11 @@ class KiviKeyCodec(Codec):
         xt = x.reshape(b, h, t // self.group, self.group, d).transpose(-1, -2)  # [B, H, T/G, D, G]
         q, scale, zero = asym_quantize(xt, self.bits, self.group)  # scale/zero [B, H, T/G, D, 1]
         codes = q.transpose(-1, -2).reshape(b, h, t, d)
-        return {"data": pack(codes, self.bits), "scale": scale.squeeze(-1), "zero": zero.squeeze(-1)}
+        return {
+            "data": pack(codes, self.bits),
+            "scale": scale.squeeze(-1),
+            "zero": zero.squeeze(-1),
+        }
 
     def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
         codes = unpack(parts["data"], self.bits)
@@ -248,18 +261,23 @@ class LayerCodecs:
     residual: int = 0
 
 
-def layer_codecs(fmt: KVFormat | str | FormatChoice, k_scale: KVScale | None = None,
-                 v_scale: KVScale | None = None) -> LayerCodecs:
-    """The codecs of one layer for a format; static formats take that layer's scales (multipliers; fp8_affine its
-    AffineScale of K and of V)."""
+def layer_codecs(
+    fmt: KVFormat | str | FormatChoice,
+    k_scale: KVScale | None = None,
+    v_scale: KVScale | None = None,
+) -> LayerCodecs:
+    """The codecs of one layer for a format; static formats take that layer's scales (multipliers;
+    fp8_affine its AffineScale of K and of V)."""
     choice = parse_format(fmt)
     base = choice.base
     if choice.affine:
         if not isinstance(k_scale, AffineScale) or not isinstance(v_scale, AffineScale):
-            raise TrtkvError(f"KV format {choice.name} needs each layer's K and V amax and bias (AffineScale; got "
-                             f"k={k_scale!r:.60}, v={v_scale!r:.60}). Next: calibrate them with "
-                             f"trtkv.kvcache.scales.calibrate_scales(model, tokenizer) and pass "
-                             f"KVScales.for_format('{choice.name}').")
+            raise TrtkvError(
+                f"KV format {choice.name} needs each layer's K and V amax and bias (AffineScale; "
+                f"got k={k_scale!r:.60}, v={v_scale!r:.60}). Next: calibrate them with "
+                f"trtkv.kvcache.scales.calibrate_scales(model, tokenizer) and pass "
+                f"KVScales.for_format('{choice.name}')."
+            )
         return LayerCodecs(FP8AffineCodec(k_scale), FP8AffineCodec(v_scale))
     if choice.variant:
         from trtkv.kvcache.variants import variant_codecs
@@ -275,9 +293,11 @@ def layer_codecs(fmt: KVFormat | str | FormatChoice, k_scale: KVScale | None = N
         return LayerCodecs(FP8Codec(1.0), FP8Codec(1.0))
     if base in (KVFormat.FP8, KVFormat.INT8):
         if k_scale is None or v_scale is None or not (k_scale > 0 and v_scale > 0):
-            raise TrtkvError(f"KV format {choice.name} needs positive static K and V scales per layer "
-                             f"(got k={k_scale}, v={v_scale}). Next: pass k_scales/v_scales (kv_scales.json) or "
-                             f"calibrate them with trtkv.kvcache.scales.calibrate_scales(model, tokenizer).")
+            raise TrtkvError(
+                f"KV format {choice.name} needs positive static K and V scales per layer "
+                f"(got k={k_scale}, v={v_scale}). Next: pass k_scales/v_scales (kv_scales.json) or "
+                f"calibrate them with trtkv.kvcache.scales.calibrate_scales(model, tokenizer)."
+            )
         if base is KVFormat.FP8:
             return LayerCodecs(FP8Codec(k_scale), FP8Codec(v_scale))
         if choice.split_scales:
@@ -286,9 +306,13 @@ def layer_codecs(fmt: KVFormat | str | FormatChoice, k_scale: KVScale | None = N
         return LayerCodecs(Int8StaticCodec(shared), Int8StaticCodec(shared))
     if base is KVFormat.NVFP4:
         if k_scale is None or v_scale is None or not (k_scale > 0 and v_scale > 0):
-            raise TrtkvError(f"KV format nvfp4 needs positive static K and V global scales per layer (amax/448; "
-                             f"got k={k_scale}, v={v_scale}). Next: pass k_scales/v_scales from KVScales.for_format.")
-        return LayerCodecs(NVFP4Codec(k_scale), NVFP4Codec(v_scale))  # separate K and V globals, as TensorRT-LLM
+            raise TrtkvError(
+                f"KV format nvfp4 needs positive static K and V global scales per layer (amax/448; "
+                f"got k={k_scale}, v={v_scale}). Next: pass k_scales/v_scales from "
+                "KVScales.for_format."
+            )
+        # separate K and V globals, as TensorRT-LLM
+        return LayerCodecs(NVFP4Codec(k_scale), NVFP4Codec(v_scale))
     if base is KVFormat.INT8_TOKEN:
         return LayerCodecs(Int8TokenCodec(), Int8TokenCodec())
     if base in (KVFormat.INT8_PER_TOKEN_HEAD, KVFormat.FP8_PER_TOKEN_HEAD):
@@ -298,11 +322,18 @@ def layer_codecs(fmt: KVFormat | str | FormatChoice, k_scale: KVScale | None = N
         return LayerCodecs(Int4PerTokenHeadCodec(), Int4PerTokenHeadCodec())
     if base in TURBOQUANT_PRESETS:
         key_bits, value_bits, norm_correction = TURBOQUANT_PRESETS[base]
-        return LayerCodecs(TurboQuantKeyCodec(key_bits, norm_correction), TurboQuantValueCodec(value_bits))
+        return LayerCodecs(
+            TurboQuantKeyCodec(key_bits, norm_correction), TurboQuantValueCodec(value_bits)
+        )
     if base is KVFormat.ULTRAQUANT_4BIT:
         return LayerCodecs(UltraQuantCodec(rotate=True), UltraQuantCodec(rotate=False))
     spec = SPECS[base]
     if base in (KVFormat.KIVI4, KVFormat.KIVI2):
         group = spec.group_size or KIVI_GROUP
-        return LayerCodecs(KiviKeyCodec(spec.bits, group), GroupAsymCodec(spec.bits, group), residual=KIVI_RESIDUAL)
-    return LayerCodecs(GroupAsymCodec(spec.bits, spec.group_size or 64), GroupAsymCodec(spec.bits, spec.group_size or 64))
+        return LayerCodecs(
+            KiviKeyCodec(spec.bits, group), GroupAsymCodec(spec.bits, group), residual=KIVI_RESIDUAL
+        )
+    return LayerCodecs(
+        GroupAsymCodec(spec.bits, spec.group_size or 64),
+        GroupAsymCodec(spec.bits, spec.group_size or 64),
+    )

@@ -1,7 +1,8 @@
-"""The KV numerics in one import (the package's face is trtkv/kvcache/__init__'s `__all__`): every format's names
-(trtkv.kvcache.names), elementwise numerics (trtkv.kvcache.numerics, trtkv.kvcache.turboquant) and codecs
-(trtkv.kvcache.codecs), plus `numerics_key` (what a cached probe result is keyed by) and `fake_quantize`. The
-semantics of each format, and the runtime each one follows, are in trtkv.kvcache.numerics' docstring."""
+"""The KV numerics in one import (the package's face is trtkv/kvcache/__init__'s `__all__`): every
+format's names (trtkv.kvcache.names), elementwise numerics (trtkv.kvcache.numerics,
+trtkv.kvcache.turboquant) and codecs (trtkv.kvcache.codecs), plus `numerics_key` (what a cached
+probe result is keyed by) and `fake_quantize`. The semantics of each format, and the runtime each
+one follows, are in trtkv.kvcache.numerics' docstring."""
 
 from __future__ import annotations
 
@@ -104,8 +105,9 @@ from trtkv.kvcache.variants import (  # noqa: F401, E402 - the public face of th
 
 
 def numerics_key(fmt: KVFormat | str | FormatChoice) -> str:
-    """A hash of a format's definition: its row in trtkv/data/kv_formats.json and the source of its codecs, so a
-    cached probe result made under another definition (a changed table row or codec) no longer matches."""
+    """A hash of a format's definition: its row in trtkv/data/kv_formats.json and the source of its
+    codecs, so a cached probe result made under another definition (a changed table row or codec) no
+    longer matches."""
 
     from trtkv.kvcache.engines import load_table
 
@@ -116,22 +118,36 @@ def numerics_key(fmt: KVFormat | str | FormatChoice) -> str:
     if choice.variant == "fp8_attn_head":
         unit = HeadScale((1.0,))
     codecs = layer_codecs(choice, unit, unit)
-    parts = [row.numerics if row else None, choice.base.value, choice.split_scales, codecs.residual,
-             *_definition_sources(type(codecs.key)), *_definition_sources(type(codecs.value))]
+    parts = [
+        row.numerics if row else None,
+        choice.base.value,
+        choice.split_scales,
+        codecs.residual,
+        *_definition_sources(type(codecs.key)),
+        *_definition_sources(type(codecs.value)),
+    ]
     if choice.variant:  # two variants may share codec classes (nvfp4_cast, nvfp4_rotate)
         parts.append(choice.variant)
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
-# The modules a codec's definition spans: its source and every function, class or constant of these it reaches by name.
-NUMERICS_MODULES = ("trtkv.kvcache.names", "trtkv.kvcache.numerics", "trtkv.kvcache.turboquant", "trtkv.kvcache.codecs",
-                    "trtkv.kvcache.codec_base", "trtkv.kvcache.variants")
+# The modules a codec's definition spans: its source and every function, class or constant of these
+# it reaches by name.
+NUMERICS_MODULES = (
+    "trtkv.kvcache.names",
+    "trtkv.kvcache.numerics",
+    "trtkv.kvcache.turboquant",
+    "trtkv.kvcache.codecs",
+    "trtkv.kvcache.codec_base",
+    "trtkv.kvcache.variants",
+)
 
 
 def _definition_sources(cls: type) -> list[str]:
-    """The source of a codec class and of every function, class or constant of the numerics modules it reaches by
-    name (transitively), each name resolved in the namespace of the module whose source names it: a change to
-    turboquant_value_quantize changes the key of the formats whose codecs call it, wherever it lives."""
+    """The source of a codec class and of every function, class or constant of the numerics modules
+    it reaches by name (transitively), each name resolved in the namespace of the module whose
+    source names it: a change to turboquant_value_quantize changes the key of the formats whose
+    codecs call it, wherever it lives."""
     import inspect
     import re
 
@@ -145,7 +161,8 @@ def _definition_sources(cls: type) -> list[str]:
             if name in seen or obj is None:
                 continue
             if isinstance(obj, (int, float, str, tuple)):
-                if where in NUMERICS_MODULES:  # its own constants and those it imports (FP8_MAX, ...)
+                # its own constants and those it imports (FP8_MAX, ...)
+                if where in NUMERICS_MODULES:
                     seen[name] = repr(obj)
                 continue
             owner = getattr(obj, "__module__", None)
@@ -158,7 +175,10 @@ def _definition_sources(cls: type) -> list[str]:
     return [inspect.getsource(cls), *(f"{k}={v}" for k, v in sorted(seen.items()))]
 
 
-def fake_quantize(x: torch.Tensor, fmt: KVFormat | str, scale: KVScale | None = None, role: str = "key") -> torch.Tensor:
-    """Quantize then dequantize x ([B, H, T, D]) as the cache would store it (no residual window)."""
+def fake_quantize(
+    x: torch.Tensor, fmt: KVFormat | str, scale: KVScale | None = None, role: str = "key"
+) -> torch.Tensor:
+    """Quantize then dequantize x ([B, H, T, D]) as the cache would store it (no residual
+    window)."""
     codecs = layer_codecs(fmt, scale, scale)
     return (codecs.key if role == "key" else codecs.value).roundtrip(x)

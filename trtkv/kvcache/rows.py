@@ -1,6 +1,6 @@
-"""Row storage for the quantized KV cache (trtkv.kvcache.cache): RowStore, the growing per-part tensors a layer keeps
-(trtkv.kvcache.quantized_layer), and encode_rows, one layer's new tokens encoded once for many sequences' caches
-(update_rows)."""
+"""Row storage for the quantized KV cache (trtkv.kvcache.cache): RowStore, the growing per-part
+tensors a layer keeps (trtkv.kvcache.quantized_layer), and encode_rows, one layer's new tokens
+encoded once for many sequences' caches (update_rows)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,19 @@ from typing import Any
 
 import torch
 
-BLOCK_ROWS = 256  # storage grows by this many rows (tokens) at a time: little slack, amortized copies
+# storage grows by this many rows (tokens) at a time: little slack, amortized copies
+BLOCK_ROWS = 256
 
 
 class RowStore:
-    """Named tensors growing along dim -2 in blocks; each part counts its own used rows (KIVI's K scales have one
-    row per 32 tokens)."""
+    """Named tensors growing along dim -2 in blocks; each part counts its own used rows (KIVI's K
+    scales have one row per 32 tokens)."""
 
     def __init__(self, block: int = BLOCK_ROWS):
         self.block = block
         self.used: dict[str, int] = {}  # end of the live rows
-        self.start: dict[str, int] = {}  # first live row (rows before it were dropped: sliding-window layers)
+        # first live row (rows before it were dropped: sliding-window layers)
+        self.start: dict[str, int] = {}
         self.buffers: dict[str, torch.Tensor] = {}
 
     def append(self, parts: dict[str, torch.Tensor]) -> None:
@@ -30,19 +32,20 @@ class RowStore:
             rows = end - first
             buf = self.buffers.get(name)
             if buf is None or end + n > buf.shape[-2]:
-                block = max(1, -(-self.block * n // most)) if most else self.block  # parts with fewer rows per token
+                # parts with fewer rows per token
+                block = max(1, -(-self.block * n // most)) if most else self.block
                 new = self._alloc(value, -(-(rows + n) // block) * block)
                 if buf is not None:
                     new[..., :rows, :] = buf[..., first:end, :]  # dropped rows are not carried over
                 self.buffers[name] = buf = new
                 first, end = 0, rows
                 self.start[name] = 0
-            buf[..., end: end + n, :] = value
+            buf[..., end : end + n, :] = value
             self.used[name] = end + n
 
     def drop_front(self, tokens: int, stored_tokens: int) -> None:
-        """Forget the oldest `tokens` of `stored_tokens` in every part (a part with one row per G tokens drops
-        tokens / G rows; `tokens` must be a multiple of every part's G)."""
+        """Forget the oldest `tokens` of `stored_tokens` in every part (a part with one row per G
+        tokens drops tokens / G rows; `tokens` must be a multiple of every part's G)."""
         if tokens <= 0:
             return
         for name, end in self.used.items():
@@ -51,14 +54,16 @@ class RowStore:
 
     @staticmethod
     def _alloc(like: torch.Tensor, rows: int) -> torch.Tensor:
-        return torch.empty((*like.shape[:-2], rows, like.shape[-1]), dtype=like.dtype, device=like.device)
+        return torch.empty(
+            (*like.shape[:-2], rows, like.shape[-1]), dtype=like.dtype, device=like.device
+        )
 
     @property
     def rows(self) -> int:
         return max((end - self.start.get(k, 0) for k, end in self.used.items()), default=0)
 
     def view(self) -> dict[str, torch.Tensor]:
-        return {k: v[..., self.start.get(k, 0): self.used[k], :] for k, v in self.buffers.items()}
+        return {k: v[..., self.start.get(k, 0) : self.used[k], :] for k, v in self.buffers.items()}
 
     def used_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.view().values())
@@ -76,8 +81,9 @@ class RowStore:
 
 @dataclass
 class Encoded:
-    """One layer's new tokens as the store keeps them: codes (parts), their decode where the layer keeps it
-    (keep_decoded), and the clip counts and |x| maxima of K and V where the layer counts them."""
+    """One layer's new tokens as the store keeps them: codes (parts), their decode where the layer
+    keeps it (keep_decoded), and the clip counts and |x| maxima of K and V where the layer counts
+    them."""
 
     k_parts: dict[str, torch.Tensor]
     v_parts: dict[str, torch.Tensor]
@@ -87,12 +93,14 @@ class Encoded:
     amax: tuple[float, float] = (0.0, 0.0)
 
 
-def encode_rows(layer: Any, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype, split: bool = True
-                ) -> list[Encoded] | None:
-    """k/v (B, H, T, d) encoded by `layer`'s codecs in one call, split into one Encoded per batch row (None when a
-    stored part has no batch dimension to split; split=False: one Encoded of all B rows, for one cache's store).
-    Equal to encoding each row on its own, bit for bit: the codecs quantize elementwise or per token
-    (row_separable); so one call serves the same layer of B sequences that quantize alike (update_rows)."""
+def encode_rows(
+    layer: Any, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype, split: bool = True
+) -> list[Encoded] | None:
+    """k/v (B, H, T, d) encoded by `layer`'s codecs in one call, split into one Encoded per batch
+    row (None when a stored part has no batch dimension to split; split=False: one Encoded of all B
+    rows, for one cache's store). Equal to encoding each row on its own, bit for bit: the codecs
+    quantize elementwise or per token (row_separable); so one call serves the same layer of B
+    sequences that quantize alike (update_rows)."""
     codecs = layer.codecs
     k_parts, v_parts = codecs.key.encode(k), codecs.value.encode(v)
     rows = k.shape[0] if split else 1
@@ -105,16 +113,29 @@ def encode_rows(layer: Any, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype
     amax: list[tuple[float, float]] = [(0.0, 0.0)] * rows
     if layer.tracks():
         kb, vb = codecs.key.beyond(k).reshape(rows, -1), codecs.value.beyond(v).reshape(rows, -1)
-        clips = [(int(a), int(b)) for a, b in zip(kb.sum(1).tolist(), vb.sum(1).tolist(), strict=True)]
+        clips = [
+            (int(a), int(b)) for a, b in zip(kb.sum(1).tolist(), vb.sum(1).tolist(), strict=True)
+        ]
         if k.numel():
-            ka, va = k.abs().reshape(rows, -1).amax(1).tolist(), v.abs().reshape(rows, -1).amax(1).tolist()
+            ka, va = (
+                k.abs().reshape(rows, -1).amax(1).tolist(),
+                v.abs().reshape(rows, -1).amax(1).tolist(),
+            )
             amax = [(float(a), float(b)) for a, b in zip(ka, va, strict=True)]
     if rows == 1:
         return [Encoded(k_parts, v_parts, k_dec, v_dec, clips[0] if clips else None, amax[0])]
 
     def row(parts: dict[str, torch.Tensor], b: int) -> dict[str, torch.Tensor]:
-        return {name: t[b: b + 1] for name, t in parts.items()}
+        return {name: t[b : b + 1] for name, t in parts.items()}
 
-    return [Encoded(row(k_parts, b), row(v_parts, b), None if k_dec is None else k_dec[b: b + 1],
-                    None if v_dec is None else v_dec[b: b + 1], clips[b] if clips else None, amax[b])
-            for b in range(rows)]
+    return [
+        Encoded(
+            row(k_parts, b),
+            row(v_parts, b),
+            None if k_dec is None else k_dec[b : b + 1],
+            None if v_dec is None else v_dec[b : b + 1],
+            clips[b] if clips else None,
+            amax[b],
+        )
+        for b in range(rows)
+    ]

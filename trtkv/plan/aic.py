@@ -1,12 +1,14 @@
-"""The one adapter to NVIDIA aiconfigurator: builds a request, runs tools/aic_estimate.py with .venv-aic's python (a
-subprocess: aiconfigurator needs numpy >= 2.1, trtkv's venv cannot hold it) and reads its JSON answer, bounded in
-bytes and time and checked field by field. `make install-aiconfigurator` makes .venv-aic (aiconfigurator 0.12.0 and
-aiconfigurator-core 0.12.0, pinned); without it the estimate says so and uses trtkv's own model.
+"""The one adapter to NVIDIA aiconfigurator: builds a request, runs tools/aic_estimate.py with
+.venv-aic's python (a subprocess: aiconfigurator needs numpy >= 2.1, trtkv's venv cannot hold it)
+and reads its JSON answer, bounded in bytes and time and checked field by field. `make
+install-aiconfigurator` makes .venv-aic (aiconfigurator 0.12.0 and aiconfigurator-core 0.12.0,
+pinned); without it the estimate says so and uses trtkv's own model.
 
-aiconfigurator 0.12.0 has measured data for h100_sxm, h200_sxm, b200_sxm, b300_sxm, gb200, gb300, a100_sxm, l40s and
-rtx_pro_6000_server (trtkv.plan.speed.AIC_SYSTEM maps trtkv's GPUs onto them; gb300 has no trtkv GPU); backends
-TensorRT-LLM 1.3.0rc20, vLLM 0.24.0, SGLang 0.5.14; KV bfloat16 and fp8 only. For any other GPU it is not asked: the
-estimate says so, names the GPUs it covers, and trtkv's model answers.
+aiconfigurator 0.12.0 has measured data for h100_sxm, h200_sxm, b200_sxm, b300_sxm, gb200, gb300,
+a100_sxm, l40s and rtx_pro_6000_server (trtkv.plan.speed.AIC_SYSTEM maps trtkv's GPUs onto them;
+gb300 has no trtkv GPU); backends TensorRT-LLM 1.3.0rc20, vLLM 0.24.0, SGLang 0.5.14; KV bfloat16
+and fp8 only. For any other GPU it is not asked: the estimate says so, names the GPUs it covers, and
+trtkv's model answers.
 """
 
 from __future__ import annotations
@@ -37,10 +39,24 @@ TOOL = Path(__file__).resolve().parents[2] / "tools" / "aic_estimate.py"
 MAX_ANSWER_BYTES = 1 << 20
 TIMEOUT_S = 600.0
 # KV formats aiconfigurator has kernel data for, by its name
-AIC_KV = {KVFormat.BF16: "bfloat16", KVFormat.FP16: "bfloat16", KVFormat.FP8: "fp8", KVFormat.FP8_SCALE1: "fp8"}
+AIC_KV = {
+    KVFormat.BF16: "bfloat16",
+    KVFormat.FP16: "bfloat16",
+    KVFormat.FP8: "fp8",
+    KVFormat.FP8_SCALE1: "fp8",
+}
 GEMM_MODE = {WeightQuant.FP8: "fp8", WeightQuant.INT8_SQ: "sq", WeightQuant.INT4_AWQ: "int4_wo"}
-ROW_FIELDS = {"kv": str, "concurrency": int, "ttft_ms": float, "itl_ms": float, "tokens_per_s_per_gpu": float,
-              "tokens_per_s_per_user": float, "backend": str, "backend_version": str, "system": str}
+ROW_FIELDS = {
+    "kv": str,
+    "concurrency": int,
+    "ttft_ms": float,
+    "itl_ms": float,
+    "tokens_per_s_per_gpu": float,
+    "tokens_per_s_per_user": float,
+    "backend": str,
+    "backend_version": str,
+    "system": str,
+}
 
 
 @dataclass(frozen=True)
@@ -68,8 +84,11 @@ class AicAnswer:
 
 
 def covered_gpus() -> str:
-    """`A100-80GB (a100_sxm), H100-80GB (h100_sxm), ...`: the GPUs aiconfigurator has measured data for."""
-    return "it has data for " + ", ".join(f"{g.value} ({system})" for g, system in AIC_SYSTEM.items())
+    """`A100-80GB (a100_sxm), H100-80GB (h100_sxm), ...`: the GPUs aiconfigurator has measured data
+    for."""
+    return "it has data for " + ", ".join(
+        f"{g.value} ({system})" for g, system in AIC_SYSTEM.items()
+    )
 
 
 def python_path() -> Path:
@@ -100,83 +119,143 @@ def parse_answer(text: str, where: str = "tools/aic_estimate.py") -> AicAnswer:
             elif kind is str and isinstance(value, str) and len(value) < 100:
                 values[name] = value
             else:
-                raise TrtkvError(f"{where}: rows[{i}].{name} = {value!r} is not a valid {kind.__name__}.")
+                raise TrtkvError(
+                    f"{where}: rows[{i}].{name} = {value!r} is not a valid {kind.__name__}."
+                )
         rows.append(AicRow(**values))
-    errors = tuple(str(e.get("error", e))[:300] for e in doc.get("errors", []) if isinstance(e, dict))
-    return AicAnswer(str(doc.get("aiconfigurator", "?"))[:40], str(doc.get("aiconfigurator_core", "?"))[:40],
-                     tuple(rows), errors)
+    errors = tuple(
+        str(e.get("error", e))[:300] for e in doc.get("errors", []) if isinstance(e, dict)
+    )
+    return AicAnswer(
+        str(doc.get("aiconfigurator", "?"))[:40],
+        str(doc.get("aiconfigurator_core", "?"))[:40],
+        tuple(rows),
+        errors,
+    )
 
 
 def _synthetic_config(arch: Architecture, folder: Path) -> Path:
-    """A Llama-style config.json from the architecture (a recipe without a local config), for aiconfigurator."""
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": arch.hidden_size,
-           "intermediate_size": arch.intermediate_size, "num_hidden_layers": arch.num_layers,
-           "num_attention_heads": arch.num_attention_heads, "num_key_value_heads": arch.num_kv_heads,
-           "head_dim": arch.head_dim, "vocab_size": arch.vocab_size, "max_position_embeddings":
-           arch.max_position_embeddings or 131072, "tie_word_embeddings": arch.tie_word_embeddings,
-           "torch_dtype": "bfloat16", "rms_norm_eps": 1e-5, "hidden_act": "silu", "rope_theta": 500000.0}
+    """A Llama-style config.json from the architecture (a recipe without a local config), for
+    aiconfigurator."""
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": arch.hidden_size,
+        "intermediate_size": arch.intermediate_size,
+        "num_hidden_layers": arch.num_layers,
+        "num_attention_heads": arch.num_attention_heads,
+        "num_key_value_heads": arch.num_kv_heads,
+        "head_dim": arch.head_dim,
+        "vocab_size": arch.vocab_size,
+        "max_position_embeddings": arch.max_position_embeddings or 131072,
+        "tie_word_embeddings": arch.tie_word_embeddings,
+        "torch_dtype": "bfloat16",
+        "rms_norm_eps": 1e-5,
+        "hidden_act": "silu",
+        "rope_theta": 500000.0,
+    }
     (folder / "config.json").write_text(json.dumps(cfg))
     return folder
 
 
-def request(recipe: Recipe, arch: Architecture, kvs: Sequence[str], concurrency: Sequence[int],
-            model_path: str) -> dict[str, Any]:
+def request(
+    recipe: Recipe,
+    arch: Architecture,
+    kvs: Sequence[str],
+    concurrency: Sequence[int],
+    model_path: str,
+) -> dict[str, Any]:
     b = recipe.bench
-    return {"model_path": model_path, "system": AIC_SYSTEM[recipe.hardware.gpu],
-            "backend": SPEED_ENGINE[recipe.build.backend], "backend_version": None,
-            "tp": recipe.build.tp_size, "pp": recipe.build.pp_size, "isl": b.input_tokens, "osl": b.output_tokens,
-            "gemm_quant_mode": GEMM_MODE.get(recipe.quantization.weights, "bfloat16" if not arch.stored_weights_bytes
-                                              else None),
-            "max_seq_len": max(recipe.build.max_seq_len, b.input_tokens + b.output_tokens),
-            "cases": [{"kv": kv, "concurrency": c} for kv in kvs for c in concurrency]}
+    return {
+        "model_path": model_path,
+        "system": AIC_SYSTEM[recipe.hardware.gpu],
+        "backend": SPEED_ENGINE[recipe.build.backend],
+        "backend_version": None,
+        "tp": recipe.build.tp_size,
+        "pp": recipe.build.pp_size,
+        "isl": b.input_tokens,
+        "osl": b.output_tokens,
+        "gemm_quant_mode": GEMM_MODE.get(
+            recipe.quantization.weights, "bfloat16" if not arch.stored_weights_bytes else None
+        ),
+        "max_seq_len": max(recipe.build.max_seq_len, b.input_tokens + b.output_tokens),
+        "cases": [{"kv": kv, "concurrency": c} for kv in kvs for c in concurrency],
+    }
 
 
 def run(req: dict[str, Any], python: Path | None = None, timeout: float = TIMEOUT_S) -> AicAnswer:
-    """One subprocess: the request on stdin, the answer on stdout (bounded), aiconfigurator's chatter on stderr."""
+    """One subprocess: the request on stdin, the answer on stdout (bounded), aiconfigurator's
+    chatter on stderr."""
     return parse_answer(_invoke(req, python or python_path(), timeout))
 
 
-def run_many(req: dict[str, Any], python: Path | None = None, timeout: float = TIMEOUT_S) -> list[AicAnswer]:
+def run_many(
+    req: dict[str, Any], python: Path | None = None, timeout: float = TIMEOUT_S
+) -> list[AicAnswer]:
     """Several requests ({"requests": [...]}) in one process: one answer each, in order."""
     text = _invoke(req, python or python_path(), timeout, limit=64 * MAX_ANSWER_BYTES)
     try:
         answers = json.loads(text)["answers"]
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise TrtkvError(f"tools/aic_estimate.py: expected {{'answers': [...]}}; got {text[:200]!r}") from exc
+        raise TrtkvError(
+            f"tools/aic_estimate.py: expected {{'answers': [...]}}; got {text[:200]!r}"
+        ) from exc
     return [parse_answer(json.dumps(a)) for a in answers]
 
 
-def _invoke(req: dict[str, Any], python: Path, timeout: float, limit: int = MAX_ANSWER_BYTES) -> str:
+def _invoke(
+    req: dict[str, Any], python: Path, timeout: float, limit: int = MAX_ANSWER_BYTES
+) -> str:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONNOUSERSITE": "1"}
     try:
-        done = subprocess.run([str(python), str(TOOL)], input=json.dumps(req), capture_output=True, text=True,
-                              timeout=timeout, env=env, check=False)
+        done = subprocess.run(
+            [str(python), str(TOOL)],
+            input=json.dumps(req),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            check=False,
+        )
     except subprocess.TimeoutExpired as exc:
-        raise TrtkvError(f"aiconfigurator ({python} {TOOL}) took longer than {timeout:.0f} s.") from exc
+        raise TrtkvError(
+            f"aiconfigurator ({python} {TOOL}) took longer than {timeout:.0f} s."
+        ) from exc
     if done.returncode != 0:
-        raise TrtkvError(f"aiconfigurator ({python} {TOOL}) exited {done.returncode}: {done.stderr[-800:]}")
+        raise TrtkvError(
+            f"aiconfigurator ({python} {TOOL}) exited {done.returncode}: {done.stderr[-800:]}"
+        )
     if len(done.stdout) > limit:
         raise TrtkvError(f"aiconfigurator ({TOOL}): answer larger than {limit} bytes.")
     return done.stdout
 
 
-def run_for(recipe: Recipe, arch: Architecture, formats: Sequence[tuple[str, KVFormat]],
-            concurrency: Sequence[int]) -> tuple[AicAnswer | None, str]:
-    """aiconfigurator's answer for the formats it covers, and a line saying what was used (or why not)."""
+def run_for(
+    recipe: Recipe,
+    arch: Architecture,
+    formats: Sequence[tuple[str, KVFormat]],
+    concurrency: Sequence[int],
+) -> tuple[AicAnswer | None, str]:
+    """aiconfigurator's answer for the formats it covers, and a line saying what was used (or why
+    not)."""
     from trtkv.plan.model import model_config_path
 
     kvs = sorted({AIC_KV[f] for label, f in formats if f in AIC_KV and label == f.value})
     if recipe.hardware.gpu not in AIC_SYSTEM:
-        return None, (f"aiconfigurator {AIC_VERSION} has no data for {recipe.hardware.gpu.value} ({covered_gpus()}): "
-                      f"trtkv model for every row")
+        return None, (
+            f"aiconfigurator {AIC_VERSION} has no data for {recipe.hardware.gpu.value} "
+            f"({covered_gpus()}): trtkv model for every row"
+        )
     if not kvs:
         return None, "no format aiconfigurator covers (it has bfloat16 and fp8 KV): trtkv model"
     python = python_path()
     if not TOOL.is_file():
         return None, f"{TOOL} not found (it ships with a trtkv checkout): trtkv model for every row"
     if not python.is_file():
-        return None, (f"aiconfigurator not installed ({AIC_VENV} absent; `make install-aiconfigurator` installs "
-                      f"aiconfigurator {AIC_VERSION}): trtkv model for every row")
+        return None, (
+            f"aiconfigurator not installed ({AIC_VENV} absent; `make install-aiconfigurator` "
+            f"installs aiconfigurator {AIC_VERSION}): trtkv model for every row"
+        )
     cfg = model_config_path(recipe)
     with tempfile.TemporaryDirectory(prefix="trtkv-aic-") as tmp:
         model_path = str(cfg.parent) if cfg else str(_synthetic_config(arch, Path(tmp)))
@@ -188,11 +267,14 @@ def run_for(recipe: Recipe, arch: Architecture, formats: Sequence[tuple[str, KVF
         first = answer.errors[0] if answer.errors else "no rows"
         return None, f"aiconfigurator {answer.version} gave no estimate ({first}): trtkv model"
     said = f"aiconfigurator {answer.version} (core {answer.core_version}) for {', '.join(kvs)} KV"
-    return answer, said + (f"; {len(answer.errors)} case(s) failed: {answer.errors[0]}" if answer.errors else "")
+    return answer, said + (
+        f"; {len(answer.errors)} case(s) failed: {answer.errors[0]}" if answer.errors else ""
+    )
 
 
 def rows_for(answer: AicAnswer, fmt: KVFormat, concurrency: Sequence[int]) -> list[AicRow] | None:
-    """The answer's rows for this format at every level, or None when any is missing (then trtkv's model answers)."""
+    """The answer's rows for this format at every level, or None when any is missing (then trtkv's
+    model answers)."""
     kv = AIC_KV.get(fmt)
     by = {r.concurrency: r for r in answer.rows if r.kv == kv}
     got = [by.get(c) for c in concurrency]

@@ -1,14 +1,17 @@
-"""Activation memory of an engine's profiling or warm-up forward, from the architecture and the engine's batch limits
-(the terms trtkv.plan.engine_memory subtracts): the widest layer of a forward over max_num_tokens tokens, the sampler
-over the request rows, and vLLM's CUDA-graph estimate. Shapes per GPU: TP splits the MLP and expert widths.
+"""Activation memory of an engine's profiling or warm-up forward, from the architecture and the
+engine's batch limits (the terms trtkv.plan.engine_memory subtracts): the widest layer of a forward
+over max_num_tokens tokens, the sampler over the request rows, and vLLM's CUDA-graph estimate.
+Shapes per GPU: TP splits the MLP and expert widths.
 
 Assumptions, said where they are made (the engines' code they follow is cited at each function):
-- the forward's peak is one layer's MLP: the fused gate/up output (2 x intermediate), the activation output
-  (1 x intermediate), and three hidden-size tensors alive beside it (residual, normed input, attention output);
-  an MoE layer holds top_k copies of the expert widths per token instead (fused MoE's intermediate caches);
+- the forward's peak is one layer's MLP: the fused gate/up output (2 x intermediate), the activation
+  output (1 x intermediate), and three hidden-size tensors alive beside it (residual, normed input,
+  attention output); an MoE layer holds top_k copies of the expert widths per token instead (fused
+  MoE's intermediate caches);
 - pipeline stages other than the first keep two hidden-size receive buffers;
-- the sampler runs on the last stage only, over min(max_num_seqs, max_num_tokens) rows, with the full vocabulary on
-  every TP rank (logits are gathered), while the last hidden states (two hidden-size tensors) stay alive.
+- the sampler runs on the last stage only, over min(max_num_seqs, max_num_tokens) rows, with the
+  full vocabulary on every TP rank (logits are gathered), while the last hidden states (two
+  hidden-size tensors) stay alive.
 """
 
 from __future__ import annotations
@@ -42,8 +45,10 @@ class Setup:
     pp: int
     weights_bytes: float  # on this GPU
     kv_bytes_per_token: float  # on this GPU, every layer of its stage
-    max_num_tokens: int  # tokens per step: vLLM max_num_batched_tokens, TRT-LLM max_num_tokens, SGLang chunked prefill
-    max_num_seqs: int  # requests per step: vLLM max_num_seqs, TRT-LLM max_batch_size, SGLang max_running_requests
+    # tokens per step: vLLM max_num_batched_tokens, TRT-LLM max_num_tokens, SGLang chunked prefill
+    max_num_tokens: int
+    # requests per step: vLLM max_num_seqs, TRT-LLM max_batch_size, SGLang max_running_requests
+    max_num_seqs: int
     nvswitch: bool = True  # the TP GPUs share an NVSwitch (NCCL NVLS buffers)
     tokens_per_block: int = 1
     blackwell_datacenter: bool = False  # vLLM captures graphs up to 1024 tokens there
@@ -54,7 +59,8 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 def forward_peak_bytes(shape: ModelShape, setup: Setup) -> float:
-    """Peak bytes of one forward over max_num_tokens tokens (the widest layer, see the module docstring)."""
+    """Peak bytes of one forward over max_num_tokens tokens (the widest layer, see the module
+    docstring)."""
     t, h, b, tp = setup.max_num_tokens, shape.hidden, shape.act_bytes, setup.tp
     dense = t * b * (3 * _ceil_div(shape.intermediate, tp) + 3 * h) if shape.intermediate else 0
     moe = 0
@@ -67,16 +73,18 @@ def forward_peak_bytes(shape: ModelShape, setup: Setup) -> float:
 
 
 def sampler_peak_bytes(shape: ModelShape, setup: Setup, rows: int, bytes_per_logit: float) -> float:
-    """The dummy sampler run: rows x vocab logits at the engine's bytes per element, beside the last hidden states."""
+    """The dummy sampler run: rows x vocab logits at the engine's bytes per element, beside the last
+    hidden states."""
     resident = 2 * setup.max_num_tokens * shape.hidden * shape.act_bytes
     return rows * shape.vocab * bytes_per_logit + resident
 
 
 def vllm_capture_sizes(setup: Setup) -> tuple[list[int], list[int]]:
-    """vLLM's default CUDA-graph sizes (vllm/config/vllm.py _set_cudagraph_sizes, vllm 0.32.0): [1, 2, 4], multiples
-    of 8 below 256, multiples of 16 up to min(2 x max_num_seqs, 512; 1024 on data-center Blackwell), none above
-    max_num_batched_tokens. PIECEWISE graphs take every size (mixed prefill-decode), FULL graphs the decode sizes
-    up to max_num_seqs (FULL_AND_PIECEWISE, the default mode)."""
+    """vLLM's default CUDA-graph sizes (vllm/config/vllm.py _set_cudagraph_sizes, vllm 0.32.0): [1,
+    2, 4], multiples of 8 below 256, multiples of 16 up to min(2 x max_num_seqs, 512; 1024 on
+    data-center Blackwell), none above max_num_batched_tokens. PIECEWISE graphs take every size
+    (mixed prefill-decode), FULL graphs the decode sizes up to max_num_seqs (FULL_AND_PIECEWISE, the
+    default mode)."""
     ceiling = min(2 * setup.max_num_seqs, 1024 if setup.blackwell_datacenter else 512)
     sizes = [1, 2, 4, *range(8, 256, 8), *range(256, ceiling + 1, 16)]
     piecewise = [s for s in sizes if s <= min(ceiling, setup.max_num_tokens)]
@@ -84,16 +92,18 @@ def vllm_capture_sizes(setup: Setup) -> tuple[list[int], list[int]]:
     return piecewise, full
 
 
-# vLLM's CUDA-graph estimate (vllm/v1/worker/gpu_model_runner.py profile_cudagraph_memory: it captures the first
-# and a second graph of each mode and extrapolates 'first-capture + (n - 1) x per-graph'). The 0.19.0 logs print the
-# two figures for 30 models on H100 (llm-d-planner accuracy/results/v0.19.0): per graph 0.15-0.25 MiB per layer on
-# the GPU, first captures 0.1-0.26 GiB per mode. Engine figures, the same for every model.
+# vLLM's CUDA-graph estimate (vllm/v1/worker/gpu_model_runner.py profile_cudagraph_memory: it
+# captures the first and a second graph of each mode and extrapolates 'first-capture + (n - 1) x
+# per-graph'). The 0.19.0 logs print the two figures for 30 models on H100 (llm-d-planner
+# accuracy/results/v0.19.0): per graph 0.15-0.25 MiB per layer on the GPU, first captures 0.1-0.26
+# GiB per mode. Engine figures, the same for every model.
 GRAPH_MIB_PER_LAYER = 0.2
 GRAPH_FIRST_CAPTURES_GIB = 0.25
 
 
 def cuda_graph_bytes(shape: ModelShape, setup: Setup, *, charged: bool) -> float:
-    """vLLM's CUDA-graph estimate on one GPU (0 when the release does not charge it to the KV budget)."""
+    """vLLM's CUDA-graph estimate on one GPU (0 when the release does not charge it to the KV
+    budget)."""
     if not charged:
         return 0.0
     piecewise, full = vllm_capture_sizes(setup)

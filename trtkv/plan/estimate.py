@@ -1,7 +1,8 @@
-"""`trtkv plan --estimate`: TTFT, ITL and output tokens/s per KV format and concurrency for the recipe's engine, GPU,
-TP/PP, weights and bench workload, each figure with its source: aiconfigurator's estimate where it has data
-(trtkv.plan.aic), else trtkv's own model (trtkv.plan.speed); and the largest concurrency the plan's KV pool
-(Plan.kv_pool_bytes_per_gpu, the engine's own pool rule: trtkv.plan.engine_pool) holds."""
+"""`trtkv plan --estimate`: TTFT, ITL and output tokens/s per KV format and concurrency for the
+recipe's engine, GPU, TP/PP, weights and bench workload, each figure with its source:
+aiconfigurator's estimate where it has data (trtkv.plan.aic), else trtkv's own model
+(trtkv.plan.speed); and the largest concurrency the plan's KV pool (Plan.kv_pool_bytes_per_gpu, the
+engine's own pool rule: trtkv.plan.engine_pool) holds."""
 
 from __future__ import annotations
 
@@ -18,12 +19,14 @@ from trtkv.recipe.attention import AttentionKind, layer_formats
 from trtkv.recipe.backend_rules import SPEED_ENGINE
 from trtkv.recipe.engine_formats import served_kv_formats
 
-NVFP4_ONLY_WHERE = (KVFormat.NVFP4,)  # NVFP4 KV: the GPUs GPUSpec.nvfp4_kv names (SM100/103), as recipe.rules says
+# NVFP4 KV: the GPUs GPUSpec.nvfp4_kv names (SM100/103), as recipe.rules says
+NVFP4_ONLY_WHERE = (KVFormat.NVFP4,)
 
 
 def engine_formats(recipe: Recipe) -> list[tuple[str, KVFormat]]:
-    """(label, format) of every KV format the recipe's engine serves (recipe.engine_formats.served_kv_formats), the
-    recipe's own first; one 16-bit row (fp16 and bf16 cost the same), NVFP4 on Blackwell only."""
+    """(label, format) of every KV format the recipe's engine serves
+    (recipe.engine_formats.served_kv_formats), the recipe's own first; one 16-bit row (fp16 and bf16
+    cost the same), NVFP4 on Blackwell only."""
     out: list[tuple[str, KVFormat]] = [(recipe.kv_format_label, recipe.kv_format)]
     seen = {recipe.kv_format}
     spec = GPU_SPECS.get(recipe.hardware.gpu)
@@ -42,31 +45,60 @@ def engine_formats(recipe: Recipe) -> list[tuple[str, KVFormat]]:
 
 
 def model_shape(arch: Architecture, recipe: Recipe) -> ModelShape:
-    """Per-GPU GEMM parameters and bytes across every pipeline stage (a step's latency crosses all of them)."""
+    """Per-GPU GEMM parameters and bytes across every pipeline stage (a step's latency crosses all
+    of them)."""
     tp, pp = recipe.build.tp_size, recipe.build.pp_size
     h = arch.hidden_size
     vocab = arch.vocab_size or 0
     params = arch.parameters()
-    gemm_params = max(0.0, params - arch.embedding_parameters() + vocab * h)  # the LM head is a GEMM, the lookup not
+    # the LM head is a GEMM, the lookup not
+    gemm_params = max(0.0, params - arch.embedding_parameters() + vocab * h)
     _, w_gpu = weights_bytes(arch, recipe)
     # the embedding table is looked up, not read whole (a tied one is read whole as the LM head)
-    lookup = 0.0 if arch.tie_word_embeddings else vocab * h * (4 if recipe.model.dtype.value == "float32" else 2) / tp
-    fp8 = recipe.quantization.weights in (WeightQuant.FP8, WeightQuant.INT8_SQ) and GPU_SPECS[recipe.hardware.gpu].has_fp8
-    # the layers that run attention over a cache of their own (as checkpoints.hf_config's attention_layers): a state
-    # layer (Mamba, Gated DeltaNet) or a no-cache layer (Nemotron-H's MLP-only, Gemma 4's KV-shared) is left out
-    windows = tuple(x.window if x.window else None for x in arch.layer_list()
-                    if not x.is_state and x.kind is not AttentionKind.NONE)
-    return ModelShape(arch.num_layers, h, arch.intermediate_size or 4 * h, max(1, arch.num_attention_heads // tp),
-                      arch.head_dim, gemm_params / tp, max(0.0, w_gpu * pp - lookup), "fp8" if fp8 else "bfloat16",
-                      windows, tp, pp)
+    lookup = (
+        0.0
+        if arch.tie_word_embeddings
+        else vocab * h * (4 if recipe.model.dtype.value == "float32" else 2) / tp
+    )
+    fp8 = (
+        recipe.quantization.weights in (WeightQuant.FP8, WeightQuant.INT8_SQ)
+        and GPU_SPECS[recipe.hardware.gpu].has_fp8
+    )
+    # the layers that run attention over a cache of their own (as checkpoints.hf_config's
+    # attention_layers): a state layer (Mamba, Gated DeltaNet) or a no-cache layer (Nemotron-H's
+    # MLP-only, Gemma 4's KV-shared) is left out
+    windows = tuple(
+        x.window if x.window else None
+        for x in arch.layer_list()
+        if not x.is_state and x.kind is not AttentionKind.NONE
+    )
+    return ModelShape(
+        arch.num_layers,
+        h,
+        arch.intermediate_size or 4 * h,
+        max(1, arch.num_attention_heads // tp),
+        arch.head_dim,
+        gemm_params / tp,
+        max(0.0, w_gpu * pp - lookup),
+        "fp8" if fp8 else "bfloat16",
+        windows,
+        tp,
+        pp,
+    )
 
 
-def kv_cost(arch: Architecture, recipe: Recipe, fmt: KVFormat, skip: tuple[int | str, ...]) -> KVCost:
+def kv_cost(
+    arch: Architecture, recipe: Recipe, fmt: KVFormat, skip: tuple[int | str, ...]
+) -> KVCost:
     fmts = layer_formats(arch.layer_list(), fmt, skip, recipe.kv_skip_format)
     tp = recipe.build.tp_size
     lane, ops = kv_lane(fmt)
     heads = max(1, -(-arch.num_kv_heads // tp)) if not arch.kv_lora_rank else 1
-    elems = 2 * heads * arch.head_dim if not arch.kv_lora_rank else float(arch.kv_shape().mla_latent or 0)
+    elems = (
+        2 * heads * arch.head_dim
+        if not arch.kv_lora_rank
+        else float(arch.kv_shape().mla_latent or 0)
+    )
 
     def bytes_at(n: int) -> float:
         return seq_bytes(arch, fmts, n, tp, 1)
@@ -74,74 +106,140 @@ def kv_cost(arch: Architecture, recipe: Recipe, fmt: KVFormat, skip: tuple[int |
     return KVCost(fmt, bytes_at, lane, ops, elems)
 
 
-def _own_rows(recipe: Recipe, arch: Architecture, label: str, fmt: KVFormat, skip: tuple[int | str, ...],
-              fits: int) -> list[EstimateRow]:
+def _own_rows(
+    recipe: Recipe,
+    arch: Architecture,
+    label: str,
+    fmt: KVFormat,
+    skip: tuple[int | str, ...],
+    fits: int,
+) -> list[EstimateRow]:
     b = recipe.bench
     k = kernels_for(recipe.hardware.gpu, SPEED_ENGINE[recipe.build.backend])
     m, kv = model_shape(arch, recipe), kv_cost(arch, recipe, fmt, skip)
     rows = []
     for c in b.concurrency:
-        s: Serving = serve(k, m, kv, b.input_tokens, b.output_tokens, min(c, max(1, fits)), recipe.build.max_num_tokens)
-        rows.append(EstimateRow(label, c, s.ttft_ms, s.itl_ms, s.itl_p50_ms, s.output_tokens_per_s_per_gpu,
-                                s.output_tokens_per_s_per_user, k.source, c <= fits))
+        s: Serving = serve(
+            k,
+            m,
+            kv,
+            b.input_tokens,
+            b.output_tokens,
+            min(c, max(1, fits)),
+            recipe.build.max_num_tokens,
+        )
+        rows.append(
+            EstimateRow(
+                label,
+                c,
+                s.ttft_ms,
+                s.itl_ms,
+                s.itl_p50_ms,
+                s.output_tokens_per_s_per_gpu,
+                s.output_tokens_per_s_per_user,
+                k.source,
+                c <= fits,
+            )
+        )
     return rows
 
 
 def estimate(recipe: Recipe, plan: Plan, use_aiconfigurator: bool = True) -> Estimate:
-    """Every (format, concurrency) of the recipe's engine: aiconfigurator's figures where it has them, else trtkv's."""
+    """Every (format, concurrency) of the recipe's engine: aiconfigurator's figures where it has
+    them, else trtkv's."""
     gpu = recipe.hardware.gpu
     if gpu is GPU.CPU or recipe.build.backend not in SPEED_ENGINE:
-        raise TrtkvError(f"recipe {recipe.name}: --estimate prices a GPU engine (hardware.gpu one of "
-                         f"{', '.join(g.value for g in GPU_SPECS)}, build.backend tensorrt, llmapi, vllm or sglang); "
-                         f"this one runs {recipe.build.backend.value} on {gpu.value}. Next: override them, e.g. "
-                         f"`hardware.gpu=H100-80GB build.backend=vllm`, or measure here with `trtkv bench --sweep-input`.")
+        raise TrtkvError(
+            f"recipe {recipe.name}: --estimate prices a GPU engine (hardware.gpu one of "
+            f"{', '.join(g.value for g in GPU_SPECS)}, build.backend tensorrt, llmapi, vllm or "
+            f"sglang); this one runs {recipe.build.backend.value} on {gpu.value}. Next: override "
+            "them, e.g. `hardware.gpu=H100-80GB build.backend=vllm`, or measure here with `trtkv "
+            "bench --sweep-input`."
+        )
     arch = resolve_architecture(recipe)
     b = recipe.bench
-    pool = plan.kv_pool_bytes_per_gpu  # the engine's own rule (memdata): the one figure plan, serve and bench share
+    # the engine's own rule (memdata): the one figure plan, serve and bench share
+    pool = plan.kv_pool_bytes_per_gpu
     skip = tuple(recipe.quantization.kv_skip_layers)
     formats = engine_formats(recipe)
     fits: dict[str, int] = {}
     for label, fmt in formats:
         kv = kv_cost(arch, recipe, fmt, skip if label == recipe.kv_format_label else ())
         fits[label] = int(pool // kv.seq_bytes(b.input_tokens + b.output_tokens)) if pool else 0
-    answer, status = (aic.run_for(recipe, arch, formats, b.concurrency) if use_aiconfigurator
-                      else (None, "not asked (--no-aiconfigurator)"))
+    answer, status = (
+        aic.run_for(recipe, arch, formats, b.concurrency)
+        if use_aiconfigurator
+        else (None, "not asked (--no-aiconfigurator)")
+    )
     rows: list[EstimateRow] = []
     notes: list[str] = []
     for label, fmt in formats:
         got = aic.rows_for(answer, fmt, b.concurrency) if answer and label == fmt.value else None
         if got and answer is not None:
-            rows += [EstimateRow(label, r.concurrency, r.ttft_ms, r.itl_ms, None, r.tokens_per_s_per_gpu,
-                                 r.tokens_per_s_per_user, answer.source(r), r.concurrency <= fits[label]) for r in got]
+            rows += [
+                EstimateRow(
+                    label,
+                    r.concurrency,
+                    r.ttft_ms,
+                    r.itl_ms,
+                    None,
+                    r.tokens_per_s_per_gpu,
+                    r.tokens_per_s_per_user,
+                    answer.source(r),
+                    r.concurrency <= fits[label],
+                )
+                for r in got
+            ]
         else:
-            rows += _own_rows(recipe, arch, label, fmt, skip if label == recipe.kv_format_label else (), fits[label])
+            rows += _own_rows(
+                recipe,
+                arch,
+                label,
+                fmt,
+                skip if label == recipe.kv_format_label else (),
+                fits[label],
+            )
     over = sorted({r.format for r in rows if not r.fits})
     if over:
-        notes.append(f"concurrency above what the KV pool holds ({pool / GIB:.1f} GiB per GPU) for {', '.join(over)}: "
-                     f"trtkv's model prices those levels at the concurrency that fits (the engine queues the rest).")
+        notes.append(
+            f"concurrency above what the KV pool holds ({pool / GIB:.1f} GiB per GPU) for "
+            f"{', '.join(over)}: trtkv's model prices those levels at the concurrency that fits "
+            "(the engine queues the rest)."
+        )
     if any(fmt not in UNQUANTIZED and kv_lane(fmt)[1] for _, fmt in formats):
-        notes.append("formats other than 16-bit and FP8 (no kernel tables anywhere): their bytes at the FP8 attention "
-                     "kernel's measured efficiency, plus dequantization counted per element on the CUDA cores.")
+        notes.append(
+            "formats other than 16-bit and FP8 (no kernel tables anywhere): their bytes at the FP8 "
+            "attention kernel's measured efficiency, plus dequantization counted per element on "
+            "the CUDA cores."
+        )
     notes += gpu_notes(gpu, SPEED_ENGINE[recipe.build.backend], rows)
-    workload = {"input_tokens": b.input_tokens, "output_tokens": b.output_tokens, "concurrency": list(b.concurrency),
-                "max_num_batched_tokens": recipe.build.max_num_tokens}
+    workload = {
+        "input_tokens": b.input_tokens,
+        "output_tokens": b.output_tokens,
+        "concurrency": list(b.concurrency),
+        "max_num_batched_tokens": recipe.build.max_num_tokens,
+    }
     return Estimate(workload, recipe.build.backend.value, gpu.value, fits, rows, status, notes)
 
 
 def gpu_notes(gpu: GPU, engine: str, rows: list[EstimateRow]) -> list[str]:
-    """What trtkv's own rows on a GPU without aiconfigurator tables rest on (whose efficiencies, whose peaks)."""
+    """What trtkv's own rows on a GPU without aiconfigurator tables rest on (whose efficiencies,
+    whose peaks)."""
     if gpu in AIC_SYSTEM or not any(r.source.startswith("trtkv model") for r in rows):
         return []
     k = kernels_for(gpu, engine)
-    return [f"{gpu.value} has no aiconfigurator kernel tables: trtkv's model borrows {k.system}'s {k.versions} "
-            f"efficiencies (the tables of its compute capability, else of its architecture) at {gpu.value}'s own "
-            f"bandwidth ({GPU_SPECS[gpu].hbm_bandwidth_gbps:g} GB/s); {k.peaks}."]
+    return [
+        f"{gpu.value} has no aiconfigurator kernel tables: trtkv's model borrows {k.system}'s "
+        f"{k.versions} efficiencies (the tables of its compute capability, else of its "
+        f"architecture) at {gpu.value}'s own bandwidth ({GPU_SPECS[gpu].hbm_bandwidth_gbps:g} "
+        f"GB/s); {k.peaks}."
+    ]
 
 
 def speed_advice(recipe: Recipe, arch: Architecture, capacity_ratio: float | None) -> str | None:
-    """The planner's advice line on the recipe's KV format against 16-bit, from trtkv's own model (no subprocess):
-    ITL and TTFT change at the recipe's longest input (at most 32K) and concurrency (at most 8), the capacity ratio,
-    and the concurrency-1 break-even length."""
+    """The planner's advice line on the recipe's KV format against 16-bit, from trtkv's own model
+    (no subprocess): ITL and TTFT change at the recipe's longest input (at most 32K) and concurrency
+    (at most 8), the capacity ratio, and the concurrency-1 break-even length."""
     gpu, fmt = recipe.hardware.gpu, recipe.kv_format
     if gpu is GPU.CPU or recipe.build.backend not in SPEED_ENGINE or fmt in UNQUANTIZED:
         return None
@@ -152,10 +250,15 @@ def speed_advice(recipe: Recipe, arch: Architecture, capacity_ratio: float | Non
     m = model_shape(arch, recipe)
     skip = tuple(recipe.quantization.kv_skip_layers)
     quant, base = kv_cost(arch, recipe, fmt, skip), kv_cost(arch, recipe, KVFormat.BF16, ())
-    q, s = (serve(k, m, kv, n, b.output_tokens, c, recipe.build.max_num_tokens) for kv in (quant, base))
+    q, s = (
+        serve(k, m, kv, n, b.output_tokens, c, recipe.build.max_num_tokens) for kv in (quant, base)
+    )
     lines = {}
     for name, kv in (("q", quant), ("s", base)):
-        lo, hi = (serve(k, m, kv, x, 128, 1, recipe.build.max_num_tokens).itl_p50_ms for x in (1024, 65536))
+        lo, hi = (
+            serve(k, m, kv, x, 128, 1, recipe.build.max_num_tokens).itl_p50_ms
+            for x in (1024, 65536)
+        )
         lines[name] = ((hi - lo) / 64512, lo - (hi - lo) / 64512 * 1024)
     (sq, iq), (ss, is_) = lines["q"], lines["s"]
     if sq < ss:
@@ -164,7 +267,10 @@ def speed_advice(recipe: Recipe, arch: Architecture, capacity_ratio: float | Non
     else:
         even = "never (its ITL slope is not lower)"
     cap = f", capacity x{capacity_ratio:.2g}" if capacity_ratio else ""
-    return (f"At {n:,} tokens in on {gpu.value} with {k.versions} kernels, {recipe.kv_format_label} KV vs bf16 at "
-            f"concurrency {c}: ITL {q.itl_ms / s.itl_ms - 1:+.0%}, TTFT {q.ttft_ms / s.ttft_ms - 1:+.0%}{cap}; "
-            f"decode (concurrency 1) breaks even {even} ({k.source}; `trtkv plan {recipe.name} --estimate` for every "
-            f"format and level, `trtkv bench --sweep-input` measures it).")
+    return (
+        f"At {n:,} tokens in on {gpu.value} with {k.versions} kernels, {recipe.kv_format_label} KV "
+        f"vs bf16 at concurrency {c}: ITL {q.itl_ms / s.itl_ms - 1:+.0%}, TTFT "
+        f"{q.ttft_ms / s.ttft_ms - 1:+.0%}{cap}; decode (concurrency 1) breaks even {even} "
+        f"({k.source}; `trtkv plan {recipe.name} --estimate` for every format and level, `trtkv "
+        "bench --sweep-input` measures it)."
+    )

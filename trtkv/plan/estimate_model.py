@@ -1,5 +1,6 @@
-"""What `trtkv plan --estimate` returns (trtkv.plan.estimate makes it): the rows per KV format and concurrency level
-and what they rest on; a leaf module, so the Plan that carries it (trtkv.plan.result) imports no estimator."""
+"""What `trtkv plan --estimate` returns (trtkv.plan.estimate makes it): the rows per KV format and
+concurrency level and what they rest on; a leaf module, so the Plan that carries it
+(trtkv.plan.result) imports no estimator."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ class EstimateRow:
 
 @dataclass
 class Estimate:
-    """The rows and what they rest on; the KV pool they fit concurrency in is the plan's (Plan.kv_pool_bytes_per_gpu,
-    not repeated here)."""
+    """The rows and what they rest on; the KV pool they fit concurrency in is the plan's
+    (Plan.kv_pool_bytes_per_gpu, not repeated here)."""
 
     workload: dict[str, Any]
     engine: str
@@ -37,7 +38,15 @@ class Estimate:
         """plan --json's `estimate`: per format, one entry per concurrency level."""
         formats: dict[str, Any] = {}
         for r in self.rows:
-            entry = formats.setdefault(r.format, {"max_concurrency": self.max_concurrency[r.format], "levels": []})
+            entry = formats.setdefault(
+                r.format, {"max_concurrency": self.max_concurrency[r.format], "levels": []}
+            )
             entry["levels"].append({k: v for k, v in asdict(r).items() if k != "format"})
-        return {"workload": self.workload, "engine": self.engine, "gpu": self.gpu,
-                "aiconfigurator": self.aiconfigurator, "formats": formats, "notes": self.notes}
+        return {
+            "workload": self.workload,
+            "engine": self.engine,
+            "gpu": self.gpu,
+            "aiconfigurator": self.aiconfigurator,
+            "formats": formats,
+            "notes": self.notes,
+        }

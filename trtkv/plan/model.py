@@ -1,6 +1,6 @@
-"""The planner's model of a deployment: the architecture it plans (from the recipe or the model's config.json) and
-the byte counts every figure is made of (formulas: trtkv.plan.planner; one format's capacity and the plan it
-returns: trtkv.plan.result)."""
+"""The planner's model of a deployment: the architecture it plans (from the recipe or the model's
+config.json) and the byte counts every figure is made of (formulas: trtkv.plan.planner; one format's
+capacity and the plan it returns: trtkv.plan.result)."""
 
 from __future__ import annotations
 
@@ -33,17 +33,34 @@ from trtkv.recipe.state import STATE_DTYPE_BYTES, StateSpec, state_dtypes, state
 
 GIB = 1024**3
 PLAN_LENGTHS = (4096, 8192, 16384, 32768, 131072)
-PLAN_FORMATS = (KVFormat.FP16, KVFormat.FP8, KVFormat.INT8, KVFormat.INT4_G32, KVFormat.INT4_G64, KVFormat.INT4_G128)
+PLAN_FORMATS = (
+    KVFormat.FP16,
+    KVFormat.FP8,
+    KVFormat.INT8,
+    KVFormat.INT4_G32,
+    KVFormat.INT4_G64,
+    KVFormat.INT4_G128,
+)
 DTYPE_BYTES = {ModelDtype.FLOAT16: 2, ModelDtype.BFLOAT16: 2, ModelDtype.FLOAT32: 4}
-# Bytes per weight of quantized linear layers; embeddings and lm_head stay in the model dtype (ModelOpt default).
+# Bytes per weight of quantized linear layers; embeddings and lm_head stay in the model dtype
+# (ModelOpt default).
 WEIGHT_BYTES = {WeightQuant.FP8: 1.0, WeightQuant.INT8_SQ: 1.0, WeightQuant.INT4_AWQ: 0.5 + 2 / 128}
-ARCH_FIELDS = ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "hidden_size",
-               "intermediate_size", "vocab_size", "max_position_embeddings")
+ARCH_FIELDS = (
+    "num_layers",
+    "num_attention_heads",
+    "num_kv_heads",
+    "head_dim",
+    "hidden_size",
+    "intermediate_size",
+    "vocab_size",
+    "max_position_embeddings",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
 class ArchitectureFacts:
-    """The architecture's figures, as `plan --json`'s "model" section holds them (PlanModel adds `parameters`)."""
+    """The architecture's figures, as `plan --json`'s "model" section holds them (PlanModel adds
+    `parameters`)."""
 
     num_layers: int
     num_attention_heads: int
@@ -69,12 +86,15 @@ class ArchitectureFacts:
 
 @dataclass(frozen=True, kw_only=True)
 class Architecture(ArchitectureFacts):
-    """What the planner plans: the figures, each layer's attention and what reading the config noted."""
+    """What the planner plans: the figures, each layer's attention and what reading the config
+    noted."""
 
     layers: tuple[LayerAttention, ...] = ()  # empty: every layer full attention
     config_notes: tuple[str, ...] = ()
-    state: StateSpec | None = None  # the fixed state of each linear / mamba layer (trtkv.recipe.state)
-    state_dtypes: tuple[str, str] = ("bfloat16", "bfloat16")  # conv, recurrent: as the recipe's engine resolves them
+    # the fixed state of each linear / mamba layer (trtkv.recipe.state)
+    state: StateSpec | None = None
+    # conv, recurrent: as the recipe's engine resolves them
+    state_dtypes: tuple[str, str] = ("bfloat16", "bfloat16")
     state_dtype_source: str = ""
     model_type: str = ""
     moe: MoE | None = None  # routed experts (activation memory: trtkv.plan.engine_pool)
@@ -86,19 +106,34 @@ class Architecture(ArchitectureFacts):
         return next((x.kind for x in self.layer_list() if x.is_state), None)
 
     def kv_shape(self, with_state: bool = True) -> KVShape:
-        """The KV geometry and (unless `with_state` is false: per-token figures) the state layers' fixed state."""
+        """The KV geometry and (unless `with_state` is false: per-token figures) the state layers'
+        fixed state."""
         latent = (self.kv_lora_rank + (self.qk_rope_head_dim or 0)) if self.kv_lora_rank else None
         kind = self.state_layer_kind()
-        states = ((kind, self.state),) if kind is not None and self.state is not None and with_state else ()
-        elem = (float(STATE_DTYPE_BYTES[self.state_dtypes[0]]), float(STATE_DTYPE_BYTES[self.state_dtypes[1]]))
-        return KVShape(self.num_kv_heads, self.head_dim, mla_latent=latent, sparse_mla=self.sparse_mla,
-                       states=states, state_bytes=elem)
+        states = (
+            ((kind, self.state),)
+            if kind is not None and self.state is not None and with_state
+            else ()
+        )
+        elem = (
+            float(STATE_DTYPE_BYTES[self.state_dtypes[0]]),
+            float(STATE_DTYPE_BYTES[self.state_dtypes[1]]),
+        )
+        return KVShape(
+            self.num_kv_heads,
+            self.head_dim,
+            mla_latent=latent,
+            sparse_mla=self.sparse_mla,
+            states=states,
+            state_bytes=elem,
+        )
 
     def uniform_full(self) -> bool:
         return all(x.kind is AttentionKind.FULL for x in self.layer_list())
 
     def parameters(self) -> float:
-        """The recipe's count, else one counted from the config's shapes, else an estimate (Llama-style blocks)."""
+        """The recipe's count, else one counted from the config's shapes, else an estimate
+        (Llama-style blocks)."""
         if self.num_parameters:
             return float(self.num_parameters)
         if self.counted_parameters:
@@ -121,10 +156,16 @@ class Architecture(ArchitectureFacts):
 
 def _config_facts(f: ModelFacts) -> dict[str, Any]:
     facts = {
-        "num_layers": f.num_layers, "num_attention_heads": f.num_attention_heads, "num_kv_heads": f.num_kv_heads,
-        "head_dim": f.head_dim, "hidden_size": f.hidden_size, "intermediate_size": f.intermediate_size,
-        "vocab_size": f.vocab_size, "max_position_embeddings": f.max_position_embeddings,
-        "kv_lora_rank": f.kv_lora_rank, "qk_rope_head_dim": f.qk_rope_head_dim if f.kv_lora_rank else None,
+        "num_layers": f.num_layers,
+        "num_attention_heads": f.num_attention_heads,
+        "num_kv_heads": f.num_kv_heads,
+        "head_dim": f.head_dim,
+        "hidden_size": f.hidden_size,
+        "intermediate_size": f.intermediate_size,
+        "vocab_size": f.vocab_size,
+        "max_position_embeddings": f.max_position_embeddings,
+        "kv_lora_rank": f.kv_lora_rank,
+        "qk_rope_head_dim": f.qk_rope_head_dim if f.kv_lora_rank else None,
     }
     return {k: v for k, v in facts.items() if v is not None}
 
@@ -132,67 +173,118 @@ def _config_facts(f: ModelFacts) -> dict[str, Any]:
 def resolve_architecture(recipe: Recipe) -> Architecture:
     """Architecture facts from the model config when present, else the recipe; they must agree."""
     m = recipe.model
-    given = {k: getattr(m, k) for k in (*ARCH_FIELDS, "kv_lora_rank", "qk_rope_head_dim") if getattr(m, k) is not None}
+    given = {
+        k: getattr(m, k)
+        for k in (*ARCH_FIELDS, "kv_lora_rank", "qk_rope_head_dim")
+        if getattr(m, k) is not None
+    }
     facts: dict[str, Any] = dict(given)
     extra: dict[str, Any] = {}
     source = "recipe"
     given_layers = parse_layers(m.attention_layers) if m.attention_layers else ()
     if given_layers:
-        extra.update(layers=given_layers, attention_source=m.attention_source or "recipe model.attention_layers")
+        extra.update(
+            layers=given_layers,
+            attention_source=m.attention_source or "recipe model.attention_layers",
+        )
     if m.state_layers:
         extra["state"] = state_from_dict(m.state_layers)
     cfg_path = model_config_path(recipe)
     if cfg_path is not None:
         f = read_model_facts(cfg_path)
         from_config = _config_facts(f)
-        clashes = [f"model.{k}: recipe says {given[k]}, {cfg_path} says {v}" for k, v in from_config.items()
-                   if k in given and given[k] != v]
+        clashes = [
+            f"model.{k}: recipe says {given[k]}, {cfg_path} says {v}"
+            for k, v in from_config.items()
+            if k in given and given[k] != v
+        ]
         if given_layers and given_layers != f.layers:
-            clashes.append(f"model.attention_layers: recipe says {compact_layers(given_layers)}, {cfg_path} says "
-                           f"{compact_layers(f.layers)} ({f.attention_source})")
-        if m.state_layers and f.state is not None and state_from_dict(m.state_layers) != \
-                state_from_dict(f.state.to_dict()):
-            clashes.append(f"model.state_layers: recipe says {m.state_layers}, {cfg_path} says {f.state.to_dict()}")
+            clashes.append(
+                f"model.attention_layers: recipe says {compact_layers(given_layers)}, {cfg_path} "
+                f"says {compact_layers(f.layers)} ({f.attention_source})"
+            )
+        if (
+            m.state_layers
+            and f.state is not None
+            and state_from_dict(m.state_layers) != state_from_dict(f.state.to_dict())
+        ):
+            clashes.append(
+                f"model.state_layers: recipe says {m.state_layers}, {cfg_path} says "
+                f"{f.state.to_dict()}"
+            )
         if clashes:
-            raise RecipeError([f"{recipe.path}: {c}. Next: remove the field from the recipe or fix it." for c in clashes],
-                              header="Recipe disagrees with the model config")
+            raise RecipeError(
+                [
+                    f"{recipe.path}: {c}. Next: remove the field from the recipe or fix it."
+                    for c in clashes
+                ],
+                header="Recipe disagrees with the model config",
+            )
         facts.update(from_config)
         count = count_parameters(f)
         dtype_bytes = DTYPE_BYTES[m.dtype]
-        extra.update(tie_word_embeddings=f.tie_word_embeddings, layers=f.layers, sparse_mla=f.sparse_mla,
-                     attention_source=f"{cfg_path.name} {f.attention_source}", sinks=f.sinks,
-                     counted_embedding=count.embedding, expert_parameters=count.experts,
-                     stored_weights_bytes=stored_weight_bytes(f, count, dtype_bytes), config_notes=tuple(f.notes),
-                     state=f.state, model_type=f.model_type, moe=f.moe)
+        extra.update(
+            tie_word_embeddings=f.tie_word_embeddings,
+            layers=f.layers,
+            sparse_mla=f.sparse_mla,
+            attention_source=f"{cfg_path.name} {f.attention_source}",
+            sinks=f.sinks,
+            counted_embedding=count.embedding,
+            expert_parameters=count.experts,
+            stored_weights_bytes=stored_weight_bytes(f, count, dtype_bytes),
+            config_notes=tuple(f.notes),
+            state=f.state,
+            model_type=f.model_type,
+            moe=f.moe,
+        )
         if f.moe is not None or f.kv_lora_rank or f.quant is not None or f.state is not None:
             extra["counted_parameters"] = count.total  # the Llama-style estimate does not fit these
         source = f"model config {cfg_path}"
     elif m.checkpoint_weights_gib:
         extra["stored_weights_bytes"] = m.checkpoint_weights_gib * GIB
-    missing = [k for k in ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "hidden_size") if k not in facts]
+    missing = [
+        k
+        for k in ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "hidden_size")
+        if k not in facts
+    ]
     if missing:
         raise RecipeError(
-            [f"{recipe.path}: model.{k}: not given and no model config on this machine to read it from. "
-             f"Next: add it to the recipe's model section." for k in missing],
+            [
+                f"{recipe.path}: model.{k}: not given and no model config on this machine to read "
+                "it from. Next: add it to the recipe's model section."
+                for k in missing
+            ],
             header="Architecture unknown",
         )
     arch = Architecture(**facts, **extra, num_parameters=m.num_parameters, source=source)
     if arch.state_layer_kind() is not None and arch.state is None:
-        raise RecipeError([f"{recipe.path}: model.state_layers: model.attention_layers lists linear/mamba layers, "
-                           f"whose fixed state per sequence needs its shape. Next: `trtkv init` writes it from the "
-                           f"model's config.json, or put the model's config.json on this machine."],
-                          header="Architecture unknown")
+        raise RecipeError(
+            [
+                f"{recipe.path}: model.state_layers: model.attention_layers lists linear/mamba "
+                "layers, whose fixed state per sequence needs its shape. Next: `trtkv init` writes "
+                "it from the model's config.json, or put the model's config.json on this machine."
+            ],
+            header="Architecture unknown",
+        )
     if arch.state is None:
         return arch
     vllm = KV_ACCOUNTING[recipe.build.backend] is Accounting.VLLM  # vLLM's defaults for `auto`
-    conv, ssm, why = state_dtypes(m.dtype.value, recipe.build.mamba_cache_dtype, recipe.build.mamba_ssm_cache_dtype,
-                                  arch.state.kind, arch.model_type, config_ssm_dtype(cfg_path), vllm,
-                                  recipe.hardware.gpu is GPU.CPU)
+    conv, ssm, why = state_dtypes(
+        m.dtype.value,
+        recipe.build.mamba_cache_dtype,
+        recipe.build.mamba_ssm_cache_dtype,
+        arch.state.kind,
+        arch.model_type,
+        config_ssm_dtype(cfg_path),
+        vllm,
+        recipe.hardware.gpu is GPU.CPU,
+    )
     return replace(arch, state_dtypes=(conv, ssm), state_dtype_source=why)
 
 
 def config_ssm_dtype(cfg_path: Path | None) -> str | None:
-    """The config's own mamba_ssm_cache_dtype (Nemotron-H publishes one; vLLM takes it as its default)."""
+    """The config's own mamba_ssm_cache_dtype (Nemotron-H publishes one; vLLM takes it as its
+    default)."""
     return read_model_facts(cfg_path).config_ssm_dtype if cfg_path is not None else None
 
 
@@ -201,23 +293,50 @@ def kv_format_for_recipe(recipe: Recipe) -> KVFormat:
     return recipe.kv_format
 
 
-def per_gpu_bytes_per_token(arch: Architecture, fmt: KVFormat, tp: int, pp: int,
-                            skip: tuple[int | str, ...] = (), skip_fmt: KVFormat = KVFormat.BF16) -> float:
-    """The fullest GPU's bytes per token with every layer holding it: its pipeline stage's layers (those in `skip`
-    stored in `skip_fmt`) x its share of the KV heads (an MLA latent whole)."""
-    return seq_bytes(arch, layer_formats(arch.layer_list(), fmt, skip, skip_fmt), 1, tp, pp, with_state=False)
+def per_gpu_bytes_per_token(
+    arch: Architecture,
+    fmt: KVFormat,
+    tp: int,
+    pp: int,
+    skip: tuple[int | str, ...] = (),
+    skip_fmt: KVFormat = KVFormat.BF16,
+) -> float:
+    """The fullest GPU's bytes per token with every layer holding it: its pipeline stage's layers
+    (those in `skip` stored in `skip_fmt`) x its share of the KV heads (an MLA latent whole)."""
+    return seq_bytes(
+        arch, layer_formats(arch.layer_list(), fmt, skip, skip_fmt), 1, tp, pp, with_state=False
+    )
 
 
-def seq_bytes(arch: Architecture, fmts: list[KVFormat], context: int, tp: int = 1, pp: int = 1,
-              accounting: Accounting = Accounting.EXACT, batched_tokens: int = 8192, block: int = VLLM_BLOCK_GPU,
-              with_state: bool = True) -> float:
-    """One sequence's bytes (KV and, `with_state`, the state layers' fixed state) on the fullest GPU."""
-    return sequence_kv_bytes(arch.layer_list(), arch.kv_shape(with_state), fmts, context, tp, pp, accounting,
-                             batched_tokens, block)
+def seq_bytes(
+    arch: Architecture,
+    fmts: list[KVFormat],
+    context: int,
+    tp: int = 1,
+    pp: int = 1,
+    accounting: Accounting = Accounting.EXACT,
+    batched_tokens: int = 8192,
+    block: int = VLLM_BLOCK_GPU,
+    with_state: bool = True,
+) -> float:
+    """One sequence's bytes (KV and, `with_state`, the state layers' fixed state) on the fullest
+    GPU."""
+    return sequence_kv_bytes(
+        arch.layer_list(),
+        arch.kv_shape(with_state),
+        fmts,
+        context,
+        tp,
+        pp,
+        accounting,
+        batched_tokens,
+        block,
+    )
 
 
 def weights_bytes(arch: Architecture, recipe: Recipe) -> tuple[float, float]:
-    """(total bytes, per-GPU bytes) of the weights at the recipe's precision (as stored when pre-quantized)."""
+    """(total bytes, per-GPU bytes) of the weights at the recipe's precision (as stored when
+    pre-quantized)."""
     dtype_bytes = DTYPE_BYTES[recipe.model.dtype]
     if recipe.quantization.weights is WeightQuant.NONE and arch.stored_weights_bytes:
         return arch.stored_weights_bytes, arch.stored_weights_bytes / recipe.world_size
@@ -228,17 +347,22 @@ def weights_bytes(arch: Architecture, recipe: Recipe) -> tuple[float, float]:
     return total, total / recipe.world_size
 
 
-# SGLang sizes its token pool itself (sglang 0.5.23 python/sglang/srt/model_executor/pool_configurator.py,
-# _compute_cell_size, for MHA: KV heads per TP rank x (head_dim + v_head_dim) x layers x the KV dtype's element size per
-# token, one slot per token at page_size 1; FP8 scales are per tensor): for full attention those are EXACT's bytes, so
-# the planner counts EXACT for it (backend_rules.KV_ACCOUNTING) under SGLang's name, not TensorRT-LLM's.
-SGLANG_ACCOUNTING_TEXT = ("SGLang token pool (sglang 0.5.23 cell size: KV heads per TP rank x (K + V head dim) x layers x "
-                          "element bytes per token, page_size 1; sliding layers at their window: its SWA pool ratio and "
-                          "NVFP4's extra scale/dequant buffers not modelled)")
+# SGLang sizes its token pool itself (sglang 0.5.23
+# python/sglang/srt/model_executor/pool_configurator.py, _compute_cell_size, for MHA: KV heads per
+# TP rank x (head_dim + v_head_dim) x layers x the KV dtype's element size per token, one slot per
+# token at page_size 1; FP8 scales are per tensor): for full attention those are EXACT's bytes, so
+# the planner counts EXACT for it (backend_rules.KV_ACCOUNTING) under SGLang's name, not
+# TensorRT-LLM's.
+SGLANG_ACCOUNTING_TEXT = (
+    "SGLang token pool (sglang 0.5.23 cell size: KV heads per TP rank x (K + V head dim) x layers "
+    "x element bytes per token, page_size 1; sliding layers at their window: its SWA pool ratio "
+    "and NVFP4's extra scale/dequant buffers not modelled)"
+)
 
 
 def accounting_label(recipe: Recipe, accounting: Accounting) -> str:
-    """The name of the sizing the recipe's capacity follows: the engine's own, so SGLang's is not called TensorRT-LLM's."""
+    """The name of the sizing the recipe's capacity follows: the engine's own, so SGLang's is not
+    called TensorRT-LLM's."""
     if recipe.build.backend is Backend.SGLANG and accounting is Accounting.EXACT:
         return SGLANG_ACCOUNTING_TEXT
     return ACCOUNTING_TEXT[accounting]

@@ -1,22 +1,30 @@
-"""The KV memory planner: bytes per token and per sequence, what fits on the recipe's GPUs, and advice.
+"""The KV memory planner: bytes per token and per sequence, what fits on the recipe's GPUs, and
+advice.
 
 Formulas (per format, scale overhead included, see `trtkv.kvcache.formats`), summed layer by layer
-(`trtkv.recipe.attention`: a sliding layer keeps at most its window, a chunked one its chunk, an MLA layer one
-latent of kv_lora_rank + qk_rope_head_dim elements per token):
-  KV bytes/token         = sum over layers of 2 x kv_heads x head_dim x bytes/element (MLA: latent x bytes/element)
-  KV of one sequence(n)  = sum over layers of tokens the layer holds at n x its bytes/token; `exact` (TensorRT-LLM's
-                           per-layer windows) or `vllm` (its allocation, blocks and padded hybrid groups)
-  per GPU                = the fullest pipeline stage's layers, ceil(kv_heads/tp) heads each (KV heads replicate when
+(`trtkv.recipe.attention`: a sliding layer keeps at most its window, a chunked one its chunk, an MLA
+layer one latent of kv_lora_rank + qk_rope_head_dim elements per token):
+  KV bytes/token         = sum over layers of 2 x kv_heads x head_dim x bytes/element (MLA: latent x
+  bytes/element) KV of one sequence(n)  = sum over layers of tokens the layer holds at n x its
+  bytes/token; `exact` (TensorRT-LLM's
+                           per-layer windows) or `vllm` (its allocation, blocks and padded hybrid
+                           groups)
+  per GPU                = the fullest pipeline stage's layers, ceil(kv_heads/tp) heads each (KV
+  heads replicate when
                            tp > kv_heads; an MLA latent is whole on every rank)
-  weights/GPU            = (quantized linear params x bytes/weight + embeddings x dtype bytes) / (tp x pp)
-  KV pool/GPU            = the recipe's engine's own rule at trtkv's pinned release, with the memory flags its served
-                           command carries (trtkv.plan.engine_pool; docs/plan.md has each rule, its source and the
-                           published logs it is held to): vLLM ceil(util x total) - weights - activation - non-torch
-                           - CUDA graphs; SGLang free before loading x mem_fraction_static - weights; TensorRT-LLM
-                           fraction x (free after weights, warm-up/engine buffers); capped or pinned by
-                           triton.kv_pool_gib_per_gpu
-  tokens that fit        = KV pool/GPU / KV bytes per token per GPU; sequences(n) = pool / KV of one sequence(n)
-  decode step lower bound = (weights/GPU + batch x KV one sequence reads at n per GPU) / HBM bandwidth
+  weights/GPU            = (quantized linear params x bytes/weight + embeddings x dtype bytes) / (tp
+  x pp) KV pool/GPU            = the recipe's engine's own rule at trtkv's pinned release, with the
+  memory flags its served
+                           command carries (trtkv.plan.engine_pool; docs/plan.md has each rule, its
+                           source and the published logs it is held to): vLLM ceil(util x total) -
+                           weights - activation - non-torch
+                           - CUDA graphs; SGLang free before loading x mem_fraction_static -
+                             weights; TensorRT-LLM
+                           fraction x (free after weights, warm-up/engine buffers); capped or pinned
+                           by triton.kv_pool_gib_per_gpu
+  tokens that fit        = KV pool/GPU / KV bytes per token per GPU; sequences(n) = pool / KV of one
+  sequence(n) decode step lower bound = (weights/GPU + batch x KV one sequence reads at n per GPU) /
+  HBM bandwidth
 """
 
 from __future__ import annotations
@@ -28,7 +36,9 @@ from trtkv.kvcache.formats import KVFormat
 from trtkv.plan.advice import advice_for, attention_notes, format_row_note
 from trtkv.plan.engine_memory import PoolEstimate
 from trtkv.plan.engine_pool import memory_rule, recipe_pool
-from trtkv.plan.model import (  # the planner's public face: plan() and the types and counts it returns
+
+# the planner's public face: plan() and the types and counts it returns
+from trtkv.plan.model import (
     GIB,
     PLAN_FORMATS,
     PLAN_LENGTHS,
@@ -70,18 +80,36 @@ from trtkv.recipe.attention import summary as layer_summary
 from trtkv.recipe.backend_rules import build_notes
 from trtkv.recipe.vllm_pool import hybrid_block_size
 
-__all__ = ["GIB", "Architecture", "FormatCapacity", "Plan", "PlanAttention", "PlanExample", "PlanHardware", "PlanKVPool",
-           "PlanModel", "PlanState", "PlanTerm", "PlanWeights", "kv_format_for_recipe", "per_gpu_bytes_per_token", "plan",
-           "resolve_architecture"]
+__all__ = [
+    "GIB",
+    "Architecture",
+    "FormatCapacity",
+    "Plan",
+    "PlanAttention",
+    "PlanExample",
+    "PlanHardware",
+    "PlanKVPool",
+    "PlanModel",
+    "PlanState",
+    "PlanTerm",
+    "PlanWeights",
+    "kv_format_for_recipe",
+    "per_gpu_bytes_per_token",
+    "plan",
+    "resolve_architecture",
+]
 
 
 def attn_head_note(arch: Architecture) -> str:
-    """fp8_attn_head costs what fp8 costs per token; its scales are a fixed per-(layer, KV head) table, said in bytes."""
+    """fp8_attn_head costs what fp8 costs per token; its scales are a fixed per-(layer, KV head)
+    table, said in bytes."""
     k_v_scales = 2 * arch.num_layers * arch.num_kv_heads
-    return (f"fp8_attn_head is priced as fp8: FP8 E4M3 K/V, 1 byte per element, and nothing per token; its scales are "
-            f"static, one float32 k_scale and v_scale per (layer, KV head): {k_v_scales} values = {k_v_scales * 4:,} "
-            f"bytes in the checkpoint (fp8: {2 * arch.num_layers}, one k and one v per layer), not in the KV pool's "
-            f"per-token bytes.")
+    return (
+        "fp8_attn_head is priced as fp8: FP8 E4M3 K/V, 1 byte per element, and nothing per token; "
+        "its scales are static, one float32 k_scale and v_scale per (layer, KV head): "
+        f"{k_v_scales} values = {k_v_scales * 4:,} bytes in the checkpoint (fp8: "
+        f"{2 * arch.num_layers}, one k and one v per layer), not in the KV pool's per-token bytes."
+    )
 
 
 def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
@@ -102,17 +130,24 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
             notes.append(f"{missing}; planned from the recipe's model fields alone.")
     if memory_gib is None:
         memory_gib = host_memory_gib()
-        notes.append(f"hardware.gpu is cpu: capacity uses this host's RAM ({memory_gib:.1f} GiB); "
-                     f"set hardware.memory_gib to plan for another machine.")
+        notes.append(
+            f"hardware.gpu is cpu: capacity uses this host's RAM ({memory_gib:.1f} GiB); "
+            f"set hardware.memory_gib to plan for another machine."
+        )
     if memory_gib is not None and not hw.memory_gib and not on_cpu:
-        recipe = recipe.model_copy(update={"hardware": hw.model_copy(update={"memory_gib": memory_gib})})
+        recipe = recipe.model_copy(
+            update={"hardware": hw.model_copy(update={"memory_gib": memory_gib})}
+        )
     pool = recipe_pool(recipe, arch)
     mem_knobs = memory_rule(recipe).knobs(recipe)
     budget = pool.pool_bytes
     if pool.available_bytes <= 0 and pool.bound != "pin":
-        notes.append(f"{pool.engine} leaves no memory for the KV pool: weights ({w_gpu / GIB:.1f} GiB/GPU), "
-                     f"activation and the engine's own buffers exceed what {pool.knob} {pool.knob_value:g} hands it "
-                     f"on {memory_gib or 0:g} GiB: raise tp_size/pp_size, quantize the weights or raise the knob.")
+        notes.append(
+            f"{pool.engine} leaves no memory for the KV pool: weights ({w_gpu / GIB:.1f} GiB/GPU), "
+            f"activation and the engine's own buffers exceed what {pool.knob} {pool.knob_value:g} "
+            f"hands it on {memory_gib or 0:g} GiB: raise tp_size/pp_size, quantize the weights or "
+            "raise the knob."
+        )
     lengths = sorted({*PLAN_LENGTHS, recipe.build.max_seq_len})
     rec_fmt = kv_format_for_recipe(recipe)
     formats = list(PLAN_FORMATS)
@@ -121,7 +156,8 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
     caps = []
     skip = tuple(recipe.quantization.kv_skip_layers)
     rows: list[tuple[str, KVFormat, tuple[int | str, ...]]] = [(f.value, f, ()) for f in formats]
-    if skip or recipe.kv_format_label != rec_fmt.value:  # the recipe's mixed (or named: fp8_attn_head) format, first
+    # the recipe's mixed (or named: fp8_attn_head) format, first
+    if skip or recipe.kv_format_label != rec_fmt.value:
         rows.insert(0, (recipe.kv_format_label, rec_fmt, skip))
     if recipe.quantization.kv_cache is KVCacheQuant.FP8_ATTN_HEAD:
         notes.append(attn_head_note(arch))
@@ -130,13 +166,17 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
     mnbt = recipe.build.max_num_tokens
     for label, fmt, skipped in rows:
         fmts = layer_formats(arch.layer_list(), fmt, skipped, recipe.kv_skip_format)
-        bpt = seq_bytes(arch, fmts, 1, with_state=False)  # per token: the KV (a hybrid's state is per sequence)
+        # per token: the KV (a hybrid's state is per sequence)
+        bpt = seq_bytes(arch, fmts, 1, with_state=False)
         bpt_gpu = seq_bytes(arch, fmts, 1, tp, pp, with_state=False)
-        by_acc = {a.value: {n: seq_bytes(arch, fmts, n, 1, 1, a, mnbt, block) for n in lengths}
-                  for a in Accounting}
+        by_acc = {
+            a.value: {n: seq_bytes(arch, fmts, n, 1, 1, a, mnbt, block) for n in lengths}
+            for a in Accounting
+        }
         seq = by_acc[accounting.value]
         seq_gpu = {n: seq_bytes(arch, fmts, n, tp, pp, accounting, mnbt, block) for n in lengths}
-        read_gpu = {n: seq_bytes(arch, fmts, n, tp, pp) for n in lengths}  # what a decode step reads
+        # what a decode step reads
+        read_gpu = {n: seq_bytes(arch, fmts, n, tp, pp) for n in lengths}
         tokens = int(budget // bpt_gpu) if budget else 0
         max_seqs = {n: int(budget // seq_gpu[n]) if budget else 0 for n in lengths}
         gib = {n: recipe.build.max_batch_size * seq[n] / GIB for n in lengths}
@@ -145,18 +185,42 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
             for n in lengths:
                 batch = max(1, min(recipe.build.max_batch_size, max_seqs[n] or 1))
                 step[n] = (w_gpu + batch * read_gpu[n]) / (bandwidth * 1e9) * 1e3
-        caps.append(FormatCapacity(
-            format=label, bytes_per_token=bpt, bytes_per_token_per_gpu=bpt_gpu, tokens_per_gpu_budget=tokens,
-            max_sequences=max_seqs, kv_gib_at_max_batch=gib, decode_step_ms=step, accounting=acc_label,
-            per_sequence_kv_bytes=seq, per_sequence_kv_bytes_per_gpu=seq_gpu, per_sequence_kv_bytes_by_accounting=by_acc,
-            tokens_fit={n: max_seqs[n] * n for n in lengths},
-            bytes_by_attention={n: bytes_by_attention(arch.layer_list(), arch.kv_shape(), fmts, n) for n in lengths}))
+        caps.append(
+            FormatCapacity(
+                format=label,
+                bytes_per_token=bpt,
+                bytes_per_token_per_gpu=bpt_gpu,
+                tokens_per_gpu_budget=tokens,
+                max_sequences=max_seqs,
+                kv_gib_at_max_batch=gib,
+                decode_step_ms=step,
+                accounting=acc_label,
+                per_sequence_kv_bytes=seq,
+                per_sequence_kv_bytes_per_gpu=seq_gpu,
+                per_sequence_kv_bytes_by_accounting=by_acc,
+                tokens_fit={n: max_seqs[n] * n for n in lengths},
+                bytes_by_attention={
+                    n: bytes_by_attention(arch.layer_list(), arch.kv_shape(), fmts, n)
+                    for n in lengths
+                },
+            )
+        )
     examples = [
-        PlanExample(context_len=n, batch=batch,
-                    kv_gib={c.format: round(batch * c.per_sequence_kv_bytes.get(n, n * c.bytes_per_token) / GIB, 3)
-                            for c in caps})
-        for n, batch in ((32768, 8), (recipe.build.max_seq_len, recipe.build.max_batch_size))]
-    advice, basis = advice_for(recipe, arch, caps, rec_fmt, spec is not None and spec.has_fp8, probe_dir)
+        PlanExample(
+            context_len=n,
+            batch=batch,
+            kv_gib={
+                c.format: round(
+                    batch * c.per_sequence_kv_bytes.get(n, n * c.bytes_per_token) / GIB, 3
+                )
+                for c in caps
+            },
+        )
+        for n, batch in ((32768, 8), (recipe.build.max_seq_len, recipe.build.max_batch_size))
+    ]
+    advice, basis = advice_for(
+        recipe, arch, caps, rec_fmt, spec is not None and spec.has_fp8, probe_dir
+    )
     from trtkv.probe.results import per_layer_advice
 
     mixed = per_layer_advice(recipe, probe_dir)
@@ -167,9 +231,17 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
     return Plan(
         recipe=recipe.name,
         model=PlanModel.of(arch),
-        hardware=PlanHardware(gpu=hw.gpu, count=hw.count, memory_gib=memory_gib, hbm_bandwidth_gbps=bandwidth,
-                              tp_size=tp, pp_size=pp),
-        weights=PlanWeights(precision=_weights_label(arch, recipe), total_gib=w_total / GIB, per_gpu_gib=w_gpu / GIB),
+        hardware=PlanHardware(
+            gpu=hw.gpu,
+            count=hw.count,
+            memory_gib=memory_gib,
+            hbm_bandwidth_gbps=bandwidth,
+            tp_size=tp,
+            pp_size=pp,
+        ),
+        weights=PlanWeights(
+            precision=_weights_label(arch, recipe), total_gib=w_total / GIB, per_gpu_gib=w_gpu / GIB
+        ),
         kv_pool=plan_kv_pool(pool, mem_knobs),
         kv_pool_bytes_per_gpu=budget,
         kv_budget_gib_per_gpu=budget / GIB,
@@ -187,12 +259,23 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
 
 def plan_kv_pool(pool: PoolEstimate, knobs: EngineKnobs) -> PlanKVPool:
     """The engine rule's figures as plan --json gives them."""
-    return PlanKVPool(engine=pool.engine, version=pool.version, rule=pool.rule, source=pool.source, knob=knobs.flag,
-                      knob_value=knobs.value, knob_is_default=knobs.is_default, cap_flag=knobs.cap_flag,
-                      cap_value=knobs.cap_value, budget_bytes=pool.budget_bytes,
-                      terms=tuple(PlanTerm(name=t.name, bytes=t.bytes, note=t.note) for t in pool.terms),
-                      available_bytes=pool.available_bytes, pool_bytes=pool.pool_bytes, bound=pool.bound,
-                      notes=pool.notes)
+    return PlanKVPool(
+        engine=pool.engine,
+        version=pool.version,
+        rule=pool.rule,
+        source=pool.source,
+        knob=knobs.flag,
+        knob_value=knobs.value,
+        knob_is_default=knobs.is_default,
+        cap_flag=knobs.cap_flag,
+        cap_value=knobs.cap_value,
+        budget_bytes=pool.budget_bytes,
+        terms=tuple(PlanTerm(name=t.name, bytes=t.bytes, note=t.note) for t in pool.terms),
+        available_bytes=pool.available_bytes,
+        pool_bytes=pool.pool_bytes,
+        bound=pool.bound,
+        notes=pool.notes,
+    )
 
 
 def _weights_label(arch: Architecture, recipe: Recipe) -> str:
@@ -201,30 +284,52 @@ def _weights_label(arch: Architecture, recipe: Recipe) -> str:
     return recipe.quantization.weights.value
 
 
-def _attention_facts(arch: Architecture, label: str, mnbt: int, block: int, tp: int = 1,
-                     fmt: KVFormat = KVFormat.BF16) -> PlanAttention:
+def _attention_facts(
+    arch: Architecture,
+    label: str,
+    mnbt: int,
+    block: int,
+    tp: int = 1,
+    fmt: KVFormat = KVFormat.BF16,
+) -> PlanAttention:
     layers = arch.layer_list()
     kv_layers = [x for x in layers if not x.is_state and x.kind is not AttentionKind.NONE]
-    return PlanAttention(layers=tuple(x.label for x in layers), summary=layer_summary(layers),
-                         source=arch.attention_source, mla_latent_elements=arch.kv_shape().mla_latent, sinks=arch.sinks,
-                         accounting=label, max_num_batched_tokens=mnbt, vllm_block_size=block,
-                         vllm_hybrid_manager=vllm_hybrid_on(layers), kv_layers=len(kv_layers),
-                         state=_state_facts(arch, kv_layers, block, tp, fmt))
+    return PlanAttention(
+        layers=tuple(x.label for x in layers),
+        summary=layer_summary(layers),
+        source=arch.attention_source,
+        mla_latent_elements=arch.kv_shape().mla_latent,
+        sinks=arch.sinks,
+        accounting=label,
+        max_num_batched_tokens=mnbt,
+        vllm_block_size=block,
+        vllm_hybrid_manager=vllm_hybrid_on(layers),
+        kv_layers=len(kv_layers),
+        state=_state_facts(arch, kv_layers, block, tp, fmt),
+    )
 
 
-def _state_facts(arch: Architecture, kv_layers: list[LayerAttention], block: int, tp: int,
-                 fmt: KVFormat) -> PlanState | None:
-    """A hybrid's state layers: their fixed state per sequence and the attention block vLLM aligns to it."""
+def _state_facts(
+    arch: Architecture, kv_layers: list[LayerAttention], block: int, tp: int, fmt: KVFormat
+) -> PlanState | None:
+    """A hybrid's state layers: their fixed state per sequence and the attention block vLLM aligns
+    to it."""
     if arch.state is None:
         return None
     shape = arch.kv_shape()
     state_layers = [x for x in arch.layer_list() if x.is_state]
     per_gpu_page = shape.sequence_state_bytes(state_layers[0], tp)
-    return PlanState(kind=arch.state.kind.value, layers=len(state_layers), conv_dtype=arch.state_dtypes[0],
-                     recurrent_dtype=arch.state_dtypes[1], dtype_source=arch.state_dtype_source,
-                     bytes_per_layer=shape.sequence_state_bytes(state_layers[0]),
-                     bytes_per_sequence=sum(shape.sequence_state_bytes(x) for x in state_layers),
-                     bytes_per_sequence_per_gpu=sum(shape.sequence_state_bytes(x, tp) for x in state_layers),
-                     vllm_attention_block=hybrid_block_size(
-                         block, [shape.bytes_per_token(x, fmt, tp) for x in kv_layers[:1]], [per_gpu_page]),
-                     source=arch.state.source)
+    return PlanState(
+        kind=arch.state.kind.value,
+        layers=len(state_layers),
+        conv_dtype=arch.state_dtypes[0],
+        recurrent_dtype=arch.state_dtypes[1],
+        dtype_source=arch.state_dtype_source,
+        bytes_per_layer=shape.sequence_state_bytes(state_layers[0]),
+        bytes_per_sequence=sum(shape.sequence_state_bytes(x) for x in state_layers),
+        bytes_per_sequence_per_gpu=sum(shape.sequence_state_bytes(x, tp) for x in state_layers),
+        vllm_attention_block=hybrid_block_size(
+            block, [shape.bytes_per_token(x, fmt, tp) for x in kv_layers[:1]], [per_gpu_page]
+        ),
+        source=arch.state.source,
+    )

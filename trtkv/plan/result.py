@@ -1,7 +1,7 @@
-"""What `trtkv plan` returns and `plan --json` prints, in that order: the Plan and its sections (the model's figures,
-the hardware, the weights, the engine's KV pool and its terms, the attention and a hybrid's state, one row per KV
-format, the example batches and the prefix-cache rows). The figures are computed by trtkv.plan.planner from the
-architecture and byte counts of trtkv.plan.model.
+"""What `trtkv plan` returns and `plan --json` prints, in that order: the Plan and its sections (the
+model's figures, the hardware, the weights, the engine's KV pool and its terms, the attention and a
+hybrid's state, one row per KV format, the example batches and the prefix-cache rows). The figures
+are computed by trtkv.plan.planner from the architecture and byte counts of trtkv.plan.model.
 """
 
 from __future__ import annotations
@@ -17,13 +17,18 @@ from trtkv.platform.hardware import GPU
 
 @dataclass(frozen=True, kw_only=True)
 class PlanModel(ArchitectureFacts):
-    """`plan --json`'s "model": the architecture's figures and the parameter count every weight figure uses."""
+    """`plan --json`'s "model": the architecture's figures and the parameter count every weight
+    figure uses."""
 
-    parameters: float  # Architecture.parameters(): the recipe's count, else counted from the config, else estimated
+    # Architecture.parameters(): the recipe's count, else counted from the config, else estimated
+    parameters: float
 
     @classmethod
     def of(cls, arch: Architecture) -> PlanModel:
-        return cls(**{f.name: getattr(arch, f.name) for f in fields(ArchitectureFacts)}, parameters=arch.parameters())
+        return cls(
+            **{f.name: getattr(arch, f.name) for f in fields(ArchitectureFacts)},
+            parameters=arch.parameters(),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,7 +37,8 @@ class PlanHardware:
 
     gpu: GPU
     count: int
-    memory_gib: float | None  # per GPU: hardware.memory_gib, else the GPU table's; this host's RAM on cpu
+    # per GPU: hardware.memory_gib, else the GPU table's; this host's RAM on cpu
+    memory_gib: float | None
     hbm_bandwidth_gbps: float | None  # None: no decode bound
     tp_size: int
     pp_size: int
@@ -49,10 +55,12 @@ class PlanTerm:
 
 @dataclass(frozen=True, kw_only=True)
 class PlanKVPool:
-    """`plan --json`'s "kv_pool": the pool the recipe's engine allocates on each GPU, the rule it follows (engine,
-    release, source), the memory flags its served command carries and every term of the rule."""
+    """`plan --json`'s "kv_pool": the pool the recipe's engine allocates on each GPU, the rule it
+    follows (engine, release, source), the memory flags its served command carries and every term of
+    the rule."""
 
-    engine: str  # the rule: vllm, vllm-cpu, sglang, trtllm (LLM API), tensorrt (engine path), reference
+    # the rule: vllm, vllm-cpu, sglang, trtllm (LLM API), tensorrt (engine path), reference
+    engine: str
     version: str  # the engine release whose rule this is (trtkv's pinned one)
     rule: str
     source: str  # the engine's files the rule is read from
@@ -61,7 +69,8 @@ class PlanKVPool:
     knob_is_default: bool  # the recipe left it unset: the engine's default at that release
     cap_flag: str | None  # --kv-cache-memory-bytes (pins), --max-total-tokens / max_tokens (caps)
     cap_value: int | None  # bytes (vLLM) or tokens
-    budget_bytes: float  # what the knob hands the rule (util x total, free before loading x fraction, ...)
+    # what the knob hands the rule (util x total, free before loading x fraction, ...)
+    budget_bytes: float
     terms: tuple[PlanTerm, ...]
     available_bytes: float  # the rule's figure before any cap or block rounding
     pool_bytes: float  # what is allocated: the rule, the cap or the pin, in whole blocks
@@ -73,14 +82,17 @@ class PlanKVPool:
 class PlanWeights:
     """`plan --json`'s "weights"."""
 
-    precision: str  # the recipe's quantization.weights, or "as stored" (a pre-quantized checkpoint priced as stored)
+    # the recipe's quantization.weights, or "as stored" (a pre-quantized checkpoint priced as
+    # stored)
+    precision: str
     total_gib: float
     per_gpu_gib: float
 
 
 @dataclass(frozen=True, kw_only=True)
 class PlanAttention:
-    """`plan --json`'s "attention": the layers' attention and the engine sizing the capacity follows."""
+    """`plan --json`'s "attention": the layers' attention and the engine sizing the capacity
+    follows."""
 
     layers: tuple[str, ...]  # one label per layer ("full", "sliding:4096", ...)
     summary: str
@@ -97,13 +109,15 @@ class PlanAttention:
 
 @dataclass(frozen=True, kw_only=True)
 class PlanState:
-    """`plan --json`'s "attention.state": the fixed per-sequence state of a hybrid's linear / mamba layers."""
+    """`plan --json`'s "attention.state": the fixed per-sequence state of a hybrid's linear / mamba
+    layers."""
 
     kind: str  # trtkv.recipe.state.StateKind: gated_deltanet, mamba2, mamba1
     layers: int
     conv_dtype: str
     recurrent_dtype: str
-    dtype_source: str  # why these dtypes: the recipe's build.mamba_*_cache_dtype or the engine's default
+    # why these dtypes: the recipe's build.mamba_*_cache_dtype or the engine's default
+    dtype_source: str
     bytes_per_layer: float  # one sequence, one layer, all GPUs
     bytes_per_sequence: float  # one sequence, every state layer, all GPUs
     bytes_per_sequence_per_gpu: float  # on the fullest GPU (TP splits heads and conv channels)
@@ -113,19 +127,25 @@ class PlanState:
 
 @dataclass(frozen=True, kw_only=True)
 class PlanExample:
-    """KV memory of `batch` sequences of `context_len` tokens in each format; in JSON, `<format>_gib` keys."""
+    """KV memory of `batch` sequences of `context_len` tokens in each format; in JSON,
+    `<format>_gib` keys."""
 
     context_len: int
     batch: int
     kv_gib: dict[str, float]  # format label -> GiB (all GPUs), in the order of Plan.formats
 
     def to_dict(self) -> dict[str, Any]:
-        return {"context_len": self.context_len, "batch": self.batch, **{f"{k}_gib": v for k, v in self.kv_gib.items()}}
+        return {
+            "context_len": self.context_len,
+            "batch": self.batch,
+            **{f"{k}_gib": v for k, v in self.kv_gib.items()},
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
 class PrefixRow:
-    """One format's sequences per replica of the workload at each prefix hit rate (key: the rate, e.g. "0.5")."""
+    """One format's sequences per replica of the workload at each prefix hit rate (key: the rate,
+    e.g. "0.5")."""
 
     format: str
     sequences: dict[str, int]
@@ -133,8 +153,8 @@ class PrefixRow:
 
 @dataclass(frozen=True, kw_only=True)
 class PlanPrefixCache:
-    """`plan --json`'s "prefix_cache": whether the served engine reuses KV blocks of shared prefixes (and why), and
-    what a hit rate does to the sequences a replica holds (trtkv.plan.prefix)."""
+    """`plan --json`'s "prefix_cache": whether the served engine reuses KV blocks of shared prefixes
+    (and why), and what a hit rate does to the sequences a replica holds (trtkv.plan.prefix)."""
 
     enabled: bool
     why: str
@@ -148,13 +168,15 @@ class PlanPrefixCache:
 class FormatCapacity:
     """One KV format's row of the plan (the recipe's own, mixed or named, first)."""
 
-    format: str  # a KVFormat value, or the recipe's label (fp8_attn_head, a format with kv_skip_layers)
+    # a KVFormat value, or the recipe's label (fp8_attn_head, a format with kv_skip_layers)
+    format: str
     bytes_per_token: float  # every layer holding the token (short contexts)
     bytes_per_token_per_gpu: float
     tokens_per_gpu_budget: int
     max_sequences: dict[int, int]
     kv_gib_at_max_batch: dict[int, float]
-    decode_step_ms: dict[int, float]  # at each length, batch = min(max_batch_size, what fits); empty: no bandwidth
+    # at each length, batch = min(max_batch_size, what fits); empty: no bandwidth
+    decode_step_ms: dict[int, float]
     accounting: str  # which engine's sizing the capacity follows
     per_sequence_kv_bytes: dict[int, float]  # one sequence, all GPUs, this accounting
     per_sequence_kv_bytes_per_gpu: dict[int, float]
@@ -172,8 +194,10 @@ class Plan:
     hardware: PlanHardware
     weights: PlanWeights
     kv_pool: PlanKVPool
-    kv_pool_bytes_per_gpu: float  # = kv_pool.pool_bytes: the pool the token and sequence counts below divide
-    kv_budget_gib_per_gpu: float  # the same pool in GiB (the name plan --json had before the engine rules)
+    # = kv_pool.pool_bytes: the pool the token and sequence counts below divide
+    # the same pool in GiB (the name plan --json had before the engine rules)
+    kv_pool_bytes_per_gpu: float
+    kv_budget_gib_per_gpu: float
     recipe_kv_format: str
     lengths: list[int]
     formats: list[FormatCapacity]
@@ -182,13 +206,18 @@ class Plan:
     advice_basis: str
     notes: list[str]
     attention: PlanAttention
-    prefix_cache: PlanPrefixCache  # trtkv.plan.prefix: what a prefix-cache hit rate does to capacity, per format
-    # `plan --estimate` (trtkv.plan.estimate); plan --json writes Estimate.to_json() (per format: levels of ttft_ms,
-    # itl_ms, output_tokens_per_s, source), and leaves the key out without --estimate
+    # trtkv.plan.prefix: what a prefix-cache hit rate does to capacity, per format
+    prefix_cache: PlanPrefixCache
+    # `plan --estimate` (trtkv.plan.estimate); plan --json writes Estimate.to_json() (per format:
+    # levels of ttft_ms, itl_ms, output_tokens_per_s, source), and leaves the key out without
+    # --estimate
     estimate: Estimate | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        out = {**asdict(replace(self, estimate=None)), "examples": [e.to_dict() for e in self.examples]}
+        out = {
+            **asdict(replace(self, estimate=None)),
+            "examples": [e.to_dict() for e in self.examples],
+        }
         del out["estimate"]
         if self.estimate is not None:
             out["estimate"] = self.estimate.to_json()

@@ -1,24 +1,30 @@
-"""trtkv's own speed model: one engine step as per-layer GEMM, attention and communication time, then TTFT and ITL of
-a steady in-flight batch with chunked prefill; for every KV format, GPU and engine, including those aiconfigurator has
-no data for (INT8, NVFP4, INT4 groups, per-token-head, GPUs outside its tables).
+"""trtkv's own speed model: one engine step as per-layer GEMM, attention and communication time,
+then TTFT and ITL of a steady in-flight batch with chunked prefill; for every KV format, GPU and
+engine, including those aiconfigurator has no data for (INT8, NVFP4, INT4 groups, per-token-head,
+GPUs outside its tables).
 
 Where each number comes from:
-- Datasheet figures (HBM bandwidth, dense tensor-core FLOPs, NVLink/PCIe bandwidth): the GPU's YAML in
-  aiconfigurator-core 0.12.0 (`systems/<gpu>.yaml`), copied into trtkv/data/speed_efficiencies.json with the rest.
-- Kernel efficiencies (achieved / datasheet) per GPU, engine and kernel: read from aiconfigurator-core 0.12.0's
-  measured kernel tables at ONE reference shape each (a 70B-class layer at TP4; `tools/aic_kernels.py` names the shape
-  and the table, `make speed-efficiencies` rewrites the JSON). An efficiency above 1 (a table row faster than the
-  datasheet allows) is capped at 1. A GPU without tables (AIC_SYSTEM) borrows the efficiencies of the GPU with tables
-  of its compute capability, else of its architecture (ARCH_REFERENCE), at its own bandwidth (GPU_SPECS); its tensor-core
-  peaks are its own where aiconfigurator ships its datasheet (DATASHEET_SYSTEM), else the lender's scaled by the
-  bandwidth ratio, which `Kernels.peaks` says (then TTFT, compute-bound, is the least certain figure).
-- Dequantization: counted operations per K/V element read (DEQUANT_OPS, from each format's definition) on the CUDA
-  cores (FP32_TFLOPS, datasheet); FP8's cost is inside its measured kernel efficiency.
-Assumptions said where they are made: decode attention reads each sequence's K/V once per layer per step; prefill
-attention is causal over the prefix the layer keeps (its window); MoE experts are all read (an upper bound); pipeline
-stages add their times (latency, not pipelined throughput); two all-reduces per layer under TP. A hybrid's state layers
-(Mamba, Gated DeltaNet) run no attention: their fixed state is read once per decode step with the KV (the sequence's
-bytes include it), their scan's compute is not priced; a KV-shared layer (Gemma 4) reads no cache of its own here.
+- Datasheet figures (HBM bandwidth, dense tensor-core FLOPs, NVLink/PCIe bandwidth): the GPU's YAML
+  in aiconfigurator-core 0.12.0 (`systems/<gpu>.yaml`), copied into
+  trtkv/data/speed_efficiencies.json with the rest.
+- Kernel efficiencies (achieved / datasheet) per GPU, engine and kernel: read from
+  aiconfigurator-core 0.12.0's measured kernel tables at ONE reference shape each (a 70B-class layer
+  at TP4; `tools/aic_kernels.py` names the shape and the table, `make speed-efficiencies` rewrites
+  the JSON). An efficiency above 1 (a table row faster than the datasheet allows) is capped at 1. A
+  GPU without tables (AIC_SYSTEM) borrows the efficiencies of the GPU with tables of its compute
+  capability, else of its architecture (ARCH_REFERENCE), at its own bandwidth (GPU_SPECS); its
+  tensor-core peaks are its own where aiconfigurator ships its datasheet (DATASHEET_SYSTEM), else
+  the lender's scaled by the bandwidth ratio, which `Kernels.peaks` says (then TTFT, compute-bound,
+  is the least certain figure).
+- Dequantization: counted operations per K/V element read (DEQUANT_OPS, from each format's
+  definition) on the CUDA cores (FP32_TFLOPS, datasheet); FP8's cost is inside its measured kernel
+  efficiency.
+Assumptions said where they are made: decode attention reads each sequence's K/V once per layer per
+step; prefill attention is causal over the prefix the layer keeps (its window); MoE experts are all
+read (an upper bound); pipeline stages add their times (latency, not pipelined throughput); two
+all-reduces per layer under TP. A hybrid's state layers (Mamba, Gated DeltaNet) run no attention:
+their fixed state is read once per decode step with the KV (the sequence's bytes include it), their
+scan's compute is not priced; a KV-shared layer (Gemma 4) reads no cache of its own here.
 """
 
 from __future__ import annotations
@@ -35,46 +41,91 @@ from trtkv.kvcache.formats import UNQUANTIZED, KVFormat
 from trtkv.platform.hardware import GPU, GPU_SPECS
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "speed_efficiencies.json"
-# trtkv GPU -> the aiconfigurator-core 0.12.0 system whose measured kernel tables (systems/data/<system>/) were taken on
-# that GPU: every system with tables that GPU_SPECS has a GPU for (gb300: no trtkv GPU; b60: not an NVIDIA GPU). Its
-# h100_pcie, l4, a100_pcie and a30 are datasheet-only YAMLs ("No built-in silicon performance database"): no tables.
-AIC_SYSTEM = {GPU.A100_80GB: "a100_sxm", GPU.H100_80GB: "h100_sxm", GPU.H200_141GB: "h200_sxm", GPU.L40S: "l40s",
-              GPU.B200: "b200_sxm", GPU.B300: "b300_sxm", GPU.GB200: "gb200", GPU.RTX_PRO_6000: "rtx_pro_6000_server"}
-# GPUs whose datasheet figures aiconfigurator ships without tables (speed_efficiencies.json's "datasheets")
+# trtkv GPU -> the aiconfigurator-core 0.12.0 system whose measured kernel tables
+# (systems/data/<system>/) were taken on that GPU: every system with tables that GPU_SPECS has a GPU
+# for (gb300: no trtkv GPU; b60: not an NVIDIA GPU). Its h100_pcie, l4, a100_pcie and a30 are
+# datasheet-only YAMLs ("No built-in silicon performance database"): no tables.
+AIC_SYSTEM = {
+    GPU.A100_80GB: "a100_sxm",
+    GPU.H100_80GB: "h100_sxm",
+    GPU.H200_141GB: "h200_sxm",
+    GPU.L40S: "l40s",
+    GPU.B200: "b200_sxm",
+    GPU.B300: "b300_sxm",
+    GPU.GB200: "gb200",
+    GPU.RTX_PRO_6000: "rtx_pro_6000_server",
+}
+# GPUs whose datasheet figures aiconfigurator ships without tables (speed_efficiencies.json's
+# "datasheets")
 DATASHEET_SYSTEM = {GPU.H100_PCIE: "h100_pcie", GPU.L4: "l4"}
-ARCH_REFERENCE = {"Hopper": "h100_sxm", "Blackwell": "b200_sxm", "Ampere": "a100_sxm", "Ada": "l40s"}
-# FP32 CUDA-core TFLOPS, which aiconfigurator's system YAMLs do not carry (NVIDIA datasheets: A100 SXM 19.5, H100 SXM
-# 67, H100 PCIe 51, H200 67, L40S 91.6, L4 30.3; HGX B200 and HGX B300 600 / 8 = 75; GB200 90 per GPU at 1,200 W,
-# the configuration aiconfigurator's gb200.yaml rates at 2,500 BF16 TFLOPS (NVIDIA's figures as tabled on
-# glennklockwood.com/garden/processors/B200); RTX PRO 6000 Blackwell Server: 24,064 CUDA cores x 2 x 2.43 GHz, the
-# SM clock aiconfigurator's rtx_pro_6000_server.yaml scales its tensor-core figures to)
-FP32_TFLOPS = {"a100_sxm": 19.5, "h100_sxm": 67.0, "h100_pcie": 51.0, "h200_sxm": 67.0, "l40s": 91.6, "l4": 30.3,
-               "b200_sxm": 75.0, "b300_sxm": 75.0, "gb200": 90.0, "rtx_pro_6000_server": 24064 * 2 * 2.43e-3}
-# Operations per K/V element to turn it back into 16-bit before the attention math, counted from the formats:
-# static INT8: convert + scale; per-token-head: convert + its token's scale; INT4 groups/KIVI: unpack (shift, mask),
-# convert, scale and zero point; NVFP4: E2M1 decode, block scale, global scale; TurboQuant/UltraQuant: codebook
-# lookup or E2M1 decode, scale/norm, zero point, rotation share. FP8 and 16-bit: 0 (FP8's cost is in its kernel table).
-DEQUANT_OPS = {"int8": 2, "int8_split": 2, "int8_token": 2, "int8_per_token_head": 2, "fp8_per_token_head": 2,
-               "int4_g32": 4, "int4_g64": 4, "int4_g128": 4, "int4_per_token_head": 4, "kivi4": 4, "kivi2": 4,
-               "nvfp4": 3, "turboquant_k8v4": 4, "turboquant_4bit_nc": 6, "turboquant_k3v4_nc": 6,
-               "turboquant_3bit_nc": 6, "ultraquant_4bit": 4}
+ARCH_REFERENCE = {
+    "Hopper": "h100_sxm",
+    "Blackwell": "b200_sxm",
+    "Ampere": "a100_sxm",
+    "Ada": "l40s",
+}
+# FP32 CUDA-core TFLOPS, which aiconfigurator's system YAMLs do not carry (NVIDIA datasheets: A100
+# SXM 19.5, H100 SXM 67, H100 PCIe 51, H200 67, L40S 91.6, L4 30.3; HGX B200 and HGX B300 600 / 8 =
+# 75; GB200 90 per GPU at 1,200 W, the configuration aiconfigurator's gb200.yaml rates at 2,500 BF16
+# TFLOPS (NVIDIA's figures as tabled on glennklockwood.com/garden/processors/B200); RTX PRO 6000
+# Blackwell Server: 24,064 CUDA cores x 2 x 2.43 GHz, the SM clock aiconfigurator's
+# rtx_pro_6000_server.yaml scales its tensor-core figures to)
+FP32_TFLOPS = {
+    "a100_sxm": 19.5,
+    "h100_sxm": 67.0,
+    "h100_pcie": 51.0,
+    "h200_sxm": 67.0,
+    "l40s": 91.6,
+    "l4": 30.3,
+    "b200_sxm": 75.0,
+    "b300_sxm": 75.0,
+    "gb200": 90.0,
+    "rtx_pro_6000_server": 24064 * 2 * 2.43e-3,
+}
+# Operations per K/V element to turn it back into 16-bit before the attention math, counted from the
+# formats: static INT8: convert + scale; per-token-head: convert + its token's scale; INT4
+# groups/KIVI: unpack (shift, mask), convert, scale and zero point; NVFP4: E2M1 decode, block scale,
+# global scale; TurboQuant/UltraQuant: codebook lookup or E2M1 decode, scale/norm, zero point,
+# rotation share. FP8 and 16-bit: 0 (FP8's cost is in its kernel table).
+DEQUANT_OPS = {
+    "int8": 2,
+    "int8_split": 2,
+    "int8_token": 2,
+    "int8_per_token_head": 2,
+    "fp8_per_token_head": 2,
+    "int4_g32": 4,
+    "int4_g64": 4,
+    "int4_g128": 4,
+    "int4_per_token_head": 4,
+    "kivi4": 4,
+    "kivi2": 4,
+    "nvfp4": 3,
+    "turboquant_k8v4": 4,
+    "turboquant_4bit_nc": 6,
+    "turboquant_k3v4_nc": 6,
+    "turboquant_3bit_nc": 6,
+    "ultraquant_4bit": 4,
+}
 NATIVE_FP8 = (KVFormat.FP8, KVFormat.FP8_SCALE1)
-# Elementwise passes over a hidden-sized activation per layer and token (2 RMSNorms x read+write, 2 residual adds x 3,
-# RoPE on Q and K ~1.25 hidden x 2, SiLU-and-mul over the MLP width: counted with intermediate/hidden below), and the
-# kernels they take per layer (input RMSNorm, RoPE, KV-cache write, post-attention RMSNorm with its residual add,
-# SiLU-and-mul), each priced as aiconfigurator prices a memory-bound op: bytes at mem_bw x
-# mem_bw_empirical_scaling_factor plus mem_empirical_constant_latency (systems/<gpu>.yaml: 0.8 and 3 us on every GPU).
+# Elementwise passes over a hidden-sized activation per layer and token (2 RMSNorms x read+write, 2
+# residual adds x 3, RoPE on Q and K ~1.25 hidden x 2, SiLU-and-mul over the MLP width: counted with
+# intermediate/hidden below), and the kernels they take per layer (input RMSNorm, RoPE, KV-cache
+# write, post-attention RMSNorm with its residual add, SiLU-and-mul), each priced as aiconfigurator
+# prices a memory-bound op: bytes at mem_bw x mem_bw_empirical_scaling_factor plus
+# mem_empirical_constant_latency (systems/<gpu>.yaml: 0.8 and 3 us on every GPU).
 ELEMENTWISE_PASSES = 2 * 2 + 2 * 3 + 2.5
 ELEMENTWISE_KERNELS = 5
 GEMMS_PER_LAYER = 4  # fused QKV, attention output, fused gate/up, down
-# CPU-side dispatch per request and layer that kernel tables do not see, as aiconfigurator-core 0.12.0 calibrates it
-# (sdk/backends/vllm_backend.py `_prefill_dispatch_overhead_ms`: 0.8 ms x layers for vLLM; its base backend: none)
+# CPU-side dispatch per request and layer that kernel tables do not see, as aiconfigurator-core
+# 0.12.0 calibrates it (sdk/backends/vllm_backend.py `_prefill_dispatch_overhead_ms`: 0.8 ms x
+# layers for vLLM; its base backend: none)
 DISPATCH_MS_PER_LAYER = {"vllm": 0.8}
 
 
 @dataclass(frozen=True)
 class Kernels:
-    """Efficiencies and datasheet figures for one GPU and one engine (the speed model's whole calibration)."""
+    """Efficiencies and datasheet figures for one GPU and one engine (the speed model's whole
+    calibration)."""
 
     system: str  # the aiconfigurator system the efficiencies come from
     backend: str
@@ -96,14 +147,21 @@ class Kernels:
     def efficiency(self, kind: str, dtype: str) -> float:
         got = self.eff.get(f"{kind}.{dtype}") or self.eff.get(f"{kind}.bfloat16")
         if got is None:
-            raise TrtkvError(f"{DATA}: no {kind} efficiency for {self.system} {self.backend}. Next: "
-                             f"`make speed-efficiencies` (aiconfigurator's tables).")
+            raise TrtkvError(
+                f"{DATA}: no {kind} efficiency for {self.system} {self.backend}. Next: "
+                f"`make speed-efficiencies` (aiconfigurator's tables)."
+            )
         return min(1.0, got)
 
     @property
     def source(self) -> str:
-        how = f"{self.system} {self.versions} kernel tables" + (", borrowed" if self.borrowed else "")
-        return f"trtkv model (efficiencies: aiconfigurator-core {load_data()['aiconfigurator_core']} {how})"
+        how = f"{self.system} {self.versions} kernel tables" + (
+            ", borrowed" if self.borrowed else ""
+        )
+        return (
+            "trtkv model (efficiencies: aiconfigurator-core "
+            f"{load_data()['aiconfigurator_core']} {how})"
+        )
 
 
 @lru_cache(maxsize=1)
@@ -112,21 +170,24 @@ def load_data(path: Path = DATA) -> dict[str, Any]:
 
 
 def reference_system(gpu: GPU) -> str:
-    """The system whose tables a GPU without its own borrows: the first of AIC_SYSTEM with its compute capability (the
-    same kernels run there), else its architecture's reference (ARCH_REFERENCE)."""
+    """The system whose tables a GPU without its own borrows: the first of AIC_SYSTEM with its
+    compute capability (the same kernels run there), else its architecture's reference
+    (ARCH_REFERENCE)."""
     spec = GPU_SPECS[gpu]
     same = [system for g, system in AIC_SYSTEM.items() if GPU_SPECS[g].sm == spec.sm]
     return same[0] if same else ARCH_REFERENCE.get(spec.arch, "h100_sxm")
 
 
 def kernels_for(gpu: GPU, engine: str) -> Kernels:
-    """The model's calibration for this GPU and engine, by aiconfigurator's name for it ("trtllm", "vllm", "sglang":
-    recipe.backend_rules.SPEED_ENGINE)."""
+    """The model's calibration for this GPU and engine, by aiconfigurator's name for it ("trtllm",
+    "vllm", "sglang": recipe.backend_rules.SPEED_ENGINE)."""
     spec = GPU_SPECS.get(gpu)
     if spec is None:
-        raise TrtkvError(f"hardware.gpu {gpu.value}: the speed model needs a GPU; allowed: "
-                         f"{', '.join(g.value for g in GPU_SPECS)}. Next: measure on this machine with "
-                         f"`trtkv bench --sweep-input`.")
+        raise TrtkvError(
+            f"hardware.gpu {gpu.value}: the speed model needs a GPU; allowed: "
+            f"{', '.join(g.value for g in GPU_SPECS)}. Next: measure on this machine with "
+            f"`trtkv bench --sweep-input`."
+        )
     data = load_data()
     system = AIC_SYSTEM.get(gpu)
     borrowed = system is None
@@ -135,30 +196,61 @@ def kernels_for(gpu: GPU, engine: str) -> Kernels:
     entry = data["systems"][system]
     tables = entry["backends"].get(engine) or next(iter(entry["backends"].values()))
     g, peaks = entry["gpu"], ""
-    flops = {"bfloat16": float(g["bfloat16_tc_flops"]), "fp8": float(g.get("fp8_tc_flops") or g["bfloat16_tc_flops"])}
+    flops = {
+        "bfloat16": float(g["bfloat16_tc_flops"]),
+        "fp8": float(g.get("fp8_tc_flops") or g["bfloat16_tc_flops"]),
+    }
     fp32, link = FP32_TFLOPS[system] * 1e12, float(entry["intra_node_bw"])
     sheet = data.get("datasheets", {}).get(DATASHEET_SYSTEM.get(gpu, ""))
     if borrowed and sheet is not None:  # its own datasheet, as aiconfigurator ships it
         own = sheet["gpu"]
-        flops = {"bfloat16": float(own["bfloat16_tc_flops"]),
-                 "fp8": float(own.get("fp8_tc_flops") or own["bfloat16_tc_flops"])}
+        flops = {
+            "bfloat16": float(own["bfloat16_tc_flops"]),
+            "fp8": float(own.get("fp8_tc_flops") or own["bfloat16_tc_flops"]),
+        }
         fp32, link = FP32_TFLOPS[DATASHEET_SYSTEM[gpu]] * 1e12, float(sheet["intra_node_bw"])
-        peaks = f"{gpu.value}'s own peaks (aiconfigurator-core's {DATASHEET_SYSTEM[gpu]}.yaml datasheet)"
-    elif borrowed:  # no peak figures for this GPU anywhere trtkv reads: the lender's, in its ratio to bandwidth
+        peaks = (
+            f"{gpu.value}'s own peaks (aiconfigurator-core's {DATASHEET_SYSTEM[gpu]}.yaml "
+            "datasheet)"
+        )
+    # no peak figures for this GPU anywhere trtkv reads: the lender's, in its ratio to bandwidth
+    elif borrowed:
         scale = spec.hbm_bandwidth_gbps * 1e9 / float(g["mem_bw"])
         flops = {k: v * scale for k, v in flops.items()}
         fp32 *= scale
-        peaks = (f"no tensor-core peak for {gpu.value} in any table trtkv reads: {system}'s scaled by the bandwidth "
-                 f"ratio ({spec.hbm_bandwidth_gbps:g} / {float(g['mem_bw']) / 1e9:g} GB/s), so its TTFT is the least "
-                 f"certain figure")
+        peaks = (
+            f"no tensor-core peak for {gpu.value} in any table trtkv reads: {system}'s scaled by "
+            f"the bandwidth ratio ({spec.hbm_bandwidth_gbps:g} / {float(g['mem_bw']) / 1e9:g} "
+            "GB/s), so its TTFT is the least certain figure"
+        )
     ar = entry.get("allreduce", {"floor_ms": 0.01, "bus_efficiency": 0.5})
-    eff = {k: v["efficiency"] for k, v in tables.items() if isinstance(v, dict) and "efficiency" in v}
-    floors = {k.split(".", 1)[1]: v["floor_ms"] for k, v in tables.items() if isinstance(v, dict) and "floor_ms" in v}
+    eff = {
+        k: v["efficiency"] for k, v in tables.items() if isinstance(v, dict) and "efficiency" in v
+    }
+    floors = {
+        k.split(".", 1)[1]: v["floor_ms"]
+        for k, v in tables.items()
+        if isinstance(v, dict) and "floor_ms" in v
+    }
     fixed = {k: v["fixed_ms"] for k, v in tables.items() if isinstance(v, dict) and "fixed_ms" in v}
-    return Kernels(system, engine, f"{engine} {tables['attention_version']}", spec.hbm_bandwidth_gbps * 1e9, flops,
-                   fp32, link, eff, fixed, floors, float(ar["floor_ms"]), min(1.0, float(ar["bus_efficiency"])),
-                   borrowed, float(g.get("mem_bw_empirical_scaling_factor") or 0.8),
-                   float(g.get("mem_empirical_constant_latency") or 3e-6) * 1e3, peaks)
+    return Kernels(
+        system,
+        engine,
+        f"{engine} {tables['attention_version']}",
+        spec.hbm_bandwidth_gbps * 1e9,
+        flops,
+        fp32,
+        link,
+        eff,
+        fixed,
+        floors,
+        float(ar["floor_ms"]),
+        min(1.0, float(ar["bus_efficiency"])),
+        borrowed,
+        float(g.get("mem_bw_empirical_scaling_factor") or 0.8),
+        float(g.get("mem_empirical_constant_latency") or 3e-6) * 1e3,
+        peaks,
+    )
 
 
 @dataclass(frozen=True)
@@ -173,20 +265,24 @@ class ModelShape:
     gemm_params: float  # per GPU: every linear layer and the LM head
     weight_bytes: float  # per GPU: what one step reads of those
     weight_dtype: str  # "bfloat16" or "fp8": the GEMM kernels' lane
-    windows: tuple[int | None, ...]  # per attention layer (state and no-cache layers run none): its window (None: full)
+    # per attention layer (state and no-cache layers run none): its window (None: full)
+    windows: tuple[int | None, ...]
     tp: int
     pp: int
 
 
 @dataclass(frozen=True)
 class KVCost:
-    """One KV format's cost: bytes a sequence of n tokens holds per GPU (a callable) and its kernel lane."""
+    """One KV format's cost: bytes a sequence of n tokens holds per GPU (a callable) and its kernel
+    lane."""
 
     fmt: KVFormat
-    seq_bytes: Any  # Callable[[int], float]: bytes per GPU of one sequence at context n, every layer
+    # Callable[[int], float]: bytes per GPU of one sequence at context n, every layer
+    seq_bytes: Any
     lane: str  # "bfloat16" or "fp8": the measured attention kernel the format runs closest to
     dequant_ops: int
-    elements_per_token_layer: float  # K/V elements per token and layer per GPU (the dequant ALU work)
+    # K/V elements per token and layer per GPU (the dequant ALU work)
+    elements_per_token_layer: float
 
 
 def kv_lane(fmt: KVFormat) -> tuple[str, int]:
@@ -211,22 +307,36 @@ class Step:
         return self.gemm_ms + self.attention_ms + self.comm_ms + self.other_ms
 
 
-def step_time(k: Kernels, m: ModelShape, kv: KVCost, decode_contexts: list[float], chunk: int = 0,
-              chunk_prefix: int = 0) -> Step:
-    """One engine step: `decode_contexts` sequences decode one token each at those context lengths, and one prefill
-    chunk of `chunk` tokens whose request already holds `chunk_prefix` tokens (chunked prefill mixes them)."""
+def step_time(
+    k: Kernels,
+    m: ModelShape,
+    kv: KVCost,
+    decode_contexts: list[float],
+    chunk: int = 0,
+    chunk_prefix: int = 0,
+) -> Step:
+    """One engine step: `decode_contexts` sequences decode one token each at those context lengths,
+    and one prefill chunk of `chunk` tokens whose request already holds `chunk_prefix` tokens
+    (chunked prefill mixes them)."""
     tokens = len(decode_contexts) + chunk
     if tokens == 0:
         return Step(0.0, 0.0, 0.0, 0.0)
-    # GEMMs, per layer as a roofline: the weights once, or the FLOPs of every token, whichever is slower, plus each
-    # GEMM call's fixed cost (GEMMS_PER_LAYER per layer and the LM head)
+    # GEMMs, per layer as a roofline: the weights once, or the FLOPs of every token, whichever is
+    # slower, plus each GEMM call's fixed cost (GEMMS_PER_LAYER per layer and the LM head)
     calls = GEMMS_PER_LAYER * m.num_layers + 1
     w_ms = m.weight_bytes / (k.mem_bw * k.efficiency("gemm_memory", m.weight_dtype)) * 1e3
     w_ms += calls * k.gemm_fixed_ms.get(f"gemm_memory.{m.weight_dtype}", 0.0)
-    f_ms = 2 * tokens * m.gemm_params / (k.flops[m.weight_dtype] * k.efficiency("gemm_compute", m.weight_dtype)) * 1e3
+    f_ms = (
+        2
+        * tokens
+        * m.gemm_params
+        / (k.flops[m.weight_dtype] * k.efficiency("gemm_compute", m.weight_dtype))
+        * 1e3
+    )
     f_ms += calls * k.gemm_fixed_ms.get(f"gemm_compute.{m.weight_dtype}", 0.0)
     gemm = max(w_ms, f_ms)
-    # decode attention: every sequence's K/V once per layer, at the lane's measured efficiency, or the dequant ALU
+    # decode attention: every sequence's K/V once per layer, at the lane's measured efficiency, or
+    # the dequant ALU
     attn = 0.0
     if decode_contexts:
         kv_bytes = sum(kv.seq_bytes(max(1, round(n))) for n in decode_contexts)
@@ -238,7 +348,8 @@ def step_time(k: Kernels, m: ModelShape, kv: KVCost, decode_contexts: list[float
         attn += max(mem_ms, alu_ms) + len(m.windows) * floor
     if chunk:
         flops = 0.0
-        for w in m.windows:  # causal: each new token attends to the prefix the layer keeps and half the chunk
+        # causal: each new token attends to the prefix the layer keeps and half the chunk
+        for w in m.windows:
             seen = min(chunk_prefix, w) if w else chunk_prefix
             span = min(chunk, w) if w else chunk
             flops += 4 * m.q_heads * m.head_dim * chunk * (seen + span / 2)
@@ -252,30 +363,37 @@ def step_time(k: Kernels, m: ModelShape, kv: KVCost, decode_contexts: list[float
     if m.pp > 1:
         comm += (m.pp - 1) * k.ar_floor_ms  # one activation hand-off per stage boundary
     passes = ELEMENTWISE_PASSES + 3 * m.intermediate / max(1, m.hidden) / m.tp
-    other = (tokens * m.hidden * 2 * passes * m.num_layers / (k.mem_bw * k.op_bw_scale) * 1e3
-             + ELEMENTWISE_KERNELS * m.num_layers * k.op_latency_ms)
+    other = (
+        tokens * m.hidden * 2 * passes * m.num_layers / (k.mem_bw * k.op_bw_scale) * 1e3
+        + ELEMENTWISE_KERNELS * m.num_layers * k.op_latency_ms
+    )
     return Step(gemm, attn, comm, other)
 
 
 @dataclass(frozen=True)
 class Serving:
-    """Steady-state figures of `concurrency` requests in flight, each `isl` tokens in and `osl` out."""
+    """Steady-state figures of `concurrency` requests in flight, each `isl` tokens in and `osl`
+    out."""
 
     ttft_ms: float
     itl_ms: float  # mean time between tokens (TPOT), prefill chunks of other requests included
-    itl_p50_ms: float  # a step without a prefill chunk: what the median ITL measures while those are rare
+    # a step without a prefill chunk: what the median ITL measures while those are rare
+    itl_p50_ms: float
     output_tokens_per_s_per_gpu: float
     output_tokens_per_s_per_user: float
     decode_step: Step
     prefill_chunks: int
 
 
-def serve(k: Kernels, m: ModelShape, kv: KVCost, isl: int, osl: int, concurrency: int, budget_tokens: int) -> Serving:
-    """In-flight batching with chunked prefill, in steady state: every request is prefilled in chunks of at most
-    `budget_tokens` minus the decodes sharing the step, then decodes osl - 1 steps; the C requests' prefills are spread
-    over the cycle in which each of them finishes once. One prefill runs at a time (vLLM's max_num_partial_prefills 1,
-    TensorRT-LLM's and SGLang's chunked prefill alike), so a request waits for the one ahead: an M/D/1 queue whose load
-    is the share of the cycle spent prefilling (mean wait rho / (2 (1 - rho)) x one prefill)."""
+def serve(
+    k: Kernels, m: ModelShape, kv: KVCost, isl: int, osl: int, concurrency: int, budget_tokens: int
+) -> Serving:
+    """In-flight batching with chunked prefill, in steady state: every request is prefilled in
+    chunks of at most `budget_tokens` minus the decodes sharing the step, then decodes osl - 1
+    steps; the C requests' prefills are spread over the cycle in which each of them finishes once.
+    One prefill runs at a time (vLLM's max_num_partial_prefills 1, TensorRT-LLM's and SGLang's
+    chunked prefill alike), so a request waits for the one ahead: an M/D/1 queue whose load is the
+    share of the cycle spent prefilling (mean wait rho / (2 (1 - rho)) x one prefill)."""
     c = max(1, concurrency)
     others = c - 1
     chunk_cap = max(1, budget_tokens - others)
@@ -283,15 +401,20 @@ def serve(k: Kernels, m: ModelShape, kv: KVCost, isl: int, osl: int, concurrency
     chunk = math.ceil(isl / n_chunks)
     mean_ctx = isl + osl / 2
     decoders = [mean_ctx] * others
-    prefill_ms = sum(step_time(k, m, kv, decoders, chunk, i * chunk).total_ms for i in range(n_chunks))
+    prefill_ms = sum(
+        step_time(k, m, kv, decoders, chunk, i * chunk).total_ms for i in range(n_chunks)
+    )
     dec = step_time(k, m, kv, [mean_ctx] * c)
     mixed_mean = prefill_ms / n_chunks
     decode_steps = max(0, osl - 1)
-    steps = max(decode_steps + n_chunks, c * n_chunks)  # a cycle: every slot prefills once and decodes osl - 1 tokens
+    # a cycle: every slot prefills once and decodes osl - 1 tokens
+    steps = max(decode_steps + n_chunks, c * n_chunks)
     pure = max(0, steps - c * n_chunks)
     cycle_ms = c * n_chunks * mixed_mean + pure * dec.total_ms
     rho = min(0.95, c * prefill_ms / cycle_ms) if c > 1 else 0.0
-    ttft = prefill_ms * (1 + rho / (2 * (1 - rho))) + m.num_layers * DISPATCH_MS_PER_LAYER.get(k.backend, 0.0)
+    ttft = prefill_ms * (1 + rho / (2 * (1 - rho))) + m.num_layers * DISPATCH_MS_PER_LAYER.get(
+        k.backend, 0.0
+    )
     itl = (cycle_ms - prefill_ms) / decode_steps if decode_steps else 0.0
     gpus = m.tp * m.pp
     tps_gpu = c * osl / (cycle_ms / 1e3) / gpus

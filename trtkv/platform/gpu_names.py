@@ -1,6 +1,6 @@
-"""The words that name a GPU of trtkv's table (trtkv.platform.hardware): trtkv's values, the names nvidia-smi prints,
-GPU feature discovery's `nvidia.com/gpu.product` labels (with or without the "-SHARED" of a time-sliced GPU) and the
-common aliases users type."""
+"""The words that name a GPU of trtkv's table (trtkv.platform.hardware): trtkv's values, the names
+nvidia-smi prints, GPU feature discovery's `nvidia.com/gpu.product` labels (with or without the
+"-SHARED" of a time-sliced GPU) and the common aliases users type."""
 
 from __future__ import annotations
 
@@ -8,13 +8,28 @@ import re
 
 from trtkv.platform.hardware import GPU, GPU_SPECS
 
-# Other spellings users type (lower-case); the enum value, nvidia-smi names and gfd_product are accepted as well.
+# Other spellings users type (lower-case); the enum value, nvidia-smi names and gfd_product are
+# accepted as well.
 ALIASES: dict[str, GPU] = {
-    "h100": GPU.H100_80GB, "h100-sxm": GPU.H100_80GB, "h100-sxm5": GPU.H100_80GB, "h100 sxm": GPU.H100_80GB,
-    "h100-pcie-80gb": GPU.H100_PCIE, "h200": GPU.H200_141GB, "a100": GPU.A100_80GB, "a100-sxm4-80gb": GPU.A100_80GB,
-    "a100-sxm4-40gb": GPU.A100_40GB, "rtx 4090": GPU.RTX_4090, "4090": GPU.RTX_4090, "rtx 5090": GPU.RTX_5090,
-    "5090": GPU.RTX_5090, "a5000": GPU.RTX_A5000, "a6000": GPU.RTX_A6000, "rtx 6000 ada": GPU.RTX_6000_ADA,
-    "rtx pro 6000": GPU.RTX_PRO_6000, "b300-sxm6-ac": GPU.B300, "gh200-480gb": GPU.GH200,
+    "h100": GPU.H100_80GB,
+    "h100-sxm": GPU.H100_80GB,
+    "h100-sxm5": GPU.H100_80GB,
+    "h100 sxm": GPU.H100_80GB,
+    "h100-pcie-80gb": GPU.H100_PCIE,
+    "h200": GPU.H200_141GB,
+    "a100": GPU.A100_80GB,
+    "a100-sxm4-80gb": GPU.A100_80GB,
+    "a100-sxm4-40gb": GPU.A100_40GB,
+    "rtx 4090": GPU.RTX_4090,
+    "4090": GPU.RTX_4090,
+    "rtx 5090": GPU.RTX_5090,
+    "5090": GPU.RTX_5090,
+    "a5000": GPU.RTX_A5000,
+    "a6000": GPU.RTX_A6000,
+    "rtx 6000 ada": GPU.RTX_6000_ADA,
+    "rtx pro 6000": GPU.RTX_PRO_6000,
+    "b300-sxm6-ac": GPU.B300,
+    "gh200-480gb": GPU.GH200,
 }
 _SPACES = re.compile(r"\s+")
 
@@ -38,8 +53,9 @@ NAMES = _names()
 
 
 def gpu_from_name(text: str) -> GPU | None:
-    """The GPU a user's word names: trtkv's value (H100-80GB), a name as nvidia-smi prints it (NVIDIA H100 80GB
-    HBM3), a GFD gpu.product label (NVIDIA-H100-80GB-HBM3, with or without -SHARED), or a common alias (H100)."""
+    """The GPU a user's word names: trtkv's value (H100-80GB), a name as nvidia-smi prints it
+    (NVIDIA H100 80GB HBM3), a GFD gpu.product label (NVIDIA-H100-80GB-HBM3, with or without
+    -SHARED), or a common alias (H100)."""
     key = _key(text)
     if key.endswith("-shared"):
         key = key[: -len("-shared")]

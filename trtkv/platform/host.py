@@ -1,5 +1,6 @@
-"""This machine's own memory: where a probe offloads layers, and the CPU recipe's 'device' memory for the planner
-(the planner reads host_memory_gib; vLLM CPU's pool reads the memory node, trtkv.plan.engine_cpu)."""
+"""This machine's own memory: where a probe offloads layers, and the CPU recipe's 'device' memory
+for the planner (the planner reads host_memory_gib; vLLM CPU's pool reads the memory node,
+trtkv.plan.engine_cpu)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ def host_memory_bytes() -> float | None:
 
 
 def host_memory_gib() -> float | None:
-    """Total RAM of this machine in GiB (the CPU recipe's 'device' memory; None where the OS does not say)."""
+    """Total RAM of this machine in GiB (the CPU recipe's 'device' memory; None where the OS does
+    not say)."""
     total = host_memory_bytes()
     return None if total is None else total / GIB

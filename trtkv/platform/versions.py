@@ -1,7 +1,7 @@
-"""One version matrix: NGC Triton TensorRT-LLM image tag -> Triton -> TensorRT-LLM -> TensorRT (data file with its
-source: trtkv/data/trtllm_versions.json). An engine loads only where the TensorRT-LLM and TensorRT that built it
-run it, so build records the versions it used and repo/serve pick the image from them (or refuse a mismatch).
-Light: json only (recipe validation imports it).
+"""One version matrix: NGC Triton TensorRT-LLM image tag -> Triton -> TensorRT-LLM -> TensorRT (data
+file with its source: trtkv/data/trtllm_versions.json). An engine loads only where the TensorRT-LLM
+and TensorRT that built it run it, so build records the versions it used and repo/serve pick the
+image from them (or refuse a mismatch). Light: json only (recipe validation imports it).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from trtkv.core.errors import StageError
 DATA = Path(__file__).resolve().parents[1] / "data" / "trtllm_versions.json"
 REGISTRY_PATH = "nvcr.io/nvidia/tritonserver"
 IMAGE_SUFFIX = "-trtllm-python-py3"
-IMAGE_ENV = "TRTKV_TRITON_IMAGE"  # a user's own image; checked against the matrix when its tag is in it
+# a user's own image; checked against the matrix when its tag is in it
+IMAGE_ENV = "TRTKV_TRITON_IMAGE"
 DEFAULT_TRTLLM = "1.2.1"  # the newest TensorRT-LLM with the engine path
 
 
@@ -46,7 +47,8 @@ def rows() -> list[Row]:
 
 
 def release(version: str) -> str:
-    """'1.0.3.2510' -> '1.0.3'; '1.2.1' -> '1.2.1'; '1.2.0rc8' -> '1.2.0rc8' (NGC build suffixes dropped)."""
+    """'1.0.3.2510' -> '1.0.3'; '1.2.1' -> '1.2.1'; '1.2.0rc8' -> '1.2.0rc8' (NGC build suffixes
+    dropped)."""
     match = re.match(r"^(\d+\.\d+\.\d+(?:rc\d+)?)", version.strip())
     return match.group(1) if match else version.strip()
 
@@ -61,12 +63,16 @@ def supported_trtllm() -> list[str]:
 
 
 def row_for_trtllm(version: str) -> Row:
-    """The newest image that ships this TensorRT-LLM release; StageError naming the supported ones otherwise."""
+    """The newest image that ships this TensorRT-LLM release; StageError naming the supported ones
+    otherwise."""
     matching = [row for row in rows() if release(row.tensorrt_llm) == release(version)]
     if not matching:
-        raise StageError(f"TensorRT-LLM {version}: no Triton image in trtkv's version matrix ships it (supported: "
-                         f"{', '.join(supported_trtllm())}; the engine path ends at 1.2.x). Next: build with one of "
-                         f"these (build.tensorrt_llm_version), or set {IMAGE_ENV} to an image you built yourself.")
+        raise StageError(
+            f"TensorRT-LLM {version}: no Triton image in trtkv's version matrix ships it "
+            f"(supported: {', '.join(supported_trtllm())}; the engine path ends at 1.2.x). Next: "
+            f"build with one of these (build.tensorrt_llm_version), or set {IMAGE_ENV} to an image "
+            "you built yourself."
+        )
     return matching[-1]
 
 
@@ -81,7 +87,8 @@ def image_tag(image: str) -> str | None:
 
 
 def image_for(trtllm_version: str) -> str:
-    """The image to run an engine built by `trtllm_version` (or TRTKV_TRITON_IMAGE, checked when it is an NGC tag)."""
+    """The image to run an engine built by `trtllm_version` (or TRTKV_TRITON_IMAGE, checked when it
+    is an NGC tag)."""
     wanted = row_for_trtllm(trtllm_version)
     override = os.environ.get(IMAGE_ENV)
     if not override:
@@ -89,20 +96,25 @@ def image_for(trtllm_version: str) -> str:
     tag = image_tag(override)
     row = row_for_tag(tag) if tag else None
     if tag and row is None:
-        raise StageError(f"{IMAGE_ENV}={override}: tag {tag} is not in trtkv's version matrix (tags "
-                         f"{', '.join(r.tag for r in rows())}), so trtkv cannot tell which TensorRT-LLM it ships; "
-                         f"before 25.09 the images ship TensorRT-LLM 0.x, which cannot run trtkv's engines. Next: "
-                         f"unset it (trtkv then uses {wanted.image}).")
+        raise StageError(
+            f"{IMAGE_ENV}={override}: tag {tag} is not in trtkv's version matrix (tags "
+            f"{', '.join(r.tag for r in rows())}), so trtkv cannot tell which TensorRT-LLM it "
+            "ships; before 25.09 the images ship TensorRT-LLM 0.x, which cannot run trtkv's "
+            f"engines. Next: unset it (trtkv then uses {wanted.image})."
+        )
     if row is not None and release(row.tensorrt_llm) != release(trtllm_version):
-        raise StageError(f"{IMAGE_ENV}={override} ships TensorRT-LLM {row.tensorrt_llm} (TensorRT {row.tensorrt}), "
-                         f"but the engine needs TensorRT-LLM {trtllm_version}: an engine loads only under the "
-                         f"TensorRT-LLM/TensorRT that built it. Next: unset {IMAGE_ENV} (trtkv then uses "
-                         f"{wanted.image}), or rebuild the engine in {override}.")
+        raise StageError(
+            f"{IMAGE_ENV}={override} ships TensorRT-LLM {row.tensorrt_llm} (TensorRT "
+            f"{row.tensorrt}), but the engine needs TensorRT-LLM {trtllm_version}: an engine loads "
+            f"only under the TensorRT-LLM/TensorRT that built it. Next: unset {IMAGE_ENV} (trtkv "
+            f"then uses {wanted.image}), or rebuild the engine in {override}."
+        )
     return override
 
 
 def check_engine_versions(built: dict[str, Any], image: str) -> list[str]:
-    """Problems running an engine whose build manifest says `built` (tensorrt_llm/tensorrt) in `image`."""
+    """Problems running an engine whose build manifest says `built` (tensorrt_llm/tensorrt) in
+    `image`."""
     trtllm = built.get("tensorrt_llm")
     if not trtllm:
         return []
@@ -112,9 +124,13 @@ def check_engine_versions(built: dict[str, Any], image: str) -> list[str]:
         return []
     out = []
     if release(row.tensorrt_llm) != release(trtllm):
-        out.append(f"the engine was built by TensorRT-LLM {trtllm}, {image} ships {row.tensorrt_llm}")
+        out.append(
+            f"the engine was built by TensorRT-LLM {trtllm}, {image} ships {row.tensorrt_llm}"
+        )
     if built.get("tensorrt") and release(built["tensorrt"]) != release(row.tensorrt):
-        out.append(f"the engine was built by TensorRT {built['tensorrt']}, {image} ships {row.tensorrt}")
+        out.append(
+            f"the engine was built by TensorRT {built['tensorrt']}, {image} ships {row.tensorrt}"
+        )
     return out
 
 
@@ -122,5 +138,7 @@ def table_markdown() -> str:
     """The matrix as a Markdown table (docs/where-it-runs.md, the repository README)."""
     lines = ["| image tag | TensorRT-LLM | TensorRT | CUDA |", "|---|---|---|---|"]
     for row in rows():
-        lines.append(f"| `{row.tag}{IMAGE_SUFFIX}` | {row.tensorrt_llm} | {row.tensorrt} | {row.cuda} |")
+        lines.append(
+            f"| `{row.tag}{IMAGE_SUFFIX}` | {row.tensorrt_llm} | {row.tensorrt} | {row.cuda} |"
+        )
     return "\n".join(lines)

@@ -1,30 +1,34 @@
 """`trtkv probe`: KV-cache precision vs context length, measured on the recipe's real model.
 
-Modules: setup (settings, the loaded model), placement (dtype, the device map over GPUs, --dry-run), measure (the
-passes), metrics (KL, top-1 and the records of a pass), attention (engine attention modes and the prefill-vs-decode
-drift), sweep (the driver), sweep_cache (its cache), outputs (probe.json, probe.md, plots), results and
-attention_report (probe.json read back for the planner and the report; light: no torch), layers (--per-layer) and
-layers_search (its sensitivity, verified sets and fronts).
-Importing this package stays light too: the torch-side names load on first use.
+Modules: setup (settings, the loaded model), placement (dtype, the device map over GPUs, --dry-run),
+measure (the passes), metrics (KL, top-1 and the records of a pass), attention (engine attention
+modes and the prefill-vs-decode drift), sweep (the driver), sweep_cache (its cache), outputs
+(probe.json, probe.md, plots), results and attention_report (probe.json read back for the planner
+and the report; light: no torch), layers (--per-layer) and layers_search (its sensitivity, verified
+sets and fronts). Importing this package stays light too: the torch-side names load on first use.
 
-For each format and context length, on long natural text (calibration_data/eval, never used for calibration):
-KL divergence of next-token distributions to the unquantized model (mean and last quarter of positions), perplexity
-and its change, top-1 agreement, measured KV bytes per token, clipping rate of static scales; needle retrieval
-(a random passkey at several depths); and the scale-reuse experiment (scales from short prompts applied at long
-context and through decode steps). Writes probe.json, probe.md and PNG plots; per-(format, length) results are
-cached under cache/ so an interrupted sweep resumes.
+For each format and context length, on long natural text (calibration_data/eval, never used for
+calibration): KL divergence of next-token distributions to the unquantized model (mean and last
+quarter of positions), perplexity and its change, top-1 agreement, measured KV bytes per token,
+clipping rate of static scales; needle retrieval (a random passkey at several depths); and the
+scale-reuse experiment (scales from short prompts applied at long context and through decode steps).
+Writes probe.json, probe.md and PNG plots; per-(format, length) results are cached under cache/ so
+an interrupted sweep resumes.
 
 Method (also written into probe.md):
-- Reference: the model (float32 compute) with K/V stored as float16 (`fp16`); its own KL is 0 by construction.
-- Every format runs through QuantizedKVCache, where each query attends to the quantized K/V of all positions up
-  to and including its own: the view of a decode step. Per-token formats quantize each token independently, so
-  one causal pass over the text equals token-by-token decoding exactly. KIVI's fp16 window depends on the query
-  position, so KIVI text is fed in 128-token chunks aligned with its window flushes: each token sees the quantized
-  history plus the full-precision window, as in decoding.
-- One pass at the longest length serves every shorter length: the first L positions of a causal pass are the pass
-  over the first L tokens. Metrics at length L use the predictions of tokens 1..L-1.
-- Needles are scored teacher-forced: retrieval counts when the greedy prediction of every passkey digit is right
-  (exactly what greedy generation would produce). Seeds share the haystack before the needle (one prefix pass).
+- Reference: the model (float32 compute) with K/V stored as float16 (`fp16`); its own KL is 0 by
+  construction.
+- Every format runs through QuantizedKVCache, where each query attends to the quantized K/V of all
+  positions up to and including its own: the view of a decode step. Per-token formats quantize each
+  token independently, so one causal pass over the text equals token-by-token decoding exactly.
+  KIVI's fp16 window depends on the query position, so KIVI text is fed in 128-token chunks aligned
+  with its window flushes: each token sees the quantized history plus the full-precision window, as
+  in decoding.
+- One pass at the longest length serves every shorter length: the first L positions of a causal pass
+  are the pass over the first L tokens. Metrics at length L use the predictions of tokens 1..L-1.
+- Needles are scored teacher-forced: retrieval counts when the greedy prediction of every passkey
+  digit is right (exactly what greedy generation would produce). Seeds share the haystack before the
+  needle (one prefix pass).
 """
 
 from __future__ import annotations
@@ -35,9 +39,19 @@ from typing import Any
 from trtkv.probe.results import load_probe, probe_advice
 
 # name -> submodule, imported on first access (they import torch; `trtkv plan` must not)
-_LAZY = {"default_settings": "setup", "load_model": "setup", "ProbeSettings": "setup", "Loaded": "setup",
-         "auto_threads": "setup", "chunk_for": "measure", "feed": "measure", "make_cache": "measure",
-         "probe_scales": "measure", "run_format": "measure", "run_probe": "sweep"}
+_LAZY = {
+    "default_settings": "setup",
+    "load_model": "setup",
+    "ProbeSettings": "setup",
+    "Loaded": "setup",
+    "auto_threads": "setup",
+    "chunk_for": "measure",
+    "feed": "measure",
+    "make_cache": "measure",
+    "probe_scales": "measure",
+    "run_format": "measure",
+    "run_probe": "sweep",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -47,6 +61,17 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "auto_threads", "default_settings", "dry_run", "load_probe", "per_layer_advice", "PerLayerOptions", "probe_advice",
-    "ProbeSettings", "recipe_mode", "RulerPlan", "run_per_layer", "run_probe", "summary_lines",
+    "auto_threads",
+    "default_settings",
+    "dry_run",
+    "load_probe",
+    "per_layer_advice",
+    "PerLayerOptions",
+    "probe_advice",
+    "ProbeSettings",
+    "recipe_mode",
+    "RulerPlan",
+    "run_per_layer",
+    "run_probe",
+    "summary_lines",
 ]

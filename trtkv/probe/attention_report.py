@@ -1,5 +1,6 @@
-"""probe.md's attention sections and the printed lines: cache-only vs engine attention side by side per format and
-length, and the prefill-vs-decode drift. Light (no torch): the planner's advice reads it too."""
+"""probe.md's attention sections and the printed lines: cache-only vs engine attention side by side
+per format and length, and the prefill-vs-decode drift. Light (no torch): the planner's advice reads
+it too."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ CACHE_ONLY = "cache_only"
 
 
 def pairs(doc: dict) -> list[tuple[dict, dict]]:
-    """(cache-only record, engine-attention record) of the same format and length, in the document's order."""
+    """(cache-only record, engine-attention record) of the same format and length, in the document's
+    order."""
     base = {(r["format"], r["context_len"]): r for r in doc.get("records", [])}
-    return [(base[(r["format"], r["context_len"])], r) for r in doc.get("attention_records", [])
-            if (r["format"], r["context_len"]) in base]
+    return [
+        (base[(r["format"], r["context_len"])], r)
+        for r in doc.get("attention_records", [])
+        if (r["format"], r["context_len"]) in base
+    ]
 
 
 def _ratio(a: float, b: float) -> str:
@@ -27,30 +32,56 @@ def markdown_section(doc: dict) -> list[str]:
     if not rows and not drift:
         reasons = att.get("reasons") or {}
         why = reasons.get(CACHE_ONLY, "")
-        return ["## Attention", "", f"Measured cache-only only ({why})." if why else "Measured cache-only only.", ""]
-    lines = ["## Cache-only vs the engine's attention", "",
-             "Cache-only: the stored cache dequantized into full-precision attention. Engine: the same cache read "
-             "by the engine kernel's numerics (FP8 Q with its scale, FP8 P per KV tile; trtkv/data/kv_formats.json, "
-             "section attention, names each kernel's source), every scored position through the decode kernel.", ""]
+        return [
+            "## Attention",
+            "",
+            f"Measured cache-only only ({why})." if why else "Measured cache-only only.",
+            "",
+        ]
+    lines = [
+        "## Cache-only vs the engine's attention",
+        "",
+        "Cache-only: the stored cache dequantized into full-precision attention. Engine: the same "
+        "cache read by the engine kernel's numerics (FP8 Q with its scale, FP8 P per KV tile; "
+        "trtkv/data/kv_formats.json, section attention, names each kernel's source), every scored "
+        "position through the decode kernel.",
+        "",
+    ]
     for mode, why in (att.get("reasons") or {}).items():
         lines.append(f"- `{mode}`: {why}")
-    lines += ["", "| format | context | attention | KL cache-only | KL engine | engine / cache-only | top-1 cache-only | "
-              "top-1 engine | ppl delta cache-only | ppl delta engine |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        "| format | context | attention | KL cache-only | KL engine | engine / cache-only | top-1 "
+        "cache-only | top-1 engine | ppl delta cache-only | ppl delta engine |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for a, b in rows:
-        lines.append(f"| {a['format']} | {a['context_len']} | {b['attention']} | {a['kl_mean']:.5f} | {b['kl_mean']:.5f} "
-                     f"| {_ratio(a['kl_mean'], b['kl_mean'])} | {a['top1_agreement']:.1%} | {b['top1_agreement']:.1%} | "
-                     f"{a['ppl_delta']:+.3f} | {b['ppl_delta']:+.3f} |")
+        lines.append(
+            f"| {a['format']} | {a['context_len']} | {b['attention']} | {a['kl_mean']:.5f} | "
+            f"{b['kl_mean']:.5f} | {_ratio(a['kl_mean'], b['kl_mean'])} | "
+            f"{a['top1_agreement']:.1%} | {b['top1_agreement']:.1%} | {a['ppl_delta']:+.3f} | "
+            f"{b['ppl_delta']:+.3f} |"
+        )
     if drift:
-        lines += ["", "### Prefill vs decode", "",
-                  "A prompt prefilled by the prefill kernel, the next tokens teacher-forced one at a time through the "
-                  "decode kernel, against one prefill of the same text (log-probabilities of the text's tokens). "
-                  "Cache-only attention computes both the same way: its drift is 0 by construction.", "",
-                  "| format | attention | prompt | decoded | mean abs dlogp | max abs dlogp | KL | top-1 agree |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            "### Prefill vs decode",
+            "",
+            "A prompt prefilled by the prefill kernel, the next tokens teacher-forced one at a "
+            "time through the decode kernel, against one prefill of the same text "
+            "(log-probabilities of the text's tokens). Cache-only attention computes both the same "
+            "way: its drift is 0 by construction.",
+            "",
+            "| format | attention | prompt | decoded | mean abs dlogp | max abs dlogp | KL | "
+            "top-1 agree |",
+            "|---|---|---:|---:|---:|---:|---:|---:|",
+        ]
         for d in drift:
-            lines.append(f"| {d['format']} | {d['attention']} | {d['prompt_tokens']} | {d['decode_steps']} | "
-                         f"{d['mean_abs_dlogp']:.5f} | {d['max_abs_dlogp']:.4f} | {d['kl_mean']:.2e} | "
-                         f"{d['top1_agreement']:.1%} |")
+            lines.append(
+                f"| {d['format']} | {d['attention']} | {d['prompt_tokens']} | {d['decode_steps']} "
+                f"| {d['mean_abs_dlogp']:.5f} | {d['max_abs_dlogp']:.4f} | {d['kl_mean']:.2e} | "
+                f"{d['top1_agreement']:.1%} |"
+            )
     return lines + [""]
 
 
@@ -59,21 +90,31 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
     out = []
     width = max([11, *(len(a["format"]) for a, _ in pairs(doc))])
     for a, b in pairs(doc):
-        out.append(f"  {a['format']:>{width}} @ {a['context_len']:>5}: KL cache-only {a['kl_mean']:.5f}  "
-                   f"{b['attention']} {b['kl_mean']:.5f} ({_ratio(a['kl_mean'], b['kl_mean'])})  top-1 "
-                   f"{a['top1_agreement']:.1%} / {b['top1_agreement']:.1%}")
+        out.append(
+            f"  {a['format']:>{width}} @ {a['context_len']:>5}: KL cache-only {a['kl_mean']:.5f}  "
+            f"{b['attention']} {b['kl_mean']:.5f} ({_ratio(a['kl_mean'], b['kl_mean'])})  top-1 "
+            f"{a['top1_agreement']:.1%} / {b['top1_agreement']:.1%}"
+        )
     for d in doc.get("drift") or []:
-        out.append(f"  prefill vs decode {d['format']} {d['attention']}: mean |dlogp| {d['mean_abs_dlogp']:.5f} over "
-                   f"{d['decode_steps']} decoded tokens after {d['prompt_tokens']}")
+        out.append(
+            f"  prefill vs decode {d['format']} {d['attention']}: mean |dlogp| "
+            f"{d['mean_abs_dlogp']:.5f} over {d['decode_steps']} decoded tokens after "
+            f"{d['prompt_tokens']}"
+        )
     return out
 
 
 def advice_lines(doc: dict) -> list[str]:
-    """The planner's sentence per format measured under the engine's attention, at the longest length."""
+    """The planner's sentence per format measured under the engine's attention, at the longest
+    length."""
     rows = pairs(doc)
     if not rows:
         return []
     longest = max(a["context_len"] for a, _ in rows)
-    return [f"{b['format']} with {b['attention']} attention (what the engine computes) at {longest} tokens: KL "
-            f"{b['kl_mean']:.4f} vs {a['kl_mean']:.4f} for the stored cache alone ({_ratio(a['kl_mean'], b['kl_mean'])}), "
-            f"top-1 agreement {b['top1_agreement']:.1%}." for a, b in rows if a["context_len"] == longest]
+    return [
+        f"{b['format']} with {b['attention']} attention (what the engine computes) at {longest} "
+        f"tokens: KL {b['kl_mean']:.4f} vs {a['kl_mean']:.4f} for the stored cache alone "
+        f"({_ratio(a['kl_mean'], b['kl_mean'])}), top-1 agreement {b['top1_agreement']:.1%}."
+        for a, b in rows
+        if a["context_len"] == longest
+    ]

@@ -1,6 +1,7 @@
-"""The metrics of the probe's passes against the reference: the LM head's per-position KL, NLL and top-1 agreement
-(one reference head shared by every pending format), the rows where a windowed model's head runs, the probe.json
-record of a format at each context length, and the scale-reuse summary (amax and clipping along the text)."""
+"""The metrics of the probe's passes against the reference: the LM head's per-position KL, NLL and
+top-1 agreement (one reference head shared by every pending format), the rows where a windowed
+model's head runs, the probe.json record of a format at each context length, and the scale-reuse
+summary (amax and clipping along the text)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ def _logprobs(model, hidden: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
 
 
 def head_positions(loaded: Loaded, count: int) -> torch.Tensor | None:
-    """Positions (of `count` predictions) where the LM head runs: every position for a full-attention model (as
-    before), a uniform stride for a windowed one (its 262K-wide head would cost more than the model)."""
+    """Positions (of `count` predictions) where the LM head runs: every position for a
+    full-attention model (as before), a uniform stride for a windowed one (its 262K-wide head would
+    cost more than the model)."""
     samples = loaded.info.get("head_positions")
     if not samples or count <= samples:
         return None
@@ -33,10 +35,15 @@ def head_positions(loaded: Loaded, count: int) -> torch.Tensor | None:
     return torch.arange(0, count, stride)
 
 
-def position_metrics(model, ref_hidden: torch.Tensor, hidden: torch.Tensor, targets: torch.Tensor,  # noqa: ANN001
-                     positions: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    """Per position t (predicting token t+1): KL(ref || q), NLL under q and ref, top-1 agreement; at `positions`
-    only when given (their indices are kept as "pos")."""
+def position_metrics(
+    model,
+    ref_hidden: torch.Tensor,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,  # noqa: ANN001
+    positions: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    """Per position t (predicting token t+1): KL(ref || q), NLL under q and ref, top-1 agreement; at
+    `positions` only when given (their indices are kept as "pos")."""
     if positions is not None:
         same = hidden is ref_hidden
         idx = positions.to(ref_hidden.device)
@@ -46,12 +53,18 @@ def position_metrics(model, ref_hidden: torch.Tensor, hidden: torch.Tensor, targ
     return head_metrics(model, ref_hidden, {"q": hidden}, targets)["q"]
 
 
-def head_metrics(model, ref_hidden: torch.Tensor, hiddens: dict[str, torch.Tensor],  # noqa: ANN001
-                 targets: torch.Tensor) -> dict[str, dict[str, torch.Tensor]]:
-    """position_metrics for several formats over the same rows: the reference's LM head and log-softmax run once per
-    chunk of rows, shared by every format (a 262K-wide head costs as much as the rest of a pass)."""
-    parts: dict[str, dict[str, list[torch.Tensor]]] = {k: {"kl": [], "nll_q": [], "nll_ref": [], "agree": []}
-                                                       for k in hiddens}
+def head_metrics(
+    model,
+    ref_hidden: torch.Tensor,
+    hiddens: dict[str, torch.Tensor],  # noqa: ANN001
+    targets: torch.Tensor,
+) -> dict[str, dict[str, torch.Tensor]]:
+    """position_metrics for several formats over the same rows: the reference's LM head and
+    log-softmax run once per chunk of rows, shared by every format (a 262K-wide head costs as much
+    as the rest of a pass)."""
+    parts: dict[str, dict[str, list[torch.Tensor]]] = {
+        k: {"kl": [], "nll_q": [], "nll_ref": [], "agree": []} for k in hiddens
+    }
     with torch.inference_mode():
         for s in range(0, targets.shape[0], LOGIT_CHUNK):
             e = min(s + LOGIT_CHUNK, targets.shape[0])
@@ -73,8 +86,8 @@ def head_metrics(model, ref_hidden: torch.Tensor, hiddens: dict[str, torch.Tenso
 
 
 def finish_runs(loaded: Loaded, runs: dict[str, dict], ref_hidden: torch.Tensor, n: int) -> None:
-    """Fill in "metrics" of the runs run_format(defer_head=True) left pending (their "hidden" at the metric rows):
-    the reference's LM head runs once for all of them (head_metrics)."""
+    """Fill in "metrics" of the runs run_format(defer_head=True) left pending (their "hidden" at the
+    metric rows): the reference's LM head runs once for all of them (head_metrics)."""
     pending = {k: r for k, r in runs.items() if "hidden" in r}
     if not pending:
         return
@@ -112,16 +125,30 @@ def length_record(loaded: Loaded, choice: FormatChoice, run: dict, n: int, ref_b
     ppl_ref = math.exp(float(m["nll_ref"].mean()))
     info = loaded.info
     per_token_elems = 2 * info["num_layers"] * info["num_kv_heads"] * info["head_dim"]
-    formula = kv_bytes_per_token(info["num_layers"], info["num_kv_heads"], info["head_dim"], choice.base)
-    measured = run["bytes_per_token"] if "bytes_per_token" in run else ref_bytes["bytes_per_token"]  # the reference's
-    rec = {"format": choice.name, "context_len": n, "kl_mean": float(m["kl"].mean()),
-           "kl_last_quarter": float(last.mean()),
-           "ppl": ppl, "ppl_ref": ppl_ref, "ppl_delta": ppl - ppl_ref,
-           "top1_agreement": float(m["agree"].mean()), "needle_accuracy": None,
-           "clip_rate": None, "k_clip_rate": None, "v_clip_rate": None,
-           "kv_bytes_per_token": measured, "kv_bytes_per_token_formula": formula,
-           "bytes_vs_formula": measured / formula if formula else None,
-           "kv_semantics": semantics(choice), "positions": int(m["kl"].numel())}
+    formula = kv_bytes_per_token(
+        info["num_layers"], info["num_kv_heads"], info["head_dim"], choice.base
+    )
+    # the reference's
+    measured = run["bytes_per_token"] if "bytes_per_token" in run else ref_bytes["bytes_per_token"]
+    rec = {
+        "format": choice.name,
+        "context_len": n,
+        "kl_mean": float(m["kl"].mean()),
+        "kl_last_quarter": float(last.mean()),
+        "ppl": ppl,
+        "ppl_ref": ppl_ref,
+        "ppl_delta": ppl - ppl_ref,
+        "top1_agreement": float(m["agree"].mean()),
+        "needle_accuracy": None,
+        "clip_rate": None,
+        "k_clip_rate": None,
+        "v_clip_rate": None,
+        "kv_bytes_per_token": measured,
+        "kv_bytes_per_token_formula": formula,
+        "bytes_vs_formula": measured / formula if formula else None,
+        "kv_semantics": semantics(choice),
+        "positions": int(m["kl"].numel()),
+    }
     if run.get("clip_positions") is not None:
         clipped = float(run["clip_positions"][:n].sum())
         rec["clip_rate"] = clipped / (n * per_token_elems)
@@ -130,7 +157,9 @@ def length_record(loaded: Loaded, choice: FormatChoice, run: dict, n: int, ref_b
         elems = sum(x["elements"] for x in layers) / 2
         rec["k_clip_rate"] = sum(x["k_clip"] for x in layers) / elems if elems else 0.0
         rec["v_clip_rate"] = sum(x["v_clip"] for x in layers) / elems if elems else 0.0
-        rec["k_clip_rate_note"] = f"K/V clip rates over all {run['quantized_tokens']} tokens of the pass"
+        rec["k_clip_rate_note"] = (
+            f"K/V clip rates over all {run['quantized_tokens']} tokens of the pass"
+        )
     if choice.base in (KVFormat.KIVI4, KVFormat.KIVI2):
         rec["fp16_window_tokens"] = KIVI_RESIDUAL
         rec["fp16_window_bytes_max"] = KIVI_RESIDUAL * per_token_elems * 2
@@ -138,7 +167,8 @@ def length_record(loaded: Loaded, choice: FormatChoice, run: dict, n: int, ref_b
 
 
 def scale_reuse_summary(scales: KVScales, runs: dict[str, dict], lengths: list[int]) -> dict:
-    """Calibrated amax (short prompts) vs amax observed over the long text, and clipping by position."""
+    """Calibrated amax (short prompts) vs amax observed over the long text, and clipping by
+    position."""
     out: dict[str, Any] = {"scales_source": scales.source, "formats": {}}
     for name, run in runs.items():
         clip = run.get("clip")
@@ -153,17 +183,27 @@ def scale_reuse_summary(scales: KVScales, runs: dict[str, dict], lengths: list[i
             edges = [0] + [n for n in lengths if n <= per_pos.shape[0]]
             for a, b in zip(edges, edges[1:], strict=False):
                 kl = kl_between(run["metrics"], a, b - 1)
-                buckets.append({"from": a, "to": b, "clipped_elements": int(per_pos[a:b].sum()),
-                                "kl_mean": float(kl.mean()) if kl.numel() else 0.0})
+                buckets.append(
+                    {
+                        "from": a,
+                        "to": b,
+                        "clipped_elements": int(per_pos[a:b].sum()),
+                        "kl_mean": float(kl.mean()) if kl.numel() else 0.0,
+                    }
+                )
         out["formats"][name] = {
-            "layers_exceeding_range_k": sum(1 for r in k_ratio if r > 1), "layers_exceeding_range_v":
-                sum(1 for r in v_ratio if r > 1), "max_observed_over_range_k": max(k_ratio, default=0.0),
-            "max_observed_over_range_v": max(v_ratio, default=0.0), "by_position": buckets}
+            "layers_exceeding_range_k": sum(1 for r in k_ratio if r > 1),
+            "layers_exceeding_range_v": sum(1 for r in v_ratio if r > 1),
+            "max_observed_over_range_k": max(k_ratio, default=0.0),
+            "max_observed_over_range_v": max(v_ratio, default=0.0),
+            "by_position": buckets,
+        }
     return out
 
 
 def kl_between(metrics: dict, a: int, b: int) -> torch.Tensor:
-    """The KL values of positions a <= t < b (all positions, or the sampled ones in metrics["pos"])."""
+    """The KL values of positions a <= t < b (all positions, or the sampled ones in
+    metrics["pos"])."""
     pos = metrics.get("pos")
     if pos is None:
         return metrics["kl"][a:b]

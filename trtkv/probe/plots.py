@@ -1,4 +1,5 @@
-"""The probe's PNG plots (error vs context, KL by position, needle retrieval), written beside probe.md."""
+"""The probe's PNG plots (error vs context, KL by position, needle retrieval), written beside
+probe.md."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from typing import Any
 
 
 def write_plots(out: Path, doc: dict) -> list[Path]:
-    """Error vs context length, error vs position, needle accuracy by depth x length (PNG, Agg backend)."""
+    """Error vs context length, error vs position, needle accuracy by depth x length (PNG, Agg
+    backend)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -25,7 +27,10 @@ def write_plots(out: Path, doc: dict) -> list[Path]:
         xs = [r["context_len"] for r in rows]
         axes[0].plot(xs, [max(r["kl_mean"], 1e-7) for r in rows], marker="o", label=fmt)
         axes[1].plot(xs, [r["top1_agreement"] for r in rows], marker="o", label=fmt)
-    for ax, title in ((axes[0], "KL to fp16 reference (mean)"), (axes[1], "top-1 agreement with reference")):
+    for ax, title in (
+        (axes[0], "KL to fp16 reference (mean)"),
+        (axes[1], "top-1 agreement with reference"),
+    ):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("context length (tokens)")
         ax.set_title(title)
@@ -60,11 +65,24 @@ def _needle_plot(out: Path, needles: list[dict], formats: list[str], plt: Any) -
     fmts = [f for f in formats if any(r["format"] == f for r in needles)]
     lengths = sorted({r["context_len"] for r in needles})
     depths = sorted({d for r in needles for d in r["by_depth"]}, key=float)
-    fig, axes = plt.subplots(1, len(fmts), figsize=(2.2 * len(fmts) + 1, 2.2 + 0.3 * len(lengths)), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(fmts), figsize=(2.2 * len(fmts) + 1, 2.2 + 0.3 * len(lengths)), squeeze=False
+    )
     for ax, fmt in zip(axes[0], fmts, strict=False):
-        grid = [[next((r["by_depth"].get(d, float("nan")) for r in needles
-                       if r["format"] == fmt and r["context_len"] == n), float("nan")) for d in depths]
-                for n in lengths]
+        grid = [
+            [
+                next(
+                    (
+                        r["by_depth"].get(d, float("nan"))
+                        for r in needles
+                        if r["format"] == fmt and r["context_len"] == n
+                    ),
+                    float("nan"),
+                )
+                for d in depths
+            ]
+            for n in lengths
+        ]
         ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
         ax.set_xticks(range(len(depths)), depths)
         ax.set_yticks(range(len(lengths)), lengths)

@@ -1,5 +1,6 @@
-"""Probe results on disk, read back: probe.json for the planner's advice (and per_layer_<format>.json), the printed
-table and the verdict of a record; `trtkv probe` writes them (trtkv.probe.outputs).
+"""Probe results on disk, read back: probe.json for the planner's advice (and
+per_layer_<format>.json), the printed table and the verdict of a record; `trtkv probe` writes them
+(trtkv.probe.outputs).
 
 No torch here: `trtkv plan` must start fast.
 """
@@ -15,10 +16,12 @@ from trtkv.recipe.layout import probe_dir as probe_dir_of
 if TYPE_CHECKING:
     from trtkv.recipe import Recipe
 
-# Verdict thresholds at the longest probed length (top-1 agreement with the reference, relative ppl change).
+# Verdict thresholds at the longest probed length (top-1 agreement with the reference, relative ppl
+# change).
 SAFE_TOP1, SAFE_PPL = 0.97, 0.01
 CAUTION_TOP1, CAUTION_PPL = 0.90, 0.05
-NEEDLE_SLACK = 0.2  # needle accuracy may trail the reference by this much before it counts against a format
+# needle accuracy may trail the reference by this much before it counts against a format
+NEEDLE_SLACK = 0.2
 
 
 def _read(path: Path) -> dict | None:
@@ -34,8 +37,8 @@ def _read(path: Path) -> dict | None:
 
 
 def find_probe(recipe: Recipe, probe_dir: Path | None = None) -> tuple[Path, dict] | None:
-    """The probe results for this recipe's model: probe_dir, else engines/<recipe>/probe, else the newest probe of
-    another recipe with the same model source and architecture."""
+    """The probe results for this recipe's model: probe_dir, else engines/<recipe>/probe, else the
+    newest probe of another recipe with the same model source and architecture."""
     if probe_dir is not None:
         doc = _read(Path(probe_dir) / "probe.json")
         return (Path(probe_dir), doc) if doc else None
@@ -48,8 +51,11 @@ def find_probe(recipe: Recipe, probe_dir: Path | None = None) -> tuple[Path, dic
     for path in root.glob("*/probe/probe.json") if root.is_dir() else []:
         other = _read(path)
         model = (other or {}).get("model", {})
-        if other and model.get("source") == recipe.model.source and \
-                model.get("num_layers") in (None, recipe.model.num_layers):
+        if (
+            other
+            and model.get("source") == recipe.model.source
+            and model.get("num_layers") in (None, recipe.model.num_layers)
+        ):
             found.append((path.stat().st_mtime, path.parent, other))
     if not found:
         return None
@@ -63,19 +69,24 @@ def load_probe(recipe: Recipe, probe_dir: Path | None = None) -> dict | None:
 
 
 def summary_lines(records: list[dict]) -> list[str]:
-    """`trtkv probe`'s printed table, one line per record; the format column as wide as the longest name."""
+    """`trtkv probe`'s printed table, one line per record; the format column as wide as the longest
+    name."""
     width = max([11, *(len(r["format"]) for r in records)])
     lines = []
     for r in records:
         needle = r.get("needle_accuracy")
-        lines.append(f"  {r['format']:>{width}} @ {r['context_len']:>5}: KL {r['kl_mean']:.5f}  top-1 "
-                     f"{r['top1_agreement']:.1%}  ppl {r['ppl']:.3f} ({r['ppl_delta']:+.3f})  bytes/token "
-                     f"{r['kv_bytes_per_token']:.0f}" + (f"  needle {needle:.0%}" if needle is not None else ""))
+        lines.append(
+            f"  {r['format']:>{width}} @ {r['context_len']:>5}: KL {r['kl_mean']:.5f}  top-1 "
+            f"{r['top1_agreement']:.1%}  ppl {r['ppl']:.3f} ({r['ppl_delta']:+.3f})  bytes/token "
+            f"{r['kv_bytes_per_token']:.0f}"
+            + (f"  needle {needle:.0%}" if needle is not None else "")
+        )
     return lines
 
 
 def classify(rec: dict, ref_needle: float | None = None) -> str:
-    """'safe', 'caution' or 'risky' for one record (top-1 agreement, relative ppl change, needle)."""
+    """'safe', 'caution' or 'risky' for one record (top-1 agreement, relative ppl change,
+    needle)."""
     rel = abs(rec.get("ppl_delta", 0.0)) / max(rec.get("ppl_ref") or rec.get("ppl") or 1.0, 1e-9)
     top1 = rec.get("top1_agreement", 0.0)
     needle = rec.get("needle_accuracy")
@@ -105,44 +116,68 @@ def probe_advice(recipe: Recipe, probe_dir: Path | None = None) -> tuple[list[st
     longest = max(r["context_len"] for r in records)
     needles = _needle_by_format(data)
     ref_needle = needles.get(data.get("reference", "fp16"))
-    rows = sorted((r for r in records if r["context_len"] == longest), key=lambda r: r.get("kv_bytes_per_token", 0))
+    rows = sorted(
+        (r for r in records if r["context_len"] == longest),
+        key=lambda r: r.get("kv_bytes_per_token", 0),
+    )
     out = []
     for r in rows:
         needle = needles.get(r["format"])
         needle_txt = f", needle {needle:.0%}" if needle is not None else ""
-        out.append(f"{r['format']} at {longest} tokens: KL {r['kl_mean']:.4f}, top-1 agreement "
-                   f"{r['top1_agreement']:.1%}, ppl delta {r['ppl_delta']:+.3f}{needle_txt} -> "
-                   f"{classify({**r, 'needle_accuracy': needle}, ref_needle)}")
-    safe = [r for r in rows if r["format"] not in ("fp16", "bf16")
-            and classify({**r, "needle_accuracy": needles.get(r["format"])}, ref_needle) == "safe"]
+        out.append(
+            f"{r['format']} at {longest} tokens: KL {r['kl_mean']:.4f}, top-1 agreement "
+            f"{r['top1_agreement']:.1%}, ppl delta {r['ppl_delta']:+.3f}{needle_txt} -> "
+            f"{classify({**r, 'needle_accuracy': needle}, ref_needle)}"
+        )
+    safe = [
+        r
+        for r in rows
+        if r["format"] not in ("fp16", "bf16")
+        and classify({**r, "needle_accuracy": needles.get(r["format"])}, ref_needle) == "safe"
+    ]
     if safe:
         best = min(safe, key=lambda r: r.get("kv_bytes_per_token", 0))
-        out.append(f"Smallest KV format measured safe on this model up to {longest} tokens: {best['format']} "
-                   f"({best.get('kv_bytes_per_token', 0):.0f} B/token).")
+        out.append(
+            f"Smallest KV format measured safe on this model up to {longest} tokens: "
+            f"{best['format']} ({best.get('kv_bytes_per_token', 0):.0f} B/token)."
+        )
     else:
-        out.append(f"No quantized KV format measured safe up to {longest} tokens on this model: keep 16-bit KV.")
+        out.append(
+            f"No quantized KV format measured safe up to {longest} tokens on this model: keep "
+            "16-bit KV."
+        )
     out += engine_format_notes(records)
     from trtkv.probe.attention_report import advice_lines
 
     out += advice_lines(data)
     mine = recipe_probe_format(recipe)
     if mine and not any(_same_format(r["format"], mine) for r in rows):
-        out.append(f"The recipe's KV format {mine} was not probed: add it with `trtkv probe {recipe.name} "
-                   f"--formats {mine}`.")
+        out.append(
+            f"The recipe's KV format {mine} was not probed: add it with `trtkv probe {recipe.name} "
+            f"--formats {mine}`."
+        )
     if longest < recipe.build.max_seq_len:
-        out.append(f"Probed up to {longest} tokens but build.max_seq_len is {recipe.build.max_seq_len}: error grows "
-                   f"with context, probe longer if the model allows.")
+        out.append(
+            f"Probed up to {longest} tokens but build.max_seq_len is {recipe.build.max_seq_len}: "
+            "error grows with context, probe longer if the model allows."
+        )
     other = data.get("recipe")
     where = f" of recipe {other} (same model)" if other and other != recipe.name else ""
-    return out, f"measured by `trtkv probe`{where} on this model ({len(records)} records, {folder / 'probe.json'})"
+    return (
+        out,
+        f"measured by `trtkv probe`{where} on this model ({len(records)} records, "
+        f"{folder / 'probe.json'})",
+    )
 
 
-# ----------------------------------------------------------------------------- the recipe's and the engines' formats
+# ----------------------------------------------------------------------------- the recipe's and the
+# engines' formats
 
 
 def recipe_probe_format(recipe: Recipe) -> str:
-    """The probe's name for the format the recipe deploys: its kv_cache where the probe knows it (fp8_attn_head, not the
-    fp8 storage it shares; fp8_cast, int8_per_token_head, ...), else the storage format (bf16 for none)."""
+    """The probe's name for the format the recipe deploys: its kv_cache where the probe knows it
+    (fp8_attn_head, not the fp8 storage it shares; fp8_cast, int8_per_token_head, ...), else the
+    storage format (bf16 for none)."""
     from trtkv.kvcache.names import all_format_names
 
     kv = recipe.quantization.kv_cache.value
@@ -158,18 +193,22 @@ def _same_format(a: str, b: str) -> bool:
 
 
 def _engine_values(fmt: str, engine: str) -> list[tuple[str, str, str]]:
-    """(version, config, value) of every row of `engine` that selects probe format `fmt` in kv_formats.json."""
+    """(version, config, value) of every row of `engine` that selects probe format `fmt` in
+    kv_formats.json."""
     from trtkv.kvcache.engines import load_table
 
     row = load_table().for_probe(fmt)
-    return [(e.version, e.config, e.value) for e in (row.engines if row else ()) if e.engine == engine]
+    return [
+        (e.version, e.config, e.value) for e in (row.engines if row else ()) if e.engine == engine
+    ]
 
 
 def engine_format_notes(records: list[dict]) -> list[str]:
-    """Sentences comparing engine formats that were both measured here (nothing when one of a pair is missing):
-    vLLM's int8_per_token_head vs static INT8 (TensorRT-LLM's int8_kv_cache), ModelOpt's default fp8_cast vs calibrated
-    fp8, vLLM's per-head fp8_attn_head vs per-layer fp8. Engine names and versions come from trtkv/data/kv_formats.json,
-    every figure from the records."""
+    """Sentences comparing engine formats that were both measured here (nothing when one of a pair
+    is missing): vLLM's int8_per_token_head vs static INT8 (TensorRT-LLM's int8_kv_cache),
+    ModelOpt's default fp8_cast vs calibrated fp8, vLLM's per-head fp8_attn_head vs per-layer fp8.
+    Engine names and versions come from trtkv/data/kv_formats.json, every figure from the
+    records."""
     by: dict[str, list[dict]] = {}
     for r in records:
         by.setdefault(r["format"], []).append(r)
@@ -182,51 +221,89 @@ def engine_format_notes(records: list[dict]) -> list[str]:
         n = d["context_len"]
         vllm = _engine_values("int8_per_token_head", "vllm")
         trt = _engine_values("int8", "tensorrt_llm")
-        where = f"vLLM >= {min(v for v, _, _ in vllm)} (`{vllm[0][1]} {vllm[0][2]}`)" if vllm else "vLLM"
-        static_name = f"static INT8 (TensorRT-LLM {trt[0][0]} `{trt[0][1]}`)" if trt else "static INT8"
+        where = (
+            f"vLLM >= {min(v for v, _, _ in vllm)} (`{vllm[0][1]} {vllm[0][2]}`)"
+            if vllm
+            else "vLLM"
+        )
+        static_name = (
+            f"static INT8 (TensorRT-LLM {trt[0][0]} `{trt[0][1]}`)" if trt else "static INT8"
+        )
         clipped = [r for r in static if (r.get("clip_rate") or 0.0) > 0]
-        clip = (f"; {static_name} clips {clipped[0]['clip_rate']:.2e} of K/V elements at {clipped[0]['context_len']} "
-                f"tokens and beyond on this model (measured)" if clipped else
-                f"; {static_name} clipped nothing up to {s['context_len']} tokens here (measured)")
+        clip = (
+            f"; {static_name} clips {clipped[0]['clip_rate']:.2e} of K/V elements at "
+            f"{clipped[0]['context_len']} tokens and beyond on this model (measured)"
+            if clipped
+            else f"; {static_name} clipped nothing up to {s['context_len']} tokens here (measured)"
+        )
         if d["kl_mean"] < s["kl_mean"]:
             head = f"On {where}, `int8_per_token_head` is the INT8 to use"
         else:
             head = f"On {where}, `int8_per_token_head` did not beat static INT8 on this model"
-        deploy = (" Deploy it with quantization.kv_cache: int8_per_token_head and build.backend: vllm."
-                  if d["kl_mean"] < s["kl_mean"] else "")
-        out.append(f"{head}: KL {d['kl_mean']:.5f} vs {s['kl_mean']:.5f} for {static_name} at {n} tokens, "
-                   f"{d['kv_bytes_per_token']:.0f} vs {s['kv_bytes_per_token']:.0f} B/token{clip}.{deploy}")
+        deploy = (
+            " Deploy it with quantization.kv_cache: int8_per_token_head and build.backend: vllm."
+            if d["kl_mean"] < s["kl_mean"]
+            else ""
+        )
+        out.append(
+            f"{head}: KL {d['kl_mean']:.5f} vs {s['kl_mean']:.5f} for {static_name} at {n} tokens, "
+            f"{d['kv_bytes_per_token']:.0f} vs {s['kv_bytes_per_token']:.0f} B/token{clip}.{deploy}"
+        )
     cast = by.get("fp8_cast") or by.get("fp8_scale1")
     calibrated = by.get("fp8")
     if cast and calibrated:
         c, f = cast[-1], calibrated[-1]
         mo = _engine_values("fp8_cast", "modelopt")
-        flag = f" (ModelOpt {mo[0][0]} `{mo[0][1].split(' ')[0]} {mo[0][2]}`, scale 1.0, no calibration)" if mo else ""
+        flag = (
+            f" (ModelOpt {mo[0][0]} `{mo[0][1].split(' ')[0]} {mo[0][2]}`, scale 1.0, no "
+            "calibration)"
+            if mo
+            else ""
+        )
         if c["kl_mean"] > f["kl_mean"]:
-            cost = (f"costs KL {c['kl_mean']:.5f} vs {f['kl_mean']:.5f} for calibrated `fp8` "
-                    f"(+{c['kl_mean'] - f['kl_mean']:.5f}")
+            cost = (
+                f"costs KL {c['kl_mean']:.5f} vs {f['kl_mean']:.5f} for calibrated `fp8` "
+                f"(+{c['kl_mean'] - f['kl_mean']:.5f}"
+            )
             cost += f", x{c['kl_mean'] / f['kl_mean']:.1f})" if f["kl_mean"] > 0 else ")"
         else:
-            cost = f"costs nothing over calibrated `fp8` (KL {c['kl_mean']:.5f} vs {f['kl_mean']:.5f})"
-        out.append(f"ModelOpt's default `fp8_cast`{flag} {cost} at {c['context_len']} tokens on this model "
-                   f"(measured); top-1 agreement {c['top1_agreement']:.1%} vs {f['top1_agreement']:.1%}.")
+            cost = (
+                f"costs nothing over calibrated `fp8` (KL {c['kl_mean']:.5f} vs {f['kl_mean']:.5f})"
+            )
+        out.append(
+            f"ModelOpt's default `fp8_cast`{flag} {cost} at {c['context_len']} tokens on this "
+            f"model (measured); top-1 agreement {c['top1_agreement']:.1%} vs "
+            f"{f['top1_agreement']:.1%}."
+        )
     per_head = by.get("fp8_attn_head")
     if per_head and calibrated:
         h, f = per_head[-1], calibrated[-1]
         vllm = _engine_values("fp8_attn_head", "vllm")
-        where = f"vLLM {vllm[0][0]} (`{vllm[0][1]} {vllm[0][2]}` with k/v scales per KV head)" if vllm else "vLLM"
+        where = (
+            f"vLLM {vllm[0][0]} (`{vllm[0][1]} {vllm[0][2]}` with k/v scales per KV head)"
+            if vllm
+            else "vLLM"
+        )
         verb = "beats" if h["kl_mean"] < f["kl_mean"] else "does not beat"
-        deploy = (" Deploy it with quantization.kv_cache: fp8_attn_head and build.backend: vllm (FlashAttention 3/4: "
-                  "H100, H200, B200)." if h["kl_mean"] < f["kl_mean"] else "")
-        out.append(f"Per-head static FP8 scales `fp8_attn_head` on {where} {verb} per-layer `fp8` on this model: KL "
-                   f"{h['kl_mean']:.5f} vs {f['kl_mean']:.5f} at {h['context_len']} tokens (measured), top-1 agreement "
-                   f"{h['top1_agreement']:.1%} vs {f['top1_agreement']:.1%}.{deploy}")
+        deploy = (
+            " Deploy it with quantization.kv_cache: fp8_attn_head and build.backend: vllm "
+            "(FlashAttention 3/4: H100, H200, B200)."
+            if h["kl_mean"] < f["kl_mean"]
+            else ""
+        )
+        out.append(
+            f"Per-head static FP8 scales `fp8_attn_head` on {where} {verb} per-layer `fp8` on this "
+            f"model: KL {h['kl_mean']:.5f} vs {f['kl_mean']:.5f} at {h['context_len']} tokens "
+            f"(measured), top-1 agreement {h['top1_agreement']:.1%} vs "
+            f"{f['top1_agreement']:.1%}.{deploy}"
+        )
     return out
 
 
 def per_layer_advice(recipe: Recipe, probe_dir: Path | None = None) -> str | None:
-    """One advice line from `trtkv probe --per-layer` (per_layer_<format>.json) for the recipe's KV format, when it
-    recommends something other than the uniform format: layers kept in 16 bit, or another format an engine serves."""
+    """One advice line from `trtkv probe --per-layer` (per_layer_<format>.json) for the recipe's KV
+    format, when it recommends something other than the uniform format: layers kept in 16 bit, or
+    another format an engine serves."""
     import json
 
     folder = Path(probe_dir) if probe_dir is not None else probe_dir_of(recipe)
@@ -240,13 +317,23 @@ def per_layer_advice(recipe: Recipe, probe_dir: Path | None = None) -> str | Non
         return None
     u, deploy = doc["uniform"], doc.get("deploy") or {}
     served = deploy.get("served_by", "?")
-    cost = (f"costs {best['bytes_per_token'] / u['bytes_per_token'] - 1:+.0%} bytes/token and leaves "
-            f"{best['kl_longest'] / u['kl_longest']:.0%} of uniform {doc['format']}'s KL at {doc['longest_length']} "
-            f"tokens (measured)")
+    cost = (
+        f"costs {best['bytes_per_token'] / u['bytes_per_token'] - 1:+.0%} bytes/token and leaves "
+        f"{best['kl_longest'] / u['kl_longest']:.0%} of uniform {doc['format']}'s KL at "
+        f"{doc['longest_length']} tokens (measured)"
+    )
     if best.get("keep"):
         have = list(recipe.quantization.kv_skip_layers)
-        tail = ("the recipe already keeps them" if have == best["keep"] else
-                f"set quantization.kv_skip_layers={best['keep']} (served by {served})")
-        return f"Per-layer probe ({source}): keeping layers {best['keep']} in {doc['keep_format']} {cost}: {tail}."
-    return (f"Per-layer probe ({source}): uniform {best['label']} {cost}: set quantization.kv_cache="
-            f"{deploy.get('quantization.kv_cache', best['label'])} (served by {served}).")
+        tail = (
+            "the recipe already keeps them"
+            if have == best["keep"]
+            else f"set quantization.kv_skip_layers={best['keep']} (served by {served})"
+        )
+        return (
+            f"Per-layer probe ({source}): keeping layers {best['keep']} in {doc['keep_format']} "
+            f"{cost}: {tail}."
+        )
+    return (
+        f"Per-layer probe ({source}): uniform {best['label']} {cost}: set quantization.kv_cache="
+        f"{deploy.get('quantization.kv_cache', best['label'])} (served by {served})."
+    )

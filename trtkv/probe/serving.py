@@ -1,7 +1,7 @@
-"""Which engines can serve a probed KV configuration: the recipe's own rules (pydantic schema, cross-field rules and
-every backend's `problems`) asked with that KV format, those skipped layers, each GPU engine backend (every backend
-but trtkv's CPU runtime) and each GPU, so the answer is the one `trtkv build` would give, not a second list to keep
-in step."""
+"""Which engines can serve a probed KV configuration: the recipe's own rules (pydantic schema,
+cross-field rules and every backend's `problems`) asked with that KV format, those skipped layers,
+each GPU engine backend (every backend but trtkv's CPU runtime) and each GPU, so the answer is the
+one `trtkv build` would give, not a second list to keep in step."""
 
 from __future__ import annotations
 
@@ -13,23 +13,34 @@ from trtkv.platform.gpu_capabilities import ONE_PER_SM
 from trtkv.platform.hardware import GPU
 from trtkv.recipe import Backend, KVCacheQuant, Recipe
 
-# The recipe's quantization.kv_cache for each probe format an engine stores (fp8_scale1 is fp8 with no calibrated
-# scales: what vLLM does when a checkpoint has none). The probe's other formats (per-token INT8, INT4 groups, KIVI)
-# have no KV dtype in TensorRT-LLM or vLLM.
-KV_CACHE_OF_FORMAT = {"fp8": KVCacheQuant.FP8, "fp8_scale1": KVCacheQuant.FP8, "int8": KVCacheQuant.INT8,
-                      "nvfp4": KVCacheQuant.NVFP4, "fp16": KVCacheQuant.NONE, "bf16": KVCacheQuant.NONE}
+# The recipe's quantization.kv_cache for each probe format an engine stores (fp8_scale1 is fp8 with
+# no calibrated scales: what vLLM does when a checkpoint has none). The probe's other formats
+# (per-token INT8, INT4 groups, KIVI) have no KV dtype in TensorRT-LLM or vLLM.
+KV_CACHE_OF_FORMAT = {
+    "fp8": KVCacheQuant.FP8,
+    "fp8_scale1": KVCacheQuant.FP8,
+    "int8": KVCacheQuant.INT8,
+    "nvfp4": KVCacheQuant.NVFP4,
+    "fp16": KVCacheQuant.NONE,
+    "bf16": KVCacheQuant.NONE,
+}
 
 
 def serving(recipe: Recipe, fmt: str, keep: list[int] | None = None) -> dict[str, Any]:
-    """{"engines": {backend: [GPUs it validates on]}, "why_not": {backend: first refusal}} for `fmt` with the layers
-    `keep` in the model dtype, on the recipe's GPU (when the recipe runs on the CPU: one GPU per compute capability,
-    gpu_capabilities.ONE_PER_SM, which stands for every GPU of the table with that capability)."""
-    from trtkv.backends import BACKENDS  # importing it also registers every backend's rules in BACKEND_RULES
+    """{"engines": {backend: [GPUs it validates on]}, "why_not": {backend: first refusal}} for `fmt`
+    with the layers `keep` in the model dtype, on the recipe's GPU (when the recipe runs on the CPU:
+    one GPU per compute capability, gpu_capabilities.ONE_PER_SM, which stands for every GPU of the
+    table with that capability)."""
+    # importing it also registers every backend's rules in BACKEND_RULES
+    from trtkv.backends import BACKENDS
 
     engine_backends = [b for b, obj in BACKENDS.items() if obj.gpu_engine]
     kv = KV_CACHE_OF_FORMAT.get(fmt)
     if kv is None:
-        reason = f"{fmt} is not a KV cache dtype of TensorRT-LLM or vLLM (trtkv's probe measures it for comparison)"
+        reason = (
+            f"{fmt} is not a KV cache dtype of TensorRT-LLM or vLLM (trtkv's probe measures "
+            "it for comparison)"
+        )
         return {"engines": {}, "why_not": {b.value: reason for b in engine_backends}, "gpus": []}
     gpus = [recipe.hardware.gpu] if recipe.hardware.gpu is not GPU.CPU else list(ONE_PER_SM)
     engines: dict[str, list[str]] = {}
@@ -37,18 +48,23 @@ def serving(recipe: Recipe, fmt: str, keep: list[int] | None = None) -> dict[str
     for backend in engine_backends:
         refusals: dict[str, list[str]] = {}
         for gpu in gpus:
-            problem = _problem(recipe, kv, sorted(keep or []) if kv is not KVCacheQuant.NONE else [], backend, gpu)
+            problem = _problem(
+                recipe, kv, sorted(keep or []) if kv is not KVCacheQuant.NONE else [], backend, gpu
+            )
             if problem is None:
                 engines.setdefault(backend.value, []).append(gpu.value)
             else:
                 refusals.setdefault(problem, []).append(gpu.value)
-        if backend.value not in engines and refusals:  # the refusal most GPUs share: the one about the KV choice
+        # the refusal most GPUs share: the one about the KV choice
+        if backend.value not in engines and refusals:
             problem, on = max(refusals.items(), key=lambda item: len(item[1]))
             why_not[backend.value] = f"{problem} ({', '.join(on)})"
     return {"engines": engines, "why_not": why_not, "gpus": [g.value for g in gpus]}
 
 
-def _problem(recipe: Recipe, kv: KVCacheQuant, keep: list[int], backend: Backend, gpu: GPU) -> str | None:
+def _problem(
+    recipe: Recipe, kv: KVCacheQuant, keep: list[int], backend: Backend, gpu: GPU
+) -> str | None:
     from trtkv.recipe.rules import cross_field_problems
 
     data = recipe.model_dump(mode="json")
@@ -65,16 +81,20 @@ def _problem(recipe: Recipe, kv: KVCacheQuant, keep: list[int], backend: Backend
 
 
 def usable_gpus(infos: list[dict[str, Any]]) -> list[str]:
-    """The GPUs some engine accepts for some configuration (the recipe's model and weights run there), in order."""
+    """The GPUs some engine accepts for some configuration (the recipe's model and weights run
+    there), in order."""
     seen = {g for info in infos for gpus in (info.get("engines") or {}).values() for g in gpus}
     order: list[str] = next((info["gpus"] for info in infos if info.get("gpus")), [])
     return [g for g in order if g in seen]
 
 
 def served_by(info: dict[str, Any], usable: list[str] | None = None) -> str:
-    """One line: 'tensorrt, vllm' (on every usable GPU), 'tensorrt (H100-80GB, L40S)', or 'no engine'."""
+    """One line: 'tensorrt, vllm' (on every usable GPU), 'tensorrt (H100-80GB, L40S)', or 'no
+    engine'."""
     engines = info.get("engines") or {}
     if not engines:
         return "no engine"
     every = usable if usable is not None else info.get("gpus") or []
-    return ", ".join(b if gpus == every else f"{b} ({', '.join(gpus)})" for b, gpus in engines.items())
+    return ", ".join(
+        b if gpus == every else f"{b} ({', '.join(gpus)})" for b, gpus in engines.items()
+    )

@@ -19,39 +19,48 @@ if TYPE_CHECKING:
     from trtkv.recipe import Recipe
 
 
-METHOD_VERSION = 4  # bump when the numbers a cached result holds would change (4: EOS-joined calibration batches)
+# bump when the numbers a cached result holds would change (4: EOS-joined calibration batches)
+METHOD_VERSION = 4
 REFERENCE = "fp16"
 DECODE_PROMPT = 1024
 DECODE_STEPS = 32
-HEAD_POSITIONS = 2048  # a windowed model's LM head runs at this many evenly spaced positions of the longest pass
-NEEDLE_DEFAULT_MAX = 512  # default needle lengths: the longest sweep length <= this (keeps the default sweep ~15 min)
+# a windowed model's LM head runs at this many evenly spaced positions of the longest pass
+HEAD_POSITIONS = 2048
+# default needle lengths: the longest sweep length <= this (keeps the default sweep ~15 min)
+NEEDLE_DEFAULT_MAX = 512
 SEMANTICS = {
     "fp16": "reference: K/V stored as float16 (float32 compute); KL 0 by construction",
     "bf16": "K/V stored as bfloat16 (what a bf16 deployment of this model caches)",
-    "fp8": "HF/vLLM: E4M3, separate static K and V scales per layer = calibrated amax/448 (unclamped), x/scale "
-           "saturated at +-448",
-    "fp8_scale1": "vLLM without scales (scale 1.0); also TensorRT-LLM <= 1.2 whenever the model's KV amax < 448, "
-                  "because ModelOpt clamps the exported FP8 kv_cache_scaling_factor to >= 1.0",
-    "fp8_affine": "ModelOpt 0.47 --kv_cache_qformat fp8_affine: E4M3 of (x - bias) * scale, scale = "
-                  "float32(448/amax), read back as code * float32(1/scale) + bias; per layer one amax of x - bias for "
-                  "K and one for V and a bias per (KV head, channel), from the probe's own calibration pass collected "
-                  "as ModelOpt does; no serving engine reads the bias (see trtkv/data/kv_formats.json)",
-    "int8": "TensorRT-LLM int8_kv_cache: ONE static scale per layer shared by K and V = max(k_amax, v_amax)/127, "
-            "round-half-even(x * 1/scale), saturated to [-128, 127]",
-    "int8_split": "trtkv variant: int8 with separate static K and V scales (amax/127 each); no TensorRT-LLM <= 1.2 "
-                  "equivalent",
-    "int8_token": "dynamic symmetric INT8 per (token, head), float16 scale (no calibration; an 8-bit upper bound)",
+    "fp8": "HF/vLLM: E4M3, separate static K and V scales per layer = calibrated amax/448 "
+    "(unclamped), x/scale saturated at +-448",
+    "fp8_scale1": "vLLM without scales (scale 1.0); also TensorRT-LLM <= 1.2 whenever the model's "
+    "KV amax < 448, because ModelOpt clamps the exported FP8 kv_cache_scaling_factor to >= 1.0",
+    "fp8_affine": "ModelOpt 0.47 --kv_cache_qformat fp8_affine: E4M3 of (x - bias) * scale, scale "
+    "= float32(448/amax), read back as code * float32(1/scale) + bias; per layer one amax of x - "
+    "bias for K and one for V and a bias per (KV head, channel), from the probe's own calibration "
+    "pass collected as ModelOpt does; no serving engine reads the bias (see "
+    "trtkv/data/kv_formats.json)",
+    "int8": "TensorRT-LLM int8_kv_cache: ONE static scale per layer shared by K and V = "
+    "max(k_amax, v_amax)/127, round-half-even(x * 1/scale), saturated to [-128, 127]",
+    "int8_split": "trtkv variant: int8 with separate static K and V scales (amax/127 each); no "
+    "TensorRT-LLM <= 1.2 equivalent",
+    "int8_token": "dynamic symmetric INT8 per (token, head), float16 scale (no calibration; an "
+    "8-bit upper bound)",
     "int4_g32": "asymmetric INT4 per token, groups of 32 channels, float16 scale + zero point",
     "int4_g64": "asymmetric INT4 per token, groups of 64 channels, float16 scale + zero point",
-    "int4_g128": "asymmetric INT4 per token, groups of 128 channels (= head_dim 64 here), float16 scale + zero point",
-    "kivi4": "KIVI 4-bit: K per channel over 32-token groups, V per token over 32-channel groups, 128-token fp16 window",
-    "kivi2": "KIVI 2-bit: K per channel over 32-token groups, V per token over 32-channel groups, 128-token fp16 window",
+    "int4_g128": "asymmetric INT4 per token, groups of 128 channels (= head_dim 64 here), float16 "
+    "scale + zero point",
+    "kivi4": "KIVI 4-bit: K per channel over 32-token groups, V per token over 32-channel groups, "
+    "128-token fp16 window",
+    "kivi2": "KIVI 2-bit: K per channel over 32-token groups, V per token over 32-channel groups, "
+    "128-token fp16 window",
 }
 
 
 def semantics(choice: FormatChoice) -> str:
-    """What runtime a probed format follows: the hand-written line above, else its row in trtkv/data/kv_formats.json
-    (engine, version, value, and the numerics' element/scale/rotation)."""
+    """What runtime a probed format follows: the hand-written line above, else its row in
+    trtkv/data/kv_formats.json (engine, version, value, and the numerics'
+    element/scale/rotation)."""
     if choice.name in SEMANTICS:
         return SEMANTICS[choice.name]
     from trtkv.kvcache.engines import load_table
@@ -80,9 +89,11 @@ class ProbeSettings:
     progress: bool = True
     needle_formats: list[str] | None = None  # formats scored on needles (None: every format)
     ruler: Any = None  # trtkv.probe.ruler.RulerPlan (the bench's RULER items); None: RULER not run
-    attention: list[str] = field(default_factory=lambda: ["cache_only"])  # cache_only first, then engine modes
+    # cache_only first, then engine modes
+    attention: list[str] = field(default_factory=lambda: ["cache_only"])
     attention_reasons: dict[str, str] = field(default_factory=dict)
-    dtype: str | None = None  # weights/compute dtype (trtkv.probe.placement.probe_dtype); None: resolved at load
+    # weights/compute dtype (trtkv.probe.placement.probe_dtype); None: resolved at load
+    dtype: str | None = None
     prefill_chunk: int | None = None  # tokens per prefill chunk (None: one pass)
     offload: bool = False  # layers no GPU holds go to CPU memory
 
@@ -99,20 +110,29 @@ class Loaded:
     haystack_ids: list[int]
     key: str
     info: dict = field(default_factory=dict)
-    needles: Any = None  # trtkv.probe.needles.NeedlePlan: the needles written into text_ids (a windowed model's)
-    reference: str = REFERENCE  # the baseline format: fp16 (float32 compute), bf16 (the model in bf16)
+    # trtkv.probe.needles.NeedlePlan: the needles written into text_ids (a windowed model's)
+    needles: Any = None
+    # the baseline format: fp16 (float32 compute), bf16 (the model in bf16)
+    reference: str = REFERENCE
     prefill_chunk: int | None = None
-    placement: Any = None  # trtkv.probe.placement.Placement of a model sharded over GPUs; None: one device
+    # trtkv.probe.placement.Placement of a model sharded over GPUs; None: one device
+    placement: Any = None
 
 
 # ----------------------------------------------------------------------------- settings
 
 
-def default_settings(recipe: Recipe, formats: list[str] | None = None, lengths: list[int] | None = None,
-                     needle_lengths: list[int] | None = None, attention: str | None = None,
-                     cuda: bool | None = None) -> ProbeSettings:
-    """Settings from the recipe's probe section, overridden by the CLI's lists; `cuda`: whether the run has GPUs
-    (None: torch says), which picks the dtype (and with it the baseline's name) and the prefill chunk."""
+def default_settings(
+    recipe: Recipe,
+    formats: list[str] | None = None,
+    lengths: list[int] | None = None,
+    needle_lengths: list[int] | None = None,
+    attention: str | None = None,
+    cuda: bool | None = None,
+) -> ProbeSettings:
+    """Settings from the recipe's probe section, overridden by the CLI's lists; `cuda`: whether the
+    run has GPUs (None: torch says), which picks the dtype (and with it the baseline's name) and the
+    prefill chunk."""
     from trtkv.probe.attention import resolve_modes
     from trtkv.probe.placement import GPU_PREFILL_CHUNK, probe_dtype, reference_format
 
@@ -124,21 +144,34 @@ def default_settings(recipe: Recipe, formats: list[str] | None = None, lengths: 
     lens = sorted(set(lengths or recipe.probe.lengths))
     max_pos = recipe.model.max_position_embeddings
     if max_pos and max(lens) > max_pos:
-        raise TrtkvError(f"probe lengths {lens}: {max(lens)} exceeds the model's max_position_embeddings {max_pos}. "
-                         f"Next: pass --lengths up to {max_pos}.")
+        raise TrtkvError(
+            f"probe lengths {lens}: {max(lens)} exceeds the model's max_position_embeddings "
+            f"{max_pos}. Next: pass --lengths up to {max_pos}."
+        )
     if any(n < 16 for n in lens):
         raise TrtkvError(f"probe lengths {lens}: every length must be >= 16 tokens.")
     if needle_lengths is None:
         short = [n for n in lens if n <= NEEDLE_DEFAULT_MAX]
         needle_lengths = [max(short)] if short else [min(lens)]
     if any(n < 64 for n in needle_lengths):
-        raise TrtkvError(f"needle lengths {needle_lengths}: each must be >= 64 tokens (haystack + passkey + question).")
+        raise TrtkvError(
+            f"needle lengths {needle_lengths}: each must be >= 64 tokens (haystack + passkey + "
+            "question)."
+        )
     modes, reasons = resolve_modes(recipe, attention)
     chunk = recipe.probe.prefill_chunk or (GPU_PREFILL_CHUNK if cuda else None)
-    return ProbeSettings(formats=fmts, lengths=lens, needle_lengths=sorted(set(needle_lengths)),
-                         needle_depths=list(recipe.probe.needle_depths), needle_seeds=recipe.probe.needle_seeds,
-                         attention=modes, attention_reasons=reasons, dtype=dtype, prefill_chunk=chunk,
-                         offload=recipe.probe.offload)
+    return ProbeSettings(
+        formats=fmts,
+        lengths=lens,
+        needle_lengths=sorted(set(needle_lengths)),
+        needle_depths=list(recipe.probe.needle_depths),
+        needle_seeds=recipe.probe.needle_seeds,
+        attention=modes,
+        attention_reasons=reasons,
+        dtype=dtype,
+        prefill_chunk=chunk,
+        offload=recipe.probe.offload,
+    )
 
 
 # ----------------------------------------------------------------------------- loading
@@ -153,7 +186,8 @@ def _file_digest(path: Path, limit: int = 1 << 20) -> str:
 
 
 def load_model(recipe: Recipe, settings: ProbeSettings) -> Loaded:
-    """The recipe's model in float32 (CUDA when present), its tokenizer and the eval text as token ids."""
+    """The recipe's model in float32 (CUDA when present), its tokenizer and the eval text as token
+    ids."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from trtkv.checkpoints.models import resolve_model_dir
@@ -169,61 +203,98 @@ def load_model(recipe: Recipe, settings: ProbeSettings) -> Loaded:
     config = AutoConfig.from_pretrained(str(model_dir))
     window = sliding_window(config)
     extra: dict[str, Any] = {}
-    if window:  # the windowed path: SDPA where exact (no attention logit softcapping), sampled LM head
+    # the windowed path: SDPA where exact (no attention logit softcapping), sampled LM head
+    if window:
         text = config.get_text_config(decoder=True)
         exact = getattr(text, "attn_logit_softcapping", None) is None
         extra = {"attn_implementation": "sdpa" if exact else "eager"}
     placement = place(config, dtype, max(settings.lengths), settings) if cuda else None
     if placement is not None:
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype),
-                                                     device_map=placement.device_map, **extra).eval()
+        model = AutoModelForCausalLM.from_pretrained(
+            str(model_dir), dtype=getattr(torch, dtype), device_map=placement.device_map, **extra
+        ).eval()
         device = torch.device(next(iter(placement.device_map.values())))
     else:
         device = torch.device("cpu")
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype), **extra)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(model_dir), dtype=getattr(torch, dtype), **extra
+        )
         model = model.to(device).eval()  # type: ignore[arg-type]
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     texts = eval_long_text()
     need = max(settings.lengths)
     plan = None
-    if window and settings.needle_lengths:  # the needles ride in the KL pass's text (trtkv.probe.needles)
+    # the needles ride in the KL pass's text (trtkv.probe.needles)
+    if window and settings.needle_lengths:
         from trtkv.probe.needles import place_needles, plan_needles
 
         if max(settings.needle_lengths) > need:
-            raise TrtkvError(f"needle lengths {settings.needle_lengths}: on a sliding-window model the needles are "
-                             f"asked from the KL pass, which is {need} tokens. Next: --needle-lengths up to {need}.")
-        needles = plan_needles(tokenizer, settings.needle_lengths, settings.needle_depths, settings.needle_seeds)
+            raise TrtkvError(
+                f"needle lengths {settings.needle_lengths}: on a sliding-window model the needles "
+                f"are asked from the KL pass, which is {need} tokens. Next: --needle-lengths up to "
+                f"{need}."
+            )
+        needles = plan_needles(
+            tokenizer, settings.needle_lengths, settings.needle_depths, settings.needle_seeds
+        )
         raw = _tokens(tokenizer, texts, need + sum(len(n.ids) for n in needles))
         text_ids, plan = place_needles(raw, needles, need)
     else:
         text_ids = _tokens(tokenizer, texts, need)
     # the needle's haystack: another part of the text (none needed with --no-needle)
-    haystack_ids = (_tokens(tokenizer, list(reversed(texts)), max(settings.needle_lengths))
-                    if settings.needle_lengths else [])
+    haystack_ids = (
+        _tokens(tokenizer, list(reversed(texts)), max(settings.needle_lengths))
+        if settings.needle_lengths
+        else []
+    )
     weights = sorted(model_dir.glob("*.safetensors"))
-    key_src = {"config": (model_dir / "config.json").read_text(),
-               "weights": [(w.name, w.stat().st_size) for w in weights],
-               "eval": _file_digest(project_root() / EVAL_LONG_TEXT), "method": METHOD_VERSION,
-               "device": device.type}
-    if dtype != "float32":  # keyed only off the CPU default, so caches made before dtypes were chosen stay valid
+    key_src = {
+        "config": (model_dir / "config.json").read_text(),
+        "weights": [(w.name, w.stat().st_size) for w in weights],
+        "eval": _file_digest(project_root() / EVAL_LONG_TEXT),
+        "method": METHOD_VERSION,
+        "device": device.type,
+    }
+    # keyed only off the CPU default, so caches made before dtypes were chosen stay valid
+    if dtype != "float32":
         key_src["dtype"] = dtype
     windowed: dict[str, Any] = {}
     if window:
         kinds = layer_types(config)
-        windowed = {"sliding_window": window, "head_positions": HEAD_POSITIONS,
-                    "attn_implementation": extra["attn_implementation"],
-                    "full_layers": [i for i, k in enumerate(kinds) if k != "sliding_attention"]}
+        windowed = {
+            "sliding_window": window,
+            "head_positions": HEAD_POSITIONS,
+            "attn_implementation": extra["attn_implementation"],
+            "full_layers": [i for i, k in enumerate(kinds) if k != "sliding_attention"],
+        }
         key_src["windowed"] = windowed
         key_src["needles"] = plan.describe() if plan is not None else None
     key = hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:16]
-    return Loaded(model, tokenizer, device, model_dir, text_ids, haystack_ids, key,
-                  {"model_dir": str(model_dir), "device": str(device), "threads": torch.get_num_threads(),
-                   "compute_dtype": dtype, "num_layers": model.config.num_hidden_layers,
-                   "num_kv_heads": model.config.num_key_value_heads,
-                   "head_dim": getattr(model.config, "head_dim", None)
-                   or model.config.hidden_size // model.config.num_attention_heads, **windowed,
-                   **({"device_map": placement.device_map} if placement is not None else {})}, plan,
-                  reference=reference_name(dtype), prefill_chunk=settings.prefill_chunk, placement=placement)
+    return Loaded(
+        model,
+        tokenizer,
+        device,
+        model_dir,
+        text_ids,
+        haystack_ids,
+        key,
+        {
+            "model_dir": str(model_dir),
+            "device": str(device),
+            "threads": torch.get_num_threads(),
+            "compute_dtype": dtype,
+            "num_layers": model.config.num_hidden_layers,
+            "num_kv_heads": model.config.num_key_value_heads,
+            "head_dim": getattr(model.config, "head_dim", None)
+            or model.config.hidden_size // model.config.num_attention_heads,
+            **windowed,
+            **({"device_map": placement.device_map} if placement is not None else {}),
+        },
+        plan,
+        reference=reference_name(dtype),
+        prefill_chunk=settings.prefill_chunk,
+        placement=placement,
+    )
 
 
 def reference_name(dtype: str) -> str:
@@ -233,24 +304,36 @@ def reference_name(dtype: str) -> str:
 
 
 def place(config: Any, dtype: str, length: int, settings: ProbeSettings) -> Any:
-    """The placement over this machine's GPUs, from each one's free memory (trtkv.probe.placement); a TrtkvError
-    with the plan when it does not fit."""
+    """The placement over this machine's GPUs, from each one's free memory (trtkv.probe.placement);
+    a TrtkvError with the plan when it does not fit."""
     from trtkv.platform.host import host_memory_bytes
     from trtkv.probe.placement import plan_placement
 
-    caps = {f"cuda:{i}": float(torch.cuda.mem_get_info(i)[0]) for i in range(torch.cuda.device_count())}
-    placement = plan_placement(config, dtype, length, caps, settings.prefill_chunk, settings.offload,
-                               host_bytes=host_memory_bytes() or 0.0)
+    caps = {
+        f"cuda:{i}": float(torch.cuda.mem_get_info(i)[0]) for i in range(torch.cuda.device_count())
+    }
+    placement = plan_placement(
+        config,
+        dtype,
+        length,
+        caps,
+        settings.prefill_chunk,
+        settings.offload,
+        host_bytes=host_memory_bytes() or 0.0,
+    )
     if not placement.fits:
-        raise TrtkvError("the probe's model does not fit this machine's GPUs:\n" + "\n".join(placement.lines())
-                         + "\nNext: probe.offload=true (layers that do not fit go to CPU memory), shorter --lengths, "
-                         "or a smaller probe.prefill_chunk.")
+        raise TrtkvError(
+            "the probe's model does not fit this machine's GPUs:\n"
+            + "\n".join(placement.lines())
+            + "\nNext: probe.offload=true (layers that do not fit go to CPU memory), shorter "
+            "--lengths, or a smaller probe.prefill_chunk."
+        )
     return placement
 
 
 def auto_threads() -> int:
-    """torch's default, or 1 when the machine is already busy (load >= cores): oversubscribed OpenMP threads spin
-    and ran 2-3x slower than one thread on a shared 2-core machine."""
+    """torch's default, or 1 when the machine is already busy (load >= cores): oversubscribed OpenMP
+    threads spin and ran 2-3x slower than one thread on a shared 2-core machine."""
     cores = os.cpu_count() or 1
     busy = os.getloadavg()[0] >= cores if hasattr(os, "getloadavg") else False
     return 1 if busy else torch.get_num_threads()
@@ -262,8 +345,10 @@ def _tokens(tokenizer, texts: list[str], need: int) -> list[int]:  # noqa: ANN00
         ids += tokenizer(text + "\n\n", add_special_tokens=False).input_ids
         if len(ids) >= need:
             return ids[:need]
-    raise StageError(f"the evaluation text has only {len(ids)} tokens, the probe needs {need}. "
-                     f"Next: pass shorter --lengths.")
+    raise StageError(
+        f"the evaluation text has only {len(ids)} tokens, the probe needs {need}. "
+        f"Next: pass shorter --lengths."
+    )
 
 
 def write_json(path: Path, doc: Any) -> None:

@@ -1,39 +1,119 @@
-"""Recipes: a pydantic schema (extra keys forbidden), `include:`, overrides, and one report of every problem.
+"""Recipes: a pydantic schema (extra keys forbidden), `include:`, overrides, and one report of every
+problem.
 
 A recipe is a YAML file under `recipes/` (or any path). Loading it:
-  1. reads the YAML and its `include:` files (relative to the including file; local keys win; cycles are errors),
+  1. reads the YAML and its `include:` files (relative to the including file; local keys win; cycles
+     are errors),
   2. applies command-line overrides `section.key=value` (they win over the files),
-  3. validates the result against `Recipe`, then the cross-field rules (and the backend's, trtkv.backends),
-and reports every problem at once, each naming the file, the field, the value and the allowed values.
+  3. validates the result against `Recipe`, then the cross-field rules (and the backend's,
+     trtkv.backends),
+and reports every problem at once, each naming the file, the field, the value and the allowed
+values.
 
-Recipe names are checked where a recipe is found (`check_recipe_name`, for other stages to reuse too), and the YAML
-is read as plain data: bounded in bytes, nesting and aliases, duplicate keys refused.
+Recipe names are checked where a recipe is found (`check_recipe_name`, for other stages to reuse
+too), and the YAML is read as plain data: bounded in bytes, nesting and aliases, duplicate keys
+refused.
 
-The most used names are importable from here; the work is in the modules: `schema` (enums and sections; the bench
-section in `bench_section`, the model section in `model_section`), `loader` (finding files, validation, error messages;
-includes and overrides in `tree`), `names` (the recipe-name rule), `plain_yaml` (bounded YAML), `rules` (cross-field
-rules; each backend's in `backend_rules`, `engine_formats`, `memory_knobs`), `reference` (the recipe table in
-docs/recipes.md), `layout` (stage folders), `attention` (layer kinds), `settle` (the check of the text `trtkv init`
-writes). `__all__` is the package's face: every name other packages import, from here or from its module
-(tests/test_exported_members.py).
+The most used names are importable from here; the work is in the modules: `schema` (enums and
+sections; the bench section in `bench_section`, the model section in `model_section`), `loader`
+(finding files, validation, error messages; includes and overrides in `tree`), `names` (the
+recipe-name rule), `plain_yaml` (bounded YAML), `rules` (cross-field rules; each backend's in
+`backend_rules`, `engine_formats`, `memory_knobs`), `reference` (the recipe table in
+docs/recipes.md), `layout` (stage folders), `attention` (layer kinds), `settle` (the check of the
+text `trtkv init` writes). `__all__` is the package's face: every name other packages import, from
+here or from its module (tests/test_exported_members.py).
 """
 
 from trtkv.recipe.loader import dump_yaml, list_recipes, load_recipe, recipe_name
 from trtkv.recipe.names import check_recipe_name
 from trtkv.recipe.rules import cross_field_problems
-from trtkv.recipe.schema import SLO_PATTERN, Backend, BenchTask, KVCacheQuant, ModelDtype, Protocol, Recipe, WeightQuant
+from trtkv.recipe.schema import (
+    SLO_PATTERN,
+    Backend,
+    BenchTask,
+    KVCacheQuant,
+    ModelDtype,
+    Protocol,
+    Recipe,
+    WeightQuant,
+)
 
 __all__ = [
-    "Accounting", "ACCOUNTING_TEXT", "Artifacts", "AttentionKind", "Backend", "batch_for", "bench_dir", "BenchTask",
-    "build_notes", "bytes_by_attention", "check_config_field", "check_recipe_name", "checkpoint_dir",
-    "checkpoint_tokenizer_dir", "compact_layers", "CONFIG_FIELDS", "container_artifacts", "container_mounts",
-    "CONTAINER_ROOT", "cross_field_problems", "dump_yaml", "engine_dir", "ENGINE_KV_FORMATS", "fidelity_dir",
-    "gated_deltanet", "gemm_plugin_choice", "HF", "HF_CONFIG", "HF_EXPORT_BACKENDS", "HF_EXPORT_ONLY",
-    "host_artifacts", "hybrid_block_size", "KV_ACCOUNTING", "KV_ALGO", "kv_cache_quant_algo", "kv_heads_split",
-    "KVCacheQuant", "KVShape", "layer_formats", "LayerAttention", "layout", "list_recipes", "load_recipe", "mamba1",
-    "mamba2", "MAX_LIST", "MAX_SWEEP_LENGTHS", "ModelDtype", "parse_layers", "prefix_cache", "probe_dir",
-    "Protocol", "RANGES", "Recipe", "recipe_name", "refusal", "repo_dir", "sequence_kv_bytes", "serve_dir",
-    "served_artifacts", "served_kv_formats", "Settings", "settle", "SLO_PATTERN", "SPEED_ENGINE",
-    "STATE_DTYPE_BYTES", "state_dtypes", "state_from_dict", "StateSpec", "summary", "to_container",
-    "VLLM_BLOCK_CPU", "VLLM_BLOCK_GPU", "vllm_hybrid_on", "WEIGHT_ALGOS", "WeightQuant", "WORD"
+    "Accounting",
+    "ACCOUNTING_TEXT",
+    "Artifacts",
+    "AttentionKind",
+    "Backend",
+    "batch_for",
+    "bench_dir",
+    "BenchTask",
+    "build_notes",
+    "bytes_by_attention",
+    "check_config_field",
+    "check_recipe_name",
+    "checkpoint_dir",
+    "checkpoint_tokenizer_dir",
+    "compact_layers",
+    "CONFIG_FIELDS",
+    "container_artifacts",
+    "container_mounts",
+    "CONTAINER_ROOT",
+    "cross_field_problems",
+    "dump_yaml",
+    "engine_dir",
+    "ENGINE_KV_FORMATS",
+    "fidelity_dir",
+    "gated_deltanet",
+    "gemm_plugin_choice",
+    "HF",
+    "HF_CONFIG",
+    "HF_EXPORT_BACKENDS",
+    "HF_EXPORT_ONLY",
+    "host_artifacts",
+    "hybrid_block_size",
+    "KV_ACCOUNTING",
+    "KV_ALGO",
+    "kv_cache_quant_algo",
+    "kv_heads_split",
+    "KVCacheQuant",
+    "KVShape",
+    "layer_formats",
+    "LayerAttention",
+    "layout",
+    "list_recipes",
+    "load_recipe",
+    "mamba1",
+    "mamba2",
+    "MAX_LIST",
+    "MAX_SWEEP_LENGTHS",
+    "ModelDtype",
+    "parse_layers",
+    "prefix_cache",
+    "probe_dir",
+    "Protocol",
+    "RANGES",
+    "Recipe",
+    "recipe_name",
+    "refusal",
+    "repo_dir",
+    "sequence_kv_bytes",
+    "serve_dir",
+    "served_artifacts",
+    "served_kv_formats",
+    "Settings",
+    "settle",
+    "SLO_PATTERN",
+    "SPEED_ENGINE",
+    "STATE_DTYPE_BYTES",
+    "state_dtypes",
+    "state_from_dict",
+    "StateSpec",
+    "summary",
+    "to_container",
+    "VLLM_BLOCK_CPU",
+    "VLLM_BLOCK_GPU",
+    "vllm_hybrid_on",
+    "WEIGHT_ALGOS",
+    "WeightQuant",
+    "WORD",
 ]

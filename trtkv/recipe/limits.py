@@ -1,12 +1,14 @@
-"""The numeric ranges trtkv accepts, in one table: a model's config.json, the recipe's fields and overrides, and the
-flags that size a deployment all take their bounds from here.
+"""The numeric ranges trtkv accepts, in one table: a model's config.json, the recipe's fields and
+overrides, and the flags that size a deployment all take their bounds from here.
 
-Each range names the largest published value it admits, so a bound is a statement about real models, not a guess:
-a value outside it is a typo or a hostile file (a `num_hidden_layers` of 1e9 would make the planner build a
-multi-GB per-layer table). The ceilings leave several-fold room above the largest model named.
+Each range names the largest published value it admits, so a bound is a statement about real models,
+not a guess: a value outside it is a typo or a hostile file (a `num_hidden_layers` of 1e9 would make
+the planner build a multi-GB per-layer table). The ceilings leave several-fold room above the
+largest model named.
 
-`CONFIG_FIELDS` maps a config.json field to its range; the config reader (trtkv.checkpoints.hf_config_fields) checks
-every field it finds there, so teaching the reader a new architecture's fields is one line each in that mapping.
+`CONFIG_FIELDS` maps a config.json field to its range; the config reader
+(trtkv.checkpoints.hf_config_fields) checks every field it finds there, so teaching the reader a new
+architecture's fields is one line each in that mapping.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from typing import Any
 from pydantic import Field
 
 INT32_MAX = 2**31 - 1  # Kubernetes' int32 fields (replicas, ports), and protobuf int32
-# A name that lands in commands, configs and comments as it is (a model family, a config.json model_type or dtype)
+# A name that lands in commands, configs and comments as it is (a model family, a config.json
+# model_type or dtype)
 WORD = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
 
 
@@ -56,14 +59,22 @@ RANGES: dict[str, Range] = {
     "vocab": Range(1, 1 << 22, "Gemma 3: 262,208 tokens; Llama 4: 202,048"),
     "positions": Range(1, 1 << 27, "Llama 4 Scout: 10,485,760 tokens of context"),
     "window": Range(0, 1 << 27, "Llama 4 Scout: 10,485,760 tokens; 0 or null: no window"),
-    "latent": Range(0, 65536, "DeepSeek-V3: kv_lora_rank 512, q_lora_rank 1,536, qk_rope_head_dim 64"),
+    "latent": Range(
+        0, 65536, "DeepSeek-V3: kv_lora_rank 512, q_lora_rank 1,536, qk_rope_head_dim 64"
+    ),
     "group": Range(-1, 1 << 20, "GPTQ/AWQ group_size 128; -1: one group per column"),
     "experts": Range(0, 4096, "Switch Transformer C: 2,048 experts; Kimi K2: 384"),
     "layer_index": Range(0, 1023, "Llama-3.1-405B: layer 125 (one below `layers`)"),
-    "small_count": Range(0, 1024, "DeepSeek-V3: first_k_dense_replace 3, Llama 4: interleave step 2"),
+    "small_count": Range(
+        0, 1024, "DeepSeek-V3: first_k_dense_replace 3, Llama 4: interleave step 2"
+    ),
     "quant_bits": Range(1, 16, "GPTQ/AWQ: 2 to 8 bits"),
-    "state": Range(1, 65536, "Nemotron-H: ssm_state_size 128; Qwen3-Next: 32 value heads x 128 x 128 channels; "
-                   "Jamba: mamba_d_state 16"),
+    "state": Range(
+        1,
+        65536,
+        "Nemotron-H: ssm_state_size 128; Qwen3-Next: 32 value heads x 128 x 128 channels; "
+        "Jamba: mamba_d_state 16",
+    ),
     "parameters": Range(1, 1e14, "Kimi K2: 1.04e12 parameters"),
     "weights_gib": Range(1e-6, 1 << 20, "Kimi K2 in bf16: about 1,940 GiB"),
     # engine and benchmark sizes
@@ -74,16 +85,23 @@ RANGES: dict[str, Range] = {
     "delay_us": Range(0, 10**9, "a guard, not a model fact: 1,000 s of queue delay"),
     # hardware and deployment
     "gpus": Range(1, 65536, "a GB200 NVL72 rack: 72 GPUs in one NVLink domain"),
-    "memory_gib": Range(1e-3, 16384, "B300: 288 GB of HBM per GPU (a CPU host's RAM may stand in, up to 16 TiB)"),
+    "memory_gib": Range(
+        1e-3, 16384, "B300: 288 GB of HBM per GPU (a CPU host's RAM may stand in, up to 16 TiB)"
+    ),
     "bandwidth_gbps": Range(1e-3, 1e6, "B300: 8,000 GB/s of HBM bandwidth"),
-    "storage_gbps": Range(1e-3, 1e4, "a PCIe 5.0 NVMe drive: about 14 GB/s; a 400 Gb/s network link: 50 GB/s"),
+    "storage_gbps": Range(
+        1e-3, 1e4, "a PCIe 5.0 NVMe drive: about 14 GB/s; a 400 Gb/s network link: 50 GB/s"
+    ),
     "replicas": Range(1, INT32_MAX, "Kubernetes' int32 replica count"),
     # time
-    "timeout_s": Range(1e-6, 604800, "a week: longer than any engine start or request; poll()'s limit is 24.8 days"),
+    "timeout_s": Range(
+        1e-6, 604800, "a week: longer than any engine start or request; poll()'s limit is 24.8 days"
+    ),
 }
 
-# config.json field -> range. Absent and null fields are not checked here (the reader says which ones it needs);
-# a list (Mistral's per-layer sliding_window, moe_layers) is checked element by element.
+# config.json field -> range. Absent and null fields are not checked here (the reader says which
+# ones it needs); a list (Mistral's per-layer sliding_window, moe_layers) is checked element by
+# element.
 CONFIG_FIELDS: dict[str, str] = {
     "num_hidden_layers": "layers",
     "num_attention_heads": "heads",
@@ -122,8 +140,8 @@ CONFIG_FIELDS: dict[str, str] = {
     "bits": "quant_bits",
     "group_size": "group",
     "weight_block_size": "positions",
-    # linear-attention and state-space layers (trtkv.checkpoints.hybrid_config); mamba_d_head and mamba_dt_rank may be
-    # the word "auto" (Granite 4, Jamba) and are checked by that reader
+    # linear-attention and state-space layers (trtkv.checkpoints.hybrid_config); mamba_d_head and
+    # mamba_dt_rank may be the word "auto" (Granite 4, Jamba) and are checked by that reader
     "linear_num_key_heads": "heads",
     "linear_num_value_heads": "heads",
     "linear_key_head_dim": "head_dim",
@@ -147,20 +165,30 @@ CONFIG_FIELDS: dict[str, str] = {
     "num_global_key_value_heads": "heads",
     "num_kv_shared_layers": "small_count",
 }
-MAX_LIST = 4096  # entries of a per-layer list (layer_types, no_rope_layers, ...): more layers than `layers` allows
-# the CONFIG_FIELDS that may hold a list of such numbers (Mistral's per-layer windows, layer indices, block shapes)
+# entries of a per-layer list (layer_types, no_rope_layers, ...): more layers than `layers` allows
+MAX_LIST = 4096
+# the CONFIG_FIELDS that may hold a list of such numbers (Mistral's per-layer windows, layer
+# indices, block shapes)
 LIST_VALUED = {"sliding_window", "moe_layers", "mlp_only_layers", "weight_block_size"}
 
 
 def bounded(default: Any, name: str, **kwargs: Any) -> Any:
-    """A pydantic Field bounded by the range `name`: recipes, overrides and `trtkv init` share the same bounds (the
-    range's name is kept for the error message, trtkv.recipe.loader)."""
-    return Field(default, **{"ge": RANGES[name].low, "le": RANGES[name].high, "json_schema_extra": {"range": name},
-                             **kwargs})
+    """A pydantic Field bounded by the range `name`: recipes, overrides and `trtkv init` share the
+    same bounds (the range's name is kept for the error message, trtkv.recipe.loader)."""
+    return Field(
+        default,
+        **{
+            "ge": RANGES[name].low,
+            "le": RANGES[name].high,
+            "json_schema_extra": {"range": name},
+            **kwargs,
+        },
+    )
 
 
 def check_int(name: str, value: Any, range_name: str) -> str | None:
-    """None when `value` is an integer inside the range, else what is wrong (the caller adds the file and next step)."""
+    """None when `value` is an integer inside the range, else what is wrong (the caller adds the
+    file and next step)."""
     r = RANGES[range_name]
     if isinstance(value, bool) or not isinstance(value, int):
         return f"{name}: {_shown(value)} is not an integer; one in {r.text()} is needed"
@@ -170,14 +198,17 @@ def check_int(name: str, value: Any, range_name: str) -> str | None:
 
 
 def check_config_field(name: str, value: Any) -> list[str]:
-    """Problems with one config.json field named in CONFIG_FIELDS (an int, or a list of ints/nulls)."""
+    """Problems with one config.json field named in CONFIG_FIELDS (an int, or a list of
+    ints/nulls)."""
     range_name = CONFIG_FIELDS[name]
     if value is None:
         return []
     if isinstance(value, list) and name in LIST_VALUED:
         if len(value) > MAX_LIST:
             return [f"{name}: a list of {len(value):,} entries (at most {MAX_LIST:,})"]
-        found = [check_int(f"{name}[{i}]", v, range_name) for i, v in enumerate(value) if v is not None]
+        found = [
+            check_int(f"{name}[{i}]", v, range_name) for i, v in enumerate(value) if v is not None
+        ]
         return [p for p in found if p][:3]
     problem = check_int(name, value, range_name)
     return [problem] if problem else []

@@ -1,7 +1,7 @@
-"""Loading a recipe: find the file, read it with its `include:`s (relative to the including file; local keys win;
-cycles are errors), apply `section.key=value` overrides, validate, and report every problem at once, each naming
-the file, the field, the value and the allowed values. Reading the files and applying the overrides, with the file
-that set each key, is trtkv.recipe.tree's job."""
+"""Loading a recipe: find the file, read it with its `include:`s (relative to the including file;
+local keys win; cycles are errors), apply `section.key=value` overrides, validate, and report every
+problem at once, each naming the file, the field, the value and the allowed values. Reading the
+files and applying the overrides, with the file that set each key, is trtkv.recipe.tree's job."""
 
 from __future__ import annotations
 
@@ -35,14 +35,20 @@ from trtkv.recipe.tree import COMMAND_LINE, _resolve, apply_overrides, load_tree
 
 
 def _runnable_files() -> list[Path]:
-    """The .yaml files under recipes/ outside folders starting with `_` (those hold shared parts)."""
+    """The .yaml files under recipes/ outside folders starting with `_` (those hold shared
+    parts)."""
     root = paths.recipes_dir()
-    found = [p for p in root.rglob("*.yaml") if not any(part.startswith("_") for part in p.relative_to(root).parts)]
+    found = [
+        p
+        for p in root.rglob("*.yaml")
+        if not any(part.startswith("_") for part in p.relative_to(root).parts)
+    ]
     return sorted(found)
 
 
 def list_recipes() -> list[Path]:
-    """Every runnable recipe on disk; RecipeError naming each file whose name breaks the rule or collides."""
+    """Every runnable recipe on disk; RecipeError naming each file whose name breaks the rule or
+    collides."""
     found = _runnable_files()
     problems = [p for p in (recipe_name_problem(recipe_name(f), f) for f in found) if p is not None]
     problems += collision_problems((recipe_name(f), f) for f in found)
@@ -52,48 +58,74 @@ def list_recipes() -> list[Path]:
 
 
 def recipe_name(path: Path) -> str:
-    """The recipe's name: its file name without .yaml (checked by check_recipe_name where a recipe is found)."""
+    """The recipe's name: its file name without .yaml (checked by check_recipe_name where a recipe
+    is found)."""
     return path.stem
 
 
 def _refuse_collisions(path: Path) -> None:
-    """A recipe whose name folds to the same Kubernetes name as another runnable recipe's is refused with it."""
+    """A recipe whose name folds to the same Kubernetes name as another runnable recipe's is refused
+    with it."""
     name = recipe_name(path)
-    named = [(name, path)] + [(recipe_name(f), f) for f in _runnable_files()
-                              if fold_recipe_name(recipe_name(f)) == fold_recipe_name(name) and _resolve(f) != path]
+    named = [(name, path)] + [
+        (recipe_name(f), f)
+        for f in _runnable_files()
+        if fold_recipe_name(recipe_name(f)) == fold_recipe_name(name) and _resolve(f) != path
+    ]
     problems = collision_problems(named)
     if problems:
         raise RecipeError(problems, header="Recipe name not allowed")
 
 
 def find_recipe(name_or_path: str) -> Path:
-    """A recipe name (`smollm2_fp8kv`) or a path to a YAML file; its name is checked here (check_recipe_name)."""
+    """A recipe name (`smollm2_fp8kv`) or a path to a YAML file; its name is checked here
+    (check_recipe_name)."""
     candidate = Path(name_or_path).expanduser()
     if candidate.suffix in (".yaml", ".yml") or "/" in name_or_path:
         resolved = _resolve(candidate)
         if not resolved.exists():
-            raise RecipeError([f"{shown(name_or_path)}: no such recipe file. Next: check the path, or run `trtkv ls`."],
-                              header="Recipe not found")
+            raise RecipeError(
+                [
+                    f"{shown(name_or_path)}: no such recipe file. Next: check the path, or run "
+                    "`trtkv ls`."
+                ],
+                header="Recipe not found",
+            )
         if not resolved.is_file():
-            raise RecipeError([f"{shown(name_or_path)}: not a regular file. Next: name a .yaml file."],
-                              header="Recipe not readable")
+            raise RecipeError(
+                [f"{shown(name_or_path)}: not a regular file. Next: name a .yaml file."],
+                header="Recipe not readable",
+            )
         check_recipe_name(recipe_name(resolved), resolved)
         _refuse_collisions(resolved)
         return resolved
-    available = {recipe_name(p): p for p in _runnable_files() if RECIPE_NAME_RE.fullmatch(recipe_name(p))}
+    available = {
+        recipe_name(p): p for p in _runnable_files() if RECIPE_NAME_RE.fullmatch(recipe_name(p))
+    }
     if name_or_path in available:
         _refuse_collisions(available[name_or_path].resolve())
         return available[name_or_path]
     if not available and not paths.recipes_dir().is_dir():
-        raise RecipeError([f"unknown recipe {name_or_path!r}: there is no recipes folder at {shown(paths.recipes_dir())} "
-                           f"(trtkv looks in TRTKV_HOME/recipes, else the checkout's recipes/, else ./recipes). Next: "
-                           f"set TRTKV_HOME to a trtkv checkout, `trtkv init NAME --model PATH` to write "
-                           f"./recipes/NAME.yaml, or pass the path of a .yaml file."], header="Recipe not found")
+        raise RecipeError(
+            [
+                f"unknown recipe {name_or_path!r}: there is no recipes folder at "
+                f"{shown(paths.recipes_dir())} (trtkv looks in TRTKV_HOME/recipes, else the "
+                "checkout's recipes/, else ./recipes). Next: set TRTKV_HOME to a trtkv checkout, "
+                "`trtkv init NAME --model PATH` to write ./recipes/NAME.yaml, or pass the path of "
+                "a .yaml file."
+            ],
+            header="Recipe not found",
+        )
     hint = _did_you_mean(name_or_path, available)
-    rule = "" if RECIPE_NAME_RE.fullmatch(name_or_path) else f" (a recipe name is {RECIPE_NAME_RULE})"
+    rule = (
+        "" if RECIPE_NAME_RE.fullmatch(name_or_path) else f" (a recipe name is {RECIPE_NAME_RULE})"
+    )
     raise RecipeError(
-        [f"unknown recipe {name_or_path!r}{rule}{hint}. Available: {', '.join(sorted(available)) or '(none)'}. "
-         f"Next: `trtkv ls` lists them; a path to a .yaml file works too."],
+        [
+            f"unknown recipe {name_or_path!r}{rule}{hint}. Available: "
+            f"{', '.join(sorted(available)) or '(none)'}. Next: `trtkv ls` lists them; a path to a "
+            ".yaml file works too."
+        ],
         header="Recipe not found",
     )
 
@@ -165,27 +197,43 @@ def _format_error(err: Any, prov: dict[str, Path], path: Path) -> str:
         allowed = f" Allowed keys here: {', '.join(siblings)}." if siblings else ""
         return f"{file}: {dotted}: unknown key{hint or '.'}{allowed}"
     if kind == "missing":
-        return f"{file}: {dotted}: required field is missing. Next: add it (see the recipe reference in docs/recipes.md)."
+        return (
+            f"{file}: {dotted}: required field is missing. Next: add it (see the recipe "
+            "reference in docs/recipes.md)."
+        )
     enum = _enum_at(loc)
     if kind == "enum" and enum is not None:
         values = [e.value for e in enum]
         extra = ""
         if enum is KVCacheQuant:
             extra = f" (aliases: {', '.join(KV_CACHE_ALIASES)})"
-        hint = _did_you_mean(str(value), values + list(KV_CACHE_ALIASES if enum is KVCacheQuant else []))
-        return f"{file}: {dotted}: {value!r} is not allowed{hint or '.'} Allowed: {', '.join(values)}{extra}."
+        hint = _did_you_mean(
+            str(value), values + list(KV_CACHE_ALIASES if enum is KVCacheQuant else [])
+        )
+        return (
+            f"{file}: {dotted}: {value!r} is not allowed{hint or '.'} Allowed: "
+            f"{', '.join(values)}{extra}."
+        )
     msg = err["msg"]
     if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
+        msg = msg[len("Value error, ") :]
     got = "" if isinstance(value, (dict, list)) else f" (got {value!r:.60})"
     return f"{file}: {dotted}: {msg}{got}{_range_hint(loc, kind)}."
 
 
 def _range_hint(loc: tuple[Any, ...], kind: str) -> str:
-    """For a number outside its range: the range and the largest published value it admits (trtkv.recipe.limits)."""
-    if kind not in ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number"):
+    """For a number outside its range: the range and the largest published value it admits
+    (trtkv.recipe.limits)."""
+    if kind not in (
+        "greater_than",
+        "greater_than_equal",
+        "less_than",
+        "less_than_equal",
+        "finite_number",
+    ):
         return ""
-    while loc and isinstance(loc[-1], int):  # an entry of a bounded list (bench.sweep_input_tokens[2]): the list's range
+    # an entry of a bounded list (bench.sweep_input_tokens[2]): the list's range
+    while loc and isinstance(loc[-1], int):
         loc = loc[:-1]
     model = _model_at(loc)
     field = model.model_fields.get(str(loc[-1])) if model is not None else None
@@ -201,16 +249,19 @@ def validate_data(data: dict[str, Any], prov: dict[str, Path], path: Path) -> Re
         problems = [_format_error(e, prov, path) for e in exc.errors(include_url=False)]
         raise RecipeError(problems, header=f"Recipe {path.name} is not valid") from None
     overridden = sorted(k for k, v in prov.items() if v == COMMAND_LINE)
-    problems = [f"{_rule_site(prov, field, path, overridden)}: {field}: {msg}."
-                for field, msg in cross_field_problems(recipe)]
+    problems = [
+        f"{_rule_site(prov, field, path, overridden)}: {field}: {msg}."
+        for field, msg in cross_field_problems(recipe)
+    ]
     if problems:
         raise RecipeError(problems, header=f"Recipe {path.name} is not valid")
     return recipe
 
 
 def _rule_site(prov: dict[str, Path], field: str, path: Path, overridden: list[str]) -> str:
-    """Where a cross-field rule broke: the field's file, and the command-line overrides when they took part (a rule
-    reported at a field from the file may have been broken by an override of another field)."""
+    """Where a cross-field rule broke: the field's file, and the command-line overrides when they
+    took part (a rule reported at a field from the file may have been broken by an override of
+    another field)."""
     file = _where(prov, field, path)
     if file == COMMAND_LINE or not overridden:
         return str(file)
@@ -218,7 +269,8 @@ def _rule_site(prov: dict[str, Path], field: str, path: Path, overridden: list[s
 
 
 def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = ()) -> Recipe:
-    """Find, read, merge, override and validate a recipe; raises RecipeError listing every problem."""
+    """Find, read, merge, override and validate a recipe; raises RecipeError listing every
+    problem."""
     path = find_recipe(str(name_or_path))
     data, prov = load_tree(path)
     data = apply_overrides(data, prov, overrides)
@@ -230,5 +282,3 @@ def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = ()) -> Reci
 
 def dump_yaml(recipe: Recipe) -> str:
     return yaml.safe_dump(recipe.resolved(), sort_keys=False, default_flow_style=None, width=110)
-
-

@@ -1,12 +1,14 @@
-"""Which backend's engine reads each memory knob of the `triton:` section (vLLM's gpu_memory_utilization, SGLang's
-mem_fraction_static, TensorRT-LLM's kv_cache_free_gpu_mem_fraction, trtkv's kv_pool_gib_per_gpu), and the rule that
-refuses a knob set explicitly for a backend whose engine ignores it."""
+"""Which backend's engine reads each memory knob of the `triton:` section (vLLM's
+gpu_memory_utilization, SGLang's mem_fraction_static, TensorRT-LLM's kv_cache_free_gpu_mem_fraction,
+trtkv's kv_pool_gib_per_gpu), and the rule that refuses a knob set explicitly for a backend whose
+engine ignores it."""
 
 from __future__ import annotations
 
 from trtkv.recipe.schema import Backend, Recipe
 
-# Which backend's engine reads each memory knob (trtkv.plan.engine_pool carries it into the served command)
+# Which backend's engine reads each memory knob (trtkv.plan.engine_pool carries it into the served
+# command)
 MEMORY_KNOBS: dict[str, tuple[Backend, ...]] = {
     "gpu_memory_utilization": (Backend.VLLM,),
     "mem_fraction_static": (Backend.SGLANG,),
@@ -16,19 +18,34 @@ MEMORY_KNOBS: dict[str, tuple[Backend, ...]] = {
 
 
 def memory_knob_problems(r: Recipe) -> list[tuple[str, str]]:
-    """A memory knob set explicitly for a backend whose engine ignores it (left unset, a knob is the engine's own
-    default and never refused)."""
+    """A memory knob set explicitly for a backend whose engine ignores it (left unset, a knob is the
+    engine's own default and never refused)."""
     out = []
     for knob, readers in MEMORY_KNOBS.items():
-        if knob in r.triton.model_fields_set and getattr(r.triton, knob) is not None \
-                and r.build.backend not in readers:
-            names = {Backend.VLLM: "triton.gpu_memory_utilization", Backend.SGLANG: "triton.mem_fraction_static",
-                     Backend.LLMAPI: "triton.kv_cache_free_gpu_mem_fraction",
-                     Backend.TENSORRT: "triton.kv_cache_free_gpu_mem_fraction"}
+        if (
+            knob in r.triton.model_fields_set
+            and getattr(r.triton, knob) is not None
+            and r.build.backend not in readers
+        ):
+            names = {
+                Backend.VLLM: "triton.gpu_memory_utilization",
+                Backend.SGLANG: "triton.mem_fraction_static",
+                Backend.LLMAPI: "triton.kv_cache_free_gpu_mem_fraction",
+                Backend.TENSORRT: "triton.kv_cache_free_gpu_mem_fraction",
+            }
             own = names.get(r.build.backend)
-            hint = f"its own knob is {own}" if own else "the reference runtime holds max_batch_size sequences " \
-                                                        "of max_seq_len and has no memory knob"
-            out.append((f"triton.{knob}", f"{getattr(r.triton, knob)} is read only by "
-                                          f"{', '.join(b.value for b in readers)}; build.backend "
-                                          f"{r.build.backend.value} ignores it ({hint}): remove it"))
+            hint = (
+                f"its own knob is {own}"
+                if own
+                else "the reference runtime holds max_batch_size sequences "
+                "of max_seq_len and has no memory knob"
+            )
+            out.append(
+                (
+                    f"triton.{knob}",
+                    f"{getattr(r.triton, knob)} is read only by "
+                    f"{', '.join(b.value for b in readers)}; build.backend "
+                    f"{r.build.backend.value} ignores it ({hint}): remove it",
+                )
+            )
     return out

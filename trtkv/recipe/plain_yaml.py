@@ -1,5 +1,6 @@
-"""Recipe YAML as plain data: `yaml.safe_load` semantics, bounded in bytes, nesting and aliases, duplicate keys refused;
-pure data loading, no recipe semantics (the loader turns these errors into RecipeErrors)."""
+"""Recipe YAML as plain data: `yaml.safe_load` semantics, bounded in bytes, nesting and aliases,
+duplicate keys refused; pure data loading, no recipe semantics (the loader turns these errors into
+RecipeErrors)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode
 from yaml.resolver import Resolver
 
-try:  # libyaml's parser (events with the same marks), ~4x faster than PyYAML's; composing stays in Python, bounded
+# libyaml's parser (events with the same marks), ~4x faster than PyYAML's; composing stays in
+# Python, bounded
+try:
     from yaml._yaml import CParser as _CParser
 
     HAVE_LIBYAML = True
@@ -25,15 +28,18 @@ except ImportError:  # PyYAML built without libyaml
 MAX_FILE_BYTES = 1 << 20  # 1 MiB: the shipped recipes are ~1 KiB each
 MAX_DEPTH = 32  # nested mappings/sequences; a recipe needs 3
 MAX_ALIASES = 32  # `*name` references per document
-MAX_ALIAS_NODES = 10_000  # values the aliases add once expanded (an alias bomb expands exponentially)
+# values the aliases add once expanded (an alias bomb expands exponentially)
+MAX_ALIAS_NODES = 10_000
 
 
 class YAMLLimitError(yaml.MarkedYAMLError):
-    """YAML that parses but is not plain recipe data: a duplicate key, too deep, too many or recursive aliases."""
+    """YAML that parses but is not plain recipe data: a duplicate key, too deep, too many or
+    recursive aliases."""
 
 
 class FileNotReadable(Exception):
-    """A recipe file that cannot be read as text: missing, not a regular file, too large, a symlink loop, not UTF-8."""
+    """A recipe file that cannot be read as text: missing, not a regular file, too large, a symlink
+    loop, not UTF-8."""
 
     def __init__(self, problem: str, next_step: str) -> None:
         self.problem = problem
@@ -42,8 +48,8 @@ class FileNotReadable(Exception):
 
 
 class _PlainData(Composer, SafeConstructor, Resolver):
-    """SafeLoader's composer, constructor and resolver (same tags and resolution), counting depth and aliases while
-    composing and refusing duplicate keys; mixed with a parser below."""
+    """SafeLoader's composer, constructor and resolver (same tags and resolution), counting depth
+    and aliases while composing and refusing duplicate keys; mixed with a parser below."""
 
     if TYPE_CHECKING:  # from the parser mixed in below
 
@@ -68,18 +74,31 @@ class _PlainData(Composer, SafeConstructor, Resolver):
         if isinstance(event, yaml.AliasEvent):
             self._aliases += 1
             if self._aliases > MAX_ALIASES:
-                raise YAMLLimitError(None, None, f"more than {MAX_ALIASES} aliases (*name); a recipe needs none",
-                                     mark)
+                raise YAMLLimitError(
+                    None,
+                    None,
+                    f"more than {MAX_ALIASES} aliases (*name); a recipe needs none",
+                    mark,
+                )
             if anchor in self._open_anchors:
-                raise YAMLLimitError(None, None, f"alias *{anchor} refers to a value that contains it (a recursive "
-                                     f"structure is not plain data)", mark)
+                raise YAMLLimitError(
+                    None,
+                    None,
+                    f"alias *{anchor} refers to a value that contains it (a recursive "
+                    f"structure is not plain data)",
+                    mark,
+                )
             node = cast(Node, super().compose_node(parent, index))  # raises on an undefined alias
             size = self._anchor_sizes.get(str(anchor), 1)
             self._nodes += size
             self._alias_nodes += size
             if self._alias_nodes > MAX_ALIAS_NODES:
-                raise YAMLLimitError(None, None, f"the aliases expand to more than {MAX_ALIAS_NODES} values (an alias "
-                                     f"bomb?)", mark)
+                raise YAMLLimitError(
+                    None,
+                    None,
+                    f"the aliases expand to more than {MAX_ALIAS_NODES} values (an alias bomb?)",
+                    mark,
+                )
             return node
         self._depth += 1
         if self._depth > MAX_DEPTH:
@@ -106,18 +125,26 @@ class _PlainData(Composer, SafeConstructor, Resolver):
                 continue
             first = seen.setdefault((key.tag, key.value), key)
             if first is not key:
-                raise YAMLLimitError(f"key {key.value!r} first at line {first.start_mark.line + 1}",
-                                     first.start_mark, f"duplicate key {key.value!r} at line {key.start_mark.line + 1} "
-                                     f"(first at line {first.start_mark.line + 1}; YAML would keep only the last)",
-                                     key.start_mark)
+                raise YAMLLimitError(
+                    f"key {key.value!r} first at line {first.start_mark.line + 1}",
+                    first.start_mark,
+                    f"duplicate key {key.value!r} at line {key.start_mark.line + 1} "
+                    f"(first at line {first.start_mark.line + 1}; YAML would keep only the last)",
+                    key.start_mark,
+                )
         return node
 
     def construct_object(self, node: Node, deep: bool = False) -> Any:
         try:
             return super().construct_object(node, deep)
-        except (ValueError, OverflowError) as exc:  # e.g. 2024-13-45 as a date, an int past Python's digit limit
-            raise yaml.constructor.ConstructorError(None, None, f"cannot read {node.value!r:.60} as "
-                                                    f"{node.tag.rsplit(':', 1)[-1]}: {exc}", node.start_mark) from None
+        # e.g. 2024-13-45 as a date, an int past Python's digit limit
+        except (ValueError, OverflowError) as exc:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"cannot read {node.value!r:.60} as {node.tag.rsplit(':', 1)[-1]}: {exc}",
+                node.start_mark,
+            ) from None
 
 
 class _PyPlainDataLoader(_PlainData, yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser):
@@ -130,8 +157,8 @@ class _PyPlainDataLoader(_PlainData, yaml.reader.Reader, yaml.scanner.Scanner, y
 
 PlainDataLoader: type[_PlainData] = _PyPlainDataLoader
 if HAVE_LIBYAML:
-
-    class _CPlainDataLoader(_PlainData, _CParser):  # _PlainData first: its Python composer, not libyaml's
+    # _PlainData first: its Python composer, not libyaml's
+    class _CPlainDataLoader(_PlainData, _CParser):
         def __init__(self, stream: str) -> None:
             _CParser.__init__(self, stream)
             self._start()
@@ -140,10 +167,12 @@ if HAVE_LIBYAML:
 
 
 def load_yaml(text: str) -> Any:
-    """One YAML document as plain data (yaml.safe_load semantics); yaml.YAMLError (YAMLLimitError for the limits)."""
+    """One YAML document as plain data (yaml.safe_load semantics); yaml.YAMLError (YAMLLimitError
+    for the limits)."""
     try:
         text.encode("utf-8")
-    except UnicodeEncodeError as exc:  # a command-line argument that was not UTF-8 (surrogate escapes)
+    # a command-line argument that was not UTF-8 (surrogate escapes)
+    except UnicodeEncodeError as exc:
         raise YAMLLimitError(None, None, f"character {exc.start} is not UTF-8 text", None) from None
     loader = PlainDataLoader(text)  # type: ignore[call-arg]
     try:
@@ -153,35 +182,49 @@ def load_yaml(text: str) -> Any:
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return name
     return "not a regular file"
 
 
 def read_text(path: Path, max_bytes: int = MAX_FILE_BYTES) -> str:
-    """The file as UTF-8 text, reading at most max_bytes + 1 bytes of a regular file; FileNotReadable otherwise."""
+    """The file as UTF-8 text, reading at most max_bytes + 1 bytes of a regular file;
+    FileNotReadable otherwise."""
     try:
         info = os.stat(path)
     except FileNotFoundError:
-        raise FileNotReadable("file not found", "fix the path (an `include:` is relative to the including file)") from None
+        raise FileNotReadable(
+            "file not found", "fix the path (an `include:` is relative to the including file)"
+        ) from None
     except ValueError:
         raise FileNotReadable("not a valid file name", "fix the path") from None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise FileNotReadable("symlink loop", "point the link at a real file") from None
-        raise FileNotReadable(f"cannot read: {exc.strerror}", "check the file and its permissions") from None
+        raise FileNotReadable(
+            f"cannot read: {exc.strerror}", "check the file and its permissions"
+        ) from None
     if not stat.S_ISREG(info.st_mode):
         raise FileNotReadable(f"{_kind(info.st_mode)}, not a regular file", "name a .yaml file")
-    too_big = FileNotReadable(f"larger than {max_bytes} bytes (the cap for a recipe file)",
-                              "a recipe is a few KiB of settings: check this is the file you meant")
+    too_big = FileNotReadable(
+        f"larger than {max_bytes} bytes (the cap for a recipe file)",
+        "a recipe is a few KiB of settings: check this is the file you meant",
+    )
     if info.st_size > max_bytes:
         raise too_big
     try:  # O_NONBLOCK: a FIFO swapped in after the stat must not block the open
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
-        raise FileNotReadable(f"cannot read: {exc.strerror}", "check the file and its permissions") from None
+        raise FileNotReadable(
+            f"cannot read: {exc.strerror}", "check the file and its permissions"
+        ) from None
     with os.fdopen(fd, "rb") as fh:
         if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
             raise FileNotReadable("not a regular file", "name a .yaml file")
@@ -192,5 +235,6 @@ def read_text(path: Path, max_bytes: int = MAX_FILE_BYTES) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
-        raise FileNotReadable(f"line {line} (byte {exc.start}) is not UTF-8 ({exc.reason})",
-                              "save the file as UTF-8") from None
+        raise FileNotReadable(
+            f"line {line} (byte {exc.start}) is not UTF-8 ({exc.reason})", "save the file as UTF-8"
+        ) from None

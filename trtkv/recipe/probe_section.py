@@ -1,6 +1,6 @@
-"""The recipe's probe section (`trtkv probe`: KV formats against the unquantized model, context lengths, needle
-trials, the engine attention numerics measured, the probe's dtype and placement on the GPUs). Its own module so the
-schema stays readable; trtkv.recipe.schema re-exports it."""
+"""The recipe's probe section (`trtkv probe`: KV formats against the unquantized model, context
+lengths, needle trials, the engine attention numerics measured, the probe's dtype and placement on
+the GPUs). Its own module so the schema stays readable; trtkv.recipe.schema re-exports it."""
 
 from __future__ import annotations
 
@@ -16,32 +16,62 @@ from trtkv.recipe.sections import _Section
 
 class ProbeConfig(_Section):
     formats: list[str] = Field(
-        [f.value for f in (KVFormat.BF16, KVFormat.FP8, KVFormat.FP8_SCALE1, KVFormat.INT8, KVFormat.INT8_TOKEN,
-                           KVFormat.INT4_G64, KVFormat.KIVI4, KVFormat.KIVI2)],
-        description="KV formats to compare against the unquantized model: any `trtkv probe --formats` name ("
-                    + ", ".join(all_format_names()) + ").",
+        [
+            f.value
+            for f in (
+                KVFormat.BF16,
+                KVFormat.FP8,
+                KVFormat.FP8_SCALE1,
+                KVFormat.INT8,
+                KVFormat.INT8_TOKEN,
+                KVFormat.INT4_G64,
+                KVFormat.KIVI4,
+                KVFormat.KIVI2,
+            )
+        ],
+        description="KV formats to compare against the unquantized model: any `trtkv probe "
+        "--formats` name (" + ", ".join(all_format_names()) + ").",
     )
 
     @field_validator("formats")
     @classmethod
     def _known_formats(cls, values: list[str]) -> list[str]:
-        """Probe format names as `trtkv probe --formats` takes them (engine variants such as fp8_attn_head too)."""
+        """Probe format names as `trtkv probe --formats` takes them (engine variants such as
+        fp8_attn_head too)."""
         bad = [v for v in values if v.strip().lower() not in all_format_names()]
         if bad:
-            raise ValueError(f"{bad[0]!r} is not a probe format; allowed: {', '.join(all_format_names())}")
+            raise ValueError(
+                f"{bad[0]!r} is not a probe format; allowed: {', '.join(all_format_names())}"
+            )
         return [v.strip().lower() for v in values]
-    lengths: list[int] = Field([512, 1024, 2048, 4096, 8192], description="Context lengths (tokens).")
-    needle_depths: list[float] = Field([0.1, 0.5, 0.9], description="Relative depths of the hidden passkey.")
+
+    lengths: list[int] = Field(
+        [512, 1024, 2048, 4096, 8192], description="Context lengths (tokens)."
+    )
+    needle_depths: list[float] = Field(
+        [0.1, 0.5, 0.9], description="Relative depths of the hidden passkey."
+    )
     needle_seeds: int = bounded(5, "requests", description="Needle trials per (depth, length).")
-    attention: str = Field("auto", description="Attention numerics measured besides the stored cache alone "
-                           "(`cache_only`, always measured): `auto` (what the recipe's engine, flags and GPU compute, "
-                           "e.g. FP8 Q and P on Hopper), `cache_only`, or modes separated by commas "
-                           "(docs/kv-formats.md).")
+    attention: str = Field(
+        "auto",
+        description="Attention numerics measured besides the stored cache alone "
+        "(`cache_only`, always measured): `auto` (what the recipe's engine, flags and GPU compute, "
+        "e.g. FP8 Q and P on Hopper), `cache_only`, or modes separated by commas "
+        "(docs/kv-formats.md).",
+    )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="Probe weights/compute dtype: `auto` = the model's 16-bit dtype on GPUs, float32 on CPU.")
-    prefill_chunk: int | None = bounded(None, "positions", description="Tokens per prefill chunk (None: one pass on "
-                                        "the CPU, 2048 on GPUs).")
-    offload: bool = Field(False, description="Layers that do not fit the GPUs go to CPU memory (accelerate offload).")
+        "auto",
+        description="Probe weights/compute dtype: `auto` = the model's 16-bit dtype on GPUs, "
+        "float32 on CPU.",
+    )
+    prefill_chunk: int | None = bounded(
+        None,
+        "positions",
+        description="Tokens per prefill chunk (None: one pass on the CPU, 2048 on GPUs).",
+    )
+    offload: bool = Field(
+        False, description="Layers that do not fit the GPUs go to CPU memory (accelerate offload)."
+    )
 
     @field_validator("attention")
     @classmethod
@@ -55,7 +85,10 @@ class ProbeConfig(_Section):
             return AUTO
         bad = [n for n in names if n not in allowed]
         if bad or not names:
-            raise ValueError(f"{(bad or [value])[0]!r} is not an attention mode; allowed: {AUTO}, {', '.join(allowed)}")
+            raise ValueError(
+                f"{(bad or [value])[0]!r} is not an attention mode; allowed: {AUTO}, "
+                f"{', '.join(allowed)}"
+            )
         return ",".join(names)
 
     @field_validator("lengths")

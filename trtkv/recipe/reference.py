@@ -1,4 +1,5 @@
-"""The recipe reference in docs/recipes.md, generated from the schema (a test checks it is current)."""
+"""The recipe reference in docs/recipes.md, generated from the schema (a test checks it is
+current)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from trtkv.recipe.limits import RANGES
 from trtkv.recipe.schema import Recipe
 
 # ---------------------------------------------------------------------------------------------
-# The recipe reference in docs/recipes.md is generated from the schema (a test checks it is current).
+# The recipe reference in docs/recipes.md is generated from the schema (a test checks it is
+# current).
 
 
 def _type_name(ann: Any) -> str:
@@ -34,15 +36,21 @@ def reference_markdown() -> str:
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             for name, sub in ann.model_fields.items():
                 default = "required" if sub.is_required() else _show_default(sub.default)
-                lines.append(f"| `{section}.{name}` | {_type_name(sub.annotation)}{_range(sub)} | {default} | "
-                             f"{sub.description or ''} |")
+                lines.append(
+                    f"| `{section}.{name}` | {_type_name(sub.annotation)}{_range(sub)} | {default} "
+                    f"| {sub.description or ''} |"
+                )
         else:
-            lines.append(f"| `{section}` | {_type_name(ann)} | {_show_default(field.default)} | {field.description or ''} |")
+            lines.append(
+                f"| `{section}` | {_type_name(ann)} | {_show_default(field.default)} | "
+                f"{field.description or ''} |"
+            )
     return "\n".join(lines)
 
 
 def _range(field: Any) -> str:
-    """`, 1..1,024` for a field bounded by trtkv.recipe.limits (the table below the reference says why)."""
+    """`, 1..1,024` for a field bounded by trtkv.recipe.limits (the table below the reference says
+    why)."""
     extra = field.json_schema_extra
     name = extra.get("range") if isinstance(extra, dict) else None
     if not isinstance(name, str) or name not in RANGES:

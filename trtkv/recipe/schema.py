@@ -1,7 +1,8 @@
-"""The recipe schema: enums (the one source of truth for every choice) and the pydantic sections (extra keys
-forbidden, validators that list the valid values); the section base and quantization live in recipe/sections.py, the
-triton, bench and probe sections in recipe/triton_section.py, bench_section.py and probe_section.py, re-exported here;
-the model section in recipe/model_section.py."""
+"""The recipe schema: enums (the one source of truth for every choice) and the pydantic sections
+(extra keys forbidden, validators that list the valid values); the section base and quantization
+live in recipe/sections.py, the triton, bench and probe sections in recipe/triton_section.py,
+bench_section.py and probe_section.py, re-exported here; the model section in
+recipe/model_section.py."""
 
 from __future__ import annotations
 
@@ -45,54 +46,71 @@ from trtkv.recipe.triton_section import TritonConfig  # noqa: F401 - re-exported
 # ---------------------------------------------------------------------------------------------
 # Schema
 
+
 class CalibrationConfig(_Section):
     dataset: str = Field(
         "calibration_data/calib/*.jsonl",
-        description="`.jsonl` (`{\"text\": ...}`) or `.txt` file, folder or glob; relative paths are from the project root.",
+        description='`.jsonl` (`{"text": ...}`) or `.txt` file, folder or glob; relative paths '
+        "are from the project root.",
     )
     num_samples: int = bounded(16, "requests", description="Calibration sequences.")
     seq_len: int = bounded(256, "positions", description="Tokens per calibration sequence.")
     batch_size: int = bounded(4, "batch", description="Sequences per forward pass.")
-    seed: int = bounded(1234, "seed", description="Seed for sample selection (same seed, same scales).")
+    seed: int = bounded(
+        1234, "seed", description="Seed for sample selection (same seed, same scales)."
+    )
 
 
 class BuildConfig(_Section):
     backend: Backend = Field(
         Backend.TENSORRT,
-        description="Engine backend: tensorrt (trtllm-build engines, TensorRT-LLM <= 1.2.x), llmapi (the LLM API on "
-        "the HF checkpoint, any TensorRT-LLM; `pytorch` is accepted as an alias), reference (trtkv's CPU runtime), "
-        "vllm (vLLM's OpenAI server on the HF checkpoint), sglang (SGLang's OpenAI server on the HF checkpoint, GPU only).",
+        description="Engine backend: tensorrt (trtllm-build engines, TensorRT-LLM <= 1.2.x), "
+        "llmapi (the LLM API on the HF checkpoint, any TensorRT-LLM; `pytorch` is accepted as an "
+        "alias), reference (trtkv's CPU runtime), vllm (vLLM's OpenAI server on the HF "
+        "checkpoint), sglang (SGLang's OpenAI server on the HF checkpoint, GPU only).",
     )
     max_batch_size: int = bounded(8, "batch", description="Largest in-flight batch.")
     max_input_len: int = bounded(2048, "positions", description="Longest prompt in tokens.")
     max_seq_len: int = bounded(4096, "positions", description="Prompt + generated tokens.")
-    max_num_tokens: int = bounded(8192, "positions", description="Tokens per engine step (packed batch).")
+    max_num_tokens: int = bounded(
+        8192, "positions", description="Tokens per engine step (packed batch)."
+    )
     tp_size: int = bounded(1, "gpus", description="Tensor parallelism.")
     pp_size: int = bounded(1, "gpus", description="Pipeline parallelism.")
-    gemm_plugin: GemmPlugin = Field(GemmPlugin.AUTO, description="trtllm-build `--gemm_plugin`; auto follows "
-                                    "TensorRT-LLM's perf best practices: FP8 weights: fp8 at max_batch_size <= 4 (the "
-                                    "experimental FP8 plugin's small-batch case), else disable; other weights: the "
-                                    "model dtype.")
+    gemm_plugin: GemmPlugin = Field(
+        GemmPlugin.AUTO,
+        description="trtllm-build `--gemm_plugin`; auto follows "
+        "TensorRT-LLM's perf best practices: FP8 weights: fp8 at max_batch_size <= 4 (the "
+        "experimental FP8 plugin's small-batch case), else disable; other weights: the "
+        "model dtype.",
+    )
     use_paged_context_fmha: bool = Field(
         True,
-        description="trtllm-build `--use_paged_context_fmha` (needed for chunked context and KV reuse); forced off "
-        "for an INT8 KV cache (TensorRT-LLM refuses it) and for an FP8 KV cache without FP8 weights.",
+        description="trtllm-build `--use_paged_context_fmha` (needed for chunked context and KV "
+        "reuse); forced off for an INT8 KV cache (TensorRT-LLM refuses it) and for an FP8 KV cache "
+        "without FP8 weights.",
     )
     use_fp8_context_fmha: bool | None = Field(
         None,
-        description="trtllm-build `--use_fp8_context_fmha`; default: on exactly when the KV cache and the weights "
-        "are both FP8 (TensorRT-LLM needs both).",
+        description="trtllm-build `--use_fp8_context_fmha`; default: on exactly when the KV cache "
+        "and the weights are both FP8 (TensorRT-LLM needs both).",
     )
     multiple_profiles: bool = Field(True, description="trtllm-build `--multiple_profiles`.")
     tokens_per_block: int = bounded(32, "positions", description="Paged KV block size in tokens.")
-    mamba_cache_dtype: StateDtype = Field("auto", description="Linear-attention / Mamba conv state dtype (vLLM "
-                                          "--mamba-cache-dtype; auto: the model dtype).")
-    mamba_ssm_cache_dtype: StateDtype = Field("auto", description="Recurrent state dtype (vLLM --mamba-ssm-cache-dtype;"
-                                              " auto: the engine's default, trtkv.recipe.state.state_dtypes).")
+    mamba_cache_dtype: StateDtype = Field(
+        "auto",
+        description="Linear-attention / Mamba conv state dtype (vLLM "
+        "--mamba-cache-dtype; auto: the model dtype).",
+    )
+    mamba_ssm_cache_dtype: StateDtype = Field(
+        "auto",
+        description="Recurrent state dtype (vLLM --mamba-ssm-cache-dtype;"
+        " auto: the engine's default, trtkv.recipe.state.state_dtypes).",
+    )
     tensorrt_llm_version: str = Field(
         versions.DEFAULT_TRTLLM,
-        description="TensorRT-LLM release that builds and serves the engine; picks the Triton image from trtkv's "
-        "version matrix (`trtkv/data/trtllm_versions.json`).",
+        description="TensorRT-LLM release that builds and serves the engine; picks the Triton "
+        "image from trtkv's version matrix (`trtkv/data/trtllm_versions.json`).",
     )
 
     @field_validator("backend", mode="before")
@@ -103,50 +121,72 @@ class BuildConfig(_Section):
     @field_validator("tensorrt_llm_version")
     @classmethod
     def _known_release(cls, value: str) -> str:
-        """A release the version matrix knows, matched whole (it lands in image names and shell lines)."""
+        """A release the version matrix knows, matched whole (it lands in image names and shell
+        lines)."""
         releases = versions.supported_trtllm()
         builds = [row.tensorrt_llm for row in versions.rows() if row.tensorrt_llm not in releases]
         if value not in releases and value not in builds:
             extra = f" (or the NGC build {', '.join(dict.fromkeys(builds))})" if builds else ""
-            raise ValueError(f"TensorRT-LLM {value!r} is not in trtkv's version matrix (the whole version must match). "
-                             f"Allowed: {', '.join(releases)}{extra}")
+            raise ValueError(
+                f"TensorRT-LLM {value!r} is not in trtkv's version matrix (the whole version must "
+                f"match). Allowed: {', '.join(releases)}{extra}"
+            )
         return value
 
 
 class HardwareConfig(_Section):
     gpu: GPU = Field(GPU.CPU, description="Target accelerator, or `cpu`.")
-    count: int = bounded(1, "gpus", description="GPUs used by one model instance (= tp_size x pp_size).")
-    gpus_per_node: int = bounded(8, "gpus", description="GPUs in one node; a model instance larger than this spans "
-                               "count / gpus_per_node whole nodes (`trtkv deploy`).")
-    memory_gib: float | None = bounded(None, "memory_gib", description="Override the GPU's memory (GiB).")
-    hbm_bandwidth_gbps: float | None = bounded(None, "bandwidth_gbps", description="Override the GPU's memory bandwidth (GB/s).")
-    activation_reserve_gib: float | None = Field(None, description="Removed (a value is refused): each engine's own "
-                                                 "memory rule sizes activation and buffers (docs/plan.md).")
+    count: int = bounded(
+        1, "gpus", description="GPUs used by one model instance (= tp_size x pp_size)."
+    )
+    gpus_per_node: int = bounded(
+        8,
+        "gpus",
+        description="GPUs in one node; a model instance larger than this spans "
+        "count / gpus_per_node whole nodes (`trtkv deploy`).",
+    )
+    memory_gib: float | None = bounded(
+        None, "memory_gib", description="Override the GPU's memory (GiB)."
+    )
+    hbm_bandwidth_gbps: float | None = bounded(
+        None, "bandwidth_gbps", description="Override the GPU's memory bandwidth (GB/s)."
+    )
+    activation_reserve_gib: float | None = Field(
+        None,
+        description="Removed (a value is refused): each engine's own "
+        "memory rule sizes activation and buffers (docs/plan.md).",
+    )
 
     @field_validator("activation_reserve_gib")
     @classmethod
     def _reserve_removed(cls, value: float | None) -> float | None:
         if value is not None:
-            raise ValueError("no longer used: the planner follows each engine's own memory rule (activation from the "
-                             "architecture and the batch limits). Remove it; to keep memory free, lower the engine's "
-                             "knob (triton.gpu_memory_utilization for vllm, triton.mem_fraction_static for sglang, "
-                             "triton.kv_cache_free_gpu_mem_fraction for llmapi/tensorrt) or set "
-                             "triton.kv_pool_gib_per_gpu")
+            raise ValueError(
+                "no longer used: the planner follows each engine's own memory rule (activation "
+                "from the architecture and the batch limits). Remove it; to keep memory free, "
+                "lower the engine's knob (triton.gpu_memory_utilization for vllm, "
+                "triton.mem_fraction_static for sglang, triton.kv_cache_free_gpu_mem_fraction for "
+                "llmapi/tensorrt) or set triton.kv_pool_gib_per_gpu"
+            )
         return value
 
     @field_validator("gpu", mode="before")
     @classmethod
     def _gpu_by_any_name(cls, value: Any) -> Any:
-        """trtkv's name, nvidia-smi's (`NVIDIA H100 80GB HBM3`) or GPU feature discovery's label value."""
+        """trtkv's name, nvidia-smi's (`NVIDIA H100 80GB HBM3`) or GPU feature discovery's label
+        value."""
         if isinstance(value, str) and gpu_from_name(value) is None:
-            raise ValueError(f"unknown GPU {value[:80]!r}: use one of {known_gpus()} (a name as nvidia-smi prints "
-                             f"it, e.g. 'NVIDIA H100 80GB HBM3', works too); for a GPU not listed pick the nearest "
-                             f"and set hardware.memory_gib and hardware.hbm_bandwidth_gbps")
+            raise ValueError(
+                f"unknown GPU {value[:80]!r}: use one of {known_gpus()} (a name as nvidia-smi "
+                "prints it, e.g. 'NVIDIA H100 80GB HBM3', works too); for a GPU not listed pick "
+                "the nearest and set hardware.memory_gib and hardware.hbm_bandwidth_gbps"
+            )
         return gpu_from_name(value) if isinstance(value, str) else value
 
 
 class Recipe(_Section):
-    """One deployment: model, quantization, calibration, build, hardware, serving and benchmark settings."""
+    """One deployment: model, quantization, calibration, build, hardware, serving and benchmark
+    settings."""
 
     model: ModelConfig
     quantization: QuantizationConfig = QuantizationConfig()
@@ -163,7 +203,9 @@ class Recipe(_Section):
     def _printable(cls, value: str) -> str:
         """One line: it lands in `trtkv ls`, READMEs and reports."""
         if not value.isprintable():
-            raise ValueError("must be one line of printable text (no line breaks or control characters)")
+            raise ValueError(
+                "must be one line of printable text (no line breaks or control characters)"
+            )
         return value
 
     _name: str = PrivateAttr("")
@@ -171,11 +213,20 @@ class Recipe(_Section):
 
     @model_validator(mode="after")
     def _fidelity_by_default(self) -> Recipe:
-        """A quantized KV cache is benched against what its format predicts unless the recipe names its tasks (not
-        on Triton's llmapi layout: its model returns a cumulative log-prob only, trtkv.bench.fidelity_served)."""
-        able = self.build.backend.value not in NO_TOKEN_LOG_PROBS_ON_TRITON or self.bench.protocol is Protocol.OPENAI
+        """A quantized KV cache is benched against what its format predicts unless the recipe names
+        its tasks (not on Triton's llmapi layout: its model returns a cumulative log-prob only,
+        trtkv.bench.fidelity_served)."""
+        able = (
+            self.build.backend.value not in NO_TOKEN_LOG_PROBS_ON_TRITON
+            or self.bench.protocol is Protocol.OPENAI
+        )
         quantized = self.quantization.kv_cache is not KVCacheQuant.NONE
-        if quantized and able and "tasks" not in self.bench.model_fields_set and BenchTask.FIDELITY not in self.bench.tasks:
+        if (
+            quantized
+            and able
+            and "tasks" not in self.bench.model_fields_set
+            and BenchTask.FIDELITY not in self.bench.tasks
+        ):
             self.bench.tasks = [*self.bench.tasks, BenchTask.FIDELITY]
         return self
 
@@ -199,15 +250,18 @@ class Recipe(_Section):
 
     @property
     def fp8_context_fmha(self) -> bool:
-        """`--use_fp8_context_fmha`: the recipe's flag, by default on exactly when KV and weights are both FP8."""
+        """`--use_fp8_context_fmha`: the recipe's flag, by default on exactly when KV and weights
+        are both FP8."""
         flag = self.build.use_fp8_context_fmha
         return self.fp8_kv_and_weights if flag is None else flag
 
     @property
     def kv_format(self) -> KVFormat:
-        """The KV cache format the recipe deploys (trtkv.kvcache.formats), the model dtype when unquantized."""
+        """The KV cache format the recipe deploys (trtkv.kvcache.formats), the model dtype when
+        unquantized."""
         kv = self.quantization.kv_cache
-        if kv in (KVCacheQuant.FP8, KVCacheQuant.FP8_ATTN_HEAD):  # fp8_attn_head: fp8's storage, scales per head
+        # fp8_attn_head: fp8's storage, scales per head
+        if kv in (KVCacheQuant.FP8, KVCacheQuant.FP8_ATTN_HEAD):
             return KVFormat.FP8
         if kv is KVCacheQuant.INT8:
             return KVFormat.INT8
@@ -224,25 +278,31 @@ class Recipe(_Section):
 
     @property
     def kv_format_label(self) -> str:
-        """The deployed KV format, with the layers kept in the model dtype, e.g. `fp8` or `fp8+bf16[0,29]`."""
+        """The deployed KV format, with the layers kept in the model dtype, e.g. `fp8` or
+        `fp8+bf16[0,29]`."""
         skip = self.quantization.kv_skip_layers
-        base = KVCacheQuant.FP8_ATTN_HEAD.value if self.quantization.kv_cache is KVCacheQuant.FP8_ATTN_HEAD else \
-            self.kv_format.value
+        base = (
+            KVCacheQuant.FP8_ATTN_HEAD.value
+            if self.quantization.kv_cache is KVCacheQuant.FP8_ATTN_HEAD
+            else self.kv_format.value
+        )
         return f"{base}+{self.kv_skip_format.value}[{','.join(map(str, skip))}]" if skip else base
 
     @property
     def chunked_context(self) -> bool:
-        """Prompts longer than max_num_tokens need chunked context/prefill; every backend then turns it on
-        (tensorrt: enable_chunked_context + paged context FMHA; LLM API: enable_chunked_prefill; reference: chunked
-        prefill passes of max_num_tokens)."""
+        """Prompts longer than max_num_tokens need chunked context/prefill; every backend then turns
+        it on (tensorrt: enable_chunked_context + paged context FMHA; LLM API:
+        enable_chunked_prefill; reference: chunked prefill passes of max_num_tokens)."""
         return self.build.max_input_len > self.build.max_num_tokens
 
     @property
     def paged_context_fmha(self) -> bool:
-        """`--use_paged_context_fmha`: the recipe's flag, forced off where TensorRT-LLM cannot run it.
+        """`--use_paged_context_fmha`: the recipe's flag, forced off where TensorRT-LLM cannot run
+        it.
 
-        INT8 KV: "Paged Context FMHA doesn't work with int8 kv cache currently" (builder and attention plugin).
-        FP8 KV without FP8 weights: "FP8 Paged Context FMHA only works with fp8 quantization workflow".
+        INT8 KV: "Paged Context FMHA doesn't work with int8 kv cache currently" (builder and
+        attention plugin). FP8 KV without FP8 weights: "FP8 Paged Context FMHA only works with fp8
+        quantization workflow".
         """
         kv = self.quantization.kv_cache
         if kv is KVCacheQuant.INT8 or (kv is KVCacheQuant.FP8 and not self.fp8_kv_and_weights):
@@ -266,5 +326,3 @@ def _dig(data: dict[str, Any], dotted: str) -> Any:
     for part in dotted.split("."):
         data = data[part]
     return data
-
-

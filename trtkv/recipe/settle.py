@@ -1,7 +1,8 @@
-"""The check that the recipe text `trtkv init` renders (trtkv.checkpoints.render) validates for its engine, in memory under
-the user's file name. A default the engine refuses is changed where one field settles it (weights none -> fp8 for
-vLLM's ModelOpt loader, max_num_tokens raised to max_input_len for trtllm-build without paged context FMHA); anything
-else is refused naming the user's file and the flag that set it. Also the batch init sizes from what fits."""
+"""The check that the recipe text `trtkv init` renders (trtkv.checkpoints.render) validates for its
+engine, in memory under the user's file name. A default the engine refuses is changed where one
+field settles it (weights none -> fp8 for vLLM's ModelOpt loader, max_num_tokens raised to
+max_input_len for trtllm-build without paged context FMHA); anything else is refused naming the
+user's file and the flag that set it. Also the batch init sizes from what fits."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ DEFAULT_NUM_TOKENS = 8192  # tokens per engine step (vLLM's max_num_batched_toke
 
 @dataclass
 class Settings:
-    """The engine settings of one attempt: init changes weights/num_tokens/batch between attempts, never the flags."""
+    """The engine settings of one attempt: init changes weights/num_tokens/batch between attempts,
+    never the flags."""
 
     gpu: str
     count: int
@@ -31,7 +33,8 @@ class Settings:
     seq_len: int
     batch: int
     num_tokens: int = DEFAULT_NUM_TOKENS
-    why: dict[str, str] = field(default_factory=dict)  # field -> why init moved it off its default (a comment)
+    # field -> why init moved it off its default (a comment)
+    why: dict[str, str] = field(default_factory=dict)
 
     @property
     def input_len(self) -> int:
@@ -39,19 +42,31 @@ class Settings:
         return max(1, self.seq_len - max(1, self.seq_len // 8))
 
 
-MAX_BATCH = 256  # the most sequences init sizes max_batch_size to (vLLM's max_num_seqs below 70 GiB); --concurrency
-CPU_BATCH = 16  # the CPU's capacity is the host's RAM, so a fixed batch keeps the recipe the same on every machine
+# the most sequences init sizes max_batch_size to (vLLM's max_num_seqs below 70 GiB); --concurrency
+MAX_BATCH = 256
+# the CPU's capacity is the host's RAM, so a fixed batch keeps the recipe the same on every machine
+CPU_BATCH = 16
 
-# The init flag that sets each recipe field (a refusal names it); fields absent here are derived from these
-FLAGS = {"quantization.weights": "--weights", "quantization.kv_cache": "--kv-cache", "build.backend": "--backend",
-         "hardware.gpu": "--gpu", "hardware.count": "--count", "build.tp_size": "--count", "build.pp_size": "--count",
-         "build.max_seq_len": "--max-seq-len", "build.max_input_len": "--max-seq-len",
-         "build.max_batch_size": "--concurrency", "build.max_num_tokens": "--concurrency"}
+# The init flag that sets each recipe field (a refusal names it); fields absent here are derived
+# from these
+FLAGS = {
+    "quantization.weights": "--weights",
+    "quantization.kv_cache": "--kv-cache",
+    "build.backend": "--backend",
+    "hardware.gpu": "--gpu",
+    "hardware.count": "--count",
+    "build.tp_size": "--count",
+    "build.pp_size": "--count",
+    "build.max_seq_len": "--max-seq-len",
+    "build.max_input_len": "--max-seq-len",
+    "build.max_batch_size": "--concurrency",
+    "build.max_num_tokens": "--concurrency",
+}
 
 
 def check(name: str, out: Path, text: str) -> tuple[Recipe, list[tuple[str, str]]]:
-    """The text validated as the recipe `out` (in memory: a schema error names the user's file), and the cross-field
-    and engine rules it breaks."""
+    """The text validated as the recipe `out` (in memory: a schema error names the user's file), and
+    the cross-field and engine rules it breaks."""
     from pydantic import ValidationError
 
     from trtkv.recipe.loader import validate_data
@@ -70,17 +85,21 @@ def check(name: str, out: Path, text: str) -> tuple[Recipe, list[tuple[str, str]
     return recipe, cross_field_problems(recipe)
 
 
-def settle(name: str, out: Path, s: Settings, given: dict[str, str],
-           render: Callable[[Settings], str]) -> tuple[str, Recipe]:
-    """Render and check until the engine accepts the recipe, moving each default the rules refuse where that field
-    alone settles it; otherwise a refusal of what is left (a moved field's problem as it was before the move)."""
+def settle(
+    name: str, out: Path, s: Settings, given: dict[str, str], render: Callable[[Settings], str]
+) -> tuple[str, Recipe]:
+    """Render and check until the engine accepts the recipe, moving each default the rules refuse
+    where that field alone settles it; otherwise a refusal of what is left (a moved field's problem
+    as it was before the move)."""
     before: dict[str, str] = {}  # field -> the problem that made init move it
     for _attempt in range(3):
         text = render(s)
         recipe, problems = check(name, out, text)
         if not problems:
             return text, recipe
-        moved = [where for where, msg in problems if where not in before and _move(s, where, msg, given)]
+        moved = [
+            where for where, msg in problems if where not in before and _move(s, where, msg, given)
+        ]
         before.update((where, msg) for where, msg in problems if where in moved)
         left = [(where, before.get(where, msg)) for where, msg in problems if where not in moved]
         if left or not moved:
@@ -89,7 +108,8 @@ def settle(name: str, out: Path, s: Settings, given: dict[str, str],
 
 
 def _move(s: Settings, where: str, msg: str, given: dict[str, str]) -> bool:
-    """Move the default at `where` so the rule that refused it holds, when init chose it and one value settles it."""
+    """Move the default at `where` so the rule that refused it holds, when init chose it and one
+    value settles it."""
     if where == "quantization.weights" and "--weights" not in given and s.weights == "none":
         s.weights = "fp8"
         s.why[where] = f"not none, which this engine refuses: {_first_sentence(msg)}"
@@ -101,27 +121,46 @@ def _move(s: Settings, where: str, msg: str, given: dict[str, str]) -> bool:
     return False
 
 
-def refusal(out: Path, problems: list[tuple[str, str]], given: dict[str, str],
-            header: str = "Recipe not written") -> RecipeError:
-    """A RecipeError naming the user's file, each refused field and the flag that set it (or the default that did)."""
+def refusal(
+    out: Path,
+    problems: list[tuple[str, str]],
+    given: dict[str, str],
+    header: str = "Recipe not written",
+) -> RecipeError:
+    """A RecipeError naming the user's file, each refused field and the flag that set it (or the
+    default that did)."""
     lines = []
     for where, msg in problems:
         flag = FLAGS.get(where)
-        how = (f" (from {flag} {given[flag]})" if flag in given else
-               f" (trtkv init's default; choose it with {flag})" if flag else "")
-        lines.append(f"{out}: {where}{how}: {msg}. Next: change {flag or 'the flags'} and run trtkv init again")
+        how = (
+            f" (from {flag} {given[flag]})"
+            if flag in given
+            else f" (trtkv init's default; choose it with {flag})"
+            if flag
+            else ""
+        )
+        lines.append(
+            f"{out}: {where}{how}: {msg}. Next: change {flag or 'the flags'} and run trtkv init "
+            "again"
+        )
     return RecipeError(lines, header=header)
 
 
 def batch_for(fits: int, concurrency: int | None, on_cpu: bool) -> tuple[int, str]:
-    """max_batch_size and why: --concurrency, else what fits at max_seq_len (at most MAX_BATCH); CPU_BATCH on the CPU."""
+    """max_batch_size and why: --concurrency, else what fits at max_seq_len (at most MAX_BATCH);
+    CPU_BATCH on the CPU."""
     if concurrency:
         return concurrency, f"--concurrency {concurrency} (sequences of max_seq_len fit: {fits})"
     if on_cpu:
-        return CPU_BATCH, "a fixed batch on the CPU (capacity there is this host's RAM: `trtkv plan` shows it)"
+        return (
+            CPU_BATCH,
+            "a fixed batch on the CPU (capacity there is this host's RAM: `trtkv plan` shows it)",
+        )
     batch = max(1, min(fits, MAX_BATCH))
-    return batch, (f"{fits} sequences of max_seq_len fit (trtkv plan)" + (f"; at most {MAX_BATCH} unless "
-                                                                         f"--concurrency" if fits > MAX_BATCH else ""))
+    return batch, (
+        f"{fits} sequences of max_seq_len fit (trtkv plan)"
+        + (f"; at most {MAX_BATCH} unless --concurrency" if fits > MAX_BATCH else "")
+    )
 
 
 def _first_sentence(text: str) -> str:

@@ -1,6 +1,6 @@
-"""The recipe's `triton:` section: how the server runs (address, ports, instances), each engine's KV-pool knob under
-its own name, batching, prefix caching, and the deployment's startup budget (storage bandwidth, engine init).
-trtkv.recipe.schema re-exports it."""
+"""The recipe's `triton:` section: how the server runs (address, ports, instances), each engine's
+KV-pool knob under its own name, batching, prefix caching, and the deployment's startup budget
+(storage bandwidth, engine init). trtkv.recipe.schema re-exports it."""
 
 from __future__ import annotations
 
@@ -17,48 +17,91 @@ class TritonConfig(_Section):
     http_port: int = Field(8000, gt=0, lt=65536, description="HTTP port.")
     grpc_port: int = Field(8001, gt=0, lt=65536, description="gRPC port.")
     metrics_port: int = Field(8002, gt=0, lt=65536, description="Metrics port.")
-    instance_count: int = bounded(1, "batch", description="Model instances (CPU: one per core is the ceiling).")
+    instance_count: int = bounded(
+        1, "batch", description="Model instances (CPU: one per core is the ceiling)."
+    )
     decoupled: bool = Field(True, description="Decoupled model (streaming responses).")
-    # --- the KV pool: each engine's knob under its own name (None: its default at trtkv's pinned release), as sized
+    # --- the KV pool: each engine's knob under its own name (None: its default at trtkv's pinned
+    # release), as sized
     gpu_memory_utilization: float | None = Field(
-        None, gt=0, le=1, description="vLLM `--gpu-memory-utilization`: the share of the device's total memory vLLM "
-        "may use (weights, activation, CUDA graphs and KV). None: vLLM's default (0.92 in 0.32). vllm only.")
+        None,
+        gt=0,
+        le=1,
+        description="vLLM `--gpu-memory-utilization`: the share of the device's total memory vLLM "
+        "may use (weights, activation, CUDA graphs and KV). None: vLLM's default (0.92 in 0.32). "
+        "vllm only.",
+    )
     mem_fraction_static: float | None = Field(
-        None, gt=0, lt=1, description="SGLang `--mem-fraction-static`: weights + KV pool as a share of the memory "
-        "free before loading. None: SGLang's computed default (0.5.23's rule, shown by `trtkv plan`). sglang only.")
+        None,
+        gt=0,
+        lt=1,
+        description="SGLang `--mem-fraction-static`: weights + KV pool as a share of the memory "
+        "free before loading. None: SGLang's computed default (0.5.23's rule, shown by `trtkv "
+        "plan`). sglang only.",
+    )
     kv_cache_free_gpu_mem_fraction: float | None = Field(
-        None, gt=0, le=1, description="TensorRT-LLM: the share of the memory free after weights and the warm-up "
-        "(LLM API) or after the engine and its buffers (engine path) given to the KV cache. None: 0.9 (TensorRT-LLM's "
-        "default). llmapi and tensorrt only.")
+        None,
+        gt=0,
+        le=1,
+        description="TensorRT-LLM: the share of the memory free after weights and the warm-up "
+        "(LLM API) or after the engine and its buffers (engine path) given to the KV cache. None: "
+        "0.9 (TensorRT-LLM's default). llmapi and tensorrt only.",
+    )
     kv_pool_gib_per_gpu: float | None = bounded(
-        None, "memory_gib", description="KV pool per GPU in GiB: pins it where the engine takes a size (vLLM "
-        "`--kv-cache-memory-bytes`), caps it where the engine only caps (SGLang `--max-total-tokens`, TensorRT-LLM "
-        "`max_tokens`): the plan shows min(rule, cap) and which bound applied.")
-    batching_strategy: BatchingStrategy = Field(BatchingStrategy.INFLIGHT_FUSED_BATCHING, description="`gpt_model_type`.")
-    batch_scheduler_policy: SchedulerPolicy = Field(SchedulerPolicy.GUARANTEED_NO_EVICT, description="Scheduler.")
+        None,
+        "memory_gib",
+        description="KV pool per GPU in GiB: pins it where the engine takes a size (vLLM "
+        "`--kv-cache-memory-bytes`), caps it where the engine only caps (SGLang "
+        "`--max-total-tokens`, TensorRT-LLM `max_tokens`): the plan shows min(rule, cap) and "
+        "which bound applied.",
+    )
+    batching_strategy: BatchingStrategy = Field(
+        BatchingStrategy.INFLIGHT_FUSED_BATCHING, description="`gpt_model_type`."
+    )
+    batch_scheduler_policy: SchedulerPolicy = Field(
+        SchedulerPolicy.GUARANTEED_NO_EVICT, description="Scheduler."
+    )
     exclude_input_in_output: bool = Field(True, description="Responses carry only generated text.")
     max_queue_delay_microseconds: int = bounded(0, "delay_us", description="Dynamic batcher delay.")
-    startup_timeout_s: float = bounded(180.0, "timeout_s", description="How long `trtkv serve` waits for readiness.")
-    # --- deploy (#41): prefix caching as each engine ships it, and the deployment's startup budget ---
+    startup_timeout_s: float = bounded(
+        180.0, "timeout_s", description="How long `trtkv serve` waits for readiness."
+    )
+    # --- deploy (#41): prefix caching as each engine ships it, and the deployment's startup budget
+    # ---
     enable_kv_cache_reuse: bool | None = Field(
-        None, description="Prefix caching (KV block reuse), passed explicitly to every engine. None: the engine's own "
-        "default (on for TensorRT-LLM, vLLM and SGLang) where the KV format and build allow it, off with the reason "
-        "where not (`trtkv plan` says which, and what a prefix-cache hit rate does to capacity per format).")
+        None,
+        description="Prefix caching (KV block reuse), passed explicitly to every engine. None: the "
+        "engine's own default (on for TensorRT-LLM, vLLM and SGLang) where the KV format and build "
+        "allow it, off with the reason where not (`trtkv plan` says which, and what a prefix-cache "
+        "hit rate does to capacity per format).",
+    )
     storage_read_gbps: float = bounded(
-        0.5, "storage_gbps", description="`trtkv deploy`: sustained read bandwidth (GB/s) from the models volume into "
-        "one pod or node; the startup probe allows the weights' read at half this rate plus triton.engine_init_s. "
-        "0.5 GB/s: a network filesystem (NFS over 10 GbE tops out near 1.1); local NVMe reads 2-7. Measure yours: "
-        "`dd if=<a weights file on the volume> of=/dev/null bs=16M`.")
+        0.5,
+        "storage_gbps",
+        description="`trtkv deploy`: sustained read bandwidth (GB/s) from the models volume into "
+        "one pod or node; the startup probe allows the weights' read at half this rate plus "
+        "triton.engine_init_s. 0.5 GB/s: a network filesystem (NFS over 10 GbE tops out near 1.1); "
+        "local NVMe reads 2-7. Measure yours: `dd if=<a weights file on the volume> of=/dev/null "
+        "bs=16M`.",
+    )
     engine_init_s: float = bounded(
-        300.0, "timeout_s", description="`trtkv deploy`: seconds from weights read to serving (engine deserialization "
-        "or compilation, CUDA graphs, KV-pool allocation, warm-up), added to the startup probe's budget.")
+        300.0,
+        "timeout_s",
+        description="`trtkv deploy`: seconds from weights read to serving (engine deserialization "
+        "or compilation, CUDA graphs, KV-pool allocation, warm-up), added to the startup probe's "
+        "budget.",
+    )
 
     @field_validator("host")
     @classmethod
     def _ip_or_host_name(cls, value: str) -> str:
-        """An IP address or an RFC 1123 host name, nothing else: it lands in commands, URLs and README `curl` lines."""
+        """An IP address or an RFC 1123 host name, nothing else: it lands in commands, URLs and
+        README `curl` lines."""
         if not is_ip_or_host_name(value):
-            raise ValueError("must be an IP address (v4 or v6, e.g. 127.0.0.1, 0.0.0.0, ::1) or an RFC 1123 host name "
-                             "(letters, digits and '-' in dot-separated labels of 1-63 characters, not starting or "
-                             "ending with '-', at most 253 characters, e.g. localhost or node-1.cluster.local)")
+            raise ValueError(
+                "must be an IP address (v4 or v6, e.g. 127.0.0.1, 0.0.0.0, ::1) or an RFC 1123 "
+                "host name (letters, digits and '-' in dot-separated labels of 1-63 characters, "
+                "not starting or ending with '-', at most 253 characters, e.g. localhost or "
+                "node-1.cluster.local)"
+            )
         return value

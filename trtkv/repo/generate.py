@@ -1,9 +1,11 @@
-"""`trtkv repo`: write triton_repo/<recipe>/ (the TensorRT-LLM backend's inflight_batcher_llm layout).
+"""`trtkv repo`: write triton_repo/<recipe>/ (the TensorRT-LLM backend's inflight_batcher_llm
+layout).
 
-Models: preprocessing (tokenizer), tensorrt_llm (per build backend: `tensorrtllm` engine, LLM-API Python model, or
-trtkv's reference runtime), postprocessing (detokenizer) and ensemble. Every value comes from the recipe; the files
-come from trtkv/repo/templates/. The repository is written to a temporary folder, validated with Triton's own
-protobuf schema (trtkv.repo.validate), and only then renamed into place (trtkv.contracts.stage.run_stage).
+Models: preprocessing (tokenizer), tensorrt_llm (per build backend: `tensorrtllm` engine, LLM-API
+Python model, or trtkv's reference runtime), postprocessing (detokenizer) and ensemble. Every value
+comes from the recipe; the files come from trtkv/repo/templates/. The repository is written to a
+temporary folder, validated with Triton's own protobuf schema (trtkv.repo.validate), and only then
+renamed into place (trtkv.contracts.stage.run_stage).
 """
 
 from __future__ import annotations
@@ -29,11 +31,23 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 SECTIONS = ("model", "quantization", "build", "hardware", "triton")
 MAX_BEAM_WIDTH = 1  # trtkv builds engines with the trtllm-build default of one beam
 SHARED_MODULE = "common/trtkv_model_utils.py"  # copied next to every Python model.py
-TOKENIZER_IN_REPO = "preprocessing/tokenizer"  # inside a model folder: Triton would take a top-level folder for a model
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "generation_config.json")
-LLM_IO = "tensorrt_llm/io.pbtxt"  # upstream's tensorrt_llm tensors, shared by every backend's tensorrt_llm model
-MODEL_YAML = "tensorrt_llm/1/model.yaml"  # upstream's llmapi model.py reads its triton_config from it
+# inside a model folder: Triton would take a top-level folder for a model
+TOKENIZER_IN_REPO = "preprocessing/tokenizer"
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
+# upstream's tensorrt_llm tensors, shared by every backend's tensorrt_llm model
+LLM_IO = "tensorrt_llm/io.pbtxt"
+# upstream's llmapi model.py reads its triton_config from it
+MODEL_YAML = "tensorrt_llm/1/model.yaml"
 
 
 def _has_tokenizer(folder: Path) -> bool:
@@ -41,40 +55,54 @@ def _has_tokenizer(folder: Path) -> bool:
 
 
 def _local_model_dir(recipe: Recipe) -> Path | None:
-    """The model's HF folder with a tokenizer when it is already on disk (never converts or downloads)."""
+    """The model's HF folder with a tokenizer when it is already on disk (never converts or
+    downloads)."""
     folder = model.local_model_dir(recipe)
     return folder if folder is not None and _has_tokenizer(folder) else None
 
 
 def plan_repo(recipe: Recipe) -> RepoPlan:
-    """Resolve paths; the CPU recipe copies its tokenizer in, GPU recipes reference it (warning when absent)."""
+    """Resolve paths; the CPU recipe copies its tokenizer in, GPU recipes reference it (warning when
+    absent)."""
     engine, checkpoint = layout.engine_dir(recipe), layout.checkpoint_dir(recipe)
-    at = layout.served_artifacts(recipe)  # the configs name the paths the server sees (a container: /models/...)
+    # the configs name the paths the server sees (a container: /models/...)
+    at = layout.served_artifacts(recipe)
     plan = RepoPlan(recipe, layout.repo_dir(recipe), engine, checkpoint, None, "", at)
     calibrated = layout.checkpoint_tokenizer_dir(recipe)
     repo = for_recipe(recipe).repo
     if repo is None:
-        raise StageError(f"repo {recipe.name}: backend {recipe.build.backend.value} has no Triton repository: "
-                         f"{_server_name(recipe)} serves the HF export itself. Next: `trtkv serve {recipe.name}` (after "
-                         f"`trtkv build {recipe.name}`).")
+        raise StageError(
+            f"repo {recipe.name}: backend {recipe.build.backend.value} has no Triton repository: "
+            f"{_server_name(recipe)} serves the HF export itself. Next: `trtkv serve "
+            f"{recipe.name}` (after `trtkv build {recipe.name}`)."
+        )
     needed, stage = repo.input(recipe)
-    if repo.tokenizer is TokenizerSource.SERVED_MODEL:  # the engine loads the tokenizer of the checkpoint it serves
+    # the engine loads the tokenizer of the checkpoint it serves
+    if repo.tokenizer is TokenizerSource.SERVED_MODEL:
         plan.tokenizer_ref = str(layout.served_path(recipe, needed))
     elif repo.tokenizer is TokenizerSource.COPY:
         source = calibrated if _has_tokenizer(calibrated) else _local_model_dir(recipe)
         if source is None:
-            raise StageError(f"repo {recipe.name}: no tokenizer to copy: {calibrated} does not exist and the model "
-                             f"({recipe.model.source}) is not on this machine. Next: `trtkv calibrate {recipe.name}`.")
+            raise StageError(
+                f"repo {recipe.name}: no tokenizer to copy: {calibrated} does not exist and the "
+                f"model ({recipe.model.source}) is not on this machine. Next: `trtkv calibrate "
+                f"{recipe.name}`."
+            )
         plan.tokenizer_source, plan.tokenizer_ref = source, TOKENIZER_IN_REPO
     else:
         plan.tokenizer_ref = str(at.tokenizer)
         if not _has_tokenizer(calibrated):
-            plan.warnings.append(f"tokenizer {calibrated} does not exist yet (written by `trtkv calibrate "
-                                 f"{recipe.name}`); the repository references it")
+            plan.warnings.append(
+                f"tokenizer {calibrated} does not exist yet (written by `trtkv calibrate "
+                f"{recipe.name}`); the repository references it"
+            )
     if not (needed / "manifest.json").is_file() and not (needed / "config.json").is_file():
-        plan.warnings.append(f"{needed} does not exist yet (written by `trtkv {stage} {recipe.name}`); "
-                             f"the repository references it")
-    elif (needed / "manifest.json").is_file():  # it exists: it must be this recipe's (model, weights, KV format)
+        plan.warnings.append(
+            f"{needed} does not exist yet (written by `trtkv {stage} {recipe.name}`); "
+            f"the repository references it"
+        )
+    # it exists: it must be this recipe's (model, weights, KV format)
+    elif (needed / "manifest.json").is_file():
         require_input(needed, "repo", stage, recipe)
     return plan
 
@@ -83,8 +111,10 @@ def _layout(recipe: Recipe) -> RepoLayout:
     """The recipe's repository layout (plan_repo refused a backend without one)."""
     repo = for_recipe(recipe).repo
     if repo is None:
-        raise StageError(f"repo {recipe.name}: backend {recipe.build.backend.value} has no Triton repository. Next: "
-                         f"`trtkv serve {recipe.name}`.")
+        raise StageError(
+            f"repo {recipe.name}: backend {recipe.build.backend.value} has no Triton repository. "
+            f"Next: `trtkv serve {recipe.name}`."
+        )
     return repo
 
 
@@ -94,8 +124,8 @@ def _server_name(recipe: Recipe) -> str:
 
 
 def pbtxt_string(text: str) -> str:
-    """`text` escaped for a protobuf text-format "..." literal, so Triton reads back exactly `text` (a `"` or a
-    newline in a path never ends the string or adds a field)."""
+    """`text` escaped for a protobuf text-format "..." literal, so Triton reads back exactly `text`
+    (a `"` or a newline in a path never ends the string or adds a field)."""
     out = []
     for ch in text:
         if ch in "\\\"'":
@@ -110,17 +140,25 @@ def pbtxt_string(text: str) -> str:
 
 
 def comment_text(text: str) -> str:
-    """`text` for a `#` comment line: anything unprintable (a newline would start a new field) becomes `?`."""
+    """`text` for a `#` comment line: anything unprintable (a newline would start a new field)
+    becomes `?`."""
     return "".join(ch if ch.isprintable() else "?" for ch in text)
 
 
 # values that land inside "..." string literals of the templates (paths carry the recipe name)
-STRING_VALUES = ("tokenizer_dir", "engine_dir", "hf_model_dir", "extra_llm_api_options", "llm_module", "llm_step_model")
+STRING_VALUES = (
+    "tokenizer_dir",
+    "engine_dir",
+    "hf_model_dir",
+    "extra_llm_api_options",
+    "llm_module",
+    "llm_step_model",
+)
 
 
 def template_values(plan: RepoPlan) -> dict[str, str]:
-    """Every ${name} the templates use, from the recipe; strings escaped for where they land (defence in depth
-    behind the recipe-name rule)."""
+    """Every ${name} the templates use, from the recipe; strings escaped for where they land
+    (defence in depth behind the recipe-name rule)."""
     values = _raw_values(plan)
     for name in STRING_VALUES:
         values[name] = pbtxt_string(values[name])
@@ -132,7 +170,8 @@ def _raw_values(plan: RepoPlan) -> dict[str, str]:
     r = plan.recipe
     t, b = r.triton, r.build
     flag = lambda value: "true" if value else "false"  # noqa: E731
-    kv_dtype = (layout.kv_cache_quant_algo(r) or "auto").lower()  # fp8 | int8 | auto (the model dtype)
+    # fp8 | int8 | auto (the model dtype)
+    kv_dtype = (layout.kv_cache_quant_algo(r) or "auto").lower()
     return {
         "recipe_name": r.name,
         "triton_max_batch_size": str(b.max_batch_size),
@@ -154,7 +193,8 @@ def _raw_values(plan: RepoPlan) -> dict[str, str]:
         "batching_strategy": t.batching_strategy.value,
         "batch_scheduler_policy": t.batch_scheduler_policy.value,
         **_memory_values(r),
-        "enable_kv_cache_reuse": flag(prefix_cache(r).enabled),  # explicit: the engine's default where it may reuse
+        # explicit: the engine's default where it may reuse
+        "enable_kv_cache_reuse": flag(prefix_cache(r).enabled),
         "enable_chunked_context": flag(r.chunked_context),
         "exclude_input_in_output": flag(t.exclude_input_in_output),
         "max_beam_width": str(MAX_BEAM_WIDTH),
@@ -169,18 +209,22 @@ def _raw_values(plan: RepoPlan) -> dict[str, str]:
 
 
 def _memory_values(r: Recipe) -> dict[str, str]:
-    """The KV-cache memory parameters the plan sized the pool with (the backend's MemoryRule): the free-memory
-    fraction (TensorRT-LLM's default resolved) and max_tokens_in_paged_kv_cache when triton.kv_pool_gib_per_gpu caps."""
+    """The KV-cache memory parameters the plan sized the pool with (the backend's MemoryRule): the
+    free-memory fraction (TensorRT-LLM's default resolved) and max_tokens_in_paged_kv_cache when
+    triton.kv_pool_gib_per_gpu caps."""
     rule = for_recipe(r).memory
     knobs = rule.knobs(r) if rule is not None else None
     value = knobs.value if knobs is not None else None
     cap = knobs.cap_value if knobs is not None else None
-    return {"kv_cache_free_gpu_mem_fraction": "" if value is None else f"{value:g}",
-            "max_tokens_in_paged_kv_cache": "" if cap is None else str(cap)}
+    return {
+        "kv_cache_free_gpu_mem_fraction": "" if value is None else f"{value:g}",
+        "max_tokens_in_paged_kv_cache": "" if cap is None else str(cap),
+    }
 
 
 def model_vocab_size(plan: RepoPlan) -> int | None:
-    """The model's vocabulary: the checkpoint's config.json (what the engine has), else the recipe's model.vocab_size."""
+    """The model's vocabulary: the checkpoint's config.json (what the engine has), else the recipe's
+    model.vocab_size."""
     import json
 
     config = plan.checkpoint_dir / "config.json"
@@ -193,8 +237,9 @@ def model_vocab_size(plan: RepoPlan) -> int | None:
 
 
 def llm_io(*, python: bool) -> str:
-    """Upstream's tensorrt_llm tensors. Python models get them without `reshape` (a BLS model forwards the tensors
-    it receives to the C++ model, which needs the [batch, 1] shape the ensemble sends)."""
+    """Upstream's tensorrt_llm tensors. Python models get them without `reshape` (a BLS model
+    forwards the tensors it receives to the C++ model, which needs the [batch, 1] shape the ensemble
+    sends)."""
     text = (TEMPLATES / LLM_IO).read_text(encoding="utf-8").rstrip("\n")
     return text.replace(" reshape: { shape: [ ] }", "") if python else text
 
@@ -218,13 +263,16 @@ TRTKV_MODULE = re.compile(r"\btrtkv(?:\.[a-z_][a-z0-9_]*)+")
 
 
 def named_modules(plan: RepoPlan) -> dict[str, str]:
-    """Every trtkv module the repository names (in its templates, or as the `llm_module` parameter), with the file it
-    resolves to now: a module that moves, or is gone, changes the repo stage's key, so a repository written before
-    the move is rebuilt instead of reported up to date and broken."""
+    """Every trtkv module the repository names (in its templates, or as the `llm_module` parameter),
+    with the file it resolves to now: a module that moves, or is gone, changes the repo stage's key,
+    so a repository written before the move is rebuilt instead of reported up to date and broken."""
     import importlib.util
 
-    text = "\n".join(p.read_text(errors="replace") for p in sorted(TEMPLATES.rglob("*"))
-                     if p.is_file() and p.suffix in (".py", ".pbtxt"))
+    text = "\n".join(
+        p.read_text(errors="replace")
+        for p in sorted(TEMPLATES.rglob("*"))
+        if p.is_file() and p.suffix in (".py", ".pbtxt")
+    )
     names = set(TRTKV_MODULE.findall(text + "\n" + template_values(plan)["llm_module"]))
     out: dict[str, str] = {}
     for name in sorted(names):
@@ -233,8 +281,11 @@ def named_modules(plan: RepoPlan) -> dict[str, str]:
         except ModuleNotFoundError:  # a parent package that does not exist
             spec = None
         origin = Path(spec.origin) if spec and spec.origin else None
-        out[name] = str(origin.relative_to(TEMPLATES.parents[1])) if origin and origin.is_relative_to(
-            TEMPLATES.parents[1]) else ("missing" if origin is None else str(origin))
+        out[name] = (
+            str(origin.relative_to(TEMPLATES.parents[1]))
+            if origin and origin.is_relative_to(TEMPLATES.parents[1])
+            else ("missing" if origin is None else str(origin))
+        )
     return out
 
 
@@ -277,21 +328,48 @@ def generate_into(plan: RepoPlan, target: Path) -> dict[str, Any]:
     (target / "README.md").write_text(readme_text(plan), encoding="utf-8")
     validate_repo(target, expect_decoupled=plan.recipe.triton.decoupled)
     if MODEL_YAML in _layout(plan.recipe).files(plan.recipe):
-        check_model_yaml(target, plan.recipe.triton.decoupled)  # upstream's model.py reads its triton_config
-    return {"models": models, "backend": plan.recipe.build.backend.value, "engine_dir": str(plan.engine_dir),
-            "served_paths": {"engine": str(plan.at.engine), "checkpoint": str(plan.at.checkpoint),
-                             "repository": str(plan.at.repo)},
-            "tokenizer_dir": plan.tokenizer_ref, "tokenizer_copied_from": str(plan.tokenizer_source or ""),
-            "tokenizer_files": copied, "warnings": plan.warnings, "validated": True}
+        # upstream's model.py reads its triton_config
+        check_model_yaml(target, plan.recipe.triton.decoupled)
+    return {
+        "models": models,
+        "backend": plan.recipe.build.backend.value,
+        "engine_dir": str(plan.engine_dir),
+        "served_paths": {
+            "engine": str(plan.at.engine),
+            "checkpoint": str(plan.at.checkpoint),
+            "repository": str(plan.at.repo),
+        },
+        "tokenizer_dir": plan.tokenizer_ref,
+        "tokenizer_copied_from": str(plan.tokenizer_source or ""),
+        "tokenizer_files": copied,
+        "warnings": plan.warnings,
+        "validated": True,
+    }
 
 
-def generate_repo(recipe: Recipe, *, force: bool = False, log: Callable[[str], None] = print) -> StageResult:
-    """The repo stage: plan, warn about what is missing, write atomically, validate before the rename."""
+def generate_repo(
+    recipe: Recipe, *, force: bool = False, log: Callable[[str], None] = print
+) -> StageResult:
+    """The repo stage: plan, warn about what is missing, write atomically, validate before the
+    rename."""
     plan = plan_repo(recipe)
     for warning in plan.warnings:
         log(f"repo: warning: {warning}")
     engine_hash = manifest_hash(plan.engine_dir)
-    key = {"templates": templates_digest(), "tokenizer": str(plan.tokenizer_source or plan.tokenizer_ref),
-           "engine_manifest": engine_hash, "trtkv_modules": named_modules(plan)}
-    return run_stage("repo", recipe, plan.output, lambda tmp: generate_into(plan, tmp), sections=SECTIONS,
-                     input_hash=engine_hash, force=force, extra_key=key, log=log)
+    key = {
+        "templates": templates_digest(),
+        "tokenizer": str(plan.tokenizer_source or plan.tokenizer_ref),
+        "engine_manifest": engine_hash,
+        "trtkv_modules": named_modules(plan),
+    }
+    return run_stage(
+        "repo",
+        recipe,
+        plan.output,
+        lambda tmp: generate_into(plan, tmp),
+        sections=SECTIONS,
+        input_hash=engine_hash,
+        force=force,
+        extra_key=key,
+        log=log,
+    )

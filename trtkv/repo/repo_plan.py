@@ -1,5 +1,5 @@
-"""RepoPlan: where a generated Triton repository points and what it copies (data only; trtkv.repo.generate makes it,
-the README writer reads it)."""
+"""RepoPlan: where a generated Triton repository points and what it copies (data only;
+trtkv.repo.generate makes it, the README writer reads it)."""
 
 from __future__ import annotations
 
@@ -20,5 +20,6 @@ class RepoPlan:
     checkpoint_dir: Path
     tokenizer_source: Path | None  # copied into <repo>/tokenizer when set
     tokenizer_ref: str  # tokenizer_dir as written in the configs
-    at: Artifacts  # where the server reads the artifacts (the paths the configs name): host, or /models/<recipe>
+    # where the server reads the artifacts (the paths the configs name): host, or /models/<recipe>
+    at: Artifacts
     warnings: list[str] = field(default_factory=list)

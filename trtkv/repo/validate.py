@@ -1,10 +1,11 @@
 """Check a generated Triton model repository before anything uses it.
 
-Every `config.pbtxt` is parsed with Triton's own protobuf schema (`tritonclient.grpc.model_config_pb2` +
-`google.protobuf.text_format`), no `${...}` placeholder may remain, and the ensemble is checked against the models
-it calls: each mapped tensor exists with the same dtype and compatible dims, every required input is fed, every
-internal tensor is produced before it is read, and decoupled is set consistently. Each problem names the file,
-the line and the field.
+Every `config.pbtxt` is parsed with Triton's own protobuf schema
+(`tritonclient.grpc.model_config_pb2` + `google.protobuf.text_format`), no `${...}` placeholder may
+remain, and the ensemble is checked against the models it calls: each mapped tensor exists with the
+same dtype and compatible dims, every required input is fed, every internal tensor is produced
+before it is read, and decoupled is set consistently. Each problem names the file, the line and the
+field.
 """
 
 from __future__ import annotations
@@ -20,13 +21,17 @@ PLACEHOLDER = re.compile(r"\$\{[^}]*\}?")
 
 
 class RepoError(StageError):
-    """A generated repository that Triton would reject or serve wrongly; carries every problem found."""
+    """A generated repository that Triton would reject or serve wrongly; carries every problem
+    found."""
 
     def __init__(self, repo: Path, problems: list[str]) -> None:
         self.problems = list(problems)
         body = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"Triton model repository {repo} is not valid, found {len(self.problems)} problem(s):\n"
-                         f"{body}\nNext: fix the template or recipe value named above and rerun `trtkv repo --force`.")
+        super().__init__(
+            f"Triton model repository {repo} is not valid, found {len(self.problems)} problem(s):\n"
+            f"{body}\nNext: fix the template or recipe value named above and rerun `trtkv repo "
+            "--force`."
+        )
 
 
 @dataclass
@@ -38,7 +43,8 @@ class ModelFile:
     config: Any  # model_config_pb2.ModelConfig
 
     def line_of(self, *needles: str, after: int = 0) -> int:
-        """1-based line of the first line (from line `after`) containing every needle; `after` or 1 when none."""
+        """1-based line of the first line (from line `after`) containing every needle; `after` or 1
+        when none."""
         for number, line in enumerate(self.text.splitlines()[after:], start=after + 1):
             if all(n in line for n in needles):
                 return number
@@ -78,8 +84,12 @@ def parse_config(path: Path, report: Report) -> ModelFile | None:
         column = exc.GetColumn() or 0
         message = str(exc).split(" : ", 1)[-1]
         field_name = _field_near(text, line_no)
-        report.add(path, line_no, f"column {column}, field {field_name}",
-                   f"not valid for Triton's ModelConfig: {message}")
+        report.add(
+            path,
+            line_no,
+            f"column {column}, field {field_name}",
+            f"not valid for Triton's ModelConfig: {message}",
+        )
         return None
     return ModelFile(path, text, config)
 
@@ -106,7 +116,9 @@ def tensors(model: ModelFile, kind: str) -> dict[str, Tensor]:
 
 def dims_compatible(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
     """Same rank and each dimension equal, or -1 (variable) on either side."""
-    return len(a) == len(b) and all(x == y or x == -1 or y == -1 for x, y in zip(a, b, strict=False))
+    return len(a) == len(b) and all(
+        x == y or x == -1 or y == -1 for x, y in zip(a, b, strict=False)
+    )
 
 
 def decoupled(model: ModelFile) -> bool:
@@ -114,20 +126,30 @@ def decoupled(model: ModelFile) -> bool:
 
 
 def check_model(model: ModelFile, folder: str, report: Report) -> None:
-    """Name matches the folder, a version folder exists, a Python model has a compilable model.py."""
+    """Name matches the folder, a version folder exists, a Python model has a compilable
+    model.py."""
     cfg, path = model.config, model.path
     if cfg.name != folder:
-        report.add(path, model.line_of("name:"), "name", f"{cfg.name!r} must equal its folder name {folder!r}")
+        report.add(
+            path,
+            model.line_of("name:"),
+            "name",
+            f"{cfg.name!r} must equal its folder name {folder!r}",
+        )
     if not cfg.backend and not cfg.platform:
         report.add(path, 1, "backend", "neither backend nor platform is set")
     versions = [p for p in path.parent.iterdir() if p.is_dir() and p.name.isdigit()]
     if not versions:
-        report.add(path, 1, "version", f"no version folder (e.g. {path.parent / '1'}) next to the config")
+        report.add(
+            path, 1, "version", f"no version folder (e.g. {path.parent / '1'}) next to the config"
+        )
     if cfg.backend == "python":
         for version in versions:
             script = version / "model.py"
             if not script.is_file():
-                report.add(path, model.line_of("backend:"), "backend", f"python model without {script}")
+                report.add(
+                    path, model.line_of("backend:"), "backend", f"python model without {script}"
+                )
                 continue
             try:
                 compile(script.read_text(encoding="utf-8"), str(script), "exec")
@@ -136,91 +158,166 @@ def check_model(model: ModelFile, folder: str, report: Report) -> None:
 
 
 def check_ensemble(ensemble: ModelFile, models: dict[str, ModelFile], report: Report) -> None:
-    """Every step's maps against the called model's inputs/outputs and the ensemble's own tensors."""
+    """Every step's maps against the called model's inputs/outputs and the ensemble's own
+    tensors."""
     path = ensemble.path
     inputs, outputs = tensors(ensemble, "input"), tensors(ensemble, "output")
-    internal: dict[str, tuple[Tensor, str]] = {}  # tensor name -> (producer's tensor, producing step)
+    # tensor name -> (producer's tensor, producing step)
+    internal: dict[str, tuple[Tensor, str]] = {}
     produced: set[str] = set()
     for step in ensemble.config.ensemble_scheduling.step:
         step_line = ensemble.line_of(f'"{step.model_name}"', "model_name")
         target = models.get(step.model_name)
         if target is None:
-            report.add(path, step_line, "ensemble_scheduling.step.model_name",
-                       f"calls {step.model_name!r}, which is not in the repository ({', '.join(sorted(models))})")
+            report.add(
+                path,
+                step_line,
+                "ensemble_scheduling.step.model_name",
+                f"calls {step.model_name!r}, which is not in the repository "
+                f"({', '.join(sorted(models))})",
+            )
             continue
         if ensemble.config.max_batch_size > target.config.max_batch_size:
-            report.add(path, ensemble.line_of("max_batch_size"), "max_batch_size",
-                       f"{ensemble.config.max_batch_size} exceeds {step.model_name}'s "
-                       f"{target.config.max_batch_size} ({target.path})")
+            report.add(
+                path,
+                ensemble.line_of("max_batch_size"),
+                "max_batch_size",
+                f"{ensemble.config.max_batch_size} exceeds {step.model_name}'s "
+                f"{target.config.max_batch_size} ({target.path})",
+            )
         model_in, model_out = tensors(target, "input"), tensors(target, "output")
         for key, value in step.input_map.items():
             line = ensemble.line_of(f'"{key}"', f'"{value}"', after=step_line - 1)
             where = f"step {step.model_name} input_map {key}"
             dest = model_in.get(key)
             if dest is None:
-                report.add(path, line, where, f"{step.model_name} has no input {key!r} ({target.path}); "
-                                              f"its inputs: {', '.join(model_in)}")
+                report.add(
+                    path,
+                    line,
+                    where,
+                    f"{step.model_name} has no input {key!r} ({target.path}); "
+                    f"its inputs: {', '.join(model_in)}",
+                )
                 continue
             source = inputs.get(value) or (internal[value][0] if value in internal else None)
             if source is None:
-                report.add(path, line, where, f"{value!r} is neither an ensemble input nor produced by an earlier step")
+                report.add(
+                    path,
+                    line,
+                    where,
+                    f"{value!r} is neither an ensemble input nor produced by an earlier step",
+                )
                 continue
             _compare(report, path, line, where, source, dest, target.path)
             if value in inputs and not dest.optional and inputs[value].optional:
-                report.add(path, line, where, f"ensemble input {value!r} is optional but {step.model_name}'s {key!r} "
-                                              f"is required")
+                report.add(
+                    path,
+                    line,
+                    where,
+                    f"ensemble input {value!r} is optional but {step.model_name}'s {key!r} "
+                    f"is required",
+                )
         for name, tensor in model_in.items():
             if not tensor.optional and name not in step.input_map:
-                report.add(path, step_line, f"step {step.model_name} input_map",
-                           f"required input {name!r} of {step.model_name} is not mapped")
+                report.add(
+                    path,
+                    step_line,
+                    f"step {step.model_name} input_map",
+                    f"required input {name!r} of {step.model_name} is not mapped",
+                )
         for key, value in step.output_map.items():
             line = ensemble.line_of(f'"{key}"', f'"{value}"', after=step_line - 1)
             where = f"step {step.model_name} output_map {key}"
             src = model_out.get(key)
             if src is None:
-                report.add(path, line, where, f"{step.model_name} has no output {key!r} ({target.path}); "
-                                              f"its outputs: {', '.join(model_out)}")
+                report.add(
+                    path,
+                    line,
+                    where,
+                    f"{step.model_name} has no output {key!r} ({target.path}); "
+                    f"its outputs: {', '.join(model_out)}",
+                )
                 continue
             if value in outputs:
                 _compare(report, path, line, where, src, outputs[value], path)
             elif value in internal:
-                report.add(path, line, where, f"{value!r} is already produced by step {internal[value][1]}")
+                report.add(
+                    path, line, where, f"{value!r} is already produced by step {internal[value][1]}"
+                )
             else:
                 internal[value] = (src, step.model_name)
             produced.add(value)
     for name in outputs:
         if name not in produced:
-            report.add(path, ensemble.line_of(f'"{name}"'), f"output {name}", "no step produces this ensemble output")
+            report.add(
+                path,
+                ensemble.line_of(f'"{name}"'),
+                f"output {name}",
+                "no step produces this ensemble output",
+            )
 
 
-def _compare(report: Report, path: Path, line: int, where: str, src: Tensor, dest: Tensor, other: Path) -> None:
+def _compare(
+    report: Report, path: Path, line: int, where: str, src: Tensor, dest: Tensor, other: Path
+) -> None:
     if src.dtype != dest.dtype:
-        report.add(path, line, where, f"dtype {src.dtype} of {src.name!r} does not match {dest.dtype} of "
-                                      f"{dest.name!r} ({other})")
+        report.add(
+            path,
+            line,
+            where,
+            f"dtype {src.dtype} of {src.name!r} does not match {dest.dtype} of "
+            f"{dest.name!r} ({other})",
+        )
     if not dims_compatible(src.dims, dest.dims):
-        report.add(path, line, where, f"dims {list(src.dims)} of {src.name!r} do not match {list(dest.dims)} of "
-                                      f"{dest.name!r} ({other})")
+        report.add(
+            path,
+            line,
+            where,
+            f"dims {list(src.dims)} of {src.name!r} do not match {list(dest.dims)} of "
+            f"{dest.name!r} ({other})",
+        )
 
 
-def check_decoupled(models: dict[str, ModelFile], expect_decoupled: bool | None, report: Report) -> None:
-    """tensorrt_llm (and the BLS model) follow the recipe; pre/postprocessing answer once; ensembles set nothing."""
+def check_decoupled(
+    models: dict[str, ModelFile], expect_decoupled: bool | None, report: Report
+) -> None:
+    """tensorrt_llm (and the BLS model) follow the recipe; pre/postprocessing answer once; ensembles
+    set nothing."""
     llm = models.get("tensorrt_llm")
     if llm is not None and expect_decoupled is not None and decoupled(llm) != expect_decoupled:
-        report.add(llm.path, llm.line_of("decoupled"), "model_transaction_policy.decoupled",
-                   f"{decoupled(llm)} but the recipe's triton.decoupled is {expect_decoupled}")
+        report.add(
+            llm.path,
+            llm.line_of("decoupled"),
+            "model_transaction_policy.decoupled",
+            f"{decoupled(llm)} but the recipe's triton.decoupled is {expect_decoupled}",
+        )
     bls = models.get("tensorrt_llm_bls")
     if bls is not None and llm is not None and decoupled(bls) != decoupled(llm):
-        report.add(bls.path, bls.line_of("decoupled"), "model_transaction_policy.decoupled",
-                   f"{decoupled(bls)} differs from tensorrt_llm's {decoupled(llm)}")
+        report.add(
+            bls.path,
+            bls.line_of("decoupled"),
+            "model_transaction_policy.decoupled",
+            f"{decoupled(bls)} differs from tensorrt_llm's {decoupled(llm)}",
+        )
     for name in ("preprocessing", "postprocessing"):
         model = models.get(name)
         if model is not None and decoupled(model):
-            report.add(model.path, model.line_of("decoupled"), "model_transaction_policy.decoupled",
-                       f"{name} must answer each request once (not decoupled)")
+            report.add(
+                model.path,
+                model.line_of("decoupled"),
+                "model_transaction_policy.decoupled",
+                f"{name} must answer each request once (not decoupled)",
+            )
     for model in models.values():
-        if model.config.platform == "ensemble" and model.config.HasField("model_transaction_policy"):
-            report.add(model.path, model.line_of("decoupled"), "model_transaction_policy",
-                       "an ensemble takes decoupled from its steps; remove this block")
+        if model.config.platform == "ensemble" and model.config.HasField(
+            "model_transaction_policy"
+        ):
+            report.add(
+                model.path,
+                model.line_of("decoupled"),
+                "model_transaction_policy",
+                "an ensemble takes decoupled from its steps; remove this block",
+            )
 
 
 def validate_repo(repo: Path, expect_decoupled: bool | None = None) -> dict[str, ModelFile]:
@@ -244,8 +341,9 @@ def validate_repo(repo: Path, expect_decoupled: bool | None = None) -> dict[str,
 
 
 def check_model_yaml(repo: Path, expect_decoupled: bool) -> dict[str, Any]:
-    """The llmapi layout's tensorrt_llm/1/model.yaml: a mapping with `model` and a triton_config whose decoupled
-    is the recipe's (TensorRT-LLM's model.py reads max_batch_size and decoupled from there)."""
+    """The llmapi layout's tensorrt_llm/1/model.yaml: a mapping with `model` and a triton_config
+    whose decoupled is the recipe's (TensorRT-LLM's model.py reads max_batch_size and decoupled from
+    there)."""
     import yaml
 
     path = repo / "tensorrt_llm" / "1" / "model.yaml"
@@ -259,10 +357,15 @@ def check_model_yaml(repo: Path, expect_decoupled: bool) -> dict[str, Any]:
         data = data if isinstance(data, dict) else {}
     triton = data.get("triton_config")
     if not isinstance(triton, dict) or {"max_batch_size", "decoupled"} - set(triton):
-        problems.append(f"{path}: triton_config needs max_batch_size and decoupled (upstream's model.py reads both)")
+        problems.append(
+            f"{path}: triton_config needs max_batch_size and decoupled (upstream's model.py reads "
+            "both)"
+        )
     elif bool(triton["decoupled"]) != expect_decoupled:
-        problems.append(f"{path}: triton_config.decoupled {triton['decoupled']} but the recipe's triton.decoupled is "
-                        f"{expect_decoupled}")
+        problems.append(
+            f"{path}: triton_config.decoupled {triton['decoupled']} but the recipe's "
+            f"triton.decoupled is {expect_decoupled}"
+        )
     if problems:
         raise RepoError(repo, problems)
     return data

@@ -1,7 +1,8 @@
 """The whole chain for one recipe (`make demo`), and several recipes side by side (`make compare`).
 
-Each step runs as its own `trtkv <verb>` process, exactly as a user would type it, so memory is returned
-between steps and a failing step shows its own error. The server is stopped even when a step fails.
+Each step runs as its own `trtkv <verb>` process, exactly as a user would type it, so memory is
+returned between steps and a failing step shows its own error. The server is stopped even when a
+step fails.
 """
 
 from __future__ import annotations
@@ -43,14 +44,25 @@ def _run(cmd: list[str]) -> int:
     return subprocess.run(cmd, check=False).returncode
 
 
-def run_chain(recipe: str, overrides: Sequence[str] = (), *, steps: Sequence[str] = CHAIN,
-              bench_args: Sequence[str] = (), runner: Callable[[list[str]], int] = _run,
-              log: Callable[[str], None] = print) -> ChainResult:
-    """Run the steps in order; stop at the first failure; always stop a server this chain started."""
+def run_chain(
+    recipe: str,
+    overrides: Sequence[str] = (),
+    *,
+    steps: Sequence[str] = CHAIN,
+    bench_args: Sequence[str] = (),
+    runner: Callable[[list[str]], int] = _run,
+    log: Callable[[str], None] = print,
+) -> ChainResult:
+    """Run the steps in order; stop at the first failure; always stop a server this chain
+    started."""
     result = ChainResult(recipe)
     started_server = False
-    if "repo" in steps and not has_triton_repo(recipe, overrides):  # vLLM, SGLang: their own OpenAI server
-        log(f"\n=== trtkv repo {recipe}: skipped (its backend serves without a Triton repository) ===")
+    # vLLM, SGLang: their own OpenAI server
+    if "repo" in steps and not has_triton_repo(recipe, overrides):
+        log(
+            f"\n=== trtkv repo {recipe}: skipped (its backend serves without a Triton repository) "
+            "==="
+        )
         steps = [v for v in steps if v != "repo"]
     try:
         for verb in steps:
@@ -69,7 +81,8 @@ def run_chain(recipe: str, overrides: Sequence[str] = (), *, steps: Sequence[str
                 result.failed = verb
                 break
             if verb == "bench" and code == 1:
-                # bench exits 1 when a threshold is breached: the chain goes on to the report, then fails
+                # bench exits 1 when a threshold is breached: the chain goes on to the report, then
+                # fails
                 result.failed = "bench (thresholds breached)"
     finally:
         if started_server or "serve" in steps:
@@ -83,8 +96,8 @@ def run_chain(recipe: str, overrides: Sequence[str] = (), *, steps: Sequence[str
 
 
 def has_triton_repo(recipe: str, overrides: Sequence[str] = ()) -> bool:
-    """Whether the recipe's backend has a Triton repository to write (`trtkv repo`); a recipe that does not load
-    keeps the step, whose own error then says why."""
+    """Whether the recipe's backend has a Triton repository to write (`trtkv repo`); a recipe that
+    does not load keeps the step, whose own error then says why."""
     from trtkv.backends import for_recipe
     from trtkv.core.errors import TrtkvError
     from trtkv.recipe import load_recipe
@@ -97,5 +110,7 @@ def has_triton_repo(recipe: str, overrides: Sequence[str] = ()) -> bool:
 
 def require_success(result: ChainResult) -> None:
     if result.failed:
-        raise StageError(f"{result.recipe}: the chain failed at `{result.failed}` (see its output above). "
-                         f"Next: fix that step and rerun; finished stages are skipped as up to date.")
+        raise StageError(
+            f"{result.recipe}: the chain failed at `{result.failed}` (see its output above). "
+            f"Next: fix that step and rerun; finished stages are skipped as up to date."
+        )

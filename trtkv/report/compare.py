@@ -1,6 +1,7 @@
-"""`trtkv compare`: several recipes side by side (compare.md, compare.json, compare.png), each recipe's figures read
-by trtkv.report.summary.collect; accuracy differences called only where the 95% intervals separate; the input sweep's
-ITL fits and break-even lengths (`bench --sweep-input`)."""
+"""`trtkv compare`: several recipes side by side (compare.md, compare.json, compare.png), each
+recipe's figures read by trtkv.report.summary.collect; accuracy differences called only where the
+95% intervals separate; the input sweep's ITL fits and break-even lengths (`bench
+--sweep-input`)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ if TYPE_CHECKING:
 
 
 def accuracy_difference(rows: list[dict[str, Any]], key: str) -> str:
-    """How each recipe's figure compares with the first's: "higher"/"lower" only when the 95% intervals separate,
-    "within noise" when they overlap, "no interval" when either lacks one."""
+    """How each recipe's figure compares with the first's: "higher"/"lower" only when the 95%
+    intervals separate, "within noise" when they overlap, "no interval" when either lacks one."""
     from trtkv.bench.stats import separated
 
     base = rows[0].get("bench", {})
@@ -39,31 +40,76 @@ def write_compare(recipes: list[Recipe], results: list[ChainResult], out: Path) 
     rows = [collect(r) for r in recipes]
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
-    keys = ["quiz.accuracy", "golden.agreement", "needle.accuracy", "time_to_first_token.p50", "time_to_first_token.p99",
-            "inter_token_latency.p50", "inter_token_latency.p99", "output_token_throughput.max"]
+    keys = [
+        "quiz.accuracy",
+        "golden.agreement",
+        "needle.accuracy",
+        "time_to_first_token.p50",
+        "time_to_first_token.p99",
+        "inter_token_latency.p50",
+        "inter_token_latency.p99",
+        "output_token_throughput.max",
+    ]
     head = "| | " + " | ".join(r["recipe"] for r in rows) + " |"
-    md = ["# KV-cache formats side by side", "",
-          "Measured by `trtkv compare` on this machine; accuracy and latency come from each recipe's "
-          "`engines/<recipe>/bench/results.json`, bytes and capacity from the planner. An accuracy difference is "
-          "called (higher/lower) only where the two 95% intervals do not overlap; otherwise it is within noise.", "",
-          head, "|" + "---|" * (len(rows) + 1)]
-    md.append("| KV cache | " + " | ".join(f"{r['kv_cache']} ({r['kv_format']})" for r in rows) + " |")
-    md.append("| KV bytes/token | " + " | ".join(f"{r['kv_bytes_per_token']:,.0f}" for r in rows) + " |")
-    md.append("| tokens that fit (planner) | " + " | ".join(f"{r['planner']['tokens_fit']:,}" for r in rows) + " |")
+    md = [
+        "# KV-cache formats side by side",
+        "",
+        "Measured by `trtkv compare` on this machine; accuracy and latency come from each recipe's "
+        "`engines/<recipe>/bench/results.json`, bytes and capacity from the planner. An accuracy "
+        "difference is called (higher/lower) only where the two 95% intervals do not overlap; "
+        "otherwise it is within noise.",
+        "",
+        head,
+        "|" + "---|" * (len(rows) + 1),
+    ]
+    md.append(
+        "| KV cache | " + " | ".join(f"{r['kv_cache']} ({r['kv_format']})" for r in rows) + " |"
+    )
+    md.append(
+        "| KV bytes/token | " + " | ".join(f"{r['kv_bytes_per_token']:,.0f}" for r in rows) + " |"
+    )
+    md.append(
+        "| tokens that fit (planner) | "
+        + " | ".join(f"{r['planner']['tokens_fit']:,}" for r in rows)
+        + " |"
+    )
     for key in keys:
         if key.split(".")[0] in ACCURACY_TASKS:
-            md.append(f"| {key} (95% interval) | " + " | ".join(_with_ci(r.get("bench", {}), key) for r in rows) + " |")
+            md.append(
+                f"| {key} (95% interval) | "
+                + " | ".join(_with_ci(r.get("bench", {}), key) for r in rows)
+                + " |"
+            )
             if len(rows) > 1:
-                md.append(f"| {key} vs {rows[0]['recipe']} | " + accuracy_difference(rows, key) + " |")
+                md.append(
+                    f"| {key} vs {rows[0]['recipe']} | " + accuracy_difference(rows, key) + " |"
+                )
         else:
-            md.append(f"| {key} | " + " | ".join(_fmt(r.get("bench", {}).get(key), 1) for r in rows) + " |")
-    md.append("| chain | " + " | ".join("ok" if not res.failed else f"failed at {res.failed}" for res in results) + " |")
-    probes = [(r["recipe"], p) for r in rows for p in r.get("probe", [])]  # each recipe's own KV format
+            md.append(
+                f"| {key} | "
+                + " | ".join(_fmt(r.get("bench", {}).get(key), 1) for r in rows)
+                + " |"
+            )
+    md.append(
+        "| chain | "
+        + " | ".join("ok" if not res.failed else f"failed at {res.failed}" for res in results)
+        + " |"
+    )
+    # each recipe's own KV format
+    probes = [(r["recipe"], p) for r in rows for p in r.get("probe", [])]
     if probes:
-        md += ["", "## Probe excerpt", "", "| recipe | format | context | KL mean | top-1 agreement | needle |",
-               "|---|---|---|---|---|---|"]
-        md += [f"| {name} | {p['format']} | {p['context_len']} | {_fmt(p.get('kl_mean'), 4)} | "
-               f"{_fmt(p.get('top1_agreement'), 3)} | {_fmt(p.get('needle_accuracy'), 2)} |" for name, p in probes]
+        md += [
+            "",
+            "## Probe excerpt",
+            "",
+            "| recipe | format | context | KL mean | top-1 agreement | needle |",
+            "|---|---|---|---|---|---|",
+        ]
+        md += [
+            f"| {name} | {p['format']} | {p['context_len']} | {_fmt(p.get('kl_mean'), 4)} | "
+            f"{_fmt(p.get('top1_agreement'), 3)} | {_fmt(p.get('needle_accuracy'), 2)} |"
+            for name, p in probes
+        ]
     md += _sweep_section(rows, out)
     (out / "compare.md").write_text("\n".join(md) + "\n")
     (out / "compare.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
@@ -72,7 +118,8 @@ def write_compare(recipes: list[Recipe], results: list[ChainResult], out: Path) 
 
 
 def sweep_breakeven(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each recipe's input sweep against the first's, per level both ran: the fits and the break-even length."""
+    """Each recipe's input sweep against the first's, per level both ran: the fits and the
+    break-even length."""
     from trtkv.bench.sweep import break_even
 
     base = rows[0].get("sweep") or {}
@@ -81,29 +128,44 @@ def sweep_breakeven(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         other = r.get("sweep") or {}
         for level, body in (base.get("levels") or {}).items():
             if level in (other.get("levels") or {}):
-                out.append({"base": rows[0]["recipe"], "other": r["recipe"], "level": level,
-                            **break_even(body, other["levels"][level])})
+                out.append(
+                    {
+                        "base": rows[0]["recipe"],
+                        "other": r["recipe"],
+                        "level": level,
+                        **break_even(body, other["levels"][level]),
+                    }
+                )
     return out
 
 
 def _sweep_section(rows: list[dict[str, Any]], out: Path) -> list[str]:
-    """compare.md's input-sweep part (ITL slope/intercept per recipe, break-even vs the first) and its plot."""
+    """compare.md's input-sweep part (ITL slope/intercept per recipe, break-even vs the first) and
+    its plot."""
     from trtkv.bench.plots import itl_vs_input
     from trtkv.bench.sweep import break_even_text
 
     swept = [r for r in rows if r.get("sweep")]
     if not swept:
         return []
-    md = ["", "## ITL against input length (`bench --sweep-input`)", "",
-          "| recipe | level | input tokens | ITL p50 (ms) | ITL slope (ms/token) | ITL intercept (ms) | TTFT slope (ms/token) |",
-          "|---|---|---|---|---|---|---|"]
+    md = [
+        "",
+        "## ITL against input length (`bench --sweep-input`)",
+        "",
+        "| recipe | level | input tokens | ITL p50 (ms) | ITL slope (ms/token) | ITL intercept "
+        "(ms) | TTFT slope (ms/token) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     series = {}
     for r in swept:
         for level, body in r["sweep"]["levels"].items():
             fit, tfit = body.get("itl_fit") or {}, body.get("ttft_fit") or {}
-            md.append(f"| {r['recipe']} | {level} | {', '.join(f'{x:,.0f}' for x in body['input_tokens'])} | "
-                      f"{', '.join(f'{y:.2f}' for y in body['itl_p50_ms'])} | {_g(fit.get('slope'))} | "
-                      f"{_g(fit.get('intercept'))} | {_g(tfit.get('slope'))} |")
+            md.append(
+                f"| {r['recipe']} | {level} | "
+                f"{', '.join(f'{x:,.0f}' for x in body['input_tokens'])} | "
+                f"{', '.join(f'{y:.2f}' for y in body['itl_p50_ms'])} | {_g(fit.get('slope'))} | "
+                f"{_g(fit.get('intercept'))} | {_g(tfit.get('slope'))} |"
+            )
             series[f"{r['recipe']} {level}"] = body
     verdicts = sweep_breakeven(rows)
     for v in verdicts:
@@ -122,9 +184,11 @@ def _compare_plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     names = [r["recipe"] for r in rows]
-    panels = [("accuracy", ["quiz.accuracy", "golden.agreement", "needle.accuracy"]),
-              ("latency (ms)", ["time_to_first_token.p50", "inter_token_latency.p50"]),
-              ("KV bytes/token", None)]
+    panels = [
+        ("accuracy", ["quiz.accuracy", "golden.agreement", "needle.accuracy"]),
+        ("latency (ms)", ["time_to_first_token.p50", "inter_token_latency.p50"]),
+        ("KV bytes/token", None),
+    ]
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     for ax, (title, keys) in zip(axes, panels, strict=True):
         if keys is None:

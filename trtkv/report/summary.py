@@ -1,8 +1,9 @@
-"""Reports: one recipe's summary (JSON/Markdown) and what it is read from, `collect` (the side-by-side comparison of
-several recipes, which reads each through `collect`, is trtkv.report.compare).
+"""Reports: one recipe's summary (JSON/Markdown) and what it is read from, `collect` (the
+side-by-side comparison of several recipes, which reads each through `collect`, is
+trtkv.report.compare).
 
-Every figure is read from the stage outputs on disk (calibration, bench, probe) or computed by the planner;
-nothing here is typed in.
+Every figure is read from the stage outputs on disk (calibration, bench, probe) or computed by the
+planner; nothing here is typed in.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ LATENCY_METRICS = ("time_to_first_token", "inter_token_latency", "request_latenc
 
 
 def _tolerant(load: Callable[[Path], T | None], folder: Path) -> T | None:
-    """A stage file through its typed model; an unreadable one is left out of the report (as a missing one is)."""
+    """A stage file through its typed model; an unreadable one is left out of the report (as a
+    missing one is)."""
     try:
         return load(folder)
     except StageError:
@@ -35,13 +37,16 @@ def _tolerant(load: Callable[[Path], T | None], folder: Path) -> T | None:
 
 
 def bench_headline(results: dict[str, Any]) -> dict[str, Any]:
-    """Latency stats at the lowest concurrency, best throughput over the sweep, and accuracy per task.
+    """Latency stats at the lowest concurrency, best throughput over the sweep, and accuracy per
+    task.
 
-    Reads `trtkv bench`'s results.json: `levels` maps "concurrency=N" (or "rate=R") to GenAI-Perf metrics.
+    Reads `trtkv bench`'s results.json: `levels` maps "concurrency=N" (or "rate=R") to GenAI-Perf
+    metrics.
     """
     levels: dict[str, dict[str, Any]] = results.get("levels") or {}
     out: dict[str, Any] = {}
     if levels:
+
         def order(name: str) -> float:
             try:
                 return float(name.split("=", 1)[1])
@@ -69,8 +74,13 @@ def bench_headline(results: dict[str, Any]) -> dict[str, Any]:
                     out[f"{task}.{key}"] = body[key]
                     if body.get(f"{key}_ci") is not None:
                         out[f"{task}.{key}.ci"] = body[f"{key}_ci"]
-    return {k: v for k, v in out.items() if k == "level" or _number(v) or (k.endswith(".ci") and isinstance(v, list)
-                                                                          and len(v) == 2 and all(map(_number, v)))}
+    return {
+        k: v
+        for k, v in out.items()
+        if k == "level"
+        or _number(v)
+        or (k.endswith(".ci") and isinstance(v, list) and len(v) == 2 and all(map(_number, v)))
+    }
 
 
 def _number(value: Any) -> bool:
@@ -93,28 +103,43 @@ def collect(recipe: Recipe) -> dict[str, Any]:
     """Everything known about one recipe's run, from disk and the planner."""
     from trtkv.plan.planner import kv_format_for_recipe, plan
 
-    data: dict[str, Any] = {"recipe": recipe.name, "description": recipe.description,
-                            "kv_cache": recipe.quantization.kv_cache.value,
-                            "weights": recipe.quantization.weights.value}
+    data: dict[str, Any] = {
+        "recipe": recipe.name,
+        "description": recipe.description,
+        "kv_cache": recipe.quantization.kv_cache.value,
+        "weights": recipe.quantization.weights.value,
+    }
     p = plan(recipe)
     fmt = kv_format_for_recipe(recipe).value
     cap = next(c for c in p.formats if c.format == fmt)
     data["kv_format"] = fmt
     data["kv_bytes_per_token"] = cap.bytes_per_token
-    data["planner"] = {"hardware": p.hardware.gpu.value, "memory_gib": p.hardware.memory_gib,
-                       "kv_budget_gib": p.kv_budget_gib_per_gpu, "tokens_fit": cap.tokens_per_gpu_budget,
-                       "max_seq_len": recipe.build.max_seq_len,
-                       "sequences_at_max_seq_len": cap.max_sequences.get(recipe.build.max_seq_len)}
+    data["planner"] = {
+        "hardware": p.hardware.gpu.value,
+        "memory_gib": p.hardware.memory_gib,
+        "kv_budget_gib": p.kv_budget_gib_per_gpu,
+        "tokens_fit": cap.tokens_per_gpu_budget,
+        "max_seq_len": recipe.build.max_seq_len,
+        "sequences_at_max_seq_len": cap.max_sequences.get(recipe.build.max_seq_len),
+    }
     scales = _tolerant(KVScalesFile.load, layout.checkpoint_dir(recipe))
     if scales:
         layers = scales.layers
-        data["calibration"] = {"layers": len(layers), "kv_cache_quant_algo": scales.kv_cache_quant_algo,
-                               "max_k_amax": max((x.k_amax for x in layers), default=None),
-                               "max_v_amax": max((x.v_amax for x in layers), default=None)}
+        data["calibration"] = {
+            "layers": len(layers),
+            "kv_cache_quant_algo": scales.kv_cache_quant_algo,
+            "max_k_amax": max((x.k_amax for x in layers), default=None),
+            "max_v_amax": max((x.v_amax for x in layers), default=None),
+        }
     stages = {}
-    folders = {layout.CHECKPOINT: layout.checkpoint_dir(recipe), layout.ENGINE: layout.engine_dir(recipe),
-               layout.SERVE: layout.serve_dir(recipe), layout.BENCH: layout.bench_dir(recipe),
-               layout.PROBE: layout.probe_dir(recipe), "triton_repo": paths.triton_repo_dir() / recipe.name}
+    folders = {
+        layout.CHECKPOINT: layout.checkpoint_dir(recipe),
+        layout.ENGINE: layout.engine_dir(recipe),
+        layout.SERVE: layout.serve_dir(recipe),
+        layout.BENCH: layout.bench_dir(recipe),
+        layout.PROBE: layout.probe_dir(recipe),
+        "triton_repo": paths.triton_repo_dir() / recipe.name,
+    }
     for stage, folder in folders.items():
         manifest = _tolerant(Manifest.load, folder)
         if manifest:
@@ -123,9 +148,11 @@ def collect(recipe: Recipe) -> dict[str, Any]:
     results = _tolerant(BenchResults.load, layout.bench_dir(recipe))
     bench = results.model_dump() if results else None
     if results and "bench" in stages and results.wall_seconds is not None:
-        stages["bench"]["wall_seconds"] = results.wall_seconds  # the measurement, not just the write
+        # the measurement, not just the write
+        stages["bench"]["wall_seconds"] = results.wall_seconds
     if bench:
-        headline = _shaped(bench_headline, bench)  # a results.json of another shape is left out, as an unreadable one
+        # a results.json of another shape is left out, as an unreadable one
+        headline = _shaped(bench_headline, bench)
         if headline is not None:
             data["bench"] = headline
             slo = bench.get("slo")
@@ -133,7 +160,8 @@ def collect(recipe: Recipe) -> dict[str, Any]:
         sweep = _shaped(_checked_sweep, bench["sweep"]) if bench.get("sweep") else None
         if sweep:
             data["sweep"] = sweep
-    from trtkv.probe.results import load_probe  # this recipe's probe, else another recipe's on the same model
+    # this recipe's probe, else another recipe's on the same model
+    from trtkv.probe.results import load_probe
 
     probe = _shaped(load_probe, recipe)
     if probe and probe.get("records"):
@@ -151,21 +179,28 @@ def _probe_rows(records: list[dict[str, Any]], fmt: str) -> list[dict[str, Any]]
 
 
 def _checked_sweep(sweep: dict[str, Any]) -> dict[str, Any]:
-    """results.json's `sweep` rebuilt from its per-request samples only (numbers, per length and level), its medians
-    and fits recomputed (trtkv.bench.sweep.fits): a hand-edited file cannot hand compare a fit its samples do not give."""
+    """results.json's `sweep` rebuilt from its per-request samples only (numbers, per length and
+    level), its medians and fits recomputed (trtkv.bench.sweep.fits): a hand-edited file cannot hand
+    compare a fit its samples do not give."""
     from trtkv.bench.sweep import fits
 
     levels: dict[str, Any] = {}
     for label, body in sweep["levels"].items():
-        samples = {str(int(n)): {key: [float(v) for v in got[key]] for key in ("ttft_ms", "itl_ms")}
-                   for n, got in body["samples"].items()}
+        samples = {
+            str(int(n)): {key: [float(v) for v in got[key]] for key in ("ttft_ms", "itl_ms")}
+            for n, got in body["samples"].items()
+        }
         levels[str(label)] = {"samples": samples, **fits({int(n): v for n, v in samples.items()})}
-    return {"input_tokens": sorted({int(n) for body in levels.values() for n in body["samples"]}), "levels": levels}
+    return {
+        "input_tokens": sorted({int(n) for body in levels.values() for n in body["samples"]}),
+        "levels": levels,
+    }
 
 
 def _shaped(read: Callable[..., T], *args: Any) -> T | None:
-    """`read(*args)`, or None when the file it reads has another shape than trtkv writes (a mistyped or hand-edited
-    results.json or probe.json): the report leaves it out, as it leaves out an unreadable file."""
+    """`read(*args)`, or None when the file it reads has another shape than trtkv writes (a mistyped
+    or hand-edited results.json or probe.json): the report leaves it out, as it leaves out an
+    unreadable file."""
     try:
         return read(*args)
     except (TypeError, ValueError, KeyError, AttributeError, IndexError, StageError):
@@ -185,19 +220,34 @@ def _fmt(value: Any, digits: int = 1) -> str:
 def summary_lines(data: dict[str, Any]) -> list[str]:
     b = data.get("bench", {})
     planner = data["planner"]
-    lines = [f"Summary for {data['recipe']}: weights {data['weights']}, KV cache {data['kv_cache']} "
-             f"({data['kv_format']}, {data['kv_bytes_per_token']:,.0f} bytes/token)"]
-    acc = [f"{k} {_with_ci(b, k)}" for k in b if k.split(".")[0] in ACCURACY_TASKS and not k.endswith(".ci")]
+    lines = [
+        f"Summary for {data['recipe']}: weights {data['weights']}, KV cache {data['kv_cache']} "
+        f"({data['kv_format']}, {data['kv_bytes_per_token']:,.0f} bytes/token)"
+    ]
+    acc = [
+        f"{k} {_with_ci(b, k)}"
+        for k in b
+        if k.split(".")[0] in ACCURACY_TASKS and not k.endswith(".ci")
+    ]
     lines.append("  accuracy:   " + (", ".join(acc) if acc else "no bench results"))
     if "time_to_first_token.p50" in b:
-        lines.append(f"  latency @{b.get('level')}: TTFT p50 {_fmt(b['time_to_first_token.p50'])} ms, "
-                     f"p99 {_fmt(b.get('time_to_first_token.p99'))} ms; ITL p50 {_fmt(b.get('inter_token_latency.p50'))} ms, "
-                     f"p99 {_fmt(b.get('inter_token_latency.p99'))} ms")
-        lines.append(f"  throughput: {_fmt(b.get('output_token_throughput.max'))} output tokens/s, "
-                     f"{_fmt(b.get('request_throughput.max'), 2)} requests/s (best over the concurrency sweep)")
-    lines.append(f"  planner:    {planner['hardware']} with {_fmt(planner['memory_gib'])} GiB: KV budget "
-                 f"{_fmt(planner['kv_budget_gib'])} GiB = {planner['tokens_fit']:,} tokens of {data['kv_format']} KV, "
-                 f"{planner['sequences_at_max_seq_len']:,} sequences of {planner['max_seq_len']:,} tokens")
+        lines.append(
+            f"  latency @{b.get('level')}: TTFT p50 {_fmt(b['time_to_first_token.p50'])} ms, "
+            f"p99 {_fmt(b.get('time_to_first_token.p99'))} ms; ITL p50 "
+            f"{_fmt(b.get('inter_token_latency.p50'))} ms, p99 "
+            f"{_fmt(b.get('inter_token_latency.p99'))} ms"
+        )
+        lines.append(
+            f"  throughput: {_fmt(b.get('output_token_throughput.max'))} output tokens/s, "
+            f"{_fmt(b.get('request_throughput.max'), 2)} requests/s (best over the concurrency "
+            "sweep)"
+        )
+    lines.append(
+        f"  planner:    {planner['hardware']} with {_fmt(planner['memory_gib'])} GiB: KV budget "
+        f"{_fmt(planner['kv_budget_gib'])} GiB = {planner['tokens_fit']:,} tokens of "
+        f"{data['kv_format']} KV, {planner['sequences_at_max_seq_len']:,} sequences of "
+        f"{planner['max_seq_len']:,} tokens"
+    )
     for stage, info in data.get("stages", {}).items():
         lines.append(f"  {stage + ':':<12}{info['path']}  ({_fmt(info.get('wall_seconds'))} s)")
     return lines
@@ -210,17 +260,37 @@ def write_report(recipe: Recipe, out: Path | None = None) -> Path:
     out = out or layout.report_dir(recipe)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
-    md = [f"# trtkv report: {recipe.name}", "", recipe.description, "", "```", *summary_lines(data), "```", ""]
+    md = [
+        f"# trtkv report: {recipe.name}",
+        "",
+        recipe.description,
+        "",
+        "```",
+        *summary_lines(data),
+        "```",
+        "",
+    ]
     if data.get("probe"):
-        md += ["## Probe excerpt (this KV format vs the unquantized baseline)", "",
-               "| format | context | KL mean | top-1 agreement | ppl delta | needle |", "|---|---|---|---|---|---|"]
+        md += [
+            "## Probe excerpt (this KV format vs the unquantized baseline)",
+            "",
+            "| format | context | KL mean | top-1 agreement | ppl delta | needle |",
+            "|---|---|---|---|---|---|",
+        ]
         for r in data["probe"]:
-            md.append(f"| {r['format']} | {r['context_len']} | {_fmt(r.get('kl_mean'), 4)} | "
-                      f"{_fmt(r.get('top1_agreement'), 3)} | {_fmt(r.get('ppl_delta'), 3)} | "
-                      f"{_fmt(r.get('needle_accuracy'), 2)} |")
+            md.append(
+                f"| {r['format']} | {r['context_len']} | {_fmt(r.get('kl_mean'), 4)} | "
+                f"{_fmt(r.get('top1_agreement'), 3)} | {_fmt(r.get('ppl_delta'), 3)} | "
+                f"{_fmt(r.get('needle_accuracy'), 2)} |"
+            )
     (out / "report.md").write_text("\n".join(md) + "\n")
-    Manifest(stage="report", recipe=recipe.name, key=None, wall_seconds=round(time.time() - started, 3),
-             inputs=sorted(data.get("stages", {}))).save(out)
+    Manifest(
+        stage="report",
+        recipe=recipe.name,
+        key=None,
+        wall_seconds=round(time.time() - started, 3),
+        inputs=sorted(data.get("stages", {})),
+    ).save(out)
     return out
 
 
@@ -228,7 +298,9 @@ def print_summary(recipe: Recipe, result: ChainResult | None = None) -> None:
     data = collect(recipe)
     print()
     if result is not None:
-        steps = ", ".join(f"{s.verb} {s.seconds:.0f}s" + ("" if s.returncode == 0 else f" (exit {s.returncode})")
-                          for s in result.steps)
+        steps = ", ".join(
+            f"{s.verb} {s.seconds:.0f}s" + ("" if s.returncode == 0 else f" (exit {s.returncode})")
+            for s in result.steps
+        )
         print(f"Chain for {recipe.name}: {steps}; total {result.seconds:.0f} s")
     print("\n".join(summary_lines(data)))

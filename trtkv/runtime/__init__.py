@@ -1,18 +1,19 @@
 """trtkv's reference runtime: the exported TensorRT-LLM checkpoint executed in PyTorch on the CPU.
 
-It is a correctness reference, not TensorRT: it reads `rank0.safetensors` of the checkpoint that `trtllm-build`
-would compile, dequantizes FP8 weights with their `weights_scaling_factor` (so the weight numerics are the
-engine's), and decodes with trtkv's quantized KV cache using the checkpoint's per-layer `kv_cache_scaling_factor`
-(TensorRT-LLM <= 1.2 semantics: one scale per layer shared by K and V). Computation is float32.
+It is a correctness reference, not TensorRT: it reads `rank0.safetensors` of the checkpoint that
+`trtllm-build` would compile, dequantizes FP8 weights with their `weights_scaling_factor` (so the
+weight numerics are the engine's), and decodes with trtkv's quantized KV cache using the
+checkpoint's per-layer `kv_cache_scaling_factor` (TensorRT-LLM <= 1.2 semantics: one scale per layer
+shared by K and V). Computation is float32.
 
-Activations are NOT quantized: the checkpoint's `activation_scaling_factor` tensors (FP8 GEMM inputs on a GPU) are
-ignored, every GEMM runs in float32 on the dequantized weights. So the reference reproduces the engine's weight and
-KV-cache numerics, not its FP8 activation rounding; differences that come from the latter will not show here.
+Activations are NOT quantized: the checkpoint's `activation_scaling_factor` tensors (FP8 GEMM inputs
+on a GPU) are ignored, every GEMM runs in float32 on the dequantized weights. So the reference
+reproduces the engine's weight and KV-cache numerics, not its FP8 activation rounding; differences
+that come from the latter will not show here.
 
     rt = ReferenceRuntime.load(Path("engines/smollm2_fp8kv/engine"))
     ids = rt.generate(rt.tokenizer("Q: capital of France?\\nA:")["input_ids"], max_tokens=8)
 """
-
 
 from trtkv.runtime.batch import Batcher, make_sequence
 from trtkv.runtime.checkpoint import build_model, llama_config, trtllm_to_hf_state_dict
@@ -20,6 +21,16 @@ from trtkv.runtime.engine import ReferenceRuntime
 from trtkv.runtime.sampling import LogitControls
 
 __all__ = [
-    "Batcher", "build_model", "hf_checkpoint", "llama_config", "LLM", "LogitControls", "make_sequence",
-    "quiz_patterns", "read_json", "ReferenceRuntime", "SamplingParams", "trtllm_to_hf_state_dict",
+    "Batcher",
+    "build_model",
+    "hf_checkpoint",
+    "llama_config",
+    "LLM",
+    "LogitControls",
+    "make_sequence",
+    "quiz_patterns",
+    "read_json",
+    "ReferenceRuntime",
+    "SamplingParams",
+    "trtllm_to_hf_state_dict",
 ]

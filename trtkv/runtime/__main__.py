@@ -1,4 +1,5 @@
-"""`python -m trtkv.runtime ENGINE_DIR [--items N]`: the quiz agreement of the engine's KV format."""
+"""`python -m trtkv.runtime ENGINE_DIR [--items N]`: the quiz agreement of the engine's KV
+format."""
 
 import sys
 

@@ -1,20 +1,24 @@
-"""In-flight batching for the reference runtime: requests join and leave one running batch at each decode step.
+"""In-flight batching for the reference runtime: requests join and leave one running batch at each
+decode step.
 
-A `SequenceState` is one request's state (its own KV cache in the engine's quantized format, its sampling settings, the
-tokens so far). `decode_step` runs one batched forward pass for several sequences that each feed one token: the
-projections, MLPs, norms and the LM head run once on the whole batch (the weights are read once per step, which is
-what makes batching pay on a memory-bound CPU or GPU); RoPE uses each sequence's own position, and attention runs per
-sequence against its own cache (no padding, no paged blocks). Prefill runs per sequence through the model's own
-forward, in chunks of at most max_num_tokens.
+A `SequenceState` is one request's state (its own KV cache in the engine's quantized format, its
+sampling settings, the tokens so far). `decode_step` runs one batched forward pass for several
+sequences that each feed one token: the projections, MLPs, norms and the LM head run once on the
+whole batch (the weights are read once per step, which is what makes batching pay on a memory-bound
+CPU or GPU); RoPE uses each sequence's own position, and attention runs per sequence against its own
+cache (no padding, no paged blocks). Prefill runs per sequence through the model's own forward, in
+chunks of at most max_num_tokens.
 
-`Batcher` is the scheduler: a thread that admits queued requests up to max_batch_size, prefills each newcomer (one
-chunk per iteration, so decoding sequences keep streaming while a long prompt is prefilled), then advances every
-decoding sequence by one token. A finished or cancelled sequence leaves the batch at once and frees its slot.
-By default (`runtime.batch_invariant`) every step runs through trtkv.runtime.invariant (16-row prefill panels,
-fixed 8-row decode blocks, padded-key flash or tile attention): greedy answers equal solo answers bit for bit, whatever
-shares the steps and however a prompt is chunked (tests/runtime/test_batch_invariance.py). With it off (runtime.json
-`batch_invariant: false`, TRTKV_BATCH_INVARIANT=0) the plain path below runs: outputs equal a solo run's only up to
-float32 GEMM rounding, which depends on the batch size, so a near-tie can flip under load.
+`Batcher` is the scheduler: a thread that admits queued requests up to max_batch_size, prefills each
+newcomer (one chunk per iteration, so decoding sequences keep streaming while a long prompt is
+prefilled), then advances every decoding sequence by one token. A finished or cancelled sequence
+leaves the batch at once and frees its slot. By default (`runtime.batch_invariant`) every step runs
+through trtkv.runtime.invariant (16-row prefill panels, fixed 8-row decode blocks, padded-key flash
+or tile attention): greedy answers equal solo answers bit for bit, whatever shares the steps and
+however a prompt is chunked (tests/runtime/test_batch_invariance.py). With it off (runtime.json
+`batch_invariant: false`, TRTKV_BATCH_INVARIANT=0) the plain path below runs: outputs equal a solo
+run's only up to float32 GEMM rounding, which depends on the batch size, so a near-tie can flip
+under load.
 """
 
 from __future__ import annotations
@@ -33,8 +37,8 @@ from trtkv.runtime.sampling import LogitControls, ends_with, pick_token
 if TYPE_CHECKING:
     import torch
 
-# trtkv.runtime.engine.ReferenceRuntime (model, new_cache, check_request, prefill_chunk, max_seq_len,
-# eos_token_ids); not imported here, not even for types: the engine imports this module
+# trtkv.runtime.engine.ReferenceRuntime (model, new_cache, check_request, prefill_chunk,
+# max_seq_len, eos_token_ids); not imported here, not even for types: the engine imports this module
 ReferenceRuntime = Any
 
 
@@ -74,13 +78,15 @@ class SequenceState:
             self.generator.manual_seed(int(self.seed))
 
     def accept(self, logits: torch.Tensor) -> None:
-        """Choose the next token from `logits` (the last position's), emit it, and mark the end when reached."""
+        """Choose the next token from `logits` (the last position's), emit it, and mark the end when
+        reached."""
         import torch
 
         scale = self.temperature
         seq = self.prompt + self.out
         c = self.controls
-        if c is not None and c.active:  # TensorRT-LLM's penalty kernel: bias, then 1/temperature, then the penalties
+        # TensorRT-LLM's penalty kernel: bias, then 1/temperature, then the penalties
+        if c is not None and c.active:
             logits = c.add_bias(logits)
             if self.temperature > 0:
                 logits, scale = logits / self.temperature, 1.0
@@ -102,27 +108,48 @@ class SequenceState:
         return self.cancelled is not None and bool(self.cancelled())
 
 
-def make_sequence(runtime: ReferenceRuntime, input_ids: Seq[int], *, max_tokens: int, temperature: float = 0.0,
-                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None, end_id: int | None = None,
-                  stop_words: Seq[Seq[int]] | None = None, on_token: Callable[[int], bool | None] | None = None,
-                  controls: LogitControls | None = None, log_probs: list[float] | None = None,
-                  cancelled: Callable[[], bool] | None = None,
-                  on_done: Callable[[list[int], BaseException | None], None] | None = None) -> SequenceState:
-    """A checked SequenceState with ReferenceRuntime.generate's arguments (RequestError on a bad request)."""
+def make_sequence(
+    runtime: ReferenceRuntime,
+    input_ids: Seq[int],
+    *,
+    max_tokens: int,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    end_id: int | None = None,
+    stop_words: Seq[Seq[int]] | None = None,
+    on_token: Callable[[int], bool | None] | None = None,
+    controls: LogitControls | None = None,
+    log_probs: list[float] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+    on_done: Callable[[list[int], BaseException | None], None] | None = None,
+) -> SequenceState:
+    """A checked SequenceState with ReferenceRuntime.generate's arguments (RequestError on a bad
+    request)."""
     runtime.check_request(input_ids, max_tokens, temperature, top_k, top_p)
     if controls is not None and controls.min_tokens > max_tokens:
         raise RequestError(f"min_tokens {controls.min_tokens} exceeds max_tokens {max_tokens}.")
-    return SequenceState(prompt=[int(t) for t in input_ids],
-                         max_tokens=min(max_tokens, runtime.max_seq_len - len(input_ids)),
-                         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                         ends={end_id} if end_id is not None else set(runtime.eos_token_ids),
-                         stops=[list(s) for s in (stop_words or []) if s], controls=controls, log_probs=log_probs,
-                         on_token=on_token, cancelled=cancelled, on_done=on_done)
+    return SequenceState(
+        prompt=[int(t) for t in input_ids],
+        max_tokens=min(max_tokens, runtime.max_seq_len - len(input_ids)),
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        ends={end_id} if end_id is not None else set(runtime.eos_token_ids),
+        stops=[list(s) for s in (stop_words or []) if s],
+        controls=controls,
+        log_probs=log_probs,
+        on_token=on_token,
+        cancelled=cancelled,
+        on_done=on_done,
+    )
 
 
 def prefill_chunk(runtime: ReferenceRuntime, seq: SequenceState, budget: int | None) -> bool:
-    """Feed the next at most `budget` prompt tokens (None: all) through the model; on the last chunk choose the first
-    token. True when the prompt is fully prefilled."""
+    """Feed the next at most `budget` prompt tokens (None: all) through the model; on the last chunk
+    choose the first token. True when the prompt is fully prefilled."""
     import torch
 
     if runtime.batch_invariant:
@@ -130,9 +157,11 @@ def prefill_chunk(runtime: ReferenceRuntime, seq: SequenceState, budget: int | N
 
     rest = len(seq.prompt) - seq.prefilled
     n = rest if budget is None else max(1, min(rest, budget))
-    ids = torch.tensor([seq.prompt[seq.prefilled: seq.prefilled + n]], dtype=torch.long)
+    ids = torch.tensor([seq.prompt[seq.prefilled : seq.prefilled + n]], dtype=torch.long)
     with torch.inference_mode():
-        out = runtime.model(input_ids=ids, past_key_values=seq.cache, use_cache=True, logits_to_keep=1)
+        out = runtime.model(
+            input_ids=ids, past_key_values=seq.cache, use_cache=True, logits_to_keep=1
+        )
     seq.prefilled += n
     if seq.prefilled < len(seq.prompt):
         return False
@@ -141,7 +170,8 @@ def prefill_chunk(runtime: ReferenceRuntime, seq: SequenceState, budget: int | N
 
 
 def decode_step(runtime: ReferenceRuntime, seqs: list[SequenceState]) -> torch.Tensor:
-    """One forward pass feeding each sequence's last token; returns the next-token logits, one row per sequence."""
+    """One forward pass feeding each sequence's last token; returns the next-token logits, one row
+    per sequence."""
     import torch
 
     if runtime.batch_invariant:
@@ -170,9 +200,12 @@ def decode_step(runtime: ReferenceRuntime, seqs: list[SequenceState]) -> torch.T
             v = attn.v_proj(x).view(batch, 1, -1, attn.head_dim).transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
             outs = []
-            # each sequence stores its token in its own cache (one encode call for all) and attends over it
+            # each sequence stores its token in its own cache (one encode call for all) and attends
+            # over it
             for b, (keys, values) in enumerate(update_rows([s.cache for s in seqs], i, k, v)):
-                o, _ = sdpa_attention_forward(attn, q[b:b + 1], keys, values, None, dropout=0.0, scaling=attn.scaling)
+                o, _ = sdpa_attention_forward(
+                    attn, q[b : b + 1], keys, values, None, dropout=0.0, scaling=attn.scaling
+                )
                 outs.append(o)
             o = torch.cat(outs, dim=0).reshape(batch, 1, -1)
             h = residual + attn.o_proj(o)
@@ -181,9 +214,12 @@ def decode_step(runtime: ReferenceRuntime, seqs: list[SequenceState]) -> torch.T
         return runtime.model.lm_head(h)[:, -1, :]
 
 
-def _prefill_chunk_invariant(runtime: ReferenceRuntime, seq: SequenceState, budget: int | None) -> bool:
-    """Feed the next at most `budget` prompt tokens (None: all) through the model; on the last chunk choose the first
-    token. True when the prompt is fully prefilled. The chunk's boundaries do not change a token's arithmetic."""
+def _prefill_chunk_invariant(
+    runtime: ReferenceRuntime, seq: SequenceState, budget: int | None
+) -> bool:
+    """Feed the next at most `budget` prompt tokens (None: all) through the model; on the last chunk
+    choose the first token. True when the prompt is fully prefilled. The chunk's boundaries do not
+    change a token's arithmetic."""
     import torch
 
     from trtkv.runtime import invariant
@@ -191,30 +227,40 @@ def _prefill_chunk_invariant(runtime: ReferenceRuntime, seq: SequenceState, budg
     rest = len(seq.prompt) - seq.prefilled
     n = rest if budget is None else max(1, min(rest, budget))
     with torch.inference_mode():
-        last = invariant.prefill_rows(runtime.model, seq, seq.prompt[seq.prefilled: seq.prefilled + n], seq.prefilled,
-                                      runtime.max_seq_len)
+        last = invariant.prefill_rows(
+            runtime.model,
+            seq,
+            seq.prompt[seq.prefilled : seq.prefilled + n],
+            seq.prefilled,
+            runtime.max_seq_len,
+        )
         seq.prefilled += n
         if seq.prefilled < len(seq.prompt):
             return False
-        logits = invariant.lm_head(runtime.model, last[None])[0]  # a 1-row call: the same shape for any chunking
+        # a 1-row call: the same shape for any chunking
+        logits = invariant.lm_head(runtime.model, last[None])[0]
     seq.accept(logits)
     return True
 
 
 def _decode_step_invariant(runtime: ReferenceRuntime, seqs: list[SequenceState]) -> torch.Tensor:
-    """One forward pass feeding each sequence's last token; returns the next-token logits, one row per sequence.
-    Each row is computed by the same fixed-shape calls whatever else is in `seqs` (trtkv.runtime.invariant)."""
+    """One forward pass feeding each sequence's last token; returns the next-token logits, one row
+    per sequence. Each row is computed by the same fixed-shape calls whatever else is in `seqs`
+    (trtkv.runtime.invariant)."""
     import torch
 
     from trtkv.runtime import invariant
 
     with torch.inference_mode():
-        blocks = invariant.forward_rows(runtime.model, invariant.decode_blocks(runtime.model, seqs), runtime.max_seq_len)
-        return torch.cat([invariant.lm_head(runtime.model, b.x)[b.lo: b.hi] for b in blocks])
+        blocks = invariant.forward_rows(
+            runtime.model, invariant.decode_blocks(runtime.model, seqs), runtime.max_seq_len
+        )
+        return torch.cat([invariant.lm_head(runtime.model, b.x)[b.lo : b.hi] for b in blocks])
 
 
 def run_solo(runtime: ReferenceRuntime, seq: SequenceState) -> list[int]:
-    """One sequence start to end (the same prefill and decode code the batcher runs, with a batch of one)."""
+    """One sequence start to end (the same prefill and decode code the batcher runs, with a batch of
+    one)."""
     seq.start(runtime)
     chunk = runtime.prefill_chunk
     while not prefill_chunk(runtime, seq, chunk):
@@ -225,10 +271,13 @@ def run_solo(runtime: ReferenceRuntime, seq: SequenceState) -> list[int]:
 
 
 class Batcher:
-    """The in-flight batching scheduler (see the module docstring). `submit` returns at once; the sequence's
-    callbacks run on the scheduler thread (on_token per token, on_done once, with the tokens or the error)."""
+    """The in-flight batching scheduler (see the module docstring). `submit` returns at once; the
+    sequence's callbacks run on the scheduler thread (on_token per token, on_done once, with the
+    tokens or the error)."""
 
-    def __init__(self, runtime: ReferenceRuntime, max_batch_size: int, max_num_tokens: int | None = None) -> None:
+    def __init__(
+        self, runtime: ReferenceRuntime, max_batch_size: int, max_num_tokens: int | None = None
+    ) -> None:
         if max_batch_size < 1:
             raise RequestError(f"max_batch_size {max_batch_size}: must be >= 1")
         self.runtime, self.max_batch_size = runtime, max_batch_size
@@ -249,8 +298,9 @@ class Batcher:
             self._wake.notify()
 
     def wait_admitted(self) -> None:
-        """Block while submitted requests still wait for a slot in the running batch. A Triton model calls it before
-        execute() returns, so Triton sends new requests to an instance with room instead of queueing them here."""
+        """Block while submitted requests still wait for a slot in the running batch. A Triton model
+        calls it before execute() returns, so Triton sends new requests to an instance with room
+        instead of queueing them here."""
         with self._wake:
             while self._queue and not self._stop:
                 self._wake.wait()
@@ -287,7 +337,8 @@ class Batcher:
             self._iterate(prefilling, decoding)
 
     def _iterate(self, prefilling: list[SequenceState], decoding: list[SequenceState]) -> None:
-        # prefill: one chunk of the oldest newcomer, within the step's token budget (decode tokens count too)
+        # prefill: one chunk of the oldest newcomer, within the step's token budget (decode tokens
+        # count too)
         if prefilling:
             seq = prefilling[0]
             try:
@@ -297,7 +348,11 @@ class Batcher:
                 else:
                     if seq.cache is None:
                         seq.start(self.runtime)
-                    budget = None if self.max_num_tokens is None else max(1, self.max_num_tokens - len(decoding))
+                    budget = (
+                        None
+                        if self.max_num_tokens is None
+                        else max(1, self.max_num_tokens - len(decoding))
+                    )
                     if prefill_chunk(self.runtime, seq, budget):
                         prefilling.pop(0)
                         if seq.done:

@@ -1,6 +1,7 @@
-"""A TensorRT-LLM Llama checkpoint as a transformers LlamaForCausalLM: names, FP8 dequantization, and the model
-config read from the checkpoint's config.json with TensorRT-LLM's defaults; fill_model, the one way the reference
-runtime builds a transformers model from a state dict (Llama here, Gemma 3 in trtkv.runtime.gemma3)."""
+"""A TensorRT-LLM Llama checkpoint as a transformers LlamaForCausalLM: names, FP8 dequantization,
+and the model config read from the checkpoint's config.json with TensorRT-LLM's defaults;
+fill_model, the one way the reference runtime builds a transformers model from a state dict (Llama
+here, Gemma 3 in trtkv.runtime.gemma3)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ if TYPE_CHECKING:
 
 RUNTIME_JSON = "runtime.json"
 # TensorRT-LLM Llama checkpoint names (per layer) -> transformers LlamaForCausalLM names.
-# TRT-LLM's GatedMLP applies the activation to `fc`: fc = gate_proj, gate = up_proj (checked on a ModelOpt export).
+# TRT-LLM's GatedMLP applies the activation to `fc`: fc = gate_proj, gate = up_proj (checked on a
+# ModelOpt export).
 LAYER_NAMES = {
     "input_layernorm": "input_layernorm",
     "post_layernorm": "post_attention_layernorm",
@@ -33,7 +35,8 @@ GLOBAL_NAMES = {
     "transformer.ln_f": "model.norm",
     "lm_head": "lm_head",
 }
-# checkpoint kv_cache_quant_algo -> the KV format the runtime stores ("FP8" -> "fp8", None -> "none")
+# checkpoint kv_cache_quant_algo -> the KV format the runtime stores ("FP8" -> "fp8", None ->
+# "none")
 KV_FORMATS: dict[str | None, str] = {algo: kv.value for kv, algo in KV_ALGO.items()}
 
 
@@ -42,26 +45,35 @@ KV_FORMATS: dict[str | None, str] = {algo: kv.value for kv, algo in KV_ALGO.item
 
 
 def _dequantize(tensors: dict[str, torch.Tensor], base: str) -> torch.Tensor:
-    """`base.weight` as float32, multiplied by `base.weights_scaling_factor` when the weight is quantized."""
+    """`base.weight` as float32, multiplied by `base.weights_scaling_factor` when the weight is
+    quantized."""
     import torch
 
     weight = tensors[f"{base}.weight"]
     scale = tensors.get(f"{base}.weights_scaling_factor")
     if scale is None:
         if weight.dtype in (torch.float8_e4m3fn, torch.int8):
-            raise StageError(f"{base}.weight is {weight.dtype} but {base}.weights_scaling_factor is missing.")
+            raise StageError(
+                f"{base}.weight is {weight.dtype} but {base}.weights_scaling_factor is missing."
+            )
         return weight.float()
     if weight.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
-        raise StageError(f"{base}.weight: the reference runtime dequantizes FP8 weights only, got {weight.dtype} "
-                         f"with a weights_scaling_factor. Next: use quantization.weights fp8 or none.")
+        raise StageError(
+            f"{base}.weight: the reference runtime dequantizes FP8 weights only, got "
+            f"{weight.dtype} with a weights_scaling_factor. Next: use quantization.weights fp8 or "
+            "none."
+        )
     scale = scale.float()
     if scale.numel() > 1:
         scale = scale.reshape(-1, *([1] * (weight.dim() - 1)))
     return weight.float() * scale
 
 
-def trtllm_to_hf_state_dict(tensors: dict[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
-    """Map a TensorRT-LLM Llama checkpoint (one rank, TP=PP=1) to LlamaForCausalLM names, float32, dequantized."""
+def trtllm_to_hf_state_dict(
+    tensors: dict[str, torch.Tensor], config: Any
+) -> dict[str, torch.Tensor]:
+    """Map a TensorRT-LLM Llama checkpoint (one rank, TP=PP=1) to LlamaForCausalLM names, float32,
+    dequantized."""
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     out: dict[str, torch.Tensor] = {}
@@ -83,14 +95,19 @@ def trtllm_to_hf_state_dict(tensors: dict[str, torch.Tensor], config: Any) -> di
         out[f"{hf}self_attn.v_proj.weight"] = v.contiguous()
     unknown = sorted(n for n in tensors if n.endswith((".weight", ".bias")) and n not in used)
     if unknown:
-        raise StageError(f"checkpoint tensors the reference runtime does not map: {', '.join(unknown[:8])}"
-                         f"{' ...' if len(unknown) > 8 else ''}. It runs Llama-architecture checkpoints without "
-                         f"biases; Next: use a Llama model or another backend.")
+        raise StageError(
+            f"checkpoint tensors the reference runtime does not map: {', '.join(unknown[:8])}"
+            f"{' ...' if len(unknown) > 8 else ''}. It runs Llama-architecture checkpoints without "
+            f"biases; Next: use a Llama model or another backend."
+        )
     return out
 
 
-def hf_to_trtllm_state_dict(state_dict: dict[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
-    """The inverse mapping (unquantized), for writing small TensorRT-LLM-layout checkpoints in tests and tools."""
+def hf_to_trtllm_state_dict(
+    state_dict: dict[str, torch.Tensor], config: Any
+) -> dict[str, torch.Tensor]:
+    """The inverse mapping (unquantized), for writing small TensorRT-LLM-layout checkpoints in tests
+    and tools."""
     import torch
 
     out: dict[str, torch.Tensor] = {}
@@ -102,17 +119,22 @@ def hf_to_trtllm_state_dict(state_dict: dict[str, torch.Tensor], config: Any) ->
         for src, dst in LAYER_NAMES.items():
             out[f"{pre}{src}.weight"] = state_dict[f"{hf}{dst}.weight"]
         out[f"{pre}attention.qkv.weight"] = torch.cat(
-            [state_dict[f"{hf}self_attn.{p}_proj.weight"] for p in "qkv"], dim=0)
+            [state_dict[f"{hf}self_attn.{p}_proj.weight"] for p in "qkv"], dim=0
+        )
     return {k: v.contiguous() for k, v in out.items()}
 
 
 def kv_scaling_factors(tensors: dict[str, torch.Tensor], num_layers: int) -> list[float]:
-    """Per-layer `attention.kv_cache_scaling_factor` (the one TensorRT-LLM <= 1.2 reads for K and V)."""
+    """Per-layer `attention.kv_cache_scaling_factor` (the one TensorRT-LLM <= 1.2 reads for K and
+    V)."""
     scales = []
     for i in range(num_layers):
         name = f"transformer.layers.{i}.attention.kv_cache_scaling_factor"
         if name not in tensors:
-            raise StageError(f"checkpoint has a quantized KV cache but no {name}. Next: rerun `trtkv calibrate --force`.")
+            raise StageError(
+                f"checkpoint has a quantized KV cache but no {name}. Next: rerun `trtkv calibrate "
+                "--force`."
+            )
         scales.append(float(tensors[name].float().reshape(-1)[0]))
     return scales
 
@@ -133,12 +155,13 @@ def read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-# TensorRT-LLM's defaults for keys a Llama checkpoint config.json may omit, as TensorRT-LLM 1.2 reads it:
-# `tensorrt_llm/models/modeling_utils.py` PretrainedConfig.__init__ (NVIDIA/TensorRT-LLM@b35ac1b6, version 1.2.0rc2)
-# and `models/llama/config.py` LLaMAConfig.__init__ (@89fd9b74); rotary_pct/rotary_dim as
-# `Attention.create_attention_const_params` reads them. Unknown keys become attributes there (no error).
-# Derived defaults: num_key_value_heads = num_attention_heads, head_size = hidden_size // num_attention_heads,
-# intermediate_size = 4 * hidden_size. A missing lm_head.weight means the embedding is shared (PretrainedModel.load).
+# TensorRT-LLM's defaults for keys a Llama checkpoint config.json may omit, as TensorRT-LLM 1.2
+# reads it: `tensorrt_llm/models/modeling_utils.py` PretrainedConfig.__init__
+# (NVIDIA/TensorRT-LLM@b35ac1b6, version 1.2.0rc2) and `models/llama/config.py` LLaMAConfig.__init__
+# (@89fd9b74); rotary_pct/rotary_dim as `Attention.create_attention_const_params` reads them.
+# Unknown keys become attributes there (no error). Derived defaults: num_key_value_heads =
+# num_attention_heads, head_size = hidden_size // num_attention_heads, intermediate_size = 4 *
+# hidden_size. A missing lm_head.weight means the embedding is shared (PretrainedModel.load).
 TRTLLM_DEFAULTS: dict[str, Any] = {
     "hidden_act": "gelu",  # ModelOpt and LLaMAConfig.from_hugging_face write silu for a Llama
     "norm_epsilon": 1e-5,
@@ -155,72 +178,110 @@ REQUIRED_ARCH = ("num_hidden_layers", "num_attention_heads", "hidden_size", "voc
 
 
 def checkpoint_architecture(trt_cfg: dict[str, Any], where: Path) -> dict[str, Any]:
-    """Every architecture field of a TensorRT-LLM Llama checkpoint, TensorRT-LLM's defaults where a key is absent;
-    raises StageError for what TensorRT-LLM would build differently from a Llama (biases, partial/learned RoPE)."""
+    """Every architecture field of a TensorRT-LLM Llama checkpoint, TensorRT-LLM's defaults where a
+    key is absent; raises StageError for what TensorRT-LLM would build differently from a Llama
+    (biases, partial/learned RoPE)."""
     if trt_cfg.get("architecture") not in (None, "LlamaForCausalLM"):
-        raise StageError(f"{where}: architecture {trt_cfg.get('architecture')!r}; the reference runtime runs "
-                         f"LlamaForCausalLM checkpoints only.")
+        raise StageError(
+            f"{where}: architecture {trt_cfg.get('architecture')!r}; the reference runtime runs "
+            f"LlamaForCausalLM checkpoints only."
+        )
     missing = [k for k in REQUIRED_ARCH if trt_cfg.get(k) is None]
     if missing:
-        raise StageError(f"{where}: {', '.join(missing)} missing (TensorRT-LLM has no default for them). Next: "
-                         f"rerun `trtkv calibrate --force`.")
-    arch = {**TRTLLM_DEFAULTS, **{k: v for k, v in trt_cfg.items() if v is not None or k == "rotary_scaling"}}
+        raise StageError(
+            f"{where}: {', '.join(missing)} missing (TensorRT-LLM has no default for them). Next: "
+            f"rerun `trtkv calibrate --force`."
+        )
+    arch = {
+        **TRTLLM_DEFAULTS,
+        **{k: v for k, v in trt_cfg.items() if v is not None or k == "rotary_scaling"},
+    }
     heads, hidden = int(arch["num_attention_heads"]), int(arch["hidden_size"])
-    arch["num_key_value_heads"] = int(arch.get("num_key_value_heads") or heads)  # PretrainedConfig: MHA when absent
+    # PretrainedConfig: MHA when absent
+    arch["num_key_value_heads"] = int(arch.get("num_key_value_heads") or heads)
     arch["head_size"] = int(arch.get("head_size") or hidden // heads)
-    arch["intermediate_size"] = int(arch.get("intermediate_size") or 4 * hidden)  # PretrainedConfig default
+    # PretrainedConfig default
+    arch["intermediate_size"] = int(arch.get("intermediate_size") or 4 * hidden)
     problems = []
     if arch["position_embedding_type"] != "rope_gpt_neox":
-        problems.append(f"position_embedding_type {arch['position_embedding_type']!r} (a Llama uses rope_gpt_neox)")
-    if int(arch.get("rotary_dim") or arch["head_size"] * float(arch["rotary_pct"])) != arch["head_size"]:
-        problems.append(f"partial rotary (rotary_pct {arch['rotary_pct']}, rotary_dim {arch.get('rotary_dim')})")
+        problems.append(
+            f"position_embedding_type {arch['position_embedding_type']!r} (a Llama uses "
+            "rope_gpt_neox)"
+        )
+    if (
+        int(arch.get("rotary_dim") or arch["head_size"] * float(arch["rotary_pct"]))
+        != arch["head_size"]
+    ):
+        problems.append(
+            f"partial rotary (rotary_pct {arch['rotary_pct']}, rotary_dim {arch.get('rotary_dim')})"
+        )
     for flag in ("mlp_bias", "attn_bias", "qk_layernorm"):
         if arch[flag]:
             problems.append(f"{flag} true")
     if str(arch["hidden_act"]) not in ("silu", "swiglu"):
         problems.append(f"hidden_act {arch['hidden_act']!r} (a Llama MLP is gated silu)")
     if problems:
-        raise StageError(f"{where}: TensorRT-LLM would build this checkpoint with {'; '.join(problems)}; the reference "
-                         f"runtime runs what a Llama export holds. Next: check the export (`trtkv calibrate --force`).")
+        raise StageError(
+            f"{where}: TensorRT-LLM would build this checkpoint with {'; '.join(problems)}; the "
+            "reference runtime runs what a Llama export holds. Next: check the export (`trtkv "
+            "calibrate --force`)."
+        )
     return arch
 
 
 def llama_config(trt_cfg: dict[str, Any], hf_cfg: dict[str, Any] | None, where: Path) -> Any:
-    """A LlamaConfig built from the TensorRT-LLM checkpoint's config.json alone, the way TensorRT-LLM reads it.
+    """A LlamaConfig built from the TensorRT-LLM checkpoint's config.json alone, the way
+    TensorRT-LLM reads it.
 
-    The HF config (when given) contributes token ids only (bos/eos/pad are not part of the engine); a rope or layer
-    count that exists only in the HF config is ignored here, so a checkpoint TensorRT-LLM would misread is misread
-    by the reference runtime too (`trtkv generate` shows it).
+    The HF config (when given) contributes token ids only (bos/eos/pad are not part of the engine);
+    a rope or layer count that exists only in the HF config is ignored here, so a checkpoint
+    TensorRT-LLM would misread is misread by the reference runtime too (`trtkv generate` shows it).
     """
     from transformers import LlamaConfig
 
     from trtkv.checkpoints import rope
 
     arch = checkpoint_architecture(trt_cfg, where)
-    positions = arch["max_position_embeddings"] or (hf_cfg or {}).get("max_position_embeddings") or 4096
+    positions = (
+        arch["max_position_embeddings"] or (hf_cfg or {}).get("max_position_embeddings") or 4096
+    )
     ropes = rope.from_trtllm(arch)
-    rope_parameters = {"rope_type": ropes.scaling_type or "default", "rope_theta": ropes.theta,
-                       **{k: v for k, v in (ropes.scaling or {}).items() if k != "rope_type"}}
+    rope_parameters = {
+        "rope_type": ropes.scaling_type or "default",
+        "rope_theta": ropes.theta,
+        **{k: v for k, v in (ropes.scaling or {}).items() if k != "rope_type"},
+    }
     data: dict[str, Any] = {
-        "vocab_size": int(arch["vocab_size"]), "hidden_size": int(arch["hidden_size"]),
-        "intermediate_size": int(arch["intermediate_size"]), "num_hidden_layers": int(arch["num_hidden_layers"]),
+        "vocab_size": int(arch["vocab_size"]),
+        "hidden_size": int(arch["hidden_size"]),
+        "intermediate_size": int(arch["intermediate_size"]),
+        "num_hidden_layers": int(arch["num_hidden_layers"]),
         "num_attention_heads": int(arch["num_attention_heads"]),
-        "num_key_value_heads": int(arch["num_key_value_heads"]), "head_dim": int(arch["head_size"]),
-        "rms_norm_eps": float(arch["norm_epsilon"]), "hidden_act": "silu",
-        "max_position_embeddings": int(positions), "rope_parameters": rope_parameters,
-        "attention_bias": False, "mlp_bias": False,
+        "num_key_value_heads": int(arch["num_key_value_heads"]),
+        "head_dim": int(arch["head_size"]),
+        "rms_norm_eps": float(arch["norm_epsilon"]),
+        "hidden_act": "silu",
+        "max_position_embeddings": int(positions),
+        "rope_parameters": rope_parameters,
+        "attention_bias": False,
+        "mlp_bias": False,
     }
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
         data[key] = (hf_cfg or {}).get(key)
     return LlamaConfig(**data, dtype="float32")
 
 
-def fill_model(model_class: Any, config: Any, state_dict: dict[str, torch.Tensor], what: str,
-               finish: Callable[[Any, Any], None]) -> Any:
-    """A float32 `model_class(config)` holding exactly `state_dict` (no random init, no missing tensors): built on the
-    meta device, the tensors assigned, lm_head tied to the embedding when the checkpoint has none, then
-    `finish(model, config)` sets what the checkpoint does not hold (the rotary embedding, non-persistent buffers).
-    `what` names the model in the error."""
+def fill_model(
+    model_class: Any,
+    config: Any,
+    state_dict: dict[str, torch.Tensor],
+    what: str,
+    finish: Callable[[Any, Any], None],
+) -> Any:
+    """A float32 `model_class(config)` holding exactly `state_dict` (no random init, no missing
+    tensors): built on the meta device, the tensors assigned, lm_head tied to the embedding when the
+    checkpoint has none, then `finish(model, config)` sets what the checkpoint does not hold (the
+    rotary embedding, non-persistent buffers). `what` names the model in the error."""
     import torch
 
     config = copy.deepcopy(config)
@@ -231,7 +292,10 @@ def fill_model(model_class: Any, config: Any, state_dict: dict[str, torch.Tensor
     expected = {k for k in model.state_dict() if not (tied and k == "lm_head.weight")}
     missing, unexpected = sorted(expected - set(state_dict)), sorted(set(state_dict) - expected)
     if missing or unexpected:
-        raise StageError(f"checkpoint does not fill the {what}: missing {missing[:6]}, unexpected {unexpected[:6]}.")
+        raise StageError(
+            f"checkpoint does not fill the {what}: missing {missing[:6]}, unexpected "
+            f"{unexpected[:6]}."
+        )
     model.load_state_dict(state_dict, strict=False, assign=True)
     if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
@@ -252,5 +316,3 @@ def build_model(config: Any, state_dict: dict[str, torch.Tensor]) -> Any:
         model.model.rotary_emb = LlamaRotaryEmbedding(config=config, device=torch.device("cpu"))
 
     return fill_model(LlamaForCausalLM, config, state_dict, "model", finish)
-
-

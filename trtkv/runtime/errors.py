@@ -6,4 +6,5 @@ from trtkv.core.errors import TrtkvError
 
 
 class RequestError(TrtkvError, ValueError):
-    """A generate() call with arguments the runtime cannot serve (too long, empty, bad sampling values)."""
+    """A generate() call with arguments the runtime cannot serve (too long, empty, bad sampling
+    values)."""

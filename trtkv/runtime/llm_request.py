@@ -1,8 +1,9 @@
-"""A request to trtkv.runtime.llm's LLM, shaped as TensorRT-LLM's: `SamplingParams` (what it asks, same names and
-defaults as `tensorrt_llm.SamplingParams`), and the `RequestOutput` that generate_async returns: awaited
-(`aresult()`), iterated (`async for`, one snapshot per update) or read synchronously (`result()`), with its
-`CompletionOutput` (`text_diff`/`token_ids_diff` since the previous snapshot). The engine's worker thread publishes
-snapshots; `abort()` stops the request at the next token, or ends a queued one at once.
+"""A request to trtkv.runtime.llm's LLM, shaped as TensorRT-LLM's: `SamplingParams` (what it asks,
+same names and defaults as `tensorrt_llm.SamplingParams`), and the `RequestOutput` that
+generate_async returns: awaited (`aresult()`), iterated (`async for`, one snapshot per update) or
+read synchronously (`result()`), with its `CompletionOutput` (`text_diff`/`token_ids_diff` since the
+previous snapshot). The engine's worker thread publishes snapshots; `abort()` stops the request at
+the next token, or ends a queued one at once.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from trtkv.runtime.errors import RequestError
 
 @dataclass
 class SamplingParams:
-    """tensorrt_llm.SamplingParams, the fields the reference engine supports (same names, same defaults)."""
+    """tensorrt_llm.SamplingParams, the fields the reference engine supports (same names, same
+    defaults)."""
 
     max_tokens: int = 32
     temperature: float | None = None  # None: TensorRT-LLM's default, 1.0
@@ -34,7 +36,8 @@ class SamplingParams:
     frequency_penalty: float | None = None
     add_special_tokens: bool = True
     exclude_input_from_output: bool = True  # False: text_output starts with the prompt
-    return_perf_metrics: bool = False  # accepted; the reference engine has no per-request KV/timing metrics
+    # accepted; the reference engine has no per-request KV/timing metrics
+    return_perf_metrics: bool = False
     best_of: int | None = None
     n: int = 1
 
@@ -46,7 +49,8 @@ class SamplingParams:
 
 @dataclass
 class CompletionOutput:
-    """One generated sequence; `text_diff`/`token_ids_diff` are what arrived since the previous snapshot."""
+    """One generated sequence; `text_diff`/`token_ids_diff` are what arrived since the previous
+    snapshot."""
 
     index: int = 0
     text: str = ""
@@ -63,11 +67,11 @@ class CompletionOutput:
 
     @property
     def text_diff(self) -> str:
-        return self.text[self._last_text_len:]
+        return self.text[self._last_text_len :]
 
     @property
     def token_ids_diff(self) -> list[int]:
-        return self.token_ids[self._last_ids_len:]
+        return self.token_ids[self._last_ids_len :]
 
 
 @dataclass(frozen=True)
@@ -84,10 +88,17 @@ class _Snapshot:
 
 
 class RequestOutput:
-    """A request in flight: `async for` yields it once per update (streaming), `aresult()`/`result()` the end."""
+    """A request in flight: `async for` yields it once per update (streaming),
+    `aresult()`/`result()` the end."""
 
-    def __init__(self, request_id: int, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
-                 streaming: bool) -> None:
+    def __init__(
+        self,
+        request_id: int,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        streaming: bool,
+    ) -> None:
         self.request_id, self.prompt, self.prompt_token_ids = request_id, prompt, prompt_token_ids
         self.sampling_params, self.streaming = params, streaming
         self.outputs = [CompletionOutput()]
@@ -95,7 +106,8 @@ class RequestOutput:
         self._aborted = threading.Event()
         self._done = threading.Event()
         self._lock = threading.Lock()
-        self._started = False  # the worker took it (under _lock: abort() answers a queued request itself)
+        # the worker took it (under _lock: abort() answers a queued request itself)
+        self._started = False
         self._sync: queue.SimpleQueue[_Snapshot] = queue.SimpleQueue()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._async: asyncio.Queue[_Snapshot] | None = None
@@ -113,7 +125,8 @@ class RequestOutput:
         if self._loop is not None and self._async is not None:
             try:
                 self._loop.call_soon_threadsafe(self._async.put_nowait, snap)
-            except RuntimeError:  # the consumer's loop is closed: nobody reads this request any more
+            # the consumer's loop is closed: nobody reads this request any more
+            except RuntimeError:
                 self._aborted.set()
         else:
             self._sync.put(snap)
@@ -132,7 +145,8 @@ class RequestOutput:
         return self
 
     def abort(self) -> None:
-        """Stop generating at the next token (finish_reason "cancelled"); a request still queued ends at once."""
+        """Stop generating at the next token (finish_reason "cancelled"); a request still queued
+        ends at once."""
         with self._lock:
             self._aborted.set()
             queued = not self._started and not self._done.is_set()
@@ -175,7 +189,10 @@ class RequestOutput:
             raise TimeoutError(f"request {self.request_id} not finished within {timeout} s")
         with self._lock:
             last = self._last
-        if last is None:  # _done is set only after a snapshot was stored; reaching here is a bug in this module
-            raise RequestError(f"request {self.request_id} ended without an output. Next: report it with the server "
-                               f"log; the request can be sent again.")
+        # _done is set only after a snapshot was stored; reaching here is a bug in this module
+        if last is None:
+            raise RequestError(
+                f"request {self.request_id} ended without an output. Next: report it with the "
+                "server log; the request can be sent again."
+            )
         return self._apply(last)

@@ -1,9 +1,10 @@
-"""bsdgames quiz(6) answer patterns, shared by `trtkv bench`'s quiz task and the runtime's quiz agreement:
-`{optional}`, `[a|b]`, `a|b`, `\\` quoting, `X<BS>Y` overstrike accents.
+"""bsdgames quiz(6) answer patterns, shared by `trtkv bench`'s quiz task and the runtime's quiz
+agreement: `{optional}`, `[a|b]`, `a|b`, `\\` quoting, `X<BS>Y` overstrike accents.
 
-A model's answer is right when it starts with one accepted string (exact prefix, case- and accent-insensitive,
-followed by a non-word character or the end). Overstrikes are composed into accented letters and accents are
-folded on both sides, so `Bogot['<BS>a|a<BS>'|a]` accepts "Bogotá" and "Bogota".
+A model's answer is right when it starts with one accepted string (exact prefix, case- and
+accent-insensitive, followed by a non-word character or the end). Overstrikes are composed into
+accented letters and accents are folded on both sides, so `Bogot['<BS>a|a<BS>'|a]` accepts "Bogotá"
+and "Bogota".
 """
 
 from __future__ import annotations
@@ -13,9 +14,19 @@ import unicodedata
 from collections.abc import Sequence
 
 BS = "\b"
-COMBINING = {"'": "\u0301", "`": "\u0300", "^": "\u0302", "~": "\u0303", '"': "\u0308", ",": "\u0327", "°": "\u030a"}
+COMBINING = {
+    "'": "\u0301",
+    "`": "\u0300",
+    "^": "\u0302",
+    "~": "\u0303",
+    '"': "\u0308",
+    ",": "\u0327",
+    "°": "\u030a",
+}
 SPECIAL = {("/", "o"): "ø", ("/", "O"): "Ø"}
-FOLD_EXTRA = str.maketrans({"ø": "o", "Ø": "O", "æ": "ae", "Æ": "AE", "ß": "ss", "đ": "d", "ł": "l", "’": "'"})
+FOLD_EXTRA = str.maketrans(
+    {"ø": "o", "Ø": "O", "æ": "ae", "Æ": "AE", "ß": "ss", "đ": "d", "ł": "l", "’": "'"}
+)
 
 
 class PatternError(ValueError):
@@ -33,7 +44,8 @@ def compose(a: str, b: str) -> str:
 
 
 def _tokens(pattern: str) -> list[tuple[str, str]]:
-    """("lit", char) or ("op", one of {}[]|); escapes and overstrikes resolved, a trailing `\\` dropped."""
+    """("lit", char) or ("op", one of {}[]|); escapes and overstrikes resolved, a trailing `\\`
+    dropped."""
     out: list[tuple[str, str]] = []
     i = 0
     while i < len(pattern):
@@ -53,7 +65,8 @@ def _tokens(pattern: str) -> list[tuple[str, str]]:
 
 
 class _Parser:
-    """Recursive descent over the tokens: alt := seq ('|' seq)* ; seq := ('{' alt '}' | '[' alt ']' | lit)*."""
+    """Recursive descent over the tokens: alt := seq ('|' seq)* ; seq := ('{' alt '}' | '[' alt ']'
+    | lit)*."""
 
     def __init__(self, pattern: str) -> None:
         self.pattern = pattern
@@ -63,7 +76,9 @@ class _Parser:
     def parse(self) -> list:
         tree = self.alt()
         if self.pos != len(self.toks):
-            raise PatternError(f"unbalanced {self.toks[self.pos][1]!r} in quiz pattern {self.pattern!r}")
+            raise PatternError(
+                f"unbalanced {self.toks[self.pos][1]!r} in quiz pattern {self.pattern!r}"
+            )
         return tree
 
     def alt(self) -> list:
@@ -97,7 +112,8 @@ class _Parser:
 
 
 def fold(text: str) -> str:
-    """Case- and accent-insensitive form with single spaces (both sides of a comparison go through it)."""
+    """Case- and accent-insensitive form with single spaces (both sides of a comparison go through
+    it)."""
     text = unicodedata.normalize("NFKD", text.translate(FOLD_EXTRA))
     text = "".join(c for c in text if not unicodedata.combining(c)).translate(FOLD_EXTRA)
     return " ".join(text.casefold().split())
@@ -128,12 +144,14 @@ def _render(node: list | str) -> str:
 
 
 def compile_pattern(pattern: str) -> re.Pattern[str]:
-    """A regex matching the folded accepted strings at the start of a folded answer, then a non-word char or end."""
+    """A regex matching the folded accepted strings at the start of a folded answer, then a non-word
+    char or end."""
     return re.compile(r"^" + _regex(_Parser(pattern).parse()) + r"(?!\w)")
 
 
 def render(pattern: str) -> str:
-    """A readable form of a pattern: optional parts kept, first alternative taken, overstrikes composed."""
+    """A readable form of a pattern: optional parts kept, first alternative taken, overstrikes
+    composed."""
     return " ".join(_render(_Parser(pattern).parse()).split())
 
 
@@ -152,9 +170,16 @@ def few_shot_prompt(country: str, examples: Sequence[tuple[str, str]] = FEW_SHOT
     return f"{shots}Q: What is the capital of {country}?\nA:"
 
 
-def pick_items(items: Sequence[dict[str, str]], count: int, exclude: Sequence[str] = ()) -> list[dict[str, str]]:
-    """`count` items spread evenly over the list (deterministic), leaving out the few-shot examples."""
-    pool = [it for it in items if it.get("answer") and it.get("question") and render(it["question"]) not in exclude]
+def pick_items(
+    items: Sequence[dict[str, str]], count: int, exclude: Sequence[str] = ()
+) -> list[dict[str, str]]:
+    """`count` items spread evenly over the list (deterministic), leaving out the few-shot
+    examples."""
+    pool = [
+        it
+        for it in items
+        if it.get("answer") and it.get("question") and render(it["question"]) not in exclude
+    ]
     if count >= len(pool):
         return list(pool)
     step = len(pool) / count

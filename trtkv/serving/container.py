@@ -1,7 +1,9 @@
-"""The GPU side of `trtkv serve`: the Triton TensorRT-LLM container, one tritonserver per rank under mpirun, the image
-from the version matrix (trtkv.platform.versions) matching the engine's recorded TensorRT-LLM, and stopping the container.
+"""The GPU side of `trtkv serve`: the Triton TensorRT-LLM container, one tritonserver per rank under
+mpirun, the image from the version matrix (trtkv.platform.versions) matching the engine's recorded
+TensorRT-LLM, and stopping the container.
 
-`trtkv serve` (trtkv.serving.serve) runs these commands; `trtkv repo` prints them in the repository README.
+`trtkv serve` (trtkv.serving.serve) runs these commands; `trtkv repo` prints them in the repository
+README.
 """
 
 from __future__ import annotations
@@ -33,9 +35,11 @@ from trtkv.recipe.layout import (
 
 IMAGE_ENV = versions.IMAGE_ENV
 CONTAINER_TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
-CONTAINER_BIND = "0.0.0.0"  # inside the container: docker's -p publishes only on the recipe's triton.host
+# inside the container: docker's -p publishes only on the recipe's triton.host
+CONTAINER_BIND = "0.0.0.0"
 DOCKER_STOP_TIMEOUT_S = 30
-TRITON_SHM_GIB = 2  # /dev/shm for the Python backend's shared-memory regions and NCCL (docker --shm-size, the pods')
+# /dev/shm for the Python backend's shared-memory regions and NCCL (docker --shm-size, the pods')
+TRITON_SHM_GIB = 2
 
 
 def container_name(recipe: Recipe) -> str:
@@ -43,27 +47,41 @@ def container_name(recipe: Recipe) -> str:
     return f"trtkv-{recipe.name}"
 
 
-def rank_command(recipe: Recipe, repo: Path, rank: int, tritonserver: str = CONTAINER_TRITONSERVER,
-                 host: str | None = None) -> list[str]:
-    """One rank's tritonserver, as the TensorRT-LLM backend's launch_triton_server.py builds it, bound to `host`
-    (default: the recipe's triton.host)."""
+def rank_command(
+    recipe: Recipe,
+    repo: Path,
+    rank: int,
+    tritonserver: str = CONTAINER_TRITONSERVER,
+    host: str | None = None,
+) -> list[str]:
+    """One rank's tritonserver, as the TensorRT-LLM backend's launch_triton_server.py builds it,
+    bound to `host` (default: the recipe's triton.host)."""
     t = recipe.triton
     bind = host or t.host
-    cmd = [tritonserver, f"--model-repository={repo}",
-           f"--http-address={bind}", f"--http-port={t.http_port}",
-           f"--grpc-address={bind}", f"--grpc-port={t.grpc_port}",
-           f"--metrics-address={bind}", f"--metrics-port={t.metrics_port}", "--disable-auto-complete-config",
-           f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"]
+    cmd = [
+        tritonserver,
+        f"--model-repository={repo}",
+        f"--http-address={bind}",
+        f"--http-port={t.http_port}",
+        f"--grpc-address={bind}",
+        f"--grpc-port={t.grpc_port}",
+        f"--metrics-address={bind}",
+        f"--metrics-port={t.metrics_port}",
+        "--disable-auto-complete-config",
+        f"--backend-config=python,shm-region-prefix-name=prefix{rank}_",
+    ]
     if rank:
         cmd += ["--model-control-mode=explicit", "--load-model=tensorrt_llm"]
     return cmd
 
 
 def gpu_command(recipe: Recipe, repo: Path, host: str | None = None) -> list[str]:
-    """Inside the container: tritonserver, or `mpirun -n 1 <rank 0> : -n 1 <rank 1> ...` for world size > 1.
+    """Inside the container: tritonserver, or `mpirun -n 1 <rank 0> : -n 1 <rank 1> ...` for world
+    size > 1.
 
-    The `llmapi` backend runs one tritonserver whatever the world size: the LLM API starts its own workers.
-    `host`: the address the servers bind (default the recipe's triton.host; docker_command passes 0.0.0.0).
+    The `llmapi` backend runs one tritonserver whatever the world size: the LLM API starts its own
+    workers. `host`: the address the servers bind (default the recipe's triton.host; docker_command
+    passes 0.0.0.0).
     """
     ranks = for_recipe(recipe).serving.ranks(recipe)
     if ranks == 1:
@@ -77,72 +95,108 @@ def gpu_command(recipe: Recipe, repo: Path, host: str | None = None) -> list[str
 
 
 def launch_script_command(recipe: Recipe, repo: Path) -> list[str]:
-    """The same launch through the backend's own script (its path depends on the container release)."""
+    """The same launch through the backend's own script (its path depends on the container
+    release)."""
     t = recipe.triton
     ranks = for_recipe(recipe).serving.ranks(recipe)
-    return ["python3", "/app/scripts/launch_triton_server.py", f"--world_size={ranks}", f"--model_repo={repo}",
-            f"--http_port={t.http_port}", f"--grpc_port={t.grpc_port}", f"--metrics_port={t.metrics_port}"]
+    return [
+        "python3",
+        "/app/scripts/launch_triton_server.py",
+        f"--world_size={ranks}",
+        f"--model_repo={repo}",
+        f"--http_port={t.http_port}",
+        f"--grpc_port={t.grpc_port}",
+        f"--metrics_port={t.metrics_port}",
+    ]
 
 
 def built_versions(recipe: Recipe) -> dict[str, Any]:
-    """The TensorRT-LLM/TensorRT versions the engine manifest records (empty when not built here, or no engine)."""
+    """The TensorRT-LLM/TensorRT versions the engine manifest records (empty when not built here, or
+    no engine)."""
     if not for_recipe(recipe).serving.records_versions:
         return {}
     try:
         manifest = Manifest.load(engine_dir(recipe))
-    except StageError:  # an unreadable engine manifest records no versions (the build reruns on the next `trtkv build`)
+    # an unreadable engine manifest records no versions (the build reruns on the next `trtkv build`)
+    except StageError:
         return {}
     return dict((manifest.model_extra or {}).get("versions") or {}) if manifest else {}
 
 
 def container_image(recipe: Recipe) -> str:
-    """The image that runs this recipe's engine; StageError when the engine, the recipe and the image disagree."""
+    """The image that runs this recipe's engine; StageError when the engine, the recipe and the
+    image disagree."""
     built = built_versions(recipe)
     wanted = recipe.build.tensorrt_llm_version
-    if built.get("tensorrt_llm") and versions.release(built["tensorrt_llm"]) != versions.release(wanted):
-        raise StageError(f"{engine_dir(recipe)} was built by TensorRT-LLM {built['tensorrt_llm']}, but the recipe's "
-                         f"build.tensorrt_llm_version is {wanted}: an engine loads only under the TensorRT-LLM that "
-                         f"built it. Next: rebuild (`trtkv build {recipe.name} --force`) or set "
-                         f"build.tensorrt_llm_version={versions.release(built['tensorrt_llm'])}.")
+    if built.get("tensorrt_llm") and versions.release(built["tensorrt_llm"]) != versions.release(
+        wanted
+    ):
+        raise StageError(
+            f"{engine_dir(recipe)} was built by TensorRT-LLM {built['tensorrt_llm']}, but the "
+            f"recipe's build.tensorrt_llm_version is {wanted}: an engine loads only under the "
+            f"TensorRT-LLM that built it. Next: rebuild (`trtkv build {recipe.name} --force`) or "
+            f"set build.tensorrt_llm_version={versions.release(built['tensorrt_llm'])}."
+        )
     image = versions.image_for(built.get("tensorrt_llm") or wanted)
     problems = versions.check_engine_versions(built, image)
     if problems:
-        raise StageError(f"{image} cannot run {engine_dir(recipe)}: {'; '.join(problems)}. Next: use "
-                         f"{versions.row_for_trtllm(built['tensorrt_llm']).image}, or rebuild the engine.")
+        raise StageError(
+            f"{image} cannot run {engine_dir(recipe)}: {'; '.join(problems)}. Next: use "
+            f"{versions.row_for_trtllm(built['tensorrt_llm']).image}, or rebuild the engine."
+        )
     return image
 
 
 def triton_reads(recipe: Recipe) -> list[Path]:
-    """The host folders tritonserver reads: the layout's input (engine or HF export), the calibrated tokenizer unless
-    the served model carries it, and the repository."""
+    """The host folders tritonserver reads: the layout's input (engine or HF export), the calibrated
+    tokenizer unless the served model carries it, and the repository."""
     layout = for_recipe(recipe).repo
     if layout is None:
         return []
     needed, _stage = layout.input(recipe)
     host = host_artifacts(recipe)
-    reads = [needed] if layout.tokenizer is TokenizerSource.SERVED_MODEL else [needed, host.tokenizer]
+    reads = (
+        [needed] if layout.tokenizer is TokenizerSource.SERVED_MODEL else [needed, host.tokenizer]
+    )
     return [*reads, host.repo]
 
 
 def volume_args(recipe: Recipe, folders: list[Path]) -> list[str]:
-    """`-v HOST:CONTAINER:ro` for each host folder, at its canonical container path (/models/<recipe>/...): the
-    server only reads them."""
-    return [a for host, box in container_mounts(recipe, folders) for a in ("-v", f"{host}:{box}:ro")]
+    """`-v HOST:CONTAINER:ro` for each host folder, at its canonical container path
+    (/models/<recipe>/...): the server only reads them."""
+    return [
+        a for host, box in container_mounts(recipe, folders) for a in ("-v", f"{host}:{box}:ro")
+    ]
 
 
 def docker_command(recipe: Recipe, repo: Path) -> list[str]:
-    """docker run of the Triton TensorRT-LLM image; the folders it reads (`repo` and the engine or HF export, on this
-    host) mounted at their canonical container paths, which the repository's configs name.
+    """docker run of the Triton TensorRT-LLM image; the folders it reads (`repo` and the engine or
+    HF export, on this host) mounted at their canonical container paths, which the repository's
+    configs name.
 
-    Ports are published on the recipe's triton.host only; inside the container the servers bind 0.0.0.0 (docker
-    forwards to the container's own interface, which a 127.0.0.1 bind would not answer).
+    Ports are published on the recipe's triton.host only; inside the container the servers bind
+    0.0.0.0 (docker forwards to the container's own interface, which a 127.0.0.1 bind would not
+    answer).
     """
     t = recipe.triton
-    cmd = ["docker", "run", "--rm", "--gpus", "all", f"--shm-size={TRITON_SHM_GIB}g", "--ulimit", "memlock=-1",
-           "--ulimit", "stack=67108864", "--name", container_name(recipe)]
+    cmd = [
+        "docker",
+        "run",
+        "--rm",
+        "--gpus",
+        "all",
+        f"--shm-size={TRITON_SHM_GIB}g",
+        "--ulimit",
+        "memlock=-1",
+        "--ulimit",
+        "stack=67108864",
+        "--name",
+        container_name(recipe),
+    ]
     for port in (t.http_port, t.grpc_port, t.metrics_port):
         cmd += ["-p", f"{t.host}:{port}:{port}"]
-    # docker's health check is the real one-token inference (Triton answers "ready" with a dead model instance)
+    # docker's health check is the real one-token inference (Triton answers "ready" with a dead
+    # model instance)
     cmd += docker_health_args(canary_script(t.http_port, _interface(recipe)), t.startup_timeout_s)
     box = container_artifacts(recipe)
     reads = [f for f in triton_reads(recipe) if f != host_artifacts(recipe).repo]
@@ -153,52 +207,84 @@ def docker_command(recipe: Recipe, repo: Path) -> list[str]:
 def _interface(recipe: Recipe) -> ModelInterface:
     repo = for_recipe(recipe).repo
     if repo is None:
-        raise StageError(f"{recipe.name}: backend {recipe.build.backend.value} has no Triton repository: tritonserver "
-                         f"does not serve it. Next: `trtkv serve {recipe.name}` runs its own server.")
+        raise StageError(
+            f"{recipe.name}: backend {recipe.build.backend.value} has no Triton repository: "
+            f"tritonserver does not serve it. Next: `trtkv serve {recipe.name}` runs its own "
+            "server."
+        )
     return repo.interface
 
 
 def inside_repo(recipe: Recipe, repo: Path) -> Path:
-    """The repository tritonserver loads when trtkv runs inside the Triton container: its configs name the canonical
-    container paths (/models/<recipe>/...), so those must be where the artifacts are mounted."""
+    """The repository tritonserver loads when trtkv runs inside the Triton container: its configs
+    name the canonical container paths (/models/<recipe>/...), so those must be where the artifacts
+    are mounted."""
     at, layout = container_artifacts(recipe), for_recipe(recipe).repo
-    needed = [at.repo] + ([to_container(recipe, layout.input(recipe)[0])] if layout is not None else [])
+    needed = [at.repo] + (
+        [to_container(recipe, layout.input(recipe)[0])] if layout is not None else []
+    )
     missing = [p for p in needed if not p.exists()]
     if missing:
-        raise StageError(f"serve {recipe.name}: inside the container, the repository's configs name the canonical "
-                         f"paths under {at.root}, and {missing[0]} is not there. Next: start the container with the "
-                         f"mounts `trtkv serve {recipe.name} --dry-run` prints (-v {repo}:{at.repo}:ro ...), or run "
-                         f"`trtkv serve {recipe.name}` on the host, which starts docker with them.")
+        raise StageError(
+            f"serve {recipe.name}: inside the container, the repository's configs name the "
+            f"canonical paths under {at.root}, and {missing[0]} is not there. Next: start the "
+            f"container with the mounts `trtkv serve {recipe.name} --dry-run` prints (-v "
+            f"{repo}:{at.repo}:ro ...), or run `trtkv serve {recipe.name}` on the host, which "
+            "starts docker with them."
+        )
     return at.repo
 
 
 def trtllm_serve_server(recipe: Recipe) -> OpenAIServer:
-    """The OpenAI-compatible alternative to a Triton-served backend (`--trtllm-serve`: TensorRT-LLM's, backend
-    llmapi); StageError for a backend that has none."""
+    """The OpenAI-compatible alternative to a Triton-served backend (`--trtllm-serve`:
+    TensorRT-LLM's, backend llmapi); StageError for a backend that has none."""
     backend = for_recipe(recipe)
     if backend.repo is None or backend.serving.openai is None:
-        raise StageError(f"--trtllm-serve serves the LLM API path; {recipe.name} has build.backend "
-                         f"{recipe.build.backend.value}. Next: use a recipe with build.backend llmapi (e.g. "
-                         f"llama70b_fp8kv_llmapi), or serve this one with Triton (`trtkv serve {recipe.name}`).")
+        raise StageError(
+            f"--trtllm-serve serves the LLM API path; {recipe.name} has build.backend "
+            f"{recipe.build.backend.value}. Next: use a recipe with build.backend llmapi (e.g. "
+            f"llama70b_fp8kv_llmapi), or serve this one with Triton (`trtkv serve {recipe.name}`)."
+        )
     return backend.serving.openai
 
 
-def trtllm_serve_command(recipe: Recipe, host: str | None = None, at: Artifacts | None = None) -> list[str]:
-    """TensorRT-LLM's OpenAI-compatible server on the recipe's HF export (backend llmapi), with the build's --config;
-    `at`: where the artifacts are (default: the canonical container paths of a GPU recipe)."""
-    return trtllm_serve_server(recipe).command(recipe, host or recipe.triton.host, at or served_artifacts(recipe))
+def trtllm_serve_command(
+    recipe: Recipe, host: str | None = None, at: Artifacts | None = None
+) -> list[str]:
+    """TensorRT-LLM's OpenAI-compatible server on the recipe's HF export (backend llmapi), with the
+    build's --config; `at`: where the artifacts are (default: the canonical container paths of a GPU
+    recipe)."""
+    return trtllm_serve_server(recipe).command(
+        recipe, host or recipe.triton.host, at or served_artifacts(recipe)
+    )
 
 
 def trtllm_serve_docker_command(recipe: Recipe) -> list[str]:
-    """docker run of the TensorRT-LLM image running trtllm-serve; the HTTP port published on triton.host only, the
-    HF export and the build folder mounted at their canonical container paths."""
+    """docker run of the TensorRT-LLM image running trtllm-serve; the HTTP port published on
+    triton.host only, the HF export and the build folder mounted at their canonical container
+    paths."""
     t = recipe.triton
     server = trtllm_serve_server(recipe)
     model = server.served_model(recipe)
-    cmd = ["docker", "run", "--rm", "--gpus", "all", f"--shm-size={server.shm_gib}g", "--ulimit", "memlock=-1",
-           "--ulimit", "stack=67108864", "--name", container_name(recipe), "-p", f"{t.host}:{t.http_port}:{t.http_port}",
-           *docker_health_args(canary_script(t.http_port, openai_model=model), t.startup_timeout_s),
-           *volume_args(recipe, server.reads(recipe)), container_image(recipe)]
+    cmd = [
+        "docker",
+        "run",
+        "--rm",
+        "--gpus",
+        "all",
+        f"--shm-size={server.shm_gib}g",
+        "--ulimit",
+        "memlock=-1",
+        "--ulimit",
+        "stack=67108864",
+        "--name",
+        container_name(recipe),
+        "-p",
+        f"{t.host}:{t.http_port}:{t.http_port}",
+        *docker_health_args(canary_script(t.http_port, openai_model=model), t.startup_timeout_s),
+        *volume_args(recipe, server.reads(recipe)),
+        container_image(recipe),
+    ]
     return cmd + trtllm_serve_command(recipe, host=CONTAINER_BIND, at=container_artifacts(recipe))
 
 
@@ -209,7 +295,11 @@ def shell_block(cmd: list[str]) -> str:
     """A long command on several lines (each mount, port, rank and the image on its own line)."""
     lines = [quote(cmd[:1])]
     for token in cmd[1:]:
-        if token in BREAK_BEFORE or token.startswith("nvcr.io/") or token == os.environ.get(IMAGE_ENV):
+        if (
+            token in BREAK_BEFORE
+            or token.startswith("nvcr.io/")
+            or token == os.environ.get(IMAGE_ENV)
+        ):
             lines.append(quote([token]))
         else:
             lines[-1] += " " + quote([token])
@@ -220,12 +310,13 @@ def shell_block(cmd: list[str]) -> str:
 # Process bookkeeping
 
 
-CIDFILE = "container.cid"  # engines/<recipe>/serve/container.cid: `docker run --cidfile`, the container's id
+# engines/<recipe>/serve/container.cid: `docker run --cidfile`, the container's id
+CIDFILE = "container.cid"
 
 
 def with_cidfile(cmd: list[str], cidfile: Path) -> list[str]:
-    """`docker run ...` with `--cidfile <cidfile>` (docker writes the container id there), so `stop` ends that very
-    container, not only the `docker run` client; other commands unchanged."""
+    """`docker run ...` with `--cidfile <cidfile>` (docker writes the container id there), so `stop`
+    ends that very container, not only the `docker run` client; other commands unchanged."""
     if cmd[:2] != ["docker", "run"] or "--cidfile" in cmd:
         return cmd
     return [*cmd[:2], "--cidfile", str(cidfile), *cmd[2:]]
@@ -243,17 +334,23 @@ def read_cid(cidfile: str | Path | None) -> str | None:
 
 
 def stop_container(name: str, timeout_s: float = DOCKER_STOP_TIMEOUT_S) -> tuple[bool, str]:
-    """`docker stop -t N <name>` then `docker rm -f <name>` (`name`: a container name or id; `docker stop` SIGKILLs
-    after N s): (done, what happened); docker missing: (False, why)."""
+    """`docker stop -t N <name>` then `docker rm -f <name>` (`name`: a container name or id; `docker
+    stop` SIGKILLs after N s): (done, what happened); docker missing: (False, why)."""
     docker = shutil.which("docker")
     if docker is None:
-        return False, (f"docker is not on PATH here, so container {name} was not stopped. Next: on the docker host "
-                       f"run `docker stop {name} && docker rm -f {name}`.")
+        return False, (
+            f"docker is not on PATH here, so container {name} was not stopped. Next: on the docker "
+            f"host run `docker stop {name} && docker rm -f {name}`."
+        )
     said = []
-    for cmd, wait_s in (([docker, "stop", "-t", str(int(timeout_s)), name], timeout_s + 30),
-                        ([docker, "rm", "-f", name], 60.0)):
+    for cmd, wait_s in (
+        ([docker, "stop", "-t", str(int(timeout_s)), name], timeout_s + 30),
+        ([docker, "rm", "-f", name], 60.0),
+    ):
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=wait_s)
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, errors="replace", timeout=wait_s
+            )
         except subprocess.TimeoutExpired:
             said.append(f"`{quote(cmd)}` did not finish in {wait_s:.0f} s")
             continue
@@ -262,9 +359,12 @@ def stop_container(name: str, timeout_s: float = DOCKER_STOP_TIMEOUT_S) -> tuple
             continue
         text = (proc.stderr or proc.stdout).strip()
         if proc.returncode != 0 and "No such container" not in text:
-            said.append(f"`{quote(cmd)}` exited {proc.returncode}: {text.splitlines()[-1] if text else 'no output'}")
+            said.append(
+                f"`{quote(cmd)}` exited {proc.returncode}: "
+                f"{text.splitlines()[-1] if text else 'no output'}"
+            )
     if said:
-        return False, f"container {name}: " + "; ".join(said) + f". Next: check `docker ps -a --filter name={name}`."
+        return False, f"container {name}: " + "; ".join(
+            said
+        ) + f". Next: check `docker ps -a --filter name={name}`."
     return True, f"container {name} stopped and removed"
-
-

@@ -1,8 +1,9 @@
-"""Running the chosen server command as the recipe's server (trtkv.serving.serve picks the command): in its own
-session with a new environment marker (trtkv.core.sessions), its log under engines/<recipe>/serve/, a docker
-container's id in a cidfile, the record (server.json) written at once, then the wait for readiness
-(trtkv.serving.readiness) and serve/manifest.json. A start that fails, times out or is interrupted ends everything it
-started (trtkv.serving.teardown) and removes the record, or keeps it when something could not be ended.
+"""Running the chosen server command as the recipe's server (trtkv.serving.serve picks the command):
+in its own session with a new environment marker (trtkv.core.sessions), its log under
+engines/<recipe>/serve/, a docker container's id in a cidfile, the record (server.json) written at
+once, then the wait for readiness (trtkv.serving.readiness) and serve/manifest.json. A start that
+fails, times out or is interrupted ends everything it started (trtkv.serving.teardown) and removes
+the record, or keeps it when something could not be ended.
 """
 
 from __future__ import annotations
@@ -34,20 +35,39 @@ def write_server(recipe: Recipe, info: ServerRecord) -> Path:
 
 
 def write_serve_manifest(recipe: Recipe, info: ServerRecord) -> Path:
-    """serve/manifest.json (every stage folder has one): the server started, how and how fast it became ready."""
-    return Manifest(stage="serve", recipe=recipe.name, key=None, wall_seconds=info.ready_seconds, backend=info.backend,
-                    command=info.command, model_repository=info.model_repository, started_at=info.started_at,
-                    container=info.container, tool_versions=tool_versions()).save(serve_dir(recipe))
+    """serve/manifest.json (every stage folder has one): the server started, how and how fast it
+    became ready."""
+    return Manifest(
+        stage="serve",
+        recipe=recipe.name,
+        key=None,
+        wall_seconds=info.ready_seconds,
+        backend=info.backend,
+        command=info.command,
+        model_repository=info.model_repository,
+        started_at=info.started_at,
+        container=info.container,
+        tool_versions=tool_versions(),
+    ).save(serve_dir(recipe))
 
 
-def _launch(recipe: Recipe, cmd: list[str], repo: Path, env: dict[str, str], timeout_s: float | None,
-            log: Callable[[str], None], container: str | None = None, name: str = "tritonserver",
-            served_model: str | None = None) -> ServerRecord:
+def _launch(
+    recipe: Recipe,
+    cmd: list[str],
+    repo: Path,
+    env: dict[str, str],
+    timeout_s: float | None,
+    log: Callable[[str], None],
+    container: str | None = None,
+    name: str = "tritonserver",
+    served_model: str | None = None,
+) -> ServerRecord:
     out = serve_dir(recipe)
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / f"{name}.log"
     t = recipe.triton
-    marker = sessions.new_marker()  # every process of this server carries it, also one that calls setsid
+    # every process of this server carries it, also one that calls setsid
+    marker = sessions.new_marker()
     env = {**env, sessions.MARKER_ENV: marker}
     cidfile = None
     if container and cmd[:2] == ["docker", "run"]:
@@ -57,20 +77,46 @@ def _launch(recipe: Recipe, cmd: list[str], repo: Path, env: dict[str, str], tim
     with log_path.open("wb") as log_file:
         log_file.write(f"$ {quote(cmd)}\n".encode())
         log_file.flush()
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                cwd=out, start_new_session=True)
-    info = ServerRecord(pid=proc.pid, host=t.host, http_port=t.http_port, grpc_port=t.grpc_port,
-                      metrics_port=t.metrics_port, command=cmd, log=str(log_path), model_repository=str(repo),
-                      started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), recipe=recipe.name,
-                      backend=recipe.build.backend.value, container=container, cidfile=cidfile,
-                      session_id=proc.pid, session_start=sessions.start_time(proc.pid), session_marker=marker,
-                      extra={"frontend": name, "served_model_name": served_model} if name != "tritonserver" else {})
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=out,
+            start_new_session=True,
+        )
+    info = ServerRecord(
+        pid=proc.pid,
+        host=t.host,
+        http_port=t.http_port,
+        grpc_port=t.grpc_port,
+        metrics_port=t.metrics_port,
+        command=cmd,
+        log=str(log_path),
+        model_repository=str(repo),
+        started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        recipe=recipe.name,
+        backend=recipe.build.backend.value,
+        container=container,
+        cidfile=cidfile,
+        session_id=proc.pid,
+        session_start=sessions.start_time(proc.pid),
+        session_marker=marker,
+        extra={"frontend": name, "served_model_name": served_model}
+        if name != "tritonserver"
+        else {},
+    )
     write_server(recipe, info)
-    log(f"serve: started {name} (pid {proc.pid}), waiting up to {timeout_s or t.startup_timeout_s:.0f} s for "
-        f"{info.http_url}{ready_path(name)}; log {log_path}")
+    log(
+        f"serve: started {name} (pid {proc.pid}), waiting up to "
+        f"{timeout_s or t.startup_timeout_s:.0f} s for {info.http_url}{ready_path(name)}; log "
+        f"{log_path}"
+    )
     try:
         info.ready_seconds = round(wait_ready(info, proc, timeout_s or t.startup_timeout_s), 2)
-    except BaseException:  # failed, timed out or interrupted half-way: nothing of this start stays behind
+    # failed, timed out or interrupted half-way: nothing of this start stays behind
+    except BaseException:
         ended = end_server(info, STOP_GRACE_S, lambda m: log(m.replace("stop:", "serve:", 1)), out)
         proc.poll()
         if ended.done:  # else the record stays, so `trtkv stop` finds what is left
@@ -80,8 +126,14 @@ def _launch(recipe: Recipe, cmd: list[str], repo: Path, env: dict[str, str], tim
         raise
     write_server(recipe, info)
     write_serve_manifest(recipe, info)
-    ports = (f"HTTP {info.http_url}, gRPC {t.host}:{t.grpc_port}, metrics http://{t.host}:{t.metrics_port}/metrics"
-             if name == "tritonserver" else f"OpenAI API {info.http_url}/v1 (model {served_model}), metrics "
-                                           f"{info.http_url}/metrics")
-    log(f"serve: {recipe.name} ready in {info.ready_seconds:.1f} s: {ports} (stop: trtkv stop {recipe.name})")
+    ports = (
+        f"HTTP {info.http_url}, gRPC {t.host}:{t.grpc_port}, metrics http://{t.host}:{t.metrics_port}/metrics"
+        if name == "tritonserver"
+        else f"OpenAI API {info.http_url}/v1 (model {served_model}), metrics "
+        f"{info.http_url}/metrics"
+    )
+    log(
+        f"serve: {recipe.name} ready in {info.ready_seconds:.1f} s: {ports} (stop: trtkv stop "
+        f"{recipe.name})"
+    )
     return info

@@ -1,11 +1,12 @@
 """Planned against served: the KV pool the running engine reports beside the one `trtkv plan` sized.
 
 The backend reads its engine's own figure (trtkv.backends.seam.MemoryRule.served: vLLM's /metrics
-vllm:cache_config_info num_gpu_blocks x block_size, SGLang's /get_server_info max_total_num_tokens, TensorRT-LLM's
-'Allocated X GiB for max tokens in paged KV cache' log line, the reference runtime's own line). A served pool more than
-SHORTFALL below the plan is a warning: the engine then holds fewer sequences than the plan's counts (something else
-holds memory on the GPU, or the engine's rule moved under a new release). `trtkv status` prints it; `trtkv bench`
-writes it into results.json ("kv_pool", and "warnings").
+vllm:cache_config_info num_gpu_blocks x block_size, SGLang's /get_server_info max_total_num_tokens,
+TensorRT-LLM's 'Allocated X GiB for max tokens in paged KV cache' log line, the reference runtime's
+own line). A served pool more than SHORTFALL below the plan is a warning: the engine then holds
+fewer sequences than the plan's counts (something else holds memory on the GPU, or the engine's rule
+moved under a new release). `trtkv status` prints it; `trtkv bench` writes it into results.json
+("kv_pool", and "warnings").
 """
 
 from __future__ import annotations
@@ -21,15 +22,22 @@ SHORTFALL = 0.10  # served below (1 - SHORTFALL) x planned: a warning
 
 
 def compare(recipe: Recipe, server: ServerRecord | None) -> dict[str, Any]:
-    """{"planned_bytes_per_gpu", "served_bytes_per_gpu", "served_tokens", "source", "served_over_planned", "warning",
-    "rule"} for the recipe's recorded server; "served_*" None when the engine reported nothing readable."""
+    """{"planned_bytes_per_gpu", "served_bytes_per_gpu", "served_tokens", "source",
+    "served_over_planned", "warning", "rule"} for the recipe's recorded server; "served_*" None when
+    the engine reported nothing readable."""
     from trtkv.backends import for_recipe
     from trtkv.plan.planner import plan
 
     p = plan(recipe)
-    out: dict[str, Any] = {"planned_bytes_per_gpu": p.kv_pool_bytes_per_gpu,
-                           "rule": f"{p.kv_pool.engine} {p.kv_pool.version}", "served_bytes_per_gpu": None,
-                           "served_tokens": None, "source": None, "served_over_planned": None, "warning": None}
+    out: dict[str, Any] = {
+        "planned_bytes_per_gpu": p.kv_pool_bytes_per_gpu,
+        "rule": f"{p.kv_pool.engine} {p.kv_pool.version}",
+        "served_bytes_per_gpu": None,
+        "served_tokens": None,
+        "source": None,
+        "served_over_planned": None,
+        "warning": None,
+    }
     rule = for_recipe(recipe).memory
     if server is None or rule is None or rule.served is None:
         out["source"] = "no server recorded" if server is None else "the backend reports no pool"
@@ -39,16 +47,20 @@ def compare(recipe: Recipe, server: ServerRecord | None) -> dict[str, Any]:
     if served is None:
         out["source"] = "the engine has not reported its pool (yet)"
         return out
-    out.update(served_bytes_per_gpu=served.pool_bytes, served_tokens=served.tokens, source=served.source)
+    out.update(
+        served_bytes_per_gpu=served.pool_bytes, served_tokens=served.tokens, source=served.source
+    )
     if served.pool_bytes is not None and p.kv_pool_bytes_per_gpu > 0:
         ratio = served.pool_bytes / p.kv_pool_bytes_per_gpu
         out["served_over_planned"] = ratio
         if ratio < 1 - SHORTFALL:
-            out["warning"] = (f"the served KV pool ({served.pool_bytes / GIB:.2f} GiB per GPU, {served.source}) is "
-                              f"{(1 - ratio) * 100:.0f}% below the plan's {p.kv_pool_bytes_per_gpu / GIB:.2f} GiB "
-                              f"({out['rule']}'s rule): the engine holds fewer sequences than `trtkv plan` counts. "
-                              f"Next: check what else holds memory on the GPU, or pin the pool "
-                              f"(triton.kv_pool_gib_per_gpu)")
+            out["warning"] = (
+                f"the served KV pool ({served.pool_bytes / GIB:.2f} GiB per GPU, {served.source}) "
+                f"is {(1 - ratio) * 100:.0f}% below the plan's {p.kv_pool_bytes_per_gpu / GIB:.2f} "
+                f"GiB ({out['rule']}'s rule): the engine holds fewer sequences than `trtkv plan` "
+                "counts. Next: check what else holds memory on the GPU, or pin the pool "
+                f"(triton.kv_pool_gib_per_gpu)"
+            )
     return out
 
 
@@ -57,11 +69,16 @@ def describe(result: dict[str, Any]) -> str:
     planned = result["planned_bytes_per_gpu"] / GIB
     if result["served_bytes_per_gpu"] is None:
         tokens = f" ({result['served_tokens']:,} tokens)" if result.get("served_tokens") else ""
-        return f"KV pool per GPU: planned {planned:.2f} GiB ({result['rule']}); served: {result['source']}{tokens}"
+        return (
+            f"KV pool per GPU: planned {planned:.2f} GiB ({result['rule']}); served: "
+            f"{result['source']}{tokens}"
+        )
     served = result["served_bytes_per_gpu"] / GIB
     tokens = f", {result['served_tokens']:,} tokens" if result.get("served_tokens") else ""
     ratio = result.get("served_over_planned")
     ratio_text = f"; served/planned {ratio:.3f}" if ratio is not None else ""
-    line = (f"KV pool per GPU: planned {planned:.2f} GiB ({result['rule']}), served {served:.2f} GiB{tokens} "
-            f"({result['source']}{ratio_text})")
+    line = (
+        f"KV pool per GPU: planned {planned:.2f} GiB ({result['rule']}), served {served:.2f} "
+        f"GiB{tokens} ({result['source']}{ratio_text})"
+    )
     return line + (f"\n  WARNING: {result['warning']}" if result.get("warning") else "")

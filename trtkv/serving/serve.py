@@ -1,19 +1,21 @@
 """Start and stop Triton for a recipe.
 
-CPU (backend `reference`): the `tritonserver` binary bundled in the `nvidia-pytriton` wheel, with a Python-backend
-folder built under engines/<recipe>/serve/backends, the venv's bin first on PATH (the backend stub finds its
-interpreter through `python3`) and LD_LIBRARY_PATH set to the venv interpreter's own LIBDIR (so the stub loads the
-libpython this Python was built with). GPU backends served by Triton (`tensorrt`, `llmapi`): the NVIDIA Triton
-TensorRT-LLM container, one tritonserver per rank under `mpirun` when tp x pp > 1 (what the backend's
-launch_triton_server.py runs). `vllm` and `sglang` start their own OpenAI server (the backend's serving part).
-The server runs in its own session, so `trtkv serve` returns; engines/<recipe>/serve/server.json records pid, ports,
-command, log and the session (id, leader start time, environment marker: trtkv.core.sessions), and `trtkv stop`
-(and a failed or interrupted start, and every supervisor restart) ends the whole session, whether or not its leader
-still runs, then waits until the GPU memory its processes held is free (trtkv.serving.teardown: stop_server, stop).
-Through docker the container is named `trtkv-<recipe>` and its id recorded (`--cidfile`): stopping runs `docker stop`
-then `docker rm -f` on that id, since killing the `docker run` client alone would leave the container running.
-The bundled tritonserver's backend folder, environment and command are trtkv.serving.bundled; running the chosen
-command, its record and the wait for readiness, trtkv.serving.launch.
+CPU (backend `reference`): the `tritonserver` binary bundled in the `nvidia-pytriton` wheel, with a
+Python-backend folder built under engines/<recipe>/serve/backends, the venv's bin first on PATH (the
+backend stub finds its interpreter through `python3`) and LD_LIBRARY_PATH set to the venv
+interpreter's own LIBDIR (so the stub loads the libpython this Python was built with). GPU backends
+served by Triton (`tensorrt`, `llmapi`): the NVIDIA Triton TensorRT-LLM container, one tritonserver
+per rank under `mpirun` when tp x pp > 1 (what the backend's launch_triton_server.py runs). `vllm`
+and `sglang` start their own OpenAI server (the backend's serving part). The server runs in its own
+session, so `trtkv serve` returns; engines/<recipe>/serve/server.json records pid, ports, command,
+log and the session (id, leader start time, environment marker: trtkv.core.sessions), and `trtkv
+stop` (and a failed or interrupted start, and every supervisor restart) ends the whole session,
+whether or not its leader still runs, then waits until the GPU memory its processes held is free
+(trtkv.serving.teardown: stop_server, stop). Through docker the container is named `trtkv-<recipe>`
+and its id recorded (`--cidfile`): stopping runs `docker stop` then `docker rm -f` on that id, since
+killing the `docker run` client alone would leave the container running. The bundled tritonserver's
+backend folder, environment and command are trtkv.serving.bundled; running the chosen command, its
+record and the wait for readiness, trtkv.serving.launch.
 """
 
 from __future__ import annotations
@@ -31,7 +33,15 @@ from trtkv.core.errors import StageError
 from trtkv.core.process import port_in_use
 from trtkv.core.tools import quote
 from trtkv.recipe import Recipe
-from trtkv.recipe.layout import HF, checkpoint_dir, container_artifacts, engine_dir, host_artifacts, repo_dir, serve_dir
+from trtkv.recipe.layout import (
+    HF,
+    checkpoint_dir,
+    container_artifacts,
+    engine_dir,
+    host_artifacts,
+    repo_dir,
+    serve_dir,
+)
 from trtkv.serving.bundled import local_command, prepare_backends, python_libdir, server_env
 from trtkv.serving.container import (
     CONTAINER_TRITONSERVER,
@@ -50,9 +60,10 @@ from trtkv.serving.launch import _launch, server_json
 from trtkv.serving.teardown import STOP_GRACE_S, refusal, running, stop_server
 from trtkv.serving.teardown import stop as stop  # `trtkv stop` and the chain call serve.stop
 
-# The Triton TensorRT-LLM image comes from trtkv's version matrix (trtkv.platform.versions, data/trtllm_versions.json): the one
-# that ships the TensorRT-LLM the engine was built with (engine manifest), else the recipe's build.tensorrt_llm_version.
-# The process, its record (server.json) and the wait for readiness: trtkv.serving.launch.
+# The Triton TensorRT-LLM image comes from trtkv's version matrix (trtkv.platform.versions,
+# data/trtllm_versions.json): the one that ships the TensorRT-LLM the engine was built with (engine
+# manifest), else the recipe's build.tensorrt_llm_version. The process, its record (server.json) and
+# the wait for readiness: trtkv.serving.launch.
 
 
 # ---------------------------------------------------------------------------------------------
@@ -65,49 +76,75 @@ def read_server(recipe: Recipe) -> ServerRecord | None:
 
 
 def check_free(recipe: Recipe, log: Callable[[str], None] = print) -> None:
-    """Refuse when a server for the recipe is recorded and alive, or one of its ports is taken; the leftovers of a
-    recorded server that died (its session's other processes) are ended first."""
+    """Refuse when a server for the recipe is recorded and alive, or one of its ports is taken; the
+    leftovers of a recorded server that died (its session's other processes) are ended first."""
     info = read_server(recipe)
     if info is not None:
         if running(info):
-            raise StageError(f"a server for recipe {recipe.name} is already running (pid {info.pid}, "
-                             f"{info.http_url}, log {info.log}). Next: use it, or `trtkv stop {recipe.name}` first.")
+            raise StageError(
+                f"a server for recipe {recipe.name} is already running (pid {info.pid}, "
+                f"{info.http_url}, log {info.log}). Next: use it, or `trtkv stop {recipe.name}` "
+                "first."
+            )
         left = stop_server(recipe, timeout_s=STOP_GRACE_S, log=log)
         if left is not None and not left.done:
-            raise StageError(f"the last server for {recipe.name} (pid {info.pid}): {refusal(info, left, server_json(recipe))}")
+            raise StageError(
+                f"the last server for {recipe.name} (pid {info.pid}): "
+                f"{refusal(info, left, server_json(recipe))}"
+            )
     t = recipe.triton
-    for field_name, port in (("http_port", t.http_port), ("grpc_port", t.grpc_port), ("metrics_port", t.metrics_port)):
+    for field_name, port in (
+        ("http_port", t.http_port),
+        ("grpc_port", t.grpc_port),
+        ("metrics_port", t.metrics_port),
+    ):
         if port_in_use(t.host, port):
-            raise StageError(f"port {port} (recipe triton.{field_name}) on {t.host} is already in use by another "
-                             f"program. Next: stop it, or pick a free port: `trtkv serve {recipe.name} "
-                             f"triton.{field_name}=<port>`.")
-
-
+            raise StageError(
+                f"port {port} (recipe triton.{field_name}) on {t.host} is already in use by "
+                f"another program. Next: stop it, or pick a free port: `trtkv serve {recipe.name} "
+                f"triton.{field_name}=<port>`."
+            )
 
 
 # ---------------------------------------------------------------------------------------------
 # serve / stop
 
 
-def start(recipe: Recipe, *, dry_run: bool = False, timeout_s: float | None = None,
-          log: Callable[[str], None] = print, trtllm_serve: bool = False) -> ServerRecord | None:
-    """Start the recipe's server and wait until it is ready (None for --dry-run). `trtllm_serve`: TensorRT-LLM's
-    OpenAI-compatible server instead of Triton (backend llmapi, GPU)."""
+def start(
+    recipe: Recipe,
+    *,
+    dry_run: bool = False,
+    timeout_s: float | None = None,
+    log: Callable[[str], None] = print,
+    trtllm_serve: bool = False,
+) -> ServerRecord | None:
+    """Start the recipe's server and wait until it is ready (None for --dry-run). `trtllm_serve`:
+    TensorRT-LLM's OpenAI-compatible server instead of Triton (backend llmapi, GPU)."""
     repo = repo_dir(recipe)
     if trtllm_serve:
         return _start_trtllm_serve(recipe, dry_run=dry_run, timeout_s=timeout_s, log=log)
-    if for_recipe(recipe).repo is None:  # no Triton repository: the backend's own OpenAI server (vLLM)
+    # no Triton repository: the backend's own OpenAI server (vLLM)
+    if for_recipe(recipe).repo is None:
         return _start_openai_server(recipe, dry_run=dry_run, timeout_s=timeout_s, log=log)
     if for_recipe(recipe).serving.serves_locally(recipe):
         return _start_local(recipe, repo, dry_run=dry_run, timeout_s=timeout_s, log=log)
     return _start_gpu(recipe, repo, dry_run=dry_run, timeout_s=timeout_s, log=log)
 
 
-def _start_local(recipe: Recipe, repo: Path, *, dry_run: bool, timeout_s: float | None,
-                 log: Callable[[str], None]) -> ServerRecord | None:
+def _start_local(
+    recipe: Recipe,
+    repo: Path,
+    *,
+    dry_run: bool,
+    timeout_s: float | None,
+    log: Callable[[str], None],
+) -> ServerRecord | None:
     if dry_run:
         cmd = local_command(recipe, repo, serve_dir(recipe) / "backends")
-        log(f"PATH={Path(sys.executable).parent}:$PATH LD_LIBRARY_PATH={python_libdir()} {quote(cmd)}")
+        log(
+            f"PATH={Path(sys.executable).parent}:$PATH LD_LIBRARY_PATH={python_libdir()} "
+            f"{quote(cmd)}"
+        )
         return None
     require_input(repo, "serve", "repo", recipe)
     require_input(engine_dir(recipe), "serve", "build", recipe)
@@ -118,14 +155,25 @@ def _start_local(recipe: Recipe, repo: Path, *, dry_run: bool, timeout_s: float 
     return _launch(recipe, cmd, repo, server_env(), timeout_s, log)
 
 
-def _start_gpu(recipe: Recipe, repo: Path, *, dry_run: bool, timeout_s: float | None,
-               log: Callable[[str], None]) -> ServerRecord | None:
+def _start_gpu(
+    recipe: Recipe,
+    repo: Path,
+    *,
+    dry_run: bool,
+    timeout_s: float | None,
+    log: Callable[[str], None],
+) -> ServerRecord | None:
     inside = Path(CONTAINER_TRITONSERVER).is_file()
     if dry_run:
-        log(f"# on a host with Docker and {recipe.hardware.count} GPU(s):\n{shell_block(docker_command(recipe, repo))}")
+        log(
+            f"# on a host with Docker and {recipe.hardware.count} "
+            f"GPU(s):\n{shell_block(docker_command(recipe, repo))}"
+        )
         box = container_artifacts(recipe).repo  # the configs name the canonical container paths
         log(f"# inside the container:\n{shell_block(gpu_command(recipe, box))}")
-        log(f"# equivalent, with the backend's script:\n{quote(launch_script_command(recipe, box))}")
+        log(
+            f"# equivalent, with the backend's script:\n{quote(launch_script_command(recipe, box))}"
+        )
         return None
     require_input(repo, "serve", "repo", recipe)
     for_recipe(recipe).serving.require_input(recipe)
@@ -137,26 +185,34 @@ def _start_gpu(recipe: Recipe, repo: Path, *, dry_run: bool, timeout_s: float | 
     elif shutil.which("docker"):
         cmd = docker_command(recipe, repo)
         container = container_name(recipe)
-        done, note = stop_container(container, timeout_s=10)  # a leftover of an earlier run would block --name
+        # a leftover of an earlier run would block --name
+        done, note = stop_container(container, timeout_s=10)
         if not done:
             log(f"serve: {note}")
     else:
-        raise StageError(f"backend {recipe.build.backend.value} needs GPUs and the Triton TensorRT-LLM container, and "
-                         f"neither docker nor {CONTAINER_TRITONSERVER} is here. Next: run on the GPU host, or print "
-                         f"the commands with `trtkv serve {recipe.name} --dry-run`.")
+        raise StageError(
+            f"backend {recipe.build.backend.value} needs GPUs and the Triton TensorRT-LLM "
+            f"container, and neither docker nor {CONTAINER_TRITONSERVER} is here. Next: run on the "
+            f"GPU host, or print the commands with `trtkv serve {recipe.name} --dry-run`."
+        )
     return _launch(recipe, cmd, repo, dict(os.environ), timeout_s, log, container=container)
 
 
-def _start_trtllm_serve(recipe: Recipe, *, dry_run: bool, timeout_s: float | None,
-                        log: Callable[[str], None]) -> ServerRecord | None:
+def _start_trtllm_serve(
+    recipe: Recipe, *, dry_run: bool, timeout_s: float | None, log: Callable[[str], None]
+) -> ServerRecord | None:
     if for_recipe(recipe).serving.serves_locally(recipe):
-        raise StageError(f"--trtllm-serve needs TensorRT-LLM and a GPU; {recipe.name} runs on the CPU, where the Triton "
-                         f"llmapi model serves it: `trtkv serve {recipe.name}`.")
+        raise StageError(
+            f"--trtllm-serve needs TensorRT-LLM and a GPU; {recipe.name} runs on the CPU, where "
+            f"the Triton llmapi model serves it: `trtkv serve {recipe.name}`."
+        )
     server = trtllm_serve_server(recipe)
     inside = shutil.which(server.name) is not None
     if dry_run:
-        log(f"# on a host with Docker and {recipe.hardware.count} GPU(s):\n"
-            f"{shell_block(trtllm_serve_docker_command(recipe))}")
+        log(
+            f"# on a host with Docker and {recipe.hardware.count} GPU(s):\n"
+            f"{shell_block(trtllm_serve_docker_command(recipe))}"
+        )
         log(f"# inside the container:\n{quote(trtllm_serve_command(recipe))}")
         return None
     for_recipe(recipe).serving.require_input(recipe)
@@ -170,24 +226,44 @@ def _start_trtllm_serve(recipe: Recipe, *, dry_run: bool, timeout_s: float | Non
         container = container_name(recipe)
         stop_container(container, timeout_s=10)
     else:
-        raise StageError(f"trtllm-serve is not on PATH and docker is not here. Next: run on the GPU host, or print the "
-                         f"commands with `trtkv serve {recipe.name} --trtllm-serve --dry-run`.")
-    return _launch(recipe, cmd, repo_dir(recipe), dict(os.environ), timeout_s, log, container=container,
-                   name=server.name, served_model=server.served_model(recipe, at))
+        raise StageError(
+            "trtllm-serve is not on PATH and docker is not here. Next: run on the GPU host, or "
+            f"print the commands with `trtkv serve {recipe.name} --trtllm-serve --dry-run`."
+        )
+    return _launch(
+        recipe,
+        cmd,
+        repo_dir(recipe),
+        dict(os.environ),
+        timeout_s,
+        log,
+        container=container,
+        name=server.name,
+        served_model=server.served_model(recipe, at),
+    )
 
 
-def _start_openai_server(recipe: Recipe, *, dry_run: bool, timeout_s: float | None,
-                         log: Callable[[str], None]) -> ServerRecord | None:
+def _start_openai_server(
+    recipe: Recipe, *, dry_run: bool, timeout_s: float | None, log: Callable[[str], None]
+) -> ServerRecord | None:
     serving = for_recipe(recipe).serving
     server = serving.openai
-    if server is None:  # pragma: no cover - a backend with neither a Triton repository nor a server of its own
-        raise StageError(f"backend {recipe.build.backend.value} has no Triton repository and no server of its own")
+    if (
+        server is None
+    ):  # pragma: no cover - a backend with neither a Triton repository nor a server of its own
+        raise StageError(
+            f"backend {recipe.build.backend.value} has no Triton repository and no server of its "
+            "own"
+        )
     problem = server.problem(recipe)
     if dry_run:
         cmd, env = server.here(recipe, check=False)
         if serving.serves_locally(recipe):
             env_text = " ".join(f"{k}={v}" for k, v in env.items())
-            log(f"{env_text} {quote(cmd)}" + (f"\n# will be refused here: {problem}" if problem else ""))
+            log(
+                f"{env_text} {quote(cmd)}"
+                + (f"\n# will be refused here: {problem}" if problem else "")
+            )
         else:
             log(f"# on a host with Docker and {recipe.hardware.count} GPU(s):\n{shell_block(cmd)}")
         return None
@@ -200,10 +276,21 @@ def _start_openai_server(recipe: Recipe, *, dry_run: bool, timeout_s: float | No
     container = None
     if cmd[0] == "docker":
         if not shutil.which("docker"):
-            raise StageError(f"backend {recipe.build.backend.value} on {recipe.hardware.gpu.value} runs in docker, "
-                             f"which is not here. Next: run on the GPU host, or print the command with `trtkv serve "
-                             f"{recipe.name} --dry-run`.")
+            raise StageError(
+                f"backend {recipe.build.backend.value} on {recipe.hardware.gpu.value} runs in "
+                "docker, which is not here. Next: run on the GPU host, or print the command with "
+                f"`trtkv serve {recipe.name} --dry-run`."
+            )
         container = container_name(recipe)
         stop_container(container, timeout_s=10)
-    return _launch(recipe, cmd, checkpoint_dir(recipe) / HF, {**os.environ, **extra_env}, timeout_s, log,
-                   container=container, name=server.name, served_model=server.served_model(recipe))
+    return _launch(
+        recipe,
+        cmd,
+        checkpoint_dir(recipe) / HF,
+        {**os.environ, **extra_env},
+        timeout_s,
+        log,
+        container=container,
+        name=server.name,
+        served_model=server.served_model(recipe),
+    )

@@ -1,8 +1,8 @@
-"""What the supervisor (trtkv.serving.supervise) leaves in engines/<recipe>/serve/ and how to read it: its record
-(supervisor.json: pid, start time, state), its events (events.jsonl, read from the end), the quiet requests of
-benchmarks in progress (quiet/<pid>.json, a dead holder's removed), and whether the recorded supervisor runs (alive)
-or is gone without cleaning up (orphaned), and ending it (stop: its whole session, then its record; `trtkv stop`
-runs it before it stops the server).
+"""What the supervisor (trtkv.serving.supervise) leaves in engines/<recipe>/serve/ and how to read
+it: its record (supervisor.json: pid, start time, state), its events (events.jsonl, read from the
+end), the quiet requests of benchmarks in progress (quiet/<pid>.json, a dead holder's removed), and
+whether the recorded supervisor runs (alive) or is gone without cleaning up (orphaned), and ending
+it (stop: its whole session, then its record; `trtkv stop` runs it before it stops the server).
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ def record_path(recipe: Recipe) -> Path:
 
 
 def read_record(recipe: Recipe) -> SupervisorRecord | None:
-    """The supervisor's record, or None when there is none or it cannot be read (a half-written or foreign file)."""
+    """The supervisor's record, or None when there is none or it cannot be read (a half-written or
+    foreign file)."""
     try:
         return SupervisorRecord.load(serve_dir(recipe))
     except TrtkvError:
@@ -45,8 +46,8 @@ EVENTS_TAIL_BYTES = 256 << 10  # the end of events.jsonl that `status` reads (th
 
 
 def read_events(recipe: Recipe, last: int = 10) -> list[dict[str, Any]]:
-    """The last events: JSON objects with a string `time` and `event`; any other line (damaged, not UTF-8, not an
-    object) is left out, and only the file's last EVENTS_TAIL_BYTES are read."""
+    """The last events: JSON objects with a string `time` and `event`; any other line (damaged, not
+    UTF-8, not an object) is left out, and only the file's last EVENTS_TAIL_BYTES are read."""
     try:
         with events_path(recipe).open("rb") as fh:
             fh.seek(max(0, fh.seek(0, os.SEEK_END) - EVENTS_TAIL_BYTES))
@@ -59,7 +60,11 @@ def read_events(recipe: Recipe, last: int = 10) -> list[dict[str, Any]]:
             entry = strict_json(line)
         except ValueError:
             continue
-        if isinstance(entry, dict) and isinstance(entry.get("time"), str) and isinstance(entry.get("event"), str):
+        if (
+            isinstance(entry, dict)
+            and isinstance(entry.get("time"), str)
+            and isinstance(entry.get("event"), str)
+        ):
             out.append(entry)
     return out[-last:]
 
@@ -69,7 +74,8 @@ def quiet_dir(recipe: Recipe) -> Path:
 
 
 def quiet_holders(recipe: Recipe) -> list[dict[str, Any]]:
-    """The live processes that asked for quiet (a holder that died without cleaning up is removed here)."""
+    """The live processes that asked for quiet (a holder that died without cleaning up is removed
+    here)."""
     holders = []
     for path in sorted(quiet_dir(recipe).glob("*.json")):
         try:
@@ -88,8 +94,9 @@ SUPERVISOR_MODULE = "trtkv.serving.supervise"
 
 
 def _runs(record: SupervisorRecord) -> bool:
-    """True while the recorded supervisor process runs, proven: the same pid and start time; in a record without a
-    start time (older trtkv), the live process's whole command line is the recorded supervisor command."""
+    """True while the recorded supervisor process runs, proven: the same pid and start time; in a
+    record without a start time (older trtkv), the live process's whole command line is the recorded
+    supervisor command."""
     found = sessions.stat(record.pid)
     if found is None or found[0] in ("Z", "X"):
         return False
@@ -107,29 +114,39 @@ def alive(recipe: Recipe) -> SupervisorRecord | None:
 
 
 def orphaned(recipe: Recipe) -> SupervisorRecord | None:
-    """The record of a supervisor that is gone without cleaning up (killed): its server runs unsupervised."""
+    """The record of a supervisor that is gone without cleaning up (killed): its server runs
+    unsupervised."""
     record = read_record(recipe)
     return record if record and not _runs(record) else None
 
 
 def stop(recipe: Recipe, timeout_s: float = 30.0, log: Callable[[str], None] = print) -> bool:
-    """End the recipe's supervisor (its whole session); a record left by a killed one is removed and said so."""
+    """End the recipe's supervisor (its whole session); a record left by a killed one is removed and
+    said so."""
     record = read_record(recipe)
     if record is None:
         return False
     pid = record.pid
     if not _runs(record):  # gone, or the pid now runs something else: nothing is signalled
         record_path(recipe).unlink(missing_ok=True)
-        now = "" if sessions.stat(pid) is None else f"; {sessions.describe(pid)}, not the supervisor: not signalled"
-        log(f"stop: the supervisor (pid {pid}) was already gone (killed?){now}: its server ran unsupervised; removed "
-            f"{SUPERVISOR_JSON}")
+        now = (
+            ""
+            if sessions.stat(pid) is None
+            else f"; {sessions.describe(pid)}, not the supervisor: not signalled"
+        )
+        log(
+            f"stop: the supervisor (pid {pid}) was already gone (killed?){now}: its server ran "
+            f"unsupervised; removed {SUPERVISOR_JSON}"
+        )
         return False
     start = record.start_time if record.start_time is not None else sessions.start_time(pid)
     cleanup = sessions.stop_session(sessions.Session(pid, start), grace_s=timeout_s, log=log)
     if not cleanup.done:
-        raise StageError(f"stop {recipe.name}: the supervisor (pid {pid}) left {', '.join(cleanup.left)}; kept "
-                         f"{record_path(recipe)}. Next: `ps -o pid,stat,cmd -s {pid}`; end them by hand, then `trtkv "
-                         f"stop {recipe.name}` again.")
+        raise StageError(
+            f"stop {recipe.name}: the supervisor (pid {pid}) left {', '.join(cleanup.left)}; kept "
+            f"{record_path(recipe)}. Next: `ps -o pid,stat,cmd -s {pid}`; end them by hand, then "
+            f"`trtkv stop {recipe.name}` again."
+        )
     record_path(recipe).unlink(missing_ok=True)
     log(f"stop: supervisor (pid {pid}) stopped")
     return True
