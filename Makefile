@@ -72,6 +72,7 @@ reflow: install
 
 lint: install
 	$(BIN)/ruff check trtkv tests scripts benchmarks tools
+	$(BIN)/ruff format --check trtkv
 	$(BIN)/mypy trtkv
 	$(BIN)/mkdocs build --strict --quiet --site-dir .site-docs
 
