@@ -11,6 +11,7 @@ from typing import Any
 
 from trtkv.backends.seam import OpenAIServer, TokenizerSource
 from trtkv.checkpoints.serving_memory import ServedPool, kv_bytes_per_token_per_gpu, trtllm_log_pool
+from trtkv.contracts.canary import canary_script, docker_health_args
 from trtkv.contracts.interface import ENSEMBLE, ModelInterface
 from trtkv.contracts.stage import manifest_hash
 from trtkv.core import paths
@@ -287,3 +288,32 @@ def trtllm_served(recipe: Recipe, http: str, log: Path | None) -> ServedPool | N
         found[1],
         "TensorRT-LLM log: 'Allocated X GiB for max tokens in paged KV cache (N)'",
     )
+
+
+def openai_docker_run(
+    recipe: Recipe, model_name: str, shm_gib: int, mounts: list[tuple[Path, Path]]
+) -> list[str]:
+    """The `docker run` head of an OpenAI server's container on the GPUs (vLLM, SGLang): removed on
+    exit, every GPU, --shm-size rather than --ipc=host (the engines' docs allow either; the host's
+    IPC namespace stays closed), named trtkv-<recipe>, the HTTP port published on the recipe's host,
+    the canary request as the container's health check, and each (host, container) folder mounted
+    read-only (the server only reads them). The image and its arguments follow."""
+    t = recipe.triton
+    health = docker_health_args(
+        canary_script(t.http_port, openai_model=model_name), t.startup_timeout_s
+    )
+    volumes = [a for host, inside in mounts for a in ("-v", f"{host}:{inside}:ro")]
+    return [
+        "docker",
+        "run",
+        "--rm",
+        "--gpus",
+        "all",
+        f"--shm-size={shm_gib}g",
+        "--name",
+        f"trtkv-{recipe.name}",
+        "-p",
+        f"{t.host}:{t.http_port}:{t.http_port}",
+        *health,
+        *volumes,
+    ]

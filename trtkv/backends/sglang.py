@@ -23,7 +23,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trtkv.backends.base import BUILD_SECTIONS, command_block, http_get_text, tokens_pool
+from trtkv.backends.base import (
+    BUILD_SECTIONS,
+    command_block,
+    http_get_text,
+    openai_docker_run,
+    tokens_pool,
+)
 from trtkv.backends.seam import EngineBackend, MemoryRule
 from trtkv.backends.sglang_scales import (
     SCALES_FILE,
@@ -38,7 +44,6 @@ from trtkv.checkpoints.serving_memory import (
     sglang_info_tokens,
     sglang_knobs,
 )
-from trtkv.contracts.canary import canary_script, docker_health_args
 from trtkv.core.apikey import API_KEY_ENV
 from trtkv.core.errors import StageError
 from trtkv.core.tools import quote
@@ -151,28 +156,12 @@ def gpu_command(recipe: Recipe, hf_dir: Path) -> list[str]:
     """docker run of SGLang's image on the GPUs; the folders it reads (`hf_dir` and, for the scales
     file, the engine folder, on this host) mounted read-only at their canonical container paths,
     which the arguments name."""
-    t = recipe.triton
-    health = docker_health_args(
-        canary_script(t.http_port, openai_model=served_model_name(recipe)), t.startup_timeout_s
-    )
     box = container_artifacts(recipe)
     pairs = [(hf_dir, box.hf)] + (
         [(engine_dir(recipe), box.engine)] if uses_scales_file(recipe) else []
     )
-    mounts = [a for host, inside in pairs for a in ("-v", f"{host}:{inside}:ro")]
     return [
-        "docker",
-        "run",
-        "--rm",
-        "--gpus",
-        "all",
-        f"--shm-size={SHM_GIB}g",
-        "--name",
-        f"trtkv-{recipe.name}",
-        "-p",
-        f"{t.host}:{t.http_port}:{t.http_port}",
-        *health,
-        *mounts,
+        *openai_docker_run(recipe, served_model_name(recipe), SHM_GIB, pairs),
         SGLANG_IMAGE,
         "python3",
         "-m",

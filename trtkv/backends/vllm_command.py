@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trtkv.backends.base import openai_docker_run
 from trtkv.checkpoints.serving_memory import cpu_pin_bytes, vllm_knobs
-from trtkv.contracts.canary import canary_script, docker_health_args
 from trtkv.core import paths
 from trtkv.kvcache import engines
 from trtkv.recipe import KVCacheQuant, Recipe
@@ -124,27 +124,9 @@ def gpu_command(recipe: Recipe, hf_dir: Path) -> list[str]:
     """docker run of vLLM's OpenAI image on the GPUs; the HF export (`hf_dir`, on this host) mounted
     read-only at its canonical container path (/models/<recipe>/checkpoint/hf), which the arguments
     name."""
-    t = recipe.triton
-    health = docker_health_args(
-        canary_script(t.http_port, openai_model=served_model_name(recipe)), t.startup_timeout_s
-    )
     inside = container_artifacts(recipe).hf
-    # --shm-size rather than --ipc=host (vLLM's docs allow either; the host's IPC namespace stays
-    # closed); the artifacts read-only: the server only reads them
     return [
-        "docker",
-        "run",
-        "--rm",
-        "--gpus",
-        "all",
-        f"--shm-size={SHM_GIB}g",
-        "--name",
-        f"trtkv-{recipe.name}",
-        "-p",
-        f"{t.host}:{t.http_port}:{t.http_port}",
-        *health,
-        "-v",
-        f"{hf_dir}:{inside}:ro",
+        *openai_docker_run(recipe, served_model_name(recipe), SHM_GIB, [(hf_dir, inside)]),
         VLLM_IMAGE,
         *server_args(recipe, inside, "0.0.0.0"),
     ]
