@@ -294,7 +294,7 @@ def openai_docker_run(
     recipe: Recipe, model_name: str, shm_gib: int, mounts: list[tuple[Path, Path]]
 ) -> list[str]:
     """The `docker run` head of an OpenAI server's container on the GPUs (vLLM, SGLang): removed on
-    exit, every GPU, --shm-size rather than --ipc=host (the engines' docs allow either; the host's
+    exit, every GPU, --shm-size rather than --ipc=host (vLLM's docs allow either; the host's
     IPC namespace stays closed), named trtkv-<recipe>, the HTTP port published on the recipe's host,
     the canary request as the container's health check, and each (host, container) folder mounted
     read-only (the server only reads them). The image and its arguments follow."""
