@@ -414,7 +414,8 @@ def lift_trailing_comments(src: str, width: int) -> tuple[str, int]:
             continue
         group = [com]
         while (nxt := trailing.get(group[-1].start[0] + 1)) is not None and nxt.start[1] == com.start[1]:
-            if PRAGMA.search(nxt.string) or group[-1].start[0] in ends:  # the next statement's own comment (#47)
+            done = group[-1].start[0]  # a statement or an element (`x,`) ends there: the next one's own comment (#47)
+            if PRAGMA.search(nxt.string) or done in ends or lines[done - 1][: trailing[done].start[1]].rstrip().endswith(","):
                 break
             group.append(nxt)
         last = group[-1].start[0]

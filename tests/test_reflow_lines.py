@@ -174,9 +174,18 @@ def test_comment_check_passes_comments_kept_on_their_statement() -> None:
     assert misplaced(BEFORE, BEFORE) == []
 
 
+DICT = '''\
+STATS = {
+    "ruler": ("accuracy", "correct", "total"),  # string_match_all; `correct` counts items
+    "fidelity": ("worse_lengths", "accuracy"),  # lengths judged worse than the format predicts
+}
+'''
+
+
 def test_lifting_keeps_each_comment_on_its_statement() -> None:
-    """The lift puts each statement's comment above that statement, and a def's above its decorators."""
-    out, n = lift_trailing_comments(BEFORE, 60)
-    assert n == 5 and normalized_ast(out) == normalized_ast(BEFORE)
-    assert misplaced(BEFORE, out) == [], out
+    """The lift puts each statement's (and each dict entry's) comment above it, and a def's above its decorators."""
+    src = DICT + BEFORE
+    out, n = lift_trailing_comments(src, 60)
+    assert n == 7 and normalized_ast(out) == normalized_ast(src)
+    assert misplaced(src, out) == [], out
     assert "    # its own cheap health endpoint: the pods' liveness probe\n    @property\n" in out
