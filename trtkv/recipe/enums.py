@@ -26,8 +26,8 @@ class KVCacheQuant(str, Enum):
     NONE = "none"
     # Engine formats (trtkv/data/kv_formats.json): deployable where that table has a row for the
     # backend's engine (trtkv.recipe.engine_formats.engine_format_problems); nothing to calibrate,
-    # or scale 1.0 for fp8_cast. ModelOpt's default --kv_cache_qformat: FP8 E4M3 with scale 1.0 (no
-    # KV scales written)
+    # or scale 1.0 for fp8_cast.
+    # ModelOpt's default --kv_cache_qformat: FP8 E4M3 with scale 1.0 (no KV scales written)
     FP8_CAST = "fp8_cast"
     INT8_PER_TOKEN_HEAD = "int8_per_token_head"  # vLLM: dynamic float32 scale per token and KV head
     FP8_PER_TOKEN_HEAD = "fp8_per_token_head"

@@ -106,9 +106,9 @@ class ModelConfig(_Section):
         # ValueError naming what is wrong
         return value if value is None or state_from_dict(value) else value
 
+    # it lands in the checkpoint config, commands and file names
     @field_validator("architecture")
     @classmethod
-    # it lands in the checkpoint config, commands and file names
     def _architecture_word(cls, value: str) -> str:
         if not WORD.fullmatch(value):
             raise ValueError(
