@@ -281,7 +281,8 @@ def console_summary(results: dict[str, Any], out_dir: Path | None) -> None:
     if results.get("partial"):
         con.print(
             f"[yellow]interrupted during {results.get('interrupted_during')}: partial results "
-            "written[/yellow]"
+            "written beside the last complete run's (kept: only a complete run replaces "
+            "them)[/yellow]"
         )
     if out_dir is not None:
         con.print(f"results: {out_dir}/results.json, results.csv, results.md, *.png")
