@@ -57,6 +57,7 @@ def test_the_request_rate_mode_runs_on_a_bounded_pool_and_counts_delayed_request
     # the stream loop (started once per process) and 4 workers at most
     assert peak[0] - base <= 1 + 4, peak[0] - base
     counts = summarize_level(records)["request_count"]
-    # 4 at a time, 0.3 s each: about 1.3 requests per 100 ms against 10 asked; the first 4 go on time
-    assert 30 <= counts["delayed"] <= 36 and not any(r.delayed for r in records[:4]), counts
+    # 4 at a time, 0.3 s each: about 1.3 requests per 100 ms against 10 asked, so every request after the first 4
+    # waits for a worker (36); on a loaded machine one of the first 4 may also miss its time by the 10 ms tolerance
+    assert 36 <= counts["delayed"] <= 40 and records[-1].delayed, counts
     assert RequestRecord.from_json(records[-1].to_json()).delayed is True
