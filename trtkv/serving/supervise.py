@@ -81,6 +81,8 @@ def quiet(recipe: Recipe, who: str, address: str | None = None) -> Iterator[bool
         json.dumps(
             {
                 "pid": os.getpid(),
+                # with the pid, proves the holder (a reused pid starts later): supervisor_state
+                "start_time": sessions.start_time(os.getpid()),
                 "command": [sys.executable],
                 "who": who,
                 "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
