@@ -4,6 +4,7 @@ temporary folder): the marker comes last, a failed or empty copy leaves none, an
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -26,11 +27,52 @@ def test_sources_parse(text: str, kind: str, host: str, path: str, revision: str
     assert (src.kind.value, src.host, src.path, src.revision) == (kind, host, path, revision)
 
 
-@pytest.mark.parametrize("text", ["http://x/y", "s3://b/x", "s3://my-bucket/$(touch x)", "s3://my-bucket/a b",
-                                  "nfs://nas", "hf://org", "file:///models", "s3://my-bucket/x;y"])
-def test_sources_refused(text: str) -> None:
-    with pytest.raises(StageError, match="is not one of"):
+@pytest.mark.parametrize("text, rule", [
+    ("http://x/y", "is not one of"), ("file:///models", "is not one of"), ("s3:/my-bucket/x", "is not one of"),
+    ("s3://b/x", "3-63 characters"), ("s3://my-bucket/$(touch x)", "._~/@"), ("s3://my-bucket/a b", "._~/@"),
+    ("s3://my-bucket/x;y", "._~/@"), ("nfs://nas", "export path is absolute"), ("hf://org", "ORG/NAME"),
+])
+def test_sources_refused(text: str, rule: str) -> None:
+    with pytest.raises(StageError, match=re.escape(rule)):
         loader.parse_source(text)
+
+
+@pytest.mark.parametrize("text", [
+    "s3://ab+cd/x",  # before: read as bucket `ab`, path `+cd/x`
+    "s3://" + "a" * 64 + "/x",  # before: cut to the first 63 characters, the rest read as the path
+    "s3://" + "a" * 64,
+    "s3://My-Bucket/x", "s3://my_bucket/x", "s3://-bucket/x", "s3://bucket-/x", "s3://my..bucket/x",
+    "s3://192.168.5.4/x", "s3://xn--bucket/x", "s3://bucket-s3alias/x", "s3://ab/x", "s3://a+b@c/x",
+])
+def test_s3_buckets_are_read_whole_by_aws_naming_rule(text: str) -> None:
+    """The bucket is everything up to the first `/`, checked whole: never a prefix of what was typed."""
+    with pytest.raises(StageError) as err:
+        loader.parse_source(text)
+    assert loader.S3_BUCKET_RULE in str(err.value) and repr(text) in str(err.value)
+
+
+@pytest.mark.parametrize("text, rule", [
+    ("gs://Bucket/x", loader.GS_BUCKET_RULE), ("gs://goog-models/x", loader.GS_BUCKET_RULE),
+    ("gs://my-google-models/x", loader.GS_BUCKET_RULE), ("gs://" + "a" * 64 + "/x", loader.GS_BUCKET_RULE),
+    ("gs://a+b/x", loader.GS_BUCKET_RULE), ("hf://org--x/name", loader.HF_NAME_RULE),
+    ("hf://org/na..me", loader.HF_NAME_RULE), ("hf://org/" + "n" * 97, loader.HF_NAME_RULE),
+    ("hf://org/name@../x", loader.HF_NAME_RULE), ("hf://-org/name", loader.HF_NAME_RULE),
+    ("nfs://-nas/export", loader.NFS_RULE), ("nfs://nas/export/../etc", loader.NFS_RULE),
+    ("nfs://nas_1/export", loader.NFS_RULE), ("nfs://" + "n" * 64 + "/export", loader.NFS_RULE),
+])
+def test_other_sources_keep_their_providers_rules(text: str, rule: str) -> None:
+    with pytest.raises(StageError) as err:
+        loader.parse_source(text)
+    assert rule in str(err.value) and repr(text) in str(err.value)
+
+
+@pytest.mark.parametrize("text, host", [
+    ("s3://" + "a" * 63 + "/x", "a" * 63), ("s3://abc", "abc"), ("s3://my.bucket-1/x", "my.bucket-1"),
+    ("gs://my_bucket/x", "my_bucket"), ("gs://" + ".".join(["a" * 60] * 3) + "/x", ".".join(["a" * 60] * 3)),
+    ("nfs://10.0.0.5/export", "10.0.0.5"), ("nfs://[fd00::5]/export", "[fd00::5]"),
+])
+def test_names_at_the_rules_edges_are_read_whole(text: str, host: str) -> None:
+    assert loader.parse_source(text).host == host
 
 
 def test_a_hub_id_fills_only_an_hf_export(tmp_path: Path) -> None:

@@ -54,7 +54,6 @@ LOADER_IMAGES = {  # pinned tags of the tools' own images (override: --loader-im
 HUB_CLIENT = "huggingface_hub==0.36.0"  # the version .venv-tf457 pins beside transformers 4.57.1
 CREDENTIALS_DIR = "/etc/trtkv-loader"
 JOB_DEADLINE_S = 6 * 3600
-_BUCKET = r"[a-z0-9][a-z0-9._-]{1,62}"
 _PATH = r"[A-Za-z0-9._~/@+=-]*"
 FORMS = (
     "s3://BUCKET/PREFIX",
@@ -87,26 +86,110 @@ class ModelSource:
         )
 
 
+# each provider's own naming rule, checked whole (never a bucket cut to a prefix of what was typed)
+S3_BUCKET_RULE = (
+    "an S3 bucket name is 3-63 characters of lower-case letters, digits, '.' and '-', begins and "
+    "ends with a letter or digit, has no '..', is not an IP address, and does not begin with "
+    "xn--, sthree- or amzn-s3-demo- nor end with -s3alias, --ol-s3, .mrap, --x-s3 or --table-s3 "
+    "(AWS: bucket naming rules)"
+)
+GS_BUCKET_RULE = (
+    "a Cloud Storage bucket name is 3-63 characters of lower-case letters, digits, '_', '-' and "
+    "'.' (up to 222 with dots, each dot-separated part at most 63), begins and ends with a letter "
+    "or digit, has no '..', is not an IP address, does not begin with 'goog' nor contain 'google' "
+    "(Google Cloud: bucket naming requirements)"
+)
+HF_NAME_RULE = (
+    "a hub repository id is ORG/NAME, each part 1-96 characters of letters, digits, '_', '-' and "
+    "'.', beginning and ending with a letter or digit, with no '--' or '..' (huggingface_hub's "
+    "validate_repo_id); a revision is letters, digits and ._/- with no '..' and no leading '/'"
+)
+NFS_RULE = (
+    "an NFS server is a host name (dot-separated labels of 1-63 letters, digits and '-', not "
+    "beginning or ending with '-', at most 253 characters) or a [IPv6] address, and the export "
+    "path is absolute, with no '.' or '..' part"
+)
+PATH_RULE = "a path or prefix holds letters, digits and ._~/@+=- only"
+_IP = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}")
+_S3_NAME = re.compile(r"[a-z0-9](?:[a-z0-9.-]{1,61})[a-z0-9]")
+_S3_AFFIXES = (
+    ("xn--", "sthree-", "amzn-s3-demo-"),
+    ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3"),
+)
+_GS_PART = re.compile(r"[a-z0-9_-]{1,63}")
+_GS_NAME = re.compile(r"[a-z0-9](?:[a-z0-9._-]{1,220})[a-z0-9]")
+_HF_PART = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?")
+_HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def _bucket_ok(kind: str, name: str) -> bool:
+    """`name` keeps the provider's bucket naming rule (S3_BUCKET_RULE, GS_BUCKET_RULE)."""
+    if ".." in name or _IP.fullmatch(name):
+        return False
+    if kind == "s3":
+        starts, ends = _S3_AFFIXES
+        return bool(_S3_NAME.fullmatch(name)) and not (
+            name.startswith(starts) or name.endswith(ends)
+        )
+    parts = name.split(".")
+    return (
+        bool(_GS_NAME.fullmatch(name))
+        and (len(name) <= 63 or len(parts) > 1)
+        and all(_GS_PART.fullmatch(p) for p in parts)
+        and not name.startswith("goog")
+        and "google" not in name
+    )
+
+
+def _refuse(text: str, rule: str) -> StageError:
+    return StageError(
+        f"--model-source {text!r}: {rule}. Next: correct it, e.g. --model-source "
+        "s3://my-bucket/trtkv/<recipe>; the folders under it mirror /models/<recipe>/ (the "
+        "README's upload step writes them)."
+    )
+
+
 def parse_source(text: str) -> ModelSource:
-    """`--model-source` validated where it enters (it reaches a shell line and a Job spec);
-    StageError naming the forms otherwise."""
-    m = re.fullmatch(rf"(s3|gs)://({_BUCKET})/?({_PATH})", text)
-    if m:
-        return ModelSource(SourceKind(m.group(1)), m.group(2), m.group(3).strip("/"))
-    m = re.fullmatch(rf"nfs://([A-Za-z0-9][A-Za-z0-9.-]*|\[[0-9a-fA-F:]+\])(/{_PATH})", text)
-    if m:
-        return ModelSource(SourceKind.NFS, m.group(1), m.group(2).rstrip("/") or "/")
-    m = re.fullmatch(
-        r"hf://([A-Za-z0-9][A-Za-z0-9._-]*)/([A-Za-z0-9][A-Za-z0-9._-]*)(?:@([A-Za-z0-9._/-]+))?",
-        text,
-    )
-    if m:
-        return ModelSource(SourceKind.HF, m.group(1), m.group(2), m.group(3))
-    raise StageError(
-        f"--model-source {text!r} is not one of {', '.join(FORMS)} (letters, digits and ._~/@+=- "
-        "only). Next: e.g. --model-source s3://my-bucket/trtkv/<recipe>; the folders under it "
-        "mirror /models/<recipe>/ (the README's upload step writes them)."
-    )
+    """`--model-source` validated where it enters, whole, by each provider's naming rule (it reaches
+    a shell line, a Job spec and the README's upload step); StageError naming the value and the
+    rule otherwise."""
+    scheme, sep, rest = text.partition("://")
+    if not sep or scheme not in {k.value for k in SourceKind}:
+        raise StageError(
+            f"--model-source {text!r} is not one of {', '.join(FORMS)}. Next: e.g. --model-source "
+            "s3://my-bucket/trtkv/<recipe>; the folders under it mirror /models/<recipe>/ (the "
+            "README's upload step writes them)."
+        )
+    kind = SourceKind(scheme)
+    host, slash, path = rest.partition("/")
+    if kind in (SourceKind.S3, SourceKind.GS):
+        if not _bucket_ok(scheme, host):
+            raise _refuse(text, S3_BUCKET_RULE if kind is SourceKind.S3 else GS_BUCKET_RULE)
+        if not re.fullmatch(_PATH, path):
+            raise _refuse(text, PATH_RULE)
+        return ModelSource(kind, host, path.strip("/"))
+    if kind is SourceKind.NFS:
+        labels = host.split(".")
+        named = len(host) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels)
+        parts = path.split("/")
+        if (
+            not (named or re.fullmatch(r"\[[0-9a-fA-F:]+\]", host))
+            or not slash
+            or any(p in (".", "..") for p in parts)
+        ):
+            raise _refuse(text, NFS_RULE)
+        if not re.fullmatch(_PATH, path):
+            raise _refuse(text, PATH_RULE)
+        return ModelSource(kind, host, ("/" + path).rstrip("/") or "/")
+    name, at, revision = path.partition("@")
+    if (
+        not all(_HF_PART.fullmatch(p) for p in (host, name))
+        or any(".." in p or "--" in p for p in (host, name))
+        or (at and not re.fullmatch(r"[A-Za-z0-9._-][A-Za-z0-9._/-]*", revision))
+        or ".." in revision
+    ):
+        raise _refuse(text, HF_NAME_RULE)
+    return ModelSource(kind, host, name, revision or None)
 
 
 def check_source(source: ModelSource, recipe: Recipe, folders: list[str]) -> None:
