@@ -4,6 +4,7 @@ temporary folder): the marker comes last, a failed or empty copy leaves none, an
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -90,29 +91,71 @@ def _local(script: str, root: Path) -> str:
     return script.replace("/models", str(root / "models")).replace("/source", str(root / "source"))
 
 
+def _load(recipe_name: str, source: str, subs: list[str], lid: str, root: Path) -> subprocess.CompletedProcess[str]:
+    """The generated loader script run here by bash, the volume and the NFS export under `root`."""
+    text = loader.script(load_recipe(recipe_name), loader.parse_source(source), subs, lid)
+    return subprocess.run(["bash", "-c", _local(text, root)], capture_output=True, text=True, timeout=60)
+
+
+def _source(root: Path, subs: list[str], tag: str) -> None:
+    for sub in subs:
+        (root / "source" / sub).mkdir(parents=True, exist_ok=True)
+        (root / "source" / sub / "file").write_text(f"{sub} {tag}")
+
+
 def test_the_loader_copies_then_marks_and_the_server_waits_for_its_marker(tmp_path: Path) -> None:
     recipe = load_recipe("llama70b_fp8kv")
-    src = loader.parse_source("nfs://nas.lan/export/llama")
     subs = ["engine", "checkpoint/tokenizer", "triton_repo"]
-    for sub in subs:
-        (tmp_path / "source" / sub).mkdir(parents=True)
-        (tmp_path / "source" / sub / "file").write_text(sub)
+    _source(tmp_path, subs, "v1")
     lid = "0123456789ab"
-    run = subprocess.run(["sh", "-c", _local(loader.script(recipe, src, subs, lid), tmp_path)], capture_output=True,
-                         text=True, timeout=60)
+    run = _load(recipe.name, "nfs://nas.lan/export/llama", subs, lid, tmp_path)
     assert run.returncode == 0, run.stderr
     root = tmp_path / "models" / recipe.name
-    assert all((root / sub / "file").read_text() == sub for sub in subs)
+    assert all((root / sub / "file").read_text() == f"{sub} v1" for sub in subs)
     assert (root / pods.LOAD_MARKER).read_text().strip() == lid
+    assert root.is_symlink() and not Path(os.readlink(root)).is_absolute()  # the servers mount the volume elsewhere
     wait = pods.wait_for_load(recipe, "img", lid)["command"][2]
     done = subprocess.run(["sh", "-c", _local(wait, tmp_path)], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0 and f"models loaded ({lid})" in done.stdout
-    # a later load that fails (an empty folder at the source) leaves no marker: no server starts on it
+    # a later load that fails (an empty folder at the source) marks nothing new: no server starts on it
     (tmp_path / "source" / "engine" / "file").unlink()
-    failed = subprocess.run(["sh", "-c", _local(loader.script(recipe, src, subs, "feedfacecafe"), tmp_path)],
-                            capture_output=True, text=True, timeout=60)
+    failed = _load(recipe.name, "nfs://nas.lan/export/llama", subs, "feedfacecafe", tmp_path)
     assert failed.returncode == 1 and "engine is empty" in failed.stderr
-    assert not (root / pods.LOAD_MARKER).exists()
+    assert (root / pods.LOAD_MARKER).read_text().strip() == lid
+
+
+@pytest.mark.parametrize("layout", ["linked", "in place"])
+def test_a_load_that_fails_half_way_keeps_the_previous_load_and_its_marker(tmp_path: Path, layout: str) -> None:
+    """Before: the script removed the marker first and replaced each folder in place, so a copy failing at its second
+    folder left the first one new, the rest old and no marker: the old pods could never restart. Now the old load,
+    marker included, stays whole until a new one is complete; a volume a trtkv before 2026-12 loaded in place (a
+    folder, not a link) is kept too."""
+    recipe = load_recipe("llama70b_fp8kv")
+    subs = ["engine", "checkpoint/tokenizer", "triton_repo"]
+    root = tmp_path / "models" / recipe.name
+    if layout == "linked":
+        _source(tmp_path, subs, "old")
+        assert _load(recipe.name, "nfs://nas.lan/export/llama", subs, "aaaaaaaaaaaa", tmp_path).returncode == 0
+    else:
+        for sub in subs:
+            (root / sub).mkdir(parents=True)
+            (root / sub / "file").write_text(f"{sub} old")
+        (root / pods.LOAD_MARKER).write_text("aaaaaaaaaaaa\n")
+    _source(tmp_path, subs, "new")
+    (tmp_path / "source" / "checkpoint" / "tokenizer" / "file").unlink()
+    (tmp_path / "source" / "checkpoint" / "tokenizer").rmdir()  # the copy of the second folder fails
+    failed = _load(recipe.name, "nfs://nas.lan/export/llama", subs, "bbbbbbbbbbbb", tmp_path)
+    assert failed.returncode != 0
+    assert (root / pods.LOAD_MARKER).read_text().strip() == "aaaaaaaaaaaa"
+    assert all((root / sub / "file").read_text() == f"{sub} old" for sub in subs)
+    loads = tmp_path / "models" / loader.LOADS_DIR / recipe.name
+    assert len(list(loads.iterdir())) == 1  # the failed copy removed its own folder
+    # the next complete load switches whole and only then removes the old one
+    _source(tmp_path, subs, "new")
+    assert _load(recipe.name, "nfs://nas.lan/export/llama", subs, "cccccccccccc", tmp_path).returncode == 0
+    assert (root / pods.LOAD_MARKER).read_text().strip() == "cccccccccccc"
+    assert all((root / sub / "file").read_text() == f"{sub} new" for sub in subs)
+    assert [p.name for p in loads.iterdir()] == [os.readlink(root).rsplit("/", 1)[1]]
 
 
 def test_the_wait_is_for_this_load_only(tmp_path: Path) -> None:
