@@ -12,6 +12,7 @@ __all__ = [
     "BenchWorkload",
     "canary_script",
     "CANARY_TIMEOUT_S",
+    "check_inside",
     "check_output",
     "detect",
     "docker_health_args",

@@ -84,7 +84,8 @@ def _deploy_lines(plan: RepoPlan) -> list[str]:
             f"`{serve.serve_dir(r) / 'backends'}` first):",
             "",
             "```",
-            f"PATH={sys.prefix}/bin:$PATH LD_LIBRARY_PATH={bundled.python_libdir()} \\",
+            f"PATH={quote([sys.prefix + '/bin'])}:$PATH "
+            f"LD_LIBRARY_PATH={quote([str(bundled.python_libdir())])} \\",
             f"  {_local_command_text(plan)}",
             "```",
             "",

@@ -16,6 +16,52 @@ if TYPE_CHECKING:
     from trtkv.report.chain import ChainResult
 
 
+# what `trtkv compare` writes (before 2026-12 into engines/compare/ in place, without an owner file)
+COMPARE_FILES = frozenset({"compare.md", "compare.json", "compare.png"})
+
+
+def compare_output(given: Path | None) -> Path:
+    """The folder `trtkv compare` will replace (--output, default engines/compare), checked before
+    any recipe runs: absent, empty, or trtkv's own compare output (its owner file, or only the files
+    an earlier compare wrote); anything else, a recipe's folder named `compare` included, is
+    refused."""
+    from trtkv.contracts.outputs import check_inside, check_output
+    from trtkv.core import paths
+
+    out = given if given is not None else paths.engines_dir() / "compare"
+    absolute = check_inside(out, "compare")
+    if (
+        given is None
+        and absolute.is_dir()
+        and 0 < len(names := {p.name for p in absolute.iterdir()})
+    ):
+        if names <= COMPARE_FILES and all((absolute / n).is_file() for n in names):
+            return absolute
+    return check_output(out, "compare", "compare")
+
+
+def write_compare_folder(recipes: list[Recipe], results: list[ChainResult], out: Path) -> Path:
+    """compare.md/json/png written into a temporary sibling, swapped in whole for `out` (checked by
+    compare_output) only once complete; returns compare.md."""
+    import shutil
+
+    from trtkv.contracts.outputs import OWNER, remove_leftovers, replace_folder
+    from trtkv.core.paths import temp_sibling
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_leftovers(out, lambda _m: None)
+    tmp = temp_sibling(out, "tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        md = write_compare(recipes, results, tmp)
+        (tmp / OWNER).write_text(json.dumps({"stage": "compare", "recipe": "compare"}) + "\n")
+        replace_folder(tmp, out, "compare")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out / md.name
+
+
 def accuracy_difference(rows: list[dict[str, Any]], key: str) -> str:
     """How each recipe's figure compares with the first's: "higher"/"lower" only when the 95%
     intervals separate, "within noise" when they overlap, "no interval" when either lacks one."""

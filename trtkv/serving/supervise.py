@@ -300,10 +300,11 @@ def _pid() -> int:
 def spawn(recipe: Recipe, spec: list[str], log: Callable[[str], None] = print) -> SupervisorRecord:
     """Start the supervisor for `recipe` detached (its own session); `spec`: the recipe name or path
     and overrides."""
-    out = serve_dir(recipe)
-    out.mkdir(parents=True, exist_ok=True)
+    from trtkv.serving.launch import open_log, serve_folder
+
+    out = serve_folder(recipe)
     cmd = [sys.executable, "-m", "trtkv.serving.supervise", *spec]
-    with (out / LOG).open("ab") as fh:
+    with open_log(out / LOG, append=True) as fh:
         proc = subprocess.Popen(
             cmd,
             stdout=fh,
