@@ -204,7 +204,7 @@ def test_a_killed_supervisor_leaves_the_server_unsupervised_then_attach_and_stop
     overrides = [f"triton.http_port={ports[0]}", f"triton.grpc_port={ports[1]}", f"triton.metrics_port={ports[2]}"]
     name = "smollm2_fp8kv_vllm"
     recipe = load_recipe(name, overrides)
-    info = launch._launch(recipe, [sys.executable, "-c", OPENAI_STUB, str(ports[0])], Path("hf"), dict(os.environ), 60,
+    info = launch.start_server(recipe, [sys.executable, "-c", OPENAI_STUB, str(ports[0])], Path("hf"), dict(os.environ), 60,
                          lambda _m: None, name=readiness.VLLM, served_model=name)
     try:
         first = supervise.spawn(recipe, [name, *overrides], log=lambda _m: None)

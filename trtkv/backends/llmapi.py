@@ -26,7 +26,7 @@ import yaml
 
 from trtkv.backends.base import BUILD_SECTIONS, TritonServing, command_block, trtllm_served
 from trtkv.backends.llmapi_args import (
-    _hf,
+    hf_checkpoint_dir,
     kv_dtype,
     llm_args,
     llmapi_memory_knobs,
@@ -200,7 +200,7 @@ class LlmApiLayout:
         }
 
     def input(self, recipe: Recipe) -> tuple[Path, str]:
-        return _hf(recipe), "calibrate"
+        return hf_checkpoint_dir(recipe), "calibrate"
 
     def files(self, recipe: Recipe) -> dict[str, str]:
         """Extra files of the repository (path -> text): the model's LLM() arguments."""

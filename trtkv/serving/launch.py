@@ -51,7 +51,7 @@ def write_serve_manifest(recipe: Recipe, info: ServerRecord) -> Path:
     ).save(serve_dir(recipe))
 
 
-def _launch(
+def start_server(
     recipe: Recipe,
     cmd: list[str],
     repo: Path,
