@@ -138,7 +138,8 @@ class LlmApiBuilder:
         }
         # load the HF export the way the served model will, and decode one token
         if SERVING.serves_locally(recipe):
-            from trtkv.runtime.llm import LLM, SamplingParams
+            from trtkv.runtime.llm import LLM
+            from trtkv.runtime.llm_request import SamplingParams
 
             llm = LLM(**llm_args(recipe, hf))
             try:

@@ -40,7 +40,7 @@ import torch
 
 from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.formats import KVFormat
-from trtkv.kvcache.quant import FormatChoice, parse_format
+from trtkv.kvcache.names import FormatChoice, parse_format
 from trtkv.probe.layer_passes import LayerPasses
 from trtkv.probe.layers_report import markdown, plot, summary_line
 from trtkv.probe.layers_search import add_needles, fronts, sensitivity, verified_points

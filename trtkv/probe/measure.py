@@ -19,7 +19,7 @@ from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.attention_modes import CACHE_ONLY
 from trtkv.kvcache.cache import QuantizedKVCache
 from trtkv.kvcache.formats import KVFormat
-from trtkv.kvcache.quant import KIVI_RESIDUAL, FormatChoice, parse_format
+from trtkv.kvcache.names import KIVI_RESIDUAL, FormatChoice, parse_format
 from trtkv.kvcache.scales import KVScales, calibrate_scales, load_kv_scales
 from trtkv.probe.attention import attending
 from trtkv.probe.metrics import finish_runs, head_positions, logprobs

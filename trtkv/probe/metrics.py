@@ -11,9 +11,10 @@ from typing import Any
 import torch
 
 from trtkv.kvcache.formats import KVFormat, kv_bytes_per_token
-from trtkv.kvcache.quant import KIVI_RESIDUAL, FormatChoice
+from trtkv.kvcache.names import KIVI_RESIDUAL, FormatChoice
 from trtkv.kvcache.scales import KVScales
-from trtkv.probe.setup import LOGIT_CHUNK, Loaded, semantics
+from trtkv.probe.placement import LOGIT_CHUNK
+from trtkv.probe.setup import Loaded, semantics
 
 
 def logprobs(model, hidden: torch.Tensor) -> torch.Tensor:  # noqa: ANN001

@@ -14,7 +14,7 @@ import torch
 
 from trtkv.core.progress import Progress
 from trtkv.kvcache.attention_modes import CACHE_ONLY, load_attention
-from trtkv.kvcache.quant import FormatChoice, parse_format
+from trtkv.kvcache.names import FormatChoice, parse_format
 from trtkv.kvcache.scales import KVScales
 from trtkv.probe.attention import applies, record_fields
 from trtkv.probe.measure import probe_scales, reference_hidden, run_format

@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 
 from trtkv.kvcache.attention_modes import CACHE_ONLY, load_attention
-from trtkv.kvcache.quant import FormatChoice, numerics_key
+from trtkv.kvcache.names import FormatChoice
+from trtkv.kvcache.quant import numerics_key
 from trtkv.kvcache.scales import KVScales
 from trtkv.probe.measure import chunk_for, decode_experiment, make_cache, needle_trials
 from trtkv.probe.setup import Loaded, ProbeSettings, write_json

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from trtkv.core import paths
 from trtkv.core.errors import RecipeError
+from trtkv.recipe.enums import KV_CACHE_ALIASES, KVCacheQuant
 from trtkv.recipe.limits import RANGES
 from trtkv.recipe.names import (
     RECIPE_NAME_RE,
@@ -27,7 +28,7 @@ from trtkv.recipe.names import (
     shown,
 )
 from trtkv.recipe.rules import cross_field_problems
-from trtkv.recipe.schema import KV_CACHE_ALIASES, KVCacheQuant, Recipe
+from trtkv.recipe.schema import Recipe
 from trtkv.recipe.tree import COMMAND_LINE, apply_overrides, load_tree, resolve_path
 
 # ---------------------------------------------------------------------------------------------

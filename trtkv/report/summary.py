@@ -101,7 +101,8 @@ def with_ci(b: dict[str, Any], key: str) -> str:
 
 def collect(recipe: Recipe) -> dict[str, Any]:
     """Everything known about one recipe's run, from disk and the planner."""
-    from trtkv.plan.planner import kv_format_for_recipe, plan
+    from trtkv.plan.model import kv_format_for_recipe
+    from trtkv.plan.planner import plan
 
     data: dict[str, Any] = {
         "recipe": recipe.name,
