@@ -1,6 +1,7 @@
 """KV-cache numerics: formats, a quantized transformers Cache, K/V statistics.
 
-Only `formats` is imported eagerly (it has no torch dependency) so the planner stays fast.
+Nothing is imported eagerly: each face name loads its module on first use, so the planner, which
+reads only `formats` (no torch), stays fast.
 """
 
 from trtkv.core.lazy import attach
