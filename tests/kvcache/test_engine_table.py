@@ -95,12 +95,12 @@ def test_cached_probe_results_are_keyed_by_a_formats_numerics(monkeypatch: pytes
     from trtkv.probe import sweep_cache
 
     choice = parse_format("int8_per_token_head")
-    before = sweep_cache._format_key("model", choice)
+    before = sweep_cache.format_key("model", choice)
     assert numerics_key("fp8_cast") == numerics_key("fp8_scale1")
     doc = json.loads(engines.TABLE_PATH.read_text())
     doc["formats"]["int8_per_token_head"]["numerics"]["rounding"] = "half to even"
     monkeypatch.setattr(engines, "load_table", lambda: engines.parse_table(doc))
-    assert sweep_cache._format_key("model", choice) != before
+    assert sweep_cache.format_key("model", choice) != before
 
 
 PACKED = ["turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "ultraquant_4bit"]

@@ -135,7 +135,7 @@ def test_a_server_that_dies_reports_the_log(engines_tmp: Path) -> None:
     recipe = _recipe()
     code = "print('E1129 00:00:00.000 1 model.cc:1] \"failed to load tensorrt_llm\"'); raise SystemExit(3)"
     with pytest.raises(ToolError) as info:
-        launch._launch(recipe, [sys.executable, "-c", code], Path("repo"), dict(os.environ), 20, lambda _m: None)
+        launch.start_server(recipe, [sys.executable, "-c", code], Path("repo"), dict(os.environ), 20, lambda _m: None)
     assert "exited with code 3" in str(info.value) and "failed to load tensorrt_llm" in str(info.value)
     assert not launch.server_json(recipe).exists()
 

@@ -78,7 +78,7 @@ def check_triton(ep: Endpoint, timeout_s: float = 10.0) -> Endpoint:
         raise
     except Exception as exc:  # noqa: BLE001 - connection errors come in many types; all mean "not reachable"
         raise TrtkvError(
-            f"no Triton server answers at {ep.display} ({type(exc).__name__}: {_first_line(exc)}). "
+            f"no Triton server answers at {ep.display} ({type(exc).__name__}: {first_line(exc)}). "
             f"Next: start it with `trtkv serve RECIPE` (or `make serve`), or pass --url HOST:PORT "
             f"(URL from {ep.source or 'default'})."
         ) from None
@@ -167,7 +167,7 @@ def _http_config(ep: Endpoint, timeout_s: float) -> dict[str, Any]:
     return config
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0][:200] if text else type(exc).__name__
 
@@ -222,7 +222,7 @@ class GrpcSession(Session):
         if rec is None:
             return
         if error is not None:
-            rec.status, rec.error, rec.end_ns = ERROR, too_big(_first_line(error)), t
+            rec.status, rec.error, rec.end_ns = ERROR, too_big(first_line(error)), t
             self._done.set()
             return
         resp = result.get_response()
@@ -277,7 +277,7 @@ class GrpcSession(Session):
                 enable_empty_final_response=True,
             )
         except Exception as exc:  # noqa: BLE001 - a broken stream: the request failed, a new stream is opened
-            record.status, record.error, record.end_ns = ERROR, _first_line(exc), now_ns()
+            record.status, record.error, record.end_ns = ERROR, first_line(exc), now_ns()
             self._restart()
             return
         try:

@@ -18,7 +18,7 @@ from trtkv.bench.levels import ClientRun, client_summary
 from trtkv.bench.loadgen import Interrupted
 from trtkv.bench.metrics import summarize_level
 from trtkv.bench.options import BenchOptions
-from trtkv.bench.phases import _Progress, build_tasks, run_accuracy, run_latency, run_sweep
+from trtkv.bench.phases import BenchProgress, build_tasks, run_accuracy, run_latency, run_sweep
 from trtkv.bench.prompts import count_tokens, load_tokenizer, tokenizer_dir
 from trtkv.bench.records import RequestRecord, now_ns
 from trtkv.contracts.artifacts import (
@@ -137,7 +137,7 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     tasks: list[acc_tasks.Task] = []
     task_errors: dict[str, dict[str, Any]] = {}
     with (
-        _Progress(opts.progress) as progress,
+        BenchProgress(opts.progress) as progress,
         supervise.quiet(recipe, "trtkv bench", opts.url) as asked,
     ):
         if asked:

@@ -11,7 +11,7 @@ from pydantic import Field
 from trtkv.contracts.artifacts import KVScaleLayer
 from trtkv.recipe import KVCacheQuant, Recipe, layout
 from trtkv.recipe.backend_rules import HF_EXPORT_ONLY
-from trtkv.recipe.schema import ENGINE_KV_FORMATS
+from trtkv.recipe.enums import ENGINE_KV_FORMATS
 
 STAGE = "calibrate"
 CHECKPOINT = layout.CHECKPOINT

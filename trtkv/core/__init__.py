@@ -2,9 +2,71 @@
 sessions, external tools, progress, the API key and the shipped texts. Imports nothing else of
 trtkv."""
 
+from trtkv.core.lazy import attach
+
+TYPE_CHECKING = False  # typing's, without loading typing (see trtkv.core.lazy)
+
+if TYPE_CHECKING:
+    from trtkv.core.apikey import (
+        API_KEY_ENV,
+        API_KEY_FILE_ENV,
+        TRITON_KEY_HEADER,
+        VLLM_KEY_ENV,
+        auth_headers,
+    )
+    from trtkv.core.errors import RecipeError, StageError, ToolError, TrtkvError, os_error_line
+    from trtkv.core.files import NotReadable, naming, read_capped, read_json, strict_json
+    from trtkv.core.httpcall import Transport, request
+    from trtkv.core.options import Flag, Options
+    from trtkv.core.paths import FOLDERS, HOME, project_root, temp_sibling
+    from trtkv.core.process import is_running, pid_alive, port_in_use, wait_http_ready
+    from trtkv.core.progress import Progress
+    from trtkv.core.texts import (
+        CALIB_DEFAULT,
+        EVAL_LONG_TEXT,
+        eval_long_text,
+        load_texts,
+        quiz_items,
+        resolve_files,
+    )
+    from trtkv.core.tools import quote, run_logged, tail
+
+# each name's module is imported on first use: every trtkv import runs this file, so it imports
+# nothing itself
+__getattr__, __dir__ = attach(
+    __name__,
+    submodules=["paths", "sessions"],
+    submod_attrs={
+        "apikey": [
+            "API_KEY_ENV",
+            "API_KEY_FILE_ENV",
+            "auth_headers",
+            "TRITON_KEY_HEADER",
+            "VLLM_KEY_ENV",
+        ],
+        "errors": ["os_error_line", "RecipeError", "StageError", "ToolError", "TrtkvError"],
+        "files": ["naming", "NotReadable", "read_capped", "read_json", "strict_json"],
+        "httpcall": ["request", "Transport"],
+        "options": ["Flag", "Options"],
+        "paths": ["FOLDERS", "HOME", "project_root", "temp_sibling"],
+        "process": ["is_running", "pid_alive", "port_in_use", "wait_http_ready"],
+        "progress": ["Progress"],
+        "texts": [
+            "CALIB_DEFAULT",
+            "EVAL_LONG_TEXT",
+            "eval_long_text",
+            "load_texts",
+            "quiz_items",
+            "resolve_files",
+        ],
+        "tools": ["quote", "run_logged", "tail"],
+    },
+)
+
 __all__ = [
     "API_KEY_ENV",
     "API_KEY_FILE_ENV",
+    "attach",
     "auth_headers",
     "CALIB_DEFAULT",
     "EVAL_LONG_TEXT",

@@ -189,9 +189,9 @@ def _fit(recipe: Recipe, lch: Launch, sizing: Sizing) -> list[str]:
 
 def _k8s_security_lines(recipe: Recipe, lch: Launch, options: Options) -> list[str]:
     fence = options.fence
-    clients = k8s._match(fence.clients)
+    clients = k8s.label_selector(fence.clients)
     where = (
-        f"in namespaces labelled `{k8s._match(fence.client_namespaces)}`"
+        f"in namespaces labelled `{k8s.label_selector(fence.client_namespaces)}`"
         if fence.client_namespaces is not None
         else "in the deployment's own namespace"
     )
@@ -204,8 +204,8 @@ def _k8s_security_lines(recipe: Recipe, lch: Launch, options: Options) -> list[s
         "only from the deployment's own pods (ssh, MPI, NCCL, Ray), and "
         + (
             f"the metrics port {lch.ports.get('metrics', lch.ports['http'])} to pods "
-            f"`{k8s._match(fence.prometheus)}` in namespaces "
-            f"`{k8s._match(fence.prometheus_namespace)}` (`--prometheus`, "
+            f"`{k8s.label_selector(fence.prometheus)}` in namespaces "
+            f"`{k8s.label_selector(fence.prometheus_namespace)}` (`--prometheus`, "
             "`--prometheus-namespace`)."
             if lch.metrics_path
             else "no metrics port (the server has no Prometheus endpoint)."

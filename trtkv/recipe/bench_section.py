@@ -9,7 +9,7 @@ from pydantic import Field, field_validator
 
 from trtkv.recipe.enums import SLO_PATTERN, BenchTask, Protocol
 from trtkv.recipe.limits import RANGES, bounded
-from trtkv.recipe.sections import _Section
+from trtkv.recipe.sections import Section
 
 # A prompt length of the input sweep: each one within trtkv.recipe.limits' "positions" range
 # (recipe.rules then holds it to build.max_input_len)
@@ -25,7 +25,7 @@ MAX_TASK_LENGTHS = 64
 MAX_THRESHOLDS = 256
 
 
-class BenchConfig(_Section):
+class BenchConfig(Section):
     protocol: Protocol = Field(
         Protocol.GRPC,
         description="gRPC streaming, HTTP `generate_stream` (Triton), or "

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from trtkv.core import paths
 from trtkv.platform.hardware import GPU
 from trtkv.recipe import KVCacheQuant, WeightQuant
-from trtkv.recipe.schema import ENGINE_KV_FORMATS
+from trtkv.recipe.enums import ENGINE_KV_FORMATS
 
 if TYPE_CHECKING:
     from trtkv.recipe import Recipe

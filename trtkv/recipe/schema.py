@@ -40,14 +40,14 @@ from trtkv.recipe.enums import (  # noqa: F401 - re-exported: the schema's publi
 from trtkv.recipe.limits import bounded
 from trtkv.recipe.model_section import ModelConfig
 from trtkv.recipe.probe_section import ProbeConfig
-from trtkv.recipe.sections import QuantizationConfig, _Section  # noqa: F401 - re-exported: the schema's public face
+from trtkv.recipe.sections import QuantizationConfig, Section  # noqa: F401 - re-exported: the schema's public face
 from trtkv.recipe.triton_section import TritonConfig  # noqa: F401 - re-exported: the schema's public face
 
 # ---------------------------------------------------------------------------------------------
 # Schema
 
 
-class CalibrationConfig(_Section):
+class CalibrationConfig(Section):
     dataset: str = Field(
         "calibration_data/calib/*.jsonl",
         description='`.jsonl` (`{"text": ...}`) or `.txt` file, folder or glob; relative paths '
@@ -61,7 +61,7 @@ class CalibrationConfig(_Section):
     )
 
 
-class BuildConfig(_Section):
+class BuildConfig(Section):
     backend: Backend = Field(
         Backend.TENSORRT,
         description="Engine backend: tensorrt (trtllm-build engines, TensorRT-LLM <= 1.2.x), "
@@ -134,7 +134,7 @@ class BuildConfig(_Section):
         return value
 
 
-class HardwareConfig(_Section):
+class HardwareConfig(Section):
     gpu: GPU = Field(GPU.CPU, description="Target accelerator, or `cpu`.")
     count: int = bounded(
         1, "gpus", description="GPUs used by one model instance (= tp_size x pp_size)."
@@ -184,7 +184,7 @@ class HardwareConfig(_Section):
         return gpu_from_name(value) if isinstance(value, str) else value
 
 
-class Recipe(_Section):
+class Recipe(Section):
     """One deployment: model, quantization, calibration, build, hardware, serving and benchmark
     settings."""
 

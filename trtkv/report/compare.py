@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtkv.report.summary import ACCURACY_TASKS, _fmt, _with_ci, collect
+from trtkv.report.summary import ACCURACY_TASKS, collect, figure, with_ci
 
 if TYPE_CHECKING:
     from trtkv.recipe import Recipe
@@ -123,7 +123,7 @@ def write_compare(recipes: list[Recipe], results: list[ChainResult], out: Path) 
         if key.split(".")[0] in ACCURACY_TASKS:
             md.append(
                 f"| {key} (95% interval) | "
-                + " | ".join(_with_ci(r.get("bench", {}), key) for r in rows)
+                + " | ".join(with_ci(r.get("bench", {}), key) for r in rows)
                 + " |"
             )
             if len(rows) > 1:
@@ -133,7 +133,7 @@ def write_compare(recipes: list[Recipe], results: list[ChainResult], out: Path) 
         else:
             md.append(
                 f"| {key} | "
-                + " | ".join(_fmt(r.get("bench", {}).get(key), 1) for r in rows)
+                + " | ".join(figure(r.get("bench", {}).get(key), 1) for r in rows)
                 + " |"
             )
     md.append(
@@ -152,8 +152,8 @@ def write_compare(recipes: list[Recipe], results: list[ChainResult], out: Path) 
             "|---|---|---|---|---|---|",
         ]
         md += [
-            f"| {name} | {p['format']} | {p['context_len']} | {_fmt(p.get('kl_mean'), 4)} | "
-            f"{_fmt(p.get('top1_agreement'), 3)} | {_fmt(p.get('needle_accuracy'), 2)} |"
+            f"| {name} | {p['format']} | {p['context_len']} | {figure(p.get('kl_mean'), 4)} | "
+            f"{figure(p.get('top1_agreement'), 3)} | {figure(p.get('needle_accuracy'), 2)} |"
             for name, p in probes
         ]
     md += _sweep_section(rows, out)

@@ -103,7 +103,7 @@ def open_log(path: Path, append: bool = False) -> BinaryIO:
     return os.fdopen(fd, "ab" if append else "wb")
 
 
-def _launch(
+def start_server(
     recipe: Recipe,
     cmd: list[str],
     repo: Path,

@@ -56,7 +56,7 @@ from trtkv.serving.container import (
     trtllm_serve_docker_command,
     trtllm_serve_server,
 )
-from trtkv.serving.launch import _launch, server_json
+from trtkv.serving.launch import server_json, start_server
 from trtkv.serving.owner import clear_leftover
 from trtkv.serving.teardown import STOP_GRACE_S, refusal, running, stop_server
 from trtkv.serving.teardown import stop as stop  # `trtkv stop` and the chain call serve.stop
@@ -154,7 +154,7 @@ def _start_local(
     check_free(recipe, log)
     backends = prepare_backends(recipe)
     cmd = local_command(recipe, repo, backends)
-    return _launch(recipe, cmd, repo, server_env(), timeout_s, log)
+    return start_server(recipe, cmd, repo, server_env(), timeout_s, log)
 
 
 def _start_gpu(
@@ -195,7 +195,7 @@ def _start_gpu(
             f"container, and neither docker nor {CONTAINER_TRITONSERVER} is here. Next: run on the "
             f"GPU host, or print the commands with `trtkv serve {recipe.name} --dry-run`."
         )
-    return _launch(recipe, cmd, repo, dict(os.environ), timeout_s, log, container=container)
+    return start_server(recipe, cmd, repo, dict(os.environ), timeout_s, log, container=container)
 
 
 def _start_trtllm_serve(
@@ -230,7 +230,7 @@ def _start_trtllm_serve(
             "trtllm-serve is not on PATH and docker is not here. Next: run on the GPU host, or "
             f"print the commands with `trtkv serve {recipe.name} --trtllm-serve --dry-run`."
         )
-    return _launch(
+    return start_server(
         recipe,
         cmd,
         repo_dir(recipe),
@@ -283,7 +283,7 @@ def _start_openai_server(
             )
         container = container_name(recipe)
         clear_leftover(container, serve_dir(recipe), log)
-    return _launch(
+    return start_server(
         recipe,
         cmd,
         checkpoint_dir(recipe) / HF,

@@ -216,7 +216,7 @@ class Supervisor:
     def restart(self, cause: str) -> bool:
         """Stop and start the server; False when the restart budget is spent (the supervisor then
         gives up)."""
-        from trtkv.serving import serve
+        from trtkv.serving import serve, teardown
 
         now = time.monotonic()
         self.restarts = [t for t in self.restarts if now - t < self.window_s]
@@ -234,7 +234,9 @@ class Supervisor:
         self.save("restarting")
         self.event("restarting", cause=cause, attempt=len(self.restarts), backoff_s=wait)
         started = time.monotonic()
-        if not self.clean(serve.stop_server(self.recipe, timeout_s=STOP_TIMEOUT_S, log=self.log)):
+        if not self.clean(
+            teardown.stop_server(self.recipe, timeout_s=STOP_TIMEOUT_S, log=self.log)
+        ):
             return False
         self.sleep(wait)
         if self.stopping:
