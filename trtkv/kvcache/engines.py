@@ -149,6 +149,13 @@ class FormatRow:
         longer match."""
         return hashlib.sha256(json.dumps(self.numerics, sort_keys=True).encode()).hexdigest()[:16]
 
+    @property
+    def choice(self) -> RecipeChoice:
+        """The recipe choice this row is (an error for a row that is none)."""
+        if self.recipe is None:
+            raise TrtkvError(f"KV format {self.name} is no recipe quantization.kv_cache value.")
+        return self.recipe
+
     def engine_value(self, engine: str, version_prefix: str = "") -> str | None:
         """The value `engine`'s first row selects this format with (None: no row)."""
         rows = [

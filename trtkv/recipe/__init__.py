@@ -72,7 +72,6 @@ __all__ = [
     "host_artifacts",
     "hybrid_block_size",
     "KV_ACCOUNTING",
-    "KV_ALGO",
     "kv_cache_quant_algo",
     "kv_heads_split",
     "KVCacheQuant",

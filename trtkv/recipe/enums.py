@@ -7,7 +7,8 @@ import re
 from enum import Enum, EnumMeta
 from typing import TYPE_CHECKING, Literal
 
-from trtkv.kvcache.engines import load_table
+from trtkv.core.errors import TrtkvError
+from trtkv.kvcache.engines import FormatRow, load_table
 
 # ---------------------------------------------------------------------------------------------
 # Enums: the one source of truth for every choice (schema, CLI help and docs read these).
@@ -37,6 +38,20 @@ else:
         type=str,
         module=__name__,
     )
+
+
+def kv_row(kv: KVCacheQuant) -> FormatRow:
+    """The registry row of a quantization.kv_cache value (its .choice: kind, checkpoint algo)."""
+    row = load_table().for_recipe(KVCacheQuant(kv).value)
+    if row is None:  # every member is made from a row
+        raise TrtkvError(f"quantization.kv_cache {kv!r} has no row in trtkv/data/kv_formats.json.")
+    return row
+
+
+def kv_algo(kv: KVCacheQuant) -> str | None:
+    """The checkpoint's quantization.kv_cache_quant_algo for a kv_cache value (None: null, nothing
+    calibrated: none and the engine formats)."""
+    return kv_row(kv).choice.checkpoint_algo
 
 
 def _of_kind(kind: str) -> tuple[KVCacheQuant, ...]:
