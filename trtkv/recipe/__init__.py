@@ -72,6 +72,7 @@ __all__ = [
     "host_artifacts",
     "hybrid_block_size",
     "KV_ACCOUNTING",
+    "kv_algo",
     "kv_cache_quant_algo",
     "kv_heads_split",
     "KVCacheQuant",
