@@ -47,7 +47,6 @@ from trtkv.checkpoints.serving_memory import (
 from trtkv.core.apikey import API_KEY_ENV
 from trtkv.core.errors import StageError
 from trtkv.core.tools import quote
-from trtkv.kvcache import engines
 from trtkv.recipe import Backend, KVCacheQuant, Recipe
 from trtkv.recipe.layout import (
     HF,
@@ -81,17 +80,15 @@ def kv_cache_dtype(recipe: Recipe) -> str:
     """--kv-cache-dtype: the SGLang value trtkv/data/kv_formats.json gives the recipe's format (fp8:
     fp8_e4m3 with the checkpoint's or JSON scales; fp8_cast: fp8_e4m3 without scales, so 1.0;
     nvfp4), auto (the model dtype) for none."""
-    kv = recipe.quantization.kv_cache
-    if kv is KVCacheQuant.NONE:
-        return "auto"
-    rows = engines.load_table().engine_rows(kv.value, "sglang")
-    if not rows:
+    value = recipe.kv_row.engine_value("sglang")
+    if value is None:
         raise StageError(
-            f"recipe {recipe.name}: quantization.kv_cache {kv.value} has no sglang row in "
-            "docs/kv-formats.md (trtkv/data/kv_formats.json), so SGLang has no --kv-cache-dtype "
-            f"for it. Next: `trtkv validate {recipe.name}` names the formats SGLang serves."
+            f"recipe {recipe.name}: quantization.kv_cache {recipe.kv_row.choice.name} has no "
+            "sglang row in docs/kv-formats.md (trtkv/data/kv_formats.json), so SGLang has no "
+            f"--kv-cache-dtype for it. Next: `trtkv validate {recipe.name}` names the formats "
+            "SGLang serves."
         )
-    return rows[0].value
+    return value
 
 
 def served_model_name(recipe: Recipe) -> str:

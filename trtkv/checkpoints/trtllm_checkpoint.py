@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from trtkv.checkpoints.trtllm_ranks import Problems, check_ranks, layer_factors
 from trtkv.core.errors import StageError
-from trtkv.recipe.layout import HF, HF_CONFIG, KV_ALGO, WEIGHT_ALGOS
+from trtkv.recipe.layout import HF, HF_CONFIG, WEIGHT_ALGOS
 
 if TYPE_CHECKING:
     from trtkv.recipe import Recipe
 
 CONFIG = "config.json"
 # recipe enum -> TensorRT-LLM QuantAlgo strings in config.json: trtkv.recipe.layout.WEIGHT_ALGOS and
-# KV_ALGO
+# the KV-format registry row's checkpoint_algo (Recipe.kv_row)
 REQUIRED_CONFIG = (
     "architecture",
     "dtype",
@@ -167,7 +167,7 @@ def _check_config(config: dict[str, Any], recipe: Recipe, path: Path, problems: 
         path,
         "quantization.kv_cache_quant_algo",
         quant.get("kv_cache_quant_algo"),
-        (KV_ALGO[q.kv_cache],),
+        (recipe.kv_row.choice.checkpoint_algo,),
         "quantization.kv_cache",
         q.kv_cache.value,
     )

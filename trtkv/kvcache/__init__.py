@@ -36,10 +36,11 @@ if TYPE_CHECKING:
         write_attn_head_scales,
     )
     from trtkv.kvcache.cache import QuantizedKVCache, config_layer_windows, update_rows
-    from trtkv.kvcache.engines import load_table
+    from trtkv.kvcache.engines import FormatRow, load_table
     from trtkv.kvcache.formats import (
         FP8_MAX,
         PER_TOKEN_HEAD_SCALE_BYTES,
+        SPECS,
         UNQUANTIZED,
         KVFormat,
         bytes_per_element,
@@ -98,13 +99,14 @@ __getattr__, __dir__ = attach(
             "write_attn_head_scales",
         ],
         "cache": ["config_layer_windows", "QuantizedKVCache", "update_rows"],
-        "engines": ["load_table"],
+        "engines": ["FormatRow", "load_table"],
         "formats": [
             "bytes_per_element",
             "FP8_MAX",
             "kv_bytes_per_token",
             "KVFormat",
             "PER_TOKEN_HEAD_SCALE_BYTES",
+            "SPECS",
             "UNQUANTIZED",
         ],
         "names": ["all_format_names", "FormatChoice", "KIVI_RESIDUAL", "parse_format"],
@@ -152,6 +154,7 @@ __all__ = [
     "engines",
     "f32",
     "FormatChoice",
+    "FormatRow",
     "FP8_MAX",
     "head_amax_from_channels",
     "KIVI_RESIDUAL",
@@ -181,6 +184,7 @@ __all__ = [
     "SCALES_FILE",
     "SCORE_BUDGET_BYTES",
     "select_mode",
+    "SPECS",
     "UNQUANTIZED",
     "update_rows",
     "validate_attn_head_export",

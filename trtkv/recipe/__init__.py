@@ -61,6 +61,7 @@ from trtkv.recipe.enums import (
     ModelDtype,
     Protocol,
     WeightQuant,
+    kv_algo,
 )
 from trtkv.recipe.limits import CONFIG_FIELDS, MAX_LIST, RANGES, WORD, check_config_field
 from trtkv.recipe.loader import dump_yaml, list_recipes, load_recipe, recipe_name
@@ -82,7 +83,6 @@ if TYPE_CHECKING:
         CONTAINER_ROOT,
         HF,
         HF_CONFIG,
-        KV_ALGO,
         WEIGHT_ALGOS,
         Artifacts,
         bench_dir,
@@ -122,7 +122,6 @@ __getattr__, __dir__ = attach(
             "HF",
             "HF_CONFIG",
             "host_artifacts",
-            "KV_ALGO",
             "kv_cache_quant_algo",
             "probe_dir",
             "repo_dir",
@@ -171,7 +170,7 @@ __all__ = [
     "host_artifacts",
     "hybrid_block_size",
     "KV_ACCOUNTING",
-    "KV_ALGO",
+    "kv_algo",
     "kv_cache_quant_algo",
     "kv_heads_split",
     "KVCacheQuant",

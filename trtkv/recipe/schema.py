@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
+from trtkv.kvcache.engines import FormatRow
 from trtkv.kvcache.formats import KVFormat
 from trtkv.platform import versions
 from trtkv.platform.gpu_names import gpu_from_name, known_gpus
@@ -36,6 +37,8 @@ from trtkv.recipe.enums import (  # noqa: F401 - re-exported: the schema's publi
     SchedulerPolicy,
     StateDtype,
     WeightQuant,
+    kv_algo,
+    kv_row,
 )
 from trtkv.recipe.limits import bounded
 from trtkv.recipe.model_section import ModelConfig
@@ -256,19 +259,18 @@ class Recipe(Section):
         return self.fp8_kv_and_weights if flag is None else flag
 
     @property
+    def kv_row(self) -> FormatRow:
+        """The registry row of quantization.kv_cache (trtkv/data/kv_formats.json): its choice
+        (kind, checkpoint kv_cache_quant_algo, storage), numerics and engine values."""
+        return kv_row(self.quantization.kv_cache)
+
+    @property
     def kv_format(self) -> KVFormat:
-        """The KV cache format the recipe deploys (trtkv.kvcache.formats), the model dtype when
-        unquantized."""
-        kv = self.quantization.kv_cache
-        # fp8_attn_head: fp8's storage, scales per head
-        if kv in (KVCacheQuant.FP8, KVCacheQuant.FP8_ATTN_HEAD):
-            return KVFormat.FP8
-        if kv is KVCacheQuant.INT8:
-            return KVFormat.INT8
-        if kv is KVCacheQuant.NVFP4:
-            return KVFormat.NVFP4
-        if kv in ENGINE_KV_FORMATS:  # fp8_cast: the probe's fp8_scale1 (same numerics)
-            return KVFormat.FP8_SCALE1 if kv is KVCacheQuant.FP8_CAST else KVFormat(kv.value)
+        """The KV cache format the recipe deploys (its row's storage: fp8_attn_head stores as fp8,
+        fp8_cast as fp8_scale1), the model dtype when unquantized."""
+        choice = self.kv_row.choice
+        if choice.kind != "unquantized":
+            return KVFormat(choice.storage)
         return KVFormat.BF16 if self.model.dtype is ModelDtype.BFLOAT16 else KVFormat.FP16
 
     @property
