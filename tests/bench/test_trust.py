@@ -5,6 +5,7 @@ request with that reason, the endpoint check has one deadline and a size cap, an
 from __future__ import annotations
 
 import gzip
+import select
 import socket
 import threading
 import time
@@ -69,18 +70,25 @@ def test_an_unsolicited_answer_never_becomes_the_next_requests(serve: Callable[[
         session.close()
     assert server.connections == 2
 
-    def late(conn: socket.socket, n: int) -> bool:  # the extra answer arrives after the client read the first
+    # the extra answer arrives after the client read the first and before it sends the next request, by construction
+    # (fixed sleeps of 0.2 s and 0.5 s raced on a busy CPU: issue 58)
+    first_read, extra_sent = threading.Event(), threading.Event()
+
+    def late(conn: socket.socket, n: int) -> bool:
         _answer(conn, SSE_HEAD + OPENAI_BODY)
         if n == 0:
-            time.sleep(0.2)
+            assert first_read.wait(10)
             _answer(conn, SSE_HEAD + OTHER)
+            extra_sent.set()
         return True
 
     server = serve(late)
     session = _openai(server)
     try:
         assert _run(session).text == "".join(TEXTS)
-        time.sleep(0.5)
+        first_read.set()
+        assert extra_sent.wait(10)
+        assert select.select([session._conn.sock], [], [], 10)[0]  # the extra bytes wait on the kept-alive socket
         rec = _run(session)
         assert rec.status == OK and rec.text == "".join(TEXTS), (rec.text, rec.error)
     finally:

@@ -145,10 +145,12 @@ def test_a_container_docker_kept_keeps_its_record_and_foreign_files_are_untouche
 
 API_SERVER = r"""
 import os, signal, subprocess, sys, time
-slow = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: (time.sleep(2), sys.exit(0))); time.sleep(600)"
-deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
-kids = [subprocess.Popen([sys.executable, "-c", c]) for c in (slow, deaf)]
-time.sleep(0.5)  # both have set their handlers
+ready = "; print('ready', flush=True); time.sleep(600)"
+slow = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: (time.sleep(2), sys.exit(0)))" + ready
+deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN)" + ready
+kids = [subprocess.Popen([sys.executable, "-c", c], stdout=subprocess.PIPE) for c in (slow, deaf)]
+for k in kids:
+    k.stdout.readline()  # it has set its handler (a fixed sleep was too short for two interpreters on a busy CPU)
 print(" ".join(str(k.pid) for k in kids), flush=True)
 time.sleep(600)
 """
