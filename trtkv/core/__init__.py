@@ -1,5 +1,6 @@
 """Foundation layer: user-facing errors, project paths, the stage contract, processes and their
-sessions, external tools, progress, the API key and the shipped texts. Imports nothing else of
+sessions, external tools, progress, the API key, the shipped texts and the checks on what servers
+and tools report (readback). Imports nothing else of
 trtkv."""
 
 from trtkv.core.lazy import attach
@@ -76,6 +77,9 @@ __all__ = [
     "HOME",
     "is_running",
     "load_texts",
+    "log_tail",
+    "MAX_POOL_BYTES",
+    "MAX_POOL_TOKENS",
     "naming",
     "NotReadable",
     "Options",
@@ -89,6 +93,8 @@ __all__ = [
     "quote",
     "read_capped",
     "read_json",
+    "ReadBackError",
+    "real",
     "RecipeError",
     "request",
     "resolve_files",
@@ -98,10 +104,12 @@ __all__ = [
     "strict_json",
     "tail",
     "temp_sibling",
+    "tool_answer",
     "ToolError",
     "Transport",
     "TRITON_KEY_HEADER",
     "TrtkvError",
     "VLLM_KEY_ENV",
     "wait_http_ready",
+    "whole",
 ]
