@@ -1,7 +1,6 @@
 """Foundation layer: user-facing errors, project paths, the stage contract, processes and their
 sessions, external tools, progress, the API key, the shipped texts and the checks on what servers
-and tools report (readback). Imports nothing else of
-trtkv."""
+and tools report (readback). Imports nothing else of trtkv."""
 
 from trtkv.core.lazy import attach
 
@@ -22,6 +21,15 @@ if TYPE_CHECKING:
     from trtkv.core.paths import FOLDERS, HOME, project_root, temp_sibling
     from trtkv.core.process import is_running, pid_alive, port_in_use, wait_http_ready
     from trtkv.core.progress import Progress
+    from trtkv.core.readback import (
+        MAX_POOL_BYTES,
+        MAX_POOL_TOKENS,
+        ReadBackError,
+        log_tail,
+        real,
+        tool_answer,
+        whole,
+    )
     from trtkv.core.texts import (
         CALIB_DEFAULT,
         EVAL_LONG_TEXT,
@@ -52,6 +60,15 @@ __getattr__, __dir__ = attach(
         "paths": ["FOLDERS", "HOME", "project_root", "temp_sibling"],
         "process": ["is_running", "pid_alive", "port_in_use", "wait_http_ready"],
         "progress": ["Progress"],
+        "readback": [
+            "log_tail",
+            "MAX_POOL_BYTES",
+            "MAX_POOL_TOKENS",
+            "ReadBackError",
+            "real",
+            "tool_answer",
+            "whole",
+        ],
         "texts": [
             "CALIB_DEFAULT",
             "EVAL_LONG_TEXT",
