@@ -271,17 +271,12 @@ def partial_dir(output: Path) -> Path:
 
 
 def _served_pool(recipe: Recipe, url: str | None) -> dict[str, Any]:
-    """Planned against served KV pool (trtkv.serving.pool) for the recorded server; a --url
-    elsewhere is another server: its pool is not read."""
-    from trtkv.contracts.artifacts import ServerRecord
-    from trtkv.recipe.layout import serve_dir
+    """Planned against served KV pool (trtkv.serving.pool) for the recorded server, when it runs; a
+    --url elsewhere is another server: its pool is not read."""
     from trtkv.serving import pool
 
-    server = ServerRecord.load(serve_dir(recipe))
-    if url and server is not None and str(server.http_port) not in url:
-        server = None
     try:
-        return pool.compare(recipe, server)
+        return pool.compare_at(recipe, url)
     except Exception as exc:  # noqa: BLE001 - the read-back never fails a benchmark; it says why it has no figure
         return {"planned_bytes_per_gpu": None, "source": f"not read: {exc}", "warning": None}
 

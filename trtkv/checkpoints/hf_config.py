@@ -164,6 +164,16 @@ def read_model_facts(path: Path) -> ModelFacts:
             cfg, list(facts.layers), facts.num_kv_heads, facts.head_dim, prefix
         )
         facts.layers, facts.attention_source = tuple(layers), facts.attention_source + extra
+    if not any(x.kind is not AttentionKind.NONE and not x.is_state for x in facts.layers):
+        # an MLP-only or state-only layer list: no KV cache to size (the planner divides by it)
+        listed = facts.attention_source.split(" (")[0] or f"{prefix}layers"
+        raise ModelConfigError(
+            [
+                f"{file}: {listed} lists no attention layer (only MLP or state layers: no KV "
+                "cache for trtkv to size). Next: pass the model's own config.json as published "
+                "with its weights."
+            ]
+        )
     facts.sinks = SINK_MODEL_TYPES.get(model_type)
     facts.moe = _moe(cfg, facts)
     if hybrid is not None:

@@ -1,6 +1,6 @@
 """Foundation layer: user-facing errors, project paths, the stage contract, processes and their
-sessions, external tools, progress, the API key and the shipped texts. Imports nothing else of
-trtkv."""
+sessions, external tools, progress, the API key, the shipped texts and the checks on what servers
+and tools report (readback). Imports nothing else of trtkv."""
 
 from trtkv.core.lazy import attach
 
@@ -21,6 +21,15 @@ if TYPE_CHECKING:
     from trtkv.core.paths import FOLDERS, HOME, project_root, temp_sibling
     from trtkv.core.process import is_running, pid_alive, port_in_use, wait_http_ready
     from trtkv.core.progress import Progress
+    from trtkv.core.readback import (
+        MAX_POOL_BYTES,
+        MAX_POOL_TOKENS,
+        ReadBackError,
+        log_tail,
+        real,
+        tool_answer,
+        whole,
+    )
     from trtkv.core.texts import (
         CALIB_DEFAULT,
         EVAL_LONG_TEXT,
@@ -51,6 +60,15 @@ __getattr__, __dir__ = attach(
         "paths": ["FOLDERS", "HOME", "project_root", "temp_sibling"],
         "process": ["is_running", "pid_alive", "port_in_use", "wait_http_ready"],
         "progress": ["Progress"],
+        "readback": [
+            "log_tail",
+            "MAX_POOL_BYTES",
+            "MAX_POOL_TOKENS",
+            "ReadBackError",
+            "real",
+            "tool_answer",
+            "whole",
+        ],
         "texts": [
             "CALIB_DEFAULT",
             "EVAL_LONG_TEXT",
@@ -76,6 +94,9 @@ __all__ = [
     "HOME",
     "is_running",
     "load_texts",
+    "log_tail",
+    "MAX_POOL_BYTES",
+    "MAX_POOL_TOKENS",
     "naming",
     "NotReadable",
     "Options",
@@ -89,6 +110,8 @@ __all__ = [
     "quote",
     "read_capped",
     "read_json",
+    "ReadBackError",
+    "real",
     "RecipeError",
     "request",
     "resolve_files",
@@ -98,10 +121,12 @@ __all__ = [
     "strict_json",
     "tail",
     "temp_sibling",
+    "tool_answer",
     "ToolError",
     "Transport",
     "TRITON_KEY_HEADER",
     "TrtkvError",
     "VLLM_KEY_ENV",
     "wait_http_ready",
+    "whole",
 ]

@@ -10,6 +10,7 @@ import json
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from trtkv.core.errors import TrtkvError
 from trtkv.plan.estimate_model import Estimate
 from trtkv.plan.model import Architecture, ArchitectureFacts
 from trtkv.platform.hardware import GPU
@@ -224,4 +225,12 @@ class Plan:
         return out
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
+        """plan --json: strict JSON (allow_nan=False), so a non-finite figure is an error, never
+        `NaN` or `Infinity` in the output."""
+        try:
+            return json.dumps(self.to_dict(), indent=2, allow_nan=False)
+        except ValueError as exc:
+            raise TrtkvError(
+                f"plan --json for {self.recipe}: a figure is not finite ({exc}). Next: report this "
+                "with the recipe; `trtkv plan` without --json shows the figures."
+            ) from None
