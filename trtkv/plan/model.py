@@ -10,8 +10,8 @@ from typing import Any
 
 from trtkv.checkpoints import ModelFacts, count_parameters, read_model_facts, stored_weight_bytes
 from trtkv.checkpoints.model_facts import MoE
-from trtkv.checkpoints.serving_memory import model_config_path
 from trtkv.core.errors import RecipeError
+from trtkv.engines.sizing import model_config_path
 from trtkv.kvcache.formats import KVFormat
 from trtkv.platform.hardware import GPU
 from trtkv.recipe import Backend, ModelDtype, Recipe, WeightQuant

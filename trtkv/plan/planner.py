@@ -31,10 +31,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trtkv.checkpoints.serving_memory import EngineKnobs
+from trtkv.engines.pool import EngineKnobs, PoolEstimate
 from trtkv.kvcache.formats import KVFormat
 from trtkv.plan.advice import advice_for, attention_notes, format_row_note
-from trtkv.plan.engine_memory import PoolEstimate
 from trtkv.plan.engine_pool import memory_rule, recipe_pool
 
 # the planner's public face: plan() and the types and counts it returns
