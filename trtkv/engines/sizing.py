@@ -10,6 +10,7 @@ from pathlib import Path
 
 from trtkv.checkpoints.hf_config import read_model_facts
 from trtkv.engines.pool import GIB
+from trtkv.engines.sequence import sequence_kv_bytes
 from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe import Recipe
 from trtkv.recipe.attention import (
@@ -21,7 +22,6 @@ from trtkv.recipe.attention import (
     parse_layers,
 )
 from trtkv.recipe.backend_rules import KV_ACCOUNTING
-from trtkv.recipe.sequence import sequence_kv_bytes
 from trtkv.recipe.state import STATE_DTYPE_BYTES, StateSpec, state_dtypes, state_from_dict
 
 
@@ -30,9 +30,9 @@ def model_config_path(recipe: Recipe) -> Path | None:
     package)."""
     source = recipe.model.source
     if source.startswith("packaged:"):
-        from trtkv.checkpoints.models import packaged_model_dir  # light import: paths only
+        from trtkv.checkpoints import models  # light import: paths only
 
-        folder = packaged_model_dir(source.split(":", 1)[1])
+        folder = models.packaged_model_dir(source.split(":", 1)[1])
     else:
         folder = Path(source).expanduser()
         if not folder.is_absolute() and recipe.path is not None:

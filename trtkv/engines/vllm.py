@@ -27,11 +27,11 @@ from trtkv.engines.activation import (
     sampler_peak_bytes,
 )
 from trtkv.engines.pool import GIB, EngineKnobs, PoolEstimate, Sizing, Term, apply_bound
+from trtkv.engines.sequence import sequence_kv_bytes
 from trtkv.engines.sizing import recipe_kv_layout
 from trtkv.platform.hardware import GPU
 from trtkv.recipe import Recipe
 from trtkv.recipe.attention import VLLM_BLOCK_CPU, VLLM_BLOCK_GPU, Accounting, layer_formats
-from trtkv.recipe.sequence import sequence_kv_bytes
 
 VLLM_VERSION = "0.32.0"
 
