@@ -19,9 +19,10 @@ TYPE_CHECKING = False  # typing's, without loading typing (see trtkv.core.lazy)
 if TYPE_CHECKING:
     from trtkv.engines.activation import ModelShape, Setup
     from trtkv.engines.pool import GIB, EngineKnobs, PoolEstimate, PoolRule, ServedPool, Sizing
-    from trtkv.engines.reference import no_knobs, reference_log_pool, reference_pool
+    from trtkv.engines.reference import REFERENCE_LOG, no_knobs, reference_log_pool, reference_pool
     from trtkv.engines.sequence import sequence_kv_bytes
     from trtkv.engines.sglang import (
+        SGLANG_INFO,
         SGLANG_VERSION,
         sglang_at,
         sglang_info_tokens,
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
         ENGINE_FRACTION_PARAM,
         LLMAPI_CAP_KEY,
         LLMAPI_FRACTION_KEY,
+        TRTLLM_LOG,
         TRTLLM_SERVE_FRACTION_FLAG,
         engine_memory_knobs,
         llmapi_memory_knobs,
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
         trtllm_recipe_pool,
     )
     from trtkv.engines.vllm import (
+        VLLM_LOG,
         cpu_pin_bytes,
         vllm_at,
         vllm_block,
@@ -60,9 +63,10 @@ __getattr__, __dir__ = attach(
     submod_attrs={
         "activation": ["ModelShape", "Setup"],
         "pool": ["EngineKnobs", "GIB", "PoolEstimate", "PoolRule", "ServedPool", "Sizing"],
-        "reference": ["no_knobs", "reference_log_pool", "reference_pool"],
+        "reference": ["REFERENCE_LOG", "no_knobs", "reference_log_pool", "reference_pool"],
         "sequence": ["sequence_kv_bytes"],
         "sglang": [
+            "SGLANG_INFO",
             "SGLANG_VERSION",
             "sglang_at",
             "sglang_info_tokens",
@@ -71,6 +75,7 @@ __getattr__, __dir__ = attach(
         ],
         "sizing": ["kv_bytes_per_token_per_gpu", "model_config_path"],
         "trtllm": [
+            "TRTLLM_LOG",
             "ENGINE_CAP_PARAM",
             "ENGINE_FRACTION_PARAM",
             "LLMAPI_CAP_KEY",
@@ -85,6 +90,7 @@ __getattr__, __dir__ = attach(
             "trtllm_recipe_pool",
         ],
         "vllm": [
+            "VLLM_LOG",
             "cpu_pin_bytes",
             "vllm_at",
             "vllm_block",
@@ -115,12 +121,14 @@ __all__ = [
     "no_knobs",
     "PoolEstimate",
     "PoolRule",
+    "REFERENCE_LOG",
     "reference_log_pool",
     "reference_pool",
     "sequence_kv_bytes",
     "ServedPool",
     "Setup",
     "sglang_at",
+    "SGLANG_INFO",
     "sglang_info_tokens",
     "sglang_knobs",
     "sglang_recipe_pool",
@@ -129,6 +137,7 @@ __all__ = [
     "trt_engine_at",
     "trt_engine_recipe_pool",
     "trtllm_at",
+    "TRTLLM_LOG",
     "trtllm_log_pool",
     "trtllm_recipe_pool",
     "TRTLLM_SERVE_FRACTION_FLAG",
@@ -136,6 +145,7 @@ __all__ = [
     "vllm_block",
     "vllm_cpu_recipe_pool",
     "vllm_knobs",
+    "VLLM_LOG",
     "vllm_log_tokens",
     "vllm_metrics_blocks",
     "vllm_recipe_pool",
