@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from trtkv.checkpoints import count_parameters, read_model_facts
+from trtkv.engines.sequence import sequence_kv_bytes
+from trtkv.engines.vllm_blocks import hybrid_block_size
 from trtkv.kvcache.formats import KVFormat
 from trtkv.recipe.attention import Accounting, AttentionKind, KVShape, LayerAttention
-from trtkv.recipe.sequence import sequence_kv_bytes
 from trtkv.recipe.state import StateKind
-from trtkv.recipe.vllm_pool import hybrid_block_size
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 

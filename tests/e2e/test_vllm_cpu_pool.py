@@ -20,7 +20,7 @@ from trtkv.backends import vllm_command, vllm_cpu
 from trtkv.build.stage import build
 from trtkv.contracts.artifacts import ServerRecord
 from trtkv.core.process import free_ports
-from trtkv.plan.engine_cpu import VLLM_CPU_PROCESS_GIB
+from trtkv.engines.vllm_cpu import VLLM_CPU_PROCESS_GIB
 from trtkv.plan.planner import plan
 from trtkv.recipe import load_recipe
 from trtkv.recipe.layout import serve_dir

@@ -2,7 +2,7 @@
 from configs (Qwen3-Next: Gated DeltaNet + full attention; Nemotron-H: Mamba-2 + attention + MLP layers; script
 tests/support/vllm_hybrid_pool.py), and its allocator's own figures -- the block size it aligns attention to, the
 state dtype it picks, the bytes one sequence takes in its pool (pool bytes / max concurrency) -- equal what
-trtkv.recipe.vllm_pool computes from the configs trtkv reads."""
+trtkv.engines.vllm_blocks computes from the configs trtkv reads."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import pytest
 from tests.support import side_python
 from trtkv.backends import vllm_command
 from trtkv.checkpoints import read_model_facts
+from trtkv.engines.sequence import sequence_kv_bytes
+from trtkv.engines.vllm_blocks import hybrid_block_size
 from trtkv.kvcache.formats import KVFormat
 from trtkv.recipe.attention import VLLM_BLOCK_CPU, Accounting, KVShape
-from trtkv.recipe.sequence import sequence_kv_bytes
 from trtkv.recipe.state import STATE_DTYPE_BYTES, state_dtypes
-from trtkv.recipe.vllm_pool import hybrid_block_size
 
 SCRIPT = Path(__file__).resolve().parents[1] / "support" / "vllm_hybrid_pool.py"
 MAX_LEN = 2048  # the script's max_model_len and max_num_batched_tokens

@@ -14,21 +14,13 @@ from typing import Any
 import pytest
 
 from trtkv.backends import for_recipe, llmapi_args, sglang, vllm_command
-from trtkv.checkpoints.serving_memory import (
-    REFERENCE_POOL_LINE,
-    SGLANG_VERSION,
-    VLLM_DEFAULT_UTIL,
-    ServedPool,
-    cpu_pin_bytes,
-    kv_bytes_per_token_per_gpu,
-    reference_log_pool,
-    sglang_default_mem_fraction,
-    sglang_info_tokens,
-    trtllm_log_pool,
-    vllm_log_tokens,
-    vllm_metrics_blocks,
-)
 from trtkv.core.errors import RecipeError
+from trtkv.engines.pool import ServedPool
+from trtkv.engines.reference import REFERENCE_POOL_LINE, reference_log_pool
+from trtkv.engines.sglang import SGLANG_VERSION, sglang_default_mem_fraction, sglang_info_tokens
+from trtkv.engines.sizing import kv_bytes_per_token_per_gpu
+from trtkv.engines.trtllm import trtllm_log_pool
+from trtkv.engines.vllm import VLLM_DEFAULT_UTIL, cpu_pin_bytes, vllm_log_tokens, vllm_metrics_blocks
 from trtkv.plan.planner import plan
 from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe import load_recipe

@@ -18,9 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from trtkv.plan.engine_activation import cuda_graph_bytes
-from trtkv.plan.engine_memory import GIB, PoolEstimate
-from trtkv.plan.engine_memory_others import context_bytes
+from trtkv.engines.activation import cuda_graph_bytes
+from trtkv.engines.pool import GIB, PoolEstimate, context_bytes
 from trtkv.plan.engine_pool import ENGINES, model_shape, pool_at_version, recipe_setup
 from trtkv.plan.model import resolve_architecture
 from trtkv.recipe import load_recipe
@@ -159,10 +158,10 @@ def test_printed_terms_match_the_plan_term_by_term(planned: list[Planned]) -> No
 
 
 def test_sglang_default_fraction_matches_the_published_default() -> None:
-    """SGLang 0.5.23's computed mem_fraction_static (trtkv.checkpoints.serving_memory.sglang_default_mem_fraction) at
+    """SGLang 0.5.23's computed mem_fraction_static (trtkv.engines.sglang.sglang_default_mem_fraction) at
     the Qwen3-30B-A3B log's settings gives the 0.83 it printed: H100 at nvidia-smi's 81,559 MiB, chunked prefill 8192,
     decode graphs to 256, 58 breakable prefill graphs -> reserved 13,904 MiB."""
-    from trtkv.checkpoints.serving_memory import sglang_default_mem_fraction, sglang_prefill_graph_sizes
+    from trtkv.engines.sglang import sglang_default_mem_fraction, sglang_prefill_graph_sizes
 
     rec = next(r for r in LOGS if r["id"] == "vllm-hybrid-sglang-qwen3-30b-a3b-fp8-h100")
     assert len(sglang_prefill_graph_sizes(8192)) == 58

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trtkv.backends import for_recipe, tensorrt
+from trtkv.backends import for_recipe
 from trtkv.core.errors import StageError
+from trtkv.engines.trtllm import engine_memory_knobs
 from trtkv.recipe import Backend, list_recipes, load_recipe
 from trtkv.repo import generate_repo, validate_repo
 from trtkv.repo.validate import RepoError
@@ -70,7 +71,7 @@ def test_every_recipe_generates_a_valid_repo(name: str, engines_tmp: Path, token
         assert llm.backend == "tensorrtllm"
         assert params["gpt_model_type"] == recipe.triton.batching_strategy.value
         assert params["batch_scheduler_policy"] == recipe.triton.batch_scheduler_policy.value
-        knobs = tensorrt.engine_memory_knobs(recipe)  # the plan's value: TensorRT-LLM's 0.9 when the recipe is silent
+        knobs = engine_memory_knobs(recipe)  # the plan's value: TensorRT-LLM's 0.9 when the recipe is silent
         assert float(params["kv_cache_free_gpu_mem_fraction"]) == knobs.value
         assert params["max_tokens_in_paged_kv_cache"] == ("" if knobs.cap_value is None else str(knobs.cap_value))
         # the container reads the repository: the configs name the canonical container paths, never this host's

@@ -17,17 +17,13 @@ from typing import Any
 
 import pytest
 
-from trtkv.checkpoints.serving_memory import (
-    REFERENCE_POOL_LINE,
-    reference_log_pool,
-    sglang_info_tokens,
-    trtllm_log_pool,
-    vllm_log_tokens,
-    vllm_metrics_blocks,
-)
 from trtkv.contracts.artifacts import ServerRecord
 from trtkv.core import sessions
 from trtkv.core.errors import TrtkvError
+from trtkv.engines.reference import REFERENCE_POOL_LINE, reference_log_pool
+from trtkv.engines.sglang import sglang_info_tokens
+from trtkv.engines.trtllm import trtllm_log_pool
+from trtkv.engines.vllm import vllm_log_tokens, vllm_metrics_blocks
 from trtkv.recipe import load_recipe
 from trtkv.recipe.layout import serve_dir
 from trtkv.serving import pool

@@ -97,7 +97,8 @@ def scratch(smollm2_dir: Path) -> Iterator[Scratch]:
     environment pointed at it and host RAM fixed, for the time of the block."""
     import pytest
 
-    from trtkv.plan import engine_cpu, planner
+    from trtkv.engines import vllm_cpu
+    from trtkv.plan import planner
 
     root = Path(tempfile.mkdtemp(prefix="trtkv-snap-", dir="/tmp"))
     try:
@@ -114,9 +115,9 @@ def scratch(smollm2_dir: Path) -> Iterator[Scratch]:
             mp.setenv("TRTKV_CACHE", str(root / "cache"))
             mp.delenv("TRTKV_HOME", raising=False)
             mp.setattr(planner, "host_memory_gib", lambda: HOST_RAM_GIB)
-            # vLLM CPU's pool reads the memory node's MemTotal (engine_cpu): the same fixed host, or the plans of
+            # vLLM CPU's pool reads the memory node's MemTotal (vllm_cpu): the same fixed host, or the plans of
             # vllm recipes follow the machine the tests run on
-            mp.setattr(engine_cpu, "memory_node_total_bytes", lambda node=0: HOST_RAM_GIB * 2**30)
+            mp.setattr(vllm_cpu, "memory_node_total_bytes", lambda node=0: HOST_RAM_GIB * 2**30)
             yield Scratch(root, _path_pairs(root))
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -10,12 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from trtkv.backends.seam import OpenAIServer, TokenizerSource
-from trtkv.checkpoints.serving_memory import (
-    TRTLLM_LOG,
-    ServedPool,
-    kv_bytes_per_token_per_gpu,
-    trtllm_log_pool,
-)
 from trtkv.contracts.canary import canary_script, docker_health_args
 from trtkv.contracts.interface import ENSEMBLE, ModelInterface
 from trtkv.contracts.stage import manifest_hash
@@ -23,6 +17,9 @@ from trtkv.core import paths
 from trtkv.core.errors import StageError
 from trtkv.core.readback import log_tail
 from trtkv.core.tools import quote
+from trtkv.engines.pool import ServedPool
+from trtkv.engines.sizing import kv_bytes_per_token_per_gpu
+from trtkv.engines.trtllm import TRTLLM_LOG, trtllm_log_pool
 from trtkv.platform.hardware import GPU
 from trtkv.platform.versions import Row
 from trtkv.recipe import Recipe

@@ -29,7 +29,6 @@ from trtkv.backends.llmapi_args import (
     hf_checkpoint_dir,
     kv_dtype,
     llm_args,
-    llmapi_memory_knobs,
     max_attention_window,
     model_yaml,
 )
@@ -45,6 +44,7 @@ from trtkv.backends.seam import EngineBackend, MemoryRule, TokenizerSource
 from trtkv.contracts.interface import LLMAPI
 from trtkv.core.errors import StageError
 from trtkv.core.tools import quote
+from trtkv.engines.trtllm import llmapi_memory_knobs, trtllm_recipe_pool
 from trtkv.platform.versions import Row
 from trtkv.recipe import Backend, Recipe
 from trtkv.recipe.layout import (
@@ -344,5 +344,5 @@ BACKEND = EngineBackend(
     SERVING,
     LlmApiRunner(),
     LlmApiDynamo(),
-    memory=MemoryRule("trtllm", llmapi_memory_knobs, served=trtllm_served),
+    memory=MemoryRule(trtllm_recipe_pool, llmapi_memory_knobs, served=trtllm_served),
 )

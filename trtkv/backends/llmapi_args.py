@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trtkv.checkpoints.serving_memory import EngineKnobs, trtllm_knobs
+from trtkv.engines.trtllm import LLMAPI_CAP_KEY, LLMAPI_FRACTION_KEY, llmapi_memory_knobs
 from trtkv.recipe import KVCacheQuant, Recipe
 from trtkv.recipe.layout import HF, checkpoint_dir
 from trtkv.recipe.prefix_cache import prefix_cache
@@ -101,14 +101,14 @@ def llm_args(recipe: Recipe, hf_dir: Path) -> dict[str, Any]:
         "enable_chunked_prefill": recipe.chunked_context,
         "kv_cache_config": {
             "dtype": kv_dtype(recipe),
-            "free_gpu_memory_fraction": knobs.value,
+            LLMAPI_FRACTION_KEY: knobs.value,
             # explicit: the engine's default where it may reuse
             "enable_block_reuse": prefix_cache(recipe).enabled,
         },
     }
     # triton.kv_pool_gib_per_gpu: TensorRT-LLM takes the smaller of the two
     if knobs.cap_value is not None:
-        args["kv_cache_config"]["max_tokens"] = knobs.cap_value
+        args["kv_cache_config"][LLMAPI_CAP_KEY] = knobs.cap_value
     windows = max_attention_window(recipe)
     if windows is not None:
         args["kv_cache_config"]["max_attention_window"] = windows
@@ -129,11 +129,3 @@ def model_yaml(recipe: Recipe, hf_dir: Path) -> dict[str, Any]:
 
 def hf_checkpoint_dir(recipe: Recipe) -> Path:
     return checkpoint_dir(recipe) / HF
-
-
-def llmapi_memory_knobs(recipe: Recipe) -> EngineKnobs:
-    """kv_cache_config.free_gpu_memory_fraction, and kv_cache_config.max_tokens when
-    triton.kv_pool_gib_per_gpu caps."""
-    return trtllm_knobs(
-        recipe, "kv_cache_config.free_gpu_memory_fraction", "kv_cache_config.max_tokens"
-    )

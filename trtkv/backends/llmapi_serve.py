@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trtkv.backends.llmapi_args import hf_checkpoint_dir, llm_args, llmapi_memory_knobs
+from trtkv.backends.llmapi_args import hf_checkpoint_dir, llm_args
+from trtkv.engines.trtllm import TRTLLM_SERVE_FRACTION_FLAG, llmapi_memory_knobs
 from trtkv.recipe import Recipe
 from trtkv.recipe.layout import Artifacts, engine_dir, host_artifacts, served_artifacts
 
@@ -57,7 +58,7 @@ def trtllm_serve_command(recipe: Recipe, hf_dir: Path, config: Path) -> list[str
         str(b.max_num_tokens),
         "--max_seq_len",
         str(b.max_seq_len),
-        "--kv_cache_free_gpu_memory_fraction",
+        TRTLLM_SERVE_FRACTION_FLAG,
         f"{llmapi_memory_knobs(recipe).value:g}",
         # `--config` is the newer name of the same option (PR #9104, Nov 2025);
         # --extra_llm_api_options is accepted by every release, including the 1.0/1.1 images of

@@ -28,12 +28,8 @@ from trtkv.backends.base import (
 )
 from trtkv.backends.seam import EngineBackend, MemoryRule, TokenizerSource
 from trtkv.checkpoints import models as model
-from trtkv.checkpoints.serving_memory import (
-    REFERENCE_LOG,
-    ServedPool,
-    no_knobs,
-    reference_log_pool,
-)
+from trtkv.engines.pool import ServedPool
+from trtkv.engines.reference import REFERENCE_LOG, no_knobs, reference_log_pool, reference_pool
 from trtkv.recipe import Backend, Recipe, layout
 from trtkv.recipe.layout import kv_cache_quant_algo
 
@@ -289,5 +285,5 @@ BACKEND = EngineBackend(
     TritonServing(),
     _PARTS,
     gpu_engine=False,
-    memory=MemoryRule("reference", no_knobs, served=served_pool),
+    memory=MemoryRule(reference_pool, no_knobs, served=served_pool),
 )

@@ -8,9 +8,9 @@
   containerised tritonserver, or an OpenAI server of its own, or both).
 - `Runner`: how `trtkv generate` runs it; `DynamoWorker`: NVIDIA Dynamo's worker for it (None:
   Dynamo cannot run it).
-- `MemoryRule`: which KV-pool rule its engine follows (trtkv.plan.engine_pool) and the memory flags
-  its served command carries (trtkv.checkpoints.serving_memory), so the plan and the served engine
-  size the pool alike.
+- `MemoryRule`: the KV-pool rule its engine follows and the memory flags its served command carries
+  (both from the engine's own module under trtkv.engines), so the plan and the served engine size
+  the pool alike.
 
 The stages ask these objects (`backend.repo is None`, `backend.serving.ranks(recipe)`) and never
 which backend it is (tests/backends/test_backends.py fails on a stage that imports a concrete
@@ -25,8 +25,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol
 
-from trtkv.checkpoints.serving_memory import EngineKnobs, ServedPool
 from trtkv.contracts.interface import ModelInterface
+from trtkv.engines.pool import EngineKnobs, PoolRule, ServedPool
 from trtkv.platform.hardware import GPU
 from trtkv.platform.versions import Row
 from trtkv.recipe import Backend, Recipe
@@ -252,27 +252,27 @@ def _build_max_num_tokens(recipe: Recipe) -> int:
 class MemoryRule:
     """The KV-pool rule a backend's engine follows and the memory flags its served command carries.
 
-    `rule` names an entry of trtkv.plan.engine_pool's rules ("vllm", "sglang", "trtllm", "tensorrt",
-    "reference"; `cpu_rule` on the CPU); `knobs` gives the flags and values (the same call the
-    serve, deploy and repo commands make); `block_tokens` is the KV block the engine allocates in;
-    `step_tokens` the tokens of its profiling or warm-up forward (vLLM max_num_batched_tokens,
-    SGLang's chunked prefill, TensorRT-LLM max_num_tokens); `served` reads the pool the running
-    engine reports."""
+    `pool` is the engine's rule (trtkv.engines.<engine>, called by trtkv.plan.engine_pool;
+    `cpu_pool` on the CPU); `knobs` gives the flags and values (the same call the serve, deploy and
+    repo commands make); `block_tokens` is the KV block the engine allocates in; `step_tokens` the
+    tokens of its profiling or warm-up forward (vLLM max_num_batched_tokens, SGLang's chunked
+    prefill, TensorRT-LLM max_num_tokens); `served` reads the pool the running engine reports."""
 
-    rule: str
+    pool: PoolRule
     knobs: Callable[[Recipe], EngineKnobs]
     block_tokens: Callable[[Recipe], int] = _build_tokens_per_block
     step_tokens: Callable[[Recipe], int] = _build_max_num_tokens
-    cpu_rule: str | None = None
+    cpu_pool: PoolRule | None = None
     # the pool the running engine reports (recipe, its HTTP base URL, its log): `trtkv status` and
     # `trtkv bench` compare it with the plan
     served: Callable[[Recipe, str, Path | None], ServedPool | None] | None = None
 
-    def rule_for(self, recipe: Recipe) -> str:
+    def pool_for(self, recipe: Recipe) -> PoolRule:
+        """The rule for the recipe's hardware (`cpu_pool` on the CPU where the engine has one)."""
         return (
-            self.cpu_rule
-            if self.cpu_rule is not None and recipe.hardware.gpu is GPU.CPU
-            else self.rule
+            self.cpu_pool
+            if self.cpu_pool is not None and recipe.hardware.gpu is GPU.CPU
+            else self.pool
         )
 
 

@@ -37,18 +37,19 @@ from trtkv.backends.sglang_scales import (
     write_scales_file,
 )
 from trtkv.backends.vllm import VllmRunner
-from trtkv.checkpoints.serving_memory import (
-    SGLANG_INFO,
-    SGLANG_VERSION,
-    ServedPool,
-    sglang_info_tokens,
-    sglang_knobs,
-)
 from trtkv.core.apikey import API_KEY_ENV
 from trtkv.core.errors import StageError
 from trtkv.core.files import strict_json
 from trtkv.core.readback import ReadBackError
 from trtkv.core.tools import quote
+from trtkv.engines.pool import ServedPool
+from trtkv.engines.sglang import (
+    SGLANG_INFO,
+    SGLANG_VERSION,
+    sglang_info_tokens,
+    sglang_knobs,
+    sglang_recipe_pool,
+)
 from trtkv.recipe import Backend, KVCacheQuant, Recipe
 from trtkv.recipe.layout import (
     HF,
@@ -61,7 +62,7 @@ from trtkv.recipe.layout import (
 )
 from trtkv.recipe.prefix_cache import prefix_cache
 
-# SGLANG_VERSION (trtkv.checkpoints.serving_memory, beside the memory rule it pins): the parser
+# SGLANG_VERSION (trtkv.engines.sglang, beside the memory rule it pins): the parser
 # .venv-sglang checks (`make install-sglang`) and the image below
 # Docker Hub lmsysorg/sglang, tags v<version> (docs/docs/get-started/install.mdx @7760d526: CUDA 13
 # images)
@@ -372,7 +373,7 @@ BACKEND = EngineBackend(
     SglangRunner(),
     None,
     memory=MemoryRule(
-        "sglang",
+        sglang_recipe_pool,
         sglang_knobs,
         block_tokens=_one_token,
         step_tokens=_prefill_step,

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trtkv.checkpoints.serving_memory import SGLANG_VERSION
 from trtkv.core.errors import StageError
+from trtkv.engines.sglang import SGLANG_VERSION
 from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe import KVCacheQuant, Recipe, WeightQuant
 from trtkv.recipe.layout import HF

@@ -31,9 +31,9 @@ from trtkv.backends.base import (
 from trtkv.backends.seam import EngineBackend, MemoryRule
 from trtkv.backends.tensorrt_pitfalls import pitfall_hints
 from trtkv.backends.tensorrt_preflight import TRTLLM_MAX, TRTLLM_MIN, preflight_tensorrt
-from trtkv.checkpoints.serving_memory import EngineKnobs, trtllm_knobs
 from trtkv.core.errors import StageError, ToolError
 from trtkv.core.tools import quote, run_logged, tail
+from trtkv.engines.trtllm import engine_memory_knobs, trt_engine_recipe_pool
 from trtkv.platform import trtllm, versions
 from trtkv.recipe import Backend, KVCacheQuant, Recipe, WeightQuant
 from trtkv.recipe.backend_rules import gemm_plugin_choice
@@ -321,17 +321,11 @@ class TensorRTRunner(RefusingRunner):
 BUILDER = TensorRTBuilder()
 
 
-def engine_memory_knobs(recipe: Recipe) -> EngineKnobs:
-    """The tensorrt_llm model's kv_cache_free_gpu_mem_fraction, and max_tokens_in_paged_kv_cache
-    when triton.kv_pool_gib_per_gpu caps."""
-    return trtllm_knobs(recipe, "kv_cache_free_gpu_mem_fraction", "max_tokens_in_paged_kv_cache")
-
-
 BACKEND = EngineBackend(
     Backend.TENSORRT,
     BUILDER,
     TensorRTLayout(),
     TensorRTServing(),
     TensorRTRunner(),
-    memory=MemoryRule("tensorrt", engine_memory_knobs, served=trtllm_served),
+    memory=MemoryRule(trt_engine_recipe_pool, engine_memory_knobs, served=trtllm_served),
 )

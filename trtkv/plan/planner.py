@@ -31,10 +31,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trtkv.checkpoints.serving_memory import EngineKnobs
+from trtkv.engines.pool import EngineKnobs, PoolEstimate
+from trtkv.engines.vllm_blocks import hybrid_block_size
 from trtkv.kvcache.formats import KVFormat
 from trtkv.plan.advice import advice_for, attention_notes, format_row_note
-from trtkv.plan.engine_memory import PoolEstimate
 from trtkv.plan.engine_pool import memory_rule, recipe_pool
 
 # the planner's public face: plan() and the types and counts it returns
@@ -78,7 +78,6 @@ from trtkv.recipe.attention import (
 )
 from trtkv.recipe.attention import summary as layer_summary
 from trtkv.recipe.backend_rules import build_notes
-from trtkv.recipe.vllm_pool import hybrid_block_size
 
 __all__ = [
     "GIB",

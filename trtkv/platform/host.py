@@ -1,6 +1,6 @@
 """This machine's own memory: where a probe offloads layers, and the CPU recipe's 'device' memory
 for the planner (the planner reads host_memory_gib; vLLM CPU's pool reads the memory node,
-trtkv.plan.engine_cpu)."""
+trtkv.engines.vllm_cpu)."""
 
 from __future__ import annotations
 

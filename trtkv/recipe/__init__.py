@@ -39,8 +39,12 @@ from trtkv.recipe.attention import (
     compact_layers,
     layer_formats,
     parse_layers,
+    stages,
     summary,
     vllm_hybrid_on,
+    vllm_layer,
+    vllm_padded_counts,
+    vllm_tokens,
 )
 from trtkv.recipe.backend_rules import (
     HF_EXPORT_BACKENDS,
@@ -70,6 +74,7 @@ from trtkv.recipe.rules import cross_field_problems, kv_heads_split
 from trtkv.recipe.schema import Recipe
 from trtkv.recipe.state import (
     STATE_DTYPE_BYTES,
+    StateKind,
     StateSpec,
     gated_deltanet,
     mamba1,
@@ -100,9 +105,7 @@ if TYPE_CHECKING:
         served_artifacts,
         to_container,
     )
-    from trtkv.recipe.sequence import sequence_kv_bytes
     from trtkv.recipe.settle import Settings, batch_for, refusal
-    from trtkv.recipe.vllm_pool import hybrid_block_size
 
 # the modules loading a recipe does not need are imported on first use
 __getattr__, __dir__ = attach(
@@ -130,9 +133,7 @@ __getattr__, __dir__ = attach(
             "to_container",
             "WEIGHT_ALGOS",
         ],
-        "sequence": ["sequence_kv_bytes"],
         "settle": ["batch_for", "refusal", "Settings"],
-        "vllm_pool": ["hybrid_block_size"],
     },
 )
 
@@ -168,7 +169,6 @@ __all__ = [
     "HF_EXPORT_BACKENDS",
     "HF_EXPORT_ONLY",
     "host_artifacts",
-    "hybrid_block_size",
     "KV_ACCOUNTING",
     "kv_algo",
     "kv_cache_quant_algo",
@@ -194,7 +194,6 @@ __all__ = [
     "recipe_name",
     "refusal",
     "repo_dir",
-    "sequence_kv_bytes",
     "serve_dir",
     "served_artifacts",
     "served_kv_formats",
@@ -202,15 +201,20 @@ __all__ = [
     "settle",
     "SLO_PATTERN",
     "SPEED_ENGINE",
+    "stages",
     "STATE_DTYPE_BYTES",
     "state_dtypes",
     "state_from_dict",
+    "StateKind",
     "StateSpec",
     "summary",
     "to_container",
     "VLLM_BLOCK_CPU",
     "VLLM_BLOCK_GPU",
     "vllm_hybrid_on",
+    "vllm_layer",
+    "vllm_padded_counts",
+    "vllm_tokens",
     "WEIGHT_ALGOS",
     "WeightQuant",
     "WORD",

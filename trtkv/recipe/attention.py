@@ -9,7 +9,7 @@ sequence) or `none` (no cache of its own: an MLP/MoE-only layer, or a layer read
 layer's KV). An attention layer whose heads differ from the model's (Gemma 4's global layers)
 carries them: `full@4x512` is 4 KV heads of dim 512. Two accountings: `exact` (what the layer holds,
 TensorRT-LLM's per-layer attention windows and state slots) and `vllm` (what vLLM allocates,
-trtkv.recipe.vllm_pool).
+trtkv.engines.vllm_blocks).
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ from __future__ import annotations
 from trtkv.recipe.enums import Backend
 from trtkv.recipe.schema import Recipe
 
-# Which backend's engine reads each memory knob (trtkv.plan.engine_pool carries it into the served
-# command)
+# Which backend's engine reads each memory knob (its module under trtkv/engines turns it into the
+# served command's flag)
 MEMORY_KNOBS: dict[str, tuple[Backend, ...]] = {
     "gpu_memory_utilization": (Backend.VLLM,),
     "mem_fraction_static": (Backend.SGLANG,),

@@ -22,6 +22,7 @@ from trtkv.backends import RepoLayout, TokenizerSource, for_recipe
 from trtkv.checkpoints import models as model
 from trtkv.contracts.stage import StageResult, manifest_hash, require_input, run_stage
 from trtkv.core.errors import StageError
+from trtkv.engines.trtllm import ENGINE_CAP_PARAM, ENGINE_FRACTION_PARAM
 from trtkv.recipe import Recipe, layout
 from trtkv.recipe.prefix_cache import prefix_cache
 from trtkv.repo.repo_plan import RepoPlan
@@ -217,8 +218,8 @@ def _memory_values(r: Recipe) -> dict[str, str]:
     value = knobs.value if knobs is not None else None
     cap = knobs.cap_value if knobs is not None else None
     return {
-        "kv_cache_free_gpu_mem_fraction": "" if value is None else f"{value:g}",
-        "max_tokens_in_paged_kv_cache": "" if cap is None else str(cap),
+        ENGINE_FRACTION_PARAM: "" if value is None else f"{value:g}",
+        ENGINE_CAP_PARAM: "" if cap is None else str(cap),
     }
 
 

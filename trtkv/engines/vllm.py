@@ -1,114 +1,42 @@
-"""The KV pool each engine allocates on one GPU: vLLM, SGLang, TensorRT-LLM (PyTorch/LLM API and the
-engine path), each by its own rule at a named version, with every term (weights, activation,
-non-torch memory, CUDA graphs) kept.
+"""vLLM's memory, whole: the KV-pool rule of each V1 release range (CUDA), the knobs the served
+command carries (`--gpu-memory-utilization` from triton.gpu_memory_utilization, always passed with
+its default resolved: 0.92 at 0.32.0, vllm/config/cache.py CacheConfig.gpu_memory_utilization;
+`--kv-cache-memory-bytes` pins the pool from triton.kv_pool_gib_per_gpu; on the CPU the pool is
+pinned to max_batch_size sequences of max_seq_len unless the recipe sets a knob, and
+trtkv.engines.vllm_cpu holds the CPU rule), and the pool a running server reports (/metrics'
+vllm:cache_config_info, the startup log's "GPU KV cache size").
 
-The rules (cited file and commit at each; docs/plan.md has the table and the published logs they are
-held to):
-  vLLM V1        pool = ceil(util x total) - weights - peak activation of the profiling run -
-  non-torch growth
-                        (- the CUDA-graph estimate since 0.21); `--kv-cache-memory-bytes` pins the
-                        pool.
-  SGLang         pool = free before loading x mem_fraction_static - what loading took;
-  `--max-total-tokens` caps. TensorRT-LLM   pool = free_gpu_memory_fraction x (total - peak of the
-  warm-up forward of max_num_tokens, weights,
-                        non-torch and CUDA graphs included); `kv_cache_config.max_tokens` caps.
-  TRT engine     pool = kv_cache_free_gpu_mem_fraction x (free after the engine, its execution
-  context, the runtime
-                        buffers and the decoder); `max_tokens_in_paged_kv_cache` caps.
-Activation is modelled from the architecture and the engine's batch limits
-(trtkv.plan.engine_activation); the remaining figures are engine constants (library buffers, CUDA
-contexts), the same for every model, each with the logs it was read from. Nothing here is per model.
+vLLM V1: pool = ceil(util x total) - weights - peak activation of the profiling run - non-torch
+growth (- the CUDA-graph estimate since 0.21); `--kv-cache-memory-bytes` pins the pool. Activation
+is modelled from the architecture and the engine's batch limits (trtkv.engines.activation); the
+remaining figures are engine constants, each with the logs it was read from (docs/plan.md).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+import re
+from dataclasses import dataclass
 
-from trtkv.checkpoints.serving_memory import VLLM_DEFAULT_UTIL
-from trtkv.plan.engine_activation import (
+from trtkv.core.readback import MAX_POOL_TOKENS, whole
+from trtkv.engines.activation import (
     ModelShape,
     Setup,
     cuda_graph_bytes,
     forward_peak_bytes,
     sampler_peak_bytes,
 )
+from trtkv.engines.pool import GIB, EngineKnobs, PoolEstimate, Sizing, Term, apply_bound
+from trtkv.engines.sequence import sequence_kv_bytes
+from trtkv.engines.sizing import recipe_kv_layout
+from trtkv.platform.hardware import GPU
+from trtkv.recipe import Recipe
+from trtkv.recipe.attention import VLLM_BLOCK_CPU, VLLM_BLOCK_GPU, Accounting, layer_formats
 
-GIB = 1024**3
-
-__all__ = [
-    "GIB",
-    "ModelShape",
-    "PoolEstimate",
-    "Setup",
-    "Term",
-    "VllmRule",
-    "apply_bound",
-    "vllm_pool",
-    "vllm_rule",
-]
+VLLM_VERSION = "0.32.0"
 
 
-@dataclass(frozen=True)
-class Term:
-    """One figure of a pool's budget, in bytes, with what it is."""
-
-    name: str
-    bytes: float
-    note: str
-
-
-@dataclass(frozen=True)
-class PoolEstimate:
-    """The pool one engine allocates on one GPU, the rule that gives it and every term of that rule.
-
-    `available_bytes` is what the rule leaves for KV before any cap and before block rounding (vLLM
-    prints it as "Available KV cache memory"); `pool_bytes` is what is allocated: min(rule, cap) or
-    the pin, in whole blocks."""
-
-    engine: str
-    version: str
-    rule: str
-    source: str
-    knob: str  # the engine's own flag name
-    knob_value: float
-    knob_is_default: bool
-    # util x total (vLLM), free before load x fraction (SGLang), free x fraction (TRT-LLM)
-    budget_bytes: float
-    terms: tuple[Term, ...]
-    available_bytes: float
-    pool_bytes: float
-    # "rule", "cap" (kv_pool_gib_per_gpu lowered it) or "pin" (the engine took the size)
-    bound: str = "rule"
-    notes: tuple[str, ...] = field(default_factory=tuple)
-
-    def term(self, name: str) -> float:
-        for t in self.terms:
-            if t.name == name:
-                return t.bytes
-        raise KeyError(name)
-
-    def has_term(self, name: str) -> bool:
-        return any(t.name == name for t in self.terms)
-
-
-def apply_bound(
-    est: PoolEstimate, cap_bytes: float | None, pins: bool, block_bytes: float
-) -> PoolEstimate:
-    """min(rule, cap) or the pin, in whole blocks of `block_bytes` (0: no rounding), and which bound
-    applied."""
-    pool, bound = max(0.0, est.available_bytes), "rule"
-    if cap_bytes is not None and pins:
-        pool, bound = cap_bytes, "pin"
-    elif cap_bytes is not None and cap_bytes < pool:
-        pool, bound = cap_bytes, "cap"
-    if block_bytes > 0:
-        pool = math.floor(pool / block_bytes) * block_bytes
-    return replace(est, pool_bytes=pool, bound=bound)
-
-
-# ---------------------------------------------------------------------------------------------
-# vLLM V1
+VLLM_DEFAULT_UTIL = 0.92
 
 
 @dataclass(frozen=True)
@@ -303,3 +231,101 @@ def vllm_pool(
     )
     block = setup.kv_bytes_per_token * setup.tokens_per_block
     return apply_bound(est, kv_cache_memory_bytes, True, block)
+
+
+def vllm_recipe_pool(recipe: Recipe, sizing: Sizing, knobs: EngineKnobs) -> PoolEstimate:
+    pin = float(knobs.cap_value) if knobs.cap_value is not None else None
+    return vllm_pool(
+        sizing.shape,
+        sizing.setup,
+        VLLM_VERSION,
+        float(knobs.value or 0),
+        pin,
+        is_default=knobs.is_default,
+    )
+
+
+def vllm_at(
+    shape: ModelShape, setup: Setup, version: str, knob: float, cap: int | None, pin: float | None
+) -> PoolEstimate:
+    return vllm_pool(shape, setup, version, knob, pin, is_default=False)
+
+
+def cpu_pin_bytes(recipe: Recipe) -> int:
+    """vLLM CPU's default pool: max_batch_size sequences of max_seq_len as vLLM allocates them (CPU
+    blocks of 128, sliding layers at window - 1 + max_num_batched_tokens, hybrid groups padded),
+    whole GiB, at least 1 GiB."""
+    layout = recipe_kv_layout(recipe)
+    if layout is None:
+        return GIB
+    layers, shape = layout
+    b = recipe.build
+    fmts = layer_formats(
+        layers, recipe.kv_format, tuple(recipe.quantization.kv_skip_layers), recipe.kv_skip_format
+    )
+    seq = sequence_kv_bytes(
+        layers,
+        shape,
+        fmts,
+        b.max_seq_len,
+        accounting=Accounting.VLLM,
+        batched_tokens=b.max_num_tokens,
+        block=VLLM_BLOCK_CPU,
+    )
+    return max(1, math.ceil(seq * b.max_batch_size / GIB)) * GIB
+
+
+def vllm_block(recipe: Recipe) -> int:
+    return VLLM_BLOCK_CPU if recipe.hardware.gpu is GPU.CPU else VLLM_BLOCK_GPU
+
+
+def vllm_knobs(recipe: Recipe) -> EngineKnobs:
+    """vLLM: --gpu-memory-utilization always (its default resolved), --kv-cache-memory-bytes when
+    the pool is pinned (triton.kv_pool_gib_per_gpu; on the CPU max_batch_size sequences unless the
+    recipe sets a knob)."""
+    t = recipe.triton
+    pin = None if t.kv_pool_gib_per_gpu is None else int(t.kv_pool_gib_per_gpu * GIB)
+    if recipe.hardware.gpu is GPU.CPU and pin is None and t.gpu_memory_utilization is None:
+        pin = cpu_pin_bytes(recipe)
+    util = t.gpu_memory_utilization
+    return EngineKnobs(
+        "--gpu-memory-utilization",
+        VLLM_DEFAULT_UTIL if util is None else util,
+        util is None,
+        "--kv-cache-memory-bytes" if pin is not None else None,
+        pin,
+    )
+
+
+_PROM_LINE = re.compile(r"^vllm:cache_config_info\{(?P<labels>[^}]*)\}", re.MULTILINE)
+
+
+_PROM_LABEL = re.compile(r'(\w+)="([^"]*)"')
+VLLM_METRICS = "vLLM /metrics vllm:cache_config_info"
+VLLM_LOG = "vLLM log 'KV cache size: N tokens'"
+
+
+def vllm_metrics_blocks(text: str) -> tuple[int, int] | None:
+    """(num_gpu_blocks, block_size) from vLLM's /metrics (the vllm:cache_config_info gauge's labels;
+    on the CPU num_gpu_blocks counts the CPU pool's blocks); None when the gauge or a label is
+    absent, ReadBackError when a label is not a whole number in range."""
+    found = _PROM_LINE.search(text)
+    if found is None:
+        return None
+    labels = dict(_PROM_LABEL.findall(found.group("labels")))
+    if "num_gpu_blocks" not in labels or "block_size" not in labels:
+        return None
+    blocks = whole(labels["num_gpu_blocks"], VLLM_METRICS, "num_gpu_blocks", MAX_POOL_TOKENS)
+    size = whole(labels["block_size"], VLLM_METRICS, "block_size", 1 << 20, low=1)
+    whole(blocks * size, VLLM_METRICS, "num_gpu_blocks x block_size", MAX_POOL_TOKENS)
+    return blocks, size
+
+
+_VLLM_LOG_TOKENS = re.compile(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens")
+
+
+def vllm_log_tokens(text: str) -> int | None:
+    """vLLM's startup line 'GPU KV cache size: N tokens' ('CPU ...' on the CPU); the last one
+    printed."""
+    found = _VLLM_LOG_TOKENS.findall(text)
+    return whole(found[-1], VLLM_LOG, "tokens", MAX_POOL_TOKENS) if found else None

@@ -12,9 +12,9 @@ import math
 import os
 from pathlib import Path
 
-from trtkv.checkpoints.serving_memory import VLLM_VERSION, EngineKnobs
-from trtkv.plan.engine_activation import Setup
-from trtkv.plan.engine_memory import GIB, PoolEstimate, Term, apply_bound
+from trtkv.engines.activation import Setup
+from trtkv.engines.pool import GIB, EngineKnobs, PoolEstimate, Sizing, Term, apply_bound
+from trtkv.engines.vllm import VLLM_VERSION
 from trtkv.recipe import Recipe
 
 CPU_SOURCE = (
@@ -75,3 +75,8 @@ def vllm_cpu_pool(recipe: Recipe, setup: Setup, knobs: EngineKnobs) -> PoolEstim
     )
     pin = float(knobs.cap_value) if knobs.cap_value is not None else None
     return apply_bound(est, pin, True, setup.kv_bytes_per_token * setup.tokens_per_block)
+
+
+def vllm_cpu_recipe_pool(recipe: Recipe, sizing: Sizing, knobs: EngineKnobs) -> PoolEstimate:
+    """vLLM CPU's rule for a recipe (its MemoryRule's `cpu_pool`)."""
+    return vllm_cpu_pool(recipe, sizing.setup, knobs)

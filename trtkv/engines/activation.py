@@ -1,5 +1,5 @@
 """Activation memory of an engine's profiling or warm-up forward, from the architecture and the
-engine's batch limits (the terms trtkv.plan.engine_memory subtracts): the widest layer of a forward
+engine's batch limits (the terms the engines' rules subtract): the widest layer of a forward
 over max_num_tokens tokens, the sampler over the request rows, and vLLM's CUDA-graph estimate.
 Shapes per GPU: TP splits the MLP and expert widths.
 

@@ -1,15 +1,12 @@
-"""SGLang's and TensorRT-LLM's KV-pool rules on one GPU (the types and vLLM's rule:
-trtkv.plan.engine_memory).
+"""TensorRT-LLM's memory, whole: the KV-pool rules of the PyTorch backend / LLM API and of the
+engine path, the knobs the served commands carry (kv_cache_config.free_gpu_memory_fraction, or the
+engine path's kv_cache_free_gpu_mem_fraction, from triton.kv_cache_free_gpu_mem_fraction, always
+passed with the default 0.9 resolved: KvCacheConfig, the C++ kDefaultGpuMemFraction;
+kv_cache_config.max_tokens or max_tokens_in_paged_kv_cache cap the pool from
+triton.kv_pool_gib_per_gpu), and the pool a running server reports (its "[MemUsageChange] Allocated
+X GiB for max tokens in paged KV cache" line).
 
-SGLang 0.5.23 (python/sglang/srt/mem_cache/kv_cache_configurator.py `_profile_available_bytes`): the
-pool gets what is free after loading minus `pre_model_load_memory x (1 - mem_fraction_static)`,
-where `pre_model_load_memory` is what was free before loading (distributed/bootstrap.py
-`measure_pre_model_load_memory`, after the CUDA context and torch.distributed/NCCL init). So pool =
-free before loading x mem_fraction_static - what loading took. Tokens are whole cells (one token per
-slot at page_size 1, pool_configurator.py `_compute_cell_size`); `--max-total-tokens` caps them. The
-default mem_fraction_static is computed (arg_groups/memory_hook.py `handle_gpu_memory_settings`).
-
-TensorRT-LLM PyTorch backend / LLM API (tensorrt_llm/_torch/pyexecutor/_util.py `KvCacheCreator.
+PyTorch backend / LLM API (tensorrt_llm/_torch/pyexecutor/_util.py `KvCacheCreator.
 configure_kv_cache_capacity` and `_cal_max_memory`, NVIDIA/TensorRT-LLM @
 0004396720054fd8e205cbf616f21f0b57c6b412; the same formula since the 0.19 `cal_max_tokens`): after a
 warm-up of dummy context requests filling max_num_tokens, pool = free_gpu_memory_fraction x (total -
@@ -18,110 +15,56 @@ memory then held (CUDA context, NCCL, CUDA graphs); `kv_cache_config.max_tokens`
 free_gpu_memory_fraction and max_tokens are set ... The smaller value will be used"); blocks of
 tokens_per_block.
 
-TensorRT-LLM engine path (cpp/tensorrt_llm/batch_manager/trtGptModelInflightBatching.cpp: runtime
-contexts, runtime buffers, decoder, then kvCacheManager.cpp `calculateFreeMemBytes`: free x
+Engine path (cpp/tensorrt_llm/batch_manager/trtGptModelInflightBatching.cpp: runtime contexts,
+runtime buffers, decoder, then kvCacheManager.cpp `calculateFreeMemBytes`: free x
 kv_cache_free_gpu_mem_fraction, logged as "Memory usage when calculating max tokens in paged kv
 cache: total: X GiB, available: Y GiB").
 """
 
 from __future__ import annotations
 
-import math
+import re
 
-from trtkv.plan.engine_activation import ModelShape, Setup, forward_peak_bytes
-from trtkv.plan.engine_memory import GIB, PoolEstimate, Term, apply_bound
-from trtkv.platform.hardware import CUDA_CONTEXT_GIB
-
-MIB = 1024**2
-
-# NCCL's NVLS buffers add ~2 GiB on NVSwitch systems ("Init torch distributed ends. mem usage=2.01
-# GB" on 8x H200, sgl-project/sglang PR #11716); on PCIe ~0.13 GiB (QwQ-32B on L4). Engine
-# constants, the same for every model.
-NCCL_NVSWITCH_GIB = 2.0
-NCCL_PCIE_GIB = 0.13
-
-SGLANG_SOURCE = (
-    "sglang 0.5.23: python/sglang/srt/mem_cache/kv_cache_configurator.py _profile_available_bytes "
-    "(rest = free after loading - pre_model_load_memory x (1 - mem_fraction_static)); "
-    "distributed/bootstrap.py measure_pre_model_load_memory; arg_groups/memory_hook.py "
-    "handle_gpu_memory_settings (the default fraction)"
+from trtkv.core.readback import MAX_POOL_BYTES, MAX_POOL_TOKENS, real, whole
+from trtkv.engines.activation import ModelShape, Setup, forward_peak_bytes
+from trtkv.engines.pool import (
+    GIB,
+    EngineKnobs,
+    PoolEstimate,
+    Sizing,
+    Term,
+    apply_bound,
+    context_bytes,
 )
+from trtkv.engines.sizing import cap_tokens
+from trtkv.recipe import Recipe
+
+TRTLLM_DEFAULT_FRACTION = 0.9
+
+
+# The LLM API's kv_cache_config fields (trtllm-serve's YAML, the LLM(...) arguments), trtllm-serve's
+# own flag for the fraction, and the engine path's tensorrt_llm model parameters (config.pbtxt)
+LLMAPI_FRACTION_KEY = "free_gpu_memory_fraction"
+LLMAPI_CAP_KEY = "max_tokens"
+TRTLLM_SERVE_FRACTION_FLAG = "--kv_cache_free_gpu_memory_fraction"
+ENGINE_FRACTION_PARAM = "kv_cache_free_gpu_mem_fraction"
+ENGINE_CAP_PARAM = "max_tokens_in_paged_kv_cache"
+
+
 TRTLLM_SOURCE = (
     "NVIDIA/TensorRT-LLM @ 0004396720054fd8e205cbf616f21f0b57c6b412: "
     "tensorrt_llm/_torch/pyexecutor/_util.py KvCacheCreator.configure_kv_cache_capacity, "
     "_cal_max_memory ((total - peak + tmp kv) x fraction), max_tokens cap; "
     "KvCacheConfig.free_gpu_memory_fraction default 0.9"
 )
+
+
 TRT_ENGINE_SOURCE = (
     "NVIDIA/TensorRT-LLM cpp/tensorrt_llm/batch_manager/trtGptModelInflightBatching.cpp (runtime "
     "contexts, runtime buffers, decoder before the KV cache) and kvCacheManager.cpp "
     "calculateFreeMemBytes (free x kv_cache_free_gpu_mem_fraction, max_tokens_in_paged_kv_cache "
     "the smaller)"
 )
-
-
-def context_bytes(setup: Setup) -> float:
-    """CUDA context + torch init + NCCL init on one GPU (an engine-independent process figure)."""
-    nccl = (
-        (NCCL_NVSWITCH_GIB if setup.nvswitch else NCCL_PCIE_GIB) if setup.tp * setup.pp > 1 else 0.0
-    )
-    return (CUDA_CONTEXT_GIB + nccl) * GIB
-
-
-# ---------------------------------------------------------------------------------------------
-# SGLang
-
-
-def sglang_pool(
-    setup: Setup,
-    version: str,
-    mem_fraction_static: float,
-    *,
-    fraction_is_default: bool,
-    max_total_tokens: int | None = None,
-) -> PoolEstimate:
-    """SGLang's pool on one GPU: free before loading x mem_fraction_static - weights, in whole
-    tokens."""
-    pre_load = setup.gpu_total_bytes - context_bytes(setup)
-    budget = pre_load * mem_fraction_static
-    available = budget - setup.weights_bytes
-    terms = (
-        Term(
-            "context",
-            context_bytes(setup),
-            "CUDA context, torch and NCCL init before loading (free before "
-            "loading = total - this; SGLang: 'Load weight begin. avail mem')",
-        ),
-        Term(
-            "weights",
-            setup.weights_bytes,
-            "what loading took (SGLang: 'Load weight end ... mem usage')",
-        ),
-        Term(
-            "reserve",
-            pre_load * (1 - mem_fraction_static),
-            "free before loading x (1 - mem_fraction_static): left for activations and CUDA graphs",
-        ),
-    )
-    est = PoolEstimate(
-        "sglang",
-        version,
-        "SGLang: free before loading x mem_fraction_static - weights",
-        SGLANG_SOURCE,
-        "--mem-fraction-static",
-        mem_fraction_static,
-        fraction_is_default,
-        budget,
-        terms,
-        available,
-        available,
-    )
-    cap = None if max_total_tokens is None else max_total_tokens * setup.kv_bytes_per_token
-    return apply_bound(est, cap, False, setup.kv_bytes_per_token * max(1, setup.tokens_per_block))
-
-
-# ---------------------------------------------------------------------------------------------
-# TensorRT-LLM
 
 
 def trtllm_pool(
@@ -233,6 +176,82 @@ def trt_engine_pool(
     return apply_bound(est, cap, False, setup.kv_bytes_per_token * setup.tokens_per_block)
 
 
-def sglang_tokens(est: PoolEstimate, kv_bytes_per_token: float) -> int:
-    """SGLang's max_total_num_tokens for a pool (whole cells)."""
-    return int(math.floor(est.pool_bytes / kv_bytes_per_token)) if kv_bytes_per_token else 0
+def trtllm_recipe_pool(recipe: Recipe, sizing: Sizing, knobs: EngineKnobs) -> PoolEstimate:
+    return trtllm_pool(
+        sizing.shape,
+        sizing.setup,
+        recipe.build.tensorrt_llm_version,
+        float(knobs.value or 0),
+        fraction_is_default=knobs.is_default,
+        max_tokens=knobs.cap_value,
+    )
+
+
+def trt_engine_recipe_pool(recipe: Recipe, sizing: Sizing, knobs: EngineKnobs) -> PoolEstimate:
+    return trt_engine_pool(
+        sizing.shape,
+        sizing.setup,
+        recipe.build.tensorrt_llm_version,
+        float(knobs.value or 0),
+        fraction_is_default=knobs.is_default,
+        max_tokens=knobs.cap_value,
+    )
+
+
+def trtllm_at(
+    shape: ModelShape, setup: Setup, version: str, knob: float, cap: int | None, pin: float | None
+) -> PoolEstimate:
+    return trtllm_pool(shape, setup, version, knob, fraction_is_default=False, max_tokens=cap)
+
+
+def trt_engine_at(
+    shape: ModelShape, setup: Setup, version: str, knob: float, cap: int | None, pin: float | None
+) -> PoolEstimate:
+    return trt_engine_pool(shape, setup, version, knob, fraction_is_default=False, max_tokens=cap)
+
+
+def trtllm_knobs(recipe: Recipe, flag: str, cap_flag: str) -> EngineKnobs:
+    """TensorRT-LLM (LLM API: kv_cache_config.free_gpu_memory_fraction / max_tokens; engine path:
+    kv_cache_free_gpu_mem_fraction / max_tokens_in_paged_kv_cache): the fraction always, the token
+    cap when triton.kv_pool_gib_per_gpu caps the pool."""
+    frac = recipe.triton.kv_cache_free_gpu_mem_fraction
+    cap = cap_tokens(recipe)
+    return EngineKnobs(
+        flag,
+        TRTLLM_DEFAULT_FRACTION if frac is None else frac,
+        frac is None,
+        cap_flag if cap is not None else None,
+        cap,
+    )
+
+
+def llmapi_memory_knobs(recipe: Recipe) -> EngineKnobs:
+    """kv_cache_config.free_gpu_memory_fraction, and kv_cache_config.max_tokens when
+    triton.kv_pool_gib_per_gpu caps."""
+    return trtllm_knobs(
+        recipe, f"kv_cache_config.{LLMAPI_FRACTION_KEY}", f"kv_cache_config.{LLMAPI_CAP_KEY}"
+    )
+
+
+def engine_memory_knobs(recipe: Recipe) -> EngineKnobs:
+    """The tensorrt_llm model's kv_cache_free_gpu_mem_fraction, and max_tokens_in_paged_kv_cache
+    when triton.kv_pool_gib_per_gpu caps."""
+    return trtllm_knobs(recipe, ENGINE_FRACTION_PARAM, ENGINE_CAP_PARAM)
+
+
+_TRTLLM_ALLOCATED = re.compile(r"Allocated ([\d.]+) GiB for max tokens in paged KV cache \((\d+)\)")
+TRTLLM_LOG = "TensorRT-LLM log 'Allocated X GiB for max tokens in paged KV cache (N)'"
+
+
+def trtllm_log_pool(text: str) -> tuple[float, int] | None:
+    """TensorRT-LLM's '[MemUsageChange] Allocated X GiB for max tokens in paged KV cache (N)':
+    (bytes, tokens), the last one printed (the LLM API allocates twice: the estimation cache, then
+    the pool)."""
+    found = _TRTLLM_ALLOCATED.findall(text)
+    if not found:
+        return None
+    gib, tokens = found[-1]
+    return (
+        real(gib, TRTLLM_LOG, "GiB", MAX_POOL_BYTES / GIB) * GIB,
+        whole(tokens, TRTLLM_LOG, "tokens", MAX_POOL_TOKENS),
+    )

@@ -1,12 +1,13 @@
 """One sequence's bytes as an engine accounts them: `exact` sums what each layer holds (its tokens'
 KV, a state layer's fixed state: TensorRT-LLM's per-layer windows and state slots); `vllm` is what
-vLLM allocates (trtkv.recipe.vllm_pool). The planner, `trtkv init` and the vLLM backend's pool size
-all call this one function."""
+vLLM allocates (trtkv.engines.vllm_blocks). The planner, `trtkv init` and the vLLM backend's pool
+size all call this one function."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from trtkv.engines.vllm_blocks import vllm_stage_bytes
 from trtkv.kvcache.formats import KVFormat
 from trtkv.recipe.attention import (
     VLLM_BLOCK_GPU,
@@ -16,7 +17,6 @@ from trtkv.recipe.attention import (
     stages,
     vllm_hybrid_on,
 )
-from trtkv.recipe.vllm_pool import vllm_stage_bytes
 
 
 def sequence_kv_bytes(
@@ -35,7 +35,7 @@ def sequence_kv_bytes(
     """KV (and fixed state) one `context`-token sequence keeps on the fullest GPU (tp=pp=1: in all),
     per the engine's accounting (`hybrid` forces vLLM's hybrid manager on or off; by default it
     follows vLLM's default for these layers; `prefix_caching`: vLLM's default, on, keeps two state
-    blocks per sequence, trtkv.recipe.vllm_pool)."""
+    blocks per sequence, trtkv.engines.vllm_blocks)."""
     hybrid = vllm_hybrid_on(layers) if hybrid is None else hybrid
     worst = 0.0
     for stage in stages(len(layers), pp):

@@ -1,0 +1,152 @@
+"""Each engine's memory in one place: its KV-pool rule, the recipe knobs it reads, their defaults at
+trtkv's pinned release, the flags its served command carries, and how the pool a running server
+reports is read back. One module per engine (vllm and vllm_cpu, sglang, trtllm for the LLM API and
+the engine path, reference), with what they share in pool (the estimate, the knobs, the rule's
+signature), sizing (the recipe's model as the engines size it) and activation (the profiling /
+warm-up forward).
+
+The layer of the backends (tests/test_imports.py): a backend names its engine's rule object in its
+`memory` (trtkv.backends.seam.MemoryRule), the planner calls it (trtkv.plan.engine_pool), and
+tests/engines/test_memory_home.py fails on an engine memory flag or knob read outside this package.
+
+Nothing is imported eagerly: each face name loads its module on first use.
+"""
+
+from trtkv.core.lazy import attach
+
+TYPE_CHECKING = False  # typing's, without loading typing (see trtkv.core.lazy)
+
+if TYPE_CHECKING:
+    from trtkv.engines.activation import ModelShape, Setup
+    from trtkv.engines.pool import GIB, EngineKnobs, PoolEstimate, PoolRule, ServedPool, Sizing
+    from trtkv.engines.reference import REFERENCE_LOG, no_knobs, reference_log_pool, reference_pool
+    from trtkv.engines.sequence import sequence_kv_bytes
+    from trtkv.engines.sglang import (
+        SGLANG_INFO,
+        SGLANG_VERSION,
+        sglang_at,
+        sglang_info_tokens,
+        sglang_knobs,
+        sglang_recipe_pool,
+    )
+    from trtkv.engines.sizing import kv_bytes_per_token_per_gpu, model_config_path
+    from trtkv.engines.trtllm import (
+        ENGINE_CAP_PARAM,
+        ENGINE_FRACTION_PARAM,
+        LLMAPI_CAP_KEY,
+        LLMAPI_FRACTION_KEY,
+        TRTLLM_LOG,
+        TRTLLM_SERVE_FRACTION_FLAG,
+        engine_memory_knobs,
+        llmapi_memory_knobs,
+        trt_engine_at,
+        trt_engine_recipe_pool,
+        trtllm_at,
+        trtllm_log_pool,
+        trtllm_recipe_pool,
+    )
+    from trtkv.engines.vllm import (
+        VLLM_LOG,
+        cpu_pin_bytes,
+        vllm_at,
+        vllm_block,
+        vllm_knobs,
+        vllm_log_tokens,
+        vllm_metrics_blocks,
+        vllm_recipe_pool,
+    )
+    from trtkv.engines.vllm_blocks import hybrid_block_size
+    from trtkv.engines.vllm_cpu import vllm_cpu_recipe_pool
+
+__getattr__, __dir__ = attach(
+    __name__,
+    submod_attrs={
+        "activation": ["ModelShape", "Setup"],
+        "pool": ["EngineKnobs", "GIB", "PoolEstimate", "PoolRule", "ServedPool", "Sizing"],
+        "reference": ["REFERENCE_LOG", "no_knobs", "reference_log_pool", "reference_pool"],
+        "sequence": ["sequence_kv_bytes"],
+        "sglang": [
+            "SGLANG_INFO",
+            "SGLANG_VERSION",
+            "sglang_at",
+            "sglang_info_tokens",
+            "sglang_knobs",
+            "sglang_recipe_pool",
+        ],
+        "sizing": ["kv_bytes_per_token_per_gpu", "model_config_path"],
+        "trtllm": [
+            "TRTLLM_LOG",
+            "ENGINE_CAP_PARAM",
+            "ENGINE_FRACTION_PARAM",
+            "LLMAPI_CAP_KEY",
+            "LLMAPI_FRACTION_KEY",
+            "TRTLLM_SERVE_FRACTION_FLAG",
+            "engine_memory_knobs",
+            "llmapi_memory_knobs",
+            "trt_engine_at",
+            "trt_engine_recipe_pool",
+            "trtllm_at",
+            "trtllm_log_pool",
+            "trtllm_recipe_pool",
+        ],
+        "vllm": [
+            "VLLM_LOG",
+            "cpu_pin_bytes",
+            "vllm_at",
+            "vllm_block",
+            "vllm_knobs",
+            "vllm_log_tokens",
+            "vllm_metrics_blocks",
+            "vllm_recipe_pool",
+        ],
+        "vllm_blocks": ["hybrid_block_size"],
+        "vllm_cpu": ["vllm_cpu_recipe_pool"],
+    },
+)
+
+__all__ = [
+    "cpu_pin_bytes",
+    "ENGINE_CAP_PARAM",
+    "ENGINE_FRACTION_PARAM",
+    "engine_memory_knobs",
+    "EngineKnobs",
+    "GIB",
+    "hybrid_block_size",
+    "kv_bytes_per_token_per_gpu",
+    "LLMAPI_CAP_KEY",
+    "LLMAPI_FRACTION_KEY",
+    "llmapi_memory_knobs",
+    "model_config_path",
+    "ModelShape",
+    "no_knobs",
+    "PoolEstimate",
+    "PoolRule",
+    "REFERENCE_LOG",
+    "reference_log_pool",
+    "reference_pool",
+    "sequence_kv_bytes",
+    "ServedPool",
+    "Setup",
+    "sglang_at",
+    "SGLANG_INFO",
+    "sglang_info_tokens",
+    "sglang_knobs",
+    "sglang_recipe_pool",
+    "SGLANG_VERSION",
+    "Sizing",
+    "trt_engine_at",
+    "trt_engine_recipe_pool",
+    "trtllm_at",
+    "TRTLLM_LOG",
+    "trtllm_log_pool",
+    "trtllm_recipe_pool",
+    "TRTLLM_SERVE_FRACTION_FLAG",
+    "vllm_at",
+    "vllm_block",
+    "vllm_cpu_recipe_pool",
+    "vllm_knobs",
+    "VLLM_LOG",
+    "vllm_log_tokens",
+    "vllm_metrics_blocks",
+    "vllm_recipe_pool",
+]

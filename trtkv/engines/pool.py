@@ -1,0 +1,145 @@
+"""What every engine's memory rule shares: a pool's terms and estimate (`PoolEstimate`), the cap or
+pin bound, the flags a served engine gets (`EngineKnobs`), the pool a running engine reports
+(`ServedPool`), and the rule's signature (`PoolRule`, called with a `Sizing`).
+
+Each engine's rule, knobs, defaults, flags and read-back live in its own module beside this one
+(trtkv.engines.vllm, sglang, trtllm, reference); a backend names its engine's rule object in its
+`memory` (trtkv.backends.seam.MemoryRule), and the planner calls it (trtkv.plan.engine_pool).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from trtkv.engines.activation import ModelShape, Setup
+from trtkv.platform.hardware import CUDA_CONTEXT_GIB
+
+if TYPE_CHECKING:
+    from trtkv.recipe import Recipe
+
+MIB = 1024**2
+
+
+GIB = 1024**3
+
+
+# NCCL's NVLS buffers add ~2 GiB on NVSwitch systems ("Init torch distributed ends. mem usage=2.01
+# GB" on 8x H200, sgl-project/sglang PR #11716); on PCIe ~0.13 GiB (QwQ-32B on L4). Engine
+# constants, the same for every model.
+NCCL_NVSWITCH_GIB = 2.0
+
+
+NCCL_PCIE_GIB = 0.13
+
+
+@dataclass(frozen=True)
+class Term:
+    """One figure of a pool's budget, in bytes, with what it is."""
+
+    name: str
+    bytes: float
+    note: str
+
+
+@dataclass(frozen=True)
+class PoolEstimate:
+    """The pool one engine allocates on one GPU, the rule that gives it and every term of that rule.
+
+    `available_bytes` is what the rule leaves for KV before any cap and before block rounding (vLLM
+    prints it as "Available KV cache memory"); `pool_bytes` is what is allocated: min(rule, cap) or
+    the pin, in whole blocks."""
+
+    engine: str
+    version: str
+    rule: str
+    source: str
+    knob: str  # the engine's own flag name
+    knob_value: float
+    knob_is_default: bool
+    # util x total (vLLM), free before load x fraction (SGLang), free x fraction (TRT-LLM)
+    budget_bytes: float
+    terms: tuple[Term, ...]
+    available_bytes: float
+    pool_bytes: float
+    # "rule", "cap" (kv_pool_gib_per_gpu lowered it) or "pin" (the engine took the size)
+    bound: str = "rule"
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def term(self, name: str) -> float:
+        for t in self.terms:
+            if t.name == name:
+                return t.bytes
+        raise KeyError(name)
+
+    def has_term(self, name: str) -> bool:
+        return any(t.name == name for t in self.terms)
+
+
+def apply_bound(
+    est: PoolEstimate, cap_bytes: float | None, pins: bool, block_bytes: float
+) -> PoolEstimate:
+    """min(rule, cap) or the pin, in whole blocks of `block_bytes` (0: no rounding), and which bound
+    applied."""
+    pool, bound = max(0.0, est.available_bytes), "rule"
+    if cap_bytes is not None and pins:
+        pool, bound = cap_bytes, "pin"
+    elif cap_bytes is not None and cap_bytes < pool:
+        pool, bound = cap_bytes, "cap"
+    if block_bytes > 0:
+        pool = math.floor(pool / block_bytes) * block_bytes
+    return replace(est, pool_bytes=pool, bound=bound)
+
+
+def context_bytes(setup: Setup) -> float:
+    """CUDA context + torch init + NCCL init on one GPU (an engine-independent process figure)."""
+    nccl = (
+        (NCCL_NVSWITCH_GIB if setup.nvswitch else NCCL_PCIE_GIB) if setup.tp * setup.pp > 1 else 0.0
+    )
+    return (CUDA_CONTEXT_GIB + nccl) * GIB
+
+
+@dataclass(frozen=True)
+class EngineKnobs:
+    """The memory flags a served engine gets: its own knob (always passed, the default resolved) and
+    the cap/pin."""
+
+    flag: str | None  # None: the backend has no memory knob (the reference runtime)
+    value: float | None
+    is_default: bool
+    cap_flag: str | None = None
+    # bytes (vLLM --kv-cache-memory-bytes) or tokens (SGLang, TensorRT-LLM)
+    cap_value: int | None = None
+
+    @property
+    def pins(self) -> bool:
+        """The engine takes the cap as the pool's size (vLLM) rather than as an upper bound."""
+        return self.cap_flag == "--kv-cache-memory-bytes"
+
+
+@dataclass(frozen=True)
+class ServedPool:
+    """The KV pool a running engine reports on one GPU: bytes (tokens x bytes per token where it
+    reports tokens), tokens when it says, and where the figure was read."""
+
+    pool_bytes: float | None
+    tokens: int | None
+    source: str
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """What the planner read of the recipe's model for an engine's rule: the architecture figures
+    activation depends on, one GPU as the engine sees it, and one sequence's bytes
+    on the fullest GPU as the recipe's engine accounts them (for a context length)."""
+
+    shape: ModelShape
+    setup: Setup
+    sequence_bytes: Callable[[int], float]
+
+
+# An engine's pool rule at trtkv's pinned release: the recipe, its sizing, and the flags its served
+# command carries (the backend's MemoryRule.knobs) -> the pool on each GPU.
+PoolRule = Callable[["Recipe", Sizing, EngineKnobs], PoolEstimate]
