@@ -47,6 +47,8 @@ class Cleanup:
     ended: list[int] = field(default_factory=list)
     left: list[str] = field(default_factory=list)  # "pid 123 (state D)" / "pid 456 (EPERM)"
     seconds: float = 0.0
+    # what SIGTERM and the grace did not end, SIGKILLed: "pid 123 (VLLM::EngineCor)"
+    killed: list[str] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -72,6 +74,17 @@ def stat(pid: int) -> tuple[str, int, int] | None:
         return fields[0], int(fields[3]), int(fields[19])
     except (IndexError, ValueError):
         return None
+
+
+def name(pid: int) -> str:
+    """The process's command name (/proc/PID/stat field 2, what `ps -o comm` shows; a title set with
+    setproctitle, e.g. `VLLM::EngineCor`), "?" when it is gone."""
+    try:
+        with open(f"{PROC}/{pid}/stat", "rb") as fh:
+            text = fh.read().decode(errors="replace")
+    except OSError:
+        return "?"
+    return text[text.find("(") + 1 : text.rfind(")")] or "?"
 
 
 def start_time(pid: int) -> int | None:
@@ -193,19 +206,42 @@ def _signal(pids: list[int], sig: int, denied: set[int]) -> None:
             denied.add(pid)
 
 
-def _wait_empty(
-    session: Session, seconds: float, sig: int | None, seen: set[int], denied: set[int]
-) -> list[int]:
-    """Poll until the session is empty or `seconds` pass, sending `sig` to members that appear
-    meanwhile."""
+@dataclass
+class _Ending:
+    """One stop_session's bookkeeping: every member seen, with the start time it had then (a signal
+    goes only to a pid that still has it: never to a later process that reused the pid), the pids
+    that answered EPERM, and what had to be SIGKILLed ("pid 123 (VLLM::EngineCor)")."""
+
+    seen: dict[int, int] = field(default_factory=dict)
+    denied: set[int] = field(default_factory=set)
+    killed: list[str] = field(default_factory=list)
+
+    def note(self, pids: list[int]) -> list[int]:
+        """Remember the pids not seen before, with their start times; returns those."""
+        fresh = []
+        for pid in pids:
+            if pid not in self.seen and (started := start_time(pid)) is not None:
+                self.seen[pid] = started
+                fresh.append(pid)
+        return fresh
+
+    def send(self, pids: list[int], sig: int) -> None:
+        same = [p for p in pids if p in self.seen and start_time(p) == self.seen[p]]
+        if sig == signal.SIGKILL:
+            self.killed += [f"pid {p} ({name(p)})" for p in same if p not in self.denied]
+        _signal(same, sig, self.denied)
+
+
+def _wait_empty(session: Session, seconds: float, sig: int | None, ending: _Ending) -> list[int]:
+    """Poll until no member of the session is left or `seconds` pass, sending `sig` to members that
+    appear meanwhile."""
     deadline = time.monotonic() + seconds
     while True:
-        _reap(sorted(seen))
+        _reap(sorted(ending.seen))
         left = members(session)
-        fresh = [p for p in left if p not in seen]
-        seen.update(left)
+        fresh = ending.note(left)
         if sig is not None and fresh:
-            _signal(fresh, sig, denied)
+            ending.send(fresh, sig)
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(0.1)
@@ -215,32 +251,41 @@ def stop_session(
     session: Session, grace_s: float = 10.0, log: Callable[[str], None] | None = None
 ) -> Cleanup:
     """End every member: SIGTERM the leader (it stops its children in order), then SIGTERM all that
-    remain, up to `grace_s` in all, then SIGKILL; wait until none remains. Processes still there
-    after SIGKILL (D state, EPERM) are reported in `left`, not waited on forever."""
+    remain, up to `grace_s` in all, then SIGKILL (each named in `killed` and the log); wait until
+    none remains. Processes still there after SIGKILL (D state, EPERM) are reported in `left`, not
+    waited on forever."""
     start = time.monotonic()
-    seen: set[int] = set()
-    denied: set[int] = set()
+    ending = _Ending()
     found = members(session)
-    seen.update(found)
+    ending.note(found)
     if found:
         if leader_alive(session):
-            _signal([session.sid], signal.SIGTERM, denied)
+            ending.send([session.sid], signal.SIGTERM)
             deadline = start + grace_s * 0.8
             while leader_alive(session) and time.monotonic() < deadline:
                 _reap([session.sid])
                 time.sleep(0.05)
-            found = _wait_empty(session, 0.5, None, seen, denied)  # its children follow it out
+            found = _wait_empty(session, 0.5, None, ending)  # its children follow it out
         if found:
-            _signal(found, signal.SIGTERM, denied)
+            ending.send(found, signal.SIGTERM)
             remaining = max(0.5, grace_s - (time.monotonic() - start))
-            found = _wait_empty(session, remaining, signal.SIGTERM, seen, denied)
+            found = _wait_empty(session, remaining, signal.SIGTERM, ending)
         if found:
-            _signal(found, signal.SIGKILL, denied)
-            found = _wait_empty(session, KILL_WAIT_S, signal.SIGKILL, seen, denied)
-    result = Cleanup(ended=sorted(seen - set(found)), seconds=round(time.monotonic() - start, 2))
+            ending.send(found, signal.SIGKILL)
+            found = _wait_empty(session, KILL_WAIT_S, signal.SIGKILL, ending)
+    result = Cleanup(
+        ended=sorted(set(ending.seen) - set(found)),
+        seconds=round(time.monotonic() - start, 2),
+        killed=ending.killed,
+    )
+    if log and result.killed:
+        log(
+            f"stop: SIGKILL to {len(result.killed)} process(es) of session {session.sid} still "
+            f"running {grace_s:g} s after SIGTERM: {', '.join(result.killed)}"
+        )
     for pid in found:
         state = (stat(pid) or ("gone",))[0]
-        result.left.append(f"pid {pid} ({'EPERM' if pid in denied else 'state ' + state})")
+        result.left.append(f"pid {pid} ({'EPERM' if pid in ending.denied else 'state ' + state})")
     if log and result.left:
         log(
             f"stop: could not end {len(result.left)} process(es) of session {session.sid}: "
