@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -94,3 +95,53 @@ def test_a_listed_pid_that_now_runs_a_later_process_is_never_signalled(session: 
     result = sessions.stop_session(sessions.Session(sid, real(sid)), grace_s=2)
     assert _live(deaf) and result.killed == [] and result.left == [f"pid {deaf} (state S)"], result
     assert not [p for r, p in session.items() if r != "deaf" and _live(p)]
+
+
+# a parent outside the session that reaps its child (the session's leader) only after argv[1] seconds, as pid 1
+# does on some machines for a server whose own parent is gone
+SLOW_REAPER = """
+import subprocess, sys, time
+child = subprocess.Popen(["sleep", "600"], start_new_session=True)
+print(child.pid, flush=True)
+time.sleep(float(sys.argv[1]))
+child.wait()
+time.sleep(600)
+"""
+
+
+@pytest.fixture()
+def slow_reaper(request: pytest.FixtureRequest) -> Iterator[int]:
+    """The session leader (`sleep`) whose parent reaps it `request.param` s after it started; its pid."""
+    parent = subprocess.Popen([sys.executable, "-c", SLOW_REAPER, str(request.param)], stdout=subprocess.PIPE)
+    assert parent.stdout is not None
+    leader = int(parent.stdout.readline())
+    yield leader
+    parent.kill()
+    parent.wait(10)
+
+
+@pytest.mark.parametrize("slow_reaper", [3], indirect=True)
+def test_stop_returns_only_once_the_exited_processes_are_reaped(slow_reaper: int) -> None:
+    """An exited process is still listed (`ps`: a zombie) until its parent reaps it: the issue's leftovers after
+    `trtkv stop` (the restarted server's VLLM::Worker and friends, exited, their parent pid 1 not yet reaping).
+    stop_session waits for the reaping too, so when it returns the pid is gone from the process table."""
+    leader = slow_reaper
+    said: list[str] = []
+    result = sessions.stop_session(sessions.Session(leader, sessions.start_time(leader)), grace_s=5, log=said.append)
+    assert sessions.stat(leader) is None, f"pid {leader} still listed: state {(sessions.stat(leader) or '?')[0]}"
+    assert result.done and result.ended == [leader] and result.unreaped == [] and said == []
+
+
+@pytest.mark.parametrize("slow_reaper", [600], indirect=True)
+def test_an_exited_process_its_parent_never_reaps_is_named_after_the_bound(slow_reaper: int,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sessions, "REAP_WAIT_S", 1.0)
+    leader = slow_reaper
+    said: list[str] = []
+    start = time.monotonic()
+    result = sessions.stop_session(sessions.Session(leader, sessions.start_time(leader)), grace_s=5, log=said.append)
+    assert time.monotonic() - start < 5
+    parent = sessions.parent(leader)
+    assert result.done and result.unreaped == [f"pid {leader} (sleep, exited; parent pid {parent})"], result
+    assert len(said) == 1 and said[0].endswith(f"(they hold no memory, no port): pid {leader} (sleep, exited; "
+                                               f"parent pid {parent})")

@@ -25,6 +25,9 @@ MARKER_ENV = "TRTKV_SERVER_SESSION"
 PROC = Path("/proc")
 # after SIGKILL: a process that still exists then is stuck (D state) or not ours (EPERM)
 KILL_WAIT_S = 5.0
+# an exited process stays in the process table (a zombie, listed by `ps`) until its parent reaps
+# it: a server's processes whose parent is gone are reaped by pid 1, on some machines seconds later
+REAP_WAIT_S = 15.0
 GPU_WAIT_S = 60.0
 NVIDIA_SMI_QUERY = ["--query-compute-apps=pid,used_memory", "--format=csv,noheader"]
 KILL: Callable[[int, int], None] = os.kill  # how a signal is sent (a test makes it answer EPERM)
@@ -49,6 +52,8 @@ class Cleanup:
     seconds: float = 0.0
     # what SIGTERM and the grace did not end, SIGKILLed: "pid 123 (VLLM::EngineCor)"
     killed: list[str] = field(default_factory=list)
+    # exited, but still not reaped by their parent after REAP_WAIT_S (they hold no memory, no port)
+    unreaped: list[str] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -85,6 +90,15 @@ def name(pid: int) -> str:
     except OSError:
         return "?"
     return text[text.find("(") + 1 : text.rfind(")")] or "?"
+
+
+def parent(pid: int) -> int | None:
+    """The parent pid (/proc/PID/stat field 4); None when the process is gone."""
+    try:
+        with open(f"{PROC}/{pid}/stat", "rb") as fh:
+            return int(fh.read().decode(errors="replace").rsplit(")", 1)[-1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def start_time(pid: int) -> int | None:
@@ -160,8 +174,10 @@ def leader_alive(session: Session) -> bool:
     )
 
 
-def members(session: Session) -> list[int]:
-    """The live (not zombie) processes of the session, leader included; never this process."""
+def members(session: Session, exited: bool = False) -> list[int]:
+    """The live (not zombie) processes of the session, leader included; never this process.
+    `exited`: with those that have exited but are not yet reaped by their parent (zombies: found by
+    session id only, their environment is gone)."""
     leader = stat(session.sid)
     # a leader pid now running something started later: the recorded session emptied before the pid
     # was reused
@@ -176,7 +192,7 @@ def members(session: Session) -> list[int]:
         if pid == me:
             continue
         found = stat(pid)
-        if found is None or found[0] in ("Z", "X"):
+        if found is None or found[0] == "X" or (found[0] == "Z" and not exited):
             continue
         if session.leader_start is not None and found[2] < session.leader_start:
             continue  # older than the leader: not one of its descendants
@@ -232,6 +248,28 @@ class _Ending:
         _signal(same, sig, self.denied)
 
 
+def _zombies(session: Session, ending: _Ending) -> list[int]:
+    """The session's processes (or those seen as its members) that exited and are not yet reaped."""
+    out = {p for p in members(session, exited=True) if (stat(p) or ("",))[0] == "Z"}
+    for pid, started in ending.seen.items():
+        found = stat(pid)
+        if found is not None and found[0] == "Z" and found[2] == started:
+            out.add(pid)
+    return sorted(out)
+
+
+def _wait_reaped(session: Session, ending: _Ending, seconds: float) -> list[int]:
+    """Reap those that are this process's children, and wait (at most `seconds`) until another
+    parent (pid 1, for a server whose parent is gone) has reaped the rest (`ps` lists them)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        _reap(sorted(ending.seen))
+        left = _zombies(session, ending)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.1)
+
+
 def _wait_empty(session: Session, seconds: float, sig: int | None, ending: _Ending) -> list[int]:
     """Poll until no member of the session is left or `seconds` pass, sending `sig` to members that
     appear meanwhile."""
@@ -253,7 +291,8 @@ def stop_session(
     """End every member: SIGTERM the leader (it stops its children in order), then SIGTERM all that
     remain, up to `grace_s` in all, then SIGKILL (each named in `killed` and the log); wait until
     none remains. Processes still there after SIGKILL (D state, EPERM) are reported in `left`, not
-    waited on forever."""
+    waited on forever. Then, since an exited process stays listed until its parent reaps it, waits
+    (at most REAP_WAIT_S) for that too; those still unreaped are named in `unreaped`."""
     start = time.monotonic()
     ending = _Ending()
     found = members(session)
@@ -273,15 +312,23 @@ def stop_session(
         if found:
             ending.send(found, signal.SIGKILL)
             found = _wait_empty(session, KILL_WAIT_S, signal.SIGKILL, ending)
+    unreaped = _wait_reaped(session, ending, REAP_WAIT_S)
     result = Cleanup(
         ended=sorted(set(ending.seen) - set(found)),
         seconds=round(time.monotonic() - start, 2),
         killed=ending.killed,
+        unreaped=[f"pid {p} ({name(p)}, exited; parent pid {parent(p)})" for p in unreaped],
     )
     if log and result.killed:
         log(
             f"stop: SIGKILL to {len(result.killed)} process(es) of session {session.sid} still "
             f"running {grace_s:g} s after SIGTERM: {', '.join(result.killed)}"
+        )
+    if log and result.unreaped:
+        log(
+            f"stop: {len(result.unreaped)} process(es) of session {session.sid} exited but their "
+            f"parent has not reaped them after {REAP_WAIT_S:g} s (they hold no memory, no port): "
+            + ", ".join(result.unreaped)
         )
     for pid in found:
         state = (stat(pid) or ("gone",))[0]
