@@ -358,17 +358,26 @@ def end_listed(
         ]
 
     denied: set[int] = set()
+    killed: list[str] = []
     left = live()
     for sig, wait_s in ((None, grace_s), (signal.SIGKILL, KILL_WAIT_S)):
         if sig is not None and left:
+            killed = [f"pid {p} ({name(p)})" for p in left]
             _signal(left, sig, denied)
         deadline = time.monotonic() + wait_s
         while left and time.monotonic() < deadline:
             time.sleep(0.1)
             left = live()
     result = Cleanup(
-        ended=sorted(set(started) - set(left)), seconds=round(time.monotonic() - start, 2)
+        ended=sorted(set(started) - set(left)),
+        seconds=round(time.monotonic() - start, 2),
+        killed=killed,
     )
+    if log and killed:
+        log(
+            f"stop: SIGKILL to the container's processes left after {grace_s:g} s: "
+            + ", ".join(killed)
+        )
     result.left = [
         f"pid {p} ({'EPERM' if p in denied else 'state ' + (stat(p) or ('gone',))[0]})"
         for p in left
