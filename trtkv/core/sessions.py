@@ -259,13 +259,15 @@ def _zombies(session: Session, ending: _Ending) -> list[int]:
 
 
 def _wait_reaped(session: Session, ending: _Ending, seconds: float) -> list[int]:
-    """Reap those that are this process's children, and wait (at most `seconds`) until another
-    parent (pid 1, for a server whose parent is gone) has reaped the rest (`ps` lists them)."""
+    """Reap this process's own children, and wait (at most `seconds`) until pid 1 (the parent of a
+    server whose own parent is gone) has reaped the rest (`ps` lists them till then). One whose
+    parent is another live program is not waited for: that program reaps it when it waits."""
     deadline = time.monotonic() + seconds
     while True:
         _reap(sorted(ending.seen))
         left = _zombies(session, ending)
-        if not left or time.monotonic() >= deadline:
+        soon = [p for p in left if parent(p) in (None, 1, os.getpid(), *ending.seen)]
+        if not soon or time.monotonic() >= deadline:
             return left
         time.sleep(0.1)
 
@@ -326,9 +328,8 @@ def stop_session(
         )
     if log and result.unreaped:
         log(
-            f"stop: {len(result.unreaped)} process(es) of session {session.sid} exited but their "
-            f"parent has not reaped them after {REAP_WAIT_S:g} s (they hold no memory, no port): "
-            + ", ".join(result.unreaped)
+            f"stop: {len(result.unreaped)} process(es) of session {session.sid} exited, not yet "
+            "reaped by their parent (they hold no memory, no port): " + ", ".join(result.unreaped)
         )
     for pid in found:
         state = (stat(pid) or ("gone",))[0]
