@@ -25,7 +25,7 @@ help:
 	@echo "     status | generate | bench-crosscheck | client-cost | install-vllm | install-aiperf | install-genai-perf | install-checkov"
 	@echo "     deploy [RECIPE=name TARGET=k8s|slurm|dynamo] | soak [SOAK_ARGS=...]"
 	@echo "     snapshots (rewrite tests/data/snapshots/ from what trtkv writes now; prints the diff)"
-	@echo "     reflow (trtkv/ at line length 100: ruff format + comments, docstrings, strings rewrapped; ASTs checked)"
+	@echo "     reflow (trtkv/ at line length 100: ruff format + comments, docstrings, strings rewrapped; ASTs and comment anchors checked)"
 	@echo "     install-aiconfigurator | bench-sweep-input [SWEEP_ARGS='--pairs reference --lengths 128,512']"
 
 install: $(STAMP)
@@ -65,8 +65,8 @@ snapshots: install
 	$(BIN)/python -m pytest -q tests/snapshots --update-snapshots $(PYTEST_ARGS)
 
 # trtkv/ at line length 100 (#43): ruff format with trtkv/ruff.toml, then the comments, docstrings and strings it
-# leaves long rewrapped; every changed module's AST checked unchanged (scripts/reflow_lines.py; on a clean trtkv/,
-# or REFLOW_ARGS=--allow-dirty)
+# leaves long rewrapped; every changed module's AST checked unchanged and each comment still on the statement it
+# annotates (scripts/reflow_lines.py, scripts/comment_anchors.py; on a clean trtkv/, or REFLOW_ARGS=--allow-dirty)
 reflow: install
 	$(BIN)/python scripts/reflow_lines.py $(REFLOW_ARGS)
 

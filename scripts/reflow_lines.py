@@ -17,8 +17,10 @@
    statement's line (new RUF100 findings only) and puts the `# type: ignore[code]` comments it moved back on the
    line mypy reports;
 5. checks every changed module against its original: the ASTs must be equal (implicit concatenations are joined
-   by the parser; docstrings compare with whitespace collapsed, exactly where the module reads `__doc__`); exits 1
-   on any difference, a ruff, format or mypy finding, or a dirty tree.
+   by the parser; docstrings compare with whitespace collapsed, exactly where the module reads `__doc__`), and each
+   comment must still annotate the statement it annotated (scripts/comment_anchors.py: comments are not in the
+   AST; issue #47 found lifted comments stacked over the next statement, merged into another or put between a
+   decorator and its `def`); exits 1 on any difference, a ruff, format or mypy finding, or a dirty tree.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from scripts.comment_anchors import misplaced, report  # noqa: E402
+
 RUFF = ROOT / ".venv" / "bin" / "ruff"
 ROUNDS = 8
 # shipped as data (copied into users' Triton repositories, their bytes hashed): never formatted, no E501
@@ -356,6 +362,9 @@ def _move_comment(lines: list[str], toks: list[tokenize.TokenInfo], com: tokeniz
     anchor = min(starts) if starts else row
     if anchor > 1 and lines[anchor - 2].rstrip().endswith("\\"):
         return None
+    if lines[anchor - 1].lstrip().startswith(("def ", "async def ", "class ")):
+        while anchor > 1 and lines[anchor - 2].lstrip().startswith("@"):  # above the decorators, not between (#47)
+            anchor -= 1
     indent = lines[anchor - 1][: len(lines[anchor - 1]) - len(lines[anchor - 1].lstrip())]
     moved = lines[anchor - 1 : row]
     moved[-1] = lines[row - 1][:col].rstrip()
@@ -390,10 +399,12 @@ def _split_on_row(lines: list[str], toks: list[tokenize.TokenInfo], row: int, do
 
 def lift_trailing_comments(src: str, width: int) -> tuple[str, int]:
     """Move each trailing comment of a line longer than `width` (with the trailing comments aligned under it on
-    the next lines, one comment continued) above its statement line; pragmas stay."""
+    the next lines of the same statement, one comment continued) above its statement line (above a `def`'s
+    decorators); pragmas stay."""
     lines = src.split("\n")
     toks = list(tokenize.generate_tokens(io.StringIO(src).readline))
     trailing = {t.start[0]: t for t in toks if t.type == tokenize.COMMENT and lines[t.start[0] - 1][: t.start[1]].strip()}
+    ends = {t.start[0] for t in toks if t.type == tokenize.NEWLINE}  # rows that end a statement
     edits: list[Edit] = []
     row = 1
     while row <= len(lines):
@@ -403,7 +414,8 @@ def lift_trailing_comments(src: str, width: int) -> tuple[str, int]:
             continue
         group = [com]
         while (nxt := trailing.get(group[-1].start[0] + 1)) is not None and nxt.start[1] == com.start[1]:
-            if PRAGMA.search(nxt.string):
+            done = group[-1].start[0]  # a statement or an element (`x,`) ends there: the next one's own comment (#47)
+            if PRAGMA.search(nxt.string) or done in ends or lines[done - 1][: trailing[done].start[1]].rstrip().endswith(","):
                 break
             group.append(nxt)
         last = group[-1].start[0]
@@ -634,6 +646,8 @@ def main(argv: list[str] | None = None) -> int:
     noqa_after = sum(f.read_text().count("# noqa") for f in files)
     bad = [str(f.relative_to(ROOT)) for f in files
            if f.read_text() != original[f] and normalized_ast(f.read_text()) != normalized_ast(original[f])]
+    misplaced_comments = [line for f in files if f.read_text() != original[f] and str(f.relative_to(ROOT)) not in bad
+                          for line in report(str(f.relative_to(ROOT)), misplaced(original[f], f.read_text()))]
     lint = _ruff("check", args.package, "--no-cache")
     fmt = _ruff("format", args.package, "--check")
     changed = sum(f.read_text() != original[f] for f in files)
@@ -645,11 +659,14 @@ def main(argv: list[str] | None = None) -> int:
         print("  noqa E501:", line)
     if bad:
         print("AST differs from the original:", *bad, sep="\n  ", file=sys.stderr)
+    if misplaced_comments:
+        print("comments that no longer annotate their statement (scripts/comment_anchors.py):", *misplaced_comments,
+              sep="\n  ", file=sys.stderr)
     if lint.returncode or fmt.returncode:
         print(lint.stdout[-3000:], fmt.stdout[-3000:], file=sys.stderr)
     if mypy_left:
         print("mypy errors the run did not cause or could not repair:", *mypy_left, sep="\n  ", file=sys.stderr)
-    return 1 if bad or lint.returncode or fmt.returncode or mypy_left else 0
+    return 1 if bad or misplaced_comments or lint.returncode or fmt.returncode or mypy_left else 0
 
 
 if __name__ == "__main__":

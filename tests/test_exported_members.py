@@ -121,3 +121,74 @@ def test_the_check_sees_an_import_past_the_face() -> None:
     assert sorted(imports_from(tree)) == [("core", "paths"), ("kvcache", "cache"), ("recipe", "load_tree")]
     assert "load_tree" not in face("recipe") and "cache" not in face("kvcache")
     assert package_of("trtkv.cli") == "cli" and package_of("trtkv.version") == "" and package_of("trtkv") == ""
+
+
+# Importing these packages runs only their `__init__` (and trtkv.core.lazy): they are imported by light callers (the
+# CLI's parser, `trtkv plan`, the errors module) through any of their submodules, so their faces load names lazily.
+LIGHT = ("bench", "build", "contracts", "core", "kvcache", "plan", "platform", "report", "serving")
+HEAVY = ("torch", "transformers", "pydantic", "yaml", "numpy", "matplotlib", "httpx", "safetensors")
+
+
+def lazy_face(package: str) -> tuple[set[str], set[str], set[str]]:
+    """(submodules, names given lazily, names imported under `if TYPE_CHECKING:`) of a package's `__init__`, read from
+    its `attach(__name__, submodules=[...], submod_attrs={...})` call (trtkv.core.lazy)."""
+    tree = ast.parse((PACKAGE / package / "__init__.py").read_text())
+    submodules: set[str] = set()
+    lazy: set[str] = set()
+    typed: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            typed |= {a.asname or a.name for n in node.body if isinstance(n, ast.ImportFrom) for a in n.names}
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and ast.unparse(node.value.func) == "attach":
+            for kw in node.value.keywords:
+                value = ast.literal_eval(kw.value)
+                if kw.arg == "submodules":
+                    submodules |= set(value)
+                elif kw.arg == "submod_attrs":
+                    lazy |= {name for names in value.values() for name in names}
+    return submodules, lazy, typed
+
+
+def test_every_listed_name_imports_from_its_package() -> None:
+    """`from trtkv.plan import Plan` works for every name of every face (issue 47: 270 of 340 did not), and `dir()`
+    shows them (PEP 562's `__dir__` for the lazy ones)."""
+    import importlib
+
+    missing, unlisted = [], []
+    for package in PACKAGES:
+        module = importlib.import_module(f"trtkv.{package}")
+        assert module.__all__ == face(package)
+        missing += [f"trtkv.{package}.{name}" for name in face(package) if not hasattr(module, name)]
+        unlisted += [f"trtkv.{package}.{name}" for name in sorted(set(face(package)) - set(dir(module)))]
+    assert missing == [], f"{len(missing)} names in __all__ not importable from the package:\n" + "\n".join(missing)
+    assert unlisted == [], "face names dir() does not show:\n" + "\n".join(unlisted)
+
+
+def test_lazy_names_are_listed_and_typed() -> None:
+    """A name given lazily is on the face, is imported under TYPE_CHECKING (so mypy sees it) and is not bound eagerly
+    too; a lazy submodule is a real one."""
+    for package in PACKAGES:
+        submodules, lazy, typed = lazy_face(package)
+        assert (submodules | lazy) <= set(face(package)), f"trtkv.{package}: lazily given but not listed"
+        assert typed == lazy, f"trtkv.{package}: TYPE_CHECKING imports {sorted(typed ^ lazy)} differ from the lazy names"
+        assert all((PACKAGE / package / f"{s}.py").is_file() for s in submodules), package
+
+
+def test_light_packages_stay_light() -> None:
+    """Importing a light package (or, through it, any of its modules) loads no other trtkv package's modules and none
+    of torch, pydantic, yaml and the like: the faces above import their names on first use."""
+    import subprocess
+    import sys
+
+    code = ("import importlib, sys\nimportlib.import_module(sys.argv[1])\n"
+            "print(sorted(m for m in sys.modules if m.startswith('trtkv') or m.split('.')[0] in sys.argv[2:]))\n")
+    for package in LIGHT:
+        out = subprocess.run([sys.executable, "-c", code, f"trtkv.{package}", *HEAVY], capture_output=True, text=True,
+                             check=True, cwd=PACKAGE.parent).stdout
+        assert set(ast.literal_eval(out)) <= {"trtkv", "trtkv.version", "trtkv.core", "trtkv.core.lazy",
+                                              f"trtkv.{package}"}, package
+
+
+def test_the_lazy_face_reader_sees_a_face() -> None:
+    submodules, lazy, typed = lazy_face("plan")
+    assert "estimate" in submodules and "Plan" in lazy and typed == lazy

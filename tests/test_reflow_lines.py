@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from scripts.reflow_lines import carry_over, normalized_ast, reflow_source, split_string
+from scripts.comment_anchors import misplaced, report
+from scripts.reflow_lines import carry_over, lift_trailing_comments, normalized_ast, reflow_source, split_string
 
 
 def value(source: str) -> object:
@@ -91,3 +92,100 @@ def test_reflow_source_keeps_the_ast() -> None:
     assert out.index("# a trailing comment") < out.index("    z = x\n")  # moved above its line
     assert 'f"value {x} and {y} with " "words enough to split it"' in out  # ruff format lays the pieces out
     assert max(len(line) for line in out.split("\n") if "code block" not in line and "return" not in line) <= 40
+
+
+# ---- comments keep their statement (issue #47) --------------------------------------------------------------------
+
+BEFORE = '''\
+CORE_SHARE = 0.3
+SATURATED = 0.9  # a process at this share of a core or more has probably limited the level
+LAG_SHARE = 0.1  # the client's lag p99 over this share of the ITL p50 is said in results
+
+
+class Server:
+    @property
+    def health_path(self) -> str: ...  # its own cheap health endpoint: the pods' liveness probe
+
+
+class KVFormat:
+    NVFP4 = "nvfp4"  # E2M1 values, E4M3 scale per 16 elements, K and V apart
+    KIVI4 = "kivi4"  # K per-channel over token groups, V per-token
+'''
+
+# what the width-100 reformat (f2b4349) did: the two trailing comments stacked over SATURATED, the property's
+# comment between the decorator and its def, KIVI4's comment rewrapped into the end of NVFP4's
+MISPLACED = '''\
+CORE_SHARE = 0.3
+# a process at this share of a core or more has probably limited the level
+# the client's lag p99 over this share of the ITL p50 is said in results
+SATURATED = 0.9
+LAG_SHARE = 0.1
+
+
+class Server:
+    @property
+    # its own cheap health endpoint: the pods' liveness probe
+    def health_path(self) -> str: ...
+
+
+class KVFormat:
+    # E2M1 values, E4M3 scale per 16 elements, K and V apart K per-channel over
+    # token groups, V per-token
+    NVFP4 = "nvfp4"
+    KIVI4 = "kivi4"
+'''
+
+# each comment above (or beside) its own statement, rewrapped: the same anchors
+KEPT = '''\
+CORE_SHARE = 0.3
+# a process at this share of a core or more has probably
+# limited the level
+SATURATED = 0.9
+# the client's lag p99 over this share of the ITL p50 is said in results
+LAG_SHARE = 0.1
+
+
+class Server:
+    # its own cheap health endpoint: the pods' liveness probe
+    @property
+    def health_path(self) -> str: ...
+
+
+class KVFormat:
+    # E2M1 values, E4M3 scale per 16 elements, K and V apart
+    NVFP4 = "nvfp4"
+    KIVI4 = "kivi4"  # K per-channel over token groups, V per-token
+'''
+
+
+def test_comment_check_finds_each_misplaced_comment() -> None:
+    assert normalized_ast(MISPLACED) == normalized_ast(BEFORE)  # the AST check the reformat relied on passes
+    found = {m.row: m for m in misplaced(BEFORE, MISPLACED)}
+    assert sorted(found) == [3, 8, 12, 13]
+    assert found[3].old == "Assign LAG_SHARE (line 3)" and "Assign SATURATED (line 4)" in found[3].new
+    assert found[8].old == "FunctionDef health_path (line 8)" and "after its decorator" in found[8].new
+    assert "merged" in found[12].new and "merged" in found[13].new  # NVFP4's own comment no longer ends a line
+    lines = report("levels.py", misplaced(BEFORE, MISPLACED))
+    assert lines[0].startswith("levels.py:3: comment \"the client's lag p99") and "now above or beside" in lines[0]
+
+
+def test_comment_check_passes_comments_kept_on_their_statement() -> None:
+    assert misplaced(BEFORE, KEPT) == []
+    assert misplaced(BEFORE, BEFORE) == []
+
+
+DICT = '''\
+STATS = {
+    "ruler": ("accuracy", "correct", "total"),  # string_match_all; `correct` counts items
+    "fidelity": ("worse_lengths", "accuracy"),  # lengths judged worse than the format predicts
+}
+'''
+
+
+def test_lifting_keeps_each_comment_on_its_statement() -> None:
+    """The lift puts each statement's (and each dict entry's) comment above it, and a def's above its decorators."""
+    src = DICT + BEFORE
+    out, n = lift_trailing_comments(src, 60)
+    assert n == 7 and normalized_ast(out) == normalized_ast(src)
+    assert misplaced(src, out) == [], out
+    assert "    # its own cheap health endpoint: the pods' liveness probe\n    @property\n" in out

@@ -140,7 +140,7 @@ def test_common_and_frequent_words_are_rulers(items_2048) -> None:  # noqa: ANN0
 
 
 def test_missing_wonderwords_names_the_install(monkeypatch: pytest.MonkeyPatch, encode) -> None:  # noqa: ANN001
-    for cached in (ruler_families.wordlists, ruler_families._niah_word_parts, ruler_families._cwe_words):
+    for cached in (ruler_families.wordlists, ruler_families._niah_word_parts, ruler_families.cwe_words):
         cached.cache_clear()
     monkeypatch.setitem(sys.modules, "wonderwords", None)
     monkeypatch.setitem(sys.modules, "wonderwords.assets", None)
@@ -149,7 +149,7 @@ def test_missing_wonderwords_names_the_install(monkeypatch: pytest.MonkeyPatch, 
             ruler.generate("niah_single_1", 1024, 1, encode)
         assert len(ruler.generate("niah_multikey_3", 1024, 1, encode)) == 1  # uuids need no word list
     finally:
-        for cached in (ruler_families.wordlists, ruler_families._niah_word_parts, ruler_families._cwe_words):
+        for cached in (ruler_families.wordlists, ruler_families._niah_word_parts, ruler_families.cwe_words):
             cached.cache_clear()
 
 

@@ -203,20 +203,33 @@ def test_openai_failures_are_named(serve: Callable[[Script], ScriptedServer], an
 def test_a_malformed_response_never_stops_the_other_requests(serve: Callable[[Script], ScriptedServer]) -> None:
     """A request streaming slowly from a good server keeps going while others on the same loop meet a negative chunk
     size, a non-numeric Content-Length and an unterminated line (today: the loop dies or spins, the good one fails)."""
-    good = serve(lambda c, n: (_send_in_pieces(c, SSE_HEAD + OPENAI_BODY, 40, pause_s=0.03), True)[1])
+    # the good answer's first half, then the rest once the bad ones are done: it is in flight through all of them
+    # by construction (a fixed 0.05 s head start and 0.35 s of answer could miss them on a busy CPU: issue 58)
+    whole, started, faults_done = SSE_HEAD + OPENAI_BODY, threading.Event(), threading.Event()
+
+    def good_script(conn: socket.socket, n: int) -> bool:
+        _send_in_pieces(conn, whole[:len(whole) // 2], 40, pause_s=0.03)
+        started.set()
+        assert faults_done.wait(30)
+        _send_in_pieces(conn, whole[len(whole) // 2:], 40, pause_s=0.03)
+        return True
+
+    good = serve(good_script)
     bad = [SSE_HEAD + NEGATIVE_CHUNK, b"HTTP/1.1 200 OK\r\nContent-Length: 1x\r\n\r\n",
            SSE_HEAD + b"%x\r\n%s\r\n" % (2 << 20, b"y" * (2 << 20))]
     loop = shared_loop()
     session = _openai(good)
     good_rec: list[RequestRecord] = []
-    worker = threading.Thread(target=lambda: good_rec.append(_run(session, timeout_s=10.0)))
+    worker = threading.Thread(target=lambda: good_rec.append(_run(session, timeout_s=20.0)))
     worker.start()
-    time.sleep(0.05)
     try:
+        assert started.wait(10)
         for answer in bad:
             server = serve(lambda c, n, a=answer: (_answer(c, a), False)[1])
             rec = _run(_openai(server), timeout_s=5.0)
             assert rec.status == ERROR and "bad HTTP response" in rec.error, rec.error
+        assert worker.is_alive() and not good_rec  # the good request was still streaming
+        faults_done.set()
         worker.join(15.0)
     finally:
         session.close()
@@ -242,7 +255,10 @@ def test_refused_stalled_and_cancelled(serve: Callable[[Script], ScriptedServer]
     rec = RequestRecord("r", "latency", "c", 0, 1, 4)
     worker = threading.Thread(target=session.run, args=(rec, "x", SamplingParams(max_tokens=4), 30.0))
     worker.start()
-    time.sleep(0.3)
+    deadline = time.monotonic() + 10  # until the server holds the request (a fixed 0.3 s could come before it)
+    while server.requests < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.requests == 2
     shared_loop().close(session._conn)  # what Ctrl-C in the worker does
     worker.join(5.0)
     stall.set()

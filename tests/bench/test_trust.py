@@ -5,6 +5,7 @@ request with that reason, the endpoint check has one deadline and a size cap, an
 from __future__ import annotations
 
 import gzip
+import select
 import socket
 import threading
 import time
@@ -69,18 +70,25 @@ def test_an_unsolicited_answer_never_becomes_the_next_requests(serve: Callable[[
         session.close()
     assert server.connections == 2
 
-    def late(conn: socket.socket, n: int) -> bool:  # the extra answer arrives after the client read the first
+    # the extra answer arrives after the client read the first and before it sends the next request, by construction
+    # (fixed sleeps of 0.2 s and 0.5 s raced on a busy CPU: issue 58)
+    first_read, extra_sent = threading.Event(), threading.Event()
+
+    def late(conn: socket.socket, n: int) -> bool:
         _answer(conn, SSE_HEAD + OPENAI_BODY)
         if n == 0:
-            time.sleep(0.2)
+            assert first_read.wait(10)
             _answer(conn, SSE_HEAD + OTHER)
+            extra_sent.set()
         return True
 
     server = serve(late)
     session = _openai(server)
     try:
         assert _run(session).text == "".join(TEXTS)
-        time.sleep(0.5)
+        first_read.set()
+        assert extra_sent.wait(10)
+        assert select.select([session._conn.sock], [], [], 10)[0]  # the extra bytes wait on the kept-alive socket
         rec = _run(session)
         assert rec.status == OK and rec.text == "".join(TEXTS), (rec.text, rec.error)
     finally:
@@ -189,3 +197,38 @@ def test_a_request_timeout_is_bounded_and_a_huge_one_does_not_stop_the_loop(
         assert loop.alive and shared_loop() is loop
     finally:
         session.close()
+
+
+def test_an_unsolicited_answer_fails_the_idle_connection_when_it_arrives(
+        serve: Callable[[Script], ScriptedServer]) -> None:
+    """Before: the answer nobody asked for stayed unread on the kept-alive socket until the next request (a peek then
+    retired it, or, sent a moment later, the next request read it as its own). Now the loop watches an idle kept-alive
+    socket: the connection is closed as the bytes arrive (the server sees it end) and counted."""
+    closed = threading.Event()
+
+    def late(conn: socket.socket, n: int) -> bool:
+        _answer(conn, SSE_HEAD + OPENAI_BODY)
+        if n == 0:
+            time.sleep(0.2)
+            _answer(conn, SSE_HEAD + OTHER)
+            conn.settimeout(5.0)
+            try:
+                if conn.recv(65536) == b"":  # the client hung up without sending another request
+                    closed.set()
+            except OSError:
+                closed.set()
+            return False
+        return True
+
+    server = serve(late)
+    session = _openai(server)
+    before = shared_loop().unsolicited
+    try:
+        assert _run(session).text == "".join(TEXTS)
+        assert closed.wait(3.0), "the idle connection was not closed when the unsolicited answer came"
+        assert shared_loop().unsolicited == before + 1
+        rec = _run(session)  # a new connection carries the next request
+        assert rec.status == OK and rec.text == "".join(TEXTS), (rec.text, rec.error)
+    finally:
+        session.close()
+    assert server.connections == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 import subprocess
 import sys
 import time
@@ -22,12 +23,17 @@ def test_light_commands_are_fast_and_import_nothing_heavy(args: list[str]) -> No
     code = (f"import sys, time; t=time.time(); from trtkv.cli import main; rc=main({args!r}); "
             "heavy=[m for m in ('torch','transformers','modelopt','tritonclient') if m in sys.modules]; "
             "print('HEAVY', heavy, 'SECONDS', time.time()-t, file=sys.stderr); sys.exit(rc)")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.time()
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     wall = time.time() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     assert proc.returncode == 0, proc.stderr
     assert "HEAVY []" in proc.stderr, proc.stderr
-    assert wall < 5, f"{args} took {wall:.1f} s"  # generous for a loaded CI box; typically ~0.5 s
+    # the start-up's own work is CPU time: on a machine shared with other jobs the wall clock stretches with the
+    # load (6-12 s seen at load 10-17 on 2 cores), the CPU time does not (typically ~0.5-1 s); torch alone costs more
+    assert cpu < 5, f"{args} used {cpu:.1f} s of CPU ({wall:.1f} s wall)"
 
 
 def test_error_without_traceback(tmp_path: Path) -> None:

@@ -113,7 +113,7 @@ def test_stop_after_the_leader_was_killed_ends_the_whole_session_and_nothing_els
     recipe = _recipe()
     pidfile = tmp_path / "server.json"
     cmd = [sys.executable, "-c", FAKE_SERVER, str(recipe.triton.http_port), "ready", str(pidfile)]
-    info = launch._launch(recipe, cmd, Path("repo"), dict(os.environ), 60, lambda _m: None)
+    info = launch.start_server(recipe, cmd, Path("repo"), dict(os.environ), 60, lambda _m: None)
     pids = _pids(pidfile)
     assert info.session_id == info.pid == pids["leader"] and info.session_start == sessions.start_time(info.pid)
     assert sessions.marker_of(pids["setsid"]) == info.session_marker  # left the session, kept the marker
@@ -137,7 +137,7 @@ def test_stop_of_a_live_server_ends_every_process_of_its_session(engines_tmp: Pa
     recipe = _recipe()
     pidfile = tmp_path / "server.json"
     cmd = [sys.executable, "-c", FAKE_SERVER, str(recipe.triton.http_port), "ready", str(pidfile)]
-    launch._launch(recipe, cmd, Path("repo"), dict(os.environ), 60, lambda _m: None)
+    launch.start_server(recipe, cmd, Path("repo"), dict(os.environ), 60, lambda _m: None)
     pids = _pids(pidfile)
     result = serve.stop_server(recipe, timeout_s=5, log=lambda _m: None)
     assert result is not None and result.was_running and result.cleanup.done
@@ -163,7 +163,7 @@ def test_an_interrupted_start_leaves_nothing_behind(engines_tmp: Path, tmp_path:
     signal.setitimer(signal.ITIMER_REAL, 0.5)
     try:
         with pytest.raises(KeyboardInterrupt):
-            launch._launch(recipe, cmd, Path("repo"), dict(os.environ), 120, lambda _m: None)
+            launch.start_server(recipe, cmd, Path("repo"), dict(os.environ), 120, lambda _m: None)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, before)
@@ -237,7 +237,7 @@ def test_a_docker_start_records_the_container_id_and_stop_ends_that_container(
     monkeypatch.setenv("PATH", f"{docker.parent}{os.pathsep}{os.environ['PATH']}")
     recipe = _recipe()
     with pytest.raises(ToolError, match="exited with code 125"):
-        launch._launch(recipe, ["docker", "run", "--name", "trtkv-x", "image"], Path("repo"), dict(os.environ), 20,
+        launch.start_server(recipe, ["docker", "run", "--name", "trtkv-x", "image"], Path("repo"), dict(os.environ), 20,
                       lambda _m: None, container="trtkv-x")
     assert calls.read_text().splitlines() == ["run image", "top pid", "stop abc123", "rm abc123"]
     assert not launch.server_json(recipe).exists()

@@ -94,9 +94,9 @@ def test_single_node_k8s_deployment_is_placed_sized_probed_and_loads_its_model(t
     assert lid in wait["command"][2] and "/models/llama70b_fp8kv/.trtkv-loaded" in wait["command"][2]
     loader = job["spec"]["template"]["spec"]["containers"][0]
     assert loader["image"].startswith("amazon/aws-cli:")
+    assert "root=/models/llama70b_fp8kv\n" in loader["command"][2]  # a link to the complete load in use (loader.py)
     for sub in ("engine", "checkpoint/tokenizer", "triton_repo"):
-        assert f"aws s3 sync --only-show-errors --delete {SOURCE}/{sub} /models/llama70b_fp8kv/{sub}" in \
-            loader["command"][2]
+        assert f'aws s3 sync --only-show-errors --delete {SOURCE}/{sub} "$top/$new"/{sub}' in loader["command"][2]
     # every path the server reads is under /models/<recipe>; the volume is mounted read-only at /models
     script = server["command"][2]
     assert "--model-repository=/models/llama70b_fp8kv/triton_repo" in script
@@ -211,7 +211,7 @@ def test_no_path_of_this_machine_reaches_a_pod_spec(name: str, tmp_path: Path) -
         for file in files:
             text = file.read_text()
             assert not [h for h in here if h in text], (file, [h for h in here if h in text])
-            assert f"/models/{name}/" in text, file
+            assert f"/models/{name}/" in text or f"root=/models/{name}\n" in text, file
 
 
 def test_slurm_packs_two_tp4_replicas_per_8_gpu_node_and_holds_no_idle_gpu(tmp_path: Path) -> None:
@@ -305,7 +305,8 @@ def test_dynamo_agg_and_disagg_for_the_llm_api(tmp_path: Path) -> None:
             assert cfg["tensor_parallel_size"] == 8 and cfg["pipeline_parallel_size"] == 2
     assert "cache_transceiver_config" in yaml.safe_load(disagg[0]["data"]["prefill.yaml"])
     job = next(d for d in docs(out / "models.yaml") if d["kind"] == "Job")
-    assert "/models/llama70b_fp8kv_llmapi/checkpoint/hf" in job["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    loads = job["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    assert "root=/models/llama70b_fp8kv_llmapi\n" in loads and '"$top/$new"/checkpoint/hf' in loads
     with pytest.raises(StageError, match="Dynamo's workers run the LLM API"):
         deploy(load_recipe("llama70b_fp8kv"), Target.DYNAMO, tmp_path / "no", log=quiet, options=OPTS)
     assert not (tmp_path / "no").exists()
@@ -390,7 +391,7 @@ def test_cli_takes_overrides_after_options_and_refuses_what_cannot_apply(
     for argv, message in [
         ([], "--model-source s3://BUCKET/PREFIX"),  # where the loader copies from: the user's to name
         (["--model-source", SOURCE, "--namespace", "default"], "not `default`"),
-        (["--model-source", "s3://my-bucket/$(x)"], "is not one of s3://BUCKET/PREFIX"),
+        (["--model-source", "s3://my-bucket/$(x)"], "a path or prefix holds letters, digits and ._~/@+=- only"),
         (["--model-source", "hf://nvidia/Llama-3.3-70B-Instruct-FP8"], "a hub repository holds an HF export"),
     ]:
         assert main(["deploy", "llama70b_fp8kv", "--target", "k8s", "--output", str(tmp_path / "x"), *argv]) == \

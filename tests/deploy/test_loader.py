@@ -4,6 +4,8 @@ temporary folder): the marker comes last, a failed or empty copy leaves none, an
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -26,11 +28,52 @@ def test_sources_parse(text: str, kind: str, host: str, path: str, revision: str
     assert (src.kind.value, src.host, src.path, src.revision) == (kind, host, path, revision)
 
 
-@pytest.mark.parametrize("text", ["http://x/y", "s3://b/x", "s3://my-bucket/$(touch x)", "s3://my-bucket/a b",
-                                  "nfs://nas", "hf://org", "file:///models", "s3://my-bucket/x;y"])
-def test_sources_refused(text: str) -> None:
-    with pytest.raises(StageError, match="is not one of"):
+@pytest.mark.parametrize("text, rule", [
+    ("http://x/y", "is not one of"), ("file:///models", "is not one of"), ("s3:/my-bucket/x", "is not one of"),
+    ("s3://b/x", "3-63 characters"), ("s3://my-bucket/$(touch x)", "._~/@"), ("s3://my-bucket/a b", "._~/@"),
+    ("s3://my-bucket/x;y", "._~/@"), ("nfs://nas", "export path is absolute"), ("hf://org", "ORG/NAME"),
+])
+def test_sources_refused(text: str, rule: str) -> None:
+    with pytest.raises(StageError, match=re.escape(rule)):
         loader.parse_source(text)
+
+
+@pytest.mark.parametrize("text", [
+    "s3://ab+cd/x",  # before: read as bucket `ab`, path `+cd/x`
+    "s3://" + "a" * 64 + "/x",  # before: cut to the first 63 characters, the rest read as the path
+    "s3://" + "a" * 64,
+    "s3://My-Bucket/x", "s3://my_bucket/x", "s3://-bucket/x", "s3://bucket-/x", "s3://my..bucket/x",
+    "s3://192.168.5.4/x", "s3://xn--bucket/x", "s3://bucket-s3alias/x", "s3://ab/x", "s3://a+b@c/x",
+])
+def test_s3_buckets_are_read_whole_by_aws_naming_rule(text: str) -> None:
+    """The bucket is everything up to the first `/`, checked whole: never a prefix of what was typed."""
+    with pytest.raises(StageError) as err:
+        loader.parse_source(text)
+    assert loader.S3_BUCKET_RULE in str(err.value) and repr(text) in str(err.value)
+
+
+@pytest.mark.parametrize("text, rule", [
+    ("gs://Bucket/x", loader.GS_BUCKET_RULE), ("gs://goog-models/x", loader.GS_BUCKET_RULE),
+    ("gs://my-google-models/x", loader.GS_BUCKET_RULE), ("gs://" + "a" * 64 + "/x", loader.GS_BUCKET_RULE),
+    ("gs://a+b/x", loader.GS_BUCKET_RULE), ("hf://org--x/name", loader.HF_NAME_RULE),
+    ("hf://org/na..me", loader.HF_NAME_RULE), ("hf://org/" + "n" * 97, loader.HF_NAME_RULE),
+    ("hf://org/name@../x", loader.HF_NAME_RULE), ("hf://-org/name", loader.HF_NAME_RULE),
+    ("nfs://-nas/export", loader.NFS_RULE), ("nfs://nas/export/../etc", loader.NFS_RULE),
+    ("nfs://nas_1/export", loader.NFS_RULE), ("nfs://" + "n" * 64 + "/export", loader.NFS_RULE),
+])
+def test_other_sources_keep_their_providers_rules(text: str, rule: str) -> None:
+    with pytest.raises(StageError) as err:
+        loader.parse_source(text)
+    assert rule in str(err.value) and repr(text) in str(err.value)
+
+
+@pytest.mark.parametrize("text, host", [
+    ("s3://" + "a" * 63 + "/x", "a" * 63), ("s3://abc", "abc"), ("s3://my.bucket-1/x", "my.bucket-1"),
+    ("gs://my_bucket/x", "my_bucket"), ("gs://" + ".".join(["a" * 60] * 3) + "/x", ".".join(["a" * 60] * 3)),
+    ("nfs://10.0.0.5/export", "10.0.0.5"), ("nfs://[fd00::5]/export", "[fd00::5]"),
+])
+def test_names_at_the_rules_edges_are_read_whole(text: str, host: str) -> None:
+    assert loader.parse_source(text).host == host
 
 
 def test_a_hub_id_fills_only_an_hf_export(tmp_path: Path) -> None:
@@ -48,29 +91,71 @@ def _local(script: str, root: Path) -> str:
     return script.replace("/models", str(root / "models")).replace("/source", str(root / "source"))
 
 
+def _load(recipe_name: str, source: str, subs: list[str], lid: str, root: Path) -> subprocess.CompletedProcess[str]:
+    """The generated loader script run here by bash, the volume and the NFS export under `root`."""
+    text = loader.script(load_recipe(recipe_name), loader.parse_source(source), subs, lid)
+    return subprocess.run(["bash", "-c", _local(text, root)], capture_output=True, text=True, timeout=60)
+
+
+def _source(root: Path, subs: list[str], tag: str) -> None:
+    for sub in subs:
+        (root / "source" / sub).mkdir(parents=True, exist_ok=True)
+        (root / "source" / sub / "file").write_text(f"{sub} {tag}")
+
+
 def test_the_loader_copies_then_marks_and_the_server_waits_for_its_marker(tmp_path: Path) -> None:
     recipe = load_recipe("llama70b_fp8kv")
-    src = loader.parse_source("nfs://nas.lan/export/llama")
     subs = ["engine", "checkpoint/tokenizer", "triton_repo"]
-    for sub in subs:
-        (tmp_path / "source" / sub).mkdir(parents=True)
-        (tmp_path / "source" / sub / "file").write_text(sub)
+    _source(tmp_path, subs, "v1")
     lid = "0123456789ab"
-    run = subprocess.run(["sh", "-c", _local(loader.script(recipe, src, subs, lid), tmp_path)], capture_output=True,
-                         text=True, timeout=60)
+    run = _load(recipe.name, "nfs://nas.lan/export/llama", subs, lid, tmp_path)
     assert run.returncode == 0, run.stderr
     root = tmp_path / "models" / recipe.name
-    assert all((root / sub / "file").read_text() == sub for sub in subs)
+    assert all((root / sub / "file").read_text() == f"{sub} v1" for sub in subs)
     assert (root / pods.LOAD_MARKER).read_text().strip() == lid
+    assert root.is_symlink() and not Path(os.readlink(root)).is_absolute()  # the servers mount the volume elsewhere
     wait = pods.wait_for_load(recipe, "img", lid)["command"][2]
     done = subprocess.run(["sh", "-c", _local(wait, tmp_path)], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0 and f"models loaded ({lid})" in done.stdout
-    # a later load that fails (an empty folder at the source) leaves no marker: no server starts on it
+    # a later load that fails (an empty folder at the source) marks nothing new: no server starts on it
     (tmp_path / "source" / "engine" / "file").unlink()
-    failed = subprocess.run(["sh", "-c", _local(loader.script(recipe, src, subs, "feedfacecafe"), tmp_path)],
-                            capture_output=True, text=True, timeout=60)
+    failed = _load(recipe.name, "nfs://nas.lan/export/llama", subs, "feedfacecafe", tmp_path)
     assert failed.returncode == 1 and "engine is empty" in failed.stderr
-    assert not (root / pods.LOAD_MARKER).exists()
+    assert (root / pods.LOAD_MARKER).read_text().strip() == lid
+
+
+@pytest.mark.parametrize("layout", ["linked", "in place"])
+def test_a_load_that_fails_half_way_keeps_the_previous_load_and_its_marker(tmp_path: Path, layout: str) -> None:
+    """Before: the script removed the marker first and replaced each folder in place, so a copy failing at its second
+    folder left the first one new, the rest old and no marker: the old pods could never restart. Now the old load,
+    marker included, stays whole until a new one is complete; a volume a trtkv before 2026-12 loaded in place (a
+    folder, not a link) is kept too."""
+    recipe = load_recipe("llama70b_fp8kv")
+    subs = ["engine", "checkpoint/tokenizer", "triton_repo"]
+    root = tmp_path / "models" / recipe.name
+    if layout == "linked":
+        _source(tmp_path, subs, "old")
+        assert _load(recipe.name, "nfs://nas.lan/export/llama", subs, "aaaaaaaaaaaa", tmp_path).returncode == 0
+    else:
+        for sub in subs:
+            (root / sub).mkdir(parents=True)
+            (root / sub / "file").write_text(f"{sub} old")
+        (root / pods.LOAD_MARKER).write_text("aaaaaaaaaaaa\n")
+    _source(tmp_path, subs, "new")
+    (tmp_path / "source" / "checkpoint" / "tokenizer" / "file").unlink()
+    (tmp_path / "source" / "checkpoint" / "tokenizer").rmdir()  # the copy of the second folder fails
+    failed = _load(recipe.name, "nfs://nas.lan/export/llama", subs, "bbbbbbbbbbbb", tmp_path)
+    assert failed.returncode != 0
+    assert (root / pods.LOAD_MARKER).read_text().strip() == "aaaaaaaaaaaa"
+    assert all((root / sub / "file").read_text() == f"{sub} old" for sub in subs)
+    loads = tmp_path / "models" / loader.LOADS_DIR / recipe.name
+    assert len(list(loads.iterdir())) == 1  # the failed copy removed its own folder
+    # the next complete load switches whole and only then removes the old one
+    _source(tmp_path, subs, "new")
+    assert _load(recipe.name, "nfs://nas.lan/export/llama", subs, "cccccccccccc", tmp_path).returncode == 0
+    assert (root / pods.LOAD_MARKER).read_text().strip() == "cccccccccccc"
+    assert all((root / sub / "file").read_text() == f"{sub} new" for sub in subs)
+    assert [p.name for p in loads.iterdir()] == [os.readlink(root).rsplit("/", 1)[1]]
 
 
 def test_the_wait_is_for_this_load_only(tmp_path: Path) -> None:

@@ -69,7 +69,8 @@ def test_storage_dtypes_are_really_quantized(tiny: LlamaForCausalLM) -> None:
 def test_prefill_matches_token_by_token_decode(tiny: LlamaForCausalLM, fmt: str) -> None:
     """The probe's claim: one pass (per-token formats) or window-aligned chunks (KIVI) == decoding token by token."""
     from trtkv.kvcache.quant import parse_format
-    from trtkv.probe import chunk_for, feed
+    from trtkv.probe.measure import chunk_for
+    from trtkv.probe.passes import feed
 
     ids = _ids(200)
     one = _cache(tiny, fmt)

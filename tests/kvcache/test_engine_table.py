@@ -95,12 +95,12 @@ def test_cached_probe_results_are_keyed_by_a_formats_numerics(monkeypatch: pytes
     from trtkv.probe import sweep_cache
 
     choice = parse_format("int8_per_token_head")
-    before = sweep_cache._format_key("model", choice)
+    before = sweep_cache.format_key("model", choice)
     assert numerics_key("fp8_cast") == numerics_key("fp8_scale1")
     doc = json.loads(engines.TABLE_PATH.read_text())
     doc["formats"]["int8_per_token_head"]["numerics"]["rounding"] = "half to even"
     monkeypatch.setattr(engines, "load_table", lambda: engines.parse_table(doc))
-    assert sweep_cache._format_key("model", choice) != before
+    assert sweep_cache.format_key("model", choice) != before
 
 
 PACKED = ["turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "ultraquant_4bit"]
@@ -274,3 +274,38 @@ def test_attn_head_scales_written_by_trtkv_read_back_by_vllms_own_loader(tmp_pat
             assert got[f"model.layers.{i}.self_attn.k_scale"][0] == f"model.layers.{i}.self_attn.attn.k_scale"
             assert got[f"model.layers.{i}.self_attn.k_scale"][1] == pytest.approx(k[i][heads])
             assert got[f"model.layers.{i}.self_attn.v_scale"][1] == pytest.approx(v[i][heads])
+
+
+def test_the_registry_refuses_unknown_fields_and_wrong_types_naming_file_row_and_field(tmp_path) -> None:
+    doc = json.loads(engines.TABLE_PATH.read_text())
+    doc["formats"]["fp8"]["storage"]["bitz"] = 8
+    with pytest.raises(TrtkvError, match=r"kv_formats\.json: formats\.fp8\.storage: unknown field bitz"):
+        engines.parse_table(doc, engines.TABLE_PATH)
+    doc = json.loads(engines.TABLE_PATH.read_text())
+    doc["formats"]["int8"]["storage"]["bits"] = "8"
+    with pytest.raises(TrtkvError, match=r"formats\.int8\.storage\.bits: '8' is a str, not int"):
+        engines.parse_table(doc)
+    doc = json.loads(engines.TABLE_PATH.read_text())
+    doc["formats"]["nvfp4"]["recipe"]["kind"] = "calibrate"
+    with pytest.raises(TrtkvError, match=r"formats\.nvfp4\.recipe\.kind: 'calibrate' is not one of"):
+        engines.parse_table(doc)
+    doc = json.loads(engines.TABLE_PATH.read_text())
+    doc["formats"]["fp8"]["verified"]["tested"] = "yes"  # a typo in a free-text block is an error too
+    with pytest.raises(TrtkvError, match=r"formats\.fp8\.verified: unknown field tested"):
+        engines.parse_table(doc)
+
+
+def test_the_format_enums_and_maps_are_the_registry_rows() -> None:
+    from trtkv.recipe.enums import CALIBRATED_ENGINE_KV_FORMATS, ENGINE_KV_FORMATS, KV_CACHE_ALIASES, KVCacheQuant
+
+    table = engines.load_table()
+    assert [f.value for f in formats.KVFormat] == [r.name for r in table.storage_rows()]
+    assert [k.value for k in KVCacheQuant] == [r.recipe.name for r in table.recipe_rows()]
+    assert {k.value for k in ENGINE_KV_FORMATS} == {r.recipe.name for r in table.recipe_rows()
+                                                   if r.recipe.kind == "engine"}
+    assert [k.value for k in CALIBRATED_ENGINE_KV_FORMATS] == ["fp8_attn_head"]
+    assert KV_CACHE_ALIASES == {"fp8_kv_cache": "fp8", "int8_kv_cache": "int8"}
+    assert formats.SPECS[formats.KVFormat.NVFP4].group_size == formats.NVFP4_BLOCK
+    # the checkpoint's kv_cache_quant_algo reads back as the calibrated format that writes it
+    assert {a: table.for_checkpoint_algo(a).recipe.name for a in ("FP8", "INT8", "NVFP4", None)} == \
+        {"FP8": "fp8", "INT8": "int8", "NVFP4": "nvfp4", None: "none"}

@@ -366,7 +366,7 @@ def test_static_scale_cache_key_covers_the_amaxes_each_format_reads() -> None:
     from trtkv.kvcache.names import all_format_names
     from trtkv.kvcache.quant import parse_format
     from trtkv.kvcache.scales import KVScales
-    from trtkv.probe.sweep_cache import _scales_key
+    from trtkv.probe.sweep_cache import scales_key
 
     base = {"k_amax": [10.0, 3.5], "v_amax": [2.0, 1.25], "source": "short pass"}
     a = KVScales(**base, k_head_amax=[[9.0, 10.0], [3.5, 1.0]], v_head_amax=[[2.0, 1.5], [1.0, 1.25]],
@@ -376,15 +376,15 @@ def test_static_scale_cache_key_covers_the_amaxes_each_format_reads() -> None:
     old = hashlib.sha256(json.dumps([base["k_amax"], base["v_amax"], None]).encode()).hexdigest()[:12]
     for name in all_format_names():
         choice = parse_format(name)
-        keys = {_scales_key(s, choice) for s in (a, b, c)}
+        keys = {scales_key(s, choice) for s in (a, b, c)}
         if name == "fp8_attn_head":
-            assert _scales_key(a, choice) != _scales_key(b, choice) and _scales_key(a, choice) == _scales_key(c, choice)
+            assert scales_key(a, choice) != scales_key(b, choice) and scales_key(a, choice) == scales_key(c, choice)
         elif name == "nvfp4_rotate":
-            assert _scales_key(a, choice) != _scales_key(c, choice) and _scales_key(a, choice) == _scales_key(b, choice)
+            assert scales_key(a, choice) != scales_key(c, choice) and scales_key(a, choice) == scales_key(b, choice)
         else:
             assert keys == {old}, name
     fp8, head = parse_format("fp8"), parse_format("fp8_attn_head")
-    assert _scales_key(a, fp8) == _scales_key(a) == old != _scales_key(a, fp8, head)  # the decode key of several
+    assert scales_key(a, fp8) == scales_key(a) == old != scales_key(a, fp8, head)  # the decode key of several
 
 
 def test_fp8_attn_head_is_probed_by_its_recipe_and_named_in_the_advice(tmp_path: Path,

@@ -11,7 +11,7 @@ from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 from trtkv.kvcache.cache import QuantizedKVCache
 from trtkv.kvcache.quant import parse_format
 from trtkv.probe.measure import feed
-from trtkv.probe.metrics import _logprobs, kl_between, length_record, position_metrics
+from trtkv.probe.metrics import kl_between, length_record, logprobs, position_metrics
 from trtkv.probe.window import SlidingQuantizedLayer, WindowedKVCache
 
 WINDOW = 16
@@ -33,7 +33,7 @@ def _pass(model: Gemma3ForCausalLM, ids: torch.Tensor, fmt: str, trim: bool, chu
     cache = WindowedKVCache(model.config, fmt, trim=trim)
     hidden = feed(model, ids, cache, chunk)
     with torch.inference_mode():
-        return _logprobs(model, hidden[0]), cache
+        return logprobs(model, hidden[0]), cache
 
 
 def _held_tokens(cache: WindowedKVCache) -> dict[str, int]:

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from trtkv.backends import vllm, vllm_command
-from trtkv.core.errors import TrtkvError
+from trtkv.core.errors import StageError, TrtkvError
 from trtkv.kvcache import engines
 from trtkv.recipe import load_recipe
 from trtkv.recipe.engine_formats import capability_holds
@@ -42,9 +42,14 @@ def test_vllm_on_h100_accepts_each_engine_format_and_serves_the_tables_value(kv:
 
 def test_every_engine_format_is_a_recipe_value() -> None:
     assert sorted(k.value for k in ENGINE_KV_FORMATS) == sorted(VLLM_GPU_FORMATS)
-    from trtkv.runtime.checkpoint import KV_FORMATS  # the inverse of layout.KV_ALGO still reads null as none
+    from pathlib import Path
 
-    assert KV_FORMATS[None] == "none"
+    from trtkv.runtime.checkpoint import kv_format_for_algo  # the registry's inverse: null is none, FP8 fp8
+
+    assert [kv_format_for_algo(a, Path("config.json")) for a in (None, "FP8", "INT8", "NVFP4")] == \
+        ["none", "fp8", "int8", "nvfp4"]
+    with pytest.raises(StageError, match=r"config.json: kv_cache_quant_algo 'FP4'; .* \['FP8', 'INT8', 'NVFP4'\] or none"):
+        kv_format_for_algo("FP4", Path("config.json"))
 
 
 @pytest.mark.parametrize(("backend", "kv", "alternative"), [

@@ -23,7 +23,7 @@ from trtkv.core.errors import RecipeError
 from trtkv.recipe import load_recipe
 for name, target in json.loads(sys.argv[1]):
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     try:
         load_recipe(target)
         outcome, message = "loaded", ""
@@ -31,10 +31,10 @@ for name, target in json.loads(sys.argv[1]):
         outcome, message = "RecipeError", str(exc)
     except BaseException as exc:  # what the test must never see; MemoryError under the limit above
         outcome, message = type(exc).__name__, str(exc)[:300]
-    seconds = time.perf_counter() - t0
+    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
     print(json.dumps({"name": name, "outcome": outcome, "message": message, "seconds": seconds,
-                      "grown_mb": grown_mb}), flush=True)
+                      "cpu_seconds": cpu_seconds, "grown_mb": grown_mb}), flush=True)
 """
 
 
@@ -77,7 +77,9 @@ def test_alias_bomb_is_refused_fast_and_small(outcomes: dict[str, dict[str, Any]
     assert row["outcome"] == "RecipeError", row
     assert f"{name}.yaml:" in row["message"] and "not plain recipe data" in row["message"], row
     assert "aliases" in row["message"], row
-    assert row["seconds"] < 0.5 and row["grown_mb"] < 100, row
+    # the work is CPU time (a machine shared with other jobs stretches the wall clock, not this); a read that
+    # blocks burns no CPU, so the wall clock keeps a bound of its own, far under the 20 s a hang costs
+    assert row["cpu_seconds"] < 0.5 and row["seconds"] < 5 and row["grown_mb"] < 100, row
 
 
 @pytest.mark.parametrize("name,words", [("dev_zero", "/dev/zero: a character device, not a regular file"),
@@ -87,4 +89,6 @@ def test_special_files_are_refused_without_reading(outcomes: dict[str, dict[str,
     row = outcomes.get(name)
     assert row is not None, f"{name}: no answer within 20 s (a read without end, or a blocked open)"
     assert row["outcome"] == "RecipeError" and words in row["message"], row
-    assert row["seconds"] < 0.5 and row["grown_mb"] < 100, row
+    # the work is CPU time (a machine shared with other jobs stretches the wall clock, not this); a read that
+    # blocks burns no CPU, so the wall clock keeps a bound of its own, far under the 20 s a hang costs
+    assert row["cpu_seconds"] < 0.5 and row["seconds"] < 5 and row["grown_mb"] < 100, row

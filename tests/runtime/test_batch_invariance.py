@@ -81,7 +81,7 @@ def test_batch_invariance_is_the_default_and_the_environment_wins(monkeypatch: p
 
 
 def _reference_attention(q: Any, keys: Any, values: Any, positions: Any, window: int | None) -> Any:
-    """Plain softmax attention per row (float64), to check _attend_tiles computes attention at all."""
+    """Plain softmax attention per row (float64), to check attend_tiles computes attention at all."""
     import torch
 
     heads, kv_heads = q.shape[1], keys.shape[0]
@@ -116,7 +116,7 @@ def _in_chunks(q: Any, size: int, attend: Any) -> Any:
 @pytest.mark.parametrize(("window", "query_block"), [(None, 512), (40, 512), (None, 32), (40, 32)])
 def test_prefill_attention_rows_do_not_depend_on_the_chunk(window: int | None, query_block: int,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """_attend_tiles on one 150-token sequence, whole and in chunks of 37 and 5 (tile and panel boundaries fall
+    """attend_tiles on one 150-token sequence, whole and in chunks of 37 and 5 (tile and panel boundaries fall
     mid-chunk; a sliding layer sees only its window; 32-row query blocks read fewer tiles than the whole): every row
     bit-equal, and equal to softmax attention."""
     import torch
@@ -132,7 +132,7 @@ def test_prefill_attention_rows_do_not_depend_on_the_chunk(window: int | None, q
 
     def tiles(qs: Any, base: int, top: int, start: int, end: int) -> Any:
         first = 0 if window is None else max(0, start - window + 1)  # what a sliding cache still holds
-        return key_tiles._attend_tiles(0.125, qs, torch.arange(base, top), keys[:, first:end], values[:, first:end],
+        return key_tiles.attend_tiles(0.125, qs, torch.arange(base, top), keys[:, first:end], values[:, first:end],
                                        first, window)
 
     def chunked(size: int) -> Any:

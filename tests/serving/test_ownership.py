@@ -127,10 +127,16 @@ def test_a_container_docker_kept_keeps_its_record_and_foreign_files_are_untouche
     os.mkfifo(folder / "container.cid")  # a FIFO where the id should be: never read (it would block)
     for cidfile in (str(victim), str(folder / "container.cid")):
         _record(os.getpid() + 10**6 % 7, container="trtkv-smollm2_fp8kv", cidfile=cidfile).save(folder)
-        with pytest.raises(StageError, match=r"container trtkv-smollm2_fp8kv: .*daemon busy.*Kept .*server\.json"):
-            serve.stop(recipe, timeout_s=1, log=lambda _m: None)
-        assert launch.server_json(recipe).exists() and victim.read_text() == "abc123\n"
-    assert "stop -t 1 trtkv-smollm2_fp8kv" in calls.read_text()  # by name: the foreign cidfile was not read
+        serve.stop(recipe, timeout_s=1, log=lambda _m: None)
+        assert victim.read_text() == "abc123\n"
+    # no id read: the container is found by name only, and nothing proves it this checkout's (issue 48): untouched
+    assert [c for c in calls.read_text().splitlines() if c.split()[0] in ("stop", "rm")] == []
+    (folder / "container.cid").unlink(missing_ok=True)
+    (folder / "container.cid").write_text("a" * 64 + "\n")
+    _record(os.getpid() + 10**6 % 7, container="trtkv-smollm2_fp8kv", cidfile=str(folder / "container.cid")).save(folder)
+    with pytest.raises(StageError, match=r"container a{64}: .*daemon busy.*Kept .*server\.json"):
+        serve.stop(recipe, timeout_s=1, log=lambda _m: None)
+    assert launch.server_json(recipe).exists() and f"stop -t 1 {'a' * 64}" in calls.read_text()  # by its id
     _record(os.getpid(), container="--all", cidfile=None).save(folder)
     with pytest.raises(StageError, match="not a docker name or id"):
         serve.stop(recipe, timeout_s=1, log=lambda _m: None)
@@ -139,10 +145,12 @@ def test_a_container_docker_kept_keeps_its_record_and_foreign_files_are_untouche
 
 API_SERVER = r"""
 import os, signal, subprocess, sys, time
-slow = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: (time.sleep(2), sys.exit(0))); time.sleep(600)"
-deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
-kids = [subprocess.Popen([sys.executable, "-c", c]) for c in (slow, deaf)]
-time.sleep(0.5)  # both have set their handlers
+ready = "; print('ready', flush=True); time.sleep(600)"
+slow = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: (time.sleep(2), sys.exit(0)))" + ready
+deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN)" + ready
+kids = [subprocess.Popen([sys.executable, "-c", c], stdout=subprocess.PIPE) for c in (slow, deaf)]
+for k in kids:
+    k.stdout.readline()  # it has set its handler (a fixed sleep was too short for two interpreters on a busy CPU)
 print(" ".join(str(k.pid) for k in kids), flush=True)
 time.sleep(600)
 """
@@ -203,8 +211,11 @@ def test_stop_of_a_container_waits_for_every_process_of_it(tmp_path: Path, engin
     recipe = load_recipe(RECIPE)
     client = subprocess.Popen(["sleep", "120"], start_new_session=True)  # the `docker run` client
     try:
+        serve_dir(recipe).mkdir(parents=True)
+        (serve_dir(recipe) / "container.cid").write_text("b" * 64)  # the id `docker run --cidfile` wrote
         _record(client.pid, session_id=client.pid, session_start=sessions.start_time(client.pid),
-                container="trtkv-smollm2_fp8kv").save(serve_dir(recipe))
+                container="trtkv-smollm2_fp8kv", cidfile=str(serve_dir(recipe) / "container.cid")
+                ).save(serve_dir(recipe))
         start = time.monotonic()
         assert serve.stop(recipe, timeout_s=3, log=lambda _m: None)
         took = time.monotonic() - start

@@ -15,6 +15,7 @@ import pytest
 from trtkv.core import sessions
 from trtkv.core.errors import StageError, ToolError
 from trtkv.recipe import load_recipe
+from trtkv.recipe.layout import serve_dir
 from trtkv.serving import bundled, launch, serve
 
 
@@ -134,7 +135,7 @@ def test_a_server_that_dies_reports_the_log(engines_tmp: Path) -> None:
     recipe = _recipe()
     code = "print('E1129 00:00:00.000 1 model.cc:1] \"failed to load tensorrt_llm\"'); raise SystemExit(3)"
     with pytest.raises(ToolError) as info:
-        launch._launch(recipe, [sys.executable, "-c", code], Path("repo"), dict(os.environ), 20, lambda _m: None)
+        launch.start_server(recipe, [sys.executable, "-c", code], Path("repo"), dict(os.environ), 20, lambda _m: None)
     assert "exited with code 3" in str(info.value) and "failed to load tensorrt_llm" in str(info.value)
     assert not launch.server_json(recipe).exists()
 
@@ -187,14 +188,18 @@ def test_stop_stops_and_removes_the_container(tmp_path: Path, engines_tmp: Path,
     proc = subprocess.Popen(["sleep", "60"], start_new_session=True)  # stands for the `docker run` client
     try:
         t = recipe.triton
+        cid = "e" * 64
+        serve_dir(recipe).mkdir(parents=True)
+        (serve_dir(recipe) / "container.cid").write_text(cid)  # what `docker run --cidfile` wrote
         launch.write_server(recipe, serve.ServerRecord(
             pid=proc.pid, host=t.host, http_port=t.http_port, grpc_port=t.grpc_port, metrics_port=t.metrics_port,
             command=["sleep", "60"], log="/dev/null", model_repository="x", started_at="now",
-            container="trtkv-smollm2_fp8kv", session_id=proc.pid, session_start=sessions.start_time(proc.pid)))
+            container="trtkv-smollm2_fp8kv", cidfile=str(serve_dir(recipe) / "container.cid"), session_id=proc.pid,
+            session_start=sessions.start_time(proc.pid)))
         said: list[str] = []
         assert serve.stop(recipe, timeout_s=5, log=said.append)
-        assert calls.read_text().splitlines() == ["top trtkv-smollm2_fp8kv -eo pid",  # its pids: GPU memory waited on
-                                                  "stop -t 5 trtkv-smollm2_fp8kv", "rm -f trtkv-smollm2_fp8kv"]
+        assert calls.read_text().splitlines() == [f"top {cid} -eo pid",  # its pids: GPU memory waited on
+                                                  f"stop -t 5 {cid}", f"rm -f {cid}"]  # by its id, never its name
         assert proc.poll() is not None and not launch.server_json(recipe).exists()
         assert any("stopped and removed" in line for line in said)
     finally:
@@ -202,8 +207,10 @@ def test_stop_stops_and_removes_the_container(tmp_path: Path, engines_tmp: Path,
 
 
 def test_stop_container_without_docker_says_what_to_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trtkv.serving.container import stop_container
+
     monkeypatch.setattr(serve.shutil, "which", lambda _name: None)
-    done, note = serve.stop_container("trtkv-x")
+    done, note = stop_container("trtkv-x")
     assert not done and "docker stop trtkv-x && docker rm -f trtkv-x" in note
 
 

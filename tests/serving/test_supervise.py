@@ -13,7 +13,7 @@ import pytest
 
 from trtkv.core import sessions
 from trtkv.recipe import load_recipe
-from trtkv.serving import launch, readiness, serve, supervise, supervisor_state
+from trtkv.serving import launch, readiness, serve, supervise, supervisor_state, teardown
 from trtkv.serving.teardown import Stopped
 
 
@@ -30,7 +30,7 @@ def sup(engines_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[supervise.S
     recipe = load_recipe("smollm2_fp8kv")
     calls: list[str] = []
     ended = sessions.Cleanup(ended=[11, 12, 13])
-    monkeypatch.setattr(serve, "stop_server", lambda r, **kw: calls.append("stop") or Stopped(True, ended))
+    monkeypatch.setattr(teardown, "stop_server", lambda r, **kw: calls.append("stop") or Stopped(True, ended))
     monkeypatch.setattr(serve, "start", lambda r, **kw: calls.append("start") or None)
     s = supervise.Supervisor(recipe, interval_s=0.0, failures=2, max_restarts=2, backoff_s=0.01, log=lambda _m: None)
     (engines_tmp / recipe.name / "serve").mkdir(parents=True)
@@ -73,7 +73,7 @@ def test_a_session_that_cannot_be_emptied_gives_up_instead_of_looping(
         sup: tuple[supervise.Supervisor, list[str]], monkeypatch: pytest.MonkeyPatch) -> None:
     s, calls = sup
     stuck = sessions.Cleanup(ended=[11], left=["pid 12 (state D)"])
-    monkeypatch.setattr(serve, "stop_server", lambda r, **kw: calls.append("stop") or Stopped(False, stuck))
+    monkeypatch.setattr(teardown, "stop_server", lambda r, **kw: calls.append("stop") or Stopped(False, stuck))
     monkeypatch.setattr(s, "probe", Script([("down", "the server process exited")] * 3))
     assert s.run(rounds=3) == 1
     assert calls == ["stop"]  # no start beside a process it could not end, and no second try
@@ -204,7 +204,7 @@ def test_a_killed_supervisor_leaves_the_server_unsupervised_then_attach_and_stop
     overrides = [f"triton.http_port={ports[0]}", f"triton.grpc_port={ports[1]}", f"triton.metrics_port={ports[2]}"]
     name = "smollm2_fp8kv_vllm"
     recipe = load_recipe(name, overrides)
-    info = launch._launch(recipe, [sys.executable, "-c", OPENAI_STUB, str(ports[0])], Path("hf"), dict(os.environ), 60,
+    info = launch.start_server(recipe, [sys.executable, "-c", OPENAI_STUB, str(ports[0])], Path("hf"), dict(os.environ), 60,
                          lambda _m: None, name=readiness.VLLM, served_model=name)
     try:
         first = supervise.spawn(recipe, [name, *overrides], log=lambda _m: None)

@@ -11,6 +11,7 @@ from trtkv.backends import llmapi, llmapi_serve, reference, sglang, tensorrt, vl
 from trtkv.backends.seam import (
     DynamoWorker,
     EngineBackend,
+    MemoryRule,
     OpenAIServer,
     RepoLayout,
     TokenizerSource,

@@ -10,12 +10,18 @@ from pathlib import Path
 from typing import Any
 
 from trtkv.backends.seam import OpenAIServer, TokenizerSource
-from trtkv.checkpoints.serving_memory import ServedPool, kv_bytes_per_token_per_gpu, trtllm_log_pool
+from trtkv.checkpoints.serving_memory import (
+    TRTLLM_LOG,
+    ServedPool,
+    kv_bytes_per_token_per_gpu,
+    trtllm_log_pool,
+)
 from trtkv.contracts.canary import canary_script, docker_health_args
 from trtkv.contracts.interface import ENSEMBLE, ModelInterface
 from trtkv.contracts.stage import manifest_hash
 from trtkv.core import paths
 from trtkv.core.errors import StageError
+from trtkv.core.readback import log_tail
 from trtkv.core.tools import quote
 from trtkv.platform.hardware import GPU
 from trtkv.platform.versions import Row
@@ -258,15 +264,12 @@ def http_get_text(url: str, timeout_s: float = 5.0) -> str | None:
     return answer.text if answer.status == 200 else None
 
 
-def log_text(log: Path | None) -> str:
+def log_text(log: Path | None, source: str = "the server log") -> str:
     """The server log's last MAX_READ_BYTES (the startup lines of a long-running server are kept by
-    trtkv's log, which serve starts afresh); empty when there is none."""
-    if log is None or not log.is_file():
-        return ""
-    with log.open("rb") as f:
-        size = f.seek(0, 2)
-        f.seek(max(0, size - MAX_READ_BYTES))
-        return f.read().decode(errors="replace")
+    trtkv's log, which serve starts afresh); empty when there is none. Read by
+    trtkv.core.readback.log_tail: never through a symbolic link, a FIFO or a device (ReadBackError
+    naming `source`)."""
+    return "" if log is None else log_tail(log, source, MAX_READ_BYTES)
 
 
 def tokens_pool(recipe: Recipe, tokens: int | None, source: str) -> ServedPool | None:
@@ -280,7 +283,7 @@ def tokens_pool(recipe: Recipe, tokens: int | None, source: str) -> ServedPool |
 def trtllm_served(recipe: Recipe, http: str, log: Path | None) -> ServedPool | None:
     """TensorRT-LLM (LLM API and engine path): its log line 'Allocated X GiB for max tokens in paged
     KV cache (N)'."""
-    found = trtllm_log_pool(log_text(log))
+    found = trtllm_log_pool(log_text(log, TRTLLM_LOG))
     if found is None:
         return None
     return ServedPool(

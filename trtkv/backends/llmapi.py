@@ -26,7 +26,7 @@ import yaml
 
 from trtkv.backends.base import BUILD_SECTIONS, TritonServing, command_block, trtllm_served
 from trtkv.backends.llmapi_args import (
-    _hf,
+    hf_checkpoint_dir,
     kv_dtype,
     llm_args,
     llmapi_memory_knobs,
@@ -138,7 +138,8 @@ class LlmApiBuilder:
         }
         # load the HF export the way the served model will, and decode one token
         if SERVING.serves_locally(recipe):
-            from trtkv.runtime.llm import LLM, SamplingParams
+            from trtkv.runtime.llm import LLM
+            from trtkv.runtime.llm_request import SamplingParams
 
             llm = LLM(**llm_args(recipe, hf))
             try:
@@ -200,7 +201,7 @@ class LlmApiLayout:
         }
 
     def input(self, recipe: Recipe) -> tuple[Path, str]:
-        return _hf(recipe), "calibrate"
+        return hf_checkpoint_dir(recipe), "calibrate"
 
     def files(self, recipe: Recipe) -> dict[str, str]:
         """Extra files of the repository (path -> text): the model's LLM() arguments."""

@@ -42,7 +42,7 @@ def model_layers(recipe: Recipe) -> list[Any] | None:
 
     if recipe.model.attention_layers:
         return list(parse_layers(recipe.model.attention_layers))
-    config = _hf(recipe) / "config.json"
+    config = hf_checkpoint_dir(recipe) / "config.json"
     try:
         raw = json.loads(config.read_text())
     except (OSError, ValueError):
@@ -127,7 +127,7 @@ def model_yaml(recipe: Recipe, hf_dir: Path) -> dict[str, Any]:
     }
 
 
-def _hf(recipe: Recipe) -> Path:
+def hf_checkpoint_dir(recipe: Recipe) -> Path:
     return checkpoint_dir(recipe) / HF
 
 

@@ -37,7 +37,8 @@ class LlmApiRunner(RefusingRunner):
     def local_generate(
         self, recipe: Recipe, prompt: str, max_tokens: int, checkpoint: Path | None
     ) -> str:
-        from trtkv.runtime.llm import LLM, SamplingParams
+        from trtkv.runtime.llm import LLM
+        from trtkv.runtime.llm_request import SamplingParams
 
         hf = Path(checkpoint) if checkpoint is not None else checkpoint_dir(recipe) / HF
         if not (hf / "config.json").is_file():

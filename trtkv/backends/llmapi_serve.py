@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trtkv.backends.llmapi_args import _hf, llm_args, llmapi_memory_knobs
+from trtkv.backends.llmapi_args import hf_checkpoint_dir, llm_args, llmapi_memory_knobs
 from trtkv.recipe import Recipe
 from trtkv.recipe.layout import Artifacts, engine_dir, host_artifacts, served_artifacts
 
@@ -114,7 +114,7 @@ class TrtllmServe:
 
     def reads(self, recipe: Recipe) -> list[Path]:
         # the HF export and the build's llm_api_options.yaml
-        return [_hf(recipe), engine_dir(recipe)]
+        return [hf_checkpoint_dir(recipe), engine_dir(recipe)]
 
     def served_model(self, recipe: Recipe, at: Artifacts | None = None) -> str:
         """trtllm-serve names the model by the path it loads (where that path is: `at`, default

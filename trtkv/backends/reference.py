@@ -28,7 +28,12 @@ from trtkv.backends.base import (
 )
 from trtkv.backends.seam import EngineBackend, MemoryRule, TokenizerSource
 from trtkv.checkpoints import models as model
-from trtkv.checkpoints.serving_memory import ServedPool, no_knobs, reference_log_pool
+from trtkv.checkpoints.serving_memory import (
+    REFERENCE_LOG,
+    ServedPool,
+    no_knobs,
+    reference_log_pool,
+)
 from trtkv.recipe import Backend, Recipe, layout
 from trtkv.recipe.layout import kv_cache_quant_algo
 
@@ -269,7 +274,7 @@ def served_pool(recipe: Recipe, http: str, log: Path | None) -> ServedPool | Non
     """The pool the reference runtime's Triton model reports when it loads (REFERENCE_POOL_LINE in
     the server log): max_batch_size requests of max_seq_len tokens at its KV format's bytes per
     token."""
-    found = reference_log_pool(log_text(log))
+    found = reference_log_pool(log_text(log, REFERENCE_LOG))
     if found is None:
         return None
     return ServedPool(

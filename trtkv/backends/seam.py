@@ -74,8 +74,8 @@ class RepoLayout(Protocol):
     """What `trtkv repo` writes: the model folders, extra files, template values and the README's
     prose."""
 
-    @property
     # "ensemble" (inflight_batcher_llm's models), "llmapi" (upstream's one-model layout)
+    @property
     def name(self) -> str: ...
 
     @property
@@ -84,8 +84,8 @@ class RepoLayout(Protocol):
     @property
     def tokenizer(self) -> TokenizerSource: ...
 
-    @property
     # True: each Python model.py gets trtkv's shared module beside it
+    @property
     def shared_module(self) -> bool: ...
 
     def models(self) -> dict[str, tuple[str, str | None]]:
@@ -124,20 +124,20 @@ class OpenAIServer(Protocol):
     @property
     def metrics_path(self) -> str | None: ...  # Prometheus text on the HTTP port (None: none)
 
-    @property
     # its own cheap health endpoint (GET, 200 when up): the pods' liveness probe
+    @property
     def health_path(self) -> str: ...
 
-    @property
     # the memory-backed /dev/shm it needs (docker --shm-size, the pods' /dev/shm)
+    @property
     def shm_gib(self) -> int: ...
 
-    @property
     # the variable it reads its API key from (None: it has no API key)
+    @property
     def key_env(self) -> str | None: ...
 
-    @property
     # across nodes a Ray cluster (one task per node); False: mpirun/srun, a task per rank
+    @property
     def ray(self) -> bool: ...
 
     @property
@@ -184,16 +184,16 @@ class OpenAIServer(Protocol):
 class Serving(Protocol):
     """How `trtkv serve` and `trtkv deploy` run a backend."""
 
-    @property
     # the image follows the TensorRT-LLM the build manifest records
+    @property
     def records_versions(self) -> bool: ...
 
-    @property
     # one tritonserver per rank (mpirun/srun span nodes); False: one for all
+    @property
     def rank_processes(self) -> bool: ...
 
-    @property
     # its own server (the only one when repo is None), or --trtllm-serve's
+    @property
     def openai(self) -> OpenAIServer | None: ...
 
     def serves_locally(self, recipe: Recipe) -> bool: ...

@@ -18,7 +18,6 @@ warning) is trtkv.backends.sglang_scales'.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ from trtkv.backends.sglang_scales import (
 )
 from trtkv.backends.vllm import VllmRunner
 from trtkv.checkpoints.serving_memory import (
+    SGLANG_INFO,
     SGLANG_VERSION,
     ServedPool,
     sglang_info_tokens,
@@ -46,8 +46,9 @@ from trtkv.checkpoints.serving_memory import (
 )
 from trtkv.core.apikey import API_KEY_ENV
 from trtkv.core.errors import StageError
+from trtkv.core.files import strict_json
+from trtkv.core.readback import ReadBackError
 from trtkv.core.tools import quote
-from trtkv.kvcache import engines
 from trtkv.recipe import Backend, KVCacheQuant, Recipe
 from trtkv.recipe.layout import (
     HF,
@@ -81,17 +82,15 @@ def kv_cache_dtype(recipe: Recipe) -> str:
     """--kv-cache-dtype: the SGLang value trtkv/data/kv_formats.json gives the recipe's format (fp8:
     fp8_e4m3 with the checkpoint's or JSON scales; fp8_cast: fp8_e4m3 without scales, so 1.0;
     nvfp4), auto (the model dtype) for none."""
-    kv = recipe.quantization.kv_cache
-    if kv is KVCacheQuant.NONE:
-        return "auto"
-    rows = engines.load_table().engine_rows(kv.value, "sglang")
-    if not rows:
+    value = recipe.kv_row.engine_value("sglang")
+    if value is None:
         raise StageError(
-            f"recipe {recipe.name}: quantization.kv_cache {kv.value} has no sglang row in "
-            "docs/kv-formats.md (trtkv/data/kv_formats.json), so SGLang has no --kv-cache-dtype "
-            f"for it. Next: `trtkv validate {recipe.name}` names the formats SGLang serves."
+            f"recipe {recipe.name}: quantization.kv_cache {recipe.kv_row.choice.name} has no "
+            "sglang row in docs/kv-formats.md (trtkv/data/kv_formats.json), so SGLang has no "
+            f"--kv-cache-dtype for it. Next: `trtkv validate {recipe.name}` names the formats "
+            "SGLang serves."
         )
-    return rows[0].value
+    return value
 
 
 def served_model_name(recipe: Recipe) -> str:
@@ -345,10 +344,12 @@ def served_pool(recipe: Recipe, http: str, log: Path | None) -> ServedPool | Non
     """The pool the running SGLang reports: /get_server_info's max_total_num_tokens."""
     text = http_get_text(f"{http}/get_server_info")
     try:
-        info = json.loads(text) if text else None
-    except ValueError:
-        info = None
-    tokens = sglang_info_tokens(info) if isinstance(info, dict) else None
+        info = strict_json(text) if text else None
+    except ValueError as exc:  # no NaN or Infinity, bounded nesting and number length
+        raise ReadBackError(SGLANG_INFO, f"not readable JSON ({str(exc)[:120]})") from None
+    if info is not None and not isinstance(info, dict):
+        raise ReadBackError(SGLANG_INFO, f"a {type(info).__name__}, not an object")
+    tokens = sglang_info_tokens(info) if info else None
     return tokens_pool(recipe, tokens, "SGLang /get_server_info: max_total_num_tokens")
 
 

@@ -48,6 +48,7 @@ from trtkv.backends.vllm_command import (
 )
 from trtkv.backends.vllm_cpu import cpu_fp8_kv_problem
 from trtkv.checkpoints.serving_memory import (
+    VLLM_LOG,
     ServedPool,
     vllm_block,
     vllm_knobs,
@@ -341,7 +342,7 @@ def served_pool(recipe: Recipe, http: str, log: Path | None) -> ServedPool | Non
             f"{blocks[0]:,} x block_size {blocks[1]}",
         )
     return tokens_pool(
-        recipe, vllm_log_tokens(log_text(log)), "vLLM log: 'KV cache size: N tokens'"
+        recipe, vllm_log_tokens(log_text(log, VLLM_LOG)), "vLLM log: 'KV cache size: N tokens'"
     )
 
 

@@ -11,8 +11,7 @@ from pathlib import Path
 from trtkv.backends.base import openai_docker_run
 from trtkv.checkpoints.serving_memory import cpu_pin_bytes, vllm_knobs
 from trtkv.core import paths
-from trtkv.kvcache import engines
-from trtkv.recipe import KVCacheQuant, Recipe
+from trtkv.recipe import Recipe
 from trtkv.recipe.layout import container_artifacts
 from trtkv.recipe.prefix_cache import prefix_cache
 
@@ -28,9 +27,7 @@ def kv_cache_dtype(recipe: Recipe) -> str:
     """--kv-cache-dtype: the vLLM value trtkv/data/kv_formats.json gives the recipe's format (fp8:
     E4M3 with the exported k_scale/v_scale; fp8_cast: fp8 without scales, so 1.0;
     int8_per_token_head, ...), auto for none."""
-    kv = recipe.quantization.kv_cache
-    rows = [] if kv is KVCacheQuant.NONE else engines.load_table().engine_rows(kv.value, "vllm")
-    return rows[0].value if rows else "auto"
+    return recipe.kv_row.engine_value("vllm") or "auto"
 
 
 def served_model_name(recipe: Recipe) -> str:

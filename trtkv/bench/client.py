@@ -19,6 +19,7 @@ from trtkv.bench.http1 import Connection, Events, ProtocolError
 from trtkv.bench.http1_fetch import CHECK_BYTES, event_json, http_request, strict
 from trtkv.bench.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord, now_ns
 from trtkv.bench.stream import shared_loop, stream
+from trtkv.bench.triton_answers import grpc_channel_args, model_config, too_big
 from trtkv.contracts.interface import ENSEMBLE, LLMAPI, ModelInterface, detect
 from trtkv.core.apikey import auth_headers
 from trtkv.core.errors import TrtkvError
@@ -77,14 +78,12 @@ def check_triton(ep: Endpoint, timeout_s: float = 10.0) -> Endpoint:
         raise
     except Exception as exc:  # noqa: BLE001 - connection errors come in many types; all mean "not reachable"
         raise TrtkvError(
-            f"no Triton server answers at {ep.display} ({type(exc).__name__}: {_first_line(exc)}). "
+            f"no Triton server answers at {ep.display} ({type(exc).__name__}: {first_line(exc)}). "
             f"Next: start it with `trtkv serve RECIPE` (or `make serve`), or pass --url HOST:PORT "
             f"(URL from {ep.source or 'default'})."
         ) from None
-    ep.max_batch_size = int(config.get("max_batch_size", 0))
-    ep.inputs = {
-        i["name"]: str(i.get("data_type", "")).replace("TYPE_", "") for i in config.get("input", [])
-    }
+    # read in type: a wrong one is one error line naming the server and the field
+    ep.max_batch_size, ep.inputs = model_config(config, f"{ep.display}, model {ep.model!r}")
     interface = detect(ep.inputs)
     if interface is None:
         raise TrtkvError(
@@ -114,9 +113,7 @@ def _grpc_config(ep: Endpoint, timeout_s: float) -> dict[str, Any]:
     def left() -> float:
         return max(0.001, deadline - time.monotonic())
 
-    client = grpcclient.InferenceServerClient(
-        ep.url, channel_args=[("grpc.max_receive_message_length", CHECK_BYTES)]
-    )
+    client = grpcclient.InferenceServerClient(ep.url, channel_args=grpc_channel_args(CHECK_BYTES))
     try:
         key = auth_headers() or None  # the deploy files key Triton's model-repository API
         if not client.is_server_live(headers=key, client_timeout=left()):
@@ -170,7 +167,7 @@ def _http_config(ep: Endpoint, timeout_s: float) -> dict[str, Any]:
     return config
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0][:200] if text else type(exc).__name__
 
@@ -210,7 +207,8 @@ class GrpcSession(Session):
         import tritonclient.grpc as grpcclient
 
         self._np, self._grpc, self.ep = np, grpcclient, ep
-        self._client = grpcclient.InferenceServerClient(ep.url)
+        # every answer bounded as HTTP's (tritonclient's default takes up to 2 GiB)
+        self._client = grpcclient.InferenceServerClient(ep.url, channel_args=grpc_channel_args())
         self._pending: RequestRecord | None = None
         self._done = threading.Event()
         # gRPC metadata: the API key when $TRTKV_API_KEY is set
@@ -224,7 +222,7 @@ class GrpcSession(Session):
         if rec is None:
             return
         if error is not None:
-            rec.status, rec.error, rec.end_ns = ERROR, _first_line(error), t
+            rec.status, rec.error, rec.end_ns = ERROR, too_big(first_line(error)), t
             self._done.set()
             return
         resp = result.get_response()
@@ -279,7 +277,7 @@ class GrpcSession(Session):
                 enable_empty_final_response=True,
             )
         except Exception as exc:  # noqa: BLE001 - a broken stream: the request failed, a new stream is opened
-            record.status, record.error, record.end_ns = ERROR, _first_line(exc), now_ns()
+            record.status, record.error, record.end_ns = ERROR, first_line(exc), now_ns()
             self._restart()
             return
         try:

@@ -45,8 +45,8 @@ from trtkv.bench.workers import Fleet, WorkerRun, split
 # process.
 CORE_SHARE = 0.3
 # a process at this share of a core or more has probably limited the level (said in results)
-# the client's lag p99 over this share of the ITL p50 is said in results: its timestamps carry it
 SATURATED = 0.9
+# the client's lag p99 over this share of the ITL p50 is said in results: its timestamps carry it
 LAG_SHARE = 0.1
 
 # (level label, phase, first index, count) -> jobs

@@ -116,8 +116,12 @@ class SessionPool:
 
 Sessions = SessionPool | Callable[[], Session]
 TICK_S = 0.2
-# an open loop's sessions: a job that finds them all busy waits (its send time slips)
+# an open loop's sessions and worker threads: a job that finds them all busy waits (its send time
+# slips)
 MAX_INFLIGHT = 64
+# a job handed to a worker later than this after its send time is `delayed` (well above the
+# dispatcher's own timer slack, far below any first-token time measured)
+DELAY_TOLERANCE_S = 0.01
 # called about every TICK_S while a run waits; True stops it as Ctrl-C does
 Tick = Callable[[], bool]
 
@@ -193,12 +197,17 @@ def run_rate(
     send_at_s: Sequence[float] | None = None,
 ) -> list[RequestRecord]:
     """Open loop: job i is sent at start + i/rate (or start + send_at_s[i]; start: a perf_counter()
-    time, default now); up to `max_inflight` sessions (the pool's limit when a pool is given).
+    time, default now) by a fixed pool of worker threads, one per session: up to `max_inflight`
+    (the pool's limit when a pool is given), never one thread per request.
 
-    When every session is busy a job waits for one, so its send time slips; the lag is visible in
-    the records."""
+    When every worker is busy a job waits for one, so its send time slips; a job handed to a worker
+    more than DELAY_TOLERANCE_S after its time is marked `delayed` (perf_analyzer's "Delayed Request
+    Count", the requests that missed their schedule; GenAI-Perf and AIPerf cap the requests in
+    flight likewise)."""
     pool, owned = _pool(sessions, max_inflight)
     stop = threading.Event()
+    todo: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+    free = threading.Semaphore(pool.limit)
 
     def fire(job: Job) -> None:
         session = pool.borrow()
@@ -211,24 +220,54 @@ def run_rate(
         finally:
             pool.give_back(session)
 
-    threads: list[threading.Thread] = []
+    def worker() -> None:
+        while (job := todo.get()) is not None:
+            try:
+                if not stop.is_set():
+                    fire(job)
+            finally:
+                free.release()
+
+    threads = [
+        threading.Thread(target=worker, daemon=True, name=f"bench-rate-{i}")
+        for i in range(min(pool.limit, len(jobs)))
+    ]
+    for t in threads:
+        t.start()
     t0 = time.perf_counter() if start is None else start
     offsets = send_at_s if send_at_s is not None else [i / rate_per_s for i in range(len(jobs))]
     next_tick = time.perf_counter() + TICK_S
     try:
         for job, offset in zip(jobs, offsets, strict=True):
             next_tick = _sleep_until(t0 + offset, tick, next_tick)
-            t = threading.Thread(target=fire, args=(job,), daemon=True)
-            t.start()
-            threads.append(t)
+            next_tick = _acquire(free, tick, next_tick)
+            job.record.delayed = time.perf_counter() - (t0 + offset) > DELAY_TOLERANCE_S
+            todo.put(job)
+        for _ in threads:
+            todo.put(None)
         _start_and_join([], stop, jobs, threads, tick=tick)
     except KeyboardInterrupt:
+        stop.set()
         cancel_unsent(jobs)
         raise Interrupted(copy.deepcopy([j.record for j in jobs])) from None
     finally:
+        stop.set()  # workers still waiting for a job end (their None is queued, or this one)
+        for _ in threads:
+            todo.put(None)
         if owned:
             pool.close()
     return [j.record for j in jobs]
+
+
+def _acquire(free: threading.Semaphore, tick: Tick | None, next_tick: float) -> float:
+    """Wait for a free worker, calling `tick` every TICK_S (KeyboardInterrupt when it says stop)."""
+    while not free.acquire(timeout=TICK_S):
+        now = time.perf_counter()
+        if tick is not None and now >= next_tick:
+            next_tick = now + TICK_S
+            if tick():
+                raise KeyboardInterrupt
+    return next_tick
 
 
 def _sleep_until(when: float, tick: Tick | None, next_tick: float) -> float:

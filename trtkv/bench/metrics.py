@@ -46,6 +46,8 @@ def summarize_level(records: Sequence[RequestRecord]) -> dict[str, Any]:
         "ok": len(ok),
         "failed": len(records) - len(ok),
         **statuses,
+        # open loop: sent later than scheduled, no worker free (trtkv.bench.loadgen.run_rate)
+        "delayed": sum(r.delayed for r in records),
     }
     out["benchmark_duration"] = {"unit": "sec", "avg": duration_s}
     cpu_ns = sum(r.client_cpu_ns for r in ok)

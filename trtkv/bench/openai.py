@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from trtkv.bench.client import Endpoint, HttpSession, SamplingParams, _first_line
+from trtkv.bench.client import Endpoint, HttpSession, SamplingParams, first_line
 from trtkv.bench.http1 import Events, ProtocolError
 from trtkv.bench.http1_fetch import CHECK_BYTES, event_json, strict
 from trtkv.bench.records import ERROR, OK, RequestRecord
@@ -52,7 +52,7 @@ def check_openai(ep: Endpoint, timeout_s: float = 10.0) -> Endpoint:
     except OSError as exc:
         raise TrtkvError(
             f"no OpenAI-compatible server answers at http://{ep.url} ({type(exc).__name__}: "
-            f"{_first_line(exc)}). Next: start it (`trtkv serve RECIPE`), or pass --url HOST:PORT "
+            f"{first_line(exc)}). Next: start it (`trtkv serve RECIPE`), or pass --url HOST:PORT "
             f"(URL from {ep.source or 'default'})."
         ) from None
     if status != 200 or not isinstance(body, dict):

@@ -25,7 +25,7 @@ from trtkv.recipe import Recipe
 # Progress
 
 
-class _Progress(Progress):
+class BenchProgress(Progress):
     """The bench's phases as progress bars (trtkv.core.progress); `phase` returns a per-request
     callback."""
 
@@ -65,7 +65,7 @@ def run_latency(
     recipe: Recipe,
     ep: Endpoint,
     tokenizer: Any,
-    progress: _Progress,
+    progress: BenchProgress,
     records: list[RequestRecord],
     by_level: dict[str, list[RequestRecord]],
     clients: dict[str, ClientRun],
@@ -95,7 +95,7 @@ def run_sweep(
     recipe: Recipe,
     ep: Endpoint,
     tokenizer: Any,
-    progress: _Progress,
+    progress: BenchProgress,
     records: list[RequestRecord],
     lengths: Sequence[int],
     by_length: dict[int, dict[str, list[RequestRecord]]],
@@ -182,7 +182,7 @@ def run_accuracy(
     recipe: Recipe,
     ep: Endpoint,
     tasks: list[acc_tasks.Task],
-    progress: _Progress,
+    progress: BenchProgress,
     records: list[RequestRecord],
 ) -> dict[str, list[RequestRecord]]:
     factory = session_factory(ep)

@@ -40,6 +40,8 @@ class RequestRecord:
     client_lag_us: list[int] = field(default_factory=list)
     # the client process that carried it (0: the only one, or the first worker)
     client_worker: int = 0
+    # open loop: no worker was free at its send time (perf_analyzer's delayed requests)
+    delayed: bool = False
 
     @property
     def ok(self) -> bool:
@@ -111,4 +113,5 @@ class RequestRecord:
         )
         rec.client_lag_us = [int(v) for v in data.get("client_lag_us") or []]
         rec.client_worker = int(data.get("client_worker") or 0)
+        rec.delayed = data.get("delayed") is True
         return rec

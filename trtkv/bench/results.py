@@ -278,10 +278,19 @@ def console_summary(results: dict[str, Any], out_dir: Path | None) -> None:
         )
     for warning in results.get("warnings", []):
         con.print(f"[yellow]warning: {warning}[/yellow]")
+    for level, s in results.get("levels", {}).items():
+        counts = s.get("request_count") or {}
+        if counts.get("delayed"):
+            con.print(
+                f"[yellow]{level}: {counts['delayed']} of {counts['total']} requests were sent "
+                "late (every worker busy at their time: the server or the client could not keep "
+                "the rate)[/yellow]"
+            )
     if results.get("partial"):
         con.print(
             f"[yellow]interrupted during {results.get('interrupted_during')}: partial results "
-            "written[/yellow]"
+            "written beside the last complete run's (kept: only a complete run replaces "
+            "them)[/yellow]"
         )
     if out_dir is not None:
         con.print(f"results: {out_dir}/results.json, results.csv, results.md, *.png")

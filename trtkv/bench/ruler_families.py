@@ -68,7 +68,7 @@ class RulerError(TrtkvError):
     """A RULER item that cannot be made (a length too short for the task, a task name unknown)."""
 
 
-def _rng(*parts: object) -> random.Random:
+def seeded_rng(*parts: object) -> random.Random:
     """A generator seeded by a string (sha512 of it: the same stream in every process and Python
     version >= 3.2)."""
     return random.Random(":".join(str(p) for p in parts))
@@ -103,7 +103,7 @@ def _niah_word_parts() -> tuple[list[str], list[str]]:
 
 
 @lru_cache(maxsize=1)
-def _cwe_words() -> list[str]:
+def cwe_words() -> list[str]:
     w = wordlists()
     return sorted(set(w["noun"] + w["adjective"] + w["verb"]))
 
@@ -121,7 +121,7 @@ def _needle_value(kind: str, rng: random.Random) -> str:
     return str(uuid.UUID(int=rng.getrandbits(128), version=4))
 
 
-def _niah(args: dict[str, Any], n: int, rng: random.Random) -> Made:
+def niah(args: dict[str, Any], n: int, rng: random.Random) -> Made:
     k_type, v_type = args["k"], args["v"]
     keys: list[str] = []
     values: list[list[str]] = []
@@ -195,7 +195,7 @@ def _vt_value(rng: random.Random) -> str:
     return str(rng.randrange(10000, 99999))
 
 
-class _VariableTracking:
+class VariableTracking:
     """vt: one 4-hop chain among noise lines, after a one-shot example of the task fitted to 500
     tokens."""
 
@@ -205,14 +205,14 @@ class _VariableTracking:
         # the example: 3-letter names, value 12345 while it is fitted, then new names and a new
         # value per item (variable_tracking.py randomize_icl) at the same noise lines and positions
         def layout(n: int) -> tuple[list[int], list[str]]:
-            rng = _rng(seed, "vt-icl", n)
+            rng = seeded_rng(seed, "vt-icl", n)
             return sorted(rng.sample(range(n), self.hops + 1)), _names(rng, self.hops + 1, 3)
 
         def fits(n: int) -> bool:
             positions, names = layout(n)
             return len(encode("".join(_vt_text(n, positions, names, "12345")))) <= VT_ICL_TOKENS
 
-        self.icl_n = _largest_fit(fits, 5)
+        self.icl_n = largest_fit(fits, 5)
         self.icl_positions = layout(self.icl_n)[0]
 
     def __call__(self, n: int, rng: random.Random) -> Made:
@@ -236,10 +236,10 @@ class _VariableTracking:
 # common and frequent words
 
 
-def _cwe(args: dict[str, Any], length: int, n: int, rng: random.Random) -> Made:
+def cwe(args: dict[str, Any], length: int, n: int, rng: random.Random) -> Made:
     """common_words_extraction.py: a numbered list where 10 words repeat more often, after a
     one-shot example."""
-    words = _cwe_words()
+    words = cwe_words()
     # RULER then draws from json/english_words.json (a Git LFS file trtkv does not ship)
     if n > len(words):
         raise RulerError(f"cwe: {n} distinct words asked, wonderwords has {len(words)}")
@@ -281,7 +281,7 @@ def _zeta(alpha: float) -> float:
     )
 
 
-def _fwe(args: dict[str, Any], vocab_size: int, n: int, rng: random.Random) -> Made:
+def fwe(args: dict[str, Any], vocab_size: int, n: int, rng: random.Random) -> Made:
     """freq_words_extraction.py: coded words drawn with Zipf counts; the most frequent is '...'
     (noise)."""
     wordlen, alpha = args["coded_wordlen"], args["alpha"]
@@ -303,7 +303,7 @@ def _fwe(args: dict[str, Any], vocab_size: int, n: int, rng: random.Random) -> M
 # trtkv.bench.ruler_gen.generate)
 
 
-def _largest_fit(fits: Callable[[int], bool], lowest: int, highest: int | None = None) -> int:
+def largest_fit(fits: Callable[[int], bool], lowest: int, highest: int | None = None) -> int:
     """The largest haystack size that fits, by bisection as RULER's binary search; the upper bound
     doubles until it no longer fits (RULER guesses 3x an estimate, which the one-shot examples'
     tokens can make too small)."""

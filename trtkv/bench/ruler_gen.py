@@ -24,13 +24,13 @@ from trtkv.bench.ruler_families import (
     Encode,
     Made,
     RulerError,
-    _cwe,
-    _cwe_words,
-    _fwe,
-    _largest_fit,
-    _niah,
-    _rng,
-    _VariableTracking,
+    VariableTracking,
+    cwe,
+    cwe_words,
+    fwe,
+    largest_fit,
+    niah,
+    seeded_rng,
 )
 
 RULER_COMMIT = "c3f5e3b4f87f97e048793bb510a3a6b19a46bf3a"
@@ -114,11 +114,11 @@ def generate(
 
     make: Callable[[int, random.Random], Made]
     if family == "niah":
-        make, step = (lambda n, rng: _niah(args, n, rng)), 5 if length < 4096 else 25
+        make, step = (lambda n, rng: niah(args, n, rng)), 5 if length < 4096 else 25
     elif family == "variable_tracking":
-        make, step = _VariableTracking(args, encode, seed), 5 if length < 4096 else 10
+        make, step = VariableTracking(args, encode, seed), 5 if length < 4096 else 10
     elif family == "common_words_extraction":
-        make, step = (lambda n, rng: _cwe(args, length, n, rng)), 10
+        make, step = (lambda n, rng: cwe(args, length, n, rng)), 10
     else:
         budget = length - max_tokens
         vocab_size, step = budget // 50, budget // 32
@@ -127,13 +127,13 @@ def generate(
                 f"fwe at {length} tokens: too short (RULER's vocabulary is (length - {max_tokens}) "
                 f"// 50 words, at least 4 needed: length >= {200 + max_tokens})."
             )
-        make = lambda n, rng: _fwe(args, vocab_size, n, rng)  # noqa: E731
+        make = lambda n, rng: fwe(args, vocab_size, n, rng)  # noqa: E731
 
     measured: dict[int, int] = {}
 
     def fit_tokens(n: int) -> int:
         if n not in measured:
-            measured[n] = tokens(make(n, _rng(seed, task, length, "fit", n))) + max_tokens
+            measured[n] = tokens(make(n, seeded_rng(seed, task, length, "fit", n))) + max_tokens
         return measured[n]
 
     def fits(n: int) -> bool:
@@ -146,8 +146,8 @@ def generate(
             units += step
         units -= step
     else:
-        highest = len(_cwe_words()) if family == "common_words_extraction" else None
-        units = _largest_fit(fits, step, highest)
+        highest = len(cwe_words()) if family == "common_words_extraction" else None
+        units = largest_fit(fits, step, highest)
         if highest is not None and units == highest and fits(highest):
             raise RulerError(
                 f"cwe at {length} tokens needs more than the {highest} distinct words of "
@@ -166,7 +166,7 @@ def generate(
     for index in range(count):
         n = units
         for attempt in range(MAX_RETRIES):
-            made = make(n, _rng(seed, task, length, index, attempt))
+            made = make(n, seeded_rng(seed, task, length, index, attempt))
             used = tokens(made)
             if used + max_tokens <= length:
                 break

@@ -18,7 +18,7 @@ from trtkv.bench.levels import ClientRun, client_summary
 from trtkv.bench.loadgen import Interrupted
 from trtkv.bench.metrics import summarize_level
 from trtkv.bench.options import BenchOptions
-from trtkv.bench.phases import _Progress, build_tasks, run_accuracy, run_latency, run_sweep
+from trtkv.bench.phases import BenchProgress, build_tasks, run_accuracy, run_latency, run_sweep
 from trtkv.bench.prompts import count_tokens, load_tokenizer, tokenizer_dir
 from trtkv.bench.records import RequestRecord, now_ns
 from trtkv.contracts.artifacts import (
@@ -102,13 +102,16 @@ def _normalize(records: Sequence[RequestRecord], t0: int) -> None:
 
 
 def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
-    """The whole benchmark; results are written even when interrupted or when an SLO fails."""
+    """The whole benchmark; results are written even when an SLO fails, and when interrupted into
+    `partial_dir(output)`, never over the last complete run's."""
     from trtkv.contracts.outputs import check_output
     from trtkv.contracts.stage import run_stage, tool_versions
 
     output = opts.output or bench_dir(recipe)
-    # before measuring: a folder it may not replace is refused at once
+    # before measuring: a folder it may not replace is refused at once (also where an interrupted
+    # run's partial results go)
     check_output(output, "bench", recipe.name)
+    check_output(partial_dir(output), "bench", recipe.name, "partial results folder")
     slos = slo.parse_all(recipe.bench.thresholds, opts.slos, opts.allow_failures)
     goodput = aiperf_export.parse_goodput(opts.goodput)
     openai = (opts.protocol or recipe.bench.protocol) is Protocol.OPENAI
@@ -134,7 +137,7 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     tasks: list[acc_tasks.Task] = []
     task_errors: dict[str, dict[str, Any]] = {}
     with (
-        _Progress(opts.progress) as progress,
+        BenchProgress(opts.progress) as progress,
         supervise.quiet(recipe, "trtkv bench", opts.url) as asked,
     ):
         if asked:
@@ -232,7 +235,8 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     doc.tool_versions = tool_versions()
     doc.kv_pool = _served_pool(recipe, opts.url)
     if doc.kv_pool.get("warning"):
-        doc.warnings.append(str(doc.kv_pool["warning"]))
+        # assigned, never appended in place: results.json writes only the fields set (exclude_unset)
+        doc.warnings = [*doc.warnings, str(doc.kv_pool["warning"])]
     # results.json as written (trtkv.contracts.artifacts.BenchResults; report loads it back)
     out = doc.document()
 
@@ -244,32 +248,35 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
             "endpoint": out["endpoint"],
         }
 
+    # only a complete run replaces the results: an interrupted one's go beside them
+    written = partial_dir(output) if interrupted else output
     run_stage(
         "bench",
         recipe,
-        output,
+        written,
         work,
         force=True,
         extra_key={"endpoint": ep.display},
         log=lambda s: None,
     )
-    results.console_summary(out, output)
+    results.console_summary(out, written)
     code = EXIT_INTERRUPTED if interrupted else (0 if out["slo"]["passed"] else EXIT_SLO_FAILED)
-    return BenchOutcome(code, output, out)
+    return BenchOutcome(code, written, out)
+
+
+def partial_dir(output: Path) -> Path:
+    """Where an interrupted run writes its partial results (`<output>.partial`, beside the output):
+    the last complete run's folder is replaced only by a complete run."""
+    return output.with_name(output.name + ".partial")
 
 
 def _served_pool(recipe: Recipe, url: str | None) -> dict[str, Any]:
-    """Planned against served KV pool (trtkv.serving.pool) for the recorded server; a --url
-    elsewhere is another server: its pool is not read."""
-    from trtkv.contracts.artifacts import ServerRecord
-    from trtkv.recipe.layout import serve_dir
+    """Planned against served KV pool (trtkv.serving.pool) for the recorded server, when it runs; a
+    --url elsewhere is another server: its pool is not read."""
     from trtkv.serving import pool
 
-    server = ServerRecord.load(serve_dir(recipe))
-    if url and server is not None and str(server.http_port) not in url:
-        server = None
     try:
-        return pool.compare(recipe, server)
+        return pool.compare_at(recipe, url)
     except Exception as exc:  # noqa: BLE001 - the read-back never fails a benchmark; it says why it has no figure
         return {"planned_bytes_per_gpu": None, "source": f"not read: {exc}", "warning": None}
 

@@ -25,8 +25,8 @@ ACCURACY_STATS = {
     "golden": ("agreement", "exact_match", "total"),
     "needle": ("accuracy", "correct", "total"),
     # string_match_all; `correct` counts items scored 1.0
-    # lengths judged worse than the format predicts (trtkv.bench.fidelity)
     "ruler": ("accuracy", "correct", "total"),
+    # lengths judged worse than the format predicts (trtkv.bench.fidelity)
     "fidelity": ("worse_lengths", "accuracy"),
 }
 SYSTEM_STATS = ("avg",)

@@ -66,6 +66,9 @@ class StreamLoop:
         # the calls' earliest deadline (None: to be recomputed)
         self._earliest: float | None = NO_DEADLINE
         self._reads = 0
+        # kept-alive connections that got bytes (or a close) with no request outstanding: each is
+        # closed when they arrive, never read as the next request's answer
+        self.unsolicited = 0
         self._thread = threading.Thread(target=self._run, daemon=True, name="trtkv-stream-loop")
         self._thread.start()
 
@@ -132,6 +135,9 @@ class StreamLoop:
                 if call is None:
                     self._drain_inbox(served, ended)
                     continue
+                if isinstance(call, Connection):  # an idle kept-alive socket spoke: retire it
+                    self._retire(call)
+                    continue
                 served.add(call)
                 try:
                     if mask & selectors.EVENT_READ:
@@ -183,8 +189,25 @@ class StreamLoop:
                 self._earliest = min(self._earliest, call.deadline)
             self._begin(call, ended)
 
+    def _retire(self, conn: Connection) -> None:
+        """Bytes (or a close) on a kept-alive socket with no request outstanding: an unsolicited
+        answer fails the connection now; it is never read as the next request's."""
+        self._unregister(conn)
+        if conn.sock is None:
+            return
+        try:
+            data = conn.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):  # woken for nothing: watch on
+            self._sel.register(conn.sock, selectors.EVENT_READ, conn)
+            return
+        except OSError:
+            data = b""
+        self.unsolicited += bool(data)  # b"": the server closed an idle connection (its right)
+        conn.close()
+
     def _begin(self, call: Call, ended: list[Call]) -> None:
         conn = call.conn
+        self._unregister(conn)  # idle: watched for unsolicited bytes until now
         # bytes nobody asked for, or closed: never reuse it
         if conn.sock is not None and not _idle(conn.sock):
             conn.close()
@@ -332,6 +355,8 @@ class StreamLoop:
         self._unregister(conn)
         if not (keep and call.record.status == OK):
             conn.close()
+        elif conn.sock is not None:  # kept alive: watched while idle (see _retire)
+            self._sel.register(conn.sock, selectors.EVENT_READ, conn)
         if call in self._calls:
             self._calls.discard(call)
             ended.append(call)

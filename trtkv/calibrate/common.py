@@ -11,12 +11,10 @@ from pydantic import Field
 from trtkv.contracts.artifacts import KVScaleLayer
 from trtkv.recipe import KVCacheQuant, Recipe, layout
 from trtkv.recipe.backend_rules import HF_EXPORT_ONLY
-from trtkv.recipe.schema import ENGINE_KV_FORMATS
+from trtkv.recipe.enums import ENGINE_KV_FORMATS
 
 STAGE = "calibrate"
 CHECKPOINT = layout.CHECKPOINT
-# The quantized KV caches only (kv_cache none maps to None in layout.KV_ALGO and is absent here).
-KV_ALGO = {kv: algo for kv, algo in layout.KV_ALGO.items() if algo is not None}
 # The KV quantizer entries, as data. FP8 and NVFP4 are ModelOpt's presets
 # KV_QUANT_CFG_CHOICES["fp8"] / ["nvfp4"] (read from ModelOpt at run time; this copy is only for
 # --dry-run); INT8 has no preset in 0.47: one per-tensor 8-bit integer entry.

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 from trtkv.calibrate.common import (
     CALIBRATED_ARCHITECTURES,
     FP8_BASE_MEANING,
-    KV_ALGO,
     KV_ENTRIES,
     MODELOPT_KV_PRESET,
     engine_format_note,
@@ -17,6 +16,7 @@ from trtkv.calibrate.common import (
 )
 from trtkv.recipe import KVCacheQuant, ModelDtype, Recipe, WeightQuant
 from trtkv.recipe.backend_rules import HF_EXPORT_BACKENDS
+from trtkv.recipe.enums import kv_algo
 from trtkv.recipe.layout import checkpoint_dir
 from trtkv.recipe.rules import kv_heads_split
 
@@ -81,7 +81,7 @@ def quantizes(recipe: Recipe) -> bool:
     """Whether ModelOpt quantizes anything (weights none + kv_cache none: a plain export in the
     model dtype)."""
     q = recipe.quantization
-    return q.weights is WeightQuant.FP8 or q.kv_cache in KV_ALGO
+    return q.weights is WeightQuant.FP8 or kv_algo(q.kv_cache) is not None
 
 
 def modelopt_config_spec(recipe: Recipe) -> dict[str, Any]:
@@ -97,7 +97,7 @@ def modelopt_config_spec(recipe: Recipe) -> dict[str, Any]:
             "kv_entries": [],
             "algorithm": None,
         }
-    if kv not in KV_ALGO:  # none, or an engine format (nothing to calibrate)
+    if not kv_algo(kv):  # none, or an engine format (nothing to calibrate)
         return {
             "base": base,
             "base_meaning": FP8_BASE_MEANING,
@@ -152,7 +152,7 @@ def export_targets(recipe: Recipe) -> dict[str, str]:
             "hf/ (export_hf_checkpoint: hf_quant_config.json kv_cache_quant_algo NVFP4, per-layer "
             "K and V global scales; calibration needs CUDA)"
         )
-    elif kv not in KV_ALGO:  # none, or an engine format: no KV quantization in the export
+    elif not kv_algo(kv):  # none, or an engine format: no KV quantization in the export
         hf = (
             "hf/ (export_hf_checkpoint: hf_quant_config.json quant_algo FP8, kv_cache_quant_algo "
             "null, no k_scale/v_scale)"
@@ -168,7 +168,7 @@ def export_targets(recipe: Recipe) -> dict[str, str]:
     refused = trtllm_export_refused(recipe)
     kv_scales = (
         "kv_scales.json (per layer k/v amax, kv_cache_scaling_factor, k_scale, v_scale)"
-        if kv in KV_ALGO
+        if kv_algo(kv)
         else 'kv_scales.json ({"kv_cache_quant_algo": null, "num_layers": N, "layers": []})'
     )
     backend = b.backend.value
@@ -196,7 +196,7 @@ def export_targets(recipe: Recipe) -> dict[str, str]:
         "kv_scales": kv_scales,
         "report": (
             "calibration_report.md (per-layer table, warnings, K/V statistics)"
-            if kv in KV_ALGO
+            if kv_algo(kv)
             else "calibration_report.md (says the KV cache is unquantized; K/V statistics)"
         ),
     }
@@ -208,7 +208,7 @@ def describe_calibration(recipe: Recipe) -> list[str]:
     c, q = recipe.calibration, recipe.quantization
     out = checkpoint_dir(recipe)
     batches = -(-c.num_samples // c.batch_size)
-    kv_algo = KV_ALGO.get(q.kv_cache)
+    kv_algo = recipe.kv_row.choice.checkpoint_algo
     what = (
         "ModelOpt mtq.quantize (max calibration)"
         if quantizes(recipe)

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 from trtkv.calibrate.common import (
     ATTN_HEAD_NOTE,
-    KV_ALGO,
     KV_ENTRIES,
     MODELOPT_KV_PRESET,
     NO_KV_NOTE,
@@ -26,6 +25,7 @@ from trtkv.calibrate.describe import quantizes
 from trtkv.core.errors import StageError
 from trtkv.kvcache import scales as kv_scales
 from trtkv.recipe import KVCacheQuant, Recipe, WeightQuant, layout
+from trtkv.recipe.enums import kv_algo
 
 if TYPE_CHECKING:
     import torch
@@ -55,7 +55,7 @@ def build_quant_cfg(recipe: Recipe) -> tuple[dict[str, Any] | None, list[str]]:
     else:
         base = {"quant_cfg": None, "algorithm": "max"}
     # none or an engine format: FP8_DEFAULT_CFG has no KV entries
-    if recipe.quantization.kv_cache not in KV_ALGO:
+    if not kv_algo(recipe.quantization.kv_cache):
         return json.loads(json.dumps(base, default=list)), [kv_note]
     preset = MODELOPT_KV_PRESET.get(recipe.quantization.kv_cache)
     if preset:
@@ -101,7 +101,7 @@ def quantize(
         hooks = [
             mod.register_forward_hook(_channel_hook(name, channel_amax))
             for name, mod in m.named_modules()
-            if kv in KV_ALGO and name.endswith(("k_bmm_quantizer", "v_bmm_quantizer"))
+            if kv_algo(kv) and name.endswith(("k_bmm_quantizer", "v_bmm_quantizer"))
         ]
         try:
             with torch.no_grad():
@@ -113,7 +113,7 @@ def quantize(
                 hook.remove()
 
     mtq.quantize(model, quant_cfg, forward_loop)
-    return _layer_scales(model, channel_amax, kv) if kv in KV_ALGO else []
+    return _layer_scales(model, channel_amax, kv) if kv_algo(kv) else []
 
 
 def _channel_hook(name: str, store: dict[str, Any]) -> Callable[..., None]:
@@ -143,7 +143,9 @@ def _layer_scales(model: Any, channel_amax: dict[str, Any], kv: KVCacheQuant) ->
             "its KV cache quantization. Next: use a model of "
             "trtkv.calibrate.common.CALIBRATED_ARCHITECTURES."
         )
-    algo = KV_ALGO[kv]
+    algo = kv_algo(kv)
+    if algo is None:  # callers pass calibrated formats only
+        raise StageError(f"KV cache {kv.value} has no calibrated scales to read.")
     out = []
     for index in sorted(found):
         parts = found[index]

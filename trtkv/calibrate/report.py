@@ -7,10 +7,11 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtkv.calibrate.common import DWARF_RATIO, KV_ALGO, LayerScales
+from trtkv.calibrate.common import DWARF_RATIO, LayerScales
 from trtkv.kvcache.formats import FP8_MAX
 from trtkv.kvcache.scales import CONVENTION
 from trtkv.recipe import KVCacheQuant, Recipe
+from trtkv.recipe.enums import kv_algo
 
 if TYPE_CHECKING:
     pass
@@ -126,7 +127,7 @@ def render_report(
     attention type and the amax per type when the model mixes them, e.g. Gemma 3's sliding and full
     layers), K/V statistics."""
     c, q = recipe.calibration, recipe.quantization
-    kv = KV_ALGO.get(q.kv_cache)
+    kv = kv_algo(q.kv_cache)
     kv_text = (
         f"{kv} (`quantization.kv_cache_quant_algo = {kv}`)"
         if kv

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtkv.calibrate.common import KV_ALGO, STAGE, ModelLoader, trtllm_export_refused
+from trtkv.calibrate.common import STAGE, ModelLoader, trtllm_export_refused
 from trtkv.calibrate.describe import supported_problems
 from trtkv.calibrate.modelopt_export import (
     build_quant_cfg,
@@ -205,7 +205,7 @@ def _calibrate_into(
     # kv_scales.json (trtkv.contracts.artifacts.KVScalesFile); kv_cache none: no layers, num_layers
     # still given
     kv_scales.kv_scales_document(
-        KV_ALGO.get(recipe.quantization.kv_cache),
+        recipe.kv_row.choice.checkpoint_algo,
         [ls.k_amax for ls in layers],
         [ls.v_amax for ls in layers],
         num_layers=num_layers,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trtkv.checkpoints.hf_config_fields import ModelConfigError, _int
+from trtkv.checkpoints.hf_config_fields import ModelConfigError, positive_int
 from trtkv.checkpoints.model_facts import ModelFacts
 from trtkv.recipe.attention import AttentionKind, LayerAttention
 
@@ -20,7 +20,7 @@ LAYER_TYPE_WORDS = {
 }
 
 
-def _layers(
+def read_attention_layers(
     cfg: dict[str, Any], f: ModelFacts, file: Path
 ) -> tuple[tuple[LayerAttention, ...], str]:
     """Per-layer attention and the fields it came from."""
@@ -30,7 +30,7 @@ def _layers(
             LayerAttention(AttentionKind.MLA),
         ) * n, f"{p}kv_lora_rank + {p}qk_rope_head_dim (MLA)"
     window = cfg.get("sliding_window")
-    chunk = _int(cfg.get("attention_chunk_size"))
+    chunk = positive_int(cfg.get("attention_chunk_size"))
     types = cfg.get("layer_types")
     if isinstance(types, list) and types:
         if len(types) != n:
@@ -81,7 +81,7 @@ def _layers(
             rope = [bool(x) for x in nope]
             src = f"{p}attention_chunk_size + {p}no_rope_layers"
         else:
-            interval = _int(cfg.get("no_rope_layer_interval")) or 4
+            interval = positive_int(cfg.get("no_rope_layer_interval")) or 4
             rope = [(i + 1) % interval != 0 for i in range(n)]
             src = (
                 f"{p}attention_chunk_size + {p}no_rope_layer_interval {interval} (transformers' "
@@ -117,7 +117,7 @@ def _layers(
             LayerAttention(AttentionKind.FULL),
         ) * n, f"no {p}layer_types, sliding_window or attention_chunk_size: every layer full"
     size = _window(window, file, p)
-    pattern = _int(cfg.get("sliding_window_pattern"))
+    pattern = positive_int(cfg.get("sliding_window_pattern"))
     if pattern is None and f.model_type == "gemma2":
         # Gemma 2 alternates in code (even layers sliding); its config.json has no pattern
         pattern = 2
@@ -133,7 +133,7 @@ def _layers(
             else LayerAttention(AttentionKind.FULL)
             for i in range(n)
         ), src
-    first_full = _int(cfg.get("max_window_layers")) if "use_sliding_window" in cfg else None
+    first_full = positive_int(cfg.get("max_window_layers")) if "use_sliding_window" in cfg else None
     # Qwen2 with use_sliding_window true: layers from max_window_layers on slide
     if first_full is not None:
         return tuple(
@@ -148,7 +148,7 @@ def _layers(
 
 
 def _window(value: Any, file: Path, prefix: str) -> int:
-    size = _int(value)
+    size = positive_int(value)
     if size is None:
         raise ModelConfigError(
             [

@@ -20,13 +20,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trtkv.checkpoints.hf_attention_layers import LAYER_TYPE_WORDS, _layers
+from trtkv.checkpoints.hf_attention_layers import LAYER_TYPE_WORDS, read_attention_layers
 from trtkv.checkpoints.hf_config_fields import (
     ModelConfigError,
-    _int,
     check_fields,
     config_file,
     load_config,
+    positive_int,
 )
 from trtkv.checkpoints.hybrid_config import (
     GEMMA4_TYPES,
@@ -127,9 +127,9 @@ def read_model_facts(path: Path) -> ModelFacts:
         num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
         head_dim=int(cfg.get("head_dim") or hidden // heads),
         hidden_size=hidden,
-        intermediate_size=_int(cfg.get("intermediate_size")),
-        vocab_size=_int(cfg.get("vocab_size")),
-        max_position_embeddings=_int(cfg.get("max_position_embeddings")),
+        intermediate_size=positive_int(cfg.get("intermediate_size")),
+        vocab_size=positive_int(cfg.get("vocab_size")),
+        max_position_embeddings=positive_int(cfg.get("max_position_embeddings")),
         tie_word_embeddings=bool(
             cfg.get(
                 "tie_word_embeddings",
@@ -158,12 +158,22 @@ def read_model_facts(path: Path) -> ModelFacts:
     _mla(cfg, facts)
     hybrid = _hybrid(cfg, facts, file)
     if hybrid is None:
-        facts.layers, facts.attention_source = _layers(cfg, facts, file)
+        facts.layers, facts.attention_source = read_attention_layers(cfg, facts, file)
     if model_type in GEMMA4_TYPES:
         layers, extra = gemma4_layers(
             cfg, list(facts.layers), facts.num_kv_heads, facts.head_dim, prefix
         )
         facts.layers, facts.attention_source = tuple(layers), facts.attention_source + extra
+    if not any(x.kind is not AttentionKind.NONE and not x.is_state for x in facts.layers):
+        # an MLP-only or state-only layer list: no KV cache to size (the planner divides by it)
+        listed = facts.attention_source.split(" (")[0] or f"{prefix}layers"
+        raise ModelConfigError(
+            [
+                f"{file}: {listed} lists no attention layer (only MLP or state layers: no KV "
+                "cache for trtkv to size). Next: pass the model's own config.json as published "
+                "with its weights."
+            ]
+        )
     facts.sinks = SINK_MODEL_TYPES.get(model_type)
     facts.moe = _moe(cfg, facts)
     if hybrid is not None:
@@ -204,7 +214,7 @@ def _hybrid(cfg: dict[str, Any], f: ModelFacts, file: Path) -> HybridFacts | Non
                 f"{', '.join(sorted(known))}). Next: fix the config."
             ]
         )
-    window = _int(cfg.get("sliding_window"))
+    window = positive_int(cfg.get("sliding_window"))
     layers = [
         LayerAttention(hybrid.state_kind)
         if w in STATE_WORDS
@@ -235,47 +245,53 @@ def _hybrid_mlp(cfg: dict[str, Any], f: ModelFacts, hybrid: HybridFacts) -> None
         return
     if f.model_type == "nemotron_h":
         f.moe.moe_layers = tuple(i for i, w in enumerate(hybrid.words) if w == "moe")
-        f.moe.shared_intermediate_size = _int(cfg.get("moe_shared_expert_intermediate_size")) or 0
+        f.moe.shared_intermediate_size = (
+            positive_int(cfg.get("moe_shared_expert_intermediate_size")) or 0
+        )
         f.moe.source += f", experts in the E layers of {hybrid.source}"
     elif f.model_type == "jamba":
         period, offset = (
-            _int(cfg.get("expert_layer_period")) or 1,
+            positive_int(cfg.get("expert_layer_period")) or 1,
             int(cfg.get("expert_layer_offset") or 0),
         )
         f.moe.moe_layers = tuple(i for i in range(f.num_layers) if i % period == offset)
         f.moe.source += f", expert_layer_period {period}, expert_layer_offset {offset}"
     elif f.model_type == "granitemoehybrid":
-        f.moe.shared_intermediate_size = _int(cfg.get("shared_intermediate_size")) or 0
+        f.moe.shared_intermediate_size = positive_int(cfg.get("shared_intermediate_size")) or 0
 
 
 def _mla(cfg: dict[str, Any], f: ModelFacts) -> None:
-    rank, rope = _int(cfg.get("kv_lora_rank")), _int(cfg.get("qk_rope_head_dim"))
+    rank, rope = positive_int(cfg.get("kv_lora_rank")), positive_int(cfg.get("qk_rope_head_dim"))
     if rank is None:
         return
     f.kv_lora_rank, f.qk_rope_head_dim = rank, rope or 0
-    f.qk_nope_head_dim = _int(cfg.get("qk_nope_head_dim")) or 0
-    f.v_head_dim = _int(cfg.get("v_head_dim"))
-    f.q_lora_rank = _int(cfg.get("q_lora_rank"))
+    f.qk_nope_head_dim = positive_int(cfg.get("qk_nope_head_dim")) or 0
+    f.v_head_dim = positive_int(cfg.get("v_head_dim"))
+    f.q_lora_rank = positive_int(cfg.get("q_lora_rank"))
     # q/k head dim; hidden // heads is not it for MLA
     f.head_dim = f.qk_nope_head_dim + f.qk_rope_head_dim
-    f.sparse_mla = _int(cfg.get("index_topk")) is not None
+    f.sparse_mla = positive_int(cfg.get("index_topk")) is not None
 
 
 def _moe(cfg: dict[str, Any], f: ModelFacts) -> MoE | None:
     p = f.prefix
     for key in ("n_routed_experts", "num_local_experts", "num_experts"):
-        experts = _int(cfg.get(key))
+        experts = positive_int(cfg.get(key))
         if experts and experts > 1:
             break
     else:
         return None
-    top_k = _int(cfg.get("num_experts_per_tok")) or _int(cfg.get("experts_per_token")) or 1
-    width = _int(cfg.get("moe_intermediate_size")) or f.intermediate_size or 0
+    top_k = (
+        positive_int(cfg.get("num_experts_per_tok"))
+        or positive_int(cfg.get("experts_per_token"))
+        or 1
+    )
+    width = positive_int(cfg.get("moe_intermediate_size")) or f.intermediate_size or 0
     shared = 0
-    if _int(cfg.get("n_shared_experts")):
+    if positive_int(cfg.get("n_shared_experts")):
         # DeepSeek: shared experts of the expert width
         shared = int(cfg["n_shared_experts"]) * width
-    elif _int(cfg.get("shared_expert_intermediate_size")):
+    elif positive_int(cfg.get("shared_expert_intermediate_size")):
         shared = int(cfg["shared_expert_intermediate_size"])  # Qwen2-MoE
     elif f.model_type == "llama4_text" or f.model_type == "llama4":
         shared = f.intermediate_size or 0  # Llama 4: one shared expert of intermediate_size
@@ -286,16 +302,16 @@ def _moe(cfg: dict[str, Any], f: ModelFacts) -> MoE | None:
     elif "first_k_dense_replace" in cfg:
         first, freq = (
             int(cfg.get("first_k_dense_replace") or 0),
-            _int(cfg.get("moe_layer_freq")) or 1,
+            positive_int(cfg.get("moe_layer_freq")) or 1,
         )
         layers = tuple(i for i in range(first, n) if (i - first) % freq == 0)
         src = f"{p}first_k_dense_replace {first}, {p}moe_layer_freq {freq}"
     elif "decoder_sparse_step" in cfg or "mlp_only_layers" in cfg:
-        step = _int(cfg.get("decoder_sparse_step")) or 1
+        step = positive_int(cfg.get("decoder_sparse_step")) or 1
         dense = set(cfg.get("mlp_only_layers") or [])
         layers = tuple(i for i in range(n) if i not in dense and (i + 1) % step == 0)
         src = f"{p}decoder_sparse_step {step}, {p}mlp_only_layers"
-    elif _int(cfg.get("interleave_moe_layer_step")):
+    elif positive_int(cfg.get("interleave_moe_layer_step")):
         step = int(cfg["interleave_moe_layer_step"])
         layers = tuple(i for i in range(n) if (i + 1) % step == 0)
         src = f"{p}interleave_moe_layer_step {step}"
@@ -303,7 +319,7 @@ def _moe(cfg: dict[str, Any], f: ModelFacts) -> MoE | None:
         layers, src = tuple(range(n)), "every layer"
     if f.model_type.startswith("llama4"):
         # dense layers' width
-        f.intermediate_size = _int(cfg.get("intermediate_size_mlp")) or f.intermediate_size
+        f.intermediate_size = positive_int(cfg.get("intermediate_size_mlp")) or f.intermediate_size
     return MoE(experts, top_k, width, shared, layers, f"{p}{key} {experts}, top {top_k}, {src}")
 
 
@@ -314,7 +330,7 @@ def _stored_quant(q: Any, f: ModelFacts) -> StoredQuant | None:
     method = str(q.get("quant_method") or q.get("quant_algo") or "").lower()
     if method == "fp8":
         block = q.get("weight_block_size")
-        if isinstance(block, list) and len(block) == 2 and all(_int(b) for b in block):
+        if isinstance(block, list) and len(block) == 2 and all(positive_int(b) for b in block):
             per = 1 + 4 / (block[0] * block[1])  # one float32 scale per block
             return StoredQuant(
                 "fp8", per, "linear", f"quantization_config fp8, {block[0]}x{block[1]} blocks"
@@ -328,8 +344,8 @@ def _stored_quant(q: Any, f: ModelFacts) -> StoredQuant | None:
             "quantization_config mxfp4 (E2M1 + one E8M0 scale per 32; attention, router, "
             "embeddings unquantized)",
         )
-    if method in ("awq", "gptq") and _int(q.get("bits")):
-        bits, group = int(q["bits"]), _int(q.get("group_size")) or 128
+    if method in ("awq", "gptq") and positive_int(q.get("bits")):
+        bits, group = int(q["bits"]), positive_int(q.get("group_size")) or 128
         return StoredQuant(
             method,
             bits / 8 + 4 / group,

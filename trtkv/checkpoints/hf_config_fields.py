@@ -98,6 +98,15 @@ def check_fields(cfg: dict[str, Any], prefix: str = "") -> list[str]:
     types = cfg.get("layer_types")
     if isinstance(types, list) and not all(isinstance(t, str) and _word(t) for t in types):
         problems.append(f"layer_types: {_shown(types)} holds entries that are not layer-type words")
+    text = cfg.get("text_config")
+    if text is not None and not isinstance(text, dict):
+        problems.append(f"text_config: {_shown(text)} is not an object")
+    pattern = cfg.get("hybrid_override_pattern")
+    if pattern is not None and not (isinstance(pattern, str) and 0 < len(pattern) <= MAX_LIST):
+        problems.append(
+            f"hybrid_override_pattern: {_shown(pattern)} is not a string of 1-{MAX_LIST} layer "
+            "letters"
+        )
     quant = cfg.get("quantization_config")
     if quant is not None and not isinstance(quant, dict):
         problems.append(f"quantization_config: {_shown(quant)} is not an object")
@@ -115,5 +124,5 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _int(value: Any) -> int | None:
+def positive_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

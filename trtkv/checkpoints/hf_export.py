@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from trtkv.core.errors import StageError, TrtkvError
 from trtkv.recipe import WeightQuant
-from trtkv.recipe.layout import HF, HF_CONFIG, KV_ALGO
+from trtkv.recipe.layout import HF, HF_CONFIG
 
 if TYPE_CHECKING:
     from trtkv.recipe import Recipe
@@ -251,7 +251,7 @@ def _check_quant_config(
     hf_dir: Path, recipe: Recipe, problems: list[str]
 ) -> tuple[str | None, str | None]:
     q = recipe.quantization
-    want_w, want_kv = HF_WEIGHT_ALGO.get(q.weights), KV_ALGO[q.kv_cache]
+    want_w, want_kv = HF_WEIGHT_ALGO.get(q.weights), recipe.kv_row.choice.checkpoint_algo
     path = hf_dir / QUANT_CONFIG
     if not path.is_file():
         if want_w is not None or want_kv is not None:
@@ -323,7 +323,7 @@ def validate_hf_checkpoint(ckpt_dir: Path | str, recipe: Recipe) -> dict[str, An
                     problems,
                     hf_dir,
                 )
-        if KV_ALGO[recipe.quantization.kv_cache] is not None:
+        if recipe.kv_row.choice.checkpoint_algo is not None:
             k_scales.append(
                 _positive_scale(
                     pre + KV_SCALES[0], tensors.get(pre + KV_SCALES[0]), problems, hf_dir

@@ -60,8 +60,8 @@ class ModelFacts:
     state: StateSpec | None = None  # the fixed per-sequence state of the linear / mamba layers
     state_params: float = 0.0  # parameters of one state layer's mixer
     # layers with attention projections (None: every layer)
-    # layers with a dense MLP (None: every layer without experts)
     attention_layers: tuple[int, ...] | None = None
+    # layers with a dense MLP (None: every layer without experts)
     dense_mlp_layers: tuple[int, ...] | None = None
     mlp_matrices: int = 3  # gated MLP (gate, up, down); 2 for an ungated one (Nemotron-H's relu2)
     # the config's mamba_ssm_cache_dtype (vLLM's Nemotron-H default)

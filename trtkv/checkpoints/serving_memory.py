@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from trtkv.checkpoints.hf_config import read_model_facts
+from trtkv.core.readback import MAX_POOL_BYTES, MAX_POOL_TOKENS, real, whole
 from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe import Recipe
 from trtkv.recipe.attention import (
@@ -326,19 +327,27 @@ class ServedPool:
 
 _PROM_LINE = re.compile(r"^vllm:cache_config_info\{(?P<labels>[^}]*)\}", re.MULTILINE)
 _PROM_LABEL = re.compile(r'(\w+)="([^"]*)"')
+VLLM_METRICS = "vLLM /metrics vllm:cache_config_info"
+VLLM_LOG = "vLLM log 'KV cache size: N tokens'"
+SGLANG_INFO = "SGLang /get_server_info"
+TRTLLM_LOG = "TensorRT-LLM log 'Allocated X GiB for max tokens in paged KV cache (N)'"
+REFERENCE_LOG = "reference runtime log 'trtkv reference runtime KV pool: N bytes'"
 
 
 def vllm_metrics_blocks(text: str) -> tuple[int, int] | None:
     """(num_gpu_blocks, block_size) from vLLM's /metrics (the vllm:cache_config_info gauge's labels;
-    on the CPU num_gpu_blocks counts the CPU pool's blocks)."""
+    on the CPU num_gpu_blocks counts the CPU pool's blocks); None when the gauge or a label is
+    absent, ReadBackError when a label is not a whole number in range."""
     found = _PROM_LINE.search(text)
     if found is None:
         return None
     labels = dict(_PROM_LABEL.findall(found.group("labels")))
-    try:
-        return int(labels["num_gpu_blocks"]), int(labels["block_size"])
-    except (KeyError, ValueError):
+    if "num_gpu_blocks" not in labels or "block_size" not in labels:
         return None
+    blocks = whole(labels["num_gpu_blocks"], VLLM_METRICS, "num_gpu_blocks", MAX_POOL_TOKENS)
+    size = whole(labels["block_size"], VLLM_METRICS, "block_size", 1 << 20, low=1)
+    whole(blocks * size, VLLM_METRICS, "num_gpu_blocks x block_size", MAX_POOL_TOKENS)
+    return blocks, size
 
 
 _VLLM_LOG_TOKENS = re.compile(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens")
@@ -348,20 +357,19 @@ def vllm_log_tokens(text: str) -> int | None:
     """vLLM's startup line 'GPU KV cache size: N tokens' ('CPU ...' on the CPU); the last one
     printed."""
     found = _VLLM_LOG_TOKENS.findall(text)
-    return int(found[-1].replace(",", "")) if found else None
+    return whole(found[-1], VLLM_LOG, "tokens", MAX_POOL_TOKENS) if found else None
 
 
 def sglang_info_tokens(info: dict[str, Any]) -> int | None:
     """max_total_num_tokens from SGLang's /get_server_info (top level, or its scheduler's
-    internal_states)."""
+    internal_states); None when absent, ReadBackError when not a whole number in range."""
     value = info.get("max_total_num_tokens")
     states = info.get("internal_states")
     if value is None and isinstance(states, list) and states and isinstance(states[0], dict):
         value = states[0].get("max_total_num_tokens")
-    try:
-        return int(value) if value is not None else None
-    except (TypeError, ValueError):
+    if value is None:
         return None
+    return whole(value, SGLANG_INFO, "max_total_num_tokens", MAX_POOL_TOKENS)
 
 
 _TRTLLM_ALLOCATED = re.compile(r"Allocated ([\d.]+) GiB for max tokens in paged KV cache \((\d+)\)")
@@ -375,7 +383,10 @@ def trtllm_log_pool(text: str) -> tuple[float, int] | None:
     if not found:
         return None
     gib, tokens = found[-1]
-    return float(gib) * GIB, int(tokens)
+    return (
+        real(gib, TRTLLM_LOG, "GiB", MAX_POOL_BYTES / GIB) * GIB,
+        whole(tokens, TRTLLM_LOG, "tokens", MAX_POOL_TOKENS),
+    )
 
 
 REFERENCE_POOL_LINE = (
@@ -394,4 +405,10 @@ def reference_log_pool(text: str) -> tuple[float, int] | None:
     if not found:
         return None
     total, batch, seq = found[-1]
-    return float(total), int(batch) * int(seq)
+    tokens = whole(batch, REFERENCE_LOG, "requests", MAX_POOL_TOKENS) * whole(
+        seq, REFERENCE_LOG, "tokens", MAX_POOL_TOKENS
+    )
+    return (
+        float(whole(total, REFERENCE_LOG, "bytes", MAX_POOL_BYTES)),
+        whole(tokens, REFERENCE_LOG, "requests x tokens", MAX_POOL_TOKENS),
+    )

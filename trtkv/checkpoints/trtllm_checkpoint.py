@@ -19,16 +19,16 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtkv.checkpoints.trtllm_ranks import _check_ranks, _layer_factors, _Problems
+from trtkv.checkpoints.trtllm_ranks import Problems, check_ranks, layer_factors
 from trtkv.core.errors import StageError
-from trtkv.recipe.layout import HF, HF_CONFIG, KV_ALGO, WEIGHT_ALGOS
+from trtkv.recipe.layout import HF, HF_CONFIG, WEIGHT_ALGOS
 
 if TYPE_CHECKING:
     from trtkv.recipe import Recipe
 
 CONFIG = "config.json"
 # recipe enum -> TensorRT-LLM QuantAlgo strings in config.json: trtkv.recipe.layout.WEIGHT_ALGOS and
-# KV_ALGO
+# the KV-format registry row's checkpoint_algo (Recipe.kv_row)
 REQUIRED_CONFIG = (
     "architecture",
     "dtype",
@@ -47,14 +47,14 @@ def validate_trtllm_checkpoint(ckpt_dir: Path | str, recipe: Recipe) -> dict[str
     problem."""
     ckpt_dir = Path(ckpt_dir)
     refuse_hf_export_only(ckpt_dir, recipe)
-    problems = _Problems()
+    problems = Problems()
     config = _read_config(ckpt_dir, problems)
     problems.raise_if_any(ckpt_dir)
     _check_config(config, recipe, ckpt_dir / CONFIG, problems)
     problems.raise_if_any(ckpt_dir)
     _check_rope(ckpt_dir, config, problems)
-    ranks = _check_ranks(ckpt_dir, config, problems)
-    factors = _layer_factors(ranks, config)
+    ranks = check_ranks(ckpt_dir, config, problems)
+    factors = layer_factors(ranks, config)
     _check_kv_scales_json(ckpt_dir, factors, config, problems)
     problems.raise_if_any(ckpt_dir)
     mapping = config["mapping"]
@@ -95,7 +95,7 @@ def refuse_hf_export_only(ckpt_dir: Path, recipe: Recipe) -> None:
         )
 
 
-def _read_config(ckpt_dir: Path, problems: _Problems) -> dict[str, Any]:
+def _read_config(ckpt_dir: Path, problems: Problems) -> dict[str, Any]:
     path = ckpt_dir / CONFIG
     if not path.is_file():
         problems.add(path, "missing (no TensorRT-LLM checkpoint here)")
@@ -117,12 +117,12 @@ def _read_config(ckpt_dir: Path, problems: _Problems) -> dict[str, Any]:
     return data
 
 
-def _expect(problems: _Problems, path: Path, field: str, got: Any, want: Any, source: str) -> None:
+def _expect(problems: Problems, path: Path, field: str, got: Any, want: Any, source: str) -> None:
     if want is not None and got != want:
         problems.add(path, f"{field} = {got!r}, but {source} = {want!r}")
 
 
-def _check_config(config: dict[str, Any], recipe: Recipe, path: Path, problems: _Problems) -> None:
+def _check_config(config: dict[str, Any], recipe: Recipe, path: Path, problems: Problems) -> None:
     """Compare the config fields TensorRT-LLM reads with the recipe."""
     m, b, q = recipe.model, recipe.build, recipe.quantization
     decoder = str(config.get("decoder") or config.get("architecture", "")).lower()
@@ -167,7 +167,7 @@ def _check_config(config: dict[str, Any], recipe: Recipe, path: Path, problems: 
         path,
         "quantization.kv_cache_quant_algo",
         quant.get("kv_cache_quant_algo"),
-        (KV_ALGO[q.kv_cache],),
+        (recipe.kv_row.choice.checkpoint_algo,),
         "quantization.kv_cache",
         q.kv_cache.value,
     )
@@ -179,7 +179,7 @@ def _check_config(config: dict[str, Any], recipe: Recipe, path: Path, problems: 
 
 
 def _expect_algo(
-    problems: _Problems,
+    problems: Problems,
     path: Path,
     field: str,
     got: Any,
@@ -192,7 +192,7 @@ def _expect_algo(
         problems.add(path, f"{field} = {got!r}, but recipe {recipe_field} = {value!r} needs {want}")
 
 
-def _check_rope(ckpt_dir: Path, config: dict[str, Any], problems: _Problems) -> None:
+def _check_rope(ckpt_dir: Path, config: dict[str, Any], problems: Problems) -> None:
     """RoPE in config.json (and hf/config.json) must be the source model's (hf_config.json, saved by
     calibrate)."""
     from trtkv.checkpoints import rope
@@ -218,7 +218,7 @@ def _check_rope(ckpt_dir: Path, config: dict[str, Any], problems: _Problems) -> 
 
 
 def _check_kv_scales_json(
-    ckpt_dir: Path, factors: list[float], config: dict[str, Any], problems: _Problems
+    ckpt_dir: Path, factors: list[float], config: dict[str, Any], problems: Problems
 ) -> None:
     """When kv_scales.json is present its algorithm and factors must be the ones in config.json and
     the rank files."""

@@ -30,7 +30,7 @@ LAYER_TENSORS = (
 GATED_ACTS = ("silu", "swiglu", "gelu_pytorch_tanh", "geglu")
 
 
-class _Problems:
+class Problems:
     """Collects every problem so a corrupted checkpoint is described in one round trip."""
 
     def __init__(self) -> None:
@@ -53,9 +53,7 @@ def _stage_layers(config: dict[str, Any]) -> int:
     return int(config["num_hidden_layers"]) // int(config["mapping"]["pp_size"])
 
 
-def _check_ranks(
-    ckpt_dir: Path, config: dict[str, Any], problems: _Problems
-) -> list[dict[str, Any]]:
+def check_ranks(ckpt_dir: Path, config: dict[str, Any], problems: Problems) -> list[dict[str, Any]]:
     """Open every rank file and check its tensors; returns [{file, rank, pp_rank, tensors: {name:
     info}}]."""
     mapping = config["mapping"]
@@ -81,7 +79,7 @@ def _check_ranks(
     return ranks
 
 
-def _read_tensors(path: Path, problems: _Problems) -> dict[str, dict[str, Any]] | None:
+def _read_tensors(path: Path, problems: Problems) -> dict[str, dict[str, Any]] | None:
     """Name -> {shape, dtype, values (only for scaling factors)} without loading the weights."""
     from safetensors import SafetensorError, safe_open
 
@@ -125,7 +123,7 @@ def _expected_shapes(config: dict[str, Any]) -> dict[str, list[int]]:
     return shapes
 
 
-def _check_rank(info: dict[str, Any], config: dict[str, Any], problems: _Problems) -> None:
+def _check_rank(info: dict[str, Any], config: dict[str, Any], problems: Problems) -> None:
     path, tensors, pp_rank = info["file"], info["tensors"], info["pp_rank"]
     pp, tp = int(config["mapping"]["pp_size"]), int(config["mapping"]["tp_size"])
     n_layers = _stage_layers(config)
@@ -168,7 +166,7 @@ def _check_stage_tensors(
     pp_rank: int,
     pp: int,
     tp: int,
-    problems: _Problems,
+    problems: Problems,
 ) -> None:
     """Embedding on the first pipeline stage; final norm and lm_head on the last."""
     path, tensors = info["file"], info["tensors"]
@@ -191,7 +189,7 @@ def _check_stage_tensors(
 
 
 def _check_shapes_and_scales(
-    path: Path, tensors: dict[str, dict[str, Any]], config: dict[str, Any], problems: _Problems
+    path: Path, tensors: dict[str, dict[str, Any]], config: dict[str, Any], problems: Problems
 ) -> None:
     shapes = _expected_shapes(config)
     check_shapes = config["quantization"].get("quant_algo") in (None, "FP8")
@@ -219,7 +217,7 @@ def _check_shapes_and_scales(
                 )
 
 
-def _layer_factors(ranks: list[dict[str, Any]], config: dict[str, Any]) -> list[float]:
+def layer_factors(ranks: list[dict[str, Any]], config: dict[str, Any]) -> list[float]:
     """The kv_cache_scaling_factor of every global layer (from the first TP rank of each stage)."""
     n_layers = _stage_layers(config)
     factors: list[float] = []

@@ -21,7 +21,7 @@ EXAMPLES = """\
   $ trtkv bench smollm2_fp8kv --tasks none --sweep-input 128,512,1024 "bench.concurrency=[1]"
 
 exit codes: 0 all SLOs met, 1 an SLO failed (table printed), 2 usage/endpoint error, 130 interrupted (partial
-results written). URL: --url, else engines/<recipe>/serve/server.json, else the recipe's triton host and port.
+results written to <output>.partial/; the last complete run's results are kept). URL: --url, else engines/<recipe>/serve/server.json, else the recipe's triton host and port.
 """  # noqa: E501
 
 

@@ -44,19 +44,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from trtkv.contracts.outputs import in_place_output
-    from trtkv.core import paths
     from trtkv.recipe import load_recipe
     from trtkv.report.chain import run_chain
-    from trtkv.report.compare import write_compare
+    from trtkv.report.compare import compare_output, write_compare_folder
 
     o = CompareOptions.from_args(args)
     names = [n.strip() for n in o.recipes.split(",") if n.strip()]
     recipes = [load_recipe(n, args.overrides) for n in names]  # validate all before running any
-    given = Path(o.output) if o.output else None
-    out = in_place_output(given, paths.engines_dir() / "compare", "compare", "compare")
+    out = compare_output(Path(o.output) if o.output else None)  # refused before any work
     results = [run_chain(n, args.overrides) for n in names]
-    md = write_compare(recipes, results, out)
+    md = write_compare_folder(recipes, results, out)
     print(md.read_text())
     failed = [r for r in results if r.failed]
     for r in failed:

@@ -13,8 +13,8 @@ from trtkv.cli.common import add_recipe_args, load, subparser
 from trtkv.core.options import Flag, Options
 
 if TYPE_CHECKING:
-    from trtkv.plan.estimate import Estimate
-    from trtkv.plan.planner import Plan
+    from trtkv.plan.estimate_model import Estimate
+    from trtkv.plan.result import Plan
 
 GIB = 1024**3
 

@@ -42,7 +42,7 @@ def _ints(text: str) -> list[int]:
 
 
 def _names(text: str) -> list[str]:
-    from trtkv.kvcache.quant import all_format_names
+    from trtkv.kvcache.names import all_format_names
 
     names = [x.strip().lower() for x in text.split(",") if x.strip()]
     allowed = all_format_names()

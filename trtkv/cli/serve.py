@@ -79,12 +79,12 @@ def attach_or_refuse(recipe, args: argparse.Namespace, o: ServeOptions) -> bool:
     """The recipe's server runs without a supervisor: attach one when asked (--attach, or yes at the
     prompt), else refuse with the command. False when the server is not running unsupervised (start
     as usual)."""
-    from trtkv.serving import serve, supervise, supervisor_state
+    from trtkv.serving import serve, supervise, supervisor_state, teardown
 
     info = serve.read_server(recipe)
     if (
         info is None
-        or not serve.running(info)
+        or not teardown.running(info)
         or supervisor_state.alive(recipe) is not None
         or o.no_supervise
     ):
@@ -110,7 +110,7 @@ def attach_or_refuse(recipe, args: argparse.Namespace, o: ServeOptions) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtkv.serving import serve, supervise, supervisor_state
+    from trtkv.serving import serve, supervise, supervisor_state, teardown
 
     o = ServeOptions.from_args(args)
     recipe = load(args)
@@ -128,6 +128,6 @@ def run(args: argparse.Namespace) -> int:
         try:
             supervise.spawn(recipe, [args.recipe, *args.overrides])
         except BaseException:
-            serve.stop(recipe)  # no half-started state: the server goes with its supervisor
+            teardown.stop(recipe)  # no half-started state: the server goes with its supervisor
             raise
     return 0

@@ -21,13 +21,20 @@ EXAMPLES = """\
 """  # noqa: E501
 
 
+# each canary is a real engine step competing with the served traffic
+MAX_CANARIES = 64
+
+
 class StatusOptions(Options):
     """`trtkv status RECIPE [options]`: each field one flag (trtkv.core.options)."""
 
     canaries: Annotated[
         int | None,
         Field(
-            description="one-token inferences to send (default: the recipe's triton.instance_count)"
+            ge=0,
+            le=MAX_CANARIES,
+            description="one-token inferences to send (default: the recipe's "
+            f"triton.instance_count; 0: none, alive and ready only; at most {MAX_CANARIES})",
         ),
         Flag(),
     ] = None
@@ -55,7 +62,9 @@ def run(args: argparse.Namespace) -> int:
     if sup is not None and sup.state == "restarting":
         result = health.Health("restarting", ServerRecord.load(serve_dir(recipe)))
     else:
-        result = health.check(recipe, canaries=o.canaries or recipe.triton.instance_count)
+        # 0 means none (not the default): `is None`, never `or`
+        count = recipe.triton.instance_count if o.canaries is None else o.canaries
+        result = health.check(recipe, canaries=count)
     server = result.server
     pool_check = None
     if result.checks.get("ready"):  # planned against served: the pool the running engine reports

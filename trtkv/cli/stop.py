@@ -34,11 +34,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtkv.serving import serve, supervisor_state
+    from trtkv.serving import supervisor_state, teardown
 
     o = StopOptions.from_args(args)
     recipe = load(args)
     # first, or it would restart the server it sees go away
     supervisor_state.stop(recipe, timeout_s=o.timeout)
-    serve.stop(recipe, timeout_s=o.timeout)
+    teardown.stop(recipe, timeout_s=o.timeout)
     return 0

@@ -4,6 +4,92 @@ replace, leftovers and the atomic swap in outputs), the typed files stages hand 
 (artifacts), the request interface of a served model (interface) and the one-token canary request
 built from it (canary)."""
 
+from trtkv.core.lazy import attach
+
+TYPE_CHECKING = False  # typing's, without loading typing (see trtkv.core.lazy)
+
+if TYPE_CHECKING:
+    from trtkv.contracts.artifacts import (
+        Artifact,
+        BenchEndpoint,
+        BenchResults,
+        BenchSLOs,
+        BenchWorkload,
+        KVScaleLayer,
+        KVScalesFile,
+        Manifest,
+        ProbeDoc,
+        ServerRecord,
+        SupervisorRecord,
+    )
+    from trtkv.contracts.canary import (
+        CANARY_TIMEOUT_S,
+        canary_script,
+        docker_health_args,
+        health_cmd,
+    )
+    from trtkv.contracts.interface import ENSEMBLE, INTERFACES, LLMAPI, ModelInterface, detect
+    from trtkv.contracts.outputs import (
+        OWNER,
+        check_inside,
+        check_output,
+        in_place_output,
+        remove_leftovers,
+        replace_folder,
+    )
+    from trtkv.contracts.stage import (
+        VERSIONED_TOOLS,
+        StageResult,
+        input_problem,
+        manifest_hash,
+        read_manifest,
+        require_input,
+        require_made_from,
+        run_stage,
+        tool_versions,
+    )
+
+# each name's module is imported on first use: importing one contract does not load the others
+__getattr__, __dir__ = attach(
+    __name__,
+    submod_attrs={
+        "artifacts": [
+            "Artifact",
+            "BenchEndpoint",
+            "BenchResults",
+            "BenchSLOs",
+            "BenchWorkload",
+            "KVScaleLayer",
+            "KVScalesFile",
+            "Manifest",
+            "ProbeDoc",
+            "ServerRecord",
+            "SupervisorRecord",
+        ],
+        "canary": ["canary_script", "CANARY_TIMEOUT_S", "docker_health_args", "health_cmd"],
+        "interface": ["detect", "ENSEMBLE", "INTERFACES", "LLMAPI", "ModelInterface"],
+        "outputs": [
+            "check_inside",
+            "check_output",
+            "in_place_output",
+            "OWNER",
+            "remove_leftovers",
+            "replace_folder",
+        ],
+        "stage": [
+            "input_problem",
+            "manifest_hash",
+            "read_manifest",
+            "require_input",
+            "require_made_from",
+            "run_stage",
+            "StageResult",
+            "tool_versions",
+            "VERSIONED_TOOLS",
+        ],
+    },
+)
+
 __all__ = [
     "Artifact",
     "BenchEndpoint",
@@ -12,6 +98,7 @@ __all__ = [
     "BenchWorkload",
     "canary_script",
     "CANARY_TIMEOUT_S",
+    "check_inside",
     "check_output",
     "detect",
     "docker_health_args",

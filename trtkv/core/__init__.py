@@ -1,10 +1,90 @@
 """Foundation layer: user-facing errors, project paths, the stage contract, processes and their
-sessions, external tools, progress, the API key and the shipped texts. Imports nothing else of
-trtkv."""
+sessions, external tools, progress, the API key, the shipped texts and the checks on what servers
+and tools report (readback). Imports nothing else of trtkv."""
+
+from trtkv.core.lazy import attach
+
+TYPE_CHECKING = False  # typing's, without loading typing (see trtkv.core.lazy)
+
+if TYPE_CHECKING:
+    from trtkv.core.apikey import (
+        API_KEY_ENV,
+        API_KEY_FILE_ENV,
+        TRITON_KEY_HEADER,
+        VLLM_KEY_ENV,
+        auth_headers,
+    )
+    from trtkv.core.errors import RecipeError, StageError, ToolError, TrtkvError, os_error_line
+    from trtkv.core.files import NotReadable, naming, read_capped, read_json, strict_json
+    from trtkv.core.httpcall import Transport, request
+    from trtkv.core.options import Flag, Options
+    from trtkv.core.paths import FOLDERS, HOME, project_root, temp_sibling
+    from trtkv.core.process import is_running, pid_alive, port_in_use, wait_http_ready
+    from trtkv.core.progress import Progress
+    from trtkv.core.readback import (
+        MAX_POOL_BYTES,
+        MAX_POOL_TOKENS,
+        ReadBackError,
+        log_tail,
+        real,
+        tool_answer,
+        whole,
+    )
+    from trtkv.core.texts import (
+        CALIB_DEFAULT,
+        EVAL_LONG_TEXT,
+        eval_long_text,
+        load_texts,
+        quiz_items,
+        resolve_files,
+    )
+    from trtkv.core.tools import quote, run_logged, tail
+
+# each name's module is imported on first use: every trtkv import runs this file, so it imports
+# nothing itself
+__getattr__, __dir__ = attach(
+    __name__,
+    submodules=["paths", "sessions"],
+    submod_attrs={
+        "apikey": [
+            "API_KEY_ENV",
+            "API_KEY_FILE_ENV",
+            "auth_headers",
+            "TRITON_KEY_HEADER",
+            "VLLM_KEY_ENV",
+        ],
+        "errors": ["os_error_line", "RecipeError", "StageError", "ToolError", "TrtkvError"],
+        "files": ["naming", "NotReadable", "read_capped", "read_json", "strict_json"],
+        "httpcall": ["request", "Transport"],
+        "options": ["Flag", "Options"],
+        "paths": ["FOLDERS", "HOME", "project_root", "temp_sibling"],
+        "process": ["is_running", "pid_alive", "port_in_use", "wait_http_ready"],
+        "progress": ["Progress"],
+        "readback": [
+            "log_tail",
+            "MAX_POOL_BYTES",
+            "MAX_POOL_TOKENS",
+            "ReadBackError",
+            "real",
+            "tool_answer",
+            "whole",
+        ],
+        "texts": [
+            "CALIB_DEFAULT",
+            "EVAL_LONG_TEXT",
+            "eval_long_text",
+            "load_texts",
+            "quiz_items",
+            "resolve_files",
+        ],
+        "tools": ["quote", "run_logged", "tail"],
+    },
+)
 
 __all__ = [
     "API_KEY_ENV",
     "API_KEY_FILE_ENV",
+    "attach",
     "auth_headers",
     "CALIB_DEFAULT",
     "EVAL_LONG_TEXT",
@@ -14,6 +94,9 @@ __all__ = [
     "HOME",
     "is_running",
     "load_texts",
+    "log_tail",
+    "MAX_POOL_BYTES",
+    "MAX_POOL_TOKENS",
     "naming",
     "NotReadable",
     "Options",
@@ -27,6 +110,8 @@ __all__ = [
     "quote",
     "read_capped",
     "read_json",
+    "ReadBackError",
+    "real",
     "RecipeError",
     "request",
     "resolve_files",
@@ -36,10 +121,12 @@ __all__ = [
     "strict_json",
     "tail",
     "temp_sibling",
+    "tool_answer",
     "ToolError",
     "Transport",
     "TRITON_KEY_HEADER",
     "TrtkvError",
     "VLLM_KEY_ENV",
     "wait_http_ready",
+    "whole",
 ]

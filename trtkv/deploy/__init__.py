@@ -29,6 +29,14 @@ from trtkv.core.errors import StageError
 from trtkv.core.files import naming
 from trtkv.core.paths import temp_sibling
 from trtkv.deploy import check, dynamo, k8s, launch, loader, readme, slurm
+from trtkv.deploy.k8s import (
+    DEFAULT_CLIENTS,
+    DEFAULT_NAMESPACE,
+    DEFAULT_PROMETHEUS,
+    DEFAULT_PROMETHEUS_NAMESPACE,
+    Fence,
+    selector,
+)
 from trtkv.deploy.sizing import Sizing, size
 from trtkv.recipe import Recipe
 from trtkv.recipe.layout import container_artifacts

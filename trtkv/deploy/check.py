@@ -6,7 +6,8 @@
 - LeaderWorkerSet and DynamoGraphDeployment: the CRDs' own openAPIV3Schema, read from upstream at a
   named release (trtkv/data/schemas, SOURCES.json; scripts/crd_schema.py extracts them), with
   unknown fields refused the same way;
-- shell scripts: `bash -n`, and shellcheck when it is installed.
+- shell scripts: `bash -n`, and shellcheck when it is installed; a Slurm job's pyxis mount list
+  split as pyxis splits it (one /SRC:/DST:ro per folder).
 """
 
 from __future__ import annotations
@@ -139,6 +140,46 @@ def check_shell(path: Path) -> list[str]:
     return problems
 
 
+# the job's lines that build pyxis's mount list (trtkv.deploy.slurm.job_script)
+MOUNT_LINES = ("ENGINES=", "REPOSITORIES=", "HERE=", "MOUNTS=")
+
+
+def check_mounts(path: Path) -> list[str]:
+    """pyxis's reading of a Slurm job's --container-mounts list (SRC:DST[:FLAGS] split at every ','
+    and ':', no escaping), with the folders the job names when no TRTKV_* is set: one mount per
+    folder the list names, each `/SRC:/DST:ro`."""
+    lines = [x for x in path.read_text().splitlines() if x.startswith(MOUNT_LINES)]
+    listed = next((x for x in lines if x.startswith("MOUNTS=")), None)
+    if listed is None:
+        return []
+    if any("$(" in x or "`" in x for x in lines):
+        return [f"{path.name}: the mount list's lines hold a command substitution"]
+    proc = subprocess.run(
+        ["bash", "-c", "\n".join(lines) + '\nprintf %s "$MOUNTS"'],
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if proc.returncode:
+        return [f"{path.name}: the mount list does not expand: {proc.stderr.strip()}"]
+    mounts, wanted = proc.stdout.split(","), listed.count('"$')
+    problems = []
+    if len(mounts) != wanted:
+        problems.append(
+            f"{path.name}: pyxis reads {len(mounts)} mounts where the job names {wanted}: a ',' in "
+            f"a path splits --container-mounts ({proc.stdout!r})"
+        )
+    for mount in mounts:
+        fields = mount.split(":")
+        if len(fields) != 3 or fields[2] != "ro" or not all(f.startswith("/") for f in fields[:2]):
+            problems.append(
+                f"{path.name}: pyxis reads the mount {mount!r}, not /SRC:/DST:ro (a ':' or ',' in "
+                "a path)"
+            )
+    return problems
+
+
 def check_folder(folder: Path) -> tuple[list[str], list[str]]:
     """(what was checked, problems) for every .yaml and .sh/.sbatch file in `folder`."""
     import yaml
@@ -160,9 +201,13 @@ def check_folder(folder: Path) -> tuple[list[str], list[str]]:
                     )
         elif path.suffix in (".sh", ".sbatch"):
             problems += check_shell(path)
+            mounts = check_mounts(path)
+            problems += mounts
             checked.append(
                 f"{path.name}: bash -n" + (" + shellcheck" if shutil.which("shellcheck") else "")
             )
+            if path.suffix == ".sbatch" and not mounts:
+                checked.append(f"{path.name}: --container-mounts read as pyxis splits it")
     return checked, problems
 
 

@@ -66,7 +66,7 @@ class Fence:
     )
 
 
-def _match(labels: dict[str, str]) -> str:
+def label_selector(labels: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in labels.items())
 
 

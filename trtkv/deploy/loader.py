@@ -1,9 +1,11 @@
 """The models volume filled by a Job, not by `kubectl cp`: a small, well-known CLI image copies the
-folders the server reads from the source the user names (`trtkv deploy --model-source`) into
-/models/<recipe>/ on the PVC, then writes the marker `.trtkv-loaded` holding this load's id; every
-server pod's init container waits for that marker (trtkv.deploy.pods.wait_for_load). The marker goes
-first and comes back last, so a pod never starts on a half-copied volume, and a new build (new
-manifests, so a new id and a new Job name) is never mistaken for the old one.
+folders the server reads from the source the user names (`trtkv deploy --model-source`) into a new
+folder of the PVC, writes the marker `.trtkv-loaded` holding this load's id into it, and only then
+switches /models/<recipe> (a symbolic link) to it with one rename; every server pod's init container
+waits for that marker (trtkv.deploy.pods.wait_for_load). A pod never starts on a half-copied volume,
+a new build (new manifests, so a new id and a new Job name) is never mistaken for the old one, and a
+load that fails half-way leaves the previous load and its marker as they were (the old pods can
+restart), which goes only once the new one is in place.
 
 Sources (the folders under them mirror /models/<recipe>/: engine/, checkpoint/..., triton_repo/):
 - s3://BUCKET/PREFIX   amazon/aws-cli, `aws s3 sync --delete` (credentials: IRSA/instance role, or
@@ -12,7 +14,7 @@ Sources (the folders under them mirror /models/<recipe>/: engine/, checkpoint/..
                        AWS_ENDPOINT_URL for S3-compatible stores goes in `config` as endpoint_url)
 - gs://BUCKET/PREFIX   google-cloud-cli, `gcloud storage rsync` (Workload Identity, or Secret key
   `key.json`)
-- nfs://SERVER/PATH    busybox `cp` from the export mounted read-only
+- nfs://SERVER/PATH    `cp` from the export mounted read-only
 - hf://ORG/NAME[@REV]  python + huggingface_hub `snapshot_download` of an HF export (checkpoint/hf
   only: the LLM API,
                        vLLM or SGLang path; the cluster must reach the hub; token: Secret key
@@ -48,13 +50,12 @@ LOADER_UID = 10001
 LOADER_IMAGES = {  # pinned tags of the tools' own images (override: --loader-image)
     "s3": "amazon/aws-cli:2.17.0",
     "gs": "gcr.io/google.com/cloudsdktool/google-cloud-cli:489.0.0-slim",
-    "nfs": "busybox:1.36.1",
+    "nfs": "python:3.12.8-slim",  # GNU coreutils (mv -T), as the others
     "hf": "python:3.12.8-slim",
 }
 HUB_CLIENT = "huggingface_hub==0.36.0"  # the version .venv-tf457 pins beside transformers 4.57.1
 CREDENTIALS_DIR = "/etc/trtkv-loader"
 JOB_DEADLINE_S = 6 * 3600
-_BUCKET = r"[a-z0-9][a-z0-9._-]{1,62}"
 _PATH = r"[A-Za-z0-9._~/@+=-]*"
 FORMS = (
     "s3://BUCKET/PREFIX",
@@ -87,26 +88,110 @@ class ModelSource:
         )
 
 
+# each provider's own naming rule, checked whole (never a bucket cut to a prefix of what was typed)
+S3_BUCKET_RULE = (
+    "an S3 bucket name is 3-63 characters of lower-case letters, digits, '.' and '-', begins and "
+    "ends with a letter or digit, has no '..', is not an IP address, and does not begin with "
+    "xn--, sthree- or amzn-s3-demo- nor end with -s3alias, --ol-s3, .mrap, --x-s3 or --table-s3 "
+    "(AWS: bucket naming rules)"
+)
+GS_BUCKET_RULE = (
+    "a Cloud Storage bucket name is 3-63 characters of lower-case letters, digits, '_', '-' and "
+    "'.' (up to 222 with dots, each dot-separated part at most 63), begins and ends with a letter "
+    "or digit, has no '..', is not an IP address, does not begin with 'goog' nor contain 'google' "
+    "(Google Cloud: bucket naming requirements)"
+)
+HF_NAME_RULE = (
+    "a hub repository id is ORG/NAME, each part 1-96 characters of letters, digits, '_', '-' and "
+    "'.', beginning and ending with a letter or digit, with no '--' or '..' (huggingface_hub's "
+    "validate_repo_id); a revision is letters, digits and ._/- with no '..' and no leading '/'"
+)
+NFS_RULE = (
+    "an NFS server is a host name (dot-separated labels of 1-63 letters, digits and '-', not "
+    "beginning or ending with '-', at most 253 characters) or a [IPv6] address, and the export "
+    "path is absolute, with no '.' or '..' part"
+)
+PATH_RULE = "a path or prefix holds letters, digits and ._~/@+=- only"
+_IP = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}")
+_S3_NAME = re.compile(r"[a-z0-9](?:[a-z0-9.-]{1,61})[a-z0-9]")
+_S3_AFFIXES = (
+    ("xn--", "sthree-", "amzn-s3-demo-"),
+    ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3"),
+)
+_GS_PART = re.compile(r"[a-z0-9_-]{1,63}")
+_GS_NAME = re.compile(r"[a-z0-9](?:[a-z0-9._-]{1,220})[a-z0-9]")
+_HF_PART = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?")
+_HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def _bucket_ok(kind: str, name: str) -> bool:
+    """`name` keeps the provider's bucket naming rule (S3_BUCKET_RULE, GS_BUCKET_RULE)."""
+    if ".." in name or _IP.fullmatch(name):
+        return False
+    if kind == "s3":
+        starts, ends = _S3_AFFIXES
+        return bool(_S3_NAME.fullmatch(name)) and not (
+            name.startswith(starts) or name.endswith(ends)
+        )
+    parts = name.split(".")
+    return (
+        bool(_GS_NAME.fullmatch(name))
+        and (len(name) <= 63 or len(parts) > 1)
+        and all(_GS_PART.fullmatch(p) for p in parts)
+        and not name.startswith("goog")
+        and "google" not in name
+    )
+
+
+def _refuse(text: str, rule: str) -> StageError:
+    return StageError(
+        f"--model-source {text!r}: {rule}. Next: correct it, e.g. --model-source "
+        "s3://my-bucket/trtkv/<recipe>; the folders under it mirror /models/<recipe>/ (the "
+        "README's upload step writes them)."
+    )
+
+
 def parse_source(text: str) -> ModelSource:
-    """`--model-source` validated where it enters (it reaches a shell line and a Job spec);
-    StageError naming the forms otherwise."""
-    m = re.fullmatch(rf"(s3|gs)://({_BUCKET})/?({_PATH})", text)
-    if m:
-        return ModelSource(SourceKind(m.group(1)), m.group(2), m.group(3).strip("/"))
-    m = re.fullmatch(rf"nfs://([A-Za-z0-9][A-Za-z0-9.-]*|\[[0-9a-fA-F:]+\])(/{_PATH})", text)
-    if m:
-        return ModelSource(SourceKind.NFS, m.group(1), m.group(2).rstrip("/") or "/")
-    m = re.fullmatch(
-        r"hf://([A-Za-z0-9][A-Za-z0-9._-]*)/([A-Za-z0-9][A-Za-z0-9._-]*)(?:@([A-Za-z0-9._/-]+))?",
-        text,
-    )
-    if m:
-        return ModelSource(SourceKind.HF, m.group(1), m.group(2), m.group(3))
-    raise StageError(
-        f"--model-source {text!r} is not one of {', '.join(FORMS)} (letters, digits and ._~/@+=- "
-        "only). Next: e.g. --model-source s3://my-bucket/trtkv/<recipe>; the folders under it "
-        "mirror /models/<recipe>/ (the README's upload step writes them)."
-    )
+    """`--model-source` validated where it enters, whole, by each provider's naming rule (it reaches
+    a shell line, a Job spec and the README's upload step); StageError naming the value and the
+    rule otherwise."""
+    scheme, sep, rest = text.partition("://")
+    if not sep or scheme not in {k.value for k in SourceKind}:
+        raise StageError(
+            f"--model-source {text!r} is not one of {', '.join(FORMS)}. Next: e.g. --model-source "
+            "s3://my-bucket/trtkv/<recipe>; the folders under it mirror /models/<recipe>/ (the "
+            "README's upload step writes them)."
+        )
+    kind = SourceKind(scheme)
+    host, slash, path = rest.partition("/")
+    if kind in (SourceKind.S3, SourceKind.GS):
+        if not _bucket_ok(scheme, host):
+            raise _refuse(text, S3_BUCKET_RULE if kind is SourceKind.S3 else GS_BUCKET_RULE)
+        if not re.fullmatch(_PATH, path):
+            raise _refuse(text, PATH_RULE)
+        return ModelSource(kind, host, path.strip("/"))
+    if kind is SourceKind.NFS:
+        labels = host.split(".")
+        named = len(host) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels)
+        parts = path.split("/")
+        if (
+            not (named or re.fullmatch(r"\[[0-9a-fA-F:]+\]", host))
+            or not slash
+            or any(p in (".", "..") for p in parts)
+        ):
+            raise _refuse(text, NFS_RULE)
+        if not re.fullmatch(_PATH, path):
+            raise _refuse(text, PATH_RULE)
+        return ModelSource(kind, host, ("/" + path).rstrip("/") or "/")
+    name, at, revision = path.partition("@")
+    if (
+        not all(_HF_PART.fullmatch(p) for p in (host, name))
+        or any(".." in p or "--" in p for p in (host, name))
+        or (at and not re.fullmatch(r"[A-Za-z0-9._-][A-Za-z0-9._/-]*", revision))
+        or ".." in revision
+    ):
+        raise _refuse(text, HF_NAME_RULE)
+    return ModelSource(kind, host, name, revision or None)
 
 
 def check_source(source: ModelSource, recipe: Recipe, folders: list[str]) -> None:
@@ -145,17 +230,18 @@ def remote(source: ModelSource, sub: str) -> str:
 
 
 def _copy(source: ModelSource, sub: str, dest: str) -> str:
-    """The shell line copying one folder (`sub`, relative to /models/<recipe>) into `dest`."""
+    """The shell line copying one folder (`sub`, relative to /models/<recipe>) into `dest` (a shell
+    word, already quoted)."""
     q = shlex.quote
     if source.kind is SourceKind.S3:
-        return f"aws s3 sync --only-show-errors --delete {q(remote(source, sub))} {q(dest)}"
+        return f"aws s3 sync --only-show-errors --delete {q(remote(source, sub))} {dest}"
     if source.kind is SourceKind.GS:
         return (
             "gcloud storage rsync --recursive --delete-unmatched-destination-objects "
-            f"{q(remote(source, sub))} {q(dest)}"
+            f"{q(remote(source, sub))} {dest}"
         )
     if source.kind is SourceKind.NFS:
-        return f"rm -rf {q(dest)} && mkdir -p {q(dest)} && cp -R {q('/source/' + sub)}/. {q(dest)}/"
+        return f"cp -R {q('/source/' + sub)}/. {dest}/"
     call = (
         "import sys; from huggingface_hub import snapshot_download; "
         "snapshot_download(repo_id=sys.argv[1], revision=sys.argv[2] or None, "
@@ -163,16 +249,37 @@ def _copy(source: ModelSource, sub: str, dest: str) -> str:
     )
     return (
         f"PYTHONPATH=/tmp/pip python3 -c {q(call)} {q(source.host + '/' + source.path)} "
-        f"{q(source.revision or '')} {q(dest)}"
+        f"{q(source.revision or '')} {dest}"
     )
 
 
+# under the volume: every load of a recipe in a folder of its own; /models/<recipe> is a symbolic
+# link to the complete load in use, so a load is switched by one rename
+LOADS_DIR = ".trtkv-loads"
+
+
 def script(recipe: Recipe, source: ModelSource, subs: list[str], lid: str) -> str:
-    """The Job's shell: drop the marker, copy every folder, check none is empty, write the marker
-    last."""
-    root = f"{MODELS_MOUNT}/{recipe.name}"
+    """The Job's shell: copy every folder into a new folder beside the load in use, check none is
+    empty, write the marker into it, then switch /models/<recipe> (a symbolic link) to it with one
+    rename (`mv -T`, GNU coreutils: every loader image has them); the previous load is removed only
+    after that. A copy that fails half-way removes its own folder and leaves the load in use, its
+    marker included, as it was. A folder a trtkv before 2026-12 loaded in place is moved under
+    LOADS_DIR once, behind the link, unchanged."""
     q = shlex.quote
-    lines = ["set -eu", f"root={q(root)}", 'mkdir -p "$root"', f'rm -f "$root/{LOAD_MARKER}"']
+    name = recipe.name
+    loads = f"{LOADS_DIR}/{name}"  # relative to the volume: the link's target
+    lines = [
+        "set -eu",
+        f"top={q(MODELS_MOUNT)}",
+        f"root={q(MODELS_MOUNT + '/' + name)}",
+        f"loads={q(loads)}",
+        f'new="$loads/{lid}.$(date +%s).$$"',
+        f'link="$top/.{name}.link.$$"',
+        'mkdir -p "$top/$loads"',
+        'trap \'rm -rf "${top:?}/$new" "$link"\' EXIT  # a failed copy leaves nothing of its own',
+        'if [ -d "$root" ] && [ ! -L "$root" ]; then old="$loads/inplace.$(date +%s)"; '
+        'mv "$root" "$top/$old"; ln -s "$old" "$root"; fi',
+    ]
     if source.kind is SourceKind.GS:
         lines.append(
             f"if [ -f {CREDENTIALS_DIR}/key.json ]; then gcloud auth activate-service-account "
@@ -181,17 +288,20 @@ def script(recipe: Recipe, source: ModelSource, subs: list[str], lid: str) -> st
     if source.kind is SourceKind.HF:
         lines.append(f"pip install --quiet --no-cache-dir --target /tmp/pip {HUB_CLIENT}")
     for sub in subs:
-        dest = f"{root}/{sub}"
+        dest = f'"$top/$new"/{q(sub)}'
         lines += [
-            f"mkdir -p {q(dest)}",
+            f"mkdir -p {dest}",
             _copy(source, sub, dest),
-            f'[ -n "$(ls -A {q(dest)})" ] || {{ echo "loader: {sub} is empty after the copy from '
+            f'[ -n "$(ls -A {dest})" ] || {{ echo "loader: {sub} is empty after the copy from '
             f'{source.uri}" >&2; exit 1; }}',
         ]
     lines += [
-        f'echo {lid} > "$root/{LOAD_MARKER}.tmp"',
-        f'mv "$root/{LOAD_MARKER}.tmp" "$root/{LOAD_MARKER}"',
-        f'echo "loaded {len(subs)} folder(s) from {source.uri} into $root ({lid})"',
+        f'echo {lid} > "$top/$new/{LOAD_MARKER}"',
+        'ln -s "$new" "$link"',
+        'mv -T "$link" "$root"  # one rename: the servers see the old load or the new one, whole',
+        "trap - EXIT",
+        'for old in "$top/$loads"/*; do [ "$old" = "$top/$new" ] || rm -rf "$old"; done',
+        f'echo "loaded {len(subs)} folder(s) from {source.uri} into $root -> $new ({lid})"',
     ]
     return "\n".join(lines) + "\n"
 

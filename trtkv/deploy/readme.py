@@ -14,6 +14,8 @@ from trtkv.deploy.launch import SSH_PORT, SSH_WAIT_S, Launch
 from trtkv.deploy.sizing import Sizing
 from trtkv.recipe import Recipe
 
+q = shlex.quote  # every value a shell line of the README names
+
 if TYPE_CHECKING:
     from trtkv.deploy import Models, Options
 
@@ -34,8 +36,10 @@ def _clients_line() -> str:
 def _bench_line(recipe: Recipe, lch: Launch, host: str, offset: int = 0) -> str:
     """`trtkv bench` against `host`: Triton's gRPC port, or the OpenAI server's HTTP port."""
     if lch.triton:
-        return f"trtkv bench {recipe.name} --url {host}:{lch.ports['grpc'] + offset}"
-    return f"trtkv bench {recipe.name} --protocol openai --url {host}:{lch.ports['http'] + offset}"
+        return f"trtkv bench {q(recipe.name)} --url {host}:{lch.ports['grpc'] + offset}"
+    return (
+        f"trtkv bench {q(recipe.name)} --protocol openai --url {host}:{lch.ports['http'] + offset}"
+    )
 
 
 def _upload(recipe: Recipe, models: Models, ns: str) -> list[str]:
@@ -54,8 +58,8 @@ def _upload(recipe: Recipe, models: Models, ns: str) -> list[str]:
     }.get(src.kind)
     if hint:
         lines.append(
-            f"# optional (else the node's or pod's cloud identity): kubectl -n {ns} create secret "
-            f"generic {secret} {hint}"
+            f"# optional (else the node's or pod's cloud identity): kubectl -n {q(ns)} create "
+            f"secret generic {q(secret)} {hint}"
         )
     return lines
 
@@ -67,12 +71,12 @@ def _apply_lines(
     job = k8s.k8s_name(recipe, f"load-{models.load_id[:8]}")
     return [
         "```bash",
-        f"kubectl create namespace {ns}   # once",
+        f"kubectl create namespace {q(ns)}   # once",
         *_upload(recipe, models, ns),
         "# 2. the models volume and the Job that fills it (a new build: a new Job name, the old "
         "one finished)",
-        f"kubectl apply -f {out / 'models.yaml'}",
-        f"kubectl -n {ns} wait --for=condition=complete job/{job} "
+        f"kubectl apply -f {q(str(out / 'models.yaml'))}",
+        f"kubectl -n {q(ns)} wait --for=condition=complete {q('job/' + job)} "
         f"--timeout={loader.JOB_DEADLINE_S}s",
         first,
     ]
@@ -87,7 +91,7 @@ def k8s_body(
         lines += [
             "umask 077; openssl rand -hex 32 > trtkv-api-key   # the key clients send "
             f"(${API_KEY_ENV})",
-            f"kubectl -n {ns} create secret generic {k8s.k8s_name(recipe, 'key')} "
+            f"kubectl -n {q(ns)} create secret generic {q(k8s.k8s_name(recipe, 'key'))} "
             f"--from-file={k8s.KEY_SECRET_FIELD}=trtkv-api-key",
         ]
     if lch.uses_ssh and lch.multi_node:  # one node: no ssh between pods
@@ -98,12 +102,12 @@ def k8s_body(
             "host key",
             f"echo \"{k8s.known_hosts_pattern(recipe)} $(cut -d' ' -f1,2 trtkv-ssh-host.pub)\" > "
             "trtkv-known_hosts",
-            f"kubectl -n {ns} create secret generic {k8s.k8s_name(recipe, 'ssh')} "
+            f"kubectl -n {q(ns)} create secret generic {q(k8s.k8s_name(recipe, 'ssh'))} "
             "--from-file=id_ed25519=trtkv-ssh --from-file=authorized_keys=trtkv-ssh.pub "
             "--from-file=ssh_host_ed25519_key=trtkv-ssh-host "
             "--from-file=known_hosts=trtkv-known_hosts",
         ]
-    lines += [f"kubectl apply -f {out / 'server.yaml'}", "```", ""]
+    lines += [f"kubectl apply -f {q(str(out / 'server.yaml'))}", "```", ""]
     if lch.multi_node:
         lines += [
             f"One replica spans {sizing.nodes_per_replica} nodes: a LeaderWorkerSet (install the "
@@ -140,7 +144,7 @@ def _reach_k8s(recipe: Recipe, lch: Launch, ns: str, service: str) -> list[str]:
         "workstation, through the kubelet:",
         "",
         "```bash",
-        f"kubectl -n {ns} port-forward service/{service} {ports}",
+        f"kubectl -n {q(ns)} port-forward {q('service/' + service)} {ports}",
         _bench_line(recipe, lch, "127.0.0.1"),
         "```",
         "",
@@ -185,9 +189,9 @@ def _fit(recipe: Recipe, lch: Launch, sizing: Sizing) -> list[str]:
 
 def _k8s_security_lines(recipe: Recipe, lch: Launch, options: Options) -> list[str]:
     fence = options.fence
-    clients = k8s._match(fence.clients)
+    clients = k8s.label_selector(fence.clients)
     where = (
-        f"in namespaces labelled `{k8s._match(fence.client_namespaces)}`"
+        f"in namespaces labelled `{k8s.label_selector(fence.client_namespaces)}`"
         if fence.client_namespaces is not None
         else "in the deployment's own namespace"
     )
@@ -200,8 +204,8 @@ def _k8s_security_lines(recipe: Recipe, lch: Launch, options: Options) -> list[s
         "only from the deployment's own pods (ssh, MPI, NCCL, Ray), and "
         + (
             f"the metrics port {lch.ports.get('metrics', lch.ports['http'])} to pods "
-            f"`{k8s._match(fence.prometheus)}` in namespaces "
-            f"`{k8s._match(fence.prometheus_namespace)}` (`--prometheus`, "
+            f"`{k8s.label_selector(fence.prometheus)}` in namespaces "
+            f"`{k8s.label_selector(fence.prometheus_namespace)}` (`--prometheus`, "
             "`--prometheus-namespace`)."
             if lch.metrics_path
             else "no metrics port (the server has no Prometheus endpoint)."
@@ -245,7 +249,8 @@ def dynamo_body(
         "With the Dynamo platform (operator) installed in the namespace:",
         "",
         *_apply_lines(recipe, out, models, options, "# 3. the graph"),
-        f"kubectl apply -f {out / 'agg.yaml'}      # or disagg.yaml: prefill and decode workers",
+        f"kubectl apply -f {q(str(out / 'agg.yaml'))}      # or disagg.yaml: prefill and decode "
+        "workers",
         "```",
         "",
         f"Images: {dynamo.image(recipe)} (Dynamo {dynamo.DYNAMO_VERSION}). The disaggregated graph "

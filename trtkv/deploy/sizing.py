@@ -40,7 +40,9 @@ class Sizing(Artifact):
     replicas: int
     chosen_by: str  # how the replica count was chosen
     weights_gib_total: float
-    storage_gib: int  # what the models volume should hold (the exported weights + room)
+    # what the models volume should hold: two loads (trtkv.deploy.loader keeps the one in use until
+    # the next is complete)
+    storage_gib: int
     # the plan's lower bound for one decode step at max_seq_len (0: unknown)
     decode_step_ms: float = 0.0
 
@@ -79,9 +81,10 @@ class Sizing(Artifact):
             f"(bound by {self.bound_by})",
             f"- Replicas: {self.replicas} ({self.chosen_by}) -> {self.total_gpus} GPUs, "
             f"{self.concurrent_sequences} concurrent sequences at full context",
-            f"- Model volume: {self.storage_gib} GiB (the folders the server reads: the exported "
-            f"weights, {self.weights_gib_total:.1f} GiB, x 1.25 + 10 GiB for the tokenizer, the "
-            "engines' per-rank copies of embeddings, the repository and room to replace them)",
+            f"- Model volume: {self.storage_gib} GiB (twice the folders the server reads, since a "
+            "new load is copied beside the one in use and replaces it only once complete: the "
+            f"exported weights, {self.weights_gib_total:.1f} GiB, x 1.25 + 5 GiB for the "
+            "tokenizer, the engines' per-rank copies of embeddings and the repository)",
         ]
 
 
@@ -152,6 +155,6 @@ def size(
         replicas=count,
         chosen_by=chosen,
         weights_gib_total=weights,
-        storage_gib=math.ceil(weights * 1.25 + 10),
+        storage_gib=math.ceil(2 * (weights * 1.25 + 5)),
         decode_step_ms=float(cap.decode_step_ms.get(seq_len, 0.0)),
     )

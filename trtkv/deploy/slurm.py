@@ -135,6 +135,44 @@ def _indent(text: str) -> str:
     return "\n".join("    " + line for line in text.splitlines())
 
 
+# pyxis's own syntax (its `srun --help`): no quoting or escaping of a ',' or ':' in a path
+MOUNT_RULE = (
+    "pyxis reads --container-mounts as SRC:DST[:FLAGS][,SRC:DST...] with no escaping, so a ',' "
+    "or ':' in a path splits the list into other mounts"
+)
+MOUNT_SEPARATORS = ",:"
+
+
+def check_mount_paths(recipe: Recipe, launch: Launch, here: str) -> None:
+    """Refuse a path that would reach pyxis's mount list holding ',' or ':' (MOUNT_RULE): this
+    folder, the engines and repositories folders and each mounted folder, host and container side.
+    The job checks the same of the TRTKV_* folders it is given (`_MOUNT_GUARD`)."""
+    named = [
+        ("the output folder (--output)", here),
+        ("the engines folder (TRTKV_ENGINES)", str(paths.engines_dir())),
+        ("the repositories folder (TRTKV_TRITON_REPO)", str(repo_dir(recipe).parent)),
+    ]
+    for host, box in launch.folders:
+        named += [("a folder the server reads", str(host)), ("its container path", str(box))]
+    for what, path in named:
+        bad = sorted({c for c in path if c in MOUNT_SEPARATORS})
+        if bad:
+            raise StageError(
+                f"deploy {comment(recipe.name)} --target slurm: {what} {path!r} holds "
+                f"{' and '.join(repr(c) for c in bad)}: {MOUNT_RULE}. Nothing was written. Next: "
+                "use folders whose paths hold neither (--output, TRTKV_ENGINES, "
+                "TRTKV_TRITON_REPO), e.g. a symbolic link without them to the same folder."
+            )
+
+
+# the same refusal in the job, for the folders sbatch is given (TRTKV_ENGINES, ...)
+_MOUNT_GUARD = (
+    'case "$ENGINES$REPOSITORIES$HERE" in *[,:]*) echo "trtkv: $ENGINES, $REPOSITORIES or $HERE '
+    "holds ',' or ':', which split pyxis's --container-mounts list (SRC:DST[:FLAGS],...; no "
+    'escaping): use folders without them" >&2; exit 1;; esac'
+)
+
+
 def _mounts(recipe: Recipe, launch: Launch) -> str:
     """pyxis --container-mounts: each folder the server reads, from $ENGINES (engines/) or
     $REPOSITORIES (triton_repo/) on a filesystem every node sees, to its canonical container path;
@@ -189,6 +227,7 @@ def job_script(recipe: Recipe, launch: Launch, sizing: Sizing, here: str) -> str
             "control character (a newline would end its #SBATCH line). Next: pass --output with a "
             "plain path."
         )
+    check_mount_paths(recipe, launch, here)
     pack = packing(sizing)
     per_node_tasks = 1 if launch.one_task_per_node else pack.gpus_per_node
     res = server_resources(sizing, launch.shm_gib)
@@ -232,6 +271,7 @@ def job_script(recipe: Recipe, launch: Launch, sizing: Sizing, here: str) -> str
         f"ENGINES=${{TRTKV_ENGINES:-{shlex.quote(str(paths.engines_dir()))}}}",
         f"REPOSITORIES=${{TRTKV_TRITON_REPO:-{shlex.quote(str(repo_dir(recipe).parent))}}}",
         f"HERE=${{TRTKV_SLURM_DIR:-{shlex.quote(here)}}}",
+        _MOUNT_GUARD,
         f"MOUNTS={_mounts(recipe, launch)}",
         f"INSTANCES=${{TRTKV_INSTANCES:-{pack.instances}}}",
         f"GPUS=${{SLURM_GPUS_ON_NODE:-$((INSTANCES * {sizing.gpus_per_pod}))}}",

@@ -1,7 +1,136 @@
 """KV-cache numerics: formats, a quantized transformers Cache, K/V statistics.
 
-Only `formats` is imported eagerly (it has no torch dependency) so the planner stays fast.
+Nothing is imported eagerly: each face name loads its module on first use, so the planner, which
+reads only `formats` (no torch), stays fast.
 """
+
+from trtkv.core.lazy import attach
+
+TYPE_CHECKING = False  # typing's, without loading typing (see trtkv.core.lazy)
+
+if TYPE_CHECKING:
+    from trtkv.kvcache.affine import AffineCalibration, AffineCollector
+    from trtkv.kvcache.attention import SCORE_BUDGET_BYTES
+    from trtkv.kvcache.attention_hook import (
+        ENGINE_IMPL,
+        EngineRun,
+        engine_attention,
+        engine_attention_forward,
+        q_scales_for,
+    )
+    from trtkv.kvcache.attention_modes import (
+        AUTO,
+        CACHE_ONLY,
+        AttentionMode,
+        load_attention,
+        mode_names,
+        select_mode,
+    )
+    from trtkv.kvcache.attn_head import (
+        MODELOPT_QUANT_CONFIG,
+        PER_TENSOR_NAMES,
+        SCALES_FILE,
+        attn_head_scales,
+        head_amax_from_channels,
+        validate_attn_head_export,
+        write_attn_head_scales,
+    )
+    from trtkv.kvcache.cache import QuantizedKVCache, config_layer_windows, update_rows
+    from trtkv.kvcache.engines import FormatRow, load_table
+    from trtkv.kvcache.formats import (
+        FP8_MAX,
+        PER_TOKEN_HEAD_SCALE_BYTES,
+        SPECS,
+        UNQUANTIZED,
+        KVFormat,
+        bytes_per_element,
+        kv_bytes_per_token,
+    )
+    from trtkv.kvcache.names import KIVI_RESIDUAL, FormatChoice, all_format_names, parse_format
+    from trtkv.kvcache.numerics import KVScale
+    from trtkv.kvcache.quant import numerics_key
+    from trtkv.kvcache.quantized_layer import QuantizedKVLayer
+    from trtkv.kvcache.rows import RowStore
+    from trtkv.kvcache.scales import (
+        CONVENTION,
+        MIN_AMAX,
+        KVScales,
+        calibrate_scales,
+        f32,
+        load_kv_scales,
+    )
+    from trtkv.kvcache.stats import (
+        OUTLIER_FACTOR,
+        KVStats,
+        LayerKVStats,
+        collect_kv_stats,
+        outlier_channels,
+    )
+
+# each name's module is imported on first use: most load torch, and the planner must not
+__getattr__, __dir__ = attach(
+    __name__,
+    submodules=["attention", "attention_hook", "engines", "scales"],
+    submod_attrs={
+        "affine": ["AffineCalibration", "AffineCollector"],
+        "attention": ["SCORE_BUDGET_BYTES"],
+        "attention_hook": [
+            "engine_attention",
+            "engine_attention_forward",
+            "ENGINE_IMPL",
+            "EngineRun",
+            "q_scales_for",
+        ],
+        "attention_modes": [
+            "AttentionMode",
+            "AUTO",
+            "CACHE_ONLY",
+            "load_attention",
+            "mode_names",
+            "select_mode",
+        ],
+        "attn_head": [
+            "attn_head_scales",
+            "head_amax_from_channels",
+            "MODELOPT_QUANT_CONFIG",
+            "PER_TENSOR_NAMES",
+            "SCALES_FILE",
+            "validate_attn_head_export",
+            "write_attn_head_scales",
+        ],
+        "cache": ["config_layer_windows", "QuantizedKVCache", "update_rows"],
+        "engines": ["FormatRow", "load_table"],
+        "formats": [
+            "bytes_per_element",
+            "FP8_MAX",
+            "kv_bytes_per_token",
+            "KVFormat",
+            "PER_TOKEN_HEAD_SCALE_BYTES",
+            "SPECS",
+            "UNQUANTIZED",
+        ],
+        "names": ["all_format_names", "FormatChoice", "KIVI_RESIDUAL", "parse_format"],
+        "numerics": ["KVScale"],
+        "quant": ["numerics_key"],
+        "quantized_layer": ["QuantizedKVLayer"],
+        "rows": ["RowStore"],
+        "scales": [
+            "calibrate_scales",
+            "CONVENTION",
+            "f32",
+            "KVScales",
+            "load_kv_scales",
+            "MIN_AMAX",
+        ],
+        "stats": [
+            "collect_kv_stats",
+            "KVStats",
+            "LayerKVStats",
+            "outlier_channels",
+            "OUTLIER_FACTOR",
+        ],
+    },
+)
 
 __all__ = [
     "AffineCalibration",
@@ -25,6 +154,7 @@ __all__ = [
     "engines",
     "f32",
     "FormatChoice",
+    "FormatRow",
     "FP8_MAX",
     "head_amax_from_channels",
     "KIVI_RESIDUAL",
@@ -54,6 +184,7 @@ __all__ = [
     "SCALES_FILE",
     "SCORE_BUDGET_BYTES",
     "select_mode",
+    "SPECS",
     "UNQUANTIZED",
     "update_rows",
     "validate_attn_head_export",

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from trtkv.core.errors import TrtkvError
-from trtkv.kvcache.quant import AffineScale
+from trtkv.kvcache.numerics import AffineScale
 
 BIAS_AXES = (-4, -2)  # the axes ModelOpt's bias {-2, -4} reduces: batch and tokens
 

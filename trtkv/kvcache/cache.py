@@ -30,15 +30,10 @@ import torch
 from transformers.cache_utils import Cache
 
 from trtkv.core.errors import TrtkvError
+from trtkv.kvcache.codecs import layer_codecs
 from trtkv.kvcache.formats import KVFormat, boundary_layers
-from trtkv.kvcache.quant import (
-    AffineScale,
-    FormatChoice,
-    HeadScale,
-    KVScale,
-    layer_codecs,
-    parse_format,
-)
+from trtkv.kvcache.names import FormatChoice, parse_format
+from trtkv.kvcache.numerics import AffineScale, HeadScale, KVScale
 from trtkv.kvcache.quantized_layer import QuantizedKVLayer
 from trtkv.kvcache.rows import encode_rows
 

@@ -21,9 +21,9 @@ from trtkv.kvcache.names import KIVI_GROUP, KIVI_RESIDUAL, FormatChoice, parse_f
 from trtkv.kvcache.numerics import (
     AffineScale,
     KVScale,
-    _bias4,
     asym_dequantize,
     asym_quantize,
+    bias4,
     fp8_affine_dequantize,
     fp8_affine_quantize,
     fp8_dequantize,
@@ -39,13 +39,13 @@ from trtkv.kvcache.numerics import (
     unpack,
 )
 from trtkv.kvcache.turboquant import (
-    _pack_bits,
-    _unpack_bits,
+    pack_bits,
     turboquant_key_dequantize,
     turboquant_key_quantize,
     turboquant_value_quantize,
     ultraquant_dequantize,
     ultraquant_quantize,
+    unpack_bits,
 )
 
 # ----------------------------------------------------------------------------- codecs
@@ -94,7 +94,7 @@ class FP8AffineCodec(Codec):
         return fp8_affine_dequantize(parts["data"], self.amax, self.bias, dtype)
 
     def beyond(self, x: torch.Tensor) -> torch.Tensor:
-        return (x - _bias4(self.bias, x)).abs() > self.limit
+        return (x - bias4(self.bias, x)).abs() > self.limit
 
     def static_bytes(self) -> int:
         # the amax and the bias (ModelOpt: model dtype)
@@ -169,12 +169,12 @@ class TurboQuantKeyCodec(Codec):
         if self.bits == 8:
             return {"data": fp8_quantize(x, 1.0)}
         idx, norm = turboquant_key_quantize(x, self.bits)
-        return {"data": _pack_bits(idx, self.bits), "norm": norm}
+        return {"data": pack_bits(idx, self.bits), "norm": norm}
 
     def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
         if self.bits == 8:
             return fp8_dequantize(parts["data"], 1.0, dtype)
-        idx = _unpack_bits(parts["data"], self.bits)
+        idx = unpack_bits(parts["data"], self.bits)
         return turboquant_key_dequantize(idx, parts["norm"], self.bits, self.norm_correction, dtype)
 
 
@@ -186,10 +186,10 @@ class TurboQuantValueCodec(Codec):
 
     def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         q, scale, zero = turboquant_value_quantize(x, self.bits)
-        return {"data": _pack_bits(q, self.bits), "scale": scale, "zero": zero}
+        return {"data": pack_bits(q, self.bits), "scale": scale, "zero": zero}
 
     def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-        q = _unpack_bits(parts["data"], self.bits).float()
+        q = unpack_bits(parts["data"], self.bits).float()
         return (q * parts["scale"].float() + parts["zero"].float()).to(dtype)
 
 

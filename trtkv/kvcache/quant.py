@@ -12,9 +12,9 @@ import sys
 
 import torch
 
+from trtkv.kvcache.codec_base import Codec, NVFP4Codec  # noqa: F401 - the public face of the KV numerics
 from trtkv.kvcache.codecs import (  # noqa: F401 - the public face of the KV numerics
     CastCodec,
-    Codec,
     FP8AffineCodec,
     FP8Codec,
     GroupAsymCodec,
@@ -23,7 +23,6 @@ from trtkv.kvcache.codecs import (  # noqa: F401 - the public face of the KV num
     Int8TokenCodec,
     KiviKeyCodec,
     LayerCodecs,
-    NVFP4Codec,
     PerTokenHeadCodec,
     TurboQuantKeyCodec,
     TurboQuantValueCodec,

@@ -15,7 +15,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from trtkv.core.errors import TrtkvError
-from trtkv.kvcache.quant import LayerCodecs
+from trtkv.kvcache.codecs import LayerCodecs
 from trtkv.kvcache.rows import Encoded, RowStore, encode_rows
 
 RESIDUAL_DTYPE = torch.float16  # KIVI's full-precision window is stored like the fp16 baseline

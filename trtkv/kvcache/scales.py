@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 
     from trtkv.contracts.artifacts import KVScalesFile
     from trtkv.kvcache.affine import AffineCalibration
-    from trtkv.kvcache.quant import FormatChoice, KVScale
+    from trtkv.kvcache.names import FormatChoice
+    from trtkv.kvcache.numerics import KVScale
     from trtkv.kvcache.stats import KVStats
 
 MIN_AMAX = 1e-6
@@ -122,7 +123,7 @@ class KVScales:
     ) -> tuple[list[KVScale] | None, list[KVScale] | None]:
         """(k_scales, v_scales) for QuantizedKVCache, or (None, None) for formats without static
         scales."""
-        from trtkv.kvcache.quant import parse_format
+        from trtkv.kvcache.names import parse_format
 
         choice = parse_format(fmt)
         if choice.affine:
@@ -191,7 +192,7 @@ class KVScales:
         """The amaxes a format reads beyond the per-layer k/v amax (fp8_attn_head: per KV head;
         nvfp4_rotate: rotated K), for cache keys; None for every other format, so their keys stay as
         they were."""
-        from trtkv.kvcache.quant import parse_format
+        from trtkv.kvcache.names import parse_format
 
         variant = parse_format(fmt).variant
         if variant == "fp8_attn_head":

@@ -107,11 +107,11 @@ def unpack3(p: torch.Tensor) -> torch.Tensor:
     )
 
 
-def _pack_bits(q: torch.Tensor, bits: int) -> torch.Tensor:
+def pack_bits(q: torch.Tensor, bits: int) -> torch.Tensor:
     return pack3(q) if bits == 3 else pack(q, bits)
 
 
-def _unpack_bits(p: torch.Tensor, bits: int) -> torch.Tensor:
+def unpack_bits(p: torch.Tensor, bits: int) -> torch.Tensor:
     return unpack3(p) if bits == 3 else unpack(p, bits)
 
 

@@ -1,3 +1,25 @@
 """`trtkv plan`: the KV memory planner (trtkv.plan.planner)."""
 
+from trtkv.core.lazy import attach
+
+TYPE_CHECKING = False  # typing's, without loading typing (see trtkv.core.lazy)
+
+if TYPE_CHECKING:
+    from trtkv.plan.estimate_model import Estimate
+    from trtkv.plan.model import kv_format_for_recipe
+    from trtkv.plan.planner import plan
+    from trtkv.plan.result import Plan
+
+# each name's module is imported on first use: `trtkv plan --help` loads none of them
+__getattr__, __dir__ = attach(
+    __name__,
+    submodules=["estimate"],
+    submod_attrs={
+        "estimate_model": ["Estimate"],
+        "model": ["kv_format_for_recipe"],
+        "planner": ["plan"],
+        "result": ["Plan"],
+    },
+)
+
 __all__ = ["Estimate", "estimate", "kv_format_for_recipe", "Plan", "plan"]

@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from trtkv.core import paths
 from trtkv.core.errors import TrtkvError
+from trtkv.core.files import strict_json
+from trtkv.core.readback import ReadBackError, tool_answer
 from trtkv.kvcache.formats import KVFormat
 from trtkv.plan.speed import AIC_SYSTEM
 from trtkv.recipe import WeightQuant
@@ -46,30 +49,44 @@ AIC_KV = {
     KVFormat.FP8_SCALE1: "fp8",
 }
 GEMM_MODE = {WeightQuant.FP8: "fp8", WeightQuant.INT8_SQ: "sq", WeightQuant.INT4_AWQ: "int4_wo"}
-ROW_FIELDS = {
-    "kv": str,
-    "concurrency": int,
-    "ttft_ms": float,
-    "itl_ms": float,
-    "tokens_per_s_per_gpu": float,
-    "tokens_per_s_per_user": float,
-    "backend": str,
-    "backend_version": str,
-    "system": str,
-}
+# a row's figures: finite and at most these (a week in ms, a billion tokens per second)
+MAX_MS = 7 * 24 * 3600 * 1000.0
+MAX_TOKENS_PER_S = 1e9
+_MS = Field(ge=0, le=MAX_MS, allow_inf_nan=False)
+_RATE = Field(ge=0, le=MAX_TOKENS_PER_S, allow_inf_nan=False)
+_NAME = Field(max_length=99)
 
 
-@dataclass(frozen=True)
-class AicRow:
-    kv: str
-    concurrency: int
-    ttft_ms: float
-    itl_ms: float
-    tokens_per_s_per_gpu: float
-    tokens_per_s_per_user: float
-    backend: str
-    backend_version: str
-    system: str
+class AicRow(BaseModel):
+    """One estimate in tools/aic_estimate.py's answer (its other fields are not read)."""
+
+    model_config = ConfigDict(strict=True, frozen=True, extra="ignore")
+    kv: str = _NAME
+    concurrency: int = Field(gt=0, le=1 << 20)
+    ttft_ms: float = _MS
+    itl_ms: float = _MS
+    tokens_per_s_per_gpu: float = _RATE
+    tokens_per_s_per_user: float = _RATE
+    backend: str = _NAME
+    backend_version: str = _NAME
+    system: str = _NAME
+
+
+class AicFailure(BaseModel):
+    """A case aiconfigurator could not estimate."""
+
+    model_config = ConfigDict(strict=True, frozen=True, extra="ignore")
+    error: str = ""
+
+
+class AicDoc(BaseModel):
+    """tools/aic_estimate.py's answer to one request, typed: anything else is refused."""
+
+    model_config = ConfigDict(strict=True, frozen=True, extra="ignore")
+    aiconfigurator: str = Field("?", max_length=40)
+    aiconfigurator_core: str = Field("?", max_length=40)
+    rows: list[AicRow] = Field(max_length=1 << 16)
+    errors: list[AicFailure] = Field([], max_length=1 << 16)
 
 
 @dataclass(frozen=True)
@@ -95,43 +112,41 @@ def python_path() -> Path:
     return paths.project_root() / AIC_VENV / "bin" / "python"
 
 
-def parse_answer(text: str, where: str = "tools/aic_estimate.py") -> AicAnswer:
-    """The tool's JSON, every field checked; anything else is an error that names the field."""
-    if len(text) > MAX_ANSWER_BYTES:
-        raise TrtkvError(f"{where}: answer larger than {MAX_ANSWER_BYTES} bytes.")
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TrtkvError(f"{where}: not JSON ({exc}); first bytes: {text[:200]!r}") from exc
+def parse_answer(text: str | bytes, where: str = "tools/aic_estimate.py") -> AicAnswer:
+    """The tool's JSON (strict: no NaN or Infinity), every field checked by AicDoc; anything else
+    is one TrtkvError line naming the field."""
+    return answer_of(_strict(text, where, MAX_ANSWER_BYTES), where)
+
+
+def answer_of(doc: Any, where: str) -> AicAnswer:
+    """A parsed answer checked by AicDoc: one TrtkvError line naming the first wrong field."""
     if not isinstance(doc, dict) or "rows" not in doc:
         raise TrtkvError(f"{where}: expected an object with `rows`; got {str(doc)[:200]!r}")
-    rows = []
-    for i, raw in enumerate(doc["rows"]):
-        if not isinstance(raw, dict):
-            raise TrtkvError(f"{where}: rows[{i}] is not an object.")
-        values: dict[str, Any] = {}
-        for name, kind in ROW_FIELDS.items():
-            value = raw.get(name)
-            if kind is float and isinstance(value, int | float) and value == value and value >= 0:
-                values[name] = float(value)
-            elif kind is int and isinstance(value, int) and value > 0:
-                values[name] = value
-            elif kind is str and isinstance(value, str) and len(value) < 100:
-                values[name] = value
-            else:
-                raise TrtkvError(
-                    f"{where}: rows[{i}].{name} = {value!r} is not a valid {kind.__name__}."
-                )
-        rows.append(AicRow(**values))
-    errors = tuple(
-        str(e.get("error", e))[:300] for e in doc.get("errors", []) if isinstance(e, dict)
-    )
+    try:
+        checked = AicDoc.model_validate(doc)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"])
+        value = repr(err.get("input"))[:80]
+        raise TrtkvError(
+            f"{where}: {field.lstrip('.')} = {value} is not valid: {err['msg']}"
+        ) from None
     return AicAnswer(
-        str(doc.get("aiconfigurator", "?"))[:40],
-        str(doc.get("aiconfigurator_core", "?"))[:40],
-        tuple(rows),
-        errors,
+        checked.aiconfigurator,
+        checked.aiconfigurator_core,
+        tuple(checked.rows),
+        tuple(e.error[:300] for e in checked.errors),
     )
+
+
+def _strict(text: str | bytes, where: str, limit: int) -> Any:
+    if len(text) > limit:
+        raise TrtkvError(f"{where}: answer larger than {limit} bytes.")
+    try:
+        return strict_json(text)
+    except ValueError as exc:
+        first = text[:200]
+        raise TrtkvError(f"{where}: not JSON ({str(exc)[:200]}); first bytes: {first!r}") from None
 
 
 def _synthetic_config(arch: Architecture, folder: Path) -> Path:
@@ -193,41 +208,31 @@ def run_many(
     req: dict[str, Any], python: Path | None = None, timeout: float = TIMEOUT_S
 ) -> list[AicAnswer]:
     """Several requests ({"requests": [...]}) in one process: one answer each, in order."""
-    text = _invoke(req, python or python_path(), timeout, limit=64 * MAX_ANSWER_BYTES)
-    try:
-        answers = json.loads(text)["answers"]
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+    limit = 64 * MAX_ANSWER_BYTES
+    doc = _strict(_invoke(req, python or python_path(), timeout, limit), str(TOOL.name), limit)
+    answers = doc.get("answers") if isinstance(doc, dict) else None
+    if not isinstance(answers, list):
         raise TrtkvError(
-            f"tools/aic_estimate.py: expected {{'answers': [...]}}; got {text[:200]!r}"
-        ) from exc
-    return [parse_answer(json.dumps(a)) for a in answers]
+            f"tools/aic_estimate.py: expected {{'answers': [...]}}; got {str(doc)[:200]!r}"
+        )
+    return [answer_of(a, f"tools/aic_estimate.py answers[{i}]") for i, a in enumerate(answers)]
 
 
 def _invoke(
     req: dict[str, Any], python: Path, timeout: float, limit: int = MAX_ANSWER_BYTES
-) -> str:
+) -> bytes:
+    """The tool's stdout, read while it runs: at most `limit` + 1 bytes and `timeout` seconds, the
+    tool killed past either (trtkv.core.readback.tool_answer)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONNOUSERSITE": "1"}
     try:
-        done = subprocess.run(
-            [str(python), str(TOOL)],
-            input=json.dumps(req),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=env,
-            check=False,
+        code, out, err = tool_answer(
+            [str(python), str(TOOL)], json.dumps(req).encode(), limit, timeout, env
         )
-    except subprocess.TimeoutExpired as exc:
-        raise TrtkvError(
-            f"aiconfigurator ({python} {TOOL}) took longer than {timeout:.0f} s."
-        ) from exc
-    if done.returncode != 0:
-        raise TrtkvError(
-            f"aiconfigurator ({python} {TOOL}) exited {done.returncode}: {done.stderr[-800:]}"
-        )
-    if len(done.stdout) > limit:
-        raise TrtkvError(f"aiconfigurator ({TOOL}): answer larger than {limit} bytes.")
-    return done.stdout
+    except ReadBackError as exc:
+        raise TrtkvError(f"aiconfigurator ({python} {TOOL}): {exc.problem}.") from None
+    if code != 0:
+        raise TrtkvError(f"aiconfigurator ({python} {TOOL}) exited {code}: {err}")
+    return out
 
 
 def run_for(
@@ -238,7 +243,7 @@ def run_for(
 ) -> tuple[AicAnswer | None, str]:
     """aiconfigurator's answer for the formats it covers, and a line saying what was used (or why
     not)."""
-    from trtkv.plan.model import model_config_path
+    from trtkv.checkpoints.serving_memory import model_config_path
 
     kvs = sorted({AIC_KV[f] for label, f in formats if f in AIC_KV and label == f.value})
     if recipe.hardware.gpu not in AIC_SYSTEM:

@@ -10,6 +10,7 @@ import json
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from trtkv.core.errors import TrtkvError
 from trtkv.plan.estimate_model import Estimate
 from trtkv.plan.model import Architecture, ArchitectureFacts
 from trtkv.platform.hardware import GPU
@@ -195,8 +196,8 @@ class Plan:
     weights: PlanWeights
     kv_pool: PlanKVPool
     # = kv_pool.pool_bytes: the pool the token and sequence counts below divide
-    # the same pool in GiB (the name plan --json had before the engine rules)
     kv_pool_bytes_per_gpu: float
+    # the same pool in GiB (the name plan --json had before the engine rules)
     kv_budget_gib_per_gpu: float
     recipe_kv_format: str
     lengths: list[int]
@@ -224,4 +225,12 @@ class Plan:
         return out
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
+        """plan --json: strict JSON (allow_nan=False), so a non-finite figure is an error, never
+        `NaN` or `Infinity` in the output."""
+        try:
+            return json.dumps(self.to_dict(), indent=2, allow_nan=False)
+        except ValueError as exc:
+            raise TrtkvError(
+                f"plan --json for {self.recipe}: a figure is not finite ({exc}). Next: report this "
+                "with the recipe; `trtkv plan` without --json shows the figures."
+            ) from None

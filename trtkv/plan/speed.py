@@ -16,9 +16,9 @@ Where each number comes from:
   tensor-core peaks are its own where aiconfigurator ships its datasheet (DATASHEET_SYSTEM), else
   the lender's scaled by the bandwidth ratio, which `Kernels.peaks` says (then TTFT, compute-bound,
   is the least certain figure).
-- Dequantization: counted operations per K/V element read (DEQUANT_OPS, from each format's
-  definition) on the CUDA cores (FP32_TFLOPS, datasheet); FP8's cost is inside its measured kernel
-  efficiency.
+- Dequantization: counted operations per K/V element read (each format's registry row,
+  storage.dequant_ops) on the CUDA cores (FP32_TFLOPS, datasheet); FP8's cost is inside its
+  measured kernel efficiency.
 Assumptions said where they are made: decode attention reads each sequence's K/V once per layer per
 step; prefill attention is causal over the prefix the layer keeps (its window); MoE experts are all
 read (an upper bound); pipeline stages add their times (latency, not pipelined throughput); two
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from trtkv.core.errors import TrtkvError
-from trtkv.kvcache.formats import UNQUANTIZED, KVFormat
+from trtkv.kvcache.formats import SPECS, UNQUANTIZED, KVFormat
 from trtkv.platform.hardware import GPU, GPU_SPECS
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "speed_efficiencies.json"
@@ -82,31 +82,6 @@ FP32_TFLOPS = {
     "gb200": 90.0,
     "rtx_pro_6000_server": 24064 * 2 * 2.43e-3,
 }
-# Operations per K/V element to turn it back into 16-bit before the attention math, counted from the
-# formats: static INT8: convert + scale; per-token-head: convert + its token's scale; INT4
-# groups/KIVI: unpack (shift, mask), convert, scale and zero point; NVFP4: E2M1 decode, block scale,
-# global scale; TurboQuant/UltraQuant: codebook lookup or E2M1 decode, scale/norm, zero point,
-# rotation share. FP8 and 16-bit: 0 (FP8's cost is in its kernel table).
-DEQUANT_OPS = {
-    "int8": 2,
-    "int8_split": 2,
-    "int8_token": 2,
-    "int8_per_token_head": 2,
-    "fp8_per_token_head": 2,
-    "int4_g32": 4,
-    "int4_g64": 4,
-    "int4_g128": 4,
-    "int4_per_token_head": 4,
-    "kivi4": 4,
-    "kivi2": 4,
-    "nvfp4": 3,
-    "turboquant_k8v4": 4,
-    "turboquant_4bit_nc": 6,
-    "turboquant_k3v4_nc": 6,
-    "turboquant_3bit_nc": 6,
-    "ultraquant_4bit": 4,
-}
-NATIVE_FP8 = (KVFormat.FP8, KVFormat.FP8_SCALE1)
 # Elementwise passes over a hidden-sized activation per layer and token (2 RMSNorms x read+write, 2
 # residual adds x 3, RoPE on Q and K ~1.25 hidden x 2, SiLU-and-mul over the MLP width: counted with
 # intermediate/hidden below), and the kernels they take per layer (input RMSNorm, RoPE, KV-cache
@@ -286,11 +261,13 @@ class KVCost:
 
 
 def kv_lane(fmt: KVFormat) -> tuple[str, int]:
-    if fmt in UNQUANTIZED:
-        return "bfloat16", 0
-    if fmt in NATIVE_FP8 or fmt.value.startswith("fp8") and fmt.value not in DEQUANT_OPS:
-        return "fp8", 0
-    return "fp8", DEQUANT_OPS.get(fmt.value, 4)
+    """The measured attention kernel a format runs closest to, and its dequantization operations
+    per K/V element read (the registry row's storage.dequant_ops, counted from the format: static
+    INT8: convert + scale; per-token-head: convert + its token's scale; INT4 groups/KIVI: unpack
+    (shift, mask), convert, scale and zero point; NVFP4: E2M1 decode, block scale, global scale;
+    TurboQuant/UltraQuant: codebook lookup or E2M1 decode, scale/norm, zero point, rotation share;
+    FP8 and 16-bit: 0, FP8's cost is in its kernel table)."""
+    return ("bfloat16" if fmt in UNQUANTIZED else "fp8"), SPECS[fmt].dequant_ops
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,30 @@
 """Foundation layer: the machines trtkv targets: accelerators, the TensorRT-LLM/Triton version
 matrix, and where TensorRT-LLM runs on this machine."""
 
+from trtkv.core.lazy import attach
+
+TYPE_CHECKING = False  # typing's, without loading typing (see trtkv.core.lazy)
+
+if TYPE_CHECKING:
+    from trtkv.platform.gpu_capabilities import ONE_PER_SM, gpus_where
+    from trtkv.platform.gpu_names import gpu_from_name, known_gpus
+    from trtkv.platform.hardware import CUDA_CONTEXT_GIB, GPU, GPU_SPECS
+    from trtkv.platform.host import host_memory_bytes, host_memory_gib
+    from trtkv.platform.versions import Row
+
+# each name's module is imported on first use (the version matrix reads its JSON then)
+__getattr__, __dir__ = attach(
+    __name__,
+    submodules=["trtllm", "versions"],
+    submod_attrs={
+        "gpu_capabilities": ["gpus_where", "ONE_PER_SM"],
+        "gpu_names": ["gpu_from_name", "known_gpus"],
+        "hardware": ["CUDA_CONTEXT_GIB", "GPU", "GPU_SPECS"],
+        "host": ["host_memory_bytes", "host_memory_gib"],
+        "versions": ["Row"],
+    },
+)
+
 __all__ = [
     "CUDA_CONTEXT_GIB",
     "GPU",

@@ -31,33 +31,31 @@ Method (also written into probe.md):
   needle (one prefix pass).
 """
 
-from __future__ import annotations
+from typing import TYPE_CHECKING
 
-import importlib
-from typing import Any
+from trtkv.core.lazy import attach
+from trtkv.probe.results import load_probe, per_layer_advice, probe_advice, summary_lines
 
-from trtkv.probe.results import load_probe, probe_advice
+if TYPE_CHECKING:
+    from trtkv.probe.attention import recipe_mode
+    from trtkv.probe.layers import PerLayerOptions, run_per_layer
+    from trtkv.probe.placement import dry_run
+    from trtkv.probe.ruler import RulerPlan
+    from trtkv.probe.setup import ProbeSettings, auto_threads, default_settings
+    from trtkv.probe.sweep import run_probe
 
-# name -> submodule, imported on first access (they import torch; `trtkv plan` must not)
-_LAZY = {
-    "default_settings": "setup",
-    "load_model": "setup",
-    "ProbeSettings": "setup",
-    "Loaded": "setup",
-    "auto_threads": "setup",
-    "chunk_for": "measure",
-    "feed": "measure",
-    "make_cache": "measure",
-    "probe_scales": "measure",
-    "run_format": "measure",
-    "run_probe": "sweep",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"trtkv.probe.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'trtkv.probe' has no attribute {name!r}")
+# each name's module is imported on first use (they import torch; `trtkv plan` must not)
+__getattr__, __dir__ = attach(
+    __name__,
+    submod_attrs={
+        "attention": ["recipe_mode"],
+        "layers": ["PerLayerOptions", "run_per_layer"],
+        "placement": ["dry_run"],
+        "ruler": ["RulerPlan"],
+        "setup": ["auto_threads", "default_settings", "ProbeSettings"],
+        "sweep": ["run_probe"],
+    },
+)
 
 
 __all__ = [

@@ -29,7 +29,7 @@ from trtkv.kvcache.attention_modes import (
     load_attention,
     select_mode,
 )
-from trtkv.kvcache.quant import FormatChoice
+from trtkv.kvcache.names import FormatChoice
 
 if TYPE_CHECKING:
     from trtkv.platform.hardware import GPU

@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from trtkv.kvcache.formats import KVFormat, kv_bytes_per_token
-from trtkv.kvcache.quant import FormatChoice, numerics_key
+from trtkv.kvcache.names import FormatChoice
+from trtkv.kvcache.quant import numerics_key
 from trtkv.probe.measure import chunk_for, make_cache, needle_trials
 from trtkv.probe.metrics import head_metrics
 from trtkv.probe.needles import feed_text

@@ -40,10 +40,10 @@ import torch
 
 from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.formats import KVFormat
-from trtkv.kvcache.quant import FormatChoice, parse_format
+from trtkv.kvcache.names import FormatChoice, parse_format
 from trtkv.probe.layer_passes import LayerPasses
 from trtkv.probe.layers_report import markdown, plot, summary_line
-from trtkv.probe.layers_search import _add_needles, _fronts, _sensitivity, _verified_points
+from trtkv.probe.layers_search import add_needles, fronts, sensitivity, verified_points
 from trtkv.probe.measure import probe_scales, reference_hidden
 from trtkv.probe.metrics import head_positions
 from trtkv.probe.serving import KV_CACHE_OF_FORMAT, served_by, serving, usable_gpus
@@ -103,14 +103,14 @@ def run_per_layer(
         f"probe --per-layer {choice.name}: {2 * lp.n_layers + 1} passes at {lp.sweep} tokens, then "
         f"up to {opts.max_keep + (4 if lp.window else 2)} at {lp.longest}"
     )
-    sens = _sensitivity(lp)
+    sens = sensitivity(lp)
     log(
         f"  sensitivity done: {lp.passes['run']} passes run, {lp.passes['cached']} cached, "
         f"{time.time() - t_start:.0f} s"
     )
-    points, candidates, sets = _verified_points(lp, sens, opts.max_keep, out)
+    points, candidates, sets = verified_points(lp, sens, opts.max_keep, out)
     if lp.settings.needle_lengths:
-        _add_needles(lp, points, out)
+        add_needles(lp, points, out)
     for p in points:  # which engines serve it (the recipe's own rules, per backend and GPU)
         p["serving"] = serving(recipe, p["format"], p["skip"])
     doc: dict[str, Any] = {
@@ -128,7 +128,7 @@ def run_per_layer(
         "candidates": candidates,
         "sets": sets,
         "points": points,
-        **_fronts(points, lp.settings.needle_lengths),
+        **fronts(points, lp.settings.needle_lengths),
         **_recommendation(points, opts),
         "passes": lp.passes,
         "seconds": round(time.time() - t_start, 1),

@@ -53,7 +53,7 @@ def _stats_rows(scales: Any, n: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _sensitivity(lp: LayerPasses) -> Sensitivity:
+def sensitivity(lp: LayerPasses) -> Sensitivity:
     """At the sweep length: the uniform format, each layer alone quantized and each layer alone
     kept; a layer's gain is what keeping it buys (KL uniform - KL all but it), with the
     calibration's statistics and clip rate."""
@@ -93,7 +93,7 @@ def _sensitivity(lp: LayerPasses) -> Sensitivity:
     return Sensitivity(rows, order, uniform, lp.sweep)
 
 
-def _verified_points(
+def verified_points(
     lp: LayerPasses, sens: Sensitivity, max_keep: int, out: Path
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """Verification at the longest length: the uniform format, all-16-bit, the greedy sets (the k
@@ -175,7 +175,7 @@ def _point(
     }
 
 
-def _add_needles(lp: LayerPasses, points: list[dict[str, Any]], out: Path) -> None:
+def add_needles(lp: LayerPasses, points: list[dict[str, Any]], out: Path) -> None:
     """Each point's passkey accuracy per needle length: from probe.json for the other uniform
     formats, from the verification pass on a windowed model (trtkv.probe.needles), else a needle
     pass of its own (cached)."""
@@ -193,7 +193,7 @@ def _add_needles(lp: LayerPasses, points: list[dict[str, Any]], out: Path) -> No
             p["needle"] = {str(n): lp.needle(p["keep"], n) for n in lengths}
 
 
-def _fronts(points: list[dict[str, Any]], needle_lengths: list[int]) -> dict[str, Any]:
+def fronts(points: list[dict[str, Any]], needle_lengths: list[int]) -> dict[str, Any]:
     """The non-dominated points: bytes vs KL at the sweep and the longest length, vs top-1 misses,
     among the served points, and vs needle misses."""
     return {

@@ -19,10 +19,10 @@ from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.attention_modes import CACHE_ONLY
 from trtkv.kvcache.cache import QuantizedKVCache
 from trtkv.kvcache.formats import KVFormat
-from trtkv.kvcache.quant import KIVI_RESIDUAL, FormatChoice, parse_format
+from trtkv.kvcache.names import KIVI_RESIDUAL, FormatChoice, parse_format
 from trtkv.kvcache.scales import KVScales, calibrate_scales, load_kv_scales
 from trtkv.probe.attention import attending
-from trtkv.probe.metrics import _logprobs, finish_runs, head_positions
+from trtkv.probe.metrics import finish_runs, head_positions, logprobs
 from trtkv.probe.needles import feed_text
 from trtkv.probe.passes import feed
 from trtkv.probe.setup import Loaded, ProbeSettings, write_json
@@ -340,7 +340,7 @@ def decode_experiment(
             :, -1
         ]
         for _ in range(steps):
-            lp = _logprobs(loaded.model, h)[0]
+            lp = logprobs(loaded.model, h)[0]
             ref_steps.append(lp)
             nxt = int(lp.argmax())
             tokens.append(nxt)
@@ -358,7 +358,7 @@ def decode_experiment(
                 :, -1
             ]
             for i, nxt in enumerate(tokens):
-                lq = _logprobs(loaded.model, h)[0]
+                lq = logprobs(loaded.model, h)[0]
                 kls.append(float((ref_steps[i].exp() * (ref_steps[i] - lq)).sum().clamp(min=0)))
                 h = loaded.model.model(
                     input_ids=torch.tensor([[nxt]], device=loaded.device),

@@ -11,12 +11,13 @@ from typing import Any
 import torch
 
 from trtkv.kvcache.formats import KVFormat, kv_bytes_per_token
-from trtkv.kvcache.quant import KIVI_RESIDUAL, FormatChoice
+from trtkv.kvcache.names import KIVI_RESIDUAL, FormatChoice
 from trtkv.kvcache.scales import KVScales
-from trtkv.probe.setup import LOGIT_CHUNK, Loaded, semantics
+from trtkv.probe.placement import LOGIT_CHUNK
+from trtkv.probe.setup import Loaded, semantics
 
 
-def _logprobs(model, hidden: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+def logprobs(model, hidden: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
     logits = model.lm_head(hidden).float()
     cap = getattr(model.config, "final_logit_softcapping", None)
     if cap:  # as the model's own forward does (Gemma 2; None on Gemma 3)
@@ -68,13 +69,13 @@ def head_metrics(
     with torch.inference_mode():
         for s in range(0, targets.shape[0], LOGIT_CHUNK):
             e = min(s + LOGIT_CHUNK, targets.shape[0])
-            lr = _logprobs(model, ref_hidden[s:e])
+            lr = logprobs(model, ref_hidden[s:e])
             t = targets[s:e].to(lr.device).unsqueeze(-1)
             nll_ref = -lr.gather(-1, t).squeeze(-1)
             top_ref = lr.argmax(-1)
             p_ref = lr.exp()  # shared too
             for name, hidden in hiddens.items():
-                lq = lr if hidden is ref_hidden else _logprobs(model, hidden[s:e])
+                lq = lr if hidden is ref_hidden else logprobs(model, hidden[s:e])
                 acc = parts[name]
                 acc["kl"].append((p_ref * (lr - lq)).sum(-1).clamp(min=0.0))
                 acc["nll_q"].append(-lq.gather(-1, t).squeeze(-1))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trtkv.probe.results import _needle_by_format, classify, engine_format_notes
+from trtkv.probe.results import classify, engine_format_notes, needle_by_format
 
 
 def write_outputs(
@@ -192,7 +192,7 @@ def _reuse_section(doc: dict) -> list[str]:
 def verdicts(doc: dict) -> list[str]:
     """One paragraph per format from the measured records."""
     recs = doc["records"]
-    needles = _needle_by_format(doc)
+    needles = needle_by_format(doc)
     ref = doc.get("reference", "fp16")
     ref_needle = needles.get(ref)
     out = []

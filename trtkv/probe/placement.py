@@ -336,8 +336,9 @@ def recipe_capacities(recipe: Recipe) -> tuple[dict[str, float], float]:
 def dry_run(recipe: Recipe, settings: Any) -> tuple[Placement, list[str]]:
     """The placement on the recipe's hardware and the passes the run would make, from the config
     alone."""
-    from trtkv.kvcache.quant import parse_format
-    from trtkv.probe.attention import applies, load_attention
+    from trtkv.kvcache.attention_modes import load_attention
+    from trtkv.kvcache.names import parse_format
+    from trtkv.probe.attention import applies
 
     caps, reserve = recipe_capacities(recipe)
     cuda = not (len(caps) == 1 and "cpu" in caps)

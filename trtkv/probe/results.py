@@ -98,7 +98,7 @@ def classify(rec: dict, ref_needle: float | None = None) -> str:
     return "risky"
 
 
-def _needle_by_format(doc: dict) -> dict[str, float]:
+def needle_by_format(doc: dict) -> dict[str, float]:
     """Mean needle accuracy per format over the probed needle lengths."""
     acc: dict[str, list[float]] = {}
     for row in doc.get("needles", []):
@@ -114,7 +114,7 @@ def probe_advice(recipe: Recipe, probe_dir: Path | None = None) -> tuple[list[st
     folder, data = hit
     records = data["records"]
     longest = max(r["context_len"] for r in records)
-    needles = _needle_by_format(data)
+    needles = needle_by_format(data)
     ref_needle = needles.get(data.get("reference", "fp16"))
     rows = sorted(
         (r for r in records if r["context_len"] == longest),

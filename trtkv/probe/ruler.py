@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from trtkv.core.errors import TrtkvError
 
 if TYPE_CHECKING:
-    from trtkv.kvcache.quant import FormatChoice
+    from trtkv.kvcache.names import FormatChoice
     from trtkv.kvcache.scales import KVScales
     from trtkv.probe.setup import Loaded
 
@@ -108,7 +108,7 @@ def greedy(
     it stopped, tokens."""
     import torch
 
-    from trtkv.probe.measure import feed
+    from trtkv.probe.passes import feed
 
     model, device = loaded.model, loaded.device
     generated: list[int] = []
@@ -142,7 +142,8 @@ def answer_group(
     """Answers for items of one (task, length) through fresh caches of `choice`; a shared token
     prefix is prefilled once and its cache copied per item. Returns the answers and the prefix
     tokens shared."""
-    from trtkv.probe.measure import chunk_for, feed, make_cache
+    from trtkv.probe.measure import chunk_for, make_cache
+    from trtkv.probe.passes import feed
 
     chunk = chunk_for(choice)
     shared = common_prefix([ids for _, ids in group])

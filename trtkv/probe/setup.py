@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trtkv.core.errors import StageError, TrtkvError
-from trtkv.kvcache.quant import FormatChoice, parse_format
+from trtkv.kvcache.names import FormatChoice, parse_format
 from trtkv.probe.placement import LOGIT_CHUNK  # noqa: F401 - the probe's constants in one place
 
 if TYPE_CHECKING:

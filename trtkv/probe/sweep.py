@@ -14,24 +14,24 @@ import torch
 
 from trtkv.core.progress import Progress
 from trtkv.kvcache.attention_modes import CACHE_ONLY, load_attention
-from trtkv.kvcache.quant import FormatChoice, parse_format
+from trtkv.kvcache.names import FormatChoice, parse_format
 from trtkv.kvcache.scales import KVScales
 from trtkv.probe.attention import applies, record_fields
 from trtkv.probe.measure import probe_scales, reference_hidden, run_format
 from trtkv.probe.metrics import finish_runs, head_positions, length_record, scale_reuse_summary
 from trtkv.probe.setup import METHOD_VERSION, Loaded, ProbeSettings, default_settings, load_model
 from trtkv.probe.sweep_cache import (
-    _cached_records,
-    _decode_cached,
-    _drift_cached,
-    _format_key,
-    _load_run,
-    _needle_cached,
-    _pass_needles_cached,
-    _save_pass_needles,
-    _save_run,
-    _scales_key,
-    _tag,
+    cached_records,
+    decode_cached,
+    drift_cached,
+    format_key,
+    job_tag,
+    load_run,
+    needle_cached,
+    pass_needles_cached,
+    save_pass_needles,
+    save_run,
+    scales_key,
 )
 from trtkv.version import __version__ as trtkv_version
 
@@ -104,7 +104,7 @@ def run_probe(
         loaded = load_model(recipe, settings)
         bar.step("calibrating static scales (short prompts)", 1)
         scales = probe_scales(recipe, loaded, settings, out)
-        skey = partial(_scales_key, scales)  # per format: what it reads of the scales
+        skey = partial(scales_key, scales)  # per format: what it reads of the scales
         n = max(settings.lengths)
         ref_hidden: torch.Tensor | None = None
         ref_bytes: dict = {}
@@ -114,10 +114,10 @@ def run_probe(
         # needles asked from the KL passes (a windowed model's)
         shared: dict[tuple[str, int], dict] = {}
         for choice, mode in jobs:
-            tag, key = _tag(choice, mode), _format_key(loaded.key, choice, mode)
-            cached = _cached_records(out, key, skey(choice), choice, settings.lengths, tag)
+            tag, key = job_tag(choice, mode), format_key(loaded.key, choice, mode)
+            cached = cached_records(out, key, skey(choice), choice, settings.lengths, tag)
             if cached is not None and loaded.needles is not None and mode == CACHE_ONLY:
-                found = _pass_needles_cached(
+                found = pass_needles_cached(
                     out, loaded, choice, skey(choice), settings.needle_lengths
                 )
                 # measured before the needles: the pass runs again
@@ -142,7 +142,7 @@ def run_probe(
                 ref_bytes.get("needles") if choice.name == loaded.reference else None
             )
             if loaded.needles is not None and found and mode == CACHE_ONLY:
-                _save_pass_needles(out, loaded, choice, skey(choice), found)
+                save_pass_needles(out, loaded, choice, skey(choice), found)
                 shared.update({(choice.name, n): r for n, r in found.items()})
                 timings[f"{choice.name}_needles_cpu"] = next(iter(found.values()))["cpu_seconds"]
         # every pending format's LM head with ONE reference head pass
@@ -153,15 +153,15 @@ def run_probe(
             timings["lm_head"] = round(time.time() - started_head, 1)
             timings["lm_head_cpu"] = round(time.process_time() - cpu_head, 1)
         for choice, mode in jobs:
-            tag = _tag(choice, mode)
+            tag = job_tag(choice, mode)
             if tag in runs:
                 run = runs[tag]
                 recs = [
                     {**length_record(loaded, choice, run, length, ref_bytes), **record_fields(mode)}
                     for length in settings.lengths
                 ]
-                _save_run(
-                    out, _format_key(loaded.key, choice, mode), skey(choice), choice, run, recs, tag
+                save_run(
+                    out, format_key(loaded.key, choice, mode), skey(choice), choice, run, recs, tag
                 )
                 by_job[tag] = recs
                 bar.step(f"{tag}: done", 1)
@@ -170,7 +170,9 @@ def run_probe(
             for choice in choices
             for rec in by_job[choice.name]
         ]
-        attention_records = [rec for choice, mode in engine for rec in by_job[_tag(choice, mode)]]
+        attention_records = [
+            rec for choice, mode in engine for rec in by_job[job_tag(choice, mode)]
+        ]
         needles = {}
         for choice in needled:
             if loaded.needles is not None:  # asked from the format's KL pass (trtkv.probe.needles)
@@ -179,7 +181,7 @@ def run_probe(
                 continue
             for length in settings.needle_lengths:
                 bar.step(f"needle {choice.name} @ {length}")
-                needles[(choice.name, length)] = _needle_cached(
+                needles[(choice.name, length)] = needle_cached(
                     out, loaded, choice, scales, skey(choice), length, settings
                 )
                 bar.step(f"needle {choice.name} @ {length}: done", 1)
@@ -192,15 +194,15 @@ def run_probe(
         decode = {}
         if static:
             bar.step("scale reuse through decode steps")
-            decode = _decode_cached(out, loaded, static, scales, skey(*static), settings)
+            decode = decode_cached(out, loaded, static, scales, skey(*static), settings)
             bar.step("scale reuse: done", 1)
         drifts = []
         for choice, mode in engine:
-            bar.step(f"prefill vs decode: {_tag(choice, mode)}")
-            drifts.append(_drift_cached(out, loaded, choice, mode, scales, skey(choice), settings))
-            bar.step(f"prefill vs decode: {_tag(choice, mode)} done", 1)
+            bar.step(f"prefill vs decode: {job_tag(choice, mode)}")
+            drifts.append(drift_cached(out, loaded, choice, mode, scales, skey(choice), settings))
+            bar.step(f"prefill vs decode: {job_tag(choice, mode)} done", 1)
         runs_for_reuse = {
-            c.name: runs.get(c.name) or _load_run(out, _format_key(loaded.key, c), skey(c), c)
+            c.name: runs.get(c.name) or load_run(out, format_key(loaded.key, c), skey(c), c)
             for c in static
         }
         reuse = scale_reuse_summary(
@@ -209,7 +211,7 @@ def run_probe(
         reuse["decode"] = decode
         curves = {
             c.name: _kl_curve(
-                runs.get(c.name) or _load_run(out, _format_key(loaded.key, c), skey(c), c)
+                runs.get(c.name) or load_run(out, format_key(loaded.key, c), skey(c), c)
             )
             for c in choices
         }
@@ -259,7 +261,7 @@ def _ruler(
     from trtkv.probe.ruler import run_ruler
 
     def keys(choice: FormatChoice) -> list[str]:
-        return [_format_key(loaded.key, choice), skey(choice) if choice.static else ""]
+        return [format_key(loaded.key, choice), skey(choice) if choice.static else ""]
 
     return run_ruler(
         out,

@@ -13,13 +13,14 @@ from pathlib import Path
 import torch
 
 from trtkv.kvcache.attention_modes import CACHE_ONLY, load_attention
-from trtkv.kvcache.quant import FormatChoice, numerics_key
+from trtkv.kvcache.names import FormatChoice
+from trtkv.kvcache.quant import numerics_key
 from trtkv.kvcache.scales import KVScales
 from trtkv.probe.measure import chunk_for, decode_experiment, make_cache, needle_trials
 from trtkv.probe.setup import Loaded, ProbeSettings, write_json
 
 
-def _format_key(key: str, choice: FormatChoice, mode: str = CACHE_ONLY) -> str:
+def format_key(key: str, choice: FormatChoice, mode: str = CACHE_ONLY) -> str:
     """The model key extended by the format's numerics (and an engine mode's: its kernels' table
     rows and the source of trtkv.kvcache.attention): a changed definition invalidates its cached
     results."""
@@ -42,7 +43,7 @@ def mode_key(mode: str) -> str:
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:12]
 
 
-def _scales_key(scales: KVScales, *choices: FormatChoice) -> str:
+def scales_key(scales: KVScales, *choices: FormatChoice) -> str:
     """The static scales' key for `choices`: amax per layer, fp8_affine's amax and bias where
     calibrated, and the amaxes only some formats read (fp8_attn_head's per head, nvfp4_rotate's
     rotated K) when one of them is among `choices` (every other format's key is unchanged, so its
@@ -55,7 +56,7 @@ def _scales_key(scales: KVScales, *choices: FormatChoice) -> str:
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:12]
 
 
-def _tag(choice: FormatChoice, mode: str) -> str:
+def job_tag(choice: FormatChoice, mode: str) -> str:
     """A job's name in the cache folder and timings: the format, `@mode` under an engine attention
     mode."""
     return choice.name if mode == CACHE_ONLY else f"{choice.name}@{mode}"
@@ -65,7 +66,7 @@ def _cache_path(out: Path, choice: FormatChoice | str, suffix: str) -> Path:
     return out / "cache" / f"{choice if isinstance(choice, str) else choice.name}{suffix}"
 
 
-def _cached_records(
+def cached_records(
     out: Path, key: str, skey: str, choice: FormatChoice, lengths: list[int], tag: str | None = None
 ) -> list[dict] | None:
     recs = []
@@ -80,7 +81,7 @@ def _cached_records(
     return recs
 
 
-def _save_run(
+def save_run(
     out: Path,
     key: str,
     skey: str,
@@ -101,7 +102,7 @@ def _save_run(
         )
 
 
-def _load_run(out: Path, key: str, skey: str, choice: FormatChoice) -> dict | None:
+def load_run(out: Path, key: str, skey: str, choice: FormatChoice) -> dict | None:
     path = _cache_path(out, choice, ".pt")
     if not path.is_file():
         return None
@@ -118,7 +119,7 @@ def _load_run(out: Path, key: str, skey: str, choice: FormatChoice) -> dict | No
     return {**doc["run"], "metrics": doc["metrics"]}
 
 
-def _needle_cached(
+def needle_cached(
     out: Path,
     loaded: Loaded,
     choice: FormatChoice,
@@ -129,7 +130,7 @@ def _needle_cached(
 ) -> dict:
     path = _cache_path(out, choice, f"_needle_{length}.json")
     params = [
-        _format_key(loaded.key, choice),
+        format_key(loaded.key, choice),
         skey if choice.static else "",
         settings.needle_depths,
         settings.needle_seeds,
@@ -146,13 +147,13 @@ def _needle_cached(
 
 
 def _pass_needles_params(loaded: Loaded, choice: FormatChoice, skey: str) -> list:
-    return [_format_key(loaded.key, choice), skey if choice.static else "", "kl_pass"]
+    return [format_key(loaded.key, choice), skey if choice.static else "", "kl_pass"]
 
 
-def _save_pass_needles(
+def save_pass_needles(
     out: Path, loaded: Loaded, choice: FormatChoice, skey: str, found: dict[int, dict]
 ) -> None:
-    """The needles one KL pass asked, one file per length (as _needle_cached writes them)."""
+    """The needles one KL pass asked, one file per length (as needle_cached writes them)."""
     for length, result in found.items():
         write_json(
             _cache_path(out, choice, f"_needle_{length}.json"),
@@ -160,7 +161,7 @@ def _save_pass_needles(
         )
 
 
-def _pass_needles_cached(
+def pass_needles_cached(
     out: Path, loaded: Loaded, choice: FormatChoice, skey: str, lengths: list[int]
 ) -> dict[int, dict] | None:
     """The needles a cached KL pass asked, every length, or None (that pass runs again)."""
@@ -174,7 +175,7 @@ def _pass_needles_cached(
     return found
 
 
-def _decode_cached(
+def decode_cached(
     out: Path,
     loaded: Loaded,
     static: list[FormatChoice],
@@ -187,7 +188,7 @@ def _decode_cached(
     params = [
         loaded.key,
         skey,
-        [_format_key("", c) for c in static],
+        [format_key("", c) for c in static],
         [c.name for c in static],
         prompt,
         settings.decode_steps,
@@ -201,7 +202,7 @@ def _decode_cached(
     return result
 
 
-def _drift_cached(
+def drift_cached(
     out: Path,
     loaded: Loaded,
     choice: FormatChoice,
@@ -215,9 +216,9 @@ def _drift_cached(
     from trtkv.probe.attention import drift
 
     prompt = min(settings.decode_prompt, max(settings.lengths) - settings.decode_steps - 1)
-    path = _cache_path(out, _tag(choice, mode), "_drift.json")
+    path = _cache_path(out, job_tag(choice, mode), "_drift.json")
     params = [
-        _format_key(loaded.key, choice, mode),
+        format_key(loaded.key, choice, mode),
         skey if choice.static else "",
         prompt,
         settings.decode_steps,

@@ -26,7 +26,8 @@ import torch
 
 from trtkv.kvcache.cache import QuantizedKVCache
 from trtkv.kvcache.formats import KVFormat
-from trtkv.kvcache.quant import FormatChoice, KVScale
+from trtkv.kvcache.names import FormatChoice
+from trtkv.kvcache.numerics import KVScale
 from trtkv.kvcache.quantized_layer import QuantizedKVLayer
 from trtkv.kvcache.rows import RowStore
 

@@ -24,18 +24,116 @@ text `trtkv init` writes). `__all__` is the package's face: every name other pac
 here or from its module (tests/test_exported_members.py).
 """
 
-from trtkv.recipe.loader import dump_yaml, list_recipes, load_recipe, recipe_name
-from trtkv.recipe.names import check_recipe_name
-from trtkv.recipe.rules import cross_field_problems
-from trtkv.recipe.schema import (
+from typing import TYPE_CHECKING
+
+from trtkv.core.lazy import attach
+from trtkv.recipe.attention import (
+    ACCOUNTING_TEXT,
+    VLLM_BLOCK_CPU,
+    VLLM_BLOCK_GPU,
+    Accounting,
+    AttentionKind,
+    KVShape,
+    LayerAttention,
+    bytes_by_attention,
+    compact_layers,
+    layer_formats,
+    parse_layers,
+    summary,
+    vllm_hybrid_on,
+)
+from trtkv.recipe.backend_rules import (
+    HF_EXPORT_BACKENDS,
+    HF_EXPORT_ONLY,
+    KV_ACCOUNTING,
+    SPEED_ENGINE,
+    build_notes,
+    gemm_plugin_choice,
+)
+from trtkv.recipe.bench_section import MAX_SWEEP_LENGTHS
+from trtkv.recipe.engine_formats import served_kv_formats
+from trtkv.recipe.enums import (
+    ENGINE_KV_FORMATS,
     SLO_PATTERN,
     Backend,
     BenchTask,
     KVCacheQuant,
     ModelDtype,
     Protocol,
-    Recipe,
     WeightQuant,
+    kv_algo,
+)
+from trtkv.recipe.limits import CONFIG_FIELDS, MAX_LIST, RANGES, WORD, check_config_field
+from trtkv.recipe.loader import dump_yaml, list_recipes, load_recipe, recipe_name
+from trtkv.recipe.names import check_recipe_name
+from trtkv.recipe.rules import cross_field_problems, kv_heads_split
+from trtkv.recipe.schema import Recipe
+from trtkv.recipe.state import (
+    STATE_DTYPE_BYTES,
+    StateSpec,
+    gated_deltanet,
+    mamba1,
+    mamba2,
+    state_dtypes,
+    state_from_dict,
+)
+
+if TYPE_CHECKING:
+    from trtkv.recipe.layout import (
+        CONTAINER_ROOT,
+        HF,
+        HF_CONFIG,
+        WEIGHT_ALGOS,
+        Artifacts,
+        bench_dir,
+        checkpoint_dir,
+        checkpoint_tokenizer_dir,
+        container_artifacts,
+        container_mounts,
+        engine_dir,
+        fidelity_dir,
+        host_artifacts,
+        kv_cache_quant_algo,
+        probe_dir,
+        repo_dir,
+        serve_dir,
+        served_artifacts,
+        to_container,
+    )
+    from trtkv.recipe.sequence import sequence_kv_bytes
+    from trtkv.recipe.settle import Settings, batch_for, refusal
+    from trtkv.recipe.vllm_pool import hybrid_block_size
+
+# the modules loading a recipe does not need are imported on first use
+__getattr__, __dir__ = attach(
+    __name__,
+    submodules=["layout", "prefix_cache", "settle"],
+    submod_attrs={
+        "layout": [
+            "Artifacts",
+            "bench_dir",
+            "checkpoint_dir",
+            "checkpoint_tokenizer_dir",
+            "container_artifacts",
+            "container_mounts",
+            "CONTAINER_ROOT",
+            "engine_dir",
+            "fidelity_dir",
+            "HF",
+            "HF_CONFIG",
+            "host_artifacts",
+            "kv_cache_quant_algo",
+            "probe_dir",
+            "repo_dir",
+            "serve_dir",
+            "served_artifacts",
+            "to_container",
+            "WEIGHT_ALGOS",
+        ],
+        "sequence": ["sequence_kv_bytes"],
+        "settle": ["batch_for", "refusal", "Settings"],
+        "vllm_pool": ["hybrid_block_size"],
+    },
 )
 
 __all__ = [
@@ -72,7 +170,7 @@ __all__ = [
     "host_artifacts",
     "hybrid_block_size",
     "KV_ACCOUNTING",
-    "KV_ALGO",
+    "kv_algo",
     "kv_cache_quant_algo",
     "kv_heads_split",
     "KVCacheQuant",

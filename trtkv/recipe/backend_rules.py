@@ -12,7 +12,8 @@ from collections.abc import Callable
 
 from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe.attention import Accounting
-from trtkv.recipe.schema import Backend, KVCacheQuant, Recipe, WeightQuant
+from trtkv.recipe.enums import Backend, KVCacheQuant, WeightQuant
+from trtkv.recipe.schema import Recipe
 
 # Architectures ModelOpt exports as the HF checkpoint only (no TensorRT-LLM checkpoint), with the
 # reason.

@@ -9,21 +9,35 @@ from pydantic import Field, field_validator
 
 from trtkv.recipe.enums import SLO_PATTERN, BenchTask, Protocol
 from trtkv.recipe.limits import RANGES, bounded
-from trtkv.recipe.sections import _Section
+from trtkv.recipe.sections import Section
 
 # A prompt length of the input sweep: each one within trtkv.recipe.limits' "positions" range
 # (recipe.rules then holds it to build.max_input_len)
 SweepLength = Annotated[int, Field(**RANGES["positions"].field())]
 MAX_SWEEP_LENGTHS = 64  # a sweep runs every latency level once per length
+# Every loop a user's value drives has a cap the error states (issue 48): a level runs a warm-up and
+# its requests and `plan --estimate` estimates each one (3,000 levels kept it busy for hours); a
+# closed-loop stream is one client thread and one connection; an accuracy length is a set of
+# served requests.
+MAX_LEVELS = 64
+MAX_CONCURRENCY = 8192
+MAX_TASK_LENGTHS = 64
+MAX_THRESHOLDS = 256
 
 
-class BenchConfig(_Section):
+class BenchConfig(Section):
     protocol: Protocol = Field(
         Protocol.GRPC,
         description="gRPC streaming, HTTP `generate_stream` (Triton), or "
         "`openai` (streaming /v1/completions of vLLM, trtllm-serve or Triton's OpenAI frontend).",
     )
-    concurrency: list[int] = Field([1, 2, 4], min_length=1, description="Concurrency sweep.")
+    concurrency: list[int] = Field(
+        [1, 2, 4],
+        min_length=1,
+        max_length=MAX_LEVELS,
+        description=f"Concurrency sweep: at most {MAX_LEVELS} levels, each at most "
+        f"{MAX_CONCURRENCY} streams (one client thread and connection each).",
+    )
     request_rate: float | None = bounded(
         None, "rate", description="Requests/s (instead of a concurrency sweep)."
     )
@@ -57,18 +71,24 @@ class BenchConfig(_Section):
         "default).",
     )
     needle_context_lengths: list[int] = Field(
-        [512], description="Haystack lengths (tokens) for needle retrieval."
+        [512],
+        max_length=MAX_TASK_LENGTHS,
+        description=f"Haystack lengths (tokens) for needle retrieval (at most {MAX_TASK_LENGTHS}).",
     )
     ruler_lengths: list[int] = Field(
-        [4096], description="RULER sequence lengths (tokens: prompt + tokens to generate)."
+        [4096],
+        max_length=MAX_TASK_LENGTHS,
+        description="RULER sequence lengths (tokens: prompt + tokens to generate; at most "
+        f"{MAX_TASK_LENGTHS}).",
     )
     ruler_samples: int = bounded(
         20, "requests", description="RULER items per task and length (RULER itself uses 500)."
     )
     fidelity_lengths: list[int] | None = Field(
         None,
-        description="Fidelity task context lengths (tokens); None: the "
-        "probe's lengths up to build.max_input_len.",
+        max_length=MAX_TASK_LENGTHS,
+        description="Fidelity task context lengths (tokens; at most "
+        f"{MAX_TASK_LENGTHS}); None: the probe's lengths up to build.max_input_len.",
     )
     fidelity_documents: int = bounded(
         4, "requests", description="Fidelity task: documents per length."
@@ -81,8 +101,9 @@ class BenchConfig(_Section):
     )
     thresholds: list[str] = Field(
         [],
+        max_length=MAX_THRESHOLDS,
         description="SLOs `metric.stat<=value`, e.g. `time_to_first_token.p99<=500`, "
-        "`quiz.accuracy>=0.3`.",
+        f"`quiz.accuracy>=0.3` (at most {MAX_THRESHOLDS}).",
     )
 
     @field_validator("thresholds")
@@ -104,4 +125,15 @@ class BenchConfig(_Section):
     def _positive(cls, values: list[int] | None) -> list[int] | None:
         if values is not None and any(v <= 0 for v in values):
             raise ValueError("every entry must be > 0")
+        return values
+
+    @field_validator("concurrency")
+    @classmethod
+    def _streams(cls, values: list[int]) -> list[int]:
+        over = [v for v in values if v > MAX_CONCURRENCY]
+        if over:
+            raise ValueError(
+                f"{over[0]} streams: at most {MAX_CONCURRENCY} per level (one client thread and "
+                "connection each; run several clients for more)"
+            )
         return values

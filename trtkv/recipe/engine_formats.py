@@ -10,8 +10,14 @@ import re
 
 from trtkv.kvcache import engines
 from trtkv.platform.hardware import GPU, GPU_SPECS
-from trtkv.recipe.enums import CALIBRATED_ENGINE_KV_FORMATS
-from trtkv.recipe.schema import ENGINE_KV_FORMATS, Backend, KVCacheQuant, Recipe, WeightQuant
+from trtkv.recipe.enums import (
+    CALIBRATED_ENGINE_KV_FORMATS,
+    ENGINE_KV_FORMATS,
+    Backend,
+    KVCacheQuant,
+    WeightQuant,
+)
+from trtkv.recipe.schema import Recipe
 
 # The engine (and version prefix of its table rows) each backend deploys with:
 # trtkv/data/kv_formats.json's rows for that engine say which engine formats

@@ -4,8 +4,11 @@ the docs read these), their accepted aliases, and the patterns a few fields foll
 from __future__ import annotations
 
 import re
-from enum import Enum
-from typing import Literal
+from enum import Enum, EnumMeta
+from typing import TYPE_CHECKING, Literal
+
+from trtkv.core.errors import TrtkvError
+from trtkv.kvcache.engines import FormatRow, load_table
 
 # ---------------------------------------------------------------------------------------------
 # Enums: the one source of truth for every choice (schema, CLI help and docs read these).
@@ -18,55 +21,62 @@ class WeightQuant(str, Enum):
     NONE = "none"
 
 
-class KVCacheQuant(str, Enum):
-    FP8 = "fp8"
-    INT8 = "int8"  # engine path only (TensorRT-LLM <= 1.2.x)
-    # Blackwell (SM100/103): E2M1 values, an E4M3 scale per 16 elements, K and V global scales
-    NVFP4 = "nvfp4"
-    NONE = "none"
-    # Engine formats (trtkv/data/kv_formats.json): deployable where that table has a row for the
-    # backend's engine (trtkv.recipe.engine_formats.engine_format_problems); nothing to calibrate,
-    # or scale 1.0 for fp8_cast. ModelOpt's default --kv_cache_qformat: FP8 E4M3 with scale 1.0 (no
-    # KV scales written)
-    FP8_CAST = "fp8_cast"
-    INT8_PER_TOKEN_HEAD = "int8_per_token_head"  # vLLM: dynamic float32 scale per token and KV head
-    FP8_PER_TOKEN_HEAD = "fp8_per_token_head"
-    INT4_PER_TOKEN_HEAD = "int4_per_token_head"
-    TURBOQUANT_K8V4 = "turboquant_k8v4"  # vLLM: packed K+V slots
-    TURBOQUANT_4BIT_NC = "turboquant_4bit_nc"
-    TURBOQUANT_K3V4_NC = "turboquant_k3v4_nc"
-    TURBOQUANT_3BIT_NC = "turboquant_3bit_nc"
-    ULTRAQUANT_4BIT = "ultraquant_4bit"
-    # vLLM's per-attention-head static FP8 scales (llm-compressor strategy="attn_head"): calibrated
-    # by trtkv, one k_scale and one v_scale per (layer, KV head) in a compressed-tensors HF export
-    # (trtkv.calibrate.attn_head)
-    FP8_ATTN_HEAD = "fp8_attn_head"
+# quantization.kv_cache: the registry's rows with a recipe block (trtkv/data/kv_formats.json; their
+# help is the recipe reference's), members named by their value upper-cased (KVCacheQuant.FP8_CAST).
+if TYPE_CHECKING:
+
+    class _Members(EnumMeta):
+        def __getattr__(cls, name: str) -> KVCacheQuant: ...
+
+    class KVCacheQuant(str, Enum, metaclass=_Members):
+        """A recipe's quantization.kv_cache."""
+
+else:
+    KVCacheQuant = Enum(
+        "KVCacheQuant",
+        {r.recipe.name.upper(): r.recipe.name for r in load_table().recipe_rows()},
+        type=str,
+        module=__name__,
+    )
 
 
-# The formats above whose scales trtkv's calibrate does not compute: dynamic (computed by the engine
-# from the data), or the constant 1.0 (fp8_cast). Deployed with an HF export without KV quantization
-# and the engine's KV flag.
-ENGINE_KV_FORMATS = (
-    KVCacheQuant.FP8_CAST,
-    KVCacheQuant.INT8_PER_TOKEN_HEAD,
-    KVCacheQuant.FP8_PER_TOKEN_HEAD,
-    KVCacheQuant.INT4_PER_TOKEN_HEAD,
-    KVCacheQuant.TURBOQUANT_K8V4,
-    KVCacheQuant.TURBOQUANT_4BIT_NC,
-    KVCacheQuant.TURBOQUANT_K3V4_NC,
-    KVCacheQuant.TURBOQUANT_3BIT_NC,
-    KVCacheQuant.ULTRAQUANT_4BIT,
-)
+def kv_row(kv: KVCacheQuant) -> FormatRow:
+    """The registry row of a quantization.kv_cache value (its .choice: kind, checkpoint algo)."""
+    row = load_table().for_recipe(KVCacheQuant(kv).value)
+    if row is None:  # every member is made from a row
+        raise TrtkvError(f"quantization.kv_cache {kv!r} has no row in trtkv/data/kv_formats.json.")
+    return row
 
 
+def kv_algo(kv: KVCacheQuant) -> str | None:
+    """The checkpoint's quantization.kv_cache_quant_algo for a kv_cache value (None: null, nothing
+    calibrated: none and the engine formats)."""
+    return kv_row(kv).choice.checkpoint_algo
+
+
+def _of_kind(kind: str) -> tuple[KVCacheQuant, ...]:
+    return tuple(
+        KVCacheQuant(r.recipe.name)
+        for r in load_table().recipe_rows()
+        if r.recipe and r.recipe.kind == kind
+    )
+
+
+# The formats whose scales trtkv's calibrate does not compute: dynamic (computed by the engine from
+# the data), or the constant 1.0 (fp8_cast). Deployed with an HF export without KV quantization and
+# the engine's KV flag.
+ENGINE_KV_FORMATS = _of_kind("engine")
 # Engine formats whose static scales trtkv's calibrate computes and writes in the form that engine
 # reads (a row in trtkv/data/kv_formats.json names the engine;
 # trtkv.recipe.engine_formats.engine_format_problems checks it).
-CALIBRATED_ENGINE_KV_FORMATS = (KVCacheQuant.FP8_ATTN_HEAD,)
-
-
+CALIBRATED_ENGINE_KV_FORMATS = _of_kind("calibrated_engine")
 # Familiar spellings accepted in recipes; `trtkv show` prints the canonical value.
-KV_CACHE_ALIASES = {"fp8_kv_cache": "fp8", "int8_kv_cache": "int8"}
+KV_CACHE_ALIASES = {
+    alias: r.recipe.name
+    for r in load_table().recipe_rows()
+    if r.recipe
+    for alias in r.recipe.aliases
+}
 
 
 class KVScaleStrategy(str, Enum):

@@ -2,8 +2,9 @@
 
 engines/<recipe>/checkpoint (calibrate; its tokenizer/ and hf/), engine (build), serve (serve),
 bench and fidelity (bench), probe (probe), report (report); triton_repo/<recipe> (repo). No other
-module spells these names. The maps say what a TensorRT-LLM checkpoint's `quantization` fields hold
-for each recipe choice; calibrate, checkpoint, build, runtime, serve and repo all read them from
+module spells these names. WEIGHT_ALGOS and kv_cache_quant_algo (the KV-format registry row's
+checkpoint_algo) say what a TensorRT-LLM checkpoint's `quantization` fields hold for each recipe
+choice; calibrate, checkpoint, build, runtime, serve and repo all read them from
 here. Light: no heavy imports (`trtkv validate/plan` start fast).
 
 Two views of the same folders (`Artifacts`): this host's, and the canonical container paths under
@@ -21,8 +22,7 @@ from typing import TYPE_CHECKING
 
 from trtkv.core import paths
 from trtkv.platform.hardware import GPU
-from trtkv.recipe import KVCacheQuant, WeightQuant
-from trtkv.recipe.schema import ENGINE_KV_FORMATS
+from trtkv.recipe import WeightQuant
 
 if TYPE_CHECKING:
     from trtkv.recipe import Recipe
@@ -41,20 +41,6 @@ HF = "hf"  # checkpoint/hf: the HF export (ModelOpt's unified checkpoint)
 # read it from).
 HF_CONFIG = "hf_config.json"
 
-# recipe quantization.kv_cache -> checkpoint config.json quantization.kv_cache_quant_algo (None:
-# null) The engine formats (schema.ENGINE_KV_FORMATS) export no KV quantization: the engine computes
-# their scales (or uses 1.0) from its own flag. They come before NONE so that the inverse map
-# (trtkv.runtime.checkpoint) reads None as none. fp8_attn_head is calibrated as FP8 (ModelOpt's
-# per-layer export, then per-head scales: trtkv.calibrate.attn_head); it comes before FP8 so that
-# the inverse map reads FP8 as fp8.
-KV_ALGO: dict[KVCacheQuant, str | None] = {
-    KVCacheQuant.FP8_ATTN_HEAD: "FP8",
-    KVCacheQuant.FP8: "FP8",
-    KVCacheQuant.INT8: "INT8",
-    KVCacheQuant.NVFP4: "NVFP4",
-    **dict.fromkeys(ENGINE_KV_FORMATS),
-    KVCacheQuant.NONE: None,
-}
 # recipe quantization.weights -> the quant_algo values a checkpoint may carry for it (ModelOpt /
 # TensorRT-LLM QuantAlgo names; the first is what ModelOpt writes by default)
 WEIGHT_ALGOS: dict[WeightQuant, tuple[str | None, ...]] = {
@@ -72,8 +58,8 @@ WEIGHT_ALGOS: dict[WeightQuant, tuple[str | None, ...]] = {
 
 def kv_cache_quant_algo(recipe: Recipe) -> str | None:
     """The checkpoint's `quantization.kv_cache_quant_algo` for this recipe ("FP8", "INT8", "NVFP4"
-    or None)."""
-    return KV_ALGO[recipe.quantization.kv_cache]
+    or None: the registry row's checkpoint_algo; the engine formats export no KV quantization)."""
+    return recipe.kv_row.choice.checkpoint_algo
 
 
 def checkpoint_dir(recipe: Recipe) -> Path:

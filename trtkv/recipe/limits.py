@@ -159,6 +159,10 @@ CONFIG_FIELDS: dict[str, str] = {
     "mamba_expand": "small_count",
     "attn_layer_period": "small_count",
     "attn_layer_offset": "small_count",
+    "expert_layer_period": "small_count",
+    "expert_layer_offset": "small_count",
+    "moe_shared_expert_intermediate_size": "ffn",
+    "shared_intermediate_size": "ffn",
     "full_attention_interval": "small_count",
     # Gemma 4's per-layer geometry
     "global_head_dim": "head_dim",

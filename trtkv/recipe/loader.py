@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from trtkv.core import paths
 from trtkv.core.errors import RecipeError
+from trtkv.recipe.enums import KV_CACHE_ALIASES, KVCacheQuant
 from trtkv.recipe.limits import RANGES
 from trtkv.recipe.names import (
     RECIPE_NAME_RE,
@@ -27,8 +28,8 @@ from trtkv.recipe.names import (
     shown,
 )
 from trtkv.recipe.rules import cross_field_problems
-from trtkv.recipe.schema import KV_CACHE_ALIASES, KVCacheQuant, Recipe
-from trtkv.recipe.tree import COMMAND_LINE, _resolve, apply_overrides, load_tree
+from trtkv.recipe.schema import Recipe
+from trtkv.recipe.tree import COMMAND_LINE, apply_overrides, load_tree, resolve_path
 
 # ---------------------------------------------------------------------------------------------
 # Finding recipe files
@@ -70,7 +71,7 @@ def _refuse_collisions(path: Path) -> None:
     named = [(name, path)] + [
         (recipe_name(f), f)
         for f in _runnable_files()
-        if fold_recipe_name(recipe_name(f)) == fold_recipe_name(name) and _resolve(f) != path
+        if fold_recipe_name(recipe_name(f)) == fold_recipe_name(name) and resolve_path(f) != path
     ]
     problems = collision_problems(named)
     if problems:
@@ -82,7 +83,7 @@ def find_recipe(name_or_path: str) -> Path:
     (check_recipe_name)."""
     candidate = Path(name_or_path).expanduser()
     if candidate.suffix in (".yaml", ".yml") or "/" in name_or_path:
-        resolved = _resolve(candidate)
+        resolved = resolve_path(candidate)
         if not resolved.exists():
             raise RecipeError(
                 [

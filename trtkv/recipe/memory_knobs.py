@@ -5,7 +5,8 @@ engine ignores it."""
 
 from __future__ import annotations
 
-from trtkv.recipe.schema import Backend, Recipe
+from trtkv.recipe.enums import Backend
+from trtkv.recipe.schema import Recipe
 
 # Which backend's engine reads each memory knob (trtkv.plan.engine_pool carries it into the served
 # command)

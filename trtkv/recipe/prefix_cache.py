@@ -25,7 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trtkv.platform.hardware import GPU
-from trtkv.recipe.schema import Backend, KVCacheQuant, Recipe
+from trtkv.recipe.enums import Backend, KVCacheQuant
+from trtkv.recipe.schema import Recipe
 
 FIELD = "triton.enable_kv_cache_reuse"
 

@@ -11,10 +11,10 @@ from pydantic import Field, field_validator
 from trtkv.kvcache.formats import KVFormat
 from trtkv.kvcache.names import all_format_names
 from trtkv.recipe.limits import bounded
-from trtkv.recipe.sections import _Section
+from trtkv.recipe.sections import Section
 
 
-class ProbeConfig(_Section):
+class ProbeConfig(Section):
     formats: list[str] = Field(
         [
             f.value

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from trtkv.kvcache.engines import load_table
 from trtkv.recipe.limits import RANGES
 from trtkv.recipe.schema import Recipe
 
@@ -45,6 +46,32 @@ def reference_markdown() -> str:
                 f"| `{section}` | {_type_name(ann)} | {_show_default(field.default)} | "
                 f"{field.description or ''} |"
             )
+    return "\n".join(lines) + "\n\n" + kv_cache_markdown()
+
+
+def kv_cache_markdown() -> str:
+    """quantization.kv_cache's values, one per KV-format registry row (trtkv/data/kv_formats.json):
+    kind, checkpoint algo, storage and help."""
+    lines = [
+        "| `quantization.kv_cache` | kind | checkpoint `kv_cache_quant_algo` | stored as | meaning "
+        "|",
+        "|---|---|---|---|---|",
+    ]
+    for row in load_table().recipe_rows():
+        c = row.choice
+        aliases = f" (alias {', '.join(f'`{a}`' for a in c.aliases)})" if c.aliases else ""
+        lines.append(
+            f"| `{c.name}`{aliases} | {c.kind} | {c.checkpoint_algo or 'null'} | "
+            f"{'the model dtype' if c.kind == 'unquantized' else f'`{c.storage}`'} | {c.help} |"
+        )
+    lines.append(
+        "\nKinds: *calibrated*, trtkv's calibrate computes static scales and the checkpoint "
+        "records the algo; *calibrated_engine*, calibrated too, in the form one engine reads; "
+        "*engine*, deployable where docs/kv-formats.md gives the backend's engine a row "
+        "(trtkv.recipe.engine_formats.engine_format_problems), nothing to calibrate (scales "
+        "computed by the engine from the data, or 1.0 for fp8_cast); *unquantized*, the model "
+        "dtype."
+    )
     return "\n".join(lines)
 
 

@@ -8,8 +8,9 @@ from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe import prefix_cache
 from trtkv.recipe.backend_rules import BACKEND_RULES
 from trtkv.recipe.engine_formats import engine_format_problems
+from trtkv.recipe.enums import BenchTask, GemmPlugin, KVCacheQuant, WeightQuant
 from trtkv.recipe.memory_knobs import memory_knob_problems
-from trtkv.recipe.schema import BenchTask, GemmPlugin, KVCacheQuant, Recipe, WeightQuant
+from trtkv.recipe.schema import Recipe
 
 
 # model.architecture values ModelOpt 0.47 exports only as its unified HF checkpoint

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
+from trtkv.kvcache.engines import FormatRow
 from trtkv.kvcache.formats import KVFormat
 from trtkv.platform import versions
 from trtkv.platform.gpu_names import gpu_from_name, known_gpus
@@ -36,18 +37,20 @@ from trtkv.recipe.enums import (  # noqa: F401 - re-exported: the schema's publi
     SchedulerPolicy,
     StateDtype,
     WeightQuant,
+    kv_algo,
+    kv_row,
 )
 from trtkv.recipe.limits import bounded
 from trtkv.recipe.model_section import ModelConfig
 from trtkv.recipe.probe_section import ProbeConfig
-from trtkv.recipe.sections import QuantizationConfig, _Section  # noqa: F401 - re-exported: the schema's public face
+from trtkv.recipe.sections import QuantizationConfig, Section  # noqa: F401 - re-exported: the schema's public face
 from trtkv.recipe.triton_section import TritonConfig  # noqa: F401 - re-exported: the schema's public face
 
 # ---------------------------------------------------------------------------------------------
 # Schema
 
 
-class CalibrationConfig(_Section):
+class CalibrationConfig(Section):
     dataset: str = Field(
         "calibration_data/calib/*.jsonl",
         description='`.jsonl` (`{"text": ...}`) or `.txt` file, folder or glob; relative paths '
@@ -61,7 +64,7 @@ class CalibrationConfig(_Section):
     )
 
 
-class BuildConfig(_Section):
+class BuildConfig(Section):
     backend: Backend = Field(
         Backend.TENSORRT,
         description="Engine backend: tensorrt (trtllm-build engines, TensorRT-LLM <= 1.2.x), "
@@ -134,7 +137,7 @@ class BuildConfig(_Section):
         return value
 
 
-class HardwareConfig(_Section):
+class HardwareConfig(Section):
     gpu: GPU = Field(GPU.CPU, description="Target accelerator, or `cpu`.")
     count: int = bounded(
         1, "gpus", description="GPUs used by one model instance (= tp_size x pp_size)."
@@ -184,7 +187,7 @@ class HardwareConfig(_Section):
         return gpu_from_name(value) if isinstance(value, str) else value
 
 
-class Recipe(_Section):
+class Recipe(Section):
     """One deployment: model, quantization, calibration, build, hardware, serving and benchmark
     settings."""
 
@@ -256,19 +259,18 @@ class Recipe(_Section):
         return self.fp8_kv_and_weights if flag is None else flag
 
     @property
+    def kv_row(self) -> FormatRow:
+        """The registry row of quantization.kv_cache (trtkv/data/kv_formats.json): its choice
+        (kind, checkpoint kv_cache_quant_algo, storage), numerics and engine values."""
+        return kv_row(self.quantization.kv_cache)
+
+    @property
     def kv_format(self) -> KVFormat:
-        """The KV cache format the recipe deploys (trtkv.kvcache.formats), the model dtype when
-        unquantized."""
-        kv = self.quantization.kv_cache
-        # fp8_attn_head: fp8's storage, scales per head
-        if kv in (KVCacheQuant.FP8, KVCacheQuant.FP8_ATTN_HEAD):
-            return KVFormat.FP8
-        if kv is KVCacheQuant.INT8:
-            return KVFormat.INT8
-        if kv is KVCacheQuant.NVFP4:
-            return KVFormat.NVFP4
-        if kv in ENGINE_KV_FORMATS:  # fp8_cast: the probe's fp8_scale1 (same numerics)
-            return KVFormat.FP8_SCALE1 if kv is KVCacheQuant.FP8_CAST else KVFormat(kv.value)
+        """The KV cache format the recipe deploys (its row's storage: fp8_attn_head stores as fp8,
+        fp8_cast as fp8_scale1), the model dtype when unquantized."""
+        choice = self.kv_row.choice
+        if choice.kind != "unquantized":
+            return KVFormat(choice.storage)
         return KVFormat.BF16 if self.model.dtype is ModelDtype.BFLOAT16 else KVFormat.FP16
 
     @property

@@ -11,14 +11,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from trtkv.recipe.enums import KV_CACHE_ALIASES, KVCacheQuant, KVScaleStrategy, WeightQuant
 
 
-class _Section(BaseModel):
+class Section(BaseModel):
     # no NaN or infinity in any float (`memory_gib=1e309` is infinity to YAML)
     model_config = ConfigDict(
         extra="forbid", use_enum_values=False, validate_default=True, allow_inf_nan=False
     )
 
 
-class QuantizationConfig(_Section):
+class QuantizationConfig(Section):
     weights: WeightQuant = Field(
         WeightQuant.NONE, description="Weight quantization (ModelOpt qformat)."
     )

@@ -23,7 +23,7 @@ from trtkv.recipe.plain_yaml import (
 )
 
 
-def _resolve(path: Path, origin: str = "") -> Path:
+def resolve_path(path: Path, origin: str = "") -> Path:
     """`path` made absolute with its links followed; RecipeError for a symlink loop or an impossible
     name."""
     try:
@@ -146,7 +146,7 @@ def load_tree(path: Path, chain: tuple[Path, ...] = ()) -> tuple[dict[str, Any],
 def _load_tree(
     path: Path, chain: tuple[Path, ...], budget: list[int]
 ) -> tuple[dict[str, Any], dict[str, Path]]:
-    path = _resolve(path, f" (included from {shown(chain[-1])})" if chain else "")
+    path = resolve_path(path, f" (included from {shown(chain[-1])})" if chain else "")
     if path in chain:
         cycle = " -> ".join(shown(p) for p in (*chain, path))
         raise RecipeError(

@@ -9,10 +9,10 @@ from pydantic import Field, field_validator
 from trtkv.recipe.enums import BatchingStrategy, SchedulerPolicy
 from trtkv.recipe.limits import bounded
 from trtkv.recipe.names import is_ip_or_host_name
-from trtkv.recipe.sections import _Section
+from trtkv.recipe.sections import Section
 
 
-class TritonConfig(_Section):
+class TritonConfig(Section):
     host: str = Field("127.0.0.1", description="Address the server binds.")
     http_port: int = Field(8000, gt=0, lt=65536, description="HTTP port.")
     grpc_port: int = Field(8001, gt=0, lt=65536, description="gRPC port.")

@@ -10,7 +10,8 @@ from trtkv.backends import RepoLayout, for_recipe
 from trtkv.core.errors import StageError
 from trtkv.core.tools import quote
 from trtkv.platform import versions
-from trtkv.serving import bundled, container, serve
+from trtkv.recipe.layout import serve_dir
+from trtkv.serving import bundled, container
 
 if TYPE_CHECKING:
     from trtkv.repo.repo_plan import RepoPlan
@@ -43,7 +44,7 @@ def _local_command_text(plan: RepoPlan) -> str:
     """The bundled tritonserver command; with a generic binary path where nvidia-pytriton is not
     installed."""
     r = plan.recipe
-    backends = serve.serve_dir(r) / "backends"
+    backends = serve_dir(r) / "backends"
     try:
         return quote(bundled.local_command(r, plan.output, backends))
     except StageError:
@@ -81,10 +82,11 @@ def _deploy_lines(plan: RepoPlan) -> list[str]:
             "```",
             "",
             "What `trtkv serve` runs (it also links the Python backend into "
-            f"`{serve.serve_dir(r) / 'backends'}` first):",
+            f"`{serve_dir(r) / 'backends'}` first):",
             "",
             "```",
-            f"PATH={sys.prefix}/bin:$PATH LD_LIBRARY_PATH={bundled.python_libdir()} \\",
+            f"PATH={quote([sys.prefix + '/bin'])}:$PATH "
+            f"LD_LIBRARY_PATH={quote([str(bundled.python_libdir())])} \\",
             f"  {_local_command_text(plan)}",
             "```",
             "",

@@ -9,11 +9,57 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtkv.report.summary import ACCURACY_TASKS, _fmt, _with_ci, collect
+from trtkv.report.summary import ACCURACY_TASKS, collect, figure, with_ci
 
 if TYPE_CHECKING:
     from trtkv.recipe import Recipe
     from trtkv.report.chain import ChainResult
+
+
+# what `trtkv compare` writes (before 2026-12 into engines/compare/ in place, without an owner file)
+COMPARE_FILES = frozenset({"compare.md", "compare.json", "compare.png"})
+
+
+def compare_output(given: Path | None) -> Path:
+    """The folder `trtkv compare` will replace (--output, default engines/compare), checked before
+    any recipe runs: absent, empty, or trtkv's own compare output (its owner file, or only the files
+    an earlier compare wrote); anything else, a recipe's folder named `compare` included, is
+    refused."""
+    from trtkv.contracts.outputs import check_inside, check_output
+    from trtkv.core import paths
+
+    out = given if given is not None else paths.engines_dir() / "compare"
+    absolute = check_inside(out, "compare")
+    if (
+        given is None
+        and absolute.is_dir()
+        and 0 < len(names := {p.name for p in absolute.iterdir()})
+    ):
+        if names <= COMPARE_FILES and all((absolute / n).is_file() for n in names):
+            return absolute
+    return check_output(out, "compare", "compare")
+
+
+def write_compare_folder(recipes: list[Recipe], results: list[ChainResult], out: Path) -> Path:
+    """compare.md/json/png written into a temporary sibling, swapped in whole for `out` (checked by
+    compare_output) only once complete; returns compare.md."""
+    import shutil
+
+    from trtkv.contracts.outputs import OWNER, remove_leftovers, replace_folder
+    from trtkv.core.paths import temp_sibling
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_leftovers(out, lambda _m: None)
+    tmp = temp_sibling(out, "tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        md = write_compare(recipes, results, tmp)
+        (tmp / OWNER).write_text(json.dumps({"stage": "compare", "recipe": "compare"}) + "\n")
+        replace_folder(tmp, out, "compare")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out / md.name
 
 
 def accuracy_difference(rows: list[dict[str, Any]], key: str) -> str:
@@ -77,7 +123,7 @@ def write_compare(recipes: list[Recipe], results: list[ChainResult], out: Path) 
         if key.split(".")[0] in ACCURACY_TASKS:
             md.append(
                 f"| {key} (95% interval) | "
-                + " | ".join(_with_ci(r.get("bench", {}), key) for r in rows)
+                + " | ".join(with_ci(r.get("bench", {}), key) for r in rows)
                 + " |"
             )
             if len(rows) > 1:
@@ -87,7 +133,7 @@ def write_compare(recipes: list[Recipe], results: list[ChainResult], out: Path) 
         else:
             md.append(
                 f"| {key} | "
-                + " | ".join(_fmt(r.get("bench", {}).get(key), 1) for r in rows)
+                + " | ".join(figure(r.get("bench", {}).get(key), 1) for r in rows)
                 + " |"
             )
     md.append(
@@ -106,8 +152,8 @@ def write_compare(recipes: list[Recipe], results: list[ChainResult], out: Path) 
             "|---|---|---|---|---|---|",
         ]
         md += [
-            f"| {name} | {p['format']} | {p['context_len']} | {_fmt(p.get('kl_mean'), 4)} | "
-            f"{_fmt(p.get('top1_agreement'), 3)} | {_fmt(p.get('needle_accuracy'), 2)} |"
+            f"| {name} | {p['format']} | {p['context_len']} | {figure(p.get('kl_mean'), 4)} | "
+            f"{figure(p.get('top1_agreement'), 3)} | {figure(p.get('needle_accuracy'), 2)} |"
             for name, p in probes
         ]
     md += _sweep_section(rows, out)

@@ -90,18 +90,19 @@ def _number(value: Any) -> bool:
 ACCURACY_TASKS = ("quiz", "golden", "needle")
 
 
-def _with_ci(b: dict[str, Any], key: str) -> str:
+def with_ci(b: dict[str, Any], key: str) -> str:
     """A figure and its stored interval, e.g. "0.350 [0.206, 0.526]"."""
     from trtkv.bench.results import interval_text
 
-    text = _fmt(b.get(key), 3)
+    text = figure(b.get(key), 3)
     ci = b.get(f"{key}.ci")
     return f"{text} {interval_text(ci)}" if ci is not None and b.get(key) is not None else text
 
 
 def collect(recipe: Recipe) -> dict[str, Any]:
     """Everything known about one recipe's run, from disk and the planner."""
-    from trtkv.plan.planner import kv_format_for_recipe, plan
+    from trtkv.plan.model import kv_format_for_recipe
+    from trtkv.plan.planner import plan
 
     data: dict[str, Any] = {
         "recipe": recipe.name,
@@ -207,7 +208,7 @@ def _shaped(read: Callable[..., T], *args: Any) -> T | None:
         return None
 
 
-def _fmt(value: Any, digits: int = 1) -> str:
+def figure(value: Any, digits: int = 1) -> str:
     if value is None:
         return "—"
     if isinstance(value, float):
@@ -225,31 +226,31 @@ def summary_lines(data: dict[str, Any]) -> list[str]:
         f"({data['kv_format']}, {data['kv_bytes_per_token']:,.0f} bytes/token)"
     ]
     acc = [
-        f"{k} {_with_ci(b, k)}"
+        f"{k} {with_ci(b, k)}"
         for k in b
         if k.split(".")[0] in ACCURACY_TASKS and not k.endswith(".ci")
     ]
     lines.append("  accuracy:   " + (", ".join(acc) if acc else "no bench results"))
     if "time_to_first_token.p50" in b:
         lines.append(
-            f"  latency @{b.get('level')}: TTFT p50 {_fmt(b['time_to_first_token.p50'])} ms, "
-            f"p99 {_fmt(b.get('time_to_first_token.p99'))} ms; ITL p50 "
-            f"{_fmt(b.get('inter_token_latency.p50'))} ms, p99 "
-            f"{_fmt(b.get('inter_token_latency.p99'))} ms"
+            f"  latency @{b.get('level')}: TTFT p50 {figure(b['time_to_first_token.p50'])} ms, "
+            f"p99 {figure(b.get('time_to_first_token.p99'))} ms; ITL p50 "
+            f"{figure(b.get('inter_token_latency.p50'))} ms, p99 "
+            f"{figure(b.get('inter_token_latency.p99'))} ms"
         )
         lines.append(
-            f"  throughput: {_fmt(b.get('output_token_throughput.max'))} output tokens/s, "
-            f"{_fmt(b.get('request_throughput.max'), 2)} requests/s (best over the concurrency "
+            f"  throughput: {figure(b.get('output_token_throughput.max'))} output tokens/s, "
+            f"{figure(b.get('request_throughput.max'), 2)} requests/s (best over the concurrency "
             "sweep)"
         )
     lines.append(
-        f"  planner:    {planner['hardware']} with {_fmt(planner['memory_gib'])} GiB: KV budget "
-        f"{_fmt(planner['kv_budget_gib'])} GiB = {planner['tokens_fit']:,} tokens of "
+        f"  planner:    {planner['hardware']} with {figure(planner['memory_gib'])} GiB: KV budget "
+        f"{figure(planner['kv_budget_gib'])} GiB = {planner['tokens_fit']:,} tokens of "
         f"{data['kv_format']} KV, {planner['sequences_at_max_seq_len']:,} sequences of "
         f"{planner['max_seq_len']:,} tokens"
     )
     for stage, info in data.get("stages", {}).items():
-        lines.append(f"  {stage + ':':<12}{info['path']}  ({_fmt(info.get('wall_seconds'))} s)")
+        lines.append(f"  {stage + ':':<12}{info['path']}  ({figure(info.get('wall_seconds'))} s)")
     return lines
 
 
@@ -279,9 +280,9 @@ def write_report(recipe: Recipe, out: Path | None = None) -> Path:
         ]
         for r in data["probe"]:
             md.append(
-                f"| {r['format']} | {r['context_len']} | {_fmt(r.get('kl_mean'), 4)} | "
-                f"{_fmt(r.get('top1_agreement'), 3)} | {_fmt(r.get('ppl_delta'), 3)} | "
-                f"{_fmt(r.get('needle_accuracy'), 2)} |"
+                f"| {r['format']} | {r['context_len']} | {figure(r.get('kl_mean'), 4)} | "
+                f"{figure(r.get('top1_agreement'), 3)} | {figure(r.get('ppl_delta'), 3)} | "
+                f"{figure(r.get('needle_accuracy'), 2)} |"
             )
     (out / "report.md").write_text("\n".join(md) + "\n")
     Manifest(

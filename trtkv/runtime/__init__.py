@@ -15,10 +15,27 @@ that come from the latter will not show here.
     ids = rt.generate(rt.tokenizer("Q: capital of France?\\nA:")["input_ids"], max_tokens=8)
 """
 
+from typing import TYPE_CHECKING
+
+from trtkv.core.lazy import attach
 from trtkv.runtime.batch import Batcher, make_sequence
-from trtkv.runtime.checkpoint import build_model, llama_config, trtllm_to_hf_state_dict
+from trtkv.runtime.checkpoint import build_model, llama_config, read_json, trtllm_to_hf_state_dict
 from trtkv.runtime.engine import ReferenceRuntime
 from trtkv.runtime.sampling import LogitControls
+
+if TYPE_CHECKING:
+    from trtkv.runtime.llm import LLM
+    from trtkv.runtime.llm_request import SamplingParams
+
+# the LLM API and the quiz are imported on first use
+__getattr__, __dir__ = attach(
+    __name__,
+    submodules=["hf_checkpoint", "quiz_patterns"],
+    submod_attrs={
+        "llm": ["LLM"],
+        "llm_request": ["SamplingParams"],
+    },
+)
 
 __all__ = [
     "Batcher",

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtkv.core.errors import StageError
-from trtkv.recipe.layout import KV_ALGO
+from trtkv.kvcache.engines import load_table
 
 if TYPE_CHECKING:
     import torch
@@ -35,9 +35,19 @@ GLOBAL_NAMES = {
     "transformer.ln_f": "model.norm",
     "lm_head": "lm_head",
 }
-# checkpoint kv_cache_quant_algo -> the KV format the runtime stores ("FP8" -> "fp8", None ->
-# "none")
-KV_FORMATS: dict[str | None, str] = {algo: kv.value for kv, algo in KV_ALGO.items()}
+
+
+def kv_format_for_algo(algo: object, where: Path) -> str:
+    """The KV format the runtime stores for a checkpoint's kv_cache_quant_algo ("FP8" -> "fp8",
+    None -> "none"): the KV-format registry's calibrated (or unquantized) row that writes it."""
+    table = load_table()
+    row = table.for_checkpoint_algo(algo) if algo is None or isinstance(algo, str) else None
+    if row is None:
+        algos = sorted({r.choice.checkpoint_algo or "" for r in table.recipe_rows()} - {""})
+        raise StageError(
+            f"{where}: kv_cache_quant_algo {algo!r}; the reference runtime runs {algos} or none."
+        )
+    return row.choice.name
 
 
 # ---------------------------------------------------------------------------------------------

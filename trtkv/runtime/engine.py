@@ -15,9 +15,9 @@ if TYPE_CHECKING:
     pass
 
 from trtkv.runtime.checkpoint import (
-    KV_FORMATS,
     RUNTIME_JSON,
     build_model,
+    kv_format_for_algo,
     kv_scaling_factors,
     llama_config,
     read_json,
@@ -120,11 +120,7 @@ class ReferenceRuntime:
         tensors = load_file(str(ckpt / "rank0.safetensors"))
         model = build_model(config, trtllm_to_hf_state_dict(tensors, config))
         algo = (trt_cfg.get("quantization") or {}).get("kv_cache_quant_algo")
-        if algo not in KV_FORMATS:
-            raise StageError(
-                f"{ckpt}/config.json: kv_cache_quant_algo {algo!r}; the reference runtime runs "
-                f"{[k for k in KV_FORMATS if k]} or none."
-            )
+        kv_format = kv_format_for_algo(algo, ckpt / "config.json")
         scales = kv_scaling_factors(tensors, config.num_hidden_layers) if algo else None
         tokenizer = None
         if settings.get("tokenizer"):
@@ -145,7 +141,7 @@ class ReferenceRuntime:
             model=model,
             config=config,
             tokenizer=tokenizer,
-            kv_format=KV_FORMATS[algo],
+            kv_format=kv_format,
             kv_scales=scales,
             max_seq_len=max_len,
             eos_token_ids=eos_ids,
@@ -218,7 +214,7 @@ class ReferenceRuntime:
                 f"kv_cache_config.dtype fp8, but {hf_dir} has no FP8 KV scales "
                 "(kv_cache_quant_algo null). Next: calibrate with quantization.kv_cache fp8."
             )
-        if kv_algo not in hf.KV_FORMATS:
+        if kv_algo not in hf.KV_ALGOS:
             raise StageError(
                 f"{where}: kv_cache_quant_algo {kv_algo!r}; the reference engine runs FP8 or none."
             )

@@ -12,7 +12,7 @@ rows of the call (the GEMMs' M; MKL computes a row of a full row panel alike for
 trtkv.runtime.invariant) nor on the chunk's end. That rests on the kernel's blocking, which torch
 may change, so flash_ok() checks it once per model on its own head shapes (a prompt whole vs in
 chunks, bit for bit); where it fails, or for sliding-window layers (a row whose first block is all
--inf), key_tiles._attend_tiles runs instead. One kernel call per 512-row block replaces ~10 tensor
+-inf), key_tiles.attend_tiles runs instead. One kernel call per 512-row block replaces ~10 tensor
 ops per tile: on 2 busy cores every op's thread sync costs.
 """
 

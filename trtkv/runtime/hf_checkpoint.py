@@ -25,9 +25,9 @@ if TYPE_CHECKING:
 
 QUANT_CONFIG = "hf_quant_config.json"
 FP8_DTYPES = ("float8_e4m3fn",)
-# hf_quant_config.json kv_cache_quant_algo the runtime serves (FP8 is stored as fp8_scale1,
-# TensorRT-LLM's unit scale)
-KV_FORMATS: dict[str | None, str] = {"FP8": "fp8_scale1", None: "none"}
+# hf_quant_config.json kv_cache_quant_algo values the reference LLM API engine runs (its KV format:
+# trtkv.runtime.engine, FP8 as fp8_scale1, TensorRT-LLM's unit scale)
+KV_ALGOS = ("FP8", None)
 WEIGHT_ALGOS = ("FP8", None)
 KV_SCALE_NAMES = ("self_attn.k_proj.k_scale", "self_attn.v_proj.v_scale")
 IGNORED_SUFFIXES = (".input_scale",)  # FP8 activation scales: the runtime computes in float32

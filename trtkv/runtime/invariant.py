@@ -30,7 +30,7 @@ kernel, so we choose the call instead:
   keys padded to whole 512-key blocks and an explicit mask, so every key block is full and a block
   past a row's position leaves that row exactly as it was; one call per 512-row span, checked once
   per model (flash_ok). Sliding layers, or a model where that check fails, run **fixed key tiles**
-  (_attend_tiles; the tiles, their constants and attend_decode_rows below are
+  (attend_tiles; the tiles, their constants and attend_decode_rows below are
   trtkv.runtime.key_tiles): the sequence's keys laid on KEY_TILE tiles aligned to absolute
   positions, per block of QUERY_BLOCK rows one batched score GEMM and one value GEMM per tile (fixed
   K and N; M the block's rows x groups), a row's keys after its position or outside its window
@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING, Any
 
 from trtkv.runtime.flash import attend_flash, flash_ok, flash_plan
 from trtkv.runtime.gemma3 import is_gemma3
-from trtkv.runtime.key_tiles import _attend_tiles, attend_decode_rows, tile_plan
+from trtkv.runtime.key_tiles import attend_decode_rows, attend_tiles, tile_plan
 
 if TYPE_CHECKING:
     import torch
@@ -177,10 +177,10 @@ def stacking_ok(model: Any) -> bool:
         q = torch.randn(ROWS * 3, kv_heads * groups, attn.head_dim, generator=gen)
         keys = torch.randn(kv_heads, ROWS * 3 + 5, attn.head_dim, generator=gen)
         pos = torch.arange(5, 5 + ROWS * 3)
-        whole = _attend_tiles(0.125, q, pos, keys, keys, 0, None)
+        whole = attend_tiles(0.125, q, pos, keys, keys, 0, None)
         split = torch.cat(
             [
-                _attend_tiles(0.125, q[j : j + ROWS], pos[j : j + ROWS], keys, keys, 0, None)
+                attend_tiles(0.125, q[j : j + ROWS], pos[j : j + ROWS], keys, keys, 0, None)
                 for j in range(0, ROWS * 3, ROWS)
             ]
         )
@@ -248,7 +248,7 @@ def prefill_rows(model: Any, seq: Any, ids: list[int], start: int, max_len: int)
     """Run one sequence's prompt chunk `ids` at positions start..: rows for the whole ROWS-aligned
     span around it (position p in row p - base, base = start rounded down to ROWS; the rows outside
     the chunk zero and their K/V never stored), every module on those rows, attention by
-    _attend_tiles. Returns the chunk's last hidden row."""
+    attend_tiles. Returns the chunk's last hidden row."""
     import torch
 
     end = start + len(ids)
@@ -285,12 +285,10 @@ def prefill_rows(model: Any, seq: Any, ids: list[int], start: int, max_len: int)
                 plan = plans[first, window] = tile_plan(
                     positions, first, end, window, q.shape[1] // keys.shape[1]
                 )
-            return _attend_tiles(
-                attn.scaling, q, positions, keys[0], values[0], first, window, plan
-            )
+            return attend_tiles(attn.scaling, q, positions, keys[0], values[0], first, window, plan)
         return torch.cat(
             [
-                _attend_tiles(
+                attend_tiles(
                     attn.scaling,
                     q[j : j + ROWS],
                     positions[j : j + ROWS],

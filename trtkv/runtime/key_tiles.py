@@ -111,7 +111,7 @@ def tile_plan(
     return TilePlan(t0, tiles, blocks)
 
 
-def _attend_tiles(
+def attend_tiles(
     scaling: float,
     q: torch.Tensor,
     positions: torch.Tensor,

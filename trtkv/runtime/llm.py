@@ -33,7 +33,7 @@ from trtkv.runtime.batch import Batcher, SequenceState, make_sequence
 from trtkv.runtime.errors import RequestError
 
 # the llmapi model reads .SamplingParams
-from trtkv.runtime.llm_request import RequestOutput, SamplingParams, _Snapshot
+from trtkv.runtime.llm_request import RequestOutput, SamplingParams, Snapshot
 
 # LLM() arguments the reference engine applies; the rest (placement, GPU memory, CUDA graphs...) are
 # ignored
@@ -179,7 +179,7 @@ class LLM:
             # the final response carries the last token (no empty one after it)
             last = len(generated) >= max_tokens
             if out.streaming and not last and len(shown) > len(state["text"]):
-                out._publish(_Snapshot(shown, tuple(generated), None, None))
+                out._publish(Snapshot(shown, tuple(generated), None, None))
             state["text"] = shown
             return True
 
@@ -189,7 +189,7 @@ class LLM:
             if error is not None:
                 last = out._last
                 out._publish(
-                    _Snapshot(
+                    Snapshot(
                         last.text if last else "",
                         last.token_ids if last else (),
                         None,
@@ -207,7 +207,7 @@ class LLM:
                     if len(generated) >= max_tokens
                     else "stop"
                 )
-            out._publish(_Snapshot(state["text"], tuple(generated), state["reason"], state["stop"]))
+            out._publish(Snapshot(state["text"], tuple(generated), state["reason"], state["stop"]))
 
         controls = LogitControls(
             repetition_penalty=p.repetition_penalty or 1.0,

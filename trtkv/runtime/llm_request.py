@@ -75,7 +75,7 @@ class CompletionOutput:
 
 
 @dataclass(frozen=True)
-class _Snapshot:
+class Snapshot:
     text: str
     token_ids: tuple[int, ...]
     finish_reason: str | None
@@ -108,18 +108,18 @@ class RequestOutput:
         self._lock = threading.Lock()
         # the worker took it (under _lock: abort() answers a queued request itself)
         self._started = False
-        self._sync: queue.SimpleQueue[_Snapshot] = queue.SimpleQueue()
+        self._sync: queue.SimpleQueue[Snapshot] = queue.SimpleQueue()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._async: asyncio.Queue[_Snapshot] | None = None
+        self._async: asyncio.Queue[Snapshot] | None = None
         try:
             self._loop = asyncio.get_running_loop()
             self._async = asyncio.Queue()
         except RuntimeError:  # called outside an event loop: result() and plain iteration work
             pass
-        self._last: _Snapshot | None = None
+        self._last: Snapshot | None = None
 
     # -- producer side (the engine's worker thread)
-    def _publish(self, snap: _Snapshot) -> None:
+    def _publish(self, snap: Snapshot) -> None:
         with self._lock:
             self._last = snap
         if self._loop is not None and self._async is not None:
@@ -134,7 +134,7 @@ class RequestOutput:
             self._done.set()
 
     # -- consumer side
-    def _apply(self, snap: _Snapshot) -> RequestOutput:
+    def _apply(self, snap: Snapshot) -> RequestOutput:
         out = self.outputs[0]
         out._last_text_len, out._last_ids_len = len(out.text), len(out.token_ids)
         out.text, out.token_ids = snap.text, list(snap.token_ids)
@@ -152,7 +152,7 @@ class RequestOutput:
             queued = not self._started and not self._done.is_set()
             self._started = True  # the worker will skip it
         if queued:
-            self._publish(_Snapshot("", (), "cancelled", None))
+            self._publish(Snapshot("", (), "cancelled", None))
 
     def _take(self) -> bool:
         """The worker's claim on the request: False when abort() already ended it."""

@@ -8,18 +8,24 @@ the record, or keeps it when something could not be ended.
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from trtkv.contracts.artifacts import Manifest, ServerRecord
 from trtkv.contracts.stage import tool_versions
 from trtkv.core import sessions
+from trtkv.core.errors import StageError
 from trtkv.core.tools import quote
 from trtkv.recipe import Recipe
 from trtkv.recipe.layout import serve_dir
 from trtkv.serving.container import CIDFILE, with_cidfile
+from trtkv.serving.owner import label_args
 from trtkv.serving.readiness import ready_path, wait_ready
 from trtkv.serving.teardown import STOP_GRACE_S, end_server, refusal
 
@@ -51,7 +57,53 @@ def write_serve_manifest(recipe: Recipe, info: ServerRecord) -> Path:
     ).save(serve_dir(recipe))
 
 
-def _launch(
+def serve_folder(recipe: Recipe) -> Path:
+    """engines/<recipe>/serve, created; StageError when it is a symbolic link (the log, the record
+    and the container id would then be written wherever it points)."""
+    out = serve_dir(recipe)
+    if out.is_symlink():
+        raise StageError(
+            f"serve {recipe.name}: {out} is a symbolic link (to {os.readlink(out)}); trtkv writes "
+            "the server's log, record and container id only into a real serve/ folder of the "
+            f"recipe's. Nothing was started. Next: remove the link (`rm {out}`), then serve again."
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def open_log(path: Path, append: bool = False) -> BinaryIO:
+    """A log of serve/ (the server's, truncated; the supervisor's, appended), opened without
+    following a symbolic link (O_NOFOLLOW): a link planted at its name is refused, never written
+    through."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
+    flags |= os.O_APPEND if append else os.O_TRUNC
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a FIFO nobody reads
+            raise StageError(
+                f"{path} is a FIFO; trtkv writes its logs only as files of its own. Nothing was "
+                f"started. Next: remove it (`rm {path}`), then serve again."
+            ) from None
+        if exc.errno != errno.ELOOP:
+            raise
+        raise StageError(
+            f"{path} is a symbolic link; trtkv writes its logs only as files of its own in "
+            "serve/, never through a link (it would overwrite the file the link names). Nothing "
+            f"was started. Next: remove the link (`rm {path}`), then serve again."
+        ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise StageError(
+            f"{path} is not a regular file (a device?); trtkv writes its logs only as files of "
+            f"its own. Nothing was started. Next: remove it (`rm {path}`), then serve "
+            "again."
+        )
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "ab" if append else "wb")
+
+
+def start_server(
     recipe: Recipe,
     cmd: list[str],
     repo: Path,
@@ -62,8 +114,7 @@ def _launch(
     name: str = "tritonserver",
     served_model: str | None = None,
 ) -> ServerRecord:
-    out = serve_dir(recipe)
-    out.mkdir(parents=True, exist_ok=True)
+    out = serve_folder(recipe)
     log_path = out / f"{name}.log"
     t = recipe.triton
     # every process of this server carries it, also one that calls setsid
@@ -74,7 +125,8 @@ def _launch(
         cidfile = str(out / CIDFILE)
         Path(cidfile).unlink(missing_ok=True)  # docker run refuses to overwrite it
         cmd = with_cidfile(cmd, Path(cidfile))
-    with log_path.open("wb") as log_file:
+        cmd = [*cmd[:2], *label_args(out), *cmd[2:]]  # this checkout's (trtkv.serving.owner)
+    with open_log(log_path) as log_file:
         log_file.write(f"$ {quote(cmd)}\n".encode())
         log_file.flush()
         proc = subprocess.Popen(

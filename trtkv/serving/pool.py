@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from trtkv.contracts.artifacts import ServerRecord
+from trtkv.core.readback import ReadBackError
 from trtkv.recipe import Recipe
 
 GIB = 1024**3
@@ -43,9 +45,14 @@ def compare(recipe: Recipe, server: ServerRecord | None) -> dict[str, Any]:
         out["source"] = "no server recorded" if server is None else "the backend reports no pool"
         return out
     http = f"http://{server.client_host}:{server.http_port}"
-    served = rule.served(recipe, http, Path(server.log) if server.log else None)
+    log, refused = served_log(recipe, server)
+    try:
+        served = rule.served(recipe, http, log)
+    except ReadBackError as exc:  # a bad figure is one line naming its source, never a number
+        out["source"] = f"not read: {exc}"
+        return out
     if served is None:
-        out["source"] = "the engine has not reported its pool (yet)"
+        out["source"] = refused or "the engine has not reported its pool (yet)"
         return out
     out.update(
         served_bytes_per_gpu=served.pool_bytes, served_tokens=served.tokens, source=served.source
@@ -62,6 +69,56 @@ def compare(recipe: Recipe, server: ServerRecord | None) -> dict[str, Any]:
                 f"(triton.kv_pool_gib_per_gpu)"
             )
     return out
+
+
+def compare_at(recipe: Recipe, url: str | None) -> dict[str, Any]:
+    """`compare` for `trtkv bench`: the recorded server's pool only when the bench measured that
+    server (`url` None, or its host and port the record's exactly) and the record's process still
+    runs (its pid and start time, trtkv.serving.teardown.running); else no figure, saying why."""
+    from trtkv.recipe.layout import serve_dir
+    from trtkv.serving.teardown import running
+
+    server = ServerRecord.load(serve_dir(recipe))
+    if server is not None and url and not measured(server, url):
+        out = compare(recipe, None)
+        out["source"] = (
+            f"not read: --url {url[:200]!r} is not the recorded server ({server.host}:"
+            f"{server.http_port})"
+        )
+        return out
+    if server is not None and not running(server):
+        out = compare(recipe, None)
+        out["source"] = f"not read: the recorded server (pid {server.pid}) is not running"
+        return out
+    return compare(recipe, server)
+
+
+def measured(server: ServerRecord, url: str) -> bool:
+    """Whether `url` (HOST:PORT, with or without a scheme) names the recorded server: the host is
+    the record's (or where a client on this machine reaches it) and the port one of its ports."""
+    text = url.split("://", 1)[-1].rstrip("/")
+    try:
+        parts = urlsplit("//" + text)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return False
+    hosts = {server.host.lower(), server.client_host.lower()}
+    return (host or "127.0.0.1") in hosts and port in {server.http_port, server.grpc_port} - {0}
+
+
+def served_log(recipe: Recipe, server: ServerRecord) -> tuple[Path | None, str]:
+    """The record's log when it is a file directly in the recipe's serve/ folder and not a symbolic
+    link (docs/security.md), else None and why it is not read."""
+    from trtkv.recipe.layout import serve_dir
+    from trtkv.serving.teardown import own_file
+
+    log = own_file(server.log, serve_dir(recipe))
+    if server.log and log is None:
+        return None, (
+            f"not read: server.json's log {server.log[:200]!r} is not a file directly in "
+            f"{serve_dir(recipe)} (or is a symbolic link)"
+        )
+    return log, ""
 
 
 def describe(result: dict[str, Any]) -> str:

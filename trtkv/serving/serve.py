@@ -11,11 +11,12 @@ session, so `trtkv serve` returns; engines/<recipe>/serve/server.json records pi
 log and the session (id, leader start time, environment marker: trtkv.core.sessions), and `trtkv
 stop` (and a failed or interrupted start, and every supervisor restart) ends the whole session,
 whether or not its leader still runs, then waits until the GPU memory its processes held is free
-(trtkv.serving.teardown: stop_server, stop). Through docker the container is named `trtkv-<recipe>`
-and its id recorded (`--cidfile`): stopping runs `docker stop` then `docker rm -f` on that id, since
-killing the `docker run` client alone would leave the container running. The bundled tritonserver's
-backend folder, environment and command are trtkv.serving.bundled; running the chosen command, its
-record and the wait for readiness, trtkv.serving.launch.
+(trtkv.serving.teardown: stop_server, stop). Through docker the container is named `trtkv-<recipe>`,
+labelled this checkout's and its id recorded (`--cidfile`; trtkv.serving.owner): stopping runs
+`docker stop` then `docker rm -f` on that id, since killing the `docker run` client alone would
+leave the container running; a same-named container not proven this checkout's is never touched.
+The bundled tritonserver's backend folder, environment and command are trtkv.serving.bundled;
+running the chosen command, its record and the wait for readiness, trtkv.serving.launch.
 """
 
 from __future__ import annotations
@@ -51,12 +52,12 @@ from trtkv.serving.container import (
     inside_repo,
     launch_script_command,
     shell_block,
-    stop_container,
     trtllm_serve_command,
     trtllm_serve_docker_command,
     trtllm_serve_server,
 )
-from trtkv.serving.launch import _launch, server_json
+from trtkv.serving.launch import server_json, start_server
+from trtkv.serving.owner import clear_leftover
 from trtkv.serving.teardown import STOP_GRACE_S, refusal, running, stop_server
 from trtkv.serving.teardown import stop as stop  # `trtkv stop` and the chain call serve.stop
 
@@ -142,7 +143,8 @@ def _start_local(
     if dry_run:
         cmd = local_command(recipe, repo, serve_dir(recipe) / "backends")
         log(
-            f"PATH={Path(sys.executable).parent}:$PATH LD_LIBRARY_PATH={python_libdir()} "
+            f"PATH={quote([str(Path(sys.executable).parent)])}:$PATH "
+            f"LD_LIBRARY_PATH={quote([str(python_libdir())])} "
             f"{quote(cmd)}"
         )
         return None
@@ -152,7 +154,7 @@ def _start_local(
     check_free(recipe, log)
     backends = prepare_backends(recipe)
     cmd = local_command(recipe, repo, backends)
-    return _launch(recipe, cmd, repo, server_env(), timeout_s, log)
+    return start_server(recipe, cmd, repo, server_env(), timeout_s, log)
 
 
 def _start_gpu(
@@ -185,17 +187,15 @@ def _start_gpu(
     elif shutil.which("docker"):
         cmd = docker_command(recipe, repo)
         container = container_name(recipe)
-        # a leftover of an earlier run would block --name
-        done, note = stop_container(container, timeout_s=10)
-        if not done:
-            log(f"serve: {note}")
+        # a leftover of this checkout's earlier run would block --name; another's is refused
+        clear_leftover(container, serve_dir(recipe), log)
     else:
         raise StageError(
             f"backend {recipe.build.backend.value} needs GPUs and the Triton TensorRT-LLM "
             f"container, and neither docker nor {CONTAINER_TRITONSERVER} is here. Next: run on the "
             f"GPU host, or print the commands with `trtkv serve {recipe.name} --dry-run`."
         )
-    return _launch(recipe, cmd, repo, dict(os.environ), timeout_s, log, container=container)
+    return start_server(recipe, cmd, repo, dict(os.environ), timeout_s, log, container=container)
 
 
 def _start_trtllm_serve(
@@ -224,13 +224,13 @@ def _start_trtllm_serve(
     elif shutil.which("docker"):
         cmd = trtllm_serve_docker_command(recipe)
         container = container_name(recipe)
-        stop_container(container, timeout_s=10)
+        clear_leftover(container, serve_dir(recipe), log)
     else:
         raise StageError(
             "trtllm-serve is not on PATH and docker is not here. Next: run on the GPU host, or "
             f"print the commands with `trtkv serve {recipe.name} --trtllm-serve --dry-run`."
         )
-    return _launch(
+    return start_server(
         recipe,
         cmd,
         repo_dir(recipe),
@@ -259,7 +259,7 @@ def _start_openai_server(
     if dry_run:
         cmd, env = server.here(recipe, check=False)
         if serving.serves_locally(recipe):
-            env_text = " ".join(f"{k}={v}" for k, v in env.items())
+            env_text = " ".join(f"{k}={quote([v])}" for k, v in env.items())
             log(
                 f"{env_text} {quote(cmd)}"
                 + (f"\n# will be refused here: {problem}" if problem else "")
@@ -282,8 +282,8 @@ def _start_openai_server(
                 f"`trtkv serve {recipe.name} --dry-run`."
             )
         container = container_name(recipe)
-        stop_container(container, timeout_s=10)
-    return _launch(
+        clear_leftover(container, serve_dir(recipe), log)
+    return start_server(
         recipe,
         cmd,
         checkpoint_dir(recipe) / HF,

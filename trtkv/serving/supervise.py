@@ -81,6 +81,8 @@ def quiet(recipe: Recipe, who: str, address: str | None = None) -> Iterator[bool
         json.dumps(
             {
                 "pid": os.getpid(),
+                # with the pid, proves the holder (a reused pid starts later): supervisor_state
+                "start_time": sessions.start_time(os.getpid()),
                 "command": [sys.executable],
                 "who": who,
                 "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -214,7 +216,7 @@ class Supervisor:
     def restart(self, cause: str) -> bool:
         """Stop and start the server; False when the restart budget is spent (the supervisor then
         gives up)."""
-        from trtkv.serving import serve
+        from trtkv.serving import serve, teardown
 
         now = time.monotonic()
         self.restarts = [t for t in self.restarts if now - t < self.window_s]
@@ -232,7 +234,9 @@ class Supervisor:
         self.save("restarting")
         self.event("restarting", cause=cause, attempt=len(self.restarts), backoff_s=wait)
         started = time.monotonic()
-        if not self.clean(serve.stop_server(self.recipe, timeout_s=STOP_TIMEOUT_S, log=self.log)):
+        if not self.clean(
+            teardown.stop_server(self.recipe, timeout_s=STOP_TIMEOUT_S, log=self.log)
+        ):
             return False
         self.sleep(wait)
         if self.stopping:
@@ -299,10 +303,11 @@ def _pid() -> int:
 def spawn(recipe: Recipe, spec: list[str], log: Callable[[str], None] = print) -> SupervisorRecord:
     """Start the supervisor for `recipe` detached (its own session); `spec`: the recipe name or path
     and overrides."""
-    out = serve_dir(recipe)
-    out.mkdir(parents=True, exist_ok=True)
+    from trtkv.serving.launch import open_log, serve_folder
+
+    out = serve_folder(recipe)
     cmd = [sys.executable, "-m", "trtkv.serving.supervise", *spec]
-    with (out / LOG).open("ab") as fh:
+    with open_log(out / LOG, append=True) as fh:
         proc = subprocess.Popen(
             cmd,
             stdout=fh,

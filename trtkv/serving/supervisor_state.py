@@ -75,19 +75,35 @@ def quiet_dir(recipe: Recipe) -> Path:
 
 def quiet_holders(recipe: Recipe) -> list[dict[str, Any]]:
     """The live processes that asked for quiet (a holder that died without cleaning up is removed
-    here)."""
+    here). A holder is proven by its pid AND that pid's start time (/proc/PID/stat field 22): once a
+    killed bench's pid is reused by another process, its request no longer counts; a request without
+    a start time (older trtkv) does not count either."""
     holders = []
     for path in sorted(quiet_dir(recipe).glob("*.json")):
         try:
             holder = read_json(path, 4096, "quiet request")
-            live = is_running(int(holder["pid"]), list(holder.get("command") or []))
-        except (NotReadable, ValueError, KeyError, TypeError, OverflowError):
+            live = _holder_runs(holder)
+        except (NotReadable, ValueError, KeyError, TypeError, OverflowError, AttributeError):
             live, holder = False, {}
         if live:
             holders.append(holder)
         else:
             path.unlink(missing_ok=True)
     return holders
+
+
+def _holder_runs(holder: dict[str, Any]) -> bool:
+    """The quiet request's process still runs: the same pid, started at the recorded time."""
+    pid, start = holder["pid"], holder.get("start_time")
+    if type(pid) is not int or type(start) is not int:
+        return False
+    found = sessions.stat(pid)
+    return (
+        found is not None
+        and found[0] not in ("Z", "X")
+        and found[2] == start
+        and is_running(pid, list(holder.get("command") or []))
+    )
 
 
 SUPERVISOR_MODULE = "trtkv.serving.supervise"

@@ -30,6 +30,7 @@ from trtkv.core import sessions
 from trtkv.core.errors import StageError
 from trtkv.recipe import Recipe
 from trtkv.recipe.layout import serve_dir
+from trtkv.serving import owner
 from trtkv.serving.container import read_cid, stop_container
 
 STOP_GRACE_S = 10.0  # a failed or interrupted start, a restart's leftovers
@@ -137,23 +138,31 @@ def own_file(name: str | None, folder: Path) -> Path | None:
 def end_server(
     info: ServerRecord, timeout_s: float, log: Callable[[str], None], folder: Path
 ) -> Stopped:
-    """Stop the container (by its recorded id, else its name), end every proven process of the
-    session (SIGTERM, grace, SIGKILL; until none remains), then wait (bounded) until those processes
-    hold no GPU memory. `folder`: the recipe's serve/ folder, where the record's files must be."""
+    """Stop the container (by its recorded id; by its name only when trtkv.serving.owner proves it
+    this checkout's), end every proven process of the session (SIGTERM, grace, SIGKILL; until none
+    remains), then wait (bounded) until those processes hold no GPU memory. `folder`: the recipe's
+    serve/ folder, where the record's files must be."""
     found = claim(info)
     result = Stopped(was_running=found.leader, seen=found.seen, doubtful=found.doubtful)
     # host pid -> start time of the container's processes (`docker top`)
     in_container: dict[int, int] = {}
     if info.container:
-        target = read_cid(own_file(info.cidfile, folder)) or info.container
-        if CONTAINER_NAME.fullmatch(target):
+        cid = read_cid(own_file(info.cidfile, folder))
+        target = cid or info.container
+        if not cid and CONTAINER_NAME.fullmatch(target):
+            # no id recorded: a container of that name is another's unless proven this checkout's
+            target, why, unknown = _by_name(target, folder)
+            if why:
+                log(f"stop: {why}")
+            result.container_failed = why if unknown else ""
+        if target and CONTAINER_NAME.fullmatch(target):
             in_container = {
                 p: t for p in container_pids(target) if (t := sessions.start_time(p)) is not None
             }
             result.container_done, note = stop_container(target, timeout_s)
             result.container_failed = "" if result.container_done else note
             log(f"stop: {note}")
-        else:
+        elif target:
             result.container_failed = (
                 f"the record's container {target[:80]!r} is not a docker name or id"
             )
@@ -173,6 +182,20 @@ def end_server(
     if not released:
         log(f"stop: {result.gpu_note}")
     return result
+
+
+def _by_name(name: str, folder: Path) -> tuple[str, str, bool]:
+    """(the id of the container `name` when it is proven this checkout's, else ""; why not; whether
+    docker could not answer, so the record must stay)."""
+    try:
+        found = owner.inspect(name)
+    except StageError as exc:
+        return "", str(exc), True
+    if found is None:
+        return "", "", False
+    if not owner.is_ours(found, folder):
+        return "", owner.not_ours(name, found, folder), False
+    return found.cid, "", False
 
 
 def refusal(info: ServerRecord, result: Stopped, record: Path) -> str:
