@@ -33,6 +33,8 @@ EXPECTED = {
     "interrupt": "SIGINT to `trtkv serve` while the server is loading -> the start fails, no process of its session "
                  "survives, the ports are free and no server.json is left (runs last: the server stays stopped)",
 }
+STOPPED = ("`trtkv stop` returns only once no process is left of the first server's session nor of the one it "
+           "stopped (started by the supervisor's restarts)")
 ORDER = ["main", "child", "supervisor", "interrupt"]
 
 
@@ -70,6 +72,26 @@ def dead_session_left(info: Any, timeout_s: float = 15.0) -> list[int]:
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.5)
+
+
+def session_pids(info: Any) -> list[int]:
+    """Every process of `info`'s session still in the process table, exited ones its parent has not reaped yet
+    (zombies) included: what `ps -s SID` lists (by session id, started no earlier than the recorded leader)."""
+    from trtkv.core import sessions
+
+    found = [(int(n), sessions.stat(int(n))) for n in os.listdir("/proc") if n.isdigit()]
+    return sorted(pid for pid, st in found if st is not None and st[1] == info.session_id
+                  and st[2] >= (info.session_start or 0) and pid != os.getpid())
+
+
+def stop_and_list_left(spec: list[str], records: list[Any]) -> tuple[str, list[int], list[str]]:
+    """Run `trtkv stop`, and at once (no wait) list what is left of `records`' sessions (session_pids): (its output,
+    their pids, and what each is: sessions.describe)."""
+    from trtkv.core import sessions
+
+    stopped = trtkv("stop", *spec)
+    left = sorted({p for r in records if r is not None for p in session_pids(r)})
+    return (stopped.stdout + stopped.stderr).strip(), left, [sessions.describe(p) for p in left]
 
 
 def wait_healed(recipe: Any, old: Any, timeout_s: float = HEAL_S) -> float | None:
@@ -241,10 +263,13 @@ def main(argv: list[str] | None = None) -> int:
     print(started.stdout.strip() or started.stderr.strip())
     if started.returncode != 0:
         return 2
+    first = record(recipe)
     try:
         results = run_matrix(recipe, spec, faults)
     finally:
-        print(trtkv("stop", *spec).stdout.strip())
+        said, left, named = stop_and_list_left(spec, [first, record(recipe)])
+        print(said)
+    results.append(FaultResult("stop", STOPPED, passed=not left, left=left, detail="; ".join(named) or "none left"))
     from trtkv.core.process import port_in_use
 
     t = recipe.triton

@@ -83,6 +83,8 @@ class Summary:
     dead_session_left: list[int] = field(default_factory=list)  # processes of the killed server's session still alive
     faults: list[dict[str, Any]] = field(default_factory=list)  # the fault matrix (benchmarks/faults.py)
     ports_free: bool = False  # after the final `trtkv stop`
+    # processes of the first server's session or the last one's still alive when the final `trtkv stop` returned
+    left_after_stop: list[str] = field(default_factory=list)
     streamed: bool = True  # the streaming soak ran (Triton ensemble recipes)
     error_times_s: list[float] = field(default_factory=list)
     lost_requests: list[dict[str, Any]] = field(default_factory=list)
@@ -222,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = Summary(args.recipe, args.clients, args.seconds)
     summary.streamed = for_recipe(recipe).layout == "ensemble"  # the streaming client speaks the ensemble
     url = f"127.0.0.1:{grpc}"
+    first = faults.record(recipe)
     try:
         if summary.streamed:
             solo = [one_request(url, "normal", i, args.request_timeout, time.monotonic()).text
@@ -240,10 +243,13 @@ def main(argv: list[str] | None = None) -> int:
             summary.passed = True
         summary.faults += [asdict(r) for r in faults.run_matrix(recipe, [args.recipe, *overrides], wanted)]
     finally:
-        print(trtkv("stop", args.recipe, *overrides).stdout.strip())
+        said, _, summary.left_after_stop = faults.stop_and_list_left([args.recipe, *overrides],
+                                                                     [first, faults.record(recipe)])
+        print(said)
     t = recipe.triton
     summary.ports_free = not [p for p in (t.http_port, t.grpc_port, t.metrics_port) if port_in_use(t.host, p)]
-    summary.passed = summary.passed and summary.ports_free and all(f["passed"] for f in summary.faults)
+    summary.passed = (summary.passed and summary.ports_free and not summary.left_after_stop
+                      and all(f["passed"] for f in summary.faults))
     out = args.output or (ROOT / "engines" / recipe.name / "soak.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(asdict(summary), indent=2) + "\n")
@@ -255,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
           f"ok, sent {summary.checks_at_s} s after the kill (at most {args.after_kill:g}; the clients were done "
           f"{summary.clients_done_at_s} s after it; the checks took {summary.checks_s} s); restarts in trtkv status: "
           f"{summary.restarts_seen}; left of the "
-          f"killed session: {summary.dead_session_left}; ports free at the end: {summary.ports_free}")
+          f"killed session: {summary.dead_session_left}; ports free at the end: {summary.ports_free}; left when "
+          f"`trtkv stop` returned: {summary.left_after_stop or 'nothing'}")
     for f in summary.faults:
         print(f"soak: fault {f['fault']}: {'passed' if f['passed'] else 'FAILED'}, healed in {f['healed_s']} s, "
               f"left {f['left']} ({f['detail']})")

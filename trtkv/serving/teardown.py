@@ -175,6 +175,7 @@ def end_server(
         inside = sessions.end_listed(in_container, grace_s=timeout_s, log=log)
         result.cleanup.ended += inside.ended
         result.cleanup.left += inside.left
+        result.cleanup.killed += inside.killed
     released, result.gpu_note = sessions.wait_gpu_released(
         result.cleanup.ended + list(in_container)
     )
