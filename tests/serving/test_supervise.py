@@ -229,3 +229,18 @@ def test_a_killed_supervisor_leaves_the_server_unsupervised_then_attach_and_stop
     finally:
         serve.stop(recipe, timeout_s=5, log=lambda _m: None)
         supervisor_state.stop(recipe, timeout_s=5, log=lambda _m: None)
+
+
+def test_events_are_never_written_through_a_planted_link(sup: tuple[supervise.Supervisor, list[str]],
+                                                          tmp_path: Path) -> None:
+    """events.jsonl is appended like the logs of serve/: a symbolic link at its name is refused, and the file it
+    names is left as it was (an open("a") followed the link and appended to it)."""
+    from trtkv.core.errors import StageError
+
+    s, _ = sup
+    victim = tmp_path / "victim.txt"
+    victim.write_text("kept\n")
+    supervisor_state.events_path(s.recipe).symlink_to(victim)
+    with pytest.raises(StageError, match="symbolic link"):
+        s.event("started")
+    assert victim.read_text() == "kept\n"

@@ -124,10 +124,13 @@ class Supervisor:
 
     # -- record and events
     def event(self, kind: str, **detail: Any) -> None:
+        from trtkv.serving.launch import open_log  # as main() below: launch is the server's start
+
         entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "event": kind, **detail}
         events_path(self.recipe).parent.mkdir(parents=True, exist_ok=True)
-        with events_path(self.recipe).open("a") as fh:
-            fh.write(json.dumps(entry) + "\n")
+        # appended as the logs are, never through a link planted at its name (O_NOFOLLOW)
+        with open_log(events_path(self.recipe), append=True) as fh:
+            fh.write((json.dumps(entry) + "\n").encode())
         self.log(f"supervise {self.recipe.name}: {kind} {json.dumps(detail)}")
 
     def save(self, state: str) -> None:
