@@ -12,23 +12,23 @@ M and attention by split-KV kernels with a fixed split size. On the CPU we canno
 kernel, so we choose the call instead:
 
 - **Every row-wise op runs on rows whose kernel path cannot depend on the other rows.** A decode
-  step runs its tokens in groups of DECODE_ROWS rows, one row per sequence, the empty slots zero,
-  through every linear, norm, MLP and the LM head: the same (DECODE_ROWS, D) call whatever else is
-  decoding, whether one sequence or eight. A prefill chunk at positions [start, end) of one sequence
-  runs as the rows of [base, top), base and top rounded to ROWS (position p in row p - base, rows
-  outside the chunk zero, their K/V never stored), all of them in one call per module (M = a
-  multiple of ROWS): chunking a prompt at any boundary leaves every token in a full ROWS-row panel
-  at the same offset. A GEMM computes row i from row i of its input only (no cross-row term, no
-  value-dependent branch), and MKL runs the same instructions for every row of a full row panel
-  whatever M is (measured on this CPU with SmolLM2's shapes, 1 and 2 threads, M from 4 to 4096:
-  bit-equal; a 1- to 3-row call or a partial tail panel, M = 5 or 7, is NOT: a GEMV or a tail kernel
-  sums in another order). stacking_ok() checks that property once per model on its own weights and
-  attention shapes; where it fails every call is split into ROWS-row pieces (the slower fixed-shape
-  path). A decode block's linears (and its LM head) run each live row as a one-row product
-  (decode_linear: one torch.bmm of (n, 1, D) rows against the shared weight, the matrix-vector
-  kernel for every row whatever n is; rows_ok checks once per model that a row comes out as it does
-  alone): on the CPUs measured a (1, D) product costs ~1/2 of an (8, D) GEMM (MKL packs the weight
-  for M > 1), so a sequence decoding alone pays for one row, not DECODE_ROWS.
+  step runs its tokens in groups of at most DECODE_ROWS rows, one row per sequence, through every
+  linear, norm, MLP and the LM head, each of them row by row (rows_ok, below): a row's arithmetic is
+  the same whatever else is decoding, whether one sequence or eight. A prefill chunk at positions
+  [start, end) of one sequence runs as the rows of [base, top), base and top rounded to ROWS
+  (position p in row p - base, rows outside the chunk zero, their K/V never stored), all of them in
+  one call per module (M = a multiple of ROWS): chunking a prompt at any boundary leaves every token
+  in a full ROWS-row panel at the same offset. A GEMM computes row i from row i of its input only
+  (no cross-row term, no value-dependent branch), and MKL runs the same instructions for every row
+  of a full row panel whatever M is (measured on this CPU with SmolLM2's shapes, 1 and 2 threads, M
+  from 4 to 4096: bit-equal; a 1- to 3-row call or a partial tail panel, M = 5 or 7, is NOT: a GEMV
+  or a tail kernel sums in another order). stacking_ok() checks that property once per model on its
+  own weights and attention shapes; where it fails every call is split into ROWS-row pieces (the
+  slower fixed-shape path). A decode block's linears (and its LM head) run each live row as a
+  one-row product (decode_linear: one torch.bmm of (n, 1, D) rows against the shared weight, the
+  matrix-vector kernel for every row whatever n is; rows_ok checks once per model that a row comes
+  out as it does alone): on the CPUs measured a (1, D) product costs ~1/2 of an (8, D) GEMM (MKL
+  packs the weight for M > 1), so a sequence decoding alone pays for one row, not DECODE_ROWS.
 - **Prefill attention of a full layer runs through torch's CPU flash kernel** (trtkv.runtime.flash):
   keys padded to whole 512-key blocks and an explicit mask, so every key block is full and a block
   past a row's position leaves that row exactly as it was; one call per 512-row span, checked once
@@ -75,7 +75,7 @@ if TYPE_CHECKING:
     import torch
 
 ROWS = 16  # prefill rows per panel: a chunk's rows span whole ROWS-aligned panels of its positions
-DECODE_ROWS = 8  # decode rows per fixed-shape call: sequences in slots, empty slots zero
+DECODE_ROWS = 8  # decode rows per block: one sequence per row
 VOCAB_CHUNK = 8192  # LM-head weight rows per call
 _STACKING: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 _ROWS_OK: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
@@ -127,8 +127,9 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 
 def decode_blocks(model: Any, seqs: list[Any]) -> list[Block]:
-    """(DECODE_ROWS, D) blocks holding each decoding sequence's last token at its next position, one
-    per slot."""
+    """Blocks of at most DECODE_ROWS sequences, each sequence's last token at its next position in
+    a row: (n, D) when rows_ok (every op on them row by row), else (DECODE_ROWS, D) with the empty
+    rows zero."""
     import torch
 
     embed = model.model.embed_tokens
@@ -136,13 +137,14 @@ def decode_blocks(model: Any, seqs: list[Any]) -> list[Block]:
     for g in range(0, len(seqs), DECODE_ROWS):
         group = seqs[g : g + DECODE_ROWS]
         n = len(group)
-        tok = torch.zeros(DECODE_ROWS, dtype=torch.long)
+        width = n if rows_ok(model) else DECODE_ROWS
+        tok = torch.zeros(width, dtype=torch.long)
         tok[:n] = torch.tensor([s.last for s in group], dtype=torch.long)
-        positions = torch.zeros(DECODE_ROWS, dtype=torch.long)
+        positions = torch.zeros(width, dtype=torch.long)
         positions[:n] = torch.tensor([s.cache.get_seq_length() for s in group], dtype=torch.long)
         x = embed(tok)
         x[n:] = 0
-        blocks.append(Block(group + [None] * (DECODE_ROWS - n), x, positions, 0, n))
+        blocks.append(Block(group + [None] * (width - n), x, positions, 0, n))
     return blocks
 
 
@@ -194,9 +196,10 @@ def stacking_ok(model: Any) -> bool:
 
 
 def rows_ok(model: Any) -> bool:
-    """Whether a batched one-row product (torch.bmm of (n, 1, D) rows against the shared weight)
-    gives each row bit-equal to that row alone (n = 1): checked once per model on its own weights,
-    else decode_linear runs the rows one call each."""
+    """Whether a batched one-row product (torch.bmm of (n, 1, D) rows against the shared weight),
+    the RMS norm and the activation give each row bit-equal to that row alone (n = 1): checked once
+    per model on its own weights (else decode blocks keep DECODE_ROWS rows, the empty ones zero, and
+    decode_linear runs the live rows one call each)."""
     import torch
 
     cached = _ROWS_OK.get(model)
@@ -217,6 +220,11 @@ def rows_ok(model: Any) -> bool:
                 ok = ok and torch.equal(
                     torch.bmm(x[j : j + 1, None], t[None])[:, 0], whole[j : j + 1]
                 )
+        # a decode block's norms and activations run on its n rows: each row as it comes out alone
+        h = torch.randn(DECODE_ROWS, layer.input_layernorm.weight.shape[0], generator=gen)
+        for fn in (layer.input_layernorm, layer.mlp.act_fn):
+            whole = fn(h)
+            ok = ok and all(torch.equal(fn(h[j : j + 1]), whole[j : j + 1]) for j in range(len(h)))
     _ROWS_OK[model] = ok
     return ok
 
@@ -228,9 +236,12 @@ def decode_linear(model: Any, weight: Any, bias: Any, h: torch.Tensor, n: int) -
     one row, not DECODE_ROWS."""
     import torch
 
+    t = weight.t()
+    if n == h.shape[0] and (n == 1 or rows_ok(model)):  # a decode block: its rows are all live
+        out = torch.bmm(h[:, None], t.expand(n, *t.shape))[:, 0]
+        return out if bias is None else out + bias
     out = h.new_zeros(h.shape[0], weight.shape[0])
     if n:
-        t = weight.t()
         if n == 1 or rows_ok(model):
             out[:n] = torch.bmm(h[:n, None], t.expand(n, *t.shape))[:, 0]
         else:
