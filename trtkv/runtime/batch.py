@@ -255,7 +255,7 @@ def _decode_step_invariant(runtime: ReferenceRuntime, seqs: list[SequenceState])
         blocks = invariant.forward_rows(
             runtime.model, invariant.decode_blocks(runtime.model, seqs), runtime.max_seq_len
         )
-        return torch.cat([invariant.lm_head(runtime.model, b.x)[b.lo : b.hi] for b in blocks])
+        return torch.cat([invariant.lm_head(runtime.model, b.x, b.hi)[b.lo : b.hi] for b in blocks])
 
 
 def run_solo(runtime: ReferenceRuntime, seq: SequenceState) -> list[int]:

@@ -12,20 +12,23 @@ M and attention by split-KV kernels with a fixed split size. On the CPU we canno
 kernel, so we choose the call instead:
 
 - **Every row-wise op runs on rows whose kernel path cannot depend on the other rows.** A decode
-  step runs its tokens in groups of DECODE_ROWS rows, one row per sequence, the empty slots zero,
-  through every linear, norm, MLP and the LM head: the same (DECODE_ROWS, D) call whatever else is
-  decoding, whether one sequence or eight. A prefill chunk at positions [start, end) of one sequence
-  runs as the rows of [base, top), base and top rounded to ROWS (position p in row p - base, rows
-  outside the chunk zero, their K/V never stored), all of them in one call per module (M = a
-  multiple of ROWS): chunking a prompt at any boundary leaves every token in a full ROWS-row panel
-  at the same offset. A GEMM computes row i from row i of its input only (no cross-row term, no
-  value-dependent branch), and MKL runs the same instructions for every row of a full row panel
-  whatever M is (measured on this CPU with SmolLM2's shapes, 1 and 2 threads, M from 4 to 4096:
-  bit-equal; a 1- to 3-row call or a partial tail panel, M = 5 or 7, is NOT: a GEMV or a tail kernel
-  sums in another order). stacking_ok() checks that property once per model on its own weights and
-  attention shapes; where it fails every call is split into ROWS-row pieces (the slower fixed-shape
-  path). M = 8 costs about what M = 1 costs on the CPU (both read every weight once), which is why
-  the fixed shape keeps batching's throughput.
+  step runs its tokens in groups of at most DECODE_ROWS rows, one row per sequence, through every
+  linear, norm, MLP and the LM head, each of them row by row (rows_ok, below): a row's arithmetic is
+  the same whatever else is decoding, whether one sequence or eight. A prefill chunk at positions
+  [start, end) of one sequence runs as the rows of [base, top), base and top rounded to ROWS
+  (position p in row p - base, rows outside the chunk zero, their K/V never stored), all of them in
+  one call per module (M = a multiple of ROWS): chunking a prompt at any boundary leaves every token
+  in a full ROWS-row panel at the same offset. A GEMM computes row i from row i of its input only
+  (no cross-row term, no value-dependent branch), and MKL runs the same instructions for every row
+  of a full row panel whatever M is (measured on this CPU with SmolLM2's shapes, 1 and 2 threads, M
+  from 4 to 4096: bit-equal; a 1- to 3-row call or a partial tail panel, M = 5 or 7, is NOT: a GEMV
+  or a tail kernel sums in another order). stacking_ok() checks that property once per model on its
+  own weights and attention shapes; where it fails every call is split into ROWS-row pieces (the
+  slower fixed-shape path). A decode block's linears (and its LM head) run each live row as a
+  one-row product (decode_linear: one torch.bmm of (n, 1, D) rows against the shared weight, the
+  matrix-vector kernel for every row whatever n is; rows_ok checks once per model that a row comes
+  out as it does alone): on the CPUs measured a (1, D) product costs ~1/2 of an (8, D) GEMM (MKL
+  packs the weight for M > 1), so a sequence decoding alone pays for one row, not DECODE_ROWS.
 - **Prefill attention of a full layer runs through torch's CPU flash kernel** (trtkv.runtime.flash):
   keys padded to whole 512-key blocks and an explicit mask, so every key block is full and a block
   past a row's position leaves that row exactly as it was; one call per 512-row span, checked once
@@ -72,9 +75,10 @@ if TYPE_CHECKING:
     import torch
 
 ROWS = 16  # prefill rows per panel: a chunk's rows span whole ROWS-aligned panels of its positions
-DECODE_ROWS = 8  # decode rows per fixed-shape call: sequences in slots, empty slots zero
+DECODE_ROWS = 8  # decode rows per block: one sequence per row
 VOCAB_CHUNK = 8192  # LM-head weight rows per call
 _STACKING: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+_ROWS_OK: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 _TABLES: weakref.WeakKeyDictionary[Any, dict[str | None, tuple[Any, Any]]] = (
     weakref.WeakKeyDictionary()
 )
@@ -123,8 +127,9 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 
 def decode_blocks(model: Any, seqs: list[Any]) -> list[Block]:
-    """(DECODE_ROWS, D) blocks holding each decoding sequence's last token at its next position, one
-    per slot."""
+    """Blocks of at most DECODE_ROWS sequences, each sequence's last token at its next position in
+    a row: (n, D) when rows_ok (every op on them row by row), else (DECODE_ROWS, D) with the empty
+    rows zero."""
     import torch
 
     embed = model.model.embed_tokens
@@ -132,13 +137,14 @@ def decode_blocks(model: Any, seqs: list[Any]) -> list[Block]:
     for g in range(0, len(seqs), DECODE_ROWS):
         group = seqs[g : g + DECODE_ROWS]
         n = len(group)
-        tok = torch.zeros(DECODE_ROWS, dtype=torch.long)
+        width = n if rows_ok(model) else DECODE_ROWS
+        tok = torch.zeros(width, dtype=torch.long)
         tok[:n] = torch.tensor([s.last for s in group], dtype=torch.long)
-        positions = torch.zeros(DECODE_ROWS, dtype=torch.long)
+        positions = torch.zeros(width, dtype=torch.long)
         positions[:n] = torch.tensor([s.cache.get_seq_length() for s in group], dtype=torch.long)
         x = embed(tok)
         x[n:] = 0
-        blocks.append(Block(group + [None] * (DECODE_ROWS - n), x, positions, 0, n))
+        blocks.append(Block(group + [None] * (width - n), x, positions, 0, n))
     return blocks
 
 
@@ -189,12 +195,75 @@ def stacking_ok(model: Any) -> bool:
     return ok
 
 
+def rows_ok(model: Any) -> bool:
+    """Whether a batched one-row product (torch.bmm of (n, 1, D) rows against the shared weight),
+    the RMS norm and the activation give each row bit-equal to that row alone (n = 1): checked once
+    per model on its own weights (else decode blocks keep DECODE_ROWS rows, the empty ones zero, and
+    decode_linear runs the live rows one call each)."""
+    import torch
+
+    cached = _ROWS_OK.get(model)
+    if cached is not None:
+        return cached
+    gen = torch.Generator().manual_seed(0)
+    layer = model.model.layers[0]
+    shapes = {
+        tuple(m.weight.shape): m.weight for m in layer.modules() if isinstance(m, torch.nn.Linear)
+    }
+    ok = True
+    with torch.inference_mode():
+        for weight in [*shapes.values(), model.lm_head.weight[:VOCAB_CHUNK]]:
+            x = torch.randn(DECODE_ROWS, weight.shape[1], generator=gen)
+            t = weight.t()
+            whole = torch.bmm(x[:, None], t.expand(DECODE_ROWS, *t.shape))[:, 0]
+            for j in range(DECODE_ROWS):
+                ok = ok and torch.equal(
+                    torch.bmm(x[j : j + 1, None], t[None])[:, 0], whole[j : j + 1]
+                )
+        # a decode block's norms and activations run on its n rows: each row as it comes out alone
+        h = torch.randn(DECODE_ROWS, layer.input_layernorm.weight.shape[0], generator=gen)
+        for fn in (layer.input_layernorm, layer.mlp.act_fn):
+            whole = fn(h)
+            ok = ok and all(torch.equal(fn(h[j : j + 1]), whole[j : j + 1]) for j in range(len(h)))
+    _ROWS_OK[model] = ok
+    return ok
+
+
+def decode_linear(model: Any, weight: Any, bias: Any, h: torch.Tensor, n: int) -> torch.Tensor:
+    """A decode block's linear: rows 0..n-1 of h (W, D), each a one-row product (the matrix-vector
+    kernel, whatever n is), the rows past n zero. A one-row product reads the weight once and costs
+    ~1/2 of a W-row GEMM on the CPU (MKL packs the weight for M > 1): a sequence decoding alone pays
+    one row, not DECODE_ROWS."""
+    import torch
+
+    t = weight.t()
+    if n == h.shape[0] and (n == 1 or rows_ok(model)):  # a decode block: its rows are all live
+        out = torch.bmm(h[:, None], t.expand(n, *t.shape))[:, 0]
+        return out if bias is None else out + bias
+    out = h.new_zeros(h.shape[0], weight.shape[0])
+    if n:
+        if n == 1 or rows_ok(model):
+            out[:n] = torch.bmm(h[:n, None], t.expand(n, *t.shape))[:, 0]
+        else:
+            for j in range(n):
+                out[j : j + 1] = torch.bmm(h[j : j + 1, None], t[None])[:, 0]
+        if bias is not None:
+            out[:n] += bias
+    return out
+
+
 def _layers(
-    model: Any, x: torch.Tensor, positions: torch.Tensor, max_len: int, attend: Any
+    model: Any,
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    max_len: int,
+    attend: Any,
+    rows: int | None = None,
 ) -> torch.Tensor:
     """Every layer over the rows x (W, D) at `positions` (W,): attend(i, attn, q, k, v, window) ->
     (W, H * d) stores the rows' K/V and attends; returns the final normed hidden rows. With W > ROWS
-    the rows run stacked in one call per module when stacking_ok, else in ROWS-row pieces."""
+    the rows run stacked in one call per module when stacking_ok, else in ROWS-row pieces. `rows`
+    (a decode block's live rows 0..rows-1): every linear runs by decode_linear."""
     import torch
 
     config, inner = model.config, model.model
@@ -210,16 +279,25 @@ def _layers(
     def each(fn: Any, h: torch.Tensor) -> torch.Tensor:
         return fn(h) if whole else torch.cat([fn(h[j : j + ROWS]) for j in range(0, w, ROWS)])
 
+    def lin(m: Any, h: torch.Tensor) -> torch.Tensor:
+        return each(m, h) if rows is None else decode_linear(model, m.weight, m.bias, h, rows)
+
+    def mlp(m: Any, h: torch.Tensor) -> torch.Tensor:
+        if rows is None:
+            return m.mlp(h)
+        f = m.mlp
+        return lin(f.down_proj, f.act_fn(lin(f.gate_proj, h)) * lin(f.up_proj, h))
+
     for i, layer in enumerate(inner.layers):
         attn = layer.self_attn
         cos, sin = rope[kinds[i]]
         h = each(layer.input_layernorm, x)
-        q = each(attn.q_proj, h).view(w, -1, attn.head_dim)
-        k = each(attn.k_proj, h).view(w, -1, attn.head_dim)
-        v = each(attn.v_proj, h).view(w, -1, attn.head_dim)
+        q = lin(attn.q_proj, h).view(w, -1, attn.head_dim)
+        k = lin(attn.k_proj, h).view(w, -1, attn.head_dim)
+        v = lin(attn.v_proj, h).view(w, -1, attn.head_dim)
         if gemma:
             q, k = each(attn.q_norm, q), each(attn.k_norm, k)
-        o = each(
+        o = lin(
             attn.o_proj,
             attend(
                 i,
@@ -234,13 +312,13 @@ def _layers(
             h = x + each(layer.post_attention_layernorm, o)
             x = h + each(
                 lambda r, m=layer: m.post_feedforward_layernorm(
-                    m.mlp(m.pre_feedforward_layernorm(r))
+                    mlp(m, m.pre_feedforward_layernorm(r))
                 ),
                 h,
             )
         else:
             h = x + o
-            x = h + each(lambda r, m=layer: m.mlp(m.post_attention_layernorm(r)), h)
+            x = h + each(lambda r, m=layer: mlp(m, m.post_attention_layernorm(r)), h)
     return each(inner.norm, x)
 
 
@@ -335,13 +413,13 @@ def forward_rows(model: Any, blocks: list[Block], max_len: int) -> list[Block]:
             out[b.lo : b.hi] = attend_decode_rows(attn.scaling, q[b.lo : b.hi], kv, window)
             return out
 
-        b.x = _layers(model, b.x, b.positions, max_len, attend)
+        b.x = _layers(model, b.x, b.positions, max_len, attend, rows=b.hi)
     return blocks
 
 
-def lm_head(model: Any, x: torch.Tensor) -> torch.Tensor:
+def lm_head(model: Any, x: torch.Tensor, rows: int | None = None) -> torch.Tensor:
     """Logits (W, V) of a block's final hidden rows (W, D): the LM head in fixed vocabulary chunks,
-    then Gemma's softcap."""
+    then Gemma's softcap. `rows`: a decode block's live rows, by decode_linear."""
     import torch
     import torch.nn.functional as F
 
@@ -351,6 +429,14 @@ def lm_head(model: Any, x: torch.Tensor) -> torch.Tensor:
     parts = [
         F.linear(
             x, weight[c : c + VOCAB_CHUNK], None if bias is None else bias[c : c + VOCAB_CHUNK]
+        )
+        if rows is None
+        else decode_linear(
+            model,
+            weight[c : c + VOCAB_CHUNK],
+            None if bias is None else bias[c : c + VOCAB_CHUNK],
+            x,
+            rows,
         )
         for c in range(0, weight.shape[0], VOCAB_CHUNK)
     ]
