@@ -37,7 +37,7 @@ from trtkv.deploy.k8s import (
     Fence,
     selector,
 )
-from trtkv.deploy.sizing import Sizing, size
+from trtkv.deploy.sizing import Sizing, size, tp_across_nodes
 from trtkv.recipe import Recipe
 from trtkv.recipe.layout import container_artifacts
 
@@ -252,6 +252,9 @@ def deploy(
     log(f"deploy: wrote {out} ({', '.join(sorted(files))}); {len(checked)} check(s) passed")
     for line in sizing.lines():
         log("  " + line[2:])
+    spread = tp_across_nodes(recipe)
+    if spread:
+        log(spread)
     return out
 
 

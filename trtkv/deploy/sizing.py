@@ -158,3 +158,20 @@ def size(
         storage_gib=math.ceil(2 * (weights * 1.25 + 5)),
         decode_step_ms=float(cap.decode_step_ms.get(seq_len, 0.0)),
     )
+
+
+def tp_across_nodes(recipe: Recipe) -> str | None:
+    """The warning for a tensor-parallel group wider than a node (None when TP fits in one): every
+    layer's all-reduce then crosses the inter-node network (hundreds of GB/s of NVLink inside a
+    node against tens of GB/s of InfiniBand/RoCE between nodes), so each decode step waits on it."""
+    b, per_node = recipe.build, recipe.hardware.gpus_per_node
+    if b.tp_size <= per_node:
+        return None
+    return (
+        f"warning: {recipe.name}: build.tp_size = {b.tp_size} spans "
+        f"{math.ceil(b.tp_size / per_node)} nodes of hardware.gpus_per_node = {per_node}: every "
+        "layer's tensor-parallel all-reduce crosses the inter-node network (tens of GB/s against "
+        "NVLink's hundreds inside a node), which slows every decode step. Next: keep TP inside a "
+        f"node and split across nodes with pipeline parallelism (build.tp_size={per_node} "
+        f"build.pp_size={b.tp_size * b.pp_size // per_node})."
+    )
