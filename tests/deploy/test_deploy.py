@@ -65,7 +65,7 @@ def test_single_node_k8s_deployment_is_placed_sized_probed_and_loads_its_model(t
     recipe = load_recipe("llama70b_fp8kv")
     out = deploy(recipe, Target.K8S, tmp_path / "k8s", log=quiet, options=OPTS)
     objs = by_kind(out)
-    assert set(objs) == {"PersistentVolumeClaim", "Job", "Deployment", "Service", "NetworkPolicy"}  # no PDB at 1
+    assert set(objs) == {"PersistentVolumeClaim", "Job", "ConfigMap", "Deployment", "Service", "NetworkPolicy"}  # no PDB
     assert {o["metadata"]["namespace"] for o in objs.values()} == {"trtkv"}
     dep = objs["Deployment"]
     assert dep["spec"]["strategy"] == {"type": "Recreate"}  # one 4-GPU replica: no spare GPUs for a surge
@@ -322,7 +322,8 @@ def test_checks_refuse_broken_objects() -> None:
 
     s = sizing.size(recipe)
     objs = k8s.objects(recipe, launch.for_recipe(recipe, s), s, "0123456789ab", "trtkv")
-    lws, svc = objs[0], objs[1]
+    canary, lws, svc = objs[0], objs[1], objs[2]  # the canary's ConfigMap first: the pods mount it
+    assert canary["kind"] == "ConfigMap" and check_object(canary) == []
     assert check_object(lws) == [] and check_object(svc) == []
     bad = json.loads(json.dumps(lws))
     bad["spec"]["leaderWorkerTemplate"]["sise"] = 2
@@ -366,7 +367,7 @@ def test_failed_checks_write_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
     def broken(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
         objs = real(*args, **kwargs)
-        objs[0]["spec"]["replicas"] = "many"
+        objs[1]["spec"]["replicas"] = "many"  # the Deployment, after the canary's ConfigMap
         return objs
 
     monkeypatch.setattr(k8s, "objects", broken)
