@@ -18,6 +18,7 @@ from trtkv.serving.endpoint import check_endpoint
 
 
 class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # as the engines' servers answer (Content-Length, kept alive)
     mode = "ok"  # "ok", "drip" (a byte a second), "huge" (an answer over the bound), "no-model"
 
     def log_message(self, *_args: object) -> None:

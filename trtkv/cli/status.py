@@ -165,9 +165,9 @@ def _endpoint(args: argparse.Namespace, o: StatusOptions) -> int:
             "one of them. Next: e.g. `trtkv status smollm2_fp8kv` or `trtkv status --url "
             "http://127.0.0.1:8000`."
         )
-    from trtkv.serving.endpoint import check_endpoint, describe
+    from trtkv.serving import endpoint
 
-    result = check_endpoint(o.url, 1 if o.canaries is None else o.canaries, o.timeout)
+    result = endpoint.check_endpoint(o.url, 1 if o.canaries is None else o.canaries, o.timeout)
     if o.as_json:
         print(
             json.dumps(
@@ -181,5 +181,5 @@ def _endpoint(args: argparse.Namespace, o: StatusOptions) -> int:
             )
         )
     else:
-        print("\n".join(describe(result)))
+        print("\n".join(endpoint.describe(result)))
     return result.exit_code

@@ -124,13 +124,10 @@ def _stdlib(
     url = f"http://{host}:{port}{path}"
     conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
     expired = threading.Event()
-    # the socket as connected: http.client drops conn.sock once an HTTP/1.0 or `Connection: close`
-    # answer's headers are read, while the body is still read from that socket
-    held: list[socket.socket] = []
 
     def expire() -> None:
         expired.set()
-        sock = conn.sock or (held[0] if held else None)
+        sock = conn.sock
         if sock is not None:
             try:
                 sock.shutdown(socket.SHUT_RDWR)
@@ -141,9 +138,6 @@ def _stdlib(
     timer.daemon = True
     timer.start()
     try:
-        conn.connect()
-        if conn.sock is not None:
-            held.append(conn.sock)
         conn.request(method, path, body=body if body or method != "GET" else None, headers=headers)
         response = conn.getresponse()
         raw = response.read(max_bytes + 1)
