@@ -251,7 +251,7 @@ ENGINE_LABELS = {"trtllm": "TensorRT-LLM", "vllm": "vLLM", "sglang": "SGLang"}
 def kernel_data(recipe: Recipe, k: Kernels) -> str:
     """The kernels' version named as what the data is (aiconfigurator's tables), and the served
     engine's version beside it where they differ (e.g. 1.3.0rc20 tables for a 1.2.1 engine)."""
-    from trtkv.checkpoints.serving_memory import SGLANG_VERSION, VLLM_VERSION
+    from trtkv.engines import SGLANG_VERSION, VLLM_VERSION
 
     engine = SPEED_ENGINE[recipe.build.backend]
     served = {"trtllm": recipe.build.tensorrt_llm_version, "vllm": VLLM_VERSION}.get(
