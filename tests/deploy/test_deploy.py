@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from trtkv.cli import main
-from trtkv.contracts.canary import canary_script, health_cmd
+from trtkv.contracts.canary import canary_script
 from trtkv.core import paths
 from trtkv.core.errors import RecipeError, StageError
 from trtkv.deploy import Options, Target, check, deploy, dynamo, k8s, k8s_commands, pods, resources
@@ -46,12 +46,15 @@ def by_kind(folder: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def probe_script(container: dict[str, Any], probe: str) -> str:
-    """The python program an exec probe runs (decoded from its `echo <base64> | base64 -d | python3` line)."""
-    import base64
-
-    line = container[probe]["exec"]["command"][2]
-    return base64.b64decode(line.split()[1]).decode()
+def probe_script(objs: dict[str, dict[str, Any]], container: dict[str, Any], probe: str) -> str:
+    """The python program an exec probe runs: the file it names, read from the ConfigMap the pod mounts there (a
+    readable file, no encoded blob)."""
+    assert container[probe]["exec"]["command"] == ["python3", f"{pods.CANARY_DIR}/{pods.CANARY_FILE}"]
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == pods.CANARY_DIR]
+    pod = objs["Deployment"]["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert objs["ConfigMap"]["metadata"]["name"] == volume["configMap"]["name"] and mount["readOnly"]
+    return objs["ConfigMap"]["data"][pods.CANARY_FILE]
 
 
 def gpu_recipes() -> list[str]:
@@ -62,7 +65,7 @@ def test_single_node_k8s_deployment_is_placed_sized_probed_and_loads_its_model(t
     recipe = load_recipe("llama70b_fp8kv")
     out = deploy(recipe, Target.K8S, tmp_path / "k8s", log=quiet, options=OPTS)
     objs = by_kind(out)
-    assert set(objs) == {"PersistentVolumeClaim", "Job", "Deployment", "Service", "NetworkPolicy"}  # no PDB at 1
+    assert set(objs) == {"PersistentVolumeClaim", "Job", "ConfigMap", "Deployment", "Service", "NetworkPolicy"}  # no PDB
     assert {o["metadata"]["namespace"] for o in objs.values()} == {"trtkv"}
     dep = objs["Deployment"]
     assert dep["spec"]["strategy"] == {"type": "Recreate"}  # one 4-GPU replica: no spare GPUs for a surge
@@ -85,7 +88,7 @@ def test_single_node_k8s_deployment_is_placed_sized_probed_and_loads_its_model(t
 
     budget = resources.startup_budget_s(recipe, size(recipe))
     assert server["startupProbe"]["failureThreshold"] * server["startupProbe"]["periodSeconds"] >= budget > 300
-    assert probe_script(server, "readinessProbe") == canary_script(8000, timeout_s=50.0)
+    assert probe_script(objs, server, "readinessProbe") == canary_script(8000, timeout_s=50.0)
     assert server["readinessProbe"]["timeoutSeconds"] == 60
     # the model arrives by the loader Job; the server waits for its marker
     (wait,) = pod["initContainers"]
@@ -319,7 +322,8 @@ def test_checks_refuse_broken_objects() -> None:
 
     s = sizing.size(recipe)
     objs = k8s.objects(recipe, launch.for_recipe(recipe, s), s, "0123456789ab", "trtkv")
-    lws, svc = objs[0], objs[1]
+    canary, lws, svc = objs[0], objs[1], objs[2]  # the canary's ConfigMap first: the pods mount it
+    assert canary["kind"] == "ConfigMap" and check_object(canary) == []
     assert check_object(lws) == [] and check_object(svc) == []
     bad = json.loads(json.dumps(lws))
     bad["spec"]["leaderWorkerTemplate"]["sise"] = 2
@@ -363,7 +367,7 @@ def test_failed_checks_write_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
     def broken(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
         objs = real(*args, **kwargs)
-        objs[0]["spec"]["replicas"] = "many"
+        objs[1]["spec"]["replicas"] = "many"  # the Deployment, after the canary's ConfigMap
         return objs
 
     monkeypatch.setattr(k8s, "objects", broken)
@@ -430,6 +434,8 @@ def test_probe_budgets_follow_the_model_and_the_recipes_storage(tmp_path: Path) 
     ls = size(long)
     assert resources.canary_timeout_s(long, ls) == int(2 * 8192 * ls.decode_step_ms / 1000 + 10) + 1 > 50
     out = deploy(long, Target.K8S, tmp_path / "k", log=quiet, options=OPTS)
-    server = by_kind(out)["Deployment"]["spec"]["template"]["spec"]["containers"][0]
-    assert f"no whole answer within {resources.canary_timeout_s(long, ls)} s" in probe_script(server, "readinessProbe")
-    assert health_cmd(probe_script(server, "readinessProbe")) == server["readinessProbe"]["exec"]["command"][2]
+    objs = by_kind(out)
+    server = objs["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    script = probe_script(objs, server, "readinessProbe")
+    assert f"no whole answer within {resources.canary_timeout_s(long, ls)} s" in script
+    assert f"canary.py: |\n    {script.splitlines()[0]}\n" in (out / "server.yaml").read_text()  # a readable block

@@ -4,12 +4,14 @@ temporary folder): the marker comes last, a failed or empty copy leaves none, an
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from trtkv.core.errors import StageError
 from trtkv.deploy import Options, Target, deploy, loader, pods
@@ -76,14 +78,68 @@ def test_names_at_the_rules_edges_are_read_whole(text: str, host: str) -> None:
     assert loader.parse_source(text).host == host
 
 
+HUB = "hf://nvidia/Llama-3.3-70B-Instruct-FP8"
+
+
 def test_a_hub_id_fills_only_an_hf_export(tmp_path: Path) -> None:
     out = deploy(load_recipe("llama70b_fp8kv_llmapi", ["build.backend=vllm"]), Target.K8S, tmp_path / "v",
-                 log=lambda _m: None, options=Options(model_source="hf://nvidia/Llama-3.3-70B-Instruct-FP8"))
-    text = (out / "models.yaml").read_text()
-    assert "snapshot_download" in text and loader.HUB_CLIENT in text and "python:3.12" in text
+                 log=lambda _m: None, options=Options(model_source=HUB, model_size_gib=70.0))
+    assert "snapshot_download" in (out / "models.yaml").read_text()
     with pytest.raises(StageError, match="a hub repository holds an HF export"):
         deploy(load_recipe("llama70b_fp8kv"), Target.K8S, tmp_path / "t", log=lambda _m: None,
-               options=Options(model_source="hf://nvidia/Llama-3.3-70B-Instruct-FP8"))
+               options=Options(model_source=HUB, model_size_gib=70.0))
+
+
+@pytest.mark.parametrize("name", ["llama70b_fp8kv_attnhead_vllm", "llama70b_fp8kv_sglang"])
+def test_a_hub_load_installs_nothing_at_run_time(name: str, tmp_path: Path) -> None:
+    """Before: the Job ran `pip install huggingface_hub` in python:3.12-slim, which fails on a cluster without egress
+    to PyPI. Now it runs in the server's own image (which loads HF models with huggingface_hub), installing
+    nothing."""
+    recipe = load_recipe(name)
+    out = deploy(recipe, Target.K8S, tmp_path / "k", log=lambda _m: None,
+                 options=Options(model_source=HUB, model_size_gib=70.0))
+    models = {d["kind"]: d for d in yaml.safe_load_all((out / "models.yaml").read_text()) if d}
+    server = next(d for d in yaml.safe_load_all((out / "server.yaml").read_text())
+                  if d and d["kind"] in ("Deployment", "LeaderWorkerSet"))
+    spec = server["spec"]["template"]["spec"] if server["kind"] == "Deployment" else \
+        server["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]
+    loader_c = models["Job"]["spec"]["template"]["spec"]["containers"][0]
+    assert loader_c["image"] == spec["containers"][0]["image"]
+    script = loader_c["command"][2]
+    assert "pip" not in script and "PYTHONPATH" not in script and "snapshot_download" in script
+    assert not [e for e in loader_c["env"] if e["name"].startswith("PIP")]
+    mirrored = deploy(recipe, Target.K8S, tmp_path / "m", log=lambda _m: None,
+                      options=Options(model_source=HUB, model_size_gib=70.0, loader_image="mirror.example/hub:1"))
+    assert "image: mirror.example/hub:1" in (mirrored / "models.yaml").read_text()
+
+
+def test_the_hub_call_imports_where_vllm_is_installed() -> None:
+    """The loader's python line needs only huggingface_hub, which vLLM depends on: its import checked in trtkv's vLLM
+    venv (the packages the vLLM image ships)."""
+    venv = Path(__file__).parents[2] / ".venv-vllm" / "bin" / "python"
+    if not venv.exists():
+        pytest.skip("no .venv-vllm here (make install-vllm)")
+    done = subprocess.run([str(venv), "-c", "from huggingface_hub import snapshot_download"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_hub_volume_is_sized_for_what_the_repository_holds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: the volume followed the planned export whatever the hub repository held. Now: --model-size, else the
+    total_size of the export's index built here, else a refusal that says what to pass."""
+    monkeypatch.setenv("TRTKV_ENGINES", str(tmp_path / "engines"))
+    recipe = load_recipe("llama70b_fp8kv_attnhead_vllm")
+    with pytest.raises(StageError, match="--model-size GIB"):
+        deploy(recipe, Target.K8S, tmp_path / "a", log=lambda _m: None, options=Options(model_source=HUB))
+    index = tmp_path / "engines" / recipe.name / "checkpoint" / "hf" / "model.safetensors.index.json"
+    index.parent.mkdir(parents=True)
+    index.write_text(json.dumps({"metadata": {"total_size": 150 * 2**30}, "weight_map": {}}))
+    out = deploy(recipe, Target.K8S, tmp_path / "b", log=lambda _m: None, options=Options(model_source=HUB))
+    assert "storage: 385Gi" in (out / "models.yaml").read_text()  # 2 x (150 x 1.25 + 5)
+    assert json.loads((out / "sizing.json").read_text())["source_gib"] == 150.0
+    given = deploy(recipe, Target.K8S, tmp_path / "c", log=lambda _m: None,
+                   options=Options(model_source=HUB, model_size_gib=40.0))
+    assert "storage: 110Gi" in (given / "models.yaml").read_text()  # 2 x (40 x 1.25 + 5)
 
 
 def _local(script: str, root: Path) -> str:

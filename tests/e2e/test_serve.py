@@ -3,6 +3,7 @@ reference runtime: gRPC streaming, HTTP generate / generate_stream, bad requests
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -191,6 +192,10 @@ def test_status_is_healthy_with_real_canaries(server: tuple[Any, serve.ServerRec
     assert main(["status", RECIPE, "--canaries", "1"]) == 0
     out = capsys.readouterr().out  # the module's server was started without a supervisor: status says so
     assert f"{RECIPE}: healthy, unsupervised (pid {info.pid}" in out and f"trtkv serve {RECIPE} --attach" in out
+    # the same server as a deployed endpoint: found as Triton by its URL alone, the ensemble canaried
+    assert main(["status", "--url", info.http_url, "--json"]) == 0
+    seen = json.loads(capsys.readouterr().out)
+    assert seen["kind"] == "triton" and "ensemble" in seen["checks"]["models"] and seen["checks"]["canaries"][0]["ok"]
 
 
 def test_the_container_health_check_is_a_real_inference(server: tuple[Any, serve.ServerRecord]) -> None:

@@ -82,6 +82,7 @@ class TrtllmServe:
     shm_gib = 2  # the Triton TensorRT-LLM image's docker --shm-size=2g (trtkv.serving.container)
     key_env = None  # no API key option
     ray = False
+    rank_tasks = True  # trtllm-llmapi-launch: rank 0 serves, the other ranks are its workers
     non_root = False
     key_note = (
         "- trtllm-serve has no API key option: nothing but the network (the NetworkPolicy here, "

@@ -140,6 +140,11 @@ class OpenAIServer(Protocol):
     @property
     def ray(self) -> bool: ...
 
+    # Slurm starts one task per rank and each runs node_command (trtllm-llmapi-launch under srun
+    # --mpi=pmix); False: one process per instance that starts its own TP workers (vLLM, SGLang)
+    @property
+    def rank_tasks(self) -> bool: ...
+
     @property
     def non_root(self) -> bool: ...  # its image runs as any user
 

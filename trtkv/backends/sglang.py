@@ -259,6 +259,7 @@ class SglangServer:
     # no environment form: the key goes on the command line, expanded from $TRTKV_API_KEY
     key_env = None
     ray = False
+    rank_tasks = False  # one `sglang.launch_server` starts its TP workers
     non_root = True  # run as uid 1000 with HOME on an emptyDir (its JIT caches live under HOME)
     key_note = (
         f"- SGLang requires `Authorization: Bearer <key>` on its API routes (`{KEY_FLAG}`, "

@@ -203,6 +203,7 @@ class VllmServer:
     health_path = "/health"
     shm_gib = SHM_GIB
     ray = True
+    rank_tasks = False  # one `vllm serve` starts its TP workers
     non_root = True
     key_note = (
         f"- vLLM requires `Authorization: Bearer <key>` on every `/v1` request ({VLLM_KEY_ENV}, "

@@ -65,6 +65,15 @@ class DeployOptions(Options):
     loader_image: Annotated[
         str | None, Field(description="k8s/dynamo: the loader Job's image (e.g. a mirror)"), Flag()
     ] = None
+    model_size: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            description="k8s/dynamo with an hf:// source: the GiB its weights hold (the volume is "
+            "sized for them); default: the total_size of the export's index built here",
+        ),
+        Flag(metavar="GIB"),
+    ] = None
     allow_from: Annotated[
         str,
         Field(
@@ -139,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
         model_source=o.model_source,
         image=o.image,
         loader_image=o.loader_image,
+        model_size_gib=o.model_size,
     )
     deploy(load(args), o.target, o.output, o.replicas, o.target_concurrency, options=options)
     return 0

@@ -217,6 +217,8 @@ def run(args: argparse.Namespace) -> int:
 
         run_per_layer(recipe, o.per_layer_options(), o.output)
         return 0
+    from trtkv.kvcache.attention_modes import format_modes
+
     if o.dry_run:
         from trtkv.platform.hardware import GPU
         from trtkv.probe.placement import dry_run
@@ -233,9 +235,12 @@ def run(args: argparse.Namespace) -> int:
         if o.no_needle:
             planned.needle_lengths = []
         placement, lines = dry_run(recipe, planned)
-        print("\n".join(lines))
+        print("\n".join([*format_modes(planned.attention, planned.formats), *lines]))
         return 0 if placement.fits else 1
-    out = run_probe(recipe, o.output, _sweep_settings(recipe, o))
+    settings = _sweep_settings(recipe, o)
+    for line in format_modes(settings.attention, settings.formats):
+        print(line)
+    out = run_probe(recipe, o.output, settings)
     print(f"probe: wrote {out / 'probe.json'}, {out / 'probe.md'} and plots")
     _print_summary(out)
     return 0

@@ -10,7 +10,8 @@ from typing import Annotated
 
 from pydantic import Field
 
-from trtkv.cli.common import add_recipe_args, load, subparser
+from trtkv.cli.common import OVERRIDE_HELP, RECIPE_HELP, load, subparser
+from trtkv.core.errors import TrtkvError
 from trtkv.core.options import Flag, Options
 
 EXAMPLES = """\
@@ -18,6 +19,8 @@ EXAMPLES = """\
                                             # "unsupervised": nothing restarts it (`trtkv serve R --attach`)
   $ trtkv status smollm2_fp8kv --json
   $ trtkv status smollm2_fp8kv --canaries 4 # more one-token inferences (e.g. one per model instance)
+  $ trtkv status --url http://my-llm.trtkv:8000   # any deployed Triton or OpenAI-compatible endpoint:
+                                            # health, its model list, one canary (--canaries 0: none)
 """  # noqa: E501
 
 
@@ -38,6 +41,20 @@ class StatusOptions(Options):
         ),
         Flag(),
     ] = None
+    url: Annotated[
+        str | None,
+        Field(
+            description="check this deployed endpoint instead of a recipe's local server: Triton "
+            "or any OpenAI-compatible server over http (health, model list, one canary unless "
+            "--canaries 0; every request bounded in time and bytes; $TRTKV_API_KEY sent when set)"
+        ),
+        Flag(metavar="URL"),
+    ] = None
+    timeout: Annotated[
+        float,
+        Field(gt=0, le=600, description="--url: seconds each request may take (default 30)"),
+        Flag(metavar="S"),
+    ] = 30.0
     as_json: Annotated[
         bool, Field(description="print the checks as JSON"), Flag(names=("--json",))
     ] = False
@@ -45,7 +62,8 @@ class StatusOptions(Options):
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = subparser(sub, "status", EXAMPLES)
-    add_recipe_args(p)
+    p.add_argument("recipe", nargs="?", help=RECIPE_HELP + " (not with --url)")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=OVERRIDE_HELP)
     StatusOptions.add_arguments(p)
     p.set_defaults(func=run)
 
@@ -56,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
     from trtkv.serving import health, supervisor_state
 
     o = StatusOptions.from_args(args)
+    if o.url is not None or args.recipe is None:
+        return _endpoint(args, o)
     recipe = load(args)
     sup = supervisor_state.alive(recipe)
     # the server is being replaced: say so, no probes
@@ -134,4 +154,32 @@ def run(args: argparse.Namespace) -> int:
     for e in events:
         detail = ", ".join(f"{k}={v}" for k, v in e.items() if k not in ("time", "event"))
         print(f"  {e['time']} {e['event']}{': ' + detail if detail else ''}")
+    return result.exit_code
+
+
+def _endpoint(args: argparse.Namespace, o: StatusOptions) -> int:
+    """`--url`: the deployed endpoint's health, models and canaries (trtkv.serving.endpoint)."""
+    if o.url is None or args.recipe is not None:
+        raise TrtkvError(
+            "trtkv status: name a recipe (its local server) or --url URL (a deployed endpoint), "
+            "one of them. Next: e.g. `trtkv status smollm2_fp8kv` or `trtkv status --url "
+            "http://127.0.0.1:8000`."
+        )
+    from trtkv.serving import endpoint
+
+    result = endpoint.check_endpoint(o.url, 1 if o.canaries is None else o.canaries, o.timeout)
+    if o.as_json:
+        print(
+            json.dumps(
+                {
+                    "url": result.url,
+                    "kind": result.kind,
+                    "state": result.state,
+                    "checks": result.checks,
+                },
+                indent=2,
+            )
+        )
+    else:
+        print("\n".join(endpoint.describe(result)))
     return result.exit_code

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
         CANARY_TIMEOUT_S,
         canary_script,
         docker_health_args,
-        health_cmd,
     )
     from trtkv.contracts.interface import ENSEMBLE, INTERFACES, LLMAPI, ModelInterface, detect
     from trtkv.contracts.outputs import (
@@ -66,7 +65,7 @@ __getattr__, __dir__ = attach(
             "ServerRecord",
             "SupervisorRecord",
         ],
-        "canary": ["canary_script", "CANARY_TIMEOUT_S", "docker_health_args", "health_cmd"],
+        "canary": ["canary_script", "CANARY_TIMEOUT_S", "docker_health_args"],
         "interface": ["detect", "ENSEMBLE", "INTERFACES", "LLMAPI", "ModelInterface"],
         "outputs": [
             "check_inside",
@@ -103,7 +102,6 @@ __all__ = [
     "detect",
     "docker_health_args",
     "ENSEMBLE",
-    "health_cmd",
     "in_place_output",
     "input_problem",
     "INTERFACES",

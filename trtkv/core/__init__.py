@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     )
     from trtkv.core.errors import RecipeError, StageError, ToolError, TrtkvError, os_error_line
     from trtkv.core.files import NotReadable, naming, read_capped, read_json, strict_json
-    from trtkv.core.httpcall import Transport, request
+    from trtkv.core.httpcall import HttpError, Target, Transport, request
     from trtkv.core.options import Flag, Options
     from trtkv.core.paths import FOLDERS, HOME, project_root, temp_sibling
     from trtkv.core.process import is_running, pid_alive, port_in_use, wait_http_ready
@@ -55,7 +55,7 @@ __getattr__, __dir__ = attach(
         ],
         "errors": ["os_error_line", "RecipeError", "StageError", "ToolError", "TrtkvError"],
         "files": ["naming", "NotReadable", "read_capped", "read_json", "strict_json"],
-        "httpcall": ["request", "Transport"],
+        "httpcall": ["HttpError", "request", "Target", "Transport"],
         "options": ["Flag", "Options"],
         "paths": ["FOLDERS", "HOME", "project_root", "temp_sibling"],
         "process": ["is_running", "pid_alive", "port_in_use", "wait_http_ready"],
@@ -92,6 +92,7 @@ __all__ = [
     "Flag",
     "FOLDERS",
     "HOME",
+    "HttpError",
     "is_running",
     "load_texts",
     "log_tail",
@@ -120,6 +121,7 @@ __all__ = [
     "StageError",
     "strict_json",
     "tail",
+    "Target",
     "temp_sibling",
     "tool_answer",
     "ToolError",

@@ -145,8 +145,9 @@ class Options(BaseModel):
             item = f" {err['input']!r}:" if len(err["loc"]) > 1 else ""
             word = cls.flags()[name].empty or cls.flags()[name].none
             also = f" (or {word})" if word else ""
+            msg = err["msg"].removeprefix("Value error, ")  # pydantic's wrapping, not the reason
             raise TrtkvError(
-                f"{cls.flag_names(name)[0]} {given!r}:{item} {err['msg']}{also}. Next: see --help."
+                f"{cls.flag_names(name)[0]} {given!r}:{item} {msg}{also}. Next: see --help."
             ) from None
 
 

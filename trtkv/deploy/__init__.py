@@ -37,7 +37,7 @@ from trtkv.deploy.k8s import (
     Fence,
     selector,
 )
-from trtkv.deploy.sizing import Sizing, size
+from trtkv.deploy.sizing import Sizing, hub_source_gib, size, tp_across_nodes, volume_gib
 from trtkv.recipe import Recipe
 from trtkv.recipe.layout import container_artifacts
 
@@ -59,6 +59,9 @@ class Options:
     model_source: str | None = None
     image: str | None = None
     loader_image: str | None = None
+    model_size_gib: float | None = (
+        None  # what an hf:// source holds (else its index, if built here)
+    )
 
 
 def default_output(recipe: Recipe, target: Target) -> Path:
@@ -70,6 +73,16 @@ class _NoAliases(yaml.SafeDumper):
 
     def ignore_aliases(self, data: Any) -> bool:
         return True
+
+
+def _literal(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    """A string of several lines (a script: the canary, the loader's) as a YAML literal block, read
+    as written; PyYAML falls back to quoting where a block cannot hold it (trailing spaces)."""
+    style = "|" if "\n" in text else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+_NoAliases.add_representer(str, _literal)
 
 
 def _yaml_docs(objs: list[dict[str, Any]], what: str) -> str:
@@ -106,8 +119,11 @@ def _models(
 
 
 def _models_objects(
-    recipe: Recipe, sizing: Sizing, models: Models, options: Options
+    recipe: Recipe, sizing: Sizing, models: Models, options: Options, server_image: str
 ) -> list[dict[str, Any]]:
+    """The volume and its loader Job; an hf:// load runs in the server's image (huggingface_hub
+    shipped there, nothing installed at run time) unless --loader-image names another."""
+    hub = models.source.kind is loader.SourceKind.HF
     names = {
         "job": k8s.k8s_name(recipe, f"load-{models.load_id[:8]}"),
         "claim": k8s.k8s_name(recipe, "models"),
@@ -121,7 +137,7 @@ def _models_objects(
         names,
         k8s.labels(recipe),
         options.namespace,
-        options.loader_image,
+        options.loader_image or (server_image if hub else None),
     )
     return [k8s.models_claim(recipe, sizing, options.namespace), job]
 
@@ -148,7 +164,7 @@ def render(
         objs = k8s.objects(recipe, lch, sizing, models.load_id, namespace, options.fence)
         files = {
             "models.yaml": _yaml_docs(
-                _models_objects(recipe, sizing, models, options),
+                _models_objects(recipe, sizing, models, options, lch.image),
                 "The models volume and the Job that fills it",
             ),
             "server.yaml": _yaml_docs(
@@ -163,7 +179,7 @@ def render(
     )
     files = {
         "models.yaml": _yaml_docs(
-            _models_objects(recipe, sizing, models, options),
+            _models_objects(recipe, sizing, models, options, lch.image),
             "The models volume and the Job that fills it",
         )
     }
@@ -201,6 +217,20 @@ def _remove_random_leftovers(out: Path, log: Callable[[str], None]) -> None:
         log(f"removed {sibling} (left by an interrupted deploy)")
 
 
+def _hub_sized(recipe: Recipe, target: Target, sizing: Sizing, options: Options | None) -> Sizing:
+    """An hf:// load fills the volume with what the hub repository holds, not the planned export:
+    the volume sized for that (its index's total_size or --model-size)."""
+    source = options.model_source if options else None
+    if target is Target.SLURM or source is None:
+        return sizing
+    if loader.parse_source(source).kind is not loader.SourceKind.HF:
+        return sizing
+    if target is Target.K8S:  # a server that reads more than the HF export is refused first
+        _models(recipe, launch.for_recipe(recipe, sizing).folders, options or Options(), target)
+    held = hub_source_gib(recipe, options.model_size_gib if options else None)
+    return sizing.model_copy(update={"source_gib": held, "storage_gib": volume_gib(held)})
+
+
 def deploy(
     recipe: Recipe,
     target: Target,
@@ -212,7 +242,7 @@ def deploy(
 ) -> Path:
     """Write, check and (only when every check passes) put the files in place; returns the
     folder."""
-    sizing = size(recipe, replicas, target_concurrency)
+    sizing = _hub_sized(recipe, target, size(recipe, replicas, target_concurrency), options)
     out = check_output(
         output or default_output(recipe, target), "deploy", recipe.name, target=target.value
     )
@@ -252,6 +282,9 @@ def deploy(
     log(f"deploy: wrote {out} ({', '.join(sorted(files))}); {len(checked)} check(s) passed")
     for line in sizing.lines():
         log("  " + line[2:])
+    spread = tp_across_nodes(recipe)
+    if spread:
+        log(spread)
     return out
 
 

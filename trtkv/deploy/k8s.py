@@ -137,7 +137,7 @@ def _container(
         "command": command,
         "env": pods.env(launch.keyed and name != "worker"),
         "resources": server_resources(sizing, launch.shm_gib).k8s(),
-        "volumeMounts": pods.mounts(ssh, launch.keyed and name != "worker"),
+        "volumeMounts": pods.mounts(ssh, launch.keyed and name != "worker", name != "worker"),
         "securityContext": pods.container_security(),
     }
     if ports:
@@ -163,6 +163,7 @@ def _pod_spec(
             launch,
             k8s_name(recipe, "ssh") if ssh else None,
             k8s_name(recipe, "key") if keyed else None,
+            k8s_name(recipe, "canary") if containers[0]["name"] != "worker" else None,
         ),
         **pods.placement(recipe),
         **pods.spread(match, replicas),
@@ -348,8 +349,9 @@ def objects(
     namespace: str,
     fence: Fence | None = None,
 ) -> list[dict[str, Any]]:
-    """The server's objects in apply order (workload, PodDisruptionBudget past one replica, Service,
-    NetworkPolicy); the PVC and loader Job are trtkv.deploy.loader's (models.yaml)."""
+    """The server's objects in apply order (the canary's ConfigMap, workload, PodDisruptionBudget
+    past one replica, Service, NetworkPolicy); the PVC and loader Job are trtkv.deploy.loader's
+    (models.yaml)."""
     skips = pods.image_skips([launch.image], launch.uid)
     if not launch.multi_node:
         workload, selector = _deployment(recipe, launch, sizing, load_id, namespace, skips)
@@ -357,7 +359,8 @@ def objects(
     else:
         workload, selector = _leader_worker_set(recipe, launch, sizing, load_id, namespace, skips)
         disruptable = {LWS_NAME_LABEL: k8s_name(recipe)}
-    out = [workload]
+    canary = k8s_name(recipe, "canary")
+    out = [pods.canary_config_map(launch, canary, meta(recipe, canary, namespace)), workload]
     # one replica: a budget would block every node drain; past one, one replica at a time
     if sizing.replicas > 1:
         out.append(

@@ -127,7 +127,8 @@ class Launch:
     # the user the containers run as (the NGC images' triton-server; ANY_UID where any user works)
     uid: int = NGC_UID
     triton: bool = False  # tritonserver ranks (rank 0 serves, the others load tensorrt_llm only)
-    # Slurm/LWS start one task per node (a Ray cluster), not one per rank
+    # Slurm starts one task per node (the server starts its own TP workers; across nodes a Ray
+    # cluster), not one per rank
     one_task_per_node: bool = False
     # the variable the server itself reads $TRTKV_API_KEY from (vLLM: VLLM_API_KEY)
     key_env: str | None = None
@@ -185,7 +186,7 @@ def _openai_launch(recipe: Recipe, sizing: Sizing, server: OpenAIServer) -> Laun
         # SGLang: --api-key in argv
         keyed=server.key_env is not None or any(KEY_REF in t for t in single),
         uid=ANY_UID if server.non_root else NGC_UID,
-        one_task_per_node=server.ray,
+        one_task_per_node=not server.rank_tasks,
         key_env=server.key_env,
         key_note=server.key_note,
         label=server.label,

@@ -15,10 +15,12 @@ Sources (the folders under them mirror /models/<recipe>/: engine/, checkpoint/..
 - gs://BUCKET/PREFIX   google-cloud-cli, `gcloud storage rsync` (Workload Identity, or Secret key
   `key.json`)
 - nfs://SERVER/PATH    `cp` from the export mounted read-only
-- hf://ORG/NAME[@REV]  python + huggingface_hub `snapshot_download` of an HF export (checkpoint/hf
-  only: the LLM API,
-                       vLLM or SGLang path; the cluster must reach the hub; token: Secret key
-                       `token`)
+- hf://ORG/NAME[@REV]  huggingface_hub's `snapshot_download` of an HF export (checkpoint/hf only:
+                       the LLM API, vLLM or SGLang path) run in the server's own image, which
+                       ships huggingface_hub (the engine loads HF models with it): nothing is
+                       installed at run time; the cluster must reach the hub (token: Secret key
+                       `token`); the volume is sized for what the repository holds
+                       (trtkv.deploy.sizing.hub_source_gib)
 Never executed here: no cluster.
 """
 
@@ -51,9 +53,7 @@ LOADER_IMAGES = {  # pinned tags of the tools' own images (override: --loader-im
     "s3": "amazon/aws-cli:2.17.0",
     "gs": "gcr.io/google.com/cloudsdktool/google-cloud-cli:489.0.0-slim",
     "nfs": "python:3.12.8-slim",  # GNU coreutils (mv -T), as the others
-    "hf": "python:3.12.8-slim",
-}
-HUB_CLIENT = "huggingface_hub==0.36.0"  # the version .venv-tf457 pins beside transformers 4.57.1
+}  # hf://: the server's image (it ships huggingface_hub), passed to job() as `image`
 CREDENTIALS_DIR = "/etc/trtkv-loader"
 JOB_DEADLINE_S = 6 * 3600
 _PATH = r"[A-Za-z0-9._~/@+=-]*"
@@ -248,7 +248,7 @@ def _copy(source: ModelSource, sub: str, dest: str) -> str:
         "local_dir=sys.argv[3])"
     )
     return (
-        f"PYTHONPATH=/tmp/pip python3 -c {q(call)} {q(source.host + '/' + source.path)} "
+        f"python3 -c {q(call)} {q(source.host + '/' + source.path)} "
         f"{q(source.revision or '')} {dest}"
     )
 
@@ -285,8 +285,6 @@ def script(recipe: Recipe, source: ModelSource, subs: list[str], lid: str) -> st
             f"if [ -f {CREDENTIALS_DIR}/key.json ]; then gcloud auth activate-service-account "
             f"--key-file={CREDENTIALS_DIR}/key.json; fi"
         )
-    if source.kind is SourceKind.HF:
-        lines.append(f"pip install --quiet --no-cache-dir --target /tmp/pip {HUB_CLIENT}")
     for sub in subs:
         dest = f'"$top/$new"/{q(sub)}'
         lines += [
@@ -321,7 +319,6 @@ def env(source: ModelSource) -> list[dict[str, Any]]:
         out += [
             {"name": "HF_TOKEN_PATH", "value": f"{CREDENTIALS_DIR}/token"},
             {"name": "HF_HOME", "value": "/tmp/hf"},
-            {"name": "PIP_DISABLE_PIP_VERSION_CHECK", "value": "1"},
         ]
     return out
 
@@ -338,7 +335,9 @@ def job(
 ) -> dict[str, Any]:
     """The loader Job (`names`: job, claim, secret): one pod, non-root, read-only root filesystem, a
     scratch /tmp."""
-    img = image or LOADER_IMAGES[source.kind.value]
+    img = image or LOADER_IMAGES.get(source.kind.value)
+    if img is None:  # pragma: no cover - deploy passes the server's image for hf://
+        raise StageError(f"--model-source {source.uri}: no loader image. Next: --loader-image.")
     volumes: list[dict[str, Any]] = [
         {"name": "models", "persistentVolumeClaim": {"claimName": names["claim"]}},
         {"name": "tmp", "emptyDir": {}},

@@ -12,7 +12,6 @@ import math
 import shlex
 from typing import Any
 
-from trtkv.contracts.canary import health_cmd
 from trtkv.core.apikey import API_KEY_ENV, API_KEY_FILE_ENV
 from trtkv.core.errors import StageError
 from trtkv.deploy.launch import NGC_UID, SSH_DIR, SSH_PORT, SSH_WAIT_S, Launch
@@ -29,6 +28,9 @@ HOME = "/home/trtkv"
 KEY_SECRET_FIELD = "api-key"
 # the API key's Secret, mounted as a file (never an environment variable from a Secret)
 KEY_DIR = "/etc/trtkv-key"
+# the readiness canary, a readable python3 file from the ConfigMap <name>-canary (server.yaml)
+CANARY_DIR = "/etc/trtkv-canary"
+CANARY_FILE = "canary.py"
 KEY_FILE = f"{KEY_DIR}/{KEY_SECRET_FIELD}"
 GFD_PRODUCT = "nvidia.com/gpu.product"  # GPU feature discovery's node label (GPUSpec.gfd_product)
 # the usual GPU-node taint
@@ -182,10 +184,14 @@ def pod_security(uid: int) -> dict[str, Any]:
 
 
 def volumes(
-    models_claim: str, launch: Launch, ssh_secret: str | None, key_secret: str | None
+    models_claim: str,
+    launch: Launch,
+    ssh_secret: str | None,
+    key_secret: str | None,
+    canary_map: str | None = None,
 ) -> list[dict[str, Any]]:
     """The models PVC (read-only), memory-backed /dev/shm (sized: it counts against the memory
-    limit), HOME and /tmp emptyDirs, and the Secrets mounted as files."""
+    limit), HOME and /tmp emptyDirs, the Secrets mounted as files and the canary's ConfigMap."""
     out: list[dict[str, Any]] = [
         {"name": "models", "persistentVolumeClaim": {"claimName": models_claim, "readOnly": True}},
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{launch.shm_gib}Gi"}},
@@ -196,10 +202,12 @@ def volumes(
         out.append({"name": "ssh", "secret": {"secretName": ssh_secret, "defaultMode": 0o440}})
     if key_secret:
         out.append({"name": "api-key", "secret": {"secretName": key_secret, "defaultMode": 0o440}})
+    if canary_map:
+        out.append({"name": "canary", "configMap": {"name": canary_map, "defaultMode": 0o444}})
     return out
 
 
-def mounts(ssh: bool, keyed: bool) -> list[dict[str, Any]]:
+def mounts(ssh: bool, keyed: bool, canary: bool = False) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = [
         {"name": "models", "mountPath": MODELS_MOUNT, "readOnly": True},
         {"name": "dshm", "mountPath": "/dev/shm"},
@@ -210,6 +218,8 @@ def mounts(ssh: bool, keyed: bool) -> list[dict[str, Any]]:
         out.append({"name": "ssh", "mountPath": SSH_DIR, "readOnly": True})
     if keyed:
         out.append({"name": "api-key", "mountPath": KEY_DIR, "readOnly": True})
+    if canary:
+        out.append({"name": "canary", "mountPath": CANARY_DIR, "readOnly": True})
     return out
 
 
@@ -249,7 +259,7 @@ def probes(recipe: Recipe, launch: Launch, sizing: Sizing) -> dict[str, Any]:
     """startup: the engine's ready endpoint, for as long as loading the model takes
     (trtkv.deploy.resources); liveness: its live endpoint (cheap: a saturated but healthy server
     answers it); readiness: trtkv's one-token canary with a deadline a loaded server meets (a dead
-    model instance shows here: Triton stays "live")."""
+    model instance shows here: Triton stays "live"), run from its ConfigMap's file."""
     port = launch.ports["http"]
     budget = startup_budget_s(recipe, sizing, SSH_WAIT_S if launch.multi_node else 0)
     deadline = canary_timeout_s(recipe, sizing)  # the deadline launch.canary was written with
@@ -261,11 +271,24 @@ def probes(recipe: Recipe, launch: Launch, sizing: Sizing) -> dict[str, Any]:
             launch.live_path, port, LIVE_PERIOD_S, LIVE_TIMEOUT_S, LIVE_FAILURES
         ),
         "readinessProbe": {
-            "exec": {"command": ["sh", "-c", health_cmd(launch.canary)]},
+            # the ConfigMap's file (canary_config_map): a reviewer reads what runs
+            "exec": {"command": ["python3", f"{CANARY_DIR}/{CANARY_FILE}"]},
             "periodSeconds": READY_PERIOD_S,
             "timeoutSeconds": deadline + 10,
             "failureThreshold": READY_FAILURES,
         },
+    }
+
+
+def canary_config_map(launch: Launch, name: str, meta: dict[str, Any]) -> dict[str, Any]:
+    """The ConfigMap holding the readiness canary as a readable python3 file (launch.canary),
+    mounted read-only at CANARY_DIR: no encoded blob for a platform reviewer to decode. `meta`: its
+    metadata (name, namespace, labels)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {**meta, "name": name},
+        "data": {CANARY_FILE: launch.canary},
     }
 
 

@@ -4,6 +4,7 @@ N`, or enough replicas for `--target-concurrency C`)."""
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, Literal
 
@@ -45,6 +46,9 @@ class Sizing(Artifact):
     storage_gib: int
     # the plan's lower bound for one decode step at max_seq_len (0: unknown)
     decode_step_ms: float = 0.0
+    # what an hf:// source holds (its index's metadata.total_size, or --model-size), which the
+    # volume is sized for instead of the planned export (0: the planned export)
+    source_gib: float = 0.0
 
     @property
     def weights_gib_per_pod(self) -> float:
@@ -75,17 +79,63 @@ class Sizing(Artifact):
             f"- GPUs per replica: {self.gpus_per_replica} (TP x PP) = {self.nodes_per_replica} "
             f"node(s) x {self.gpus_per_pod} GPU(s) (hardware.gpus_per_node = {self.gpus_per_node})",
             f"- KV cache ({self.kv_format}): {self.kv_bytes_per_token_per_gpu:,.0f} bytes per "
-            f"token on the fullest GPU; {self.kv_tokens_per_gpu:,} tokens per GPU after weights "
-            "and the activation reserve",
+            f"token on the fullest GPU; {self.kv_tokens_per_gpu:,} tokens per GPU in the KV pool "
+            "the engine's own memory rule leaves after weights, activations and its other "
+            "buffers (`trtkv plan`)",
             f"- Sequences of {self.max_seq_len:,} tokens per replica: {self.sequences_per_replica} "
             f"(bound by {self.bound_by})",
             f"- Replicas: {self.replicas} ({self.chosen_by}) -> {self.total_gpus} GPUs, "
             f"{self.concurrent_sequences} concurrent sequences at full context",
             f"- Model volume: {self.storage_gib} GiB (twice the folders the server reads, since a "
-            "new load is copied beside the one in use and replaces it only once complete: the "
-            f"exported weights, {self.weights_gib_total:.1f} GiB, x 1.25 + 5 GiB for the "
-            "tokenizer, the engines' per-rank copies of embeddings and the repository)",
+            "new load is copied beside the one in use and replaces it only once complete: "
+            + (
+                f"the hub repository's weights, {self.source_gib:.1f} GiB (its index's total_size "
+                "or --model-size),"
+                if self.source_gib
+                else f"the exported weights, {self.weights_gib_total:.1f} GiB,"
+            )
+            + " x 1.25 + 5 GiB for the tokenizer, the engines' per-rank copies of embeddings and "
+            "the repository)",
         ]
+
+
+def volume_gib(weights_gib: float) -> int:
+    """The models volume for weights of `weights_gib`: two loads (the one in use and the next), each
+    the weights x 1.25 + 5 GiB (tokenizer, per-rank copies of embeddings, the repository)."""
+    return math.ceil(2 * (weights_gib * 1.25 + 5))
+
+
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def hub_source_gib(recipe: Recipe, model_size_gib: float | None) -> float:
+    """What an hf:// source holds, in GiB: `--model-size`, else the total_size of the HF export's
+    own index built here (checkpoint/hf/model.safetensors.index.json, the file the hub repository
+    holds when it was uploaded from there); StageError when neither is given."""
+    from trtkv.recipe.layout import host_artifacts
+
+    if model_size_gib is not None:
+        return model_size_gib
+    index = host_artifacts(recipe).hf / INDEX_FILE
+    total = None
+    if index.is_file() and index.stat().st_size < 64 << 20:
+        try:
+            meta = json.loads(index.read_text()).get("metadata") or {}
+        except (ValueError, OSError, AttributeError) as e:
+            raise StageError(
+                f"{index}: not a readable safetensors index ({e}). Next: rebuild the export "
+                "(`trtkv calibrate`), or pass --model-size GIB."
+            ) from e
+        total = meta.get("total_size") if isinstance(meta, dict) else None
+    if not isinstance(total, int) or isinstance(total, bool) or total <= 0:
+        raise StageError(
+            f"deploy {recipe.name} --model-source hf://...: the models volume must hold what the "
+            "hub repository holds, which trtkv cannot read from here (no index with "
+            f"metadata.total_size at {index}). Next: pass --model-size GIB (the repository's "
+            "safetensors total, e.g. from its model.safetensors.index.json), or build the export "
+            "here first."
+        )
+    return total / 2**30
 
 
 def size(
@@ -155,6 +205,23 @@ def size(
         replicas=count,
         chosen_by=chosen,
         weights_gib_total=weights,
-        storage_gib=math.ceil(2 * (weights * 1.25 + 5)),
+        storage_gib=volume_gib(weights),
         decode_step_ms=float(cap.decode_step_ms.get(seq_len, 0.0)),
+    )
+
+
+def tp_across_nodes(recipe: Recipe) -> str | None:
+    """The warning for a tensor-parallel group wider than a node (None when TP fits in one): every
+    layer's all-reduce then crosses the inter-node network (hundreds of GB/s of NVLink inside a
+    node against tens of GB/s of InfiniBand/RoCE between nodes), so each decode step waits on it."""
+    b, per_node = recipe.build, recipe.hardware.gpus_per_node
+    if b.tp_size <= per_node:
+        return None
+    return (
+        f"warning: {recipe.name}: build.tp_size = {b.tp_size} spans "
+        f"{math.ceil(b.tp_size / per_node)} nodes of hardware.gpus_per_node = {per_node}: every "
+        "layer's tensor-parallel all-reduce crosses the inter-node network (tens of GB/s against "
+        "NVLink's hundreds inside a node), which slows every decode step. Next: keep TP inside a "
+        f"node and split across nodes with pipeline parallelism (build.tp_size={per_node} "
+        f"build.pp_size={b.tp_size * b.pp_size // per_node})."
     )

@@ -35,7 +35,7 @@ from trtkv.deploy.launch import (
     slurm_rank_command,
 )
 from trtkv.deploy.resources import server_resources
-from trtkv.deploy.sizing import Sizing
+from trtkv.deploy.sizing import Sizing, tp_across_nodes
 from trtkv.recipe import Recipe
 from trtkv.recipe.layout import container_artifacts, repo_dir
 
@@ -195,8 +195,15 @@ def deploy_dir(recipe: Recipe) -> str:
     return str(container_artifacts(recipe).root / "deploy")
 
 
+def instance_tasks(launch: Launch, sizing: Sizing) -> int:
+    """Tasks per node of one instance: one where the server starts its own TP workers (vLLM, SGLang;
+    across nodes a Ray cluster), one per rank where each rank is a process of its own (tritonserver,
+    trtllm-llmapi-launch under srun --mpi=pmix)."""
+    return 1 if launch.one_task_per_node else sizing.gpus_per_pod
+
+
 def _srun(recipe: Recipe, launch: Launch, sizing: Sizing, pack: Packing) -> list[str]:
-    per_node_tasks = 1 if launch.one_task_per_node else sizing.gpus_per_pod
+    per_node_tasks = instance_tasks(launch, sizing)
     tasks = sizing.nodes_per_replica * per_node_tasks
     mpi = "" if launch.one_task_per_node else " --mpi=pmix"
     box = [
@@ -210,7 +217,8 @@ def _srun(recipe: Recipe, launch: Launch, sizing: Sizing, pack: Packing) -> list
     step = sizing.gpus_per_replica
     return [
         "for i in $(seq 0 $((INSTANCES - 1))); do",
-        f"  TRTKV_INSTANCE=$i srun --exact --nodes=1{mpi} --ntasks={step} --gpus={step} \\",
+        f"  TRTKV_INSTANCE=$i srun --exact --nodes=1{mpi} --ntasks={per_node_tasks} "
+        f"--gpus={step} \\",
         *[f"  {line}" for line in box[:-1]],
         f"  {box[-1]} &",
         "done",
@@ -228,8 +236,18 @@ def job_script(recipe: Recipe, launch: Launch, sizing: Sizing, here: str) -> str
             "plain path."
         )
     check_mount_paths(recipe, launch, here)
+    if launch.one_task_per_node and not launch.ray_worker and sizing.nodes_per_replica > 1:
+        raise StageError(
+            f"deploy {comment(recipe.name)} --target slurm: {launch.label} runs as one process "
+            f"that starts its own {sizing.gpus_per_replica} TP/PP workers on its node, and trtkv "
+            f"does not start it across nodes (a replica here needs {sizing.nodes_per_replica} "
+            f"nodes of hardware.gpus_per_node = {sizing.gpus_per_node}). Nothing was written. "
+            "Next: a replica that fits one node (build.tp_size x build.pp_size <= "
+            "hardware.gpus_per_node), or another backend."
+        )
     pack = packing(sizing)
-    per_node_tasks = 1 if launch.one_task_per_node else pack.gpus_per_node
+    spread = tp_across_nodes(recipe)
+    per_node_tasks = pack.instances * instance_tasks(launch, sizing)
     res = server_resources(sizing, launch.shm_gib)
     key = (
         [
@@ -260,6 +278,7 @@ def job_script(recipe: Recipe, launch: Launch, sizing: Sizing, here: str) -> str
         f"# trtkv deploy {comment(recipe.name)} --target slurm: {pack.instances} replica(s) of "
         f"{sizing.gpus_per_replica} GPU(s) per job, {pack.nodes} node(s); submit it {pack.jobs} "
         f"time(s) for {sizing.replicas} replica(s). Add your site's --account/--partition/--time.",
+        *([f"# {comment(spread)}"] if spread else []),
         f"# Server: {launch.server}, image {comment(launch.image)} (override with "
         "TRTKV_IMAGE=...).",
         "set -euo pipefail",

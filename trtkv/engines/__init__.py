@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     )
     from trtkv.engines.vllm import (
         VLLM_LOG,
+        VLLM_VERSION,
         cpu_pin_bytes,
         vllm_at,
         vllm_block,
@@ -91,6 +92,7 @@ __getattr__, __dir__ = attach(
         ],
         "vllm": [
             "VLLM_LOG",
+            "VLLM_VERSION",
             "cpu_pin_bytes",
             "vllm_at",
             "vllm_block",
@@ -149,4 +151,5 @@ __all__ = [
     "vllm_log_tokens",
     "vllm_metrics_blocks",
     "vllm_recipe_pool",
+    "VLLM_VERSION",
 ]

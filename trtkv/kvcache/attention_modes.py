@@ -285,6 +285,32 @@ def select_mode(
     )
 
 
+def format_modes(modes: list[str], formats: list[str]) -> list[str]:
+    """One line per asked format (the first, the reference, aside): the modes it is measured under,
+    and for an engine mode that does not apply to it, why and which format that mode reads (e.g.
+    TensorRT-LLM's FP8 kernels read ModelOpt's clamped scale, fp8_scale1, not calibrated fp8)."""
+    from trtkv.kvcache.names import parse_format  # names imports no table: no cycle
+
+    table = load_attention()
+    engine = [table.mode(m) for m in modes if m != CACHE_ONLY]
+    if not engine:
+        return []
+    out = []
+    for name in formats[1:]:
+        choice = parse_format(name)
+        under = [m.name for m in engine if {"*", choice.name} & set(m.probe_formats)]
+        line = f"probe: {name} is measured cache-only" + "".join(f" and under {m}" for m in under)
+        for m in engine:
+            if m.name not in under:
+                line += (
+                    f"; not under {m.name}: {m.engine}'s kernels read the cache as that engine "
+                    f"stores it ({', '.join(m.probe_formats)}); add --formats "
+                    f"{m.probe_formats[0]} to measure that under {m.name}"
+                )
+        out.append(line)
+    return out
+
+
 def table_markdown() -> str:
     """docs/kv-formats.md's generated attention section: per mode, prefill and decode numerics and
     their sources."""

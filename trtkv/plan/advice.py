@@ -25,6 +25,7 @@ from trtkv.recipe.attention import (
     AttentionKind,
     layer_formats,
 )
+from trtkv.recipe.backend_rules import SPEED_ENGINE
 
 
 def attention_notes(arch: Architecture, recipe: Recipe) -> list[str]:
@@ -112,7 +113,8 @@ def engine_format_guidance(recipe: Recipe, has_fp8: bool) -> list[str]:
 
     table, out = load_table(), []
     dyn = table.engine_rows("int8_per_token_head", "vllm")
-    if dyn:
+    # the row's engine must be the recipe's (vLLM's format: no advice for TensorRT-LLM or SGLang)
+    if dyn and SPEED_ENGINE.get(recipe.build.backend) == dyn[0].engine:
         out.append(
             f"On vLLM >= {dyn[0].version} (the version docs/kv-formats.md was read from), "
             f"`{dyn[0].config} {dyn[0].value}` is the INT8 without calibration (dynamic scale per "

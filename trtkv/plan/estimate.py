@@ -12,7 +12,16 @@ from trtkv.plan import aic
 from trtkv.plan.estimate_model import Estimate, EstimateRow
 from trtkv.plan.model import GIB, Architecture, resolve_architecture, seq_bytes, weights_bytes
 from trtkv.plan.result import Plan
-from trtkv.plan.speed import AIC_SYSTEM, KVCost, ModelShape, Serving, kernels_for, kv_lane, serve
+from trtkv.plan.speed import (
+    AIC_SYSTEM,
+    Kernels,
+    KVCost,
+    ModelShape,
+    Serving,
+    kernels_for,
+    kv_lane,
+    serve,
+)
 from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe import Recipe, WeightQuant
 from trtkv.recipe.attention import AttentionKind, layer_formats
@@ -236,6 +245,28 @@ def gpu_notes(gpu: GPU, engine: str, rows: list[EstimateRow]) -> list[str]:
     ]
 
 
+ENGINE_LABELS = {"trtllm": "TensorRT-LLM", "vllm": "vLLM", "sglang": "SGLang"}
+
+
+def kernel_data(recipe: Recipe, k: Kernels) -> str:
+    """The kernels' version named as what the data is (aiconfigurator's tables), and the served
+    engine's version beside it where they differ (e.g. 1.3.0rc20 tables for a 1.2.1 engine)."""
+    from trtkv.engines import SGLANG_VERSION, VLLM_VERSION
+
+    engine = SPEED_ENGINE[recipe.build.backend]
+    served = {"trtllm": recipe.build.tensorrt_llm_version, "vllm": VLLM_VERSION}.get(
+        engine, SGLANG_VERSION
+    )
+    data = k.versions.rsplit(" ", 1)[-1]
+    if data == served:
+        return f"{k.versions} kernels"
+    return (
+        f"kernel data measured on {ENGINE_LABELS.get(engine, engine)} {data} (aiconfigurator's "
+        f"tables; the served engine is {ENGINE_LABELS.get(engine, engine)} {served}, whose kernels "
+        "may differ)"
+    )
+
+
 def speed_advice(recipe: Recipe, arch: Architecture, capacity_ratio: float | None) -> str | None:
     """The planner's advice line on the recipe's KV format against 16-bit, from trtkv's own model
     (no subprocess): ITL and TTFT change at the recipe's longest input (at most 32K) and concurrency
@@ -268,7 +299,8 @@ def speed_advice(recipe: Recipe, arch: Architecture, capacity_ratio: float | Non
         even = "never (its ITL slope is not lower)"
     cap = f", capacity x{capacity_ratio:.2g}" if capacity_ratio else ""
     return (
-        f"At {n:,} tokens in on {gpu.value} with {k.versions} kernels, {recipe.kv_format_label} KV "
+        f"At {n:,} tokens in on {gpu.value} with {kernel_data(recipe, k)}, "
+        f"{recipe.kv_format_label} KV "
         f"vs bf16 at concurrency {c}: ITL {q.itl_ms / s.itl_ms - 1:+.0%}, TTFT "
         f"{q.ttft_ms / s.ttft_ms - 1:+.0%}{cap}; decode (concurrency 1) breaks even {even} "
         f"({k.source}; `trtkv plan {recipe.name} --estimate` for every format and level, `trtkv "

@@ -218,7 +218,9 @@ def _format_error(err: Any, prov: dict[str, Path], path: Path) -> str:
     msg = err["msg"]
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
-    got = "" if isinstance(value, (dict, list)) else f" (got {value!r:.60})"
+    # the value once: not again where the validator's own message already quotes it
+    quoted = isinstance(value, (dict, list)) or (isinstance(value, str) and value[:60] in msg)
+    got = "" if quoted else f" (got {value!r:.60})"
     return f"{file}: {dotted}: {msg}{got}{_range_hint(loc, kind)}."
 
 

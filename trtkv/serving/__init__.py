@@ -27,6 +27,7 @@ __getattr__, __dir__ = attach(
     submodules=[
         "bundled",
         "container",
+        "endpoint",
         "generate",
         "health",
         "pool",
@@ -58,6 +59,7 @@ __all__ = [
     "CONTAINER_TRITONSERVER",
     "DEFAULT_MAX_TOKENS",
     "describe",
+    "endpoint",
     "generate",
     "gpu_command",
     "health",
