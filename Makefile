@@ -319,7 +319,9 @@ $(AIPERF_STAMP):
 	touch $@
 
 # NVIDIA aiconfigurator, pinned, in a venv of its own (it needs numpy >= 2.1 and Python >= 3.11; trtkv's venv pins numpy
-# < 2): `trtkv plan --estimate` runs tools/aic_estimate.py with its python. ~845 MB, about 1-3 min; built once.
+# < 2): `trtkv plan --estimate` runs tools/aic_estimate.py with its python. ~845 MB, about 1-3 min; built once. It goes in
+# this checkout, where trtkv looks beside the installed package from any folder (trtkv/plan/aic_where.py); elsewhere,
+# point TRTKV_AICONFIGURATOR at its python.
 AIC_VENV := .venv-aic
 AIC_PKGS := aiconfigurator==0.12.0 aiconfigurator-core==0.12.0
 AIC_STAMP := $(AIC_VENV)/.installed-$(shell echo '$(AIC_PKGS)' | sha256sum | cut -c1-8)

@@ -54,7 +54,11 @@ def _cut(text: str, leave_out: tuple[str, ...]) -> str:
             if kept and kept[-1] != "...":
                 kept.append("...")
             continue
-        lines = [line for line in block.splitlines() if not line.startswith("Note: ")]
+        lines, note = [], False
+        for line in block.splitlines():  # a note and the lines it wraps onto (indented)
+            note = line.startswith("Note: ") or (note and line.startswith("  "))
+            if not note:
+                lines.append(line)
         if lines:
             kept.append("\n".join(lines))
     return "\n\n".join(kept).replace("\n\n...\n\n", "\n...\n")
@@ -65,8 +69,10 @@ def _block(commands: list[str], output: str) -> str:
 
 
 def llama70b() -> str:
-    """The packaged recipe llama70b_fp8kv (4 x H100, the engine path)."""
-    return _block([], _cut(_trtkv("plan", "llama70b_fp8kv"), (CUT_DECODE, CUT_PREFIX, CUT_ADVICE)))
+    """The packaged recipe llama70b_fp8kv (4 x H100, the engine path): the one-screen answer, then `--full`."""
+    return (_block(["trtkv plan llama70b_fp8kv"], _trtkv("plan", "llama70b_fp8kv")) + "\n\n"
+            + _block(["trtkv plan llama70b_fp8kv --full"],
+                     _cut(_trtkv("plan", "llama70b_fp8kv", "--full"), (CUT_DECODE, CUT_PREFIX, CUT_ADVICE))))
 
 
 def _init_then_plan(name: str, config: str, options: tuple[str, ...], leave_out: tuple[str, ...]) -> str:
@@ -76,12 +82,12 @@ def _init_then_plan(name: str, config: str, options: tuple[str, ...], leave_out:
         os.chdir(ROOT)  # the plan names the config.json as the user typed it: relative to the checkout
         try:
             _trtkv("init", name, "--model", config, "--output", str(recipe), *options)
-            output = _trtkv("plan", str(recipe))
+            output = _trtkv("plan", str(recipe), "--full")
         finally:
             os.chdir(before)
     shown = " ".join(f'"{o}"' if " " in o else o for o in options)
     output = output.replace(f"{ROOT}/", "")  # the config.json as the user named it, relative to the checkout
-    return _block([f"trtkv init {name} --model {config}{' ' + shown if shown else ''}", f"trtkv plan {name}"],
+    return _block([f"trtkv init {name} --model {config}{' ' + shown if shown else ''}", f"trtkv plan {name} --full"],
                   _cut(output, leave_out))
 
 

@@ -44,7 +44,10 @@ def test_a_missing_local_model_is_said_by_calibrate_dry_run_and_plan(tmp_path: P
     assert main(["calibrate", str(recipe), "--dry-run"]) != 0
     assert "model.source './no_such_model': no model folder" in capsys.readouterr().err
     assert main(["plan", str(recipe)]) == 0
-    assert "Note: " in (out := capsys.readouterr().out) and "no_such_model': no model folder" in out
+    assert " note(s): trtkv plan " in " ".join(capsys.readouterr().out.split())  # the answer counts them
+    assert main(["plan", str(recipe), "--full"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # notes wrapped to the width
+    assert "Note: " in out and "no_such_model': no model folder" in out
     assert main(["calibrate", "llama8b_fp8kv", "--dry-run"]) == 0  # a hub id not cached here: a note, not a failure
     assert "is a hub id that is not in this machine's HF cache" in capsys.readouterr().out
 

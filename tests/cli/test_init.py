@@ -94,7 +94,7 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["init", "gemma", "--model", str(CONFIGS / "gemma3_27b" / "config.json"), "--output", str(out),
                  "--gpu", "H200-141GB", "--kv-cache", "fp8", "--backend", "vllm"]) == 0
     assert f"wrote {out}" in capsys.readouterr().out
-    assert main(["plan", str(out)]) == 0
+    assert main(["plan", str(out), "--full"]) == 0
     printed = capsys.readouterr().out
     assert "52 x sliding:1024 + 10 x full" in printed and "vLLM allocation" in printed
     assert main(["init", "gemma", "--model", str(CONFIGS / "gemma3_27b"), "--output", str(out)]) == 2

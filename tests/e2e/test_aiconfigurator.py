@@ -4,6 +4,11 @@ adapter: one recorded case reproduced live, and `trtkv plan --estimate` naming i
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +17,7 @@ from trtkv.cli import main
 from trtkv.plan import aic
 
 pytestmark = [pytest.mark.e2e]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +68,20 @@ def test_system_map_is_what_the_installed_aiconfigurator_ships(aic_python: None)
     for system, answer in zip(("b300_sxm", "gb200", "rtx_pro_6000_server"), answers, strict=False):
         assert answer.rows and answer.rows[0].system == system and answer.rows[0].itl_ms > 0, (system, answer.errors)
     assert not answers[3].rows and "No database found for system=h100_pcie" in answers[3].errors[0]
+
+
+def test_found_from_another_folder_with_trtkv_home_unset(aic_python: None, tmp_path: Path) -> None:
+    """trtkv laid out as an installed wheel (a copy of the package, no checkout above it), run from a project folder of
+    the user's own with TRTKV_HOME unset, in this checkout's venv: aiconfigurator beside it answers (#54 item 5)."""
+    site, project = tmp_path / "site", tmp_path / "project"
+    project.mkdir()
+    shutil.copytree(ROOT / "trtkv", site / "trtkv", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {k: v for k, v in os.environ.items() if k not in ("TRTKV_HOME", "TRTKV_AICONFIGURATOR")}
+    done = subprocess.run([sys.executable, "-m", "trtkv", "plan", str(ROOT / "recipes/llama8b_fp8kv.yaml"),
+                           "--estimate", "--json", "build.backend=vllm", "bench.concurrency=[4]"],
+                          cwd=project, env={**env, "PYTHONPATH": str(site)}, capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    est = json.loads(done.stdout)["estimate"]
+    assert est["aiconfigurator"].startswith("aiconfigurator 0.12.0"), est["aiconfigurator"]
+    assert est["formats"]["fp8"]["levels"][0]["source"] == "aiconfigurator 0.12.0 (vllm 0.24.0 data, h100_sxm)"

@@ -125,7 +125,7 @@ def test_plan_uses_probe_of_same_model_from_another_recipe(engines_tmp: Path) ->
 
 def test_plan_cli_shows_probe_advice(engines_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _fake_probe(engines_tmp / "smollm2_fp8kv" / "probe", "smollm2_fp8kv")
-    assert main(["plan", "smollm2_fp8kv"]) == 0
+    assert main(["plan", "smollm2_fp8kv", "--full"]) == 0
     out = capsys.readouterr().out
     assert "measured by `trtkv probe`" in out and "int4_g64 at 4096" in out
 
@@ -177,8 +177,8 @@ def test_per_layer_sensitivity_search_and_front(tmp_path: Path, engines_tmp: Pat
     assert json.loads((out / "per_layer_fp8.json").read_text())["passes"]["run"] == 0
     capsys.readouterr()
     if best["keep"]:  # the planner says so too
-        assert main(["plan", "smollm2_fp8kv", "--probe-dir", str(out)]) == 0
-        assert f"keeping layers {best['keep']} in bf16" in capsys.readouterr().out
+        assert main(["plan", "smollm2_fp8kv", "--probe-dir", str(out), "--full"]) == 0
+        assert f"keeping layers {best['keep']} in bf16" in " ".join(capsys.readouterr().out.split())  # wrapped
 
 
 def test_mixed_cache_stores_skipped_layers_in_16_bit() -> None:
@@ -207,7 +207,7 @@ def test_serving_asks_the_recipe_rules_per_engine_and_gpu() -> None:
 
     recipe = load_recipe("smollm2_fp8kv")  # FP8 weights: no A100 (SM80) or A10 (SM86)
     fp8_gpus = [g.value for g in ONE_PER_SM if GPU_SPECS[g].has_fp8]  # one GPU per compute capability
-    assert fp8_gpus == ["L40S", "H100-80GB", "B200", "B300", "RTX-PRO-6000"]
+    assert fp8_gpus == ["L40S", "H100-80GB", "B200", "B300", "RTX-PRO-6000", "GB10"]
     fp8 = serving(recipe, "fp8")
     assert fp8["engines"] == {b: fp8_gpus for b in ("tensorrt", "llmapi", "vllm", "sglang")}
     mixed = serving(recipe, "fp8", [0, 29])

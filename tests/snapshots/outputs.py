@@ -197,9 +197,10 @@ def read_folder(folder: Path, s: Scratch) -> dict[str, str]:
 
 
 def plan_outputs(recipe: str, s: Scratch) -> dict[str, str]:
-    """`trtkv plan RECIPE --json` and the table `trtkv plan RECIPE` prints."""
+    """`trtkv plan RECIPE --json` and the text `trtkv plan RECIPE --full` prints (the one-screen answer `trtkv plan`
+    prints, then everything under it)."""
     return {"plan.json": s.normalise(_cli_ok("plan", recipe, "--json")),
-            "plan.txt": s.normalise(_cli_ok("plan", recipe))}
+            "plan.txt": s.normalise(_cli_ok("plan", recipe, "--full"))}
 
 
 def init_outputs(case: str, s: Scratch) -> dict[str, str]:

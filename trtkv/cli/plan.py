@@ -25,6 +25,14 @@ class PlanOptions(Options):
     as_json: Annotated[
         bool, Field(description="print the figures as JSON"), Flag(names=("--json",))
     ] = False
+    full: Annotated[
+        bool,
+        Field(
+            description="after the one-screen answer, the pool's terms, the capacity, decode and "
+            "prefix tables, the advice and the notes (wrapped to the terminal)"
+        ),
+        Flag(names=("--full", "-v")),
+    ] = False
     estimate: Annotated[
         bool,
         Field(
@@ -48,7 +56,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = subparser(
         sub,
         "plan",
-        "  $ trtkv plan llama70b_fp8kv\n  $ trtkv plan llama70b_fp8kv --json\n"
+        "  $ trtkv plan llama70b_fp8kv\n  $ trtkv plan llama70b_fp8kv --full\n"
+        "  $ trtkv plan llama70b_fp8kv --json\n"
         "  $ trtkv plan llama70b_fp8kv hardware.gpu=H200-141GB build.max_seq_len=131072\n"
         "  $ trtkv plan llama8b_fp8kv --estimate bench.input_tokens=32768 bench.output_tokens=1024 "
         "'bench.concurrency=[1,8]'\n",
@@ -75,23 +84,42 @@ def run(args: argparse.Namespace) -> int:
         result = replace(result, estimate=est)
     if o.as_json:
         print(result.to_json())
-    else:
-        print(format_plan(result))
-        if est is not None:
-            print("\n".join(["", *format_estimate(est, result)]))
+        return 0
+    from trtkv.cli.plan_summary import summary, width, wrap
+
+    lines = summary(result, recipe)
+    cols = width()
+    if o.full:
+        lines += ["", *format_plan(result, cols)]
+    if est is not None:
+        lines += ["", *format_estimate(est, result, cols, notes=o.full)]
+    if not o.full:
+        notes = len(result.notes) + (len(est.notes) if est is not None else 0)
+        lines += [
+            "",
+            *wrap(
+                f"Terms, tables, advice and {notes} note(s): trtkv plan {args.recipe} --full "
+                "(figures: --json)",
+                cols,
+            ),
+        ]
+    print("\n".join(lines))
     return 0
 
 
-def format_estimate(est: Estimate, p: Plan) -> list[str]:
+def format_estimate(est: Estimate, p: Plan, cols: int, notes: bool = True) -> list[str]:
     """The estimate's table; the KV pool its `max conc` divides is the plan's (`KV pool per GPU`
-    above)."""
+    above). Its heading and notes wrapped to `cols`; the notes only when asked (`--full`)."""
+    from trtkv.cli.plan_summary import wrap
+
     w = est.workload
-    lines = [
+    lines = wrap(
         f"Speed estimate ({est.engine} on {est.gpu}; {w['input_tokens']:,} tokens in, "
         f"{w['output_tokens']:,} out; chunked prefill {w['max_num_batched_tokens']:,} tokens/step; "
         f"KV pool {p.kv_pool_bytes_per_gpu / GIB:.1f} GiB/GPU, {p.kv_pool.engine}'s rule): "
-        f"{est.aiconfigurator}"
-    ]
+        f"{est.aiconfigurator}",
+        cols,
+    )
     head = ["format", "conc", "TTFT ms", "ITL ms", "tok/s/GPU", "tok/s/user", "max conc", "source"]
     rows = [
         [
@@ -107,11 +135,18 @@ def format_estimate(est: Estimate, p: Plan) -> list[str]:
         for r in est.rows
     ]
     lines += _table(head, rows)
-    lines += [f"Note: {n}" for n in est.notes]
+    if notes:
+        lines += [x for n in est.notes for x in wrap(f"Note: {n}", cols)]
+    elif est.notes:
+        lines.append(f"{len(est.notes)} note(s) on the estimate: --full")
     return lines
 
 
-def format_plan(p: Plan) -> str:
+def format_plan(p: Plan, cols: int) -> list[str]:
+    """Everything the plan holds, as text: the model, the pool's terms, the tables, the advice and
+    the notes; lines of prose wrapped to `cols` (tables are not)."""
+    from trtkv.cli.plan_summary import wrap
+
     m, hw, w, att = p.model, p.hardware, p.weights, p.attention
     lines = [
         f"Plan for {p.recipe}: {m.num_layers} layers, {m.num_kv_heads} KV heads x "
@@ -125,9 +160,11 @@ def format_plan(p: Plan) -> str:
     lines.append(
         f"Weights ({w.precision}): {w.total_gib:.2f} GiB total, {w.per_gpu_gib:.2f} GiB per GPU"
     )
-    lines += format_kv_pool(p)
+    lines += [x for line in format_kv_pool(p) for x in wrap(line, cols, "    ")]
     lines.append(f"Recipe KV format: {p.recipe_kv_format}")
-    lines.append(f"Attention: {att.summary} ({att.source}); capacity follows {att.accounting}")
+    lines += wrap(
+        f"Attention: {att.summary} ({att.source}); capacity follows {att.accounting}", cols
+    )
     if att.state is not None:
         st = att.state
         lines.append(
@@ -196,10 +233,15 @@ def format_plan(p: Plan) -> str:
         parts = ", ".join(f"{fmt} {gib:g} GiB" for fmt, gib in ex.kv_gib.items())
         lines.append(f"KV for {ex.context_len:,} tokens x batch {ex.batch}: {parts}")
     lines.append("")
-    lines.append(f"Advice ({p.advice_basis}):")
-    lines += [f"  - {a}" for a in p.advice]
-    lines += [f"Note: {n}" for n in p.notes]
-    return "\n".join(lines)
+    lines += wrap(f"Advice ({p.advice_basis}):", cols)
+    lines += [x for a in p.advice for x in wrap(f"  - {a}", cols, "  ")]
+    lines += [x for n in p.notes for x in wrap(f"Note: {n}", cols)]
+    return [x for line in lines for x in (wrap(line, cols) if _prose(line) else [line])]
+
+
+def _prose(line: str) -> bool:
+    """A line of words (not a table's row, header or rule): the ones wrapped."""
+    return ":" in line and "  " not in line.strip()
 
 
 def format_kv_pool(p: Plan) -> list[str]:

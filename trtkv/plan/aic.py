@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from trtkv.core import paths
 from trtkv.core.errors import TrtkvError
 from trtkv.core.files import strict_json
 from trtkv.core.readback import ReadBackError, tool_answer
 from trtkv.kvcache.formats import KVFormat
+from trtkv.plan import aic_where
 from trtkv.plan.speed import AIC_SYSTEM
 from trtkv.recipe import WeightQuant
 from trtkv.recipe.backend_rules import SPEED_ENGINE
@@ -36,9 +36,8 @@ if TYPE_CHECKING:
     from trtkv.plan.model import Architecture
     from trtkv.recipe import Recipe
 
-AIC_VENV = ".venv-aic"
+AIC_VENV = aic_where.AIC_VENV
 AIC_VERSION = "0.12.0"
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "aic_estimate.py"
 MAX_ANSWER_BYTES = 1 << 20
 TIMEOUT_S = 600.0
 # KV formats aiconfigurator has kernel data for, by its name
@@ -109,7 +108,9 @@ def covered_gpus() -> str:
 
 
 def python_path() -> Path:
-    return paths.project_root() / AIC_VENV / "bin" / "python"
+    """aiconfigurator's python: `$TRTKV_AICONFIGURATOR`, else the first `.venv-aic` found under
+    `$TRTKV_HOME` or beside the installed trtkv (trtkv.plan.aic_where)."""
+    return aic_where.python_path()
 
 
 def parse_answer(text: str | bytes, where: str = "tools/aic_estimate.py") -> AicAnswer:
@@ -209,7 +210,9 @@ def run_many(
 ) -> list[AicAnswer]:
     """Several requests ({"requests": [...]}) in one process: one answer each, in order."""
     limit = 64 * MAX_ANSWER_BYTES
-    doc = _strict(_invoke(req, python or python_path(), timeout, limit), str(TOOL.name), limit)
+    doc = _strict(
+        _invoke(req, python or python_path(), timeout, limit), aic_where.TOOL_NAME.name, limit
+    )
     answers = doc.get("answers") if isinstance(doc, dict) else None
     if not isinstance(answers, list):
         raise TrtkvError(
@@ -224,14 +227,15 @@ def _invoke(
     """The tool's stdout, read while it runs: at most `limit` + 1 bytes and `timeout` seconds, the
     tool killed past either (trtkv.core.readback.tool_answer)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONNOUSERSITE": "1"}
+    tool = aic_where.tool_path()
     try:
         code, out, err = tool_answer(
-            [str(python), str(TOOL)], json.dumps(req).encode(), limit, timeout, env
+            [str(python), str(tool)], json.dumps(req).encode(), limit, timeout, env
         )
     except ReadBackError as exc:
-        raise TrtkvError(f"aiconfigurator ({python} {TOOL}): {exc.problem}.") from None
+        raise TrtkvError(f"aiconfigurator ({python} {tool}): {exc.problem}.") from None
     if code != 0:
-        raise TrtkvError(f"aiconfigurator ({python} {TOOL}) exited {code}: {err}")
+        raise TrtkvError(f"aiconfigurator ({python} {tool}) exited {code}: {err}")
     return out
 
 
@@ -254,12 +258,16 @@ def run_for(
     if not kvs:
         return None, "no format aiconfigurator covers (it has bfloat16 and fp8 KV): trtkv model"
     python = python_path()
-    if not TOOL.is_file():
-        return None, f"{TOOL} not found (it ships with a trtkv checkout): trtkv model for every row"
+    tool = aic_where.tool_path()
+    if not tool.is_file():
+        return None, (
+            f"{tool} not found (it ships with a trtkv checkout; trtkv looked in "
+            f"{', '.join(str(f) for f in aic_where.folders())}): trtkv model for every row"
+        )
     if not python.is_file():
         return None, (
-            f"aiconfigurator not installed ({AIC_VENV} absent; `make install-aiconfigurator` "
-            f"installs aiconfigurator {AIC_VERSION}): trtkv model for every row"
+            f"aiconfigurator not installed ({aic_where.install_hint(AIC_VERSION)}): trtkv model "
+            "for every row"
         )
     cfg = model_config_path(recipe)
     with tempfile.TemporaryDirectory(prefix="trtkv-aic-") as tmp:

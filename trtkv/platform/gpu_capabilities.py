@@ -36,6 +36,7 @@ ONE_PER_SM: tuple[GPU, ...] = (
     GPU.B200,
     GPU.B300,
     GPU.RTX_PRO_6000,
+    GPU.GB10,
 )
 
 

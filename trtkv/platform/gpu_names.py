@@ -20,6 +20,12 @@ ALIASES: dict[str, GPU] = {
     "a100": GPU.A100_80GB,
     "a100-sxm4-80gb": GPU.A100_80GB,
     "a100-sxm4-40gb": GPU.A100_40GB,
+    "rtx 3090": GPU.RTX_3090,
+    "3090": GPU.RTX_3090,
+    "rtx 4070": GPU.RTX_4070,
+    "4070": GPU.RTX_4070,
+    "rtx 4080": GPU.RTX_4080,
+    "4080": GPU.RTX_4080,
     "rtx 4090": GPU.RTX_4090,
     "4090": GPU.RTX_4090,
     "rtx 5090": GPU.RTX_5090,
@@ -30,6 +36,8 @@ ALIASES: dict[str, GPU] = {
     "rtx pro 6000": GPU.RTX_PRO_6000,
     "b300-sxm6-ac": GPU.B300,
     "gh200-480gb": GPU.GH200,
+    "h200 nvl": GPU.H200_141GB,
+    "dgx spark": GPU.GB10,
 }
 _SPACES = re.compile(r"\s+")
 

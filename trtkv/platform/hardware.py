@@ -36,6 +36,9 @@ class GPU(str, Enum):
     A10G = "A10G"
     L40 = "L40"
     L40S = "L40S"
+    RTX_3090 = "RTX-3090"
+    RTX_4070 = "RTX-4070"
+    RTX_4080 = "RTX-4080"
     RTX_4090 = "RTX-4090"
     RTX_5090 = "RTX-5090"
     RTX_A5000 = "RTX-A5000"
@@ -54,6 +57,7 @@ class GPU(str, Enum):
     B200 = "B200"
     B300 = "B300"
     GB200 = "GB200"
+    GB10 = "GB10"
     CPU = "cpu"
 
 
@@ -109,6 +113,11 @@ def _datasheet(gb: float) -> float:
     """A datasheet's GB (10^9 bytes) in GiB: below what CUDA shows for the HBM parts, so a plan from
     it is safe."""
     return round(gb * 1e9 / GIB, 2)
+
+
+def _derived(mib: int, ref_cuda_gib: float, ref_mib: int) -> float:
+    """No published CUDA total: MiB x the nearest part's measured CUDA GiB per MiB."""
+    return round(mib * ref_cuda_gib / ref_mib, 2)
 
 
 _DS = "NVIDIA datasheet"
@@ -172,6 +181,43 @@ GPU_SPECS: dict[GPU, GPUSpec] = {
         "torch 'total capacity of 44.53 GiB' on an L40S (Wan-Video/Wan2.1#205); nvidia-smi "
         "46068MiB (modal-labs/modal-client#2797)",
         f"{_DS}: 864 GB/s GDDR6",
+    ),
+    GPU.RTX_3090: GPUSpec(
+        23.70,
+        936.0,
+        "Ampere",
+        (8, 6),
+        "NVIDIA-GeForce-RTX-3090",
+        ("NVIDIA GeForce RTX 3090", "NVIDIA GeForce RTX 3090 Ti"),
+        "cuda",
+        "torch '23.70 GiB total capacity' on a 3090 (GaoLii/DSP#10)",
+        f"{_DS}: 936 GB/s GDDR6X (the Ti's 1008 taken as the 3090's)",
+    ),
+    GPU.RTX_4070: GPUSpec(
+        _derived(12282, 23.52, 24564),
+        504.0,
+        "Ada",
+        (8, 9),
+        "NVIDIA-GeForce-RTX-4070",
+        ("NVIDIA GeForce RTX 4070", "NVIDIA GeForce RTX 4070 SUPER", "NVIDIA GeForce RTX 4070 Ti"),
+        "derived",
+        "nvidia-smi 12282MiB (meta-llama/llama#466) x RTX-4090's measured 23.52 GiB / 24564MiB",
+        f"{_DS}: 504 GB/s GDDR6X (4070, 4070 SUPER, 4070 Ti; 12 GB each)",
+    ),
+    GPU.RTX_4080: GPUSpec(
+        _derived(16384, 23.52, 24576),
+        672.0,
+        "Ada",
+        (8, 9),
+        "NVIDIA-GeForce-RTX-4080",
+        (
+            "NVIDIA GeForce RTX 4080",
+            "NVIDIA GeForce RTX 4080 SUPER",
+            "NVIDIA GeForce RTX 4070 Ti SUPER",
+        ),
+        "derived",
+        "datasheet 16 GiB GDDR6X x RTX-4090's measured 23.52 GiB / 24 GiB; no CUDA total found",
+        f"{_DS}: 672 GB/s GDDR6X (the 4070 Ti SUPER's; 4080 717, 4080 SUPER 736)",
     ),
     GPU.RTX_4090: GPUSpec(
         23.52,
@@ -283,15 +329,15 @@ GPU_SPECS: dict[GPU, GPUSpec] = {
         f"{_DS}: 3350 GB/s HBM3 (SXM5)",
     ),
     GPU.H100_PCIE: GPUSpec(
-        _datasheet(80),
+        _derived(81559, 79.11, 81559),
         2000.0,
         "Hopper",
         (9, 0),
         "NVIDIA-H100-PCIe",
         ("NVIDIA H100 PCIe",),
-        "datasheet",
-        "datasheet 80 GB HBM2e; no published CUDA total found (the SXM part, "
-        "also 81559MiB in nvidia-smi, shows 79.11 GiB)",
+        "derived",
+        "nvidia-smi 81559MiB as the SXM part's (stored copy 59474166547) x H100-80GB's measured "
+        "79.11 GiB / 81559MiB; no published CUDA total found (tests/data/gpu_memory_sources.json)",
         f"{_DS}: 2000 GB/s HBM2e",
     ),
     GPU.H100_NVL: GPUSpec(
@@ -317,15 +363,16 @@ GPU_SPECS: dict[GPU, GPUSpec] = {
         f"{_DS}: 4000 GB/s HBM3 (96 GB)",
     ),
     GPU.H200_141GB: GPUSpec(
-        _smi(143771),
+        139.81,
         4800.0,
         "Hopper",
         (9, 0),
         "NVIDIA-H200",
-        ("NVIDIA H200",),
-        "nvidia-smi",
-        "nvidia-smi 143771MiB (sgl-project/sglang#3196); no CUDA total found",
-        f"{_DS}: 4800 GB/s HBM3e (141 GB)",
+        ("NVIDIA H200", "NVIDIA H200 NVL"),
+        "cuda",
+        "torch 'NVIDIA H200 (139.81 GiB)' (stored copy 59735414277); nvidia-smi 143771MiB, the "
+        "NVL's too (sgl-project/sglang#3196; tests/data/gpu_memory_sources.json)",
+        f"{_DS}: 4800 GB/s HBM3e (141 GB; H200 NVL the same)",
     ),
     GPU.GH200: GPUSpec(
         _smi(97280),
@@ -387,5 +434,17 @@ GPU_SPECS: dict[GPU, GPUSpec] = {
         "datasheet: GB200 NVL72 13.4 TB HBM3e over 72 GPUs = 186 GB each; name as "
         "vllm-project/vllm#33543 prints it",
         f"{_DS}: 8000 GB/s HBM3e",
+    ),
+    GPU.GB10: GPUSpec(
+        121.69,
+        273.0,
+        "Blackwell",
+        (12, 1),
+        "NVIDIA-GB10",
+        ("NVIDIA GB10",),
+        "cuda",
+        "'CUDA free caps at ~102/121.69 GiB' on a DGX Spark, shared with the host (MiaAI-Lab/"
+        "GLM-5.3-Flash-EXL3-2x-DGX-Sparks#47); nvidia-smi prints none (unslothai/unsloth#10703)",
+        f"{_DS} (DGX Spark): 273 GB/s LPDDR5x, 128 GB unified",
     ),
 }
