@@ -12,6 +12,7 @@ import pytest
 from trtkv.backends import BACKENDS, DynamoWorker, OpenAIServer, RepoLayout, for_recipe
 from trtkv.backends.seam import Builder, Runner, Serving
 from trtkv.core.errors import RecipeError
+from trtkv.platform import host
 from trtkv.recipe import Backend, load_recipe
 from trtkv.recipe.backend_rules import BACKEND_RULES, KV_ACCOUNTING
 
@@ -228,16 +229,16 @@ def test_vllm_cpu_fp8_kv_is_refused_before_loading_on_a_cpu_without_avx512_or_am
                         f"processor\t: 1\nmodel name\t: other\nflags\t\t: avx512f\n")
         return path
 
-    avx2 = vllm_cpu.cpu_flags(cpuinfo("AMD EPYC", "fpu sse2 avx avx2 fma"))
+    avx2 = host.cpu_flags(cpuinfo("AMD EPYC", "fpu sse2 avx avx2 fma"))
     assert avx2 == ("AMD EPYC", {"fpu", "sse2", "avx", "avx2", "fma"})  # the first CPU's line, not the second's
     recipe = load_recipe("smollm2_fp8kv_vllm")
     problem = vllm_cpu.cpu_fp8_kv_problem(recipe, avx2)
     assert problem and "AMD EPYC" in problem and "quantization.kv_cache is fp8" in problem
     assert "quantization.kv_cache=none" in problem
-    assert vllm_cpu.cpu_fp8_kv_problem(recipe, vllm_cpu.cpu_flags(cpuinfo("Xeon", "avx2 avx512f avx512bw"))) is None
-    assert vllm_cpu.cpu_fp8_kv_problem(recipe, vllm_cpu.cpu_flags(cpuinfo("Xeon AMX", "avx2 amx_tile amx_bf16"))) is None
+    assert vllm_cpu.cpu_fp8_kv_problem(recipe, host.cpu_flags(cpuinfo("Xeon", "avx2 avx512f avx512bw"))) is None
+    assert vllm_cpu.cpu_fp8_kv_problem(recipe, host.cpu_flags(cpuinfo("Xeon AMX", "avx2 amx_tile amx_bf16"))) is None
     assert vllm_cpu.cpu_fp8_kv_problem(load_recipe("smollm2_fp8kv_vllm", ["quantization.kv_cache=none"]), avx2) is None
-    monkeypatch.setattr(vllm_cpu, "cpu_flags", lambda *a: avx2)
+    monkeypatch.setattr(host, "cpu_flags", lambda *a: avx2)
     with pytest.raises(StageError, match="AVX-512 or AMX"):  # before asking for the checkpoint this folder lacks
         serve.start(recipe)
     lines: list[str] = []

@@ -17,6 +17,7 @@ from trtkv.checkpoints import read_model_facts
 from trtkv.engines.sequence import sequence_kv_bytes
 from trtkv.engines.vllm_blocks import hybrid_block_size
 from trtkv.kvcache.formats import KVFormat
+from trtkv.platform.host import cpu_avx512_bf16
 from trtkv.recipe.attention import VLLM_BLOCK_CPU, Accounting, KVShape
 from trtkv.recipe.state import STATE_DTYPE_BYTES, state_dtypes
 
@@ -39,8 +40,12 @@ def test_vllm_cpu_allocates_what_trtkv_prices_for_hybrids(tmp_path: Path) -> Non
         state_kind = next(x.kind for x in f.layers if x.is_state)
         assert f.state is not None
         conv, ssm, _why = state_dtypes("bfloat16", kind=f.state.kind, model_type=f.model_type,
-                                       config_ssm=f.config_ssm_dtype, vllm=True, on_cpu=True)
-        assert ssm == seen["mamba_ssm_cache_dtype"] == "float32", kind
+                                       config_ssm=f.config_ssm_dtype, vllm=True, on_cpu=True,
+                                       cpu_bf16=cpu_avx512_bf16())
+        # vLLM's word for it: float32 after its resets (Nemotron-H always; Gated DeltaNet on an AVX-512 BF16 CPU),
+        # else auto, which its MambaStateDtypeCalculator resolves to the conv state's dtype (the model's here)
+        served = seen["mamba_ssm_cache_dtype"]
+        assert ssm == (conv if served == "auto" else served), (kind, served, cpu_avx512_bf16())
         shape = KVShape(f.num_kv_heads, f.head_dim, states=((state_kind, f.state),),
                         state_bytes=(float(STATE_DTYPE_BYTES[conv]), float(STATE_DTYPE_BYTES[ssm])))
         attn = next(shape.bytes_per_token(x, KVFormat.BF16) for x in f.layers if x.kind.value == "full")

@@ -99,6 +99,7 @@ def scratch(smollm2_dir: Path) -> Iterator[Scratch]:
 
     from trtkv.engines import vllm_cpu
     from trtkv.plan import planner
+    from trtkv.platform import host
 
     root = Path(tempfile.mkdtemp(prefix="trtkv-snap-", dir="/tmp"))
     try:
@@ -118,6 +119,8 @@ def scratch(smollm2_dir: Path) -> Iterator[Scratch]:
             # vLLM CPU's pool reads the memory node's MemTotal (vllm_cpu): the same fixed host, or the plans of
             # vllm recipes follow the machine the tests run on
             mp.setattr(vllm_cpu, "memory_node_total_bytes", lambda node=0: HOST_RAM_GIB * 2**30)
+            # vllm-cpu's Gated DeltaNet state dtype follows the CPU (AVX-512 BF16: float32): the writing machine's
+            mp.setattr(host, "cpu_avx512_bf16", lambda: True)
             yield Scratch(root, _path_pairs(root))
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -5,26 +5,9 @@ KV cache on a CPU without AVX-512 or AMX, said before vLLM spends minutes loadin
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from trtkv.backends.vllm_command import VLLM_CPU_VERSION, kv_cache_dtype
+from trtkv.platform import host
 from trtkv.recipe import Recipe
-
-
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, set[str]]:
-    """(model name, flags) of this machine's first CPU, from /proc/cpuinfo (("unknown", set()) where
-    unreadable)."""
-    try:
-        text = cpuinfo.read_text(errors="replace")
-    except OSError:
-        return "unknown", set()
-    fields = dict(
-        line.split(":", 1) for line in text.split("\n\n", 1)[0].splitlines() if ":" in line
-    )
-    fields = {k.strip(): v.strip() for k, v in fields.items()}
-    return fields.get("model name", "unknown"), set(
-        (fields.get("flags") or fields.get("Features") or "").split()
-    )
 
 
 def cpu_fp8_kv_problem(recipe: Recipe, cpu: tuple[str, set[str]] | None = None) -> str | None:
@@ -34,7 +17,7 @@ def cpu_fp8_kv_problem(recipe: Recipe, cpu: tuple[str, set[str]] | None = None) 
     AVX2-only CPU serves 16-bit KV."""
     if kv_cache_dtype(recipe) != "fp8":
         return None
-    name, flags = cpu or cpu_flags()
+    name, flags = cpu or host.cpu_flags()
     if not flags or flags & {"avx512f", "amx_tile"}:
         return None  # unreadable: let vLLM decide
     return (

