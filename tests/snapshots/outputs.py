@@ -73,6 +73,18 @@ class Scratch:
         return text
 
 
+
+def joined_notes(text: str) -> str:
+    """The plan's notes each on one line: the plan wraps them at 100 columns, and a note that names the recipe's file
+    holds the checkout's path, whose length follows where the clone lies (a snapshot must not)."""
+    out: list[str] = []
+    for line in text.splitlines():
+        if out and out[-1].startswith("Note: ") and line.startswith("  ") and not line.startswith("   "):
+            out[-1] += " " + line.strip()
+        else:
+            out.append(line)
+    return "\n".join(out) + ("\n" if text.endswith("\n") else "")
+
 def _path_pairs(root: Path) -> list[tuple[str, str]]:
     named = {
         "<TMP>": [root],
@@ -203,7 +215,7 @@ def plan_outputs(recipe: str, s: Scratch) -> dict[str, str]:
     """`trtkv plan RECIPE --json` and the text `trtkv plan RECIPE --full` prints (the one-screen answer `trtkv plan`
     prints, then everything under it)."""
     return {"plan.json": s.normalise(_cli_ok("plan", recipe, "--json")),
-            "plan.txt": s.normalise(_cli_ok("plan", recipe, "--full"))}
+            "plan.txt": joined_notes(s.normalise(_cli_ok("plan", recipe, "--full")))}
 
 
 def init_outputs(case: str, s: Scratch) -> dict[str, str]:
