@@ -9,9 +9,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtkv.plan.estimate import estimate
+from trtkv.kvcache.formats import KVFormat
+from trtkv.plan.estimate import estimate, kv_cost, model_shape
+from trtkv.plan.model import resolve_architecture
+from trtkv.plan.moe_step import rank_concurrency
 from trtkv.plan.planner import plan
+from trtkv.plan.speed import kernels_for, serve
 from trtkv.recipe import Recipe, load_recipe
+from trtkv.recipe.backend_rules import SPEED_ENGINE
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "tests" / "data" / "recipes" / "speed_case.yaml"
@@ -115,6 +120,8 @@ def published_comparisons() -> list[dict[str, Any]]:
     for doc in published():
         setup = doc["setup"]
         for m in doc["measurements"]:
+            if "ep" in m:  # a step-model case at its own parallelism: step_model_comparisons
+                continue
             fits = {}
             for fmt, measured in m["formats"].items():
                 if m["kind"] == "serving":
@@ -135,4 +142,39 @@ def published_comparisons() -> list[dict[str, Any]]:
                 rows.append({"source": doc["file"], "measurement": m["id"], "format": "fp8 vs bf16",
                              "figure": "break_even_tokens", "measured": m["break_even_tokens"], "estimate": est,
                              "error": est / m["break_even_tokens"] - 1})
+    return rows
+
+
+def step_model_figures(setup: dict[str, Any], m: dict[str, Any], fmt: str) -> dict[str, float]:
+    """trtkv's step model for one published serving measurement at its parallelism (tp: attention's TP inside one DP
+    group, ep, attention_dp: trtkv.plan.moe_step) and at the mean lengths its client drew (a range ratio r draws
+    uniformly in [r x len, len])."""
+    ratio = m.get("range_ratio", 1.0)
+    isl, osl = (round(n * (1 + ratio) / 2) for n in (m["input_tokens"], m["output_tokens"]))
+    budget = m["max_num_batched_tokens"]
+    recipe = recipe_for(setup["model_config"], m["gpu"], setup["backend"], "bf16", isl, osl, [m["concurrency"]], budget,
+                        weights=setup["weights"], tp=m["tp"])
+    arch = resolve_architecture(recipe)
+    k = kernels_for(recipe.hardware.gpu, SPEED_ENGINE[recipe.build.backend])
+    shape = model_shape(arch, recipe, m["ep"], m["attention_dp"])
+    s = serve(k, shape, kv_cost(arch, recipe, KVFormat(fmt), ()), isl, osl,
+              rank_concurrency(m["concurrency"], m["attention_dp"]), budget)
+    return {"ttft_p50_ms": s.ttft_ms, "itl_p50_ms": s.itl_p50_ms, "tpot_p50_ms": s.itl_ms,
+            "moe": float(shape.moe is not None)}
+
+
+def step_model_comparisons() -> list[dict[str, Any]]:
+    """One row per figure of every published measurement that states its EP and attention DP (the step model's cases:
+    MoE and dense), trtkv's estimate beside it."""
+    rows = []
+    for doc in published():
+        setup = doc["setup"]
+        for m in doc["measurements"]:
+            if "ep" not in m:
+                continue
+            for fmt, measured in m["formats"].items():
+                got = step_model_figures(setup, m, fmt)
+                rows += [{"source": doc["file"], "measurement": m["id"], "format": fmt, "figure": k, "measured": v,
+                          "estimate": got[k], "error": got[k] / v - 1, "ep": m["ep"],
+                          "attention_dp": m["attention_dp"], "moe": bool(got["moe"])} for k, v in measured.items()]
     return rows

@@ -11,6 +11,7 @@ from trtkv.kvcache.formats import UNQUANTIZED, KVFormat
 from trtkv.plan import aic
 from trtkv.plan.estimate_model import Estimate, EstimateRow
 from trtkv.plan.model import GIB, Architecture, resolve_architecture, seq_bytes, weights_bytes
+from trtkv.plan.moe_step import routing_note, with_experts
 from trtkv.plan.result import Plan
 from trtkv.plan.speed import (
     AIC_SYSTEM,
@@ -53,9 +54,11 @@ def engine_formats(recipe: Recipe) -> list[tuple[str, KVFormat]]:
     return out
 
 
-def model_shape(arch: Architecture, recipe: Recipe) -> ModelShape:
+def model_shape(
+    arch: Architecture, recipe: Recipe, ep: int = 1, attention_dp: int = 1
+) -> ModelShape:
     """Per-GPU GEMM parameters and bytes across every pipeline stage (a step's latency crosses all
-    of them)."""
+    of them); a MoE's routed experts priced by what a step touches (trtkv.plan.moe_step)."""
     tp, pp = recipe.build.tp_size, recipe.build.pp_size
     h = arch.hidden_size
     vocab = arch.vocab_size or 0
@@ -81,7 +84,7 @@ def model_shape(arch: Architecture, recipe: Recipe) -> ModelShape:
         for x in arch.layer_list()
         if not x.is_state and x.kind is not AttentionKind.NONE
     )
-    return ModelShape(
+    shape = ModelShape(
         arch.num_layers,
         h,
         arch.intermediate_size or 4 * h,
@@ -94,6 +97,7 @@ def model_shape(arch: Architecture, recipe: Recipe) -> ModelShape:
         tp,
         pp,
     )
+    return with_experts(shape, arch, recipe, ep, attention_dp)
 
 
 def kv_cost(
@@ -222,6 +226,8 @@ def estimate(recipe: Recipe, plan: Plan, use_aiconfigurator: bool = True) -> Est
             "the CUDA cores."
         )
     notes += gpu_notes(gpu, SPEED_ENGINE[recipe.build.backend], rows)
+    moe = routing_note(arch, recipe, list(b.concurrency))
+    notes += [moe] if moe and any(r.source.startswith("trtkv model") for r in rows) else []
     workload = {
         "input_tokens": b.input_tokens,
         "output_tokens": b.output_tokens,

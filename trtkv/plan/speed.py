@@ -20,11 +20,12 @@ Where each number comes from:
   storage.dequant_ops) on the CUDA cores (FP32_TFLOPS, datasheet); FP8's cost is inside its
   measured kernel efficiency.
 Assumptions said where they are made: decode attention reads each sequence's K/V once per layer per
-step; prefill attention is causal over the prefix the layer keeps (its window); MoE experts are all
-read (an upper bound); pipeline stages add their times (latency, not pipelined throughput); two
-all-reduces per layer under TP. A hybrid's state layers (Mamba, Gated DeltaNet) run no attention:
-their fixed state is read once per decode step with the KV (the sequence's bytes include it), their
-scan's compute is not priced; a KV-shared layer (Gemma 4) reads no cache of its own here.
+step; prefill attention is causal over the prefix the layer keeps (its window); MoE experts are
+priced by the experts a step routes to (trtkv.plan.moe_step); pipeline stages add their times
+(latency, not pipelined throughput); two all-reduces per layer under TP. A hybrid's state layers
+(Mamba, Gated DeltaNet) run no attention: their fixed state is read once per decode step with the KV
+(the sequence's bytes include it), their scan's compute is not priced; a KV-shared layer (Gemma 4)
+reads no cache of its own here.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from typing import Any
 
 from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.formats import SPECS, UNQUANTIZED, KVFormat
+from trtkv.plan.moe_step import MoEShape, routed_ms
 from trtkv.platform.hardware import GPU, GPU_SPECS
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "speed_efficiencies.json"
@@ -244,6 +246,8 @@ class ModelShape:
     windows: tuple[int | None, ...]
     tp: int
     pp: int
+    # routed experts (gemm_params and weight_bytes then hold the rest: trtkv.plan.moe_step)
+    moe: MoEShape | None = None
 
 
 @dataclass(frozen=True)
@@ -312,6 +316,10 @@ def step_time(
     )
     f_ms += calls * k.gemm_fixed_ms.get(f"gemm_compute.{m.weight_dtype}", 0.0)
     gemm = max(w_ms, f_ms)
+    comm = 0.0
+    if m.moe is not None:
+        expert_ms, comm = routed_ms(k, m.moe, tokens)
+        gemm += expert_ms
     # decode attention: every sequence's K/V once per layer, at the lane's measured efficiency, or
     # the dequant ALU
     attn = 0.0
@@ -332,11 +340,10 @@ def step_time(
             flops += 4 * m.q_heads * m.head_dim * chunk * (seen + span / 2)
         lane = "fp8" if kv.lane == "fp8" and not kv.dequant_ops else "bfloat16"
         attn += flops / (k.flops["bfloat16"] * k.efficiency("attn_prefill", lane)) * 1e3
-    comm = 0.0
     if m.tp > 1:  # two all-reduces of the hidden state per layer (attention out, MLP out)
         msg = tokens * m.hidden * 2
         per = k.ar_floor_ms + 2 * (m.tp - 1) / m.tp * msg / (k.link_bw * k.ar_bus_eff) * 1e3
-        comm = 2 * m.num_layers * per
+        comm += 2 * m.num_layers * per
     if m.pp > 1:
         comm += (m.pp - 1) * k.ar_floor_ms  # one activation hand-off per stage boundary
     passes = ELEMENTWISE_PASSES + 3 * m.intermediate / max(1, m.hidden) / m.tp

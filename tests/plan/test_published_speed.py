@@ -1,0 +1,77 @@
+"""trtkv's step model held to published serving measurements of MoE deployments (tests/data/published_speed/, one file
+per source, at most two measurements each, every setup fully known: engine and version, GPU, TP/EP/attention DP,
+ISL/OSL, concurrency, KV dtype). None was used to set a parameter of the model. The band is the issue's (#49): ITL or
+TPOT within 25%, TTFT within 30%. A figure the model misses stays listed in OUTSIDE_BAND with the reason found, and the
+test fails if it comes back inside (then move it out of the list) or if any other figure leaves the band. Shown failing
+on main's code (42c69aa), which read every expert each step: ITL/TPOT 1.2-3.7x the measurements, TTFT up to 20x."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from tests.support import speed_cases as sc
+
+BAND = {"itl_p50_ms": 0.25, "tpot_p50_ms": 0.25, "ttft_p50_ms": 0.30}
+# (measurement, figure) -> why the model is outside the band. Not tuned away: each is a cost the kernel model does not
+# price, said in docs/plan.md.
+OUTSIDE_BAND = {
+    ("h100_tp1_2k1k_c10", "ttft_p50_ms"): "fixed-length requests started together: the 10 prefills queue in waves",
+    ("h200_tp1_8k1k_c4", "ttft_p50_ms"): "Marlin W4A16 MXFP4 MoE prefill on Hopper, slower than the BF16 GEMM tables",
+    ("h200_tp1_8k1k_c32", "ttft_p50_ms"): "Marlin W4A16 MXFP4 MoE prefill on Hopper, slower than the BF16 GEMM tables",
+    ("h200_tp1_8k1k_c4", "tpot_p50_ms"): "the same prefill, stalling the decodes that share its steps",
+    ("h200_tp1_8k1k_c32", "tpot_p50_ms"): "the same prefill, stalling the decodes that share its steps",
+    ("h100_tp2_1k1k_c64", "ttft_p50_ms"): "a 1K prompt's TTFT is mostly engine overhead the kernel tables do not see",
+    ("h200_tp8_1k1k_c4", "ttft_p50_ms"): "SGLang's per-request overhead (no dispatch calibration for SGLang)",
+    ("h200_tp8_1k1k_c64", "ttft_p50_ms"): "SGLang's per-request overhead (no dispatch calibration for SGLang)",
+    ("h200_tp8_1k1k_c4", "tpot_p50_ms"): "DeepSeek-R1 at TP8: 61 layers of 1/8-width kernels, likely launch-bound",
+    ("b200_dep2_1k1k_c64", "ttft_p50_ms"): "TensorRT-LLM's attention-DP balancing holds new requests; server overhead",
+    ("b200_dep4_1k1k_c64", "ttft_p50_ms"): "TensorRT-LLM's attention-DP balancing holds new requests; server overhead",
+    ("b200_dep2_1k1k_c64", "tpot_p50_ms"): "uniform routing reads 56 of a rank's 64 experts; the run is faster (skew? unproven)",
+}
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[dict]:
+    return sc.step_model_comparisons()
+
+
+def test_the_set_covers_moe_expert_parallel_and_attention_dp(rows: list[dict]) -> None:
+    measurements = {(r["source"], r["measurement"]): r for r in rows}
+    per_source = Counter(source for source, _ in measurements)
+    assert max(per_source.values()) <= 2 and len(per_source) >= 5
+    moe = [r for r in measurements.values() if r["moe"]]
+    assert len(moe) >= 8
+    assert sum(1 for r in moe if r["ep"] > 1 or r["attention_dp"] > 1) >= 2
+    # with the vLLM FP8 KV blog's dense measurements (test_speed_estimate.py): at least 8 in all
+    assert len(measurements) + len({r["measurement"] for r in sc.published_comparisons()}) >= 8
+    for doc in sc.published():
+        if any("ep" in m for m in doc["measurements"]):
+            assert doc["source"]["url"] and doc["quoted"] and doc["setup"]["engine_version"], doc["file"]
+            for m in doc["measurements"]:
+                for key in ("gpu", "tp", "ep", "attention_dp", "input_tokens", "output_tokens", "concurrency",
+                            "max_num_batched_tokens"):
+                    assert m[key], (doc["file"], m["id"], key)
+
+
+def test_step_model_within_the_band_of_published_measurements(rows: list[dict],
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    with capsys.disabled():
+        print(f"\n{'source':<42} {'measurement':<20} {'kv':<5} {'figure':<12} {'measured':>9} {'trtkv':>9} "
+              f"{'error':>7}  band")
+        for r in rows:
+            out = "outside: " + OUTSIDE_BAND[(r["measurement"], r["figure"])] if (
+                r["measurement"], r["figure"]) in OUTSIDE_BAND else "within"
+            print(f"{r['source'].split('/')[-1]:<42} {r['measurement']:<20} {r['format']:<5} {r['figure']:<12} "
+                  f"{r['measured']:>9.2f} {r['estimate']:>9.2f} {r['error']:>+7.1%}  {out}")
+    for r in rows:
+        key = (r["measurement"], r["figure"])
+        if key in OUTSIDE_BAND:
+            assert abs(r["error"]) > BAND[r["figure"]], f"{key} is now within the band: remove it from OUTSIDE_BAND"
+        else:
+            assert abs(r["error"]) <= BAND[r["figure"]], r
+    assert set(OUTSIDE_BAND) <= {(r["measurement"], r["figure"]) for r in rows}
+    # the list of misses cannot grow to cover the decode figures: at least two thirds of them stay inside (9 of 13)
+    itl = [r for r in rows if r["figure"] != "ttft_p50_ms"]
+    assert 3 * sum(1 for r in itl if (r["measurement"], r["figure"]) not in OUTSIDE_BAND) >= 2 * len(itl)
