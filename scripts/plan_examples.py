@@ -97,6 +97,8 @@ def gemma3_27b() -> str:
 
 
 def qwen3_next() -> str:
-    """`trtkv init` from Qwen3-Next-80B-A3B's config.json (linear attention + full layers) on one H200 with vLLM."""
+    """`trtkv init` from Qwen3-Next-80B-A3B's config.json (linear attention + full layers) on one H200 with vLLM, FP8
+    weights asked for."""
     return _init_then_plan("qwen3_next_fp8kv", "tests/data/configs/qwen3_next_80b_a3b",
-                           ("--gpu", "NVIDIA H200", "--backend", "vllm"), (CUT_DECODE, CUT_PREFIX))
+                           ("--gpu", "NVIDIA H200", "--backend", "vllm", "--weights", "fp8"),
+                           (CUT_DECODE, CUT_PREFIX))

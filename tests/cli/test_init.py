@@ -122,11 +122,11 @@ def test_every_backend_gets_defaults_its_engine_accepts(tmp_path: Path, gpu: str
 
 
 def test_a_refused_default_moves_and_says_why(tmp_path: Path) -> None:
-    """vLLM's ModelOpt loader refuses an FP8 KV cache without weight quantization: init writes fp8 weights (and says
-    why); trtllm-build without paged context FMHA needs max_num_tokens >= max_input_len: init raises it."""
+    """vLLM reads an FP8 KV cache beside 16-bit weights (calibrate's compressed-tensors KV-only export): init keeps
+    the weights as stored (on main it moved them to fp8); trtllm-build without paged context FMHA needs
+    max_num_tokens >= max_input_len: init raises it."""
     vllm = write_recipe("v", CONFIGS / "llama3_1_8b", tmp_path / "v.yaml", backend="vllm")
-    assert load_recipe(vllm).quantization.weights.value == "fp8"
-    assert "not none, which this engine refuses" in vllm.read_text() and "quant_algo" in vllm.read_text()
+    assert load_recipe(vllm).quantization.weights.value == "none"
     trt = load_recipe(write_recipe("t", CONFIGS / "llama3_1_8b", tmp_path / "t.yaml", backend="tensorrt"))
     assert trt.quantization.weights.value == "none" and trt.build.max_num_tokens == trt.build.max_input_len
     fp8 = load_recipe(write_recipe("f", CONFIGS / "llama3_1_8b", tmp_path / "f.yaml", backend="tensorrt",
@@ -137,9 +137,9 @@ def test_a_refused_default_moves_and_says_why(tmp_path: Path) -> None:
 def test_a_refused_flag_is_named_with_the_users_file(tmp_path: Path) -> None:
     out = tmp_path / "mine.yaml"
     with pytest.raises(RecipeError) as err:
-        write_recipe("mine", CONFIGS / "llama3_1_8b", out, backend="vllm", weights="none")
+        write_recipe("mine", CONFIGS / "gpt_oss_120b", out, "H200-141GB", backend="vllm", weights="fp8")
     text = str(err.value)
-    assert f"{out}: quantization.weights (from --weights none)" in text and "Missing 'quant_algo'" in text
+    assert f"{out}: quantization.weights (from --weights fp8)" in text and "stored as mxfp4" in text
     assert "Next: change --weights" in text and "Recipe not written" in text
     with pytest.raises(RecipeError, match=rf"{out}: build.max_seq_len \(from --max-seq-len 200000\).*131072"):
         write_recipe("mine", CONFIGS / "llama3_1_8b", out, max_seq_len=200000)

@@ -53,9 +53,12 @@ def test_tp_splits_the_heads_and_pp_takes_the_rest() -> None:
 
 
 def test_a_refused_default_moves_and_a_refused_flag_is_named(tmp_path: Path) -> None:
+    """gpt-oss's MXFP4 weights on vLLM: no KV scale is read beside them, so init's default fp8 KV moves to fp8_cast
+    (the weights stay as stored: on main they moved to fp8); the same KV format asked for is refused, named."""
     out = tmp_path / "v.yaml"
-    text, recipe = settle("v", out, h100("vllm", count=1), {}, lambda s: draw("llama3_1_8b", s))
-    assert recipe.quantization.weights.value == "fp8" and "not none, which this engine refuses" in text
-    with pytest.raises(RecipeError, match=r"v\.yaml: quantization\.weights \(from --weights none\)"):
-        settle("v", out, h100("vllm", count=1), {"--weights": "none"}, lambda s: draw("llama3_1_8b", s))
+    text, recipe = settle("v", out, h100("vllm", count=2), {}, lambda s: draw("gpt_oss_120b", s))
+    assert recipe.quantization.weights.value == "none" and recipe.quantization.kv_cache.value == "fp8_cast"
+    assert "kv_cache: fp8_cast   # fp8_cast, not fp8:" in text and "checkpoint_quant: \"mxfp4\"" in text
+    with pytest.raises(RecipeError, match=r"v\.yaml: quantization\.kv_cache \(from --kv-cache fp8\).*fp8_cast"):
+        settle("v", out, h100("vllm", count=2), {"--kv-cache": "fp8"}, lambda s: draw("gpt_oss_120b", s))
     assert "trtkv init's default; choose it with --count" in str(refusal(out, [("hardware.count", "x")], {}))

@@ -63,7 +63,7 @@ from trtkv.engines.vllm import (
 )
 from trtkv.engines.vllm_cpu import vllm_cpu_recipe_pool
 from trtkv.platform.hardware import GPU
-from trtkv.recipe import Backend, KVCacheQuant, Recipe
+from trtkv.recipe import Backend, KVCacheQuant, Recipe, kv_only_compressed_tensors
 from trtkv.recipe.layout import HF, Artifacts, checkpoint_dir, kv_cache_quant_algo, served_artifacts
 
 CPU_COMMAND = "vllm_command.txt"
@@ -82,13 +82,14 @@ def _hf(recipe: Recipe) -> Path:
     return checkpoint_dir(recipe) / HF
 
 
-def _prepare_attn_head(recipe: Recipe) -> tuple[Path, dict[str, Any]]:
-    """The per-head export (calibrate's compressed-tensors hf/), checked as vLLM reads it: scheme,
-    shapes, no leftover per-layer scale (trtkv.kvcache.attn_head.validate_attn_head_export)."""
+def _prepare_compressed_tensors(recipe: Recipe) -> tuple[Path, dict[str, Any]]:
+    """The KV-only export (calibrate's compressed-tensors hf/: per head for fp8_attn_head, per
+    tensor for fp8 with the weights as stored), checked as vLLM reads it: scheme, shapes, no
+    leftover or missing scale (trtkv.kvcache.attn_head)."""
     import json
 
     from trtkv.contracts.stage import manifest_hash
-    from trtkv.kvcache.attn_head import validate_attn_head_export
+    from trtkv.kvcache import validate_attn_head_export, validate_per_tensor_export
 
     ckpt = checkpoint_dir(recipe)
     config = ckpt / HF / "config.json"
@@ -98,6 +99,12 @@ def _prepare_attn_head(recipe: Recipe) -> tuple[Path, dict[str, Any]]:
             f"hf/config.json). Next: `trtkv calibrate {recipe.name}`"
         )
     hf = json.loads(config.read_text())
+    if recipe.quantization.kv_cache is not KVCacheQuant.FP8_ATTN_HEAD:
+        checked = validate_per_tensor_export(ckpt / HF, int(hf.get("num_hidden_layers") or 0))
+        return ckpt, {
+            "checkpoint": str(ckpt),
+            "per_tensor_validation": {k: checked[k] for k in ("kv_cache_scheme", "num_layers")},
+        }
     heads = int(
         hf.get("num_key_value_heads")
         or hf.get("num_attention_heads")
@@ -124,6 +131,12 @@ class VllmBuilder:
                 "the HF export's per-(layer, KV head) k_scale/v_scale (compressed-tensors "
                 "kv_cache_scheme strategy attn_head; FlashAttention >= 3 applies them per head)"
             )
+        if kv_only_compressed_tensors(recipe):
+            return (
+                f"KV cache: {algo}, from vLLM --kv-cache-dtype {kv_cache_dtype(recipe)} with the "
+                "HF export's per-layer k_scale/v_scale (compressed-tensors kv_cache_scheme "
+                "strategy tensor, the weights as stored)"
+            )
         if kv is KVCacheQuant.NONE:
             return (
                 f"KV cache: unquantized, vLLM --kv-cache-dtype {kv_cache_dtype(recipe)} (the "
@@ -144,8 +157,10 @@ class VllmBuilder:
     def prepare(self, recipe: Recipe) -> tuple[Path, dict[str, Any]]:
         from trtkv.backends import llmapi
 
-        if recipe.quantization.kv_cache is KVCacheQuant.FP8_ATTN_HEAD:
-            return _prepare_attn_head(recipe)
+        if recipe.quantization.kv_cache is KVCacheQuant.FP8_ATTN_HEAD or (
+            kv_only_compressed_tensors(recipe)
+        ):
+            return _prepare_compressed_tensors(recipe)
         # the same artifact: ModelOpt's HF export, validated the same way
         return llmapi.BUILDER.prepare(recipe)
 

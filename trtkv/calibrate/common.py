@@ -62,6 +62,14 @@ ATTN_HEAD_NOTE = (
     "load both into the same parameter). kv_scales.json keeps the per-layer values (the largest "
     "head's)."
 )
+PER_TENSOR_NOTE = (
+    "KV cache fp8 with the weights as stored on vLLM: hf/ carries the per-layer scales in the "
+    "per-tensor compressed-tensors form vLLM reads (trtkv.kvcache.attn_head): config.json "
+    "quantization_config compressed-tensors with no weight groups and kv_cache_scheme strategy "
+    "tensor, ModelOpt's self_attn.k_proj.k_scale / v_proj.v_scale = amax/448 kept; "
+    "hf_quant_config.json removed (vLLM's ModelOpt loader refuses a KV-only one: \"Missing "
+    "'quant_algo' in quantization config\")."
+)
 NO_KV_NOTE = (
     "KV cache unquantized (quantization.kv_cache none): config.json "
     "quantization.kv_cache_quant_algo is null, the rank files hold no kv_cache_scaling_factor, "

@@ -14,7 +14,7 @@ from trtkv.calibrate.common import (
     engine_format_note,
     trtllm_export_refused,
 )
-from trtkv.recipe import KVCacheQuant, ModelDtype, Recipe, WeightQuant
+from trtkv.recipe import KVCacheQuant, ModelDtype, Recipe, WeightQuant, kv_only_compressed_tensors
 from trtkv.recipe.backend_rules import HF_EXPORT_BACKENDS
 from trtkv.recipe.enums import kv_algo
 from trtkv.recipe.layout import checkpoint_dir
@@ -134,6 +134,14 @@ ATTN_HEAD_HF = (
 )
 
 
+PER_TENSOR_HF = (
+    "hf/ (export_hf_checkpoint, then trtkv.kvcache.attn_head.write_per_tensor_scheme: config.json "
+    "quantization_config compressed-tensors, no weight groups, kv_cache_scheme strategy tensor; "
+    "ModelOpt's per-layer k_proj.k_scale / v_proj.v_scale = amax/448 kept, hf_quant_config.json "
+    "removed: what vLLM reads with the weights as stored)"
+)
+
+
 def reads_hf(recipe: Recipe) -> bool:
     """Whether the recipe's backend serves hf/ (not the TensorRT-LLM checkpoint)."""
     return recipe.build.backend in HF_EXPORT_BACKENDS
@@ -145,6 +153,8 @@ def export_targets(recipe: Recipe) -> dict[str, str]:
     ranks = ", ".join(f"rank{r}.safetensors" for r in range(recipe.world_size))
     if kv is KVCacheQuant.FP8_ATTN_HEAD:
         hf = ATTN_HEAD_HF
+    elif kv_only_compressed_tensors(recipe):
+        hf = PER_TENSOR_HF
     elif kv is KVCacheQuant.FP8:
         hf = "hf/ (export_hf_checkpoint: hf_quant_config.json, k_scale/v_scale = amax/448)"
     elif kv is KVCacheQuant.NVFP4:
@@ -236,6 +246,14 @@ def describe_calibration(recipe: Recipe) -> list[str]:
             "V global scales; the per-16 E4M3 block scales are computed at run time). Served "
             "through the LLM API (kv_cache_config.dtype nvfp4) on Blackwell; ModelOpt's NVFP4 KV "
             "forward needs CUDA"
+        )
+    elif kv_only_compressed_tensors(recipe):
+        lines.append(
+            "  KV cache: FP8 -> hf/config.json quantization_config compressed-tensors with "
+            "kv_cache_scheme strategy tensor (no weight groups: the weights as stored), per-layer "
+            "self_attn.k_proj.k_scale = k_amax/448 and v_proj.v_scale = v_amax/448: what vLLM "
+            "--kv-cache-dtype fp8 loads per tensor (its ModelOpt loader refuses a KV-only "
+            "hf_quant_config.json)"
         )
     elif kv_algo and (trtllm_export_refused(recipe) or reads_hf(recipe)):
         sliding = (

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtkv.calibrate.common import STAGE, ModelLoader, trtllm_export_refused
+from trtkv.calibrate.common import PER_TENSOR_NOTE, STAGE, ModelLoader, trtllm_export_refused
 from trtkv.calibrate.describe import supported_problems
 from trtkv.calibrate.modelopt_export import (
     build_quant_cfg,
@@ -27,7 +27,7 @@ from trtkv.calibrate.report import render_report
 from trtkv.checkpoints.tokenizer_files import TOKENIZER_FILES_VERSION, save_tokenizer
 from trtkv.core.errors import StageError
 from trtkv.kvcache import scales as kv_scales
-from trtkv.recipe import KVCacheQuant, Recipe, layout
+from trtkv.recipe import KVCacheQuant, Recipe, WeightQuant, kv_only_compressed_tensors, layout
 from trtkv.recipe.layout import checkpoint_dir
 
 if TYPE_CHECKING:
@@ -62,6 +62,8 @@ def calibrate(
         "dataset_sha256": _files_hash(files),
         "tokenizer_files": TOKENIZER_FILES_VERSION,
     }
+    if kv_only_compressed_tensors(recipe):  # hf/'s form follows the engine (keyed only then)
+        extra_key["hf_kv_form"] = "compressed-tensors tensor"
 
     def work(tmp: Path) -> dict[str, Any]:
         # Only when the checkpoint is not up to date: resolving may convert the packaged model or
@@ -71,6 +73,7 @@ def calibrate(
         if chosen is None:
             # fails fast (hub id offline, missing package) before heavy work
             model_dir = _resolve_model(recipe)
+            _check_stored(recipe, model_dir)
             _check_memory(recipe)
             chosen = default_loader
         return _calibrate_into(tmp, recipe, chosen, model_dir, log)
@@ -112,6 +115,44 @@ def _resolve_model(recipe: Recipe) -> Path:
             f"calibrate {recipe.name}: the model cannot be resolved, nothing was "
             f"calibrated.\n{exc}\n(`trtkv calibrate {recipe.name} --dry-run` shows what would run.)"
         ) from exc
+
+
+def _check_stored(recipe: Recipe, model_dir: Path) -> None:
+    """Refuse a pre-quantized checkpoint (config.json quantization_config, or ModelOpt's
+    hf_quant_config.json) before any work: its weights are never quantized again, and the HF
+    export would hold them as transformers dequantized them, not as stored."""
+    stored = stored_format(model_dir)
+    if stored is None:
+        return
+    q = recipe.quantization
+    asked = (
+        f"quantization.weights {q.weights.value} would quantize them again"
+        if q.weights is not WeightQuant.NONE
+        else f"kv_cache {q.kv_cache.value}: trtkv does not yet write KV scales beside stored "
+        "weights (the export would hold the weights dequantized to the model dtype)"
+    )
+    raise StageError(
+        f"calibrate {recipe.name}: {model_dir} holds a checkpoint stored as {stored}; {asked}. "
+        f"Next: serve it as stored (quantization.weights none) with kv_cache fp8_cast (FP8 at "
+        "scale 1.0, no calibration), none (16-bit), or the scales the checkpoint carries; nothing "
+        "was calibrated."
+    )
+
+
+def stored_format(model_dir: Path) -> str | None:
+    """The quantization a model folder's weights are stored in (config.json quantization_config's
+    quant_method or quant_algo, `modelopt` for hf_quant_config.json alone), None for a 16-bit
+    checkpoint."""
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None  # resolve_model_dir found a loadable folder: transformers says the rest
+    parts = [config, config.get("text_config")] if isinstance(config, dict) else []
+    for part in parts:
+        q = part.get("quantization_config") if isinstance(part, dict) else None
+        if isinstance(q, dict) and q:
+            return str(q.get("quant_method") or q.get("quant_algo") or "quantized").lower()
+    return "modelopt" if (model_dir / "hf_quant_config.json").is_file() else None
 
 
 def _check_memory(recipe: Recipe) -> None:
@@ -214,6 +255,10 @@ def _calibrate_into(
     # ModelOpt's per-layer export -> vLLM's per-head
     if recipe.quantization.kv_cache is KVCacheQuant.FP8_ATTN_HEAD:
         summary["attn_head"] = _attn_head(tmp / layout.HF, layers, model, num_layers)
+    # ModelOpt's KV-only export -> the per-tensor compressed-tensors form vLLM reads
+    if kv_only_compressed_tensors(recipe):
+        summary["per_tensor"] = _per_tensor(tmp / layout.HF, layers, num_layers)
+        notes.append(PER_TENSOR_NOTE)
     timing = {
         "load_s": round(load_s, 2),
         "calibration_s": round(calib_s, 2),
@@ -296,6 +341,17 @@ def _attn_head(hf_dir: Path, layers: list[Any], model: Any, num_layers: int) -> 
     converted = convert_export(hf_dir, layers, heads)
     checked = validate_attn_head_export(hf_dir, num_layers, heads)
     return {**checked, "removed_per_layer_scales": converted["removed_per_layer_scales"]}
+
+
+def _per_tensor(hf_dir: Path, layers: list[Any], num_layers: int) -> dict[str, Any]:
+    """Write the per-tensor compressed-tensors kv_cache_scheme into hf/, then check it as vLLM reads
+    it: the scales it loads are the ones computed from the calibrated amaxes (kv_scales.json)."""
+    from trtkv.kvcache import validate_per_tensor_export, write_per_tensor_scheme
+
+    write_per_tensor_scheme(hf_dir)
+    checked = validate_per_tensor_export(hf_dir, num_layers)
+    check_exported_hf_scales(layers, checked)
+    return checked
 
 
 def _save_hf_config(model: Any, model_dir: Path | None, target: Path) -> None:

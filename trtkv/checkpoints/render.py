@@ -206,6 +206,13 @@ def _model_lines(
                 f"({facts.quant.method if facts.quant else ''})"
             )
         )
+    if facts.quant:
+        lines.append(
+            comment_line(
+                f"  checkpoint_quant: {quoted(facts.quant.method)}   # the weights' stored format: "
+                "used as stored with quantization.weights none, never quantized again"
+            )
+        )
     return lines
 
 
@@ -214,6 +221,7 @@ def engine_lines(s: Settings, tp: int, pp: int, mpe: int, on_cpu: bool) -> list[
     weights = s.why.get(
         "quantization.weights", "the checkpoint's own precision" if s.weights == "none" else ""
     )
+    kv = s.why.get("quantization.kv_cache", "")
     batch = s.why.get("build.max_batch_size", "")
     tokens = s.why.get(
         "build.max_num_tokens", "tokens per engine step (vLLM's max_num_batched_tokens)"
@@ -221,7 +229,7 @@ def engine_lines(s: Settings, tp: int, pp: int, mpe: int, on_cpu: bool) -> list[
     return [
         "quantization:",
         f"  weights: {s.weights}" + (f"   # {one_line(weights)}" if weights else ""),
-        f"  kv_cache: {s.kv}",
+        f"  kv_cache: {s.kv}" + (f"   # {one_line(kv)}" if kv else ""),
         "build:",
         f"  backend: {s.backend}",
         f"  max_batch_size: {s.batch}" + (f"   # {one_line(batch)}" if batch else ""),

@@ -66,7 +66,11 @@ class InitOptions(Options):
     ] = None
     kv_cache: Annotated[
         KVCacheQuant | None,
-        Field(description="KV-cache precision (default fp8 where the GPU has FP8, else none)"),
+        Field(
+            description="KV-cache precision (default fp8 where the GPU has FP8, else none; "
+            "fp8_cast, with a warning, where the engine reads no KV scale beside a pre-quantized "
+            "checkpoint's weights)"
+        ),
         Flag(),
     ] = None
     backend: Annotated[
@@ -80,9 +84,9 @@ class InitOptions(Options):
     weights: Annotated[
         WeightQuant | None,
         Field(
-            description="weight quantization (default none, the checkpoint's own precision; fp8 "
-            "where the engine refuses none with the KV cache asked for, e.g. vLLM's ModelOpt "
-            "loader)"
+            description="weight quantization (default none: the checkpoint's weights as stored, a "
+            "pre-quantized checkpoint never quantized again; a format is refused on one unless it "
+            "is smaller)"
         ),
         Flag(),
     ] = None
@@ -165,10 +169,12 @@ def write_recipe(
     weights: str | None = None,
     max_seq_len: int | None = None,
     concurrency: int | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> Path:
     """Read the config, size TP/PP and the batch with the planner, write the recipe atomically once
     its engine accepts it (trtkv.recipe.settle) and it plans; the text is
-    trtkv.checkpoints.render's."""
+    trtkv.checkpoints.render's. A format init moved off its default is said through `warn`
+    (stderr by default)."""
     from trtkv.checkpoints import config_file, read_model_facts
     from trtkv.platform.hardware import GPU_SPECS
 
@@ -207,7 +213,7 @@ def write_recipe(
         max_seq_len or min(mpe, DEFAULT_SEQ_LEN),
         concurrency or 1,
     )
-    text = _sized_text(
+    text, settled = _sized_text(
         name,
         out,
         facts,
@@ -218,7 +224,18 @@ def write_recipe(
         concurrency=concurrency,
     )
     _write_new(out, text, force)
+    from trtkv.recipe import MOVED_FORMATS
+
+    for where in MOVED_FORMATS:
+        if where in settled.why:
+            (warn or _stderr)(f"warning: {out}: {where}: {settled.why[where]}")
     return out
+
+
+def _stderr(line: str) -> None:
+    import sys
+
+    print(line, file=sys.stderr)
 
 
 def _checked_output(name: str, output: Path | None, force: bool, **sizes: int | None) -> Path:
@@ -272,10 +289,10 @@ def _sized_text(
     *,
     count: int | None,
     concurrency: int | None,
-) -> str:
-    """The recipe text on the fewest GPUs (--count, else COUNTS in turn; one on the CPU) that hold
-    the weights and `concurrency` sequences of max_seq_len, with max_batch_size set to what fits
-    there (trtkv.recipe.settle)."""
+) -> tuple[str, Settings]:
+    """The recipe text and its settings on the fewest GPUs (--count, else COUNTS in turn; one on
+    the CPU) that hold the weights and `concurrency` sequences of max_seq_len, with max_batch_size
+    set to what fits there (trtkv.recipe.settle)."""
     from trtkv.recipe.settle import batch_for, refusal, settle
 
     on_cpu = first.gpu == GPU.CPU.value
@@ -325,7 +342,7 @@ def _sized_text(
         s.batch, s.why["build.max_batch_size"] = batch_for(fits, concurrency, on_cpu)
     else:  # settled on the last round's batch: its recipe
         text, recipe = settle(name, out, s, given, draw)
-    return text
+    return text, s
 
 
 def _write_new(out: Path, text: str, force: bool) -> None:

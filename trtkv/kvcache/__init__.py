@@ -34,7 +34,9 @@ if TYPE_CHECKING:
         attn_head_scales,
         head_amax_from_channels,
         validate_attn_head_export,
+        validate_per_tensor_export,
         write_attn_head_scales,
+        write_per_tensor_scheme,
     )
     from trtkv.kvcache.cache import QuantizedKVCache, config_layer_windows, update_rows
     from trtkv.kvcache.engines import FormatRow, load_table
@@ -98,7 +100,9 @@ __getattr__, __dir__ = attach(
             "PER_TENSOR_NAMES",
             "SCALES_FILE",
             "validate_attn_head_export",
+            "validate_per_tensor_export",
             "write_attn_head_scales",
+            "write_per_tensor_scheme",
         ],
         "cache": ["config_layer_windows", "QuantizedKVCache", "update_rows"],
         "engines": ["FormatRow", "load_table"],
@@ -191,5 +195,7 @@ __all__ = [
     "UNQUANTIZED",
     "update_rows",
     "validate_attn_head_export",
+    "validate_per_tensor_export",
     "write_attn_head_scales",
+    "write_per_tensor_scheme",
 ]

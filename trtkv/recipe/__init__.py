@@ -53,6 +53,7 @@ from trtkv.recipe.backend_rules import (
     SPEED_ENGINE,
     build_notes,
     gemm_plugin_choice,
+    kv_only_compressed_tensors,
 )
 from trtkv.recipe.bench_section import MAX_SWEEP_LENGTHS
 from trtkv.recipe.engine_formats import served_kv_formats
@@ -105,7 +106,7 @@ if TYPE_CHECKING:
         served_artifacts,
         to_container,
     )
-    from trtkv.recipe.settle import Settings, batch_for, refusal
+    from trtkv.recipe.settle import MOVED_FORMATS, Settings, batch_for, refusal
 
 # the modules loading a recipe does not need are imported on first use
 __getattr__, __dir__ = attach(
@@ -133,7 +134,7 @@ __getattr__, __dir__ = attach(
             "to_container",
             "WEIGHT_ALGOS",
         ],
-        "settle": ["batch_for", "refusal", "Settings"],
+        "settle": ["batch_for", "MOVED_FORMATS", "refusal", "Settings"],
     },
 )
 
@@ -173,6 +174,7 @@ __all__ = [
     "kv_algo",
     "kv_cache_quant_algo",
     "kv_heads_split",
+    "kv_only_compressed_tensors",
     "KVCacheQuant",
     "KVShape",
     "layer_formats",
@@ -185,6 +187,7 @@ __all__ = [
     "MAX_LIST",
     "MAX_SWEEP_LENGTHS",
     "ModelDtype",
+    "MOVED_FORMATS",
     "parse_layers",
     "prefix_cache",
     "probe_dir",

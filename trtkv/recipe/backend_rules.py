@@ -33,6 +33,38 @@ HF_EXPORT_ONLY: dict[str, str] = {
 # reads)
 HF_EXPORT_BACKENDS = (Backend.LLMAPI, Backend.VLLM, Backend.SGLANG)
 
+# The backends that read an FP8 KV cache's per-layer scales, the weights as stored (weights none),
+# from compressed-tensors' kv_cache_scheme (strategy tensor) rather than ModelOpt's
+# hf_quant_config.json: vLLM 0.32's ModelOpt loader refuses an export with a kv_cache_quant_algo but
+# no quant_algo ("Missing 'quant_algo' in quantization config",
+# model_executor/layers/quantization/modelopt.py ModelOptQuantConfigBase.from_config), its
+# compressed-tensors loader takes one with no weight groups (trtkv.kvcache.attn_head)
+KV_ONLY_COMPRESSED_TENSORS = (Backend.VLLM,)
+
+
+# The stored formats (model.checkpoint_quant, trtkv.recipe.stored) whose engine config gives the
+# attention layers no KV-cache method, so calibrated k/v scales would not be read and the engine
+# would run FP8 KV at scale 1.0, with where the engine's source says so
+NO_KV_METHOD: dict[tuple[Backend, str], str] = {
+    (Backend.VLLM, "mxfp4"): (
+        "vLLM 0.32's MXFP4 config gives the attention layers no quantization method "
+        "(model_executor/layers/quantization/mxfp4.py Mxfp4Config.get_quant_method: 'MXFP4 "
+        "attention layer is not implemented'), so no k/v scale is read and an FP8 KV cache runs "
+        "at scale 1.0"
+    ),
+}
+
+
+def kv_only_compressed_tensors(recipe: Recipe) -> bool:
+    """Whether calibrate's hf/ carries the FP8 KV scales as a per-tensor compressed-tensors
+    kv_cache_scheme (the weights as stored, an engine in KV_ONLY_COMPRESSED_TENSORS)."""
+    q = recipe.quantization
+    return (
+        recipe.build.backend in KV_ONLY_COMPRESSED_TENSORS
+        and q.weights is WeightQuant.NONE
+        and q.kv_cache is KVCacheQuant.FP8
+    )
+
 
 def hf_export_only_problems(r: Recipe, engine: str) -> list[tuple[str, str]]:
     """For a backend that builds from a TensorRT-LLM checkpoint: refuse an architecture that has
@@ -200,25 +232,6 @@ def vllm_problems(recipe: Recipe) -> list[tuple[str, str]]:
                 "quantization.weights",
                 f"the HF export vLLM loads carries fp8 or unquantized weights, not "
                 f"{q.weights.value}",
-            )
-        )
-    if q.weights is WeightQuant.NONE and q.kv_cache in (
-        KVCacheQuant.FP8,
-        KVCacheQuant.INT8,
-        KVCacheQuant.NVFP4,
-    ):
-        # ModelOpt's export then has kv_cache_quant_algo but no quant_algo; vLLM 0.32's ModelOpt
-        # loader refuses it (model_executor/layers/quantization/modelopt.py
-        # ModelOptQuantConfigBase.from_config: "Missing 'quant_algo' in quantization config");
-        # fp8_attn_head exports compressed-tensors instead (no quant_algo needed)
-        out.append(
-            (
-                "quantization.weights",
-                f"none with kv_cache {q.kv_cache.value}: ModelOpt's HF export then names "
-                f"a KV algorithm but no weight quant_algo, which vLLM 0.32's ModelOpt "
-                f"loader refuses (\"Missing 'quant_algo' in quantization config\"). Use "
-                f"quantization.weights fp8 (`trtkv init --weights fp8`), kv_cache "
-                f"fp8_attn_head (compressed-tensors export), or kv_cache none",
             )
         )
     b = recipe.build

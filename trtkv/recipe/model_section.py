@@ -88,6 +88,14 @@ class ModelConfig(Section):
         "stores them (quantization_config), counted by `trtkv init`; planned "
         "when quantization.weights is none.",
     )
+    checkpoint_quant: str | None = Field(
+        None,
+        description="The weights' format as a pre-quantized checkpoint stores them (its "
+        "config.json quantization_config: e.g. fp8, mxfp4, awq, gptq), recorded by `trtkv init`. "
+        "With quantization.weights none they are used as stored and `trtkv calibrate` calibrates "
+        "the KV cache only; a weights format is refused unless it is smaller "
+        "(trtkv.recipe.stored).",
+    )
 
     @field_validator("attention_layers")
     @classmethod
@@ -113,6 +121,15 @@ class ModelConfig(Section):
         if not WORD.fullmatch(value):
             raise ValueError(
                 "must be a model family name: letters, digits, '_', '-', '.' (1-128), e.g. llama"
+            )
+        return value
+
+    @field_validator("checkpoint_quant")
+    @classmethod
+    def _format_word(cls, value: str | None) -> str | None:
+        if value is not None and not WORD.fullmatch(value):
+            raise ValueError(
+                "must be a format name: letters, digits, '_', '-', '.' (1-128), e.g. mxfp4"
             )
         return value
 

@@ -11,6 +11,7 @@ from trtkv.recipe.engine_formats import engine_format_problems
 from trtkv.recipe.enums import BenchTask, GemmPlugin, KVCacheQuant, WeightQuant
 from trtkv.recipe.memory_knobs import memory_knob_problems
 from trtkv.recipe.schema import Recipe
+from trtkv.recipe.stored import stored_problems
 
 
 # model.architecture values ModelOpt 0.47 exports only as its unified HF checkpoint
@@ -127,6 +128,7 @@ def cross_field_problems(r: Recipe) -> list[tuple[str, str]]:
     # the engine formats, per backend and GPU, from trtkv/data/kv_formats.json
     out += engine_format_problems(r)
     out += BACKEND_RULES[b.backend](r)
+    out += stored_problems(r)
     out += memory_knob_problems(r)
     for length in r.bench.sweep_input_tokens:
         if length > b.max_input_len:

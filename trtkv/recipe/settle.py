@@ -1,8 +1,10 @@
 """The check that the recipe text `trtkv init` renders (trtkv.checkpoints.render) validates for its
 engine, in memory under the user's file name. A default the engine refuses is changed where one
-field settles it (weights none -> fp8 for vLLM's ModelOpt loader, max_num_tokens raised to
-max_input_len for trtllm-build without paged context FMHA); anything else is refused naming the
-user's file and the flag that set it. Also the batch init sizes from what fits."""
+field settles it (KV fp8 -> fp8_cast where the engine reads no KV scale beside a pre-quantized
+checkpoint's weights, max_num_tokens raised to max_input_len for trtllm-build without paged context
+FMHA), with a warning for a moved format; the weights are never moved (a pre-quantized checkpoint is
+used as stored). Anything else is refused naming the user's file and the flag that set it. Also the
+batch init sizes from what fits."""
 
 from __future__ import annotations
 
@@ -107,12 +109,22 @@ def settle(
     raise refusal(out, problems, given)
 
 
+# the formats init moves (a warning each, besides the recipe's comment)
+MOVED_FORMATS = ("quantization.kv_cache",)
+
+
 def _move(s: Settings, where: str, msg: str, given: dict[str, str]) -> bool:
     """Move the default at `where` so the rule that refused it holds, when init chose it and one
-    value settles it."""
-    if where == "quantization.weights" and "--weights" not in given and s.weights == "none":
-        s.weights = "fp8"
-        s.why[where] = f"not none, which this engine refuses: {_first_sentence(msg)}"
+    value settles it: a calibrated FP8 KV cache to fp8_cast where the refusal offers it (the same
+    cache at scale 1.0)."""
+    if (
+        where == "quantization.kv_cache"
+        and "--kv-cache" not in given
+        and s.kv == "fp8"
+        and "kv_cache fp8_cast" in msg
+    ):
+        s.kv = "fp8_cast"
+        s.why[where] = f"fp8_cast, not fp8: {_first_sentence(msg)}"
         return True
     if where == "build.max_num_tokens" and s.num_tokens < s.input_len:
         s.num_tokens = s.input_len
