@@ -81,11 +81,9 @@ def run(args: argparse.Namespace) -> int:
     if est is not None:
         from dataclasses import replace
 
-        from trtkv.plan.estimate import speed_advice_prefix
-
         # the advice compares formats from the estimate's rows (one source each), in place of the
         # model-only line
-        prefix = speed_advice_prefix(recipe)
+        prefix = est.replaces_advice or "\0"
         kept = [a for a in result.advice if not a.startswith(prefix)]
         at = next((i for i, a in enumerate(result.advice) if a.startswith(prefix)), len(kept))
         result = replace(result, estimate=est, advice=[*kept[:at], *est.advice, *kept[at:]])

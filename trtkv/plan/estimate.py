@@ -220,6 +220,7 @@ def estimate(recipe: Recipe, plan: Plan, use_aiconfigurator: bool = True) -> Est
         )
     est = Estimate(workload, recipe.build.backend.value, gpu.value, fits, rows, status, notes)
     est.advice = row_advice(est, recipe.kv_format_label, formats)
+    est.replaces_advice = speed_advice_prefix(recipe)
     return est
 
 

@@ -49,6 +49,8 @@ class Estimate:
     notes: list[str] = field(default_factory=list)
     # the recipe's format against 16-bit at each level, from the rows (one source each)
     advice: list[str] = field(default_factory=list)
+    # how the plan's model-only speed advice line starts (`plan --estimate` puts `advice` there)
+    replaces_advice: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """plan --json's `estimate`: per format, one entry per concurrency level."""
