@@ -53,7 +53,9 @@ def test_plan_estimate_names_aiconfigurator(aic_python: None, capsys: pytest.Cap
 
 def test_plan_estimate_of_a_moe_model_is_aiconfigurators(aic_python: None, capsys: pytest.CaptureFixture[str]) -> None:
     """Qwen3-30B-A3B on the LLM API at TP2 (fp8 and bf16 KV: both in aiconfigurator's data): aiconfigurator answers
-    every row with the recipe's MoE parallelism (before: `At least one of moe_tp_size or moe_ep_size must be set`)."""
+    with the recipe's MoE parallelism (before: `At least one of moe_tp_size or moe_ep_size must be set`), every row at
+    concurrency 1; at 16 it finds bf16 out of memory (as recorded in moe_cases.json), so that level is trtkv's model on
+    both rows, said once with the reason."""
     recipe = sc.recipe_for("tests/data/configs/qwen3_30b_a3b", "H100-80GB", "llmapi", "bf16", 2048, 256, [1, 16],
                            8192, tp=2)
     from trtkv.plan.estimate import estimate
@@ -61,7 +63,10 @@ def test_plan_estimate_of_a_moe_model_is_aiconfigurators(aic_python: None, capsy
 
     est = estimate(recipe, plan(recipe))
     assert "moe_tp_size" not in est.aiconfigurator, est.aiconfigurator
-    assert {r.source for r in est.rows} == {"aiconfigurator 0.12.0 (trtllm 1.3.0rc20 data, h100_sxm)"}, est.aiconfigurator
+    at = {c: {r.source for r in est.rows if r.concurrency == c} for c in (1, 16)}
+    assert at[1] == {"aiconfigurator 0.12.0 (trtllm 1.3.0rc20 data, h100_sxm)"}, est.aiconfigurator
+    assert len(at[16]) == 1 and next(iter(at[16])).startswith("trtkv model"), est.aiconfigurator
+    assert "its bf16 case at concurrency 16 failed: RuntimeError: OOM" in est.aiconfigurator
 
 
 def test_system_map_is_what_the_installed_aiconfigurator_ships(aic_python: None) -> None:
