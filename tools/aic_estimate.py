@@ -6,7 +6,10 @@ aiconfigurator prints while it works goes to stderr.
 
 Request: {"model_path", "system", "backend", "backend_version" (null: the newest data), "tp", "pp", "isl", "osl",
           "gemm_quant_mode" (null: aiconfigurator's inference), "max_seq_len",
-          "cases": [{"kv": "bfloat16" | "fp8", "concurrency": N}, ...]}
+          "cases": [{"kv": "bfloat16" | "fp8", "concurrency": N}, ...],
+          a MoE model also "attention_dp", "moe_tp", "moe_ep" (tp x attention_dp = moe_tp x moe_ep: trtkv/plan/aic.py
+          moe_parallelism); concurrency counts every attention-DP rank's requests (aiconfigurator's batch_size is per
+          rank: concurrency / attention_dp, rounded up)}
 Answer:  {"aiconfigurator": version, "aiconfigurator_core": version,
           "rows": [{"kv", "concurrency", "ttft_ms", "itl_ms", "tokens_per_s_per_gpu", "tokens_per_s_per_user",
                     "backend", "backend_version", "system", "memory_gib", "gemm", "fmha"}, ...],
@@ -30,9 +33,13 @@ MAX_REQUEST_BYTES = 1 << 20
 def _estimate(req: dict, case: dict) -> dict:
     from aiconfigurator.cli import api
 
+    dp = int(req.get("attention_dp") or 1)
     kwargs = {"backend_name": req["backend"], "isl": int(req["isl"]), "osl": int(req["osl"]),
-              "batch_size": int(case["concurrency"]), "tp_size": int(req.get("tp", 1)), "pp_size": int(req.get("pp", 1)),
-              "kvcache_quant_mode": case["kv"]}
+              "batch_size": -(-int(case["concurrency"]) // dp), "tp_size": int(req.get("tp", 1)),
+              "pp_size": int(req.get("pp", 1)), "kvcache_quant_mode": case["kv"]}
+    for key, name in (("attention_dp", "attention_dp_size"), ("moe_tp", "moe_tp_size"), ("moe_ep", "moe_ep_size")):
+        if req.get(key):
+            kwargs[name] = int(req[key])
     if req.get("backend_version"):
         kwargs["backend_version"] = req["backend_version"]
     if req.get("gemm_quant_mode"):

@@ -42,9 +42,31 @@ def test_plan_estimate_names_aiconfigurator(aic_python: None, capsys: pytest.Cap
     assert main(["plan", "llama8b_fp8kv", "--estimate", "--json", "build.backend=vllm", "bench.input_tokens=4096",
                  "bench.output_tokens=256", "bench.concurrency=[4]"]) == 0
     est = json.loads(capsys.readouterr().out)["estimate"]
-    assert est["formats"]["fp8"]["levels"][0]["source"] == "aiconfigurator 0.12.0 (vllm 0.24.0 data, h100_sxm)"
-    assert est["formats"]["bf16"]["levels"][0]["source"].startswith("aiconfigurator 0.12.0")
-    assert est["formats"]["int8_per_token_head"]["levels"][0]["source"].startswith("trtkv model")
+    # vLLM also serves int8_per_token_head, which aiconfigurator has no data for: the level is trtkv's model on every
+    # row (one source per comparison), aiconfigurator's own figures beside fp8 and bf16
+    fp8, bf16 = est["formats"]["fp8"]["levels"][0], est["formats"]["bf16"]["levels"][0]
+    assert fp8["aiconfigurator"]["source"] == "aiconfigurator 0.12.0 (vllm 0.24.0 data, h100_sxm)"
+    assert bf16["aiconfigurator"]["source"].startswith("aiconfigurator 0.12.0")
+    assert all(f["levels"][0]["source"].startswith("trtkv model") for f in est["formats"].values())
+    assert "has no KV data for int8_per_token_head" in est["aiconfigurator"]
+
+
+def test_plan_estimate_of_a_moe_model_is_aiconfigurators(aic_python: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """Qwen3-30B-A3B on the LLM API at TP2 (fp8 and bf16 KV: both in aiconfigurator's data): aiconfigurator answers
+    with the recipe's MoE parallelism (before: `At least one of moe_tp_size or moe_ep_size must be set`), every row at
+    concurrency 1; at 16 it finds bf16 out of memory (as recorded in moe_cases.json), so that level is trtkv's model on
+    both rows, said once with the reason."""
+    recipe = sc.recipe_for("tests/data/configs/qwen3_30b_a3b", "H100-80GB", "llmapi", "bf16", 2048, 256, [1, 16],
+                           8192, tp=2)
+    from trtkv.plan.estimate import estimate
+    from trtkv.plan.planner import plan
+
+    est = estimate(recipe, plan(recipe))
+    assert "moe_tp_size" not in est.aiconfigurator, est.aiconfigurator
+    at = {c: {r.source for r in est.rows if r.concurrency == c} for c in (1, 16)}
+    assert at[1] == {"aiconfigurator 0.12.0 (trtllm 1.3.0rc20 data, h100_sxm)"}, est.aiconfigurator
+    assert len(at[16]) == 1 and next(iter(at[16])).startswith("trtkv model"), est.aiconfigurator
+    assert "its bf16 case at concurrency 16 failed: RuntimeError: OOM" in est.aiconfigurator
 
 
 def test_system_map_is_what_the_installed_aiconfigurator_ships(aic_python: None) -> None:
@@ -84,4 +106,5 @@ def test_found_from_another_folder_with_trtkv_home_unset(aic_python: None, tmp_p
     assert done.returncode == 0, done.stderr[-2000:]
     est = json.loads(done.stdout)["estimate"]
     assert est["aiconfigurator"].startswith("aiconfigurator 0.12.0"), est["aiconfigurator"]
-    assert est["formats"]["fp8"]["levels"][0]["source"] == "aiconfigurator 0.12.0 (vllm 0.24.0 data, h100_sxm)"
+    assert est["formats"]["fp8"]["levels"][0]["aiconfigurator"]["source"] == (
+        "aiconfigurator 0.12.0 (vllm 0.24.0 data, h100_sxm)")

@@ -101,7 +101,9 @@ def test_a_good_answer_is_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     assert main(PLAN) == 0
     est = _strict(capsys.readouterr().out)["estimate"]
     assert est["aiconfigurator"].startswith("aiconfigurator 0.12.0 (core 0.12.0)"), est["aiconfigurator"]
-    assert est["formats"]["fp8"]["levels"][0]["itl_ms"] == 12.5
+    # vLLM also serves formats aiconfigurator has no data for: its figures stand beside trtkv's rows (one source per
+    # level, tests/plan/test_aic_moe.py)
+    assert est["formats"]["fp8"]["levels"][0]["aiconfigurator"]["itl_ms"] == 12.5
 
 
 def test_plan_json_refuses_a_non_finite_figure() -> None:

@@ -81,7 +81,12 @@ def run(args: argparse.Namespace) -> int:
     if est is not None:
         from dataclasses import replace
 
-        result = replace(result, estimate=est)
+        # the advice compares formats from the estimate's rows (one source each), in place of the
+        # model-only line
+        prefix = est.replaces_advice or "\0"
+        kept = [a for a in result.advice if not a.startswith(prefix)]
+        at = next((i for i, a in enumerate(result.advice) if a.startswith(prefix)), len(kept))
+        result = replace(result, estimate=est, advice=[*kept[:at], *est.advice, *kept[at:]])
     if o.as_json:
         print(result.to_json())
         return 0
@@ -120,21 +125,27 @@ def format_estimate(est: Estimate, p: Plan, cols: int, notes: bool = True) -> li
         f"{est.aiconfigurator}",
         cols,
     )
-    head = ["format", "conc", "TTFT ms", "ITL ms", "tok/s/GPU", "tok/s/user", "max conc", "source"]
-    rows = [
-        [
+    # aiconfigurator's figures beside a level whose rows are trtkv's model (not compared)
+    beside = any(r.aiconfigurator for r in est.rows)
+    head = ["format", "conc", "TTFT ms", "ITL ms", "tok/s/GPU", "tok/s/user", "max conc"]
+    head += ["aic TTFT", "aic ITL", "source"] if beside else ["source"]
+    rows = []
+    for r in est.rows:
+        a = r.aiconfigurator
+        row = [
             r.format,
             f"{r.concurrency}" + ("" if r.fits else "*"),
             f"{r.ttft_ms:,.1f}",
-            f"{r.itl_ms:.2f}",
+            f"{r.itl_ms:.2f}" if r.itl_ms else "-",
             f"{r.output_tokens_per_s:,.0f}",
-            f"{r.output_tokens_per_s_per_user:.1f}",
+            f"{r.output_tokens_per_s_per_user:.1f}" if r.output_tokens_per_s_per_user else "-",
             f"{est.max_concurrency[r.format]:,}",
-            r.source,
         ]
-        for r in est.rows
-    ]
+        if beside:
+            row += [f"{a.ttft_ms:,.1f}", f"{a.itl_ms:.2f}"] if a else ["", ""]
+        rows.append([*row, r.source])
     lines += _table(head, rows)
+    lines += [x for a in est.advice for x in wrap(f"Compared: {a}", cols, "  ")]
     if notes:
         lines += [x for n in est.notes for x in wrap(f"Note: {n}", cols)]
     elif est.notes:

@@ -72,10 +72,13 @@ class AicRow(BaseModel):
 
 
 class AicFailure(BaseModel):
-    """A case aiconfigurator could not estimate."""
+    """A case aiconfigurator could not estimate (its KV and concurrency, where the tool names
+    them)."""
 
     model_config = ConfigDict(strict=True, frozen=True, extra="ignore")
     error: str = ""
+    kv: str | None = Field(None, max_length=99)
+    concurrency: int | None = Field(None, gt=0, le=1 << 20)
 
 
 class AicDoc(BaseModel):
@@ -94,9 +97,22 @@ class AicAnswer:
     core_version: str
     rows: tuple[AicRow, ...]
     errors: tuple[str, ...]
+    # (kv, concurrency, error) of each failed case, where the tool named them
+    failures: tuple[tuple[str | None, int | None, str], ...] = ()
 
     def source(self, r: AicRow) -> str:
         return f"aiconfigurator {self.version} ({r.backend} {r.backend_version} data, {r.system})"
+
+    def row_at(self, fmt: KVFormat, concurrency: int) -> AicRow | None:
+        """Its row for this format at this level; None where it has no data for the format or the
+        case failed."""
+        kv = AIC_KV.get(fmt)
+        return next((r for r in self.rows if r.kv == kv and r.concurrency == concurrency), None)
+
+    def failure_at(self, fmt: KVFormat, concurrency: int) -> str | None:
+        """Why the case of this format at this level failed, where the tool said."""
+        kv = AIC_KV.get(fmt)
+        return next((e for k, c, e in self.failures if k == kv and c == concurrency), None)
 
 
 def covered_gpus() -> str:
@@ -137,6 +153,7 @@ def answer_of(doc: Any, where: str) -> AicAnswer:
         checked.aiconfigurator_core,
         tuple(checked.rows),
         tuple(e.error[:300] for e in checked.errors),
+        tuple((e.kv, e.concurrency, e.error[:300]) for e in checked.errors),
     )
 
 
@@ -174,6 +191,33 @@ def _synthetic_config(arch: Architecture, folder: Path) -> Path:
     return folder
 
 
+def moe_parallelism(tp: int, ep: int = 1, attention_dp: int = 1) -> dict[str, int]:
+    """A MoE deployment's parallelism in aiconfigurator's terms (aiconfigurator-core 0.12.0
+    sdk/config.py ModelConfig.resolve_moe_parallelism: tp_size x attention_dp_size = moe_tp_size x
+    moe_ep_size, the GPUs of one pipeline stage). `tp`: the attention's tensor-parallel size within
+    one attention-data-parallel rank; `attention_dp`: the attention's data-parallel ranks (each
+    with its own sequences); `ep`: the ranks the routed experts are spread over, each expert split
+    over the rest by tensor parallelism. The defaults (no EP, no attention DP) shard every expert
+    over the TP group: moe_tp_size = tp, moe_ep_size 1."""
+    for name, value in (("tp", tp), ("ep", ep), ("attention_dp", attention_dp)):
+        if value < 1:
+            raise TrtkvError(f"MoE parallelism: {name} = {value}; it must be >= 1.")
+    width = tp * attention_dp
+    if width % ep:
+        allowed = ", ".join(str(d) for d in range(1, width + 1) if width % d == 0)
+        raise TrtkvError(
+            f"MoE parallelism: ep = {ep} does not divide tp x attention_dp = {tp} x "
+            f"{attention_dp} = {width} GPUs (aiconfigurator's moe_tp_size x moe_ep_size must equal "
+            f"them); allowed ep: {allowed}. Next: set ep to one of those."
+        )
+    return {
+        "tp_size": tp,
+        "attention_dp_size": attention_dp,
+        "moe_tp_size": width // ep,
+        "moe_ep_size": ep,
+    }
+
+
 def request(
     recipe: Recipe,
     arch: Architecture,
@@ -182,6 +226,8 @@ def request(
     model_path: str,
 ) -> dict[str, Any]:
     b = recipe.bench
+    # a MoE model: aiconfigurator refuses it without its expert parallelism (moe_parallelism)
+    moe = moe_parallelism(recipe.build.tp_size) if arch.moe is not None else {}
     return {
         "model_path": model_path,
         "system": AIC_SYSTEM[recipe.hardware.gpu],
@@ -196,6 +242,8 @@ def request(
         ),
         "max_seq_len": max(recipe.build.max_seq_len, b.input_tokens + b.output_tokens),
         "cases": [{"kv": kv, "concurrency": c} for kv in kvs for c in concurrency],
+        # tools/aic_estimate.py's names: tp above, the rest without "_size"
+        **{k.removesuffix("_size"): v for k, v in moe.items() if k != "tp_size"},
     }
 
 
@@ -280,15 +328,5 @@ def run_for(
         first = answer.errors[0] if answer.errors else "no rows"
         return None, f"aiconfigurator {answer.version} gave no estimate ({first}): trtkv model"
     said = f"aiconfigurator {answer.version} (core {answer.core_version}) for {', '.join(kvs)} KV"
-    return answer, said + (
-        f"; {len(answer.errors)} case(s) failed: {answer.errors[0]}" if answer.errors else ""
-    )
-
-
-def rows_for(answer: AicAnswer, fmt: KVFormat, concurrency: Sequence[int]) -> list[AicRow] | None:
-    """The answer's rows for this format at every level, or None when any is missing (then trtkv's
-    model answers)."""
-    kv = AIC_KV.get(fmt)
-    by = {r.concurrency: r for r in answer.rows if r.kv == kv}
-    got = [by.get(c) for c in concurrency]
-    return None if kv is None or any(r is None for r in got) else [r for r in got if r is not None]
+    # which case failed, and why, is said once where its level falls back (estimate.one_source_rows)
+    return answer, said + (f"; {len(answer.errors)} case(s) failed" if answer.errors else "")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.formats import UNQUANTIZED, KVFormat
 from trtkv.plan import aic
-from trtkv.plan.estimate_model import Estimate, EstimateRow
+from trtkv.plan.estimate_model import AicFigures, Estimate, EstimateRow
 from trtkv.plan.model import GIB, Architecture, resolve_architecture, seq_bytes, weights_bytes
 from trtkv.plan.moe_step import routing_note, with_experts
 from trtkv.plan.result import Plan
@@ -175,6 +175,7 @@ def estimate(recipe: Recipe, plan: Plan, use_aiconfigurator: bool = True) -> Est
     pool = plan.kv_pool_bytes_per_gpu
     skip = tuple(recipe.quantization.kv_skip_layers)
     formats = engine_formats(recipe)
+    own_label = recipe.kv_format_label
     fits: dict[str, int] = {}
     for label, fmt in formats:
         kv = kv_cost(arch, recipe, fmt, skip if label == recipe.kv_format_label else ())
@@ -184,34 +185,12 @@ def estimate(recipe: Recipe, plan: Plan, use_aiconfigurator: bool = True) -> Est
         if use_aiconfigurator
         else (None, "not asked (--no-aiconfigurator)")
     )
-    rows: list[EstimateRow] = []
+    own = {
+        label: _own_rows(recipe, arch, label, fmt, skip if label == own_label else (), fits[label])
+        for label, fmt in formats
+    }
+    rows, status = one_source_rows(answer, status, formats, b.concurrency, fits, own)
     notes: list[str] = []
-    for label, fmt in formats:
-        got = aic.rows_for(answer, fmt, b.concurrency) if answer and label == fmt.value else None
-        if got and answer is not None:
-            rows += [
-                EstimateRow(
-                    label,
-                    r.concurrency,
-                    r.ttft_ms,
-                    r.itl_ms,
-                    None,
-                    r.tokens_per_s_per_gpu,
-                    r.tokens_per_s_per_user,
-                    answer.source(r),
-                    r.concurrency <= fits[label],
-                )
-                for r in got
-            ]
-        else:
-            rows += _own_rows(
-                recipe,
-                arch,
-                label,
-                fmt,
-                skip if label == recipe.kv_format_label else (),
-                fits[label],
-            )
     over = sorted({r.format for r in rows if not r.fits})
     if over:
         notes.append(
@@ -234,7 +213,120 @@ def estimate(recipe: Recipe, plan: Plan, use_aiconfigurator: bool = True) -> Est
         "concurrency": list(b.concurrency),
         "max_num_batched_tokens": recipe.build.max_num_tokens,
     }
-    return Estimate(workload, recipe.build.backend.value, gpu.value, fits, rows, status, notes)
+    if b.output_tokens == 1:
+        notes.append(
+            "one output token: no inter-token latency (ITL and tok/s/user shown as -, 0 in "
+            "--json); TTFT is the whole answer."
+        )
+    est = Estimate(workload, recipe.build.backend.value, gpu.value, fits, rows, status, notes)
+    est.advice = row_advice(est, recipe.kv_format_label, formats)
+    est.replaces_advice = speed_advice_prefix(recipe)
+    return est
+
+
+def one_source_rows(
+    answer: aic.AicAnswer | None,
+    status: str,
+    formats: list[tuple[str, KVFormat]],
+    levels: list[int],
+    fits: dict[str, int],
+    own: dict[str, list[EstimateRow]],
+) -> tuple[list[EstimateRow], str]:
+    """The rows, one source per concurrency level: aiconfigurator's where it answered every format
+    at that level, else trtkv's model for every format there, aiconfigurator's figures beside
+    (EstimateRow.aiconfigurator, not compared); and the status line, saying once which levels fell
+    back and why."""
+    if answer is None:
+        return [r for label, _ in formats for r in own[label]], status
+    # a skip-layer variant of a format (its own label) is not what aiconfigurator priced
+    got = {
+        (label, c): answer.row_at(fmt, c) if label == fmt.value else None
+        for label, fmt in formats
+        for c in levels
+    }
+    theirs = [c for c in levels if all(got[(label, c)] for label, _ in formats)]
+    rows = []
+    for label, _ in formats:
+        for r in own[label]:
+            a = got[(label, r.concurrency)]
+            if a is None:
+                rows.append(r)
+            elif r.concurrency in theirs:
+                rows.append(
+                    EstimateRow(
+                        label,
+                        a.concurrency,
+                        a.ttft_ms,
+                        a.itl_ms,
+                        None,
+                        a.tokens_per_s_per_gpu,
+                        a.tokens_per_s_per_user,
+                        answer.source(a),
+                        a.concurrency <= fits[label],
+                    )
+                )
+            else:
+                r.aiconfigurator = AicFigures(
+                    a.ttft_ms,
+                    a.itl_ms,
+                    a.tokens_per_s_per_gpu,
+                    a.tokens_per_s_per_user,
+                    answer.source(a),
+                )
+                rows.append(r)
+    mine = [c for c in levels if c not in theirs]
+    if not mine:
+        return rows, status + "; one source per level: aiconfigurator for every row"
+    uncovered = [label for label, fmt in formats if label != fmt.value or fmt not in aic.AIC_KV]
+    failed = [
+        (label, c, answer.failure_at(fmt, c) or "no row")
+        for label, fmt in formats
+        for c in mine
+        if label not in uncovered and got[(label, c)] is None
+    ]
+    why = []
+    if uncovered:
+        why.append(
+            f"aiconfigurator {answer.version} has no KV data for {', '.join(uncovered)} (it has "
+            "bfloat16 and fp8)"
+        )
+    if failed:
+        label, c, err = failed[0]
+        more = f" (and {', '.join(f'{f} at {n}' for f, n, _ in failed[1:])})" if failed[1:] else ""
+        why.append(f"its {label} case at concurrency {c} failed: {err}{more}")
+    said = f"{status}; one source per level: trtkv model for every row at concurrency " + ", ".join(
+        str(c) for c in mine
+    )
+    side = next((r.aiconfigurator.source for r in rows if r.aiconfigurator), None)
+    beside = f"; {side}'s figures beside them (aic columns), not compared" if side else ""
+    theirs_said = (
+        f"; aiconfigurator for every row at concurrency {', '.join(str(c) for c in theirs)}"
+        if theirs
+        else ""
+    )
+    return rows, f"{said} ({'; '.join(why)}){beside}{theirs_said}"
+
+
+def row_advice(est: Estimate, label: str, formats: list[tuple[str, KVFormat]]) -> list[str]:
+    """The recipe's KV format against the 16-bit row at each level, read from those two rows (one
+    source, which it names); none for a 16-bit recipe."""
+    base = next((lab for lab, f in formats if f in UNQUANTIZED), None)
+    if base is None or base == label:
+        return []
+    by = {(r.format, r.concurrency): r for r in est.rows}
+    out = []
+    for c in est.workload["concurrency"]:
+        q, s = by.get((label, c)), by.get((base, c))
+        if q is None or s is None or q.source != s.source:
+            continue
+        w = est.workload
+        out.append(
+            f"{label} KV vs {base} at concurrency {c} ({w['input_tokens']:,} in, "
+            f"{w['output_tokens']:,} out): {itl_change(q.itl_ms, s.itl_ms)}, TTFT "
+            f"{q.ttft_ms / s.ttft_ms - 1:+.0%}, output tok/s/GPU "
+            f"{q.output_tokens_per_s / s.output_tokens_per_s - 1:+.0%}; both rows {q.source}."
+        )
+    return out
 
 
 def gpu_notes(gpu: GPU, engine: str, rows: list[EstimateRow]) -> list[str]:
@@ -273,6 +365,18 @@ def kernel_data(recipe: Recipe, k: Kernels) -> str:
     )
 
 
+def speed_advice_prefix(recipe: Recipe) -> str:
+    """How speed_advice's line starts (`plan --estimate` puts the rows' own comparison in its
+    place: trtkv.cli.plan)."""
+    n = min(recipe.build.max_input_len, 32768)
+    return f"At {n:,} tokens in on {recipe.hardware.gpu.value} with "
+
+
+def itl_change(quant_ms: float, base_ms: float) -> str:
+    """`ITL +x%`, or what stands in its place with one output token (no inter-token latency)."""
+    return f"ITL {quant_ms / base_ms - 1:+.0%}" if quant_ms and base_ms else "no ITL (one token)"
+
+
 def speed_advice(recipe: Recipe, arch: Architecture, capacity_ratio: float | None) -> str | None:
     """The planner's advice line on the recipe's KV format against 16-bit, from trtkv's own model
     (no subprocess): ITL and TTFT change at the recipe's longest input (at most 32K) and concurrency
@@ -305,9 +409,9 @@ def speed_advice(recipe: Recipe, arch: Architecture, capacity_ratio: float | Non
         even = "never (its ITL slope is not lower)"
     cap = f", capacity x{capacity_ratio:.2g}" if capacity_ratio else ""
     return (
-        f"At {n:,} tokens in on {gpu.value} with {kernel_data(recipe, k)}, "
+        f"{speed_advice_prefix(recipe)}{kernel_data(recipe, k)}, "
         f"{recipe.kv_format_label} KV "
-        f"vs bf16 at concurrency {c}: ITL {q.itl_ms / s.itl_ms - 1:+.0%}, TTFT "
+        f"vs bf16 at concurrency {c}: {itl_change(q.itl_ms, s.itl_ms)}, TTFT "
         f"{q.ttft_ms / s.ttft_ms - 1:+.0%}{cap}; decode (concurrency 1) breaks even {even} "
         f"({k.source}; `trtkv plan {recipe.name} --estimate` for every format and level, `trtkv "
         "bench --sweep-input` measures it)."

@@ -9,6 +9,18 @@ from typing import Any
 
 
 @dataclass
+class AicFigures:
+    """aiconfigurator's figures for a row whose comparison is trtkv's model (shown beside, not
+    compared: one source per concurrency level)."""
+
+    ttft_ms: float
+    itl_ms: float
+    output_tokens_per_s: float  # per GPU
+    output_tokens_per_s_per_user: float
+    source: str
+
+
+@dataclass
 class EstimateRow:
     format: str
     concurrency: int
@@ -19,6 +31,8 @@ class EstimateRow:
     output_tokens_per_s_per_user: float
     source: str
     fits: bool  # concurrency <= what the KV pool holds at isl + osl
+    # aiconfigurator's own figures where it answered but the level's rows are trtkv's model
+    aiconfigurator: AicFigures | None = None
 
 
 @dataclass
@@ -31,8 +45,12 @@ class Estimate:
     gpu: str
     max_concurrency: dict[str, int]  # per format: sequences of isl + osl tokens the pool holds
     rows: list[EstimateRow]
-    aiconfigurator: str  # what was used, or why not
+    aiconfigurator: str  # what was used, or why not (a fallback stated once, with its reason)
     notes: list[str] = field(default_factory=list)
+    # the recipe's format against 16-bit at each level, from the rows (one source each)
+    advice: list[str] = field(default_factory=list)
+    # how the plan's model-only speed advice line starts (`plan --estimate` puts `advice` there)
+    replaces_advice: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """plan --json's `estimate`: per format, one entry per concurrency level."""
@@ -49,4 +67,5 @@ class Estimate:
             "aiconfigurator": self.aiconfigurator,
             "formats": formats,
             "notes": self.notes,
+            "advice": self.advice,
         }
