@@ -83,6 +83,27 @@ def test_write_scales_file_reads_calibrates_kv_scales(tmp_path: Path) -> None:
     assert doc["kv_cache"]["scaling_factor"]["3"]["1"] == pytest.approx(0.02)
 
 
+def test_the_chunk_passed_and_the_fraction_planned_are_the_recipes_max_num_tokens() -> None:
+    """--chunked-prefill-size is build.max_num_tokens even when every prompt fits it: -1 (chunking off) made SGLang
+    size its reserve for max_prefill_tokens (16,384 tokens x 1.5 MiB), which exceeds a 24 GB card (a negative
+    fraction) and was not the step the recipe asked for."""
+    from trtkv.engines.sglang import sglang_default_mem_fraction, sglang_knobs
+    from trtkv.engines.sizing import gpu_memory_mib
+
+    short = ["build.max_seq_len=4096", "build.max_input_len=3584", "bench.needle_context_lengths=[2048]"]
+    recipe = load_recipe(RECIPE, short)
+    assert not recipe.chunked_context  # every prompt fits max_num_tokens 8192
+    args = sglang.server_args(recipe, Path("/m"), "h")
+    assert flag(args, "--chunked-prefill-size") == str(recipe.build.max_num_tokens) == "8192"
+    b = recipe.build
+    planned = sglang_default_mem_fraction(gpu_memory_mib(recipe), b.tp_size, b.pp_size, 8192, b.max_batch_size)
+    assert sglang_knobs(recipe).value == planned == float(flag(args, "--mem-fraction-static"))
+    small = load_recipe(RECIPE, [*short, "build.max_num_tokens=4096", "hardware.gpu=RTX-4090", "build.tp_size=1",
+                                 "hardware.count=1"])
+    assert flag(sglang.server_args(small, Path("/m"), "h"), "--chunked-prefill-size") == "4096"
+    assert 0.6 < sglang_knobs(small).value < 0.8  # SGLang's own figure for a 4,096-token chunk on 24 GB
+
+
 @pytest.mark.parametrize("overrides,field,message", [
     (["hardware.gpu=cpu", "build.tp_size=1", "hardware.count=1"], "hardware.gpu", "does not serve SGLang on the CPU"),
     (["quantization.kv_cache=int8"], "quantization.kv_cache", "SGLang 0.5.23 has no INT8 KV cache"),

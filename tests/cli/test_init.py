@@ -121,6 +121,36 @@ def test_every_backend_gets_defaults_its_engine_accepts(tmp_path: Path, gpu: str
     assert recipe.build.max_num_tokens >= recipe.build.max_batch_size  # vLLM's scheduler rule, kept for every engine
 
 
+@pytest.mark.parametrize("gpu,chunk", [("RTX-4080", 2048), ("RTX-4090", 4096), ("L4", 4096), ("A100-40GB", 4096),
+                                       ("H100-80GB", 8192), ("B200", 16384)])
+def test_sglang_takes_sglangs_own_chunk_for_the_card(tmp_path: Path, gpu: str, chunk: int) -> None:
+    """SGLang 0.5.23 sizes chunked_prefill_size by GPU memory (arg_groups/memory_hook.py handle_gpu_memory_settings):
+    init writes that as build.max_num_tokens for SGLang, which the command passes as --chunked-prefill-size and the
+    planned fraction reserves for."""
+    from trtkv.backends import sglang
+
+    out = write_recipe("s", CONFIGS / "qwen2_5_7b", tmp_path / "s.yaml", gpu, backend="sglang")
+    recipe = load_recipe(out)
+    assert recipe.build.max_num_tokens == chunk
+    assert "chunked_prefill_size on a" in out.read_text()
+    args = sglang.server_args(recipe, Path("/m"), "h")
+    assert args[args.index("--chunked-prefill-size") + 1] == str(chunk)
+
+
+def test_sglang_serves_a_7b_model_on_one_24_gb_card(tmp_path: Path) -> None:
+    """Qwen2.5-7B (15.2 GB of BF16 weights) on one RTX 4090 under SGLang: with trtkv's 8,192-token step SGLang's
+    formula reserves 13.5 GiB and left no KV ('0.0 GiB for KV', refused); with SGLang's own 4,096 it reserves 7.3 GiB
+    and the pool holds several sequences."""
+    out = write_recipe("s", CONFIGS / "qwen2_5_7b", tmp_path / "s.yaml", "RTX-4090", count=1, backend="sglang",
+                       kv_cache="none")
+    recipe = load_recipe(out)
+    p = plan(recipe)
+    assert recipe.build.tp_size == 1 and p.kv_pool.engine == "sglang"
+    assert 0.6 < p.kv_pool.knob_value < 0.8 and p.kv_pool_bytes_per_gpu > 1.0 * 2**30
+    cap = next(c for c in p.formats if c.format == p.recipe_kv_format)
+    assert cap.max_sequences[recipe.build.max_seq_len] >= 1
+
+
 def test_a_refused_default_moves_and_says_why(tmp_path: Path) -> None:
     """vLLM reads an FP8 KV cache beside 16-bit weights (calibrate's compressed-tensors KV-only export): init keeps
     the weights as stored (on main it moved them to fp8); trtllm-build without paged context FMHA needs

@@ -166,3 +166,18 @@ def test_sglang_default_fraction_matches_the_published_default() -> None:
     rec = next(r for r in LOGS if r["id"] == "vllm-hybrid-sglang-qwen3-30b-a3b-fp8-h100")
     assert len(sglang_prefill_graph_sizes(8192)) == 58
     assert sglang_default_mem_fraction(81559, 1, 1, 8192, None) == rec["knob"]["value"]
+
+
+def test_trtllm_pytorch_backend_charges_the_warmups_cuda_graphs(planned: list[Planned]) -> None:
+    """TensorRT-LLM's PyTorch backend measures its peak with the warm-up's decode CUDA graphs still held (1.0 on:
+    CudaGraphConfig's 1-31, 32, 64, 128 up to max_batch_size); the plan charges them at TensorRT-LLM's own 10 MiB per
+    graph for DeepSeek R1's 61 layers. Releases before 1.0 captured none by default."""
+    from trtkv.engines.trtllm import trtllm_graph_batch_sizes
+
+    assert trtllm_graph_batch_sizes("1.2.1", 2048) == [*range(1, 32), 32, 64, 128]
+    assert trtllm_graph_batch_sizes("1.2.1", 16) == list(range(1, 17))
+    assert trtllm_graph_batch_sizes("0.19.0", 2048) == []
+    p = next(p for p in planned if p.record["id"] == "lm7-trtllm-1.2.1-smollm2-rtx4070s")
+    assert p.estimate.term("cuda_graphs") == pytest.approx(34 * 30 * 10 / 61 * 2**20)
+    non_kv = sum(t.bytes for t in p.estimate.terms) / GIB  # weights, activation, non-torch, graphs
+    assert non_kv == pytest.approx(p.record["gpu_total_gib"] - p.pool_gib / 0.9, abs=0.01)

@@ -46,6 +46,7 @@ from trtkv.engines.pool import ServedPool
 from trtkv.engines.sglang import (
     SGLANG_INFO,
     SGLANG_VERSION,
+    sglang_chunk,
     sglang_info_tokens,
     sglang_knobs,
     sglang_recipe_pool,
@@ -134,7 +135,7 @@ def server_args(recipe: Recipe, hf_dir: Path, host: str, scales: Path | None = N
         "--max-running-requests",
         str(b.max_batch_size),
         "--chunked-prefill-size",
-        str(b.max_num_tokens if recipe.chunked_context else -1),
+        str(sglang_chunk(recipe)),
         "--enable-metrics",
         *memory_args(recipe),
     ]
@@ -360,10 +361,9 @@ def _one_token(recipe: Recipe) -> int:
 
 
 def _prefill_step(recipe: Recipe) -> int:
-    """Tokens per prefill step as trtkv's command sets it: max_num_tokens (--chunked-prefill-size),
-    a whole prompt when chunked prefill is off (-1)."""
-    b = recipe.build
-    return b.max_num_tokens if recipe.chunked_context else max(b.max_num_tokens, b.max_input_len)
+    """Tokens per prefill step as trtkv's command sets it: --chunked-prefill-size, the recipe's
+    max_num_tokens."""
+    return sglang_chunk(recipe)
 
 
 BACKEND = EngineBackend(

@@ -213,6 +213,8 @@ def write_recipe(
         max_seq_len or min(mpe, DEFAULT_SEQ_LEN),
         concurrency or 1,
     )
+    if chosen == Backend.SGLANG.value and not on_cpu:
+        first.num_tokens, first.why["build.max_num_tokens"] = _sglang_chunk(target)
     text, settled = _sized_text(
         name,
         out,
@@ -236,6 +238,20 @@ def _stderr(line: str) -> None:
     import sys
 
     print(line, file=sys.stderr)
+
+
+def _sglang_chunk(gpu: GPU) -> tuple[int, str]:
+    """build.max_num_tokens for SGLang: SGLang's own chunked_prefill_size default on the GPU's
+    memory (trtkv's SGLang command passes it as --chunked-prefill-size, and plans the fraction with
+    it), and why."""
+    from trtkv.engines.sglang import SGLANG_VERSION, sglang_default_chunk
+    from trtkv.platform.hardware import GPU_SPECS
+
+    gib = GPU_SPECS[gpu].memory_gib
+    return sglang_default_chunk(gib * 1024), (
+        f"SGLang {SGLANG_VERSION}'s chunked_prefill_size on a {gib:g} GiB GPU "
+        "(memory_hook.py), passed as --chunked-prefill-size"
+    )
 
 
 def _checked_output(name: str, output: Path | None, force: bool, **sizes: int | None) -> Path:
@@ -299,7 +315,7 @@ def _sized_text(
     need = first.batch
     tried: list[str] = []
     for n in [count] if count is not None else [1] if on_cpu else list(COUNTS):
-        s = replace(first, count=n, why={})
+        s = replace(first, count=n, why=dict(first.why))
         s.num_tokens = max(s.num_tokens, need)
         text, recipe = settle(name, out, s, given, draw)
         fits, why = _fits(recipe)

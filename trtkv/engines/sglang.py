@@ -125,6 +125,21 @@ def sglang_prefill_graph_sizes(max_bs: int) -> list[int]:
     return [s for s in sizes if s <= max_bs]
 
 
+def sglang_default_chunk(gpu_mem_mib: float) -> int:
+    """SGLang 0.5.23's default chunked_prefill_size by GPU memory (arg_groups/memory_hook.py
+    handle_gpu_memory_settings): 2,048 tokens under 20 GiB (T4, RTX 4080), 4,096 under 60 GiB (A10,
+    L4, RTX 4090, A100-40GB, L40S), 8,192 under 160 GiB (H100, H200), 16,384 above (B200). SGLang
+    reads the memory from nvidia-smi, a few tenths of a GiB above the CUDA total trtkv's GPU table
+    holds: no GPU of the table lies that close to a boundary."""
+    if gpu_mem_mib < 20 * 1024:
+        return 2048
+    if gpu_mem_mib < 60 * 1024:
+        return 4096
+    if gpu_mem_mib < 160 * 1024:
+        return 8192
+    return 16384
+
+
 def sglang_decode_graph_max_bs(gpu_mem_mib: float, tp: int) -> int:
     """SGLang 0.5.23's default decode CUDA-graph max batch size by GPU memory (memory_hook.py)."""
     if gpu_mem_mib < 20 * 1024:
@@ -169,9 +184,11 @@ def sglang_default_mem_fraction(
 
 
 def sglang_chunk(recipe: Recipe) -> int:
-    """--chunked-prefill-size as trtkv's SGLang command passes it (-1 when prompts fit
-    max_num_tokens)."""
-    return recipe.build.max_num_tokens if recipe.chunked_context else -1
+    """--chunked-prefill-size as trtkv's SGLang command passes it: build.max_num_tokens, always. A
+    prompt within it is never chunked; -1 (chunking off) would make SGLang size its reserve and its
+    prefill batches for max_prefill_tokens (16,384) instead of the recipe's value, which on a 24 GB
+    card leaves no fraction at all."""
+    return recipe.build.max_num_tokens
 
 
 def sglang_knobs(recipe: Recipe) -> EngineKnobs:

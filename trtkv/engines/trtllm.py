@@ -13,7 +13,12 @@ warm-up of dummy context requests filling max_num_tokens, pool = free_gpu_memory
 peak + the temporary estimation cache), peak = torch's peak (weights, activation) + the non-torch
 memory then held (CUDA context, NCCL, CUDA graphs); `kv_cache_config.max_tokens` caps it ("Both
 free_gpu_memory_fraction and max_tokens are set ... The smaller value will be used"); blocks of
-tokens_per_block.
+tokens_per_block. The peak is measured after the executor's warm-up has captured its decode CUDA
+graphs (TorchLlmArgs.cuda_graph_config defaults to CudaGraphConfig() since 1.0; model_engine.warmup
+runs in create_py_executor_instance before configure_kv_cache_capacity, and py_executor_creator
+releases the graphs only after it, `_release_cuda_graphs`), so they are part of what the log calls
+"Memory used outside torch (e.g., NCCL and CUDA graphs)" and come off the pool
+(`trtllm_cuda_graph_bytes`).
 
 Engine path (cpp/tensorrt_llm/batch_manager/trtGptModelInflightBatching.cpp: runtime contexts,
 runtime buffers, decoder, then kvCacheManager.cpp `calculateFreeMemBytes`: free x
@@ -26,7 +31,7 @@ from __future__ import annotations
 import re
 
 from trtkv.core.readback import MAX_POOL_BYTES, MAX_POOL_TOKENS, real, whole
-from trtkv.engines.activation import ModelShape, Setup, forward_peak_bytes
+from trtkv.engines.activation import MIB, ModelShape, Setup, forward_peak_bytes
 from trtkv.engines.pool import (
     GIB,
     EngineKnobs,
@@ -67,6 +72,35 @@ TRT_ENGINE_SOURCE = (
 )
 
 
+# CudaGraphConfig's batch sizes when none are given (tensorrt_llm/llmapi/llm_args.py
+# _generate_cuda_graph_batch_sizes: max_batch_size 128, enable_padding False): 1-31, 32, 64, 128
+TRTLLM_GRAPH_BATCH_SIZES = (*range(1, 32), 32, 64, 128)
+# TensorRT-LLM's own figure for one decode CUDA graph: "Each CUDA graph metadata takes about 10 MiB
+# for DeepSeek R1" (NVIDIA/TensorRT-LLM PR #12895, 220 MiB per GPU for its padded batch sizes), 61
+# layers: 0.16 MiB per layer and graph (vLLM's logs give 0.15-0.25, trtkv.engines.activation)
+TRTLLM_GRAPH_MIB_PER_LAYER = 10 / 61
+
+
+def trtllm_graph_batch_sizes(version: str, max_batch_size: int) -> list[int]:
+    """The decode batch sizes TensorRT-LLM's PyTorch backend captures CUDA graphs for by default:
+    the CudaGraphConfig sizes up to the executor's max_batch_size (model_engine filters them by it:
+    "Creating CUDA graph instances for N batch sizes"); none before 1.0, whose
+    PyTorchConfig.use_cuda_graph was off by default."""
+    major = version.split(".", 1)[0]
+    if not major.isdigit() or int(major) < 1:
+        return []
+    return [b for b in TRTLLM_GRAPH_BATCH_SIZES if b <= max_batch_size]
+
+
+def trtllm_cuda_graph_bytes(shape: ModelShape, setup: Setup, version: str) -> float:
+    """The decode CUDA graphs held while the PyTorch backend measures its peak, on one GPU: one
+    graph per batch size, each TRTLLM_GRAPH_MIB_PER_LAYER over this GPU's layers (the graphs share
+    one memory pool: their activations are the decode batch's, small beside the warm-up's)."""
+    graphs = len(trtllm_graph_batch_sizes(version, setup.max_num_seqs))
+    layers = -(-shape.layers // setup.pp)
+    return graphs * layers * TRTLLM_GRAPH_MIB_PER_LAYER * MIB
+
+
 def trtllm_pool(
     shape: ModelShape,
     setup: Setup,
@@ -77,10 +111,11 @@ def trtllm_pool(
     max_tokens: int | None = None,
 ) -> PoolEstimate:
     """TensorRT-LLM PyTorch backend / LLM API: fraction x (total - weights - warm-up activation -
-    non-torch)."""
+    non-torch - the warm-up's CUDA graphs)."""
     activation = forward_peak_bytes(shape, setup)
     non_torch = context_bytes(setup)
-    free = setup.gpu_total_bytes - setup.weights_bytes - activation - non_torch
+    graphs = trtllm_cuda_graph_bytes(shape, setup, version)
+    free = setup.gpu_total_bytes - setup.weights_bytes - activation - non_torch - graphs
     terms = (
         Term(
             "weights",
@@ -97,6 +132,13 @@ def trtllm_pool(
             "non_torch",
             non_torch,
             "CUDA context, NCCL ('Memory used outside torch (e.g., NCCL and CUDA graphs)')",
+        ),
+        Term(
+            "cuda_graphs",
+            graphs,
+            f"decode CUDA graphs the warm-up captured before the peak was measured "
+            f"({len(trtllm_graph_batch_sizes(version, setup.max_num_seqs))} batch sizes up to "
+            f"max_batch_size {setup.max_num_seqs:,}; in the same 'outside torch' line)",
         ),
     )
     est = PoolEstimate(
