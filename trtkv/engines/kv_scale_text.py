@@ -60,7 +60,10 @@ def serve_scale_lines(folder: Path, backend: str, recipe: str) -> list[str]:
     from trtkv.engines.kv_scale_loaders import BACKEND_ENGINE
 
     engine = BACKEND_ENGINE.get(backend)
-    if engine is None:
+    # an incomplete checkpoint is the stage's own input check to report, not the audit's
+    if engine is None or not any(
+        p.is_dir() and any(p.glob("*.safetensors")) for p in (folder, folder / "hf")
+    ):
         return []
     audits = audit_folder(folder, [engine])
     lines = [
