@@ -262,3 +262,50 @@ def test_serve_says_what_the_engine_will_use(export: dict, tmp_path: Path) -> No
     lines = serve_scale_lines(bad, "sglang", "tiny_scales")
     assert "layer 1: a crash at load" in lines[0]
     assert lines[-1].startswith("warning: ") and "`trtkv scales tiny_scales`" in lines[-1]
+
+
+def write_folder(folder: Path, tensors: dict[str, float], config: dict) -> Path:
+    """A checkpoint folder of float32 scalars written by safetensors, with its config.json."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    name = "rank0.safetensors" if "architecture" in config else "model.safetensors"
+    save_file({n: np.array(v, dtype=np.float32) for n, v in tensors.items()}, str(folder / name))
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_a_tensorrt_llm_checkpoint_missing_a_factor_fails_the_build(tmp_path: Path) -> None:
+    factors = {f"transformer.layers.{i}.attention.kv_cache_scaling_factor": 1.0 for i in (0, 1, 3)}
+    config = {"architecture": "LlamaForCausalLM", "num_hidden_layers": 4,
+              "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}
+    audit = audit_of(write_folder(tmp_path / "ckpt", factors, config))
+    assert audit.format == "trtllm" and on(audit, ENGINE, 2) == "crash"
+    assert "Required but not provided tensors" in codes(audit)["crash"][0].message
+    assert codes(audit)["missing_layers"][0].layers == (2,) and audit.exit_code == 1
+    assert [f.severity for f in codes(audit)["unity"]] == ["info"]  # ModelOpt's >= 1.0 clamp, said as such
+    assert "clamps" in codes(audit)["unity"][0].message
+
+
+def test_linear_attention_layers_need_no_scales_and_an_unread_loader_is_said(tmp_path: Path) -> None:
+    """Qwen3.5: Gated DeltaNet layers keep no K/V; a name its SGLang loader has no rule for is not modelled."""
+    types = ["linear_attention"] * 3 + ["full_attention"]
+    tensors = {"model.language_model.layers.3.self_attn.k_proj.k_scale": 0.02,
+               "model.language_model.layers.3.self_attn.v_proj.v_scale": 0.01,
+               "model.language_model.layers.3.self_attn.qkv_proj.k_scale": 0.02}
+    config = {"architectures": ["Qwen3_5ForConditionalGeneration"],
+              "text_config": {"num_hidden_layers": 4, "layer_types": types}}
+    audit = audit_of(write_folder(tmp_path / "q35", tensors, config))
+    assert "missing_layers" not in codes(audit)
+    assert on(audit, SGLANG, 3) == "unknown" and codes(audit)["not_modelled"][0].engine == SGLANG
+    assert on(audit, VLLM, 3) == "separate"
+
+
+def test_an_nvfp4_checkpoint_is_not_judged_by_fp8_rules(tmp_path: Path) -> None:
+    tensors = {k_name(i): 0.02 for i in range(4)} | {v_name(i): 0.01 for i in range(4)}
+    folder = write_folder(tmp_path / "nv", tensors, {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 4})
+    (folder / "hf_quant_config.json").write_text(json.dumps({"quantization": {"kv_cache_quant_algo": "NVFP4"}}))
+    audit = audit_of(folder)
+    assert audit.kv_algo == "NVFP4" and audit.exit_code == 0
+    assert {f.engine for f in codes(audit)["not_modelled"]} == {VLLM, SGLANG, TRTLLM}
