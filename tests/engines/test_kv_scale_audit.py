@@ -230,7 +230,7 @@ def test_calibrate_prices_a_divided_layer_by_its_clipped_share(export: dict, tmp
         t[v_name(2)] = t[v_name(2)] / 20
 
     audit = audit_of(faulty(export, tmp_path, divide))
-    add_clip_cost(audit, export["model"], 1e-3)
+    add_clip_cost([audit], export["model"], 1e-3)
     assert audit.clip is not None and "unknown" not in audit.clip
     vllm = {r["layer"]: r for r in audit.clip["engines"]["vllm 0.32.0"]}
     worst_other = max(max(r["k_clip"], r["v_clip"]) for i, r in vllm.items() if i != 2)
@@ -245,7 +245,7 @@ def test_calibrate_without_a_model_says_the_cost_is_unknown(export: dict) -> Non
     from trtkv.calibrate.scale_clip import add_clip_cost
 
     audit = audit_of(export["ckpt"] / "hf")
-    add_clip_cost(audit, None, 1e-3)
+    add_clip_cost([audit], None, 1e-3)
     assert audit.clip == {"unknown": "no unquantized model to run: pass --model DIR, or a recipe instead of a "
                                      "folder"}
 

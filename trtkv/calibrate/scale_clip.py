@@ -55,36 +55,57 @@ def audit_target(
             from trtkv.checkpoints.models import resolve_model_dir
 
             model_dir = resolve_model_dir(recipe)
-        for audit in audits:
-            add_clip_cost(audit, model_dir, threshold)
+        add_clip_cost(audits, model_dir, threshold)
     return audits
 
 
-def add_clip_cost(audit: Audit, model_dir: Path | None, threshold: float) -> None:
-    """Measure each engine's per-layer clip share on the model and add `clips` findings."""
-    why = _unknown(audit, model_dir)
-    if why or model_dir is None:
-        audit.clip = {"unknown": why}
+def add_clip_cost(audits: list[Audit], model_dir: Path | None, threshold: float) -> None:
+    """Measure each engine's per-layer clip share on the model (one pass for every folder) and add
+    `clips` findings."""
+    plans: dict[str, dict[int, tuple[float, float]]] = {}
+    measured = []
+    for audit in audits:
+        why = _unknown(audit, model_dir)
+        if why or model_dir is None:
+            audit.clip = {"unknown": why}
+            continue
+        measured.append(audit)
+        for e in audit.engines:
+            if e.applies and e.layers:
+                plans[_plan_key(audit, e.engine, e.version)] = {
+                    el.layer: (el.k, el.v)
+                    for el in e.layers
+                    if el.k is not None and el.v is not None
+                }
+    if not measured or model_dir is None:
         return
-    qmax = QMAX[audit.kv_algo]
-    plans = {
-        f"{e.engine} {e.version}": {
-            el.layer: (el.k, el.v) for el in e.layers if el.k is not None and el.v is not None
-        }
-        for e in audit.engines
-        if e.applies and e.layers
+    limits = {
+        key: {i: (k * QMAX[a.kv_algo], v * QMAX[a.kv_algo]) for i, (k, v) in plans[key].items()}
+        for a in measured
+        for key in plans
+        if key.startswith(a.folder + "|")
     }
-    stats = measure_clipping(
-        model_dir,
-        {name: {i: (k * qmax, v * qmax) for i, (k, v) in p.items()} for name, p in plans.items()},
-    )
+    stats = measure_clipping(model_dir, limits)
+    for audit in measured:
+        _clip_findings(audit, plans, stats, threshold)
+
+
+def _plan_key(audit: Audit, engine: str, version: str) -> str:
+    return f"{audit.folder}|{engine} {version}"
+
+
+def _clip_findings(audit: Audit, plans: dict, stats: dict, threshold: float) -> None:
+    qmax = QMAX[audit.kv_algo]
     audit.clip = {"source": stats["source"], "threshold": threshold, "qmax": qmax, "engines": {}}
-    for name, layers in plans.items():
+    for key, layers in plans.items():
+        folder, name = key.split("|", 1)
+        if folder != audit.folder:
+            continue
         rows = []
         for i, (k, v) in sorted(layers.items()):
             if i not in stats["amax"]:
                 continue
-            k_clip, v_clip = stats["clipped"][name][i]
+            k_clip, v_clip = stats["clipped"][key][i]
             total = stats["values"][i]
             rows.append(
                 {
@@ -144,7 +165,11 @@ def measure_clipping(model_dir: Path, limits: dict[str, dict[int, tuple[float, f
     from trtkv.core.texts import CALIB_DEFAULT, load_texts
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto").eval()
+    # a GPU runs the model dtype; a CPU float32 (bf16 matmuls are slow without AVX-512 BF16)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = "auto" if device == "cuda" else torch.float32
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    model = model.to(device).eval()
     batches = scales.calibration_batches(
         tok,
         load_texts(CALIB_DEFAULT),
@@ -160,7 +185,7 @@ def measure_clipping(model_dir: Path, limits: dict[str, dict[int, tuple[float, f
     with torch.inference_mode():
         for ids in batches:
             cache = DynamicCache(config=model.config)
-            model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            model(input_ids=ids.to(device), past_key_values=cache, use_cache=True, logits_to_keep=1)
             for i, layer in enumerate(cache.layers):
                 keys, vals = getattr(layer, "keys", None), getattr(layer, "values", None)
                 if keys is None or vals is None:
@@ -175,7 +200,7 @@ def measure_clipping(model_dir: Path, limits: dict[str, dict[int, tuple[float, f
         "values": values,
         "clipped": clipped,
         "source": f"{model_dir}, {CALIB_SAMPLES} x {CALIB_SEQ_LEN} tokens of "
-        f"{Path(CALIB_DEFAULT).name}, seed {CALIB_SEED}",
+        f"{CALIB_DEFAULT}, seed {CALIB_SEED}",
     }
 
 
