@@ -87,7 +87,7 @@ def v_name(i: int) -> str:
 
 def test_the_healthy_export_passes_and_each_engine_uses_what_it_reads(export: dict) -> None:
     audits = {a.format: a for a in audit_folder(export["ckpt"])}
-    hf, trt = audits["hf"], audits["trtllm"]
+    hf, trt = audits["hf"], audits["tensorrt_llm_checkpoint"]
     stored = json.loads((export["ckpt"] / "kv_scales.json").read_text())["layers"]
     assert hf.exit_code == 0 and trt.exit_code == 0, [f.message for a in audits.values() for f in a.findings]
     assert hf.conventions == ["modelopt"] and hf.architecture == "LlamaForCausalLM" and hf.kv_algo == "FP8"
@@ -214,7 +214,7 @@ def test_the_cli_prints_a_table_json_and_the_exit_code(export: dict, tmp_path: P
     assert "FAIL partial: layer 1: v_scale without k_scale" in out and "CRASH" in out
     assert main(["scales", str(export["ckpt"]), "--json", "--engine", "vllm"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert [a["format"] for a in doc] == ["trtllm", "hf"] and doc[1]["exit_code"] == 0
+    assert [a["format"] for a in doc] == ["tensorrt_llm_checkpoint", "hf"] and doc[1]["exit_code"] == 0
     assert [e["engine"] for e in doc[1]["engines"]] == [VLLM]
     assert main(["scales", str(tmp_path / "nothing")]) == 2
 
@@ -281,7 +281,7 @@ def test_a_tensorrt_llm_checkpoint_missing_a_factor_fails_the_build(tmp_path: Pa
     config = {"architecture": "LlamaForCausalLM", "num_hidden_layers": 4,
               "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}
     audit = audit_of(write_folder(tmp_path / "ckpt", factors, config))
-    assert audit.format == "trtllm" and on(audit, ENGINE, 2) == "crash"
+    assert audit.format == "tensorrt_llm_checkpoint" and on(audit, ENGINE, 2) == "crash"
     assert "Required but not provided tensors" in codes(audit)["crash"][0].message
     assert codes(audit)["missing_layers"][0].layers == (2,) and audit.exit_code == 1
     assert [f.severity for f in codes(audit)["unity"]] == ["info"]  # ModelOpt's >= 1.0 clamp, said as such

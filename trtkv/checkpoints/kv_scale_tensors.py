@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trtkv.core.errors import StageError
+from trtkv.recipe.layout import HF
 
 INDEX = "model.safetensors.index.json"
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own cap
@@ -70,7 +71,9 @@ class CheckpointScales:
     """A checkpoint folder's KV scale tensors and what its config says about them."""
 
     folder: Path
-    format: str  # "hf" (an HF folder: ModelOpt, compressed-tensors, ...) or "trtllm"
+    format: (
+        str  # "hf" (an HF folder: ModelOpt, compressed-tensors, ...) or "tensorrt_llm_checkpoint"
+    )
     architecture: str | None  # config.json architectures[0] (HF) or architecture (TRT-LLM)
     kv_algo: str | None  # the KV quantization the config declares (FP8, INT8, NVFP4), None: none
     num_layers: int | None
@@ -116,7 +119,7 @@ def read_checkpoint_scales(folder: Path) -> CheckpointScales:
     layers = layers if isinstance(layers, int) and layers > 0 else None
     return CheckpointScales(
         folder=folder,
-        format="trtllm" if trtllm else "hf",
+        format="tensorrt_llm_checkpoint" if trtllm else "hf",
         architecture=_architecture(config, trtllm),
         kv_algo=_kv_algo(folder, config, trtllm),
         num_layers=layers,
@@ -129,7 +132,7 @@ def read_checkpoint_scales(folder: Path) -> CheckpointScales:
 def checkpoint_folders(path: Path) -> list[Path]:
     """The checkpoint folders under `path`: itself, and trtkv's `hf/` export beside a TensorRT-LLM
     checkpoint (engines/<recipe>/checkpoint/)."""
-    found = [p for p in (path, path / "hf") if p.is_dir() and _holds_weights(p)]
+    found = [p for p in (path, path / HF) if p.is_dir() and _holds_weights(p)]
     if not found:
         raise StageError(
             f"{path}: holds no safetensors checkpoint (no model.safetensors.index.json, "

@@ -158,7 +158,7 @@ def _value_findings(ckpt: CheckpointScales) -> list[Finding]:
                 + (
                     "ModelOpt clamps this checkpoint's FP8 kv_cache_scaling_factor to >= 1.0 "
                     "(amax under 448 gives 1.0)"
-                    if ckpt.format == "trtllm"
+                    if ckpt.format == "tensorrt_llm_checkpoint"
                     else "uncalibrated (ModelOpt's fp8_cast default)"
                 )
                 + ". Reported, not failed; `trtkv scales --calibrate` says what 1.0 clips",

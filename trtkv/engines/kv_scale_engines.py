@@ -36,7 +36,7 @@ def value_class(values: tuple[float, ...]) -> str:
 
 def engine_verdict(engine: EngineScales, ckpt: CheckpointScales) -> EngineVerdict:
     if engine.reads != ckpt.format:
-        what = "an HF checkpoint" if engine.reads == "hf" else "a TensorRT-LLM checkpoint"
+        what = {"hf": "an HF checkpoint"}.get(engine.reads, "a TensorRT-LLM checkpoint")
         return EngineVerdict(
             engine.engine, engine.version, False, "", f"does not load this folder (it reads {what})"
         )

@@ -23,7 +23,7 @@ TABLE_PATH = Path(__file__).resolve().parent.parent / "data" / "kv_scale_loaders
 CLASSES = ("positive", "zero", "negative", "nan", "absent")
 OUTCOMES = ("load", "drop_warn", "drop_silent", "crash", "unused", "not_modelled")
 USES = ("separate", "unity", "k_for_both", "shared", "crash")
-FORMATS = ("hf", "trtllm")
+FORMATS = ("hf", "tensorrt_llm_checkpoint")
 # the engine each trtkv backend serves with (the reference runtime reads the TensorRT-LLM
 # checkpoint as the engine path does)
 BACKEND_ENGINE = {

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from trtkv.engines.kv_scale_findings import FAIL, Audit, EngineVerdict
+from trtkv.recipe.layout import HF
 
 KINDS = ("k", "v", "kv", "q", "prob")
 SHORT = {
@@ -62,7 +63,7 @@ def serve_scale_lines(folder: Path, backend: str, recipe: str) -> list[str]:
     engine = BACKEND_ENGINE.get(backend)
     # an incomplete checkpoint is the stage's own input check to report, not the audit's
     if engine is None or not any(
-        p.is_dir() and any(p.glob("*.safetensors")) for p in (folder, folder / "hf")
+        p.is_dir() and any(p.glob("*.safetensors")) for p in (folder, folder / HF)
     ):
         return []
     audits = audit_folder(folder, [engine])
