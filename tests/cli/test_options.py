@@ -65,7 +65,8 @@ def test_the_verbs_arguments_are_the_models_fields(verb: str) -> None:
 # the fewest words each verb parses from: its recipe (where it takes one) and its required options
 MINIMAL = {"init": ["n", "--model", "m"], "validate": [], "compare": [], "deploy": ["r", "--target", "k8s"],
            "generate": ["r", "--prompt", "p"]}
-REQUIRED = {"init": {"name": "n", "model": "m"}, "deploy": {"target": "k8s"}, "generate": {"prompt": "p"}}
+REQUIRED = {"init": {"name": "n", "model": "m"}, "deploy": {"target": "k8s"}, "generate": {"prompt": "p"},
+            "scales": {"target": "r"}}
 
 
 @pytest.mark.parametrize("verb", MODELS)

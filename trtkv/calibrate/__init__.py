@@ -17,6 +17,7 @@ common (shared names), describe (the dry run), modelopt_export (quantize + expor
 """
 
 from trtkv.calibrate.describe import describe_calibration
+from trtkv.calibrate.scale_clip import audit_target
 from trtkv.calibrate.stage import calibrate
 
-__all__ = ["calibrate", "describe_calibration"]
+__all__ = ["audit_target", "calibrate", "describe_calibration"]

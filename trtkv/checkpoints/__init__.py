@@ -22,6 +22,12 @@ if TYPE_CHECKING:
         gemma3_legacy_rope,
         validate_hf_checkpoint,
     )
+    from trtkv.checkpoints.kv_scale_tensors import (
+        CheckpointScales,
+        ScaleTensor,
+        checkpoint_folders,
+        read_checkpoint_scales,
+    )
     from trtkv.checkpoints.models import (
         is_hub_id,
         local_model_dir,
@@ -37,6 +43,12 @@ __getattr__, __dir__ = attach(
     __name__,
     submodules=["models", "render", "rope"],
     submod_attrs={
+        "kv_scale_tensors": [
+            "CheckpointScales",
+            "checkpoint_folders",
+            "read_checkpoint_scales",
+            "ScaleTensor",
+        ],
         "hf_export": ["gemma3_legacy_rope", "HF_ARCHITECTURES", "validate_hf_checkpoint"],
         "models": ["is_hub_id", "local_model_dir", "resolve_model_dir", "source_problem"],
         "render": ["DECODERS", "DEFAULT_SEQ_LEN"],
@@ -46,6 +58,8 @@ __getattr__, __dir__ = attach(
 )
 
 __all__ = [
+    "checkpoint_folders",
+    "CheckpointScales",
     "config_file",
     "count_parameters",
     "DECODERS",
@@ -57,11 +71,13 @@ __all__ = [
     "ModelFacts",
     "models",
     "MoE",
+    "read_checkpoint_scales",
     "read_model_facts",
     "render",
     "resolve_model_dir",
     "rope",
     "save_tokenizer",
+    "ScaleTensor",
     "source_problem",
     "stored_weight_bytes",
     "TOKENIZER_FILES_VERSION",

@@ -63,6 +63,13 @@ VERBS: tuple[Verb, ...] = (
         writes="engines/<recipe>/probe/ (or --output); the cache",
     ),
     Verb(
+        "scales",
+        "trtkv.cli.scales",
+        "audit a checkpoint's KV-cache scales and say what each engine will use (exit 1 on a "
+        "fault)",
+        writes="the cache (--calibrate on a packaged model)",
+    ),
+    Verb(
         "calibrate",
         "trtkv.cli.calibrate",
         "calibrate KV-cache scales with ModelOpt and export the checkpoint",

@@ -18,6 +18,9 @@ TYPE_CHECKING = False  # typing's, without loading typing (see trtkv.core.lazy)
 
 if TYPE_CHECKING:
     from trtkv.engines.activation import ModelShape, Setup
+    from trtkv.engines.kv_scale_audit import audit_folder
+    from trtkv.engines.kv_scale_findings import FAIL, Audit, Finding
+    from trtkv.engines.kv_scale_text import render_audit, serve_scale_lines
     from trtkv.engines.pool import GIB, EngineKnobs, PoolEstimate, PoolRule, ServedPool, Sizing
     from trtkv.engines.reference import REFERENCE_LOG, no_knobs, reference_log_pool, reference_pool
     from trtkv.engines.sequence import sequence_kv_bytes
@@ -64,6 +67,9 @@ if TYPE_CHECKING:
 __getattr__, __dir__ = attach(
     __name__,
     submod_attrs={
+        "kv_scale_audit": ["audit_folder"],
+        "kv_scale_findings": ["Audit", "FAIL", "Finding"],
+        "kv_scale_text": ["render_audit", "serve_scale_lines"],
         "activation": ["ModelShape", "Setup"],
         "pool": ["EngineKnobs", "GIB", "PoolEstimate", "PoolRule", "ServedPool", "Sizing"],
         "reference": ["REFERENCE_LOG", "no_knobs", "reference_log_pool", "reference_pool"],
@@ -111,11 +117,15 @@ __getattr__, __dir__ = attach(
 )
 
 __all__ = [
+    "Audit",
+    "audit_folder",
     "cpu_pin_bytes",
     "ENGINE_CAP_PARAM",
     "ENGINE_FRACTION_PARAM",
     "engine_memory_knobs",
     "EngineKnobs",
+    "FAIL",
+    "Finding",
     "GIB",
     "hybrid_block_size",
     "kv_bytes_per_token_per_gpu",
@@ -130,7 +140,9 @@ __all__ = [
     "REFERENCE_LOG",
     "reference_log_pool",
     "reference_pool",
+    "render_audit",
     "sequence_kv_bytes",
+    "serve_scale_lines",
     "ServedPool",
     "Setup",
     "sglang_at",

@@ -122,6 +122,8 @@ def start(
     """Start the recipe's server and wait until it is ready (None for --dry-run). `trtllm_serve`:
     TensorRT-LLM's OpenAI-compatible server instead of Triton (backend llmapi, GPU)."""
     repo = repo_dir(recipe)
+    if not dry_run:
+        say_kv_scales(recipe, log)
     if trtllm_serve:
         return _start_trtllm_serve(recipe, dry_run=dry_run, timeout_s=timeout_s, log=log)
     # no Triton repository: the backend's own OpenAI server (vLLM)
@@ -130,6 +132,16 @@ def start(
     if for_recipe(recipe).serving.serves_locally(recipe):
         return _start_local(recipe, repo, dry_run=dry_run, timeout_s=timeout_s, log=log)
     return _start_gpu(recipe, repo, dry_run=dry_run, timeout_s=timeout_s, log=log)
+
+
+def say_kv_scales(recipe: Recipe, log: Callable[[str], None]) -> None:
+    """Before the engine starts: the KV scales it will use per layer (`trtkv scales`' audit)."""
+    from trtkv.engines.kv_scale_text import serve_scale_lines
+
+    folder = checkpoint_dir(recipe)
+    if recipe.quantization.kv_cache.value != "none" and folder.is_dir():
+        for line in serve_scale_lines(folder, recipe.build.backend.value, recipe.name):
+            log(line)
 
 
 def _start_local(
