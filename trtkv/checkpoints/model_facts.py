@@ -23,10 +23,18 @@ class MoE:
 
 @dataclass
 class StoredQuant:
-    method: str
+    """A pre-quantized checkpoint's precision (trtkv.checkpoints.checkpoint_quant reads it)."""
+
+    method: str  # who wrote it: "modelopt", "compressed-tensors", "fp8", "mxfp4", "awq", "gptq"
     weight_bytes: float  # bytes per quantized weight, scales included
-    quantized: str  # which weights: "linear" (all linear layers but routers) or "experts"
+    # which weights: "linear" (all linear layers but routers), "experts", or "none" (a KV-only
+    # export: the weights are 16-bit)
+    quantized: str
     source: str
+    # weight format per tensor group (experts, attention, embeddings, other): "fp8", "fp8_block",
+    # "nvfp4", "mxfp4", "int4_awq", ..., or "unquantized"
+    formats: dict[str, str] = field(default_factory=dict)
+    kv_cache: str | None = None  # the KV cache scheme it declares: "fp8 per tensor", "nvfp4", ...
 
 
 @dataclass

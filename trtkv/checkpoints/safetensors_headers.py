@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from trtkv.core.errors import StageError
-from trtkv.core.files import NotReadable, kind, read_json, strict_json
+from trtkv.core.files import NotReadable, read_json, strict_json
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -182,7 +182,8 @@ def _header_bytes(path: Path) -> tuple[bytes, int]:
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise _bad(path, f"{kind(st.st_mode)}, not a regular file")
+        what = "a directory" if stat.S_ISDIR(st.st_mode) else "a special file"
+        raise _bad(path, f"{what}, not a regular file")
     with os.fdopen(fd, "rb") as fh:
         head = fh.read(8)
         if len(head) < 8:
