@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.quantized_checkpoints import gpt_oss_mxfp4, qwen3_moe_fp8_block
-from trtkv.checkpoints import count_parameters, read_model_facts, stored_weight_bytes
+from trtkv.checkpoints import count_parameters, read_model_facts, stored_note, stored_weight_bytes
 from trtkv.checkpoints.safetensors_headers import read_tensors
 from trtkv.checkpoints.stored_weights import estimated_bytes, stored_bytes, tensor_group
 
@@ -64,3 +64,7 @@ def test_published_layouts_priced_from_headers_agree_with_the_estimate(tmp_path:
     assert estimated.estimate and "estimate from" in estimated.source and "no weights" in estimated.source
     assert estimated.groups == estimate.groups
     assert stored_weight_bytes(bare, count, 2.0) == pytest.approx(estimate.total, rel=0.01)
+    # the plan's note says which
+    assert "safetensors headers of" in str(stored_note(facts, count, 2.0))
+    assert f"experts {fmt}" in str(stored_note(facts, count, 2.0))
+    assert "an estimate from config.json alone" in str(stored_note(bare, count, 2.0))

@@ -100,14 +100,16 @@ def stored_bytes(f: ModelFacts, count: ParamCount, dtype_bytes: float) -> Stored
 
 def stored_note(f: ModelFacts, count: ParamCount, dtype_bytes: float) -> str | None:
     """One line for the plan: the checkpoint's declared formats and KV scheme, and its stored bytes
-    per group, from the headers or labelled an estimate; None for a 16-bit checkpoint."""
+    per group (the groups it has), from the headers or labelled an estimate; None for a 16-bit
+    checkpoint."""
     q = f.quant
     if q is None:
         return None
     stored = stored_bytes(f, count, dtype_bytes)
-    formats = ", ".join(f"{g} {q.formats[g]}" for g in GROUPS if g in q.formats)
-    groups = ", ".join(f"{g} {stored.groups[g] / 2**30:.3g}" for g in GROUPS)
-    kv = f"declares a {q.kv_cache} KV cache" if q.kv_cache else "declares no KV cache scheme"
+    present = [g for g in GROUPS if stored.groups[g] > 0]
+    formats = ", ".join(f"{g} {q.formats.get(g, UNQUANTIZED)}" for g in present)
+    groups = ", ".join(f"{g} {stored.groups[g] / 2**30:.3g}" for g in present)
+    kv = f"KV cache declared: {q.kv_cache}" if q.kv_cache else "no KV cache scheme declared"
     how = "an estimate from config.json alone" if stored.estimate else stored.source
     return (
         f"Checkpoint quantization: {q.source}; weights {formats}; {kv}. Stored weights "
