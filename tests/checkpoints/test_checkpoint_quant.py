@@ -70,6 +70,8 @@ def test_each_format_is_recognised_per_group_with_its_kv_scheme(quant: dict, met
     q = read_checkpoint_quant(quant, None, notes)
     assert q is not None and not notes
     assert (q.method, q.formats, q.kv_cache) == (method, formats, kv)
+    quantized = next(f for f in formats.values() if f != "unquantized")
+    assert q.stored_format == (method if method in ("fp8", "mxfp4", "awq", "gptq") else quantized)
 
 
 def test_bytes_per_weight_follow_the_format() -> None:
@@ -108,6 +110,7 @@ def test_kv_only_exports_leave_the_weights_unquantized() -> None:
         q = read_checkpoint_quant(quant, None, [])
         assert q is not None and q.quantized == "none" and set(q.formats.values()) == {"unquantized"}
         assert q.kv_cache in ("fp8 per head", "fp8 per tensor")
+        assert q.stored_format is None  # 16-bit weights: nothing for model.checkpoint_quant to record
 
 
 def test_unknown_methods_are_a_note_not_a_price() -> None:

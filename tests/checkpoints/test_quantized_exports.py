@@ -67,6 +67,8 @@ def test_modelopt_exports_recognised_and_priced(modelopt_exports: dict[str, Path
     facts = read_model_facts(folder)
     assert facts.quant is not None and facts.quant.method == "modelopt" and facts.quant.kv_cache == kv
     assert (folder / "hf_quant_config.json").is_file() and "config.json" in facts.quant.source
+    # what `init` records as model.checkpoint_quant (trtkv.recipe.stored sizes it): the format, not "modelopt"
+    assert facts.quant.stored_format == weights
     _check_priced_from_headers(folder, weights, dtypes)
 
 

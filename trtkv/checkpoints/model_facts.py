@@ -36,6 +36,19 @@ class StoredQuant:
     formats: dict[str, str] = field(default_factory=dict)
     kv_cache: str | None = None  # the KV cache scheme it declares: "fp8 per tensor", "nvfp4", ...
 
+    @property
+    def stored_format(self) -> str | None:
+        """The weights' stored format in one word (model.checkpoint_quant, trtkv.recipe.stored):
+        the method for fp8 / mxfp4 / awq / gptq configs, the quantized groups' format for ModelOpt
+        and compressed-tensors (nvfp4, int4_awq, fp8, ...); None for a KV-only export (16-bit
+        weights)."""
+        if self.quantized == "none":
+            return None
+        if self.method in ("fp8", "mxfp4", "awq", "gptq"):
+            return self.method
+        quantized = [f for f in self.formats.values() if f != "unquantized"]
+        return quantized[0] if quantized else self.method
+
 
 @dataclass
 class ModelFacts:
