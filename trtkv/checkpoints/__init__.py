@@ -5,7 +5,9 @@ precision.
 attention as trtkv.recipe.attention names it, the one home of those facts), with `hf_config_fields`
 (the file read as untrusted text, its fields checked), `hf_attention_layers` (each layer's attention
 from the config's fields) and `model_facts` (the facts' record), `params` (parameters counted from
-the shapes, bytes as stored).
+the shapes, bytes as stored), `checkpoint_quant` (a checkpoint's own quantization: formats per
+tensor group, the KV scheme it declares), `safetensors_headers` (the tensors a folder stores, from
+the headers alone) and `stored_weights` (bytes per tensor group as stored, or estimated).
 """
 
 from typing import TYPE_CHECKING
@@ -14,6 +16,7 @@ from trtkv.checkpoints.hf_config import read_model_facts
 from trtkv.checkpoints.hf_config_fields import config_file
 from trtkv.checkpoints.model_facts import ModelFacts, MoE
 from trtkv.checkpoints.params import count_parameters, stored_weight_bytes
+from trtkv.checkpoints.stored_weights import stored_note
 from trtkv.core.lazy import attach
 
 if TYPE_CHECKING:
@@ -79,6 +82,7 @@ __all__ = [
     "save_tokenizer",
     "ScaleTensor",
     "source_problem",
+    "stored_note",
     "stored_weight_bytes",
     "TOKENIZER_FILES_VERSION",
     "validate_hf_checkpoint",

@@ -20,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trtkv.checkpoints.checkpoint_quant import read_checkpoint_quant
 from trtkv.checkpoints.hf_attention_layers import LAYER_TYPE_WORDS, read_attention_layers
 from trtkv.checkpoints.hf_config_fields import (
     ModelConfigError,
@@ -37,7 +38,7 @@ from trtkv.checkpoints.hybrid_config import (
     gemma4_layers,
     read_hybrid,
 )
-from trtkv.checkpoints.model_facts import ModelFacts, MoE, StoredQuant
+from trtkv.checkpoints.model_facts import ModelFacts, MoE
 from trtkv.recipe.attention import AttentionKind, LayerAttention
 
 # model_type -> what its non-attention layers are and why trtkv does not price them (refused rather
@@ -178,8 +179,8 @@ def read_model_facts(path: Path) -> ModelFacts:
     facts.moe = _moe(cfg, facts)
     if hybrid is not None:
         _hybrid_mlp(cfg, facts, hybrid)
-    facts.quant = _stored_quant(
-        top.get("quantization_config") or cfg.get("quantization_config"), facts
+    facts.quant = read_checkpoint_quant(
+        top.get("quantization_config") or cfg.get("quantization_config"), file.parent, facts.notes
     )
     return facts
 
@@ -321,39 +322,3 @@ def _moe(cfg: dict[str, Any], f: ModelFacts) -> MoE | None:
         # dense layers' width
         f.intermediate_size = positive_int(cfg.get("intermediate_size_mlp")) or f.intermediate_size
     return MoE(experts, top_k, width, shared, layers, f"{p}{key} {experts}, top {top_k}, {src}")
-
-
-def _stored_quant(q: Any, f: ModelFacts) -> StoredQuant | None:
-    """Pre-quantized checkpoints, priced as stored."""
-    if not isinstance(q, dict):
-        return None
-    method = str(q.get("quant_method") or q.get("quant_algo") or "").lower()
-    if method == "fp8":
-        block = q.get("weight_block_size")
-        if isinstance(block, list) and len(block) == 2 and all(positive_int(b) for b in block):
-            per = 1 + 4 / (block[0] * block[1])  # one float32 scale per block
-            return StoredQuant(
-                "fp8", per, "linear", f"quantization_config fp8, {block[0]}x{block[1]} blocks"
-            )
-        return StoredQuant("fp8", 1.0, "linear", "quantization_config fp8, per-tensor scales")
-    if method == "mxfp4":
-        return StoredQuant(
-            "mxfp4",
-            0.5 + 1 / 32,
-            "experts",
-            "quantization_config mxfp4 (E2M1 + one E8M0 scale per 32; attention, router, "
-            "embeddings unquantized)",
-        )
-    if method in ("awq", "gptq") and positive_int(q.get("bits")):
-        bits, group = int(q["bits"]), positive_int(q.get("group_size")) or 128
-        return StoredQuant(
-            method,
-            bits / 8 + 4 / group,
-            "linear",
-            f"quantization_config {method} {bits}-bit, group {group} (fp16 scale + zero)",
-        )
-    f.notes.append(
-        f"quantization_config quant_method {method or '?'}: not priced as stored (trtkv knows fp8, "
-        "mxfp4, awq, gptq); weights priced at the recipe's precision."
-    )
-    return None

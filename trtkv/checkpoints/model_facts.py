@@ -23,10 +23,31 @@ class MoE:
 
 @dataclass
 class StoredQuant:
-    method: str
+    """A pre-quantized checkpoint's precision (trtkv.checkpoints.checkpoint_quant reads it)."""
+
+    method: str  # who wrote it: "modelopt", "compressed-tensors", "fp8", "mxfp4", "awq", "gptq"
     weight_bytes: float  # bytes per quantized weight, scales included
-    quantized: str  # which weights: "linear" (all linear layers but routers) or "experts"
+    # which weights: "linear" (all linear layers but routers), "experts", or "none" (a KV-only
+    # export: the weights are 16-bit)
+    quantized: str
     source: str
+    # weight format per tensor group (experts, attention, embeddings, other): "fp8", "fp8_block",
+    # "nvfp4", "mxfp4", "int4_awq", ..., or "unquantized"
+    formats: dict[str, str] = field(default_factory=dict)
+    kv_cache: str | None = None  # the KV cache scheme it declares: "fp8 per tensor", "nvfp4", ...
+
+    @property
+    def stored_format(self) -> str | None:
+        """The weights' stored format in one word (model.checkpoint_quant, trtkv.recipe.stored):
+        the method for fp8 / mxfp4 / awq / gptq configs, the quantized groups' format for ModelOpt
+        and compressed-tensors (nvfp4, int4_awq, fp8, ...); None for a KV-only export (16-bit
+        weights)."""
+        if self.quantized == "none":
+            return None
+        if self.method in ("fp8", "mxfp4", "awq", "gptq"):
+            return self.method
+        quantized = [f for f in self.formats.values() if f != "unquantized"]
+        return quantized[0] if quantized else self.method
 
 
 @dataclass

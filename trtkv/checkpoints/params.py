@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trtkv.checkpoints.model_facts import ModelFacts
+from trtkv.checkpoints.safetensors_headers import holds_weights, read_tensors
 from trtkv.recipe.attention import AttentionKind, LayerAttention
 
 
@@ -17,6 +18,7 @@ class ParamCount:
     routers: float
     # what one token's forward pass multiplies by (top-k experts, shared ones, the rest)
     active_per_token: float
+    attention: float = 0.0  # attention projections (MLA's included) of every attention layer
 
 
 def attention_parameters(f: ModelFacts, layer: LayerAttention | None = None) -> float:
@@ -71,14 +73,18 @@ def count_parameters(f: ModelFacts) -> ParamCount:
     total = attn + state + mlp + experts + routers + embed
     active_experts = experts * top_k / f.moe.num_experts if f.moe else 0.0
     return ParamCount(
-        total, embed, experts, routers, attn + state + mlp + active_experts + routers + embed
+        total, embed, experts, routers, attn + state + mlp + active_experts + routers + embed, attn
     )
 
 
 def stored_weight_bytes(f: ModelFacts, count: ParamCount, dtype_bytes: float) -> float | None:
-    """Bytes of a pre-quantized checkpoint's weights as stored (quantization_config), else None."""
-    if f.quant is None:
+    """Bytes of a pre-quantized checkpoint's weights as stored, else None: the safetensors headers'
+    sum where config.json's folder holds the weights, else estimated from the declared format (per
+    group: trtkv.checkpoints.stored_weights)."""
+    if f.quant is None or f.quant.quantized == "none":
         return None
+    if holds_weights(f.path.parent):
+        return float(sum(e.nbytes for e in read_tensors(f.path.parent)))
     if f.quant.quantized == "experts":
         quantized = count.experts
     else:  # every linear weight but the routers and embeddings

@@ -206,11 +206,11 @@ def _model_lines(
                 f"({facts.quant.method if facts.quant else ''})"
             )
         )
-    if facts.quant:
+    if facts.quant and facts.quant.stored_format:
         lines.append(
             comment_line(
-                f"  checkpoint_quant: {quoted(facts.quant.method)}   # the weights' stored format: "
-                "used as stored with quantization.weights none, never quantized again"
+                f"  checkpoint_quant: {quoted(facts.quant.stored_format)}   # the weights' stored "
+                "format: used as stored with quantization.weights none, never quantized again"
             )
         )
     return lines

@@ -8,7 +8,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from trtkv.checkpoints import ModelFacts, count_parameters, read_model_facts, stored_weight_bytes
+from trtkv.checkpoints import (
+    ModelFacts,
+    count_parameters,
+    read_model_facts,
+    stored_note,
+    stored_weight_bytes,
+)
 from trtkv.checkpoints.model_facts import MoE
 from trtkv.core.errors import RecipeError
 from trtkv.engines.sequence import sequence_kv_bytes
@@ -233,7 +239,8 @@ def resolve_architecture(recipe: Recipe) -> Architecture:
             counted_embedding=count.embedding,
             expert_parameters=count.experts,
             stored_weights_bytes=stored_weight_bytes(f, count, dtype_bytes),
-            config_notes=tuple(f.notes),
+            config_notes=tuple(f.notes)
+            + tuple(n for n in [stored_note(f, count, dtype_bytes)] if n),
             state=f.state,
             model_type=f.model_type,
             moe=f.moe,
