@@ -29,20 +29,43 @@ def test_round_trip(tmp_path: Path, family: str) -> None:
     p = plan(recipe)  # plans at once, the config on disk agreeing with every written field
     cap = next(c for c in p.formats if c.format == p.recipe_kv_format)
     assert cap.max_sequences[recipe.build.max_seq_len] >= 1  # TP/PP sized so one sequence fits
-    assert cap.max_sequences[recipe.build.max_seq_len] >= recipe.build.max_batch_size  # the batch init sized fits
+    assert p.concurrency.workload_sequences >= recipe.build.max_batch_size  # the cap init sized fits the workload
+    assert recipe.build.max_batch_size >= min(cap.max_sequences[recipe.build.max_seq_len], p.concurrency.sized)
     assert recipe.build.tp_size * recipe.build.pp_size == recipe.hardware.count
     if facts.max_position_embeddings:
         assert recipe.build.max_seq_len <= facts.max_position_embeddings
 
 
 def test_the_batch_fits_with_itself_as_the_engines_max_num_seqs(tmp_path: Path) -> None:
-    """vLLM's profiling run samples max_num_seqs rows: sized to what fits at a smaller batch, the batch may no longer
-    fit (Qwen3-Next on one H200 was sized 116 where 115 fit)."""
+    """vLLM's profiling run samples max_num_seqs rows and captures CUDA graphs up to 2 x max_num_seqs: sized to what
+    fits at a smaller batch, the batch may no longer fit (Qwen3-Next on one H200 was sized 116 where 115 fit), so init
+    re-plans with the cap it chose until the workload still fits beside it."""
     out = write_recipe("q", CONFIGS / "qwen3_next_80b_a3b", tmp_path / "q.yaml", gpu="NVIDIA H200", backend="vllm")
     recipe = load_recipe(out)
     p = plan(recipe)
     cap = next(c for c in p.formats if c.format == p.recipe_kv_format)
-    assert 100 < recipe.build.max_batch_size <= cap.max_sequences[recipe.build.max_seq_len]
+    assert cap.max_sequences[recipe.build.max_seq_len] < recipe.build.max_batch_size <= p.concurrency.workload_sequences
+
+
+def test_2k_traffic_is_not_capped_at_the_full_context_count(tmp_path: Path) -> None:
+    """Issue #52: Qwen3-32B on one H200 fits 23 sequences of 32,768 tokens, and init used to write max_batch_size 23
+    (vLLM served with --max-num-seqs 23), though the engines admit by KV blocks and the recipe's workload is 2,048 in +
+    256 out tokens. The cap is now the workload's sequences that fit, under vLLM's own max_num_seqs default (1,024 on
+    a GPU of 70 GiB or more), re-planned with itself; plan and the served command carry it."""
+    from trtkv.backends.vllm_command import server_args
+
+    out = write_recipe("q", CONFIGS / "qwen3_32b", tmp_path / "q.yaml", gpu="NVIDIA H200", backend="vllm")
+    recipe = load_recipe(out)
+    c = plan(recipe).concurrency
+    assert (recipe.bench.input_tokens, recipe.bench.output_tokens, c.max_seq_len) == (2048, 256, 32768)
+    assert c.full_context_sequences < 30  # the full-context count (23 when the issue was filed)
+    assert c.engine_limit == 1024 and c.flag == "--max-num-seqs"
+    assert 10 * c.full_context_sequences < recipe.build.max_batch_size == c.cap <= c.workload_sequences
+    assert recipe.build.max_batch_size >= c.sized - 2  # sized for the workload, less what its own activation costs
+    args = server_args(recipe, tmp_path, "127.0.0.1")
+    assert args[args.index("--max-num-seqs") + 1] == str(recipe.build.max_batch_size)
+    assert recipe.bench.concurrency[-1] == recipe.build.max_batch_size
+    assert "sequences of the bench workload (2048 in + 256 out tokens) fit" in out.read_text()
 
 
 def test_sizes_tp_pp_for_the_gpus(tmp_path: Path) -> None:
@@ -181,12 +204,15 @@ def test_a_refused_flag_is_named_with_the_users_file(tmp_path: Path) -> None:
 
 
 def test_lengths_and_concurrency_size_the_recipe(tmp_path: Path) -> None:
-    """max_batch_size is what fits at max_seq_len (the plan's figure); --concurrency grows the GPU count until it
-    fits, or is refused on a fixed count; the sections stay within the lengths."""
+    """max_batch_size is the bench workload's sequences that fit (the plan's figure) under the engine's own default;
+    --concurrency grows the GPU count until that many of max_seq_len fit, or is refused on a fixed count; the sections
+    stay within the lengths."""
     r = load_recipe(write_recipe("a", CONFIGS / "llama3_1_8b", tmp_path / "a.yaml", max_seq_len=8192))
     assert (r.build.max_seq_len, r.build.max_input_len) == (8192, 7168)
-    cap = next(c for c in plan(r).formats if c.format == r.kv_format_label)
-    assert r.build.max_batch_size == min(256, cap.max_sequences[8192])
+    c = plan(r).concurrency
+    assert c.engine_limit == 2048 and c.flag == "max_batch_size"  # TensorRT-LLM's LLM API default
+    # re-planned with itself (the warm-up's logits grow with the cap): within a few of what the workload fits
+    assert c.full_context_sequences < r.build.max_batch_size <= c.workload_sequences <= r.build.max_batch_size + 8
     assert r.bench.concurrency[-1] == r.build.max_batch_size and r.bench.input_tokens <= r.build.max_input_len
     assert max(r.probe.lengths) <= 8192 and max(r.bench.needle_context_lengths) <= r.build.max_input_len
     assert (r.calibration.num_samples, r.calibration.seq_len, r.calibration.batch_size) == (512, 512, 8)

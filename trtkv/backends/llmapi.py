@@ -44,7 +44,12 @@ from trtkv.backends.seam import EngineBackend, MemoryRule, TokenizerSource
 from trtkv.contracts.interface import LLMAPI
 from trtkv.core.errors import StageError
 from trtkv.core.tools import quote
-from trtkv.engines.trtllm import llmapi_memory_knobs, trtllm_recipe_pool
+from trtkv.engines.trtllm import (
+    llmapi_batch_limit,
+    llmapi_memory_knobs,
+    trtllm_recipe_pool,
+    trtllm_token_unit,
+)
 from trtkv.platform.versions import Row
 from trtkv.recipe import Backend, Recipe
 from trtkv.recipe.layout import (
@@ -344,5 +349,11 @@ BACKEND = EngineBackend(
     SERVING,
     LlmApiRunner(),
     LlmApiDynamo(),
-    memory=MemoryRule(trtllm_recipe_pool, llmapi_memory_knobs, served=trtllm_served),
+    memory=MemoryRule(
+        trtllm_recipe_pool,
+        llmapi_memory_knobs,
+        served=trtllm_served,
+        batch_limit=llmapi_batch_limit,
+        tokens=trtllm_token_unit,
+    ),
 )

@@ -26,7 +26,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from trtkv.contracts.interface import ModelInterface
-from trtkv.engines.pool import EngineKnobs, PoolRule, ServedPool
+from trtkv.engines.pool import (
+    BatchLimit,
+    EngineKnobs,
+    EngineTokens,
+    PoolRule,
+    ServedPool,
+    TokenFacts,
+)
 from trtkv.platform.hardware import GPU
 from trtkv.platform.versions import Row
 from trtkv.recipe import Backend, Recipe
@@ -271,6 +278,12 @@ class MemoryRule:
     # the pool the running engine reports (recipe, its HTTP base URL, its log): `trtkv status` and
     # `trtkv bench` compare it with the plan
     served: Callable[[Recipe, str, Path | None], ServedPool | None] | None = None
+    # the most requests the engine runs at once by its own default (recipe, pool tokens per GPU):
+    # the ceiling `trtkv init` sizes max_batch_size under; None: the engine has no limit of its own
+    batch_limit: Callable[[Recipe, int], BatchLimit] | None = None
+    # what one token of the engine's printed token count holds (plan's engine columns); None: the
+    # exact account's token (a token in every layer)
+    tokens: Callable[[TokenFacts], EngineTokens] | None = None
 
     def pool_for(self, recipe: Recipe) -> PoolRule:
         """The rule for the recipe's hardware (`cpu_pool` on the CPU where the engine has one)."""

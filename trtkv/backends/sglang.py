@@ -46,10 +46,12 @@ from trtkv.engines.pool import ServedPool
 from trtkv.engines.sglang import (
     SGLANG_INFO,
     SGLANG_VERSION,
+    sglang_batch_limit,
     sglang_chunk,
     sglang_info_tokens,
     sglang_knobs,
     sglang_recipe_pool,
+    sglang_token_unit,
 )
 from trtkv.recipe import Backend, KVCacheQuant, Recipe
 from trtkv.recipe.layout import (
@@ -379,5 +381,7 @@ BACKEND = EngineBackend(
         block_tokens=_one_token,
         step_tokens=_prefill_step,
         served=served_pool,
+        batch_limit=sglang_batch_limit,
+        tokens=sglang_token_unit,
     ),
 )

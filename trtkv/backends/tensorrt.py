@@ -33,7 +33,12 @@ from trtkv.backends.tensorrt_pitfalls import pitfall_hints
 from trtkv.backends.tensorrt_preflight import TRTLLM_MAX, TRTLLM_MIN, preflight_tensorrt
 from trtkv.core.errors import StageError, ToolError
 from trtkv.core.tools import quote, run_logged, tail
-from trtkv.engines.trtllm import engine_memory_knobs, trt_engine_recipe_pool
+from trtkv.engines.trtllm import (
+    engine_batch_limit,
+    engine_memory_knobs,
+    trt_engine_recipe_pool,
+    trtllm_token_unit,
+)
 from trtkv.platform import trtllm, versions
 from trtkv.recipe import Backend, KVCacheQuant, Recipe, WeightQuant
 from trtkv.recipe.backend_rules import gemm_plugin_choice
@@ -327,5 +332,11 @@ BACKEND = EngineBackend(
     TensorRTLayout(),
     TensorRTServing(),
     TensorRTRunner(),
-    memory=MemoryRule(trt_engine_recipe_pool, engine_memory_knobs, served=trtllm_served),
+    memory=MemoryRule(
+        trt_engine_recipe_pool,
+        engine_memory_knobs,
+        served=trtllm_served,
+        batch_limit=engine_batch_limit,
+        tokens=trtllm_token_unit,
+    ),
 )

@@ -55,11 +55,13 @@ from trtkv.core.tools import quote
 from trtkv.engines.pool import ServedPool
 from trtkv.engines.vllm import (
     VLLM_LOG,
+    vllm_batch_limit,
     vllm_block,
     vllm_knobs,
     vllm_log_tokens,
     vllm_metrics_blocks,
     vllm_recipe_pool,
+    vllm_token_unit,
 )
 from trtkv.engines.vllm_cpu import vllm_cpu_recipe_pool
 from trtkv.platform.hardware import GPU
@@ -378,5 +380,7 @@ BACKEND = EngineBackend(
         block_tokens=vllm_block,
         cpu_pool=vllm_cpu_recipe_pool,
         served=served_pool,
+        batch_limit=vllm_batch_limit,
+        tokens=vllm_token_unit,
     ),
 )

@@ -261,8 +261,7 @@ def section_lines(s: Settings, on_cpu: bool) -> list[str]:
         if on_cpu
         else [c for c in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if c < s.batch] + [s.batch]
     )
-    input_tokens = min(128 if on_cpu else 2048, inp)
-    output_tokens = min(32 if on_cpu else 256, seq - input_tokens)
+    input_tokens, output_tokens = s.bench_input_tokens, s.bench_output_tokens
     lengths = GPU_LENGTHS if not on_cpu else (512,)
     needle = [n for n in lengths if n <= inp] or [inp]
     ruler = [n for n in (4096, 16384, 32768) if n <= seq] or [seq]

@@ -103,9 +103,10 @@ class InitOptions(Options):
         int | None,
         Field(
             ge=1,
-            description="sequences of max_seq_len served at once: max_batch_size (vLLM's "
-            "max_num_seqs), and --count grows until N fit (default: what fits on the fewest GPUs "
-            "holding one, at most 256)",
+            description="requests served at once: max_batch_size (vLLM's max_num_seqs), and "
+            "--count grows until N sequences of max_seq_len fit (default: the sequences of the "
+            "bench workload, 2,048 in + 256 out tokens, that fit on the fewest GPUs holding one of "
+            "max_seq_len, at most the engine's own default)",
         ),
         Flag(metavar="N"),
     ] = None
@@ -308,7 +309,8 @@ def _sized_text(
 ) -> tuple[str, Settings]:
     """The recipe text and its settings on the fewest GPUs (--count, else COUNTS in turn; one on
     the CPU) that hold the weights and `concurrency` sequences of max_seq_len, with max_batch_size
-    set to what fits there (trtkv.recipe.settle)."""
+    set to the sequences of the bench workload that fit there, at most the engine's own default
+    (trtkv.recipe.settle.batch_for, trtkv.plan.concurrency)."""
     from trtkv.recipe.settle import batch_for, refusal, settle
 
     on_cpu = first.gpu == GPU.CPU.value
@@ -318,7 +320,7 @@ def _sized_text(
         s = replace(first, count=n, why=dict(first.why))
         s.num_tokens = max(s.num_tokens, need)
         text, recipe = settle(name, out, s, given, draw)
-        fits, why = _fits(recipe)
+        fits, why, work = _fits(recipe)
         if fits >= need or on_cpu:
             break
         tried.append(f"{n} x {first.gpu}: {why}")
@@ -345,17 +347,18 @@ def _sized_text(
             ],
             header="Recipe not written",
         )
-    s.batch, s.why["build.max_batch_size"] = batch_for(fits, concurrency, on_cpu)
-    # the engine's own reserve grows with max_num_seqs (vLLM's sampler rows)
+    s.batch, s.why["build.max_batch_size"] = batch_for(fits, concurrency, on_cpu, *work)
+    # the engine's own reserve grows with the cap (vLLM's sampler rows and CUDA graphs, the
+    # TensorRT-LLM warm-up's logits): re-planned with the cap until the workload fits beside it
     for _ in range(SETTLE_ROUNDS):
         if s.batch == need:
             break
         s.num_tokens = max(s.num_tokens, s.batch)
         text, recipe = settle(name, out, s, given, draw)
-        fits, _why = _fits(recipe)
-        if concurrency is not None or on_cpu or fits >= s.batch:
+        fits, _why, work = _fits(recipe)
+        if concurrency is not None or on_cpu or work[0][2] >= s.batch:
             break
-        s.batch, s.why["build.max_batch_size"] = batch_for(fits, concurrency, on_cpu)
+        s.batch, s.why["build.max_batch_size"] = batch_for(fits, concurrency, on_cpu, *work)
     else:  # settled on the last round's batch: its recipe
         text, recipe = settle(name, out, s, given, draw)
     return text, s
@@ -404,18 +407,27 @@ def _link_new(tmp: Path, out: Path, text: str) -> None:
             fh.write(text)
 
 
-def _fits(recipe: Recipe) -> tuple[int, str]:
-    """Sequences of max_seq_len the recipe's KV format fits per replica (trtkv plan), and the
-    figures in words."""
+def _fits(
+    recipe: Recipe,
+) -> tuple[int, str, tuple[tuple[int, int, int], tuple[int, str] | None]]:
+    """Sequences of max_seq_len the recipe's KV format fits per replica (trtkv plan), the figures
+    in words, and the workload's (in tokens, out tokens, sequences that fit) with the engine's own
+    limit (sequences, its flag; None where it has none)."""
     from trtkv.plan.planner import plan
 
     p = plan(recipe)
     cap = next(c for c in p.formats if c.format == p.recipe_kv_format)
     fits = cap.max_sequences.get(recipe.build.max_seq_len, 0)
-    return fits, (
-        f"{p.weights.per_gpu_gib:.0f} GiB of weights per GPU leave {p.kv_budget_gib_per_gpu:.1f} "
-        f"GiB for KV: {fits} sequence(s) of {recipe.build.max_seq_len} tokens in "
-        f"{p.recipe_kv_format}"
+    c = p.concurrency
+    limit = None if c.engine_limit is None else (c.engine_limit, c.flag)
+    return (
+        fits,
+        (
+            f"{p.weights.per_gpu_gib:.0f} GiB of weights per GPU leave "
+            f"{p.kv_budget_gib_per_gpu:.1f} GiB for KV: {fits} sequence(s) of "
+            f"{recipe.build.max_seq_len} tokens in {p.recipe_kv_format}"
+        ),
+        ((c.input_tokens, c.output_tokens, c.workload_sequences), limit),
     )
 
 

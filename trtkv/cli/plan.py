@@ -156,7 +156,7 @@ def format_estimate(est: Estimate, p: Plan, cols: int, notes: bool = True) -> li
 def format_plan(p: Plan, cols: int) -> list[str]:
     """Everything the plan holds, as text: the model, the pool's terms, the tables, the advice and
     the notes; lines of prose wrapped to `cols` (tables are not)."""
-    from trtkv.cli.plan_summary import wrap
+    from trtkv.cli.plan_summary import concurrency_line, wrap
 
     m, hw, w, att = p.model, p.hardware, p.weights, p.attention
     lines = [
@@ -173,6 +173,7 @@ def format_plan(p: Plan, cols: int) -> list[str]:
     )
     lines += [x for line in format_kv_pool(p) for x in wrap(line, cols, "    ")]
     lines.append(f"Recipe KV format: {p.recipe_kv_format}")
+    lines += wrap(f"Concurrency cap: {concurrency_line(p)}", cols)
     lines += wrap(
         f"Attention: {att.summary} ({att.source}); capacity follows {att.accounting}", cols
     )
@@ -187,7 +188,12 @@ def format_plan(p: Plan, cols: int) -> list[str]:
         )
     uniform = all(x == "full" for x in att.layers)
     lines.append("")
-    head = ["format", "B/token", "B/token/GPU", "tokens/GPU"] + [f"seqs@{_k(n)}" for n in p.lengths]
+    # where layers are sliding, chunked or state, the engine's own token (its printed count) beside
+    engine = (
+        [] if uniform else [f"{p.kv_pool.engine} B/token/GPU", f"{p.kv_pool.engine} tokens/GPU"]
+    )
+    head = ["format", "B/token", "B/token/GPU", "tokens/GPU", *engine]
+    head += [f"seqs@{_k(n)}" for n in p.lengths]
     rows = [
         [
             c.format,
@@ -195,10 +201,21 @@ def format_plan(p: Plan, cols: int) -> list[str]:
             f"{c.bytes_per_token_per_gpu:,.0f}",
             f"{c.tokens_per_gpu_budget:,}",
         ]
+        + (
+            []
+            if uniform
+            else [f"{c.engine_bytes_per_token_per_gpu:,.0f}", f"{c.engine_tokens_per_gpu:,}"]
+        )
         + [f"{c.max_sequences[n]:,}" for n in p.lengths]
         for c in p.formats
     ]
     lines += _table(head, rows)
+    if not uniform:
+        lines += wrap(
+            "B/token and tokens/GPU count a token in every layer (the exact account); "
+            f"{p.kv_pool.engine}'s columns count it as the engine does: {p.engine_token_rule}",
+            cols,
+        )
     if any(c.decode_step_ms for c in p.formats):
         lines.append("")
         lines.append(

@@ -3,7 +3,8 @@ recommended KV format and why, each on a line of at most SUMMARY_WIDTH character
 of the long lines (advice, notes, rules) of the full plan to the terminal's width.
 
 The answer is read from the plan `plan --json` prints (no new figure): the recipe's own format row
-at build.max_seq_len, the workload's sequences at a 0% prefix hit rate, and the format the probe
+at build.max_seq_len, the workload's sequences (no prefix hits) and the concurrency cap passed
+(trtkv.plan.concurrency), and the format the probe
 rated safe at the smallest size or, without probe results, the published guidance advice.py cites
 (FP8 where the GPU has it, INT8 with calibrated scales where not, 16-bit where KV does not bound the
 batch)."""
@@ -109,15 +110,31 @@ def summary(p: Plan, recipe: Recipe) -> list[str]:
         f"({kp.engine} {kp.version}'s rule{knob})",
         f"Sequences:   {fits:,} per replica at {length:,} tokens in {own.format} (the recipe's KV)",
     ]
+    c = p.concurrency
     if work is not None:
-        first = next(iter(work.sequences.values()))
         lines.append(
-            f"             {first:,} of {pc.input_tokens:,} in + {pc.output_tokens:,} out tokens "
-            "(no prefix hits)"
+            f"             {c.workload_sequences:,} of {c.input_tokens:,} in + "
+            f"{c.output_tokens:,} out tokens (no prefix hits)"
         )
+    limit = f", {kp.engine}'s default {c.engine_limit:,}" if c.engine_limit is not None else ""
+    lines.append(
+        f"Cap:         {c.cap:,} requests at once (build.max_batch_size, passed as {c.flag}); the "
+        f"workload asks {c.sized:,}{limit}"
+    )
     lines += [f"Recommended: {fmt} KV", f"Why:         {why}"]
     if fmt != p.recipe_kv_format:
         lines.append(
             f"             (the recipe serves {p.recipe_kv_format} KV: `trtkv probe` measures both)"
         )
     return [w for line in lines for w in wrap(line, SUMMARY_WIDTH, "           ")]
+
+
+def concurrency_line(p: Plan) -> str:
+    """The cap passed and what fits, in one line (`plan --full`)."""
+    c = p.concurrency
+    limit = f"; the engine's own default {c.engine_limit:,}" if c.engine_limit is not None else ""
+    return (
+        f"{c.cap:,} ({c.flag}); fit per replica: {c.full_context_sequences:,} of max_seq_len "
+        f"{c.max_seq_len:,}, {c.workload_sequences:,} of {c.input_tokens:,} in + "
+        f"{c.output_tokens:,} out tokens{limit}"
+    )

@@ -49,6 +49,14 @@ class Sizing(Artifact):
     # what an hf:// source holds (its index's metadata.total_size, or --model-size), which the
     # volume is sized for instead of the planned export (0: the planned export)
     source_gib: float = 0.0
+    # the concurrency cap the engine is passed (build.max_batch_size as its flag) and the sequences
+    # of the bench workload that fit in one replica beside the full-context count above
+    # (trtkv.plan.concurrency)
+    max_batch_size: int = 0
+    batch_flag: str = ""
+    bench_input_tokens: int = 0
+    bench_output_tokens: int = 0
+    bench_sequences_per_replica: int = 0
 
     @property
     def weights_gib_per_pod(self) -> float:
@@ -84,6 +92,10 @@ class Sizing(Artifact):
             "buffers (`trtkv plan`)",
             f"- Sequences of {self.max_seq_len:,} tokens per replica: {self.sequences_per_replica} "
             f"(bound by {self.bound_by})",
+            f"- Concurrency cap passed to the engine: {self.max_batch_size:,} ({self.batch_flag} = "
+            f"build.max_batch_size); sequences of the bench workload ({self.bench_input_tokens:,} "
+            f"in + {self.bench_output_tokens:,} out tokens) that fit per replica: "
+            f"{self.bench_sequences_per_replica:,}",
             f"- Replicas: {self.replicas} ({self.chosen_by}) -> {self.total_gpus} GPUs, "
             f"{self.concurrent_sequences} concurrent sequences at full context",
             f"- Model volume: {self.storage_gib} GiB (twice the folders the server reads, since a "
@@ -207,6 +219,11 @@ def size(
         weights_gib_total=weights,
         storage_gib=volume_gib(weights),
         decode_step_ms=float(cap.decode_step_ms.get(seq_len, 0.0)),
+        max_batch_size=recipe.build.max_batch_size,
+        batch_flag=p.concurrency.flag,
+        bench_input_tokens=p.concurrency.input_tokens,
+        bench_output_tokens=p.concurrency.output_tokens,
+        bench_sequences_per_replica=p.concurrency.workload_sequences,
     )
 
 

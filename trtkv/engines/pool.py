@@ -140,6 +140,40 @@ class Sizing:
     sequence_bytes: Callable[[int], float]
 
 
+@dataclass(frozen=True)
+class BatchLimit:
+    """The most requests an engine runs at once where its command leaves the cap unset (its own
+    default, read from its source), the flag or key the served command sets it with, and the
+    source."""
+
+    flag: str  # vLLM --max-num-seqs, SGLang --max-running-requests, TensorRT-LLM max_batch_size
+    sequences: int
+    source: str
+
+
+@dataclass(frozen=True)
+class TokenFacts:
+    """What an engine's token count is made of, on the fullest GPU in one KV format: a token in
+    every attention layer (the exact account's per-token figure), a token in the full-attention
+    layers only (what a token adds beyond every window), one sequence's bytes at a context as the
+    recipe's engine allocates them, the recipe's max_seq_len and the model's config model_type."""
+
+    every_layer_bytes: float
+    full_layers_bytes: float
+    sequence_bytes: Callable[[int], float]
+    max_seq_len: int
+    model_type: str
+
+
+@dataclass(frozen=True)
+class EngineTokens:
+    """The bytes one token of an engine's printed token count stands for on one GPU, and the rule
+    (its source) that makes it."""
+
+    bytes_per_token: float
+    rule: str
+
+
 # An engine's pool rule at trtkv's pinned release: the recipe, its sizing, and the flags its served
 # command carries (the backend's MemoryRule.knobs) -> the pool on each GPU.
 PoolRule = Callable[["Recipe", Sizing, EngineKnobs], PoolEstimate]

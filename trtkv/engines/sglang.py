@@ -20,10 +20,13 @@ from typing import Any
 from trtkv.core.readback import MAX_POOL_TOKENS, whole
 from trtkv.engines.activation import ModelShape, Setup
 from trtkv.engines.pool import (
+    BatchLimit,
     EngineKnobs,
+    EngineTokens,
     PoolEstimate,
     Sizing,
     Term,
+    TokenFacts,
     apply_bound,
     context_bytes,
 )
@@ -209,6 +212,48 @@ def sglang_knobs(recipe: Recipe) -> EngineKnobs:
         msf is None,
         "--max-total-tokens" if cap is not None else None,
         cap,
+    )
+
+
+def sglang_batch_limit(recipe: Recipe, pool_tokens: int) -> BatchLimit:
+    """SGLang's own max_running_requests where the command leaves it unset (sglang 0.5.23
+    mem_cache/kv_cache_configurator.py resolve_max_num_reqs, one DP worker): pool tokens /
+    context_len x 512 held within [2048, 4096], at most half the pool's tokens."""
+    estimated = max(min(int(pool_tokens / recipe.build.max_seq_len * 512), 4096), 2048)
+    return BatchLimit(
+        "--max-running-requests",
+        max(1, min(estimated, pool_tokens // 2)),
+        "sglang 0.5.23 python/sglang/srt/mem_cache/kv_cache_configurator.py resolve_max_num_reqs: "
+        "min(clamp(pool tokens / context_len x 512, 2048, 4096), pool tokens // 2)",
+    )
+
+
+# Models SGLang 0.5.23 gives its hybrid SWA pool (python/sglang/srt/configs/model_config.py
+# is_hybrid_swa_model: GptOssForCausalLM, Llama4ForConditionalGeneration, Gemma4*, ...), by config
+# model_type; the SWA layers keep swa_full_tokens_ratio (default 0.8, arg_groups/fields/schedule.py)
+# tokens per full-layer token. Every other model's sliding layers get a full pool (Gemma 2/3 have
+# disable_hybrid_swa_memory).
+SGLANG_HYBRID_SWA_TYPES = frozenset({"gpt_oss", "llama4", "llama4_text", "gemma4", "gemma4_text"})
+SGLANG_SWA_FULL_TOKENS_RATIO = 0.8
+
+
+def sglang_token_unit(facts: TokenFacts) -> EngineTokens:
+    """What one of SGLang's max_total_num_tokens holds: with the hybrid SWA pool, a full-layer token
+    plus 0.8 of an SWA-layer token (model_executor/pool_configurator.py
+    HybridSWAPoolConfigurator._recompute_cell_size: full cell + swa_full_tokens_ratio x swa cell);
+    otherwise a token in every layer (_compute_cell_size)."""
+    if facts.model_type in SGLANG_HYBRID_SWA_TYPES and facts.full_layers_bytes:
+        swa = facts.every_layer_bytes - facts.full_layers_bytes
+        return EngineTokens(
+            facts.full_layers_bytes + SGLANG_SWA_FULL_TOKENS_RATIO * swa,
+            f"SGLang {SGLANG_VERSION} hybrid SWA pool: max_total_num_tokens counts full-layer "
+            f"tokens, each with {SGLANG_SWA_FULL_TOKENS_RATIO:g} of an SWA-layer token "
+            "(pool_configurator.py HybridSWAPoolConfigurator, swa_full_tokens_ratio)",
+        )
+    return EngineTokens(
+        facts.every_layer_bytes,
+        f"SGLang {SGLANG_VERSION}: max_total_num_tokens counts a token in every layer "
+        "(pool_configurator.py _compute_cell_size; no hybrid SWA pool for this model type)",
     )
 
 

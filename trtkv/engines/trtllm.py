@@ -34,10 +34,13 @@ from trtkv.core.readback import MAX_POOL_BYTES, MAX_POOL_TOKENS, real, whole
 from trtkv.engines.activation import MIB, ModelShape, Setup, forward_peak_bytes
 from trtkv.engines.pool import (
     GIB,
+    BatchLimit,
     EngineKnobs,
+    EngineTokens,
     PoolEstimate,
     Sizing,
     Term,
+    TokenFacts,
     apply_bound,
     context_bytes,
 )
@@ -54,6 +57,48 @@ LLMAPI_CAP_KEY = "max_tokens"
 TRTLLM_SERVE_FRACTION_FLAG = "--kv_cache_free_gpu_memory_fraction"
 ENGINE_FRACTION_PARAM = "kv_cache_free_gpu_mem_fraction"
 ENGINE_CAP_PARAM = "max_tokens_in_paged_kv_cache"
+
+
+# max_batch_size where the recipe leaves it unset: the LLM API's BaseLlmArgs.max_batch_size default
+# (tensorrt_llm/llmapi/llm_args.py @ 0004396720054fd8e205cbf616f21f0b57c6b412) and trtllm-build's
+# (--max_batch_size defaults to BuildConfig.max_batch_size, tensorrt_llm/builder.py @
+# 008b2b8d23af95e4e19fa6f354f9c5f6349b2bfc)
+TRTLLM_MAX_BATCH = 2048
+
+
+def llmapi_batch_limit(recipe: Recipe, pool_tokens: int) -> BatchLimit:
+    """TensorRT-LLM's LLM API: max_batch_size 2048 unless set."""
+    return BatchLimit(
+        "max_batch_size",
+        TRTLLM_MAX_BATCH,
+        "NVIDIA/TensorRT-LLM @ 0004396720054fd8e205cbf616f21f0b57c6b412 "
+        "tensorrt_llm/llmapi/llm_args.py BaseLlmArgs.max_batch_size default 2048",
+    )
+
+
+def engine_batch_limit(recipe: Recipe, pool_tokens: int) -> BatchLimit:
+    """trtllm-build: --max_batch_size 2048 unless set."""
+    return BatchLimit(
+        "--max_batch_size",
+        TRTLLM_MAX_BATCH,
+        "NVIDIA/TensorRT-LLM tensorrt_llm/builder.py BuildConfig.max_batch_size = 2048 (@ "
+        "008b2b8d23af95e4e19fa6f354f9c5f6349b2bfc), trtllm-build's --max_batch_size default",
+    )
+
+
+def trtllm_token_unit(facts: TokenFacts) -> EngineTokens:
+    """What one of TensorRT-LLM's max tokens (kv_cache_config.max_tokens, 'max tokens in paged KV
+    cache') holds: a token in every attention layer of the rank's stage, sliding ones included
+    (tensorrt_llm/_torch/pyexecutor/resource_manager.py KVCacheManager.get_cache_size_per_token:
+    kv_factor x num_attention_layers x kv heads x head_dim, no window); the C++ manager then shares
+    that memory among the window sizes' pools (VSWA), which the exact per-sequence account
+    follows."""
+    return EngineTokens(
+        facts.every_layer_bytes,
+        "TensorRT-LLM: max_tokens / 'max tokens in paged KV cache' divide by every attention "
+        "layer's bytes per token (resource_manager.py KVCacheManager.get_cache_size_per_token, no "
+        "window); its per-window pools (VSWA) share that memory",
+    )
 
 
 TRTLLM_SOURCE = (

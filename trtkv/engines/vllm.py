@@ -26,9 +26,19 @@ from trtkv.engines.activation import (
     forward_peak_bytes,
     sampler_peak_bytes,
 )
-from trtkv.engines.pool import GIB, EngineKnobs, PoolEstimate, Sizing, Term, apply_bound
+from trtkv.engines.pool import (
+    GIB,
+    BatchLimit,
+    EngineKnobs,
+    EngineTokens,
+    PoolEstimate,
+    Sizing,
+    Term,
+    TokenFacts,
+    apply_bound,
+)
 from trtkv.engines.sequence import sequence_kv_bytes
-from trtkv.engines.sizing import recipe_kv_layout
+from trtkv.engines.sizing import gpu_memory_mib, recipe_kv_layout
 from trtkv.platform.hardware import GPU
 from trtkv.recipe import Recipe
 from trtkv.recipe.attention import VLLM_BLOCK_CPU, VLLM_BLOCK_GPU, Accounting, layer_formats
@@ -273,6 +283,41 @@ def cpu_pin_bytes(recipe: Recipe) -> int:
         block=VLLM_BLOCK_CPU,
     )
     return max(1, math.ceil(seq * b.max_batch_size / GIB)) * GIB
+
+
+# vLLM's max_num_seqs where the command leaves it unset (vllm/engine/arg_utils.py
+# EngineArgs.get_batch_defaults, vllm 0.32.0, the OpenAI server's values): 1024 on a GPU of at least
+# 70 GiB other than an A100, 256 on the rest; on the CPU 128 x the world size
+VLLM_MAX_SEQS_SOURCE = "vllm 0.32.0 vllm/engine/arg_utils.py EngineArgs.get_batch_defaults"
+
+
+def vllm_batch_limit(recipe: Recipe, pool_tokens: int) -> BatchLimit:
+    """vLLM's own max_num_seqs default for the recipe's GPU (trtkv passes --max-num-seqs always)."""
+    gpu, b = recipe.hardware.gpu, recipe.build
+    if gpu is GPU.CPU:
+        n, why = 128 * b.tp_size * b.pp_size, "128 x the world size on the CPU"
+    elif gpu_memory_mib(recipe) >= 70 * 1024 and "A100" not in gpu.value:
+        n, why = 1024, "1024 on a GPU of 70 GiB or more other than an A100"
+    else:
+        n, why = 256, "256 below 70 GiB or on an A100"
+    return BatchLimit("--max-num-seqs", n, f"{VLLM_MAX_SEQS_SOURCE}: {why}")
+
+
+def vllm_token_unit(facts: TokenFacts) -> EngineTokens:
+    """What one token of vLLM's 'GPU KV cache size: N tokens' holds: vLLM 0.32.0 prints
+    int(num_blocks / blocks one request of max_model_len takes x max_model_len)
+    (vllm/v1/core/kv_cache_utils.py get_kv_cache_capacity and
+    get_max_concurrency_for_kv_cache_config: each KV cache group's cdiv(max_memory_usage_bytes,
+    page_size_bytes), summed over the groups that share one block pool), so a token is one
+    max_seq_len sequence's allocation / max_seq_len: a sliding group adds only its window's blocks,
+    a state group its state blocks."""
+    n = facts.max_seq_len
+    return EngineTokens(
+        facts.sequence_bytes(n) / n,
+        f"vLLM {VLLM_VERSION}: 'GPU KV cache size' = max concurrency at max_model_len {n:,} x "
+        f"{n:,} (vllm/v1/core/kv_cache_utils.py get_kv_cache_capacity): a token is one "
+        "max_seq_len sequence's blocks in every KV cache group / max_seq_len",
+    )
 
 
 def vllm_block(recipe: Recipe) -> int:

@@ -29,12 +29,14 @@ layer one latent of kv_lora_rank + qk_rope_head_dim elements per token):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
-from trtkv.engines.pool import EngineKnobs, PoolEstimate
+from trtkv.engines.pool import EngineKnobs, EngineTokens, PoolEstimate, TokenFacts
 from trtkv.engines.vllm_blocks import hybrid_block_size
 from trtkv.kvcache.formats import KVFormat
 from trtkv.plan.advice import advice_for, attention_notes, format_row_note
+from trtkv.plan.concurrency import concurrency
 from trtkv.plan.engine_pool import memory_rule, recipe_pool
 
 # the planner's public face: plan() and the types and counts it returns
@@ -57,6 +59,7 @@ from trtkv.plan.result import (  # the plan's types: planner's public face too
     FormatCapacity,
     Plan,
     PlanAttention,
+    PlanConcurrency,
     PlanExample,
     PlanHardware,
     PlanKVPool,
@@ -85,6 +88,7 @@ __all__ = [
     "FormatCapacity",
     "Plan",
     "PlanAttention",
+    "PlanConcurrency",
     "PlanExample",
     "PlanHardware",
     "PlanKVPool",
@@ -163,6 +167,8 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
     accounting, block = recipe_accounting(recipe)
     acc_label = accounting_label(recipe, accounting)
     mnbt = recipe.build.max_num_tokens
+    token_unit = memory_rule(recipe).tokens
+    unit_rule = ""
     for label, fmt, skipped in rows:
         fmts = layer_formats(arch.layer_list(), fmt, skipped, recipe.kv_skip_format)
         # per token: the KV (a hybrid's state is per sequence)
@@ -177,6 +183,8 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
         # what a decode step reads
         read_gpu = {n: seq_bytes(arch, fmts, n, tp, pp) for n in lengths}
         tokens = int(budget // bpt_gpu) if budget else 0
+        unit = engine_token(arch, fmts, recipe, bpt_gpu, token_unit)
+        unit_rule = unit_rule or unit.rule
         max_seqs = {n: int(budget // seq_gpu[n]) if budget else 0 for n in lengths}
         gib = {n: recipe.build.max_batch_size * seq[n] / GIB for n in lengths}
         step = {}
@@ -202,6 +210,10 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
                     n: bytes_by_attention(arch.layer_list(), arch.kv_shape(), fmts, n)
                     for n in lengths
                 },
+                engine_bytes_per_token_per_gpu=unit.bytes_per_token,
+                engine_tokens_per_gpu=int(budget // unit.bytes_per_token)
+                if budget and unit.bytes_per_token
+                else 0,
             )
         )
     examples = [
@@ -226,6 +238,14 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
     if mixed:
         advice = [*advice, mixed]
     prefix = prefix_capacity(recipe, caps)
+    own = next(c for c in caps if c.format == recipe.kv_format_label)
+    conc = concurrency(
+        recipe,
+        arch,
+        budget,
+        own.max_sequences[recipe.build.max_seq_len],
+        own.tokens_per_gpu_budget,
+    )
     advice = [*advice, *prefix_advice(recipe, prefix), *build_notes(recipe)]
     return Plan(
         recipe=recipe.name,
@@ -253,6 +273,42 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
         notes=notes + [n for n in [format_row_note(recipe)] if n] + attention_notes(arch, recipe),
         attention=_attention_facts(arch, acc_label, mnbt, block, tp, rec_fmt),
         prefix_cache=prefix,
+        concurrency=conc,
+        engine_token_rule=unit_rule,
+    )
+
+
+# beyond every window: what a token adds there is the full-attention layers' bytes
+BEYOND_WINDOWS = 1 << 22
+
+
+def engine_token(
+    arch: Architecture,
+    fmts: list[KVFormat],
+    recipe: Recipe,
+    every_layer: float,
+    token_unit: Callable[[TokenFacts], EngineTokens] | None,
+) -> EngineTokens:
+    """What one token of the recipe's engine's printed token count holds on the fullest GPU (its
+    MemoryRule.tokens; the exact every-layer token where the engine names none)."""
+    if token_unit is None:
+        return EngineTokens(every_layer, "a token in every layer (the exact account)")
+    b = recipe.build
+    tp, pp = b.tp_size, b.pp_size
+    step = 1024
+    far = seq_bytes(arch, fmts, BEYOND_WINDOWS, tp, pp, with_state=False)
+    full = (seq_bytes(arch, fmts, BEYOND_WINDOWS + step, tp, pp, with_state=False) - far) / step
+    accounting, block = recipe_accounting(recipe)
+    return token_unit(
+        TokenFacts(
+            every_layer_bytes=every_layer,
+            full_layers_bytes=full,
+            sequence_bytes=lambda n: seq_bytes(
+                arch, fmts, n, tp, pp, accounting, b.max_num_tokens, block
+            ),
+            max_seq_len=b.max_seq_len,
+            model_type=arch.model_type,
+        )
     )
 
 

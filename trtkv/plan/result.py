@@ -166,6 +166,26 @@ class PlanPrefixCache:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PlanConcurrency:
+    """`plan --json`'s "concurrency": the requests one replica runs at once. The engines admit
+    requests while their KV blocks last, so the cap the served command passes (build.max_batch_size
+    as the engine's flag) is sized for the workload (bench.input_tokens + bench.output_tokens), not
+    for max_seq_len sequences only, and held under the engine's own default (trtkv.plan.concurrency
+    sizes it; `trtkv init` writes it)."""
+
+    max_seq_len: int
+    full_context_sequences: int  # sequences of max_seq_len that fit (the recipe's KV format)
+    input_tokens: int  # the workload: bench.input_tokens in, bench.output_tokens out
+    output_tokens: int
+    workload_sequences: int  # sequences of the workload that fit, as the engine accounts them
+    engine_limit: int | None  # the engine's own default cap (None: no limit of its own)
+    engine_limit_source: str
+    flag: str  # the engine's name for the cap
+    cap: int  # build.max_batch_size: what the served command passes
+    sized: int  # what the workload asks: min(workload_sequences, engine_limit), at least 1
+
+
+@dataclass(frozen=True, kw_only=True)
 class FormatCapacity:
     """One KV format's row of the plan (the recipe's own, mixed or named, first)."""
 
@@ -184,6 +204,11 @@ class FormatCapacity:
     per_sequence_kv_bytes_by_accounting: dict[str, dict[int, float]]
     tokens_fit: dict[int, int]  # max_sequences x length, per GPU
     bytes_by_attention: dict[int, dict[str, float]]  # exact, per layer type
+    # the pool's tokens as the recipe's engine counts and prints them (its EngineTokens rule:
+    # vLLM's hybrid allocator, SGLang's SWA pool, TensorRT-LLM's max tokens), beside the exact
+    # account's every-layer token above; they differ where layers are sliding, chunked or state
+    engine_bytes_per_token_per_gpu: float
+    engine_tokens_per_gpu: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -209,6 +234,10 @@ class Plan:
     attention: PlanAttention
     # trtkv.plan.prefix: what a prefix-cache hit rate does to capacity, per format
     prefix_cache: PlanPrefixCache
+    # trtkv.plan.concurrency: full-context sequences, the workload's, and the cap passed
+    concurrency: PlanConcurrency
+    # how the recipe's engine counts a token (FormatCapacity.engine_*), with its source
+    engine_token_rule: str
     # `plan --estimate` (trtkv.plan.estimate); plan --json writes Estimate.to_json() (per format:
     # levels of ttft_ms, itl_ms, output_tokens_per_s, source), and leaves the key out without
     # --estimate

@@ -43,11 +43,21 @@ class Settings:
         """Longest prompt: max_seq_len less an eighth kept for the answer."""
         return max(1, self.seq_len - max(1, self.seq_len // 8))
 
+    @property
+    def bench_input_tokens(self) -> int:
+        """The workload init writes (bench.input_tokens): 2,048-token prompts on a GPU, 128 on the
+        CPU, within max_input_len."""
+        return min(128 if self.gpu == CPU else 2048, self.input_len)
 
-# the most sequences init sizes max_batch_size to (vLLM's max_num_seqs below 70 GiB); --concurrency
-MAX_BATCH = 256
+    @property
+    def bench_output_tokens(self) -> int:
+        """bench.output_tokens: 256 on a GPU, 32 on the CPU, within max_seq_len."""
+        return min(32 if self.gpu == CPU else 256, self.seq_len - self.bench_input_tokens)
+
+
 # the CPU's capacity is the host's RAM, so a fixed batch keeps the recipe the same on every machine
 CPU_BATCH = 16
+CPU = "cpu"  # hardware.gpu's value for the CPU
 
 # The init flag that sets each recipe field (a refusal names it); fields absent here are derived
 # from these
@@ -158,9 +168,17 @@ def refusal(
     return RecipeError(lines, header=header)
 
 
-def batch_for(fits: int, concurrency: int | None, on_cpu: bool) -> tuple[int, str]:
-    """max_batch_size and why: --concurrency, else what fits at max_seq_len (at most MAX_BATCH);
-    CPU_BATCH on the CPU."""
+def batch_for(
+    fits: int,
+    concurrency: int | None,
+    on_cpu: bool,
+    workload: tuple[int, int, int] | None = None,
+    limit: tuple[int, str] | None = None,
+) -> tuple[int, str]:
+    """max_batch_size and why: --concurrency, else the sequences of the workload that fit (in
+    tokens, out tokens, sequences: the engines admit by KV blocks, so a cap of `fits` full-context
+    sequences would leave the pool idle under shorter traffic), at most the engine's own default
+    (`limit`: sequences, its flag); CPU_BATCH on the CPU."""
     if concurrency:
         return concurrency, f"--concurrency {concurrency} (sequences of max_seq_len fit: {fits})"
     if on_cpu:
@@ -168,10 +186,18 @@ def batch_for(fits: int, concurrency: int | None, on_cpu: bool) -> tuple[int, st
             CPU_BATCH,
             "a fixed batch on the CPU (capacity there is this host's RAM: `trtkv plan` shows it)",
         )
-    batch = max(1, min(fits, MAX_BATCH))
+    if workload is None:
+        return max(1, fits), f"{fits} sequences of max_seq_len fit (trtkv plan)"
+    tokens_in, tokens_out, work = workload
+    batch = max(1, min(work, limit[0]) if limit is not None else work)
     return batch, (
-        f"{fits} sequences of max_seq_len fit (trtkv plan)"
-        + (f"; at most {MAX_BATCH} unless --concurrency" if fits > MAX_BATCH else "")
+        f"{work} sequences of the bench workload ({tokens_in} in + {tokens_out} out tokens) fit, "
+        f"{fits} of max_seq_len (trtkv plan)"
+        + (
+            f"; at most the engine's own {limit[1]} {limit[0]}"
+            if limit is not None and work > limit[0]
+            else ""
+        )
     )
 
 
