@@ -21,6 +21,13 @@ if TYPE_CHECKING:
     from trtkv.engines.kv_scale_audit import audit_folder
     from trtkv.engines.kv_scale_findings import FAIL, Audit, Finding
     from trtkv.engines.kv_scale_text import render_audit, serve_scale_lines
+    from trtkv.engines.parallel import (
+        PARALLEL_NOTE,
+        check_moe,
+        kv_tp,
+        sequence_groups,
+        weights_per_gpu,
+    )
     from trtkv.engines.pool import GIB, EngineKnobs, PoolEstimate, PoolRule, ServedPool, Sizing
     from trtkv.engines.reference import REFERENCE_LOG, no_knobs, reference_log_pool, reference_pool
     from trtkv.engines.sequence import sequence_kv_bytes
@@ -71,6 +78,7 @@ __getattr__, __dir__ = attach(
         "kv_scale_findings": ["Audit", "FAIL", "Finding"],
         "kv_scale_text": ["render_audit", "serve_scale_lines"],
         "activation": ["ModelShape", "Setup"],
+        "parallel": ["PARALLEL_NOTE", "check_moe", "kv_tp", "sequence_groups", "weights_per_gpu"],
         "pool": ["EngineKnobs", "GIB", "PoolEstimate", "PoolRule", "ServedPool", "Sizing"],
         "reference": ["REFERENCE_LOG", "no_knobs", "reference_log_pool", "reference_pool"],
         "sequence": ["sequence_kv_bytes"],
@@ -119,6 +127,7 @@ __getattr__, __dir__ = attach(
 __all__ = [
     "Audit",
     "audit_folder",
+    "check_moe",
     "cpu_pin_bytes",
     "ENGINE_CAP_PARAM",
     "ENGINE_FRACTION_PARAM",
@@ -129,18 +138,21 @@ __all__ = [
     "GIB",
     "hybrid_block_size",
     "kv_bytes_per_token_per_gpu",
+    "kv_tp",
     "LLMAPI_CAP_KEY",
     "LLMAPI_FRACTION_KEY",
     "llmapi_memory_knobs",
     "model_config_path",
     "ModelShape",
     "no_knobs",
+    "PARALLEL_NOTE",
     "PoolEstimate",
     "PoolRule",
     "REFERENCE_LOG",
     "reference_log_pool",
     "reference_pool",
     "render_audit",
+    "sequence_groups",
     "sequence_kv_bytes",
     "serve_scale_lines",
     "ServedPool",
@@ -170,4 +182,5 @@ __all__ = [
     "vllm_metrics_blocks",
     "vllm_recipe_pool",
     "VLLM_VERSION",
+    "weights_per_gpu",
 ]

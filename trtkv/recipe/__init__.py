@@ -71,6 +71,7 @@ from trtkv.recipe.enums import (
 from trtkv.recipe.limits import CONFIG_FIELDS, MAX_LIST, RANGES, WORD, check_config_field
 from trtkv.recipe.loader import dump_yaml, list_recipes, load_recipe, recipe_name
 from trtkv.recipe.names import check_recipe_name
+from trtkv.recipe.parallel import DENSE_DP_IS_REPLICAS, Parallelism, wide_ep
 from trtkv.recipe.rules import cross_field_problems, kv_heads_split
 from trtkv.recipe.schema import Recipe
 from trtkv.recipe.state import (
@@ -159,6 +160,7 @@ __all__ = [
     "container_mounts",
     "CONTAINER_ROOT",
     "cross_field_problems",
+    "DENSE_DP_IS_REPLICAS",
     "dump_yaml",
     "engine_dir",
     "ENGINE_KV_FORMATS",
@@ -188,6 +190,7 @@ __all__ = [
     "MAX_SWEEP_LENGTHS",
     "ModelDtype",
     "MOVED_FORMATS",
+    "Parallelism",
     "parse_layers",
     "prefix_cache",
     "probe_dir",
@@ -220,5 +223,6 @@ __all__ = [
     "vllm_tokens",
     "WEIGHT_ALGOS",
     "WeightQuant",
+    "wide_ep",
     "WORD",
 ]

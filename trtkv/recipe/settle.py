@@ -35,6 +35,9 @@ class Settings:
     seq_len: int
     batch: int
     num_tokens: int = DEFAULT_NUM_TOKENS
+    # EP and attention-DP groups init proposes for an MoE model (trtkv.recipe.parallel)
+    ep: int = 1
+    attention_dp: int = 1
     # field -> why init moved it off its default (a comment)
     why: dict[str, str] = field(default_factory=dict)
 
