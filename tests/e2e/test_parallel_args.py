@@ -82,10 +82,9 @@ def test_vllm_parses_every_parallel_command_trtkv_writes(tmp_path: Path) -> None
     if not py.is_file():
         pytest.skip(f"needs vLLM's side venv at {py} (make install-vllm)")
     one = moe_recipe(tmp_path, "vllm", 8, "build.ep_size=8", "build.attention_dp_size=4")
-    two = moe_recipe(tmp_path, "vllm", 16, "build.ep_size=16", "build.attention_dp_size=8",
-                     "hardware.gpus_per_node=8")
-    argvs = [after(vllm_command.gpu_command(one, vllm._hf(one)), vllm_command.VLLM_IMAGE)]
-    argvs[0] = after(argvs[0], "vllm.entrypoints.openai.api_server")
+    two = moe_recipe(tmp_path, "vllm", 16, "build.tp_size=16", "build.pp_size=1", "build.ep_size=16",
+                     "build.attention_dp_size=8", "hardware.gpus_per_node=8")
+    argvs = [after(vllm_command.gpu_command(one, vllm._hf(one)), vllm_command.VLLM_IMAGE)]  # the image's entrypoint
     out = deploy(two, Target.K8S, tmp_path / "k8s", log=lambda _m: None, options=Options(model_source="s3://my-bucket/x"))
     lws = next(d for p in sorted(out.glob("*.yaml")) for d in yaml.safe_load_all(p.read_text())
                if d and d["kind"] == "LeaderWorkerSet")

@@ -242,7 +242,9 @@ def job_script(recipe: Recipe, launch: Launch, sizing: Sizing, here: str) -> str
             "plain path."
         )
     check_mount_paths(recipe, launch, here)
-    if launch.one_task_per_node and not launch.ray_worker and sizing.nodes_per_replica > 1:
+    # across nodes: a Ray cluster, or vLLM's own data-parallel launch
+    node_launch = launch.ray_worker or bool(launch.dp_worker)
+    if launch.one_task_per_node and not node_launch and sizing.nodes_per_replica > 1:
         raise StageError(
             f"deploy {comment(recipe.name)} --target slurm: {launch.label} runs as one process "
             f"that starts its own {sizing.gpus_per_replica} TP/PP workers on its node, and trtkv "
