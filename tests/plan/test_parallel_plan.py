@@ -101,3 +101,23 @@ def test_init_proposes_wide_ep_for_an_moe_model_where_it_fits_more(tmp_path: Pat
     assert wide > plain and recipe.build.max_batch_size == min(wide, 256)
     dense = init_recipe(tmp_path, "qwen3_32b", 2, "sglang")
     assert not dense.parallelism.active
+
+
+def test_the_step_model_takes_the_recipes_ep_and_attention_dp(tmp_path: Path) -> None:
+    """plan --estimate's own model (trtkv.plan.moe_step, #49) reads Recipe.parallelism: attention at one group's TP,
+    the experts over every GPU with the all-to-all of EP under attention DP, each group its share of the
+    concurrency."""
+    from trtkv.plan.estimate import estimate, model_shape
+
+    wide = init_recipe(tmp_path, "deepseek_v3", 8, "llmapi")
+    plain = init_recipe(tmp_path, "deepseek_v3", 8, "llmapi", *PLAIN)
+    arch = resolve_architecture(wide)
+    m, p = model_shape(arch, wide), model_shape(arch, plain)
+    assert (m.tp, m.moe.ep, m.moe.attention_dp) == (1, 8, 8) and (p.tp, p.moe.ep, p.moe.attention_dp) == (8, 1, 1)
+    rows = {r.concurrency: r for r in estimate(wide, plan(wide), use_aiconfigurator=False).rows
+            if r.format == wide.kv_format_label}
+    one = {r.concurrency: r for r in estimate(plain, plan(plain), use_aiconfigurator=False).rows
+           if r.format == plain.kv_format_label}
+    assert rows and set(rows) == set(one)
+    # 8 sequences over 8 attention-DP ranks: each rank decodes one, with the experts' all-to-all on top
+    assert rows[8].itl_ms != one[8].itl_ms
