@@ -121,3 +121,17 @@ def test_the_step_model_takes_the_recipes_ep_and_attention_dp(tmp_path: Path) ->
     assert rows and set(rows) == set(one)
     # 8 sequences over 8 attention-DP ranks: each rank decodes one, with the experts' all-to-all on top
     assert rows[8].itl_ms != one[8].itl_ms
+
+
+def test_aiconfigurator_is_asked_at_the_recipes_ep_and_attention_dp(tmp_path: Path) -> None:
+    """aiconfigurator's request (trtkv.plan.aic, #49 item 2) carries the recipe's layout in its terms: tp one
+    attention-DP group's, tp x attention_dp = moe_tp x ep."""
+    from trtkv.plan import aic
+
+    wide = init_recipe(tmp_path, "deepseek_v3", 8, "llmapi")
+    plain = init_recipe(tmp_path, "deepseek_v3", 8, "llmapi", *PLAIN)
+    arch = resolve_architecture(wide)
+    got = aic.request(wide, arch, ["fp8"], [8], "/m")
+    assert (got["tp"], got["attention_dp"], got["moe_tp"], got["moe_ep"]) == (1, 8, 1, 8)
+    got = aic.request(plain, arch, ["fp8"], [8], "/m")
+    assert (got["tp"], got["attention_dp"], got["moe_tp"], got["moe_ep"]) == (8, 1, 8, 1)
