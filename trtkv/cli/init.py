@@ -309,7 +309,7 @@ def _sized_text(
     """The recipe text and its settings on the fewest GPUs (--count, else COUNTS in turn; one on
     the CPU) that hold the weights and `concurrency` sequences of max_seq_len, with max_batch_size
     set to what fits there (trtkv.recipe.settle)."""
-    from trtkv.recipe.settle import batch_for, refusal, settle
+    from trtkv.recipe.settle import batch_for, propose_wide_ep, refusal, settle
 
     on_cpu = first.gpu == GPU.CPU.value
     need = first.batch
@@ -346,7 +346,7 @@ def _sized_text(
             header="Recipe not written",
         )
     if facts.moe is not None and not on_cpu:
-        fits = _propose_wide_ep(name, out, s, given, draw, recipe, fits)
+        fits = propose_wide_ep(name, out, s, given, draw, recipe, fits, _fits)
     s.batch, s.why["build.max_batch_size"] = batch_for(fits, concurrency, on_cpu)
     # the engine's own reserve grows with max_num_seqs (vLLM's sampler rows)
     for _ in range(SETTLE_ROUNDS):
@@ -361,40 +361,6 @@ def _sized_text(
     else:  # settled on the last round's batch: its recipe
         text, recipe = settle(name, out, s, given, draw)
     return text, s
-
-
-def _propose_wide_ep(
-    name: str,
-    out: Path,
-    s: Settings,
-    given: dict[str, str],
-    draw: Callable[[Settings], str],
-    recipe: Recipe,
-    fits: int,
-) -> int:
-    """An MoE model: EP and attention DP over every TP rank where its engine runs them and they fit
-    more sequences of max_seq_len (kept in `s`); the sequences that fit either way."""
-    from trtkv.recipe import wide_ep
-    from trtkv.recipe.settle import settle
-
-    proposal = wide_ep(recipe.build.backend, recipe.build.tp_size)
-    if proposal is None:
-        return fits
-    wide = replace(s, ep=proposal[0], attention_dp=proposal[1], why=dict(s.why))
-    try:
-        _text, wide_recipe = settle(name, out, wide, given, draw)
-        wide_fits, _why = _fits(wide_recipe)
-    except RecipeError:  # the engine or the model refuses it: keep plain TP
-        return fits
-    if wide_fits <= fits:
-        return fits
-    s.ep, s.attention_dp = proposal
-    s.why["build.ep_size"] = "experts spread over every GPU (MoE)"
-    s.why["build.attention_dp_size"] = (
-        f"each GPU attends to its own sequences: {wide_fits} of max_seq_len fit, {fits} under "
-        "plain TP (trtkv plan)"
-    )
-    return wide_fits
 
 
 def _write_new(out: Path, text: str, force: bool) -> None:
