@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from trtkv.backends import llmapi, llmapi_serve, reference, sglang, tensorrt, vllm
 from trtkv.backends.seam import (
+    DP_ADDRESS,
+    DP_START,
     DynamoWorker,
     EngineBackend,
     MemoryRule,
@@ -47,6 +49,8 @@ def default_backend(*, on_cpu: bool, llama_family: bool) -> Backend:
 __all__ = [
     "BACKENDS",
     "default_backend",
+    "DP_ADDRESS",
+    "DP_START",
     "DynamoWorker",
     "for_recipe",
     "MemoryRule",

@@ -93,7 +93,8 @@ def llm_args(recipe: Recipe, hf_dir: Path) -> dict[str, Any]:
         "backend": "pytorch",
         "tensor_parallel_size": b.tp_size,
         "pipeline_parallel_size": b.pp_size,
-        "max_batch_size": b.max_batch_size,
+        # per attention-DP rank (each schedules its own requests)
+        "max_batch_size": recipe.parallelism.per_group(b.max_batch_size),
         "max_num_tokens": b.max_num_tokens,
         "max_seq_len": b.max_seq_len,
         "max_input_len": b.max_input_len,
@@ -115,7 +116,20 @@ def llm_args(recipe: Recipe, hf_dir: Path) -> dict[str, Any]:
     # a linear-attention / Mamba layer's recurrent state: what the plan priced
     if b.mamba_ssm_cache_dtype != "auto":
         args["kv_cache_config"]["mamba_ssm_cache_dtype"] = b.mamba_ssm_cache_dtype
-    return args
+    return {**args, **parallel_args(recipe)}
+
+
+def parallel_args(recipe: Recipe) -> dict[str, Any]:
+    """EP and attention DP as LLM() arguments (TorchLlmArgs fields): moe_expert_parallel_size x
+    moe_tensor_parallel_size = tensor_parallel_size (tensorrt_llm/mapping.py), enable_attention_dp
+    over every TP rank; none when the layout is plain TP x PP."""
+    p, out = recipe.parallelism, {}
+    if p.ep > 1:
+        out["moe_expert_parallel_size"] = p.ep
+        out["moe_tensor_parallel_size"] = p.moe_tp
+    if p.attention_dp > 1:
+        out["enable_attention_dp"] = True
+    return out
 
 
 def model_yaml(recipe: Recipe, hf_dir: Path) -> dict[str, Any]:

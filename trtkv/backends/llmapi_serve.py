@@ -53,7 +53,7 @@ def trtllm_serve_command(recipe: Recipe, hf_dir: Path, config: Path) -> list[str
         "--pp_size",
         str(b.pp_size),
         "--max_batch_size",
-        str(b.max_batch_size),
+        str(recipe.parallelism.per_group(b.max_batch_size)),
         "--max_num_tokens",
         str(b.max_num_tokens),
         "--max_seq_len",
@@ -103,6 +103,11 @@ class TrtllmServe:
 
     def node_command(self, recipe: Recipe, host: str) -> list[str]:
         return ["trtllm-llmapi-launch", *self.command(recipe, host)]
+
+    def data_parallel_nodes(
+        self, recipe: Recipe, host: str, gpus_per_node: int
+    ) -> tuple[list[str], list[str]] | None:
+        return None  # its one multi-node launch (or none) carries attention DP as it is
 
     def leader_command(self, recipe: Recipe, host: str, ranks: int) -> list[str]:
         return [

@@ -119,6 +119,11 @@ class RepoLayout(Protocol):
         ...
 
 
+# data_parallel_nodes' stand-ins, replaced by each deployment's shell words
+DP_ADDRESS = "\x00DP_ADDRESS"
+DP_START = "\x00DP_START"
+
+
 class OpenAIServer(Protocol):
     """An OpenAI-compatible server (/v1/completions) the backend can run instead of tritonserver."""
 
@@ -174,6 +179,14 @@ class OpenAIServer(Protocol):
 
     def leader_command(self, recipe: Recipe, host: str, ranks: int) -> list[str]:
         """The multi-node launch on the first node."""
+        ...
+
+    def data_parallel_nodes(
+        self, recipe: Recipe, host: str, gpus_per_node: int
+    ) -> tuple[list[str], list[str]] | None:
+        """Across nodes, (the first node's command, every other node's) where the server spreads
+        its attention-DP ranks over the nodes itself (DP_ADDRESS and DP_START stand for the first
+        node's address and this node's first DP rank); None: its usual multi-node launch."""
         ...
 
     def reads(self, recipe: Recipe) -> list[Path]:

@@ -152,7 +152,19 @@ def server_args(recipe: Recipe, hf_dir: Path, host: str, scales: Path | None = N
         args += ["--tp-size", str(b.tp_size)]
     if b.pp_size > 1:
         args += ["--pp-size", str(b.pp_size)]
-    return args
+    return args + parallel_args(recipe)
+
+
+def parallel_args(recipe: Recipe) -> list[str]:
+    """EP and attention DP in SGLang 0.5.23's words: they subdivide --tp-size (GPUs = tp x pp;
+    sglang/srt/runtime_context.py derive_parallel_widths). `--attn-dp-size N` is what its
+    deprecated `--dp-size N --enable-dp-attention` resolves to (arg_groups/parallel_hook.py)."""
+    p, out = recipe.parallelism, []
+    if p.attention_dp > 1:
+        out += ["--attn-dp-size", str(p.attention_dp)]
+    if p.ep > 1:
+        out += ["--ep-size", str(p.ep)]
+    return out
 
 
 def gpu_command(recipe: Recipe, hf_dir: Path) -> list[str]:
@@ -287,6 +299,11 @@ class SglangServer:
 
     def node_command(self, recipe: Recipe, host: str) -> list[str]:
         return [*self.command(recipe, host), KEY_FLAG, KEY_REF]
+
+    def data_parallel_nodes(
+        self, recipe: Recipe, host: str, gpus_per_node: int
+    ) -> tuple[list[str], list[str]] | None:
+        return None  # its one multi-node launch (or none) carries attention DP as it is
 
     def leader_command(self, recipe: Recipe, host: str, ranks: int) -> list[str]:
         # one node (backend_rules refuses more than 8 GPUs per replica)

@@ -40,6 +40,7 @@ from trtkv.backends.vllm_command import (
     VLLM_VENV,
     cpu_command,
     cpu_env,
+    dp_node_commands,
     gpu_command,
     kv_cache_dtype,
     served_model_name,
@@ -245,6 +246,16 @@ class VllmServer:
 
     def leader_command(self, recipe: Recipe, host: str, ranks: int) -> list[str]:
         return [*self.command(recipe, host), "--distributed-executor-backend", "ray"]
+
+    def data_parallel_nodes(
+        self, recipe: Recipe, host: str, gpus_per_node: int
+    ) -> tuple[list[str], list[str]] | None:
+        """vLLM's multi-node data parallelism (no Ray): `vllm serve` on every node with
+        --data-parallel-size-local (the DP ranks of one node), --data-parallel-address and
+        --data-parallel-rpc-port (the first node's), the others --headless from
+        --data-parallel-start-rank (vllm 0.32.0 entrypoints/cli/serve.py run_headless; the
+        api_server module has no --headless)."""
+        return dp_node_commands(recipe, served_artifacts(recipe).hf, host, gpus_per_node)
 
     def reads(self, recipe: Recipe) -> list[Path]:
         return [_hf(recipe)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trtkv.backends.base import openai_docker_run
+from trtkv.backends.seam import DP_ADDRESS, DP_START
 from trtkv.core import paths
 from trtkv.engines.vllm import cpu_pin_bytes, vllm_knobs
 from trtkv.recipe import Recipe
@@ -75,7 +76,8 @@ def server_args(recipe: Recipe, hf_dir: Path, host: str) -> list[str]:
         "--max-model-len",
         str(b.max_seq_len),
         "--max-num-seqs",
-        str(b.max_batch_size),
+        # per DP engine core (each schedules its own sequences)
+        str(recipe.parallelism.per_group(b.max_batch_size)),
         "--max-num-batched-tokens",
         str(b.max_num_tokens),
         *memory_args(recipe),
@@ -93,11 +95,24 @@ def server_args(recipe: Recipe, hf_dir: Path, host: str) -> list[str]:
         args += ["--mamba-cache-dtype", b.mamba_cache_dtype]
     if b.mamba_ssm_cache_dtype != "auto":
         args += ["--mamba-ssm-cache-dtype", b.mamba_ssm_cache_dtype]
-    if b.tp_size > 1:
-        args += ["--tensor-parallel-size", str(b.tp_size)]
-    if b.pp_size > 1:
-        args += ["--pipeline-parallel-size", str(b.pp_size)]
-    return args
+    return args + parallel_args(recipe)
+
+
+def parallel_args(recipe: Recipe) -> list[str]:
+    """TP, PP, attention DP and EP in vLLM 0.32.0's count: --tensor-parallel-size is the attention
+    TP (tp_size / attention_dp_size), --data-parallel-size the attention DP, so TP x DP = the
+    recipe's tp_size GPUs; --enable-expert-parallel spreads the experts over all of them
+    (trtkv.recipe.parallel)."""
+    p, out = recipe.parallelism, []
+    if p.attention_tp > 1:
+        out += ["--tensor-parallel-size", str(p.attention_tp)]
+    if p.pp > 1:
+        out += ["--pipeline-parallel-size", str(p.pp)]
+    if p.attention_dp > 1:
+        out += ["--data-parallel-size", str(p.attention_dp)]
+    if p.ep > 1:
+        out.append("--enable-expert-parallel")
+    return out
 
 
 def cpu_command(recipe: Recipe, hf_dir: Path) -> list[str]:
@@ -127,3 +142,29 @@ def gpu_command(recipe: Recipe, hf_dir: Path) -> list[str]:
         VLLM_IMAGE,
         *server_args(recipe, inside, "0.0.0.0"),
     ]
+
+
+# the first node's DP coordination port (vLLM's default, ParallelConfig.data_parallel_rpc_port)
+DP_RPC_PORT = 29550
+
+
+def dp_node_commands(
+    recipe: Recipe, hf_dir: Path, host: str, gpus_per_node: int
+) -> tuple[list[str], list[str]] | None:
+    """(first node, other nodes) `vllm serve` commands spreading the attention-DP ranks over the
+    nodes, gpus_per_node / attention TP ranks each; None without attention DP or on one node."""
+    p = recipe.parallelism
+    if p.attention_dp == 1 or p.gpus <= gpus_per_node:
+        return None
+    local = p.groups_per_node(gpus_per_node)
+    common = [
+        *server_args(recipe, hf_dir, host),
+        "--data-parallel-size-local",
+        str(local),
+        "--data-parallel-address",
+        DP_ADDRESS,
+        "--data-parallel-rpc-port",
+        str(DP_RPC_PORT),
+    ]
+    head = ["vllm", "serve", *common]
+    return head, [*head, "--headless", "--data-parallel-start-rank", DP_START]

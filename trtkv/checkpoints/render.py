@@ -238,6 +238,14 @@ def engine_lines(s: Settings, tp: int, pp: int, mpe: int, on_cpu: bool) -> list[
         f"  max_num_tokens: {s.num_tokens}   # {one_line(tokens)}",
         f"  tp_size: {tp}",
         f"  pp_size: {pp}",
+        *[
+            f"  {key}: {value}" + (f"   # {one_line(why)}" if why else "")
+            for key, value, why in (
+                ("ep_size", s.ep, s.why.get("build.ep_size")),
+                ("attention_dp_size", s.attention_dp, s.why.get("build.attention_dp_size")),
+            )
+            if value > 1
+        ],
         "hardware:",
         f"  gpu: {s.gpu}",
         f"  count: {tp * pp}",

@@ -311,7 +311,7 @@ def _sized_text(
     the CPU) that hold the weights and `concurrency` sequences of max_seq_len, with max_batch_size
     set to the sequences of the bench workload that fit there, at most the engine's own default
     (trtkv.recipe.settle.batch_for, trtkv.plan.concurrency)."""
-    from trtkv.recipe.settle import batch_for, refusal, settle
+    from trtkv.recipe.settle import batch_for, propose_wide_ep, refusal, settle
 
     on_cpu = first.gpu == GPU.CPU.value
     need = first.batch
@@ -347,6 +347,11 @@ def _sized_text(
             ],
             header="Recipe not written",
         )
+    if facts.moe is not None and not on_cpu:
+        wide = propose_wide_ep(name, out, s, given, draw, recipe, fits, lambda r: _fits(r)[:2])
+        if wide != fits:  # the wide layout taken: its recipe and workload from here
+            text, recipe = settle(name, out, s, given, draw)
+            fits, _why, work = _fits(recipe)
     s.batch, s.why["build.max_batch_size"] = batch_for(fits, concurrency, on_cpu, *work)
     # the engine's own reserve grows with the cap (vLLM's sampler rows and CUDA graphs, the
     # TensorRT-LLM warm-up's logits): re-planned with the cap until the workload fits beside it

@@ -105,7 +105,7 @@ def summary(p: Plan, recipe: Recipe) -> list[str]:
     fmt, why = recommended(p, recipe)
     lines = [
         f"{p.recipe}: {m.parameters / 1e9:.1f}B parameters on {hw.count} x {hw.gpu.value}{mem}, "
-        f"TP{hw.tp_size} PP{hw.pp_size}",
+        f"{recipe.parallelism.label()}",
         f"KV pool:     {kp.pool_bytes / GIB:.2f} GiB per GPU "
         f"({kp.engine} {kp.version}'s rule{knob})",
         f"Sequences:   {fits:,} per replica at {length:,} tokens in {own.format} (the recipe's KV)",

@@ -291,6 +291,8 @@ def _leader_worker_set(
     name, lab, ssh = k8s_name(recipe), labels(recipe), launch.uses_ssh
     skips = pods.skip_annotations(*image_skips)
     worker_port = SSH_PORT if ssh else RAY_NODE_PORT
+    # a headless vLLM DP node listens on no fixed port: its probes ask whether the server runs
+    worker_probes = pods.process_probes() if launch.dp_worker else pods.tcp_probes(worker_port)
     leader = _container(
         "leader",
         launch,
@@ -305,7 +307,7 @@ def _leader_worker_set(
         sizing,
         ["bash", "-c", worker_script(launch)],
         ssh,
-        pods.tcp_probes(worker_port),
+        worker_probes,
     )
     leaders = {LWS_NAME_LABEL: name, "role": "leader"}
     spec = {

@@ -12,6 +12,7 @@ from trtkv.deploy.launch import (
     SSH_PORT,
     SSH_WAIT_S,
     Launch,
+    dp_node_script,
     ray_head,
     ray_worker,
     shell_join,
@@ -81,6 +82,8 @@ def leader_script(launch: Launch, sizing: Sizing) -> str:
     vLLM."""
     if launch.ray_worker:
         return _keyed(launch) + ray_head(launch, "$LWS_GROUP_SIZE")
+    if launch.dp_worker:
+        return _keyed(launch) + dp_node_script(launch, '"$LWS_LEADER_ADDRESS"', "0", leader=True)
     mpirun = (
         launch.leader[:2]
         + ["-H", "\x00HOSTS", "-mca", "plm_rsh_args", SSH_OPTIONS, *MPI_ARGS]
@@ -100,6 +103,8 @@ def leader_script(launch: Launch, sizing: Sizing) -> str:
 def worker_script(launch: Launch) -> str:
     if launch.ray_worker:
         return ray_worker("$LWS_LEADER_ADDRESS", RAY_NODE_PORT)
+    if launch.dp_worker:  # a headless node: its DP ranks from LWS's worker index
+        return dp_node_script(launch, '"$LWS_LEADER_ADDRESS"', "LWS_WORKER_INDEX", leader=False)
     return SSHD.replace("/usr/sbin/sshd -e", "exec /usr/sbin/sshd -D -e")
 
 

@@ -23,7 +23,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trtkv.backends import OpenAIServer
+from trtkv.backends import DP_ADDRESS, DP_START, OpenAIServer
 from trtkv.contracts.canary import canary_script
 from trtkv.core.apikey import API_KEY_ENV, TRITON_KEY_HEADER
 from trtkv.core.errors import StageError
@@ -121,6 +121,10 @@ class Launch:
     multi_node: bool
     leader: list[str] = field(default_factory=list)  # MPI/Ray launch on the first node (multi-node)
     uses_ssh: bool = False  # workers run sshd for mpirun
+    # the other nodes' command where the server spreads its attention-DP ranks itself (vLLM's
+    # multi-node DP: DP_ADDRESS, DP_START stand for the leader's address and the node's first rank)
+    dp_worker: list[str] = field(default_factory=list)
+    dp_local: int = 0  # attention-DP ranks per node
     ray_worker: bool = False  # workers join a Ray cluster
     # the server checks $TRTKV_API_KEY (Triton: restricted APIs; vLLM: VLLM_API_KEY on /v1)
     keyed: bool = False
@@ -194,7 +198,11 @@ def _openai_launch(recipe: Recipe, sizing: Sizing, server: OpenAIServer) -> Laun
         start_path=server.health_path,
         shm_gib=server.shm_gib,
     )
-    if not server.ray:  # mpirun over ssh (its leader line is kept whatever the node count)
+    dp = server.data_parallel_nodes(recipe, CONTAINER_BIND, sizing.gpus_per_pod) if multi else None
+    if dp is not None:  # every node its own DP ranks, the leader coordinating (no Ray, no ssh)
+        launch.leader, launch.dp_worker = dp
+        launch.dp_local = recipe.parallelism.groups_per_node(sizing.gpus_per_pod)
+    elif not server.ray:  # mpirun over ssh (its leader line is kept whatever the node count)
         launch.leader, launch.uses_ssh = (
             server.leader_command(recipe, CONTAINER_BIND, sizing.gpus_per_replica),
             True,
@@ -285,6 +293,14 @@ def ray_head(launch: Launch, nodes: str) -> str:
         's" >&2 && '
         f"exit 1; sleep 5; done && exec {shell_join(launch.leader)}"
     )
+
+
+def dp_node_script(launch: Launch, address: str, node_index: str, leader: bool) -> str:
+    """A node of a server that spreads its attention-DP ranks itself: the leader's command with
+    the address, or a worker's from its first DP rank (`node_index` x ranks per node)."""
+    cmd = launch.leader if leader else launch.dp_worker
+    words = {DP_ADDRESS: address, DP_START: f'"$(({node_index} * {launch.dp_local}))"'}
+    return "exec " + shell_join(cmd, words)
 
 
 def ray_worker(address: str, node_port: int | None = None) -> str:

@@ -307,6 +307,20 @@ def tcp_probes(port: int) -> dict[str, Any]:
     }
 
 
+def process_probes() -> dict[str, Any]:
+    """A multi-node worker with no port of its own (a headless vLLM DP node): alive while its
+    server, the container's first process, runs."""
+    probe = {
+        "exec": {"command": ["kill", "-0", "1"]},
+        "periodSeconds": LIVE_PERIOD_S,
+        "timeoutSeconds": LIVE_TIMEOUT_S,
+    }
+    return {
+        "livenessProbe": {**probe, "failureThreshold": LIVE_FAILURES},
+        "readinessProbe": {**probe, "failureThreshold": READY_FAILURES},
+    }
+
+
 def wait_for_load(recipe: Recipe, image: str, load_id: str) -> dict[str, Any]:
     """The init container: wait (bounded) until the loader Job wrote this load's marker on the
     models volume."""

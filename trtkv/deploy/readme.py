@@ -116,6 +116,11 @@ def k8s_body(
             + (
                 f"the Ray head and {lch.label}, the workers join its Ray cluster."
                 if lch.ray_worker
+                else f"{lch.label} with {lch.dp_local} of the replica's attention-DP ranks and "
+                "coordinates them (--data-parallel-address, --data-parallel-rpc-port); each worker "
+                f"pod runs {lch.dp_local} more, headless, from --data-parallel-start-rank "
+                "(LWS_WORKER_INDEX x that count)."
+                if lch.dp_worker
                 else f"`mpirun` over all {sizing.gpus_per_replica} ranks through ssh on port "
                 f"{SSH_PORT} (every pod runs sshd as the image's own user with the keys of Secret "
                 f"{k8s.k8s_name(recipe, 'ssh')}; the image must contain openssh-server)."

@@ -232,7 +232,8 @@ def tp_across_nodes(recipe: Recipe) -> str | None:
     layer's all-reduce then crosses the inter-node network (hundreds of GB/s of NVLink inside a
     node against tens of GB/s of InfiniBand/RoCE between nodes), so each decode step waits on it."""
     b, per_node = recipe.build, recipe.hardware.gpus_per_node
-    if b.tp_size <= per_node:
+    # under attention DP the all-reduce stays inside a group (the experts' all-to-all crosses)
+    if recipe.parallelism.attention_tp <= per_node:
         return None
     return (
         f"warning: {recipe.name}: build.tp_size = {b.tp_size} spans "

@@ -29,6 +29,7 @@ from trtkv.deploy import launch as launches
 from trtkv.deploy.launch import (
     REQUIRE_KEY,
     Launch,
+    dp_node_script,
     enroot_image,
     ray_head,
     ray_worker,
@@ -117,6 +118,11 @@ def rank_script(recipe: Recipe, launch: Launch, sizing: Sizing) -> str:
             "export "
             f'{launch.key_env}="${API_KEY_ENV}"\n{ray_head(launch, "$SLURM_JOB_NUM_NODES")}\n'
         )
+    if launch.dp_worker:  # every node its own DP ranks, node 0 coordinating
+        key = f'export {launch.key_env}="${API_KEY_ENV}"\n' if launch.key_env else ""
+        worker = dp_node_script(launch, '"$TRTKV_HEAD"', "SLURM_NODEID", leader=False)
+        leader = dp_node_script(launch, '"$TRTKV_HEAD"', "0", leader=True)
+        return head + key + f'if [ "$SLURM_NODEID" != 0 ]; then\n    {worker}\nfi\n{leader}\n'
     pack = packing(sizing)
     if pack.instances == 1:
         return head + slurm_rank_command(recipe, launch) + "\n"
@@ -236,7 +242,9 @@ def job_script(recipe: Recipe, launch: Launch, sizing: Sizing, here: str) -> str
             "plain path."
         )
     check_mount_paths(recipe, launch, here)
-    if launch.one_task_per_node and not launch.ray_worker and sizing.nodes_per_replica > 1:
+    # across nodes: a Ray cluster, or vLLM's own data-parallel launch
+    node_launch = launch.ray_worker or bool(launch.dp_worker)
+    if launch.one_task_per_node and not node_launch and sizing.nodes_per_replica > 1:
         raise StageError(
             f"deploy {comment(recipe.name)} --target slurm: {launch.label} runs as one process "
             f"that starts its own {sizing.gpus_per_replica} TP/PP workers on its node, and trtkv "

@@ -21,6 +21,13 @@ if TYPE_CHECKING:
     from trtkv.engines.kv_scale_audit import audit_folder
     from trtkv.engines.kv_scale_findings import FAIL, Audit, Finding
     from trtkv.engines.kv_scale_text import render_audit, serve_scale_lines
+    from trtkv.engines.parallel import (
+        PARALLEL_NOTE,
+        check_moe,
+        kv_tp,
+        sequence_groups,
+        weights_per_gpu,
+    )
     from trtkv.engines.pool import (
         GIB,
         BatchLimit,
@@ -88,6 +95,7 @@ __getattr__, __dir__ = attach(
         "kv_scale_findings": ["Audit", "FAIL", "Finding"],
         "kv_scale_text": ["render_audit", "serve_scale_lines"],
         "activation": ["ModelShape", "Setup"],
+        "parallel": ["PARALLEL_NOTE", "check_moe", "kv_tp", "sequence_groups", "weights_per_gpu"],
         "pool": [
             "BatchLimit",
             "EngineKnobs",
@@ -154,6 +162,7 @@ __all__ = [
     "Audit",
     "audit_folder",
     "BatchLimit",
+    "check_moe",
     "cpu_pin_bytes",
     "engine_batch_limit",
     "ENGINE_CAP_PARAM",
@@ -166,6 +175,7 @@ __all__ = [
     "GIB",
     "hybrid_block_size",
     "kv_bytes_per_token_per_gpu",
+    "kv_tp",
     "llmapi_batch_limit",
     "LLMAPI_CAP_KEY",
     "LLMAPI_FRACTION_KEY",
@@ -173,12 +183,14 @@ __all__ = [
     "model_config_path",
     "ModelShape",
     "no_knobs",
+    "PARALLEL_NOTE",
     "PoolEstimate",
     "PoolRule",
     "REFERENCE_LOG",
     "reference_log_pool",
     "reference_pool",
     "render_audit",
+    "sequence_groups",
     "sequence_kv_bytes",
     "serve_scale_lines",
     "ServedPool",
@@ -214,4 +226,5 @@ __all__ = [
     "vllm_recipe_pool",
     "vllm_token_unit",
     "VLLM_VERSION",
+    "weights_per_gpu",
 ]

@@ -52,6 +52,9 @@ class Setup:
     nvswitch: bool = True  # the TP GPUs share an NVSwitch (NCCL NVLS buffers)
     tokens_per_block: int = 1
     blackwell_datacenter: bool = False  # vLLM captures graphs up to 1024 tokens there
+    # expert parallelism and attention-DP groups inside the tp GPUs (trtkv.recipe.parallel)
+    ep: int = 1
+    attention_dp: int = 1
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -62,14 +65,42 @@ def forward_peak_bytes(shape: ModelShape, setup: Setup) -> float:
     """Peak bytes of one forward over max_num_tokens tokens (the widest layer, see the module
     docstring)."""
     t, h, b, tp = setup.max_num_tokens, shape.hidden, shape.act_bytes, setup.tp
-    dense = t * b * (3 * _ceil_div(shape.intermediate, tp) + 3 * h) if shape.intermediate else 0
-    moe = 0
+    # under attention DP the dense layers run inside one group (trtkv.engines.parallel)
+    group_tp = max(1, tp // setup.attention_dp)
+    dense = (
+        t * b * (3 * _ceil_div(shape.intermediate, group_tp) + 3 * h) if shape.intermediate else 0
+    )
+    moe = 0.0
     if shape.experts_per_token:
-        per_expert = 3 * _ceil_div(shape.expert_intermediate, tp) + h
-        shared = 3 * _ceil_div(shape.shared_intermediate, tp) if shape.shared_intermediate else 0
-        moe = t * b * (shape.experts_per_token * per_expert + shared + 3 * h)
+        rows, pairs = moe_rows(shape, setup)
+        per_expert = 3 * _ceil_div(shape.expert_intermediate, max(1, tp // setup.ep)) + h
+        shared = (
+            3 * _ceil_div(shape.shared_intermediate, group_tp) if shape.shared_intermediate else 0
+        )
+        moe = b * (pairs * per_expert + rows * (shared + 3 * h)) + all_to_all_bytes(shape, setup)
     stage_buffers = 2 * t * h * b if setup.pp > 1 else 0
     return float(max(dense, moe) + stage_buffers)
+
+
+def moe_rows(shape: ModelShape, setup: Setup) -> tuple[int, float]:
+    """(tokens an MoE layer sees on one GPU, token-expert pairs it computes there): every
+    attention-DP group's max_num_tokens reach the experts; under EP the pairs spread over the ep
+    ranks (uniform routing: each holds num_experts / ep of them)."""
+    rows = setup.max_num_tokens * setup.attention_dp
+    return rows, rows * shape.experts_per_token / setup.ep
+
+
+def all_to_all_bytes(shape: ModelShape, setup: Setup) -> float:
+    """EP's dispatch and combine buffers of one step on one GPU (0 without EP): the hidden states
+    this GPU's group sends (max_num_tokens x top_k) and those it receives (the token-expert pairs of
+    moe_rows), once for dispatch and once for combine, in the activation dtype. Modelled, not read
+    from an engine: DeepEP / NVLink one-sided workspaces are sized by their own settings, and a
+    skewed routing receives more than the uniform share."""
+    if setup.ep <= 1:
+        return 0.0
+    _, pairs = moe_rows(shape, setup)
+    sent = setup.max_num_tokens * shape.experts_per_token
+    return 2.0 * (sent + pairs) * shape.hidden * shape.act_bytes
 
 
 def sampler_peak_bytes(shape: ModelShape, setup: Setup, rows: int, bytes_per_logit: float) -> float:

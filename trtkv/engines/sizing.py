@@ -109,7 +109,9 @@ def kv_bytes_per_token_per_gpu(recipe: Recipe) -> float | None:
     fmts = layer_formats(
         layers, recipe.kv_format, tuple(recipe.quantization.kv_skip_layers), recipe.kv_skip_format
     )
-    return sequence_kv_bytes(layers, shape, fmts, 1, recipe.build.tp_size, recipe.build.pp_size)
+    # the KV heads split over one attention-DP group's TP (trtkv.engines.parallel)
+    kv_tp = recipe.parallelism.attention_tp
+    return sequence_kv_bytes(layers, shape, fmts, 1, kv_tp, recipe.build.pp_size)
 
 
 def gpu_memory_mib(recipe: Recipe) -> float:

@@ -291,7 +291,7 @@ def attention_advice(
                 recipe.kv_skip_format,
             ),
             n,
-            recipe.build.tp_size,
+            recipe.parallelism.attention_tp,
             recipe.build.pp_size,
         )
     )

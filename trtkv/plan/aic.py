@@ -226,14 +226,18 @@ def request(
     model_path: str,
 ) -> dict[str, Any]:
     b = recipe.bench
-    # a MoE model: aiconfigurator refuses it without its expert parallelism (moe_parallelism)
-    moe = moe_parallelism(recipe.build.tp_size) if arch.moe is not None else {}
+    # a MoE model: aiconfigurator refuses it without its expert parallelism (moe_parallelism), the
+    # recipe's (Recipe.parallelism: aiconfigurator's tp is one attention-DP group's)
+    par = recipe.parallelism
+    moe = (
+        moe_parallelism(par.attention_tp, par.ep, par.attention_dp) if arch.moe is not None else {}
+    )
     return {
         "model_path": model_path,
         "system": AIC_SYSTEM[recipe.hardware.gpu],
         "backend": SPEED_ENGINE[recipe.build.backend],
         "backend_version": None,
-        "tp": recipe.build.tp_size,
+        "tp": par.attention_tp,
         "pp": recipe.build.pp_size,
         "isl": b.input_tokens,
         "osl": b.output_tokens,

@@ -9,6 +9,7 @@ cap costs (sampler rows, CUDA graphs, the TensorRT-LLM warm-up's logits) is the 
 
 from __future__ import annotations
 
+from trtkv.engines import kv_tp, sequence_groups
 from trtkv.plan.engine_pool import memory_rule
 from trtkv.plan.model import Architecture, recipe_accounting, seq_bytes
 from trtkv.plan.result import PlanConcurrency
@@ -20,8 +21,9 @@ RECIPE_FIELD = "build.max_batch_size"
 
 
 def workload_bytes(recipe: Recipe, arch: Architecture) -> float:
-    """One sequence of the workload (bench input + output tokens) on the fullest GPU, in the
-    recipe's KV format as its engine accounts it (blocks, sliding windows, a hybrid's state)."""
+    """One sequence of the workload (bench input + output tokens) on the fullest GPU of the group
+    that holds it (KV heads split over an attention-DP group's TP), in the recipe's KV format as its
+    engine accounts it (blocks, sliding windows, a hybrid's state)."""
     b = recipe.build
     accounting, block = recipe_accounting(recipe)
     fmts = layer_formats(
@@ -31,7 +33,8 @@ def workload_bytes(recipe: Recipe, arch: Architecture) -> float:
         recipe.kv_skip_format,
     )
     tokens = recipe.bench.input_tokens + recipe.bench.output_tokens
-    return seq_bytes(arch, fmts, tokens, b.tp_size, b.pp_size, accounting, b.max_num_tokens, block)
+    tp = kv_tp(recipe.parallelism)
+    return seq_bytes(arch, fmts, tokens, tp, b.pp_size, accounting, b.max_num_tokens, block)
 
 
 def concurrency(
@@ -40,7 +43,9 @@ def concurrency(
     """Full-context sequences that fit, the workload's, the engine's own limit, the cap passed and
     the cap the workload asks for."""
     per_sequence = workload_bytes(recipe, arch)
-    fits = int(pool_bytes // per_sequence) if pool_bytes > 0 and per_sequence > 0 else 0
+    # every attention-DP group keeps its own sequences (as plan's max_sequences counts them)
+    groups = sequence_groups(recipe.parallelism)
+    fits = groups * int(pool_bytes // per_sequence) if pool_bytes > 0 and per_sequence > 0 else 0
     limiter = memory_rule(recipe).batch_limit
     limit = limiter(recipe, pool_tokens) if limiter is not None else None
     sized = max(1, min(fits, limit.sequences) if limit is not None else fits)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from trtkv.backends import for_recipe
 from trtkv.backends.seam import MemoryRule
+from trtkv.engines import kv_tp
 from trtkv.engines.activation import ModelShape, Setup
 from trtkv.engines.pool import GIB, PoolEstimate, Sizing
 from trtkv.engines.sglang import sglang_at
@@ -83,15 +84,18 @@ def recipe_setup(recipe: Recipe, arch: Architecture) -> Setup:
         tuple(recipe.quantization.kv_skip_layers),
         recipe.kv_skip_format,
     )
-    per_token = seq_bytes(arch, fmts, 1, b.tp_size, b.pp_size)
+    par = recipe.parallelism
+    per_token = seq_bytes(arch, fmts, 1, kv_tp(par), b.pp_size)
     return Setup(
         gpu_total_bytes=gpu_total_bytes(recipe),
         tp=b.tp_size,
         pp=b.pp_size,
+        ep=par.ep,
+        attention_dp=par.attention_dp,
         weights_bytes=weights_bytes(arch, recipe)[1],
         kv_bytes_per_token=per_token,
         max_num_tokens=mem.step_tokens(recipe),
-        max_num_seqs=b.max_batch_size,
+        max_num_seqs=par.per_group(b.max_batch_size),
         nvswitch=nvswitch(recipe.hardware.gpu),
         tokens_per_block=mem.block_tokens(recipe),
         blackwell_datacenter=recipe.hardware.gpu is GPU.B200,
@@ -114,7 +118,14 @@ def recipe_pool(recipe: Recipe, arch: Architecture) -> PoolEstimate:
             recipe.kv_skip_format,
         )
         return seq_bytes(
-            arch, fmts, context, b.tp_size, b.pp_size, accounting, b.max_num_tokens, block
+            arch,
+            fmts,
+            context,
+            kv_tp(recipe.parallelism),
+            b.pp_size,
+            accounting,
+            b.max_num_tokens,
+            block,
         )
 
     sizing = Sizing(

@@ -11,7 +11,7 @@ from trtkv.kvcache.formats import UNQUANTIZED, KVFormat
 from trtkv.plan import aic
 from trtkv.plan.estimate_model import AicFigures, Estimate, EstimateRow
 from trtkv.plan.model import GIB, Architecture, resolve_architecture, seq_bytes, weights_bytes
-from trtkv.plan.moe_step import routing_note, with_experts
+from trtkv.plan.moe_step import rank_concurrency, routing_note, with_experts
 from trtkv.plan.result import Plan
 from trtkv.plan.speed import (
     AIC_SYSTEM,
@@ -55,11 +55,17 @@ def engine_formats(recipe: Recipe) -> list[tuple[str, KVFormat]]:
 
 
 def model_shape(
-    arch: Architecture, recipe: Recipe, ep: int = 1, attention_dp: int = 1
+    arch: Architecture, recipe: Recipe, ep: int | None = None, attention_dp: int | None = None
 ) -> ModelShape:
     """Per-GPU GEMM parameters and bytes across every pipeline stage (a step's latency crosses all
-    of them); a MoE's routed experts priced by what a step touches (trtkv.plan.moe_step)."""
-    tp, pp = recipe.build.tp_size, recipe.build.pp_size
+    of them); a MoE's routed experts priced by what a step touches (trtkv.plan.moe_step). Without
+    `ep` and `attention_dp`: the recipe's layout (Recipe.parallelism, `tp` then one attention-DP
+    group's); given (a published case's): with build.tp_size as the attention's TP."""
+    par, pp = recipe.parallelism, recipe.build.pp_size
+    if ep is None and attention_dp is None:
+        tp, ep, attention_dp = par.attention_tp, par.ep, par.attention_dp
+    else:
+        tp, ep, attention_dp = recipe.build.tp_size, ep or 1, attention_dp or 1
     h = arch.hidden_size
     vocab = arch.vocab_size or 0
     params = arch.parameters()
@@ -104,7 +110,7 @@ def kv_cost(
     arch: Architecture, recipe: Recipe, fmt: KVFormat, skip: tuple[int | str, ...]
 ) -> KVCost:
     fmts = layer_formats(arch.layer_list(), fmt, skip, recipe.kv_skip_format)
-    tp = recipe.build.tp_size
+    tp = recipe.parallelism.attention_tp  # the KV heads split over one attention-DP group
     lane, ops = kv_lane(fmt)
     heads = max(1, -(-arch.num_kv_heads // tp)) if not arch.kv_lora_rank else 1
     elems = (
@@ -131,14 +137,16 @@ def _own_rows(
     k = kernels_for(recipe.hardware.gpu, SPEED_ENGINE[recipe.build.backend])
     m, kv = model_shape(arch, recipe), kv_cost(arch, recipe, fmt, skip)
     rows = []
+    groups = recipe.parallelism.attention_dp
     for c in b.concurrency:
+        # one attention-DP group runs its share of the replica's sequences (fits: per group)
         s: Serving = serve(
             k,
             m,
             kv,
             b.input_tokens,
             b.output_tokens,
-            min(c, max(1, fits)),
+            min(rank_concurrency(c, groups), max(1, fits)),
             recipe.build.max_num_tokens,
         )
         rows.append(
@@ -151,7 +159,7 @@ def _own_rows(
                 s.output_tokens_per_s_per_gpu,
                 s.output_tokens_per_s_per_user,
                 k.source,
-                c <= fits,
+                c <= fits * groups,
             )
         )
     return rows

@@ -17,6 +17,7 @@ from trtkv.checkpoints import (
 )
 from trtkv.checkpoints.model_facts import MoE
 from trtkv.core.errors import RecipeError
+from trtkv.engines import weights_per_gpu
 from trtkv.engines.sequence import sequence_kv_bytes
 from trtkv.engines.sizing import model_config_path
 from trtkv.kvcache.formats import KVFormat
@@ -347,13 +348,17 @@ def weights_bytes(arch: Architecture, recipe: Recipe) -> tuple[float, float]:
     """(total bytes, per-GPU bytes) of the weights at the recipe's precision (as stored when
     pre-quantized)."""
     dtype_bytes = DTYPE_BYTES[recipe.model.dtype]
-    if recipe.quantization.weights is WeightQuant.NONE and arch.stored_weights_bytes:
-        return arch.stored_weights_bytes, arch.stored_weights_bytes / recipe.world_size
     params = arch.parameters()
+    p = recipe.parallelism
+    if recipe.quantization.weights is WeightQuant.NONE and arch.stored_weights_bytes:
+        total = arch.stored_weights_bytes
+        experts = total * arch.expert_parameters / params if params else 0.0
+        return total, weights_per_gpu(total, experts, p)
     embed = min(arch.embedding_parameters(), params)
     per_weight = WEIGHT_BYTES.get(recipe.quantization.weights, float(dtype_bytes))
     total = (params - embed) * per_weight + embed * dtype_bytes
-    return total, total / recipe.world_size
+    # the experts on every GPU their EP x expert-TP share, the rest per attention-DP group
+    return total, weights_per_gpu(total, arch.expert_parameters * per_weight, p)
 
 
 # SGLang sizes its token pool itself (sglang 0.5.23

@@ -238,6 +238,11 @@ def with_experts(
     return replace(
         m,
         gemm_params=max(0.0, m.gemm_params - total / m.tp),
-        weight_bytes=max(0.0, m.weight_bytes - total * moe.bytes_per_param / m.tp),
+        # the experts as the recipe's weights hold them: over every GPU of its layout
+        # (trtkv.engines.parallel: tp x attention_dp under attention DP)
+        weight_bytes=max(
+            0.0,
+            m.weight_bytes - total * moe.bytes_per_param / (m.tp * recipe.parallelism.attention_dp),
+        ),
         moe=moe,
     )

@@ -32,6 +32,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from trtkv.engines import PARALLEL_NOTE, check_moe, sequence_groups
+from trtkv.engines import kv_tp as kv_tp_of
 from trtkv.engines.pool import EngineKnobs, EngineTokens, PoolEstimate, TokenFacts
 from trtkv.engines.vllm_blocks import hybrid_block_size
 from trtkv.kvcache.formats import KVFormat
@@ -119,6 +121,11 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
     arch = resolve_architecture(recipe)
     hw = recipe.hardware
     tp, pp = recipe.build.tp_size, recipe.build.pp_size
+    par = recipe.parallelism
+    if par.active and arch.source != "recipe":
+        check_moe(recipe, arch.moe is not None, arch.source)
+    # the KV heads split over one attention-DP group's TP; each group holds its own sequences
+    kv_tp, groups = kv_tp_of(par), sequence_groups(par)
     on_cpu = hw.gpu is GPU.CPU
     spec = None if on_cpu else GPU_SPECS[hw.gpu]
     memory_gib = hw.memory_gib or (spec.memory_gib if spec else None)
@@ -131,6 +138,13 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
         missing = source_problem(recipe)
         if missing:
             notes.append(f"{missing}; planned from the recipe's model fields alone.")
+    if par.active:
+        notes.append(
+            f"{par.label()}: weights {w_gpu / GIB:.1f} GiB/GPU with the experts spread over "
+            f"{par.gpus} GPUs and the rest held by each of {groups} attention-DP group(s); KV "
+            f"heads split over TP{kv_tp} within a group, each group keeping its own sequences; "
+            f"{PARALLEL_NOTE} (trtkv.engines.parallel)."
+        )
     if memory_gib is None:
         memory_gib = host_memory_gib()
         notes.append(
@@ -173,25 +187,27 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
         fmts = layer_formats(arch.layer_list(), fmt, skipped, recipe.kv_skip_format)
         # per token: the KV (a hybrid's state is per sequence)
         bpt = seq_bytes(arch, fmts, 1, with_state=False)
-        bpt_gpu = seq_bytes(arch, fmts, 1, tp, pp, with_state=False)
+        bpt_gpu = seq_bytes(arch, fmts, 1, kv_tp, pp, with_state=False)
         by_acc = {
             a.value: {n: seq_bytes(arch, fmts, n, 1, 1, a, mnbt, block) for n in lengths}
             for a in Accounting
         }
         seq = by_acc[accounting.value]
-        seq_gpu = {n: seq_bytes(arch, fmts, n, tp, pp, accounting, mnbt, block) for n in lengths}
+        seq_gpu = {n: seq_bytes(arch, fmts, n, kv_tp, pp, accounting, mnbt, block) for n in lengths}
         # what a decode step reads
-        read_gpu = {n: seq_bytes(arch, fmts, n, tp, pp) for n in lengths}
+        read_gpu = {n: seq_bytes(arch, fmts, n, kv_tp, pp) for n in lengths}
         tokens = int(budget // bpt_gpu) if budget else 0
         unit = engine_token(arch, fmts, recipe, bpt_gpu, token_unit)
         unit_rule = unit_rule or unit.rule
-        max_seqs = {n: int(budget // seq_gpu[n]) if budget else 0 for n in lengths}
+        max_seqs = {n: groups * int(budget // seq_gpu[n]) if budget else 0 for n in lengths}
         gib = {n: recipe.build.max_batch_size * seq[n] / GIB for n in lengths}
         step = {}
         if bandwidth:
             for n in lengths:
                 batch = max(1, min(recipe.build.max_batch_size, max_seqs[n] or 1))
-                step[n] = (w_gpu + batch * read_gpu[n]) / (bandwidth * 1e9) * 1e3
+                # one GPU reads its attention-DP group's share of the batch
+                share = -(-batch // groups)
+                step[n] = (w_gpu + share * read_gpu[n]) / (bandwidth * 1e9) * 1e3
         caps.append(
             FormatCapacity(
                 format=label,

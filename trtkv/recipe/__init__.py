@@ -71,6 +71,7 @@ from trtkv.recipe.enums import (
 from trtkv.recipe.limits import CONFIG_FIELDS, MAX_LIST, RANGES, WORD, check_config_field
 from trtkv.recipe.loader import dump_yaml, list_recipes, load_recipe, recipe_name
 from trtkv.recipe.names import check_recipe_name
+from trtkv.recipe.parallel import DENSE_DP_IS_REPLICAS, Parallelism
 from trtkv.recipe.rules import cross_field_problems, kv_heads_split
 from trtkv.recipe.schema import Recipe
 from trtkv.recipe.state import (
@@ -106,7 +107,13 @@ if TYPE_CHECKING:
         served_artifacts,
         to_container,
     )
-    from trtkv.recipe.settle import MOVED_FORMATS, Settings, batch_for, refusal
+    from trtkv.recipe.settle import (
+        MOVED_FORMATS,
+        Settings,
+        batch_for,
+        propose_wide_ep,
+        refusal,
+    )
 
 # the modules loading a recipe does not need are imported on first use
 __getattr__, __dir__ = attach(
@@ -134,7 +141,7 @@ __getattr__, __dir__ = attach(
             "to_container",
             "WEIGHT_ALGOS",
         ],
-        "settle": ["batch_for", "MOVED_FORMATS", "refusal", "Settings"],
+        "settle": ["batch_for", "MOVED_FORMATS", "propose_wide_ep", "refusal", "Settings"],
     },
 )
 
@@ -159,6 +166,7 @@ __all__ = [
     "container_mounts",
     "CONTAINER_ROOT",
     "cross_field_problems",
+    "DENSE_DP_IS_REPLICAS",
     "dump_yaml",
     "engine_dir",
     "ENGINE_KV_FORMATS",
@@ -188,9 +196,11 @@ __all__ = [
     "MAX_SWEEP_LENGTHS",
     "ModelDtype",
     "MOVED_FORMATS",
+    "Parallelism",
     "parse_layers",
     "prefix_cache",
     "probe_dir",
+    "propose_wide_ep",
     "Protocol",
     "RANGES",
     "Recipe",

@@ -10,6 +10,7 @@ from trtkv.recipe.backend_rules import BACKEND_RULES
 from trtkv.recipe.engine_formats import engine_format_problems
 from trtkv.recipe.enums import BenchTask, GemmPlugin, KVCacheQuant, WeightQuant
 from trtkv.recipe.memory_knobs import memory_knob_problems
+from trtkv.recipe.parallel import parallel_problems
 from trtkv.recipe.schema import Recipe
 from trtkv.recipe.stored import stored_problems
 
@@ -55,18 +56,25 @@ def cross_field_problems(r: Recipe) -> list[tuple[str, str]]:
                 f"{hw.gpus_per_node} (one node)",
             )
         )
-    if m.num_attention_heads is not None and m.num_attention_heads % b.tp_size:
+    # the attention's TP: tp_size, or one attention-DP group's share (trtkv.recipe.parallel)
+    atp = r.parallelism.attention_tp
+    tp_words = (
+        f"build.tp_size = {b.tp_size}"
+        if atp == b.tp_size
+        else f"build.tp_size / attention_dp_size = {b.tp_size} / {b.attention_dp_size} = {atp}"
+    )
+    if m.num_attention_heads is not None and m.num_attention_heads % atp:
         out.append(
             (
                 "model.num_attention_heads",
-                f"{m.num_attention_heads} heads are not divisible by build.tp_size = {b.tp_size}",
+                f"{m.num_attention_heads} heads are not divisible by {tp_words}",
             )
         )
-    if m.num_kv_heads is not None and not kv_heads_split(m.num_kv_heads, b.tp_size):
+    if m.num_kv_heads is not None and not kv_heads_split(m.num_kv_heads, atp):
         out.append(
             (
                 "model.num_kv_heads",
-                f"{m.num_kv_heads} KV heads and build.tp_size = {b.tp_size}: TP must divide "
+                f"{m.num_kv_heads} KV heads and {tp_words}: TP must divide "
                 f"the KV heads, or be a multiple of them (each KV head is then replicated "
                 f"on tp_size / num_kv_heads GPUs, as TensorRT-LLM and ModelOpt's export do)",
             )
@@ -129,6 +137,7 @@ def cross_field_problems(r: Recipe) -> list[tuple[str, str]]:
     out += engine_format_problems(r)
     out += BACKEND_RULES[b.backend](r)
     out += stored_problems(r)
+    out += parallel_problems(r.parallelism, b.backend, hw.gpus_per_node)
     out += memory_knob_problems(r)
     for length in r.bench.sweep_input_tokens:
         if length > b.max_input_len:

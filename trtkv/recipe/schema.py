@@ -42,6 +42,7 @@ from trtkv.recipe.enums import (  # noqa: F401 - re-exported: the schema's publi
 )
 from trtkv.recipe.limits import bounded
 from trtkv.recipe.model_section import ModelConfig
+from trtkv.recipe.parallel import Parallelism
 from trtkv.recipe.probe_section import ProbeConfig
 from trtkv.recipe.sections import QuantizationConfig, Section  # noqa: F401 - re-exported: the schema's public face
 from trtkv.recipe.triton_section import TritonConfig  # noqa: F401 - re-exported: the schema's public face
@@ -80,6 +81,23 @@ class BuildConfig(Section):
     )
     tp_size: int = bounded(1, "gpus", description="Tensor parallelism.")
     pp_size: int = bounded(1, "gpus", description="Pipeline parallelism.")
+    ep_size: int = bounded(
+        1,
+        "gpus",
+        description="Expert parallelism (MoE models): the routed experts spread over ep_size of "
+        "the tp_size GPUs, each expert tensor parallel over tp_size / ep_size (SGLang --ep-size, "
+        "TensorRT-LLM moe_expert_parallel_size; vLLM --enable-expert-parallel spreads them over "
+        "all: ep_size = tp_size). GPUs stay tp_size x pp_size.",
+    )
+    attention_dp_size: int = bounded(
+        1,
+        "gpus",
+        description="Attention data parallelism: the tp_size GPUs form attention_dp_size groups, "
+        "each attending to its own sequences with tp_size / attention_dp_size-way TP and keeping "
+        "their KV, while the experts stay spread over all tp_size (SGLang --attn-dp-size, "
+        "TensorRT-LLM enable_attention_dp: attention_dp_size = tp_size; vLLM --data-parallel-size "
+        "with --tensor-parallel-size tp_size / attention_dp_size).",
+    )
     gemm_plugin: GemmPlugin = Field(
         GemmPlugin.AUTO,
         description="trtllm-build `--gemm_plugin`; auto follows "
@@ -244,6 +262,13 @@ class Recipe(Section):
     @property
     def world_size(self) -> int:
         return self.build.tp_size * self.build.pp_size
+
+    @property
+    def parallelism(self) -> Parallelism:
+        """TP, PP, EP and attention DP as one value (trtkv.recipe.parallel): the one accessor the
+        memory rule, the speed model and aiconfigurator's mapping read."""
+        b = self.build
+        return Parallelism(b.tp_size, b.pp_size, b.ep_size, b.attention_dp_size)
 
     @property
     def fp8_kv_and_weights(self) -> bool:

@@ -35,6 +35,9 @@ class Settings:
     seq_len: int
     batch: int
     num_tokens: int = DEFAULT_NUM_TOKENS
+    # EP and attention-DP groups init proposes for an MoE model (trtkv.recipe.parallel)
+    ep: int = 1
+    attention_dp: int = 1
     # field -> why init moved it off its default (a comment)
     why: dict[str, str] = field(default_factory=dict)
 
@@ -203,3 +206,40 @@ def batch_for(
 
 def _first_sentence(text: str) -> str:
     return text.split(". ")[0]
+
+
+def propose_wide_ep(
+    name: str,
+    out: Path,
+    s: Settings,
+    given: dict[str, str],
+    render: Callable[[Settings], str],
+    recipe: Recipe,
+    fits: int,
+    fits_of: Callable[[Recipe], tuple[int, str]],
+) -> int:
+    """An MoE model: EP and attention DP over every TP rank where its engine runs them and they fit
+    more sequences of max_seq_len (`fits_of`: the planner's count; kept in `s`); the sequences that
+    fit either way."""
+    from dataclasses import replace
+
+    from trtkv.recipe.parallel import wide_ep
+
+    proposal = wide_ep(recipe.build.backend, recipe.build.tp_size)
+    if proposal is None:
+        return fits
+    wide = replace(s, ep=proposal[0], attention_dp=proposal[1], why=dict(s.why))
+    try:
+        _text, wide_recipe = settle(name, out, wide, given, render)
+        wide_fits, _why = fits_of(wide_recipe)
+    except RecipeError:  # the engine or the model refuses it: keep plain TP
+        return fits
+    if wide_fits <= fits:
+        return fits
+    s.ep, s.attention_dp = proposal
+    s.why["build.ep_size"] = "experts spread over every GPU (MoE)"
+    s.why["build.attention_dp_size"] = (
+        f"each GPU attends to its own sequences: {wide_fits} of max_seq_len fit, {fits} under "
+        "plain TP (trtkv plan)"
+    )
+    return wide_fits
