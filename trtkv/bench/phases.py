@@ -79,7 +79,10 @@ def run_latency(
     isl = [prompt_tokens(tokenizer, p) for p in prompts]
 
     def make_jobs(label: str, phase: str, start: int, count: int) -> list[Job]:
-        return _latency_jobs(prompts, isl, phase, label, start, count, b.output_tokens)
+        tokens = b.output_tokens
+        if phase == "warmup" and b.warmup_output_tokens:
+            tokens = b.warmup_output_tokens
+        return _latency_jobs(prompts, isl, phase, label, start, count, tokens)
 
     sweep = Sweep(ep, make_jobs, workers, progress.phase, records, by_level, progress.log)
     try:

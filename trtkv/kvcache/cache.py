@@ -69,7 +69,7 @@ def update_rows(
     layers = [getattr(c, "layers", None) for c in caches]
     pick = [ls[layer_idx] for ls in layers if ls is not None and layer_idx < len(ls)]
     quantized = [layer for layer in pick if isinstance(layer, QuantizedKVLayer)]
-    if len(caches) > 1 and len(quantized) == len(caches):
+    if quantized and len(quantized) == len(caches):
         first = quantized[0]
         alike = all(
             not layer.codecs.residual

@@ -19,6 +19,9 @@ class Codec:
     # elementwise decodes (and butterfly rotations, elementwise per token); a decode through a GEMM
     # is not (BLAS blocks by row count)
     row_separable = True
+    # each element coded on its own from fixed parameters (a cast, a static scale): K and V of
+    # one such codec can be coded as one tensor (trtkv.kvcache.rows)
+    elementwise = False
     static = False
     limit: float = float("inf")  # |x| beyond this is clipped (static formats)
 

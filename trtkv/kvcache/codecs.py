@@ -52,6 +52,8 @@ from trtkv.kvcache.turboquant import (
 
 
 class CastCodec(Codec):
+    elementwise = True
+
     def __init__(self, storage: torch.dtype):
         self.storage = storage
 
@@ -64,6 +66,7 @@ class CastCodec(Codec):
 
 class FP8Codec(Codec):
     static = True
+    elementwise = True
 
     def __init__(self, scale: float):
         self.scale = float(scale)
@@ -103,6 +106,7 @@ class FP8AffineCodec(Codec):
 
 class Int8StaticCodec(Codec):
     static = True
+    elementwise = True
 
     def __init__(self, scale: float):
         self.scale = float(scale)

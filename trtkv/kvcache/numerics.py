@@ -87,15 +87,12 @@ def fp8_quantize(x: torch.Tensor, scale: float) -> torch.Tensor:
 
 
 def fp8_dequantize(q: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
-    """E4M3 codes back to `dtype`, times scale. On CPU, torch's float8 cast is ~25x slower than
-    int8's, so the bits are moved into a float16 (exact for every finite code: E4M3's exponent and
-    mantissa sit inside float16's, the value is the float16 times 2^8; the NaN code is never stored
-    because quantization saturates)."""
-    if q.device.type != "cpu":
-        return (q.float() * scale).to(dtype)
-    b = q.view(torch.uint8).to(torch.int16)
-    half = (((b & 0x7F) << 7) | ((b & 0x80) << 8)).view(torch.float16)
-    return (half.float() * (256.0 * scale)).to(dtype)
+    """E4M3 codes back to `dtype`, times scale: torch's own cast, exact for every code. A route
+    through float16 bits (E4M3 inside float16, times 2^8) gives the same numbers on every finite
+    code and scale; with torch 2.13 on the CPU the cast is the faster where a decode step spends its
+    time (6.9 vs 40.9 us for one token's (1, 3, 1, 64) K; ~10% slower at 4,096 tokens), issue
+    #57."""
+    return (q.float() * scale).to(dtype)
 
 
 @dataclass(frozen=True)

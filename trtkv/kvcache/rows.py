@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from trtkv.kvcache.codec_base import Codec
+
 # storage grows by this many rows (tokens) at a time: little slack, amortized copies
 BLOCK_ROWS = 256
 
@@ -102,26 +104,39 @@ def encode_rows(
     quantize elementwise or per token (row_separable); so one call serves the same layer of B
     sequences that quantize alike (update_rows)."""
     codecs = layer.codecs
-    k_parts, v_parts = codecs.key.encode(k), codecs.value.encode(v)
     rows = k.shape[0] if split else 1
+    # one elementwise codec for K and V (TensorRT-LLM's one scale): K and V coded as one tensor
+    heads = k.shape[1] if _joint(codecs) and k.shape == v.shape and k.shape[0] == rows else 0
+    if heads:
+        kv = torch.cat((k, v), 1)
+        joint = codecs.key.encode(kv)
+        k_parts = {name: t[:, :heads] for name, t in joint.items()}
+        v_parts = {name: t[:, heads:] for name, t in joint.items()}
+    else:
+        k_parts, v_parts = codecs.key.encode(k), codecs.value.encode(v)
     if rows > 1 and any(t.shape[0] != rows for t in (*k_parts.values(), *v_parts.values())):
         return None
     keep = layer.keep_decoded and layer.decoded_dtype in (None, dtype)
-    k_dec = codecs.key.decode(k_parts, dtype) if keep else None
-    v_dec = codecs.value.decode(v_parts, dtype) if keep else None
+    k_dec = v_dec = None
+    if keep and heads:
+        both = codecs.key.decode(joint, dtype)
+        k_dec, v_dec = both[:, :heads], both[:, heads:]
+    elif keep:
+        k_dec, v_dec = codecs.key.decode(k_parts, dtype), codecs.value.decode(v_parts, dtype)
     clips: list[tuple[int, int]] | None = None
     amax: list[tuple[float, float]] = [(0.0, 0.0)] * rows
     if layer.tracks():
-        kb, vb = codecs.key.beyond(k).reshape(rows, -1), codecs.value.beyond(v).reshape(rows, -1)
-        clips = [
-            (int(a), int(b)) for a, b in zip(kb.sum(1).tolist(), vb.sum(1).tolist(), strict=True)
-        ]
-        if k.numel():
+        if k.numel() and heads:
+            amax = [(float(a), float(b)) for a, b in kv.abs().reshape(rows, 2, -1).amax(2).tolist()]
+        elif k.numel():
             ka, va = (
                 k.abs().reshape(rows, -1).amax(1).tolist(),
                 v.abs().reshape(rows, -1).amax(1).tolist(),
             )
             amax = [(float(a), float(b)) for a, b in zip(ka, va, strict=True)]
+        counts = [_clipped(codecs.key, k, rows, [a for a, _ in amax])]
+        counts.append(_clipped(codecs.value, v, rows, [b for _, b in amax]))
+        clips = list(zip(*counts, strict=True))
     if rows == 1:
         return [Encoded(k_parts, v_parts, k_dec, v_dec, clips[0] if clips else None, amax[0])]
 
@@ -139,3 +154,19 @@ def encode_rows(
         )
         for b in range(rows)
     ]
+
+
+def _clipped(codec: Any, x: torch.Tensor, rows: int, amax: list[float]) -> list[int]:
+    """Per row, the elements of x the codec clips. A codec that clips |x| beyond its limit clips
+    nothing in a row whose |x| maximum lies within it: the count is then 0 without a pass over x
+    (most decode steps of a calibrated static scale)."""
+    if type(codec).beyond is Codec.beyond and all(a <= codec.limit for a in amax):
+        return [0] * rows
+    return [int(n) for n in codec.beyond(x).reshape(rows, -1).sum(1).tolist()]
+
+
+def _joint(codecs: Any) -> bool:
+    """Whether K and V are coded alike, element by element (Codec.elementwise, the same parameters),
+    so that one call codes both."""
+    key, value = codecs.key, codecs.value
+    return bool(key.elementwise) and type(key) is type(value) and vars(key) == vars(value)

@@ -57,6 +57,13 @@ class BenchConfig(Section):
     warmup_requests: int = bounded(
         2, "requests", ge=0, description="Requests sent first and left out of the figures."
     )
+    warmup_output_tokens: int | None = bounded(
+        None,
+        "positions",
+        description="`max_tokens` of a warm-up request (default: output_tokens). A few tokens "
+        "open the level's sessions and run its batch's prefill and decode steps; the measured "
+        "requests then meet a warm engine at less cost.",
+    )
     tasks: list[BenchTask] = Field(
         [BenchTask.QUIZ, BenchTask.GOLDEN, BenchTask.NEEDLE],
         description="Accuracy tasks to run (a quantized KV "

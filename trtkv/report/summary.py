@@ -299,9 +299,14 @@ def print_summary(recipe: Recipe, result: ChainResult | None = None) -> None:
     data = collect(recipe)
     print()
     if result is not None:
-        steps = ", ".join(
-            f"{s.verb} {s.seconds:.0f}s" + ("" if s.returncode == 0 else f" (exit {s.returncode})")
-            for s in result.steps
-        )
-        print(f"Chain for {recipe.name}: {steps}; total {result.seconds:.0f} s")
+        print(chain_line(result))
     print("\n".join(summary_lines(data)))
+
+
+def chain_line(result: ChainResult) -> str:
+    """The demo's first summary line: each step's seconds and the total."""
+    steps = ", ".join(
+        f"{s.verb} {s.seconds:.0f}s" + ("" if s.returncode == 0 else f" (exit {s.returncode})")
+        for s in result.steps
+    )
+    return f"Chain for {result.recipe}: {steps}; total {result.seconds:.0f} s"

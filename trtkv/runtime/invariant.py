@@ -67,6 +67,14 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from trtkv.runtime.decode_rows import (
+    DECODE_ROWS,
+    VOCAB_CHUNK,
+    Group,
+    decode_linear,
+    layer_groups,
+    rows_ok,
+)
 from trtkv.runtime.flash import attend_flash, flash_ok, flash_plan
 from trtkv.runtime.gemma3 import is_gemma3
 from trtkv.runtime.key_tiles import attend_decode_rows, attend_tiles, tile_plan
@@ -75,10 +83,7 @@ if TYPE_CHECKING:
     import torch
 
 ROWS = 16  # prefill rows per panel: a chunk's rows span whole ROWS-aligned panels of its positions
-DECODE_ROWS = 8  # decode rows per block: one sequence per row
-VOCAB_CHUNK = 8192  # LM-head weight rows per call
 _STACKING: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
-_ROWS_OK: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 _TABLES: weakref.WeakKeyDictionary[Any, dict[str | None, tuple[Any, Any]]] = (
     weakref.WeakKeyDictionary()
 )
@@ -195,63 +200,6 @@ def stacking_ok(model: Any) -> bool:
     return ok
 
 
-def rows_ok(model: Any) -> bool:
-    """Whether a batched one-row product (torch.bmm of (n, 1, D) rows against the shared weight),
-    the RMS norm and the activation give each row bit-equal to that row alone (n = 1): checked once
-    per model on its own weights (else decode blocks keep DECODE_ROWS rows, the empty ones zero, and
-    decode_linear runs the live rows one call each)."""
-    import torch
-
-    cached = _ROWS_OK.get(model)
-    if cached is not None:
-        return cached
-    gen = torch.Generator().manual_seed(0)
-    layer = model.model.layers[0]
-    shapes = {
-        tuple(m.weight.shape): m.weight for m in layer.modules() if isinstance(m, torch.nn.Linear)
-    }
-    ok = True
-    with torch.inference_mode():
-        for weight in [*shapes.values(), model.lm_head.weight[:VOCAB_CHUNK]]:
-            x = torch.randn(DECODE_ROWS, weight.shape[1], generator=gen)
-            t = weight.t()
-            whole = torch.bmm(x[:, None], t.expand(DECODE_ROWS, *t.shape))[:, 0]
-            for j in range(DECODE_ROWS):
-                ok = ok and torch.equal(
-                    torch.bmm(x[j : j + 1, None], t[None])[:, 0], whole[j : j + 1]
-                )
-        # a decode block's norms and activations run on its n rows: each row as it comes out alone
-        h = torch.randn(DECODE_ROWS, layer.input_layernorm.weight.shape[0], generator=gen)
-        for fn in (layer.input_layernorm, layer.mlp.act_fn):
-            whole = fn(h)
-            ok = ok and all(torch.equal(fn(h[j : j + 1]), whole[j : j + 1]) for j in range(len(h)))
-    _ROWS_OK[model] = ok
-    return ok
-
-
-def decode_linear(model: Any, weight: Any, bias: Any, h: torch.Tensor, n: int) -> torch.Tensor:
-    """A decode block's linear: rows 0..n-1 of h (W, D), each a one-row product (the matrix-vector
-    kernel, whatever n is), the rows past n zero. A one-row product reads the weight once and costs
-    ~1/2 of a W-row GEMM on the CPU (MKL packs the weight for M > 1): a sequence decoding alone pays
-    one row, not DECODE_ROWS."""
-    import torch
-
-    t = weight.t()
-    if n == h.shape[0] and (n == 1 or rows_ok(model)):  # a decode block: its rows are all live
-        out = torch.bmm(h[:, None], t.expand(n, *t.shape))[:, 0]
-        return out if bias is None else out + bias
-    out = h.new_zeros(h.shape[0], weight.shape[0])
-    if n:
-        if n == 1 or rows_ok(model):
-            out[:n] = torch.bmm(h[:n, None], t.expand(n, *t.shape))[:, 0]
-        else:
-            for j in range(n):
-                out[j : j + 1] = torch.bmm(h[j : j + 1, None], t[None])[:, 0]
-        if bias is not None:
-            out[:n] += bias
-    return out
-
-
 def _layers(
     model: Any,
     x: torch.Tensor,
@@ -282,43 +230,54 @@ def _layers(
     def lin(m: Any, h: torch.Tensor) -> torch.Tensor:
         return each(m, h) if rows is None else decode_linear(model, m.weight, m.bias, h, rows)
 
-    def mlp(m: Any, h: torch.Tensor) -> torch.Tensor:
+    def mlp(m: Any, h: torch.Tensor, up: Group | None = None) -> torch.Tensor:
         if rows is None:
             return m.mlp(h)
         f = m.mlp
-        return lin(f.down_proj, f.act_fn(lin(f.gate_proj, h)) * lin(f.up_proj, h))
+        if up is None:
+            return lin(f.down_proj, f.act_fn(lin(f.gate_proj, h)) * lin(f.up_proj, h))
+        gate, value = decode_linear(model, up.weight, up.bias, h, rows).split(up.sizes, dim=1)
+        return lin(f.down_proj, f.act_fn(gate) * value)
+
+    groups = layer_groups(model) if rows is not None else None
 
     for i, layer in enumerate(inner.layers):
         attn = layer.self_attn
         cos, sin = rope[kinds[i]]
         h = each(layer.input_layernorm, x)
-        q = lin(attn.q_proj, h).view(w, -1, attn.head_dim)
-        k = lin(attn.k_proj, h).view(w, -1, attn.head_dim)
-        v = lin(attn.v_proj, h).view(w, -1, attn.head_dim)
-        if gemma:
-            q, k = each(attn.q_norm, q), each(attn.k_norm, k)
-        o = lin(
-            attn.o_proj,
-            attend(
-                i,
-                attn,
-                _rope(q, cos, sin),
-                _rope(k, cos, sin),
-                v,
-                window if gemma and kinds[i] == "sliding_attention" else None,
-            ),
-        )
+        qkv, up = groups[i] if groups else (None, None)
+        if qkv is None or rows is None:
+            q, k, v = (
+                lin(m, h).view(w, -1, attn.head_dim)
+                for m in (attn.q_proj, attn.k_proj, attn.v_proj)
+            )
+            if gemma:
+                q, k = each(attn.q_norm, q), each(attn.k_norm, k)
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        else:  # a decode block: q/k/v in one product, q and k rotated in one pass (elementwise)
+            out = decode_linear(model, qkv.weight, qkv.bias, h, rows)
+            heads = qkv.sizes[0] // attn.head_dim
+            qk, v = out.split((qkv.sizes[0] + qkv.sizes[1], qkv.sizes[2]), dim=1)
+            qk, v = qk.view(w, -1, attn.head_dim), v.view(w, -1, attn.head_dim)
+            if gemma:
+                qk = torch.cat(
+                    (each(attn.q_norm, qk[:, :heads]), each(attn.k_norm, qk[:, heads:])), 1
+                )
+            qk = _rope(qk, cos, sin)
+            q, k = qk[:, :heads], qk[:, heads:]
+        window_i = window if gemma and kinds[i] == "sliding_attention" else None
+        o = lin(attn.o_proj, attend(i, attn, q, k, v, window_i))
         if gemma:
             h = x + each(layer.post_attention_layernorm, o)
             x = h + each(
-                lambda r, m=layer: m.post_feedforward_layernorm(
-                    mlp(m, m.pre_feedforward_layernorm(r))
+                lambda r, m=layer, u=up: m.post_feedforward_layernorm(
+                    mlp(m, m.pre_feedforward_layernorm(r), u)
                 ),
                 h,
             )
         else:
             h = x + o
-            x = h + each(lambda r, m=layer: mlp(m, m.post_attention_layernorm(r)), h)
+            x = h + each(lambda r, m=layer, u=up: mlp(m, m.post_attention_layernorm(r), u), h)
     return each(inner.norm, x)
 
 
@@ -390,6 +349,7 @@ def forward_rows(model: Any, blocks: list[Block], max_len: int) -> list[Block]:
     from trtkv.kvcache.cache import update_rows
 
     for b in blocks:
+        masks: dict[Any, Any] = {}  # the unseen-key masks of this block's step, made once
 
         def attend(
             i: int,
@@ -399,6 +359,7 @@ def forward_rows(model: Any, blocks: list[Block], max_len: int) -> list[Block]:
             v: torch.Tensor,
             window: int | None,
             b: Block = b,
+            masks: dict[Any, Any] = masks,
         ) -> torch.Tensor:
             import torch
 
@@ -410,7 +371,7 @@ def forward_rows(model: Any, blocks: list[Block], max_len: int) -> list[Block]:
             for slot, (keys, values) in zip(range(b.lo, b.hi), stored, strict=True):
                 p = int(b.positions[slot])
                 kv.append((keys[0], values[0], p + 1 - keys.shape[-2], p))
-            out[b.lo : b.hi] = attend_decode_rows(attn.scaling, q[b.lo : b.hi], kv, window)
+            out[b.lo : b.hi] = attend_decode_rows(attn.scaling, q[b.lo : b.hi], kv, window, masks)
             return out
 
         b.x = _layers(model, b.x, b.positions, max_len, attend, rows=b.hi)

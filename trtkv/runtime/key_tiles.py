@@ -24,6 +24,7 @@ def attend_decode_rows(
     q: torch.Tensor,
     kv: list[tuple[torch.Tensor, torch.Tensor, int, int]],
     window: int | None,
+    masks: dict[Any, Any] | None = None,
 ) -> torch.Tensor:
     """Decode rows q (n, H, d), row b at position p_b over its own sequence's keys/values (Hkv, T_b,
     d) holding positions first_b.. (kv[b] = (keys, values, first_b, p_b)), all rows in one set of
@@ -34,8 +35,11 @@ def attend_decode_rows(
     the exact row max over all tiles, exp, each tile's 64-key sum, and the tiles' sums and partial
     outputs added in tile order by cumsum (a sequential float64 accumulation: a padding tile adds
     exact zeros). So a row's result depends on its position and its keys only, not on the other rows
-    nor on how many tiles they need. Returns (n, H * d)."""
+    nor on how many tiles they need. Returns (n, H * d). `masks`: the unseen-key masks by the
+    rows' spans, kept by the caller across the layers of one step (the same spans in every layer of
+    an attention kind)."""
     import torch
+    import torch.nn.functional as F
 
     n, heads, d = q.shape
     kv_heads = kv[0][0].shape[0]
@@ -48,19 +52,32 @@ def attend_decode_rows(
         spans.append((lo, t0, -(-(p + 1 - t0) // KEY_TILE)))
     tiles = max(t for _, _, t in spans)
     width = tiles * KEY_TILE
-    k_pad = q.new_zeros(n, kv_heads, width, d)
-    v_pad = q.new_zeros(n, kv_heads, width, d)
-    seen = torch.zeros(n, width, dtype=torch.bool)
-    for b, ((keys, values, first, p), (lo, t0, _)) in enumerate(zip(kv, spans, strict=True)):
-        k_pad[b, :, lo - t0 : p + 1 - t0] = keys[:, lo - first : p + 1 - first]
-        v_pad[b, :, lo - t0 : p + 1 - t0] = values[:, lo - first : p + 1 - first]
-        seen[b, lo - t0 : p + 1 - t0] = True
+    if n == 1:  # one row: its keys padded in one call each
+        (keys, values, first, p), (lo, t0, _) = kv[0], spans[0]
+        pad = (0, 0, lo - t0, width - (p + 1 - t0))
+        k_pad = F.pad(keys[:, lo - first : p + 1 - first], pad)[None]
+        v_pad = F.pad(values[:, lo - first : p + 1 - first], pad)[None]
+    else:
+        k_pad = q.new_zeros(n, kv_heads, width, d)
+        v_pad = q.new_zeros(n, kv_heads, width, d)
+        for b, ((keys, values, first, p), (lo, t0, _)) in enumerate(zip(kv, spans, strict=True)):
+            k_pad[b, :, lo - t0 : p + 1 - t0] = keys[:, lo - first : p + 1 - first]
+            v_pad[b, :, lo - t0 : p + 1 - t0] = values[:, lo - first : p + 1 - first]
+    bounds = tuple((lo - t0, r[3] + 1 - t0) for r, (lo, t0, _) in zip(kv, spans, strict=True))
+    unseen = None if masks is None else masks.get((width, bounds))
+    if unseen is None:
+        seen = torch.zeros(n, width, dtype=torch.bool)
+        for b, (start, stop) in enumerate(bounds):
+            seen[b, start:stop] = True
+        unseen = (~seen).view(n, 1, tiles, 1, KEY_TILE)
+        if masks is not None:
+            masks[width, bounds] = unseen
     # query head h reads KV head h // groups (repeat_kv)
     qg = (q * scaling).view(n, kv_heads, 1, groups, d)
     k_t = k_pad.view(n, kv_heads, tiles, KEY_TILE, d)
     v_t = v_pad.view(n, kv_heads, tiles, KEY_TILE, d)
     s = torch.matmul(qg, k_t.transpose(-1, -2))  # (n, Hkv, tiles, groups, TILE)
-    s.masked_fill_(~seen.view(n, 1, tiles, 1, KEY_TILE), float("-inf"))
+    s.masked_fill_(unseen, float("-inf"))
     # max is exact; every row sees at least its own key
     s.sub_(s.amax(dim=(2, 4), keepdim=True)).exp_()
     total = s.sum(-1).cumsum(2, dtype=torch.float64)[:, :, -1].to(q.dtype)  # (n, Hkv, groups)
