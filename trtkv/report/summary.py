@@ -230,7 +230,7 @@ def summary_lines(data: dict[str, Any]) -> list[str]:
         for k in b
         if k.split(".")[0] in ACCURACY_TASKS and not k.endswith(".ci")
     ]
-    lines.append("  accuracy:   " + (", ".join(acc) if acc else "no bench results"))
+    lines += _wrapped("  accuracy:   ", acc or ["no bench results"])
     if "time_to_first_token.p50" in b:
         lines.append(
             f"  latency @{b.get('level')}: TTFT p50 {figure(b['time_to_first_token.p50'])} ms, "
@@ -310,3 +310,19 @@ def chain_line(result: ChainResult) -> str:
         for s in result.steps
     )
     return f"Chain for {result.recipe}: {steps}; total {result.seconds:.0f} s"
+
+
+SUMMARY_WIDTH = 110  # a summary line's width before its figures continue on the next line
+
+
+def _wrapped(head: str, items: list[str]) -> list[str]:
+    """`head` and the items joined by ", ", continued under the first item where a line would pass
+    SUMMARY_WIDTH (a terminal's summary, the README's copy of it)."""
+    lines = [head + items[0]]
+    for item in items[1:]:
+        if len(lines[-1]) + 2 + len(item) > SUMMARY_WIDTH:
+            lines[-1] += ","
+            lines.append(" " * len(head) + item)
+        else:
+            lines[-1] += ", " + item
+    return lines
