@@ -129,12 +129,7 @@ def validate_attn_head_export(hf_dir: Path, num_layers: int, num_kv_heads: int) 
     from safetensors import safe_open
 
     problems: list[str] = []
-    try:
-        q = json.loads((hf_dir / "config.json").read_text()).get("quantization_config") or {}
-    except (OSError, json.JSONDecodeError) as exc:
-        raise StageError(
-            f"{hf_dir / 'config.json'}: not readable ({exc}). Next: `trtkv calibrate --force`."
-        ) from exc
+    q = _quantization_config(hf_dir)
     if q.get("quant_method") != "compressed-tensors" or q.get("kv_cache_scheme") != KV_CACHE_SCHEME:
         problems.append(
             f"config.json quantization_config is {q.get('quant_method')!r} with kv_cache_scheme "
@@ -213,12 +208,7 @@ def validate_per_tensor_export(hf_dir: Path, num_layers: int) -> dict[str, Any]:
     from safetensors import safe_open
 
     problems: list[str] = []
-    try:
-        q = json.loads((hf_dir / "config.json").read_text()).get("quantization_config") or {}
-    except (OSError, json.JSONDecodeError) as exc:
-        raise StageError(
-            f"{hf_dir / 'config.json'}: not readable ({exc}). Next: `trtkv calibrate --force`."
-        ) from exc
+    q = _quantization_config(hf_dir)
     if (
         q.get("quant_method") != "compressed-tensors"
         or q.get("kv_cache_scheme") != KV_CACHE_SCHEME_TENSOR
@@ -275,3 +265,14 @@ def _scale_names(layer: int, kind: str) -> tuple[str, str]:
     ModelOpt's (k_proj.k_scale) and llm-compressor's (self_attn.k_scale)."""
     pre = f"model.layers.{layer}.self_attn."
     return f"{pre}{kind}_proj.{kind}_scale", f"{pre}{kind}_scale"
+
+
+def _quantization_config(hf_dir: Path) -> dict[str, Any]:
+    """config.json's quantization_config ({} where none), or a StageError naming the file."""
+    try:
+        q = json.loads((hf_dir / "config.json").read_text()).get("quantization_config") or {}
+    except (OSError, json.JSONDecodeError) as exc:
+        raise StageError(
+            f"{hf_dir / 'config.json'}: not readable ({exc}). Next: `trtkv calibrate --force`."
+        ) from exc
+    return q if isinstance(q, dict) else {}

@@ -94,9 +94,7 @@ def rows_ok(model: Any) -> bool:
         return cached
     gen = torch.Generator().manual_seed(0)
     layer = model.model.layers[0]
-    shapes = {
-        tuple(m.weight.shape): m.weight for m in layer.modules() if isinstance(m, torch.nn.Linear)
-    }
+    shapes = layer_linears(layer)
     ok = True
     with torch.inference_mode():
         for weight in [*shapes.values(), model.lm_head.weight[:VOCAB_CHUNK]]:
@@ -137,3 +135,13 @@ def decode_linear(model: Any, weight: Any, bias: Any, h: torch.Tensor, n: int) -
         if bias is not None:
             out[:n] += bias
     return out
+
+
+def layer_linears(layer: Any) -> dict[tuple[int, ...], Any]:
+    """A decoder layer's linear weights, one per shape: what the once-per-model kernel checks run
+    on."""
+    import torch
+
+    return {
+        tuple(m.weight.shape): m.weight for m in layer.modules() if isinstance(m, torch.nn.Linear)
+    }

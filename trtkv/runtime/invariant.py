@@ -73,6 +73,7 @@ from trtkv.runtime.decode_rows import (
     Group,
     decode_linear,
     layer_groups,
+    layer_linears,
     rows_ok,
 )
 from trtkv.runtime.flash import attend_flash, flash_ok, flash_plan
@@ -166,9 +167,7 @@ def stacking_ok(model: Any) -> bool:
         return cached
     gen = torch.Generator().manual_seed(0)
     layer = model.model.layers[0]
-    shapes = {
-        tuple(m.weight.shape): m.weight for m in layer.modules() if isinstance(m, torch.nn.Linear)
-    }
+    shapes = layer_linears(layer)
     weights = [*shapes.values(), model.lm_head.weight[:VOCAB_CHUNK]]
     ok = True
     with torch.inference_mode():
