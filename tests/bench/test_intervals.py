@@ -108,7 +108,7 @@ def test_accuracy_tasks_run_at_the_recipes_accuracy_concurrency(monkeypatch: pyt
 
     task = accuracy.Task("quiz", [], lambda r: {}, [])
     recipe = load_recipe("smollm2_fp8kv", ["bench.concurrency=[1,4,8]"])
-    assert recipe.bench.accuracy_concurrency == 4  # the demo recipe: the reference runtime is batch-invariant (#57)
+    assert recipe.bench.accuracy_concurrency == 8  # the demo recipe: the reference runtime is batch-invariant (#57) (2 x 4)
     phases.run_accuracy(recipe, None, [task], Progress(), [])  # type: ignore[arg-type]
     phases.run_accuracy(load_recipe("smollm2_fp8kv", ["bench.accuracy_concurrency=1"]), None, [task], Progress(), [])  # type: ignore[arg-type]
-    assert seen == [4, 1]
+    assert seen == [8, 1]
