@@ -12,6 +12,7 @@ import pytest
 
 from trtkv.bench import accuracy, phases, results, stats
 from trtkv.bench.records import OK, RequestRecord
+from trtkv.contracts.artifacts import BenchResults
 from trtkv.report import compare, summary
 
 
@@ -91,7 +92,8 @@ def test_compare_calls_a_difference_only_when_intervals_separate() -> None:
             _row("d", 0.10, [0.04, 0.22]), {"recipe": "e", "bench": {"quiz.accuracy": 0.2}}]
     assert compare.accuracy_difference(rows, "quiz.accuracy").split(" | ") == [
         "(baseline)", "within noise", "higher", "lower", "no interval"]
-    headline = summary.bench_headline({"accuracy": {"quiz": {"accuracy": 0.5, "accuracy_ci": [0.3, 0.7]}}})
+    results = BenchResults.model_validate({"accuracy": {"quiz": {"accuracy": 0.5, "accuracy_ci": [0.3, 0.7]}}})
+    headline = summary.bench_headline(results)
     assert headline["quiz.accuracy.ci"] == [0.3, 0.7]
 
 

@@ -23,10 +23,14 @@ from trtkv.bench.prompts import count_tokens, load_tokenizer, tokenizer_dir
 from trtkv.bench.records import RequestRecord, now_ns
 from trtkv.contracts.artifacts import (
     BenchEndpoint,
+    BenchLevel,
     BenchResults,
     BenchSLOs,
     BenchWorkload,
+    ClientSummary,
+    MetricStats,
     ServerRecord,
+    TimeOrigin,
 )
 from trtkv.core.errors import StageError, TrtkvError
 from trtkv.recipe import Protocol, Recipe
@@ -202,14 +206,14 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
         started,
         time.time() - wall0,
     )
-    doc.time_origin = {
-        "unix_ns": origin_unix_ns,
-        "note": "record times are ms after this wall-clock instant (to line "
+    doc.time_origin = TimeOrigin(
+        unix_ns=origin_unix_ns,
+        note="record times are ms after this wall-clock instant (to line "
         "them up with a server's logs and metrics)",
-    }
+    )
     for label, run in clients.items():
         if label in doc.levels:
-            doc.levels[label]["client"] = client_summary(run, by_level[label])
+            doc.levels[label].client = ClientSummary(**client_summary(run, by_level[label]))
     if by_length:
         from trtkv.bench import sweep
 
@@ -228,10 +232,9 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
         doc.goodput_slos = goodput
         for label, recs in by_level.items():
             good = aiperf_export.level_export(recs, goodput)
-            doc.levels[label]["goodput"] = {
-                **good["goodput"],
-                "good_request_count": good["good_request_count"]["avg"],
-            }
+            doc.levels[label].goodput = MetricStats(
+                **good["goodput"], good_request_count=good["good_request_count"]["avg"]
+            )
     doc.tool_versions = tool_versions()
     doc.kv_pool = _served_pool(recipe, opts.url)
     if doc.kv_pool.get("warning"):
@@ -339,7 +342,7 @@ def assemble(
         ),
         token_counting=results.TOKEN_COUNTING,
         token_count_check=check,
-        levels=levels,
+        levels={label: BenchLevel.model_validate(body) for label, body in levels.items()},
         accuracy=accuracy,
         slo=BenchSLOs(
             passed=all(r.passed for r in checked), results=[r.to_json() for r in checked]
