@@ -21,9 +21,9 @@ from trtkv.bench.client import Endpoint, SamplingParams
 from trtkv.bench.levels import CORE_SHARE, LevelSpec, Sweep, client_summary, workers_for
 from trtkv.bench.loadgen import Job, SessionPool, run_concurrency
 from trtkv.bench.openai import OpenAISession
-from trtkv.bench.records import ERROR, NOT_SENT, OK, RequestRecord
 from trtkv.bench.workers import Fleet, split
 from trtkv.core.progress import Progress
+from trtkv.measures.records import ERROR, NOT_SENT, OK, RequestRecord
 
 TOKENS = 8
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from trtkv.bench import http1
 from trtkv.bench.http1 import Call, Connection, ProtocolError
 from trtkv.bench.openai import OpenAIEvents
-from trtkv.bench.records import ERROR, OK, RequestRecord
+from trtkv.measures.records import ERROR, OK, RequestRecord
 
 
 def _event(text: str) -> bytes:

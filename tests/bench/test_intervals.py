@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from trtkv.bench import accuracy, phases, results, stats
-from trtkv.bench.records import OK, RequestRecord
+from trtkv.bench import accuracy, phases, results
 from trtkv.contracts.artifacts import BenchResults
+from trtkv.measures import stats
+from trtkv.measures.records import OK, RequestRecord
 from trtkv.report import compare, summary
 
 
@@ -80,7 +81,7 @@ def test_results_md_shows_the_intervals() -> None:
                       "total": 8, "failed": 0}}
     rows = results.accuracy_rows({"accuracy": acc})
     assert rows[0][3] == "[0.300, 0.700]" and rows[1][3] == "[0.600, 0.900]" and "[0.200, 0.800]" in rows[1][4]
-    assert results.interval_text(None) == "—"  # results.json written before intervals existed
+    assert stats.interval_text(None) == "—"  # results.json written before intervals existed
 
 
 def _row(name: str, value: float, ci: list[float]) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from tests.support.openai_replay import MODEL, start
 from trtkv.bench.client import Endpoint, SamplingParams
 from trtkv.bench.loadgen import Job, run_concurrency
 from trtkv.bench.openai import OpenAISession, check_openai
-from trtkv.bench.records import RequestRecord
+from trtkv.measures.records import RequestRecord
 
 
 @pytest.fixture(scope="module")

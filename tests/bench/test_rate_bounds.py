@@ -15,8 +15,8 @@ import pytest
 from tests.bench.test_stream import OPENAI_BODY, SSE_HEAD, ScriptedServer, _answer, _openai
 from trtkv.bench.client import SamplingParams
 from trtkv.bench.loadgen import Job, run_rate
-from trtkv.bench.metrics import summarize_level
-from trtkv.bench.records import OK, RequestRecord
+from trtkv.measures.metrics import summarize_level
+from trtkv.measures.records import OK, RequestRecord
 
 
 @pytest.fixture

@@ -10,10 +10,10 @@ import pytest
 
 from trtkv.bench import runner
 from trtkv.bench.client import Endpoint
-from trtkv.bench.metrics import summarize_level
-from trtkv.bench.records import ERROR, OK, TIMEOUT, RequestRecord
 from trtkv.bench.slo import parse_slo
 from trtkv.contracts.artifacts import BenchResults
+from trtkv.measures.metrics import summarize_level
+from trtkv.measures.records import ERROR, OK, TIMEOUT, RequestRecord
 from trtkv.recipe import load_recipe
 
 MS = 1_000_000

@@ -12,9 +12,9 @@ import pytest
 
 from trtkv.bench import ruler, ruler_families
 from trtkv.bench.prompts import load_tokenizer
-from trtkv.bench.records import ERROR, OK, RequestRecord
-from trtkv.bench.stats import wilson_interval
 from trtkv.core.errors import ToolError
+from trtkv.measures.records import ERROR, OK, RequestRecord
+from trtkv.measures.stats import wilson_interval
 
 TASKS = ["niah_single_1", "niah_multikey_2", "niah_multikey_3", "vt", "cwe", "fwe"]
 

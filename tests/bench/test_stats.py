@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from trtkv.bench.stats import STATS, summarize
+from trtkv.measures.stats import STATS, summarize
 
 CASES = [[5.0], [1.0, 2.0], [3.0, 1.0, 2.0, 10.0, 7.5], list(np.random.default_rng(0).gamma(2, 30, 257))]
 

@@ -15,9 +15,9 @@ import pytest
 from trtkv.bench.client import Endpoint, HttpSession, SamplingParams
 from trtkv.bench.http1 import Call, Connection
 from trtkv.bench.openai import OpenAIEvents, OpenAISession
-from trtkv.bench.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord
 from trtkv.bench.stream import shared_loop
 from trtkv.contracts.interface import LLMAPI
+from trtkv.measures.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord
 
 Script = Callable[[socket.socket, int], bool]  # (client socket, request number on it) -> keep the connection open
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from trtkv.bench import sweep
 from trtkv.bench.options import BenchOptions
 from trtkv.cli.bench import sweep_lengths
 from trtkv.core.errors import TrtkvError
+from trtkv.measures import sweep
 from trtkv.recipe import load_recipe
 
 

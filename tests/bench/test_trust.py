@@ -28,10 +28,10 @@ from tests.bench.test_stream import (
 )
 from trtkv.bench.client import Endpoint, HttpSession, check_triton
 from trtkv.bench.openai import check_openai
-from trtkv.bench.records import ERROR, OK
 from trtkv.bench.stream import shared_loop
 from trtkv.contracts.interface import LLMAPI
 from trtkv.core.errors import RecipeError, TrtkvError
+from trtkv.measures.records import ERROR, OK
 from trtkv.recipe import load_recipe
 
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import read_results
-from trtkv.bench.metrics import summarize_level
-from trtkv.bench.records import RequestRecord
 from trtkv.cli import main
 from trtkv.core.process import free_ports
+from trtkv.measures.metrics import summarize_level
+from trtkv.measures.records import RequestRecord
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

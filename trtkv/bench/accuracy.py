@@ -20,8 +20,8 @@ from trtkv.bench import golden
 from trtkv.bench.client import SamplingParams
 from trtkv.bench.loadgen import Job
 from trtkv.bench.prompts import prompt_tokens
-from trtkv.bench.records import RequestRecord
-from trtkv.bench.stats import CONFIDENCE, bootstrap_interval, wilson_interval
+from trtkv.measures.records import RequestRecord
+from trtkv.measures.stats import CONFIDENCE, bootstrap_interval, wilson_interval
 from trtkv.runtime import quiz_patterns as quiz
 
 QUIZ_MAX_TOKENS = 10

@@ -14,54 +14,17 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trtkv.bench.metrics import measured_duration_s
-from trtkv.bench.records import RequestRecord
 from trtkv.core.errors import TrtkvError
+from trtkv.measures.metrics import REQUEST_METRICS, measured_duration_s
+from trtkv.measures.records import RequestRecord
 
 SCHEMA_VERSION = "1.4"  # aiperf 0.13.0's profile_export_aiperf.json
 PERCENTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99)
 CSV_STATS = ("avg", "min", "max", "sum", *(f"p{p}" for p in PERCENTILES), "std")
-
-
-def _ttst_ms(r: RequestRecord) -> float | None:
-    idx = r.content_indices()
-    return (r.response_ns[idx[1]] - r.response_ns[idx[0]]) / 1e6 if len(idx) > 1 else None
-
-
-def _per_user(r: RequestRecord) -> float | None:
-    itl = r.itl_ms()
-    return 1000.0 / itl if itl else None
-
-
-# tag -> (display name, unit, per-request value, larger is better)
-REQUEST_METRICS: dict[str, tuple[str, str, Callable[[RequestRecord], float | None], bool]] = {
-    "request_latency": ("Request Latency", "ms", RequestRecord.request_latency_ms, False),
-    "time_to_first_token": ("Time to First Token", "ms", RequestRecord.ttft_ms, False),
-    "time_to_second_token": ("Time to Second Token", "ms", _ttst_ms, False),
-    "inter_token_latency": ("Inter Token Latency", "ms", RequestRecord.itl_ms, False),
-    "output_token_throughput_per_user": (
-        "Output Token Throughput Per User",
-        "tokens/sec/user",
-        _per_user,
-        True,
-    ),
-    "output_sequence_length": (
-        "Output Sequence Length",
-        "tokens",
-        lambda r: float(r.output_tokens()),
-        False,
-    ),
-    "input_sequence_length": (
-        "Input Sequence Length",
-        "tokens",
-        lambda r: float(r.input_tokens),
-        False,
-    ),
-}
 
 
 def parse_goodput(text: str | None) -> dict[str, float]:
@@ -105,9 +68,9 @@ def stats(values: Sequence[float], unit: str) -> dict[str, Any]:
 
 def is_good(record: RequestRecord, goodput: dict[str, float]) -> bool:
     for tag, threshold in goodput.items():
-        _name, _unit, fn, larger = REQUEST_METRICS[tag]
-        value = fn(record)
-        if value is None or (value < threshold if larger else value > threshold):
+        metric = REQUEST_METRICS[tag]
+        value = metric.value(record)
+        if value is None or (value < threshold if metric.larger_is_better else value > threshold):
             return False
     return True
 
@@ -131,8 +94,8 @@ def level_export(
         "unit": "requests/sec",
         "avg": len(ok) / duration if duration else 0.0,
     }
-    for tag, (_name, unit, fn, _larger) in REQUEST_METRICS.items():
-        out[tag] = stats([v for v in (fn(r) for r in ok) if v is not None], unit)
+    for tag, metric in REQUEST_METRICS.items():
+        out[tag] = stats([v for v in (metric.value(r) for r in ok) if v is not None], metric.unit)
     out["request_count"] = {"unit": "requests", "avg": float(len(ok))}
     out["error_request_count"] = {"unit": "requests", "avg": float(len(records) - len(ok))}
     out["request_error_rate"] = {
@@ -182,12 +145,12 @@ def write_level(
     with (folder / "profile_export_aiperf.csv").open("w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["Metric", *CSV_STATS])
-        for tag, (name, unit, _fn, _larger) in sorted(
-            REQUEST_METRICS.items(), key=lambda kv: kv[1][0]
-        ):
+        for tag, metric in sorted(REQUEST_METRICS.items(), key=lambda kv: kv[1].display):
             s = doc[tag]
             if s.get("count"):
-                w.writerow([f"{name} ({unit})", *(f"{s[k]:.2f}" for k in CSV_STATS)])
+                w.writerow(
+                    [f"{metric.display} ({metric.unit})", *(f"{s[k]:.2f}" for k in CSV_STATS)]
+                )
         w.writerow([])
         w.writerow(["Metric", "Value"])
         for tag, name in (

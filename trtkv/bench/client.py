@@ -17,7 +17,6 @@ from typing import Any
 
 from trtkv.bench.http1 import Connection, Events, ProtocolError
 from trtkv.bench.http1_fetch import CHECK_BYTES, event_json, http_request, strict
-from trtkv.bench.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord, now_ns
 from trtkv.bench.stream import shared_loop, stream
 from trtkv.bench.triton_answers import grpc_channel_args, model_config, too_big
 from trtkv.contracts.interface import ENSEMBLE, LLMAPI, ModelInterface, detect
@@ -25,6 +24,7 @@ from trtkv.core.apikey import auth_headers
 from trtkv.core.errors import TrtkvError
 from trtkv.core.files import strict_json
 from trtkv.core.httpcall import request
+from trtkv.measures.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord, now_ns
 from trtkv.recipe.enums import Protocol
 
 DEFAULT_MODEL = ENSEMBLE.model

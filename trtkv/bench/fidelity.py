@@ -338,7 +338,7 @@ def fidelity_task(
     from trtkv.bench.fidelity_score import prediction_scorer, reference_scorer
     from trtkv.bench.fidelity_served import prefill_requester, requester
     from trtkv.checkpoints.models import resolve_model_dir
-    from trtkv.probe.attention import recipe_mode
+    from trtkv.recipe.engine_attention import recipe_mode
     from trtkv.recipe.layout import fidelity_dir
 
     if recipe.kv_format in UNQUANTIZED:

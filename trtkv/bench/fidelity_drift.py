@@ -2,7 +2,8 @@
 decodes a continuation (its decode kernel: the log-probs the fidelity request returns), then scores
 the same prompt + continuation in one prefill (`echo`, where the engine returns prompt log-probs:
 vLLM), and |decode - prefill| per continuation token is its drift. The prediction is the same drift
-under the attention numerics the recipe's engine computes (trtkv.probe.attention.recipe_mode): for
+under the attention numerics the recipe's engine computes
+(trtkv.recipe.engine_attention.recipe_mode): for
 cache-only attention it is 0 by construction, so the served figure is the engine's own kernel noise
 and no verdict is drawn; for an FP8 attention mode it is computed on the prediction's model
 (trtkv.kvcache.attention_hook, one pass with the decode kernel from the prompt's end on, one

@@ -230,7 +230,7 @@ class CachedScorer:
 
         import torch
 
-        from trtkv.probe.setup import auto_threads
+        from trtkv.platform.host import auto_threads
 
         # 1 on a busy machine (a local server's threads): OpenMP spins
         torch.set_num_threads(auto_threads())
@@ -367,7 +367,7 @@ def prediction_scorer(recipe: Recipe, folder: Path, log: Callable[[str], None]) 
             model, config = rt.model, rt.config
         return model, lambda: QuantizedKVCache(config=config, fmt=fmt, k_scales=ks, v_scales=vs)
 
-    from trtkv.probe.attention import recipe_mode
+    from trtkv.recipe.engine_attention import recipe_mode
 
     mode, why = recipe_mode(recipe)
     key = (

@@ -12,8 +12,8 @@ import time
 from typing import Any
 
 from trtkv.bench.http1 import Call, Connection, Limits, ProtocolError
-from trtkv.bench.records import RequestRecord
 from trtkv.core.httpcall import Transport
+from trtkv.measures.records import RequestRecord
 
 
 def event_json(payload: bytes) -> dict[str, Any]:

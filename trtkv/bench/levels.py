@@ -30,9 +30,9 @@ from trtkv.bench.loadgen import (
     run_concurrency,
     run_rate,
 )
-from trtkv.bench.records import RequestRecord
-from trtkv.bench.stats import summarize
 from trtkv.bench.workers import Fleet, WorkerRun, split
+from trtkv.measures.records import RequestRecord
+from trtkv.measures.stats import summarize
 
 # One process is kept while its warm-up used at most 0.3 of a core; past one core the GIL caps it.
 # Measured on the replay server (docs/bench.md, "One process or several"): on 2 cores shared with

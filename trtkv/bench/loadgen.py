@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from trtkv.bench.client import SamplingParams, Session
-from trtkv.bench.records import CANCELLED, ERROR, NOT_SENT, RequestRecord, now_ns
+from trtkv.measures.records import CANCELLED, ERROR, NOT_SENT, RequestRecord, now_ns
 
 
 @dataclass

@@ -15,10 +15,10 @@ from trtkv.bench.endpoints import session_factory
 from trtkv.bench.levels import ClientRun, LevelSpec, Sweep
 from trtkv.bench.loadgen import Interrupted, Job, run_concurrency
 from trtkv.bench.prompts import latency_prompts, long_text, prompt_tokens
-from trtkv.bench.records import RequestRecord
 from trtkv.core import paths
 from trtkv.core.errors import TrtkvError
 from trtkv.core.progress import Progress
+from trtkv.measures.records import RequestRecord
 from trtkv.recipe import Recipe
 
 # --------------------------------------------------------------------------------------------------

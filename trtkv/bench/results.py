@@ -8,6 +8,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from trtkv.measures.stats import interval_text
+
 TOKEN_COUNTING = (
     "Output tokens are counted by tokenizing each streamed response's text with the model's own "
     "tokenizer (no special tokens); a request's output_sequence_length is the sum over its "
@@ -78,18 +80,6 @@ def client_rows(results: dict[str, Any]) -> list[list[str]]:
             ]
         )
     return rows
-
-
-def interval_text(ci: Any) -> str:
-    """ "[lo, hi]" of a stored interval, "—" when there is none (results written before intervals
-    existed)."""
-    if (
-        not isinstance(ci, (list, tuple))
-        or len(ci) != 2
-        or any(not isinstance(x, (int, float)) for x in ci)
-    ):
-        return "—"
-    return f"[{ci[0]:.3f}, {ci[1]:.3f}]"
 
 
 def accuracy_rows(results: dict[str, Any]) -> list[list[str]]:

@@ -11,7 +11,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-from trtkv.bench.metrics import REQUEST_METRICS, SYSTEM_METRICS
 from trtkv.bench.results import (
     LEVEL_COLUMNS,
     SWEEP_COLUMNS,
@@ -22,7 +21,8 @@ from trtkv.bench.results import (
     slo_rows,
     sweep_rows,
 )
-from trtkv.bench.stats import STATS
+from trtkv.measures.metrics import LEVEL_METRICS, SYSTEM_METRICS
+from trtkv.measures.stats import STATS
 
 
 def _num(value: Any) -> Any:
@@ -49,7 +49,7 @@ def write_csv(path: Path, results: dict[str, Any]) -> None:
         w = csv.writer(fh)
         w.writerow(["level", "metric", "unit", *STATS, "count"])
         for level, summary in results.get("levels", {}).items():
-            for name in REQUEST_METRICS:
+            for name in LEVEL_METRICS:
                 m = summary[name]
                 w.writerow(
                     [level, name, m["unit"], *(_fmt_csv(m.get(s)) for s in STATS), m.get("count")]

@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 from trtkv.bench.ruler_families import FAMILIES, Encode, RulerError
 from trtkv.bench.ruler_gen import RULER_COMMIT, RULER_SEED, TASKS, RulerItem, generate
-from trtkv.bench.stats import wilson_interval
 from trtkv.core.errors import TrtkvError
+from trtkv.measures.stats import wilson_interval
 
 CONFIDENCE = 0.95
 TASK_NAMES = tuple(TASKS)
 if TYPE_CHECKING:
     from trtkv.bench.accuracy import Task
-    from trtkv.bench.records import RequestRecord
-    from trtkv.probe.ruler import RulerPlan
+    from trtkv.contracts.ruler import RulerPlan
+    from trtkv.measures.records import RequestRecord
     from trtkv.recipe import Recipe
 
 _CONTROL = re.compile(r"[\x00-\x1f]")
@@ -211,7 +211,7 @@ def ruler_task(
     from trtkv.bench.accuracy import Task
     from trtkv.bench.client import SamplingParams
     from trtkv.bench.loadgen import Job
-    from trtkv.bench.records import RequestRecord
+    from trtkv.measures.records import RequestRecord
 
     specials = special_tokens(tokenizer)
 
@@ -272,7 +272,7 @@ def probe_plan(
     CLI's tasks, lengths and samples, else all six tasks, bench.ruler_lengths and
     bench.ruler_samples; with the bench's scoring functions."""
     from trtkv.bench.prompts import load_tokenizer, tokenizer_dir
-    from trtkv.probe.ruler import RulerPlan
+    from trtkv.contracts.ruler import RulerPlan
 
     names = list(dict.fromkeys(tasks or TASK_NAMES))
     bad = [t for t in names if t not in TASK_NAMES]

@@ -11,16 +11,14 @@ from typing import Any
 
 from trtkv.backends import for_recipe
 from trtkv.bench import accuracy as acc_tasks
-from trtkv.bench import aiperf_export, plots, results, results_files, slo
+from trtkv.bench import aiperf_export, results, results_files, slo
 from trtkv.bench.client import Endpoint
 from trtkv.bench.endpoints import check_endpoint
 from trtkv.bench.levels import ClientRun, client_summary
 from trtkv.bench.loadgen import Interrupted
-from trtkv.bench.metrics import summarize_level
 from trtkv.bench.options import BenchOptions
 from trtkv.bench.phases import BenchProgress, build_tasks, run_accuracy, run_latency, run_sweep
 from trtkv.bench.prompts import count_tokens, load_tokenizer, tokenizer_dir
-from trtkv.bench.records import RequestRecord, now_ns
 from trtkv.contracts.artifacts import (
     BenchEndpoint,
     BenchLevel,
@@ -33,6 +31,9 @@ from trtkv.contracts.artifacts import (
     TimeOrigin,
 )
 from trtkv.core.errors import StageError, TrtkvError
+from trtkv.measures import plots
+from trtkv.measures.metrics import summarize_level
+from trtkv.measures.records import RequestRecord, now_ns
 from trtkv.recipe import Protocol, Recipe
 from trtkv.recipe.layout import bench_dir, serve_dir
 from trtkv.serving import supervise
@@ -215,7 +216,7 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
         if label in doc.levels:
             doc.levels[label].client = ClientSummary(**client_summary(run, by_level[label]))
     if by_length:
-        from trtkv.bench import sweep
+        from trtkv.measures import sweep
 
         doc.sweep = sweep.summarize(
             by_length,

@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from trtkv.bench.metrics import REQUEST_METRICS, SYSTEM_METRICS
-from trtkv.bench.stats import STATS
 from trtkv.core.errors import TrtkvError
+from trtkv.measures.metrics import LEVEL_METRICS, SYSTEM_METRICS
+from trtkv.measures.stats import STATS
 from trtkv.recipe import SLO_PATTERN
 
 OPS: dict[str, Callable[[float, float], bool]] = {
@@ -65,7 +65,7 @@ class SLOResult:
 
 
 def allowed_stats(metric: str) -> tuple[str, ...] | None:
-    if metric in REQUEST_METRICS:
+    if metric in LEVEL_METRICS:
         return STATS
     if metric in SYSTEM_METRICS:
         return SYSTEM_STATS
@@ -77,7 +77,7 @@ def allowed_stats(metric: str) -> tuple[str, ...] | None:
 
 
 def all_metrics() -> list[str]:
-    return [*REQUEST_METRICS, *SYSTEM_METRICS, *ACCURACY_STATS, "request_errors"]
+    return [*LEVEL_METRICS, *SYSTEM_METRICS, *ACCURACY_STATS, "request_errors"]
 
 
 def parse_slo(text: str, source: str = "--slo") -> SLO:

@@ -32,7 +32,7 @@ import time
 from collections import deque
 
 from trtkv.bench.http1 import Call, Connection, Events, ProtocolError
-from trtkv.bench.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord, now_ns
+from trtkv.measures.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord, now_ns
 
 RECV_BYTES = 65536
 NO_DEADLINE = float("inf")

@@ -37,7 +37,7 @@ from trtkv.bench.loadgen import (
     run_concurrency,
     run_rate,
 )
-from trtkv.bench.records import ERROR, NOT_SENT, RequestRecord, now_ns
+from trtkv.measures.records import ERROR, NOT_SENT, RequestRecord, now_ns
 
 # after Ctrl-C, how long the parent waits for the workers' records before killing them
 STOP_GRACE_S = 1.0

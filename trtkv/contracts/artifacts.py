@@ -255,8 +255,9 @@ class BenchSLOs(BaseModel):
 
 
 class MetricStats(BaseModel):
-    """One metric of a level in GenAI-Perf's shape (trtkv.bench.stats.summarize): a request metric
-    has every stat, a run metric (throughput, duration) its unit and avg. NaN: no value measured."""
+    """One metric of a level in GenAI-Perf's shape (trtkv.measures.stats.summarize): a request
+    metric has every stat, a run metric (throughput, duration) its unit and avg. NaN: no value
+    measured."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -302,7 +303,7 @@ class ClientSummary(BaseModel):
 
 
 class BenchLevel(BaseModel):
-    """One level of results.json's "levels" (trtkv.bench.metrics.summarize_level): GenAI-Perf's
+    """One level of results.json's "levels" (trtkv.measures.metrics.summarize_level): GenAI-Perf's
     metric names in the order written; an absent metric is None (files of older versions)."""
 
     model_config = ConfigDict(extra="allow")
@@ -355,7 +356,7 @@ class BenchResults(Artifact):
     levels: dict[str, BenchLevel] = {}  # "concurrency=N" / "rate=R/s" -> its metrics
     accuracy: dict[str, dict[str, Any]] = {}  # task -> its score, or why it did not run
     slo: BenchSLOs | None = None
-    records: list[dict[str, Any]] = []  # trtkv.bench.records.RequestRecord.to_json per request
+    records: list[dict[str, Any]] = []  # trtkv.measures.records.RequestRecord.to_json per request
     time_origin: TimeOrigin | None = None
     goodput_slos: dict[str, float] | None = None  # --goodput's thresholds (ms)
     tool_versions: dict[str, str | None] | None = None

@@ -88,7 +88,7 @@ ACCURACY_TASKS = ("quiz", "golden", "needle")
 
 def with_ci(b: dict[str, Any], key: str) -> str:
     """A figure and its stored interval, e.g. "0.350 [0.206, 0.526]"."""
-    from trtkv.bench.results import interval_text
+    from trtkv.measures.stats import interval_text
 
     text = figure(b.get(key), 3)
     ci = b.get(f"{key}.ci")
@@ -154,7 +154,7 @@ def collect(recipe: Recipe) -> dict[str, Any]:
         if sweep:
             data["sweep"] = sweep
     # this recipe's probe, else another recipe's on the same model
-    from trtkv.probe.results import load_probe
+    from trtkv.measures.probe_results import load_probe
 
     probe = _shaped(load_probe, recipe)
     if probe and probe.get("records"):
@@ -173,9 +173,9 @@ def _probe_rows(records: list[dict[str, Any]], fmt: str) -> list[dict[str, Any]]
 
 def _checked_sweep(sweep: dict[str, Any]) -> dict[str, Any]:
     """results.json's `sweep` rebuilt from its per-request samples only (numbers, per length and
-    level), its medians and fits recomputed (trtkv.bench.sweep.fits): a hand-edited file cannot hand
-    compare a fit its samples do not give."""
-    from trtkv.bench.sweep import fits
+    level), its medians and fits recomputed (trtkv.measures.sweep.fits): a hand-edited file cannot
+    hand compare a fit its samples do not give."""
+    from trtkv.measures.sweep import fits
 
     levels: dict[str, Any] = {}
     for label, body in sweep["levels"].items():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 STATS = ("avg", "min", "max", "std", "p50", "p90", "p95", "p99")
 PERCENTILES = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0}
@@ -99,3 +100,15 @@ def separated(a: Sequence[float] | None, b: Sequence[float] | None) -> bool | No
     if not a or not b or len(a) != 2 or len(b) != 2 or any(math.isnan(float(x)) for x in (*a, *b)):
         return None
     return float(a[1]) < float(b[0]) or float(b[1]) < float(a[0])
+
+
+def interval_text(ci: Any) -> str:
+    """ "[lo, hi]" of a stored interval, "—" when there is none (results written before intervals
+    existed)."""
+    if (
+        not isinstance(ci, (list, tuple))
+        or len(ci) != 2
+        or any(not isinstance(x, (int, float)) for x in ci)
+    ):
+        return "—"
+    return f"[{ci[0]:.3f}, {ci[1]:.3f}]"

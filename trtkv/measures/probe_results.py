@@ -147,7 +147,7 @@ def probe_advice(recipe: Recipe, probe_dir: Path | None = None) -> tuple[list[st
             "16-bit KV."
         )
     out += engine_format_notes(records)
-    from trtkv.probe.attention_report import advice_lines
+    from trtkv.measures.probe_attention import advice_lines
 
     out += advice_lines(data)
     mine = recipe_probe_format(recipe)

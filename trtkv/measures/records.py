@@ -6,7 +6,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-OK, ERROR, TIMEOUT, CANCELLED, NOT_SENT = "ok", "error", "timeout", "cancelled", "not_sent"
+# a request's status
+OK = "ok"
+ERROR = "error"
+TIMEOUT = "timeout"
+CANCELLED = "cancelled"
+NOT_SENT = "not_sent"
 
 
 def now_ns() -> int:

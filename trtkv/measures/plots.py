@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trtkv.bench.records import RequestRecord
+from trtkv.measures.records import RequestRecord
 
 
 def _plt() -> Any:
