@@ -25,11 +25,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trtkv.bench.client import Endpoint, SamplingParams
-from trtkv.bench.endpoints import check_endpoint, session_factory
-from trtkv.bench.loadgen import Job, SessionPool, run_concurrency, run_rate
-from trtkv.bench.prompts import count_tokens, latency_prompts, load_tokenizer, prompt_tokens, tokenizer_dir
+from trtkv.bench.load.loadgen import Job, SessionPool, run_concurrency, run_rate
+from trtkv.bench.load.prompts import count_tokens, latency_prompts, load_tokenizer, prompt_tokens, tokenizer_dir
 from trtkv.bench.runner import resolve_endpoint
+from trtkv.bench.transport.client import Endpoint, SamplingParams
+from trtkv.bench.transport.endpoints import check_endpoint, session_factory
 from trtkv.core import paths
 from trtkv.core.errors import TrtkvError
 from trtkv.measures.metrics import summarize_level

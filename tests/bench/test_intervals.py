@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
-from trtkv.bench import accuracy, phases, results
+from trtkv.bench import phases
+from trtkv.bench.outputs import results
+from trtkv.bench.tasks import accuracy
 from trtkv.contracts.artifacts import BenchResults
 from trtkv.measures import stats
 from trtkv.measures.records import OK, RequestRecord

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from trtkv.bench import runner
-from trtkv.bench.client import Endpoint
-from trtkv.bench.slo import parse_slo
+from trtkv.bench.outputs.slo import parse_slo
+from trtkv.bench.transport.client import Endpoint
 from trtkv.contracts.artifacts import BenchResults
 from trtkv.measures.metrics import summarize_level
 from trtkv.measures.records import ERROR, OK, TIMEOUT, RequestRecord

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from trtkv.bench.client import Endpoint, GrpcSession, SamplingParams, check_triton
-from trtkv.bench.triton_answers import GRPC_RESPONSE_BYTES
+from trtkv.bench.transport.client import Endpoint, GrpcSession, SamplingParams, check_triton
+from trtkv.bench.transport.triton_answers import GRPC_RESPONSE_BYTES
 from trtkv.core.errors import TrtkvError
 from trtkv.measures.records import ERROR, OK, RequestRecord
 

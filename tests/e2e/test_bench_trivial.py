@@ -15,7 +15,7 @@ import pytest
 
 from tests.e2e.conftest import read_results
 from tests.support.localserver import free_port
-from trtkv.bench.ruler import TASK_NAMES
+from trtkv.bench.tasks.ruler import TASK_NAMES
 from trtkv.cli import main
 from trtkv.measures.metrics import summarize_level
 from trtkv.measures.records import RequestRecord

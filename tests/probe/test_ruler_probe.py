@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trtkv.bench import ruler
-from trtkv.bench.prompts import load_tokenizer, tokenizer_dir
+from trtkv.bench.load.prompts import load_tokenizer, tokenizer_dir
+from trtkv.bench.tasks import ruler
 from trtkv.cli import main
 from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.quant import parse_format

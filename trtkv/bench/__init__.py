@@ -1,5 +1,6 @@
 """`trtkv bench`: a streaming client for the Triton ensemble, a load generator, accuracy tasks and
-result files.
+result files, one sub-package each (transport, load, tasks, outputs); runner, phases and options
+drive them.
 
 Metric names follow GenAI-Perf (time_to_first_token, inter_token_latency, request_latency,
 output_sequence_length, input_sequence_length, output_token_throughput, request_throughput) so
@@ -12,15 +13,15 @@ TYPE_CHECKING = False  # typing's, without loading typing (see trtkv.core.lazy)
 
 if TYPE_CHECKING:
     from trtkv.bench.options import BenchOptions
-    from trtkv.bench.ruler import probe_plan
     from trtkv.bench.runner import run_bench
+    from trtkv.bench.tasks.ruler import probe_plan
 
 # each name's module is imported on first use (the runner loads httpx)
 __getattr__, __dir__ = attach(
     __name__,
     submod_attrs={
         "options": ["BenchOptions"],
-        "ruler": ["probe_plan"],
+        "tasks.ruler": ["probe_plan"],
         "runner": ["run_bench"],
     },
 )

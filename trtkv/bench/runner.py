@@ -10,15 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from trtkv.backends import for_recipe
-from trtkv.bench import accuracy as acc_tasks
-from trtkv.bench import aiperf_export, results, results_files, slo
-from trtkv.bench.client import Endpoint
-from trtkv.bench.endpoints import check_endpoint
-from trtkv.bench.levels import ClientRun, client_summary
-from trtkv.bench.loadgen import Interrupted
+from trtkv.bench.load.levels import ClientRun, client_summary
+from trtkv.bench.load.loadgen import Interrupted
+from trtkv.bench.load.prompts import count_tokens, load_tokenizer, tokenizer_dir
 from trtkv.bench.options import BenchOptions
+from trtkv.bench.outputs import aiperf_export, results, results_files, slo
 from trtkv.bench.phases import BenchProgress, build_tasks, run_accuracy, run_latency, run_sweep
-from trtkv.bench.prompts import count_tokens, load_tokenizer, tokenizer_dir
+from trtkv.bench.tasks import accuracy as acc_tasks
+from trtkv.bench.transport.client import Endpoint
+from trtkv.bench.transport.endpoints import check_endpoint
 from trtkv.contracts.artifacts import (
     BenchEndpoint,
     BenchLevel,
@@ -184,7 +184,9 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
             task_records = run_accuracy(recipe, ep, tasks, progress, records)
             if "fidelity" in task_names:
                 interrupted = "fidelity task"
-                from trtkv.bench.fidelity import fidelity_entry  # loaded only when the task runs
+                from trtkv.bench.tasks.fidelity import (
+                    fidelity_entry,  # loaded only when the task runs
+                )
 
                 task_errors["fidelity"] = fidelity_entry(recipe, ep, tokenizer, progress.log)
             interrupted = None

@@ -265,7 +265,7 @@ def _sweep_settings(recipe: Recipe, o: ProbeOptions) -> ProbeSettings:
             f"--scales to calibrate on the shipped text."
         )
     if o.ruler or o.ruler_tasks:
-        from trtkv.bench.ruler import probe_plan
+        from trtkv.bench.tasks.ruler import probe_plan
 
         settings.ruler = probe_plan(recipe, o.ruler_tasks, o.ruler_lengths, o.ruler_samples)
     elif o.ruler_lengths or o.ruler_samples is not None:

@@ -246,7 +246,7 @@ class BenchWorkload(BaseModel):
 
 
 class BenchSLOs(BaseModel):
-    """results.json's "slo": the verdict and one entry per SLO (trtkv.bench.slo)."""
+    """results.json's "slo": the verdict and one entry per SLO (trtkv.bench.outputs.slo)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -274,7 +274,8 @@ class MetricStats(BaseModel):
 
 
 class ClientLag(BaseModel):
-    """How long bytes already received waited for the client to read them (trtkv.bench.levels)."""
+    """How long bytes already received waited for the client to read them
+    (trtkv.bench.load.levels)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -287,7 +288,7 @@ class ClientLag(BaseModel):
 
 class ClientSummary(BaseModel):
     """A level's client: its processes, their CPU per streamed token, its own lag, and a warning
-    when the client may have held the level back (trtkv.bench.levels.client_summary)."""
+    when the client may have held the level back (trtkv.bench.load.levels.client_summary)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -351,7 +352,7 @@ class BenchResults(Artifact):
     partial: bool = False  # interrupted: the levels and tasks that finished
     interrupted_during: str | None = None
     workload: BenchWorkload | None = None
-    token_counting: str = ""  # how tokens are counted (trtkv.bench.results.TOKEN_COUNTING)
+    token_counting: str = ""  # how tokens are counted (trtkv.bench.outputs.results.TOKEN_COUNTING)
     token_count_check: dict[str, int] = {}  # {"requests", "equal", ...}: counts of requests
     levels: dict[str, BenchLevel] = {}  # "concurrency=N" / "rate=R/s" -> its metrics
     accuracy: dict[str, dict[str, Any]] = {}  # task -> its score, or why it did not run

@@ -11,10 +11,11 @@ from typing import Any
 
 @dataclass
 class RulerPlan:
-    """What the probe answers (trtkv.probe.ruler), made by the bench (trtkv.bench.ruler.probe_plan):
-    the items, the tokenizer that made them and the bench's scoring functions."""
+    """What the probe answers (trtkv.probe.ruler), made by the bench
+    (trtkv.bench.tasks.ruler.probe_plan): the items, the tokenizer that made them and the bench's
+    scoring functions."""
 
-    items: list[Any]  # trtkv.bench.ruler_gen.RulerItem
+    items: list[Any]  # trtkv.bench.tasks.ruler_gen.RulerItem
     notes: list[str]
     tokenizer: Any
     tokenizer_dir: Path

@@ -33,7 +33,8 @@ def _per_user(r: RequestRecord) -> float | None:
     return 1000.0 / itl if itl else None
 
 
-# tag -> metric, in the order of AIPerf's profile_export_aiperf.json (trtkv.bench.aiperf_export)
+# tag -> metric, in the order of AIPerf's profile_export_aiperf.json
+# (trtkv.bench.outputs.aiperf_export)
 REQUEST_METRICS: dict[str, RequestMetric] = {
     "request_latency": RequestMetric("Request Latency", "ms", RequestRecord.request_latency_ms),
     "time_to_first_token": RequestMetric("Time to First Token", "ms", RequestRecord.ttft_ms),
@@ -81,7 +82,7 @@ def summarize_level(records: Sequence[RequestRecord]) -> dict[str, Any]:
         "ok": len(ok),
         "failed": len(records) - len(ok),
         **statuses,
-        # open loop: sent later than scheduled, no worker free (trtkv.bench.loadgen.run_rate)
+        # open loop: sent later than scheduled, no worker free (trtkv.bench.load.loadgen.run_rate)
         "delayed": sum(r.delayed for r in records),
     }
     out["benchmark_duration"] = {"unit": "sec", "avg": duration_s}

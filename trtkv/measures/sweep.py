@@ -107,8 +107,8 @@ def summarize(
 ) -> dict[str, Any]:
     """results.json's `sweep`: {lengths, levels: {level: {fits..., samples: {length: {ttft_ms,
     itl_ms}}, client: {length: the client's own cost}}}}; `clients` is
-    trtkv.bench.levels.client_summary per length and level (its processes, CPU per token, lag and
-    warning: a length the client held back says so)."""
+    trtkv.bench.load.levels.client_summary per length and level (its processes, CPU per token, lag
+    and warning: a length the client held back says so)."""
     levels: dict[str, Any] = {}
     for n in sorted(by_length):
         for label, recs in by_length[n].items():

@@ -3,8 +3,8 @@ format's quantized KV cache and the 16-bit reference, scored with the bench's ow
 long-context retrieval is measured before serving on exactly the items `trtkv bench --tasks ruler`
 sends.
 
-Items: a RulerPlan made by trtkv.bench.ruler.probe_plan (the bench imports the probe, never the
-other way): the bench's generator, tokenizer, encoder and seed, at bench.ruler_lengths with
+Items: a RulerPlan made by trtkv.bench.tasks.ruler.probe_plan (the bench imports the probe, never
+the other way): the bench's generator, tokenizer, encoder and seed, at bench.ruler_lengths with
 bench.ruler_samples unless the CLI narrows them (an item depends only on seed, task, length, index
 and tokenizer, so fewer samples are the bench's first items). Prompt ids are the server's: `input +
 answer_prefix` with special tokens. Scoring: the plan's (the bench's summarize and string_match_all,

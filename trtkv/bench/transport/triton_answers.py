@@ -1,12 +1,13 @@
-"""What a Triton server's answers may be, for the bench's client (trtkv.bench.client): the model
-config read in type (a wrong one is one error line naming where it came from and the field), and
-every gRPC answer bounded in bytes as the HTTP parser's are (tritonclient sets no receive limit)."""
+"""What a Triton server's answers may be, for the bench's client (trtkv.bench.transport.client): the
+model config read in type (a wrong one is one error line naming where it came from and the field),
+and every gRPC answer bounded in bytes as the HTTP parser's are (tritonclient sets no receive
+limit)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from trtkv.bench.http1 import LIMITS
+from trtkv.bench.transport.http1 import LIMITS
 from trtkv.core.errors import TrtkvError
 
 # one gRPC message the bench takes from a server: the HTTP parser's body bound (64 MiB)

@@ -20,10 +20,10 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from trtkv.bench.client import Endpoint
-from trtkv.bench.fidelity_score import TOP_K, Served
-from trtkv.bench.http1 import ProtocolError
-from trtkv.bench.http1_fetch import strict
+from trtkv.bench.tasks.fidelity_score import TOP_K, Served
+from trtkv.bench.transport.client import Endpoint
+from trtkv.bench.transport.http1 import ProtocolError
+from trtkv.bench.transport.http1_fetch import strict
 from trtkv.core.errors import TrtkvError
 from trtkv.core.httpcall import request
 from trtkv.recipe import Recipe

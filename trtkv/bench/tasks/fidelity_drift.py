@@ -7,13 +7,14 @@ under the attention numerics the recipe's engine computes
 cache-only attention it is 0 by construction, so the served figure is the engine's own kernel noise
 and no verdict is drawn; for an FP8 attention mode it is computed on the prediction's model
 (trtkv.kvcache.attention_hook, one pass with the decode kernel from the prompt's end on, one
-without) and the served drift is judged by the task's rule (trtkv.bench.fidelity_verdict.judge)."""
+without) and the served drift is judged by the task's rule
+(trtkv.bench.tasks.fidelity_verdict.judge)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from trtkv.bench.fidelity_score import CachedScorer, Served
+from trtkv.bench.tasks.fidelity_score import CachedScorer, Served
 
 Prefill = Callable[[list[int]], tuple[list[float] | None, str | None]]
 
@@ -65,7 +66,7 @@ def measure(
     served_by_length: dict[int, list[Served]],
 ) -> tuple[dict[int, list[tuple[list[float], list[float]]]], list[str]]:
     """Per length, (served rows, predicted rows) of every document the engine scored, and why others
-    were not (trtkv.bench.fidelity.drift_table turns them into figures)."""
+    were not (trtkv.bench.tasks.fidelity.drift_table turns them into figures)."""
     rows: dict[int, list[tuple[list[float], list[float]]]] = {}
     errors: list[str] = []
     for length, docs in served_by_length.items():

@@ -8,8 +8,8 @@ freq_words_extraction.py; the answer prefix sent after the input: scripts/pred/c
 words are RULER's: wonderwords' noun, adjective and verb lists. Where trtkv differs from RULER
 (random streams, a guard against distractor collisions, the search's upper bound) is in
 docs/ruler.md. The families' templates, words and the text of one item are
-trtkv.bench.ruler_families; this module holds the task table, the item and the fitting of items to a
-length (generate).
+trtkv.bench.tasks.ruler_families; this module holds the task table, the item and the fitting of
+items to a length (generate).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from trtkv.bench.ruler_families import (
+from trtkv.bench.tasks.ruler_families import (
     FAMILIES,
     Encode,
     Made,

@@ -1,6 +1,6 @@
 """One client thread for every streaming HTTP request of the process: a selector loop over
 non-blocking sockets (keep-alive, a stale socket retried once, deadlines, cancel); the HTTP/1.1
-parsing is trtkv.bench.http1's.
+parsing is trtkv.bench.transport.http1's.
 
 Why: with a blocking connection per worker thread, every streamed event wakes a thread and takes the
 GIL from the others; at concurrency 8 that wake-up, not the parsing, was most of the client's CPU
@@ -31,7 +31,7 @@ import threading
 import time
 from collections import deque
 
-from trtkv.bench.http1 import Call, Connection, Events, ProtocolError
+from trtkv.bench.transport.http1 import Call, Connection, Events, ProtocolError
 from trtkv.measures.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord, now_ns
 
 RECV_BYTES = 65536

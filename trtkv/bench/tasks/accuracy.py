@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtkv.bench import golden
-from trtkv.bench.client import SamplingParams
-from trtkv.bench.loadgen import Job
-from trtkv.bench.prompts import prompt_tokens
+from trtkv.bench.load.loadgen import Job
+from trtkv.bench.load.prompts import prompt_tokens
+from trtkv.bench.tasks import golden
+from trtkv.bench.transport.client import SamplingParams
 from trtkv.measures.records import RequestRecord
 from trtkv.measures.stats import CONFIDENCE, bootstrap_interval, wilson_interval
 from trtkv.runtime import quiz_patterns as quiz

@@ -3,8 +3,8 @@
 frontend).
 
 One keep-alive HTTP connection per session, one request at a time, read by the shared stream loop
-(trtkv.bench.stream). Each SSE `data:` event with text is a response (its text is the new text:
-`choices[0].text`, or `choices[0].delta.content` for chat); `data: [DONE]` ends the request; a
+(trtkv.bench.transport.stream). Each SSE `data:` event with text is a response (its text is the new
+text: `choices[0].text`, or `choices[0].delta.content` for chat); `data: [DONE]` ends the request; a
 non-200 status or an event with `error` fails it. Token counts come from the model's tokenizer after
 the run, as for the other protocols; the usage the server reports (`stream_options.include_usage`)
 is kept to compare.
@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from trtkv.bench.client import Endpoint, HttpSession, SamplingParams, first_line
-from trtkv.bench.http1 import Events, ProtocolError
-from trtkv.bench.http1_fetch import CHECK_BYTES, event_json, strict
+from trtkv.bench.transport.client import Endpoint, HttpSession, SamplingParams, first_line
+from trtkv.bench.transport.http1 import Events, ProtocolError
+from trtkv.bench.transport.http1_fetch import CHECK_BYTES, event_json, strict
 from trtkv.core.errors import TrtkvError
 from trtkv.core.files import strict_json
 from trtkv.core.httpcall import request

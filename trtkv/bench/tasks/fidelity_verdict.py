@@ -4,7 +4,7 @@ and its text.
 Per continuation position, the served engine and the prediction are each compared with the reference
 (top-1 agreement, mean |delta log p|, KL over the served top-k); per length, token-pooled means get
 95 % bootstrap intervals over documents and the paired served - predicted gap is judged (RULE).
-trtkv.bench.fidelity runs the task.
+trtkv.bench.tasks.fidelity runs the task.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from trtkv.bench.fidelity_score import Scored, Served
+from trtkv.bench.tasks.fidelity_score import Scored, Served
 
 BOOTSTRAP = 1000
 CONFIDENCE = 0.95

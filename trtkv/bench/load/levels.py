@@ -1,6 +1,7 @@
 """One level of the latency sweep: its sessions kept from the warm-up into the measured phase, in
-this process or sharded over worker processes (trtkv.bench.workers) when one process's CPU would
-hold the level back; and the client's own cost per process (CPU per token, lag) for results.json.
+this process or sharded over worker processes (trtkv.bench.load.workers) when one process's CPU
+would hold the level back; and the client's own cost per process (CPU per token, lag) for
+results.json.
 
 How many processes (`--workers auto`, the default): one, unless a process would carry more than
 CORE_SHARE of a core. The load is read, not guessed: the level's own warm-up (run in this process)
@@ -20,9 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trtkv.bench.client import Endpoint
-from trtkv.bench.endpoints import session_factory
-from trtkv.bench.loadgen import (
+from trtkv.bench.load.loadgen import (
     MAX_INFLIGHT,
     Interrupted,
     Job,
@@ -30,7 +29,9 @@ from trtkv.bench.loadgen import (
     run_concurrency,
     run_rate,
 )
-from trtkv.bench.workers import Fleet, WorkerRun, split
+from trtkv.bench.load.workers import Fleet, WorkerRun, split
+from trtkv.bench.transport.client import Endpoint
+from trtkv.bench.transport.endpoints import session_factory
 from trtkv.measures.records import RequestRecord
 from trtkv.measures.stats import summarize
 

@@ -1,7 +1,7 @@
 """The result files of a bench run: results.json (NaN written as null), results.csv (GenAI-Perf's
 stats per level and metric, then the accuracy figures), requests.csv (one row per request) and
-results.md (the tables of trtkv.bench.results, the SLO verdicts, how tokens are counted and the
-plots)."""
+results.md (the tables of trtkv.bench.outputs.results, the SLO verdicts, how tokens are counted and
+the plots)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from trtkv.bench.results import (
+from trtkv.bench.outputs.results import (
     LEVEL_COLUMNS,
     SWEEP_COLUMNS,
     TOKEN_COUNTING,

@@ -1,12 +1,12 @@
 """One entry point per protocol: check an endpoint and make its sessions (Triton gRPC/HTTP:
-trtkv.bench.client; OpenAI: trtkv.bench.openai)."""
+trtkv.bench.transport.client; OpenAI: trtkv.bench.transport.openai)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from trtkv.bench.client import Endpoint, Session, check_triton, triton_session_factory
-from trtkv.bench.openai import OpenAISession, check_openai
+from trtkv.bench.transport.client import Endpoint, Session, check_triton, triton_session_factory
+from trtkv.bench.transport.openai import OpenAISession, check_openai
 from trtkv.recipe.enums import Protocol
 
 

@@ -1,6 +1,6 @@
 """The result tables (per level, client, input sweep, accuracy, SLOs), the failed-requests line and
 the one-screen console summary; the files (results.json, results.csv, requests.csv, results.md) are
-trtkv.bench.results_files'."""
+trtkv.bench.outputs.results_files'."""
 
 from __future__ import annotations
 

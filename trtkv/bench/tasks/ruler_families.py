@@ -1,7 +1,7 @@
-"""RULER's four task families, for trtkv.bench.ruler_gen: their templates and answer prefixes
+"""RULER's four task families, for trtkv.bench.tasks.ruler_gen: their templates and answer prefixes
 (FAMILIES), the words they draw (wonderwords' lists), and the text of one item per family for a
 given haystack size (niah, variable tracking, common words, frequent words). Which of RULER's files
-each follows: trtkv.bench.ruler_gen.
+each follows: trtkv.bench.tasks.ruler_gen.
 """
 
 from __future__ import annotations
@@ -300,7 +300,7 @@ def fwe(args: dict[str, Any], vocab_size: int, n: int, rng: random.Random) -> Ma
 
 # --------------------------------------------------------------------------------------------------
 # the largest haystack that fits (vt's one-shot example here, every task in
-# trtkv.bench.ruler_gen.generate)
+# trtkv.bench.tasks.ruler_gen.generate)
 
 
 def largest_fit(fits: Callable[[int], bool], lowest: int, highest: int | None = None) -> int:

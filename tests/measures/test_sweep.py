@@ -82,13 +82,13 @@ def test_summarize_fits_per_level() -> None:
     body = out["levels"]["concurrency=1"]
     assert out["input_tokens"] == [128, 512, 2048] and body["itl_fit"]["slope"] == pytest.approx(0.001)
     assert body["ttft_fit"]["slope"] == pytest.approx(0.01) and body["ttft_quadratic_fit"] is not None
-    from trtkv.bench.results import sweep_rows
+    from trtkv.bench.outputs.results import sweep_rows
 
     rows = sweep_rows({"sweep": out})
     assert rows[0][:4] == ["concurrency=1", "128", "2.13", "1.3"] and rows[0][4].startswith("0.001 x input + 2")
     assert [r[1] for r in rows] == ["128", "512", "2,048"] and rows[1][0] == "" and rows[1][4] == ""
     assert rows[0][5] == "—"  # no client figures given
-    # the client's own cost per length and level (trtkv.bench.levels.client_summary), a held-back length said so
+    # the client's own cost per length and level (trtkv.bench.load.levels.client_summary), a held-back length said so
     clients = {n: {"concurrency=1": {"workers": 1, "decided": "auto", "cpu_cores": 0.2, "per_worker": []}}
                for n in (128, 512)}
     clients[2048] = {"concurrency=1": {"workers": 2, "decided": "auto", "warning": "client process 0 used 0.97 of a "

@@ -1,8 +1,8 @@
 """Just enough HTTP/1.1 for streamed answers, without the socket: a parser that takes the response
 in whatever pieces TCP delivers (status and headers; chunked, Content-Length or until-close bodies)
 and hands each server-sent-event line to the protocol's Events. The socket work is
-trtkv.bench.stream's loop; the request bytes and the one-shot requests (fetch, strict) are
-trtkv.bench.http1_fetch's.
+trtkv.bench.transport.stream's loop; the request bytes and the one-shot requests (fetch, strict) are
+trtkv.bench.transport.http1_fetch's.
 
 The parser is strict and bounded, because a server's bytes are untrusted: a chunk size is 1*HEXDIG
 (no sign, space, `0x`, `_` or overflow), Content-Length is 1*DIGIT and one value, Content-Length

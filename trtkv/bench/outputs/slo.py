@@ -26,7 +26,7 @@ ACCURACY_STATS = {
     "needle": ("accuracy", "correct", "total"),
     # string_match_all; `correct` counts items scored 1.0
     "ruler": ("accuracy", "correct", "total"),
-    # lengths judged worse than the format predicts (trtkv.bench.fidelity)
+    # lengths judged worse than the format predicts (trtkv.bench.tasks.fidelity)
     "fidelity": ("worse_lengths", "accuracy"),
 }
 SYSTEM_STATS = ("avg",)

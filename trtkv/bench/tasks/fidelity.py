@@ -4,10 +4,10 @@ length?
 For each length L in bench.fidelity_lengths (default: the probe's lengths up to
 build.max_input_len), N documents (bench.fidelity_documents) of exactly L tokens cut from the
 evaluation text are sent; the server returns a greedy continuation of G tokens
-(bench.fidelity_tokens) with its log-probs (trtkv.bench.fidelity_served). The reference, the
+(bench.fidelity_tokens) with its log-probs (trtkv.bench.tasks.fidelity_served). The reference, the
 recipe's 16-bit weights in transformers with an unquantized cache, and the prediction, the served
 weights with the recipe's KV format stored by trtkv.kvcache with kv_scales.json as the engine
-applies them, are both teacher-forced on prefix + served tokens (trtkv.bench.fidelity_score,
+applies them, are both teacher-forced on prefix + served tokens (trtkv.bench.tasks.fidelity_score,
 cached). Per length, against the reference:
 
 - top-1 agreement: the engine's greedy token (served) / its argmax (predicted) equals the
@@ -22,7 +22,7 @@ that positive is worse: the paired bootstrap interval of served - predicted (sam
 resampled together) must clear zero by more than the half-width of the prediction's own interval;
 otherwise the served engine is "as predicted". A length is "worse than the format predicts" when any
 metric is; that is an SLO breach (fidelity.worse_lengths<=0, exit 1). The figures, the bootstrap,
-the rule and the table's text are in trtkv.bench.fidelity_verdict; this module runs the task.
+the rule and the table's text are in trtkv.bench.tasks.fidelity_verdict; this module runs the task.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from trtkv.bench.fidelity_score import TOP_K, CachedScorer, Served
-from trtkv.bench.fidelity_verdict import (
+from trtkv.bench.tasks.fidelity_score import TOP_K, CachedScorer, Served
+from trtkv.bench.tasks.fidelity_verdict import (
     AS_PREDICTED,
     BOOTSTRAP,
     CONFIDENCE,
@@ -52,7 +52,7 @@ from trtkv.recipe import Recipe
 
 if TYPE_CHECKING:
     # its module loads tritonclient; the annotations only name the type
-    from trtkv.bench.client import Endpoint
+    from trtkv.bench.transport.client import Endpoint
 
 LIKELY_CAUSES = [
     "scales not loaded: the engine runs a default scale (1.0, or none) instead of the "
@@ -84,7 +84,7 @@ def nested_documents(tokenizer: Any, lengths: Sequence[int], count: int) -> dict
     """Per length, `count` prompts of exactly that many tokens; document i of every length is cut
     from the start of the same stretch of text (the longest length's i-th), so shorter ones are
     prefixes the scorers re-use."""
-    from trtkv.bench.prompts import cut_to_tokens, latency_prompts
+    from trtkv.bench.load.prompts import cut_to_tokens, latency_prompts
 
     longest = max(lengths)
     base = latency_prompts(tokenizer, count, longest)
@@ -136,7 +136,7 @@ def run_fidelity(
 ) -> dict[str, Any]:
     """Send every length's documents, re-score them (one document's lengths together: shared
     prefixes), judge; with `prefill` (the engine's prompt log-probs), also its prefill-vs-decode
-    drift (trtkv.bench.fidelity_drift)."""
+    drift (trtkv.bench.tasks.fidelity_drift)."""
     t0 = time.time()
     table: dict[int, dict[str, Any]] = {}
     failed, total, errors = 0, 0, []
@@ -272,8 +272,8 @@ def drift_table(
 ) -> dict[str, Any]:
     """The prefill-vs-decode drift per length (served vs predicted, bootstrap intervals; judged
     where the recipe's attention mode predicts a drift), or why it was not measured
-    (trtkv.bench.fidelity_drift)."""
-    from trtkv.bench.fidelity_drift import measure
+    (trtkv.bench.tasks.fidelity_drift)."""
+    from trtkv.bench.tasks.fidelity_drift import measure
 
     if prefill is None:
         return {
@@ -303,7 +303,7 @@ def drift_table(
 
 
 def drift_notes(drift: dict[str, Any]) -> list[str]:
-    """results.md lines of the prefill-vs-decode drift (trtkv.bench.fidelity_drift)."""
+    """results.md lines of the prefill-vs-decode drift (trtkv.bench.tasks.fidelity_drift)."""
     if not drift.get("measured"):
         return [f"prefill vs decode: not measured ({drift.get('why', '')})"]
     out = []
@@ -335,8 +335,8 @@ def fidelity_task(
     recipe: Recipe, ep: Endpoint, tokenizer: Any, log: Callable[[str], None], reproduce: str
 ) -> dict[str, Any]:
     """The task as `trtkv bench` runs it: scorers cached in engines/<recipe>/fidelity/."""
-    from trtkv.bench.fidelity_score import prediction_scorer, reference_scorer
-    from trtkv.bench.fidelity_served import prefill_requester, requester
+    from trtkv.bench.tasks.fidelity_score import prediction_scorer, reference_scorer
+    from trtkv.bench.tasks.fidelity_served import prefill_requester, requester
     from trtkv.checkpoints.models import resolve_model_dir
     from trtkv.recipe.engine_attention import recipe_mode
     from trtkv.recipe.layout import fidelity_dir

@@ -15,10 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trtkv.bench.http1 import Connection, Events, ProtocolError
-from trtkv.bench.http1_fetch import CHECK_BYTES, event_json, http_request, strict
-from trtkv.bench.stream import shared_loop, stream
-from trtkv.bench.triton_answers import grpc_channel_args, model_config, too_big
+from trtkv.bench.transport.http1 import Connection, Events, ProtocolError
+from trtkv.bench.transport.http1_fetch import CHECK_BYTES, event_json, http_request, strict
+from trtkv.bench.transport.stream import shared_loop, stream
+from trtkv.bench.transport.triton_answers import grpc_channel_args, model_config, too_big
 from trtkv.contracts.interface import ENSEMBLE, LLMAPI, ModelInterface, detect
 from trtkv.core.apikey import auth_headers
 from trtkv.core.errors import TrtkvError
@@ -364,7 +364,7 @@ class TritonEvents:
 
 class HttpSession(Session):
     """HTTP `POST v2/models/<model>/generate_stream` (server-sent events) on one keep-alive
-    connection, read by the process's shared stream loop (trtkv.bench.stream)."""
+    connection, read by the process's shared stream loop (trtkv.bench.transport.stream)."""
 
     def __init__(self, ep: Endpoint) -> None:
         self.ep = ep

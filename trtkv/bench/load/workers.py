@@ -26,9 +26,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from trtkv.bench.client import Endpoint
-from trtkv.bench.endpoints import session_factory
-from trtkv.bench.loadgen import (
+from trtkv.bench.load.loadgen import (
     TICK_S,
     Interrupted,
     Job,
@@ -37,6 +35,8 @@ from trtkv.bench.loadgen import (
     run_concurrency,
     run_rate,
 )
+from trtkv.bench.transport.client import Endpoint
+from trtkv.bench.transport.endpoints import session_factory
 from trtkv.measures.records import ERROR, NOT_SENT, RequestRecord, now_ns
 
 # after Ctrl-C, how long the parent waits for the workers' records before killing them

@@ -13,15 +13,15 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from trtkv.bench.ruler_families import FAMILIES, Encode, RulerError
-from trtkv.bench.ruler_gen import RULER_COMMIT, RULER_SEED, TASKS, RulerItem, generate
+from trtkv.bench.tasks.ruler_families import FAMILIES, Encode, RulerError
+from trtkv.bench.tasks.ruler_gen import RULER_COMMIT, RULER_SEED, TASKS, RulerItem, generate
 from trtkv.core.errors import TrtkvError
 from trtkv.measures.stats import wilson_interval
 
 CONFIDENCE = 0.95
 TASK_NAMES = tuple(TASKS)
 if TYPE_CHECKING:
-    from trtkv.bench.accuracy import Task
+    from trtkv.bench.tasks.accuracy import Task
     from trtkv.contracts.ruler import RulerPlan
     from trtkv.measures.records import RequestRecord
     from trtkv.recipe import Recipe
@@ -208,9 +208,9 @@ def ruler_task(
     """The bench task: every item's `input + answer_prefix` sent greedy with RULER's max tokens,
     scored as RULER."""
     # here, so that the probe's import of this module stays light
-    from trtkv.bench.accuracy import Task
-    from trtkv.bench.client import SamplingParams
-    from trtkv.bench.loadgen import Job
+    from trtkv.bench.load.loadgen import Job
+    from trtkv.bench.tasks.accuracy import Task
+    from trtkv.bench.transport.client import SamplingParams
     from trtkv.measures.records import RequestRecord
 
     specials = special_tokens(tokenizer)
@@ -271,7 +271,7 @@ def probe_plan(
     """`trtkv probe --ruler`'s items: the bench's (its tokenizer folder, encoder, seed) for the
     CLI's tasks, lengths and samples, else all six tasks, bench.ruler_lengths and
     bench.ruler_samples; with the bench's scoring functions."""
-    from trtkv.bench.prompts import load_tokenizer, tokenizer_dir
+    from trtkv.bench.load.prompts import load_tokenizer, tokenizer_dir
     from trtkv.contracts.ruler import RulerPlan
 
     names = list(dict.fromkeys(tasks or TASK_NAMES))

@@ -1,7 +1,7 @@
-"""Requests read by trtkv.bench.http1's strict parser: the bytes of a request (http_request), a
-streamed event's JSON object (event_json), and one bounded request and answer with its own socket
-(fetch; `strict`, the same as trtkv.core.httpcall's transport), for the bench's small requests:
-readiness checks, model lists, the fidelity task's served calls."""
+"""Requests read by trtkv.bench.transport.http1's strict parser: the bytes of a request
+(http_request), a streamed event's JSON object (event_json), and one bounded request and answer with
+its own socket (fetch; `strict`, the same as trtkv.core.httpcall's transport), for the bench's small
+requests: readiness checks, model lists, the fidelity task's served calls."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any
 
-from trtkv.bench.http1 import Call, Connection, Limits, ProtocolError
+from trtkv.bench.transport.http1 import Call, Connection, Limits, ProtocolError
 from trtkv.core.httpcall import Transport
 from trtkv.measures.records import RequestRecord
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from trtkv.bench.client import SamplingParams, Session
+from trtkv.bench.transport.client import SamplingParams, Session
 from trtkv.measures.records import CANCELLED, ERROR, NOT_SENT, RequestRecord, now_ns
 
 
