@@ -26,10 +26,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trtkv.bench.client import Endpoint
-from trtkv.bench.endpoints import check_endpoint
-from trtkv.bench.prompts import latency_prompts, load_tokenizer, tokenizer_dir
+from trtkv.bench.load.prompts import latency_prompts, load_tokenizer, tokenizer_dir
 from trtkv.bench.runner import resolve_endpoint
+from trtkv.bench.transport.client import Endpoint
+from trtkv.bench.transport.endpoints import check_endpoint
 from trtkv.core import paths
 from trtkv.core.apikey import api_key, redact
 from trtkv.core.errors import TrtkvError

@@ -25,15 +25,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trtkv.bench.client import Endpoint, SamplingParams
-from trtkv.bench.endpoints import check_endpoint, session_factory
-from trtkv.bench.loadgen import Job, SessionPool, run_concurrency, run_rate
-from trtkv.bench.metrics import summarize_level
-from trtkv.bench.prompts import count_tokens, latency_prompts, load_tokenizer, prompt_tokens, tokenizer_dir
-from trtkv.bench.records import RequestRecord
+from trtkv.bench.load.loadgen import Job, SessionPool, run_concurrency, run_rate
+from trtkv.bench.load.prompts import count_tokens, latency_prompts, load_tokenizer, prompt_tokens, tokenizer_dir
 from trtkv.bench.runner import resolve_endpoint
+from trtkv.bench.transport.client import Endpoint, SamplingParams
+from trtkv.bench.transport.endpoints import check_endpoint, session_factory
 from trtkv.core import paths
 from trtkv.core.errors import TrtkvError
+from trtkv.measures.metrics import summarize_level
+from trtkv.measures.records import RequestRecord
 from trtkv.recipe import load_recipe
 from trtkv.serving import supervise
 

@@ -52,8 +52,8 @@ def _needles(name: str, overrides: list[str], lengths: list[int], out: Path,
              save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """`trtkv bench`'s needle task alone (no latency phase) against the served recipe, one length at a time (partial
     results are saved after each); per item the TTFT and the answer."""
-    from trtkv.bench.records import RequestRecord
     from trtkv.bench.runner import BenchOptions, run_bench
+    from trtkv.measures.records import RequestRecord
     from trtkv.recipe import load_recipe
 
     t0 = time.time()

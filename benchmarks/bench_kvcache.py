@@ -34,7 +34,7 @@ def load(threads: int | None):  # noqa: ANN201
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trtkv.checkpoints.models import resolve_model_dir
-    from trtkv.probe import auto_threads
+    from trtkv.platform.host import auto_threads
     from trtkv.recipe import load_recipe
 
     torch.set_num_threads(threads or auto_threads())

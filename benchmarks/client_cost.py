@@ -40,7 +40,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests/support's replay server
 
 from tests.support.openai_replay import MODEL, start, stats  # noqa: E402
-from trtkv.bench.prompts import tokenizer_dir  # noqa: E402
+from trtkv.bench.load.prompts import tokenizer_dir  # noqa: E402
 from trtkv.core import paths  # noqa: E402
 from trtkv.recipe import load_recipe  # noqa: E402
 

@@ -122,7 +122,7 @@ def export_metrics(export: dict[str, Any], last_windows: int = 3) -> dict[str, A
     latency = [(r["response_timestamps"][-1] - r["timestamp"]) / 1e6 for r in reqs]
     responses = sum(len(r["response_timestamps"]) for r in reqs)
     span_s = ((end_ns or max(r["response_timestamps"][-1] for r in reqs)) - start_ns) / 1e9 if reqs else 0.0
-    from trtkv.bench.stats import summarize
+    from trtkv.measures.stats import summarize
 
     return {"requests": len(reqs), "responses": responses, "time_to_first_token": summarize(ttft),
             "request_latency": summarize(latency), "request_throughput": len(reqs) / span_s if span_s else 0.0}

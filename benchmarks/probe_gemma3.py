@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from trtkv.probe.results import classify
+    from trtkv.measures.probe_results import classify
     from trtkv.probe.setup import ProbeSettings
     from trtkv.probe.sweep import run_probe
     from trtkv.recipe import load_recipe

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from trtkv.bench import accuracy, golden
-from trtkv.bench.prompts import cut_to_tokens, latency_prompts, load_tokenizer, long_text, prompt_tokens
-from trtkv.bench.records import ERROR, OK, RequestRecord
+from trtkv.bench.load.prompts import cut_to_tokens, latency_prompts, load_tokenizer, long_text, prompt_tokens
+from trtkv.bench.tasks import accuracy, golden
+from trtkv.measures.records import ERROR, OK, RequestRecord
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
-"""The client's sessions and processes (trtkv.bench.loadgen's pool, trtkv.bench.levels, trtkv.bench.workers) against
-the replay server: one pool per level from warm-up to measured phase, streams sharded over worker processes with
+"""The client's sessions and processes (trtkv.bench.load.loadgen's pool, trtkv.bench.load.levels, trtkv.bench.load.workers)
+against the replay server: one pool per level from warm-up to measured phase, streams sharded over worker processes with
 their records merged, a dead worker's requests failed (never dropped), the client's own lag measured, the auto rule."""
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 
 from tests.support.openai_replay import MODEL, start, stats
-from trtkv.bench import levels
-from trtkv.bench.client import Endpoint, SamplingParams
-from trtkv.bench.levels import CORE_SHARE, LevelSpec, Sweep, client_summary, workers_for
-from trtkv.bench.loadgen import Job, SessionPool, run_concurrency
-from trtkv.bench.openai import OpenAISession
-from trtkv.bench.records import ERROR, NOT_SENT, OK, RequestRecord
-from trtkv.bench.workers import Fleet, split
+from trtkv.bench.load import levels
+from trtkv.bench.load.levels import CORE_SHARE, LevelSpec, Sweep, client_summary, workers_for
+from trtkv.bench.load.loadgen import Job, SessionPool, run_concurrency
+from trtkv.bench.load.workers import Fleet, split
+from trtkv.bench.transport.client import Endpoint, SamplingParams
+from trtkv.bench.transport.openai import OpenAISession
 from trtkv.core.progress import Progress
+from trtkv.measures.records import ERROR, NOT_SENT, OK, RequestRecord
 
 TOKENS = 8
 
@@ -205,8 +205,8 @@ def test_a_failed_request_on_worker_processes_fails_the_bench(smollm2_dir: Path,
 
 
 def test_the_client_says_when_its_own_lag_or_cpu_may_have_held_a_level_back() -> None:
-    from trtkv.bench.levels import ClientRun
-    from trtkv.bench.workers import WorkerRun
+    from trtkv.bench.load.levels import ClientRun
+    from trtkv.bench.load.workers import WorkerRun
 
     def record(lag_us: int) -> RequestRecord:
         rec = RequestRecord("lvl-latency-0", "latency", "lvl", 0, 1, 3)

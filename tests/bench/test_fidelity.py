@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from trtkv.bench import fidelity, fidelity_verdict, results, slo
-from trtkv.bench.client import Endpoint
-from trtkv.bench.fidelity_score import CachedScorer, Served
-from trtkv.bench.fidelity_served import openai_prompt_logprobs, openai_request, triton_request
+from trtkv.bench.outputs import results, slo
+from trtkv.bench.tasks import fidelity, fidelity_verdict
+from trtkv.bench.tasks.fidelity_score import CachedScorer, Served
+from trtkv.bench.tasks.fidelity_served import openai_prompt_logprobs, openai_request, triton_request
+from trtkv.bench.transport.client import Endpoint
 from trtkv.core.errors import TrtkvError
 from trtkv.recipe import load_recipe
 
@@ -227,7 +228,7 @@ def test_nested_scoring_equals_a_fresh_pass_per_length(fmt: str, one_torch_threa
     from transformers import DynamicCache
 
     from tests.support.models import tiny_llama
-    from trtkv.bench.fidelity_score import teacher_forced, teacher_forced_nested
+    from trtkv.bench.tasks.fidelity_score import teacher_forced, teacher_forced_nested
     from trtkv.kvcache.cache import QuantizedKVCache
 
     model = tiny_llama(2, 2, 64, 512, seed=0)
@@ -248,7 +249,7 @@ def test_nested_scoring_equals_a_fresh_pass_per_length(fmt: str, one_torch_threa
 
 
 def test_shorter_documents_are_prefixes_of_the_longest() -> None:
-    from trtkv.bench.prompts import load_tokenizer, tokenizer_dir
+    from trtkv.bench.load.prompts import load_tokenizer, tokenizer_dir
 
     tok = load_tokenizer(tokenizer_dir(load_recipe("smollm2_fp8kv")))
     docs = fidelity.nested_documents(tok, [64, 256], 3)
@@ -258,7 +259,7 @@ def test_shorter_documents_are_prefixes_of_the_longest() -> None:
 
 
 def test_a_scorers_model_is_loaded_once_per_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import trtkv.bench.fidelity_score as fs
+    import trtkv.bench.tasks.fidelity_score as fs
 
     loads: list[int] = []
 
@@ -278,7 +279,7 @@ def test_a_scorers_model_is_loaded_once_per_process(tmp_path: Path, monkeypatch:
 def test_the_engines_prefill_log_probs_give_its_prefill_vs_decode_drift(fake: str, tmp_path: Path) -> None:
     """vLLM's echo + max_tokens 0 returns the prompt's log-probs: the served continuation's tokens scored by one
     prefill, against the log-probs the decode returned. Cache-only attention predicts 0 (no verdict drawn)."""
-    from trtkv.bench import fidelity_drift
+    from trtkv.bench.tasks import fidelity_drift
 
     values, error = openai_prompt_logprobs(fake, "m", [1, 2, 3, 7, 8], 10.0)
     assert error is None and values == [-0.125] * 4
@@ -300,7 +301,7 @@ def test_predicted_drift_of_an_fp8_attention_mode_is_computed_on_the_prediction_
     import torch
 
     from tests.support.models import tiny_llama
-    from trtkv.bench import fidelity_drift
+    from trtkv.bench.tasks import fidelity_drift
     from trtkv.kvcache.cache import QuantizedKVCache
 
     model = tiny_llama(2, 2, 128, 512, seed=2).float()  # head_dim 128: FA3's FP8 prefill and decode tiles differ
@@ -323,8 +324,8 @@ def test_the_prediction_runs_the_engines_attention_mode_prompt_prefilled_continu
     import torch
 
     from tests.support.models import tiny_llama
-    from trtkv.bench import fidelity_drift
-    from trtkv.bench.fidelity_score import engine_attention_for
+    from trtkv.bench.tasks import fidelity_drift
+    from trtkv.bench.tasks.fidelity_score import engine_attention_for
     from trtkv.kvcache.cache import QuantizedKVCache
 
     model = tiny_llama(2, 2, 128, 512, seed=2).float()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.genai_perf_crosscheck import EMPTY_EXPORT_TRIES, run_genai_perf
-from trtkv.bench.client import Endpoint
+from trtkv.bench.transport.client import Endpoint
 from trtkv.core.errors import TrtkvError
 
 # Reads its plan ("empty", "fail" or "ok" per call) from plan.json beside it; writes what genai-perf would.

@@ -1,4 +1,4 @@
-"""The HTTP/1.1 + SSE response parser (trtkv.bench.http1) fed directly: malformed framing and headers are refused
+"""The HTTP/1.1 + SSE response parser (trtkv.bench.transport.http1) fed directly: malformed framing and headers are refused
 with a reason, buffers stay within their bounds, and a fuzz test over random and mutated streams always ends."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trtkv.bench import http1
-from trtkv.bench.http1 import Call, Connection, ProtocolError
-from trtkv.bench.openai import OpenAIEvents
-from trtkv.bench.records import ERROR, OK, RequestRecord
+from trtkv.bench.transport import http1
+from trtkv.bench.transport.http1 import Call, Connection, ProtocolError
+from trtkv.bench.transport.openai import OpenAIEvents
+from trtkv.measures.records import ERROR, OK, RequestRecord
 
 
 def _event(text: str) -> bytes:

@@ -10,8 +10,12 @@ from typing import Any
 
 import pytest
 
-from trtkv.bench import accuracy, phases, results, stats
-from trtkv.bench.records import OK, RequestRecord
+from trtkv.bench import phases
+from trtkv.bench.outputs import results
+from trtkv.bench.tasks import accuracy
+from trtkv.contracts.artifacts import BenchResults
+from trtkv.measures import stats
+from trtkv.measures.records import OK, RequestRecord
 from trtkv.report import compare, summary
 
 
@@ -79,7 +83,7 @@ def test_results_md_shows_the_intervals() -> None:
                       "total": 8, "failed": 0}}
     rows = results.accuracy_rows({"accuracy": acc})
     assert rows[0][3] == "[0.300, 0.700]" and rows[1][3] == "[0.600, 0.900]" and "[0.200, 0.800]" in rows[1][4]
-    assert results.interval_text(None) == "—"  # results.json written before intervals existed
+    assert stats.interval_text(None) == "—"  # results.json written before intervals existed
 
 
 def _row(name: str, value: float, ci: list[float]) -> dict[str, Any]:
@@ -91,7 +95,8 @@ def test_compare_calls_a_difference_only_when_intervals_separate() -> None:
             _row("d", 0.10, [0.04, 0.22]), {"recipe": "e", "bench": {"quiz.accuracy": 0.2}}]
     assert compare.accuracy_difference(rows, "quiz.accuracy").split(" | ") == [
         "(baseline)", "within noise", "higher", "lower", "no interval"]
-    headline = summary.bench_headline({"accuracy": {"quiz": {"accuracy": 0.5, "accuracy_ci": [0.3, 0.7]}}})
+    results = BenchResults.model_validate({"accuracy": {"quiz": {"accuracy": 0.5, "accuracy_ci": [0.3, 0.7]}}})
+    headline = summary.bench_headline(results)
     assert headline["quiz.accuracy.ci"] == [0.3, 0.7]
 
 

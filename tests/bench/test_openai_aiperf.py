@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trtkv.bench import aiperf_export
-from trtkv.bench.client import Endpoint, SamplingParams
-from trtkv.bench.openai import event_text, request_body
-from trtkv.bench.records import OK, RequestRecord
-from trtkv.bench.results import failure_summary
+from trtkv.bench.outputs import aiperf_export
+from trtkv.bench.outputs.results import failure_summary
+from trtkv.bench.transport.client import Endpoint, SamplingParams
+from trtkv.bench.transport.openai import event_text, request_body
 from trtkv.core.errors import TrtkvError
+from trtkv.measures.records import OK, RequestRecord
 
 
 def test_request_bodies_and_events() -> None:

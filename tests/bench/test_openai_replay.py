@@ -8,10 +8,10 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.openai_replay import MODEL, start
-from trtkv.bench.client import Endpoint, SamplingParams
-from trtkv.bench.loadgen import Job, run_concurrency
-from trtkv.bench.openai import OpenAISession, check_openai
-from trtkv.bench.records import RequestRecord
+from trtkv.bench.load.loadgen import Job, run_concurrency
+from trtkv.bench.transport.client import Endpoint, SamplingParams
+from trtkv.bench.transport.openai import OpenAISession, check_openai
+from trtkv.measures.records import RequestRecord
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 import pytest
 
 from tests.bench.test_stream import OPENAI_BODY, SSE_HEAD, ScriptedServer, _answer, _openai
-from trtkv.bench.client import SamplingParams
-from trtkv.bench.loadgen import Job, run_rate
-from trtkv.bench.metrics import summarize_level
-from trtkv.bench.records import OK, RequestRecord
+from trtkv.bench.load.loadgen import Job, run_rate
+from trtkv.bench.transport.client import SamplingParams
+from trtkv.measures.metrics import summarize_level
+from trtkv.measures.records import OK, RequestRecord
 
 
 @pytest.fixture

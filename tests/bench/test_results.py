@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from trtkv.bench import runner
-from trtkv.bench.client import Endpoint
-from trtkv.bench.metrics import summarize_level
-from trtkv.bench.records import ERROR, OK, TIMEOUT, RequestRecord
-from trtkv.bench.slo import parse_slo
+from trtkv.bench.outputs.slo import parse_slo
+from trtkv.bench.transport.client import Endpoint
 from trtkv.contracts.artifacts import BenchResults
+from trtkv.measures.metrics import summarize_level
+from trtkv.measures.records import ERROR, OK, TIMEOUT, RequestRecord
 from trtkv.recipe import load_recipe
 
 MS = 1_000_000
@@ -120,3 +120,15 @@ def test_partial_results_say_so(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["partial"] is True and data["interrupted_during"] == "latency sweep"
     assert "Partial results" in (tmp_path / "results.md").read_text()
+
+
+def test_levels_are_typed_and_written_as_summarized(tmp_path: Path) -> None:
+    """results.json's levels are BenchLevel models: each level is written key for key in summarize_level's order (files
+    stay byte-identical to the dicts the bench computes), and the report reads metrics as fields."""
+    out, by_level = _assembled(tmp_path)
+    for label, recs in by_level.items():
+        assert json.dumps(out["levels"][label]) == json.dumps(summarize_level(recs))
+    loaded = BenchResults.model_validate(out)
+    ttft = loaded.levels["concurrency=1"].time_to_first_token
+    assert ttft is not None and ttft.unit == "ms" and ttft.count == 6 and ttft.p50 == pytest.approx(12.0)
+    assert loaded.levels["concurrency=2"].request_count["failed"] == 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trtkv.bench import slo
+from trtkv.bench.outputs import slo
 from trtkv.core.errors import TrtkvError
 
 

@@ -1,5 +1,5 @@
-"""The shared stream loop (trtkv.bench.stream, its HTTP parser in trtkv.bench.http1) through the OpenAI and Triton
-HTTP sessions, against a local socket server that answers each request with the bytes a test scripts (chunk sizes
+"""The shared stream loop (trtkv.bench.transport.stream, its HTTP parser in trtkv.bench.transport.http1) through the OpenAI and
+Triton HTTP sessions, against a local socket server that answers each request with the bytes a test scripts (chunk sizes
 split anywhere, errors, stalls, closes), and the parser fed a response split at every byte."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from trtkv.bench.client import Endpoint, HttpSession, SamplingParams
-from trtkv.bench.http1 import Call, Connection
-from trtkv.bench.openai import OpenAIEvents, OpenAISession
-from trtkv.bench.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord
-from trtkv.bench.stream import shared_loop
+from trtkv.bench.transport.client import Endpoint, HttpSession, SamplingParams
+from trtkv.bench.transport.http1 import Call, Connection
+from trtkv.bench.transport.openai import OpenAIEvents, OpenAISession
+from trtkv.bench.transport.stream import shared_loop
 from trtkv.contracts.interface import LLMAPI
+from trtkv.measures.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord
 
 Script = Callable[[socket.socket, int], bool]  # (client socket, request number on it) -> keep the connection open
 

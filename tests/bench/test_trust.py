@@ -26,12 +26,12 @@ from tests.bench.test_stream import (
     _openai,
     _run,
 )
-from trtkv.bench.client import Endpoint, HttpSession, check_triton
-from trtkv.bench.openai import check_openai
-from trtkv.bench.records import ERROR, OK
-from trtkv.bench.stream import shared_loop
+from trtkv.bench.transport.client import Endpoint, HttpSession, check_triton
+from trtkv.bench.transport.openai import check_openai
+from trtkv.bench.transport.stream import shared_loop
 from trtkv.contracts.interface import LLMAPI
 from trtkv.core.errors import RecipeError, TrtkvError
+from trtkv.measures.records import ERROR, OK
 from trtkv.recipe import load_recipe
 
 

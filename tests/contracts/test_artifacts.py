@@ -80,3 +80,11 @@ def test_big_documents_keep_what_they_do_not_type(tmp_path: Path) -> None:
     BenchResults.model_validate({"levels": {"concurrency=1": {}}, "records": []}).save(tmp_path)
     results = BenchResults.load(tmp_path)
     assert results is not None and list(results.levels) == ["concurrency=1"] and results.partial is False
+
+
+def test_a_level_metric_of_another_shape_is_refused_with_the_rerun(tmp_path: Path) -> None:
+    """levels are typed (BenchLevel): a metric whose stat is not a number is one error naming where, and how to rerun."""
+    (tmp_path / "results.json").write_text(json.dumps({"levels": {"concurrency=1": {
+        "time_to_first_token": {"unit": "ms", "p50": "fast"}}}}))
+    with pytest.raises(StageError, match=r"levels\.concurrency=1\.time_to_first_token\.p50: .*rerun `trtkv bench`"):
+        BenchResults.load(tmp_path)

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from trtkv.bench.http1 import ProtocolError
-from trtkv.bench.http1_fetch import strict
+from trtkv.bench.transport.http1 import ProtocolError
+from trtkv.bench.transport.http1_fetch import strict
 from trtkv.core.apikey import API_KEY_ENV, TRITON_KEY_HEADER
 from trtkv.core.httpcall import HttpError, Target, request
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import read_results
-from trtkv.bench.metrics import summarize_level
-from trtkv.bench.records import RequestRecord
 from trtkv.cli import main
 from trtkv.core.process import free_ports
+from trtkv.measures.metrics import summarize_level
+from trtkv.measures.records import RequestRecord
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -105,7 +105,7 @@ def test_bench_sweep_input_two_lengths(real_server: tuple[list[str], Path], tmp_
     assert res["sweep"]["input_tokens"] == [32, 256] and level["input_tokens"] == [32.0, 256.0]
     assert level["itl_fit"] is not None and level["ttft_fit"]["slope"] > 0  # a longer prompt takes longer to prefill
     assert all(len(level["samples"][str(n)]["ttft_ms"]) == 2 for n in (32, 256))
-    # the client's own cost per length (trtkv.bench.levels), and the recipe's own length's level carries it too
+    # the client's own cost per length (trtkv.bench.load.levels), and the recipe's own length's level carries it too
     assert set(level["client"]) == {"32", "256"} and all(c["workers"] >= 1 for c in level["client"].values())
     assert res["levels"]["concurrency=1"]["client"]["workers"] >= 1
     assert (out / "itl_vs_input.png").stat().st_size > 0

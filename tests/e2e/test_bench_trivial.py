@@ -15,10 +15,10 @@ import pytest
 
 from tests.e2e.conftest import read_results
 from tests.support.localserver import free_port
-from trtkv.bench.metrics import summarize_level
-from trtkv.bench.records import RequestRecord
-from trtkv.bench.ruler import TASK_NAMES
+from trtkv.bench.tasks.ruler import TASK_NAMES
 from trtkv.cli import main
+from trtkv.measures.metrics import summarize_level
+from trtkv.measures.records import RequestRecord
 
 pytestmark = pytest.mark.e2e
 

@@ -32,8 +32,8 @@ import pytest
 
 from tests.conftest import CHAIN_OVERRIDES
 from tests.support.manifests import relist
-from trtkv.bench import fidelity, fidelity_verdict
 from trtkv.bench.runner import BenchOptions, run_bench
+from trtkv.bench.tasks import fidelity, fidelity_verdict
 from trtkv.core.errors import StageError
 from trtkv.core.process import free_ports
 from trtkv.recipe import load_recipe
@@ -160,8 +160,8 @@ def test_a_quarter_range_scale_fails_fidelity_while_the_quiz_stays_within_its_in
 
 def test_a_saturating_scale_fails_fidelity_in_process(quarter: tuple[Path, Any], smollm2_engine: Path) -> None:
     """The second fault through trtkv.runtime (what the tensorrt_llm model runs), judged by the same task code."""
-    from trtkv.bench.fidelity_score import Served, prediction_scorer, reference_scorer
-    from trtkv.bench.prompts import load_tokenizer, tokenizer_dir
+    from trtkv.bench.load.prompts import load_tokenizer, tokenizer_dir
+    from trtkv.bench.tasks.fidelity_score import Served, prediction_scorer, reference_scorer
     from trtkv.checkpoints.models import resolve_model_dir
     from trtkv.contracts.artifacts import KVScalesFile
     from trtkv.runtime.engine import ReferenceRuntime

@@ -121,7 +121,7 @@ def test_genai_perf_drives_the_served_ensemble(server: tuple[Any, serve.ServerRe
     import json
 
     from benchmarks.genai_perf_crosscheck import VENV, run_genai_perf
-    from trtkv.bench.client import Endpoint
+    from trtkv.bench.transport.client import Endpoint
 
     if not (VENV / "bin" / "genai-perf").is_file():
         pytest.skip("GenAI-Perf's side venv is missing: `make install-genai-perf` (make test installs it)")

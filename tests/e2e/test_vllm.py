@@ -187,8 +187,8 @@ def test_prefill_vs_decode_drift_of_the_served_engine(vllm_server: tuple[Any, An
     from transformers import AutoTokenizer
 
     from tests.support.served_drift import drift_bound, vllm_served_cache_dtype, vllm_served_model_dtype
-    from trtkv.bench import fidelity_drift
-    from trtkv.bench.fidelity_served import openai_prompt_logprobs, openai_request
+    from trtkv.bench.tasks import fidelity_drift
+    from trtkv.bench.tasks.fidelity_served import openai_prompt_logprobs, openai_request
     from trtkv.checkpoints.models import resolve_model_dir
     from trtkv.core.texts import eval_long_text
 
@@ -259,7 +259,7 @@ def test_a_server_that_dies_fails_the_bench(vllm_server: tuple[Any, Any], tmp_pa
     assert result.exit_code == 1
     breaches = [s for s in result.results["slo"]["results"] if not s["passed"]]
     assert breaches and breaches[0]["slo"] == "request_errors.failed<=0"
-    from trtkv.bench.results import failure_summary
+    from trtkv.bench.outputs.results import failure_summary
 
     assert "went away" in (failure_summary(result.results) or "")
 

@@ -12,8 +12,9 @@ import pytest
 from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.attention_modes import CACHE_ONLY, load_attention, parse_attention, select_mode, table_markdown
 from trtkv.kvcache.engines import TABLE_PATH
-from trtkv.probe.attention import recipe_mode, resolve_modes
+from trtkv.probe.attention import resolve_modes
 from trtkv.recipe import load_recipe
+from trtkv.recipe.engine_attention import recipe_mode
 
 COMMIT = re.compile(r"@[0-9a-f]{40}$|installed wheel")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import trtkv.probe.results as results
+import trtkv.measures.probe_results as results
 from trtkv.kvcache.formats import PER_TOKEN_HEAD_SCALE_BYTES, kv_bytes_per_token
 from trtkv.plan.planner import plan
 from trtkv.recipe import load_recipe

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from trtkv.cli import main
-from trtkv.probe.results import classify, find_probe, probe_advice
+from trtkv.measures.probe_results import classify, find_probe, probe_advice
 from trtkv.recipe import load_recipe
 
 TINY = ["probe.needle_seeds=1", "probe.needle_depths=[0.5]", "calibration.num_samples=4", "calibration.seq_len=64"]
@@ -228,7 +228,7 @@ def test_serving_asks_the_recipe_rules_per_engine_and_gpu() -> None:
 def test_plan_advice_names_another_served_format(tmp_path: Path) -> None:
     """When the per-layer analysis recommends another uniform format (int8 on the engine path), `trtkv plan` says
     which setting and which engine."""
-    from trtkv.probe.results import per_layer_advice
+    from trtkv.measures.probe_results import per_layer_advice
 
     uniform = {"label": "fp8", "keep": [], "bytes_per_token": 11520, "kl_longest": 0.034}
     best = {"label": "int8", "keep": None, "bytes_per_token": 11520, "kl_longest": 0.029}
@@ -249,14 +249,14 @@ def _rec(fmt: str, n: int, kl: float, clip: float | None = None, bpt: float = 10
 
 
 def test_printed_probe_table_aligns_long_format_names() -> None:
-    from trtkv.probe.results import summary_lines
+    from trtkv.measures.probe_results import summary_lines
 
     lines = summary_lines([_rec("fp16", 512, 0.0), _rec("turboquant_k3v4_nc", 512, 0.2)])
     assert len({line.index(" @ ") for line in lines}) == 1  # 11 characters wide cut the 18-character name short
 
 
 def test_engine_format_sentences_are_computed_from_both_measured_records() -> None:
-    from trtkv.probe.results import engine_format_notes
+    from trtkv.measures.probe_results import engine_format_notes
 
     recs = [_rec("int8", 256, 0.02, 0.0, 1000), _rec("int8", 1024, 0.09, 3e-5, 1000),
             _rec("int8_per_token_head", 256, 0.001, None, 1060), _rec("int8_per_token_head", 1024, 0.002, None, 1060),
@@ -274,13 +274,13 @@ def test_engine_format_sentences_are_computed_from_both_measured_records() -> No
 
 
 def test_plan_advice_and_verdicts_carry_the_engine_sentences(tmp_path: Path) -> None:
+    from trtkv.measures.probe_results import probe_advice
     from trtkv.probe.outputs import verdicts
-    from trtkv.probe.results import probe_advice
 
     recs = [_rec("fp16", 512, 0.0), _rec("fp8", 512, 0.004), _rec("fp8_cast", 512, 0.012)]
     doc = {"records": recs, "settings": {"formats": ["fp16", "fp8", "fp8_cast"]}, "reference": "fp16", "needles": []}
     assert any("ModelOpt's default `fp8_cast`" in v for v in verdicts(doc))
-    import trtkv.probe.results as results
+    import trtkv.measures.probe_results as results
 
     recipe = load_recipe("smollm2_fp8kv")
     hit = (tmp_path, {**doc, "recipe": recipe.name})
@@ -391,8 +391,8 @@ def test_fp8_attn_head_is_probed_by_its_recipe_and_named_in_the_advice(tmp_path:
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """The deployable per-head recipe probes fp8_attn_head (the CPU SmolLM2 recipes do not: make test/demo stay as they
     were); its advice names it as vLLM's per-head format against per-layer fp8, and says when it was not probed."""
-    import trtkv.probe.results as results
-    from trtkv.probe.results import engine_format_notes, probe_advice, recipe_probe_format
+    import trtkv.measures.probe_results as results
+    from trtkv.measures.probe_results import engine_format_notes, probe_advice, recipe_probe_format
     from trtkv.probe.setup import default_settings
 
     recipe = load_recipe("llama70b_fp8kv_attnhead_vllm")
@@ -437,7 +437,7 @@ def test_engine_attention_records_are_shown_beside_cache_only_and_quoted_by_the_
     """probe.json's attention_records (same format and length, another attention) and drift: a side-by-side table and a
     drift table in probe.md, printed lines, and the planner's sentence; a probe.json from before (no attention fields)
     still reads: its records are cache-only."""
-    from trtkv.probe.attention_report import advice_lines, markdown_section, summary_lines
+    from trtkv.measures.probe_attention import advice_lines, markdown_section, summary_lines
 
     folder = engines_tmp / "smollm2_fp8kv" / "probe"
     _fake_probe(folder, "smollm2_fp8kv")

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from trtkv.bench import ruler
-from trtkv.bench.prompts import load_tokenizer, tokenizer_dir
-from trtkv.bench.records import OK
+from trtkv.bench.load.prompts import load_tokenizer, tokenizer_dir
+from trtkv.bench.tasks import ruler
 from trtkv.cli import main
 from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.quant import parse_format
 from trtkv.kvcache.scales import KVScales
+from trtkv.measures.records import OK
 from trtkv.probe import ruler as probe_ruler
 from trtkv.probe.setup import Loaded
 from trtkv.recipe import load_recipe

@@ -36,7 +36,7 @@ import time
 from typing import Any
 
 MODEL = "replay"
-SO_TIMESTAMPNS = 35 if sys.platform == "linux" else 0  # the kernel's receive stamps (as trtkv/bench/stream.py)
+SO_TIMESTAMPNS = 35 if sys.platform == "linux" else 0  # the kernel's receive stamps (as trtkv/bench/transport/stream.py)
 STAMP_BYTES = socket.CMSG_SPACE(16) if SO_TIMESTAMPNS else 0
 BACKLOG = 2048  # uvicorn's default --backlog, which vLLM's API server keeps
 HEAD_BYTES = 65536

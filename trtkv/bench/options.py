@@ -113,7 +113,7 @@ class BenchOptions(Options):
             "are sharded over processes)",
         ),
         Flag(metavar="N|auto", none="auto"),
-    ] = None  # None: auto (trtkv.bench.levels)
+    ] = None  # None: auto (trtkv.bench.load.levels)
     golden_prompts: Annotated[
         int,
         Field(ge=1, description="prompts in the golden-agreement task (default %(default)s)"),

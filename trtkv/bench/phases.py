@@ -8,17 +8,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from trtkv.bench import accuracy as acc_tasks
-from trtkv.bench import ruler
-from trtkv.bench.client import Endpoint, SamplingParams
-from trtkv.bench.endpoints import session_factory
-from trtkv.bench.levels import ClientRun, LevelSpec, Sweep
-from trtkv.bench.loadgen import Interrupted, Job, run_concurrency
-from trtkv.bench.prompts import latency_prompts, long_text, prompt_tokens
-from trtkv.bench.records import RequestRecord
+from trtkv.bench.load.levels import ClientRun, LevelSpec, Sweep
+from trtkv.bench.load.loadgen import Interrupted, Job, run_concurrency
+from trtkv.bench.load.prompts import latency_prompts, long_text, prompt_tokens
+from trtkv.bench.tasks import accuracy as acc_tasks
+from trtkv.bench.tasks import ruler
+from trtkv.bench.transport.client import Endpoint, SamplingParams
+from trtkv.bench.transport.endpoints import session_factory
 from trtkv.core import paths
 from trtkv.core.errors import TrtkvError
 from trtkv.core.progress import Progress
+from trtkv.measures.records import RequestRecord
 from trtkv.recipe import Recipe
 
 # --------------------------------------------------------------------------------------------------
@@ -72,8 +72,8 @@ def run_latency(
     workers: int | None,
 ) -> None:
     """Warm-up then measured requests at each level, each level's sessions kept from its warm-up
-    into its measured phase (trtkv.bench.levels: in this process or on worker processes); `records`,
-    `by_level` and `clients` fill as levels finish (or stop)."""
+    into its measured phase (trtkv.bench.load.levels: in this process or on worker processes);
+    `records`, `by_level` and `clients` fill as levels finish (or stop)."""
     b = recipe.bench
     prompts = latency_prompts(tokenizer, b.num_requests, b.input_tokens)
     isl = [prompt_tokens(tokenizer, p) for p in prompts]

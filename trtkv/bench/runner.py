@@ -10,25 +10,30 @@ from pathlib import Path
 from typing import Any
 
 from trtkv.backends import for_recipe
-from trtkv.bench import accuracy as acc_tasks
-from trtkv.bench import aiperf_export, plots, results, results_files, slo
-from trtkv.bench.client import Endpoint
-from trtkv.bench.endpoints import check_endpoint
-from trtkv.bench.levels import ClientRun, client_summary
-from trtkv.bench.loadgen import Interrupted
-from trtkv.bench.metrics import summarize_level
+from trtkv.bench.load.levels import ClientRun, client_summary
+from trtkv.bench.load.loadgen import Interrupted
+from trtkv.bench.load.prompts import count_tokens, load_tokenizer, tokenizer_dir
 from trtkv.bench.options import BenchOptions
+from trtkv.bench.outputs import aiperf_export, results, results_files, slo
 from trtkv.bench.phases import BenchProgress, build_tasks, run_accuracy, run_latency, run_sweep
-from trtkv.bench.prompts import count_tokens, load_tokenizer, tokenizer_dir
-from trtkv.bench.records import RequestRecord, now_ns
+from trtkv.bench.tasks import accuracy as acc_tasks
+from trtkv.bench.transport.client import Endpoint
+from trtkv.bench.transport.endpoints import check_endpoint
 from trtkv.contracts.artifacts import (
     BenchEndpoint,
+    BenchLevel,
     BenchResults,
     BenchSLOs,
     BenchWorkload,
+    ClientSummary,
+    MetricStats,
     ServerRecord,
+    TimeOrigin,
 )
 from trtkv.core.errors import StageError, TrtkvError
+from trtkv.measures import plots
+from trtkv.measures.metrics import summarize_level
+from trtkv.measures.records import RequestRecord, now_ns
 from trtkv.recipe import Protocol, Recipe
 from trtkv.recipe.layout import bench_dir, serve_dir
 from trtkv.serving import supervise
@@ -179,7 +184,9 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
             task_records = run_accuracy(recipe, ep, tasks, progress, records)
             if "fidelity" in task_names:
                 interrupted = "fidelity task"
-                from trtkv.bench.fidelity import fidelity_entry  # loaded only when the task runs
+                from trtkv.bench.tasks.fidelity import (
+                    fidelity_entry,  # loaded only when the task runs
+                )
 
                 task_errors["fidelity"] = fidelity_entry(recipe, ep, tokenizer, progress.log)
             interrupted = None
@@ -202,16 +209,16 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
         started,
         time.time() - wall0,
     )
-    doc.time_origin = {
-        "unix_ns": origin_unix_ns,
-        "note": "record times are ms after this wall-clock instant (to line "
+    doc.time_origin = TimeOrigin(
+        unix_ns=origin_unix_ns,
+        note="record times are ms after this wall-clock instant (to line "
         "them up with a server's logs and metrics)",
-    }
+    )
     for label, run in clients.items():
         if label in doc.levels:
-            doc.levels[label]["client"] = client_summary(run, by_level[label])
+            doc.levels[label].client = ClientSummary(**client_summary(run, by_level[label]))
     if by_length:
-        from trtkv.bench import sweep
+        from trtkv.measures import sweep
 
         doc.sweep = sweep.summarize(
             by_length,
@@ -228,10 +235,9 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
         doc.goodput_slos = goodput
         for label, recs in by_level.items():
             good = aiperf_export.level_export(recs, goodput)
-            doc.levels[label]["goodput"] = {
-                **good["goodput"],
-                "good_request_count": good["good_request_count"]["avg"],
-            }
+            doc.levels[label].goodput = MetricStats(
+                **good["goodput"], good_request_count=good["good_request_count"]["avg"]
+            )
     doc.tool_versions = tool_versions()
     doc.kv_pool = _served_pool(recipe, opts.url)
     if doc.kv_pool.get("warning"):
@@ -339,7 +345,7 @@ def assemble(
         ),
         token_counting=results.TOKEN_COUNTING,
         token_count_check=check,
-        levels=levels,
+        levels={label: BenchLevel.model_validate(body) for label, body in levels.items()},
         accuracy=accuracy,
         slo=BenchSLOs(
             passed=all(r.passed for r in checked), results=[r.to_json() for r in checked]

@@ -12,7 +12,7 @@ The KV cache precision is never a `trtllm-build` flag: it is the checkpoint's
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from trtkv.backends import for_recipe
@@ -24,17 +24,9 @@ from trtkv.recipe.layout import checkpoint_dir, engine_dir
 STAGE = "build"
 
 
-def _describe_calibration(recipe: Recipe) -> list[str]:
-    """The calibrate stage's own dry-run lines (the dry run of `make engine` covers both stages)."""
-    # light at import time: ModelOpt and torch load lazily
-    from trtkv.calibrate import describe_calibration
-
-    return list(describe_calibration(recipe))
-
-
-def dry_run_lines(recipe: Recipe) -> list[str]:
-    """Every command `make engine` would run for this recipe (calibrate, then build); nothing is
-    touched."""
+def dry_run_lines(recipe: Recipe, calibrate_lines: Iterable[str]) -> list[str]:
+    """Every command `make engine` would run for this recipe: calibrate's (`calibrate_lines`, the
+    calibrate stage's own dry-run lines), then build's; nothing is touched."""
     ckpt, out = checkpoint_dir(recipe), engine_dir(recipe)
     backend = for_recipe(recipe)
     lines = [
@@ -43,7 +35,7 @@ def dry_run_lines(recipe: Recipe) -> list[str]:
         f"[calibrate] -> {ckpt}/",
         f"  $ trtkv calibrate {recipe.name}",
     ]
-    lines += ["  " + line for line in _describe_calibration(recipe)]
+    lines += ["  " + line for line in calibrate_lines]
     lines += [
         f"[build] backend {recipe.build.backend.value} -> {out}/",
         f"  $ trtkv build {recipe.name}",

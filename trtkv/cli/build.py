@@ -49,7 +49,10 @@ def run(args: argparse.Namespace) -> int:
     o = BuildOptions.from_args(args)
     recipe = load(args)
     if o.dry_run:
-        print("\n".join(build.dry_run_lines(recipe)))
+        # light at import time: ModelOpt and torch load lazily
+        from trtkv.calibrate import describe_calibration
+
+        print("\n".join(build.dry_run_lines(recipe, describe_calibration(recipe))))
         return 0
     result = build.build(recipe, force=o.force)
     print(f"build {recipe.name}: {'up to date' if result.skipped else 'done'}: {result.output}")

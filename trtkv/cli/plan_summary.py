@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 GIB = 1024**3
 SUMMARY_WIDTH = 100  # the most characters a line of the answer holds
-# the probe's per-format advice line (trtkv.probe.results.probe_advice), smallest format first
+# the probe's per-format advice line (trtkv.measures.probe_results.probe_advice), smallest first
 PROBE_LINE = re.compile(r"^(?P<format>\S+) at \d+ tokens: .* -> safe$")
 
 

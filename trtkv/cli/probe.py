@@ -265,7 +265,7 @@ def _sweep_settings(recipe: Recipe, o: ProbeOptions) -> ProbeSettings:
             f"--scales to calibrate on the shipped text."
         )
     if o.ruler or o.ruler_tasks:
-        from trtkv.bench.ruler import probe_plan
+        from trtkv.bench.tasks.ruler import probe_plan
 
         settings.ruler = probe_plan(recipe, o.ruler_tasks, o.ruler_lengths, o.ruler_samples)
     elif o.ruler_lengths or o.ruler_samples is not None:
@@ -281,13 +281,13 @@ def _sweep_settings(recipe: Recipe, o: ProbeOptions) -> ProbeSettings:
 
 def _print_summary(out: Path) -> None:
     from trtkv.contracts.artifacts import ProbeDoc
-    from trtkv.probe.results import summary_lines
+    from trtkv.measures.probe_results import summary_lines
 
     doc = ProbeDoc.load(out)
     for line in summary_lines(doc.records if doc else []):
         print(line)
     if doc is not None:
-        from trtkv.probe.attention_report import summary_lines as attention_lines
+        from trtkv.measures.probe_attention import summary_lines as attention_lines
 
         for line in attention_lines(doc.model_dump()):
             print(line)

@@ -2,7 +2,7 @@
 (trtkv.contracts.stage: manifest, up-to-date skip, atomic output; the output folders trtkv may
 replace, leftovers and the atomic swap in outputs), the typed files stages hand each other
 (artifacts), the request interface of a served model (interface) and the one-token canary request
-built from it (canary)."""
+built from it (canary), the RULER plan the bench hands the probe (ruler)."""
 
 from trtkv.core.lazy import attach
 
@@ -12,15 +12,19 @@ if TYPE_CHECKING:
     from trtkv.contracts.artifacts import (
         Artifact,
         BenchEndpoint,
+        BenchLevel,
         BenchResults,
         BenchSLOs,
         BenchWorkload,
+        ClientSummary,
         KVScaleLayer,
         KVScalesFile,
         Manifest,
+        MetricStats,
         ProbeDoc,
         ServerRecord,
         SupervisorRecord,
+        TimeOrigin,
     )
     from trtkv.contracts.canary import (
         CANARY_TIMEOUT_S,
@@ -36,6 +40,7 @@ if TYPE_CHECKING:
         remove_leftovers,
         replace_folder,
     )
+    from trtkv.contracts.ruler import RulerPlan
     from trtkv.contracts.stage import (
         VERSIONED_TOOLS,
         StageResult,
@@ -55,18 +60,23 @@ __getattr__, __dir__ = attach(
         "artifacts": [
             "Artifact",
             "BenchEndpoint",
+            "BenchLevel",
             "BenchResults",
             "BenchSLOs",
             "BenchWorkload",
+            "ClientSummary",
             "KVScaleLayer",
             "KVScalesFile",
             "Manifest",
+            "MetricStats",
             "ProbeDoc",
             "ServerRecord",
             "SupervisorRecord",
+            "TimeOrigin",
         ],
         "canary": ["canary_script", "CANARY_TIMEOUT_S", "docker_health_args"],
         "interface": ["detect", "ENSEMBLE", "INTERFACES", "LLMAPI", "ModelInterface"],
+        "ruler": ["RulerPlan"],
         "outputs": [
             "check_inside",
             "check_output",
@@ -92,6 +102,7 @@ __getattr__, __dir__ = attach(
 __all__ = [
     "Artifact",
     "BenchEndpoint",
+    "BenchLevel",
     "BenchResults",
     "BenchSLOs",
     "BenchWorkload",
@@ -99,6 +110,7 @@ __all__ = [
     "CANARY_TIMEOUT_S",
     "check_inside",
     "check_output",
+    "ClientSummary",
     "detect",
     "docker_health_args",
     "ENSEMBLE",
@@ -110,6 +122,7 @@ __all__ = [
     "LLMAPI",
     "Manifest",
     "manifest_hash",
+    "MetricStats",
     "ModelInterface",
     "OWNER",
     "ProbeDoc",
@@ -118,10 +131,12 @@ __all__ = [
     "replace_folder",
     "require_input",
     "require_made_from",
+    "RulerPlan",
     "run_stage",
     "ServerRecord",
     "StageResult",
     "SupervisorRecord",
+    "TimeOrigin",
     "tool_versions",
     "VERSIONED_TOOLS",
 ]

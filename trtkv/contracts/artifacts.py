@@ -246,12 +246,90 @@ class BenchWorkload(BaseModel):
 
 
 class BenchSLOs(BaseModel):
-    """results.json's "slo": the verdict and one entry per SLO (trtkv.bench.slo)."""
+    """results.json's "slo": the verdict and one entry per SLO (trtkv.bench.outputs.slo)."""
 
     model_config = ConfigDict(extra="allow")
 
     passed: bool
     results: list[dict[str, Any]] = []
+
+
+class MetricStats(BaseModel):
+    """One metric of a level in GenAI-Perf's shape (trtkv.measures.stats.summarize): a request
+    metric has every stat, a run metric (throughput, duration) its unit and avg. NaN: no value
+    measured."""
+
+    model_config = ConfigDict(extra="allow")
+
+    unit: str = ""
+    count: int | None = None
+    avg: float | None = None
+    min: float | None = None
+    max: float | None = None
+    std: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+
+
+class ClientLag(BaseModel):
+    """How long bytes already received waited for the client to read them
+    (trtkv.bench.load.levels)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    unit: str = "ms"
+    p50: float | None = None
+    p99: float | None = None
+    max: float | None = None
+    count: int = 0
+
+
+class ClientSummary(BaseModel):
+    """A level's client: its processes, their CPU per streamed token, its own lag, and a warning
+    when the client may have held the level back (trtkv.bench.load.levels.client_summary)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    workers: int
+    decided: str = ""
+    core_share: float | None = None
+    warmup_load_cores: float | None = None
+    cpu_cores: float | None = None
+    cpu_us_per_token: float | None = None
+    lag_ms: ClientLag | None = None
+    per_worker: list[dict[str, Any]] = []
+    warning: str | None = None
+
+
+class BenchLevel(BaseModel):
+    """One level of results.json's "levels" (trtkv.measures.metrics.summarize_level): GenAI-Perf's
+    metric names in the order written; an absent metric is None (files of older versions)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    time_to_first_token: MetricStats | None = None
+    inter_token_latency: MetricStats | None = None
+    request_latency: MetricStats | None = None
+    output_sequence_length: MetricStats | None = None
+    input_sequence_length: MetricStats | None = None
+    output_token_throughput: MetricStats | None = None
+    request_throughput: MetricStats | None = None
+    # total, ok, failed, one count per request status, delayed (an open loop's late sends)
+    request_count: dict[str, int] = {}
+    benchmark_duration: MetricStats | None = None
+    client_cpu_per_token: MetricStats | None = None
+    client: ClientSummary | None = None
+    # --goodput: AIPerf's goodput (requests/sec) and its good_request_count
+    goodput: MetricStats | None = None
+
+
+class TimeOrigin(BaseModel):
+    """The wall-clock instant results.json's record times count from."""
+
+    unix_ns: int
+    note: str = ""
 
 
 class BenchResults(Artifact):
@@ -274,15 +352,13 @@ class BenchResults(Artifact):
     partial: bool = False  # interrupted: the levels and tasks that finished
     interrupted_during: str | None = None
     workload: BenchWorkload | None = None
-    token_counting: str = ""  # how tokens are counted (trtkv.bench.results.TOKEN_COUNTING)
-    token_count_check: dict[str, Any] = {}
-    # "concurrency=N" / "rate=R/s" -> metric -> stat -> value
-    levels: dict[str, dict[str, Any]] = {}
+    token_counting: str = ""  # how tokens are counted (trtkv.bench.outputs.results.TOKEN_COUNTING)
+    token_count_check: dict[str, int] = {}  # {"requests", "equal", ...}: counts of requests
+    levels: dict[str, BenchLevel] = {}  # "concurrency=N" / "rate=R/s" -> its metrics
     accuracy: dict[str, dict[str, Any]] = {}  # task -> its score, or why it did not run
     slo: BenchSLOs | None = None
-    records: list[dict[str, Any]] = []  # trtkv.bench.records.RequestRecord.to_json per request
-    # {"unix_ns", "note"}: the wall-clock instant record times count from
-    time_origin: dict[str, Any] | None = None
+    records: list[dict[str, Any]] = []  # trtkv.measures.records.RequestRecord.to_json per request
+    time_origin: TimeOrigin | None = None
     goodput_slos: dict[str, float] | None = None  # --goodput's thresholds (ms)
     tool_versions: dict[str, str | None] | None = None
     # --sweep-input: per level, samples and fits against input length

@@ -139,7 +139,7 @@ def advice_for(
     has_fp8: bool,
     probe_dir: Path | None,
 ) -> tuple[list[str], str]:
-    from trtkv.probe.results import probe_advice  # small module, no torch
+    from trtkv.measures.probe_results import probe_advice  # small module, no torch
 
     measured = probe_advice(recipe, probe_dir)
     if measured is not None:

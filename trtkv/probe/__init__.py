@@ -3,9 +3,10 @@
 Modules: setup (settings, the loaded model), placement (dtype, the device map over GPUs, --dry-run),
 measure (the passes), metrics (KL, top-1 and the records of a pass), attention (engine attention
 modes and the prefill-vs-decode drift), sweep (the driver), sweep_cache (its cache), outputs
-(probe.json, probe.md, plots), results and attention_report (probe.json read back for the planner
-and the report; light: no torch), layers (--per-layer) and layers_search (its sensitivity, verified
-sets and fronts). Importing this package stays light too: the torch-side names load on first use.
+(probe.json, probe.md, plots; read back for the planner and the report by
+trtkv.measures.probe_results and trtkv.measures.probe_attention), layers (--per-layer) and
+layers_search (its sensitivity, verified sets and fronts). Importing this package stays light too:
+the torch-side names load on first use.
 
 For each format and context length, on long natural text (calibration_data/eval, never used for
 calibration): KL divergence of next-token distributions to the unquantized model (mean and last
@@ -34,41 +35,32 @@ Method (also written into probe.md):
 from typing import TYPE_CHECKING
 
 from trtkv.core.lazy import attach
-from trtkv.probe.results import load_probe, per_layer_advice, probe_advice, summary_lines
 
 if TYPE_CHECKING:
-    from trtkv.probe.attention import recipe_mode
     from trtkv.probe.layers import PerLayerOptions, run_per_layer
     from trtkv.probe.placement import dry_run
-    from trtkv.probe.ruler import RulerPlan
-    from trtkv.probe.setup import ProbeSettings, auto_threads, default_settings
+    from trtkv.probe.ruler import summary_lines
+    from trtkv.probe.setup import ProbeSettings, default_settings
     from trtkv.probe.sweep import run_probe
 
 # each name's module is imported on first use (they import torch; `trtkv plan` must not)
 __getattr__, __dir__ = attach(
     __name__,
     submod_attrs={
-        "attention": ["recipe_mode"],
         "layers": ["PerLayerOptions", "run_per_layer"],
         "placement": ["dry_run"],
-        "ruler": ["RulerPlan"],
-        "setup": ["auto_threads", "default_settings", "ProbeSettings"],
+        "ruler": ["summary_lines"],
+        "setup": ["default_settings", "ProbeSettings"],
         "sweep": ["run_probe"],
     },
 )
 
 
 __all__ = [
-    "auto_threads",
     "default_settings",
     "dry_run",
-    "load_probe",
-    "per_layer_advice",
     "PerLayerOptions",
-    "probe_advice",
     "ProbeSettings",
-    "recipe_mode",
-    "RulerPlan",
     "run_per_layer",
     "run_probe",
     "summary_lines",

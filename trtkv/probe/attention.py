@@ -27,33 +27,12 @@ from trtkv.kvcache.attention_modes import (
     CACHE_ONLY,
     AttentionMode,
     load_attention,
-    select_mode,
 )
 from trtkv.kvcache.names import FormatChoice
+from trtkv.recipe.engine_attention import recipe_mode
 
 if TYPE_CHECKING:
-    from trtkv.platform.hardware import GPU
     from trtkv.recipe import Recipe
-
-
-def gpu_sm(gpu: GPU) -> tuple[int, int] | None:
-    """A recipe GPU's compute capability (the GPU table's GPUSpec.sm); None for the CPU."""
-    from trtkv.platform.hardware import GPU_SPECS
-
-    spec = GPU_SPECS.get(gpu)
-    return spec.sm if spec is not None else None
-
-
-def recipe_mode(recipe: Recipe) -> tuple[str, str]:
-    """(mode, why) the recipe's engine, KV dtype, GPU and flags select (trtkv/data/kv_formats.json
-    `selection`)."""
-    flags = {"fp8_context_fmha": recipe.fp8_context_fmha}
-    return select_mode(
-        recipe.build.backend.value,
-        recipe.quantization.kv_cache.value,
-        gpu_sm(recipe.hardware.gpu),
-        flags,
-    )
 
 
 def resolve_modes(recipe: Recipe, requested: str | None = None) -> tuple[list[str], dict[str, str]]:

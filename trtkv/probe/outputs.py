@@ -1,6 +1,6 @@
 """What `trtkv probe` writes: probe.json, probe.md (method, results table, needles, scale reuse, K/V
 statistics and one verdict per format), the PNG plots and the folder's manifest.json. The planner
-reads them back through trtkv.probe.results.
+reads them back through trtkv.measures.probe_results.
 
 No torch here either; matplotlib is imported only when plots are written.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trtkv.probe.results import classify, engine_format_notes, needle_by_format
+from trtkv.measures.probe_results import classify, engine_format_notes, needle_by_format
 
 
 def write_outputs(
@@ -97,7 +97,7 @@ def render_markdown(doc: dict, stats_markdown: str | None, plots: list[Path]) ->
         )
     lines += ["", *[f"![{p.stem}]({p.name})" for p in plots], ""]
     # light: no torch
-    from trtkv.probe.attention_report import markdown_section as attention_section
+    from trtkv.measures.probe_attention import markdown_section as attention_section
 
     lines += attention_section(doc)
     lines += _needle_section(doc)

@@ -3,8 +3,8 @@ format's quantized KV cache and the 16-bit reference, scored with the bench's ow
 long-context retrieval is measured before serving on exactly the items `trtkv bench --tasks ruler`
 sends.
 
-Items: a RulerPlan made by trtkv.bench.ruler.probe_plan (the bench imports the probe, never the
-other way): the bench's generator, tokenizer, encoder and seed, at bench.ruler_lengths with
+Items: a RulerPlan made by trtkv.bench.tasks.ruler.probe_plan (the bench imports the probe, never
+the other way): the bench's generator, tokenizer, encoder and seed, at bench.ruler_lengths with
 bench.ruler_samples unless the CLI narrows them (an item depends only on seed, task, length, index
 and tokenizer, so fewer samples are the bench's first items). Prompt ids are the server's: `input +
 answer_prefix` with special tokens. Scoring: the plan's (the bench's summarize and string_match_all,
@@ -17,7 +17,7 @@ share a token prefix (niah_single_1's noise haystack) prefill it once per format
 and decoding stops once every reference is in the text (string_match_all can only grow as text is
 added), so a stored prediction may be shorter than the served one. Answers are cached per item under
 cache/ruler_<format>.json, keyed by the format, its scales and the prompt. Imports of torch stay
-inside functions: trtkv.probe.results renders the section without torch.
+inside functions: trtkv.measures.probe_results renders the section without torch.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trtkv.contracts.ruler import RulerPlan
 from trtkv.core.errors import TrtkvError
 
 if TYPE_CHECKING:
@@ -40,26 +40,6 @@ if TYPE_CHECKING:
 
 METHOD = 1  # bump when a cached answer would change (prompt ids, decoding, stopping)
 MIN_SHARED_PREFIX = 32  # tokens: a shorter common prefix is not worth a cache copy
-
-
-@dataclass
-class RulerPlan:
-    """What the probe answers, made by the bench (trtkv.bench.ruler.probe_plan, so that this stage
-    never imports the bench, which imports the probe): the items, the tokenizer that made them and
-    the bench's scoring functions."""
-
-    items: list[Any]  # trtkv.bench.ruler_gen.RulerItem
-    notes: list[str]
-    tokenizer: Any
-    tokenizer_dir: Path
-    tasks: list[str]
-    lengths: list[int]
-    samples: int
-    seed: int
-    commit: str
-    confidence: float
-    match: Callable[[str, Sequence[str]], float]  # string_match_all
-    summarize: Callable[[Sequence[Any], Sequence[str]], dict[str, Any]]
 
 
 def item_id(item: Any) -> str:

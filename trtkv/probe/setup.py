@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,6 +12,7 @@ import torch
 
 from trtkv.core.errors import StageError, TrtkvError
 from trtkv.kvcache.names import FormatChoice, parse_format
+from trtkv.platform.host import auto_threads
 from trtkv.probe.placement import LOGIT_CHUNK  # noqa: F401 - the probe's constants in one place
 
 if TYPE_CHECKING:
@@ -329,14 +329,6 @@ def place(config: Any, dtype: str, length: int, settings: ProbeSettings) -> Any:
             "--lengths, or a smaller probe.prefill_chunk."
         )
     return placement
-
-
-def auto_threads() -> int:
-    """torch's default, or 1 when the machine is already busy (load >= cores): oversubscribed OpenMP
-    threads spin and ran 2-3x slower than one thread on a shared 2-core machine."""
-    cores = os.cpu_count() or 1
-    busy = os.getloadavg()[0] >= cores if hasattr(os, "getloadavg") else False
-    return 1 if busy else torch.get_num_threads()
 
 
 def _tokens(tokenizer, texts: list[str], need: int) -> list[int]:  # noqa: ANN001

@@ -86,6 +86,7 @@ from trtkv.recipe.state import (
 )
 
 if TYPE_CHECKING:
+    from trtkv.recipe.engine_attention import recipe_mode
     from trtkv.recipe.layout import (
         CONTAINER_ROOT,
         HF,
@@ -120,6 +121,7 @@ __getattr__, __dir__ = attach(
     __name__,
     submodules=["layout", "prefix_cache", "settle"],
     submod_attrs={
+        "engine_attention": ["recipe_mode"],
         "layout": [
             "Artifacts",
             "bench_dir",
@@ -204,6 +206,7 @@ __all__ = [
     "Protocol",
     "RANGES",
     "Recipe",
+    "recipe_mode",
     "recipe_name",
     "refusal",
     "repo_dir",

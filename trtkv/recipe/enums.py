@@ -131,9 +131,11 @@ class BenchTask(str, Enum):
     QUIZ = "quiz"
     GOLDEN = "golden"
     NEEDLE = "needle"
-    # RULER's niah_single_1, niah_multikey_2/3, vt, cwe, fwe (trtkv.bench.ruler; docs/ruler.md)
+    # RULER's niah_single_1, niah_multikey_2/3, vt, cwe, fwe (trtkv.bench.tasks.ruler;
+    # docs/ruler.md)
     RULER = "ruler"
-    # served log-probs vs the 16-bit reference and the format's prediction (trtkv.bench.fidelity)
+    # served log-probs vs the 16-bit reference and the format's prediction
+    # (trtkv.bench.tasks.fidelity)
     FIDELITY = "fidelity"
 
 
@@ -152,7 +154,8 @@ SLO_PATTERN = re.compile(
 
 
 # Backends (values) whose Triton model returns no per-token log-probs, only a cumulative one
-# (trtkv.bench.fidelity_served): the fidelity task is a default there only over the OpenAI protocol
+# (trtkv.bench.tasks.fidelity_served): the fidelity task is a default there only over the OpenAI
+# protocol
 NO_TOKEN_LOG_PROBS_ON_TRITON = ("llmapi",)
 
 

@@ -236,7 +236,7 @@ class Recipe(Section):
     def _fidelity_by_default(self) -> Recipe:
         """A quantized KV cache is benched against what its format predicts unless the recipe names
         its tasks (not on Triton's llmapi layout: its model returns a cumulative log-prob only,
-        trtkv.bench.fidelity_served)."""
+        trtkv.bench.tasks.fidelity_served)."""
         able = (
             self.build.backend.value not in NO_TOKEN_LOG_PROBS_ON_TRITON
             or self.bench.protocol is Protocol.OPENAI

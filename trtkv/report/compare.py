@@ -65,7 +65,7 @@ def write_compare_folder(recipes: list[Recipe], results: list[ChainResult], out:
 def accuracy_difference(rows: list[dict[str, Any]], key: str) -> str:
     """How each recipe's figure compares with the first's: "higher"/"lower" only when the 95%
     intervals separate, "within noise" when they overlap, "no interval" when either lacks one."""
-    from trtkv.bench.stats import separated
+    from trtkv.measures.stats import separated
 
     base = rows[0].get("bench", {})
     words = ["(baseline)"]
@@ -166,7 +166,7 @@ def write_compare(recipes: list[Recipe], results: list[ChainResult], out: Path) 
 def sweep_breakeven(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each recipe's input sweep against the first's, per level both ran: the fits and the
     break-even length."""
-    from trtkv.bench.sweep import break_even
+    from trtkv.measures.sweep import break_even
 
     base = rows[0].get("sweep") or {}
     out = []
@@ -188,8 +188,8 @@ def sweep_breakeven(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _sweep_section(rows: list[dict[str, Any]], out: Path) -> list[str]:
     """compare.md's input-sweep part (ITL slope/intercept per recipe, break-even vs the first) and
     its plot."""
-    from trtkv.bench.plots import itl_vs_input
-    from trtkv.bench.sweep import break_even_text
+    from trtkv.measures.plots import itl_vs_input
+    from trtkv.measures.sweep import break_even_text
 
     swept = [r for r in rows if r.get("sweep")]
     if not swept:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from trtkv.contracts.artifacts import BenchResults, KVScalesFile, Manifest
+from trtkv.contracts.artifacts import BenchResults, KVScalesFile, Manifest, MetricStats
 from trtkv.core import paths
 from trtkv.core.errors import StageError
 from trtkv.recipe import layout
@@ -36,14 +36,11 @@ def _tolerant(load: Callable[[Path], T | None], folder: Path) -> T | None:
         return None
 
 
-def bench_headline(results: dict[str, Any]) -> dict[str, Any]:
+def bench_headline(results: BenchResults) -> dict[str, Any]:
     """Latency stats at the lowest concurrency, best throughput over the sweep, and accuracy per
-    task.
-
-    Reads `trtkv bench`'s results.json: `levels` maps "concurrency=N" (or "rate=R") to GenAI-Perf
-    metrics.
-    """
-    levels: dict[str, dict[str, Any]] = results.get("levels") or {}
+    task, from `trtkv bench`'s results.json (its levels map "concurrency=N" or "rate=R" to
+    GenAI-Perf metrics)."""
+    levels = results.levels
     out: dict[str, Any] = {}
     if levels:
 
@@ -56,18 +53,17 @@ def bench_headline(results: dict[str, Any]) -> dict[str, Any]:
         first = min(levels, key=order)
         out["level"] = first
         for metric in LATENCY_METRICS:
-            stats = levels[first].get(metric, {})
+            stats = getattr(levels[first], metric) or MetricStats()
             for stat in ("p50", "p99"):
-                if stats.get(stat) is not None:
-                    out[f"{metric}.{stat}"] = stats[stat]
+                if getattr(stats, stat) is not None:
+                    out[f"{metric}.{stat}"] = getattr(stats, stat)
         for metric in ("output_token_throughput", "request_throughput"):
-            values = [lv.get(metric, {}).get("avg") for lv in levels.values()]
+            values = [m.avg for lv in levels.values() if (m := getattr(lv, metric)) is not None]
             values = [v for v in values if v is not None]
             if values:
                 out[f"{metric}.max"] = max(values)
-        failed = sum(lv.get("request_count", {}).get("failed", 0) for lv in levels.values())
-        out["requests.failed"] = failed
-    for task, body in (results.get("accuracy") or {}).items():
+        out["requests.failed"] = sum(lv.request_count.get("failed", 0) for lv in levels.values())
+    for task, body in results.accuracy.items():
         if isinstance(body, dict):
             for key in ("accuracy", "agreement"):
                 if body.get(key) is not None:
@@ -92,7 +88,7 @@ ACCURACY_TASKS = ("quiz", "golden", "needle")
 
 def with_ci(b: dict[str, Any], key: str) -> str:
     """A figure and its stored interval, e.g. "0.350 [0.206, 0.526]"."""
-    from trtkv.bench.results import interval_text
+    from trtkv.measures.stats import interval_text
 
     text = figure(b.get(key), 3)
     ci = b.get(f"{key}.ci")
@@ -146,23 +142,19 @@ def collect(recipe: Recipe) -> dict[str, Any]:
         if manifest:
             stages[stage] = {"path": str(folder), "wall_seconds": manifest.wall_seconds}
     data["stages"] = stages
+    # a results.json of another shape is left out, as an unreadable one
     results = _tolerant(BenchResults.load, layout.bench_dir(recipe))
-    bench = results.model_dump() if results else None
     if results and "bench" in stages and results.wall_seconds is not None:
         # the measurement, not just the write
         stages["bench"]["wall_seconds"] = results.wall_seconds
-    if bench:
-        # a results.json of another shape is left out, as an unreadable one
-        headline = _shaped(bench_headline, bench)
-        if headline is not None:
-            data["bench"] = headline
-            slo = bench.get("slo")
-            data["bench_passed"] = slo.get("passed") if isinstance(slo, dict) else None
-        sweep = _shaped(_checked_sweep, bench["sweep"]) if bench.get("sweep") else None
+    if results:
+        data["bench"] = bench_headline(results)
+        data["bench_passed"] = results.slo.passed if results.slo else None
+        sweep = _shaped(_checked_sweep, results.sweep) if results.sweep else None
         if sweep:
             data["sweep"] = sweep
     # this recipe's probe, else another recipe's on the same model
-    from trtkv.probe.results import load_probe
+    from trtkv.measures.probe_results import load_probe
 
     probe = _shaped(load_probe, recipe)
     if probe and probe.get("records"):
@@ -181,9 +173,9 @@ def _probe_rows(records: list[dict[str, Any]], fmt: str) -> list[dict[str, Any]]
 
 def _checked_sweep(sweep: dict[str, Any]) -> dict[str, Any]:
     """results.json's `sweep` rebuilt from its per-request samples only (numbers, per length and
-    level), its medians and fits recomputed (trtkv.bench.sweep.fits): a hand-edited file cannot hand
-    compare a fit its samples do not give."""
-    from trtkv.bench.sweep import fits
+    level), its medians and fits recomputed (trtkv.measures.sweep.fits): a hand-edited file cannot
+    hand compare a fit its samples do not give."""
+    from trtkv.measures.sweep import fits
 
     levels: dict[str, Any] = {}
     for label, body in sweep["levels"].items():

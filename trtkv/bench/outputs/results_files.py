@@ -1,0 +1,249 @@
+"""The result files of a bench run: results.json (NaN written as null), results.csv (GenAI-Perf's
+stats per level and metric, then the accuracy figures), requests.csv (one row per request) and
+results.md (the tables of trtkv.bench.outputs.results, the SLO verdicts, how tokens are counted and
+the plots)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from trtkv.bench.outputs.results import (
+    LEVEL_COLUMNS,
+    SWEEP_COLUMNS,
+    TOKEN_COUNTING,
+    accuracy_rows,
+    client_rows,
+    level_rows,
+    slo_rows,
+    sweep_rows,
+)
+from trtkv.measures.metrics import LEVEL_METRICS, SYSTEM_METRICS
+from trtkv.measures.stats import STATS
+
+
+def _num(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+def _clean(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_clean(v) for v in obj]
+    return _num(obj)
+
+
+def write_json(path: Path, results: dict[str, Any]) -> None:
+    path.write_text(json.dumps(_clean(results), indent=1, allow_nan=False) + "\n")
+
+
+def write_csv(path: Path, results: dict[str, Any]) -> None:
+    """One row per (level, metric) with GenAI-Perf's stats, then one row per accuracy figure."""
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["level", "metric", "unit", *STATS, "count"])
+        for level, summary in results.get("levels", {}).items():
+            for name in LEVEL_METRICS:
+                m = summary[name]
+                w.writerow(
+                    [level, name, m["unit"], *(_fmt_csv(m.get(s)) for s in STATS), m.get("count")]
+                )
+            for name in SYSTEM_METRICS:
+                m = summary[name]
+                w.writerow(
+                    [level, name, m["unit"], _fmt_csv(m["avg"]), *[""] * (len(STATS) - 1), ""]
+                )
+            counts = summary["request_count"]
+            w.writerow(
+                [
+                    level,
+                    "failed_requests",
+                    "requests",
+                    counts["failed"],
+                    *[""] * (len(STATS) - 1),
+                    counts["total"],
+                ]
+            )
+        for task, acc in results.get("accuracy", {}).items():
+            for stat in ("accuracy", "agreement", "exact_match"):
+                if stat in acc:
+                    w.writerow(
+                        [
+                            task,
+                            f"{task}.{stat}",
+                            "fraction",
+                            _fmt_csv(acc[stat]),
+                            *[""] * (len(STATS) - 1),
+                            acc.get("total"),
+                        ]
+                    )
+                    ci = acc.get(f"{stat}_ci")
+                    if isinstance(ci, list) and len(ci) == 2:
+                        for end, value in zip(("ci_low", "ci_high"), ci, strict=True):
+                            w.writerow(
+                                [
+                                    task,
+                                    f"{task}.{stat}.{end}",
+                                    "fraction",
+                                    _fmt_csv(value),
+                                    *[""] * (len(STATS) - 1),
+                                    acc.get("total"),
+                                ]
+                            )
+
+
+def write_requests_csv(path: Path, records: list[dict[str, Any]]) -> None:
+    """Every request, one row: the figures each metric is computed from."""
+    cols = [
+        "request_id",
+        "phase",
+        "level",
+        "status",
+        "error",
+        "input_tokens",
+        "max_tokens",
+        "output_tokens",
+        "send_time_ms",
+        "first_token_time_ms",
+        "end_time_ms",
+        "responses",
+    ]
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(cols)
+        for r in records:
+            w.writerow(
+                [
+                    r["request_id"],
+                    r["phase"],
+                    r["level"],
+                    r["status"],
+                    r["error"],
+                    r["input_tokens"],
+                    r["max_tokens"],
+                    r["output_tokens"],
+                    _fmt_csv(r["send_time_ms"]),
+                    _fmt_csv(r["first_token_time_ms"]),
+                    _fmt_csv(r["end_time_ms"]),
+                    len(r["response_times_ms"]),
+                ]
+            )
+
+
+def _fmt_csv(value: Any) -> Any:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return round(value, 4) if isinstance(value, float) else value
+
+
+CLIENT_NOTE = (
+    "The client's own cost over each level's measured phase: its processes (the streams are "
+    "sharded over several when one would use more than half a core), their CPU time per streamed "
+    "token and share of a core, and its lag: how long bytes the kernel had already received waited "
+    "for the client to read them (Linux stamps; the client's timestamps carry that lag, the "
+    "server's latency does not)."
+)
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += [
+        "| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in row) + " |"
+        for row in rows
+    ]
+    return "\n".join(lines)
+
+
+def write_md(path: Path, results: dict[str, Any], plots: list[str]) -> None:
+    ep, wl = results["endpoint"], results["workload"]
+    parts = [f"# trtkv bench: {results['recipe']}", ""]
+    if results.get("partial"):
+        parts += [
+            f"**Partial results**: the run was interrupted ({results.get('interrupted_during')}).",
+            "",
+        ]
+    parts += [
+        f"- endpoint: `{ep['protocol']}://{ep['url']}` model `{ep['model']}` (URL from "
+        f"{ep['source']})",
+        f"- started {results['started_at']}, {results['wall_seconds']:.1f} s",
+        f"- workload: {wl['input_tokens']} input tokens (exact, cut from the evaluation text), "
+        f"max_tokens {wl['output_tokens']}, {wl['num_requests']} measured requests per level after "
+        f"{wl['warmup_requests']} warm-up (excluded), {wl['mode']}",
+        f"- KV cache: {results.get('kv_cache', '?')}; times in ms, throughput per second",
+        "",
+    ]
+    if results.get("levels"):
+        header = ["level", *(c for c, _, _ in LEVEL_COLUMNS), "failed"]
+        parts += [
+            "## Latency and throughput (GenAI-Perf metric names)",
+            "",
+            _md_table(header, level_rows(results)),
+            "",
+        ]
+        parts += [
+            "Full statistics (avg, min, max, std, p50, p90, p95, p99) per metric and level: "
+            "`results.csv` and `results.json`; every request's raw record: `results.json` "
+            "(`records`) and `requests.csv`.",
+            "",
+        ]
+    if client_rows(results):
+        header = [
+            "level",
+            "processes",
+            "CPU cores",
+            "CPU us/token",
+            "lag p50 ms",
+            "lag p99 ms",
+            "why",
+            "warning",
+        ]
+        parts += ["## The client", "", _md_table(header, client_rows(results)), "", CLIENT_NOTE, ""]
+    if results.get("sweep"):
+        parts += [
+            "## Against input length (`--sweep-input`)",
+            "",
+            _md_table(list(SWEEP_COLUMNS), sweep_rows(results)),
+            "",
+            "Each length's median over its requests; `trtkv compare` of two recipes gives the "
+            "break-even length.",
+            "",
+        ]
+    if results.get("accuracy"):
+        header = ["task", "metric", "value", "95% interval", "details"]
+        parts += ["## Accuracy", "", _md_table(header, accuracy_rows(results)), ""]
+        parts += [
+            "Intervals: Wilson for proportions, a seeded bootstrap over prompts for golden "
+            "agreement. Two recipes differ only where their intervals do not overlap (`trtkv "
+            "compare`).",
+            "",
+        ]
+        for task, acc in results["accuracy"].items():
+            for note in acc.get("notes", []):
+                parts.append(f"- {task}: {note}")
+        parts.append("")
+    slo = results.get("slo", {})
+    if slo.get("results"):
+        verdict = "all passed" if slo["passed"] else "FAILED"
+        parts += [
+            f"## SLOs: {verdict}",
+            "",
+            _md_table(["slo", "from", "where", "measured", "result"], slo_rows(results)),
+            "",
+        ]
+    check = results.get("token_count_check")
+    parts += ["## How tokens are counted", "", TOKEN_COUNTING, ""]
+    if check:
+        parts += [
+            f"token_count_check: {check['equal']}/{check['requests']} requests' per-response sums "
+            f"equal the whole text's token count (max difference {check['max_abs_diff']}).",
+            "",
+        ]
+    if plots:
+        parts += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
+    path.write_text("\n".join(parts))
