@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -120,6 +120,8 @@ class Kernels:
     op_bw_scale: float = 0.8  # aiconfigurator's memory-op model (systems/<gpu>.yaml)
     op_latency_ms: float = 0.003
     peaks: str = ""  # a borrowed GPU: where its tensor-core and FP32 peaks come from
+    # the fused MoE op per expert dtype (moe_perf.parquet fits: trtkv.plan.moe_step.routed_ms)
+    moe_tables: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def efficiency(self, kind: str, dtype: str) -> float:
         got = self.eff.get(f"{kind}.{dtype}") or self.eff.get(f"{kind}.bfloat16")
@@ -209,7 +211,12 @@ def kernels_for(gpu: GPU, engine: str) -> Kernels:
         for k, v in tables.items()
         if isinstance(v, dict) and "floor_ms" in v
     }
-    fixed = {k: v["fixed_ms"] for k, v in tables.items() if isinstance(v, dict) and "fixed_ms" in v}
+    fixed = {
+        k: v["fixed_ms"]
+        for k, v in tables.items()
+        if isinstance(v, dict) and "fixed_ms" in v and not k.startswith("moe.")
+    }
+    moe = {k.split(".", 1)[1]: v for k, v in tables.items() if k.startswith("moe.")}
     return Kernels(
         system,
         engine,
@@ -227,6 +234,7 @@ def kernels_for(gpu: GPU, engine: str) -> Kernels:
         float(g.get("mem_bw_empirical_scaling_factor") or 0.8),
         float(g.get("mem_empirical_constant_latency") or 3e-6) * 1e3,
         peaks,
+        moe,
     )
 
 
