@@ -67,6 +67,8 @@ class StepKernels(Protocol):
     """What the expert step reads of speed.Kernels (typed by shape: speed imports this module)."""
 
     @property
+    def backend(self) -> str: ...
+    @property
     def mem_bw(self) -> float: ...
     @property
     def flops(self) -> dict[str, float]: ...
@@ -160,7 +162,8 @@ def routed_ms(k: StepKernels, moe: MoEShape, tokens: int) -> tuple[float, float]
     fused = k.moe_tables.get(moe.table)
     if moe.table == "w4a16_mxfp4" and k.backend == "trtllm":
         # TensorRT-LLM runs MXFP4 experts with MXFP8 activations on Blackwell (its
-        # examples/models/core/gpt_oss/README.md MoE support matrix): those rows where the GPU has them
+        # examples/models/core/gpt_oss/README.md MoE support matrix): those rows where the GPU has
+        # them
         fused = k.moe_tables.get("w4a8_mxfp4_mxfp8", fused)
     if fused is not None:
         # the engine's fused MoE op as aiconfigurator measured it (tools/aic_kernels.py: its
