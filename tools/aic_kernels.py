@@ -23,8 +23,9 @@ used. Attention is read at a 70B-class layer at TP4, which no end-to-end case tr
                 dtype, every shape the table holds at moe_tp 1, EP 1, "balanced" routing (a step of N tokens then
                 reads exactly min(E, N k) experts): t = fixed + max(their bytes / (bandwidth x mem efficiency),
                 2 N k expert params / (tensor-core peak x compute efficiency)); fixed and the mem efficiency by
-                relative least squares (non-negative) over rows of N <= 64 and N k <= E, the compute efficiency the
-                median over rows of N >= 2048 of what the fixed cost leaves
+                relative least squares (non-negative) over rows of N <= 64 and N k <= E; the compute efficiency the
+                median over rows of N >= 2048 of what the fixed cost leaves, at aiconfigurator's default skewed
+                routing ("power_law_1.01" rows: a prefill's busiest expert sets its time, which balanced rows miss)
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ AR_GPUS, AR_SMALL, AR_LARGE = 4, 4096, 16777216
 MOE_BYTES = {"bfloat16": 2.0, "fp8": 1.0, "fp8_block": 1 + 4 / 128 / 128, "w4a16_mxfp4": 0.5 + 1 / 32,
              "nvfp4": 0.5 + 1 / 16, "int4_wo": 0.5 + 4 / 128, "w4a8_mxfp4_mxfp8": 0.5 + 1 / 32}
 # the tensor-core peak each dtype's GEMMs run at (NVFP4: FP4's where the YAML has one; weight-only: BF16's)
+# the routing a prefill's many tokens see: aiconfigurator's default expert-load distribution (a power law, its
+# moe_perf rows "power_law_1.01"); its busiest expert sets a compute-bound step's time, which balanced rows miss
+MOE_PREFILL_ROUTING = "power_law_1.01"
 MOE_PEAK = {"fp8": "fp8_tc_flops", "fp8_block": "fp8_tc_flops", "nvfp4": "fp4_tc_flops",
             "w4a8_mxfp4_mxfp8": "fp8_tc_flops"}
 
@@ -125,15 +129,18 @@ def _moe(pd, path: str, gpu: dict, version: str) -> dict:
     import numpy as np
 
     df = pd.read_parquet(path)
-    df = df[(df["moe_tp_size"] == 1) & (df["moe_ep_size"] == 1) & (df["distribution"] == "balanced")]
+    df = df[(df["moe_tp_size"] == 1) & (df["moe_ep_size"] == 1)]
     out: dict = {}
+    keys = ["num_tokens", "hidden_size", "inter_size", "topk", "num_experts"]
     for dtype, wbytes in MOE_BYTES.items():
-        d = df[df["moe_dtype"] == dtype]
+        d = df[(df["moe_dtype"] == dtype) & (df["distribution"] == "balanced")]
         if d.empty:
             continue
-        keys = ["num_tokens", "hidden_size", "inter_size", "topk", "num_experts"]
         kernels = sorted(set(d["kernel_source"]))
         d = d.groupby(keys, as_index=False)["latency"].min()
+        skew = df[(df["moe_dtype"] == dtype) & (df["distribution"] == MOE_PREFILL_ROUTING)]
+        skew = skew.groupby(keys)["latency"].min()
+        d["latency_skew"] = [skew.get(tuple(r), float("nan")) for r in d[keys].itertuples(index=False)]
         params = (d["hidden_size"] * d["inter_size"] * 3).to_numpy(float)  # gate, up, down
         n, k, e = (d[c].to_numpy(float) for c in ("num_tokens", "topk", "num_experts"))
         read = np.minimum(e, n * k)
@@ -149,7 +156,7 @@ def _moe(pd, path: str, gpu: dict, version: str) -> dict:
         fixed, inv_mem = _nnls_rel(np.c_[np.ones(small.sum()), mem_ms[small]], lat[small])
         if inv_mem <= 0:
             continue
-        left = lat[large] - fixed
+        left = d["latency_skew"].to_numpy(float)[large] - fixed
         effs = sorted(c / t for c, t in zip(comp_ms[large], left, strict=True) if t > 0)
         if not effs:
             continue

@@ -11,9 +11,13 @@ rank more at a large one; the output says which assumption priced it and what it
 What a step costs here, per GPU:
 - routed experts: the distinct experts' weights once (at their stored bytes: gpt-oss MXFP4, a recipe
   quant's bytes, else 16-bit), or the FLOPs of the tokens routed to this rank (N x k / EP tokens
-  through one expert's GEMMs), whichever is slower, per MoE layer, at the measured dense-GEMM
-  efficiencies (no grouped-GEMM tables: trtkv.plan.speed), plus two grouped-GEMM calls and the
-  routing kernels (top-k, permute, unpermute) per layer;
+  through one expert's GEMMs), whichever is slower, per MoE layer, plus a fixed cost per layer, at
+  the engine's fused MoE op as aiconfigurator-core 0.12.0 measured it for the experts' dtype
+  (moe/<engine>/<version>/moe_perf.parquet, fitted per GPU, engine and dtype by
+  tools/aic_kernels.py: the memory side over its balanced rows, the compute side over its
+  power-law rows, so a prefill's busiest expert is in it); where no table covers the dtype, the
+  dense-GEMM efficiencies plus two grouped-GEMM calls and the routing kernels (top-k, permute,
+  unpermute) per layer;
 - attention, dense layers, shared experts, routers and the LM head: trtkv.plan.speed's dense GEMMs
   (the model's active parameters; prefill FLOPs come from them, not from every expert);
 - EP with attention DP: tokens live on their DP rank, so each MoE layer dispatches them to the ranks
@@ -255,8 +259,9 @@ def routing_note(arch: Architecture, recipe: Recipe, levels: list[int], ep: int 
         f"MoE ({moe.experts} routed experts, top {moe.top_k}, {moe.layers} layers, experts at "
         f"{bpp:.3g} B/weight from {source}): a decode step reads only the experts its tokens "
         f"route to, under {ROUTING_TEXT}; distinct experts per layer read in a decode step: "
-        f"{shares} of {moe.experts}. Prefill FLOPs are the active parameters'. Skewed routing "
-        "reads fewer experts at small batches and loads the busiest EP rank more at large ones; "
+        f"{shares} of {moe.experts}. Prefill FLOPs are the active parameters', at the fused MoE "
+        "op's efficiency under aiconfigurator's power-law expert load. Skewed routing reads fewer "
+        "experts at small batches and loads the busiest EP rank more at large ones; "
         "multi-node wide EP and speculative decoding are not modelled."
     )
 
