@@ -19,6 +19,13 @@ used. Attention is read at a 70B-class layer at TP4, which no end-to-end case tr
   elementwise   the system YAML's own memory-op model (mem_bw_empirical_scaling_factor, mem_empirical_constant_latency)
   allreduce     NCCL all_reduce over 4 GPUs: the floor at 4,096 half elements; bus bandwidth at 16,777,216 elements
                 against the YAML's intra-node bandwidth
+  moe           the fused MoE op (moe/<engine>/<version>/moe_perf.parquet, the GEMM tables' version), per expert
+                dtype, every shape the table holds at moe_tp 1, EP 1, "balanced" routing (a step of N tokens then
+                reads exactly min(E, N k) experts): t = fixed + max(their bytes / (bandwidth x mem efficiency),
+                2 N k expert params / (tensor-core peak x compute efficiency)); fixed and the mem efficiency by
+                relative least squares (non-negative) over rows of N <= 64 and N k <= E; the compute efficiency the
+                median over rows of N >= 2048 of what the fixed cost leaves, at aiconfigurator's default skewed
+                routing ("power_law_1.01" rows: a prefill's busiest expert sets its time, which balanced rows miss)
 """
 
 from __future__ import annotations
@@ -40,6 +47,16 @@ GEMM_M_DECODE, GEMM_M_PREFILL, GEMM_NK = (8, 16, 32), (2048, 4096, 8192, 16384),
 HEADS, KV_HEADS, HEAD_DIM, DEC_BATCH, DEC_CTX, PREFILL_LEN = 16, 2, 128, 16, 16383, 8192
 KV_BYTES = {"bfloat16": 2.0, "fp8": 1.0, "int8": 1.0}
 AR_GPUS, AR_SMALL, AR_LARGE = 4, 4096, 16777216
+# bytes per expert weight as each moe_perf dtype stores it, scales included (fp8_block: one float32 per 128 x 128;
+# MXFP4: E2M1 + one E8M0 per 32; NVFP4: E2M1 + one FP8 per 16; int4_wo: AWQ group 128, fp16 scale + zero)
+MOE_BYTES = {"bfloat16": 2.0, "fp8": 1.0, "fp8_block": 1 + 4 / 128 / 128, "w4a16_mxfp4": 0.5 + 1 / 32,
+             "nvfp4": 0.5 + 1 / 16, "int4_wo": 0.5 + 4 / 128, "w4a8_mxfp4_mxfp8": 0.5 + 1 / 32}
+# the tensor-core peak each dtype's GEMMs run at (NVFP4: FP4's where the YAML has one; weight-only: BF16's)
+# the routing a prefill's many tokens see: aiconfigurator's default expert-load distribution (a power law, its
+# moe_perf rows "power_law_1.01"); its busiest expert sets a compute-bound step's time, which balanced rows miss
+MOE_PREFILL_ROUTING = "power_law_1.01"
+MOE_PEAK = {"fp8": "fp8_tc_flops", "fp8_block": "fp8_tc_flops", "nvfp4": "fp4_tc_flops",
+            "w4a8_mxfp4_mxfp8": "fp8_tc_flops"}
 
 
 def _version_key(v: str) -> tuple:
@@ -97,6 +114,57 @@ def _line(x: list[float], y: list[float]) -> tuple[float, float] | None:
     mx, my = sum(x) / len(x), sum(y) / len(y)
     b = sum((a - mx) * (c - my) for a, c in zip(x, y, strict=True)) / sum((a - mx) ** 2 for a in x)
     return (my - b * mx, b) if b > 0 else None
+
+
+def _nnls_rel(x, y):
+    """Non-negative least squares of relative error (rows weighted 1/y): the coefficients, a dropped term 0."""
+    from scipy.optimize import nnls
+
+    coef, _ = nnls(x / y[:, None], y / y)
+    return coef
+
+
+def _moe(pd, path: str, gpu: dict, version: str) -> dict:
+    """Per expert dtype: the fused MoE op's fixed cost, cost per expert read, and memory/compute efficiencies."""
+    import numpy as np
+
+    df = pd.read_parquet(path)
+    df = df[(df["moe_tp_size"] == 1) & (df["moe_ep_size"] == 1)]
+    out: dict = {}
+    keys = ["num_tokens", "hidden_size", "inter_size", "topk", "num_experts"]
+    for dtype, wbytes in MOE_BYTES.items():
+        d = df[(df["moe_dtype"] == dtype) & (df["distribution"] == "balanced")]
+        if d.empty:
+            continue
+        kernels = sorted(set(d["kernel_source"]))
+        d = d.groupby(keys, as_index=False)["latency"].min()
+        skew = df[(df["moe_dtype"] == dtype) & (df["distribution"] == MOE_PREFILL_ROUTING)]
+        skew = skew.groupby(keys)["latency"].min()
+        d["latency_skew"] = [skew.get(tuple(r), float("nan")) for r in d[keys].itertuples(index=False)]
+        params = (d["hidden_size"] * d["inter_size"] * 3).to_numpy(float)  # gate, up, down
+        n, k, e = (d[c].to_numpy(float) for c in ("num_tokens", "topk", "num_experts"))
+        read = np.minimum(e, n * k)
+        mem_ms = read * params * wbytes / gpu["mem_bw"] * 1e3
+        peak = gpu.get(MOE_PEAK.get(dtype, "bfloat16_tc_flops")) or gpu.get("fp8_tc_flops")
+        if not peak:
+            continue
+        comp_ms = 2 * n * k * params / peak * 1e3
+        lat = d["latency"].to_numpy(float)
+        small, large = (n <= 64) & (n * k <= e), n >= 2048
+        if small.sum() < 3 or not large.any():
+            continue
+        fixed, inv_mem = _nnls_rel(np.c_[np.ones(small.sum()), mem_ms[small]], lat[small])
+        if inv_mem <= 0:
+            continue
+        left = d["latency_skew"].to_numpy(float)[large] - fixed
+        effs = sorted(c / t for c, t in zip(comp_ms[large], left, strict=True) if t > 0)
+        if not effs:
+            continue
+        out[f"moe.{dtype}"] = {"version": version, "kernels": kernels, "fixed_ms": float(fixed),
+                               "mem_efficiency": float(1 / inv_mem),
+                               "compute_efficiency": float(effs[len(effs) // 2]), "peak_flops": float(peak),
+                               "rows": [int(small.sum()), int(large.sum())]}
+    return out
 
 
 def _attention(pd, folder: str, gpu: dict) -> dict:
@@ -172,6 +240,11 @@ def main() -> int:
                 continue
             figures = _gemm(pd, os.path.join(root, "gemm", backend, gv, "gemm_perf.parquet"), gpu)
             figures.update(_attention(pd, os.path.join(root, "attention", backend, av), gpu))
+            moe_dir = os.path.join(root, "moe", backend)
+            mv = gv if os.path.exists(os.path.join(moe_dir, gv, "moe_perf.parquet")) else _newest(
+                moe_dir, "moe_perf.parquet")
+            if mv is not None:
+                figures.update(_moe(pd, os.path.join(moe_dir, mv, "moe_perf.parquet"), gpu, mv))
             entry["backends"][backend] = {"gemm_version": gv, "attention_version": av, **figures}
         out["systems"][name] = entry
     json.dump(out, sys.stdout, indent=1, sort_keys=True)

@@ -11,9 +11,13 @@ rank more at a large one; the output says which assumption priced it and what it
 What a step costs here, per GPU:
 - routed experts: the distinct experts' weights once (at their stored bytes: gpt-oss MXFP4, a recipe
   quant's bytes, else 16-bit), or the FLOPs of the tokens routed to this rank (N x k / EP tokens
-  through one expert's GEMMs), whichever is slower, per MoE layer, at the measured dense-GEMM
-  efficiencies (no grouped-GEMM tables: trtkv.plan.speed), plus two grouped-GEMM calls and the
-  routing kernels (top-k, permute, unpermute) per layer;
+  through one expert's GEMMs), whichever is slower, per MoE layer, plus a fixed cost per layer, at
+  the engine's fused MoE op as aiconfigurator-core 0.12.0 measured it for the experts' dtype
+  (moe/<engine>/<version>/moe_perf.parquet, fitted per GPU, engine and dtype by
+  tools/aic_kernels.py: the memory side over its balanced rows, the compute side over its
+  power-law rows, so a prefill's busiest expert is in it); where no table covers the dtype, the
+  dense-GEMM efficiencies plus two grouped-GEMM calls and the routing kernels (top-k, permute,
+  unpermute) per layer;
 - attention, dense layers, shared experts, routers and the LM head: trtkv.plan.speed's dense GEMMs
   (the model's active parameters; prefill FLOPs come from them, not from every expert);
 - EP with attention DP: tokens live on their DP rank, so each MoE layer dispatches them to the ranks
@@ -50,11 +54,24 @@ ROUTING_TEXT = (
 # per MoE layer besides the two grouped GEMMs: top-k/softmax, permute (dispatch order), unpermute
 # with the weighted sum; each priced as a memory-bound op's fixed latency (speed.Kernels)
 ROUTING_KERNELS = 3
+# a stored or recipe weight format -> the expert dtype of aiconfigurator-core 0.12.0's
+# moe_perf.parquet rows (weight-only MXFP4 on every GPU: its w4a16 rows; INT8 SmoothQuant: no rows,
+# the dense-GEMM efficiencies price it)
+TABLE_DTYPE = {
+    "fp8": "fp8",
+    "fp8_block": "fp8_block",
+    "nvfp4": "nvfp4",
+    "mxfp4": "w4a16_mxfp4",
+    "int4_awq": "int4_wo",
+    "unquantized": "bfloat16",
+}
 
 
 class StepKernels(Protocol):
     """What the expert step reads of speed.Kernels (typed by shape: speed imports this module)."""
 
+    @property
+    def backend(self) -> str: ...
     @property
     def mem_bw(self) -> float: ...
     @property
@@ -69,6 +86,8 @@ class StepKernels(Protocol):
     def ar_bus_eff(self) -> float: ...
     @property
     def op_latency_ms(self) -> float: ...
+    @property
+    def moe_tables(self) -> dict[str, dict[str, Any]]: ...
     def efficiency(self, kind: str, dtype: str) -> float: ...
 
 
@@ -103,6 +122,7 @@ class MoEShape:
     ep: int = 1
     attention_dp: int = 1
     routing: str = ROUTING
+    table: str = "bfloat16"  # the experts' dtype in aiconfigurator's MoE tables (TABLE_DTYPE)
 
     @property
     def moe_tp(self) -> int:
@@ -143,11 +163,24 @@ def routed_ms(k: StepKernels, moe: MoEShape, tokens: int) -> tuple[float, float]
     shard = moe.expert_params / moe.moe_tp
     read = local * shard * moe.bytes_per_param
     flops = 2 * seen * moe.top_k / moe.ep * shard
-    mem = read / (k.mem_bw * k.efficiency("gemm_memory", moe.dtype)) * 1e3
-    mem += 2 * k.gemm_fixed_ms.get(f"gemm_memory.{moe.dtype}", 0.0)
-    comp = flops / (k.flops[moe.dtype] * k.efficiency("gemm_compute", moe.dtype)) * 1e3
-    comp += 2 * k.gemm_fixed_ms.get(f"gemm_compute.{moe.dtype}", 0.0)
-    gemm = moe.layers * (max(mem, comp) + ROUTING_KERNELS * k.op_latency_ms)
+    fused = k.moe_tables.get(moe.table)
+    if moe.table == "w4a16_mxfp4" and k.backend == "trtllm":
+        # TensorRT-LLM runs MXFP4 experts with MXFP8 activations on Blackwell (its
+        # examples/models/core/gpt_oss/README.md MoE support matrix): those rows where the GPU has
+        # them
+        fused = k.moe_tables.get("w4a8_mxfp4_mxfp8", fused)
+    if fused is not None:
+        # the engine's fused MoE op as aiconfigurator measured it (tools/aic_kernels.py: its
+        # fixed cost per layer, memory and compute efficiencies)
+        mem = read / (k.mem_bw * min(1.0, fused["mem_efficiency"])) * 1e3
+        comp = flops / (fused["peak_flops"] * min(1.0, fused["compute_efficiency"])) * 1e3
+        gemm = moe.layers * (fused["fixed_ms"] + max(mem, comp))
+    else:
+        mem = read / (k.mem_bw * k.efficiency("gemm_memory", moe.dtype)) * 1e3
+        mem += 2 * k.gemm_fixed_ms.get(f"gemm_memory.{moe.dtype}", 0.0)
+        comp = flops / (k.flops[moe.dtype] * k.efficiency("gemm_compute", moe.dtype)) * 1e3
+        comp += 2 * k.gemm_fixed_ms.get(f"gemm_compute.{moe.dtype}", 0.0)
+        gemm = moe.layers * (max(mem, comp) + ROUTING_KERNELS * k.op_latency_ms)
     comm = 0.0
     if moe.ep > 1 and moe.attention_dp > 1:
         # each token goes to the distinct ranks holding its k experts, (ep - 1) / ep of them
@@ -164,20 +197,25 @@ def rank_concurrency(concurrency: int, attention_dp: int) -> int:
     return max(1, math.ceil(concurrency / max(1, attention_dp)))
 
 
-def expert_bytes(arch: Architecture, recipe: Recipe, dtype_bytes: float) -> tuple[float, str, str]:
-    """(bytes per routed-expert weight, GEMM lane, where it comes from): a pre-quantized checkpoint
-    as stored (its quantization_config), else the recipe's weight quantization, else 16-bit."""
+def expert_bytes(
+    arch: Architecture, recipe: Recipe, dtype_bytes: float
+) -> tuple[float, str, str, str]:
+    """(bytes per routed-expert weight, GEMM lane, where it comes from, the dtype aiconfigurator's
+    MoE tables name it by): a pre-quantized checkpoint as stored (its quantization_config), else
+    the recipe's weight quantization, else 16-bit."""
     quant = recipe.quantization.weights
     if quant is WeightQuant.NONE and arch.stored_weights_bytes:
         path = model_config_path(recipe)
         stored = read_model_facts(path).quant if path is not None else None
         if stored is not None:
             lane = "fp8" if stored.method == "fp8" else "bfloat16"
-            return stored.weight_bytes, lane, stored.source
+            fmt = stored.formats.get("experts") or stored.stored_format or ""
+            return stored.weight_bytes, lane, stored.source, TABLE_DTYPE.get(fmt, "")
     if quant in WEIGHT_BYTES:
         lane = "fp8" if quant in (WeightQuant.FP8, WeightQuant.INT8_SQ) else "bfloat16"
-        return WEIGHT_BYTES[quant], lane, f"quantization.weights {quant.value}"
-    return dtype_bytes, "bfloat16", f"model.dtype {recipe.model.dtype.value}"
+        table = TABLE_DTYPE.get(quant.value, "")
+        return WEIGHT_BYTES[quant], lane, f"quantization.weights {quant.value}", table
+    return dtype_bytes, "bfloat16", f"model.dtype {recipe.model.dtype.value}", "bfloat16"
 
 
 def moe_shape(
@@ -191,7 +229,7 @@ def moe_shape(
     layers = len(moe.moe_layers)
     per = arch.expert_parameters / max(1, layers * moe.num_experts)
     dtype_bytes = 4.0 if recipe.model.dtype.value == "float32" else 2.0
-    bpp, lane, _ = expert_bytes(arch, recipe, dtype_bytes)
+    bpp, lane, _, table = expert_bytes(arch, recipe, dtype_bytes)
     return MoEShape(
         layers,
         moe.num_experts,
@@ -203,6 +241,7 @@ def moe_shape(
         tp,
         ep,
         attention_dp,
+        table=table,
     )
 
 
@@ -211,7 +250,7 @@ def routing_note(arch: Architecture, recipe: Recipe, levels: list[int], ep: int 
     moe = moe_shape(arch, recipe, recipe.build.tp_size, ep)
     if moe is None:
         return None
-    bpp, _, source = expert_bytes(arch, recipe, 2.0)
+    bpp, _, source, _ = expert_bytes(arch, recipe, 2.0)
     shares = ", ".join(
         f"concurrency {c}: {distinct_experts(moe.experts, moe.top_k, c):.0f}"
         for c in sorted(set(levels))
@@ -220,8 +259,9 @@ def routing_note(arch: Architecture, recipe: Recipe, levels: list[int], ep: int 
         f"MoE ({moe.experts} routed experts, top {moe.top_k}, {moe.layers} layers, experts at "
         f"{bpp:.3g} B/weight from {source}): a decode step reads only the experts its tokens "
         f"route to, under {ROUTING_TEXT}; distinct experts per layer read in a decode step: "
-        f"{shares} of {moe.experts}. Prefill FLOPs are the active parameters'. Skewed routing "
-        "reads fewer experts at small batches and loads the busiest EP rank more at large ones; "
+        f"{shares} of {moe.experts}. Prefill FLOPs are the active parameters', at the fused MoE "
+        "op's efficiency under aiconfigurator's power-law expert load. Skewed routing reads fewer "
+        "experts at small batches and loads the busiest EP rank more at large ones; "
         "multi-node wide EP and speculative decoding are not modelled."
     )
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -97,6 +97,17 @@ GEMMS_PER_LAYER = 4  # fused QKV, attention output, fused gate/up, down
 # 0.12.0 calibrates it (sdk/backends/vllm_backend.py `_prefill_dispatch_overhead_ms`: 0.8 ms x
 # layers for vLLM; its base backend: none)
 DISPATCH_MS_PER_LAYER = {"vllm": 0.8}
+# TensorRT-LLM's and SGLang's TTFT over their prefill time, as aiconfigurator-core 0.12.0 prices
+# it for every engine without its own rule (sdk/backends/base_backend.py `_ttft_queuing_factor`:
+# min(2 + (steps to finish the batch's prefills - 3) / 20, 4); its vLLM backend has its own rule,
+# trtkv's M/D/1 queue and dispatch term above): the engine's scheduling, request hand-off and
+# first-token return, which kernel tables do not see
+QUEUE_FACTOR_ENGINES = ("trtllm", "sglang")
+
+
+def queue_factor(prefill_steps: int) -> float:
+    """aiconfigurator-core 0.12.0's TTFT factor over one request's prefill time."""
+    return min(2 + (prefill_steps - 3) / 2 / 10, 4.0)
 
 
 @dataclass(frozen=True)
@@ -120,6 +131,8 @@ class Kernels:
     op_bw_scale: float = 0.8  # aiconfigurator's memory-op model (systems/<gpu>.yaml)
     op_latency_ms: float = 0.003
     peaks: str = ""  # a borrowed GPU: where its tensor-core and FP32 peaks come from
+    # the fused MoE op per expert dtype (moe_perf.parquet fits: trtkv.plan.moe_step.routed_ms)
+    moe_tables: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def efficiency(self, kind: str, dtype: str) -> float:
         got = self.eff.get(f"{kind}.{dtype}") or self.eff.get(f"{kind}.bfloat16")
@@ -209,7 +222,12 @@ def kernels_for(gpu: GPU, engine: str) -> Kernels:
         for k, v in tables.items()
         if isinstance(v, dict) and "floor_ms" in v
     }
-    fixed = {k: v["fixed_ms"] for k, v in tables.items() if isinstance(v, dict) and "fixed_ms" in v}
+    fixed = {
+        k: v["fixed_ms"]
+        for k, v in tables.items()
+        if isinstance(v, dict) and "fixed_ms" in v and not k.startswith("moe.")
+    }
+    moe = {k.split(".", 1)[1]: v for k, v in tables.items() if k.startswith("moe.")}
     return Kernels(
         system,
         engine,
@@ -227,6 +245,7 @@ def kernels_for(gpu: GPU, engine: str) -> Kernels:
         float(g.get("mem_bw_empirical_scaling_factor") or 0.8),
         float(g.get("mem_empirical_constant_latency") or 3e-6) * 1e3,
         peaks,
+        moe,
     )
 
 
@@ -396,9 +415,10 @@ def serve(
     pure = max(0, steps - c * n_chunks)
     cycle_ms = c * n_chunks * mixed_mean + pure * dec.total_ms
     rho = min(0.95, c * prefill_ms / cycle_ms) if c > 1 else 0.0
-    ttft = prefill_ms * (1 + rho / (2 * (1 - rho))) + m.num_layers * DISPATCH_MS_PER_LAYER.get(
-        k.backend, 0.0
-    )
+    queue = 1 + rho / (2 * (1 - rho))
+    if k.backend in QUEUE_FACTOR_ENGINES:
+        queue = max(queue, queue_factor(math.ceil(isl * c / chunk_cap)))
+    ttft = prefill_ms * queue + m.num_layers * DISPATCH_MS_PER_LAYER.get(k.backend, 0.0)
     itl = (cycle_ms - prefill_ms) / decode_steps if decode_steps else 0.0
     gpus = m.tp * m.pp
     tps_gpu = c * osl / (cycle_ms / 1e3) / gpus
