@@ -109,6 +109,15 @@ def stored_checkpoint(recipe: Recipe, model_dir: Path) -> StoredCheckpoint | Non
             "engine reads as they are: nothing to calibrate",
             "serve it as stored, or ",
         )
+    if recipe.kv_row.choice.checkpoint_algo is None:
+        _refuse(
+            recipe,
+            model_dir,
+            fmt,
+            f"kv_cache {q.kv_cache.value}: nothing to calibrate (no KV scales: the engine's own "
+            "flag sets that cache)",
+            "",
+        )
     if q.kv_cache not in (KVCacheQuant.FP8, KVCacheQuant.FP8_ATTN_HEAD):
         _refuse(
             recipe,
