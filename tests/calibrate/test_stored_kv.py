@@ -17,7 +17,12 @@ import pytest
 
 from tests.calibrate.test_calibrate import quiet
 from tests.support import side_python
-from tests.support.quantized_checkpoints import LAYERS, compressed_tensors_checkpoint, modelopt_checkpoint
+from tests.support.quantized_checkpoints import (
+    FP8_BLOCK_CONFIG,
+    LAYERS,
+    compressed_tensors_checkpoint,
+    modelopt_checkpoint,
+)
 from trtkv.calibrate import calibrate
 from trtkv.core.errors import StageError
 from trtkv.recipe import load_recipe
@@ -30,7 +35,42 @@ CASES = {
     "modelopt-fp8": ("modelopt-fp8", "fp8", ("self_attn.k_proj.k_scale", "self_attn.v_proj.v_scale")),
     "ct-fp8": ("ct-fp8", "fp8", ("self_attn.k_scale", "self_attn.v_scale")),
     "ct-fp8-head": ("ct-fp8", "fp8_attn_head", ("self_attn.k_scale", "self_attn.v_scale")),
+    "fp8-block": ("fp8-block", "fp8", ("self_attn.k_proj.k_scale", "self_attn.v_proj.v_scale")),
 }
+LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+           "mlp.up_proj", "mlp.down_proj")
+
+
+def fp8_block_checkpoint(source: Path, out: Path) -> Path:
+    """SmolLM2's first LAYERS layers as DeepSeek-V3 / Qwen3-FP8 store their weights (quantization_config fp8 with
+    weight_block_size [128, 128]): every decoder linear F8_E4M3 with a float32 `weight_scale_inv` of
+    [ceil(out/128), ceil(in/128)] (vLLM 0.32 fp8_utils.create_fp8_scale_parameter), quantized by ModelOpt's
+    FP8QTensor.quantize with those blocks; norms and embeddings BF16."""
+    import torch
+    from modelopt.torch.quantization.qtensor import FP8QTensor
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir()
+    tensors = {}
+    for name, t in load_file(str(source / "model.safetensors")).items():
+        parts = name.split(".")
+        if name.startswith("model.layers.") and int(parts[2]) >= LAYERS:
+            continue
+        prefix = name.removesuffix(".weight")
+        if name.endswith(".weight") and prefix.split(".", 3)[-1] in LINEARS:
+            q, scale = FP8QTensor.quantize(t.float(), block_sizes={0: 128, 1: 128})
+            tensors[name] = q._quantized_data.contiguous()
+            tensors[prefix + ".weight_scale_inv"] = scale.to(torch.float32).contiguous()
+        else:
+            tensors[name] = t.to(torch.bfloat16)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((source / "config.json").read_text())
+    config.update(num_hidden_layers=LAYERS, dtype="bfloat16", quantization_config=FP8_BLOCK_CONFIG)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
+        if (source / name).is_file():
+            shutil.copyfile(source / name, out / name)
+    return out
 
 
 def without_kv(source: Path, out: Path) -> Path:
@@ -62,7 +102,8 @@ def stored(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
     out = {"modelopt-nvfp4": shutil.copytree(modelopt_checkpoint("nvfp4", smollm2_dir), root / "modelopt-nvfp4"),
            "modelopt-fp8": without_kv(modelopt_checkpoint("fp8", smollm2_dir), root / "modelopt-fp8"),
            "modelopt-int4_awq": modelopt_checkpoint("int4_awq", smollm2_dir),
-           "modelopt-fp8-kv": modelopt_checkpoint("fp8", smollm2_dir)}
+           "modelopt-fp8-kv": modelopt_checkpoint("fp8", smollm2_dir),
+           "fp8-block": fp8_block_checkpoint(smollm2_dir, root / "fp8-block")}
     ct = compressed_tensors_checkpoint("FP8_DYNAMIC", smollm2_dir)
     if ct is not None:
         out["ct-fp8"] = without_kv(ct, root / "ct-fp8")
@@ -158,7 +199,8 @@ def test_the_scales_are_where_the_engine_reads_them(calibrated: dict, stored: di
                 assert t.numel() == 1 and float(t) == pytest.approx(layer[f"{kind}_scale"], rel=1e-6)
     facts = read_model_facts(hf)  # trtkv's recognition: the same stored format, now with its FP8 KV scheme
     assert facts.quant is not None and facts.quant.stored_format == read_model_facts(stored[fixture]).quant.stored_format
-    assert facts.quant.kv_cache == ("fp8 per head" if per_head else "fp8 per tensor")
+    # quant_method fp8 declares no KV scheme: vLLM's Fp8Config reads the scales without one
+    assert facts.quant.kv_cache == (None if fixture == "fp8-block" else "fp8 per head" if per_head else "fp8 per tensor")
 
 
 @pytest.mark.slow
@@ -183,7 +225,8 @@ def test_the_scale_audit_finds_them(calibrated: dict, case: str) -> None:
     out, _ = calibrated[case]
     layers = json.loads((out / "kv_scales.json").read_text())["layers"]
     (audit,) = audit_folder(out / "hf", ["vllm"])
-    assert audit.exit_code == 0 and audit.kv_algo
+    # quant_method fp8 names no KV algo (vLLM's Fp8Config reads the scales without one); the others declare FP8
+    assert audit.exit_code == 0 and (audit.kv_algo is None) == (case == "fp8-block")
     assert [r.layer for r in audit.rows] == list(range(LAYERS))
     for row, layer in zip(audit.rows, layers, strict=True):
         assert row.scales["k"] == pytest.approx(layer["k_scale"], rel=1e-6)
@@ -216,7 +259,9 @@ if method == "compressed-tensors":
 cfg = get_quantization_config(method).from_config(q)
 # the KV method each config gives an Attention layer (ModelOptQuantConfigBase / CompressedTensorsConfig
 # get_quant_method)
-kv_method = ct.CompressedTensorsKVCacheMethod if method == "compressed-tensors" else type(cfg).KVCacheMethodCls
+from vllm.model_executor.layers.quantization.fp8 import Fp8KVCacheMethod
+kv_method = {"compressed-tensors": ct.CompressedTensorsKVCacheMethod, "fp8": Fp8KVCacheMethod}.get(
+    method) or type(cfg).KVCacheMethodCls
 files = filter_duplicate_safetensors_files(sorted(str(p) for p in d.glob("*.safetensors")), str(d),
                                            "model.safetensors.index.json")
 params = {f"model.layers.{i}.self_attn.attn.{k}_scale": None for i in range(hf["num_hidden_layers"]) for k in "kv"}
@@ -263,7 +308,8 @@ def test_vllms_own_loader_reads_the_scales_beside_the_stored_weights(calibrated:
     want = {"modelopt-nvfp4": ("ModelOptNvFp4Config", "ModelOptKVCacheMethod", "FP8"),
             "modelopt-fp8": ("ModelOptFp8Config", "ModelOptKVCacheMethod", "FP8"),
             "ct-fp8": ("CompressedTensorsConfig", "CompressedTensorsKVCacheMethod", "tensor"),
-            "ct-fp8-head": ("CompressedTensorsConfig", "CompressedTensorsKVCacheMethod", "attn_head")}[case]
+            "ct-fp8-head": ("CompressedTensorsConfig", "CompressedTensorsKVCacheMethod", "attn_head"),
+            "fp8-block": ("Fp8Config", "Fp8KVCacheMethod", None)}[case]
     assert (result["config"], result["kv_method"], result["kv"]) == want
     assert len(result["files"]) == 2 and result["weights"] > 0
     layers = json.loads((out / "kv_scales.json").read_text())["layers"]
@@ -281,7 +327,8 @@ def test_vllms_own_loader_reads_the_scales_beside_the_stored_weights(calibrated:
 # What the K/V are measured on: the weights as stored
 
 
-@pytest.mark.parametrize(("fixture", "bound"), [("modelopt-fp8", 2**-4), ("modelopt-nvfp4", 0.25), ("ct-fp8", 2**-4)])
+@pytest.mark.parametrize(("fixture", "bound"), [("modelopt-fp8", 2**-4), ("modelopt-nvfp4", 0.25), ("ct-fp8", 2**-4),
+                                                ("fp8-block", 2**-4)])
 def test_the_weights_are_dequantized_as_stored(stored: dict[str, Path], smollm2_dir: Path, fixture: str,
                                                bound: float) -> None:
     """ModelOpt's FP8QTensor / NVFP4QTensor give back the 16-bit weights the exports were made from, within each
@@ -297,7 +344,7 @@ def test_the_weights_are_dequantized_as_stored(stored: dict[str, Path], smollm2_
     original = {}
     for path in smollm2_dir.glob("*.safetensors"):
         original.update(load_file(str(path)))
-    got = dequantized_state_dict(stored[fixture], None)
+    got = dequantized_state_dict(stored[fixture], (128, 128) if fixture == "fp8-block" else None)
     for name in ("model.layers.0.self_attn.k_proj.weight", "model.layers.1.mlp.down_proj.weight"):
         ref = original[name].float()
         err = float((got[name] - ref).norm() / ref.norm())

@@ -171,13 +171,13 @@ def _target(
             "reads per-head scales only through compressed-tensors)",
             "kv_cache fp8 (per layer), or ",
         )
-    return StoredCheckpoint(model_dir, method, fmt, source, _block(quant, fmt))
+    return StoredCheckpoint(model_dir, method, fmt, source, _block(quant))
 
 
-def _block(quant: Any, fmt: str) -> tuple[int, int] | None:
-    """The FP8 block shape: fp8's weight_block_size, compressed-tensors' block_structure,
-    ModelOpt FP8_PB_WO's 128 x 128."""
-    if fmt != "fp8_block" or not isinstance(quant, dict):
+def _block(quant: Any) -> tuple[int, int] | None:
+    """The FP8 2-D block shape where the weights are stored so: fp8's weight_block_size,
+    compressed-tensors' block_structure, ModelOpt FP8_PB_WO's 128 x 128; None otherwise."""
+    if not isinstance(quant, dict):
         return None
     block = quant.get("weight_block_size")
     groups = quant.get("config_groups")
@@ -189,7 +189,7 @@ def _block(quant: Any, fmt: str) -> tuple[int, int] | None:
                 break
     if isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) for b in block):
         return int(block[0]), int(block[1])
-    return 128, 128
+    return (128, 128) if str(quant.get("quant_algo")).upper() == "FP8_PB_WO" else None
 
 
 def _refuse(recipe: Recipe, model_dir: Path, fmt: str, why: str, first: str) -> NoReturn:
@@ -328,7 +328,9 @@ def check_written(
     notes: list[str] = []
     config = _read_json(hf_dir / "config.json")
     found = read_checkpoint_quant(config.get("quantization_config"), hf_dir, notes)
-    if found is None or found.stored_format != target.weights or not found.kv_cache:
+    # vLLM's Fp8Config reads k/v scales with no declaration (fp8.py get_quant_method)
+    declared = target.writer == "fp8" or (found is not None and found.kv_cache)
+    if found is None or found.stored_format != target.weights or not declared:
         problems.append(
             f"config.json is read as {found and found.source}, not {target.source} "
             "with an FP8 KV cache"
