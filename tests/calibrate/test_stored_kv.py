@@ -372,3 +372,14 @@ def test_refused_where_no_engine_reads_the_scales(stored: dict[str, Path], tmp_p
         calibrate(recipe, log=quiet)
     assert why in str(err.value) and "nothing was calibrated" in str(err.value)
     assert not checkpoint_dir(recipe).exists()
+
+
+def test_dry_run_says_the_kv_cache_only(stored: dict[str, Path], tmp_path: Path) -> None:
+    """On main the dry run of a recipe with model.checkpoint_quant promised ModelOpt's exports of the model (hf/
+    re-exported, a TensorRT-LLM checkpoint)."""
+    from trtkv.calibrate import describe_calibration
+
+    recipe = load_recipe(recipe_for(tmp_path, stored["modelopt-nvfp4"]), ["model.checkpoint_quant=nvfp4"])
+    lines = "\n".join(describe_calibration(recipe))
+    assert "KV cache only: the weights stored as nvfp4" in lines and "hard-linked, unchanged" in lines
+    assert "export_hf_checkpoint" not in lines and "export_tensorrt_llm_checkpoint" not in lines
