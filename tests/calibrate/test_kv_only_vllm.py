@@ -178,19 +178,25 @@ def test_vllms_own_loader_reads_the_per_tensor_scales_calibrate_wrote(calibrated
             assert values == pytest.approx([want[f"{kind}_scales"][i]], rel=1e-6)
 
 
-@pytest.mark.parametrize("weights", ["none", "fp8"])
+@pytest.mark.parametrize(("quant", "weights", "why"), [
+    ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "fp8", "would quantize them again"),
+    ({"quant_method": "mxfp4"}, "none", "Mxfp4Config.get_quant_method returns None for Attention"),
+    ({"quant_method": "awq", "bits": 4, "group_size": 128}, "none", "AWQ config quantizes LinearBase only"),
+])
 def test_a_pre_quantized_checkpoint_is_refused_before_any_work(tiny_dir: Path, tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch, weights: str) -> None:
+                                                               monkeypatch: pytest.MonkeyPatch, quant: dict,
+                                                               weights: str, why: str) -> None:
     """On main calibrate ran mtq.quantize on whatever transformers loaded: fp8 weights quantized a second time, or the
-    stored weights exported dequantized. Now: refused with the ways to serve it as stored, nothing written."""
+    stored weights exported dequantized. Now: asking for weights again, or KV scales where vLLM reads none beside
+    these weights, is refused with the ways to serve it as stored, nothing written."""
     stored = tmp_path / "stored"
     shutil.copytree(tiny_dir, stored)
     config = json.loads((stored / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    config["quantization_config"] = quant
     (stored / "config.json").write_text(json.dumps(config))
     monkeypatch.setenv("TRTKV_ENGINES", str(tmp_path / "engines"))
     recipe = load_recipe(kv_only_recipe(tmp_path, stored), [f"quantization.weights={weights}"])
-    with pytest.raises(StageError, match=r"stored as fp8; .*Next: serve it as stored .*fp8_cast") as err:
+    with pytest.raises(StageError, match=r"stored as \w+; .*Next: .*serve it as stored .*fp8_cast") as err:
         calibrate(recipe, log=quiet)
-    assert ("quantize them again" in str(err.value)) == (weights == "fp8")
+    assert why in str(err.value)
     assert not checkpoint_dir(recipe).exists()

@@ -142,6 +142,21 @@ PER_TENSOR_HF = (
 )
 
 
+# model.checkpoint_quant: the weights as stored (trtkv.calibrate.stored_kv)
+STORED_KV = (
+    "  KV cache only: the weights stored as {fmt} (model.checkpoint_quant) are dequantized in "
+    "memory as stored (ModelOpt's FP8QTensor / NVFP4QTensor) for the K/V amax, never quantized "
+    "again; the scales go where the checkpoint's engine reads them beside those weights (ModelOpt: "
+    "self_attn.k_proj.k_scale, hf_quant_config.json kv_cache_quant_algo FP8; compressed-tensors: "
+    "kv_cache_scheme, self_attn.k_scale); refused before any work where none reads them"
+)
+STORED_HF = (
+    "hf/ (the checkpoint's own safetensors shards hard-linked, unchanged, + "
+    "kv_cache_scales.safetensors listed in model.safetensors.index.json + the config declaring "
+    "the KV scheme); no TensorRT-LLM checkpoint; tokenizer/, kv_scales.json, calibration_report.md"
+)
+
+
 def reads_hf(recipe: Recipe) -> bool:
     """Whether the recipe's backend serves hf/ (not the TensorRT-LLM checkpoint)."""
     return recipe.build.backend in HF_EXPORT_BACKENDS
@@ -231,7 +246,9 @@ def describe_calibration(recipe: Recipe) -> list[str]:
         f"seed {c.seed}",
         f"  ModelOpt config: {json.dumps(modelopt_config_spec(recipe))}",
     ]
-    if q.kv_cache is KVCacheQuant.FP8_ATTN_HEAD:
+    if recipe.model.checkpoint_quant:
+        lines.append(STORED_KV.format(fmt=recipe.model.checkpoint_quant))
+    elif q.kv_cache is KVCacheQuant.FP8_ATTN_HEAD:
         lines.append(
             "  KV cache: fp8_attn_head -> calibrated as FP8 (per-layer amax) with each (KV head, "
             "channel)'s |max| recorded; hf/ per (layer, KV head) self_attn.k_scale / v_scale = "
@@ -285,6 +302,9 @@ def describe_calibration(recipe: Recipe) -> list[str]:
             "report)"
         )
     lines.append(f"  output: {out}/")
-    lines += [f"    {name}: {what}" for name, what in export_targets(recipe).items()]
+    if recipe.model.checkpoint_quant:
+        lines.append(f"    hf: {STORED_HF}")
+    else:
+        lines += [f"    {name}: {what}" for name, what in export_targets(recipe).items()]
     lines += [f"  cannot run: {p}" for p in supported_problems(recipe)]
     return lines

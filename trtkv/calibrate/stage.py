@@ -24,10 +24,17 @@ from trtkv.calibrate.modelopt_export import (
     write_rope,
 )
 from trtkv.calibrate.report import render_report
+from trtkv.calibrate.stored_kv import (
+    STORED_NOTE,
+    StoredCheckpoint,
+    link_checkpoint,
+    stored_checkpoint,
+    stored_scales,
+)
 from trtkv.checkpoints.tokenizer_files import TOKENIZER_FILES_VERSION, save_tokenizer
 from trtkv.core.errors import StageError
 from trtkv.kvcache import scales as kv_scales
-from trtkv.recipe import KVCacheQuant, Recipe, WeightQuant, kv_only_compressed_tensors, layout
+from trtkv.recipe import KVCacheQuant, Recipe, kv_only_compressed_tensors, layout
 from trtkv.recipe.layout import checkpoint_dir
 
 if TYPE_CHECKING:
@@ -68,15 +75,16 @@ def calibrate(
     def work(tmp: Path) -> dict[str, Any]:
         # Only when the checkpoint is not up to date: resolving may convert the packaged model or
         # try a hub.
-        model_dir = None
+        model_dir, stored = None, None
         chosen = loader
         if chosen is None:
-            # fails fast (hub id offline, missing package) before heavy work
+            # fails fast (hub id offline, missing package, a stored format it cannot write KV
+            # scales beside) before heavy work
             model_dir = _resolve_model(recipe)
-            _check_stored(recipe, model_dir)
+            stored = stored_checkpoint(recipe, model_dir)
             _check_memory(recipe)
-            chosen = default_loader
-        return _calibrate_into(tmp, recipe, chosen, model_dir, log)
+            chosen = default_loader if stored is None else _dequantized_loader(stored)
+        return _calibrate_into(tmp, recipe, chosen, model_dir, log, stored)
 
     return run_stage(
         STAGE,
@@ -117,28 +125,6 @@ def _resolve_model(recipe: Recipe) -> Path:
         ) from exc
 
 
-def _check_stored(recipe: Recipe, model_dir: Path) -> None:
-    """Refuse a pre-quantized checkpoint (config.json quantization_config, or ModelOpt's
-    hf_quant_config.json) before any work: its weights are never quantized again, and the HF
-    export would hold them as transformers dequantized them, not as stored."""
-    stored = stored_format(model_dir)
-    if stored is None:
-        return
-    q = recipe.quantization
-    asked = (
-        f"quantization.weights {q.weights.value} would quantize them again"
-        if q.weights is not WeightQuant.NONE
-        else f"kv_cache {q.kv_cache.value}: trtkv does not yet write KV scales beside stored "
-        "weights (the export would hold the weights dequantized to the model dtype)"
-    )
-    raise StageError(
-        f"calibrate {recipe.name}: {model_dir} holds a checkpoint stored as {stored}; {asked}. "
-        f"Next: serve it as stored (quantization.weights none) with kv_cache fp8_cast (FP8 at "
-        "scale 1.0, no calibration), none (16-bit), or the scales the checkpoint carries; nothing "
-        "was calibrated."
-    )
-
-
 def stored_format(model_dir: Path) -> str | None:
     """The quantization a model folder's weights are stored in (config.json quantization_config's
     quant_method or quant_algo, `modelopt` for hf_quant_config.json alone), None for a 16-bit
@@ -153,6 +139,13 @@ def stored_format(model_dir: Path) -> str | None:
         if isinstance(q, dict) and q:
             return str(q.get("quant_method") or q.get("quant_algo") or "quantized").lower()
     return "modelopt" if (model_dir / "hf_quant_config.json").is_file() else None
+
+
+def _dequantized_loader(stored: StoredCheckpoint) -> ModelLoader:
+    """The stored checkpoint's model, its weights dequantized as stored (the engine runs those)."""
+    from trtkv.calibrate.dequantize import load_dequantized
+
+    return lambda _recipe: load_dequantized(stored.model_dir, stored.block)
 
 
 def _check_memory(recipe: Recipe) -> None:
@@ -211,8 +204,10 @@ def _calibrate_into(
     loader: ModelLoader,
     model_dir: Path | None,
     log: Callable[[str], None],
+    stored: StoredCheckpoint | None = None,
 ) -> dict[str, Any]:
-    """The stage's work: load, sample, calibrate, export, write scales and report, validate."""
+    """The stage's work: load, sample, calibrate, export (or link the stored weights), write scales
+    and report, validate."""
     import torch
 
     start = time.time()
@@ -229,19 +224,13 @@ def _calibrate_into(
     num_layers = int(model.config.num_hidden_layers)
     calib_s, calib_cpu_s = time.time() - t0, time.process_time() - cpu0
     t0 = time.time()
-    refused = trtllm_export_refused(recipe)
-    notes = kv_notes + (
-        [
-            f"No TensorRT-LLM checkpoint (config.json, rank*.safetensors): {refused}. hf/ is the "
-            f"artifact (vLLM, TensorRT-LLM's LLM API)."
-        ]
-        if refused
-        else export_trtllm(model, tmp, recipe)
-    )
-    notes += export_hf(model, tokenizer, tmp, recipe)
-    write_rope(tmp, json.loads((tmp / layout.HF_CONFIG).read_text()))
-    # what Triton's pre/postprocessing, the LLM API, trtllm-serve read
-    save_tokenizer(tokenizer, tmp / layout.TOKENIZER)
+    if stored is None:
+        notes, refused = _export(tmp, recipe, model, tokenizer)
+    else:  # the weights as stored: linked beside the new KV scales, never exported again
+        link_checkpoint(stored.model_dir, tmp / layout.HF)
+        notes = [STORED_NOTE.format(source=stored.source, writer=stored.writer)]
+        save_tokenizer(tokenizer, tmp / layout.TOKENIZER)
+    notes = kv_notes + notes
     export_s = time.time() - t0
     # kv_scales.json (trtkv.contracts.artifacts.KVScalesFile); kv_cache none: no layers, num_layers
     # still given
@@ -251,14 +240,11 @@ def _calibrate_into(
         [ls.v_amax for ls in layers],
         num_layers=num_layers,
     ).save(tmp)
-    summary = _validate(tmp, recipe, layers, refused)
-    # ModelOpt's per-layer export -> vLLM's per-head
-    if recipe.quantization.kv_cache is KVCacheQuant.FP8_ATTN_HEAD:
-        summary["attn_head"] = _attn_head(tmp / layout.HF, layers, model, num_layers)
-    # ModelOpt's KV-only export -> the per-tensor compressed-tensors form vLLM reads
-    if kv_only_compressed_tensors(recipe):
-        summary["per_tensor"] = _per_tensor(tmp / layout.HF, layers, num_layers)
-        notes.append(PER_TENSOR_NOTE)
+    if stored is None:
+        summary = _validate_export(tmp, recipe, layers, model, refused, notes)
+    else:
+        per_head = recipe.quantization.kv_cache is KVCacheQuant.FP8_ATTN_HEAD
+        summary = {"stored": stored_scales(tmp / layout.HF, stored, layers, model, per_head)}
     timing = {
         "load_s": round(load_s, 2),
         "calibration_s": round(calib_s, 2),
@@ -289,6 +275,8 @@ def _calibrate_into(
     checked = (
         f"{len(summary['ranks'])} rank file(s)"
         if "ranks" in summary
+        else f"the weights as stored, {stored.writer} KV scales beside them"
+        if stored is not None
         else "HF export only: no TensorRT-LLM checkpoint for this architecture"
     )
     log(
@@ -303,6 +291,45 @@ def _calibrate_into(
         "validation": summary,
         "model_dir": str(model_dir) if model_dir else None,
     }
+
+
+def _export(tmp: Path, recipe: Recipe, model: Any, tokenizer: Any) -> tuple[list[str], str | None]:
+    """ModelOpt's exports of the calibrated 16-bit model: the TensorRT-LLM checkpoint (where the
+    architecture has one), hf/, RoPE where the engines read it, the tokenizer."""
+    refused = trtllm_export_refused(recipe)
+    notes = (
+        [
+            f"No TensorRT-LLM checkpoint (config.json, rank*.safetensors): {refused}. hf/ is the "
+            f"artifact (vLLM, TensorRT-LLM's LLM API)."
+        ]
+        if refused
+        else export_trtllm(model, tmp, recipe)
+    )
+    notes += export_hf(model, tokenizer, tmp, recipe)
+    write_rope(tmp, json.loads((tmp / layout.HF_CONFIG).read_text()))
+    # what Triton's pre/postprocessing, the LLM API, trtllm-serve read
+    save_tokenizer(tokenizer, tmp / layout.TOKENIZER)
+    return notes, refused
+
+
+def _validate_export(
+    tmp: Path,
+    recipe: Recipe,
+    layers: list[Any],
+    model: Any,
+    refused: str | None,
+    notes: list[str],
+) -> dict[str, Any]:
+    """_validate, then hf/ in the form the engine reads: vLLM's per-head or per-tensor
+    compressed-tensors (from ModelOpt's per-layer export)."""
+    num_layers = int(model.config.num_hidden_layers)
+    summary = _validate(tmp, recipe, layers, refused)
+    if recipe.quantization.kv_cache is KVCacheQuant.FP8_ATTN_HEAD:
+        summary["attn_head"] = _attn_head(tmp / layout.HF, layers, model, num_layers)
+    if kv_only_compressed_tensors(recipe):
+        summary["per_tensor"] = _per_tensor(tmp / layout.HF, layers, num_layers)
+        notes.append(PER_TENSOR_NOTE)
+    return summary
 
 
 def _validate(tmp: Path, recipe: Recipe, layers: list[Any], refused: str | None) -> dict[str, Any]:
