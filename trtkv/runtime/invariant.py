@@ -26,9 +26,11 @@ kernel, so we choose the call instead:
   own weights and attention shapes; where it fails every call is split into ROWS-row pieces (the
   slower fixed-shape path). A decode block's linears (and its LM head) run each live row as a
   one-row product (decode_linear: one torch.bmm of (n, 1, D) rows against the shared weight, the
-  matrix-vector kernel for every row whatever n is; rows_ok checks once per model that a row comes
-  out as it does alone): on the CPUs measured a (1, D) product costs ~1/2 of an (8, D) GEMM (MKL
-  packs the weight for M > 1), so a sequence decoding alone pays for one row, not DECODE_ROWS.
+  matrix-vector kernel for every row whatever n is, a lone row one torch.mm; rows_ok checks once per
+  model that a row comes out as it does alone): on the CPUs measured a (1, D) product costs ~1/2 of
+  an (8, D) GEMM (MKL packs the weight for M > 1), so a sequence decoding alone pays for one row,
+  not DECODE_ROWS. The weights are stored column-major, (D, out) (decode_rows.layer_groups, before
+  any product or check), the layout MKL's matrix-vector kernel streams fastest.
 - **Prefill attention of a full layer runs through torch's CPU flash kernel** (trtkv.runtime.flash):
   keys padded to whole 512-key blocks and an explicit mask, so every key block is full and a block
   past a row's position leaves that row exactly as it was; one call per 512-row span, checked once
