@@ -7,7 +7,9 @@ smollm2_fp8kv engine's KV numerics; its weights run in float32 whatever they are
 --input-tokens ids, greedy, EOS ignored; ms/token = (time of 1 + T tokens - time of 1 token) / T, so the prefill is
 left out. Each reference measurement is a fresh process (the `before` code from `git archive REV trtkv`, the `after`
 code from this tree), before and after alternating round by round so a shared machine's load falls on both; vLLM
-(.venv-vllm, offline LLM, eager, one process) runs after them. The load average is printed beside the figures.
+(.venv-vllm, offline LLM, eager, one process) runs after them. The load average is printed beside the figures, and
+each reference process's own CPU time per token beside its wall time: on a shared machine the other work slows the
+CPU time far less (the caches and memory bandwidth are still shared), so its paired ratio is the steadier one there.
 
   $ .venv/bin/python benchmarks/decode_speed.py --before main --rounds 3
   $ make bench-decode-speed DECODE_ARGS="--before HEAD~1 --no-vllm"
@@ -38,12 +40,15 @@ rt = ReferenceRuntime.load_hf(folder, threads=threads).with_kv_format("fp8_scale
 ids = [100 + i % 1000 for i in range(isl)]
 kw = dict(end_id=-1) if "end_id" in ReferenceRuntime.generate.__code__.co_varnames else {}
 rt.generate(ids, max_tokens=4, **kw)
-runs = []
+runs, cpu = [], []
 for _ in range(repeats):
-    t = time.perf_counter(); rt.generate(ids, max_tokens=1, **kw); one = time.perf_counter() - t
-    t = time.perf_counter(); out = rt.generate(ids, max_tokens=1 + tokens, **kw); many = time.perf_counter() - t
+    t, c = time.perf_counter(), time.process_time(); rt.generate(ids, max_tokens=1, **kw)
+    one, one_cpu = time.perf_counter() - t, time.process_time() - c
+    t, c = time.perf_counter(), time.process_time(); out = rt.generate(ids, max_tokens=1 + tokens, **kw)
+    many, many_cpu = time.perf_counter() - t, time.process_time() - c
     runs.append((many - one) / (len(out) - 1) * 1000)
-print(json.dumps({"ms_per_token": runs, "threads": torch.get_num_threads()}))
+    cpu.append((many_cpu - one_cpu) / (len(out) - 1) * 1000)
+print(json.dumps({"ms_per_token": runs, "cpu_ms_per_token": cpu, "threads": torch.get_num_threads()}))
 """
 
 VLLM_WORKER = """
@@ -78,14 +83,17 @@ def export_rev(rev: str, dest: Path) -> Path:
     return dest
 
 
-def reference(code: Path, folder: Path, args: argparse.Namespace) -> list[float]:
+def reference(code: Path, folder: Path, args: argparse.Namespace) -> tuple[list[float], list[float]]:
+    """(wall ms/token, CPU ms/token) per measurement: the CPU time is the process's own, so a shared
+    machine's other work slows it far less than the wall time (it still shares caches and memory)."""
     env = {**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": str(args.threads)}
     cmd = [sys.executable, "-c", REFERENCE_WORKER, str(folder), str(args.tokens), str(args.input_tokens),
            str(args.repeats), str(args.threads)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, cwd=code)
     if done.returncode != 0:
         raise SystemExit(f"reference worker for {code} failed:\n{done.stderr[-3000:]}")
-    return list(json.loads(done.stdout.strip().splitlines()[-1])["ms_per_token"])
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    return list(got["ms_per_token"]), list(got.get("cpu_ms_per_token", []))
 
 
 def vllm(folder: Path, args: argparse.Namespace) -> list[float] | None:
@@ -122,12 +130,16 @@ def main() -> int:
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     load_before = os.getloadavg()
     figures: dict[str, list[float]] = {"before": [], "after": []}
+    cpu: dict[str, list[float]] = {"before": [], "after": []}
     with tempfile.TemporaryDirectory() as tmp:
         before = export_rev(args.before, Path(tmp))
         for r in range(args.rounds):
             for name, code in (("before", before), ("after", ROOT)):
-                figures[name] += reference(code, folder, args)
-                print(f"round {r + 1}: {name} {statistics.median(figures[name]):.1f} ms/token so far", flush=True)
+                wall, own = reference(code, folder, args)
+                figures[name] += wall
+                cpu[name] += own
+                print(f"round {r + 1}: {name} {statistics.median(figures[name]):.1f} ms/token so far "
+                      f"(CPU {statistics.median(cpu[name]):.1f})", flush=True)
     if not args.no_vllm:
         got = vllm(folder, args)
         if got:
@@ -149,12 +161,16 @@ def main() -> int:
     paired = [b / a for b, a in zip(figures["before"], figures["after"], strict=True)]
     print(f"speedup before/after: {med['before'] / med['after']:.2f}x of the medians; paired per measurement "
           f"{', '.join(f'{r:.2f}' for r in paired)} (median {statistics.median(paired):.2f}x)")
+    paired_cpu = [b / a for b, a in zip(cpu["before"], cpu["after"], strict=True)]
+    print(f"CPU time of the reference process: before {statistics.median(cpu['before']):.1f}, after "
+          f"{statistics.median(cpu['after']):.1f} ms/token; paired {', '.join(f'{r:.2f}' for r in paired_cpu)} "
+          f"(median {statistics.median(paired_cpu):.2f}x)")
     for name in med:
         if name.startswith("vllm"):
             print(f"reference (this tree) / {name}: {med['after'] / med[name]:.2f}x")
     if args.json:
         args.json.write_text(json.dumps({"date": started, "cpu": model, "load": [load_before, load_after],
-                                         "figures": figures}, indent=2) + "\n")
+                                         "figures": figures, "cpu_ms_per_token": cpu}, indent=2) + "\n")
     return 0
 
 

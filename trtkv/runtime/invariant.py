@@ -26,9 +26,11 @@ kernel, so we choose the call instead:
   own weights and attention shapes; where it fails every call is split into ROWS-row pieces (the
   slower fixed-shape path). A decode block's linears (and its LM head) run each live row as a
   one-row product (decode_linear: one torch.bmm of (n, 1, D) rows against the shared weight, the
-  matrix-vector kernel for every row whatever n is; rows_ok checks once per model that a row comes
-  out as it does alone): on the CPUs measured a (1, D) product costs ~1/2 of an (8, D) GEMM (MKL
-  packs the weight for M > 1), so a sequence decoding alone pays for one row, not DECODE_ROWS.
+  matrix-vector kernel for every row whatever n is, a lone row one torch.mm; rows_ok checks once per
+  model that a row comes out as it does alone): on the CPUs measured a (1, D) product costs ~1/2 of
+  an (8, D) GEMM (MKL packs the weight for M > 1), so a sequence decoding alone pays for one row,
+  not DECODE_ROWS. The weights are stored column-major, (D, out) (decode_rows.layer_groups, before
+  any product or check), the layout MKL's matrix-vector kernel streams fastest.
 - **Prefill attention of a full layer runs through torch's CPU flash kernel** (trtkv.runtime.flash):
   keys padded to whole 512-key blocks and an explicit mask, so every key block is full and a block
   past a row's position leaves that row exactly as it was; one call per 512-row span, checked once
@@ -165,6 +167,7 @@ def stacking_ok(model: Any) -> bool:
     cached = _STACKING.get(model)
     if cached is not None:
         return cached
+    layer_groups(model)  # the weights' layout first
     gen = torch.Generator().manual_seed(0)
     layer = model.model.layers[0]
     shapes = layer_linears(layer)
@@ -215,6 +218,7 @@ def _layers(
 
     config, inner = model.config, model.model
     gemma = is_gemma3(config)
+    fused = layer_groups(model)  # also the weights' layout, before any product
     tables = rope_tables(model, max_len + ROWS)
     kinds = list(config.layer_types) if gemma else [None] * len(inner.layers)
     window = getattr(config, "sliding_window", None)
@@ -238,7 +242,7 @@ def _layers(
         gate, value = decode_linear(model, up.weight, up.bias, h, rows).split(up.sizes, dim=1)
         return lin(f.down_proj, f.act_fn(gate) * value)
 
-    groups = layer_groups(model) if rows is not None else None
+    groups = fused if rows is not None else None
 
     for i, layer in enumerate(inner.layers):
         attn = layer.self_attn
@@ -349,6 +353,7 @@ def forward_rows(model: Any, blocks: list[Block], max_len: int) -> list[Block]:
 
     for b in blocks:
         masks: dict[Any, Any] = {}  # the unseen-key masks of this block's step, made once
+        places = b.positions[b.lo : b.hi].tolist()  # the rows' positions, read once a step
 
         def attend(
             i: int,
@@ -359,18 +364,21 @@ def forward_rows(model: Any, blocks: list[Block], max_len: int) -> list[Block]:
             window: int | None,
             b: Block = b,
             masks: dict[Any, Any] = masks,
+            places: list[int] = places,
         ) -> torch.Tensor:
             import torch
 
-            out = torch.zeros(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype)
             caches = [b.seqs[slot].cache for slot in range(b.lo, b.hi)]
             # one encode call
             stored = update_rows(caches, i, k[b.lo : b.hi, :, None], v[b.lo : b.hi, :, None])
             kv = []
-            for slot, (keys, values) in zip(range(b.lo, b.hi), stored, strict=True):
-                p = int(b.positions[slot])
+            for p, (keys, values) in zip(places, stored, strict=True):
                 kv.append((keys[0], values[0], p + 1 - keys.shape[-2], p))
-            out[b.lo : b.hi] = attend_decode_rows(attn.scaling, q[b.lo : b.hi], kv, window, masks)
+            rows = attend_decode_rows(attn.scaling, q[b.lo : b.hi], kv, window, masks)
+            if b.lo == 0 and b.hi == q.shape[0]:  # every row live (rows_ok)
+                return rows
+            out = torch.zeros(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype)
+            out[b.lo : b.hi] = rows
             return out
 
         b.x = _layers(model, b.x, b.positions, max_len, attend, rows=b.hi)
