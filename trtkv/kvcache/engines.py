@@ -73,6 +73,7 @@ STORAGE_KEYS: Keys = {
     "dequant_ops": ((int,), True),
     "description": (_S, True),
     "help": (_S, True),
+    "codec": (_S, False),
 }
 RECIPE_KEYS: Keys = {
     "name": (_S, True),
@@ -114,6 +115,7 @@ class Storage:
     dequant_ops: int  # operations per K/V element read to turn it back into 16-bit (plan.speed)
     description: str
     help: str
+    codec: str  # the probe's and the cache's codec (trtkv.kvcache.codecs.CODECS); default: the row
 
 
 @dataclass(frozen=True)
@@ -327,7 +329,9 @@ def parse_table(doc: dict, path: Path = TABLE_PATH) -> FormatTable:
             note=raw.get("note", ""),
             storage=None
             if storage is None
-            else Storage(**_checked(path, f"{where}.storage", storage, STORAGE_KEYS)),
+            else Storage(
+                **{"codec": name, **_checked(path, f"{where}.storage", storage, STORAGE_KEYS)}
+            ),
             recipe=None if recipe is None else _recipe(path, f"{where}.recipe", recipe, storages),
         )
     table = FormatTable(formats=rows, implementations=dict(doc.get("implementations", {})))
