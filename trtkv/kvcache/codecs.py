@@ -270,58 +270,42 @@ class LayerCodecs:
 CodecFactory = Callable[[FormatChoice, float | None, float | None], LayerCodecs]
 
 
-def _static_scales(choice: FormatChoice, k: float | None, v: float | None) -> tuple[float, float]:
-    """Positive static K and V scales of one layer, or an error saying where to get them."""
-    if k is None or v is None or not (k > 0 and v > 0):
-        raise TrtkvError(
-            f"KV format {choice.name} needs positive static K and V scales per layer (NVFP4: "
-            f"global scales, amax/448; got k={k}, v={v}). Next: pass k_scales/v_scales "
-            "(kv_scales.json) or calibrate them with trtkv.kvcache.scales.calibrate_scales(model, "
-            "tokenizer) (KVScales.for_format)."
-        )
-    return k, v
+def _scaled(make: Callable[[float], Codec], shared: bool = False) -> CodecFactory:
+    """Codecs of positive static K and V scales per layer (`shared`: TensorRT-LLM's one
+    kv_cache_scaling_factor for K and V, max of the two, unless the format splits them)."""
 
+    def factory(choice: FormatChoice, k: float | None, v: float | None) -> LayerCodecs:
+        if k is None or v is None or not (k > 0 and v > 0):
+            raise TrtkvError(
+                f"KV format {choice.name} needs positive static K and V scales per layer (NVFP4: "
+                f"global scales, amax/448; got k={k}, v={v}). Next: pass k_scales/v_scales "
+                "(kv_scales.json) or calibrate them with trtkv.kvcache.scales.calibrate_scales("
+                "model, tokenizer) (KVScales.for_format)."
+            )
+        if shared and not choice.split_scales:
+            k = v = max(k, v)
+        return LayerCodecs(make(k), make(v))
 
-def _int8(choice: FormatChoice, k: float | None, v: float | None) -> LayerCodecs:
-    k, v = _static_scales(choice, k, v)
-    if not choice.split_scales:  # TensorRT-LLM: one kv_cache_scaling_factor for K and V
-        k = v = max(k, v)
-    return LayerCodecs(Int8StaticCodec(k), Int8StaticCodec(v))
-
-
-def _grouped(choice: FormatChoice, k: float | None, v: float | None) -> LayerCodecs:
-    spec = SPECS[choice.base]
-    return LayerCodecs(
-        GroupAsymCodec(spec.bits, spec.group_size or 64),
-        GroupAsymCodec(spec.bits, spec.group_size or 64),
-    )
-
-
-def _kivi(choice: FormatChoice, k: float | None, v: float | None) -> LayerCodecs:
-    spec = SPECS[choice.base]
-    group = spec.group_size or KIVI_GROUP
-    return LayerCodecs(
-        KiviKeyCodec(spec.bits, group), GroupAsymCodec(spec.bits, group), residual=KIVI_RESIDUAL
-    )
-
-
-def _turboquant(choice: FormatChoice, k: float | None, v: float | None) -> LayerCodecs:
-    key_bits, value_bits, norm_correction = TURBOQUANT_PRESETS[KVFormat(choice.codec)]
-    return LayerCodecs(
-        TurboQuantKeyCodec(key_bits, norm_correction), TurboQuantValueCodec(value_bits)
-    )
+    return factory
 
 
 def _pair(make: Callable[[], Codec]) -> CodecFactory:
     return lambda choice, k, v: LayerCodecs(make(), make())
 
 
-def _scaled(make: Callable[[float], Codec]) -> CodecFactory:
-    def factory(choice: FormatChoice, k: float | None, v: float | None) -> LayerCodecs:
-        k, v = _static_scales(choice, k, v)
-        return LayerCodecs(make(k), make(v))  # separate K and V scales (NVFP4: as TensorRT-LLM)
+def _grouped(choice: FormatChoice, k: float | None, v: float | None) -> LayerCodecs:
+    spec = SPECS[choice.base]
+    if choice.codec.startswith("kivi"):  # K per channel over token groups, a full-precision window
+        group = spec.group_size or KIVI_GROUP
+        key: Codec = KiviKeyCodec(spec.bits, group)
+        return LayerCodecs(key, GroupAsymCodec(spec.bits, group), residual=KIVI_RESIDUAL)
+    group = spec.group_size or 64
+    return LayerCodecs(GroupAsymCodec(spec.bits, group), GroupAsymCodec(spec.bits, group))
 
-    return factory
+
+def _turboquant(choice: FormatChoice, k: float | None, v: float | None) -> LayerCodecs:
+    key_bits, value_bits, norm = TURBOQUANT_PRESETS[KVFormat(choice.codec)]
+    return LayerCodecs(TurboQuantKeyCodec(key_bits, norm), TurboQuantValueCodec(value_bits))
 
 
 # The codecs by name: a registry row's storage.codec (its own name unless it says another) picks
@@ -331,19 +315,17 @@ CODECS: dict[str, CodecFactory] = {
     "bf16": _pair(lambda: CastCodec(torch.bfloat16)),
     "fp8_scale1": _pair(lambda: FP8Codec(1.0)),
     "fp8": _scaled(FP8Codec),
-    "int8": _int8,
-    "nvfp4": _scaled(NVFP4Codec),
+    "int8": _scaled(Int8StaticCodec, shared=True),
+    "nvfp4": _scaled(NVFP4Codec),  # separate K and V global scales, as TensorRT-LLM
     "int8_token": _pair(Int8TokenCodec),
     "int8_per_token_head": _pair(lambda: PerTokenHeadCodec(fp8=False)),
     "fp8_per_token_head": _pair(lambda: PerTokenHeadCodec(fp8=True)),
     "int4_per_token_head": _pair(Int4PerTokenHeadCodec),
-    **{f.value: _turboquant for f in TURBOQUANT_PRESETS},
     "ultraquant_4bit": lambda choice, k, v: LayerCodecs(
         UltraQuantCodec(rotate=True), UltraQuantCodec(rotate=False)
     ),
-    "kivi4": _kivi,
-    "kivi2": _kivi,
-    **{name: _grouped for name in ("int4_g32", "int4_g64", "int4_g128")},
+    **{f.value: _turboquant for f in TURBOQUANT_PRESETS},
+    **{name: _grouped for name in ("int4_g32", "int4_g64", "int4_g128", "kivi4", "kivi2")},
 }
 
 
