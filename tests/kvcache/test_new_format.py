@@ -79,3 +79,17 @@ def test_a_new_row_runs_its_codec_in_the_probe(env: dict[str, str], tmp_path: Pa
     assert twin["kl_mean"] == scale1["kl_mean"] > 0
     assert twin["top1_agreement"] == scale1["top1_agreement"]
     assert twin["kv_bytes_per_token"] == scale1["kv_bytes_per_token"] == 11520  # SmolLM2: 30 x 3 x 64 x 2 x 1 B
+
+
+def test_a_row_naming_no_codec_is_refused() -> None:
+    """storage.codec names a storage row (whose codec in trtkv.kvcache.codecs.CODECS runs): another name is an error
+    naming the file, the row and the field, at load."""
+    from trtkv.core.errors import TrtkvError
+    from trtkv.kvcache.engines import parse_table
+
+    table = json.loads((ROOT / "trtkv" / "data" / "kv_formats.json").read_text())
+    table["formats"][NAME] = {**FIXTURE["row"], "storage": {**FIXTURE["row"]["storage"], "codec": "fp8_twin_codec"}}
+    with pytest.raises(TrtkvError, match=r"formats\.fp8_twin\.storage\.codec: 'fp8_twin_codec' is no storage row"):
+        parse_table(table)
+    table["formats"][NAME] = FIXTURE["row"]
+    assert parse_table(table).row(NAME).storage.codec == "fp8_scale1"  # type: ignore[union-attr]

@@ -313,6 +313,8 @@ def parse_table(doc: dict, path: Path = TABLE_PATH) -> FormatTable:
         if raw["probe"] is None and not raw.get("why_not_in_probe"):
             raise _fail(path, where, "not in the probe, so it must say why_not_in_probe")
         storage = raw.get("storage")
+        if storage and storage.get("codec", name) not in storages:
+            raise _fail(path, f"{where}.storage.codec", f"{storage['codec']!r} is no storage row")
         recipe = raw.get("recipe")
         rows[name] = FormatRow(
             name=name,
