@@ -158,11 +158,15 @@ class FormatRow:
             raise TrtkvError(f"KV format {self.name} is no recipe quantization.kv_cache value.")
         return self.recipe
 
-    def engine_value(self, engine: str, version_prefix: str = "") -> str | None:
-        """The value `engine`'s first row selects this format with (None: no row)."""
-        rows = [
+    def engine_rows(self, engine: str, version_prefix: str = "") -> list[EngineRow]:
+        """The rows of `engine` (whose version starts with `version_prefix`) that select it."""
+        return [
             e for e in self.engines if e.engine == engine and e.version.startswith(version_prefix)
         ]
+
+    def engine_value(self, engine: str, version_prefix: str = "") -> str | None:
+        """The value `engine`'s first row selects this format with (None: no row)."""
+        rows = self.engine_rows(engine, version_prefix)
         return rows[0].value if rows else None
 
 
@@ -215,11 +219,7 @@ class FormatTable:
         """The rows of `engine` (whose version starts with `version_prefix`) that select format
         `name`."""
         row = self.row(name)
-        return (
-            [e for e in row.engines if e.engine == engine and e.version.startswith(version_prefix)]
-            if row
-            else []
-        )
+        return row.engine_rows(engine, version_prefix) if row else []
 
     def backends(self, engine: str, value: str) -> list[dict]:
         """The attention backends of `engine` whose sources list `value` (vLLM's and SGLang's; []

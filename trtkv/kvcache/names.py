@@ -41,7 +41,6 @@ RHT_SEED = 0x9E3779B9
 # those of them that take calibrated scales (fp8_scale1's is the constant 1.0)
 STATIC_CODECS = ("fp8", "fp8_scale1", "int8", "nvfp4")
 SCALED_CODECS = ("fp8", "int8", "nvfp4")
-STATIC_FORMATS = tuple(f for f, s in SPECS.items() if s.codec in STATIC_CODECS)
 # E2M1 magnitudes by 3-bit code (exponent 2 bits, mantissa 1 bit, bias 1; code 1 is the subnormal
 # 0.5)
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -60,7 +59,7 @@ class FormatChoice:
 
     @property
     def static(self) -> bool:
-        return self.base in STATIC_FORMATS
+        return self.codec in STATIC_CODECS
 
     @property
     def needs_scales(self) -> bool:
