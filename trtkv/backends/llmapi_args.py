@@ -10,16 +10,16 @@ from pathlib import Path
 from typing import Any
 
 from trtkv.engines.trtllm import LLMAPI_CAP_KEY, LLMAPI_FRACTION_KEY, llmapi_memory_knobs
-from trtkv.recipe import KVCacheQuant, Recipe
+from trtkv.recipe import Recipe
 from trtkv.recipe.layout import HF, checkpoint_dir
 from trtkv.recipe.prefix_cache import prefix_cache
 
 
 def kv_dtype(recipe: Recipe) -> str:
-    """kv_cache_config.dtype: fp8 / nvfp4 for a quantized KV cache, auto (the model dtype) for
-    none."""
-    kv = recipe.quantization.kv_cache
-    return kv.value if kv in (KVCacheQuant.FP8, KVCacheQuant.NVFP4) else "auto"
+    """kv_cache_config.dtype: the LLM API's value for the recipe's format in its registry row
+    (trtkv/data/kv_formats.json: fp8, nvfp4; auto, the model dtype, for none), its rows of
+    TensorRT-LLM 1.3 (the engine recipe.engine_formats.TABLE_ENGINE gives the llmapi backend)."""
+    return recipe.kv_row.engine_value("tensorrt_llm", "1.3") or "auto"
 
 
 def _period(values: list[int]) -> list[int]:

@@ -53,7 +53,7 @@ from trtkv.engines.sglang import (
     sglang_recipe_pool,
     sglang_token_unit,
 )
-from trtkv.recipe import Backend, KVCacheQuant, Recipe
+from trtkv.recipe import Backend, Recipe
 from trtkv.recipe.layout import (
     HF,
     Artifacts,
@@ -202,8 +202,8 @@ class SglangBuilder:
         where = (
             f"{SCALES_FILE} (--quantization-param-path, one scale per layer shared by K and V)"
             if uses_scales_file(recipe)
-            else "no scales: SGLang warns and uses 1.0 (fp8_cast)"
-            if recipe.quantization.kv_cache is KVCacheQuant.FP8_CAST
+            else f"no scales: SGLang warns and uses 1.0 ({recipe.kv_row.choice.name})"
+            if recipe.kv_row.choice.kind == "engine"
             else "the HF export's per-layer k_scale/v_scale (ModelOpt's config)"
         )
         return (

@@ -212,9 +212,7 @@ class TensorRTBuilder:
 
     def kv_source_line(self, recipe: Recipe) -> str:
         algo = kv_cache_quant_algo(recipe)
-        flag = {"FP8": "--fp8_kv_cache", "INT8": "--int8_kv_cache"}.get(
-            algo or "", "--<dtype>_kv_cache"
-        )
+        flag = f"--{(algo or '<dtype>').lower()}_kv_cache"
         return (
             f"KV cache: {algo or 'unquantized'}, from checkpoint config "
             f"quantization.kv_cache_quant_algo — trtllm-build has no {flag} flag"

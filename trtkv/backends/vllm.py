@@ -140,7 +140,7 @@ class VllmBuilder:
                 "HF export's per-layer k_scale/v_scale (compressed-tensors kv_cache_scheme "
                 "strategy tensor, the weights as stored)"
             )
-        if kv is KVCacheQuant.NONE:
+        if recipe.kv_row.choice.kind == "unquantized":
             return (
                 f"KV cache: unquantized, vLLM --kv-cache-dtype {kv_cache_dtype(recipe)} (the "
                 "model's dtype; the HF export carries no KV scales or KV algorithm for vLLM to "
@@ -152,7 +152,7 @@ class VllmBuilder:
                 "(docs/kv-formats.md); the HF export carries no KV scales"
             )
         return (
-            f"KV cache: {algo or 'unquantized'}, from vLLM --kv-cache-dtype "
+            f"KV cache: {algo}, from vLLM --kv-cache-dtype "
             f"{kv_cache_dtype(recipe)} with the HF export's per-layer k_scale/v_scale "
             "(hf_quant_config.json kv_cache_quant_algo)"
         )

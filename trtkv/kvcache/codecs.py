@@ -4,6 +4,7 @@ layer_codecs picks the pair for a layer."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -265,15 +266,77 @@ class LayerCodecs:
     residual: int = 0
 
 
+# (format as written, K scale, V scale) -> the layer's codecs
+CodecFactory = Callable[[FormatChoice, float | None, float | None], LayerCodecs]
+
+
+def _scaled(make: Callable[[float], Codec], shared: bool = False) -> CodecFactory:
+    """Codecs of positive static K and V scales per layer (`shared`: TensorRT-LLM's one
+    kv_cache_scaling_factor for K and V, max of the two, unless the format splits them)."""
+
+    def factory(choice: FormatChoice, k: float | None, v: float | None) -> LayerCodecs:
+        if k is None or v is None or not (k > 0 and v > 0):
+            raise TrtkvError(
+                f"KV format {choice.name} needs positive static K and V scales per layer (NVFP4: "
+                f"global scales, amax/448; got k={k}, v={v}). Next: pass k_scales/v_scales "
+                "(kv_scales.json) or calibrate them with trtkv.kvcache.scales.calibrate_scales("
+                "model, tokenizer) (KVScales.for_format)."
+            )
+        if shared and not choice.split_scales:
+            k = v = max(k, v)
+        return LayerCodecs(make(k), make(v))
+
+    return factory
+
+
+def _pair(make: Callable[[], Codec]) -> CodecFactory:
+    return lambda choice, k, v: LayerCodecs(make(), make())
+
+
+def _grouped(choice: FormatChoice, k: float | None, v: float | None) -> LayerCodecs:
+    spec = SPECS[choice.base]
+    if choice.codec.startswith("kivi"):  # K per channel over token groups, a full-precision window
+        group = spec.group_size or KIVI_GROUP
+        key: Codec = KiviKeyCodec(spec.bits, group)
+        return LayerCodecs(key, GroupAsymCodec(spec.bits, group), residual=KIVI_RESIDUAL)
+    group = spec.group_size or 64
+    return LayerCodecs(GroupAsymCodec(spec.bits, group), GroupAsymCodec(spec.bits, group))
+
+
+def _turboquant(choice: FormatChoice, k: float | None, v: float | None) -> LayerCodecs:
+    key_bits, value_bits, norm = TURBOQUANT_PRESETS[KVFormat(choice.codec)]
+    return LayerCodecs(TurboQuantKeyCodec(key_bits, norm), TurboQuantValueCodec(value_bits))
+
+
+# The codecs by name: a registry row's storage.codec (its own name unless it says another) picks
+# one, so a new format row that stores like an existing one names that codec and needs no code.
+CODECS: dict[str, CodecFactory] = {
+    "fp16": _pair(lambda: CastCodec(torch.float16)),
+    "bf16": _pair(lambda: CastCodec(torch.bfloat16)),
+    "fp8_scale1": _pair(lambda: FP8Codec(1.0)),
+    "fp8": _scaled(FP8Codec),
+    "int8": _scaled(Int8StaticCodec, shared=True),
+    "nvfp4": _scaled(NVFP4Codec),  # separate K and V global scales, as TensorRT-LLM
+    "int8_token": _pair(Int8TokenCodec),
+    "int8_per_token_head": _pair(lambda: PerTokenHeadCodec(fp8=False)),
+    "fp8_per_token_head": _pair(lambda: PerTokenHeadCodec(fp8=True)),
+    "int4_per_token_head": _pair(Int4PerTokenHeadCodec),
+    "ultraquant_4bit": lambda choice, k, v: LayerCodecs(
+        UltraQuantCodec(rotate=True), UltraQuantCodec(rotate=False)
+    ),
+    **{f.value: _turboquant for f in TURBOQUANT_PRESETS},
+    **{name: _grouped for name in ("int4_g32", "int4_g64", "int4_g128", "kivi4", "kivi2")},
+}
+
+
 def layer_codecs(
     fmt: KVFormat | str | FormatChoice,
     k_scale: KVScale | None = None,
     v_scale: KVScale | None = None,
 ) -> LayerCodecs:
-    """The codecs of one layer for a format; static formats take that layer's scales (multipliers;
-    fp8_affine its AffineScale of K and of V)."""
+    """The codecs of one layer for a format (its registry row's codec); static formats take that
+    layer's scales (multipliers; fp8_affine its AffineScale of K and of V)."""
     choice = parse_format(fmt)
-    base = choice.base
     if choice.affine:
         if not isinstance(k_scale, AffineScale) or not isinstance(v_scale, AffineScale):
             raise TrtkvError(
@@ -287,57 +350,13 @@ def layer_codecs(
         from trtkv.kvcache.variants import variant_codecs
 
         return LayerCodecs(*variant_codecs(choice.variant, k_scale, v_scale))
-    k_scale = None if k_scale is None else float(k_scale)
-    v_scale = None if v_scale is None else float(v_scale)
-    if base is KVFormat.FP16:
-        return LayerCodecs(CastCodec(torch.float16), CastCodec(torch.float16))
-    if base is KVFormat.BF16:
-        return LayerCodecs(CastCodec(torch.bfloat16), CastCodec(torch.bfloat16))
-    if base is KVFormat.FP8_SCALE1:
-        return LayerCodecs(FP8Codec(1.0), FP8Codec(1.0))
-    if base in (KVFormat.FP8, KVFormat.INT8):
-        if k_scale is None or v_scale is None or not (k_scale > 0 and v_scale > 0):
-            raise TrtkvError(
-                f"KV format {choice.name} needs positive static K and V scales per layer "
-                f"(got k={k_scale}, v={v_scale}). Next: pass k_scales/v_scales (kv_scales.json) or "
-                f"calibrate them with trtkv.kvcache.scales.calibrate_scales(model, tokenizer)."
-            )
-        if base is KVFormat.FP8:
-            return LayerCodecs(FP8Codec(k_scale), FP8Codec(v_scale))
-        if choice.split_scales:
-            return LayerCodecs(Int8StaticCodec(k_scale), Int8StaticCodec(v_scale))
-        shared = max(k_scale, v_scale)  # TensorRT-LLM: one kv_cache_scaling_factor for K and V
-        return LayerCodecs(Int8StaticCodec(shared), Int8StaticCodec(shared))
-    if base is KVFormat.NVFP4:
-        if k_scale is None or v_scale is None or not (k_scale > 0 and v_scale > 0):
-            raise TrtkvError(
-                f"KV format nvfp4 needs positive static K and V global scales per layer (amax/448; "
-                f"got k={k_scale}, v={v_scale}). Next: pass k_scales/v_scales from "
-                "KVScales.for_format."
-            )
-        # separate K and V globals, as TensorRT-LLM
-        return LayerCodecs(NVFP4Codec(k_scale), NVFP4Codec(v_scale))
-    if base is KVFormat.INT8_TOKEN:
-        return LayerCodecs(Int8TokenCodec(), Int8TokenCodec())
-    if base in (KVFormat.INT8_PER_TOKEN_HEAD, KVFormat.FP8_PER_TOKEN_HEAD):
-        fp8 = base is KVFormat.FP8_PER_TOKEN_HEAD
-        return LayerCodecs(PerTokenHeadCodec(fp8), PerTokenHeadCodec(fp8))
-    if base is KVFormat.INT4_PER_TOKEN_HEAD:
-        return LayerCodecs(Int4PerTokenHeadCodec(), Int4PerTokenHeadCodec())
-    if base in TURBOQUANT_PRESETS:
-        key_bits, value_bits, norm_correction = TURBOQUANT_PRESETS[base]
-        return LayerCodecs(
-            TurboQuantKeyCodec(key_bits, norm_correction), TurboQuantValueCodec(value_bits)
+    factory = CODECS.get(choice.codec)
+    if factory is None:
+        raise TrtkvError(
+            f"KV format {choice.name}: its registry row names codec {choice.codec!r}, which "
+            f"trtkv.kvcache.codecs has not. Allowed: {', '.join(CODECS)}. Next: name one of "
+            "them in the row's storage.codec, or add the codec to CODECS."
         )
-    if base is KVFormat.ULTRAQUANT_4BIT:
-        return LayerCodecs(UltraQuantCodec(rotate=True), UltraQuantCodec(rotate=False))
-    spec = SPECS[base]
-    if base in (KVFormat.KIVI4, KVFormat.KIVI2):
-        group = spec.group_size or KIVI_GROUP
-        return LayerCodecs(
-            KiviKeyCodec(spec.bits, group), GroupAsymCodec(spec.bits, group), residual=KIVI_RESIDUAL
-        )
-    return LayerCodecs(
-        GroupAsymCodec(spec.bits, spec.group_size or 64),
-        GroupAsymCodec(spec.bits, spec.group_size or 64),
-    )
+    k = None if k_scale is None else float(k_scale)
+    v = None if v_scale is None else float(v_scale)
+    return factory(choice, k, v)

@@ -73,6 +73,7 @@ STORAGE_KEYS: Keys = {
     "dequant_ops": ((int,), True),
     "description": (_S, True),
     "help": (_S, True),
+    "codec": (_S, False),
 }
 RECIPE_KEYS: Keys = {
     "name": (_S, True),
@@ -114,6 +115,7 @@ class Storage:
     dequant_ops: int  # operations per K/V element read to turn it back into 16-bit (plan.speed)
     description: str
     help: str
+    codec: str  # the probe's and the cache's codec (trtkv.kvcache.codecs.CODECS); default: the row
 
 
 @dataclass(frozen=True)
@@ -156,11 +158,15 @@ class FormatRow:
             raise TrtkvError(f"KV format {self.name} is no recipe quantization.kv_cache value.")
         return self.recipe
 
-    def engine_value(self, engine: str, version_prefix: str = "") -> str | None:
-        """The value `engine`'s first row selects this format with (None: no row)."""
-        rows = [
+    def engine_rows(self, engine: str, version_prefix: str = "") -> list[EngineRow]:
+        """The rows of `engine` (whose version starts with `version_prefix`) that select it."""
+        return [
             e for e in self.engines if e.engine == engine and e.version.startswith(version_prefix)
         ]
+
+    def engine_value(self, engine: str, version_prefix: str = "") -> str | None:
+        """The value `engine`'s first row selects this format with (None: no row)."""
+        rows = self.engine_rows(engine, version_prefix)
         return rows[0].value if rows else None
 
 
@@ -213,11 +219,7 @@ class FormatTable:
         """The rows of `engine` (whose version starts with `version_prefix`) that select format
         `name`."""
         row = self.row(name)
-        return (
-            [e for e in row.engines if e.engine == engine and e.version.startswith(version_prefix)]
-            if row
-            else []
-        )
+        return row.engine_rows(engine, version_prefix) if row else []
 
     def backends(self, engine: str, value: str) -> list[dict]:
         """The attention backends of `engine` whose sources list `value` (vLLM's and SGLang's; []
@@ -311,6 +313,8 @@ def parse_table(doc: dict, path: Path = TABLE_PATH) -> FormatTable:
         if raw["probe"] is None and not raw.get("why_not_in_probe"):
             raise _fail(path, where, "not in the probe, so it must say why_not_in_probe")
         storage = raw.get("storage")
+        if storage and storage.get("codec", name) not in storages:
+            raise _fail(path, f"{where}.storage.codec", f"{storage['codec']!r} is no storage row")
         recipe = raw.get("recipe")
         rows[name] = FormatRow(
             name=name,
@@ -327,7 +331,9 @@ def parse_table(doc: dict, path: Path = TABLE_PATH) -> FormatTable:
             note=raw.get("note", ""),
             storage=None
             if storage is None
-            else Storage(**_checked(path, f"{where}.storage", storage, STORAGE_KEYS)),
+            else Storage(
+                **{"codec": name, **_checked(path, f"{where}.storage", storage, STORAGE_KEYS)}
+            ),
             recipe=None if recipe is None else _recipe(path, f"{where}.recipe", recipe, storages),
         )
     table = FormatTable(formats=rows, implementations=dict(doc.get("implementations", {})))

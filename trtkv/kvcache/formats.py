@@ -73,11 +73,17 @@ PER_TOKEN_HEAD = (
 )
 
 
+def stored_as(fmt: KVFormat | str) -> KVFormat:
+    """The storage format whose codec `fmt` runs (its row's storage.codec; itself unless the row
+    names another): what its bytes per token follow."""
+    return KVFormat(SPECS[KVFormat(fmt)].codec)
+
+
 def slot_bytes(fmt: KVFormat | str, head_dim: int) -> int:
     """Bytes of one packed K+V slot per (token, KV head), as vLLM allocates it
     (TurboQuantConfig.slot_size_aligned: K bytes + V bytes rounded up to even; UltraQuant's
     format.slot_size: codes + one UE8M0 byte per 32, K and V)."""
-    fmt = KVFormat(fmt)
+    fmt = stored_as(fmt)
     if fmt is KVFormat.ULTRAQUANT_4BIT:
         return 2 * (head_dim // 2 + head_dim // ULTRAQUANT_GROUP)
     key_bits, value_bits, _ = TURBOQUANT_PRESETS[fmt]
@@ -91,7 +97,7 @@ def slot_bytes(fmt: KVFormat | str, head_dim: int) -> int:
 def boundary_layers(fmt: KVFormat | str, num_layers: int) -> list[int]:
     """The layers vLLM keeps in the model dtype for `fmt` (dense models): the first and last min(2,
     L // 2)."""
-    if KVFormat(fmt) not in PACKED_SLOT or num_layers <= 0:
+    if stored_as(fmt) not in PACKED_SLOT or num_layers <= 0:
         return []
     n = min(BOUNDARY_LAYERS, num_layers // 2)
     return sorted(set(range(n)) | set(range(num_layers - n, num_layers)))
@@ -113,7 +119,7 @@ def bytes_per_element(fmt: KVFormat | str, head_dim: int) -> float:
     run over tokens instead of channels, which costs the same per element in the long run; its
     full-precision residual window is a fixed cost, not a per-token one, and is left out here.
     """
-    fmt = KVFormat(fmt)
+    fmt = stored_as(fmt)
     spec = SPECS[fmt]
     data = spec.bits / 8
     if fmt in PACKED_SLOT:
@@ -152,7 +158,7 @@ def kv_bytes_per_token(
     --kv-cache-dtype-skip-layers keeps them in the model dtype). The packed formats (turboquant_*,
     ultraquant_4bit) add vLLM's boundary layers, which it always keeps: to given indices as a union,
     to a count as further layers."""
-    fmt = KVFormat(fmt)
+    fmt = stored_as(fmt)
     boundary = boundary_layers(fmt, num_layers)
     if isinstance(skip_layers, int):
         skipped = min(num_layers, skip_layers + len(boundary))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.engines import load_table
-from trtkv.kvcache.formats import KVFormat
+from trtkv.kvcache.formats import SPECS, KVFormat
 
 FP16_MAX = 65504.0
 KIVI_GROUP = 32
@@ -37,7 +37,10 @@ UNSCALED_VARIANTS = ("fp8_e5m2", "nvfp4_cast")
 PER_TOKEN_HEAD_MIN_SCALE = 1e-6  # vLLM's floor on a per-token-head scale (all-zero heads)
 # vLLM's int4_per_token_head sign vector: torch.Generator seed, bernoulli(0.5) -> +-1
 RHT_SEED = 0x9E3779B9
-STATIC_FORMATS = (KVFormat.FP8, KVFormat.FP8_SCALE1, KVFormat.INT8, KVFormat.NVFP4)
+# Codecs (a storage row's codec, trtkv.kvcache.codecs.CODECS) with one static scale per layer, and
+# those of them that take calibrated scales (fp8_scale1's is the constant 1.0)
+STATIC_CODECS = ("fp8", "fp8_scale1", "int8", "nvfp4")
+SCALED_CODECS = ("fp8", "int8", "nvfp4")
 # E2M1 magnitudes by 3-bit code (exponent 2 bits, mantissa 1 bit, bias 1; code 1 is the subnormal
 # 0.5)
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -56,14 +59,16 @@ class FormatChoice:
 
     @property
     def static(self) -> bool:
-        return self.base in STATIC_FORMATS
+        return self.codec in STATIC_CODECS
 
     @property
     def needs_scales(self) -> bool:
-        return (
-            self.base in (KVFormat.FP8, KVFormat.INT8, KVFormat.NVFP4)
-            and self.variant not in UNSCALED_VARIANTS
-        )
+        return self.codec in SCALED_CODECS and self.variant not in UNSCALED_VARIANTS
+
+    @property
+    def codec(self) -> str:
+        """The codec of the storage row (its registry row's storage.codec)."""
+        return SPECS[self.base].codec
 
 
 def all_format_names() -> list[str]:

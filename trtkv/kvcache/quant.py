@@ -41,7 +41,7 @@ from trtkv.kvcache.names import (  # noqa: F401 - the public face of the KV nume
     MODELOPT_AMAX_EPS,
     PER_TOKEN_HEAD_MIN_SCALE,
     RHT_SEED,
-    STATIC_FORMATS,
+    STATIC_CODECS,
     VARIANTS,
     FormatChoice,
     all_format_names,

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trtkv.core import paths
+from trtkv.kvcache.engines import load_table
 from trtkv.recipe.layout import probe_dir as probe_dir_of
 
 if TYPE_CHECKING:
@@ -186,21 +187,8 @@ def recipe_probe_format(recipe: Recipe) -> str:
 
 def _same_format(a: str, b: str) -> bool:
     """Two probe names of one format (fp8_cast and fp8_scale1: one row of kv_formats.json)."""
-    from trtkv.kvcache.engines import load_table
-
     row = load_table().for_probe(a)
     return a == b or (row is not None and row is load_table().for_probe(b))
-
-
-def _engine_values(fmt: str, engine: str) -> list[tuple[str, str, str]]:
-    """(version, config, value) of every row of `engine` that selects probe format `fmt` in
-    kv_formats.json."""
-    from trtkv.kvcache.engines import load_table
-
-    row = load_table().for_probe(fmt)
-    return [
-        (e.version, e.config, e.value) for e in (row.engines if row else ()) if e.engine == engine
-    ]
 
 
 def engine_format_notes(records: list[dict]) -> list[str]:
@@ -219,15 +207,17 @@ def engine_format_notes(records: list[dict]) -> list[str]:
     if dyn and static:
         d, s = dyn[-1], static[-1]
         n = d["context_len"]
-        vllm = _engine_values("int8_per_token_head", "vllm")
-        trt = _engine_values("int8", "tensorrt_llm")
+        vllm = load_table().engine_rows("int8_per_token_head", "vllm")
+        trt = load_table().engine_rows("int8", "tensorrt_llm")
         where = (
-            f"vLLM >= {min(v for v, _, _ in vllm)} (`{vllm[0][1]} {vllm[0][2]}`)"
+            f"vLLM >= {min(e.version for e in vllm)} (`{vllm[0].config} {vllm[0].value}`)"
             if vllm
             else "vLLM"
         )
         static_name = (
-            f"static INT8 (TensorRT-LLM {trt[0][0]} `{trt[0][1]}`)" if trt else "static INT8"
+            f"static INT8 (TensorRT-LLM {trt[0].version} `{trt[0].config}`)"
+            if trt
+            else "static INT8"
         )
         clipped = [r for r in static if (r.get("clip_rate") or 0.0) > 0]
         clip = (
@@ -253,10 +243,10 @@ def engine_format_notes(records: list[dict]) -> list[str]:
     calibrated = by.get("fp8")
     if cast and calibrated:
         c, f = cast[-1], calibrated[-1]
-        mo = _engine_values("fp8_cast", "modelopt")
+        mo = load_table().engine_rows("fp8_cast", "modelopt")
         flag = (
-            f" (ModelOpt {mo[0][0]} `{mo[0][1].split(' ')[0]} {mo[0][2]}`, scale 1.0, no "
-            "calibration)"
+            f" (ModelOpt {mo[0].version} `{mo[0].config.split(' ')[0]} {mo[0].value}`, scale "
+            "1.0, no calibration)"
             if mo
             else ""
         )
@@ -278,9 +268,10 @@ def engine_format_notes(records: list[dict]) -> list[str]:
     per_head = by.get("fp8_attn_head")
     if per_head and calibrated:
         h, f = per_head[-1], calibrated[-1]
-        vllm = _engine_values("fp8_attn_head", "vllm")
+        vllm = load_table().engine_rows("fp8_attn_head", "vllm")
         where = (
-            f"vLLM {vllm[0][0]} (`{vllm[0][1]} {vllm[0][2]}` with k/v scales per KV head)"
+            f"vLLM {vllm[0].version} (`{vllm[0].config} {vllm[0].value}` with k/v scales per "
+            "KV head)"
             if vllm
             else "vLLM"
         )

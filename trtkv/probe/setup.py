@@ -44,23 +44,13 @@ SEMANTICS = {
     "max(k_amax, v_amax)/127, round-half-even(x * 1/scale), saturated to [-128, 127]",
     "int8_split": "trtkv variant: int8 with separate static K and V scales (amax/127 each); no "
     "TensorRT-LLM <= 1.2 equivalent",
-    "int8_token": "dynamic symmetric INT8 per (token, head), float16 scale (no calibration; an "
-    "8-bit upper bound)",
-    "int4_g32": "asymmetric INT4 per token, groups of 32 channels, float16 scale + zero point",
-    "int4_g64": "asymmetric INT4 per token, groups of 64 channels, float16 scale + zero point",
-    "int4_g128": "asymmetric INT4 per token, groups of 128 channels (= head_dim 64 here), float16 "
-    "scale + zero point",
-    "kivi4": "KIVI 4-bit: K per channel over 32-token groups, V per token over 32-channel groups, "
-    "128-token fp16 window",
-    "kivi2": "KIVI 2-bit: K per channel over 32-token groups, V per token over 32-channel groups, "
-    "128-token fp16 window",
 }
 
 
 def semantics(choice: FormatChoice) -> str:
     """What runtime a probed format follows: the hand-written line above, else its row in
-    trtkv/data/kv_formats.json (engine, version, value, and the numerics'
-    element/scale/rotation)."""
+    trtkv/data/kv_formats.json (engine, version, value, and the numerics' element/scale/rotation;
+    the storage's description for a format no engine serves)."""
     if choice.name in SEMANTICS:
         return SEMANTICS[choice.name]
     from trtkv.kvcache.engines import load_table
@@ -68,6 +58,8 @@ def semantics(choice: FormatChoice) -> str:
     row = load_table().for_probe(choice.name)
     if row is None:
         return choice.base.value
+    if row.storage and not row.engines:
+        return row.storage.description
     engines = ", ".join(f"{e.engine} {e.version} {e.config} {e.value}" for e in row.engines)
     num = row.numerics
     return f"{engines}: {num['element']}; {num['scale']}; rotation: {num['rotation']}"

@@ -139,7 +139,7 @@ def say_kv_scales(recipe: Recipe, log: Callable[[str], None]) -> None:
     from trtkv.engines.kv_scale_text import serve_scale_lines
 
     folder = checkpoint_dir(recipe)
-    if recipe.quantization.kv_cache.value != "none" and folder.is_dir():
+    if recipe.kv_row.choice.kind != "unquantized" and folder.is_dir():
         for line in serve_scale_lines(folder, recipe.build.backend.value, recipe.name):
             log(line)
 
