@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from trtkv.checkpoints.checkpoint_quant import HF_QUANT_CONFIG, read_checkpoint_quant
+from trtkv.checkpoints import HF_QUANT_CONFIG, read_checkpoint_quant
 from trtkv.core.errors import StageError
 from trtkv.recipe import Backend, KVCacheQuant, Recipe, WeightQuant
 
@@ -248,7 +248,7 @@ def write_scales(
     import torch
     from safetensors.torch import save_file
 
-    from trtkv.kvcache.attn_head import (
+    from trtkv.kvcache import (
         KV_CACHE_SCHEME_TENSOR,
         compressed_tensors_config,
         write_attn_head_scales,
@@ -318,7 +318,7 @@ def check_written(
     """hf/ as its engine reads it: the stored weight shards byte-identical to the user's (the same
     file, or a copy of equal SHA-256), the recognised format unchanged with the KV scheme now
     declared, and per layer exactly one k and one v scale with the calibrated values."""
-    from trtkv.kvcache.attn_head import validate_attn_head_export, validate_per_tensor_export
+    from trtkv.kvcache import validate_attn_head_export, validate_per_tensor_export
 
     problems = [
         f"{name}: differs from {target.model_dir / name}"
@@ -366,7 +366,7 @@ def stored_scales(
 ) -> dict[str, Any]:
     """The calibrated scales written beside the stored weights (per layer, or per KV head for
     fp8_attn_head), then hf/ checked as its engine reads it."""
-    from trtkv.kvcache.attn_head import attn_head_scales, head_amax_from_channels
+    from trtkv.kvcache import attn_head_scales, head_amax_from_channels
 
     k: list[Any] = [ls.k_scale for ls in layers]
     v: list[Any] = [ls.v_scale for ls in layers]

@@ -12,6 +12,7 @@ the headers alone) and `stored_weights` (bytes per tensor group as stored, or es
 
 from typing import TYPE_CHECKING
 
+from trtkv.checkpoints.checkpoint_quant import HF_QUANT_CONFIG, read_checkpoint_quant
 from trtkv.checkpoints.hf_config import read_model_facts
 from trtkv.checkpoints.hf_config_fields import config_file
 from trtkv.checkpoints.model_facts import ModelFacts, MoE
@@ -69,11 +70,13 @@ __all__ = [
     "DEFAULT_SEQ_LEN",
     "gemma3_legacy_rope",
     "HF_ARCHITECTURES",
+    "HF_QUANT_CONFIG",
     "is_hub_id",
     "local_model_dir",
     "ModelFacts",
     "models",
     "MoE",
+    "read_checkpoint_quant",
     "read_checkpoint_scales",
     "read_model_facts",
     "render",

@@ -28,10 +28,12 @@ if TYPE_CHECKING:
         select_mode,
     )
     from trtkv.kvcache.attn_head import (
+        KV_CACHE_SCHEME_TENSOR,
         MODELOPT_QUANT_CONFIG,
         PER_TENSOR_NAMES,
         SCALES_FILE,
         attn_head_scales,
+        compressed_tensors_config,
         head_amax_from_channels,
         validate_attn_head_export,
         validate_per_tensor_export,
@@ -95,7 +97,9 @@ __getattr__, __dir__ = attach(
         ],
         "attn_head": [
             "attn_head_scales",
+            "compressed_tensors_config",
             "head_amax_from_channels",
+            "KV_CACHE_SCHEME_TENSOR",
             "MODELOPT_QUANT_CONFIG",
             "PER_TENSOR_NAMES",
             "SCALES_FILE",
@@ -151,6 +155,7 @@ __all__ = [
     "CACHE_ONLY",
     "calibrate_scales",
     "collect_kv_stats",
+    "compressed_tensors_config",
     "config_layer_windows",
     "CONVENTION",
     "engine_attention",
@@ -166,6 +171,7 @@ __all__ = [
     "head_amax_from_channels",
     "KIVI_RESIDUAL",
     "kv_bytes_per_token",
+    "KV_CACHE_SCHEME_TENSOR",
     "KVFormat",
     "KVScale",
     "KVScales",
