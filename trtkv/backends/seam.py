@@ -320,6 +320,9 @@ class EngineBackend:
     gpu_engine: bool = True  # False: trtkv's own CPU runtime (not a deployment target on a GPU)
     # None only for a backend without a KV pool of its own (none today)
     memory: MemoryRule | None = None
+    # the checkpoint quant methods (quantization_config.quant_method) whose stored weights this
+    # engine reads calibrated KV scales beside, so `trtkv calibrate` writes them there
+    kv_scales_beside_stored: frozenset[str] = frozenset()
 
     @property
     def layout(self) -> str:

@@ -394,4 +394,7 @@ BACKEND = EngineBackend(
         batch_limit=vllm_batch_limit,
         tokens=vllm_token_unit,
     ),
+    # vLLM 0.32's ModelOpt, compressed-tensors and Fp8 configs give attention a KV-cache method
+    # that reads k_scale / v_scale beside their stored weights (calibrate/stored_kv.py)
+    kv_scales_beside_stored=frozenset({"modelopt", "compressed-tensors", "fp8"}),
 )

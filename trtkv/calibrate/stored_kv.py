@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from trtkv.backends import BACKENDS
 from trtkv.checkpoints import HF_QUANT_CONFIG, read_checkpoint_quant
 from trtkv.core.errors import StageError
 from trtkv.recipe import Backend, KVCacheQuant, Recipe, WeightQuant
@@ -52,16 +53,17 @@ NO_KV_PLACE = {
     "gptq": "vLLM 0.32's GPTQ config quantizes LinearBase and experts only "
     "(quantization/auto_gptq.py get_quant_method): no KV-cache method reads a k/v scale",
 }
-# the backends that read calibrated KV scales beside stored weights: vLLM (its loaders, as read in
-# its 0.32 sources). TensorRT-LLM's PyTorch backend / LLM API runs an FP8 KV cache at scale 1.0
-# whatever the checkpoint holds (trtkv/data/kv_scale_loaders.json, `trtkv scales`), tensorrt and
-# reference build from a TensorRT-LLM checkpoint (written from 16-bit weights only), SGLang is not
-# checked here
-WRITER_BACKENDS = {
-    "modelopt": (Backend.VLLM,),
-    "compressed-tensors": (Backend.VLLM,),
-    "fp8": (Backend.VLLM,),
-}
+
+
+# the methods whose stored weights some backend reads calibrated KV scales beside (each backend
+# object says which: EngineBackend.kv_scales_beside_stored; today vLLM, as read in its 0.32
+# sources). TensorRT-LLM's PyTorch backend / LLM API runs an FP8 KV cache at scale 1.0 whatever
+# the checkpoint holds (trtkv/data/kv_scale_loaders.json, `trtkv scales`), tensorrt and reference
+# build from a TensorRT-LLM checkpoint (written from 16-bit weights only), SGLang is not checked
+# here
+def writer_backends(method: str) -> tuple[Backend, ...]:
+    """The backends that read calibrated KV scales beside a checkpoint's stored `method` weights."""
+    return tuple(b for b, obj in BACKENDS.items() if method in obj.kv_scales_beside_stored)
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,7 @@ def _target(
         _refuse(
             recipe, model_dir, fmt, f"no engine place for its KV scales: {NO_KV_PLACE[method]}", ""
         )
-    if method not in WRITER_BACKENDS or fmt not in DEQUANTIZED:
+    if not writer_backends(method) or fmt not in DEQUANTIZED:
         _refuse(
             recipe,
             model_dir,
@@ -147,8 +149,8 @@ def _target(
             "calibrate on them as the engine runs them",
             "",
         )
-    if backend not in WRITER_BACKENDS[method]:
-        allowed = ", ".join(b.value for b in WRITER_BACKENDS[method])
+    if backend not in writer_backends(method):
+        allowed = ", ".join(b.value for b in writer_backends(method))
         _refuse(
             recipe,
             model_dir,
