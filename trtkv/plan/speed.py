@@ -314,10 +314,14 @@ def step_time(
     decode_contexts: list[float],
     chunk: int = 0,
     chunk_prefix: int = 0,
+    pieces: tuple[tuple[int, int], ...] = (),
 ) -> Step:
     """One engine step: `decode_contexts` sequences decode one token each at those context lengths,
     and one prefill chunk of `chunk` tokens whose request already holds `chunk_prefix` tokens
-    (chunked prefill mixes them)."""
+    (chunked prefill mixes them), or several requests' prefill `pieces` (tokens, prefix) packed
+    into the step's token budget (trtkv.plan.waves)."""
+    pieces = pieces or ((chunk, chunk_prefix),)
+    chunk = sum(n for n, _ in pieces)
     tokens = len(decode_contexts) + chunk
     if tokens == 0:
         return Step(0.0, 0.0, 0.0, 0.0)
@@ -352,11 +356,12 @@ def step_time(
         attn += max(mem_ms, alu_ms) + len(m.windows) * floor
     if chunk:
         flops = 0.0
-        # causal: each new token attends to the prefix the layer keeps and half the chunk
+        # causal: each new token attends to the prefix the layer keeps and half its chunk
         for w in m.windows:
-            seen = min(chunk_prefix, w) if w else chunk_prefix
-            span = min(chunk, w) if w else chunk
-            flops += 4 * m.q_heads * m.head_dim * chunk * (seen + span / 2)
+            for n, prefix in pieces:
+                seen = min(prefix, w) if w else prefix
+                span = min(n, w) if w else n
+                flops += 4 * m.q_heads * m.head_dim * n * (seen + span / 2)
         lane = "fp8" if kv.lane == "fp8" and not kv.dequant_ops else "bfloat16"
         attn += flops / (k.flops["bfloat16"] * k.efficiency("attn_prefill", lane)) * 1e3
     if m.tp > 1:  # two all-reduces of the hidden state per layer (attention out, MLP out)
