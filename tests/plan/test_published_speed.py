@@ -25,7 +25,7 @@ OUTSIDE_BAND = {
     ("b200_dep4_1k1k_c64", "ttft_p50_ms"): "TensorRT-LLM's attention-DP balancing holds new requests; server overhead",
     ("b200_dep2_1k1k_c64", "tpot_p50_ms"): "uniform routing reads 56 of a rank's 64 experts; the run is faster (skew? unproven)",
     ("h20_tp8_1k512_c8", "ttft_p50_ms"): "SGLang's per-request overhead beyond aiconfigurator's base TTFT factor",
-    ("h20_tp8_1k512_c8", "itl_p50_ms"): "DeepSeek MLA at TP8: per-layer kernels beyond the 4 GEMMs + 5 ops priced (likely)",
+    ("h20_tp8_1k512_c8", "itl_p50_ms"): "no H20 kernel tables: H100's at H20's bandwidth; its 78 SMs' kernel costs unmeasured",
 }
 
 

@@ -10,6 +10,7 @@ from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.formats import UNQUANTIZED, KVFormat
 from trtkv.plan import aic
 from trtkv.plan.estimate_model import AicFigures, Estimate, EstimateRow
+from trtkv.plan.layer_ops import layer_ops
 from trtkv.plan.model import GIB, Architecture, resolve_architecture, seq_bytes, weights_bytes
 from trtkv.plan.moe_step import rank_concurrency, routing_note, with_experts
 from trtkv.plan.result import Plan
@@ -103,6 +104,8 @@ def model_shape(
         windows,
         tp,
         pp,
+        None,
+        *layer_ops(arch),
     )
     return with_experts(shape, arch, recipe, ep, attention_dp)
 
