@@ -79,6 +79,11 @@ def test_gpu_without_tables_borrows_its_compute_capability(monkeypatch: pytest.M
     assert speed.reference_system(GPU.A10) == "a100_sxm"  # no SM 8.6 tables: its architecture's
     pcie = speed.kernels_for(GPU.H100_PCIE, "vllm")  # aiconfigurator ships its datasheet, not its tables
     assert pcie.flops["bfloat16"] == 756.5e12 and pcie.link_bw == 64e9 and "h100_pcie.yaml" in pcie.peaks
+    # H20: H100's tables at its own bandwidth and NVIDIA's own peaks, not H100's scaled by the bandwidth ratio (989 x
+    # 4.0 / 3.35 BF16 TFLOPS, 8x its 148): DeepSeek-V3's TTFT on 8 x H20 was -56% of SGLang's (sglang#7631)
+    h20 = speed.kernels_for(GPU.H20, "sglang")
+    assert h20.system == "h100_sxm" and h20.mem_bw == 4000e9
+    assert h20.flops == {"bfloat16": 148e12, "fp8": 296e12} and h20.fp32_flops == 44e12 and "datasheet" in h20.peaks
 
 
 def test_aic_systems_are_the_gpus_of_the_table_with_kernel_tables() -> None:

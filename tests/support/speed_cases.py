@@ -14,7 +14,8 @@ from trtkv.plan.estimate import estimate, kv_cost, model_shape
 from trtkv.plan.model import resolve_architecture
 from trtkv.plan.moe_step import rank_concurrency
 from trtkv.plan.planner import plan
-from trtkv.plan.speed import kernels_for, serve
+from trtkv.plan.speed import kernels_for
+from trtkv.plan.waves import Arrival, serve_at
 from trtkv.recipe import Recipe, load_recipe
 from trtkv.recipe.backend_rules import SPEED_ENGINE
 
@@ -148,7 +149,7 @@ def published_comparisons() -> list[dict[str, Any]]:
 def step_model_figures(setup: dict[str, Any], m: dict[str, Any], fmt: str) -> dict[str, float]:
     """trtkv's step model for one published serving measurement at its parallelism (tp: attention's TP inside one DP
     group, ep, attention_dp: trtkv.plan.moe_step) and at the mean lengths its client drew (a range ratio r draws
-    uniformly in [r x len, len])."""
+    uniformly in [r x len, len]), its requests arriving as its client sends them (m["arrival"]: trtkv.plan.waves)."""
     ratio = m.get("range_ratio", 1.0)
     isl, osl = (round(n * (1 + ratio) / 2) for n in (m["input_tokens"], m["output_tokens"]))
     budget = m["max_num_batched_tokens"]
@@ -157,8 +158,9 @@ def step_model_figures(setup: dict[str, Any], m: dict[str, Any], fmt: str) -> di
     arch = resolve_architecture(recipe)
     k = kernels_for(recipe.hardware.gpu, SPEED_ENGINE[recipe.build.backend])
     shape = model_shape(arch, recipe, m["ep"], m["attention_dp"])
-    s = serve(k, shape, kv_cost(arch, recipe, KVFormat(fmt), ()), isl, osl,
-              rank_concurrency(m["concurrency"], m["attention_dp"]), budget)
+    s = serve_at(k, shape, kv_cost(arch, recipe, KVFormat(fmt), ()), isl, osl,
+                 rank_concurrency(m["concurrency"], m["attention_dp"]), budget, Arrival(m["arrival"]),
+                 m.get("chunked_prefill", True))
     return {"ttft_p50_ms": s.ttft_ms, "itl_p50_ms": s.itl_p50_ms, "tpot_p50_ms": s.itl_ms,
             "moe": float(shape.moe is not None)}
 

@@ -120,7 +120,8 @@ def format_estimate(est: Estimate, p: Plan, cols: int, notes: bool = True) -> li
     w = est.workload
     lines = wrap(
         f"Speed estimate ({est.engine} on {est.gpu}; {w['input_tokens']:,} tokens in, "
-        f"{w['output_tokens']:,} out; chunked prefill {w['max_num_batched_tokens']:,} tokens/step; "
+        f"{w['output_tokens']:,} out, {w['arrival']} arrival; chunked prefill "
+        f"{w['max_num_batched_tokens']:,} tokens/step; "
         f"KV pool {p.kv_pool_bytes_per_gpu / GIB:.1f} GiB/GPU, {p.kv_pool.engine}'s rule): "
         f"{est.aiconfigurator}",
         cols,

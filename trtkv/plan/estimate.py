@@ -10,6 +10,7 @@ from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.formats import UNQUANTIZED, KVFormat
 from trtkv.plan import aic
 from trtkv.plan.estimate_model import AicFigures, Estimate, EstimateRow
+from trtkv.plan.layer_ops import layer_ops
 from trtkv.plan.model import GIB, Architecture, resolve_architecture, seq_bytes, weights_bytes
 from trtkv.plan.moe_step import rank_concurrency, routing_note, with_experts
 from trtkv.plan.result import Plan
@@ -23,6 +24,7 @@ from trtkv.plan.speed import (
     kv_lane,
     serve,
 )
+from trtkv.plan.waves import Arrival, arrival_note
 from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe import Recipe, WeightQuant
 from trtkv.recipe.attention import AttentionKind, layer_formats
@@ -102,6 +104,8 @@ def model_shape(
         windows,
         tp,
         pp,
+        None,
+        *layer_ops(arch),
     )
     return with_experts(shape, arch, recipe, ep, attention_dp)
 
@@ -215,11 +219,14 @@ def estimate(recipe: Recipe, plan: Plan, use_aiconfigurator: bool = True) -> Est
     notes += gpu_notes(gpu, SPEED_ENGINE[recipe.build.backend], rows)
     moe = routing_note(arch, recipe, list(b.concurrency))
     notes += [moe] if moe and any(r.source.startswith("trtkv model") for r in rows) else []
+    own_kv = kv_cost(arch, recipe, recipe.kv_format, skip)
+    notes.append(arrival_note(recipe, model_shape(arch, recipe), own_kv))
     workload = {
         "input_tokens": b.input_tokens,
         "output_tokens": b.output_tokens,
         "concurrency": list(b.concurrency),
         "max_num_batched_tokens": recipe.build.max_num_tokens,
+        "arrival": Arrival.STAGGERED.value,
     }
     if b.output_tokens == 1:
         notes.append(

@@ -60,6 +60,12 @@ AIC_SYSTEM = {
 # GPUs whose datasheet figures aiconfigurator ships without tables (speed_efficiencies.json's
 # "datasheets")
 DATASHEET_SYSTEM = {GPU.H100_PCIE: "h100_pcie", GPU.L4: "l4"}
+# Dense tensor-core and FP32 TFLOPS (bfloat16, fp8, fp32) of GPUs without tables whose peaks no
+# aiconfigurator YAML ships, where NVIDIA publishes them: H20 148 FP16/BF16, 296 FP8/INT8, 44 FP32
+# (its product brief, as tabled e.g. on willitrunai.com/gpus/h20-96gb: "148 TFLOPS FP16 ... 296
+# INT8"). The bandwidth-ratio fallback would give it H100's 989 x 4.0/3.35 BF16 TFLOPS, 8x too
+# many: H20 keeps H100's bandwidth class but 78 of its 132 SMs at capped tensor throughput.
+OWN_PEAKS_TFLOPS = {GPU.H20: (148.0, 296.0, 44.0)}
 ARCH_REFERENCE = {
     "Hopper": "h100_sxm",
     "Blackwell": "b200_sxm",
@@ -203,6 +209,13 @@ def kernels_for(gpu: GPU, engine: str) -> Kernels:
             f"{gpu.value}'s own peaks (aiconfigurator-core's {DATASHEET_SYSTEM[gpu]}.yaml "
             "datasheet)"
         )
+    elif borrowed and gpu in OWN_PEAKS_TFLOPS:  # NVIDIA's published peaks (OWN_PEAKS_TFLOPS)
+        bf16, fp8, fp32_tflops = OWN_PEAKS_TFLOPS[gpu]
+        flops, fp32 = {"bfloat16": bf16 * 1e12, "fp8": fp8 * 1e12}, fp32_tflops * 1e12
+        peaks = (
+            f"{gpu.value}'s own peaks (NVIDIA's datasheet figures: {bf16:g} BF16, {fp8:g} FP8, "
+            f"{fp32_tflops:g} FP32 dense TFLOPS)"
+        )
     # no peak figures for this GPU anywhere trtkv reads: the lender's, in its ratio to bandwidth
     elif borrowed:
         scale = spec.hbm_bandwidth_gbps * 1e9 / float(g["mem_bw"])
@@ -267,6 +280,9 @@ class ModelShape:
     pp: int
     # routed experts (gemm_params and weight_bytes then hold the rest: trtkv.plan.moe_step)
     moe: MoEShape | None = None
+    # GEMM calls and elementwise kernels per layer, by its structure (trtkv.plan.layer_ops)
+    gemm_calls: float = GEMMS_PER_LAYER
+    layer_kernels: float = ELEMENTWISE_KERNELS
 
 
 @dataclass(frozen=True)
@@ -314,16 +330,20 @@ def step_time(
     decode_contexts: list[float],
     chunk: int = 0,
     chunk_prefix: int = 0,
+    pieces: tuple[tuple[int, int], ...] = (),
 ) -> Step:
     """One engine step: `decode_contexts` sequences decode one token each at those context lengths,
     and one prefill chunk of `chunk` tokens whose request already holds `chunk_prefix` tokens
-    (chunked prefill mixes them)."""
+    (chunked prefill mixes them), or several requests' prefill `pieces` (tokens, prefix) packed
+    into the step's token budget (trtkv.plan.waves)."""
+    pieces = pieces or ((chunk, chunk_prefix),)
+    chunk = sum(n for n, _ in pieces)
     tokens = len(decode_contexts) + chunk
     if tokens == 0:
         return Step(0.0, 0.0, 0.0, 0.0)
     # GEMMs, per layer as a roofline: the weights once, or the FLOPs of every token, whichever is
     # slower, plus each GEMM call's fixed cost (GEMMS_PER_LAYER per layer and the LM head)
-    calls = GEMMS_PER_LAYER * m.num_layers + 1
+    calls = m.gemm_calls * m.num_layers + 1
     w_ms = m.weight_bytes / (k.mem_bw * k.efficiency("gemm_memory", m.weight_dtype)) * 1e3
     w_ms += calls * k.gemm_fixed_ms.get(f"gemm_memory.{m.weight_dtype}", 0.0)
     f_ms = (
@@ -352,11 +372,12 @@ def step_time(
         attn += max(mem_ms, alu_ms) + len(m.windows) * floor
     if chunk:
         flops = 0.0
-        # causal: each new token attends to the prefix the layer keeps and half the chunk
+        # causal: each new token attends to the prefix the layer keeps and half its chunk
         for w in m.windows:
-            seen = min(chunk_prefix, w) if w else chunk_prefix
-            span = min(chunk, w) if w else chunk
-            flops += 4 * m.q_heads * m.head_dim * chunk * (seen + span / 2)
+            for n, prefix in pieces:
+                seen = min(prefix, w) if w else prefix
+                span = min(n, w) if w else n
+                flops += 4 * m.q_heads * m.head_dim * n * (seen + span / 2)
         lane = "fp8" if kv.lane == "fp8" and not kv.dequant_ops else "bfloat16"
         attn += flops / (k.flops["bfloat16"] * k.efficiency("attn_prefill", lane)) * 1e3
     if m.tp > 1:  # two all-reduces of the hidden state per layer (attention out, MLP out)
@@ -368,7 +389,7 @@ def step_time(
     passes = ELEMENTWISE_PASSES + 3 * m.intermediate / max(1, m.hidden) / m.tp
     other = (
         tokens * m.hidden * 2 * passes * m.num_layers / (k.mem_bw * k.op_bw_scale) * 1e3
-        + ELEMENTWISE_KERNELS * m.num_layers * k.op_latency_ms
+        + m.layer_kernels * m.num_layers * k.op_latency_ms
     )
     return Step(gemm, attn, comm, other)
 
