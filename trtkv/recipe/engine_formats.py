@@ -10,13 +10,7 @@ import re
 
 from trtkv.kvcache import engines
 from trtkv.platform.hardware import GPU, GPU_SPECS
-from trtkv.recipe.enums import (
-    CALIBRATED_ENGINE_KV_FORMATS,
-    ENGINE_KV_FORMATS,
-    Backend,
-    KVCacheQuant,
-    WeightQuant,
-)
+from trtkv.recipe.enums import Backend, KVCacheQuant, WeightQuant
 from trtkv.recipe.schema import Recipe
 
 # The engine (and version prefix of its table rows) each backend deploys with:
@@ -207,7 +201,7 @@ def engine_format_problems(r: Recipe) -> list[tuple[str, str]]:
     trtkv/data/kv_formats.json gives the backend's engine no row, or where none of that engine's
     attention backends implements it on hardware.gpu: refused with the reason."""
     kv = r.quantization.kv_cache
-    if kv not in ENGINE_KV_FORMATS and kv not in CALIBRATED_ENGINE_KV_FORMATS:
+    if r.kv_row.choice.kind not in ("engine", "calibrated_engine"):
         return []
     table, backend = engines.load_table(), r.build.backend
     engine, prefix = TABLE_ENGINE.get(backend, ("", ""))

@@ -241,7 +241,7 @@ class Recipe(Section):
             self.build.backend.value not in NO_TOKEN_LOG_PROBS_ON_TRITON
             or self.bench.protocol is Protocol.OPENAI
         )
-        quantized = self.quantization.kv_cache is not KVCacheQuant.NONE
+        quantized = self.kv_row.choice.kind != "unquantized"
         if (
             quantized
             and able
