@@ -81,3 +81,45 @@ def test_the_scan_sees_a_knob_read_and_a_flag_outside_a_home(tmp_path: Path) -> 
         "trtkv/backends/new_engine.py:4: '--max-total-tokens'",
         "trtkv/backends/new_engine.py:4: .kv_pool_gib_per_gpu",
     ]
+
+
+def rule_outside_engines(backends: dict) -> list[str]:
+    """Each backend's memory parts that are not the engine's own rule object (a function of a module
+    under trtkv/engines/): a name a registry would look up, or a rule defined elsewhere."""
+    out = []
+    for backend, obj in backends.items():
+        mem = obj.memory
+        if mem is None:
+            out.append(f"{backend.value}: no memory rule")
+            continue
+        parts = {"pool": mem.pool, "knobs": mem.knobs, "cpu_pool": mem.cpu_pool,
+                 "batch_limit": mem.batch_limit, "tokens": mem.tokens}
+        for name, part in parts.items():
+            if part is None and name not in ("pool", "knobs"):
+                continue  # an optional part the engine has none of
+            module = getattr(part, "__module__", None) or ""
+            if not callable(part) or not module.startswith("trtkv.engines."):
+                out.append(f"{backend.value}: memory.{name} is {part!r}")
+    return out
+
+
+def test_each_backend_holds_its_engines_rule_objects() -> None:
+    """The backend object names its own rule: MemoryRule holds the engine module's functions (the
+    planner calls what it holds), no string looked up in a table of rules."""
+    from trtkv.backends import BACKENDS
+
+    assert rule_outside_engines(BACKENDS) == []
+
+
+def test_the_rule_check_sees_a_rule_by_name_and_one_defined_outside_engines() -> None:
+    from dataclasses import replace
+
+    from trtkv.backends import BACKENDS
+    from trtkv.recipe import Backend
+
+    vllm = BACKENDS[Backend.VLLM]
+    by_name = replace(vllm, memory=replace(vllm.memory, pool="vllm_recipe_pool"))
+    local = replace(vllm, memory=replace(vllm.memory, knobs=lambda recipe: vllm.memory.knobs(recipe)))
+    assert rule_outside_engines({Backend.VLLM: by_name}) == ["vllm: memory.pool is 'vllm_recipe_pool'"]
+    (hit,) = rule_outside_engines({Backend.VLLM: local})
+    assert hit.startswith("vllm: memory.knobs is <function ")

@@ -1,5 +1,5 @@
-"""What the calibrate modules share: the stage name, the KV algo map, the per-layer result, the
-ModelOpt KV entries."""
+"""What the calibrate modules share: the stage name, the per-layer result, the ModelOpt KV entries
+and preset of a calibrated format (from its registry row)."""
 
 from __future__ import annotations
 
@@ -9,28 +9,22 @@ from typing import Any
 from pydantic import Field
 
 from trtkv.contracts.artifacts import KVScaleLayer
+from trtkv.kvcache.engines import load_table
 from trtkv.recipe import KVCacheQuant, Recipe, layout
 from trtkv.recipe.backend_rules import HF_EXPORT_ONLY
-from trtkv.recipe.enums import ENGINE_KV_FORMATS
+from trtkv.recipe.enums import kv_row
 
 STAGE = "calibrate"
 CHECKPOINT = layout.CHECKPOINT
-# The KV quantizer entries, as data. FP8 and NVFP4 are ModelOpt's presets
-# KV_QUANT_CFG_CHOICES["fp8"] / ["nvfp4"] (read from ModelOpt at run time; this copy is only for
-# --dry-run); INT8 has no preset in 0.47: one per-tensor 8-bit integer entry.
-KV_ENTRIES: dict[KVCacheQuant, list[dict[str, Any]]] = {
-    KVCacheQuant.FP8: [
-        {"quantizer_name": "*[kv]_bmm_quantizer", "cfg": {"num_bits": [4, 3], "axis": None}}
-    ],
-    # fp8_attn_head calibrates as fp8 (ModelOpt's preset); its per-head scales come from the
-    # per-channel amax
-    KVCacheQuant.FP8_ATTN_HEAD: [
-        {"quantizer_name": "*[kv]_bmm_quantizer", "cfg": {"num_bits": [4, 3], "axis": None}}
-    ],
-    KVCacheQuant.INT8: [
-        {"quantizer_name": "*[kv]_bmm_quantizer", "cfg": {"num_bits": 8, "axis": None}}
-    ],
-    KVCacheQuant.NVFP4: [
+# ModelOpt 0.47's KV quantizer entries, as data, by the storage a calibrated format calibrates as
+# (its registry row's recipe.storage: fp8_attn_head is fp8's). fp8 and nvfp4 are its presets
+# KV_QUANT_CFG_CHOICES["fp8"] / ["nvfp4"] (the registry's modelopt rows name them; read from
+# ModelOpt at run time, this copy is only for --dry-run); int8 has no preset in 0.47: one per-tensor
+# 8-bit integer entry.
+KV_ENTRIES: dict[str, list[dict[str, Any]]] = {
+    "fp8": [{"quantizer_name": "*[kv]_bmm_quantizer", "cfg": {"num_bits": [4, 3], "axis": None}}],
+    "int8": [{"quantizer_name": "*[kv]_bmm_quantizer", "cfg": {"num_bits": 8, "axis": None}}],
+    "nvfp4": [
         {
             "quantizer_name": "*[kv]_bmm_quantizer",
             "cfg": {
@@ -40,17 +34,27 @@ KV_ENTRIES: dict[KVCacheQuant, list[dict[str, Any]]] = {
         }
     ],
 }
+
+
+def kv_quantizer_entries(kv: KVCacheQuant) -> list[dict[str, Any]]:
+    """The KV quantizer entries calibrate appends for `kv` ([]: nothing calibrated)."""
+    choice = kv_row(kv).choice
+    return KV_ENTRIES.get(choice.storage, []) if choice.checkpoint_algo else []
+
+
+def modelopt_kv_preset(kv: KVCacheQuant) -> str | None:
+    """ModelOpt's KV_QUANT_CFG_CHOICES preset a calibrated format uses: the registry's modelopt
+    value of the storage it calibrates as (None: nothing calibrated, or no preset: int8)."""
+    choice = kv_row(kv).choice
+    if choice.checkpoint_algo is None:
+        return None
+    return load_table().formats[choice.storage].engine_value("modelopt")
+
+
 FP8_BASE_MEANING = (
     "every Linear's weight_quantizer and input_quantizer FP8 E4M3 (num_bits [4, 3]) per-tensor; "
     "lm_head, routers, embeddings disabled"
 )
-# ModelOpt's KV_QUANT_CFG_CHOICES preset each calibrated KV format uses (INT8 has none in 0.47:
-# KV_ENTRIES's entry)
-MODELOPT_KV_PRESET = {
-    KVCacheQuant.FP8: "fp8",
-    KVCacheQuant.FP8_ATTN_HEAD: "fp8",
-    KVCacheQuant.NVFP4: "nvfp4",
-}
 ATTN_HEAD_NOTE = (
     "KV cache fp8_attn_head: calibrated with ModelOpt's fp8 preset (per-layer amax) while a hook "
     "kept each (KV head, channel)'s |max|; hf/ then carries vLLM's per-head form "
@@ -80,7 +84,7 @@ NO_KV_NOTE = (
 def engine_format_note(kv: KVCacheQuant) -> str | None:
     """What calibrate does for an engine format (schema.ENGINE_KV_FORMATS): nothing to calibrate,
     and why (None else)."""
-    if kv not in ENGINE_KV_FORMATS:
+    if kv_row(kv).choice.kind != "engine":
         return None
     if kv is KVCacheQuant.FP8_CAST:
         return (

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 from trtkv.calibrate.common import (
     CALIBRATED_ARCHITECTURES,
     FP8_BASE_MEANING,
-    KV_ENTRIES,
-    MODELOPT_KV_PRESET,
     engine_format_note,
+    kv_quantizer_entries,
+    modelopt_kv_preset,
     trtllm_export_refused,
 )
 from trtkv.recipe import KVCacheQuant, ModelDtype, Recipe, WeightQuant, kv_only_compressed_tensors
@@ -114,11 +114,11 @@ def modelopt_config_spec(recipe: Recipe) -> dict[str, Any]:
             else "no weight quantization: quant_cfg starts with {'quantizer_name': '*', 'enable': "
             "False}"
         ),
-        "kv_entries": KV_ENTRIES.get(kv, []),
+        "kv_entries": kv_quantizer_entries(kv),
         "kv_source": (
-            f"modelopt.recipe.presets.KV_QUANT_CFG_CHOICES['{MODELOPT_KV_PRESET[kv]}']"
-            if kv is not KVCacheQuant.INT8
-            else "hand entry (no INT8 KV preset in ModelOpt 0.47)"
+            f"modelopt.recipe.presets.KV_QUANT_CFG_CHOICES['{preset}']"
+            if (preset := modelopt_kv_preset(kv))
+            else f"hand entry (no {kv.value.upper()} KV preset in ModelOpt 0.47)"
         ),
         "combined_with": "modelopt.torch.quantization.utils.update_quant_cfg_with_kv_cache_quant",
         "algorithm": "max",

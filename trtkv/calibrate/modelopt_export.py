@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from trtkv.calibrate.common import (
     ATTN_HEAD_NOTE,
-    KV_ENTRIES,
-    MODELOPT_KV_PRESET,
     NO_KV_NOTE,
     LayerScales,
     engine_format_note,
+    kv_quantizer_entries,
+    modelopt_kv_preset,
 )
 from trtkv.calibrate.describe import quantizes
 from trtkv.core.errors import StageError
@@ -57,21 +57,21 @@ def build_quant_cfg(recipe: Recipe) -> tuple[dict[str, Any] | None, list[str]]:
     # none or an engine format: FP8_DEFAULT_CFG has no KV entries
     if not kv_algo(recipe.quantization.kv_cache):
         return json.loads(json.dumps(base, default=list)), [kv_note]
-    preset = MODELOPT_KV_PRESET.get(recipe.quantization.kv_cache)
+    kv = recipe.quantization.kv_cache
+    preset = modelopt_kv_preset(kv)
     if preset:
         from modelopt.recipe.presets import KV_QUANT_CFG_CHOICES
 
         # ModelOpt's presets; nvfp4: E2M1 (num_bits [2, 1]) with dynamic E4M3 scales per 16 (its
         # forward needs CUDA)
         kv_entries = copy.deepcopy(KV_QUANT_CFG_CHOICES[preset]["quant_cfg"])
-        if recipe.quantization.kv_cache is KVCacheQuant.FP8_ATTN_HEAD:
+        if kv is KVCacheQuant.FP8_ATTN_HEAD:
             notes.append(ATTN_HEAD_NOTE)
     else:
-        kv_entries = copy.deepcopy(KV_ENTRIES[KVCacheQuant.INT8])
+        kv_entries = copy.deepcopy(kv_quantizer_entries(kv))
         notes.append(
-            "INT8 KV: ModelOpt 0.47 has no INT8 KV preset; used the entry "
-            "{'quantizer_name': '*[kv]_bmm_quantizer', 'cfg': {'num_bits': 8, 'axis': None}} (per "
-            "tensor)."
+            f"{kv.value.upper()} KV: ModelOpt 0.47 has no {kv.value.upper()} KV preset; used the "
+            f"entry {kv_entries[0]} (per tensor)."
         )
     with contextlib.redirect_stdout(io.StringIO()):  # it prints the whole config
         cfg = update_quant_cfg_with_kv_cache_quant(base, kv_entries)

@@ -58,7 +58,6 @@ from trtkv.recipe.backend_rules import (
 from trtkv.recipe.bench_section import MAX_SWEEP_LENGTHS
 from trtkv.recipe.engine_formats import served_kv_formats
 from trtkv.recipe.enums import (
-    ENGINE_KV_FORMATS,
     SLO_PATTERN,
     Backend,
     BenchTask,
@@ -67,6 +66,7 @@ from trtkv.recipe.enums import (
     Protocol,
     WeightQuant,
     kv_algo,
+    kv_row,
 )
 from trtkv.recipe.limits import CONFIG_FIELDS, MAX_LIST, RANGES, WORD, check_config_field
 from trtkv.recipe.loader import dump_yaml, list_recipes, load_recipe, recipe_name
@@ -171,7 +171,6 @@ __all__ = [
     "DENSE_DP_IS_REPLICAS",
     "dump_yaml",
     "engine_dir",
-    "ENGINE_KV_FORMATS",
     "fidelity_dir",
     "gated_deltanet",
     "gemm_plugin_choice",
@@ -185,6 +184,7 @@ __all__ = [
     "kv_cache_quant_algo",
     "kv_heads_split",
     "kv_only_compressed_tensors",
+    "kv_row",
     "KVCacheQuant",
     "KVShape",
     "layer_formats",

@@ -1,14 +1,15 @@
 """What each engine backend allows of a recipe (formats, weights, GPUs, its build rules), in the
 model layer beside the recipe's own cross-field rules, so validation never depends on which trtkv
-modules were imported: one function per backend in BACKEND_RULES (a test keeps it complete for every
-`build.backend`), each backend's KV accounting and speed engine, and the engine build's GEMM plugin
-choice. The engine KV formats each backend serves are checked in recipe/engine_formats.py, the
-memory knobs each reads in recipe/memory_knobs.py, each engine's prefix-cache default in
-recipe/prefix_cache.py."""
+modules were imported: one row per backend in BACKEND_ROWS (its rules function, KV accounting,
+registry and speed engines, checkpoint; a test keeps it complete for every `build.backend`), and the
+engine build's GEMM plugin choice. The engine KV formats each backend serves are checked in
+recipe/engine_formats.py, the memory knobs each reads in recipe/memory_knobs.py, each engine's
+prefix-cache default in recipe/prefix_cache.py."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe.attention import Accounting
@@ -27,11 +28,6 @@ HF_EXPORT_ONLY: dict[str, str] = {
     ),
 }
 
-
-# The backends that serve calibrate's HF export (checkpoint/hf/); the others (tensorrt, reference)
-# read the TensorRT-LLM checkpoint (`trtkv calibrate --dry-run` says which one the recipe's backend
-# reads)
-HF_EXPORT_BACKENDS = (Backend.LLMAPI, Backend.VLLM, Backend.SGLANG)
 
 # The backends that read an FP8 KV cache's per-layer scales, the weights as stored (weights none),
 # from compressed-tensors' kv_cache_scheme (strategy tensor) rather than ModelOpt's
@@ -296,37 +292,44 @@ def sglang_problems(recipe: Recipe) -> list[tuple[str, str]]:
     return out + one_kv_format_problems(recipe, "SGLang (one --kv-cache-dtype for every layer)")
 
 
-# The engine NVIDIA aiconfigurator models for each backend (its backend names; `trtkv plan
-# --estimate`): TensorRT-LLM's engine path and LLM API alike are "trtllm". A backend absent here
-# (the CPU reference runtime) has no GPU estimate.
-SPEED_ENGINE: dict[Backend, str] = {
-    Backend.TENSORRT: "trtllm",
-    Backend.LLMAPI: "trtllm",
-    Backend.VLLM: "vllm",
-    Backend.SGLANG: "sglang",
-}
+@dataclass(frozen=True)
+class BackendRow:
+    """What the model layer knows of one backend's engine (a test keeps BACKEND_ROWS complete for
+    every `build.backend`)."""
+
+    problems: Callable[[Recipe], list[tuple[str, str]]]  # its refusals, every (field, message)
+    # how its engine allocates the KV cache (the planner sizes capacity the same way)
+    accounting: Accounting
+    # the engine (and version prefix) of its rows in trtkv/data/kv_formats.json, which say the
+    # engine KV formats it serves (trtkv.recipe.engine_formats); None: it serves none
+    table_engine: tuple[str, str] | None
+    # the engine NVIDIA aiconfigurator models for it (its backend names; `trtkv plan --estimate`);
+    # None: no GPU estimate (the CPU reference runtime)
+    speed_engine: str | None
+    # it serves calibrate's HF export (checkpoint/hf/), else the TensorRT-LLM checkpoint (`trtkv
+    # calibrate --dry-run` says which one the recipe's backend reads)
+    hf_export: bool
 
 
-BACKEND_RULES: dict[Backend, Callable[[Recipe], list[tuple[str, str]]]] = {
-    Backend.TENSORRT: tensorrt_problems,
-    Backend.LLMAPI: llmapi_problems,
-    Backend.REFERENCE: reference_problems,
-    Backend.VLLM: vllm_problems,
-    Backend.SGLANG: sglang_problems,
-}
-
-# How each backend's engine allocates its KV cache (the planner sizes capacity the same way; a test
-# keeps it complete)
-KV_ACCOUNTING: dict[Backend, Accounting] = {
-    Backend.TENSORRT: Accounting.EXACT,
-    Backend.LLMAPI: Accounting.EXACT,
-    Backend.REFERENCE: Accounting.EXACT,
-    Backend.VLLM: Accounting.VLLM,
+BACKEND_ROWS: dict[Backend, BackendRow] = {
+    Backend.TENSORRT: BackendRow(
+        tensorrt_problems, Accounting.EXACT, ("tensorrt_llm", "<= 1.2"), "trtllm", False
+    ),
+    Backend.LLMAPI: BackendRow(
+        llmapi_problems, Accounting.EXACT, ("tensorrt_llm", "1.3"), "trtllm", True
+    ),
+    Backend.REFERENCE: BackendRow(reference_problems, Accounting.EXACT, None, None, False),
+    Backend.VLLM: BackendRow(vllm_problems, Accounting.VLLM, ("vllm", ""), "vllm", True),
     # SGLang's MHATokenToKVPool: bytes per token x tokens for every layer (page_size 1), what EXACT
     # counts for full attention; its sliding-window pool (SWAKVPool, swa_full_tokens_ratio) is not
     # modelled
-    Backend.SGLANG: Accounting.EXACT,
+    Backend.SGLANG: BackendRow(sglang_problems, Accounting.EXACT, ("sglang", ""), "sglang", True),
 }
+# The row's columns as the planner, the engines and calibrate read them
+BACKEND_RULES = {b: row.problems for b, row in BACKEND_ROWS.items()}
+KV_ACCOUNTING = {b: row.accounting for b, row in BACKEND_ROWS.items()}
+SPEED_ENGINE = {b: row.speed_engine for b, row in BACKEND_ROWS.items() if row.speed_engine}
+HF_EXPORT_BACKENDS = tuple(b for b, row in BACKEND_ROWS.items() if row.hf_export)
 
 
 # trtllm-build --gemm_plugin for `build.gemm_plugin: auto`, after TensorRT-LLM's performance guide

@@ -10,24 +10,14 @@ import re
 
 from trtkv.kvcache import engines
 from trtkv.platform.hardware import GPU, GPU_SPECS
-from trtkv.recipe.enums import (
-    CALIBRATED_ENGINE_KV_FORMATS,
-    ENGINE_KV_FORMATS,
-    Backend,
-    KVCacheQuant,
-    WeightQuant,
-)
+from trtkv.recipe.backend_rules import BACKEND_ROWS
+from trtkv.recipe.enums import Backend, KVCacheQuant, WeightQuant
 from trtkv.recipe.schema import Recipe
 
-# The engine (and version prefix of its table rows) each backend deploys with:
-# trtkv/data/kv_formats.json's rows for that engine say which engine formats
-# (schema.ENGINE_KV_FORMATS) the backend serves. A backend absent here serves none.
-TABLE_ENGINE: dict[Backend, tuple[str, str]] = {
-    Backend.VLLM: ("vllm", ""),
-    Backend.LLMAPI: ("tensorrt_llm", "1.3"),
-    Backend.TENSORRT: ("tensorrt_llm", "<= 1.2"),
-    Backend.SGLANG: ("sglang", ""),
-}
+# The engine (and version prefix of its table rows) each backend deploys with (its BackendRow):
+# trtkv/data/kv_formats.json's rows for that engine say which engine formats the backend serves. A
+# backend with none serves none.
+TABLE_ENGINE = {b: row.table_engine for b, row in BACKEND_ROWS.items() if row.table_engine}
 
 
 def served_kv_formats(backend: Backend) -> list[str]:
@@ -207,7 +197,7 @@ def engine_format_problems(r: Recipe) -> list[tuple[str, str]]:
     trtkv/data/kv_formats.json gives the backend's engine no row, or where none of that engine's
     attention backends implements it on hardware.gpu: refused with the reason."""
     kv = r.quantization.kv_cache
-    if kv not in ENGINE_KV_FORMATS and kv not in CALIBRATED_ENGINE_KV_FORMATS:
+    if r.kv_row.choice.kind not in ("engine", "calibrated_engine"):
         return []
     table, backend = engines.load_table(), r.build.backend
     engine, prefix = TABLE_ENGINE.get(backend, ("", ""))

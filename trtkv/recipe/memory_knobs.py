@@ -28,15 +28,11 @@ def memory_knob_problems(r: Recipe) -> list[tuple[str, str]]:
             and getattr(r.triton, knob) is not None
             and r.build.backend not in readers
         ):
-            names = {
-                Backend.VLLM: "triton.gpu_memory_utilization",
-                Backend.SGLANG: "triton.mem_fraction_static",
-                Backend.LLMAPI: "triton.kv_cache_free_gpu_mem_fraction",
-                Backend.TENSORRT: "triton.kv_cache_free_gpu_mem_fraction",
-            }
-            own = names.get(r.build.backend)
+            # its own: the first knob its engine reads (MEMORY_KNOBS lists the engines' own
+            # fractions before the shared kv_pool_gib_per_gpu)
+            own = next((k for k, who in MEMORY_KNOBS.items() if r.build.backend in who), None)
             hint = (
-                f"its own knob is {own}"
+                f"its own knob is triton.{own}"
                 if own
                 else "the reference runtime holds max_batch_size sequences "
                 "of max_seq_len and has no memory knob"

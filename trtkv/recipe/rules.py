@@ -101,7 +101,7 @@ def cross_field_problems(r: Recipe) -> list[tuple[str, str]]:
     out += _context_fmha_problems(r)
     out += gpu_capability_problems(r)
     if q.kv_skip_layers:
-        if q.kv_cache is KVCacheQuant.NONE:
+        if r.kv_row.choice.kind == "unquantized":
             out.append(
                 (
                     "quantization.kv_skip_layers",
@@ -214,7 +214,10 @@ def gpu_capability_problems(r: Recipe) -> list[tuple[str, str]]:
                 f" {where} has none: use int8_sq, int4_awq or none",
             )
         )
-    if q.kv_cache is KVCacheQuant.FP8 and spec is not None and not spec.has_fp8:
+    # a calibrated format's element needs the GPU's type (the engine formats:
+    # trtkv.recipe.engine_formats)
+    element = r.kv_row.numerics["element"].upper() if r.kv_row.choice.kind == "calibrated" else ""
+    if element.startswith("FP8") and spec is not None and not spec.has_fp8:
         out.append(
             (
                 "quantization.kv_cache",
@@ -222,7 +225,7 @@ def gpu_capability_problems(r: Recipe) -> list[tuple[str, str]]:
                 f" on {where} use int8",
             )
         )
-    if q.kv_cache is KVCacheQuant.NVFP4 and (spec is None or not spec.nvfp4_kv):
+    if element.startswith("FP4") and (spec is None or not spec.nvfp4_kv):
         out.append(
             (
                 "quantization.kv_cache",

@@ -241,7 +241,7 @@ class Recipe(Section):
             self.build.backend.value not in NO_TOKEN_LOG_PROBS_ON_TRITON
             or self.bench.protocol is Protocol.OPENAI
         )
-        quantized = self.quantization.kv_cache is not KVCacheQuant.NONE
+        quantized = self.kv_row.choice.kind != "unquantized"
         if (
             quantized
             and able
@@ -308,11 +308,8 @@ class Recipe(Section):
         """The deployed KV format, with the layers kept in the model dtype, e.g. `fp8` or
         `fp8+bf16[0,29]`."""
         skip = self.quantization.kv_skip_layers
-        base = (
-            KVCacheQuant.FP8_ATTN_HEAD.value
-            if self.quantization.kv_cache is KVCacheQuant.FP8_ATTN_HEAD
-            else self.kv_format.value
-        )
+        choice = self.kv_row.choice  # a format calibrated in one engine's form: its own name
+        base = choice.name if choice.kind == "calibrated_engine" else self.kv_format.value
         return f"{base}+{self.kv_skip_format.value}[{','.join(map(str, skip))}]" if skip else base
 
     @property
