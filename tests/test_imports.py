@@ -240,9 +240,7 @@ STAGES = LAYERS[3][1]
 # files and the RULER plan they hand each other).
 STAGE_IMPORTS_LEFT = frozenset({
     ("trtkv.bench.runner", "serving"),  # quiets the server's supervisor while measuring; reads back its KV pool
-    ("trtkv.deploy.launch", "serving"),  # the container image and launch command a pod runs
     ("trtkv.deploy.sizing", "plan"),  # sizes the deployment with the planner
-    ("trtkv.repo.readme", "serving"),  # the README's serve commands
     ("trtkv.report.summary", "plan"),  # the report's planner figures
     ("trtkv.serving.pool", "plan"),  # the served KV pool against the planned one
 })

@@ -102,7 +102,7 @@ def test_slurm_mounts_are_read_only_and_the_key_is_required(tmp_path: Path) -> N
 
 
 def test_docker_commands_mount_read_only_and_use_shm_size() -> None:
-    from trtkv.serving import container
+    from trtkv.backends import container
 
     recipe = load_recipe("llama70b_fp8kv")
     cmd = container.docker_command(recipe, Path("/r/triton_repo/x"))
