@@ -2,7 +2,8 @@
 (trtkv.contracts.stage: manifest, up-to-date skip, atomic output; the output folders trtkv may
 replace, leftovers and the atomic swap in outputs), the typed files stages hand each other
 (artifacts), the request interface of a served model (interface) and the one-token canary request
-built from it (canary), the RULER plan the bench hands the probe (ruler)."""
+built from it (canary), the RULER plan the bench hands the probe (ruler), the plan's figures the
+CLI hands serving, bench, deploy and report (plan_figures)."""
 
 from trtkv.core.lazy import attach
 
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
         remove_leftovers,
         replace_folder,
     )
+    from trtkv.contracts.plan_figures import PlanFigures, PlannedFormat
     from trtkv.contracts.ruler import RulerPlan
     from trtkv.contracts.stage import (
         VERSIONED_TOOLS,
@@ -76,6 +78,7 @@ __getattr__, __dir__ = attach(
         ],
         "canary": ["canary_script", "CANARY_TIMEOUT_S", "docker_health_args"],
         "interface": ["detect", "ENSEMBLE", "INTERFACES", "LLMAPI", "ModelInterface"],
+        "plan_figures": ["PlanFigures", "PlannedFormat"],
         "ruler": ["RulerPlan"],
         "outputs": [
             "check_inside",
@@ -125,6 +128,8 @@ __all__ = [
     "MetricStats",
     "ModelInterface",
     "OWNER",
+    "PlanFigures",
+    "PlannedFormat",
     "ProbeDoc",
     "read_manifest",
     "remove_leftovers",
