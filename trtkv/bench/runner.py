@@ -27,8 +27,10 @@ from trtkv.contracts.artifacts import (
     BenchSLOs,
     BenchWorkload,
     ClientSummary,
+    KVPoolCheck,
     MetricStats,
     ServerRecord,
+    SLOVerdict,
     TimeOrigin,
 )
 from trtkv.core.errors import StageError, TrtkvError
@@ -261,10 +263,10 @@ def run_bench(recipe: Recipe, opts: BenchOptions, served: ServedSide = UNSERVED)
                 **good["goodput"], good_request_count=good["good_request_count"]["avg"]
             )
     doc.tool_versions = tool_versions()
-    doc.kv_pool = _served_pool(served, recipe, opts.url)
-    if doc.kv_pool.get("warning"):
+    doc.kv_pool = KVPoolCheck.model_validate(_served_pool(served, recipe, opts.url))
+    if doc.kv_pool.warning:
         # assigned, never appended in place: results.json writes only the fields set (exclude_unset)
-        doc.warnings = [*doc.warnings, str(doc.kv_pool["warning"])]
+        doc.warnings = [*doc.warnings, doc.kv_pool.warning]
     # results.json as written (trtkv.contracts.artifacts.BenchResults; report loads it back)
     out = doc.document()
 
@@ -368,7 +370,8 @@ def assemble(
         levels={label: BenchLevel.model_validate(body) for label, body in levels.items()},
         accuracy=accuracy,
         slo=BenchSLOs(
-            passed=all(r.passed for r in checked), results=[r.to_json() for r in checked]
+            passed=all(r.passed for r in checked),
+            results=[SLOVerdict.model_validate(r.to_json()) for r in checked],
         ),
         records=[r.to_json() for r in records],
     )
