@@ -44,7 +44,7 @@ class PlanFigures(BaseModel):
     bench_sequences: int  # sequences of the bench workload that fit, as the engine accounts them
 
     @property
-    def kv_pool_gib_per_gpu(self) -> float:
+    def pool_gib_per_gpu(self) -> float:
         return self.kv_pool_bytes_per_gpu / 2**30
 
     @property

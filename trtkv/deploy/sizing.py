@@ -180,7 +180,7 @@ def size(
     if fit < 1:
         raise StageError(
             f"{recipe.name}: not one sequence of build.max_seq_len={seq_len} fits in the KV pool "
-            f"({planned.kv_pool_gib_per_gpu:.1f} GiB per GPU by {planned.engine}'s rule, after "
+            f"({planned.pool_gib_per_gpu:.1f} GiB per GPU by {planned.engine}'s rule, after "
             f"{planned.weights_gib_per_gpu:.1f} GiB of weights). Next: `trtkv plan {recipe.name}`, "
             "then raise build.tp_size/pp_size (and hardware.count), or lower build.max_seq_len."
         )

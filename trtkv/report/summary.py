@@ -111,7 +111,7 @@ def collect(recipe: Recipe, planned: PlanFigures) -> dict[str, Any]:
     data["planner"] = {
         "hardware": planned.gpu,
         "memory_gib": planned.memory_gib,
-        "kv_budget_gib": planned.kv_pool_gib_per_gpu,
+        "kv_budget_gib": planned.pool_gib_per_gpu,
         "tokens_fit": cap.tokens_per_gpu,
         "max_seq_len": recipe.build.max_seq_len,
         "sequences_at_max_seq_len": cap.sequences_at_max_seq_len,
