@@ -53,6 +53,7 @@ def _needles(name: str, overrides: list[str], lengths: list[int], out: Path,
     """`trtkv bench`'s needle task alone (no latency phase) against the served recipe, one length at a time (partial
     results are saved after each); per item the TTFT and the answer."""
     from trtkv.bench.runner import BenchOptions, run_bench
+    from trtkv.cli.bench import served_side
     from trtkv.measures.records import RequestRecord
     from trtkv.recipe import load_recipe
 
@@ -61,7 +62,7 @@ def _needles(name: str, overrides: list[str], lengths: list[int], out: Path,
     for length in lengths:
         recipe = load_recipe(name, [*overrides, f"bench.needle_context_lengths=[{length}]"])
         outcome = run_bench(recipe, BenchOptions(tasks=["needle"], latency=False, output=out / str(length),
-                                                 progress=False, allow_failures=True))
+                                                 progress=False, allow_failures=True), served_side())
         needle = outcome.results["accuracy"]["needle"]
         records = [RequestRecord.from_json(r) for r in outcome.results["records"] if r["phase"] == "needle"]
         for item, rec in zip(needle["items"], records, strict=True):

@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.planned import deploy
 from trtkv.backends import BACKENDS, for_recipe, sglang, sglang_scales
 from trtkv.core.apikey import API_KEY_ENV
 from trtkv.core.errors import RecipeError, StageError
-from trtkv.deploy import Options, Target, deploy, k8s, launch
+from trtkv.deploy import Options, Target, k8s, launch
 from trtkv.deploy.check import check_object
 from trtkv.kvcache.engines import load_table
 from trtkv.recipe import Backend, KVCacheQuant, load_recipe
@@ -191,8 +192,8 @@ def test_k8s_files_are_fenced_unprivileged_and_keyed_from_the_secret(tmp_path: P
 
 
 def test_slurm_files_require_the_key_and_mount_read_only(tmp_path: Path) -> None:
+    from tests.support.planned import size
     from trtkv.deploy import render, slurm
-    from trtkv.deploy.sizing import size
 
     recipe = load_recipe(RECIPE)
     files, _readme = render(recipe, Target.SLURM, size(recipe), tmp_path / "s")

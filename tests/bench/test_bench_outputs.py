@@ -15,6 +15,7 @@ import pytest
 from tests.support.openai_replay import start
 from trtkv.bench import runner
 from trtkv.bench.runner import BenchOptions, run_bench
+from trtkv.cli.bench import served_side
 from trtkv.core.errors import StageError
 from trtkv.recipe import load_recipe
 
@@ -34,7 +35,7 @@ def replay() -> Iterator[int]:
 
 def _bench(port: int, out: Path) -> runner.BenchOutcome:
     opts = BenchOptions(url=f"127.0.0.1:{port}", protocol="openai", tasks=[], output=out, progress=False)
-    return run_bench(load_recipe("smollm2_fp8kv", SMALL), opts)
+    return run_bench(load_recipe("smollm2_fp8kv", SMALL), opts, served_side())
 
 
 def _results(folder: Path) -> dict[str, Any]:
@@ -82,7 +83,7 @@ def test_the_pool_shortfall_warning_reaches_results_and_console(replay: int, tmp
     warning = "the served KV pool (1.00 GiB per GPU, a test) is 50% below the plan's 2.00 GiB"
     shortfall = {"planned_bytes_per_gpu": 2 << 30, "served_bytes_per_gpu": 1 << 30, "served_tokens": 8,
                  "source": "a test", "served_over_planned": 0.5, "warning": warning, "rule": "test"}
-    monkeypatch.setattr(pool, "compare", lambda recipe, server: shortfall)
+    monkeypatch.setattr(pool, "compare", lambda recipe, server, planned: shortfall)
     out = tmp_path / "out"
     assert _bench(replay, out).exit_code == 0
     assert _results(out)["warnings"] == [warning]

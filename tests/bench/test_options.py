@@ -36,7 +36,10 @@ def test_no_flags_give_the_models_defaults() -> None:
 def test_the_command_line_comes_back_as_the_model(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     seen: list[BenchOptions] = []
 
-    def fake_run_bench(recipe: object, opts: BenchOptions) -> object:
+    def fake_run_bench(recipe: object, opts: BenchOptions, served: object) -> object:
+        from trtkv.bench.runner import UNSERVED, ServedSide
+
+        assert isinstance(served, ServedSide) and served is not UNSERVED  # `trtkv bench` lends the serving side
         seen.append(opts)
         return argparse.Namespace(exit_code=0)
 

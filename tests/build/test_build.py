@@ -374,7 +374,7 @@ def test_fake_trtllm_build_success_is_atomic_and_then_up_to_date(tmp_path: Path,
     manifest = json.loads((engine / "manifest.json").read_text())
     assert manifest["versions"]["tensorrt_llm"] == "1.2.1" and manifest["versions"]["tensorrt"] == "10.14.1.48"
     assert manifest["preflight"]["visible_gpus"] == 1
-    from trtkv.serving import container
+    from trtkv.backends import container
 
     recipe = load_recipe(str(recipe_path))
     assert container.container_image(recipe) == "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.planned import deploy
 from trtkv.cli import main
 from trtkv.core.errors import RecipeError
-from trtkv.deploy import Target, deploy
+from trtkv.deploy import Target
 from trtkv.recipe import load_recipe
 
 DOCS = Path(__file__).parents[2] / "docs"

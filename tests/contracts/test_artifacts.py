@@ -88,3 +88,28 @@ def test_a_level_metric_of_another_shape_is_refused_with_the_rerun(tmp_path: Pat
         "time_to_first_token": {"unit": "ms", "p50": "fast"}}}}))
     with pytest.raises(StageError, match=r"levels\.concurrency=1\.time_to_first_token\.p50: .*rerun `trtkv bench`"):
         BenchResults.load(tmp_path)
+
+
+def test_results_typed_parts_load_older_files_and_write_them_back_unchanged(tmp_path: Path) -> None:
+    """results.json's kv_pool, slo.results and each level's client.per_worker are models now (they were
+    dict[str, Any]); a file written before, with a read-back that failed (kv_pool without served_* keys) and an SLO
+    entry without "source", loads, reads by field, and is written back key for key, in its order."""
+    older = {
+        "schema": "trtkv.bench/1", "recipe": "smollm2_fp8kv",
+        "levels": {"concurrency=1": {"client": {"workers": 1, "per_worker": [
+            {"worker": 0, "pid": 41, "streams": 1, "requests": 4, "output_tokens": 64, "cpu_seconds": 0.5,
+             "cpu_cores": 0.1, "cpu_us_per_token": 7812.5, "lag_ms": {"unit": "ms", "p50": 0.1, "p99": 0.4,
+                                                                       "max": 0.5, "count": 60}}]}}},
+        "slo": {"passed": False, "results": [{"slo": "time_to_first_token.p99<=500", "where": "concurrency=1",
+                                             "measured": 612.0, "passed": False}]},
+        "kv_pool": {"planned_bytes_per_gpu": None, "source": "not read: connection refused", "warning": None},
+    }
+    (tmp_path / "results.json").write_text(json.dumps(older))
+    loaded = BenchResults.load(tmp_path)
+    assert loaded is not None and loaded.kv_pool is not None and loaded.slo is not None
+    assert loaded.kv_pool.served_bytes_per_gpu is None and loaded.kv_pool.source == "not read: connection refused"
+    assert (loaded.slo.results[0].slo, loaded.slo.results[0].measured, loaded.slo.results[0].source) == \
+        ("time_to_first_token.p99<=500", 612.0, "")
+    client = loaded.levels["concurrency=1"].client
+    assert client is not None and client.per_worker[0].lag_ms is not None and client.per_worker[0].lag_ms.p99 == 0.4
+    assert json.dumps(loaded.document()) == json.dumps(older)

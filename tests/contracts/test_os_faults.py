@@ -19,11 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.planned import deploy
 from trtkv.cli import main
 from trtkv.contracts import stage
 from trtkv.core import paths
 from trtkv.core.errors import StageError, os_error_line
-from trtkv.deploy import Options, Target, deploy
+from trtkv.deploy import Options, Target
 from trtkv.recipe import load_recipe
 
 SOURCE = Options(model_source="s3://my-bucket/trtkv")  # where the k8s loader Job copies the model from

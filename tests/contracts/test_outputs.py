@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
+from tests.support.planned import deploy
 from trtkv.contracts import outputs, stage
 from trtkv.core.errors import StageError
-from trtkv.deploy import Options, Target, deploy
+from trtkv.deploy import Options, Target
 from trtkv.recipe import load_recipe
 
 

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.planned import deploy
 from trtkv.core.errors import RecipeError
-from trtkv.deploy import Options, Target, deploy, pods
+from trtkv.deploy import Options, Target, pods
 from trtkv.recipe import list_recipes, load_recipe
 
 TP8_PP2 = ["build.tp_size=8", "build.pp_size=2", "hardware.count=16"]

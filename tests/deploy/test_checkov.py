@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.planned import size
 from trtkv.deploy import Options, Target, render
 from trtkv.deploy.check import SCAN_SUFFIX, scan_documents
 from trtkv.deploy.pods import NEVER_SKIPPED, SKIPPABLE
-from trtkv.deploy.sizing import size
 from trtkv.recipe import list_recipes, load_recipe
 
 pytestmark = pytest.mark.e2e

@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.planned import deploy
 from trtkv.cli import main
 from trtkv.contracts.canary import canary_script
 from trtkv.core import paths
 from trtkv.core.errors import RecipeError, StageError
-from trtkv.deploy import Options, Target, check, deploy, dynamo, k8s, k8s_commands, pods, resources
+from trtkv.deploy import Options, Target, check, dynamo, k8s, k8s_commands, pods, resources
 from trtkv.deploy.check import check_object, crd_schema_info
 from trtkv.deploy.launch import REQUIRE_KEY, TRITON_LIVE, TRITON_READY
 from trtkv.deploy.sizing import Sizing
@@ -84,7 +85,7 @@ def test_single_node_k8s_deployment_is_placed_sized_probed_and_loads_its_model(t
     # probes: the engine's own endpoints for startup and liveness, the canary for readiness
     assert server["startupProbe"]["httpGet"] == {"path": TRITON_READY, "port": 8000}
     assert server["livenessProbe"]["httpGet"] == {"path": TRITON_LIVE, "port": 8000}
-    from trtkv.deploy.sizing import size
+    from tests.support.planned import size
 
     budget = resources.startup_budget_s(recipe, size(recipe))
     assert server["startupProbe"]["failureThreshold"] * server["startupProbe"]["periodSeconds"] >= budget > 300
@@ -195,8 +196,8 @@ def test_llmapi_across_nodes_runs_trtllm_serve_under_mpirun_and_vllm_uses_ray(tm
 
 
 def _launch(recipe: Any) -> Any:
+    from tests.support.planned import size
     from trtkv.deploy import launch
-    from trtkv.deploy.sizing import size
 
     return launch.for_recipe(recipe, size(recipe))
 
@@ -318,9 +319,10 @@ def test_dynamo_agg_and_disagg_for_the_llm_api(tmp_path: Path) -> None:
 def test_checks_refuse_broken_objects() -> None:
     """The schemas are live: a misspelt field, a wrong type and an unknown enum value are each refused."""
     recipe = load_recipe("llama70b_fp8kv", TP8_PP2)
-    from trtkv.deploy import launch, sizing
+    from tests.support.planned import size
+    from trtkv.deploy import launch
 
-    s = sizing.size(recipe)
+    s = size(recipe)
     objs = k8s.objects(recipe, launch.for_recipe(recipe, s), s, "0123456789ab", "trtkv")
     canary, lws, svc = objs[0], objs[1], objs[2]  # the canary's ConfigMap first: the pods mount it
     assert canary["kind"] == "ConfigMap" and check_object(canary) == []
@@ -407,8 +409,8 @@ def test_cli_takes_overrides_after_options_and_refuses_what_cannot_apply(
 
 
 def test_enroot_image_and_counts() -> None:
+    from tests.support.planned import size
     from trtkv.deploy.launch import enroot_image
-    from trtkv.deploy.sizing import size
 
     assert enroot_image("nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3") == \
         "nvcr.io#nvidia/tritonserver:26.07-trtllm-python-py3"
@@ -422,7 +424,7 @@ def test_enroot_image_and_counts() -> None:
 def test_probe_budgets_follow_the_model_and_the_recipes_storage(tmp_path: Path) -> None:
     """A slower volume or a slower engine start widens the startup probe; the canary's deadline grows with the
     decode time of an in-flight request."""
-    from trtkv.deploy.sizing import size
+    from tests.support.planned import size
 
     base = load_recipe("llama70b_fp8kv")
     s = size(base)

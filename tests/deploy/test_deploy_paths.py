@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.planned import deploy, size
 from trtkv.core.apikey import API_KEY_ENV
 from trtkv.core.errors import StageError
-from trtkv.deploy import Options, Target, check, deploy, render, slurm
-from trtkv.deploy.sizing import size
+from trtkv.deploy import Options, Target, check, render, slurm
 from trtkv.recipe import load_recipe
 
 OPTS = Options(model_source="s3://my-bucket/trtkv")

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.planned import deploy, size
 from trtkv.core.apikey import API_KEY_ENV, API_KEY_FILE_ENV, TRITON_KEY_HEADER, auth_headers
 from trtkv.core.errors import StageError
-from trtkv.deploy import Options, Target, deploy, k8s, k8s_commands, launch, pods, render, slurm
+from trtkv.deploy import Options, Target, k8s, k8s_commands, launch, pods, render, slurm
 from trtkv.deploy.check import check_object
-from trtkv.deploy.sizing import size
 from trtkv.recipe import load_recipe
 
 TP8_PP2 = ["build.tp_size=8", "build.pp_size=2", "hardware.count=16"]
@@ -102,7 +102,7 @@ def test_slurm_mounts_are_read_only_and_the_key_is_required(tmp_path: Path) -> N
 
 
 def test_docker_commands_mount_read_only_and_use_shm_size() -> None:
-    from trtkv.serving import container
+    from trtkv.backends import container
 
     recipe = load_recipe("llama70b_fp8kv")
     cmd = container.docker_command(recipe, Path("/r/triton_repo/x"))

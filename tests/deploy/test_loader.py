@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.planned import deploy
 from trtkv.core.errors import StageError
-from trtkv.deploy import Options, Target, deploy, loader, pods
+from trtkv.deploy import Options, Target, loader, pods
 from trtkv.recipe import load_recipe
 
 

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.planned import deploy
 from trtkv.core.errors import StageError
-from trtkv.deploy import Target, deploy
+from trtkv.deploy import Target
 from trtkv.recipe import load_recipe
 
 # recipe -> (per-rank MPI launch?, GPUs per replica)

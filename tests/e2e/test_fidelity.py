@@ -34,6 +34,7 @@ from tests.conftest import CHAIN_OVERRIDES
 from tests.support.manifests import relist
 from trtkv.bench.runner import BenchOptions, run_bench
 from trtkv.bench.tasks import fidelity, fidelity_verdict
+from trtkv.cli.bench import served_side
 from trtkv.core.errors import StageError
 from trtkv.core.process import free_ports
 from trtkv.recipe import load_recipe
@@ -100,7 +101,7 @@ class _Served:
         try:
             assert serve.start(self.recipe, timeout_s=600) is not None
             return run_bench(self.recipe, BenchOptions(tasks=["quiz", "fidelity"], latency=False, progress=False,
-                                                       output=tmp / "bench"))
+                                                       output=tmp / "bench"), served_side())
         finally:
             serve.stop(self.recipe, timeout_s=30)
 

@@ -96,9 +96,10 @@ def test_served_greedy_tokens_equal_transformers(gemma3_server: tuple[Any, serve
 def test_needle_past_the_sliding_window_is_found(gemma3_server: tuple[Any, serve.ServerRecord, str],
                                                  tmp_path: Path) -> None:
     from trtkv.bench.runner import BenchOptions, run_bench
+    from trtkv.cli.bench import served_side
 
     recipe, _, _ = gemma3_server
-    outcome = run_bench(recipe, BenchOptions(tasks=["needle"], latency=False, output=tmp_path, progress=False))
+    outcome = run_bench(recipe, BenchOptions(tasks=["needle"], latency=False, output=tmp_path, progress=False), served_side())
     needle = outcome.results["accuracy"]["needle"]
     items = needle["items"]
     print(f"gemma3 needle @1024: {[(i['input_tokens'], i['output']) for i in items]}")

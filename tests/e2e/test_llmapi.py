@@ -161,9 +161,10 @@ def test_stop_cancels_the_requests_with_that_id(server: tuple[Any, serve.ServerR
 
 def test_bench_measures_the_llmapi_model(server: tuple[Any, serve.ServerRecord], tmp_path: Path) -> None:
     from trtkv.bench.runner import BenchOptions, run_bench
+    from trtkv.cli.bench import served_side
 
     recipe, _ = server
-    outcome = run_bench(recipe, BenchOptions(tasks=["quiz"], output=tmp_path, progress=False))
+    outcome = run_bench(recipe, BenchOptions(tasks=["quiz"], output=tmp_path, progress=False), served_side())
     results = outcome.results
     assert outcome.exit_code == 0 and results["endpoint"]["model"] == MODEL
     level = results["levels"]["concurrency=1"]

@@ -157,10 +157,11 @@ def test_serving_twice_is_refused_and_status_is_healthy(vllm_server: tuple[Any, 
 
 def test_bench_over_the_openai_protocol(vllm_server: tuple[Any, Any], tmp_path: Path) -> None:
     from trtkv.bench.runner import BenchOptions, run_bench
+    from trtkv.cli.bench import served_side
 
     recipe, _ = vllm_server
     outcome = run_bench(recipe, BenchOptions(tasks=["quiz"], output=tmp_path, progress=False,
-                                             goodput="time_to_first_token:60000"))
+                                             goodput="time_to_first_token:60000"), served_side())
     r = outcome.results
     assert outcome.exit_code == 0, r["slo"]
     assert (r["endpoint"]["protocol"], r["endpoint"]["model"]) == ("openai", RECIPE)
@@ -222,6 +223,7 @@ def test_a_server_that_dies_fails_the_bench(vllm_server: tuple[Any, Any], tmp_pa
     answered: at concurrency 1 the next one is sent as soon as one ends, so the kill lands among the measured requests
     on any CPU (a fixed sleep let a fast one finish the bench first: issue 58)."""
     from trtkv.bench.runner import BenchOptions, run_bench
+    from trtkv.cli.bench import served_side
     from trtkv.core.progress import Progress
 
     recipe, _ = vllm_server
@@ -243,7 +245,7 @@ def test_a_server_that_dies_fails_the_bench(vllm_server: tuple[Any, Any], tmp_pa
     monkeypatch.setattr(Progress, "task", watched)
     outcome: dict[str, Any] = {}
     runner = threading.Thread(target=lambda: outcome.update(
-        result=run_bench(longer, BenchOptions(tasks=[], output=tmp_path, progress=False))))
+        result=run_bench(longer, BenchOptions(tasks=[], output=tmp_path, progress=False), served_side())))
     runner.start()
     assert answered.wait(timeout=300), "the bench's first measured request never completed"
     record = serve.read_server(recipe)

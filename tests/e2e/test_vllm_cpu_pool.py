@@ -21,6 +21,7 @@ from trtkv.build.stage import build
 from trtkv.contracts.artifacts import ServerRecord
 from trtkv.core.process import free_ports
 from trtkv.engines.vllm_cpu import VLLM_CPU_PROCESS_GIB
+from trtkv.plan import figures
 from trtkv.plan.planner import plan
 from trtkv.recipe import load_recipe
 from trtkv.recipe.layout import serve_dir
@@ -67,7 +68,7 @@ def engines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def _check(recipe: Any, info: Any) -> dict[str, Any]:
     p = plan(recipe)
-    result = pool.compare(recipe, ServerRecord.load(serve_dir(recipe)))
+    result = pool.compare(recipe, ServerRecord.load(serve_dir(recipe)), figures(recipe))
     print(f"\n{recipe.name}: {pool.describe(result)}")
     for t in p.kv_pool.terms:
         print(f"  plan term {t.name}: {t.bytes / GIB:.3f} GiB ({t.note})")

@@ -21,6 +21,7 @@ from trtkv.engines.sglang import SGLANG_VERSION, sglang_default_mem_fraction, sg
 from trtkv.engines.sizing import kv_bytes_per_token_per_gpu
 from trtkv.engines.trtllm import trtllm_log_pool
 from trtkv.engines.vllm import VLLM_DEFAULT_UTIL, cpu_pin_bytes, vllm_log_tokens, vllm_metrics_blocks
+from trtkv.plan import figures
 from trtkv.plan.planner import plan
 from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe import load_recipe
@@ -146,11 +147,11 @@ def test_a_served_pool_short_of_the_plan_is_a_warning(monkeypatch: pytest.Monkey
     planned = plan(recipe).kv_pool_bytes_per_gpu
     server = SimpleNamespace(client_host="127.0.0.1", http_port=1, log=None)
     _with_served(monkeypatch, recipe, ServedPool(planned * 0.95, None, "engine"))
-    ok = pool.compare(recipe, server)  # type: ignore[arg-type]
+    ok = pool.compare(recipe, server, figures(recipe))  # type: ignore[arg-type]
     assert ok["warning"] is None and ok["served_over_planned"] == pytest.approx(0.95)
     _with_served(monkeypatch, recipe, ServedPool(planned * 0.85, None, "engine"))
-    short = pool.compare(recipe, server)  # type: ignore[arg-type]
+    short = pool.compare(recipe, server, figures(recipe))  # type: ignore[arg-type]
     assert "15% below the plan" in short["warning"] and "WARNING" in pool.describe(short)
     _with_served(monkeypatch, recipe, None)
-    assert pool.compare(recipe, server)["served_bytes_per_gpu"] is None  # type: ignore[arg-type]
-    assert pool.compare(recipe, None)["source"] == "no server recorded"
+    assert pool.compare(recipe, server, figures(recipe))["served_bytes_per_gpu"] is None  # type: ignore[arg-type]
+    assert pool.compare(recipe, None, figures(recipe))["source"] == "no server recorded"

@@ -112,8 +112,9 @@ def test_repo_and_every_deploy_target_carry_the_layout(tmp_path: Path) -> None:
     and Slurm commands carry EP and attention DP; every LLM() key is a TorchLlmArgs field."""
     import yaml
 
+    from tests.support.planned import deploy
     from trtkv.backends.llmapi_args import model_yaml
-    from trtkv.deploy import Options, Target, deploy
+    from trtkv.deploy import Options, Target
 
     fields = set(json.loads((DATA / "llm_args_fields.json").read_text())["llm_args"])
     opts, quiet = Options(model_source="s3://my-bucket/x"), lambda _m: None

@@ -225,8 +225,8 @@ def test_chunked_context_follows_max_num_tokens(engines_tmp: Path) -> None:
 
 def test_readme_without_nvidia_pytriton_shows_a_generic_path(engines_tmp: Path, tokenizer_ready: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from trtkv.backends import bundled
     from trtkv.core.errors import StageError
-    from trtkv.serving import bundled
 
     def missing() -> Path:
         raise StageError("the tritonserver bundled in nvidia-pytriton is not installed")

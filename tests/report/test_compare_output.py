@@ -15,7 +15,7 @@ from trtkv.report import compare
 
 
 def _fake_write(fail: bool):  # type: ignore[no-untyped-def]
-    def write(_recipes: object, _results: object, out: Path) -> Path:
+    def write(_recipes: object, _plans: object, _results: object, out: Path) -> Path:
         (out / "compare.md").write_text("new\n")
         (out / "compare.json").write_text("[]\n")
         if fail:
@@ -34,11 +34,11 @@ def test_an_interrupted_compare_keeps_the_previous_report_whole(engines_tmp: Pat
     out = compare.compare_output(None)
     monkeypatch.setattr(compare, "write_compare", _fake_write(fail=True))
     with pytest.raises(KeyboardInterrupt):
-        compare.write_compare_folder([], [], out)
+        compare.write_compare_folder([], [], [], out)
     assert {p.name: p.read_text() for p in old.iterdir()} == {n: "old\n" for n in compare.COMPARE_FILES}
     assert [p.name for p in engines_tmp.iterdir()] == ["compare"]  # no temporary folder left
     monkeypatch.setattr(compare, "write_compare", _fake_write(fail=False))
-    md = compare.write_compare_folder([], [], compare.compare_output(None))
+    md = compare.write_compare_folder([], [], [], compare.compare_output(None))
     assert md.read_text() == "new\n" and (old / "compare.png").read_bytes() == b"new"
     assert json.loads((old / ".trtkv-owner").read_text())["stage"] == "compare"
     assert compare.compare_output(None) == old  # its own folder: replaced again next time

@@ -24,6 +24,7 @@ from trtkv.engines.reference import REFERENCE_POOL_LINE, reference_log_pool
 from trtkv.engines.sglang import sglang_info_tokens
 from trtkv.engines.trtllm import trtllm_log_pool
 from trtkv.engines.vllm import vllm_log_tokens, vllm_metrics_blocks
+from trtkv.plan import figures
 from trtkv.recipe import load_recipe
 from trtkv.recipe.layout import serve_dir
 from trtkv.serving import pool
@@ -108,7 +109,7 @@ def test_status_says_which_source_was_bad(sglang_server: http.server.HTTPServer,
     _Answer.body = body
     recipe = load_recipe("llama70b_fp8kv_sglang")
     server = SimpleNamespace(client_host="127.0.0.1", http_port=sglang_server.server_address[1], log="")
-    got = pool.compare(recipe, server)  # type: ignore[arg-type]
+    got = pool.compare(recipe, server, figures(recipe))  # type: ignore[arg-type]
     line = pool.describe(got)
     assert got["served_bytes_per_gpu"] is None and "served: not read: SGLang /get_server_info" in line, line
     assert "\n" not in line and "-" not in line.split("served:")[1].split("SGLang")[0]
@@ -145,18 +146,18 @@ def test_the_log_is_read_only_inside_serve_and_never_through_a_link(engines_tmp:
     outside = tmp_path / "elsewhere.log"
     outside.write_text(TRTLLM_LINE + "\n")
     record = _live(folder)
-    good = pool.compare(recipe, record.model_copy(update={"log": str(folder / "server.log")}))
+    good = pool.compare(recipe, record.model_copy(update={"log": str(folder / "server.log")}), figures(recipe))
     assert good["served_bytes_per_gpu"] is None  # no log yet: nothing read, nothing refused
     (folder / "server.log").write_text("x" * (5 << 20) + "\n" + TRTLLM_LINE + "\n")  # bounded: the tail is read
-    assert pool.compare(recipe, record)["served_tokens"] == 263008
+    assert pool.compare(recipe, record, figures(recipe))["served_tokens"] == 263008
     for name in (str(outside), str(folder / ".." / "serve" / ".." / "elsewhere.log")):
-        got = pool.compare(recipe, record.model_copy(update={"log": name}))
+        got = pool.compare(recipe, record.model_copy(update={"log": name}), figures(recipe))
         assert got["served_bytes_per_gpu"] is None and "is not a file directly in" in got["source"], got
     (folder / "link.log").symlink_to(outside)
-    got = pool.compare(recipe, record.model_copy(update={"log": str(folder / "link.log")}))
+    got = pool.compare(recipe, record.model_copy(update={"log": str(folder / "link.log")}), figures(recipe))
     assert got["served_bytes_per_gpu"] is None and "symbolic link" in got["source"], got
     os.mkfifo(folder / "fifo.log")  # never opened blocking
-    got = pool.compare(recipe, record.model_copy(update={"log": str(folder / "fifo.log")}))
+    got = pool.compare(recipe, record.model_copy(update={"log": str(folder / "fifo.log")}), figures(recipe))
     assert got["served_bytes_per_gpu"] is None and "not a regular file" in got["source"], got
 
 
@@ -173,7 +174,7 @@ def test_bench_reads_the_pool_of_the_recorded_server_it_measured(engines_tmp: Pa
     folder.mkdir(parents=True)
     (folder / "server.log").write_text(TRTLLM_LINE + "\n")
     _live(folder).save(folder)
-    got = pool.compare_at(recipe, url)
+    got = pool.compare_at(recipe, url, figures(recipe))
     assert (got["served_tokens"] == 263008) is read, got
     if not read:
         assert "is not the recorded server" in got["source"], got
@@ -189,5 +190,5 @@ def test_bench_ignores_the_pool_of_a_dead_server(engines_tmp: Path) -> None:
     _LIVE[-1].kill()
     _LIVE[-1].wait()
     record.save(folder)
-    got = pool.compare_at(recipe, "127.0.0.1:18000")
+    got = pool.compare_at(recipe, "127.0.0.1:18000", figures(recipe))
     assert got["served_bytes_per_gpu"] is None and f"(pid {record.pid}) is not running" in got["source"], got

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from trtkv.backends import bundled
 from trtkv.core import sessions
 from trtkv.core.errors import StageError, ToolError
 from trtkv.recipe import load_recipe
 from trtkv.recipe.layout import serve_dir
-from trtkv.serving import bundled, launch, serve
+from trtkv.serving import launch, serve
 
 
 def _free_port() -> int:

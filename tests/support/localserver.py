@@ -14,10 +14,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from trtkv.backends.bundled import bundled_command, link_python_backend, server_env
 from trtkv.core.errors import StageError
 from trtkv.core.process import free_ports, port_in_use, wait_http_ready
 from trtkv.core.tools import tail
-from trtkv.serving.bundled import bundled_command, link_python_backend, server_env
 
 
 @dataclass

@@ -119,7 +119,7 @@ class InferenceRequest:
 def backend_utils() -> ModuleType:
     """Triton's triton_python_backend_utils.py from the bundled tritonserver, with the stub's classes added, installed
     as the module the generated model.py imports."""
-    from trtkv.serving.bundled import bundled_triton
+    from trtkv.backends.bundled import bundled_triton
 
     if MODULE in sys.modules and hasattr(sys.modules[MODULE], "InferenceResponse"):
         return sys.modules[MODULE]

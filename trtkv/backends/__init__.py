@@ -1,8 +1,10 @@
 """Engine backends behind a few small protocols (trtkv.backends.seam), one `EngineBackend` per
-recipe build.backend.
+recipe build.backend, and the command lines of the servers the backends run: the bundled CPU
+tritonserver (bundled) and the Triton TensorRT-LLM container (container), which `trtkv serve` runs,
+`trtkv repo` prints and `trtkv deploy` puts in its pods.
 
-Stages import only this package's face: `for_recipe` / `BACKENDS` and the protocol types; never a
-backend's module.
+Stages import only this package's face: `for_recipe` / `BACKENDS`, the protocol types and the
+command lines; never a backend's module.
 """
 
 from __future__ import annotations
@@ -18,7 +20,55 @@ from trtkv.backends.seam import (
     RepoLayout,
     TokenizerSource,
 )
+from trtkv.core.lazy import attach
 from trtkv.recipe import Backend, Recipe
+
+TYPE_CHECKING = False  # typing's, without loading typing (see trtkv.core.lazy)
+
+if TYPE_CHECKING:
+    from trtkv.backends.bundled import local_command, prepare_backends, python_libdir, server_env
+    from trtkv.backends.container import (
+        CONTAINER_BIND,
+        CONTAINER_TRITONSERVER,
+        TRITON_SHM_GIB,
+        container_image,
+        container_name,
+        docker_command,
+        gpu_command,
+        inside_repo,
+        launch_script_command,
+        rank_command,
+        shell_block,
+        triton_reads,
+        trtllm_serve_command,
+        trtllm_serve_docker_command,
+        trtllm_serve_server,
+    )
+
+# the command lines load on first use: they import this face (for_recipe)
+__getattr__, __dir__ = attach(
+    __name__,
+    submod_attrs={
+        "bundled": ["local_command", "prepare_backends", "python_libdir", "server_env"],
+        "container": [
+            "CONTAINER_BIND",
+            "container_image",
+            "container_name",
+            "CONTAINER_TRITONSERVER",
+            "docker_command",
+            "gpu_command",
+            "inside_repo",
+            "launch_script_command",
+            "rank_command",
+            "shell_block",
+            "triton_reads",
+            "TRITON_SHM_GIB",
+            "trtllm_serve_command",
+            "trtllm_serve_docker_command",
+            "trtllm_serve_server",
+        ],
+    },
+)
 
 # what `trtkv serve --trtllm-serve` passes the options YAML as
 TRTLLM_SERVE_OPTIONS_FLAG = llmapi_serve.LLMAPI_OPTIONS_FLAG
@@ -48,14 +98,33 @@ def default_backend(*, on_cpu: bool, llama_family: bool) -> Backend:
 
 __all__ = [
     "BACKENDS",
+    "CONTAINER_BIND",
+    "container_image",
+    "container_name",
+    "CONTAINER_TRITONSERVER",
     "default_backend",
+    "docker_command",
     "DP_ADDRESS",
     "DP_START",
     "DynamoWorker",
     "for_recipe",
+    "gpu_command",
+    "inside_repo",
+    "launch_script_command",
+    "local_command",
     "MemoryRule",
     "OpenAIServer",
+    "prepare_backends",
+    "python_libdir",
+    "rank_command",
     "RepoLayout",
+    "server_env",
+    "shell_block",
     "TokenizerSource",
+    "triton_reads",
+    "TRITON_SHM_GIB",
+    "trtllm_serve_command",
+    "trtllm_serve_docker_command",
     "TRTLLM_SERVE_OPTIONS_FLAG",
+    "trtllm_serve_server",
 ]

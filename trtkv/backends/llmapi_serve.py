@@ -79,7 +79,7 @@ class TrtllmServe:
     # 200, or 503 when the LLM is unhealthy (tensorrt_llm/serve/openai_server.py
     # register_routes/health @00057725)
     health_path = "/health"
-    shm_gib = 2  # the Triton TensorRT-LLM image's docker --shm-size=2g (trtkv.serving.container)
+    shm_gib = 2  # the Triton TensorRT-LLM image's docker --shm-size=2g (trtkv.backends.container)
     key_env = None  # no API key option
     ray = False
     rank_tasks = True  # trtllm-llmapi-launch: rank 0 serves, the other ranks are its workers

@@ -13,7 +13,7 @@ TYPE_CHECKING = False  # typing's, without loading typing (see trtkv.core.lazy)
 
 if TYPE_CHECKING:
     from trtkv.bench.options import BenchOptions
-    from trtkv.bench.runner import run_bench
+    from trtkv.bench.runner import ServedSide, run_bench
     from trtkv.bench.tasks.ruler import probe_plan
 
 # each name's module is imported on first use (the runner loads httpx)
@@ -22,7 +22,7 @@ __getattr__, __dir__ = attach(
     submod_attrs={
         "options": ["BenchOptions"],
         "tasks.ruler": ["probe_plan"],
-        "runner": ["run_bench"],
+        "runner": ["run_bench", "ServedSide"],
     },
 )
 
@@ -30,4 +30,5 @@ __all__ = [
     "BenchOptions",
     "probe_plan",
     "run_bench",
+    "ServedSide",
 ]

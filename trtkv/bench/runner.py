@@ -4,7 +4,8 @@ result files."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,10 @@ from trtkv.contracts.artifacts import (
     BenchSLOs,
     BenchWorkload,
     ClientSummary,
+    KVPoolCheck,
     MetricStats,
     ServerRecord,
+    SLOVerdict,
     TimeOrigin,
 )
 from trtkv.core.errors import StageError, TrtkvError
@@ -36,11 +39,32 @@ from trtkv.measures.metrics import summarize_level
 from trtkv.measures.records import RequestRecord, now_ns
 from trtkv.recipe import Protocol, Recipe
 from trtkv.recipe.layout import bench_dir, serve_dir
-from trtkv.serving import supervise
 
 SCHEMA = "trtkv.bench/1"  # results.json's "schema"
 EXIT_SLO_FAILED = 1
 EXIT_INTERRUPTED = 130
+
+
+@dataclass(frozen=True)
+class ServedSide:
+    """What the serving stage lends a benchmark of its server, handed in by `trtkv bench`
+    (trtkv.cli.bench.served_side; the bench stage never imports trtkv.serving): `quiet(recipe, who,
+    address)` asks the recipe's supervisor for no canaries while the block runs (yields whether it
+    asked), `kv_pool(recipe, url)` reads the served KV pool back beside the planned one
+    (results.json's "kv_pool")."""
+
+    quiet: Callable[[Recipe, str, str | None], AbstractContextManager[bool]]
+    kv_pool: Callable[[Recipe, str | None], dict[str, Any]]
+
+
+def _unread_pool(_recipe: Recipe, _url: str | None) -> dict[str, Any]:
+    return {"planned_bytes_per_gpu": None, "source": "not read: no server side", "warning": None}
+
+
+# a library caller that hands in nothing: no quiet request, no pool read back
+UNSERVED = ServedSide(
+    quiet=lambda _recipe, _who, _address: nullcontext(False), kv_pool=_unread_pool
+)
 
 
 @dataclass
@@ -106,7 +130,7 @@ def _normalize(records: Sequence[RequestRecord], t0: int) -> None:
             rec.end_ns -= t0
 
 
-def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
+def run_bench(recipe: Recipe, opts: BenchOptions, served: ServedSide = UNSERVED) -> BenchOutcome:
     """The whole benchmark; results are written even when an SLO fails, and when interrupted into
     `partial_dir(output)`, never over the last complete run's."""
     from trtkv.contracts.outputs import check_output
@@ -143,7 +167,7 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
     task_errors: dict[str, dict[str, Any]] = {}
     with (
         BenchProgress(opts.progress) as progress,
-        supervise.quiet(recipe, "trtkv bench", opts.url) as asked,
+        served.quiet(recipe, "trtkv bench", opts.url) as asked,
     ):
         if asked:
             progress.log(
@@ -239,10 +263,10 @@ def run_bench(recipe: Recipe, opts: BenchOptions) -> BenchOutcome:
                 **good["goodput"], good_request_count=good["good_request_count"]["avg"]
             )
     doc.tool_versions = tool_versions()
-    doc.kv_pool = _served_pool(recipe, opts.url)
-    if doc.kv_pool.get("warning"):
+    doc.kv_pool = KVPoolCheck.model_validate(_served_pool(served, recipe, opts.url))
+    if doc.kv_pool.warning:
         # assigned, never appended in place: results.json writes only the fields set (exclude_unset)
-        doc.warnings = [*doc.warnings, str(doc.kv_pool["warning"])]
+        doc.warnings = [*doc.warnings, doc.kv_pool.warning]
     # results.json as written (trtkv.contracts.artifacts.BenchResults; report loads it back)
     out = doc.document()
 
@@ -276,13 +300,11 @@ def partial_dir(output: Path) -> Path:
     return output.with_name(output.name + ".partial")
 
 
-def _served_pool(recipe: Recipe, url: str | None) -> dict[str, Any]:
-    """Planned against served KV pool (trtkv.serving.pool) for the recorded server, when it runs; a
-    --url elsewhere is another server: its pool is not read."""
-    from trtkv.serving import pool
-
+def _served_pool(served: ServedSide, recipe: Recipe, url: str | None) -> dict[str, Any]:
+    """Planned against served KV pool (`served.kv_pool`: trtkv.serving.pool) for the recorded
+    server, when it runs; a --url elsewhere is another server: its pool is not read."""
     try:
-        return pool.compare_at(recipe, url)
+        return served.kv_pool(recipe, url)
     except Exception as exc:  # noqa: BLE001 - the read-back never fails a benchmark; it says why it has no figure
         return {"planned_bytes_per_gpu": None, "source": f"not read: {exc}", "warning": None}
 
@@ -348,7 +370,8 @@ def assemble(
         levels={label: BenchLevel.model_validate(body) for label, body in levels.items()},
         accuracy=accuracy,
         slo=BenchSLOs(
-            passed=all(r.passed for r in checked), results=[r.to_json() for r in checked]
+            passed=all(r.passed for r in checked),
+            results=[SLOVerdict.model_validate(r.to_json()) for r in checked],
         ),
         records=[r.to_json() for r in records],
     )

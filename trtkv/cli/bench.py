@@ -4,12 +4,13 @@ gRPC/HTTP or any OpenAI-compatible server), checked against SLOs."""
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trtkv.bench.options import BenchOptions
 from trtkv.cli.common import add_recipe_args, load, subparser
 
 if TYPE_CHECKING:
+    from trtkv.bench import ServedSide
     from trtkv.recipe import Recipe
 
 EXAMPLES = """\
@@ -40,7 +41,20 @@ def run(args: argparse.Namespace) -> int:
     recipe = load(args)
     if opts.sweep_input is not None:
         opts = opts.model_copy(update={"sweep_input": sweep_lengths(opts.sweep_input, recipe)})
-    return run_bench(recipe, opts).exit_code
+    return run_bench(recipe, opts, served_side()).exit_code
+
+
+def served_side() -> ServedSide:
+    """The serving stage's part in a benchmark: its supervisor's quiet request and the served KV
+    pool against the plan (the bench stage imports neither serving nor the planner)."""
+    from trtkv.bench import ServedSide
+    from trtkv.plan import figures
+    from trtkv.serving import pool, supervise
+
+    def kv_pool(recipe: Recipe, url: str | None) -> dict[str, Any]:
+        return pool.compare_at(recipe, url, figures(recipe))
+
+    return ServedSide(quiet=supervise.quiet, kv_pool=kv_pool)
 
 
 def sweep_lengths(lengths: list[int], recipe: Recipe) -> list[int]:

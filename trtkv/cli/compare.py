@@ -44,6 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from trtkv.plan import figures
     from trtkv.recipe import load_recipe
     from trtkv.report.chain import run_chain
     from trtkv.report.compare import compare_output, write_compare_folder
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     recipes = [load_recipe(n, args.overrides) for n in names]  # validate all before running any
     out = compare_output(Path(o.output) if o.output else None)  # refused before any work
     results = [run_chain(n, args.overrides) for n in names]
-    md = write_compare_folder(recipes, results, out)
+    md = write_compare_folder(recipes, [figures(r) for r in recipes], results, out)
     print(md.read_text())
     failed = [r for r in results if r.failed]
     for r in failed:

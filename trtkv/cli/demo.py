@@ -20,12 +20,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from trtkv.plan import figures
     from trtkv.recipe import load_recipe
     from trtkv.report.chain import require_success, run_chain
     from trtkv.report.summary import print_summary
 
     recipe = load_recipe(args.recipe, args.overrides)  # fail fast on a bad recipe, before any work
     result = run_chain(args.recipe, args.overrides)
-    print_summary(recipe, result)
+    print_summary(recipe, figures(recipe), result)
     require_success(result)
     return 0

@@ -130,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
     from trtkv.deploy import Options as FileOptions
     from trtkv.deploy import deploy
     from trtkv.deploy.k8s import Fence, selector
+    from trtkv.plan import figures
 
     o = DeployOptions.from_args(args)
     fence = Fence(
@@ -150,5 +151,14 @@ def run(args: argparse.Namespace) -> int:
         loader_image=o.loader_image,
         model_size_gib=o.model_size,
     )
-    deploy(load(args), o.target, o.output, o.replicas, o.target_concurrency, options=options)
+    recipe = load(args)
+    deploy(
+        recipe,
+        o.target,
+        o.output,
+        o.replicas,
+        o.target_concurrency,
+        options=options,
+        planned=figures(recipe),
+    )
     return 0

@@ -28,12 +28,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from trtkv.plan import figures
     from trtkv.report.summary import print_summary, write_report
 
     o = ReportOptions.from_args(args)
     recipe = load(args)
-    out = write_report(recipe)
+    planned = figures(recipe)
+    out = write_report(recipe, planned)
     if not o.quiet:
-        print_summary(recipe)
+        print_summary(recipe, planned)
     print(f"report: {out / 'report.md'}")
     return 0

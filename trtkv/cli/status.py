@@ -88,9 +88,10 @@ def run(args: argparse.Namespace) -> int:
     server = result.server
     pool_check = None
     if result.checks.get("ready"):  # planned against served: the pool the running engine reports
+        from trtkv.plan import figures
         from trtkv.serving import pool
 
-        pool_check = pool.compare(recipe, server)
+        pool_check = pool.compare(recipe, server, figures(recipe))
         result.checks["kv_pool"] = pool_check
     events = supervisor_state.read_events(recipe, last=5)
     # a supervisor that was killed: its server runs on, unsupervised

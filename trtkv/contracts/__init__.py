@@ -2,7 +2,8 @@
 (trtkv.contracts.stage: manifest, up-to-date skip, atomic output; the output folders trtkv may
 replace, leftovers and the atomic swap in outputs), the typed files stages hand each other
 (artifacts), the request interface of a served model (interface) and the one-token canary request
-built from it (canary), the RULER plan the bench hands the probe (ruler)."""
+built from it (canary), the RULER plan the bench hands the probe (ruler), the plan's figures the
+CLI hands serving, bench, deploy and report (plan_figures)."""
 
 from trtkv.core.lazy import attach
 
@@ -17,12 +18,14 @@ if TYPE_CHECKING:
         BenchSLOs,
         BenchWorkload,
         ClientSummary,
+        KVPoolCheck,
         KVScaleLayer,
         KVScalesFile,
         Manifest,
         MetricStats,
         ProbeDoc,
         ServerRecord,
+        SLOVerdict,
         SupervisorRecord,
         TimeOrigin,
     )
@@ -40,6 +43,7 @@ if TYPE_CHECKING:
         remove_leftovers,
         replace_folder,
     )
+    from trtkv.contracts.plan_figures import PlanFigures, PlannedFormat
     from trtkv.contracts.ruler import RulerPlan
     from trtkv.contracts.stage import (
         VERSIONED_TOOLS,
@@ -65,17 +69,20 @@ __getattr__, __dir__ = attach(
             "BenchSLOs",
             "BenchWorkload",
             "ClientSummary",
+            "KVPoolCheck",
             "KVScaleLayer",
             "KVScalesFile",
             "Manifest",
             "MetricStats",
             "ProbeDoc",
             "ServerRecord",
+            "SLOVerdict",
             "SupervisorRecord",
             "TimeOrigin",
         ],
         "canary": ["canary_script", "CANARY_TIMEOUT_S", "docker_health_args"],
         "interface": ["detect", "ENSEMBLE", "INTERFACES", "LLMAPI", "ModelInterface"],
+        "plan_figures": ["PlanFigures", "PlannedFormat"],
         "ruler": ["RulerPlan"],
         "outputs": [
             "check_inside",
@@ -117,6 +124,7 @@ __all__ = [
     "in_place_output",
     "input_problem",
     "INTERFACES",
+    "KVPoolCheck",
     "KVScaleLayer",
     "KVScalesFile",
     "LLMAPI",
@@ -125,6 +133,8 @@ __all__ = [
     "MetricStats",
     "ModelInterface",
     "OWNER",
+    "PlanFigures",
+    "PlannedFormat",
     "ProbeDoc",
     "read_manifest",
     "remove_leftovers",
@@ -134,6 +144,7 @@ __all__ = [
     "RulerPlan",
     "run_stage",
     "ServerRecord",
+    "SLOVerdict",
     "StageResult",
     "SupervisorRecord",
     "TimeOrigin",

@@ -116,7 +116,7 @@ class ServerRecord(Artifact):
     session_start: int | None = Field(None, ge=0)
     # TRTKV_SERVER_SESSION in its environment, for children that call setsid
     session_marker: str | None = None
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {}  # free-form: what one server kind adds (an OpenAI frontend's name)
 
     @field_validator("host")
     @classmethod
@@ -171,18 +171,19 @@ class Manifest(Artifact):
     stage: str
     recipe: str | None = None
     recipe_path: str | None = None
-    # the up-to-date key (run_stage compares it whole); None: always redone
+    # the up-to-date key (run_stage compares it whole); None: always redone. Free-form: each stage
+    # keys on its own inputs
     key: dict[str, Any] | None = None
     recipe_hash: str | None = None
     input_dir: str | None = None
     input_manifest_hash: str | None = None
-    resolved_recipe: dict[str, Any] | None = None
+    resolved_recipe: dict[str, Any] | None = None  # free-form: trtkv.recipe's schema types it
     tool_versions: dict[str, str | None] | None = None
     wall_seconds: float | None = None
     finished_at: str | None = None
     # name -> {size, sha256} of every other file (trtkv.contracts.contents): "up to date" and "a
     # valid input" both need the folder to hold exactly these; None in manifests of older trtkv
-    # (checked by key only, and said so)
+    # (checked by key only, and said so). As written: the manifest's hash covers its exact bytes
     files: dict[str, Any] | None = None
 
 
@@ -245,13 +246,25 @@ class BenchWorkload(BaseModel):
     sampling: str
 
 
+class SLOVerdict(BaseModel):
+    """One SLO checked (trtkv.bench.outputs.slo.SLOResult.to_json)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    slo: str  # as written: "time_to_first_token.p99<=500"
+    source: str = ""  # where it was set: the recipe, --slo, the default
+    where: str = ""  # the level ("concurrency=4") or task it was checked on
+    measured: float | None = None
+    passed: bool
+
+
 class BenchSLOs(BaseModel):
     """results.json's "slo": the verdict and one entry per SLO (trtkv.bench.outputs.slo)."""
 
     model_config = ConfigDict(extra="allow")
 
     passed: bool
-    results: list[dict[str, Any]] = []
+    results: list[SLOVerdict] = []
 
 
 class MetricStats(BaseModel):
@@ -286,6 +299,22 @@ class ClientLag(BaseModel):
     count: int = 0
 
 
+class ClientWorker(BaseModel):
+    """One client process of a level (trtkv.bench.load.levels.client_summary)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    worker: int
+    pid: int | None = None
+    streams: int = 0
+    requests: int = 0
+    output_tokens: int = 0
+    cpu_seconds: float | None = None
+    cpu_cores: float | None = None
+    cpu_us_per_token: float | None = None
+    lag_ms: ClientLag | None = None
+
+
 class ClientSummary(BaseModel):
     """A level's client: its processes, their CPU per streamed token, its own lag, and a warning
     when the client may have held the level back (trtkv.bench.load.levels.client_summary)."""
@@ -299,7 +328,7 @@ class ClientSummary(BaseModel):
     cpu_cores: float | None = None
     cpu_us_per_token: float | None = None
     lag_ms: ClientLag | None = None
-    per_worker: list[dict[str, Any]] = []
+    per_worker: list[ClientWorker] = []
     warning: str | None = None
 
 
@@ -332,6 +361,22 @@ class TimeOrigin(BaseModel):
     note: str = ""
 
 
+class KVPoolCheck(BaseModel):
+    """results.json's "kv_pool": the served KV pool per GPU beside the planned one
+    (trtkv.serving.pool.compare); served_* None when the engine reported nothing readable, and
+    `source` says why."""
+
+    model_config = ConfigDict(extra="allow")
+
+    planned_bytes_per_gpu: float | None = None  # None: the read-back failed before the plan
+    rule: str | None = None  # the engine and release whose pool rule the plan follows
+    served_bytes_per_gpu: float | None = None
+    served_tokens: int | None = None
+    source: str | None = None
+    served_over_planned: float | None = None
+    warning: str | None = None  # served more than 10% below the plan
+
+
 class BenchResults(Artifact):
     """results.json of `trtkv bench` (trtkv.bench.runner builds it). Per level, GenAI-Perf's metric
     names with their stats; per accuracy task its score; every request's raw record. Every field has
@@ -355,15 +400,17 @@ class BenchResults(Artifact):
     token_counting: str = ""  # how tokens are counted (trtkv.bench.outputs.results.TOKEN_COUNTING)
     token_count_check: dict[str, int] = {}  # {"requests", "equal", ...}: counts of requests
     levels: dict[str, BenchLevel] = {}  # "concurrency=N" / "rate=R/s" -> its metrics
-    accuracy: dict[str, dict[str, Any]] = {}  # task -> its score, or why it did not run
+    # task -> its score, or why it did not run; free-form: each task scores in its own figures
+    accuracy: dict[str, dict[str, Any]] = {}
     slo: BenchSLOs | None = None
-    records: list[dict[str, Any]] = []  # trtkv.measures.records.RequestRecord.to_json per request
+    # RequestRecord.to_json per request: trtkv.measures.records types and reads them (above this)
+    records: list[dict[str, Any]] = []
     time_origin: TimeOrigin | None = None
     goodput_slos: dict[str, float] | None = None  # --goodput's thresholds (ms)
     tool_versions: dict[str, str | None] | None = None
-    # --sweep-input: per level, samples and fits against input length
+    # --sweep-input: per level, samples and fits against input length (trtkv.measures.sweep reads)
     sweep: dict[str, Any] | None = None
-    kv_pool: dict[str, Any] | None = None  # planned against served (trtkv.serving.pool.compare)
+    kv_pool: KVPoolCheck | None = None  # planned against served (trtkv.serving.pool.compare)
     warnings: list[str] = []  # e.g. a served KV pool more than 10% short of the plan
 
 
@@ -371,7 +418,7 @@ class ProbeScales(BaseModel):
     model_config = ConfigDict(extra="allow")  # older probe.json files hold k_amax/v_amax lists here
 
     source: str
-    layers: list[dict[str, Any]] = []
+    layers: list[dict[str, Any]] = []  # kv_scales.json's or the probe's own, as written
 
 
 class ProbeDoc(Artifact):
@@ -382,7 +429,9 @@ class ProbeDoc(Artifact):
 
     recipe: str
     seconds: float | None = None
-    records: list[dict[str, Any]] = []  # cache-only: the stored cache in full-precision attention
+    # cache-only: the stored cache in full-precision attention; these and the attention records
+    # keep each record's shape as the probe wrote it (trtkv.measures.probe_results reads them)
+    records: list[dict[str, Any]] = []
     scales: ProbeScales | None = None
     # engine attention (trtkv.probe.attention): the modes measured and why, their records,
     # prefill-vs-decode drift; absent from probe.json files written before the engine modes

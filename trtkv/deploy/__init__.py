@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from trtkv.contracts.outputs import OWNER, check_output, remove_leftovers, replace_folder
+from trtkv.contracts.plan_figures import PlanFigures
 from trtkv.core import paths
 from trtkv.core.errors import StageError
 from trtkv.core.files import naming
@@ -239,10 +240,13 @@ def deploy(
     target_concurrency: int | None = None,
     log: Callable[[str], None] = print,
     options: Options | None = None,
+    *,
+    planned: PlanFigures,
 ) -> Path:
     """Write, check and (only when every check passes) put the files in place; returns the
-    folder."""
-    sizing = _hub_sized(recipe, target, size(recipe, replicas, target_concurrency), options)
+    folder. `planned`: the recipe's plan (trtkv.plan.figures), which the deployment is sized by."""
+    sizing = size(recipe, planned, replicas, target_concurrency)
+    sizing = _hub_sized(recipe, target, sizing, options)
     out = check_output(
         output or default_output(recipe, target), "deploy", recipe.name, target=target.value
     )

@@ -23,7 +23,18 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trtkv.backends import DP_ADDRESS, DP_START, OpenAIServer
+from trtkv.backends import (
+    CONTAINER_BIND,
+    CONTAINER_TRITONSERVER,
+    DP_ADDRESS,
+    DP_START,
+    TRITON_SHM_GIB,
+    OpenAIServer,
+    container_image,
+    gpu_command,
+    rank_command,
+    triton_reads,
+)
 from trtkv.contracts.canary import canary_script
 from trtkv.core.apikey import API_KEY_ENV, TRITON_KEY_HEADER
 from trtkv.core.errors import StageError
@@ -31,15 +42,6 @@ from trtkv.deploy.resources import canary_timeout_s
 from trtkv.deploy.sizing import Sizing
 from trtkv.recipe import Recipe
 from trtkv.recipe.layout import HF, checkpoint_dir, container_artifacts, container_mounts
-from trtkv.serving.container import (
-    CONTAINER_BIND,
-    CONTAINER_TRITONSERVER,
-    TRITON_SHM_GIB,
-    container_image,
-    gpu_command,
-    rank_command,
-    triton_reads,
-)
 
 SSH_PORT = 2222
 SSH_DIR = "/etc/trtkv-ssh"  # the Secret with id_ed25519 and authorized_keys

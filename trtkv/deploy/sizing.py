@@ -1,6 +1,6 @@
-"""How big a deployment is, from the planner: GPUs and nodes per replica, KV tokens per GPU, the
-sequences of the recipe's max_seq_len that fit in one replica, and the replica count (`--replicas
-N`, or enough replicas for `--target-concurrency C`)."""
+"""How big a deployment is, from the planner's figures (trtkv.contracts.PlanFigures): GPUs and
+nodes per replica, KV tokens per GPU, the sequences of the recipe's max_seq_len that fit in one
+replica, and the replica count (`--replicas N`, or enough replicas for `--target-concurrency C`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, computed_field, model_validator
 
 from trtkv.contracts.artifacts import Artifact
+from trtkv.contracts.plan_figures import PlanFigures
 from trtkv.core.errors import StageError
 from trtkv.platform.hardware import GPU
 from trtkv.recipe import Recipe
@@ -151,12 +152,13 @@ def hub_source_gib(recipe: Recipe, model_size_gib: float | None) -> float:
 
 
 def size(
-    recipe: Recipe, replicas: int | None = None, target_concurrency: int | None = None
+    recipe: Recipe,
+    planned: PlanFigures,
+    replicas: int | None = None,
+    target_concurrency: int | None = None,
 ) -> Sizing:
-    """The planner's figures for this recipe, and the replica count; StageError when the recipe
-    cannot be sized."""
-    from trtkv.plan.planner import plan
-
+    """The planner's figures for this recipe (`planned`: trtkv.plan.figures), and the replica
+    count; StageError when the recipe cannot be sized."""
     hw = recipe.hardware
     if hw.gpu is GPU.CPU:
         raise StageError(
@@ -172,16 +174,15 @@ def size(
     for flag, value in (("--replicas", replicas), ("--target-concurrency", target_concurrency)):
         if value is not None and not bound_to.admits(value):
             raise StageError(f"{flag} {value}: use 1 or more, a whole number in {bound_to.text()}")
-    p = plan(recipe)
-    cap = next(c for c in p.formats if c.format == p.recipe_kv_format)
+    cap = planned.formats[planned.recipe_kv_format]
     seq_len = recipe.build.max_seq_len
-    fit = cap.max_sequences[seq_len]
+    fit = cap.sequences_at_max_seq_len or 0
     if fit < 1:
         raise StageError(
             f"{recipe.name}: not one sequence of build.max_seq_len={seq_len} fits in the KV pool "
-            f"({p.kv_budget_gib_per_gpu:.1f} GiB per GPU by {p.kv_pool.engine}'s rule, after "
-            f"{p.weights.per_gpu_gib:.1f} GiB of weights). Next: `trtkv plan {recipe.name}`, then "
-            "raise build.tp_size/pp_size (and hardware.count), or lower build.max_seq_len."
+            f"({planned.pool_gib_per_gpu:.1f} GiB per GPU by {planned.engine}'s rule, after "
+            f"{planned.weights_gib_per_gpu:.1f} GiB of weights). Next: `trtkv plan {recipe.name}`, "
+            "then raise build.tp_size/pp_size (and hardware.count), or lower build.max_seq_len."
         )
     per_replica = min(fit, recipe.build.max_batch_size)
     bound = "kv memory" if fit < recipe.build.max_batch_size else "max_batch_size"
@@ -202,15 +203,15 @@ def size(
             f"{bound_to.text()}. Next: fewer replicas (--replicas / --target-concurrency)."
         )
     world, per_node = recipe.world_size, hw.gpus_per_node
-    weights = p.weights.total_gib
+    weights = planned.weights_gib_total
     return Sizing(
         gpus_per_replica=world,
         gpus_per_node=per_node,
         nodes_per_replica=max(1, math.ceil(world / per_node)),
         gpus_per_pod=min(world, per_node),
-        kv_format=p.recipe_kv_format,
+        kv_format=planned.recipe_kv_format,
         kv_bytes_per_token_per_gpu=cap.bytes_per_token_per_gpu,
-        kv_tokens_per_gpu=cap.tokens_per_gpu_budget,
+        kv_tokens_per_gpu=cap.tokens_per_gpu,
         max_seq_len=seq_len,
         sequences_per_replica=per_replica,
         bound_by=bound,
@@ -218,12 +219,12 @@ def size(
         chosen_by=chosen,
         weights_gib_total=weights,
         storage_gib=volume_gib(weights),
-        decode_step_ms=float(cap.decode_step_ms.get(seq_len, 0.0)),
+        decode_step_ms=cap.decode_step_ms,
         max_batch_size=recipe.build.max_batch_size,
-        batch_flag=p.concurrency.flag,
-        bench_input_tokens=p.concurrency.input_tokens,
-        bench_output_tokens=p.concurrency.output_tokens,
-        bench_sequences_per_replica=p.concurrency.workload_sequences,
+        batch_flag=planned.batch_flag,
+        bench_input_tokens=planned.bench_input_tokens,
+        bench_output_tokens=planned.bench_output_tokens,
+        bench_sequences_per_replica=planned.bench_sequences,
     )
 
 

@@ -6,7 +6,7 @@ TYPE_CHECKING = False  # typing's, without loading typing (see trtkv.core.lazy)
 
 if TYPE_CHECKING:
     from trtkv.plan.estimate_model import Estimate
-    from trtkv.plan.model import kv_format_for_recipe
+    from trtkv.plan.handoff import figures
     from trtkv.plan.planner import plan
     from trtkv.plan.result import Plan
 
@@ -16,10 +16,10 @@ __getattr__, __dir__ = attach(
     submodules=["estimate"],
     submod_attrs={
         "estimate_model": ["Estimate"],
-        "model": ["kv_format_for_recipe"],
+        "handoff": ["figures"],
         "planner": ["plan"],
         "result": ["Plan"],
     },
 )
 
-__all__ = ["Estimate", "estimate", "kv_format_for_recipe", "Plan", "plan"]
+__all__ = ["Estimate", "estimate", "figures", "Plan", "plan"]

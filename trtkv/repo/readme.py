@@ -6,12 +6,21 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from trtkv.backends import RepoLayout, for_recipe
+from trtkv.backends import (
+    RepoLayout,
+    container_image,
+    docker_command,
+    for_recipe,
+    gpu_command,
+    launch_script_command,
+    local_command,
+    python_libdir,
+    shell_block,
+)
 from trtkv.core.errors import StageError
 from trtkv.core.tools import quote
 from trtkv.platform import versions
 from trtkv.recipe.layout import serve_dir
-from trtkv.serving import bundled, container
 
 if TYPE_CHECKING:
     from trtkv.repo.repo_plan import RepoPlan
@@ -46,7 +55,7 @@ def _local_command_text(plan: RepoPlan) -> str:
     r = plan.recipe
     backends = serve_dir(r) / "backends"
     try:
-        return quote(bundled.local_command(r, plan.output, backends))
+        return quote(local_command(r, plan.output, backends))
     except StageError:
         t = r.triton
         return (
@@ -86,12 +95,12 @@ def _deploy_lines(plan: RepoPlan) -> list[str]:
             "",
             "```",
             f"PATH={quote([sys.prefix + '/bin'])}:$PATH "
-            f"LD_LIBRARY_PATH={quote([str(bundled.python_libdir())])} \\",
+            f"LD_LIBRARY_PATH={quote([str(python_libdir())])} \\",
             f"  {_local_command_text(plan)}",
             "```",
             "",
         ]
-    image = container.container_image(r)
+    image = container_image(r)
     row = versions.row_for_tag(versions.image_tag(image) or "")
     stack, mpi = _layout(plan).launch_lines(r, backend.serving.ranks(r), row, image)
     return [
@@ -105,15 +114,14 @@ def _deploy_lines(plan: RepoPlan) -> list[str]:
         "",
         "```",
         f"trtkv serve {r.name}             # runs the command below (or prints it: --dry-run)",
-        container.shell_block(container.docker_command(r, repo)),
+        shell_block(docker_command(r, repo)),
         "```",
         "",
         "Inside the container (already running it), the same launch:",
         "",
         "```",
-        container.shell_block(container.gpu_command(r, plan.at.repo)),
-        "# or, with the backend's script: "
-        f"{quote(container.launch_script_command(r, plan.at.repo))}",
+        shell_block(gpu_command(r, plan.at.repo)),
+        f"# or, with the backend's script: {quote(launch_script_command(r, plan.at.repo))}",
         "```",
         "",
         f"Ports: HTTP {r.triton.http_port}, gRPC {r.triton.grpc_port}, metrics "

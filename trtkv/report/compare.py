@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from trtkv.report.summary import ACCURACY_TASKS, collect, figure, with_ci
 
 if TYPE_CHECKING:
+    from trtkv.contracts.plan_figures import PlanFigures
     from trtkv.recipe import Recipe
     from trtkv.report.chain import ChainResult
 
@@ -40,7 +41,9 @@ def compare_output(given: Path | None) -> Path:
     return check_output(out, "compare", "compare")
 
 
-def write_compare_folder(recipes: list[Recipe], results: list[ChainResult], out: Path) -> Path:
+def write_compare_folder(
+    recipes: list[Recipe], plans: list[PlanFigures], results: list[ChainResult], out: Path
+) -> Path:
     """compare.md/json/png written into a temporary sibling, swapped in whole for `out` (checked by
     compare_output) only once complete; returns compare.md."""
     import shutil
@@ -54,7 +57,7 @@ def write_compare_folder(recipes: list[Recipe], results: list[ChainResult], out:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        md = write_compare(recipes, results, tmp)
+        md = write_compare(recipes, plans, results, tmp)
         (tmp / OWNER).write_text(json.dumps({"stage": "compare", "recipe": "compare"}) + "\n")
         replace_folder(tmp, out, "compare")
     finally:
@@ -81,9 +84,12 @@ def accuracy_difference(rows: list[dict[str, Any]], key: str) -> str:
     return " | ".join(words)
 
 
-def write_compare(recipes: list[Recipe], results: list[ChainResult], out: Path) -> Path:
-    """engines/compare/compare.md + compare.json + compare.png: the KV formats side by side."""
-    rows = [collect(r) for r in recipes]
+def write_compare(
+    recipes: list[Recipe], plans: list[PlanFigures], results: list[ChainResult], out: Path
+) -> Path:
+    """engines/compare/compare.md + compare.json + compare.png: the KV formats side by side (each
+    recipe with its plan, trtkv.plan.figures)."""
+    rows = [collect(r, p) for r, p in zip(recipes, plans, strict=True)]
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
     keys = [

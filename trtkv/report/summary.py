@@ -2,8 +2,8 @@
 side-by-side comparison of several recipes, which reads each through `collect`, is
 trtkv.report.compare).
 
-Every figure is read from the stage outputs on disk (calibration, bench, probe) or computed by the
-planner; nothing here is typed in.
+Every figure is read from the stage outputs on disk (calibration, bench, probe) or from the plan's
+figures the CLI hands in (trtkv.contracts.PlanFigures); nothing here is typed in.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from trtkv.core.errors import StageError
 from trtkv.recipe import layout
 
 if TYPE_CHECKING:
+    from trtkv.contracts.plan_figures import PlanFigures
     from trtkv.recipe import Recipe
     from trtkv.report.chain import ChainResult
 
@@ -95,29 +96,25 @@ def with_ci(b: dict[str, Any], key: str) -> str:
     return f"{text} {interval_text(ci)}" if ci is not None and b.get(key) is not None else text
 
 
-def collect(recipe: Recipe) -> dict[str, Any]:
-    """Everything known about one recipe's run, from disk and the planner."""
-    from trtkv.plan.model import kv_format_for_recipe
-    from trtkv.plan.planner import plan
-
+def collect(recipe: Recipe, planned: PlanFigures) -> dict[str, Any]:
+    """Everything known about one recipe's run, from disk and its plan (trtkv.plan.figures)."""
     data: dict[str, Any] = {
         "recipe": recipe.name,
         "description": recipe.description,
         "kv_cache": recipe.quantization.kv_cache.value,
         "weights": recipe.quantization.weights.value,
     }
-    p = plan(recipe)
-    fmt = kv_format_for_recipe(recipe).value
-    cap = next(c for c in p.formats if c.format == fmt)
+    fmt = planned.kv_format
+    cap = planned.formats[fmt]
     data["kv_format"] = fmt
     data["kv_bytes_per_token"] = cap.bytes_per_token
     data["planner"] = {
-        "hardware": p.hardware.gpu.value,
-        "memory_gib": p.hardware.memory_gib,
-        "kv_budget_gib": p.kv_budget_gib_per_gpu,
-        "tokens_fit": cap.tokens_per_gpu_budget,
+        "hardware": planned.gpu,
+        "memory_gib": planned.memory_gib,
+        "kv_budget_gib": planned.pool_gib_per_gpu,
+        "tokens_fit": cap.tokens_per_gpu,
         "max_seq_len": recipe.build.max_seq_len,
-        "sequences_at_max_seq_len": cap.max_sequences.get(recipe.build.max_seq_len),
+        "sequences_at_max_seq_len": cap.sequences_at_max_seq_len,
     }
     scales = _tolerant(KVScalesFile.load, layout.checkpoint_dir(recipe))
     if scales:
@@ -246,10 +243,10 @@ def summary_lines(data: dict[str, Any]) -> list[str]:
     return lines
 
 
-def write_report(recipe: Recipe, out: Path | None = None) -> Path:
+def write_report(recipe: Recipe, planned: PlanFigures, out: Path | None = None) -> Path:
     """engines/<recipe>/report/{report.json, report.md, manifest.json}."""
     started = time.time()
-    data = collect(recipe)
+    data = collect(recipe, planned)
     out = out or layout.report_dir(recipe)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
@@ -287,8 +284,8 @@ def write_report(recipe: Recipe, out: Path | None = None) -> Path:
     return out
 
 
-def print_summary(recipe: Recipe, result: ChainResult | None = None) -> None:
-    data = collect(recipe)
+def print_summary(recipe: Recipe, planned: PlanFigures, result: ChainResult | None = None) -> None:
+    data = collect(recipe, planned)
     print()
     if result is not None:
         print(chain_line(result))

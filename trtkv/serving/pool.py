@@ -1,4 +1,5 @@
-"""Planned against served: the KV pool the running engine reports beside the one `trtkv plan` sized.
+"""Planned against served: the KV pool the running engine reports beside the one `trtkv plan` sized
+(handed in as trtkv.contracts.PlanFigures).
 
 The backend reads its engine's own figure (trtkv.backends.seam.MemoryRule.served: vLLM's /metrics
 vllm:cache_config_info num_gpu_blocks x block_size, SGLang's /get_server_info max_total_num_tokens,
@@ -16,6 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from trtkv.contracts.artifacts import ServerRecord
+from trtkv.contracts.plan_figures import PlanFigures
 from trtkv.core.readback import ReadBackError
 from trtkv.recipe import Recipe
 
@@ -23,17 +25,16 @@ GIB = 1024**3
 SHORTFALL = 0.10  # served below (1 - SHORTFALL) x planned: a warning
 
 
-def compare(recipe: Recipe, server: ServerRecord | None) -> dict[str, Any]:
+def compare(recipe: Recipe, server: ServerRecord | None, planned: PlanFigures) -> dict[str, Any]:
     """{"planned_bytes_per_gpu", "served_bytes_per_gpu", "served_tokens", "source",
-    "served_over_planned", "warning", "rule"} for the recipe's recorded server; "served_*" None when
-    the engine reported nothing readable."""
+    "served_over_planned", "warning", "rule"} for the recipe's recorded server against its plan
+    (`planned`: trtkv.plan.figures); "served_*" None when the engine reported nothing readable."""
     from trtkv.backends import for_recipe
-    from trtkv.plan.planner import plan
 
-    p = plan(recipe)
+    planned_bytes = planned.kv_pool_bytes_per_gpu
     out: dict[str, Any] = {
-        "planned_bytes_per_gpu": p.kv_pool_bytes_per_gpu,
-        "rule": f"{p.kv_pool.engine} {p.kv_pool.version}",
+        "planned_bytes_per_gpu": planned_bytes,
+        "rule": planned.rule,
         "served_bytes_per_gpu": None,
         "served_tokens": None,
         "source": None,
@@ -57,13 +58,13 @@ def compare(recipe: Recipe, server: ServerRecord | None) -> dict[str, Any]:
     out.update(
         served_bytes_per_gpu=served.pool_bytes, served_tokens=served.tokens, source=served.source
     )
-    if served.pool_bytes is not None and p.kv_pool_bytes_per_gpu > 0:
-        ratio = served.pool_bytes / p.kv_pool_bytes_per_gpu
+    if served.pool_bytes is not None and planned_bytes > 0:
+        ratio = served.pool_bytes / planned_bytes
         out["served_over_planned"] = ratio
         if ratio < 1 - SHORTFALL:
             out["warning"] = (
                 f"the served KV pool ({served.pool_bytes / GIB:.2f} GiB per GPU, {served.source}) "
-                f"is {(1 - ratio) * 100:.0f}% below the plan's {p.kv_pool_bytes_per_gpu / GIB:.2f} "
+                f"is {(1 - ratio) * 100:.0f}% below the plan's {planned_bytes / GIB:.2f} "
                 f"GiB ({out['rule']}'s rule): the engine holds fewer sequences than `trtkv plan` "
                 "counts. Next: check what else holds memory on the GPU, or pin the pool "
                 f"(triton.kv_pool_gib_per_gpu)"
@@ -71,7 +72,7 @@ def compare(recipe: Recipe, server: ServerRecord | None) -> dict[str, Any]:
     return out
 
 
-def compare_at(recipe: Recipe, url: str | None) -> dict[str, Any]:
+def compare_at(recipe: Recipe, url: str | None, planned: PlanFigures) -> dict[str, Any]:
     """`compare` for `trtkv bench`: the recorded server's pool only when the bench measured that
     server (`url` None, or its host and port the record's exactly) and the record's process still
     runs (its pid and start time, trtkv.serving.teardown.running); else no figure, saying why."""
@@ -80,17 +81,17 @@ def compare_at(recipe: Recipe, url: str | None) -> dict[str, Any]:
 
     server = ServerRecord.load(serve_dir(recipe))
     if server is not None and url and not measured(server, url):
-        out = compare(recipe, None)
+        out = compare(recipe, None, planned)
         out["source"] = (
             f"not read: --url {url[:200]!r} is not the recorded server ({server.host}:"
             f"{server.http_port})"
         )
         return out
     if server is not None and not running(server):
-        out = compare(recipe, None)
+        out = compare(recipe, None, planned)
         out["source"] = f"not read: the recorded server (pid {server.pid}) is not running"
         return out
-    return compare(recipe, server)
+    return compare(recipe, server, planned)
 
 
 def measured(server: ServerRecord, url: str) -> bool:

@@ -15,7 +15,7 @@ whether or not its leader still runs, then waits until the GPU memory its proces
 labelled this checkout's and its id recorded (`--cidfile`; trtkv.serving.owner): stopping runs
 `docker stop` then `docker rm -f` on that id, since killing the `docker run` client alone would
 leave the container running; a same-named container not proven this checkout's is never touched.
-The bundled tritonserver's backend folder, environment and command are trtkv.serving.bundled;
+The bundled tritonserver's backend folder, environment and command are trtkv.backends.bundled;
 running the chosen command, its record and the wait for readiness, trtkv.serving.launch.
 """
 
@@ -27,7 +27,23 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from trtkv.backends import for_recipe
+from trtkv.backends import (
+    CONTAINER_TRITONSERVER,
+    container_name,
+    docker_command,
+    for_recipe,
+    gpu_command,
+    inside_repo,
+    launch_script_command,
+    local_command,
+    prepare_backends,
+    python_libdir,
+    server_env,
+    shell_block,
+    trtllm_serve_command,
+    trtllm_serve_docker_command,
+    trtllm_serve_server,
+)
 from trtkv.contracts.artifacts import ServerRecord
 from trtkv.contracts.stage import require_input, require_made_from
 from trtkv.core.errors import StageError
@@ -42,19 +58,6 @@ from trtkv.recipe.layout import (
     host_artifacts,
     repo_dir,
     serve_dir,
-)
-from trtkv.serving.bundled import local_command, prepare_backends, python_libdir, server_env
-from trtkv.serving.container import (
-    CONTAINER_TRITONSERVER,
-    container_name,
-    docker_command,
-    gpu_command,
-    inside_repo,
-    launch_script_command,
-    shell_block,
-    trtllm_serve_command,
-    trtllm_serve_docker_command,
-    trtllm_serve_server,
 )
 from trtkv.serving.launch import server_json, start_server
 from trtkv.serving.owner import clear_leftover
