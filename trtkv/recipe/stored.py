@@ -15,18 +15,25 @@ from trtkv.recipe.engine_formats import TABLE_ENGINE
 from trtkv.recipe.enums import KVCacheQuant, WeightQuant
 from trtkv.recipe.schema import Recipe
 
-# bits per weight of each stored format trtkv recognises (trtkv.checkpoints' StoredQuant.method and
-# ModelOpt's quant_algo words, lower-cased); awq/gptq at their usual 4 bits, so an 8-bit one is
-# never re-quantized to fp8 either. A format absent here is never re-quantized (its size unknown).
+# bits per weight of each stored format trtkv recognises (every word StoredQuant.stored_format
+# gives: the method of an fp8 / mxfp4 / awq / gptq config, the weight format of a ModelOpt or
+# compressed-tensors one, e.g. int4 for compressed-tensors W4A16; and ModelOpt's quant_algo words,
+# lower-cased); awq/gptq at their usual 4 bits, so an 8-bit one is never re-quantized to fp8 either.
+# A format absent here is never re-quantized (its size unknown).
 STORED_BITS: dict[str, float] = {
     "fp8": 8,
     "fp8_block": 8,
+    "mxfp8": 8,
     "compressed-tensors": 8,  # the widest it writes (FP8 / INT8 W8A8); W4A16 is smaller still
     "int8": 8,
     "w8a8": 8,
+    "int8_awq": 8,
+    "int8_gptq": 8,
     "mxfp4": 4,
     "nvfp4": 4,
+    "int4": 4,
     "int4_awq": 4,
+    "int4_gptq": 4,
     "w4a16": 4,
     "awq": 4,
     "gptq": 4,
