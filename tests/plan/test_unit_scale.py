@@ -14,9 +14,9 @@ from trtkv.cli.init import write_recipe
 from trtkv.engines.kv_scale_loaders import engine_scales
 from trtkv.kvcache.engines import load_table
 from trtkv.kvcache.formats import KVFormat
+from trtkv.measures.probe_results import recipe_probe_format
 from trtkv.plan.model import kv_format_for_recipe
 from trtkv.plan.planner import plan
-from trtkv.probe.results import recipe_probe_format
 from trtkv.recipe import load_recipe
 from trtkv.recipe.stored import engine_unit_scale
 from trtkv.runtime.hf_checkpoint import KV_ALGOS
