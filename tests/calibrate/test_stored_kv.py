@@ -355,14 +355,19 @@ def test_the_weights_are_dequantized_as_stored(stored: dict[str, Path], smollm2_
 # Refused before any work, with the alternatives
 
 
-@pytest.mark.parametrize(("fixture", "overrides", "why"), [
+REFUSALS = [
     ("modelopt-fp8-kv", [], "already carries KV-cache scales (fp8 per tensor"),
     ("modelopt-int4_awq", [], "trtkv dequantizes only FP8 and NVFP4 weights"),
     ("modelopt-nvfp4", ["build.backend=llmapi"], "LLM API runs FP8 KV at scale 1.0"),
     ("modelopt-nvfp4", ["quantization.kv_cache=fp8_attn_head"], "one k/v scale per layer"),
     ("modelopt-nvfp4", ["quantization.kv_cache=int8_per_token_head"], "nothing to calibrate"),
     ("modelopt-nvfp4", ["quantization.weights=fp8"], "would quantize them again"),
-])
+]
+# the checkpoint_quant `trtkv init` records for each fixture
+STORED_AS = {"modelopt-fp8-kv": "fp8", "modelopt-int4_awq": "int4_awq", "modelopt-nvfp4": "nvfp4"}
+
+
+@pytest.mark.parametrize(("fixture", "overrides", "why"), REFUSALS)
 def test_refused_where_no_engine_reads_the_scales(stored: dict[str, Path], tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch, fixture: str, overrides: list[str],
                                                   why: str) -> None:
@@ -383,3 +388,25 @@ def test_dry_run_says_the_kv_cache_only(stored: dict[str, Path], tmp_path: Path)
     lines = "\n".join(describe_calibration(recipe))
     assert "KV cache only: the weights stored as nvfp4" in lines and "hard-linked, unchanged" in lines
     assert "export_hf_checkpoint" not in lines and "export_tensorrt_llm_checkpoint" not in lines
+
+
+@pytest.mark.parametrize(("fixture", "overrides", "why"), [  # weights fp8 on checkpoint_quant nvfp4: refused at load
+    r for r in REFUSALS if "quantization.weights=fp8" not in r[1]])
+def test_dry_run_names_the_refusal_calibrate_would_make(stored: dict[str, Path], tmp_path: Path, fixture: str,
+                                                        overrides: list[str], why: str) -> None:
+    """The dry run of a recipe calibrate refuses says so, with the same reason and alternatives; on main it promised
+    the KV-only calibration for every stored checkpoint ("refused before any work where none reads them")."""
+    from trtkv.calibrate import describe_calibration
+
+    quant = [f"model.checkpoint_quant={STORED_AS[fixture]}"]
+    recipe = load_recipe(recipe_for(tmp_path, stored[fixture]), quant + overrides)
+    lines = [x for x in describe_calibration(recipe) if x.startswith("  cannot run: ")]
+    assert len(lines) == 1 and why in lines[0], lines
+    assert "serve it as stored with quantization.kv_cache fp8_cast" in lines[0], lines
+
+
+def test_dry_run_of_a_calibratable_stored_checkpoint_names_no_refusal(stored: dict[str, Path], tmp_path: Path) -> None:
+    from trtkv.calibrate import describe_calibration
+
+    recipe = load_recipe(recipe_for(tmp_path, stored["modelopt-nvfp4"]), ["model.checkpoint_quant=nvfp4"])
+    assert not [x for x in describe_calibration(recipe) if "cannot run" in x]

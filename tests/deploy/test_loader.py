@@ -143,6 +143,19 @@ def test_a_hub_volume_is_sized_for_what_the_repository_holds(tmp_path: Path, mon
     assert "storage: 110Gi" in (given / "models.yaml").read_text()  # 2 x (40 x 1.25 + 5)
 
 
+def test_a_hub_volume_for_a_checkpoint_used_as_stored_is_sized_from_its_weights(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 51: a pre-quantized checkpoint used as stored (quantization.weights none, model.checkpoint_quant) is
+    what the hub repository holds, and `trtkv init` counted its weights as stored (model.checkpoint_weights_gib, from
+    its safetensors headers): the volume follows them. Before: refused for want of --model-size or a built export."""
+    monkeypatch.setenv("TRTKV_ENGINES", str(tmp_path / "engines"))
+    recipe = load_recipe("llama70b_fp8kv_attnhead_vllm", ["quantization.weights=none", "model.checkpoint_quant=fp8",
+                                                          "model.checkpoint_weights_gib=66.0"])
+    out = deploy(recipe, Target.K8S, tmp_path / "a", log=lambda _m: None, options=Options(model_source=HUB))
+    assert "storage: 175Gi" in (out / "models.yaml").read_text()  # 2 x (66 x 1.25 + 5)
+    assert json.loads((out / "sizing.json").read_text())["source_gib"] == 66.0
+
+
 def _local(script: str, root: Path) -> str:
     """The script with the volume (/models) and the NFS export (/source) moved under `root`."""
     return script.replace("/models", str(root / "models")).replace("/source", str(root / "source"))

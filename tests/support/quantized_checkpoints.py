@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 LAYERS = 2
+AWQ_ALPHA_STEP = 0.5  # AWQ-lite's grid: alphas 0, 0.5, 1
 INT4_GROUP = 64  # INT4 AWQ's group: SmolLM2's hidden 576 and intermediate 1536 are multiples of 64, not of 128
 # mtq preset per format, and whether the checkpoint also declares an FP8 KV cache (ModelOpt's FP8 KV preset)
 MODELOPT = {"fp8": ("FP8_DEFAULT_CFG", True), "nvfp4": ("NVFP4_DEFAULT_CFG", False),
@@ -25,11 +26,11 @@ TEXT = ("The quick brown fox jumps over the lazy dog. A checkpoint arrives quant
 
 
 def _key(*parts: str) -> str:
-    import modelopt
-    import torch
-    import transformers
+    """The inputs' hash; the versions read from the installed metadata (the same strings as the packages'
+    __version__), so a cached checkpoint costs no ModelOpt / torch import."""
+    from importlib.metadata import version
 
-    data = [*parts, LAYERS, modelopt.__version__, torch.__version__, transformers.__version__]
+    data = [*parts, LAYERS, *(version(p) for p in ("nvidia-modelopt", "torch", "transformers"))]
     return hashlib.sha256(json.dumps(data).encode()).hexdigest()[:12]
 
 
@@ -55,7 +56,8 @@ def _cached(name: str, key: str, build: object) -> Path:
 def modelopt_checkpoint(fmt: str, source: Path) -> Path:
     """ModelOpt's unified HF export of SmolLM2's first LAYERS layers in `fmt` (fp8, nvfp4, int4_awq)."""
     mark = (source / "trtkv_converted.json").read_text()
-    key = _key("modelopt", fmt, mark, inspect.getsource(_export), json.dumps(MODELOPT[fmt]), TEXT, str(INT4_GROUP))
+    key = _key("modelopt", fmt, mark, inspect.getsource(_export), json.dumps(MODELOPT[fmt]), TEXT, str(INT4_GROUP),
+               str(AWQ_ALPHA_STEP))
     return _cached(f"modelopt-{fmt}", key, lambda out: _export(fmt, source, out))
 
 
@@ -75,6 +77,10 @@ def _export(fmt: str, source: Path, out: Path) -> None:
         for entry in cfg["quant_cfg"]:
             if entry.get("quantizer_name") == "*weight_quantizer":
                 entry["cfg"]["block_sizes"] = {**entry["cfg"]["block_sizes"], -1: INT4_GROUP}
+        # AWQ-lite searches its smoothing exponent over a grid, one fake-quantized forward of every linear per point:
+        # 3 points instead of the preset's 11 (alpha_step 0.1) write the same tensors (pre_quant_scale, packed int4,
+        # per-group scales) in a third of the time; the fixture is for recognising and pricing the format
+        cfg["algorithm"] = {**cfg["algorithm"], "alpha_step": AWQ_ALPHA_STEP}
     if fp8_kv:
         from modelopt.recipe.presets import KV_QUANT_CFG_CHOICES
         from modelopt.torch.quantization.utils.core_utils import update_quant_cfg_with_kv_cache_quant

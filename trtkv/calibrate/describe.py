@@ -77,6 +77,27 @@ def supported_problems(recipe: Recipe) -> list[str]:
     return out
 
 
+def stored_problems(recipe: Recipe) -> list[str]:
+    """Where calibrate would refuse the recipe's stored checkpoint before any work
+    (trtkv.calibrate.stored_kv: KV scales already carried, weights trtkv does not dequantize, an
+    engine that reads no KV scale beside them), read from the folder's config when it is on this
+    machine; nothing for a 16-bit checkpoint or one not found here."""
+    if not recipe.model.checkpoint_quant:
+        return []
+    from trtkv.calibrate.stored_kv import stored_checkpoint
+    from trtkv.checkpoints import local_model_dir
+    from trtkv.core.errors import StageError
+
+    model_dir = local_model_dir(recipe)
+    if model_dir is None:
+        return []
+    try:
+        stored_checkpoint(recipe, model_dir)
+    except StageError as exc:
+        return [str(exc)]
+    return []
+
+
 def quantizes(recipe: Recipe) -> bool:
     """Whether ModelOpt quantizes anything (weights none + kv_cache none: a plain export in the
     model dtype)."""
@@ -306,5 +327,5 @@ def describe_calibration(recipe: Recipe) -> list[str]:
         lines.append(f"    hf: {STORED_HF}")
     else:
         lines += [f"    {name}: {what}" for name, what in export_targets(recipe).items()]
-    lines += [f"  cannot run: {p}" for p in supported_problems(recipe)]
+    lines += [f"  cannot run: {p}" for p in supported_problems(recipe) + stored_problems(recipe)]
     return lines

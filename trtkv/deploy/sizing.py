@@ -102,8 +102,8 @@ class Sizing(Artifact):
             f"- Model volume: {self.storage_gib} GiB (twice the folders the server reads, since a "
             "new load is copied beside the one in use and replaces it only once complete: "
             + (
-                f"the hub repository's weights, {self.source_gib:.1f} GiB (its index's total_size "
-                "or --model-size),"
+                f"the hub repository's weights, {self.source_gib:.1f} GiB (its index's total_size, "
+                "--model-size or the checkpoint's weights as stored),"
                 if self.source_gib
                 else f"the exported weights, {self.weights_gib_total:.1f} GiB,"
             )
@@ -124,7 +124,9 @@ INDEX_FILE = "model.safetensors.index.json"
 def hub_source_gib(recipe: Recipe, model_size_gib: float | None) -> float:
     """What an hf:// source holds, in GiB: `--model-size`, else the total_size of the HF export's
     own index built here (checkpoint/hf/model.safetensors.index.json, the file the hub repository
-    holds when it was uploaded from there); StageError when neither is given."""
+    holds when it was uploaded from there), else a pre-quantized checkpoint's weights as stored
+    (model.checkpoint_weights_gib, counted by `trtkv init`: the repository is that checkpoint);
+    StageError when none is given."""
     from trtkv.recipe.layout import host_artifacts
 
     if model_size_gib is not None:
@@ -140,6 +142,9 @@ def hub_source_gib(recipe: Recipe, model_size_gib: float | None) -> float:
                 "(`trtkv calibrate`), or pass --model-size GIB."
             ) from e
         total = meta.get("total_size") if isinstance(meta, dict) else None
+    stored = recipe.model.checkpoint_weights_gib
+    if (not isinstance(total, int) or isinstance(total, bool) or total <= 0) and stored:
+        return stored
     if not isinstance(total, int) or isinstance(total, bool) or total <= 0:
         raise StageError(
             f"deploy {recipe.name} --model-source hf://...: the models volume must hold what the "

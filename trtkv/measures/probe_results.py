@@ -178,10 +178,14 @@ def probe_advice(recipe: Recipe, probe_dir: Path | None = None) -> tuple[list[st
 def recipe_probe_format(recipe: Recipe) -> str:
     """The probe's name for the format the recipe deploys: its kv_cache where the probe knows it
     (fp8_attn_head, not the fp8 storage it shares; fp8_cast, int8_per_token_head, ...), else the
-    storage format (bf16 for none)."""
+    storage format (bf16 for none); fp8_cast where the engine runs FP8 KV at scale 1.0 whatever
+    scales the checkpoint holds (trtkv.recipe.stored.engine_unit_scale)."""
     from trtkv.kvcache.names import all_format_names
+    from trtkv.recipe.stored import engine_unit_scale
 
     kv = recipe.quantization.kv_cache.value
+    if engine_unit_scale(recipe):
+        return "fp8_cast"
     return kv if kv in all_format_names() else recipe.kv_format.value
 
 

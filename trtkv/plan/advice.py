@@ -26,6 +26,7 @@ from trtkv.recipe.attention import (
     layer_formats,
 )
 from trtkv.recipe.backend_rules import SPEED_ENGINE
+from trtkv.recipe.stored import engine_unit_scale
 
 
 def attention_notes(arch: Architecture, recipe: Recipe) -> list[str]:
@@ -103,6 +104,27 @@ def format_row_note(recipe: Recipe) -> str | None:
     return (
         f"KV format {name} (docs/kv-formats.md): {n['element']}, scale {n['scale']} "
         f"({n['scale_granularity']}), scales from {n['scale_source']}{scale}; engines: {engines}."
+    )
+
+
+def unit_scale_note(recipe: Recipe, rec_fmt: KVFormat) -> str | None:
+    """Where the recipe's engine runs FP8 KV at scale 1.0 whatever scales the checkpoint holds
+    (trtkv.recipe.stored.engine_unit_scale): that the engine will use 1.0, why, and that the plan
+    prices the cache as fp8_cast (the registry row's storage and dequantization cost; its accuracy
+    cost is the probe's fp8_cast record)."""
+    from trtkv.kvcache.engines import load_table
+
+    why = engine_unit_scale(recipe)
+    row = load_table().row(rec_fmt.value)
+    if not why or row is None or row.storage is None:
+        return None
+    kv, backend = recipe.quantization.kv_cache.value, recipe.build.backend.value
+    return (
+        f"quantization.kv_cache {kv} on build.backend {backend}: the engine will use K/V scale 1.0 "
+        f"on every layer ({why}). Planned as fp8_cast "
+        f"({row.name}: {row.storage.bits}-bit, {row.storage.dequant_ops} dequantization operations "
+        f"per element read); its accuracy cost is the fp8_cast row of `trtkv probe {recipe.name} "
+        f"--formats fp8,fp8_cast`."
     )
 
 

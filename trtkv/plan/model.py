@@ -38,6 +38,7 @@ from trtkv.recipe.attention import (
 )
 from trtkv.recipe.backend_rules import KV_ACCOUNTING
 from trtkv.recipe.state import STATE_DTYPE_BYTES, StateSpec, state_dtypes, state_from_dict
+from trtkv.recipe.stored import engine_unit_scale
 
 GIB = 1024**3
 PLAN_LENGTHS = (4096, 8192, 16384, 32768, 131072)
@@ -299,7 +300,11 @@ def config_ssm_dtype(cfg_path: Path | None) -> str | None:
 
 
 def kv_format_for_recipe(recipe: Recipe) -> KVFormat:
-    """The recipe's KV format (Recipe.kv_format)."""
+    """The KV format the recipe's engine stores (Recipe.kv_format), fp8_scale1 (fp8_cast) where
+    the engine runs FP8 KV at scale 1.0 whatever scales the checkpoint holds
+    (trtkv.recipe.stored.engine_unit_scale)."""
+    if recipe.kv_format is KVFormat.FP8 and engine_unit_scale(recipe):
+        return KVFormat.FP8_SCALE1
     return recipe.kv_format
 
 

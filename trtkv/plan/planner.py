@@ -37,7 +37,7 @@ from trtkv.engines import kv_tp as kv_tp_of
 from trtkv.engines.pool import EngineKnobs, EngineTokens, PoolEstimate, TokenFacts
 from trtkv.engines.vllm_blocks import hybrid_block_size
 from trtkv.kvcache.formats import KVFormat
-from trtkv.plan.advice import advice_for, attention_notes, format_row_note
+from trtkv.plan.advice import advice_for, attention_notes, format_row_note, unit_scale_note
 from trtkv.plan.concurrency import concurrency
 from trtkv.plan.engine_pool import memory_rule, recipe_pool
 
@@ -168,16 +168,25 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
     lengths = sorted({*PLAN_LENGTHS, recipe.build.max_seq_len})
     rec_fmt = kv_format_for_recipe(recipe)
     formats = list(PLAN_FORMATS)
-    if rec_fmt not in formats:
+    if rec_fmt not in formats and rec_fmt is recipe.kv_format:
         formats.insert(0, rec_fmt)
     caps = []
     skip = tuple(recipe.quantization.kv_skip_layers)
     rows: list[tuple[str, KVFormat, tuple[int | str, ...]]] = [(f.value, f, ()) for f in formats]
-    # the recipe's mixed (or named: fp8_attn_head) format, first
+    # the recipe's mixed (or named: fp8_attn_head) format, first; one its engine runs at scale 1.0
+    # (fp8 as fp8_scale1) in place of the plain row of its name
     if skip or recipe.kv_format_label != rec_fmt.value:
-        rows.insert(0, (recipe.kv_format_label, rec_fmt, skip))
+        labelled = (recipe.kv_format_label, rec_fmt, skip)
+        plain = [i for i, r in enumerate(rows) if r[0] == labelled[0]]
+        if plain:
+            rows[plain[0]] = labelled
+        else:
+            rows.insert(0, labelled)
     if recipe.quantization.kv_cache is KVCacheQuant.FP8_ATTN_HEAD:
         notes.append(attn_head_note(arch))
+    unit_scale = unit_scale_note(recipe, rec_fmt)
+    if unit_scale:
+        notes.append(unit_scale)
     accounting, block = recipe_accounting(recipe)
     acc_label = accounting_label(recipe, accounting)
     mnbt = recipe.build.max_num_tokens

@@ -115,6 +115,7 @@ if TYPE_CHECKING:
         propose_wide_ep,
         refusal,
     )
+    from trtkv.recipe.stored import engine_unit_scale
 
 # the modules loading a recipe does not need are imported on first use
 __getattr__, __dir__ = attach(
@@ -144,6 +145,7 @@ __getattr__, __dir__ = attach(
             "WEIGHT_ALGOS",
         ],
         "settle": ["batch_for", "MOVED_FORMATS", "propose_wide_ep", "refusal", "Settings"],
+        "stored": ["engine_unit_scale"],
     },
 )
 
@@ -171,6 +173,7 @@ __all__ = [
     "DENSE_DP_IS_REPLICAS",
     "dump_yaml",
     "engine_dir",
+    "engine_unit_scale",
     "fidelity_dir",
     "gated_deltanet",
     "gemm_plugin_choice",

@@ -1,26 +1,39 @@
 """A pre-quantized checkpoint in the recipe (model.checkpoint_quant, recorded by `trtkv init` from
 its config.json quantization_config): its weights are used as stored (quantization.weights none),
 re-quantized only when a weights format is asked for and never into one as large or larger, and a
-calibrated KV cache only where the engine reads KV scales beside those weights."""
+calibrated KV cache only where the engine reads KV scales beside those weights; where the engine
+runs an FP8 KV cache at scale 1.0 whatever scales the checkpoint holds (engine_unit_scale), the plan
+says so and prices the cache as fp8_cast."""
 
 from __future__ import annotations
 
+import re
+
+from trtkv.kvcache.engines import load_table
 from trtkv.recipe.backend_rules import NO_KV_METHOD
+from trtkv.recipe.engine_formats import TABLE_ENGINE
 from trtkv.recipe.enums import KVCacheQuant, WeightQuant
 from trtkv.recipe.schema import Recipe
 
-# bits per weight of each stored format trtkv recognises (trtkv.checkpoints' StoredQuant.method and
-# ModelOpt's quant_algo words, lower-cased); awq/gptq at their usual 4 bits, so an 8-bit one is
-# never re-quantized to fp8 either. A format absent here is never re-quantized (its size unknown).
+# bits per weight of each stored format trtkv recognises (every word StoredQuant.stored_format
+# gives: the method of an fp8 / mxfp4 / awq / gptq config, the weight format of a ModelOpt or
+# compressed-tensors one, e.g. int4 for compressed-tensors W4A16; and ModelOpt's quant_algo words,
+# lower-cased); awq/gptq at their usual 4 bits, so an 8-bit one is never re-quantized to fp8 either.
+# A format absent here is never re-quantized (its size unknown).
 STORED_BITS: dict[str, float] = {
     "fp8": 8,
     "fp8_block": 8,
+    "mxfp8": 8,
     "compressed-tensors": 8,  # the widest it writes (FP8 / INT8 W8A8); W4A16 is smaller still
     "int8": 8,
     "w8a8": 8,
+    "int8_awq": 8,
+    "int8_gptq": 8,
     "mxfp4": 4,
     "nvfp4": 4,
+    "int4": 4,
     "int4_awq": 4,
+    "int4_gptq": 4,
     "w4a16": 4,
     "awq": 4,
     "gptq": 4,
@@ -65,3 +78,27 @@ def stored_problems(r: Recipe) -> list[tuple[str, str]]:
             )
         )
     return out
+
+
+def engine_unit_scale(r: Recipe) -> str | None:
+    """Why the recipe's engine will run its FP8 KV cache at scale 1.0 (what fp8_cast is) whatever
+    k/v scales the checkpoint holds, naming where its source says so; None where the engine reads
+    them or the cache is not FP8. From NO_KV_METHOD (a stored format whose engine config gives
+    attention no KV method: vLLM's MXFP4, for fp8 and fp8_cast alike) and trtkv/data/kv_formats.json
+    (the fp8 row's entry of the backend's engine says "not read": TensorRT-LLM's PyTorch backend,
+    for a calibrated fp8 recipe)."""
+    kv = r.quantization.kv_cache
+    if kv not in (KVCacheQuant.FP8, KVCacheQuant.FP8_CAST):
+        return None
+    why = NO_KV_METHOD.get((r.build.backend, (r.model.checkpoint_quant or "").lower()))
+    if why or kv is KVCacheQuant.FP8_CAST:
+        return why
+    engine, prefix = TABLE_ENGINE.get(r.build.backend, ("", ""))
+    for e in load_table().engine_rows(kv.value, engine, prefix) if engine else []:
+        if e.value == "fp8" and e.checkpoint_scales.startswith("not read"):
+            files = ", ".join(dict.fromkeys(re.findall(r"[\w/]+\.py", e.source_file)))
+            return (
+                f"{engine} {e.version} (`{e.config} {e.value}`): checkpoint k/v scales "
+                f"{e.checkpoint_scales} ({files} at {e.source_at.split(' ')[0]})"
+            )
+    return None
