@@ -117,6 +117,37 @@ def make_pool(runtime: Any, device_bytes: int, host_bytes: int = 0) -> BlockPool
     return BlockPool(block, device_bytes, host_bytes)
 
 
+def pool_bytes(runtime: Any, max_batch_size: int) -> int:
+    """The served pool's bytes (max_batch_size sequences of max_seq_len tokens in the runtime's KV
+    format, the model's 2-byte dtype when unquantized): the device tier's default capacity, the
+    figure the reference server logs as its pool."""
+    from trtkv.kvcache.formats import kv_bytes_per_token
+
+    cfg = runtime.config
+    heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    fmt = {"none": "bf16"}.get(str(runtime.kv_format), str(runtime.kv_format))
+    per_token = kv_bytes_per_token(int(cfg.num_hidden_layers), heads, head_dim, fmt)
+    return int(max_batch_size * runtime.max_seq_len * per_token)
+
+
+def served_pool(
+    runtime: Any, enabled: bool, device_bytes: int, host_bytes: int = 0
+) -> tuple[BlockPool | None, str]:
+    """The served runtime's prefix cache and the line its server logs: None when reuse is off or
+    the model's cache cannot copy blocks (said in the line, the server then runs without)."""
+    if not enabled:
+        return None, "prefix cache: off (enable_kv_cache_reuse false)"
+    try:
+        pool = make_pool(runtime, device_bytes, host_bytes)
+    except RequestError as exc:
+        return None, f"{exc} Serving without it."
+    return pool, (
+        f"prefix cache: on, blocks of {pool.block_tokens} tokens, device tier {device_bytes} "
+        f"bytes, host tier {host_bytes} bytes"
+    )
+
+
 def _is_dynamic(layer: Any) -> bool:
     from transformers.cache_utils import DynamicLayer
 
