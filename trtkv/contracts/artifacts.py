@@ -354,6 +354,27 @@ class BenchLevel(BaseModel):
     goodput: MetricStats | None = None
 
 
+class PrefixTier(BaseModel):
+    """One KV tier's prefix-cache counters over a level (the server's own, read before and after):
+    prompt tokens looked up and served from the tier."""
+
+    queries: int
+    hits: int
+    hit_rate: float | None = None  # hits / queries; None when nothing was looked up
+
+
+class PrefixLevel(BaseModel):
+    """results.json's "prefix" per level (the bench.prefix workload): the hit rates the server
+    reported over the level, per tier, where they came from, and the workload's shape (requests and
+    TTFT median per turn, requests per prefix group)."""
+
+    source: str  # the metric names read, or why none were
+    tiers: dict[str, PrefixTier] = {}  # "device", "host" (the reference runtime) / "connector"
+    requests_per_turn: dict[int, int] = {}
+    ttft_ms_p50_per_turn: dict[int, float] = {}
+    requests_per_group: dict[int, int] = {}
+
+
 class TimeOrigin(BaseModel):
     """The wall-clock instant results.json's record times count from."""
 
@@ -411,6 +432,8 @@ class BenchResults(Artifact):
     # --sweep-input: per level, samples and fits against input length (trtkv.measures.sweep reads)
     sweep: dict[str, Any] | None = None
     kv_pool: KVPoolCheck | None = None  # planned against served (trtkv.serving.pool.compare)
+    # bench.prefix's workload: per level, the server's prefix-cache hit rates and the shape
+    prefix: dict[str, PrefixLevel] | None = None
     warnings: list[str] = []  # e.g. a served KV pool more than 10% short of the plan
 
 
