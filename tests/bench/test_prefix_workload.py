@@ -102,3 +102,36 @@ def test_counters_become_per_tier_deltas() -> None:
     ref = parse_counters(REFERENCE)
     assert ref == {"device": (512.0, 256.0), "host": (512.0, 128.0)}
     assert parse_counters("nothing here 1\n") == {}
+
+
+def test_a_prefix_level_against_the_openai_replay_server(tokenizer: Any) -> None:
+    """The level runner end to end over the OpenAI client (tests/support/openai_replay.py, no model): warm-up, the
+    sessions' turns, the counters read around them (the replay server has none: said in the source, no figures)."""
+    from tests.support.openai_replay import start
+    from trtkv.bench.load.prefix_levels import run_prefix_levels
+    from trtkv.bench.transport.client import Endpoint
+    from trtkv.bench.transport.openai import check_openai
+    from trtkv.measures.records import RequestRecord
+
+    recipe = load_recipe("smollm2_fp8kv", ["bench.protocol=openai", "bench.input_tokens=64", "bench.output_tokens=3",
+                                           "bench.concurrency=[2]", "bench.num_requests=6", "bench.warmup_requests=1",
+                                           "bench.prefix.shared_tokens=32", "bench.prefix.turns=2",
+                                           "bench.prefix.groups=2"])
+    proc, port = start(first_ms=5.0, gap_ms=1.0)
+    try:
+        ep = check_openai(Endpoint(f"127.0.0.1:{port}", "openai", ""), 10.0)
+        records: list[RequestRecord] = []
+        by_level: dict[str, list[RequestRecord]] = {}
+        prefix: dict[str, Any] = {}
+        run_prefix_levels(recipe, ep, tokenizer, lambda _n, _t: (lambda _r: None), records, by_level, prefix)
+    finally:
+        proc.terminate()
+        proc.join()
+    measured = by_level["concurrency=2"]
+    assert len(measured) == 6 and all(r.ok for r in measured), [r.error for r in measured]
+    assert sorted(r.turn or 0 for r in measured) == [1, 1, 1, 2, 2, 2]
+    assert {r.prefix_group for r in measured} == {0, 1}
+    assert [r.phase for r in records].count("warmup") == 2  # one per slot at least
+    level = prefix["concurrency=2"]
+    assert level.tiers == {} and "/metrics" in level.source
+    assert level.requests_per_turn == {1: 3, 2: 3}

@@ -243,9 +243,10 @@ def group_summary(records: Sequence[RequestRecord]) -> dict[str, Any]:
     for r in records:
         if r.turn is None or not r.ok:
             continue
-        ttft = r.ttft_ms()
-        if ttft is not None:
-            by_turn.setdefault(r.turn, []).append(ttft)
+        # the first response with text (tokens are counted later, over the whole run)
+        first = next((i for i, t in enumerate(r.response_texts) if t), None)
+        if first is not None and first < len(r.response_ns):
+            by_turn.setdefault(r.turn, []).append((r.response_ns[first] - r.send_ns) / 1e6)
         if r.prefix_group is not None:
             groups[r.prefix_group] = groups.get(r.prefix_group, 0) + 1
     return {
