@@ -182,3 +182,18 @@ def test_smollm2_quiz_prompts_share_their_few_shot_blocks_and_answer_as_without(
     results = serve(rt, prompts, pool, max_tokens=5)
     assert results[1][1].reused_tokens >= 32, results[1][1].reused_tokens  # 48 here: the few-shot header
     assert results[1][0] == rt.generate(prompts[1], max_tokens=5, end_id=-1)
+
+
+def test_at_the_same_workload_and_pool_fp8_keeps_more_prefixes_resident(runtimes: dict[str, ReferenceRuntime]) -> None:
+    """Two prefix groups taking turns (A, B, A, B) on a pool of 8 KiB: FP8's blocks (1 KiB) keep both groups' 4 blocks
+    resident and the second round hits; BF16's (2 KiB) hold one group, each group evicts the other, nothing hits."""
+    if "fp8" not in runtimes:
+        pytest.skip("no quantized cache")
+    a, b = [*SHARED, 1], [7 + t for t in SHARED] + [2]
+    rates = {}
+    for name, rt in (("fp8", runtimes["fp8"]), ("bf16", runtimes["none"].with_kv_format("bf16"))):
+        pool = make_pool(rt, device_bytes=1 << 13)
+        serve(rt, [a, b, [*a[:-1], 3], [*b[:-1], 4]], pool, max_tokens=1)
+        s = pool.stats()
+        rates[name] = s["hits"]["device"] / s["queries"]
+    assert rates["fp8"] > 0.4 and rates["bf16"] == 0.0, rates
