@@ -23,8 +23,8 @@ from trtkv.checkpoints import models as model
 from trtkv.contracts.stage import StageResult, manifest_hash, require_input, run_stage
 from trtkv.core.errors import StageError
 from trtkv.engines.trtllm import ENGINE_CAP_PARAM, ENGINE_FRACTION_PARAM
-from trtkv.recipe import Recipe, layout
-from trtkv.recipe.prefix_cache import host_tier_bytes, prefix_cache
+from trtkv.recipe import Recipe, host_tier_bytes, layout
+from trtkv.recipe.prefix_cache import prefix_cache
 from trtkv.repo.repo_plan import RepoPlan
 from trtkv.repo.validate import check_model_yaml, validate_repo
 

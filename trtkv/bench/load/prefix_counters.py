@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from trtkv.contracts.artifacts import PrefixLevel, PrefixTier
+from trtkv.contracts import PrefixLevel, PrefixTier
 
 # a busy server's /metrics is tens of KiB
 MAX_METRICS_BYTES = 4 << 20
