@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trtkv.contracts.artifacts import BenchResults, PrefixLevel, PrefixTier
+from trtkv.contracts import BenchResults, PrefixLevel, PrefixTier
 from trtkv.recipe import layout, load_recipe
 from trtkv.report.compare import prefix_section
 from trtkv.report.summary import collect
@@ -27,7 +27,10 @@ def _results(recipe_name: str, device: float, ttft2: float) -> None:
 def test_compare_shows_each_formats_prefix_hit_rates_and_ttft(engines_tmp: Path) -> None:
     _results("smollm2_fp16kv", 0.25, 90.0)
     _results("smollm2_fp8kv", 0.5, 60.0)
-    rows = [collect(load_recipe(n)) for n in ("smollm2_fp16kv", "smollm2_fp8kv")]
+    from trtkv.plan.handoff import figures
+
+    recipes = [load_recipe(n) for n in ("smollm2_fp16kv", "smollm2_fp8kv")]
+    rows = [collect(r, figures(r)) for r in recipes]
     lines = prefix_section(rows)
     assert "## Prefix reuse (bench.prefix)" in lines
     (fp16,) = [x for x in lines if x.startswith("| smollm2_fp16kv |")]

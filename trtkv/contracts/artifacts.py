@@ -22,6 +22,7 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from trtkv.contracts.prefix import PrefixLevel
 from trtkv.core.errors import StageError
 from trtkv.core.files import NotReadable, naming, read_json
 from trtkv.core.paths import temp_sibling
@@ -352,27 +353,6 @@ class BenchLevel(BaseModel):
     client: ClientSummary | None = None
     # --goodput: AIPerf's goodput (requests/sec) and its good_request_count
     goodput: MetricStats | None = None
-
-
-class PrefixTier(BaseModel):
-    """One KV tier's prefix-cache counters over a level (the server's own, read before and after):
-    prompt tokens looked up and served from the tier."""
-
-    queries: int
-    hits: int
-    hit_rate: float | None = None  # hits / queries; None when nothing was looked up
-
-
-class PrefixLevel(BaseModel):
-    """results.json's "prefix" per level (the bench.prefix workload): the hit rates the server
-    reported over the level, per tier, where they came from, and the workload's shape (requests and
-    TTFT median per turn, requests per prefix group)."""
-
-    source: str  # the metric names read, or why none were
-    tiers: dict[str, PrefixTier] = {}  # "device", "host" (the reference runtime) / "connector"
-    requests_per_turn: dict[int, int] = {}
-    ttft_ms_p50_per_turn: dict[int, float] = {}
-    requests_per_group: dict[int, int] = {}
 
 
 class TimeOrigin(BaseModel):
