@@ -114,8 +114,8 @@ GOLDEN_TRTLLM_SERVE = {
          "--port", "8000", "--tp_size", "1", "--pp_size", "1", "--max_batch_size", "4", "--max_num_tokens", "4096",
          "--max_seq_len", "4096", "--kv_cache_free_gpu_memory_fraction", "0.9", "--extra_llm_api_options",
          "ENGINES/smollm2_fp8kv_llmapi/engine/llm_api_options.yaml"],
-        {"max_input_len": 2048, "enable_chunked_prefill": False,
-         "kv_cache_config": {"dtype": "fp8", "free_gpu_memory_fraction": 0.9, "enable_block_reuse": False}}),
+        {"max_input_len": 2048, "enable_chunked_prefill": False,  # the reference runtime reuses blocks too (#55)
+         "kv_cache_config": {"dtype": "fp8", "free_gpu_memory_fraction": 0.9, "enable_block_reuse": True}}),
 }
 
 

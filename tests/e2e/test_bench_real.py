@@ -111,3 +111,29 @@ def test_bench_sweep_input_two_lengths(real_server: tuple[list[str], Path], tmp_
     assert (out / "itl_vs_input.png").stat().st_size > 0
     assert {r["level"] for r in res["records"] if r["phase"] == "latency"} == {"input=32 concurrency=1",
                                                                                "input=256 concurrency=1"}
+
+
+def test_prefix_workload_hits_the_reference_runtimes_block_cache(real_server: tuple[list[str], Path],
+                                                                tmp_path: Path) -> None:
+    """bench.prefix on the reference runtime (the server above, KV block reuse on by default, blocks of 32 tokens):
+    the counters the server reports on Triton's /metrics show hits where prefixes repeat, and more than the shared
+    prefixes alone could give: later turns hit their session's history (#55). One level, 3 sessions x 2 turns."""
+    overrides, _ = real_server
+    out = tmp_path / "prefix"
+    code = main(["bench", RECIPE, *overrides, "bench.concurrency=[1]", "bench.num_requests=6", "bench.warmup_requests=1",
+                 "bench.input_tokens=72", "bench.output_tokens=4", "bench.prefix.shared_tokens=40",
+                 "bench.prefix.groups=1", "bench.prefix.turns=2", "bench.prefix.turn_tokens=16",
+                 "bench.thresholds=[]", "--tasks", "none", "--no-progress", "--output", str(out)])
+    assert code == 0
+    res = read_results(out)
+    level = res["prefix"]["concurrency=1"]
+    assert level["source"].endswith("/metrics"), level
+    device = level["tiers"]["device"]
+    first_turns = level["requests_per_turn"]["1"]
+    assert first_turns == 3 and level["requests_per_turn"]["2"] == 3
+    # 6 prompts looked up; the shared prefix gives one 32-token block to the 2nd and 3rd sessions (64 tokens); the rest
+    # comes from later turns hitting their own first turn's blocks (72-token prompts: 2 blocks each)
+    assert device["queries"] >= 6 * 72 and device["hits"] > 2 * 32, level
+    assert level["tiers"]["host"]["hits"] == 0  # no host tier configured (host_tier_bytes: 0)
+    turns = [r["turn"] for r in res["records"] if r["phase"] == "latency"]
+    assert sorted(turns) == [1, 1, 1, 2, 2, 2]

@@ -120,7 +120,8 @@ def test_a_repository_naming_a_moved_trtkv_module_is_rebuilt(engines_tmp: Path, 
 
     plan = generate.plan_repo(load_recipe("smollm2_fp8kv_llmapi"))
     assert generate.named_modules(plan) == {"trtkv.kvcache.formats": "kvcache/formats.py",  # the served pool's line
-                                            "trtkv.runtime": "runtime/__init__.py", "trtkv.runtime.llm": "runtime/llm.py"}
+                                            "trtkv.runtime": "runtime/__init__.py", "trtkv.runtime.llm": "runtime/llm.py",
+                                            "trtkv.runtime.block_reuse": "runtime/block_reuse.py"}  # the prefix cache
     _generate("smollm2_fp8kv_llmapi")
     _, logs = _generate("smollm2_fp8kv_llmapi")
     assert any("up to date" in line for line in logs)

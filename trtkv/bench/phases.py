@@ -70,11 +70,19 @@ def run_latency(
     by_level: dict[str, list[RequestRecord]],
     clients: dict[str, ClientRun],
     workers: int | None,
+    prefix: dict[str, Any] | None = None,
 ) -> None:
     """Warm-up then measured requests at each level, each level's sessions kept from its warm-up
     into its measured phase (trtkv.bench.load.levels: in this process or on worker processes);
-    `records`, `by_level` and `clients` fill as levels finish (or stop)."""
+    `records`, `by_level` and `clients` fill as levels finish (or stop). With bench.prefix's
+    workload the measured requests are its sessions instead (run_prefix_levels), `prefix` filling
+    with each level's hit rates."""
     b = recipe.bench
+    if b.prefix.enabled and prefix is not None and not b.request_rate:
+        from trtkv.bench.load.prefix_levels import run_prefix_levels
+
+        run_prefix_levels(recipe, ep, tokenizer, progress.phase, records, by_level, prefix)
+        return
     prompts = latency_prompts(tokenizer, b.num_requests, b.input_tokens)
     isl = [prompt_tokens(tokenizer, p) for p in prompts]
 

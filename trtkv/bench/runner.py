@@ -162,6 +162,7 @@ def run_bench(recipe: Recipe, opts: BenchOptions, served: ServedSide = UNSERVED)
     by_length: dict[int, dict[str, list[RequestRecord]]] = {}
     length_clients: dict[int, dict[str, ClientRun]] = {}
     task_records: dict[str, list[RequestRecord]] = {}
+    prefix: dict[str, Any] = {}  # bench.prefix: per level its hit rates (PrefixLevel)
     interrupted: str | None = None
     tasks: list[acc_tasks.Task] = []
     task_errors: dict[str, dict[str, Any]] = {}
@@ -198,7 +199,15 @@ def run_bench(recipe: Recipe, opts: BenchOptions, served: ServedSide = UNSERVED)
             if opts.latency and recipe.bench.input_tokens not in by_length:
                 interrupted = "latency sweep"
                 run_latency(
-                    recipe, ep, tokenizer, progress, records, by_level, clients, opts.workers
+                    recipe,
+                    ep,
+                    tokenizer,
+                    progress,
+                    records,
+                    by_level,
+                    clients,
+                    opts.workers,
+                    prefix,
                 )
             # the recipe's own length was one of the sweep's: its levels are the main ones
             elif opts.latency:
@@ -262,6 +271,8 @@ def run_bench(recipe: Recipe, opts: BenchOptions, served: ServedSide = UNSERVED)
             doc.levels[label].goodput = MetricStats(
                 **good["goodput"], good_request_count=good["good_request_count"]["avg"]
             )
+    if prefix:
+        doc.prefix = prefix
     doc.tool_versions = tool_versions()
     doc.kv_pool = KVPoolCheck.model_validate(_served_pool(served, recipe, opts.url))
     if doc.kv_pool.warning:

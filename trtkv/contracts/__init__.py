@@ -44,6 +44,7 @@ if TYPE_CHECKING:
         replace_folder,
     )
     from trtkv.contracts.plan_figures import PlanFigures, PlannedFormat
+    from trtkv.contracts.prefix import PrefixLevel, PrefixTier
     from trtkv.contracts.ruler import RulerPlan
     from trtkv.contracts.stage import (
         VERSIONED_TOOLS,
@@ -83,6 +84,7 @@ __getattr__, __dir__ = attach(
         "canary": ["canary_script", "CANARY_TIMEOUT_S", "docker_health_args"],
         "interface": ["detect", "ENSEMBLE", "INTERFACES", "LLMAPI", "ModelInterface"],
         "plan_figures": ["PlanFigures", "PlannedFormat"],
+        "prefix": ["PrefixLevel", "PrefixTier"],
         "ruler": ["RulerPlan"],
         "outputs": [
             "check_inside",
@@ -135,6 +137,8 @@ __all__ = [
     "OWNER",
     "PlanFigures",
     "PlannedFormat",
+    "PrefixLevel",
+    "PrefixTier",
     "ProbeDoc",
     "read_manifest",
     "remove_leftovers",

@@ -22,6 +22,7 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from trtkv.contracts.prefix import PrefixLevel
 from trtkv.core.errors import StageError
 from trtkv.core.files import NotReadable, naming, read_json
 from trtkv.core.paths import temp_sibling
@@ -411,6 +412,8 @@ class BenchResults(Artifact):
     # --sweep-input: per level, samples and fits against input length (trtkv.measures.sweep reads)
     sweep: dict[str, Any] | None = None
     kv_pool: KVPoolCheck | None = None  # planned against served (trtkv.serving.pool.compare)
+    # bench.prefix's workload: per level, the server's prefix-cache hit rates and the shape
+    prefix: dict[str, PrefixLevel] | None = None
     warnings: list[str] = []  # e.g. a served KV pool more than 10% short of the plan
 
 

@@ -277,6 +277,54 @@ class QuantizedKVLayer(DynamicLayer):
             store.truncate(max_length)
         self.quantized_tokens = self.stored_tokens = self.cumulative_length = max_length
 
+    @property
+    def rows_portable(self) -> bool:
+        """Whether a span of stored tokens can be copied out and into another cache bit for bit
+        (export_rows / import_rows: a prefix cache's blocks): one code row per token for K and V,
+        no KIVI window, no sliding window."""
+        c = self.codecs
+        return (
+            not c.residual
+            and c.key.token_group == 1
+            and c.value.token_group == 1
+            and c.key.row_separable
+            and c.value.row_separable
+            and self.sliding_window is None
+        )
+
+    def export_rows(self, start: int, end: int) -> tuple[dict[str, torch.Tensor], ...]:
+        """Copies of the stored codes (K parts, V parts) of tokens [start, end): what a prefix
+        cache's block keeps (rows_portable layers only)."""
+        if not self.rows_portable or end > self.stored_tokens or start < 0:
+            raise TrtkvError(
+                f"export_rows({start}, {end}): the layer holds {self.stored_tokens} tokens"
+                + ("" if self.rows_portable else " in a format whose rows cannot be copied")
+            )
+        return tuple(
+            {k: t[..., start:end, :].clone() for k, t in store.view().items()}
+            for store in (self.k_store, self.v_store)
+        )
+
+    def import_rows(
+        self, k_parts: dict[str, torch.Tensor], v_parts: dict[str, torch.Tensor], like: torch.Tensor
+    ) -> None:
+        """Append stored codes exported by export_rows (the next tokens of this layer), as if
+        update() had stored them; `like`: an empty (1, kv_heads, 0, head_dim) tensor of the
+        attention's dtype. Each token's decode depends on its own codes only (row_separable), so
+        the kept decode is the one update() would have kept."""
+        if not self.is_initialized:
+            self.lazy_initialization(like, like)
+        n = next(iter(k_parts.values())).shape[-2]
+        self.k_store.append(k_parts)
+        self.v_store.append(v_parts)
+        if self.keep_decoded:
+            self.decoded_dtype = like.dtype
+            self.k_decoded.append({"x": self.codecs.key.decode(k_parts, like.dtype)})
+            self.v_decoded.append({"x": self.codecs.value.decode(v_parts, like.dtype)})
+        self.quantized_tokens += n
+        self.stored_tokens += n
+        self.cumulative_length += n
+
     def reset(self) -> None:
         self.k_store, self.v_store = RowStore(), RowStore()
         self.k_decoded, self.v_decoded = RowStore(), RowStore()

@@ -47,6 +47,10 @@ class RequestRecord:
     client_worker: int = 0
     # open loop: no worker was free at its send time (perf_analyzer's delayed requests)
     delayed: bool = False
+    # the prefix-sharing workload (bench.prefix): the session's turn (1: its first) and its prefix
+    # group; None for every other request (and then left out of results.json)
+    turn: int | None = None
+    prefix_group: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -94,6 +98,9 @@ class RequestRecord:
         data["first_token_time_ms"] = self.response_ns[idx[0]] / 1e6 if idx else None
         data["end_time_ms"] = None if self.end_ns is None else self.end_ns / 1e6
         data["output_tokens"] = self.output_tokens()
+        for name in ("turn", "prefix_group"):
+            if data[name] is None:
+                data.pop(name)
         return data
 
     @classmethod
@@ -119,4 +126,5 @@ class RequestRecord:
         rec.client_lag_us = [int(v) for v in data.get("client_lag_us") or []]
         rec.client_worker = int(data.get("client_worker") or 0)
         rec.delayed = data.get("delayed") is True
+        rec.turn, rec.prefix_group = data.get("turn"), data.get("prefix_group")
         return rec

@@ -108,6 +108,7 @@ if TYPE_CHECKING:
         served_artifacts,
         to_container,
     )
+    from trtkv.recipe.prefix_cache import host_tier_bytes
     from trtkv.recipe.settle import (
         MOVED_FORMATS,
         Settings,
@@ -144,6 +145,7 @@ __getattr__, __dir__ = attach(
             "to_container",
             "WEIGHT_ALGOS",
         ],
+        "prefix_cache": ["host_tier_bytes"],
         "settle": ["batch_for", "MOVED_FORMATS", "propose_wide_ep", "refusal", "Settings"],
         "stored": ["engine_unit_scale"],
     },
@@ -182,6 +184,7 @@ __all__ = [
     "HF_EXPORT_BACKENDS",
     "HF_EXPORT_ONLY",
     "host_artifacts",
+    "host_tier_bytes",
     "KV_ACCOUNTING",
     "kv_algo",
     "kv_cache_quant_algo",

@@ -17,7 +17,9 @@ Engine defaults, read from their sources:
   `--no-enable-prefix-caching`; no KV cache dtype turns it off there.
 - SGLang: the radix cache is on unless `--disable-radix-cache` (sglang 0.5.23 has no positive flag:
   on is its default, written by leaving the flag out).
-- trtkv's reference runtime (CPU) keeps no prefix cache: off.
+- trtkv's reference runtime (CPU), ensemble and llmapi layouts: block reuse on, as TensorRT-LLM's
+  default (trtkv.runtime.block_reuse: full blocks keyed by their tokens' hash chain, LRU eviction,
+  an optional host tier of host_tier_bytes()).
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ FIELD = "triton.enable_kv_cache_reuse"
 
 # Prefix caching (KV block reuse): each engine's default, limited by the recipe's format and build
 TRTLLM_API_DEFAULT = "TensorRT-LLM's KvCacheConfig.enable_block_reuse default (True)"
+REFERENCE_DEFAULT = (
+    "trtkv's reference runtime (CPU): KV block reuse on, as TensorRT-LLM's default "
+    "(trtkv.runtime.block_reuse)"
+)
 TRITON_CPP_DEFAULT = "Triton's tensorrtllm backend default (enable_kv_cache_reuse unset: true)"
 
 
@@ -43,7 +49,13 @@ def prefix_cache_default(recipe: Recipe) -> tuple[bool, str]:
     if backend is Backend.REFERENCE or (
         backend is Backend.LLMAPI and recipe.hardware.gpu is GPU.CPU
     ):
-        return False, "off: trtkv's reference runtime (CPU) keeps no prefix cache"
+        if _has_sliding_layers(recipe):
+            return (
+                False,
+                "off: trtkv's reference runtime keeps no prefix cache for a model with sliding-"
+                "window layers (their caches drop the tokens a block would hold)",
+            )
+        return True, REFERENCE_DEFAULT
     if backend is Backend.TENSORRT:
         if not recipe.paged_context_fmha:
             return (
@@ -57,6 +69,14 @@ def prefix_cache_default(recipe: Recipe) -> tuple[bool, str]:
     if backend is Backend.VLLM:
         return True, "vLLM's default for a generative decoder model (prefix caching on)"
     return True, "SGLang's default (radix cache on)"
+
+
+def _has_sliding_layers(recipe: Recipe) -> bool:
+    """model.attention_layers names a sliding-window layer."""
+    from trtkv.recipe.attention import AttentionKind, parse_layers
+
+    spec = recipe.model.attention_layers or []
+    return any(x.kind is AttentionKind.SLIDING for x in parse_layers(spec))
 
 
 def _fmha_why(recipe: Recipe) -> str:
@@ -109,3 +129,10 @@ def problems(recipe: Recipe) -> list[tuple[str, str]]:
             "false",
         )
     ]
+
+
+def host_tier_bytes(recipe: Recipe) -> int:
+    """Bytes of the reference runtime's second KV tier (its `kv_cache_host_memory_bytes` model
+    parameter, TensorRT-LLM's name; 0: none). The one seam for the recipe's host-tier key
+    (`triton.kv_host_tier_gib_per_replica`, #55): it returns 0 until that key is wired here."""
+    return 0

@@ -23,7 +23,7 @@ from trtkv.checkpoints import models as model
 from trtkv.contracts.stage import StageResult, manifest_hash, require_input, run_stage
 from trtkv.core.errors import StageError
 from trtkv.engines.trtllm import ENGINE_CAP_PARAM, ENGINE_FRACTION_PARAM
-from trtkv.recipe import Recipe, layout
+from trtkv.recipe import Recipe, host_tier_bytes, layout
 from trtkv.recipe.prefix_cache import prefix_cache
 from trtkv.repo.repo_plan import RepoPlan
 from trtkv.repo.validate import check_model_yaml, validate_repo
@@ -196,6 +196,7 @@ def _raw_values(plan: RepoPlan) -> dict[str, str]:
         **_memory_values(r),
         # explicit: the engine's default where it may reuse
         "enable_kv_cache_reuse": flag(prefix_cache(r).enabled),
+        "kv_cache_host_memory_bytes": str(host_tier_bytes(r)),
         "enable_chunked_context": flag(r.chunked_context),
         "exclude_input_in_output": flag(t.exclude_input_in_output),
         "max_beam_width": str(MAX_BEAM_WIDTH),

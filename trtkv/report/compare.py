@@ -163,10 +163,29 @@ def write_compare(
             for name, p in probes
         ]
     md += _sweep_section(rows, out)
+    md += prefix_section(rows)
     (out / "compare.md").write_text("\n".join(md) + "\n")
     (out / "compare.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
     _compare_plot(rows, out / "compare.png")
     return out / "compare.md"
+
+
+def prefix_section(rows: list[dict[str, Any]]) -> list[str]:
+    """bench.prefix's hit rates per tier and TTFT per turn, per recipe and level, side by side (a
+    quantized cache keeps more blocks in the same pool: a higher hit rate at the same workload)."""
+    lines = [
+        f"| {r['recipe']} | {label} | "
+        + ", ".join(f"{t} {figure(v, 3)}" for t, v in body["hit_rate"].items())
+        + " | "
+        + ", ".join(f"turn {t}: {figure(v, 1)}" for t, v in body["ttft_ms_p50_per_turn"].items())
+        + " |"
+        for r in rows
+        for label, body in (r.get("prefix") or {}).items()
+    ]
+    if not lines:
+        return []
+    head = "| recipe | level | hit rate per tier (server) | TTFT p50 ms per turn |"
+    return ["", "## Prefix reuse (bench.prefix)", "", head, "|---|---|---|---|", *lines]
 
 
 def sweep_breakeven(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

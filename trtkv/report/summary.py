@@ -150,6 +150,15 @@ def collect(recipe: Recipe, planned: PlanFigures) -> dict[str, Any]:
         sweep = _shaped(_checked_sweep, results.sweep) if results.sweep else None
         if sweep:
             data["sweep"] = sweep
+        if results.prefix:  # bench.prefix: the server's hit rate per tier, TTFT per turn
+            data["prefix"] = {
+                label: {
+                    "hit_rate": {t: x.hit_rate for t, x in level.tiers.items()},
+                    "ttft_ms_p50_per_turn": level.ttft_ms_p50_per_turn,
+                    "source": level.source,
+                }
+                for label, level in results.prefix.items()
+            }
     # this recipe's probe, else another recipe's on the same model
     from trtkv.measures.probe_results import load_probe
 

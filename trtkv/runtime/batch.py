@@ -66,6 +66,10 @@ class SequenceState:
     last: int | None = None  # the token to feed next
     done: bool = False
     generator: Any = None
+    # prefix cache (trtkv.runtime.block_reuse): prompt tokens copied from cached blocks, and the
+    # blocks' keys this sequence references until it finishes
+    reused_tokens: int = 0
+    reused_keys: list[bytes] = field(default_factory=list)
 
     def start(self, runtime: ReferenceRuntime) -> None:
         import torch
@@ -276,11 +280,18 @@ class Batcher:
     tokens or the error)."""
 
     def __init__(
-        self, runtime: ReferenceRuntime, max_batch_size: int, max_num_tokens: int | None = None
+        self,
+        runtime: ReferenceRuntime,
+        max_batch_size: int,
+        max_num_tokens: int | None = None,
+        prefix_cache: Any = None,
     ) -> None:
+        """`prefix_cache`: a trtkv.runtime.block_reuse.BlockPool (make_pool) whose blocks a new
+        request's prompt is served from and a finished request's blocks go to; None: no reuse."""
         if max_batch_size < 1:
             raise RequestError(f"max_batch_size {max_batch_size}: must be >= 1")
         self.runtime, self.max_batch_size = runtime, max_batch_size
+        self.prefix_cache = prefix_cache
         self.max_num_tokens = max_num_tokens or runtime.prefill_chunk
         self._queue: collections.deque[SequenceState] = collections.deque()
         self._wake = threading.Condition()
@@ -313,12 +324,30 @@ class Batcher:
 
     def _finish(self, seq: SequenceState, error: BaseException | None = None) -> None:
         seq.done = True
+        pool = self.prefix_cache
+        if pool is not None and seq.cache is not None:
+            if error is None and seq.prefilled == len(seq.prompt):
+                pool.store(seq.prompt + seq.out, seq.cache)  # the answer's full blocks too
+            pool.release(seq.reused_keys)
         seq.cache = None  # the slot's memory goes now
         if seq.on_done is not None:
             try:
                 seq.on_done(seq.out, error)
             except Exception:  # noqa: BLE001 - a failing callback must not stop the other requests
                 traceback.print_exc()
+
+    def _reuse(self, seq: SequenceState) -> None:
+        """Copy the cached blocks of the prompt's longest cached prefix into the new sequence's
+        cache: prefill then starts after them."""
+        if self.prefix_cache is None:
+            return
+        from trtkv.runtime.block_reuse import empty_like_kv
+
+        tokens, keys = self.prefix_cache.lookup(
+            seq.prompt, seq.cache, empty_like_kv(self.runtime.config)
+        )
+        seq.prefilled = seq.reused_tokens = tokens
+        seq.reused_keys = keys
 
     def _run(self) -> None:
         prefilling: list[SequenceState] = []
@@ -348,12 +377,19 @@ class Batcher:
                 else:
                     if seq.cache is None:
                         seq.start(self.runtime)
+                        self._reuse(seq)
                     budget = (
                         None
                         if self.max_num_tokens is None
                         else max(1, self.max_num_tokens - len(decoding))
                     )
                     if prefill_chunk(self.runtime, seq, budget):
+                        if self.prefix_cache is not None:  # later requests may share the prompt
+                            self.prefix_cache.store(
+                                seq.prompt,
+                                seq.cache,
+                                seq.reused_tokens // self.prefix_cache.block_tokens,
+                            )
                         prefilling.pop(0)
                         if seq.done:
                             self._finish(seq)

@@ -18,8 +18,9 @@ purpose and visibly: no paged KV blocks, computation is float32 with FP8 weights
 (activations not quantized), there is one output per request (`n` 1, no beam search),
 `kv_cache_config.max_attention_window` is checked against the model's own per-layer windows (the
 only ones its cache keeps) rather than applied, and LLM() arguments that only size or place GPU work
-(`tensor_parallel_size`, `kv_cache_config.free_gpu_memory_fraction`, `enable_block_reuse`, ...) are
-accepted and listed in `LLM.ignored_args`.
+(`tensor_parallel_size`, `kv_cache_config.free_gpu_memory_fraction`, ...) are accepted and listed
+in `LLM.ignored_args`. `kv_cache_config.enable_block_reuse` and `host_cache_size` are applied:
+trtkv.runtime.block_reuse, a device tier of the served pool's bytes and a host tier of that size.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ KV_DTYPES = ("auto", "fp8")
 # kv_cache_config fields the reference engine applies: dtype, and max_attention_window checked
 # against the model's own per-layer windows (the windows its cache keeps:
 # trtkv.kvcache.cache.config_layer_windows)
-APPLIED_KV_ARGS = ("dtype", "max_attention_window")
+APPLIED_KV_ARGS = ("dtype", "max_attention_window", "enable_block_reuse", "host_cache_size")
 DEFAULT_MAX_BATCH_SIZE = 2048  # TensorRT-LLM's BaseLlmArgs default
 
 
@@ -106,7 +107,17 @@ class LLM:
             [*other, *(f"kv_cache_config.{k}" for k in kv if k not in APPLIED_KV_ARGS)]
         )
         self._ids = itertools.count()
-        self._batcher = Batcher(self.runtime, self.max_batch_size)
+        # KvCacheConfig.enable_block_reuse (TensorRT-LLM's default True) and host_cache_size
+        # (bytes of the secondary tier): trtkv.runtime.block_reuse
+        from trtkv.runtime.block_reuse import pool_bytes, served_pool
+
+        self.prefix_cache, self.prefix_cache_line = served_pool(
+            self.runtime,
+            bool(kv.get("enable_block_reuse", True)),
+            pool_bytes(self.runtime, min(self.max_batch_size, DEFAULT_MAX_BATCH_SIZE)),
+            int(kv.get("host_cache_size") or 0),
+        )
+        self._batcher = Batcher(self.runtime, self.max_batch_size, prefix_cache=self.prefix_cache)
 
     # -- API
     def generate_async(

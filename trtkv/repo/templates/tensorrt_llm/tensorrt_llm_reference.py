@@ -68,6 +68,32 @@ def kv_bytes_per_token(runtime: Any) -> float:
     return per_token(int(cfg.num_hidden_layers), heads, head_dim, fmt)
 
 
+class PrefixMetrics:
+    """The prefix cache's counters on Triton's /metrics (Python backend custom metrics), in tokens as vLLM's
+    vllm:prefix_cache_queries / vllm:prefix_cache_hits count them: trtkv_prefix_cache_queries and
+    trtkv_prefix_cache_hits{tier="device"|"host"}. Updated when a request finishes."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool, self.lock = pool, threading.Lock()
+        counter = pb_utils.MetricFamily.COUNTER
+        queries = pb_utils.MetricFamily(name="trtkv_prefix_cache_queries", kind=counter,
+                                        description="Prompt tokens looked up in the prefix cache")
+        hits = pb_utils.MetricFamily(name="trtkv_prefix_cache_hits", kind=counter,
+                                     description="Prompt tokens served from cached KV blocks, per tier")
+        self.queries = queries.Metric(labels={})
+        self.hits = {tier: hits.Metric(labels={"tier": tier}) for tier in ("device", "host")}
+        self.seen = {"queries": 0, "device": 0, "host": 0}
+
+    def update(self) -> None:
+        stats = self.pool.stats()
+        now = {"queries": stats["queries"], **stats["hits"]}
+        with self.lock:
+            for name, metric in (("queries", self.queries), *self.hits.items()):
+                if now[name] > self.seen[name]:
+                    metric.increment(now[name] - self.seen[name])
+                    self.seen[name] = now[name]
+
+
 class TritonPythonModel:
     """Loads the reference runtime once per instance and batches the requests in flight."""
 
@@ -83,9 +109,17 @@ class TritonPythonModel:
         self.exclude_input = params.get("exclude_input_in_output", "true").lower() == "true"
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.max_batch_size = max(1, int(config.get("max_batch_size") or 1))
-        self.batcher = self.runtime_module.Batcher(self.runtime, self.max_batch_size)
-        self.logged_peak = 1
         per_token = int(kv_bytes_per_token(self.runtime))
+        # KV block reuse (TensorRT-LLM's parameter names): the device tier is the served pool's bytes
+        from trtkv.runtime.block_reuse import served_pool
+
+        self.pool, line = served_pool(self.runtime, params.get("enable_kv_cache_reuse", "false").lower() == "true",
+                                      self.max_batch_size * self.max_seq_len * per_token,
+                                      int(params.get("kv_cache_host_memory_bytes") or 0))
+        pb_utils.Logger.log_info(f"tensorrt_llm (reference): {line}")
+        self.prefix_metrics = PrefixMetrics(self.pool) if self.pool is not None else None
+        self.batcher = self.runtime_module.Batcher(self.runtime, self.max_batch_size, prefix_cache=self.pool)
+        self.logged_peak = 1
         # `trtkv status` and `trtkv bench` read this line back (REFERENCE_POOL_LINE in serving_memory)
         pb_utils.Logger.log_info(f"trtkv reference runtime KV pool: {self.max_batch_size * self.max_seq_len * per_token} "
                                  f"bytes ({self.max_batch_size} requests x {self.max_seq_len} tokens x {per_token} bytes)")
@@ -163,6 +197,8 @@ class TritonPythonModel:
             return check(token)
 
         def on_done(tokens: list[int], error: BaseException | None) -> None:
+            if self.prefix_metrics is not None:
+                self.prefix_metrics.update()
             if self.batcher.peak_batch > self.logged_peak:  # visible in the server log: requests really shared steps
                 self.logged_peak = self.batcher.peak_batch
                 pb_utils.Logger.log_info(f"tensorrt_llm (reference): in-flight batch of {self.logged_peak} "
