@@ -257,6 +257,11 @@ def format_plan(p: Plan, cols: int) -> list[str]:
     )
     head = ["format"] + [f"hit {h:.0%}" for h in pc.hit_rates]
     lines += _table(head, [[r.format] + [f"{n:,}" for n in r.sequences.values()] for r in pc.rows])
+    if p.kv_tiers is not None:  # a host KV tier (#55): capacity per tier, per format
+        from trtkv.plan.tiers import tier_lines
+
+        lines.append("")
+        lines += tier_lines(p.kv_tiers)
     lines.append("")
     for ex in p.examples:
         parts = ", ".join(f"{fmt} {gib:g} GiB" for fmt, gib in ex.kv_gib.items())

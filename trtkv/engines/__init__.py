@@ -21,6 +21,13 @@ if TYPE_CHECKING:
     from trtkv.engines.kv_scale_audit import audit_folder
     from trtkv.engines.kv_scale_findings import FAIL, Audit, Finding
     from trtkv.engines.kv_scale_text import render_audit, serve_scale_lines
+    from trtkv.engines.kv_tiers import (
+        engine_tier_params,
+        host_tier,
+        llmapi_tier_config,
+        sglang_tier_args,
+        vllm_tier_args,
+    )
     from trtkv.engines.parallel import (
         PARALLEL_NOTE,
         check_moe,
@@ -95,6 +102,13 @@ __getattr__, __dir__ = attach(
         "kv_scale_findings": ["Audit", "FAIL", "Finding"],
         "kv_scale_text": ["render_audit", "serve_scale_lines"],
         "activation": ["ModelShape", "Setup"],
+        "kv_tiers": [
+            "engine_tier_params",
+            "host_tier",
+            "llmapi_tier_config",
+            "sglang_tier_args",
+            "vllm_tier_args",
+        ],
         "parallel": ["PARALLEL_NOTE", "check_moe", "kv_tp", "sequence_groups", "weights_per_gpu"],
         "pool": [
             "BatchLimit",
@@ -168,11 +182,13 @@ __all__ = [
     "ENGINE_CAP_PARAM",
     "ENGINE_FRACTION_PARAM",
     "engine_memory_knobs",
+    "engine_tier_params",
     "EngineKnobs",
     "EngineTokens",
     "FAIL",
     "Finding",
     "GIB",
+    "host_tier",
     "hybrid_block_size",
     "kv_bytes_per_token_per_gpu",
     "kv_tp",
@@ -180,6 +196,7 @@ __all__ = [
     "LLMAPI_CAP_KEY",
     "LLMAPI_FRACTION_KEY",
     "llmapi_memory_knobs",
+    "llmapi_tier_config",
     "model_config_path",
     "ModelShape",
     "no_knobs",
@@ -203,6 +220,7 @@ __all__ = [
     "sglang_info_tokens",
     "sglang_knobs",
     "sglang_recipe_pool",
+    "sglang_tier_args",
     "sglang_token_unit",
     "SGLANG_VERSION",
     "Sizing",
@@ -224,6 +242,7 @@ __all__ = [
     "vllm_log_tokens",
     "vllm_metrics_blocks",
     "vllm_recipe_pool",
+    "vllm_tier_args",
     "vllm_token_unit",
     "VLLM_VERSION",
     "weights_per_gpu",

@@ -9,6 +9,7 @@ if TYPE_CHECKING:
     from trtkv.plan.handoff import figures
     from trtkv.plan.planner import plan
     from trtkv.plan.result import Plan
+    from trtkv.plan.tiers import tier_lines
 
 # each name's module is imported on first use: `trtkv plan --help` loads none of them
 __getattr__, __dir__ = attach(
@@ -19,7 +20,8 @@ __getattr__, __dir__ = attach(
         "handoff": ["figures"],
         "planner": ["plan"],
         "result": ["Plan"],
+        "tiers": ["tier_lines"],
     },
 )
 
-__all__ = ["Estimate", "estimate", "figures", "Plan", "plan"]
+__all__ = ["Estimate", "estimate", "figures", "Plan", "plan", "tier_lines"]

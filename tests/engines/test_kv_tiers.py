@@ -1,0 +1,150 @@
+"""The host KV tier (#55): the recipe key in each engine's unit and scope, the refusals naming the
+engine or release that serves a tier, the pinned memory a deployment asks for, the repository's
+Triton parameters and the plan's capacity per tier."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trtkv.backends import llmapi_args, vllm_command
+from trtkv.backends.sglang import server_args as sglang_args
+from trtkv.core.errors import RecipeError
+from trtkv.deploy import Options, Target, deploy
+from trtkv.engines import host_tier
+from trtkv.engines.kv_tiers import engine_tier_params
+from trtkv.plan import plan
+from trtkv.recipe import load_recipe
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+GIB = 1024**3
+TIER = "triton.kv_host_tier_gib_per_replica"
+
+
+def gpu(backend: str, *more: str):  # noqa: ANN201 - a Recipe
+    """Llama-3-70B FP8 on 4 x H100 (TP 4), served by `backend`."""
+    name = {"tensorrt": "llama70b_fp8kv", "llmapi": "llama70b_fp8kv_llmapi"}.get(backend, "llama70b_fp8kv_sglang")
+    return load_recipe(RECIPES / f"{name}.yaml", [f"build.backend={backend}", *more])
+
+
+def test_each_engine_gets_the_tier_in_its_own_unit_and_scope() -> None:
+    v = gpu("vllm", f"{TIER}=100")
+    args = vllm_command.server_args(v, Path("/m"), "0.0.0.0")
+    # vLLM: GiB for the engine, summed over its 4 TP ranks; node-local with --numa-bind
+    assert args[args.index("--kv-offloading-size") + 1] == "100"
+    assert args[args.index("--kv-offloading-backend") + 1] == "native"
+    assert "--numa-bind" in args
+    assert host_tier(v).bytes_per_replica == 100 * GIB
+    s = gpu("sglang", f"{TIER}=100")
+    args = sglang_args(s, Path("/m"), "0.0.0.0")
+    # SGLang: whole GB (1e9) per rank: 100 GiB / 4 ranks = 26.8e9 bytes -> 26
+    assert args[args.index("--hicache-size") + 1] == "26"
+    assert "--enable-hierarchical-cache" in args
+    assert host_tier(s).bytes_per_replica == 26 * 10**9 * 4
+    a = gpu("llmapi", f"{TIER}=100")
+    cfg = llmapi_args.llm_args(a, Path("/m"))["kv_cache_config"]
+    assert cfg["host_cache_size"] == 100 * GIB // 4  # bytes per rank
+    t = gpu("tensorrt", f"{TIER}=100")
+    assert engine_tier_params(t) == {
+        "kv_cache_host_memory_bytes": str(100 * GIB // 4),
+        "kv_cache_onboard_blocks": "true",
+    }
+
+
+def test_attention_dp_splits_vllms_size_over_its_engines() -> None:
+    v = gpu("vllm", f"{TIER}=100", "build.attention_dp_size=2")
+    args = vllm_command.server_args(v, Path("/m"), "0.0.0.0")
+    assert args[args.index("--kv-offloading-size") + 1] == "50"
+
+
+def test_without_a_tier_nothing_changes() -> None:
+    v = gpu("vllm")
+    assert "--kv-offloading-size" not in vllm_command.server_args(v, Path("/m"), "0.0.0.0")
+    assert "--hicache-size" not in sglang_args(gpu("sglang"), Path("/m"), "0.0.0.0")
+    assert "host_cache_size" not in llmapi_args.llm_args(gpu("llmapi"), Path("/m"))["kv_cache_config"]
+    assert engine_tier_params(gpu("tensorrt")) == {
+        "kv_cache_host_memory_bytes": "",
+        "kv_cache_onboard_blocks": "",
+    }
+
+
+@pytest.mark.parametrize(
+    ("recipe", "overrides", "says"),
+    [
+        ("smollm2_fp8kv.yaml", [f"{TIER}=4"], "reference runtime keeps no second KV tier"),
+        ("smollm2_fp8kv_vllm.yaml", [f"{TIER}=4"], "already lives in host memory"),
+        ("llama70b_fp8kv_sglang.yaml", [f"{TIER}=2"], "under 1 GB per rank"),
+        (
+            "llama70b_fp8kv_llmapi.yaml",
+            ["triton.kv_disk_tier_gib_per_replica=500"],
+            "arrives in 1.4.0rc4",
+        ),
+        ("llama70b_fp8kv_sglang.yaml", ["triton.kv_disk_tier_gib_per_replica=500"], "no size"),
+        (
+            "llama70b_fp8kv_sglang.yaml",
+            ["build.backend=vllm", "triton.kv_disk_tier_gib_per_replica=500"],
+            "fs tier",
+        ),
+    ],
+)
+def test_a_tier_the_engine_cannot_serve_is_refused_naming_who_serves_one(recipe: str, overrides: list[str], says: str) -> None:
+    with pytest.raises(RecipeError) as err:
+        load_recipe(RECIPES / recipe, overrides)
+    assert says in str(err.value)
+
+
+def _server_memory(out: Path) -> dict:
+    for p in sorted(out.glob("*.yaml")):
+        for d in yaml.safe_load_all(p.read_text()):
+            if d and d["kind"] == "Deployment":
+                return d["spec"]["template"]["spec"]["containers"][0]["resources"]
+    raise AssertionError("no Deployment")
+
+
+def _gib(quantity: str) -> float:
+    return float(quantity[:-2]) / (1024 if quantity.endswith("Mi") else 1)
+
+
+def test_the_pinned_tier_is_inside_the_pods_memory_request_limit_and_slurms_mem(
+    tmp_path: Path,
+) -> None:
+    opts = Options(model_source="s3://my-bucket/x")
+    base = _server_memory(deploy(gpu("vllm"), Target.K8S, tmp_path / "a", log=lambda _m: None, options=opts))
+    tier = _server_memory(deploy(gpu("vllm", f"{TIER}=100"), Target.K8S, tmp_path / "b", log=lambda _m: None, options=opts))
+    for side, factor in (("requests", 1.0), ("limits", 1.25)):
+        grown = _gib(tier[side]["memory"]) - _gib(base[side]["memory"])
+        assert grown == pytest.approx(100 * factor, abs=1.5)  # ceil() to whole GiB on each side
+    mem = [
+        line
+        for side in ("a", "b")
+        for line in (
+            deploy(
+                gpu("vllm", *([f"{TIER}=100"] if side == "b" else [])),
+                Target.SLURM,
+                tmp_path / f"s{side}",
+                log=lambda _m: None,
+            )
+            / "job.sbatch"
+        )
+        .read_text()
+        .splitlines()
+        if line.startswith("#SBATCH --mem-per-gpu=")
+    ]
+    per_gpu = [int(line.split("=")[1].rstrip("G")) for line in mem]
+    assert per_gpu[1] - per_gpu[0] == pytest.approx(100 * 1.25 / 4, abs=1)
+
+
+def test_plan_gives_each_formats_host_tokens_in_the_device_layout() -> None:
+    p = plan(gpu("vllm", f"{TIER}=100"))
+    assert p.kv_tiers is not None
+    rows = {r.format: r for r in p.kv_tiers.rows}
+    fp8, fp16 = rows["fp8"], rows["fp16"]
+    # the host tier holds twice the tokens in FP8 as in FP16: the engines copy blocks as stored
+    assert fp8.host_tokens == pytest.approx(2 * fp16.host_tokens, rel=1e-6)
+    by_cap = {c.format: c for c in p.formats}
+    assert fp8.host_tokens == int(100 * GIB / 4 // by_cap["fp8"].bytes_per_token_per_gpu)
+    assert fp8.resident_sequences > fp8.running_sequences
+    assert "kv_tiers" in p.to_dict()
+    assert "kv_tiers" not in plan(gpu("vllm")).to_dict()  # plan --json unchanged without a tier
