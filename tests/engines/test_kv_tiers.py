@@ -79,7 +79,7 @@ def test_without_a_tier_nothing_changes() -> None:
         (
             "llama70b_fp8kv_llmapi.yaml",
             ["triton.kv_disk_tier_gib_per_replica=500"],
-            "arrives in 1.4.0rc4",
+            "first in 1.3.0rc27",
         ),
         ("llama70b_fp8kv_sglang.yaml", ["triton.kv_disk_tier_gib_per_replica=500"], "no size"),
         (
@@ -148,3 +148,54 @@ def test_plan_gives_each_formats_host_tokens_in_the_device_layout() -> None:
     assert fp8.resident_sequences > fp8.running_sequences
     assert "kv_tiers" in p.to_dict()
     assert "kv_tiers" not in plan(gpu("vllm")).to_dict()  # plan --json unchanged without a tier
+
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def test_tensorrt_llms_names_are_its_own() -> None:
+    """The LLM API field and the engine path's parameters are in the lists read from upstream (the
+    field list was read after 1.3.0rc20: it names the field, the refusal of disk_cache_size rests on
+    1.2.1 having none, trtkv.recipe.kv_tiers)."""
+    import json
+
+    fields = json.loads((DATA / "llm_args_fields.json").read_text())["kv_cache_config"]
+    assert "host_cache_size" in fields
+    params = (DATA / "triton_tensorrt_llm_parameters.txt").read_text().split()
+    assert {"kv_cache_host_memory_bytes", "kv_cache_onboard_blocks"} <= set(params)
+
+
+def test_dynamo_workers_carry_the_tier(tmp_path: Path) -> None:
+    from trtkv.backends import llmapi, vllm
+    from trtkv.deploy import dynamo
+    from trtkv.deploy.sizing import size
+
+    a = gpu("llmapi", f"{TIER}=100")
+    for role in ("agg", "prefill", "decode"):
+        cfg = llmapi.LlmApiDynamo().engine_config(a, role)
+        assert cfg["kv_cache_config"]["host_cache_size"] == 100 * GIB // 4
+    v = gpu("vllm", f"{TIER}=100")
+    agg = vllm.VllmDynamo().args(v, Path("/m"), "agg", "/c")
+    assert agg[agg.index("--kv-offloading-size") + 1] == "100"
+    decode = vllm.VllmDynamo().args(v, Path("/m"), "decode", "/c")
+    assert "--kv-offloading-size" not in decode  # it would replace NIXL: a MultiConnector holds both
+    assert "MultiConnector" in decode[decode.index("--kv-transfer-config") + 1]
+    objs = dynamo.objects(a, size(a, replicas=1), "agg", "load", "ns")
+    dgd = next(o for o in objs if o["kind"] == "DynamoGraphDeployment")
+    base = dynamo.objects(gpu("llmapi"), size(gpu("llmapi"), replicas=1), "agg", "load", "ns")
+    base_dgd = next(o for o in base if o["kind"] == "DynamoGraphDeployment")
+
+    def worker_mem(d: dict) -> float:
+        tpl = d["spec"]["components"][1]["podTemplate"]["spec"]
+        main = next(c for c in tpl["containers"] if c["name"] == "main")
+        return _gib(main["resources"]["requests"]["memory"])
+
+    assert worker_mem(dgd) - worker_mem(base_dgd) == pytest.approx(100, abs=1.5)
+
+
+def test_plan_text_shows_the_tiers() -> None:
+    from trtkv.plan import tier_lines
+
+    text = "\n".join(tier_lines(plan(gpu("sglang", f"{TIER}=100")).kv_tiers))
+    assert "--hicache-size 26" in text and "whole GB (1e9 bytes) per rank" in text
+    assert "fp8" in text and "resident" in text

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
         llmapi_tier_config,
         sglang_tier_args,
         vllm_tier_args,
+        vllm_with_offload,
+        without_vllm_size,
     )
     from trtkv.engines.parallel import (
         PARALLEL_NOTE,
@@ -108,6 +110,8 @@ __getattr__, __dir__ = attach(
             "llmapi_tier_config",
             "sglang_tier_args",
             "vllm_tier_args",
+            "vllm_with_offload",
+            "without_vllm_size",
         ],
         "parallel": ["PARALLEL_NOTE", "check_moe", "kv_tp", "sequence_groups", "weights_per_gpu"],
         "pool": [
@@ -245,5 +249,7 @@ __all__ = [
     "vllm_tier_args",
     "vllm_token_unit",
     "VLLM_VERSION",
+    "vllm_with_offload",
     "weights_per_gpu",
+    "without_vllm_size",
 ]

@@ -21,6 +21,7 @@ the same bytes in host memory as in the device pool, in each KV format.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from trtkv.recipe import Recipe
 from trtkv.recipe.enums import Backend
@@ -48,8 +49,8 @@ NUMA = {
     "is node-local",
     Backend.SGLANG: "SGLang 0.5.23 detects each rank's NUMA node itself when --numa-node is "
     "unset (arg_groups/fields/device.py): no flag needed",
-    Backend.LLMAPI: "TensorRT-LLM 1.2.1 offers no NUMA option for host_cache_size: bind the "
-    "process",
+    Backend.LLMAPI: "TensorRT-LLM 1.2.1 offers no NUMA option for host_cache_size "
+    "(host_cache_bind_to_gpu_numa_node arrives in 1.4.0rc4): bind the process",
     Backend.TENSORRT: "the Triton tensorrtllm backend offers no NUMA option: bind the process",
 }
 
@@ -116,6 +117,40 @@ def vllm_tier_args(recipe: Recipe) -> list[str]:
         return []
     per_engine = gib / recipe.parallelism.attention_dp
     return [VLLM_SIZE_FLAG, f"{per_engine:g}", VLLM_BACKEND_FLAG, VLLM_BACKEND, VLLM_NUMA_FLAG]
+
+
+def vllm_with_offload(recipe: Recipe, connector: dict[str, Any]) -> dict[str, Any]:
+    """A --kv-transfer-config that keeps `connector` (Dynamo's NIXL between prefill and decode)
+    beside the host tier: vLLM 0.32.0's --kv-offloading-size replaces any configured kv_connector
+    with its OffloadingConnector (VllmConfig._post_init_kv_transfer_config), so a worker that
+    already has a connector gets a MultiConnector of both (loads from the first that has a block,
+    saves to all: distributed/kv_transfer/kv_connector/v1/multi_connector.py), with
+    cpu_bytes_to_use as --kv-offloading-size sets it. Without a tier: `connector` unchanged."""
+    gib = recipe.triton.kv_host_tier_gib_per_replica
+    if gib is None:
+        return connector
+    offload = {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {
+            "cpu_bytes_to_use": int(gib / recipe.parallelism.attention_dp * GIB)
+        },
+    }
+    return {
+        "kv_connector": "MultiConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"connectors": [connector, offload]},
+    }
+
+
+def without_vllm_size(recipe: Recipe, args: list[str]) -> list[str]:
+    """`args` less --kv-offloading-size and --kv-offloading-backend (for a command whose
+    --kv-transfer-config carries the tier: vllm_with_offload)."""
+    tier = vllm_tier_args(recipe)
+    if not tier:
+        return args
+    i = args.index(VLLM_SIZE_FLAG)
+    return args[:i] + args[i + 4 :]
 
 
 def sglang_tier_args(recipe: Recipe) -> list[str]:

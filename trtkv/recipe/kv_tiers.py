@@ -18,7 +18,11 @@ What each engine ships (read from its source at trtkv's pins):
   `KvCacheConfig.host_cache_size` ("Size of the host cache in bytes", tensorrt_llm/llmapi/
   llm_args.py), the engine path's Triton parameters `kv_cache_host_memory_bytes` and
   `kv_cache_onboard_blocks` (tests/data/triton_tensorrt_llm_parameters.txt). Disk tiers
-  (`disk_cache_size`, `disk_cache_path`) and NVFP4 cold pages arrive in 1.4.0rc4, not 1.2.1.
+  (`disk_cache_size`, `disk_cache_path`) first appear in the 1.3.0rc27 KvCacheConfig reference
+  (TensorRT-LLM's published LLM API docs, llm-api/reference/KvCacheConfig.html), NVFP4 cold pages
+  and `host_cache_bind_to_gpu_numa_node` in 1.4.0rc4's: none in 1.2.1. (1.2.1's llm_args.py was not
+  read at its tag: the repository's snapshot is too large to fetch here; host_cache_size is in
+  every stored KvCacheConfig, and the engine path's parameter maps onto it.)
 - Dynamo 1.4.0: KVBM host and disk tiers (DYN_KVBM_CPU_CACHE_GB, DYN_KVBM_DISK_CACHE_GB) behind
   its vLLM and TensorRT-LLM workers' KVBM connector; trtkv's Dynamo workers take the engine's own
   flags above (KVBM is not written yet), its SGLang workers use HiCache.
@@ -43,20 +47,20 @@ HOST_TIER_ENGINES = (
     "llmapi (kv_cache_config.host_cache_size)",
     "tensorrt (kv_cache_host_memory_bytes)",
 )
-# why each backend has no sized disk tier at trtkv's pin, and where one is served
+# why each backend has no sized disk tier at trtkv's pin
 NO_DISK_TIER: dict[Backend, str] = {
     Backend.VLLM: "vLLM 0.32.0's disk tier (the tiering spec's fs tier) takes a directory and no "
     "size, through --kv-transfer-config",
     Backend.SGLANG: "SGLang 0.5.23's HiCache file storage backend takes a directory and no size",
     Backend.LLMAPI: "TensorRT-LLM's disk tier (kv_cache_config.disk_cache_size, disk_cache_path) "
-    "arrives in 1.4.0rc4; trtkv's matrix serves 1.2.1",
-    Backend.TENSORRT: "the engine path (TensorRT-LLM <= 1.3.0rc20) has no disk tier; "
-    "TensorRT-LLM's disk_cache_size arrives in 1.4.0rc4 on the LLM API",
+    "arrives after 1.2.1 (first in 1.3.0rc27's KvCacheConfig); trtkv's matrix serves 1.2.1",
+    Backend.TENSORRT: "the engine path has no disk tier; TensorRT-LLM's disk_cache_size arrives "
+    "after 1.2.1 (first in 1.3.0rc27's KvCacheConfig), on the LLM API",
     Backend.REFERENCE: "trtkv's reference runtime keeps no second tier",
 }
 DISK_ELSEWHERE = (
     "a sized disk tier is served by Dynamo KVBM (DYN_KVBM_DISK_CACHE_GB) or TensorRT-LLM "
-    ">= 1.4.0rc4, neither written by trtkv yet: remove it"
+    ">= 1.3.0rc27, neither written by trtkv yet: remove it"
 )
 
 

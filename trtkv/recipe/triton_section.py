@@ -74,8 +74,8 @@ class TritonConfig(Section):
         "memory_gib",
         description="Disk KV tier of one replica in GiB; None: none. No engine at trtkv's pins "
         "serves a sized disk tier (vLLM 0.32.0's fs tier and SGLang 0.5.23's file backend take a "
-        "directory, no size; TensorRT-LLM's disk_cache_size comes after 1.2.1): validation "
-        "refuses it with the release that has one.",
+        "directory, no size; TensorRT-LLM's disk_cache_size comes after 1.2.1, in 1.3.0rc27): "
+        "validation refuses it with the release that has one.",
     )
     batching_strategy: BatchingStrategy = Field(
         BatchingStrategy.INFLIGHT_FUSED_BATCHING, description="`gpt_model_type`."
