@@ -199,3 +199,13 @@ def test_plan_text_shows_the_tiers() -> None:
     text = "\n".join(tier_lines(plan(gpu("sglang", f"{TIER}=100")).kv_tiers))
     assert "--hicache-size 26" in text and "whole GB (1e9 bytes) per rank" in text
     assert "fp8" in text and "resident" in text
+
+
+def test_plan_summary_names_the_tier_only_when_set() -> None:
+    from trtkv.cli.plan_summary import summary
+
+    r = gpu("sglang", f"{TIER}=100")
+    text = " ".join(summary(plan(r), r))
+    assert "Host tier:" in text and "--hicache-size 26" in text and "resident" in text
+    base = gpu("sglang")
+    assert "Host tier:" not in " ".join(summary(plan(base), base))
