@@ -14,7 +14,7 @@ import pytest
 from tests.support import side_python
 from trtkv.backends import sglang, vllm, vllm_command
 from trtkv.core import paths
-from trtkv.engines import host_tier
+from trtkv.deploy.resources import host_tier
 from trtkv.recipe import load_recipe
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -70,8 +70,8 @@ def test_vllm_reads_the_tier_as_the_bytes_trtkv_deploys() -> None:
     agg = after(vllm_command.gpu_command(r, vllm._hf(r)), vllm_command.VLLM_IMAGE)
     prefill = vllm.VllmDynamo().args(r, vllm._hf(r), "prefill", "/config")
     got = read(py, VLLM_READ, [agg, prefill], "vllm")
-    # one engine of TP 4: vLLM's GiB summed over the ranks, pinned as 100 x 2**30 bytes, bound to the GPU's node
-    assert got[0]["size"] == 100 and got[0]["backend"] == "native" and got[0]["numa"] is True
+    # one engine of TP 4: vLLM's GiB summed over the ranks, pinned as 100 x 2**30 bytes
+    assert got[0]["size"] == 100 and got[0]["backend"] == "native" and got[0]["numa"] is False
     assert got[0]["connector"] == "OffloadingConnector"
     assert got[0]["extra"]["cpu_bytes_to_use"] == host_tier(r).bytes_per_replica == 100 * 2**30
     # Dynamo's prefill worker: NIXL kept, the offload beside it, no --kv-offloading-size to replace them

@@ -13,7 +13,7 @@ from trtkv.backends import llmapi_args, vllm_command
 from trtkv.backends.sglang import server_args as sglang_args
 from trtkv.core.errors import RecipeError
 from trtkv.deploy import Options, Target, deploy
-from trtkv.engines import host_tier
+from trtkv.deploy.resources import host_tier
 from trtkv.engines.kv_tiers import engine_tier_params
 from trtkv.plan import plan
 from trtkv.recipe import load_recipe
@@ -32,10 +32,10 @@ def gpu(backend: str, *more: str):  # noqa: ANN201 - a Recipe
 def test_each_engine_gets_the_tier_in_its_own_unit_and_scope() -> None:
     v = gpu("vllm", f"{TIER}=100")
     args = vllm_command.server_args(v, Path("/m"), "0.0.0.0")
-    # vLLM: GiB for the engine, summed over its 4 TP ranks; node-local with --numa-bind
+    # vLLM: GiB for the engine, summed over its 4 TP ranks (--numa-bind left out: host_tier().numa says why)
     assert args[args.index("--kv-offloading-size") + 1] == "100"
     assert args[args.index("--kv-offloading-backend") + 1] == "native"
-    assert "--numa-bind" in args
+    assert "--numa-bind" not in args and "numactl" in host_tier(v).numa
     assert host_tier(v).bytes_per_replica == 100 * GIB
     s = gpu("sglang", f"{TIER}=100")
     args = sglang_args(s, Path("/m"), "0.0.0.0")

@@ -42,7 +42,7 @@ from trtkv.core.errors import StageError
 from trtkv.core.files import strict_json
 from trtkv.core.readback import ReadBackError
 from trtkv.core.tools import quote
-from trtkv.engines.kv_tiers import sglang_tier_args
+from trtkv.engines.kv_tiers import sglang_host_tier, sglang_tier_args
 from trtkv.engines.pool import ServedPool
 from trtkv.engines.sglang import (
     SGLANG_INFO,
@@ -402,5 +402,6 @@ BACKEND = EngineBackend(
         served=served_pool,
         batch_limit=sglang_batch_limit,
         tokens=sglang_token_unit,
+        host_tier=sglang_host_tier,
     ),
 )

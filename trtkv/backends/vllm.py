@@ -54,7 +54,7 @@ from trtkv.core.errors import StageError
 from trtkv.core.files import strict_json
 from trtkv.core.httpcall import request
 from trtkv.core.tools import quote
-from trtkv.engines.kv_tiers import vllm_with_offload, without_vllm_size
+from trtkv.engines.kv_tiers import vllm_host_tier, vllm_with_offload, without_vllm_size
 from trtkv.engines.pool import ServedPool
 from trtkv.engines.vllm import (
     VLLM_LOG,
@@ -398,6 +398,7 @@ BACKEND = EngineBackend(
         served=served_pool,
         batch_limit=vllm_batch_limit,
         tokens=vllm_token_unit,
+        host_tier=vllm_host_tier,
     ),
     # vLLM 0.32's ModelOpt, compressed-tensors and Fp8 configs give attention a KV-cache method
     # that reads k_scale / v_scale beside their stored weights (calibrate/stored_kv.py)

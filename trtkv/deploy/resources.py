@@ -24,9 +24,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from trtkv.backends import for_recipe
 from trtkv.contracts.canary import CANARY_TIMEOUT_S
 from trtkv.deploy.sizing import Sizing
-from trtkv.engines import host_tier
+from trtkv.engines import HostTier
 from trtkv.recipe import Recipe
 
 GIB = 1024**3
@@ -79,6 +80,12 @@ def _cpu(cores: float) -> str | int:
 
 def _bytes(gib: float) -> str:
     return f"{int(gib)}Gi" if float(gib).is_integer() else f"{math.ceil(gib * 1024)}Mi"
+
+
+def host_tier(recipe: Recipe) -> HostTier | None:
+    """The recipe's host KV tier as its backend's engine is told it (None: none)."""
+    rule = for_recipe(recipe).memory
+    return rule.host_tier(recipe) if rule is not None and rule.host_tier is not None else None
 
 
 def host_tier_gib_per_pod(recipe: Recipe, sizing: Sizing) -> float:

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from trtkv.recipe import Recipe
-from trtkv.recipe.enums import Backend
 from trtkv.recipe.kv_tiers import sglang_gb_per_rank
 
 GB = 10**9  # SGLang's --hicache-size unit
@@ -33,7 +32,6 @@ GIB = 1024**3
 # the engines' own names (the recipe field's one home for its flags)
 VLLM_SIZE_FLAG = "--kv-offloading-size"
 VLLM_BACKEND_FLAG = "--kv-offloading-backend"
-VLLM_NUMA_FLAG = "--numa-bind"
 VLLM_BACKEND = (
     "native"  # vLLM's OffloadingConnector; lmcache needs its own server (size not passed)
 )
@@ -43,23 +41,29 @@ LLMAPI_HOST_KEY = "host_cache_size"  # kv_cache_config.host_cache_size
 ENGINE_HOST_PARAM = "kv_cache_host_memory_bytes"
 ENGINE_ONBOARD_PARAM = "kv_cache_onboard_blocks"
 # NUMA binding each engine offers for its host tier
-NUMA = {
-    Backend.VLLM: "--numa-bind: vLLM 0.32.0 binds each GPU worker to its GPU's NUMA node "
-    "(ParallelConfig.numa_bind, numactl --membind/--cpunodebind), so the offload buffer it pins "
-    "is node-local",
-    Backend.SGLANG: "SGLang 0.5.23 detects each rank's NUMA node itself when --numa-node is "
-    "unset (arg_groups/fields/device.py): no flag needed",
-    Backend.LLMAPI: "TensorRT-LLM 1.2.1 offers no NUMA option for host_cache_size "
-    "(host_cache_bind_to_gpu_numa_node arrives in 1.4.0rc4): bind the process",
-    Backend.TENSORRT: "the Triton tensorrtllm backend offers no NUMA option: bind the process",
-}
+VLLM_NUMA = (
+    "vLLM 0.32.0 offers --numa-bind (ParallelConfig.numa_bind: each GPU worker under numactl on "
+    "its GPU's node), but it raises at start when numactl is not on PATH or the GPU-to-NUMA "
+    "topology is not detectable (vllm/utils/numa_utils.py); trtkv does not pass it until the "
+    "served image is checked for numactl: add it, or bind the container (k8s Topology Manager "
+    "single-numa-node, Slurm --cpu-bind/--mem-bind)"
+)
+SGLANG_NUMA = (
+    "SGLang 0.5.23 detects each rank's NUMA node itself when --numa-node is unset "
+    "(arg_groups/fields/device.py): no flag needed"
+)
+LLMAPI_NUMA = (
+    "TensorRT-LLM 1.2.1 offers no NUMA option for host_cache_size "
+    "(host_cache_bind_to_gpu_numa_node arrives in 1.4.0rc4): bind the process"
+)
+ENGINE_NUMA = "the Triton tensorrtllm backend offers no NUMA option: bind the process"
 
 
 @dataclass(frozen=True)
 class HostTier:
-    """One replica's host KV tier as its engine is told it."""
+    """One replica's host KV tier as its engine is told it (a backend's MemoryRule.host_tier)."""
 
-    backend: Backend
+    engine: str
     # pinned host bytes the replica holds (every rank's share, summed)
     bytes_per_replica: int
     # what the served command or config carries, as a user reads it
@@ -69,45 +73,54 @@ class HostTier:
     numa: str
 
 
-def host_tier(recipe: Recipe) -> HostTier | None:
-    """The recipe's host tier in its engine's unit and scope (None: no tier, or an engine with
-    none: validation refused it)."""
-    gib = recipe.triton.kv_host_tier_gib_per_replica
-    backend, p = recipe.build.backend, recipe.parallelism
-    if gib is None or backend not in NUMA:
+def vllm_host_tier(recipe: Recipe) -> HostTier | None:
+    """vLLM's host tier: GiB per engine (each attention-DP engine core its share)."""
+    gib, p = recipe.triton.kv_host_tier_gib_per_replica, recipe.parallelism
+    if gib is None:
         return None
-    if backend is Backend.VLLM:
-        per_engine = gib / p.attention_dp
-        return HostTier(
-            backend,
-            int(per_engine * GIB) * p.attention_dp,
-            " ".join(vllm_tier_args(recipe)),
-            "GiB per engine, summed over its TP ranks"
-            + (
-                f" (the replica's {gib:g} GiB over {p.attention_dp} DP engines)"
-                if p.attention_dp > 1
-                else ""
-            ),
-            NUMA[backend],
-        )
-    if backend is Backend.SGLANG:
-        gb = sglang_gb_per_rank(gib, p.gpus)
-        return HostTier(
-            backend,
-            gb * GB * p.gpus,
-            " ".join(sglang_tier_args(recipe)),
-            f"whole GB (1e9 bytes) per rank, {p.gpus} rank(s)",
-            NUMA[backend],
-        )
-    per_rank = int(gib * GIB) // p.gpus
-    name = f"kv_cache_config.{LLMAPI_HOST_KEY}" if backend is Backend.LLMAPI else ENGINE_HOST_PARAM
+    per_engine = gib / p.attention_dp
+    split = f" (the replica's {gib:g} GiB over {p.attention_dp} DP engines)"
     return HostTier(
-        backend,
-        per_rank * p.gpus,
-        f"{name}: {per_rank}",
-        f"bytes per rank, {p.gpus} rank(s)",
-        NUMA[backend],
+        "vllm",
+        int(per_engine * GIB) * p.attention_dp,
+        " ".join(vllm_tier_args(recipe)),
+        "GiB per engine, summed over its TP ranks" + (split if p.attention_dp > 1 else ""),
+        VLLM_NUMA,
     )
+
+
+def sglang_host_tier(recipe: Recipe) -> HostTier | None:
+    """SGLang's HiCache host pool: whole GB per rank."""
+    gib, p = recipe.triton.kv_host_tier_gib_per_replica, recipe.parallelism
+    if gib is None:
+        return None
+    gb = sglang_gb_per_rank(gib, p.gpus)
+    return HostTier(
+        "sglang",
+        gb * GB * p.gpus,
+        " ".join(sglang_tier_args(recipe)),
+        f"whole GB (1e9 bytes) per rank, {p.gpus} rank(s)",
+        SGLANG_NUMA,
+    )
+
+
+def _trtllm_tier(recipe: Recipe, engine: str, name: str, numa: str) -> HostTier | None:
+    per_rank, gpus = trtllm_host_bytes_per_rank(recipe), recipe.parallelism.gpus
+    if per_rank is None:
+        return None
+    return HostTier(
+        engine, per_rank * gpus, f"{name}: {per_rank}", f"bytes per rank, {gpus} rank(s)", numa
+    )
+
+
+def llmapi_host_tier(recipe: Recipe) -> HostTier | None:
+    """TensorRT-LLM's LLM API secondary pool: kv_cache_config.host_cache_size, bytes per rank."""
+    return _trtllm_tier(recipe, "trtllm", f"kv_cache_config.{LLMAPI_HOST_KEY}", LLMAPI_NUMA)
+
+
+def engine_host_tier(recipe: Recipe) -> HostTier | None:
+    """The engine path's secondary pool: kv_cache_host_memory_bytes, bytes per rank."""
+    return _trtllm_tier(recipe, "tensorrt", ENGINE_HOST_PARAM, ENGINE_NUMA)
 
 
 def vllm_tier_args(recipe: Recipe) -> list[str]:
@@ -116,7 +129,7 @@ def vllm_tier_args(recipe: Recipe) -> list[str]:
     if gib is None:
         return []
     per_engine = gib / recipe.parallelism.attention_dp
-    return [VLLM_SIZE_FLAG, f"{per_engine:g}", VLLM_BACKEND_FLAG, VLLM_BACKEND, VLLM_NUMA_FLAG]
+    return [VLLM_SIZE_FLAG, f"{per_engine:g}", VLLM_BACKEND_FLAG, VLLM_BACKEND]
 
 
 def vllm_with_offload(recipe: Recipe, connector: dict[str, Any]) -> dict[str, Any]:

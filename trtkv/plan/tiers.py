@@ -1,6 +1,7 @@
 """KV capacity per tier, per format: the device pool the plan sized and the recipe's host tier
-(`triton.kv_host_tier_gib_per_replica`, as its engine pins it: trtkv.engines.kv_tiers), in tokens
-and in sequences of the workload (bench.input_tokens + bench.output_tokens).
+(`triton.kv_host_tier_gib_per_replica`, as its engine pins it: the backend's MemoryRule.host_tier,
+trtkv.engines.kv_tiers), in tokens and in sequences of the workload (bench.input_tokens +
+bench.output_tokens).
 
 Assumptions, said where they are made:
 - a token costs the same bytes in host memory as in the device pool, in every format (each engine
@@ -16,14 +17,15 @@ Assumptions, said where they are made:
 
 from __future__ import annotations
 
-from trtkv.engines import host_tier
+from trtkv.plan.engine_pool import memory_rule
 from trtkv.plan.result import FormatCapacity, PlanKVTiers, TierRow
 from trtkv.recipe import Recipe
 
 
 def tier_capacity(recipe: Recipe, caps: list[FormatCapacity]) -> PlanKVTiers | None:
     """The plan's tiers section (None: the recipe sets no host tier)."""
-    tier = host_tier(recipe)
+    rule = memory_rule(recipe).host_tier
+    tier = rule(recipe) if rule is not None else None
     if tier is None:
         return None
     per_seq = recipe.bench.input_tokens + recipe.bench.output_tokens
@@ -41,7 +43,7 @@ def tier_capacity(recipe: Recipe, caps: list[FormatCapacity]) -> PlanKVTiers | N
             )
         )
     return PlanKVTiers(
-        engine=tier.backend.value,
+        engine=tier.engine,
         host_bytes_per_replica=tier.bytes_per_replica,
         served=tier.served,
         scope=tier.scope,
