@@ -1,5 +1,6 @@
 """The recipe's bench section: the workload `trtkv bench` sends (protocol, concurrency or rate,
-lengths, the input sweep), the accuracy tasks and the SLOs. trtkv.recipe.schema re-exports it."""
+lengths, the input sweep, the prefix-sharing workload), the accuracy tasks and the SLOs.
+trtkv.recipe.schema re-exports it."""
 
 from __future__ import annotations
 
@@ -23,6 +24,56 @@ MAX_LEVELS = 64
 MAX_CONCURRENCY = 8192
 MAX_TASK_LENGTHS = 64
 MAX_THRESHOLDS = 256
+
+
+class PrefixWorkload(Section):
+    """The prefix-sharing workload (`bench.prefix`), after AIPerf's `--shared-system-prompt-length`,
+    `--num-prefix-prompts` and `--conversation-turn-*` and vLLM's prefix_repetition dataset. The
+    cross-field rules (shared_tokens <= input_tokens; the longest session within
+    build.max_seq_len) are trtkv.recipe.rules'."""
+
+    shared_tokens: int = bounded(
+        0,
+        "positions",
+        ge=0,
+        description="The first `shared_tokens` of each session's first prompt are a system prompt "
+        "shared by every session of its prefix group (at most bench.input_tokens, which stays the "
+        "first turn's exact prompt length); 0: no prefix workload.",
+    )
+    groups: int = bounded(
+        1,
+        "requests",
+        description="Distinct shared prefixes; sessions take them round-robin.",
+    )
+    turns: int = bounded(
+        1,
+        "requests",
+        description="Turns per session; a turn after the first sends the session's whole history "
+        "(its previous prompt and the answer it got) plus `turn_tokens` new tokens. "
+        "bench.num_requests counts turns.",
+    )
+    turn_tokens: int = bounded(64, "positions", description="New user tokens per later turn.")
+    think_time_s: float = bounded(
+        0.0,
+        "timeout_s",
+        ge=0,
+        description="Pause between a session's turns; the session holds its concurrency slot "
+        "while it thinks (AIPerf's closed loop does the same), so think time lowers the load.",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        """A prefix workload is sent: a shared prefix, or sessions of more than one turn."""
+        return self.shared_tokens > 0 or self.turns > 1
+
+    def longest_tokens(self, input_tokens: int, output_tokens: int) -> int:
+        """The last turn's prompt plus its answer: the longest sequence a session puts on the
+        server."""
+        return input_tokens + (self.turns - 1) * (self.turn_tokens + output_tokens) + output_tokens
+
+    def longest_prompt(self, input_tokens: int, output_tokens: int) -> int:
+        """The last turn's prompt length (tokens)."""
+        return self.longest_tokens(input_tokens, output_tokens) - output_tokens
 
 
 class BenchConfig(Section):
@@ -63,6 +114,11 @@ class BenchConfig(Section):
         description="`max_tokens` of a warm-up request (default: output_tokens). A few tokens "
         "open the level's sessions and run its batch's prefill and decode steps; the measured "
         "requests then meet a warm engine at less cost.",
+    )
+    prefix: PrefixWorkload = Field(
+        PrefixWorkload(),
+        description="The prefix-sharing workload: shared system prompts, multi-turn sessions "
+        "and think time (docs/bench.md).",
     )
     tasks: list[BenchTask] = Field(
         [BenchTask.QUIZ, BenchTask.GOLDEN, BenchTask.NEEDLE],

@@ -35,18 +35,30 @@ def reference_markdown() -> str:
     for section, field in Recipe.model_fields.items():
         ann = field.annotation
         if isinstance(ann, type) and issubclass(ann, BaseModel):
-            for name, sub in ann.model_fields.items():
-                default = "required" if sub.is_required() else _show_default(sub.default)
-                lines.append(
-                    f"| `{section}.{name}` | {_type_name(sub.annotation)}{_range(sub)} | {default} "
-                    f"| {sub.description or ''} |"
-                )
+            lines += _section_rows(section, ann)
         else:
             lines.append(
                 f"| `{section}` | {_type_name(ann)} | {_show_default(field.default)} | "
                 f"{field.description or ''} |"
             )
     return "\n".join(lines) + "\n\n" + kv_cache_markdown()
+
+
+def _section_rows(prefix: str, model: type[BaseModel]) -> list[str]:
+    """One row per field of a section; a sub-section (bench.prefix) gives one row per field of
+    its own."""
+    rows = []
+    for name, sub in model.model_fields.items():
+        ann = sub.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            rows += _section_rows(f"{prefix}.{name}", ann)
+            continue
+        default = "required" if sub.is_required() else _show_default(sub.default)
+        rows.append(
+            f"| `{prefix}.{name}` | {_type_name(ann)}{_range(sub)} | {default} "
+            f"| {sub.description or ''} |"
+        )
+    return rows
 
 
 def kv_cache_markdown() -> str:

@@ -184,6 +184,7 @@ def cross_field_problems(r: Recipe) -> list[tuple[str, str]]:
                 f"{b.max_seq_len}",
             )
         )
+    out += _prefix_workload_problems(r)
     ports = {
         "triton.http_port": r.triton.http_port,
         "triton.grpc_port": r.triton.grpc_port,
@@ -298,6 +299,48 @@ def _attention_layer_problems(r: Recipe) -> list[tuple[str, str]]:
             (
                 "quantization.kv_skip_layers",
                 "sliding_window: model.attention_layers has no sliding layer",
+            )
+        )
+    return out
+
+
+def _prefix_workload_problems(r: Recipe) -> list[tuple[str, str]]:
+    """bench.prefix: the shared prefix inside the first prompt, the longest session within the
+    served lengths."""
+    p, b, bench = r.bench.prefix, r.build, r.bench
+    out: list[tuple[str, str]] = []
+    if p.shared_tokens > bench.input_tokens:
+        out.append(
+            (
+                "bench.prefix.shared_tokens",
+                f"{p.shared_tokens} exceeds bench.input_tokens {bench.input_tokens} (the first "
+                "prompt holds the shared prefix): lower it or raise bench.input_tokens",
+            )
+        )
+    if p.turns == 1:
+        return out
+    longest = p.longest_tokens(bench.input_tokens, bench.output_tokens)
+    formula = (
+        f"input_tokens {bench.input_tokens} + (turns {p.turns} - 1) x (turn_tokens "
+        f"{p.turn_tokens} + output_tokens {bench.output_tokens}) + output_tokens "
+        f"{bench.output_tokens} = {longest}"
+    )
+    if longest > b.max_seq_len:
+        out.append(
+            (
+                "bench.prefix.turns",
+                f"the longest session is {formula} tokens, over build.max_seq_len "
+                f"{b.max_seq_len}: lower bench.prefix.turns or bench.prefix.turn_tokens, or raise "
+                "build.max_seq_len",
+            )
+        )
+    elif longest - bench.output_tokens > b.max_input_len:
+        out.append(
+            (
+                "bench.prefix.turns",
+                f"the last turn's prompt is {longest - bench.output_tokens} tokens ({formula} "
+                f"less its answer), over build.max_input_len {b.max_input_len}: lower "
+                "bench.prefix.turns or bench.prefix.turn_tokens, or raise build.max_input_len",
             )
         )
     return out
