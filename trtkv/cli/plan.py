@@ -147,6 +147,11 @@ def format_estimate(est: Estimate, p: Plan, cols: int, notes: bool = True) -> li
         rows.append([*row, r.source])
     lines += _table(head, rows)
     lines += [x for a in est.advice for x in wrap(f"Compared: {a}", cols, "  ")]
+    if est.prefix is not None:  # bench.prefix: hit rates per tier and their TTFT (#55)
+        from trtkv.plan import reuse_lines
+
+        said, *table = reuse_lines(est.prefix)
+        lines += ["", *wrap(said, cols), *table]
     if notes:
         lines += [x for n in est.notes for x in wrap(f"Note: {n}", cols)]
     elif est.notes:

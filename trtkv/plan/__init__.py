@@ -8,6 +8,7 @@ if TYPE_CHECKING:
     from trtkv.plan.estimate_model import Estimate
     from trtkv.plan.handoff import figures
     from trtkv.plan.planner import plan
+    from trtkv.plan.prefix_reuse import reuse_lines
     from trtkv.plan.result import Plan
     from trtkv.plan.tiers import tier_lines
 
@@ -19,9 +20,10 @@ __getattr__, __dir__ = attach(
         "estimate_model": ["Estimate"],
         "handoff": ["figures"],
         "planner": ["plan"],
+        "prefix_reuse": ["reuse_lines"],
         "result": ["Plan"],
         "tiers": ["tier_lines"],
     },
 )
 
-__all__ = ["Estimate", "estimate", "figures", "Plan", "plan", "tier_lines"]
+__all__ = ["Estimate", "estimate", "figures", "Plan", "plan", "reuse_lines", "tier_lines"]
