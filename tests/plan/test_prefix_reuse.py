@@ -12,7 +12,8 @@ import pytest
 from tests.support import speed_cases as sc
 from trtkv.plan.estimate import estimate
 from trtkv.plan.planner import plan
-from trtkv.plan.prefix_reuse import block_floor, survives
+from trtkv.plan.prefix import block_floor
+from trtkv.plan.prefix_reuse import survives
 from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.platform.host_link import DATA, host_link_of
 from trtkv.recipe import Recipe, load_recipe

@@ -16,7 +16,8 @@ from tests.support import speed_cases as sc
 from trtkv.kvcache.formats import KVFormat
 from trtkv.plan.estimate import kv_cost, model_shape
 from trtkv.plan.model import resolve_architecture
-from trtkv.plan.prefix_reuse import TurnHits, block_floor, turn_ttft
+from trtkv.plan.prefix import block_floor
+from trtkv.plan.prefix_reuse import TurnHits, turn_ttft
 from trtkv.plan.speed import kernels_for
 from trtkv.platform.host_link import host_link_of
 

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from trtkv.plan.engine_pool import memory_rule
 from trtkv.plan.estimate_model import PrefixReuse, PrefixReuseRow
 from trtkv.plan.moe_step import rank_concurrency
+from trtkv.plan.prefix import block_floor, sessions
 from trtkv.plan.speed import Kernels, KVCost, ModelShape, serve, step_time
 from trtkv.platform import HostLink, host_link_of
 from trtkv.recipe import Recipe
@@ -73,28 +74,12 @@ class TurnHits:
     host: float
 
 
-def sessions(recipe: Recipe) -> list[tuple[int, int, int]]:
-    """Per turn: (prompt tokens, of which the shared prefix, of which reusable history) of one
-    session of the workload (the history: the previous prompt and its answer)."""
-    b, p = recipe.bench, recipe.bench.prefix
-    out = []
-    for t in range(1, p.turns + 1):
-        prompt = b.input_tokens + (t - 1) * (p.turn_tokens + b.output_tokens)
-        history = prompt - p.turn_tokens if t > 1 else p.shared_tokens
-        out.append((prompt, p.shared_tokens, history))
-    return out
-
-
 def survives(free: float, distance: float) -> float:
     """The share of items an LRU of `free` tokens keeps over a reuse distance of `distance`
     tokens (see the module docstring)."""
     if distance <= 0:
         return 1.0
     return max(0.0, min(1.0, free / distance))
-
-
-def block_floor(tokens: float, block: int) -> int:
-    return int(tokens // block * block)
 
 
 def prefill_ms(
