@@ -12,7 +12,8 @@ Assumptions, said where they are made:
   the KV of sequences that wait (multi-turn sessions between turns, shared prefixes) for reuse
   instead of recomputing it. `resident_sequences` counts the workload's sequences whose KV the two
   tiers hold together, `running_sequences` those the device pool runs at once.
-- the hit rate this buys and its TTFT are not priced here (a later change: prefix workloads).
+- the hit rate this buys and its TTFT are `plan --estimate`'s, on a prefix-sharing workload
+  (bench.prefix: trtkv.plan.prefix_reuse).
 """
 
 from __future__ import annotations
