@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.planned import deploy
 from trtkv.backends import llmapi_args, vllm_command
 from trtkv.backends.sglang import server_args as sglang_args
 from trtkv.core.errors import RecipeError
-from trtkv.deploy import Options, Target, deploy
+from trtkv.deploy import Options, Target
 from trtkv.deploy.resources import host_tier
 from trtkv.engines.kv_tiers import engine_tier_params
 from trtkv.plan import plan
@@ -166,9 +167,9 @@ def test_tensorrt_llms_names_are_its_own() -> None:
 
 
 def test_dynamo_workers_carry_the_tier(tmp_path: Path) -> None:
+    from tests.support.planned import size
     from trtkv.backends import llmapi, vllm
     from trtkv.deploy import dynamo
-    from trtkv.deploy.sizing import size
 
     a = gpu("llmapi", f"{TIER}=100")
     for role in ("agg", "prefill", "decode"):
