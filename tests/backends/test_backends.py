@@ -24,7 +24,8 @@ WHICH = {"repo_layout", "layout", "server", "framework", "frontend_layout"}
 # The backends' recipe rules, in the model layer: each backend's refusals, the engine formats it serves, the memory
 # knobs it reads, its engine's prefix-cache default
 RULE_MODULES = {PACKAGE / "recipe" / name for name in
-                ("backend_rules.py", "engine_formats.py", "memory_knobs.py", "prefix_cache.py", "parallel.py")}
+                ("backend_rules.py", "engine_formats.py", "memory_knobs.py", "prefix_cache.py", "parallel.py",
+                 "kv_tiers.py")}
 
 
 def test_every_backend_has_its_object_rules_and_data() -> None:

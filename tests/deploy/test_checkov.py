@@ -26,6 +26,11 @@ TP8_PP2 = ["build.tp_size=8", "build.pp_size=2", "hardware.count=16"]
 MULTI_NODE = [("llama70b_fp8kv", TP8_PP2, Target.K8S), ("llama70b_fp8kv_llmapi", TP8_PP2, Target.K8S),
               ("llama70b_fp8kv_llmapi", [*TP8_PP2, "build.backend=vllm"], Target.K8S),
               ("llama70b_fp8kv_llmapi", TP8_PP2, Target.DYNAMO)]
+# a host KV tier (#55): its pinned memory inside the containers' requests and limits
+TIER = ["triton.kv_host_tier_gib_per_replica=100"]
+HOST_TIER = [("llama70b_fp8kv", TIER, Target.K8S), ("llama70b_fp8kv_sglang", TIER, Target.K8S),
+             ("llama70b_fp8kv_llmapi", [*TIER, "build.backend=vllm"], Target.K8S),
+             ("llama70b_fp8kv_llmapi", TIER, Target.DYNAMO)]
 EVALUATED_KINDS = {"Deployment", "Job", "Pod", "Service", "ConfigMap"}  # what checkov 3.3.30 checks of ours
 
 
@@ -41,7 +46,7 @@ def targets() -> list[tuple[str, list[str], Target]]:
 
         if dynamo.worker(recipe) is not None:
             out.append((path.stem, [], Target.DYNAMO))
-    return out + MULTI_NODE
+    return out + MULTI_NODE + HOST_TIER
 
 
 @pytest.fixture(scope="session")

@@ -44,6 +44,7 @@ from trtkv.backends.seam import EngineBackend, MemoryRule, TokenizerSource
 from trtkv.contracts.interface import LLMAPI
 from trtkv.core.errors import StageError
 from trtkv.core.tools import quote
+from trtkv.engines.kv_tiers import llmapi_host_tier
 from trtkv.engines.trtllm import (
     llmapi_batch_limit,
     llmapi_memory_knobs,
@@ -355,5 +356,6 @@ BACKEND = EngineBackend(
         served=trtllm_served,
         batch_limit=llmapi_batch_limit,
         tokens=trtllm_token_unit,
+        host_tier=llmapi_host_tier,
     ),
 )

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trtkv.engines.kv_tiers import llmapi_tier_config
 from trtkv.engines.trtllm import LLMAPI_CAP_KEY, LLMAPI_FRACTION_KEY, llmapi_memory_knobs
 from trtkv.recipe import Recipe
 from trtkv.recipe.layout import HF, checkpoint_dir
@@ -105,6 +106,7 @@ def llm_args(recipe: Recipe, hf_dir: Path) -> dict[str, Any]:
             LLMAPI_FRACTION_KEY: knobs.value,
             # explicit: the engine's default where it may reuse
             "enable_block_reuse": prefix_cache(recipe).enabled,
+            **llmapi_tier_config(recipe),  # the host KV tier: host_cache_size, bytes per rank
         },
     }
     # triton.kv_pool_gib_per_gpu: TensorRT-LLM takes the smaller of the two

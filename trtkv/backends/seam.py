@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from trtkv.contracts.interface import ModelInterface
+from trtkv.engines.kv_tiers import HostTier
 from trtkv.engines.pool import (
     BatchLimit,
     EngineKnobs,
@@ -297,6 +298,9 @@ class MemoryRule:
     # what one token of the engine's printed token count holds (plan's engine columns); None: the
     # exact account's token (a token in every layer)
     tokens: Callable[[TokenFacts], EngineTokens] | None = None
+    # the recipe's host KV tier (triton.kv_host_tier_gib_per_replica) as the engine is told it:
+    # its pinned bytes, flag, unit and scope (trtkv.engines.kv_tiers); None: the engine has none
+    host_tier: Callable[[Recipe], HostTier | None] | None = None
 
     def pool_for(self, recipe: Recipe) -> PoolRule:
         """The rule for the recipe's hardware (`cpu_pool` on the CPU where the engine has one)."""

@@ -42,6 +42,7 @@ from trtkv.core.errors import StageError
 from trtkv.core.files import strict_json
 from trtkv.core.readback import ReadBackError
 from trtkv.core.tools import quote
+from trtkv.engines.kv_tiers import sglang_host_tier, sglang_tier_args
 from trtkv.engines.pool import ServedPool
 from trtkv.engines.sglang import (
     SGLANG_INFO,
@@ -140,6 +141,7 @@ def server_args(recipe: Recipe, hf_dir: Path, host: str, scales: Path | None = N
         str(sglang_chunk(recipe)),
         "--enable-metrics",
         *memory_args(recipe),
+        *sglang_tier_args(recipe),  # the host KV tier (HiCache)
     ]
     if not prefix_cache(recipe).enabled:  # on is SGLang's default and has no flag of its own
         args.append("--disable-radix-cache")
@@ -400,5 +402,6 @@ BACKEND = EngineBackend(
         served=served_pool,
         batch_limit=sglang_batch_limit,
         tokens=sglang_token_unit,
+        host_tier=sglang_host_tier,
     ),
 )

@@ -33,6 +33,7 @@ from trtkv.backends.tensorrt_pitfalls import pitfall_hints
 from trtkv.backends.tensorrt_preflight import TRTLLM_MAX, TRTLLM_MIN, preflight_tensorrt
 from trtkv.core.errors import StageError, ToolError
 from trtkv.core.tools import quote, run_logged, tail
+from trtkv.engines.kv_tiers import engine_host_tier
 from trtkv.engines.trtllm import (
     engine_batch_limit,
     engine_memory_knobs,
@@ -336,5 +337,6 @@ BACKEND = EngineBackend(
         served=trtllm_served,
         batch_limit=engine_batch_limit,
         tokens=trtllm_token_unit,
+        host_tier=engine_host_tier,
     ),
 )

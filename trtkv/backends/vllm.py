@@ -20,6 +20,7 @@ trtkv.backends.vllm_cpu's.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ from trtkv.core.errors import StageError
 from trtkv.core.files import strict_json
 from trtkv.core.httpcall import request
 from trtkv.core.tools import quote
+from trtkv.engines.kv_tiers import vllm_host_tier, vllm_with_offload, without_vllm_size
 from trtkv.engines.pool import ServedPool
 from trtkv.engines.vllm import (
     VLLM_LOG,
@@ -353,7 +355,10 @@ class VllmDynamo:
             i = args.index(flag)
             del args[i : i + 2]
         if role in ("prefill", "decode"):
-            args += ["--kv-transfer-config", NIXL]
+            # the host tier joins NIXL in one MultiConnector (--kv-offloading-size would replace it)
+            nixl = vllm_with_offload(recipe, json.loads(NIXL))
+            args = without_vllm_size(recipe, args)
+            args += ["--kv-transfer-config", NIXL if nixl == json.loads(NIXL) else json.dumps(nixl)]
         return args
 
     def engine_config(self, recipe: Recipe, role: str) -> dict[str, Any] | None:
@@ -393,6 +398,7 @@ BACKEND = EngineBackend(
         served=served_pool,
         batch_limit=vllm_batch_limit,
         tokens=vllm_token_unit,
+        host_tier=vllm_host_tier,
     ),
     # vLLM 0.32's ModelOpt, compressed-tensors and Fp8 configs give attention a KV-cache method
     # that reads k_scale / v_scale beside their stored weights (calibrate/stored_kv.py)

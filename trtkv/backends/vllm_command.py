@@ -11,6 +11,7 @@ from pathlib import Path
 from trtkv.backends.base import openai_docker_run
 from trtkv.backends.seam import DP_ADDRESS, DP_START
 from trtkv.core import paths
+from trtkv.engines.kv_tiers import vllm_tier_args
 from trtkv.engines.vllm import cpu_pin_bytes, vllm_knobs
 from trtkv.recipe import Recipe
 from trtkv.recipe.layout import container_artifacts
@@ -81,6 +82,7 @@ def server_args(recipe: Recipe, hf_dir: Path, host: str) -> list[str]:
         "--max-num-batched-tokens",
         str(b.max_num_tokens),
         *memory_args(recipe),
+        *vllm_tier_args(recipe),  # the host KV tier (triton.kv_host_tier_gib_per_replica)
     ]
     if recipe.chunked_context:
         args.append("--enable-chunked-prefill")

@@ -147,6 +147,11 @@ def format_estimate(est: Estimate, p: Plan, cols: int, notes: bool = True) -> li
         rows.append([*row, r.source])
     lines += _table(head, rows)
     lines += [x for a in est.advice for x in wrap(f"Compared: {a}", cols, "  ")]
+    if est.prefix is not None:  # bench.prefix: hit rates per tier and their TTFT (#55)
+        from trtkv.plan import reuse_lines
+
+        said, *table = reuse_lines(est.prefix)
+        lines += ["", *wrap(said, cols), *table]
     if notes:
         lines += [x for n in est.notes for x in wrap(f"Note: {n}", cols)]
     elif est.notes:
@@ -257,6 +262,11 @@ def format_plan(p: Plan, cols: int) -> list[str]:
     )
     head = ["format"] + [f"hit {h:.0%}" for h in pc.hit_rates]
     lines += _table(head, [[r.format] + [f"{n:,}" for n in r.sequences.values()] for r in pc.rows])
+    if p.kv_tiers is not None:  # a host KV tier (#55): capacity per tier, per format
+        from trtkv.plan.tiers import tier_lines
+
+        lines.append("")
+        lines += tier_lines(p.kv_tiers)
     lines.append("")
     for ex in p.examples:
         parts = ", ".join(f"{fmt} {gib:g} GiB" for fmt, gib in ex.kv_gib.items())

@@ -121,6 +121,15 @@ def summary(p: Plan, recipe: Recipe) -> list[str]:
         f"Cap:         {c.cap:,} requests at once (build.max_batch_size, passed as {c.flag}); the "
         f"workload asks {c.sized:,}{limit}"
     )
+    tier = p.kv_tiers
+    row = next((r for r in tier.rows if r.format == own.format), None) if tier else None
+    if tier is not None and row is not None:  # a host KV tier (#55)
+        lines.append(
+            f"Host tier:   {tier.host_bytes_per_replica / GIB:.1f} GiB per replica "
+            f"({tier.served}): +{row.host_tokens:,} tokens in {row.format}, "
+            f"{row.resident_sequences:,} workload sequences resident "
+            f"({row.running_sequences:,} running on the device)"
+        )
     lines += [f"Recommended: {fmt} KV", f"Why:         {why}"]
     if fmt != p.recipe_kv_format:
         lines.append(

@@ -26,7 +26,13 @@ from trtkv.core.errors import StageError
 from trtkv.deploy import pods
 from trtkv.deploy.k8s import Fence, k8s_name, labels, meta
 from trtkv.deploy.launch import NGC_UID
-from trtkv.deploy.resources import FRONTEND, STARTUP_PERIOD_S, server_resources, startup_budget_s
+from trtkv.deploy.resources import (
+    FRONTEND,
+    STARTUP_PERIOD_S,
+    host_tier_gib_per_pod,
+    server_resources,
+    startup_budget_s,
+)
 from trtkv.deploy.sizing import Sizing
 from trtkv.recipe import Recipe
 from trtkv.recipe.layout import container_artifacts
@@ -142,7 +148,9 @@ def _component(
         "command": ["python3", "-m", module],
         "args": worker_args(recipe, role),
         "env": pods.env(False),
-        "resources": server_resources(sizing, WORKER_SHM_GIB).k8s(),
+        "resources": server_resources(
+            sizing, WORKER_SHM_GIB, host_tier_gib_per_pod(recipe, sizing)
+        ).k8s(),
         "volumeMounts": volume_mounts,
         "securityContext": pods.container_security(),
         **_probes("/live", "/health", SYSTEM_PORT, math.ceil(budget / STARTUP_PERIOD_S)),

@@ -136,7 +136,7 @@ def _container(
         "imagePullPolicy": "IfNotPresent",
         "command": command,
         "env": pods.env(launch.keyed and name != "worker"),
-        "resources": server_resources(sizing, launch.shm_gib).k8s(),
+        "resources": server_resources(sizing, launch.shm_gib, launch.host_tier_gib).k8s(),
         "volumeMounts": pods.mounts(ssh, launch.keyed and name != "worker", name != "worker"),
         "securityContext": pods.container_security(),
     }

@@ -38,7 +38,7 @@ from trtkv.backends import (
 from trtkv.contracts.canary import canary_script
 from trtkv.core.apikey import API_KEY_ENV, TRITON_KEY_HEADER
 from trtkv.core.errors import StageError
-from trtkv.deploy.resources import canary_timeout_s
+from trtkv.deploy.resources import canary_timeout_s, host_tier_gib_per_pod
 from trtkv.deploy.sizing import Sizing
 from trtkv.recipe import Recipe
 from trtkv.recipe.layout import HF, checkpoint_dir, container_artifacts, container_mounts
@@ -143,6 +143,8 @@ class Launch:
     live_path: str = TRITON_LIVE  # GET: the engine's own liveness endpoint on ports["http"]
     start_path: str = TRITON_READY  # GET: 200 once it serves (the startup probe)
     shm_gib: int = 2  # the memory-backed /dev/shm it needs
+    # the pinned host KV tier one pod holds (GiB; trtkv.deploy.resources.host_tier_gib_per_pod)
+    host_tier_gib: float = 0.0
 
 
 TRITON_KEY_NOTE = (
@@ -199,6 +201,7 @@ def _openai_launch(recipe: Recipe, sizing: Sizing, server: OpenAIServer) -> Laun
         live_path=server.health_path,
         start_path=server.health_path,
         shm_gib=server.shm_gib,
+        host_tier_gib=host_tier_gib_per_pod(recipe, sizing),
     )
     dp = server.data_parallel_nodes(recipe, CONTAINER_BIND, sizing.gpus_per_pod) if multi else None
     if dp is not None:  # every node its own DP ranks, the leader coordinating (no Ray, no ssh)
@@ -255,6 +258,7 @@ def for_recipe(recipe: Recipe, sizing: Sizing, slurm: bool = False) -> Launch:
         triton=True,
         key_note=TRITON_KEY_NOTE,
         shm_gib=TRITON_SHM_GIB,
+        host_tier_gib=host_tier_gib_per_pod(recipe, sizing),
     )
     if multi:
         launch.leader, launch.uses_ssh = command, True

@@ -157,7 +157,7 @@ def _reach_k8s(recipe: Recipe, lch: Launch, ns: str, service: str) -> list[str]:
 
 
 def _fit(recipe: Recipe, lch: Launch, sizing: Sizing) -> list[str]:
-    res = resources.server_resources(sizing, lch.shm_gib)
+    res = resources.server_resources(sizing, lch.shm_gib, lch.host_tier_gib)
     budget = resources.startup_budget_s(recipe, sizing, SSH_WAIT_S if lch.multi_node else 0)
     canary = resources.canary_timeout_s(recipe, sizing)
     if lch.multi_node:

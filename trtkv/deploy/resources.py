@@ -5,7 +5,9 @@ docs/deploy.md explains each one and says that none was run on a cluster.
 - memory: one copy of the pod's weights in flight while loading (an engine file or a safetensors
   shard passes through host memory on its way to the GPU) + HOST_GIB_PER_RANK per GPU process (CUDA
   context, NCCL, the Python runtime) + the memory-backed /dev/shm (it counts against the limit) +
-  BASE_HOST_GIB; the limit adds a quarter for page cache and tokenizer workers.
+  BASE_HOST_GIB + the pod's share of the replica's host KV tier
+  (`triton.kv_host_tier_gib_per_replica` as its engine pins it, trtkv.engines.kv_tiers); the limit
+  adds a quarter for page cache and tokenizer workers.
 - CPU: CPU_PER_GPU cores per GPU rank + CPU_BASE for the HTTP front end and tokenization; the limit
   is twice that.
 - ephemeral storage: the writable emptyDirs (HOME's kernel/JIT caches, /tmp, logs).
@@ -22,8 +24,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from trtkv.backends import for_recipe
 from trtkv.contracts.canary import CANARY_TIMEOUT_S
 from trtkv.deploy.sizing import Sizing
+from trtkv.engines import HostTier
 from trtkv.recipe import Recipe
 
 GIB = 1024**3
@@ -78,11 +82,32 @@ def _bytes(gib: float) -> str:
     return f"{int(gib)}Gi" if float(gib).is_integer() else f"{math.ceil(gib * 1024)}Mi"
 
 
-def server_resources(sizing: Sizing, shm_gib: int) -> PodResources:
+def host_tier(recipe: Recipe) -> HostTier | None:
+    """The recipe's host KV tier as its backend's engine is told it (None: none)."""
+    rule = for_recipe(recipe).memory
+    return rule.host_tier(recipe) if rule is not None and rule.host_tier is not None else None
+
+
+def host_tier_gib_per_pod(recipe: Recipe, sizing: Sizing) -> float:
+    """The pinned host memory of the replica's host KV tier one pod (node) holds, in GiB: the bytes
+    its engine allocates (its unit and rounding), spread evenly over the replica's nodes."""
+    tier = host_tier(recipe)
+    if tier is None:
+        return 0.0
+    return tier.bytes_per_replica / GIB / sizing.nodes_per_replica
+
+
+def server_resources(sizing: Sizing, shm_gib: int, host_tier_gib: float = 0.0) -> PodResources:
     """One server pod (one node of a replica): its GPUs' ranks, its shard of the weights, its
-    /dev/shm."""
+    /dev/shm, its share of the host KV tier (pinned: inside the request and the limit)."""
     ranks = sizing.gpus_per_pod
-    host = sizing.weights_gib_per_pod + HOST_GIB_PER_RANK * ranks + shm_gib + BASE_HOST_GIB
+    host = (
+        sizing.weights_gib_per_pod
+        + HOST_GIB_PER_RANK * ranks
+        + shm_gib
+        + BASE_HOST_GIB
+        + host_tier_gib
+    )
     cpu = CPU_PER_GPU * ranks + CPU_BASE
     return PodResources(
         cpu,
@@ -133,7 +158,9 @@ def lines(
         f"- Memory {res.memory_request_gib} GiB requested, {res.memory_limit_gib} GiB limit: the "
         f"pod's weights ({sizing.weights_gib_per_pod:.1f} GiB, one copy in flight while loading) + "
         f"{HOST_GIB_PER_RANK:g} GiB per GPU process x {res.gpus} + /dev/shm {res.shm_gib} GiB "
-        f"(memory-backed, counted) + {BASE_HOST_GIB:g} GiB; the limit x {LIMIT_OVER_REQUEST:g}.",
+        f"(memory-backed, counted) + {BASE_HOST_GIB:g} GiB"
+        + _tier_text(recipe, sizing)
+        + f"; the limit x {LIMIT_OVER_REQUEST:g}.",
         f"- CPU {res.cpu_request:g} requested ({CPU_PER_GPU} per GPU + {CPU_BASE}), "
         f"{res.cpu_limit:g} limit; ephemeral storage "
         f"{res.ephemeral_request_gib}/{res.ephemeral_limit_gib} GiB (HOME caches, /tmp, logs).",
@@ -147,3 +174,13 @@ def lines(
         f"finishes: 2 x the plan's decode-step bound {sizing.decode_step_ms:.1f} ms per token, + "
         "10 s); three misses take the pod out of the Service.",
     ]
+
+
+def _tier_text(recipe: Recipe, sizing: Sizing) -> str:
+    tier = host_tier(recipe)
+    if tier is None:
+        return ""
+    return (
+        f" + the host KV tier {host_tier_gib_per_pod(recipe, sizing):.1f} GiB pinned "
+        f"({tier.served}: {tier.scope}; NUMA: {tier.numa})"
+    )

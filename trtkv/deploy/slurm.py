@@ -256,7 +256,7 @@ def job_script(recipe: Recipe, launch: Launch, sizing: Sizing, here: str) -> str
     pack = packing(sizing)
     spread = tp_across_nodes(recipe)
     per_node_tasks = pack.instances * instance_tasks(launch, sizing)
-    res = server_resources(sizing, launch.shm_gib)
+    res = server_resources(sizing, launch.shm_gib, launch.host_tier_gib)
     key = (
         [
             f': "${{{API_KEY_ENV}:?export {API_KEY_ENV} (the key clients send; e.g. '

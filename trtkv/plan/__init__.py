@@ -8,7 +8,9 @@ if TYPE_CHECKING:
     from trtkv.plan.estimate_model import Estimate
     from trtkv.plan.handoff import figures
     from trtkv.plan.planner import plan
+    from trtkv.plan.prefix_reuse import reuse_lines
     from trtkv.plan.result import Plan
+    from trtkv.plan.tiers import tier_lines
 
 # each name's module is imported on first use: `trtkv plan --help` loads none of them
 __getattr__, __dir__ = attach(
@@ -18,8 +20,10 @@ __getattr__, __dir__ = attach(
         "estimate_model": ["Estimate"],
         "handoff": ["figures"],
         "planner": ["plan"],
+        "prefix_reuse": ["reuse_lines"],
         "result": ["Plan"],
+        "tiers": ["tier_lines"],
     },
 )
 
-__all__ = ["Estimate", "estimate", "figures", "Plan", "plan"]
+__all__ = ["Estimate", "estimate", "figures", "Plan", "plan", "reuse_lines", "tier_lines"]

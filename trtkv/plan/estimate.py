@@ -234,6 +234,14 @@ def estimate(recipe: Recipe, plan: Plan, use_aiconfigurator: bool = True) -> Est
             "--json); TTFT is the whole answer."
         )
     est = Estimate(workload, recipe.build.backend.value, gpu.value, fits, rows, status, notes)
+    if b.prefix.enabled:  # bench.prefix: hit rates per tier and their TTFT (#55)
+        from trtkv.plan.prefix_reuse import prefix_reuse
+
+        k = kernels_for(gpu, SPEED_ENGINE[recipe.build.backend])
+        costs = [
+            (lab, kv_cost(arch, recipe, f, skip if lab == own_label else ())) for lab, f in formats
+        ]
+        est.prefix = prefix_reuse(recipe, pool, costs, k, model_shape(arch, recipe))
     est.advice = row_advice(est, recipe.kv_format_label, formats)
     est.replaces_advice = speed_advice_prefix(recipe)
     return est

@@ -36,6 +36,41 @@ class EstimateRow:
 
 
 @dataclass
+class PrefixReuseRow:
+    """One KV format at one concurrency level of the prefix-sharing workload
+    (trtkv.plan.prefix_reuse): the pools, the hit rate per tier (of every prompt token a session
+    sends) and the mean TTFT over a session's turns, without and with reuse (both trtkv's model)."""
+
+    format: str
+    concurrency: int
+    device_tokens: int  # per engine
+    host_tokens: int
+    working_set_tokens: int  # groups x shared + the sessions' histories
+    device_hit_rate: float
+    host_hit_rate: float
+    ttft_ms_without_reuse: float
+    ttft_ms: float
+    source: str
+
+
+@dataclass
+class PrefixReuse:
+    """The workload (bench.prefix), what the hit rates rest on, and the rows."""
+
+    shared_tokens: int
+    groups: int
+    turns: int
+    turn_tokens: int
+    think_time_s: float
+    block_tokens: int
+    prefix_cache: str  # on or off, and why
+    eviction: str  # the engine's device and host tiers under LRU
+    routing: str
+    host_link: str
+    rows: list[PrefixReuseRow]
+
+
+@dataclass
 class Estimate:
     """The rows and what they rest on; the KV pool they fit concurrency in is the plan's
     (Plan.kv_pool_bytes_per_gpu, not repeated here)."""
@@ -51,6 +86,8 @@ class Estimate:
     advice: list[str] = field(default_factory=list)
     # how the plan's model-only speed advice line starts (`plan --estimate` puts `advice` there)
     replaces_advice: str | None = None
+    # a prefix-sharing workload's hit rates per tier and TTFT (bench.prefix; None without one)
+    prefix: PrefixReuse | None = None
 
     def to_json(self) -> dict[str, Any]:
         """plan --json's `estimate`: per format, one entry per concurrency level."""
@@ -68,4 +105,5 @@ class Estimate:
             "formats": formats,
             "notes": self.notes,
             "advice": self.advice,
+            **({"prefix_reuse": asdict(self.prefix)} if self.prefix is not None else {}),
         }

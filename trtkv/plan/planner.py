@@ -70,6 +70,7 @@ from trtkv.plan.result import (  # the plan's types: planner's public face too
     PlanTerm,
     PlanWeights,
 )
+from trtkv.plan.tiers import tier_capacity
 from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.platform.host import host_memory_gib
 from trtkv.recipe import KVCacheQuant, Recipe, WeightQuant
@@ -300,6 +301,7 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
         prefix_cache=prefix,
         concurrency=conc,
         engine_token_rule=unit_rule,
+        kv_tiers=tier_capacity(recipe, caps),  # a host tier's capacity per format (#55)
     )
 
 

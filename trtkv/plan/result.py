@@ -212,6 +212,31 @@ class FormatCapacity:
 
 
 @dataclass(frozen=True, kw_only=True)
+class TierRow:
+    """trtkv.plan.tiers: one KV format's tokens and workload sequences per replica, per tier."""
+
+    format: str
+    device_tokens: int
+    host_tokens: int
+    running_sequences: int  # device pool only
+    resident_sequences: int  # device + host
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanKVTiers:
+    """`plan --json`'s "kv_tiers" (only where the recipe sets a tier beyond the device)."""
+
+    engine: str
+    host_bytes_per_replica: int
+    served: str  # the engine's flag or field and value
+    scope: str  # its unit and scope
+    numa: str
+    input_tokens: int
+    output_tokens: int
+    rows: list[TierRow]
+
+
+@dataclass(frozen=True, kw_only=True)
 class Plan:
     """What `trtkv plan` returns and `plan --json` prints (keys in this order)."""
 
@@ -242,6 +267,9 @@ class Plan:
     # levels of ttft_ms, itl_ms, output_tokens_per_s, source), and leaves the key out without
     # --estimate
     estimate: Estimate | None = None
+    # trtkv.plan.tiers: capacity per tier (device, host) per format; in JSON only where the recipe
+    # sets a tier beyond the device
+    kv_tiers: PlanKVTiers | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -249,6 +277,8 @@ class Plan:
             "examples": [e.to_dict() for e in self.examples],
         }
         del out["estimate"]
+        if self.kv_tiers is None:
+            del out["kv_tiers"]
         if self.estimate is not None:
             out["estimate"] = self.estimate.to_json()
         return out

@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from trtkv.platform.gpu_names import gpu_from_name, known_gpus
     from trtkv.platform.hardware import CUDA_CONTEXT_GIB, GPU, GPU_SPECS
     from trtkv.platform.host import auto_threads, host_memory_bytes, host_memory_gib
+    from trtkv.platform.host_link import HostLink, host_link_of
     from trtkv.platform.versions import Row
 
 # each name's module is imported on first use (the version matrix reads its JSON then)
@@ -21,6 +22,7 @@ __getattr__, __dir__ = attach(
         "gpu_names": ["gpu_from_name", "known_gpus"],
         "hardware": ["CUDA_CONTEXT_GIB", "GPU", "GPU_SPECS"],
         "host": ["auto_threads", "host_memory_bytes", "host_memory_gib"],
+        "host_link": ["HostLink", "host_link_of"],
         "versions": ["Row"],
     },
 )
@@ -33,8 +35,10 @@ __all__ = [
     "GPU_SPECS",
     "gpus_where",
     "host",
+    "host_link_of",
     "host_memory_bytes",
     "host_memory_gib",
+    "HostLink",
     "known_gpus",
     "ONE_PER_SM",
     "Row",

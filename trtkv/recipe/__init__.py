@@ -18,7 +18,7 @@ The most used names are importable from here; the work is in the modules: `schem
 sections; the bench section in `bench_section`, the model section in `model_section`), `loader`
 (finding files, validation, error messages; includes and overrides in `tree`), `names` (the
 recipe-name rule), `plain_yaml` (bounded YAML), `rules` (cross-field rules; each backend's in
-`backend_rules`, `engine_formats`, `memory_knobs`), `reference` (the recipe table in
+`backend_rules`, `engine_formats`, `memory_knobs`, `kv_tiers`), `reference` (the recipe table in
 docs/recipes.md), `layout` (stage folders), `attention` (layer kinds), `settle` (the check of the
 text `trtkv init` writes). `__all__` is the package's face: every name other packages import, from
 here or from its module (tests/test_exported_members.py).
@@ -68,6 +68,7 @@ from trtkv.recipe.enums import (
     kv_algo,
     kv_row,
 )
+from trtkv.recipe.kv_tiers import sglang_gb_per_rank
 from trtkv.recipe.limits import CONFIG_FIELDS, MAX_LIST, RANGES, WORD, check_config_field
 from trtkv.recipe.loader import dump_yaml, list_recipes, load_recipe, recipe_name
 from trtkv.recipe.names import check_recipe_name
@@ -221,6 +222,7 @@ __all__ = [
     "served_kv_formats",
     "Settings",
     "settle",
+    "sglang_gb_per_rank",
     "SLO_PATTERN",
     "SPEED_ENGINE",
     "stages",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from trtkv.platform.gpu_capabilities import gpus_where
 from trtkv.platform.hardware import GPU, GPU_SPECS
-from trtkv.recipe import prefix_cache
+from trtkv.recipe import kv_tiers, prefix_cache
 from trtkv.recipe.backend_rules import BACKEND_RULES
 from trtkv.recipe.engine_formats import engine_format_problems
 from trtkv.recipe.enums import BenchTask, GemmPlugin, KVCacheQuant, WeightQuant
@@ -139,6 +139,7 @@ def cross_field_problems(r: Recipe) -> list[tuple[str, str]]:
     out += stored_problems(r)
     out += parallel_problems(r.parallelism, b.backend, hw.gpus_per_node)
     out += memory_knob_problems(r)
+    out += kv_tiers.problems(r)  # a KV tier beyond the device the engine cannot serve
     for length in r.bench.sweep_input_tokens:
         if length > b.max_input_len:
             out.append(

@@ -55,6 +55,28 @@ class TritonConfig(Section):
         "`--max-total-tokens`, TensorRT-LLM `max_tokens`): the plan shows min(rule, cap) and "
         "which bound applied.",
     )
+    # --- KV beyond the device (#55): a second tier per replica, served with each engine's own
+    # flag (trtkv.engines.kv_tiers), refused where the served engine or release has none
+    # (trtkv.recipe.kv_tiers)
+    kv_host_tier_gib_per_replica: float | None = bounded(
+        None,
+        "memory_gib",
+        description="Host-memory (pinned) KV tier of one replica in GiB, summed over its GPUs; "
+        "None: no host tier. Served as vLLM `--kv-offloading-size` (GiB per DP engine, summed "
+        "over its TP ranks) with `--kv-offloading-backend native`, SGLang "
+        "`--enable-hierarchical-cache --hicache-size` (whole GB = 1e9 bytes per rank), "
+        "TensorRT-LLM `kv_cache_config.host_cache_size` / Triton `kv_cache_host_memory_bytes` "
+        "(bytes per rank). Added to the deployment's memory request and limit. vllm, sglang, "
+        "llmapi and tensorrt on a GPU only.",
+    )
+    kv_disk_tier_gib_per_replica: float | None = bounded(
+        None,
+        "memory_gib",
+        description="Disk KV tier of one replica in GiB; None: none. No engine at trtkv's pins "
+        "serves a sized disk tier (vLLM 0.32.0's fs tier and SGLang 0.5.23's file backend take a "
+        "directory, no size; TensorRT-LLM's disk_cache_size comes after 1.2.1, in 1.3.0rc27): "
+        "validation refuses it with the release that has one.",
+    )
     batching_strategy: BatchingStrategy = Field(
         BatchingStrategy.INFLIGHT_FUSED_BATCHING, description="`gpt_model_type`."
     )

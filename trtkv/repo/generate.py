@@ -22,6 +22,7 @@ from trtkv.backends import RepoLayout, TokenizerSource, for_recipe
 from trtkv.checkpoints import models as model
 from trtkv.contracts.stage import StageResult, manifest_hash, require_input, run_stage
 from trtkv.core.errors import StageError
+from trtkv.engines.kv_tiers import engine_tier_params
 from trtkv.engines.trtllm import ENGINE_CAP_PARAM, ENGINE_FRACTION_PARAM
 from trtkv.recipe import Recipe, host_tier_bytes, layout
 from trtkv.recipe.prefix_cache import prefix_cache
@@ -194,6 +195,7 @@ def _raw_values(plan: RepoPlan) -> dict[str, str]:
         "batching_strategy": t.batching_strategy.value,
         "batch_scheduler_policy": t.batch_scheduler_policy.value,
         **_memory_values(r),
+        **engine_tier_params(r),  # the host KV tier: kv_cache_host_memory_bytes per rank
         # explicit: the engine's default where it may reuse
         "enable_kv_cache_reuse": flag(prefix_cache(r).enabled),
         "kv_cache_host_memory_bytes": str(host_tier_bytes(r)),
