@@ -74,7 +74,7 @@ def test_without_a_tier_nothing_changes() -> None:
 @pytest.mark.parametrize(
     ("recipe", "overrides", "says"),
     [
-        ("smollm2_fp8kv.yaml", [f"{TIER}=4"], "reference runtime keeps no second KV tier"),
+        ("smollm2_fp8kv.yaml", [f"{TIER}=4", "triton.enable_kv_cache_reuse=false"], "block reuse is"),
         ("smollm2_fp8kv_vllm.yaml", [f"{TIER}=4"], "already lives in host memory"),
         ("llama70b_fp8kv_sglang.yaml", [f"{TIER}=2"], "under 1 GB per rank"),
         (
@@ -210,3 +210,14 @@ def test_plan_summary_names_the_tier_only_when_set() -> None:
     assert "Host tier:" in text and "--hicache-size 26" in text and "resident" in text
     base = gpu("sglang")
     assert "Host tier:" not in " ".join(summary(plan(base), base))
+
+
+def test_the_reference_runtime_takes_the_host_tier_as_its_second_block_pool() -> None:
+    """The reference runtime's host tier (trtkv.runtime.block_reuse) is the recipe's GiB as bytes, in the
+    kv_cache_host_memory_bytes parameter its repository carries; 0 where the key is unset (#55)."""
+    from trtkv.recipe import host_tier_bytes
+
+    r = load_recipe(RECIPES / "smollm2_fp8kv.yaml", [f"{TIER}=0.25"])
+    assert host_tier_bytes(r) == 2**28
+    assert host_tier_bytes(load_recipe(RECIPES / "smollm2_fp8kv.yaml")) == 0
+    assert host_tier_bytes(gpu("vllm", f"{TIER}=100")) == 0  # the engines take it in their own unit

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from trtkv.platform.hardware import GPU
 from trtkv.recipe.enums import Backend
+from trtkv.recipe.prefix_cache import prefix_cache
 from trtkv.recipe.schema import Recipe
 
 HOST_FIELD = "triton.kv_host_tier_gib_per_replica"
@@ -40,13 +41,6 @@ DISK_FIELD = "triton.kv_disk_tier_gib_per_replica"
 GB = 10**9
 GIB = 1024**3
 
-# the engines that serve a host KV tier, as a user reads them in an error
-HOST_TIER_ENGINES = (
-    "vllm (--kv-offloading-size)",
-    "sglang (--enable-hierarchical-cache --hicache-size)",
-    "llmapi (kv_cache_config.host_cache_size)",
-    "tensorrt (kv_cache_host_memory_bytes)",
-)
 # why each backend has no sized disk tier at trtkv's pin
 NO_DISK_TIER: dict[Backend, str] = {
     Backend.VLLM: "vLLM 0.32.0's disk tier (the tiering spec's fs tier) takes a directory and no "
@@ -77,14 +71,17 @@ def problems(recipe: Recipe) -> list[tuple[str, str]]:
     host = t.kv_host_tier_gib_per_replica
     if host is not None:
         if backend is Backend.REFERENCE:
-            out.append(
-                (
-                    HOST_FIELD,
-                    f"{host:g}: trtkv's reference runtime keeps no second KV tier; the engines "
-                    f"that serve one: {'; '.join(HOST_TIER_ENGINES)}: remove it or change "
-                    "build.backend",
+            # the reference runtime's second tier (trtkv.runtime.block_reuse): blocks its device
+            # pool evicts, in the same process's memory; it holds only reusable blocks
+            reuse = prefix_cache(recipe)
+            if not reuse.enabled:
+                out.append(
+                    (
+                        HOST_FIELD,
+                        f"{host:g}: the reference runtime's host tier holds reusable KV blocks, "
+                        f"and block reuse is {reuse.why}: remove it, or turn reuse on",
+                    )
                 )
-            )
         elif recipe.hardware.gpu is GPU.CPU:
             out.append(
                 (

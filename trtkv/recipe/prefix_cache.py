@@ -133,6 +133,10 @@ def problems(recipe: Recipe) -> list[tuple[str, str]]:
 
 def host_tier_bytes(recipe: Recipe) -> int:
     """Bytes of the reference runtime's second KV tier (its `kv_cache_host_memory_bytes` model
-    parameter, TensorRT-LLM's name; 0: none). The one seam for the recipe's host-tier key
-    (`triton.kv_host_tier_gib_per_replica`, #55): it returns 0 until that key is wired here."""
-    return 0
+    parameter, TensorRT-LLM's name; 0: none): `triton.kv_host_tier_gib_per_replica` in GiB (one
+    reference replica is one process), where the runtime reuses blocks at all; the engines take
+    the key in their own unit and scope (trtkv.engines.kv_tiers)."""
+    gib = recipe.triton.kv_host_tier_gib_per_replica
+    if recipe.build.backend is not Backend.REFERENCE or not gib or not prefix_cache(recipe).enabled:
+        return 0
+    return int(gib * 2**30)

@@ -67,7 +67,8 @@ class TritonConfig(Section):
         "`--enable-hierarchical-cache --hicache-size` (whole GB = 1e9 bytes per rank), "
         "TensorRT-LLM `kv_cache_config.host_cache_size` / Triton `kv_cache_host_memory_bytes` "
         "(bytes per rank). Added to the deployment's memory request and limit. vllm, sglang, "
-        "llmapi and tensorrt on a GPU only.",
+        "llmapi and tensorrt on a GPU; trtkv's reference runtime holds it as the second pool of "
+        "its reusable KV blocks (bytes, where block reuse is on).",
     )
     kv_disk_tier_gib_per_replica: float | None = bounded(
         None,
