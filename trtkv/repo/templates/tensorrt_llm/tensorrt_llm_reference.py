@@ -80,6 +80,9 @@ class PrefixMetrics:
                                         description="Prompt tokens looked up in the prefix cache")
         hits = pb_utils.MetricFamily(name="trtkv_prefix_cache_hits", kind=counter,
                                      description="Prompt tokens served from cached KV blocks, per tier")
+        # the families are kept as long as their metrics: Triton refuses a metric whose family was deleted
+        # ("Invalid metric operation as the corresponding 'MetricFamily' has been deleted")
+        self.families = (queries, hits)
         self.queries = queries.Metric(labels={})
         self.hits = {tier: hits.Metric(labels={"tier": tier}) for tier in ("device", "host")}
         self.seen = {"queries": 0, "device": 0, "host": 0}
@@ -198,7 +201,10 @@ class TritonPythonModel:
 
         def on_done(tokens: list[int], error: BaseException | None) -> None:
             if self.prefix_metrics is not None:
-                self.prefix_metrics.update()
+                try:  # a counter that cannot be updated must not lose the request's final response
+                    self.prefix_metrics.update()
+                except pb_utils.TritonModelException as e:
+                    pb_utils.Logger.log_warn(f"tensorrt_llm (reference): prefix-cache metrics not updated: {e}")
             if self.batcher.peak_batch > self.logged_peak:  # visible in the server log: requests really shared steps
                 self.logged_peak = self.batcher.peak_batch
                 pb_utils.Logger.log_info(f"tensorrt_llm (reference): in-flight batch of {self.logged_peak} "
