@@ -104,10 +104,9 @@ def sessions_fit(device: float, own: float, shared: float, groups: int) -> float
 
 
 def admission_wait_ms(concurrency: int, fit: float, service_ms: float, think_ms: float) -> float:
-    """A session's mean wait for admission in the closed loop (see the module docstring)."""
-    if fit <= 0:
-        return math.inf
-    return max(0.0, concurrency * service_ms / fit - service_ms - think_ms)
+    """A session's mean wait for admission in the closed loop (see the module docstring); at least
+    one session runs (a pool that holds no whole session is the plan's refusal, not a wait)."""
+    return max(0.0, concurrency * service_ms / max(1.0, fit) - service_ms - think_ms)
 
 
 def prefill_ms(
