@@ -120,6 +120,31 @@ def test_a_host_tier_turns_misses_into_host_hits_under_each_engines_eviction() -
     assert "different blocks" in reuse(pressure(small, "build.backend=llmapi")).eviction
 
 
+def saturated(*more: str) -> Recipe:
+    """Eight 30,000-token system prompts, eight sessions at once on one engine of an 8B on an L40S: the running sessions'
+    blocks (8 x 30,000 + their questions and answers) outgrow the 16-bit device pool."""
+    return recipe("vllm", "L40S", "bench.prefix.shared_tokens=30000", "bench.prefix.groups=8", "bench.concurrency=[8]",
+                  *more, isl=30256, osl=1024)
+
+
+def test_a_pool_smaller_than_the_running_sessions_holds_no_more_than_itself_and_queues_the_rest() -> None:
+    # the device cannot keep resident more of the groups' prefixes than it holds (on main's code: 99% device hits on
+    # a pool of 0.78 x the running sessions' blocks), and the sessions that do not fit wait for admission (vLLM's
+    # allocate_slots returning None): the wait shrinks when host hits shorten the service
+    without = rows(saturated())[("bf16", 8)]
+    assert without.device_tokens < without.working_set_tokens
+    assert without.device_hit_rate <= without.device_tokens / without.working_set_tokens
+    tiered = rows(saturated("triton.kv_host_tier_gib_per_replica=64"))[("bf16", 8)]
+    assert tiered.host_hit_rate > 0.9 and tiered.device_hit_rate == without.device_hit_rate
+    assert tiered.ttft_ms < without.ttft_ms
+    # the FP8 pool holds every running session: no wait, device hits; the 16-bit sessions recompute their prompts
+    # and wait besides
+    fp8 = rows(saturated())[("fp8", 8)]
+    assert without.ttft_ms > 2 * fp8.ttft_ms_without_reuse
+    assert fp8.device_tokens > fp8.working_set_tokens and fp8.device_hit_rate > 0.9
+    assert fp8.ttft_ms < without.ttft_ms / 10
+
+
 def test_no_reuse_where_the_engine_keeps_no_prefix_cache() -> None:
     r = recipe("vllm", "H100-80GB", "bench.prefix.shared_tokens=2048", "triton.enable_kv_cache_reuse=false")
     row = reuse(r).rows[0]

@@ -19,6 +19,14 @@ The model, each assumption said where it is made:
   the rest of the device pool holds unreferenced blocks under LRU (vLLM's free-block queue,
   SGLang's radix tree, TensorRT-LLM's reuse pool all evict the least recently used unreferenced
   block first).
+- Admission: the engine admits a waiting request only when the pool has blocks for it (vLLM's
+  scheduler leaves it waiting when kv_cache_manager.allocate_slots returns None, SGLang's
+  PrefillAdder at NO_TOKEN, TensorRT-LLM's GUARANTEED_NO_EVICT capacity scheduler), so the
+  sessions that run at once are at most those whose referenced blocks fit the device pool; the
+  rest wait for one to finish. Saturated, the closed loop's throughput is fitting / service time
+  and a session's wait is concurrency x service / fitting - service - think (Little's law), zero
+  when everything fits; a hit shortens the service, hence the wait. With no reuse each session
+  holds its whole context.
 - Reuse distance (LRU's stack distance): a session's history is reused after the think time, in
   which every other session's finished turn frees its context into the LRU; a group's prefix is
   reused by the group's next turn, `groups` turns later. An item survives when the content freed
@@ -80,6 +88,25 @@ def survives(free: float, distance: float) -> float:
     if distance <= 0:
         return 1.0
     return max(0.0, min(1.0, free / distance))
+
+
+def sessions_fit(device: float, own: float, shared: float, groups: int) -> float:
+    """How many sessions' referenced blocks the device pool holds at once: each its own `own`
+    tokens, a group's `shared` prefix once per group with a session running (a real number: the
+    mean over time)."""
+    whole = own + shared
+    if whole <= 0:
+        return math.inf
+    n = device / whole
+    if n <= groups:
+        return n
+    return math.inf if own <= 0 else (device - groups * shared) / own
+
+
+def admission_wait_ms(concurrency: int, fit: float, service_ms: float, think_ms: float) -> float:
+    """A session's mean wait for admission in the closed loop (see the module docstring); at least
+    one session runs (a pool that holds no whole session is the plan's refusal, not a wait)."""
+    return max(0.0, concurrency * service_ms / max(1.0, fit) - service_ms - think_ms)
 
 
 def prefill_ms(
@@ -151,12 +178,19 @@ def format_row(
     running = c * service_ms / (service_ms + think_ms)
     shared = p.shared_tokens
     context = mean_prompt + b.output_tokens / 2
-    referenced = running * max(0.0, context - shared) + min(p.groups, running) * shared
+    own = max(0.0, context - shared)
+    on = prefix_cache(recipe).enabled
+    # sessions the pool holds at once: with reuse (a group's prefix once) and without (each its
+    # whole context)
+    fit_none = device / context
+    fit = sessions_fit(device, own, shared, p.groups) if on else fit_none
+    admitted = min(running, fit)
+    referenced = admitted * own + min(p.groups, admitted) * shared
     free = max(0.0, device - referenced)
     # content a finished turn frees into the LRU (its prefix stays with its group)
     freed = sum(t[0] + b.output_tokens for t in turns) / len(turns) - shared
-    history_distance = c * (1 - running / c) * freed
-    prefix_distance = 0.0 if running >= p.groups else p.groups * freed
+    history_distance = c * (1 - admitted / c) * freed
+    prefix_distance = 0.0 if admitted >= p.groups else p.groups * freed
     inclusive = engine in INCLUSIVE
     dev_p, dev_h = survives(free, prefix_distance), survives(free, history_distance)
     if inclusive:
@@ -165,8 +199,11 @@ def format_row(
     else:
         any_p = survives(free + host, prefix_distance)
         any_h = survives(free + host, history_distance)
-    on = prefix_cache(recipe).enabled
     link = host_link_of(recipe.hardware.gpu)
+    # a turn in service runs beside the sessions admitted with it (both TTFTs of a row)
+    c_run = c if fit >= c else max(1, math.floor(fit))
+    run = serve(k, m, kv, mean_prompt, b.output_tokens, c_run, budget) if c_run != c else s
+    decode_ms = max(0, b.output_tokens - 1) * run.itl_ms
     hits, base, reused = [], 0.0, 0.0
     for prompt, pre, history in turns:
         cap_pre = block_floor(min(pre, prompt - 1), block)
@@ -178,9 +215,11 @@ def format_row(
             dev = anywhere = 0.0
         h = TurnHits(prompt, dev, anywhere - dev if host_bytes else 0.0)
         hits.append(h)
-        full, with_hits = turn_ttft(k, m, kv, h, b.output_tokens, c, budget, link)
+        full, with_hits = turn_ttft(k, m, kv, h, b.output_tokens, c_run, budget, link)
         base += full / len(turns)
         reused += with_hits / len(turns)
+    base += admission_wait_ms(c, fit_none, base + decode_ms, think_ms)
+    reused += admission_wait_ms(c, fit, reused + decode_ms, think_ms)
     total = sum(h.prompt for h in hits)
     return PrefixReuseRow(
         format=label,
