@@ -20,7 +20,9 @@ arrive: this module runs the two counters as the source does, step by step, over
 arrivals, and returns the median hold. Arrivals per rank are independent, one per step with the
 probability of that rank's completion rate (attention DP routes a new request to the rank with the
 fewest active ones, which under a closed-loop client is the rank whose request just finished: C/N
-requests a rank, each living about OSL steps); the run is seeded, so the figure is reproducible.
+requests a rank, each living about OSL steps; `_fetch_new_requests` at NVIDIA/TensorRT-LLM@9521caf
+fills each rank up to the expected number of active requests); the run is seeded, so the figure is
+reproducible.
 """
 
 from __future__ import annotations

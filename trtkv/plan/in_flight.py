@@ -15,10 +15,11 @@ has already scheduled the next step when it does, so the new request's prefill r
   vLLM 0.13.0 run sets it (InferenceX benchmarks/gptoss_fp4_h100_slurm.sh: `async-scheduling:
   true`).
 - TensorRT-LLM (tensorrt_llm/_torch/pyexecutor/py_executor.py, `_executor_loop_overlap`, the
-  default: `disable_overlap_scheduler` False): each iteration fetches new requests and schedules
-  (`_prepare_and_schedule_batch`), launches the batch (`_forward_step`), then waits on the previous
-  batch's sampler event (`_update_requests(self.previous_batch.sample_state)`); the next fetch comes
-  when the previous batch ends, with this one already launched.
+  default: `disable_overlap_scheduler` False; read at NVIDIA/TensorRT-LLM@9521caf and in a later
+  1.x file that fetches inside `_prepare_and_schedule_batch`): each iteration fetches new requests
+  and schedules, launches the batch (`_forward_step`), then waits on the previous batch's sampler
+  event (`_process_previous_batch` / `_update_requests`); the next fetch comes when the previous
+  batch ends, with this one already launched.
 - SGLang 0.5.23 (sglang/srt/managers/scheduler.py, `event_loop_overlap`, the default without
   --disable-overlap-schedule): `ingest_requests`, `get_next_batch_to_run`, `run_batch`, then
   `pop_and_process` of the last batch.
