@@ -50,3 +50,11 @@ def test_a_staggered_request_waits_one_decode_step_more_under_the_overlap(setup:
     waves = serve_at(k, m, kv, 1024, 256, 16, 8192, Arrival.WAVES).ttft_ms
     monkeypatch.setattr(in_flight, "OVERLAP_ENGINES", ())
     assert serve_at(k, m, kv, 1024, 256, 16, 8192, Arrival.WAVES).ttft_ms == waves
+
+
+def test_one_output_token_leaves_no_decode_step_in_flight(setup: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a first-token workload: the others are prefilling, not decoding (their wait is the prefill queue's)
+    k, m, kv = setup
+    first = serve(k, m, kv, 1024, 1, 16, 8192).ttft_ms
+    monkeypatch.setattr(in_flight, "in_flight_steps", lambda engine, c: 0.0)
+    assert serve(k, m, kv, 1024, 1, 16, 8192).ttft_ms == first

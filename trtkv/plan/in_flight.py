@@ -29,7 +29,8 @@ N + 2, after N + 1 (already scheduled) runs: it waits the rest of N (half a step
 arrivals independent of the step clock) plus one whole step; without the overlap only the rest of
 N. The step in flight is priced as the decode step of the requests in flight (a mixed prefill step
 among them is left out: at C requests of a prompt each per cycle of about OSL steps it is rare).
-With one request (C = 1) nothing is in flight when the next one arrives: no wait.
+With one request (C = 1) nothing is in flight when the next one arrives, and with one output token
+none of the others decodes (speed.serve passes C = 1 then): no wait.
 """
 
 from __future__ import annotations

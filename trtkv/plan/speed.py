@@ -440,7 +440,7 @@ def serve(
     queue = 1 + rho / (2 * (1 - rho))
     if k.backend in QUEUE_FACTOR_ENGINES:
         queue = max(queue, queue_factor(math.ceil(isl * c / chunk_cap)))
-    wait = in_flight_ms(k.backend, dec.total_ms, c)  # the step in flight (trtkv.plan.in_flight)
+    wait = in_flight_ms(k.backend, dec.total_ms, c if decode_steps else 1)  # plan.in_flight
     ttft = prefill_ms * queue + m.num_layers * DISPATCH_MS_PER_LAYER.get(k.backend, 0.0) + wait
     itl = (cycle_ms - prefill_ms) / decode_steps if decode_steps else 0.0
     gpus = m.tp * m.pp
