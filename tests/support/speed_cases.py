@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from trtkv.kvcache.formats import KVFormat
+from trtkv.plan.adp_balance import AdpBalance, with_balance_hold
 from trtkv.plan.estimate import estimate, kv_cost, model_shape
 from trtkv.plan.model import resolve_architecture
 from trtkv.plan.moe_step import rank_concurrency
@@ -149,7 +150,8 @@ def published_comparisons() -> list[dict[str, Any]]:
 def step_model_figures(setup: dict[str, Any], m: dict[str, Any], fmt: str) -> dict[str, float]:
     """trtkv's step model for one published serving measurement at its parallelism (tp: attention's TP inside one DP
     group, ep, attention_dp: trtkv.plan.moe_step) and at the mean lengths its client drew (a range ratio r draws
-    uniformly in [r x len, len]), its requests arriving as its client sends them (m["arrival"]: trtkv.plan.waves)."""
+    uniformly in [r x len, len]), its requests arriving as its client sends them (m["arrival"]: trtkv.plan.waves), held
+where the server balances attention DP (setup["attention_dp_balance"]: trtkv.plan.adp_balance)."""
     ratio = m.get("range_ratio", 1.0)
     isl, osl = (round(n * (1 + ratio) / 2) for n in (m["input_tokens"], m["output_tokens"]))
     budget = m["max_num_batched_tokens"]
@@ -158,9 +160,13 @@ def step_model_figures(setup: dict[str, Any], m: dict[str, Any], fmt: str) -> di
     arch = resolve_architecture(recipe)
     k = kernels_for(recipe.hardware.gpu, SPEED_ENGINE[recipe.build.backend])
     shape = model_shape(arch, recipe, m["ep"], m["attention_dp"])
-    s = serve_at(k, shape, kv_cost(arch, recipe, KVFormat(fmt), ()), isl, osl,
-                 rank_concurrency(m["concurrency"], m["attention_dp"]), budget, Arrival(m["arrival"]),
-                 m.get("chunked_prefill", True))
+    per_rank = rank_concurrency(m["concurrency"], m["attention_dp"])
+    s = serve_at(k, shape, kv_cost(arch, recipe, KVFormat(fmt), ()), isl, osl, per_rank, budget,
+                 Arrival(m["arrival"]), m.get("chunked_prefill", True))
+    balance = setup.get("attention_dp_balance")  # TensorRT-LLM's enable_balance: trtkv.plan.adp_balance
+    if balance:
+        s = with_balance_hold(s, m["attention_dp"], per_rank, osl,
+                              AdpBalance(balance["timeout_iters"], balance["batching_wait_iters"]))
     return {"ttft_p50_ms": s.ttft_ms, "itl_p50_ms": s.itl_p50_ms, "tpot_p50_ms": s.itl_ms,
             "moe": float(shape.moe is not None)}
 

@@ -39,6 +39,7 @@ from typing import Any
 
 from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.formats import SPECS, UNQUANTIZED, KVFormat
+from trtkv.plan.in_flight import in_flight_ms
 from trtkv.plan.moe_step import MoEShape, routed_ms
 from trtkv.platform.hardware import GPU, GPU_SPECS
 
@@ -439,7 +440,8 @@ def serve(
     queue = 1 + rho / (2 * (1 - rho))
     if k.backend in QUEUE_FACTOR_ENGINES:
         queue = max(queue, queue_factor(math.ceil(isl * c / chunk_cap)))
-    ttft = prefill_ms * queue + m.num_layers * DISPATCH_MS_PER_LAYER.get(k.backend, 0.0)
+    wait = in_flight_ms(k.backend, dec.total_ms, c if decode_steps else 1)  # plan.in_flight
+    ttft = prefill_ms * queue + m.num_layers * DISPATCH_MS_PER_LAYER.get(k.backend, 0.0) + wait
     itl = (cycle_ms - prefill_ms) / decode_steps if decode_steps else 0.0
     gpus = m.tp * m.pp
     tps_gpu = c * osl / (cycle_ms / 1e3) / gpus

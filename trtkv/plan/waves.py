@@ -15,12 +15,13 @@ token, so the wave's TTFTs are those steps' cumulative times and the median requ
 median of them.
 
 That replaces the steady state's queueing term (speed.serve: an M/D/1 wait, or aiconfigurator's
-factor for TensorRT-LLM and SGLang), which prices requests arriving at independent times: a client
-that draws lengths from a range, or Poisson arrivals. What stays is each engine's cost beyond the
-kernel tables as the steady state has it: vLLM's per-request dispatch (speed.DISPATCH_MS_PER_LAYER,
-once), and for TensorRT-LLM and SGLang aiconfigurator's factor where nothing queues (a lone
-request's single prefill step: speed.queue_factor(1) = 1.9; its growth with the steps of the batch
-is the queue the wave's steps price here).
+factor for TensorRT-LLM and SGLang, and the decode step in flight: trtkv.plan.in_flight), which
+prices requests arriving at independent times: a client that draws lengths from a range, or Poisson
+arrivals; a wave arrives when the previous one has finished, with no step in flight. What stays
+is each engine's cost beyond the kernel tables as the steady state has it: vLLM's per-request
+dispatch (speed.DISPATCH_MS_PER_LAYER, once), and for TensorRT-LLM and SGLang aiconfigurator's
+factor where nothing queues (a lone request's single prefill step: speed.queue_factor(1) = 1.9; its
+growth with the steps of the batch is the queue the wave's steps price here).
 """
 
 from __future__ import annotations
@@ -59,8 +60,9 @@ WHOLE_PROMPT_ENGINES = ("trtllm",)
 ARRIVAL_TEXT = {
     Arrival.STAGGERED: (
         "requests start at independent times (a client that draws lengths from a range, or "
-        "Poisson arrivals): a request's prefill waits for the one ahead (an M/D/1 queue; "
-        "aiconfigurator's queuing factor for TensorRT-LLM and SGLang)"
+        "Poisson arrivals): a request waits for the decode step in flight and the one the engine "
+        "has already scheduled (1.5 steps: trtkv.plan.in_flight), and its prefill for the one "
+        "ahead (an M/D/1 queue; aiconfigurator's queuing factor for TensorRT-LLM and SGLang)"
     ),
     Arrival.WAVES: (
         "C fixed-length requests start together and the next C when all finish (LLMPerf; vLLM's "
