@@ -63,10 +63,11 @@ def read_capped(path: Path, max_bytes: int, what: str = "file") -> bytes:
         raise NotReadable(
             f"cannot open: {exc.strerror}", "check the file and its permissions"
         ) from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):  # before fdopen, which raises IsADirectoryError on a directory
+        os.close(fd)
+        raise NotReadable(f"{kind(mode)}, not a regular file", f"name the {what} itself")
     with os.fdopen(fd, "rb") as fh:
-        mode = os.fstat(fh.fileno()).st_mode
-        if not stat.S_ISREG(mode):
-            raise NotReadable(f"{kind(mode)}, not a regular file", f"name the {what} itself")
         try:
             data = fh.read(max_bytes + 1)
         except OSError as exc:
