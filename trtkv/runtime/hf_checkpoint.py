@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     import torch
 
 QUANT_CONFIG = "hf_quant_config.json"
-FP8_DTYPES = ("float8_e4m3fn",)
 # hf_quant_config.json kv_cache_quant_algo values the reference LLM API engine runs (its KV format:
 # trtkv.runtime.engine, FP8 as fp8_scale1, TensorRT-LLM's unit scale)
 KV_ALGOS = ("FP8", None)
