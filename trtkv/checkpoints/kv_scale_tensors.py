@@ -13,7 +13,6 @@ Weight and activation scales (`weight_scale`, `input_scale`) are not KV scales a
 
 from __future__ import annotations
 
-import json
 import re
 import struct
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from trtkv.checkpoints.safetensors_headers import INDEX, TensorEntry, index_map, read_header
 from trtkv.core.errors import StageError
+from trtkv.core.files import json_object
 from trtkv.recipe.layout import HF
 
 MAX_SCALE_ELEMENTS = 4096  # a per-head scale has num_kv_heads elements; more is not a KV scale
@@ -179,16 +179,8 @@ def _scale(path: Path, entry: TensorEntry, found: tuple[int, str, str]) -> Scale
     return ScaleTensor(entry.name, layer, kind, convention, values, entry.dtype, path.name)
 
 
-def _json(path: Path, limit: int = 16 * 1024 * 1024) -> dict:
-    try:
-        if path.stat().st_size > limit:
-            raise StageError(f"{path}: over {limit} bytes. Next: check the file.")
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise StageError(f"{path}: not readable JSON ({str(exc)[:100]}). Next: check it.") from None
-    if not isinstance(doc, dict):
-        raise StageError(f"{path}: not a JSON object. Next: check the file.")
-    return doc
+def _json(path: Path) -> dict:
+    return json_object(path, "check the file", 16 * 1024 * 1024)
 
 
 def _architecture(config: dict, trtllm: bool) -> str | None:

@@ -6,12 +6,12 @@ here, Gemma 3 in trtkv.runtime.gemma3)."""
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtkv.core.errors import StageError
+from trtkv.core.files import json_object
 from trtkv.kvcache.engines import load_table
 
 if TYPE_CHECKING:
@@ -154,15 +154,7 @@ def kv_scaling_factors(tensors: dict[str, torch.Tensor], num_layers: int) -> lis
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise StageError(f"{path}: missing. Next: run `trtkv build` for this recipe.") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise StageError(f"{path}: not readable as JSON ({exc}).") from exc
-    if not isinstance(data, dict):
-        raise StageError(f"{path}: expected a JSON object.")
-    return data
+    return json_object(path, "run `trtkv build` for this recipe")
 
 
 # TensorRT-LLM's defaults for keys a Llama checkpoint config.json may omit, as TensorRT-LLM 1.2
