@@ -113,27 +113,6 @@ def trtllm_to_hf_state_dict(
     return out
 
 
-def hf_to_trtllm_state_dict(
-    state_dict: dict[str, torch.Tensor], config: Any
-) -> dict[str, torch.Tensor]:
-    """The inverse mapping (unquantized), for writing small TensorRT-LLM-layout checkpoints in tests
-    and tools."""
-    import torch
-
-    out: dict[str, torch.Tensor] = {}
-    for src, dst in GLOBAL_NAMES.items():
-        if f"{dst}.weight" in state_dict:
-            out[f"{src}.weight"] = state_dict[f"{dst}.weight"]
-    for i in range(config.num_hidden_layers):
-        pre, hf = f"transformer.layers.{i}.", f"model.layers.{i}."
-        for src, dst in LAYER_NAMES.items():
-            out[f"{pre}{src}.weight"] = state_dict[f"{hf}{dst}.weight"]
-        out[f"{pre}attention.qkv.weight"] = torch.cat(
-            [state_dict[f"{hf}self_attn.{p}_proj.weight"] for p in "qkv"], dim=0
-        )
-    return {k: v.contiguous() for k, v in out.items()}
-
-
 def kv_scaling_factors(tensors: dict[str, torch.Tensor], num_layers: int) -> list[float]:
     """Per-layer `attention.kv_cache_scaling_factor` (the one TensorRT-LLM <= 1.2 reads for K and
     V)."""
