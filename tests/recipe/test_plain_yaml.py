@@ -80,7 +80,7 @@ def test_values_python_cannot_read_are_errors(write: Writer, good: str) -> None:
 def test_file_over_the_cap(write: Writer, good: str) -> None:
     path = write(good + "#" * (1 << 20) + "\n")
     problem = problem_of(path)
-    assert str(path) in problem and "larger than 1048576 bytes" in problem
+    assert str(path) in problem and "larger than 1,048,576 bytes" in problem
 
 
 def test_includes_share_the_cap(write: Writer, good: str) -> None:

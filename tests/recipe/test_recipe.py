@@ -188,7 +188,7 @@ def test_include_cycle(tmp_path: Path) -> None:
 def test_missing_include(tmp_path: Path) -> None:
     path = write(tmp_path, "include: nope.yaml\n")
     (problem,) = problems_of(path)
-    assert "nope.yaml: file not found (included from" in problem
+    assert "nope.yaml: no such file (included from" in problem
 
 
 def test_overrides_win_and_are_validated(tmp_path: Path) -> None:

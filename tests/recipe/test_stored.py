@@ -4,12 +4,10 @@ the stored format, keeps the weights as stored and moves a refused default KV fo
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from trtkv.calibrate.stage import stored_format
 from trtkv.cli.init import write_recipe
 from trtkv.core.errors import RecipeError
 from trtkv.plan.planner import plan
@@ -101,13 +99,3 @@ def test_a_16bit_checkpoint_on_vllm_keeps_none_weights_with_fp8_kv(tmp_path: Pat
     recipe = load_recipe(out)
     assert (recipe.quantization.weights.value, recipe.quantization.kv_cache.value) == ("none", "fp8")
     assert recipe.model.checkpoint_quant is None and warned == []
-
-
-def test_calibrate_reads_the_stored_format_from_the_folder(tmp_path: Path) -> None:
-    plain = tmp_path / "plain"
-    plain.mkdir()
-    (plain / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    assert stored_format(plain) is None
-    (plain / "hf_quant_config.json").write_text("{}")
-    assert stored_format(plain) == "modelopt"
-    assert stored_format(CONFIGS / "gpt_oss_120b") == "mxfp4"

@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 import torch
 
+from tests.support.trtllm_state import hf_to_trtllm_state_dict
 from trtkv.checkpoints import rope  # noqa: E402
 from trtkv.core.errors import StageError  # noqa: E402
 from trtkv.runtime import LogitControls, ReferenceRuntime, trtllm_to_hf_state_dict
-from trtkv.runtime.checkpoint import checkpoint_architecture, hf_to_trtllm_state_dict
+from trtkv.runtime.checkpoint import checkpoint_architecture
 from trtkv.runtime.errors import RequestError
 from trtkv.runtime.sampling import pick_token
 

@@ -125,22 +125,6 @@ def _resolve_model(recipe: Recipe) -> Path:
         ) from exc
 
 
-def stored_format(model_dir: Path) -> str | None:
-    """The quantization a model folder's weights are stored in (config.json quantization_config's
-    quant_method or quant_algo, `modelopt` for hf_quant_config.json alone), None for a 16-bit
-    checkpoint."""
-    try:
-        config = json.loads((model_dir / "config.json").read_text())
-    except (OSError, ValueError):
-        return None  # resolve_model_dir found a loadable folder: transformers says the rest
-    parts = [config, config.get("text_config")] if isinstance(config, dict) else []
-    for part in parts:
-        q = part.get("quantization_config") if isinstance(part, dict) else None
-        if isinstance(q, dict) and q:
-            return str(q.get("quant_method") or q.get("quant_algo") or "quantized").lower()
-    return "modelopt" if (model_dir / "hf_quant_config.json").is_file() else None
-
-
 def _dequantized_loader(stored: StoredCheckpoint) -> ModelLoader:
     """The stored checkpoint's model, its weights dequantized as stored (the engine runs those)."""
     from trtkv.calibrate.dequantize import load_dequantized

@@ -29,7 +29,6 @@ from trtkv.recipe.attention import AttentionKind, LayerAttention
 from trtkv.recipe.state import StateSpec, gated_deltanet, mamba1, mamba2
 
 GDN_TYPES = {"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}
-MAMBA_TYPES = {"nemotron_h", "granitemoehybrid", "jamba"}
 GEMMA4_TYPES = {"gemma4", "gemma4_text"}
 # layer words (transformers 5 renames mamba -> linear_attention, attention -> full_attention;
 # Nemotron-H adds mlp/moe)

@@ -13,22 +13,20 @@ Weight and activation scales (`weight_scale`, `input_scale`) are not KV scales a
 
 from __future__ import annotations
 
-import json
 import re
 import struct
 from dataclasses import dataclass
+from math import prod
 from pathlib import Path
-from typing import Any
 
+from trtkv.checkpoints.safetensors_headers import INDEX, TensorEntry, index_map, read_header
 from trtkv.core.errors import StageError
+from trtkv.core.files import json_object
 from trtkv.recipe.layout import HF
 
-INDEX = "model.safetensors.index.json"
-MAX_HEADER_BYTES = 100_000_000  # safetensors' own cap
-MAX_INDEX_BYTES = 64 * 1024 * 1024
 MAX_SCALE_ELEMENTS = 4096  # a per-head scale has num_kv_heads elements; more is not a KV scale
-# safetensors dtype -> (struct code, bytes per element); BF16 is read as the top half of a float32
-DECODERS = {"F64": ("d", 8), "F32": ("f", 4), "F16": ("e", 2), "BF16": ("f", 2)}
+# safetensors dtype -> struct code; BF16 is read as the top half of a float32
+DECODERS = {"F64": "d", "F32": "f", "F16": "e", "BF16": "f"}
 LAYER = re.compile(r"^(?P<prefix>.*?)layers\.(?P<layer>\d+)\.(?P<rest>.+)$")
 # (leaf pattern on what follows `layers.N.`, the kind it names); the first match wins
 LEAVES: tuple[tuple[re.Pattern[str], str], ...] = (
@@ -149,86 +147,40 @@ def _holds_weights(folder: Path) -> bool:
 def _hf_shards(folder: Path) -> list[str]:
     """The shards holding KV scale tensors by the index's weight_map, else every *.safetensors."""
     if (folder / INDEX).is_file():
-        weight_map = _json(folder / INDEX, MAX_INDEX_BYTES).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise StageError(f"{folder / INDEX}: no weight_map object. Next: fetch it again.")
-        shards = {str(s) for n, s in weight_map.items() if classify(str(n)) is not None}
-        bad = sorted(s for s in shards if Path(s).name != s or not s.endswith(".safetensors"))
-        if bad:
-            raise StageError(
-                f"{folder / INDEX}: weight_map names {bad[0]!r}, not a .safetensors file in the "
-                "folder. Next: fetch the checkpoint again."
-            )
-        return sorted(shards)
+        return sorted({s for n, s in index_map(folder).items() if classify(n) is not None})
     return sorted(p.name for p in folder.glob("*.safetensors") if p.is_file())
 
 
 def _shard_scales(path: Path) -> list[ScaleTensor]:
-    """The KV scale tensors one shard holds: its header, then only those tensors' bytes."""
-    try:
-        with path.open("rb") as fh:
-            head = fh.read(8)
-            if len(head) != 8:
-                raise _bad(path, "shorter than the 8-byte header length")
-            (length,) = struct.unpack("<Q", head)
-            if length > MAX_HEADER_BYTES:
-                raise _bad(path, f"header of {length} bytes (safetensors caps it at 100 MB)")
-            header = json.loads(fh.read(length))
-            if not isinstance(header, dict):
-                raise _bad(path, "the header is not a JSON object")
-            out = []
-            for name, spec in header.items():
-                found = classify(name) if name != "__metadata__" else None
-                if found is None:
-                    continue
-                out.append(_scale(fh, path, name, spec, found, 8 + length))
-            return out
-    except OSError as exc:
-        raise StageError(f"{path}: cannot be read ({exc}). Next: check the file.") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise _bad(path, f"the header is not JSON ({str(exc)[:100]})") from None
+    """The KV scale tensors one shard holds: its header (checked by read_header), then only those
+    tensors' bytes."""
+    out = []
+    for entry in read_header(path):
+        found = classify(entry.name)
+        if found is not None:
+            out.append(_scale(path, entry, found))
+    return out
 
 
-def _scale(fh: Any, path: Path, name: str, spec: Any, found: tuple, base: int) -> ScaleTensor:
+def _scale(path: Path, entry: TensorEntry, found: tuple[int, str, str]) -> ScaleTensor:
     layer, kind, convention = found
-    if not isinstance(spec, dict):
-        raise _bad(path, f"{name}: the header entry is not an object")
-    dtype, shape, offsets = spec.get("dtype"), spec.get("shape"), spec.get("data_offsets")
-    if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
-        raise _bad(path, f"{name}: shape {shape!r} is not a list of sizes")
-    if not (
-        isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
-    ):
-        raise _bad(path, f"{name}: data_offsets {offsets!r} are not two integers")
-    count = 1
-    for d in shape:
-        count *= d
+    count = prod(entry.shape)
     values: tuple[float, ...] = ()
-    if dtype in DECODERS and count <= MAX_SCALE_ELEMENTS:
-        code, size = DECODERS[dtype]
-        begin, end = offsets
-        if end - begin != count * size or begin < 0:
-            raise _bad(path, f"{name}: data_offsets {offsets} do not hold {count} x {dtype}")
-        fh.seek(base + begin)
-        raw = fh.read(end - begin)
-        if len(raw) != end - begin:
-            raise _bad(path, f"{name}: the file ends inside the tensor's bytes")
-        if dtype == "BF16":
+    if entry.dtype in DECODERS and count <= MAX_SCALE_ELEMENTS:
+        try:
+            with path.open("rb") as fh:
+                fh.seek(entry.offset)
+                raw = fh.read(entry.nbytes)
+        except OSError as exc:
+            raise StageError(f"{path}: cannot be read ({exc}). Next: check the file.") from None
+        if entry.dtype == "BF16":
             raw = b"".join(b"\x00\x00" + raw[i : i + 2] for i in range(0, len(raw), 2))
-        values = struct.unpack(f"<{count}{code}", raw)
-    return ScaleTensor(name, layer, kind, convention, values, str(dtype), path.name)
+        values = struct.unpack(f"<{count}{DECODERS[entry.dtype]}", raw)
+    return ScaleTensor(entry.name, layer, kind, convention, values, entry.dtype, path.name)
 
 
-def _json(path: Path, limit: int = 16 * 1024 * 1024) -> dict:
-    try:
-        if path.stat().st_size > limit:
-            raise StageError(f"{path}: over {limit} bytes. Next: check the file.")
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise StageError(f"{path}: not readable JSON ({str(exc)[:100]}). Next: check it.") from None
-    if not isinstance(doc, dict):
-        raise StageError(f"{path}: not a JSON object. Next: check the file.")
-    return doc
+def _json(path: Path) -> dict:
+    return json_object(path, "check the file", 16 * 1024 * 1024)
 
 
 def _architecture(config: dict, trtllm: bool) -> str | None:
@@ -268,10 +220,3 @@ def _kv_layers(text: dict, layers: int | None) -> tuple[int, ...]:
     if isinstance(types, list) and len(types) == layers:
         return tuple(i for i, t in enumerate(types) if "linear" not in str(t))
     return tuple(range(layers))
-
-
-def _bad(path: Path, problem: str) -> StageError:
-    return StageError(
-        f"{path}: not a readable safetensors file: {problem}. Next: the download is incomplete or "
-        "the file is not safetensors; fetch it again."
-    )

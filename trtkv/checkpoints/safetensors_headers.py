@@ -18,7 +18,7 @@ import os
 import re
 import stat
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
 from typing import Any
@@ -71,13 +71,14 @@ class TensorEntry:
     shape: tuple[int, ...]
     nbytes: int  # bytes it occupies in the shard (data_offsets end - begin)
     shard: str  # the shard's file name, inside the folder
+    offset: int = field(default=0, compare=False)  # where its bytes begin in the shard file
 
 
 def weight_files(folder: Path) -> list[str]:
     """The shard file names the folder's weights are stored in (empty: the folder holds no
     safetensors weights, e.g. a config.json alone)."""
     if (folder / INDEX).is_file():
-        return sorted(set(_index_map(folder).values()))
+        return sorted(set(index_map(folder).values()))
     if (folder / SINGLE).is_file():
         return [SINGLE]
     return sorted(p.name for p in folder.glob("*.safetensors") if p.is_file())
@@ -91,7 +92,7 @@ def holds_weights(folder: Path) -> bool:
 def read_tensors(folder: Path) -> list[TensorEntry]:
     """Every tensor the folder's safetensors shards store, sorted by name; SafetensorsError on a
     malformed index or header, or an index naming a tensor its shard does not hold."""
-    mapped = _index_map(folder) if (folder / INDEX).is_file() else None
+    mapped = index_map(folder) if (folder / INDEX).is_file() else None
     shards = sorted(set(mapped.values())) if mapped is not None else weight_files(folder)
     if not shards:
         raise SafetensorsError(
@@ -130,12 +131,13 @@ def read_header(path: Path) -> list[TensorEntry]:
             if not isinstance(spec, dict) or not all(isinstance(v, str) for v in spec.values()):
                 raise _bad(path, "__metadata__ is not an object of strings")
             continue
-        out.append(_entry(path, name, spec, data_bytes))
+        out.append(_entry(path, name, spec, data_bytes, 8 + len(raw)))
     return out
 
 
-def _entry(path: Path, name: str, spec: Any, data_bytes: int) -> TensorEntry:
-    """One header entry, checked: a known dtype, a shape, offsets holding exactly its bytes."""
+def _entry(path: Path, name: str, spec: Any, data_bytes: int, base: int) -> TensorEntry:
+    """One header entry, checked: a known dtype, a shape, offsets holding exactly its bytes (which
+    begin at `base` + its first offset in the file)."""
     if not isinstance(spec, dict):
         raise _bad(path, f"tensor {name[:100]!r}: its entry is not an object")
     dtype, shape, offsets = spec.get("dtype"), spec.get("shape"), spec.get("data_offsets")
@@ -169,7 +171,7 @@ def _entry(path: Path, name: str, spec: Any, data_bytes: int) -> TensorEntry:
             f"tensor {name[:100]!r}: {nbytes} bytes stored for {dtype} {shape} "
             f"({(nbits + 7) // 8} expected)",
         )
-    return TensorEntry(name, dtype, tuple(shape), nbytes, path.name)
+    return TensorEntry(name, dtype, tuple(shape), nbytes, path.name, base + offsets[0])
 
 
 def _header_bytes(path: Path) -> tuple[bytes, int]:
@@ -201,7 +203,7 @@ def _header_bytes(path: Path) -> tuple[bytes, int]:
     return raw, st.st_size
 
 
-def _index_map(folder: Path) -> dict[str, str]:
+def index_map(folder: Path) -> dict[str, str]:
     """The index's weight_map (tensor -> shard file name), checked."""
     path = folder / INDEX
     try:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from trtkv.cli.common import add_recipe_args, load, subparser
+from trtkv.cli.common import load, recipe_verb
 from trtkv.core.options import Flag, Options
 
 EXAMPLES = """\
@@ -37,10 +37,7 @@ class BuildOptions(Options):
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "build", EXAMPLES)
-    add_recipe_args(p)
-    BuildOptions.add_arguments(p)
-    p.set_defaults(func=run)
+    recipe_verb(sub, "build", EXAMPLES, BuildOptions, run)
 
 
 def run(args: argparse.Namespace) -> int:

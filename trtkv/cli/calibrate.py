@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from trtkv.cli.common import add_recipe_args, load, subparser
+from trtkv.cli.common import load, recipe_verb
 from trtkv.core.options import Flag, Options
 
 EXAMPLES = """\
@@ -38,10 +38,7 @@ class CalibrateOptions(Options):
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "calibrate", EXAMPLES)
-    add_recipe_args(p)
-    CalibrateOptions.add_arguments(p)
-    p.set_defaults(func=run)
+    recipe_verb(sub, "calibrate", EXAMPLES, CalibrateOptions, run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,6 +4,11 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+
+TYPE_CHECKING = False  # typing's, without loading typing (see trtkv.core.lazy)
+if TYPE_CHECKING:
+    from trtkv.core.options import Options
 
 RECIPE_HELP = "recipe name (see `trtkv ls`) or path to a .yaml file"
 OVERRIDE_HELP = "overrides section.key=value (win over the file), e.g. build.max_batch_size=16"
@@ -27,6 +32,20 @@ def subparser(sub: argparse._SubParsersAction, name: str, examples: str) -> argp
         epilog="examples:\n" + examples + "\n" + verb(name).where() + "\n",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+
+
+def recipe_verb(
+    sub: argparse._SubParsersAction,
+    name: str,
+    examples: str,
+    options: type[Options],
+    run: Callable[[argparse.Namespace], int],
+) -> None:
+    """The verb `name RECIPE [KEY=VALUE ...]` with `options`' flags, run by `run`."""
+    p = subparser(sub, name, examples)
+    add_recipe_args(p)
+    options.add_arguments(p)
+    p.set_defaults(func=run)
 
 
 def load(args: argparse.Namespace):  # noqa: ANN201 - returns trtkv.recipe.Recipe

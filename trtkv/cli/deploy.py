@@ -9,7 +9,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from trtkv.cli.common import add_recipe_args, load, subparser
+from trtkv.cli.common import load, recipe_verb
 from trtkv.core.options import Flag, Options
 from trtkv.deploy import Target
 from trtkv.deploy.k8s import (
@@ -108,7 +108,7 @@ class DeployOptions(Options):
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(
+    recipe_verb(
         sub,
         "deploy",
         "  $ trtkv deploy llama70b_fp8kv --target k8s --model-source s3://my-bucket/trtkv/llama70b_fp8kv\n"
@@ -120,10 +120,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--target-concurrency 256\n"
         "  $ trtkv deploy llama70b_fp8kv --target slurm --replicas 2 --output "
         "/shared/trtkv/slurm\n",
+        DeployOptions,
+        run,
     )
-    add_recipe_args(p)
-    DeployOptions.add_arguments(p)
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

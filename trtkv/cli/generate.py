@@ -9,7 +9,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from trtkv.cli.common import add_recipe_args, load, subparser
+from trtkv.cli.common import load, recipe_verb
 from trtkv.core.options import Flag, Options
 from trtkv.recipe import Backend
 from trtkv.serving.generate import DEFAULT_MAX_TOKENS
@@ -43,10 +43,7 @@ class GenerateOptions(Options):
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "generate", EXAMPLES)
-    add_recipe_args(p)
-    GenerateOptions.add_arguments(p)
-    p.set_defaults(func=run)
+    recipe_verb(sub, "generate", EXAMPLES, GenerateOptions, run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field
 
-from trtkv.cli.common import add_recipe_args, load, subparser
+from trtkv.cli.common import load, recipe_verb
 from trtkv.core.options import Flag, Options
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ class PlanOptions(Options):
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(
+    recipe_verb(
         sub,
         "plan",
         "  $ trtkv plan llama70b_fp8kv\n  $ trtkv plan llama70b_fp8kv --full\n"
@@ -61,10 +61,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "  $ trtkv plan llama70b_fp8kv hardware.gpu=H200-141GB build.max_seq_len=131072\n"
         "  $ trtkv plan llama8b_fp8kv --estimate bench.input_tokens=32768 bench.output_tokens=1024 "
         "'bench.concurrency=[1,8]'\n",
+        PlanOptions,
+        run,
     )
-    add_recipe_args(p)
-    PlanOptions.add_arguments(p)
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

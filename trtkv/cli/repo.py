@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from trtkv.cli.common import add_recipe_args, load, subparser
+from trtkv.cli.common import load, recipe_verb
 from trtkv.core.options import Flag, Options
 
 EXAMPLES = """\
@@ -44,10 +44,7 @@ class RepoOptions(Options):
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "repo", examples())
-    add_recipe_args(p)
-    RepoOptions.add_arguments(p)
-    p.set_defaults(func=run)
+    recipe_verb(sub, "repo", examples(), RepoOptions, run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from trtkv.cli.common import add_recipe_args, load, subparser
+from trtkv.cli.common import load, recipe_verb
 from trtkv.core.options import Flag, Options
 
 
@@ -21,10 +21,7 @@ class ReportOptions(Options):
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "report", "  $ trtkv report smollm2_fp8kv\n")
-    add_recipe_args(p)
-    ReportOptions.add_arguments(p)
-    p.set_defaults(func=run)
+    recipe_verb(sub, "report", "  $ trtkv report smollm2_fp8kv\n", ReportOptions, run)
 
 
 def run(args: argparse.Namespace) -> int:

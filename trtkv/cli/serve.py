@@ -12,7 +12,7 @@ from typing import Annotated
 from pydantic import Field
 
 from trtkv.backends import TRTLLM_SERVE_OPTIONS_FLAG
-from trtkv.cli.common import add_recipe_args, load, subparser
+from trtkv.cli.common import load, recipe_verb
 from trtkv.core.errors import StageError
 from trtkv.core.options import Flag, Options
 from trtkv.recipe import Backend
@@ -69,10 +69,7 @@ class ServeOptions(Options):
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "serve", EXAMPLES)
-    add_recipe_args(p)
-    ServeOptions.add_arguments(p)
-    p.set_defaults(func=run)
+    recipe_verb(sub, "serve", EXAMPLES, ServeOptions, run)
 
 
 def attach_or_refuse(recipe, args: argparse.Namespace, o: ServeOptions) -> bool:  # noqa: ANN001 - Recipe

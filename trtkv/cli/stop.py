@@ -9,7 +9,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from trtkv.cli.common import add_recipe_args, load, subparser
+from trtkv.cli.common import load, recipe_verb
 from trtkv.core.options import Flag, Options
 
 EXAMPLES = """\
@@ -27,10 +27,7 @@ class StopOptions(Options):
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "stop", EXAMPLES)
-    add_recipe_args(p)
-    StopOptions.add_arguments(p)
-    p.set_defaults(func=run)
+    recipe_verb(sub, "stop", EXAMPLES, StopOptions, run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -15,7 +15,14 @@ if TYPE_CHECKING:
         auth_headers,
     )
     from trtkv.core.errors import RecipeError, StageError, ToolError, TrtkvError, os_error_line
-    from trtkv.core.files import NotReadable, naming, read_capped, read_json, strict_json
+    from trtkv.core.files import (
+        NotReadable,
+        json_object,
+        naming,
+        read_capped,
+        read_json,
+        strict_json,
+    )
     from trtkv.core.httpcall import HttpError, Target, Transport, request
     from trtkv.core.options import Flag, Options
     from trtkv.core.paths import FOLDERS, HOME, project_root, temp_sibling
@@ -54,7 +61,14 @@ __getattr__, __dir__ = attach(
             "VLLM_KEY_ENV",
         ],
         "errors": ["os_error_line", "RecipeError", "StageError", "ToolError", "TrtkvError"],
-        "files": ["naming", "NotReadable", "read_capped", "read_json", "strict_json"],
+        "files": [
+            "json_object",
+            "naming",
+            "NotReadable",
+            "read_capped",
+            "read_json",
+            "strict_json",
+        ],
         "httpcall": ["HttpError", "request", "Target", "Transport"],
         "options": ["Flag", "Options"],
         "paths": ["FOLDERS", "HOME", "project_root", "temp_sibling"],
@@ -94,6 +108,7 @@ __all__ = [
     "HOME",
     "HttpError",
     "is_running",
+    "json_object",
     "load_texts",
     "log_tail",
     "MAX_POOL_BYTES",

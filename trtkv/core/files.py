@@ -18,9 +18,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from trtkv.core.errors import StageError
+
 MAX_JSON_DEPTH = 64  # nested objects/arrays: a model config needs 4, a trtkv record 6
 # digits, sign, point and exponent of one JSON number (an int64 has 19 digits)
 MAX_NUMBER_CHARS = 40
+NO_SUCH_FILE = "no such file"
 
 
 class NotReadable(Exception):
@@ -54,7 +57,7 @@ def read_capped(path: Path, max_bytes: int, what: str = "file") -> bytes:
     try:
         fd = os.open(path, flags)
     except FileNotFoundError:
-        raise NotReadable("no such file", f"check the path of the {what}") from None
+        raise NotReadable(NO_SUCH_FILE, f"check the path of the {what}") from None
     except (ValueError, TypeError):
         raise NotReadable("not a valid file name", "fix the path") from None
     except OSError as exc:
@@ -63,10 +66,11 @@ def read_capped(path: Path, max_bytes: int, what: str = "file") -> bytes:
         raise NotReadable(
             f"cannot open: {exc.strerror}", "check the file and its permissions"
         ) from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):  # before fdopen, which raises IsADirectoryError on a directory
+        os.close(fd)
+        raise NotReadable(f"{kind(mode)}, not a regular file", f"name the {what} itself")
     with os.fdopen(fd, "rb") as fh:
-        mode = os.fstat(fh.fileno()).st_mode
-        if not stat.S_ISREG(mode):
-            raise NotReadable(f"{kind(mode)}, not a regular file", f"name the {what} itself")
         try:
             data = fh.read(max_bytes + 1)
         except OSError as exc:
@@ -144,6 +148,20 @@ def read_json(path: Path, max_bytes: int, what: str = "JSON file") -> Any:
         return strict_json(data)
     except ValueError as exc:
         raise NotReadable(f"not readable JSON ({_one_line(exc)})", f"replace the {what}") from None
+
+
+def json_object(path: Path, missing: str, max_bytes: int = 64 * 1024 * 1024) -> dict[str, Any]:
+    """The JSON object in `path` (read_json); StageError naming the file and the problem, with
+    `missing` as the next step where there is no such file."""
+    try:
+        data = read_json(path, max_bytes, path.name)
+    except NotReadable as exc:
+        if exc.problem == NO_SUCH_FILE:
+            raise StageError(f"{path}: missing. Next: {missing}.") from None
+        raise StageError(f"{path}: {exc.problem}. Next: {exc.next_step}.") from None
+    if not isinstance(data, dict):
+        raise StageError(f"{path}: expected a JSON object, got {type(data).__name__}.")
+    return data
 
 
 def _one_line(exc: BaseException) -> str:

@@ -24,7 +24,7 @@ import yaml
 from trtkv.backends import DynamoWorker
 from trtkv.core.errors import StageError
 from trtkv.deploy import pods
-from trtkv.deploy.k8s import Fence, k8s_name, labels, meta
+from trtkv.deploy.k8s import Fence, fence_policy, k8s_name, labels, meta
 from trtkv.deploy.launch import NGC_UID
 from trtkv.deploy.resources import (
     FRONTEND,
@@ -197,33 +197,7 @@ def network_policy(recipe: Recipe, namespace: str, fence: Fence) -> dict[str, An
     """Ingress to the graph's pods: the frontend's port from the clients, every port from the
     graph's own pods (frontend to workers, NIXL between prefill and decode), the system port from
     Prometheus."""
-    own = {"app.kubernetes.io/name": labels(recipe)["app.kubernetes.io/name"]}
-    client: dict[str, Any] = {"podSelector": {"matchLabels": dict(fence.clients)}}
-    if fence.client_namespaces is not None:
-        client["namespaceSelector"] = {"matchLabels": dict(fence.client_namespaces)}
-    ingress = [
-        {"from": [client], "ports": [{"protocol": "TCP", "port": FRONTEND_PORT}]},
-        {"from": [{"podSelector": {"matchLabels": own}}]},
-        {
-            "from": [
-                {
-                    "namespaceSelector": {"matchLabels": dict(fence.prometheus_namespace)},
-                    "podSelector": {"matchLabels": dict(fence.prometheus)},
-                }
-            ],
-            "ports": [{"protocol": "TCP", "port": SYSTEM_PORT}],
-        },
-    ]
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": meta(recipe, k8s_name(recipe, "dynamo-fence"), namespace),
-        "spec": {
-            "podSelector": {"matchLabels": own},
-            "policyTypes": ["Ingress"],
-            "ingress": ingress,
-        },
-    }
+    return fence_policy(recipe, "dynamo-fence", namespace, fence, [FRONTEND_PORT], SYSTEM_PORT)
 
 
 def objects(

@@ -186,44 +186,46 @@ def network_policy(recipe: Recipe, launch: Launch, fence: Fence, namespace: str)
     """Ingress to every pod of the deployment: the Service's ports from the clients' pods, every
     port from the deployment's own pods (ssh, MPI, NCCL, Ray), the metrics port from the cluster's
     Prometheus; nothing else."""
-    lab = labels(recipe)
+    serving = [p for n, p in launch.ports.items() if n != "metrics"]
+    metrics = (
+        launch.ports.get("metrics", launch.ports["http"])
+        if launch.metrics_path is not None
+        else None
+    )
+    return fence_policy(recipe, "fence", namespace, fence, serving, metrics)
+
+
+def fence_policy(
+    recipe: Recipe,
+    suffix: str,
+    namespace: str,
+    fence: Fence,
+    serving: list[int],
+    metrics: int | None,
+) -> dict[str, Any]:
+    """The NetworkPolicy `<name>-<suffix>` admitting to the recipe's pods: the clients on the
+    `serving` ports, the recipe's own pods on every port, Prometheus on the `metrics` port (None:
+    not at all)."""
+    own = {"app.kubernetes.io/name": labels(recipe)["app.kubernetes.io/name"]}
     client: dict[str, Any] = {"podSelector": {"matchLabels": dict(fence.clients)}}
     if fence.client_namespaces is not None:
         client["namespaceSelector"] = {"matchLabels": dict(fence.client_namespaces)}
-    serving = [{"protocol": "TCP", "port": p} for n, p in launch.ports.items() if n != "metrics"]
     ingress: list[dict[str, Any]] = [
-        {"from": [client], "ports": serving},
-        {
-            "from": [
-                {
-                    "podSelector": {
-                        "matchLabels": {"app.kubernetes.io/name": lab["app.kubernetes.io/name"]}
-                    }
-                }
-            ]
-        },
+        {"from": [client], "ports": [{"protocol": "TCP", "port": p} for p in serving]},
+        {"from": [{"podSelector": {"matchLabels": own}}]},
     ]
-    if launch.metrics_path is not None:
-        port = launch.ports.get("metrics", launch.ports["http"])
-        ingress.append(
-            {
-                "from": [
-                    {
-                        "namespaceSelector": {"matchLabels": dict(fence.prometheus_namespace)},
-                        "podSelector": {"matchLabels": dict(fence.prometheus)},
-                    }
-                ],
-                "ports": [{"protocol": "TCP", "port": port}],
-            }
-        )
+    if metrics is not None:
+        prometheus = {
+            "namespaceSelector": {"matchLabels": dict(fence.prometheus_namespace)},
+            "podSelector": {"matchLabels": dict(fence.prometheus)},
+        }
+        ingress.append({"from": [prometheus], "ports": [{"protocol": "TCP", "port": metrics}]})
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": meta(recipe, k8s_name(recipe, "fence"), namespace),
+        "metadata": meta(recipe, k8s_name(recipe, suffix), namespace),
         "spec": {
-            "podSelector": {
-                "matchLabels": {"app.kubernetes.io/name": lab["app.kubernetes.io/name"]}
-            },
+            "podSelector": {"matchLabels": own},
             "policyTypes": ["Ingress"],
             "ingress": ingress,
         },

@@ -20,14 +20,13 @@ trtkv.kvcache.attention.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from trtkv.core.errors import TrtkvError
-from trtkv.kvcache.engines import TABLE_PATH
+from trtkv.kvcache.engines import TABLE_PATH, read_table_doc
 
 CACHE_ONLY = "cache_only"
 AUTO = "auto"
@@ -249,13 +248,7 @@ def parse_attention(doc: dict) -> AttentionTable:
 @lru_cache(maxsize=1)
 def load_attention(path: Path = TABLE_PATH) -> AttentionTable:
     """The shipped table's attention section (read once)."""
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise TrtkvError(
-            f"{path}: cannot read the KV format table ({exc}). Next: reinstall trtkv."
-        ) from None
-    return parse_attention(doc)
+    return parse_attention(read_table_doc(path))
 
 
 def mode_names() -> list[str]:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from trtkv.core.errors import StageError
+from trtkv.core.files import json_object
 from trtkv.kvcache.formats import FP8_MAX
 
 SCALES_FILE = "kv_attn_head_scales.safetensors"
@@ -269,10 +270,5 @@ def _scale_names(layer: int, kind: str) -> tuple[str, str]:
 
 def _quantization_config(hf_dir: Path) -> dict[str, Any]:
     """config.json's quantization_config ({} where none), or a StageError naming the file."""
-    try:
-        q = json.loads((hf_dir / "config.json").read_text()).get("quantization_config") or {}
-    except (OSError, json.JSONDecodeError) as exc:
-        raise StageError(
-            f"{hf_dir / 'config.json'}: not readable ({exc}). Next: `trtkv calibrate --force`."
-        ) from exc
+    q = json_object(hf_dir / "config.json", "`trtkv calibrate --force`").get("quantization_config")
     return q if isinstance(q, dict) else {}

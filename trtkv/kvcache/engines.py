@@ -355,13 +355,17 @@ def load_table(path: Path | None = None) -> FormatTable:
 
 @lru_cache(maxsize=4)
 def _load(path: Path) -> FormatTable:
+    return parse_table(read_table_doc(path), path)
+
+
+def read_table_doc(path: Path) -> Any:
+    """The KV format table file's JSON; a TrtkvError naming it when it cannot be read."""
     try:
-        doc = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise TrtkvError(
             f"{path}: cannot read the KV format table ({exc}). Next: reinstall trtkv."
         ) from None
-    return parse_table(doc, path)
 
 
 def _cell(text: str) -> str:

@@ -18,6 +18,13 @@ def _plt() -> Any:
     return plt
 
 
+def _save(plt: Any, fig: Any, path: Path) -> bool:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
 def latency_distributions(path: Path, by_level: dict[str, list[RequestRecord]]) -> bool:
     """Box plots of TTFT, ITL and request latency (ms) for each level, ok requests only."""
     if not by_level:
@@ -39,10 +46,7 @@ def latency_distributions(path: Path, by_level: dict[str, list[RequestRecord]]) 
         ax.set_xticks(range(1, len(labels) + 1), labels, rotation=20, fontsize=8)
         ax.set_title(title)
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, path)
 
 
 def throughput(
@@ -92,10 +96,7 @@ def throughput(
     ax2.set_title("latency")
     ax2.legend(fontsize=8)
     ax2.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, path)
 
 
 def accuracy(path: Path, acc: dict[str, dict[str, Any]]) -> bool:
@@ -122,10 +123,7 @@ def accuracy(path: Path, acc: dict[str, dict[str, Any]]) -> bool:
     ax.set_ylabel("fraction")
     ax.set_title("accuracy per task")
     ax.tick_params(axis="x", labelrotation=15, labelsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, path)
 
 
 def itl_vs_input(
@@ -157,7 +155,4 @@ def itl_vs_input(
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, path)

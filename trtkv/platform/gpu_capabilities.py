@@ -17,14 +17,6 @@ def gpus_where(test: str) -> list[str]:
     ]
 
 
-def gpus_with_arch(arch: str) -> list[str]:
-    return [g.value for g, s in GPU_SPECS.items() if s.arch == arch]
-
-
-def gpus_with_fp8() -> list[str]:
-    return gpus_where("fp8")
-
-
 # One GPU per compute capability, the datacenter part where there is one: every rule trtkv applies
 # to a GPU reads its compute capability only (not its memory), so these answer "which GPUs serve X"
 # for the whole table.

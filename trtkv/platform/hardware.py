@@ -99,10 +99,6 @@ class GPUSpec:
     def compute_capability(self) -> str:
         return f"{self.sm[0]}.{self.sm[1]}"
 
-    @property
-    def memory_bytes(self) -> int:
-        return int(self.memory_gib * GIB)
-
 
 def _smi(mib: int) -> float:
     """An NVML total in MiB, in GiB."""

@@ -4,9 +4,6 @@ RecipeErrors)."""
 
 from __future__ import annotations
 
-import errno
-import os
-import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -15,6 +12,8 @@ from yaml.composer import Composer
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode
 from yaml.resolver import Resolver
+
+from trtkv.core.files import NotReadable, read_capped
 
 # libyaml's parser (events with the same marks), ~4x faster than PyYAML's; composing stays in
 # Python, bounded
@@ -37,14 +36,9 @@ class YAMLLimitError(yaml.MarkedYAMLError):
     recursive aliases."""
 
 
-class FileNotReadable(Exception):
-    """A recipe file that cannot be read as text: missing, not a regular file, too large, a symlink
-    loop, not UTF-8."""
-
-    def __init__(self, problem: str, next_step: str) -> None:
-        self.problem = problem
-        self.next_step = next_step
-        super().__init__(problem)
+# a recipe file that cannot be read as text: missing, not a regular file, too large, a symlink
+# loop, not UTF-8 (`problem` and `next_step` said to the user)
+FileNotReadable = NotReadable
 
 
 class _PlainData(Composer, SafeConstructor, Resolver):
@@ -181,56 +175,10 @@ def load_yaml(text: str) -> Any:
         loader.dispose()
 
 
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
 def read_text(path: Path, max_bytes: int = MAX_FILE_BYTES) -> str:
-    """The file as UTF-8 text, reading at most max_bytes + 1 bytes of a regular file;
-    FileNotReadable otherwise."""
-    try:
-        info = os.stat(path)
-    except FileNotFoundError:
-        raise FileNotReadable(
-            "file not found", "fix the path (an `include:` is relative to the including file)"
-        ) from None
-    except ValueError:
-        raise FileNotReadable("not a valid file name", "fix the path") from None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise FileNotReadable("symlink loop", "point the link at a real file") from None
-        raise FileNotReadable(
-            f"cannot read: {exc.strerror}", "check the file and its permissions"
-        ) from None
-    if not stat.S_ISREG(info.st_mode):
-        raise FileNotReadable(f"{_kind(info.st_mode)}, not a regular file", "name a .yaml file")
-    too_big = FileNotReadable(
-        f"larger than {max_bytes} bytes (the cap for a recipe file)",
-        "a recipe is a few KiB of settings: check this is the file you meant",
-    )
-    if info.st_size > max_bytes:
-        raise too_big
-    try:  # O_NONBLOCK: a FIFO swapped in after the stat must not block the open
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise FileNotReadable(
-            f"cannot read: {exc.strerror}", "check the file and its permissions"
-        ) from None
-    with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-            raise FileNotReadable("not a regular file", "name a .yaml file")
-        data = fh.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise too_big
+    """The file as UTF-8 text, reading at most max_bytes + 1 bytes of a regular file
+    (trtkv.core.files.read_capped); FileNotReadable otherwise."""
+    data = read_capped(path, max_bytes, "recipe file")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -30,15 +30,19 @@ def resolve_path(path: Path, origin: str = "") -> Path:
         return path.resolve()
     # RuntimeError: how Python < 3.13 reports a symlink loop
     except (OSError, RuntimeError, ValueError):
-        try:
-            read_text(path)
-        except FileNotReadable as exc:
-            raise RecipeError(
-                [f"{shown(path)}: {exc.problem}{origin}. Next: {exc.next_step}."],
-                header="Recipe not readable",
-            ) from None
+        _read_text(path, origin)
         raise RecipeError(
             [f"{shown(path)}: cannot resolve the path{origin}. Next: check it."],
+            header="Recipe not readable",
+        ) from None
+
+
+def _read_text(path: Path, origin: str) -> str:
+    try:
+        return read_text(path)
+    except FileNotReadable as exc:
+        raise RecipeError(
+            [f"{shown(path)}: {exc.problem}{origin}. Next: {exc.next_step}."],
             header="Recipe not readable",
         ) from None
 
@@ -57,13 +61,7 @@ def _read_yaml(
     """One file's YAML as a mapping; `budget` ([files, characters] read so far for this recipe)
     bounds the includes."""
     origin = f" (included from {shown(chain[-1])})" if chain else ""
-    try:
-        text = read_text(path)
-    except FileNotReadable as exc:
-        raise RecipeError(
-            [f"{shown(path)}: {exc.problem}{origin}. Next: {exc.next_step}."],
-            header="Recipe not readable",
-        ) from None
+    text = _read_text(path, origin)
     if budget is not None:
         budget[1] += len(text)
         if budget[1] > MAX_FILE_BYTES:

@@ -6,12 +6,12 @@ here, Gemma 3 in trtkv.runtime.gemma3)."""
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtkv.core.errors import StageError
+from trtkv.core.files import json_object
 from trtkv.kvcache.engines import load_table
 
 if TYPE_CHECKING:
@@ -113,27 +113,6 @@ def trtllm_to_hf_state_dict(
     return out
 
 
-def hf_to_trtllm_state_dict(
-    state_dict: dict[str, torch.Tensor], config: Any
-) -> dict[str, torch.Tensor]:
-    """The inverse mapping (unquantized), for writing small TensorRT-LLM-layout checkpoints in tests
-    and tools."""
-    import torch
-
-    out: dict[str, torch.Tensor] = {}
-    for src, dst in GLOBAL_NAMES.items():
-        if f"{dst}.weight" in state_dict:
-            out[f"{src}.weight"] = state_dict[f"{dst}.weight"]
-    for i in range(config.num_hidden_layers):
-        pre, hf = f"transformer.layers.{i}.", f"model.layers.{i}."
-        for src, dst in LAYER_NAMES.items():
-            out[f"{pre}{src}.weight"] = state_dict[f"{hf}{dst}.weight"]
-        out[f"{pre}attention.qkv.weight"] = torch.cat(
-            [state_dict[f"{hf}self_attn.{p}_proj.weight"] for p in "qkv"], dim=0
-        )
-    return {k: v.contiguous() for k, v in out.items()}
-
-
 def kv_scaling_factors(tensors: dict[str, torch.Tensor], num_layers: int) -> list[float]:
     """Per-layer `attention.kv_cache_scaling_factor` (the one TensorRT-LLM <= 1.2 reads for K and
     V)."""
@@ -154,15 +133,7 @@ def kv_scaling_factors(tensors: dict[str, torch.Tensor], num_layers: int) -> lis
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise StageError(f"{path}: missing. Next: run `trtkv build` for this recipe.") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise StageError(f"{path}: not readable as JSON ({exc}).") from exc
-    if not isinstance(data, dict):
-        raise StageError(f"{path}: expected a JSON object.")
-    return data
+    return json_object(path, "run `trtkv build` for this recipe")
 
 
 # TensorRT-LLM's defaults for keys a Llama checkpoint config.json may omit, as TensorRT-LLM 1.2

@@ -13,18 +13,17 @@ K and V apart. `input_scale` (FP8 activations) is not applied: GEMMs run in floa
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtkv.core.errors import StageError
+from trtkv.core.files import json_object
 
 if TYPE_CHECKING:
     import torch
 
 QUANT_CONFIG = "hf_quant_config.json"
-FP8_DTYPES = ("float8_e4m3fn",)
 # hf_quant_config.json kv_cache_quant_algo values the reference LLM API engine runs (its KV format:
 # trtkv.runtime.engine, FP8 as fp8_scale1, TensorRT-LLM's unit scale)
 KV_ALGOS = ("FP8", None)
@@ -36,17 +35,7 @@ SCALE_SUFFIXES = (".weight_scale", ".k_scale", ".v_scale")
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise StageError(
-            f"{path}: missing. Next: `trtkv calibrate RECIPE --force` writes the HF export."
-        ) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise StageError(f"{path}: not readable as JSON ({exc}).") from exc
-    if not isinstance(data, dict):
-        raise StageError(f"{path}: expected a JSON object.")
-    return data
+    return json_object(path, "`trtkv calibrate RECIPE --force` writes the HF export")
 
 
 def quant_config(hf_dir: Path) -> tuple[str | None, str | None]:

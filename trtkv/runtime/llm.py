@@ -36,18 +36,6 @@ from trtkv.runtime.errors import RequestError
 # the llmapi model reads .SamplingParams
 from trtkv.runtime.llm_request import RequestOutput, SamplingParams, Snapshot
 
-# LLM() arguments the reference engine applies; the rest (placement, GPU memory, CUDA graphs...) are
-# ignored
-APPLIED_ARGS = (
-    "model",
-    "tokenizer",
-    "backend",
-    "max_seq_len",
-    "max_num_tokens",
-    "max_batch_size",
-    "enable_chunked_prefill",
-    "kv_cache_config",
-)
 KV_DTYPES = ("auto", "fp8")
 # kv_cache_config fields the reference engine applies: dtype, and max_attention_window checked
 # against the model's own per-layer windows (the windows its cache keeps:

@@ -51,6 +51,24 @@ def _job(task: str, i: int, tokenizer: Any, prompt: str, max_tokens: int) -> Job
     return Job(rec, prompt, SamplingParams(max_tokens=max_tokens))
 
 
+def _proportion(
+    rows: list[dict[str, Any]], records: list[RequestRecord], **more: Any
+) -> dict[str, Any]:
+    """A task scored right or wrong per item: its accuracy with the Wilson interval, the failed
+    requests, `more`, then the items."""
+    correct = sum(r["correct"] for r in rows)
+    return {
+        "accuracy": correct / max(1, len(rows)),
+        "accuracy_ci": list(wilson_interval(correct, len(rows))),
+        "confidence": CONFIDENCE,
+        "correct": correct,
+        "total": len(rows),
+        "failed": sum(not r.ok for r in records),
+        **more,
+        "items": rows,
+    }
+
+
 def first_line(text: str) -> str:
     stripped = text.strip()
     return stripped.split("\n", 1)[0].strip() if stripped else ""
@@ -84,16 +102,7 @@ def quiz_task(tokenizer: Any, items: Sequence[dict[str, str]], count: int) -> Ta
                     "correct": rec.ok and quiz.is_correct(it["answer"], answer),
                 }
             )
-        correct = sum(r["correct"] for r in rows)
-        return {
-            "accuracy": correct / max(1, len(rows)),
-            "accuracy_ci": list(wilson_interval(correct, len(rows))),
-            "confidence": CONFIDENCE,
-            "correct": correct,
-            "total": len(rows),
-            "failed": sum(not r.ok for r in records),
-            "items": rows,
-        }
+        return _proportion(rows, records)
 
     return Task(
         "quiz",
@@ -225,18 +234,9 @@ def needle_task(
             hits = sum(r["correct"] for r in sel)
             by_length[str(length)] = hits / len(sel)
             by_length_ci[str(length)] = list(wilson_interval(hits, len(sel)))
-        correct = sum(r["correct"] for r in rows)
-        return {
-            "accuracy": correct / max(1, len(rows)),
-            "accuracy_ci": list(wilson_interval(correct, len(rows))),
-            "confidence": CONFIDENCE,
-            "correct": correct,
-            "total": len(rows),
-            "failed": sum(not r.ok for r in records),
-            "by_context_length": by_length,
-            "by_context_length_ci": by_length_ci,
-            "items": rows,
-        }
+        return _proportion(
+            rows, records, by_context_length=by_length, by_context_length_ci=by_length_ci
+        )
 
     notes.insert(
         0, f"context lengths {list(lengths)}, depths {list(depths)}, max_tokens {NEEDLE_MAX_TOKENS}"

@@ -35,7 +35,6 @@ from trtkv.bench.tasks.fidelity_score import TOP_K, CachedScorer, Served
 from trtkv.bench.tasks.fidelity_verdict import (
     AS_PREDICTED,
     BOOTSTRAP,
-    CONFIDENCE,
     NOT_MEASURED,
     RULE,
     WORSE,
@@ -48,6 +47,7 @@ from trtkv.bench.tasks.fidelity_verdict import (
 )
 from trtkv.core.errors import StageError, TrtkvError
 from trtkv.kvcache.formats import UNQUANTIZED
+from trtkv.measures.stats import CONFIDENCE
 from trtkv.recipe import Recipe
 
 if TYPE_CHECKING:

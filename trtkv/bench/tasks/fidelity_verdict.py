@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from trtkv.bench.tasks.fidelity_score import Scored, Served
+from trtkv.measures.stats import CONFIDENCE
 
 BOOTSTRAP = 1000
-CONFIDENCE = 0.95
 METRICS = ("top1_agreement", "mean_abs_dlogp", "kl_topk")
 # served - predicted, positive = worse
 WORSE_SIGN = {"top1_agreement": -1.0, "mean_abs_dlogp": 1.0, "kl_topk": 1.0}

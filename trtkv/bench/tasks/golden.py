@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-GOLDEN_FILE = "golden.json"
 PRODUCER = (
     "transformers AutoModelForCausalLM, original weights in float32, unquantized KV "
     "(DynamicCache), greedy"

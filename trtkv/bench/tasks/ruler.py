@@ -16,9 +16,8 @@ from typing import TYPE_CHECKING, Any
 from trtkv.bench.tasks.ruler_families import FAMILIES, Encode, RulerError
 from trtkv.bench.tasks.ruler_gen import RULER_COMMIT, RULER_SEED, TASKS, RulerItem, generate
 from trtkv.core.errors import TrtkvError
-from trtkv.measures.stats import wilson_interval
+from trtkv.measures.stats import CONFIDENCE, wilson_interval
 
-CONFIDENCE = 0.95
 TASK_NAMES = tuple(TASKS)
 if TYPE_CHECKING:
     from trtkv.bench.tasks.accuracy import Task

@@ -5,6 +5,7 @@ requests: readiness checks, model lists, the fidelity task's served calls."""
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 import threading
@@ -127,20 +128,7 @@ def fetch(
 def strict(expect_type: bytes | None = b"application/json") -> Transport:
     """`fetch` as trtkv.core.httpcall's transport: the bench's small requests read by this strict
     parser too."""
-
-    def send(
-        host: str,
-        port: int,
-        method: str,
-        path: str,
-        body: bytes,
-        headers: dict[str, str],
-        timeout_s: float,
-        max_bytes: int,
-    ) -> tuple[int, bytes]:
-        return fetch(host, port, method, path, body, headers, timeout_s, max_bytes, expect_type)
-
-    return send
+    return functools.partial(fetch, expect_type=expect_type)
 
 
 def _fetched(call: _Collected, sock: socket.socket, deadline: float) -> bool:
