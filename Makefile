@@ -55,9 +55,12 @@ $(STAMP): constraints.txt pyproject.toml
 test: install install-genai-perf install-vllm install-sglang install-tf457 install-checkov install-aiconfigurator
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-# The inner loop: lint + every test that starts no server and needs no side venv (tests marked e2e are left out)
+# The inner loop (under 3 min on 2 idle cores): lint + every test that starts no server, needs no side venv and takes
+# no more than a few seconds of CPU. Left out: tests marked e2e (servers, the whole chain) and slow (a real model run,
+# a calibration per case, a side venv's interpreter); `make test` runs both. tests/conftest.py gives each of the
+# CHECK_WORKERS processes its share of the cores for torch.
 check: lint
-	$(BIN)/python -m pytest -q -m "not e2e" -n $(CHECK_WORKERS) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not e2e and not slow" -n $(CHECK_WORKERS) $(PYTEST_ARGS)
 
 # After a change on purpose to a generated file users keep (plan --json, init recipes, repositories, deploy files):
 # rewrite the snapshots, read the diff it prints, and say in the CHANGELOG what changed and why

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each pytest-xdist worker gets its share of the cores for torch's threads: two workers each running torch's
+    default (one thread per core) put four OpenMP threads on 2 cores, which wait on one another at every op."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

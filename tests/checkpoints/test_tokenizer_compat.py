@@ -114,6 +114,7 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
+@pytest.mark.slow  # a side venv's transformers 4.57 and both packaged tokenizers loaded twice: ~18 CPU-s
 @needs_tf457
 def test_transformers_457_loads_trtkv_tokenizers_as_5x_does(folders: dict[str, Path], tmp_path: Path) -> None:
     texts = probe_texts()
