@@ -156,6 +156,11 @@ def collect(recipe: Recipe, planned: PlanFigures) -> dict[str, Any]:
                     "hit_rate": {t: x.hit_rate for t, x in level.tiers.items()},
                     "ttft_ms_p50_per_turn": level.ttft_ms_p50_per_turn,
                     "source": level.source,
+                    # the plan's rates beside the server's (PlanFigures.prefix, via bench)
+                    "predicted": (
+                        level.predicted.model_dump() if level.predicted is not None else None
+                    ),
+                    "against_plan": level.against_plan_text(),
                 }
                 for label, level in results.prefix.items()
             }
