@@ -68,3 +68,15 @@ def test_no_prefix_workload_no_prediction() -> None:
     assert figures(load_recipe("smollm2_fp8kv")).prefix is None
     off = load_recipe("smollm2_fp8kv", overrides=[*WORKLOAD, "triton.enable_kv_cache_reuse=false"])
     assert figures(off).prefix is None
+
+
+def test_think_time_on_a_gpu_engine_comes_from_the_speed_model() -> None:
+    """TensorRT-LLM on an H100: a turn's service time from trtkv's model against the think time gives the sessions
+    running at once; the basis names both."""
+    recipe = load_recipe("llama70b_fp8kv_llmapi", overrides=["bench.prefix.shared_tokens=400",
+                                                             "bench.prefix.think_time_s=2", "bench.prefix.turns=3"])
+    pred = figures(recipe).prefix
+    assert pred is not None
+    for level in pred.levels.values():
+        assert "against think 2 s" in level.basis and "trtkv model" in level.basis
+        assert 0 < level.device <= reusable_share(recipe) + 1e-4

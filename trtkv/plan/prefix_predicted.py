@@ -17,12 +17,13 @@ pools, so it also runs where the estimate's speed model does not (the CPU runtim
 from __future__ import annotations
 
 from trtkv.contracts.prefix import PredictedHits, PrefixPrediction
+from trtkv.core.errors import TrtkvError
 from trtkv.plan.engine_pool import memory_rule
 from trtkv.plan.moe_step import rank_concurrency
 from trtkv.plan.prefix import sessions
 from trtkv.plan.prefix_reuse import EXCLUSIVE, INCLUSIVE, sessions_fit, turn_hits
 from trtkv.plan.result import Plan
-from trtkv.platform.hardware import GPU
+from trtkv.platform.hardware import GPU_SPECS
 from trtkv.recipe import Backend, Recipe
 from trtkv.recipe.backend_rules import SPEED_ENGINE
 from trtkv.recipe.prefix_cache import host_tier_bytes, prefix_cache
@@ -53,16 +54,26 @@ def running_share(recipe: Recipe, concurrency: int) -> tuple[float, str]:
     if think <= 0:
         return float(concurrency), "no think time: every session runs a turn"
     gpu, backend = recipe.hardware.gpu, recipe.build.backend
-    if gpu is GPU.CPU or backend not in SPEED_ENGINE:
-        return float(concurrency), (
-            f"think {think:g} s not priced (no speed model for {backend.value} on {gpu.value}): "
-            "every session counted running, an upper bound on the history hits"
-        )
+    unpriced = (
+        f"think {think:g} s not priced (no speed model for {backend.value} on {gpu.value}): "
+        "every session counted running, an upper bound on the history hits"
+    )
+    if gpu not in GPU_SPECS or backend not in SPEED_ENGINE:
+        return float(concurrency), unpriced
+    try:
+        return service_share(recipe, concurrency)
+    except TrtkvError as exc:  # a plan the speed model cannot price still hands its pools over
+        return float(concurrency), f"{unpriced.split(' (')[0]} ({exc})"
+
+
+def service_share(recipe: Recipe, concurrency: int) -> tuple[float, str]:
+    """running_share from trtkv's speed model: a turn's service time against the think time."""
     from trtkv.plan.estimate import kv_cost, model_shape
     from trtkv.plan.model import resolve_architecture
     from trtkv.plan.speed import kernels_for, serve
 
-    b = recipe.bench
+    b, think = recipe.bench, recipe.bench.prefix.think_time_s
+    gpu, backend = recipe.hardware.gpu, recipe.build.backend
     arch = resolve_architecture(recipe)
     kv = kv_cost(arch, recipe, recipe.kv_format, tuple(recipe.quantization.kv_skip_layers))
     k = kernels_for(gpu, SPEED_ENGINE[backend])
