@@ -43,3 +43,17 @@ def test_compare_shows_each_formats_prefix_hit_rates_and_ttft(engines_tmp: Path)
     assert "device 0.500 (plan 0.585, -0.085), host 0.000 (plan 0.000, +0.000); routing: one engine (no routing)" in fp8
     assert fp16.endswith("| device 0.250, host 0.000; no plan prediction |")
     assert prefix_section([{"recipe": "x"}]) == []  # no prefix workload measured: no section
+
+
+def test_report_puts_the_servers_rates_against_the_plans(engines_tmp: Path) -> None:
+    from trtkv.plan.handoff import figures
+    from trtkv.report.summary import write_report
+
+    _results("smollm2_fp8kv", 0.5, 60.0, predicted=0.585)
+    recipe = load_recipe("smollm2_fp8kv")
+    out = write_report(recipe, figures(recipe), engines_tmp / "report")
+    md = (out / "report.md").read_text()
+    assert "## Prefix reuse (bench.prefix): hit rate per tier, the server's against the plan's" in md
+    assert ("- concurrency=1: device 0.500 (plan 0.585, -0.085), host 0.000 (plan 0.000, +0.000); routing: one engine "
+            "(no routing)") in md
+    assert json.loads((out / "report.json").read_text())["prefix"]["concurrency=1"]["predicted"]["device"] == 0.585

@@ -287,6 +287,13 @@ def write_report(recipe: Recipe, planned: PlanFigures, out: Path | None = None) 
                 f"{figure(r.get('top1_agreement'), 3)} | {figure(r.get('ppl_delta'), 3)} | "
                 f"{figure(r.get('needle_accuracy'), 2)} |"
             )
+    if data.get("prefix"):
+        md += [
+            "",
+            "## Prefix reuse (bench.prefix): hit rate per tier, the server's against the plan's",
+            "",
+        ]
+        md += [f"- {label}: {body['against_plan']}" for label, body in data["prefix"].items()]
     (out / "report.md").write_text("\n".join(md) + "\n")
     Manifest(
         stage="report",
