@@ -24,7 +24,7 @@ from trtkv.plan.prefix import sessions
 from trtkv.plan.prefix_reuse import EXCLUSIVE, INCLUSIVE, sessions_fit, turn_hits
 from trtkv.plan.result import Plan
 from trtkv.platform.hardware import GPU_SPECS
-from trtkv.recipe import Backend, Recipe
+from trtkv.recipe import Recipe
 from trtkv.recipe.backend_rules import SPEED_ENGINE
 from trtkv.recipe.prefix_cache import host_tier_bytes, prefix_cache
 
@@ -37,10 +37,12 @@ REFERENCE_TIERS = (
 def host_bytes_per_engine(recipe: Recipe) -> tuple[float, bool, str]:
     """(host-tier bytes per GPU, whether the host tier is inclusive of the device pool, the
     eviction said in words)."""
-    if recipe.build.backend is Backend.REFERENCE:
-        return float(host_tier_bytes(recipe)), False, REFERENCE_TIERS
     rule = memory_rule(recipe).host_tier
     tier = rule(recipe) if rule is not None else None
+    # the reference runtime's second pool (no engine host-tier rule; 0 for every other backend)
+    own_pool = host_tier_bytes(recipe)
+    if tier is None and own_pool:
+        return float(own_pool), False, REFERENCE_TIERS
     engine = SPEED_ENGINE.get(recipe.build.backend, "")
     words = INCLUSIVE.get(engine) or EXCLUSIVE.get(engine) or "the engine's LRU"
     if tier is None:
