@@ -135,3 +135,36 @@ def test_a_prefix_level_against_the_openai_replay_server(tokenizer: Any) -> None
     level = prefix["concurrency=2"]
     assert level.tiers == {} and "/metrics" in level.source
     assert level.requests_per_turn == {1: 3, 2: 3}
+
+
+# As SGLang 0.5.23 prints them with --enable-metrics (prometheus_client's text format; names, labels and the per-source
+# label set from sglang/srt/observability/metrics_collector.py: tokenizer_metric_labels() gives model_name and
+# engine_type, prompt_tokens_total adds is_streaming, cached_tokens_total adds cache_source and is only incremented, so
+# only created, for a source with hits; the cache_hit_rate gauge is the scheduler's last report)
+SGLANG_BEFORE = """# HELP sglang:cache_hit_rate The prefix cache hit rate.
+# TYPE sglang:cache_hit_rate gauge
+sglang:cache_hit_rate{engine_type="unified",model_name="smollm2",tp_rank="0",pp_rank="0",dp_rank="0"} 0.5
+# HELP sglang:prompt_tokens_total Number of prefill tokens processed.
+# TYPE sglang:prompt_tokens_total counter
+sglang:prompt_tokens_total{engine_type="unified",is_streaming="true",model_name="smollm2"} 900.0
+sglang:prompt_tokens_total{engine_type="unified",is_streaming="false",model_name="smollm2"} 100.0
+sglang:prompt_tokens_created{engine_type="unified",is_streaming="true",model_name="smollm2"} 1.765e+09
+# HELP sglang:cached_tokens_total Number of cached prompt tokens by source (device/host/storage).
+# TYPE sglang:cached_tokens_total counter
+sglang:cached_tokens_total{cache_source="device",engine_type="unified",model_name="smollm2"} 400.0
+sglang:cached_tokens_created{cache_source="device",engine_type="unified",model_name="smollm2"} 1.765e+09
+"""
+SGLANG_AFTER = (SGLANG_BEFORE.replace("} 900.0", "} 2900.0").replace("} 400.0", "} 1000.0")
+                + 'sglang:cached_tokens_total{cache_source="host",engine_type="unified",model_name="smollm2"} 300.0\n')
+
+
+def test_sglangs_counters_per_cache_source() -> None:
+    """SGLang: prompt tokens (streaming or not) are the queries, cached tokens by source the hits; a source with no hit
+    yet (no label set) counts 0, and the hit-rate gauge (the last batch's) is not taken for a level's rate."""
+    before, after = parse_counters(SGLANG_BEFORE), parse_counters(SGLANG_AFTER)
+    assert before == {"device": (1000.0, 400.0), "host": (1000.0, 0.0)}
+    assert after == {"device": (3000.0, 1000.0), "host": (3000.0, 300.0)}
+    level = level_prefix(before, after, "sglang", {})
+    assert level.tiers["device"].queries == 2000 and level.tiers["device"].hit_rate == pytest.approx(0.3)
+    assert level.tiers["host"].hits == 300 and level.tiers["host"].hit_rate == pytest.approx(0.15)
+    assert parse_counters(SGLANG_BEFORE.split("# HELP sglang:prompt")[0]) == {}  # the gauge alone: nothing read

@@ -135,5 +135,9 @@ def test_prefix_workload_hits_the_reference_runtimes_block_cache(real_server: tu
     # comes from later turns hitting their own first turn's blocks (72-token prompts: 2 blocks each)
     assert device["queries"] >= 6 * 72 and device["hits"] > 2 * 32, level
     assert level["tiers"]["host"]["hits"] == 0  # no host tier configured (host_tier_bytes: 0)
+    # the plan's prediction beside the server's rate (PlanFigures.prefix): the pool holds everything, so the whole
+    # reusable share, (32 + 64) of (72 + 92) prompt tokens; the server's is lower by the first session's cold prefix
+    assert level["predicted"]["device"] == pytest.approx(96 / 164, abs=1e-4) and level["predicted"]["host"] == 0
+    assert level["predicted"]["routing"] == "one engine (no routing)"
     turns = [r["turn"] for r in res["records"] if r["phase"] == "latency"]
     assert sorted(turns) == [1, 1, 1, 2, 2, 2]

@@ -57,3 +57,26 @@ def test_off_where_the_engine_cannot_reuse_with_its_reason(capsys) -> None:  # n
     assert json.loads(capsys.readouterr().out)["prefix_cache"]["enabled"] is True
     assert main(["plan", "llama70b_fp8kv", "--full", "triton.enable_kv_cache_reuse=false"]) == 0
     assert "Prefix cache: off (triton.enable_kv_cache_reuse: false" in " ".join(capsys.readouterr().out.split())
+
+
+def test_sessions_capacity_holds_their_mean_prompt_not_the_first_turns() -> None:
+    """Under bench.prefix a later turn sends the whole history: 3 turns of +100 tokens after 1,000 in, 50 out send
+    prompts of 1,000, 1,150 and 1,300 tokens, so a sequence holds 1,150 + 50 at no hits (main priced 1,000 + 50: the
+    first turn's, 4% too many sequences here), and at the reusable share (1,040 + 1,200 of 3,450 prompt tokens) the
+    mean of what each turn holds of its own."""
+    r = load_recipe("llama70b_fp8kv", ["build.backend=vllm", "quantization.weights=fp8", "bench.input_tokens=1000",
+                                       "bench.output_tokens=50", "bench.prefix.turns=3",
+                                       "bench.prefix.turn_tokens=100"])
+    p = plan(r)
+    pc = p.prefix_cache
+    assert pc.input_tokens == 1150
+    tokens = {c.format: c.tokens_per_gpu_budget for c in p.formats}
+    held_turns = [(1000 - 0) + 50, (1150 - 1040) + 50, (1300 - 1200) + 50]  # each turn's own KV at its hits
+    share = pc.hit_rates[1]
+    assert share == round(2240 / 3450, 4)
+    # (1 - share) x the mean prompt + the answer: the mean of what each turn holds (the share rounded to 4 places)
+    assert abs((1 - share) * 1150 + 50 - sum(held_turns) / 3) <= 0.5e-4 * 1150
+    for row in pc.rows:
+        assert row.sequences["0"] == int(tokens[row.format] // 1200)
+        assert row.sequences[f"{share:g}"] == int(tokens[row.format] // ((1 - share) * 1150 + 50))
+    assert any("1150-in (a session's mean prompt over its turns)" in a for a in p.advice)

@@ -33,6 +33,7 @@ from trtkv.contracts.artifacts import (
     SLOVerdict,
     TimeOrigin,
 )
+from trtkv.contracts.prefix import PrefixPrediction, with_prediction
 from trtkv.core.errors import StageError, TrtkvError
 from trtkv.measures import plots
 from trtkv.measures.metrics import summarize_level
@@ -51,10 +52,13 @@ class ServedSide:
     (trtkv.cli.bench.served_side; the bench stage never imports trtkv.serving): `quiet(recipe, who,
     address)` asks the recipe's supervisor for no canaries while the block runs (yields whether it
     asked), `kv_pool(recipe, url)` reads the served KV pool back beside the planned one
-    (results.json's "kv_pool")."""
+    (results.json's "kv_pool"), `prefix_plan(recipe)` the plan's predicted prefix-cache hit rates
+    (trtkv.contracts.PlanFigures.prefix: results.json's "prefix" levels carry them beside the
+    server's)."""
 
     quiet: Callable[[Recipe, str, str | None], AbstractContextManager[bool]]
     kv_pool: Callable[[Recipe, str | None], dict[str, Any]]
+    prefix_plan: Callable[[Recipe], PrefixPrediction | None] = lambda _recipe: None
 
 
 def _unread_pool(_recipe: Recipe, _url: str | None) -> dict[str, Any]:
@@ -272,7 +276,7 @@ def run_bench(recipe: Recipe, opts: BenchOptions, served: ServedSide = UNSERVED)
                 **good["goodput"], good_request_count=good["good_request_count"]["avg"]
             )
     if prefix:
-        doc.prefix = prefix
+        doc.prefix = with_prediction(prefix, _prefix_plan(served, recipe))
     doc.tool_versions = tool_versions()
     doc.kv_pool = KVPoolCheck.model_validate(_served_pool(served, recipe, opts.url))
     if doc.kv_pool.warning:
@@ -318,6 +322,15 @@ def _served_pool(served: ServedSide, recipe: Recipe, url: str | None) -> dict[st
         return served.kv_pool(recipe, url)
     except Exception as exc:  # noqa: BLE001 - the read-back never fails a benchmark; it says why it has no figure
         return {"planned_bytes_per_gpu": None, "source": f"not read: {exc}", "warning": None}
+
+
+def _prefix_plan(served: ServedSide, recipe: Recipe) -> PrefixPrediction | None:
+    """The plan's predicted hit rates (`served.prefix_plan`); a plan that fails leaves the
+    measured rates without them, never the benchmark."""
+    try:
+        return served.prefix_plan(recipe)
+    except Exception:  # noqa: BLE001 - the prediction is beside the measurement, never its condition
+        return None
 
 
 def assemble(

@@ -11,6 +11,7 @@ from trtkv.cli.common import add_recipe_args, load, subparser
 
 if TYPE_CHECKING:
     from trtkv.bench import ServedSide
+    from trtkv.contracts import PrefixPrediction
     from trtkv.recipe import Recipe
 
 EXAMPLES = """\
@@ -45,8 +46,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def served_side() -> ServedSide:
-    """The serving stage's part in a benchmark: its supervisor's quiet request and the served KV
-    pool against the plan (the bench stage imports neither serving nor the planner)."""
+    """The serving stage's part in a benchmark: its supervisor's quiet request, the served KV
+    pool against the plan and the plan's predicted prefix-cache hit rates (the bench stage imports
+    neither serving nor the planner)."""
     from trtkv.bench import ServedSide
     from trtkv.plan import figures
     from trtkv.serving import pool, supervise
@@ -54,7 +56,10 @@ def served_side() -> ServedSide:
     def kv_pool(recipe: Recipe, url: str | None) -> dict[str, Any]:
         return pool.compare_at(recipe, url, figures(recipe))
 
-    return ServedSide(quiet=supervise.quiet, kv_pool=kv_pool)
+    def prefix_plan(recipe: Recipe) -> PrefixPrediction | None:
+        return figures(recipe).prefix
+
+    return ServedSide(quiet=supervise.quiet, kv_pool=kv_pool, prefix_plan=prefix_plan)
 
 
 def sweep_lengths(lengths: list[int], recipe: Recipe) -> list[int]:

@@ -44,7 +44,13 @@ if TYPE_CHECKING:
         replace_folder,
     )
     from trtkv.contracts.plan_figures import PlanFigures, PlannedFormat
-    from trtkv.contracts.prefix import PrefixLevel, PrefixTier
+    from trtkv.contracts.prefix import (
+        PredictedHits,
+        PrefixLevel,
+        PrefixPrediction,
+        PrefixTier,
+        with_prediction,
+    )
     from trtkv.contracts.ruler import RulerPlan
     from trtkv.contracts.stage import (
         VERSIONED_TOOLS,
@@ -84,7 +90,13 @@ __getattr__, __dir__ = attach(
         "canary": ["canary_script", "CANARY_TIMEOUT_S", "docker_health_args"],
         "interface": ["detect", "ENSEMBLE", "INTERFACES", "LLMAPI", "ModelInterface"],
         "plan_figures": ["PlanFigures", "PlannedFormat"],
-        "prefix": ["PrefixLevel", "PrefixTier"],
+        "prefix": [
+            "PredictedHits",
+            "PrefixLevel",
+            "PrefixPrediction",
+            "PrefixTier",
+            "with_prediction",
+        ],
         "ruler": ["RulerPlan"],
         "outputs": [
             "check_inside",
@@ -137,7 +149,9 @@ __all__ = [
     "OWNER",
     "PlanFigures",
     "PlannedFormat",
+    "PredictedHits",
     "PrefixLevel",
+    "PrefixPrediction",
     "PrefixTier",
     "ProbeDoc",
     "read_manifest",
@@ -154,4 +168,5 @@ __all__ = [
     "TimeOrigin",
     "tool_versions",
     "VERSIONED_TOOLS",
+    "with_prediction",
 ]

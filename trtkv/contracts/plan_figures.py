@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+from trtkv.contracts.prefix import PrefixPrediction
+
 
 class PlannedFormat(BaseModel):
     """One KV format's row of the plan, at the recipe's build.max_seq_len."""
@@ -42,6 +44,9 @@ class PlanFigures(BaseModel):
     bench_input_tokens: int
     bench_output_tokens: int
     bench_sequences: int  # sequences of the bench workload that fit, as the engine accounts them
+    # bench.prefix's hit rates per tier as the plan predicts them (None: no prefix workload, or
+    # the engine keeps no prefix cache)
+    prefix: PrefixPrediction | None = None
 
     @property
     def pool_gib_per_gpu(self) -> float:

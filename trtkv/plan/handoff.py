@@ -6,6 +6,7 @@ from __future__ import annotations
 from trtkv.contracts.plan_figures import PlanFigures, PlannedFormat
 from trtkv.plan.model import kv_format_for_recipe
 from trtkv.plan.planner import plan
+from trtkv.plan.prefix_predicted import predicted
 from trtkv.recipe import Recipe
 
 
@@ -39,4 +40,5 @@ def figures(recipe: Recipe) -> PlanFigures:
         bench_input_tokens=p.concurrency.input_tokens,
         bench_output_tokens=p.concurrency.output_tokens,
         bench_sequences=p.concurrency.workload_sequences,
+        prefix=predicted(recipe, p),
     )

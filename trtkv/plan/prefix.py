@@ -1,7 +1,10 @@
 """What prefix reuse does to KV capacity, per format: with prefix caching (KV block reuse) a shared
-prompt prefix is held once, so a sequence of the recipe's workload (bench.input_tokens in,
-bench.output_tokens out) holds only (1 - hit rate) x input + output tokens of KV of its own. The
-sequences a replica holds at hit rate h are then the format's tokens per GPU budget / that.
+prompt prefix is held once, so a sequence of the recipe's workload (its prompt in,
+bench.output_tokens out) holds only (1 - hit rate) x prompt + output tokens of KV of its own. The
+prompt is bench.input_tokens, or under bench.prefix a session's mean over its turns (a later turn
+sends the history: the prompt grows by turn_tokens + output_tokens a turn), the same tokens the
+hit rate is a share of. The sequences a replica holds at hit rate h are then the format's tokens
+per GPU budget / that.
 
 The hit rates are the workload's, not fixed: 0, and where the recipe sends a prefix-sharing
 workload (bench.prefix) its reusable share, the hit rate if every reusable block stayed resident
@@ -44,10 +47,20 @@ def reusable_share(recipe: Recipe) -> float:
     return hit / sum(prompt for prompt, _, _ in turns)
 
 
+def mean_prompt(recipe: Recipe) -> float:
+    """The workload's prompt tokens per request: bench.input_tokens, or under bench.prefix the mean
+    over a session's turns."""
+    if not recipe.bench.prefix.enabled:
+        return float(recipe.bench.input_tokens)
+    turns = sessions(recipe)
+    return sum(prompt for prompt, _, _ in turns) / len(turns)
+
+
 def held_tokens(recipe: Recipe, hit_rate: float) -> float:
     """KV tokens one sequence of the workload holds of its own at `hit_rate` (the shared prefix
-    counted once)."""
-    return (1 - hit_rate) * recipe.bench.input_tokens + recipe.bench.output_tokens
+    counted once): (1 - hit_rate) x its mean prompt + its answer, which over a session's turns is
+    the mean of what each turn holds (the hit rate is a share of all its prompt tokens)."""
+    return (1 - hit_rate) * mean_prompt(recipe) + recipe.bench.output_tokens
 
 
 def prefix_capacity(recipe: Recipe, caps: list[FormatCapacity]) -> PlanPrefixCache:
@@ -68,7 +81,7 @@ def prefix_capacity(recipe: Recipe, caps: list[FormatCapacity]) -> PlanPrefixCac
     return PlanPrefixCache(
         enabled=pc.enabled,
         why=pc.why,
-        input_tokens=recipe.bench.input_tokens,
+        input_tokens=round(mean_prompt(recipe)),
         output_tokens=recipe.bench.output_tokens,
         hit_rates=list(rates),
         rows=rows,
@@ -94,10 +107,15 @@ def advice(recipe: Recipe, section: PlanPrefixCache) -> list[str]:
     if base is None:
         return []
     top = f"{section.hit_rates[-1]:g}"
+    prompt = (
+        f"{section.input_tokens}-in"
+        if recipe.bench.prefix.turns == 1
+        else f"{section.input_tokens}-in (a session's mean prompt over its turns)"
+    )
     return [
         f"Prefix caching on ({section.why}): the workload's reusable share (bench.prefix: shared "
         f"prompt and session history, whole blocks) is {float(top):.0%}; if it all stays resident "
-        f"the {section.input_tokens}-in/{section.output_tokens}-out sequences per replica go from "
+        f"the {prompt}/{section.output_tokens}-out sequences per replica go from "
         f"{mine['0']:,} to {mine[top]:,} ({recipe.kv_format_label}) vs {base['0']:,} to "
         f"{base[top]:,} (fp16); how much each format's pools keep, per tier, and its TTFT: `plan "
         "--estimate`."

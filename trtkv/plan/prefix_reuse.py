@@ -148,6 +148,51 @@ def turn_ttft(
     return full, full * part / whole + copy
 
 
+def turn_hits(
+    recipe: Recipe,
+    block: int,
+    device: float,
+    host: float,
+    c: int,
+    running: float,
+    inclusive: bool,
+) -> list[TurnHits]:
+    """Per turn of a session, its tokens that hit per tier: `device` and `host` tokens per engine
+    (`host` 0: no host tier), `c` sessions on the engine of which `running` run a turn at a time
+    (admitted: at most those the pool holds, sessions_fit), the host tier `inclusive` of the device
+    pool or exclusive (the module docstring's model)."""
+    b, p = recipe.bench, recipe.bench.prefix
+    turns = sessions(recipe)
+    mean_prompt = round(sum(t[0] for t in turns) / len(turns))
+    shared = p.shared_tokens
+    context = mean_prompt + b.output_tokens / 2
+    referenced = running * max(0.0, context - shared) + min(p.groups, running) * shared
+    free = max(0.0, device - referenced)
+    # content a finished turn frees into the LRU (its prefix stays with its group)
+    freed = sum(t[0] + b.output_tokens for t in turns) / len(turns) - shared
+    history_distance = c * (1 - running / c) * freed
+    prefix_distance = 0.0 if running >= p.groups else p.groups * freed
+    dev_p, dev_h = survives(free, prefix_distance), survives(free, history_distance)
+    if inclusive:
+        any_p = max(dev_p, survives(host, prefix_distance))
+        any_h = max(dev_h, survives(host, history_distance))
+    else:
+        any_p = survives(free + host, prefix_distance)
+        any_h = survives(free + host, history_distance)
+    on = prefix_cache(recipe).enabled
+    hits = []
+    for prompt, pre, history in turns:
+        cap_pre = block_floor(min(pre, prompt - 1), block)
+        cap_all = block_floor(min(history, prompt - 1), block)
+        rest = max(0, cap_all - cap_pre)
+        dev = cap_pre * dev_p + rest * min(dev_h, dev_p)
+        anywhere = cap_pre * any_p + rest * min(any_h, any_p)
+        if not on:
+            dev = anywhere = 0.0
+        hits.append(TurnHits(prompt, dev, anywhere - dev if host else 0.0))
+    return hits
+
+
 def format_row(
     recipe: Recipe,
     label: str,
@@ -176,8 +221,8 @@ def format_row(
     service_ms = s.ttft_ms + max(0, b.output_tokens - 1) * s.itl_ms
     think_ms = p.think_time_s * 1e3
     running = c * service_ms / (service_ms + think_ms)
-    shared = p.shared_tokens
     context = mean_prompt + b.output_tokens / 2
+    shared = p.shared_tokens
     own = max(0.0, context - shared)
     on = prefix_cache(recipe).enabled
     # sessions the pool holds at once: with reuse (a group's prefix once) and without (each its
@@ -185,36 +230,14 @@ def format_row(
     fit_none = device / context
     fit = sessions_fit(device, own, shared, p.groups) if on else fit_none
     admitted = min(running, fit)
-    referenced = admitted * own + min(p.groups, admitted) * shared
-    free = max(0.0, device - referenced)
-    # content a finished turn frees into the LRU (its prefix stays with its group)
-    freed = sum(t[0] + b.output_tokens for t in turns) / len(turns) - shared
-    history_distance = c * (1 - admitted / c) * freed
-    prefix_distance = 0.0 if admitted >= p.groups else p.groups * freed
-    inclusive = engine in INCLUSIVE
-    dev_p, dev_h = survives(free, prefix_distance), survives(free, history_distance)
-    if inclusive:
-        any_p = max(dev_p, survives(host, prefix_distance))
-        any_h = max(dev_h, survives(host, history_distance))
-    else:
-        any_p = survives(free + host, prefix_distance)
-        any_h = survives(free + host, history_distance)
+    hits = turn_hits(recipe, block, device, host, c, admitted, engine in INCLUSIVE)
     link = host_link_of(recipe.hardware.gpu)
     # a turn in service runs beside the sessions admitted with it (both TTFTs of a row)
     c_run = c if fit >= c else max(1, math.floor(fit))
     run = serve(k, m, kv, mean_prompt, b.output_tokens, c_run, budget) if c_run != c else s
     decode_ms = max(0, b.output_tokens - 1) * run.itl_ms
-    hits, base, reused = [], 0.0, 0.0
-    for prompt, pre, history in turns:
-        cap_pre = block_floor(min(pre, prompt - 1), block)
-        cap_all = block_floor(min(history, prompt - 1), block)
-        rest = max(0, cap_all - cap_pre)
-        dev = cap_pre * dev_p + rest * min(dev_h, dev_p)
-        anywhere = cap_pre * any_p + rest * min(any_h, any_p)
-        if not on:
-            dev = anywhere = 0.0
-        h = TurnHits(prompt, dev, anywhere - dev if host_bytes else 0.0)
-        hits.append(h)
+    base, reused = 0.0, 0.0
+    for h in hits:
         full, with_hits = turn_ttft(k, m, kv, h, b.output_tokens, c_run, budget, link)
         base += full / len(turns)
         reused += with_hits / len(turns)
@@ -226,7 +249,7 @@ def format_row(
         concurrency=concurrency,
         device_tokens=int(device),
         host_tokens=int(host),
-        working_set_tokens=int(p.groups * shared + c * (context - shared)),
+        working_set_tokens=int(p.groups * p.shared_tokens + c * (context - p.shared_tokens)),
         device_hit_rate=round(sum(h.device for h in hits) / total, 4),
         host_hit_rate=round(sum(h.host for h in hits) / total, 4),
         ttft_ms_without_reuse=round(base, 2),

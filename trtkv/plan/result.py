@@ -159,7 +159,9 @@ class PlanPrefixCache:
 
     enabled: bool
     why: str
-    input_tokens: int  # the workload: bench.input_tokens in, bench.output_tokens out
+    # the workload: bench.input_tokens in (under bench.prefix a session's mean prompt over its
+    # turns, rounded), bench.output_tokens out
+    input_tokens: int
     output_tokens: int
     hit_rates: list[float]  # [0.0] where the engine reuses nothing
     rows: list[PrefixRow]

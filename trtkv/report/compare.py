@@ -172,20 +172,24 @@ def write_compare(
 
 def prefix_section(rows: list[dict[str, Any]]) -> list[str]:
     """bench.prefix's hit rates per tier and TTFT per turn, per recipe and level, side by side (a
-    quantized cache keeps more blocks in the same pool: a higher hit rate at the same workload)."""
+    quantized cache keeps more blocks in the same pool: a higher hit rate at the same workload),
+    each against the plan's prediction with the routing it assumes."""
     lines = [
         f"| {r['recipe']} | {label} | "
         + ", ".join(f"{t} {figure(v, 3)}" for t, v in body["hit_rate"].items())
         + " | "
         + ", ".join(f"turn {t}: {figure(v, 1)}" for t, v in body["ttft_ms_p50_per_turn"].items())
-        + " |"
+        + f" | {body.get('against_plan') or '-'} |"
         for r in rows
         for label, body in (r.get("prefix") or {}).items()
     ]
     if not lines:
         return []
-    head = "| recipe | level | hit rate per tier (server) | TTFT p50 ms per turn |"
-    return ["", "## Prefix reuse (bench.prefix)", "", head, "|---|---|---|---|", *lines]
+    head = (
+        "| recipe | level | hit rate per tier (server) | TTFT p50 ms per turn | server against "
+        "plan (difference), routing assumed |"
+    )
+    return ["", "## Prefix reuse (bench.prefix)", "", head, "|---|---|---|---|---|", *lines]
 
 
 def sweep_breakeven(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

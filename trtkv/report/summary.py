@@ -156,6 +156,11 @@ def collect(recipe: Recipe, planned: PlanFigures) -> dict[str, Any]:
                     "hit_rate": {t: x.hit_rate for t, x in level.tiers.items()},
                     "ttft_ms_p50_per_turn": level.ttft_ms_p50_per_turn,
                     "source": level.source,
+                    # the plan's rates beside the server's (PlanFigures.prefix, via bench)
+                    "predicted": (
+                        level.predicted.model_dump() if level.predicted is not None else None
+                    ),
+                    "against_plan": level.against_plan_text(),
                 }
                 for label, level in results.prefix.items()
             }
@@ -282,6 +287,13 @@ def write_report(recipe: Recipe, planned: PlanFigures, out: Path | None = None) 
                 f"{figure(r.get('top1_agreement'), 3)} | {figure(r.get('ppl_delta'), 3)} | "
                 f"{figure(r.get('needle_accuracy'), 2)} |"
             )
+    if data.get("prefix"):
+        md += [
+            "",
+            "## Prefix reuse (bench.prefix): hit rate per tier, the server's against the plan's",
+            "",
+        ]
+        md += [f"- {label}: {body['against_plan']}" for label, body in data["prefix"].items()]
     (out / "report.md").write_text("\n".join(md) + "\n")
     Manifest(
         stage="report",

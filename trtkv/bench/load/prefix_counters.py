@@ -9,7 +9,14 @@ Counted in tokens by every engine read here:
 - trtkv's reference runtime (the Triton model's custom metrics,
   trtkv/repo/templates/tensorrt_llm/tensorrt_llm_reference.py): `trtkv_prefix_cache_queries` and
   `trtkv_prefix_cache_hits{tier="device"|"host"}`.
-SGLang reports one hit-rate gauge (radix and HiCache together), not counters: not read here.
+- SGLang 0.5.23 (--enable-metrics; sglang/srt/observability/metrics_collector.py,
+  TokenizerMetricsCollector.observe_one_finished_request): `sglang:prompt_tokens_total` (every
+  finished request's prompt tokens, label is_streaming) and `sglang:cached_tokens_total` by
+  `cache_source` "device" (the radix cache on the GPU) / "host" (HiCache's host pool) /
+  "storage" (HiCache's storage backend). A source's label set appears at its first hit, so a
+  source with none yet counts 0 (device, host). Its `sglang:cache_hit_rate` gauge is not read:
+  it is the last prefill batch's rate (scheduler_components/metrics_reporter.py sets it per
+  report), not a level's.
 """
 
 from __future__ import annotations
@@ -30,6 +37,12 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, str] | None]] = {
     "device": ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", None),
     "connector": ("vllm:external_prefix_cache_queries", "vllm:external_prefix_cache_hits", None),
 }
+SGLANG = {
+    tier: ("sglang:prompt_tokens", "sglang:cached_tokens", ("cache_source", tier))
+    for tier in ("device", "host", "storage")
+}
+# SGLang's sources that count 0 until their first hit (storage only where a backend is set)
+SGLANG_ZERO = ("device", "host")
 REFERENCE = {
     "device": ("trtkv_prefix_cache_queries", "trtkv_prefix_cache_hits", ("tier", "device")),
     "host": ("trtkv_prefix_cache_queries", "trtkv_prefix_cache_hits", ("tier", "host")),
@@ -54,9 +67,11 @@ def parse_counters(text: str) -> dict[str, tuple[float, float]]:
         return sum(found) if found else None
 
     out: dict[str, tuple[float, float]] = {}
-    for table in (FAMILIES, REFERENCE):
+    for table in (FAMILIES, REFERENCE, SGLANG):
         for tier, (queries, hits, label) in table.items():
             q, h = total(queries, None), total(hits, label)
+            if q is not None and h is None and table is SGLANG and tier in SGLANG_ZERO:
+                h = 0.0
             if q is not None and h is not None:
                 out[tier] = (q, h)
     return out
@@ -75,7 +90,10 @@ def read_counters(url: str) -> tuple[dict[str, tuple[float, float]], str]:
         return {}, f"{url}: HTTP {answer.status}"
     found = parse_counters(answer.text)
     if not found:
-        return {}, f"{url}: no prefix-cache counters (vllm:prefix_cache_*, trtkv_prefix_cache_*)"
+        return {}, (
+            f"{url}: no prefix-cache counters (vllm:prefix_cache_*, trtkv_prefix_cache_*, "
+            "sglang:cached_tokens_*)"
+        )
     return found, url
 
 

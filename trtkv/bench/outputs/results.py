@@ -206,6 +206,21 @@ def sweep_rows(results: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def prefix_lines(results: dict[str, Any]) -> list[str]:
+    """bench.prefix's levels: the server's hit rate per tier against the plan's, the difference
+    and the plan's routing assumption, and the TTFT median per turn."""
+    from trtkv.contracts.prefix import PrefixLevel
+
+    out = []
+    for label, body in (results.get("prefix") or {}).items():
+        level = PrefixLevel.model_validate(body)
+        ttft = ", ".join(f"turn {t} {ms:,.1f}" for t, ms in level.ttft_ms_p50_per_turn.items())
+        out.append(
+            f"prefix cache {label}: hit rate {level.against_plan_text()}; TTFT p50 ms {ttft or '-'}"
+        )
+    return out
+
+
 def console_summary(results: dict[str, Any], out_dir: Path | None) -> None:
     """One screen: per-level table, accuracy, SLO verdict and where the files are."""
     from rich.console import Console
@@ -223,6 +238,8 @@ def console_summary(results: dict[str, Any], out_dir: Path | None) -> None:
         for row in level_rows(results):
             table.add_row(*row)
         con.print(table)
+    for line in prefix_lines(results):
+        con.print(line)
     if results.get("sweep"):
         table = Table(title="against input length (--sweep-input): medians, ms")
         for col in SWEEP_COLUMNS:
