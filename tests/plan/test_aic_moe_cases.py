@@ -19,8 +19,6 @@ from trtkv.plan import aic
 BOUND = {"itl_ms": mc.ITL_BOUND, "ttft_ms": mc.TTFT_BOUND}
 _SGLANG_C16 = ("aiconfigurator's SGLang mixed steps at concurrency 16 (its _tpot_mix_steps correction, power-law "
                "routing) price decode higher than the kernel rows trtkv reads; not traced further")
-_TP2_C1 = ("Qwen3-30B-A3B at TP2, concurrency 1: trtkv's two NCCL all-reduces per layer (the 4-GPU floor) and the fused "
-           "MoE op's fixed cost leave TP2 no faster than TP1; aiconfigurator's all-reduce rows are faster")
 _VLLM_C16 = ("vLLM at concurrency 16: aiconfigurator multiplies the prefill by its own factor 1 + log2(c) / 8 (1.5); "
              "trtkv's M/D/1 queue and the step in flight (trtkv.plan.in_flight: 1.5 decode steps) add less for "
              "gpt-oss-120b's 2K prompt on H200 (Qwen3-30B-A3B's cases came inside with the step in flight)")
@@ -34,7 +32,6 @@ OUTSIDE = {
     **{("itl_ms", c): _SGLANG_C16 for c in ("gpt_oss_20b/tp1/H100-80GB/sglang/2048x256/bfloat16/c16",
                                             f"{_G120}/sglang/2048x256/bfloat16/c16",
                                             f"{_Q1}/sglang/2048x256/bfloat16/c16")},
-    **{("itl_ms", f"{_Q2}/{e}/2048x256/{kv}/c1"): _TP2_C1 for e in ("vllm", "llmapi") for kv in ("bfloat16", "fp8")},
     **{("ttft_ms", f"{_G120}/vllm/2048x256/{kv}/c16"): _VLLM_C16 for kv in ("bfloat16", "fp8")},
     ("ttft_ms", f"{_G120}/sglang/2048x256/bfloat16/c1"): _PREFILL,
     **{("ttft_ms", f"{_Q2}/llmapi/2048x256/{kv}/c1"): _PREFILL for kv in ("bfloat16", "fp8")},
