@@ -27,9 +27,10 @@ used. Attention is read at a 70B-class layer at TP4, which no end-to-end case tr
                 squares (non-negative)
   moe           the fused MoE op (moe/<engine>/<version>/moe_perf.parquet, the GEMM tables' version), per expert
                 dtype, every shape the table holds at moe_tp 1, EP 1, "balanced" routing (a step of N tokens then
-                reads exactly min(E, N k) experts): t = fixed + max(their bytes / (bandwidth x mem efficiency),
-                2 N k expert params / (tensor-core peak x compute efficiency)); fixed and the mem efficiency by
-                relative least squares (non-negative) over rows of N <= 64 and N k <= E; the compute efficiency the
+                reads exactly min(E, N k) experts): t = fixed + max(their bytes / (bandwidth x mem efficiency) +
+                experts x per-expert cost, 2 N k expert params / (tensor-core peak x compute efficiency)); fixed,
+                per-expert cost and mem efficiency (at most 1) by relative least squares (non-negative) over rows of
+                N <= 64 and N k <= E; the compute efficiency the
                 median over rows of N >= 2048 of what the fixed cost leaves, at aiconfigurator's default skewed
                 routing ("power_law_1.01" rows: a prefill's busiest expert sets its time, which balanced rows miss)
 """
@@ -122,11 +123,12 @@ def _line(x: list[float], y: list[float]) -> tuple[float, float] | None:
     return (my - b * mx, b) if b > 0 else None
 
 
-def _nnls_rel(x, y):
-    """Non-negative least squares of relative error (rows weighted 1/y): the coefficients, a dropped term 0."""
+def _nnls_rel(x, y, target=None):
+    """Non-negative least squares of relative error (rows weighted 1/y) of x @ coef against `target` (default y): the
+    coefficients, a dropped term 0."""
     from scipy.optimize import nnls
 
-    coef, _ = nnls(x / y[:, None], y / y)
+    coef, _ = nnls(x / y[:, None], (y if target is None else target) / y)
     return coef
 
 
@@ -159,15 +161,18 @@ def _moe(pd, path: str, gpu: dict, version: str) -> dict:
         small, large = (n <= 64) & (n * k <= e), n >= 2048
         if small.sum() < 3 or not large.any():
             continue
-        fixed, inv_mem = _nnls_rel(np.c_[np.ones(small.sum()), mem_ms[small]], lat[small])
-        if inv_mem <= 0:
-            continue
+        # bytes at most at the datasheet bandwidth; what a row takes beyond that is a fixed cost, a cost per expert
+        # touched (each expert's GEMMs and weight dequantization set up on their own: SGLang's MXFP4 kernel) and a
+        # share of the bytes, by relative non-negative least squares on that remainder
+        fixed, per_expert, over = _nnls_rel(np.c_[np.ones(small.sum()), read[small], mem_ms[small]], lat[small],
+                                            lat[small] - mem_ms[small])
+        inv_mem = 1 + over
         left = d["latency_skew"].to_numpy(float)[large] - fixed
         effs = sorted(c / t for c, t in zip(comp_ms[large], left, strict=True) if t > 0)
         if not effs:
             continue
         out[f"moe.{dtype}"] = {"version": version, "kernels": kernels, "fixed_ms": float(fixed),
-                               "mem_efficiency": float(1 / inv_mem),
+                               "mem_efficiency": float(1 / inv_mem), "per_expert_ms": float(per_expert),
                                "compute_efficiency": float(effs[len(effs) // 2]), "peak_flops": float(peak),
                                "rows": [int(small.sum()), int(large.sum())]}
     return out
