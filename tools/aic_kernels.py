@@ -7,7 +7,8 @@ kernel, named below and in the output, so a reader can check every figure agains
 
 Reference shapes (per GPU, after tensor parallelism): kernel rows only; no end-to-end estimate and no measurement is
 used. Attention is read at a 70B-class layer at TP4, which no end-to-end case trtkv's tests compare against has:
-  gemm_memory   m=8, 16, 32 tokens x n=k=4096, 8192, 16384    (decode GEMMs: weight-bound; work = weight bytes)
+  gemm_memory   m=1, 8, 16, 32 tokens x n=k=4096, 8192, 16384 (decode GEMMs: weight-bound; work = weight bytes; m=1
+                the GEMM a concurrency-1 decode runs, whose kernel can differ: vLLM's FP8 on B200 1.8x its m=8 time)
   gemm_compute  m=2048..16384 tokens x n=k=4096, 8192, 16384   (prefill GEMMs: compute-bound; work = 2mnk)
                 (weight-bound: latency = fixed + bytes / (bandwidth x efficiency), least squares over those rows: one
                 size alone mixes the fixed cost into the efficiency, e.g. TensorRT-LLM's FP8 GEMM on B200 reads 0.13
@@ -18,12 +19,18 @@ used. Attention is read at a 70B-class layer at TP4, which no end-to-end case tr
                 tokens^2 / 2 / BF16 tensor-core peak
   elementwise   the system YAML's own memory-op model (mem_bw_empirical_scaling_factor, mem_empirical_constant_latency)
   allreduce     NCCL all_reduce over 4 GPUs: the floor at 4,096 half elements; bus bandwidth at 16,777,216 elements
-                against the YAML's intra-node bandwidth
+                against the YAML's intra-node bandwidth (the fallback where an engine has no table below)
+  custom_allreduce  the engine's own all-reduce (comm/<engine>/<version>/custom_allreduce_perf.parquet, the GEMM
+                tables' version or the newest; its CUDA-graph rows where it has eager ones too, as aiconfigurator
+                prices a TP MoE layer's dispatch and combine), per GPU count, every message size the table holds:
+                t = floor + 2 (n - 1) / n x bytes / (intra-node bandwidth x bus efficiency), by relative least
+                squares (non-negative)
   moe           the fused MoE op (moe/<engine>/<version>/moe_perf.parquet, the GEMM tables' version), per expert
                 dtype, every shape the table holds at moe_tp 1, EP 1, "balanced" routing (a step of N tokens then
-                reads exactly min(E, N k) experts): t = fixed + max(their bytes / (bandwidth x mem efficiency),
-                2 N k expert params / (tensor-core peak x compute efficiency)); fixed and the mem efficiency by
-                relative least squares (non-negative) over rows of N <= 64 and N k <= E; the compute efficiency the
+                reads exactly min(E, N k) experts): t = fixed + max(their bytes / (bandwidth x mem efficiency) +
+                experts x per-expert cost, 2 N k expert params / (tensor-core peak x compute efficiency)); fixed,
+                per-expert cost and mem efficiency (at most 1) by relative least squares (non-negative) over rows of
+                N <= 64 and N k <= E; the compute efficiency the
                 median over rows of N >= 2048 of what the fixed cost leaves, at aiconfigurator's default skewed
                 routing ("power_law_1.01" rows: a prefill's busiest expert sets its time, which balanced rows miss)
 """
@@ -43,7 +50,7 @@ DATASHEET_ONLY = ("h100_pcie", "l4")
 GPU_KEYS = ("mem_bw", "bfloat16_tc_flops", "fp8_tc_flops", "sm_version", "mem_bw_empirical_scaling_factor",
             "mem_empirical_constant_latency")
 BACKENDS = ("trtllm", "vllm", "sglang")
-GEMM_M_DECODE, GEMM_M_PREFILL, GEMM_NK = (8, 16, 32), (2048, 4096, 8192, 16384), (4096, 8192, 16384)
+GEMM_M_DECODE, GEMM_M_PREFILL, GEMM_NK = (1, 8, 16, 32), (2048, 4096, 8192, 16384), (4096, 8192, 16384)
 HEADS, KV_HEADS, HEAD_DIM, DEC_BATCH, DEC_CTX, PREFILL_LEN = 16, 2, 128, 16, 16383, 8192
 KV_BYTES = {"bfloat16": 2.0, "fp8": 1.0, "int8": 1.0}
 AR_GPUS, AR_SMALL, AR_LARGE = 4, 4096, 16777216
@@ -116,11 +123,12 @@ def _line(x: list[float], y: list[float]) -> tuple[float, float] | None:
     return (my - b * mx, b) if b > 0 else None
 
 
-def _nnls_rel(x, y):
-    """Non-negative least squares of relative error (rows weighted 1/y): the coefficients, a dropped term 0."""
+def _nnls_rel(x, y, target=None):
+    """Non-negative least squares of relative error (rows weighted 1/y) of x @ coef against `target` (default y): the
+    coefficients, a dropped term 0."""
     from scipy.optimize import nnls
 
-    coef, _ = nnls(x / y[:, None], y / y)
+    coef, _ = nnls(x / y[:, None], (y if target is None else target) / y)
     return coef
 
 
@@ -153,15 +161,18 @@ def _moe(pd, path: str, gpu: dict, version: str) -> dict:
         small, large = (n <= 64) & (n * k <= e), n >= 2048
         if small.sum() < 3 or not large.any():
             continue
-        fixed, inv_mem = _nnls_rel(np.c_[np.ones(small.sum()), mem_ms[small]], lat[small])
-        if inv_mem <= 0:
-            continue
+        # bytes at most at the datasheet bandwidth; what a row takes beyond that is a fixed cost, a cost per expert
+        # touched (each expert's GEMMs and weight dequantization set up on their own: SGLang's MXFP4 kernel) and a
+        # share of the bytes, by relative non-negative least squares on that remainder
+        fixed, per_expert, over = _nnls_rel(np.c_[np.ones(small.sum()), read[small], mem_ms[small]], lat[small],
+                                            lat[small] - mem_ms[small])
+        inv_mem = 1 + over
         left = d["latency_skew"].to_numpy(float)[large] - fixed
         effs = sorted(c / t for c, t in zip(comp_ms[large], left, strict=True) if t > 0)
         if not effs:
             continue
         out[f"moe.{dtype}"] = {"version": version, "kernels": kernels, "fixed_ms": float(fixed),
-                               "mem_efficiency": float(1 / inv_mem),
+                               "mem_efficiency": float(1 / inv_mem), "per_expert_ms": float(per_expert),
                                "compute_efficiency": float(effs[len(effs) // 2]), "peak_flops": float(peak),
                                "rows": [int(small.sum()), int(large.sum())]}
     return out
@@ -212,6 +223,34 @@ def _allreduce(pd, root: str, gpu: dict, intra_bw: float) -> dict:
                           "latency_ms": float(large)}}
 
 
+def _custom_allreduce(pd, comm_dir: str, version: str, intra_bw: float) -> dict:
+    """The engine's own all-reduce per GPU count: floor and bus efficiency over every message size of its table."""
+    import numpy as np
+
+    mv = version if os.path.exists(os.path.join(comm_dir, version, "custom_allreduce_perf.parquet")) else _newest(
+        comm_dir, "custom_allreduce_perf.parquet")
+    if mv is None:
+        return {}
+    df = pd.read_parquet(os.path.join(comm_dir, mv, "custom_allreduce_perf.parquet"))
+    df = df[(df["op_name"] == "all_reduce") & (df["allreduce_dtype"] == "bfloat16")]
+    graph = df[df["kernel_source"].str.contains("graph")]
+    df = graph if not graph.empty else df
+    by_gpus: dict = {}
+    for n, d in df.groupby("num_gpus"):
+        d = d.groupby("message_size", as_index=False)["latency"].min()
+        size, lat = d["message_size"].to_numpy(float), d["latency"].to_numpy(float)
+        if len(d) < 3:
+            continue
+        ideal_ms = 2 * (n - 1) / n * size * 2 / intra_bw * 1e3  # bfloat16 elements at the YAML's bandwidth
+        floor, inv_eff = _nnls_rel(np.c_[np.ones(len(d)), ideal_ms], lat)
+        if inv_eff <= 0:
+            continue
+        by_gpus[str(int(n))] = {"floor_ms": float(floor), "bus_efficiency": float(1 / inv_eff), "rows": len(d)}
+    if not by_gpus:
+        return {}
+    return {"custom_allreduce": {"version": mv, "kernels": sorted(set(df["kernel_source"])), "by_gpus": by_gpus}}
+
+
 def main() -> int:
     import aiconfigurator_core
     import pandas as pd
@@ -245,6 +284,7 @@ def main() -> int:
                 moe_dir, "moe_perf.parquet")
             if mv is not None:
                 figures.update(_moe(pd, os.path.join(moe_dir, mv, "moe_perf.parquet"), gpu, mv))
+            figures.update(_custom_allreduce(pd, os.path.join(root, "comm", backend), gv, node["intra_node_bw"]))
             entry["backends"][backend] = {"gemm_version": gv, "attention_version": av, **figures}
         out["systems"][name] = entry
     json.dump(out, sys.stdout, indent=1, sort_keys=True)

@@ -58,11 +58,12 @@ def test_a_decode_step_reads_the_experts_its_batch_routes_to() -> None:
     many, _ = moe_step.routed_ms(k, m.moe, 256)
     assert one < eight < many
     # one token reads 4 of 128 experts: its expert time is the bytes of 4 experts per layer (plus the fused MoE op's
-    # fixed cost, aiconfigurator's vLLM 0.24.0 MXFP4 rows), not 128
+    # fixed cost and its cost per expert touched, aiconfigurator's vLLM 0.24.0 MXFP4 rows), not 128
     fused = k.moe_tables[m.moe.table]
     all_bytes = m.moe.total_params * m.moe.bytes_per_param
     floor = all_bytes / (k.mem_bw * min(1.0, fused["mem_efficiency"])) * 1e3
-    assert one == pytest.approx(floor * 4 / 128 + m.moe.layers * fused["fixed_ms"], rel=1e-6)
+    per_layer = fused["fixed_ms"] + 4 * fused["per_expert_ms"]
+    assert one == pytest.approx(floor * 4 / 128 + m.moe.layers * per_layer, rel=1e-6)
     assert one < floor / 4
 
 

@@ -130,6 +130,11 @@ def test_efficiencies_carry_their_rows() -> None:
                 if isinstance(body, dict) and name.startswith("moe."):  # the fused MoE op's fit
                     assert 0 < body["mem_efficiency"] < 3 and 0 < body["compute_efficiency"] < 3, (system, name)
                     assert body["fixed_ms"] >= 0 and min(body["rows"]) >= 3 and body["version"]
+                    assert 0 <= body["per_expert_ms"] < 0.1 and body["mem_efficiency"] <= 1, (system, name)
+                elif isinstance(body, dict) and name == "custom_allreduce":  # the engine's all-reduce per GPU count
+                    assert body["version"] and body["by_gpus"], (system, backend)
+                    for fit in body["by_gpus"].values():
+                        assert 0 < fit["floor_ms"] < 0.05 and 0 < fit["bus_efficiency"] < 3 and fit["rows"] >= 3
                 elif isinstance(body, dict):
                     assert 0 < body["efficiency"] < 3, (system, backend, name)
                     assert "latency_ms" in body or "rows" in body

@@ -14,7 +14,8 @@ What a step costs here, per GPU:
   through one expert's GEMMs), whichever is slower, per MoE layer, plus a fixed cost per layer, at
   the engine's fused MoE op as aiconfigurator-core 0.12.0 measured it for the experts' dtype
   (moe/<engine>/<version>/moe_perf.parquet, fitted per GPU, engine and dtype by
-  tools/aic_kernels.py: the memory side over its balanced rows, the compute side over its
+  tools/aic_kernels.py: the memory side over its balanced rows, with a cost per expert touched
+  beside the bytes (SGLang's MXFP4 kernel: ~4 us on H200), the compute side over its
   power-law rows, so a prefill's busiest expert is in it); where no table covers the dtype, the
   dense-GEMM efficiencies plus two grouped-GEMM calls and the routing kernels (top-k, permute,
   unpermute) per layer;
@@ -177,6 +178,7 @@ def routed_ms(k: StepKernels, moe: MoEShape, tokens: int) -> tuple[float, float]
         # the engine's fused MoE op as aiconfigurator measured it (tools/aic_kernels.py: its
         # fixed cost per layer, memory and compute efficiencies)
         mem = read / (k.mem_bw * min(1.0, fused["mem_efficiency"])) * 1e3
+        mem += local * fused.get("per_expert_ms", 0.0)  # each expert touched: its own GEMM set-up
         comp = flops / (fused["peak_flops"] * min(1.0, fused["compute_efficiency"])) * 1e3
         gemm = moe.layers * (fused["fixed_ms"] + max(mem, comp))
     else:

@@ -39,6 +39,7 @@ from typing import Any
 
 from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.formats import SPECS, UNQUANTIZED, KVFormat
+from trtkv.plan.allreduce import allreduce_ms, by_gpus
 from trtkv.plan.in_flight import in_flight_ms
 from trtkv.plan.moe_step import MoEShape, routed_ms
 from trtkv.platform.hardware import GPU, GPU_SPECS
@@ -140,6 +141,7 @@ class Kernels:
     peaks: str = ""  # a borrowed GPU: where its tensor-core and FP32 peaks come from
     # the fused MoE op per expert dtype (moe_perf.parquet fits: trtkv.plan.moe_step.routed_ms)
     moe_tables: dict[str, dict[str, Any]] = field(default_factory=dict)
+    ar_by_gpus: dict[int, tuple[float, float]] = field(default_factory=dict)  # plan.allreduce
 
     def efficiency(self, kind: str, dtype: str) -> float:
         got = self.eff.get(f"{kind}.{dtype}") or self.eff.get(f"{kind}.bfloat16")
@@ -260,6 +262,7 @@ def kernels_for(gpu: GPU, engine: str) -> Kernels:
         float(g.get("mem_empirical_constant_latency") or 3e-6) * 1e3,
         peaks,
         moe,
+        by_gpus(tables),
     )
 
 
@@ -381,10 +384,8 @@ def step_time(
                 flops += 4 * m.q_heads * m.head_dim * n * (seen + span / 2)
         lane = "fp8" if kv.lane == "fp8" and not kv.dequant_ops else "bfloat16"
         attn += flops / (k.flops["bfloat16"] * k.efficiency("attn_prefill", lane)) * 1e3
-    if m.tp > 1:  # two all-reduces of the hidden state per layer (attention out, MLP out)
-        msg = tokens * m.hidden * 2
-        per = k.ar_floor_ms + 2 * (m.tp - 1) / m.tp * msg / (k.link_bw * k.ar_bus_eff) * 1e3
-        comm += 2 * m.num_layers * per
+    # two all-reduces of the hidden state per layer under TP (attention out, MLP out)
+    comm += 2 * m.num_layers * allreduce_ms(k, m.tp, tokens * m.hidden * 2)
     if m.pp > 1:
         comm += (m.pp - 1) * k.ar_floor_ms  # one activation hand-off per stage boundary
     passes = ELEMENTWISE_PASSES + 3 * m.intermediate / max(1, m.hidden) / m.tp
