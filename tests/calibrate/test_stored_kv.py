@@ -356,11 +356,11 @@ def test_the_weights_are_dequantized_as_stored(stored: dict[str, Path], smollm2_
 
 
 REFUSALS = [
-    ("modelopt-fp8-kv", [], "already carries KV-cache scales (fp8 per tensor"),
+    ("modelopt-fp8-kv", ["build.backend=sglang"], "which build.backend sglang does not read beside these weights"),
+    ("modelopt-fp8-kv", ["quantization.kv_cache=fp8_attn_head"], "calibrate writes no kv_cache fp8_attn_head beside"),
     ("modelopt-int4_awq", [], "trtkv dequantizes only FP8 and NVFP4 weights"),
     ("modelopt-nvfp4", ["build.backend=llmapi"], "LLM API runs FP8 KV at scale 1.0"),
     ("modelopt-nvfp4", ["quantization.kv_cache=fp8_attn_head"], "one k/v scale per layer"),
-    ("modelopt-nvfp4", ["quantization.kv_cache=int8_per_token_head"], "nothing to calibrate"),
     ("modelopt-nvfp4", ["quantization.weights=fp8"], "would quantize them again"),
 ]
 # the checkpoint_quant `trtkv init` records for each fixture
@@ -379,6 +379,35 @@ def test_refused_where_no_engine_reads_the_scales(stored: dict[str, Path], tmp_p
     assert not checkpoint_dir(recipe).exists()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(("fixture", "overrides", "why"), [
+    ("modelopt-fp8-kv", [], "its own KV-cache scales (fp8 per tensor) are read by the engine as they are"),
+    ("modelopt-nvfp4", ["quantization.kv_cache=int8_per_token_head"], "kv_cache int8_per_token_head takes no KV"),
+])
+def test_nothing_to_calibrate_passes_the_checkpoint_on_as_stored(stored: dict[str, Path], tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch, fixture: str,
+                                                                 overrides: list[str], why: str) -> None:
+    """On main both were refused ("already carries KV-cache scales", "nothing to calibrate") and the chain stopped:
+    now the checkpoint goes on as stored (its scales, if any, in kv_scales.json as the engine reads them)."""
+    from trtkv.calibrate.stored_kv import per_layer_scales
+
+    monkeypatch.setenv("TRTKV_ENGINES", str(tmp_path / "engines"))
+    recipe = load_recipe(recipe_for(tmp_path, stored[fixture]), overrides)
+    said: list[str] = []
+    calibrate(recipe, log=said.append)
+    assert any(why in line and "served as stored" in line for line in said), said
+    out = checkpoint_dir(recipe)
+    for shard in stored[fixture].glob("*.safetensors"):
+        assert (out / "hf" / shard.name).samefile(shard)
+    scales = json.loads((out / "kv_scales.json").read_text())
+    if fixture == "modelopt-fp8-kv":  # the export's own scales, as vLLM's ModelOpt loader reads them
+        carried = per_layer_scales(out / "hf", LAYERS)["k_scales"]
+        assert scales["kv_cache_quant_algo"] == "FP8" and len(scales["layers"]) == LAYERS
+        assert [x["k_amax"] / 448 for x in scales["layers"]] == pytest.approx(carried, rel=1e-6)
+    else:
+        assert scales["kv_cache_quant_algo"] is None and scales["layers"] == []
+
+
 def test_dry_run_says_the_kv_cache_only(stored: dict[str, Path], tmp_path: Path) -> None:
     """On main the dry run of a recipe with model.checkpoint_quant promised ModelOpt's exports of the model (hf/
     re-exported, a TensorRT-LLM checkpoint)."""
@@ -390,8 +419,9 @@ def test_dry_run_says_the_kv_cache_only(stored: dict[str, Path], tmp_path: Path)
     assert "export_hf_checkpoint" not in lines and "export_tensorrt_llm_checkpoint" not in lines
 
 
-@pytest.mark.parametrize(("fixture", "overrides", "why"), [  # weights fp8 on checkpoint_quant nvfp4: refused at load
-    r for r in REFUSALS if "quantization.weights=fp8" not in r[1]])
+# weights fp8 and (issue 51) FP8 KV on llmapi with checkpoint_quant nvfp4: refused at load (tests/recipe/test_stored.py)
+@pytest.mark.parametrize(("fixture", "overrides", "why"), [
+    r for r in REFUSALS if not {"quantization.weights=fp8", "build.backend=llmapi"} & set(r[1])])
 def test_dry_run_names_the_refusal_calibrate_would_make(stored: dict[str, Path], tmp_path: Path, fixture: str,
                                                         overrides: list[str], why: str) -> None:
     """The dry run of a recipe calibrate refuses says so, with the same reason and alternatives; on main it promised

@@ -91,6 +91,21 @@ def test_a_hub_id_fills_only_an_hf_export(tmp_path: Path) -> None:
                options=Options(model_source=HUB, model_size_gib=70.0))
 
 
+@pytest.mark.parametrize(("name", "offered"), [("llama70b_fp8kv_llmapi", "vllm or sglang"),
+                                               ("llama70b_fp8kv", "vllm or sglang")])
+def test_the_hub_refusal_offers_only_other_backends_that_serve_the_hf_export_alone(tmp_path: Path, name: str,
+                                                                                 offered: str) -> None:
+    """Issue 51: on main an llmapi recipe was told to use "build.backend vllm, sglang or llmapi", its own backend,
+    which on k8s serves through the Triton repository too."""
+    recipe = load_recipe(name)
+    with pytest.raises(StageError, match="a hub repository holds an HF export") as err:
+        deploy(recipe, Target.K8S, tmp_path / "t", log=lambda _m: None,
+               options=Options(model_source=HUB, model_size_gib=70.0))
+    text = str(err.value)
+    assert f"(build.backend {offered})." in text and f"build.backend {recipe.build.backend.value}) also reads" in text
+    assert "llmapi)" not in text.split("Next:")[1]
+
+
 @pytest.mark.parametrize("name", ["llama70b_fp8kv_attnhead_vllm", "llama70b_fp8kv_sglang"])
 def test_a_hub_load_installs_nothing_at_run_time(name: str, tmp_path: Path) -> None:
     """Before: the Job ran `pip install huggingface_hub` in python:3.12-slim, which fails on a cluster without egress

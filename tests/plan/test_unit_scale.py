@@ -89,9 +89,9 @@ def test_gpt_oss_on_vllm_plans_fp8_cast_and_says_why_the_engine_uses_one(tmp_pat
     assert "Mxfp4Config" in note and "Planned as fp8_cast" in note
 
 
-def test_gpt_oss_on_the_llm_api_keeps_fp8_and_is_planned_at_one(tmp_path: Path) -> None:
+def test_gpt_oss_on_the_llm_api_moves_to_fp8_cast_and_is_planned_at_one(tmp_path: Path) -> None:
+    """On main init kept fp8 (planned at 1.0, then refused by calibrate); now init moves it to fp8_cast as for vLLM
+    (tests/recipe/test_stored.py), the same cache the plan priced."""
     recipe = _gpt_oss(tmp_path, "llmapi")
-    assert recipe.quantization.kv_cache.value == "fp8"
-    p = plan(recipe)
-    assert any(WILL_USE_ONE in n and "tensorrt_llm" in n for n in p.notes)
-    assert kv_format_for_recipe(recipe) is KVFormat.FP8_SCALE1
+    assert recipe.quantization.kv_cache.value == "fp8_cast"
+    assert kv_format_for_recipe(recipe) is KVFormat.FP8_SCALE1 and plan(recipe).recipe_kv_format == "fp8_scale1"

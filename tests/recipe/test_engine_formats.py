@@ -55,7 +55,6 @@ def test_every_engine_format_is_a_recipe_value() -> None:
 @pytest.mark.parametrize(("backend", "kv", "alternative"), [
     ("tensorrt", "int8_per_token_head", "int8 on build.backend tensorrt"),
     ("llmapi", "fp8_per_token_head", "fp8 (calibrated scales)"),
-    ("llmapi", "fp8_cast", "fp8 (calibrated scales)"),
     ("reference", "turboquant_k8v4", "fp8 (calibrated scales)"),
 ])
 def test_a_backend_without_a_table_row_refuses_with_the_engine_and_an_alternative(backend: str, kv: str,
@@ -71,6 +70,17 @@ def test_vllm_cpu_refuses_triton_only_formats_and_serves_fp8_cast() -> None:
     assert "TritonAttentionBackend" in msg and "CPUAttentionBackend" in msg, msg
     recipe = load_recipe("smollm2_fp8kv_vllm", ["quantization.kv_cache=fp8_cast"])
     assert vllm_command.kv_cache_dtype(recipe) == "fp8" and recipe.kv_format.value == "fp8_scale1"
+
+
+def test_llmapi_serves_fp8_cast_as_kv_cache_config_dtype_fp8() -> None:
+    """Issue 51: the LLM API's FP8 cache at scale 1.0, nothing calibrated (refused as 'not by build.backend llmapi' on
+    main): what `trtkv init` moves a stored checkpoint's KV to on llmapi."""
+    from trtkv.backends import llmapi_args
+
+    over = ["build.backend=llmapi", "quantization.kv_cache=fp8_cast"]
+    assert _problems("llama70b_fp8kv", over) == ""
+    recipe = load_recipe("llama70b_fp8kv", over)
+    assert llmapi_args.kv_dtype(recipe) == "fp8" and recipe.kv_format.value == "fp8_scale1"
 
 
 def test_a100_refuses_fp8_stores_but_takes_int8_per_token_head() -> None:

@@ -76,13 +76,54 @@ def test_weights_none_is_accepted_and_a_larger_format_refused(tmp_path: Path) ->
 
 def test_only_a_smaller_known_format_may_requantize(tmp_path: Path) -> None:
     base = gpt_oss(tmp_path, backend="llmapi")
-    assert base.quantization.kv_cache.value == "fp8"  # TensorRT-LLM: no move
+    assert base.quantization.kv_cache.value == "fp8_cast"  # TensorRT-LLM reads no FP8 KV scale: moved
     smaller = load_recipe(base.path, ["model.checkpoint_quant=fp8", "quantization.weights=int4_awq"])
     assert stored_problems(smaller) == []
     with pytest.raises(RecipeError, match=r"fp8 on a checkpoint stored as fp8 \(8-bit"):
         load_recipe(base.path, ["model.checkpoint_quant=fp8", "quantization.weights=fp8"])
     with pytest.raises(RecipeError, match=r"int4_awq on a checkpoint stored as bitnet \(of unknown size"):
         load_recipe(base.path, ["model.checkpoint_quant=bitnet", "quantization.weights=int4_awq"])
+
+
+def test_llmapi_init_moves_a_stored_checkpoints_kv_to_fp8_cast_with_a_warning(tmp_path: Path) -> None:
+    """Issue 51: on main init kept kv_cache fp8 on llmapi (the default GPU backend) for a stored checkpoint; plan
+    priced it as fp8_cast, then calibrate refused it (TensorRT-LLM reads no KV scale beside stored weights), so the
+    default chain stopped there."""
+    warned: list[str] = []
+    out = write_recipe("t", CONFIGS / "gpt_oss_120b", tmp_path / "t.yaml", "H200-141GB", backend="llmapi",
+                       warn=warned.append)
+    recipe = load_recipe(out)
+    assert (recipe.quantization.weights.value, recipe.quantization.kv_cache.value) == ("none", "fp8_cast")
+    assert len(warned) == 1 and "quantization.kv_cache: fp8_cast, not fp8" in warned[0], warned
+    assert "tensorrt_llm" in warned[0] and "scale 1.0" in warned[0]
+    p = plan(recipe)
+    assert p.recipe_kv_format == "fp8_scale1" and round(p.weights.per_gpu_gib, 2) == 60.69
+
+
+def test_llmapi_refuses_a_calibrated_fp8_kv_on_stored_weights_naming_the_alternatives(tmp_path: Path) -> None:
+    with pytest.raises(RecipeError) as err:
+        write_recipe("t", CONFIGS / "gpt_oss_120b", tmp_path / "t.yaml", "H200-141GB", backend="llmapi",
+                     kv_cache="fp8")
+    text = str(err.value)
+    assert "quantization.kv_cache (from --kv-cache fp8)" in text and "scale 1.0" in text
+    # MXFP4: vLLM gives its attention no KV method either, so it is not offered
+    assert "kv_cache fp8_cast" in text and "kv_cache none" in text and "another build.backend" in text
+    base = gpt_oss(tmp_path, backend="llmapi")
+    for stored in ("nvfp4", "fp8"):  # weights calibrate runs on: vLLM reads the scales beside them
+        with pytest.raises(RecipeError, match=f"stored as {stored} with build.backend llmapi") as err:
+            load_recipe(base.path, [f"model.checkpoint_quant={stored}", "quantization.kv_cache=fp8"])
+        assert "kv_cache fp8_cast" in str(err.value) and "or build.backend vllm (vLLM reads" in str(err.value)
+    # fp8_cast and 16-bit KV on the stored weights are served by llmapi
+    for kv in ("fp8_cast", "none"):
+        assert stored_problems(load_recipe(base.path, ["model.checkpoint_quant=nvfp4",
+                                                       f"quantization.kv_cache={kv}"])) == []
+
+
+def test_a_16bit_checkpoint_on_llmapi_keeps_its_calibrated_fp8_kv(tmp_path: Path) -> None:
+    warned: list[str] = []
+    out = write_recipe("l", CONFIGS / "llama3_1_8b", tmp_path / "l.yaml", backend="llmapi", warn=warned.append)
+    recipe = load_recipe(out)
+    assert recipe.quantization.kv_cache.value == "fp8" and recipe.model.checkpoint_quant is None and warned == []
 
 
 def test_the_stored_format_is_a_word(tmp_path: Path) -> None:

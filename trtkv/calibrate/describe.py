@@ -77,6 +77,13 @@ def supported_problems(recipe: Recipe) -> list[str]:
     return out
 
 
+def passes_on(recipe: Recipe) -> bool:
+    """A pre-quantized checkpoint whose KV cache takes no scales: calibrate passes it on as stored
+    (trtkv.calibrate.as_stored), nothing calibrated or exported, so ModelOpt's limits
+    (supported_problems) do not apply."""
+    return bool(recipe.model.checkpoint_quant) and recipe.kv_row.choice.checkpoint_algo is None
+
+
 def stored_problems(recipe: Recipe) -> list[str]:
     """Where calibrate would refuse the recipe's stored checkpoint before any work
     (trtkv.calibrate.stored_kv: KV scales already carried, weights trtkv does not dequantize, an
@@ -171,6 +178,12 @@ STORED_KV = (
     "self_attn.k_proj.k_scale, hf_quant_config.json kv_cache_quant_algo FP8; compressed-tensors: "
     "kv_cache_scheme, self_attn.k_scale); refused before any work where none reads them"
 )
+AS_STORED = (
+    "  Served as stored: kv_cache {kv} takes no KV scales, so nothing is calibrated or quantized; "
+    "hf/ is the checkpoint stored as {fmt} (model.checkpoint_quant), its safetensors shards "
+    "hard-linked, unchanged (trtkv.calibrate.as_stored); tokenizer/, kv_scales.json (no layers), "
+    "calibration_report.md"
+)
 STORED_HF = (
     "hf/ (the checkpoint's own safetensors shards hard-linked, unchanged, + "
     "kv_cache_scales.safetensors listed in model.safetensors.index.json + the config declaring "
@@ -253,6 +266,13 @@ def describe_calibration(recipe: Recipe) -> list[str]:
     nothing)."""
     c, q = recipe.calibration, recipe.quantization
     out = checkpoint_dir(recipe)
+    if passes_on(recipe):
+        fmt = recipe.model.checkpoint_quant
+        return [
+            f"calibrate {recipe.name}: nothing to calibrate on {recipe.model.source}",
+            AS_STORED.format(kv=q.kv_cache.value, fmt=fmt),
+            f"  output: {out}/",
+        ] + [f"  cannot run: {p}" for p in stored_problems(recipe)]
     batches = -(-c.num_samples // c.batch_size)
     kv_algo = recipe.kv_row.choice.checkpoint_algo
     what = (

@@ -12,8 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trtkv.calibrate.as_stored import pass_on
 from trtkv.calibrate.common import PER_TENSOR_NOTE, STAGE, ModelLoader, trtllm_export_refused
-from trtkv.calibrate.describe import supported_problems
+from trtkv.calibrate.describe import passes_on, supported_problems
 from trtkv.calibrate.modelopt_export import (
     build_quant_cfg,
     check_exported_factors,
@@ -56,7 +57,7 @@ def calibrate(
     trtkv.contracts.stage.StageResult."""
     from trtkv.contracts.stage import VERSIONED_TOOLS, run_stage
 
-    problems = supported_problems(recipe)
+    problems = [] if passes_on(recipe) else supported_problems(recipe)
     if problems:
         raise StageError(
             f"calibrate {recipe.name}: cannot run:\n" + "\n".join(f"  - {p}" for p in problems)
@@ -83,6 +84,8 @@ def calibrate(
             model_dir = _resolve_model(recipe)
             stored = stored_checkpoint(recipe, model_dir)
             _check_memory(recipe)
+            if stored is not None and stored.as_stored:  # nothing to calibrate: passed on
+                return pass_on(tmp, recipe, stored, log)
             chosen = default_loader if stored is None else _dequantized_loader(stored)
         return _calibrate_into(tmp, recipe, chosen, model_dir, log, stored)
 

@@ -34,7 +34,7 @@ from typing import Any, NoReturn
 from trtkv.backends import BACKENDS
 from trtkv.checkpoints import HF_QUANT_CONFIG, read_checkpoint_quant
 from trtkv.core.errors import StageError
-from trtkv.recipe import Backend, KVCacheQuant, Recipe, WeightQuant
+from trtkv.recipe import KV_CALIBRATED_WEIGHTS, Backend, KVCacheQuant, Recipe, WeightQuant
 
 SCALES_SHARD = "kv_cache_scales.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -42,8 +42,6 @@ ALTERNATIVES = (
     "serve it as stored with quantization.kv_cache fp8_cast (FP8 at scale 1.0, no calibration) "
     "or none (16-bit KV), or another build.backend"
 )
-# the stored weight formats trtkv.calibrate.dequantize dequantizes (ModelOpt's own qtensors)
-DEQUANTIZED = ("fp8", "fp8_block", "nvfp4")
 # where the engine gives attention no KV-cache method for these weights (vLLM 0.32 sources)
 NO_KV_PLACE = {
     "mxfp4": "vLLM 0.32's Mxfp4Config.get_quant_method returns None for Attention ('MXFP4 "
@@ -75,6 +73,9 @@ class StoredCheckpoint:
     weights: str  # the stored weight format: "fp8", "fp8_block", "nvfp4"
     source: str  # what trtkv.checkpoints.checkpoint_quant read
     block: tuple[int, int] | None  # FP8 2-D block shape, where stored so
+    # why the checkpoint is served as stored with nothing to calibrate (a KV cache without scales,
+    # or scales it carries that the engine reads); None where calibrate writes KV scales
+    as_stored: str | None = None
 
 
 def stored_checkpoint(recipe: Recipe, model_dir: Path) -> StoredCheckpoint | None:
@@ -102,23 +103,30 @@ def stored_checkpoint(recipe: Recipe, model_dir: Path) -> StoredCheckpoint | Non
             "quantization.weights none (the weights as stored; calibrate then calibrates the KV "
             "cache only), or ",
         )
+    as_stored = None  # why the checkpoint is passed on as it is, nothing calibrated
+    if recipe.kv_row.choice.checkpoint_algo is None:
+        as_stored = f"kv_cache {q.kv_cache.value} takes no KV scales (the engine's flag sets it)"
+    elif found.kv_cache and q.kv_cache is KVCacheQuant.FP8:
+        as_stored = f"its own KV-cache scales ({found.kv_cache}) are read by the engine as they are"
+        if recipe.build.backend not in writer_backends(found.method):
+            _refuse(
+                recipe,
+                model_dir,
+                fmt,
+                f"it already carries KV-cache scales ({found.kv_cache}; {found.source}), which "
+                f"build.backend {recipe.build.backend.value} does not read beside these weights",
+                "",
+            )
+    if as_stored:
+        return StoredCheckpoint(model_dir, found.method, fmt, found.source, None, as_stored)
     if found.kv_cache:
         _refuse(
             recipe,
             model_dir,
             fmt,
-            f"it already carries KV-cache scales ({found.kv_cache}; {found.source}), which the "
-            "engine reads as they are: nothing to calibrate",
-            "serve it as stored, or ",
-        )
-    if recipe.kv_row.choice.checkpoint_algo is None:
-        _refuse(
-            recipe,
-            model_dir,
-            fmt,
-            f"kv_cache {q.kv_cache.value}: nothing to calibrate (no KV scales: the engine's own "
-            "flag sets that cache)",
-            "",
+            f"it already carries KV-cache scales ({found.kv_cache}; {found.source}): calibrate "
+            f"writes no kv_cache {q.kv_cache.value} beside them",
+            "kv_cache fp8 (its scales as they are), or ",
         )
     if q.kv_cache not in (KVCacheQuant.FP8, KVCacheQuant.FP8_ATTN_HEAD):
         _refuse(
@@ -140,7 +148,7 @@ def _target(
         _refuse(
             recipe, model_dir, fmt, f"no engine place for its KV scales: {NO_KV_PLACE[method]}", ""
         )
-    if not writer_backends(method) or fmt not in DEQUANTIZED:
+    if not writer_backends(method) or fmt not in KV_CALIBRATED_WEIGHTS:
         _refuse(
             recipe,
             model_dir,
@@ -325,7 +333,7 @@ def check_written(
     problems = [
         f"{name}: differs from {target.model_dir / name}"
         for name in sorted(p.name for p in target.model_dir.glob("*.safetensors"))
-        if not _same_bytes(target.model_dir / name, hf_dir / name)
+        if not same_bytes(target.model_dir / name, hf_dir / name)
     ]
     notes: list[str] = []
     config = _read_json(hf_dir / "config.json")
@@ -344,7 +352,7 @@ def check_written(
         else:
             read = validate_per_tensor_export(hf_dir, n)
     else:
-        read = _per_layer_scales(hf_dir, n)
+        read = per_layer_scales(hf_dir, n)
     for kind, want in (("k", k_scales), ("v", v_scales)):
         if not _close(read[f"{kind}_scales"], want):
             problems.append(f"{kind} scales read back {read[f'{kind}_scales']} != written {want}")
@@ -380,7 +388,7 @@ def stored_scales(
     return check_written(stored, hf_dir, k, v)
 
 
-def _per_layer_scales(hf_dir: Path, num_layers: int) -> dict[str, Any]:
+def per_layer_scales(hf_dir: Path, num_layers: int) -> dict[str, Any]:
     """ModelOpt's self_attn.{k,v}_proj.{k,v}_scale across every shard: exactly one per layer."""
     from safetensors import safe_open
 
@@ -412,7 +420,8 @@ def _close(got: list[Any], want: list[Any]) -> bool:
     )
 
 
-def _same_bytes(source: Path, copy: Path) -> bool:
+def same_bytes(source: Path, copy: Path) -> bool:
+    """`copy` is `source` itself (a hard link) or holds its bytes (equal SHA-256)."""
     import hashlib
 
     if not copy.is_file():

@@ -197,12 +197,22 @@ def parse_source(text: str) -> ModelSource:
 def check_source(source: ModelSource, recipe: Recipe, folders: list[str]) -> None:
     """A hub id holds an HF export only: refuse it for a server that reads anything else."""
     if source.kind is SourceKind.HF and folders != ["checkpoint/hf"]:
+        from trtkv.backends import BACKENDS
+
+        # the other backends that serve the HF export alone: their own server, no Triton repository
+        alone = [b.value for b, obj in BACKENDS.items() if obj.repo is None]
+        others = [b for b in alone if b != recipe.build.backend.value]
         raise StageError(
             f"--model-source {source.uri}: a hub repository holds an HF export (checkpoint/hf), "
-            f"but {recipe.name}'s server also reads "
+            f"but {recipe.name}'s server (build.backend {recipe.build.backend.value}) also reads "
             f"{', '.join(f for f in folders if f != 'checkpoint/hf')} (trtkv's build and "
-            "repository). Next: upload them to s3://, gs:// or an NFS export, or use a backend "
-            "that serves the HF export alone (build.backend vllm, sglang or llmapi)."
+            "repository). Next: upload them to s3://, gs:// or an NFS export"
+            + (
+                f", or use a backend that serves the HF export alone (build.backend "
+                f"{' or '.join(others)})."
+                if others
+                else "."
+            )
         )
 
 

@@ -117,7 +117,7 @@ if TYPE_CHECKING:
         propose_wide_ep,
         refusal,
     )
-    from trtkv.recipe.stored import engine_unit_scale
+    from trtkv.recipe.stored import KV_CALIBRATED_WEIGHTS, engine_unit_scale
 
 # the modules loading a recipe does not need are imported on first use
 __getattr__, __dir__ = attach(
@@ -148,7 +148,7 @@ __getattr__, __dir__ = attach(
         ],
         "prefix_cache": ["host_tier_bytes"],
         "settle": ["batch_for", "MOVED_FORMATS", "propose_wide_ep", "refusal", "Settings"],
-        "stored": ["engine_unit_scale"],
+        "stored": ["engine_unit_scale", "KV_CALIBRATED_WEIGHTS"],
     },
 )
 
@@ -189,6 +189,7 @@ __all__ = [
     "KV_ACCOUNTING",
     "kv_algo",
     "kv_cache_quant_algo",
+    "KV_CALIBRATED_WEIGHTS",
     "kv_heads_split",
     "kv_only_compressed_tensors",
     "kv_row",

@@ -12,7 +12,7 @@ import re
 from trtkv.kvcache.engines import load_table
 from trtkv.recipe.backend_rules import NO_KV_METHOD
 from trtkv.recipe.engine_formats import TABLE_ENGINE
-from trtkv.recipe.enums import KVCacheQuant, WeightQuant
+from trtkv.recipe.enums import Backend, KVCacheQuant, WeightQuant
 from trtkv.recipe.schema import Recipe
 
 # bits per weight of each stored format trtkv recognises (every word StoredQuant.stored_format
@@ -38,6 +38,10 @@ STORED_BITS: dict[str, float] = {
     "awq": 4,
     "gptq": 4,
 }
+# the stored weight formats `trtkv calibrate` dequantizes (ModelOpt's own qtensors) to calibrate a
+# KV cache on them as the engine runs them (trtkv.calibrate.dequantize): where vLLM reads the scales
+# beside such weights, it is the engine to offer when another one reads none
+KV_CALIBRATED_WEIGHTS = ("fp8", "fp8_block", "nvfp4")
 # bits per weight of each quantization.weights format
 WEIGHT_BITS: dict[WeightQuant, float] = {
     WeightQuant.FP8: 8,
@@ -48,7 +52,11 @@ WEIGHT_BITS: dict[WeightQuant, float] = {
 
 def stored_problems(r: Recipe) -> list[tuple[str, str]]:
     """A weights format asked for on a pre-quantized checkpoint that is not smaller than it, and a
-    calibrated KV cache where the engine reads no KV scale beside those weights."""
+    calibrated KV cache where the engine reads no KV scale beside those weights: a stored format
+    whose engine config gives attention no KV method (NO_KV_METHOD), or an engine that runs every
+    FP8 KV cache at scale 1.0 (engine_unit_scale: TensorRT-LLM's PyTorch backend, llmapi), where
+    calibrate would write scales nothing reads; `trtkv init` then moves its default to fp8_cast
+    (trtkv.recipe.settle)."""
     stored, q = r.model.checkpoint_quant, r.quantization
     if not stored:
         return []
@@ -67,14 +75,23 @@ def stored_problems(r: Recipe) -> list[tuple[str, str]]:
                 )
             )
     why = NO_KV_METHOD.get((r.build.backend, stored.lower()))
+    if why is None and q.kv_cache is KVCacheQuant.FP8:
+        why = engine_unit_scale(r)  # the engine reads no FP8 KV scale at all (TensorRT-LLM's)
+    other = (
+        f"build.backend {Backend.VLLM.value} (vLLM reads calibrated k/v scales beside stored "
+        f"{stored} weights; `trtkv calibrate` writes them there)"
+        if stored.lower() in KV_CALIBRATED_WEIGHTS
+        else "another build.backend"
+    )
     if why and r.kv_row.choice.checkpoint_algo is not None:
         out.append(
             (
                 "quantization.kv_cache",
                 f"{q.kv_cache.value} on a checkpoint stored as {stored} with build.backend "
                 f"{r.build.backend.value}: {why}. Use kv_cache {KVCacheQuant.FP8_CAST.value} (that "
-                f"FP8 cache at scale 1.0, said and priced as such; `trtkv probe --formats "
-                f"fp8,fp8_cast` measures it), kv_cache none (16-bit), or another build.backend",
+                f"FP8 cache at scale 1.0, said and priced as such, the weights served as stored "
+                f"with nothing to calibrate; `trtkv probe --formats fp8,fp8_cast` measures it), "
+                f"kv_cache none (16-bit), or {other}",
             )
         )
     return out
