@@ -93,3 +93,38 @@ def test_a_row_naming_no_codec_is_refused() -> None:
         parse_table(table)
     table["formats"][NAME] = FIXTURE["row"]
     assert parse_table(table).row(NAME).storage.codec == "fp8_scale1"  # type: ignore[union-attr]
+
+
+READERS = """
+import json, sys
+from pathlib import Path
+from trtkv.checkpoints.checkpoint_quant import read_checkpoint_quant
+from trtkv.probe.serving import serving
+from trtkv.recipe import load_recipe
+folder = Path(sys.argv[1])
+(folder / "hf_quant_config.json").write_text(json.dumps({"quantization": {"kv_cache_quant_algo": "FP8_TWIN"}}))
+stored = read_checkpoint_quant(None, folder, [])
+print(json.dumps({"engines": serving(load_recipe("llama70b_fp8kv"), sys.argv[2])["engines"],
+                  "kv": stored.kv_cache if stored else None}))
+"""
+
+
+def test_a_new_row_reaches_the_probes_engines_and_the_checkpoint_reader(tmp_path: Path) -> None:
+    """The engines a probed format deploys on (trtkv.probe.serving) and a stored checkpoint's KV cache
+    (trtkv.checkpoints.checkpoint_quant) come from the registry: the fixture row, and a calibrated twin of it whose
+    checkpoints say kv_cache_quant_algo FP8_TWIN, reach them."""
+    table = json.loads((ROOT / "trtkv" / "data" / "kv_formats.json").read_text())
+    row = FIXTURE["row"]
+    table["formats"][NAME] = row
+    twin = f"{NAME}_calibrated"
+    table["formats"][twin] = {**row, "probe": twin, "engines": [], "recipe": {
+        **row["recipe"], "name": twin, "kind": "calibrated", "checkpoint_algo": "FP8_TWIN", "storage": twin}}
+    (tmp_path / "kv_formats.json").write_text(json.dumps(table))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRTKV_KV_FORMATS": str(tmp_path / "kv_formats.json")}
+    out = subprocess.run([sys.executable, "-c", READERS, str(tmp_path), NAME], env=env, capture_output=True,
+                         text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    # the row's engines (vLLM, the LLM API) on the recipe's H100, and none of the others
+    assert doc["engines"] == {"llmapi": ["H100-80GB"], "vllm": ["H100-80GB"]}
+    assert doc["kv"] == f"{twin} per tensor"

@@ -22,7 +22,7 @@ from trtkv.engines.activation import cuda_graph_bytes
 from trtkv.engines.pool import GIB, PoolEstimate, context_bytes
 from trtkv.plan.engine_pool import ENGINES, model_shape, pool_at_version, recipe_setup
 from trtkv.plan.model import resolve_architecture
-from trtkv.recipe import load_recipe
+from trtkv.recipe import Backend, load_recipe
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 LOGS: list[dict[str, Any]] = json.loads((DATA / "kv_pool_logs.json").read_text())["logs"]
@@ -68,7 +68,7 @@ def plan_log(rec: dict[str, Any], folder: Path) -> Planned:
     setup = replace(recipe_setup(recipe, arch), nvswitch=rec["nvswitch"], max_num_tokens=lim["max_num_tokens"],
                     max_num_seqs=lim["max_num_seqs"])
     shape = model_shape(arch, 2)
-    est = pool_at_version(rec["engine"], rec["version"], shape, setup, rec["knob"]["value"],
+    est = pool_at_version(Backend(BACKEND[rec["engine"]]), rec["version"], shape, setup, rec["knob"]["value"],
                           cap_tokens=lim.get("cap_tokens"))
     # vLLM prints the memory left for KV before block rounding; the others print what they allocated.
     pool = est.available_bytes if rec["engine"] == "vllm" else est.pool_bytes
@@ -95,7 +95,7 @@ def test_the_log_set_is_wide_and_sourced() -> None:
                          for rec in LOGS)
     assert max(per_source.values()) <= 3, per_source
     assert {rec["engine"] for rec in LOGS} >= {"vllm", "sglang", "tensorrt"}
-    assert {rec["engine"] for rec in LOGS} <= set(ENGINES)
+    assert {Backend(BACKEND[rec["engine"]]) for rec in LOGS} <= set(ENGINES)
     for rec in LOGS:
         assert rec["quotes"] and rec["source"]["url"] and rec["version"] and rec["gpu_total_gib"] > 0, rec["id"]
         assert (DATA / "configs" / rec["config"] / "config.json").is_file(), rec["id"]

@@ -10,7 +10,7 @@ from trtkv.plan.estimate import estimate, kv_cost, model_shape
 from trtkv.plan.model import resolve_architecture
 from trtkv.plan.planner import plan
 from trtkv.plan.waves import Arrival, serve_at, wave_steps, wave_ttft_ms
-from trtkv.recipe.backend_rules import SPEED_ENGINE
+from trtkv.recipe.backend_rules import SPEED_ENGINE, SPEED_ENGINES
 
 
 def _parts(backend: str, isl: int, budget: int):
@@ -41,8 +41,9 @@ def test_one_request_is_the_same_either_way_and_a_wave_queues() -> None:
         # and 4 after two, so the median (the mean of the 4th and 5th) is 1.5 steps, well above a lone request
         step = speed.step_time(k, m, kv, [], pieces=((2048, 0),) * 4).total_ms
         wave = serve_at(k, m, kv, 2048, 64, 8, 8192, Arrival.WAVES)
-        factor = speed.queue_factor(1) if k.backend in speed.QUEUE_FACTOR_ENGINES else 1.0
-        dispatch = m.num_layers * speed.DISPATCH_MS_PER_LAYER.get(k.backend, 0.0)
+        engine = SPEED_ENGINES[k.backend]
+        factor = speed.queue_factor(1) if engine.queued else 1.0
+        dispatch = m.num_layers * engine.dispatch_ms_per_layer
         assert abs(wave.ttft_ms - (1.5 * step * factor + dispatch)) < 1e-6 * wave.ttft_ms, backend
         assert wave.ttft_ms > 2.5 * alone
         # the decode figures are the steady state's: C sequences decode together either way

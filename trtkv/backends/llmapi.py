@@ -48,6 +48,7 @@ from trtkv.engines.kv_tiers import llmapi_host_tier
 from trtkv.engines.trtllm import (
     llmapi_batch_limit,
     llmapi_memory_knobs,
+    trtllm_at,
     trtllm_recipe_pool,
     trtllm_token_unit,
 )
@@ -357,5 +358,6 @@ BACKEND = EngineBackend(
         batch_limit=llmapi_batch_limit,
         tokens=trtllm_token_unit,
         host_tier=llmapi_host_tier,
+        at_release=trtllm_at,
     ),
 )

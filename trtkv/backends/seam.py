@@ -26,11 +26,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from trtkv.contracts.interface import ModelInterface
+from trtkv.engines.activation import ModelShape, Setup
 from trtkv.engines.kv_tiers import HostTier
 from trtkv.engines.pool import (
     BatchLimit,
     EngineKnobs,
     EngineTokens,
+    PoolEstimate,
     PoolRule,
     ServedPool,
     TokenFacts,
@@ -301,6 +303,15 @@ class MemoryRule:
     # the recipe's host KV tier (triton.kv_host_tier_gib_per_replica) as the engine is told it:
     # its pinned bytes, flag, unit and scope (trtkv.engines.kv_tiers); None: the engine has none
     host_tier: Callable[[Recipe], HostTier | None] | None = None
+    # the engine release its rules follow (trtkv's pin); None: the recipe's tensorrt_llm_version
+    release: str | None = None
+    # its rule at a named release (shape, setup, version, knob, token cap, pinned bytes), for the
+    # published startup logs in tests/data
+    at_release: (
+        Callable[[ModelShape, Setup, str, float, int | None, float | None], PoolEstimate] | None
+    ) = None
+    # its own per-step token default on a GPU, and why (init's build.max_num_tokens; None: init's)
+    default_step: Callable[[GPU], tuple[int, str]] | None = None
 
     def pool_for(self, recipe: Recipe) -> PoolRule:
         """The rule for the recipe's hardware (`cpu_pool` on the CPU where the engine has one)."""

@@ -47,9 +47,11 @@ from trtkv.engines.pool import ServedPool
 from trtkv.engines.sglang import (
     SGLANG_INFO,
     SGLANG_VERSION,
+    sglang_at,
     sglang_batch_limit,
     sglang_chunk,
     sglang_info_tokens,
+    sglang_init_step,
     sglang_knobs,
     sglang_recipe_pool,
     sglang_token_unit,
@@ -403,5 +405,8 @@ BACKEND = EngineBackend(
         batch_limit=sglang_batch_limit,
         tokens=sglang_token_unit,
         host_tier=sglang_host_tier,
+        release=SGLANG_VERSION,
+        at_release=sglang_at,
+        default_step=sglang_init_step,
     ),
 )

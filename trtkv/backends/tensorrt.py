@@ -37,6 +37,7 @@ from trtkv.engines.kv_tiers import engine_host_tier
 from trtkv.engines.trtllm import (
     engine_batch_limit,
     engine_memory_knobs,
+    trt_engine_at,
     trt_engine_recipe_pool,
     trtllm_token_unit,
 )
@@ -338,5 +339,6 @@ BACKEND = EngineBackend(
         batch_limit=engine_batch_limit,
         tokens=trtllm_token_unit,
         host_tier=engine_host_tier,
+        at_release=trt_engine_at,
     ),
 )

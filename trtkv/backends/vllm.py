@@ -58,6 +58,8 @@ from trtkv.engines.kv_tiers import vllm_host_tier, vllm_with_offload, without_vl
 from trtkv.engines.pool import ServedPool
 from trtkv.engines.vllm import (
     VLLM_LOG,
+    VLLM_VERSION,
+    vllm_at,
     vllm_batch_limit,
     vllm_block,
     vllm_knobs,
@@ -399,6 +401,8 @@ BACKEND = EngineBackend(
         batch_limit=vllm_batch_limit,
         tokens=vllm_token_unit,
         host_tier=vllm_host_tier,
+        release=VLLM_VERSION,
+        at_release=vllm_at,
     ),
     # vLLM 0.32's ModelOpt, compressed-tensors and Fp8 configs give attention a KV-cache method
     # that reads k_scale / v_scale beside their stored weights (calibrate/stored_kv.py)

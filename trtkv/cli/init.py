@@ -187,7 +187,7 @@ def write_recipe(
     on_cpu = target is GPU.CPU
     kv = kv_cache or ("fp8" if on_cpu or GPU_SPECS[target].has_fp8 else "none")
     llama = DECODERS.get(facts.model_type) == "llama"
-    from trtkv.backends import default_backend
+    from trtkv.backends import BACKENDS, default_backend
 
     chosen = backend or default_backend(on_cpu=on_cpu, llama_family=llama).value  # as --help says
     source = config_file(model.expanduser()).resolve().parent
@@ -214,8 +214,9 @@ def write_recipe(
         max_seq_len or min(mpe, DEFAULT_SEQ_LEN),
         concurrency or 1,
     )
-    if chosen == Backend.SGLANG.value and not on_cpu:
-        first.num_tokens, first.why["build.max_num_tokens"] = _sglang_chunk(target)
+    memory = BACKENDS[Backend(chosen)].memory  # the options' Backend type checked `chosen`
+    if memory is not None and memory.default_step is not None and not on_cpu:
+        first.num_tokens, first.why["build.max_num_tokens"] = memory.default_step(target)
     text, settled = _sized_text(
         name,
         out,
@@ -239,20 +240,6 @@ def _stderr(line: str) -> None:
     import sys
 
     print(line, file=sys.stderr)
-
-
-def _sglang_chunk(gpu: GPU) -> tuple[int, str]:
-    """build.max_num_tokens for SGLang: SGLang's own chunked_prefill_size default on the GPU's
-    memory (trtkv's SGLang command passes it as --chunked-prefill-size, and plans the fraction with
-    it), and why."""
-    from trtkv.engines.sglang import SGLANG_VERSION, sglang_default_chunk
-    from trtkv.platform.hardware import GPU_SPECS
-
-    gib = GPU_SPECS[gpu].memory_gib
-    return sglang_default_chunk(gib * 1024), (
-        f"SGLang {SGLANG_VERSION}'s chunked_prefill_size on a {gib:g} GiB GPU "
-        "(memory_hook.py), passed as --chunked-prefill-size"
-    )
 
 
 def _checked_output(name: str, output: Path | None, force: bool, **sizes: int | None) -> Path:

@@ -24,15 +24,6 @@ CLASSES = ("positive", "zero", "negative", "nan", "absent")
 OUTCOMES = ("load", "drop_warn", "drop_silent", "crash", "unused", "not_modelled")
 USES = ("separate", "unity", "k_for_both", "shared", "crash")
 FORMATS = ("hf", "tensorrt_llm_checkpoint")
-# the engine each trtkv backend serves with (the reference runtime reads the TensorRT-LLM
-# checkpoint as the engine path does)
-BACKEND_ENGINE = {
-    "vllm": "vllm",
-    "sglang": "sglang",
-    "llmapi": "tensorrt_llm",
-    "tensorrt": "tensorrt_llm_engine",
-    "reference": "tensorrt_llm_engine",
-}
 
 
 @dataclass(frozen=True)

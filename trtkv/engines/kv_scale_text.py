@@ -58,13 +58,12 @@ def serve_scale_lines(folder: Path, backend: str, recipe: str) -> list[str]:
     """What `trtkv serve` says before it starts the engine: the KV scales that engine will use per
     layer (the audit's summary for it) and, when findings fail, the first and where to read them."""
     from trtkv.engines.kv_scale_audit import audit_folder
-    from trtkv.engines.kv_scale_loaders import BACKEND_ENGINE
+    from trtkv.recipe import Backend
+    from trtkv.recipe.backend_rules import BACKEND_ROWS
 
-    engine = BACKEND_ENGINE.get(backend)
+    engine = BACKEND_ROWS[Backend(backend)].scale_loader
     # an incomplete checkpoint is the stage's own input check to report, not the audit's
-    if engine is None or not any(
-        p.is_dir() and any(p.glob("*.safetensors")) for p in (folder, folder / HF)
-    ):
+    if not any(p.is_dir() and any(p.glob("*.safetensors")) for p in (folder, folder / HF)):
         return []
     audits = audit_folder(folder, [engine])
     lines = [

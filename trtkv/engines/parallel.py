@@ -21,7 +21,8 @@ DP (trtkv.recipe.parallel.Parallelism) change on each GPU, with the assumptions 
 from __future__ import annotations
 
 from trtkv.core.errors import RecipeError
-from trtkv.recipe import DENSE_DP_IS_REPLICAS, Parallelism, Recipe
+from trtkv.recipe import Parallelism, Recipe
+from trtkv.recipe.backend_rules import BACKEND_ROWS
 
 PARALLEL_NOTE = (
     "not priced: expert load balancing (EPLB) and redundant experts (trtkv turns none on; every "
@@ -57,7 +58,7 @@ def moe_problems(recipe: Recipe, is_moe: bool, where: str) -> list[str]:
             f"{recipe.path}: build.ep_size {p.ep}: {where} has no routed experts (not an MoE "
             "model), and expert parallelism only spreads experts. Next: set build.ep_size=1."
         )
-    if p.attention_dp > 1 and not is_moe and recipe.build.backend in DENSE_DP_IS_REPLICAS:
+    if p.attention_dp > 1 and not is_moe and BACKEND_ROWS[recipe.build.backend].dense_dp_replicas:
         out.append(
             f"{recipe.path}: build.attention_dp_size {p.attention_dp}: on a dense model ({where}) "
             "vLLM's --data-parallel-size runs independent replicas (its MLPs are not shared across "

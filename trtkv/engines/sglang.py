@@ -31,6 +31,7 @@ from trtkv.engines.pool import (
     context_bytes,
 )
 from trtkv.engines.sizing import cap_tokens, gpu_memory_mib
+from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe import Recipe
 
 SGLANG_VERSION = "0.5.23"
@@ -141,6 +142,17 @@ def sglang_default_chunk(gpu_mem_mib: float) -> int:
     if gpu_mem_mib < 160 * 1024:
         return 8192
     return 16384
+
+
+def sglang_init_step(gpu: GPU) -> tuple[int, str]:
+    """build.max_num_tokens `trtkv init` writes for SGLang, and why: its own chunked_prefill_size
+    default on the GPU's memory (trtkv's SGLang command passes it as --chunked-prefill-size, and
+    plans the fraction with it)."""
+    gib = GPU_SPECS[gpu].memory_gib
+    return sglang_default_chunk(gib * 1024), (
+        f"SGLang {SGLANG_VERSION}'s chunked_prefill_size on a {gib:g} GiB GPU "
+        "(memory_hook.py), passed as --chunked-prefill-size"
+    )
 
 
 def sglang_decode_graph_max_bs(gpu_mem_mib: float, tp: int) -> int:

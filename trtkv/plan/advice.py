@@ -10,7 +10,6 @@ from trtkv.engines.sequence import sequence_kv_bytes
 from trtkv.kvcache.formats import KVFormat
 from trtkv.plan.model import (
     GIB,
-    SGLANG_ACCOUNTING_TEXT,
     Architecture,
     recipe_accounting,
     seq_bytes,
@@ -21,6 +20,7 @@ from trtkv.platform.hardware import GPU
 from trtkv.recipe import Recipe
 from trtkv.recipe.attention import (
     ACCOUNTING_TEXT,
+    SGLANG_ACCOUNTING_TEXT,
     Accounting,
     AttentionKind,
     layer_formats,
@@ -82,7 +82,7 @@ def format_row_note(recipe: Recipe) -> str | None:
     from trtkv.kvcache.engines import load_table
     from trtkv.kvcache.formats import PER_TOKEN_HEAD_SCALE_BYTES, bytes_per_element
 
-    kv = recipe.quantization.kv_cache.value
+    kv = recipe.kv_row.choice.name
     row = load_table().row(kv) if kv != "none" else None
     if row is None:
         return None
@@ -118,7 +118,7 @@ def unit_scale_note(recipe: Recipe, rec_fmt: KVFormat) -> str | None:
     row = load_table().row(rec_fmt.value)
     if not why or row is None or row.storage is None:
         return None
-    kv, backend = recipe.quantization.kv_cache.value, recipe.build.backend.value
+    kv, backend = recipe.kv_row.choice.name, recipe.build.backend.value
     return (
         f"quantization.kv_cache {kv} on build.backend {backend}: the engine will use K/V scale 1.0 "
         f"on every layer ({why}). Planned as fp8_cast "

@@ -3,22 +3,19 @@ model read once into a `Sizing`, then the rule its backend names (`for_recipe(re
 trtkv.backends.seam.MemoryRule holding the engine's rule object from trtkv.engines) called with the
 flags the served command carries, so the engine allocates what the plan says. Each engine's rule,
 knobs, defaults and flags live in its own module under trtkv.engines; `pool_at_version` runs the
-rule of a named release for the published-log tests (ENGINE_RULES: the one table by engine name).
+rule of a named release for the published-log tests (the backend's MemoryRule.at_release).
 """
 
 from __future__ import annotations
 
-from trtkv.backends import for_recipe
+from trtkv.backends import BACKENDS, for_recipe
 from trtkv.backends.seam import MemoryRule
 from trtkv.engines import kv_tp
 from trtkv.engines.activation import ModelShape, Setup
 from trtkv.engines.pool import GIB, PoolEstimate, Sizing
-from trtkv.engines.sglang import sglang_at
-from trtkv.engines.trtllm import trt_engine_at, trtllm_at
-from trtkv.engines.vllm import vllm_at
 from trtkv.plan.model import DTYPE_BYTES, Architecture, recipe_accounting, seq_bytes, weights_bytes
 from trtkv.platform.hardware import GPU, GPU_SPECS
-from trtkv.recipe import Recipe
+from trtkv.recipe import Backend, Recipe
 from trtkv.recipe.attention import layer_formats
 
 __all__ = [
@@ -136,19 +133,12 @@ def recipe_pool(recipe: Recipe, arch: Architecture) -> PoolEstimate:
     return mem.pool_for(recipe)(recipe, sizing, mem.knobs(recipe))
 
 
-# The engines by the names the published-log data uses: vllm, sglang, trtllm (PyTorch backend / LLM
-# API) and tensorrt (the engine path).
-ENGINE_RULES = {
-    "vllm": vllm_at,
-    "sglang": sglang_at,
-    "trtllm": trtllm_at,
-    "tensorrt": trt_engine_at,
-}
-ENGINES = tuple(ENGINE_RULES)
+# The backends whose engine rule is kept at named releases (their MemoryRule.at_release)
+ENGINES = tuple(b for b, be in BACKENDS.items() if be.memory and be.memory.at_release)
 
 
 def pool_at_version(
-    engine: str,
+    backend: Backend,
     version: str,
     shape: ModelShape,
     setup: Setup,
@@ -159,7 +149,7 @@ def pool_at_version(
 ) -> PoolEstimate:
     """One engine's pool by the rule of a named release (the published-log tests plan each log with
     its own version's rule; recipe_pool uses trtkv's pinned releases)."""
-    rule = ENGINE_RULES.get(engine)
-    if rule is None:
-        raise ValueError(f"engine {engine!r}: one of {', '.join(ENGINES)}")
-    return rule(shape, setup, version, knob_value, cap_tokens, pin_bytes)
+    memory = BACKENDS[backend].memory
+    if memory is None or memory.at_release is None:
+        raise ValueError(f"backend {backend.value}: one of {', '.join(b.value for b in ENGINES)}")
+    return memory.at_release(shape, setup, version, knob_value, cap_tokens, pin_bytes)

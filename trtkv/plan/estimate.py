@@ -6,6 +6,7 @@ engine's own pool rule: trtkv.plan.engine_pool) holds."""
 
 from __future__ import annotations
 
+from trtkv.backends import for_recipe
 from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.formats import UNQUANTIZED, KVFormat
 from trtkv.plan import aic
@@ -28,7 +29,7 @@ from trtkv.plan.waves import Arrival, arrival_note
 from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe import Recipe, WeightQuant
 from trtkv.recipe.attention import AttentionKind, layer_formats
-from trtkv.recipe.backend_rules import SPEED_ENGINE
+from trtkv.recipe.backend_rules import SPEED_ENGINE, SPEED_ENGINES
 from trtkv.recipe.engine_formats import served_kv_formats
 
 # NVFP4 KV: the GPUs GPUSpec.nvfp4_kv names (SM100/103), as recipe.rules says
@@ -366,25 +367,18 @@ def gpu_notes(gpu: GPU, engine: str, rows: list[EstimateRow]) -> list[str]:
     ]
 
 
-ENGINE_LABELS = {"trtllm": "TensorRT-LLM", "vllm": "vLLM", "sglang": "SGLang"}
-
-
 def kernel_data(recipe: Recipe, k: Kernels) -> str:
     """The kernels' version named as what the data is (aiconfigurator's tables), and the served
     engine's version beside it where they differ (e.g. 1.3.0rc20 tables for a 1.2.1 engine)."""
-    from trtkv.engines import SGLANG_VERSION, VLLM_VERSION
-
-    engine = SPEED_ENGINE[recipe.build.backend]
-    served = {"trtllm": recipe.build.tensorrt_llm_version, "vllm": VLLM_VERSION}.get(
-        engine, SGLANG_VERSION
-    )
+    label = SPEED_ENGINES[SPEED_ENGINE[recipe.build.backend]].label
+    memory = for_recipe(recipe).memory
+    served = (memory and memory.release) or recipe.build.tensorrt_llm_version
     data = k.versions.rsplit(" ", 1)[-1]
     if data == served:
         return f"{k.versions} kernels"
     return (
-        f"kernel data measured on {ENGINE_LABELS.get(engine, engine)} {data} (aiconfigurator's "
-        f"tables; the served engine is {ENGINE_LABELS.get(engine, engine)} {served}, whose kernels "
-        "may differ)"
+        f"kernel data measured on {label} {data} (aiconfigurator's tables; the served engine is "
+        f"{label} {served}, whose kernels may differ)"
     )
 
 

@@ -23,7 +23,7 @@ from trtkv.engines.sizing import model_config_path
 from trtkv.kvcache.formats import KVFormat
 from trtkv.platform import host
 from trtkv.platform.hardware import GPU
-from trtkv.recipe import Backend, ModelDtype, Recipe, WeightQuant
+from trtkv.recipe import ModelDtype, Recipe, WeightQuant
 from trtkv.recipe.attention import (
     ACCOUNTING_TEXT,
     VLLM_BLOCK_CPU,
@@ -36,7 +36,7 @@ from trtkv.recipe.attention import (
     layer_formats,
     parse_layers,
 )
-from trtkv.recipe.backend_rules import KV_ACCOUNTING
+from trtkv.recipe.backend_rules import BACKEND_ROWS, KV_ACCOUNTING
 from trtkv.recipe.state import STATE_DTYPE_BYTES, StateSpec, state_dtypes, state_from_dict
 from trtkv.recipe.stored import engine_unit_scale
 
@@ -366,25 +366,12 @@ def weights_bytes(arch: Architecture, recipe: Recipe) -> tuple[float, float]:
     return total, weights_per_gpu(total, arch.expert_parameters * per_weight, p)
 
 
-# SGLang sizes its token pool itself (sglang 0.5.23
-# python/sglang/srt/model_executor/pool_configurator.py, _compute_cell_size, for MHA: KV heads per
-# TP rank x (head_dim + v_head_dim) x layers x the KV dtype's element size per token, one slot per
-# token at page_size 1; FP8 scales are per tensor): for full attention those are EXACT's bytes, so
-# the planner counts EXACT for it (backend_rules.KV_ACCOUNTING) under SGLang's name, not
-# TensorRT-LLM's.
-SGLANG_ACCOUNTING_TEXT = (
-    "SGLang token pool (sglang 0.5.23 cell size: KV heads per TP rank x (K + V head dim) x layers "
-    "x element bytes per token, page_size 1; sliding layers at their window: its SWA pool ratio "
-    "and NVFP4's extra scale/dequant buffers not modelled)"
-)
-
-
 def accounting_label(recipe: Recipe, accounting: Accounting) -> str:
     """The name of the sizing the recipe's capacity follows: the engine's own, so SGLang's is not
     called TensorRT-LLM's."""
-    if recipe.build.backend is Backend.SGLANG and accounting is Accounting.EXACT:
-        return SGLANG_ACCOUNTING_TEXT
-    return ACCOUNTING_TEXT[accounting]
+    row = BACKEND_ROWS[recipe.build.backend]
+    own = row.accounting_text if accounting is row.accounting else None
+    return own or ACCOUNTING_TEXT[accounting]
 
 
 def recipe_accounting(recipe: Recipe) -> tuple[Accounting, int]:

@@ -43,6 +43,7 @@ from trtkv.plan.allreduce import allreduce_ms, by_gpus
 from trtkv.plan.in_flight import in_flight_ms
 from trtkv.plan.moe_step import MoEShape, routed_ms
 from trtkv.platform.hardware import GPU, GPU_SPECS
+from trtkv.recipe.backend_rules import SPEED_ENGINES
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "speed_efficiencies.json"
 # trtkv GPU -> the aiconfigurator-core 0.12.0 system whose measured kernel tables
@@ -101,16 +102,6 @@ FP32_TFLOPS = {
 ELEMENTWISE_PASSES = 2 * 2 + 2 * 3 + 2.5
 ELEMENTWISE_KERNELS = 5
 GEMMS_PER_LAYER = 4  # fused QKV, attention output, fused gate/up, down
-# CPU-side dispatch per request and layer that kernel tables do not see, as aiconfigurator-core
-# 0.12.0 calibrates it (sdk/backends/vllm_backend.py `_prefill_dispatch_overhead_ms`: 0.8 ms x
-# layers for vLLM; its base backend: none)
-DISPATCH_MS_PER_LAYER = {"vllm": 0.8}
-# TensorRT-LLM's and SGLang's TTFT over their prefill time, as aiconfigurator-core 0.12.0 prices
-# it for every engine without its own rule (sdk/backends/base_backend.py `_ttft_queuing_factor`:
-# min(2 + (steps to finish the batch's prefills - 3) / 20, 4); its vLLM backend has its own rule,
-# trtkv's M/D/1 queue and dispatch term above): the engine's scheduling, request hand-off and
-# first-token return, which kernel tables do not see
-QUEUE_FACTOR_ENGINES = ("trtllm", "sglang")
 
 
 def queue_factor(prefill_steps: int) -> float:
@@ -439,10 +430,11 @@ def serve(
     cycle_ms = c * n_chunks * mixed_mean + pure * dec.total_ms
     rho = min(0.95, c * prefill_ms / cycle_ms) if c > 1 else 0.0
     queue = 1 + rho / (2 * (1 - rho))
-    if k.backend in QUEUE_FACTOR_ENGINES:
+    engine = SPEED_ENGINES[k.backend]
+    if engine.queued:
         queue = max(queue, queue_factor(math.ceil(isl * c / chunk_cap)))
     wait = in_flight_ms(k.backend, dec.total_ms, c if decode_steps else 1)  # plan.in_flight
-    ttft = prefill_ms * queue + m.num_layers * DISPATCH_MS_PER_LAYER.get(k.backend, 0.0) + wait
+    ttft = prefill_ms * queue + m.num_layers * engine.dispatch_ms_per_layer + wait
     itl = (cycle_ms - prefill_ms) / decode_steps if decode_steps else 0.0
     gpus = m.tp * m.pp
     tps_gpu = c * osl / (cycle_ms / 1e3) / gpus

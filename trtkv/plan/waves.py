@@ -19,7 +19,7 @@ factor for TensorRT-LLM and SGLang, and the decode step in flight: trtkv.plan.in
 prices requests arriving at independent times: a client that draws lengths from a range, or Poisson
 arrivals; a wave arrives when the previous one has finished, with no step in flight. What stays
 is each engine's cost beyond the kernel tables as the steady state has it: vLLM's per-request
-dispatch (speed.DISPATCH_MS_PER_LAYER, once), and for TensorRT-LLM and SGLang aiconfigurator's
+dispatch (its dispatch_ms_per_layer, once), and for TensorRT-LLM and SGLang aiconfigurator's
 factor where nothing queues (a lone request's single prefill step: speed.queue_factor(1) = 1.9; its
 growth with the steps of the batch is the queue the wave's steps price here).
 """
@@ -31,8 +31,6 @@ from dataclasses import replace
 from enum import Enum
 
 from trtkv.plan.speed import (
-    DISPATCH_MS_PER_LAYER,
-    QUEUE_FACTOR_ENGINES,
     Kernels,
     KVCost,
     ModelShape,
@@ -43,7 +41,7 @@ from trtkv.plan.speed import (
     step_time,
 )
 from trtkv.recipe import Recipe
-from trtkv.recipe.backend_rules import SPEED_ENGINE
+from trtkv.recipe.backend_rules import SPEED_ENGINE, SPEED_ENGINES
 
 
 class Arrival(str, Enum):
@@ -113,8 +111,9 @@ def wave_ttft_ms(
         for request, n, prefix in pieces:
             if n + prefix == isl:
                 first_token[request] = clock
-    factor = queue_factor(1) if k.backend in QUEUE_FACTOR_ENGINES else 1.0
-    dispatch = m.num_layers * DISPATCH_MS_PER_LAYER.get(k.backend, 0.0)
+    engine = SPEED_ENGINES[k.backend]
+    factor = queue_factor(1) if engine.queued else 1.0
+    dispatch = m.num_layers * engine.dispatch_ms_per_layer
     return statistics.median(first_token.values()) * factor + dispatch
 
 

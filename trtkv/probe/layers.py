@@ -46,7 +46,7 @@ from trtkv.probe.layers_report import markdown, plot, summary_line
 from trtkv.probe.layers_search import add_needles, fronts, sensitivity, verified_points
 from trtkv.probe.measure import probe_scales, reference_hidden
 from trtkv.probe.metrics import head_positions
-from trtkv.probe.serving import KV_CACHE_OF_FORMAT, served_by, serving, usable_gpus
+from trtkv.probe.serving import kv_cache_of_format, served_by, serving, usable_gpus
 from trtkv.probe.setup import default_settings, load_model, write_json
 from trtkv.probe.sweep import probe_output
 from trtkv.probe.window import sliding_window
@@ -281,7 +281,7 @@ def _pick(points: list[dict[str, Any]], cheapest: bool = False) -> dict[str, Any
 def _deploy(point: dict[str, Any], usable: list[str]) -> dict[str, Any]:
     """The recipe settings that deploy `point`, and the engines that serve it."""
     skip = point.get("skip")
-    kv = KV_CACHE_OF_FORMAT.get(point["format"])
+    kv = kv_cache_of_format(point["format"])
     out: dict[str, Any] = {
         "served_by": served_by(point["serving"], usable),
         "engines": point["serving"]["engines"],

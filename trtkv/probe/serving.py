@@ -9,21 +9,21 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from trtkv.kvcache.engines import load_table
 from trtkv.platform.gpu_capabilities import ONE_PER_SM
 from trtkv.platform.hardware import GPU
 from trtkv.recipe import Backend, KVCacheQuant, Recipe
 
-# The recipe's quantization.kv_cache for each probe format an engine stores (fp8_scale1 is fp8 with
-# no calibrated scales: what vLLM does when a checkpoint has none). The probe's other formats
-# (per-token INT8, INT4 groups, KIVI) have no KV dtype in TensorRT-LLM or vLLM.
-KV_CACHE_OF_FORMAT = {
-    "fp8": KVCacheQuant.FP8,
-    "fp8_scale1": KVCacheQuant.FP8,
-    "int8": KVCacheQuant.INT8,
-    "nvfp4": KVCacheQuant.NVFP4,
-    "fp16": KVCacheQuant.NONE,
-    "bf16": KVCacheQuant.NONE,
-}
+
+def kv_cache_of_format(fmt: str) -> KVCacheQuant | None:
+    """The recipe's quantization.kv_cache that stores probe format `fmt`: its KV-format registry
+    row's recipe choice (fp8_scale1: fp8_cast), the unquantized choice for a 16-bit format; None
+    for the probe's formats no engine stores (per-token INT8, INT4 groups, KIVI, ...)."""
+    table = load_table()
+    row = table.for_probe(fmt)
+    if row is not None and row.recipe is None and row.storage and row.storage.bits >= 16:
+        row = table.for_checkpoint_algo(None)
+    return KVCacheQuant(row.recipe.name) if row is not None and row.recipe else None
 
 
 def serving(recipe: Recipe, fmt: str, keep: list[int] | None = None) -> dict[str, Any]:
@@ -31,11 +31,10 @@ def serving(recipe: Recipe, fmt: str, keep: list[int] | None = None) -> dict[str
     with the layers `keep` in the model dtype, on the recipe's GPU (when the recipe runs on the CPU:
     one GPU per compute capability, gpu_capabilities.ONE_PER_SM, which stands for every GPU of the
     table with that capability)."""
-    # importing it also registers every backend's rules in BACKEND_RULES
     from trtkv.backends import BACKENDS
 
     engine_backends = [b for b, obj in BACKENDS.items() if obj.gpu_engine]
-    kv = KV_CACHE_OF_FORMAT.get(fmt)
+    kv = kv_cache_of_format(fmt)
     if kv is None:
         reason = (
             f"{fmt} is not a KV cache dtype of TensorRT-LLM or vLLM (trtkv's probe measures "

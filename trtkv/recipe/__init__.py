@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from trtkv.core.lazy import attach
 from trtkv.recipe.attention import (
     ACCOUNTING_TEXT,
+    SGLANG_ACCOUNTING_TEXT,
     VLLM_BLOCK_CPU,
     VLLM_BLOCK_GPU,
     Accounting,
@@ -47,10 +48,12 @@ from trtkv.recipe.attention import (
     vllm_tokens,
 )
 from trtkv.recipe.backend_rules import (
+    BACKEND_ROWS,
     HF_EXPORT_BACKENDS,
     HF_EXPORT_ONLY,
     KV_ACCOUNTING,
     SPEED_ENGINE,
+    SPEED_ENGINES,
     build_notes,
     gemm_plugin_choice,
     kv_only_compressed_tensors,
@@ -72,7 +75,7 @@ from trtkv.recipe.kv_tiers import sglang_gb_per_rank
 from trtkv.recipe.limits import CONFIG_FIELDS, MAX_LIST, RANGES, WORD, check_config_field
 from trtkv.recipe.loader import dump_yaml, list_recipes, load_recipe, recipe_name
 from trtkv.recipe.names import check_recipe_name
-from trtkv.recipe.parallel import DENSE_DP_IS_REPLICAS, Parallelism
+from trtkv.recipe.parallel import Parallelism
 from trtkv.recipe.rules import cross_field_problems, kv_heads_split
 from trtkv.recipe.schema import Recipe
 from trtkv.recipe.state import (
@@ -158,6 +161,7 @@ __all__ = [
     "Artifacts",
     "AttentionKind",
     "Backend",
+    "BACKEND_ROWS",
     "batch_for",
     "bench_dir",
     "BenchTask",
@@ -173,7 +177,6 @@ __all__ = [
     "container_mounts",
     "CONTAINER_ROOT",
     "cross_field_problems",
-    "DENSE_DP_IS_REPLICAS",
     "dump_yaml",
     "engine_dir",
     "engine_unit_scale",
@@ -223,9 +226,11 @@ __all__ = [
     "served_kv_formats",
     "Settings",
     "settle",
+    "SGLANG_ACCOUNTING_TEXT",
     "sglang_gb_per_rank",
     "SLO_PATTERN",
     "SPEED_ENGINE",
+    "SPEED_ENGINES",
     "stages",
     "STATE_DTYPE_BYTES",
     "state_dtypes",

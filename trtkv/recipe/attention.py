@@ -58,6 +58,17 @@ ACCOUNTING_TEXT = {
     Accounting.VLLM: "vLLM allocation (blocks; sliding: window - 1 + max_num_batched_tokens; "
     "hybrid groups padded)",
 }
+# SGLang's MHATokenToKVPool (python/sglang/srt/model_executor/pool_configurator.py,
+# _compute_cell_size, for MHA: KV heads per TP rank x (head_dim + v_head_dim) x layers x the KV
+# dtype's element size per token, one slot per token at page_size 1; FP8 scales are per tensor):
+# for full attention those are EXACT's bytes, so the planner counts EXACT for it under SGLang's
+# name, not TensorRT-LLM's; its sliding-window pool (SWAKVPool, swa_full_tokens_ratio) is not
+# modelled
+SGLANG_ACCOUNTING_TEXT = (
+    "SGLang token pool (sglang 0.5.23 cell size: KV heads per TP rank x (K + V head dim) x layers "
+    "x element bytes per token, page_size 1; sliding layers at their window: its SWA pool ratio "
+    "and NVFP4's extra scale/dequant buffers not modelled)"
+)
 LABEL_RE = re.compile(
     r"^(full|mla|linear|mamba|none|(sliding|chunked):([1-9][0-9]*))(@([1-9][0-9]*)x([1-9][0-9]*))?"
     r"(\*([1-9][0-9]*))?$"

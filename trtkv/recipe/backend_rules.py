@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from trtkv.platform.hardware import GPU, GPU_SPECS
-from trtkv.recipe.attention import Accounting
+from trtkv.recipe.attention import SGLANG_ACCOUNTING_TEXT, Accounting
 from trtkv.recipe.enums import Backend, KVCacheQuant, WeightQuant
 from trtkv.recipe.schema import Recipe
 
@@ -293,6 +293,23 @@ def sglang_problems(recipe: Recipe) -> list[tuple[str, str]]:
 
 
 @dataclass(frozen=True)
+class SpeedEngine:
+    """The engine aiconfigurator models for a backend (`trtkv plan --estimate`): its name there and
+    in print, and what aiconfigurator-core 0.12.0 adds beyond its kernel tables: `queued`, the TTFT
+    factor of its base backend (sdk/backends/base_backend.py `_ttft_queuing_factor`; its vLLM
+    backend has its own rule: trtkv's M/D/1 queue), and the CPU-side dispatch per request and layer
+    (sdk/backends/vllm_backend.py `_prefill_dispatch_overhead_ms`: 0.8 ms for vLLM)."""
+
+    name: str
+    label: str
+    queued: bool = False
+    dispatch_ms_per_layer: float = 0.0
+
+
+TRTLLM_SPEED = SpeedEngine("trtllm", "TensorRT-LLM", queued=True)
+
+
+@dataclass(frozen=True)
 class BackendRow:
     """What the model layer knows of one backend's engine (a test keeps BACKEND_ROWS complete for
     every `build.backend`)."""
@@ -303,33 +320,64 @@ class BackendRow:
     # the engine (and version prefix) of its rows in trtkv/data/kv_formats.json, which say the
     # engine KV formats it serves (trtkv.recipe.engine_formats); None: it serves none
     table_engine: tuple[str, str] | None
-    # the engine NVIDIA aiconfigurator models for it (its backend names; `trtkv plan --estimate`);
-    # None: no GPU estimate (the CPU reference runtime)
-    speed_engine: str | None
+    # the engine aiconfigurator models for it; None: no GPU estimate (the CPU reference runtime)
+    speed_engine: SpeedEngine | None
     # it serves calibrate's HF export (checkpoint/hf/), else the TensorRT-LLM checkpoint (`trtkv
     # calibrate --dry-run` says which one the recipe's backend reads)
     hf_export: bool
+    # the engine whose KV-scale loader the audit (trtkv/data/kv_scale_loaders.json) and the fidelity
+    # task (fidelity_score.ENGINE_SEMANTICS) model
+    scale_loader: str
+    scale_use: str = "tensorrt_llm"
+    # the accounting's name in `trtkv plan` where the engine has its own (None: ACCOUNTING_TEXT)
+    accounting_text: str | None = None
+    # it runs EP and attention DP, which `trtkv init` proposes for an MoE model (vLLM
+    # --data-parallel-size tp --enable-expert-parallel; SGLang --attn-dp-size tp --ep-size tp;
+    # TensorRT-LLM enable_attention_dp, moe_expert_parallel_size tp)
+    wide_ep: bool = False
+    # its DP on a dense model is replicas (vllm/engine/arg_utils.py: no external DP for non-MoE)
+    dense_dp_replicas: bool = False
 
 
+# fmt: off
 BACKEND_ROWS: dict[Backend, BackendRow] = {
     Backend.TENSORRT: BackendRow(
-        tensorrt_problems, Accounting.EXACT, ("tensorrt_llm", "<= 1.2"), "trtllm", False
+        tensorrt_problems, Accounting.EXACT, ("tensorrt_llm", "<= 1.2"), TRTLLM_SPEED, False,
+        "tensorrt_llm_engine",
     ),
     Backend.LLMAPI: BackendRow(
-        llmapi_problems, Accounting.EXACT, ("tensorrt_llm", "1.3"), "trtllm", True
+        llmapi_problems, Accounting.EXACT, ("tensorrt_llm", "1.3"), TRTLLM_SPEED, True,
+        "tensorrt_llm", scale_use="tensorrt_llm_pytorch", wide_ep=True,
     ),
-    Backend.REFERENCE: BackendRow(reference_problems, Accounting.EXACT, None, None, False),
-    Backend.VLLM: BackendRow(vllm_problems, Accounting.VLLM, ("vllm", ""), "vllm", True),
-    # SGLang's MHATokenToKVPool: bytes per token x tokens for every layer (page_size 1), what EXACT
-    # counts for full attention; its sliding-window pool (SWAKVPool, swa_full_tokens_ratio) is not
-    # modelled
-    Backend.SGLANG: BackendRow(sglang_problems, Accounting.EXACT, ("sglang", ""), "sglang", True),
+    # the reference runtime reads the TensorRT-LLM checkpoint as the engine path does
+    Backend.REFERENCE: BackendRow(
+        reference_problems, Accounting.EXACT, None, None, False, "tensorrt_llm_engine"
+    ),
+    Backend.VLLM: BackendRow(
+        vllm_problems, Accounting.VLLM, ("vllm", ""), SpeedEngine("vllm", "vLLM", False, 0.8),
+        True, "vllm", scale_use="vllm", wide_ep=True, dense_dp_replicas=True,
+    ),
+    Backend.SGLANG: BackendRow(
+        sglang_problems, Accounting.EXACT, ("sglang", ""), SpeedEngine("sglang", "SGLang", True),
+        True, "sglang", accounting_text=SGLANG_ACCOUNTING_TEXT, wide_ep=True,
+    ),
 }
+# fmt: on
 # The row's columns as the planner, the engines and calibrate read them
 BACKEND_RULES = {b: row.problems for b, row in BACKEND_ROWS.items()}
 KV_ACCOUNTING = {b: row.accounting for b, row in BACKEND_ROWS.items()}
-SPEED_ENGINE = {b: row.speed_engine for b, row in BACKEND_ROWS.items() if row.speed_engine}
+SPEED_ENGINE = {b: row.speed_engine.name for b, row in BACKEND_ROWS.items() if row.speed_engine}
+# by aiconfigurator's name (trtkv.plan.speed.Kernels.backend)
+SPEED_ENGINES = {
+    r.speed_engine.name: r.speed_engine for r in BACKEND_ROWS.values() if r.speed_engine
+}
 HF_EXPORT_BACKENDS = tuple(b for b, row in BACKEND_ROWS.items() if row.hf_export)
+
+
+def wide_ep(backend: Backend, tp: int) -> tuple[int, int] | None:
+    """(ep_size, attention_dp_size) init proposes for an MoE model on `tp` GPUs; None where the
+    engine has neither or TP is 1."""
+    return (tp, tp) if BACKEND_ROWS[backend].wide_ep and tp > 1 else None
 
 
 # trtllm-build --gemm_plugin for `build.gemm_plugin: auto`, after TensorRT-LLM's performance guide

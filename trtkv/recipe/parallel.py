@@ -82,24 +82,6 @@ class Parallelism:
         return out
 
 
-# the engines that run EP and attention DP, and what `trtkv init` proposes on them for an MoE model:
-# every TP rank its own attention group and the experts over all (vLLM: --data-parallel-size tp
-# with --enable-expert-parallel; SGLang --attn-dp-size tp --ep-size tp; TensorRT-LLM
-# enable_attention_dp with moe_expert_parallel_size tp)
-WIDE_EP_BACKENDS = (Backend.VLLM, Backend.SGLANG, Backend.LLMAPI)
-
-
-# engines whose data parallelism on a dense model is independent replicas (vLLM: its MLPs are not
-# shared across DP ranks; vllm/engine/arg_utils.py refuses external DP for non-MoE models)
-DENSE_DP_IS_REPLICAS = (Backend.VLLM,)
-
-
-def wide_ep(backend: Backend, tp: int) -> tuple[int, int] | None:
-    """(ep_size, attention_dp_size) init proposes for an MoE model on `tp` GPUs; None where the
-    engine has neither or TP is 1."""
-    return (tp, tp) if backend in WIDE_EP_BACKENDS and tp > 1 else None
-
-
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 

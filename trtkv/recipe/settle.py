@@ -223,7 +223,7 @@ def propose_wide_ep(
     fit either way."""
     from dataclasses import replace
 
-    from trtkv.recipe.parallel import wide_ep
+    from trtkv.recipe.backend_rules import wide_ep
 
     proposal = wide_ep(recipe.build.backend, recipe.build.tp_size)
     if proposal is None:

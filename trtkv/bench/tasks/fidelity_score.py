@@ -22,6 +22,7 @@ from typing import Any
 
 from trtkv.core.errors import StageError
 from trtkv.recipe import Recipe
+from trtkv.recipe.backend_rules import BACKEND_ROWS
 from trtkv.recipe.layout import HF
 
 TOP_K = 5
@@ -89,12 +90,6 @@ ENGINE_SEMANTICS: dict[str, tuple[str, str, str]] = {
         "vLLM: separate per-layer k_scale/v_scale = amax/448, unclamped",
     ),
     "tensorrt_llm_pytorch": ("one", "1.0", "TensorRT-LLM PyTorch backend: FP8 KV with scale 1.0"),
-}
-BACKEND_ENGINE = {
-    "reference": "tensorrt_llm",
-    "tensorrt": "tensorrt_llm",
-    "vllm": "vllm",
-    "llmapi": "tensorrt_llm_pytorch",
 }
 
 
@@ -332,8 +327,8 @@ def prediction_scorer(recipe: Recipe, folder: Path, log: Callable[[str], None]) 
     from trtkv.contracts.artifacts import KVScalesFile
     from trtkv.recipe import layout
 
-    kv = recipe.quantization.kv_cache.value
-    engine = BACKEND_ENGINE.get(recipe.build.backend.value, "tensorrt_llm")
+    kv = recipe.kv_row.choice.name
+    engine = BACKEND_ROWS[recipe.build.backend].scale_use
     ckpt = layout.checkpoint_dir(recipe)
     scales = KVScalesFile.load(ckpt)
     if scales is None or not scales.layers:
