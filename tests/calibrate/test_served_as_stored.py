@@ -127,3 +127,22 @@ def test_build_validation_reads_the_passed_on_checkpoint_as_the_recipe_stores_it
     assert len(summary["k_scales"]) == len(summary["v_scales"]) == layers and min(summary["k_scales"]) > 0
     with pytest.raises(StageError, match=r"stored as fp8, but recipe model.checkpoint_quant = 'nvfp4'"):
         validate_hf_checkpoint(checkpoint, load_recipe(recipe, ["model.checkpoint_quant=nvfp4"]))
+
+
+def test_kv_cache_none_on_a_checkpoint_declaring_fp8_kv_warns_at_build(
+        fixtures: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """TensorRT-LLM's LLM API keeps a checkpoint's kv_cache_quant_algo FP8 under kv_cache_config.dtype auto (only fp8
+    and nvfp4 override it), so kv_cache none there runs FP8 at 1.0 while plan priced 16 bits: build says so."""
+    monkeypatch.setenv("TRTKV_ENGINES", str(tmp_path / "engines"))
+    recipe = tmp_path / "none.yaml"
+    _run(capsys, "init", "none", "--model", str(fixtures["modelopt_fp8"]), "--gpu", "H100-80GB", "--backend",
+         "llmapi", "--kv-cache", "none", "--output", str(recipe))
+    assert "kv_cache: none" in recipe.read_text()
+    _run(capsys, "calibrate", str(recipe))
+    said = _run(capsys, "build", str(recipe))
+    assert "warning:" in said and "declares kv_cache_quant_algo FP8" in said and "quantization.kv_cache fp8_cast" in said
+    # the fp8_cast recipe the same checkpoint gets by default is not warned about
+    summary = validate_hf_checkpoint(tmp_path / "engines" / "none" / "checkpoint",
+                                     load_recipe(recipe, ["quantization.kv_cache=fp8_cast"]))
+    assert summary["warnings"] == []

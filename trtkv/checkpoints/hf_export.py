@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtkv.core.errors import StageError, TrtkvError
-from trtkv.recipe import WeightQuant
+from trtkv.recipe import KVCacheQuant, WeightQuant
 from trtkv.recipe.layout import HF, HF_CONFIG
 
 if TYPE_CHECKING:
@@ -332,6 +332,23 @@ def _check_stored_quant(
     return got, kv_algo if isinstance(kv_algo, str) else declared
 
 
+def stored_kv_warnings(hf_dir: Path, recipe: Recipe, kv_algo: str | None) -> list[str]:
+    """kv_cache none on a checkpoint that declares a KV-cache format: TensorRT-LLM's LLM API runs
+    that format anyway. Its kv_cache_config.dtype overrides the checkpoint's kv_cache_quant_algo
+    only for fp8 and nvfp4; auto, float16 and bfloat16 leave it in force
+    (llmapi/llm_utils.py ModelLoader._update_from_hf_quant_config), so no dtype gives this
+    checkpoint a 16-bit cache while plan prices one."""
+    if kv_algo is None or recipe.quantization.kv_cache is not KVCacheQuant.NONE:
+        return []
+    return [
+        f"{hf_dir}: the checkpoint declares kv_cache_quant_algo {kv_algo}, and TensorRT-LLM's LLM "
+        "API follows it under kv_cache_config.dtype auto (it overrides the checkpoint only for "
+        f"fp8 and nvfp4): the server runs a {kv_algo} KV cache at scale 1.0, not the 16-bit one "
+        "recipe quantization.kv_cache none planned. Next: quantization.kv_cache fp8_cast (what "
+        "it runs, priced as such)."
+    ]
+
+
 def validate_hf_checkpoint(ckpt_dir: Path | str, recipe: Recipe) -> dict[str, Any]:
     """Check checkpoint/hf/ against the recipe; a summary (per-layer k/v scales) or a StageError
     with every problem. A checkpoint served as stored (is_stored) is checked as the user's: its
@@ -421,5 +438,9 @@ def validate_hf_checkpoint(ckpt_dir: Path | str, recipe: Recipe) -> dict[str, An
         "k_scales": k_scales,
         "v_scales": v_scales,
         "tensors": len(tensors),
-        **({"stored": weight_algo} if stored else {}),
+        **(
+            {"stored": weight_algo, "warnings": stored_kv_warnings(hf_dir, recipe, kv_algo)}
+            if stored
+            else {}
+        ),
     }
