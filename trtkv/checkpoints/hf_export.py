@@ -324,12 +324,13 @@ def _check_stored_quant(
             f"{hf_dir}: declares no KV-cache scales, but recipe quantization.kv_cache = "
             f"{recipe.quantization.kv_cache.value!r} serves the scales the checkpoint carries"
         )
-    kv_algo = None
-    if (hf_dir / QUANT_CONFIG).is_file():
-        data = _load_json(hf_dir / QUANT_CONFIG, problems) or {}
-        body = data.get("quantization")
-        kv_algo = body.get("kv_cache_quant_algo") if isinstance(body, dict) else None
-    return got, kv_algo if isinstance(kv_algo, str) else declared
+    if not (hf_dir / QUANT_CONFIG).is_file():  # TensorRT-LLM reads this file first, if present
+        return got, declared
+    body = (_load_json(hf_dir / QUANT_CONFIG, problems) or {}).get("quantization")
+    kv_algo = body.get("kv_cache_quant_algo") if isinstance(body, dict) else None
+    # ModelOpt's spellings of no KV quantization, as TensorRT-LLM reads them
+    none = not isinstance(kv_algo, str) or kv_algo.strip().lower() in ("none", "null", "")
+    return got, None if none else kv_algo
 
 
 def stored_kv_warnings(hf_dir: Path, recipe: Recipe, kv_algo: str | None) -> list[str]:
