@@ -20,7 +20,10 @@ from tests.support.quantized_checkpoints import (
     modelopt_checkpoint,
     qwen3_moe_fp8_block,
 )
+from trtkv.checkpoints import rope, validate_hf_checkpoint
 from trtkv.cli import main
+from trtkv.core.errors import StageError
+from trtkv.recipe import load_recipe
 
 pytestmark = pytest.mark.slow  # the fixtures' first build is ModelOpt's export (cached by its inputs' hash)
 TOKENIZER = ("tokenizer.json", "tokenizer_config.json")
@@ -76,7 +79,13 @@ def test_init_plan_calibrate_deploy_on_llmapi_serve_the_weights_as_stored(
     # the weights as stored: the user's own files (hard links), nothing quantized, nothing added
     assert {p.name: (p.stat().st_ino, p.stat().st_size) for p in hf.glob("*.safetensors")} == before
     assert all(os.path.samefile(user / n, hf / n) for n in before)
-    assert json.loads((hf / "config.json").read_text()) == json.loads((user / "config.json").read_text())
+    # config.json a copy (never the user's file) with the top-level RoPE fields transformers 4.x reads added
+    theirs, served = json.loads((user / "config.json").read_text()), json.loads((hf / "config.json").read_text())
+    assert not os.path.samefile(user / "config.json", hf / "config.json")
+    assert {k: v for k, v in served.items() if k not in ("rope_theta", "rope_scaling")} == {
+        k: v for k, v in theirs.items() if k not in ("rope_theta", "rope_scaling")}
+    assert served["rope_theta"] == rope.from_hf(theirs).theta
+    assert json.loads((checkpoint / "hf_config.json").read_text()) == theirs
     scales = json.loads((checkpoint / "kv_scales.json").read_text())
     assert scales["kv_cache_quant_algo"] is None and scales["layers"] == []
     assert (checkpoint / "tokenizer" / "tokenizer.json").is_file()
@@ -84,7 +93,56 @@ def test_init_plan_calibrate_deploy_on_llmapi_serve_the_weights_as_stored(
     assert manifest["validation"]["stored"]["weight_shards_unchanged"] == sorted(before)
     # a second run is up to date
     assert "up to date" in _run(capsys, "calibrate", str(recipe))
+    # build validates the passed-on export as a stored checkpoint (its own quant_algo, the KV algo the engine runs,
+    # carried scales allowed) and repo lays out Triton's model repository for it
+    said = _run(capsys, "build", str(recipe))
+    engine = tmp_path / "engines" / name / "engine"
+    built = json.loads((engine / "manifest.json").read_text())
+    assert built["preflight"]["hf_validation"]["stored"] == manifest["validation"]["stored"]["weights"]
+    _run(capsys, "repo", str(recipe))
+    assert any((tmp_path / "triton_repo").rglob("config.pbtxt"))
     deploy = tmp_path / "deploy"
     said = _run(capsys, "deploy", str(recipe), "--target", "k8s", "--output", str(deploy),
                 "--model-source", f"s3://bucket/trtkv/{name}")
     assert "KV cache (fp8_scale1)" in said and (deploy / "server.yaml").is_file()
+
+
+def test_build_validation_reads_the_passed_on_checkpoint_as_the_recipe_stores_it(
+        fixtures: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The stored-checkpoint mode of build's HF validation: the checkpoint's own format (recognised from its files)
+    against model.checkpoint_quant, its own KV algo and carried k/v scales reported, not refused; a recipe that names
+    another stored format is refused, naming both."""
+    monkeypatch.setenv("TRTKV_ENGINES", str(tmp_path / "engines"))
+    recipe = tmp_path / "fp8.yaml"
+    _run(capsys, "init", "fp8", "--model", str(fixtures["modelopt_fp8"]), "--gpu", "H100-80GB", "--backend",
+         "llmapi", "--output", str(recipe))
+    _run(capsys, "calibrate", str(recipe))
+    checkpoint = tmp_path / "engines" / "fp8" / "checkpoint"
+    served = load_recipe(recipe)
+    summary = validate_hf_checkpoint(checkpoint, served)
+    assert summary["stored"] == "fp8" and summary["quant_algo"] == "fp8"
+    assert summary["kv_cache_quant_algo"] == "FP8"  # declared by the export; llmapi runs it at 1.0 (fp8_cast)
+    layers = served.model.num_layers
+    assert len(summary["k_scales"]) == len(summary["v_scales"]) == layers and min(summary["k_scales"]) > 0
+    with pytest.raises(StageError, match=r"stored as fp8, but recipe model.checkpoint_quant = 'nvfp4'"):
+        validate_hf_checkpoint(checkpoint, load_recipe(recipe, ["model.checkpoint_quant=nvfp4"]))
+
+
+def test_kv_cache_none_on_a_checkpoint_declaring_fp8_kv_warns_at_build(
+        fixtures: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """TensorRT-LLM's LLM API keeps a checkpoint's kv_cache_quant_algo FP8 under kv_cache_config.dtype auto (only fp8
+    and nvfp4 override it), so kv_cache none there runs FP8 at 1.0 while plan priced 16 bits: build says so."""
+    monkeypatch.setenv("TRTKV_ENGINES", str(tmp_path / "engines"))
+    recipe = tmp_path / "none.yaml"
+    _run(capsys, "init", "none", "--model", str(fixtures["modelopt_fp8"]), "--gpu", "H100-80GB", "--backend",
+         "llmapi", "--kv-cache", "none", "--output", str(recipe))
+    assert "kv_cache: none" in recipe.read_text()
+    _run(capsys, "calibrate", str(recipe))
+    said = _run(capsys, "build", str(recipe))
+    assert "warning:" in said and "declares kv_cache_quant_algo FP8" in said and "quantization.kv_cache fp8_cast" in said
+    # the fp8_cast recipe the same checkpoint gets by default is not warned about
+    summary = validate_hf_checkpoint(tmp_path / "engines" / "none" / "checkpoint",
+                                     load_recipe(recipe, ["quantization.kv_cache=fp8_cast"]))
+    assert summary["warnings"] == []

@@ -3,7 +3,8 @@ no scales, fp8_cast or 16-bit or an engine format; or KV scales the checkpoint c
 engine reads as they are): the checkpoint passed on as stored, so build, repo, serve and deploy read
 it where they read every calibrate output. hf/ holds the user's safetensors shards hard-linked
 (copied across file systems; byte-identical, checked) and their small files copied, never
-re-quantized or rewritten; tokenizer/, hf_config.json, kv_scales.json (the carried scales, or no
+re-quantized or rewritten (config.json gains the top-level RoPE fields transformers 4.x reads
+where they are missing); tokenizer/, hf_config.json, kv_scales.json (the carried scales, or no
 layers) and calibration_report.md beside it, as the stage contract lists."""
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ def pass_on(
     shards = link_checkpoint(stored.model_dir, tmp / layout.HF)
     config = json.loads((stored.model_dir / "config.json").read_text())
     (tmp / layout.HF_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    served = legacy_rope_config(config)
+    if served != config:  # a new file, never written through to the user's
+        (tmp / layout.HF / "config.json").unlink()
+        (tmp / layout.HF / "config.json").write_text(json.dumps(served, indent=2) + "\n")
     _save_tokenizer(stored.model_dir, tmp / layout.TOKENIZER)
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     num_layers = int(text.get("num_hidden_layers") or 0)
@@ -78,6 +83,25 @@ def pass_on(
         },
         "model_dir": str(stored.model_dir),
     }
+
+
+def legacy_rope_config(config: dict[str, Any]) -> dict[str, Any]:
+    """config.json with the top-level RoPE fields transformers 4.x reads (TensorRT-LLM 1.x's LLM
+    API pins 4.57: `rope_theta` / `rope_scaling`, Gemma 3's `rope_local_base_freq`) written in from
+    the model's own `rope_parameters` where they are absent or differ, as calibrate's export of a
+    16-bit model writes them (trtkv.calibrate.modelopt_export); the config itself otherwise."""
+    from trtkv.checkpoints import rope
+    from trtkv.checkpoints.hf_export import HF_ARCHITECTURES, gemma3_legacy_rope
+
+    if config.get("architectures") == [HF_ARCHITECTURES["gemma3"]]:
+        fields = gemma3_legacy_rope(config)
+        if all(config.get(k, "absent") == v for k, v in fields.items()):
+            return config
+    elif rope.rope_problems(rope.from_hf(config), None, config):
+        fields = rope.hf_legacy_fields(rope.from_hf(config))
+    else:
+        return config
+    return {**config, **fields}
 
 
 def check_linked(model_dir: Path, hf_dir: Path, shards: list[str]) -> list[str]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtkv.core.errors import StageError, TrtkvError
-from trtkv.recipe import WeightQuant
+from trtkv.recipe import KVCacheQuant, WeightQuant
 from trtkv.recipe.layout import HF, HF_CONFIG
 
 if TYPE_CHECKING:
@@ -278,10 +278,85 @@ def _check_quant_config(
     return got_w, got_kv
 
 
+def is_stored(recipe: Recipe) -> bool:
+    """The recipe serves a pre-quantized checkpoint's weights as stored (model.checkpoint_quant
+    with quantization.weights none): hf/ is then that checkpoint passed on by `trtkv calibrate`
+    (trtkv.calibrate.as_stored), not ModelOpt's export of a 16-bit model."""
+    return bool(recipe.model.checkpoint_quant) and recipe.quantization.weights is WeightQuant.NONE
+
+
+def _check_stored_quant(
+    hf_dir: Path, config: dict[str, Any], recipe: Recipe, problems: list[str]
+) -> tuple[str | None, str | None]:
+    """A checkpoint served as stored: its weight format, as trtkv.checkpoints recognises it from
+    its own files, is the recipe's model.checkpoint_quant; a KV cache with scales (fp8) needs the
+    checkpoint to declare them, any other KV format is set by the engine's KV dtype, whatever the
+    checkpoint declares (TensorRT-LLM's PyTorch backend runs an FP8 KV cache at scale 1.0,
+    trtkv.runtime.hf_checkpoint). The (stored format, declared KV algo)."""
+    from trtkv.checkpoints.checkpoint_quant import read_checkpoint_quant
+
+    want = recipe.model.checkpoint_quant or ""
+    parts = [config, config.get("text_config")]
+    quant = next(
+        (
+            p["quantization_config"]
+            for p in parts
+            if isinstance(p, dict) and isinstance(p.get("quantization_config"), dict)
+        ),
+        None,
+    )
+    notes: list[str] = []
+    try:
+        found = read_checkpoint_quant(quant, hf_dir, notes)
+    except TrtkvError as exc:
+        problems.append(f"{hf_dir}: quantization not readable ({exc})")
+        return None, None
+    got = found.stored_format if found is not None else None
+    if (got or "").lower() != want.lower():
+        problems.append(
+            f"{hf_dir}: the weights are stored as {got or '16-bit (no quantization recognised)'}"
+            f", but recipe model.checkpoint_quant = {want!r} (quantization.weights none: the "
+            f"weights as stored){' ' + ' '.join(notes) if notes else ''}"
+        )
+    declared = found.kv_cache if found is not None else None
+    if recipe.kv_row.choice.checkpoint_algo is not None and declared is None:
+        problems.append(
+            f"{hf_dir}: declares no KV-cache scales, but recipe quantization.kv_cache = "
+            f"{recipe.quantization.kv_cache.value!r} serves the scales the checkpoint carries"
+        )
+    if not (hf_dir / QUANT_CONFIG).is_file():  # TensorRT-LLM reads this file first, if present
+        return got, declared
+    body = (_load_json(hf_dir / QUANT_CONFIG, problems) or {}).get("quantization")
+    kv_algo = body.get("kv_cache_quant_algo") if isinstance(body, dict) else None
+    # ModelOpt's spellings of no KV quantization, as TensorRT-LLM reads them
+    none = not isinstance(kv_algo, str) or kv_algo.strip().lower() in ("none", "null", "")
+    return got, None if none else kv_algo
+
+
+def stored_kv_warnings(hf_dir: Path, recipe: Recipe, kv_algo: str | None) -> list[str]:
+    """kv_cache none on a checkpoint that declares a KV-cache format: TensorRT-LLM's LLM API runs
+    that format anyway. Its kv_cache_config.dtype overrides the checkpoint's kv_cache_quant_algo
+    only for fp8 and nvfp4; auto, float16 and bfloat16 leave it in force
+    (llmapi/llm_utils.py ModelLoader._update_from_hf_quant_config), so no dtype gives this
+    checkpoint a 16-bit cache while plan prices one."""
+    if kv_algo is None or recipe.quantization.kv_cache is not KVCacheQuant.NONE:
+        return []
+    return [
+        f"{hf_dir}: the checkpoint declares kv_cache_quant_algo {kv_algo}, and TensorRT-LLM's LLM "
+        "API follows it under kv_cache_config.dtype auto (it overrides the checkpoint only for "
+        f"fp8 and nvfp4): the server runs a {kv_algo} KV cache at scale 1.0, not the 16-bit one "
+        "recipe quantization.kv_cache none planned. Next: quantization.kv_cache fp8_cast (what "
+        "it runs, priced as such)."
+    ]
+
+
 def validate_hf_checkpoint(ckpt_dir: Path | str, recipe: Recipe) -> dict[str, Any]:
     """Check checkpoint/hf/ against the recipe; a summary (per-layer k/v scales) or a StageError
-    with every problem."""
+    with every problem. A checkpoint served as stored (is_stored) is checked as the user's: its
+    own quantization, the KV algo the engine runs, the k/v scales it carries allowed, its weight
+    tensors under its own names (calibrate checked the shards byte-identical)."""
     ckpt_dir = Path(ckpt_dir)
+    stored = is_stored(recipe)
     hf_dir = ckpt_dir / HF
     problems: list[str] = []
     if recipe.quantization.weights not in HF_WEIGHT_ALGO:
@@ -295,7 +370,10 @@ def validate_hf_checkpoint(ckpt_dir: Path | str, recipe: Recipe) -> dict[str, An
         _check_gemma3(ckpt_dir, config, recipe, problems)
     elif config is not None:
         _check_rope(ckpt_dir, config, problems)
-    weight_algo, kv_algo = _check_quant_config(hf_dir, recipe, problems)
+    if stored:
+        weight_algo, kv_algo = _check_stored_quant(hf_dir, config or {}, recipe, problems)
+    else:
+        weight_algo, kv_algo = _check_quant_config(hf_dir, recipe, problems)
     tensors = _tensors(hf_dir, problems)
     layers = int((config or {}).get("num_hidden_layers") or recipe.model.num_layers or 0)
     fp8 = recipe.quantization.weights is WeightQuant.FP8
@@ -306,7 +384,7 @@ def validate_hf_checkpoint(ckpt_dir: Path | str, recipe: Recipe) -> dict[str, An
         for norm in GEMMA3_NORMS if gemma3 else NORMS:
             if pre + norm not in tensors:
                 problems.append(f"{hf_dir}: {pre + norm} missing")
-        for proj in PROJECTIONS:
+        for proj in () if stored else PROJECTIONS:
             weight = tensors.get(f"{pre}{proj}.weight")
             if weight is None:
                 problems.append(f"{hf_dir}: {pre}{proj}.weight missing")
@@ -323,7 +401,11 @@ def validate_hf_checkpoint(ckpt_dir: Path | str, recipe: Recipe) -> dict[str, An
                     problems,
                     hf_dir,
                 )
-        if recipe.kv_row.choice.checkpoint_algo is not None:
+        if stored:
+            for name, out in zip(KV_SCALES, (k_scales, v_scales), strict=True):
+                if pre + name in tensors:
+                    out.append(_positive_scale(pre + name, tensors[pre + name], problems, hf_dir))
+        elif recipe.kv_row.choice.checkpoint_algo is not None:
             k_scales.append(
                 _positive_scale(
                     pre + KV_SCALES[0], tensors.get(pre + KV_SCALES[0]), problems, hf_dir
@@ -357,4 +439,9 @@ def validate_hf_checkpoint(ckpt_dir: Path | str, recipe: Recipe) -> dict[str, An
         "k_scales": k_scales,
         "v_scales": v_scales,
         "tensors": len(tensors),
+        **(
+            {"stored": weight_algo, "warnings": stored_kv_warnings(hf_dir, recipe, kv_algo)}
+            if stored
+            else {}
+        ),
     }
