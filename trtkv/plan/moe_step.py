@@ -206,7 +206,14 @@ def _busiest_uniform(experts: int, top_k: int, tokens: int, ep: int) -> float:
         return distinct_experts(experts, top_k, tokens)
     p = distinct_experts(experts, top_k, tokens) / experts
     group = experts // ep
-    pmf = [math.comb(group, i) * p**i * (1 - p) ** (group - i) for i in range(group + 1)]
+    if p >= 1.0:
+        return float(group)
+    # the binomial's terms in logs: a large group's coefficient overflows a float
+    lp, lq, lg = math.log(p), math.log1p(-p), math.lgamma(group + 1)
+    pmf = [
+        math.exp(lg - math.lgamma(i + 1) - math.lgamma(group - i + 1) + i * lp + (group - i) * lq)
+        for i in range(group + 1)
+    ]
     expected, below = 0.0, 0.0
     for j in range(1, group + 1):  # E[max] = sum over j of P(max >= j) = 1 - P(each rank < j)
         below += pmf[j - 1]
