@@ -11,7 +11,9 @@ TTFTs came inside when a new request was charged for the step in flight (trtkv.p
 engines' default overlapped scheduling): vLLM gpt-oss-120b TP2 c64 on H100 -33.1% -> -5.0%, SGLang DeepSeek-V3 TP8 c8
 on H20 -32.4% -> -19.3% (shown on main's code, d49efc5, which printed the former). TensorRT-LLM's attention-DP
 balancing (trtkv.plan.adp_balance: enable_balance's hold, run as its counters run) brought DEP2/DEP4 on B200 from
--70.9% / -81.6% to +12.7% / +5.5%."""
+-70.9% / -81.6% to +12.7% / +5.5%. Pricing an EP step at its busiest rank (trtkv.plan.moe_step.rank_load) brought
+TensorRT-LLM's DeepSeek-R1 at EP8 from -14.3% / -15.7% TPOT (the mean rank's share, on main's 4aca474) to -6.2% /
+-3.7%."""
 
 from __future__ import annotations
 
