@@ -6,6 +6,8 @@ batch's experts."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.support import speed_cases as sc
@@ -36,6 +38,40 @@ def test_distinct_experts_is_the_uniform_closed_form() -> None:
     assert moe_step.distinct_experts(128, 4, 4096) == pytest.approx(128, rel=1e-9)
     counts = [moe_step.distinct_experts(128, 4, n) for n in (1, 2, 8, 32, 128)]
     assert counts == sorted(counts) and counts[-1] < 128
+
+
+def test_the_busiest_ep_rank_sets_the_step_under_uniform_routing() -> None:
+    # one rank: the closed form itself
+    assert moe_step.rank_load(128, 8, 16) == (moe_step.distinct_experts(128, 8, 16), 128)
+    # DeepSeek-R1 at EP8 (256 experts, top 8), one token: 8 experts over 8 ranks average 1 a rank, but the step waits
+    # for the rank that drew the most (about 2.5 of its 32)
+    busiest, pairs = moe_step.rank_load(256, 8, 1, 8)
+    assert 2.0 < busiest < 3.0 and pairs == 1
+    # a large batch touches every expert: the busiest rank's share is the mean share
+    assert moe_step.rank_load(256, 8, 4096, 8)[0] == pytest.approx(32, rel=1e-6)
+    shares = [moe_step.rank_load(128, 4, n, 2)[0] / (moe_step.distinct_experts(128, 4, n) / 2) for n in (1, 8, 64, 512)]
+    assert shares == sorted(shares, reverse=True) and shares[0] > 1.3 and shares[-1] == pytest.approx(1, abs=1e-3)
+
+
+def test_aiconfigurators_power_law_as_its_collector_draws_it() -> None:
+    law = moe_step.POWER_LAW
+    # N k <= E: loads drawn on [0.01, 2], far more skewed than uniform: Qwen3-30B-A3B's 16 tokens reach ~50 of 128
+    qwen, pairs = moe_step.rank_load(128, 8, 16, 1, law)
+    assert 40 < qwen < 60 < moe_step.distinct_experts(128, 8, 16) and pairs == 128
+    # N k > E: loads on [1, 0.8 N], every expert at least ~1/N of the hottest: gpt-oss-20b's 16 tokens reach
+    # nearly all 32 experts, at least as many as uniform's 28
+    assert moe_step.rank_load(32, 4, 16, 1, law)[0] >= moe_step.distinct_experts(32, 4, 16)
+    # a token reaches an expert once: one token reads its k experts under any draw
+    assert moe_step.rank_load(128, 8, 1, 1, law) == (8, 8)
+    # under EP the busiest rank takes more than its share of the token-expert pairs
+    _, busy = moe_step.rank_load(128, 4, 64, 2, law)
+    assert busy > 64 * 4 / 2
+    # seeded: the same answer each time
+    moe_step._power_law.cache_clear()
+    assert moe_step.rank_load(128, 8, 16, 1, law) == (qwen, pairs)
+    with pytest.raises(TrtkvError) as e:
+        moe_step.rank_load(128, 8, 16, 1, "zipf")
+    assert "'zipf'" in str(e.value) and "uniform, power_law_1.2" in str(e.value) and "Next:" in str(e.value)
 
 
 def test_gpt_oss_experts_are_stored_mxfp4_and_priced_apart_from_attention() -> None:
@@ -117,5 +153,15 @@ def test_estimate_states_the_routing_assumption_and_its_effect() -> None:
     assert "uniform routing" in notes and "E (1 - (1 - k/E)^N)" in notes
     assert "concurrency 1: 8, concurrency 32: 112 of 128" in notes
     assert "multi-node wide EP and speculative decoding are not modelled" in notes
+    # the effect: the experts and the ITL under aiconfigurator's power law beside the default's
+    power = re.search(r"power-law expert load \(alpha 1\.2.*?\) they would be (\d+), (\d+) and ITL "
+                      r"([\d.]+) -> ([\d.]+) ms \(([+-]\d+)%\), ([\d.]+) -> ([\d.]+) ms", notes)
+    assert power, notes
+    one, many = int(power[1]), int(power[2])
+    assert one == 8 and many < 112  # one token reads its k either way; 32 tokens fewer under the skew
+    assert float(power[7]) < float(power[6])  # fewer experts read: a faster decode step at 32
+    rows = estimate(recipe, plan(recipe), use_aiconfigurator=False).rows
+    own = {r.concurrency: r.itl_ms for r in rows if r.format == recipe.kv_format_label}
+    assert float(power[3]) == pytest.approx(own[1], abs=0.005) and float(power[6]) == pytest.approx(own[32], abs=0.005)
     dense = sc.recipe_for(sc.MODELS["llama3_1_8b"], "H100-80GB", "vllm", "bf16", 2048, 256, [1], 8192)
     assert "routing" not in " ".join(estimate(dense, plan(dense), use_aiconfigurator=False).notes)

@@ -11,15 +11,19 @@ TTFTs came inside when a new request was charged for the step in flight (trtkv.p
 engines' default overlapped scheduling): vLLM gpt-oss-120b TP2 c64 on H100 -33.1% -> -5.0%, SGLang DeepSeek-V3 TP8 c8
 on H20 -32.4% -> -19.3% (shown on main's code, d49efc5, which printed the former). TensorRT-LLM's attention-DP
 balancing (trtkv.plan.adp_balance: enable_balance's hold, run as its counters run) brought DEP2/DEP4 on B200 from
--70.9% / -81.6% to +12.7% / +5.5%."""
+-70.9% / -81.6% to +12.7% / +5.5%. Pricing an EP step at its busiest rank (trtkv.plan.moe_step.rank_load) brought
+TensorRT-LLM's DeepSeek-R1 at EP8 from -14.3% / -15.7% TPOT (the mean rank's share, on main's 4aca474) to -6.2% /
+-3.7%."""
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
 from tests.support import speed_cases as sc
+from trtkv.plan import moe_step, speed
 
 BAND = {"itl_p50_ms": 0.25, "tpot_p50_ms": 0.25, "ttft_p50_ms": 0.30}
 # (measurement, figure) -> why the model is outside the band. Not tuned away: each is a cost the kernel model does not
@@ -27,7 +31,9 @@ BAND = {"itl_p50_ms": 0.25, "tpot_p50_ms": 0.25, "ttft_p50_ms": 0.30}
 OUTSIDE_BAND = {
     # DEP2 -> DEP4 halves a rank's expert bytes under any routing, yet the run's TPOT drops 6% (5.33 -> 5.00 ms);
     # aiconfigurator-core 0.12.0's own step model for this setup (b200_sxm, trtllm 1.3.0rc20) gives ITL 14.6 -> 8.0 ms
-    ("b200_dep2_1k1k_c64", "tpot_p50_ms"): "run's step barely follows EP (DEP4 -6%): 56 of 64 experts a rank (uniform) overprice",
+    # and no routing assumption brings it in: the busiest rank reads 57 of 64 experts under uniform routing (+48.6%), 45
+    # under aiconfigurator's power law (+33%, test_uniform_routing_is_what_the_measurements_without_ep_bear_out)
+    ("b200_dep2_1k1k_c64", "tpot_p50_ms"): "run's step barely follows EP (DEP4 -6%); uniform +49%, power-law routing +33%",
     ("h20_tp8_1k512_c8", "itl_p50_ms"): "no H20 kernel tables: H100's at H20's bandwidth; its 78 SMs' kernel costs unmeasured",
 }
 
@@ -82,3 +88,25 @@ def test_step_model_within_the_band_of_published_measurements(rows: list[dict],
     itl = [r for r in rows if r["figure"] != "ttft_p50_ms"]
     inside = sum(1 for r in itl if (r["measurement"], r["figure"]) not in OUTSIDE_BAND)
     assert inside >= 6 and 2 * inside > len(itl)
+
+
+def test_uniform_routing_is_what_the_measurements_without_ep_bear_out(rows: list[dict], monkeypatch: pytest.MonkeyPatch,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """The routing assumption (trtkv.plan.moe_step): uniform routing, the default, against aiconfigurator's power-law
+    expert load (alpha 1.2, its default for gpt-oss and Qwen3-MoE) on every decode figure. Without EP (one rank reads
+    what the whole batch routes to, so only the skew differs) uniform is closer on each; with EP the busiest rank's
+    load enters too, and the two split."""
+    real = speed.routed_ms
+    monkeypatch.setattr(speed, "routed_ms", lambda k, moe, tokens: real(k, replace(moe, routing=moe_step.POWER_LAW),
+                                                                        tokens))
+    skewed = {(r["measurement"], r["figure"]): r for r in sc.step_model_comparisons()}
+    decode = [r for r in rows if r["moe"] and r["figure"] != "ttft_p50_ms"]
+    with capsys.disabled():
+        print(f"\n{'measurement':<22} {'figure':<12} {'EP':>3} {'uniform':>8} {'power law 1.2':>14}")
+        for r in decode:
+            print(f"{r['measurement']:<22} {r['figure']:<12} {r['ep']:>3} {r['error']:>+8.1%} "
+                  f"{skewed[(r['measurement'], r['figure'])]['error']:>+14.1%}")
+    solo = [r for r in decode if r["ep"] == 1 and r["attention_dp"] == 1]
+    assert len(solo) >= 4
+    for r in solo:
+        assert abs(r["error"]) < abs(skewed[(r["measurement"], r["figure"])]["error"]), r

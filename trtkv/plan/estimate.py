@@ -6,6 +6,8 @@ engine's own pool rule: trtkv.plan.engine_pool) holds."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from trtkv.backends import for_recipe
 from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.formats import UNQUANTIZED, KVFormat
@@ -13,7 +15,7 @@ from trtkv.plan import aic
 from trtkv.plan.estimate_model import AicFigures, Estimate, EstimateRow
 from trtkv.plan.layer_ops import layer_ops
 from trtkv.plan.model import GIB, Architecture, resolve_architecture, seq_bytes, weights_bytes
-from trtkv.plan.moe_step import rank_concurrency, routing_note, with_experts
+from trtkv.plan.moe_step import POWER_LAW, rank_concurrency, routing_note, with_experts
 from trtkv.plan.result import Plan
 from trtkv.plan.speed import (
     AIC_SYSTEM,
@@ -137,10 +139,13 @@ def _own_rows(
     fmt: KVFormat,
     skip: tuple[int | str, ...],
     fits: int,
+    routing: str | None = None,
 ) -> list[EstimateRow]:
     b = recipe.bench
     k = kernels_for(recipe.hardware.gpu, SPEED_ENGINE[recipe.build.backend])
     m, kv = model_shape(arch, recipe), kv_cost(arch, recipe, fmt, skip)
+    if routing and m.moe is not None:  # an MoE priced under another routing assumption
+        m = replace(m, moe=replace(m.moe, routing=routing))
     rows = []
     groups = recipe.parallelism.attention_dp
     for c in b.concurrency:
@@ -218,8 +223,14 @@ def estimate(recipe: Recipe, plan: Plan, use_aiconfigurator: bool = True) -> Est
             "the CUDA cores."
         )
     notes += gpu_notes(gpu, SPEED_ENGINE[recipe.build.backend], rows)
-    moe = routing_note(arch, recipe, list(b.concurrency))
-    notes += [moe] if moe and any(r.source.startswith("trtkv model") for r in rows) else []
+    if any(r.source.startswith("trtkv model") for r in rows) and arch.moe is not None:
+        # the routing assumption's effect: the own format's ITL under aiconfigurator's power law
+        alt = _own_rows(recipe, arch, own_label, recipe.kv_format, skip, fits[own_label], POWER_LAW)
+        itl = {
+            a.concurrency: (o.itl_ms, a.itl_ms) for o, a in zip(own[own_label], alt, strict=True)
+        }
+        moe = routing_note(arch, recipe, list(b.concurrency), itl)
+        notes += [moe] if moe else []
     own_kv = kv_cost(arch, recipe, recipe.kv_format, skip)
     notes.append(arrival_note(recipe, model_shape(arch, recipe), own_kv))
     workload = {

@@ -1,12 +1,18 @@
 """The routed experts of a mixture-of-experts step, priced by what the step touches (issue #49).
 
 A step of T tokens per attention-DP rank routes each token to top-k of E experts per MoE layer.
-Under uniform routing (every expert equally likely, tokens independent) the expected distinct
-experts one layer reads over the step's tokens is the standard closed form E (1 - (1 - k/E)^N), N
-the tokens the expert group sees (T x attention DP); each EP rank holds E / EP of them, so it reads
-its share of that. Real routers are skewed (aiconfigurator assumes a power law): skew touches fewer
-distinct experts at a small batch (uniform is then an upper bound on bytes) but loads the busiest
-rank more at a large one; the output says which assumption priced it and what it changed.
+The routing assumption is stated in the output, with its effect (routing_note). The default,
+uniform routing (every expert equally likely, tokens independent), reads the standard closed form
+E (1 - (1 - k/E)^N) distinct experts per layer over the N tokens the expert group sees (T x
+attention DP); under EP each rank holds E / EP of them and the step waits for the busiest rank: the
+expected most experts one of the EP ranks reads, each expert touched with the closed form's
+probability. The alternative shown beside it is aiconfigurator's power-law expert load
+(aiconfigurator-core 0.12.0: workload_distribution "power_law", alpha 1.2 for its generic MoE
+models, sdk/models/moe.py), drawn as its collector draws it (collector/helper.py
+_generate_power_law_distribution: E per-expert loads from a power law on [1, 0.8 N] when N k > E,
+else on [0.01, 2], scaled to N k token-expert pairs and rounded; its table rows time the busiest EP
+rank). Uniform stays the default: every published MoE decode figure without EP sits closer under it
+(tests/plan/test_published_speed.py asserts it; docs/plan.md gives the figures).
 
 What a step costs here, per GPU:
 - routed experts: the distinct experts' weights once (at their stored bytes: gpt-oss MXFP4, a recipe
@@ -34,7 +40,9 @@ experts), speculative decoding (the accept rate sets the tokens per step), exper
 
 from __future__ import annotations
 
+import functools
 import math
+import random
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
@@ -48,10 +56,23 @@ if TYPE_CHECKING:
     from trtkv.plan.model import Architecture
 
 ROUTING = "uniform"
-ROUTING_TEXT = (
-    "uniform routing (each token's top-k of E experts equally likely, tokens independent: a step "
-    "of N tokens reads E (1 - (1 - k/E)^N) distinct experts per MoE layer)"
-)
+# aiconfigurator-core 0.12.0's default expert load for gpt-oss, Qwen3-MoE and its other generic MoE
+# models (config.py workload_distribution "power_law", models/moe.py _power_law_alpha 1.2)
+POWER_LAW_ALPHA = 1.2
+POWER_LAW = f"power_law_{POWER_LAW_ALPHA}"  # as aiconfigurator names its table rows
+# draws of aiconfigurator's sampler averaged per step shape (seeded: the figure is reproducible)
+POWER_LAW_DRAWS = 128
+ROUTINGS = {
+    ROUTING: (
+        "uniform routing (each token's top-k of E experts equally likely, tokens independent: a "
+        "step of N tokens reads E (1 - (1 - k/E)^N) distinct experts per MoE layer; under EP the "
+        "busiest rank's expected count)"
+    ),
+    POWER_LAW: (
+        f"aiconfigurator's power-law expert load (alpha {POWER_LAW_ALPHA}, its default for generic "
+        "MoE models: per-expert loads drawn from a power law, the busiest EP rank's)"
+    ),
+}
 # per MoE layer besides the two grouped GEMMs: top-k/softmax, permute (dispatch order), unpermute
 # with the weighted sum; each priced as a memory-bound op's fixed latency (speed.Kernels)
 ROUTING_KERNELS = 3
@@ -159,15 +180,100 @@ def distinct_experts(experts: int, top_k: int, tokens: float) -> float:
     return experts * (1.0 - (1.0 - min(top_k, experts) / experts) ** tokens)
 
 
+def rank_load(
+    experts: int, top_k: int, tokens: int, ep: int = 1, routing: str = ROUTING
+) -> tuple[float, float]:
+    """(distinct experts the busiest EP rank reads, token-expert pairs routed to it) in a step of
+    `tokens` tokens, under `routing` (ROUTINGS)."""
+    if tokens <= 0:
+        return 0.0, 0.0
+    if routing == ROUTING:
+        return _busiest_uniform(experts, top_k, tokens, ep), tokens * top_k / ep
+    if routing == POWER_LAW:
+        return _power_law(experts, top_k, tokens, ep, POWER_LAW_ALPHA)
+    raise TrtkvError(
+        f"MoE routing assumption {routing!r}: not one trtkv prices. Allowed: "
+        f"{', '.join(ROUTINGS)}. Next: use one of those (trtkv.plan.moe_step.ROUTINGS)."
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _busiest_uniform(experts: int, top_k: int, tokens: int, ep: int) -> float:
+    """Uniform routing: the expected most distinct experts one of `ep` ranks (E / ep experts each)
+    reads, each expert touched independently with the closed form's probability (one rank: the
+    closed form)."""
+    if ep <= 1:
+        return distinct_experts(experts, top_k, tokens)
+    p = distinct_experts(experts, top_k, tokens) / experts
+    group = experts // ep
+    if p >= 1.0:
+        return float(group)
+    # the binomial's terms in logs: a large group's coefficient overflows a float
+    lp, lq, lg = math.log(p), math.log1p(-p), math.lgamma(group + 1)
+    pmf = [
+        math.exp(lg - math.lgamma(i + 1) - math.lgamma(group - i + 1) + i * lp + (group - i) * lq)
+        for i in range(group + 1)
+    ]
+    expected, below = 0.0, 0.0
+    for j in range(1, group + 1):  # E[max] = sum over j of P(max >= j) = 1 - P(each rank < j)
+        below += pmf[j - 1]
+        expected += 1.0 - min(1.0, below) ** ep
+    return expected
+
+
+@functools.lru_cache(maxsize=4096)
+def _power_law(experts: int, top_k: int, tokens: int, ep: int, alpha: float) -> tuple[float, float]:
+    """aiconfigurator's power-law expert load as its collector draws it (module docstring), the
+    busiest EP rank's distinct experts and token-expert pairs, averaged over POWER_LAW_DRAWS seeded
+    draws. Two departures, both physical: an expert takes at most `tokens` of them (a token
+    reaches an expert once; the excess goes to the next-heaviest experts), and the rounding's
+    remainder goes to the heaviest draws (aiconfigurator's goes to the first of the tied zeros)."""
+    rng = random.Random(0)
+    pairs = tokens * top_k
+    lo, hi = (1.0, 0.8 * tokens) if pairs > experts else (0.01, 2.0)
+    a = 1.0 - alpha
+    group = experts // ep
+    seen_sum = pairs_sum = 0.0
+    for _ in range(POWER_LAW_DRAWS):
+        x = [((hi**a - lo**a) * rng.random() + lo**a) ** (1 / a) for _ in range(experts)]
+        total = sum(x)
+        load = [round(v / total * pairs) for v in x]
+        order = sorted(range(experts), key=lambda i: (-load[i], -x[i]))
+        left = pairs - sum(load)
+        for i in range(left):  # short: one more each to the heaviest
+            load[order[i % experts]] += 1
+        i = 0
+        while left < 0:  # over: one fewer each from the lightest that hold any
+            j = order[-1 - i % experts]
+            i += 1
+            if load[j] > 0:
+                load[j] -= 1
+                left += 1
+        spill = sum(max(0, n - tokens) for n in load)
+        load = [min(n, tokens) for n in load]
+        for j in sorted(range(experts), key=lambda i: -x[i]):
+            if spill <= 0:
+                break
+            add = min(tokens - load[j], spill)
+            load[j] += add
+            spill -= add
+        ranks = [load[r * group : (r + 1) * group] for r in range(ep)]
+        busiest = max(ranks, key=sum)
+        seen_sum += sum(1 for n in busiest if n)
+        pairs_sum += sum(busiest)
+    return seen_sum / POWER_LAW_DRAWS, pairs_sum / POWER_LAW_DRAWS
+
+
 def routed_ms(k: StepKernels, moe: MoEShape, tokens: int) -> tuple[float, float]:
-    """(expert GEMM ms, all-to-all ms) of one step whose attention-DP rank runs `tokens` tokens."""
+    """(expert GEMM ms, all-to-all ms) of one step whose attention-DP rank runs `tokens` tokens:
+    the busiest EP rank's experts under the shape's routing assumption."""
     if tokens <= 0:
         return 0.0, 0.0
     seen = tokens * moe.attention_dp  # the tokens the expert group sees
-    local = distinct_experts(moe.experts, moe.top_k, seen) / moe.ep
+    local, pairs = rank_load(moe.experts, moe.top_k, seen, moe.ep, moe.routing)
     shard = moe.expert_params / moe.moe_tp
     read = local * shard * moe.bytes_per_param
-    flops = 2 * seen * moe.top_k / moe.ep * shard
+    flops = 2 * pairs * shard
     fused = k.moe_tables.get(moe.table)
     if moe.table == "w4a16_mxfp4" and k.backend in MXFP8_ACTIVATION_ENGINES:
         # TensorRT-LLM runs MXFP4 experts with MXFP8 activations on Blackwell (its
@@ -251,24 +357,48 @@ def moe_shape(
     )
 
 
-def routing_note(arch: Architecture, recipe: Recipe, levels: list[int], ep: int = 1) -> str | None:
-    """The output's statement of the routing assumption and its effect at the recipe's levels."""
-    moe = moe_shape(arch, recipe, recipe.build.tp_size, ep)
+def routing_note(
+    arch: Architecture,
+    recipe: Recipe,
+    levels: list[int],
+    itl: dict[int, tuple[float, float]] | None = None,
+) -> str | None:
+    """The output's statement of the routing assumption and its effect at the recipe's levels:
+    the experts a decode step reads under it and under aiconfigurator's power law, and `itl`
+    (concurrency -> ITL ms under each) where the caller priced both."""
+    par = recipe.parallelism
+    moe = moe_shape(arch, recipe, par.attention_tp, par.ep, par.attention_dp)
     if moe is None:
         return None
     bpp, _, source, _ = expert_bytes(arch, recipe, 2.0)
-    shares = ", ".join(
-        f"concurrency {c}: {distinct_experts(moe.experts, moe.top_k, c):.0f}"
-        for c in sorted(set(levels))
-    )
+    levels = sorted(set(levels))
+
+    def reads(routing: str) -> list[str]:
+        out = []
+        for c in levels:
+            seen = rank_concurrency(c, moe.attention_dp) * moe.attention_dp
+            out.append(f"{rank_load(moe.experts, moe.top_k, seen, moe.ep, routing)[0]:.0f}")
+        return out
+
+    rank = f" on the busiest of {moe.ep} EP ranks ({moe.experts // moe.ep} experts each)"
+    shares = ", ".join(f"concurrency {c}: {n}" for c, n in zip(levels, reads(ROUTING), strict=True))
+    effect = ", ".join(reads(POWER_LAW))
+    if itl:
+        effect += " and ITL " + ", ".join(
+            f"{itl[c][0]:.2f} -> {itl[c][1]:.2f} ms ({itl[c][1] / itl[c][0] - 1:+.0%})"
+            for c in levels
+            if c in itl and itl[c][0]
+        )
     return (
         f"MoE ({moe.experts} routed experts, top {moe.top_k}, {moe.layers} layers, experts at "
         f"{bpp:.3g} B/weight from {source}): a decode step reads only the experts its tokens "
-        f"route to, under {ROUTING_TEXT}; distinct experts per layer read in a decode step: "
-        f"{shares} of {moe.experts}. Prefill FLOPs are the active parameters', at the fused MoE "
-        "op's efficiency under aiconfigurator's power-law expert load. Skewed routing reads fewer "
-        "experts at small batches and loads the busiest EP rank more at large ones; "
-        "multi-node wide EP and speculative decoding are not modelled."
+        f"route to, under {ROUTINGS[ROUTING]}; distinct experts per layer read in a decode step"
+        f"{rank if moe.ep > 1 else ''}: {shares} of {moe.experts // moe.ep}. Under "
+        f"{ROUTINGS[POWER_LAW]} they would be {effect} (uniform stays the default: the published "
+        "measurements without EP bear it out, docs/plan.md). Prefill FLOPs are the active "
+        "parameters', at the fused "
+        "MoE op's efficiency under aiconfigurator's power-law expert load; multi-node wide EP and "
+        "speculative decoding are not modelled."
     )
 
 
