@@ -16,7 +16,9 @@ What a step costs here, per GPU:
   (moe/<engine>/<version>/moe_perf.parquet, fitted per GPU, engine and dtype by
   tools/aic_kernels.py: the memory side over its balanced rows, with a cost per expert touched
   beside the bytes (SGLang's MXFP4 kernel: ~4 us on H200), the compute side over its
-  power-law rows, so a prefill's busiest expert is in it); where no table covers the dtype, the
+  power-law rows, so a prefill's busiest expert is in it); the compute side is the table's own row
+  for the model's expert shape and moe_tp/EP where the GPU's table holds it (shape_row_ms: what
+  aiconfigurator reads, at the prefill's tokens); where no table covers the dtype, the
   dense-GEMM efficiencies plus two grouped-GEMM calls and the routing kernels (top-k, permute,
   unpermute) per layer;
 - attention, dense layers, shared experts, routers and the LM head: trtkv.plan.speed's dense GEMMs
@@ -93,6 +95,10 @@ class StepKernels(Protocol):
     def op_latency_ms(self) -> float: ...
     @property
     def moe_tables(self) -> dict[str, dict[str, Any]]: ...
+    @property
+    def moe_rows(self) -> dict[str, dict[str, dict[str, list[float]]]]: ...
+    @property
+    def moe_row_tokens(self) -> tuple[int, ...]: ...
     def efficiency(self, kind: str, dtype: str) -> float: ...
 
 
@@ -159,6 +165,24 @@ def distinct_experts(experts: int, top_k: int, tokens: float) -> float:
     return experts * (1.0 - (1.0 - min(top_k, experts) / experts) ** tokens)
 
 
+def shape_row_ms(k: StepKernels, moe: MoEShape, table: str, tokens: float) -> float | None:
+    """The fused MoE op's time for `tokens` (the expert group's) from the engine table's own rows
+    for this expert shape and moe_tp/EP (tools/aic_kernels.py --moe-rows, power-law expert load):
+    linear between rows, at the nearest row's time per token outside them; None where no row is."""
+    inter = moe.expert_params / (3 * moe.hidden)  # gate, up and down: 3 x hidden x inter
+    key = f"{moe.hidden}/{round(inter)}/{moe.top_k}/{moe.experts}"
+    row = k.moe_rows.get(table, {}).get(key, {}).get(f"{moe.moe_tp}/{moe.ep}")
+    if not row or abs(inter - round(inter)) > 1e-6 or tokens <= 0:
+        return None
+    grid = k.moe_row_tokens
+    if tokens <= grid[0] or tokens >= grid[-1]:
+        i = 0 if tokens <= grid[0] else -1
+        return row[i] * tokens / grid[i]
+    j = next(i for i, n in enumerate(grid) if n >= tokens)
+    share = (tokens - grid[j - 1]) / (grid[j] - grid[j - 1])
+    return row[j - 1] + share * (row[j] - row[j - 1])
+
+
 def routed_ms(k: StepKernels, moe: MoEShape, tokens: int) -> tuple[float, float]:
     """(expert GEMM ms, all-to-all ms) of one step whose attention-DP rank runs `tokens` tokens."""
     if tokens <= 0:
@@ -168,12 +192,13 @@ def routed_ms(k: StepKernels, moe: MoEShape, tokens: int) -> tuple[float, float]
     shard = moe.expert_params / moe.moe_tp
     read = local * shard * moe.bytes_per_param
     flops = 2 * seen * moe.top_k / moe.ep * shard
-    fused = k.moe_tables.get(moe.table)
-    if moe.table == "w4a16_mxfp4" and k.backend in MXFP8_ACTIVATION_ENGINES:
+    table = moe.table
+    if table == "w4a16_mxfp4" and k.backend in MXFP8_ACTIVATION_ENGINES:
         # TensorRT-LLM runs MXFP4 experts with MXFP8 activations on Blackwell (its
         # examples/models/core/gpt_oss/README.md MoE support matrix): those rows where the GPU has
         # them
-        fused = k.moe_tables.get("w4a8_mxfp4_mxfp8", fused)
+        table = "w4a8_mxfp4_mxfp8" if "w4a8_mxfp4_mxfp8" in k.moe_tables else table
+    fused = k.moe_tables.get(table)
     if fused is not None:
         # the engine's fused MoE op as aiconfigurator measured it (tools/aic_kernels.py: its
         # fixed cost per layer, memory and compute efficiencies)
@@ -181,6 +206,9 @@ def routed_ms(k: StepKernels, moe: MoEShape, tokens: int) -> tuple[float, float]
         mem += local * fused.get("per_expert_ms", 0.0)  # each expert touched: its own GEMM set-up
         comp = flops / (fused["peak_flops"] * min(1.0, fused["compute_efficiency"])) * 1e3
         gemm = moe.layers * (fused["fixed_ms"] + max(mem, comp))
+        row = shape_row_ms(k, moe, table, seen)  # the shape's own row, fixed cost included
+        if row is not None:
+            gemm = moe.layers * max(fused["fixed_ms"] + mem, row)
     else:
         mem = read / (k.mem_bw * k.efficiency("gemm_memory", moe.dtype)) * 1e3
         mem += 2 * k.gemm_fixed_ms.get(f"gemm_memory.{moe.dtype}", 0.0)
