@@ -33,6 +33,11 @@ used. Attention is read at a 70B-class layer at TP4, which no end-to-end case tr
                 N <= 64 and N k <= E; the compute efficiency the
                 median over rows of N >= 2048 of what the fixed cost leaves, at aiconfigurator's default skewed
                 routing ("power_law_1.01" rows: a prefill's busiest expert sets its time, which balanced rows miss)
+  moe rows      (`--moe-rows PATH`, trtkv/data/moe_prefill_rows.json) the same table's own rows, per expert dtype, shape
+                (hidden/inter/topk/experts) and moe_tp/EP with moe_tp x EP <= 8 (one node), at N = 1,024 .. 16,384
+                tokens, "power_law_1.01": the latency aiconfigurator reads for that shape's prefill, which one median
+                compute efficiency per dtype misses by up to 2x (gpt-oss-120b's MXFP4 experts on SGLang, H200: 3.0 ms
+                a layer at 2,048 tokens, the median 1.8 ms)
 """
 
 from __future__ import annotations
@@ -62,6 +67,8 @@ MOE_BYTES = {"bfloat16": 2.0, "fp8": 1.0, "fp8_block": 1 + 4 / 128 / 128, "w4a16
 # the routing a prefill's many tokens see: aiconfigurator's default expert-load distribution (a power law, its
 # moe_perf rows "power_law_1.01"); its busiest expert sets a compute-bound step's time, which balanced rows miss
 MOE_PREFILL_ROUTING = "power_law_1.01"
+# the prefill chunks whose rows the rows file keeps (every table holds them), and the largest moe_tp x EP (one node of 8)
+MOE_ROW_TOKENS, MOE_ROW_GPUS = (1024, 2048, 4096, 8192, 16384), 8
 MOE_PEAK = {"fp8": "fp8_tc_flops", "fp8_block": "fp8_tc_flops", "nvfp4": "fp4_tc_flops",
             "w4a8_mxfp4_mxfp8": "fp8_tc_flops"}
 
@@ -178,6 +185,22 @@ def _moe(pd, path: str, gpu: dict, version: str) -> dict:
     return out
 
 
+def _moe_rows(pd, path: str) -> dict:
+    """Per expert dtype, shape and moe_tp/EP: the fused MoE op's latency (ms) at MOE_ROW_TOKENS, prefill routing."""
+    df = pd.read_parquet(path)
+    df = df[(df["distribution"] == MOE_PREFILL_ROUTING) & df["num_tokens"].isin(MOE_ROW_TOKENS)
+            & (df["moe_tp_size"] * df["moe_ep_size"] <= MOE_ROW_GPUS) & df["moe_dtype"].isin(list(MOE_BYTES))]
+    out: dict = {}
+    keys = ["moe_dtype", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size", "moe_ep_size"]
+    for key, d in df.groupby(keys):
+        got = d.groupby("num_tokens")["latency"].min()
+        if len(got) < len(MOE_ROW_TOKENS):  # a partial curve: the per-dtype fit prices that shape
+            continue
+        dtype, shape, par = key[0], "/".join(str(int(v)) for v in key[1:5]), f"{int(key[5])}/{int(key[6])}"
+        out.setdefault(dtype, {}).setdefault(shape, {})[par] = [float(f"{got[n]:.4g}") for n in MOE_ROW_TOKENS]
+    return out
+
+
 def _attention(pd, folder: str, gpu: dict) -> dict:
     out: dict = {}
     gen = os.path.join(folder, "generation_attention_perf.parquet")
@@ -251,11 +274,13 @@ def _custom_allreduce(pd, comm_dir: str, version: str, intra_bw: float) -> dict:
     return {"custom_allreduce": {"version": mv, "kernels": sorted(set(df["kernel_source"])), "by_gpus": by_gpus}}
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
     import aiconfigurator_core
     import pandas as pd
     import yaml
 
+    rows_path = argv[argv.index("--moe-rows") + 1] if "--moe-rows" in argv else None
+    rows: dict = {}
     sys_dir = os.path.join(os.path.dirname(aiconfigurator_core.__file__), "systems")
     out: dict = {"aiconfigurator_core": importlib.metadata.version("aiconfigurator-core"), "shapes": __doc__.split(
         "Reference shapes")[1].strip(), "systems": {}, "datasheets": {}}
@@ -284,13 +309,24 @@ def main() -> int:
                 moe_dir, "moe_perf.parquet")
             if mv is not None:
                 figures.update(_moe(pd, os.path.join(moe_dir, mv, "moe_perf.parquet"), gpu, mv))
+                if rows_path:
+                    rows[f"{name}/{backend}"] = {"version": mv, **_moe_rows(pd, os.path.join(moe_dir, mv,
+                                                                                           "moe_perf.parquet"))}
             figures.update(_custom_allreduce(pd, os.path.join(root, "comm", backend), gv, node["intra_node_bw"]))
             entry["backends"][backend] = {"gemm_version": gv, "attention_version": av, **figures}
         out["systems"][name] = entry
     json.dump(out, sys.stdout, indent=1, sort_keys=True)
     sys.stdout.write("\n")
+    if rows_path:  # one line per engine table: ~10,000 curves
+        with open(rows_path, "w") as f:
+            f.write(json.dumps({"aiconfigurator_core": out["aiconfigurator_core"], "routing": MOE_PREFILL_ROUTING,
+                                "tokens": list(MOE_ROW_TOKENS), "max_gpus": MOE_ROW_GPUS}, sort_keys=True)[:-1])
+            for i, (table, entry) in enumerate(sorted(rows.items())):
+                f.write(f',\n "{table}": ' if i else f', "tables": {{\n "{table}": ')
+                f.write(json.dumps(entry, sort_keys=True, separators=(",", ":")))
+            f.write("\n }}\n")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -19,12 +19,11 @@ What a step costs here, per GPU:
   quant's bytes, else 16-bit), or the FLOPs of the tokens routed to this rank (N x k / EP tokens
   through one expert's GEMMs), whichever is slower, per MoE layer, plus a fixed cost per layer, at
   the engine's fused MoE op as aiconfigurator-core 0.12.0 measured it for the experts' dtype
-  (moe/<engine>/<version>/moe_perf.parquet, fitted per GPU, engine and dtype by
-  tools/aic_kernels.py: the memory side over its balanced rows, with a cost per expert touched
-  beside the bytes (SGLang's MXFP4 kernel: ~4 us on H200), the compute side over its
-  power-law rows, so a prefill's busiest expert is in it); where no table covers the dtype, the
-  dense-GEMM efficiencies plus two grouped-GEMM calls and the routing kernels (top-k, permute,
-  unpermute) per layer;
+  (moe_perf.parquet, fitted per GPU, engine and dtype by tools/aic_kernels.py: memory over its
+  balanced rows with a cost per expert touched, compute over its power-law rows), the compute side
+  read from the table's own row for the expert shape and moe_tp/EP where the GPU has one
+  (shape_row_ms, as aiconfigurator reads it); where no table covers the dtype, the dense-GEMM
+  efficiencies plus two grouped-GEMM calls and the routing kernels per layer;
 - attention, dense layers, shared experts, routers and the LM head: trtkv.plan.speed's dense GEMMs
   (the model's active parameters; prefill FLOPs come from them, not from every expert);
 - EP with attention DP: tokens live on their DP rank, so each MoE layer dispatches them to the ranks
@@ -114,6 +113,10 @@ class StepKernels(Protocol):
     def op_latency_ms(self) -> float: ...
     @property
     def moe_tables(self) -> dict[str, dict[str, Any]]: ...
+    @property
+    def moe_rows(self) -> dict[str, dict[str, dict[str, list[float]]]]: ...
+    @property
+    def moe_row_tokens(self) -> tuple[int, ...]: ...
     def efficiency(self, kind: str, dtype: str) -> float: ...
 
 
@@ -264,6 +267,24 @@ def _power_law(experts: int, top_k: int, tokens: int, ep: int, alpha: float) -> 
     return seen_sum / POWER_LAW_DRAWS, pairs_sum / POWER_LAW_DRAWS
 
 
+def shape_row_ms(k: StepKernels, moe: MoEShape, table: str, tokens: float) -> float | None:
+    """The fused MoE op's time for `tokens` (the expert group's) from the engine table's own rows
+    for this expert shape and moe_tp/EP (tools/aic_kernels.py --moe-rows, power-law expert load):
+    linear between rows, at the nearest row's time per token outside them; None where no row is."""
+    inter = moe.expert_params / (3 * moe.hidden)  # gate, up and down: 3 x hidden x inter
+    key = f"{moe.hidden}/{round(inter)}/{moe.top_k}/{moe.experts}"
+    row = k.moe_rows.get(table, {}).get(key, {}).get(f"{moe.moe_tp}/{moe.ep}")
+    if not row or abs(inter - round(inter)) > 1e-6 or tokens <= 0:
+        return None
+    grid = k.moe_row_tokens
+    if tokens <= grid[0] or tokens >= grid[-1]:
+        i = 0 if tokens <= grid[0] else -1
+        return row[i] * tokens / grid[i]
+    j = next(i for i, n in enumerate(grid) if n >= tokens)
+    share = (tokens - grid[j - 1]) / (grid[j] - grid[j - 1])
+    return row[j - 1] + share * (row[j] - row[j - 1])
+
+
 def routed_ms(k: StepKernels, moe: MoEShape, tokens: int) -> tuple[float, float]:
     """(expert GEMM ms, all-to-all ms) of one step whose attention-DP rank runs `tokens` tokens:
     the busiest EP rank's experts under the shape's routing assumption."""
@@ -274,12 +295,13 @@ def routed_ms(k: StepKernels, moe: MoEShape, tokens: int) -> tuple[float, float]
     shard = moe.expert_params / moe.moe_tp
     read = local * shard * moe.bytes_per_param
     flops = 2 * pairs * shard
-    fused = k.moe_tables.get(moe.table)
-    if moe.table == "w4a16_mxfp4" and k.backend in MXFP8_ACTIVATION_ENGINES:
+    table = moe.table
+    if table == "w4a16_mxfp4" and k.backend in MXFP8_ACTIVATION_ENGINES:
         # TensorRT-LLM runs MXFP4 experts with MXFP8 activations on Blackwell (its
         # examples/models/core/gpt_oss/README.md MoE support matrix): those rows where the GPU has
         # them
-        fused = k.moe_tables.get("w4a8_mxfp4_mxfp8", fused)
+        table = "w4a8_mxfp4_mxfp8" if "w4a8_mxfp4_mxfp8" in k.moe_tables else table
+    fused = k.moe_tables.get(table)
     if fused is not None:
         # the engine's fused MoE op as aiconfigurator measured it (tools/aic_kernels.py: its
         # fixed cost per layer, memory and compute efficiencies)
@@ -287,6 +309,9 @@ def routed_ms(k: StepKernels, moe: MoEShape, tokens: int) -> tuple[float, float]
         mem += local * fused.get("per_expert_ms", 0.0)  # each expert touched: its own GEMM set-up
         comp = flops / (fused["peak_flops"] * min(1.0, fused["compute_efficiency"])) * 1e3
         gemm = moe.layers * (fused["fixed_ms"] + max(mem, comp))
+        row = shape_row_ms(k, moe, table, seen)  # the shape's own row, fixed cost included
+        if row is not None:
+            gemm = moe.layers * max(fused["fixed_ms"] + mem, row)
     else:
         mem = read / (k.mem_bw * k.efficiency("gemm_memory", moe.dtype)) * 1e3
         mem += 2 * k.gemm_fixed_ms.get(f"gemm_memory.{moe.dtype}", 0.0)

@@ -42,6 +42,7 @@ from trtkv.kvcache.formats import SPECS, UNQUANTIZED, KVFormat
 from trtkv.plan.allreduce import allreduce_ms, by_gpus
 from trtkv.plan.in_flight import in_flight_ms
 from trtkv.plan.moe_step import MoEShape, routed_ms
+from trtkv.plan.moe_tables import Rows, moe_kernels
 from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe.backend_rules import SPEED_ENGINES
 
@@ -133,6 +134,9 @@ class Kernels:
     # the fused MoE op per expert dtype (moe_perf.parquet fits: trtkv.plan.moe_step.routed_ms)
     moe_tables: dict[str, dict[str, Any]] = field(default_factory=dict)
     ar_by_gpus: dict[int, tuple[float, float]] = field(default_factory=dict)  # plan.allreduce
+    # the fused MoE op's own rows per shape at moe_row_tokens (trtkv.plan.moe_tables)
+    moe_rows: Rows = field(default_factory=dict)
+    moe_row_tokens: tuple[int, ...] = ()
 
     def efficiency(self, kind: str, dtype: str) -> float:
         got = self.eff.get(f"{kind}.{dtype}") or self.eff.get(f"{kind}.bfloat16")
@@ -235,6 +239,7 @@ def kernels_for(gpu: GPU, engine: str) -> Kernels:
         if isinstance(v, dict) and "fixed_ms" in v and not k.startswith("moe.")
     }
     moe = {k.split(".", 1)[1]: v for k, v in tables.items() if k.startswith("moe.")}
+    moe, rows, row_tokens = moe_kernels(f"{system}/{engine}", moe, flops, g if borrowed else None)
     return Kernels(
         system,
         engine,
@@ -254,6 +259,8 @@ def kernels_for(gpu: GPU, engine: str) -> Kernels:
         peaks,
         moe,
         by_gpus(tables),
+        rows,
+        row_tokens,
     )
 
 
