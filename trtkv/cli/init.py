@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 from pydantic import Field, field_validator
 
 from trtkv.checkpoints.render import DECODERS, DEFAULT_SEQ_LEN
-from trtkv.cli.common import subparser
+from trtkv.cli.common import add_verb
 from trtkv.core.errors import RecipeError
 from trtkv.core.options import Flag, Options
 from trtkv.platform.gpu_names import gpu_from_name, known_gpus
@@ -126,16 +126,13 @@ class InitOptions(Options):
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(
-        sub,
-        "init",
+    examples = (
         "  $ trtkv init gemma3_27b_fp8kv --model ~/models/gemma-3-27b-it\n"
         "  $ trtkv init dsv3_fp8kv --model config.json --gpu H200-141GB --count 8\n"
         "  $ trtkv init scout --model DIR --output /tmp/scout.yaml --backend vllm && trtkv plan "
-        "/tmp/scout.yaml\n",
+        "/tmp/scout.yaml\n"
     )
-    InitOptions.add_arguments(p)
-    p.set_defaults(func=run)
+    add_verb(sub, "init", examples, InitOptions, run, recipe=None, overrides=None)
 
 
 def run(args: argparse.Namespace) -> int:
