@@ -2,11 +2,7 @@
 and never imports it: request records and the one request-metric table (trtkv bench writes them, the
 report reads them), statistics and intervals, the input-length sweep's fits, the result plots, and
 probe.json read back through its typed model (probe_results, probe_attention: the planner's and the
-report's advice). Light: numpy and matplotlib load inside the functions that plot or fit.
-
-Modules: records (one request's raw record), metrics (the request-metric table and a level's
-summary), stats, sweep, plots, probe_results, probe_attention.
-"""
+report's advice). Light: numpy and matplotlib load inside the functions that plot or fit."""
 
 from trtkv.core.lazy import attach
 
