@@ -15,6 +15,8 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from trtkv.core.lazy import typed_imports
+
 PACKAGE = Path(__file__).resolve().parents[1] / "trtkv"
 PACKAGES = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
 TEMPLATE_ATTRIBUTE = re.compile(r"runtime_module\.(\w+)")  # the Triton model: importlib.import_module("trtkv.runtime")
@@ -131,7 +133,7 @@ HEAVY = ("torch", "transformers", "pydantic", "yaml", "numpy", "matplotlib", "ht
 
 def lazy_face(package: str) -> tuple[set[str], set[str], set[str]]:
     """(submodules, names given lazily, names imported under `if TYPE_CHECKING:`) of a package's `__init__`, read from
-    its `attach(__name__, submodules=[...], submod_attrs={...})` call (trtkv.core.lazy)."""
+    its `attach(__name__, submodules=[...], submod_attrs={...} or stub=__file__)` call (trtkv.core.lazy)."""
     tree = ast.parse((PACKAGE / package / "__init__.py").read_text())
     submodules: set[str] = set()
     lazy: set[str] = set()
@@ -141,11 +143,14 @@ def lazy_face(package: str) -> tuple[set[str], set[str], set[str]]:
             typed |= {a.asname or a.name for n in node.body if isinstance(n, ast.ImportFrom) for a in n.names}
         elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and ast.unparse(node.value.func) == "attach":
             for kw in node.value.keywords:
-                value = ast.literal_eval(kw.value)
+                value = ast.literal_eval(kw.value) if kw.arg != "stub" else None
                 if kw.arg == "submodules":
                     submodules |= set(value)
                 elif kw.arg == "submod_attrs":
                     lazy |= {name for names in value.values() for name in names}
+                elif kw.arg == "stub":  # the TYPE_CHECKING imports are the lazy names (trtkv.core.lazy)
+                    lazy |= {n for names in typed_imports(f"trtkv.{package}", str(PACKAGE / package / "__init__.py"))
+                             .values() for n in names}
     return submodules, lazy, typed
 
 
@@ -192,3 +197,5 @@ def test_light_packages_stay_light() -> None:
 def test_the_lazy_face_reader_sees_a_face() -> None:
     submodules, lazy, typed = lazy_face("plan")
     assert "estimate" in submodules and "Plan" in lazy and typed == lazy
+    submodules, lazy, typed = lazy_face("core")  # stub=__file__: read from its TYPE_CHECKING imports
+    assert "paths" in submodules and "TrtkvError" in lazy and typed == lazy

@@ -13,8 +13,9 @@ import pytest
 
 CLI_DIR = Path(__file__).resolve().parents[2] / "trtkv" / "cli"
 HELP_KEYWORDS = {"help", "description", "epilog"}  # argparse arguments that reach `--help`
-HELP_CALLS = {"subparser", "Verb"}  # trtkv.cli helpers whose arguments are help text (verb help, examples)
-HELP_CONSTANT = re.compile(r"(EXAMPLES|HELP|EPILOG)$")  # module-level help text, e.g. EXAMPLES = """..."""
+HELP_CALLS = {"subparser", "add_verb", "Verb"}  # trtkv.cli helpers whose arguments are help text (verb help, examples)
+# help text held in a name, e.g. EXAMPLES = """...""", or `examples = ...` inside add_parser
+HELP_CONSTANT = re.compile(r"(EXAMPLES|HELP|EPILOG)$", re.IGNORECASE)
 
 
 def engine_names() -> set[str]:
@@ -84,6 +85,7 @@ def test_the_check_catches_a_typed_name_and_allows_a_formatted_one() -> None:
     assert hand_written_names('p.add_argument("--x", help="for backend llmapi")', names)
     assert hand_written_names('subparser(sub, "repo", "  $ trtkv repo r   # the ensemble layout\\n")', names)
     assert hand_written_names('EXAMPLES = "writes the vllm command"', names)
+    assert hand_written_names('def add_parser(sub):\n    examples = "writes the vllm command"', names)
     assert hand_written_names("p.add_argument('--x', help=f\"{'llmapi'} only\")", names)  # a literal inside {}
     assert not hand_written_names('p.add_argument("--x", help=f"for backend {Backend.LLMAPI.value}")', names)
     assert not hand_written_names('EXAMPLES = "  $ trtkv init x --backend vllm   # a new recipe\\n"', names)

@@ -13,7 +13,7 @@ from trtkv.cli import build_parser
 from trtkv.cli.registry import VERBS
 from trtkv.core.options import Flag, Options
 
-RECIPE_ARGS = {"recipe", "overrides"}  # trtkv.cli.common.add_recipe_args, shared by every recipe verb (demo, compare)
+RECIPE_ARGS = {"recipe", "overrides"}  # trtkv.cli.common.add_verb's, shared by every recipe verb (demo, compare)
 
 
 def verb_model(verb: str) -> type[Options] | None:

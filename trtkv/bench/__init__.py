@@ -17,14 +17,7 @@ if TYPE_CHECKING:
     from trtkv.bench.tasks.ruler import probe_plan
 
 # each name's module is imported on first use (the runner loads httpx)
-__getattr__, __dir__ = attach(
-    __name__,
-    submod_attrs={
-        "options": ["BenchOptions"],
-        "tasks.ruler": ["probe_plan"],
-        "runner": ["run_bench", "ServedSide"],
-    },
-)
+__getattr__, __dir__ = attach(__name__, stub=__file__)
 
 __all__ = [
     "BenchOptions",

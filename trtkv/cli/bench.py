@@ -7,7 +7,7 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from trtkv.bench.options import BenchOptions
-from trtkv.cli.common import add_recipe_args, load, subparser
+from trtkv.cli.common import add_verb, load
 
 if TYPE_CHECKING:
     from trtkv.bench import ServedSide
@@ -28,11 +28,8 @@ results written to <output>.partial/; the last complete run's results are kept).
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "bench", EXAMPLES)
-    add_recipe_args(p)
     # every flag, its type, default and help: one field each (trtkv.bench.options)
-    BenchOptions.add_arguments(p)
-    p.set_defaults(func=run)
+    add_verb(sub, "bench", EXAMPLES, BenchOptions, run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from trtkv.cli.common import load, recipe_verb
+from trtkv.cli.common import add_verb, load
 from trtkv.core.options import Flag, Options
 
 EXAMPLES = """\
@@ -37,7 +37,7 @@ class BuildOptions(Options):
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    recipe_verb(sub, "build", EXAMPLES, BuildOptions, run)
+    add_verb(sub, "build", EXAMPLES, BuildOptions, run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from trtkv.cli.common import load, recipe_verb
+from trtkv.cli.common import add_verb, load
 from trtkv.core.options import Flag, Options
 
 EXAMPLES = """\
@@ -38,7 +38,7 @@ class CalibrateOptions(Options):
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    recipe_verb(sub, "calibrate", EXAMPLES, CalibrateOptions, run)
+    add_verb(sub, "calibrate", EXAMPLES, CalibrateOptions, run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,11 +14,6 @@ RECIPE_HELP = "recipe name (see `trtkv ls`) or path to a .yaml file"
 OVERRIDE_HELP = "overrides section.key=value (win over the file), e.g. build.max_batch_size=16"
 
 
-def add_recipe_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("recipe", help=RECIPE_HELP)
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=OVERRIDE_HELP)
-
-
 def subparser(sub: argparse._SubParsersAction, name: str, examples: str) -> argparse.ArgumentParser:
     """The verb's parser: its one line from the registry as help and description, then its
     examples."""
@@ -34,17 +29,28 @@ def subparser(sub: argparse._SubParsersAction, name: str, examples: str) -> argp
     )
 
 
-def recipe_verb(
+def add_verb(
     sub: argparse._SubParsersAction,
     name: str,
     examples: str,
-    options: type[Options],
+    options: type[Options] | None,
     run: Callable[[argparse.Namespace], int],
+    *,
+    recipe: str | None = RECIPE_HELP,
+    optional: bool = False,
+    default: str | None = None,
+    overrides: str | None = OVERRIDE_HELP,
 ) -> None:
-    """The verb `name RECIPE [KEY=VALUE ...]` with `options`' flags, run by `run`."""
+    """The verb `name [RECIPE] [options] [KEY=VALUE ...]`, run by `run`: the recipe argument
+    (`optional`, with `default`) unless `recipe` is None, `options`' flags, and the overrides unless
+    `overrides` is None."""
     p = subparser(sub, name, examples)
-    add_recipe_args(p)
-    options.add_arguments(p)
+    if recipe is not None:
+        p.add_argument("recipe", nargs="?" if optional else None, default=default, help=recipe)
+    if options is not None:
+        options.add_arguments(p)
+    if overrides is not None:
+        p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=overrides)
     p.set_defaults(func=run)
 
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from trtkv.cli.common import OVERRIDE_HELP, subparser
+from trtkv.cli.common import OVERRIDE_HELP, add_verb
 from trtkv.core.options import Flag, Options
 
 DEFAULT = ["smollm2_fp16kv", "smollm2_fp8kv", "smollm2_int8kv"]
@@ -25,20 +25,12 @@ class CompareOptions(Options):
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(
-        sub,
-        "compare",
+    examples = (
         "  $ trtkv compare\n  $ trtkv compare --recipes smollm2_fp8kv,smollm2_int8kv "
-        "bench.num_requests=4\n",
+        "bench.num_requests=4\n"
     )
-    CompareOptions.add_arguments(p)
-    p.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="KEY=VALUE",
-        help=OVERRIDE_HELP + " (applied to every recipe)",
-    )
-    p.set_defaults(func=run)
+    overrides_help = OVERRIDE_HELP + " (applied to every recipe)"
+    add_verb(sub, "compare", examples, CompareOptions, run, recipe=None, overrides=overrides_help)
 
 
 def run(args: argparse.Namespace) -> int:

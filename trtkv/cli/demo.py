@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import argparse
 
-from trtkv.cli.common import OVERRIDE_HELP, subparser
+from trtkv.cli.common import add_verb
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(
-        sub,
-        "demo",
-        "  $ trtkv demo smollm2_fp8kv\n  $ trtkv demo smollm2_int8kv bench.num_requests=4\n",
+    examples = "  $ trtkv demo smollm2_fp8kv\n  $ trtkv demo smollm2_int8kv bench.num_requests=4\n"
+    recipe_help = "recipe name or .yaml path"
+    add_verb(
+        sub, "demo", examples, None, run, recipe=recipe_help, optional=True, default="smollm2_fp8kv"
     )
-    p.add_argument("recipe", nargs="?", default="smollm2_fp8kv", help="recipe name or .yaml path")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=OVERRIDE_HELP)
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from trtkv.cli.common import load, recipe_verb
+from trtkv.cli.common import add_verb, load
 from trtkv.core.options import Flag, Options
 from trtkv.deploy import Target
 from trtkv.deploy.k8s import (
@@ -108,7 +108,7 @@ class DeployOptions(Options):
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    recipe_verb(
+    add_verb(
         sub,
         "deploy",
         "  $ trtkv deploy llama70b_fp8kv --target k8s --model-source s3://my-bucket/trtkv/llama70b_fp8kv\n"

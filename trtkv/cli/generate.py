@@ -9,7 +9,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from trtkv.cli.common import load, recipe_verb
+from trtkv.cli.common import add_verb, load
 from trtkv.core.options import Flag, Options
 from trtkv.recipe import Backend
 from trtkv.serving.generate import DEFAULT_MAX_TOKENS
@@ -43,7 +43,7 @@ class GenerateOptions(Options):
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    recipe_verb(sub, "generate", EXAMPLES, GenerateOptions, run)
+    add_verb(sub, "generate", EXAMPLES, GenerateOptions, run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 from pydantic import Field, field_validator
 
 from trtkv.checkpoints.render import DECODERS, DEFAULT_SEQ_LEN
-from trtkv.cli.common import subparser
+from trtkv.cli.common import add_verb
 from trtkv.core.errors import RecipeError
 from trtkv.core.options import Flag, Options
 from trtkv.platform.gpu_names import gpu_from_name, known_gpus
@@ -126,16 +126,13 @@ class InitOptions(Options):
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(
-        sub,
-        "init",
+    examples = (
         "  $ trtkv init gemma3_27b_fp8kv --model ~/models/gemma-3-27b-it\n"
         "  $ trtkv init dsv3_fp8kv --model config.json --gpu H200-141GB --count 8\n"
         "  $ trtkv init scout --model DIR --output /tmp/scout.yaml --backend vllm && trtkv plan "
-        "/tmp/scout.yaml\n",
+        "/tmp/scout.yaml\n"
     )
-    InitOptions.add_arguments(p)
-    p.set_defaults(func=run)
+    add_verb(sub, "init", examples, InitOptions, run, recipe=None, overrides=None)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -252,12 +249,9 @@ def _checked_output(name: str, output: Path | None, force: bool, **sizes: int | 
     out = (output or paths.recipes_dir() / f"{name}.yaml").expanduser()
     check_recipe_name(name, out)
     if output is not None and out.stem != name:
-        raise RecipeError(
-            [
-                f"--output {out}: a recipe's name is its file name; {out.stem!r} is not {name!r}. "
-                f"Next: --output {out.with_name(name + '.yaml')}"
-            ],
-            header="Recipe not written",
+        raise _not_written(
+            f"--output {out}: a recipe's name is its file name; {out.stem!r} is not {name!r}. "
+            f"Next: --output {out.with_name(name + '.yaml')}"
         )
     for flag, value, bound in (
         ("--count", sizes["count"], RANGES["gpus"]),
@@ -265,22 +259,20 @@ def _checked_output(name: str, output: Path | None, force: bool, **sizes: int | 
         ("--concurrency", sizes["concurrency"], RANGES["batch"]),
     ):
         if value is not None and not bound.admits(value):
-            raise RecipeError(
-                [
-                    f"{flag} {value}: must be in {bound.text()}. Next: leave it out to size it "
-                    "from the model."
-                ],
-                header="Recipe not written",
+            raise _not_written(
+                f"{flag} {value}: must be in {bound.text()}. Next: leave it out to size it from "
+                "the model."
             )
     if out.exists() and not force:
-        raise RecipeError(
-            [
-                f"{out}: already exists; trtkv init never replaces a recipe. Next: pick another "
-                "NAME or --output, or pass --force to overwrite it."
-            ],
-            header="Recipe not written",
+        raise _not_written(
+            f"{out}: already exists; trtkv init never replaces a recipe. Next: pick another NAME "
+            "or --output, or pass --force to overwrite it."
         )
     return out
+
+
+def _not_written(problem: str) -> RecipeError:
+    return RecipeError([problem], header="Recipe not written")
 
 
 def _sized_text(
@@ -326,13 +318,10 @@ def _sized_text(
                 given,
             )
     else:
-        raise RecipeError(
-            [
-                f"{facts.path}: no count in {COUNTS} of {first.gpu} holds the weights and {need} "
-                f"sequence(s) of max_seq_len ({'; '.join(tried)}). Next: a larger GPU (--gpu), "
-                "--count N, --kv-cache fp8, or a shorter --max-seq-len."
-            ],
-            header="Recipe not written",
+        raise _not_written(
+            f"{facts.path}: no count in {COUNTS} of {first.gpu} holds the weights and {need} "
+            f"sequence(s) of max_seq_len ({'; '.join(tried)}). Next: a larger GPU (--gpu), "
+            "--count N, --kv-cache fp8, or a shorter --max-seq-len."
         )
     if facts.moe is not None and not on_cpu:
         wide = propose_wide_ep(name, out, s, given, draw, recipe, fits, lambda r: _fits(r)[:2])
@@ -374,13 +363,9 @@ def _write_new(out: Path, text: str, force: bool) -> None:
         else:
             _link_new(tmp, out, text)
     except FileExistsError:
-        raise RecipeError(
-            [
-                f"{out}: already exists (written meanwhile by another run?); trtkv init never "
-                "replaces a recipe. Next: pick another NAME or --output, or pass --force to "
-                "overwrite it."
-            ],
-            header="Recipe not written",
+        raise _not_written(
+            f"{out}: already exists (written meanwhile by another run?); trtkv init never replaces "
+            "a recipe. Next: pick another NAME or --output, or pass --force to overwrite it."
         ) from None
     finally:
         tmp.unlink(missing_ok=True)

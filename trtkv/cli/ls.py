@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from trtkv.cli.common import subparser
+from trtkv.cli.common import add_verb
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "ls", "  $ trtkv ls\n")
-    p.set_defaults(func=run)
+    add_verb(sub, "ls", "  $ trtkv ls\n", None, run, recipe=None, overrides=None)
 
 
 def run(args: argparse.Namespace) -> int:

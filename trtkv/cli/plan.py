@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field
 
-from trtkv.cli.common import load, recipe_verb
+from trtkv.cli.common import add_verb, load
 from trtkv.core.options import Flag, Options
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ class PlanOptions(Options):
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    recipe_verb(
+    add_verb(
         sub,
         "plan",
         "  $ trtkv plan llama70b_fp8kv\n  $ trtkv plan llama70b_fp8kv --full\n"

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field
 
-from trtkv.cli.common import load, recipe_verb
+from trtkv.cli.common import add_verb, load
 from trtkv.core.errors import TrtkvError
 from trtkv.core.options import Flag, Options
 
@@ -201,7 +201,7 @@ class ProbeOptions(Options):
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    recipe_verb(sub, "probe", EXAMPLES, ProbeOptions, run)
+    add_verb(sub, "probe", EXAMPLES, ProbeOptions, run)
 
 
 def run(args: argparse.Namespace) -> int:

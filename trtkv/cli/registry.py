@@ -16,11 +16,15 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Verb:
     name: str  # what the user types: `trtkv <name>`
-    module: str  # the module with add_parser(sub) and run(args)
     # one line for `trtkv --help` and the verb's own description; {placeholders} as in
     # engine_names()
     help: str
     writes: str = ""  # where it writes, from the folders of trtkv.core.paths.FOLDERS ("" : nothing)
+
+    @property
+    def module(self) -> str:
+        """The module with add_parser(sub) and run(args): the verb's own name (STYLE.md)."""
+        return f"trtkv.cli.{self.name}"
 
     def render(self) -> str:
         return self.help.format_map(engine_names())
@@ -37,111 +41,94 @@ class Verb:
 
 
 VERBS: tuple[Verb, ...] = (
-    Verb("ls", "trtkv.cli.ls", "list the recipes under recipes/"),
+    Verb("ls", "list the recipes under recipes/"),
     Verb(
         "init",
-        "trtkv.cli.init",
         "write a recipe from a model's config.json (architecture, attention, TP/PP sized)",
         writes="recipes/NAME.yaml (or --output)",
     ),
     Verb(
         "validate",
-        "trtkv.cli.validate",
         "validate recipes and report every problem at once (all shipped ones when none is named)",
     ),
     Verb(
         "show",
-        "trtkv.cli.show",
         "print the fully resolved recipe as YAML (includes, overrides and defaults applied)",
     ),
-    Verb("plan", "trtkv.cli.plan", "plan KV-cache memory and capacity for a recipe on its GPUs"),
+    Verb("plan", "plan KV-cache memory and capacity for a recipe on its GPUs"),
     Verb(
         "probe",
-        "trtkv.cli.probe",
         "measure KV-cache formats vs context length on the recipe's model (KL, perplexity, "
         "top-1, needle)",
         writes="engines/<recipe>/probe/ (or --output); the cache",
     ),
     Verb(
         "scales",
-        "trtkv.cli.scales",
         "audit a checkpoint's KV-cache scales and say what each engine will use (exit 1 on a "
         "fault)",
         writes="the cache (--calibrate on a packaged model)",
     ),
     Verb(
         "calibrate",
-        "trtkv.cli.calibrate",
         "calibrate KV-cache scales with ModelOpt and export the checkpoint",
         writes="engines/<recipe>/checkpoint/; the cache",
     ),
     Verb(
         "build",
-        "trtkv.cli.build",
         "build the engine for the recipe's backend ({backends}) from the checkpoint",
         writes="engines/<recipe>/engine/",
     ),
     Verb(
         "repo",
-        "trtkv.cli.repo",
         "write the Triton model repository triton_repo/<recipe>/ in its backend's layout "
         "({triton_layouts})",
         writes="triton_repo/<recipe>/",
     ),
     Verb(
         "serve",
-        "trtkv.cli.serve",
         "start the recipe's server, any backend ({backends}), under a supervisor "
         "(--attach: supervisor only)",
         writes="engines/<recipe>/serve/ (the server's record and log)",
     ),
     Verb(
         "stop",
-        "trtkv.cli.stop",
         "stop the recipe's supervisor, then its server's whole process session (SIGTERM, "
         "then SIGKILL)",
         writes="engines/<recipe>/serve/ (removes the server's record)",
     ),
     Verb(
         "bench",
-        "trtkv.cli.bench",
         "benchmark a served recipe: TTFT/ITL/throughput sweep, accuracy tasks, SLOs",
         writes="engines/<recipe>/bench/ (or --output), engines/<recipe>/fidelity/",
     ),
     Verb(
         "report",
-        "trtkv.cli.report",
         "summarize a recipe's stage outputs into engines/<recipe>/report/",
         writes="engines/<recipe>/report/",
     ),
     Verb(
         "demo",
-        "trtkv.cli.demo",
         "run the whole chain for one recipe (calibrate to report), then stop its server",
         writes="engines/<recipe>/ (every stage), triton_repo/<recipe>/; the cache",
     ),
     Verb(
         "compare",
-        "trtkv.cli.compare",
         "run the chain for several recipes and write engines/compare/compare.md + a PNG",
         writes="engines/compare/ (or --output), and each recipe's engines/<recipe>/, "
         "triton_repo/<recipe>/",
     ),
     Verb(
         "generate",
-        "trtkv.cli.generate",
         "generate greedy text from the built engine, no server (here, or "
         "TensorRT-LLM's runner on a GPU)",
     ),
     Verb(
         "status",
-        "trtkv.cli.status",
         "check the recipe's server: alive, ready, answering a one-token inference, and "
         "its supervisor",
     ),
     Verb(
         "deploy",
-        "trtkv.cli.deploy",
         "write cluster deployment files (k8s, slurm, dynamo) for a recipe, sized by the planner",
         writes="deploy/<recipe>/<target>/ (or --output)",
     ),

@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from trtkv.cli.common import load, recipe_verb
+from trtkv.cli.common import add_verb, load
 from trtkv.core.options import Flag, Options
 
 
@@ -21,7 +21,7 @@ class ReportOptions(Options):
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    recipe_verb(sub, "report", "  $ trtkv report smollm2_fp8kv\n", ReportOptions, run)
+    add_verb(sub, "report", "  $ trtkv report smollm2_fp8kv\n", ReportOptions, run)
 
 
 def run(args: argparse.Namespace) -> int:

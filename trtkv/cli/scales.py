@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from trtkv.cli.common import OVERRIDE_HELP, subparser
+from trtkv.cli.common import add_verb
 from trtkv.core.options import Flag, Options
 
 EXAMPLES = """\
@@ -66,10 +66,7 @@ class ScalesOptions(Options):
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "scales", EXAMPLES)
-    ScalesOptions.add_arguments(p)
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=OVERRIDE_HELP)
-    p.set_defaults(func=run)
+    add_verb(sub, "scales", EXAMPLES, ScalesOptions, run, recipe=None)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ from typing import Annotated
 from pydantic import Field
 
 from trtkv.backends import TRTLLM_SERVE_OPTIONS_FLAG
-from trtkv.cli.common import load, recipe_verb
+from trtkv.cli.common import add_verb, load
 from trtkv.core.errors import StageError
 from trtkv.core.options import Flag, Options
 from trtkv.recipe import Backend
@@ -69,7 +69,7 @@ class ServeOptions(Options):
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    recipe_verb(sub, "serve", EXAMPLES, ServeOptions, run)
+    add_verb(sub, "serve", EXAMPLES, ServeOptions, run)
 
 
 def attach_or_refuse(recipe, args: argparse.Namespace, o: ServeOptions) -> bool:  # noqa: ANN001 - Recipe

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from trtkv.cli.common import add_recipe_args, load, subparser
+from trtkv.cli.common import add_verb, load
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(
-        sub,
-        "show",
-        "  $ trtkv show smollm2_fp8kv\n  $ trtkv show llama70b_fp8kv build.max_batch_size=128\n",
+    examples = (
+        "  $ trtkv show smollm2_fp8kv\n  $ trtkv show llama70b_fp8kv build.max_batch_size=128\n"
     )
-    add_recipe_args(p)
-    p.set_defaults(func=run)
+    add_verb(sub, "show", examples, None, run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from trtkv.cli.common import OVERRIDE_HELP, RECIPE_HELP, load, subparser
+from trtkv.cli.common import RECIPE_HELP, add_verb, load
 from trtkv.core.errors import TrtkvError
 from trtkv.core.options import Flag, Options
 
@@ -61,11 +61,8 @@ class StatusOptions(Options):
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(sub, "status", EXAMPLES)
-    p.add_argument("recipe", nargs="?", help=RECIPE_HELP + " (not with --url)")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=OVERRIDE_HELP)
-    StatusOptions.add_arguments(p)
-    p.set_defaults(func=run)
+    recipe_help = RECIPE_HELP + " (not with --url)"
+    add_verb(sub, "status", EXAMPLES, StatusOptions, run, recipe=recipe_help, optional=True)
 
 
 def run(args: argparse.Namespace) -> int:

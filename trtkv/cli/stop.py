@@ -9,7 +9,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from trtkv.cli.common import load, recipe_verb
+from trtkv.cli.common import add_verb, load
 from trtkv.core.options import Flag, Options
 
 EXAMPLES = """\
@@ -27,7 +27,7 @@ class StopOptions(Options):
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    recipe_verb(sub, "stop", EXAMPLES, StopOptions, run)
+    add_verb(sub, "stop", EXAMPLES, StopOptions, run)
 
 
 def run(args: argparse.Namespace) -> int:

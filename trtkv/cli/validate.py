@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from trtkv.cli.common import subparser
+from trtkv.cli.common import add_verb
 from trtkv.core.options import Flag, Options
 
 
@@ -27,14 +27,11 @@ class ValidateOptions(Options):
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = subparser(
-        sub,
-        "validate",
+    examples = (
         "  $ trtkv validate\n  $ trtkv validate smollm2_fp8kv\n  $ trtkv validate my_recipe.yaml\n"
-        "  $ trtkv validate llama70b_fp8kv hardware.gpu=H200-141GB build.max_seq_len=65536\n",
+        "  $ trtkv validate llama70b_fp8kv hardware.gpu=H200-141GB build.max_seq_len=65536\n"
     )
-    ValidateOptions.add_arguments(p)
-    p.set_defaults(func=run)
+    add_verb(sub, "validate", examples, ValidateOptions, run, recipe=None, overrides=None)
 
 
 def split_targets(words: list[str]) -> tuple[list[str], list[str]]:

@@ -65,60 +65,7 @@ if TYPE_CHECKING:
     )
 
 # each name's module is imported on first use: importing one contract does not load the others
-__getattr__, __dir__ = attach(
-    __name__,
-    submod_attrs={
-        "artifacts": [
-            "Artifact",
-            "BenchEndpoint",
-            "BenchLevel",
-            "BenchResults",
-            "BenchSLOs",
-            "BenchWorkload",
-            "ClientSummary",
-            "KVPoolCheck",
-            "KVScaleLayer",
-            "KVScalesFile",
-            "Manifest",
-            "MetricStats",
-            "ProbeDoc",
-            "ServerRecord",
-            "SLOVerdict",
-            "SupervisorRecord",
-            "TimeOrigin",
-        ],
-        "canary": ["canary_script", "CANARY_TIMEOUT_S", "docker_health_args"],
-        "interface": ["detect", "ENSEMBLE", "INTERFACES", "LLMAPI", "ModelInterface"],
-        "plan_figures": ["PlanFigures", "PlannedFormat"],
-        "prefix": [
-            "PredictedHits",
-            "PrefixLevel",
-            "PrefixPrediction",
-            "PrefixTier",
-            "with_prediction",
-        ],
-        "ruler": ["RulerPlan"],
-        "outputs": [
-            "check_inside",
-            "check_output",
-            "in_place_output",
-            "OWNER",
-            "remove_leftovers",
-            "replace_folder",
-        ],
-        "stage": [
-            "input_problem",
-            "manifest_hash",
-            "read_manifest",
-            "require_input",
-            "require_made_from",
-            "run_stage",
-            "StageResult",
-            "tool_versions",
-            "VERSIONED_TOOLS",
-        ],
-    },
-)
+__getattr__, __dir__ = attach(__name__, stub=__file__)
 
 __all__ = [
     "Artifact",

@@ -74,10 +74,7 @@ def _version(dist: str) -> str | None:
 
 
 def tool_versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {"trtkv": __version__}
-    for dist in TOOLS:
-        out[dist] = _version(dist)
-    return out
+    return {"trtkv": __version__, **{dist: _version(dist) for dist in TOOLS}}
 
 
 def manifest_hash(folder: Path) -> str | None:

@@ -49,51 +49,7 @@ if TYPE_CHECKING:
 
 # each name's module is imported on first use: every trtkv import runs this file, so it imports
 # nothing itself
-__getattr__, __dir__ = attach(
-    __name__,
-    submodules=["paths", "sessions"],
-    submod_attrs={
-        "apikey": [
-            "API_KEY_ENV",
-            "API_KEY_FILE_ENV",
-            "auth_headers",
-            "TRITON_KEY_HEADER",
-            "VLLM_KEY_ENV",
-        ],
-        "errors": ["os_error_line", "RecipeError", "StageError", "ToolError", "TrtkvError"],
-        "files": [
-            "json_object",
-            "naming",
-            "NotReadable",
-            "read_capped",
-            "read_json",
-            "strict_json",
-        ],
-        "httpcall": ["HttpError", "request", "Target", "Transport"],
-        "options": ["Flag", "Options"],
-        "paths": ["FOLDERS", "HOME", "project_root", "temp_sibling"],
-        "process": ["is_running", "pid_alive", "port_in_use", "wait_http_ready"],
-        "progress": ["Progress"],
-        "readback": [
-            "log_tail",
-            "MAX_POOL_BYTES",
-            "MAX_POOL_TOKENS",
-            "ReadBackError",
-            "real",
-            "tool_answer",
-            "whole",
-        ],
-        "texts": [
-            "CALIB_DEFAULT",
-            "EVAL_LONG_TEXT",
-            "eval_long_text",
-            "load_texts",
-            "quiz_items",
-            "resolve_files",
-        ],
-        "tools": ["quote", "run_logged", "tail"],
-    },
-)
+__getattr__, __dir__ = attach(__name__, submodules=["paths", "sessions"], stub=__file__)
 
 __all__ = [
     "API_KEY_ENV",

@@ -1,11 +1,12 @@
 """Package faces that import their modules on first use (PEP 562), as scientific-python's
 `lazy_loader.attach` does.
 
-A package lists each name of its face with the submodule that defines it; `from trtkv.plan import
-Plan` then imports trtkv.plan.result at that moment, so a caller that needs one light module of a
-package never loads the package's heavy ones (torch, pydantic, yaml). The package also imports the
-same names under `if TYPE_CHECKING:` so mypy sees them (tests/test_exported_members.py keeps the two
-lists equal)."""
+A package imports each name of its face under `if TYPE_CHECKING:` (so mypy sees it) and passes
+`stub=__file__`: those imports, read from the file, say which submodule defines each name, as
+`lazy_loader.attach_stub` reads a .pyi. `from trtkv.plan import Plan` then imports trtkv.plan.result
+at that moment, so a caller that needs one light module of a package never loads the package's heavy
+ones (torch, pydantic, yaml). A package may list the names in `submod_attrs` instead
+(tests/test_exported_members.py keeps that list equal to the TYPE_CHECKING imports)."""
 
 from __future__ import annotations
 
@@ -24,10 +25,13 @@ def attach(
     package: str,
     submodules: Iterable[str] = (),
     submod_attrs: Mapping[str, Iterable[str]] | None = None,
+    *,
+    stub: str | None = None,
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """The `__getattr__` and `__dir__` of `package`: each of `submodules` is the submodule itself,
-    each name in `submod_attrs[module]` is that submodule's attribute."""
-    homes = {name: module for module, names in (submod_attrs or {}).items() for name in names}
+    each name in `submod_attrs[module]` (or imported from it in `stub`) is its attribute."""
+    attrs = dict(submod_attrs or {}) | (typed_imports(package, stub) if stub else {})
+    homes = {name: module for module, names in attrs.items() for name in names}
     modules = set(submodules)
 
     def __getattr__(name: str) -> Any:
@@ -41,3 +45,21 @@ def attach(
         return sorted(set(vars(sys.modules[package])) | modules | set(homes))
 
     return __getattr__, __dir__
+
+
+def typed_imports(package: str, path: str) -> dict[str, list[str]]:
+    """Submodule -> the names `path` (a package's `__init__.py`) imports from it under
+    `if TYPE_CHECKING:`."""
+    import ast
+
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    attrs: dict[str, list[str]] = {}
+    for node in tree.body:
+        if not (isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"):
+            continue
+        for imp in node.body:
+            if isinstance(imp, ast.ImportFrom) and (imp.module or "").startswith(package + "."):
+                module = (imp.module or "")[len(package) + 1 :]
+                attrs.setdefault(module, []).extend(a.name for a in imp.names)
+    return attrs

@@ -3,16 +3,6 @@
 aiconfigurator's estimates): the one place where each such value is checked for type and range as
 it enters, and where a server's log is read, bounded. A bad value is a ReadBackError: one line
 naming its source, the field and what was wrong, never a traceback and never a figure trtkv prints.
-
-- `whole`: an integer (a JSON integer, or decimal digits with optional thousands commas, at most 20)
-  within low..high; a float, a bool, NaN, Infinity, a sign or a word is refused.
-- `real`: a finite number (a JSON number, or plain decimal digits with an optional fraction, at most
-  24 characters) within low..high.
-- `tool_answer`: a tool's stdout read while it runs, at most `max_bytes` + 1 bytes and within one
-  deadline; the tool is killed past either bound (its answer is never held whole in memory first).
-- `log_tail`: the last bytes of a server's log, opened without following a symbolic link
-  (O_NOFOLLOW) and without blocking (O_NONBLOCK: a FIFO never hangs), a regular file by fstat on the
-  open descriptor, at most `max_bytes` read whatever its size.
 """
 
 from __future__ import annotations

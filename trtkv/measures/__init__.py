@@ -2,11 +2,7 @@
 and never imports it: request records and the one request-metric table (trtkv bench writes them, the
 report reads them), statistics and intervals, the input-length sweep's fits, the result plots, and
 probe.json read back through its typed model (probe_results, probe_attention: the planner's and the
-report's advice). Light: numpy and matplotlib load inside the functions that plot or fit.
-
-Modules: records (one request's raw record), metrics (the request-metric table and a level's
-summary), stats, sweep, plots, probe_results, probe_attention.
-"""
+report's advice). Light: numpy and matplotlib load inside the functions that plot or fit."""
 
 from trtkv.core.lazy import attach
 
@@ -52,41 +48,7 @@ if TYPE_CHECKING:
     from trtkv.measures.sweep import break_even, break_even_text, fits
 
 # each name's module is imported on first use (the plots load matplotlib)
-__getattr__, __dir__ = attach(
-    __name__,
-    submodules=["plots", "sweep"],
-    submod_attrs={
-        "metrics": [
-            "LEVEL_METRICS",
-            "measured_duration_s",
-            "REQUEST_METRICS",
-            "summarize_level",
-            "SYSTEM_METRICS",
-        ],
-        "plots": ["itl_vs_input"],
-        "probe_attention": ["markdown_section"],
-        "probe_results": [
-            "classify",
-            "engine_format_notes",
-            "load_probe",
-            "needle_by_format",
-            "per_layer_advice",
-            "probe_advice",
-            "summary_lines",
-        ],
-        "records": ["CANCELLED", "ERROR", "NOT_SENT", "now_ns", "OK", "RequestRecord", "TIMEOUT"],
-        "stats": [
-            "bootstrap_interval",
-            "CONFIDENCE",
-            "interval_text",
-            "separated",
-            "STATS",
-            "summarize",
-            "wilson_interval",
-        ],
-        "sweep": ["break_even", "break_even_text", "fits"],
-    },
-)
+__getattr__, __dir__ = attach(__name__, submodules=["plots", "sweep"], stub=__file__)
 
 __all__ = [
     "bootstrap_interval",

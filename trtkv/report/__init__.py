@@ -12,14 +12,7 @@ if TYPE_CHECKING:
     from trtkv.report.summary import print_summary, write_report
 
 # each name's module is imported on first use (the chain runs every stage)
-__getattr__, __dir__ = attach(
-    __name__,
-    submod_attrs={
-        "chain": ["require_success", "run_chain"],
-        "compare": ["compare_output", "write_compare_folder"],
-        "summary": ["print_summary", "write_report"],
-    },
-)
+__getattr__, __dir__ = attach(__name__, stub=__file__)
 
 __all__ = [
     "compare_output",

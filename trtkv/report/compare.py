@@ -6,6 +6,7 @@ recipe's figures read by trtkv.report.summary.collect; accuracy differences call
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -91,7 +92,6 @@ def write_compare(
     recipe with its plan, trtkv.plan.figures)."""
     rows = [collect(r, p) for r, p in zip(recipes, plans, strict=True)]
     out.mkdir(parents=True, exist_ok=True)
-    (out / "compare.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
     keys = [
         "quiz.accuracy",
         "golden.agreement",
@@ -113,40 +113,20 @@ def write_compare(
         "",
         head,
         "|" + "---|" * (len(rows) + 1),
+        _row("KV cache", (f"{r['kv_cache']} ({r['kv_format']})" for r in rows)),
+        _row("KV bytes/token", (f"{r['kv_bytes_per_token']:,.0f}" for r in rows)),
+        _row("tokens that fit (planner)", (f"{r['planner']['tokens_fit']:,}" for r in rows)),
     ]
-    md.append(
-        "| KV cache | " + " | ".join(f"{r['kv_cache']} ({r['kv_format']})" for r in rows) + " |"
-    )
-    md.append(
-        "| KV bytes/token | " + " | ".join(f"{r['kv_bytes_per_token']:,.0f}" for r in rows) + " |"
-    )
-    md.append(
-        "| tokens that fit (planner) | "
-        + " | ".join(f"{r['planner']['tokens_fit']:,}" for r in rows)
-        + " |"
-    )
     for key in keys:
         if key.split(".")[0] in ACCURACY_TASKS:
             md.append(
-                f"| {key} (95% interval) | "
-                + " | ".join(with_ci(r.get("bench", {}), key) for r in rows)
-                + " |"
+                _row(f"{key} (95% interval)", (with_ci(r.get("bench", {}), key) for r in rows))
             )
             if len(rows) > 1:
-                md.append(
-                    f"| {key} vs {rows[0]['recipe']} | " + accuracy_difference(rows, key) + " |"
-                )
+                md.append(_row(f"{key} vs {rows[0]['recipe']}", [accuracy_difference(rows, key)]))
         else:
-            md.append(
-                f"| {key} | "
-                + " | ".join(figure(r.get("bench", {}).get(key), 1) for r in rows)
-                + " |"
-            )
-    md.append(
-        "| chain | "
-        + " | ".join("ok" if not res.failed else f"failed at {res.failed}" for res in results)
-        + " |"
-    )
+            md.append(_row(key, (figure(r.get("bench", {}).get(key), 1) for r in rows)))
+    md.append(_row("chain", ("ok" if not r.failed else f"failed at {r.failed}" for r in results)))
     # each recipe's own KV format
     probes = [(r["recipe"], p) for r in rows for p in r.get("probe", [])]
     if probes:
@@ -280,6 +260,10 @@ def _compare_plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _row(label: str, cells: Iterable[str]) -> str:
+    return f"| {label} | " + " | ".join(cells) + " |"
 
 
 def _g(value: float | None) -> str:

@@ -35,9 +35,14 @@ class Interrupted(Exception):
 
 
 def _run_job(
-    session: Session | None, job: Job, timeout_s: float, on_done: Callable[[RequestRecord], None]
+    pool: SessionPool,
+    session: Session | None,
+    job: Job,
+    timeout_s: float,
+    on_done: Callable[[RequestRecord], None],
 ) -> None:
     if session is None:
+        job.record.error = f"could not open a session: {pool.errors[-1] if pool.errors else '?'}"
         job.record.status, job.record.end_ns = ERROR, now_ns()
     else:
         try:
@@ -160,11 +165,7 @@ def run_concurrency(
         try:
             job = first
             while job is not None and not stop.is_set():
-                if session is None:
-                    job.record.error = (
-                        f"could not open a session: {pool.errors[-1] if pool.errors else '?'}"
-                    )
-                _run_job(session, job, timeout_s, on_done)
+                _run_job(pool, session, job, timeout_s, on_done)
                 try:
                     job = todo.get_nowait()
                 except queue.Empty:
@@ -212,11 +213,7 @@ def run_rate(
     def fire(job: Job) -> None:
         session = pool.borrow()
         try:
-            if session is None:
-                job.record.error = (
-                    f"could not open a session: {pool.errors[-1] if pool.errors else '?'}"
-                )
-            _run_job(session, job, timeout_s, on_done)
+            _run_job(pool, session, job, timeout_s, on_done)
         finally:
             pool.give_back(session)
 

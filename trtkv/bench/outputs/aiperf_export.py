@@ -90,34 +90,33 @@ def level_export(
     }
     tokens = sum(r.output_tokens() for r in ok)
     isl = sum(r.input_tokens for r in ok)
-    out["request_throughput"] = {
-        "unit": "requests/sec",
-        "avg": len(ok) / duration if duration else 0.0,
-    }
+    failed = len(records) - len(ok)
+    out["request_throughput"] = _run("requests/sec", len(ok), duration)
     for tag, metric in REQUEST_METRICS.items():
         out[tag] = stats([v for v in (metric.value(r) for r in ok) if v is not None], metric.unit)
-    out["request_count"] = {"unit": "requests", "avg": float(len(ok))}
-    out["error_request_count"] = {"unit": "requests", "avg": float(len(records) - len(ok))}
-    out["request_error_rate"] = {
-        "unit": "%",
-        "avg": 100.0 * (len(records) - len(ok)) / max(1, len(records)),
-    }
-    out["completed_request_count"] = {"unit": "requests", "avg": float(len(records))}
-    out["output_token_throughput"] = {
-        "unit": "tokens/sec",
-        "avg": tokens / duration if duration else 0.0,
-    }
-    out["total_output_tokens"] = {"unit": "tokens", "avg": float(tokens)}
-    out["total_osl"] = {"unit": "tokens", "avg": float(tokens)}
-    out["total_isl"] = {"unit": "tokens", "avg": float(isl)}
-    out["benchmark_duration"] = {"unit": "sec", "avg": duration}
+    out["request_count"] = _run("requests", len(ok))
+    out["error_request_count"] = _run("requests", failed)
+    out["request_error_rate"] = _run("%", 100.0 * failed / max(1, len(records)))
+    out["completed_request_count"] = _run("requests", len(records))
+    out["output_token_throughput"] = _run("tokens/sec", tokens, duration)
+    out["total_output_tokens"] = _run("tokens", tokens)
+    out["total_osl"] = _run("tokens", tokens)
+    out["total_isl"] = _run("tokens", isl)
+    out["benchmark_duration"] = _run("sec", duration)
     if goodput:
         good = sum(is_good(r, goodput) for r in ok)
-        out["good_request_count"] = {"unit": "requests", "avg": float(good)}
-        out["goodput"] = {"unit": "requests/sec", "avg": good / duration if duration else 0.0}
+        out["good_request_count"] = _run("requests", good)
+        out["goodput"] = _run("requests/sec", good, duration)
     out["error_summary"] = _error_summary(records)
     out.update(meta or {})
     return out
+
+
+def _run(unit: str, value: float, per_s: float | None = None) -> dict[str, Any]:
+    """A run metric ({unit, avg}): `value`, or `value` per second of `per_s` (0 when it is 0)."""
+    if per_s is not None:
+        value = value / per_s if per_s else 0.0
+    return {"unit": unit, "avg": float(value)}
 
 
 def _error_summary(records: Sequence[RequestRecord]) -> list[dict[str, Any]]:

@@ -25,18 +25,13 @@ from trtkv.measures.metrics import LEVEL_METRICS, SYSTEM_METRICS
 from trtkv.measures.stats import STATS
 
 
-def _num(value: Any) -> Any:
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    return value
-
-
 def _clean(obj: Any) -> Any:
+    """`obj` with every NaN as None (JSON null)."""
     if isinstance(obj, dict):
         return {k: _clean(v) for k, v in obj.items()}
     if isinstance(obj, list):
         return [_clean(v) for v in obj]
-    return _num(obj)
+    return None if isinstance(obj, float) and math.isnan(obj) else obj
 
 
 def write_json(path: Path, results: dict[str, Any]) -> None:
@@ -56,50 +51,31 @@ def write_csv(path: Path, results: dict[str, Any]) -> None:
                 )
             for name in SYSTEM_METRICS:
                 m = summary[name]
-                w.writerow(
-                    [level, name, m["unit"], _fmt_csv(m["avg"]), *[""] * (len(STATS) - 1), ""]
-                )
+                w.writerow(_one_figure(level, name, m["unit"], m["avg"], ""))
             counts = summary["request_count"]
             w.writerow(
-                [
-                    level,
-                    "failed_requests",
-                    "requests",
-                    counts["failed"],
-                    *[""] * (len(STATS) - 1),
-                    counts["total"],
-                ]
+                _one_figure(level, "failed_requests", "requests", counts["failed"], counts["total"])
             )
         for task, acc in results.get("accuracy", {}).items():
             for stat in ("accuracy", "agreement", "exact_match"):
                 if stat in acc:
-                    w.writerow(
-                        [
-                            task,
-                            f"{task}.{stat}",
-                            "fraction",
-                            _fmt_csv(acc[stat]),
-                            *[""] * (len(STATS) - 1),
-                            acc.get("total"),
-                        ]
-                    )
+                    total = acc.get("total")
+                    w.writerow(_one_figure(task, f"{task}.{stat}", "fraction", acc[stat], total))
                     ci = acc.get(f"{stat}_ci")
                     if isinstance(ci, list) and len(ci) == 2:
                         for end, value in zip(("ci_low", "ci_high"), ci, strict=True):
-                            w.writerow(
-                                [
-                                    task,
-                                    f"{task}.{stat}.{end}",
-                                    "fraction",
-                                    _fmt_csv(value),
-                                    *[""] * (len(STATS) - 1),
-                                    acc.get("total"),
-                                ]
-                            )
+                            metric = f"{task}.{stat}.{end}"
+                            w.writerow(_one_figure(task, metric, "fraction", value, total))
+
+
+def _one_figure(level: str, metric: str, unit: str, value: Any, count: Any) -> list[Any]:
+    """A results.csv row with one figure, in the first stat's column."""
+    return [level, metric, unit, _fmt_csv(value), *[""] * (len(STATS) - 1), count]
 
 
 def write_requests_csv(path: Path, records: list[dict[str, Any]]) -> None:
-    """Every request, one row: the figures each metric is computed from."""
+    """Every request, one row: the figures each metric is computed from (the record's own fields,
+    then its count of responses)."""
     cols = [
         "request_id",
         "phase",
@@ -112,28 +88,13 @@ def write_requests_csv(path: Path, records: list[dict[str, Any]]) -> None:
         "send_time_ms",
         "first_token_time_ms",
         "end_time_ms",
-        "responses",
     ]
     with path.open("w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(cols)
+        w.writerow([*cols, "responses"])
         for r in records:
-            w.writerow(
-                [
-                    r["request_id"],
-                    r["phase"],
-                    r["level"],
-                    r["status"],
-                    r["error"],
-                    r["input_tokens"],
-                    r["max_tokens"],
-                    r["output_tokens"],
-                    _fmt_csv(r["send_time_ms"]),
-                    _fmt_csv(r["first_token_time_ms"]),
-                    _fmt_csv(r["end_time_ms"]),
-                    len(r["response_times_ms"]),
-                ]
-            )
+            cells = (_fmt_csv(r[c]) if c.endswith("_ms") else r[c] for c in cols)
+            w.writerow([*cells, len(r["response_times_ms"])])
 
 
 def _fmt_csv(value: Any) -> Any:

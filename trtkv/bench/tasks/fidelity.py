@@ -8,21 +8,9 @@ evaluation text are sent; the server returns a greedy continuation of G tokens
 recipe's 16-bit weights in transformers with an unquantized cache, and the prediction, the served
 weights with the recipe's KV format stored by trtkv.kvcache with kv_scales.json as the engine
 applies them, are both teacher-forced on prefix + served tokens (trtkv.bench.tasks.fidelity_score,
-cached). Per length, against the reference:
-
-- top-1 agreement: the engine's greedy token (served) / its argmax (predicted) equals the
-  reference's argmax;
-- mean |delta log p|: of the served token's log-prob, engine vs reference;
-- KL over top-k (OpenAI top_logprobs only): KL(p || q), p = the engine's top-k renormalised, q = the
-  reference's probabilities of the same k tokens renormalised.
-
-Each figure has a 95 % bootstrap interval over documents (B = 1000 resamples, tokens pooled within a
-resample: the tokens of one document are not independent). Verdict rule, per metric, oriented so
-that positive is worse: the paired bootstrap interval of served - predicted (same documents
-resampled together) must clear zero by more than the half-width of the prediction's own interval;
-otherwise the served engine is "as predicted". A length is "worse than the format predicts" when any
-metric is; that is an SLO breach (fidelity.worse_lengths<=0, exit 1). The figures, the bootstrap,
-the rule and the table's text are in trtkv.bench.tasks.fidelity_verdict; this module runs the task.
+cached). The figures against the reference, their bootstrap intervals and the verdict rule are
+trtkv.bench.tasks.fidelity_verdict's (docs/fidelity.md explains them); a length worse than its
+format predicts is an SLO breach (fidelity.worse_lengths<=0, exit 1). This module runs the task.
 """
 
 from __future__ import annotations

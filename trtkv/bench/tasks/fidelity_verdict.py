@@ -46,23 +46,23 @@ def _softmax(lps: Sequence[float]) -> list[float]:
 
 def served_rows(served: Served, ref: Scored) -> dict[str, list[float]]:
     """Per continuation position: the served engine vs the reference."""
-    out: dict[str, list[float]] = {
-        "top1_agreement": [float(t == a) for t, a in zip(served.ids, ref.argmax, strict=True)],
-        "mean_abs_dlogp": [abs(s - r) for s, r in zip(served.logprobs, ref.chosen, strict=True)],
-    }
-    if served.top is not None and ref.at is not None:
-        out["kl_topk"] = [_kl_topk(s, r) for s, r in zip(served.top, ref.at, strict=True)]
-    return out
+    return _rows(served.ids, served.logprobs, served.top, ref)
 
 
 def predicted_rows(served: Served, pred: Scored, ref: Scored) -> dict[str, list[float]]:
     """Per continuation position: the prediction vs the reference, on the same tokens."""
+    return _rows(pred.argmax, pred.chosen, None if served.top is None else pred.top, ref)
+
+
+def _rows(
+    ids: list[int], chosen: list[float], top: list[dict[int, float]] | None, ref: Scored
+) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {
-        "top1_agreement": [float(p == a) for p, a in zip(pred.argmax, ref.argmax, strict=True)],
-        "mean_abs_dlogp": [abs(p - r) for p, r in zip(pred.chosen, ref.chosen, strict=True)],
+        "top1_agreement": [float(t == a) for t, a in zip(ids, ref.argmax, strict=True)],
+        "mean_abs_dlogp": [abs(c - r) for c, r in zip(chosen, ref.chosen, strict=True)],
     }
-    if served.top is not None and ref.at is not None:
-        out["kl_topk"] = [_kl_topk(p, r) for p, r in zip(pred.top, ref.at, strict=True)]
+    if top is not None and ref.at is not None:
+        out["kl_topk"] = [_kl_topk(t, r) for t, r in zip(top, ref.at, strict=True)]
     return out
 
 
