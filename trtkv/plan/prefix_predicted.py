@@ -21,7 +21,7 @@ from trtkv.core.errors import TrtkvError
 from trtkv.plan.engine_pool import memory_rule
 from trtkv.plan.moe_step import rank_concurrency
 from trtkv.plan.prefix import sessions
-from trtkv.plan.prefix_reuse import EXCLUSIVE, INCLUSIVE, sessions_fit, turn_hits
+from trtkv.plan.prefix_reuse import host_tier, sessions_fit, turn_hits
 from trtkv.plan.result import Plan
 from trtkv.platform.hardware import GPU_SPECS
 from trtkv.recipe import Recipe
@@ -37,17 +37,14 @@ REFERENCE_TIERS = (
 def host_bytes_per_engine(recipe: Recipe) -> tuple[float, bool, str]:
     """(host-tier bytes per GPU, whether the host tier is inclusive of the device pool, the
     eviction said in words)."""
-    rule = memory_rule(recipe).host_tier
-    tier = rule(recipe) if rule is not None else None
+    tier = host_tier(recipe)
     # the reference runtime's second pool (no engine host-tier rule; 0 for every other backend)
     own_pool = host_tier_bytes(recipe)
     if tier is None and own_pool:
         return float(own_pool), False, REFERENCE_TIERS
-    engine = SPEED_ENGINE.get(recipe.build.backend, "")
-    words = INCLUSIVE.get(engine) or EXCLUSIVE.get(engine) or "the engine's LRU"
     if tier is None:
         return 0.0, False, "device pool only (no host tier set), LRU"
-    return tier.bytes_per_replica / recipe.parallelism.gpus, engine in INCLUSIVE, words
+    return tier.bytes_per_replica / recipe.parallelism.gpus, tier.inclusive, tier.reuse
 
 
 def running_share(recipe: Recipe, concurrency: int) -> tuple[float, str]:

@@ -49,6 +49,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from trtkv.engines import HostTier
 from trtkv.plan.engine_pool import memory_rule
 from trtkv.plan.estimate_model import PrefixReuse, PrefixReuseRow
 from trtkv.plan.moe_step import rank_concurrency
@@ -56,21 +57,7 @@ from trtkv.plan.prefix import block_floor, sessions
 from trtkv.plan.speed import Kernels, KVCost, ModelShape, serve, step_time
 from trtkv.platform import HostLink, host_link_of
 from trtkv.recipe import Recipe
-from trtkv.recipe.backend_rules import SPEED_ENGINE
 from trtkv.recipe.prefix_cache import prefix_cache
-
-# how each engine's host tier relates to its device pool (see the module docstring)
-INCLUSIVE = {
-    "vllm": "vLLM 0.32.0 OffloadingConnector (native): every computed block stored to CPU as it "
-    "is computed, CPU LRU (v1/kv_offload/cpu.py); the host holds a superset of the device",
-    "sglang": "SGLang 0.5.23 HiCache: write-through to the host pool (--hicache-write-policy "
-    "default), host LRU; the host holds a superset of the device",
-}
-EXCLUSIVE = {
-    "trtllm": "TensorRT-LLM 1.2.1 secondary pool: a reusable block the device pool evicts is "
-    "offloaded to the host and onboarded on reuse (kv_cache_onboard_blocks); the two hold "
-    "different blocks",
-}
 
 
 @dataclass(frozen=True)
@@ -80,6 +67,12 @@ class TurnHits:
     prompt: int
     device: float
     host: float
+
+
+def host_tier(recipe: Recipe) -> HostTier | None:
+    """The recipe's host KV tier as its engine is told it (None: unset, or the engine has none)."""
+    rule = memory_rule(recipe).host_tier
+    return rule(recipe) if rule is not None else None
 
 
 def survives(free: float, distance: float) -> float:
@@ -200,13 +193,13 @@ def format_row(
     k: Kernels,
     m: ModelShape,
     pool_bytes: float,
-    host_bytes: float,
+    tier: HostTier | None,
     concurrency: int,
 ) -> PrefixReuseRow:
     """One format at one concurrency level: hit rates per tier and the mean TTFT over a session's
     turns, without and with reuse."""
     b, p = recipe.bench, recipe.bench.prefix
-    engine = SPEED_ENGINE[recipe.build.backend]
+    host_bytes = tier.bytes_per_replica / recipe.parallelism.gpus if tier is not None else 0.0
     block = max(1, memory_rule(recipe).block_tokens(recipe))
     turns = sessions(recipe)
     longest = p.longest_tokens(b.input_tokens, b.output_tokens)
@@ -230,7 +223,8 @@ def format_row(
     fit_none = device / context
     fit = sessions_fit(device, own, shared, p.groups) if on else fit_none
     admitted = min(running, fit)
-    hits = turn_hits(recipe, block, device, host, c, admitted, engine in INCLUSIVE)
+    inclusive = tier is not None and tier.inclusive
+    hits = turn_hits(recipe, block, device, host, c, admitted, inclusive)
     link = host_link_of(recipe.hardware.gpu)
     # a turn in service runs beside the sessions admitted with it (both TTFTs of a row)
     c_run = c if fit >= c else max(1, math.floor(fit))
@@ -269,18 +263,14 @@ def prefix_reuse(
     p = recipe.bench.prefix
     if not p.enabled:
         return None
-    rule = memory_rule(recipe).host_tier
-    tier = rule(recipe) if rule is not None else None
-    host_bytes = tier.bytes_per_replica / recipe.parallelism.gpus if tier is not None else 0.0
+    tier = host_tier(recipe)
     rows = [
-        format_row(recipe, label, kv, k, m, pool_bytes, host_bytes, c)
+        format_row(recipe, label, kv, k, m, pool_bytes, tier, c)
         for label, kv in formats
         for c in recipe.bench.concurrency
     ]
-    engine = SPEED_ENGINE[recipe.build.backend]
     link = host_link_of(recipe.hardware.gpu)
     pc = prefix_cache(recipe)
-    eviction = INCLUSIVE.get(engine) or EXCLUSIVE[engine]
     routing = (
         "one engine (no routing)"
         if recipe.parallelism.attention_dp == 1
@@ -295,7 +285,7 @@ def prefix_reuse(
         think_time_s=p.think_time_s,
         block_tokens=memory_rule(recipe).block_tokens(recipe),
         prefix_cache=pc.why,
-        eviction=eviction if tier is not None else "device pool only (no host tier set)",
+        eviction=tier.reuse if tier is not None else "device pool only (no host tier set)",
         routing=f"one replica carries bench.concurrency; {routing}",
         host_link=link.basis if link is not None else "none in the table",
         rows=rows,
