@@ -1,31 +1,5 @@
-"""The KV memory planner: bytes per token and per sequence, what fits on the recipe's GPUs, and
-advice.
-
-Formulas (per format, scale overhead included, see `trtkv.kvcache.formats`), summed layer by layer
-(`trtkv.recipe.attention`: a sliding layer keeps at most its window, a chunked one its chunk, an MLA
-layer one latent of kv_lora_rank + qk_rope_head_dim elements per token):
-  KV bytes/token         = sum over layers of 2 x kv_heads x head_dim x bytes/element (MLA: latent x
-  bytes/element) KV of one sequence(n)  = sum over layers of tokens the layer holds at n x its
-  bytes/token; `exact` (TensorRT-LLM's
-                           per-layer windows) or `vllm` (its allocation, blocks and padded hybrid
-                           groups)
-  per GPU                = the fullest pipeline stage's layers, ceil(kv_heads/tp) heads each (KV
-  heads replicate when
-                           tp > kv_heads; an MLA latent is whole on every rank)
-  weights/GPU            = (quantized linear params x bytes/weight + embeddings x dtype bytes) / (tp
-  x pp) KV pool/GPU            = the recipe's engine's own rule at trtkv's pinned release, with the
-  memory flags its served
-                           command carries (trtkv.plan.engine_pool; docs/plan.md has each rule, its
-                           source and the published logs it is held to): vLLM ceil(util x total) -
-                           weights - activation - non-torch
-                           - CUDA graphs; SGLang free before loading x mem_fraction_static -
-                             weights; TensorRT-LLM
-                           fraction x (free after weights, warm-up/engine buffers); capped or pinned
-                           by triton.kv_pool_gib_per_gpu
-  tokens that fit        = KV pool/GPU / KV bytes per token per GPU; sequences(n) = pool / KV of one
-  sequence(n) decode step lower bound = (weights/GPU + batch x KV one sequence reads at n per GPU) /
-  HBM bandwidth
-"""
+"""The KV memory planner: bytes per token and per sequence summed layer by layer, what fits in the
+pool the recipe's engine allocates (trtkv.plan.engine_pool), and advice (formulas: docs/plan.md)."""
 
 from __future__ import annotations
 

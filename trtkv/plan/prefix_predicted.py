@@ -21,7 +21,7 @@ from trtkv.core.errors import TrtkvError
 from trtkv.plan.engine_pool import memory_rule
 from trtkv.plan.moe_step import rank_concurrency
 from trtkv.plan.prefix import sessions
-from trtkv.plan.prefix_reuse import host_tier, sessions_fit, turn_hits
+from trtkv.plan.prefix_reuse import host_tier, occupancy, sessions_fit, turn_hits
 from trtkv.plan.result import Plan
 from trtkv.platform.hardware import GPU_SPECS
 from trtkv.recipe import Recipe
@@ -69,21 +69,13 @@ def service_share(recipe: Recipe, concurrency: int) -> tuple[float, str]:
     """running_share from trtkv's speed model: a turn's service time against the think time."""
     from trtkv.plan.estimate import kv_cost, model_shape
     from trtkv.plan.model import resolve_architecture
-    from trtkv.plan.speed import kernels_for, serve
+    from trtkv.plan.speed import kernels_for
 
-    b, think = recipe.bench, recipe.bench.prefix.think_time_s
-    gpu, backend = recipe.hardware.gpu, recipe.build.backend
+    think = recipe.bench.prefix.think_time_s
     arch = resolve_architecture(recipe)
     kv = kv_cost(arch, recipe, recipe.kv_format, tuple(recipe.quantization.kv_skip_layers))
-    k = kernels_for(gpu, SPEED_ENGINE[backend])
-    turns = sessions(recipe)
-    mean_prompt = round(sum(t[0] for t in turns) / len(turns))
-    s = serve(
-        k, model_shape(arch, recipe), kv, mean_prompt, b.output_tokens, concurrency,
-        recipe.build.max_num_tokens,
-    )  # fmt: skip
-    service_ms = s.ttft_ms + max(0, b.output_tokens - 1) * s.itl_ms
-    running = concurrency * service_ms / (service_ms + think * 1e3)
+    k = kernels_for(recipe.hardware.gpu, SPEED_ENGINE[recipe.build.backend])
+    _, service_ms, running = occupancy(recipe, k, model_shape(arch, recipe), kv, concurrency)
     return running, f"turn {service_ms:,.0f} ms ({k.source}) against think {think:g} s"
 
 

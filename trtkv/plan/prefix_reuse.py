@@ -53,8 +53,8 @@ from trtkv.engines import HostTier
 from trtkv.plan.engine_pool import memory_rule
 from trtkv.plan.estimate_model import PrefixReuse, PrefixReuseRow
 from trtkv.plan.moe_step import rank_concurrency
-from trtkv.plan.prefix import block_floor, sessions
-from trtkv.plan.speed import Kernels, KVCost, ModelShape, serve, step_time
+from trtkv.plan.prefix import block_floor, mean_prompt, sessions
+from trtkv.plan.speed import Kernels, KVCost, ModelShape, Serving, serve, step_time
 from trtkv.platform import HostLink, host_link_of
 from trtkv.recipe import Recipe
 from trtkv.recipe.prefix_cache import prefix_cache
@@ -94,6 +94,17 @@ def sessions_fit(device: float, own: float, shared: float, groups: int) -> float
     if n <= groups:
         return n
     return math.inf if own <= 0 else (device - groups * shared) / own
+
+
+def occupancy(
+    recipe: Recipe, k: Kernels, m: ModelShape, kv: KVCost, c: int
+) -> tuple[Serving, float, float]:
+    """A turn of the session's mean prompt served beside `c` sessions, its service ms (TTFT and the
+    rest of its answer) and the sessions running a turn at a time against the think time."""
+    b = recipe.bench
+    s = serve(k, m, kv, round(mean_prompt(recipe)), b.output_tokens, c, recipe.build.max_num_tokens)
+    service_ms = s.ttft_ms + max(0, b.output_tokens - 1) * s.itl_ms
+    return s, service_ms, c * service_ms / (service_ms + b.prefix.think_time_s * 1e3)
 
 
 def admission_wait_ms(concurrency: int, fit: float, service_ms: float, think_ms: float) -> float:
@@ -156,9 +167,8 @@ def turn_hits(
     pool or exclusive (the module docstring's model)."""
     b, p = recipe.bench, recipe.bench.prefix
     turns = sessions(recipe)
-    mean_prompt = round(sum(t[0] for t in turns) / len(turns))
     shared = p.shared_tokens
-    context = mean_prompt + b.output_tokens / 2
+    context = round(mean_prompt(recipe)) + b.output_tokens / 2
     referenced = running * max(0.0, context - shared) + min(p.groups, running) * shared
     free = max(0.0, device - referenced)
     # content a finished turn frees into the LRU (its prefix stays with its group)
@@ -208,13 +218,10 @@ def format_row(
     host = host_bytes / per_token
     c = rank_concurrency(concurrency, recipe.parallelism.attention_dp)
     budget = recipe.build.max_num_tokens
-    # occupancy: a turn's service time against the think time
-    mean_prompt = round(sum(t[0] for t in turns) / len(turns))
-    s = serve(k, m, kv, mean_prompt, b.output_tokens, c, budget)
-    service_ms = s.ttft_ms + max(0, b.output_tokens - 1) * s.itl_ms
+    s, _, running = occupancy(recipe, k, m, kv, c)
     think_ms = p.think_time_s * 1e3
-    running = c * service_ms / (service_ms + think_ms)
-    context = mean_prompt + b.output_tokens / 2
+    prompt = round(mean_prompt(recipe))
+    context = prompt + b.output_tokens / 2
     shared = p.shared_tokens
     own = max(0.0, context - shared)
     on = prefix_cache(recipe).enabled
@@ -228,7 +235,7 @@ def format_row(
     link = host_link_of(recipe.hardware.gpu)
     # a turn in service runs beside the sessions admitted with it (both TTFTs of a row)
     c_run = c if fit >= c else max(1, math.floor(fit))
-    run = serve(k, m, kv, mean_prompt, b.output_tokens, c_run, budget) if c_run != c else s
+    run = serve(k, m, kv, prompt, b.output_tokens, c_run, budget) if c_run != c else s
     decode_ms = max(0, b.output_tokens - 1) * run.itl_ms
     base, reused = 0.0, 0.0
     for h in hits:
