@@ -131,16 +131,11 @@ def kv_cost(
 
 
 def _own_rows(
-    recipe: Recipe,
-    arch: Architecture,
-    label: str,
-    fmt: KVFormat,
-    skip: tuple[int | str, ...],
-    fits: int,
+    recipe: Recipe, arch: Architecture, label: str, kv: KVCost, fits: int
 ) -> list[EstimateRow]:
     b = recipe.bench
     k = kernels_for(recipe.hardware.gpu, SPEED_ENGINE[recipe.build.backend])
-    m, kv = model_shape(arch, recipe), kv_cost(arch, recipe, fmt, skip)
+    m = model_shape(arch, recipe)
     rows = []
     groups = recipe.parallelism.attention_dp
     for c in b.concurrency:
@@ -188,20 +183,21 @@ def estimate(recipe: Recipe, plan: Plan, use_aiconfigurator: bool = True) -> Est
     pool = plan.kv_pool_bytes_per_gpu
     skip = tuple(recipe.quantization.kv_skip_layers)
     formats = engine_formats(recipe)
-    own_label = recipe.kv_format_label
-    fits: dict[str, int] = {}
-    for label, fmt in formats:
-        kv = kv_cost(arch, recipe, fmt, skip if label == recipe.kv_format_label else ())
-        fits[label] = int(pool // kv.seq_bytes(b.input_tokens + b.output_tokens)) if pool else 0
+    # the recipe's own row keeps its kv_skip_layers
+    costs = {
+        label: kv_cost(arch, recipe, fmt, skip if label == recipe.kv_format_label else ())
+        for label, fmt in formats
+    }
+    fits = {
+        label: int(pool // kv.seq_bytes(b.input_tokens + b.output_tokens)) if pool else 0
+        for label, kv in costs.items()
+    }
     answer, status = (
         aic.run_for(recipe, arch, formats, b.concurrency)
         if use_aiconfigurator
         else (None, "not asked (--no-aiconfigurator)")
     )
-    own = {
-        label: _own_rows(recipe, arch, label, fmt, skip if label == own_label else (), fits[label])
-        for label, fmt in formats
-    }
+    own = {label: _own_rows(recipe, arch, label, kv, fits[label]) for label, kv in costs.items()}
     rows, status = one_source_rows(answer, status, formats, b.concurrency, fits, own)
     notes: list[str] = []
     over = sorted({r.format for r in rows if not r.fits})
@@ -220,7 +216,7 @@ def estimate(recipe: Recipe, plan: Plan, use_aiconfigurator: bool = True) -> Est
     notes += gpu_notes(gpu, SPEED_ENGINE[recipe.build.backend], rows)
     moe = routing_note(arch, recipe, list(b.concurrency))
     notes += [moe] if moe and any(r.source.startswith("trtkv model") for r in rows) else []
-    own_kv = kv_cost(arch, recipe, recipe.kv_format, skip)
+    own_kv = costs[recipe.kv_format_label]
     notes.append(arrival_note(recipe, model_shape(arch, recipe), own_kv))
     workload = {
         "input_tokens": b.input_tokens,
@@ -239,10 +235,7 @@ def estimate(recipe: Recipe, plan: Plan, use_aiconfigurator: bool = True) -> Est
         from trtkv.plan.prefix_reuse import prefix_reuse
 
         k = kernels_for(gpu, SPEED_ENGINE[recipe.build.backend])
-        costs = [
-            (lab, kv_cost(arch, recipe, f, skip if lab == own_label else ())) for lab, f in formats
-        ]
-        est.prefix = prefix_reuse(recipe, pool, costs, k, model_shape(arch, recipe))
+        est.prefix = prefix_reuse(recipe, pool, list(costs.items()), k, model_shape(arch, recipe))
     est.advice = row_advice(est, recipe.kv_format_label, formats)
     est.replaces_advice = speed_advice_prefix(recipe)
     return est

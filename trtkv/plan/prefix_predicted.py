@@ -108,7 +108,7 @@ def predicted(recipe: Recipe, p: Plan) -> PrefixPrediction | None:
     levels = {}
     for conc in recipe.bench.concurrency:
         c = rank_concurrency(conc, dp)
-        running, occupancy = running_share(recipe, c)
+        running, how_running = running_share(recipe, c)
         # admitted: at most the sessions whose blocks the pool holds (prefix_reuse.sessions_fit)
         admitted = min(running, fit)
         hits = turn_hits(recipe, block, device, host, c, admitted, inclusive)
@@ -117,7 +117,7 @@ def predicted(recipe: Recipe, p: Plan) -> PrefixPrediction | None:
             host=round(sum(h.host for h in hits) / total, 4),
             routing=routing,
             basis=f"device {int(device):,} tokens, host {int(host):,} tokens per engine; "
-            f"blocks of {block}; {eviction}; {occupancy}",
+            f"blocks of {block}; {eviction}; {how_running}",
         )
     return PrefixPrediction(
         kv_format=p.recipe_kv_format,
