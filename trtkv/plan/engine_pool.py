@@ -26,16 +26,6 @@ from trtkv.plan.model import (
 from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe import Backend, Recipe
 
-__all__ = [
-    "ENGINES",
-    "memory_rule",
-    "model_shape",
-    "nvswitch",
-    "pool_at_version",
-    "recipe_pool",
-    "recipe_setup",
-]
-
 
 def nvswitch(gpu: GPU) -> bool:
     """Whether TP ranks on this GPU model talk over an NVSwitch with NCCL NVLS (Hopper and Blackwell

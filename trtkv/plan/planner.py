@@ -14,8 +14,6 @@ from trtkv.kvcache.formats import KVFormat
 from trtkv.plan.advice import advice_for, attention_notes, format_row_note, unit_scale_note
 from trtkv.plan.concurrency import concurrency
 from trtkv.plan.engine_pool import memory_rule, recipe_pool
-
-# the planner's public face: plan() and the types and counts it returns
 from trtkv.plan.model import (
     GIB,
     PLAN_FORMATS,
@@ -23,7 +21,6 @@ from trtkv.plan.model import (
     Architecture,
     accounting_label,
     kv_format_for_recipe,
-    per_gpu_bytes_per_token,
     recipe_accounting,
     resolve_architecture,
     seq_bytes,
@@ -31,11 +28,10 @@ from trtkv.plan.model import (
 )
 from trtkv.plan.prefix import advice as prefix_advice
 from trtkv.plan.prefix import prefix_capacity
-from trtkv.plan.result import (  # the plan's types: planner's public face too
+from trtkv.plan.result import (
     FormatCapacity,
     Plan,
     PlanAttention,
-    PlanConcurrency,
     PlanExample,
     PlanHardware,
     PlanKVPool,
@@ -58,26 +54,6 @@ from trtkv.recipe.attention import (
 )
 from trtkv.recipe.attention import summary as layer_summary
 from trtkv.recipe.backend_rules import build_notes
-
-__all__ = [
-    "GIB",
-    "Architecture",
-    "FormatCapacity",
-    "Plan",
-    "PlanAttention",
-    "PlanConcurrency",
-    "PlanExample",
-    "PlanHardware",
-    "PlanKVPool",
-    "PlanModel",
-    "PlanState",
-    "PlanTerm",
-    "PlanWeights",
-    "kv_format_for_recipe",
-    "per_gpu_bytes_per_token",
-    "plan",
-    "resolve_architecture",
-]
 
 
 def attn_head_note(arch: Architecture) -> str:
