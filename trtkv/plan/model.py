@@ -298,21 +298,6 @@ def kv_format_for_recipe(recipe: Recipe) -> KVFormat:
     return recipe.kv_format
 
 
-def per_gpu_bytes_per_token(
-    arch: Architecture,
-    fmt: KVFormat,
-    tp: int,
-    pp: int,
-    skip: tuple[int | str, ...] = (),
-    skip_fmt: KVFormat = KVFormat.BF16,
-) -> float:
-    """The fullest GPU's bytes per token with every layer holding it: its pipeline stage's layers
-    (those in `skip` stored in `skip_fmt`) x its share of the KV heads (an MLA latent whole)."""
-    return seq_bytes(
-        arch, layer_formats(arch.layer_list(), fmt, skip, skip_fmt), 1, tp, pp, with_state=False
-    )
-
-
 def recipe_formats(
     arch: Architecture, recipe: Recipe, fmt: KVFormat | None = None
 ) -> list[KVFormat]:

@@ -21,7 +21,7 @@ from trtkv.core.errors import TrtkvError
 from trtkv.plan.engine_pool import memory_rule
 from trtkv.plan.moe_step import rank_concurrency
 from trtkv.plan.prefix import sessions
-from trtkv.plan.prefix_reuse import host_tier, occupancy, sessions_fit, turn_hits
+from trtkv.plan.prefix_reuse import host_tier, occupancy, routing, sessions_fit, turn_hits
 from trtkv.plan.result import Plan
 from trtkv.platform.hardware import GPU_SPECS
 from trtkv.recipe import Recipe
@@ -93,12 +93,7 @@ def predicted(recipe: Recipe, p: Plan) -> PrefixPrediction | None:
     host = host_bytes / per_token
     block = max(1, memory_rule(recipe).block_tokens(recipe))
     dp = recipe.parallelism.attention_dp
-    routing = (
-        "one engine (no routing)"
-        if dp == 1
-        else f"{dp} attention-DP engines, sessions routed prefix-aware (each session's turns to "
-        "the engine holding its history); round-robin would cut the history hits"
-    )
+    routed = routing(recipe) + ("; round-robin would cut the history hits" if dp > 1 else "")
     turns = sessions(recipe)
     total = sum(t[0] for t in turns)
     shared = recipe.bench.prefix.shared_tokens
@@ -115,7 +110,7 @@ def predicted(recipe: Recipe, p: Plan) -> PrefixPrediction | None:
         levels[conc] = PredictedHits(
             device=round(sum(h.device for h in hits) / total, 4),
             host=round(sum(h.host for h in hits) / total, 4),
-            routing=routing,
+            routing=routed,
             basis=f"device {int(device):,} tokens, host {int(host):,} tokens per engine; "
             f"blocks of {block}; {eviction}; {how_running}",
         )

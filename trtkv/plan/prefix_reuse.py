@@ -96,6 +96,17 @@ def sessions_fit(device: float, own: float, shared: float, groups: int) -> float
     return math.inf if own <= 0 else (device - groups * shared) / own
 
 
+def routing(recipe: Recipe) -> str:
+    """How a session's turns reach the replica's attention-DP engines (the module docstring)."""
+    dp = recipe.parallelism.attention_dp
+    if dp == 1:
+        return "one engine (no routing)"
+    return (
+        f"{dp} attention-DP engines, sessions routed prefix-aware (each session's turns to the "
+        "engine holding its history)"
+    )
+
+
 def occupancy(
     recipe: Recipe, k: Kernels, m: ModelShape, kv: KVCost, c: int
 ) -> tuple[Serving, float, float]:
@@ -278,12 +289,6 @@ def prefix_reuse(
     ]
     link = host_link_of(recipe.hardware.gpu)
     pc = prefix_cache(recipe)
-    routing = (
-        "one engine (no routing)"
-        if recipe.parallelism.attention_dp == 1
-        else f"{recipe.parallelism.attention_dp} attention-DP engines, sessions routed "
-        "prefix-aware (each session's turns to the engine holding its history)"
-    )
     return PrefixReuse(
         shared_tokens=p.shared_tokens,
         groups=p.groups,
@@ -293,7 +298,7 @@ def prefix_reuse(
         block_tokens=memory_rule(recipe).block_tokens(recipe),
         prefix_cache=pc.why,
         eviction=tier.reuse if tier is not None else "device pool only (no host tier set)",
-        routing=f"one replica carries bench.concurrency; {routing}",
+        routing=f"one replica carries bench.concurrency; {routing(recipe)}",
         host_link=link.basis if link is not None else "none in the table",
         rows=rows,
     )
