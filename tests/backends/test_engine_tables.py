@@ -22,24 +22,16 @@ HOMES = ("backends/", "engines/", "recipe/backend_rules.py", "recipe/memory_knob
 RULE_MODULES = ("recipe/engine_formats.py", "recipe/prefix_cache.py", "recipe/parallel.py", "recipe/kv_tiers.py")
 # Engine-keyed tables left outside the homes, by module and code, with why
 LEFT = {
-    ("plan/moe_step.py", "{'trtllm'}"): "MXFP8_ACTIVATION_ENGINES: the MoE speed work (#49) edits this module",
-    ("plan/waves.py", "('trtllm',)"): "WHOLE_PROMPT_ENGINES: the MoE speed work (#49) edits this module",
-    ("plan/in_flight.py", "('vllm', 'trtllm', 'sglang')"): "OVERLAP_ENGINES: #49's in-flight model, merged while this "
-    "check was written (its tests patch the tuple); a SpeedEngine column next",
-    ("plan/prefix_reuse.py", "{'vllm': "): "the host tier's reuse by engine: the prefix work (#55) edits this module",
-    ("plan/prefix_reuse.py", "{'trtllm': "): "the host tier's reuse by engine: the prefix work (#55) edits this module",
     ("recipe/enums.py", "('llmapi',)"): "NO_TOKEN_LOG_PROBS_ON_TRITON: read by the schema's own validator "
-    "(trtkv.recipe.schema), which the backend rows import",
-    ("recipe/kv_tiers.py", "{Backend.VLLM: "): "the disk tier each engine refuses, in the recipe rules (#55)",
-    ("bench/tasks/fidelity_score.py", "{'tensorrt_llm': "): "ENGINE_SEMANTICS: how the fidelity task applies "
-    "scales, keyed by the rows' scale_use (a new engine reuses a row or adds one beside the task that models it)",
+    "(trtkv.recipe.schema, which fills bench.tasks as every Recipe is built); the backend rows import the schema (their "
+    "rules take a Recipe), and an import back, lazy or for annotations only, is a cycle (tests/test_imports.py)",
 }
 
 
 def engine_names() -> set[str]:
     out = {b.value for b in Backend}
     for row in BACKEND_ROWS.values():
-        out |= {row.scale_loader, row.scale_use}
+        out |= {row.scale_loader, row.scale_use.name}
         out |= {row.table_engine[0]} if row.table_engine else set()
         out |= {row.speed_engine.name} if row.speed_engine else set()
     return out
@@ -102,6 +94,13 @@ FOLDED = [
     "if chosen == Backend.SGLANG.value and not on_cpu: pass",  # cli/init.py
     "BACKEND_ENGINE = {'vllm': 'vllm', 'sglang': 'sglang', 'llmapi': 'tensorrt_llm'}",  # engines/kv_scale_loaders.py
     "BACKEND_ENGINE = {'reference': 'tensorrt_llm', 'vllm': 'vllm', 'llmapi': 'tensorrt_llm_pytorch'}",  # fidelity
+    "OVERLAP_ENGINES = ('vllm', 'trtllm', 'sglang')",  # plan/in_flight.py
+    "WHOLE_PROMPT_ENGINES = ('trtllm',)",  # plan/waves.py
+    "MXFP8_ACTIVATION_ENGINES = frozenset({'trtllm'})",  # plan/moe_step.py
+    "INCLUSIVE = {'vllm': 'OffloadingConnector', 'sglang': 'HiCache'}",  # plan/prefix_reuse.py
+    "EXCLUSIVE = {'trtllm': 'secondary pool'}",  # plan/prefix_reuse.py
+    "NO_DISK_TIER = {Backend.VLLM: 'fs tier', Backend.SGLANG: 'file backend'}",  # recipe/kv_tiers.py
+    "ENGINE_SEMANTICS = {'tensorrt_llm': ('shared',), 'vllm': ('split',), 'tensorrt_llm_pytorch': ('one',)}",
 ]
 
 

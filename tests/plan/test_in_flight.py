@@ -5,6 +5,8 @@ Shown failing on main's code (d49efc5): its serve() TTFT did not move when the o
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tests.support import speed_cases as sc
@@ -14,7 +16,7 @@ from trtkv.plan.estimate import kv_cost, model_shape
 from trtkv.plan.model import resolve_architecture
 from trtkv.plan.speed import kernels_for, serve
 from trtkv.plan.waves import Arrival, serve_at
-from trtkv.recipe.backend_rules import SPEED_ENGINE
+from trtkv.recipe.backend_rules import SPEED_ENGINE, SPEED_ENGINES
 
 
 @pytest.fixture(scope="module", params=["vllm", "llmapi", "sglang"])
@@ -25,11 +27,17 @@ def setup(request: pytest.FixtureRequest) -> tuple:
     return k, model_shape(arch, recipe), kv_cost(arch, recipe, KVFormat.BF16, ())
 
 
-def test_every_engine_overlaps_by_default_and_a_lone_request_waits_for_nothing() -> None:
-    assert set(in_flight.OVERLAP_ENGINES) == set(SPEED_ENGINE.values())
+def no_overlap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every engine's loop taken as not overlapping its scheduling with the step in flight."""
+    monkeypatch.setattr(in_flight, "SPEED_ENGINES", {n: replace(e, overlap=False) for n, e in SPEED_ENGINES.items()})
+
+
+def test_every_engine_overlaps_by_default_and_a_lone_request_waits_for_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert all(SPEED_ENGINES[name].overlap for name in SPEED_ENGINE.values())
     assert in_flight.in_flight_steps("vllm", 1) == 0.0
     assert in_flight.in_flight_steps("vllm", 2) == 1.5
-    assert in_flight.in_flight_steps("an engine without overlap", 8) == 0.5
+    no_overlap(monkeypatch)
+    assert in_flight.in_flight_steps("vllm", 8) == 0.5
 
 
 def test_a_staggered_request_waits_one_decode_step_more_under_the_overlap(setup: tuple,
@@ -37,7 +45,7 @@ def test_a_staggered_request_waits_one_decode_step_more_under_the_overlap(setup:
     k, m, kv = setup
     overlapped = serve(k, m, kv, 1024, 256, 16, 8192)
     alone = serve(k, m, kv, 1024, 256, 1, 8192)
-    monkeypatch.setattr(in_flight, "OVERLAP_ENGINES", ())
+    no_overlap(monkeypatch)
     plain = serve(k, m, kv, 1024, 256, 16, 8192)
     step = overlapped.decode_step.total_ms
     assert overlapped.ttft_ms - plain.ttft_ms == pytest.approx(step, rel=1e-9)
@@ -48,7 +56,7 @@ def test_a_staggered_request_waits_one_decode_step_more_under_the_overlap(setup:
     assert serve(k, m, kv, 1024, 256, 1, 8192).ttft_ms == alone.ttft_ms
     # requests started together find no step in flight: the waves' TTFT is their prefill steps only
     waves = serve_at(k, m, kv, 1024, 256, 16, 8192, Arrival.WAVES).ttft_ms
-    monkeypatch.setattr(in_flight, "OVERLAP_ENGINES", ())
+    no_overlap(monkeypatch)
     assert serve_at(k, m, kv, 1024, 256, 16, 8192, Arrival.WAVES).ttft_ms == waves
 
 

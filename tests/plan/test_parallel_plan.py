@@ -12,8 +12,8 @@ import pytest
 
 from trtkv.core.errors import RecipeError
 from trtkv.engines.activation import ModelShape, Setup, all_to_all_bytes, forward_peak_bytes
-from trtkv.plan.model import resolve_architecture
-from trtkv.plan.planner import GIB, plan
+from trtkv.plan.model import GIB, resolve_architecture
+from trtkv.plan.planner import plan
 from trtkv.recipe import load_recipe
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"

@@ -84,7 +84,9 @@ def test_advice_is_labelled_heuristic_without_probe(tmp_path) -> None:  # noqa: 
 def test_layers_kept_in_16_bit_are_planned_per_layer_and_deploy_only_with_vllm() -> None:
     from trtkv.backends import vllm_command
     from trtkv.core.errors import RecipeError
-    from trtkv.plan.planner import Architecture, per_gpu_bytes_per_token, plan
+    from trtkv.plan.model import Architecture, seq_bytes
+    from trtkv.plan.planner import plan
+    from trtkv.recipe.attention import layer_formats
 
     recipe = load_recipe("smollm2_fp8kv_vllm", ["quantization.kv_skip_layers=[29,0]"])
     assert recipe.quantization.kv_skip_layers == [0, 29] and recipe.kv_format_label == "fp8+bf16[0,29]"
@@ -95,7 +97,8 @@ def test_layers_kept_in_16_bit_are_planned_per_layer_and_deploy_only_with_vllm()
     assert args[args.index("--kv-cache-dtype-skip-layers"):][:3] == ["--kv-cache-dtype-skip-layers", "0", "29"]
     arch = Architecture(num_layers=4, num_attention_heads=4, num_kv_heads=2, head_dim=64, hidden_size=256)
     # PP2: stage 0 holds layers 0-1 (layer 0 in bf16), stage 1 layers 2-3: the fuller stage counts
-    assert per_gpu_bytes_per_token(arch, KVFormat.FP8, 1, 2, (0,)) == 2 * 2 * 64 * (1 * 1 + 1 * 2)
+    fmts = layer_formats(arch.layer_list(), KVFormat.FP8, (0,), KVFormat.BF16)
+    assert seq_bytes(arch, fmts, 1, 1, 2, with_state=False) == 2 * 2 * 64 * (1 * 1 + 1 * 2)
     for name, extra, message in [
         ("smollm2_fp8kv_vllm", ["quantization.kv_skip_layers=[0,30]"], r"layers \[30\] do not exist"),
         ("smollm2_fp8kv_vllm", ["quantization.kv_skip_layers=[1,1]"], "layers listed twice"),

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from trtkv.plan.advice import accounting_is_exact
+from trtkv.plan.model import recipe_accounting
 from trtkv.plan.planner import plan
 from trtkv.plan.result import PlanModel
 from trtkv.recipe import load_recipe
+from trtkv.recipe.attention import Accounting
 
 RECIPE = "llama70b_fp8kv_sglang"
 
@@ -25,7 +26,8 @@ def test_sglang_capacity_is_labelled_sglangs_and_counts_its_cell_size(overrides:
     p = plan(load_recipe(RECIPE, overrides))
     assert "SGLang" in p.attention.accounting and "TensorRT-LLM" not in p.attention.accounting
     row = next(f for f in p.formats if f.format == fmt)
-    assert "SGLang" in row.accounting and "TensorRT-LLM" not in row.accounting and accounting_is_exact(row)
+    assert "SGLang" in row.accounting and "TensorRT-LLM" not in row.accounting
+    assert recipe_accounting(load_recipe(RECIPE, overrides))[0] is Accounting.EXACT  # SGLang counts exact's bytes
     assert row.bytes_per_token_per_gpu == sglang_cell_size(p.model, p.hardware.tp_size, element_bytes)
 
 

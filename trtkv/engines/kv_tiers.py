@@ -57,6 +57,19 @@ LLMAPI_NUMA = (
     "(host_cache_bind_to_gpu_numa_node arrives in 1.4.0rc4): bind the process"
 )
 ENGINE_NUMA = "the Triton tensorrtllm backend offers no NUMA option: bind the process"
+# how each engine's host tier relates to its device pool (trtkv.plan.prefix_reuse's model)
+VLLM_REUSE = (
+    "vLLM 0.32.0 OffloadingConnector (native): every computed block stored to CPU as it is "
+    "computed, CPU LRU (v1/kv_offload/cpu.py); the host holds a superset of the device"
+)
+SGLANG_REUSE = (
+    "SGLang 0.5.23 HiCache: write-through to the host pool (--hicache-write-policy default), host "
+    "LRU; the host holds a superset of the device"
+)
+TRTLLM_REUSE = (
+    "TensorRT-LLM 1.2.1 secondary pool: a reusable block the device pool evicts is offloaded to "
+    "the host and onboarded on reuse (kv_cache_onboard_blocks); the two hold different blocks"
+)
 
 
 @dataclass(frozen=True)
@@ -71,6 +84,10 @@ class HostTier:
     # the engine's unit and scope
     scope: str
     numa: str
+    # how it relates to the device pool, in the engine's words: a superset stored as blocks are
+    # computed (inclusive) or the blocks the device pool evicts (exclusive)
+    reuse: str
+    inclusive: bool
 
 
 def vllm_host_tier(recipe: Recipe) -> HostTier | None:
@@ -86,6 +103,8 @@ def vllm_host_tier(recipe: Recipe) -> HostTier | None:
         " ".join(vllm_tier_args(recipe)),
         "GiB per engine, summed over its TP ranks" + (split if p.attention_dp > 1 else ""),
         VLLM_NUMA,
+        VLLM_REUSE,
+        inclusive=True,
     )
 
 
@@ -101,6 +120,8 @@ def sglang_host_tier(recipe: Recipe) -> HostTier | None:
         " ".join(sglang_tier_args(recipe)),
         f"whole GB (1e9 bytes) per rank, {p.gpus} rank(s)",
         SGLANG_NUMA,
+        SGLANG_REUSE,
+        inclusive=True,
     )
 
 
@@ -108,9 +129,8 @@ def _trtllm_tier(recipe: Recipe, engine: str, name: str, numa: str) -> HostTier 
     per_rank, gpus = trtllm_host_bytes_per_rank(recipe), recipe.parallelism.gpus
     if per_rank is None:
         return None
-    return HostTier(
-        engine, per_rank * gpus, f"{name}: {per_rank}", f"bytes per rank, {gpus} rank(s)", numa
-    )
+    served, scope = f"{name}: {per_rank}", f"bytes per rank, {gpus} rank(s)"
+    return HostTier(engine, per_rank * gpus, served, scope, numa, TRTLLM_REUSE, inclusive=False)
 
 
 def llmapi_host_tier(recipe: Recipe) -> HostTier | None:

@@ -12,19 +12,14 @@ from trtkv.plan.model import (
     GIB,
     Architecture,
     recipe_accounting,
+    recipe_formats,
     seq_bytes,
     weights_bytes,
 )
 from trtkv.plan.result import FormatCapacity
 from trtkv.platform.hardware import GPU
 from trtkv.recipe import Recipe
-from trtkv.recipe.attention import (
-    ACCOUNTING_TEXT,
-    SGLANG_ACCOUNTING_TEXT,
-    Accounting,
-    AttentionKind,
-    layer_formats,
-)
+from trtkv.recipe.attention import Accounting, AttentionKind, layer_formats
 from trtkv.recipe.backend_rules import SPEED_ENGINE
 from trtkv.recipe.stored import engine_unit_scale
 
@@ -303,15 +298,10 @@ def attention_advice(
         )
     read = (
         rec.per_sequence_kv_bytes_per_gpu[n]
-        if accounting_is_exact(rec)
+        if recipe_accounting(recipe)[0] is Accounting.EXACT
         else seq_bytes(
             arch,
-            layer_formats(
-                arch.layer_list(),
-                rec_fmt,
-                tuple(recipe.quantization.kv_skip_layers),
-                recipe.kv_skip_format,
-            ),
+            recipe_formats(arch, recipe, rec_fmt),
             n,
             recipe.parallelism.attention_tp,
             recipe.build.pp_size,
@@ -364,8 +354,3 @@ def state_advice(
             f"build.mamba_ssm_cache_dtype bfloat16 halves it, at an accuracy cost to measure first."
         )
     return out
-
-
-def accounting_is_exact(c: FormatCapacity) -> bool:
-    # SGLang's counts EXACT's bytes
-    return c.accounting in (ACCOUNTING_TEXT[Accounting.EXACT], SGLANG_ACCOUNTING_TEXT)

@@ -8,25 +8,23 @@ rule of a named release for the published-log tests (the backend's MemoryRule.at
 
 from __future__ import annotations
 
+from functools import partial
+
 from trtkv.backends import BACKENDS, for_recipe
 from trtkv.backends.seam import MemoryRule
 from trtkv.engines import kv_tp
 from trtkv.engines.activation import ModelShape, Setup
 from trtkv.engines.pool import GIB, PoolEstimate, Sizing
-from trtkv.plan.model import DTYPE_BYTES, Architecture, recipe_accounting, seq_bytes, weights_bytes
+from trtkv.plan.model import (
+    DTYPE_BYTES,
+    Architecture,
+    recipe_formats,
+    recipe_seq_bytes,
+    seq_bytes,
+    weights_bytes,
+)
 from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe import Backend, Recipe
-from trtkv.recipe.attention import layer_formats
-
-__all__ = [
-    "ENGINES",
-    "memory_rule",
-    "model_shape",
-    "nvswitch",
-    "pool_at_version",
-    "recipe_pool",
-    "recipe_setup",
-]
 
 
 def nvswitch(gpu: GPU) -> bool:
@@ -75,14 +73,8 @@ def recipe_setup(recipe: Recipe, arch: Architecture) -> Setup:
     passes)."""
     b = recipe.build
     mem = memory_rule(recipe)
-    fmts = layer_formats(
-        arch.layer_list(),
-        recipe.kv_format,
-        tuple(recipe.quantization.kv_skip_layers),
-        recipe.kv_skip_format,
-    )
     par = recipe.parallelism
-    per_token = seq_bytes(arch, fmts, 1, kv_tp(par), b.pp_size)
+    per_token = seq_bytes(arch, recipe_formats(arch, recipe), 1, kv_tp(par), b.pp_size)
     return Setup(
         gpu_total_bytes=gpu_total_bytes(recipe),
         tp=b.tp_size,
@@ -104,31 +96,10 @@ def recipe_pool(recipe: Recipe, arch: Architecture) -> PoolEstimate:
     pinned version, with the flags its served command carries (the backend's MemoryRule: the same
     call serve, deploy and repo make)."""
     mem = memory_rule(recipe)
-    b = recipe.build
-
-    def sequence_bytes(context: int) -> float:
-        accounting, block = recipe_accounting(recipe)
-        fmts = layer_formats(
-            arch.layer_list(),
-            recipe.kv_format,
-            tuple(recipe.quantization.kv_skip_layers),
-            recipe.kv_skip_format,
-        )
-        return seq_bytes(
-            arch,
-            fmts,
-            context,
-            kv_tp(recipe.parallelism),
-            b.pp_size,
-            accounting,
-            b.max_num_tokens,
-            block,
-        )
-
     sizing = Sizing(
         model_shape(arch, DTYPE_BYTES[recipe.model.dtype]),
         recipe_setup(recipe, arch),
-        sequence_bytes,
+        partial(recipe_seq_bytes, arch, recipe),
     )
     return mem.pool_for(recipe)(recipe, sizing, mem.knobs(recipe))
 

@@ -136,14 +136,13 @@ def _own_rows(
     recipe: Recipe,
     arch: Architecture,
     label: str,
-    fmt: KVFormat,
-    skip: tuple[int | str, ...],
+    kv: KVCost,
     fits: int,
     routing: str | None = None,
 ) -> list[EstimateRow]:
     b = recipe.bench
     k = kernels_for(recipe.hardware.gpu, SPEED_ENGINE[recipe.build.backend])
-    m, kv = model_shape(arch, recipe), kv_cost(arch, recipe, fmt, skip)
+    m = model_shape(arch, recipe)
     if routing and m.moe is not None:  # an MoE priced under another routing assumption
         m = replace(m, moe=replace(m.moe, routing=routing))
     rows = []
@@ -193,20 +192,21 @@ def estimate(recipe: Recipe, plan: Plan, use_aiconfigurator: bool = True) -> Est
     pool = plan.kv_pool_bytes_per_gpu
     skip = tuple(recipe.quantization.kv_skip_layers)
     formats = engine_formats(recipe)
-    own_label = recipe.kv_format_label
-    fits: dict[str, int] = {}
-    for label, fmt in formats:
-        kv = kv_cost(arch, recipe, fmt, skip if label == recipe.kv_format_label else ())
-        fits[label] = int(pool // kv.seq_bytes(b.input_tokens + b.output_tokens)) if pool else 0
+    # the recipe's own row keeps its kv_skip_layers
+    costs = {
+        label: kv_cost(arch, recipe, fmt, skip if label == recipe.kv_format_label else ())
+        for label, fmt in formats
+    }
+    fits = {
+        label: int(pool // kv.seq_bytes(b.input_tokens + b.output_tokens)) if pool else 0
+        for label, kv in costs.items()
+    }
     answer, status = (
         aic.run_for(recipe, arch, formats, b.concurrency)
         if use_aiconfigurator
         else (None, "not asked (--no-aiconfigurator)")
     )
-    own = {
-        label: _own_rows(recipe, arch, label, fmt, skip if label == own_label else (), fits[label])
-        for label, fmt in formats
-    }
+    own = {label: _own_rows(recipe, arch, label, kv, fits[label]) for label, kv in costs.items()}
     rows, status = one_source_rows(answer, status, formats, b.concurrency, fits, own)
     notes: list[str] = []
     over = sorted({r.format for r in rows if not r.fits})
@@ -223,15 +223,16 @@ def estimate(recipe: Recipe, plan: Plan, use_aiconfigurator: bool = True) -> Est
             "the CUDA cores."
         )
     notes += gpu_notes(gpu, SPEED_ENGINE[recipe.build.backend], rows)
+    own_label = recipe.kv_format_label
+    own_kv = costs[own_label]
     if any(r.source.startswith("trtkv model") for r in rows) and arch.moe is not None:
         # the routing assumption's effect: the own format's ITL under aiconfigurator's power law
-        alt = _own_rows(recipe, arch, own_label, recipe.kv_format, skip, fits[own_label], POWER_LAW)
+        alt = _own_rows(recipe, arch, own_label, own_kv, fits[own_label], POWER_LAW)
         itl = {
             a.concurrency: (o.itl_ms, a.itl_ms) for o, a in zip(own[own_label], alt, strict=True)
         }
         moe = routing_note(arch, recipe, list(b.concurrency), itl)
         notes += [moe] if moe else []
-    own_kv = kv_cost(arch, recipe, recipe.kv_format, skip)
     notes.append(arrival_note(recipe, model_shape(arch, recipe), own_kv))
     workload = {
         "input_tokens": b.input_tokens,
@@ -250,10 +251,7 @@ def estimate(recipe: Recipe, plan: Plan, use_aiconfigurator: bool = True) -> Est
         from trtkv.plan.prefix_reuse import prefix_reuse
 
         k = kernels_for(gpu, SPEED_ENGINE[recipe.build.backend])
-        costs = [
-            (lab, kv_cost(arch, recipe, f, skip if lab == own_label else ())) for lab, f in formats
-        ]
-        est.prefix = prefix_reuse(recipe, pool, costs, k, model_shape(arch, recipe))
+        est.prefix = prefix_reuse(recipe, pool, list(costs.items()), k, model_shape(arch, recipe))
     est.advice = row_advice(est, recipe.kv_format_label, formats)
     est.replaces_advice = speed_advice_prefix(recipe)
     return est

@@ -35,18 +35,17 @@ none of the others decodes (speed.serve passes C = 1 then): no wait.
 
 from __future__ import annotations
 
-# engines (aiconfigurator's names) whose default loop schedules the next step before the one in
-# flight ends (module docstring): a new request waits that step too
-OVERLAP_ENGINES = ("vllm", "trtllm", "sglang")
+from trtkv.recipe import SPEED_ENGINES
 
 
 def in_flight_steps(engine: str, concurrency: int) -> float:
     """Decode steps a staggered request waits before the step that schedules its prefill: the rest
-    of the step in flight (half of it on average) and, where the engine overlaps scheduling with
-    the step (OVERLAP_ENGINES), the step already scheduled; none where it arrives alone."""
+    of the step in flight (half of it on average) and, where the engine (aiconfigurator's name)
+    overlaps scheduling with the step (SpeedEngine.overlap), the step already scheduled; none where
+    it arrives alone."""
     if concurrency <= 1:
         return 0.0
-    return 0.5 + (1.0 if engine in OVERLAP_ENGINES else 0.0)
+    return 0.5 + (1.0 if SPEED_ENGINES[engine].overlap else 0.0)
 
 
 def in_flight_ms(engine: str, decode_step_ms: float, concurrency: int) -> float:

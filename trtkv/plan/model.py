@@ -1,5 +1,5 @@
 """The planner's model of a deployment: the architecture it plans (from the recipe or the model's
-config.json) and the byte counts every figure is made of (formulas: trtkv.plan.planner; one format's
+config.json) and the byte counts every figure is made of (formulas: docs/plan.md; one format's
 capacity and the plan it returns: trtkv.plan.result)."""
 
 from __future__ import annotations
@@ -63,6 +63,8 @@ ARCH_FIELDS = (
     "intermediate_size",
     "vocab_size",
     "max_position_embeddings",
+    "kv_lora_rank",
+    "qk_rope_head_dim",
 )
 
 
@@ -164,29 +166,17 @@ class Architecture(ArchitectureFacts):
 
 
 def _config_facts(f: ModelFacts) -> dict[str, Any]:
-    facts = {
-        "num_layers": f.num_layers,
-        "num_attention_heads": f.num_attention_heads,
-        "num_kv_heads": f.num_kv_heads,
-        "head_dim": f.head_dim,
-        "hidden_size": f.hidden_size,
-        "intermediate_size": f.intermediate_size,
-        "vocab_size": f.vocab_size,
-        "max_position_embeddings": f.max_position_embeddings,
-        "kv_lora_rank": f.kv_lora_rank,
-        "qk_rope_head_dim": f.qk_rope_head_dim if f.kv_lora_rank else None,
-    }
+    """The config's figures of ARCH_FIELDS that it has (qk_rope_head_dim only beside an MLA
+    latent)."""
+    facts = {k: getattr(f, k) for k in ARCH_FIELDS}
+    facts["qk_rope_head_dim"] = f.qk_rope_head_dim if f.kv_lora_rank else None
     return {k: v for k, v in facts.items() if v is not None}
 
 
 def resolve_architecture(recipe: Recipe) -> Architecture:
     """Architecture facts from the model config when present, else the recipe; they must agree."""
     m = recipe.model
-    given = {
-        k: getattr(m, k)
-        for k in (*ARCH_FIELDS, "kv_lora_rank", "qk_rope_head_dim")
-        if getattr(m, k) is not None
-    }
+    given = {k: getattr(m, k) for k in ARCH_FIELDS if getattr(m, k) is not None}
     facts: dict[str, Any] = dict(given)
     extra: dict[str, Any] = {}
     source = "recipe"
@@ -308,19 +298,22 @@ def kv_format_for_recipe(recipe: Recipe) -> KVFormat:
     return recipe.kv_format
 
 
-def per_gpu_bytes_per_token(
-    arch: Architecture,
-    fmt: KVFormat,
-    tp: int,
-    pp: int,
-    skip: tuple[int | str, ...] = (),
-    skip_fmt: KVFormat = KVFormat.BF16,
-) -> float:
-    """The fullest GPU's bytes per token with every layer holding it: its pipeline stage's layers
-    (those in `skip` stored in `skip_fmt`) x its share of the KV heads (an MLA latent whole)."""
-    return seq_bytes(
-        arch, layer_formats(arch.layer_list(), fmt, skip, skip_fmt), 1, tp, pp, with_state=False
-    )
+def recipe_formats(
+    arch: Architecture, recipe: Recipe, fmt: KVFormat | None = None
+) -> list[KVFormat]:
+    """Each layer's KV format: `fmt` (the recipe's own by default), the recipe's kv_skip_layers in
+    its skip format."""
+    skip = tuple(recipe.quantization.kv_skip_layers)
+    return layer_formats(arch.layer_list(), fmt or recipe.kv_format, skip, recipe.kv_skip_format)
+
+
+def recipe_seq_bytes(arch: Architecture, recipe: Recipe, context: int) -> float:
+    """One `context`-token sequence on the fullest GPU (KV heads split over an attention-DP group's
+    TP), in the recipe's KV format as its engine accounts it."""
+    b, (accounting, block) = recipe.build, recipe_accounting(recipe)
+    tp = recipe.parallelism.attention_tp
+    fmts = recipe_formats(arch, recipe)
+    return seq_bytes(arch, fmts, context, tp, b.pp_size, accounting, b.max_num_tokens, block)
 
 
 def seq_bytes(

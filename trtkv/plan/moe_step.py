@@ -49,7 +49,7 @@ from trtkv.checkpoints import read_model_facts
 from trtkv.core.errors import TrtkvError
 from trtkv.engines.sizing import model_config_path
 from trtkv.plan.model import WEIGHT_BYTES
-from trtkv.recipe import Recipe, WeightQuant
+from trtkv.recipe import SPEED_ENGINES, Recipe, WeightQuant
 
 if TYPE_CHECKING:
     from trtkv.plan.model import Architecture
@@ -86,10 +86,6 @@ TABLE_DTYPE = {
     "int4_awq": "int4_wo",
     "unquantized": "bfloat16",
 }
-# the kernel-table engines (aiconfigurator's names) that run MXFP4 experts with MXFP8 activations
-# where the GPU has those rows: TensorRT-LLM on Blackwell (its
-# examples/models/core/gpt_oss/README.md MoE support matrix)
-MXFP8_ACTIVATION_ENGINES = frozenset({"trtllm"})
 
 
 class StepKernels(Protocol):
@@ -296,7 +292,7 @@ def routed_ms(k: StepKernels, moe: MoEShape, tokens: int) -> tuple[float, float]
     read = local * shard * moe.bytes_per_param
     flops = 2 * pairs * shard
     table = moe.table
-    if table == "w4a16_mxfp4" and k.backend in MXFP8_ACTIVATION_ENGINES:
+    if table == "w4a16_mxfp4" and SPEED_ENGINES[k.backend].mxfp8_moe_activations:
         # TensorRT-LLM runs MXFP4 experts with MXFP8 activations on Blackwell (its
         # examples/models/core/gpt_oss/README.md MoE support matrix): those rows where the GPU has
         # them

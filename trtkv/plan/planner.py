@@ -1,31 +1,5 @@
-"""The KV memory planner: bytes per token and per sequence, what fits on the recipe's GPUs, and
-advice.
-
-Formulas (per format, scale overhead included, see `trtkv.kvcache.formats`), summed layer by layer
-(`trtkv.recipe.attention`: a sliding layer keeps at most its window, a chunked one its chunk, an MLA
-layer one latent of kv_lora_rank + qk_rope_head_dim elements per token):
-  KV bytes/token         = sum over layers of 2 x kv_heads x head_dim x bytes/element (MLA: latent x
-  bytes/element) KV of one sequence(n)  = sum over layers of tokens the layer holds at n x its
-  bytes/token; `exact` (TensorRT-LLM's
-                           per-layer windows) or `vllm` (its allocation, blocks and padded hybrid
-                           groups)
-  per GPU                = the fullest pipeline stage's layers, ceil(kv_heads/tp) heads each (KV
-  heads replicate when
-                           tp > kv_heads; an MLA latent is whole on every rank)
-  weights/GPU            = (quantized linear params x bytes/weight + embeddings x dtype bytes) / (tp
-  x pp) KV pool/GPU            = the recipe's engine's own rule at trtkv's pinned release, with the
-  memory flags its served
-                           command carries (trtkv.plan.engine_pool; docs/plan.md has each rule, its
-                           source and the published logs it is held to): vLLM ceil(util x total) -
-                           weights - activation - non-torch
-                           - CUDA graphs; SGLang free before loading x mem_fraction_static -
-                             weights; TensorRT-LLM
-                           fraction x (free after weights, warm-up/engine buffers); capped or pinned
-                           by triton.kv_pool_gib_per_gpu
-  tokens that fit        = KV pool/GPU / KV bytes per token per GPU; sequences(n) = pool / KV of one
-  sequence(n) decode step lower bound = (weights/GPU + batch x KV one sequence reads at n per GPU) /
-  HBM bandwidth
-"""
+"""The KV memory planner: bytes per token and per sequence summed layer by layer, what fits in the
+pool the recipe's engine allocates (trtkv.plan.engine_pool), and advice (formulas: docs/plan.md)."""
 
 from __future__ import annotations
 
@@ -40,8 +14,6 @@ from trtkv.kvcache.formats import KVFormat
 from trtkv.plan.advice import advice_for, attention_notes, format_row_note, unit_scale_note
 from trtkv.plan.concurrency import concurrency
 from trtkv.plan.engine_pool import memory_rule, recipe_pool
-
-# the planner's public face: plan() and the types and counts it returns
 from trtkv.plan.model import (
     GIB,
     PLAN_FORMATS,
@@ -49,7 +21,6 @@ from trtkv.plan.model import (
     Architecture,
     accounting_label,
     kv_format_for_recipe,
-    per_gpu_bytes_per_token,
     recipe_accounting,
     resolve_architecture,
     seq_bytes,
@@ -57,11 +28,10 @@ from trtkv.plan.model import (
 )
 from trtkv.plan.prefix import advice as prefix_advice
 from trtkv.plan.prefix import prefix_capacity
-from trtkv.plan.result import (  # the plan's types: planner's public face too
+from trtkv.plan.result import (
     FormatCapacity,
     Plan,
     PlanAttention,
-    PlanConcurrency,
     PlanExample,
     PlanHardware,
     PlanKVPool,
@@ -84,26 +54,6 @@ from trtkv.recipe.attention import (
 )
 from trtkv.recipe.attention import summary as layer_summary
 from trtkv.recipe.backend_rules import build_notes
-
-__all__ = [
-    "GIB",
-    "Architecture",
-    "FormatCapacity",
-    "Plan",
-    "PlanAttention",
-    "PlanConcurrency",
-    "PlanExample",
-    "PlanHardware",
-    "PlanKVPool",
-    "PlanModel",
-    "PlanState",
-    "PlanTerm",
-    "PlanWeights",
-    "kv_format_for_recipe",
-    "per_gpu_bytes_per_token",
-    "plan",
-    "resolve_architecture",
-]
 
 
 def attn_head_note(arch: Architecture) -> str:

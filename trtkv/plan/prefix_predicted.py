@@ -21,7 +21,7 @@ from trtkv.core.errors import TrtkvError
 from trtkv.plan.engine_pool import memory_rule
 from trtkv.plan.moe_step import rank_concurrency
 from trtkv.plan.prefix import sessions
-from trtkv.plan.prefix_reuse import EXCLUSIVE, INCLUSIVE, sessions_fit, turn_hits
+from trtkv.plan.prefix_reuse import host_tier, occupancy, routing, sessions_fit, turn_hits
 from trtkv.plan.result import Plan
 from trtkv.platform.hardware import GPU_SPECS
 from trtkv.recipe import Recipe
@@ -37,17 +37,14 @@ REFERENCE_TIERS = (
 def host_bytes_per_engine(recipe: Recipe) -> tuple[float, bool, str]:
     """(host-tier bytes per GPU, whether the host tier is inclusive of the device pool, the
     eviction said in words)."""
-    rule = memory_rule(recipe).host_tier
-    tier = rule(recipe) if rule is not None else None
+    tier = host_tier(recipe)
     # the reference runtime's second pool (no engine host-tier rule; 0 for every other backend)
     own_pool = host_tier_bytes(recipe)
     if tier is None and own_pool:
         return float(own_pool), False, REFERENCE_TIERS
-    engine = SPEED_ENGINE.get(recipe.build.backend, "")
-    words = INCLUSIVE.get(engine) or EXCLUSIVE.get(engine) or "the engine's LRU"
     if tier is None:
         return 0.0, False, "device pool only (no host tier set), LRU"
-    return tier.bytes_per_replica / recipe.parallelism.gpus, engine in INCLUSIVE, words
+    return tier.bytes_per_replica / recipe.parallelism.gpus, tier.inclusive, tier.reuse
 
 
 def running_share(recipe: Recipe, concurrency: int) -> tuple[float, str]:
@@ -72,21 +69,13 @@ def service_share(recipe: Recipe, concurrency: int) -> tuple[float, str]:
     """running_share from trtkv's speed model: a turn's service time against the think time."""
     from trtkv.plan.estimate import kv_cost, model_shape
     from trtkv.plan.model import resolve_architecture
-    from trtkv.plan.speed import kernels_for, serve
+    from trtkv.plan.speed import kernels_for
 
-    b, think = recipe.bench, recipe.bench.prefix.think_time_s
-    gpu, backend = recipe.hardware.gpu, recipe.build.backend
+    think = recipe.bench.prefix.think_time_s
     arch = resolve_architecture(recipe)
     kv = kv_cost(arch, recipe, recipe.kv_format, tuple(recipe.quantization.kv_skip_layers))
-    k = kernels_for(gpu, SPEED_ENGINE[backend])
-    turns = sessions(recipe)
-    mean_prompt = round(sum(t[0] for t in turns) / len(turns))
-    s = serve(
-        k, model_shape(arch, recipe), kv, mean_prompt, b.output_tokens, concurrency,
-        recipe.build.max_num_tokens,
-    )  # fmt: skip
-    service_ms = s.ttft_ms + max(0, b.output_tokens - 1) * s.itl_ms
-    running = concurrency * service_ms / (service_ms + think * 1e3)
+    k = kernels_for(recipe.hardware.gpu, SPEED_ENGINE[recipe.build.backend])
+    _, service_ms, running = occupancy(recipe, k, model_shape(arch, recipe), kv, concurrency)
     return running, f"turn {service_ms:,.0f} ms ({k.source}) against think {think:g} s"
 
 
@@ -104,12 +93,7 @@ def predicted(recipe: Recipe, p: Plan) -> PrefixPrediction | None:
     host = host_bytes / per_token
     block = max(1, memory_rule(recipe).block_tokens(recipe))
     dp = recipe.parallelism.attention_dp
-    routing = (
-        "one engine (no routing)"
-        if dp == 1
-        else f"{dp} attention-DP engines, sessions routed prefix-aware (each session's turns to "
-        "the engine holding its history); round-robin would cut the history hits"
-    )
+    routed = routing(recipe) + ("; round-robin would cut the history hits" if dp > 1 else "")
     turns = sessions(recipe)
     total = sum(t[0] for t in turns)
     shared = recipe.bench.prefix.shared_tokens
@@ -119,16 +103,16 @@ def predicted(recipe: Recipe, p: Plan) -> PrefixPrediction | None:
     levels = {}
     for conc in recipe.bench.concurrency:
         c = rank_concurrency(conc, dp)
-        running, occupancy = running_share(recipe, c)
+        running, how_running = running_share(recipe, c)
         # admitted: at most the sessions whose blocks the pool holds (prefix_reuse.sessions_fit)
         admitted = min(running, fit)
         hits = turn_hits(recipe, block, device, host, c, admitted, inclusive)
         levels[conc] = PredictedHits(
             device=round(sum(h.device for h in hits) / total, 4),
             host=round(sum(h.host for h in hits) / total, 4),
-            routing=routing,
+            routing=routed,
             basis=f"device {int(device):,} tokens, host {int(host):,} tokens per engine; "
-            f"blocks of {block}; {eviction}; {occupancy}",
+            f"blocks of {block}; {eviction}; {how_running}",
         )
     return PrefixPrediction(
         kv_format=p.recipe_kv_format,

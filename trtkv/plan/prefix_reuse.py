@@ -49,28 +49,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from trtkv.engines import HostTier
 from trtkv.plan.engine_pool import memory_rule
 from trtkv.plan.estimate_model import PrefixReuse, PrefixReuseRow
 from trtkv.plan.moe_step import rank_concurrency
-from trtkv.plan.prefix import block_floor, sessions
-from trtkv.plan.speed import Kernels, KVCost, ModelShape, serve, step_time
+from trtkv.plan.prefix import block_floor, mean_prompt, sessions
+from trtkv.plan.speed import Kernels, KVCost, ModelShape, Serving, serve, step_time
 from trtkv.platform import HostLink, host_link_of
 from trtkv.recipe import Recipe
-from trtkv.recipe.backend_rules import SPEED_ENGINE
 from trtkv.recipe.prefix_cache import prefix_cache
-
-# how each engine's host tier relates to its device pool (see the module docstring)
-INCLUSIVE = {
-    "vllm": "vLLM 0.32.0 OffloadingConnector (native): every computed block stored to CPU as it "
-    "is computed, CPU LRU (v1/kv_offload/cpu.py); the host holds a superset of the device",
-    "sglang": "SGLang 0.5.23 HiCache: write-through to the host pool (--hicache-write-policy "
-    "default), host LRU; the host holds a superset of the device",
-}
-EXCLUSIVE = {
-    "trtllm": "TensorRT-LLM 1.2.1 secondary pool: a reusable block the device pool evicts is "
-    "offloaded to the host and onboarded on reuse (kv_cache_onboard_blocks); the two hold "
-    "different blocks",
-}
 
 
 @dataclass(frozen=True)
@@ -80,6 +67,12 @@ class TurnHits:
     prompt: int
     device: float
     host: float
+
+
+def host_tier(recipe: Recipe) -> HostTier | None:
+    """The recipe's host KV tier as its engine is told it (None: unset, or the engine has none)."""
+    rule = memory_rule(recipe).host_tier
+    return rule(recipe) if rule is not None else None
 
 
 def survives(free: float, distance: float) -> float:
@@ -101,6 +94,28 @@ def sessions_fit(device: float, own: float, shared: float, groups: int) -> float
     if n <= groups:
         return n
     return math.inf if own <= 0 else (device - groups * shared) / own
+
+
+def routing(recipe: Recipe) -> str:
+    """How a session's turns reach the replica's attention-DP engines (the module docstring)."""
+    dp = recipe.parallelism.attention_dp
+    if dp == 1:
+        return "one engine (no routing)"
+    return (
+        f"{dp} attention-DP engines, sessions routed prefix-aware (each session's turns to the "
+        "engine holding its history)"
+    )
+
+
+def occupancy(
+    recipe: Recipe, k: Kernels, m: ModelShape, kv: KVCost, c: int
+) -> tuple[Serving, float, float]:
+    """A turn of the session's mean prompt served beside `c` sessions, its service ms (TTFT and the
+    rest of its answer) and the sessions running a turn at a time against the think time."""
+    b = recipe.bench
+    s = serve(k, m, kv, round(mean_prompt(recipe)), b.output_tokens, c, recipe.build.max_num_tokens)
+    service_ms = s.ttft_ms + max(0, b.output_tokens - 1) * s.itl_ms
+    return s, service_ms, c * service_ms / (service_ms + b.prefix.think_time_s * 1e3)
 
 
 def admission_wait_ms(concurrency: int, fit: float, service_ms: float, think_ms: float) -> float:
@@ -163,9 +178,8 @@ def turn_hits(
     pool or exclusive (the module docstring's model)."""
     b, p = recipe.bench, recipe.bench.prefix
     turns = sessions(recipe)
-    mean_prompt = round(sum(t[0] for t in turns) / len(turns))
     shared = p.shared_tokens
-    context = mean_prompt + b.output_tokens / 2
+    context = round(mean_prompt(recipe)) + b.output_tokens / 2
     referenced = running * max(0.0, context - shared) + min(p.groups, running) * shared
     free = max(0.0, device - referenced)
     # content a finished turn frees into the LRU (its prefix stays with its group)
@@ -200,13 +214,13 @@ def format_row(
     k: Kernels,
     m: ModelShape,
     pool_bytes: float,
-    host_bytes: float,
+    tier: HostTier | None,
     concurrency: int,
 ) -> PrefixReuseRow:
     """One format at one concurrency level: hit rates per tier and the mean TTFT over a session's
     turns, without and with reuse."""
     b, p = recipe.bench, recipe.bench.prefix
-    engine = SPEED_ENGINE[recipe.build.backend]
+    host_bytes = tier.bytes_per_replica / recipe.parallelism.gpus if tier is not None else 0.0
     block = max(1, memory_rule(recipe).block_tokens(recipe))
     turns = sessions(recipe)
     longest = p.longest_tokens(b.input_tokens, b.output_tokens)
@@ -215,13 +229,10 @@ def format_row(
     host = host_bytes / per_token
     c = rank_concurrency(concurrency, recipe.parallelism.attention_dp)
     budget = recipe.build.max_num_tokens
-    # occupancy: a turn's service time against the think time
-    mean_prompt = round(sum(t[0] for t in turns) / len(turns))
-    s = serve(k, m, kv, mean_prompt, b.output_tokens, c, budget)
-    service_ms = s.ttft_ms + max(0, b.output_tokens - 1) * s.itl_ms
+    s, _, running = occupancy(recipe, k, m, kv, c)
     think_ms = p.think_time_s * 1e3
-    running = c * service_ms / (service_ms + think_ms)
-    context = mean_prompt + b.output_tokens / 2
+    prompt = round(mean_prompt(recipe))
+    context = prompt + b.output_tokens / 2
     shared = p.shared_tokens
     own = max(0.0, context - shared)
     on = prefix_cache(recipe).enabled
@@ -230,11 +241,12 @@ def format_row(
     fit_none = device / context
     fit = sessions_fit(device, own, shared, p.groups) if on else fit_none
     admitted = min(running, fit)
-    hits = turn_hits(recipe, block, device, host, c, admitted, engine in INCLUSIVE)
+    inclusive = tier is not None and tier.inclusive
+    hits = turn_hits(recipe, block, device, host, c, admitted, inclusive)
     link = host_link_of(recipe.hardware.gpu)
     # a turn in service runs beside the sessions admitted with it (both TTFTs of a row)
     c_run = c if fit >= c else max(1, math.floor(fit))
-    run = serve(k, m, kv, mean_prompt, b.output_tokens, c_run, budget) if c_run != c else s
+    run = serve(k, m, kv, prompt, b.output_tokens, c_run, budget) if c_run != c else s
     decode_ms = max(0, b.output_tokens - 1) * run.itl_ms
     base, reused = 0.0, 0.0
     for h in hits:
@@ -269,24 +281,14 @@ def prefix_reuse(
     p = recipe.bench.prefix
     if not p.enabled:
         return None
-    rule = memory_rule(recipe).host_tier
-    tier = rule(recipe) if rule is not None else None
-    host_bytes = tier.bytes_per_replica / recipe.parallelism.gpus if tier is not None else 0.0
+    tier = host_tier(recipe)
     rows = [
-        format_row(recipe, label, kv, k, m, pool_bytes, host_bytes, c)
+        format_row(recipe, label, kv, k, m, pool_bytes, tier, c)
         for label, kv in formats
         for c in recipe.bench.concurrency
     ]
-    engine = SPEED_ENGINE[recipe.build.backend]
     link = host_link_of(recipe.hardware.gpu)
     pc = prefix_cache(recipe)
-    eviction = INCLUSIVE.get(engine) or EXCLUSIVE[engine]
-    routing = (
-        "one engine (no routing)"
-        if recipe.parallelism.attention_dp == 1
-        else f"{recipe.parallelism.attention_dp} attention-DP engines, sessions routed "
-        "prefix-aware (each session's turns to the engine holding its history)"
-    )
     return PrefixReuse(
         shared_tokens=p.shared_tokens,
         groups=p.groups,
@@ -295,8 +297,8 @@ def prefix_reuse(
         think_time_s=p.think_time_s,
         block_tokens=memory_rule(recipe).block_tokens(recipe),
         prefix_cache=pc.why,
-        eviction=eviction if tier is not None else "device pool only (no host tier set)",
-        routing=f"one replica carries bench.concurrency; {routing}",
+        eviction=tier.reuse if tier is not None else "device pool only (no host tier set)",
+        routing=f"one replica carries bench.concurrency; {routing(recipe)}",
         host_link=link.basis if link is not None else "none in the table",
         rows=rows,
     )

@@ -51,10 +51,6 @@ class Arrival(str, Enum):
     WAVES = "waves"  # C fixed-length requests started together, the next C when all finish
 
 
-# engines (aiconfigurator's names) that pack only whole prompts into a step unless chunked
-# prefill is on: TensorRT-LLM (the LLM API's enable_chunked_prefill defaults to False;
-# Recipe.chunked_context turns it on where a prompt exceeds max_num_tokens)
-WHOLE_PROMPT_ENGINES = ("trtllm",)
 ARRIVAL_TEXT = {
     Arrival.STAGGERED: (
         "requests start at independent times (a client that draws lengths from a range, or "
@@ -146,7 +142,7 @@ def arrival_note(recipe: Recipe, m: ModelShape, kv: KVCost) -> str:
         recipe.bench,
         recipe.build.max_num_tokens,
     )
-    chunked = engine not in WHOLE_PROMPT_ENGINES or recipe.chunked_context
+    chunked = not SPEED_ENGINES[engine].whole_prompts or recipe.chunked_context
     waves = [
         f"{c}: {wave_ttft_ms(k, m, kv, b.input_tokens, c, budget, chunked):,.1f} ms"
         for c in sorted(set(b.concurrency))

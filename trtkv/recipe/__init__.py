@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING
 from trtkv.core.lazy import attach
 from trtkv.recipe.attention import (
     ACCOUNTING_TEXT,
-    SGLANG_ACCOUNTING_TEXT,
     VLLM_BLOCK_CPU,
     VLLM_BLOCK_GPU,
     Accounting,
@@ -226,7 +225,6 @@ __all__ = [
     "served_kv_formats",
     "Settings",
     "settle",
-    "SGLANG_ACCOUNTING_TEXT",
     "sglang_gb_per_rank",
     "SLO_PATTERN",
     "SPEED_ENGINE",

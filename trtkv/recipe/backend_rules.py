@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe.attention import SGLANG_ACCOUNTING_TEXT, Accounting
+from trtkv.recipe.engine_columns import ScaleUse, SpeedEngine
 from trtkv.recipe.enums import Backend, KVCacheQuant, WeightQuant
 from trtkv.recipe.schema import Recipe
 
@@ -292,21 +293,18 @@ def sglang_problems(recipe: Recipe) -> list[tuple[str, str]]:
     return out + one_kv_format_problems(recipe, "SGLang (one --kv-cache-dtype for every layer)")
 
 
-@dataclass(frozen=True)
-class SpeedEngine:
-    """The engine aiconfigurator models for a backend (`trtkv plan --estimate`): its name there and
-    in print, and what aiconfigurator-core 0.12.0 adds beyond its kernel tables: `queued`, the TTFT
-    factor of its base backend (sdk/backends/base_backend.py `_ttft_queuing_factor`; its vLLM
-    backend has its own rule: trtkv's M/D/1 queue), and the CPU-side dispatch per request and layer
-    (sdk/backends/vllm_backend.py `_prefill_dispatch_overhead_ms`: 0.8 ms for vLLM)."""
-
-    name: str
-    label: str
-    queued: bool = False
-    dispatch_ms_per_layer: float = 0.0
+TRTLLM_SPEED = SpeedEngine(
+    "trtllm", "TensorRT-LLM", queued=True, whole_prompts=True, mxfp8_moe_activations=True
+)
 
 
-TRTLLM_SPEED = SpeedEngine("trtllm", "TensorRT-LLM", queued=True)
+TRTLLM_ENGINE_SCALES = ScaleUse(
+    "tensorrt_llm",
+    "shared",
+    "kv_cache_scaling_factor",
+    "TensorRT-LLM <= 1.2: one per-layer kv_cache_scaling_factor shared by K and V (FP8: "
+    "max(k_amax, v_amax)/448 clamped to >= 1.0)",
+)
 
 
 @dataclass(frozen=True)
@@ -325,10 +323,13 @@ class BackendRow:
     # it serves calibrate's HF export (checkpoint/hf/), else the TensorRT-LLM checkpoint (`trtkv
     # calibrate --dry-run` says which one the recipe's backend reads)
     hf_export: bool
-    # the engine whose KV-scale loader the audit (trtkv/data/kv_scale_loaders.json) and the fidelity
-    # task (fidelity_score.ENGINE_SEMANTICS) model
+    # the engine whose KV-scale loader the audit (trtkv/data/kv_scale_loaders.json) models
     scale_loader: str
-    scale_use: str = "tensorrt_llm"
+    # why it has no sized disk KV tier at trtkv's pin (trtkv.recipe.kv_tiers refuses
+    # triton.kv_disk_tier_gib_per_replica with it)
+    no_disk_tier: str
+    # how its engine applies the calibrated scales, as the fidelity task models it
+    scale_use: ScaleUse = TRTLLM_ENGINE_SCALES
     # the accounting's name in `trtkv plan` where the engine has its own (None: ACCOUNTING_TEXT)
     accounting_text: str | None = None
     # it runs EP and attention DP, which `trtkv init` proposes for an MoE model (vLLM
@@ -344,22 +345,34 @@ BACKEND_ROWS: dict[Backend, BackendRow] = {
     Backend.TENSORRT: BackendRow(
         tensorrt_problems, Accounting.EXACT, ("tensorrt_llm", "<= 1.2"), TRTLLM_SPEED, False,
         "tensorrt_llm_engine",
+        no_disk_tier="the engine path has no disk tier; TensorRT-LLM's disk_cache_size arrives "
+        "after 1.2.1 (first in 1.3.0rc27's KvCacheConfig), on the LLM API",
     ),
     Backend.LLMAPI: BackendRow(
         llmapi_problems, Accounting.EXACT, ("tensorrt_llm", "1.3"), TRTLLM_SPEED, True,
-        "tensorrt_llm", scale_use="tensorrt_llm_pytorch", wide_ep=True,
+        "tensorrt_llm", wide_ep=True,
+        scale_use=ScaleUse("tensorrt_llm_pytorch", "one", "1.0",
+                           "TensorRT-LLM PyTorch backend: FP8 KV with scale 1.0"),
+        no_disk_tier="TensorRT-LLM's disk tier (kv_cache_config.disk_cache_size, disk_cache_path) "
+        "arrives after 1.2.1 (first in 1.3.0rc27's KvCacheConfig); trtkv's matrix serves 1.2.1",
     ),
     # the reference runtime reads the TensorRT-LLM checkpoint as the engine path does
     Backend.REFERENCE: BackendRow(
-        reference_problems, Accounting.EXACT, None, None, False, "tensorrt_llm_engine"
+        reference_problems, Accounting.EXACT, None, None, False, "tensorrt_llm_engine",
+        no_disk_tier="trtkv's reference runtime keeps no second tier",
     ),
     Backend.VLLM: BackendRow(
         vllm_problems, Accounting.VLLM, ("vllm", ""), SpeedEngine("vllm", "vLLM", False, 0.8),
-        True, "vllm", scale_use="vllm", wide_ep=True, dense_dp_replicas=True,
+        True, "vllm", wide_ep=True, dense_dp_replicas=True,
+        scale_use=ScaleUse("vllm", "split", "k_scale/v_scale",
+                           "vLLM: separate per-layer k_scale/v_scale = amax/448, unclamped"),
+        no_disk_tier="vLLM 0.32.0's disk tier (the tiering spec's fs tier) takes a directory and "
+        "no size, through --kv-transfer-config",
     ),
     Backend.SGLANG: BackendRow(
         sglang_problems, Accounting.EXACT, ("sglang", ""), SpeedEngine("sglang", "SGLang", True),
         True, "sglang", accounting_text=SGLANG_ACCOUNTING_TEXT, wide_ep=True,
+        no_disk_tier="SGLang 0.5.23's HiCache file storage backend takes a directory and no size",
     ),
 }
 # fmt: on

@@ -32,6 +32,7 @@ What each engine ships (read from its source at trtkv's pins):
 from __future__ import annotations
 
 from trtkv.platform.hardware import GPU
+from trtkv.recipe.backend_rules import BACKEND_ROWS
 from trtkv.recipe.enums import Backend
 from trtkv.recipe.prefix_cache import prefix_cache
 from trtkv.recipe.schema import Recipe
@@ -41,17 +42,6 @@ DISK_FIELD = "triton.kv_disk_tier_gib_per_replica"
 GB = 10**9
 GIB = 1024**3
 
-# why each backend has no sized disk tier at trtkv's pin
-NO_DISK_TIER: dict[Backend, str] = {
-    Backend.VLLM: "vLLM 0.32.0's disk tier (the tiering spec's fs tier) takes a directory and no "
-    "size, through --kv-transfer-config",
-    Backend.SGLANG: "SGLang 0.5.23's HiCache file storage backend takes a directory and no size",
-    Backend.LLMAPI: "TensorRT-LLM's disk tier (kv_cache_config.disk_cache_size, disk_cache_path) "
-    "arrives after 1.2.1 (first in 1.3.0rc27's KvCacheConfig); trtkv's matrix serves 1.2.1",
-    Backend.TENSORRT: "the engine path has no disk tier; TensorRT-LLM's disk_cache_size arrives "
-    "after 1.2.1 (first in 1.3.0rc27's KvCacheConfig), on the LLM API",
-    Backend.REFERENCE: "trtkv's reference runtime keeps no second tier",
-}
 DISK_ELSEWHERE = (
     "a sized disk tier is served by Dynamo KVBM (DYN_KVBM_DISK_CACHE_GB) or TensorRT-LLM "
     ">= 1.3.0rc27, neither written by trtkv yet: remove it"
@@ -103,5 +93,6 @@ def problems(recipe: Recipe) -> list[tuple[str, str]]:
                 )
     disk = t.kv_disk_tier_gib_per_replica
     if disk is not None:
-        out.append((DISK_FIELD, f"{disk:g}: {NO_DISK_TIER[backend]}; {DISK_ELSEWHERE}"))
+        why = BACKEND_ROWS[backend].no_disk_tier
+        out.append((DISK_FIELD, f"{disk:g}: {why}; {DISK_ELSEWHERE}"))
     return out

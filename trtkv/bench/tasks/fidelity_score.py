@@ -75,24 +75,6 @@ class Scored:
         return cls(doc["chosen"], doc["argmax"], ints(doc["top"]) or [], ints(doc["at"]))
 
 
-# engine -> how it applies kv_scales.json to an FP8/INT8 cache: (probe format, scale fields,
-# description)
-ENGINE_SEMANTICS: dict[str, tuple[str, str, str]] = {
-    "tensorrt_llm": (
-        "shared",
-        "kv_cache_scaling_factor",
-        "TensorRT-LLM <= 1.2: one per-layer kv_cache_scaling_factor shared by K and V (FP8: "
-        "max(k_amax, v_amax)/448 clamped to >= 1.0)",
-    ),
-    "vllm": (
-        "split",
-        "k_scale/v_scale",
-        "vLLM: separate per-layer k_scale/v_scale = amax/448, unclamped",
-    ),
-    "tensorrt_llm_pytorch": ("one", "1.0", "TensorRT-LLM PyTorch backend: FP8 KV with scale 1.0"),
-}
-
-
 def teacher_forced(
     model: Any,
     new_cache: Callable[[], Any],
@@ -308,11 +290,10 @@ def reference_scorer(model_dir: Path, folder: Path) -> CachedScorer:
 
 
 def kv_scales_for(
-    engine: str, layers: Sequence[Any], kv_format: str
+    how: str, layers: Sequence[Any], kv_format: str
 ) -> tuple[str, list[float] | None, list[float] | None]:
-    """(cache format, k scales, v scales) for QuantizedKVCache: kv_scales.json's layers as `engine`
-    applies them."""
-    how = ENGINE_SEMANTICS[engine][0]
+    """(cache format, k scales, v scales) for QuantizedKVCache: kv_scales.json's layers as an
+    engine applies them (`how`: its ScaleUse.how)."""
     if how == "one" and kv_format == "fp8":
         return "fp8_scale1", None, None
     if how == "split":
@@ -328,7 +309,8 @@ def prediction_scorer(recipe: Recipe, folder: Path, log: Callable[[str], None]) 
     from trtkv.recipe import layout
 
     kv = recipe.kv_row.choice.name
-    engine = BACKEND_ROWS[recipe.build.backend].scale_use
+    use = BACKEND_ROWS[recipe.build.backend].scale_use
+    engine = use.name
     ckpt = layout.checkpoint_dir(recipe)
     scales = KVScalesFile.load(ckpt)
     if scales is None or not scales.layers:
@@ -336,7 +318,7 @@ def prediction_scorer(recipe: Recipe, folder: Path, log: Callable[[str], None]) 
             f"fidelity: {KVScalesFile.path(ckpt)} is missing or holds no layers, so the format's "
             f"prediction has no calibrated scales. Next: run `trtkv calibrate {recipe.name}`."
         )
-    fmt, ks, vs = kv_scales_for(engine, scales.layers, kv)
+    fmt, ks, vs = kv_scales_for(use.how, scales.layers, kv)
     rank = ckpt / "rank0.safetensors"
     hf = ckpt / HF
     weights = (
@@ -379,8 +361,8 @@ def prediction_scorer(recipe: Recipe, folder: Path, log: Callable[[str], None]) 
             "weights": f"{weights} in {ckpt}",
             "kv_format": fmt,
             "engine": engine,
-            "scales": f"{KVScalesFile.path(ckpt)} ({ENGINE_SEMANTICS[engine][1]})",
-            "semantics": ENGINE_SEMANTICS[engine][2],
+            "scales": f"{KVScalesFile.path(ckpt)} ({use.fields})",
+            "semantics": use.text,
             "attention": mode,
             "attention_why": why,
         },
