@@ -51,6 +51,27 @@ NO_KV_METHOD: dict[tuple[Backend, str], str] = {
 }
 
 
+# The backends whose engine, under the KV setting trtkv serves quantization.kv_cache none with (the
+# registry's none row: auto), runs the KV format a checkpoint declares rather than a 16-bit cache:
+# why, with where the engine's source says so, and the kv_cache that says what it then runs
+KV_FROM_CHECKPOINT: dict[Backend, tuple[str, KVCacheQuant]] = {
+    Backend.LLMAPI: (
+        "TensorRT-LLM's LLM API keeps the checkpoint's kv_cache_quant_algo under "
+        "kv_cache_config.dtype auto (llmapi/llm_utils.py ModelLoader._update_from_hf_quant_config "
+        "overrides it only for dtype fp8 and nvfp4) and runs FP8 KV at scale 1.0",
+        KVCacheQuant.FP8_CAST,
+    ),
+    Backend.VLLM: (
+        "vLLM 0.32 resolves --kv-cache-dtype auto to the checkpoint's declaration (a ModelOpt "
+        "kv_cache_quant_algo / kv_cache_scheme FP8: utils/torch_utils.py:457-530 "
+        "resolve_kv_cache_dtype_string, called at engine/arg_utils.py:2257; a compressed-tensors "
+        "kv_cache_scheme: model_executor/layers/attention/attention.py:287-291) and reads the "
+        "checkpoint's k/v scales",
+        KVCacheQuant.FP8,
+    ),
+}
+
+
 def kv_only_compressed_tensors(recipe: Recipe) -> bool:
     """Whether calibrate's hf/ carries the FP8 KV scales as a per-tensor compressed-tensors
     kv_cache_scheme (the weights as stored, an engine in KV_ONLY_COMPRESSED_TENSORS)."""

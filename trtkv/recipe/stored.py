@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from trtkv.kvcache.engines import load_table
-from trtkv.recipe.backend_rules import NO_KV_METHOD
+from trtkv.recipe.backend_rules import KV_FROM_CHECKPOINT, NO_KV_METHOD
 from trtkv.recipe.engine_formats import TABLE_ENGINE
 from trtkv.recipe.enums import Backend, KVCacheQuant, WeightQuant
 from trtkv.recipe.schema import Recipe
@@ -95,6 +95,28 @@ def stored_problems(r: Recipe) -> list[tuple[str, str]]:
             )
         )
     return out
+
+
+def declared_kv_problems(r: Recipe, declared: str | None, where: str) -> list[tuple[str, str]]:
+    """kv_cache none on a checkpoint (at `where`) that declares a KV-cache format, where the engine
+    runs that format under the setting none is served with (KV_FROM_CHECKPOINT): the recipe would
+    plan a 16-bit cache the server does not hold, so it is refused with the kv_cache that says what
+    runs. `declared`: trtkv.checkpoints.declared_kv_algo."""
+    follows = KV_FROM_CHECKPOINT.get(r.build.backend)
+    if declared is None or follows is None or r.quantization.kv_cache is not KVCacheQuant.NONE:
+        return []
+    why, runs = follows
+    return [
+        (
+            "quantization.kv_cache",
+            f"none on build.backend {r.build.backend.value}, but the checkpoint {where} declares "
+            f"a KV cache of {declared}: {why}, so the server would hold that, not the 16-bit "
+            f"cache kv_cache none plans. Use kv_cache {runs.value} (what it runs, planned as "
+            "such), or remove the checkpoint's KV declaration (hf_quant_config.json "
+            "kv_cache_quant_algo, config.json quantization_config kv_cache_scheme) for a 16-bit "
+            "cache",
+        )
+    ]
 
 
 def engine_unit_scale(r: Recipe) -> str | None:
