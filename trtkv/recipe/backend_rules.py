@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe.attention import SGLANG_ACCOUNTING_TEXT, Accounting
+from trtkv.recipe.auto_kv import SGLANG_AUTO, TRTLLM_AUTO, VLLM_AUTO, KVFromCheckpoint
 from trtkv.recipe.enums import Backend, KVCacheQuant, WeightQuant
 from trtkv.recipe.schema import Recipe
 
@@ -47,27 +48,6 @@ NO_KV_METHOD: dict[tuple[Backend, str], str] = {
         "(model_executor/layers/quantization/mxfp4.py Mxfp4Config.get_quant_method: 'MXFP4 "
         "attention layer is not implemented'), so no k/v scale is read and an FP8 KV cache runs "
         "at scale 1.0"
-    ),
-}
-
-
-# The backends whose engine, under the KV setting trtkv serves quantization.kv_cache none with (the
-# registry's none row: auto), runs the KV format a checkpoint declares rather than a 16-bit cache:
-# why, with where the engine's source says so, and the kv_cache that says what it then runs
-KV_FROM_CHECKPOINT: dict[Backend, tuple[str, KVCacheQuant]] = {
-    Backend.LLMAPI: (
-        "TensorRT-LLM's LLM API keeps the checkpoint's kv_cache_quant_algo under "
-        "kv_cache_config.dtype auto (llmapi/llm_utils.py ModelLoader._update_from_hf_quant_config "
-        "overrides it only for dtype fp8 and nvfp4) and runs FP8 KV at scale 1.0",
-        KVCacheQuant.FP8_CAST,
-    ),
-    Backend.VLLM: (
-        "vLLM 0.32 resolves --kv-cache-dtype auto to the checkpoint's declaration (a ModelOpt "
-        "kv_cache_quant_algo / kv_cache_scheme FP8: utils/torch_utils.py:457-530 "
-        "resolve_kv_cache_dtype_string, called at engine/arg_utils.py:2257; a compressed-tensors "
-        "kv_cache_scheme: model_executor/layers/attention/attention.py:287-291) and reads the "
-        "checkpoint's k/v scales",
-        KVCacheQuant.FP8,
     ),
 }
 
@@ -358,6 +338,8 @@ class BackendRow:
     wide_ep: bool = False
     # its DP on a dense model is replicas (vllm/engine/arg_utils.py: no external DP for non-MoE)
     dense_dp_replicas: bool = False
+    # the KV format a checkpoint declares that its engine runs under kv_cache none (auto)
+    kv_from_checkpoint: KVFromCheckpoint | None = None
 
 
 # fmt: off
@@ -369,6 +351,7 @@ BACKEND_ROWS: dict[Backend, BackendRow] = {
     Backend.LLMAPI: BackendRow(
         llmapi_problems, Accounting.EXACT, ("tensorrt_llm", "1.3"), TRTLLM_SPEED, True,
         "tensorrt_llm", scale_use="tensorrt_llm_pytorch", wide_ep=True,
+        kv_from_checkpoint=TRTLLM_AUTO,
     ),
     # the reference runtime reads the TensorRT-LLM checkpoint as the engine path does
     Backend.REFERENCE: BackendRow(
@@ -377,10 +360,12 @@ BACKEND_ROWS: dict[Backend, BackendRow] = {
     Backend.VLLM: BackendRow(
         vllm_problems, Accounting.VLLM, ("vllm", ""), SpeedEngine("vllm", "vLLM", False, 0.8),
         True, "vllm", scale_use="vllm", wide_ep=True, dense_dp_replicas=True,
+        kv_from_checkpoint=VLLM_AUTO,
     ),
     Backend.SGLANG: BackendRow(
         sglang_problems, Accounting.EXACT, ("sglang", ""), SpeedEngine("sglang", "SGLang", True),
         True, "sglang", accounting_text=SGLANG_ACCOUNTING_TEXT, wide_ep=True,
+        kv_from_checkpoint=SGLANG_AUTO,
     ),
 }
 # fmt: on
