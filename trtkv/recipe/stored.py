@@ -92,7 +92,7 @@ def stored_problems(r: Recipe) -> list[tuple[str, str]]:
                 f"{r.build.backend.value}: {why}. Use kv_cache {KVCacheQuant.FP8_CAST.value} (that "
                 f"FP8 cache at scale 1.0, said and priced as such, the weights served as stored "
                 f"with nothing to calibrate; `trtkv probe --formats fp8,fp8_cast` measures it), "
-                f"kv_cache none (16-bit), or {other}",
+                f"kv_cache none (16-bit, where the checkpoint declares no KV format), or {other}",
             )
         )
     return out
