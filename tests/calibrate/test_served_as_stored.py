@@ -129,20 +129,25 @@ def test_build_validation_reads_the_passed_on_checkpoint_as_the_recipe_stores_it
         validate_hf_checkpoint(checkpoint, load_recipe(recipe, ["model.checkpoint_quant=nvfp4"]))
 
 
-def test_kv_cache_none_on_a_checkpoint_declaring_fp8_kv_warns_at_build(
+def test_kv_cache_none_on_a_checkpoint_declaring_fp8_kv_is_refused_by_init_plan_and_build(
         fixtures: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     """TensorRT-LLM's LLM API keeps a checkpoint's kv_cache_quant_algo FP8 under kv_cache_config.dtype auto (only fp8
-    and nvfp4 override it), so kv_cache none there runs FP8 at 1.0 while plan priced 16 bits: build says so."""
+    and nvfp4 override it), so kv_cache none there would run FP8 at 1.0 while plan priced 16 bits: init, plan and
+    build's validation refuse it with fp8_cast, what it runs (on main init wrote it, plan priced bf16, build warned)."""
     monkeypatch.setenv("TRTKV_ENGINES", str(tmp_path / "engines"))
     recipe = tmp_path / "none.yaml"
-    _run(capsys, "init", "none", "--model", str(fixtures["modelopt_fp8"]), "--gpu", "H100-80GB", "--backend",
-         "llmapi", "--kv-cache", "none", "--output", str(recipe))
-    assert "kv_cache: none" in recipe.read_text()
+    args = ["init", "none", "--model", str(fixtures["modelopt_fp8"]), "--gpu", "H100-80GB", "--backend", "llmapi",
+            "--output", str(recipe)]
+    assert main([*args, "--kv-cache", "none"]) != 0
+    said = capsys.readouterr().err
+    assert "quantization.kv_cache (from --kv-cache none)" in said and "Use kv_cache fp8_cast" in said
+    assert not recipe.exists()
+    _run(capsys, *args)  # fp8_cast, the default init moves to here
+    assert main(["plan", str(recipe), "quantization.kv_cache=none"]) != 0
+    assert "declares a KV cache of FP8" in capsys.readouterr().err
     _run(capsys, "calibrate", str(recipe))
-    said = _run(capsys, "build", str(recipe))
-    assert "warning:" in said and "declares kv_cache_quant_algo FP8" in said and "quantization.kv_cache fp8_cast" in said
-    # the fp8_cast recipe the same checkpoint gets by default is not warned about
-    summary = validate_hf_checkpoint(tmp_path / "engines" / "none" / "checkpoint",
-                                     load_recipe(recipe, ["quantization.kv_cache=fp8_cast"]))
-    assert summary["warnings"] == []
+    checkpoint = tmp_path / "engines" / "none" / "checkpoint"
+    with pytest.raises(StageError, match=r"quantization.kv_cache: none on build.backend llmapi, but the checkpoint"):
+        validate_hf_checkpoint(checkpoint, load_recipe(recipe, ["quantization.kv_cache=none"]))
+    assert validate_hf_checkpoint(checkpoint, load_recipe(recipe))["kv_cache_quant_algo"] == "FP8"

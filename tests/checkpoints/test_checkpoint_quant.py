@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trtkv.checkpoints import read_model_facts
+from trtkv.checkpoints import declared_kv_algo, read_model_facts
 from trtkv.checkpoints.checkpoint_quant import read_checkpoint_quant
 from trtkv.checkpoints.hf_config_fields import ModelConfigError
 
@@ -128,3 +128,19 @@ def test_published_configs_keep_their_stored_price() -> None:
     assert ds is not None and ds.formats["experts"] == "fp8_block" and ds.formats["embeddings"] == "unquantized"
     oss = read_model_facts(CONFIGS / "gpt_oss_120b").quant
     assert oss is not None and oss.quantized == "experts" and oss.formats["attention"] == "unquantized"
+
+
+def test_the_kv_declaration_is_read_as_tensorrt_llm_reads_it(tmp_path: Path) -> None:
+    """Issue 51: hf_quant_config.json's kv_cache_quant_algo wins where present (its 'none'/'null' spellings: none), else what
+    config.json's quantization_config declares."""
+    folder = tmp_path
+    (folder / "hf_quant_config.json").write_text(json.dumps(
+        {"quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}))
+    assert declared_kv_algo(folder, "fp8 per tensor") == "FP8"
+    for spelling in ("none", "NULL", " ", None):
+        (folder / "hf_quant_config.json").write_text(json.dumps(
+            {"quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": spelling}}))
+        assert declared_kv_algo(folder, "fp8 per tensor") is None, spelling
+    (folder / "hf_quant_config.json").unlink()
+    assert declared_kv_algo(folder, "fp8 per tensor") == "fp8 per tensor"
+    assert declared_kv_algo(folder, None) is None

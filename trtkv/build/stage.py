@@ -58,8 +58,6 @@ def build(
             f"{' --force' if 'damaged' in made_for else ''}."
         )
     ckpt, info = backend.builder.prepare(recipe)
-    for warning in (info.get("hf_validation") or {}).get("warnings") or []:
-        log(f"warning: {warning}")
     log(
         f"build {recipe.name}: backend {recipe.build.backend.value}; "
         f"{backend.builder.kv_source_line(recipe)}"

@@ -40,7 +40,7 @@ SCALES_SHARD = "kv_cache_scales.safetensors"
 INDEX = "model.safetensors.index.json"
 ALTERNATIVES = (
     "serve it as stored with quantization.kv_cache fp8_cast (FP8 at scale 1.0, no calibration) "
-    "or none (16-bit KV), or another build.backend"
+    "or none (16-bit KV, where the checkpoint declares no KV format), or another build.backend"
 )
 # where the engine gives attention no KV-cache method for these weights (vLLM 0.32 sources)
 NO_KV_PLACE = {

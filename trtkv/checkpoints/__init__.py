@@ -6,13 +6,18 @@ attention as trtkv.recipe.attention names it, the one home of those facts), with
 (the file read as untrusted text, its fields checked), `hf_attention_layers` (each layer's attention
 from the config's fields) and `model_facts` (the facts' record), `params` (parameters counted from
 the shapes, bytes as stored), `checkpoint_quant` (a checkpoint's own quantization: formats per
-tensor group, the KV scheme it declares), `safetensors_headers` (the tensors a folder stores, from
-the headers alone) and `stored_weights` (bytes per tensor group as stored, or estimated).
+tensor group, the KV scheme it declares, declared_kv_algo as TensorRT-LLM reads it),
+`safetensors_headers` (the tensors a folder stores, from the headers alone) and `stored_weights`
+(bytes per tensor group as stored, or estimated).
 """
 
 from typing import TYPE_CHECKING
 
-from trtkv.checkpoints.checkpoint_quant import HF_QUANT_CONFIG, read_checkpoint_quant
+from trtkv.checkpoints.checkpoint_quant import (
+    HF_QUANT_CONFIG,
+    declared_kv_algo,
+    read_checkpoint_quant,
+)
 from trtkv.checkpoints.hf_config import read_model_facts
 from trtkv.checkpoints.hf_config_fields import config_file
 from trtkv.checkpoints.model_facts import ModelFacts, MoE
@@ -66,6 +71,7 @@ __all__ = [
     "CheckpointScales",
     "config_file",
     "count_parameters",
+    "declared_kv_algo",
     "DECODERS",
     "DEFAULT_SEQ_LEN",
     "gemma3_legacy_rope",

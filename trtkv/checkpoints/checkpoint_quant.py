@@ -32,6 +32,7 @@ HF_QUANT_CONFIG = "hf_quant_config.json"
 MAX_QUANT_CONFIG_BYTES = 16 * 1024 * 1024  # a per-layer MIXED_PRECISION list stays far below
 GROUPS = ("experts", "attention", "embeddings", "other")
 UNQUANTIZED = "unquantized"
+_ALGO_WORD = re.compile(r"[A-Za-z0-9_]{1,32}")  # a kv_cache_quant_algo as ModelOpt spells one
 # a module name of each group, matched against the checkpoint's ignore / exclude patterns
 _PROBES = {
     "experts": ("model.layers.0.mlp.experts.0.down_proj", "model.layers.0.mlp.experts"),
@@ -60,6 +61,22 @@ def kv_algo_words(algo: str) -> str | None:
     if row is None or row.storage is None:
         return None
     return row.name if row.storage.group_size else f"{row.name} per tensor"
+
+
+def declared_kv_algo(folder: Path, declared: str | None) -> str | None:
+    """The KV-cache format the checkpoint in `folder` declares, as TensorRT-LLM's LLM API reads it
+    (llmapi/llm_utils.py ModelLoader._update_from_hf_quant_config): hf_quant_config.json's
+    kv_cache_quant_algo where that file is present (ModelOpt's spellings of none: none, null, ""),
+    else `declared`, what config.json's quantization_config declares (StoredQuant.kv_cache; vLLM
+    0.32 reads that one first, ModelOpt writes the two alike); None: no KV quantization."""
+    data = _hf_quant_config(folder)
+    if data is None:
+        return declared
+    body = data.get("quantization")
+    algo = body.get("kv_cache_quant_algo") if isinstance(body, dict) else None
+    if not isinstance(algo, str) or algo.strip().lower() in ("none", "null", ""):
+        return None
+    return algo.strip() if _ALGO_WORD.fullmatch(algo.strip()) else _word(algo)
 
 
 def read_checkpoint_quant(quant: Any, folder: Path | None, notes: list[str]) -> StoredQuant | None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtkv.core.errors import StageError, TrtkvError
-from trtkv.recipe import KVCacheQuant, WeightQuant
+from trtkv.recipe import WeightQuant
 from trtkv.recipe.layout import HF, HF_CONFIG
 
 if TYPE_CHECKING:
@@ -292,8 +292,10 @@ def _check_stored_quant(
     its own files, is the recipe's model.checkpoint_quant; a KV cache with scales (fp8) needs the
     checkpoint to declare them, any other KV format is set by the engine's KV dtype, whatever the
     checkpoint declares (TensorRT-LLM's PyTorch backend runs an FP8 KV cache at scale 1.0,
-    trtkv.runtime.hf_checkpoint). The (stored format, declared KV algo)."""
-    from trtkv.checkpoints.checkpoint_quant import read_checkpoint_quant
+    trtkv.runtime.hf_checkpoint), but for kv_cache none, which the engine may run in the declared
+    format (trtkv.recipe.stored.declared_kv_problems). The (stored format, declared KV algo)."""
+    from trtkv.checkpoints.checkpoint_quant import declared_kv_algo, read_checkpoint_quant
+    from trtkv.recipe import declared_kv_problems
 
     want = recipe.model.checkpoint_quant or ""
     parts = [config, config.get("text_config")]
@@ -324,30 +326,12 @@ def _check_stored_quant(
             f"{hf_dir}: declares no KV-cache scales, but recipe quantization.kv_cache = "
             f"{recipe.quantization.kv_cache.value!r} serves the scales the checkpoint carries"
         )
-    if not (hf_dir / QUANT_CONFIG).is_file():  # TensorRT-LLM reads this file first, if present
-        return got, declared
-    body = (_load_json(hf_dir / QUANT_CONFIG, problems) or {}).get("quantization")
-    kv_algo = body.get("kv_cache_quant_algo") if isinstance(body, dict) else None
-    # ModelOpt's spellings of no KV quantization, as TensorRT-LLM reads them
-    none = not isinstance(kv_algo, str) or kv_algo.strip().lower() in ("none", "null", "")
-    return got, None if none else kv_algo
-
-
-def stored_kv_warnings(hf_dir: Path, recipe: Recipe, kv_algo: str | None) -> list[str]:
-    """kv_cache none on a checkpoint that declares a KV-cache format: TensorRT-LLM's LLM API runs
-    that format anyway. Its kv_cache_config.dtype overrides the checkpoint's kv_cache_quant_algo
-    only for fp8 and nvfp4; auto, float16 and bfloat16 leave it in force
-    (llmapi/llm_utils.py ModelLoader._update_from_hf_quant_config), so no dtype gives this
-    checkpoint a 16-bit cache while plan prices one."""
-    if kv_algo is None or recipe.quantization.kv_cache is not KVCacheQuant.NONE:
-        return []
-    return [
-        f"{hf_dir}: the checkpoint declares kv_cache_quant_algo {kv_algo}, and TensorRT-LLM's LLM "
-        "API follows it under kv_cache_config.dtype auto (it overrides the checkpoint only for "
-        f"fp8 and nvfp4): the server runs a {kv_algo} KV cache at scale 1.0, not the 16-bit one "
-        "recipe quantization.kv_cache none planned. Next: quantization.kv_cache fp8_cast (what "
-        "it runs, priced as such)."
+    kv_algo = declared_kv_algo(hf_dir, declared)  # as TensorRT-LLM reads it
+    problems += [
+        f"{hf_dir}: recipe {where}: {msg}"
+        for where, msg in declared_kv_problems(recipe, kv_algo, str(hf_dir))
     ]
+    return got, kv_algo
 
 
 def validate_hf_checkpoint(ckpt_dir: Path | str, recipe: Recipe) -> dict[str, Any]:
@@ -439,9 +423,5 @@ def validate_hf_checkpoint(ckpt_dir: Path | str, recipe: Recipe) -> dict[str, An
         "k_scales": k_scales,
         "v_scales": v_scales,
         "tensors": len(tensors),
-        **(
-            {"stored": weight_algo, "warnings": stored_kv_warnings(hf_dir, recipe, kv_algo)}
-            if stored
-            else {}
-        ),
+        **({"stored": weight_algo} if stored else {}),
     }

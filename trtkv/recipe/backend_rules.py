@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe.attention import SGLANG_ACCOUNTING_TEXT, Accounting
+from trtkv.recipe.auto_kv import SGLANG_AUTO, TRTLLM_AUTO, VLLM_AUTO, KVFromCheckpoint
 from trtkv.recipe.engine_columns import ScaleUse, SpeedEngine
 from trtkv.recipe.enums import Backend, KVCacheQuant, WeightQuant
 from trtkv.recipe.schema import Recipe
@@ -338,6 +339,8 @@ class BackendRow:
     wide_ep: bool = False
     # its DP on a dense model is replicas (vllm/engine/arg_utils.py: no external DP for non-MoE)
     dense_dp_replicas: bool = False
+    # the KV format a checkpoint declares that its engine runs under kv_cache none (auto)
+    kv_from_checkpoint: KVFromCheckpoint | None = None
 
 
 # fmt: off
@@ -355,6 +358,7 @@ BACKEND_ROWS: dict[Backend, BackendRow] = {
                            "TensorRT-LLM PyTorch backend: FP8 KV with scale 1.0"),
         no_disk_tier="TensorRT-LLM's disk tier (kv_cache_config.disk_cache_size, disk_cache_path) "
         "arrives after 1.2.1 (first in 1.3.0rc27's KvCacheConfig); trtkv's matrix serves 1.2.1",
+        kv_from_checkpoint=TRTLLM_AUTO,
     ),
     # the reference runtime reads the TensorRT-LLM checkpoint as the engine path does
     Backend.REFERENCE: BackendRow(
@@ -368,11 +372,13 @@ BACKEND_ROWS: dict[Backend, BackendRow] = {
                            "vLLM: separate per-layer k_scale/v_scale = amax/448, unclamped"),
         no_disk_tier="vLLM 0.32.0's disk tier (the tiering spec's fs tier) takes a directory and "
         "no size, through --kv-transfer-config",
+        kv_from_checkpoint=VLLM_AUTO,
     ),
     Backend.SGLANG: BackendRow(
         sglang_problems, Accounting.EXACT, ("sglang", ""), SpeedEngine("sglang", "SGLang", True),
         True, "sglang", accounting_text=SGLANG_ACCOUNTING_TEXT, wide_ep=True,
         no_disk_tier="SGLang 0.5.23's HiCache file storage backend takes a directory and no size",
+        kv_from_checkpoint=SGLANG_AUTO,
     ),
 }
 # fmt: on

@@ -40,6 +40,8 @@ class Settings:
     attention_dp: int = 1
     # field -> why init moved it off its default (a comment)
     why: dict[str, str] = field(default_factory=dict)
+    # the KV format the model's checkpoint declares and its folder (trtkv.recipe.stored)
+    checkpoint_kv: tuple[str | None, str] = (None, "")
 
     @property
     def input_len(self) -> int:
@@ -106,10 +108,13 @@ def settle(
     """Render and check until the engine accepts the recipe, moving each default the rules refuse
     where that field alone settles it; otherwise a refusal of what is left (a moved field's problem
     as it was before the move)."""
+    from trtkv.recipe.stored import declared_kv_problems
+
     before: dict[str, str] = {}  # field -> the problem that made init move it
     for _attempt in range(3):
         text = render(s)
         recipe, problems = check(name, out, text)
+        problems += declared_kv_problems(recipe, *s.checkpoint_kv)
         if not problems:
             return text, recipe
         moved = [

@@ -3,14 +3,15 @@ its config.json quantization_config): its weights are used as stored (quantizati
 re-quantized only when a weights format is asked for and never into one as large or larger, and a
 calibrated KV cache only where the engine reads KV scales beside those weights; where the engine
 runs an FP8 KV cache at scale 1.0 whatever scales the checkpoint holds (engine_unit_scale), the plan
-says so and prices the cache as fp8_cast."""
+says so and prices the cache as fp8_cast; kv_cache none is refused where the engine would run the
+KV format the checkpoint declares instead (declared_kv_problems)."""
 
 from __future__ import annotations
 
 import re
 
 from trtkv.kvcache.engines import load_table
-from trtkv.recipe.backend_rules import NO_KV_METHOD
+from trtkv.recipe.backend_rules import BACKEND_ROWS, NO_KV_METHOD
 from trtkv.recipe.engine_formats import TABLE_ENGINE
 from trtkv.recipe.enums import Backend, KVCacheQuant, WeightQuant
 from trtkv.recipe.schema import Recipe
@@ -91,10 +92,34 @@ def stored_problems(r: Recipe) -> list[tuple[str, str]]:
                 f"{r.build.backend.value}: {why}. Use kv_cache {KVCacheQuant.FP8_CAST.value} (that "
                 f"FP8 cache at scale 1.0, said and priced as such, the weights served as stored "
                 f"with nothing to calibrate; `trtkv probe --formats fp8,fp8_cast` measures it), "
-                f"kv_cache none (16-bit), or {other}",
+                f"kv_cache none (16-bit, where the checkpoint declares no KV format), or {other}",
             )
         )
     return out
+
+
+def declared_kv_problems(r: Recipe, declared: str | None, where: str) -> list[tuple[str, str]]:
+    """kv_cache none on a checkpoint (at `where`) that declares a KV-cache format, where the engine
+    runs that format under the setting none is served with (BackendRow.kv_from_checkpoint): the
+    recipe would plan a 16-bit cache the server does not hold, so it is refused with the kv_cache
+    that says what runs. `declared`: trtkv.checkpoints.declared_kv_algo."""
+    follows = BACKEND_ROWS[r.build.backend].kv_from_checkpoint
+    if declared is None or follows is None or r.quantization.kv_cache is not KVCacheQuant.NONE:
+        return []
+    runs = follows.runs.get(declared.split(" ")[0].lower())
+    if runs is None or declared.lower() in follows.ignored:
+        return []
+    return [
+        (
+            "quantization.kv_cache",
+            f"none on build.backend {r.build.backend.value}, but the checkpoint {where} declares "
+            f"a KV cache of {declared}: {follows.why}, so the server would hold that, not the "
+            f"16-bit cache kv_cache none plans. Use kv_cache {runs.value} (what it runs, planned "
+            "as such), or remove the checkpoint's KV declaration (hf_quant_config.json "
+            "kv_cache_quant_algo, config.json quantization_config kv_cache_scheme) for a 16-bit "
+            "cache",
+        )
+    ]
 
 
 def engine_unit_scale(r: Recipe) -> str | None:
