@@ -108,17 +108,6 @@ def _hf(recipe: Recipe) -> Path:
     return checkpoint_dir(recipe) / HF
 
 
-def memory_args(recipe: Recipe) -> list[str]:
-    """--mem-fraction-static (SGLang 0.5.23's computed default resolved when the recipe leaves it
-    unset) and --max-total-tokens when triton.kv_pool_gib_per_gpu caps the pool: the values trtkv's
-    plan used."""
-    knobs = sglang_knobs(recipe)
-    args = [str(knobs.flag), f"{knobs.value:g}"]
-    if knobs.cap_flag is not None and knobs.cap_value is not None:
-        args += [knobs.cap_flag, str(knobs.cap_value)]
-    return args
-
-
 def server_args(recipe: Recipe, hf_dir: Path, host: str, scales: Path | None = None) -> list[str]:
     """SGLang's launch_server arguments (shared by `docker run` and the deploy files); `scales`
     defaults to the engine folder where the server reads it (a container:
@@ -142,7 +131,9 @@ def server_args(recipe: Recipe, hf_dir: Path, host: str, scales: Path | None = N
         "--chunked-prefill-size",
         str(sglang_chunk(recipe)),
         "--enable-metrics",
-        *memory_args(recipe),
+        # --mem-fraction-static (the default resolved) and the --max-total-tokens cap: the values
+        # trtkv's plan used
+        *sglang_knobs(recipe).args(),
         *sglang_tier_args(recipe),  # the host KV tier (HiCache)
     ]
     if not prefix_cache(recipe).enabled:  # on is SGLang's default and has no flag of its own

@@ -34,9 +34,6 @@ class Source:
     lines: str
     at: str
 
-    def cite(self) -> str:
-        return f"{self.file}:{self.lines} @ {self.at}"
-
 
 @dataclass(frozen=True)
 class NameRule:

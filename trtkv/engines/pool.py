@@ -20,18 +20,12 @@ from trtkv.platform.hardware import CUDA_CONTEXT_GIB
 if TYPE_CHECKING:
     from trtkv.recipe import Recipe
 
-MIB = 1024**2
-
-
 GIB = 1024**3
-
 
 # NCCL's NVLS buffers add ~2 GiB on NVSwitch systems ("Init torch distributed ends. mem usage=2.01
 # GB" on 8x H200, sgl-project/sglang PR #11716); on PCIe ~0.13 GiB (QwQ-32B on L4). Engine
 # constants, the same for every model.
 NCCL_NVSWITCH_GIB = 2.0
-
-
 NCCL_PCIE_GIB = 0.13
 
 
@@ -74,9 +68,6 @@ class PoolEstimate:
                 return t.bytes
         raise KeyError(name)
 
-    def has_term(self, name: str) -> bool:
-        return any(t.name == name for t in self.terms)
-
 
 def apply_bound(
     est: PoolEstimate, cap_bytes: float | None, pins: bool, block_bytes: float
@@ -117,6 +108,13 @@ class EngineKnobs:
     def pins(self) -> bool:
         """The engine takes the cap as the pool's size (vLLM) rather than as an upper bound."""
         return self.cap_flag == "--kv-cache-memory-bytes"
+
+    def args(self) -> list[str]:
+        """The served command's memory flags: the knob with its value, and the cap/pin when set."""
+        args = [str(self.flag), f"{self.value:g}"]
+        if self.cap_flag is not None and self.cap_value is not None:
+            args += [self.cap_flag, str(self.cap_value)]
+        return args
 
 
 @dataclass(frozen=True)
