@@ -36,7 +36,7 @@ from trtkv.backends.sglang_scales import (
     uses_scales_file,
     write_scales_file,
 )
-from trtkv.backends.vllm import VllmRunner
+from trtkv.backends.vllm import VllmRunner, VllmServing
 from trtkv.core.apikey import API_KEY_ENV
 from trtkv.core.errors import StageError
 from trtkv.core.files import strict_json
@@ -319,21 +319,14 @@ class SglangServer:
         return gpu_command(recipe, _hf(recipe)), {}
 
 
-class SglangServing:
-    records_versions = False
-    rank_processes = False
+class SglangServing(VllmServing):
     openai = SglangServer()
 
     def serves_locally(self, recipe: Recipe) -> bool:
         return False
 
-    def ranks(self, recipe: Recipe) -> int:
-        return 1
-
     def require_input(self, recipe: Recipe) -> None:
-        from trtkv.backends import llmapi
-
-        llmapi.SERVING.require_input(recipe)
+        super().require_input(recipe)
         if uses_scales_file(recipe) and not (engine_dir(recipe) / SCALES_FILE).is_file():
             raise StageError(
                 f"serve {recipe.name}: {engine_dir(recipe) / SCALES_FILE} is missing (SGLang's "
@@ -345,13 +338,7 @@ class SglangRunner(VllmRunner):
     """`trtkv generate` against the served SGLang: the same OpenAI /v1/completions request as
     vLLM's."""
 
-    def describe_local_generate(
-        self, recipe: Recipe, max_tokens: int, checkpoint: Path | None
-    ) -> str:
-        return (
-            "POST /v1/completions to the served SGLang "
-            f"({recipe.triton.host}:{recipe.triton.http_port}, greedy, {max_tokens} tokens)"
-        )
+    label = "SGLang"
 
 
 SERVING = SglangServing()

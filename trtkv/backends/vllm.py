@@ -33,7 +33,7 @@ from trtkv.backends.base import (
     log_text,
     tokens_pool,
 )
-from trtkv.backends.seam import EngineBackend, MemoryRule
+from trtkv.backends.seam import EngineBackend, MemoryRule, OpenAIServer
 from trtkv.backends.vllm_command import (
     SHM_GIB,
     VLLM_CPU_VERSION,
@@ -291,7 +291,7 @@ class VllmServer:
 class VllmServing:
     records_versions = False
     rank_processes = False  # one server process; vLLM starts its own workers
-    openai = VllmServer()
+    openai: OpenAIServer = VllmServer()
 
     def serves_locally(self, recipe: Recipe) -> bool:
         return recipe.hardware.gpu is GPU.CPU
@@ -306,11 +306,15 @@ class VllmServing:
 
 
 class VllmRunner(RefusingRunner):
+    """`trtkv generate` against the served OpenAI server: one greedy /v1/completions request."""
+
+    label = "vLLM"
+
     def describe_local_generate(
         self, recipe: Recipe, max_tokens: int, checkpoint: Path | None
     ) -> str:
         return (
-            "POST /v1/completions to the served vLLM "
+            f"POST /v1/completions to the served {self.label} "
             f"({recipe.triton.host}:{recipe.triton.http_port}, greedy, {max_tokens} tokens)"
         )
 
@@ -328,8 +332,8 @@ class VllmRunner(RefusingRunner):
             answer = request(url, body, timeout_s=120.0, max_bytes=GENERATE_BYTES)
         except OSError as exc:
             raise StageError(
-                f"generate {recipe.name}: vLLM does not answer at {url} ({exc}). Next: `trtkv "
-                f"serve {recipe.name}`."
+                f"generate {recipe.name}: {self.label} does not answer at {url} ({exc}). Next: "
+                f"`trtkv serve {recipe.name}`."
             ) from exc
         try:
             if answer.status == 200:
@@ -337,8 +341,8 @@ class VllmRunner(RefusingRunner):
         except (ValueError, KeyError, IndexError, TypeError):
             pass
         raise StageError(
-            f"generate {recipe.name}: vLLM at {url} answered HTTP {answer.status} without a "
-            f"completion: {answer.text[:200]!r}. Next: check the server log (`trtkv status "
+            f"generate {recipe.name}: {self.label} at {url} answered HTTP {answer.status} without "
+            f"a completion: {answer.text[:200]!r}. Next: check the server log (`trtkv status "
             f"{recipe.name}`)."
         )
 
