@@ -1,10 +1,7 @@
 """What every engine's memory rule shares: a pool's terms and estimate (`PoolEstimate`), the cap or
 pin bound, the flags a served engine gets (`EngineKnobs`), the pool a running engine reports
-(`ServedPool`), and the rule's signature (`PoolRule`, called with a `Sizing`).
-
-Each engine's rule, knobs, defaults, flags and read-back live in its own module beside this one
-(trtkv.engines.vllm, sglang, trtllm, reference); a backend names its engine's rule object in its
-`memory` (trtkv.backends.seam.MemoryRule), and the planner calls it (trtkv.plan.engine_pool).
+(`ServedPool`), and the rule's signature (`PoolRule`, called with a `Sizing`); each engine's own
+rule lives in its module beside this one (the package docstring).
 """
 
 from __future__ import annotations
