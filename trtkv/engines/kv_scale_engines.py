@@ -18,7 +18,7 @@ from trtkv.engines.kv_scale_findings import (
     Finding,
     span_layers,
 )
-from trtkv.engines.kv_scale_loaders import EngineScales
+from trtkv.engines.kv_scale_loaders import EngineScales, Loader
 
 
 def value_class(values: tuple[float, ...]) -> str:
@@ -63,19 +63,19 @@ def engine_verdict(engine: EngineScales, ckpt: CheckpointScales) -> EngineVerdic
     for t in ckpt.tensors:
         by_layer.setdefault(t.layer, []).append(t)
     for i in sorted(set(by_layer) | set(ckpt.kv_layers)):
-        layers.append(_engine_layer(engine, loader.rules, i, by_layer.get(i, [])))
+        layers.append(_engine_layer(engine, loader, i, by_layer.get(i, [])))
     return EngineVerdict(
         engine.engine, engine.version, True, loader.description, _summary(layers), tuple(layers)
     )
 
 
 def _engine_layer(
-    engine: EngineScales, rules: tuple, layer: int, tensors: list[ScaleTensor]
+    engine: EngineScales, loader: Loader, layer: int, tensors: list[ScaleTensor]
 ) -> EngineLayer:
     loaded: dict[str, tuple[float, ...]] = {}
     dropped, crash, warning, unused, unknown = [], None, None, False, []
     for t in tensors:
-        rule = next(r for r in rules if r.match.search(t.name))
+        rule = loader.rule_for(t.name)
         if rule.then == "load":
             loaded.setdefault(rule.kind_for(t.name, t.kind), t.values)
         elif rule.then == "not_modelled":

@@ -125,14 +125,6 @@ def engine_scales() -> tuple[EngineScales, ...]:
     return tuple(_engine(row) for row in doc["engines"])
 
 
-def engine_named(name: str) -> EngineScales:
-    for row in engine_scales():
-        if row.engine == name:
-            return row
-    names = ", ".join(r.engine for r in engine_scales())
-    raise TrtkvError(f"engine {name!r} is unknown. Allowed: {names}.")
-
-
 def _engine(row: dict) -> EngineScales:
     where = f"{TABLE_PATH}: engine {row.get('engine')!r}"
     if row.get("reads") not in FORMATS:
