@@ -361,12 +361,6 @@ def _one_token(recipe: Recipe) -> int:
     return 1  # SGLang's token pool: one slot per token at page_size 1
 
 
-def _prefill_step(recipe: Recipe) -> int:
-    """Tokens per prefill step as trtkv's command sets it: --chunked-prefill-size, the recipe's
-    max_num_tokens."""
-    return sglang_chunk(recipe)
-
-
 BACKEND = EngineBackend(
     Backend.SGLANG,
     SglangBuilder(),
@@ -378,7 +372,7 @@ BACKEND = EngineBackend(
         sglang_recipe_pool,
         sglang_knobs,
         block_tokens=_one_token,
-        step_tokens=_prefill_step,
+        step_tokens=sglang_chunk,  # tokens per prefill step: --chunked-prefill-size
         served=served_pool,
         batch_limit=sglang_batch_limit,
         tokens=sglang_token_unit,
