@@ -29,6 +29,7 @@ from trtkv.backends.base import (
     openai_docker_run,
     tokens_pool,
 )
+from trtkv.backends.llmapi_args import hf_checkpoint_dir
 from trtkv.backends.seam import EngineBackend, MemoryRule
 from trtkv.backends.sglang_scales import (
     SCALES_FILE,
@@ -60,7 +61,6 @@ from trtkv.recipe import Backend, Recipe
 from trtkv.recipe.layout import (
     HF,
     Artifacts,
-    checkpoint_dir,
     container_artifacts,
     engine_dir,
     kv_cache_quant_algo,
@@ -102,10 +102,6 @@ def kv_cache_dtype(recipe: Recipe) -> str:
 
 def served_model_name(recipe: Recipe) -> str:
     return recipe.name
-
-
-def _hf(recipe: Recipe) -> Path:
-    return checkpoint_dir(recipe) / HF
 
 
 def server_args(recipe: Recipe, hf_dir: Path, host: str, scales: Path | None = None) -> list[str]:
@@ -183,7 +179,7 @@ def gpu_command(recipe: Recipe, hf_dir: Path) -> list[str]:
 def reads(recipe: Recipe) -> list[Path]:
     """The host folders the server reads: the HF export, and the engine folder for the scales
     file."""
-    return [_hf(recipe), engine_dir(recipe)] if uses_scales_file(recipe) else [_hf(recipe)]
+    return [hf_checkpoint_dir(recipe)] + ([engine_dir(recipe)] if uses_scales_file(recipe) else [])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -316,7 +312,7 @@ class SglangServer:
     def here(self, recipe: Recipe, *, check: bool = True) -> tuple[list[str], dict[str, str]]:
         """The container: trtkv never serves SGLang on this machine's CPU (backend_rules refuses
         hardware.gpu cpu)."""
-        return gpu_command(recipe, _hf(recipe)), {}
+        return gpu_command(recipe, hf_checkpoint_dir(recipe)), {}
 
 
 class SglangServing(VllmServing):

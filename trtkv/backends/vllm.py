@@ -33,6 +33,7 @@ from trtkv.backends.base import (
     log_text,
     tokens_pool,
 )
+from trtkv.backends.llmapi_args import hf_checkpoint_dir
 from trtkv.backends.seam import EngineBackend, MemoryRule, OpenAIServer
 from trtkv.backends.vllm_command import (
     SHM_GIB,
@@ -83,10 +84,6 @@ NIXL = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'
 
 # ---------------------------------------------------------------------------------------------
 # The backend's parts
-
-
-def _hf(recipe: Recipe) -> Path:
-    return checkpoint_dir(recipe) / HF
 
 
 def _prepare_compressed_tensors(recipe: Recipe) -> tuple[Path, dict[str, Any]]:
@@ -262,7 +259,7 @@ class VllmServer:
         return dp_node_commands(recipe, served_artifacts(recipe).hf, host, gpus_per_node)
 
     def reads(self, recipe: Recipe) -> list[Path]:
-        return [_hf(recipe)]
+        return [hf_checkpoint_dir(recipe)]
 
     def served_model(self, recipe: Recipe, at: Artifacts | None = None) -> str:
         return served_model_name(recipe)
@@ -275,7 +272,7 @@ class VllmServer:
     def here(self, recipe: Recipe, *, check: bool = True) -> tuple[list[str], dict[str, str]]:
         """(command, extra environment) that `trtkv serve` runs here: the CPU server, or the
         container."""
-        hf = _hf(recipe)
+        hf = hf_checkpoint_dir(recipe)
         if recipe.hardware.gpu is not GPU.CPU:
             return gpu_command(recipe, hf), {}
         python = vllm_python()
