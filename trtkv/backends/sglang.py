@@ -38,6 +38,7 @@ from trtkv.backends.sglang_scales import (
     write_scales_file,
 )
 from trtkv.backends.vllm import VllmRunner, VllmServing
+from trtkv.backends.vllm_command import served_model_name  # /v1/models' name, as vLLM's
 from trtkv.core.apikey import API_KEY_ENV
 from trtkv.core.errors import StageError
 from trtkv.core.files import strict_json
@@ -98,10 +99,6 @@ def kv_cache_dtype(recipe: Recipe) -> str:
             "SGLang serves."
         )
     return value
-
-
-def served_model_name(recipe: Recipe) -> str:
-    return recipe.name
 
 
 def server_args(recipe: Recipe, hf_dir: Path, host: str, scales: Path | None = None) -> list[str]:
