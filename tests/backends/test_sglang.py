@@ -40,7 +40,7 @@ def test_the_recipe_serves_fp8_kv_with_the_checkpoints_scales_on_four_gpus() -> 
     assert recipe.build.backend is Backend.SGLANG and BACKENDS[Backend.SGLANG] is sglang.BACKEND
     backend = for_recipe(recipe)
     assert backend.repo is None and backend.layout == "openai" and not backend.serving.serves_locally(recipe)
-    cmd = sglang.gpu_command(recipe, sglang._hf(recipe))
+    cmd = sglang.gpu_command(recipe, sglang.hf_checkpoint_dir(recipe))
     i = cmd.index(sglang.SGLANG_IMAGE)
     assert cmd[:2] == ["docker", "run"] and cmd[i + 1:i + 4] == ["python3", "-m", "sglang.launch_server"]
     assert all(cmd[j + 1].endswith(":ro") for j, t in enumerate(cmd) if t == "-v") and "--ipc=host" not in cmd
@@ -53,7 +53,7 @@ def test_the_recipe_serves_fp8_kv_with_the_checkpoints_scales_on_four_gpus() -> 
 
 def test_weights_none_hands_the_scales_over_as_sglangs_json() -> None:
     recipe = load_recipe(RECIPE, ["quantization.weights=none"])
-    args = sglang.server_args(recipe, sglang._hf(recipe), "0.0.0.0")
+    args = sglang.server_args(recipe, sglang.hf_checkpoint_dir(recipe), "0.0.0.0")
     assert flag(args, "--quantization-param-path").endswith(f"engine/{sglang_scales.SCALES_FILE}")
     assert sglang.engine_dir(recipe) in sglang.SglangServer().reads(recipe)  # deployments mount it
     assert flag(sglang.server_args(load_recipe(RECIPE, ["quantization.kv_cache=none"]), Path("/m"), "h"),

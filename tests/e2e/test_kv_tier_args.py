@@ -67,8 +67,8 @@ def test_vllm_reads_the_tier_as_the_bytes_trtkv_deploys() -> None:
     if not py.is_file():
         pytest.skip(f"needs vLLM's side venv at {py} (make install-vllm)")
     r = load_recipe(RECIPES / "llama70b_fp8kv_sglang.yaml", ["build.backend=vllm", f"{TIER}=100"])
-    agg = after(vllm_command.gpu_command(r, vllm._hf(r)), vllm_command.VLLM_IMAGE)
-    prefill = vllm.VllmDynamo().args(r, vllm._hf(r), "prefill", "/config")
+    agg = after(vllm_command.gpu_command(r, vllm.hf_checkpoint_dir(r)), vllm_command.VLLM_IMAGE)
+    prefill = vllm.VllmDynamo().args(r, vllm.hf_checkpoint_dir(r), "prefill", "/config")
     got = read(py, VLLM_READ, [agg, prefill], "vllm")
     # one engine of TP 4: vLLM's GiB summed over the ranks, pinned as 100 x 2**30 bytes
     assert got[0]["size"] == 100 and got[0]["backend"] == "native" and got[0]["numa"] is False
@@ -84,7 +84,7 @@ def test_vllm_reads_the_tier_as_the_bytes_trtkv_deploys() -> None:
 @pytest.mark.skipif(not SGLANG_PY.is_file(), reason=f"{SGLANG_PY} is missing: `make install-sglang`")
 def test_sglang_reads_the_tier_in_whole_gb_per_rank() -> None:
     r = load_recipe(RECIPES / "llama70b_fp8kv_sglang.yaml", [f"{TIER}=100"])
-    cmd = sglang.gpu_command(r, sglang._hf(r))
+    cmd = sglang.gpu_command(r, sglang.hf_checkpoint_dir(r))
     got = read(SGLANG_PY, SGLANG_READ, [after(cmd, "sglang.launch_server")], "sglang")
     # 100 GiB over 4 ranks = 26.8e9 bytes each: SGLang takes whole GB (1e9) per rank
     assert got == [{"on": True, "gb": 26, "tp": 4}]

@@ -85,7 +85,7 @@ def test_vllm_parses_every_parallel_command_trtkv_writes(tmp_path: Path) -> None
     one = moe_recipe(tmp_path, "vllm", 8, "build.ep_size=8", "build.attention_dp_size=4")
     two = moe_recipe(tmp_path, "vllm", 16, "build.tp_size=16", "build.pp_size=1", "build.ep_size=16",
                      "build.attention_dp_size=8", "hardware.gpus_per_node=8")
-    argvs = [after(vllm_command.gpu_command(one, vllm._hf(one)), vllm_command.VLLM_IMAGE)]  # the image's entrypoint
+    argvs = [after(vllm_command.gpu_command(one, vllm.hf_checkpoint_dir(one)), vllm_command.VLLM_IMAGE)]  # the image's entrypoint
     out = deploy(two, Target.K8S, tmp_path / "k8s", log=lambda _m: None, options=Options(model_source="s3://my-bucket/x"))
     lws = next(d for p in sorted(out.glob("*.yaml")) for d in yaml.safe_load_all(p.read_text())
                if d and d["kind"] == "LeaderWorkerSet")
@@ -113,6 +113,6 @@ def test_vllm_parses_every_parallel_command_trtkv_writes(tmp_path: Path) -> None
 @pytest.mark.skipif(not SGLANG_PY.is_file(), reason=f"{SGLANG_PY} is missing: `make install-sglang`")
 def test_sglang_parses_its_parallel_command(tmp_path: Path) -> None:
     recipe = moe_recipe(tmp_path, "sglang", 8, "build.ep_size=8", "build.attention_dp_size=8")
-    cmd = sglang.gpu_command(recipe, sglang._hf(recipe))
+    cmd = sglang.gpu_command(recipe, sglang.hf_checkpoint_dir(recipe))
     got = parse(SGLANG_PY, SGLANG_PARSE, [after(cmd, "sglang.launch_server")], "sglang")
     assert got == [{"tp": 8, "attn_dp": 8, "ep": 8, "dp": 1}]

@@ -81,7 +81,8 @@ def test_every_sglang_command_trtkv_writes_parses_with_sglangs_parser(tmp_path: 
     argvs, wanted = [], []
     for i, (overrides, dtype, qpp) in enumerate(cases):
         recipe = load_recipe(RECIPE, overrides)
-        argvs += [launch_args(sglang.gpu_command(recipe, sglang._hf(recipe))), deploy_args(tmp_path / str(i), overrides)]
+        served = launch_args(sglang.gpu_command(recipe, sglang.hf_checkpoint_dir(recipe)))
+        argvs += [served, deploy_args(tmp_path / str(i), overrides)]
         wanted += [(recipe, dtype, qpp, None), (recipe, dtype, qpp, "the-key")]
     for p, (recipe, dtype, qpp, key) in zip(parse(argvs), wanted, strict=True):
         assert "error" not in p, p

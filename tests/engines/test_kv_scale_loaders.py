@@ -14,7 +14,7 @@ import pytest
 
 from tests.support import side_python
 from trtkv.core import paths
-from trtkv.engines.kv_scale_loaders import CLASSES, engine_named, engine_scales
+from trtkv.engines.kv_scale_loaders import CLASSES, EngineScales, engine_scales
 
 VALUES = {"positive": (0.05, 0.03), "zero": (0.0, 0.0), "negative": (-0.5, -0.5), "nan": ("nan", "nan"),
           "absent": (None, None)}
@@ -99,6 +99,10 @@ params = {f"model.layers.0.self_attn.attn.{k}_scale": None for k in "kv"}
 params |= {f"model.layers.0.self_attn.{p}.weight": None for p in ("qkv_proj", "o_proj")}
 print(json.dumps({n: maybe_remap_kv_scale_name(n, params) for n in names}))
 """
+
+
+def engine_named(name: str) -> EngineScales:
+    return next(row for row in engine_scales() if row.engine == name)
 
 
 def cases() -> dict[str, list]:

@@ -209,11 +209,11 @@ def test_every_vllm_command_trtkv_writes_for_an_engine_format_parses_with_vllms_
     argv, want = [], []
     for kv in [k.value for k in ENGINE_KV_FORMATS] + ["fp8", "none"]:
         recipe = load_recipe("llama70b_fp8kv", ["build.backend=vllm", f"quantization.kv_cache={kv}"])
-        cmd = vllm_command.gpu_command(recipe, vllm._hf(recipe))
+        cmd = vllm_command.gpu_command(recipe, vllm.hf_checkpoint_dir(recipe))
         argv.append(cmd[cmd.index("--model"):])
         want.append(engines.load_table().engine_rows(kv, "vllm")[0].value if kv != "none" else "auto")
     cpu = load_recipe("smollm2_fp8kv_vllm", ["quantization.kv_cache=fp8_cast"])
-    cmd = vllm_command.cpu_command(cpu, vllm._hf(cpu))
+    cmd = vllm_command.cpu_command(cpu, vllm.hf_checkpoint_dir(cpu))
     argv.append(cmd[cmd.index("--model"):])
     want.append("fp8")
     proc = side_python.run([str(py), "-c", PARSE_SERVER_ARGS], input=json.dumps(argv),

@@ -34,7 +34,7 @@ def test_vllm_on_h100_accepts_each_engine_format_and_serves_the_tables_value(kv:
     recipe = load_recipe("llama70b_fp8kv", [*GPU_VLLM, f"quantization.kv_cache={kv}"])
     want = engines.load_table().engine_rows(kv, "vllm")[0].value
     assert vllm_command.kv_cache_dtype(recipe) == want == ("fp8" if kv == "fp8_cast" else kv)
-    args = vllm_command.gpu_command(recipe, vllm._hf(recipe))
+    args = vllm_command.gpu_command(recipe, vllm.hf_checkpoint_dir(recipe))
     assert args[args.index("--kv-cache-dtype") + 1] == want
     assert kv_cache_quant_algo(recipe) is None  # no KV quantization in the export: nothing calibrated
     assert vllm.BACKEND.builder.kv_source_line(recipe).startswith(f"KV cache: {kv}, from vLLM --kv-cache-dtype {want} ")

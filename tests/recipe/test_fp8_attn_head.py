@@ -68,7 +68,7 @@ def test_fp8_weights_are_refused_with_why() -> None:
 def test_serve_command_takes_the_tables_value() -> None:
     recipe = load_recipe(RECIPE)
     want = engines.load_table().engine_rows("fp8_attn_head", "vllm")[0].value
-    args = vllm_command.gpu_command(recipe, vllm._hf(recipe))
+    args = vllm_command.gpu_command(recipe, vllm.hf_checkpoint_dir(recipe))
     assert want == "fp8" and args[args.index("--kv-cache-dtype") + 1] == want
     assert args[args.index("--tensor-parallel-size") + 1] == "4"
     assert "per-(layer, KV head) k_scale/v_scale" in vllm.BACKEND.builder.kv_source_line(recipe)
@@ -101,10 +101,10 @@ def test_the_serve_and_dynamo_arguments_parse_with_vllms_own_parser() -> None:
     if not py.is_file():
         pytest.skip(f"needs vLLM's side venv at {py} (make install-vllm)")
     recipe = load_recipe(RECIPE)
-    cmd = vllm_command.gpu_command(recipe, vllm._hf(recipe))
+    cmd = vllm_command.gpu_command(recipe, vllm.hf_checkpoint_dir(recipe))
     dynamo = vllm.BACKEND.dynamo
     assert dynamo is not None
-    argv = [cmd[cmd.index("--model"):], dynamo.args(recipe, vllm._hf(recipe), "decode", "/cfg")]
+    argv = [cmd[cmd.index("--model"):], dynamo.args(recipe, vllm.hf_checkpoint_dir(recipe), "decode", "/cfg")]
     proc = side_python.run([str(py), "-c", PARSE_SERVER_ARGS], input=json.dumps(argv),
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -175,20 +175,7 @@ def docker_command(recipe: Recipe, repo: Path) -> list[str]:
     answer).
     """
     t = recipe.triton
-    cmd = [
-        "docker",
-        "run",
-        "--rm",
-        "--gpus",
-        "all",
-        f"--shm-size={TRITON_SHM_GIB}g",
-        "--ulimit",
-        "memlock=-1",
-        "--ulimit",
-        "stack=67108864",
-        "--name",
-        container_name(recipe),
-    ]
+    cmd = _docker_run(recipe, TRITON_SHM_GIB)
     for port in (t.http_port, t.grpc_port, t.metrics_port):
         cmd += ["-p", f"{t.host}:{port}:{port}"]
     # docker's health check is the real one-token inference (Triton answers "ready" with a dead
@@ -198,6 +185,14 @@ def docker_command(recipe: Recipe, repo: Path) -> list[str]:
     reads = [f for f in triton_reads(recipe) if f != host_artifacts(recipe).repo]
     cmd += [*volume_args(recipe, reads), "-v", f"{repo}:{box.repo}:ro", container_image(recipe)]
     return cmd + gpu_command(recipe, box.repo, host=CONTAINER_BIND)
+
+
+def _docker_run(recipe: Recipe, shm_gib: int) -> list[str]:
+    """The head of `docker run` of the Triton TensorRT-LLM image: removed on exit, every GPU, its
+    /dev/shm, the image's recommended ulimits, named trtkv-<recipe>."""
+    ulimits = ["--ulimit", "memlock=-1", "--ulimit", "stack=67108864"]
+    head = ["docker", "run", "--rm", "--gpus", "all", f"--shm-size={shm_gib}g", *ulimits]
+    return [*head, "--name", container_name(recipe)]
 
 
 def _interface(recipe: Recipe) -> ModelInterface:
@@ -263,18 +258,7 @@ def trtllm_serve_docker_command(recipe: Recipe) -> list[str]:
     server = trtllm_serve_server(recipe)
     model = server.served_model(recipe)
     cmd = [
-        "docker",
-        "run",
-        "--rm",
-        "--gpus",
-        "all",
-        f"--shm-size={server.shm_gib}g",
-        "--ulimit",
-        "memlock=-1",
-        "--ulimit",
-        "stack=67108864",
-        "--name",
-        container_name(recipe),
+        *_docker_run(recipe, server.shm_gib),
         "-p",
         f"{t.host}:{t.http_port}:{t.http_port}",
         *docker_health_args(canary_script(t.http_port, openai_model=model), t.startup_timeout_s),

@@ -85,22 +85,35 @@ def _hf_settings(recipe: Recipe, ckpt: Path, hf: Path, tmp: Path) -> dict[str, A
             f"allowed here: fp8, none. Next: `trtkv calibrate {recipe.name} --force`, or set "
             "quantization.kv_cache to fp8 or none."
         )
+    return _settings(
+        recipe,
+        ckpt,
+        # the relative path is used when the engines folder has moved
+        {"hf_checkpoint": str(hf), "hf_checkpoint_relative": os.path.relpath(hf, tmp)},
+        {},
+        "TensorRT-LLM PyTorch backend on the HF export: FP8 KV with scale 1.0 (the exported "
+        "k_scale/v_scale, amax/448, are kept for kv_format fp8: vLLM's semantics)",
+    )
+
+
+def _settings(
+    recipe: Recipe, ckpt: Path, read: dict[str, Any], config: dict[str, Any], semantics: str
+) -> dict[str, Any]:
+    """runtime.json: what the runtime reads (`read`, then the tokenizer, then `config`), the
+    recipe's limits and the KV scales' meaning."""
     tokenizer = _tokenizer_dir(recipe, ckpt)
     return {
         "backend": "reference",
-        "hf_checkpoint": str(hf),
-        # used when the engines folder has moved
-        "hf_checkpoint_relative": os.path.relpath(hf, tmp),
+        **read,
         "tokenizer": str(tokenizer) if tokenizer else None,
-        "kv_cache_quant_algo": algo,
+        **config,
+        "kv_cache_quant_algo": kv_cache_quant_algo(recipe),
         "max_seq_len": recipe.build.max_seq_len,
         "max_batch_size": recipe.build.max_batch_size,
         "max_num_tokens": recipe.build.max_num_tokens,
         "enable_chunked_context": recipe.chunked_context,
         "compute_dtype": "float32",
-        "kv_scale_semantics": "TensorRT-LLM PyTorch backend on the HF export: FP8 KV with scale "
-        "1.0 (the exported k_scale/v_scale, amax/448, are kept for kv_format fp8: vLLM's "
-        "semantics)",
+        "kv_scale_semantics": semantics,
         "activations": ACTIVATIONS_NOTE,
     }
 
@@ -116,9 +129,7 @@ def _build_reference(
             f"build: {ckpt} has no TensorRT-LLM checkpoint; the reference runtime reads the HF "
             f"export {hf}"
         )
-        settings = _hf_settings(recipe, ckpt, hf, tmp)
-        (tmp / RUNTIME_JSON).write_text(json.dumps(settings, indent=2) + "\n")
-        return _smoke(tmp, settings, log)
+        return _smoke(tmp, _hf_settings(recipe, ckpt, hf, tmp), log)
     hf_config = _hf_config_source(ckpt)
     if hf_config is not None:
         shutil.copyfile(hf_config, tmp / HF_CONFIG)
@@ -128,31 +139,25 @@ def _build_reference(
             "model config from the TensorRT-LLM config.json alone. Rerun `trtkv calibrate "
             f"{recipe.name} --force` to save one."
         )
-    tokenizer = _tokenizer_dir(recipe, ckpt)
-    settings = {
-        "backend": "reference",
-        "checkpoint": str(ckpt),
-        "checkpoint_relative": os.path.relpath(ckpt, tmp),  # used when the engines folder has moved
-        "tokenizer": str(tokenizer) if tokenizer else None,
-        "hf_config": HF_CONFIG if hf_config else None,
-        "hf_config_source": str(hf_config) if hf_config else None,
-        "kv_cache_quant_algo": kv_cache_quant_algo(recipe),
-        "max_seq_len": recipe.build.max_seq_len,
-        "max_batch_size": recipe.build.max_batch_size,
-        "max_num_tokens": recipe.build.max_num_tokens,
-        "enable_chunked_context": recipe.chunked_context,
-        "compute_dtype": "float32",
-        "kv_scale_semantics": "TensorRT-LLM <= 1.2: one per-layer kv_cache_scaling_factor shared "
-        "by K and V (dequantization multiplier; FP8 export clamps it to >= 1.0)",
-        "activations": ACTIVATIONS_NOTE,
-    }
-    (tmp / RUNTIME_JSON).write_text(json.dumps(settings, indent=2) + "\n")
+    settings = _settings(
+        recipe,
+        ckpt,
+        {"checkpoint": str(ckpt), "checkpoint_relative": os.path.relpath(ckpt, tmp)},
+        {
+            "hf_config": HF_CONFIG if hf_config else None,
+            "hf_config_source": str(hf_config) if hf_config else None,
+        },
+        "TensorRT-LLM <= 1.2: one per-layer kv_cache_scaling_factor shared by K and V "
+        "(dequantization multiplier; FP8 export clamps it to >= 1.0)",
+    )
     return _smoke(tmp, settings, log)
 
 
 def _smoke(tmp: Path, settings: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
+    """Write runtime.json, then load the runtime from `tmp` and decode one token as a check."""
     from trtkv.runtime import ReferenceRuntime
 
+    (tmp / RUNTIME_JSON).write_text(json.dumps(settings, indent=2) + "\n")
     runtime = ReferenceRuntime.load(tmp)
     prompt = [runtime.bos_token_id if runtime.bos_token_id is not None else 0]
     first = runtime.generate(prompt, max_tokens=1)

@@ -29,6 +29,7 @@ from trtkv.backends.base import (
     openai_docker_run,
     tokens_pool,
 )
+from trtkv.backends.llmapi_args import hf_checkpoint_dir
 from trtkv.backends.seam import EngineBackend, MemoryRule
 from trtkv.backends.sglang_scales import (
     SCALES_FILE,
@@ -36,7 +37,8 @@ from trtkv.backends.sglang_scales import (
     uses_scales_file,
     write_scales_file,
 )
-from trtkv.backends.vllm import VllmRunner
+from trtkv.backends.vllm import VllmRunner, VllmServing
+from trtkv.backends.vllm_command import served_model_name  # /v1/models' name, as vLLM's
 from trtkv.core.apikey import API_KEY_ENV
 from trtkv.core.errors import StageError
 from trtkv.core.files import strict_json
@@ -60,7 +62,6 @@ from trtkv.recipe import Backend, Recipe
 from trtkv.recipe.layout import (
     HF,
     Artifacts,
-    checkpoint_dir,
     container_artifacts,
     engine_dir,
     kv_cache_quant_algo,
@@ -100,25 +101,6 @@ def kv_cache_dtype(recipe: Recipe) -> str:
     return value
 
 
-def served_model_name(recipe: Recipe) -> str:
-    return recipe.name
-
-
-def _hf(recipe: Recipe) -> Path:
-    return checkpoint_dir(recipe) / HF
-
-
-def memory_args(recipe: Recipe) -> list[str]:
-    """--mem-fraction-static (SGLang 0.5.23's computed default resolved when the recipe leaves it
-    unset) and --max-total-tokens when triton.kv_pool_gib_per_gpu caps the pool: the values trtkv's
-    plan used."""
-    knobs = sglang_knobs(recipe)
-    args = [str(knobs.flag), f"{knobs.value:g}"]
-    if knobs.cap_flag is not None and knobs.cap_value is not None:
-        args += [knobs.cap_flag, str(knobs.cap_value)]
-    return args
-
-
 def server_args(recipe: Recipe, hf_dir: Path, host: str, scales: Path | None = None) -> list[str]:
     """SGLang's launch_server arguments (shared by `docker run` and the deploy files); `scales`
     defaults to the engine folder where the server reads it (a container:
@@ -142,7 +124,9 @@ def server_args(recipe: Recipe, hf_dir: Path, host: str, scales: Path | None = N
         "--chunked-prefill-size",
         str(sglang_chunk(recipe)),
         "--enable-metrics",
-        *memory_args(recipe),
+        # --mem-fraction-static (the default resolved) and the --max-total-tokens cap: the values
+        # trtkv's plan used
+        *sglang_knobs(recipe).args(),
         *sglang_tier_args(recipe),  # the host KV tier (HiCache)
     ]
     if not prefix_cache(recipe).enabled:  # on is SGLang's default and has no flag of its own
@@ -192,7 +176,7 @@ def gpu_command(recipe: Recipe, hf_dir: Path) -> list[str]:
 def reads(recipe: Recipe) -> list[Path]:
     """The host folders the server reads: the HF export, and the engine folder for the scales
     file."""
-    return [_hf(recipe), engine_dir(recipe)] if uses_scales_file(recipe) else [_hf(recipe)]
+    return [hf_checkpoint_dir(recipe)] + ([engine_dir(recipe)] if uses_scales_file(recipe) else [])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,24 +309,17 @@ class SglangServer:
     def here(self, recipe: Recipe, *, check: bool = True) -> tuple[list[str], dict[str, str]]:
         """The container: trtkv never serves SGLang on this machine's CPU (backend_rules refuses
         hardware.gpu cpu)."""
-        return gpu_command(recipe, _hf(recipe)), {}
+        return gpu_command(recipe, hf_checkpoint_dir(recipe)), {}
 
 
-class SglangServing:
-    records_versions = False
-    rank_processes = False
+class SglangServing(VllmServing):
     openai = SglangServer()
 
     def serves_locally(self, recipe: Recipe) -> bool:
         return False
 
-    def ranks(self, recipe: Recipe) -> int:
-        return 1
-
     def require_input(self, recipe: Recipe) -> None:
-        from trtkv.backends import llmapi
-
-        llmapi.SERVING.require_input(recipe)
+        super().require_input(recipe)
         if uses_scales_file(recipe) and not (engine_dir(recipe) / SCALES_FILE).is_file():
             raise StageError(
                 f"serve {recipe.name}: {engine_dir(recipe) / SCALES_FILE} is missing (SGLang's "
@@ -354,13 +331,7 @@ class SglangRunner(VllmRunner):
     """`trtkv generate` against the served SGLang: the same OpenAI /v1/completions request as
     vLLM's."""
 
-    def describe_local_generate(
-        self, recipe: Recipe, max_tokens: int, checkpoint: Path | None
-    ) -> str:
-        return (
-            "POST /v1/completions to the served SGLang "
-            f"({recipe.triton.host}:{recipe.triton.http_port}, greedy, {max_tokens} tokens)"
-        )
+    label = "SGLang"
 
 
 SERVING = SglangServing()
@@ -383,12 +354,6 @@ def _one_token(recipe: Recipe) -> int:
     return 1  # SGLang's token pool: one slot per token at page_size 1
 
 
-def _prefill_step(recipe: Recipe) -> int:
-    """Tokens per prefill step as trtkv's command sets it: --chunked-prefill-size, the recipe's
-    max_num_tokens."""
-    return sglang_chunk(recipe)
-
-
 BACKEND = EngineBackend(
     Backend.SGLANG,
     SglangBuilder(),
@@ -400,7 +365,7 @@ BACKEND = EngineBackend(
         sglang_recipe_pool,
         sglang_knobs,
         block_tokens=_one_token,
-        step_tokens=_prefill_step,
+        step_tokens=sglang_chunk,  # tokens per prefill step: --chunked-prefill-size
         served=served_pool,
         batch_limit=sglang_batch_limit,
         tokens=sglang_token_unit,

@@ -33,7 +33,8 @@ from trtkv.backends.base import (
     log_text,
     tokens_pool,
 )
-from trtkv.backends.seam import EngineBackend, MemoryRule
+from trtkv.backends.llmapi_args import hf_checkpoint_dir
+from trtkv.backends.seam import EngineBackend, MemoryRule, OpenAIServer
 from trtkv.backends.vllm_command import (
     SHM_GIB,
     VLLM_CPU_VERSION,
@@ -83,10 +84,6 @@ NIXL = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'
 
 # ---------------------------------------------------------------------------------------------
 # The backend's parts
-
-
-def _hf(recipe: Recipe) -> Path:
-    return checkpoint_dir(recipe) / HF
 
 
 def _prepare_compressed_tensors(recipe: Recipe) -> tuple[Path, dict[str, Any]]:
@@ -262,7 +259,7 @@ class VllmServer:
         return dp_node_commands(recipe, served_artifacts(recipe).hf, host, gpus_per_node)
 
     def reads(self, recipe: Recipe) -> list[Path]:
-        return [_hf(recipe)]
+        return [hf_checkpoint_dir(recipe)]
 
     def served_model(self, recipe: Recipe, at: Artifacts | None = None) -> str:
         return served_model_name(recipe)
@@ -275,7 +272,7 @@ class VllmServer:
     def here(self, recipe: Recipe, *, check: bool = True) -> tuple[list[str], dict[str, str]]:
         """(command, extra environment) that `trtkv serve` runs here: the CPU server, or the
         container."""
-        hf = _hf(recipe)
+        hf = hf_checkpoint_dir(recipe)
         if recipe.hardware.gpu is not GPU.CPU:
             return gpu_command(recipe, hf), {}
         python = vllm_python()
@@ -291,7 +288,7 @@ class VllmServer:
 class VllmServing:
     records_versions = False
     rank_processes = False  # one server process; vLLM starts its own workers
-    openai = VllmServer()
+    openai: OpenAIServer = VllmServer()
 
     def serves_locally(self, recipe: Recipe) -> bool:
         return recipe.hardware.gpu is GPU.CPU
@@ -306,11 +303,15 @@ class VllmServing:
 
 
 class VllmRunner(RefusingRunner):
+    """`trtkv generate` against the served OpenAI server: one greedy /v1/completions request."""
+
+    label = "vLLM"
+
     def describe_local_generate(
         self, recipe: Recipe, max_tokens: int, checkpoint: Path | None
     ) -> str:
         return (
-            "POST /v1/completions to the served vLLM "
+            f"POST /v1/completions to the served {self.label} "
             f"({recipe.triton.host}:{recipe.triton.http_port}, greedy, {max_tokens} tokens)"
         )
 
@@ -328,8 +329,8 @@ class VllmRunner(RefusingRunner):
             answer = request(url, body, timeout_s=120.0, max_bytes=GENERATE_BYTES)
         except OSError as exc:
             raise StageError(
-                f"generate {recipe.name}: vLLM does not answer at {url} ({exc}). Next: `trtkv "
-                f"serve {recipe.name}`."
+                f"generate {recipe.name}: {self.label} does not answer at {url} ({exc}). Next: "
+                f"`trtkv serve {recipe.name}`."
             ) from exc
         try:
             if answer.status == 200:
@@ -337,8 +338,8 @@ class VllmRunner(RefusingRunner):
         except (ValueError, KeyError, IndexError, TypeError):
             pass
         raise StageError(
-            f"generate {recipe.name}: vLLM at {url} answered HTTP {answer.status} without a "
-            f"completion: {answer.text[:200]!r}. Next: check the server log (`trtkv status "
+            f"generate {recipe.name}: {self.label} at {url} answered HTTP {answer.status} without "
+            f"a completion: {answer.text[:200]!r}. Next: check the server log (`trtkv status "
             f"{recipe.name}`)."
         )
 

@@ -49,17 +49,6 @@ def kv_space_gib(recipe: Recipe) -> int:
     return cpu_pin_bytes(recipe) // GIB
 
 
-def memory_args(recipe: Recipe) -> list[str]:
-    """--gpu-memory-utilization (vLLM's default resolved when the recipe leaves it unset) and
-    --kv-cache-memory-bytes when the pool is pinned: the values trtkv's plan used (`trtkv plan`'s
-    "KV pool per GPU")."""
-    knobs = vllm_knobs(recipe)
-    args = [str(knobs.flag), f"{knobs.value:g}"]
-    if knobs.cap_flag is not None and knobs.cap_value is not None:
-        args += [knobs.cap_flag, str(knobs.cap_value)]
-    return args
-
-
 def server_args(recipe: Recipe, hf_dir: Path, host: str) -> list[str]:
     """vLLM's OpenAI server arguments (shared by the CPU and GPU commands)."""
     b = recipe.build
@@ -81,7 +70,9 @@ def server_args(recipe: Recipe, hf_dir: Path, host: str) -> list[str]:
         str(recipe.parallelism.per_group(b.max_batch_size)),
         "--max-num-batched-tokens",
         str(b.max_num_tokens),
-        *memory_args(recipe),
+        # --gpu-memory-utilization (the default resolved) and the --kv-cache-memory-bytes pin:
+        # the values trtkv's plan used
+        *vllm_knobs(recipe).args(),
         *vllm_tier_args(recipe),  # the host KV tier (triton.kv_host_tier_gib_per_replica)
     ]
     if recipe.chunked_context:

@@ -60,9 +60,8 @@ class Options:
     model_source: str | None = None
     image: str | None = None
     loader_image: str | None = None
-    model_size_gib: float | None = (
-        None  # what an hf:// source holds (else its index, if built here)
-    )
+    # what an hf:// source holds (else its index, if built here)
+    model_size_gib: float | None = None
 
 
 def default_output(recipe: Recipe, target: Target) -> Path:
@@ -119,11 +118,12 @@ def _models(
     return Models(source, subs, loader.load_id(recipe, source, subs))
 
 
-def _models_objects(
+def _models_yaml(
     recipe: Recipe, sizing: Sizing, models: Models, options: Options, server_image: str
-) -> list[dict[str, Any]]:
-    """The volume and its loader Job; an hf:// load runs in the server's image (huggingface_hub
-    shipped there, nothing installed at run time) unless --loader-image names another."""
+) -> str:
+    """models.yaml: the volume and its loader Job; an hf:// load runs in the server's image
+    (huggingface_hub shipped there, nothing installed at run time) unless --loader-image names
+    another."""
     hub = models.source.kind is loader.SourceKind.HF
     names = {
         "job": k8s.k8s_name(recipe, f"load-{models.load_id[:8]}"),
@@ -140,7 +140,10 @@ def _models_objects(
         options.namespace,
         options.loader_image or (server_image if hub else None),
     )
-    return [k8s.models_claim(recipe, sizing, options.namespace), job]
+    return _yaml_docs(
+        [k8s.models_claim(recipe, sizing, options.namespace), job],
+        "The models volume and the Job that fills it",
+    )
 
 
 def render(
@@ -164,10 +167,7 @@ def render(
         models = _models(recipe, lch.folders, options, target)
         objs = k8s.objects(recipe, lch, sizing, models.load_id, namespace, options.fence)
         files = {
-            "models.yaml": _yaml_docs(
-                _models_objects(recipe, sizing, models, options, lch.image),
-                "The models volume and the Job that fills it",
-            ),
+            "models.yaml": _models_yaml(recipe, sizing, models, options, lch.image),
             "server.yaml": _yaml_docs(
                 objs, f"The {lch.server} workload, its Service and NetworkPolicy"
             ),
@@ -178,12 +178,7 @@ def render(
     models = _models(
         recipe, [(launch.hf_dir(recipe), container_artifacts(recipe).hf)], options, target
     )
-    files = {
-        "models.yaml": _yaml_docs(
-            _models_objects(recipe, sizing, models, options, lch.image),
-            "The models volume and the Job that fills it",
-        )
-    }
+    files = {"models.yaml": _models_yaml(recipe, sizing, models, options, lch.image)}
     for mode in dynamo.MODES:
         files[f"{mode}.yaml"] = _yaml_docs(
             dynamo.objects(recipe, sizing, mode, models.load_id, namespace, options.fence),

@@ -157,11 +157,7 @@ def parse_source(text: str) -> ModelSource:
     rule otherwise."""
     scheme, sep, rest = text.partition("://")
     if not sep or scheme not in {k.value for k in SourceKind}:
-        raise StageError(
-            f"--model-source {text!r} is not one of {', '.join(FORMS)}. Next: e.g. --model-source "
-            "s3://my-bucket/trtkv/<recipe>; the folders under it mirror /models/<recipe>/ (the "
-            "README's upload step writes them)."
-        )
+        raise _refuse(text, f"it is not one of {', '.join(FORMS)}")
     kind = SourceKind(scheme)
     host, slash, path = rest.partition("/")
     if kind in (SourceKind.S3, SourceKind.GS):

@@ -20,10 +20,6 @@ if TYPE_CHECKING:
     from trtkv.deploy import Models, Options
 
 
-def _key_lines(lch: Launch) -> list[str]:
-    return [lch.key_note]
-
-
 def _clients_line() -> str:
     return (
         "trtkv's clients (`trtkv bench`, `trtkv status`, the canary, the AIPerf/GenAI-Perf "
@@ -218,7 +214,7 @@ def _k8s_security_lines(recipe: Recipe, lch: Launch, options: Options) -> list[s
         "  It is enforced only by a CNI that implements NetworkPolicy (Calico, Cilium, Antrea, "
         "...). Egress is not restricted (DNS names differ per cluster). `kubectl port-forward` "
         "reaches the pod through the kubelet.",
-        *_key_lines(lch),
+        lch.key_note,
     ]
     if lch.keyed:
         lines.append(
@@ -334,7 +330,7 @@ def _slurm_security_lines(lch: Launch) -> list[str]:
         "",
         "- The server binds every interface of its nodes: anyone on the cluster network reaches "
         "it. Slurm fences nothing; use your site's firewall or a gateway.",
-        *_key_lines(lch),
+        lch.key_note,
     ]
     if lch.keyed:
         lines.append(

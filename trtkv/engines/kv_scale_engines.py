@@ -18,7 +18,7 @@ from trtkv.engines.kv_scale_findings import (
     Finding,
     span_layers,
 )
-from trtkv.engines.kv_scale_loaders import EngineScales
+from trtkv.engines.kv_scale_loaders import EngineScales, Loader
 
 
 def value_class(values: tuple[float, ...]) -> str:
@@ -63,19 +63,19 @@ def engine_verdict(engine: EngineScales, ckpt: CheckpointScales) -> EngineVerdic
     for t in ckpt.tensors:
         by_layer.setdefault(t.layer, []).append(t)
     for i in sorted(set(by_layer) | set(ckpt.kv_layers)):
-        layers.append(_engine_layer(engine, loader.rules, i, by_layer.get(i, [])))
+        layers.append(_engine_layer(engine, loader, i, by_layer.get(i, [])))
     return EngineVerdict(
         engine.engine, engine.version, True, loader.description, _summary(layers), tuple(layers)
     )
 
 
 def _engine_layer(
-    engine: EngineScales, rules: tuple, layer: int, tensors: list[ScaleTensor]
+    engine: EngineScales, loader: Loader, layer: int, tensors: list[ScaleTensor]
 ) -> EngineLayer:
     loaded: dict[str, tuple[float, ...]] = {}
     dropped, crash, warning, unused, unknown = [], None, None, False, []
     for t in tensors:
-        rule = next(r for r in rules if r.match.search(t.name))
+        rule = loader.rule_for(t.name)
         if rule.then == "load":
             loaded.setdefault(rule.kind_for(t.name, t.kind), t.values)
         elif rule.then == "not_modelled":
@@ -120,45 +120,37 @@ def engine_findings(
     name = engine.label
     if not verdict.layers:
         return [Finding("not_modelled", INFO, f"{name}: {verdict.summary}", engine=engine.engine)]
-    out = []
+    out: list[Finding] = []
+
+    def add(code: str, severity: str, message: str, layers: list[int]) -> None:
+        out.append(Finding(code, severity, message, tuple(layers), engine.engine))
+
     unknown = [el for el in verdict.layers if el.uses == "unknown"]
     if unknown:
-        out.append(
-            Finding(
-                "not_modelled",
-                INFO,
-                f"{name}: how its {ckpt.architecture} loader reads {unknown[0].dropped[0]} is not "
-                f"modelled ({span_layers([el.layer for el in unknown])}): read its load_weights",
-                tuple(el.layer for el in unknown),
-                engine.engine,
-            )
+        layers = [el.layer for el in unknown]
+        add(
+            "not_modelled",
+            INFO,
+            f"{name}: how its {ckpt.architecture} loader reads {unknown[0].dropped[0]} is not "
+            f"modelled ({span_layers(layers)}): read its load_weights",
+            layers,
         )
     crash = [el for el in verdict.layers if el.uses == "crash"]
     if crash:
-        out.append(
-            Finding(
-                "crash",
-                FAIL,
-                f"{name} stops at load: {crash[0].error} "
-                f"({span_layers([el.layer for el in crash])})",
-                tuple(el.layer for el in crash),
-                engine.engine,
-            )
+        layers = [el.layer for el in crash]
+        add(
+            "crash", FAIL, f"{name} stops at load: {crash[0].error} ({span_layers(layers)})", layers
         )
     dropped = [el for el in verdict.layers if el.dropped and el.uses not in ("crash", "unknown")]
     if dropped:
-        first = dropped[0]
+        first, layers = dropped[0], [el.layer for el in dropped]
         how = f"with the warning '{first.warning}'" if first.warning else "without a word"
-        out.append(
-            Finding(
-                "dropped",
-                FAIL,
-                f"{name}'s {ckpt.architecture} loader drops "
-                f"{first.dropped[0]} ({span_layers([el.layer for el in dropped])}) "
-                f"{how}; layer {first.layer} then uses {USE_WORDS[first.uses]}",
-                tuple(el.layer for el in dropped),
-                engine.engine,
-            )
+        add(
+            "dropped",
+            FAIL,
+            f"{name}'s {ckpt.architecture} loader drops {first.dropped[0]} ({span_layers(layers)}) "
+            f"{how}; layer {first.layer} then uses {USE_WORDS[first.uses]}",
+            layers,
         )
     stored = {t.layer for t in ckpt.tensors if t.kind in ("k", "v", "kv")}
     unity = [
@@ -167,26 +159,19 @@ def engine_findings(
         if el.uses == "unity" and el.layer in stored and not el.dropped
     ]
     if unity:
-        out.append(
-            Finding(
-                "defaults",
-                FAIL,
-                f"{name} runs {span_layers(unity)} at 1.0 although "
-                "the checkpoint has scales there (none it accepts as valid)",
-                tuple(unity),
-                engine.engine,
-            )
+        add(
+            "defaults",
+            FAIL,
+            f"{name} runs {span_layers(unity)} at 1.0 although the checkpoint has scales there "
+            "(none it accepts as valid)",
+            unity,
         )
-    unused = [el.layer for el in verdict.layers if el.uses == "unused"]
-    if unused and stored:
-        out.append(
-            Finding(
-                "ignored",
-                WARN,
-                f"{name} never reads FP8 KV scales: every layer runs "
-                "1.0 whatever the checkpoint holds (--calibrate says what that clips)",
-                (),
-                engine.engine,
-            )
+    if stored and any(el.uses == "unused" for el in verdict.layers):
+        add(
+            "ignored",
+            WARN,
+            f"{name} never reads FP8 KV scales: every layer runs 1.0 whatever the checkpoint holds "
+            "(--calibrate says what that clips)",
+            [],
         )
     return out

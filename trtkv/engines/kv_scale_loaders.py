@@ -34,9 +34,6 @@ class Source:
     lines: str
     at: str
 
-    def cite(self) -> str:
-        return f"{self.file}:{self.lines} @ {self.at}"
-
 
 @dataclass(frozen=True)
 class NameRule:
@@ -126,14 +123,6 @@ def engine_scales() -> tuple[EngineScales, ...]:
     if doc.get("schema") != 1 or not isinstance(doc.get("engines"), list):
         raise TrtkvError(f"{TABLE_PATH}: schema 1 with an engines list expected")
     return tuple(_engine(row) for row in doc["engines"])
-
-
-def engine_named(name: str) -> EngineScales:
-    for row in engine_scales():
-        if row.engine == name:
-            return row
-    names = ", ".join(r.engine for r in engine_scales())
-    raise TrtkvError(f"engine {name!r} is unknown. Allowed: {names}.")
 
 
 def _engine(row: dict) -> EngineScales:

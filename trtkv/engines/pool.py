@@ -1,10 +1,7 @@
 """What every engine's memory rule shares: a pool's terms and estimate (`PoolEstimate`), the cap or
 pin bound, the flags a served engine gets (`EngineKnobs`), the pool a running engine reports
-(`ServedPool`), and the rule's signature (`PoolRule`, called with a `Sizing`).
-
-Each engine's rule, knobs, defaults, flags and read-back live in its own module beside this one
-(trtkv.engines.vllm, sglang, trtllm, reference); a backend names its engine's rule object in its
-`memory` (trtkv.backends.seam.MemoryRule), and the planner calls it (trtkv.plan.engine_pool).
+(`ServedPool`), and the rule's signature (`PoolRule`, called with a `Sizing`); each engine's own
+rule lives in its module beside this one (the package docstring).
 """
 
 from __future__ import annotations
@@ -20,18 +17,12 @@ from trtkv.platform.hardware import CUDA_CONTEXT_GIB
 if TYPE_CHECKING:
     from trtkv.recipe import Recipe
 
-MIB = 1024**2
-
-
 GIB = 1024**3
-
 
 # NCCL's NVLS buffers add ~2 GiB on NVSwitch systems ("Init torch distributed ends. mem usage=2.01
 # GB" on 8x H200, sgl-project/sglang PR #11716); on PCIe ~0.13 GiB (QwQ-32B on L4). Engine
 # constants, the same for every model.
 NCCL_NVSWITCH_GIB = 2.0
-
-
 NCCL_PCIE_GIB = 0.13
 
 
@@ -74,9 +65,6 @@ class PoolEstimate:
                 return t.bytes
         raise KeyError(name)
 
-    def has_term(self, name: str) -> bool:
-        return any(t.name == name for t in self.terms)
-
 
 def apply_bound(
     est: PoolEstimate, cap_bytes: float | None, pins: bool, block_bytes: float
@@ -117,6 +105,13 @@ class EngineKnobs:
     def pins(self) -> bool:
         """The engine takes the cap as the pool's size (vLLM) rather than as an upper bound."""
         return self.cap_flag == "--kv-cache-memory-bytes"
+
+    def args(self) -> list[str]:
+        """The served command's memory flags: the knob with its value, and the cap/pin when set."""
+        args = [str(self.flag), f"{self.value:g}"]
+        if self.cap_flag is not None and self.cap_value is not None:
+            args += [self.cap_flag, str(self.cap_value)]
+        return args
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ slot at page_size 1, pool_configurator.py `_compute_cell_size`); `--max-total-to
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from trtkv.core.readback import MAX_POOL_TOKENS, whole
@@ -92,11 +91,6 @@ def sglang_pool(
     )
     cap = None if max_total_tokens is None else max_total_tokens * setup.kv_bytes_per_token
     return apply_bound(est, cap, False, setup.kv_bytes_per_token * max(1, setup.tokens_per_block))
-
-
-def sglang_tokens(est: PoolEstimate, kv_bytes_per_token: float) -> int:
-    """SGLang's max_total_num_tokens for a pool (whole cells)."""
-    return int(math.floor(est.pool_bytes / kv_bytes_per_token)) if kv_bytes_per_token else 0
 
 
 def sglang_recipe_pool(recipe: Recipe, sizing: Sizing, knobs: EngineKnobs) -> PoolEstimate:

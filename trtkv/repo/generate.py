@@ -71,13 +71,7 @@ def plan_repo(recipe: Recipe) -> RepoPlan:
     at = layout.served_artifacts(recipe)
     plan = RepoPlan(recipe, layout.repo_dir(recipe), engine, checkpoint, None, "", at)
     calibrated = layout.checkpoint_tokenizer_dir(recipe)
-    repo = for_recipe(recipe).repo
-    if repo is None:
-        raise StageError(
-            f"repo {recipe.name}: backend {recipe.build.backend.value} has no Triton repository: "
-            f"{_server_name(recipe)} serves the HF export itself. Next: `trtkv serve "
-            f"{recipe.name}` (after `trtkv build {recipe.name}`)."
-        )
+    repo = _layout(recipe)
     needed, stage = repo.input(recipe)
     # the engine loads the tokenizer of the checkpoint it serves
     if repo.tokenizer is TokenizerSource.SERVED_MODEL:
@@ -110,12 +104,13 @@ def plan_repo(recipe: Recipe) -> RepoPlan:
 
 
 def _layout(recipe: Recipe) -> RepoLayout:
-    """The recipe's repository layout (plan_repo refused a backend without one)."""
+    """The recipe's repository layout; StageError for a backend without one."""
     repo = for_recipe(recipe).repo
     if repo is None:
         raise StageError(
-            f"repo {recipe.name}: backend {recipe.build.backend.value} has no Triton repository. "
-            f"Next: `trtkv serve {recipe.name}`."
+            f"repo {recipe.name}: backend {recipe.build.backend.value} has no Triton repository: "
+            f"{_server_name(recipe)} serves the HF export itself. Next: `trtkv serve "
+            f"{recipe.name}` (after `trtkv build {recipe.name}`)."
         )
     return repo
 

@@ -283,41 +283,30 @@ def check_decoupled(
 ) -> None:
     """tensorrt_llm (and the BLS model) follow the recipe; pre/postprocessing answer once; ensembles
     set nothing."""
+    wrong: list[tuple[ModelFile, str, str]] = []  # (model, field, problem), in this order
+    field_name = "model_transaction_policy.decoupled"
     llm = models.get("tensorrt_llm")
     if llm is not None and expect_decoupled is not None and decoupled(llm) != expect_decoupled:
-        report.add(
-            llm.path,
-            llm.line_of("decoupled"),
-            "model_transaction_policy.decoupled",
-            f"{decoupled(llm)} but the recipe's triton.decoupled is {expect_decoupled}",
-        )
+        why = f"{decoupled(llm)} but the recipe's triton.decoupled is {expect_decoupled}"
+        wrong.append((llm, field_name, why))
     bls = models.get("tensorrt_llm_bls")
     if bls is not None and llm is not None and decoupled(bls) != decoupled(llm):
-        report.add(
-            bls.path,
-            bls.line_of("decoupled"),
-            "model_transaction_policy.decoupled",
-            f"{decoupled(bls)} differs from tensorrt_llm's {decoupled(llm)}",
-        )
+        why = f"{decoupled(bls)} differs from tensorrt_llm's {decoupled(llm)}"
+        wrong.append((bls, field_name, why))
     for name in ("preprocessing", "postprocessing"):
         model = models.get(name)
         if model is not None and decoupled(model):
-            report.add(
-                model.path,
-                model.line_of("decoupled"),
-                "model_transaction_policy.decoupled",
-                f"{name} must answer each request once (not decoupled)",
+            wrong.append(
+                (model, field_name, f"{name} must answer each request once (not decoupled)")
             )
     for model in models.values():
         if model.config.platform == "ensemble" and model.config.HasField(
             "model_transaction_policy"
         ):
-            report.add(
-                model.path,
-                model.line_of("decoupled"),
-                "model_transaction_policy",
-                "an ensemble takes decoupled from its steps; remove this block",
-            )
+            why = "an ensemble takes decoupled from its steps; remove this block"
+            wrong.append((model, "model_transaction_policy", why))
+    for model, where, why in wrong:
+        report.add(model.path, model.line_of("decoupled"), where, why)
 
 
 def validate_repo(repo: Path, expect_decoupled: bool | None = None) -> dict[str, ModelFile]:

@@ -6,17 +6,14 @@ backend stub finds its interpreter through `python3`) and LD_LIBRARY_PATH set to
 interpreter's own LIBDIR (so the stub loads the libpython this Python was built with). GPU backends
 served by Triton (`tensorrt`, `llmapi`): the NVIDIA Triton TensorRT-LLM container, one tritonserver
 per rank under `mpirun` when tp x pp > 1 (what the backend's launch_triton_server.py runs). `vllm`
-and `sglang` start their own OpenAI server (the backend's serving part). The server runs in its own
-session, so `trtkv serve` returns; engines/<recipe>/serve/server.json records pid, ports, command,
-log and the session (id, leader start time, environment marker: trtkv.core.sessions), and `trtkv
-stop` (and a failed or interrupted start, and every supervisor restart) ends the whole session,
-whether or not its leader still runs, then waits until the GPU memory its processes held is free
-(trtkv.serving.teardown: stop_server, stop). Through docker the container is named `trtkv-<recipe>`,
-labelled this checkout's and its id recorded (`--cidfile`; trtkv.serving.owner): stopping runs
-`docker stop` then `docker rm -f` on that id, since killing the `docker run` client alone would
-leave the container running; a same-named container not proven this checkout's is never touched.
-The bundled tritonserver's backend folder, environment and command are trtkv.backends.bundled;
-running the chosen command, its record and the wait for readiness, trtkv.serving.launch.
+and `sglang` start their own OpenAI server (the backend's serving part); the Triton image is the
+version matrix's for the TensorRT-LLM the engine was built with (trtkv.platform.versions). The
+server runs in its own session, so `trtkv serve` returns; `trtkv stop` (and a failed or interrupted
+start, and every supervisor restart) ends that whole session and waits until its GPU memory is free
+(trtkv.serving.teardown); a container is named `trtkv-<recipe>` and stopped only when proven this
+checkout's (trtkv.serving.owner). The bundled tritonserver's backend folder, environment and command
+are trtkv.backends.bundled; running the chosen command, its record (server.json) and the wait for
+readiness, trtkv.serving.launch.
 """
 
 from __future__ import annotations
@@ -63,12 +60,6 @@ from trtkv.serving.launch import server_json, start_server
 from trtkv.serving.owner import clear_leftover
 from trtkv.serving.teardown import STOP_GRACE_S, refusal, running, stop_server
 from trtkv.serving.teardown import stop as stop  # `trtkv stop` and the chain call serve.stop
-
-# The Triton TensorRT-LLM image comes from trtkv's version matrix (trtkv.platform.versions,
-# data/trtllm_versions.json): the one that ships the TensorRT-LLM the engine was built with (engine
-# manifest), else the recipe's build.tensorrt_llm_version. The process, its record (server.json) and
-# the wait for readiness: trtkv.serving.launch.
-
 
 # ---------------------------------------------------------------------------------------------
 # Before a start: the record, the free ports

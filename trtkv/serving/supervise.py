@@ -60,17 +60,10 @@ def quiet(recipe: Recipe, who: str, address: str | None = None) -> Iterator[bool
     server). `address`: the HOST:PORT being measured (None: the recorded server's own); another
     server's address asks nothing. Yields whether it asked."""
     from trtkv.contracts.artifacts import ServerRecord
+    from trtkv.serving.pool import measured
 
     server = ServerRecord.load(serve_dir(recipe)) if alive(recipe) else None
-    ours = server is not None and (
-        address is None
-        or address.split("://", 1)[-1].rstrip("/")
-        in (
-            f"{host}:{port}"
-            for host in (server.client_host, server.host)
-            for port in (server.http_port, server.grpc_port)
-        )
-    )
+    ours = server is not None and (address is None or measured(server, address))
     if not ours:
         yield False
         return
