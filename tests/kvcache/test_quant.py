@@ -53,7 +53,7 @@ def test_fp8_dequantize_is_exact_for_every_code() -> None:
 
 
 def test_fp8_codec_uses_division_by_scale() -> None:
-    codec = quant.FP8Codec(0.5)
+    codec = quant.StaticCodec(0.5)
     x = torch.tensor([[[[1.0, 2.0, 300.0, -300.0]]]])
     assert codec.roundtrip(x).flatten().tolist() == [1.0, 2.0, 224.0, -224.0]
     assert codec.limit == 224.0

@@ -52,7 +52,6 @@ if TYPE_CHECKING:
         kv_bytes_per_token,
     )
     from trtkv.kvcache.names import KIVI_RESIDUAL, FormatChoice, all_format_names, parse_format
-    from trtkv.kvcache.numerics import KVScale
     from trtkv.kvcache.quant import numerics_key
     from trtkv.kvcache.quantized_layer import QuantizedKVLayer
     from trtkv.kvcache.rows import RowStore
@@ -120,7 +119,6 @@ __getattr__, __dir__ = attach(
             "UNQUANTIZED",
         ],
         "names": ["all_format_names", "FormatChoice", "KIVI_RESIDUAL", "parse_format"],
-        "numerics": ["KVScale"],
         "quant": ["numerics_key"],
         "quantized_layer": ["QuantizedKVLayer"],
         "rows": ["RowStore"],
@@ -173,7 +171,6 @@ __all__ = [
     "kv_bytes_per_token",
     "KV_CACHE_SCHEME_TENSOR",
     "KVFormat",
-    "KVScale",
     "KVScales",
     "KVStats",
     "LayerKVStats",

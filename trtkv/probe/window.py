@@ -18,7 +18,6 @@ rows only.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -27,7 +26,6 @@ import torch
 from trtkv.kvcache.cache import QuantizedKVCache
 from trtkv.kvcache.formats import KVFormat
 from trtkv.kvcache.names import FormatChoice
-from trtkv.kvcache.numerics import KVScale
 from trtkv.kvcache.quantized_layer import QuantizedKVLayer
 from trtkv.kvcache.rows import RowStore
 
@@ -141,17 +139,14 @@ class WindowedKVCache(QuantizedKVCache):
 
     def __init__(
         self,
-        config,
+        config: Any,
         fmt: KVFormat | str | FormatChoice,
-        k_scales: Sequence[KVScale] | None = None,  # noqa: ANN001
-        v_scales: Sequence[KVScale] | None = None,
-        *,
-        record_positions: bool = False,
-        track_clipping: bool = True,
-        keep_layers: Sequence[int] = (),
-        keep_format: KVFormat | str = "bf16",
+        *args: Any,
         trim: bool = True,
-    ):
+        **kw: Any,
+    ) -> None:
+        """QuantizedKVCache's arguments; `trim` False keeps every token (the naive path the tests
+        compare with)."""
         kinds = layer_types(config)
         window = int(config.get_text_config(decoder=True).sliding_window or 0)
         full_view = SimpleNamespace(
@@ -161,22 +156,13 @@ class WindowedKVCache(QuantizedKVCache):
                 num_hidden_layers=len(kinds),
             )
         )
-        super().__init__(
-            full_view,
-            fmt,
-            k_scales,
-            v_scales,
-            record_positions=record_positions,
-            track_clipping=track_clipping,
-            keep_layers=keep_layers,
-            keep_format=keep_format,
-        )
+        super().__init__(full_view, fmt, *args, **kw)
         self.layer_kinds = kinds
         for i, kind in enumerate(kinds):
             if kind == SLIDING:
                 old = self.qlayers[i]
                 self.qlayers[i] = SlidingQuantizedLayer(
-                    old.codecs, window, record_positions, old.track_clipping, trim
+                    old.codecs, window, old.record_positions, old.track_clipping, trim
                 )
                 self.layers[i] = self.qlayers[i]
 
