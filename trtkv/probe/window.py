@@ -27,7 +27,6 @@ from trtkv.kvcache.cache import QuantizedKVCache
 from trtkv.kvcache.formats import KVFormat
 from trtkv.kvcache.names import FormatChoice
 from trtkv.kvcache.quantized_layer import QuantizedKVLayer
-from trtkv.kvcache.rows import RowStore
 
 SLIDING = "sliding_attention"
 # prefill chunk of the windowed passes: sliding attention costs chunk x (window + chunk)
@@ -45,18 +44,6 @@ def sliding_window(config) -> int | None:  # noqa: ANN001
     if SLIDING not in layer_types(config):
         return None
     return int(config.get_text_config(decoder=True).sliding_window)
-
-
-def _trim_store(store: RowStore, drop_tokens: int, tokens: int) -> None:
-    """Drop the oldest `drop_tokens` of `tokens` stored tokens from every part (rows per token may
-    be < 1: KIVI's per-32-token key scales)."""
-    if drop_tokens <= 0:
-        return
-    for name, buf in store.buffers.items():
-        used = store.used[name]
-        drop = drop_tokens * used // tokens
-        store.buffers[name] = buf[..., drop:used, :].clone()
-        store.used[name] = used - drop
 
 
 class SlidingQuantizedLayer(QuantizedKVLayer):
@@ -113,8 +100,8 @@ class SlidingQuantizedLayer(QuantizedKVLayer):
         if self.stored_tokens:
             self.rate = self.quantized_bytes() / self.stored_tokens
         if drop > 0:
-            _trim_store(self.k_store, drop, self.stored_tokens)
-            _trim_store(self.v_store, drop, self.stored_tokens)
+            self.k_store.drop_front(drop, self.stored_tokens)
+            self.v_store.drop_front(drop, self.stored_tokens)
             self.stored_tokens -= drop
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
