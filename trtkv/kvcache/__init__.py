@@ -54,7 +54,6 @@ if TYPE_CHECKING:
     from trtkv.kvcache.names import KIVI_RESIDUAL, FormatChoice, all_format_names, parse_format
     from trtkv.kvcache.quant import numerics_key
     from trtkv.kvcache.quantized_layer import QuantizedKVLayer
-    from trtkv.kvcache.rows import RowStore
     from trtkv.kvcache.scales import (
         CONVENTION,
         MIN_AMAX,
@@ -121,7 +120,6 @@ __getattr__, __dir__ = attach(
         "names": ["all_format_names", "FormatChoice", "KIVI_RESIDUAL", "parse_format"],
         "quant": ["numerics_key"],
         "quantized_layer": ["QuantizedKVLayer"],
-        "rows": ["RowStore"],
         "scales": [
             "calibrate_scales",
             "CONVENTION",
@@ -189,7 +187,6 @@ __all__ = [
     "q_scales_for",
     "QuantizedKVCache",
     "QuantizedKVLayer",
-    "RowStore",
     "scales",
     "SCALES_FILE",
     "SCORE_BUDGET_BYTES",
