@@ -67,7 +67,6 @@ class SlidingQuantizedLayer(QuantizedKVLayer):
         self.is_sliding = True
         # False: keep every token (the naive path the tests compare with; the mask still slides)
         self.trim = trim
-        self.stored_tokens = 0  # tokens in the quantized store (after trimming)
         self.rate = 0.0  # quantized bytes per stored token, measured before each trim
 
     def kept_tokens(self) -> int:
@@ -111,13 +110,6 @@ class SlidingQuantizedLayer(QuantizedKVLayer):
         kept = self.kept_tokens()
         return kept + query_length, self.cumulative_length - kept
 
-    def get_max_length(self) -> int:
-        return self.sliding_window if self.sliding_window is not None else -1
-
-    def reset(self) -> None:
-        super().reset()
-        self.stored_tokens = 0
-
 
 class WindowedKVCache(QuantizedKVCache):
     """QuantizedKVCache for a model with sliding-window layers: those keep their window only
@@ -157,19 +149,11 @@ class WindowedKVCache(QuantizedKVCache):
         """Stored bytes per token summed over layers, each layer's rate over the tokens it holds (a
         sliding layer holds its window): the planner's per-token formula, KIVI's fp16 window left
         out."""
-        total = 0.0
-        for layer in self.qlayers:
-            if isinstance(layer, SlidingQuantizedLayer):
-                total += layer.rate or (
-                    layer.quantized_bytes() / layer.stored_tokens if layer.stored_tokens else 0.0
-                )
-            else:
-                total += (
-                    layer.quantized_bytes() / layer.quantized_tokens
-                    if layer.quantized_tokens
-                    else 0.0
-                )
-        return total
+        rates = [isinstance(layer, SlidingQuantizedLayer) and layer.rate for layer in self.qlayers]
+        return sum(
+            rate or (layer.quantized_bytes() / layer.stored_tokens if layer.stored_tokens else 0.0)
+            for layer, rate in zip(self.qlayers, rates, strict=True)
+        )
 
 
 class LastLayerAt(torch.nn.Module):

@@ -156,11 +156,10 @@ def prefill_chunk(runtime: ReferenceRuntime, seq: SequenceState, budget: int | N
     choose the first token. True when the prompt is fully prefilled."""
     import torch
 
-    if runtime.batch_invariant:
-        return _prefill_chunk_invariant(runtime, seq, budget)
-
     rest = len(seq.prompt) - seq.prefilled
     n = rest if budget is None else max(1, min(rest, budget))
+    if runtime.batch_invariant:
+        return _prefill_chunk_invariant(runtime, seq, n)
     ids = torch.tensor([seq.prompt[seq.prefilled : seq.prefilled + n]], dtype=torch.long)
     with torch.inference_mode():
         out = runtime.model(
@@ -207,18 +206,13 @@ def decode_step(runtime: ReferenceRuntime, seqs: list[SequenceState]) -> torch.T
         return runtime.model.lm_head(h)[:, -1, :]
 
 
-def _prefill_chunk_invariant(
-    runtime: ReferenceRuntime, seq: SequenceState, budget: int | None
-) -> bool:
-    """Feed the next at most `budget` prompt tokens (None: all) through the model; on the last chunk
-    choose the first token. True when the prompt is fully prefilled. The chunk's boundaries do not
-    change a token's arithmetic."""
+def _prefill_chunk_invariant(runtime: ReferenceRuntime, seq: SequenceState, n: int) -> bool:
+    """prefill_chunk of the next `n` prompt tokens, whose boundaries do not change a token's
+    arithmetic."""
     import torch
 
     from trtkv.runtime import invariant
 
-    rest = len(seq.prompt) - seq.prefilled
-    n = rest if budget is None else max(1, min(rest, budget))
     with torch.inference_mode():
         last = invariant.prefill_rows(
             runtime.model,
