@@ -98,7 +98,7 @@ def test_modelopt_hf_quant_config_alone_is_read(tmp_path: Path) -> None:
     assert facts.quant.formats["attention"] == "nvfp4" and facts.quant.kv_cache == "fp8 per tensor"
     assert "hf_quant_config.json" in facts.quant.source
     (tmp_path / "hf_quant_config.json").write_text("[1]")
-    with pytest.raises(ModelConfigError, match="hf_quant_config.json: the top level is not an object"):
+    with pytest.raises(ModelConfigError, match="hf_quant_config.json: the top level is list, not an object"):
         read_model_facts(tmp_path)
 
 

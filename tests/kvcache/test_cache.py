@@ -68,7 +68,7 @@ def test_storage_dtypes_are_really_quantized(tiny: LlamaForCausalLM) -> None:
 @pytest.mark.parametrize("fmt", ["fp8", "int8", "int8_token", "int4_g32", "kivi4"])
 def test_prefill_matches_token_by_token_decode(tiny: LlamaForCausalLM, fmt: str) -> None:
     """The probe's claim: one pass (per-token formats) or window-aligned chunks (KIVI) == decoding token by token."""
-    from trtkv.kvcache.quant import parse_format
+    from trtkv.kvcache.names import parse_format
     from trtkv.probe.measure import chunk_for
     from trtkv.probe.passes import feed
 
@@ -229,7 +229,7 @@ def test_window_trimming_changes_no_logit(fmt: str, window: int, tokens: int) ->
 def test_mask_sizes_match_transformers_sliding_layer() -> None:
     from transformers.cache_utils import DynamicSlidingWindowLayer
 
-    from trtkv.kvcache.quant import layer_codecs
+    from trtkv.kvcache.codecs import layer_codecs
     from trtkv.kvcache.quantized_layer import QuantizedKVLayer
 
     ours, theirs = QuantizedKVLayer(layer_codecs("fp16"), sliding_window=5), DynamicSlidingWindowLayer(5)
@@ -280,7 +280,7 @@ def test_keep_decoded_gives_the_same_keys_and_decodes_each_token_once(fmt: str, 
 def test_keep_decoded_stays_off_where_decode_is_a_gemm() -> None:
     """TurboQuant's 4-bit keys decode through a GEMM with the Hadamard matrix, whose rows BLAS may sum in another
     order for another row count: those layers keep decoding the whole store."""
-    from trtkv.kvcache.quant import layer_codecs
+    from trtkv.kvcache.codecs import layer_codecs
     from trtkv.kvcache.quantized_layer import QuantizedKVLayer
 
     assert not QuantizedKVLayer(layer_codecs("turboquant_4bit_nc"), keep_decoded=True).keep_decoded
@@ -295,7 +295,7 @@ def test_update_rows_equals_each_cache_updating_alone(fmt: str, monkeypatch: pyt
     from tests.support.tiny_gemma3 import tiny_gemma3
     from trtkv.kvcache import cache as cache_module
     from trtkv.kvcache.cache import update_rows
-    from trtkv.kvcache.quant import AffineScale
+    from trtkv.kvcache.numerics import AffineScale
 
     batched = [0]
     encode_rows = cache_module.encode_rows

@@ -16,7 +16,10 @@ import torch
 
 from tests.support import side_python
 from trtkv.backends import vllm_command
-from trtkv.kvcache import engines, formats, quant
+from trtkv.kvcache import engines, formats
+from trtkv.kvcache.codecs import layer_codecs
+from trtkv.kvcache.numerics import int4_per_token_head_quantize, pack, per_token_head_quantize, unpack
+from trtkv.kvcache.turboquant import fwht_normalized, lloyd_max_centroids, orthonormal_hadamard, ultraquant_dequantize
 
 pytestmark = pytest.mark.e2e
 HERE = Path(__file__).resolve().parent
@@ -110,7 +113,7 @@ def _e4m3_bits(x: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("role", ["k", "v"])
 def test_int8_per_token_head_codes_and_scales_equal_vllms(vllm_outputs: Path, role: str) -> None:
     x = _inputs(vllm_outputs)[role]
-    codes, scale = quant.per_token_head_quantize(x, fp8=False)
+    codes, scale = per_token_head_quantize(x, fp8=False)
     ref_codes = np.load(vllm_outputs / f"int8_per_token_head_{role}_codes.npy")
     ref_scale = np.load(vllm_outputs / f"int8_per_token_head_{role}_scale.npy")
     assert np.array_equal(codes.numpy(), ref_codes)
@@ -120,7 +123,7 @@ def test_int8_per_token_head_codes_and_scales_equal_vllms(vllm_outputs: Path, ro
 @pytest.mark.parametrize("role", ["k", "v"])
 def test_fp8_per_token_head_codes_and_scales_equal_vllms(vllm_outputs: Path, role: str) -> None:
     x = _inputs(vllm_outputs)[role]
-    codes, scale = quant.per_token_head_quantize(x, fp8=True)
+    codes, scale = per_token_head_quantize(x, fp8=True)
     ref = _e4m3_bits(np.load(vllm_outputs / f"fp8_per_token_head_{role}_prequant.npy"))
     assert np.array_equal(codes.view(torch.uint8).numpy(), ref)
     assert np.array_equal(scale.squeeze(-1).numpy(), np.load(vllm_outputs / f"fp8_per_token_head_{role}_scale.npy"))
@@ -129,8 +132,8 @@ def test_fp8_per_token_head_codes_and_scales_equal_vllms(vllm_outputs: Path, rol
 @pytest.mark.parametrize("role", ["k", "v"])
 def test_int4_per_token_head_packed_codes_and_scale_bits_equal_vllms(vllm_outputs: Path, role: str) -> None:
     x = _inputs(vllm_outputs)[role]
-    codes, scale = quant.int4_per_token_head_quantize(x)
-    assert np.array_equal(quant.pack(codes, 4).numpy(), np.load(vllm_outputs / f"int4_per_token_head_{role}_codes.npy"))
+    codes, scale = int4_per_token_head_quantize(x)
+    assert np.array_equal(pack(codes, 4).numpy(), np.load(vllm_outputs / f"int4_per_token_head_{role}_codes.npy"))
     assert np.array_equal(scale.squeeze(-1).view(torch.int32).numpy(),
                           np.load(vllm_outputs / f"int4_per_token_head_{role}_scale.npy"))
 
@@ -139,7 +142,7 @@ def test_int4_per_token_head_attention_equals_vllms_read_path(vllm_outputs: Path
     """trtkv attends to its dequantized (un-rotated) cache; vLLM rotates Q and un-rotates the output: the same
     attention, within float32 rounding (measured here: about 2e-6 on outputs of size ~1.7)."""
     t = _inputs(vllm_outputs)
-    codec = quant.layer_codecs("int4_per_token_head").key
+    codec = layer_codecs("int4_per_token_head").key
     k_hat, v_hat = codec.roundtrip(t["k"]), codec.roundtrip(t["v"])
     q = t["q"][0].reshape(3, 3, 64)  # KV head h serves query heads 3h .. 3h+2
     p = (torch.einsum("hgd,thd->hgt", q, k_hat) * 64 ** -0.5).softmax(-1)
@@ -154,7 +157,7 @@ def test_per_tensor_fp8_codes_equal_vllms(vllm_outputs: Path, name: str, role: s
     x = _inputs(vllm_outputs)[role]
     scales = np.load(vllm_outputs / "fp8_scales.npy")
     scale = 1.0 if name == "fp8_cast" else float(scales[0 if role == "k" else 1])
-    mine = quant.layer_codecs(name, scale, scale).key.encode(x)["data"].view(torch.uint8).numpy()
+    mine = layer_codecs(name, scale, scale).key.encode(x)["data"].view(torch.uint8).numpy()
     assert np.array_equal(mine, _e4m3_bits(np.load(vllm_outputs / f"{name}_{role}_prequant.npy")))
 
 
@@ -172,7 +175,7 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 def trtkv_slots(name: str, k: torch.Tensor, v: torch.Tensor) -> np.ndarray:
     """trtkv's stored parts laid out as vLLM's slot: TurboQuant [K codes | K float16 norm | V codes | V scale | V zero]
     (FP8 keys: [K bytes | V ...]), UltraQuant [K codes | K UE8M0 scales | V codes | V scales]."""
-    codecs = quant.layer_codecs(name)
+    codecs = layer_codecs(name)
     pk, pv = codecs.key.encode(k), codecs.value.encode(v)
     if name.startswith("turboquant"):
         parts = [pk["data"], *([pk["norm"]] if "norm" in pk else []), pv["data"], pv["scale"], pv["zero"]]
@@ -195,7 +198,7 @@ def test_packed_slots_are_byte_identical_to_vllms_store_kernels(vllm_outputs: Pa
 @pytest.mark.parametrize("name", PACKED[:4])
 def test_turboquant_lloyd_max_levels_equal_vllms(vllm_outputs: Path, name: str) -> None:
     key_bits, value_bits, _ = formats.TURBOQUANT_PRESETS[formats.KVFormat(name)]
-    mine = torch.tensor(quant.lloyd_max_centroids(64, value_bits if key_bits == 8 else key_bits), dtype=torch.float32)
+    mine = torch.tensor(lloyd_max_centroids(64, value_bits if key_bits == 8 else key_bits), dtype=torch.float32)
     assert np.array_equal(mine.numpy(), np.load(vllm_outputs / f"{name}_centroids.npy"))
 
 
@@ -205,13 +208,13 @@ def test_turboquant_read_path_equals_vllms_dequant_kernel(vllm_outputs: Path, na
     (then rotates back by H): the difference is that float16 rounding, <= 2^-11 of each row's norm for K (H is
     orthonormal) and of each value for V."""
     k, v = _bf16_inputs(vllm_outputs)
-    codecs = quant.layer_codecs(name)
+    codecs = layer_codecs(name)
     k_hat = codecs.key.decode(codecs.key.encode(k), torch.float32)
     v_hat = codecs.value.decode(codecs.value.encode(v), torch.float32)
     ref_k_rot = torch.from_numpy(np.load(vllm_outputs / f"{name}_dequant_k.npy"))
     ref_v = torch.from_numpy(np.load(vllm_outputs / f"{name}_dequant_v.npy"))
     fp8_keys = name == "turboquant_k8v4"
-    ref_k = ref_k_rot if fp8_keys else ref_k_rot @ quant.orthonormal_hadamard(64)
+    ref_k = ref_k_rot if fp8_keys else ref_k_rot @ orthonormal_hadamard(64)
     k_tol = 2.0 ** -11 * k_hat.norm(dim=-1, keepdim=True) * (1 + 1e-5) + 1e-6
     assert ((k_hat - ref_k).abs() <= (0 if fp8_keys else k_tol)).all()
     assert ((v_hat - ref_v).abs() <= 2.0 ** -11 * v_hat.abs() + 1e-6).all()
@@ -220,23 +223,23 @@ def test_turboquant_read_path_equals_vllms_dequant_kernel(vllm_outputs: Path, na
 def test_ultraquant_read_path_equals_vllms_reference_dequant(vllm_outputs: Path) -> None:
     """vLLM's ultraquant_dequant of the kernel's own bytes (K in the rotated basis) is exactly trtkv's decode."""
     k, v = _bf16_inputs(vllm_outputs)
-    codecs = quant.layer_codecs("ultraquant_4bit")
+    codecs = layer_codecs("ultraquant_4bit")
     pk, pv = codecs.key.encode(k), codecs.value.encode(v)
-    k_rot = quant.ultraquant_dequantize(quant.unpack(pk["data"], 4), pk["scale"], False, torch.float32)
+    k_rot = ultraquant_dequantize(unpack(pk["data"], 4), pk["scale"], False, torch.float32)
     assert torch.equal(k_rot, torch.from_numpy(np.load(vllm_outputs / "ultraquant_4bit_dequant_k.npy")))
     assert torch.equal(codecs.value.decode(pv, torch.float32),
                        torch.from_numpy(np.load(vllm_outputs / "ultraquant_4bit_dequant_v.npy")))
-    assert torch.allclose(quant.fwht_normalized(k_rot), codecs.key.decode(pk, torch.float32))
+    assert torch.allclose(fwht_normalized(k_rot), codecs.key.decode(pk, torch.float32))
 
 
 def test_ultraquant_python_reference_differs_from_its_kernel_only_in_rotation_rounding(vllm_outputs: Path) -> None:
     """vLLM's PyTorch reference rotates by a matmul, its kernel by butterflies: V (unrotated) agrees exactly, K codes
     in at most 1% of elements (a rotated value that lands within float rounding of an FP4 midpoint)."""
     k, v = _bf16_inputs(vllm_outputs)
-    codecs = quant.layer_codecs("ultraquant_4bit")
+    codecs = layer_codecs("ultraquant_4bit")
     pk, pv = codecs.key.encode(k), codecs.value.encode(v)
     assert np.array_equal(pv["data"].numpy(), np.load(vllm_outputs / "ultraquant_4bit_ref_v_codes.npy"))
     assert np.array_equal(pv["scale"].numpy(), np.load(vllm_outputs / "ultraquant_4bit_ref_v_scales.npy"))
     ref = torch.from_numpy(np.load(vllm_outputs / "ultraquant_4bit_ref_k_codes.npy"))
-    differ = (quant.unpack(pk["data"], 4) != quant.unpack(ref, 4)).float().mean().item()
+    differ = (unpack(pk["data"], 4) != unpack(ref, 4)).float().mean().item()
     assert differ <= 0.01

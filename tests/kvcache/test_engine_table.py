@@ -10,8 +10,12 @@ import torch
 from tests.support import side_python
 from trtkv.core.errors import TrtkvError
 from trtkv.kvcache import engines, formats, quant
+from trtkv.kvcache.codecs import TurboQuantKeyCodec, TurboQuantValueCodec, layer_codecs
 from trtkv.kvcache.formats import bytes_per_element
-from trtkv.kvcache.quant import all_format_names, layer_codecs, numerics_key, parse_format
+from trtkv.kvcache.names import all_format_names, parse_format
+from trtkv.kvcache.numerics import rht
+from trtkv.kvcache.quant import numerics_key
+from trtkv.kvcache.turboquant import fwht_normalized, ultraquant_dequantize, ultraquant_quantize
 
 NEW = ["int8_per_token_head", "fp8_per_token_head", "int4_per_token_head", "fp8_cast"]
 
@@ -85,10 +89,10 @@ def test_int4_per_token_head_round_trips_through_the_rotation() -> None:
     parts = codec.encode(x)
     assert parts["data"].shape[-1] == 48 and parts["scale"].shape[-1] == 1
     y = codec.decode(parts, x.dtype)
-    rotated = quant.rht(x)
+    rotated = rht(x)
     step = (rotated.amax(-1) - rotated.amin(-1)) / 15 / 32 ** 0.5  # one step in the rotated space, per row
     assert ((y - x).norm(dim=-1) <= step * 96 ** 0.5).all()
-    assert torch.allclose(quant.rht(quant.rht(x), inverse=True), x, atol=1e-5)
+    assert torch.allclose(rht(rht(x), inverse=True), x, atol=1e-5)
 
 
 def test_cached_probe_results_are_keyed_by_a_formats_numerics(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -163,21 +167,21 @@ def test_packed_codecs_roundtrip_within_their_levels() -> None:
         step = (x.amax(-1, keepdim=True) - x.amin(-1, keepdim=True)) / ((1 << bits) - 1)
         assert ((codecs.value.roundtrip(x) - x).abs() <= step / 2 + 1e-2 * step + 1e-3).all()
         assert ((codecs.key.roundtrip(x) - x).norm(dim=-1) <= x.norm(dim=-1)).all()
-    codes, scale = quant.ultraquant_quantize(x, rotate=False)
+    codes, scale = ultraquant_quantize(x, rotate=False)
     s = torch.exp2(scale.float() - 127).repeat_interleave(32, -1)
     # half the widest E2M1 gap (4 -> 6) is 1.0 x s; beyond 6 s a value saturates (0.156 x amax snapped down can be
     # 0.110 x amax: UltraQuant clips by design)
     bound = torch.maximum(s, x.abs() - 6 * s) + 1e-6
-    assert ((quant.ultraquant_dequantize(codes, scale, False, torch.float32) - x).abs() <= bound).all()
-    assert torch.allclose(quant.fwht_normalized(quant.fwht_normalized(x)), x, atol=1e-5)  # its own inverse
+    assert ((ultraquant_dequantize(codes, scale, False, torch.float32) - x).abs() <= bound).all()
+    assert torch.allclose(fwht_normalized(fwht_normalized(x)), x, atol=1e-5)  # its own inverse
 
 
 def test_numerics_key_covers_the_functions_a_codec_calls() -> None:
     """numerics_key hashes a codec's class and every module function it reaches: a changed value quantizer changes
     the key of the TurboQuant formats (cached probe results then miss)."""
-    names = [s.split("=")[0] for s in quant._definition_sources(quant.TurboQuantValueCodec)[1:]]
+    names = [s.split("=")[0] for s in quant._definition_sources(TurboQuantValueCodec)[1:]]
     assert "turboquant_value_quantize" in names and "pack3" in names
-    assert "lloyd_max_centroids" in [s.split("=")[0] for s in quant._definition_sources(quant.TurboQuantKeyCodec)[1:]]
+    assert "lloyd_max_centroids" in [s.split("=")[0] for s in quant._definition_sources(TurboQuantKeyCodec)[1:]]
 
 
 PARSE_SERVER_ARGS = """

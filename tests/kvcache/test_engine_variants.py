@@ -18,8 +18,11 @@ from trtkv.cli.probe import _names
 from trtkv.kvcache import engines, quant
 from trtkv.kvcache.attn_head import attn_head_scales, head_amax_from_channels
 from trtkv.kvcache.cache import QuantizedKVCache
+from trtkv.kvcache.codecs import layer_codecs
+from trtkv.kvcache.numerics import nvfp4_dequantize, nvfp4_quantize
 from trtkv.kvcache.scales import KVScales
 from trtkv.kvcache.stats import collect_kv_stats
+from trtkv.kvcache.variants import E5M2_MAX, head_scale, modelopt_fake_quant, modelopt_hadamard, nvfp4_4over6_quantize
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -46,15 +49,15 @@ def test_e5m2_round_trip_is_within_half_a_step_of_two_mantissa_bits() -> None:
                   dim=2)
     y = quant.fake_quantize(x, "fp8_e5m2")
     normal = x.abs() >= 2.0 ** -14
-    assert ((y - x).abs()[normal & (x.abs() <= quant.E5M2_MAX)] <= x.abs()[normal & (x.abs() <= quant.E5M2_MAX)] / 8).all()
+    assert ((y - x).abs()[normal & (x.abs() <= E5M2_MAX)] <= x.abs()[normal & (x.abs() <= E5M2_MAX)] / 8).all()
     assert ((y - x).abs()[~normal] <= 2.0 ** -17).all()  # subnormal step 2^-16
-    assert y.abs().max() == quant.E5M2_MAX  # 7e4 saturates
+    assert y.abs().max() == E5M2_MAX  # 7e4 saturates
     assert y[0, 0, 64 + 2, 0] == 1.0 and y[0, 0, 64 + 3, 0] == 1.5  # ties 1.125 / 1.375 go to the even mantissa
 
 
 def test_attn_head_scales_are_the_numbers_calibrate_writes_for_vllm() -> None:
     channel = [[float(v) for v in _x(3 * 16, seed=i).abs()] for i in range(2)]
-    mine = [quant.head_scale([max(layer[h * 16:(h + 1) * 16]) for h in range(3)]).scales for layer in channel]
+    mine = [head_scale([max(layer[h * 16:(h + 1) * 16]) for h in range(3)]).scales for layer in channel]
     theirs = [attn_head_scales(head_amax_from_channels(layer, 3)) for layer in channel]
     assert [list(m) for m in mine] == [torch.tensor(t, dtype=torch.float32).tolist() for t in theirs]
 
@@ -63,8 +66,8 @@ def test_attn_head_quantizes_each_head_with_its_own_scale() -> None:
     x = _x(1, 3, 32, 64)
     x[:, 2] *= 2.0 ** 14  # one loud head: a per-tensor scale puts the others in E4M3 subnormals
     amax = x.abs().amax(dim=(0, 2, 3)).tolist()
-    scale = quant.head_scale(amax)
-    codec = quant.layer_codecs("fp8_attn_head", scale, scale).key
+    scale = head_scale(amax)
+    codec = layer_codecs("fp8_attn_head", scale, scale).key
     y = codec.roundtrip(x)
     for h in range(3):
         assert ((y[:, h] - x[:, h]).abs() <= x[:, h].abs() / 16 + scale.scales[h] * 2.0 ** -9).all()
@@ -75,10 +78,10 @@ def test_attn_head_quantizes_each_head_with_its_own_scale() -> None:
 def test_four_over_six_never_reconstructs_a_block_worse_than_plain_amax_over_6() -> None:
     x = _x(2, 2, 64, 64, seed=3)
     gs = float(x.abs().max()) / 448
-    codes, scale = quant.nvfp4_4over6_quantize(x, gs)
-    six_codes, six_scale = quant.nvfp4_quantize(x, gs)
-    err = ((quant.nvfp4_dequantize(codes, scale, gs, torch.float32) - x) ** 2).reshape(2, 2, 64, 4, 16).sum(-1)
-    err6 = ((quant.nvfp4_dequantize(six_codes, six_scale, gs, torch.float32) - x) ** 2).reshape(2, 2, 64, 4, 16).sum(-1)
+    codes, scale = nvfp4_4over6_quantize(x, gs)
+    six_codes, six_scale = nvfp4_quantize(x, gs)
+    err = ((nvfp4_dequantize(codes, scale, gs, torch.float32) - x) ** 2).reshape(2, 2, 64, 4, 16).sum(-1)
+    err6 = ((nvfp4_dequantize(six_codes, six_scale, gs, torch.float32) - x) ** 2).reshape(2, 2, 64, 4, 16).sum(-1)
     assert (err <= err6).all() and (err < err6).any()
     four = scale.float() != six_scale.float()
     assert 0 < four.float().mean() < 1  # some blocks pick amax/4, some keep amax/6
@@ -88,26 +91,26 @@ def test_four_over_six_never_reconstructs_a_block_worse_than_plain_amax_over_6()
 
 def test_modelopt_hadamard_is_orthonormal_and_keeps_q_dot_k() -> None:
     for d in (64, 96):  # 96: blocks of 32 (its largest power-of-two divisor)
-        eye = quant.modelopt_hadamard(torch.eye(d))
+        eye = modelopt_hadamard(torch.eye(d))
         assert torch.allclose(eye @ eye.T, torch.eye(d), atol=1e-6)
-        assert torch.allclose(quant.modelopt_hadamard(quant.modelopt_hadamard(_x(5, d))), _x(5, d), atol=1e-5)
+        assert torch.allclose(modelopt_hadamard(modelopt_hadamard(_x(5, d))), _x(5, d), atol=1e-5)
         q, k = _x(7, d, seed=1), _x(9, d, seed=2)
-        assert torch.allclose(quant.modelopt_hadamard(q) @ quant.modelopt_hadamard(k).T, q @ k.T, atol=1e-4)
+        assert torch.allclose(modelopt_hadamard(q) @ modelopt_hadamard(k).T, q @ k.T, atol=1e-4)
 
 
 def test_nvfp4_rotate_attends_as_modelopt_rotating_q_and_k() -> None:
     """trtkv rotates the dequantized K back; ModelOpt rotates Q instead: the same logits within float rounding."""
     q, k = _x(1, 2, 8, 64, seed=4), _x(1, 2, 40, 64, seed=5, scale=3.0)
-    amax = float(quant.modelopt_hadamard(k).abs().max())
-    mine = q @ quant.layer_codecs("nvfp4_rotate", amax, 1.0).key.roundtrip(k).transpose(-1, -2)
-    theirs = quant.modelopt_hadamard(q) @ quant.modelopt_fake_quant(quant.modelopt_hadamard(k), amax).transpose(-1, -2)
+    amax = float(modelopt_hadamard(k).abs().max())
+    mine = q @ layer_codecs("nvfp4_rotate", amax, 1.0).key.roundtrip(k).transpose(-1, -2)
+    theirs = modelopt_hadamard(q) @ modelopt_fake_quant(modelopt_hadamard(k), amax).transpose(-1, -2)
     assert torch.allclose(mine, theirs, atol=1e-4)
 
 
 def test_modelopt_nvfp4_round_trip_bounds() -> None:
     x = _x(1, 2, 32, 64, seed=6)
     amax = float(x.abs().max())
-    y = quant.modelopt_fake_quant(x, amax)
+    y = modelopt_fake_quant(x, amax)
     blocks, yb = x.reshape(-1, 16), y.reshape(-1, 16)
     step = (yb.abs().amax(-1, keepdim=True) / 6).clamp(min=1e-12)
     assert ((yb - blocks).abs() <= blocks.abs().amax(-1, keepdim=True) * (1 / 6 + 1 / 16) + 1e-7).all()  # E2M1 + E4M3
@@ -166,9 +169,9 @@ def test_modelopt_nvfp4_matches_modelopts_own_triton_functions(tmp_path: Path) -
     assert proc.returncode == 0, proc.stderr[-3000:]
     for i, amax in enumerate(amaxes):
         ref = torch.from_numpy(np.load(tmp_path / f"out_{i}.npy"))
-        mine = quant.modelopt_fake_quant(x, float(amax))
+        mine = modelopt_fake_quant(x, float(amax))
         assert torch.equal(mine, ref), (i, (mine - ref).abs().max())
-    cast = quant.layer_codecs("nvfp4_cast").key.roundtrip(x.view(1, 1, *x.shape))[0, 0]
+    cast = layer_codecs("nvfp4_cast").key.roundtrip(x.view(1, 1, *x.shape))[0, 0]
     assert torch.equal(cast, torch.from_numpy(np.load(tmp_path / "out_0.npy")))
 
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from trtkv.kvcache import quant
-from trtkv.kvcache.numerics import nvfp4_dequantize
+from trtkv.kvcache.codecs import layer_codecs
+from trtkv.kvcache.numerics import e2m1_values, nvfp4_dequantize, nvfp4_quantize, unpack
+from trtkv.kvcache.variants import nvfp4_4over6_quantize
 
 F = np.float32
 E4M3 = sorted({float(v) for v in torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()})
@@ -76,8 +77,8 @@ def test_trtkv_equals_the_kernel_transcription_bit_for_bit() -> None:
     x[0, 0, 1, :16] = torch.tensor([1.0, -1.0] * 8)  # a flat block: amax/4 is exact
     x[0, 0, 2, :16] = torch.tensor(TIE)
     k_scale = 12.375 / 448
-    codes, scale = quant.nvfp4_4over6_quantize(x, k_scale)
-    values = quant.e2m1_values(codes).reshape(-1, 16)
+    codes, scale = nvfp4_4over6_quantize(x, k_scale)
+    values = e2m1_values(codes).reshape(-1, 16)
     scales = scale.float().reshape(-1)
     picked4 = 0
     for i, block in enumerate(_blocks(x)):
@@ -92,7 +93,7 @@ def test_a_block_whose_amax_over_6_scale_underflows_keeps_the_amax_over_4_one() 
     candidate (one E4M3 step up) wins; the re-derived rule divided by a stand-in step 1 and stored zeros instead."""
     x = torch.full((1, 1, 1, 16), 0.5)
     k_scale = 100.0  # 0.5 / (6 x 100) is under half of E4M3's smallest subnormal 2^-9; 0.5 / 400 rounds up to it
-    codes, scale = quant.nvfp4_4over6_quantize(x, k_scale)
+    codes, scale = nvfp4_4over6_quantize(x, k_scale)
     assert float(scale.float()) == 2.0 ** -9
     y = nvfp4_dequantize(codes, scale, k_scale, torch.float32)
     assert torch.allclose(y, torch.full_like(x, 3 * 2.0 ** -9 * k_scale))  # 0.5 / 0.195 = 2.56 -> E2M1 3
@@ -102,7 +103,7 @@ def test_a_block_whose_amax_over_6_scale_underflows_keeps_the_amax_over_4_one() 
 
 def test_negative_zero_keeps_its_sign_bit_as_the_hardware_cvt() -> None:
     x = torch.tensor([-0.0, -0.01] + [1.0] * 14).view(1, 1, 1, 16)
-    codes, _ = quant.nvfp4_4over6_quantize(x, 1.0 / 448)
+    codes, _ = nvfp4_4over6_quantize(x, 1.0 / 448)
     assert codes[0, 0, 0, 0] == 8 and codes[0, 0, 0, 1] == 8  # sign bit, magnitude 0
 
 
@@ -113,13 +114,13 @@ def test_four_over_six_shares_nvfp4s_codec_and_differs_only_in_its_store() -> No
 
     x = torch.randn(1, 2, 8, 64, generator=torch.Generator().manual_seed(3)).bfloat16()
     gs = float(x.float().abs().max()) / 448
-    four, plain = quant.layer_codecs("nvfp4_4over6", gs, gs).key, quant.layer_codecs("nvfp4", gs, gs).key
+    four, plain = layer_codecs("nvfp4_4over6", gs, gs).key, layer_codecs("nvfp4", gs, gs).key
     assert type(plain) is NVFP4Codec and isinstance(four, FourOverSixCodec) and isinstance(four, NVFP4Codec)
     assert (four.limit, four.static, four.static_bytes()) == (plain.limit, plain.static, plain.static_bytes())
-    codes, scale = quant.nvfp4_4over6_quantize(x, gs)
+    codes, scale = nvfp4_4over6_quantize(x, gs)
     parts = four.encode(x)
-    assert torch.equal(quant.unpack(parts["data"], 4), codes) and torch.equal(parts["scale"].view(torch.uint8),
+    assert torch.equal(unpack(parts["data"], 4), codes) and torch.equal(parts["scale"].view(torch.uint8),
                                                                              scale.view(torch.uint8))
     assert torch.equal(four.decode(parts, torch.float32), nvfp4_dequantize(codes, scale, gs, torch.float32))
-    c6, s6 = quant.nvfp4_quantize(x, gs)
+    c6, s6 = nvfp4_quantize(x, gs)
     assert torch.equal(plain.roundtrip(x.float()), nvfp4_dequantize(c6, s6, gs, torch.float32))

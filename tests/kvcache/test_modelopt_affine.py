@@ -12,8 +12,10 @@ from tests.support.models import tiny_llama
 from trtkv.core.errors import StageError, TrtkvError
 from trtkv.kvcache.affine import AffineCalibration, AffineCollector
 from trtkv.kvcache.cache import QuantizedKVCache
+from trtkv.kvcache.codecs import layer_codecs
 from trtkv.kvcache.formats import affine_bias_bytes, kv_bytes_per_token
-from trtkv.kvcache.quant import AffineScale, layer_codecs, parse_format
+from trtkv.kvcache.names import parse_format
+from trtkv.kvcache.numerics import AffineScale
 from trtkv.kvcache.scales import KVScales
 from trtkv.kvcache.stats import collect_kv_stats
 

@@ -21,7 +21,7 @@ from trtkv.kvcache.attention import quantize_q
 from trtkv.kvcache.attention_hook import EngineRun, engine_attention
 from trtkv.kvcache.attention_modes import load_attention
 from trtkv.kvcache.cache import QuantizedKVCache
-from trtkv.kvcache.codecs import FP8Codec
+from trtkv.kvcache.codecs import StaticCodec
 
 QKV = ("q_bmm_quantizer", "k_bmm_quantizer", "v_bmm_quantizer")
 F32_ROUNDOFF = 2.0 ** -24
@@ -76,7 +76,7 @@ def _compare(model, reference, ids: torch.Tensor, end_to_end: bool = True) -> No
     kernel = _qkv_mode().prefill
     for name, (x, out) in seen.items():
         scale = amax[name] / 448.0
-        got = quantize_q(x, kernel, scale) if name.endswith("q_bmm_quantizer") else FP8Codec(scale).roundtrip(x)
+        got = quantize_q(x, kernel, scale) if name.endswith("q_bmm_quantizer") else StaticCodec(scale).roundtrip(x)
         _same_grid(name, got, out, x, scale)
     if not end_to_end:
         return

@@ -13,7 +13,7 @@ from transformers import Gemma3ForCausalLM
 
 from tests.support.tiny_gemma3 import tiny_gemma3
 from trtkv.kvcache.formats import kv_bytes_per_token
-from trtkv.kvcache.quant import parse_format
+from trtkv.kvcache.names import parse_format
 from trtkv.kvcache.scales import KVScales
 
 WINDOW = 6

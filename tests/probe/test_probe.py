@@ -299,7 +299,7 @@ def test_per_layer_cache_key_follows_the_format_numerics(monkeypatch: pytest.Mon
 
     from trtkv.kvcache import engines
     from trtkv.kvcache.formats import KVFormat
-    from trtkv.kvcache.quant import parse_format
+    from trtkv.kvcache.names import parse_format
     from trtkv.probe.layer_passes import per_layer_key
 
     class Scales:
@@ -324,7 +324,7 @@ def test_probe_calibration_cache_keeps_fp8_affines_bias_and_amax(tmp_path: Path,
     import torch
 
     from trtkv.kvcache.affine import AffineCalibration, AffineCollector
-    from trtkv.kvcache.quant import AffineScale
+    from trtkv.kvcache.numerics import AffineScale
     from trtkv.kvcache.scales import KVScales
     from trtkv.kvcache.stats import KVStats
     from trtkv.probe import measure
@@ -363,8 +363,7 @@ def test_static_scale_cache_key_covers_the_amaxes_each_format_reads() -> None:
     misses); every other format's key is the old hash of [k_amax, v_amax, affine], so its cached results stay valid."""
     import hashlib
 
-    from trtkv.kvcache.names import all_format_names
-    from trtkv.kvcache.quant import parse_format
+    from trtkv.kvcache.names import all_format_names, parse_format
     from trtkv.kvcache.scales import KVScales
     from trtkv.probe.sweep_cache import scales_key
 
@@ -421,7 +420,7 @@ def test_fp8_attn_head_is_probed_by_its_recipe_and_named_in_the_advice(tmp_path:
 def test_per_layer_cache_key_covers_the_amaxes_each_format_reads() -> None:
     """`trtkv probe --per-layer` keys its passes by the same extra amaxes as the sweep (other formats unchanged)."""
     from trtkv.kvcache.formats import KVFormat
-    from trtkv.kvcache.quant import parse_format
+    from trtkv.kvcache.names import parse_format
     from trtkv.kvcache.scales import KVScales
     from trtkv.probe.layer_passes import per_layer_key
 

@@ -12,7 +12,7 @@ from trtkv.bench.load.prompts import load_tokenizer, tokenizer_dir
 from trtkv.bench.tasks import ruler
 from trtkv.cli import main
 from trtkv.core.errors import TrtkvError
-from trtkv.kvcache.quant import parse_format
+from trtkv.kvcache.names import parse_format
 from trtkv.kvcache.scales import KVScales
 from trtkv.measures.records import OK
 from trtkv.probe import ruler as probe_ruler

@@ -9,7 +9,7 @@ import torch
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
 from trtkv.kvcache.cache import QuantizedKVCache
-from trtkv.kvcache.quant import parse_format
+from trtkv.kvcache.names import parse_format
 from trtkv.probe.measure import feed
 from trtkv.probe.metrics import kl_between, length_record, logprobs, position_metrics
 from trtkv.probe.window import SlidingQuantizedLayer, WindowedKVCache

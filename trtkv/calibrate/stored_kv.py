@@ -34,6 +34,7 @@ from typing import Any, NoReturn
 from trtkv.backends import BACKENDS
 from trtkv.checkpoints import HF_QUANT_CONFIG, read_checkpoint_quant
 from trtkv.core.errors import StageError
+from trtkv.core.files import json_object
 from trtkv.recipe import KV_CALIBRATED_WEIGHTS, Backend, KVCacheQuant, Recipe, WeightQuant
 
 SCALES_SHARD = "kv_cache_scales.safetensors"
@@ -81,7 +82,7 @@ class StoredCheckpoint:
 def stored_checkpoint(recipe: Recipe, model_dir: Path) -> StoredCheckpoint | None:
     """The folder's stored quantization when its weights are quantized (None for 16-bit weights);
     a StageError before any work where calibrate cannot write KV scales beside them."""
-    config = _read_json(model_dir / "config.json")
+    config = json_object(model_dir / "config.json", "check the folder")
     parts = [config, config.get("text_config")]
     quant = next(
         (p["quantization_config"] for p in parts if isinstance(p, dict) and _has_quant(p)), None
@@ -94,11 +95,12 @@ def stored_checkpoint(recipe: Recipe, model_dir: Path) -> StoredCheckpoint | Non
         _refuse(recipe, model_dir, "an unrecognised quantization", " ".join(notes), "")
     fmt = found.stored_format or "16-bit weights"
     q = recipe.quantization
+
+    def refuse(why: str, first: str = "") -> NoReturn:
+        _refuse(recipe, model_dir, fmt, why, first)
+
     if q.weights is not WeightQuant.NONE:
-        _refuse(
-            recipe,
-            model_dir,
-            fmt,
+        refuse(
             f"quantization.weights {q.weights.value} would quantize them again",
             "quantization.weights none (the weights as stored; calibrate then calibrates the KV "
             "cache only), or ",
@@ -109,33 +111,22 @@ def stored_checkpoint(recipe: Recipe, model_dir: Path) -> StoredCheckpoint | Non
     elif found.kv_cache and q.kv_cache is KVCacheQuant.FP8:
         as_stored = f"its own KV-cache scales ({found.kv_cache}) are read by the engine as they are"
         if recipe.build.backend not in writer_backends(found.method):
-            _refuse(
-                recipe,
-                model_dir,
-                fmt,
+            refuse(
                 f"it already carries KV-cache scales ({found.kv_cache}; {found.source}), which "
                 f"build.backend {recipe.build.backend.value} does not read beside these weights",
-                "",
             )
     if as_stored:
         return StoredCheckpoint(model_dir, found.method, fmt, found.source, None, as_stored)
     if found.kv_cache:
-        _refuse(
-            recipe,
-            model_dir,
-            fmt,
+        refuse(
             f"it already carries KV-cache scales ({found.kv_cache}; {found.source}): calibrate "
             f"writes no kv_cache {q.kv_cache.value} beside them",
             "kv_cache fp8 (its scales as they are), or ",
         )
     if q.kv_cache not in (KVCacheQuant.FP8, KVCacheQuant.FP8_ATTN_HEAD):
-        _refuse(
-            recipe,
-            model_dir,
-            fmt,
+        refuse(
             f"kv_cache {q.kv_cache.value}: calibrate writes FP8 KV scales beside stored weights "
             "(kv_cache fp8, or fp8_attn_head for compressed-tensors)",
-            "",
         )
     return _target(recipe, model_dir, found.method, fmt, found.source, quant)
 
@@ -144,25 +135,20 @@ def _target(
     recipe: Recipe, model_dir: Path, method: str, fmt: str, source: str, quant: Any
 ) -> StoredCheckpoint:
     backend = recipe.build.backend
+
+    def refuse(why: str, first: str = "") -> NoReturn:
+        _refuse(recipe, model_dir, fmt, why, first)
+
     if method in NO_KV_PLACE:
-        _refuse(
-            recipe, model_dir, fmt, f"no engine place for its KV scales: {NO_KV_PLACE[method]}", ""
-        )
+        refuse(f"no engine place for its KV scales: {NO_KV_PLACE[method]}")
     if not writer_backends(method) or fmt not in KV_CALIBRATED_WEIGHTS:
-        _refuse(
-            recipe,
-            model_dir,
-            fmt,
+        refuse(
             f"trtkv dequantizes only FP8 and NVFP4 weights ({method} {fmt}; {source}) to "
             "calibrate on them as the engine runs them",
-            "",
         )
     if backend not in writer_backends(method):
         allowed = ", ".join(b.value for b in writer_backends(method))
-        _refuse(
-            recipe,
-            model_dir,
-            fmt,
+        refuse(
             f"build.backend {backend.value} reads no calibrated KV scale beside stored {method} "
             f"weights (trtkv writes them for {allowed}: TensorRT-LLM's LLM API runs FP8 KV at "
             "scale 1.0 whatever the checkpoint holds, `trtkv scales` says so; tensorrt and "
@@ -173,10 +159,7 @@ def _target(
         recipe.quantization.kv_cache is KVCacheQuant.FP8_ATTN_HEAD
         and method != "compressed-tensors"
     ):
-        _refuse(
-            recipe,
-            model_dir,
-            fmt,
+        refuse(
             f"kv_cache fp8_attn_head: {method} checkpoints carry one k/v scale per layer (vLLM "
             "reads per-head scales only through compressed-tensors)",
             "kv_cache fp8 (per layer), or ",
@@ -211,14 +194,6 @@ def _refuse(recipe: Recipe, model_dir: Path, fmt: str, why: str, first: str) -> 
 
 def _has_quant(part: Any) -> bool:
     return isinstance(part, dict) and isinstance(part.get("quantization_config"), dict)
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise StageError(f"{path}: not readable JSON ({exc}). Next: check the folder.") from exc
-    return data if isinstance(data, dict) else {}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -336,7 +311,7 @@ def check_written(
         if not same_bytes(target.model_dir / name, hf_dir / name)
     ]
     notes: list[str] = []
-    config = _read_json(hf_dir / "config.json")
+    config = json_object(hf_dir / "config.json", "`trtkv calibrate <recipe> --force`")
     found = read_checkpoint_quant(config.get("quantization_config"), hf_dir, notes)
     # vLLM's Fp8Config reads k/v scales with no declaration (fp8.py get_quant_method)
     declared = target.writer == "fp8" or (found is not None and found.kv_cache)

@@ -23,9 +23,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from trtkv.checkpoints.hf_config_fields import ModelConfigError, positive_int
+from trtkv.checkpoints.hf_config_fields import positive_int, read_object
 from trtkv.checkpoints.model_facts import StoredQuant
-from trtkv.core.files import NotReadable, read_json
 from trtkv.kvcache.engines import load_table
 
 HF_QUANT_CONFIG = "hf_quant_config.json"
@@ -304,18 +303,9 @@ def _hf_quant_config(folder: Path | None) -> dict[str, Any] | None:
     """The folder's hf_quant_config.json (ModelOpt's legacy file), read as untrusted JSON."""
     if folder is None or not (folder / HF_QUANT_CONFIG).exists():
         return None
-    path = folder / HF_QUANT_CONFIG
-    try:
-        data = read_json(path, MAX_QUANT_CONFIG_BYTES, "ModelOpt quantization config")
-    except NotReadable as exc:
-        raise ModelConfigError(
-            [
-                f"{path}: {exc.problem}. Next: {exc.next_step}, or remove it if the weights "
-                "are 16-bit."
-            ]
-        ) from None
-    if not isinstance(data, dict):
-        raise ModelConfigError(
-            [f"{path}: the top level is not an object. Next: export the checkpoint again."]
-        )
-    return data
+    return read_object(
+        folder / HF_QUANT_CONFIG,
+        MAX_QUANT_CONFIG_BYTES,
+        "ModelOpt quantization config",
+        "export the checkpoint again, or remove the file if the weights are 16-bit",
+    )

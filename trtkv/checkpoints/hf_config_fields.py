@@ -47,24 +47,26 @@ def config_file(path: Path) -> Path:
 
 
 def load_config(path: Path) -> dict[str, Any]:
-    """The parsed config.json, read as untrusted text (trtkv.core.files: a regular file, at most
-    MAX_CONFIG_BYTES, strict JSON); ModelConfigError naming the file and the next step."""
-    file = config_file(path)
+    """The parsed config.json (read_object); ModelConfigError naming the file and the next step."""
+    return read_object(
+        config_file(path),
+        MAX_CONFIG_BYTES,
+        "model config",
+        "pass a model folder holding config.json, or the model's config.json itself as published "
+        "with its weights",
+    )
+
+
+def read_object(file: Path, max_bytes: int, what: str, next_step: str) -> dict[str, Any]:
+    """The JSON object in `file`, read as untrusted text (trtkv.core.files: a regular file, at most
+    `max_bytes`, strict JSON); ModelConfigError naming the file and `next_step`."""
     try:
-        data = read_json(file, MAX_CONFIG_BYTES, "model config")
+        data = read_json(file, max_bytes, what)
     except NotReadable as exc:
-        raise ModelConfigError(
-            [
-                f"{file}: {exc.problem}. Next: pass a model folder holding config.json, or the "
-                f"model's config.json itself as published with its weights."
-            ]
-        ) from None
+        raise ModelConfigError([f"{file}: {exc.problem}. Next: {next_step}."]) from None
     if not isinstance(data, dict):
         raise ModelConfigError(
-            [
-                f"{file}: the top level is {type(data).__name__}, not an object. Next: pass the "
-                f"model's config.json."
-            ]
+            [f"{file}: the top level is {type(data).__name__}, not an object. Next: {next_step}."]
         )
     return data
 

@@ -69,9 +69,8 @@ class CheckpointScales:
     """A checkpoint folder's KV scale tensors and what its config says about them."""
 
     folder: Path
-    format: (
-        str  # "hf" (an HF folder: ModelOpt, compressed-tensors, ...) or "tensorrt_llm_checkpoint"
-    )
+    # "hf" (an HF folder: ModelOpt, compressed-tensors, ...) or "tensorrt_llm_checkpoint"
+    format: str
     architecture: str | None  # config.json architectures[0] (HF) or architecture (TRT-LLM)
     kv_algo: str | None  # the KV quantization the config declares (FP8, INT8, NVFP4), None: none
     num_layers: int | None

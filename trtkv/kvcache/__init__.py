@@ -52,10 +52,8 @@ if TYPE_CHECKING:
         kv_bytes_per_token,
     )
     from trtkv.kvcache.names import KIVI_RESIDUAL, FormatChoice, all_format_names, parse_format
-    from trtkv.kvcache.numerics import KVScale
     from trtkv.kvcache.quant import numerics_key
     from trtkv.kvcache.quantized_layer import QuantizedKVLayer
-    from trtkv.kvcache.rows import RowStore
     from trtkv.kvcache.scales import (
         CONVENTION,
         MIN_AMAX,
@@ -120,10 +118,8 @@ __getattr__, __dir__ = attach(
             "UNQUANTIZED",
         ],
         "names": ["all_format_names", "FormatChoice", "KIVI_RESIDUAL", "parse_format"],
-        "numerics": ["KVScale"],
         "quant": ["numerics_key"],
         "quantized_layer": ["QuantizedKVLayer"],
-        "rows": ["RowStore"],
         "scales": [
             "calibrate_scales",
             "CONVENTION",
@@ -173,7 +169,6 @@ __all__ = [
     "kv_bytes_per_token",
     "KV_CACHE_SCHEME_TENSOR",
     "KVFormat",
-    "KVScale",
     "KVScales",
     "KVStats",
     "LayerKVStats",
@@ -192,7 +187,6 @@ __all__ = [
     "q_scales_for",
     "QuantizedKVCache",
     "QuantizedKVLayer",
-    "RowStore",
     "scales",
     "SCALES_FILE",
     "SCORE_BUDGET_BYTES",

@@ -13,7 +13,7 @@ the model dtype), TensorQuantizer.collect
 - MaxCalibrator.collect (calib/max.py) on x minus the running bias as it stands after that batch
   (not the final bias): amax = max(|max|, |min|) of it, the running max over batches.
 load_calib_amax / load_calib_bias keep the last values; the quantizer then uses them as
-trtkv.kvcache.quant's fp8_affine codec does.
+trtkv.kvcache.codecs' fp8_affine codec does.
 """
 
 from __future__ import annotations

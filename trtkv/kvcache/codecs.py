@@ -65,19 +65,24 @@ class CastCodec(Codec):
         return parts["data"].to(dtype)
 
 
-class FP8Codec(Codec):
+class StaticCodec(Codec):
+    """One static scale per layer: FP8 E4M3 codes of x / scale, or TensorRT-LLM's INT8 ones
+    (`int8`); clips beyond the largest code times the scale."""
+
     static = True
     elementwise = True
 
-    def __init__(self, scale: float):
-        self.scale = float(scale)
-        self.limit = FP8_MAX * self.scale
+    def __init__(self, scale: float, int8: bool = False):
+        self.scale, self.int8 = float(scale), int8
+        self.limit = (INT8_MAX if int8 else FP8_MAX) * self.scale
 
     def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"data": fp8_quantize(x, self.scale)}
+        quantize = int8_static_quantize if self.int8 else fp8_quantize
+        return {"data": quantize(x, self.scale)}
 
     def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-        return fp8_dequantize(parts["data"], self.scale, dtype)
+        dequantize = int8_static_dequantize if self.int8 else fp8_dequantize
+        return dequantize(parts["data"], self.scale, dtype)
 
 
 class FP8AffineCodec(Codec):
@@ -103,21 +108,6 @@ class FP8AffineCodec(Codec):
     def static_bytes(self) -> int:
         # the amax and the bias (ModelOpt: model dtype)
         return 4 + self.bias.numel() * self.bias.element_size()
-
-
-class Int8StaticCodec(Codec):
-    static = True
-    elementwise = True
-
-    def __init__(self, scale: float):
-        self.scale = float(scale)
-        self.limit = INT8_MAX * self.scale
-
-    def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"data": int8_static_quantize(x, self.scale)}
-
-    def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-        return int8_static_dequantize(parts["data"], self.scale, dtype)
 
 
 class Int8TokenCodec(Codec):
@@ -313,9 +303,9 @@ def _turboquant(choice: FormatChoice, k: float | None, v: float | None) -> Layer
 CODECS: dict[str, CodecFactory] = {
     "fp16": _pair(lambda: CastCodec(torch.float16)),
     "bf16": _pair(lambda: CastCodec(torch.bfloat16)),
-    "fp8_scale1": _pair(lambda: FP8Codec(1.0)),
-    "fp8": _scaled(FP8Codec),
-    "int8": _scaled(Int8StaticCodec, shared=True),
+    "fp8_scale1": _pair(lambda: StaticCodec(1.0)),
+    "fp8": _scaled(StaticCodec),
+    "int8": _scaled(lambda scale: StaticCodec(scale, int8=True), shared=True),
     "nvfp4": _scaled(NVFP4Codec),  # separate K and V global scales, as TensorRT-LLM
     "int8_token": _pair(Int8TokenCodec),
     "int8_per_token_head": _pair(lambda: PerTokenHeadCodec(fp8=False)),

@@ -1,6 +1,5 @@
 """Exact elementwise numerics of every KV format: quantize and dequantize K/V tensors, vectorized
-torch (CPU and CUDA); the codecs (trtkv.kvcache.codecs) store their output, trtkv.kvcache.quant is
-the public face.
+torch (CPU and CUDA); the codecs (trtkv.kvcache.codecs) store their output.
 
 Tensors are laid out as transformers caches them: [batch, kv_heads, tokens, head_dim]. Each format
 is a pair of codecs (one for K, one for V). A codec turns a chunk of tokens into stored parts

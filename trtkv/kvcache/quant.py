@@ -1,8 +1,6 @@
-"""The KV numerics in one import (the package's face is trtkv/kvcache/__init__'s `__all__`): every
-format's names (trtkv.kvcache.names), elementwise numerics (trtkv.kvcache.numerics,
-trtkv.kvcache.turboquant) and codecs (trtkv.kvcache.codecs), plus `numerics_key` (what a cached
-probe result is keyed by) and `fake_quantize`. The semantics of each format, and the runtime each
-one follows, are in trtkv.kvcache.numerics' docstring."""
+"""`numerics_key` (what a cached probe result is keyed by: a format's registry row and the source of
+its codecs) and `fake_quantize`. The semantics of each format, and the runtime each one follows, are
+in trtkv.kvcache.numerics' docstring."""
 
 from __future__ import annotations
 
@@ -12,95 +10,10 @@ import sys
 
 import torch
 
-from trtkv.kvcache.codec_base import Codec, NVFP4Codec  # noqa: F401 - the public face of the KV numerics
-from trtkv.kvcache.codecs import (  # noqa: F401 - the public face of the KV numerics
-    CastCodec,
-    FP8AffineCodec,
-    FP8Codec,
-    GroupAsymCodec,
-    Int4PerTokenHeadCodec,
-    Int8StaticCodec,
-    Int8TokenCodec,
-    KiviKeyCodec,
-    LayerCodecs,
-    PerTokenHeadCodec,
-    TurboQuantKeyCodec,
-    TurboQuantValueCodec,
-    UltraQuantCodec,
-    layer_codecs,
-)
+from trtkv.kvcache.codecs import layer_codecs
 from trtkv.kvcache.formats import KVFormat
-from trtkv.kvcache.names import (  # noqa: F401 - the public face of the KV numerics
-    AFFINE,
-    ALIASES,
-    E2M1_MAGNITUDES,
-    ENGINE_VARIANTS,
-    FP16_MAX,
-    KIVI_GROUP,
-    KIVI_RESIDUAL,
-    MODELOPT_AMAX_EPS,
-    PER_TOKEN_HEAD_MIN_SCALE,
-    RHT_SEED,
-    STATIC_CODECS,
-    VARIANTS,
-    FormatChoice,
-    all_format_names,
-    parse_format,
-)
-from trtkv.kvcache.numerics import (  # noqa: F401 - the public face of the KV numerics
-    AffineScale,
-    HeadScale,
-    KVScale,
-    asym_dequantize,
-    asym_quantize,
-    e2m1_codes,
-    e2m1_values,
-    fp8_affine_dequantize,
-    fp8_affine_multipliers,
-    fp8_affine_quantize,
-    fp8_dequantize,
-    fp8_quantize,
-    hadamard,
-    int4_per_token_head_dequantize,
-    int4_per_token_head_quantize,
-    int8_static_dequantize,
-    int8_static_quantize,
-    int8_token_dequantize,
-    int8_token_quantize,
-    nvfp4_dequantize,
-    nvfp4_quantize,
-    pack,
-    per_token_head_quantize,
-    rht,
-    rht_block,
-    rht_signs,
-    round_half_away,
-    unpack,
-)
-from trtkv.kvcache.turboquant import (  # noqa: F401 - the public face of the KV numerics
-    UE8M0_BIAS,
-    ULTRAQUANT_C,
-    fwht_normalized,
-    lloyd_max_centroids,
-    orthonormal_hadamard,
-    pack3,
-    turboquant_key_dequantize,
-    turboquant_key_quantize,
-    turboquant_value_quantize,
-    ultraquant_dequantize,
-    ultraquant_quantize,
-    unpack3,
-)
-from trtkv.kvcache.variants import (  # noqa: F401, E402 - the public face of the KV numerics
-    E5M2_MAX,
-    e5m2_quantize,
-    head_scale,
-    modelopt_fake_quant,
-    modelopt_hadamard,
-    modelopt_nvfp4_dequantize,
-    modelopt_nvfp4_quantize,
-    nvfp4_4over6_quantize,
-)
+from trtkv.kvcache.names import FormatChoice, parse_format
+from trtkv.kvcache.numerics import AffineScale, HeadScale, KVScale
 
 
 def numerics_key(fmt: KVFormat | str | FormatChoice) -> str:

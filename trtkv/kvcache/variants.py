@@ -37,7 +37,8 @@ import torch
 from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.attn_head import attn_head_scales
 from trtkv.kvcache.codec_base import Codec, NVFP4Codec
-from trtkv.kvcache.formats import E2M1_MAX, FP8_MAX, NVFP4_BLOCK, KVFormat
+from trtkv.kvcache.formats import E2M1_MAX, FP8_MAX, NVFP4_BLOCK
+from trtkv.kvcache.names import ENGINE_VARIANTS
 from trtkv.kvcache.numerics import (
     HeadScale,
     KVScale,
@@ -292,16 +293,6 @@ class ModelOptNVFP4Codec(Codec):
         return self._rotated(x).abs() > self.limit
 
 
-VARIANT_BASES = {
-    "fp8_e5m2": KVFormat.FP8_SCALE1,
-    "fp8_attn_head": KVFormat.FP8,
-    "nvfp4_4over6": KVFormat.NVFP4,
-    "nvfp4_rotate": KVFormat.NVFP4,
-    "nvfp4_cast": KVFormat.NVFP4,
-}
-UNSCALED_VARIANTS = ("fp8_e5m2", "nvfp4_cast")  # no calibrated scales: a constant amax or none
-
-
 def variant_codecs(
     name: str, k_scale: KVScale | None, v_scale: KVScale | None
 ) -> tuple[Codec, Codec]:
@@ -331,4 +322,6 @@ def variant_codecs(
         return FourOverSixCodec(float(k_scale)), FourOverSixCodec(float(v_scale))
     if name == "nvfp4_rotate":
         return ModelOptNVFP4Codec(float(k_scale), rotate=True), ModelOptNVFP4Codec(float(v_scale))
-    raise TrtkvError(f"KV format variant {name!r} is unknown. Allowed: {', '.join(VARIANT_BASES)}.")
+    raise TrtkvError(
+        f"KV format variant {name!r} is unknown. Allowed: {', '.join(ENGINE_VARIANTS)}."
+    )

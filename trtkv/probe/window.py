@@ -18,7 +18,6 @@ rows only.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -27,9 +26,7 @@ import torch
 from trtkv.kvcache.cache import QuantizedKVCache
 from trtkv.kvcache.formats import KVFormat
 from trtkv.kvcache.names import FormatChoice
-from trtkv.kvcache.numerics import KVScale
 from trtkv.kvcache.quantized_layer import QuantizedKVLayer
-from trtkv.kvcache.rows import RowStore
 
 SLIDING = "sliding_attention"
 # prefill chunk of the windowed passes: sliding attention costs chunk x (window + chunk)
@@ -47,18 +44,6 @@ def sliding_window(config) -> int | None:  # noqa: ANN001
     if SLIDING not in layer_types(config):
         return None
     return int(config.get_text_config(decoder=True).sliding_window)
-
-
-def _trim_store(store: RowStore, drop_tokens: int, tokens: int) -> None:
-    """Drop the oldest `drop_tokens` of `tokens` stored tokens from every part (rows per token may
-    be < 1: KIVI's per-32-token key scales)."""
-    if drop_tokens <= 0:
-        return
-    for name, buf in store.buffers.items():
-        used = store.used[name]
-        drop = drop_tokens * used // tokens
-        store.buffers[name] = buf[..., drop:used, :].clone()
-        store.used[name] = used - drop
 
 
 class SlidingQuantizedLayer(QuantizedKVLayer):
@@ -82,7 +67,6 @@ class SlidingQuantizedLayer(QuantizedKVLayer):
         self.is_sliding = True
         # False: keep every token (the naive path the tests compare with; the mask still slides)
         self.trim = trim
-        self.stored_tokens = 0  # tokens in the quantized store (after trimming)
         self.rate = 0.0  # quantized bytes per stored token, measured before each trim
 
     def kept_tokens(self) -> int:
@@ -115,8 +99,8 @@ class SlidingQuantizedLayer(QuantizedKVLayer):
         if self.stored_tokens:
             self.rate = self.quantized_bytes() / self.stored_tokens
         if drop > 0:
-            _trim_store(self.k_store, drop, self.stored_tokens)
-            _trim_store(self.v_store, drop, self.stored_tokens)
+            self.k_store.drop_front(drop, self.stored_tokens)
+            self.v_store.drop_front(drop, self.stored_tokens)
             self.stored_tokens -= drop
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -126,13 +110,6 @@ class SlidingQuantizedLayer(QuantizedKVLayer):
         kept = self.kept_tokens()
         return kept + query_length, self.cumulative_length - kept
 
-    def get_max_length(self) -> int:
-        return self.sliding_window if self.sliding_window is not None else -1
-
-    def reset(self) -> None:
-        super().reset()
-        self.stored_tokens = 0
-
 
 class WindowedKVCache(QuantizedKVCache):
     """QuantizedKVCache for a model with sliding-window layers: those keep their window only
@@ -141,17 +118,14 @@ class WindowedKVCache(QuantizedKVCache):
 
     def __init__(
         self,
-        config,
+        config: Any,
         fmt: KVFormat | str | FormatChoice,
-        k_scales: Sequence[KVScale] | None = None,  # noqa: ANN001
-        v_scales: Sequence[KVScale] | None = None,
-        *,
-        record_positions: bool = False,
-        track_clipping: bool = True,
-        keep_layers: Sequence[int] = (),
-        keep_format: KVFormat | str = "bf16",
+        *args: Any,
         trim: bool = True,
-    ):
+        **kw: Any,
+    ) -> None:
+        """QuantizedKVCache's arguments; `trim` False keeps every token (the naive path the tests
+        compare with)."""
         kinds = layer_types(config)
         window = int(config.get_text_config(decoder=True).sliding_window or 0)
         full_view = SimpleNamespace(
@@ -161,22 +135,13 @@ class WindowedKVCache(QuantizedKVCache):
                 num_hidden_layers=len(kinds),
             )
         )
-        super().__init__(
-            full_view,
-            fmt,
-            k_scales,
-            v_scales,
-            record_positions=record_positions,
-            track_clipping=track_clipping,
-            keep_layers=keep_layers,
-            keep_format=keep_format,
-        )
+        super().__init__(full_view, fmt, *args, **kw)
         self.layer_kinds = kinds
         for i, kind in enumerate(kinds):
             if kind == SLIDING:
                 old = self.qlayers[i]
                 self.qlayers[i] = SlidingQuantizedLayer(
-                    old.codecs, window, record_positions, old.track_clipping, trim
+                    old.codecs, window, old.record_positions, old.track_clipping, trim
                 )
                 self.layers[i] = self.qlayers[i]
 
@@ -184,19 +149,11 @@ class WindowedKVCache(QuantizedKVCache):
         """Stored bytes per token summed over layers, each layer's rate over the tokens it holds (a
         sliding layer holds its window): the planner's per-token formula, KIVI's fp16 window left
         out."""
-        total = 0.0
-        for layer in self.qlayers:
-            if isinstance(layer, SlidingQuantizedLayer):
-                total += layer.rate or (
-                    layer.quantized_bytes() / layer.stored_tokens if layer.stored_tokens else 0.0
-                )
-            else:
-                total += (
-                    layer.quantized_bytes() / layer.quantized_tokens
-                    if layer.quantized_tokens
-                    else 0.0
-                )
-        return total
+        rates = [isinstance(layer, SlidingQuantizedLayer) and layer.rate for layer in self.qlayers]
+        return sum(
+            rate or (layer.quantized_bytes() / layer.stored_tokens if layer.stored_tokens else 0.0)
+            for layer, rate in zip(self.qlayers, rates, strict=True)
+        )
 
 
 class LastLayerAt(torch.nn.Module):

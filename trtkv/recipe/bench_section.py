@@ -71,10 +71,6 @@ class PrefixWorkload(Section):
         server."""
         return input_tokens + (self.turns - 1) * (self.turn_tokens + output_tokens) + output_tokens
 
-    def longest_prompt(self, input_tokens: int, output_tokens: int) -> int:
-        """The last turn's prompt length (tokens)."""
-        return self.longest_tokens(input_tokens, output_tokens) - output_tokens
-
 
 class BenchConfig(Section):
     protocol: Protocol = Field(

@@ -156,11 +156,10 @@ def prefill_chunk(runtime: ReferenceRuntime, seq: SequenceState, budget: int | N
     choose the first token. True when the prompt is fully prefilled."""
     import torch
 
-    if runtime.batch_invariant:
-        return _prefill_chunk_invariant(runtime, seq, budget)
-
     rest = len(seq.prompt) - seq.prefilled
     n = rest if budget is None else max(1, min(rest, budget))
+    if runtime.batch_invariant:
+        return _prefill_chunk_invariant(runtime, seq, n)
     ids = torch.tensor([seq.prompt[seq.prefilled : seq.prefilled + n]], dtype=torch.long)
     with torch.inference_mode():
         out = runtime.model(
@@ -180,10 +179,8 @@ def decode_step(runtime: ReferenceRuntime, seqs: list[SequenceState]) -> torch.T
 
     if runtime.batch_invariant:
         return _decode_step_invariant(runtime, seqs)
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-    from trtkv.kvcache.cache import update_rows
     from trtkv.runtime import gemma3
 
     model = runtime.model.model
@@ -203,33 +200,19 @@ def decode_step(runtime: ReferenceRuntime, seqs: list[SequenceState]) -> torch.T
             k = attn.k_proj(x).view(batch, 1, -1, attn.head_dim).transpose(1, 2)
             v = attn.v_proj(x).view(batch, 1, -1, attn.head_dim).transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            outs = []
-            # each sequence stores its token in its own cache (one encode call for all) and attends
-            # over it
-            for b, (keys, values) in enumerate(update_rows([s.cache for s in seqs], i, k, v)):
-                o, _ = sdpa_attention_forward(
-                    attn, q[b : b + 1], keys, values, None, dropout=0.0, scaling=attn.scaling
-                )
-                outs.append(o)
-            o = torch.cat(outs, dim=0).reshape(batch, 1, -1)
-            h = residual + attn.o_proj(o)
+            h = residual + attn.o_proj(gemma3.attend_each(attn, seqs, i, q, k, v))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         h = model.norm(h)
         return runtime.model.lm_head(h)[:, -1, :]
 
 
-def _prefill_chunk_invariant(
-    runtime: ReferenceRuntime, seq: SequenceState, budget: int | None
-) -> bool:
-    """Feed the next at most `budget` prompt tokens (None: all) through the model; on the last chunk
-    choose the first token. True when the prompt is fully prefilled. The chunk's boundaries do not
-    change a token's arithmetic."""
+def _prefill_chunk_invariant(runtime: ReferenceRuntime, seq: SequenceState, n: int) -> bool:
+    """prefill_chunk of the next `n` prompt tokens, whose boundaries do not change a token's
+    arithmetic."""
     import torch
 
     from trtkv.runtime import invariant
 
-    rest = len(seq.prompt) - seq.prefilled
-    n = rest if budget is None else max(1, min(rest, budget))
     with torch.inference_mode():
         last = invariant.prefill_rows(
             runtime.model,

@@ -4,16 +4,12 @@ and what not)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trtkv.core.errors import StageError
-
-if TYPE_CHECKING:
-    pass
-
 from trtkv.runtime.checkpoint import (
     RUNTIME_JSON,
     build_model,
@@ -24,10 +20,14 @@ from trtkv.runtime.checkpoint import (
     trtllm_to_hf_state_dict,
 )
 from trtkv.runtime.errors import RequestError
-from trtkv.runtime.sampling import LogitControls
 
-# ---------------------------------------------------------------------------------------------
-# The runtime
+
+def _eos_ids(config: Any, tokenizer: Any) -> list[int]:
+    """The end ids: config.json's eos_token_id (one or a list), else the tokenizer's."""
+    eos = config.eos_token_id
+    if eos is None:
+        eos = getattr(tokenizer, "eos_token_id", None)
+    return [int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
 
 
 @dataclass
@@ -127,12 +127,6 @@ class ReferenceRuntime:
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(settings["tokenizer"])
-        eos = (
-            config.eos_token_id
-            if config.eos_token_id is not None
-            else getattr(tokenizer, "eos_token_id", None)
-        )
-        eos_ids = [int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
         max_len = min(
             int(settings.get("max_seq_len") or config.max_position_embeddings),
             int(config.max_position_embeddings),
@@ -144,7 +138,7 @@ class ReferenceRuntime:
             kv_format=kv_format,
             kv_scales=scales,
             max_seq_len=max_len,
-            eos_token_ids=eos_ids,
+            eos_token_ids=_eos_ids(config, tokenizer),
             bos_token_id=config.bos_token_id,
             engine_dir=engine_dir,
             settings=settings,
@@ -232,12 +226,6 @@ class ReferenceRuntime:
         ).is_file()
         # None: token ids only
         tok = AutoTokenizer.from_pretrained(str(source)) if has_tokenizer else None
-        eos = (
-            config.eos_token_id
-            if config.eos_token_id is not None
-            else getattr(tok, "eos_token_id", None)
-        )
-        eos_ids = [int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
         limit = int(config.max_position_embeddings)
         seq_len = min(max_seq_len or limit, limit)
         settings: dict[str, Any] = {
@@ -257,7 +245,7 @@ class ReferenceRuntime:
             kv_format=kv_format,
             kv_scales=None,
             max_seq_len=seq_len,
-            eos_token_ids=eos_ids,
+            eos_token_ids=_eos_ids(config, tok),
             bos_token_id=config.bos_token_id,
             engine_dir=hf_dir,
             settings=settings,
@@ -334,46 +322,13 @@ class ReferenceRuntime:
         if bad:
             raise RequestError(f"token ids out of range [0, {vocab}): {bad[:5]}")
 
-    def generate(
-        self,
-        input_ids: Sequence[int],
-        *,
-        max_tokens: int,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        seed: int | None = None,
-        end_id: int | None = None,
-        stop_words: Sequence[Sequence[int]] | None = None,
-        on_token: Callable[[int], bool | None] | None = None,
-        controls: LogitControls | None = None,
-        log_probs: list[float] | None = None,
-    ) -> list[int]:
-        """Generated ids only (end_id excluded, a matched stop word included); on_token(id) -> False
-        cancels.
-
-        `controls`: penalties, min_tokens, bad words, logit bias (TensorRT-LLM's semantics, see
-        LogitControls). `log_probs`: when given, receives the log-probability of each generated
-        token (log-softmax of the logits after `controls`, before temperature) as it is chosen,
-        before on_token is called.
-        """
+    def generate(self, input_ids: Sequence[int], **kwargs: Any) -> list[int]:
+        """Generated ids only (end_id excluded, a matched stop word included); the keyword arguments
+        are make_sequence's (max_tokens, sampling, end_id, stop_words, on_token -> False cancels,
+        LogitControls, log_probs: each chosen token's log-probability after `controls`)."""
         from trtkv.runtime.batch import make_sequence, run_solo
 
-        seq = make_sequence(
-            self,
-            input_ids,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            seed=seed,
-            end_id=end_id,
-            stop_words=stop_words,
-            on_token=on_token,
-            controls=controls,
-            log_probs=log_probs,
-        )
-        return run_solo(self, seq)
+        return run_solo(self, make_sequence(self, input_ids, **kwargs))
 
     def generate_text(self, prompt: str, **kwargs: Any) -> str:
         """Convenience: tokenize, generate, detokenize (needs the tokenizer)."""

@@ -98,10 +98,7 @@ def decode_step(
     Gemma3DecoderLayer, with attention per sequence over its own cache: a sliding layer's cache
     returns just its window)."""
     import torch
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.models.gemma3.modeling_gemma3 import apply_rotary_pos_emb
-
-    from trtkv.kvcache.cache import update_rows
 
     config, inner = model.config, model.model
     batch = len(seqs)
@@ -116,16 +113,28 @@ def decode_step(
         v = attn.v_proj(x).view(batch, 1, -1, attn.head_dim).transpose(1, 2)
         cos, sin = rope[config.layer_types[i]]
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        outs = []
-        # one encode call
-        for b, (keys, values) in enumerate(update_rows([s.cache for s in seqs], i, k, v)):
-            o, _ = sdpa_attention_forward(
-                attn, q[b : b + 1], keys, values, None, dropout=0.0, scaling=attn.scaling
-            )
-            outs.append(o)
-        o = torch.cat(outs, dim=0).reshape(batch, 1, -1)
+        o = attend_each(attn, seqs, i, q, k, v)
         h = residual + layer.post_attention_layernorm(attn.o_proj(o))
         h = h + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(h)))
     logits = model.lm_head(inner.norm(h))[:, -1, :]
     cap = config.final_logit_softcapping
     return torch.tanh(logits / cap) * cap if cap is not None else logits
+
+
+def attend_each(
+    attn: Any, seqs: list[Any], layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> torch.Tensor:
+    """A decode token's attention output (B, 1, heads * head_dim), each sequence over its own cache
+    (the new rows stored in one encode call); the Llama step (trtkv.runtime.batch) uses it too."""
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from trtkv.kvcache.cache import update_rows
+
+    outs = [
+        sdpa_attention_forward(
+            attn, q[b : b + 1], keys, values, None, dropout=0.0, scaling=attn.scaling
+        )[0]
+        for b, (keys, values) in enumerate(update_rows([s.cache for s in seqs], layer_idx, k, v))
+    ]
+    return torch.cat(outs, dim=0).reshape(len(seqs), 1, -1)

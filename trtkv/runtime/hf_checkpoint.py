@@ -71,6 +71,8 @@ ARCHITECTURES = ("LlamaForCausalLM", "Gemma3ForCausalLM")
 def hf_model_config(hf_dir: Path) -> Any:
     """The model's float32 config from config.json: a LlamaConfig or a Gemma3TextConfig (the
     architectures the reference engine runs); refuses the others."""
+    from transformers import LlamaConfig
+
     from trtkv.runtime import gemma3
 
     raw = _read_json(hf_dir / "config.json")
@@ -83,7 +85,10 @@ def hf_model_config(hf_dir: Path) -> Any:
             f"{' or '.join(ARCHITECTURES)}. Next: serve this model with another backend (vllm, "
             "llmapi)."
         )
-    return hf_llama_config(hf_dir)
+    data = {
+        k: v for k, v in raw.items() if k not in ("quantization_config", "torch_dtype", "dtype")
+    }
+    return LlamaConfig(**data, dtype="float32")
 
 
 def build_hf_model(config: Any, state_dict: dict[str, torch.Tensor]) -> Any:
@@ -96,23 +101,6 @@ def build_hf_model(config: Any, state_dict: dict[str, torch.Tensor]) -> Any:
         if gemma3.is_gemma3(config)
         else build_model(config, state_dict)
     )
-
-
-def hf_llama_config(hf_dir: Path) -> Any:
-    """The model's LlamaConfig from config.json (float32); refuses what is not a Llama."""
-    from transformers import LlamaConfig
-
-    raw = _read_json(hf_dir / "config.json")
-    archs = raw.get("architectures") or ["LlamaForCausalLM"]
-    if archs != ["LlamaForCausalLM"]:
-        raise StageError(
-            f"{hf_dir / 'config.json'}: architectures {archs}; the reference engine runs "
-            f"LlamaForCausalLM only."
-        )
-    data = {
-        k: v for k, v in raw.items() if k not in ("quantization_config", "torch_dtype", "dtype")
-    }
-    return LlamaConfig(**data, dtype="float32")
 
 
 def dequantized_state_dict(
