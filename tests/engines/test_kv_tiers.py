@@ -221,3 +221,16 @@ def test_the_reference_runtime_takes_the_host_tier_as_its_second_block_pool() ->
     assert host_tier_bytes(r) == 2**28
     assert host_tier_bytes(load_recipe(RECIPES / "smollm2_fp8kv.yaml")) == 0
     assert host_tier_bytes(gpu("vllm", f"{TIER}=100")) == 0  # the engines take it in their own unit
+
+
+@pytest.mark.parametrize(("tier", "bytes_"), [("100", str(100 * GIB // 4)), (None, "0")])
+def test_the_engine_paths_repository_carries_the_tier_per_rank(tier: str | None, bytes_: str) -> None:
+    """config.pbtxt's kv_cache_host_memory_bytes on the engine path is the tier's bytes per rank (it was
+    overwritten by the reference runtime's key, 0 off the reference backend, so the tier never reached
+    the served engine), 0 without a tier (#55)."""
+    from trtkv.repo import generate
+
+    r = gpu("tensorrt", *([f"{TIER}={tier}"] if tier else []))
+    values = generate.template_values(generate.plan_repo(r))
+    assert values["kv_cache_host_memory_bytes"] == bytes_
+    assert values["kv_cache_onboard_blocks"] == ("true" if tier else "")

@@ -169,6 +169,7 @@ def _raw_values(plan: RepoPlan) -> dict[str, str]:
     flag = lambda value: "true" if value else "false"  # noqa: E731
     # fp8 | int8 | auto (the model dtype)
     kv_dtype = (layout.kv_cache_quant_algo(r) or "auto").lower()
+    tier = engine_tier_params(r)
     return {
         "recipe_name": r.name,
         "triton_max_batch_size": str(b.max_batch_size),
@@ -190,10 +191,13 @@ def _raw_values(plan: RepoPlan) -> dict[str, str]:
         "batching_strategy": t.batching_strategy.value,
         "batch_scheduler_policy": t.batch_scheduler_policy.value,
         **_memory_values(r),
-        **engine_tier_params(r),  # the host KV tier: kv_cache_host_memory_bytes per rank
+        **tier,  # the host KV tier: kv_cache_host_memory_bytes per rank, kv_cache_onboard_blocks
         # explicit: the engine's default where it may reuse
         "enable_kv_cache_reuse": flag(prefix_cache(r).enabled),
-        "kv_cache_host_memory_bytes": str(host_tier_bytes(r)),
+        # the reference runtime's second pool, else the engine's bytes per rank, else none (0)
+        "kv_cache_host_memory_bytes": str(
+            host_tier_bytes(r) or tier["kv_cache_host_memory_bytes"] or 0
+        ),
         "enable_chunked_context": flag(r.chunked_context),
         "exclude_input_in_output": flag(t.exclude_input_in_output),
         "max_beam_width": str(MAX_BEAM_WIDTH),
