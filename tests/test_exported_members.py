@@ -133,7 +133,7 @@ HEAVY = ("torch", "transformers", "pydantic", "yaml", "numpy", "matplotlib", "ht
 
 def lazy_face(package: str) -> tuple[set[str], set[str], set[str]]:
     """(submodules, names given lazily, names imported under `if TYPE_CHECKING:`) of a package's `__init__`, read from
-    its `attach(__name__, submodules=[...], submod_attrs={...} or stub=__file__)` call (trtkv.core.lazy)."""
+    its `attach(__name__, submodules=[...], stub=__file__)` call (trtkv.core.lazy)."""
     tree = ast.parse((PACKAGE / package / "__init__.py").read_text())
     submodules: set[str] = set()
     lazy: set[str] = set()
@@ -143,11 +143,8 @@ def lazy_face(package: str) -> tuple[set[str], set[str], set[str]]:
             typed |= {a.asname or a.name for n in node.body if isinstance(n, ast.ImportFrom) for a in n.names}
         elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and ast.unparse(node.value.func) == "attach":
             for kw in node.value.keywords:
-                value = ast.literal_eval(kw.value) if kw.arg != "stub" else None
                 if kw.arg == "submodules":
-                    submodules |= set(value)
-                elif kw.arg == "submod_attrs":
-                    lazy |= {name for names in value.values() for name in names}
+                    submodules |= set(ast.literal_eval(kw.value))
                 elif kw.arg == "stub":  # the TYPE_CHECKING imports are the lazy names (trtkv.core.lazy)
                     lazy |= {n for names in typed_imports(f"trtkv.{package}", str(PACKAGE / package / "__init__.py"))
                              .values() for n in names}

@@ -46,29 +46,7 @@ if TYPE_CHECKING:
     )
 
 # the command lines load on first use: they import this face (for_recipe)
-__getattr__, __dir__ = attach(
-    __name__,
-    submod_attrs={
-        "bundled": ["local_command", "prepare_backends", "python_libdir", "server_env"],
-        "container": [
-            "CONTAINER_BIND",
-            "container_image",
-            "container_name",
-            "CONTAINER_TRITONSERVER",
-            "docker_command",
-            "gpu_command",
-            "inside_repo",
-            "launch_script_command",
-            "rank_command",
-            "shell_block",
-            "triton_reads",
-            "TRITON_SHM_GIB",
-            "trtllm_serve_command",
-            "trtllm_serve_docker_command",
-            "trtllm_serve_server",
-        ],
-    },
-)
+__getattr__, __dir__ = attach(__name__, stub=__file__)
 
 # what `trtkv serve --trtllm-serve` passes the options YAML as
 TRTLLM_SERVE_OPTIONS_FLAG = llmapi_serve.LLMAPI_OPTIONS_FLAG

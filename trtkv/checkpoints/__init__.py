@@ -48,23 +48,7 @@ if TYPE_CHECKING:
     from trtkv.checkpoints.trtllm_checkpoint import validate_trtllm_checkpoint
 
 # the rest is imported on first use (the exports, the checkpoint checks)
-__getattr__, __dir__ = attach(
-    __name__,
-    submodules=["models", "render", "rope"],
-    submod_attrs={
-        "kv_scale_tensors": [
-            "CheckpointScales",
-            "checkpoint_folders",
-            "read_checkpoint_scales",
-            "ScaleTensor",
-        ],
-        "hf_export": ["gemma3_legacy_rope", "HF_ARCHITECTURES", "validate_hf_checkpoint"],
-        "models": ["is_hub_id", "local_model_dir", "resolve_model_dir", "source_problem"],
-        "render": ["DECODERS", "DEFAULT_SEQ_LEN"],
-        "tokenizer_files": ["save_tokenizer", "TOKENIZER_FILES_VERSION"],
-        "trtllm_checkpoint": ["validate_trtllm_checkpoint"],
-    },
-)
+__getattr__, __dir__ = attach(__name__, submodules=["models", "render", "rope"], stub=__file__)
 
 __all__ = [
     "checkpoint_folders",

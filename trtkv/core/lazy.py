@@ -5,8 +5,7 @@ A package imports each name of its face under `if TYPE_CHECKING:` (so mypy sees 
 `stub=__file__`: those imports, read from the file, say which submodule defines each name, as
 `lazy_loader.attach_stub` reads a .pyi. `from trtkv.plan import Plan` then imports trtkv.plan.result
 at that moment, so a caller that needs one light module of a package never loads the package's heavy
-ones (torch, pydantic, yaml). A package may list the names in `submod_attrs` instead
-(tests/test_exported_members.py keeps that list equal to the TYPE_CHECKING imports)."""
+ones (torch, pydantic, yaml)."""
 
 from __future__ import annotations
 
@@ -17,20 +16,19 @@ import sys
 # mypy reads any `if TYPE_CHECKING:` block as true
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping
+    from collections.abc import Callable, Iterable
     from typing import Any
 
 
 def attach(
     package: str,
     submodules: Iterable[str] = (),
-    submod_attrs: Mapping[str, Iterable[str]] | None = None,
     *,
     stub: str | None = None,
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """The `__getattr__` and `__dir__` of `package`: each of `submodules` is the submodule itself,
-    each name in `submod_attrs[module]` (or imported from it in `stub`) is its attribute."""
-    attrs = dict(submod_attrs or {}) | (typed_imports(package, stub) if stub else {})
+    each name `stub` imports from a submodule is that submodule's attribute."""
+    attrs = typed_imports(package, stub) if stub else {}
     homes = {name: module for module, names in attrs.items() for name in names}
     modules = set(submodules)
 

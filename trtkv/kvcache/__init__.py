@@ -72,70 +72,7 @@ if TYPE_CHECKING:
 
 # each name's module is imported on first use: most load torch, and the planner must not
 __getattr__, __dir__ = attach(
-    __name__,
-    submodules=["attention", "attention_hook", "engines", "scales"],
-    submod_attrs={
-        "affine": ["AffineCalibration", "AffineCollector"],
-        "attention": ["SCORE_BUDGET_BYTES"],
-        "attention_hook": [
-            "engine_attention",
-            "engine_attention_forward",
-            "ENGINE_IMPL",
-            "EngineRun",
-            "q_scales_for",
-        ],
-        "attention_modes": [
-            "AttentionMode",
-            "AUTO",
-            "CACHE_ONLY",
-            "format_modes",
-            "load_attention",
-            "mode_names",
-            "select_mode",
-        ],
-        "attn_head": [
-            "attn_head_scales",
-            "compressed_tensors_config",
-            "head_amax_from_channels",
-            "KV_CACHE_SCHEME_TENSOR",
-            "MODELOPT_QUANT_CONFIG",
-            "PER_TENSOR_NAMES",
-            "SCALES_FILE",
-            "validate_attn_head_export",
-            "validate_per_tensor_export",
-            "write_attn_head_scales",
-            "write_per_tensor_scheme",
-        ],
-        "cache": ["config_layer_windows", "QuantizedKVCache", "update_rows"],
-        "engines": ["FormatRow", "load_table"],
-        "formats": [
-            "bytes_per_element",
-            "FP8_MAX",
-            "kv_bytes_per_token",
-            "KVFormat",
-            "PER_TOKEN_HEAD_SCALE_BYTES",
-            "SPECS",
-            "UNQUANTIZED",
-        ],
-        "names": ["all_format_names", "FormatChoice", "KIVI_RESIDUAL", "parse_format"],
-        "quant": ["numerics_key"],
-        "quantized_layer": ["QuantizedKVLayer"],
-        "scales": [
-            "calibrate_scales",
-            "CONVENTION",
-            "f32",
-            "KVScales",
-            "load_kv_scales",
-            "MIN_AMAX",
-        ],
-        "stats": [
-            "collect_kv_stats",
-            "KVStats",
-            "LayerKVStats",
-            "outlier_channels",
-            "OUTLIER_FACTOR",
-        ],
-    },
+    __name__, submodules=["attention", "attention_hook", "engines", "scales"], stub=__file__
 )
 
 __all__ = [

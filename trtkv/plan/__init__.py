@@ -13,17 +13,6 @@ if TYPE_CHECKING:
     from trtkv.plan.tiers import tier_lines
 
 # each name's module is imported on first use: `trtkv plan --help` loads none of them
-__getattr__, __dir__ = attach(
-    __name__,
-    submodules=["estimate"],
-    submod_attrs={
-        "estimate_model": ["Estimate"],
-        "handoff": ["figures"],
-        "planner": ["plan"],
-        "prefix_reuse": ["reuse_lines"],
-        "result": ["Plan"],
-        "tiers": ["tier_lines"],
-    },
-)
+__getattr__, __dir__ = attach(__name__, submodules=["estimate"], stub=__file__)
 
 __all__ = ["Estimate", "estimate", "figures", "Plan", "plan", "reuse_lines", "tier_lines"]

@@ -14,18 +14,7 @@ if TYPE_CHECKING:
     from trtkv.platform.versions import Row
 
 # each name's module is imported on first use (the version matrix reads its JSON then)
-__getattr__, __dir__ = attach(
-    __name__,
-    submodules=["host", "trtllm", "versions"],
-    submod_attrs={
-        "gpu_capabilities": ["gpus_where", "ONE_PER_SM"],
-        "gpu_names": ["gpu_from_name", "known_gpus"],
-        "hardware": ["CUDA_CONTEXT_GIB", "GPU", "GPU_SPECS"],
-        "host": ["auto_threads", "host_memory_bytes", "host_memory_gib"],
-        "host_link": ["HostLink", "host_link_of"],
-        "versions": ["Row"],
-    },
-)
+__getattr__, __dir__ = attach(__name__, submodules=["host", "trtllm", "versions"], stub=__file__)
 
 __all__ = [
     "auto_threads",

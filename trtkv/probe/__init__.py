@@ -44,16 +44,7 @@ if TYPE_CHECKING:
     from trtkv.probe.sweep import run_probe
 
 # each name's module is imported on first use (they import torch; `trtkv plan` must not)
-__getattr__, __dir__ = attach(
-    __name__,
-    submod_attrs={
-        "layers": ["PerLayerOptions", "run_per_layer"],
-        "placement": ["dry_run"],
-        "ruler": ["summary_lines"],
-        "setup": ["default_settings", "ProbeSettings"],
-        "sweep": ["run_probe"],
-    },
-)
+__getattr__, __dir__ = attach(__name__, stub=__file__)
 
 
 __all__ = [

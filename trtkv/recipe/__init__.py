@@ -127,35 +127,7 @@ if TYPE_CHECKING:
 
 # the modules loading a recipe does not need are imported on first use
 __getattr__, __dir__ = attach(
-    __name__,
-    submodules=["layout", "prefix_cache", "settle"],
-    submod_attrs={
-        "engine_attention": ["recipe_mode"],
-        "layout": [
-            "Artifacts",
-            "bench_dir",
-            "checkpoint_dir",
-            "checkpoint_tokenizer_dir",
-            "container_artifacts",
-            "container_mounts",
-            "CONTAINER_ROOT",
-            "engine_dir",
-            "fidelity_dir",
-            "HF",
-            "HF_CONFIG",
-            "host_artifacts",
-            "kv_cache_quant_algo",
-            "probe_dir",
-            "repo_dir",
-            "serve_dir",
-            "served_artifacts",
-            "to_container",
-            "WEIGHT_ALGOS",
-        ],
-        "prefix_cache": ["host_tier_bytes"],
-        "settle": ["batch_for", "MOVED_FORMATS", "propose_wide_ep", "refusal", "Settings"],
-        "stored": ["declared_kv_problems", "engine_unit_scale", "KV_CALIBRATED_WEIGHTS"],
-    },
+    __name__, submodules=["layout", "prefix_cache", "settle"], stub=__file__
 )
 
 __all__ = [

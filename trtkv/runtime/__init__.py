@@ -29,12 +29,7 @@ if TYPE_CHECKING:
 
 # the LLM API and the quiz are imported on first use
 __getattr__, __dir__ = attach(
-    __name__,
-    submodules=["hf_checkpoint", "quiz_patterns"],
-    submod_attrs={
-        "llm": ["LLM"],
-        "llm_request": ["SamplingParams"],
-    },
+    __name__, submodules=["hf_checkpoint", "quiz_patterns"], stub=__file__
 )
 
 __all__ = [

@@ -26,10 +26,7 @@ __getattr__, __dir__ = attach(
         "supervisor_state",
         "teardown",
     ],
-    submod_attrs={
-        "generate": ["DEFAULT_MAX_TOKENS"],
-        "pool": ["describe"],
-    },
+    stub=__file__,
 )
 
 __all__ = [
