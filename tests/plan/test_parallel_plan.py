@@ -12,9 +12,10 @@ import pytest
 
 from trtkv.core.errors import RecipeError
 from trtkv.engines.activation import ModelShape, Setup, all_to_all_bytes, forward_peak_bytes
-from trtkv.plan.model import GIB, resolve_architecture
+from trtkv.plan.model import resolve_architecture
 from trtkv.plan.planner import plan
 from trtkv.recipe import load_recipe
+from trtkv.units import GIB
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 PLAIN = ("build.ep_size=1", "build.attention_dp_size=1")  # init proposes both for an MoE model

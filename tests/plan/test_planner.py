@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from trtkv.kvcache.formats import KVFormat, bytes_per_element, kv_bytes_per_token
-from trtkv.plan.planner import GIB, plan
+from trtkv.plan.planner import plan
 from trtkv.recipe import load_recipe
+from trtkv.units import GIB
 
 
 def test_llama70b_published_bytes_per_token() -> None:

@@ -10,8 +10,9 @@ import pytest
 from trtkv.core.errors import TrtkvError
 from trtkv.platform.gpu_capabilities import ONE_PER_SM, gpus_where, same_sm
 from trtkv.platform.gpu_names import gpu_from_name
-from trtkv.platform.hardware import GIB, GPU, GPU_SPECS
+from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe import load_recipe
+from trtkv.units import GIB
 
 # The GPUs issue #37 asks for, by trtkv's names.
 ASKED = ["L4", "A10", "A10G", "L40", "L40S", "RTX-4090", "RTX-5090", "RTX-A5000", "RTX-A6000", "RTX-6000-Ada",

@@ -14,9 +14,10 @@ import torch
 from tests.support.models import tiny_llama
 from trtkv.kvcache.cache import QuantizedKVCache
 from trtkv.kvcache.formats import KVFormat
-from trtkv.probe.placement import GIB, dry_run, plan_placement
+from trtkv.probe.placement import dry_run, plan_placement
 from trtkv.probe.setup import default_settings
 from trtkv.recipe import load_recipe
+from trtkv.units import GIB
 
 
 def _config():  # noqa: ANN202

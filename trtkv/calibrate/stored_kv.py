@@ -332,10 +332,9 @@ def check_written(
         if not _close(read[f"{kind}_scales"], want):
             problems.append(f"{kind} scales read back {read[f'{kind}_scales']} != written {want}")
     if problems:
-        body = "\n".join(f"  - {p}" for p in problems)
         raise StageError(
-            f"{hf_dir}: the KV-only checkpoint is not what was meant, {len(problems)} "
-            f"problem(s):\n{body}\nNext: `trtkv calibrate <recipe> --force`."
+            f"{hf_dir}: the KV-only checkpoint is not what was meant, "
+            f"{StageError.listing(problems)}\nNext: `trtkv calibrate <recipe> --force`."
         )
     return {
         "writer": target.writer,

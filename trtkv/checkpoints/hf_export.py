@@ -410,9 +410,8 @@ def validate_hf_checkpoint(ckpt_dir: Path | str, recipe: Recipe) -> dict[str, An
     if "model.embed_tokens.weight" not in tensors:
         problems.append(f"{hf_dir}: model.embed_tokens.weight missing")
     if problems:
-        body = "\n".join(f"  - {p}" for p in problems)
         raise StageError(
-            f"HF checkpoint {hf_dir} is not valid, found {len(problems)} problem(s):\n{body}\n"
+            f"HF checkpoint {hf_dir} is not valid, found {StageError.listing(problems)}\n"
             f"Next: rerun `trtkv calibrate {recipe.name or '<recipe>'} --force` to re-export it."
         )
     return {

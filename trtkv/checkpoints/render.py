@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from trtkv.core.tools import quote
 from trtkv.recipe.attention import compact_layers, summary
 from trtkv.recipe.settle import Settings
+from trtkv.units import GIB
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
     from trtkv.checkpoints.model_facts import ModelFacts
     from trtkv.checkpoints.params import ParamCount
 
-GIB = 1024**3
 DEFAULT_SEQ_LEN = 32768
 # needle haystacks and probe lengths on a GPU (as recipes/_base/gpu_serving)
 GPU_LENGTHS = (1024, 4096, 16384, 32768)

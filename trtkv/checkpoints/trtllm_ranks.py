@@ -41,11 +41,10 @@ class Problems:
 
     def raise_if_any(self, ckpt_dir: Path) -> None:
         if self.items:
-            body = "\n".join(f"  - {p}" for p in self.items)
             raise StageError(
-                f"TensorRT-LLM checkpoint {ckpt_dir} is not valid, found {len(self.items)} "
-                f"problem(s):\n{body}\nNext: rerun `trtkv calibrate <recipe> --force` to re-export "
-                "it."
+                f"TensorRT-LLM checkpoint {ckpt_dir} is not valid, found "
+                f"{StageError.listing(self.items)}\nNext: rerun `trtkv calibrate <recipe> --force` "
+                "to re-export it."
             )
 
 

@@ -11,12 +11,11 @@ from pydantic import Field
 
 from trtkv.cli.common import add_verb, load
 from trtkv.core.options import Flag, Options
+from trtkv.units import GIB
 
 if TYPE_CHECKING:
     from trtkv.plan.estimate_model import Estimate
     from trtkv.plan.result import Plan
-
-GIB = 1024**3
 
 
 class PlanOptions(Options):

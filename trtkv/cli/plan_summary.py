@@ -17,11 +17,12 @@ import sys
 import textwrap
 from typing import TYPE_CHECKING
 
+from trtkv.units import GIB
+
 if TYPE_CHECKING:
     from trtkv.plan.result import Plan
     from trtkv.recipe import Recipe
 
-GIB = 1024**3
 SUMMARY_WIDTH = 100  # the most characters a line of the answer holds
 # the probe's per-format advice line (trtkv.measures.probe_results.probe_advice), smallest first
 PROBE_LINE = re.compile(r"^(?P<format>\S+) at \d+ tokens: .* -> safe$")

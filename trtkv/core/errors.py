@@ -8,14 +8,19 @@ class TrtkvError(Exception):
 
     exit_code = 2
 
+    @staticmethod
+    def listing(problems: list[str]) -> str:
+        """`N problem(s):` and a `  - ` line each: how each error collecting problems lists them."""
+        body = "\n".join(f"  - {p}" for p in problems)
+        return f"{len(problems)} problem(s):\n{body}"
+
 
 class RecipeError(TrtkvError):
     """A recipe that cannot be read or does not validate; carries every problem found."""
 
     def __init__(self, problems: list[str], header: str = "Recipe is not valid") -> None:
         self.problems = list(problems)
-        body = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"{header}, found {len(self.problems)} problem(s):\n{body}")
+        super().__init__(f"{header}, found {self.listing(self.problems)}")
 
 
 class StageError(TrtkvError):

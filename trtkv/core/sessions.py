@@ -64,19 +64,26 @@ def new_marker() -> str:
     return uuid.uuid4().hex
 
 
-def stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, session id, start time) of a pid from /proc/PID/stat (fields 3, 6, 22); None when it
-    is gone."""
+def _read_stat(pid: int) -> tuple[str, list[str]] | None:
+    """The command name (field 2) and the fields after it from /proc/PID/stat; None when it is
+    gone."""
     try:
         # many times per second while a session ends: keep it cheap
         with open(f"{PROC}/{pid}/stat", "rb") as fh:
             text = fh.read().decode(errors="replace")
     except OSError:
         return None
-    # the command name (field 2) may hold spaces and parentheses
-    fields = text.rsplit(")", 1)[-1].split()
+    # the command name may hold spaces and parentheses
+    head, _, rest = text.rpartition(")")
+    return head[head.find("(") + 1 :], rest.split()
+
+
+def stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, session id, start time) of a pid from /proc/PID/stat (fields 3, 6, 22); None when it
+    is gone."""
+    read = _read_stat(pid)
     try:
-        return fields[0], int(fields[3]), int(fields[19])
+        return (read[1][0], int(read[1][3]), int(read[1][19])) if read else None
     except (IndexError, ValueError):
         return None
 
@@ -84,20 +91,16 @@ def stat(pid: int) -> tuple[str, int, int] | None:
 def name(pid: int) -> str:
     """The process's command name (/proc/PID/stat field 2, what `ps -o comm` shows; a title set with
     setproctitle, e.g. `VLLM::EngineCor`), "?" when it is gone."""
-    try:
-        with open(f"{PROC}/{pid}/stat", "rb") as fh:
-            text = fh.read().decode(errors="replace")
-    except OSError:
-        return "?"
-    return text[text.find("(") + 1 : text.rfind(")")] or "?"
+    read = _read_stat(pid)
+    return (read[0] if read else "") or "?"
 
 
 def parent(pid: int) -> int | None:
     """The parent pid (/proc/PID/stat field 4); None when the process is gone."""
+    read = _read_stat(pid)
     try:
-        with open(f"{PROC}/{pid}/stat", "rb") as fh:
-            return int(fh.read().decode(errors="replace").rsplit(")", 1)[-1].split()[1])
-    except (OSError, IndexError, ValueError):
+        return int(read[1][1]) if read else None
+    except (IndexError, ValueError):
         return None
 
 

@@ -29,8 +29,8 @@ from trtkv.contracts.canary import CANARY_TIMEOUT_S
 from trtkv.deploy.sizing import Sizing
 from trtkv.engines import HostTier
 from trtkv.recipe import Recipe
+from trtkv.units import GIB
 
-GIB = 1024**3
 HOST_GIB_PER_RANK = 4.0  # per GPU process: CUDA context, NCCL buffers, the Python/torch runtime
 BASE_HOST_GIB = 4.0  # the server's front end, tokenizer, logs
 LIMIT_OVER_REQUEST = 1.25  # page cache and tokenizer workers above the request

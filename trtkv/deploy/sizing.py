@@ -16,6 +16,7 @@ from trtkv.core.errors import StageError
 from trtkv.platform.hardware import GPU
 from trtkv.recipe import Recipe
 from trtkv.recipe.limits import RANGES
+from trtkv.units import GIB
 
 DERIVED = ("total_gpus", "concurrent_sequences")
 
@@ -153,7 +154,7 @@ def hub_source_gib(recipe: Recipe, model_size_gib: float | None) -> float:
             "safetensors total, e.g. from its model.safetensors.index.json), or build the export "
             "here first."
         )
-    return total / 2**30
+    return total / GIB
 
 
 def size(

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MIB = 1024**2
-GIB = 1024**3
+from trtkv.units import GIB, MIB
 
 
 @dataclass(frozen=True)

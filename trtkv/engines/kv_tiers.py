@@ -25,9 +25,7 @@ from typing import Any
 
 from trtkv.recipe import Recipe
 from trtkv.recipe.kv_tiers import sglang_gb_per_rank
-
-GB = 10**9  # SGLang's --hicache-size unit
-GIB = 1024**3
+from trtkv.units import GB, GIB
 
 # the engines' own names (the recipe field's one home for its flags)
 VLLM_SIZE_FLAG = "--kv-offloading-size"

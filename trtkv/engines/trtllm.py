@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 
 from trtkv.core.readback import MAX_POOL_BYTES, MAX_POOL_TOKENS, real, whole
-from trtkv.engines.activation import MIB, ModelShape, Setup, forward_peak_bytes
+from trtkv.engines.activation import ModelShape, Setup, forward_peak_bytes
 from trtkv.engines.pool import (
     GIB,
     BatchLimit,
@@ -46,6 +46,7 @@ from trtkv.engines.pool import (
 )
 from trtkv.engines.sizing import cap_tokens
 from trtkv.recipe import Recipe
+from trtkv.units import MIB
 
 TRTLLM_DEFAULT_FRACTION = 0.9
 

@@ -171,10 +171,9 @@ def validate_attn_head_export(hf_dir: Path, num_layers: int, num_kv_heads: int) 
     if not (hf_dir / SCALES_FILE).is_file():
         problems.append(f"{SCALES_FILE} missing")
     if problems:
-        body = "\n".join(f"  - {p}" for p in problems)
         raise StageError(
             f"per-head KV export {hf_dir} is not what vLLM reads for fp8_attn_head, found "
-            f"{len(problems)} problem(s):\n{body}\nNext: `trtkv calibrate <recipe> --force` to "
+            f"{StageError.listing(problems)}\nNext: `trtkv calibrate <recipe> --force` to "
             "re-export it."
         )
     return {
@@ -248,10 +247,9 @@ def validate_per_tensor_export(hf_dir: Path, num_layers: int) -> dict[str, Any]:
                 )
             out.append(seen[0][1] if seen else math.nan)
     if problems:
-        body = "\n".join(f"  - {p}" for p in problems)
         raise StageError(
             f"per-tensor KV export {hf_dir} is not what vLLM reads for kv_cache fp8 with the "
-            f"weights as stored, found {len(problems)} problem(s):\n{body}\nNext: `trtkv "
+            f"weights as stored, found {StageError.listing(problems)}\nNext: `trtkv "
             "calibrate <recipe> --force` to re-export it."
         )
     return {"kv_cache_scheme": "tensor", "num_layers": num_layers, "k_scales": k, "v_scales": v}

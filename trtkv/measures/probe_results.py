@@ -122,20 +122,17 @@ def probe_advice(recipe: Recipe, probe_dir: Path | None = None) -> tuple[list[st
         key=lambda r: r.get("kv_bytes_per_token", 0),
     )
     out = []
+    safe = []
     for r in rows:
         needle = needles.get(r["format"])
+        verdict = classify({**r, "needle_accuracy": needle}, ref_needle)
         needle_txt = f", needle {needle:.0%}" if needle is not None else ""
         out.append(
             f"{r['format']} at {longest} tokens: KL {r['kl_mean']:.4f}, top-1 agreement "
-            f"{r['top1_agreement']:.1%}, ppl delta {r['ppl_delta']:+.3f}{needle_txt} -> "
-            f"{classify({**r, 'needle_accuracy': needle}, ref_needle)}"
+            f"{r['top1_agreement']:.1%}, ppl delta {r['ppl_delta']:+.3f}{needle_txt} -> {verdict}"
         )
-    safe = [
-        r
-        for r in rows
-        if r["format"] not in ("fp16", "bf16")
-        and classify({**r, "needle_accuracy": needles.get(r["format"])}, ref_needle) == "safe"
-    ]
+        if verdict == "safe" and r["format"] not in ("fp16", "bf16"):
+            safe.append(r)
     if safe:
         best = min(safe, key=lambda r: r.get("kv_bytes_per_token", 0))
         out.append(

@@ -9,7 +9,6 @@ from pathlib import Path
 from trtkv.engines.sequence import sequence_kv_bytes
 from trtkv.kvcache.formats import KVFormat
 from trtkv.plan.model import (
-    GIB,
     Architecture,
     recipe_accounting,
     recipe_formats,
@@ -22,6 +21,7 @@ from trtkv.recipe import Recipe
 from trtkv.recipe.attention import Accounting, AttentionKind, layer_formats
 from trtkv.recipe.backend_rules import SPEED_ENGINE
 from trtkv.recipe.stored import engine_unit_scale
+from trtkv.units import GIB
 
 
 def attention_notes(arch: Architecture, recipe: Recipe) -> list[str]:

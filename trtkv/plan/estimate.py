@@ -14,7 +14,7 @@ from trtkv.kvcache.formats import UNQUANTIZED, KVFormat
 from trtkv.plan import aic
 from trtkv.plan.estimate_model import AicFigures, Estimate, EstimateRow
 from trtkv.plan.layer_ops import layer_ops
-from trtkv.plan.model import GIB, Architecture, resolve_architecture, seq_bytes, weights_bytes
+from trtkv.plan.model import Architecture, resolve_architecture, seq_bytes, weights_bytes
 from trtkv.plan.moe_step import POWER_LAW, rank_concurrency, routing_note, with_experts
 from trtkv.plan.result import Plan
 from trtkv.plan.speed import (
@@ -33,6 +33,7 @@ from trtkv.recipe import Recipe, WeightQuant
 from trtkv.recipe.attention import AttentionKind, layer_formats
 from trtkv.recipe.backend_rules import SPEED_ENGINE, SPEED_ENGINES
 from trtkv.recipe.engine_formats import served_kv_formats
+from trtkv.units import GIB
 
 # NVFP4 KV: the GPUs GPUSpec.nvfp4_kv names (SM100/103), as recipe.rules says
 NVFP4_ONLY_WHERE = (KVFormat.NVFP4,)

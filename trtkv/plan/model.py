@@ -40,8 +40,8 @@ from trtkv.recipe.attention import (
 from trtkv.recipe.backend_rules import BACKEND_ROWS, KV_ACCOUNTING
 from trtkv.recipe.state import STATE_DTYPE_BYTES, StateSpec, state_dtypes, state_from_dict
 from trtkv.recipe.stored import engine_unit_scale
+from trtkv.units import GIB
 
-GIB = 1024**3
 PLAN_LENGTHS = (4096, 8192, 16384, 32768, 131072)
 PLAN_FORMATS = (
     KVFormat.FP16,

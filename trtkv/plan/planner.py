@@ -15,7 +15,6 @@ from trtkv.plan.advice import advice_for, attention_notes, format_row_note, unit
 from trtkv.plan.concurrency import concurrency
 from trtkv.plan.engine_pool import memory_rule, recipe_pool
 from trtkv.plan.model import (
-    GIB,
     PLAN_FORMATS,
     PLAN_LENGTHS,
     Architecture,
@@ -54,6 +53,7 @@ from trtkv.recipe.attention import (
 )
 from trtkv.recipe.attention import summary as layer_summary
 from trtkv.recipe.backend_rules import build_notes
+from trtkv.units import GIB
 
 
 def attn_head_note(arch: Architecture) -> str:

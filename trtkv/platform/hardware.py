@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-GIB = 1024**3
+from trtkv.units import GIB
 
 # The CUDA context and torch's own allocations before any engine memory, per GPU process: the SGLang
 # logs hold ~0.3-0.5 GiB between the device total and "Load weight begin. avail mem" on one GPU

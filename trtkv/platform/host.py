@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from trtkv.platform.hardware import GIB
+from trtkv.units import GIB
 
 
 def host_memory_bytes() -> float | None:

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from trtkv.core.errors import TrtkvError
+from trtkv.units import GIB
 
 if TYPE_CHECKING:
     from trtkv.recipe import Recipe
 
-GIB = 1024**3
 GPU_PREFILL_CHUNK = 2048  # tokens per prefill chunk on GPUs (activations scale with it)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 LOGIT_CHUNK = 512  # rows of the LM head at a time (its logits: rows x vocabulary x float32)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -135,15 +136,10 @@ def needle_cached(
         settings.needle_depths,
         settings.needle_seeds,
     ]
-    if path.is_file():
-        doc = json.loads(path.read_text())
-        if doc.get("params") == params:
-            return doc["result"]
-    result = needle_trials(
-        loaded, choice, scales, length, settings.needle_depths, settings.needle_seeds
+    depths, seeds = settings.needle_depths, settings.needle_seeds
+    return _cached(
+        path, params, lambda: needle_trials(loaded, choice, scales, length, depths, seeds)
     )
-    write_json(path, {"params": params, "result": result})
-    return result
 
 
 def _pass_needles_params(loaded: Loaded, choice: FormatChoice, skey: str) -> list:
@@ -193,13 +189,8 @@ def decode_cached(
         prompt,
         settings.decode_steps,
     ]
-    if path.is_file():
-        doc = json.loads(path.read_text())
-        if doc.get("params") == params:
-            return doc["result"]
-    result = decode_experiment(loaded, static, scales, prompt, settings.decode_steps)
-    write_json(path, {"params": params, "result": result})
-    return result
+    steps = settings.decode_steps
+    return _cached(path, params, lambda: decode_experiment(loaded, static, scales, prompt, steps))
 
 
 def drift_cached(
@@ -223,31 +214,28 @@ def drift_cached(
         prompt,
         settings.decode_steps,
     ]
-    if path.is_file():
-        doc = json.loads(path.read_text())
-        if doc.get("params") == params:
-            return doc["result"]
-    kernels = load_attention().mode(mode)
-    head_dim = loaded.info["head_dim"]
-    if not (
-        kernels.drifts(head_dim)
-        or (loaded.info.get("sliding_window") and kernels.drifts(head_dim, True))
-    ):
-        result = {
-            "format": choice.name,
-            "attention": mode,
-            "prompt_tokens": prompt,
-            "decode_steps": settings.decode_steps,
-            "mean_abs_dlogp": 0.0,
-            "max_abs_dlogp": 0.0,
-            "kl_mean": 0.0,
-            "top1_agreement": 1.0,
-            "exact_zero": True,
-            "note": f"prefill and decode kernels compute alike at head_dim {head_dim}: "
-            "0 by construction (the pass is not run)",
-        }
-    else:
-        result = {
+
+    def measure() -> dict:
+        kernels = load_attention().mode(mode)
+        head_dim = loaded.info["head_dim"]
+        if not (
+            kernels.drifts(head_dim)
+            or (loaded.info.get("sliding_window") and kernels.drifts(head_dim, True))
+        ):
+            return {
+                "format": choice.name,
+                "attention": mode,
+                "prompt_tokens": prompt,
+                "decode_steps": settings.decode_steps,
+                "mean_abs_dlogp": 0.0,
+                "max_abs_dlogp": 0.0,
+                "kl_mean": 0.0,
+                "top1_agreement": 1.0,
+                "exact_zero": True,
+                "note": f"prefill and decode kernels compute alike at head_dim {head_dim}: "
+                "0 by construction (the pass is not run)",
+            }
+        return {
             "format": choice.name,
             **drift(
                 loaded,
@@ -258,5 +246,15 @@ def drift_cached(
                 chunk_for(choice) or loaded.prefill_chunk,
             ),
         }
+
+    return _cached(path, params, measure)
+
+
+def _cached(path: Path, params: list, measure: Callable[[], dict]) -> dict:
+    """The result cached at `path` for these `params`, else `measure()`'s, written there."""
+    doc = json.loads(path.read_text()) if path.is_file() else {}
+    if doc.get("params") == params:
+        return doc["result"]
+    result = measure()
     write_json(path, {"params": params, "result": result})
     return result

@@ -36,11 +36,10 @@ from trtkv.recipe.backend_rules import BACKEND_ROWS
 from trtkv.recipe.enums import Backend
 from trtkv.recipe.prefix_cache import prefix_cache
 from trtkv.recipe.schema import Recipe
+from trtkv.units import GB, GIB
 
 HOST_FIELD = "triton.kv_host_tier_gib_per_replica"
 DISK_FIELD = "triton.kv_disk_tier_gib_per_replica"
-GB = 10**9
-GIB = 1024**3
 
 DISK_ELSEWHERE = (
     "a sized disk tier is served by Dynamo KVBM (DYN_KVBM_DISK_CACHE_GB) or TensorRT-LLM "

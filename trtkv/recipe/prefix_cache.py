@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from trtkv.platform.hardware import GPU
 from trtkv.recipe.enums import Backend, KVCacheQuant
 from trtkv.recipe.schema import Recipe
+from trtkv.units import GIB
 
 FIELD = "triton.enable_kv_cache_reuse"
 
@@ -139,4 +140,4 @@ def host_tier_bytes(recipe: Recipe) -> int:
     gib = recipe.triton.kv_host_tier_gib_per_replica
     if recipe.build.backend is not Backend.REFERENCE or not gib or not prefix_cache(recipe).enabled:
         return 0
-    return int(gib * 2**30)
+    return int(gib * GIB)

@@ -26,10 +26,9 @@ class RepoError(StageError):
 
     def __init__(self, repo: Path, problems: list[str]) -> None:
         self.problems = list(problems)
-        body = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(
-            f"Triton model repository {repo} is not valid, found {len(self.problems)} problem(s):\n"
-            f"{body}\nNext: fix the template or recipe value named above and rerun `trtkv repo "
+            f"Triton model repository {repo} is not valid, found {self.listing(self.problems)}\n"
+            "Next: fix the template or recipe value named above and rerun `trtkv repo "
             "--force`."
         )
 

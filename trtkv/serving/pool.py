@@ -20,8 +20,8 @@ from trtkv.contracts.artifacts import ServerRecord
 from trtkv.contracts.plan_figures import PlanFigures
 from trtkv.core.readback import ReadBackError
 from trtkv.recipe import Recipe
+from trtkv.units import GIB
 
-GIB = 1024**3
 SHORTFALL = 0.10  # served below (1 - SHORTFALL) x planned: a warning
 
 
