@@ -15,10 +15,10 @@ from typing import Any
 
 import yaml
 
-from trtkv.engines.pool import GIB
 from trtkv.plan.planner import plan
 from trtkv.recipe import load_recipe
 from trtkv.recipe.attention import VLLM_BLOCK_GPU
+from trtkv.units import GIB
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 LOG = next(r for r in json.loads((DATA / "kv_pool_logs.json").read_text())["logs"]

@@ -19,10 +19,11 @@ import pytest
 import yaml
 
 from trtkv.engines.activation import cuda_graph_bytes
-from trtkv.engines.pool import GIB, PoolEstimate, context_bytes
+from trtkv.engines.pool import PoolEstimate, context_bytes
 from trtkv.plan.engine_pool import ENGINES, model_shape, pool_at_version, recipe_setup
 from trtkv.plan.model import resolve_architecture
 from trtkv.recipe import Backend, load_recipe
+from trtkv.units import GIB
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 LOGS: list[dict[str, Any]] = json.loads((DATA / "kv_pool_logs.json").read_text())["logs"]

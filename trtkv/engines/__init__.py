@@ -42,7 +42,6 @@ if TYPE_CHECKING:
         weights_per_gpu,
     )
     from trtkv.engines.pool import (
-        GIB,
         BatchLimit,
         EngineKnobs,
         EngineTokens,
@@ -119,7 +118,6 @@ __all__ = [
     "EngineTokens",
     "FAIL",
     "Finding",
-    "GIB",
     "HostTier",
     "hybrid_block_size",
     "kv_bytes_per_token_per_gpu",

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 
 from trtkv.engines.activation import ModelShape, Setup
 from trtkv.platform.hardware import CUDA_CONTEXT_GIB
+from trtkv.units import GIB
 
 if TYPE_CHECKING:
     from trtkv.recipe import Recipe
 
-GIB = 1024**3
 
 # NCCL's NVLS buffers add ~2 GiB on NVSwitch systems ("Init torch distributed ends. mem usage=2.01
 # GB" on 8x H200, sgl-project/sglang PR #11716); on PCIe ~0.13 GiB (QwQ-32B on L4). Engine

@@ -9,7 +9,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from trtkv.checkpoints.hf_config import read_model_facts
-from trtkv.engines.pool import GIB
 from trtkv.engines.sequence import sequence_kv_bytes
 from trtkv.platform import host
 from trtkv.platform.hardware import GPU, GPU_SPECS
@@ -24,6 +23,7 @@ from trtkv.recipe.attention import (
 )
 from trtkv.recipe.backend_rules import KV_ACCOUNTING
 from trtkv.recipe.state import STATE_DTYPE_BYTES, StateSpec, state_dtypes, state_from_dict
+from trtkv.units import GIB
 
 
 def model_config_path(recipe: Recipe) -> Path | None:

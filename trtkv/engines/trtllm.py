@@ -33,7 +33,6 @@ import re
 from trtkv.core.readback import MAX_POOL_BYTES, MAX_POOL_TOKENS, real, whole
 from trtkv.engines.activation import ModelShape, Setup, forward_peak_bytes
 from trtkv.engines.pool import (
-    GIB,
     BatchLimit,
     EngineKnobs,
     EngineTokens,
@@ -46,7 +45,7 @@ from trtkv.engines.pool import (
 )
 from trtkv.engines.sizing import cap_tokens
 from trtkv.recipe import Recipe
-from trtkv.units import MIB
+from trtkv.units import GIB, MIB
 
 TRTLLM_DEFAULT_FRACTION = 0.9
 

@@ -27,7 +27,6 @@ from trtkv.engines.activation import (
     sampler_peak_bytes,
 )
 from trtkv.engines.pool import (
-    GIB,
     BatchLimit,
     EngineKnobs,
     EngineTokens,
@@ -42,6 +41,7 @@ from trtkv.engines.sizing import gpu_memory_mib, recipe_kv_layout
 from trtkv.platform.hardware import GPU
 from trtkv.recipe import Recipe
 from trtkv.recipe.attention import VLLM_BLOCK_CPU, VLLM_BLOCK_GPU, Accounting, layer_formats
+from trtkv.units import GIB
 
 VLLM_VERSION = "0.32.0"
 

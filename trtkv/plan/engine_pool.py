@@ -14,7 +14,7 @@ from trtkv.backends import BACKENDS, for_recipe
 from trtkv.backends.seam import MemoryRule
 from trtkv.engines import kv_tp
 from trtkv.engines.activation import ModelShape, Setup
-from trtkv.engines.pool import GIB, PoolEstimate, Sizing
+from trtkv.engines.pool import PoolEstimate, Sizing
 from trtkv.plan.model import (
     DTYPE_BYTES,
     Architecture,
@@ -25,6 +25,7 @@ from trtkv.plan.model import (
 )
 from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe import Backend, Recipe
+from trtkv.units import GIB
 
 
 def nvswitch(gpu: GPU) -> bool:
