@@ -182,8 +182,9 @@ def estimate(recipe: Recipe, plan: Plan, use_aiconfigurator: bool = True) -> Est
     if gpu is GPU.CPU or recipe.build.backend not in SPEED_ENGINE:
         raise TrtkvError(
             f"recipe {recipe.name}: --estimate prices a GPU engine (hardware.gpu one of "
-            f"{', '.join(g.value for g in GPU_SPECS)}, build.backend tensorrt, llmapi, vllm or "
-            f"sglang); this one runs {recipe.build.backend.value} on {gpu.value}. Next: override "
+            f"{', '.join(g.value for g in GPU_SPECS)}, build.backend one of "
+            f"{', '.join(b.value for b in SPEED_ENGINE)}); this one runs "
+            f"{recipe.build.backend.value} on {gpu.value}. Next: override "
             "them, e.g. `hardware.gpu=H100-80GB build.backend=vllm`, or measure here with `trtkv "
             "bench --sweep-input`."
         )
