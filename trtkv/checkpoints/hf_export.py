@@ -412,7 +412,8 @@ def validate_hf_checkpoint(ckpt_dir: Path | str, recipe: Recipe) -> dict[str, An
     if problems:
         raise StageError(
             f"HF checkpoint {hf_dir} is not valid, found {StageError.listing(problems)}\n"
-            f"Next: rerun `trtkv calibrate {recipe.name or '<recipe>'} --force` to re-export it."
+            "Next: where a problem names a recipe value to use, set it; else rerun `trtkv "
+            f"calibrate {recipe.name or '<recipe>'} --force` to re-export it."
         )
     return {
         "hf_dir": "hf",
