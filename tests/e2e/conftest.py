@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -57,3 +59,32 @@ def read_results(folder: Path) -> dict:
     import json
 
     return json.loads((folder / "results.json").read_text())
+
+
+@contextlib.contextmanager
+def served_chain_recipe(root: Path, recipe: str, engine: Path, overrides: list[str]) -> Iterator[tuple[list[str], Path]]:
+    """`trtkv repo` + `trtkv serve` of `recipe` into `root` (the session chain's calibrated checkpoint and engine
+    linked in), on free ports, with `overrides`; yields (the overrides with the ports, the engines folder); always
+    stopped, TRTKV_ENGINES / TRTKV_TRITON_REPO restored."""
+    from trtkv.cli import main
+    from trtkv.core.process import free_ports
+
+    engines = root / "engines"
+    (engines / recipe).mkdir(parents=True)
+    for part in ("checkpoint", "engine"):
+        (engines / recipe / part).symlink_to(engine / part)
+    saved = {k: os.environ.get(k) for k in ("TRTKV_ENGINES", "TRTKV_TRITON_REPO")}
+    os.environ["TRTKV_ENGINES"], os.environ["TRTKV_TRITON_REPO"] = str(engines), str(root / "triton_repo")
+    http, grpc, metrics = free_ports(3)
+    overrides = [*overrides, f"triton.http_port={http}", f"triton.grpc_port={grpc}", f"triton.metrics_port={metrics}"]
+    try:
+        assert main(["repo", recipe, *overrides]) == 0
+        assert main(["serve", recipe, *overrides]) == 0
+        yield overrides, engines
+    finally:
+        main(["stop", recipe, *overrides])
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

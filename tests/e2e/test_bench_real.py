@@ -4,15 +4,13 @@ impossible SLO that must make the run exit non-zero. Uses the engine the session
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import read_results
+from tests.e2e.conftest import read_results, served_chain_recipe
 from trtkv.cli import main
-from trtkv.core.process import free_ports
 from trtkv.measures.metrics import summarize_level
 from trtkv.measures.records import RequestRecord
 
@@ -25,27 +23,8 @@ RECIPE = "smollm2_fp8kv"
 def real_server(tmp_path_factory: pytest.TempPathFactory, smollm2_engine: Path) -> Iterator[tuple[list[str], Path]]:
     """repo + serve into temp folders (the session's calibrated engine linked in), one instance, free ports; always
     stopped."""
-    root = tmp_path_factory.mktemp("real")
-    engines = root / "engines"
-    (engines / RECIPE).mkdir(parents=True)
-    for part in ("checkpoint", "engine"):
-        (engines / RECIPE / part).symlink_to(smollm2_engine / part)
-    saved = {k: os.environ.get(k) for k in ("TRTKV_ENGINES", "TRTKV_TRITON_REPO")}
-    os.environ["TRTKV_ENGINES"], os.environ["TRTKV_TRITON_REPO"] = str(engines), str(root / "triton_repo")
-    http, grpc, metrics = free_ports(3)
-    overrides = ["triton.instance_count=1", f"triton.http_port={http}", f"triton.grpc_port={grpc}",
-                 f"triton.metrics_port={metrics}"]
-    try:
-        assert main(["repo", RECIPE, *overrides]) == 0
-        assert main(["serve", RECIPE, *overrides]) == 0
-        yield overrides, engines
-    finally:
-        main(["stop", RECIPE, *overrides])
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    with served_chain_recipe(tmp_path_factory.mktemp("real"), RECIPE, smollm2_engine, ["triton.instance_count=1"]) as served:
+        yield served
 
 
 def test_bench_against_real_server(real_server: tuple[list[str], Path], tmp_path: Path,

@@ -8,16 +8,14 @@ prediction. Uses the session chain's calibrated engine (tests/conftest.py), one 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import read_results
+from tests.e2e.conftest import read_results, served_chain_recipe
 from trtkv.bench.load.prefix_counters import read_counters
 from trtkv.cli import main
-from trtkv.core.process import free_ports
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -33,26 +31,8 @@ WORKLOAD = ["bench.concurrency=[1]", "bench.num_requests=16", "bench.warmup_requ
 @pytest.fixture(scope="module")
 def tiered_server(tmp_path_factory: pytest.TempPathFactory, smollm2_engine: Path) -> Iterator[tuple[list[str], Path]]:
     """repo + serve with the small device tier and the host tier, free ports; always stopped."""
-    root = tmp_path_factory.mktemp("tiers")
-    engines = root / "engines"
-    (engines / RECIPE).mkdir(parents=True)
-    for part in ("checkpoint", "engine"):
-        (engines / RECIPE / part).symlink_to(smollm2_engine / part)
-    saved = {k: os.environ.get(k) for k in ("TRTKV_ENGINES", "TRTKV_TRITON_REPO")}
-    os.environ["TRTKV_ENGINES"], os.environ["TRTKV_TRITON_REPO"] = str(engines), str(root / "triton_repo")
-    http, grpc, metrics = free_ports(3)
-    overrides = [*SMALL_POOL, f"triton.http_port={http}", f"triton.grpc_port={grpc}", f"triton.metrics_port={metrics}"]
-    try:
-        assert main(["repo", RECIPE, *overrides]) == 0
-        assert main(["serve", RECIPE, *overrides]) == 0
-        yield overrides, engines
-    finally:
-        main(["stop", RECIPE, *overrides])
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    with served_chain_recipe(tmp_path_factory.mktemp("tiers"), RECIPE, smollm2_engine, SMALL_POOL) as served:
+        yield served
 
 
 def test_prefixes_spilled_to_the_host_tier_hit_there(tiered_server: tuple[list[str], Path], tmp_path: Path,
