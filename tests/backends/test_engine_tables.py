@@ -2,14 +2,18 @@
 rows in trtkv/data/kv_formats.json): no other table keyed by engine. A dict, set, tuple or list literal whose keys or
 items are all engine names (a build.backend value, a `Backend` member, the engine names the backend rows give to
 aiconfigurator, the KV-format registry and the scale audit), or a comparison with one, found outside the engines'
-homes fails here, unless it is one of the few listed below with why it stays."""
+homes fails here. A column of the rows is the one source of what it says (the token log-probs test below)."""
 
 from __future__ import annotations
 
 import ast
+from dataclasses import replace
 from pathlib import Path
 
-from trtkv.recipe import Backend
+import pytest
+
+from trtkv.backends import BACKENDS
+from trtkv.recipe import Backend, load_recipe
 from trtkv.recipe.backend_rules import BACKEND_ROWS
 
 PACKAGE = Path(__file__).resolve().parents[2] / "trtkv"
@@ -20,12 +24,6 @@ HOMES = ("backends/", "engines/", "recipe/backend_rules.py", "recipe/memory_knob
 # The recipe rules a backend has in the model layer (validation imports no backend): a comparison with one backend
 # there is that backend's rule; an engine-keyed table is not
 RULE_MODULES = ("recipe/engine_formats.py", "recipe/prefix_cache.py", "recipe/parallel.py", "recipe/kv_tiers.py")
-# Engine-keyed tables left outside the homes, by module and code, with why
-LEFT = {
-    ("recipe/enums.py", "('llmapi',)"): "NO_TOKEN_LOG_PROBS_ON_TRITON: read by the schema's own validator "
-    "(trtkv.recipe.schema, which fills bench.tasks as every Recipe is built); the backend rows import the schema (their "
-    "rules take a Recipe), and an import back, lazy or for annotations only, is a cycle (tests/test_imports.py)",
-}
 
 
 def engine_names() -> set[str]:
@@ -66,19 +64,15 @@ def engine_tables(source: str, where: str = "<snippet>", rules: bool = False) ->
 
 
 def test_no_engine_keyed_table_outside_the_engines_homes() -> None:
-    found, seen = [], set()
+    found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE).as_posix()
         if rel.startswith(HOMES) or "templates" in path.parts:
             continue
-        for where, code in engine_tables(path.read_text(), rel, rules=rel in RULE_MODULES):
-            left = [key for key in LEFT if key[0] == rel and code.startswith(key[1])]
-            seen.update(left)
-            if not left:
-                found.append(f"{where}: {code[:100]}")
+        tables = engine_tables(path.read_text(), rel, rules=rel in RULE_MODULES)
+        found += [f"{where}: {code[:100]}" for where, code in tables]
     assert found == [], "engine-keyed tables outside the engines' homes (fold them into BACKEND_ROWS / the backend):\n" \
         + "\n".join(found)
-    assert set(LEFT) <= seen, f"listed as left but gone (remove from LEFT): {sorted(set(LEFT) - seen)}"
 
 
 # The tables this check was written against, each folded into the backend rows or objects: each must be caught.
@@ -101,6 +95,7 @@ FOLDED = [
     "EXCLUSIVE = {'trtllm': 'secondary pool'}",  # plan/prefix_reuse.py
     "NO_DISK_TIER = {Backend.VLLM: 'fs tier', Backend.SGLANG: 'file backend'}",  # recipe/kv_tiers.py
     "ENGINE_SEMANTICS = {'tensorrt_llm': ('shared',), 'vllm': ('split',), 'tensorrt_llm_pytorch': ('one',)}",
+    "NO_TOKEN_LOG_PROBS_ON_TRITON = ('llmapi',)",  # recipe/enums.py
 ]
 
 
@@ -117,3 +112,27 @@ def test_the_check_leaves_other_vocabularies_alone() -> None:
         "if backend is Backend.VLLM: pass",  # a backend's rule in a recipe rule module
     ]:
         assert engine_tables(line, rules=True) == [], line
+
+
+def _tasks(*overrides: str) -> list[str]:
+    return [t.value for t in load_recipe("llama70b_fp8kv", list(overrides)).bench.tasks]
+
+
+def test_an_engine_whose_triton_model_has_no_token_log_probs_needs_only_its_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The row's token_log_probs_on_triton alone decides the fidelity default (the fidelity task needs one log-prob per
+    token): an engine (here tensorrt's row) with it false gets fidelity by default over OpenAI only, as llmapi does."""
+    assert "fidelity" in _tasks("bench.protocol=grpc")
+    monkeypatch.setitem(BACKEND_ROWS, Backend.TENSORRT, replace(BACKEND_ROWS[Backend.TENSORRT],
+                                                                 token_log_probs_on_triton=False))
+    for protocol, expected in [("grpc", False), ("http", False), ("openai", True)]:
+        assert ("fidelity" in _tasks(f"bench.protocol={protocol}")) is expected, protocol
+    assert _tasks("bench.protocol=grpc", "bench.tasks=[fidelity]") == ["fidelity"]  # named tasks stay
+
+
+def test_the_row_says_what_the_backends_triton_model_returns() -> None:
+    """token_log_probs_on_triton is the Triton layout's interface (per_token_log_probs, which the fidelity task checks
+    as it runs), for every backend that has a Triton repository."""
+    layouts = {b: obj.repo.interface for b, obj in BACKENDS.items() if obj.repo is not None}
+    assert Backend.LLMAPI in layouts and Backend.TENSORRT in layouts
+    for backend, interface in layouts.items():
+        assert BACKEND_ROWS[backend].token_log_probs_on_triton is interface.per_token_log_probs, backend

@@ -5,8 +5,8 @@ A recipe is a YAML file under `recipes/` (or any path). Loading it:
   1. reads the YAML and its `include:` files (relative to the including file; local keys win; cycles
      are errors),
   2. applies command-line overrides `section.key=value` (they win over the files),
-  3. validates the result against `Recipe`, then the cross-field rules (and the backend's,
-     trtkv.backends),
+  3. validates the result against `Recipe`, adds the default bench task the backend row allows,
+     then the cross-field rules (and the backend's, trtkv.recipe.backend_rules),
 and reports every problem at once, each naming the file, the field, the value and the allowed
 values.
 

@@ -341,6 +341,9 @@ class BackendRow:
     dense_dp_replicas: bool = False
     # the KV format a checkpoint declares that its engine runs under kv_cache none (auto)
     kv_from_checkpoint: KVFromCheckpoint | None = None
+    # its Triton model returns one log-prob per generated token (else a cumulative one only): the
+    # fidelity task is a default over Triton only then (trtkv.recipe.rules.add_default_tasks)
+    token_log_probs_on_triton: bool = True
 
 
 # fmt: off
@@ -353,7 +356,7 @@ BACKEND_ROWS: dict[Backend, BackendRow] = {
     ),
     Backend.LLMAPI: BackendRow(
         llmapi_problems, Accounting.EXACT, ("tensorrt_llm", "1.3"), TRTLLM_SPEED, True,
-        "tensorrt_llm", wide_ep=True,
+        "tensorrt_llm", wide_ep=True, token_log_probs_on_triton=False,
         scale_use=ScaleUse("tensorrt_llm_pytorch", "one", "1.0",
                            "TensorRT-LLM PyTorch backend: FP8 KV with scale 1.0"),
         no_disk_tier="TensorRT-LLM's disk tier (kv_cache_config.disk_cache_size, disk_cache_path) "

@@ -153,11 +153,5 @@ SLO_PATTERN = re.compile(
 )
 
 
-# Backends (values) whose Triton model returns no per-token log-probs, only a cumulative one
-# (trtkv.bench.tasks.fidelity_served): the fidelity task is a default there only over the OpenAI
-# protocol
-NO_TOKEN_LOG_PROBS_ON_TRITON = ("llmapi",)
-
-
 # vLLM's MambaDType (vllm/config/cache.py)
 StateDtype = Literal["auto", "float32", "bfloat16", "float16"]

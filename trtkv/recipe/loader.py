@@ -27,7 +27,7 @@ from trtkv.recipe.names import (
     recipe_name_problem,
     shown,
 )
-from trtkv.recipe.rules import cross_field_problems
+from trtkv.recipe.rules import add_default_tasks, cross_field_problems
 from trtkv.recipe.schema import Recipe
 from trtkv.recipe.tree import COMMAND_LINE, apply_overrides, load_tree, resolve_path
 
@@ -251,6 +251,7 @@ def validate_data(data: dict[str, Any], prov: dict[str, Path], path: Path) -> Re
     except ValidationError as exc:
         problems = [_format_error(e, prov, path) for e in exc.errors(include_url=False)]
         raise RecipeError(problems, header=f"Recipe {path.name} is not valid") from None
+    add_default_tasks(recipe)
     overridden = sorted(k for k, v in prov.items() if v == COMMAND_LINE)
     problems = [
         f"{_rule_site(prov, field, path, overridden)}: {field}: {msg}."

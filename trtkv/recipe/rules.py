@@ -1,14 +1,15 @@
 """Cross-field rules: what no single field can say (tp x pp vs GPUs, lengths, FP8 hardware, ports,
-...), plus each backend's own rules (trtkv.recipe.backend_rules, engine_formats, memory_knobs)."""
+...), plus each backend's own rules (trtkv.recipe.backend_rules, engine_formats, memory_knobs), and
+the default bench task that reads the backend rows (which import the schema)."""
 
 from __future__ import annotations
 
 from trtkv.platform.gpu_capabilities import gpus_where
 from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe import kv_tiers, prefix_cache
-from trtkv.recipe.backend_rules import BACKEND_RULES
+from trtkv.recipe.backend_rules import BACKEND_ROWS, BACKEND_RULES
 from trtkv.recipe.engine_formats import engine_format_problems
-from trtkv.recipe.enums import BenchTask, GemmPlugin, KVCacheQuant, WeightQuant
+from trtkv.recipe.enums import BenchTask, GemmPlugin, KVCacheQuant, Protocol, WeightQuant
 from trtkv.recipe.memory_knobs import memory_knob_problems
 from trtkv.recipe.parallel import parallel_problems
 from trtkv.recipe.schema import Recipe
@@ -23,6 +24,18 @@ def kv_heads_split(kv_heads: int, tp: int) -> bool:
     """KV heads split over TP ranks, or replicated when TP is a multiple of them (TensorRT-LLM;
     ModelOpt's dup_kv_weight asserts tp_size % num_kv_heads == 0)."""
     return kv_heads % tp == 0 or tp % kv_heads == 0
+
+
+def add_default_tasks(r: Recipe) -> None:
+    """A quantized KV cache is benched against what its format predicts unless the recipe names its
+    tasks or its served model has no per-token log-probs (trtkv.bench.tasks.fidelity_served)."""
+    able = (
+        BACKEND_ROWS[r.build.backend].token_log_probs_on_triton
+        or r.bench.protocol is Protocol.OPENAI
+    )
+    named = "tasks" in r.bench.model_fields_set or BenchTask.FIDELITY in r.bench.tasks
+    if able and not named and r.kv_row.choice.kind != "unquantized":
+        r.bench.tasks = [*r.bench.tasks, BenchTask.FIDELITY]
 
 
 def cross_field_problems(r: Recipe) -> list[tuple[str, str]]:

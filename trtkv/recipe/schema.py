@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator
 
 from trtkv.kvcache.engines import FormatRow
 from trtkv.kvcache.formats import KVFormat
@@ -23,7 +23,6 @@ from trtkv.recipe.enums import (  # noqa: F401 - re-exported: the schema's publi
     BACKEND_ALIASES,
     ENGINE_KV_FORMATS,
     KV_CACHE_ALIASES,
-    NO_TOKEN_LOG_PROBS_ON_TRITON,
     PACKAGED_MODELS,
     SLO_PATTERN,
     Backend,
@@ -231,25 +230,6 @@ class Recipe(Section):
 
     _name: str = PrivateAttr("")
     _path: Path | None = PrivateAttr(None)
-
-    @model_validator(mode="after")
-    def _fidelity_by_default(self) -> Recipe:
-        """A quantized KV cache is benched against what its format predicts unless the recipe names
-        its tasks (not on Triton's llmapi layout: its model returns a cumulative log-prob only,
-        trtkv.bench.tasks.fidelity_served)."""
-        able = (
-            self.build.backend.value not in NO_TOKEN_LOG_PROBS_ON_TRITON
-            or self.bench.protocol is Protocol.OPENAI
-        )
-        quantized = self.kv_row.choice.kind != "unquantized"
-        if (
-            quantized
-            and able
-            and "tasks" not in self.bench.model_fields_set
-            and BenchTask.FIDELITY not in self.bench.tasks
-        ):
-            self.bench.tasks = [*self.bench.tasks, BenchTask.FIDELITY]
-        return self
 
     @property
     def name(self) -> str:

@@ -88,7 +88,7 @@ def check(name: str, out: Path, text: str) -> tuple[Recipe, list[tuple[str, str]
 
     from trtkv.recipe.loader import validate_data
     from trtkv.recipe.plain_yaml import load_yaml
-    from trtkv.recipe.rules import cross_field_problems
+    from trtkv.recipe.rules import add_default_tasks, cross_field_problems
     from trtkv.recipe.schema import Recipe
 
     data = load_yaml(text)
@@ -97,6 +97,7 @@ def check(name: str, out: Path, text: str) -> tuple[Recipe, list[tuple[str, str]
     except ValidationError:
         validate_data(data, {}, out)  # raises the RecipeError naming `out`
         raise
+    add_default_tasks(recipe)
     recipe._name = name
     recipe._path = out
     return recipe, cross_field_problems(recipe)
