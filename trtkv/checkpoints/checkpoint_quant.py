@@ -155,15 +155,8 @@ def _modelopt(
     if kv_word is None and isinstance(kv, str) and kv.startswith(("fp8 ", "int8 ")):
         kv_word = kv  # already read from a compressed-tensors style kv_cache_scheme
     if not algo and kv_word:
-        # a KV-only export: 16-bit weights with the KV scales beside them
-        return StoredQuant(
-            "modelopt",
-            2.0,
-            "none",
-            f"ModelOpt, no weight quantization (KV cache {kv_word} only; {where})",
-            formats=_formats({}),
-            kv_cache=kv_word,
-        )
+        why = f"ModelOpt, no weight quantization (KV cache {kv_word} only; {where})"
+        return _kv_only("modelopt", why, kv_word)
     row = MODELOPT_ALGOS.get(str(algo).upper()) if isinstance(algo, str) else None
     if row is None:
         notes.append(
@@ -198,14 +191,8 @@ def _compressed_tensors(quant: dict[str, Any], notes: list[str]) -> StoredQuant 
         if kv is None:
             return None
         # a KV-only export (trtkv.kvcache.attn_head writes one): weights as stored in 16 bits
-        return StoredQuant(
-            "compressed-tensors",
-            2.0,
-            "none",
-            f"compressed-tensors, no weight groups (KV cache {kv} only)",
-            formats=_formats({}),
-            kv_cache=kv,
-        )
+        why = f"compressed-tensors, no weight groups (KV cache {kv} only)"
+        return _kv_only("compressed-tensors", why, kv)
     w = weighted[0]["weights"]
     bits, kind = positive_int(w.get("num_bits")), w.get("type")
     strategy = w.get("strategy") if isinstance(w.get("strategy"), str) else "tensor"
@@ -273,6 +260,11 @@ def _result(
         if g != "embeddings" and not any(_matches(p, n) for p in ignored for n in _PROBES[g])
     }
     return StoredQuant(method, per, "linear", source, formats=_formats(formats), kv_cache=kv)
+
+
+def _kv_only(method: str, source: str, kv: str) -> StoredQuant:
+    """A KV-only export: 16-bit weights with the KV scales beside them."""
+    return StoredQuant(method, 2.0, "none", source, formats=_formats({}), kv_cache=kv)
 
 
 def _formats(quantized: dict[str, str]) -> dict[str, str]:

@@ -106,7 +106,8 @@ def read_model_facts(path: Path) -> ModelFacts:
         if isinstance(listed, (str, list)) and listed:
             cfg = {**cfg, "num_hidden_layers": len(listed)}
     problems = []
-    for name in ("num_hidden_layers", "num_attention_heads", "hidden_size"):
+    needed = ("num_hidden_layers", "num_attention_heads", "hidden_size")
+    for name in needed:
         if cfg.get(name) is None:
             problems.append(
                 f"{file}: {prefix}{name}: missing; a positive integer is needed. Next: pass the "
@@ -114,11 +115,7 @@ def read_model_facts(path: Path) -> ModelFacts:
             )
     if problems:
         raise ModelConfigError(problems)
-    layers_n, heads, hidden = (
-        cfg["num_hidden_layers"],
-        cfg["num_attention_heads"],
-        cfg["hidden_size"],
-    )
+    layers_n, heads, hidden = (cfg[name] for name in needed)
     facts = ModelFacts(
         path=file,
         model_type=model_type,

@@ -60,7 +60,7 @@ class HybridConfigError(ValueError):
     """A hybrid config without the fields its state is priced from (the message names them)."""
 
 
-def _need(cfg: dict[str, Any], names: list[str], prefix: str, what: str) -> dict[str, int]:
+def _need(cfg: dict[str, Any], names: list[str], prefix: str, what: str) -> list[int]:
     values = {n: cfg.get(n) for n in names}
     missing = [
         f"{prefix}{n}"
@@ -72,7 +72,7 @@ def _need(cfg: dict[str, Any], names: list[str], prefix: str, what: str) -> dict
             f"{what} needs {', '.join(missing)} (positive integers) to price its per-sequence "
             f"state; the config lacks them"
         )
-    return {n: int(v) for n, v in values.items()}  # type: ignore[arg-type]
+    return [int(v) for v in values.values()]  # type: ignore[arg-type]
 
 
 def read_hybrid(
@@ -91,18 +91,9 @@ def read_hybrid(
 
 
 def _gated_deltanet(cfg: dict[str, Any], n: int, hidden: int, p: str) -> HybridFacts:
-    d = _need(
-        cfg,
-        [
-            "linear_num_key_heads",
-            "linear_num_value_heads",
-            "linear_key_head_dim",
-            "linear_value_head_dim",
-            "linear_conv_kernel_dim",
-        ],
-        p,
-        "Gated DeltaNet (linear_attention layers)",
-    )
+    names = ["linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim"]
+    names += ["linear_value_head_dim", "linear_conv_kernel_dim"]
+    kh, vh, kd, vd, conv = _need(cfg, names, p, "Gated DeltaNet (linear_attention layers)")
     types = cfg.get("layer_types")
     if isinstance(types, list) and types:
         words, src = [str(t) for t in types], f"{p}layer_types"
@@ -113,20 +104,14 @@ def _gated_deltanet(cfg: dict[str, Any], n: int, hidden: int, p: str) -> HybridF
             for i in range(n)
         ]
         src = f"{p}full_attention_interval {interval}"
-    kh, vh, kd, vd = (
-        d["linear_num_key_heads"],
-        d["linear_num_value_heads"],
-        d["linear_key_head_dim"],
-        d["linear_value_head_dim"],
-    )
     spec = gated_deltanet(
         kh,
         vh,
         kd,
         vd,
-        d["linear_conv_kernel_dim"],
+        conv,
         f"{p}linear_num_key_heads {kh}, linear_num_value_heads {vh}, linear_key_head_dim {kd}, "
-        f"linear_value_head_dim {vd}, linear_conv_kernel_dim {d['linear_conv_kernel_dim']}",
+        f"linear_value_head_dim {vd}, linear_conv_kernel_dim {conv}",
     )
     # in_proj_qkvz (q, k: kh x kd; v, z: vh x vd), in_proj_ba (vh each), out_proj (vh x vd ->
     # hidden), conv
@@ -166,27 +151,17 @@ def _nemotron_h(cfg: dict[str, Any], n: int, hidden: int, p: str) -> HybridFacts
             f"Nemotron-H needs {p}hybrid_override_pattern or {p}layers_block_type (which layer is "
             f"Mamba, attention, MLP or MoE)"
         )
-    d = _need(
-        cfg,
-        ["mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel"],
-        p,
-        "Nemotron-H (Mamba-2 layers)",
-    )
-    heads, hd, groups, ds = (
-        d["mamba_num_heads"],
-        d["mamba_head_dim"],
-        d["n_groups"],
-        d["ssm_state_size"],
-    )
+    names = ["mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel"]
+    heads, hd, groups, ds, conv = _need(cfg, names, p, "Nemotron-H (Mamba-2 layers)")
     spec = mamba2(
         heads * hd,
         groups,
         heads,
         hd,
         ds,
-        d["conv_kernel"],
+        conv,
         f"{p}mamba_num_heads {heads} x mamba_head_dim {hd}, n_groups {groups}, ssm_state_size "
-        f"{ds}, conv_kernel {d['conv_kernel']}",
+        f"{ds}, conv_kernel {conv}",
     )
     dtype = cfg.get("mamba_ssm_cache_dtype")
     return HybridFacts(
@@ -207,26 +182,21 @@ def _granite(cfg: dict[str, Any], n: int, hidden: int, p: str) -> HybridFacts:
         raise HybridConfigError(
             f"Granite 4 hybrid needs {p}layer_types (mamba / attention per layer)"
         )
-    d = _need(
-        cfg,
-        ["mamba_n_heads", "mamba_n_groups", "mamba_d_state", "mamba_d_conv", "mamba_expand"],
-        p,
-        "Granite 4 (Mamba-2 layers)",
-    )
-    intermediate = d["mamba_expand"] * hidden
+    names = ["mamba_n_heads", "mamba_n_groups", "mamba_d_state", "mamba_d_conv", "mamba_expand"]
+    heads, groups, ds, conv, expand = _need(cfg, names, p, "Granite 4 (Mamba-2 layers)")
+    intermediate = expand * hidden
     head = cfg.get("mamba_d_head")
     # "auto"
-    hd = int(head) if isinstance(head, int) and head > 0 else intermediate // d["mamba_n_heads"]
-    heads, groups, ds = d["mamba_n_heads"], d["mamba_n_groups"], d["mamba_d_state"]
+    hd = int(head) if isinstance(head, int) and head > 0 else intermediate // heads
     spec = mamba2(
         intermediate,
         groups,
         heads,
         hd,
         ds,
-        d["mamba_d_conv"],
-        f"{p}mamba_expand {d['mamba_expand']} x hidden, mamba_n_heads {heads}, mamba_d_head {hd}, "
-        f"mamba_n_groups {groups}, mamba_d_state {ds}, mamba_d_conv {d['mamba_d_conv']}",
+        conv,
+        f"{p}mamba_expand {expand} x hidden, mamba_n_heads {heads}, mamba_d_head {hd}, "
+        f"mamba_n_groups {groups}, mamba_d_state {ds}, mamba_d_conv {conv}",
     )
     return HybridFacts(
         [str(t) for t in types],
@@ -239,21 +209,16 @@ def _granite(cfg: dict[str, Any], n: int, hidden: int, p: str) -> HybridFacts:
 
 
 def _jamba(cfg: dict[str, Any], n: int, hidden: int, p: str) -> HybridFacts:
-    d = _need(
-        cfg,
-        ["attn_layer_period", "mamba_d_state", "mamba_d_conv", "mamba_expand"],
-        p,
-        "Jamba (Mamba layers)",
-    )
-    period, offset = d["attn_layer_period"], int(cfg.get("attn_layer_offset") or 0)
+    names = ["attn_layer_period", "mamba_d_state", "mamba_d_conv", "mamba_expand"]
+    period, ds, conv, expand = _need(cfg, names, p, "Jamba (Mamba layers)")
+    offset = int(cfg.get("attn_layer_offset") or 0)
     words = ["full_attention" if i % period == offset else "mamba" for i in range(n)]
-    intermediate, ds = d["mamba_expand"] * hidden, d["mamba_d_state"]
+    intermediate = expand * hidden
     spec = mamba1(
         intermediate,
         ds,
-        d["mamba_d_conv"],
-        f"{p}mamba_expand {d['mamba_expand']} x hidden, mamba_d_state "
-        f"{ds}, mamba_d_conv {d['mamba_d_conv']}",
+        conv,
+        f"{p}mamba_expand {expand} x hidden, mamba_d_state {ds}, mamba_d_conv {conv}",
     )
     rank = cfg.get("mamba_dt_rank")
     # "auto": ceil(hidden / 16)

@@ -231,9 +231,7 @@ def for_recipe(recipe: Recipe, sizing: Sizing, slurm: bool = False) -> Launch:
     if backend.repo is None or (
         server is not None and not backend.serving.rank_processes and (multi or slurm)
     ):
-        if (
-            server is None
-        ):  # pragma: no cover - a backend with neither a Triton repository nor a server of its own
+        if server is None:  # pragma: no cover - a backend with no Triton repository and no server
             raise StageError(
                 f"deploy {recipe.name}: backend {recipe.build.backend.value} has no server to "
                 "deploy"

@@ -90,9 +90,7 @@ def skip_annotations(*checks: str) -> dict[str, str]:
     SKIPPABLE."""
     out = {}
     for n, check in enumerate(checks, 1):
-        if (
-            check not in SKIPPABLE or "=" in SKIPPABLE[check]
-        ):  # pragma: no cover - a programming error (tests)
+        if check not in SKIPPABLE or "=" in SKIPPABLE[check]:  # pragma: no cover - a bug (tests)
             raise StageError(
                 f"checkov check {check} is not in trtkv.deploy.pods.SKIPPABLE (or its reason holds "
                 "a '=', which checkov's annotation parser splits on)"

@@ -6,6 +6,7 @@ name dropped, a layer at 1.0 despite stored scales, an engine that never reads t
 from __future__ import annotations
 
 import math
+from functools import partial
 
 from trtkv.checkpoints.kv_scale_tensors import CheckpointScales, ScaleTensor
 from trtkv.engines.kv_scale_findings import (
@@ -35,38 +36,25 @@ def value_class(values: tuple[float, ...]) -> str:
 
 
 def engine_verdict(engine: EngineScales, ckpt: CheckpointScales) -> EngineVerdict:
+    verdict = partial(EngineVerdict, engine.engine, engine.version)
     if engine.reads != ckpt.format:
         what = {"hf": "an HF checkpoint"}.get(engine.reads, "a TensorRT-LLM checkpoint")
-        return EngineVerdict(
-            engine.engine, engine.version, False, "", f"does not load this folder (it reads {what})"
-        )
+        return verdict(False, "", f"does not load this folder (it reads {what})")
     if ckpt.kv_algo not in engine.kv_algos:
-        return EngineVerdict(
-            engine.engine,
-            engine.version,
-            True,
-            "",
-            f"what it does with {ckpt.kv_algo} KV scales is not modelled here "
-            "(docs/kv-formats.md has the format's row)",
-        )
+        why = f"what it does with {ckpt.kv_algo} KV scales is not modelled here "
+        return verdict(True, "", why + "(docs/kv-formats.md has the format's row)")
     loader = engine.loader_for(ckpt.architecture)
     if loader is None:
-        return EngineVerdict(
-            engine.engine,
-            engine.version,
-            True,
-            "",
-            f"{ckpt.architecture}'s loader is not modelled: read its load_weights",
-        )
-    layers = []
+        why = f"{ckpt.architecture}'s loader is not modelled: read its load_weights"
+        return verdict(True, "", why)
     by_layer: dict[int, list[ScaleTensor]] = {}
     for t in ckpt.tensors:
         by_layer.setdefault(t.layer, []).append(t)
-    for i in sorted(set(by_layer) | set(ckpt.kv_layers)):
-        layers.append(_engine_layer(engine, loader, i, by_layer.get(i, [])))
-    return EngineVerdict(
-        engine.engine, engine.version, True, loader.description, _summary(layers), tuple(layers)
-    )
+    layers = [
+        _engine_layer(engine, loader, i, by_layer.get(i, []))
+        for i in sorted(set(by_layer) | set(ckpt.kv_layers))
+    ]
+    return verdict(True, loader.description, _summary(layers), tuple(layers))
 
 
 def _engine_layer(

@@ -99,8 +99,6 @@ class PrefixCache:
     enabled: bool
     # where the value comes from: the recipe, the engine's default, or the reason it is off
     why: str
-    # what the engine does when told nothing (given this recipe's format and build)
-    engine_default: bool
 
 
 def prefix_cache(recipe: Recipe) -> PrefixCache:
@@ -109,10 +107,8 @@ def prefix_cache(recipe: Recipe) -> PrefixCache:
     default, why = prefix_cache_default(recipe)
     chosen = recipe.triton.enable_kv_cache_reuse
     if chosen is None:
-        return PrefixCache(default, why, default)
-    return PrefixCache(
-        chosen, f"{FIELD}: {str(chosen).lower()} (the engine's default: {why})", default
-    )
+        return PrefixCache(default, why)
+    return PrefixCache(chosen, f"{FIELD}: {str(chosen).lower()} (the engine's default: {why})")
 
 
 def problems(recipe: Recipe) -> list[tuple[str, str]]:

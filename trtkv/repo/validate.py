@@ -11,7 +11,9 @@ field.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -128,27 +130,19 @@ def check_model(model: ModelFile, folder: str, report: Report) -> None:
     """Name matches the folder, a version folder exists, a Python model has a compilable
     model.py."""
     cfg, path = model.config, model.path
+    add = partial(report.add, path)
     if cfg.name != folder:
-        report.add(
-            path,
-            model.line_of("name:"),
-            "name",
-            f"{cfg.name!r} must equal its folder name {folder!r}",
-        )
+        add(model.line_of("name:"), "name", f"{cfg.name!r} must equal its folder name {folder!r}")
     if not cfg.backend and not cfg.platform:
-        report.add(path, 1, "backend", "neither backend nor platform is set")
+        add(1, "backend", "neither backend nor platform is set")
     versions = [p for p in path.parent.iterdir() if p.is_dir() and p.name.isdigit()]
     if not versions:
-        report.add(
-            path, 1, "version", f"no version folder (e.g. {path.parent / '1'}) next to the config"
-        )
+        add(1, "version", f"no version folder (e.g. {path.parent / '1'}) next to the config")
     if cfg.backend == "python":
         for version in versions:
             script = version / "model.py"
             if not script.is_file():
-                report.add(
-                    path, model.line_of("backend:"), "backend", f"python model without {script}"
-                )
+                add(model.line_of("backend:"), "backend", f"python model without {script}")
                 continue
             try:
                 compile(script.read_text(encoding="utf-8"), str(script), "exec")
@@ -165,116 +159,65 @@ def check_ensemble(ensemble: ModelFile, models: dict[str, ModelFile], report: Re
     internal: dict[str, tuple[Tensor, str]] = {}
     produced: set[str] = set()
     for step in ensemble.config.ensemble_scheduling.step:
-        step_line = ensemble.line_of(f'"{step.model_name}"', "model_name")
-        target = models.get(step.model_name)
+        name = step.model_name
+        step_line = ensemble.line_of(f'"{name}"', "model_name")
+        target = models.get(name)
         if target is None:
-            report.add(
-                path,
-                step_line,
-                "ensemble_scheduling.step.model_name",
-                f"calls {step.model_name!r}, which is not in the repository "
-                f"({', '.join(sorted(models))})",
-            )
+            why = f"calls {name!r}, which is not in the repository ({', '.join(sorted(models))})"
+            report.add(path, step_line, "ensemble_scheduling.step.model_name", why)
             continue
         if ensemble.config.max_batch_size > target.config.max_batch_size:
-            report.add(
-                path,
-                ensemble.line_of("max_batch_size"),
-                "max_batch_size",
-                f"{ensemble.config.max_batch_size} exceeds {step.model_name}'s "
-                f"{target.config.max_batch_size} ({target.path})",
-            )
+            theirs = f"{name}'s {target.config.max_batch_size} ({target.path})"
+            why = f"{ensemble.config.max_batch_size} exceeds {theirs}"
+            report.add(path, ensemble.line_of("max_batch_size"), "max_batch_size", why)
         model_in, model_out = tensors(target, "input"), tensors(target, "output")
         for key, value in step.input_map.items():
             line = ensemble.line_of(f'"{key}"', f'"{value}"', after=step_line - 1)
-            where = f"step {step.model_name} input_map {key}"
+            bad = partial(report.add, path, line, f"step {name} input_map {key}")
             dest = model_in.get(key)
             if dest is None:
-                report.add(
-                    path,
-                    line,
-                    where,
-                    f"{step.model_name} has no input {key!r} ({target.path}); "
-                    f"its inputs: {', '.join(model_in)}",
-                )
+                listed = ", ".join(model_in)
+                bad(f"{name} has no input {key!r} ({target.path}); its inputs: {listed}")
                 continue
             source = inputs.get(value) or (internal[value][0] if value in internal else None)
             if source is None:
-                report.add(
-                    path,
-                    line,
-                    where,
-                    f"{value!r} is neither an ensemble input nor produced by an earlier step",
-                )
+                bad(f"{value!r} is neither an ensemble input nor produced by an earlier step")
                 continue
-            _compare(report, path, line, where, source, dest, target.path)
+            _compare(bad, source, dest, target.path)
             if value in inputs and not dest.optional and inputs[value].optional:
-                report.add(
-                    path,
-                    line,
-                    where,
-                    f"ensemble input {value!r} is optional but {step.model_name}'s {key!r} "
-                    f"is required",
-                )
-        for name, tensor in model_in.items():
-            if not tensor.optional and name not in step.input_map:
-                report.add(
-                    path,
-                    step_line,
-                    f"step {step.model_name} input_map",
-                    f"required input {name!r} of {step.model_name} is not mapped",
-                )
+                bad(f"ensemble input {value!r} is optional but {name}'s {key!r} is required")
+        for tensor_name, tensor in model_in.items():
+            if not tensor.optional and tensor_name not in step.input_map:
+                why = f"required input {tensor_name!r} of {name} is not mapped"
+                report.add(path, step_line, f"step {name} input_map", why)
         for key, value in step.output_map.items():
             line = ensemble.line_of(f'"{key}"', f'"{value}"', after=step_line - 1)
-            where = f"step {step.model_name} output_map {key}"
+            bad = partial(report.add, path, line, f"step {name} output_map {key}")
             src = model_out.get(key)
             if src is None:
-                report.add(
-                    path,
-                    line,
-                    where,
-                    f"{step.model_name} has no output {key!r} ({target.path}); "
-                    f"its outputs: {', '.join(model_out)}",
-                )
+                listed = ", ".join(model_out)
+                bad(f"{name} has no output {key!r} ({target.path}); its outputs: {listed}")
                 continue
             if value in outputs:
-                _compare(report, path, line, where, src, outputs[value], path)
+                _compare(bad, src, outputs[value], path)
             elif value in internal:
-                report.add(
-                    path, line, where, f"{value!r} is already produced by step {internal[value][1]}"
-                )
+                bad(f"{value!r} is already produced by step {internal[value][1]}")
             else:
-                internal[value] = (src, step.model_name)
+                internal[value] = (src, name)
             produced.add(value)
-    for name in outputs:
-        if name not in produced:
-            report.add(
-                path,
-                ensemble.line_of(f'"{name}"'),
-                f"output {name}",
-                "no step produces this ensemble output",
-            )
+    for output in outputs:
+        if output not in produced:
+            line = ensemble.line_of(f'"{output}"')
+            report.add(path, line, f"output {output}", "no step produces this ensemble output")
 
 
-def _compare(
-    report: Report, path: Path, line: int, where: str, src: Tensor, dest: Tensor, other: Path
-) -> None:
+def _compare(bad: Callable[[str], None], src: Tensor, dest: Tensor, other: Path) -> None:
+    """A mapped tensor's dtype and dims against its other end's; each mismatch goes to `bad`."""
+    theirs = f"{dest.name!r} ({other})"
     if src.dtype != dest.dtype:
-        report.add(
-            path,
-            line,
-            where,
-            f"dtype {src.dtype} of {src.name!r} does not match {dest.dtype} of "
-            f"{dest.name!r} ({other})",
-        )
+        bad(f"dtype {src.dtype} of {src.name!r} does not match {dest.dtype} of {theirs}")
     if not dims_compatible(src.dims, dest.dims):
-        report.add(
-            path,
-            line,
-            where,
-            f"dims {list(src.dims)} of {src.name!r} do not match {list(dest.dims)} of "
-            f"{dest.name!r} ({other})",
-        )
+        bad(f"dims {list(src.dims)} of {src.name!r} do not match {list(dest.dims)} of {theirs}")
 
 
 def check_decoupled(

@@ -254,9 +254,7 @@ def _start_openai_server(
 ) -> ServerRecord | None:
     serving = for_recipe(recipe).serving
     server = serving.openai
-    if (
-        server is None
-    ):  # pragma: no cover - a backend with neither a Triton repository nor a server of its own
+    if server is None:  # pragma: no cover - a backend with neither a Triton repository nor a server
         raise StageError(
             f"backend {recipe.build.backend.value} has no Triton repository and no server of its "
             "own"

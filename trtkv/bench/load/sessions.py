@@ -18,7 +18,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from trtkv.bench.load.loadgen import Interrupted, SessionPool
@@ -50,7 +50,6 @@ class Workload:
     turns: int
     output_tokens: int
     think_time_s: float
-    prefixes: list[str] = field(default_factory=list)
 
 
 def _stretches(tokenizer: Any, ids: list[int], start: int, n_tokens: int, count: int) -> list[str]:
@@ -86,7 +85,7 @@ def plan_workload(tokenizer: Any, bench: Any, sessions: int) -> Workload:
         first = _exact(tokenizer, prefixes[group], own[s], bench.input_tokens)
         texts = [turns[(s + t) % len(turns)] for t in range(p.turns - 1)]
         plans.append(SessionPlan(s, group, first, texts))
-    return Workload(plans, p.turns, bench.output_tokens, p.think_time_s, prefixes)
+    return Workload(plans, p.turns, bench.output_tokens, p.think_time_s)
 
 
 def _head(tokenizer: Any, prefix: str) -> list[int]:

@@ -59,6 +59,11 @@ def _error(status: int, body: Any) -> str | None:
     return f"HTTP {status}: {str(err)[:300]}"
 
 
+def _failed(prefix: Sequence[int], error: str) -> Served:
+    """A request that gave no usable continuation: its prompt ids and why."""
+    return Served(list(prefix), [], [], error=error)
+
+
 def triton_request(
     url: str, model: str, tokenizer: Any, prompt: str, tokens: int, timeout_s: float
 ) -> Served:
@@ -76,17 +81,13 @@ def triton_request(
     status, doc = _post(url, f"/v2/models/{model}/generate", body, timeout_s)
     error = _error(status, doc)
     if error is not None:
-        return Served(prefix, [], [], error=error)
+        return _failed(prefix, error)
     text = doc.get("text_output")
     text = (text[0] if text else "") if isinstance(text, list) else str(text or "")
     lps = doc.get("output_log_probs")
     if not isinstance(lps, list):
-        return Served(
-            prefix,
-            [],
-            [],
-            error="the response has no output_log_probs (the model does not return them)",
-        )
+        why = "the response has no output_log_probs (the model does not return them)"
+        return _failed(prefix, why)
     flat = [float(x) for x in _flatten(lps)]
     ids = list(tokenizer.encode(text, add_special_tokens=False)) if text else []
     if len(ids) != len(flat):
@@ -124,7 +125,7 @@ def openai_request(
     status, doc = _post(url, "/v1/completions", body, timeout_s)
     error = _error(status, doc)
     if error is not None:
-        return Served(list(prefix), [], [], error=error)
+        return _failed(prefix, error)
     try:
         lp = doc["choices"][0]["logprobs"]
         ids = [_token_id(t) for t in lp["tokens"]]
@@ -133,20 +134,13 @@ def openai_request(
             {_token_id(t): float(v) for t, v in (row or {}).items()} for row in lp["top_logprobs"]
         ]
     except (KeyError, IndexError, TypeError, ValueError) as exc:
-        return Served(
-            list(prefix),
-            [],
-            [],
-            error=f"no usable logprobs in the answer ({type(exc).__name__}: {exc}); "
-            f"the server must support logprobs and return_tokens_as_token_ids",
+        return _failed(
+            prefix,
+            f"no usable logprobs in the answer ({type(exc).__name__}: {exc}); "
+            "the server must support logprobs and return_tokens_as_token_ids",
         )
     if not (len(ids) == len(chosen) == len(top)):
-        return Served(
-            list(prefix),
-            [],
-            [],
-            error="logprobs: tokens, token_logprobs and top_logprobs differ in length",
-        )
+        return _failed(prefix, "logprobs: tokens, token_logprobs and top_logprobs differ in length")
     return Served(list(prefix), ids, chosen, top)
 
 
