@@ -17,7 +17,10 @@ TensorRT-LLM's DeepSeek-R1 at EP8 from -14.3% / -15.7% TPOT (the mean rank's sha
 model's expert shape (trtkv.plan.moe_step.shape_row_ms) and H20's fused-MoE fit at H20's own peaks moved TTFTs
 (on 4aca474 -> after): H20 -18.2% -> +1.2%, DeepSeek-R1 H200 EP8 c1/c8 -18.4%/-1.8% -> +6.3%/+7.1%,
 vLLM gpt-oss-120b H100 TP2 c4/c64 +5.8%/-2.9% -> +29.3%/+18.7%
-(its moe_tp 2 rows at 1,024 tokens, power-law load: 0.73 ms a layer, 1.5x balanced)."""
+(its moe_tp 2 rows at 1,024 tokens, power-law load: 0.73 ms a layer, 1.5x balanced). MLA's down-projections and the routers
+held whole on every TP rank (trtkv.plan.layer_ops.replicated_parameters; divided by TP on 9fc1850) moved DeepSeek's
+figures: R1 EP8 TPOT -6.2%/-2.6% -> -4.3%/-1.0%, TTFT +6.3%/+7.1% -> +11.9%/+14.5%; V3 on H20 ITL -39.5% -> -38.1%, TTFT
++1.2% -> +12.7%."""
 
 from __future__ import annotations
 
