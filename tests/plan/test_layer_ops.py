@@ -1,7 +1,9 @@
 """The kernels a decoder layer launches by its structure (trtkv.plan.layer_ops), as aiconfigurator-core 0.12.0 lists a
 layer's generation ops: every layer was priced as a dense GQA layer's 4 GEMMs and 5 kernels on d2b3715, so DeepSeek's
 MLA + shared-expert layer (8 GEMMs) was under-priced at a small batch (TensorRT-LLM DeepSeek-R1 TP8/EP8 on H200, TPOT
--20.6% at concurrency 1, now -6%) and a MoE layer without shared experts over-priced by one GEMM."""
+-20.6% at concurrency 1, now -6%) and a MoE layer without shared experts over-priced by one GEMM. The weights every TP
+rank holds whole (MLA's down-projections, routers) were divided by TP on 9fc1850: DeepSeek-R1 TP8/EP8 TPOT -6.2% / -2.6%
+-> -4.3% / -1.0%, SGLang DeepSeek-V3 TP8 on H20 ITL -39.5% -> -38.1% (tests/plan/test_published_speed.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from tests.support.speed_cases import recipe_for
 from trtkv.kvcache.formats import KVFormat
 from trtkv.plan import speed
 from trtkv.plan.estimate import kv_cost, model_shape
-from trtkv.plan.layer_ops import layer_ops
+from trtkv.plan.layer_ops import layer_ops, replicated_parameters
 from trtkv.plan.model import resolve_architecture
 
 
@@ -50,3 +52,18 @@ def test_the_fixed_costs_follow_the_count() -> None:
     fixed = k.gemm_fixed_ms[f"gemm_memory.{m.weight_dtype}"]
     assert ours.gemm_ms - theirs.gemm_ms == pytest.approx((m.gemm_calls - 4) * m.num_layers * fixed)
     assert ours.other_ms - theirs.other_ms == pytest.approx(1 * m.num_layers * k.op_latency_ms)
+
+
+def test_mla_down_projections_and_routers_are_whole_on_every_tp_rank() -> None:
+    # DeepSeek-V3: 61 MLA layers' fused q_a/kv_a down-projection (7168 -> 1536 + 512 + 64) and 58 routers (7168 -> 256)
+    arch = _arch("deepseek_v3")
+    whole = 61 * 7168 * (1536 + 512 + 64) + 58 * 7168 * 256
+    assert replicated_parameters(arch, 1536) == whole
+    assert replicated_parameters(arch, None) == whole - 61 * 7168 * 1536  # no q latent: q_proj is column-parallel
+    assert replicated_parameters(_arch("llama3_1_8b"), None) == 0
+    shapes = {tp: model_shape(arch, recipe_for("tests/data/configs/deepseek_v3", "H200-141GB", "sglang", "bf16", 1024,
+                                               64, [1], 8192, tp=tp)) for tp in (1, 8)}
+    # per GPU at TP8: the rest split eight ways, the replicated weights whole, at the same bytes per parameter
+    assert shapes[8].gemm_params == pytest.approx((shapes[1].gemm_params - whole) / 8 + whole)
+    per_param = shapes[1].weight_bytes / shapes[1].gemm_params
+    assert shapes[8].weight_bytes / shapes[8].gemm_params == pytest.approx(per_param, rel=0.02)

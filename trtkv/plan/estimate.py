@@ -13,7 +13,7 @@ from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.formats import UNQUANTIZED, KVFormat
 from trtkv.plan import aic
 from trtkv.plan.estimate_model import AicFigures, Estimate, EstimateRow
-from trtkv.plan.layer_ops import layer_ops
+from trtkv.plan.layer_ops import layer_ops, with_replicated
 from trtkv.plan.model import Architecture, resolve_architecture, seq_bytes, weights_bytes
 from trtkv.plan.moe_step import POWER_LAW, rank_concurrency, routing_note, with_experts
 from trtkv.plan.result import Plan
@@ -111,7 +111,7 @@ def model_shape(
         None,
         *layer_ops(arch),
     )
-    return with_experts(shape, arch, recipe, ep, attention_dp)
+    return with_replicated(with_experts(shape, arch, recipe, ep, attention_dp), arch, recipe)
 
 
 def kv_cost(

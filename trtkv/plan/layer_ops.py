@@ -13,14 +13,30 @@ deepseek.py; the kernel tables' own op lists):
   plus the shared experts' gate/up and down and their SiLU-and-mul where the model has them;
 - per layer besides: input RMSNorm, RoPE, KV-cache write, post-attention RMSNorm with its residual.
 A dense GQA layer is 4 GEMMs and 5 kernels (speed.GEMMS_PER_LAYER, speed.ELEMENTWISE_KERNELS).
+
+Not every weight is split by tensor parallelism: MLA's down-projections (q_a_proj and
+kv_a_proj_with_mqa, one fused GEMM whose outputs are the latents every head reads) and a MoE
+layer's router are whole on every TP rank in the three engines: SGLang 0.4.8
+(sglang/srt/models/deepseek_v2.py: `fused_qkv_a_proj_with_mqa = ReplicatedLinear(...)`, `MoEGate`'s
+plain weight), vLLM 0.32.0 (models/deepseek_v2.py: `DeepSeekV2FusedQkvAProjLinear(...,
+disable_tp=True)`, `GateLinear(ReplicatedLinear)`), TensorRT-LLM (1.x main's
+_torch/modules/attention.py MLA: `kv_a_proj_with_mqa = Linear(hidden_size, q_lora_rank +
+kv_lora_rank + qk_rope_head_dim, ...)` without the `mapping` and `TensorParallelMode.COLUMN` its
+q_b_proj gets). A decode step reads them whole on each GPU; a prefill computes them whole.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
+
+from trtkv.checkpoints import read_model_facts
+from trtkv.engines.sizing import model_config_path
+from trtkv.plan.moe_step import Shape
 
 if TYPE_CHECKING:
     from trtkv.plan.model import Architecture
+    from trtkv.recipe import Recipe
 
 ATTENTION_GEMMS = {"gqa": 2, "mla": 5}
 MLA_KERNELS = 1  # q_a_layernorm
@@ -44,3 +60,32 @@ def layer_ops(arch: Architecture) -> tuple[float, float]:
     act = (moe_layers * shared + layers - moe_layers) / layers
     kernels = LAYER_KERNELS + (MLA_KERNELS if mla else 0) + act * ACTIVATION_KERNELS
     return gemms, kernels
+
+
+def replicated_parameters(arch: Architecture, q_lora_rank: int | None) -> float:
+    """Parameters every tensor-parallel rank holds whole (module docstring): MLA's down-projections
+    (without a q latent, q_proj is column-parallel and only kv_a_proj_with_mqa is whole) and the
+    MoE layers' routers."""
+    mla = 0.0
+    if arch.kv_lora_rank:
+        latents = (q_lora_rank or 0) + arch.kv_lora_rank + (arch.qk_rope_head_dim or 0)
+        mla = float(arch.num_layers * arch.hidden_size * latents)
+    moe = arch.moe
+    routers = 0.0
+    if moe is not None and arch.expert_parameters:
+        routers = float(len(moe.moe_layers) * arch.hidden_size * moe.num_experts)
+    return mla + routers
+
+
+def with_replicated(m: Shape, arch: Architecture, recipe: Recipe) -> Shape:
+    """`m` with the weights every TP rank holds whole (replicated_parameters) counted whole on each
+    GPU, at the non-expert weights' mean bytes per parameter."""
+    path = model_config_path(recipe)
+    q_lora_rank = read_model_facts(path).q_lora_rank if path is not None else None
+    whole = replicated_parameters(arch, q_lora_rank) * (1 - 1 / m.tp)
+    if not whole or not m.gemm_params:
+        return m
+    per_param = m.weight_bytes / m.gemm_params
+    return replace(
+        m, gemm_params=m.gemm_params + whole, weight_bytes=m.weight_bytes + whole * per_param
+    )
