@@ -40,9 +40,10 @@ used. Attention is read at a 70B-class layer at TP4, which no end-to-end case tr
                 a layer at 2,048 tokens, the median 1.8 ms)
   moe decode rows  (`--moe-decode-rows PATH`, trtkv/data/moe_decode_rows.json) the same table's own "balanced" rows,
                 per expert dtype, shape and moe_tp/EP (moe_tp x EP <= 8), at its N = 1, 2, 4, ... up to the first N with
-                N k >= E: a decode step's time by the experts it reads (min(E, N k) / EP a rank), which the per-dtype fit
-                over every shape misses by up to 2x (gpt-oss-20b's 32 MXFP4 experts on SGLang, H100: 0.577 ms a layer
-                at 8 tokens, the fit 0.29 ms)
+                N k >= E: a decode step's time by the experts it reads (min(E, N k) / EP a rank: aiconfigurator's
+                collector/helper.py balanced_logits gives token i experts i + j ceil(E / k), alike on every EP rank),
+                which the per-dtype fit over every shape misses by up to 2x (gpt-oss-20b's 32 MXFP4 experts on SGLang,
+                H100: 0.577 ms a layer at 8 tokens, the fit 0.29 ms)
 """
 
 from __future__ import annotations
