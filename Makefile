@@ -340,12 +340,13 @@ $(AIC_STAMP):
 	touch $@
 
 # trtkv's speed model's kernel efficiencies, read from aiconfigurator's measured tables (tools/aic_kernels.py), and the
-# fused MoE op's own rows per expert shape (trtkv/data/moe_prefill_rows.json)
+# fused MoE op's own rows per expert shape (trtkv/data/moe_prefill_rows.json: prefill; moe_decode_rows.json: decode)
 speed-efficiencies: install-aiconfigurator
 	$(AIC_VENV)/bin/python tools/aic_kernels.py --moe-rows trtkv/data/moe_prefill_rows.json.tmp \
-		> trtkv/data/speed_efficiencies.json.tmp
+		--moe-decode-rows trtkv/data/moe_decode_rows.json.tmp > trtkv/data/speed_efficiencies.json.tmp
 	mv trtkv/data/speed_efficiencies.json.tmp trtkv/data/speed_efficiencies.json
 	mv trtkv/data/moe_prefill_rows.json.tmp trtkv/data/moe_prefill_rows.json
+	mv trtkv/data/moe_decode_rows.json.tmp trtkv/data/moe_decode_rows.json
 
 # aiconfigurator's estimates for the speed model's check cases -> tests/data/aiconfigurator/cases.json (make check reads it)
 record-aiconfigurator: install install-aiconfigurator

@@ -38,6 +38,12 @@ used. Attention is read at a 70B-class layer at TP4, which no end-to-end case tr
                 tokens, "power_law_1.01": the latency aiconfigurator reads for that shape's prefill, which one median
                 compute efficiency per dtype misses by up to 2x (gpt-oss-120b's MXFP4 experts on SGLang, H200: 3.0 ms
                 a layer at 2,048 tokens, the median 1.8 ms)
+  moe decode rows  (`--moe-decode-rows PATH`, trtkv/data/moe_decode_rows.json) the same table's own "balanced" rows,
+                per expert dtype, shape and moe_tp/EP (moe_tp x EP <= 8), at its N = 1, 2, 4, ... up to the first N with
+                N k >= E: a decode step's time by the experts it reads (min(E, N k) / EP a rank: aiconfigurator's
+                collector/helper.py balanced_logits gives token i experts i + j ceil(E / k), alike on every EP rank),
+                which the per-dtype fit over every shape misses by up to 2x (gpt-oss-20b's 32 MXFP4 experts on SGLang,
+                H100: 0.577 ms a layer at 8 tokens, the fit 0.29 ms)
 """
 
 from __future__ import annotations
@@ -69,6 +75,10 @@ MOE_BYTES = {"bfloat16": 2.0, "fp8": 1.0, "fp8_block": 1 + 4 / 128 / 128, "w4a16
 MOE_PREFILL_ROUTING = "power_law_1.01"
 # the prefill chunks whose rows the rows file keeps (every table holds them), and the largest moe_tp x EP (one node of 8)
 MOE_ROW_TOKENS, MOE_ROW_GPUS = (1024, 2048, 4096, 8192, 16384), 8
+# a decode step's rows: "balanced" (N tokens read exactly min(E, N k) experts), at the token counts the tables hold; a
+# curve stops at the first N that reads every expert, or before the first count its table lacks
+MOE_DECODE_ROUTING = "balanced"
+MOE_DECODE_TOKENS = (1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 128)
 MOE_PEAK = {"fp8": "fp8_tc_flops", "fp8_block": "fp8_tc_flops", "nvfp4": "fp4_tc_flops",
             "w4a8_mxfp4_mxfp8": "fp8_tc_flops"}
 
@@ -201,6 +211,31 @@ def _moe_rows(pd, path: str) -> dict:
     return out
 
 
+def _moe_decode_rows(pd, path: str) -> dict:
+    """Per expert dtype, shape and moe_tp/EP: the fused MoE op's latency (ms) at MOE_DECODE_TOKENS, balanced routing,
+    up to the first token count that reads every expert."""
+    df = pd.read_parquet(path)
+    df = df[(df["distribution"] == MOE_DECODE_ROUTING) & df["num_tokens"].isin(MOE_DECODE_TOKENS)
+            & (df["moe_tp_size"] * df["moe_ep_size"] <= MOE_ROW_GPUS) & df["moe_dtype"].isin(list(MOE_BYTES))]
+    out: dict = {}
+    keys = ["moe_dtype", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size", "moe_ep_size"]
+    for key, d in df.groupby(keys):
+        got = d.groupby("num_tokens")["latency"].min()
+        topk, experts = int(key[3]), int(key[4])
+        curve = []
+        for n in MOE_DECODE_TOKENS:
+            if n not in got.index:
+                break
+            curve.append(float(f"{got[n]:.4g}"))
+            if n * topk >= experts:
+                break
+        if len(curve) < 2:  # the per-dtype fit prices that shape
+            continue
+        dtype, shape, par = key[0], "/".join(str(int(v)) for v in key[1:5]), f"{int(key[5])}/{int(key[6])}"
+        out.setdefault(dtype, {}).setdefault(shape, {})[par] = curve
+    return out
+
+
 def _attention(pd, folder: str, gpu: dict) -> dict:
     out: dict = {}
     gen = os.path.join(folder, "generation_attention_perf.parquet")
@@ -280,7 +315,9 @@ def main(argv: list[str]) -> int:
     import yaml
 
     rows_path = argv[argv.index("--moe-rows") + 1] if "--moe-rows" in argv else None
+    decode_path = argv[argv.index("--moe-decode-rows") + 1] if "--moe-decode-rows" in argv else None
     rows: dict = {}
+    decode: dict = {}
     sys_dir = os.path.join(os.path.dirname(aiconfigurator_core.__file__), "systems")
     out: dict = {"aiconfigurator_core": importlib.metadata.version("aiconfigurator-core"), "shapes": __doc__.split(
         "Reference shapes")[1].strip(), "systems": {}, "datasheets": {}}
@@ -312,19 +349,24 @@ def main(argv: list[str]) -> int:
                 if rows_path:
                     rows[f"{name}/{backend}"] = {"version": mv, **_moe_rows(pd, os.path.join(moe_dir, mv,
                                                                                            "moe_perf.parquet"))}
+                if decode_path:
+                    decode[f"{name}/{backend}"] = {"version": mv, **_moe_decode_rows(
+                        pd, os.path.join(moe_dir, mv, "moe_perf.parquet"))}
             figures.update(_custom_allreduce(pd, os.path.join(root, "comm", backend), gv, node["intra_node_bw"]))
             entry["backends"][backend] = {"gemm_version": gv, "attention_version": av, **figures}
         out["systems"][name] = entry
     json.dump(out, sys.stdout, indent=1, sort_keys=True)
     sys.stdout.write("\n")
-    if rows_path:  # one line per engine table: ~10,000 curves
-        with open(rows_path, "w") as f:
-            f.write(json.dumps({"aiconfigurator_core": out["aiconfigurator_core"], "routing": MOE_PREFILL_ROUTING,
-                                "tokens": list(MOE_ROW_TOKENS), "max_gpus": MOE_ROW_GPUS}, sort_keys=True)[:-1])
-            for i, (table, entry) in enumerate(sorted(rows.items())):
-                f.write(f',\n "{table}": ' if i else f', "tables": {{\n "{table}": ')
-                f.write(json.dumps(entry, sort_keys=True, separators=(",", ":")))
-            f.write("\n }}\n")
+    for path, tables, routing, tokens in ((rows_path, rows, MOE_PREFILL_ROUTING, MOE_ROW_TOKENS),
+                                          (decode_path, decode, MOE_DECODE_ROUTING, MOE_DECODE_TOKENS)):
+        if path:  # one line per engine table: ~10,000 curves
+            with open(path, "w") as f:
+                f.write(json.dumps({"aiconfigurator_core": out["aiconfigurator_core"], "routing": routing,
+                                    "tokens": list(tokens), "max_gpus": MOE_ROW_GPUS}, sort_keys=True)[:-1])
+                for i, (table, entry) in enumerate(sorted(tables.items())):
+                    f.write(f',\n "{table}": ' if i else f', "tables": {{\n "{table}": ')
+                    f.write(json.dumps(entry, sort_keys=True, separators=(",", ":")))
+                f.write("\n }}\n")
     return 0
 
 

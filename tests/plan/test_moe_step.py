@@ -7,6 +7,7 @@ batch's experts."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -14,7 +15,7 @@ from tests.support import speed_cases as sc
 from trtkv.checkpoints import read_model_facts
 from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.formats import KVFormat
-from trtkv.plan import moe_step, speed
+from trtkv.plan import moe_step, moe_tables, speed
 from trtkv.plan.estimate import estimate, kv_cost, model_shape
 from trtkv.plan.model import resolve_architecture
 from trtkv.plan.planner import plan
@@ -93,14 +94,20 @@ def test_a_decode_step_reads_the_experts_its_batch_routes_to() -> None:
     eight, _ = moe_step.routed_ms(k, m.moe, 8)
     many, _ = moe_step.routed_ms(k, m.moe, 256)
     assert one < eight < many
-    # one token reads 4 of 128 experts: its expert time is the bytes of 4 experts per layer (plus the fused MoE op's
-    # fixed cost and its cost per expert touched, aiconfigurator's vLLM 0.24.0 MXFP4 rows), not 128
+    # one token reads 4 of 128 experts: its expert time is the shape's own balanced row at one token (aiconfigurator-core
+    # 0.12.0 h200_sxm/moe/vllm/0.24.0/moe_perf.parquet, w4a16_mxfp4 2880/2880/4/128, moe_tp 1, EP 1: 0.06086 ms a layer;
+    # trtkv.plan.moe_tables.decode_row_ms), not 128 experts' bytes
     fused = k.moe_tables[m.moe.table]
     all_bytes = m.moe.total_params * m.moe.bytes_per_param
     floor = all_bytes / (k.mem_bw * min(1.0, fused["mem_efficiency"])) * 1e3
-    per_layer = fused["fixed_ms"] + 4 * fused["per_expert_ms"]
-    assert one == pytest.approx(floor * 4 / 128 + m.moe.layers * per_layer, rel=1e-6)
+    assert one == pytest.approx(m.moe.layers * 0.06086, rel=1e-3)
     assert one < floor / 4
+    # a shape the table lacks (64 experts): the bytes of 4 experts per layer plus the fused MoE op's fixed cost and its
+    # cost per expert touched (the per-dtype fit of the same table)
+    other = replace(m.moe, experts=64)
+    assert moe_tables.decode_row_ms(k, other, other.table, 4) is None
+    per_layer = fused["fixed_ms"] + 4 * fused["per_expert_ms"]
+    assert moe_step.routed_ms(k, other, 1)[0] == pytest.approx(floor * 4 / 128 + m.moe.layers * per_layer, rel=1e-6)
 
 
 def test_prefill_flops_come_from_the_active_parameters() -> None:

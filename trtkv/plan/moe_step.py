@@ -20,10 +20,12 @@ What a step costs here, per GPU:
   through one expert's GEMMs), whichever is slower, per MoE layer, plus a fixed cost per layer, at
   the engine's fused MoE op as aiconfigurator-core 0.12.0 measured it for the experts' dtype
   (moe_perf.parquet, fitted per GPU, engine and dtype by tools/aic_kernels.py: memory over its
-  balanced rows with a cost per expert touched, compute over its power-law rows), the compute side
-  read from the table's own row for the expert shape and moe_tp/EP where the GPU has one
-  (shape_row_ms, as aiconfigurator reads it); where no table covers the dtype, the dense-GEMM
-  efficiencies plus two grouped-GEMM calls and the routing kernels per layer;
+  balanced rows with a cost per expert touched, compute over its power-law rows), each side read
+  from the table's own rows for the expert shape and moe_tp/EP where the GPU has them, as
+  aiconfigurator reads them: the memory side from its balanced rows at the experts the busiest
+  rank reads, the compute side from its power-law rows at the step's tokens
+  (trtkv.plan.moe_tables); where no table covers the dtype, the dense-GEMM efficiencies plus two
+  grouped-GEMM calls and the routing kernels per layer;
 - attention, dense layers, shared experts, routers and the LM head: trtkv.plan.speed's dense GEMMs
   (the model's active parameters; prefill FLOPs come from them, not from every expert);
 - EP with attention DP: tokens live on their DP rank, so each MoE layer dispatches them to the ranks
@@ -49,6 +51,7 @@ from trtkv.checkpoints import read_model_facts
 from trtkv.core.errors import TrtkvError
 from trtkv.engines.sizing import model_config_path
 from trtkv.plan.model import WEIGHT_BYTES
+from trtkv.plan.moe_tables import decode_row_ms, shape_row_ms
 from trtkv.recipe import SPEED_ENGINES, Recipe, WeightQuant
 
 if TYPE_CHECKING:
@@ -113,6 +116,10 @@ class StepKernels(Protocol):
     def moe_rows(self) -> dict[str, dict[str, dict[str, list[float]]]]: ...
     @property
     def moe_row_tokens(self) -> tuple[int, ...]: ...
+    @property
+    def moe_decode_rows(self) -> dict[str, dict[str, dict[str, list[float]]]]: ...
+    @property
+    def moe_decode_tokens(self) -> tuple[int, ...]: ...
     def efficiency(self, kind: str, dtype: str) -> float: ...
 
 
@@ -263,24 +270,6 @@ def _power_law(experts: int, top_k: int, tokens: int, ep: int, alpha: float) -> 
     return seen_sum / POWER_LAW_DRAWS, pairs_sum / POWER_LAW_DRAWS
 
 
-def shape_row_ms(k: StepKernels, moe: MoEShape, table: str, tokens: float) -> float | None:
-    """The fused MoE op's time for `tokens` (the expert group's) from the engine table's own rows
-    for this expert shape and moe_tp/EP (tools/aic_kernels.py --moe-rows, power-law expert load):
-    linear between rows, at the nearest row's time per token outside them; None where no row is."""
-    inter = moe.expert_params / (3 * moe.hidden)  # gate, up and down: 3 x hidden x inter
-    key = f"{moe.hidden}/{round(inter)}/{moe.top_k}/{moe.experts}"
-    row = k.moe_rows.get(table, {}).get(key, {}).get(f"{moe.moe_tp}/{moe.ep}")
-    if not row or abs(inter - round(inter)) > 1e-6 or tokens <= 0:
-        return None
-    grid = k.moe_row_tokens
-    if tokens <= grid[0] or tokens >= grid[-1]:
-        i = 0 if tokens <= grid[0] else -1
-        return row[i] * tokens / grid[i]
-    j = next(i for i, n in enumerate(grid) if n >= tokens)
-    share = (tokens - grid[j - 1]) / (grid[j] - grid[j - 1])
-    return row[j - 1] + share * (row[j] - row[j - 1])
-
-
 def routed_ms(k: StepKernels, moe: MoEShape, tokens: int) -> tuple[float, float]:
     """(expert GEMM ms, all-to-all ms) of one step whose attention-DP rank runs `tokens` tokens:
     the busiest EP rank's experts under the shape's routing assumption."""
@@ -304,10 +293,14 @@ def routed_ms(k: StepKernels, moe: MoEShape, tokens: int) -> tuple[float, float]
         mem = read / (k.mem_bw * min(1.0, fused["mem_efficiency"])) * 1e3
         mem += local * fused.get("per_expert_ms", 0.0)  # each expert touched: its own GEMM set-up
         comp = flops / (fused["peak_flops"] * min(1.0, fused["compute_efficiency"])) * 1e3
-        gemm = moe.layers * (fused["fixed_ms"] + max(mem, comp))
-        row = shape_row_ms(k, moe, table, seen)  # the shape's own row, fixed cost included
-        if row is not None:
-            gemm = moe.layers * max(fused["fixed_ms"] + mem, row)
+        # the shape's own rows where the table has them, fixed cost included: the experts read, the
+        # tokens computed
+        read_ms = decode_row_ms(k, moe, table, local)
+        row = shape_row_ms(k, moe, table, seen)
+        gemm = moe.layers * max(
+            read_ms if read_ms is not None else fused["fixed_ms"] + mem,
+            row if row is not None else fused["fixed_ms"] + comp,
+        )
     else:
         mem = read / (k.mem_bw * k.efficiency("gemm_memory", moe.dtype)) * 1e3
         mem += 2 * k.gemm_fixed_ms.get(f"gemm_memory.{moe.dtype}", 0.0)

@@ -134,9 +134,11 @@ class Kernels:
     # the fused MoE op per expert dtype (moe_perf.parquet fits: trtkv.plan.moe_step.routed_ms)
     moe_tables: dict[str, dict[str, Any]] = field(default_factory=dict)
     ar_by_gpus: dict[int, tuple[float, float]] = field(default_factory=dict)  # plan.allreduce
-    # the fused MoE op's own rows per shape at moe_row_tokens (trtkv.plan.moe_tables)
+    # the fused MoE op's own rows per shape, a prefill's and a decode step's (trtkv.plan.moe_tables)
     moe_rows: Rows = field(default_factory=dict)
     moe_row_tokens: tuple[int, ...] = ()
+    moe_decode_rows: Rows = field(default_factory=dict)
+    moe_decode_tokens: tuple[int, ...] = ()
 
     def efficiency(self, kind: str, dtype: str) -> float:
         got = self.eff.get(f"{kind}.{dtype}") or self.eff.get(f"{kind}.bfloat16")
@@ -239,7 +241,7 @@ def kernels_for(gpu: GPU, engine: str) -> Kernels:
         if isinstance(v, dict) and "fixed_ms" in v and not k.startswith("moe.")
     }
     moe = {k.split(".", 1)[1]: v for k, v in tables.items() if k.startswith("moe.")}
-    moe, rows, row_tokens = moe_kernels(f"{system}/{engine}", moe, flops, g if borrowed else None)
+    fused = moe_kernels(f"{system}/{engine}", moe, flops, g if borrowed else None)
     return Kernels(
         system,
         engine,
@@ -257,10 +259,9 @@ def kernels_for(gpu: GPU, engine: str) -> Kernels:
         float(g.get("mem_bw_empirical_scaling_factor") or 0.8),
         float(g.get("mem_empirical_constant_latency") or 3e-6) * 1e3,
         peaks,
-        moe,
+        fused[0],
         by_gpus(tables),
-        rows,
-        row_tokens,
+        *fused[1:],
     )
 
 
