@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from trtkv.contracts.artifacts import BenchResults, KVScalesFile, Manifest, ProbeDoc, ServerRecord
+from tests.support.probe_records import record_dict
+from trtkv.contracts.artifacts import BenchResults, KVScalesFile, Manifest, ServerRecord
+from trtkv.contracts.probe_doc import ProbeDoc
 from trtkv.core.errors import StageError
 from trtkv.kvcache.scales import kv_scales_document
 
@@ -72,7 +74,7 @@ def test_big_documents_keep_what_they_do_not_type(tmp_path: Path) -> None:
     Manifest(stage="probe", recipe="r", wall_seconds=1.5, settings={"lengths": [64]}).save(tmp_path)
     manifest = Manifest.load(tmp_path)
     assert manifest is not None and manifest.wall_seconds == 1.5 and manifest.model_extra == {"settings": {"lengths": [64]}}
-    ProbeDoc.model_validate({"recipe": "r", "records": [{"format": "fp8"}], "scales": {"source": "s"},
+    ProbeDoc.model_validate({"recipe": "r", "records": [record_dict("fp8", 64, 0.01)], "scales": {"source": "s"},
                              "kv_stats": None}).save(tmp_path)
     probe = ProbeDoc.load(tmp_path)
     assert probe is not None and probe.scales is not None and probe.scales.source == "s"

@@ -5,7 +5,7 @@ goes through these.
     Manifest       <stage folder>/manifest.json             every stage (calibrate, build, repo, bench, serve, probe)
     KVScalesFile   engines/<recipe>/checkpoint/kv_scales.json trtkv calibrate (trtkv.kvcache.scales writes it)
     BenchResults   engines/<recipe>/bench/results.json      trtkv bench (trtkv.bench.runner builds it)
-    ProbeDoc       engines/<recipe>/probe/probe.json        trtkv probe
+    ProbeDoc       engines/<recipe>/probe/probe.json        trtkv probe (trtkv.contracts.probe_doc)
     (Sizing        deploy/<recipe>/<target>/sizing.json     trtkv deploy: trtkv.deploy.sizing, an Artifact too)
 
 Writers build these models with keywords and `save` them; readers `load` them. The big documents
@@ -188,13 +188,18 @@ class Manifest(Artifact):
     files: dict[str, Any] | None = None
 
 
-class KVScaleLayer(BaseModel):
-    """One layer of kv_scales.json: its K/V amax and both scale conventions
-    (trtkv.kvcache.scales.layer_scales)."""
+class LayerAmax(BaseModel):
+    """One layer's K/V |max|: probe.json's scales.layers; kv_scales.json's add the scales."""
 
     layer: int
     k_amax: float
     v_amax: float
+
+
+class KVScaleLayer(LayerAmax):
+    """One layer of kv_scales.json: its K/V amax and both scale conventions
+    (trtkv.kvcache.scales.layer_scales)."""
+
     kv_cache_scaling_factor: float
     k_scale: float
     v_scale: float
@@ -415,29 +420,3 @@ class BenchResults(Artifact):
     # bench.prefix's workload: per level, the server's prefix-cache hit rates and the shape
     prefix: dict[str, PrefixLevel] | None = None
     warnings: list[str] = []  # e.g. a served KV pool more than 10% short of the plan
-
-
-class ProbeScales(BaseModel):
-    model_config = ConfigDict(extra="allow")  # older probe.json files hold k_amax/v_amax lists here
-
-    source: str
-    layers: list[dict[str, Any]] = []  # kv_scales.json's or the probe's own, as written
-
-
-class ProbeDoc(Artifact):
-    """probe.json of `trtkv probe` (records per format and length; the rest as written)."""
-
-    FILE = "probe.json"
-    WRITTEN_BY = "`trtkv probe`"
-
-    recipe: str
-    seconds: float | None = None
-    # cache-only: the stored cache in full-precision attention; these and the attention records
-    # keep each record's shape as the probe wrote it (trtkv.measures.probe_results reads them)
-    records: list[dict[str, Any]] = []
-    scales: ProbeScales | None = None
-    # engine attention (trtkv.probe.attention): the modes measured and why, their records,
-    # prefill-vs-decode drift; absent from probe.json files written before the engine modes
-    attention: dict[str, Any] | None = None
-    attention_records: list[dict[str, Any]] = []
-    drift: list[dict[str, Any]] = []
