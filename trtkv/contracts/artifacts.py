@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator
 
 from trtkv.contracts.prefix import PrefixLevel
 from trtkv.core.errors import StageError
@@ -159,6 +159,15 @@ class SupervisorRecord(Artifact):
     updated_at: str = ""
 
 
+class ListedFile(BaseModel):
+    """A file as its manifest lists it (contents.list_files): size, sha256, mtime, or link."""
+
+    bytes: int | None = None
+    sha256: str | None = None
+    mtime_ns: int | None = None
+    link: str | None = None
+
+
 class Manifest(Artifact):
     """A stage folder's manifest.json: the recipe, the input, the key that says "up to date", the
     wall time; then the stage's own fields (extra). trtkv.contracts.stage.run_stage writes every
@@ -172,20 +181,20 @@ class Manifest(Artifact):
     stage: str
     recipe: str | None = None
     recipe_path: str | None = None
-    # the up-to-date key (run_stage compares it whole); None: always redone. Free-form: each stage
-    # keys on its own inputs
-    key: dict[str, Any] | None = None
+    # the up-to-date key (run_stage compares it whole); None: always redone. Each stage keys on its
+    # own inputs
+    key: dict[str, JsonValue] | None = None
     recipe_hash: str | None = None
     input_dir: str | None = None
     input_manifest_hash: str | None = None
-    resolved_recipe: dict[str, Any] | None = None  # free-form: trtkv.recipe's schema types it
+    resolved_recipe: dict[str, JsonValue] | None = None  # the recipe as trtkv.recipe dumps it
     tool_versions: dict[str, str | None] | None = None
     wall_seconds: float | None = None
     finished_at: str | None = None
-    # name -> {size, sha256} of every other file (trtkv.contracts.contents): "up to date" and "a
-    # valid input" both need the folder to hold exactly these; None in manifests of older trtkv
-    # (checked by key only, and said so). As written: the manifest's hash covers its exact bytes
-    files: dict[str, Any] | None = None
+    # every other file (trtkv.contracts.contents): "up to date" and "a valid input" both need the
+    # folder to hold exactly these; None in manifests of older trtkv (checked by key only, and said
+    # so). Written as read: the manifest's hash covers its exact bytes
+    files: dict[str, ListedFile] | None = None
 
 
 class LayerAmax(BaseModel):
