@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from trtkv.contracts.probe_doc import ProbeDoc
     from trtkv.measures.probe_results import classify
     from trtkv.probe.setup import ProbeSettings
     from trtkv.probe.sweep import run_probe
@@ -93,8 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     bench["cpu_seconds"] = round(time.process_time() - c0, 1)
     doc = json.loads((probe_dir / "probe.json").read_text())
     longest = max(lengths)
-    bench["advised"] = [r["format"] for r in doc["records"] if r["context_len"] == longest and r["format"] != "fp16"
-                        and classify(r) == "safe"]
+    probe = ProbeDoc.load(probe_dir)
+    bench["advised"] = [r.format for r in (probe.records if probe else []) if r.context_len == longest
+                        and r.format != "fp16" and classify(r) == "safe"]
     bench["needle_formats"] = formats  # asked from every format's KL pass: a few short suffixes each
     bench["pass_seconds"] = doc.get("pass_seconds")
     bench["total_seconds"] = round(time.time() - t0, 1)

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from trtkv.contracts.artifacts import BenchResults, KVScalesFile, Manifest, ProbeDoc, ServerRecord
+from tests.support.probe_records import record_dict
+from trtkv.contracts.artifacts import BenchResults, KVScalesFile, Manifest, ServerRecord
+from trtkv.contracts.probe_doc import ProbeDoc
 from trtkv.core.errors import StageError
 from trtkv.kvcache.scales import kv_scales_document
 
@@ -68,11 +70,42 @@ def test_a_stage_manifest_is_the_model_run_stage_builds(tmp_path: Path) -> None:
                                                                           "inputs"]
 
 
+def test_a_manifest_types_its_file_list_and_writes_it_back_byte_for_byte(tmp_path: Path) -> None:
+    """files: name -> ListedFile (bytes, sha256, mtime_ns; a symbolic link: its target only); key and
+    resolved_recipe: JSON objects. What run_stage writes loads and is written back byte for byte (the next stage keys
+    on the manifest's hash), and a listing entry of another shape is refused where it is read, naming it."""
+    import hashlib
+
+    from trtkv.contracts.stage import run_stage
+    from trtkv.recipe import load_recipe
+
+    def work(tmp: Path) -> None:
+        (tmp / "config.json").write_text("{}")
+        (tmp / "weights").symlink_to("config.json")
+
+    out = tmp_path / "stage"
+    run_stage("repo", load_recipe("smollm2_fp8kv"), out, work, log=lambda _m: None)
+    text = (out / "manifest.json").read_text()
+    loaded = Manifest.load(out)
+    assert loaded is not None and loaded.files is not None and text == json.dumps(loaded.document(), indent=2) + "\n"
+    listed = loaded.files["config.json"]
+    assert (listed.bytes, listed.sha256, listed.link) == (2, hashlib.sha256(b"{}").hexdigest(), None)
+    assert json.loads(text)["files"]["weights"] == {"link": "config.json"} and loaded.files["weights"].bytes is None
+    assert loaded.key is not None and loaded.key["stage"] == "repo" and loaded.resolved_recipe is not None
+    doc = json.loads(text)
+    doc["files"]["config.json"]["bytes"] = "two"
+    (out / "manifest.json").write_text(json.dumps(doc))
+    with pytest.raises(StageError, match=r"files\.config\.json\.bytes: .*Next: rerun the stage"):
+        Manifest.load(out)
+    with pytest.raises(ValueError, match="not a valid JSON value"):
+        Manifest(stage="x", key={"input": tmp_path})
+
+
 def test_big_documents_keep_what_they_do_not_type(tmp_path: Path) -> None:
     Manifest(stage="probe", recipe="r", wall_seconds=1.5, settings={"lengths": [64]}).save(tmp_path)
     manifest = Manifest.load(tmp_path)
     assert manifest is not None and manifest.wall_seconds == 1.5 and manifest.model_extra == {"settings": {"lengths": [64]}}
-    ProbeDoc.model_validate({"recipe": "r", "records": [{"format": "fp8"}], "scales": {"source": "s"},
+    ProbeDoc.model_validate({"recipe": "r", "records": [record_dict("fp8", 64, 0.01)], "scales": {"source": "s"},
                              "kv_stats": None}).save(tmp_path)
     probe = ProbeDoc.load(tmp_path)
     assert probe is not None and probe.scales is not None and probe.scales.source == "s"

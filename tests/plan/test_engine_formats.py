@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import trtkv.measures.probe_results as results
+from tests.support.probe_records import probe_doc, record
 from trtkv.kvcache.formats import PER_TOKEN_HEAD_SCALE_BYTES, kv_bytes_per_token
 from trtkv.plan.planner import plan
 from trtkv.recipe import load_recipe
@@ -39,18 +40,13 @@ def test_heuristic_advice_names_the_engine_formats_from_the_table() -> None:
     assert any("`--kv_cache_qformat fp8_cast`" in a for a in p.advice)
 
 
-def _rec(fmt: str, n: int, kl: float, clip: float | None = None, bpt: float = 100.0) -> dict:
-    return {"format": fmt, "context_len": n, "kl_mean": kl, "top1_agreement": 1.0 - kl, "ppl": 9.0, "ppl_delta": kl,
-            "kv_bytes_per_token": bpt, "clip_rate": clip, "needle_accuracy": None, "kl_last_quarter": kl, "ppl_ref": 9.0}
-
-
 def test_measured_advice_names_engine_formats_from_a_small_fake_probe(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     recipe = load_recipe("llama70b_fp8kv", VLLM)
-    recs = [_rec("fp16", 512, 0.0), _rec("int8", 256, 0.01, 0.0), _rec("int8", 512, 0.05, 2e-5),
-            _rec("int8_per_token_head", 256, 0.001), _rec("int8_per_token_head", 512, 0.002),
-            _rec("fp8", 512, 0.004), _rec("fp8_cast", 512, 0.010)]
-    doc = {"records": recs, "reference": "fp16", "needles": [], "recipe": recipe.name}
+    recs = [record("fp16", 512, 0.0), record("int8", 256, 0.01, 0.0), record("int8", 512, 0.05, 2e-5),
+            record("int8_per_token_head", 256, 0.001), record("int8_per_token_head", 512, 0.002),
+            record("fp8", 512, 0.004), record("fp8_cast", 512, 0.010)]
+    doc = probe_doc(recs, recipe.name, reference="fp16", needles=[])
     monkeypatch.setattr(results, "find_probe", lambda *_a, **_k: (tmp_path, doc))
     p = plan(recipe, tmp_path)
     assert p.advice_basis.startswith("measured")

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.probe_records import probe_doc, record, record_dict
 from trtkv.cli import main
+from trtkv.contracts.probe_doc import ProbeDoc
 from trtkv.measures.probe_results import classify, find_probe, probe_advice
 from trtkv.recipe import load_recipe
 
@@ -94,12 +96,9 @@ def test_probe_rejects_unknown_format(capsys: pytest.CaptureFixture[str]) -> Non
 def _fake_probe(folder: Path, recipe: str, source: str = "packaged:smollm2") -> None:
     folder.mkdir(parents=True)
     recs = [
-        {"format": "fp16", "context_len": 4096, "kl_mean": 0.0, "top1_agreement": 1.0, "ppl": 10.0, "ppl_ref": 10.0,
-         "ppl_delta": 0.0, "kv_bytes_per_token": 23040},
-        {"format": "fp8", "context_len": 4096, "kl_mean": 0.002, "top1_agreement": 0.985, "ppl": 10.02,
-         "ppl_ref": 10.0, "ppl_delta": 0.02, "kv_bytes_per_token": 11520},
-        {"format": "int4_g64", "context_len": 4096, "kl_mean": 0.05, "top1_agreement": 0.89, "ppl": 10.9,
-         "ppl_ref": 10.0, "ppl_delta": 0.9, "kv_bytes_per_token": 6480},
+        record_dict("fp16", 4096, 0.0, bpt=23040, ppl=10.0, ppl_ref=10.0, ppl_delta=0.0),
+        record_dict("fp8", 4096, 0.002, bpt=11520, top1_agreement=0.985, ppl=10.02, ppl_ref=10.0, ppl_delta=0.02),
+        record_dict("int4_g64", 4096, 0.05, bpt=6480, top1_agreement=0.89, ppl=10.9, ppl_ref=10.0, ppl_delta=0.9),
     ]
     doc = {"recipe": recipe, "reference": "fp16", "model": {"source": source, "num_layers": 30}, "records": recs,
            "needles": [{"format": "fp16", "context_len": 512, "accuracy": 1.0},
@@ -113,7 +112,7 @@ def test_plan_uses_probe_of_same_model_from_another_recipe(engines_tmp: Path) ->
     _fake_probe(engines_tmp / "smollm2_fp8kv" / "probe", "smollm2_fp8kv")
     _fake_probe(engines_tmp / "llama8b_fp8kv" / "probe", "llama8b_fp8kv", source="meta-llama/Llama-3.1-8B-Instruct")
     folder, doc = find_probe(recipe)
-    assert doc["recipe"] == "smollm2_fp8kv"
+    assert doc.recipe == "smollm2_fp8kv"
     lines, basis = probe_advice(recipe)
     assert "smollm2_fp8kv (same model)" in basis
     assert any(line.startswith("fp8 at 4096") and line.endswith("safe") for line in lines)
@@ -131,11 +130,11 @@ def test_plan_cli_shows_probe_advice(engines_tmp: Path, capsys: pytest.CaptureFi
 
 
 def test_classify_thresholds() -> None:
-    base = {"ppl_ref": 10.0, "ppl_delta": 0.05, "top1_agreement": 0.98}
+    base = record("fp8", 512, 0.0, ppl_ref=10.0, ppl_delta=0.05, top1_agreement=0.98)
     assert classify(base) == "safe"
-    assert classify({**base, "needle_accuracy": 0.4}, ref_needle=1.0) == "caution"
-    assert classify({**base, "top1_agreement": 0.92}) == "caution"
-    assert classify({**base, "ppl_delta": 1.0}) == "risky"
+    assert classify(base.model_copy(update={"needle_accuracy": 0.4}), ref_needle=1.0) == "caution"
+    assert classify(base.model_copy(update={"top1_agreement": 0.92})) == "caution"
+    assert classify(base.model_copy(update={"ppl_delta": 1.0})) == "risky"
 
 
 @pytest.mark.e2e  # runs the real model: not in `make check`
@@ -243,24 +242,19 @@ def test_plan_advice_names_another_served_format(tmp_path: Path) -> None:
     assert per_layer_advice(load_recipe("smollm2_fp8kv"), tmp_path) is None
 
 
-def _rec(fmt: str, n: int, kl: float, clip: float | None = None, bpt: float = 100.0) -> dict:
-    return {"format": fmt, "context_len": n, "kl_mean": kl, "top1_agreement": 1.0 - kl, "ppl": 9.0, "ppl_delta": kl,
-            "kv_bytes_per_token": bpt, "clip_rate": clip, "needle_accuracy": None, "kl_last_quarter": kl, "ppl_ref": 9.0}
-
-
 def test_printed_probe_table_aligns_long_format_names() -> None:
     from trtkv.measures.probe_results import summary_lines
 
-    lines = summary_lines([_rec("fp16", 512, 0.0), _rec("turboquant_k3v4_nc", 512, 0.2)])
+    lines = summary_lines([record("fp16", 512, 0.0), record("turboquant_k3v4_nc", 512, 0.2)])
     assert len({line.index(" @ ") for line in lines}) == 1  # 11 characters wide cut the 18-character name short
 
 
 def test_engine_format_sentences_are_computed_from_both_measured_records() -> None:
     from trtkv.measures.probe_results import engine_format_notes
 
-    recs = [_rec("int8", 256, 0.02, 0.0, 1000), _rec("int8", 1024, 0.09, 3e-5, 1000),
-            _rec("int8_per_token_head", 256, 0.001, None, 1060), _rec("int8_per_token_head", 1024, 0.002, None, 1060),
-            _rec("fp8", 1024, 0.004), _rec("fp8_cast", 1024, 0.012)]
+    recs = [record("int8", 256, 0.02, 0.0, 1000), record("int8", 1024, 0.09, 3e-5, 1000),
+            record("int8_per_token_head", 256, 0.001, None, 1060), record("int8_per_token_head", 1024, 0.002, None, 1060),
+            record("fp8", 1024, 0.004), record("fp8_cast", 1024, 0.012)]
     notes = engine_format_notes(recs)
     assert len(notes) == 2
     assert notes[0].startswith("On vLLM >= 0.32.0 (`--kv-cache-dtype int8_per_token_head`), `int8_per_token_head` is "
@@ -268,8 +262,8 @@ def test_engine_format_sentences_are_computed_from_both_measured_records() -> No
     assert "clips 3.00e-05 of K/V elements at 1024 tokens and beyond" in notes[0]
     assert "`fp8_cast`" in notes[1] and "KL 0.01200 vs 0.00400 for calibrated `fp8`" in notes[1] and "x3.0" in notes[1]
     # only one of a pair measured: no sentence; a dynamic INT8 that loses is said so
-    assert engine_format_notes([_rec("int8", 1024, 0.01), _rec("fp8", 1024, 0.01)]) == []
-    lost = engine_format_notes([_rec("int8", 512, 0.001, 0.0), _rec("int8_per_token_head", 512, 0.01)])
+    assert engine_format_notes([record("int8", 1024, 0.01), record("fp8", 1024, 0.01)]) == []
+    lost = engine_format_notes([record("int8", 512, 0.001, 0.0), record("int8_per_token_head", 512, 0.01)])
     assert "did not beat static INT8" in lost[0] and "clipped nothing up to 512 tokens" in lost[0]
 
 
@@ -277,13 +271,13 @@ def test_plan_advice_and_verdicts_carry_the_engine_sentences(tmp_path: Path) -> 
     from trtkv.measures.probe_results import probe_advice
     from trtkv.probe.outputs import verdicts
 
-    recs = [_rec("fp16", 512, 0.0), _rec("fp8", 512, 0.004), _rec("fp8_cast", 512, 0.012)]
-    doc = {"records": recs, "settings": {"formats": ["fp16", "fp8", "fp8_cast"]}, "reference": "fp16", "needles": []}
+    recs = [record("fp16", 512, 0.0), record("fp8", 512, 0.004), record("fp8_cast", 512, 0.012)]
+    recipe = load_recipe("smollm2_fp8kv")
+    doc = probe_doc(recs, recipe.name, settings={"formats": ["fp16", "fp8", "fp8_cast"]}, reference="fp16", needles=[])
     assert any("ModelOpt's default `fp8_cast`" in v for v in verdicts(doc))
     import trtkv.measures.probe_results as results
 
-    recipe = load_recipe("smollm2_fp8kv")
-    hit = (tmp_path, {**doc, "recipe": recipe.name})
+    hit = (tmp_path, doc)
     orig = results.find_probe
     results.find_probe = lambda *_a, **_k: hit  # type: ignore[assignment]
     try:
@@ -399,20 +393,20 @@ def test_fp8_attn_head_is_probed_by_its_recipe_and_named_in_the_advice(tmp_path:
     assert recipe_probe_format(recipe) == "fp8_attn_head" and recipe_probe_format(load_recipe("smollm2_fp8kv")) == "fp8"
     for cpu in Path("recipes").glob("smollm2*.yaml"):
         assert "fp8_attn_head" not in load_recipe(cpu.stem).probe.formats, cpu
-    (note,) = engine_format_notes([_rec("fp8", 1024, 0.004), _rec("fp8_attn_head", 1024, 0.002)])
+    (note,) = engine_format_notes([record("fp8", 1024, 0.004), record("fp8_attn_head", 1024, 0.002)])
     assert note.startswith("Per-head static FP8 scales `fp8_attn_head` on vLLM 0.32.0 (`--kv-cache-dtype fp8` with k/v "
                            "scales per KV head) beats per-layer `fp8` on this model: KL 0.00200 vs 0.00400 at 1024")
     assert "quantization.kv_cache: fp8_attn_head" in note
-    assert "does not beat" in engine_format_notes([_rec("fp8", 64, 0.001), _rec("fp8_attn_head", 64, 0.002)])[0]
+    assert "does not beat" in engine_format_notes([record("fp8", 64, 0.001), record("fp8_attn_head", 64, 0.002)])[0]
     for fmts, probed in ((["fp16", "fp8"], False), (["fp16", "fp8", "fp8_attn_head"], True)):
-        doc = {"records": [_rec(f, 512, 0.001 * i) for i, f in enumerate(fmts)], "reference": "fp16", "needles": [],
-               "settings": {"formats": fmts}, "recipe": recipe.name}
+        doc = probe_doc([record(f, 512, 0.001 * i) for i, f in enumerate(fmts)], recipe.name, reference="fp16",
+                        needles=[], settings={"formats": fmts})
         monkeypatch.setattr(results, "find_probe", lambda *_a, d=doc, **_k: (tmp_path, d))
         lines = probe_advice(recipe, tmp_path)[0]  # type: ignore[index]
         assert any("KV format fp8_attn_head was not probed" in line for line in lines) is not probed, lines
         assert any("`fp8_attn_head` on vLLM" in line for line in lines) is probed
     cast = load_recipe("smollm2_fp8kv", ["quantization.kv_cache=fp8_cast", "build.backend=vllm"])
-    doc = {"records": [_rec("fp16", 512, 0.0), _rec("fp8_scale1", 512, 0.01)], "reference": "fp16", "needles": []}
+    doc = probe_doc([record("fp16", 512, 0.0), record("fp8_scale1", 512, 0.01)], reference="fp16", needles=[])
     monkeypatch.setattr(results, "find_probe", lambda *_a, **_k: (tmp_path, doc))
     assert not any("not probed" in line for line in probe_advice(cast, tmp_path)[0])  # type: ignore[index]
 
@@ -440,17 +434,24 @@ def test_engine_attention_records_are_shown_beside_cache_only_and_quoted_by_the_
 
     folder = engines_tmp / "smollm2_fp8kv" / "probe"
     _fake_probe(folder, "smollm2_fp8kv")
-    old = json.loads((folder / "probe.json").read_text())
+    raw = json.loads((folder / "probe.json").read_text())
+    for r in raw["records"]:  # as written before the engine modes: no attention key
+        del r["attention"]
+    (folder / "probe.json").write_text(json.dumps(raw))
+    old = ProbeDoc.load(folder)
+    assert old is not None and old.attention is None and {r.attention for r in old.records} == {"cache_only"}
     assert markdown_section(old)[2] == "Measured cache-only only." and advice_lines(old) == []
-    fp8 = next(r for r in old["records"] if r["format"] == "fp8")
+    fp8 = next(r for r in raw["records"] if r["format"] == "fp8")
     engine = {**fp8, "kl_mean": 0.005, "top1_agreement": 0.97, "attention": "vllm_fa3_fp8"}
-    doc = {**old, "attention_records": [engine],
+    doc = {**raw, "attention_records": [engine],
            "attention": {"modes": ["cache_only", "vllm_fa3_fp8"], "reasons": {"vllm_fa3_fp8": "auto: FA3 on SM90"}},
            "drift": [{"format": "fp8", "attention": "vllm_fa3_fp8", "prompt_tokens": 1024, "decode_steps": 32,
-                      "mean_abs_dlogp": 0.01, "max_abs_dlogp": 0.2, "kl_mean": 1e-4, "top1_agreement": 0.97}]}
+                      "mean_abs_dlogp": 0.01, "max_abs_dlogp": 0.2, "kl_mean": 1e-4, "top1_agreement": 0.97,
+                      "exact_zero": False}]}
     (folder / "probe.json").write_text(json.dumps(doc))
-    text = "\n".join(markdown_section(doc))
+    new = ProbeDoc.model_validate(doc)
+    text = "\n".join(markdown_section(new))
     assert "| fp8 | 4096 | vllm_fa3_fp8 | 0.00200 | 0.00500 | x2.50 |" in text and "### Prefill vs decode" in text
-    assert any("vllm_fa3_fp8 0.00500 (x2.50)" in line for line in summary_lines(doc))
+    assert any("vllm_fa3_fp8 0.00500 (x2.50)" in line for line in summary_lines(new))
     lines, _ = probe_advice(load_recipe("smollm2_fp8kv"))
     assert any(line.startswith("fp8 with vllm_fa3_fp8 attention") and "x2.50" in line for line in lines)

@@ -277,7 +277,7 @@ def _sweep_settings(recipe: Recipe, o: ProbeOptions) -> ProbeSettings:
 
 
 def _print_summary(out: Path) -> None:
-    from trtkv.contracts.artifacts import ProbeDoc
+    from trtkv.contracts.probe_doc import ProbeDoc
     from trtkv.measures.probe_results import summary_lines
 
     doc = ProbeDoc.load(out)
@@ -286,9 +286,9 @@ def _print_summary(out: Path) -> None:
     if doc is not None:
         from trtkv.measures.probe_attention import summary_lines as attention_lines
 
-        for line in attention_lines(doc.model_dump()):
+        for line in attention_lines(doc):
             print(line)
         from trtkv.probe.ruler import summary_lines as ruler_lines
 
-        for line in ruler_lines(doc.model_dump()):
+        for line in ruler_lines(doc.written):
             print(line)

@@ -1,9 +1,9 @@
 """Foundation layer: what stages, servers and clients agree on: the stage contract
 (trtkv.contracts.stage: manifest, up-to-date skip, atomic output; the output folders trtkv may
 replace, leftovers and the atomic swap in outputs), the typed files stages hand each other
-(artifacts), the request interface of a served model (interface) and the one-token canary request
-built from it (canary), the RULER plan the bench hands the probe (ruler), the plan's figures the
-CLI hands serving, bench, deploy and report (plan_figures)."""
+(artifacts; probe.json's in probe_doc), the request interface of a served model (interface) and the
+one-token canary request built from it (canary), the RULER plan the bench hands the probe (ruler),
+the plan's figures the CLI hands serving, bench, deploy and report (plan_figures)."""
 
 from trtkv.core.lazy import attach
 
@@ -23,7 +23,6 @@ if TYPE_CHECKING:
         KVScalesFile,
         Manifest,
         MetricStats,
-        ProbeDoc,
         ServerRecord,
         SLOVerdict,
         SupervisorRecord,
@@ -51,6 +50,7 @@ if TYPE_CHECKING:
         PrefixTier,
         with_prediction,
     )
+    from trtkv.contracts.probe_doc import ProbeDoc, ProbeRecord
     from trtkv.contracts.ruler import RulerPlan
     from trtkv.contracts.stage import (
         VERSIONED_TOOLS,
@@ -101,6 +101,7 @@ __all__ = [
     "PrefixPrediction",
     "PrefixTier",
     "ProbeDoc",
+    "ProbeRecord",
     "read_manifest",
     "remove_leftovers",
     "replace_folder",

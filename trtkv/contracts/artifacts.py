@@ -5,7 +5,7 @@ goes through these.
     Manifest       <stage folder>/manifest.json             every stage (calibrate, build, repo, bench, serve, probe)
     KVScalesFile   engines/<recipe>/checkpoint/kv_scales.json trtkv calibrate (trtkv.kvcache.scales writes it)
     BenchResults   engines/<recipe>/bench/results.json      trtkv bench (trtkv.bench.runner builds it)
-    ProbeDoc       engines/<recipe>/probe/probe.json        trtkv probe
+    ProbeDoc       engines/<recipe>/probe/probe.json        trtkv probe (trtkv.contracts.probe_doc)
     (Sizing        deploy/<recipe>/<target>/sizing.json     trtkv deploy: trtkv.deploy.sizing, an Artifact too)
 
 Writers build these models with keywords and `save` them; readers `load` them. The big documents
@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator
 
 from trtkv.contracts.prefix import PrefixLevel
 from trtkv.core.errors import StageError
@@ -159,6 +159,15 @@ class SupervisorRecord(Artifact):
     updated_at: str = ""
 
 
+class ListedFile(BaseModel):
+    """A file as its manifest lists it (contents.list_files): size, sha256, mtime, or link."""
+
+    bytes: int | None = None
+    sha256: str | None = None
+    mtime_ns: int | None = None
+    link: str | None = None
+
+
 class Manifest(Artifact):
     """A stage folder's manifest.json: the recipe, the input, the key that says "up to date", the
     wall time; then the stage's own fields (extra). trtkv.contracts.stage.run_stage writes every
@@ -172,29 +181,34 @@ class Manifest(Artifact):
     stage: str
     recipe: str | None = None
     recipe_path: str | None = None
-    # the up-to-date key (run_stage compares it whole); None: always redone. Free-form: each stage
-    # keys on its own inputs
-    key: dict[str, Any] | None = None
+    # the up-to-date key (run_stage compares it whole); None: always redone. Each stage keys on its
+    # own inputs
+    key: dict[str, JsonValue] | None = None
     recipe_hash: str | None = None
     input_dir: str | None = None
     input_manifest_hash: str | None = None
-    resolved_recipe: dict[str, Any] | None = None  # free-form: trtkv.recipe's schema types it
+    resolved_recipe: dict[str, JsonValue] | None = None  # the recipe as trtkv.recipe dumps it
     tool_versions: dict[str, str | None] | None = None
     wall_seconds: float | None = None
     finished_at: str | None = None
-    # name -> {size, sha256} of every other file (trtkv.contracts.contents): "up to date" and "a
-    # valid input" both need the folder to hold exactly these; None in manifests of older trtkv
-    # (checked by key only, and said so). As written: the manifest's hash covers its exact bytes
-    files: dict[str, Any] | None = None
+    # every other file (trtkv.contracts.contents): "up to date" and "a valid input" both need the
+    # folder to hold exactly these; None in manifests of older trtkv (checked by key only, and said
+    # so). Written as read: the manifest's hash covers its exact bytes
+    files: dict[str, ListedFile] | None = None
 
 
-class KVScaleLayer(BaseModel):
-    """One layer of kv_scales.json: its K/V amax and both scale conventions
-    (trtkv.kvcache.scales.layer_scales)."""
+class LayerAmax(BaseModel):
+    """One layer's K/V |max|: probe.json's scales.layers; kv_scales.json's add the scales."""
 
     layer: int
     k_amax: float
     v_amax: float
+
+
+class KVScaleLayer(LayerAmax):
+    """One layer of kv_scales.json: its K/V amax and both scale conventions
+    (trtkv.kvcache.scales.layer_scales)."""
+
     kv_cache_scaling_factor: float
     k_scale: float
     v_scale: float
@@ -415,29 +429,3 @@ class BenchResults(Artifact):
     # bench.prefix's workload: per level, the server's prefix-cache hit rates and the shape
     prefix: dict[str, PrefixLevel] | None = None
     warnings: list[str] = []  # e.g. a served KV pool more than 10% short of the plan
-
-
-class ProbeScales(BaseModel):
-    model_config = ConfigDict(extra="allow")  # older probe.json files hold k_amax/v_amax lists here
-
-    source: str
-    layers: list[dict[str, Any]] = []  # kv_scales.json's or the probe's own, as written
-
-
-class ProbeDoc(Artifact):
-    """probe.json of `trtkv probe` (records per format and length; the rest as written)."""
-
-    FILE = "probe.json"
-    WRITTEN_BY = "`trtkv probe`"
-
-    recipe: str
-    seconds: float | None = None
-    # cache-only: the stored cache in full-precision attention; these and the attention records
-    # keep each record's shape as the probe wrote it (trtkv.measures.probe_results reads them)
-    records: list[dict[str, Any]] = []
-    scales: ProbeScales | None = None
-    # engine attention (trtkv.probe.attention): the modes measured and why, their records,
-    # prefill-vs-decode drift; absent from probe.json files written before the engine modes
-    attention: dict[str, Any] | None = None
-    attention_records: list[dict[str, Any]] = []
-    drift: list[dict[str, Any]] = []

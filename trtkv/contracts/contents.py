@@ -14,7 +14,10 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trtkv.contracts.artifacts import ListedFile
 
 FULL_HASH_BYTES = 64 << 20
 # the manifest lists the others; the owner file is rewritten in place
@@ -60,30 +63,27 @@ def list_files(folder: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _same(path: Path, listed: dict[str, Any]) -> bool:
-    if "link" in listed:
-        return path.is_symlink() and os.readlink(path) == listed["link"]
+def _same(path: Path, listed: ListedFile) -> bool:
+    if listed.link is not None:
+        return path.is_symlink() and os.readlink(path) == listed.link
     # a listed file may be reached through a link (a copy made of links): its bytes count
     if not path.is_file():
         return False
     info = path.stat()
-    if info.st_size != listed.get("bytes"):
+    if info.st_size != listed.bytes:
         return False
-    if info.st_size > FULL_HASH_BYTES and info.st_mtime_ns == listed.get("mtime_ns"):
+    if info.st_size > FULL_HASH_BYTES and info.st_mtime_ns == listed.mtime_ns:
         return True
-    return _digest(path) == listed.get("sha256")
+    return _digest(path) == listed.sha256
 
 
-def differences(folder: Path, listed: dict[str, Any]) -> list[str]:
+def differences(folder: Path, listed: dict[str, ListedFile]) -> list[str]:
     """What differs between `folder` and its listing ("missing a/b", "changed c", "not listed d");
     empty: the same."""
     found = _walk(folder)
     out = [f"missing {rel}" for rel in listed if rel not in found]
-    out += [
-        f"changed {rel}"
-        for rel, entry in listed.items()
-        if rel in found and not (isinstance(entry, dict) and _same(found[rel], entry))
-    ]
+    changed = [rel for rel, got in listed.items() if rel in found and not _same(found[rel], got)]
+    out += [f"changed {rel}" for rel in changed]
     out += [f"not listed {rel}" for rel in found if rel not in listed]
     return out
 

@@ -135,13 +135,11 @@ def input_problem(folder: Path, recipe: Recipe, needs: tuple[str, ...] = IDENTIT
     manifest = read_manifest(folder)
     if manifest is None:
         return f"{folder} is missing or incomplete (no valid {MANIFEST})"
-    listed = manifest.files
-    if isinstance(listed, dict):
-        diff = contents.differences(folder, listed)
-        if diff:
-            return f"{folder} is damaged: {contents.describe(diff)} (against its {MANIFEST})"
+    diff = contents.differences(folder, manifest.files) if manifest.files is not None else []
+    if diff:
+        return f"{folder} is damaged: {contents.describe(diff)} (against its {MANIFEST})"
     made_for = manifest.resolved_recipe
-    if isinstance(made_for, dict):
+    if made_for is not None:
         wanted = recipe.resolved()
         changed = [
             c
@@ -180,8 +178,7 @@ def require_made_from(
     now (its manifest's key holds the digest of the input manifest it was made from: a rebuilt
     engine needs its repository written again)."""
     manifest = read_manifest(folder)
-    key = manifest.key if manifest is not None else None
-    made_from = key.get("input_manifest_hash") if isinstance(key, dict) else None
+    made_from = manifest.key.get("input_manifest_hash") if manifest and manifest.key else None
     now = manifest_hash(source)
     if isinstance(made_from, str) and now is not None and made_from != now:
         raise StageError(
@@ -230,13 +227,10 @@ def run_stage(
     existing = read_manifest(output)
     if existing is not None and not force and existing.key == key:
         listed = existing.files
-        diff = contents.differences(output, listed) if isinstance(listed, dict) else []
+        diff = contents.differences(output, listed) if listed is not None else []
         if not diff:
-            note = (
-                ""
-                if isinstance(listed, dict)
-                else " (its manifest, from an older trtkv, lists no files to check)"
-            )
+            old = " (its manifest, from an older trtkv, lists no files to check)"
+            note = "" if listed is not None else old
             log(f"{stage}: {output} is up to date{note} (use --force to redo)")
             return StageResult(stage, output, True, 0.0, existing.document())
         log(f"{stage}: {output} is damaged ({contents.describe(diff)}): writing it again")

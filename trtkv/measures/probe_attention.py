@@ -4,19 +4,22 @@ it too."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trtkv.contracts.probe_doc import ProbeDoc, ProbeRecord
 
 CACHE_ONLY = "cache_only"
 
 
-def pairs(doc: dict) -> list[tuple[dict, dict]]:
+def pairs(doc: ProbeDoc) -> list[tuple[ProbeRecord, ProbeRecord]]:
     """(cache-only record, engine-attention record) of the same format and length, in the document's
     order."""
-    base = {(r["format"], r["context_len"]): r for r in doc.get("records", [])}
+    base = {(r.format, r.context_len): r for r in doc.records}
     return [
-        (base[(r["format"], r["context_len"])], r)
-        for r in doc.get("attention_records", [])
-        if (r["format"], r["context_len"]) in base
+        (base[(r.format, r.context_len)], r)
+        for r in doc.attention_records
+        if (r.format, r.context_len) in base
     ]
 
 
@@ -24,13 +27,11 @@ def _ratio(a: float, b: float) -> str:
     return f"x{b / a:.2f}" if a > 0 else "-"
 
 
-def markdown_section(doc: dict) -> list[str]:
+def markdown_section(doc: ProbeDoc) -> list[str]:
     """The side-by-side table and the drift table (nothing when only cache-only was measured)."""
-    att = doc.get("attention") or {}
+    reasons = doc.attention.reasons if doc.attention else {}
     rows = pairs(doc)
-    drift = doc.get("drift") or []
-    if not rows and not drift:
-        reasons = att.get("reasons") or {}
+    if not rows and not doc.drift:
         why = reasons.get(CACHE_ONLY, "")
         return [
             "## Attention",
@@ -47,7 +48,7 @@ def markdown_section(doc: dict) -> list[str]:
         "position through the decode kernel.",
         "",
     ]
-    for mode, why in (att.get("reasons") or {}).items():
+    for mode, why in reasons.items():
         lines.append(f"- `{mode}`: {why}")
     lines += [
         "",
@@ -57,12 +58,11 @@ def markdown_section(doc: dict) -> list[str]:
     ]
     for a, b in rows:
         lines.append(
-            f"| {a['format']} | {a['context_len']} | {b['attention']} | {a['kl_mean']:.5f} | "
-            f"{b['kl_mean']:.5f} | {_ratio(a['kl_mean'], b['kl_mean'])} | "
-            f"{a['top1_agreement']:.1%} | {b['top1_agreement']:.1%} | {a['ppl_delta']:+.3f} | "
-            f"{b['ppl_delta']:+.3f} |"
+            f"| {a.format} | {a.context_len} | {b.attention} | {a.kl_mean:.5f} | {b.kl_mean:.5f} | "
+            f"{_ratio(a.kl_mean, b.kl_mean)} | {a.top1_agreement:.1%} | {b.top1_agreement:.1%} | "
+            f"{a.ppl_delta:+.3f} | {b.ppl_delta:+.3f} |"
         )
-    if drift:
+    if doc.drift:
         lines += [
             "",
             "### Prefill vs decode",
@@ -76,45 +76,44 @@ def markdown_section(doc: dict) -> list[str]:
             "top-1 agree |",
             "|---|---|---:|---:|---:|---:|---:|---:|",
         ]
-        for d in drift:
+        for d in doc.drift:
             lines.append(
-                f"| {d['format']} | {d['attention']} | {d['prompt_tokens']} | {d['decode_steps']} "
-                f"| {d['mean_abs_dlogp']:.5f} | {d['max_abs_dlogp']:.4f} | {d['kl_mean']:.2e} | "
-                f"{d['top1_agreement']:.1%} |"
+                f"| {d.format} | {d.attention} | {d.prompt_tokens} | {d.decode_steps} "
+                f"| {d.mean_abs_dlogp:.5f} | {d.max_abs_dlogp:.4f} | {d.kl_mean:.2e} | "
+                f"{d.top1_agreement:.1%} |"
             )
     return lines + [""]
 
 
-def summary_lines(doc: dict[str, Any]) -> list[str]:
+def summary_lines(doc: ProbeDoc) -> list[str]:
     """Printed after the cache-only table: the engine's KL beside cache-only's, and the drift."""
     out = []
-    width = max([11, *(len(a["format"]) for a, _ in pairs(doc))])
+    width = max([11, *(len(a.format) for a, _ in pairs(doc))])
     for a, b in pairs(doc):
         out.append(
-            f"  {a['format']:>{width}} @ {a['context_len']:>5}: KL cache-only {a['kl_mean']:.5f}  "
-            f"{b['attention']} {b['kl_mean']:.5f} ({_ratio(a['kl_mean'], b['kl_mean'])})  top-1 "
-            f"{a['top1_agreement']:.1%} / {b['top1_agreement']:.1%}"
+            f"  {a.format:>{width}} @ {a.context_len:>5}: KL cache-only {a.kl_mean:.5f}  "
+            f"{b.attention} {b.kl_mean:.5f} ({_ratio(a.kl_mean, b.kl_mean)})  top-1 "
+            f"{a.top1_agreement:.1%} / {b.top1_agreement:.1%}"
         )
-    for d in doc.get("drift") or []:
+    for d in doc.drift:
         out.append(
-            f"  prefill vs decode {d['format']} {d['attention']}: mean |dlogp| "
-            f"{d['mean_abs_dlogp']:.5f} over {d['decode_steps']} decoded tokens after "
-            f"{d['prompt_tokens']}"
+            f"  prefill vs decode {d.format} {d.attention}: mean |dlogp| {d.mean_abs_dlogp:.5f} "
+            f"over {d.decode_steps} decoded tokens after {d.prompt_tokens}"
         )
     return out
 
 
-def advice_lines(doc: dict) -> list[str]:
+def advice_lines(doc: ProbeDoc) -> list[str]:
     """The planner's sentence per format measured under the engine's attention, at the longest
     length."""
     rows = pairs(doc)
     if not rows:
         return []
-    longest = max(a["context_len"] for a, _ in rows)
+    longest = max(a.context_len for a, _ in rows)
     return [
-        f"{b['format']} with {b['attention']} attention (what the engine computes) at {longest} "
-        f"tokens: KL {b['kl_mean']:.4f} vs {a['kl_mean']:.4f} for the stored cache alone "
-        f"({_ratio(a['kl_mean'], b['kl_mean'])}), top-1 agreement {b['top1_agreement']:.1%}."
+        f"{b.format} with {b.attention} attention (what the engine computes) at {longest} "
+        f"tokens: KL {b.kl_mean:.4f} vs {a.kl_mean:.4f} for the stored cache alone "
+        f"({_ratio(a.kl_mean, b.kl_mean)}), top-1 agreement {b.top1_agreement:.1%}."
         for a, b in rows
-        if a["context_len"] == longest
+        if a.context_len == longest
     ]

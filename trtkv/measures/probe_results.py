@@ -15,6 +15,7 @@ from trtkv.kvcache.engines import load_table
 from trtkv.recipe.layout import probe_dir as probe_dir_of
 
 if TYPE_CHECKING:
+    from trtkv.contracts.probe_doc import ProbeDoc, ProbeRecord
     from trtkv.recipe import Recipe
 
 # Verdict thresholds at the longest probed length (top-1 agreement with the reference, relative ppl
@@ -25,19 +26,19 @@ CAUTION_TOP1, CAUTION_PPL = 0.90, 0.05
 NEEDLE_SLACK = 0.2
 
 
-def _read(path: Path) -> dict | None:
+def _read(path: Path) -> ProbeDoc | None:
     """A probe.json through its typed model (None when absent, unreadable or without records)."""
-    from trtkv.contracts.artifacts import ProbeDoc
+    from trtkv.contracts.probe_doc import ProbeDoc
     from trtkv.core.errors import StageError
 
     try:
         doc = ProbeDoc.load(path.parent)
     except StageError:
         return None
-    return doc.model_dump() if doc is not None and doc.records else None
+    return doc if doc is not None and doc.records else None
 
 
-def find_probe(recipe: Recipe, probe_dir: Path | None = None) -> tuple[Path, dict] | None:
+def find_probe(recipe: Recipe, probe_dir: Path | None = None) -> tuple[Path, ProbeDoc] | None:
     """The probe results for this recipe's model: probe_dir, else engines/<recipe>/probe, else the
     newest probe of another recipe with the same model source and architecture."""
     if probe_dir is not None:
@@ -51,7 +52,7 @@ def find_probe(recipe: Recipe, probe_dir: Path | None = None) -> tuple[Path, dic
     found = []
     for path in root.glob("*/probe/probe.json") if root.is_dir() else []:
         other = _read(path)
-        model = (other or {}).get("model", {})
+        model = other.written.get("model") or {} if other else {}
         if (
             other
             and model.get("source") == recipe.model.source
@@ -64,45 +65,41 @@ def find_probe(recipe: Recipe, probe_dir: Path | None = None) -> tuple[Path, dic
     return folder, doc
 
 
-def load_probe(recipe: Recipe, probe_dir: Path | None = None) -> dict | None:
+def load_probe(recipe: Recipe, probe_dir: Path | None = None) -> ProbeDoc | None:
     hit = find_probe(recipe, probe_dir)
     return hit[1] if hit else None
 
 
-def summary_lines(records: list[dict]) -> list[str]:
+def summary_lines(records: list[ProbeRecord]) -> list[str]:
     """`trtkv probe`'s printed table, one line per record; the format column as wide as the longest
     name."""
-    width = max([11, *(len(r["format"]) for r in records)])
-    lines = []
-    for r in records:
-        needle = r.get("needle_accuracy")
-        lines.append(
-            f"  {r['format']:>{width}} @ {r['context_len']:>5}: KL {r['kl_mean']:.5f}  top-1 "
-            f"{r['top1_agreement']:.1%}  ppl {r['ppl']:.3f} ({r['ppl_delta']:+.3f})  bytes/token "
-            f"{r['kv_bytes_per_token']:.0f}"
-            + (f"  needle {needle:.0%}" if needle is not None else "")
-        )
-    return lines
+    width = max([11, *(len(r.format) for r in records)])
+    return [
+        f"  {r.format:>{width}} @ {r.context_len:>5}: KL {r.kl_mean:.5f}  top-1 "
+        f"{r.top1_agreement:.1%}  ppl {r.ppl:.3f} ({r.ppl_delta:+.3f})  bytes/token "
+        f"{r.kv_bytes_per_token:.0f}"
+        + (f"  needle {r.needle_accuracy:.0%}" if r.needle_accuracy is not None else "")
+        for r in records
+    ]
 
 
-def classify(rec: dict, ref_needle: float | None = None) -> str:
+def classify(rec: ProbeRecord, ref_needle: float | None = None) -> str:
     """'safe', 'caution' or 'risky' for one record (top-1 agreement, relative ppl change,
     needle)."""
-    rel = abs(rec.get("ppl_delta", 0.0)) / max(rec.get("ppl_ref") or rec.get("ppl") or 1.0, 1e-9)
-    top1 = rec.get("top1_agreement", 0.0)
-    needle = rec.get("needle_accuracy")
+    rel = abs(rec.ppl_delta) / max(rec.ppl_ref or rec.ppl or 1.0, 1e-9)
+    needle = rec.needle_accuracy
     needle_ok = needle is None or ref_needle is None or needle >= ref_needle - NEEDLE_SLACK
-    if top1 >= SAFE_TOP1 and rel <= SAFE_PPL and needle_ok:
+    if rec.top1_agreement >= SAFE_TOP1 and rel <= SAFE_PPL and needle_ok:
         return "safe"
-    if top1 >= CAUTION_TOP1 and rel <= CAUTION_PPL:
+    if rec.top1_agreement >= CAUTION_TOP1 and rel <= CAUTION_PPL:
         return "caution"
     return "risky"
 
 
-def needle_by_format(doc: dict) -> dict[str, float]:
+def needle_by_format(doc: ProbeDoc) -> dict[str, float]:
     """Mean needle accuracy per format over the probed needle lengths."""
     acc: dict[str, list[float]] = {}
-    for row in doc.get("needles", []):
+    for row in doc.written.get("needles", []):
         acc.setdefault(row["format"], []).append(row["accuracy"])
     return {f: sum(v) / len(v) for f, v in acc.items()}
 
@@ -113,31 +110,30 @@ def probe_advice(recipe: Recipe, probe_dir: Path | None = None) -> tuple[list[st
     if hit is None:
         return None
     folder, data = hit
-    records = data["records"]
-    longest = max(r["context_len"] for r in records)
+    records = data.records
+    longest = max(r.context_len for r in records)
     needles = needle_by_format(data)
-    ref_needle = needles.get(data.get("reference", "fp16"))
+    ref_needle = needles.get(data.written.get("reference", "fp16"))
     rows = sorted(
-        (r for r in records if r["context_len"] == longest),
-        key=lambda r: r.get("kv_bytes_per_token", 0),
+        (r for r in records if r.context_len == longest), key=lambda r: r.kv_bytes_per_token
     )
     out = []
     safe = []
     for r in rows:
-        needle = needles.get(r["format"])
-        verdict = classify({**r, "needle_accuracy": needle}, ref_needle)
+        needle = needles.get(r.format)
+        verdict = classify(r.model_copy(update={"needle_accuracy": needle}), ref_needle)
         needle_txt = f", needle {needle:.0%}" if needle is not None else ""
         out.append(
-            f"{r['format']} at {longest} tokens: KL {r['kl_mean']:.4f}, top-1 agreement "
-            f"{r['top1_agreement']:.1%}, ppl delta {r['ppl_delta']:+.3f}{needle_txt} -> {verdict}"
+            f"{r.format} at {longest} tokens: KL {r.kl_mean:.4f}, top-1 agreement "
+            f"{r.top1_agreement:.1%}, ppl delta {r.ppl_delta:+.3f}{needle_txt} -> {verdict}"
         )
-        if verdict == "safe" and r["format"] not in ("fp16", "bf16"):
+        if verdict == "safe" and r.format not in ("fp16", "bf16"):
             safe.append(r)
     if safe:
-        best = min(safe, key=lambda r: r.get("kv_bytes_per_token", 0))
+        best = min(safe, key=lambda r: r.kv_bytes_per_token)
         out.append(
             f"Smallest KV format measured safe on this model up to {longest} tokens: "
-            f"{best['format']} ({best.get('kv_bytes_per_token', 0):.0f} B/token)."
+            f"{best.format} ({best.kv_bytes_per_token:.0f} B/token)."
         )
     else:
         out.append(
@@ -149,7 +145,7 @@ def probe_advice(recipe: Recipe, probe_dir: Path | None = None) -> tuple[list[st
 
     out += advice_lines(data)
     mine = recipe_probe_format(recipe)
-    if mine and not any(_same_format(r["format"], mine) for r in rows):
+    if mine and not any(_same_format(r.format, mine) for r in rows):
         out.append(
             f"The recipe's KV format {mine} was not probed: add it with `trtkv probe {recipe.name} "
             f"--formats {mine}`."
@@ -159,8 +155,7 @@ def probe_advice(recipe: Recipe, probe_dir: Path | None = None) -> tuple[list[st
             f"Probed up to {longest} tokens but build.max_seq_len is {recipe.build.max_seq_len}: "
             "error grows with context, probe longer if the model allows."
         )
-    other = data.get("recipe")
-    where = f" of recipe {other} (same model)" if other and other != recipe.name else ""
+    where = f" of recipe {data.recipe} (same model)" if data.recipe != recipe.name else ""
     return (
         out,
         f"measured by `trtkv probe`{where} on this model ({len(records)} records, "
@@ -192,22 +187,22 @@ def _same_format(a: str, b: str) -> bool:
     return a == b or (row is not None and row is load_table().for_probe(b))
 
 
-def engine_format_notes(records: list[dict]) -> list[str]:
+def engine_format_notes(records: list[ProbeRecord]) -> list[str]:
     """Sentences comparing engine formats that were both measured here (nothing when one of a pair
     is missing): vLLM's int8_per_token_head vs static INT8 (TensorRT-LLM's int8_kv_cache),
     ModelOpt's default fp8_cast vs calibrated fp8, vLLM's per-head fp8_attn_head vs per-layer fp8.
     Engine names and versions come from trtkv/data/kv_formats.json, every figure from the
     records."""
-    by: dict[str, list[dict]] = {}
+    by: dict[str, list[ProbeRecord]] = {}
     for r in records:
-        by.setdefault(r["format"], []).append(r)
+        by.setdefault(r.format, []).append(r)
     for rows in by.values():
-        rows.sort(key=lambda r: r["context_len"])
+        rows.sort(key=lambda r: r.context_len)
     out = []
     dyn, static = by.get("int8_per_token_head"), by.get("int8")
     if dyn and static:
         d, s = dyn[-1], static[-1]
-        n = d["context_len"]
+        n = d.context_len
         vllm = load_table().engine_rows("int8_per_token_head", "vllm")
         trt = load_table().engine_rows("int8", "tensorrt_llm")
         where = (
@@ -220,25 +215,25 @@ def engine_format_notes(records: list[dict]) -> list[str]:
             if trt
             else "static INT8"
         )
-        clipped = [r for r in static if (r.get("clip_rate") or 0.0) > 0]
+        clipped = [r for r in static if (r.clip_rate or 0.0) > 0]
         clip = (
-            f"; {static_name} clips {clipped[0]['clip_rate']:.2e} of K/V elements at "
-            f"{clipped[0]['context_len']} tokens and beyond on this model (measured)"
+            f"; {static_name} clips {clipped[0].clip_rate:.2e} of K/V elements at "
+            f"{clipped[0].context_len} tokens and beyond on this model (measured)"
             if clipped
-            else f"; {static_name} clipped nothing up to {s['context_len']} tokens here (measured)"
+            else f"; {static_name} clipped nothing up to {s.context_len} tokens here (measured)"
         )
-        if d["kl_mean"] < s["kl_mean"]:
+        if d.kl_mean < s.kl_mean:
             head = f"On {where}, `int8_per_token_head` is the INT8 to use"
         else:
             head = f"On {where}, `int8_per_token_head` did not beat static INT8 on this model"
         deploy = (
             " Deploy it with quantization.kv_cache: int8_per_token_head and build.backend: vllm."
-            if d["kl_mean"] < s["kl_mean"]
+            if d.kl_mean < s.kl_mean
             else ""
         )
         out.append(
-            f"{head}: KL {d['kl_mean']:.5f} vs {s['kl_mean']:.5f} for {static_name} at {n} tokens, "
-            f"{d['kv_bytes_per_token']:.0f} vs {s['kv_bytes_per_token']:.0f} B/token{clip}.{deploy}"
+            f"{head}: KL {d.kl_mean:.5f} vs {s.kl_mean:.5f} for {static_name} at {n} tokens, "
+            f"{d.kv_bytes_per_token:.0f} vs {s.kv_bytes_per_token:.0f} B/token{clip}.{deploy}"
         )
     cast = by.get("fp8_cast") or by.get("fp8_scale1")
     calibrated = by.get("fp8")
@@ -251,20 +246,17 @@ def engine_format_notes(records: list[dict]) -> list[str]:
             if mo
             else ""
         )
-        if c["kl_mean"] > f["kl_mean"]:
+        if c.kl_mean > f.kl_mean:
             cost = (
-                f"costs KL {c['kl_mean']:.5f} vs {f['kl_mean']:.5f} for calibrated `fp8` "
-                f"(+{c['kl_mean'] - f['kl_mean']:.5f}"
+                f"costs KL {c.kl_mean:.5f} vs {f.kl_mean:.5f} for calibrated `fp8` "
+                f"(+{c.kl_mean - f.kl_mean:.5f}"
             )
-            cost += f", x{c['kl_mean'] / f['kl_mean']:.1f})" if f["kl_mean"] > 0 else ")"
+            cost += f", x{c.kl_mean / f.kl_mean:.1f})" if f.kl_mean > 0 else ")"
         else:
-            cost = (
-                f"costs nothing over calibrated `fp8` (KL {c['kl_mean']:.5f} vs {f['kl_mean']:.5f})"
-            )
+            cost = f"costs nothing over calibrated `fp8` (KL {c.kl_mean:.5f} vs {f.kl_mean:.5f})"
         out.append(
-            f"ModelOpt's default `fp8_cast`{flag} {cost} at {c['context_len']} tokens on this "
-            f"model (measured); top-1 agreement {c['top1_agreement']:.1%} vs "
-            f"{f['top1_agreement']:.1%}."
+            f"ModelOpt's default `fp8_cast`{flag} {cost} at {c.context_len} tokens on this model "
+            f"(measured); top-1 agreement {c.top1_agreement:.1%} vs {f.top1_agreement:.1%}."
         )
     per_head = by.get("fp8_attn_head")
     if per_head and calibrated:
@@ -276,18 +268,17 @@ def engine_format_notes(records: list[dict]) -> list[str]:
             if vllm
             else "vLLM"
         )
-        verb = "beats" if h["kl_mean"] < f["kl_mean"] else "does not beat"
+        verb = "beats" if h.kl_mean < f.kl_mean else "does not beat"
         deploy = (
             " Deploy it with quantization.kv_cache: fp8_attn_head and build.backend: vllm "
             "(FlashAttention 3/4: H100, H200, B200)."
-            if h["kl_mean"] < f["kl_mean"]
+            if h.kl_mean < f.kl_mean
             else ""
         )
         out.append(
             f"Per-head static FP8 scales `fp8_attn_head` on {where} {verb} per-layer `fp8` on this "
-            f"model: KL {h['kl_mean']:.5f} vs {f['kl_mean']:.5f} at {h['context_len']} tokens "
-            f"(measured), top-1 agreement {h['top1_agreement']:.1%} vs "
-            f"{f['top1_agreement']:.1%}.{deploy}"
+            f"model: KL {h.kl_mean:.5f} vs {f.kl_mean:.5f} at {h.context_len} tokens (measured), "
+            f"top-1 agreement {h.top1_agreement:.1%} vs {f.top1_agreement:.1%}.{deploy}"
         )
     return out
 

@@ -246,13 +246,13 @@ def _needle_front(points: list[dict[str, Any]], lengths: list[int]) -> list[str]
 
 def _probe_needles(out: Path) -> dict[tuple[str, int], float]:
     """Needle accuracy per (format, length) from probe.json, for the other uniform formats."""
-    from trtkv.contracts.artifacts import ProbeDoc
+    from trtkv.contracts.probe_doc import ProbeDoc
 
     try:
         probe = ProbeDoc.load(out)
     except TrtkvError:
         return {}
-    rows = (probe.model_extra or {}).get("needles", []) if probe else []
+    rows = probe.written.get("needles", []) if probe else []
     return {
         (r["format"], int(r["context_len"])): float(r["accuracy"])
         for r in rows
@@ -266,19 +266,19 @@ def _probe_points(
     """The probe's other uniform formats at the same two lengths (probe.json), for the front;
     `held`: the KV bytes per token a `longest`-token sequence holds, from the per-token formula (a
     windowed model's sliding layers hold their window only)."""
-    from trtkv.contracts.artifacts import ProbeDoc
+    from trtkv.contracts.probe_doc import ProbeDoc
 
     try:
         probe = ProbeDoc.load(out)
     except TrtkvError:
         return []
-    by = {(r["format"], r["context_len"]): r for r in (probe.records if probe else [])}
-    out_points = []
+    by = {(r.format, r.context_len): r for r in (probe.records if probe else [])}
+    out_points: list[dict[str, Any]] = []
     for name in sorted({f for f, _ in by}):
         if name == fmt or (name, sweep) not in by or (name, longest) not in by:
             continue
         a, b = by[(name, sweep)], by[(name, longest)]
-        formula = a["kv_bytes_per_token_formula"]
+        formula = a.kv_bytes_per_token_formula
         out_points.append(
             {
                 "label": name,
@@ -287,10 +287,10 @@ def _probe_points(
                 "format": name,
                 "bytes_per_token": held(None, formula),
                 "bytes_per_token_formula": formula,
-                "kl_sweep": a["kl_mean"],
-                "kl_longest": b["kl_mean"],
-                "top1_sweep": a["top1_agreement"],
-                "top1_longest": b["top1_agreement"],
+                "kl_sweep": a.kl_mean,
+                "kl_longest": b.kl_mean,
+                "top1_sweep": a.top1_agreement,
+                "top1_longest": b.top1_agreement,
                 "source": "probe.json",
             }
         )

@@ -8,9 +8,12 @@ No torch here either; matplotlib is imported only when plots are written.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtkv.measures.probe_results import classify, engine_format_notes, needle_by_format
+
+if TYPE_CHECKING:
+    from trtkv.contracts.probe_doc import ProbeDoc
 
 
 def write_outputs(
@@ -18,7 +21,8 @@ def write_outputs(
 ) -> None:
     """probe.json, probe.md, the PNG plots and the folder's manifest.json (its wall time reaches the
     report)."""
-    from trtkv.contracts.artifacts import Manifest, ProbeDoc
+    from trtkv.contracts.artifacts import Manifest
+    from trtkv.contracts.probe_doc import ProbeDoc
 
     doc = {
         **doc,
@@ -28,8 +32,9 @@ def write_outputs(
 
     plots = write_plots(out, doc)
     doc["plots"] = [p.name for p in plots]
-    ProbeDoc.model_validate(doc).save(out)
-    (out / "probe.md").write_text(render_markdown(doc, stats_markdown, plots))
+    probe = ProbeDoc.model_validate(doc)
+    probe.save(out)
+    (out / "probe.md").write_text(render_markdown(probe, stats_markdown, plots))
     Manifest(
         stage="probe",
         recipe=doc.get("recipe"),
@@ -46,19 +51,20 @@ def _fmt(value: Any, spec: str, none: str = "-") -> str:
     return none if value is None else format(value, spec)
 
 
-def render_markdown(doc: dict, stats_markdown: str | None, plots: list[Path]) -> str:
+def render_markdown(probe: ProbeDoc, stats_markdown: str | None, plots: list[Path]) -> str:
     """probe.md: method, results table, needles, scale reuse, K/V statistics, one verdict per
     format."""
-    recs = doc["records"]
+    recs, doc = probe.records, probe.written
     model = doc["model"]
     s = doc["settings"]
     lines = [
-        f"# KV-cache probe: {doc['recipe']}",
+        f"# KV-cache probe: {probe.recipe}",
         "",
         f"Model {model['source']} ({model['num_layers']} layers, {model['num_kv_heads']} KV heads "
         f"x head_dim {model['head_dim']}), compute {model['compute_dtype']} on {model['device']}; "
         "text: calibration_data/eval (never used for calibration). Static scales: "
-        f"{doc['scales']['source']}. Run {doc['created_at']}, {doc['seconds']:.0f} s.",
+        f"{probe.scales.source if probe.scales else 'none'}. Run {doc['created_at']}, "
+        f"{probe.seconds:.0f} s.",
         "",
         "## Method",
         "",
@@ -87,32 +93,31 @@ def render_markdown(doc: dict, stats_markdown: str | None, plots: list[Path]) ->
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     order = {f: i for i, f in enumerate(s["formats"])}
-    for r in sorted(recs, key=lambda r: (order.get(r["format"], 99), r["context_len"])):
+    for r in sorted(recs, key=lambda r: (order.get(r.format, 99), r.context_len)):
         lines.append(
-            f"| {r['format']} | {r['context_len']} | {r['kl_mean']:.5f} | "
-            f"{r['kl_last_quarter']:.5f} | {r['ppl']:.3f} | {r['ppl_delta']:+.3f} | "
-            f"{r['top1_agreement']:.1%} | {_fmt(r.get('needle_accuracy'), '.0%')} | "
-            f"{_fmt(r.get('clip_rate'), '.2e')} | {r['kv_bytes_per_token']:.0f} | "
-            f"{r['kv_bytes_per_token_formula']:.0f} |"
+            f"| {r.format} | {r.context_len} | {r.kl_mean:.5f} | {r.kl_last_quarter:.5f} | "
+            f"{r.ppl:.3f} | {r.ppl_delta:+.3f} | {r.top1_agreement:.1%} | "
+            f"{_fmt(r.needle_accuracy, '.0%')} | {_fmt(r.clip_rate, '.2e')} | "
+            f"{r.kv_bytes_per_token:.0f} | {r.kv_bytes_per_token_formula:.0f} |"
         )
     lines += ["", *[f"![{p.stem}]({p.name})" for p in plots], ""]
     # light: no torch
     from trtkv.measures.probe_attention import markdown_section as attention_section
 
-    lines += attention_section(doc)
+    lines += attention_section(probe)
     lines += _needle_section(doc)
     from trtkv.probe.ruler import markdown_section  # light: no torch
 
     lines += markdown_section(doc)
     lines += _reuse_section(doc)
     lines += ["## Verdicts", ""]
-    lines += [f"- {v}" for v in verdicts(doc)]
+    lines += [f"- {v}" for v in verdicts(probe)]
     lines += ["", "## Which runtime each format follows", "", "| format | semantics |", "|---|---|"]
     seen = []
     for r in recs:
-        if r["format"] not in seen:
-            seen.append(r["format"])
-            lines.append(f"| {r['format']} | {r['kv_semantics']} |")
+        if r.format not in seen:
+            seen.append(r.format)
+            lines.append(f"| {r.format} | {r.kv_semantics} |")
     if stats_markdown:
         lines += ["", "## K/V statistics (calibration pass)", "", stats_markdown]
     return "\n".join(lines) + "\n"
@@ -189,29 +194,30 @@ def _reuse_section(doc: dict) -> list[str]:
     return lines + [""]
 
 
-def verdicts(doc: dict) -> list[str]:
+def verdicts(probe: ProbeDoc) -> list[str]:
     """One paragraph per format from the measured records."""
-    recs = doc["records"]
-    needles = needle_by_format(doc)
-    ref = doc.get("reference", "fp16")
+    recs = probe.records
+    needles = needle_by_format(probe)
+    ref = probe.written.get("reference", "fp16")
     ref_needle = needles.get(ref)
+    ref_bytes = next((r.kv_bytes_per_token for r in recs if r.format == ref), 1.0)
     out = []
-    for fmt in doc["settings"]["formats"]:
-        rows = sorted((r for r in recs if r["format"] == fmt), key=lambda r: r["context_len"])
+    for fmt in probe.written["settings"]["formats"]:
+        rows = sorted((r for r in recs if r.format == fmt), key=lambda r: r.context_len)
         if not rows:
             continue
         lo, hi = rows[0], rows[-1]
         if fmt == ref:
             out.append(
-                f"**{fmt}**: the reference (KL 0 by construction); ppl {hi['ppl']:.3f} at "
-                f"{hi['context_len']} tokens, needle {_fmt(needles.get(fmt), '.0%')}."
+                f"**{fmt}**: the reference (KL 0 by construction); ppl {hi.ppl:.3f} at "
+                f"{hi.context_len} tokens, needle {_fmt(needles.get(fmt), '.0%')}."
             )
             continue
-        verdict = classify({**hi, "needle_accuracy": needles.get(fmt)}, ref_needle)
-        growth = f"x{hi['kl_mean'] / lo['kl_mean']:.1f}" if lo["kl_mean"] > 0 else "from 0"
+        verdict = classify(hi.model_copy(update={"needle_accuracy": needles.get(fmt)}), ref_needle)
+        growth = f"x{hi.kl_mean / lo.kl_mean:.1f}" if lo.kl_mean > 0 else "from 0"
         clip = (
-            f" Static-scale clipping {hi['clip_rate']:.2e} of elements."
-            if hi.get("clip_rate") is not None
+            f" Static-scale clipping {hi.clip_rate:.2e} of elements."
+            if hi.clip_rate is not None
             else ""
         )
         needle = needles.get(fmt)
@@ -220,18 +226,14 @@ def verdicts(doc: dict) -> list[str]:
             if needle is not None
             else ""
         )
-        rel = hi["ppl_delta"] / hi["ppl_ref"] if hi.get("ppl_ref") else 0.0
-        share = hi["kv_bytes_per_token"] / max(1.0, _ref_bytes(recs, ref))
+        rel = hi.ppl_delta / hi.ppl_ref if hi.ppl_ref else 0.0
+        share = hi.kv_bytes_per_token / max(1.0, ref_bytes)
         out.append(
-            f"**{fmt}** ({hi['kv_bytes_per_token']:.0f} B/token, {share:.0%} of fp16): KL "
-            f"{lo['kl_mean']:.4f} at {lo['context_len']} -> {hi['kl_mean']:.4f} at "
-            f"{hi['context_len']} tokens ({growth}; last quarter {hi['kl_last_quarter']:.4f}), "
-            f"top-1 agreement {hi['top1_agreement']:.1%}, ppl {hi['ppl_delta']:+.3f} "
+            f"**{fmt}** ({hi.kv_bytes_per_token:.0f} B/token, {share:.0%} of fp16): KL "
+            f"{lo.kl_mean:.4f} at {lo.context_len} -> {hi.kl_mean:.4f} at "
+            f"{hi.context_len} tokens ({growth}; last quarter {hi.kl_last_quarter:.4f}), "
+            f"top-1 agreement {hi.top1_agreement:.1%}, ppl {hi.ppl_delta:+.3f} "
             f"({rel:+.1%}).{clip}{needle_txt} Verdict: **{verdict}** on this model up to "
-            f"{hi['context_len']} tokens."
+            f"{hi.context_len} tokens."
         )
     return out + engine_format_notes(recs)
-
-
-def _ref_bytes(recs: list[dict], ref: str) -> float:
-    return next((r["kv_bytes_per_token"] for r in recs if r["format"] == ref), 1.0)

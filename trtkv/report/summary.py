@@ -168,18 +168,14 @@ def collect(recipe: Recipe, planned: PlanFigures) -> dict[str, Any]:
     from trtkv.measures.probe_results import load_probe
 
     probe = _shaped(load_probe, recipe)
-    if probe and probe.get("records"):
-        picked = _shaped(_probe_rows, probe["records"], fmt)
-        if picked:
-            data["probe"], data["probe_source"] = picked, probe.get("recipe")
+    if probe:  # the recipe's format at the shortest and longest probed lengths, as written
+        lengths = [r.context_len for r in probe.records]
+        ends = (min(lengths), max(lengths))
+        rows = [r for r in probe.records if r.format == fmt and r.context_len in ends]
+        if rows:
+            data["probe"] = [r.model_dump(exclude_unset=True) for r in rows]
+            data["probe_source"] = probe.recipe
     return data
-
-
-def _probe_rows(records: list[dict[str, Any]], fmt: str) -> list[dict[str, Any]]:
-    """The recipe's format at the shortest and longest probed lengths."""
-    lengths = sorted({r["context_len"] for r in records})
-    keep = {lengths[0], lengths[-1]}
-    return [r for r in records if r.get("format") == fmt and r["context_len"] in keep]
 
 
 def _checked_sweep(sweep: dict[str, Any]) -> dict[str, Any]:

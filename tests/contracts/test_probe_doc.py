@@ -1,0 +1,84 @@
+"""probe.json through its model (trtkv.contracts.probe_doc): every probe.json under tests/ loads, its readers (the
+planner's advice, the printed tables, probe.md) read it by field, and it is written back with nothing lost.
+
+tests/data/probe/<commit>/probe.json are real files, each written by `trtkv probe` at that commit on the packaged
+SmolLM2 (formats fp16,int8,kivi2 (+ int8_split and --attention trtllm_fresh_context at 9fc1850), --lengths 64,160,
+--needle-lengths 96, --decode-steps 2, probe.needle_seeds=1, probe.needle_depths=[0.5], calibration.num_samples=4,
+calibration.seq_len=64): a69c3f5 (2026-11-30: scales as k_amax/v_amax lists, keys in the writer's order), 82d874b
+(2026-12-02: before the engine attention modes), 9fc1850 (the writer before the records were typed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.support.probe_records import probe_doc, record, record_dict
+from trtkv.contracts.probe_doc import ProbeDoc
+from trtkv.core.errors import StageError
+from trtkv.measures.probe_attention import markdown_section, summary_lines
+from trtkv.measures.probe_results import probe_advice
+from trtkv.measures.probe_results import summary_lines as record_lines
+from trtkv.probe.outputs import render_markdown
+from trtkv.recipe import load_recipe
+
+TESTS = Path(__file__).resolve().parents[1]
+PROBES = sorted(TESTS.rglob("probe.json"))
+
+
+def test_the_probe_files_under_tests_are_found() -> None:
+    assert {p.parent.name for p in PROBES} >= {"a69c3f5", "82d874b", "9fc1850"}
+
+
+@pytest.mark.parametrize("path", PROBES, ids=lambda p: str(p.relative_to(TESTS)))
+def test_every_probe_json_under_tests_loads_reads_and_is_written_back_whole(path: Path) -> None:
+    doc = ProbeDoc.load(path.parent)
+    assert doc is not None and doc.records and doc.scales is not None and doc.scales.source
+    assert {r.attention for r in doc.records} == {"cache_only"}  # before the engine modes: cache-only too
+    fp16 = next(r for r in doc.records if r.format == "fp16")
+    assert fp16.kl_mean == 0.0 and fp16.top1_agreement == 1.0 and fp16.kv_bytes_per_token > 0
+    assert doc.scales.layers or "k_amax" in (doc.scales.model_extra or {})  # the oldest: amax lists
+    lines, basis = probe_advice(load_recipe("smollm2_fp8kv"), path.parent) or ([], "")
+    assert any(line.startswith("int8 at 160 tokens: KL ") for line in lines) and str(path) in basis
+    assert len(record_lines(doc.records)) == len(doc.records)
+    md = render_markdown(doc, None, [])
+    assert "| int8 | 160 |" in md and "## Verdicts" in md
+    if doc.attention is not None:  # the engine modes: int8 under TensorRT-LLM's kernels beside cache-only
+        assert [(r.format, r.attention) for r in doc.attention_records][-1] == ("int8", "trtllm_fresh_context")
+        assert "### Prefill vs decode" in "\n".join(markdown_section(doc)) and summary_lines(doc)
+    text = path.read_text()
+    again = json.dumps(doc.document(), indent=2) + "\n"
+    assert json.loads(again) == json.loads(text)  # every key kept, the untyped parts as written
+    if doc.attention is not None:
+        assert again == text  # the current writer's file, byte for byte (key order, ints and floats)
+
+
+def test_a_record_keeps_its_optional_keys_where_the_probe_wrote_them(tmp_path: Path) -> None:
+    """KIVI's window, the note of clip rates, an engine mode's fields, the needles attached last: in that order, and
+    only in the records that have them (the model writes no defaults)."""
+    kivi = record_dict("kivi2", 160, 0.05, fp16_window_tokens=128, fp16_window_bytes_max=2)
+    kivi["attention"] = kivi.pop("attention")  # after the window, as length_record + record_fields write it
+    kivi |= {"needle_by_depth": {"0.5": 1.0}, "needle_seeds": 1}
+    engine = record_dict("int8", 160, 0.04, 1e-5, k_clip_rate_note="over all tokens")
+    del engine["attention"]  # then the mode's three fields (trtkv.probe.attention.record_fields)
+    engine |= {"attention": "trtllm_fresh_context", "attention_engine": "tensorrt_llm", "attention_numerics": "x"}
+    doc = {"recipe": "r", "records": [kivi, record_dict("fp16", 160, 0.0)], "attention_records": [engine]}
+    ProbeDoc.model_validate(doc).save(tmp_path)
+    written = json.loads((tmp_path / "probe.json").read_text())
+    assert [list(r) for r in written["records"]] == [list(kivi), list(record_dict("fp16", 160, 0.0))]
+    assert list(written["attention_records"][0]) == list(engine)
+    assert written["records"][0]["kv_bytes_per_token"] == 100.0
+
+
+def test_a_record_of_another_shape_is_refused_naming_where(tmp_path: Path) -> None:
+    bad = record_dict("fp8", 64, 0.01)
+    del bad["kl_mean"]
+    (tmp_path / "probe.json").write_text(json.dumps({"recipe": "r", "records": [record_dict("fp16", 64, 0.0), bad]}))
+    with pytest.raises(StageError, match=r"records\.1\.kl_mean: Field required.*rerun `trtkv probe`"):
+        ProbeDoc.load(tmp_path)
+
+
+def test_probe_doc_helpers_build_what_the_readers_take() -> None:
+    doc = probe_doc([record("fp16", 64, 0.0)], reference="fp16")
+    assert doc.written == {"reference": "fp16"} and doc.records[0].positions == 63
