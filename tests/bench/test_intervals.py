@@ -13,7 +13,7 @@ import pytest
 from trtkv.bench import phases
 from trtkv.bench.outputs import results
 from trtkv.bench.tasks import accuracy
-from trtkv.contracts.artifacts import BenchResults
+from trtkv.contracts.bench_doc import BenchResults
 from trtkv.measures import stats
 from trtkv.measures.records import OK, RequestRecord
 from trtkv.report import compare, summary

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from trtkv.contracts.artifacts import BenchResults, KVScalesFile, Manifest, ProbeDoc, ServerRecord
+from trtkv.contracts.artifacts import KVScalesFile, Manifest, ProbeDoc, ServerRecord
+from trtkv.contracts.bench_doc import BenchResults
 from trtkv.core.errors import StageError
 from trtkv.kvcache.scales import kv_scales_document
 

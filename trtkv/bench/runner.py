@@ -20,16 +20,17 @@ from trtkv.bench.phases import BenchProgress, build_tasks, run_accuracy, run_lat
 from trtkv.bench.tasks import accuracy as acc_tasks
 from trtkv.bench.transport.client import Endpoint
 from trtkv.bench.transport.endpoints import check_endpoint
-from trtkv.contracts.artifacts import (
+from trtkv.contracts.artifacts import ServerRecord
+from trtkv.contracts.bench_doc import (
     BenchEndpoint,
     BenchLevel,
     BenchResults,
     BenchSLOs,
+    BenchSweep,
     BenchWorkload,
     ClientSummary,
     KVPoolCheck,
     MetricStats,
-    ServerRecord,
     SLOVerdict,
     TimeOrigin,
 )
@@ -257,17 +258,15 @@ def run_bench(recipe: Recipe, opts: BenchOptions, served: ServedSide = UNSERVED)
     if by_length:
         from trtkv.measures import sweep
 
-        doc.sweep = sweep.summarize(
-            by_length,
-            {
-                n: {
-                    label: client_summary(run, by_length[n][label])
-                    for label, run in runs.items()
-                    if label in by_length[n]
-                }
-                for n, runs in length_clients.items()
-            },
-        )
+        clients_by_length = {
+            n: {
+                label: client_summary(run, by_length[n][label])
+                for label, run in runs.items()
+                if label in by_length[n]
+            }
+            for n, runs in length_clients.items()
+        }
+        doc.sweep = BenchSweep.model_validate(sweep.summarize(by_length, clients_by_length))
     if goodput:
         doc.goodput_slos = goodput
         for label, recs in by_level.items():
@@ -282,7 +281,7 @@ def run_bench(recipe: Recipe, opts: BenchOptions, served: ServedSide = UNSERVED)
     if doc.kv_pool.warning:
         # assigned, never appended in place: results.json writes only the fields set (exclude_unset)
         doc.warnings = [*doc.warnings, doc.kv_pool.warning]
-    # results.json as written (trtkv.contracts.artifacts.BenchResults; report loads it back)
+    # results.json as written (trtkv.contracts.bench_doc.BenchResults; report loads it back)
     out = doc.document()
 
     def work(tmp: Path) -> dict[str, Any]:
@@ -397,7 +396,7 @@ def assemble(
             passed=all(r.passed for r in checked),
             results=[SLOVerdict.model_validate(r.to_json()) for r in checked],
         ),
-        records=[r.to_json() for r in records],
+        records=[r.to_doc() for r in records],
     )
 
 

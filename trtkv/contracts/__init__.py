@@ -1,9 +1,9 @@
 """Foundation layer: what stages, servers and clients agree on: the stage contract
 (trtkv.contracts.stage: manifest, up-to-date skip, atomic output; the output folders trtkv may
 replace, leftovers and the atomic swap in outputs), the typed files stages hand each other
-(artifacts), the request interface of a served model (interface) and the one-token canary request
-built from it (canary), the RULER plan the bench hands the probe (ruler), the plan's figures the
-CLI hands serving, bench, deploy and report (plan_figures)."""
+(artifacts; bench's results.json: bench_doc), the request interface of a served model (interface)
+and the one-token canary request built from it (canary), the RULER plan the bench hands the probe
+(ruler), the plan's figures the CLI hands serving, bench, deploy and report (plan_figures)."""
 
 from trtkv.core.lazy import attach
 
@@ -12,21 +12,26 @@ TYPE_CHECKING = False  # typing's, without loading typing (see trtkv.core.lazy)
 if TYPE_CHECKING:
     from trtkv.contracts.artifacts import (
         Artifact,
+        KVScaleLayer,
+        KVScalesFile,
+        Manifest,
+        ProbeDoc,
+        ServerRecord,
+        SupervisorRecord,
+    )
+    from trtkv.contracts.bench_doc import (
         BenchEndpoint,
         BenchLevel,
         BenchResults,
         BenchSLOs,
+        BenchSweep,
         BenchWorkload,
         ClientSummary,
         KVPoolCheck,
-        KVScaleLayer,
-        KVScalesFile,
-        Manifest,
         MetricStats,
-        ProbeDoc,
-        ServerRecord,
+        RequestFields,
+        RequestRecordDoc,
         SLOVerdict,
-        SupervisorRecord,
         TimeOrigin,
     )
     from trtkv.contracts.canary import (
@@ -73,6 +78,7 @@ __all__ = [
     "BenchLevel",
     "BenchResults",
     "BenchSLOs",
+    "BenchSweep",
     "BenchWorkload",
     "canary_script",
     "CANARY_TIMEOUT_S",
@@ -104,6 +110,8 @@ __all__ = [
     "read_manifest",
     "remove_leftovers",
     "replace_folder",
+    "RequestFields",
+    "RequestRecordDoc",
     "require_input",
     "require_made_from",
     "RulerPlan",
