@@ -54,8 +54,7 @@ def _needles(name: str, overrides: list[str], lengths: list[int], out: Path,
     results are saved after each); per item the TTFT and the answer."""
     from trtkv.bench.runner import BenchOptions, run_bench
     from trtkv.cli.bench import served_side
-    from trtkv.contracts.bench_doc import RequestRecordDoc
-    from trtkv.measures.records import RequestRecord
+    from trtkv.contracts.bench_doc import RequestRecord, RequestRecordDoc
     from trtkv.recipe import load_recipe
 
     t0 = time.time()

@@ -12,9 +12,8 @@ from trtkv.bench.outputs import aiperf_export
 from trtkv.bench.outputs.results import failure_summary
 from trtkv.bench.transport.client import Endpoint, SamplingParams
 from trtkv.bench.transport.openai import event_text, request_body
-from trtkv.contracts.bench_doc import BenchResults
+from trtkv.contracts.bench_doc import OK, BenchResults, RequestRecord
 from trtkv.core.errors import TrtkvError
-from trtkv.measures.records import OK, RequestRecord
 
 
 def test_request_bodies_and_events() -> None:

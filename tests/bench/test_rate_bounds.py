@@ -15,8 +15,8 @@ import pytest
 from tests.bench.test_stream import OPENAI_BODY, SSE_HEAD, ScriptedServer, _answer, _openai
 from trtkv.bench.load.loadgen import Job, run_rate
 from trtkv.bench.transport.client import SamplingParams
+from trtkv.contracts.bench_doc import OK, RequestRecord
 from trtkv.measures.metrics import summarize_level
-from trtkv.measures.records import OK, RequestRecord
 
 
 @pytest.fixture

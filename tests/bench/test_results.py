@@ -11,9 +11,8 @@ import pytest
 from trtkv.bench import runner
 from trtkv.bench.outputs.slo import parse_slo
 from trtkv.bench.transport.client import Endpoint
-from trtkv.contracts.bench_doc import BenchResults
+from trtkv.contracts.bench_doc import ERROR, OK, TIMEOUT, BenchResults, RequestRecord
 from trtkv.measures.metrics import summarize_level
-from trtkv.measures.records import ERROR, OK, TIMEOUT, RequestRecord
 from trtkv.recipe import load_recipe
 
 MS = 1_000_000

@@ -12,11 +12,10 @@ from typing import Any
 import pytest
 
 from trtkv.bench.tasks import accuracy
-from trtkv.contracts.bench_doc import BenchResults, BenchSweep, RequestRecordDoc
+from trtkv.contracts.bench_doc import ERROR, OK, BenchResults, BenchSweep, RequestRecord, RequestRecordDoc
 from trtkv.core.errors import StageError
 from trtkv.measures import sweep
 from trtkv.measures.metrics import summarize_level
-from trtkv.measures.records import ERROR, OK, RequestRecord
 from trtkv.report import summary
 
 FILES = sorted(Path(__file__).resolve().parents[1].rglob("results.json"))

@@ -11,9 +11,8 @@ import pytest
 
 from tests.e2e.conftest import read_results, served_chain_recipe
 from trtkv.cli import main
-from trtkv.contracts.bench_doc import RequestRecordDoc
+from trtkv.contracts.bench_doc import RequestRecord, RequestRecordDoc
 from trtkv.measures.metrics import summarize_level
-from trtkv.measures.records import RequestRecord
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -17,9 +17,8 @@ from tests.e2e.conftest import read_results
 from tests.support.localserver import free_port
 from trtkv.bench.tasks.ruler import TASK_NAMES
 from trtkv.cli import main
-from trtkv.contracts.bench_doc import RequestRecordDoc
+from trtkv.contracts.bench_doc import RequestRecord, RequestRecordDoc
 from trtkv.measures.metrics import summarize_level
-from trtkv.measures.records import RequestRecord
 
 pytestmark = pytest.mark.e2e
 

@@ -20,8 +20,7 @@ from trtkv.bench.phases import BenchProgress, build_tasks, run_accuracy, run_lat
 from trtkv.bench.tasks import accuracy as acc_tasks
 from trtkv.bench.transport.client import Endpoint
 from trtkv.bench.transport.endpoints import check_endpoint
-from trtkv.contracts.artifacts import ServerRecord
-from trtkv.contracts.bench_doc import (
+from trtkv.contracts import (
     BenchEndpoint,
     BenchLevel,
     BenchResults,
@@ -31,14 +30,16 @@ from trtkv.contracts.bench_doc import (
     ClientSummary,
     KVPoolCheck,
     MetricStats,
+    RequestRecord,
+    ServerRecord,
     SLOVerdict,
     TimeOrigin,
+    now_ns,
 )
 from trtkv.contracts.prefix import PrefixPrediction, with_prediction
 from trtkv.core.errors import StageError, TrtkvError
 from trtkv.measures import plots
 from trtkv.measures.metrics import summarize_level
-from trtkv.measures.records import RequestRecord, now_ns
 from trtkv.recipe import Protocol, Recipe
 from trtkv.recipe.layout import bench_dir, serve_dir
 

@@ -1,9 +1,9 @@
 """Foundation layer: what stages, servers and clients agree on: the stage contract
 (trtkv.contracts.stage: manifest, up-to-date skip, atomic output; the output folders trtkv may
 replace, leftovers and the atomic swap in outputs), the typed files stages hand each other
-(artifacts; bench's results.json: bench_doc), the request interface of a served model (interface)
-and the one-token canary request built from it (canary), the RULER plan the bench hands the probe
-(ruler), the plan's figures the CLI hands serving, bench, deploy and report (plan_figures)."""
+(artifacts, bench_doc), the request interface of a served model (interface) and the one-token
+canary request built from it (canary), the RULER plan the bench hands the probe (ruler), the plan's
+figures the CLI hands serving, bench, deploy and report (plan_figures)."""
 
 from trtkv.core.lazy import attach
 
@@ -20,6 +20,11 @@ if TYPE_CHECKING:
         SupervisorRecord,
     )
     from trtkv.contracts.bench_doc import (
+        CANCELLED,
+        ERROR,
+        NOT_SENT,
+        OK,
+        TIMEOUT,
         BenchEndpoint,
         BenchLevel,
         BenchResults,
@@ -29,10 +34,10 @@ if TYPE_CHECKING:
         ClientSummary,
         KVPoolCheck,
         MetricStats,
-        RequestFields,
-        RequestRecordDoc,
+        RequestRecord,
         SLOVerdict,
         TimeOrigin,
+        now_ns,
     )
     from trtkv.contracts.canary import (
         CANARY_TIMEOUT_S,
@@ -82,12 +87,14 @@ __all__ = [
     "BenchWorkload",
     "canary_script",
     "CANARY_TIMEOUT_S",
+    "CANCELLED",
     "check_inside",
     "check_output",
     "ClientSummary",
     "detect",
     "docker_health_args",
     "ENSEMBLE",
+    "ERROR",
     "in_place_output",
     "input_problem",
     "INTERFACES",
@@ -99,6 +106,9 @@ __all__ = [
     "manifest_hash",
     "MetricStats",
     "ModelInterface",
+    "NOT_SENT",
+    "now_ns",
+    "OK",
     "OWNER",
     "PlanFigures",
     "PlannedFormat",
@@ -110,8 +120,7 @@ __all__ = [
     "read_manifest",
     "remove_leftovers",
     "replace_folder",
-    "RequestFields",
-    "RequestRecordDoc",
+    "RequestRecord",
     "require_input",
     "require_made_from",
     "RulerPlan",
@@ -121,6 +130,7 @@ __all__ = [
     "StageResult",
     "SupervisorRecord",
     "TimeOrigin",
+    "TIMEOUT",
     "tool_versions",
     "VERSIONED_TOOLS",
     "with_prediction",

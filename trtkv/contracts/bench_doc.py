@@ -1,9 +1,11 @@
-"""results.json of `trtkv bench` (BenchResults) and its parts, typed throughout: trtkv.bench writes
-it through these models, the report and trtkv.measures read it back through them."""
+"""results.json of `trtkv bench` (BenchResults) and its parts, typed throughout, with the request
+record the client measures (RequestRecord; in results.json, RequestRecordDoc): trtkv.bench writes
+through these models, trtkv.measures and the report read through them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, fields
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -204,8 +206,7 @@ class TaskScore(BaseModel):
 
 @dataclass
 class RequestFields:
-    """What a request's record (trtkv.measures.RequestRecord, times in ns) and its results.json
-    entry (RequestRecordDoc, times in ms) share."""
+    """What a RequestRecord (times in ns) and its RequestRecordDoc (times in ms) share."""
 
     request_id: str
     phase: str  # "warmup", "latency", or an accuracy task name
@@ -222,22 +223,98 @@ class RequestFields:
     client_lag_us: list[int] = field(default_factory=list)  # sampled reads: the client's own lag
     client_worker: int = 0  # the client process that carried it (0: the only or the first one)
     delayed: bool = False  # open loop: sent late, no worker free (perf_analyzer's "delayed")
-    # the prefix-sharing workload (bench.prefix): the session's turn (1: its first) and its prefix
-    # group; None for every other request, and then left out of results.json
+    # bench.prefix: the session's turn (1: its first) and prefix group; else None, not written
     turn: Annotated[int | None, Field(exclude_if=lambda v: v is None)] = None
     prefix_group: Annotated[int | None, Field(exclude_if=lambda v: v is None)] = None
 
 
 @typed_dataclass(kw_only=True)
 class RequestRecordDoc(RequestFields):
-    """One request of results.json's "records" (trtkv.measures.RequestRecord.to_doc): times in ms
-    after the run started."""
+    """One request of results.json's "records" (RequestRecord.to_doc): ms after the run started."""
 
     send_time_ms: float
     response_times_ms: list[float]
     first_token_time_ms: float | None = None
     end_time_ms: float | None = None
     output_tokens: int = 0
+
+
+# a request's status
+OK = "ok"
+ERROR = "error"
+TIMEOUT = "timeout"
+CANCELLED = "cancelled"
+NOT_SENT = "not_sent"
+
+
+def now_ns() -> int:
+    """The clock of every *_ns time in a RequestRecord: perf_counter_ns (monotonic, the finest)."""
+    return time.perf_counter_ns()
+
+
+@dataclass
+class RequestRecord(RequestFields):
+    """A request as the client measures it: times in ns since the run's start (perf_counter_ns)."""
+
+    send_ns: int = 0
+    response_ns: list[int] = field(default_factory=list)
+    end_ns: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+    @property
+    def text(self) -> str:
+        return "".join(self.response_texts)
+
+    def content_indices(self) -> list[int]:
+        """Responses that carried at least one token (an empty final response carries none)."""
+        return [i for i, n in enumerate(self.response_tokens) if n > 0]
+
+    def output_tokens(self) -> int:
+        return sum(self.response_tokens)
+
+    def ttft_ms(self) -> float | None:
+        idx = self.content_indices()
+        return (self.response_ns[idx[0]] - self.send_ns) / 1e6 if idx else None
+
+    def request_latency_ms(self) -> float | None:
+        if not self.response_ns:
+            return None
+        return (self.response_ns[-1] - self.send_ns) / 1e6
+
+    def itl_ms(self) -> float | None:
+        """Gaps between content responses, each divided by the tokens in the later one,
+        token-weighted per request."""
+        idx = self.content_indices()
+        if len(idx) < 2:
+            return None
+        gap_ns = self.response_ns[idx[-1]] - self.response_ns[idx[0]]
+        later_tokens = sum(self.response_tokens[i] for i in idx[1:])
+        return gap_ns / later_tokens / 1e6
+
+    def to_doc(self) -> RequestRecordDoc:
+        """The raw record as written to results.json (times in ms since the run started)."""
+        idx = self.content_indices()
+        return RequestRecordDoc(
+            **{f.name: getattr(self, f.name) for f in fields(RequestFields)},
+            send_time_ms=self.send_ns / 1e6,
+            response_times_ms=[t / 1e6 for t in self.response_ns],
+            first_token_time_ms=self.response_ns[idx[0]] / 1e6 if idx else None,
+            end_time_ms=None if self.end_ns is None else self.end_ns / 1e6,
+            output_tokens=self.output_tokens(),
+        )
+
+    @classmethod
+    def from_doc(cls, doc: RequestRecordDoc) -> RequestRecord:
+        """A record read back from results.json, to recompute its figures."""
+        return cls(
+            **{f.name: getattr(doc, f.name) for f in fields(RequestFields)},
+            send_ns=round(doc.send_time_ms * 1e6),
+            response_ns=[round(t * 1e6) for t in doc.response_times_ms],
+            end_ns=None if doc.end_time_ms is None else round(doc.end_time_ms * 1e6),
+        )
 
 
 class SweepSamples(BaseModel):
@@ -248,8 +325,7 @@ class SweepSamples(BaseModel):
 
 
 class SweepLevel(BaseModel):
-    """One level of results.json's "sweep" (trtkv.measures.sweep.summarize): per input length its
-    requests and the client, then each length's medians and the lines fitted through them."""
+    """One level of "sweep": per input length its samples and client, then medians and fits."""
 
     samples: dict[str, SweepSamples] = {}  # by input length ("512")
     client: dict[str, ClientSummary] = {}  # by input length: its processes, CPU, lag, warning
@@ -263,8 +339,7 @@ class SweepLevel(BaseModel):
 
 
 class BenchSweep(BaseModel):
-    """results.json's "sweep" (`bench --sweep-input`): the lengths, per level its samples and fits,
-    and how they are fitted."""
+    """results.json's "sweep" (trtkv.measures.sweep.summarize of `bench --sweep-input`)."""
 
     input_tokens: list[int] = []
     levels: dict[str, SweepLevel] = {}

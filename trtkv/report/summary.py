@@ -14,8 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from trtkv.contracts.artifacts import KVScalesFile, Manifest
-from trtkv.contracts.bench_doc import BenchResults, BenchSweep, MetricStats
+from trtkv.contracts import BenchResults, BenchSweep, KVScalesFile, Manifest, MetricStats
 from trtkv.core import paths
 from trtkv.core.errors import StageError
 from trtkv.recipe import layout
@@ -66,10 +65,8 @@ def bench_headline(results: BenchResults) -> dict[str, Any]:
                 out[f"{metric}.max"] = max(values)
         out["requests.failed"] = sum(lv.request_count.get("failed", 0) for lv in levels.values())
     for task, body in results.accuracy.items():
-        for key, value, ci in (
-            ("accuracy", body.accuracy, body.accuracy_ci),
-            ("agreement", body.agreement, body.agreement_ci),
-        ):
+        for key in ("accuracy", "agreement"):  # the task's score and its interval, by field
+            value, ci = getattr(body, key), getattr(body, f"{key}_ci")
             if value is not None:
                 out[f"{task}.{key}"] = value
                 if ci is not None and len(ci) == 2 and None not in ci:  # null ends: none measured
@@ -176,9 +173,8 @@ def _probe_rows(records: list[dict[str, Any]], fmt: str) -> list[dict[str, Any]]
 
 
 def _checked_sweep(sweep: BenchSweep) -> dict[str, Any]:
-    """results.json's `sweep` rebuilt from its per-request samples only, its medians and fits
-    recomputed (trtkv.measures.sweep.fits): a hand-edited file cannot hand compare a fit its samples
-    do not give."""
+    """results.json's `sweep` with its medians and fits recomputed from its samples alone
+    (trtkv.measures.sweep.fits): a hand-edited file cannot hand compare a fit they do not give."""
     from trtkv.measures.sweep import fits
 
     levels: dict[str, Any] = {}
