@@ -30,10 +30,10 @@ from trtkv.bench.load.prompts import count_tokens, latency_prompts, load_tokeniz
 from trtkv.bench.runner import resolve_endpoint
 from trtkv.bench.transport.client import Endpoint, SamplingParams
 from trtkv.bench.transport.endpoints import check_endpoint, session_factory
+from trtkv.contracts.bench_doc import RequestRecord
 from trtkv.core import paths
 from trtkv.core.errors import TrtkvError
 from trtkv.measures.metrics import summarize_level
-from trtkv.measures.records import RequestRecord
 from trtkv.recipe import load_recipe
 from trtkv.serving import supervise
 

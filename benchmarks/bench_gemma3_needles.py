@@ -54,7 +54,7 @@ def _needles(name: str, overrides: list[str], lengths: list[int], out: Path,
     results are saved after each); per item the TTFT and the answer."""
     from trtkv.bench.runner import BenchOptions, run_bench
     from trtkv.cli.bench import served_side
-    from trtkv.measures.records import RequestRecord
+    from trtkv.contracts.bench_doc import RequestRecord, RequestRecordDoc
     from trtkv.recipe import load_recipe
 
     t0 = time.time()
@@ -64,7 +64,8 @@ def _needles(name: str, overrides: list[str], lengths: list[int], out: Path,
         outcome = run_bench(recipe, BenchOptions(tasks=["needle"], latency=False, output=out / str(length),
                                                  progress=False, allow_failures=True), served_side())
         needle = outcome.results["accuracy"]["needle"]
-        records = [RequestRecord.from_json(r) for r in outcome.results["records"] if r["phase"] == "needle"]
+        records = [RequestRecord.from_doc(RequestRecordDoc(**r)) for r in outcome.results["records"]
+                   if r["phase"] == "needle"]
         for item, rec in zip(needle["items"], records, strict=True):
             ttft = rec.ttft_ms()
             result["items"].append({"context_length": item["context_length"], "depth": item["depth"],

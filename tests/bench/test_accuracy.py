@@ -8,7 +8,7 @@ import pytest
 
 from trtkv.bench.load.prompts import cut_to_tokens, latency_prompts, load_tokenizer, long_text, prompt_tokens
 from trtkv.bench.tasks import accuracy, golden
-from trtkv.measures.records import ERROR, OK, RequestRecord
+from trtkv.contracts.bench_doc import ERROR, OK, RequestRecord
 
 
 @pytest.fixture(scope="module")

@@ -22,8 +22,8 @@ from trtkv.bench.load.loadgen import Job, SessionPool, run_concurrency
 from trtkv.bench.load.workers import Fleet, split
 from trtkv.bench.transport.client import Endpoint, SamplingParams
 from trtkv.bench.transport.openai import OpenAISession
+from trtkv.contracts.bench_doc import ERROR, NOT_SENT, OK, RequestRecord
 from trtkv.core.progress import Progress
-from trtkv.measures.records import ERROR, NOT_SENT, OK, RequestRecord
 
 TOKENS = 8
 

@@ -17,6 +17,7 @@ from trtkv.bench.tasks import fidelity, fidelity_verdict
 from trtkv.bench.tasks.fidelity_score import CachedScorer, Served
 from trtkv.bench.tasks.fidelity_served import openai_prompt_logprobs, openai_request, triton_request
 from trtkv.bench.transport.client import Endpoint
+from trtkv.contracts.bench_doc import BenchResults
 from trtkv.core.errors import TrtkvError
 from trtkv.recipe import load_recipe
 
@@ -217,6 +218,9 @@ def test_the_task_passes_the_predicted_engine_and_fails_a_corrupted_one(tmp_path
                                    prediction=_scorer("pred", predicted, tmp_path), **kwargs)
     assert faulty["verdict"] == fidelity_verdict.WORSE and faulty["lengths_judged_worse"] == [64], faulty["notes"]
     assert faulty["reproduce"] == "trtkv bench r" and faulty["likely_causes"]
+    for entry in (healthy, faulty):  # results.json's accuracy.fidelity: typed, written key for key in its order
+        assert json.dumps(BenchResults(accuracy={"fidelity": entry}).document()["accuracy"]["fidelity"]) == \
+            json.dumps(entry)
     assert json.loads((tmp_path / "ref.json").read_text())["docs"]  # the reference is cached per document
 
 

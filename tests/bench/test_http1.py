@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from trtkv.bench.transport import http1
 from trtkv.bench.transport.http1 import Call, Connection, ProtocolError
 from trtkv.bench.transport.openai import OpenAIEvents
-from trtkv.measures.records import ERROR, OK, RequestRecord
+from trtkv.contracts.bench_doc import ERROR, OK, RequestRecord
 
 
 def _event(text: str) -> bytes:

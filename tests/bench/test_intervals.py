@@ -13,9 +13,8 @@ import pytest
 from trtkv.bench import phases
 from trtkv.bench.outputs import results
 from trtkv.bench.tasks import accuracy
-from trtkv.contracts.artifacts import BenchResults
+from trtkv.contracts.bench_doc import OK, BenchResults, RequestRecord
 from trtkv.measures import stats
-from trtkv.measures.records import OK, RequestRecord
 from trtkv.report import compare, summary
 
 

@@ -11,7 +11,7 @@ from tests.support.openai_replay import MODEL, start
 from trtkv.bench.load.loadgen import Job, run_concurrency
 from trtkv.bench.transport.client import Endpoint, SamplingParams
 from trtkv.bench.transport.openai import OpenAISession, check_openai
-from trtkv.measures.records import RequestRecord
+from trtkv.contracts.bench_doc import RequestRecord
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from trtkv.bench.load.loadgen import SessionPool
 from trtkv.bench.load.prefix_counters import level_prefix, parse_counters
 from trtkv.bench.load.prompts import load_tokenizer
 from trtkv.bench.load.sessions import group_summary, plan_workload, run_sessions
-from trtkv.measures.records import OK
+from trtkv.contracts.bench_doc import OK
 from trtkv.recipe import load_recipe
 
 
@@ -111,7 +111,7 @@ def test_a_prefix_level_against_the_openai_replay_server(tokenizer: Any) -> None
     from trtkv.bench.load.prefix_levels import run_prefix_levels
     from trtkv.bench.transport.client import Endpoint
     from trtkv.bench.transport.openai import check_openai
-    from trtkv.measures.records import RequestRecord
+    from trtkv.contracts.bench_doc import RequestRecord
 
     recipe = load_recipe("smollm2_fp8kv", ["bench.protocol=openai", "bench.input_tokens=64", "bench.output_tokens=3",
                                            "bench.concurrency=[2]", "bench.num_requests=6", "bench.warmup_requests=1",

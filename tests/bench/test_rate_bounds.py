@@ -15,8 +15,8 @@ import pytest
 from tests.bench.test_stream import OPENAI_BODY, SSE_HEAD, ScriptedServer, _answer, _openai
 from trtkv.bench.load.loadgen import Job, run_rate
 from trtkv.bench.transport.client import SamplingParams
+from trtkv.contracts.bench_doc import OK, RequestRecord
 from trtkv.measures.metrics import summarize_level
-from trtkv.measures.records import OK, RequestRecord
 
 
 @pytest.fixture
@@ -60,4 +60,4 @@ def test_the_request_rate_mode_runs_on_a_bounded_pool_and_counts_delayed_request
     # 4 at a time, 0.3 s each: about 1.3 requests per 100 ms against 10 asked, so every request after the first 4
     # waits for a worker (36); on a loaded machine one of the first 4 may also miss its time by the 10 ms tolerance
     assert 36 <= counts["delayed"] <= 40 and records[-1].delayed, counts
-    assert RequestRecord.from_json(records[-1].to_json()).delayed is True
+    assert RequestRecord.from_doc(records[-1].to_doc()).delayed is True

@@ -11,9 +11,8 @@ import pytest
 from trtkv.bench import runner
 from trtkv.bench.outputs.slo import parse_slo
 from trtkv.bench.transport.client import Endpoint
-from trtkv.contracts.artifacts import BenchResults
+from trtkv.contracts.bench_doc import ERROR, OK, TIMEOUT, BenchResults, RequestRecord
 from trtkv.measures.metrics import summarize_level
-from trtkv.measures.records import ERROR, OK, TIMEOUT, RequestRecord
 from trtkv.recipe import load_recipe
 
 MS = 1_000_000
@@ -80,7 +79,9 @@ def test_results_files_and_recompute_from_raw_records(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "results.json").read_text())
     assert not data["partial"]
     # every summary figure recomputes from the raw records
-    raw = [RequestRecord.from_json(r) for r in data["records"]]
+    loaded = BenchResults.load(tmp_path)
+    assert loaded is not None
+    raw = [RequestRecord.from_doc(r) for r in loaded.records]
     assert len(raw) == 13
     for level, summary in data["levels"].items():
         again = summarize_level([r for r in raw if r.level == level])

@@ -12,8 +12,8 @@ import pytest
 
 from trtkv.bench.load.prompts import load_tokenizer
 from trtkv.bench.tasks import ruler, ruler_families
+from trtkv.contracts.bench_doc import ERROR, OK, RequestRecord
 from trtkv.core.errors import ToolError
-from trtkv.measures.records import ERROR, OK, RequestRecord
 from trtkv.measures.stats import wilson_interval
 
 TASKS = ["niah_single_1", "niah_multikey_2", "niah_multikey_3", "vt", "cwe", "fwe"]

@@ -16,8 +16,8 @@ from trtkv.bench.transport.client import Endpoint, HttpSession, SamplingParams
 from trtkv.bench.transport.http1 import Call, Connection
 from trtkv.bench.transport.openai import OpenAIEvents, OpenAISession
 from trtkv.bench.transport.stream import shared_loop
+from trtkv.contracts.bench_doc import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord
 from trtkv.contracts.interface import LLMAPI
-from trtkv.measures.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord
 
 Script = Callable[[socket.socket, int], bool]  # (client socket, request number on it) -> keep the connection open
 

@@ -16,8 +16,8 @@ import pytest
 
 from trtkv.bench.transport.client import Endpoint, GrpcSession, SamplingParams, check_triton
 from trtkv.bench.transport.triton_answers import GRPC_RESPONSE_BYTES
+from trtkv.contracts.bench_doc import ERROR, OK, RequestRecord
 from trtkv.core.errors import TrtkvError
-from trtkv.measures.records import ERROR, OK, RequestRecord
 
 GOOD = {"max_batch_size": 0, "input": [{"name": "text_input", "data_type": "TYPE_STRING"},
                                        {"name": "max_tokens", "data_type": "TYPE_INT32"},

@@ -29,9 +29,9 @@ from tests.bench.test_stream import (
 from trtkv.bench.transport.client import Endpoint, HttpSession, check_triton
 from trtkv.bench.transport.openai import check_openai
 from trtkv.bench.transport.stream import shared_loop
+from trtkv.contracts.bench_doc import ERROR, OK
 from trtkv.contracts.interface import LLMAPI
 from trtkv.core.errors import RecipeError, TrtkvError
-from trtkv.measures.records import ERROR, OK
 from trtkv.recipe import load_recipe
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.probe_records import record_dict
-from trtkv.contracts.artifacts import BenchResults, KVScalesFile, Manifest, ServerRecord
+from trtkv.contracts.artifacts import KVScalesFile, Manifest, ServerRecord
+from trtkv.contracts.bench_doc import BenchResults
 from trtkv.contracts.probe_doc import ProbeDoc
 from trtkv.core.errors import StageError
 from trtkv.kvcache.scales import kv_scales_document

@@ -11,8 +11,8 @@ import pytest
 
 from tests.e2e.conftest import read_results, served_chain_recipe
 from trtkv.cli import main
+from trtkv.contracts.bench_doc import RequestRecord, RequestRecordDoc
 from trtkv.measures.metrics import summarize_level
-from trtkv.measures.records import RequestRecord
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -41,7 +41,7 @@ def test_bench_against_real_server(real_server: tuple[list[str], Path], tmp_path
     assert "SLO breaches" in printed and "time_to_first_token.p50<=0.001" in printed
     data = read_results(out)
     assert data["endpoint"]["source"].endswith("server.json")  # URL found through `trtkv serve`'s server.json
-    records = [RequestRecord.from_json(r) for r in data["records"]]
+    records = [RequestRecord.from_doc(RequestRecordDoc(**r)) for r in data["records"]]
     latency = [r for r in records if r.phase == "latency"]
     assert len(latency) == 6 and all(r.ok for r in latency)
     for r in latency:

@@ -17,8 +17,8 @@ from tests.e2e.conftest import read_results
 from tests.support.localserver import free_port
 from trtkv.bench.tasks.ruler import TASK_NAMES
 from trtkv.cli import main
+from trtkv.contracts.bench_doc import RequestRecord, RequestRecordDoc
 from trtkv.measures.metrics import summarize_level
-from trtkv.measures.records import RequestRecord
 
 pytestmark = pytest.mark.e2e
 
@@ -37,7 +37,7 @@ def test_latency_run_is_consistent(trivial_server, engines_tmp: Path, tmp_path: 
     assert bench(url, tmp_path / "out", "--protocol", protocol) == 0
     data = read_results(tmp_path / "out")
     assert set(data["levels"]) == {"concurrency=1", "concurrency=3"}
-    records = [RequestRecord.from_json(r) for r in data["records"]]
+    records = [RequestRecord.from_doc(RequestRecordDoc(**r)) for r in data["records"]]
     measured = [r for r in records if r.phase == "latency"]
     assert len(measured) == 24 and all(r.ok for r in measured)
     assert {r.phase for r in records} == {"warmup", "latency"}  # warm-up kept in the raw records, left out of stats

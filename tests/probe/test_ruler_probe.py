@@ -11,10 +11,10 @@ import torch
 from trtkv.bench.load.prompts import load_tokenizer, tokenizer_dir
 from trtkv.bench.tasks import ruler
 from trtkv.cli import main
+from trtkv.contracts.bench_doc import OK
 from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.names import parse_format
 from trtkv.kvcache.scales import KVScales
-from trtkv.measures.records import OK
 from trtkv.probe import ruler as probe_ruler
 from trtkv.probe.setup import Loaded
 from trtkv.recipe import load_recipe

@@ -15,10 +15,10 @@ from trtkv.bench.tasks import accuracy as acc_tasks
 from trtkv.bench.tasks import ruler
 from trtkv.bench.transport.client import Endpoint, SamplingParams
 from trtkv.bench.transport.endpoints import session_factory
+from trtkv.contracts.bench_doc import RequestRecord
 from trtkv.core import paths
 from trtkv.core.errors import TrtkvError
 from trtkv.core.progress import Progress
-from trtkv.measures.records import RequestRecord
 from trtkv.recipe import Recipe
 
 # --------------------------------------------------------------------------------------------------

@@ -20,24 +20,26 @@ from trtkv.bench.phases import BenchProgress, build_tasks, run_accuracy, run_lat
 from trtkv.bench.tasks import accuracy as acc_tasks
 from trtkv.bench.transport.client import Endpoint
 from trtkv.bench.transport.endpoints import check_endpoint
-from trtkv.contracts.artifacts import (
+from trtkv.contracts import (
     BenchEndpoint,
     BenchLevel,
     BenchResults,
     BenchSLOs,
+    BenchSweep,
     BenchWorkload,
     ClientSummary,
     KVPoolCheck,
     MetricStats,
+    RequestRecord,
     ServerRecord,
     SLOVerdict,
     TimeOrigin,
+    now_ns,
 )
 from trtkv.contracts.prefix import PrefixPrediction, with_prediction
 from trtkv.core.errors import StageError, TrtkvError
 from trtkv.measures import plots
 from trtkv.measures.metrics import summarize_level
-from trtkv.measures.records import RequestRecord, now_ns
 from trtkv.recipe import Protocol, Recipe
 from trtkv.recipe.layout import bench_dir, serve_dir
 
@@ -257,17 +259,15 @@ def run_bench(recipe: Recipe, opts: BenchOptions, served: ServedSide = UNSERVED)
     if by_length:
         from trtkv.measures import sweep
 
-        doc.sweep = sweep.summarize(
-            by_length,
-            {
-                n: {
-                    label: client_summary(run, by_length[n][label])
-                    for label, run in runs.items()
-                    if label in by_length[n]
-                }
-                for n, runs in length_clients.items()
-            },
-        )
+        clients_by_length = {
+            n: {
+                label: client_summary(run, by_length[n][label])
+                for label, run in runs.items()
+                if label in by_length[n]
+            }
+            for n, runs in length_clients.items()
+        }
+        doc.sweep = BenchSweep.model_validate(sweep.summarize(by_length, clients_by_length))
     if goodput:
         doc.goodput_slos = goodput
         for label, recs in by_level.items():
@@ -282,7 +282,7 @@ def run_bench(recipe: Recipe, opts: BenchOptions, served: ServedSide = UNSERVED)
     if doc.kv_pool.warning:
         # assigned, never appended in place: results.json writes only the fields set (exclude_unset)
         doc.warnings = [*doc.warnings, doc.kv_pool.warning]
-    # results.json as written (trtkv.contracts.artifacts.BenchResults; report loads it back)
+    # results.json as written (trtkv.contracts.bench_doc.BenchResults; report loads it back)
     out = doc.document()
 
     def work(tmp: Path) -> dict[str, Any]:
@@ -397,7 +397,7 @@ def assemble(
             passed=all(r.passed for r in checked),
             results=[SLOVerdict.model_validate(r.to_json()) for r in checked],
         ),
-        records=[r.to_json() for r in records],
+        records=[r.to_doc() for r in records],
     )
 
 

@@ -1,9 +1,10 @@
 """Foundation layer: what stages, servers and clients agree on: the stage contract
 (trtkv.contracts.stage: manifest, up-to-date skip, atomic output; the output folders trtkv may
 replace, leftovers and the atomic swap in outputs), the typed files stages hand each other
-(artifacts; probe.json's in probe_doc), the request interface of a served model (interface) and the
-one-token canary request built from it (canary), the RULER plan the bench hands the probe (ruler),
-the plan's figures the CLI hands serving, bench, deploy and report (plan_figures)."""
+(artifacts; results.json's in bench_doc, probe.json's in probe_doc), the request interface of a
+served model (interface) and the one-token canary request built from it (canary), the RULER plan
+the bench hands the probe (ruler), the plan's figures the CLI hands serving, bench, deploy and
+report (plan_figures)."""
 
 from trtkv.core.lazy import attach
 
@@ -12,21 +13,31 @@ TYPE_CHECKING = False  # typing's, without loading typing (see trtkv.core.lazy)
 if TYPE_CHECKING:
     from trtkv.contracts.artifacts import (
         Artifact,
+        KVScaleLayer,
+        KVScalesFile,
+        Manifest,
+        ServerRecord,
+        SupervisorRecord,
+    )
+    from trtkv.contracts.bench_doc import (
+        CANCELLED,
+        ERROR,
+        NOT_SENT,
+        OK,
+        TIMEOUT,
         BenchEndpoint,
         BenchLevel,
         BenchResults,
         BenchSLOs,
+        BenchSweep,
         BenchWorkload,
         ClientSummary,
         KVPoolCheck,
-        KVScaleLayer,
-        KVScalesFile,
-        Manifest,
         MetricStats,
-        ServerRecord,
+        RequestRecord,
         SLOVerdict,
-        SupervisorRecord,
         TimeOrigin,
+        now_ns,
     )
     from trtkv.contracts.canary import (
         CANARY_TIMEOUT_S,
@@ -73,15 +84,18 @@ __all__ = [
     "BenchLevel",
     "BenchResults",
     "BenchSLOs",
+    "BenchSweep",
     "BenchWorkload",
     "canary_script",
     "CANARY_TIMEOUT_S",
+    "CANCELLED",
     "check_inside",
     "check_output",
     "ClientSummary",
     "detect",
     "docker_health_args",
     "ENSEMBLE",
+    "ERROR",
     "in_place_output",
     "input_problem",
     "INTERFACES",
@@ -93,6 +107,9 @@ __all__ = [
     "manifest_hash",
     "MetricStats",
     "ModelInterface",
+    "NOT_SENT",
+    "now_ns",
+    "OK",
     "OWNER",
     "PlanFigures",
     "PlannedFormat",
@@ -105,6 +122,7 @@ __all__ = [
     "read_manifest",
     "remove_leftovers",
     "replace_folder",
+    "RequestRecord",
     "require_input",
     "require_made_from",
     "RulerPlan",
@@ -114,6 +132,7 @@ __all__ = [
     "StageResult",
     "SupervisorRecord",
     "TimeOrigin",
+    "TIMEOUT",
     "tool_versions",
     "VERSIONED_TOOLS",
     "with_prediction",

@@ -4,13 +4,13 @@ goes through these.
     ServerRecord   engines/<recipe>/serve/server.json        trtkv serve (pid, ports, command, log, container)
     Manifest       <stage folder>/manifest.json             every stage (calibrate, build, repo, bench, serve, probe)
     KVScalesFile   engines/<recipe>/checkpoint/kv_scales.json trtkv calibrate (trtkv.kvcache.scales writes it)
-    BenchResults   engines/<recipe>/bench/results.json      trtkv bench (trtkv.bench.runner builds it)
+    BenchResults   engines/<recipe>/bench/results.json      trtkv bench (trtkv.contracts.bench_doc)
     ProbeDoc       engines/<recipe>/probe/probe.json        trtkv probe (trtkv.contracts.probe_doc)
     (Sizing        deploy/<recipe>/<target>/sizing.json     trtkv deploy: trtkv.deploy.sizing, an Artifact too)
 
-Writers build these models with keywords and `save` them; readers `load` them. The big documents
-(results, probe) type their top level and keep what is below as written (extra="allow"), so a reader
-never rebuilds a path or parses a file by hand. Light: pydantic and json only.
+Writers build these models with keywords and `save` them; readers `load` them, so a reader never
+rebuilds a path or parses a file by hand; what a reader reads by key is a declared field, and only
+what each writer adds of its own stays as written (extra="allow"). Light: pydantic and json only.
 """  # noqa: E501
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator
 
-from trtkv.contracts.prefix import PrefixLevel
 from trtkv.core.errors import StageError
 from trtkv.core.files import NotReadable, naming, read_json
 from trtkv.core.paths import temp_sibling
@@ -229,203 +228,3 @@ class KVScalesFile(Artifact):
     # where the amaxes came from, when not a calibrate run (trtkv.kvcache.scales.KVScales)
     source: str | None = None
     layers: list[KVScaleLayer]
-
-
-class BenchEndpoint(BaseModel):
-    """Where `trtkv bench` measured: results.json's "endpoint"."""
-
-    model_config = ConfigDict(extra="allow")
-
-    url: str
-    protocol: str  # a trtkv.recipe.Protocol value: grpc, http or openai
-    model: str
-    source: str = ""  # where the URL came from (--url, server.json, the recipe)
-    endpoint_type: str | None = None  # protocol openai only: completions or chat
-
-
-class BenchWorkload(BaseModel):
-    """What `trtkv bench` sent: results.json's "workload" (the recipe's bench section, and how the
-    levels are run)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    input_tokens: int
-    output_tokens: int
-    num_requests: int
-    warmup_requests: int
-    concurrency: list[int]
-    request_rate: float | None
-    accuracy_concurrency: int
-    request_timeout_s: float
-    mode: str  # "concurrency sweep [...]" or "request rate R/s"
-    sampling: str
-
-
-class SLOVerdict(BaseModel):
-    """One SLO checked (trtkv.bench.outputs.slo.SLOResult.to_json)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    slo: str  # as written: "time_to_first_token.p99<=500"
-    source: str = ""  # where it was set: the recipe, --slo, the default
-    where: str = ""  # the level ("concurrency=4") or task it was checked on
-    measured: float | None = None
-    passed: bool
-
-
-class BenchSLOs(BaseModel):
-    """results.json's "slo": the verdict and one entry per SLO (trtkv.bench.outputs.slo)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    passed: bool
-    results: list[SLOVerdict] = []
-
-
-class MetricStats(BaseModel):
-    """One metric of a level in GenAI-Perf's shape (trtkv.measures.stats.summarize): a request
-    metric has every stat, a run metric (throughput, duration) its unit and avg. NaN: no value
-    measured."""
-
-    model_config = ConfigDict(extra="allow")
-
-    unit: str = ""
-    count: int | None = None
-    avg: float | None = None
-    min: float | None = None
-    max: float | None = None
-    std: float | None = None
-    p50: float | None = None
-    p90: float | None = None
-    p95: float | None = None
-    p99: float | None = None
-
-
-class ClientLag(BaseModel):
-    """How long bytes already received waited for the client to read them
-    (trtkv.bench.load.levels)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    unit: str = "ms"
-    p50: float | None = None
-    p99: float | None = None
-    max: float | None = None
-    count: int = 0
-
-
-class ClientWorker(BaseModel):
-    """One client process of a level (trtkv.bench.load.levels.client_summary)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    worker: int
-    pid: int | None = None
-    streams: int = 0
-    requests: int = 0
-    output_tokens: int = 0
-    cpu_seconds: float | None = None
-    cpu_cores: float | None = None
-    cpu_us_per_token: float | None = None
-    lag_ms: ClientLag | None = None
-
-
-class ClientSummary(BaseModel):
-    """A level's client: its processes, their CPU per streamed token, its own lag, and a warning
-    when the client may have held the level back (trtkv.bench.load.levels.client_summary)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    workers: int
-    decided: str = ""
-    core_share: float | None = None
-    warmup_load_cores: float | None = None
-    cpu_cores: float | None = None
-    cpu_us_per_token: float | None = None
-    lag_ms: ClientLag | None = None
-    per_worker: list[ClientWorker] = []
-    warning: str | None = None
-
-
-class BenchLevel(BaseModel):
-    """One level of results.json's "levels" (trtkv.measures.metrics.summarize_level): GenAI-Perf's
-    metric names in the order written; an absent metric is None (files of older versions)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    time_to_first_token: MetricStats | None = None
-    inter_token_latency: MetricStats | None = None
-    request_latency: MetricStats | None = None
-    output_sequence_length: MetricStats | None = None
-    input_sequence_length: MetricStats | None = None
-    output_token_throughput: MetricStats | None = None
-    request_throughput: MetricStats | None = None
-    # total, ok, failed, one count per request status, delayed (an open loop's late sends)
-    request_count: dict[str, int] = {}
-    benchmark_duration: MetricStats | None = None
-    client_cpu_per_token: MetricStats | None = None
-    client: ClientSummary | None = None
-    # --goodput: AIPerf's goodput (requests/sec) and its good_request_count
-    goodput: MetricStats | None = None
-
-
-class TimeOrigin(BaseModel):
-    """The wall-clock instant results.json's record times count from."""
-
-    unix_ns: int
-    note: str = ""
-
-
-class KVPoolCheck(BaseModel):
-    """results.json's "kv_pool": the served KV pool per GPU beside the planned one
-    (trtkv.serving.pool.compare); served_* None when the engine reported nothing readable, and
-    `source` says why."""
-
-    model_config = ConfigDict(extra="allow")
-
-    planned_bytes_per_gpu: float | None = None  # None: the read-back failed before the plan
-    rule: str | None = None  # the engine and release whose pool rule the plan follows
-    served_bytes_per_gpu: float | None = None
-    served_tokens: int | None = None
-    source: str | None = None
-    served_over_planned: float | None = None
-    warning: str | None = None  # served more than 10% below the plan
-
-
-class BenchResults(Artifact):
-    """results.json of `trtkv bench` (trtkv.bench.runner builds it). Per level, GenAI-Perf's metric
-    names with their stats; per accuracy task its score; every request's raw record. Every field has
-    a default so files of older versions still load; a run writes them all (goodput_slos only with
-    --goodput)."""
-
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
-    FILE = "results.json"
-    WRITTEN_BY = "`trtkv bench`"
-    WRITE_DEFAULTS = False
-
-    schema_id: str = Field("", alias="schema")  # "trtkv.bench/1"
-    recipe: str = ""
-    kv_cache: str = ""  # the recipe's quantization.kv_cache
-    endpoint: BenchEndpoint | None = None
-    started_at: str = ""
-    wall_seconds: float | None = None
-    partial: bool = False  # interrupted: the levels and tasks that finished
-    interrupted_during: str | None = None
-    workload: BenchWorkload | None = None
-    token_counting: str = ""  # how tokens are counted (trtkv.bench.outputs.results.TOKEN_COUNTING)
-    token_count_check: dict[str, int] = {}  # {"requests", "equal", ...}: counts of requests
-    levels: dict[str, BenchLevel] = {}  # "concurrency=N" / "rate=R/s" -> its metrics
-    # task -> its score, or why it did not run; free-form: each task scores in its own figures
-    accuracy: dict[str, dict[str, Any]] = {}
-    slo: BenchSLOs | None = None
-    # RequestRecord.to_json per request: trtkv.measures.records types and reads them (above this)
-    records: list[dict[str, Any]] = []
-    time_origin: TimeOrigin | None = None
-    goodput_slos: dict[str, float] | None = None  # --goodput's thresholds (ms)
-    tool_versions: dict[str, str | None] | None = None
-    # --sweep-input: per level, samples and fits against input length (trtkv.measures.sweep reads)
-    sweep: dict[str, Any] | None = None
-    kv_pool: KVPoolCheck | None = None  # planned against served (trtkv.serving.pool.compare)
-    # bench.prefix's workload: per level, the server's prefix-cache hit rates and the shape
-    prefix: dict[str, PrefixLevel] | None = None
-    warnings: list[str] = []  # e.g. a served KV pool more than 10% short of the plan

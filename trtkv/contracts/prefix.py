@@ -1,5 +1,5 @@
 """results.json's "prefix" record (bench.prefix's workload): the server's prefix-cache counters
-over a level per KV tier, and the workload's shape; trtkv.contracts.artifacts.BenchResults holds
+over a level per KV tier, and the workload's shape; trtkv.contracts.bench_doc.BenchResults holds
 it. Beside them, the plan's predicted hit rates per tier (PrefixPrediction, handed to bench in
 trtkv.contracts.PlanFigures.prefix), so a level reads measured against predicted."""
 

@@ -1,8 +1,8 @@
 """What the stages measure, below them so that each stage reads another's results from its folder
-and never imports it: request records and the one request-metric table (trtkv bench writes them, the
-report reads them), statistics and intervals, the input-length sweep's fits, the result plots, and
-probe.json read back through its typed model (probe_results, probe_attention: the planner's and the
-report's advice). Light: numpy and matplotlib load inside the functions that plot or fit."""
+and never imports it: the one request-metric table over trtkv.contracts.RequestRecord, statistics
+and intervals, the input-length sweep's fits, the result plots, and probe.json read back through
+its typed model (probe_results, probe_attention: the planner's and the report's advice). Light:
+numpy and matplotlib load inside the functions that plot or fit."""
 
 from trtkv.core.lazy import attach
 
@@ -27,15 +27,6 @@ if TYPE_CHECKING:
         probe_advice,
         summary_lines,
     )
-    from trtkv.measures.records import (
-        CANCELLED,
-        ERROR,
-        NOT_SENT,
-        OK,
-        TIMEOUT,
-        RequestRecord,
-        now_ns,
-    )
     from trtkv.measures.stats import (
         CONFIDENCE,
         STATS,
@@ -54,11 +45,9 @@ __all__ = [
     "bootstrap_interval",
     "break_even",
     "break_even_text",
-    "CANCELLED",
     "classify",
     "CONFIDENCE",
     "engine_format_notes",
-    "ERROR",
     "fits",
     "interval_text",
     "itl_vs_input",
@@ -67,14 +56,10 @@ __all__ = [
     "markdown_section",
     "measured_duration_s",
     "needle_by_format",
-    "NOT_SENT",
-    "now_ns",
-    "OK",
     "per_layer_advice",
     "plots",
     "probe_advice",
     "REQUEST_METRICS",
-    "RequestRecord",
     "separated",
     "STATS",
     "summarize",
@@ -82,6 +67,5 @@ __all__ = [
     "summary_lines",
     "sweep",
     "SYSTEM_METRICS",
-    "TIMEOUT",
     "wilson_interval",
 ]

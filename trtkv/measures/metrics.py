@@ -7,8 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trtkv.contracts.artifacts import BenchLevel
-from trtkv.measures.records import NOT_SENT, RequestRecord
+from trtkv.contracts.bench_doc import NOT_SENT, BenchLevel, RequestRecord
 from trtkv.measures.stats import summarize
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trtkv.measures.records import RequestRecord
+from trtkv.contracts.bench_doc import RequestRecord
 
 
 def _plt() -> Any:

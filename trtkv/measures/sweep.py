@@ -105,10 +105,8 @@ def summarize(
     by_length: Mapping[int, Mapping[str, Sequence[Any]]],
     clients: Mapping[int, Mapping[str, Mapping[str, Any]]] | None = None,
 ) -> dict[str, Any]:
-    """results.json's `sweep`: {lengths, levels: {level: {fits..., samples: {length: {ttft_ms,
-    itl_ms}}, client: {length: the client's own cost}}}}; `clients` is
-    trtkv.bench.load.levels.client_summary per length and level (its processes, CPU per token, lag
-    and warning: a length the client held back says so)."""
+    """results.json's `sweep` (trtkv.contracts.BenchSweep); `clients`: client_summary per length and
+    level (trtkv.bench.load.levels: a length the client held back says so)."""
     levels: dict[str, Any] = {}
     for n in sorted(by_length):
         for label, recs in by_length[n].items():

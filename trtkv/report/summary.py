@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from trtkv.contracts.artifacts import BenchResults, KVScalesFile, Manifest, MetricStats
+from trtkv.contracts import BenchResults, BenchSweep, KVScalesFile, Manifest, MetricStats
 from trtkv.core import paths
 from trtkv.core.errors import StageError
 from trtkv.recipe import layout
@@ -65,23 +65,13 @@ def bench_headline(results: BenchResults) -> dict[str, Any]:
                 out[f"{metric}.max"] = max(values)
         out["requests.failed"] = sum(lv.request_count.get("failed", 0) for lv in levels.values())
     for task, body in results.accuracy.items():
-        if isinstance(body, dict):
-            for key in ("accuracy", "agreement"):
-                if body.get(key) is not None:
-                    out[f"{task}.{key}"] = body[key]
-                    if body.get(f"{key}_ci") is not None:
-                        out[f"{task}.{key}.ci"] = body[f"{key}_ci"]
-    return {
-        k: v
-        for k, v in out.items()
-        if k == "level"
-        or _number(v)
-        or (k.endswith(".ci") and isinstance(v, list) and len(v) == 2 and all(map(_number, v)))
-    }
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+        for key in ("accuracy", "agreement"):  # the task's score and its interval, by field
+            value, ci = getattr(body, key), getattr(body, f"{key}_ci")
+            if value is not None:
+                out[f"{task}.{key}"] = value
+                if ci is not None and len(ci) == 2 and None not in ci:  # null ends: none measured
+                    out[f"{task}.{key}.ci"] = ci
+    return out
 
 
 ACCURACY_TASKS = ("quiz", "golden", "needle")
@@ -178,19 +168,15 @@ def collect(recipe: Recipe, planned: PlanFigures) -> dict[str, Any]:
     return data
 
 
-def _checked_sweep(sweep: dict[str, Any]) -> dict[str, Any]:
-    """results.json's `sweep` rebuilt from its per-request samples only (numbers, per length and
-    level), its medians and fits recomputed (trtkv.measures.sweep.fits): a hand-edited file cannot
-    hand compare a fit its samples do not give."""
+def _checked_sweep(sweep: BenchSweep) -> dict[str, Any]:
+    """results.json's `sweep` with its medians and fits recomputed from its samples alone
+    (trtkv.measures.sweep.fits): a hand-edited file cannot hand compare a fit they do not give."""
     from trtkv.measures.sweep import fits
 
     levels: dict[str, Any] = {}
-    for label, body in sweep["levels"].items():
-        samples = {
-            str(int(n)): {key: [float(v) for v in got[key]] for key in ("ttft_ms", "itl_ms")}
-            for n, got in body["samples"].items()
-        }
-        levels[str(label)] = {"samples": samples, **fits({int(n): v for n, v in samples.items()})}
+    for label, body in sweep.levels.items():
+        samples = {n: got.model_dump() for n, got in body.samples.items()}
+        levels[label] = {"samples": samples, **fits({int(n): v for n, v in samples.items()})}
     return {
         "input_tokens": sorted({int(n) for body in levels.values() for n in body["samples"]}),
         "levels": levels,

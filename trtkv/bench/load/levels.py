@@ -32,7 +32,7 @@ from trtkv.bench.load.loadgen import (
 from trtkv.bench.load.workers import Fleet, WorkerRun, split
 from trtkv.bench.transport.client import Endpoint
 from trtkv.bench.transport.endpoints import session_factory
-from trtkv.measures.records import RequestRecord
+from trtkv.contracts.bench_doc import RequestRecord
 from trtkv.measures.stats import summarize
 
 # One process is kept while its warm-up used at most 0.3 of a core; past one core the GIL caps it.

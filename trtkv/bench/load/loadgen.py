@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from trtkv.bench.transport.client import SamplingParams, Session
-from trtkv.measures.records import CANCELLED, ERROR, NOT_SENT, RequestRecord, now_ns
+from trtkv.contracts.bench_doc import CANCELLED, ERROR, NOT_SENT, RequestRecord, now_ns
 
 
 @dataclass

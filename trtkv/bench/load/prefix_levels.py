@@ -16,7 +16,7 @@ from trtkv.bench.load.prompts import latency_prompts, prompt_tokens
 from trtkv.bench.load.sessions import group_summary, plan_workload, run_sessions
 from trtkv.bench.transport.client import Endpoint, SamplingParams
 from trtkv.bench.transport.endpoints import session_factory
-from trtkv.measures.records import RequestRecord
+from trtkv.contracts.bench_doc import RequestRecord
 from trtkv.recipe import Protocol, Recipe
 
 

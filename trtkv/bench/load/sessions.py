@@ -24,8 +24,8 @@ from typing import Any
 from trtkv.bench.load.loadgen import Interrupted, SessionPool
 from trtkv.bench.load.prompts import cut_to_tokens, long_text, prompt_tokens
 from trtkv.bench.transport.client import SamplingParams
+from trtkv.contracts.bench_doc import ERROR, RequestRecord, now_ns
 from trtkv.core.errors import StageError
-from trtkv.measures.records import ERROR, RequestRecord, now_ns
 
 # the groups' shared prefixes and the sessions' own text are cut from this many stretches at most
 MAX_STRETCHES = 1024

@@ -37,7 +37,7 @@ from trtkv.bench.load.loadgen import (
 )
 from trtkv.bench.transport.client import Endpoint
 from trtkv.bench.transport.endpoints import session_factory
-from trtkv.measures.records import ERROR, NOT_SENT, RequestRecord, now_ns
+from trtkv.contracts.bench_doc import ERROR, NOT_SENT, RequestRecord, now_ns
 
 # after Ctrl-C, how long the parent waits for the workers' records before killing them
 STOP_GRACE_S = 1.0

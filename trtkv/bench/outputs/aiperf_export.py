@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from trtkv.contracts.bench_doc import RequestRecord
 from trtkv.core.errors import TrtkvError
 from trtkv.measures.metrics import REQUEST_METRICS, measured_duration_s
-from trtkv.measures.records import RequestRecord
 
 SCHEMA_VERSION = "1.4"  # aiperf 0.13.0's profile_export_aiperf.json
 PERCENTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99)

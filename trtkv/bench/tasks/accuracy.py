@@ -20,7 +20,7 @@ from trtkv.bench.load.loadgen import Job
 from trtkv.bench.load.prompts import prompt_tokens
 from trtkv.bench.tasks import golden
 from trtkv.bench.transport.client import SamplingParams
-from trtkv.measures.records import RequestRecord
+from trtkv.contracts.bench_doc import RequestRecord
 from trtkv.measures.stats import CONFIDENCE, bootstrap_interval, wilson_interval
 from trtkv.runtime import quiz_patterns as quiz
 

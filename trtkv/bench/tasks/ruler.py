@@ -21,8 +21,7 @@ from trtkv.measures.stats import CONFIDENCE, wilson_interval
 TASK_NAMES = tuple(TASKS)
 if TYPE_CHECKING:
     from trtkv.bench.tasks.accuracy import Task
-    from trtkv.contracts.ruler import RulerPlan
-    from trtkv.measures.records import RequestRecord
+    from trtkv.contracts import RequestRecord, RulerPlan
     from trtkv.recipe import Recipe
 
 _CONTROL = re.compile(r"[\x00-\x1f]")
@@ -210,7 +209,7 @@ def ruler_task(
     from trtkv.bench.load.loadgen import Job
     from trtkv.bench.tasks.accuracy import Task
     from trtkv.bench.transport.client import SamplingParams
-    from trtkv.measures.records import RequestRecord
+    from trtkv.contracts.bench_doc import RequestRecord
 
     specials = special_tokens(tokenizer)
 

@@ -19,12 +19,12 @@ from trtkv.bench.transport.http1 import Connection, Events, ProtocolError
 from trtkv.bench.transport.http1_fetch import CHECK_BYTES, event_json, http_request, strict
 from trtkv.bench.transport.stream import shared_loop, stream
 from trtkv.bench.transport.triton_answers import grpc_channel_args, model_config, too_big
+from trtkv.contracts.bench_doc import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord, now_ns
 from trtkv.contracts.interface import ENSEMBLE, LLMAPI, ModelInterface, detect
 from trtkv.core.apikey import auth_headers
 from trtkv.core.errors import TrtkvError
 from trtkv.core.files import strict_json
 from trtkv.core.httpcall import request
-from trtkv.measures.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord, now_ns
 from trtkv.recipe.enums import Protocol
 
 DEFAULT_MODEL = ENSEMBLE.model

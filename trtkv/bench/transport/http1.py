@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from trtkv.measures.records import ERROR, RequestRecord
+from trtkv.contracts.bench_doc import ERROR, RequestRecord
 
 ERROR_BODY_BYTES = 4096  # enough of a non-200 answer to quote it
 # what a streamed answer is (Triton's generate_stream, every OpenAI server)

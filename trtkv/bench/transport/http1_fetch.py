@@ -13,8 +13,8 @@ import time
 from typing import Any
 
 from trtkv.bench.transport.http1 import Call, Connection, Limits, ProtocolError
+from trtkv.contracts.bench_doc import RequestRecord
 from trtkv.core.httpcall import Transport
-from trtkv.measures.records import RequestRecord
 
 
 def event_json(payload: bytes) -> dict[str, Any]:

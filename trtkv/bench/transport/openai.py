@@ -18,10 +18,10 @@ from typing import Any
 from trtkv.bench.transport.client import Endpoint, HttpSession, SamplingParams, first_line
 from trtkv.bench.transport.http1 import Events, ProtocolError
 from trtkv.bench.transport.http1_fetch import CHECK_BYTES, event_json, strict
+from trtkv.contracts.bench_doc import ERROR, OK, RequestRecord
 from trtkv.core.errors import TrtkvError
 from trtkv.core.files import strict_json
 from trtkv.core.httpcall import request
-from trtkv.measures.records import ERROR, OK, RequestRecord
 
 ENDPOINT_TYPES = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 

@@ -32,7 +32,7 @@ import time
 from collections import deque
 
 from trtkv.bench.transport.http1 import Call, Connection, Events, ProtocolError
-from trtkv.measures.records import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord, now_ns
+from trtkv.contracts.bench_doc import CANCELLED, ERROR, OK, TIMEOUT, RequestRecord, now_ns
 
 RECV_BYTES = 65536
 NO_DEADLINE = float("inf")
