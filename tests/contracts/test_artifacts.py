@@ -27,6 +27,22 @@ def test_server_record_round_trip_and_errors(tmp_path: Path) -> None:
         ServerRecord.load(tmp_path)
 
 
+def test_server_record_names_its_frontend_and_reads_older_records(tmp_path: Path) -> None:
+    """The frontend and the model an OpenAI frontend serves are fields; a server.json written before they were
+    (under "extra") reads the same, and one without them is a tritonserver's."""
+    base = {"pid": 12, "host": "127.0.0.1", "http_port": 1, "grpc_port": 2, "metrics_port": 3, "command": ["vllm"],
+            "log": "x.log", "model_repository": "", "started_at": "now"}
+    (tmp_path / "server.json").write_text(json.dumps({**base, "extra": {"frontend": "vllm", "served_model_name": "m"}}))
+    older = ServerRecord.load(tmp_path)
+    assert older is not None and (older.frontend, older.served_model_name) == ("vllm", "m")
+    assert "extra" not in older.document()
+    older.save(tmp_path)
+    assert ServerRecord.load(tmp_path) == older
+    (tmp_path / "server.json").write_text(json.dumps({**base, "extra": {}}))
+    triton = ServerRecord.load(tmp_path)
+    assert triton is not None and (triton.frontend, triton.served_model_name) == ("tritonserver", None)
+
+
 def test_kv_scales_file_reads_what_calibrate_writes(tmp_path: Path) -> None:
     kv_scales_document("INT8", [3.0, 1.0], [0.5, 2.0]).save(tmp_path)
     scales = KVScalesFile.load(tmp_path)

@@ -144,7 +144,7 @@ def test_quiet_while_measured_no_canaries_alive_and_ready_only(engines_tmp: Path
         folder.mkdir(parents=True)
         ServerRecord(pid=os.getpid(), host="127.0.0.1", http_port=server.port, grpc_port=server.port, metrics_port=0,
                      command=[sys.executable], log="-", model_repository="-", started_at="now",
-                     extra={"frontend": "vllm", "served_model_name": recipe.name}, session_id=os.getpid(),
+                     frontend="vllm", served_model_name=recipe.name, session_id=os.getpid(),
                      session_start=sessions.start_time(os.getpid())).save(folder)
         s = supervise.Supervisor(recipe, interval_s=0.0, log=lambda _m: None)
         s.save("healthy")  # this process stands in for the supervisor: alive() finds it

@@ -20,7 +20,15 @@ import re
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from trtkv.core.errors import StageError
 from trtkv.core.files import NotReadable, naming, read_json
@@ -116,7 +124,18 @@ class ServerRecord(Artifact):
     session_start: int | None = Field(None, ge=0)
     # TRTKV_SERVER_SESSION in its environment, for children that call setsid
     session_marker: str | None = None
-    extra: dict[str, Any] = {}  # free-form: what one server kind adds (an OpenAI frontend's name)
+    # the server answering (tritonserver, or an OpenAI frontend: trtllm-serve, vllm, sglang) and the
+    # model name an OpenAI frontend serves
+    frontend: str = "tritonserver"
+    served_model_name: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older(cls, data: Any) -> Any:
+        """server.json of trtkv before 2026-12-08 held the frontend and its model under "extra"."""
+        if isinstance(data, dict) and isinstance(data.get("extra"), dict):
+            data = {**data["extra"], **{k: v for k, v in data.items() if k != "extra"}}
+        return data
 
     @field_validator("host")
     @classmethod

@@ -116,7 +116,7 @@ def check(recipe: Recipe, canaries: int | None = None, timeout_s: float = 60.0) 
     checks: dict[str, Any] = {"alive": proof.leader, **({"seen": proof.seen} if proof.seen else {})}
     if not checks["alive"]:
         return Health("down", server, checks)
-    frontend = str(server.extra.get("frontend") or "tritonserver")
+    frontend = server.frontend
     # vLLM and trtllm-serve: /health
     ready_path = "/v2/health/ready" if frontend == "tritonserver" else "/health"
     try:
@@ -138,7 +138,7 @@ def check(recipe: Recipe, canaries: int | None = None, timeout_s: float = 60.0) 
         interface = repo.interface
         probes = [canary(http, interface, timeout_s=timeout_s) for _ in range(count)]
     else:
-        model = str(server.extra.get("served_model_name") or recipe.name)
+        model = server.served_model_name or recipe.name
         probes = [openai_canary(http, model, timeout_s=timeout_s) for _ in range(count)]
     checks["canaries"] = [probe.__dict__ for probe in probes]
     return Health("healthy" if all(p.ok for p in probes) else "degraded", server, checks)

@@ -155,9 +155,8 @@ def start_server(
         session_id=proc.pid,
         session_start=sessions.start_time(proc.pid),
         session_marker=marker,
-        extra={"frontend": name, "served_model_name": served_model}
-        if name != "tritonserver"
-        else {},
+        frontend=name,
+        served_model_name=served_model if name != "tritonserver" else None,
     )
     write_server(recipe, info)
     log(

@@ -55,7 +55,7 @@ def ready_path(name: str) -> str:
 def frontend(info: ServerRecord) -> str:
     """Which server the record is about: tritonserver, or trtllm-serve (OpenAI-compatible,
     `--trtllm-serve`)."""
-    return str(info.extra.get("frontend") or "tritonserver")
+    return info.frontend
 
 
 def wait_ready(info: ServerRecord, proc: subprocess.Popen[bytes], timeout_s: float) -> float:
