@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.char_tokenizer import Chars
 from trtkv.bench import phases
 from trtkv.bench.outputs import results
 from trtkv.bench.tasks import accuracy
@@ -23,18 +24,6 @@ def answered(job: accuracy.Job, text: str) -> RequestRecord:
     rec.response_texts, rec.response_ns, rec.response_tokens, rec.status = [text], [1], [1], OK
     return rec
 
-
-class Words:
-    """A stand-in tokenizer: one token per character (enough for prompt_tokens and agreement)."""
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return [ord(c) for c in text]
-
-    def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
-        return {"input_ids": self.encode(text)}
-
-    def decode(self, ids: list[int], **_: Any) -> str:
-        return "".join(chr(i) for i in ids)
 
 
 def test_wilson_and_bootstrap_intervals() -> None:
@@ -56,7 +45,7 @@ def test_separated() -> None:
 def test_quiz_scores_carry_intervals_and_repeat_exactly() -> None:
     items = [{"question": c, "answer": a, "source": "x"}
              for c, a in [("Italy", "Rome"), ("Peru", "Lima"), ("Chile", "Santiago"), ("Nepal", "Kathmandu")]]
-    task = accuracy.quiz_task(Words(), items, 4)
+    task = accuracy.quiz_task(Chars(), items, 4)
     texts = [" Rome", " Lima", " Paris", " Kathmandu"]
     first = task.score([answered(j, t) for j, t in zip(task.jobs, texts, strict=True)])
     again = task.score([answered(j, t) for j, t in zip(task.jobs, texts, strict=True)])
@@ -68,7 +57,7 @@ def test_golden_scores_carry_a_bootstrap_interval(tmp_path: Path, monkeypatch: p
     data = {"producer": "test", "items": [{"prompt": f"p{i}", "output_ids": [ord(c) for c in " abcd"],
                                            "output_text": " abcd"} for i in range(6)]}
     monkeypatch.setattr(accuracy.golden, "load_or_make", lambda *a, **k: data)
-    task = accuracy.golden_task(Words(), [f"p{i}" for i in range(6)], 5, tmp_path / "g.json", tmp_path)
+    task = accuracy.golden_task(Chars(), [f"p{i}" for i in range(6)], 5, tmp_path / "g.json", tmp_path)
     texts = [" abcd", " abcd", " ab", " a", " abcd", " x"]
     got = task.score([answered(j, t) for j, t in zip(task.jobs, texts, strict=True)])
     assert got["agreement_ci"] == list(stats.bootstrap_interval([r["agreement"] for r in got["items"]]))

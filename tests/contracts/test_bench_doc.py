@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.char_tokenizer import Chars
 from trtkv.bench.tasks import accuracy
 from trtkv.contracts.bench_doc import ERROR, OK, BenchResults, BenchSweep, RequestRecord, RequestRecordDoc
 from trtkv.core.errors import StageError
@@ -59,18 +60,6 @@ def test_the_report_and_the_metrics_read_a_written_file_by_attribute() -> None:
         again = summarize_level([r for r in records if r.level == f"input=16 {label}" and r.phase == "latency"])
         assert again["time_to_first_token"]["p50"] == pytest.approx(level["time_to_first_token"]["p50"], abs=1e-6)
 
-
-class Chars:
-    """A stand-in tokenizer: one token per character."""
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return [ord(c) for c in text]
-
-    def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
-        return {"input_ids": self.encode(text)}
-
-    def decode(self, ids: list[int], **_: Any) -> str:
-        return "".join(chr(i) for i in ids)
 
 
 def _scored(task: accuracy.Task, texts: list[str]) -> dict[str, Any]:
