@@ -213,7 +213,7 @@ def test_the_task_passes_the_predicted_engine_and_fails_a_corrupted_one(tmp_path
     row = healthy["table"][0]["top1_agreement"]["served"]  # one length: the pooled figure is that length's own
     assert (healthy["accuracy"], healthy["accuracy_ci"]) == (pytest.approx(row["value"]), row["ci"])
     assert healthy["accuracy_ci"][0] <= healthy["accuracy"] <= healthy["accuracy_ci"][1]
-    assert results.accuracy_rows({"accuracy": {"fidelity": healthy}})[0][3] == results.interval_text(row["ci"])
+    assert results.accuracy_rows(BenchResults(accuracy={"fidelity": healthy}))[0][3] == results.interval_text(row["ci"])
     faulty = fidelity.run_fidelity(_Recipe, _greedy_server(_noisy(1.0)), reference=_scorer("ref", reference, tmp_path),
                                    prediction=_scorer("pred", predicted, tmp_path), **kwargs)
     assert faulty["verdict"] == fidelity_verdict.WORSE and faulty["lengths_judged_worse"] == [64], faulty["notes"]
