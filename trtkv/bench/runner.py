@@ -33,6 +33,7 @@ from trtkv.contracts import (
     RequestRecord,
     ServerRecord,
     SLOVerdict,
+    TaskScore,
     TimeOrigin,
     now_ns,
 )
@@ -348,11 +349,14 @@ def assemble(
     """results.json's content: summary in GenAI-Perf names, accuracy, SLO verdicts and every raw
     record."""
     b = recipe.bench
-    levels = {label: summarize_level(recs) for label, recs in by_level.items()}
-    accuracy: dict[str, dict[str, Any]] = dict(task_errors)
+    levels = {
+        label: BenchLevel.model_validate(summarize_level(rs)) for label, rs in by_level.items()
+    }
+    accuracy = {name: TaskScore.model_validate(entry) for name, entry in task_errors.items()}
     for task in tasks:
         if task.name in task_records:
-            accuracy[task.name] = {**task.score(task_records[task.name]), "notes": task.notes}
+            scored = task.score(task_records[task.name])
+            accuracy[task.name] = TaskScore.model_validate({**scored, "notes": task.notes})
     checked = slo.check(slos, levels, accuracy)
     mode = (
         f"request rate {b.request_rate:g}/s"
@@ -388,7 +392,7 @@ def assemble(
         ),
         token_counting=results.TOKEN_COUNTING,
         token_count_check=check,
-        levels={label: BenchLevel.model_validate(body) for label, body in levels.items()},
+        levels=levels,
         accuracy=accuracy,
         slo=BenchSLOs(
             passed=all(r.passed for r in checked),
