@@ -17,7 +17,7 @@ from trtkv.bench.tasks import fidelity, fidelity_verdict
 from trtkv.bench.tasks.fidelity_score import CachedScorer, Served
 from trtkv.bench.tasks.fidelity_served import openai_prompt_logprobs, openai_request, triton_request
 from trtkv.bench.transport.client import Endpoint
-from trtkv.contracts.bench_doc import BenchResults
+from trtkv.contracts.bench_doc import BenchResults, TaskScore
 from trtkv.core.errors import TrtkvError
 from trtkv.recipe import load_recipe
 
@@ -53,9 +53,9 @@ def test_fidelity_is_a_default_task_of_every_quantized_kv_recipe(name: str) -> N
 def test_fidelity_slo_is_added_and_fails_on_a_worse_length() -> None:
     slos = slo.with_fidelity(slo.parse_all([], []), ["quiz", "fidelity"])
     assert any(s.text == "fidelity.worse_lengths<=0" for s in slos)
-    bad = slo.check(slos, {}, {"fidelity": {"worse_lengths": 1, "failed": 0, "total": 2}})
+    bad = slo.check(slos, {}, {"fidelity": TaskScore(worse_lengths=1, failed=0, total=2)})
     assert not all(r.passed for r in bad)
-    good = slo.check(slos, {}, {"fidelity": {"worse_lengths": 0, "failed": 0, "total": 2}})
+    good = slo.check(slos, {}, {"fidelity": TaskScore(worse_lengths=0, failed=0, total=2)})
     assert all(r.passed for r in good)
     assert slo.parse_slo("fidelity.worse_lengths<=0").metric == "fidelity"
 
@@ -213,7 +213,7 @@ def test_the_task_passes_the_predicted_engine_and_fails_a_corrupted_one(tmp_path
     row = healthy["table"][0]["top1_agreement"]["served"]  # one length: the pooled figure is that length's own
     assert (healthy["accuracy"], healthy["accuracy_ci"]) == (pytest.approx(row["value"]), row["ci"])
     assert healthy["accuracy_ci"][0] <= healthy["accuracy"] <= healthy["accuracy_ci"][1]
-    assert results.accuracy_rows({"accuracy": {"fidelity": healthy}})[0][3] == results.interval_text(row["ci"])
+    assert results.accuracy_rows(BenchResults(accuracy={"fidelity": healthy}))[0][3] == results.interval_text(row["ci"])
     faulty = fidelity.run_fidelity(_Recipe, _greedy_server(_noisy(1.0)), reference=_scorer("ref", reference, tmp_path),
                                    prediction=_scorer("pred", predicted, tmp_path), **kwargs)
     assert faulty["verdict"] == fidelity_verdict.WORSE and faulty["lengths_judged_worse"] == [64], faulty["notes"]

@@ -69,7 +69,7 @@ def test_results_md_shows_the_intervals() -> None:
     acc = {"quiz": {"accuracy": 0.5, "accuracy_ci": [0.3, 0.7], "correct": 10, "total": 20, "failed": 0},
            "golden": {"agreement": 0.8, "agreement_ci": [0.6, 0.9], "exact_match": 0.5, "exact_match_ci": [0.2, 0.8],
                       "total": 8, "failed": 0}}
-    rows = results.accuracy_rows({"accuracy": acc})
+    rows = results.accuracy_rows(BenchResults.model_validate({"accuracy": acc}))
     assert rows[0][3] == "[0.300, 0.700]" and rows[1][3] == "[0.600, 0.900]" and "[0.200, 0.800]" in rows[1][4]
     assert stats.interval_text(None) == "—"  # results.json written before intervals existed
 

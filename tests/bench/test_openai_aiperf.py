@@ -12,7 +12,7 @@ from trtkv.bench.outputs import aiperf_export
 from trtkv.bench.outputs.results import failure_summary
 from trtkv.bench.transport.client import Endpoint, SamplingParams
 from trtkv.bench.transport.openai import event_text, request_body
-from trtkv.contracts.bench_doc import OK, BenchResults, RequestRecord
+from trtkv.contracts.bench_doc import OK, BenchEndpoint, BenchResults, RequestRecord
 from trtkv.core.errors import TrtkvError
 
 
@@ -65,8 +65,9 @@ def test_aiperf_export_statistics_and_goodput(tmp_path: Path) -> None:
     assert rows[0] == "Metric,avg,min,max,sum,p1,p5,p10,p25,p50,p75,p90,p95,p99,std"
     assert any(r.startswith("Time to First Token (ms),200.00,100.00,300.00,1000.00") for r in rows)
     assert "Goodput (requests/sec)" in "\n".join(rows)
-    written = BenchResults(records=[r.to_doc() for r in recs]).document()["records"]  # as results.json holds them
-    summary = failure_summary({"records": written, "endpoint": {"protocol": "openai", "url": "h:1"}})
+    written = BenchResults(records=[r.to_doc() for r in recs],
+                           endpoint=BenchEndpoint(url="h:1", protocol="openai", model="m"))  # as results.json holds them
+    summary = failure_summary(written)
     assert summary is not None and "1 of 6 requests failed" in summary and "went away" in summary
 
 

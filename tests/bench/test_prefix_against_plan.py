@@ -5,7 +5,7 @@ and the routing the plan assumed."""
 from __future__ import annotations
 
 from trtkv.bench.outputs.results import prefix_lines
-from trtkv.contracts import PredictedHits, PrefixLevel, PrefixPrediction, PrefixTier
+from trtkv.contracts import BenchResults, PredictedHits, PrefixLevel, PrefixPrediction, PrefixTier
 from trtkv.contracts.prefix import with_prediction
 
 
@@ -39,7 +39,7 @@ def test_the_line_says_measured_predicted_difference_and_routing() -> None:
     text = level.against_plan_text()
     assert text == ("device 0.300 (plan 0.400, -0.100), host 0.250 (plan 0.200, +0.050); "
                     "routing: one engine (no routing)")
-    (line,) = prefix_lines({"prefix": {"concurrency=2": level.model_dump(mode="json")}})
+    (line,) = prefix_lines(BenchResults(prefix={"concurrency=2": level}))
     assert line.startswith("prefix cache concurrency=2: hit rate device 0.300 (plan 0.400, -0.100)")
     assert line.endswith("TTFT p50 ms turn 1 120.0, turn 2 80.0")
 

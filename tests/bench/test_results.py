@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from trtkv.bench import runner
+from trtkv.bench.outputs import results_files
 from trtkv.bench.outputs.slo import parse_slo
 from trtkv.bench.transport.client import Endpoint
 from trtkv.contracts.bench_doc import ERROR, OK, TIMEOUT, BenchResults, RequestRecord
@@ -56,7 +57,7 @@ def test_level_summary_counts_failures_and_throughput() -> None:
     assert s["request_throughput"]["avg"] == pytest.approx(4 / duration_s)
 
 
-def _assembled(tmp_path: Path, interrupted: str | None = None) -> tuple[dict, dict[str, list[RequestRecord]]]:
+def _assembled(tmp_path: Path, interrupted: str | None = None) -> tuple[BenchResults, dict[str, list[RequestRecord]]]:
     recipe = load_recipe("smollm2_fp8kv")
     by_level = {
         "concurrency=1": [make(i, "concurrency=1", i * 30.0, [12.0, 4.0, 4.0, 4.0], [1, 1, 1, 1]) for i in range(6)],
@@ -68,7 +69,7 @@ def _assembled(tmp_path: Path, interrupted: str | None = None) -> tuple[dict, di
     slos = [parse_slo("time_to_first_token.p99<=15"), parse_slo("quiz.accuracy>=0.5")]
     out = runner.assemble(recipe, ep, runner.BenchOptions(), records, by_level, [], {}, {}, slos,
                           {"requests": 12, "equal": 12, "max_abs_diff": 0}, interrupted, "now", 1.0)
-    return out.document(), by_level  # results.json's dict, as run_bench writes it
+    return out, by_level  # results.json's model, as run_bench writes it
 
 
 def test_results_files_and_recompute_from_raw_records(tmp_path: Path) -> None:
@@ -128,8 +129,23 @@ def test_levels_are_typed_and_written_as_summarized(tmp_path: Path) -> None:
     stay byte-identical to the dicts the bench computes), and the report reads metrics as fields."""
     out, by_level = _assembled(tmp_path)
     for label, recs in by_level.items():
-        assert json.dumps(out["levels"][label]) == json.dumps(summarize_level(recs))
-    loaded = BenchResults.model_validate(out)
+        assert json.dumps(out.document()["levels"][label]) == json.dumps(summarize_level(recs))
+    loaded = BenchResults.model_validate(out.document())
     ttft = loaded.levels["concurrency=1"].time_to_first_token
     assert ttft is not None and ttft.unit == "ms" and ttft.count == 6 and ttft.p50 == pytest.approx(12.0)
     assert loaded.levels["concurrency=2"].request_count["failed"] == 1
+
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "bench_results"
+
+
+@pytest.mark.parametrize("folder", sorted(p.parent for p in DATA.rglob("results.md")), ids=lambda p: p.name)
+def test_results_md_and_csv_of_a_real_file_are_written_as_before(folder: Path, tmp_path: Path) -> None:
+    """results.md and results.csv from a real results.json read back: byte for byte what the writers wrote when they
+    read results.json's dict (tests/data/bench_results/README.md), now that they read the typed model."""
+    loaded = BenchResults.load(folder)
+    assert loaded is not None
+    results_files.write_md(tmp_path / "results.md", loaded, [])
+    results_files.write_csv(tmp_path / "results.csv", loaded)
+    for name in ("results.md", "results.csv"):
+        assert (tmp_path / name).read_bytes() == (folder / name).read_bytes(), name

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trtkv.bench.outputs import slo
+from trtkv.contracts import BenchLevel, TaskScore
 from trtkv.core.errors import TrtkvError
 
 
@@ -28,16 +29,21 @@ def test_parse_errors_name_the_problem(text: str, fragment: str) -> None:
         slo.parse_slo(text)
 
 
-def _level(ttft_p99: float, failed: int = 0) -> dict:
-    return {"time_to_first_token": {"p99": ttft_p99, "avg": ttft_p99 / 2}, "output_token_throughput": {"avg": 50.0},
-            "request_count": {"total": 10, "failed": failed}}
+def _level(ttft_p99: float, failed: int = 0) -> BenchLevel:
+    return BenchLevel.model_validate({"time_to_first_token": {"p99": ttft_p99, "avg": ttft_p99 / 2},
+                                      "output_token_throughput": {"avg": 50.0},
+                                      "request_count": {"total": 10, "failed": failed}})
+
+
+def _tasks(**entries: dict) -> dict[str, TaskScore]:
+    return {name: TaskScore.model_validate(entry) for name, entry in entries.items()}
 
 
 def test_check_every_level_and_task() -> None:
     slos = slo.parse_all(["time_to_first_token.p99<=500"], ["quiz.accuracy>=0.3", "request_errors.failed<=0",
                                                             "output_token_throughput.avg>=40"])
     levels = {"concurrency=1": _level(100.0), "concurrency=4": _level(900.0, failed=2)}
-    res = slo.check(slos, levels, {"quiz": {"accuracy": 0.25}})
+    res = slo.check(slos, levels, _tasks(quiz={"accuracy": 0.25}))
     failed = {(r.slo.text, r.where) for r in res if not r.passed}
     assert failed == {("time_to_first_token.p99<=500", "concurrency=4"), ("quiz.accuracy>=0.3", "quiz"),
                       ("request_errors.failed<=0", "concurrency=4")}
@@ -57,7 +63,7 @@ def test_failed_requests_fail_the_bench_unless_allowed() -> None:
     assert slo.parse_all([], [], allow_failures=True) == []
     assert [s.text for s in slo.parse_all([], ["request_errors.rate<=0.1"])] == ["request_errors.rate<=0.1"]
     # failed requests of an accuracy task count too, also without a latency run
-    res = slo.check(implicit, {}, {"quiz": {"accuracy": 0.5, "total": 4, "failed": 1}})
+    res = slo.check(implicit, {}, _tasks(quiz={"accuracy": 0.5, "total": 4, "failed": 1}))
     assert [(r.where, r.measured, r.passed) for r in res] == [("quiz", 1.0, False)]
-    res = slo.check(implicit, {"concurrency=1": _level(1.0)}, {"quiz": {"accuracy": 1.0, "total": 4, "failed": 0}})
+    res = slo.check(implicit, {"concurrency=1": _level(1.0)}, _tasks(quiz={"accuracy": 1.0, "total": 4, "failed": 0}))
     assert all(r.passed for r in res) and len(res) == 2

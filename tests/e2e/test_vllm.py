@@ -286,8 +286,9 @@ def test_a_server_that_dies_fails_the_bench(vllm_server: tuple[Any, Any], tmp_pa
     breaches = [s for s in result.results["slo"]["results"] if not s["passed"]]
     assert breaches and breaches[0]["slo"] == "request_errors.failed<=0"
     from trtkv.bench.outputs.results import failure_summary
+    from trtkv.contracts import BenchResults
 
-    assert "went away" in (failure_summary(result.results) or "")
+    assert "went away" in (failure_summary(BenchResults.model_validate(result.results)) or "")
 
 
 def _wait_events(recipe: Any, wanted: str, timeout_s: float) -> list[dict[str, Any]]:

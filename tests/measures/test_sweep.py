@@ -6,6 +6,7 @@ import pytest
 
 from trtkv.bench.options import BenchOptions
 from trtkv.cli.bench import sweep_lengths
+from trtkv.contracts import BenchResults, BenchSweep
 from trtkv.core.errors import TrtkvError
 from trtkv.measures import sweep
 from trtkv.recipe import load_recipe
@@ -84,7 +85,7 @@ def test_summarize_fits_per_level() -> None:
     assert body["ttft_fit"]["slope"] == pytest.approx(0.01) and body["ttft_quadratic_fit"] is not None
     from trtkv.bench.outputs.results import sweep_rows
 
-    rows = sweep_rows({"sweep": out})
+    rows = sweep_rows(BenchResults(sweep=BenchSweep.model_validate(out)))
     assert rows[0][:4] == ["concurrency=1", "128", "2.13", "1.3"] and rows[0][4].startswith("0.001 x input + 2")
     assert [r[1] for r in rows] == ["128", "512", "2,048"] and rows[1][0] == "" and rows[1][4] == ""
     assert rows[0][5] == "—"  # no client figures given
@@ -96,7 +97,7 @@ def test_summarize_fits_per_level() -> None:
     out = sweep.summarize(by_length, clients)
     client = out["levels"]["concurrency=1"]["client"]
     assert set(client) == {"128", "512", "2048"} and "per_worker" not in client["128"]
-    rows = sweep_rows({"sweep": out})
+    rows = sweep_rows(BenchResults(sweep=BenchSweep.model_validate(out)))
     assert rows[0][5] == "1 process(es)" and rows[2][5] == "2 process(es); client process 0 used 0.97 of a core"
 
 

@@ -33,6 +33,7 @@ from trtkv.contracts import (
     RequestRecord,
     ServerRecord,
     SLOVerdict,
+    TaskScore,
     TimeOrigin,
     now_ns,
 )
@@ -284,14 +285,11 @@ def run_bench(recipe: Recipe, opts: BenchOptions, served: ServedSide = UNSERVED)
         doc.warnings = [*doc.warnings, doc.kv_pool.warning]
     # results.json as written (trtkv.contracts.bench_doc.BenchResults; report loads it back)
     out = doc.document()
+    passed = doc.slo is not None and doc.slo.passed
 
     def work(tmp: Path) -> dict[str, Any]:
-        write_all(tmp, out, by_level)
-        return {
-            "partial": out["partial"],
-            "slo_passed": out["slo"]["passed"],
-            "endpoint": out["endpoint"],
-        }
+        write_all(tmp, doc, by_level)
+        return {"partial": out["partial"], "slo_passed": passed, "endpoint": out["endpoint"]}
 
     # only a complete run replaces the results: an interrupted one's go beside them
     written = partial_dir(output) if interrupted else output
@@ -304,8 +302,8 @@ def run_bench(recipe: Recipe, opts: BenchOptions, served: ServedSide = UNSERVED)
         extra_key={"endpoint": ep.display},
         log=lambda s: None,
     )
-    results.console_summary(out, written)
-    code = EXIT_INTERRUPTED if interrupted else (0 if out["slo"]["passed"] else EXIT_SLO_FAILED)
+    results.console_summary(doc, written)
+    code = EXIT_INTERRUPTED if interrupted else (0 if passed else EXIT_SLO_FAILED)
     return BenchOutcome(code, written, out)
 
 
@@ -351,11 +349,14 @@ def assemble(
     """results.json's content: summary in GenAI-Perf names, accuracy, SLO verdicts and every raw
     record."""
     b = recipe.bench
-    levels = {label: summarize_level(recs) for label, recs in by_level.items()}
-    accuracy: dict[str, dict[str, Any]] = dict(task_errors)
+    levels = {
+        label: BenchLevel.model_validate(summarize_level(rs)) for label, rs in by_level.items()
+    }
+    accuracy = {name: TaskScore.model_validate(entry) for name, entry in task_errors.items()}
     for task in tasks:
         if task.name in task_records:
-            accuracy[task.name] = {**task.score(task_records[task.name]), "notes": task.notes}
+            scored = task.score(task_records[task.name])
+            accuracy[task.name] = TaskScore.model_validate({**scored, "notes": task.notes})
     checked = slo.check(slos, levels, accuracy)
     mode = (
         f"request rate {b.request_rate:g}/s"
@@ -391,7 +392,7 @@ def assemble(
         ),
         token_counting=results.TOKEN_COUNTING,
         token_count_check=check,
-        levels={label: BenchLevel.model_validate(body) for label, body in levels.items()},
+        levels=levels,
         accuracy=accuracy,
         slo=BenchSLOs(
             passed=all(r.passed for r in checked),
@@ -402,37 +403,39 @@ def assemble(
 
 
 def write_all(
-    folder: Path, out: dict[str, Any], by_level: dict[str, list[RequestRecord]]
+    folder: Path, doc: BenchResults, by_level: dict[str, list[RequestRecord]]
 ) -> list[str]:
     """results.json/.csv/.md, requests.csv and the PNG plots into `folder`; returns the plot
     names."""
     made = []
     if plots.latency_distributions(folder / "latency_distributions.png", by_level):
         made.append("latency_distributions.png")
-    levels = out["levels"]
-    if levels:
+    if levels := doc.levels:
         x = [float(label.split("=", 1)[1].rstrip("/s")) for label in levels]
-        x_label = "offered requests/s" if out["workload"]["request_rate"] else "concurrency"
-        if plots.throughput(folder / "throughput.png", levels, x, x_label):
+        rate = doc.workload and doc.workload.request_rate
+        if plots.throughput(
+            folder / "throughput.png", levels, x, "offered requests/s" if rate else "concurrency"
+        ):
             made.append("throughput.png")
-    if plots.accuracy(folder / "accuracy.png", out["accuracy"]):
+    if plots.accuracy(folder / "accuracy.png", doc.accuracy):
         made.append("accuracy.png")
-    sweep_levels = (out.get("sweep") or {}).get("levels") or {}
+    sweep_levels = doc.sweep.levels if doc.sweep else {}
     if plots.itl_vs_input(
-        folder / "itl_vs_input.png", sweep_levels, f"{out['recipe']}: ITL vs input length"
+        folder / "itl_vs_input.png", sweep_levels, f"{doc.recipe}: ITL vs input length"
     ):
         made.append("itl_vs_input.png")
-    results_files.write_json(folder / "results.json", out)
-    results_files.write_csv(folder / "results.csv", out)
-    results_files.write_requests_csv(folder / "requests.csv", out["records"])
-    results_files.write_md(folder / "results.md", out, made)
+    results_files.write_json(folder / "results.json", doc)
+    results_files.write_csv(folder / "results.csv", doc)
+    results_files.write_requests_csv(folder / "requests.csv", doc.records)
+    results_files.write_md(folder / "results.md", doc, made)
     # AIPerf's layout: one profile_export_aiperf.json/.csv per run (level)
+    endpoint = doc.endpoint.model_dump(exclude_unset=True) if doc.endpoint else None
     for label, recs in by_level.items():
-        meta = {"trtkv": {"recipe": out["recipe"], "level": label, "endpoint": out["endpoint"]}}
+        meta = {"trtkv": {"recipe": doc.recipe, "level": label, "endpoint": endpoint}}
         aiperf_export.write_level(
             folder / "aiperf" / label.replace("=", "_").replace("/", "_"),
             recs,
-            out.get("goodput_slos"),
+            doc.goodput_slos,
             meta,
         )
     return made

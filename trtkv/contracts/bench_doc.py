@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, fields
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.dataclasses import dataclass as typed_dataclass
@@ -180,7 +180,7 @@ class KVPoolCheck(BaseModel):
 
 class TaskScore(BaseModel):
     """One task of results.json's "accuracy" (trtkv.bench.tasks): its score, interval and counts in
-    the order the tasks write them, then its own items and notes as written; or `error` alone."""
+    the order the tasks write them, then its own figures, items and notes; or `error` alone."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -202,6 +202,20 @@ class TaskScore(BaseModel):
     failed: int | None = None  # failed requests, counted wrong
     by_context_length: dict[str, float] | None = None  # needle
     by_context_length_ci: dict[str, Interval] | None = None
+    # a task's own figures as written: declared where read, or where written before one that is
+    golden_file: str | None = None  # golden: the stored outputs and their producer
+    producer: str | None = None
+    metric: str | None = None  # ruler: RULER's metric and commit, the figures per length
+    ruler_commit: str | None = None
+    by_length: dict[str, Any] | None = None
+    table: list[Any] | None = None  # fidelity: per length; the scorers, settings, times, errors
+    reference: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
+    settings: dict[str, Any] | None = None
+    seconds: dict[str, Any] | None = None
+    errors: list[str] | None = None
+    items: list[Any] | None = None  # each item as scored
+    notes: list[str] = []  # how it ran, for results.md
 
 
 @dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trtkv.contracts.bench_doc import RequestRecord
+from trtkv.contracts.bench_doc import BenchLevel, RequestRecord, SweepLevel, TaskScore
 
 
 def _plt() -> Any:
@@ -50,7 +50,7 @@ def latency_distributions(path: Path, by_level: dict[str, list[RequestRecord]]) 
 
 
 def throughput(
-    path: Path, levels: dict[str, dict[str, Any]], x_values: list[float], x_label: str
+    path: Path, levels: dict[str, BenchLevel], x_values: list[float], x_label: str
 ) -> bool:
     """Output tokens/s and requests/s against concurrency (or offered rate), with p99 TTFT on the
     side."""
@@ -61,14 +61,14 @@ def throughput(
     summaries = list(levels.values())
     ax1.plot(
         x_values,
-        [s["output_token_throughput"]["avg"] for s in summaries],
+        [getattr(s.output_token_throughput, "avg", None) for s in summaries],
         "o-",
         label="output tokens/s",
     )
     ax1b = ax1.twinx()
     ax1b.plot(
         x_values,
-        [s["request_throughput"]["avg"] for s in summaries],
+        [getattr(s.request_throughput, "avg", None) for s in summaries],
         "s--",
         color="tab:orange",
         label="requests/s",
@@ -81,13 +81,13 @@ def throughput(
     for stat in ("p50", "p99"):
         ax2.plot(
             x_values,
-            [s["time_to_first_token"][stat] for s in summaries],
+            [getattr(s.time_to_first_token, stat, None) for s in summaries],
             "o-",
             label=f"TTFT {stat}",
         )
         ax2.plot(
             x_values,
-            [s["request_latency"][stat] for s in summaries],
+            [getattr(s.request_latency, stat, None) for s in summaries],
             "s--",
             label=f"latency {stat}",
         )
@@ -99,19 +99,20 @@ def throughput(
     return _save(plt, fig, path)
 
 
-def accuracy(path: Path, acc: dict[str, dict[str, Any]]) -> bool:
+def accuracy(path: Path, acc: dict[str, TaskScore]) -> bool:
     """One bar per task figure (quiz accuracy, golden agreement and exact match, needle accuracy per
     context)."""
-    bars: list[tuple[str, float]] = []
+    figures: list[tuple[str, float | None]] = []
     for task, data in acc.items():
-        if "error" in data:
+        if data.error is not None:
             continue
         if task == "golden":
-            bars += [("golden agreement", data["agreement"]), ("golden exact", data["exact_match"])]
+            figures += [("golden agreement", data.agreement), ("golden exact", data.exact_match)]
         elif task == "needle":
-            bars += [(f"needle @{k}", v) for k, v in data.get("by_context_length", {}).items()]
+            figures += [(f"needle @{k}", v) for k, v in (data.by_context_length or {}).items()]
         else:
-            bars.append((f"{task} accuracy", data["accuracy"]))
+            figures.append((f"{task} accuracy", data.accuracy))
+    bars = [(name, v) for name, v in figures if v is not None]  # a figure not written: no bar
     if not bars:
         return False
     plt = _plt()
@@ -127,22 +128,19 @@ def accuracy(path: Path, acc: dict[str, dict[str, Any]]) -> bool:
 
 
 def itl_vs_input(
-    path: Path, series: dict[str, dict[str, Any]], title: str = "ITL vs input length"
+    path: Path, series: dict[str, SweepLevel], title: str = "ITL vs input length"
 ) -> bool:
     """Median ITL (points) and its fitted line per series (a recipe, or a level), against input
     tokens."""
-    series = {k: v for k, v in series.items() if v.get("input_tokens")}
+    series = {k: v for k, v in series.items() if v.input_tokens}
     if not series:
         return False
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, s in series.items():
-        line = ax.plot(
-            s["input_tokens"], s["itl_p50_ms"], "o", label=f"{name} (median per length)"
-        )[0]
-        fit = s.get("itl_fit")
-        if fit:
-            xs = [min(s["input_tokens"]), max(s["input_tokens"])]
+        line = ax.plot(s.input_tokens, s.itl_p50_ms, "o", label=f"{name} (median per length)")[0]
+        if fit := s.itl_fit:
+            xs = [min(s.input_tokens), max(s.input_tokens)]
             ax.plot(
                 xs,
                 [fit["slope"] * x + fit["intercept"] for x in xs],

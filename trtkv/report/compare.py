@@ -197,6 +197,7 @@ def sweep_breakeven(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _sweep_section(rows: list[dict[str, Any]], out: Path) -> list[str]:
     """compare.md's input-sweep part (ITL slope/intercept per recipe, break-even vs the first) and
     its plot."""
+    from trtkv.contracts.bench_doc import SweepLevel
     from trtkv.measures.plots import itl_vs_input
     from trtkv.measures.sweep import break_even_text
 
@@ -221,7 +222,7 @@ def _sweep_section(rows: list[dict[str, Any]], out: Path) -> list[str]:
                 f"{', '.join(f'{y:.2f}' for y in body['itl_p50_ms'])} | {_g(fit.get('slope'))} | "
                 f"{_g(fit.get('intercept'))} | {_g(tfit.get('slope'))} |"
             )
-            series[f"{r['recipe']} {level}"] = body
+            series[f"{r['recipe']} {level}"] = SweepLevel.model_validate(body)
     verdicts = sweep_breakeven(rows)
     for v in verdicts:
         md.append("")

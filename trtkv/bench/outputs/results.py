@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from trtkv.contracts import CANCELLED, NOT_SENT, OK, BenchResults
 from trtkv.measures.stats import interval_text
 
 TOKEN_COUNTING = (
@@ -43,15 +44,15 @@ LEVEL_COLUMNS = [
 ]
 
 
-def level_rows(results: dict[str, Any]) -> list[list[str]]:
+def level_rows(results: BenchResults) -> list[list[str]]:
     rows = []
-    for level, s in results.get("levels", {}).items():
-        counts = s["request_count"]
+    for level, s in results.levels.items():
+        counts = s.request_count
         rows.append(
             [
                 level,
                 *(
-                    _f(s[m].get(st), 2 if m.endswith("throughput") else 1)
+                    _f(getattr(getattr(s, m), st, None), 2 if m.endswith("throughput") else 1)
                     for _, m, st in LEVEL_COLUMNS
                 ),
                 f"{counts['failed']}/{counts['total']}",
@@ -60,68 +61,63 @@ def level_rows(results: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-def client_rows(results: dict[str, Any]) -> list[list[str]]:
+def client_rows(results: BenchResults) -> list[list[str]]:
     rows = []
-    for level, s in results.get("levels", {}).items():
-        c = s.get("client")
-        if not isinstance(c, dict):
+    for level, s in results.levels.items():
+        if (c := s.client) is None:
             continue
-        lag = c.get("lag_ms") or {}
+        lag = c.lag_ms
         rows.append(
             [
                 level,
-                str(c.get("workers")),
-                _f(c.get("cpu_cores"), 2),
-                _f(c.get("cpu_us_per_token")),
-                _f(lag.get("p50"), 2),
-                _f(lag.get("p99"), 2),
-                str(c.get("decided", "")),
-                str(c.get("warning", "")),
+                str(c.workers),
+                _f(c.cpu_cores, 2),
+                _f(c.cpu_us_per_token),
+                _f(lag and lag.p50, 2),
+                _f(lag and lag.p99, 2),
+                c.decided,
+                c.warning or "",
             ]
         )
     return rows
 
 
-def accuracy_rows(results: dict[str, Any]) -> list[list[str]]:
+def accuracy_rows(results: BenchResults) -> list[list[str]]:
     rows = []
-    for task, acc in results.get("accuracy", {}).items():
-        if "error" in acc:
-            rows.append([task, "—", "—", "—", f"not run: {acc['error']}"])
+    for task, acc in results.accuracy.items():
+        if acc.error is not None:
+            rows.append([task, "—", "—", "—", f"not run: {acc.error}"])
             continue
         main = "agreement" if task == "golden" else "accuracy"
         if task == "golden":
-            extra = (
-                f"exact match {acc['exact_match']:.2f} {interval_text(acc.get('exact_match_ci'))}"
-            )
+            extra = f"exact match {acc.exact_match:.2f} {interval_text(acc.exact_match_ci)}"
         else:
-            extra = f"{acc['correct']}/{acc['total']} correct"
+            extra = f"{acc.correct}/{acc.total} correct"
         if task == "needle":
-            cis = acc.get("by_context_length_ci", {})
+            cis = acc.by_context_length_ci or {}
             extra += "; by context: " + ", ".join(
                 f"{k}: {v:.2f} {interval_text(cis.get(k))}"
-                for k, v in acc.get("by_context_length", {}).items()
+                for k, v in (acc.by_context_length or {}).items()
             )
         rows.append(
             [
                 task,
                 f"{task}.{main}",
-                f"{acc[main]:.3f}",
-                interval_text(acc.get(f"{main}_ci")),
-                f"{extra}; failed requests {acc['failed']}",
+                f"{getattr(acc, main):.3f}",
+                interval_text(getattr(acc, f"{main}_ci")),
+                f"{extra}; failed requests {acc.failed}",
             ]
         )
     return rows
 
 
-def slo_rows(results: dict[str, Any], failed_only: bool = False) -> list[list[str]]:
+def slo_rows(results: BenchResults, failed_only: bool = False) -> list[list[str]]:
     rows = []
-    for r in results.get("slo", {}).get("results", []):
-        if failed_only and r["passed"]:
+    for r in results.slo.results if results.slo else []:
+        if failed_only and r.passed:
             continue
-        measured = "not measured" if r["measured"] is None else f"{r['measured']:.4g}"
-        rows.append(
-            [r["slo"], r["source"], r["where"], measured, "pass" if r["passed"] else "FAIL"]
-        )
+        measured = "not measured" if r.measured is None else f"{r.measured:.4g}"
+        rows.append([r.slo, r.source, r.where, measured, "pass" if r.passed else "FAIL"])
     return rows
 
 
@@ -140,22 +136,20 @@ GONE_WORDS = (
 )
 
 
-def failure_summary(results: dict[str, Any]) -> str | None:
+def failure_summary(results: BenchResults) -> str | None:
     """One line about failed requests (None when every request succeeded): how many, the first
     error, and whether the errors say the server went away."""
-    records = results.get("records") or []
-    failed = [r for r in records if r.get("status") not in ("ok", "cancelled", "not_sent")]
+    records = results.records
+    failed = [r for r in records if r.status not in (OK, CANCELLED, NOT_SENT)]
     if not failed:
         return None
-    errors = [str(r.get("error") or r.get("status")) for r in failed]
+    errors = [r.error or r.status for r in failed]
     gone = sum(any(w in e.lower() for w in GONE_WORDS) for e in errors)
     text = f"{len(failed)} of {len(records)} requests failed (first: {errors[0][:160]})"
-    if gone:
-        ep = results.get("endpoint", {})
+    if gone and (ep := results.endpoint):
         text += (
             f"; {gone} of them could not reach the server: the server at "
-            f"{ep.get('protocol')}://{ep.get('url')} went away (check `trtkv status RECIPE` and "
-            "its log)"
+            f"{ep.protocol}://{ep.url} went away (check `trtkv status RECIPE` and its log)"
         )
     return text
 
@@ -170,28 +164,21 @@ SWEEP_COLUMNS = (
 )
 
 
-def sweep_rows(results: dict[str, Any]) -> list[list[str]]:
+def sweep_rows(results: BenchResults) -> list[list[str]]:
     """One row per (level, input length) of the input sweep, the level's ITL fit on its first
     row."""
     rows = []
-    for level, body in (results.get("sweep") or {}).get("levels", {}).items():
-        fit = body.get("itl_fit")
-        ttft = dict(
-            zip(body.get("ttft_input_tokens", []), body.get("ttft_p50_ms", []), strict=False)
-        )
-        clients = body.get("client") or {}
-        for i, (n, itl) in enumerate(
-            zip(body.get("input_tokens", []), body.get("itl_p50_ms", []), strict=False)
-        ):
+    for level, body in (results.sweep.levels if results.sweep else {}).items():
+        fit = body.itl_fit
+        ttft = dict(zip(body.ttft_input_tokens, body.ttft_p50_ms, strict=False))
+        for i, (n, itl) in enumerate(zip(body.input_tokens, body.itl_p50_ms, strict=False)):
             fit_text = (
                 f"{fit['slope']:.3g} x input + {fit['intercept']:.3g}" if fit and i == 0 else ""
             )
             t = ttft.get(n)
-            c = clients.get(f"{n:.0f}") or {}
+            c = body.client.get(f"{n:.0f}")
             client = (
-                f"{c['workers']} process(es)" + (f"; {c['warning']}" if c.get("warning") else "")
-                if c
-                else "—"
+                f"{c.workers} process(es)" + (f"; {c.warning}" if c.warning else "") if c else "—"
             )
             rows.append(
                 [
@@ -206,14 +193,11 @@ def sweep_rows(results: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-def prefix_lines(results: dict[str, Any]) -> list[str]:
+def prefix_lines(results: BenchResults) -> list[str]:
     """bench.prefix's levels: the server's hit rate per tier against the plan's, the difference
     and the plan's routing assumption, and the TTFT median per turn."""
-    from trtkv.contracts.prefix import PrefixLevel
-
     out = []
-    for label, body in (results.get("prefix") or {}).items():
-        level = PrefixLevel.model_validate(body)
+    for label, level in (results.prefix or {}).items():
         ttft = ", ".join(f"turn {t} {ms:,.1f}" for t, ms in level.ttft_ms_p50_per_turn.items())
         out.append(
             f"prefix cache {label}: hit rate {level.against_plan_text()}; TTFT p50 ms {ttft or '-'}"
@@ -221,7 +205,7 @@ def prefix_lines(results: dict[str, Any]) -> list[str]:
     return out
 
 
-def console_summary(results: dict[str, Any], out_dir: Path | None) -> None:
+def console_summary(results: BenchResults, out_dir: Path | None) -> None:
     """One screen: per-level table, accuracy, SLO verdict and where the files are."""
     from rich.console import Console
     from rich.table import Table
@@ -229,9 +213,10 @@ def console_summary(results: dict[str, Any], out_dir: Path | None) -> None:
     con = Console()
     if not con.is_terminal:
         con = Console(width=160)
-    ep = results["endpoint"]
-    title = f"trtkv bench {results['recipe']} @ {ep['protocol']}://{ep['url']} ({ep['model']})"
-    if results.get("levels"):
+    ep = results.endpoint
+    where = f"{ep.protocol}://{ep.url} ({ep.model})" if ep else "?"
+    title = f"trtkv bench {results.recipe} @ {where}"
+    if results.levels:
         table = Table(title=title + " — ms, tokens, per second", show_lines=False)
         for col in ["level", *(c for c, _, _ in LEVEL_COLUMNS), "failed"]:
             table.add_column(col, justify="right" if col != "level" else "left")
@@ -240,33 +225,31 @@ def console_summary(results: dict[str, Any], out_dir: Path | None) -> None:
         con.print(table)
     for line in prefix_lines(results):
         con.print(line)
-    if results.get("sweep"):
+    if results.sweep:
         table = Table(title="against input length (--sweep-input): medians, ms")
         for col in SWEEP_COLUMNS:
             table.add_column(col)
         for row in sweep_rows(results):
             table.add_row(*row)
         con.print(table)
-    if results.get("accuracy"):
+    if results.accuracy:
         table = Table(title="accuracy")
         for col in ("task", "metric", "value", "95% interval", "details"):
             table.add_column(col)
         for row in accuracy_rows(results):
             table.add_row(*row)
         con.print(table)
-    for level, s in results.get("levels", {}).items():
-        client = s.get("client") or {}
-        if client.get("workers", 1) > 1 or client.get("warning"):
+    for level, s in results.levels.items():
+        if (client := s.client) and (client.workers > 1 or client.warning):
             con.print(
-                f"{level}: {client.get('workers')} client processes ({client.get('decided')}), "
-                f"{_f(client.get('cpu_us_per_token'))} us of client CPU per token"
+                f"{level}: {client.workers} client processes ({client.decided}), "
+                f"{_f(client.cpu_us_per_token)} us of client CPU per token"
             )
-        if client.get("warning"):
-            con.print(f"[yellow]{level}: {client['warning']}[/yellow]")
+        if client and client.warning:
+            con.print(f"[yellow]{level}: {client.warning}[/yellow]")
     gone = failure_summary(results)
     if gone:
         con.print(f"[red]{gone}[/red]")
-    slo = results.get("slo", {})
     failed = slo_rows(results, failed_only=True)
     if failed:
         table = Table(title="SLO breaches", style="red")
@@ -275,27 +258,26 @@ def console_summary(results: dict[str, Any], out_dir: Path | None) -> None:
         for row in failed:
             table.add_row(*row)
         con.print(table)
-    elif slo.get("results"):
-        con.print(f"SLOs: all {len(slo['results'])} checks passed")
-    pool = results.get("kv_pool") or {}
-    if pool.get("served_bytes_per_gpu") is not None and pool.get("planned_bytes_per_gpu"):
+    elif results.slo and results.slo.results:
+        con.print(f"SLOs: all {len(results.slo.results)} checks passed")
+    pool = results.kv_pool
+    if pool and pool.served_bytes_per_gpu is not None and pool.planned_bytes_per_gpu:
         con.print(
-            f"KV pool per GPU: planned {pool['planned_bytes_per_gpu'] / 2**30:.2f} GiB, served "
-            f"{pool['served_bytes_per_gpu'] / 2**30:.2f} GiB ({pool.get('source')})"
+            f"KV pool per GPU: planned {pool.planned_bytes_per_gpu / 2**30:.2f} GiB, served "
+            f"{pool.served_bytes_per_gpu / 2**30:.2f} GiB ({pool.source})"
         )
-    for warning in results.get("warnings", []):
+    for warning in results.warnings:
         con.print(f"[yellow]warning: {warning}[/yellow]")
-    for level, s in results.get("levels", {}).items():
-        counts = s.get("request_count") or {}
-        if counts.get("delayed"):
+    for level, s in results.levels.items():
+        if delayed := s.request_count.get("delayed"):
             con.print(
-                f"[yellow]{level}: {counts['delayed']} of {counts['total']} requests were sent "
+                f"[yellow]{level}: {delayed} of {s.request_count['total']} requests were sent "
                 "late (every worker busy at their time: the server or the client could not keep "
                 "the rate)[/yellow]"
             )
-    if results.get("partial"):
+    if results.partial:
         con.print(
-            f"[yellow]interrupted during {results.get('interrupted_during')}: partial results "
+            f"[yellow]interrupted during {results.interrupted_during}: partial results "
             "written beside the last complete run's (kept: only a complete run replaces "
             "them)[/yellow]"
         )

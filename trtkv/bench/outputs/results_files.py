@@ -21,6 +21,7 @@ from trtkv.bench.outputs.results import (
     slo_rows,
     sweep_rows,
 )
+from trtkv.contracts.bench_doc import BenchResults, RequestRecordDoc
 from trtkv.measures.metrics import LEVEL_METRICS, SYSTEM_METRICS
 from trtkv.measures.stats import STATS
 
@@ -34,34 +35,34 @@ def _clean(obj: Any) -> Any:
     return None if isinstance(obj, float) and math.isnan(obj) else obj
 
 
-def write_json(path: Path, results: dict[str, Any]) -> None:
-    path.write_text(json.dumps(_clean(results), indent=1, allow_nan=False) + "\n")
+def write_json(path: Path, results: BenchResults) -> None:
+    path.write_text(json.dumps(_clean(results.document()), indent=1, allow_nan=False) + "\n")
 
 
-def write_csv(path: Path, results: dict[str, Any]) -> None:
+def write_csv(path: Path, results: BenchResults) -> None:
     """One row per (level, metric) with GenAI-Perf's stats, then one row per accuracy figure."""
     with path.open("w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["level", "metric", "unit", *STATS, "count"])
-        for level, summary in results.get("levels", {}).items():
+        for level, summary in results.levels.items():
             for name in LEVEL_METRICS:
-                m = summary[name]
+                m = getattr(summary, name)
                 w.writerow(
-                    [level, name, m["unit"], *(_fmt_csv(m.get(s)) for s in STATS), m.get("count")]
+                    [level, name, m.unit, *(_fmt_csv(getattr(m, s)) for s in STATS), m.count]
                 )
             for name in SYSTEM_METRICS:
-                m = summary[name]
-                w.writerow(_one_figure(level, name, m["unit"], m["avg"], ""))
-            counts = summary["request_count"]
+                m = getattr(summary, name)
+                w.writerow(_one_figure(level, name, m.unit, m.avg, ""))
+            counts = summary.request_count
             w.writerow(
                 _one_figure(level, "failed_requests", "requests", counts["failed"], counts["total"])
             )
-        for task, acc in results.get("accuracy", {}).items():
+        for task, acc in results.accuracy.items():
             for stat in ("accuracy", "agreement", "exact_match"):
-                if stat in acc:
-                    total = acc.get("total")
-                    w.writerow(_one_figure(task, f"{task}.{stat}", "fraction", acc[stat], total))
-                    ci = acc.get(f"{stat}_ci")
+                if (value := getattr(acc, stat)) is not None:
+                    total = acc.total
+                    w.writerow(_one_figure(task, f"{task}.{stat}", "fraction", value, total))
+                    ci = getattr(acc, f"{stat}_ci")
                     if isinstance(ci, list) and len(ci) == 2:
                         for end, value in zip(("ci_low", "ci_high"), ci, strict=True):
                             metric = f"{task}.{stat}.{end}"
@@ -73,7 +74,7 @@ def _one_figure(level: str, metric: str, unit: str, value: Any, count: Any) -> l
     return [level, metric, unit, _fmt_csv(value), *[""] * (len(STATS) - 1), count]
 
 
-def write_requests_csv(path: Path, records: list[dict[str, Any]]) -> None:
+def write_requests_csv(path: Path, records: list[RequestRecordDoc]) -> None:
     """Every request, one row: the figures each metric is computed from (the record's own fields,
     then its count of responses)."""
     cols = [
@@ -93,8 +94,8 @@ def write_requests_csv(path: Path, records: list[dict[str, Any]]) -> None:
         w = csv.writer(fh)
         w.writerow([*cols, "responses"])
         for r in records:
-            cells = (_fmt_csv(r[c]) if c.endswith("_ms") else r[c] for c in cols)
-            w.writerow([*cells, len(r["response_times_ms"])])
+            cells = (_fmt_csv(getattr(r, c)) if c.endswith("_ms") else getattr(r, c) for c in cols)
+            w.writerow([*cells, len(r.response_times_ms)])
 
 
 def _fmt_csv(value: Any) -> Any:
@@ -121,25 +122,26 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def write_md(path: Path, results: dict[str, Any], plots: list[str]) -> None:
-    ep, wl = results["endpoint"], results["workload"]
-    parts = [f"# trtkv bench: {results['recipe']}", ""]
-    if results.get("partial"):
+def write_md(path: Path, results: BenchResults, plots: list[str]) -> None:
+    ep, wl = results.endpoint, results.workload
+    if ep is None or wl is None:
+        raise ValueError("results.md needs the endpoint and workload (runner.assemble sets both)")
+    parts = [f"# trtkv bench: {results.recipe}", ""]
+    if results.partial:
         parts += [
-            f"**Partial results**: the run was interrupted ({results.get('interrupted_during')}).",
+            f"**Partial results**: the run was interrupted ({results.interrupted_during}).",
             "",
         ]
     parts += [
-        f"- endpoint: `{ep['protocol']}://{ep['url']}` model `{ep['model']}` (URL from "
-        f"{ep['source']})",
-        f"- started {results['started_at']}, {results['wall_seconds']:.1f} s",
-        f"- workload: {wl['input_tokens']} input tokens (exact, cut from the evaluation text), "
-        f"max_tokens {wl['output_tokens']}, {wl['num_requests']} measured requests per level after "
-        f"{wl['warmup_requests']} warm-up (excluded), {wl['mode']}",
-        f"- KV cache: {results.get('kv_cache', '?')}; times in ms, throughput per second",
+        f"- endpoint: `{ep.protocol}://{ep.url}` model `{ep.model}` (URL from {ep.source})",
+        f"- started {results.started_at}, {results.wall_seconds:.1f} s",
+        f"- workload: {wl.input_tokens} input tokens (exact, cut from the evaluation text), "
+        f"max_tokens {wl.output_tokens}, {wl.num_requests} measured requests per level after "
+        f"{wl.warmup_requests} warm-up (excluded), {wl.mode}",
+        f"- KV cache: {results.kv_cache or '?'}; times in ms, throughput per second",
         "",
     ]
-    if results.get("levels"):
+    if results.levels:
         header = ["level", *(c for c, _, _ in LEVEL_COLUMNS), "failed"]
         parts += [
             "## Latency and throughput (GenAI-Perf metric names)",
@@ -165,7 +167,7 @@ def write_md(path: Path, results: dict[str, Any], plots: list[str]) -> None:
             "warning",
         ]
         parts += ["## The client", "", _md_table(header, client_rows(results)), "", CLIENT_NOTE, ""]
-    if results.get("sweep"):
+    if results.sweep:
         parts += [
             "## Against input length (`--sweep-input`)",
             "",
@@ -175,7 +177,7 @@ def write_md(path: Path, results: dict[str, Any], plots: list[str]) -> None:
             "break-even length.",
             "",
         ]
-    if results.get("accuracy"):
+    if results.accuracy:
         header = ["task", "metric", "value", "95% interval", "details"]
         parts += ["## Accuracy", "", _md_table(header, accuracy_rows(results)), ""]
         parts += [
@@ -184,20 +186,19 @@ def write_md(path: Path, results: dict[str, Any], plots: list[str]) -> None:
             "compare`).",
             "",
         ]
-        for task, acc in results["accuracy"].items():
-            for note in acc.get("notes", []):
+        for task, acc in results.accuracy.items():
+            for note in acc.notes:
                 parts.append(f"- {task}: {note}")
         parts.append("")
-    slo = results.get("slo", {})
-    if slo.get("results"):
-        verdict = "all passed" if slo["passed"] else "FAILED"
+    if (slo := results.slo) and slo.results:
+        verdict = "all passed" if slo.passed else "FAILED"
         parts += [
             f"## SLOs: {verdict}",
             "",
             _md_table(["slo", "from", "where", "measured", "result"], slo_rows(results)),
             "",
         ]
-    check = results.get("token_count_check")
+    check = results.token_count_check
     parts += ["## How tokens are counted", "", TOKEN_COUNTING, ""]
     if check:
         parts += [

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from trtkv.contracts import BenchLevel, TaskScore
 from trtkv.core.errors import TrtkvError
 from trtkv.measures.metrics import LEVEL_METRICS, SYSTEM_METRICS
 from trtkv.measures.stats import STATS
@@ -141,7 +142,7 @@ def parse_all(
 
 
 def check(
-    slos: Iterable[SLO], levels: dict[str, dict[str, Any]], accuracy: dict[str, dict[str, Any]]
+    slos: Iterable[SLO], levels: dict[str, BenchLevel], accuracy: dict[str, TaskScore]
 ) -> list[SLOResult]:
     """Every SLO on every level (latency/throughput) or its task (accuracy); not measured counts as
     failed."""
@@ -149,14 +150,14 @@ def check(
     for slo in slos:
         if slo.metric == "request_errors":  # failed requests of the accuracy tasks count too
             for name, scored in accuracy.items():
-                failed = float(scored.get("failed") or 0)
-                rate = failed / max(1, int(scored.get("total") or 1))
+                failed = float(scored.failed or 0)
+                rate = failed / max(1, scored.total or 1)
                 results.append(_one(slo, name, failed if slo.stat == "failed" else rate))
             if not levels:
                 continue
         if slo.metric in ACCURACY_STATS:
             task = accuracy.get(slo.metric)
-            results.append(_one(slo, slo.metric, None if task is None else task.get(slo.stat)))
+            results.append(_one(slo, slo.metric, getattr(task, slo.stat, None)))
             continue
         if not levels:
             results.append(_one(slo, "(no latency run)", None))
@@ -165,15 +166,15 @@ def check(
     return results
 
 
-def _level_value(slo: SLO, summary: dict[str, Any]) -> float | None:
+def _level_value(slo: SLO, summary: BenchLevel) -> float | None:
     if slo.metric == "request_errors":
-        counts = summary["request_count"]
+        counts = summary.request_count
         return (
             float(counts["failed"])
             if slo.stat == "failed"
             else counts["failed"] / max(1, counts["total"])
         )
-    value = summary.get(slo.metric, {}).get(slo.stat)
+    value = getattr(getattr(summary, slo.metric), slo.stat, None)
     return None if value is None else float(value)
 
 
