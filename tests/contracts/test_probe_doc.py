@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
 from tests.support.probe_records import probe_doc, probe_json, record, record_dict
 from trtkv.contracts.probe_doc import ProbeDoc
@@ -28,6 +29,17 @@ from trtkv.recipe import load_recipe
 
 TESTS = Path(__file__).resolve().parents[1]
 PROBES = sorted(TESTS.rglob("probe.json"))
+
+
+def untyped(model: BaseModel, where: str = "") -> list[str]:
+    """Every key the model leaves undeclared (kept as written), anywhere in it, as a dotted path."""
+    out = [where + key for key in model.model_extra or {}]
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        parts = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else [(None, value)]
+        out += [key for i, v in parts if isinstance(v, BaseModel)
+                for key in untyped(v, f"{where}{name}." + ("" if i is None else f"{i}."))]
+    return out
 
 
 def test_the_probe_files_under_tests_are_found() -> None:
@@ -45,7 +57,7 @@ def test_every_probe_json_under_tests_loads_reads_and_is_written_back_whole(path
     lines, basis = probe_advice(load_recipe("smollm2_fp8kv"), path.parent) or ([], "")
     assert any(line.startswith("int8 at 160 tokens: KL ") for line in lines) and str(path) in basis
     assert len(record_lines(doc.records)) == len(doc.records)
-    assert doc.model_extra == {}  # every top-level key typed
+    assert set(untyped(doc)) <= {"scales.k_amax", "scales.v_amax"}  # every key typed but the oldest amax lists
     assert doc.model.source == "packaged:smollm2" and doc.model.num_layers == 30 and doc.model.head_dim == 64
     assert doc.settings.formats == list(dict.fromkeys(r.format for r in doc.records)) and doc.settings.lengths == [64, 160]
     assert {(n.context_len, *n.by_depth) for n in doc.needles} == {(96, "0.5")} and doc.reference == "fp16"
@@ -99,3 +111,18 @@ def test_probe_doc_helpers_build_what_the_readers_take() -> None:
     doc = probe_doc([record("fp16", 64, 0.0)], reference="bf16")
     assert doc.reference == "bf16" and doc.records[0].positions == 63 and doc.model.num_layers == 30
     assert doc.settings.formats == ["fp16"] and doc.settings.lengths == [64] and doc.model_extra == {}
+
+
+def test_a_windowed_model_s_window_and_the_needles_of_its_kl_passes_are_typed(tmp_path: Path) -> None:
+    """tests/data/probe/gemma3-1a66efc.json: `trtkv probe gemma3_fp8kv` at 1a66efc on the packaged Gemma 3 270M (formats
+    fp16,int8,kivi2, --lengths 256,640, --needle-lengths 600, --decode-steps 2, the same overrides): the sliding
+    window's fields and the needles each KL pass asked (method, timings), written back byte for byte."""
+    text = (TESTS / "data" / "probe" / "gemma3-1a66efc.json").read_text()
+    (tmp_path / "probe.json").write_text(text)
+    doc = ProbeDoc.load(tmp_path)
+    assert doc is not None and untyped(doc) == []
+    assert doc.model.sliding_window == 512 and doc.model.full_layers == [5, 11, 17]
+    assert doc.settings.needle_method == "shared_haystack" == doc.needles[0].method
+    assert all(n.context_len == 600 and n.cpu_seconds is not None for n in doc.needles)
+    assert "## Needle retrieval" in render_markdown(doc, None, [])
+    assert json.dumps(doc.document(), indent=2) + "\n" == text
