@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.probe_records import record_dict
+from tests.support.probe_records import probe_json, record_dict
 from trtkv.contracts.artifacts import KVScalesFile, Manifest, ServerRecord
 from trtkv.contracts.bench_doc import BenchResults
 from trtkv.contracts.probe_doc import ProbeDoc
@@ -122,11 +122,11 @@ def test_big_documents_keep_what_they_do_not_type(tmp_path: Path) -> None:
     Manifest(stage="probe", recipe="r", wall_seconds=1.5, settings={"lengths": [64]}).save(tmp_path)
     manifest = Manifest.load(tmp_path)
     assert manifest is not None and manifest.wall_seconds == 1.5 and manifest.model_extra == {"settings": {"lengths": [64]}}
-    ProbeDoc.model_validate({"recipe": "r", "records": [record_dict("fp8", 64, 0.01)], "scales": {"source": "s"},
-                             "kv_stats": None}).save(tmp_path)
+    ProbeDoc.model_validate(probe_json([record_dict("fp8", 64, 0.01)], scales={"source": "s"}, kv_stats=None,
+                                       future={"a": 1})).save(tmp_path)
     probe = ProbeDoc.load(tmp_path)
     assert probe is not None and probe.scales is not None and probe.scales.source == "s"
-    assert probe.model_dump()["kv_stats"] is None
+    assert probe.model_dump()["kv_stats"] is None and probe.model_extra == {"future": {"a": 1}}
     BenchResults.model_validate({"levels": {"concurrency=1": {}}, "records": []}).save(tmp_path)
     results = BenchResults.load(tmp_path)
     assert results is not None and list(results.levels) == ["concurrency=1"] and results.partial is False

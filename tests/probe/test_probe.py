@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.probe_records import probe_doc, record, record_dict
+from tests.support.probe_records import probe_doc, probe_json, record, record_dict
 from trtkv.cli import main
 from trtkv.contracts.probe_doc import ProbeDoc
 from trtkv.measures.probe_results import classify, find_probe, probe_advice
@@ -100,9 +100,9 @@ def _fake_probe(folder: Path, recipe: str, source: str = "packaged:smollm2") -> 
         record_dict("fp8", 4096, 0.002, bpt=11520, top1_agreement=0.985, ppl=10.02, ppl_ref=10.0, ppl_delta=0.02),
         record_dict("int4_g64", 4096, 0.05, bpt=6480, top1_agreement=0.89, ppl=10.9, ppl_ref=10.0, ppl_delta=0.9),
     ]
-    doc = {"recipe": recipe, "reference": "fp16", "model": {"source": source, "num_layers": 30}, "records": recs,
-           "needles": [{"format": "fp16", "context_len": 512, "accuracy": 1.0},
-                       {"format": "fp8", "context_len": 512, "accuracy": 1.0}]}
+    doc = probe_json(recs, recipe, reference="fp16", model={"source": source},
+                     needles=[{"format": "fp16", "context_len": 512, "by_depth": {"0.5": 1.0}, "accuracy": 1.0},
+                              {"format": "fp8", "context_len": 512, "by_depth": {"0.5": 1.0}, "accuracy": 1.0}])
     (folder / "probe.json").write_text(json.dumps(doc))
 
 

@@ -21,7 +21,20 @@ def record(fmt: str, n: int, kl: float, clip: float | None = None, bpt: float = 
     return ProbeRecord.model_validate(record_dict(fmt, n, kl, clip, bpt, **more))
 
 
-def probe_doc(records: list[ProbeRecord], recipe: str = "r", **written: Any) -> ProbeDoc:
-    """A probe.json document of `records`; `written`: its untyped parts (settings, needles, reference, ...)."""
-    return ProbeDoc.model_validate({"recipe": recipe, "records": [r.model_dump(exclude_unset=True) for r in records],
-                                    **written})
+SMOLLM2 = {"source": "packaged:smollm2", "model_dir": "/models/smollm2-135m-instruct", "device": "cpu", "threads": 1,
+           "compute_dtype": "float32", "num_layers": 30, "num_kv_heads": 3, "head_dim": 64}
+
+
+def probe_json(records: list[dict], recipe: str = "r", **parts: Any) -> dict:
+    """probe.json of `records` as the probe writes it: SmolLM2's model, the settings of their formats and lengths;
+    `parts`: any other part (its settings over those, its model keys over SmolLM2's)."""
+    settings = {"formats": list(dict.fromkeys(r["format"] for r in records)),
+                "lengths": sorted({r["context_len"] for r in records}), "needle_lengths": [], "needle_depths": [0.5],
+                "needle_seeds": 1, "decode_prompt": 1024, "decode_steps": 2}
+    return {"recipe": recipe, "records": records, **parts, "model": {**SMOLLM2, **parts.get("model", {})},
+            "settings": {**settings, **parts.get("settings", {})}}
+
+
+def probe_doc(records: list[ProbeRecord], recipe: str = "r", **parts: Any) -> ProbeDoc:
+    """probe_json of `records` through the model the readers take."""
+    return ProbeDoc.model_validate(probe_json([r.model_dump(exclude_unset=True) for r in records], recipe, **parts))

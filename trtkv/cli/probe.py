@@ -290,5 +290,5 @@ def _print_summary(out: Path) -> None:
             print(line)
         from trtkv.probe.ruler import summary_lines as ruler_lines
 
-        for line in ruler_lines(doc.written):
+        for line in ruler_lines(doc):
             print(line)

@@ -52,12 +52,8 @@ def find_probe(recipe: Recipe, probe_dir: Path | None = None) -> tuple[Path, Pro
     found = []
     for path in root.glob("*/probe/probe.json") if root.is_dir() else []:
         other = _read(path)
-        model = other.written.get("model") or {} if other else {}
-        if (
-            other
-            and model.get("source") == recipe.model.source
-            and model.get("num_layers") in (None, recipe.model.num_layers)
-        ):
+        mine = (recipe.model.source, recipe.model.num_layers)
+        if other and (other.model.source, other.model.num_layers) == mine:
             found.append((path.stat().st_mtime, path.parent, other))
     if not found:
         return None
@@ -99,8 +95,8 @@ def classify(rec: ProbeRecord, ref_needle: float | None = None) -> str:
 def needle_by_format(doc: ProbeDoc) -> dict[str, float]:
     """Mean needle accuracy per format over the probed needle lengths."""
     acc: dict[str, list[float]] = {}
-    for row in doc.written.get("needles", []):
-        acc.setdefault(row["format"], []).append(row["accuracy"])
+    for row in doc.needles:
+        acc.setdefault(row.format, []).append(row.accuracy)
     return {f: sum(v) / len(v) for f, v in acc.items()}
 
 
@@ -113,7 +109,7 @@ def probe_advice(recipe: Recipe, probe_dir: Path | None = None) -> tuple[list[st
     records = data.records
     longest = max(r.context_len for r in records)
     needles = needle_by_format(data)
-    ref_needle = needles.get(data.written.get("reference", "fp16"))
+    ref_needle = needles.get(data.reference)
     rows = sorted(
         (r for r in records if r.context_len == longest), key=lambda r: r.kv_bytes_per_token
     )

@@ -252,12 +252,7 @@ def _probe_needles(out: Path) -> dict[tuple[str, int], float]:
         probe = ProbeDoc.load(out)
     except TrtkvError:
         return {}
-    rows = probe.written.get("needles", []) if probe else []
-    return {
-        (r["format"], int(r["context_len"])): float(r["accuracy"])
-        for r in rows
-        if isinstance(r, dict) and r.get("accuracy") is not None
-    }
+    return {(r.format, r.context_len): r.accuracy for r in (probe.needles if probe else [])}
 
 
 def _probe_points(

@@ -24,15 +24,13 @@ def write_outputs(
     from trtkv.contracts.artifacts import Manifest
     from trtkv.contracts.probe_doc import ProbeDoc
 
-    doc = {
-        **doc,
-        "kl_by_position": {"window": 256, "curves": {k: v for k, v in curves.items() if v}},
-    }
+    curves = {k: v for k, v in curves.items() if v}
+    doc = {**doc, "kl_by_position": {"window": 256, "curves": curves}}
     from trtkv.probe.plots import write_plots
 
-    plots = write_plots(out, doc)
-    doc["plots"] = [p.name for p in plots]
     probe = ProbeDoc.model_validate(doc)
+    plots = write_plots(out, probe)
+    probe.plots = [p.name for p in plots]
     probe.save(out)
     (out / "probe.md").write_text(render_markdown(probe, stats_markdown, plots))
     Manifest(
@@ -54,22 +52,20 @@ def _fmt(value: Any, spec: str, none: str = "-") -> str:
 def render_markdown(probe: ProbeDoc, stats_markdown: str | None, plots: list[Path]) -> str:
     """probe.md: method, results table, needles, scale reuse, K/V statistics, one verdict per
     format."""
-    recs, doc = probe.records, probe.written
-    model = doc["model"]
-    s = doc["settings"]
+    recs, model, s = probe.records, probe.model, probe.settings
     lines = [
         f"# KV-cache probe: {probe.recipe}",
         "",
-        f"Model {model['source']} ({model['num_layers']} layers, {model['num_kv_heads']} KV heads "
-        f"x head_dim {model['head_dim']}), compute {model['compute_dtype']} on {model['device']}; "
+        f"Model {model.source} ({model.num_layers} layers, {model.num_kv_heads} KV heads x "
+        f"head_dim {model.head_dim}), compute {model.compute_dtype} on {model.device}; "
         "text: calibration_data/eval (never used for calibration). Static scales: "
-        f"{probe.scales.source if probe.scales else 'none'}. Run {doc['created_at']}, "
+        f"{probe.scales.source if probe.scales else 'none'}. Run {probe.created_at}, "
         f"{probe.seconds:.0f} s.",
         "",
         "## Method",
         "",
         "- Reference: the same model with K/V stored in 16 bit "
-        f"(`{doc.get('reference', 'fp16')}`); its KL is 0 by construction.",
+        f"(`{probe.reference}`); its KL is 0 by construction.",
         "- Each query attends to the quantized K/V of every position up to and including its own, "
         "as a decode step reads back the cache it just wrote. Per-token formats quantize each "
         "token on its own, so one causal pass over the text gives exactly what token-by-token "
@@ -81,8 +77,8 @@ def render_markdown(probe: ProbeDoc, stats_markdown: str | None, plots: list[Pat
         "- One pass at the longest length serves every shorter length (a causal pass over L tokens "
         "is a prefix of the longer one); metrics at length L average the L-1 next-token "
         "predictions.",
-        f"- Needles: a random 5-digit passkey at depths {s['needle_depths']} of a haystack of "
-        f"other eval text, {s['needle_seeds']} seeds per depth, at lengths {s['needle_lengths']}; "
+        f"- Needles: a random 5-digit passkey at depths {s.needle_depths} of a haystack of "
+        f"other eval text, {s.needle_seeds} seeds per depth, at lengths {s.needle_lengths}; "
         "counted when the greedy prediction of every digit is right (teacher-forced, equal to "
         "greedy generation).",
         "",
@@ -92,7 +88,7 @@ def render_markdown(probe: ProbeDoc, stats_markdown: str | None, plots: list[Pat
         "clip rate | bytes/token (measured) | formula |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    order = {f: i for i, f in enumerate(s["formats"])}
+    order = {f: i for i, f in enumerate(s.formats)}
     for r in sorted(recs, key=lambda r: (order.get(r.format, 99), r.context_len)):
         lines.append(
             f"| {r.format} | {r.context_len} | {r.kl_mean:.5f} | {r.kl_last_quarter:.5f} | "
@@ -105,11 +101,11 @@ def render_markdown(probe: ProbeDoc, stats_markdown: str | None, plots: list[Pat
     from trtkv.measures.probe_attention import markdown_section as attention_section
 
     lines += attention_section(probe)
-    lines += _needle_section(doc)
+    lines += _needle_section(probe)
     from trtkv.probe.ruler import markdown_section  # light: no torch
 
-    lines += markdown_section(doc)
-    lines += _reuse_section(doc)
+    lines += markdown_section(probe)
+    lines += _reuse_section(probe)
     lines += ["## Verdicts", ""]
     lines += [f"- {v}" for v in verdicts(probe)]
     lines += ["", "## Which runtime each format follows", "", "| format | semantics |", "|---|---|"]
@@ -123,11 +119,11 @@ def render_markdown(probe: ProbeDoc, stats_markdown: str | None, plots: list[Pat
     return "\n".join(lines) + "\n"
 
 
-def _needle_section(doc: dict) -> list[str]:
-    rows = doc.get("needles", [])
+def _needle_section(probe: ProbeDoc) -> list[str]:
+    rows = probe.needles
     if not rows:
         return []
-    depths = sorted({d for r in rows for d in r["by_depth"]}, key=float)
+    depths = sorted({d for r in rows for d in r.by_depth}, key=float)
     lines = [
         "## Needle retrieval",
         "",
@@ -135,33 +131,31 @@ def _needle_section(doc: dict) -> list[str]:
         "|---|---:|" + "---:|" * (len(depths) + 1),
     ]
     for r in rows:
-        cells = " | ".join(_fmt(r["by_depth"].get(d), ".0%") for d in depths)
-        lines.append(f"| {r['format']} | {r['context_len']} | {cells} | {r['accuracy']:.0%} |")
+        cells = " | ".join(_fmt(r.by_depth.get(d), ".0%") for d in depths)
+        lines.append(f"| {r.format} | {r.context_len} | {cells} | {r.accuracy:.0%} |")
     return lines + [""]
 
 
-def _reuse_section(doc: dict) -> list[str]:
-    reuse = doc.get("scale_reuse") or {}
-    fmts = reuse.get("formats", {})
-    decode = reuse.get("decode", {})
-    if not fmts and not decode:
+def _reuse_section(probe: ProbeDoc) -> list[str]:
+    reuse = probe.scale_reuse
+    if reuse is None or not (reuse.formats or reuse.decode):
         return []
     lines = [
         "## Scale reuse: short-prompt scales at long context and through decode",
         "",
-        f"Scales: {reuse.get('scales_source')}. Range = the static format's representable |x| "
+        f"Scales: {reuse.scales_source}. Range = the static format's representable |x| "
         f"(fp8: 448 x scale, int8: 127 x scale).",
         "",
         "| format | layers K beyond range | layers V beyond range | max K observed/range | max V "
         "observed/range |",
         "|---|---:|---:|---:|---:|",
     ]
-    for name, f in fmts.items():
+    for name, f in reuse.formats.items():
         lines.append(
-            f"| {name} | {f['layers_exceeding_range_k']} | {f['layers_exceeding_range_v']} | "
-            f"{f['max_observed_over_range_k']:.2f} | {f['max_observed_over_range_v']:.2f} |"
+            f"| {name} | {f.layers_exceeding_range_k} | {f.layers_exceeding_range_v} | "
+            f"{f.max_observed_over_range_k:.2f} | {f.max_observed_over_range_v:.2f} |"
         )
-    if any(f.get("by_position") for f in fmts.values()):
+    if any(f.by_position for f in reuse.formats.values()):
         lines += [
             "",
             "Clipping and KL by position (error growth along the text):",
@@ -169,13 +163,12 @@ def _reuse_section(doc: dict) -> list[str]:
             "| format | positions | clipped elements | KL mean |",
             "|---|---|---:|---:|",
         ]
-        for name, f in fmts.items():
-            for b in f.get("by_position", []):
+        for name, f in reuse.formats.items():
+            for b in f.by_position:
                 lines.append(
-                    f"| {name} | {b['from']}-{b['to']} | {b['clipped_elements']} | "
-                    f"{b['kl_mean']:.5f} |"
+                    f"| {name} | {b.from_}-{b.to} | {b.clipped_elements} | {b.kl_mean:.5f} |"
                 )
-    if decode:
+    if reuse.decode:
         lines += [
             "",
             "Through decode steps (prompt of eval text, then greedy tokens of the reference fed "
@@ -185,11 +178,11 @@ def _reuse_section(doc: dict) -> list[str]:
             "| KL decode 2nd half |",
             "|---|---:|---:|---:|---:|---:|---:|",
         ]
-        for name, d in decode.items():
+        for name, d in reuse.decode.items():
             lines.append(
-                f"| {name} | {d['prompt_tokens']} | {d['decode_steps']} | "
-                f"{d['clip_rate_prompt']:.2e} | {d['clip_rate_decode']:.2e} | "
-                f"{d['kl_decode_first_half']:.5f} | {d['kl_decode_second_half']:.5f} |"
+                f"| {name} | {d.prompt_tokens} | {d.decode_steps} | "
+                f"{d.clip_rate_prompt:.2e} | {d.clip_rate_decode:.2e} | "
+                f"{d.kl_decode_first_half:.5f} | {d.kl_decode_second_half:.5f} |"
             )
     return lines + [""]
 
@@ -198,11 +191,11 @@ def verdicts(probe: ProbeDoc) -> list[str]:
     """One paragraph per format from the measured records."""
     recs = probe.records
     needles = needle_by_format(probe)
-    ref = probe.written.get("reference", "fp16")
+    ref = probe.reference
     ref_needle = needles.get(ref)
     ref_bytes = next((r.kv_bytes_per_token for r in recs if r.format == ref), 1.0)
     out = []
-    for fmt in probe.written["settings"]["formats"]:
+    for fmt in probe.settings.formats:
         rows = sorted((r for r in recs if r.format == fmt), key=lambda r: r.context_len)
         if not rows:
             continue

@@ -34,6 +34,7 @@ from trtkv.contracts.ruler import RulerPlan
 from trtkv.core.errors import TrtkvError
 
 if TYPE_CHECKING:
+    from trtkv.contracts.probe_doc import ProbeDoc
     from trtkv.kvcache.names import FormatChoice
     from trtkv.kvcache.scales import KVScales
     from trtkv.probe.setup import Loaded
@@ -291,63 +292,57 @@ def below_reference(formats: dict[str, Any], reference: str) -> list[dict[str, A
     return out
 
 
-def markdown_section(doc: dict[str, Any]) -> list[str]:
+def markdown_section(doc: ProbeDoc) -> list[str]:
     """probe.md's RULER table: format x length rows, one column per task (score and Wilson
     interval), the average."""
-    r = doc.get("ruler")
-    if not r or not r.get("formats"):
+    r = doc.ruler
+    if r is None or not r.formats:
         return []
-    tasks = list(r["tasks"])
+    tasks = r.tasks
     lines = [
         "## RULER (long-context retrieval, the bench's items)",
         "",
-        f"RULER (NVIDIA/RULER {r['ruler_commit'][:12]}) tasks {', '.join(tasks)} at lengths "
-        f"{r['lengths']}, {r['samples']} items per task and length, seed {r['seed']}, the bench's "
-        f"tokenizer ({r['tokenizer']}): the items `trtkv bench --tasks ruler` sends. Greedy "
-        f"through each format's cache (decode-side view, as above); score {r['metric']} in "
-        f"percent, [{r['confidence']:.0%} Wilson interval of the mean].",
+        f"RULER (NVIDIA/RULER {r.ruler_commit[:12]}) tasks {', '.join(tasks)} at lengths "
+        f"{r.lengths}, {r.samples} items per task and length, seed {r.seed}, the bench's "
+        f"tokenizer ({r.tokenizer}): the items `trtkv bench --tasks ruler` sends. Greedy "
+        f"through each format's cache (decode-side view, as above); score {r.metric} in "
+        f"percent, [{r.confidence:.0%} Wilson interval of the mean].",
         "",
         "| format | length | " + " | ".join(tasks) + " | average | seconds |",
         "|---|---:|" + "---:|" * (len(tasks) + 2),
     ]
-    for name, f in r["formats"].items():
-        for length, block in f["by_length"].items():
-            cells = []
-            for task in tasks:
-                c = block["tasks"].get(task)
-                cells.append(
-                    f"{c['score']:.1f} [{c['interval'][0]:.2f}, {c['interval'][1]:.2f}]"
-                    if c
-                    else "-"
-                )
+    for name, f in r.formats.items():
+        for length, block in f.by_length.items():
+            cells = [
+                f"{c.score:.1f} [{c.interval[0]:.2f}, {c.interval[1]:.2f}]" if c else "-"
+                for c in map(block.tasks.get, tasks)
+            ]
             lines.append(
                 f"| {name} | {length} | "
                 + " | ".join(cells)
-                + f" | {block['average']:.1f} | {f['seconds']:.0f} |"
+                + f" | {block.average:.1f} | {f.seconds:.0f} |"
             )
-    below = r.get("below_reference") or []
+    below = r.below_reference
     lines += [""] + (
         [
             "- Below the reference (intervals separate): "
             + "; ".join(
-                f"{b['format']} {b['task']} @ {b['length']} ({b['score']:.1f} vs "
-                f"{b['reference_score']:.1f})"
+                f"{b.format} {b.task} @ {b.length} ({b.score:.1f} vs {b.reference_score:.1f})"
                 for b in below
             )
         ]
         if below
         else ["- No format's interval lies below the reference's in any cell."]
     )
-    lines += [f"- Not run: {n}" for n in r.get("notes", [])]
+    lines += [f"- Not run: {n}" for n in r.notes]
     return lines + [""]
 
 
-def summary_lines(doc: dict[str, Any]) -> list[str]:
+def summary_lines(doc: ProbeDoc) -> list[str]:
     """`trtkv probe`'s printed RULER lines: per format and length, the average over the tasks."""
-    r = doc.get("ruler") or {}
     return [
-        f"  RULER {name:>11} @ {length:>5}: average {block['average']:.1f} over "
-        f"{len(block['tasks'])} tasks"
-        for name, f in r.get("formats", {}).items()
-        for length, block in f["by_length"].items()
+        f"  RULER {name:>11} @ {length:>5}: average {block.average:.1f} over "
+        f"{len(block.tasks)} tasks"
+        for name, f in (doc.ruler.formats if doc.ruler else {}).items()
+        for length, block in f.by_length.items()
     ]
