@@ -60,9 +60,24 @@ def test_fidelity_slo_is_added_and_fails_on_a_worse_length() -> None:
     assert slo.parse_slo("fidelity.worse_lengths<=0").metric == "fidelity"
 
 
+def test_each_fidelity_row_shape_is_typed_and_written_in_its_order() -> None:
+    """A length measured without the served top-k (kl_topk null), one with no documents, one refused (its note)."""
+    pair = ({"top1_agreement": [1.0, 0.0], "mean_abs_dlogp": [0.1, 0.2]},) * 2
+    rows = [fidelity_verdict.length_summary(64, [pair, pair], {"failed": 1, "not_aligned": 0}),
+            fidelity_verdict.length_summary(128, [], {"failed": 2, "not_aligned": 0}),
+            {"length": 4096, "documents": 0, "verdict": fidelity_verdict.NOT_MEASURED, "worse_metrics": [],
+             "note": "4096 > build.max_input_len 2048"}]
+    score = TaskScore(table=rows)
+    assert json.dumps(BenchResults(accuracy={"fidelity": score}).document()["accuracy"]["fidelity"]["table"]) == \
+        json.dumps(rows)
+    typed = score.table
+    assert typed is not None and typed[0].kl_topk is None and typed[0].top1_agreement is not None
+    assert typed[0].top1_agreement.served.value == 0.5 and not typed[0].top1_agreement.worse
+    assert [r.verdict for r in typed[1:]] == [fidelity_verdict.NOT_MEASURED] * 2 and typed[2].note
+
+
 def test_a_fidelity_entry_of_another_shape_is_refused_naming_where() -> None:
     row = {"length": 64, "documents": 0, "verdict": fidelity_verdict.NOT_MEASURED, "worse_metrics": []}
-    assert TaskScore(table=[row]).table[0].verdict == fidelity_verdict.NOT_MEASURED
     with pytest.raises(ValueError, match=r"accuracy\.fidelity\.table\.0\.top1_agreement\.served"):
         BenchResults.model_validate({"accuracy": {"fidelity": {"table": [{**row, "top1_agreement": {"gap": 1}}]}}})
     with pytest.raises(ValueError, match=r"accuracy\.fidelity\.settings\.lengths"):
