@@ -60,6 +60,30 @@ def test_fidelity_slo_is_added_and_fails_on_a_worse_length() -> None:
     assert slo.parse_slo("fidelity.worse_lengths<=0").metric == "fidelity"
 
 
+def test_each_fidelity_row_shape_is_typed_and_written_in_its_order() -> None:
+    """A length measured without the served top-k (kl_topk null), one with no documents, one refused (its note)."""
+    pair = ({"top1_agreement": [1.0, 0.0], "mean_abs_dlogp": [0.1, 0.2]},) * 2
+    rows = [fidelity_verdict.length_summary(64, [pair, pair], {"failed": 1, "not_aligned": 0}),
+            fidelity_verdict.length_summary(128, [], {"failed": 2, "not_aligned": 0}),
+            {"length": 4096, "documents": 0, "verdict": fidelity_verdict.NOT_MEASURED, "worse_metrics": [],
+             "note": "4096 > build.max_input_len 2048"}]
+    score = TaskScore(table=rows)
+    assert json.dumps(BenchResults(accuracy={"fidelity": score}).document()["accuracy"]["fidelity"]["table"]) == \
+        json.dumps(rows)
+    typed = score.table
+    assert typed is not None and typed[0].kl_topk is None and typed[0].top1_agreement is not None
+    assert typed[0].top1_agreement.served.value == 0.5 and not typed[0].top1_agreement.worse
+    assert [r.verdict for r in typed[1:]] == [fidelity_verdict.NOT_MEASURED] * 2 and typed[2].note
+
+
+def test_a_fidelity_entry_of_another_shape_is_refused_naming_where() -> None:
+    row = {"length": 64, "documents": 0, "verdict": fidelity_verdict.NOT_MEASURED, "worse_metrics": []}
+    with pytest.raises(ValueError, match=r"accuracy\.fidelity\.table\.0\.top1_agreement\.served"):
+        BenchResults.model_validate({"accuracy": {"fidelity": {"table": [{**row, "top1_agreement": {"gap": 1}}]}}})
+    with pytest.raises(ValueError, match=r"accuracy\.fidelity\.settings\.lengths"):
+        BenchResults.model_validate({"accuracy": {"fidelity": {"settings": {"lengths": "64"}}}})
+
+
 @pytest.mark.parametrize("name", ["smollm2_fp16kv", "gemma3_fp8kv"])
 def test_the_task_refuses_a_16_bit_cache_before_any_request(name: str) -> None:
     """kv_cache none deploys the model dtype (fp16 or bf16: Recipe.kv_format); the task has no format to compare."""
@@ -210,14 +234,23 @@ def test_the_task_passes_the_predicted_engine_and_fails_a_corrupted_one(tmp_path
                                     prediction=_scorer("pred", predicted, tmp_path), **kwargs)
     assert healthy["verdict"] == fidelity_verdict.AS_PREDICTED and healthy["worse_lengths"] == 0, healthy["notes"]
     assert "reproduce" not in healthy
-    row = healthy["table"][0]["top1_agreement"]["served"]  # one length: the pooled figure is that length's own
-    assert (healthy["accuracy"], healthy["accuracy_ci"]) == (pytest.approx(row["value"]), row["ci"])
+    typed = BenchResults(accuracy={"fidelity": healthy}).accuracy["fidelity"]  # as results.json holds it
+    assert typed.table is not None and typed.table[0].top1_agreement is not None
+    row = typed.table[0].top1_agreement.served  # one length: the pooled figure is that length's own
+    assert (healthy["accuracy"], healthy["accuracy_ci"]) == (pytest.approx(row.value), row.ci)
     assert healthy["accuracy_ci"][0] <= healthy["accuracy"] <= healthy["accuracy_ci"][1]
-    assert results.accuracy_rows(BenchResults(accuracy={"fidelity": healthy}))[0][3] == results.interval_text(row["ci"])
+    assert results.accuracy_rows(BenchResults(accuracy={"fidelity": healthy}))[0][3] == results.interval_text(row.ci)
+    assert typed.settings is not None and typed.settings.lengths == [64] and typed.settings.documents_per_length == 6
+    assert typed.seconds is not None and typed.seconds["reference_computed"] == typed.table[0].documents == 6
+    assert typed.reference == {"producer": "ref"} and typed.prediction == {"producer": "pred"}
     faulty = fidelity.run_fidelity(_Recipe, _greedy_server(_noisy(1.0)), reference=_scorer("ref", reference, tmp_path),
                                    prediction=_scorer("pred", predicted, tmp_path), **kwargs)
     assert faulty["verdict"] == fidelity_verdict.WORSE and faulty["lengths_judged_worse"] == [64], faulty["notes"]
     assert faulty["reproduce"] == "trtkv bench r" and faulty["likely_causes"]
+    judged = BenchResults(accuracy={"fidelity": faulty}).accuracy["fidelity"].table
+    assert judged is not None and judged[0].verdict == fidelity_verdict.WORSE and judged[0].worse_metrics
+    assert all((fig := getattr(judged[0], m)) is None or fig.worse == (m in judged[0].worse_metrics)
+               for m in fidelity_verdict.METRICS)
     for entry in (healthy, faulty):  # results.json's accuracy.fidelity: typed, written key for key in its order
         assert json.dumps(BenchResults(accuracy={"fidelity": entry}).document()["accuracy"]["fidelity"]) == \
             json.dumps(entry)

@@ -12,7 +12,7 @@ import pytest
 
 from trtkv.bench.load.prompts import load_tokenizer
 from trtkv.bench.tasks import ruler, ruler_families
-from trtkv.contracts.bench_doc import ERROR, OK, RequestRecord
+from trtkv.contracts.bench_doc import ERROR, OK, BenchResults, RequestRecord
 from trtkv.core.errors import ToolError
 from trtkv.measures.stats import wilson_interval
 
@@ -189,12 +189,17 @@ def test_bench_task_scores_per_length_and_task(tokenizer) -> None:  # noqa: ANN0
     recs = [answered(j, p) for j, p in zip(task.jobs, preds, strict=True)]
     recs[0] = answered(task.jobs[0], preds[0], status=ERROR)  # a failed request scores 0
     result = task.score(recs)
-    cells = result["by_length"]["1024"]["tasks"]
-    assert list(cells) == TASKS and result["total"] == 12 and result["failed"] == 1
-    assert cells["niah_single_1"]["score"] == 50.0 and cells["niah_single_1"]["failed"] == 1
-    assert cells["cwe"]["mean"] == 0.5 and cells["cwe"]["all_found"] == 0
-    assert all(cells[t]["score"] == 100.0 for t in ("niah_multikey_2", "niah_multikey_3", "vt", "fwe"))
-    assert result["by_length"]["1024"]["average"] == round((50 + 100 * 4 + 50) / 6, 2)
+    entry = {**result, "notes": task.notes}  # results.json's accuracy.ruler: typed, written key for key in its order
+    written = BenchResults(accuracy={"ruler": entry})
+    assert json.dumps(written.document()["accuracy"]["ruler"]) == json.dumps(entry)
+    scored = written.accuracy["ruler"]
+    assert scored.by_length is not None and scored.items == result["items"]
+    cells = scored.by_length["1024"].tasks
+    assert list(cells) == TASKS and scored.total == 12 and scored.failed == 1
+    assert cells["niah_single_1"].score == 50.0 and cells["niah_single_1"].failed == 1
+    assert cells["cwe"].mean == 0.5 and cells["cwe"].all_found == 0 and cells["cwe"].tokens["min"] > 0
+    assert all(cells[t].score == 100.0 for t in ("niah_multikey_2", "niah_multikey_3", "vt", "fwe"))
+    assert scored.by_length["1024"].average == round((50 + 100 * 4 + 50) / 6, 2)
     assert result["accuracy"] == pytest.approx(10 / 12) and result["correct"] == 9
     lo, hi = result["interval"]
     assert lo < 10 / 12 < hi and (lo, hi) == wilson_interval(10, 12)

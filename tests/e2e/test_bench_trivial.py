@@ -3,7 +3,6 @@ SLO exit codes, unreachable servers, timeouts counted, Ctrl-C partial results.""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -17,7 +16,7 @@ from tests.e2e.conftest import read_results
 from tests.support.localserver import free_port
 from trtkv.bench.tasks.ruler import TASK_NAMES
 from trtkv.cli import main
-from trtkv.contracts.bench_doc import RequestRecord, RequestRecordDoc
+from trtkv.contracts.bench_doc import BenchResults, RequestRecord, RequestRecordDoc
 from trtkv.measures.metrics import summarize_level
 
 pytestmark = pytest.mark.e2e
@@ -157,16 +156,18 @@ def test_bench_ruler_against_the_trivial_server(trivial_server, engines_tmp: Pat
                  "bench.concurrency=[2]", "--url", trivial_server.grpc_url, "--tasks", "ruler", "--no-latency",
                  "--no-progress", "--output", str(out)])
     assert code == 0
-    data = json.loads((out / "results.json").read_text())
-    scored = data["accuracy"]["ruler"]
-    assert scored["total"] == 12 and scored["failed"] == 0 and scored["accuracy"] == 0.0  # it only answers " a a a"
-    cells = scored["by_length"]["1024"]["tasks"]
-    assert list(cells) == list(TASK_NAMES) and all(c["n"] == 2 and c["score"] == 0.0 for c in cells.values())
-    assert all(c["interval"][0] == 0.0 and 0.5 < c["interval"][1] < 1 for c in cells.values())  # Wilson for 0 of 2
-    records = [r for r in data["records"] if r["phase"] == "ruler"]
-    assert [r["max_tokens"] for r in records] == [128] * 6 + [30] * 2 + [120] * 2 + [50] * 2
-    assert all(r["status"] == "ok" and len(r["response_texts"]) >= r["max_tokens"] for r in records)
-    assert all(924 <= r["input_tokens"] + r["max_tokens"] <= 1024 for r in records if r["max_tokens"] != 50)
+    data = BenchResults.load(out)  # read through results.json's model, RULER's figures per length typed
+    assert data is not None
+    scored = data.accuracy["ruler"]
+    assert scored.total == 12 and scored.failed == 0 and scored.accuracy == 0.0  # it only answers " a a a"
+    assert scored.by_length is not None and scored.items is not None and len(scored.items) == 12
+    cells = scored.by_length["1024"].tasks
+    assert list(cells) == list(TASK_NAMES) and all(c.n == 2 and c.score == 0.0 for c in cells.values())
+    assert all(c.interval[0] == 0.0 and 0.5 < c.interval[1] < 1 for c in cells.values())  # Wilson for 0 of 2
+    records = [r for r in data.records if r.phase == "ruler"]
+    assert [r.max_tokens for r in records] == [128] * 6 + [30] * 2 + [120] * 2 + [50] * 2
+    assert all(r.status == "ok" and len(r.response_texts) >= r.max_tokens for r in records)
+    assert all(924 <= r.input_tokens + r.max_tokens <= 1024 for r in records if r.max_tokens != 50)
     md = (out / "results.md").read_text()
     assert "ruler @ 1024" not in md and "vt @ 1024: 0.00" in md and "average @ 1024: 0.00 over 6 tasks" in md
 

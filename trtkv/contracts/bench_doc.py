@@ -6,21 +6,24 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, fields
-from typing import Annotated, Any
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from pydantic.dataclasses import dataclass as typed_dataclass
 
 from trtkv.contracts.artifacts import Artifact
 from trtkv.contracts.prefix import PrefixLevel
+from trtkv.contracts.probe_doc import RulerLength
 
 Interval = list[float | None]  # [low, high]; null ends: nothing measured (written NaN)
 
 
-class BenchEndpoint(BaseModel):
-    """Where `trtkv bench` measured: results.json's "endpoint"."""
+class _Kept(BaseModel):
+    model_config = ConfigDict(extra="allow")  # a key of another trtkv version: kept as written
 
-    model_config = ConfigDict(extra="allow")
+
+class BenchEndpoint(_Kept):
+    """Where `trtkv bench` measured: results.json's "endpoint"."""
 
     url: str
     protocol: str  # a trtkv.recipe.Protocol value: grpc, http or openai
@@ -29,11 +32,9 @@ class BenchEndpoint(BaseModel):
     endpoint_type: str | None = None  # protocol openai only: completions or chat
 
 
-class BenchWorkload(BaseModel):
+class BenchWorkload(_Kept):
     """What `trtkv bench` sent: results.json's "workload" (the recipe's bench section, and how the
     levels are run)."""
-
-    model_config = ConfigDict(extra="allow")
 
     input_tokens: int
     output_tokens: int
@@ -47,10 +48,8 @@ class BenchWorkload(BaseModel):
     sampling: str
 
 
-class SLOVerdict(BaseModel):
+class SLOVerdict(_Kept):
     """One SLO checked (trtkv.bench.outputs.slo.SLOResult.to_json)."""
-
-    model_config = ConfigDict(extra="allow")
 
     slo: str  # as written: "time_to_first_token.p99<=500"
     source: str = ""  # where it was set: the recipe, --slo, the default
@@ -59,21 +58,17 @@ class SLOVerdict(BaseModel):
     passed: bool
 
 
-class BenchSLOs(BaseModel):
+class BenchSLOs(_Kept):
     """results.json's "slo": the verdict and one entry per SLO (trtkv.bench.outputs.slo)."""
-
-    model_config = ConfigDict(extra="allow")
 
     passed: bool
     results: list[SLOVerdict] = []
 
 
-class MetricStats(BaseModel):
+class MetricStats(_Kept):
     """One metric of a level in GenAI-Perf's shape (trtkv.measures.stats.summarize): a request
     metric has every stat, a run metric (throughput, duration) its unit and avg. NaN: no value
     measured."""
-
-    model_config = ConfigDict(extra="allow")
 
     unit: str = ""
     count: int | None = None
@@ -87,11 +82,9 @@ class MetricStats(BaseModel):
     p99: float | None = None
 
 
-class ClientLag(BaseModel):
+class ClientLag(_Kept):
     """How long bytes already received waited for the client to read them
     (trtkv.bench.load.levels)."""
-
-    model_config = ConfigDict(extra="allow")
 
     unit: str = "ms"
     p50: float | None = None
@@ -100,10 +93,8 @@ class ClientLag(BaseModel):
     count: int = 0
 
 
-class ClientWorker(BaseModel):
+class ClientWorker(_Kept):
     """One client process of a level (trtkv.bench.load.levels.client_summary)."""
-
-    model_config = ConfigDict(extra="allow")
 
     worker: int
     pid: int | None = None
@@ -116,11 +107,9 @@ class ClientWorker(BaseModel):
     lag_ms: ClientLag | None = None
 
 
-class ClientSummary(BaseModel):
+class ClientSummary(_Kept):
     """A level's client: its processes, their CPU per streamed token, its own lag, and a warning
     when the client may have held the level back (trtkv.bench.load.levels.client_summary)."""
-
-    model_config = ConfigDict(extra="allow")
 
     workers: int
     decided: str = ""
@@ -133,11 +122,9 @@ class ClientSummary(BaseModel):
     warning: str | None = None
 
 
-class BenchLevel(BaseModel):
+class BenchLevel(_Kept):
     """One level of results.json's "levels" (trtkv.measures.metrics.summarize_level): GenAI-Perf's
     metric names in the order written; an absent metric is None (files of older versions)."""
-
-    model_config = ConfigDict(extra="allow")
 
     time_to_first_token: MetricStats | None = None
     inter_token_latency: MetricStats | None = None
@@ -162,12 +149,10 @@ class TimeOrigin(BaseModel):
     note: str = ""
 
 
-class KVPoolCheck(BaseModel):
+class KVPoolCheck(_Kept):
     """results.json's "kv_pool": the served KV pool per GPU beside the planned one
     (trtkv.serving.pool.compare); served_* None when the engine reported nothing readable, and
     `source` says why."""
-
-    model_config = ConfigDict(extra="allow")
 
     planned_bytes_per_gpu: float | None = None  # None: the read-back failed before the plan
     rule: str | None = None  # the engine and release whose pool rule the plan follows
@@ -178,11 +163,55 @@ class KVPoolCheck(BaseModel):
     warning: str | None = None  # served more than 10% below the plan
 
 
-class TaskScore(BaseModel):
+class FidelityFigure(_Kept):
+    """A fidelity figure over a length's documents: its point value and bootstrap interval."""
+
+    value: float
+    ci: Interval
+
+
+class FidelityMetric(_Kept):
+    """A metric at one length: served and predicted against the reference, the gap, the verdict."""
+
+    served: FidelityFigure
+    predicted: FidelityFigure
+    gap: FidelityFigure
+    margin: float
+    worse: bool
+
+
+class FidelityLength(_Kept):
+    """A length of the fidelity table (fidelity_verdict.length_summary); None: not measurable."""
+
+    length: int
+    documents: int
+    failed: int | None = None
+    not_aligned: int | None = None
+    tokens: int | None = None
+    top1_agreement: FidelityMetric | None = None
+    mean_abs_dlogp: FidelityMetric | None = None
+    kl_topk: FidelityMetric | None = None
+    verdict: str
+    worse_metrics: list[str]
+    note: str | None = None
+
+
+class FidelitySettings(_Kept):
+    """How the fidelity task ran: lengths, documents, tokens, top-k, bootstrap and verdict rule."""
+
+    lengths: list[int]
+    documents_per_length: int
+    tokens: int
+    top_k: int
+    confidence: float
+    bootstrap_resamples: int
+    rule: str
+    concurrency: int
+
+
+class TaskScore(_Kept):
     """One task of results.json's "accuracy" (trtkv.bench.tasks): its score, interval and counts in
     the order the tasks write them, then its own figures, items and notes; or `error` alone."""
-
-    model_config = ConfigDict(extra="allow")
 
     error: str | None = None  # the task did not run: why
     verdict: str | None = None  # fidelity: served against predicted, and the lengths judged worse
@@ -202,19 +231,19 @@ class TaskScore(BaseModel):
     failed: int | None = None  # failed requests, counted wrong
     by_context_length: dict[str, float] | None = None  # needle
     by_context_length_ci: dict[str, Interval] | None = None
-    # a task's own figures as written: declared where read, or where written before one that is
+    # a task's own figures, typed, declared in the order written (declared fields dump first)
     golden_file: str | None = None  # golden: the stored outputs and their producer
     producer: str | None = None
     metric: str | None = None  # ruler: RULER's metric and commit, the figures per length
     ruler_commit: str | None = None
-    by_length: dict[str, Any] | None = None
-    table: list[Any] | None = None  # fidelity: per length; the scorers, settings, times, errors
-    reference: dict[str, Any] | None = None
-    prediction: dict[str, Any] | None = None
-    settings: dict[str, Any] | None = None
-    seconds: dict[str, Any] | None = None
+    by_length: dict[str, RulerLength] | None = None
+    table: list[FidelityLength] | None = None  # fidelity: per length; scorers, settings, times
+    reference: dict[str, str] | None = None  # producer, model dir ...
+    prediction: dict[str, str] | None = None  # weights, KV format, engine, scales, attention ...
+    settings: FidelitySettings | None = None
+    seconds: dict[str, int | float] | None = None  # each step's, with the documents computed
     errors: list[str] | None = None
-    items: list[Any] | None = None  # each item as scored
+    items: list[dict[str, JsonValue]] | None = None  # each item as scored: its task's own keys
     notes: list[str] = []  # how it ran, for results.md
 
 

@@ -185,7 +185,7 @@ class CachedScorer:
         key: str,
         path: Path,
         load: Callable[[], tuple[Any, Callable[[], Any]]],
-        info: dict[str, Any],
+        info: dict[str, str],
         model_id: str = "",
         attention: Callable[[Any, Any, Served], Any] | None = None,
     ) -> None:
