@@ -38,11 +38,16 @@ T = TypeVar("T", bound="Artifact")
 PID_MAX = 1 << 22  # Linux's PID_MAX_LIMIT: no pid is larger
 
 
-class Artifact(BaseModel):
+class Kept(BaseModel):
+    """A part of a document that keeps a key of another trtkv version as written."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class Artifact(Kept):
     """A JSON file in a stage folder: `path(folder)`, `load(folder)` (None when absent),
     `save(folder)` (atomic)."""
 
-    model_config = ConfigDict(extra="allow")
     FILE: ClassVar[str]
     WRITTEN_BY: ClassVar[str]
     # False: `save` writes only the fields its writer set (optional fields appear in the files whose

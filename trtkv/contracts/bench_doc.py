@@ -11,18 +11,14 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from pydantic.dataclasses import dataclass as typed_dataclass
 
-from trtkv.contracts.artifacts import Artifact
+from trtkv.contracts.artifacts import Artifact, Kept
 from trtkv.contracts.prefix import PrefixLevel
 from trtkv.contracts.probe_doc import RulerLength
 
 Interval = list[float | None]  # [low, high]; null ends: nothing measured (written NaN)
 
 
-class _Kept(BaseModel):
-    model_config = ConfigDict(extra="allow")  # a key of another trtkv version: kept as written
-
-
-class BenchEndpoint(_Kept):
+class BenchEndpoint(Kept):
     """Where `trtkv bench` measured: results.json's "endpoint"."""
 
     url: str
@@ -32,7 +28,7 @@ class BenchEndpoint(_Kept):
     endpoint_type: str | None = None  # protocol openai only: completions or chat
 
 
-class BenchWorkload(_Kept):
+class BenchWorkload(Kept):
     """What `trtkv bench` sent: results.json's "workload" (the recipe's bench section, and how the
     levels are run)."""
 
@@ -48,7 +44,7 @@ class BenchWorkload(_Kept):
     sampling: str
 
 
-class SLOVerdict(_Kept):
+class SLOVerdict(Kept):
     """One SLO checked (trtkv.bench.outputs.slo.SLOResult.to_json)."""
 
     slo: str  # as written: "time_to_first_token.p99<=500"
@@ -58,14 +54,14 @@ class SLOVerdict(_Kept):
     passed: bool
 
 
-class BenchSLOs(_Kept):
+class BenchSLOs(Kept):
     """results.json's "slo": the verdict and one entry per SLO (trtkv.bench.outputs.slo)."""
 
     passed: bool
     results: list[SLOVerdict] = []
 
 
-class MetricStats(_Kept):
+class MetricStats(Kept):
     """One metric of a level in GenAI-Perf's shape (trtkv.measures.stats.summarize): a request
     metric has every stat, a run metric (throughput, duration) its unit and avg. NaN: no value
     measured."""
@@ -82,7 +78,7 @@ class MetricStats(_Kept):
     p99: float | None = None
 
 
-class ClientLag(_Kept):
+class ClientLag(Kept):
     """How long bytes already received waited for the client to read them
     (trtkv.bench.load.levels)."""
 
@@ -93,7 +89,7 @@ class ClientLag(_Kept):
     count: int = 0
 
 
-class ClientWorker(_Kept):
+class ClientWorker(Kept):
     """One client process of a level (trtkv.bench.load.levels.client_summary)."""
 
     worker: int
@@ -107,7 +103,7 @@ class ClientWorker(_Kept):
     lag_ms: ClientLag | None = None
 
 
-class ClientSummary(_Kept):
+class ClientSummary(Kept):
     """A level's client: its processes, their CPU per streamed token, its own lag, and a warning
     when the client may have held the level back (trtkv.bench.load.levels.client_summary)."""
 
@@ -122,7 +118,7 @@ class ClientSummary(_Kept):
     warning: str | None = None
 
 
-class BenchLevel(_Kept):
+class BenchLevel(Kept):
     """One level of results.json's "levels" (trtkv.measures.metrics.summarize_level): GenAI-Perf's
     metric names in the order written; an absent metric is None (files of older versions)."""
 
@@ -149,7 +145,7 @@ class TimeOrigin(BaseModel):
     note: str = ""
 
 
-class KVPoolCheck(_Kept):
+class KVPoolCheck(Kept):
     """results.json's "kv_pool": the served KV pool per GPU beside the planned one
     (trtkv.serving.pool.compare); served_* None when the engine reported nothing readable, and
     `source` says why."""
@@ -163,14 +159,14 @@ class KVPoolCheck(_Kept):
     warning: str | None = None  # served more than 10% below the plan
 
 
-class FidelityFigure(_Kept):
+class FidelityFigure(Kept):
     """A fidelity figure over a length's documents: its point value and bootstrap interval."""
 
     value: float
     ci: Interval
 
 
-class FidelityMetric(_Kept):
+class FidelityMetric(Kept):
     """A metric at one length: served and predicted against the reference, the gap, the verdict."""
 
     served: FidelityFigure
@@ -180,7 +176,7 @@ class FidelityMetric(_Kept):
     worse: bool
 
 
-class FidelityLength(_Kept):
+class FidelityLength(Kept):
     """A length of the fidelity table (fidelity_verdict.length_summary); None: not measurable."""
 
     length: int
@@ -196,7 +192,7 @@ class FidelityLength(_Kept):
     note: str | None = None
 
 
-class FidelitySettings(_Kept):
+class FidelitySettings(Kept):
     """How the fidelity task ran: lengths, documents, tokens, top-k, bootstrap and verdict rule."""
 
     lengths: list[int]
@@ -209,7 +205,7 @@ class FidelitySettings(_Kept):
     concurrency: int
 
 
-class TaskScore(_Kept):
+class TaskScore(Kept):
     """One task of results.json's "accuracy" (trtkv.bench.tasks): its score, interval and counts in
     the order the tasks write them, then its own figures, items and notes; or `error` alone."""
 

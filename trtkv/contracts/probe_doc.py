@@ -4,16 +4,12 @@ writes them (trtkv.probe.sweep._document): a file is written back byte for byte.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, Field, JsonValue
 
-from trtkv.contracts.artifacts import Artifact, LayerAmax
-
-
-class _Kept(BaseModel):
-    model_config = ConfigDict(extra="allow")  # a key of another trtkv version: kept as written
+from trtkv.contracts.artifacts import Artifact, Kept, LayerAmax
 
 
-class ProbeRecord(_Kept):
+class ProbeRecord(Kept):
     """One format at one context length (trtkv.probe.metrics.length_record), keys as written."""
 
     format: str
@@ -43,7 +39,7 @@ class ProbeRecord(_Kept):
     needle_seeds: int | None = None
 
 
-class ProbeDrift(_Kept):
+class ProbeDrift(Kept):
     """Prefill vs decode of one format under one engine mode (trtkv.probe.attention.drift)."""
 
     format: str
@@ -65,12 +61,12 @@ class ProbeAttention(BaseModel):
     reasons: dict[str, str]
 
 
-class ProbeScales(_Kept):  # older probe.json files hold k_amax/v_amax lists here
+class ProbeScales(Kept):  # older probe.json files hold k_amax/v_amax lists here
     source: str
     layers: list[LayerAmax] = []
 
 
-class ProbeModel(_Kept):
+class ProbeModel(Kept):
     """The model probed: its source, then what trtkv.probe.setup loaded."""
 
     source: str
@@ -88,7 +84,7 @@ class ProbeModel(_Kept):
     device_map: dict[str, str] | None = None  # placed over GPUs (trtkv.probe.placement)
 
 
-class ProbeDocSettings(_Kept):
+class ProbeDocSettings(Kept):
     """What the probe ran: formats, lengths, needles, decode steps, engine modes, RULER."""
 
     formats: list[str]
@@ -107,7 +103,7 @@ class ProbeDocSettings(_Kept):
     ruler_samples: int | None = None
 
 
-class ProbeNeedles(_Kept):
+class ProbeNeedles(Kept):
     """One format at one needle length: accuracy per depth and over them (the trials left out)."""
 
     format: str
@@ -119,14 +115,14 @@ class ProbeNeedles(_Kept):
     cpu_seconds: float | None = None
 
 
-class ReuseBand(_Kept):
+class ReuseBand(Kept):
     from_: int = Field(alias="from")
     to: int
     clipped_elements: int
     kl_mean: float
 
 
-class ReuseFormat(_Kept):
+class ReuseFormat(Kept):
     layers_exceeding_range_k: int
     layers_exceeding_range_v: int
     max_observed_over_range_k: float
@@ -134,7 +130,7 @@ class ReuseFormat(_Kept):
     by_position: list[ReuseBand]
 
 
-class ReuseDecode(_Kept):
+class ReuseDecode(Kept):
     prompt_tokens: int
     decode_steps: int
     clip_rate_prompt: float
@@ -144,7 +140,7 @@ class ReuseDecode(_Kept):
     kl_per_step: list[float]
 
 
-class ProbeScaleReuse(_Kept):
+class ProbeScaleReuse(Kept):
     """Short-prompt static scales at long context and through decode (trtkv.probe.metrics)."""
 
     scales_source: str
@@ -152,7 +148,7 @@ class ProbeScaleReuse(_Kept):
     decode: dict[str, ReuseDecode]
 
 
-class RulerCell(_Kept):
+class RulerCell(Kept):
     score: float  # RULER's, in percent
     mean: float
     interval: list[float]
@@ -162,12 +158,12 @@ class RulerCell(_Kept):
     tokens: dict[str, int | float]  # min, mean, max of input + output tokens
 
 
-class RulerLength(_Kept):
+class RulerLength(Kept):
     average: float
     tasks: dict[str, RulerCell]
 
 
-class RulerFormat(_Kept):
+class RulerFormat(Kept):
     """One format's RULER answers: the bench's summary (trtkv.bench.tasks.ruler), the probe's."""
 
     accuracy: float
@@ -187,7 +183,7 @@ class RulerFormat(_Kept):
     generated_tokens: int
 
 
-class RulerBelow(_Kept):
+class RulerBelow(Kept):
     format: str
     task: str
     length: int
@@ -195,7 +191,7 @@ class RulerBelow(_Kept):
     reference_score: float
 
 
-class ProbeRuler(_Kept):
+class ProbeRuler(Kept):
     """RULER on the bench's items through each format's cache (trtkv.probe.ruler.run_ruler)."""
 
     ruler_commit: str
@@ -213,7 +209,7 @@ class ProbeRuler(_Kept):
     below_reference: list[RulerBelow]
 
 
-class KLByPosition(_Kept):
+class KLByPosition(Kept):
     window: int
     curves: dict[str, list[float]]
 
