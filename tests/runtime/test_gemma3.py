@@ -182,6 +182,7 @@ def test_reference_backend_serves_an_hf_export_without_a_trtllm_checkpoint(tiny:
                                                                            tmp_path: Path) -> None:
     """build writes runtime.json pointing at checkpoint/hf/; ReferenceRuntime.load (what the Triton model calls)
     then runs the Gemma 3 export; an INT8-KV recipe on an HF export is refused with the reason."""
+    from trtkv.backends import BuildJob
     from trtkv.backends.reference import BACKEND, hf_export_only
 
     model, _ = tiny
@@ -191,7 +192,7 @@ def test_reference_backend_serves_an_hf_export_without_a_trtllm_checkpoint(tiny:
     engine = tmp_path / "engine"
     engine.mkdir()
     lines: list[str] = []
-    info = BACKEND.builder.build(_recipe(tmp_path, "none"), ckpt, engine, engine, {}, lines.append)
+    info = BACKEND.builder.build(BuildJob(_recipe(tmp_path, "none"), ckpt, engine, engine, {}, lines.append))
     settings = json.loads((engine / "runtime.json").read_text())
     assert settings["hf_checkpoint"] == str(ckpt / "hf") and "checkpoint" not in settings
     assert info["kv_format"] == "none" and "no TensorRT-LLM checkpoint" in lines[0]
@@ -200,7 +201,7 @@ def test_reference_backend_serves_an_hf_export_without_a_trtllm_checkpoint(tiny:
     assert runtime.generate(prompt, max_tokens=8) == _reference_tokens(model, prompt, 8)
     assert runtime.max_seq_len == 256 and runtime.engine_dir == engine  # the model's 256 positions cap 2048
     with pytest.raises(StageError, match="allowed here: fp8, none"):
-        BACKEND.builder.build(_recipe(tmp_path, "int8"), ckpt, engine, engine, {}, lines.append)
+        BACKEND.builder.build(BuildJob(_recipe(tmp_path, "int8"), ckpt, engine, engine, {}, lines.append))
 
 
 def test_tiny_gemma3_through_the_llm_api_equals_transformers(tmp_path: Path, smollm2_dir: Path) -> None:

@@ -13,6 +13,7 @@ from trtkv.backends import llmapi, llmapi_serve, reference, sglang, tensorrt, vl
 from trtkv.backends.seam import (
     DP_ADDRESS,
     DP_START,
+    BuildJob,
     DynamoWorker,
     EngineBackend,
     MemoryRule,
@@ -76,6 +77,7 @@ def default_backend(*, on_cpu: bool, llama_family: bool) -> Backend:
 
 __all__ = [
     "BACKENDS",
+    "BuildJob",
     "CONTAINER_BIND",
     "container_image",
     "container_name",

@@ -18,7 +18,6 @@ trtkv.backends.llmapi_serve's, `trtkv generate` trtkv.backends.llmapi_generate's
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,7 @@ from trtkv.backends.llmapi_serve import (
     serve_config,
     trtllm_serve_command,
 )
-from trtkv.backends.seam import EngineBackend, MemoryRule, TokenizerSource
+from trtkv.backends.seam import BuildJob, EngineBackend, MemoryRule, TokenizerSource
 from trtkv.contracts.interface import LLMAPI
 from trtkv.core.errors import StageError
 from trtkv.core.tools import quote
@@ -119,16 +118,8 @@ class LlmApiBuilder:
         summary = validate_hf_checkpoint(ckpt, recipe)
         return ckpt, {"checkpoint": str(ckpt), "hf_validation": summary}
 
-    def build(
-        self,
-        recipe: Recipe,
-        ckpt: Path,
-        tmp: Path,
-        final: Path,
-        info: dict[str, Any],
-        log: Callable[[str], None],
-    ) -> dict[str, Any]:
-        hf = ckpt / HF
+    def build(self, job: BuildJob) -> dict[str, Any]:
+        recipe, tmp, hf = job.recipe, job.tmp, job.ckpt / HF
         options = serve_config(recipe)
         (tmp / LLM_API_OPTIONS).write_text(
             _yaml_text(recipe, options, "trtllm-serve --extra_llm_api_options (or --config)")
@@ -155,7 +146,7 @@ class LlmApiBuilder:
                 ).result()
             finally:
                 llm.shutdown()
-            log(
+            job.log(
                 f"build: {CPU_MODULE}.LLM loaded {hf} (KV {llm.runtime.kv_format}); smoke token "
                 f"{first.outputs[0].token_ids}"
             )

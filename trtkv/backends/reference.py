@@ -26,7 +26,7 @@ from trtkv.backends.base import (
     log_text,
     prepare_checkpoint,
 )
-from trtkv.backends.seam import EngineBackend, MemoryRule, TokenizerSource
+from trtkv.backends.seam import BuildJob, EngineBackend, MemoryRule, TokenizerSource
 from trtkv.checkpoints import models as model
 from trtkv.engines.pool import ServedPool
 from trtkv.engines.reference import REFERENCE_LOG, no_knobs, reference_log_pool, reference_pool
@@ -118,41 +118,6 @@ def _settings(
     }
 
 
-def _build_reference(
-    recipe: Recipe, ckpt: Path, tmp: Path, log: Callable[[str], None]
-) -> dict[str, Any]:
-    """Write runtime.json (+ the HF config), then load the runtime from `tmp` and decode one token
-    as a check."""
-    hf = hf_export_only(ckpt)
-    if hf is not None:
-        log(
-            f"build: {ckpt} has no TensorRT-LLM checkpoint; the reference runtime reads the HF "
-            f"export {hf}"
-        )
-        return _smoke(tmp, _hf_settings(recipe, ckpt, hf, tmp), log)
-    hf_config = _hf_config_source(ckpt)
-    if hf_config is not None:
-        shutil.copyfile(hf_config, tmp / HF_CONFIG)
-    else:
-        log(
-            f"build: no HF config.json in {ckpt} (rope scaling, norms): the runtime derives the "
-            "model config from the TensorRT-LLM config.json alone. Rerun `trtkv calibrate "
-            f"{recipe.name} --force` to save one."
-        )
-    settings = _settings(
-        recipe,
-        ckpt,
-        {"checkpoint": str(ckpt), "checkpoint_relative": os.path.relpath(ckpt, tmp)},
-        {
-            "hf_config": HF_CONFIG if hf_config else None,
-            "hf_config_source": str(hf_config) if hf_config else None,
-        },
-        "TensorRT-LLM <= 1.2: one per-layer kv_cache_scaling_factor shared by K and V "
-        "(dequantization multiplier; FP8 export clamps it to >= 1.0)",
-    )
-    return _smoke(tmp, settings, log)
-
-
 def _smoke(tmp: Path, settings: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
     """Write runtime.json, then load the runtime from `tmp` and decode one token as a check."""
     from trtkv.runtime import ReferenceRuntime
@@ -208,16 +173,38 @@ class ReferenceBackend(RefusingRunner):
             return llmapi.BACKEND.builder.prepare(recipe)
         return prepare_checkpoint(recipe)
 
-    def build(
-        self,
-        recipe: Recipe,
-        ckpt: Path,
-        tmp: Path,
-        final: Path,
-        info: dict[str, Any],
-        log: Callable[[str], None],
-    ) -> dict[str, Any]:
-        return _build_reference(recipe, ckpt, tmp, log)
+    def build(self, job: BuildJob) -> dict[str, Any]:
+        """Write runtime.json (+ the HF config), then load the runtime from `tmp` and decode one
+        token as a check."""
+        recipe, ckpt, tmp, log = job.recipe, job.ckpt, job.tmp, job.log
+        hf = hf_export_only(ckpt)
+        if hf is not None:
+            log(
+                f"build: {ckpt} has no TensorRT-LLM checkpoint; the reference runtime reads the HF "
+                f"export {hf}"
+            )
+            return _smoke(tmp, _hf_settings(recipe, ckpt, hf, tmp), log)
+        hf_config = _hf_config_source(ckpt)
+        if hf_config is not None:
+            shutil.copyfile(hf_config, tmp / HF_CONFIG)
+        else:
+            log(
+                f"build: no HF config.json in {ckpt} (rope scaling, norms): the runtime derives "
+                "the model config from the TensorRT-LLM config.json alone. Rerun `trtkv calibrate "
+                f"{recipe.name} --force` to save one."
+            )
+        settings = _settings(
+            recipe,
+            ckpt,
+            {"checkpoint": str(ckpt), "checkpoint_relative": os.path.relpath(ckpt, tmp)},
+            {
+                "hf_config": HF_CONFIG if hf_config else None,
+                "hf_config_source": str(hf_config) if hf_config else None,
+            },
+            "TensorRT-LLM <= 1.2: one per-layer kv_cache_scaling_factor shared by K and V "
+            "(dequantization multiplier; FP8 export clamps it to >= 1.0)",
+        )
+        return _smoke(tmp, settings, log)
 
     def dry_run_lines(self, recipe: Recipe, ckpt: Path, out: Path) -> list[str]:
         return [

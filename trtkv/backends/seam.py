@@ -57,6 +57,18 @@ class TokenizerSource(Enum):
     SERVED_MODEL = "served_model"
 
 
+@dataclass(frozen=True)
+class BuildJob:
+    """One build as the build stage hands it to `Builder.build`."""
+
+    recipe: Recipe
+    ckpt: Path  # the input folder (`Builder.prepare`'s)
+    tmp: Path  # the folder written, renamed to `final` on success
+    final: Path  # the engine folder the written files name
+    info: dict[str, Any]  # `Builder.prepare`'s findings
+    log: Callable[[str], None]
+
+
 class Builder(Protocol):
     """What `trtkv build` does for a backend."""
 
@@ -67,15 +79,7 @@ class Builder(Protocol):
 
     def prepare(self, recipe: Recipe) -> tuple[Path, dict[str, Any]]: ...
 
-    def build(
-        self,
-        recipe: Recipe,
-        ckpt: Path,
-        tmp: Path,
-        final: Path,
-        info: dict[str, Any],
-        log: Callable[[str], None],
-    ) -> dict[str, Any]: ...
+    def build(self, job: BuildJob) -> dict[str, Any]: ...
 
     def dry_run_lines(self, recipe: Recipe, ckpt: Path, out: Path) -> list[str]: ...
 

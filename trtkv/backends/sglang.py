@@ -18,7 +18,6 @@ warning) is trtkv.backends.sglang_scales'.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from trtkv.backends.base import (
     tokens_pool,
 )
 from trtkv.backends.llmapi_args import hf_checkpoint_dir
-from trtkv.backends.seam import EngineBackend, MemoryRule
+from trtkv.backends.seam import BuildJob, EngineBackend, MemoryRule
 from trtkv.backends.sglang_scales import (
     SCALES_FILE,
     nvfp4_scale_warning,
@@ -205,32 +204,24 @@ class SglangBuilder:
         # the same artifact as vLLM's and the LLM API's: ModelOpt's HF export
         return llmapi.BUILDER.prepare(recipe)
 
-    def build(
-        self,
-        recipe: Recipe,
-        ckpt: Path,
-        tmp: Path,
-        final: Path,
-        info: dict[str, Any],
-        log: Callable[[str], None],
-    ) -> dict[str, Any]:
-        hf = ckpt / HF
+    def build(self, job: BuildJob) -> dict[str, Any]:
+        recipe, tmp, hf = job.recipe, job.tmp, job.ckpt / HF
         out: dict[str, Any] = {
             "backend": Backend.SGLANG.value,
             "served_model_name": served_model_name(recipe),
             "sglang_version": SGLANG_VERSION,
         }
         if uses_scales_file(recipe):
-            write_scales_file(recipe, ckpt, tmp)
-            out["quantization_param_path"] = str(final / SCALES_FILE)
+            write_scales_file(recipe, job.ckpt, tmp)
+            out["quantization_param_path"] = str(job.final / SCALES_FILE)
         gpu = gpu_command(recipe, hf)
         (tmp / GPU_COMMAND).write_text(quote(gpu) + "\n")
-        log(
+        job.log(
             f"build: SGLang serves {hf} (--kv-cache-dtype {kv_cache_dtype(recipe)}); command in "
-            f"{final / GPU_COMMAND}"
+            f"{job.final / GPU_COMMAND}"
         )
         if warning := nvfp4_scale_warning(recipe):
-            log(f"build: {warning}")
+            job.log(f"build: {warning}")
             out["warning"] = warning
         return {**out, "gpu_command": gpu}
 

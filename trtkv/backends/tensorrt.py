@@ -14,7 +14,6 @@ trtkv.backends.tensorrt_pitfalls'.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from trtkv.backends.base import (
     failed_log_path,
     trtllm_served,
 )
-from trtkv.backends.seam import EngineBackend, MemoryRule
+from trtkv.backends.seam import BuildJob, EngineBackend, MemoryRule
 from trtkv.backends.tensorrt_pitfalls import pitfall_hints
 from trtkv.backends.tensorrt_preflight import TRTLLM_MAX, TRTLLM_MIN, preflight_tensorrt
 from trtkv.core.errors import StageError, ToolError
@@ -157,16 +156,11 @@ def context_fmha_line(recipe: Recipe) -> str:
 # The build
 
 
-def _build_tensorrt(
-    recipe: Recipe,
-    ckpt: Path,
-    tmp: Path,
-    final: Path,
-    place: trtllm.TrtllmPlace,
-    log: Callable[[str], None],
-) -> dict[str, Any]:
+def _build_tensorrt(job: BuildJob) -> dict[str, Any]:
     """Run trtllm-build (where TensorRT-LLM lives) into `tmp`; keep the log beside the engine folder
     when it fails."""
+    recipe, ckpt, tmp, final = job.recipe, job.ckpt, job.tmp, job.final
+    place: trtllm.TrtllmPlace = job.info["place"]
     shown = trtllm_build_command(recipe, ckpt, final)
     plain = trtllm_build_command(recipe, ckpt, tmp)
     run = place.tool_command(plain[0], plain[1:])
@@ -224,20 +218,9 @@ class TensorRTBuilder:
         info = preflight_tensorrt(recipe)
         return Path(info["checkpoint"]), info
 
-    def build(
-        self,
-        recipe: Recipe,
-        ckpt: Path,
-        tmp: Path,
-        final: Path,
-        info: dict[str, Any],
-        log: Callable[[str], None],
-    ) -> dict[str, Any]:
+    def build(self, job: BuildJob) -> dict[str, Any]:
         # the versions that built the engine: `trtkv repo/serve` pick the Triton image from them
-        return {
-            **_build_tensorrt(recipe, ckpt, tmp, final, info["place"], log),
-            "versions": info["versions"],
-        }
+        return {**_build_tensorrt(job), "versions": job.info["versions"]}
 
     def dry_run_lines(self, recipe: Recipe, ckpt: Path, out: Path) -> list[str]:
         image = versions.image_for(recipe.build.tensorrt_llm_version)

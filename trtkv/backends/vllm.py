@@ -21,7 +21,6 @@ trtkv.backends.vllm_cpu's.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ from trtkv.backends.base import (
     tokens_pool,
 )
 from trtkv.backends.llmapi_args import hf_checkpoint_dir
-from trtkv.backends.seam import EngineBackend, MemoryRule, OpenAIServer
+from trtkv.backends.seam import BuildJob, EngineBackend, MemoryRule, OpenAIServer
 from trtkv.backends.vllm_command import (
     SHM_GIB,
     VLLM_CPU_VERSION,
@@ -168,16 +167,8 @@ class VllmBuilder:
         # the same artifact: ModelOpt's HF export, validated the same way
         return llmapi.BUILDER.prepare(recipe)
 
-    def build(
-        self,
-        recipe: Recipe,
-        ckpt: Path,
-        tmp: Path,
-        final: Path,
-        info: dict[str, Any],
-        log: Callable[[str], None],
-    ) -> dict[str, Any]:
-        hf = ckpt / HF
+    def build(self, job: BuildJob) -> dict[str, Any]:
+        recipe, tmp, hf = job.recipe, job.tmp, job.ckpt / HF
         env = cpu_env(recipe)
         cpu = cpu_command(recipe, hf)
         (tmp / CPU_COMMAND).write_text(
@@ -185,9 +176,9 @@ class VllmBuilder:
         )
         gpu = gpu_command(recipe, hf)
         (tmp / GPU_COMMAND).write_text(quote(gpu) + "\n")
-        log(
+        job.log(
             f"build: vLLM serves {hf} (--kv-cache-dtype {kv_cache_dtype(recipe)}); commands in "
-            f"{final}"
+            f"{job.final}"
         )
         return {
             "backend": Backend.VLLM.value,

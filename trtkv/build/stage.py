@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from trtkv.backends import for_recipe
+from trtkv.backends import BuildJob, for_recipe
 from trtkv.contracts.stage import VERSIONED_TOOLS, StageResult, input_problem, run_stage
 from trtkv.core.errors import StageError
 from trtkv.recipe import Recipe
@@ -64,7 +64,7 @@ def build(
     )
 
     def work(tmp: Any) -> dict[str, Any]:
-        extra = backend.builder.build(recipe, ckpt, tmp, out, info, log)
+        extra = backend.builder.build(BuildJob(recipe, ckpt, tmp, out, info, log))
         return {**extra, "preflight": {k: v for k, v in info.items() if k != "place"}}
 
     return run_stage(
