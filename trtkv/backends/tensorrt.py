@@ -163,7 +163,6 @@ def _build_tensorrt(
     tmp: Path,
     final: Path,
     place: trtllm.TrtllmPlace,
-    log: Callable[[str], None],
 ) -> dict[str, Any]:
     """Run trtllm-build (where TensorRT-LLM lives) into `tmp`; keep the log beside the engine folder
     when it fails."""
@@ -235,7 +234,7 @@ class TensorRTBuilder:
     ) -> dict[str, Any]:
         # the versions that built the engine: `trtkv repo/serve` pick the Triton image from them
         return {
-            **_build_tensorrt(recipe, ckpt, tmp, final, info["place"], log),
+            **_build_tensorrt(recipe, ckpt, tmp, final, info["place"]),
             "versions": info["versions"],
         }
 
