@@ -309,11 +309,9 @@ class MemoryRule:
     host_tier: Callable[[Recipe], HostTier | None] | None = None
     # the engine release its rules follow (trtkv's pin); None: the recipe's tensorrt_llm_version
     release: str | None = None
-    # its rule at a named release (shape, setup, version, knob, token cap, pinned bytes), for the
-    # published startup logs in tests/data
-    at_release: (
-        Callable[[ModelShape, Setup, str, float, int | None, float | None], PoolEstimate] | None
-    ) = None
+    # its rule at a named release (shape, setup, version, knob, token cap), for the published
+    # startup logs in tests/data
+    at_release: Callable[[ModelShape, Setup, str, float, int | None], PoolEstimate] | None = None
     # its own per-step token default on a GPU, and why (init's build.max_num_tokens; None: init's)
     default_step: Callable[[GPU], tuple[int, str]] | None = None
 

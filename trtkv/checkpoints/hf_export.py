@@ -84,27 +84,14 @@ def _load_json(path: Path, problems: list[str]) -> dict[str, Any] | None:
 def _tensors(hf_dir: Path, problems: list[str]) -> dict[str, dict[str, Any]]:
     """name -> {dtype, shape, values (scales only)} over every *.safetensors, without loading the
     weights."""
-    from safetensors import SafetensorError, safe_open
+    from trtkv.checkpoints.trtllm_ranks import read_tensor_infos
 
     files = sorted(hf_dir.glob("*.safetensors"))
     if not files:
         problems.append(f"{hf_dir}: no *.safetensors")
     out: dict[str, dict[str, Any]] = {}
     for path in files:
-        try:
-            with safe_open(str(path), framework="pt") as fh:
-                for name in fh.keys():  # noqa: SIM118 - safe_open has keys(), not iteration
-                    sl = fh.get_slice(name)
-                    entry: dict[str, Any] = {
-                        "dtype": sl.get_dtype(),
-                        "shape": list(sl.get_shape()),
-                        "file": path,
-                    }
-                    if name.endswith("scale"):
-                        entry["values"] = fh.get_tensor(name).float().flatten().tolist()
-                    out[name] = entry
-        except (SafetensorError, OSError, RuntimeError) as exc:
-            problems.append(f"{path}: not a readable safetensors file ({exc})")
+        read_tensor_infos(path, "scale", out, problems, file=path)
     return out
 
 

@@ -76,7 +76,6 @@ class CheckpointScales:
     num_layers: int | None
     kv_layers: tuple[int, ...]  # the layers that keep a KV cache (linear-attention layers do not)
     tensors: tuple[ScaleTensor, ...]
-    shards_read: tuple[str, ...]
 
 
 def classify(name: str) -> tuple[int, str, str] | None:
@@ -122,7 +121,6 @@ def read_checkpoint_scales(folder: Path) -> CheckpointScales:
         num_layers=layers,
         kv_layers=_kv_layers(text if isinstance(text, dict) else {}, layers),
         tensors=tuple(sorted(tensors, key=lambda t: (t.layer, t.kind, t.name))),
-        shards_read=tuple(shards),
     )
 
 

@@ -68,7 +68,7 @@ def render(
     lines = _header(name, facts, settings, params, stored) + _model_lines(
         facts, source, params, stored
     )
-    lines += engine_lines(settings, tp, pp, mpe, settings.gpu == "cpu")
+    lines += engine_lines(settings, tp, pp, mpe)
     lines += section_lines(settings, settings.gpu == "cpu")
     return "\n".join(lines) + "\n"
 
@@ -216,7 +216,7 @@ def _model_lines(
     return lines
 
 
-def engine_lines(s: Settings, tp: int, pp: int, mpe: int, on_cpu: bool) -> list[str]:
+def engine_lines(s: Settings, tp: int, pp: int, mpe: int) -> list[str]:
     """The quantization, build and hardware sections, each chosen value with where it came from."""
     weights = s.why.get(
         "quantization.weights", "the checkpoint's own precision" if s.weights == "none" else ""

@@ -65,8 +65,8 @@ def check_ranks(ckpt_dir: Path, config: dict[str, Any], problems: Problems) -> l
                 path, f"missing (mapping.world_size = {world} needs rank0..rank{world - 1})"
             )
             continue
-        tensors = _read_tensors(path, problems)
-        if tensors is None:
+        tensors: dict[str, dict[str, Any]] = {}
+        if not read_tensor_infos(path, "scaling_factor", tensors, problems.items):
             continue
         info = {"file": path, "rank": rank, "pp_rank": rank // tp, "tensors": tensors}
         _check_rank(info, config, problems)
@@ -78,23 +78,26 @@ def check_ranks(ckpt_dir: Path, config: dict[str, Any], problems: Problems) -> l
     return ranks
 
 
-def _read_tensors(path: Path, problems: Problems) -> dict[str, dict[str, Any]] | None:
-    """Name -> {shape, dtype, values (only for scaling factors)} without loading the weights."""
+def read_tensor_infos(
+    path: Path, scale_end: str, out: dict[str, dict[str, Any]], problems: list[str], **extra: Any
+) -> bool:
+    """Adds name -> {shape, dtype, values (names ending in `scale_end` only), **extra} of each
+    tensor of one safetensors file to `out`, without loading the weights; False, the problem said,
+    when it cannot be read (the TensorRT-LLM rank files and the HF export are checked alike)."""
     from safetensors import SafetensorError, safe_open
 
-    out: dict[str, dict[str, Any]] = {}
     try:
         with safe_open(str(path), framework="pt") as fh:
             for name in fh.keys():  # noqa: SIM118 - safe_open has keys(), not iteration
                 sl = fh.get_slice(name)
                 entry: dict[str, Any] = {"shape": list(sl.get_shape()), "dtype": sl.get_dtype()}
-                if name.endswith("scaling_factor"):
+                if name.endswith(scale_end):
                     entry["values"] = fh.get_tensor(name).float().flatten().tolist()
-                out[name] = entry
+                out[name] = {**entry, **extra}
     except (SafetensorError, OSError, RuntimeError) as exc:
-        problems.add(path, f"not a readable safetensors file ({exc})")
-        return None
-    return out
+        problems.append(f"{path}: not a readable safetensors file ({exc})")
+        return False
+    return True
 
 
 def _expected_shapes(config: dict[str, Any]) -> dict[str, list[int]]:

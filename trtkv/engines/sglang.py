@@ -104,7 +104,7 @@ def sglang_recipe_pool(recipe: Recipe, sizing: Sizing, knobs: EngineKnobs) -> Po
 
 
 def sglang_at(
-    shape: ModelShape, setup: Setup, version: str, knob: float, cap: int | None, pin: float | None
+    shape: ModelShape, setup: Setup, version: str, knob: float, cap: int | None
 ) -> PoolEstimate:
     return sglang_pool(setup, version, knob, fraction_is_default=False, max_total_tokens=cap)
 

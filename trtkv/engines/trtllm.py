@@ -286,13 +286,13 @@ def trt_engine_recipe_pool(recipe: Recipe, sizing: Sizing, knobs: EngineKnobs) -
 
 
 def trtllm_at(
-    shape: ModelShape, setup: Setup, version: str, knob: float, cap: int | None, pin: float | None
+    shape: ModelShape, setup: Setup, version: str, knob: float, cap: int | None
 ) -> PoolEstimate:
     return trtllm_pool(shape, setup, version, knob, fraction_is_default=False, max_tokens=cap)
 
 
 def trt_engine_at(
-    shape: ModelShape, setup: Setup, version: str, knob: float, cap: int | None, pin: float | None
+    shape: ModelShape, setup: Setup, version: str, knob: float, cap: int | None
 ) -> PoolEstimate:
     return trt_engine_pool(shape, setup, version, knob, fraction_is_default=False, max_tokens=cap)
 

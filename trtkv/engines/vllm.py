@@ -256,9 +256,9 @@ def vllm_recipe_pool(recipe: Recipe, sizing: Sizing, knobs: EngineKnobs) -> Pool
 
 
 def vllm_at(
-    shape: ModelShape, setup: Setup, version: str, knob: float, cap: int | None, pin: float | None
+    shape: ModelShape, setup: Setup, version: str, knob: float, cap: int | None
 ) -> PoolEstimate:
-    return vllm_pool(shape, setup, version, knob, pin, is_default=False)
+    return vllm_pool(shape, setup, version, knob, is_default=False)
 
 
 def cpu_pin_bytes(recipe: Recipe) -> int:

@@ -187,7 +187,7 @@ def advice_for(
                 f"{batch}): KV quantization buys bandwidth (decode speed) more than capacity."
             )
     if arch.state is not None:
-        out += state_advice(recipe, arch, caps, rec_fmt)
+        out += state_advice(recipe, arch, caps)
     if not arch.uniform_full():
         out += attention_advice(recipe, arch, caps, rec_fmt)
     speed = _speed_line(recipe, arch, caps, rec_fmt)
@@ -317,9 +317,7 @@ def attention_advice(
     return out
 
 
-def state_advice(
-    recipe: Recipe, arch: Architecture, caps: list[FormatCapacity], rec_fmt: KVFormat
-) -> list[str]:
+def state_advice(recipe: Recipe, arch: Architecture, caps: list[FormatCapacity]) -> list[str]:
     """A hybrid: how few layers hold a KV cache, what the fixed state costs, what an 8-bit cache
     really buys."""
     layers = arch.layer_list()

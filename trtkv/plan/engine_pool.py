@@ -117,11 +117,10 @@ def pool_at_version(
     knob_value: float,
     *,
     cap_tokens: int | None = None,
-    pin_bytes: float | None = None,
 ) -> PoolEstimate:
     """One engine's pool by the rule of a named release (the published-log tests plan each log with
     its own version's rule; recipe_pool uses trtkv's pinned releases)."""
     memory = BACKENDS[backend].memory
     if memory is None or memory.at_release is None:
         raise ValueError(f"backend {backend.value}: one of {', '.join(b.value for b in ENGINES)}")
-    return memory.at_release(shape, setup, version, knob_value, cap_tokens, pin_bytes)
+    return memory.at_release(shape, setup, version, knob_value, cap_tokens)

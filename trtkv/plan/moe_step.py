@@ -51,7 +51,7 @@ from trtkv.checkpoints import read_model_facts
 from trtkv.core.errors import TrtkvError
 from trtkv.engines.sizing import model_config_path
 from trtkv.plan.model import WEIGHT_BYTES
-from trtkv.plan.moe_tables import decode_row_ms, shape_row_ms
+from trtkv.plan.moe_tables import RowKernels, decode_row_ms, shape_row_ms
 from trtkv.recipe import SPEED_ENGINES, Recipe, WeightQuant
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ TABLE_DTYPE = {
 }
 
 
-class StepKernels(Protocol):
+class StepKernels(RowKernels, Protocol):
     """What the expert step reads of speed.Kernels (typed by shape: speed imports this module)."""
 
     @property
@@ -112,14 +112,6 @@ class StepKernels(Protocol):
     def op_latency_ms(self) -> float: ...
     @property
     def moe_tables(self) -> dict[str, dict[str, Any]]: ...
-    @property
-    def moe_rows(self) -> dict[str, dict[str, dict[str, list[float]]]]: ...
-    @property
-    def moe_row_tokens(self) -> tuple[int, ...]: ...
-    @property
-    def moe_decode_rows(self) -> dict[str, dict[str, dict[str, list[float]]]]: ...
-    @property
-    def moe_decode_tokens(self) -> tuple[int, ...]: ...
     def efficiency(self, kind: str, dtype: str) -> float: ...
 
 

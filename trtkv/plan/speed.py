@@ -407,7 +407,6 @@ class Serving:
     output_tokens_per_s_per_gpu: float
     output_tokens_per_s_per_user: float
     decode_step: Step
-    prefill_chunks: int
 
 
 def serve(
@@ -446,4 +445,4 @@ def serve(
     itl = (cycle_ms - prefill_ms) / decode_steps if decode_steps else 0.0
     gpus = m.tp * m.pp
     tps_gpu = c * osl / (cycle_ms / 1e3) / gpus
-    return Serving(ttft, itl, dec.total_ms, tps_gpu, 1e3 / itl if itl else 0.0, dec, n_chunks)
+    return Serving(ttft, itl, dec.total_ms, tps_gpu, 1e3 / itl if itl else 0.0, dec)

@@ -283,19 +283,17 @@ def recipe_config(recipe: Recipe) -> Any:
     if folder is not None and (folder / "config.json").is_file():
         return AutoConfig.from_pretrained(str(folder))
     m = recipe.model
-    missing = [
-        k
-        for k in (
-            "num_layers",
-            "num_attention_heads",
-            "num_kv_heads",
-            "head_dim",
-            "hidden_size",
-            "intermediate_size",
-            "vocab_size",
-        )
-        if getattr(m, k) is None
-    ]
+    # the recipe's model fields by their LlamaConfig names, in the order a missing one is listed
+    fields = {
+        "num_hidden_layers": "num_layers",
+        "num_attention_heads": "num_attention_heads",
+        "num_key_value_heads": "num_kv_heads",
+        "head_dim": "head_dim",
+        "hidden_size": "hidden_size",
+        "intermediate_size": "intermediate_size",
+        "vocab_size": "vocab_size",
+    }
+    missing = [k for k in fields.values() if getattr(m, k) is None]
     if m.architecture not in ("llama", "mistral") or missing:
         raise TrtkvError(
             f"{recipe.path}: probe --dry-run needs the model's config.json or a Llama-family "
@@ -303,15 +301,7 @@ def recipe_config(recipe: Recipe) -> Any:
             f"{m.architecture}). Next: put the model's folder where model.source points, or add "
             "the fields."
         )
-    dims: dict[str, Any] = {
-        "vocab_size": m.vocab_size,
-        "hidden_size": m.hidden_size,
-        "intermediate_size": m.intermediate_size,
-        "num_hidden_layers": m.num_layers,
-        "num_attention_heads": m.num_attention_heads,
-        "num_key_value_heads": m.num_kv_heads,
-        "head_dim": m.head_dim,
-    }
+    dims: dict[str, Any] = {name: getattr(m, k) for name, k in fields.items()}
     return LlamaConfig(
         **dims, max_position_embeddings=m.max_position_embeddings or 8192, tie_word_embeddings=False
     )

@@ -66,15 +66,6 @@ def common_prefix(id_lists: Sequence[Sequence[int]]) -> int:
     return max(n, 0)
 
 
-def eos_ids(loaded: Loaded, tokenizer: Any) -> set[int]:
-    """The end ids the reference runtime stops at: the model config's eos_token_id(s), else the
-    tokenizer's."""
-    eos = loaded.model.config.eos_token_id
-    if eos is None:
-        eos = getattr(tokenizer, "eos_token_id", None)
-    return {int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None}
-
-
 def greedy(
     loaded: Loaded,
     cache: Any,
@@ -180,7 +171,9 @@ def run_ruler(
             f"RULER items at lengths {list(lengths)} plus special tokens exceed the model's "
             f"{limit} positions. Next: a shorter --ruler-lengths."
         )
-    ends = eos_ids(loaded, tokenizer)
+    from trtkv.runtime import eos_ids
+
+    ends = set(eos_ids(loaded.model.config, tokenizer))  # where the reference runtime stops
     groups: dict[tuple[str, int], list[int]] = {}
     for i, item in enumerate(items):
         groups.setdefault((item.task, item.length), []).append(i)

@@ -229,28 +229,15 @@ class LastLayerAt(torch.nn.Module):
 
         from trtkv.kvcache.attention_hook import ENGINE_IMPL, engine_attention_forward
 
-        # an engine kernel's numerics at these rows
-        if attn.config._attn_implementation == ENGINE_IMPL:
-            out, _ = engine_attention_forward(
-                attn,
-                query,
-                keys,
-                values,
-                mask,
-                scaling=attn.scaling,
-                trtkv_q_rows=rows,
-                trtkv_new_tokens=x.shape[1],
-            )
-        else:
-            out, _ = sdpa_attention_forward(
-                attn,
-                query,
-                keys,
-                values,
-                mask,
-                scaling=attn.scaling,
-                sliding_window=attn.sliding_window,
-            )
+        # an engine kernel's numerics at these rows, else SDPA's
+        engine = attn.config._attn_implementation == ENGINE_IMPL
+        forward = engine_attention_forward if engine else sdpa_attention_forward
+        extra = (
+            {"trtkv_q_rows": rows, "trtkv_new_tokens": x.shape[1]}
+            if engine
+            else {"sliding_window": attn.sliding_window}
+        )
+        out, _ = forward(attn, query, keys, values, mask, scaling=attn.scaling, **extra)
         h = attn.o_proj(out.reshape(*xq.shape[:-1], -1).contiguous())
         h = hidden_states[:, rows] + layer.post_attention_layernorm(h)
         return h + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(h)))

@@ -49,7 +49,6 @@ def run_chain(
     overrides: Sequence[str] = (),
     *,
     steps: Sequence[str] = CHAIN,
-    bench_args: Sequence[str] = (),
     runner: Callable[[list[str]], int] = _run,
     log: Callable[[str], None] = print,
 ) -> ChainResult:
@@ -68,8 +67,6 @@ def run_chain(
         for verb in steps:
             log(f"\n=== trtkv {verb} {recipe} ===")
             extra = list(overrides)
-            if verb == "bench":
-                extra += list(bench_args)
             if verb == "report":
                 extra.append("--quiet")  # the chain prints the summary once, at its end
             start = time.time()

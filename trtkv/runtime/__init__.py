@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from trtkv.core.lazy import attach
 from trtkv.runtime.batch import Batcher, make_sequence
 from trtkv.runtime.checkpoint import build_model, llama_config, read_json, trtllm_to_hf_state_dict
-from trtkv.runtime.engine import ReferenceRuntime
+from trtkv.runtime.engine import ReferenceRuntime, eos_ids
 from trtkv.runtime.sampling import LogitControls
 
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ __getattr__, __dir__ = attach(
 __all__ = [
     "Batcher",
     "build_model",
+    "eos_ids",
     "hf_checkpoint",
     "llama_config",
     "LLM",

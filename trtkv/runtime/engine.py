@@ -22,7 +22,7 @@ from trtkv.runtime.checkpoint import (
 from trtkv.runtime.errors import RequestError
 
 
-def _eos_ids(config: Any, tokenizer: Any) -> list[int]:
+def eos_ids(config: Any, tokenizer: Any) -> list[int]:
     """The end ids: config.json's eos_token_id (one or a list), else the tokenizer's."""
     eos = config.eos_token_id
     if eos is None:
@@ -138,7 +138,7 @@ class ReferenceRuntime:
             kv_format=kv_format,
             kv_scales=scales,
             max_seq_len=max_len,
-            eos_token_ids=_eos_ids(config, tokenizer),
+            eos_token_ids=eos_ids(config, tokenizer),
             bos_token_id=config.bos_token_id,
             engine_dir=engine_dir,
             settings=settings,
@@ -245,7 +245,7 @@ class ReferenceRuntime:
             kv_format=kv_format,
             kv_scales=None,
             max_seq_len=seq_len,
-            eos_token_ids=_eos_ids(config, tok),
+            eos_token_ids=eos_ids(config, tok),
             bos_token_id=config.bos_token_id,
             engine_dir=hf_dir,
             settings=settings,
