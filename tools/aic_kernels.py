@@ -195,18 +195,24 @@ def _moe(pd, path: str, gpu: dict, version: str) -> dict:
     return out
 
 
-def _moe_rows(pd, path: str) -> dict:
-    """Per expert dtype, shape and moe_tp/EP: the fused MoE op's latency (ms) at MOE_ROW_TOKENS, prefill routing."""
+def _moe_curves(pd, path: str, routing: str, tokens: tuple[int, ...]):
+    """(dtype, "hidden/inter/topk/experts", "moe_tp/ep", latency by token count) of each expert shape and moe_tp/EP the
+    table times under `routing` at `tokens`, within MOE_ROW_GPUS and the dtypes trtkv prices."""
     df = pd.read_parquet(path)
-    df = df[(df["distribution"] == MOE_PREFILL_ROUTING) & df["num_tokens"].isin(MOE_ROW_TOKENS)
+    df = df[(df["distribution"] == routing) & df["num_tokens"].isin(tokens)
             & (df["moe_tp_size"] * df["moe_ep_size"] <= MOE_ROW_GPUS) & df["moe_dtype"].isin(list(MOE_BYTES))]
-    out: dict = {}
     keys = ["moe_dtype", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size", "moe_ep_size"]
     for key, d in df.groupby(keys):
-        got = d.groupby("num_tokens")["latency"].min()
+        shape, par = "/".join(str(int(v)) for v in key[1:5]), f"{int(key[5])}/{int(key[6])}"
+        yield key[0], shape, par, d.groupby("num_tokens")["latency"].min()
+
+
+def _moe_rows(pd, path: str) -> dict:
+    """Per expert dtype, shape and moe_tp/EP: the fused MoE op's latency (ms) at MOE_ROW_TOKENS, prefill routing."""
+    out: dict = {}
+    for dtype, shape, par, got in _moe_curves(pd, path, MOE_PREFILL_ROUTING, MOE_ROW_TOKENS):
         if len(got) < len(MOE_ROW_TOKENS):  # a partial curve: the per-dtype fit prices that shape
             continue
-        dtype, shape, par = key[0], "/".join(str(int(v)) for v in key[1:5]), f"{int(key[5])}/{int(key[6])}"
         out.setdefault(dtype, {}).setdefault(shape, {})[par] = [float(f"{got[n]:.4g}") for n in MOE_ROW_TOKENS]
     return out
 
@@ -214,14 +220,9 @@ def _moe_rows(pd, path: str) -> dict:
 def _moe_decode_rows(pd, path: str) -> dict:
     """Per expert dtype, shape and moe_tp/EP: the fused MoE op's latency (ms) at MOE_DECODE_TOKENS, balanced routing,
     up to the first token count that reads every expert."""
-    df = pd.read_parquet(path)
-    df = df[(df["distribution"] == MOE_DECODE_ROUTING) & df["num_tokens"].isin(MOE_DECODE_TOKENS)
-            & (df["moe_tp_size"] * df["moe_ep_size"] <= MOE_ROW_GPUS) & df["moe_dtype"].isin(list(MOE_BYTES))]
     out: dict = {}
-    keys = ["moe_dtype", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size", "moe_ep_size"]
-    for key, d in df.groupby(keys):
-        got = d.groupby("num_tokens")["latency"].min()
-        topk, experts = int(key[3]), int(key[4])
+    for dtype, shape, par, got in _moe_curves(pd, path, MOE_DECODE_ROUTING, MOE_DECODE_TOKENS):
+        topk, experts = (int(v) for v in shape.split("/")[2:4])
         curve = []
         for n in MOE_DECODE_TOKENS:
             if n not in got.index:
@@ -231,7 +232,6 @@ def _moe_decode_rows(pd, path: str) -> dict:
                 break
         if len(curve) < 2:  # the per-dtype fit prices that shape
             continue
-        dtype, shape, par = key[0], "/".join(str(int(v)) for v in key[1:5]), f"{int(key[5])}/{int(key[6])}"
         out.setdefault(dtype, {}).setdefault(shape, {})[par] = curve
     return out
 
