@@ -57,6 +57,8 @@ OUTSIDE_BAND = {
     # decoding (InferenceX 645b97aa4). So the run reads fewer experts than the power law (its routing on random prompts)
     # or its 1.2.0rc2 kernels beat the tables; no term trtkv can cite. aiconfigurator's own step model gives ITL 14.6 ->
     # 8.0 ms; the same run's TP-only rows (not held) are +18% to +28% (TP2-TP8 at concurrency 4-32), TP1 c128 -0.2%.
+    # InferenceX measured the same setup again on 2026-01-07 (aiconfigurator-core 0.12.0 systems/silicon_sample.csv,
+    # `..._c64_tp2_ep2_1994`, same image): 5.66 ms, the model +44.5% (scripts/silicon_samples.py; docs/plan.md).
     ("b200_dep2_1k1k_c64", "tpot_p50_ms"): "below the engine's own kernel tables: MoE >= 4.3 + all-to-all 1.2 + dense "
                                            "0.4 ms > 5.33 measured; uniform +53%, power law +38%",
     # aiconfigurator-core 0.12.0 ships no H20 system YAML or kernel tables (only a node selector in aiconfigurator's
