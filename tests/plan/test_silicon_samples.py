@@ -1,0 +1,57 @@
+"""trtkv's step model beside NVIDIA's measured runs (aiconfigurator-core 0.12.0's silicon samples, the slice in
+tests/data/silicon_samples/; tests/support/silicon.py says why they are evidence, not the held set of
+test_published_speed.py). A regression gate: per slice, the kept rows are the ones the file holds, and the TPOTs within
+issue #49's 25% do not fall below the count measured on 4381c8b (raise a floor when the model gains; lower one only with
+the reason in docs/plan.md). None of these runs set a parameter of the model."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from tests.support import silicon
+
+BAND = 0.25
+# slice -> (rows kept, TPOTs within 25%), as measured on 4381c8b
+FLOORS = {
+    ("gpt-oss-120b", "b200_sxm", "trtllm"): (27, 25),
+    ("gpt-oss-120b", "h200_sxm", "trtllm"): (25, 24),
+    ("gpt-oss-120b", "h200_sxm", "vllm"): (20, 20),
+    ("gpt-oss-120b", "h100_sxm", "vllm"): (18, 13),
+    ("gpt-oss-120b", "b200_sxm", "vllm"): (22, 15),
+    ("DeepSeek-R1", "h200_sxm", "trtllm"): (5, 5),
+    ("DeepSeek-R1", "h200_sxm", "sglang"): (5, 4),
+    ("DeepSeek-R1", "b200_sxm", "sglang"): (8, 4),
+}
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[dict[str, str]]:
+    return silicon.read(silicon.SUBSET)
+
+
+def test_the_subset_is_the_slices(rows: list[dict[str, str]]) -> None:
+    # every row belongs to a slice, and every slice has rows trtkv can compare with EP or attention DP among them
+    assert rows and all(any(silicon.in_slice(r, s) for s in silicon.SLICES) for r in rows)
+    assert {(s.model, s.system, s.backend) for s in silicon.SLICES} == set(FLOORS)
+    layouts = [lay for s in silicon.SLICES for lay in silicon.kept(rows, s)]
+    assert sum(1 for _, tp, adp, _, ep in layouts if ep > 1 or adp > 1) >= 5
+
+
+def test_tpot_within_the_band_does_not_regress(rows: list[dict[str, str]], capsys: pytest.CaptureFixture[str]) -> None:
+    results = {}
+    with capsys.disabled():
+        print(f"\n{'slice':<34} {'kept':>4} {'within 25%':>10} {'median':>7} {'median |e|':>10}  outside")
+        for s in silicon.SLICES:
+            got = silicon.comparisons(rows, s)
+            errors = [float(c["error"]) for c in got]
+            inside = sum(abs(e) <= BAND for e in errors)
+            outside = ", ".join(f"tp{c['tp']} adp{c['attention_dp']} ep{c['ep']} c{c['concurrency']} {c['error']:+.0%}"
+                                for c in got if abs(float(c["error"])) > BAND)
+            print(f"{s.model + ' ' + s.system + ' ' + s.backend:<34} {len(got):>4} {inside:>10} "
+                  f"{statistics.median(errors):>+7.1%} {statistics.median(abs(e) for e in errors):>10.1%}  {outside}")
+            results[(s.model, s.system, s.backend)] = (len(got), inside)
+    for key, (kept, floor) in FLOORS.items():
+        assert results[key][0] == kept, (key, results[key])
+        assert results[key][1] >= floor, (key, results[key], "raise the model, or lower the floor with the reason")
