@@ -126,7 +126,7 @@ def test_ruler_probe_scores_a_broken_cache_below_the_reference(tmp_path: Path, e
     assert ref["by_length"]["512"]["tasks"][single]["score"] == 100.0, ref["items"]
     assert bad["by_length"]["512"]["tasks"][single]["score"] < 100.0, bad["items"]
     assert bad["by_length"]["512"]["average"] < ref["by_length"]["512"]["average"]
-    assert bad["accuracy"] < ref["accuracy"] and bad["interval"][1] < 1.0
+    assert bad["accuracy"] < ref["accuracy"] and bad["accuracy_ci"][1] < 1.0
     assert ref["shared_prefix_tokens"] > 0  # niah_single_1's noise haystack: a shared token prefix
     assert any(r["stop"] == "all_found" for r in ref["items"])
     md = (out / "probe.md").read_text()

@@ -4,7 +4,7 @@ writes them (trtkv.probe.sweep._document): a file is written back byte for byte.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field, JsonValue
+from pydantic import AliasChoices, BaseModel, Field, JsonValue
 
 from trtkv.contracts.artifacts import Artifact, Kept, LayerAmax
 
@@ -167,7 +167,8 @@ class RulerFormat(Kept):
     """One format's RULER answers: the bench's summary (trtkv.bench.tasks.ruler), the probe's."""
 
     accuracy: float
-    interval: list[float]
+    # `interval` in files of trtkv before 2026-12-08
+    accuracy_ci: list[float] = Field(validation_alias=AliasChoices("accuracy_ci", "interval"))
     confidence: float
     correct: int
     total: int
