@@ -43,9 +43,11 @@ def untyped(model: BaseModel, where: str = "") -> list[str]:
 
 
 def as_read_now(text: str) -> dict:
-    """probe.json as this trtkv reads it: before 2026-12-08 each RULER format's overall interval was `interval` (now
-    `accuracy_ci`, as every bench task writes it)."""
+    """probe.json as this trtkv reads it: before 2026-12-08 `threads` was OMP_NUM_THREADS as set (a string) and each
+    RULER format's overall interval was `interval` (now `accuracy_ci`, as every bench task writes it)."""
     doc = json.loads(text)
+    if isinstance(doc.get("threads"), str):
+        doc["threads"] = int(doc["threads"])
     for name, fmt in (doc.get("ruler") or {}).get("formats", {}).items():
         doc["ruler"]["formats"][name] = {("accuracy_ci" if k == "interval" else k): v for k, v in fmt.items()}
     return doc
@@ -88,8 +90,9 @@ def test_every_probe_json_under_tests_loads_reads_and_is_written_back_whole(path
         assert "### Prefill vs decode" in "\n".join(markdown_section(doc)) and summary_lines(doc)
     text = path.read_text()
     again = json.dumps(doc.document(), indent=2) + "\n"
+    assert json.loads(text)["threads"] == "1" and doc.threads == 1  # OMP_NUM_THREADS as set: read as torch's count
     assert json.loads(again) == as_read_now(text)  # every key kept, the untyped parts as written
-    if doc.attention is not None:  # the writer of 1a66efc, byte for byte (key order, ints and floats) but that one
+    if doc.attention is not None:  # the writer of 1a66efc, byte for byte (key order, ints and floats) but those two
         assert again == json.dumps(as_read_now(text), indent=2) + "\n"
 
 
@@ -127,7 +130,8 @@ def test_probe_doc_helpers_build_what_the_readers_take() -> None:
 def test_a_windowed_model_s_window_and_the_needles_of_its_kl_passes_are_typed(tmp_path: Path) -> None:
     """tests/data/probe/gemma3-1a66efc.json: `trtkv probe gemma3_fp8kv` at 1a66efc on the packaged Gemma 3 270M (formats
     fp16,int8,kivi2, --lengths 256,640, --needle-lengths 600, --decode-steps 2, the same overrides): the sliding
-    window's fields and the needles each KL pass asked (method, timings), written back byte for byte."""
+    window's fields and the needles each KL pass asked (method, timings), written back byte for byte (`threads` as an
+    int)."""
     text = (TESTS / "data" / "probe" / "gemma3-1a66efc.json").read_text()
     (tmp_path / "probe.json").write_text(text)
     doc = ProbeDoc.load(tmp_path)

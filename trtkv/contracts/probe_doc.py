@@ -240,7 +240,7 @@ class ProbeDoc(Artifact):
     scale_reuse: ProbeScaleReuse | None = None
     pass_seconds: dict[str, float] = {}
     kv_stats: dict[str, JsonValue] | None = None  # trtkv.kvcache.stats.KVStats.to_dict
-    threads: str | int | None = None  # OMP_NUM_THREADS as set, else torch's count
+    threads: int | None = None  # torch's thread count (before 2026-12-08 OMP_NUM_THREADS as set)
     ruler: ProbeRuler | None = None  # with --ruler
     kl_by_position: KLByPosition | None = None
     plots: list[str] = []
