@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 
 from trtkv.bench.load.prompts import load_tokenizer
+from trtkv.bench.outputs.results import accuracy_rows
 from trtkv.bench.tasks import ruler, ruler_families
 from trtkv.contracts.bench_doc import ERROR, OK, BenchResults, RequestRecord
 from trtkv.core.errors import ToolError
-from trtkv.measures.stats import wilson_interval
+from trtkv.measures.stats import interval_text, wilson_interval
+from trtkv.report.summary import bench_headline
 
 TASKS = ["niah_single_1", "niah_multikey_2", "niah_multikey_3", "vt", "cwe", "fwe"]
 
@@ -201,8 +203,10 @@ def test_bench_task_scores_per_length_and_task(tokenizer) -> None:  # noqa: ANN0
     assert all(cells[t].score == 100.0 for t in ("niah_multikey_2", "niah_multikey_3", "vt", "fwe"))
     assert scored.by_length["1024"].average == round((50 + 100 * 4 + 50) / 6, 2)
     assert result["accuracy"] == pytest.approx(10 / 12) and result["correct"] == 9
-    lo, hi = result["interval"]
-    assert lo < 10 / 12 < hi and (lo, hi) == wilson_interval(10, 12)
+    lo, hi = result["accuracy_ci"]  # under every task's name: results.md's accuracy table shows it
+    assert lo < 10 / 12 < hi and (lo, hi) == wilson_interval(10, 12) and scored.accuracy_ci == [lo, hi]
+    assert accuracy_rows(written)[0][:4] == ["ruler", "ruler.accuracy", "0.833", interval_text([lo, hi])]
+    assert bench_headline(written)["ruler.accuracy.ci"] == [lo, hi]  # what `trtkv compare` and the summary read
     assert any(n.startswith("niah_single_1 @ 1024: 50.00") for n in task.notes)  # the table reaches results.md
 
 

@@ -25,22 +25,32 @@ NEWER_RECORD_FIELDS = {"client_lag_us": [], "client_worker": 0, "delayed": False
 
 
 def test_every_results_json_under_tests_loads_and_is_written_back_as_read() -> None:
-    assert len(FILES) >= 2, FILES  # tests/data/bench_results: this trtkv's file and an older one
-    exact = 0
+    assert len(FILES) >= 3, FILES  # tests/data/bench_results: this trtkv's file and older ones
+    exact = renamed = 0
     for path in FILES:
         loaded = BenchResults.load(path.parent)
         assert loaded is not None and loaded.records and loaded.accuracy, path
         text, doc = path.read_text(), loaded.document()
         exact += json.dumps(doc, indent=1) + "\n" == text
         written = json.loads(text)
+        if "interval" in (ruler := written["accuracy"].get("ruler", {})):  # before 2026-12-08: read as accuracy_ci
+            written["accuracy"]["ruler"] = {("accuracy_ci" if k == "interval" else k): v for k, v in ruler.items()}
+            renamed += 1
         for got, had in zip(doc["records"], written["records"], strict=True):
             added = {k: got.pop(k) for k in list(got) if k not in had}
             assert added.items() <= NEWER_RECORD_FIELDS.items(), (path, added)
         assert json.dumps(doc) == json.dumps(written), path  # every other key and value, in its order
-    assert exact >= 1  # this trtkv's own file, byte for byte
+    assert exact >= 1 and renamed == 1  # this trtkv's own file, byte for byte; types50a's ruler wrote `interval`
 
 
 def test_the_report_and_the_metrics_read_a_written_file_by_attribute() -> None:
+    rulers = [p for p in FILES if "ruler" in json.loads(p.read_text())["accuracy"]]
+    assert len(rulers) == 2, rulers  # types50a (ruler's `interval`) and this trtkv's (`accuracy_ci`)
+    for path in rulers:
+        loaded = BenchResults.load(path.parent)
+        assert loaded is not None
+        ruler = json.loads(path.read_text())["accuracy"]["ruler"]
+        assert summary.bench_headline(loaded)["ruler.accuracy.ci"] == ruler.get("accuracy_ci", ruler.get("interval"))
     path = next(p for p in FILES if "sweep" in json.loads(p.read_text()))
     loaded = BenchResults.load(path.parent)
     assert loaded is not None and loaded.sweep is not None
@@ -48,7 +58,6 @@ def test_the_report_and_the_metrics_read_a_written_file_by_attribute() -> None:
     headline = summary.bench_headline(loaded)
     assert headline["quiz.accuracy.ci"] == written["accuracy"]["quiz"]["accuracy_ci"]
     assert headline["golden.agreement"] == written["accuracy"]["golden"]["agreement"]
-    assert "ruler.accuracy" in headline and "ruler.accuracy.ci" not in headline  # ruler writes `interval`
     checked = summary._checked_sweep(loaded.sweep)
     for label, level in written["sweep"]["levels"].items():  # the fits recomputed from the samples alone
         assert checked["levels"][label]["itl_fit"] == pytest.approx(level["itl_fit"])

@@ -42,6 +42,17 @@ def untyped(model: BaseModel, where: str = "") -> list[str]:
     return out
 
 
+def as_read_now(text: str) -> dict:
+    """probe.json as this trtkv reads it: before 2026-12-08 `threads` was OMP_NUM_THREADS as set (a string) and each
+    RULER format's overall interval was `interval` (now `accuracy_ci`, as every bench task writes it)."""
+    doc = json.loads(text)
+    if isinstance(doc.get("threads"), str):
+        doc["threads"] = int(doc["threads"])
+    for name, fmt in (doc.get("ruler") or {}).get("formats", {}).items():
+        doc["ruler"]["formats"][name] = {("accuracy_ci" if k == "interval" else k): v for k, v in fmt.items()}
+    return doc
+
+
 def test_the_probe_files_under_tests_are_found() -> None:
     assert {p.parent.name for p in PROBES} >= {"a69c3f5", "82d874b", "9fc1850", "1a66efc"}
 
@@ -71,15 +82,18 @@ def test_every_probe_json_under_tests_loads_reads_and_is_written_back_whole(path
         assert doc.settings.ruler_tasks == doc.ruler.tasks == ["niah_single_1", "niah_multikey_2"]
         cell = doc.ruler.formats["fp16"].by_length["512"].tasks["niah_single_1"]
         assert cell.n == 2 and cell.score in (0.0, 50.0, 100.0) and len(cell.interval) == 2
+        overall = doc.ruler.formats["fp16"]  # written as `interval` there: read as accuracy_ci
+        assert overall.accuracy_ci == json.loads(path.read_text())["ruler"]["formats"]["fp16"]["interval"]
         assert "## RULER" in md and "| kivi2 | 512 | " in md and len(ruler_lines(doc)) == 4
     if doc.attention is not None:  # the engine modes: int8 under TensorRT-LLM's kernels beside cache-only
         assert [(r.format, r.attention) for r in doc.attention_records][-1] == ("int8", "trtllm_fresh_context")
         assert "### Prefill vs decode" in "\n".join(markdown_section(doc)) and summary_lines(doc)
     text = path.read_text()
     again = json.dumps(doc.document(), indent=2) + "\n"
-    assert json.loads(again) == json.loads(text)  # every key kept, the untyped parts as written
-    if doc.attention is not None:
-        assert again == text  # the current writer's file, byte for byte (key order, ints and floats)
+    assert json.loads(text)["threads"] == "1" and doc.threads == 1  # OMP_NUM_THREADS as set: read as torch's count
+    assert json.loads(again) == as_read_now(text)  # every key kept, the untyped parts as written
+    if doc.attention is not None:  # the writer of 1a66efc, byte for byte (key order, ints and floats) but those two
+        assert again == json.dumps(as_read_now(text), indent=2) + "\n"
 
 
 def test_a_record_keeps_its_optional_keys_where_the_probe_wrote_them(tmp_path: Path) -> None:
@@ -116,7 +130,8 @@ def test_probe_doc_helpers_build_what_the_readers_take() -> None:
 def test_a_windowed_model_s_window_and_the_needles_of_its_kl_passes_are_typed(tmp_path: Path) -> None:
     """tests/data/probe/gemma3-1a66efc.json: `trtkv probe gemma3_fp8kv` at 1a66efc on the packaged Gemma 3 270M (formats
     fp16,int8,kivi2, --lengths 256,640, --needle-lengths 600, --decode-steps 2, the same overrides): the sliding
-    window's fields and the needles each KL pass asked (method, timings), written back byte for byte."""
+    window's fields and the needles each KL pass asked (method, timings), written back byte for byte (`threads` as an
+    int)."""
     text = (TESTS / "data" / "probe" / "gemma3-1a66efc.json").read_text()
     (tmp_path / "probe.json").write_text(text)
     doc = ProbeDoc.load(tmp_path)
@@ -125,4 +140,4 @@ def test_a_windowed_model_s_window_and_the_needles_of_its_kl_passes_are_typed(tm
     assert doc.settings.needle_method == "shared_haystack" == doc.needles[0].method
     assert all(n.context_len == 600 and n.cpu_seconds is not None for n in doc.needles)
     assert "## Needle retrieval" in render_markdown(doc, None, [])
-    assert json.dumps(doc.document(), indent=2) + "\n" == text
+    assert json.dumps(doc.document(), indent=2) + "\n" == json.dumps(as_read_now(text), indent=2) + "\n"

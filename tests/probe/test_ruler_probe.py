@@ -110,6 +110,7 @@ def test_ruler_probe_scores_a_broken_cache_below_the_reference(tmp_path: Path, e
         return [dataclasses.replace(it, max_tokens=24) for it in items], notes
 
     monkeypatch.setattr(ruler, "generate_items", shorter)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # probe.json's `threads`: torch's count (--threads 1), an int
     broken = tmp_path / "kv_scales.json"
     broken.write_text(json.dumps({"kv_cache_quant_algo": "INT8",
                                   "layers": [{"layer": i, "k_amax": 1e-3, "v_amax": 1e-3} for i in range(30)]}))
@@ -118,7 +119,9 @@ def test_ruler_probe_scores_a_broken_cache_below_the_reference(tmp_path: Path, e
             "--decode-steps", "1", "--threads", "1", "--no-progress", "--output", str(out), "--scales", str(broken),
             "--ruler-tasks", "niah_single_1,niah_multikey_2", "--ruler-lengths", "512", "--ruler-samples", "2"]
     assert main(args) == 0
-    doc = json.loads((out / "probe.json").read_text())["ruler"]
+    written = json.loads((out / "probe.json").read_text())
+    assert written["threads"] == 1 == written["model"]["threads"]
+    doc = written["ruler"]
     assert [i["id"] for i in doc["items"]] == [f"{t}@512#{k}" for t in ("niah_single_1", "niah_multikey_2")
                                                for k in (0, 1)]
     ref, bad = doc["formats"]["fp16"], doc["formats"]["int8"]
@@ -126,7 +129,7 @@ def test_ruler_probe_scores_a_broken_cache_below_the_reference(tmp_path: Path, e
     assert ref["by_length"]["512"]["tasks"][single]["score"] == 100.0, ref["items"]
     assert bad["by_length"]["512"]["tasks"][single]["score"] < 100.0, bad["items"]
     assert bad["by_length"]["512"]["average"] < ref["by_length"]["512"]["average"]
-    assert bad["accuracy"] < ref["accuracy"] and bad["interval"][1] < 1.0
+    assert bad["accuracy"] < ref["accuracy"] and bad["accuracy_ci"][1] < 1.0
     assert ref["shared_prefix_tokens"] > 0  # niah_single_1's noise haystack: a shared token prefix
     assert any(r["stop"] == "all_found" for r in ref["items"])
     md = (out / "probe.md").read_text()

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, JsonValue
 from pydantic.dataclasses import dataclass as typed_dataclass
 
 from trtkv.contracts.artifacts import Artifact, Kept
@@ -218,8 +218,10 @@ class TaskScore(Kept):
     exact_match: float | None = None  # golden
     exact_match_ci: Interval | None = None
     accuracy: float | None = None  # the fraction right (fidelity: top-1 agreement)
-    accuracy_ci: Interval | None = None
-    interval: Interval | None = None  # ruler's interval of `accuracy`
+    # ruler's is `interval` in files of trtkv before 2026-12-08 (its by_length cells keep theirs)
+    accuracy_ci: Interval | None = Field(
+        None, validation_alias=AliasChoices("accuracy_ci", "interval")
+    )
     confidence: float | None = None  # of the intervals
     correct: int | None = None
     total: int | None = None  # items (fidelity: tokens judged)

@@ -1,10 +1,10 @@
 """probe.json's model: `trtkv probe` writes it, the planner, report and printouts read it
 (trtkv.measures.probe_results). Every part typed, its fields declared in the order the probe
-writes them (trtkv.probe.sweep._document): a file is written back byte for byte."""
+writes them (trtkv.probe.sweep._document): a file this trtkv wrote is written back byte for byte."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field, JsonValue
+from pydantic import AliasChoices, BaseModel, Field, JsonValue
 
 from trtkv.contracts.artifacts import Artifact, Kept, LayerAmax
 
@@ -167,7 +167,8 @@ class RulerFormat(Kept):
     """One format's RULER answers: the bench's summary (trtkv.bench.tasks.ruler), the probe's."""
 
     accuracy: float
-    interval: list[float]
+    # `interval` in files of trtkv before 2026-12-08
+    accuracy_ci: list[float] = Field(validation_alias=AliasChoices("accuracy_ci", "interval"))
     confidence: float
     correct: int
     total: int
@@ -239,7 +240,7 @@ class ProbeDoc(Artifact):
     scale_reuse: ProbeScaleReuse | None = None
     pass_seconds: dict[str, float] = {}
     kv_stats: dict[str, JsonValue] | None = None  # trtkv.kvcache.stats.KVStats.to_dict
-    threads: str | int | None = None  # OMP_NUM_THREADS as set, else torch's count
+    threads: int | None = None  # torch's thread count (before 2026-12-08 OMP_NUM_THREADS as set)
     ruler: ProbeRuler | None = None  # with --ruler
     kl_by_position: KLByPosition | None = None
     plots: list[str] = []

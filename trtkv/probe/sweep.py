@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from functools import partial
@@ -343,5 +342,5 @@ def _document(
         "scale_reuse": reuse,
         "pass_seconds": timings,
         "kv_stats": scales.stats.to_dict() if scales.stats else None,
-        "threads": os.environ.get("OMP_NUM_THREADS") or torch.get_num_threads(),
+        "threads": torch.get_num_threads(),  # the count used: setup set it (--threads, else auto)
     }

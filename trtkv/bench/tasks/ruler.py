@@ -132,7 +132,7 @@ def summarize(
 ) -> dict[str, Any]:
     """Per length and task: RULER's score (percent), the mean with its Wilson interval, all-found
     and failed counts; per length RULER's average over the tasks; overall the mean over items
-    (`accuracy`). A failed answer scores 0."""
+    (`accuracy`, `accuracy_ci` as every task). A failed answer scores 0."""
     oks = list(ok) if ok is not None else [True] * len(items)
     rows: list[dict[str, Any]] = []
     for item, pred, good in zip(items, predictions, oks, strict=True):
@@ -168,7 +168,7 @@ def summarize(
     lo, hi = wilson_interval(total, n, confidence)
     return {
         "accuracy": total / n if n else 0.0,
-        "interval": [lo, hi],
+        "accuracy_ci": [lo, hi],
         "confidence": confidence,
         "correct": sum(r["score"] == 1.0 for r in rows),
         "total": n,
