@@ -96,6 +96,7 @@ def write_compare(
         "quiz.accuracy",
         "golden.agreement",
         "needle.accuracy",
+        *(["ruler.accuracy"] if any("ruler.accuracy" in r.get("bench", {}) for r in rows) else []),
         "time_to_first_token.p50",
         "time_to_first_token.p99",
         "inter_token_latency.p50",

@@ -74,7 +74,7 @@ def bench_headline(results: BenchResults) -> dict[str, Any]:
     return out
 
 
-ACCURACY_TASKS = ("quiz", "golden", "needle")
+ACCURACY_TASKS = ("quiz", "golden", "needle", "ruler")
 
 
 def with_ci(b: dict[str, Any], key: str) -> str:
