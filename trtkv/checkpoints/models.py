@@ -273,6 +273,15 @@ def local_model_dir(recipe: Recipe) -> Path | None:
         name = source.split(":", 1)[1]
         folder = packaged_model_dir(name)
         return _current_tokenizer(name, folder) if (folder / CONVERTED_MARK).is_file() else None
+    return source_dir(recipe)
+
+
+def source_dir(recipe: Recipe) -> Path | None:
+    """A model.source other than packaged: as a folder on this machine: a local folder (relative
+    to the recipe file, the project root, then the working directory), a hub id in the local HF
+    cache only; None where neither is. The one resolver: the planner reads its config.json
+    (trtkv.engines.sizing.model_config_path), calibration and serving its weights."""
+    source = recipe.model.source
     local = Path(source).expanduser()
     bases = ([recipe.path.parent] if recipe.path else []) + [paths.project_root(), Path.cwd()]
     for folder in [local] if local.is_absolute() else [base / local for base in bases]:

@@ -29,17 +29,15 @@ from trtkv.units import GIB
 def model_config_path(recipe: Recipe) -> Path | None:
     """config.json of the recipe's model when it is on this machine (local folder or converted
     package)."""
+    from trtkv.checkpoints import models  # light import: paths only
+
     source = recipe.model.source
     if source.startswith("packaged:"):
-        from trtkv.checkpoints import models  # light import: paths only
-
-        folder = models.packaged_model_dir(source.split(":", 1)[1])
-    else:
-        folder = Path(source).expanduser()
-        if not folder.is_absolute() and recipe.path is not None:
-            folder = recipe.path.parent / folder
-    cfg = folder / "config.json"
-    return cfg if cfg.is_file() else None
+        folder: Path | None = models.packaged_model_dir(source.split(":", 1)[1])
+    else:  # where calibration and serving find it (trtkv.checkpoints.models.source_dir)
+        folder = models.source_dir(recipe)
+    cfg = folder / "config.json" if folder is not None else None
+    return cfg if cfg is not None and cfg.is_file() else None
 
 
 def recipe_kv_layout(recipe: Recipe) -> tuple[tuple[LayerAttention, ...], KVShape] | None:
