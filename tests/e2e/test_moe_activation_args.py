@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_parallel_args import SGLANG_PY, after, parse
+from tests.e2e.test_parallel_args import SGLANG_PY, after, parse, shell_words
+from tests.support.planned import deploy
 from trtkv.backends import sglang, vllm, vllm_command
+from trtkv.deploy import Target
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
@@ -38,13 +40,13 @@ print(json.dumps([prepare_server_args(a).flashinfer_mxfp4_moe_precision for a in
 """
 
 
-def gpt_oss(tmp_path: Path, backend: str, *overrides: str):  # noqa: ANN201 - a Recipe
+def gpt_oss(tmp_path: Path, backend: str, *overrides: str, count: int = 1):  # noqa: ANN201 - a Recipe
     from trtkv.cli.init import write_recipe
     from trtkv.recipe import load_recipe
 
-    path = tmp_path / f"gptoss_{backend}.yaml"
+    path = tmp_path / f"gptoss_{backend}_{count}.yaml"
     if not path.exists():
-        write_recipe(f"gptoss_{backend}", CONFIGS / "gpt_oss_120b", path, "B200", count=1, backend=backend)
+        write_recipe(f"gptoss_{backend}_{count}", CONFIGS / "gpt_oss_120b", path, "B200", count=count, backend=backend)
     return load_recipe(path, list(overrides))
 
 
@@ -57,7 +59,13 @@ def test_vllm_runs_mxfp8_experts_where_the_recipe_asks(tmp_path: Path) -> None:
         r = gpt_oss(tmp_path, "vllm", f"build.moe_activations={value}")
         argvs.append(after(vllm_command.gpu_command(r, vllm.hf_checkpoint_dir(r)), vllm_command.VLLM_IMAGE))
     assert "--quantization-config" in argvs[0] and "--quantization-config" not in argvs[1] + argvs[2]
+    # the JSON through a shell: a two-node Slurm job's rank script (vLLM's multi-node data parallelism)
+    two = gpt_oss(tmp_path, "vllm", "build.moe_activations=mxfp8", "hardware.gpus_per_node=8", "build.tp_size=16",
+                  "build.pp_size=1", "build.ep_size=16", "build.attention_dp_size=16", count=16)
+    rank = (deploy(two, Target.SLURM, tmp_path / "slurm", log=lambda _m: None) / "rank.sh").read_text()
+    argvs.append(after(shell_words(rank, {'"$TRTKV_HEAD"': "head", '"$((SLURM_NODEID * 8))"': "8"}), "serve"))
     got = parse(py, VLLM_ORACLE, argvs, "vllm")
+    assert got[3] == got[0]
     assert got[0]["first"] == "FLASHINFER_TRTLLM_MXFP4_MXFP8" and "f8e4m3fn" in got[0]["activation"]
     # vLLM's own pick, which auto and bf16 leave alone: BF16 activations
     assert got[1] == got[2] == {"first": "FLASHINFER_TRTLLM_MXFP4_BF16", "activation": "None"}
