@@ -3,7 +3,7 @@
 tests/support/silicon.SLICES to tests/data/silicon_samples/ (issue #49; evidence, not held: tests/support/silicon.py).
 Reads the installed package's file (.venv-aic: `make install-aiconfigurator`) unless --csv names another.
 Usage: .venv/bin/python scripts/silicon_samples.py [--model gpt-oss-120b] [--config tests/data/configs/gpt_oss_120b]
-       [--system b200_sxm] [--backend trtllm] [--isl 1024] [--osl 1024] [--moe-quant nvfp4] [--mxfp8-moe on]
+       [--system b200_sxm] [--backend trtllm] [--isl 1024] [--osl 1024] [--moe-quant nvfp4] [--moe-activations mxfp8]
        [--csv PATH] [--extract]"""
 
 from __future__ import annotations
@@ -53,16 +53,17 @@ def main() -> int:
     ap.add_argument("--isl", type=int, default=1024)
     ap.add_argument("--osl", type=int, default=1024)
     ap.add_argument("--moe-quant", default="nvfp4", help="the rows' moe_quant_mode (gpt-oss's MXFP4: nvfp4)")
-    ap.add_argument("--mxfp8-moe", choices=("default", "on", "off"), default="default",
-                    help="MXFP4 experts with MXFP8 activations as the runs set them (default: the engine's default)")
+    ap.add_argument("--moe-activations", choices=("auto", "bf16", "mxfp8"), default="auto",
+                    help="MXFP4 experts' activations as the runs set them (build.moe_activations; auto: the "
+                         "engine's own)")
     ap.add_argument("--csv", type=Path, help="a silicon_sample.csv (default: the installed package's)")
     ap.add_argument("--extract", action="store_true", help="write the slices' rows to tests/data/silicon_samples/")
     args = ap.parse_args()
     path = args.csv or installed()
     if args.extract:
         return extract(path)
-    mxfp8 = {"default": None, "on": True, "off": False}[args.mxfp8_moe]
-    s = silicon.Slice(args.model, args.config, args.system, args.backend, args.moe_quant, args.isl, args.osl, mxfp8)
+    s = silicon.Slice(args.model, args.config, args.system, args.backend, args.moe_quant, args.isl, args.osl,
+                      args.moe_activations)
     rows = silicon.read(path)
     got = silicon.comparisons(rows, s)
     print(f"{path}: {sum(silicon.in_slice(r, s) for r in rows)} rows of {s.model} on {s.system} {s.backend} "

@@ -5,7 +5,7 @@ This script imports no trtkv: aiconfigurator needs numpy >= 2.1, which trtkv's v
 aiconfigurator prints while it works goes to stderr.
 
 Request: {"model_path", "system", "backend", "backend_version" (null: the newest data), "tp", "pp", "isl", "osl",
-          "gemm_quant_mode" (null: aiconfigurator's inference), "max_seq_len",
+          "gemm_quant_mode" (null: aiconfigurator's inference), "moe_quant_mode" (absent: its inference), "max_seq_len",
           "cases": [{"kv": "bfloat16" | "fp8", "concurrency": N}, ...],
           a MoE model also "attention_dp", "moe_tp", "moe_ep" (tp x attention_dp = moe_tp x moe_ep: trtkv/plan/aic.py
           moe_parallelism); concurrency counts every attention-DP rank's requests (aiconfigurator's batch_size is per
@@ -44,6 +44,8 @@ def _estimate(req: dict, case: dict) -> dict:
         kwargs["backend_version"] = req["backend_version"]
     if req.get("gemm_quant_mode"):
         kwargs["gemm_quant_mode"] = req["gemm_quant_mode"]
+    if req.get("moe_quant_mode"):
+        kwargs["moe_quant_mode"] = req["moe_quant_mode"]
     if req.get("max_seq_len"):
         kwargs["max_seq_len"] = int(req["max_seq_len"])
     r = api.cli_estimate(req["model_path"], req["system"], **kwargs).raw

@@ -10,13 +10,10 @@ from __future__ import annotations
 import csv
 import re
 from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from tests.support import speed_cases as sc
-from trtkv.recipe import SPEED_ENGINES
 
 ROOT = Path(__file__).resolve().parents[2]
 SUBSET = ROOT / "tests" / "data" / "silicon_samples" / "silicon_sample_moe.csv"
@@ -36,9 +33,9 @@ class Slice:
     moe_quant: str
     isl: int = 1024
     osl: int = 1024
-    # MXFP4 experts with MXFP8 activations where the runs' launch script set it against the engine's default (None:
-    # the engine's default, trtkv.recipe.SPEED_ENGINES)
-    mxfp8_moe: bool | None = None
+    # the activations of MXFP4 experts as the runs' launch script set them (build.moe_activations; auto: the
+    # engine's own, trtkv.recipe.moe_activations)
+    moe_activations: str = "auto"
 
 
 GPT_OSS, DEEPSEEK = "tests/data/configs/gpt_oss_120b", "tests/data/configs/deepseek_v3"
@@ -52,7 +49,7 @@ SLICES = (
     # InferenceX's B200 vLLM gpt-oss script, with the v0.15.1 image these rows name (SemiAnalysisAI/InferenceX
     # d2c2acb19, benchmarks/single_node/gptoss_fp4_b200.sh): `export VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1`, where
     # vLLM's default on Blackwell is BF16 activations (15 of 22 within 25% priced so, median +14.7%)
-    Slice("gpt-oss-120b", GPT_OSS, "b200_sxm", "vllm", "nvfp4", mxfp8_moe=True),
+    Slice("gpt-oss-120b", GPT_OSS, "b200_sxm", "vllm", "nvfp4", moe_activations="mxfp8"),
     Slice("DeepSeek-R1", DEEPSEEK, "h200_sxm", "trtllm", "fp8"),
     Slice("DeepSeek-R1", DEEPSEEK, "h200_sxm", "sglang", "fp8_block"),
     Slice("DeepSeek-R1", DEEPSEEK, "b200_sxm", "sglang", "fp8_block"),
@@ -98,27 +95,15 @@ def kept(rows: list[dict[str, str]], s: Slice) -> dict[tuple[int, ...], dict[str
     return out
 
 
-@contextmanager
-def moe_activations(s: Slice) -> Iterator[None]:
-    """The engine's MXFP4 MoE activations as the slice's runs set them, for the step model's table choice."""
-    row = SPEED_ENGINES[s.backend]  # keyed by aiconfigurator's engine names, as the slices are
-    if s.mxfp8_moe is not None:
-        SPEED_ENGINES[s.backend] = replace(row, mxfp8_moe_activations=s.mxfp8_moe)
-    try:
-        yield
-    finally:
-        SPEED_ENGINES[s.backend] = row
-
-
 def comparisons(rows: list[dict[str, str]], s: Slice) -> list[dict[str, float | int | str]]:
     """One row per kept measurement: its layout, version, measured TPOT/TTFT and trtkv's, TPOT's error."""
     out: list[dict[str, float | int | str]] = []
-    setup = {"model_config": s.config, "backend": ENGINES[s.backend], "weights": "none"}
+    setup = {"model_config": s.config, "backend": ENGINES[s.backend], "weights": "none",
+             "moe_activations": s.moe_activations}
     for (conc, tp, adp, moe_tp, ep), r in sorted(kept(rows, s).items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0])):
         m = {"gpu": GPUS[s.system], "tp": tp, "ep": ep, "attention_dp": adp, "input_tokens": s.isl,
              "output_tokens": s.osl, "concurrency": conc, "max_num_batched_tokens": 8192, "arrival": "staggered"}
-        with moe_activations(s):
-            got = sc.step_model_figures(setup, m, "fp8")
+        got = sc.step_model_figures(setup, m, "fp8")
         tpot = float(r["silicon_tpot_ms"])
         out.append({"tp": tp, "attention_dp": adp, "moe_tp": moe_tp, "ep": ep, "concurrency": conc,
                     "version": r["backend_version"] or "?", "tpot_ms": tpot, "trtkv_tpot_ms": got["tpot_p50_ms"],

@@ -39,7 +39,7 @@ CONCURRENCY = (1, 16)
 
 
 def recipe_for(model_config: str, gpu: str, backend: str, kv: str, isl: int, osl: int, concurrency: list[int],
-               budget: int, weights: str = "none", tp: int = 1) -> Recipe:
+               budget: int, weights: str = "none", tp: int = 1, moe_activations: str = "auto") -> Recipe:
     """A recipe for one case, from the shipped llama8b recipe with the case's fields overridden. The estimate prices
     every KV format the engine serves whatever the recipe's own, so the cases pass kv "bf16" and pick the format's row:
     an FP8 KV cache over 16-bit weights is what the published vLLM runs measured (--kv-cache-dtype fp8), but not a
@@ -49,7 +49,8 @@ def recipe_for(model_config: str, gpu: str, backend: str, kv: str, isl: int, osl
         f"quantization.kv_cache={KV_RECIPE.get(kv, kv)}", f"hardware.gpu={gpu}", f"hardware.count={tp}",
         f"build.tp_size={tp}", f"bench.input_tokens={isl}", f"bench.output_tokens={osl}",
         f"bench.concurrency={list(concurrency)}", f"build.max_num_tokens={budget}",
-        f"build.max_input_len={max(isl, 32768)}", f"build.max_seq_len={max(isl + osl, 65536)}"])
+        f"build.max_input_len={max(isl, 32768)}", f"build.max_seq_len={max(isl + osl, 65536)}",
+        f"build.moe_activations={moe_activations}"])
 
 
 def own_rows(recipe: Recipe) -> dict[tuple[str, int], Any]:
@@ -156,7 +157,7 @@ where the server balances attention DP (setup["attention_dp_balance"]: trtkv.pla
     isl, osl = (round(n * (1 + ratio) / 2) for n in (m["input_tokens"], m["output_tokens"]))
     budget = m["max_num_batched_tokens"]
     recipe = recipe_for(setup["model_config"], m["gpu"], setup["backend"], "bf16", isl, osl, [m["concurrency"]], budget,
-                        weights=setup["weights"], tp=m["tp"])
+                        weights=setup["weights"], tp=m["tp"], moe_activations=setup.get("moe_activations", "auto"))
     arch = resolve_architecture(recipe)
     k = kernels_for(recipe.hardware.gpu, SPEED_ENGINE[recipe.build.backend])
     shape = model_shape(arch, recipe, m["ep"], m["attention_dp"])

@@ -135,6 +135,10 @@ def server_args(recipe: Recipe, hf_dir: Path, host: str, scales: Path | None = N
             "--quantization-param-path",
             str(scales or served_artifacts(recipe).engine / SCALES_FILE),
         ]
+    if recipe.build.moe_activations == "bf16":
+        # MXFP4 experts with BF16 activations, SGLang's own pick on SM10x being MXFP8
+        # (trtkv.recipe.moe_activations)
+        args += ["--flashinfer-mxfp4-moe-precision", "bf16"]
     if b.tp_size > 1:
         args += ["--tp-size", str(b.tp_size)]
     if b.pp_size > 1:

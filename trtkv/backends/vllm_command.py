@@ -6,6 +6,7 @@ pinned versions and image they run.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from trtkv.backends.base import openai_docker_run
@@ -81,6 +82,10 @@ def server_args(recipe: Recipe, hf_dir: Path, host: str) -> list[str]:
     args.append(
         "--enable-prefix-caching" if prefix_cache(recipe).enabled else "--no-enable-prefix-caching"
     )
+    if recipe.build.moe_activations == "mxfp8":
+        # MXFP4 experts with MXFP8 activations, vLLM's own pick being BF16
+        # (trtkv.recipe.moe_activations; its QuantizationConfigArgs moe.activation)
+        args += ["--quantization-config", json.dumps({"moe": {"activation": "mxfp8"}})]
     if recipe.quantization.kv_skip_layers:  # these layers keep their KV in the model dtype
         args += ["--kv-cache-dtype-skip-layers", *map(str, recipe.quantization.kv_skip_layers)]
     # a linear-attention / Mamba layer's state: the dtype the plan priced

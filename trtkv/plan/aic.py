@@ -28,8 +28,9 @@ from trtkv.core.files import strict_json
 from trtkv.core.readback import ReadBackError, tool_answer
 from trtkv.kvcache.formats import KVFormat
 from trtkv.plan import aic_where
+from trtkv.plan.moe_step import expert_bytes
 from trtkv.plan.speed import AIC_SYSTEM
-from trtkv.recipe import WeightQuant
+from trtkv.recipe import WeightQuant, resolved_moe_activations
 from trtkv.recipe.backend_rules import SPEED_ENGINE
 
 if TYPE_CHECKING:
@@ -248,7 +249,19 @@ def request(
         "cases": [{"kv": kv, "concurrency": c} for kv in kvs for c in concurrency],
         # tools/aic_estimate.py's names: tp above, the rest without "_size"
         **{k.removesuffix("_size"): v for k, v in moe.items() if k != "tp_size"},
+        **moe_quant_mode(recipe, arch),
     }
+
+
+def moe_quant_mode(recipe: Recipe, arch: Architecture) -> dict[str, str]:
+    """MXFP4 experts the engine runs with MXFP8 activations: aiconfigurator's rows for those (it
+    infers its BF16-activation rows from the checkpoint's mxfp4, bar TensorRT-LLM on Blackwell)."""
+    if arch.moe is None or not arch.expert_parameters:
+        return {}
+    mxfp4 = expert_bytes(arch, recipe, 2.0)[3] == "w4a16_mxfp4"
+    if mxfp4 and resolved_moe_activations(recipe) == "mxfp8":
+        return {"moe_quant_mode": "w4a8_mxfp4_mxfp8"}
+    return {}
 
 
 def run(req: dict[str, Any], python: Path | None = None, timeout: float = TIMEOUT_S) -> AicAnswer:

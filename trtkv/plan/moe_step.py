@@ -52,7 +52,7 @@ from trtkv.core.errors import TrtkvError
 from trtkv.engines.sizing import model_config_path
 from trtkv.plan.model import WEIGHT_BYTES
 from trtkv.plan.moe_tables import RowKernels, decode_row_ms, shape_row_ms
-from trtkv.recipe import SPEED_ENGINES, Recipe, WeightQuant
+from trtkv.recipe import Recipe, WeightQuant, moe_activations_text, resolved_moe_activations
 
 if TYPE_CHECKING:
     from trtkv.plan.model import Architecture
@@ -147,6 +147,7 @@ class MoEShape:
     attention_dp: int = 1
     routing: str = ROUTING
     table: str = "bfloat16"  # the experts' dtype in aiconfigurator's MoE tables (TABLE_DTYPE)
+    activations: str = "bf16"  # MXFP4 experts' activations (trtkv.recipe.moe_activations)
 
     @property
     def moe_tp(self) -> int:
@@ -273,10 +274,9 @@ def routed_ms(k: StepKernels, moe: MoEShape, tokens: int) -> tuple[float, float]
     read = local * shard * moe.bytes_per_param
     flops = 2 * pairs * shard
     table = moe.table
-    if table == "w4a16_mxfp4" and SPEED_ENGINES[k.backend].mxfp8_moe_activations:
-        # TensorRT-LLM runs MXFP4 experts with MXFP8 activations on Blackwell (its
-        # examples/models/core/gpt_oss/README.md MoE support matrix): those rows where the GPU has
-        # them
+    if table == "w4a16_mxfp4" and moe.activations == "mxfp8":
+        # MXFP4 experts with MXFP8 activations (trtkv.recipe.moe_activations): those rows where the
+        # GPU's tables have them
         table = "w4a8_mxfp4_mxfp8" if "w4a8_mxfp4_mxfp8" in k.moe_tables else table
     fused = k.moe_tables.get(table)
     if fused is not None:
@@ -336,6 +336,22 @@ def expert_bytes(
     return dtype_bytes, "bfloat16", f"model.dtype {recipe.model.dtype.value}", "bfloat16"
 
 
+def activation_problem(arch: Architecture, recipe: Recipe) -> str | None:
+    """build.moe_activations asked of a model whose routed experts are not MXFP4 (the only
+    experts the choice exists for)."""
+    chosen = recipe.build.moe_activations
+    if chosen == "auto" or arch.moe is None or not arch.expert_parameters:
+        return None
+    _, _, source, table = expert_bytes(arch, recipe, 2.0)
+    if table == "w4a16_mxfp4":
+        return None
+    return (
+        f"{recipe.path}: build.moe_activations {chosen}: it applies to MXFP4 experts "
+        f"(gpt-oss's); {arch.source}'s routed experts are {table or 'of another format'} (from "
+        f"{source}). Next: set build.moe_activations auto."
+    )
+
+
 def moe_shape(
     arch: Architecture, recipe: Recipe, tp: int, ep: int = 1, attention_dp: int = 1
 ) -> MoEShape | None:
@@ -360,6 +376,7 @@ def moe_shape(
         ep,
         attention_dp,
         table=table,
+        activations=resolved_moe_activations(recipe),
     )
 
 
@@ -387,6 +404,7 @@ def routing_note(
         return out
 
     rank = f" on the busiest of {moe.ep} EP ranks ({moe.experts // moe.ep} experts each)"
+    act = f"; {moe_activations_text(recipe)}" if moe.table == "w4a16_mxfp4" else ""
     shares = ", ".join(f"concurrency {c}: {n}" for c, n in zip(levels, reads(ROUTING), strict=True))
     effect = ", ".join(reads(POWER_LAW))
     if itl:
@@ -397,7 +415,7 @@ def routing_note(
         )
     return (
         f"MoE ({moe.experts} routed experts, top {moe.top_k}, {moe.layers} layers, experts at "
-        f"{bpp:.3g} B/weight from {source}): a decode step reads only the experts its tokens "
+        f"{bpp:.3g} B/weight from {source}{act}): a decode step reads only the experts its tokens "
         f"route to, under {ROUTINGS[ROUTING]}; distinct experts per layer read in a decode step"
         f"{rank if moe.ep > 1 else ''}: {shares} of {moe.experts // moe.ep}. Under "
         f"{ROUTINGS[POWER_LAW]} they would be {effect} (uniform stays the default: the published "

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from trtkv.core.errors import RecipeError
 from trtkv.engines import PARALLEL_NOTE, check_moe, sequence_groups
 from trtkv.engines import kv_tp as kv_tp_of
 from trtkv.engines.pool import EngineKnobs, EngineTokens, PoolEstimate, TokenFacts
@@ -25,6 +26,7 @@ from trtkv.plan.model import (
     seq_bytes,
     weights_bytes,
 )
+from trtkv.plan.moe_step import activation_problem
 from trtkv.plan.prefix import advice as prefix_advice
 from trtkv.plan.prefix import prefix_capacity
 from trtkv.plan.result import (
@@ -75,6 +77,9 @@ def plan(recipe: Recipe, probe_dir: Path | None = None) -> Plan:
     par = recipe.parallelism
     if par.active and arch.source != "recipe":
         check_moe(recipe, arch.moe is not None, arch.source)
+    wrong_activations = activation_problem(arch, recipe)
+    if wrong_activations:
+        raise RecipeError([wrong_activations], header="An MoE choice the model cannot take")
     # the KV heads split over one attention-DP group's TP; each group holds its own sequences
     kv_tp, groups = kv_tp_of(par), sequence_groups(par)
     on_cpu = hw.gpu is GPU.CPU

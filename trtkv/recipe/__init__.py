@@ -73,6 +73,10 @@ from trtkv.recipe.enums import (
 from trtkv.recipe.kv_tiers import sglang_gb_per_rank
 from trtkv.recipe.limits import CONFIG_FIELDS, MAX_LIST, RANGES, WORD, check_config_field
 from trtkv.recipe.loader import dump_yaml, list_recipes, load_recipe, recipe_name
+from trtkv.recipe.moe_activations import (
+    moe_activations_text,
+    resolved_moe_activations,
+)
 from trtkv.recipe.names import check_recipe_name
 from trtkv.recipe.parallel import Parallelism
 from trtkv.recipe.rules import cross_field_problems, kv_heads_split
@@ -184,6 +188,7 @@ __all__ = [
     "MAX_LIST",
     "MAX_SWEEP_LENGTHS",
     "ModelDtype",
+    "moe_activations_text",
     "MOVED_FORMATS",
     "Parallelism",
     "parse_layers",
@@ -197,6 +202,7 @@ __all__ = [
     "recipe_name",
     "refusal",
     "repo_dir",
+    "resolved_moe_activations",
     "serve_dir",
     "served_artifacts",
     "served_kv_formats",

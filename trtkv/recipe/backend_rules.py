@@ -294,9 +294,7 @@ def sglang_problems(recipe: Recipe) -> list[tuple[str, str]]:
     return out + one_kv_format_problems(recipe, "SGLang (one --kv-cache-dtype for every layer)")
 
 
-TRTLLM_SPEED = SpeedEngine(
-    "trtllm", "TensorRT-LLM", queued=True, whole_prompts=True, mxfp8_moe_activations=True
-)
+TRTLLM_SPEED = SpeedEngine("trtllm", "TensorRT-LLM", queued=True, whole_prompts=True)
 
 
 TRTLLM_ENGINE_SCALES = ScaleUse(

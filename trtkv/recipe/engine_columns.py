@@ -27,9 +27,6 @@ class SpeedEngine:
     # enable_chunked_prefill defaults to False; Recipe.chunked_context turns it on where a prompt
     # exceeds max_num_tokens): trtkv.plan.waves
     whole_prompts: bool = False
-    # it runs MXFP4 experts with MXFP8 activations where the GPU has those rows (TensorRT-LLM on
-    # Blackwell: its examples/models/core/gpt_oss/README.md MoE support matrix): trtkv.plan.moe_step
-    mxfp8_moe_activations: bool = False
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from trtkv.recipe.backend_rules import BACKEND_ROWS, BACKEND_RULES
 from trtkv.recipe.engine_formats import engine_format_problems
 from trtkv.recipe.enums import BenchTask, GemmPlugin, KVCacheQuant, Protocol, WeightQuant
 from trtkv.recipe.memory_knobs import memory_knob_problems
+from trtkv.recipe.moe_activations import moe_activation_problems
 from trtkv.recipe.parallel import parallel_problems
 from trtkv.recipe.schema import Recipe
 from trtkv.recipe.stored import stored_problems
@@ -113,6 +114,7 @@ def cross_field_problems(r: Recipe) -> list[tuple[str, str]]:
         )
     out += _context_fmha_problems(r)
     out += gpu_capability_problems(r)
+    out += moe_activation_problems(r)  # an MXFP4-expert activation the engine cannot run
     if q.kv_skip_layers:
         if r.kv_row.choice.kind == "unquantized":
             out.append(

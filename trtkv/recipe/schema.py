@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, field_validator
 
@@ -126,6 +126,14 @@ class BuildConfig(Section):
         "auto",
         description="Recurrent state dtype (vLLM --mamba-ssm-cache-dtype;"
         " auto: the engine's default, trtkv.recipe.state.state_dtypes).",
+    )
+    moe_activations: Literal["auto", "bf16", "mxfp8"] = Field(
+        "auto",
+        description="The activations MXFP4 experts (gpt-oss) run with: auto, the engine's own "
+        "choice (TensorRT-LLM and SGLang: mxfp8 on Blackwell; vLLM: bf16; every engine bf16 below "
+        "Blackwell); mxfp8 on vLLM adds `--quantization-config` moe.activation (Blackwell only); "
+        "bf16 on SGLang adds `--flashinfer-mxfp4-moe-precision bf16` (SM10x only). The plan prices "
+        "the experts with the matching kernel rows (trtkv.recipe.moe_activations).",
     )
     tensorrt_llm_version: str = Field(
         versions.DEFAULT_TRTLLM,
