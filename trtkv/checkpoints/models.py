@@ -312,13 +312,23 @@ def is_hub_id(source: str) -> bool:
 
 
 def source_problem(recipe: Recipe) -> str | None:
-    """Why model.source names nothing on this machine, or None: a local path that does not exist
-    (where it was looked for), or a hub id absent from the local HF cache (resolved only where
-    calibration has hub access)."""
+    """Why model.source gives no model config on this machine, or None: a local path that does not
+    exist (where it was looked for), a hub id absent from the local HF cache (resolved only where
+    calibration has hub access), or a folder found without config.json (tokenizer files only)."""
     source = recipe.model.source
-    if source.startswith("packaged:") or local_model_dir(recipe) is not None:
+    if source.startswith("packaged:"):
         return None
     where = recipe.path or "the recipe"
+    folder = local_model_dir(recipe)
+    if folder is not None:
+        if (folder / "config.json").is_file():
+            return None
+        return (
+            f"{where}: model.source {source!r}: the folder {folder} was found but holds no "
+            "config.json (the model's architecture: the planner reads it, calibrate refuses a "
+            "folder without it). Next: point model.source at the checkpoint folder that holds "
+            "config.json"
+        )
     if is_hub_id(source):
         return (
             f"{where}: model.source {source!r} is a hub id that is not in this machine's HF cache: "
