@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from trtkv.platform.hardware import GPU, GPU_SPECS
+from trtkv.recipe import engine_columns as cols
 from trtkv.recipe.attention import SGLANG_ACCOUNTING_TEXT, Accounting
 from trtkv.recipe.auto_kv import SGLANG_AUTO, TRTLLM_AUTO, VLLM_AUTO, KVFromCheckpoint
 from trtkv.recipe.engine_columns import ScaleUse, SpeedEngine
@@ -294,7 +295,9 @@ def sglang_problems(recipe: Recipe) -> list[tuple[str, str]]:
     return out + one_kv_format_problems(recipe, "SGLang (one --kv-cache-dtype for every layer)")
 
 
-TRTLLM_SPEED = SpeedEngine("trtllm", "TensorRT-LLM", queued=True, whole_prompts=True)
+TRTLLM_SPEED = SpeedEngine(
+    "trtllm", "TensorRT-LLM", queued=True, whole_prompts=True, mxfp4_moe=cols.TRTLLM_MXFP4
+)
 
 
 TRTLLM_ENGINE_SCALES = ScaleUse(
@@ -367,8 +370,9 @@ BACKEND_ROWS: dict[Backend, BackendRow] = {
         no_disk_tier="trtkv's reference runtime keeps no second tier",
     ),
     Backend.VLLM: BackendRow(
-        vllm_problems, Accounting.VLLM, ("vllm", ""), SpeedEngine("vllm", "vLLM", False, 0.8),
-        True, "vllm", wide_ep=True, dense_dp_replicas=True,
+        vllm_problems, Accounting.VLLM, ("vllm", ""),
+        SpeedEngine("vllm", "vLLM", False, 0.8, mxfp4_moe=cols.VLLM_MXFP4), True, "vllm",
+        wide_ep=True, dense_dp_replicas=True,
         scale_use=ScaleUse("vllm", "split", "k_scale/v_scale",
                            "vLLM: separate per-layer k_scale/v_scale = amax/448, unclamped"),
         no_disk_tier="vLLM 0.32.0's disk tier (the tiering spec's fs tier) takes a directory and "
@@ -376,8 +380,9 @@ BACKEND_ROWS: dict[Backend, BackendRow] = {
         kv_from_checkpoint=VLLM_AUTO,
     ),
     Backend.SGLANG: BackendRow(
-        sglang_problems, Accounting.EXACT, ("sglang", ""), SpeedEngine("sglang", "SGLang", True),
-        True, "sglang", accounting_text=SGLANG_ACCOUNTING_TEXT, wide_ep=True,
+        sglang_problems, Accounting.EXACT, ("sglang", ""),
+        SpeedEngine("sglang", "SGLang", True, mxfp4_moe=cols.SGLANG_MXFP4), True, "sglang",
+        accounting_text=SGLANG_ACCOUNTING_TEXT, wide_ep=True,
         no_disk_tier="SGLang 0.5.23's HiCache file storage backend takes a directory and no size",
         kv_from_checkpoint=SGLANG_AUTO,
     ),
