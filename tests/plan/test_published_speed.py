@@ -75,6 +75,18 @@ OUTSIDE_BAND = {
     # is per-kernel time on 78 SMs that nothing trtkv reads has measured
     ("h20_tp8_1k512_c8", "itl_p50_ms"): "no H20 kernel tables: kernel counts explain +0.5 of the 7.5 ms a step it "
                                         "lacks; 64-row GEMM padding 1.3-2.5 ms, the rest per-kernel time on 78 SMs",
+    # Qwen's own H20 runs (a second publisher, batch 1, SGLang 0.4.6.post1) miss the same way, and more for the larger
+    # model: one token's step reads 6.08 GB (Qwen3-30B-A3B's active BF16 weights) or 64.0 GB (Qwen3-32B) in 7.29 / 48.29
+    # ms, 0.83 / 1.32 TB/s with every fixed cost in the step, where the model runs H100's GEMM-memory efficiencies
+    # (0.89 of peak on SGLang) at H20's 4.0 TB/s. Measured per SM, H20 moves about what H100 moves (DeepGEMM's grouped
+    # FP8 GEMM on DeepSeek's expert shape: 1,862 GB/s on H20's 78 SMs, 2,836 on H100's 132; deepseek-ai/DeepGEMM #116,
+    # sgl-project/DeepGEMM #11, deepseek-ai/DeepGEMM #192): pricing H100's bytes per SM on 78 SMs would bring these to
+    # -13% / -18% and DeepSeek-V3 to -8%, but H200's own tables move 1.5x H100's bytes per SM on the same 132 SMs
+    # (4.44 against 2.97 TB/s), so no per-SM law trtkv can cite holds across its Hopper tables (docs/plan.md)
+    ("h20_qwen3_30b_a3b_1in2048_c1", "tpot_p50_ms"): "no H20 kernel tables: batch-1 decode at ~0.8 TB/s effective "
+                                                     "against the 4.0 TB/s x H100 efficiency priced",
+    ("h20_qwen3_32b_1in2048_c1", "tpot_p50_ms"): "no H20 kernel tables: batch-1 decode at ~1.3 TB/s effective against "
+                                                 "the 4.0 TB/s x H100 efficiency priced",
 }
 
 # (measurement, figure) without EP where aiconfigurator's power-law load lands closer than uniform routing, and why
@@ -160,6 +172,8 @@ def test_uniform_routing_is_what_the_measurements_without_ep_bear_out(rows: list
     assert len(solo) >= 4
     for r in solo:
         key = (r["measurement"], r["figure"])
+        if abs(r["error"] - skewed[key]["error"]) < 1e-9:
+            continue  # one token a step reads its own top-k experts under either routing
         uniform_closer = abs(r["error"]) < abs(skewed[key]["error"])
         assert uniform_closer != (key in POWER_LAW_CLOSER), (r, "listed" if key in POWER_LAW_CLOSER else "not listed")
     assert set(POWER_LAW_CLOSER) <= {(r["measurement"], r["figure"]) for r in solo}

@@ -156,7 +156,9 @@ where the server balances attention DP (setup["attention_dp_balance"]: trtkv.pla
     ratio = m.get("range_ratio", 1.0)
     isl, osl = (round(n * (1 + ratio) / 2) for n in (m["input_tokens"], m["output_tokens"]))
     budget = m["max_num_batched_tokens"]
-    recipe = recipe_for(setup["model_config"], m["gpu"], setup["backend"], "bf16", isl, osl, [m["concurrency"]], budget,
+    # a measurement may name its own model (one source's runs of two models)
+    recipe = recipe_for(m.get("model_config", setup["model_config"]), m["gpu"], setup["backend"], "bf16", isl, osl,
+                        [m["concurrency"]], budget,
                         weights=setup["weights"], tp=m["tp"], moe_activations=setup.get("moe_activations", "auto"))
     arch = resolve_architecture(recipe)
     k = kernels_for(recipe.hardware.gpu, SPEED_ENGINE[recipe.build.backend])

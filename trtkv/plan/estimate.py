@@ -12,13 +12,13 @@ from trtkv.backends import for_recipe
 from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.formats import UNQUANTIZED, KVFormat
 from trtkv.plan import aic
+from trtkv.plan.borrowed import gpu_notes
 from trtkv.plan.estimate_model import AicFigures, Estimate, EstimateRow
 from trtkv.plan.layer_ops import layer_ops, with_replicated
 from trtkv.plan.model import Architecture, resolve_architecture, seq_bytes, weights_bytes
 from trtkv.plan.moe_step import POWER_LAW, rank_concurrency, routing_note, with_experts
 from trtkv.plan.result import Plan
 from trtkv.plan.speed import (
-    AIC_SYSTEM,
     Kernels,
     KVCost,
     ModelShape,
@@ -362,20 +362,6 @@ def row_advice(est: Estimate, label: str, formats: list[tuple[str, KVFormat]]) -
             f"{q.output_tokens_per_s / s.output_tokens_per_s - 1:+.0%}; both rows {q.source}."
         )
     return out
-
-
-def gpu_notes(gpu: GPU, engine: str, rows: list[EstimateRow]) -> list[str]:
-    """What trtkv's own rows on a GPU without aiconfigurator tables rest on (whose efficiencies,
-    whose peaks)."""
-    if gpu in AIC_SYSTEM or not any(r.source.startswith("trtkv model") for r in rows):
-        return []
-    k = kernels_for(gpu, engine)
-    return [
-        f"{gpu.value} has no aiconfigurator kernel tables: trtkv's model borrows {k.system}'s "
-        f"{k.versions} efficiencies (the tables of its compute capability, else of its "
-        f"architecture) at {gpu.value}'s own bandwidth ({GPU_SPECS[gpu].hbm_bandwidth_gbps:g} "
-        f"GB/s); {k.peaks}."
-    ]
 
 
 def kernel_data(recipe: Recipe, k: Kernels) -> str:
