@@ -234,6 +234,21 @@ def _sweep_section(rows: list[dict[str, Any]], out: Path) -> list[str]:
     return md
 
 
+# the accuracy figures the plot draws, each where some recipe's bench has it (RULER where one ran)
+PLOT_ACCURACY = ("quiz.accuracy", "golden.agreement", "needle.accuracy", "ruler.accuracy")
+
+
+def plot_values(rows: list[dict[str, Any]], keys: Iterable[str]) -> dict[str, list[float]]:
+    """Each key some row's bench has, one value per row: NaN (no bar) where that row's bench lacks
+    it, never a 0 that reads as measured."""
+    bench = [r.get("bench", {}) for r in rows]
+    return {
+        k: [float("nan") if b.get(k) is None else float(b[k]) for b in bench]
+        for k in keys
+        if any(b.get(k) is not None for b in bench)
+    }
+
+
 def _compare_plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -242,18 +257,17 @@ def _compare_plot(rows: list[dict[str, Any]], path: Path) -> None:
 
     names = [r["recipe"] for r in rows]
     panels = [
-        ("accuracy", ["quiz.accuracy", "golden.agreement", "needle.accuracy"]),
-        ("latency (ms)", ["time_to_first_token.p50", "inter_token_latency.p50"]),
+        ("accuracy", plot_values(rows, PLOT_ACCURACY)),
+        ("latency (ms)", plot_values(rows, ["time_to_first_token.p50", "inter_token_latency.p50"])),
         ("KV bytes/token", None),
     ]
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     for ax, (title, keys) in zip(axes, panels, strict=True):
         if keys is None:
             ax.bar(names, [r["kv_bytes_per_token"] for r in rows], color="tab:gray")
-        else:
+        elif keys:
             width = 0.8 / len(keys)
-            for i, key in enumerate(keys):
-                vals = [r.get("bench", {}).get(key) or 0.0 for r in rows]
+            for i, (key, vals) in enumerate(keys.items()):
                 ax.bar([j + i * width for j in range(len(rows))], vals, width, label=key)
             ax.set_xticks([j + width * (len(keys) - 1) / 2 for j in range(len(rows))], names)
             ax.legend(fontsize=7)
