@@ -76,3 +76,23 @@ def test_experts_not_mxfp4_refuse_the_choice() -> None:
     assert "build.moe_activations mxfp8: it applies to MXFP4 experts" in text and "fp8_block" in text
     assert "Next: set build.moe_activations auto" in text
     plan(sc.recipe_for(DEEPSEEK, "B200", "vllm", "bf16", 1024, 1024, [64], 8192, tp=8))  # auto plans
+
+
+@pytest.mark.parametrize(("backend", "gpu", "other"), [
+    ("vllm", "B200", "mxfp8"), ("sglang", "B200", "bf16"), ("llmapi", "B200", None), ("vllm", "H200-141GB", None)])
+def test_the_estimate_says_what_the_other_activation_would_price(backend: str, gpu: str, other: str | None) -> None:
+    from trtkv.plan.estimate import estimate
+
+    recipe = sc.recipe_for(GPT_OSS, gpu, backend, "fp8", 1024, 1024, [1, 64], 8192)
+    said = [n for n in estimate(recipe, plan(recipe), use_aiconfigurator=False).notes
+            if n.startswith("build.moe_activations")]
+    if other is None:  # one activation on this engine and GPU: nothing to compare
+        assert not said
+        return
+    alt = sc.own_rows(sc.recipe_for(GPT_OSS, gpu, backend, "fp8", 1024, 1024, [1, 64], 8192, moe_activations=other))
+    own = sc.own_rows(recipe)
+    (note,) = said
+    assert note.startswith(f"build.moe_activations {other} (trtkv's model on both sides")
+    for c in (1, 64):
+        o, a = own[(recipe.kv_format_label, c)].itl_ms, alt[(recipe.kv_format_label, c)].itl_ms
+        assert f"{o:.2f} -> {a:.2f} ms" in note

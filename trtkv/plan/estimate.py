@@ -12,8 +12,8 @@ from trtkv.backends import for_recipe
 from trtkv.core.errors import TrtkvError
 from trtkv.kvcache.formats import UNQUANTIZED, KVFormat
 from trtkv.plan import aic
-from trtkv.plan.borrowed import gpu_notes
 from trtkv.plan.estimate_model import AicFigures, Estimate, EstimateRow
+from trtkv.plan.estimate_notes import activation_note, gpu_notes
 from trtkv.plan.layer_ops import layer_ops, with_replicated
 from trtkv.plan.model import Architecture, resolve_architecture, seq_bytes, weights_bytes
 from trtkv.plan.moe_step import POWER_LAW, rank_concurrency, routing_note, with_experts
@@ -235,6 +235,12 @@ def estimate(recipe: Recipe, plan: Plan, use_aiconfigurator: bool = True) -> Est
         }
         moe = routing_note(arch, recipe, list(b.concurrency), itl)
         notes += [moe] if moe else []
+        notes += activation_note(
+            recipe,
+            arch,
+            own[own_label],
+            lambda r: _own_rows(r, arch, own_label, own_kv, fits[own_label]),
+        )
     notes.append(arrival_note(recipe, model_shape(arch, recipe), own_kv))
     workload = {
         "input_tokens": b.input_tokens,

@@ -74,6 +74,7 @@ from trtkv.recipe.kv_tiers import sglang_gb_per_rank
 from trtkv.recipe.limits import CONFIG_FIELDS, MAX_LIST, RANGES, WORD, check_config_field
 from trtkv.recipe.loader import dump_yaml, list_recipes, load_recipe, recipe_name
 from trtkv.recipe.moe_activations import (
+    moe_activation_choices,
     moe_activations_text,
     resolved_moe_activations,
 )
@@ -188,6 +189,7 @@ __all__ = [
     "MAX_LIST",
     "MAX_SWEEP_LENGTHS",
     "ModelDtype",
+    "moe_activation_choices",
     "moe_activations_text",
     "MOVED_FORMATS",
     "Parallelism",

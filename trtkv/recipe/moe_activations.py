@@ -32,6 +32,11 @@ def _allowed(engine: SpeedEngine | None, major: int) -> tuple[MoEActivation, ...
     return rule.allowed[major] if rule is not None and major in rule.allowed else ("bf16",)
 
 
+def moe_activation_choices(recipe: Recipe) -> tuple[MoEActivation, ...]:
+    """What the recipe's engine runs MXFP4 experts with on its GPU, its own pick first."""
+    return _allowed(*_engine(recipe))
+
+
 def resolved_moe_activations(recipe: Recipe) -> MoEActivation:
     """The activations MXFP4 experts run with: the recipe's choice, else the engine's own."""
     chosen = recipe.build.moe_activations
