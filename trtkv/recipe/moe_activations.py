@@ -40,7 +40,7 @@ def moe_activation_choices(recipe: Recipe) -> tuple[MoEActivation, ...]:
 def resolved_moe_activations(recipe: Recipe) -> MoEActivation:
     """The activations MXFP4 experts run with: the recipe's choice, else the engine's own."""
     chosen = recipe.build.moe_activations
-    return _allowed(*_engine(recipe))[0] if chosen == "auto" else chosen
+    return moe_activation_choices(recipe)[0] if chosen == "auto" else chosen
 
 
 def moe_activations_text(recipe: Recipe) -> str:
