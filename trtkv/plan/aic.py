@@ -28,7 +28,7 @@ from trtkv.core.files import strict_json
 from trtkv.core.readback import ReadBackError, tool_answer
 from trtkv.kvcache.formats import KVFormat
 from trtkv.plan import aic_where
-from trtkv.plan.moe_step import expert_bytes
+from trtkv.plan.moe_step import MXFP4_TABLE, MXFP8_TABLE, expert_bytes
 from trtkv.plan.speed import AIC_SYSTEM
 from trtkv.recipe import WeightQuant, resolved_moe_activations
 from trtkv.recipe.backend_rules import SPEED_ENGINE
@@ -258,9 +258,9 @@ def moe_quant_mode(recipe: Recipe, arch: Architecture) -> dict[str, str]:
     infers its BF16-activation rows from the checkpoint's mxfp4, bar TensorRT-LLM on Blackwell)."""
     if arch.moe is None or not arch.expert_parameters:
         return {}
-    mxfp4 = expert_bytes(arch, recipe, 2.0)[3] == "w4a16_mxfp4"
+    mxfp4 = expert_bytes(arch, recipe, 2.0)[3] == MXFP4_TABLE
     if mxfp4 and resolved_moe_activations(recipe) == "mxfp8":
-        return {"moe_quant_mode": "w4a8_mxfp4_mxfp8"}
+        return {"moe_quant_mode": MXFP8_TABLE}
     return {}
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from trtkv.plan.estimate_model import EstimateRow
 from trtkv.plan.model import Architecture
-from trtkv.plan.moe_step import moe_shape
+from trtkv.plan.moe_step import MXFP4_TABLE, moe_shape
 from trtkv.plan.speed import AIC_SYSTEM, kernels_for, load_data
 from trtkv.platform.hardware import GPU, GPU_SPECS
 from trtkv.recipe import Recipe, moe_activation_choices
@@ -47,7 +47,7 @@ def activation_note(
     par = recipe.parallelism
     moe = moe_shape(arch, recipe, par.attention_tp, par.ep, par.attention_dp)
     other = [a for a in moe_activation_choices(recipe) if moe and a != moe.activations]
-    if moe is None or moe.table != "w4a16_mxfp4" or not other:
+    if moe is None or moe.table != MXFP4_TABLE or not other:
         return []
     build = recipe.build.model_copy(update={"moe_activations": other[0]})
     alt = price(recipe.model_copy(update={"build": build}))

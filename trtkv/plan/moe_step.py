@@ -81,11 +81,13 @@ ROUTING_KERNELS = 3
 # a stored or recipe weight format -> the expert dtype of aiconfigurator-core 0.12.0's
 # moe_perf.parquet rows (weight-only MXFP4 on every GPU: its w4a16 rows; INT8 SmoothQuant: no rows,
 # the dense-GEMM efficiencies price it)
+# gpt-oss's MXFP4 experts in aiconfigurator's MoE tables: BF16 activations, and MXFP8 ones
+MXFP4_TABLE, MXFP8_TABLE = "w4a16_mxfp4", "w4a8_mxfp4_mxfp8"
 TABLE_DTYPE = {
     "fp8": "fp8",
     "fp8_block": "fp8_block",
     "nvfp4": "nvfp4",
-    "mxfp4": "w4a16_mxfp4",
+    "mxfp4": MXFP4_TABLE,
     "int4_awq": "int4_wo",
     "unquantized": "bfloat16",
 }
@@ -274,10 +276,10 @@ def routed_ms(k: StepKernels, moe: MoEShape, tokens: int) -> tuple[float, float]
     read = local * shard * moe.bytes_per_param
     flops = 2 * pairs * shard
     table = moe.table
-    if table == "w4a16_mxfp4" and moe.activations == "mxfp8":
+    if table == MXFP4_TABLE and moe.activations == "mxfp8":
         # MXFP4 experts with MXFP8 activations (trtkv.recipe.moe_activations): those rows where the
         # GPU's tables have them
-        table = "w4a8_mxfp4_mxfp8" if "w4a8_mxfp4_mxfp8" in k.moe_tables else table
+        table = MXFP8_TABLE if MXFP8_TABLE in k.moe_tables else table
     fused = k.moe_tables.get(table)
     if fused is not None:
         # the engine's fused MoE op as aiconfigurator measured it (tools/aic_kernels.py: its
@@ -343,7 +345,7 @@ def activation_problem(arch: Architecture, recipe: Recipe) -> str | None:
     if chosen == "auto" or arch.moe is None or not arch.expert_parameters:
         return None
     _, _, source, table = expert_bytes(arch, recipe, 2.0)
-    if table == "w4a16_mxfp4":
+    if table == MXFP4_TABLE:
         return None
     return (
         f"{recipe.path}: build.moe_activations {chosen}: it applies to MXFP4 experts "
@@ -404,7 +406,7 @@ def routing_note(
         return out
 
     rank = f" on the busiest of {moe.ep} EP ranks ({moe.experts // moe.ep} experts each)"
-    act = f"; {moe_activations_text(recipe)}" if moe.table == "w4a16_mxfp4" else ""
+    act = f"; {moe_activations_text(recipe)}" if moe.table == MXFP4_TABLE else ""
     shares = ", ".join(f"concurrency {c}: {n}" for c, n in zip(levels, reads(ROUTING), strict=True))
     effect = ", ".join(reads(POWER_LAW))
     if itl:
