@@ -1,6 +1,7 @@
 """aiconfigurator's estimates for mixture-of-experts models (tests/data/aiconfigurator/moe_cases.json): the models its
-data covers that trtkv has a config for (gpt-oss-20b, gpt-oss-120b, Qwen3-30B-A3B), sent with the recipe's parallelism
-in aiconfigurator's terms (trtkv.plan.aic.moe_parallelism); recorded by `scripts/record_aiconfigurator.py --moe` and
+data covers that trtkv has a config for (gpt-oss-20b, gpt-oss-120b, Qwen3-30B-A3B, DeepSeek-V3), sent with the
+recipe's parallelism in aiconfigurator's terms (trtkv.plan.aic.moe_parallelism), expert and attention-data parallel
+layouts included (MOE_LAYOUT_SETS); recorded by `scripts/record_aiconfigurator.py --moe` and
 compared with trtkv's own model by tests/plan/test_aic_moe_cases.py. No case was used to fit trtkv's model: each is
 recorded with "used_to_fit": false."""
 
@@ -24,6 +25,38 @@ MOE_CASE_SETS = [
 ]
 MOE_WORKLOADS = ((2048, 256),)
 MOE_CONCURRENCY = (1, 16)
+# The layouts users run MoE models in beyond TP (trtkv.recipe.parallel: tp counts the replica's GPUs, ep and attention_dp
+# divide it), each sent as aiconfigurator's tp_size (one attention-DP rank's TP), attention_dp_size, moe_tp_size and
+# moe_ep_size: (name, config, GPU, engine, tp, ep, attention_dp). TensorRT-LLM's gpt-oss-120b on B200 as InferenceX runs
+# it (DEP2, DEP4, TP2 x EP2), vLLM's and TensorRT-LLM's attention DP on Hopper and Blackwell, DeepSeek-V3's MLA at TP8 x
+# EP8 and DEP8. The pairs aiconfigurator 0.12.0 cannot answer are left out: SGLang's gpt-oss and Qwen3 (no context
+# attention rows for their heads), TensorRT-LLM's Qwen3-30B-A3B DEP2 on H100 and DeepSeek-V3 TP8 x EP8 on H200 at
+# concurrency 64 (out of memory in its account)
+MOE_LAYOUT_SETS = [
+    ("gpt_oss_120b", "tests/data/configs/gpt_oss_120b", "B200", "llmapi", 2, 2, 2),
+    ("gpt_oss_120b", "tests/data/configs/gpt_oss_120b", "B200", "llmapi", 4, 4, 4),
+    ("gpt_oss_120b", "tests/data/configs/gpt_oss_120b", "B200", "llmapi", 2, 2, 1),
+    ("gpt_oss_120b", "tests/data/configs/gpt_oss_120b", "B200", "vllm", 2, 2, 2),
+    ("gpt_oss_120b", "tests/data/configs/gpt_oss_120b", "H200-141GB", "llmapi", 2, 2, 2),
+    ("gpt_oss_120b", "tests/data/configs/gpt_oss_120b", "H200-141GB", "llmapi", 4, 4, 1),
+    ("gpt_oss_120b", "tests/data/configs/gpt_oss_120b", "H200-141GB", "vllm", 2, 2, 2),
+    ("gpt_oss_120b", "tests/data/configs/gpt_oss_120b", "H100-80GB", "vllm", 2, 2, 1),
+    ("qwen3_30b_a3b", "tests/data/configs/qwen3_30b_a3b", "H100-80GB", "vllm", 2, 2, 2),
+    ("qwen3_30b_a3b", "tests/data/configs/qwen3_30b_a3b", "H100-80GB", "vllm", 2, 2, 1),
+    ("qwen3_30b_a3b", "tests/data/configs/qwen3_30b_a3b", "H200-141GB", "llmapi", 4, 4, 4),
+    ("qwen3_30b_a3b", "tests/data/configs/qwen3_30b_a3b", "B200", "llmapi", 2, 2, 2),
+    ("deepseek_v3", "tests/data/configs/deepseek_v3", "H200-141GB", "llmapi", 8, 8, 8),
+    ("deepseek_v3", "tests/data/configs/deepseek_v3", "H200-141GB", "sglang", 8, 8, 1),
+    ("deepseek_v3", "tests/data/configs/deepseek_v3", "B200", "llmapi", 8, 8, 8),
+    ("deepseek_v3", "tests/data/configs/deepseek_v3", "B200", "sglang", 8, 8, 1),
+]
+# a multiple of every attention_dp above: each rank has sequences at both levels
+MOE_LAYOUT_CONCURRENCY = (8, 64)
+
+
+def layout_name(tp: int, ep: int = 1, attention_dp: int = 1) -> str:
+    """A case id's layout part: `tp2`, `tp2ep2`, `tp2ep2dp2` (TensorRT-LLM's DEP2)."""
+    return f"tp{tp}" + (f"ep{ep}" if ep > 1 else "") + (f"dp{attention_dp}" if attention_dp > 1 else "")
 # trtkv's model against these: the issue's bounds (#49)
 ITL_BOUND, TTFT_BOUND = 0.25, 0.30
 
@@ -36,21 +69,25 @@ def moe_comparisons(metric: str) -> list[sc.Comparison]:
     """trtkv's model (aiconfigurator not asked) against every recorded MoE row, for `metric` ("itl_ms" or "ttft_ms");
     the whole prompt in one step, as aiconfigurator schedules it (its ctx_tokens default = isl)."""
     cases = moe_cases()["cases"]
+
+    def setup(case: dict[str, Any]) -> tuple[Any, ...]:
+        return (case["model_config"], case["gpu"], case["backend"], case["isl"], case["osl"], case["tp"],
+                case["ep"], case["attention_dp"], case["weights"])
+
     setups: dict[tuple[Any, ...], set[int]] = {}
     for case in cases:
-        key = (case["model_config"], case["gpu"], case["backend"], case["isl"], case["osl"], case["tp"],
-               case["weights"])
-        setups.setdefault(key, set()).add(case["concurrency"])
+        setups.setdefault(setup(case), set()).add(case["concurrency"])
     rows = {}
-    for (config, gpu, backend, isl, osl, tp, weights), levels in setups.items():
+    for key, levels in setups.items():
+        config, gpu, backend, isl, osl, tp, ep, adp, weights = key
         conc = sorted(levels)
-        recipe = sc.recipe_for(config, gpu, backend, "bf16", isl, osl, conc, isl + max(conc), weights=weights, tp=tp)
+        recipe = sc.recipe_for(config, gpu, backend, "bf16", isl, osl, conc, isl + max(conc), weights=weights, tp=tp,
+                               ep=ep, attention_dp=adp)
         for (fmt, c), row in sc.own_rows(recipe).items():
-            rows[(config, gpu, backend, isl, osl, tp, weights, fmt, c)] = row
+            rows[(*key, fmt, c)] = row
     out = []
     for case in cases:
         fmt = "bf16" if case["kv"] == "bfloat16" else case["kv"]
-        row = rows[(case["model_config"], case["gpu"], case["backend"], case["isl"], case["osl"], case["tp"],
-                    case["weights"], fmt, case["concurrency"])]
+        row = rows[(*setup(case), fmt, case["concurrency"])]
         out.append(sc.Comparison(case["id"], fmt, case["concurrency"], case["row"][metric], getattr(row, metric)))
     return out

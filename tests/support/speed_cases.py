@@ -39,18 +39,20 @@ CONCURRENCY = (1, 16)
 
 
 def recipe_for(model_config: str, gpu: str, backend: str, kv: str, isl: int, osl: int, concurrency: list[int],
-               budget: int, weights: str = "none", tp: int = 1, moe_activations: str = "auto") -> Recipe:
+               budget: int, weights: str = "none", tp: int = 1, moe_activations: str = "auto", ep: int = 1,
+               attention_dp: int = 1) -> Recipe:
     """A recipe for one case, from the shipped llama8b recipe with the case's fields overridden. The estimate prices
     every KV format the engine serves whatever the recipe's own, so the cases pass kv "bf16" and pick the format's row:
     an FP8 KV cache over 16-bit weights is what the published vLLM runs measured (--kv-cache-dtype fp8), but not a
-    recipe trtkv builds for vLLM (ModelOpt's export without a weight quant_algo: recipe.backend_rules.vllm_problems)."""
+    recipe trtkv builds for vLLM (ModelOpt's export without a weight quant_algo: recipe.backend_rules.vllm_problems).
+    `tp` counts the replica's GPUs (build.tp_size); `ep` and `attention_dp` divide it (trtkv.recipe.parallel)."""
     return load_recipe(BASE, [
         f"model.source={ROOT / model_config}", f"build.backend={backend}", f"quantization.weights={weights}",
         f"quantization.kv_cache={KV_RECIPE.get(kv, kv)}", f"hardware.gpu={gpu}", f"hardware.count={tp}",
         f"build.tp_size={tp}", f"bench.input_tokens={isl}", f"bench.output_tokens={osl}",
         f"bench.concurrency={list(concurrency)}", f"build.max_num_tokens={budget}",
         f"build.max_input_len={max(isl, 32768)}", f"build.max_seq_len={max(isl + osl, 65536)}",
-        f"build.moe_activations={moe_activations}"])
+        f"build.moe_activations={moe_activations}", f"build.ep_size={ep}", f"build.attention_dp_size={attention_dp}"])
 
 
 def own_rows(recipe: Recipe) -> dict[tuple[str, int], Any]:
