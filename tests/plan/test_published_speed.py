@@ -55,8 +55,10 @@ OUTSIDE_BAND = {
     # 6.0 ms a step against the 5.33 measured, where at DEP4 the same floors (4.35 ms) sit below its 5.00. Attention-DP
     # ranks are even (32 sequences each; the busiest EP rank's 57.1 experts against the mean 55.6); no speculative
     # decoding (InferenceX 645b97aa4). So the run reads fewer experts than the power law (its routing on random prompts)
-    # or its 1.2.0rc2 kernels beat the tables; no term trtkv can cite. aiconfigurator's own step model gives ITL 14.6 ->
-    # 8.0 ms; the same run's TP-only rows (not held) are +18% to +28% (TP2-TP8 at concurrency 4-32), TP1 c128 -0.2%.
+    # or its 1.2.0rc2 kernels beat the tables; no term trtkv can cite. aiconfigurator's own step model (0.12.0, MXFP4 x
+    # MXFP8 rows, 922/922 tokens) gives TPOT 7.03 ms at DEP2 (+32%) and 5.43 at DEP4 (+8.6%), and 8.58 ms (+27%) at the
+    # same run's DEP2 with 128 in flight (6.74 ms measured, not held; trtkv 9.01, +34%); the same run's TP-only rows (not
+    # held) are +18% to +28% (TP2-TP8 at concurrency 4-32), TP1 c128 -0.2%.
     # InferenceX measured the same setup again on 2026-01-07 (aiconfigurator-core 0.12.0 systems/silicon_sample.csv,
     # `..._c64_tp2_ep2_1994`, same image): 5.66 ms, the model +44.5% (scripts/silicon_samples.py; docs/plan.md).
     ("b200_dep2_1k1k_c64", "tpot_p50_ms"): "below the engine's own kernel tables: MoE >= 4.3 + all-to-all 1.2 + dense "
