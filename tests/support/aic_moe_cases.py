@@ -84,10 +84,10 @@ def moe_comparisons(metric: str) -> list[sc.Comparison]:
         recipe = sc.recipe_for(config, gpu, backend, "bf16", isl, osl, conc, isl + max(conc), weights=weights, tp=tp,
                                ep=ep, attention_dp=adp)
         for (fmt, c), row in sc.own_rows(recipe).items():
-            rows[(*key, fmt, c)] = row
+            rows[key + (fmt, c)] = row
     out = []
     for case in cases:
         fmt = "bf16" if case["kv"] == "bfloat16" else case["kv"]
-        row = rows[(*setup(case), fmt, case["concurrency"])]
+        row = rows[setup(case) + (fmt, case["concurrency"])]
         out.append(sc.Comparison(case["id"], fmt, case["concurrency"], case["row"][metric], getattr(row, metric)))
     return out
