@@ -157,3 +157,19 @@ def test_a_tool_that_does_not_answer_is_ended_in_time(tmp_path: Path) -> None:
     _, said, seconds = _peak_rss_mib(tool, 2)
     assert said.startswith("TrtkvError: aiconfigurator (") and "took longer than 2 s" in said, said
     assert seconds < 20, seconds
+
+
+def test_a_failure_is_said_without_this_machines_paths_and_cut_at_a_word() -> None:
+    """aiconfigurator names its data folder by the absolute path its venv put it at; the estimate prints it from the
+    package on, and a long failure cut at a word with `...` (it printed `.../site-packages/aiconfigura)`)."""
+    venv = "/home/someone/proj/.venv-aic/lib/python3.11/site-packages"
+    text = ("PerfDataNotAvailableError: perf database error: MoE data missing for MoeKey { quant: \"w4a8_mxfp4_mxfp8\", "
+            "distribution: \"power_law_1.2\", topk: 4, num_experts: 128, hidden_size: 2880, inter_size: 2880, "
+            f"moe_tp_size: 2, moe_ep_size: 1 }} at {venv}/aiconfigurator_core/systems/data/b200_sxm/trtllm/1.3.0rc20")
+    doc = {"aiconfigurator": "0.12.0", "aiconfigurator_core": "0.12.0", "rows": [],
+           "errors": [{"kv": "fp8", "concurrency": 4, "error": text}, {"kv": "fp8", "concurrency": 8, "error": "word " * 99}]}
+    answer = aic.answer_of(doc, "test")
+    said = answer.errors[0]
+    assert "/home/someone" not in said and said.endswith("at aiconfigurator_core/systems/data/b200_sxm/trtllm/1.3.0rc20")
+    assert len(answer.errors[1]) <= aic.ERROR_CHARS and answer.errors[1].endswith("word ...")
+    assert answer.failures[0] == ("fp8", 4, said)

@@ -153,9 +153,26 @@ def answer_of(doc: Any, where: str) -> AicAnswer:
         checked.aiconfigurator,
         checked.aiconfigurator_core,
         tuple(checked.rows),
-        tuple(e.error[:300] for e in checked.errors),
-        tuple((e.kv, e.concurrency, e.error[:300]) for e in checked.errors),
+        tuple(said_error(e.error) for e in checked.errors),
+        tuple((e.kv, e.concurrency, said_error(e.error)) for e in checked.errors),
     )
+
+
+ERROR_CHARS = 300  # of one aiconfigurator failure, as the estimate prints it
+
+
+def said_error(text: str) -> str:
+    """One aiconfigurator failure as the estimate prints it: its data paths from the package on
+    (`aiconfigurator_core/systems/data/...`, not the venv this machine put it in), on one line,
+    cut at a word within ERROR_CHARS with `...` where it was cut."""
+    line = " ".join(
+        w[w.index("site-packages/") + len("site-packages/") :] if "site-packages/" in w else w
+        for w in text.split()
+    )
+    if len(line) <= ERROR_CHARS:
+        return line
+    cut = line[: ERROR_CHARS - 4]
+    return (cut[: cut.rfind(" ")] if " " in cut else cut) + " ..."
 
 
 def _strict(text: str | bytes, where: str, limit: int) -> Any:
