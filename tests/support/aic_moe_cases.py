@@ -27,28 +27,23 @@ MOE_WORKLOADS = ((2048, 256),)
 MOE_CONCURRENCY = (1, 16)
 # The layouts users run MoE models in beyond TP (trtkv.recipe.parallel: tp counts the replica's GPUs, ep and attention_dp
 # divide it), each sent as aiconfigurator's tp_size (one attention-DP rank's TP), attention_dp_size, moe_tp_size and
-# moe_ep_size: (name, config, GPU, engine, tp, ep, attention_dp). TensorRT-LLM's gpt-oss-120b on B200 as InferenceX runs
-# it (DEP2, DEP4, TP2 x EP2), vLLM's and TensorRT-LLM's attention DP on Hopper and Blackwell, DeepSeek-V3's MLA at TP8 x
-# EP8 and DEP8. The pairs aiconfigurator 0.12.0 cannot answer are left out: SGLang's gpt-oss and Qwen3 (no context
-# attention rows for their heads), TensorRT-LLM's Qwen3-30B-A3B DEP2 on H100 and DeepSeek-V3 TP8 x EP8 on H200 at
-# concurrency 64 (out of memory in its account)
+# moe_ep_size. A grid, not a pick: every model trtkv has a config for and aiconfigurator's data covers, on H100, H200 and
+# B200 (DeepSeek-V3, 671 GB of FP8 weights, on H200 and B200), under the three engines, at expert parallelism with and
+# without attention DP (gpt-oss-120b and Qwen3-30B-A3B: TP2 x EP2, DEP2, DEP4 as InferenceX runs gpt-oss on B200;
+# DeepSeek-V3: TP8 x EP8, DEP8). What aiconfigurator 0.12.0 cannot answer is recorded as its error (SGLang's gpt-oss and
+# Qwen3: no context-attention rows for their heads; out of memory in its account): (name, config, GPU, engine, tp, ep,
+# attention_dp)
+_LAYOUT_MODELS = (
+    ("gpt_oss_120b", ("H100-80GB", "H200-141GB", "B200"), ((2, 2, 1), (2, 2, 2), (4, 4, 4))),
+    ("qwen3_30b_a3b", ("H100-80GB", "H200-141GB", "B200"), ((2, 2, 1), (2, 2, 2), (4, 4, 4))),
+    ("deepseek_v3", ("H200-141GB", "B200"), ((8, 8, 1), (8, 8, 8))),
+)
 MOE_LAYOUT_SETS = [
-    ("gpt_oss_120b", "tests/data/configs/gpt_oss_120b", "B200", "llmapi", 2, 2, 2),
-    ("gpt_oss_120b", "tests/data/configs/gpt_oss_120b", "B200", "llmapi", 4, 4, 4),
-    ("gpt_oss_120b", "tests/data/configs/gpt_oss_120b", "B200", "llmapi", 2, 2, 1),
-    ("gpt_oss_120b", "tests/data/configs/gpt_oss_120b", "B200", "vllm", 2, 2, 2),
-    ("gpt_oss_120b", "tests/data/configs/gpt_oss_120b", "H200-141GB", "llmapi", 2, 2, 2),
-    ("gpt_oss_120b", "tests/data/configs/gpt_oss_120b", "H200-141GB", "llmapi", 4, 4, 1),
-    ("gpt_oss_120b", "tests/data/configs/gpt_oss_120b", "H200-141GB", "vllm", 2, 2, 2),
-    ("gpt_oss_120b", "tests/data/configs/gpt_oss_120b", "H100-80GB", "vllm", 2, 2, 1),
-    ("qwen3_30b_a3b", "tests/data/configs/qwen3_30b_a3b", "H100-80GB", "vllm", 2, 2, 2),
-    ("qwen3_30b_a3b", "tests/data/configs/qwen3_30b_a3b", "H100-80GB", "vllm", 2, 2, 1),
-    ("qwen3_30b_a3b", "tests/data/configs/qwen3_30b_a3b", "H200-141GB", "llmapi", 4, 4, 4),
-    ("qwen3_30b_a3b", "tests/data/configs/qwen3_30b_a3b", "B200", "llmapi", 2, 2, 2),
-    ("deepseek_v3", "tests/data/configs/deepseek_v3", "H200-141GB", "llmapi", 8, 8, 8),
-    ("deepseek_v3", "tests/data/configs/deepseek_v3", "H200-141GB", "sglang", 8, 8, 1),
-    ("deepseek_v3", "tests/data/configs/deepseek_v3", "B200", "llmapi", 8, 8, 8),
-    ("deepseek_v3", "tests/data/configs/deepseek_v3", "B200", "sglang", 8, 8, 1),
+    (name, f"tests/data/configs/{name}", gpu, backend, tp, ep, adp)
+    for name, gpus, layouts in _LAYOUT_MODELS
+    for gpu in gpus
+    for backend in ("llmapi", "vllm", "sglang")
+    for tp, ep, adp in layouts
 ]
 # a multiple of every attention_dp above: each rank has sequences at both levels
 MOE_LAYOUT_CONCURRENCY = (8, 64)
