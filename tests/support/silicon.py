@@ -70,8 +70,9 @@ def in_slice(row: dict[str, str], s: Slice) -> bool:
 def layout(row: dict[str, str]) -> tuple[int, int, int, int, int]:
     """(concurrency, tp, attention_dp, moe_tp, ep) of one row."""
     conc = re.search(r"silicon_concurrency=(\d+)", row["silicon_data_source"])
-    return (int(conc.group(1)) if conc else 0, *(int(float(row[f] or 1)) for f in (
-        "tp_size", "attention_dp_size", "moe_tp_size", "moe_ep_size")))
+    tp, adp, moe_tp, ep = (int(float(row[f] or 1)) for f in ("tp_size", "attention_dp_size", "moe_tp_size",
+                                                             "moe_ep_size"))
+    return int(conc.group(1)) if conc else 0, tp, adp, moe_tp, ep
 
 
 def kept(rows: list[dict[str, str]], s: Slice) -> dict[tuple[int, ...], dict[str, str]]:
