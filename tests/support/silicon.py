@@ -53,6 +53,21 @@ SLICES = (
     Slice("DeepSeek-R1", DEEPSEEK, "h200_sxm", "trtllm", "fp8"),
     Slice("DeepSeek-R1", DEEPSEEK, "h200_sxm", "sglang", "fp8_block"),
     Slice("DeepSeek-R1", DEEPSEEK, "b200_sxm", "sglang", "fp8_block"),
+    # the same slices at 8K in / 1K out (long prompts: attention over the KV cache weighs more) and 1K in / 8K out (long
+    # decodes), where the file has them; not DeepSeek-R1 FP8 on B200 under TensorRT-LLM: its TP8 rows name the image of
+    # InferenceX's MTP configuration (1.2.0rc6.post3, dsr1-fp8-b200-trt-mtp in .github/configs/nvidia-master.yaml at
+    # d7dbd045b, the day they were measured), and speculative decoding is outside trtkv's step model
+    *(Slice(model, config, system, backend, quant, isl, osl, acts)
+      for isl, osl in ((8192, 1024), (1024, 8192))
+      for model, config, system, backend, quant, acts in (
+          ("gpt-oss-120b", GPT_OSS, "b200_sxm", "trtllm", "nvfp4", "auto"),
+          ("gpt-oss-120b", GPT_OSS, "h200_sxm", "trtllm", "nvfp4", "auto"),
+          ("gpt-oss-120b", GPT_OSS, "h200_sxm", "vllm", "nvfp4", "auto"),
+          ("gpt-oss-120b", GPT_OSS, "h100_sxm", "vllm", "nvfp4", "auto"),
+          ("gpt-oss-120b", GPT_OSS, "b200_sxm", "vllm", "nvfp4", "mxfp8"),
+          ("DeepSeek-R1", DEEPSEEK, "h200_sxm", "trtllm", "fp8", "auto"),
+          ("DeepSeek-R1", DEEPSEEK, "h200_sxm", "sglang", "fp8_block", "auto"),
+          ("DeepSeek-R1", DEEPSEEK, "b200_sxm", "sglang", "fp8_block", "auto"))),
 )
 
 
