@@ -119,7 +119,9 @@ def figures() -> dict[str, list[float]]:
             out[f"published {r['measurement']} {r['figure']}"] = [r["error"]]
     rows = silicon.read(silicon.SUBSET)
     for s in silicon.SLICES:
-        out[f"silicon {s.model} {s.system} {s.backend}"] = [float(c["error"]) for c in silicon.comparisons(rows, s)]
+        out[f"silicon {s.model} {s.system} {s.backend} {s.isl}/{s.osl}"] = [
+            float(c["error"]) for c in silicon.comparisons(rows, s)]
+    mc._own_rows.cache_clear()  # trtkv's rows under the routing in force now, not a cached earlier one
     out["aiconfigurator MoE ITL"] = [c.error for c in mc.moe_comparisons("itl_ms")]
     return out
 
@@ -144,12 +146,12 @@ def main() -> int:
         other = figures()
     finally:
         moe_step.rank_load = real
-    print(f"{'figures (decode ITL/TPOT errors)':<52} {'within 25%: uniform':>20} {'sigma ' + str(args.sigma):>10}  "
+    print(f"{'figures (decode ITL/TPOT errors)':<56} {'within 25%: uniform':>20} {'sigma ' + str(args.sigma):>10}  "
           f"median error: uniform, sigma {args.sigma}")
     for key, errs in base.items():
         alt = other[key]
         inside = sum(abs(e) <= 0.25 for e in errs), sum(abs(e) <= 0.25 for e in alt)
-        print(f"{key:<52} {inside[0]:>14} of {len(errs):<3} {inside[1]:>6} of {len(alt):<3}  "
+        print(f"{key:<56} {inside[0]:>14} of {len(errs):<3} {inside[1]:>6} of {len(alt):<3}  "
               f"{statistics.median(errs):+7.1%} {statistics.median(alt):+7.1%}")
     return 0
 
